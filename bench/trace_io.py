@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import shutil
 import subprocess
@@ -30,6 +31,11 @@ GOALS = {"write_s": 20.0, "read_s": 5.0, "peak_rss_gb": 2.0, "log_round_ms": 0.2
 BLOCK_SIZE = 8
 ROUNDS_PER_REQUEST = 64
 CATEGORIES = np.array(["writing", "roleplay", "reasoning", "math", "coding"])
+
+
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)  # all threads of this process
+    return usage.ru_utime + usage.ru_stime
 
 
 def _peak_rss_gb() -> float:
@@ -107,32 +113,34 @@ def synthetic_shard(rows: int, first_request: int, seed: int):
 def phase_write(path: Path, rows: int, shards: int) -> dict:
     from entropy_law import TraceRecorder
 
-    seconds = 0.0
+    seconds = cpu = 0.0
     total = 0
     first_request = 0
     with TraceRecorder(path, overwrite=True, model_id="synthetic", drafter_id="bench", seed=0) as rec:
         for shard in range(shards):
             tokens, rounds, requests, n_tok, n_req = synthetic_shard(rows // shards, first_request, seed=shard)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), _cpu_s()
             rec.log_columns(tokens=tokens, rounds=rounds, requests=requests)
             seconds += time.perf_counter() - t0
+            cpu += _cpu_s() - c0
             total += n_tok
             first_request += n_req
             del tokens, rounds, requests
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), _cpu_s()
     seconds += time.perf_counter() - t0  # finish()
+    cpu += _cpu_s() - c0
     size = sum(f.stat().st_size for f in path.rglob("*.parquet"))
-    return {"rows": total, "seconds": seconds, "peak_rss_gb": _peak_rss_gb(), "bytes_on_disk": size}
+    return {"rows": total, "seconds": seconds, "cpu_s": cpu, "peak_rss_gb": _peak_rss_gb(), "bytes_on_disk": size}
 
 
 def phase_read(path: Path) -> dict:
     from entropy_law import load_traces
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), _cpu_s()
     traces = load_traces(path)
     tokens = traces.tokens
     seconds = time.perf_counter() - t0
-    return {"rows": len(tokens), "seconds": seconds, "peak_rss_gb": _peak_rss_gb(),
+    return {"rows": len(tokens), "seconds": seconds, "cpu_s": _cpu_s() - c0, "peak_rss_gb": _peak_rss_gb(),
             "pandas_bytes": int(tokens.memory_usage(deep=True).sum())}
 
 
@@ -203,6 +211,7 @@ def main() -> None:
                   "round": lambda: phase_round(run_dir, args.rounds)}[args.phase]()
         print(json.dumps(result))
         return
+    load_before = os.getloadavg()[0]
     own_dir = args.dir is None
     args.dir = Path(tempfile.mkdtemp(prefix="trace-io-")) if own_dir else args.dir
     try:
@@ -213,15 +222,20 @@ def main() -> None:
         if own_dir:
             shutil.rmtree(args.dir, ignore_errors=True)
     peak = max(write["peak_rss_gb"], read["peak_rss_gb"], per_round["peak_rss_gb"])
-    print(f"{'phase':<10}{'rows':>12}{'seconds':>10}{'rows/s':>14}{'peak RSS GB':>13}")
+    load_after = os.getloadavg()[0]
+    print(f"{'phase':<10}{'rows':>12}{'wall s':>10}{'CPU s':>10}{'rows/s':>14}{'peak RSS GB':>13}")
     for name, r in (("write", write), ("read", read)):
-        print(f"{name:<10}{r['rows']:>12,}{r['seconds']:>10.2f}{r['rows'] / r['seconds']:>14,.0f}"
-              f"{r['peak_rss_gb']:>13.2f}")
+        print(f"{name:<10}{r['rows']:>12,}{r['seconds']:>10.2f}{r['cpu_s']:>10.2f}"
+              f"{r['rows'] / r['seconds']:>14,.0f}{r['peak_rss_gb']:>13.2f}")
+    print(f"machine: {os.cpu_count()} CPUs, load average {load_before:.1f} before / {load_after:.1f} after "
+          "(wall times grow with other processes; CPU s counts this process's threads only)")
     print(f"on disk: {write['bytes_on_disk'] / 1e6:.0f} MB; pandas tokens frame: {read['pandas_bytes'] / 1e6:.0f} MB")
     print(f"log_round: {per_round['log_round_ms']:.4f} ms/round over {per_round['rounds']:,} rounds "
           f"({per_round['with_flush_ms']:.4f} ms with begin/end_request and flushes amortised)")
     result = {
         "rows": write["rows"], "write_s": round(write["seconds"], 3), "read_s": round(read["seconds"], 3),
+        "write_cpu_s": round(write["cpu_s"], 3), "read_cpu_s": round(read["cpu_s"], 3),
+        "load_average": [round(load_before, 2), round(load_after, 2)],
         "write_rows_per_s": round(write["rows"] / write["seconds"]),
         "read_rows_per_s": round(read["rows"] / read["seconds"]),
         "peak_rss_gb": round(peak, 3), "log_round_ms": round(per_round["log_round_ms"], 5),

@@ -203,12 +203,13 @@ class TraceSet:
         dataset = ds.dataset(files, schema=_dictionary_schema(name), format=fmt)
         if self._categories is None:
             return dataset
-        if name == "rounds":
-            ids = pa.concat_arrays([
-                self._run_table(r, "requests").column("request_id").combine_chunks().dictionary_decode()
-                for r in self._runs]) if self._runs else pa.array([], pa.string())
-            keys = pa.array([r.run_id for r in self._runs])
-            return dataset.filter(pc.field("request_id").isin(ids) & pc.field("run_id").isin(keys))
+        if name == "rounds":  # no category column: select the chosen requests of each run
+            expression = pc.scalar(False)
+            for r in self._runs:
+                ids = self._run_table(r, "requests").column("request_id").combine_chunks()
+                ids = ids.dictionary_decode() if pa.types.is_dictionary(ids.type) else ids
+                expression = expression | ((pc.field("run_id") == r.run_id) & pc.field("request_id").isin(ids))
+            return dataset.filter(expression)
         return dataset.filter(pc.field("category").isin(pa.array(self._categories)))
 
     # -- selection ----------------------------------------------------------------------------------------

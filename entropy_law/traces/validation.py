@@ -80,37 +80,56 @@ def check_values(tbl: pa.Table, table: str, where: str) -> None:
         _check_requests(tbl, where)
 
 
+def _bad(column: pa.ChunkedArray, condition) -> np.ndarray | None:
+    """Row mask where ``condition(column)`` is true (nulls count as fine), or None if no row is bad."""
+    flags = condition(column)
+    if not pc.any(flags).as_py():
+        return None
+    return flags.fill_null(False).to_numpy(zero_copy_only=False)
+
+
+def _role_ok(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    return pc.is_in(column, value_set=pa.array(ROLES))
+
+
 def _check_tokens(tbl: pa.Table, where: str) -> None:
     t = "tokens"
-    role_ok = pc.is_in(tbl.column("role"), value_set=pa.array(ROLES)).to_numpy(zero_copy_only=False)
-    _fail_first(~role_ok, tbl, t, where, f"unknown role (allowed: {list(ROLES)})")
-    _fail_first(_np(tbl, "depth") < 1, tbl, t, where, "depth < 1 (depth is 1-based within the round)")
-    _fail_first(_np(tbl, "position") < 0, tbl, t, where, "negative position")
-    _fail_first(_np(tbl, "round_index") < 0, tbl, t, where, "negative round_index")
-    _fail_first(_np(tbl, "token_id") < 0, tbl, t, where, "negative token_id")
+    role = tbl.column("role")
+    dictionaries_ok = all(set(c.dictionary.to_pylist()) <= set(ROLES) for c in role.chunks
+                          if pa.types.is_dictionary(c.type))
+    if not dictionaries_ok or not pa.types.is_dictionary(role.type):
+        mask = _bad(role, lambda c: pc.invert(_role_ok(c)))
+        if mask is not None:
+            _fail_first(mask, tbl, t, where, f"unknown role (allowed: {list(ROLES)})")
+    checks = [
+        ("depth", lambda c: pc.less(c, 1), "depth < 1 (depth is 1-based within the round)"),
+        ("position", lambda c: pc.less(c, 0), "negative position"),
+        ("round_index", lambda c: pc.less(c, 0), "negative round_index"),
+        ("token_id", lambda c: pc.less(c, 0), "negative token_id"),
+    ]
     for name in ("target_entropy_nats", "target_renyi2_nats"):
-        values = _np(tbl, name)
-        _fail_first(np.isnan(values), tbl, t, where, f"NaN {name}")
-        _fail_first(~np.isfinite(values) | (values < 0), tbl, t, where, f"{name} negative or infinite")
+        checks += [(name, pc.is_nan, f"NaN {name}"),
+                    (name, lambda c: pc.or_(pc.less(c, 0), pc.is_inf(c)), f"{name} negative or infinite")]
     for name in ("target_top1_prob", "target_top2_prob"):
-        values = _np(tbl, name)
-        _fail_first(~((values >= 0) & (values <= 1)), tbl, t, where, f"{name} outside [0, 1] or NaN")
-    _fail_first(_np(tbl, "target_top2_prob") > _np(tbl, "target_top1_prob"), tbl, t, where,
-                "target_top2_prob > target_top1_prob")
-    gap = _np(tbl, "target_logit_gap")
-    _fail_first(~(gap >= 0), tbl, t, where, "target_logit_gap negative or NaN")
-    prob = tbl.column("draft_prob").to_numpy(zero_copy_only=False)
-    _fail_first((prob < 0) | (prob > 1) | ~np.isfinite(np.nan_to_num(prob, nan=0.5)), tbl, t, where,
-                "draft_prob outside [0, 1]")
-    _fail_first(np.isnan(prob) & tbl.column("draft_prob").is_valid().to_numpy(zero_copy_only=False),
-                tbl, t, where, "NaN draft_prob (write null for a missing value)")
-    ent = tbl.column("draft_entropy_nats").to_numpy(zero_copy_only=False)
-    _fail_first((ent < 0) | np.isinf(ent), tbl, t, where, "draft_entropy_nats negative or infinite")
-    _fail_first(np.isnan(ent) & tbl.column("draft_entropy_nats").is_valid().to_numpy(zero_copy_only=False),
-                tbl, t, where, "NaN draft_entropy_nats (write null for a missing value)")
-    rank = tbl.column("draft_rank").fill_null(0).to_numpy()
-    _fail_first(rank < -1, tbl, t, where, "draft_rank < -1 (-1 means: not among the candidates)")
-
+        checks.append((name, lambda c: pc.invert(pc.and_(pc.greater_equal(c, 0), pc.less_equal(c, 1))),
+                       f"{name} outside [0, 1] or NaN"))
+    checks += [
+        ("target_logit_gap", lambda c: pc.invert(pc.greater_equal(c, 0)), "target_logit_gap negative or NaN"),
+        ("draft_prob", pc.is_nan, "NaN draft_prob (write null for a missing value)"),
+        ("draft_prob", lambda c: pc.or_(pc.less(c, 0), pc.greater(c, 1)), "draft_prob outside [0, 1]"),
+        ("draft_entropy_nats", pc.is_nan, "NaN draft_entropy_nats (write null for a missing value)"),
+        ("draft_entropy_nats", lambda c: pc.or_(pc.less(c, 0), pc.is_inf(c)),
+         "draft_entropy_nats negative or infinite"),
+        ("draft_rank", lambda c: pc.less(c, -1), "draft_rank < -1 (-1 means: not among the candidates)"),
+    ]
+    for name, condition, problem in checks:
+        mask = _bad(tbl.column(name), condition)
+        if mask is not None:
+            _fail_first(mask, tbl, t, where, problem)
+    top1, top2 = tbl.column("target_top1_prob"), tbl.column("target_top2_prob")
+    if pc.any(pc.greater(top2, top1)).as_py():
+        _fail_first(pc.greater(top2, top1).to_numpy(zero_copy_only=False), tbl, t, where,
+                    "target_top2_prob > target_top1_prob")
 
 
 def _check_rounds(tbl: pa.Table, where: str) -> None:
@@ -198,10 +217,12 @@ def check_run(tokens: pa.Table, rounds: pa.Table, requests: pa.Table, where: str
     _fail_first(logged != declared, requests, "requests", where,
                 "requests.rounds differs from the number of rows in rounds")
 
-    # tokens: belong to a request; group by (request, round) and compare with the round's row
+    # tokens: belong to a request; group by (request, round) and compare with the round's row.
+    # Rows of a round are contiguous and in depth order (1..committed); requests and rounds may
+    # come in any order (a stable sort restores grouping when needed).
     t_code = _request_codes(tokens.column("request_id"), ids)
     _fail_first(t_code < 0, tokens, "tokens", where, "token of a request with no requests row")
-    t_key = (t_code.astype(np.int64) << 32) | _np(tokens, "round_index").astype(np.int64)
+    t_round = _np(tokens, "round_index")
     depth = _np(tokens, "depth").astype(np.int32)
     offset = _np(tokens, "position") - depth
     role = tokens.column("role")
@@ -209,16 +230,26 @@ def check_run(tokens: pa.Table, rounds: pa.Table, requests: pa.Table, where: str
         (np.asarray(c.dictionary.to_pylist(), dtype=object) == "accepted")[c.indices.to_numpy(zero_copy_only=False)]
         if pa.types.is_dictionary(c.type) else pc.equal(c, "accepted").to_numpy(zero_copy_only=False)
         for c in role.chunks]) if role.num_chunks else np.zeros(0, bool)
+    d_code, d_round = np.diff(t_code), np.diff(t_round)
     t_order = None
-    if np.any(np.diff(t_key) < 0):
-        t_order = np.argsort(t_key, kind="stable")
-        t_key, depth, offset, is_acc = t_key[t_order], depth[t_order], offset[t_order], is_acc[t_order]
-    starts = np.flatnonzero(np.r_[True, np.diff(t_key) != 0]) if len(t_key) else np.zeros(0, np.int64)
-    g_key = t_key[starts]
+    if np.any((d_code < 0) | ((d_code == 0) & (d_round < 0))):
+        t_order = np.lexsort((t_round, t_code))  # stable: keeps the order within a round
+        t_code, t_round = t_code[t_order], t_round[t_order]
+        depth, offset, is_acc = depth[t_order], offset[t_order], is_acc[t_order]
+        d_code, d_round = np.diff(t_code), np.diff(t_round)
+    inner = (d_code == 0) & (d_round == 0)  # row i + 1 continues the group of row i
+    starts = np.flatnonzero(np.r_[True, ~inner]) if len(t_code) else np.zeros(0, np.int64)
+    g_key = (t_code[starts].astype(np.int64) << 32) | t_round[starts].astype(np.int64)
     if len(g_key) != len(r_sorted) or np.any(g_key != r_sorted):
+        if np.any(np.diff(g_key) == 0):
+            g = int(np.flatnonzero(np.diff(g_key) == 0)[0]) + 1
+            row = int(starts[g]) if t_order is None else int(t_order[starts[g]])
+            t = _first_row(tokens, row)
+            raise TraceValidationError(f"{where}: token rows of request {t['request_id']!r} round "
+                                       f"{t['round_index']} are not contiguous")
         missing = np.setdiff1d(g_key, r_sorted)
         if len(missing):
-            row = int(np.searchsorted(t_key, missing[0]))
+            row = int(starts[np.searchsorted(g_key, missing[0])])
             row = int(t_order[row]) if t_order is not None else row
             t = _first_row(tokens, row)
             raise TraceValidationError(f"{where}: tokens of request {t['request_id']!r} round "
@@ -228,7 +259,7 @@ def check_run(tokens: pa.Table, rounds: pa.Table, requests: pa.Table, where: str
         raise TraceValidationError(f"{where}: number of token rows differs from rounds.committed; request "
                                    f"{r['request_id']!r} round {r['round_index']} has 0 token rows but "
                                    f"committed={r['committed']}")
-    n = np.diff(np.r_[starts, len(t_key)])
+    n = np.diff(np.r_[starts, len(t_code)])
     committed = _np(rounds, "committed").astype(np.int64)[r_order]
     start_position = _np(rounds, "start_position").astype(np.int64)[r_order]
     accepted = _np(rounds, "accepted").astype(np.int64)[r_order]
@@ -241,17 +272,19 @@ def check_run(tokens: pa.Table, rounds: pa.Table, requests: pa.Table, where: str
                 f"{where}: {problem} in {int(mask.sum())} rounds; first at request {r['request_id']!r} "
                 f"round {r['round_index']} (committed={r['committed']}, {int(n[g])} token rows)")
 
+    def group_of_rows(mask):
+        return np.unique(np.searchsorted(starts, np.flatnonzero(mask), side="right") - 1)
+
     fail_rounds(n != committed, "number of token rows differs from rounds.committed")
     if len(starts):
-        dmin = np.minimum.reduceat(depth, starts)
-        dmax = np.maximum.reduceat(depth, starts)
-        dsum = np.add.reduceat(depth, starts, dtype=np.int64)
-        fail_rounds((dmin != 1) | (dmax != committed) | (dsum != committed * (committed + 1) // 2),
-                    "token depths are not 1..committed")
-        omin = np.minimum.reduceat(offset, starts)
-        omax = np.maximum.reduceat(offset, starts)
-        fail_rounds((omin != start_position - 1) | (omax != start_position - 1),
-                    "token positions differ from start_position + depth - 1")
+        bad_depth = np.zeros(len(starts), bool)
+        bad_depth[group_of_rows(inner & (np.diff(depth) != 1))] = True
+        bad_depth |= depth[starts] != 1
+        fail_rounds(bad_depth, "token depths are not 1, 2, ..., committed in order")
+        bad_offset = np.zeros(len(starts), bool)
+        bad_offset[group_of_rows(inner & (np.diff(offset) != 0))] = True
+        bad_offset |= offset[starts] != start_position - 1
+        fail_rounds(bad_offset, "token positions differ from start_position + depth - 1")
         n_acc = np.add.reduceat(is_acc, starts, dtype=np.int64)
         fail_rounds(n_acc != np.minimum(accepted, committed),
                     "number of 'accepted' token rows differs from min(accepted, committed)")
