@@ -215,3 +215,31 @@ def test_arrow_tables_have_schema_types(tmp_path):
     tbl = load_traces(tmp_path / "run").table("tokens")
     assert tbl.schema.field("target_entropy_nats").type == pa.float32()
     assert tbl.schema.field("depth").type == pa.int16()
+
+
+def test_recorder_is_an_observer_of_round_records(tmp_path):
+    import torch
+
+    from entropy_law.decoding.interface import DraftProposal, RoundRecord
+
+    gen = torch.Generator().manual_seed(0)
+    target = torch.randn(3, 120, generator=gen)
+    cands = torch.tensor([[7, 8], [9, 10], [11, 12]])
+    logprobs = torch.tensor([[-0.2, -1.8], [-0.5, -1.0], [-0.1, float("-inf")]])
+    record = RoundRecord(request_id="a", round_index=0, start_position=1, context_len=9, block_size=4,
+                         tree_nodes=6, tree_depth=3, accepted=2, committed_ids=[8, 9, 50], ends_at_leaf=False,
+                         target_logits=target, draft=DraftProposal(tokens=cands, logprobs=logprobs),
+                         draft_ms=1.5, verify_ms=2.5, overhead_ms=0.5)
+    with TraceRecorder(tmp_path / "run") as rec:
+        rec.on_request_start("a", {"category": "math", "prompt_tokens": 9, "other": "ignored"})
+        rec.on_round(record)
+        rec.on_request_end("a", {"new_tokens": 4, "stop_reason": "eos", "decode_ms": 4.5})
+    traces = load_traces(tmp_path / "run")
+    tok = traces.tokens
+    assert tok["draft_rank"].tolist() == [1, 0, -1]  # 50 is not among the depth-3 candidates
+    assert np.isnan(tok["draft_prob"].iloc[2]) and tok["draft_entropy_nats"].isna().all()
+    np.testing.assert_allclose(tok["draft_prob"].iloc[:2], np.exp([-1.8, -0.5]), rtol=1e-6)
+    p = scipy.special.softmax(target.double().numpy(), axis=1)
+    np.testing.assert_allclose(tok["target_entropy_nats"], scipy.stats.entropy(p, axis=1), atol=1e-5)
+    assert tok["position"].tolist() == [1, 2, 3] and traces.rounds["verify_ms"].iloc[0] == 2.5
+    assert traces.requests["decode_ms"].iloc[0] == 4.5

@@ -221,3 +221,28 @@ def test_damaged_shard_without_all_tables(run_dir):
     (run_dir / "shards" / "000000" / "rounds.parquet").unlink()
     with pytest.raises(TraceValidationError, match="000000: shard has no rounds.parquet"):
         load_traces(run_dir)
+
+
+def test_read_positions_and_depth_order(run_dir):
+    def shift(t):
+        pos = t.column("position").to_numpy().copy()
+        pos[2] += 1
+        return _set(t, "position", pos)
+
+    _rewrite(run_dir, "tokens", shift)
+    with pytest.raises(TraceValidationError, match="positions differ from start_position \\+ depth - 1"):
+        load_traces(run_dir)
+
+
+def test_read_depths_out_of_order(run_dir):
+    def swap(t):
+        depth = t.column("depth").to_numpy().copy()
+        rounds = t.column("round_index").to_numpy()
+        req = t.column("request_id").to_pylist()
+        i = next(i for i in range(len(depth) - 1) if rounds[i] == rounds[i + 1] and req[i] == req[i + 1])
+        depth[i], depth[i + 1] = depth[i + 1], depth[i]
+        return _set(t, "depth", depth)
+
+    _rewrite(run_dir, "tokens", swap)
+    with pytest.raises(TraceValidationError, match="token depths are not 1, 2, ..., committed in order"):
+        load_traces(run_dir)

@@ -540,6 +540,40 @@ class TraceRecorder:
         write_json_atomic(self.path / RUN_FILE, self.metadata)
         self._finished = True
 
+    # -- Observer protocol (entropy_law.decoding.interface.Observer) ----------------------------------
+    _REQUEST_START_KEYS = ("category", "dataset", "question_id", "prompt_tokens", "image_tokens")
+    _REQUEST_END_KEYS = ("new_tokens", "stop_reason", "prefill_ms", "decode_ms")
+
+    def on_request_start(self, request_id: str, info: dict) -> None:
+        """Observer hook: ``begin_request`` with the keys of ``info`` it knows (``category`` required)."""
+        if "category" not in info:
+            raise ValueError(f"on_request_start({request_id!r}): info needs a 'category' key; got {sorted(info)}")
+        self.begin_request(request_id, **{k: info[k] for k in self._REQUEST_START_KEYS if k in info})
+
+    def on_round(self, record) -> None:
+        """Observer hook: log a ``RoundRecord`` (target logits, and the draft's logits or candidates)."""
+        draft = {}
+        proposal = record.draft
+        if proposal is not None and proposal.depth > 0:
+            if proposal.logits is not None:
+                draft["draft_logits"] = proposal.logits
+            else:
+                draft["draft_candidates"] = proposal.tokens
+                draft["draft_logprobs"] = proposal.logprobs
+        self.log_round(
+            record.request_id, round_index=record.round_index, start_position=record.start_position,
+            context_len=record.context_len, block_size=record.block_size, tree_nodes=record.tree_nodes,
+            tree_depth=record.tree_depth, accepted=record.accepted, token_ids=list(record.committed_ids),
+            ends_at_leaf=record.ends_at_leaf, target_logits=record.target_logits, draft_ms=record.draft_ms,
+            verify_ms=record.verify_ms, overhead_ms=record.overhead_ms, **draft)
+
+    def on_request_end(self, request_id: str, info: dict) -> None:
+        """Observer hook: ``end_request`` with the keys of ``info`` it knows (``new_tokens``, ``stop_reason``)."""
+        missing = [k for k in ("new_tokens", "stop_reason") if k not in info]
+        if missing:
+            raise ValueError(f"on_request_end({request_id!r}): info needs {missing}; got {sorted(info)}")
+        self.end_request(request_id, **{k: info[k] for k in self._REQUEST_END_KEYS if k in info})
+
     # -- bulk path ----------------------------------------------------------------------------------------
     def log_columns(self, *, tokens=None, rounds=None, requests=None) -> None:
         """Write complete requests given as columns (dicts of arrays or pyarrow Tables) as one shard.
