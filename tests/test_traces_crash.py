@@ -6,6 +6,7 @@ import subprocess
 import sys
 import textwrap
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -72,3 +73,13 @@ def test_sigkill_mid_run_leaves_loadable_incomplete_run(tmp_path):
     expected = (i + tokens["round_index"].to_numpy() / 10 + tokens["depth"].to_numpy() / 100).astype(np.float32)
     np.testing.assert_array_equal(tokens["target_entropy_nats"].to_numpy(), expected)
     assert traces.runs.loc[0, "status"] == "running"
+
+    # the killed run can be resumed: completed requests are known, leftovers cleaned, then finished
+    from entropy_law import TraceRecorder
+
+    with TraceRecorder(run, resume=True) as rec:
+        assert rec.completed_requests == on_disk
+    assert not list((run / "shards").glob(".tmp-*"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert load_traces(run).runs.loc[0, "status"] == "complete"

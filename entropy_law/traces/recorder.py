@@ -170,6 +170,8 @@ class TraceRecorder:
                                 "str/int/float/bool/None, lists or dicts of them") from err
         if "drafter_config" in run_metadata and not isinstance(run_metadata["drafter_config"], dict):
             raise TypeError("drafter_config must be a dict")
+        if "run_id" in run_metadata and (not isinstance(run_metadata["run_id"], str) or not run_metadata["run_id"]):
+            raise ValueError(f"run_id must be a non-empty string; got {run_metadata['run_id']!r}")
 
         run_file = self.path / RUN_FILE
         existing = None
@@ -217,6 +219,10 @@ class TraceRecorder:
             self._next_seq = 0
         else:
             meta = existing
+            absent = [k for k in RUN_METADATA_KEYS if k not in meta]
+            if absent:
+                raise ValueError(f"cannot resume {self.path}: {RUN_FILE} lacks key(s) {absent}; it was not "
+                                 "written by this recorder")
             conflicts = {k: (meta.get(k), v) for k, v in run_metadata.items() if k in meta and meta[k] != v}
             if conflicts:
                 detail = ", ".join(f"{k}: on disk {a!r}, given {b!r}" for k, (a, b) in conflicts.items())
@@ -225,15 +231,13 @@ class TraceRecorder:
             meta["status"] = "running"
             meta["end_time"] = None
             meta.setdefault("resumed_at", []).append(_utc_now())
+            for leftover in (self.path / SHARDS_DIR).glob(f"{TMP_PREFIX}*"):
+                shutil.rmtree(leftover, ignore_errors=True)  # unfinished shard of a crashed writer
             shards = shard_dirs(self.path)
             for shard in shards:
                 ids = pq.read_table(shard / "requests.parquet", columns=["request_id"]).column(0)
                 self._completed.update(ids.to_pylist())
             self._next_seq = int(shards[-1].name) + 1 if shards else 0
-        missing = [k for k in RUN_METADATA_KEYS if k not in meta]
-        assert not missing, missing  # the schema's required keys are always written
-        if not isinstance(meta["run_id"], str) or not meta["run_id"]:
-            raise ValueError(f"run_id must be a non-empty string; got {meta['run_id']!r}")
         self.metadata = meta
         self.run_id: str = meta["run_id"]
         write_json_atomic(run_file, meta)
