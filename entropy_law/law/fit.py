@@ -532,3 +532,4 @@ class LawSet(Result):
             ax.lines[-1].set_label(f"{self.by}={key}")
         ax.legend(frameon=False)
         return ax
+LAW_FAMILIES = FAMILIES  # public alias
