@@ -22,6 +22,11 @@ _EXPORTS = {
     "DraftProposal": "entropy_law.decoding.interface",
     "Drafter": "entropy_law.decoding.interface",
     "RoundRecord": "entropy_law.decoding.interface",
+    "TargetAdapter": "entropy_law.decoding.adapter",
+    "SpeculativeDecoder": "entropy_law.decoding.decoder",
+    "ARDecoder": "entropy_law.decoding.decoder",
+    "GenerationResult": "entropy_law.decoding.decoder",
+    "RecorderObserver": "entropy_law.decoding.observers",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
