@@ -30,6 +30,7 @@ import pandas as pd
 import torch
 
 from entropy_law.decoding.interface import DraftProposal, Drafter, Observer, RoundRecord
+from entropy_law.decoding.observers import distribution_stats
 from entropy_law.decoding.tree import TREE_POLICIES, Tree, build_tree, expected_accepted
 
 TARGET_STAT_COLUMNS = ("target_entropy_nats", "target_renyi2_nats", "target_top1_prob", "target_top2_prob",
@@ -65,23 +66,14 @@ def teacher_forced_logits(target, prompt_ids: Sequence[int], output_ids: Sequenc
 
 
 def target_stats(logits: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Per-row target statistics in fp32 over the full vocabulary (the trace ``target_*`` columns).
+    """Per-row target statistics under the trace column names (``target_entropy_nats`` ...).
 
-    Shannon entropy ``-sum p log p`` and Renyi-2 ``-log sum p^2`` in nats, the two largest
-    probabilities, and the gap between the two largest logits.
+    The same computation the recorder's observer uses (``observers.distribution_stats``: fp32
+    log-softmax over the full vocabulary; Shannon and Renyi-2 entropies in nats, the two largest
+    probabilities, the gap between the two largest logits).
     """
-    logits = logits.float()
-    logp = torch.log_softmax(logits, dim=-1)
-    p = logp.exp()
-    top2_logits = logits.topk(2, dim=-1).values
-    top2_logp = logp.topk(2, dim=-1).values
-    return {
-        "target_entropy_nats": -(torch.where(p > 0, p * logp, torch.zeros_like(p))).sum(-1),
-        "target_renyi2_nats": -torch.log((p * p).sum(-1)),
-        "target_top1_prob": top2_logp[:, 0].exp(),
-        "target_top2_prob": top2_logp[:, 1].exp(),
-        "target_logit_gap": top2_logits[:, 0] - top2_logits[:, 1],
-    }
+    stats = distribution_stats(logits)
+    return {f"target_{key}": value for key, value in stats.items()}
 
 
 def teacher_forced_target_stats(target, prompt_ids: Sequence[int], output_ids: Sequence[int], *,
