@@ -14,6 +14,7 @@ import argparse
 import logging
 import time
 from collections import defaultdict
+from pathlib import Path
 
 logger = logging.getLogger("entropy_law.record")
 
@@ -104,6 +105,10 @@ def run(args) -> int:
     tasks = load_tasks(args.tasks, categories=_categories(args.categories), limit=args.limit)
     if not tasks:
         raise ValueError(f"no prompts to decode in {args.tasks} with these options")
+    out = Path(args.out)
+    if (out / "run.json").exists() and not (args.resume or args.overwrite):
+        raise ValueError(f"{out} already holds a trace run; pass --resume to continue it (skipping recorded "
+                         "prompts) or --overwrite to replace it")
 
     from entropy_law.decoding.decoder import SpeculativeDecoder
     from entropy_law.decoding.loading import load_target
@@ -143,7 +148,11 @@ def run(args) -> int:
     committed_per_round: dict[str, list[float]] = defaultdict(list)
     new_tokens = 0
     decode_s = 0.0
-    with TraceRecorder(args.out, overwrite=args.overwrite, resume=args.resume, **metadata) as recorder:
+    try:
+        recorder = TraceRecorder(out, overwrite=args.overwrite, resume=args.resume, **metadata)
+    except (FileExistsError, NotADirectoryError) as err:
+        raise ValueError(str(err)) from err
+    with recorder:
         decoder.observers = [RecorderObserver(recorder), tracker]  # the recorder exists only now
         done = recorder.completed_requests
         todo = [task for task in tasks if task.request_id not in done]
