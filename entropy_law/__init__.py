@@ -39,6 +39,19 @@ _EXPORTS = {
     "bootstrap_law": "entropy_law.law.bootstrap",
     "fit_cost_model": "entropy_law.law.cost",
     "when_drafting_pays": "entropy_law.law.cost",
+    "TargetAdapter": "entropy_law.decoding.adapter",
+    "SpeculativeDecoder": "entropy_law.decoding.decoder",
+    "ARDecoder": "entropy_law.decoding.decoder",
+    "GenerationResult": "entropy_law.decoding.decoder",
+    "RecorderObserver": "entropy_law.decoding.observers",
+    "NgramDrafter": "entropy_law.decoding.ngram",
+    "build_tree": "entropy_law.decoding.tree",
+    "ddtree_tree": "entropy_law.decoding.tree",
+    "replay_rounds": "entropy_law.decoding.replay",
+    "replay_request": "entropy_law.decoding.replay",
+    "teacher_forced_target_stats": "entropy_law.decoding.replay",
+    "load_tasks": "entropy_law.tasks",
+    "Task": "entropy_law.tasks",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
