@@ -9,7 +9,8 @@ import math
 import pytest
 import torch
 
-from entropy_law.decoding.decoder import ARDecoder, SpeculativeDecoder, expected_accepted
+from entropy_law.decoding.decoder import ARDecoder, SpeculativeDecoder
+from entropy_law.decoding.tree import expected_accepted
 from entropy_law.decoding.interface import DraftProposal
 from entropy_law.decoding.observers import RecorderObserver
 from entropy_law.decoding.tree import Tree
