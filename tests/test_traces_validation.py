@@ -44,6 +44,8 @@ def rec(tmp_path):
     (dict(target_stats=_stats(2, [0.1, np.nan])), r"target_stats\['entropy_nats'\] is NaN at depth 2"),
     (dict(target_stats=_stats(2, [0.1, -0.2])), r"target_stats\['entropy_nats'\] must be finite and >= 0"),
     (dict(target_stats=_stats(3)), "length committed=2"),
+    (dict(target_stats={**_stats(2), "top2_prob": np.full(2, 0.9, np.float32)}), "top2 <= top1"),
+    (dict(target_stats={**_stats(2), "logit_gap": np.array([1.0, -1.0], np.float32)}), "logit_gap'\\] must be >= 0"),
     (dict(target_stats={"entropy_nats": [0.1, 0.2]}), "missing"),
     (dict(accepted=3, token_ids=[1, 2, 3, 4], target_stats=_stats(4), ends_at_leaf=False), "ends_at_leaf must be True"),
     (dict(draft_stats={"prob": [0.5, 1.5]}), r"draft_stats\['prob'\] must lie in \[0, 1\]"),
