@@ -248,3 +248,11 @@ def test_read_depths_out_of_order(run_dir):
     _rewrite(run_dir, "tokens", swap)
     with pytest.raises(TraceValidationError, match="token depths are not 1, 2, ..., committed in order"):
         load_traces(run_dir)
+
+
+def test_read_request_in_two_shards(run_dir):
+    import shutil
+
+    shutil.copytree(run_dir / "shards" / "000000", run_dir / "shards" / "000001")
+    with pytest.raises(TraceValidationError, match="'victim'.*appears in more than one shard"):
+        load_traces(run_dir)
