@@ -94,3 +94,13 @@ def test_analysis_layer_never_imports_torch():
             "import entropy_law.law.bootstrap, entropy_law.law.transfer\n"
             "assert 'torch' not in sys.modules and 'sklearn' not in sys.modules, 'heavy import'\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=str(__import__("pathlib").Path(__file__).parents[1]))
+
+
+def test_law_command_on_simulated_traces(capsys):
+    from entropy_law.cli import main
+
+    assert main(["law", "--simulate", "3", "--drafter", "sim-block"]) == 0
+    out = capsys.readouterr().out
+    assert "lambda[d=1]" in out and "dp_tokens_per_round" in out
+    assert main(["law"]) == 2
+    assert "--simulate" in capsys.readouterr().err
