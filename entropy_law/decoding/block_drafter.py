@@ -254,13 +254,16 @@ class BlockDrafter(nn.Module):
 
     def _block_embeddings(self, anchor_ids: torch.Tensor) -> torch.Tensor:
         """``anchor_ids [...]`` -> ``[..., B, H]``: embedded anchor then B-1 mask vectors."""
-        anchor = self._embed_tokens(anchor_ids).to(self.mask_embedding.dtype)
+        # the target's table, detached: frozen and shared, no gradient ever flows into the target
+        anchor = F.embedding(anchor_ids, self._embed_tokens.weight.detach()).to(self.mask_embedding.dtype)
         mask = self.mask_embedding.expand(*anchor_ids.shape, self.block_size - 1, -1)
         return torch.cat([anchor.unsqueeze(-2), mask], dim=-2)
 
     def _head(self, x: torch.Tensor) -> torch.Tensor:
         h = self.norm(x)
-        return self._lm_head(h.to(self._lm_head.weight.dtype)).float()
+        bias = getattr(self._lm_head, "bias", None)
+        return F.linear(h.to(self._lm_head.weight.dtype), self._lm_head.weight.detach(),
+                        None if bias is None else bias.detach()).float()
 
     # ------------------------------------------------------------------ training / replay mode
     def block_logits(self, input_ids: torch.Tensor, features: torch.Tensor, anchors: torch.Tensor,
