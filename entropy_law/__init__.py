@@ -27,6 +27,14 @@ _EXPORTS = {
     "ARDecoder": "entropy_law.decoding.decoder",
     "GenerationResult": "entropy_law.decoding.decoder",
     "RecorderObserver": "entropy_law.decoding.observers",
+    "NgramDrafter": "entropy_law.decoding.ngram",
+    "build_tree": "entropy_law.decoding.tree",
+    "ddtree_tree": "entropy_law.decoding.tree",
+    "replay_rounds": "entropy_law.decoding.replay",
+    "replay_request": "entropy_law.decoding.replay",
+    "teacher_forced_target_stats": "entropy_law.decoding.replay",
+    "load_tasks": "entropy_law.tasks",
+    "Task": "entropy_law.tasks",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
