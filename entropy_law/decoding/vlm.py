@@ -443,3 +443,31 @@ def load_vlm_target(spec: str | os.PathLike, *, dtype: torch.dtype = torch.float
     target = LoadedTarget(model=model, tokenizer=encoder.tokenizer, model_id=folder.name, source=str(folder),
                           dtype=dtype)
     return target, encoder
+
+
+class ImageRequests:
+    """What a recording loop needs to decode image tasks (``entropy_law.vlm_tasks.ImageTask``) with a VLM.
+
+    ``target`` (a ``LoadedTarget``; its tokenizer decodes outputs), ``encoder`` and ``adapter`` (pass the
+    adapter to ``SpeculativeDecoder`` as its target). ``prepare(task)`` encodes the task's image and first
+    turn, attaches the pixels to the adapter and returns ``(prompt_ids, generate_kwargs)``, where
+    ``generate_kwargs`` carries ``image_tokens`` for the request record. Call it right before
+    ``decoder.generate(prompt_ids, **generate_kwargs, ...)``.
+    """
+
+    def __init__(self, target, encoder: ImagePromptEncoder, adapter: VLMTargetAdapter):
+        self.target = target
+        self.encoder = encoder
+        self.adapter = adapter
+
+    @classmethod
+    def load(cls, spec: str | os.PathLike, *, feature_layers: Sequence[int] = (), dtype: torch.dtype = torch.float32,
+             **encoder_kwargs) -> "ImageRequests":
+        """Load a local VLM folder and build its adapter (capturing ``feature_layers`` for a block drafter)."""
+        target, encoder = load_vlm_target(spec, dtype=dtype, **encoder_kwargs)
+        return cls(target, encoder, vlm_adapter(target.model, feature_layers=feature_layers))
+
+    def prepare(self, task) -> tuple[list[int], dict]:
+        prompt = self.encoder.encode(task.image, list(task.turns[:1]))
+        self.adapter.attach(prompt)
+        return list(prompt.input_ids), {"image_tokens": prompt.image_tokens}
