@@ -397,3 +397,57 @@ def test_unsupported_model_type_is_a_clear_error():
 
     with pytest.raises(ValueError, match="unsupported vision-language model type 'llama'"):
         vlm_adapter(tiny_llama(0))
+
+
+# --- the block drafter over fused states -----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("tree, budget", [("chain", None), ("ddtree", 12)])
+def test_untrained_block_drafter_over_fused_states_is_exact(case, tree, budget):
+    from entropy_law.decoding.block_drafter import BlockDrafter
+
+    drafter = BlockDrafter(case.model, feature_layers=(0, 1), block_size=6, num_layers=1, top_k=4, seed=0)
+    adapter = vlm_adapter(case.model, feature_layers=drafter.feature_layers)
+    tokens, err, result = exactness_error(adapter, case, drafter, tree, budget)
+    assert tokens == case.reference.token_ids
+    assert err < LOGIT_TOL
+    drafted = [r for r in result.rounds if r.drafted]
+    assert drafted and all(r.tree_nodes > 0 for r in drafted)
+    if tree == "ddtree":
+        assert any(r.tree_nodes > r.tree_depth for r in drafted)
+
+
+# --- a recording loop over image task files ---------------------------------------------------------------
+
+
+def test_recording_loop_over_shipped_image_tasks(tmp_path):
+    """What ``entropy-law record`` does per image task, on a tiny Qwen2-VL saved to a local folder."""
+    from entropy_law.decoding.vlm import ImageRequests
+    from entropy_law.vlm_tasks import load_image_tasks
+
+    tokenizer = byte_tokenizer()
+    model = tiny_qwen2_vl(1, tokenizer=tokenizer, init_std=0.1)
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    qwen_image_processor().save_pretrained(tmp_path)
+
+    tasks = load_image_tasks("vlm_tasks", limit=1)  # one per category
+    requests = ImageRequests.load(tmp_path)
+    recorder = MemoryRecorder()
+    decoder = SpeculativeDecoder(requests.adapter, NgramDrafter(block_size=6, min_path_prob=0.0), tree="ddtree",
+                                 budget=8, observers=[RecorderObserver(recorder)], min_expected_accepted=0.0)
+    for task in tasks:
+        prompt_ids, extra = requests.prepare(task)
+        result = decoder.generate(prompt_ids, max_new_tokens=12, category=task.category,
+                                  request_id=task.request_id, dataset=task.dataset, question_id=task.question_id,
+                                  **extra)
+        # oracle: the in-memory model, HF generate, the prompt encoded without the loaded folder
+        prompt = ImagePromptEncoder(tokenizer, qwen_image_processor(), model.config).encode(task.image, task.prompt)
+        assert prompt.input_ids == prompt_ids
+        assert result.token_ids == reference_greedy(model, prompt, max_new_tokens=12).token_ids
+    assert set(recorder.requests) == {t.request_id for t in tasks}
+    for task in tasks:
+        info = recorder.requests[task.request_id]
+        # 320x240 shipped images, max 32*32 pixels at patch 4 -> 32x24 -> grid 6x8 -> 12 merged tokens
+        assert info["image_tokens"] == 12
+        assert info["category"] == task.category and info["question_id"] == task.question_id
