@@ -47,6 +47,23 @@ _EXPORTS = {
     "ImageRequests": "entropy_law.decoding.vlm",
     "load_image_tasks": "entropy_law.vlm_tasks",
     "ImageTask": "entropy_law.vlm_tasks",
+    # the entropy law (analysis layer; no torch)
+    "at_risk_table": "entropy_law.law.atrisk",
+    "aggregate_at_risk": "entropy_law.law.atrisk",
+    "fit_law": "entropy_law.law.fit",
+    "FittedLaw": "entropy_law.law.fit",
+    "LAW_FAMILIES": "entropy_law.law.fit",
+    "simulate_traces": "entropy_law.law.simulate",
+    "compare_laws": "entropy_law.law.compare",
+    "block_prediction": "entropy_law.law.transfer",
+    "loco_transfer": "entropy_law.law.transfer",
+    "universality_test": "entropy_law.law.hypotheses",
+    "category_ranking_test": "entropy_law.law.hypotheses",
+    "drafter_entropy_test": "entropy_law.law.hypotheses",
+    "preregistered_tests": "entropy_law.law.hypotheses",
+    "bootstrap_law": "entropy_law.law.bootstrap",
+    "fit_cost_model": "entropy_law.law.cost",
+    "when_drafting_pays": "entropy_law.law.cost",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
