@@ -421,33 +421,49 @@ def test_untrained_block_drafter_over_fused_states_is_exact(case, tree, budget):
 
 
 def test_recording_loop_over_shipped_image_tasks(tmp_path):
-    """What ``entropy-law record`` does per image task, on a tiny Qwen2-VL saved to a local folder."""
+    """What ``entropy-law record`` does per image task, on a tiny Qwen2-VL saved to a local folder, with
+    Parquet traces written and read back."""
     from entropy_law.decoding.vlm import ImageRequests
+    from entropy_law.traces.reader import load_traces
+    from entropy_law.traces.recorder import TraceRecorder
     from entropy_law.vlm_tasks import load_image_tasks
 
     tokenizer = byte_tokenizer()
     model = tiny_qwen2_vl(1, tokenizer=tokenizer, init_std=0.1)
-    model.save_pretrained(tmp_path)
-    tokenizer.save_pretrained(tmp_path)
-    qwen_image_processor().save_pretrained(tmp_path)
+    folder = tmp_path / "tiny-qwen2-vl"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    qwen_image_processor().save_pretrained(folder)
 
     tasks = load_image_tasks("vlm_tasks", limit=1)  # one per category
-    requests = ImageRequests.load(tmp_path)
-    recorder = MemoryRecorder()
-    decoder = SpeculativeDecoder(requests.adapter, NgramDrafter(block_size=6, min_path_prob=0.0), tree="ddtree",
-                                 budget=8, observers=[RecorderObserver(recorder)], min_expected_accepted=0.0)
+    requests = ImageRequests.load(folder)
+    references = {}
+    with TraceRecorder(tmp_path / "run", model_id="tiny-qwen2-vl", drafter_id="ngram", tree_policy="ddtree",
+                       drafter_config={}, dtype="float32", device="cpu", seed=0) as recorder:
+        decoder = SpeculativeDecoder(requests.adapter, NgramDrafter(block_size=6, min_path_prob=0.0),
+                                     tree="ddtree", budget=8, observers=[RecorderObserver(recorder)],
+                                     min_expected_accepted=0.0)
+        for task in tasks:
+            prompt_ids, extra = requests.prepare(task)
+            result = decoder.generate(prompt_ids, max_new_tokens=12, category=task.category,
+                                      request_id=task.request_id, dataset=task.dataset,
+                                      question_id=task.question_id, **extra)
+            # oracle: the in-memory model, HF generate, the prompt encoded without the loaded folder
+            prompt = ImagePromptEncoder(tokenizer, qwen_image_processor(), model.config).encode(task.image,
+                                                                                                task.prompt)
+            assert prompt.input_ids == prompt_ids
+            references[task.request_id] = reference_greedy(model, prompt, max_new_tokens=12)
+            assert result.token_ids == references[task.request_id].token_ids
+    traces = load_traces(tmp_path / "run")
+    req = traces.requests.set_index("request_id")
+    assert sorted(req.index) == sorted(t.request_id for t in tasks)
+    # 320x240 shipped images, max 32*32 pixels at patch 4 -> 32x24 -> grid 6x8 -> 12 merged tokens
+    assert (req["image_tokens"] == 12).all()
     for task in tasks:
-        prompt_ids, extra = requests.prepare(task)
-        result = decoder.generate(prompt_ids, max_new_tokens=12, category=task.category,
-                                  request_id=task.request_id, dataset=task.dataset, question_id=task.question_id,
-                                  **extra)
-        # oracle: the in-memory model, HF generate, the prompt encoded without the loaded folder
-        prompt = ImagePromptEncoder(tokenizer, qwen_image_processor(), model.config).encode(task.image, task.prompt)
-        assert prompt.input_ids == prompt_ids
-        assert result.token_ids == reference_greedy(model, prompt, max_new_tokens=12).token_ids
-    assert set(recorder.requests) == {t.request_id for t in tasks}
-    for task in tasks:
-        info = recorder.requests[task.request_id]
-        # 320x240 shipped images, max 32*32 pixels at patch 4 -> 32x24 -> grid 6x8 -> 12 merged tokens
-        assert info["image_tokens"] == 12
-        assert info["category"] == task.category and info["question_id"] == task.question_id
+        assert req.loc[task.request_id, "prompt_tokens"] == len(requests.encoder.encode(task.image,
+                                                                                        task.prompt).input_ids)
+        tok = traces.tokens[traces.tokens.request_id == task.request_id].sort_values("position")
+        assert tok.token_id.tolist() == references[task.request_id].token_ids
+        probs = torch.softmax(references[task.request_id].logits.double(), dim=-1).numpy()
+        np.testing.assert_allclose(tok.target_entropy_nats.to_numpy(), scipy_entropy(probs, axis=-1),
+                                   atol=1e-4, rtol=0)

@@ -104,3 +104,11 @@ def test_regeneration_reproduces_the_shipped_task_file(tmp_path, monkeypatch):
     assert (tmp_path / "tasks.jsonl").read_text() == (folder / "tasks.jsonl").read_text()
     assert len(records) == 102 and len(list((tmp_path / "images").glob("*.png"))) == 24
     sys.modules.pop("make_images", None)
+
+
+def test_the_task_module_never_imports_torch():
+    import subprocess
+
+    code = ("import sys; from entropy_law.vlm_tasks import load_image_tasks; load_image_tasks('vlm_tasks'); "
+            "assert 'torch' not in sys.modules and 'PIL' not in sys.modules, sorted(sys.modules)")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=str(data_dir().parent))

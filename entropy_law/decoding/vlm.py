@@ -132,14 +132,19 @@ class ImagePromptEncoder:
         self.num_additional_image_tokens = int(num_additional_image_tokens)
 
     @classmethod
-    def from_pretrained(cls, folder: str | os.PathLike, **kwargs) -> "ImagePromptEncoder":
-        """Tokenizer, image processor, config and chat template from a local model folder (no download)."""
+    def from_pretrained(cls, folder: str | os.PathLike, *, image_processor_kwargs: Mapping[str, Any] | None = None,
+                        **kwargs) -> "ImagePromptEncoder":
+        """Tokenizer, image processor, config and chat template from a local model folder (no download).
+
+        ``image_processor_kwargs`` override the saved processor settings, e.g. ``{"max_pixels": 401408}``
+        to cap Qwen's image tokens (``max_pixels / 28**2``)."""
         from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer
 
         folder = Path(folder)
         config = AutoConfig.from_pretrained(folder, local_files_only=True)
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-        image_processor = AutoImageProcessor.from_pretrained(folder, local_files_only=True)
+        image_processor = AutoImageProcessor.from_pretrained(folder, local_files_only=True,
+                                                             **dict(image_processor_kwargs or {}))
         if "chat_template" not in kwargs and getattr(tokenizer, "chat_template", None) is None:
             kwargs["chat_template"] = _folder_chat_template(folder)
         return cls(tokenizer, image_processor, config, **kwargs)
