@@ -467,3 +467,23 @@ def test_recording_loop_over_shipped_image_tasks(tmp_path):
         probs = torch.softmax(references[task.request_id].logits.double(), dim=-1).numpy()
         np.testing.assert_allclose(tok.target_entropy_nats.to_numpy(), scipy_entropy(probs, axis=-1),
                                    atol=1e-4, rtol=0)
+
+
+def test_llava_prompt_gets_exactly_one_bos_with_and_without_a_chat_template():
+    from tokenizers.processors import TemplateProcessing
+
+    tokenizer = byte_tokenizer()
+    tokenizer.add_special_tokens({"bos_token": "<s>"})
+    bos_id = tokenizer.convert_tokens_to_ids("<s>")
+    # a tokenizer that adds BOS by itself, as Llama's does
+    tokenizer.backend_tokenizer.post_processor = TemplateProcessing(single="<s> $A", special_tokens=[("<s>", bos_id)])
+    assert tokenizer("hi")["input_ids"][0] == bos_id
+    model = tiny_llava(0, tokenizer=tokenizer)
+    template = ("{% for m in messages %}{{ m['role'].upper() }}: {% for c in m['content'] %}"
+                "{% if c['type'] == 'image' %}<image>\n{% else %}{{ c['text'] }}{% endif %}{% endfor %} "
+                "{% endfor %}{% if add_generation_prompt %}ASSISTANT:{% endif %}")
+    for chat_template in (None, template):  # built-in format (writes BOS) and a template without BOS
+        encoder = ImagePromptEncoder(tokenizer, llava_image_processor(), model.config, chat_template=chat_template)
+        ids = encoder.encode(test_image(1), "Describe the image.").input_ids
+        assert ids[0] == bos_id and ids.count(bos_id) == 1
+        assert tokenizer.decode(ids[1:]).startswith("USER: <image>")

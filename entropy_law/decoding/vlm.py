@@ -201,7 +201,9 @@ class ImagePromptEncoder:
         if image is not None and not hasattr(image, "convert"):
             image = load_image(image)
         text = self.render(self.messages(turns, answers, with_image=image is not None))
-        ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        # as HF processors do: the tokenizer's own special tokens (LLaVA's BOS) unless the text has them
+        bos = getattr(self.tokenizer, "bos_token", None)
+        ids = list(self.tokenizer(text, add_special_tokens=not (bos and text.startswith(bos)))["input_ids"])
         slots = [i for i, t in enumerate(ids) if t == self.image_token_id]
         if image is None:
             if slots:
