@@ -101,7 +101,8 @@ class ScriptedDrafter:
             others = [(true + 17 * (j + 1) + k) % self.vocab for j in range(3)]
             others = [t for t in others if t != true][:2]
             if k % 4 == 3:
-                cands = others + [(true + 5) % self.vocab if (true + 5) % self.vocab not in others else (true + 6) % self.vocab]
+                third = next(t for t in ((true + s) % self.vocab for s in range(5, 40)) if t not in others)
+                cands = others + [third]  # the continuation is missing: every draft at this depth fails
             elif k % 2:
                 cands = [others[0], true, others[1]]
             else:

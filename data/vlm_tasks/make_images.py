@@ -108,7 +108,8 @@ def document(rng: np.random.Generator, index: int, path: Path) -> list[dict]:
     return [
         {"turns": [f"What is the total amount on this {label}?"], "kind": "grounded", "reference": _money(total)},
         {"turns": [f"What is the {label} number?"], "kind": "grounded", "reference": str(number)},
-        {"turns": [f"How many units of {names[0].lower()} were bought?"], "kind": "grounded", "reference": str(int(qty[0]))},
+        {"turns": [f"How many units of {names[0].lower()} were bought?"], "kind": "grounded",
+         "reference": str(int(qty[0]))},
     ]
 
 
