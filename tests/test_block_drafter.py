@@ -220,3 +220,28 @@ def _overfit(drafter, model, seq, prompt_len, steps=40):
         loss.backward()
         opt.step()
     drafter.eval()
+
+
+def test_draft_vocabulary_restricts_proposals_and_survives_save_load(tmp_path, setup):
+    model, _, ids, feats = setup
+    vocab = list(range(0, 96, 3)) + [ids[11]]
+    drafter = BlockDrafter(model, seed=3, block_size=5, num_layers=1, draft_vocab=vocab).eval()
+    full = BlockDrafter(model, seed=3, block_size=5, num_layers=1).eval()  # same weights, whole vocabulary
+    a = torch.tensor([[10, 15]])
+    sub = drafter.block_logits(torch.tensor([ids]), feats[None], a)
+    whole = full.block_logits(torch.tensor([ids]), feats[None], a)
+    kept = torch.tensor(sorted(set(vocab)))
+    assert sub.shape[-1] == len(kept)
+    torch.testing.assert_close(sub, whole[..., kept])  # the same LM-head rows, nothing else
+    drafter.begin(ids[:10], feats[:10])
+    p = drafter.propose(ids[:11], None)
+    assert set(p.tokens.flatten().tolist()) <= set(vocab)
+    torch.testing.assert_close(p.logits[:, kept], sub[0, 0], atol=2e-5, rtol=1e-5)
+    assert torch.softmax(p.logits, -1)[:, [1, 2, 4]].sum() == 0  # outside: probability exactly 0
+    labels = torch.tensor([3, 4, -100, ids[11]])
+    assert drafter.draft_tokens(drafter.draft_index(labels)[[0, 3]]).tolist() == [3, ids[11]]
+    assert drafter.draft_index(labels)[[1, 2]].tolist() == [-100, -100]
+    loaded = BlockDrafter.load(drafter.save(tmp_path / "v.safetensors"), model)
+    assert loaded.draft_vocab.tolist() == kept.tolist()
+    loaded.begin(ids[:10], feats[:10])
+    assert torch.equal(loaded.propose(ids[:11], None).tokens[:, 0], p.tokens[:, 0])

@@ -54,6 +54,16 @@ class TrainConfig:
     heldout: int = 24
     eval_every: int = 250
     save_every: int = 100
+    draft_vocab_base: int | None = 4096  # None: full vocabulary; else ids < base plus every training token
+
+
+def draft_vocabulary(samples: Sequence[dict], base: int, vocab_size: int) -> list[int]:
+    """Token ids the drafter may propose: ids ``< base`` (BPE merges: the common ones) plus every token of
+    the training prompts and responses (grounded answers copy from the prompt)."""
+    ids = set(range(min(base, vocab_size)))
+    for s in samples:
+        ids.update(int(t) for t in s["input_ids"].unique().tolist())
+    return sorted(ids)
 
 
 # ---------------------------------------------------------------------------------------------- pieces
@@ -135,6 +145,7 @@ def forward_train(drafter: BlockDrafter, batch: dict, *, anchors_per_seq: int, g
     logits = drafter.block_logits(batch["input_ids"], batch["features"], anchors, valid)
     labels = block_labels(batch["input_ids"], anchors, valid, drafter.block_size,
                           batch["prompt_lens"], batch["seq_lens"])
+    labels = drafter.draft_index(labels, IGNORE)
     loss = decayed_cross_entropy(logits, labels, gamma)
     with torch.no_grad():
         draft = logits.argmax(-1)
@@ -177,7 +188,7 @@ def replay_chain(drafter: BlockDrafter, input_ids: torch.Tensor, features: torch
         logits = drafter.block_logits(ids, feats, a)
         labels = block_labels(ids, a, torch.ones_like(a, dtype=torch.bool), drafter.block_size,
                               torch.tensor([prompt_len]), torch.tensor([s]))
-        accepted += accepted_drafts(logits.argmax(-1), labels)[0].tolist()
+        accepted += accepted_drafts(logits.argmax(-1), drafter.draft_index(labels, IGNORE))[0].tolist()
     by_anchor = dict(zip(anchors, accepted))
     rounds, taus, committed = [], [], []
     t = prompt_len
@@ -248,6 +259,7 @@ def train(drafter: BlockDrafter, train_samples: Sequence[dict], heldout_samples:
         if state["config"] != asdict(cfg):
             raise ValueError(f"{ckpt_path} was written with another configuration; use a new --out or delete it")
         drafter.load_state_dict(state["drafter"])
+        drafter.refresh_vocab_map()
         opt.load_state_dict(state["optimizer"])
         gen.set_state(state["generator"])
         step, history, order, cursor = state["step"], state["history"], state["order"], state["cursor"]
@@ -320,7 +332,10 @@ def train_from_folder(model_spec: str, data_dir: str | Path, out_dir: str | Path
     if not samples:
         raise FileNotFoundError(f"no data shards in {data_dir}; run `entropy-law train-drafter --only data` first")
     train_s, held_s = split_heldout(samples, cfg.heldout, cfg.seed)
-    drafter = BlockDrafter(target, seed=cfg.seed, block_size=cfg.block_size, num_layers=cfg.num_layers)
+    vocab = (None if cfg.draft_vocab_base is None else
+             draft_vocabulary(train_s, cfg.draft_vocab_base, int(target.config.vocab_size)))
+    drafter = BlockDrafter(target, seed=cfg.seed, block_size=cfg.block_size, num_layers=cfg.num_layers,
+                           draft_vocab=vocab)
     out = Path(out_dir)
     (out / "train_config.json").write_text(json.dumps(
         {"train": asdict(cfg), "drafter": json.loads(drafter.config.to_json()),
