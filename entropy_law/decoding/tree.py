@@ -4,11 +4,16 @@ Known here: a tree of draft nodes hanging below the root (the pending token), it
 visibility mask and child maps, and the chain policy. Node index 0 is the root; draft node ``i``
 (1-based) has ``tokens[i-1]``, ``parents[i-1]`` (an index in ``0..i-1``, so parents come first) and
 ``depths[i-1]`` (= parent's depth + 1). Not known here: how the target verifies (``adapter``).
-Best-first DDTree construction lives beside the chain policy (``build_tree``).
+Best-first DDTree construction lives beside the chain policy; ``build_tree`` dispatches by policy name.
+The DDTree surrogate treats the per-depth marginals of a proposal as independent, so a node's path
+probability is the product of its tokens' probabilities, and the expected number of accepted drafts of a
+tree under that surrogate is the sum of its nodes' path probabilities (``expected_accepted``).
 """
 
 from __future__ import annotations
 
+import heapq
+import math
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -84,3 +89,126 @@ def chain_tree(proposal: DraftProposal, max_nodes: int | None = None) -> Tree:
     depth = proposal.depth if max_nodes is None else min(proposal.depth, max_nodes)
     tokens = tuple(int(t) for t in proposal.tokens[:depth, 0].tolist())
     return Tree(tokens=tokens, parents=tuple(range(depth)), depths=tuple(range(1, depth + 1)))
+
+
+TREE_POLICIES = ("chain", "ddtree")
+
+
+def _ranked_candidates(proposal: DraftProposal, max_per_depth: int) -> tuple[list[list[int]], list[list[float]]]:
+    """Per depth: finite candidates, best first, at most ``max_per_depth`` (validated)."""
+    if proposal.tokens.shape != proposal.logprobs.shape or proposal.tokens.dim() != 2:
+        raise ValueError(
+            f"proposal tokens {tuple(proposal.tokens.shape)} and logprobs {tuple(proposal.logprobs.shape)} "
+            "must both be [depth, K]"
+        )
+    tokens_rows = proposal.tokens.tolist()
+    logprob_rows = proposal.logprobs.to(torch.float64).tolist()
+    tokens_out, logprobs_out = [], []
+    for depth, (tok_row, lp_row) in enumerate(zip(tokens_rows, logprob_rows), start=1):
+        ranked = sorted(
+            ((lp, rank, tok) for rank, (tok, lp) in enumerate(zip(tok_row, lp_row)) if lp != -math.inf),
+            key=lambda item: (-item[0], item[1]),
+        )[:max_per_depth]
+        if any(math.isnan(lp) or lp > 1e-6 for lp, _, _ in ranked):
+            raise ValueError(f"depth {depth}: log-probabilities must be <= 0 and not NaN, got {lp_row}")
+        toks = [tok for _, _, tok in ranked]
+        if len(set(toks)) != len(toks):
+            raise ValueError(f"depth {depth}: candidate tokens must be distinct, got {toks}")
+        tokens_out.append(toks)
+        logprobs_out.append([lp for lp, _, _ in ranked])
+    return tokens_out, logprobs_out
+
+
+def ddtree_tree(
+    proposal: DraftProposal,
+    budget: int,
+    *,
+    max_depth: int | None = None,
+    topk_cap: int = 32,
+) -> Tree:
+    """DDTree: the ``budget`` most probable prefixes of the per-depth marginals, best first.
+
+    A prefix (node) picks one candidate per depth ``1..d``; its score is the sum of their log-probs.
+    A max-heap seeded with (depth 1, rank 0) pops the best prefix, emits it, and pushes its next
+    sibling (same depth, next rank) and its first child (next depth, rank 0). Because log-probs are
+    <= 0 and sorted, a child never outscores its parent nor a later sibling an earlier one, so nodes
+    come out in non-increasing score and the result is ancestor-closed. Ties are broken by creation
+    order (deterministic). At most ``min(topk_cap, budget)`` candidates per depth are used (``-inf``
+    slots are padding and never used); the depth is capped at ``max_depth`` and the proposal depth.
+    Nodes are numbered in emission order, so parents always come before children.
+    """
+    if budget < 0:
+        raise ValueError(f"budget must be >= 0 draft nodes, got {budget}")
+    if topk_cap < 1:
+        raise ValueError(f"topk_cap must be >= 1, got {topk_cap}")
+    if max_depth is not None and max_depth < 0:
+        raise ValueError(f"max_depth must be >= 0 or None, got {max_depth}")
+    depth_limit = proposal.depth if max_depth is None else min(proposal.depth, max_depth)
+    if budget == 0 or depth_limit == 0:
+        return Tree.empty()
+    cand_tokens, cand_logprobs = _ranked_candidates(proposal, min(topk_cap, budget))
+    cand_tokens, cand_logprobs = cand_tokens[:depth_limit], cand_logprobs[:depth_limit]
+
+    tokens: list[int] = []
+    parents: list[int] = []
+    depths: list[int] = []
+    # heap entries: (-score, sequence number, depth, rank, parent node, parent score)
+    heap: list[tuple[float, int, int, int, int, float]] = []
+    sequence = 0
+    if cand_tokens and cand_tokens[0]:
+        heap.append((-cand_logprobs[0][0], sequence, 1, 0, 0, 0.0))
+    while heap and len(tokens) < budget:
+        neg_score, _, depth, rank, parent, parent_score = heapq.heappop(heap)
+        score = -neg_score
+        tokens.append(cand_tokens[depth - 1][rank])
+        parents.append(parent)
+        depths.append(depth)
+        node = len(tokens)
+        if rank + 1 < len(cand_tokens[depth - 1]):
+            sequence += 1
+            sibling_score = parent_score + cand_logprobs[depth - 1][rank + 1]
+            heapq.heappush(heap, (-sibling_score, sequence, depth, rank + 1, parent, parent_score))
+        if depth < depth_limit and cand_tokens[depth]:
+            sequence += 1
+            child_score = score + cand_logprobs[depth][0]
+            heapq.heappush(heap, (-child_score, sequence, depth + 1, 0, node, score))
+    return Tree(tokens=tuple(tokens), parents=tuple(parents), depths=tuple(depths))
+
+
+def build_tree(proposal: DraftProposal, policy: str, budget: int | None) -> Tree:
+    """Build the candidate tree of one round.
+
+    ``policy``: ``"chain"`` (top-1 per depth; ``budget`` caps the node count, ``None``: full depth) or
+    ``"ddtree"`` (best-first top-``budget`` prefixes; ``None``: as many nodes as the proposal is deep,
+    the DDTree default). An empty proposal gives an empty tree under every policy.
+    """
+    if budget is not None and budget < 0:
+        raise ValueError(f"budget must be >= 0 draft nodes or None, got {budget}")
+    if policy == "chain":
+        return chain_tree(proposal, max_nodes=budget)
+    if policy == "ddtree":
+        return ddtree_tree(proposal, proposal.depth if budget is None else budget)
+    raise ValueError(f"unknown tree policy {policy!r}; choose one of {', '.join(TREE_POLICIES)}")
+
+
+def node_logprobs(proposal: DraftProposal, tree: Tree) -> list[float]:
+    """Surrogate path log-probability of every draft node (sum of its tokens' per-depth log-probs).
+
+    A token absent from its depth's candidates scores ``-inf``.
+    """
+    lookup = [dict(zip(toks, lps)) for toks, lps in zip(proposal.tokens.tolist(),
+                                                         proposal.logprobs.to(torch.float64).tolist())]
+    scores: list[float] = []
+    for token, parent, depth in zip(tree.tokens, tree.parents, tree.depths):
+        own = lookup[depth - 1].get(token, -math.inf) if depth <= len(lookup) else -math.inf
+        scores.append((0.0 if parent == 0 else scores[parent - 1]) + own)
+    return scores
+
+
+def expected_accepted(proposal: DraftProposal, tree: Tree) -> float:
+    """Expected number of accepted drafts under the proposal's surrogate: sum of node path probabilities.
+
+    With greedy verification the accepted count equals the number of nodes whose whole path is the
+    target's continuation, so its expectation is the sum of the nodes' path probabilities.
+    """
+    return float(sum(math.exp(score) for score in node_logprobs(proposal, tree)))

@@ -1,0 +1,133 @@
+"""Observers that turn decoding rounds into trace rows, and the target statistics they record.
+
+Known here: the mapping from one ``RoundRecord`` to one ``TraceRecorder.log_round`` call (and request
+start/end to ``begin_request``/``end_request``), and the per-position target statistics of the trace
+schema computed in torch (fp32 log-softmax over the full vocabulary): Shannon entropy and Rényi-2
+entropy in nats, top-1 and top-2 probabilities, and the top-1 minus top-2 logit gap. Computing them
+here in torch is much cheaper than handing ``[tokens, V]`` fp32 logits to numpy.
+
+Not known here: the file layout (``entropy_law.traces``), how rounds are decoded (``decoder``).
+Observers only read what they are given; they never change what is decoded.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from entropy_law.decoding.interface import RoundRecord
+
+TARGET_STAT_KEYS = ("entropy_nats", "renyi2_nats", "top1_prob", "top2_prob", "logit_gap")
+
+
+@torch.inference_mode()
+def distribution_stats(logits: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Per-row statistics of ``softmax(logits)`` for logits ``[rows, V]`` (computed in fp32).
+
+    ``entropy_nats`` = -sum p log p; ``renyi2_nats`` = -log sum p^2; ``top1_prob``, ``top2_prob``;
+    ``logit_gap`` = z_(1) - z_(2) (raw logits, so it does not depend on the normaliser).
+    """
+    z = logits.float()
+    if z.dim() == 1:
+        z = z.unsqueeze(0)
+    logp = torch.log_softmax(z, dim=-1)
+    p = logp.exp()
+    plogp = torch.where(p > 0, p * logp, torch.zeros_like(p))  # 0 log 0 = 0 (masked -inf logits)
+    entropy = -plogp.sum(dim=-1)
+    renyi2 = -torch.logsumexp(2.0 * logp, dim=-1)
+    top_logits, top_index = z.topk(2, dim=-1)
+    top_logp = logp.gather(-1, top_index)
+    return {
+        "entropy_nats": entropy,
+        "renyi2_nats": renyi2,
+        "top1_prob": top_logp[:, 0].exp(),
+        "top2_prob": top_logp[:, 1].exp(),
+        "logit_gap": top_logits[:, 0] - top_logits[:, 1],
+    }
+
+
+@torch.inference_mode()
+def committed_token_draft_stats(draft_logits: torch.Tensor, committed_ids) -> dict[str, torch.Tensor]:
+    """Drafter statistics of each committed token: row ``d`` of ``draft_logits`` ``[depth, V]`` scores the
+    committed token ``d`` (depth ``d + 1``). ``prob`` = its softmax probability, ``rank`` = the number
+    of tokens with a strictly larger logit (0-based), ``entropy_nats`` = the row's Shannon entropy;
+    NaN (null) for committed tokens deeper than the draft.
+    """
+    ids = torch.as_tensor(list(committed_ids), dtype=torch.long)
+    n, rows = len(ids), min(len(ids), int(draft_logits.shape[0]))
+    out = {key: torch.full((n,), float("nan")) for key in ("prob", "rank", "entropy_nats")}
+    if rows:
+        z = draft_logits[:rows].float()
+        logp = torch.log_softmax(z, dim=-1)
+        chosen = z.gather(-1, ids[:rows, None])
+        out["prob"][:rows] = logp.gather(-1, ids[:rows, None])[:, 0].exp()
+        out["rank"][:rows] = (z > chosen).sum(dim=-1).float()
+        p = logp.exp()
+        out["entropy_nats"][:rows] = -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(dim=-1)
+    return out
+
+
+def _numpy_stats(stats: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    return {key: value.detach().cpu().numpy().astype(np.float32) for key, value in stats.items()}
+
+
+class RecorderObserver:
+    """Feeds a ``TraceRecorder`` (or anything with its three methods) from decoder events.
+
+    ``log_round`` gets ``target_stats`` (see ``distribution_stats``), never raw target logits. Draft
+    information: ``draft_stats`` computed in torch (``committed_token_draft_stats``) when the drafter
+    returned full distributions, else the candidate ids and log-probabilities of the depths the round
+    committed (the recorder then derives rank and probability). The ``TraceRecorder``'s own observer
+    hooks do the same from raw logits in numpy; this one is cheaper per round.
+    """
+
+    def __init__(self, recorder):
+        self.recorder = recorder
+
+    def on_request_start(self, request_id: str, info: dict) -> None:
+        self.recorder.begin_request(
+            request_id,
+            category=info.get("category", ""),
+            dataset=info.get("dataset", ""),
+            question_id=info.get("question_id", ""),
+            prompt_tokens=int(info["prompt_tokens"]),
+            image_tokens=int(info.get("image_tokens", 0)),
+        )
+
+    def on_round(self, record: RoundRecord) -> None:
+        draft = record.draft
+        draft_kwargs = {}
+        if draft is not None and draft.depth > 0:
+            if draft.logits is not None:
+                draft_kwargs["draft_stats"] = _numpy_stats(committed_token_draft_stats(draft.logits,
+                                                                                      record.committed_ids))
+            else:
+                rows = min(draft.depth, len(record.committed_ids))  # depth d + 1 <-> committed token d
+                draft_kwargs["draft_candidates"] = draft.tokens[:rows].cpu().numpy()
+                draft_kwargs["draft_logprobs"] = draft.logprobs[:rows].float().cpu().numpy()
+        self.recorder.log_round(
+            record.request_id,
+            round_index=record.round_index,
+            start_position=record.start_position,
+            context_len=record.context_len,
+            block_size=record.block_size,
+            tree_nodes=record.tree_nodes,
+            tree_depth=record.tree_depth,
+            accepted=record.accepted,
+            token_ids=list(record.committed_ids),
+            ends_at_leaf=record.ends_at_leaf,
+            target_stats=_numpy_stats(distribution_stats(record.target_logits)),
+            draft_ms=record.draft_ms,
+            verify_ms=record.verify_ms,
+            overhead_ms=record.overhead_ms,
+            **draft_kwargs,
+        )
+
+    def on_request_end(self, request_id: str, info: dict) -> None:
+        self.recorder.end_request(
+            request_id,
+            new_tokens=int(info["new_tokens"]),
+            stop_reason=info["stop_reason"],
+            prefill_ms=float(info["prefill_ms"]),
+            decode_ms=float(info["decode_ms"]),
+        )

@@ -1,0 +1,140 @@
+"""Evaluation prompts: Spec-Bench (shipped under ``data/``) or any JSONL file of the same shape.
+
+Known here: the file format (one JSON object per line with ``question_id``, ``category`` and ``turns``, a
+list of strings whose first entry is the prompt; other fields are ignored), filtering by category, a
+per-category limit, and stable request ids (``"<dataset>:<question_id>"``, used to resume runs).
+Only the first turn is used: decoding here is single-turn. Not known here: tokenizers, chat templates
+or models (this module never imports torch).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from entropy_law.paths import data_dir
+
+logger = logging.getLogger(__name__)
+
+SPEC_BENCH = "spec_bench"
+BUILTIN_TASKS = {SPEC_BENCH: ("spec_bench", "question.jsonl")}  # name -> path inside data_dir()
+
+
+@dataclass(frozen=True)
+class Task:
+    """One prompt of a benchmark."""
+
+    dataset: str
+    question_id: str
+    category: str
+    turns: tuple[str, ...]
+
+    @property
+    def prompt(self) -> str:
+        """The first turn (the text given to the model)."""
+        return self.turns[0]
+
+    @property
+    def request_id(self) -> str:
+        """Stable id of this prompt in traces: ``"<dataset>:<question_id>"``."""
+        return f"{self.dataset}:{self.question_id}"
+
+    def messages(self) -> list[dict[str, str]]:
+        """The prompt as chat messages (one user turn), ready for a chat template."""
+        return [{"role": "user", "content": self.prompt}]
+
+
+def task_file(source: str | Path) -> tuple[str, Path]:
+    """(dataset name, JSONL path) for a built-in name (``"spec_bench"``) or a path to a JSONL file."""
+    text = str(source)
+    if text in BUILTIN_TASKS:
+        folder, name = BUILTIN_TASKS[text]
+        return text, data_dir() / folder / name
+    path = Path(text).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"task file not found: {path} (give one of {', '.join(sorted(BUILTIN_TASKS))} or the path of a "
+            "JSONL file with question_id, category and turns on every line)"
+        )
+    return path.stem, path
+
+
+def _read_records(path: Path) -> Iterable[tuple[int, dict]]:
+    with path.open(encoding="utf-8") as handle:
+        for line_no, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{line_no}: not valid JSON ({err.msg})") from None
+            if not isinstance(record, dict):
+                raise ValueError(f"{path}:{line_no}: expected a JSON object, got {type(record).__name__}")
+            missing = [key for key in ("question_id", "category", "turns") if key not in record]
+            if missing:
+                raise ValueError(f"{path}:{line_no}: missing field(s) {', '.join(missing)} "
+                                 "(every line needs question_id, category and turns)")
+            turns = record["turns"]
+            if isinstance(turns, str) or not isinstance(turns, list) or not all(isinstance(t, str) for t in turns):
+                raise ValueError(f"{path}:{line_no}: 'turns' must be a list of strings")
+            yield line_no, record
+
+
+def known_categories(source: str | Path = SPEC_BENCH) -> list[str]:
+    """Categories present in a task file, in order of first appearance."""
+    _, path = task_file(source)
+    seen: dict[str, None] = {}
+    for _, record in _read_records(path):
+        seen.setdefault(str(record["category"]), None)
+    return list(seen)
+
+
+def load_tasks(
+    source: str | Path = SPEC_BENCH,
+    *,
+    categories: Iterable[str] | None = None,
+    limit: int | None = None,
+) -> list[Task]:
+    """Prompts of a task file, in file order.
+
+    ``categories``: keep only these (``None``: all); a category absent from the file is an error that
+    lists the known ones. ``limit``: at most this many prompts per category (the first ones in the
+    file). Prompts whose first turn is empty or blank, or that have no turns, are skipped with a
+    logged warning. Duplicate question ids are an error (request ids must be unique to resume).
+    """
+    dataset, path = task_file(source)
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be >= 1 prompts per category (or None for all), got {limit}")
+    records = list(_read_records(path))
+    present = list(dict.fromkeys(str(record["category"]) for _, record in records))
+    wanted = None
+    if categories is not None:
+        wanted = list(dict.fromkeys(str(c) for c in categories))
+        unknown = [c for c in wanted if c not in present]
+        if unknown:
+            raise ValueError(f"unknown categor{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)} "
+                             f"in {dataset}; known: {', '.join(present)}")
+    tasks: list[Task] = []
+    per_category: dict[str, int] = {}
+    seen_ids: dict[str, int] = {}
+    for line_no, record in records:
+        question_id, category = str(record["question_id"]), str(record["category"])
+        if question_id in seen_ids:
+            raise ValueError(f"{path}:{line_no}: duplicate question_id {question_id!r} "
+                             f"(first on line {seen_ids[question_id]})")
+        seen_ids[question_id] = line_no
+        if wanted is not None and category not in wanted:
+            continue
+        if limit is not None and per_category.get(category, 0) >= limit:
+            continue
+        turns = tuple(record["turns"])
+        if not turns or not turns[0].strip():
+            logger.warning("skipping %s:%s (category %s, line %d): empty prompt", dataset, question_id,
+                           category, line_no)
+            continue
+        tasks.append(Task(dataset=dataset, question_id=question_id, category=category, turns=turns))
+        per_category[category] = per_category.get(category, 0) + 1
+    return tasks

@@ -1,0 +1,180 @@
+"""``entropy-law record`` end to end on a tiny random model saved as a local Hugging Face folder.
+
+Needs ``entropy_law.traces.recorder`` (the TraceRecorder) and the decoder; reads the written Parquet
+shards with pyarrow directly and checks the recorded tokens against ``model.generate`` greedy output.
+"""
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from entropy_law.cli import main
+
+WORDS = ("the cat dog sat on a mat and ran to red blue green house tree big small one two three "
+         "four five is was very happy sad day night sun moon").split()
+SPECIALS = ["<pad>", "<unk>", "<eos>", "<user>", "<assistant>"]
+CHAT_TEMPLATE = ("{% for m in messages %}<user> {{ m['content'] }} {% endfor %}"
+                 "{% if add_generation_prompt %}<assistant>{% endif %}")
+MAX_POSITIONS = 48
+
+
+def make_tiny_model_folder(folder: Path) -> Path:
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import WhitespaceSplit
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    vocab = {token: i for i, token in enumerate(SPECIALS + WORDS)}
+    backend = Tokenizer(WordLevel(vocab=vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = WhitespaceSplit()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", pad_token="<pad>",
+                                        eos_token="<eos>")
+    tokenizer.chat_template = CHAT_TEMPLATE
+    config = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=MAX_POSITIONS,
+                         initializer_range=0.05, eos_token_id=2, pad_token_id=0, bos_token_id=None,
+                         tie_word_embeddings=False)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    model.generation_config.eos_token_id = 2
+    model.generation_config.pad_token_id = 0
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def model_folder(tmp_path_factory):
+    return make_tiny_model_folder(tmp_path_factory.mktemp("tiny-model"))
+
+
+@pytest.fixture()
+def task_file(tmp_path):
+    rows = [
+        {"question_id": 1, "category": "alpha", "turns": ["the cat sat on the mat"]},
+        {"question_id": 2, "category": "alpha", "turns": ["one two three four five one two three"]},
+        {"question_id": 3, "category": "beta", "turns": ["red blue green red blue green red"]},
+        {"question_id": 4, "category": "beta", "turns": [""]},  # empty: skipped by the task loader
+        {"question_id": 5, "category": "beta", "turns": [" ".join(["big"] * 60)]},  # too long for the context
+        {"question_id": 6, "category": "gamma", "turns": ["the sun was very happy"]},
+        {"question_id": 7, "category": "alpha", "turns": ["the dog ran to the house"]},
+    ]
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+def read_table(run: Path, name: str):
+    shards = sorted(p for p in (run / "shards").iterdir() if p.is_dir() and p.name.isdigit())
+    tables = [pq.read_table(s / f"{name}.parquet") for s in shards]
+    import pyarrow as pa
+
+    return pa.concat_tables(tables).to_pandas() if tables else None
+
+
+def greedy_reference(folder: Path, prompt: str, max_new_tokens: int) -> list[int]:
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
+    text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
+                                         tokenize=False)
+    ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
+    out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
+    return out[0, ids.shape[1]:].tolist()
+
+
+def record(model_folder, task_file, out, *extra):
+    return main(["record", "--model", str(model_folder), "--tasks", str(task_file), "--out", str(out),
+                 "--max-new-tokens", "12", "--block-size", "4", "--no-progress", *extra])
+
+
+def test_record_writes_greedy_traces_and_skips_bad_prompts(model_folder, task_file, tmp_path, caplog):
+    out = tmp_path / "run"
+    with caplog.at_level("WARNING"):
+        assert record(model_folder, task_file, out, "--tree", "ddtree", "--budget", "6",
+                      "--categories", "alpha,beta") == 0
+    assert "tasks:4" in caplog.text and "empty prompt" in caplog.text
+    assert "tasks:5" in caplog.text and "context" in caplog.text
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["status"] == "complete" and meta["tree_policy"] == "ddtree" and meta["tree_budget"] == 6
+    assert meta["drafter_id"] == "ngram" and meta["drafter_config"]["block_size"] == 4
+    requests = read_table(out, "requests")
+    assert sorted(requests["request_id"]) == ["tasks:1", "tasks:2", "tasks:3", "tasks:7"]
+    tokens = read_table(out, "tokens")
+    prompts = {json.loads(line)["question_id"]: json.loads(line)["turns"][0]
+               for line in task_file.read_text().splitlines()}
+    for request_id, group in tokens.groupby("request_id"):
+        group = group.sort_values("position")
+        assert group["position"].tolist() == list(range(len(group)))
+        expected = greedy_reference(model_folder, prompts[int(request_id.split(":")[1])], 12)
+        assert group["token_id"].tolist() == expected
+        assert (group["target_entropy_nats"] >= 0).all()
+    rounds = read_table(out, "rounds")
+    assert (rounds["tree_nodes"] <= 6).all()
+
+
+def test_resume_after_an_interruption_and_refusals(model_folder, task_file, tmp_path, monkeypatch):
+    from entropy_law.decoding import decoder as decoder_module
+
+    out = tmp_path / "run"
+    original = decoder_module.SpeculativeDecoder.generate
+    calls = []
+
+    def interrupted(self, prompt, **kwargs):
+        calls.append(kwargs["request_id"])
+        if len(calls) == 3:
+            raise KeyboardInterrupt  # the user stops the run during the third prompt
+        return original(self, prompt, **kwargs)
+
+    monkeypatch.setattr(decoder_module.SpeculativeDecoder, "generate", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        record(model_folder, task_file, out, "--drafter", "none")
+    monkeypatch.setattr(decoder_module.SpeculativeDecoder, "generate", original)
+    assert json.loads((out / "run.json").read_text())["status"] != "complete"
+    assert sorted(read_table(out, "requests")["request_id"]) == sorted(calls[:2])
+
+    # an existing run is neither appended to nor replaced without being asked
+    assert record(model_folder, task_file, out, "--drafter", "none") == 2
+    # resuming with different decoding settings is refused
+    assert record(model_folder, task_file, out, "--drafter", "ngram", "--resume") == 2
+
+    assert record(model_folder, task_file, out, "--drafter", "none", "--resume") == 0
+    requests = read_table(out, "requests")
+    assert sorted(requests["request_id"]) == ["tasks:1", "tasks:2", "tasks:3", "tasks:6", "tasks:7"]
+    assert json.loads((out / "run.json").read_text())["status"] == "complete"
+
+    assert record(model_folder, task_file, out, "--drafter", "none", "--overwrite", "--limit", "1") == 0
+    assert sorted(read_table(out, "requests")["request_id"]) == ["tasks:1", "tasks:3", "tasks:6"]
+
+
+def test_a_failing_request_does_not_stop_the_run(model_folder, task_file, tmp_path, monkeypatch):
+    from entropy_law.decoding import decoder as decoder_module
+
+    original = decoder_module.SpeculativeDecoder._round
+
+    def flaky_round(self, state):
+        if state.request_id == "tasks:2" and len(state.rounds) == 2:
+            raise RuntimeError("simulated failure in round 2")
+        return original(self, state)
+
+    monkeypatch.setattr(decoder_module.SpeculativeDecoder, "_round", flaky_round)
+    out = tmp_path / "run"
+    assert record(model_folder, task_file, out, "--categories", "alpha") == 1  # 1: some request failed
+    requests = read_table(out, "requests").set_index("request_id")
+    assert requests.loc["tasks:2", "stop_reason"] == "error"
+    assert requests.loc["tasks:1", "stop_reason"] in ("eos", "max_new_tokens")
+    assert requests.loc["tasks:7", "stop_reason"] in ("eos", "max_new_tokens")
+    assert json.loads((out / "run.json").read_text())["status"] == "complete"
+
+
+def test_bad_options_fail_before_loading_the_model(task_file, tmp_path, capsys):
+    assert main(["record", "--model", str(tmp_path / "nowhere"), "--tasks", str(task_file),
+                 "--categories", "omega", "--out", str(tmp_path / "x")]) == 2
+    assert "unknown category omega" in capsys.readouterr().err
+    assert main(["record", "--model", str(tmp_path / "nowhere"), "--tasks", str(task_file),
+                 "--out", str(tmp_path / "x")]) == 2
+    assert "target model not found" in capsys.readouterr().err
