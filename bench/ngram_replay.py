@@ -73,7 +73,12 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--slope", type=float, default=0.067, help="extra verify cost per token, in forwards")
     parser.add_argument("--cache", default=None, help="JSON file to keep/reuse the greedy outputs")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
     args = parser.parse_args()
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     requests = greedy_outputs(args)
     categories = sorted({r["category"] for r in requests})
     results = {}

@@ -172,12 +172,18 @@ def test_calibrated_probabilities_follow_the_evidence():
     assert keeper.calibration_counts()["trials"].sum() > 0
 
 
-def test_min_path_prob_cuts_improbable_depths():
+def test_prior_grows_with_match_length_and_min_path_prob_cuts_depths():
     rng = np.random.default_rng(2)
-    tokens = rng.integers(0, 3, size=40).tolist()
-    drafter = NgramDrafter(max_ngram=2, block_size=8, min_path_prob=0.05)  # prior 0.25 per depth
-    drafter.begin(tokens, None)
-    proposal = drafter.propose(tokens, None)
-    # no evidence yet: rank-0 rate = prior 0.25; path probs 0.25, 0.0625, 0.016 -> cut after depth 2
-    assert proposal.depth == 2
-    assert build_tree(proposal, "ddtree", 16).max_depth <= 2
+    tokens = rng.integers(0, 3, size=40).tolist()  # tiny vocab: the last bigram surely occurred before
+    for max_ngram, expected_p0 in ((1, 0.25), (2, 1 - 0.75 * 0.6)):
+        drafter = NgramDrafter(max_ngram=max_ngram, block_size=8, min_path_prob=0.1, prior_hit_rate=0.25,
+                               prior_miss_decay=0.6)
+        drafter.begin(tokens, None)
+        proposal = drafter.propose(tokens, None)
+        # no evidence yet: the rank-0 rate is the prior at every depth
+        assert proposal.logprobs[0, 0].exp().item() == pytest.approx(expected_p0, rel=1e-6)
+        expected_depth = max(d for d in range(1, 8) if expected_p0 ** d >= 0.1)
+        assert proposal.depth == expected_depth  # n=1: 0.25 -> 1 depth; n=2: 0.55 -> 3 depths
+        assert build_tree(proposal, "ddtree", 16).max_depth <= expected_depth
+        if proposal.tokens.shape[1] > 1:  # alternatives start below the top candidate
+            assert proposal.logprobs[0, 1].exp().item() <= min(expected_p0, 1 - expected_p0) / 2 + 1e-6

@@ -12,7 +12,8 @@ decoder drafted that round. Per (best-match length n, depth d) the drafter count
 committed path reached depth d inside the candidate sets ("trials") and at which candidate rank the
 committed token sat ("hits"). The log-probability of rank r at depth d is the smoothed conditional hit
 rate ``P(token at d is candidate r | tokens before d were candidates)``: a Beta-style shrinkage of the
-(n, d) counts towards the counts pooled over n, which are shrunk towards a weak prior. Under DDTree's
+(n, d) counts towards the counts of n pooled over depths, which are shrunk towards a weak prior that
+grows with n (longer matches are more reliable). Under DDTree's
 independence surrogate the sum of a tree's path probabilities is then the expected number of
 accepted drafts (``entropy_law.decoding.tree.expected_accepted``), which a decoder can compare with the
 cost of verifying the tree. The counts restart with every request (``begin``) unless
@@ -52,11 +53,11 @@ class NgramDrafter:
     ``max_matches``: how many distinct earlier occurrences feed the candidates (1: a pure chain).
     ``min_path_prob``: the proposal is cut at the first depth whose best path probability falls below
     this (a node with path probability p is worth about p tokens, while on CPU each extra verified
-    token costs about 1/20 of a one-token forward; 0 keeps every depth). ``prior_hit_rate`` and
-    ``prior_weight``: the prior of the rank-0 hit rate before any evidence (pseudo-counts; rank r
-    gets ``prior_hit_rate / 2**r``). ``pool_weight``: pseudo-counts with which the per-(n, depth)
-    rate is shrunk towards the rate pooled over n. ``keep_calibration``: keep the counts across
-    requests (then replaying one request needs the requests before it).
+    token costs about 1/20 of a one-token forward; 0 keeps every depth). ``prior_hit_rate``,
+    ``prior_miss_decay`` and ``prior_weight``: the prior hit rates before any evidence (see
+    ``prior_rates``) and their weight in pseudo-trials. ``pool_weight``: pseudo-trials with which the
+    per-(n, depth) rate is shrunk towards the rate of n pooled over depths. ``keep_calibration``: keep
+    the counts across requests (then replaying one request needs the requests before it).
     """
 
     drafter_id = "ngram"
@@ -71,6 +72,7 @@ class NgramDrafter:
         max_matches: int = 4,
         min_path_prob: float = 0.05,
         prior_hit_rate: float = 0.25,
+        prior_miss_decay: float = 0.6,
         prior_weight: float = 2.0,
         pool_weight: float = 2.0,
         keep_calibration: bool = False,
@@ -83,14 +85,17 @@ class NgramDrafter:
             raise ValueError(f"max_matches must be >= 1, got {max_matches}")
         if not 0.0 <= min_path_prob < 1.0:
             raise ValueError(f"min_path_prob must be in [0, 1), got {min_path_prob}")
-        if not 0.0 < prior_hit_rate < 1.0 or prior_weight <= 0 or pool_weight < 0:
-            raise ValueError("need 0 < prior_hit_rate < 1, prior_weight > 0 and pool_weight >= 0")
+        if not 0.0 < prior_hit_rate < 1.0 or not 0.0 < prior_miss_decay <= 1.0 or prior_weight <= 0 \
+                or pool_weight < 0:
+            raise ValueError("need 0 < prior_hit_rate < 1, 0 < prior_miss_decay <= 1, prior_weight > 0 and "
+                             "pool_weight >= 0")
         self.max_ngram = int(max_ngram)
         self.min_ngram = int(min_ngram)
         self.block_size = int(block_size)
         self.max_matches = int(max_matches)
         self.min_path_prob = float(min_path_prob)
         self.prior_hit_rate = float(prior_hit_rate)
+        self.prior_miss_decay = float(prior_miss_decay)
         self.prior_weight = float(prior_weight)
         self.pool_weight = float(pool_weight)
         self.keep_calibration = bool(keep_calibration)
@@ -104,7 +109,8 @@ class NgramDrafter:
         return {
             "max_ngram": self.max_ngram, "min_ngram": self.min_ngram, "block_size": self.block_size,
             "max_matches": self.max_matches, "min_path_prob": self.min_path_prob,
-            "prior_hit_rate": self.prior_hit_rate, "prior_weight": self.prior_weight,
+            "prior_hit_rate": self.prior_hit_rate, "prior_miss_decay": self.prior_miss_decay,
+            "prior_weight": self.prior_weight,
             "pool_weight": self.pool_weight, "keep_calibration": self.keep_calibration,
         }
 
@@ -143,14 +149,27 @@ class NgramDrafter:
         self._trials = np.zeros(shape)  # [n, depth-1]
         self._hits = np.zeros(shape + (self.max_matches,))  # [n, depth-1, rank]
 
+    def prior_rates(self, match_len: int) -> np.ndarray:
+        """``[rank]`` prior conditional hit rates for best matches of length ``match_len``.
+
+        Rank 0: ``p0 = 1 - (1 - prior_hit_rate) * prior_miss_decay ** (match_len - 1)`` (longer matches
+        are more reliable); rank r >= 1: ``min(p0, 1 - p0) / 2 ** r`` (the ranks sum to at most 1).
+        """
+        rank0 = 1.0 - (1.0 - self.prior_hit_rate) * self.prior_miss_decay ** (match_len - 1)
+        rates = min(rank0, 1.0 - rank0) / 2.0 ** np.arange(self.max_matches)
+        rates[0] = rank0
+        return rates
+
     def hit_rates(self, match_len: int) -> np.ndarray:
-        """``[depth, rank]`` calibrated conditional hit rates used for best matches of length ``match_len``."""
-        prior = self.prior_hit_rate / 2.0 ** np.arange(self.max_matches)
-        pooled = (self._hits.sum(axis=0) + self.prior_weight * prior) / (
-            self._trials.sum(axis=0)[:, None] + self.prior_weight)
-        own = (self._hits[match_len] + self.pool_weight * pooled) / (
-            self._trials[match_len][:, None] + self.pool_weight)
-        return own
+        """``[depth, rank]`` calibrated conditional hit rates used for best matches of length ``match_len``.
+
+        Two-level shrinkage: the rate of (n, depth) is shrunk (``pool_weight`` pseudo-trials) towards
+        the rate of n pooled over depths, itself shrunk (``prior_weight``) towards ``prior_rates(n)``.
+        """
+        hits, trials = self._hits[match_len], self._trials[match_len]  # [depth, rank], [depth]
+        pooled = (hits.sum(axis=0) + self.prior_weight * self.prior_rates(match_len)) / (
+            trials.sum() + self.prior_weight)  # [rank]
+        return (hits + self.pool_weight * pooled[None, :]) / (trials[:, None] + self.pool_weight)
 
     def calibration_counts(self) -> dict[str, np.ndarray]:
         """Copies of the raw counts: ``trials[n, depth-1]`` and ``hits[n, depth-1, rank]``."""
