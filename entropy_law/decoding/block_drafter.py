@@ -76,6 +76,13 @@ class BlockDrafterConfig:
     def n_features(self) -> int:
         return len(self.feature_layers)
 
+    # read like a mapping too (``dict(drafter.config)`` in run metadata, as for the other drafters)
+    def keys(self):
+        return asdict(self).keys()
+
+    def __getitem__(self, key: str):
+        return getattr(self, key)
+
     def to_json(self) -> str:
         d = asdict(self)
         d["feature_layers"] = list(self.feature_layers)
@@ -417,7 +424,10 @@ class BlockDrafter(nn.Module):
         """Inject ``new_features`` (committed rows not yet seen), then draft B-1 tokens after ``tokens[-1]``."""
         if new_features is not None:
             self.inject(new_features)
-        logits = self.draft_logits(int(tokens[-1]), len(tokens) - 1)
+        return self.proposal_from_logits(self.draft_logits(int(tokens[-1]), len(tokens) - 1))
+
+    def proposal_from_logits(self, logits: torch.Tensor) -> DraftProposal:
+        """``[B-1, Vd]`` draft-vocabulary logits -> top-k candidates per depth (token ids) + full logits."""
         logprobs = torch.log_softmax(logits, dim=-1)
         k = min(self.config.top_k, logits.shape[-1])
         top_lp, top_index = torch.topk(logprobs, k, dim=-1)

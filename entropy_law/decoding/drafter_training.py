@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from entropy_law.decoding.block_drafter import BlockDrafter
+from entropy_law.decoding.interface import DraftProposal
 
 IGNORE = -100
 
@@ -199,6 +200,50 @@ def replay_chain(drafter: BlockDrafter, input_ids: torch.Tensor, features: torch
         committed.append(min(tau + 1, s - t))
         t += tau + 1
     return ReplayResult(anchors, accepted, rounds, taus, committed)
+
+
+class PrecomputedBlockDrafter:
+    """The block drafter's proposals at every anchor of one known sequence, from ONE ``block_logits`` pass.
+
+    A ``Drafter`` for ``entropy_law.decoding.replay.replay_rounds`` (any tree policy: chain, DDTree):
+    ``propose(tokens, _)`` returns the proposal anchored at ``len(tokens) - 1``, identical (up to float
+    noise) to what the live drafter returns there, because the live drafter's context is exactly the
+    target features of ``tokens[:-1]`` and those are the teacher-forced features of the sequence.
+    """
+
+    feature_layers: tuple[int, ...] = ()  # replay passes no features; they are precomputed
+
+    def __init__(self, drafter: BlockDrafter, prompt_ids: Sequence[int], output_ids: Sequence[int],
+                 features: torch.Tensor, *, chunk: int = 64):
+        self.drafter = drafter
+        self.drafter_id = drafter.drafter_id
+        self.block_size = drafter.block_size
+        self.config = dict(drafter.config)
+        self.sequence = [int(t) for t in prompt_ids] + [int(t) for t in output_ids]
+        self.prompt_len = len(prompt_ids)
+        s = len(self.sequence)
+        if features.shape[0] < s - 1:
+            raise ValueError(f"need features for positions 0..{s - 2}, got {features.shape[0]} rows")
+        anchors = list(range(self.prompt_len, s))
+        ids = torch.tensor([self.sequence])
+        # one pass over all anchors (chunked only to bound memory); anchor s-1 needs features 0..s-2
+        feats = features[None, : s - 1].float()
+        rows = []
+        with torch.no_grad():
+            for lo in range(0, len(anchors), chunk):
+                a = torch.tensor([anchors[lo: lo + chunk]])
+                rows.append(drafter.block_logits(ids, feats, a)[0])
+        self.logits = torch.cat(rows)  # [n_anchors, B-1, Vd]
+
+    def begin(self, prompt_ids, prompt_features) -> None:
+        if [int(t) for t in prompt_ids] != self.sequence[: self.prompt_len]:
+            raise ValueError("replay prompt differs from the precomputed sequence's prompt")
+
+    def propose(self, tokens, new_features) -> DraftProposal:
+        n = len(tokens)
+        if n <= self.prompt_len or [int(t) for t in tokens] != self.sequence[:n]:
+            raise ValueError("tokens are not a prefix of the precomputed sequence beyond its prompt")
+        return self.drafter.proposal_from_logits(self.logits[n - 1 - self.prompt_len])
 
 
 def heldout_acceptance(drafter: BlockDrafter, samples: Sequence[dict]) -> dict:
