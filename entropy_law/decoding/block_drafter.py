@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -68,12 +68,20 @@ class BlockDrafterConfig:
     block_size: int = 8
     num_layers: int = 2
     top_k: int = 32  # candidates per depth in a proposal
+    draft_vocab_size: int = 0  # 0: draft over the whole vocabulary; else over ``draft_vocab`` ids only
     target_id: str = ""
     target_fingerprint: float = 0.0  # sum of a fixed slice of the target embedding table (identity check)
 
     @property
     def n_features(self) -> int:
         return len(self.feature_layers)
+
+    # read like a mapping too (``dict(drafter.config)`` in run metadata, as for the other drafters)
+    def keys(self):
+        return asdict(self).keys()
+
+    def __getitem__(self, key: str):
+        return getattr(self, key)
 
     def to_json(self) -> str:
         d = asdict(self)
@@ -215,10 +223,17 @@ class BlockDrafter(nn.Module):
     ``BlockDrafter.load(path, target)`` loads a checkpoint and checks it against the target.
     """
 
-    def __init__(self, target, config: BlockDrafterConfig | None = None, *, seed: int | None = 0, **overrides):
+    def __init__(self, target, config: BlockDrafterConfig | None = None, *, seed: int | None = 0,
+                 draft_vocab: Sequence[int] | None = None, **overrides):
         super().__init__()
         model = _target_model(target)
         cfg = config if config is not None else config_for_target(target, **overrides)
+        vocab_ids = None
+        if draft_vocab is not None:
+            vocab_ids = torch.tensor(sorted({int(t) for t in draft_vocab}), dtype=torch.long)
+            if len(vocab_ids) == 0 or vocab_ids[0] < 0 or vocab_ids[-1] >= cfg.vocab_size:
+                raise ValueError(f"draft_vocab must hold token ids in 0..{cfg.vocab_size - 1}")
+            cfg = replace(cfg, draft_vocab_size=len(vocab_ids))
         _check_matches(cfg, model)
         self.config = cfg
         if cfg.num_heads % cfg.num_kv_heads:
@@ -241,6 +256,13 @@ class BlockDrafter(nn.Module):
         # shared, frozen, unregistered: never in state_dict, never trained
         self.__dict__["_embed_tokens"] = model.get_input_embeddings()
         self.__dict__["_lm_head"] = _lm_head(model)
+        # draft vocabulary (EAGLE-3-style reduced head): rows of the shared LM head the drafter scores
+        if cfg.draft_vocab_size:
+            self.register_buffer("draft_vocab", vocab_ids if vocab_ids is not None
+                                 else torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
+        else:
+            self.register_buffer("draft_vocab", torch.arange(0), persistent=False)
+        self.refresh_vocab_map()
         self.drafter_id = f"block-drafter-b{cfg.block_size}-l{cfg.num_layers}"
         self.feature_layers = tuple(cfg.feature_layers)
         self.block_size = cfg.block_size
@@ -259,11 +281,44 @@ class BlockDrafter(nn.Module):
         mask = self.mask_embedding.expand(*anchor_ids.shape, self.block_size - 1, -1)
         return torch.cat([anchor.unsqueeze(-2), mask], dim=-2)
 
+    def refresh_vocab_map(self) -> None:
+        """Rebuild the token -> draft-index map (after loading a ``draft_vocab``)."""
+        v = self.config.vocab_size
+        if self.config.draft_vocab_size:
+            index = torch.full((v,), -1, dtype=torch.long)
+            index[self.draft_vocab] = torch.arange(len(self.draft_vocab))
+        else:
+            index = torch.arange(v)
+        self.__dict__["_token_to_draft"] = index
+
+    def draft_index(self, token_ids: torch.Tensor, ignore: int = -100) -> torch.Tensor:
+        """Token ids -> indices into ``block_logits``' last axis; ``ignore`` stays, ids outside the draft
+        vocabulary become ``ignore`` (they can never be drafted)."""
+        keep = token_ids != ignore
+        mapped = self._token_to_draft[token_ids.clamp(min=0)]
+        return torch.where(keep & (mapped >= 0), mapped, torch.full_like(mapped, ignore))
+
+    def draft_tokens(self, index: torch.Tensor) -> torch.Tensor:
+        """Indices into ``block_logits``' last axis -> token ids."""
+        return self.draft_vocab[index] if self.config.draft_vocab_size else index
+
+    def to_full_vocab(self, logits: torch.Tensor, fill: float = -1e4) -> torch.Tensor:
+        """Draft-vocabulary logits ``[..., Vd]`` -> ``[..., V]`` with ``fill`` (probability 0 in fp32) elsewhere."""
+        if not self.config.draft_vocab_size:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), fill)
+        full[..., self.draft_vocab] = logits
+        return full
+
     def _head(self, x: torch.Tensor) -> torch.Tensor:
         h = self.norm(x)
+        weight = self._lm_head.weight.detach()
         bias = getattr(self._lm_head, "bias", None)
-        return F.linear(h.to(self._lm_head.weight.dtype), self._lm_head.weight.detach(),
-                        None if bias is None else bias.detach()).float()
+        bias = None if bias is None else bias.detach()
+        if self.config.draft_vocab_size:
+            weight = weight[self.draft_vocab]
+            bias = None if bias is None else bias[self.draft_vocab]
+        return F.linear(h.to(weight.dtype), weight, bias).float()
 
     # ------------------------------------------------------------------ training / replay mode
     def block_logits(self, input_ids: torch.Tensor, features: torch.Tensor, anchors: torch.Tensor,
@@ -273,7 +328,8 @@ class BlockDrafter(nn.Module):
         ``input_ids [b, S]``, ``features [b, C, n*H]`` for positions ``0..C-1`` (C <= S; rows at or after an
         anchor are never read by that anchor's block), ``anchors [b, A]`` (positions; anchor ``t`` needs
         context ``< t``, so ``t <= C``), ``anchor_valid [b, A]`` bool (padding anchors: False).
-        Returns ``[b, A, B-1, V]``: slot ``k`` (1-based in the block) predicts the token at ``anchor + k``.
+        Returns ``[b, A, B-1, Vd]`` over the draft vocabulary (``Vd = V`` without one; see ``draft_tokens``,
+        ``draft_index``, ``to_full_vocab``): slot ``k`` (1-based) predicts the token at ``anchor + k``.
         """
         cfg = self.config
         b, s = input_ids.shape
@@ -335,7 +391,7 @@ class BlockDrafter(nn.Module):
 
     @torch.no_grad()
     def draft_logits(self, anchor_id: int, anchor_position: int) -> torch.Tensor:
-        """``[B-1, V]`` draft logits for the block anchored at ``anchor_position`` (context must end there)."""
+        """``[B-1, Vd]`` draft-vocabulary logits for the block at ``anchor_position`` (context must end there)."""
         if anchor_position != self.context_len:
             raise ValueError(
                 f"the drafter holds context for positions 0..{self.context_len - 1} but the anchor is at "
@@ -368,11 +424,14 @@ class BlockDrafter(nn.Module):
         """Inject ``new_features`` (committed rows not yet seen), then draft B-1 tokens after ``tokens[-1]``."""
         if new_features is not None:
             self.inject(new_features)
-        logits = self.draft_logits(int(tokens[-1]), len(tokens) - 1)
+        return self.proposal_from_logits(self.draft_logits(int(tokens[-1]), len(tokens) - 1))
+
+    def proposal_from_logits(self, logits: torch.Tensor) -> DraftProposal:
+        """``[B-1, Vd]`` draft-vocabulary logits -> top-k candidates per depth (token ids) + full logits."""
         logprobs = torch.log_softmax(logits, dim=-1)
         k = min(self.config.top_k, logits.shape[-1])
-        top_lp, top_ids = torch.topk(logprobs, k, dim=-1)
-        return DraftProposal(tokens=top_ids, logprobs=top_lp, logits=logits)
+        top_lp, top_index = torch.topk(logprobs, k, dim=-1)
+        return DraftProposal(tokens=self.draft_tokens(top_index), logprobs=top_lp, logits=self.to_full_vocab(logits))
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, path: str | Path, *, dtype: torch.dtype = torch.float16, metadata: dict | None = None) -> Path:
@@ -381,7 +440,8 @@ class BlockDrafter(nn.Module):
 
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        tensors = {k: v.detach().to(dtype).contiguous() for k, v in self.state_dict().items()}
+        tensors = {k: (v.detach().to(dtype) if v.is_floating_point() else v.detach()).contiguous()
+                   for k, v in self.state_dict().items()}
         meta = {"format": FORMAT, "format_version": str(FORMAT_VERSION), "config": self.config.to_json()}
         if metadata:
             meta["info"] = json.dumps(metadata)
@@ -403,8 +463,9 @@ class BlockDrafter(nn.Module):
             raise ValueError(f"{path} is not a block drafter checkpoint (format {meta.get('format')!r})")
         cfg = BlockDrafterConfig.from_json(meta["config"])
         drafter = cls(target, cfg, seed=None)
-        state = {k: v.float() for k, v in load_file(str(path)).items()}
+        state = {k: v.float() if v.is_floating_point() else v for k, v in load_file(str(path)).items()}
         drafter.load_state_dict(state)
+        drafter.refresh_vocab_map()
         drafter.info = json.loads(meta["info"]) if "info" in meta else {}
         return drafter.eval()
 

@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from entropy_law.decoding.block_drafter import BlockDrafter
+from entropy_law.decoding.interface import DraftProposal
 
 IGNORE = -100
 
@@ -54,6 +55,16 @@ class TrainConfig:
     heldout: int = 24
     eval_every: int = 250
     save_every: int = 100
+    draft_vocab_base: int | None = 4096  # None: full vocabulary; else ids < base plus every training token
+
+
+def draft_vocabulary(samples: Sequence[dict], base: int, vocab_size: int) -> list[int]:
+    """Token ids the drafter may propose: ids ``< base`` (BPE merges: the common ones) plus every token of
+    the training prompts and responses (grounded answers copy from the prompt)."""
+    ids = set(range(min(base, vocab_size)))
+    for s in samples:
+        ids.update(int(t) for t in s["input_ids"].unique().tolist())
+    return sorted(ids)
 
 
 # ---------------------------------------------------------------------------------------------- pieces
@@ -135,6 +146,7 @@ def forward_train(drafter: BlockDrafter, batch: dict, *, anchors_per_seq: int, g
     logits = drafter.block_logits(batch["input_ids"], batch["features"], anchors, valid)
     labels = block_labels(batch["input_ids"], anchors, valid, drafter.block_size,
                           batch["prompt_lens"], batch["seq_lens"])
+    labels = drafter.draft_index(labels, IGNORE)
     loss = decayed_cross_entropy(logits, labels, gamma)
     with torch.no_grad():
         draft = logits.argmax(-1)
@@ -177,7 +189,7 @@ def replay_chain(drafter: BlockDrafter, input_ids: torch.Tensor, features: torch
         logits = drafter.block_logits(ids, feats, a)
         labels = block_labels(ids, a, torch.ones_like(a, dtype=torch.bool), drafter.block_size,
                               torch.tensor([prompt_len]), torch.tensor([s]))
-        accepted += accepted_drafts(logits.argmax(-1), labels)[0].tolist()
+        accepted += accepted_drafts(logits.argmax(-1), drafter.draft_index(labels, IGNORE))[0].tolist()
     by_anchor = dict(zip(anchors, accepted))
     rounds, taus, committed = [], [], []
     t = prompt_len
@@ -188,6 +200,50 @@ def replay_chain(drafter: BlockDrafter, input_ids: torch.Tensor, features: torch
         committed.append(min(tau + 1, s - t))
         t += tau + 1
     return ReplayResult(anchors, accepted, rounds, taus, committed)
+
+
+class PrecomputedBlockDrafter:
+    """The block drafter's proposals at every anchor of one known sequence, from ONE ``block_logits`` pass.
+
+    A ``Drafter`` for ``entropy_law.decoding.replay.replay_rounds`` (any tree policy: chain, DDTree):
+    ``propose(tokens, _)`` returns the proposal anchored at ``len(tokens) - 1``, identical (up to float
+    noise) to what the live drafter returns there, because the live drafter's context is exactly the
+    target features of ``tokens[:-1]`` and those are the teacher-forced features of the sequence.
+    """
+
+    feature_layers: tuple[int, ...] = ()  # replay passes no features; they are precomputed
+
+    def __init__(self, drafter: BlockDrafter, prompt_ids: Sequence[int], output_ids: Sequence[int],
+                 features: torch.Tensor, *, chunk: int = 64):
+        self.drafter = drafter
+        self.drafter_id = drafter.drafter_id
+        self.block_size = drafter.block_size
+        self.config = dict(drafter.config)
+        self.sequence = [int(t) for t in prompt_ids] + [int(t) for t in output_ids]
+        self.prompt_len = len(prompt_ids)
+        s = len(self.sequence)
+        if features.shape[0] < s - 1:
+            raise ValueError(f"need features for positions 0..{s - 2}, got {features.shape[0]} rows")
+        anchors = list(range(self.prompt_len, s))
+        ids = torch.tensor([self.sequence])
+        # one pass over all anchors (chunked only to bound memory); anchor s-1 needs features 0..s-2
+        feats = features[None, : s - 1].float()
+        rows = []
+        with torch.no_grad():
+            for lo in range(0, len(anchors), chunk):
+                a = torch.tensor([anchors[lo: lo + chunk]])
+                rows.append(drafter.block_logits(ids, feats, a)[0])
+        self.logits = torch.cat(rows)  # [n_anchors, B-1, Vd]
+
+    def begin(self, prompt_ids, prompt_features) -> None:
+        if [int(t) for t in prompt_ids] != self.sequence[: self.prompt_len]:
+            raise ValueError("replay prompt differs from the precomputed sequence's prompt")
+
+    def propose(self, tokens, new_features) -> DraftProposal:
+        n = len(tokens)
+        if n <= self.prompt_len or [int(t) for t in tokens] != self.sequence[:n]:
+            raise ValueError("tokens are not a prefix of the precomputed sequence beyond its prompt")
+        return self.drafter.proposal_from_logits(self.logits[n - 1 - self.prompt_len])
 
 
 def heldout_acceptance(drafter: BlockDrafter, samples: Sequence[dict]) -> dict:
@@ -248,6 +304,7 @@ def train(drafter: BlockDrafter, train_samples: Sequence[dict], heldout_samples:
         if state["config"] != asdict(cfg):
             raise ValueError(f"{ckpt_path} was written with another configuration; use a new --out or delete it")
         drafter.load_state_dict(state["drafter"])
+        drafter.refresh_vocab_map()
         opt.load_state_dict(state["optimizer"])
         gen.set_state(state["generator"])
         step, history, order, cursor = state["step"], state["history"], state["order"], state["cursor"]
@@ -320,7 +377,10 @@ def train_from_folder(model_spec: str, data_dir: str | Path, out_dir: str | Path
     if not samples:
         raise FileNotFoundError(f"no data shards in {data_dir}; run `entropy-law train-drafter --only data` first")
     train_s, held_s = split_heldout(samples, cfg.heldout, cfg.seed)
-    drafter = BlockDrafter(target, seed=cfg.seed, block_size=cfg.block_size, num_layers=cfg.num_layers)
+    vocab = (None if cfg.draft_vocab_base is None else
+             draft_vocabulary(train_s, cfg.draft_vocab_base, int(target.config.vocab_size)))
+    drafter = BlockDrafter(target, seed=cfg.seed, block_size=cfg.block_size, num_layers=cfg.num_layers,
+                           draft_vocab=vocab)
     out = Path(out_dir)
     (out / "train_config.json").write_text(json.dumps(
         {"train": asdict(cfg), "drafter": json.loads(drafter.config.to_json()),
