@@ -4,6 +4,7 @@ Phases run in separate child processes so that each one's peak memory (ru_maxrss
   write  synthetic, self-consistent tables (tokens, rounds, requests) via TraceRecorder.log_columns,
          in a few big shards (generation time excluded, validation + Parquet writing included);
   read   load_traces(path) (validates every table and the cross-table rules) then .tokens (pandas);
+         also once with validate=False, for reference;
   round  log_round with precomputed target statistics on many small rounds (no entropy computation),
          plus the amortised cost of end_request and shard flushes.
 Prints a table and ends with one JSON line holding the numbers, the goals and whether each was met.
@@ -133,11 +134,11 @@ def phase_write(path: Path, rows: int, shards: int) -> dict:
     return {"rows": total, "seconds": seconds, "cpu_s": cpu, "peak_rss_gb": _peak_rss_gb(), "bytes_on_disk": size}
 
 
-def phase_read(path: Path) -> dict:
+def phase_read(path: Path, validate: bool = True) -> dict:
     from entropy_law import load_traces
 
     t0, c0 = time.perf_counter(), _cpu_s()
-    traces = load_traces(path)
+    traces = load_traces(path, validate=validate)
     tokens = traces.tokens
     seconds = time.perf_counter() - t0
     return {"rows": len(tokens), "seconds": seconds, "cpu_s": _cpu_s() - c0, "peak_rss_gb": _peak_rss_gb(),
@@ -201,13 +202,14 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--rounds", type=int, default=20_000)
     parser.add_argument("--dir", type=Path, default=None, help="scratch directory (default: a temp dir)")
-    parser.add_argument("--phase", choices=["write", "read", "round"], help=argparse.SUPPRESS)
+    parser.add_argument("--phase", choices=["write", "read", "read_unvalidated", "round"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     sys.path.insert(0, str(ROOT))
     if args.phase:
         run_dir = args.dir / ("bulk" if args.phase != "round" else "rounds")
         result = {"write": lambda: phase_write(run_dir, args.rows, args.shards),
                   "read": lambda: phase_read(run_dir),
+                  "read_unvalidated": lambda: phase_read(run_dir, validate=False),
                   "round": lambda: phase_round(run_dir, args.rounds)}[args.phase]()
         print(json.dumps(result))
         return
@@ -217,24 +219,27 @@ def main() -> None:
     try:
         write = _child("write", args)
         read = _child("read", args)
+        read_raw = _child("read_unvalidated", args)
         per_round = _child("round", args)
     finally:
         if own_dir:
             shutil.rmtree(args.dir, ignore_errors=True)
-    peak = max(write["peak_rss_gb"], read["peak_rss_gb"], per_round["peak_rss_gb"])
+    peak = max(write["peak_rss_gb"], read["peak_rss_gb"], read_raw["peak_rss_gb"], per_round["peak_rss_gb"])
     load_after = os.getloadavg()[0]
     print(f"{'phase':<10}{'rows':>12}{'wall s':>10}{'CPU s':>10}{'rows/s':>14}{'peak RSS GB':>13}")
-    for name, r in (("write", write), ("read", read)):
+    for name, r in (("write", write), ("read", read), ("read*", read_raw)):
         print(f"{name:<10}{r['rows']:>12,}{r['seconds']:>10.2f}{r['cpu_s']:>10.2f}"
               f"{r['rows'] / r['seconds']:>14,.0f}{r['peak_rss_gb']:>13.2f}")
     print(f"machine: {os.cpu_count()} CPUs, load average {load_before:.1f} before / {load_after:.1f} after "
           "(wall times grow with other processes; CPU s counts this process's threads only)")
+    print("read* = load_traces(validate=False).tokens (no value or cross-table checks), for reference")
     print(f"on disk: {write['bytes_on_disk'] / 1e6:.0f} MB; pandas tokens frame: {read['pandas_bytes'] / 1e6:.0f} MB")
     print(f"log_round: {per_round['log_round_ms']:.4f} ms/round over {per_round['rounds']:,} rounds "
           f"({per_round['with_flush_ms']:.4f} ms with begin/end_request and flushes amortised)")
     result = {
         "rows": write["rows"], "write_s": round(write["seconds"], 3), "read_s": round(read["seconds"], 3),
         "write_cpu_s": round(write["cpu_s"], 3), "read_cpu_s": round(read["cpu_s"], 3),
+        "read_unvalidated_s": round(read_raw["seconds"], 3), "read_unvalidated_cpu_s": round(read_raw["cpu_s"], 3),
         "load_average": [round(load_before, 2), round(load_after, 2)],
         "write_rows_per_s": round(write["rows"] / write["seconds"]),
         "read_rows_per_s": round(read["rows"] / read["seconds"]),

@@ -17,6 +17,7 @@ _EXPORTS = {
     "TraceRecorder": "entropy_law.traces.recorder",
     "load_traces": "entropy_law.traces.reader",
     "TraceSet": "entropy_law.traces.reader",
+    "TraceValidationError": "entropy_law.traces.validation",
     "FORMAT_VERSION": "entropy_law.traces.schema",
     "load_target": "entropy_law.decoding.loading",
     "DraftProposal": "entropy_law.decoding.interface",

@@ -27,6 +27,7 @@ def _same(a, b) -> bool:
 def test_public_names_resolve():
     assert entropy_law.TraceRecorder is TraceRecorder and entropy_law.TraceSet is TraceSet
     assert entropy_law.load_traces is load_traces and entropy_law.FORMAT_VERSION == FORMAT_VERSION
+    assert entropy_law.TraceValidationError is TraceValidationError
 
 
 def test_round_trip_every_value(tmp_path):

@@ -44,6 +44,8 @@ def rec(tmp_path):
     (dict(target_stats=_stats(2, [0.1, np.nan])), r"target_stats\['entropy_nats'\] is NaN at depth 2"),
     (dict(target_stats=_stats(2, [0.1, -0.2])), r"target_stats\['entropy_nats'\] must be finite and >= 0"),
     (dict(target_stats=_stats(3)), "length committed=2"),
+    (dict(target_stats={**_stats(2), "top2_prob": np.full(2, 0.9, np.float32)}), "top2 <= top1"),
+    (dict(target_stats={**_stats(2), "logit_gap": np.array([1.0, -1.0], np.float32)}), "logit_gap'\\] must be >= 0"),
     (dict(target_stats={"entropy_nats": [0.1, 0.2]}), "missing"),
     (dict(accepted=3, token_ids=[1, 2, 3, 4], target_stats=_stats(4), ends_at_leaf=False), "ends_at_leaf must be True"),
     (dict(draft_stats={"prob": [0.5, 1.5]}), r"draft_stats\['prob'\] must lie in \[0, 1\]"),
@@ -245,4 +247,12 @@ def test_read_depths_out_of_order(run_dir):
 
     _rewrite(run_dir, "tokens", swap)
     with pytest.raises(TraceValidationError, match="token depths are not 1, 2, ..., committed in order"):
+        load_traces(run_dir)
+
+
+def test_read_request_in_two_shards(run_dir):
+    import shutil
+
+    shutil.copytree(run_dir / "shards" / "000000", run_dir / "shards" / "000001")
+    with pytest.raises(TraceValidationError, match="'victim'.*appears in more than one shard"):
         load_traces(run_dir)

@@ -12,7 +12,9 @@ token rows then fit in well under a gigabyte.
 
 from __future__ import annotations
 
+import os
 import warnings
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -238,11 +240,36 @@ class TraceSet:
         return TraceSet(runs, categories=categories, validate=self._validate)
 
     def validate(self) -> None:
-        """Check every table and the cross-table rules of every run (raises TraceValidationError)."""
-        for r in self._runs:
-            for t in TABLES:
-                self._load(r, t)
-            check_run(r.tables["tokens"], r.tables["rounds"], r.tables["requests"], f"run {r.run_id!r} at {r.path}")
+        """Read and check every shard of every run (raises TraceValidationError on the first problem).
+
+        Each shard is self-contained (it holds whole requests), so shards are checked on their own,
+        in parallel threads (pyarrow and numpy release the GIL); then request ids must be unique
+        across the shards of a run. Loaded tables are kept for ``.tokens`` etc.
+        """
+        for run in self._runs:
+            shards = list(zip(*(run.files[t] for t in TABLES)))
+            with ThreadPoolExecutor(max_workers=min(len(shards), os.cpu_count() or 1) or 1) as pool:
+                checked = list(pool.map(_read_checked_shard, shards))  # re-raises the first shard's error
+            for i, table in enumerate(TABLES):
+                run.tables[table] = _concat([parts[i] for parts in checked], table)
+            ids = run.tables["requests"].column("request_id")
+            counts = pc.value_counts(ids.cast(pa.string()) if pa.types.is_dictionary(ids.type) else ids)
+            repeated = counts.filter(pc.greater(counts.field("counts"), 1))
+            if len(repeated):
+                raise TraceValidationError(
+                    f"run {run.run_id!r} at {run.path}: request id {repeated[0]['values'].as_py()!r} appears in "
+                    "more than one shard (a request is written once; was a run resumed without skipping "
+                    "completed_requests?)")
+
+
+def _read_checked_shard(files: tuple[Path, ...]) -> list[pa.Table]:
+    tables = []
+    for file, table in zip(files, TABLES):
+        part = _read_file(file, table)
+        check_values(part, table, str(file))
+        tables.append(part)
+    check_run(*tables, where=str(files[0].parent))
+    return tables
 
 
 def load_traces(path, *, run_id=None, category=None, validate: bool = True) -> TraceSet:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -115,6 +116,29 @@ def shard_dirs(run_dir: Path) -> list[Path]:
     if not root.is_dir():
         return []
     return sorted((p for p in root.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
+
+
+def _target_stats_ok(stats: np.ndarray) -> bool:
+    """Fast path of the per-round check: one min and one max per statistic (NaN fails every comparison)."""
+    lo = stats.min(axis=1).tolist()
+    hi = stats.max(axis=1).tolist()
+    return (lo[0] >= 0 and lo[1] >= 0 and hi[0] < math.inf and hi[1] < math.inf and lo[2] >= 0 and lo[3] >= 0
+            and hi[2] <= 1 and hi[3] <= 1 and lo[4] >= 0 and not bool((stats[3] > stats[2]).any()))
+
+
+def _explain_target_stats(stats: np.ndarray, where: str) -> None:
+    """Raise the ValueError that says which statistic is wrong and at which depth."""
+    if np.isnan(stats).any():
+        key, depth = np.argwhere(np.isnan(stats))[0]
+        raise ValueError(f"{where}: target_stats[{TARGET_STAT_KEYS[key]!r}] is NaN at depth {depth + 1}")
+    if (stats[:2] < 0).any() or np.isinf(stats[:2]).any():
+        key, depth = np.argwhere((stats[:2] < 0) | np.isinf(stats[:2]))[0]
+        raise ValueError(f"{where}: target_stats[{TARGET_STAT_KEYS[key]!r}] must be finite and >= 0 "
+                         f"(nats); got {stats[key, depth]} at depth {depth + 1}")
+    if (stats[4] < 0).any():
+        raise ValueError(f"{where}: target_stats['logit_gap'] must be >= 0; got {stats[4].tolist()}")
+    raise ValueError(f"{where}: target top1_prob/top2_prob must lie in [0, 1] with top2 <= top1; "
+                     f"got {stats[2].tolist()} / {stats[3].tolist()}")
 
 
 class _OpenRequest:
@@ -369,18 +393,8 @@ class TraceRecorder:
             if stats.shape != (5, committed):
                 raise ValueError(f"{where}: target_stats arrays must have length committed={committed}; "
                                  f"got {stats.shape[1]}")
-            if np.isnan(stats).any():
-                key, depth = np.argwhere(np.isnan(stats))[0]
-                raise ValueError(f"{where}: target_stats[{TARGET_STAT_KEYS[key]!r}] is NaN at depth {depth + 1}")
-            if (stats[:2] < 0).any() or np.isinf(stats[:2]).any():
-                key, depth = np.argwhere((stats[:2] < 0) | np.isinf(stats[:2]))[0]
-                raise ValueError(f"{where}: target_stats[{TARGET_STAT_KEYS[key]!r}] must be finite and >= 0 "
-                                 f"(nats); got {stats[key, depth]} at depth {depth + 1}")
-            if (stats[2:4] < 0).any() or (stats[2:4] > 1).any() or (stats[3] > stats[2]).any():
-                raise ValueError(f"{where}: target top1_prob/top2_prob must lie in [0, 1] with top2 <= top1; "
-                                 f"got {stats[2].tolist()} / {stats[3].tolist()}")
-            if (stats[4] < 0).any():
-                raise ValueError(f"{where}: target_stats['logit_gap'] must be >= 0; got {stats[4].tolist()}")
+            if not _target_stats_ok(stats):
+                _explain_target_stats(stats, where)
 
         draft = None
         if draft_stats is not None:
@@ -513,7 +527,9 @@ class TraceRecorder:
         tmp.mkdir(parents=True)
         for name in ("tokens", "rounds", "requests"):
             file = tmp / f"{name}.parquet"
-            pq.write_table(tables[name], file, compression=_COMPRESSION)
+            strings = [f.name for f in SCHEMAS[name] if pa.types.is_string(f.type)]
+            # dictionary pages only for the string keys: numbers gain nothing from them (faster, smaller)
+            pq.write_table(tables[name], file, compression=_COMPRESSION, use_dictionary=strings)
             _fsync_path(file)
         final = shards / f"{seq:06d}"
         os.rename(tmp, final)  # the shard appears with all three tables, or not at all
