@@ -103,8 +103,13 @@ def universality_test(traces, *, drafter: str | None = None, eps: float = atrisk
 
     ``cv=True`` adds the equivalence check on grouped-CV log-loss (slower: 3 x ``n_folds`` fits).
     """
-    rows = atrisk.at_risk_table(traces, eps=eps, drafters=None if drafter is None else [drafter]) \
-        if not isinstance(traces, pd.DataFrame) else traces
+    if isinstance(traces, pd.DataFrame):
+        rows = traces
+    else:
+        rows = atrisk.at_risk_table(traces, eps=eps, drafters=None if drafter is None else [drafter])
+    drafters = sorted(rows["drafter_id"].unique())
+    if len(drafters) > 1:
+        raise ValueError(f"the traces hold drafters {drafters}: pass drafter= to test one of them")
     fam = get_family("law_exp_cat")
     counts = prepare_counts(rows, fam, eps=eps)
     options = dict(min_requests_per_category=min_requests_per_category, drop_small_categories=drop_small_categories)

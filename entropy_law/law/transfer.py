@@ -61,15 +61,38 @@ def _block_size(rounds: pd.DataFrame) -> int:
 
 
 def predict_requests(law: FittedLaw, sequences: pd.DataFrame, B: int, *, drafter=None) -> pd.DataFrame:
-    """Per request: T, DP-expected rounds, and the law's mean depth-1 acceptance over its positions."""
+    """Per request: T, DP-expected rounds, and the law's mean depth-1 acceptance over its positions.
+
+    All requests' (position, depth) acceptances come from one prediction call, then one DP each.
+    """
+    from entropy_law.law.blocks import acceptance_matrix_positions, expected_rounds
+
+    drafts = int(B) - 1
+    frames = []
+    for i, rec in enumerate(sequences.itertuples()):
+        h = np.asarray(rec.entropy, dtype=float)
+        position, depth = acceptance_matrix_positions(h.size, drafts)
+        frame = pd.DataFrame({"target_entropy_nats": np.concatenate([h[position], h]),
+                              "depth": np.concatenate([depth, np.ones(h.size, dtype=int)]), "_request": i})
+        if law.family.name == "law_exp_cum":
+            frame["cum_entropy_nats"] = np.concatenate([law._sequence_cum(h, position, depth), np.zeros(h.size)])
+        frame["category"] = rec.category
+        frames.append(frame)
+    if not frames:
+        raise ValueError("no request sequences to predict")
+    data = pd.concat(frames, ignore_index=True)
+    if drafter is not None:
+        data["drafter_id"] = drafter
+    accept = law.predict_frame(data)
     rows = []
-    cat_arg = law.family.needs_categories
+    start = 0
     for rec in sequences.itertuples():
-        cat = rec.category if cat_arg else None
-        rounds = law.predict_rounds(rec.entropy, B, category=cat, drafter=drafter)
-        a1 = law.predict_acceptance(rec.entropy, 1, cat, drafter=drafter)
-        rows.append(dict(request_id=rec.request_id, category=rec.category, run_id=rec.run_id, tokens=len(rec.entropy),
-                         predicted_rounds=rounds, sum_acceptance_d1=float(a1.sum())))
+        n = len(rec.entropy)
+        a = accept[start : start + n * drafts].reshape(n, drafts)
+        a1 = accept[start + n * drafts : start + n * drafts + n]
+        start += n * drafts + n
+        rows.append(dict(request_id=rec.request_id, category=rec.category, run_id=rec.run_id, tokens=n,
+                         predicted_rounds=expected_rounds(a), sum_acceptance_d1=float(a1.sum())))
     return pd.DataFrame(rows)
 
 

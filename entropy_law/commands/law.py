@@ -1,0 +1,56 @@
+"""``entropy-law law``: fit the entropy law to traces (or simulated traces) and print the results.
+
+Fits ``--family`` per drafter, prints its summary and the observed vs DP-predicted tokens per round;
+``--loco`` adds leave-one-category-out transfer, ``--tests`` the pre-registered tests (Holm).
+Reads traces with ``entropy_law.load_traces``; ``--simulate SEED`` uses ``simulate_traces`` instead.
+"""
+
+from __future__ import annotations
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("law", help="fit the entropy law to traces and print summaries")
+    p.add_argument("traces", nargs="*", help="trace run directories (as accepted by load_traces)")
+    p.add_argument("--simulate", type=int, metavar="SEED", help="use simulated traces with this seed instead")
+    p.add_argument("--family", default="law_exp", help="law family (default: %(default)s)")
+    p.add_argument("--drafter", help="only this drafter (default: every drafter)")
+    p.add_argument("--loco", action="store_true", help="leave-one-category-out transfer")
+    p.add_argument("--tests", action="store_true", help="pre-registered tests P1-P3 with Holm correction")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from entropy_law.law.fit import fit_law
+    from entropy_law.law.transfer import block_prediction, loco_transfer
+
+    if args.simulate is not None:
+        from entropy_law.law.simulate import TreeSpec, simulate_traces
+
+        traces = simulate_traces(seed=args.simulate, n_requests_per_category=10, tree=TreeSpec(),
+                                 tokens_per_request=(60, 100))
+    else:
+        if not args.traces:
+            raise ValueError("pass trace run directories, or --simulate SEED")
+        from entropy_law import load_traces
+
+        traces = load_traces(args.traces if len(args.traces) > 1 else args.traces[0])
+    laws = fit_law(traces, args.family, by="drafter_id")
+    drafters = [args.drafter] if args.drafter else list(laws.laws)
+    for drafter in drafters:
+        law = laws[drafter]
+        law.print_summary()
+        print()
+        block_prediction(law, traces, drafter=drafter).print_summary()
+        print()
+        if args.loco:
+            loco_transfer(traces, args.family, drafter=drafter).print_summary()
+            print()
+    if args.tests:
+        from entropy_law.law.hypotheses import preregistered_tests
+
+        pre = preregistered_tests(traces, drafter=drafters[0])
+        pre.print_summary()
+        for test in pre.tests.values():
+            print()
+            test.print_summary()
+    return 0
