@@ -53,6 +53,18 @@ _EXPORTS = {
     "teacher_forced_target_stats": "entropy_law.decoding.replay",
     "load_tasks": "entropy_law.tasks",
     "Task": "entropy_law.tasks",
+    # vision-language targets
+    "ImagePromptEncoder": "entropy_law.decoding.vlm",
+    "ImagePrompt": "entropy_law.decoding.vlm",
+    "VLMTargetAdapter": "entropy_law.decoding.vlm",
+    "Qwen2VLTargetAdapter": "entropy_law.decoding.vlm",
+    "LlavaTargetAdapter": "entropy_law.decoding.vlm",
+    "vlm_adapter": "entropy_law.decoding.vlm",
+    "generate_with_image": "entropy_law.decoding.vlm",
+    "load_vlm_target": "entropy_law.decoding.vlm",
+    "ImageRequests": "entropy_law.decoding.vlm",
+    "load_image_tasks": "entropy_law.vlm_tasks",
+    "ImageTask": "entropy_law.vlm_tasks",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

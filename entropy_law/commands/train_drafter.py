@@ -1,0 +1,82 @@
+"""``entropy-law train-drafter``: self-distilled data, target features and block-drafter training in one command.
+
+Reproducible (explicit ``--seed``; data plan and hyper-parameters written beside the outputs) and
+resumable: data shards already written are skipped, training resumes from the newest checkpoint in
+``OUT/checkpoints``. ``--only data`` / ``--only train`` run one half.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("train-drafter", help="generate self-distilled data and train a block drafter")
+    p.add_argument("--model", default="smollm2-135m", help="target model spec (default: %(default)s)")
+    p.add_argument("--out", required=True, help="output folder (data, checkpoints, final drafter)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--gsm8k", default=None,
+                   help="GSM8K train.jsonl (default: $ENTROPY_LAW_GSM8K or ../shared/data/gsm8k/train.jsonl)")
+    p.add_argument("--only", choices=("data", "train"), default=None, help="run only one half")
+    p.add_argument("--threads", type=int, default=2, help="torch threads (default: %(default)s)")
+    g = p.add_argument_group("data")
+    g.add_argument("--n-gsm8k", type=int, default=160)
+    g.add_argument("--n-passages", type=int, default=64)
+    g.add_argument("--n-open", type=int, default=96)
+    g.add_argument("--n-translate", type=int, default=64)
+    g.add_argument("--max-new-tokens", type=int, default=192)
+    g.add_argument("--gen-batch-size", type=int, default=16)
+    g.add_argument("--gen-minutes", type=float, default=None,
+                   help="stop data generation (stage 2) after this many minutes; train on what exists")
+    g.add_argument("--attn", default="sdpa", help="attention for data generation (default: %(default)s)")
+    t = p.add_argument_group("training")
+    t.add_argument("--block-size", type=int, default=8)
+    t.add_argument("--layers", type=int, default=1, help="drafter layers (default: %(default)s)")
+    t.add_argument("--steps", type=int, default=2000)
+    t.add_argument("--minutes", type=float, default=None, help="stop training after this many minutes")
+    t.add_argument("--lr", type=float, default=6e-4)
+    t.add_argument("--batch-seqs", type=int, default=4, help="sequences per step")
+    t.add_argument("--anchors", type=int, default=32, help="anchors per sequence")
+    t.add_argument("--gamma", type=float, default=4.0, help="loss decay (default: %(default)s for B=8)")
+    t.add_argument("--heldout", type=int, default=24, help="samples held out for acceptance")
+    t.add_argument("--eval-every", type=int, default=250)
+    t.add_argument("--save-every", type=int, default=100)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import torch
+
+    from entropy_law.decoding.block_drafter import default_feature_layers
+    from entropy_law.decoding.drafter_data import DataPlan, generate_dataset, gsm8k_path
+    from entropy_law.decoding.loading import load_target
+
+    torch.set_num_threads(args.threads)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    data_dir = out / "data"
+    if args.only != "train":
+        gsm8k_path(args.gsm8k)  # fail before the slow model load
+        target = load_target(args.model, attn_implementation=args.attn)
+        layers = default_feature_layers(target.config.num_hidden_layers)
+        plan = DataPlan(seed=args.seed, n_gsm8k=args.n_gsm8k, n_passages=args.n_passages, n_open=args.n_open,
+                        n_translate=args.n_translate, max_new_tokens=args.max_new_tokens,
+                        passage_max_new_tokens=args.max_new_tokens)
+        deadline = time.time() + 60 * args.gen_minutes if args.gen_minutes else None
+        summary = generate_dataset(target, data_dir, plan=plan, feature_layers=layers, gsm8k=args.gsm8k,
+                                   batch_size=args.gen_batch_size, deadline=deadline,
+                                   log=lambda s: print(s, flush=True))
+        print(json.dumps(summary), flush=True)
+        del target
+    if args.only != "data":
+        from entropy_law.decoding.drafter_training import TrainConfig, train_from_folder
+
+        cfg = TrainConfig(seed=args.seed, block_size=args.block_size, num_layers=args.layers, steps=args.steps,
+                          minutes=args.minutes, lr=args.lr, batch_seqs=args.batch_seqs,
+                          anchors_per_seq=args.anchors, gamma=args.gamma, heldout=args.heldout,
+                          eval_every=args.eval_every, save_every=args.save_every)
+        result = train_from_folder(args.model, data_dir, out, cfg)
+        print(json.dumps(result), flush=True)
+    return 0

@@ -1,0 +1,497 @@
+"""GLANCE-style one-pass block drafter: drafts a whole block in one forward pass over fused target features.
+
+What it knows (DFlash family, ``../shared/research/decoding.md`` 1.1-1.3):
+
+* **Context**: the output hidden states of a few target layers (``feature_layers``, capture convention of
+  ``features``) at every committed position, concatenated, fused by one bias-free ``Linear(n*H -> H)`` and
+  an RMSNorm, and injected as extra keys/values into every drafter layer (each layer's own k/v
+  projections; the context has no residual stream of its own).
+* **Block**: ``[anchor, MASK x (B-1)]`` at absolute positions ``anchor .. anchor+B-1``, where the anchor is
+  the last committed (pending) token. Block queries attend bidirectionally inside their block and to
+  context strictly before the anchor. MASK is a learned embedding vector (SmolLM2's vocabulary has no
+  unused row, so no token id is borrowed; nothing in the data can collide with it).
+* **Head**: final RMSNorm, then the target's frozen LM head; the anchor is embedded with the target's
+  frozen embedding table. Both are referenced, never copied, and never saved in a checkpoint.
+* **Layout**: same-position labels: block slot ``k`` (1..B-1) predicts the token at ``anchor + k``; slot 0
+  is discarded.
+* **Modes**: ``begin``/``propose`` (the ``Drafter`` protocol; a cache of injected context K/V that only
+  grows with new rows, never recomputed) and ``block_logits`` (training / offline replay: every anchor of
+  a sequence in one forward with the block mask; context by *original position*, so overlapping anchors
+  never leak, SpecForge #470).
+
+What it does not know: how trees are built (``tree``), how the target verifies, or training
+(``drafter_training``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from entropy_law.decoding.interface import DraftProposal
+
+FORMAT = "entropy-law-block-drafter"
+FORMAT_VERSION = 1
+
+
+def default_feature_layers(num_target_layers: int, n: int = 3) -> tuple[int, ...]:
+    """DFlash's choice of target layers: ``L // 2`` for one feature, else ``n`` evenly spaced from 1 to L-3."""
+    if num_target_layers < 4:
+        raise ValueError(f"a target with {num_target_layers} layers is too shallow for feature selection")
+    if n == 1:
+        return (num_target_layers // 2,)
+    span = num_target_layers - 4
+    return tuple(int(round(1 + i * span / (n - 1))) for i in range(n))
+
+
+@dataclass(frozen=True)
+class BlockDrafterConfig:
+    """Shape of a block drafter and the target it was built for (stored in every checkpoint)."""
+
+    hidden_size: int
+    vocab_size: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    target_num_layers: int
+    feature_layers: tuple[int, ...]
+    block_size: int = 8
+    num_layers: int = 2
+    top_k: int = 32  # candidates per depth in a proposal
+    draft_vocab_size: int = 0  # 0: draft over the whole vocabulary; else over ``draft_vocab`` ids only
+    target_id: str = ""
+    target_fingerprint: float = 0.0  # sum of a fixed slice of the target embedding table (identity check)
+
+    @property
+    def n_features(self) -> int:
+        return len(self.feature_layers)
+
+    # read like a mapping too (``dict(drafter.config)`` in run metadata, as for the other drafters)
+    def keys(self):
+        return asdict(self).keys()
+
+    def __getitem__(self, key: str):
+        return getattr(self, key)
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["feature_layers"] = list(self.feature_layers)
+        return json.dumps(d)
+
+    @staticmethod
+    def from_json(text: str) -> "BlockDrafterConfig":
+        d = json.loads(text)
+        d["feature_layers"] = tuple(d["feature_layers"])
+        return BlockDrafterConfig(**d)
+
+
+def _target_model(target) -> nn.Module:
+    """Accept a ``LoadedTarget``, a ``TargetAdapter``-like object with ``.model``, or a HF model."""
+    model = target if isinstance(target, nn.Module) else getattr(target, "model", None)
+    if isinstance(model, nn.Module) and hasattr(model, "get_input_embeddings"):
+        return model
+    raise TypeError(f"expected a target (LoadedTarget or Hugging Face causal LM), got {type(target).__name__}")
+
+
+def _text_config(model):
+    cfg = model.config
+    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+
+
+def _lm_head(model: nn.Module) -> nn.Module | None:
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    return head if head is not None else getattr(model, "lm_head", None)
+
+
+def target_fingerprint(model: nn.Module) -> float:
+    """A cheap identity check of a target: the sum of the first 64 rows of its embedding table (fp64)."""
+    weight = model.get_input_embeddings().weight
+    return float(weight[:64].detach().double().sum())
+
+
+def config_for_target(target, *, feature_layers: Sequence[int] | None = None, block_size: int = 8,
+                      num_layers: int = 2, top_k: int = 32, target_id: str | None = None) -> BlockDrafterConfig:
+    """A drafter config matching ``target``'s width, heads, vocabulary and depth."""
+    model = _target_model(target)
+    cfg = _text_config(model)
+    n_layers = int(cfg.num_hidden_layers)
+    layers = tuple(feature_layers) if feature_layers is not None else default_feature_layers(n_layers)
+    head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+    rope = getattr(cfg, "rope_parameters", None) or {}
+    theta = float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
+    return BlockDrafterConfig(
+        hidden_size=int(cfg.hidden_size), vocab_size=int(model.get_input_embeddings().weight.shape[0]),
+        num_heads=int(cfg.num_attention_heads), num_kv_heads=int(getattr(cfg, "num_key_value_heads", None)
+                                                                 or cfg.num_attention_heads),
+        head_dim=head_dim, intermediate_size=int(cfg.intermediate_size), rms_norm_eps=float(cfg.rms_norm_eps),
+        rope_theta=theta, target_num_layers=n_layers, feature_layers=layers, block_size=block_size,
+        num_layers=num_layers, top_k=top_k,
+        target_id=target_id if target_id is not None else str(getattr(target, "model_id", "")),
+        target_fingerprint=target_fingerprint(model),
+    )
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x32 = x.float()
+        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x32.to(x.dtype)
+
+
+def _rope(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+    """cos, sin ``[..., len(positions), head_dim]`` for absolute ``positions`` (Llama half-rotation layout)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    angles = positions.to(torch.float64)[..., None] * inv_freq
+    emb = torch.cat([angles, angles], dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin
+
+
+class DrafterLayer(nn.Module):
+    """One Llama-style layer whose attention also reads injected context keys/values."""
+
+    def __init__(self, cfg: BlockDrafterConfig):
+        super().__init__()
+        h, d = cfg.hidden_size, cfg.head_dim
+        self.cfg = cfg
+        self.input_layernorm = RMSNorm(h, cfg.rms_norm_eps)
+        self.q_proj = nn.Linear(h, cfg.num_heads * d, bias=False)
+        self.k_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=False)
+        self.v_proj = nn.Linear(h, cfg.num_kv_heads * d, bias=False)
+        self.o_proj = nn.Linear(cfg.num_heads * d, h, bias=False)
+        self.post_attention_layernorm = RMSNorm(h, cfg.rms_norm_eps)
+        self.gate_proj = nn.Linear(h, cfg.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(h, cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, h, bias=False)
+
+    def _heads(self, x: torch.Tensor, n: int) -> torch.Tensor:  # [b, T, n*d] -> [b, n, T, d]
+        b, t, _ = x.shape
+        return x.view(b, t, n, self.cfg.head_dim).transpose(1, 2)
+
+    def context_kv(self, ctx: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """Keys (rotated) and values of fused context rows ``[b, C, H]`` -> ``[b, kv, C, d]`` each."""
+        k = _rotate(self._heads(self.k_proj(ctx), self.cfg.num_kv_heads), cos, sin)
+        v = self._heads(self.v_proj(ctx), self.cfg.num_kv_heads)
+        return k, v
+
+    def forward(self, x, cos, sin, ctx_k, ctx_v, mask):
+        """``x`` ``[b, Q, H]`` block rows; ``ctx_k/ctx_v`` ``[b, kv, C, d]``; ``mask`` additive ``[b, 1, Q, C+Q]`` or None."""
+        cfg = self.cfg
+        h = self.input_layernorm(x)
+        q = _rotate(self._heads(self.q_proj(h), cfg.num_heads), cos, sin)
+        k = _rotate(self._heads(self.k_proj(h), cfg.num_kv_heads), cos, sin)
+        v = self._heads(self.v_proj(h), cfg.num_kv_heads)
+        k = torch.cat([ctx_k, k], dim=2)
+        v = torch.cat([ctx_v, v], dim=2)
+        groups = cfg.num_heads // cfg.num_kv_heads
+        k = k.repeat_interleave(groups, dim=1)
+        v = v.repeat_interleave(groups, dim=1)
+        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(cfg.head_dim)
+        if mask is not None:
+            scores = scores + mask
+        attn = torch.softmax(scores.float(), dim=-1).to(q.dtype)
+        out = torch.matmul(attn, v).transpose(1, 2).reshape(x.shape[0], x.shape[1], -1)
+        x = x + self.o_proj(out)
+        h = self.post_attention_layernorm(x)
+        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+
+
+class BlockDrafter(nn.Module):
+    """A block drafter over a target; implements the ``Drafter`` protocol (``begin`` / ``propose``).
+
+    ``BlockDrafter(target)`` builds a fresh (randomly initialised) drafter matching ``target``;
+    ``BlockDrafter.load(path, target)`` loads a checkpoint and checks it against the target.
+    """
+
+    def __init__(self, target, config: BlockDrafterConfig | None = None, *, seed: int | None = 0,
+                 draft_vocab: Sequence[int] | None = None, **overrides):
+        super().__init__()
+        model = _target_model(target)
+        cfg = config if config is not None else config_for_target(target, **overrides)
+        vocab_ids = None
+        if draft_vocab is not None:
+            vocab_ids = torch.tensor(sorted({int(t) for t in draft_vocab}), dtype=torch.long)
+            if len(vocab_ids) == 0 or vocab_ids[0] < 0 or vocab_ids[-1] >= cfg.vocab_size:
+                raise ValueError(f"draft_vocab must hold token ids in 0..{cfg.vocab_size - 1}")
+            cfg = replace(cfg, draft_vocab_size=len(vocab_ids))
+        _check_matches(cfg, model)
+        self.config = cfg
+        if cfg.num_heads % cfg.num_kv_heads:
+            raise ValueError(f"num_heads {cfg.num_heads} is not a multiple of num_kv_heads {cfg.num_kv_heads}")
+        if cfg.block_size < 2:
+            raise ValueError(f"block_size must be >= 2 (anchor + at least one mask slot), got {cfg.block_size}")
+        generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        h = cfg.hidden_size
+        self.fc = nn.Linear(cfg.n_features * h, h, bias=False)
+        self.hidden_norm = RMSNorm(h, cfg.rms_norm_eps)
+        self.layers = nn.ModuleList([DrafterLayer(cfg) for _ in range(cfg.num_layers)])
+        self.norm = RMSNorm(h, cfg.rms_norm_eps)
+        # learned MASK embedding, initialised at the mean target embedding row
+        self.mask_embedding = nn.Parameter(model.get_input_embeddings().weight.detach().mean(0).clone().float())
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                std = 1.0 / math.sqrt(module.in_features)
+                with torch.no_grad():
+                    module.weight.copy_(torch.randn(module.weight.shape, generator=generator) * std)
+        # shared, frozen, unregistered: never in state_dict, never trained
+        self.__dict__["_embed_tokens"] = model.get_input_embeddings()
+        self.__dict__["_lm_head"] = _lm_head(model)
+        # draft vocabulary (EAGLE-3-style reduced head): rows of the shared LM head the drafter scores
+        if cfg.draft_vocab_size:
+            self.register_buffer("draft_vocab", vocab_ids if vocab_ids is not None
+                                 else torch.zeros(cfg.draft_vocab_size, dtype=torch.long))
+        else:
+            self.register_buffer("draft_vocab", torch.arange(0), persistent=False)
+        self.refresh_vocab_map()
+        self.drafter_id = f"block-drafter-b{cfg.block_size}-l{cfg.num_layers}"
+        self.feature_layers = tuple(cfg.feature_layers)
+        self.block_size = cfg.block_size
+        self.reset()
+
+    # ------------------------------------------------------------------ shared pieces
+    def fuse(self, features: torch.Tensor) -> torch.Tensor:
+        """``[..., n*H]`` target features -> ``[..., H]`` context rows (fc + RMSNorm)."""
+        w = self.fc.weight
+        return self.hidden_norm(self.fc(features.to(w.dtype)))
+
+    def _block_embeddings(self, anchor_ids: torch.Tensor) -> torch.Tensor:
+        """``anchor_ids [...]`` -> ``[..., B, H]``: embedded anchor then B-1 mask vectors."""
+        # the target's table, detached: frozen and shared, no gradient ever flows into the target
+        anchor = F.embedding(anchor_ids, self._embed_tokens.weight.detach()).to(self.mask_embedding.dtype)
+        mask = self.mask_embedding.expand(*anchor_ids.shape, self.block_size - 1, -1)
+        return torch.cat([anchor.unsqueeze(-2), mask], dim=-2)
+
+    def refresh_vocab_map(self) -> None:
+        """Rebuild the token -> draft-index map (after loading a ``draft_vocab``)."""
+        v = self.config.vocab_size
+        if self.config.draft_vocab_size:
+            index = torch.full((v,), -1, dtype=torch.long)
+            index[self.draft_vocab] = torch.arange(len(self.draft_vocab))
+        else:
+            index = torch.arange(v)
+        self.__dict__["_token_to_draft"] = index
+
+    def draft_index(self, token_ids: torch.Tensor, ignore: int = -100) -> torch.Tensor:
+        """Token ids -> indices into ``block_logits``' last axis; ``ignore`` stays, ids outside the draft
+        vocabulary become ``ignore`` (they can never be drafted)."""
+        keep = token_ids != ignore
+        mapped = self._token_to_draft[token_ids.clamp(min=0)]
+        return torch.where(keep & (mapped >= 0), mapped, torch.full_like(mapped, ignore))
+
+    def draft_tokens(self, index: torch.Tensor) -> torch.Tensor:
+        """Indices into ``block_logits``' last axis -> token ids."""
+        return self.draft_vocab[index] if self.config.draft_vocab_size else index
+
+    def to_full_vocab(self, logits: torch.Tensor, fill: float = -1e4) -> torch.Tensor:
+        """Draft-vocabulary logits ``[..., Vd]`` -> ``[..., V]`` with ``fill`` (probability 0 in fp32) elsewhere."""
+        if not self.config.draft_vocab_size:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), fill)
+        full[..., self.draft_vocab] = logits
+        return full
+
+    def _head(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(x)
+        weight = self._lm_head.weight.detach()
+        bias = getattr(self._lm_head, "bias", None)
+        bias = None if bias is None else bias.detach()
+        if self.config.draft_vocab_size:
+            weight = weight[self.draft_vocab]
+            bias = None if bias is None else bias[self.draft_vocab]
+        return F.linear(h.to(weight.dtype), weight, bias).float()
+
+    # ------------------------------------------------------------------ training / replay mode
+    def block_logits(self, input_ids: torch.Tensor, features: torch.Tensor, anchors: torch.Tensor,
+                     anchor_valid: torch.Tensor | None = None) -> torch.Tensor:
+        """Draft logits of every anchor in one forward pass (training and offline replay).
+
+        ``input_ids [b, S]``, ``features [b, C, n*H]`` for positions ``0..C-1`` (C <= S; rows at or after an
+        anchor are never read by that anchor's block), ``anchors [b, A]`` (positions; anchor ``t`` needs
+        context ``< t``, so ``t <= C``), ``anchor_valid [b, A]`` bool (padding anchors: False).
+        Returns ``[b, A, B-1, Vd]`` over the draft vocabulary (``Vd = V`` without one; see ``draft_tokens``,
+        ``draft_index``, ``to_full_vocab``): slot ``k`` (1-based) predicts the token at ``anchor + k``.
+        """
+        cfg = self.config
+        b, s = input_ids.shape
+        c = features.shape[1]
+        a = anchors.shape[1]
+        bsz = cfg.block_size
+        if anchor_valid is None:
+            anchor_valid = torch.ones_like(anchors, dtype=torch.bool)
+        if bool(((anchors > c) & anchor_valid).any()) or bool(((anchors >= s) & anchor_valid).any()):
+            raise ValueError("an anchor lies beyond the given tokens/features (anchor t needs features 0..t-1)")
+        safe_anchors = torch.where(anchor_valid, anchors, torch.zeros_like(anchors))
+        anchor_ids = torch.gather(input_ids, 1, safe_anchors)
+        x = self._block_embeddings(anchor_ids).reshape(b, a * bsz, -1)  # [b, A*B, H]
+        block_pos = (safe_anchors[..., None] + torch.arange(bsz)).reshape(b, a * bsz)
+        ctx = self.fuse(features)  # [b, C, H]
+        ctx_pos = torch.arange(c)
+        cos_b, sin_b = _rope(block_pos, cfg.head_dim, cfg.rope_theta, x.dtype)
+        cos_b, sin_b = cos_b[:, None], sin_b[:, None]
+        cos_c, sin_c = _rope(ctx_pos, cfg.head_dim, cfg.rope_theta, x.dtype)
+        # mask by ORIGINAL position: block of anchor t sees context j < t and its own block only
+        q_anchor = safe_anchors.repeat_interleave(bsz, dim=1)  # [b, A*B]
+        sees_ctx = ctx_pos[None, None, :] < q_anchor[..., None]  # [b, A*B, C]
+        block_id = torch.arange(a).repeat_interleave(bsz)
+        sees_blk = (block_id[:, None] == block_id[None, :]).expand(b, -1, -1)
+        allowed = torch.cat([sees_ctx, sees_blk], dim=-1)
+        mask = torch.zeros(allowed.shape, dtype=x.dtype).masked_fill(~allowed, torch.finfo(x.dtype).min)
+        mask = mask[:, None]
+        for layer in self.layers:
+            ck, cv = layer.context_kv(ctx, cos_c, sin_c)
+            x = layer(x, cos_b, sin_b, ck, cv, mask)
+        x = x.view(b, a, bsz, -1)[:, :, 1:]
+        return self._head(x)
+
+    # ------------------------------------------------------------------ inference mode (Drafter protocol)
+    def reset(self) -> None:
+        """Forget the injected context (a new request)."""
+        self._ctx_k: list[torch.Tensor | None] = [None] * len(self.layers)
+        self._ctx_v: list[torch.Tensor | None] = [None] * len(self.layers)
+        self.context_len = 0
+
+    @torch.no_grad()
+    def inject(self, features: torch.Tensor) -> None:
+        """Append context rows for positions ``context_len ..``; rows already injected are never recomputed."""
+        if features is None or features.shape[0] == 0:
+            return
+        expected = self.config.n_features * self.config.hidden_size
+        if features.dim() != 2 or features.shape[1] != expected:
+            raise ValueError(f"features must be [rows, {expected}] (layers {self.feature_layers} x "
+                             f"{self.config.hidden_size}); got {tuple(features.shape)}")
+        cfg = self.config
+        ctx = self.fuse(features)[None]  # [1, r, H]
+        pos = torch.arange(self.context_len, self.context_len + features.shape[0])
+        cos, sin = _rope(pos, cfg.head_dim, cfg.rope_theta, ctx.dtype)
+        for i, layer in enumerate(self.layers):
+            k, v = layer.context_kv(ctx, cos, sin)
+            self._ctx_k[i] = k if self._ctx_k[i] is None else torch.cat([self._ctx_k[i], k], dim=2)
+            self._ctx_v[i] = v if self._ctx_v[i] is None else torch.cat([self._ctx_v[i], v], dim=2)
+        self.context_len += int(features.shape[0])
+
+    @torch.no_grad()
+    def draft_logits(self, anchor_id: int, anchor_position: int) -> torch.Tensor:
+        """``[B-1, Vd]`` draft-vocabulary logits for the block at ``anchor_position`` (context must end there)."""
+        if anchor_position != self.context_len:
+            raise ValueError(
+                f"the drafter holds context for positions 0..{self.context_len - 1} but the anchor is at "
+                f"{anchor_position}; pass the features of every committed position before the anchor "
+                "(begin(prompt_ids, prompt_features), then each round's accepted path) exactly once")
+        cfg = self.config
+        x = self._block_embeddings(torch.tensor([anchor_id]))  # [1, B, H]
+        pos = torch.arange(anchor_position, anchor_position + cfg.block_size)
+        cos, sin = _rope(pos, cfg.head_dim, cfg.rope_theta, x.dtype)
+        for i, layer in enumerate(self.layers):
+            ck = self._ctx_k[i]
+            cv = self._ctx_v[i]
+            if ck is None:  # no context yet (empty prompt features)
+                ck = x.new_zeros((1, cfg.num_kv_heads, 0, cfg.head_dim))
+                cv = ck
+            x = layer(x, cos, sin, ck, cv, None)
+        return self._head(x[:, 1:])[0]
+
+    def begin(self, prompt_ids: Sequence[int], prompt_features: torch.Tensor | None) -> None:
+        """New request: forget old context, inject the prompt's features (one row per prompt position)."""
+        if prompt_features is None:
+            raise ValueError("the block drafter needs target features: the decoder must capture layers "
+                             f"{self.feature_layers} (drafter.feature_layers) and pass them to begin()")
+        if prompt_features.shape[0] != len(prompt_ids):
+            raise ValueError(f"got {prompt_features.shape[0]} feature rows for {len(prompt_ids)} prompt tokens")
+        self.reset()
+        self.inject(prompt_features)
+
+    def propose(self, tokens: Sequence[int], new_features: torch.Tensor | None) -> DraftProposal:
+        """Inject ``new_features`` (committed rows not yet seen), then draft B-1 tokens after ``tokens[-1]``."""
+        if new_features is not None:
+            self.inject(new_features)
+        return self.proposal_from_logits(self.draft_logits(int(tokens[-1]), len(tokens) - 1))
+
+    def proposal_from_logits(self, logits: torch.Tensor) -> DraftProposal:
+        """``[B-1, Vd]`` draft-vocabulary logits -> top-k candidates per depth (token ids) + full logits."""
+        logprobs = torch.log_softmax(logits, dim=-1)
+        k = min(self.config.top_k, logits.shape[-1])
+        top_lp, top_index = torch.topk(logprobs, k, dim=-1)
+        return DraftProposal(tokens=self.draft_tokens(top_index), logprobs=top_lp, logits=self.to_full_vocab(logits))
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, path: str | Path, *, dtype: torch.dtype = torch.float16, metadata: dict | None = None) -> Path:
+        """Write a safetensors checkpoint (drafter weights only, stored in ``dtype``) with the config inside."""
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tensors = {k: (v.detach().to(dtype) if v.is_floating_point() else v.detach()).contiguous()
+                   for k, v in self.state_dict().items()}
+        meta = {"format": FORMAT, "format_version": str(FORMAT_VERSION), "config": self.config.to_json()}
+        if metadata:
+            meta["info"] = json.dumps(metadata)
+        save_file(tensors, str(path), metadata=meta)
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path, target) -> "BlockDrafter":
+        """Load a checkpoint for ``target``; raises ``ValueError`` naming every mismatch."""
+        from safetensors import safe_open
+        from safetensors.torch import load_file
+
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"block drafter checkpoint not found: {path}")
+        with safe_open(str(path), framework="pt") as fh:
+            meta = fh.metadata() or {}
+        if meta.get("format") != FORMAT:
+            raise ValueError(f"{path} is not a block drafter checkpoint (format {meta.get('format')!r})")
+        cfg = BlockDrafterConfig.from_json(meta["config"])
+        drafter = cls(target, cfg, seed=None)
+        state = {k: v.float() if v.is_floating_point() else v for k, v in load_file(str(path)).items()}
+        drafter.load_state_dict(state)
+        drafter.refresh_vocab_map()
+        drafter.info = json.loads(meta["info"]) if "info" in meta else {}
+        return drafter.eval()
+
+
+def _check_matches(cfg: BlockDrafterConfig, model: nn.Module) -> None:
+    """Every way ``cfg`` can disagree with ``model``, in one error."""
+    tcfg = _text_config(model)
+    problems = []
+    vocab = int(model.get_input_embeddings().weight.shape[0])
+    if cfg.vocab_size != vocab:
+        problems.append(f"vocabulary: drafter {cfg.vocab_size}, target {vocab}")
+    if cfg.hidden_size != int(tcfg.hidden_size):
+        problems.append(f"width: drafter {cfg.hidden_size}, target {tcfg.hidden_size}")
+    n_layers = int(tcfg.num_hidden_layers)
+    if cfg.target_num_layers != n_layers:
+        problems.append(f"target depth: drafter built for {cfg.target_num_layers} layers, target has {n_layers}")
+    bad = [i for i in cfg.feature_layers if not 0 <= i < n_layers]
+    if bad:
+        problems.append(f"feature layers {list(cfg.feature_layers)}: {bad} do not exist in a {n_layers}-layer target")
+    if _lm_head(model) is None:
+        problems.append("the target has no output embeddings (LM head) to share")
+    if cfg.target_fingerprint and not problems:
+        now = target_fingerprint(model)
+        if not math.isclose(now, cfg.target_fingerprint, rel_tol=1e-4, abs_tol=1e-3):
+            problems.append(f"embedding fingerprint: drafter trained on {cfg.target_id or 'another target'} "
+                            f"({cfg.target_fingerprint:.6g}), this target gives {now:.6g}")
+    if problems:
+        raise ValueError("block drafter does not match the target: " + "; ".join(problems)
+                         + ". Train a drafter for this target with `entropy-law train-drafter --model ...`.")

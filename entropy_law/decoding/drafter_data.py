@@ -1,0 +1,382 @@
+"""Self-distilled training data for the block drafter: prompts, greedy target responses, target features.
+
+Known here: which prompts are used (GSM8K train questions, grounded prompts built on passages the target
+wrote itself, open instructions, translation-style prompts; all disjoint from the Spec-Bench evaluation
+questions, which is checked), how the target answers them (greedy, batched with left padding, the chat
+template the decoder uses: ``tokenizer.apply_chat_template(messages, add_generation_prompt=True)``), and
+how the features of the feature layers are captured on the way (the forward hooks of ``features``: each
+generation step's forward already computes the hidden states of the token it consumes, so features cost
+nothing extra). Samples are written as shards (safetensors + a JSON manifest) that a restarted run skips.
+
+Not known here: the drafter or its training (``drafter_training``). Numerics: batched generation with
+padding (and, by default, SDPA attention) can differ from batch-1 eager greedy decoding at rare near-ties;
+that is harmless for training data, and held-out acceptance is measured with batch-1 greedy outputs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import torch
+
+from entropy_law.decoding.features import capture_features
+
+GSM8K_ENV = "ENTROPY_LAW_GSM8K"
+GSM8K_DEFAULT = Path("..") / "shared" / "data" / "gsm8k" / "train.jsonl"  # relative to the repo root
+
+# Subjects for passages and open instructions; chosen by hand, unrelated to the Spec-Bench questions.
+TOPICS = (
+    "a small bakery that opens a second shop", "a city that builds new bicycle lanes",
+    "a school garden project", "a museum that reopens after renovation", "a local football club",
+    "a new public library", "a heat wave in a coastal town", "a startup making solar lamps",
+    "a volunteer beach clean-up", "a farmer who switches to organic crops", "a bridge closed for repairs",
+    "a chess tournament for children", "a hospital that opens a new wing", "a train line extension",
+    "a jazz festival in the park", "a family-run hardware store", "a robotics competition",
+    "a mountain rescue team", "a river flood and the clean-up", "a new recycling programme",
+    "an old cinema turned into a theatre", "a marathon through the city centre", "a honey bee farm",
+    "a space telescope launch", "a wildlife reserve that counts its birds", "a town's water supply upgrade",
+    "a university that offers free evening classes", "a shipping port that expands",
+    "a restaurant that only serves local food", "a power outage after a storm", "a community radio station",
+    "a teenager who starts a coding club", "a zoo welcoming a baby elephant", "a new vaccine trial",
+    "a village that gets fast internet", "a bookshop celebrating 100 years", "a wind farm built offshore",
+    "a street market on Sundays", "a company moving to a four-day week", "a fire station open day",
+    "an art exhibition by local students", "a drought affecting wheat farmers", "a new electric bus fleet",
+    "a cooking school for adults", "a lost dog found after a week", "a science fair winner",
+    "a housing project for older people", "a ferry service between two islands", "a coffee price increase",
+    "a theatre group touring small towns", "a historic castle repaired", "a rescue of stranded whales",
+    "a hiking trail reopened", "a factory that cuts its energy use", "a new airport terminal",
+    "a tennis player's first title", "a choir that raises money for charity", "a snowstorm closing schools",
+    "a tech company opening an office abroad", "a fishing village and its festival",
+    "an online course that becomes popular", "a park that plants a thousand trees",
+    "a record harvest of apples", "a new pedestrian zone downtown",
+)
+OPEN_INSTRUCTIONS = (
+    "Explain what {x} is in simple words.", "Give three tips for {x}.", "Write a short story about {x}.",
+    "What are the advantages and disadvantages of {x}?", "Describe how {x} works.",
+    "Write an email to a friend about {x}.", "List five facts about {x}.", "Why is {x} important?",
+)
+OPEN_SUBJECTS = (
+    "photosynthesis", "learning a new language", "saving money", "the water cycle", "a healthy breakfast",
+    "public transport", "volcanoes", "recycling", "sleep", "time management", "the moon", "gardening",
+    "electric cars", "rainbows", "friendship", "exercise", "the internet", "cooking pasta", "bees",
+    "reading books", "the solar system", "first aid", "camping", "music lessons",
+)
+PASSAGE_QUESTIONS = (
+    "What is the main event described in the text?", "Who is involved, according to the text?",
+    "Where does this take place?", "Why does this matter, according to the text?",
+    "What happens next, according to the text?",
+)
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    """One training prompt: where it comes from and its user message."""
+
+    prompt_id: str
+    source: str  # gsm8k | passage | grounded_summary | grounded_extract | grounded_answer | open | translate_en_de | translate_de_en
+    text: str
+
+
+@dataclass(frozen=True)
+class DataPlan:
+    """How many prompts of each kind (the defaults fit ~40 CPU minutes on 2 shared cores)."""
+
+    seed: int = 0
+    n_gsm8k: int = 160
+    n_passages: int = 64  # stage 1; each passage then yields 3 grounded prompts
+    n_open: int = 96
+    n_translate: int = 64  # stage 1 en->de, stage 2 de->en on the target's own German
+    max_new_tokens: int = 192
+    passage_max_new_tokens: int = 192
+
+
+def gsm8k_path(path: str | os.PathLike | None = None) -> Path:
+    """The GSM8K train file: ``path``, else ``$ENTROPY_LAW_GSM8K``, else ``../shared/data/gsm8k/train.jsonl``."""
+    if path is None:
+        path = os.environ.get(GSM8K_ENV) or (Path(__file__).resolve().parents[2] / GSM8K_DEFAULT)
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(
+            f"GSM8K train file not found at {path}; pass --gsm8k PATH or set {GSM8K_ENV}"
+        )
+    return path
+
+
+def read_gsm8k_questions(path: Path) -> list[str]:
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line)["question"].strip() for line in fh if line.strip()]
+
+
+def spec_bench_texts() -> set[str]:
+    """First-turn texts of the shipped Spec-Bench questions (evaluation only; never trained on)."""
+    from entropy_law.paths import data_dir
+
+    path = data_dir() / "spec_bench" / "question.jsonl"
+    with open(path, encoding="utf-8") as fh:
+        return {json.loads(line)["turns"][0].strip() for line in fh if line.strip()}
+
+
+def _first_sentence(text: str) -> str:
+    for sep in (". ", "? ", "! "):
+        if sep in text:
+            return text.split(sep)[0] + sep.strip()
+    return text
+
+
+def stage1_prompts(plan: DataPlan, gsm8k_questions: Sequence[str]) -> tuple[list[PromptSpec], list[str]]:
+    """Passage-writing and English->German prompts, plus the GSM8K questions kept for stage 2."""
+    rng = random.Random(plan.seed)
+    order = list(range(len(gsm8k_questions)))
+    rng.shuffle(order)
+    need = plan.n_gsm8k + plan.n_translate
+    if need > len(order):
+        raise ValueError(f"the GSM8K file has {len(order)} questions; the plan needs {need}")
+    math_q = [gsm8k_questions[i] for i in order[: plan.n_gsm8k]]
+    trans_src = [_first_sentence(gsm8k_questions[i]) for i in order[plan.n_gsm8k: need]]
+    topics = [TOPICS[i % len(TOPICS)] for i in range(plan.n_passages)]
+    lengths = (80, 120, 150)
+    prompts = [
+        PromptSpec(f"passage-{i:04d}", "passage",
+                   f"Write a short news article (about {lengths[i % 3]} words) about {t}.")
+        for i, t in enumerate(topics)
+    ]
+    prompts += [PromptSpec(f"en_de-{i:04d}", "translate_en_de", f"Translate English to German: {s}")
+                for i, s in enumerate(trans_src)]
+    return prompts, math_q
+
+
+def stage2_prompts(plan: DataPlan, math_questions: Sequence[str],
+                   stage1_outputs: dict[str, str]) -> list[PromptSpec]:
+    """GSM8K, grounded (on the target's passages), open and German->English prompts."""
+    rng = random.Random(plan.seed + 1)
+    prompts = [PromptSpec(f"gsm8k-{i:04d}", "gsm8k", q) for i, q in enumerate(math_questions)]
+    for pid, text in sorted(stage1_outputs.items()):
+        text = text.strip()
+        if not text:
+            continue
+        if pid.startswith("passage-"):
+            n = pid.split("-")[1]
+            question = PASSAGE_QUESTIONS[rng.randrange(len(PASSAGE_QUESTIONS))]
+            prompts += [
+                PromptSpec(f"summary-{n}", "grounded_summary", f"Summarize: {text}"),
+                PromptSpec(f"extract-{n}", "grounded_extract",
+                           f"{text}\n\nList the names, places and numbers mentioned in the text above."),
+                PromptSpec(f"answer-{n}", "grounded_answer",
+                           f"{text}\n\nAnswer using only the text above: {question}"),
+            ]
+        elif pid.startswith("en_de-"):
+            prompts.append(PromptSpec(f"de_en-{pid.split('-')[1]}", "translate_de_en",
+                                      f"Translate German to English: {text.splitlines()[0]}"))
+    combos = [(i, s) for i in OPEN_INSTRUCTIONS for s in OPEN_SUBJECTS]
+    rng.shuffle(combos)
+    prompts += [PromptSpec(f"open-{k:04d}", "open", tmpl.format(x=subj))
+                for k, (tmpl, subj) in enumerate(combos[: plan.n_open])]
+    return prompts
+
+
+def chat_ids(tokenizer, text: str) -> list[int]:
+    """Token ids of a one-turn user prompt with the generation prompt, exactly as the decoder builds them."""
+    out = tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True)
+    if hasattr(out, "keys"):
+        out = out["input_ids"]
+    return [int(t) for t in out]
+
+
+@torch.no_grad()
+def greedy_generate_with_features(model, prompt_ids: Sequence[Sequence[int]], *, feature_layers: Sequence[int],
+                                  max_new_tokens: int, eos_id: int, pad_id: int) -> list[dict]:
+    """Greedy responses for a batch of prompts (left padding), with the target features of every consumed token.
+
+    Returns per prompt: ``response_ids`` (ending with EOS if it was produced within the budget) and
+    ``features`` ``[len(prompt) + len(response) - 1, n*H]`` (fp32): the features of every position
+    except the last one (which the drafter never needs as context).
+    """
+    from transformers import DynamicCache
+
+    device = next(model.parameters()).device
+    b = len(prompt_ids)
+    width = max(len(p) for p in prompt_ids)
+    ids = torch.full((b, width), pad_id, dtype=torch.long)
+    attn = torch.zeros((b, width), dtype=torch.long)
+    for i, p in enumerate(prompt_ids):
+        ids[i, width - len(p):] = torch.tensor(p)
+        attn[i, width - len(p):] = 1
+    ids, attn = ids.to(device), attn.to(device)
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    cache = DynamicCache()
+    feats: list[list[torch.Tensor]] = [[] for _ in range(b)]
+    responses: list[list[int]] = [[] for _ in range(b)]
+    done = torch.zeros(b, dtype=torch.bool)
+    with capture_features(model, feature_layers) as cap:
+        out = model(input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=cache,
+                    use_cache=True, logits_to_keep=1)
+        f = cap.features()
+        for i, p in enumerate(prompt_ids):
+            feats[i].append(f[i, width - len(p):].float().cpu())
+        next_pos = pos[:, -1:] + 1
+        for step in range(max_new_tokens):
+            nxt = out.logits[:, -1].argmax(-1).cpu()
+            for i in range(b):
+                if not done[i]:
+                    responses[i].append(int(nxt[i]))
+                    if int(nxt[i]) == eos_id:
+                        done[i] = True
+            if bool(done.all()) or step == max_new_tokens - 1:
+                break
+            attn = torch.cat([attn, torch.ones((b, 1), dtype=attn.dtype, device=device)], dim=1)
+            out = model(input_ids=nxt[:, None].to(device), attention_mask=attn, position_ids=next_pos,
+                        past_key_values=cache, use_cache=True, logits_to_keep=1)
+            next_pos = next_pos + 1
+            f = cap.features()
+            for i in range(b):
+                # the consumed token is response[-1]; keep its features only while the row is still open
+                # (a row that just produced EOS never needs the EOS position's features)
+                if not done[i]:
+                    feats[i].append(f[i, -1:].float().cpu())
+    results = []
+    for i, p in enumerate(prompt_ids):
+        fi = torch.cat(feats[i], dim=0)
+        n_rows = len(p) + len(responses[i]) - 1
+        results.append({"response_ids": responses[i], "features": fi[:n_rows]})
+        assert fi.shape[0] >= n_rows, (fi.shape, n_rows)
+    return results
+
+
+def _shard_name(stage: int, index: int) -> str:
+    return f"stage{stage}-{index:04d}"
+
+
+def write_shard(folder: Path, name: str, samples: list[dict]) -> None:
+    """One shard: ``<name>.safetensors`` (per-sample ids and fp16 features) + ``<name>.json`` (metadata)."""
+    from safetensors.torch import save_file
+
+    tensors, meta = {}, []
+    for k, s in enumerate(samples):
+        tensors[f"{k}.input_ids"] = torch.tensor(s["prompt_ids"] + s["response_ids"], dtype=torch.int32)
+        tensors[f"{k}.features"] = s["features"].to(torch.float16).contiguous()
+        meta.append({"prompt_id": s["prompt_id"], "source": s["source"], "prompt_len": len(s["prompt_ids"]),
+                     "response_len": len(s["response_ids"]), "text": s["text"], "response": s["response"]})
+    tmp = folder / f"{name}.safetensors.tmp"
+    save_file(tensors, str(tmp))
+    tmp.rename(folder / f"{name}.safetensors")
+    # the JSON is written last: its presence marks a complete shard
+    (folder / f"{name}.json.tmp").write_text(json.dumps(meta, ensure_ascii=False))
+    (folder / f"{name}.json.tmp").rename(folder / f"{name}.json")
+
+
+def read_shard_meta(folder: Path, name: str) -> list[dict] | None:
+    path = folder / f"{name}.json"
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def load_samples(folder: str | os.PathLike) -> list[dict]:
+    """All complete shards of a data folder: dicts with ``input_ids`` (long), ``features`` (fp16),
+    ``prompt_len``, ``source``, ``prompt_id``, sorted by prompt id."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    samples = []
+    for meta_path in sorted(folder.glob("stage*-*.json")):
+        meta = json.loads(meta_path.read_text())
+        tensors = load_file(str(meta_path.with_suffix(".safetensors")))
+        for k, m in enumerate(meta):
+            samples.append({**m, "input_ids": tensors[f"{k}.input_ids"].long(),
+                            "features": tensors[f"{k}.features"]})
+    samples.sort(key=lambda s: s["prompt_id"])
+    return samples
+
+
+def _batches(prompts: list[PromptSpec], batch_size: int, seed: int) -> list[list[PromptSpec]]:
+    """Batches of similar prompts (same source, similar length), in a seeded random order."""
+    ordered = sorted(prompts, key=lambda p: (p.source, len(p.text), p.prompt_id))
+    batches = [ordered[i: i + batch_size] for i in range(0, len(ordered), batch_size)]
+    random.Random(seed).shuffle(batches)
+    return batches
+
+
+def generate_dataset(target, out_dir: str | os.PathLike, *, plan: DataPlan, feature_layers: Sequence[int],
+                     gsm8k: str | os.PathLike | None = None, batch_size: int = 16,
+                     deadline: float | None = None, log: Callable[[str], None] = print) -> dict:
+    """Run both stages, writing shards into ``out_dir``; skips shards already written (resume).
+
+    ``deadline`` (a ``time.time()`` value) stops stage 2 after the batch in progress. Returns a summary
+    (counts per source, tokens, seconds) that is also written to ``out_dir/summary.json``.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer, model = target.tokenizer, target.model
+    eos_id = int(target.config.eos_token_id if isinstance(target.config.eos_token_id, int)
+                 else target.config.eos_token_id[0])
+    pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id)
+    questions = read_gsm8k_questions(gsm8k_path(gsm8k))
+    t0 = time.time()
+
+    def run_stage(stage: int, prompts: list[PromptSpec], max_new: int, stop_at: float | None) -> dict[str, str]:
+        texts: dict[str, str] = {}
+        batches = _batches(prompts, batch_size, plan.seed + 10 * stage)
+        for index, batch in enumerate(batches):
+            name = _shard_name(stage, index)
+            meta = read_shard_meta(out, name)
+            if meta is None:
+                if stop_at is not None and time.time() > stop_at:
+                    log(f"stage {stage}: deadline reached after {index} of {len(batches)} batches")
+                    break
+                tb = time.time()
+                ids = [chat_ids(tokenizer, p.text) for p in batch]
+                results = greedy_generate_with_features(
+                    model, ids, feature_layers=feature_layers, max_new_tokens=max_new,
+                    eos_id=eos_id, pad_id=pad_id)
+                samples = []
+                for p, pid, r in zip(batch, ids, results):
+                    resp = r["response_ids"]
+                    samples.append({"prompt_id": p.prompt_id, "source": p.source, "text": p.text,
+                                    "prompt_ids": pid, "response_ids": resp, "features": r["features"],
+                                    "response": tokenizer.decode([t for t in resp if t != eos_id])})
+                write_shard(out, name, samples)
+                meta = read_shard_meta(out, name)
+                ntok = sum(len(r["response_ids"]) for r in results)
+                log(f"stage {stage} batch {index + 1}/{len(batches)}: {len(batch)} prompts, {ntok} new tokens, "
+                    f"{time.time() - tb:.1f} s")
+            for m in meta:
+                texts[m["prompt_id"]] = m["response"]
+        return texts
+
+    stage1, math_q = stage1_prompts(plan, questions)
+    s1_out = run_stage(1, stage1, plan.passage_max_new_tokens, None)
+    stage2 = stage2_prompts(plan, math_q, s1_out)
+    forbidden = spec_bench_texts()
+    clash = [p.prompt_id for p in stage1 + stage2 if p.text.strip() in forbidden]
+    if clash:
+        raise ValueError(f"training prompts overlap Spec-Bench evaluation prompts: {clash[:5]}")
+    run_stage(2, stage2, plan.max_new_tokens, deadline)
+
+    samples_meta = []
+    for meta_path in sorted(out.glob("stage*-*.json")):
+        samples_meta += json.loads(meta_path.read_text())
+    counts: dict[str, int] = {}
+    tokens: dict[str, int] = {}
+    for m in samples_meta:
+        counts[m["source"]] = counts.get(m["source"], 0) + 1
+        tokens[m["source"]] = tokens.get(m["source"], 0) + m["response_len"]
+    summary = {"plan": asdict(plan), "feature_layers": list(feature_layers), "batch_size": batch_size,
+               "samples": len(samples_meta), "samples_per_source": counts,
+               "response_tokens_per_source": tokens, "response_tokens": sum(tokens.values()),
+               "prompt_tokens": sum(m["prompt_len"] for m in samples_meta),
+               "seconds_this_run": round(time.time() - t0, 1),
+               "planned_prompts": len(stage1) + len(stage2)}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def iter_heldout_prompts(seed: int = 1234) -> Iterable[PromptSpec]:
+    """A few prompts per kind that are not in the training plan (for held-out acceptance)."""
+    rng = random.Random(seed)
+    subjects = ("glaciers", "a vegetable soup", "owls", "a job interview", "wind energy")
+    yield from (PromptSpec(f"heldout-open-{i}", "open", OPEN_INSTRUCTIONS[rng.randrange(8)].format(x=s))
+                for i, s in enumerate(subjects))

@@ -1,0 +1,394 @@
+"""Training the block drafter on self-distilled data, and its offline replay (acceptance without a decoder).
+
+Known here (``../shared/research/decoding.md`` 1.3, 7, 8.5): anchors sampled per sequence among response
+positions; same-position labels (block slot ``k`` predicts the token at ``anchor + k``, slot 0 excluded,
+labels outside the response get no weight); position-decayed cross-entropy ``w_k = exp(-(k-1)/gamma)``
+normalised by the weights present; the training-time acceptance proxy (leading slots whose argmax equals
+the label, plus one); AdamW with linear warm-up, cosine decay and gradient clipping; an explicit seed
+(every random choice draws from one ``torch.Generator``); periodic checkpoints with exact resume.
+
+Offline replay: on a target-greedy sequence with its target features, the drafter's per-depth marginals at
+every anchor come from one ``block_logits`` pass. With lossless greedy verification the committed text is
+the greedy text whatever the drafts are, so the chain round that starts at anchor ``t`` accepts exactly the
+number of leading drafts that equal the greedy continuation; rounds advance by accepted + 1. That equals
+the online chain decoder's accepted lengths (tested against an online chain loop).
+
+Not known here: the KL-to-target term (the target's full distributions are not stored with the data; only
+greedy labels are used), tree policies other than the chain (DDTree replay lives with the tree tools).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from entropy_law.decoding.block_drafter import BlockDrafter
+from entropy_law.decoding.interface import DraftProposal
+
+IGNORE = -100
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Hyper-parameters of one training run (all of them; written beside the checkpoint)."""
+
+    seed: int = 0
+    block_size: int = 8
+    num_layers: int = 2
+    steps: int = 2000
+    minutes: float | None = None  # safety stop; the schedule follows ``steps``
+    lr: float = 6e-4
+    warmup_frac: float = 0.04
+    min_lr_frac: float = 0.1
+    weight_decay: float = 0.01
+    clip: float = 1.0
+    batch_seqs: int = 4
+    anchors_per_seq: int = 32
+    gamma: float = 4.0
+    heldout: int = 24
+    eval_every: int = 250
+    save_every: int = 100
+    draft_vocab_base: int | None = 4096  # None: full vocabulary; else ids < base plus every training token
+
+
+def draft_vocabulary(samples: Sequence[dict], base: int, vocab_size: int) -> list[int]:
+    """Token ids the drafter may propose: ids ``< base`` (BPE merges: the common ones) plus every token of
+    the training prompts and responses (grounded answers copy from the prompt)."""
+    ids = set(range(min(base, vocab_size)))
+    for s in samples:
+        ids.update(int(t) for t in s["input_ids"].unique().tolist())
+    return sorted(ids)
+
+
+# ---------------------------------------------------------------------------------------------- pieces
+def sample_anchors(prompt_len: int, seq_len: int, n: int, generator: torch.Generator):
+    """Up to ``n`` distinct anchors, sorted, uniform among response positions ``prompt_len .. seq_len-2``.
+
+    Returns ``(anchors [n], valid [n])``; padding anchors are 0 and invalid.
+    """
+    lo, hi = prompt_len, seq_len - 2
+    anchors = torch.zeros(n, dtype=torch.long)
+    valid = torch.zeros(n, dtype=torch.bool)
+    count = hi - lo + 1
+    if count <= 0:
+        return anchors, valid
+    take = min(n, count)
+    chosen = torch.randperm(count, generator=generator)[:take].sort().values + lo
+    anchors[:take] = chosen
+    valid[:take] = True
+    return anchors, valid
+
+
+def block_labels(input_ids: torch.Tensor, anchors: torch.Tensor, valid: torch.Tensor, block_size: int,
+                 prompt_lens: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
+    """Same-position labels ``[b, A, B-1]``: ``labels[.., a, k-1] = input_ids[anchor_a + k]`` for k = 1..B-1.
+
+    ``IGNORE`` where the anchor is padding, the position runs past the sequence, or lies in the prompt.
+    """
+    k = torch.arange(1, block_size)
+    pos = anchors[..., None] + k  # [b, A, B-1]
+    inside = (pos < seq_lens[:, None, None]) & (pos >= prompt_lens[:, None, None]) & valid[..., None]
+    safe = pos.clamp(max=input_ids.shape[1] - 1)
+    labels = torch.gather(input_ids, 1, safe.flatten(1)).view_as(pos)
+    return torch.where(inside, labels, torch.full_like(labels, IGNORE))
+
+
+def decay_weights(block_size: int, gamma: float) -> torch.Tensor:
+    """``w_k = exp(-(k-1)/gamma)`` for slots k = 1..B-1."""
+    return torch.exp(-(torch.arange(1, block_size, dtype=torch.float32) - 1) / gamma)
+
+
+def decayed_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, gamma: float) -> torch.Tensor:
+    """Position-decayed CE over ``[.., B-1, V]`` logits, normalised by the sum of the weights present."""
+    w = decay_weights(logits.shape[-2] + 1, gamma).expand(labels.shape)
+    present = labels != IGNORE
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1).clamp(min=0),
+                         reduction="none").view(labels.shape)
+    w = w * present
+    return (ce * w).sum() / w.sum().clamp(min=1e-12)
+
+
+def accepted_drafts(draft_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Leading draft slots equal to their label (IGNORE stops the run): ``[..., B-1] -> [...]``."""
+    hit = (draft_ids == labels) & (labels != IGNORE)
+    return hit.long().cumprod(dim=-1).sum(dim=-1)
+
+
+# ---------------------------------------------------------------------------------------------- batches
+def collate(samples: Sequence[dict]) -> dict:
+    """Pad a list of samples (``input_ids`` long, ``features`` fp16 rows ``0..len-2``, ``prompt_len``)."""
+    seq_lens = torch.tensor([int(s["input_ids"].shape[0]) for s in samples])
+    s_max = int(seq_lens.max())
+    width = samples[0]["features"].shape[1]
+    ids = torch.zeros((len(samples), s_max), dtype=torch.long)
+    feats = torch.zeros((len(samples), s_max - 1, width), dtype=torch.float32)
+    for i, s in enumerate(samples):
+        ids[i, : seq_lens[i]] = s["input_ids"]
+        n = min(int(s["features"].shape[0]), s_max - 1)
+        feats[i, :n] = s["features"][:n].float()
+    return {"input_ids": ids, "features": feats, "seq_lens": seq_lens,
+            "prompt_lens": torch.tensor([int(s["prompt_len"]) for s in samples])}
+
+
+def forward_train(drafter: BlockDrafter, batch: dict, *, anchors_per_seq: int, gamma: float,
+                  generator: torch.Generator) -> tuple[torch.Tensor, dict]:
+    """One training forward: sample anchors, draft every block in one pass, decayed CE + metrics."""
+    anchors, valid = zip(*(sample_anchors(int(p), int(s), anchors_per_seq, generator)
+                           for p, s in zip(batch["prompt_lens"], batch["seq_lens"])))
+    anchors, valid = torch.stack(anchors), torch.stack(valid)
+    logits = drafter.block_logits(batch["input_ids"], batch["features"], anchors, valid)
+    labels = block_labels(batch["input_ids"], anchors, valid, drafter.block_size,
+                          batch["prompt_lens"], batch["seq_lens"])
+    labels = drafter.draft_index(labels, IGNORE)
+    loss = decayed_cross_entropy(logits, labels, gamma)
+    with torch.no_grad():
+        draft = logits.argmax(-1)
+        acc = accepted_drafts(draft, labels)
+        present = labels != IGNORE
+        slot_acc = ((draft == labels) & present).sum((0, 1)).float() / present.sum((0, 1)).clamp(min=1)
+        n_blocks = int(valid.sum())
+        metrics = {"loss": float(loss), "accept_proxy": float((acc[valid] + 1).float().mean()) if n_blocks else 0.0,
+                   "top1_slot1": float(slot_acc[0]), "blocks": n_blocks}
+    return loss, metrics
+
+
+# ---------------------------------------------------------------------------------------------- replay
+@dataclass
+class ReplayResult:
+    """Offline chain replay of one greedy sequence."""
+
+    anchor_positions: list[int]  # every response anchor replayed
+    accepted_at_anchor: list[int]  # accepted drafts if a round started there
+    round_anchors: list[int]  # anchors of the rounds a chain decoder would run
+    round_accepted: list[int]  # accepted drafts per round (tau); committed = tau + 1 (cut at the end)
+    round_committed: list[int]
+
+
+@torch.no_grad()
+def replay_chain(drafter: BlockDrafter, input_ids: torch.Tensor, features: torch.Tensor, prompt_len: int,
+                 *, chunk: int = 64) -> ReplayResult:
+    """Chain accepted lengths at every response anchor of one greedy sequence, and the rounds they imply.
+
+    ``input_ids [S]`` = prompt + greedy response; ``features [>= S-1, n*H]`` target features (row j =
+    position j). Round r starts at the pending token: first at ``prompt_len``, then ``anchor + tau + 1``.
+    """
+    s = int(input_ids.shape[0])
+    anchors = list(range(prompt_len, s - 1))
+    accepted = []
+    ids = input_ids[None].long()
+    feats = features[None, : s - 1].float()
+    for lo in range(0, len(anchors), chunk):
+        a = torch.tensor([anchors[lo: lo + chunk]])
+        logits = drafter.block_logits(ids, feats, a)
+        labels = block_labels(ids, a, torch.ones_like(a, dtype=torch.bool), drafter.block_size,
+                              torch.tensor([prompt_len]), torch.tensor([s]))
+        accepted += accepted_drafts(logits.argmax(-1), drafter.draft_index(labels, IGNORE))[0].tolist()
+    by_anchor = dict(zip(anchors, accepted))
+    rounds, taus, committed = [], [], []
+    t = prompt_len
+    while t < s:
+        tau = by_anchor.get(t, 0)
+        rounds.append(t)
+        taus.append(tau)
+        committed.append(min(tau + 1, s - t))
+        t += tau + 1
+    return ReplayResult(anchors, accepted, rounds, taus, committed)
+
+
+class PrecomputedBlockDrafter:
+    """The block drafter's proposals at every anchor of one known sequence, from ONE ``block_logits`` pass.
+
+    A ``Drafter`` for ``entropy_law.decoding.replay.replay_rounds`` (any tree policy: chain, DDTree):
+    ``propose(tokens, _)`` returns the proposal anchored at ``len(tokens) - 1``, identical (up to float
+    noise) to what the live drafter returns there, because the live drafter's context is exactly the
+    target features of ``tokens[:-1]`` and those are the teacher-forced features of the sequence.
+    """
+
+    feature_layers: tuple[int, ...] = ()  # replay passes no features; they are precomputed
+
+    def __init__(self, drafter: BlockDrafter, prompt_ids: Sequence[int], output_ids: Sequence[int],
+                 features: torch.Tensor, *, chunk: int = 64):
+        self.drafter = drafter
+        self.drafter_id = drafter.drafter_id
+        self.block_size = drafter.block_size
+        self.config = dict(drafter.config)
+        self.sequence = [int(t) for t in prompt_ids] + [int(t) for t in output_ids]
+        self.prompt_len = len(prompt_ids)
+        s = len(self.sequence)
+        if features.shape[0] < s - 1:
+            raise ValueError(f"need features for positions 0..{s - 2}, got {features.shape[0]} rows")
+        anchors = list(range(self.prompt_len, s))
+        ids = torch.tensor([self.sequence])
+        # one pass over all anchors (chunked only to bound memory); anchor s-1 needs features 0..s-2
+        feats = features[None, : s - 1].float()
+        rows = []
+        with torch.no_grad():
+            for lo in range(0, len(anchors), chunk):
+                a = torch.tensor([anchors[lo: lo + chunk]])
+                rows.append(drafter.block_logits(ids, feats, a)[0])
+        self.logits = torch.cat(rows)  # [n_anchors, B-1, Vd]
+
+    def begin(self, prompt_ids, prompt_features) -> None:
+        if [int(t) for t in prompt_ids] != self.sequence[: self.prompt_len]:
+            raise ValueError("replay prompt differs from the precomputed sequence's prompt")
+
+    def propose(self, tokens, new_features) -> DraftProposal:
+        n = len(tokens)
+        if n <= self.prompt_len or [int(t) for t in tokens] != self.sequence[:n]:
+            raise ValueError("tokens are not a prefix of the precomputed sequence beyond its prompt")
+        return self.drafter.proposal_from_logits(self.logits[n - 1 - self.prompt_len])
+
+
+def heldout_acceptance(drafter: BlockDrafter, samples: Sequence[dict]) -> dict:
+    """Mean committed tokens per chain round (tau + 1) over held-out samples, overall and per source."""
+    per_source: dict[str, list[int]] = {}
+    anchors_mean: list[float] = []
+    was_training = drafter.training
+    drafter.eval()
+    for sample in samples:
+        r = replay_chain(drafter, sample["input_ids"], sample["features"], int(sample["prompt_len"]))
+        per_source.setdefault(sample["source"], []).extend(r.round_committed)
+        anchors_mean += [a + 1 for a in r.accepted_at_anchor]
+    drafter.train(was_training)
+    allc = [c for v in per_source.values() for c in v]
+    return {"tau_plus_1": sum(allc) / max(len(allc), 1), "rounds": len(allc),
+            "tau_plus_1_every_anchor": sum(anchors_mean) / max(len(anchors_mean), 1),
+            "per_source": {k: round(sum(v) / len(v), 3) for k, v in sorted(per_source.items())}}
+
+
+# ---------------------------------------------------------------------------------------------- loop
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up to ``lr`` then cosine decay to ``min_lr_frac * lr`` at ``steps``."""
+    warm = max(1, int(cfg.warmup_frac * cfg.steps))
+    if step < warm:
+        return cfg.lr * (step + 1) / warm
+    progress = min(1.0, (step - warm) / max(1, cfg.steps - warm))
+    return cfg.lr * (cfg.min_lr_frac + (1 - cfg.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def split_heldout(samples: Sequence[dict], n: int, seed: int) -> tuple[list[dict], list[dict]]:
+    """Seeded split by prompt id: ``n`` held-out samples, the rest for training."""
+    order = sorted(samples, key=lambda s: s["prompt_id"])
+    perm = torch.randperm(len(order), generator=torch.Generator().manual_seed(seed + 7919)).tolist()
+    held = {order[i]["prompt_id"] for i in perm[:n]}
+    return [s for s in order if s["prompt_id"] not in held], [s for s in order if s["prompt_id"] in held]
+
+
+def train(drafter: BlockDrafter, train_samples: Sequence[dict], heldout_samples: Sequence[dict],
+          cfg: TrainConfig, out_dir: str | Path, *, progress: bool = True) -> dict:
+    """Train ``drafter`` in place; checkpoints to ``out_dir/checkpoints/last.pt``, resumed if present."""
+    from tqdm.auto import tqdm
+
+    out = Path(out_dir)
+    ckpt_dir = out / "checkpoints"
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    ckpt_path = ckpt_dir / "last.pt"
+    if not train_samples:
+        raise ValueError("no training samples: generate data first (entropy-law train-drafter --only data)")
+    params = [p for p in drafter.parameters() if p.requires_grad]
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
+    gen = torch.Generator().manual_seed(cfg.seed)
+    step, history, order, cursor, elapsed_before = 0, [], [], 0, 0.0
+    if ckpt_path.is_file():
+        state = torch.load(ckpt_path, weights_only=False)
+        if state["config"] != asdict(cfg):
+            raise ValueError(f"{ckpt_path} was written with another configuration; use a new --out or delete it")
+        drafter.load_state_dict(state["drafter"])
+        drafter.refresh_vocab_map()
+        opt.load_state_dict(state["optimizer"])
+        gen.set_state(state["generator"])
+        step, history, order, cursor = state["step"], state["history"], state["order"], state["cursor"]
+        elapsed_before = state["elapsed_s"]
+    t_start = time.time()
+
+    def save():
+        tmp = ckpt_path.with_suffix(".tmp")
+        torch.save({"config": asdict(cfg), "drafter": drafter.state_dict(), "optimizer": opt.state_dict(),
+                    "generator": gen.get_state(), "step": step, "history": history, "order": order,
+                    "cursor": cursor, "elapsed_s": elapsed_before + time.time() - t_start}, tmp)
+        tmp.replace(ckpt_path)
+
+    drafter.train()
+    bar = tqdm(total=cfg.steps, initial=step, disable=not progress, dynamic_ncols=True, mininterval=5)
+    running: dict[str, float] = {}
+    stopped_early = False
+    while step < cfg.steps:
+        if cfg.minutes is not None and elapsed_before + time.time() - t_start > 60 * cfg.minutes:
+            stopped_early = True
+            break
+        if cursor + cfg.batch_seqs > len(order):
+            order = torch.randperm(len(train_samples), generator=gen).tolist()
+            cursor = 0
+        batch = collate([train_samples[i] for i in order[cursor: cursor + cfg.batch_seqs]])
+        cursor += cfg.batch_seqs
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        loss, metrics = forward_train(drafter, batch, anchors_per_seq=cfg.anchors_per_seq, gamma=cfg.gamma,
+                                      generator=gen)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, cfg.clip))
+        opt.step()
+        step += 1
+        for k in ("loss", "accept_proxy", "top1_slot1"):
+            running[k] = metrics[k] if k not in running else 0.95 * running[k] + 0.05 * metrics[k]
+        bar.update(1)
+        bar.set_postfix(loss=f"{running['loss']:.3f}", acc=f"{running['accept_proxy']:.2f}",
+                        top1=f"{running['top1_slot1']:.2f}")
+        record = {"step": step, "lr": lr_at(step - 1, cfg), **{k: round(v, 4) for k, v in metrics.items()}}
+        if heldout_samples and (step % cfg.eval_every == 0 or step == cfg.steps):
+            record["heldout"] = heldout_acceptance(drafter, heldout_samples)
+            bar.write(f"step {step}: held-out chain tau+1 = {record['heldout']['tau_plus_1']:.3f} "
+                      f"{record['heldout']['per_source']}")
+        history.append(record)
+        if step % cfg.save_every == 0 or step == cfg.steps:
+            save()
+    bar.close()
+    save()
+    last_eval = next((h["heldout"] for h in reversed(history) if "heldout" in h), None)
+    if heldout_samples and (last_eval is None or history[-1].get("heldout") is None):
+        last_eval = heldout_acceptance(drafter, heldout_samples)
+    drafter.eval()
+    return {"steps": step, "stopped_early": stopped_early,
+            "train_seconds": round(elapsed_before + time.time() - t_start, 1),
+            "final_heldout": last_eval, "history_tail": history[-5:]}
+
+
+def train_from_folder(model_spec: str, data_dir: str | Path, out_dir: str | Path, cfg: TrainConfig) -> dict:
+    """Load the target and the generated shards, split off held-out samples, train, save the drafter."""
+    from entropy_law.decoding.drafter_data import load_samples
+    from entropy_law.decoding.loading import load_target
+
+    torch.manual_seed(cfg.seed)
+    target = load_target(model_spec)
+    for p in target.model.parameters():
+        p.requires_grad_(False)
+    samples = load_samples(data_dir)
+    if not samples:
+        raise FileNotFoundError(f"no data shards in {data_dir}; run `entropy-law train-drafter --only data` first")
+    train_s, held_s = split_heldout(samples, cfg.heldout, cfg.seed)
+    vocab = (None if cfg.draft_vocab_base is None else
+             draft_vocabulary(train_s, cfg.draft_vocab_base, int(target.config.vocab_size)))
+    drafter = BlockDrafter(target, seed=cfg.seed, block_size=cfg.block_size, num_layers=cfg.num_layers,
+                           draft_vocab=vocab)
+    out = Path(out_dir)
+    (out / "train_config.json").write_text(json.dumps(
+        {"train": asdict(cfg), "drafter": json.loads(drafter.config.to_json()),
+         "train_samples": len(train_s), "heldout_ids": [s["prompt_id"] for s in held_s]}, indent=2))
+    result = train(drafter, train_s, held_s, cfg, out)
+    tokens = sum(int(s["input_ids"].shape[0] - s["prompt_len"]) for s in train_s)
+    result.update({"train_samples": len(train_s), "train_response_tokens": tokens, "heldout_samples": len(held_s)})
+    drafter.save(out / "drafter.safetensors", metadata={"train": asdict(cfg), **{
+        k: v for k, v in result.items() if k != "history_tail"}})
+    (out / "train_result.json").write_text(json.dumps(result, indent=2))
+    return result

@@ -1,0 +1,168 @@
+"""Image task files: prompts that pair one image with a question (or several user turns).
+
+Known here: the JSONL format (one object per line with ``question_id``, ``category``, ``image`` and either
+``turns``, a list of strings, or ``question``, one string; optional ``kind`` - ``"grounded"``: the answer
+can be read off the image, ``"descriptive"``: open description - and ``reference``, a short answer for
+grounded questions; other fields are ignored), image paths relative to the file's folder, the shipped
+set (``"vlm_tasks"``: ``data/vlm_tasks/tasks.jsonl``, images made by ``data/vlm_tasks/make_images.py``),
+filtering by category and kind, a per-category limit, and stable request ids (``"<dataset>:<question_id>"``).
+``ImageTask`` has the fields and methods of ``entropy_law.tasks.Task`` that the record command uses.
+
+Not known here: image decoding, tokenizers, chat templates, models (this module never imports torch or
+Pillow; ``entropy_law.decoding.vlm`` turns a task into token ids and pixels).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from entropy_law.paths import data_dir
+
+VLM_TASKS = "vlm_tasks"
+BUILTIN_IMAGE_TASKS = {VLM_TASKS: ("vlm_tasks", "tasks.jsonl")}
+KINDS = ("grounded", "descriptive")
+
+
+@dataclass(frozen=True)
+class ImageTask:
+    """One image prompt."""
+
+    dataset: str
+    question_id: str
+    category: str
+    turns: tuple[str, ...]
+    image: Path  # absolute path of the image file
+    kind: str = ""  # "grounded", "descriptive" or "" (not stated)
+    reference: str = ""  # a short expected answer for grounded questions ("" if none)
+
+    @property
+    def prompt(self) -> str:
+        """The first user turn."""
+        return self.turns[0]
+
+    @property
+    def request_id(self) -> str:
+        return f"{self.dataset}:{self.question_id}"
+
+    def messages(self) -> list[dict]:
+        """The first turn as chat messages in the multimodal content format (image first, then text)."""
+        return [{"role": "user", "content": [{"type": "image", "path": str(self.image)},
+                                             {"type": "text", "text": self.prompt}]}]
+
+
+def image_task_file(source: str | Path) -> tuple[str, Path]:
+    """(dataset name, JSONL path) for ``"vlm_tasks"`` or a path to an image task file."""
+    text = str(source)
+    if text in BUILTIN_IMAGE_TASKS:
+        folder, name = BUILTIN_IMAGE_TASKS[text]
+        return text, data_dir() / folder / name
+    path = Path(text).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"image task file not found: {path} (give '{VLM_TASKS}' or the path of a JSONL "
+                                "file with question_id, category, image and turns or question on every line)")
+    return path.stem, path
+
+
+def is_image_task_file(source: str | Path) -> bool:
+    """True for ``"vlm_tasks"`` and for a JSONL file whose first record has an ``image`` field."""
+    if str(source) in BUILTIN_IMAGE_TASKS:
+        return True
+    path = Path(str(source)).expanduser()
+    if not path.is_file():
+        return False
+    with path.open(encoding="utf-8") as handle:
+        for line in handle:
+            if line.strip():
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    return False
+                return isinstance(record, dict) and "image" in record
+    return False
+
+
+def _parse(record: dict, where: str, folder: Path) -> tuple[str, str, tuple[str, ...], Path, str, str]:
+    missing = [key for key in ("question_id", "category", "image") if key not in record]
+    if "turns" not in record and "question" not in record:
+        missing.append("turns (or question)")
+    if missing:
+        raise ValueError(f"{where}: missing field(s) {', '.join(missing)} (every line needs question_id, "
+                         "category, image, and turns or question)")
+    if "turns" in record:
+        turns = record["turns"]
+        if isinstance(turns, str) or not isinstance(turns, list) or not all(isinstance(t, str) for t in turns):
+            raise ValueError(f"{where}: 'turns' must be a list of strings")
+    else:
+        if not isinstance(record["question"], str):
+            raise ValueError(f"{where}: 'question' must be a string")
+        turns = [record["question"]]
+    if not turns or not turns[0].strip():
+        raise ValueError(f"{where}: the first turn is empty")
+    kind = str(record.get("kind", ""))
+    if kind and kind not in KINDS:
+        raise ValueError(f"{where}: kind must be one of {', '.join(KINDS)} (or absent), got {kind!r}")
+    image = Path(str(record["image"])).expanduser()
+    image = image if image.is_absolute() else folder / image
+    if not image.is_file():
+        raise FileNotFoundError(f"{where}: image not found: {image} (image paths are relative to the task file's "
+                                "folder; the shipped images are made by data/vlm_tasks/make_images.py)")
+    return str(record["question_id"]), str(record["category"]), tuple(turns), image.resolve(), kind, \
+        str(record.get("reference", ""))
+
+
+def load_image_tasks(source: str | Path = VLM_TASKS, *, categories: Iterable[str] | None = None,
+                     kinds: Iterable[str] | None = None, limit: int | None = None) -> list[ImageTask]:
+    """Image prompts of a task file, in file order.
+
+    ``categories`` / ``kinds``: keep only these (``None``: all; an unknown category is an error that lists
+    the known ones). ``limit``: at most this many prompts per category. Duplicate question ids, missing
+    fields and missing image files are errors naming the line.
+    """
+    dataset, path = image_task_file(source)
+    if limit is not None and limit < 1:
+        raise ValueError(f"limit must be >= 1 prompts per category (or None for all), got {limit}")
+    wanted_kinds = None if kinds is None else set(kinds)
+    if wanted_kinds is not None and not wanted_kinds <= set(KINDS):
+        raise ValueError(f"unknown kind(s) {sorted(wanted_kinds - set(KINDS))}; known: {', '.join(KINDS)}")
+    parsed = []
+    seen: dict[str, int] = {}
+    with path.open(encoding="utf-8") as handle:
+        for line_no, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            where = f"{path}:{line_no}"
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{where}: not valid JSON ({err.msg})") from None
+            if not isinstance(record, dict):
+                raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
+            fields = _parse(record, where, path.parent)
+            if fields[0] in seen:
+                raise ValueError(f"{where}: duplicate question_id {fields[0]!r} (first on line {seen[fields[0]]})")
+            seen[fields[0]] = line_no
+            parsed.append(fields)
+    present = list(dict.fromkeys(fields[1] for fields in parsed))
+    wanted = None
+    if categories is not None:
+        wanted = list(dict.fromkeys(str(c) for c in categories))
+        unknown = [c for c in wanted if c not in present]
+        if unknown:
+            raise ValueError(f"unknown categor{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)} in "
+                             f"{dataset}; known: {', '.join(present)}")
+    tasks: list[ImageTask] = []
+    per_category: dict[str, int] = {}
+    for question_id, category, turns, image, kind, reference in parsed:
+        if wanted is not None and category not in wanted:
+            continue
+        if wanted_kinds is not None and kind not in wanted_kinds:
+            continue
+        if limit is not None and per_category.get(category, 0) >= limit:
+            continue
+        tasks.append(ImageTask(dataset=dataset, question_id=question_id, category=category, turns=turns,
+                               image=image, kind=kind, reference=reference))
+        per_category[category] = per_category.get(category, 0) + 1
+    return tasks

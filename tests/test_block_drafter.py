@@ -1,0 +1,247 @@
+"""BlockDrafter on tiny random Llama targets: train/inference parity, no leaks, protocol, checkpoints, exactness."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from entropy_law.decoding.block_drafter import BlockDrafter, default_feature_layers
+from entropy_law.decoding.features import capture_features
+from entropy_law.decoding.interface import Drafter
+
+
+def tiny_target(seed: int = 0, vocab: int = 96, hidden: int = 64, layers: int = 6) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
+                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=512, tie_word_embeddings=True, attn_implementation="eager")
+    return LlamaForCausalLM(cfg).eval()
+
+
+def features_of(model, ids: list[int], layers) -> torch.Tensor:
+    with torch.no_grad(), capture_features(model, layers) as cap:
+        model(torch.tensor([ids]))
+        return cap.features()[0]
+
+
+@pytest.fixture(scope="module")
+def setup():
+    model = tiny_target()
+    drafter = BlockDrafter(model, seed=3, block_size=5, num_layers=2).eval()
+    gen = torch.Generator().manual_seed(11)
+    ids = torch.randint(3, 96, (40,), generator=gen).tolist()
+    return model, drafter, ids, features_of(model, ids, drafter.feature_layers)
+
+
+def test_feature_layers_follow_dflash_formula():
+    assert default_feature_layers(30) == (1, 14, 27)
+    assert default_feature_layers(36, 5) == (1, 9, 17, 25, 33)
+    assert default_feature_layers(24, 5) == (1, 6, 11, 16, 21)
+    assert default_feature_layers(30, 1) == (15,)
+    model = tiny_target()
+    assert BlockDrafter(model).feature_layers == default_feature_layers(6) == (1, 2, 3)
+
+
+def test_training_logits_equal_inference_logits_over_rounds(setup):
+    model, drafter, ids, feats = setup
+    anchors = [9, 12, 13, 20, 27]  # overlapping blocks (B=5) included
+    train_logits = drafter.block_logits(torch.tensor([ids]), feats[None], torch.tensor([anchors]))[0]
+    drafter.begin(ids[:9], feats[:9])
+    prev = 9
+    for a_index, anchor in enumerate(anchors):
+        # rows prev..anchor-1 arrive as "the accepted path of the last round" (several rounds)
+        new = feats[prev:anchor] if anchor > prev else None
+        proposal = drafter.propose(ids[: anchor + 1], new)
+        prev = anchor
+        assert proposal.depth == drafter.block_size - 1
+        torch.testing.assert_close(proposal.logits, train_logits[a_index], atol=2e-5, rtol=1e-5)
+    assert drafter.context_len == anchors[-1]
+
+
+def test_no_leak_from_positions_at_or_after_anchor(setup):
+    model, drafter, ids, feats = setup
+    anchors = torch.tensor([[10, 12, 14, 30]])  # overlapping: block 10 spans 10..14
+    base = drafter.block_logits(torch.tensor([ids]), feats[None], anchors)
+    gen = torch.Generator().manual_seed(5)
+    for a_index, anchor in enumerate(anchors[0].tolist()):
+        ids2 = list(ids)
+        ids2[anchor + 1:] = torch.randint(3, 96, (len(ids) - anchor - 1,), generator=gen).tolist()
+        feats2 = feats.clone()
+        feats2[anchor:] += torch.randn(feats2[anchor:].shape, generator=gen)
+        out = drafter.block_logits(torch.tensor([ids2]), feats2[None], anchors)
+        torch.testing.assert_close(out[0, a_index], base[0, a_index], atol=1e-5, rtol=0)
+        # the check can fail: a change strictly before the anchor does move this block's logits
+        feats3 = feats.clone()
+        feats3[anchor - 1] += 1.0
+        moved = drafter.block_logits(torch.tensor([ids]), feats3[None], anchors)
+        assert (moved[0, a_index] - base[0, a_index]).abs().max() > 1e-3
+
+
+def test_blocks_do_not_see_each_other(setup):
+    model, drafter, ids, feats = setup
+    together = drafter.block_logits(torch.tensor([ids]), feats[None], torch.tensor([[10, 11, 12, 13]]))
+    for i, anchor in enumerate([10, 11, 12, 13]):
+        alone = drafter.block_logits(torch.tensor([ids]), feats[None], torch.tensor([[anchor]]))
+        torch.testing.assert_close(together[0, i], alone[0, 0], atol=1e-5, rtol=1e-5)
+
+
+def test_anchor_token_and_invalid_padding_anchor(setup):
+    model, drafter, ids, feats = setup
+    ids2 = list(ids)
+    ids2[10] = (ids[10] + 1) % 96
+    a = torch.tensor([[10, 0]])
+    valid = torch.tensor([[True, False]])
+    out = drafter.block_logits(torch.tensor([ids]), feats[None], a, valid)
+    out2 = drafter.block_logits(torch.tensor([ids2]), feats[None], a, valid)
+    assert torch.isfinite(out).all()
+    assert (out[0, 0] - out2[0, 0]).abs().max() > 1e-3  # the anchor enters through its embedding
+    with pytest.raises(ValueError, match="beyond"):
+        drafter.block_logits(torch.tensor([ids]), feats[None, :5], torch.tensor([[8]]))
+
+
+def test_protocol_and_proposal_contents(setup):
+    model, drafter, ids, feats = setup
+    assert isinstance(drafter, Drafter)
+    drafter.begin(ids[:12], feats[:12])
+    p = drafter.propose(ids[:13], None)
+    assert p.tokens.shape == (drafter.block_size - 1, min(drafter.config.top_k, 96))
+    assert torch.all(p.logprobs[:, :-1] >= p.logprobs[:, 1:])
+    ref = torch.log_softmax(p.logits, -1)
+    torch.testing.assert_close(p.logprobs, torch.gather(ref, 1, p.tokens))
+    assert torch.equal(p.tokens[:, 0], p.logits.argmax(-1))
+    with pytest.raises(ValueError, match="holds context for positions 0..11"):
+        drafter.propose(ids[:15], None)  # features for positions 12, 13 were never given
+    with pytest.raises(ValueError, match="needs target features"):
+        drafter.begin(ids[:3], None)
+    with pytest.raises(ValueError, match="feature rows"):
+        drafter.begin(ids[:3], feats[:2])
+
+
+def test_target_tables_are_shared_not_saved_and_get_no_gradient():
+    model = tiny_target()
+    drafter = BlockDrafter(model, block_size=4, num_layers=1)
+    keys = list(drafter.state_dict())
+    assert not any("embed_tokens" in k or "lm_head" in k for k in keys), keys
+    assert all(v.shape[0] != 96 for v in drafter.state_dict().values())
+    ids = torch.randint(3, 96, (1, 20))
+    feats = features_of(model, ids[0].tolist(), drafter.feature_layers)
+    drafter.block_logits(ids, feats[None], torch.tensor([[8, 12]])).sum().backward()
+    assert model.model.embed_tokens.weight.grad is None
+    assert drafter.fc.weight.grad is not None and drafter.mask_embedding.grad is not None
+    assert drafter._lm_head.weight.data_ptr() == model.lm_head.weight.data_ptr()
+
+
+def test_save_load_roundtrip_and_mismatch_errors(tmp_path, setup):
+    model, drafter, ids, feats = setup
+    path = drafter.save(tmp_path / "d.safetensors", metadata={"note": "test"})
+    loaded = BlockDrafter.load(path, model)
+    assert loaded.info == {"note": "test"}
+    assert loaded.config == drafter.config
+    # reference: the same drafter with its weights rounded to fp16, as stored
+    rounded = BlockDrafter(model, drafter.config, seed=None).eval()
+    rounded.load_state_dict({k: v.half().float() for k, v in drafter.state_dict().items()})
+    a = torch.tensor([[10, 20]])
+    torch.testing.assert_close(loaded.block_logits(torch.tensor([ids]), feats[None], a),
+                               rounded.block_logits(torch.tensor([ids]), feats[None], a))
+    with pytest.raises(ValueError, match=r"vocabulary: drafter 96, target 80"):
+        BlockDrafter.load(path, tiny_target(vocab=80))
+    with pytest.raises(ValueError, match=r"width: drafter 64, target 32"):
+        BlockDrafter.load(path, tiny_target(hidden=32))
+    with pytest.raises(ValueError, match=r"target depth: drafter built for 6 layers, target has 3.*"
+                                         r"feature layers \[1, 2, 3\]: \[3\] do not exist"):
+        BlockDrafter.load(path, tiny_target(layers=3))
+    with pytest.raises(ValueError, match="embedding fingerprint"):
+        BlockDrafter.load(path, tiny_target(seed=1))
+    with pytest.raises(FileNotFoundError):
+        BlockDrafter.load(tmp_path / "missing.safetensors", model)
+
+
+def greedy(model, prompt: list[int], n: int) -> list[int]:
+    seq = list(prompt)
+    with torch.no_grad():
+        for _ in range(n):
+            seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
+    return seq
+
+
+def chain_decode(model, drafter, prompt: list[int], max_new: int):
+    """A minimal, obviously-correct chain speculative loop (full forwards, no cache): the oracle."""
+    layers = drafter.feature_layers
+    with torch.no_grad(), capture_features(model, layers) as cap:
+        out = model(torch.tensor([prompt]))
+        feats = cap.features()[0]
+    seq = list(prompt) + [int(out.logits[0, -1].argmax())]
+    drafter.begin(prompt, feats)
+    new, taus = None, []
+    while len(seq) - len(prompt) < max_new:
+        drafts = drafter.propose(seq, new).tokens[:, 0].tolist()
+        with torch.no_grad(), capture_features(model, layers) as cap:
+            logits = model(torch.tensor([seq + drafts])).logits[0]
+            feats = cap.features()[0]
+        root = len(seq) - 1
+        tau = 0
+        while tau < len(drafts) and int(logits[root + tau].argmax()) == drafts[tau]:
+            tau += 1
+        new = feats[root: root + tau + 1]
+        seq += drafts[:tau] + [int(logits[root + tau].argmax())]
+        taus.append(tau)
+    return seq, taus
+
+
+def test_chain_speculative_output_equals_greedy_and_replay_matches_online():
+    from entropy_law.decoding.drafter_training import replay_chain
+
+    model = tiny_target(seed=2)
+    drafter = BlockDrafter(model, seed=0, block_size=4, num_layers=1).eval()
+    prompt = [5, 17, 33, 2, 60, 41]
+    # make the drafter accept something: teach it this target's greedy continuation (a few steps)
+    ref = greedy(model, prompt, 48)
+    _overfit(drafter, model, ref, len(prompt))
+    seq, taus = chain_decode(model, drafter, prompt, 30)
+    assert seq[: len(prompt) + 30] == ref[: len(prompt) + 30]
+    assert sum(taus) > 0, "the overfitted drafter should accept some drafts"
+    feats = features_of(model, ref, drafter.feature_layers)
+    replay = replay_chain(drafter, torch.tensor(ref), feats[:-1], len(prompt))
+    assert replay.round_accepted[: len(taus)] == taus
+
+
+def _overfit(drafter, model, seq, prompt_len, steps=40):
+    from entropy_law.decoding.drafter_training import collate, forward_train
+
+    feats = features_of(model, seq, drafter.feature_layers)
+    batch = collate([{"input_ids": torch.tensor(seq), "features": feats[:-1], "prompt_len": prompt_len}])
+    opt = torch.optim.Adam(drafter.parameters(), lr=3e-3)
+    gen = torch.Generator().manual_seed(0)
+    drafter.train()
+    for _ in range(steps):
+        loss, _ = forward_train(drafter, batch, anchors_per_seq=16, gamma=4.0, generator=gen)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    drafter.eval()
+
+
+def test_draft_vocabulary_restricts_proposals_and_survives_save_load(tmp_path, setup):
+    model, _, ids, feats = setup
+    vocab = list(range(0, 96, 3)) + [ids[11]]
+    drafter = BlockDrafter(model, seed=3, block_size=5, num_layers=1, draft_vocab=vocab).eval()
+    full = BlockDrafter(model, seed=3, block_size=5, num_layers=1).eval()  # same weights, whole vocabulary
+    a = torch.tensor([[10, 15]])
+    sub = drafter.block_logits(torch.tensor([ids]), feats[None], a)
+    whole = full.block_logits(torch.tensor([ids]), feats[None], a)
+    kept = torch.tensor(sorted(set(vocab)))
+    assert sub.shape[-1] == len(kept)
+    torch.testing.assert_close(sub, whole[..., kept])  # the same LM-head rows, nothing else
+    drafter.begin(ids[:10], feats[:10])
+    p = drafter.propose(ids[:11], None)
+    assert set(p.tokens.flatten().tolist()) <= set(vocab)
+    torch.testing.assert_close(p.logits[:, kept], sub[0, 0], atol=2e-5, rtol=1e-5)
+    assert torch.softmax(p.logits, -1)[:, [1, 2, 4]].sum() == 0  # outside: probability exactly 0
+    labels = torch.tensor([3, 4, -100, ids[11]])
+    assert drafter.draft_tokens(drafter.draft_index(labels)[[0, 3]]).tolist() == [3, ids[11]]
+    assert drafter.draft_index(labels)[[1, 2]].tolist() == [-100, -100]
+    loaded = BlockDrafter.load(drafter.save(tmp_path / "v.safetensors"), model)
+    assert loaded.draft_vocab.tolist() == kept.tolist()
+    loaded.begin(ids[:10], feats[:10])
+    assert torch.equal(loaded.propose(ids[:11], None).tokens[:, 0], p.tokens[:, 0])

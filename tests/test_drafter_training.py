@@ -1,0 +1,215 @@
+"""Drafter training pieces against independent computations; exact resume; data generation and its disjointness."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from entropy_law.decoding.block_drafter import BlockDrafter
+from entropy_law.decoding.drafter_training import (
+    IGNORE, TrainConfig, accepted_drafts, block_labels, collate, decayed_cross_entropy, lr_at, sample_anchors,
+    split_heldout, train)
+from entropy_law.decoding.features import capture_features
+
+
+def tiny_target(seed: int = 0, vocab: int = 64) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=48, intermediate_size=96, num_hidden_layers=5,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                      tie_word_embeddings=True, attn_implementation="eager")
+    return LlamaForCausalLM(cfg).eval()
+
+
+def test_label_layout_slot_k_is_token_anchor_plus_k():
+    ids = torch.tensor([[100 + i for i in range(12)], [200 + i for i in range(12)]])
+    anchors = torch.tensor([[3, 9], [5, 0]])
+    valid = torch.tensor([[True, True], [True, False]])
+    labels = block_labels(ids, anchors, valid, block_size=4, prompt_lens=torch.tensor([3, 7]),
+                          seq_lens=torch.tensor([12, 10]))
+    assert labels[0, 0].tolist() == [104, 105, 106]  # slot k <-> token at anchor + k
+    assert labels[0, 1].tolist() == [110, 111, IGNORE]  # past the sequence end
+    assert labels[1, 0].tolist() == [IGNORE, 207, 208]  # position 6 is still prompt (prompt_len 7)
+    assert labels[1, 1].tolist() == [IGNORE] * 3  # padding anchor
+
+
+def test_sample_anchors_range_distinct_sorted_seeded():
+    a, v = sample_anchors(5, 20, 8, torch.Generator().manual_seed(1))
+    b, w = sample_anchors(5, 20, 8, torch.Generator().manual_seed(1))
+    assert torch.equal(a, b) and torch.equal(v, w)
+    chosen = a[v].tolist()
+    assert len(chosen) == 8 and chosen == sorted(set(chosen)) and all(5 <= t <= 18 for t in chosen)
+    a, v = sample_anchors(5, 9, 8, torch.Generator().manual_seed(1))  # only 5, 6, 7 qualify
+    assert a[v].tolist() == [5, 6, 7] and v.sum() == 3
+    a, v = sample_anchors(5, 6, 8, torch.Generator().manual_seed(1))
+    assert not v.any()
+
+
+def test_decayed_cross_entropy_matches_a_direct_sum():
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 3, 5, 11, generator=gen)
+    labels = torch.randint(0, 11, (2, 3, 5), generator=gen)
+    labels[0, 1, 3:] = IGNORE
+    labels[1, 2] = IGNORE
+    gamma = 4.0
+    num = den = 0.0
+    for i in range(2):
+        for a in range(3):
+            for k in range(5):
+                y = int(labels[i, a, k])
+                if y == IGNORE:
+                    continue
+                w = math.exp(-k / gamma)  # slot k+1 -> exp(-((k+1)-1)/gamma)
+                row = logits[i, a, k].double()
+                num += w * float(torch.logsumexp(row, 0) - row[y])
+                den += w
+    assert float(decayed_cross_entropy(logits, labels, gamma)) == pytest.approx(num / den, rel=1e-5)
+
+
+def test_accepted_drafts_counts_leading_matches():
+    labels = torch.tensor([[4, 5, 6, 7], [4, 5, 6, 7], [4, IGNORE, 6, 7], [1, 2, 3, 4]])
+    drafts = torch.tensor([[4, 5, 6, 7], [4, 5, 0, 7], [4, 5, 6, 7], [0, 2, 3, 4]])
+    assert accepted_drafts(drafts, labels).tolist() == [4, 2, 1, 0]
+
+
+def test_lr_schedule_warmup_then_cosine():
+    cfg = TrainConfig(steps=100, lr=1e-3, warmup_frac=0.1, min_lr_frac=0.1)
+    assert lr_at(0, cfg) == pytest.approx(1e-4)
+    assert lr_at(9, cfg) == pytest.approx(1e-3)
+    assert lr_at(100, cfg) == pytest.approx(1e-4)
+    assert lr_at(10, cfg) > lr_at(50, cfg) > lr_at(90, cfg)
+
+
+def _samples(model, layers, n=12, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        period = torch.randint(3, 64, (4,), generator=gen)
+        ids = torch.cat([torch.randint(3, 64, (5,), generator=gen), period.repeat(6)])
+        with torch.no_grad(), capture_features(model, layers) as cap:
+            model(ids[None])
+            feats = cap.features()[0]
+        out.append({"prompt_id": f"s{i:03d}", "source": "periodic", "input_ids": ids,
+                    "features": feats[:-1].half(), "prompt_len": 5})
+    return out
+
+
+def test_training_learns_and_resume_is_exact(tmp_path):
+    model = tiny_target()
+    layers = BlockDrafter(model).feature_layers
+    samples = _samples(model, layers)
+    train_s, held_s = split_heldout(samples, 2, seed=0)
+    assert len(train_s) == 10 and {s["prompt_id"] for s in held_s}.isdisjoint(s["prompt_id"] for s in train_s)
+    cfg = TrainConfig(seed=0, block_size=4, num_layers=1, steps=24, lr=3e-3, batch_seqs=3, anchors_per_seq=6,
+                      eval_every=24, save_every=6)
+
+    straight = BlockDrafter(model, seed=0, block_size=4, num_layers=1)
+    r1 = train(straight, train_s, held_s, cfg, tmp_path / "a", progress=False)
+    assert r1["steps"] == 24 and r1["history_tail"][-1]["step"] == 24
+    history = torch.load(tmp_path / "a" / "checkpoints" / "last.pt", weights_only=False)["history"]
+    early = sum(h["loss"] for h in history[:4]) / 4
+    late = sum(h["loss"] for h in history[-4:]) / 4
+    assert late < early - 0.2, (early, late)  # it learns the periodic continuations
+
+    # a different configuration must not silently resume someone else's checkpoint
+    other = TrainConfig(**{**cfg.__dict__, "lr": 1e-3})
+    with pytest.raises(ValueError, match="another configuration"):
+        train(BlockDrafter(model, seed=0, block_size=4, num_layers=1), train_s, held_s, other, tmp_path / "a",
+              progress=False)
+
+    # interrupted during step 13 (last checkpoint at step 12), then resumed from the checkpoint alone
+    part = BlockDrafter(model, seed=0, block_size=4, num_layers=1)
+    assert _train_steps(part, train_s, held_s, cfg, tmp_path / "b", stop_after=12) == 12
+    resumed = BlockDrafter(model, seed=123, block_size=4, num_layers=1)  # weights come from the checkpoint
+    r2 = train(resumed, train_s, held_s, cfg, tmp_path / "b", progress=False)
+    assert r2["steps"] == 24
+    for (k, v), (k2, v2) in zip(straight.state_dict().items(), resumed.state_dict().items()):
+        assert k == k2 and torch.equal(v, v2), k
+    assert r2["final_heldout"] == r1["final_heldout"]
+
+
+def _train_steps(drafter, train_s, held_s, cfg, out, stop_after):
+    """Run ``train`` but interrupt it after ``stop_after`` steps (as a crash would), keeping the checkpoint."""
+    import entropy_law.decoding.drafter_training as dt
+
+    real = dt.forward_train
+    calls = {"n": 0}
+
+    def counting(*args, **kwargs):
+        if calls["n"] == stop_after:
+            raise KeyboardInterrupt
+        calls["n"] += 1
+        return real(*args, **kwargs)
+
+    dt.forward_train = counting
+    try:
+        train(drafter, train_s, held_s, cfg, out, progress=False)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        dt.forward_train = real
+    return torch.load(out / "checkpoints" / "last.pt", weights_only=False)["step"]
+
+
+def test_collate_pads_and_keeps_rows():
+    model = tiny_target()
+    layers = BlockDrafter(model).feature_layers
+    s = _samples(model, layers, n=2)
+    s[1] = {**s[1], "input_ids": s[1]["input_ids"][:20], "features": s[1]["features"][:19]}
+    b = collate(s)
+    assert b["input_ids"].shape == (2, 29) and b["features"].shape == (2, 28, 3 * 48)
+    assert b["seq_lens"].tolist() == [29, 20] and b["prompt_lens"].tolist() == [5, 5]
+    assert torch.equal(b["features"][1, :19], s[1]["features"].float())
+    assert b["features"][1, 19:].abs().sum() == 0
+
+
+def test_batched_generation_equals_batch1_greedy_and_full_forward_features():
+    from entropy_law.decoding.drafter_data import greedy_generate_with_features
+
+    model = tiny_target(seed=4)
+    layers = (1, 3)
+    prompts = [[5, 6, 7, 8, 9], [11, 12], [20, 21, 22, 23, 24, 25, 26, 27]]
+    results = greedy_generate_with_features(model, prompts, feature_layers=layers, max_new_tokens=10,
+                                            eos_id=3, pad_id=0)
+    for prompt, r in zip(prompts, results):
+        seq = list(prompt)
+        with torch.no_grad():
+            for _ in range(10):
+                seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
+                if seq[-1] == 3:
+                    break
+        assert r["response_ids"] == seq[len(prompt):]
+        with torch.no_grad(), capture_features(model, layers) as cap:
+            model(torch.tensor([seq]))
+            full = cap.features()[0]
+        assert r["features"].shape[0] == len(seq) - 1
+        torch.testing.assert_close(r["features"], full[:-1], atol=1e-5, rtol=1e-5)
+
+
+def test_training_prompts_are_disjoint_from_spec_bench(tmp_path):
+    from entropy_law.decoding.drafter_data import (DataPlan, spec_bench_texts, stage1_prompts,
+                                                   stage2_prompts)
+
+    questions = [f"Tom has {i} apples. He eats one. How many are left?" for i in range(400)]
+    plan = DataPlan(n_gsm8k=20, n_passages=6, n_open=10, n_translate=5)
+    s1, math_q = stage1_prompts(plan, questions)
+    outputs = {p.prompt_id: f"Output of {p.prompt_id}." for p in s1}
+    s2 = stage2_prompts(plan, math_q, outputs)
+    kinds = {p.source for p in s1 + s2}
+    assert kinds == {"passage", "translate_en_de", "gsm8k", "grounded_summary", "grounded_extract",
+                     "grounded_answer", "open", "translate_de_en"}
+    assert len(s2) == 20 + 3 * 6 + 10 + 5
+    assert len({p.prompt_id for p in s1 + s2}) == len(s1) + len(s2)
+    assert not {p.text for p in s1 + s2} & spec_bench_texts()
+    again, _ = stage1_prompts(plan, questions)
+    assert again == s1  # seeded
+
+
+def test_missing_gsm8k_file_says_what_to_do(tmp_path, monkeypatch):
+    from entropy_law.decoding.drafter_data import gsm8k_path
+
+    monkeypatch.delenv("ENTROPY_LAW_GSM8K", raising=False)
+    with pytest.raises(FileNotFoundError, match="--gsm8k PATH or set ENTROPY_LAW_GSM8K"):
+        gsm8k_path(tmp_path / "nope.jsonl")
