@@ -17,18 +17,15 @@ target logit row in exactly one round. Each later round verifies the root plus t
 
 from __future__ import annotations
 
-import math
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
 
 import torch
 
 from entropy_law.decoding.adapter import TargetAdapter
 from entropy_law.decoding.interface import DraftProposal, Drafter, Observer, RoundRecord
-from entropy_law.decoding.tree import Tree, chain_tree
-
-TREE_POLICIES = ("chain", "ddtree")
+from entropy_law.decoding.tree import TREE_POLICIES, Tree, build_tree, expected_accepted
 
 
 @dataclass(frozen=True)
@@ -92,23 +89,6 @@ class GenerationResult:
                 "tokens_per_second": self.tokens_per_second}
 
 
-def expected_accepted(proposal: DraftProposal, tree: Tree) -> float:
-    """DDTree surrogate: sum over tree nodes of the product of candidate probabilities on the node's path.
-
-    A node whose token is not among the proposal's candidates at its depth has probability 0.
-    """
-    if tree.n_nodes == 0:
-        return 0.0
-    lookup = [dict(zip(proposal.tokens[d].tolist(), proposal.logprobs[d].tolist())) for d in range(proposal.depth)]
-    path_logprob = [0.0]  # root
-    total = 0.0
-    for token, parent, depth in zip(tree.tokens, tree.parents, tree.depths):
-        lp = lookup[depth - 1].get(token, -math.inf) if depth <= proposal.depth else -math.inf
-        path_logprob.append(path_logprob[parent] + lp)
-        total += math.exp(path_logprob[-1])
-    return total
-
-
 def truncate_proposal(proposal: DraftProposal, depth: int) -> DraftProposal:
     """The first ``depth`` rows of a proposal (drafts deeper than the remaining budget cannot be used)."""
     if proposal.depth <= depth:
@@ -128,6 +108,7 @@ class SpeculativeDecoder:
 
     ``target``: a ``LoadedTarget`` (model + tokenizer), a ``TargetAdapter`` or a bare causal LM.
     ``tree``: ``"chain"``, ``"ddtree"`` (``tree.build_tree``) or a callable ``(proposal, budget) -> Tree``.
+    The gate's surrogate is ``tree.expected_accepted`` (sum over nodes of the path's candidate probabilities).
     ``budget``: most draft nodes per tree (``None``: chain = the proposal's depth; ddtree needs one).
     ``verify_cost_ratio``: cost of a verify pass relative to a one-token forward; a round drafts only if
     the surrogate expected accepted drafts ``E >= verify_cost_ratio - 1`` (a round commits ``1 + E`` tokens
@@ -351,17 +332,9 @@ class SpeculativeDecoder:
         return tree, proposal, expected
 
     def _build_tree(self, proposal: DraftProposal) -> Tree:
-        policy = self.tree_policy
-        if callable(policy):
-            return policy(proposal, self.budget)
-        if policy == "chain":
-            return chain_tree(proposal, max_nodes=self.budget)
-        from entropy_law.decoding import tree as tree_module
-
-        build_tree = getattr(tree_module, "build_tree", None)
-        if build_tree is None:
-            raise NotImplementedError("tree='ddtree' needs entropy_law.decoding.tree.build_tree (not available)")
-        return build_tree(proposal, policy, self.budget)
+        if callable(self.tree_policy):
+            return self.tree_policy(proposal, self.budget)
+        return build_tree(proposal, self.tree_policy, self.budget)
 
     def _cut_at_stop(self, committed: list[int], remaining: int) -> list[int]:
         """Stop exactly where plain greedy decoding would: after the first EOS, at the token budget."""

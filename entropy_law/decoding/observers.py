@@ -46,6 +46,27 @@ def distribution_stats(logits: torch.Tensor) -> dict[str, torch.Tensor]:
     }
 
 
+@torch.inference_mode()
+def committed_token_draft_stats(draft_logits: torch.Tensor, committed_ids) -> dict[str, torch.Tensor]:
+    """Drafter statistics of each committed token: row ``d`` of ``draft_logits`` ``[depth, V]`` scores the
+    committed token ``d`` (depth ``d + 1``). ``prob`` = its softmax probability, ``rank`` = the number
+    of tokens with a strictly larger logit (0-based), ``entropy_nats`` = the row's Shannon entropy;
+    NaN (null) for committed tokens deeper than the draft.
+    """
+    ids = torch.as_tensor(list(committed_ids), dtype=torch.long)
+    n, rows = len(ids), min(len(ids), int(draft_logits.shape[0]))
+    out = {key: torch.full((n,), float("nan")) for key in ("prob", "rank", "entropy_nats")}
+    if rows:
+        z = draft_logits[:rows].float()
+        logp = torch.log_softmax(z, dim=-1)
+        chosen = z.gather(-1, ids[:rows, None])
+        out["prob"][:rows] = logp.gather(-1, ids[:rows, None])[:, 0].exp()
+        out["rank"][:rows] = (z > chosen).sum(dim=-1).float()
+        p = logp.exp()
+        out["entropy_nats"][:rows] = -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(dim=-1)
+    return out
+
+
 def _numpy_stats(stats: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
     return {key: value.detach().cpu().numpy().astype(np.float32) for key, value in stats.items()}
 
@@ -54,8 +75,10 @@ class RecorderObserver:
     """Feeds a ``TraceRecorder`` (or anything with its three methods) from decoder events.
 
     ``log_round`` gets ``target_stats`` (see ``distribution_stats``), never raw target logits. Draft
-    information: the candidate ids and log-probabilities of the depths the round committed, and, when the
-    drafter returned full distributions, their logits (``draft_logits``), as numpy arrays.
+    information: ``draft_stats`` computed in torch (``committed_token_draft_stats``) when the drafter
+    returned full distributions, else the candidate ids and log-probabilities of the depths the round
+    committed (the recorder then derives rank and probability). The ``TraceRecorder``'s own observer
+    hooks do the same from raw logits in numpy; this one is cheaper per round.
     """
 
     def __init__(self, recorder):
@@ -75,11 +98,13 @@ class RecorderObserver:
         draft = record.draft
         draft_kwargs = {}
         if draft is not None and draft.depth > 0:
-            rows = min(draft.depth, len(record.committed_ids))  # depth d+1 <-> committed token d
-            draft_kwargs["draft_candidates"] = draft.tokens[:rows].cpu().numpy()
-            draft_kwargs["draft_logprobs"] = draft.logprobs[:rows].float().cpu().numpy()
             if draft.logits is not None:
-                draft_kwargs["draft_logits"] = draft.logits[:rows].float().cpu().numpy()
+                draft_kwargs["draft_stats"] = _numpy_stats(committed_token_draft_stats(draft.logits,
+                                                                                      record.committed_ids))
+            else:
+                rows = min(draft.depth, len(record.committed_ids))  # depth d + 1 <-> committed token d
+                draft_kwargs["draft_candidates"] = draft.tokens[:rows].cpu().numpy()
+                draft_kwargs["draft_logprobs"] = draft.logprobs[:rows].float().cpu().numpy()
         self.recorder.log_round(
             record.request_id,
             round_index=record.round_index,

@@ -1,0 +1,218 @@
+"""At-risk (person-period) layout of traces: one Bernoulli trial per (round, depth) on the greedy path.
+
+Known here: which token rows are at risk and their outcome (role ``accepted`` -> accepted,
+``correction`` -> rejected at depth tau + 1; ``bonus`` rows are never at risk, including a bonus after
+a tree leaf shallower than the tree's depth), the covariates the laws use (target entropy and its
+log, Rényi-2, top-1 probability, logit gap, depth, category, drafter, request, cumulative entropy of
+the earlier depths of the round), the validation of those covariates, and the aggregated form
+(counts per drafter x category x request x depth x log-spaced covariate bin, with within-cell
+covariate means) whose binomial fit equals the row-level fit on binned covariates exactly.
+
+Input contract: an object with pandas DataFrames ``.tokens`` and ``.runs`` (trace format v1 columns,
+``entropy_law/traces/schema.py``; ``.runs`` with ``run_id`` and ``drafter_id``). Not known here:
+how traces are read from disk, or any model fit.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+
+EPS_NATS = 1e-3
+NEGATIVE_TOLERANCE = 1e-5  # fp32 round-off: entropies in [-1e-5, 0) are set to 0, below that is an error
+
+KEY_COLUMNS = ("drafter_id", "category", "request_id", "depth")
+COVARIATES = ("target_entropy_nats", "target_renyi2_nats", "target_top1_prob", "target_logit_gap")
+NONNEGATIVE = ("target_entropy_nats", "target_renyi2_nats", "target_logit_gap")
+# derived columns (means within an aggregated cell are taken of these directly)
+DERIVED = ("log_entropy", "log_renyi2", "log_logit_gap", "cum_entropy_nats", "log1p_cum_entropy")
+KIND_ROWS = "at_risk_rows"
+KIND_AGGREGATED = "at_risk_aggregated"
+
+
+def _require_columns(frame: pd.DataFrame, columns: Iterable[str], what: str) -> None:
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise ValueError(f"{what} lacks columns {missing} (trace format v1); got {list(frame.columns)}")
+
+
+def validate_covariates(frame: pd.DataFrame, columns: Sequence[str], *, on_invalid: str = "raise") -> pd.DataFrame:
+    """Check NaN / infinite / negative covariates; ``on_invalid="drop"`` drops those rows instead.
+
+    Entropies and logit gaps must be >= 0; values in [-1e-5, 0) are fp32 round-off and set to 0.
+    """
+    if on_invalid not in ("raise", "drop"):
+        raise ValueError("on_invalid must be 'raise' or 'drop'")
+    bad = np.zeros(len(frame), dtype=bool)
+    reasons = []
+    frame = frame.copy()
+    for col in columns:
+        values = frame[col].to_numpy(dtype=float, na_value=np.nan)
+        nonfinite = ~np.isfinite(values)
+        negative = np.zeros_like(nonfinite)
+        if col in NONNEGATIVE:
+            negative = values < -NEGATIVE_TOLERANCE
+            frame[col] = np.where((values < 0) & ~negative, 0.0, values)
+        if nonfinite.any() or negative.any():
+            where = frame.loc[nonfinite | negative, "request_id"].unique()[:3].tolist()
+            reasons.append(
+                f"{col}: {int(nonfinite.sum())} NaN/inf and {int(negative.sum())} negative values (e.g. requests {where})"
+            )
+        bad |= nonfinite | negative
+    if bad.any():
+        if on_invalid == "raise":
+            raise ValueError(
+                "invalid covariates at at-risk positions: " + "; ".join(reasons)
+                + ". Fix the traces, or pass on_invalid='drop' to drop those rows (their rounds stay in)."
+            )
+        frame = frame.loc[~bad].reset_index(drop=True)
+    return frame
+
+
+def at_risk_table(
+    traces,
+    covariates: Sequence[str] = COVARIATES,
+    *,
+    eps: float = EPS_NATS,
+    on_invalid: str = "raise",
+    drafters: Sequence[str] | None = None,
+) -> pd.DataFrame:
+    """Row-level at-risk table: one row per (run, request, round, depth) at risk.
+
+    Columns: ``run_id``, ``drafter_id``, ``tree_policy``, ``category``, ``request_id``,
+    ``round_index``, ``position``, ``depth``, ``accepted`` (1) / ``rejected`` (1), the requested
+    ``covariates`` and the derived ``log_entropy = log(H + eps)``, ``log_renyi2``, ``log_logit_gap``,
+    ``cum_entropy_nats`` (sum of H over the round's earlier depths) and ``log1p_cum_entropy``.
+    ``drafters``: keep only these drafter ids. NaN or negative covariates raise (or are dropped
+    with ``on_invalid="drop"``).
+    """
+    tokens, runs = traces.tokens, traces.runs
+    _require_columns(tokens, ("run_id", "request_id", "category", "round_index", "position", "depth", "role", *covariates),
+                     "traces.tokens")
+    _require_columns(runs, ("run_id", "drafter_id"), "traces.runs")
+    unknown_roles = set(tokens["role"].unique()) - {"accepted", "correction", "bonus"}
+    if unknown_roles:
+        raise ValueError(f"traces.tokens has unknown roles {sorted(unknown_roles)}; expected accepted/correction/bonus")
+    risk = tokens.loc[tokens["role"].isin(("accepted", "correction")),
+                      ["run_id", "request_id", "category", "round_index", "position", "depth", "role", *covariates]]
+    run_info = runs[["run_id", "drafter_id"] + (["tree_policy"] if "tree_policy" in runs else [])].drop_duplicates("run_id")
+    table = risk.merge(run_info, on="run_id", how="left", validate="many_to_one")
+    if table["drafter_id"].isna().any():
+        missing = table.loc[table["drafter_id"].isna(), "run_id"].unique().tolist()
+        raise ValueError(f"runs {missing} appear in traces.tokens but not in traces.runs; add them to .runs")
+    if "tree_policy" not in table:
+        table["tree_policy"] = "unknown"
+    if drafters is not None:
+        table = table.loc[table["drafter_id"].isin(list(drafters))]
+    table = validate_covariates(table.reset_index(drop=True), covariates, on_invalid=on_invalid)
+    table["accepted"] = (table["role"] == "accepted").astype(np.int8)
+    table["rejected"] = (1 - table["accepted"]).astype(np.int8)
+    table["depth"] = table["depth"].astype(np.int64)
+    table = table.sort_values(["run_id", "request_id", "round_index", "depth"], ignore_index=True)
+    if "target_entropy_nats" in covariates:
+        h = table["target_entropy_nats"].to_numpy(dtype=float)
+        table["log_entropy"] = np.log(h + eps)
+        group = table.groupby(["run_id", "request_id", "round_index"], sort=False)["target_entropy_nats"]
+        table["cum_entropy_nats"] = group.cumsum().to_numpy(dtype=float) - h
+        table["log1p_cum_entropy"] = np.log1p(np.maximum(table["cum_entropy_nats"].to_numpy(), 0.0))
+    if "target_renyi2_nats" in covariates:
+        table["log_renyi2"] = np.log(table["target_renyi2_nats"].to_numpy(dtype=float) + eps)
+    if "target_logit_gap" in covariates:
+        table["log_logit_gap"] = np.log(table["target_logit_gap"].to_numpy(dtype=float) + eps)
+    table = table.drop(columns="role")
+    table.attrs.update(kind=KIND_ROWS, eps=eps)
+    return table
+
+
+def log_bin(values: np.ndarray, *, eps: float = EPS_NATS, width_log10: float = 0.05) -> np.ndarray:
+    """Bin index of ``log10(x + eps)`` in steps of ``width_log10`` (bin 0 starts at x = 0)."""
+    x = np.asarray(values, dtype=float)
+    return np.floor((np.log10(x + eps) - np.log10(eps)) / width_log10).astype(np.int64)
+
+
+def mean_columns(table: pd.DataFrame) -> list[str]:
+    """Covariate columns whose within-cell means an aggregate keeps."""
+    return [c for c in (*COVARIATES, *DERIVED) if c in table.columns]
+
+
+def aggregate_at_risk(
+    table: pd.DataFrame,
+    *,
+    bin_columns: Sequence[str] = ("target_entropy_nats",),
+    width_log10: float = 0.05,
+    eps: float = EPS_NATS,
+    keys: Sequence[str] = KEY_COLUMNS,
+) -> pd.DataFrame:
+    """Counts per ``keys`` x log-spaced bins of ``bin_columns``: ``n_acc``, ``n_rej``, ``n`` and the
+    within-cell mean of every covariate (``mean_columns``).
+
+    A binomial GLM on ``(n_rej, n_acc)`` with these cell means as covariates equals, parameters and
+    request-clustered errors, the row-level fit in which each row's covariates are replaced by its
+    cell's means (``binned_rows``). Keep ``request_id`` in ``keys`` for clustered errors.
+    """
+    _require_columns(table, (*keys, "accepted", *bin_columns), "the at-risk table")
+    frame = table[[*keys, "accepted", *mean_columns(table)]].copy()
+    bin_names = []
+    for col in bin_columns:
+        name = f"bin_{col}"
+        frame[name] = log_bin(table[col].to_numpy(), eps=eps, width_log10=width_log10)
+        bin_names.append(name)
+    frame["n_acc"] = frame.pop("accepted").astype(np.int64)
+    frame["n"] = 1
+    means = mean_columns(table)
+    sums = frame.groupby([*keys, *bin_names], sort=True, observed=True).sum()
+    out = sums.reset_index()
+    for col in means:
+        out[col] = out[col] / out["n"]
+    out["n_rej"] = out["n"] - out["n_acc"]
+    out.attrs.update(kind=KIND_AGGREGATED, eps=eps, width_log10=width_log10, bin_columns=tuple(bin_columns),
+                     keys=tuple(keys))
+    return out
+
+
+def combine_aggregates(parts: Sequence[pd.DataFrame]) -> pd.DataFrame:
+    """Merge aggregates of disjoint chunks of one at-risk table (count-weighted cell means)."""
+    if not parts:
+        raise ValueError("no aggregates to combine")
+    attrs = dict(parts[0].attrs)
+    keys = [*attrs["keys"], *[f"bin_{c}" for c in attrs["bin_columns"]]]
+    means = mean_columns(parts[0])
+    frame = pd.concat(parts, ignore_index=True)
+    for col in means:
+        frame[col] = frame[col] * frame["n"]
+    out = frame.groupby(keys, sort=True, observed=True)[["n_acc", "n_rej", "n", *means]].sum().reset_index()
+    for col in means:
+        out[col] = out[col] / out["n"]
+    out.attrs.update(attrs)
+    return out
+
+
+def binned_rows(table: pd.DataFrame, aggregate: pd.DataFrame) -> pd.DataFrame:
+    """The row-level table with each row's covariates replaced by its aggregated cell's means."""
+    attrs = aggregate.attrs
+    keys = list(attrs["keys"])
+    frame = table.copy()
+    bin_names = []
+    for col in attrs["bin_columns"]:
+        frame[f"bin_{col}"] = log_bin(frame[col].to_numpy(), eps=attrs["eps"], width_log10=attrs["width_log10"])
+        bin_names.append(f"bin_{col}")
+    means = mean_columns(aggregate)
+    merged = frame.drop(columns=means).merge(aggregate[[*keys, *bin_names, *means]], on=[*keys, *bin_names],
+                                             how="left", validate="many_to_one")
+    merged.attrs.update(table.attrs)
+    return merged
+
+
+def as_counts(table: pd.DataFrame) -> pd.DataFrame:
+    """A count table (``n_acc``, ``n_rej``, ``n``) from an at-risk table, aggregated or row-level."""
+    if "n_acc" in table.columns:
+        return table
+    _require_columns(table, ("accepted",), "the at-risk table")
+    out = table.copy()
+    out["n_acc"] = out["accepted"].astype(np.int64)
+    out["n_rej"] = 1 - out["n_acc"]
+    out["n"] = 1
+    out.attrs.update(table.attrs)
+    return out

@@ -1,0 +1,147 @@
+"""Model comparison: grouped (by request) cross-validated log-loss, AIC/BIC, calibration.
+
+Known here: K-fold cross-validation whose folds are sets of requests (a request's rows never sit in
+both a training and a test fold), the held-out Bernoulli log-loss per at-risk trial (pooled, per
+category, and its paired difference to the best family with a standard error over requests), AIC and
+BIC on the full fit (BIC with n = number of requests, the notes' effective sample size under
+clustering), and the calibration intercept and slope of logit(y) on logit(p_hat) over held-out folds.
+
+Every family is scored on the same at-risk rows; each family's count table bins its own covariate,
+so held-out covariates are cell means (see ``atrisk.aggregate_at_risk``). Not known here: which law is
+"right" (the summary reports, the reader decides; the notes' rule is in ``docs/law.md``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+import statsmodels.api as sm
+
+from entropy_law.law import atrisk
+from entropy_law.law.fit import fit_law, get_family, prepare_counts
+from entropy_law.law.results import Result
+
+DEFAULT_FAMILIES = ("law0_cat", "law_logit", "law_exp", "law_exp0", "law_power", "law_renyi2", "law_margin",
+                    "law_spline", "law_iso")
+
+
+def request_folds(request_ids: Sequence[str], n_folds: int, seed: int) -> dict:
+    """Random assignment of requests to ``n_folds`` folds of (nearly) equal size."""
+    unique = np.array(sorted(set(request_ids)), dtype=object)
+    if len(unique) < n_folds:
+        raise ValueError(f"{len(unique)} requests cannot fill {n_folds} folds; lower n_folds")
+    order = np.random.default_rng(seed).permutation(len(unique))
+    return {rid: int(i % n_folds) for rid, i in zip(unique[order], range(len(unique)))}
+
+
+def calibration(n_acc: np.ndarray, n_rej: np.ndarray, predicted: np.ndarray) -> tuple[float, float]:
+    """Calibration intercept and slope: binomial logit GLM of outcomes on logit(predicted)."""
+    p = np.clip(predicted, 1e-9, 1 - 1e-9)
+    x = sm.add_constant(np.log(p / (1 - p)))
+    endog = np.column_stack([n_acc, n_rej])
+    keep = endog.sum(axis=1) > 0
+    res = sm.GLM(endog[keep], x[keep], family=sm.families.Binomial()).fit()
+    return float(res.params[0]), float(res.params[1])
+
+
+@dataclass
+class Comparison(Result):
+    """Held-out scores per family. ``summary``: one row per family; ``per_category``: per family x
+    category; ``per_request``: held-out log-likelihood sum and trial count per family x request."""
+
+    summary: pd.DataFrame
+    per_category: pd.DataFrame
+    per_request: pd.DataFrame
+    n_folds: int
+    seed: int
+    notes: list = field(default_factory=list)
+
+    @property
+    def title(self) -> str:
+        return f"law comparison, {self.n_folds}-fold CV grouped by request (seed {self.seed})"
+
+    @property
+    def best(self) -> str:
+        return str(self.summary["cv_log_loss"].idxmin())
+
+    def paired_difference(self, a: str, b: str) -> tuple[float, float]:
+        """Mean per-trial held-out log-loss of ``a`` minus ``b`` and its SE over requests."""
+        wide = self.per_request.pivot(index="request_id", columns="family", values="loglik")
+        n = self.per_request.drop_duplicates("request_id").set_index("request_id")["n"].reindex(wide.index)
+        diff = -(wide[a] - wide[b])  # loss difference per request (sum over its trials)
+        total = n.sum()
+        mean = diff.sum() / total
+        # ratio estimator SE over requests
+        resid = diff - mean * n
+        se = np.sqrt(len(diff) / (len(diff) - 1) * (resid**2).sum()) / total
+        return float(mean), float(se)
+
+
+def compare_laws(
+    traces,
+    families: Sequence[str] = DEFAULT_FAMILIES,
+    *,
+    n_folds: int = 5,
+    seed: int = 0,
+    eps: float = atrisk.EPS_NATS,
+    width_log10: float = 0.05,
+    on_invalid: str = "raise",
+    **fit_options,
+) -> Comparison:
+    """Grouped K-fold CV log-loss, AIC, BIC and held-out calibration for each family.
+
+    ``traces``: traces or a row-level at-risk table of ONE drafter (select with ``at_risk_table(...,
+    drafters=[...])``). Extra keyword arguments go to ``fit_law``.
+    """
+    rows = traces if isinstance(traces, pd.DataFrame) else atrisk.at_risk_table(traces, eps=eps, on_invalid=on_invalid)
+    if rows.attrs.get("kind") != atrisk.KIND_ROWS:
+        raise ValueError("compare_laws needs traces or a row-level at_risk_table (it bins per family itself)")
+    drafters = rows["drafter_id"].unique()
+    if len(drafters) > 1:
+        raise ValueError(f"compare_laws scores one drafter at a time; the traces hold {sorted(drafters)}. "
+                         "Use at_risk_table(traces, drafters=[...]).")
+    folds = request_folds(rows["request_id"].to_numpy(), n_folds, seed)
+    summary_rows, per_cat, per_req, notes = [], [], [], []
+    for name in families:
+        fam = get_family(name)
+        counts = prepare_counts(rows, fam, eps=eps, width_log10=width_log10)
+        fold_of = counts["request_id"].map(folds).to_numpy()
+        held = np.empty(len(counts))
+        for k in range(n_folds):
+            train = counts.loc[fold_of != k]
+            test = counts.loc[fold_of == k]
+            law = fit_law(train, fam, **fit_options)
+            held[fold_of == k] = law.predict_frame(test)
+        n_acc, n_rej = counts["n_acc"].to_numpy(), counts["n_rej"].to_numpy()
+        loglik = n_acc * np.log(held) + n_rej * np.log1p(-held)
+        n_total = counts["n"].sum()
+        full = fit_law(counts, fam, **fit_options)
+        ll_full = float(full.log_likelihood(counts).sum())
+        n_params = len(full.result.params) if full.result is not None else np.nan
+        n_req = counts["request_id"].nunique()
+        intercept, slope = calibration(n_acc, n_rej, held)
+        summary_rows.append(dict(family=name, cv_log_loss=-loglik.sum() / n_total,
+                                 cv_brier=float(((n_acc * (1 - held) ** 2) + n_rej * held**2).sum() / n_total),
+                                 n_params=n_params, aic=-2 * ll_full + 2 * n_params,
+                                 bic=-2 * ll_full + np.log(n_req) * n_params, calibration_intercept=intercept,
+                                 calibration_slope=slope))
+        frame = counts[["request_id", "category", "n"]].assign(loglik=loglik)
+        per_request = frame.groupby("request_id", as_index=False)[["loglik", "n"]].sum().assign(family=name)
+        per_req.append(per_request)
+        cat = frame.groupby("category")[["loglik", "n"]].sum()
+        per_cat.append(pd.DataFrame({"family": name, "category": cat.index,
+                                     "cv_log_loss": -cat["loglik"].to_numpy() / cat["n"].to_numpy()}))
+    summary = pd.DataFrame(summary_rows).set_index("family")
+    result = Comparison(summary=summary, per_category=pd.concat(per_cat, ignore_index=True),
+                        per_request=pd.concat(per_req, ignore_index=True), n_folds=n_folds, seed=seed, notes=notes)
+    best = result.best
+    diffs = [result.paired_difference(f, best) if f != best else (0.0, 0.0) for f in summary.index]
+    summary["delta_vs_best"] = [d for d, _ in diffs]
+    summary["delta_se"] = [s for _, s in diffs]
+    if "law0_cat" in summary.index:
+        summary["gain_vs_law0"] = summary.loc["law0_cat", "cv_log_loss"] - summary["cv_log_loss"]
+    result.notes.append(f"best by CV log-loss: {best}; delta_se is the SE over requests of the paired difference")
+    return result

@@ -1,0 +1,254 @@
+"""When drafting pays: a cost model from measured round timings combined with a fitted law.
+
+Known here (research notes 4.1, 8.2): per round t_round(N) = t_draft + t_verify(N) + t_overhead, with
+t_draft and t_overhead the drafter's mean measured costs and t_verify(N) = v0 + v1 N a least-squares
+line in the number of draft nodes N over every round of the traces (verify cost belongs to the target
+and the hardware, not to the drafter; autoregressive rounds, N = 0, are included when present). The
+autoregressive cost per token t_AR is given, or estimated from rounds with ``tree_nodes == 0``. At a
+constant target entropy H the decode speedup of a round shape (depth D, N nodes) is
+
+    S(H) = (1 + E[tau | H, D]) * t_AR / t_round(N),   E[tau] = sum_{k<=D} prod_{d<=k} a(H, d).
+
+From it: the speedup curve, the break-even entropy (S = 1), the best block size (chains, N = D) and
+the best tree budget (the drafter's own nodes-per-depth ratio, N = round(w D)), each with a
+request-bootstrap interval (law and costs refitted on the same replicate).
+
+Assumptions stated, not checked: constant-H sequences (real sequences: use ``FittedLaw.predict_rounds``);
+depths up to the deepest observed depth only (no extrapolation of depth effects); a tree cut to depth D
+keeps the fitted per-depth acceptance. Not known here: prefill (decode speedup only). No torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+from scipy.optimize import brentq
+
+from entropy_law.law import atrisk
+from entropy_law.law.bootstrap import poisson_weights, reweight_counts
+from entropy_law.law.fit import FittedLaw, fit_law, get_family, prepare_counts
+from entropy_law.law.results import Result
+
+DEFAULT_ENTROPIES = (0.01, 0.03, 0.1, 0.3, 0.5, 1.0, 2.0, 3.0)
+
+
+@dataclass
+class CostModel(Result):
+    """Measured costs (ms) of one drafter's rounds and of autoregressive decoding."""
+
+    drafter_id: str
+    ar_ms_per_token: float
+    draft_ms: float
+    overhead_ms: float
+    verify_intercept_ms: float
+    verify_per_node_ms: float
+    depth: int  # deepest draft depth observed for the drafter
+    nodes: int  # typical (median) draft nodes per round
+    ar_source: str
+    notes: list = field(default_factory=list)
+
+    @property
+    def title(self) -> str:
+        return f"cost model for {self.drafter_id} (t_AR {self.ar_source})"
+
+    @property
+    def summary(self) -> pd.DataFrame:
+        values = {k: getattr(self, k) for k in ("ar_ms_per_token", "draft_ms", "overhead_ms", "verify_intercept_ms",
+                                                 "verify_per_node_ms", "depth", "nodes")}
+        values["round_ms_at_observed_nodes"] = self.round_ms(self.nodes)
+        return pd.DataFrame({"value": pd.Series(values, dtype=float)})
+
+    def round_ms(self, nodes) -> np.ndarray:
+        return self.draft_ms + self.overhead_ms + self.verify_intercept_ms + self.verify_per_node_ms * np.asarray(nodes)
+
+
+def _weighted_mean(values: np.ndarray, w: np.ndarray) -> float:
+    return float(np.sum(values * w) / np.sum(w))
+
+
+def fit_cost_model(traces, *, drafter: str | None = None, ar_ms_per_token: float | None = None,
+                   request_weights: pd.Series | None = None) -> CostModel:
+    """Costs from the rounds table (``draft_ms``, ``verify_ms``, ``overhead_ms`` vs ``tree_nodes``)."""
+    rounds = traces.rounds.merge(traces.runs[["run_id", "drafter_id"]], on="run_id", how="left")
+    w_all = (np.ones(len(rounds)) if request_weights is None
+             else rounds["request_id"].map(request_weights).fillna(0).to_numpy(float))
+    drafting = rounds["tree_nodes"] > 0
+    drafters = sorted(rounds.loc[drafting, "drafter_id"].dropna().unique())
+    if drafter is None:
+        if len(drafters) != 1:
+            raise ValueError(f"traces hold drafters {drafters}: pass drafter=")
+        drafter = drafters[0]
+    mine = (drafting & (rounds["drafter_id"] == drafter)).to_numpy()
+    if not mine.any():
+        raise ValueError(f"no drafting rounds for drafter {drafter!r}; drafters: {drafters}")
+    notes = []
+    for col in ("draft_ms", "verify_ms", "overhead_ms"):
+        v = rounds[col].to_numpy(float)
+        if np.any(~np.isfinite(v)) or np.any(v < 0):
+            raise ValueError(f"rounds.{col} has NaN or negative timings; fix the traces")
+    w = w_all[mine]
+    draft = _weighted_mean(rounds.loc[mine, "draft_ms"].to_numpy(float), w)
+    overhead = _weighted_mean(rounds.loc[mine, "overhead_ms"].to_numpy(float), w)
+    nodes_all = rounds["tree_nodes"].to_numpy(float)
+    verify_all = rounds["verify_ms"].to_numpy(float)
+    keep = w_all > 0
+    if len(np.unique(nodes_all[keep])) >= 2:
+        x = np.column_stack([np.ones(keep.sum()), nodes_all[keep]])
+        sw = np.sqrt(w_all[keep])
+        coef, *_ = np.linalg.lstsq(x * sw[:, None], verify_all[keep] * sw, rcond=None)
+        v0, v1 = float(coef[0]), float(coef[1])
+    else:
+        v0, v1 = _weighted_mean(verify_all[keep], w_all[keep]), 0.0
+        notes.append(f"one node count observed ({nodes_all[keep][0]:.0f}): verify cost taken as constant in N")
+    if ar_ms_per_token is None:
+        ar = (rounds["tree_nodes"] == 0).to_numpy() & keep
+        if not ar.any():
+            raise ValueError("no autoregressive rounds (tree_nodes == 0) to estimate the AR cost per token: pass "
+                             "ar_ms_per_token= (measured by a plain greedy run of the same target)")
+        total = rounds.loc[ar, ["draft_ms", "verify_ms", "overhead_ms"]].sum(axis=1).to_numpy(float)
+        ar_ms = float(np.sum(total * w_all[ar]) / np.sum(rounds.loc[ar, "committed"].to_numpy(float) * w_all[ar]))
+        source = f"estimated from {int(ar.sum())} autoregressive rounds"
+    else:
+        if not ar_ms_per_token > 0:
+            raise ValueError("ar_ms_per_token must be positive")
+        ar_ms, source = float(ar_ms_per_token), "given"
+    return CostModel(drafter_id=drafter, ar_ms_per_token=ar_ms, draft_ms=draft, overhead_ms=overhead,
+                     verify_intercept_ms=v0, verify_per_node_ms=v1,
+                     depth=int(rounds.loc[mine, "tree_depth"].max()),
+                     nodes=int(np.median(rounds.loc[mine, "tree_nodes"])), ar_source=source, notes=notes)
+
+
+def speedup_at_entropy(law: FittedLaw, cost: CostModel, entropy_nats, *, depth: int | None = None,
+                       nodes: int | None = None) -> np.ndarray:
+    """Predicted decode speedup at constant target entropy (vectorised over ``entropy_nats``)."""
+    depth = depth or cost.depth
+    nodes = nodes if nodes is not None else cost.nodes
+    h = np.atleast_1d(np.asarray(entropy_nats, dtype=float))
+    blocks = np.repeat(h[:, None], depth, axis=1)
+    tau = law.predict_block_length(blocks, depth + 1)
+    return (1.0 + tau) * cost.ar_ms_per_token / cost.round_ms(nodes)
+
+
+def breakeven_entropy(law: FittedLaw, cost: CostModel, *, depth=None, nodes=None, bounds=(1e-4, 20.0)) -> float:
+    """Entropy (nats) where the predicted speedup is 1; 0 if drafting never pays, inf if it always pays
+    inside ``bounds``."""
+    f = lambda x: float(speedup_at_entropy(law, cost, np.exp(x), depth=depth, nodes=nodes)[0]) - 1.0
+    lo, hi = np.log(bounds[0]), np.log(bounds[1])
+    f_lo, f_hi = f(lo), f(hi)
+    if f_lo < 0:
+        return 0.0
+    if f_hi > 0:
+        return float("inf")
+    return float(np.exp(brentq(f, lo, hi, xtol=1e-6)))
+
+
+def best_shape(law: FittedLaw, cost: CostModel, entropy_nats: float, shapes: Sequence[tuple[int, int]]) -> tuple:
+    """(depth, nodes, speedup) of the shape with the highest predicted speedup at ``entropy_nats``."""
+    speeds = [float(speedup_at_entropy(law, cost, entropy_nats, depth=d, nodes=n)[0]) for d, n in shapes]
+    i = int(np.argmax(speeds))
+    return shapes[i][0], shapes[i][1], speeds[i]
+
+
+@dataclass
+class DraftingPays(Result):
+    """Speedup vs entropy, break-even entropy and best shapes, with bootstrap intervals."""
+
+    summary: pd.DataFrame
+    law: FittedLaw
+    cost: CostModel
+    replicates: pd.DataFrame
+    notes: list = field(default_factory=list)
+
+    @property
+    def title(self) -> str:
+        return f"when drafting pays: {self.cost.drafter_id} ({self.law.family.name}, decode speedup)"
+
+    def plot(self, ax=None):
+        import matplotlib.pyplot as plt
+
+        if ax is None:
+            _, ax = plt.subplots(figsize=(5, 3.5))
+        rows = self.summary.loc[self.summary.index.str.startswith("speedup[H=")]
+        h = rows.index.str.extract(r"H=([0-9.e-]+)")[0].astype(float).to_numpy()
+        ax.plot(h, rows["estimate"], marker="o")
+        ax.fill_between(h, rows["ci_low"], rows["ci_high"], alpha=0.3)
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_xlabel("target entropy H (nats)")
+        ax.set_ylabel("predicted decode speedup")
+        return ax
+
+
+def _statistics(law, cost, entropies, shapes, label) -> dict:
+    out = {}
+    speeds = speedup_at_entropy(law, cost, entropies)
+    for h, s in zip(entropies, speeds):
+        out[f"speedup[H={h:g}]"] = s
+    out["breakeven_entropy_nats"] = breakeven_entropy(law, cost)
+    # E[tau] for every depth at once: a(H, d) for d = 1..D_max, cumulative products, cumulative sums
+    depth_max = max(d for d, _ in shapes)
+    h = np.asarray(entropies, dtype=float)
+    a = law.predict_acceptance(np.repeat(h[:, None], depth_max, axis=1), np.arange(1, depth_max + 1)[None, :])
+    tau_by_depth = np.cumsum(np.cumprod(a, axis=1), axis=1)  # [H, D]
+    for i, value in enumerate(h):
+        speeds = [(1 + tau_by_depth[i, d - 1]) * cost.ar_ms_per_token / cost.round_ms(n) for d, n in shapes]
+        d, n = shapes[int(np.argmax(speeds))]
+        out[f"{label}[H={value:g}]"] = d + 1 if label == "best_block_size" else n
+    return out
+
+
+def when_drafting_pays(
+    traces,
+    *,
+    drafter: str | None = None,
+    family: str = "law_exp",
+    entropies: Sequence[float] = DEFAULT_ENTROPIES,
+    ar_ms_per_token: float | None = None,
+    n_boot: int = 100,
+    seed: int = 0,
+    level: float = 0.95,
+    eps: float = atrisk.EPS_NATS,
+) -> DraftingPays:
+    """Fit the law (one drafter) and the cost model, then predict speedup vs entropy, the break-even
+    entropy and the best block size / tree budget per entropy, with request-bootstrap intervals."""
+    fam = get_family(family)
+    if fam.needs_categories or fam.needs_drafters:
+        raise ValueError(f"{family} needs a category/drafter argument; use a one-drafter, category-free law")
+    cost = fit_cost_model(traces, drafter=drafter, ar_ms_per_token=ar_ms_per_token)
+    drafter = cost.drafter_id
+    rows = atrisk.at_risk_table(traces, eps=eps, drafters=[drafter])
+    counts = prepare_counts(rows, fam, eps=eps)
+    law = fit_law(counts, fam)
+    entropies = [float(h) for h in entropies]
+    is_tree = cost.nodes > cost.depth
+    if is_tree:
+        ratio = cost.nodes / cost.depth
+        shapes, label = [(d, max(d, int(round(ratio * d)))) for d in range(1, cost.depth + 1)], "best_tree_budget"
+    else:
+        shapes, label = [(d, d) for d in range(1, cost.depth + 1)], "best_block_size"
+    estimate = _statistics(law, cost, entropies, shapes, label)
+    rng = np.random.default_rng(seed)
+    reps, failed = [], 0
+    start = law.result.params.to_numpy() if law.result is not None else None
+    for _ in range(n_boot):
+        weights = poisson_weights(counts["request_id"], rng)
+        try:
+            law_b = fit_law(reweight_counts(counts, weights), fam, cov_type="nonrobust", start_params=start)
+            cost_b = fit_cost_model(traces, drafter=drafter, ar_ms_per_token=ar_ms_per_token, request_weights=weights)
+            reps.append(_statistics(law_b, cost_b, entropies, shapes, label))
+        except ValueError:
+            failed += 1
+    replicates = pd.DataFrame(reps)
+    lo, hi = (1 - level) / 2, 1 - (1 - level) / 2
+    summary = pd.DataFrame({"estimate": pd.Series(estimate, dtype=float), "ci_low": replicates.quantile(lo),
+                            "ci_high": replicates.quantile(hi)})
+    notes = list(cost.notes) + [f"{level:.0%} percentile intervals from {len(reps)} request-bootstrap replicates "
+                                f"(seed {seed}, {failed} failed)",
+                                "speedups at constant entropy; best shapes searched up to the observed depth "
+                                f"{cost.depth}; breakeven 0 = never pays, inf = always pays in [1e-4, 20] nats"]
+    if is_tree:
+        notes.append(f"tree budgets keep the observed nodes-per-depth ratio {cost.nodes / cost.depth:.2f}")
+    return DraftingPays(summary=summary, law=law, cost=cost, replicates=replicates, notes=notes)

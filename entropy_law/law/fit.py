@@ -1,0 +1,535 @@
+"""Law families and ``fit_law``: binomial hazard models of acceptance on the at-risk table.
+
+Known here: the families of the research notes (section 8.3; formulas in ``docs/law.md``), each a
+binomial GLM on at-risk counts (two-column endog) with request-clustered sandwich errors, except
+``law_iso`` (isotonic, decreasing in entropy, per depth); the fitted-law object with its summary,
+predictions (acceptance, expected block length, exact tokens per round by dynamic programming) and
+a minimal plot. Checks that make a fit meaningless fail loudly: no rejections (or no acceptances),
+fewer than 2 requests, several drafters pooled by a drafter-free family, a category-aware family with
+one category or with a category of too few requests.
+
+Not known here: how traces are read (any object with ``.tokens``/``.runs`` DataFrames works), model
+comparison, tests and costs (``compare``, ``hypotheses``, ``cost``). Never imports torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import warnings
+
+import numpy as np
+import pandas as pd
+import statsmodels.api as sm
+import statsmodels.formula.api as smf
+from scipy import stats
+from statsmodels.tools.sm_exceptions import DomainWarning
+from scipy.optimize import isotonic_regression
+
+from entropy_law.law import atrisk
+from entropy_law.law.blocks import acceptance_matrix_positions, expected_accepted, expected_rounds
+from entropy_law.law.results import Result
+
+SPLINE_BOUNDS = (np.log(atrisk.EPS_NATS) - 1e-9, np.log(20.0))  # log(H + eps) range the spline covers
+
+
+@dataclass(frozen=True)
+class LawFamily:
+    """One law: GLM ``link`` on ``outcome`` ("rejection" or "acceptance") with ``terms`` (patsy)."""
+
+    name: str
+    description: str
+    link: str  # "cloglog" | "logit" | "log" | "isotonic"
+    outcome: str  # "rejection" | "acceptance"
+    terms: str
+    bin_columns: tuple = ("target_entropy_nats",)
+    needs_categories: bool = False
+    needs_drafters: bool = False
+    slope: str | None = None  # the covariate whose coefficient is the law's exponent / slope
+
+
+FAMILIES: dict[str, LawFamily] = {
+    f.name: f
+    for f in [
+        LawFamily("law0_cat", "category and depth only, no entropy (LAW-0)", "logit", "acceptance", "C(category)",
+                  needs_categories=True),
+        LawFamily("law_logit", "logit a = delta_d + beta H (LAW-L)", "logit", "acceptance", "target_entropy_nats",
+                  slope="target_entropy_nats"),
+        LawFamily("law_exp", "a = exp(-lambda_d (H + eps)^k), cloglog on rejection (LAW-E, primary)", "cloglog",
+                  "rejection", "log_entropy", slope="log_entropy"),
+        LawFamily("law_exp0", "a = a0_d exp(-lambda H), log link on acceptance (LAW-E0)", "log", "acceptance",
+                  "target_entropy_nats", slope="target_entropy_nats"),
+        LawFamily("law_power", "a = 1 / (1 + c_d (H + eps)^k), logit on rejection (LAW-P)", "logit", "rejection",
+                  "log_entropy", slope="log_entropy"),
+        LawFamily("law_renyi2", "LAW-E with Renyi-2 entropy (LAW-R2)", "cloglog", "rejection", "log_renyi2",
+                  bin_columns=("target_renyi2_nats",), slope="log_renyi2"),
+        LawFamily("law_margin", "logit a = delta_d + beta * logit gap (LAW-M)", "logit", "acceptance",
+                  "target_logit_gap", bin_columns=("target_logit_gap",), slope="target_logit_gap"),
+        LawFamily("law_spline", "logit a = delta_d + spline(log(H + eps)) (LAW-S, reference)", "logit", "acceptance",
+                  f"bs(log_entropy, df=5, lower_bound={SPLINE_BOUNDS[0]!r}, upper_bound={SPLINE_BOUNDS[1]!r})"),
+        LawFamily("law_iso", "isotonic, decreasing in H, per depth (reference)", "isotonic", "acceptance", ""),
+        LawFamily("law_exp_cat", "LAW-E with category rates and exponents (LAW-E+C)", "cloglog", "rejection",
+                  "C(category) * log_entropy", needs_categories=True, slope="log_entropy"),
+        LawFamily("law_exp_cum", "LAW-E + log(1 + cumulative entropy of earlier depths) (+cum)", "cloglog",
+                  "rejection", "log_entropy + log1p_cum_entropy",
+                  bin_columns=("target_entropy_nats", "cum_entropy_nats"), slope="log_entropy"),
+        LawFamily("law_exp_drafter", "LAW-E with drafter rates and exponents (drafter x entropy)", "cloglog",
+                  "rejection", "C(drafter_id) * log_entropy", needs_drafters=True, slope="log_entropy"),
+        LawFamily("law_exp_mundlak", "LAW-E split into within- and between-category entropy (Mundlak)", "cloglog",
+                  "rejection", "log_entropy_within + log_entropy_category_mean", needs_categories=True,
+                  slope="log_entropy_within"),
+    ]
+}
+
+DEPTH_TERMS = {"factor": "C(depth)", "linear": "depth", "none": ""}
+
+
+def _family_obj(link: str):
+    # a NEW family instance per fit: statsmodels keeps state on the instance
+    links = sm.families.links
+    make = {"cloglog": links.CLogLog, "logit": links.Logit, "log": links.Log}[link]
+    return sm.families.Binomial(link=make())
+
+
+def get_family(name: str) -> LawFamily:
+    if isinstance(name, LawFamily):
+        return name
+    if name not in FAMILIES:
+        raise ValueError(f"unknown law family {name!r}; known: {sorted(FAMILIES)}")
+    return FAMILIES[name]
+
+
+# ----------------------------------------------------------------------------- data preparation
+
+
+def _is_table(obj) -> bool:
+    return isinstance(obj, pd.DataFrame)
+
+
+def prepare_counts(traces, family: LawFamily, *, eps=atrisk.EPS_NATS, width_log10=0.05, aggregate=True,
+                   on_invalid="raise") -> pd.DataFrame:
+    """The count table a family is fitted on: traces -> at-risk rows -> (optionally) aggregate.
+
+    ``traces`` may also be an at-risk table (``at_risk_table``) or an aggregate (``aggregate_at_risk``).
+    """
+    if _is_table(traces):
+        table = traces
+    else:
+        table = atrisk.at_risk_table(traces, eps=eps, on_invalid=on_invalid)
+    if table.attrs.get("kind") == atrisk.KIND_ROWS and aggregate:
+        table = atrisk.aggregate_at_risk(table, bin_columns=family.bin_columns, eps=eps, width_log10=width_log10)
+    return atrisk.as_counts(table)
+
+
+def check_counts(counts: pd.DataFrame, family: LawFamily, *, min_requests_per_category: int = 5,
+                 drop_small_categories: bool = False, cov_type: str = "cluster") -> tuple[pd.DataFrame, list]:
+    """Refuse inputs on which the family's numbers would be meaningless; returns (counts, notes)."""
+    notes = []
+    n_rej, n_acc = int(counts["n_rej"].sum()), int(counts["n_acc"].sum())
+    if n_rej == 0:
+        raise ValueError("the traces contain no rejection at any at-risk depth: acceptance is 1 everywhere and the "
+                         "law's rate/slope are not identified. Record more (or harder) requests.")
+    if n_acc == 0:
+        raise ValueError("the traces contain no accepted draft: acceptance is 0 everywhere and no entropy law can be "
+                         "fitted. Check the drafter (does it draft at all?).")
+    n_requests = counts["request_id"].nunique()
+    if cov_type == "cluster" and n_requests < 2:
+        raise ValueError("request-clustered errors need at least 2 requests; record more or pass cov_type='nonrobust'")
+    drafters = counts["drafter_id"].unique()
+    if len(drafters) > 1 and not family.needs_drafters:
+        raise ValueError(f"the traces hold {len(drafters)} drafters {sorted(drafters)}: a law for one drafter would pool "
+                         "them. Pass by='drafter_id', select one drafter, or use family='law_exp_drafter'.")
+    if family.needs_drafters and len(drafters) < 2:
+        raise ValueError(f"{family.name} compares drafters but the traces hold only {list(drafters)}")
+    if family.needs_categories:
+        per_cat = counts.groupby("category")["request_id"].nunique()
+        small = per_cat[per_cat < min_requests_per_category]
+        if len(small):
+            if not drop_small_categories:
+                raise ValueError(
+                    f"categories {small.to_dict()} have fewer than {min_requests_per_category} requests, too few for "
+                    f"category terms of {family.name}. Record more, pass drop_small_categories=True to drop them, "
+                    "or lower min_requests_per_category.")
+            counts = counts.loc[~counts["category"].isin(small.index)]
+            notes.append(f"dropped categories with < {min_requests_per_category} requests: {small.to_dict()}")
+            per_cat = per_cat.drop(small.index)
+        if len(per_cat) < 2:
+            raise ValueError(f"{family.name} needs at least 2 categories; the traces hold {list(per_cat.index)}. "
+                             "Use a category-free family such as 'law_exp'.")
+    return counts, notes
+
+
+def _add_mundlak(counts: pd.DataFrame, category_means: Mapping | None = None) -> tuple[pd.DataFrame, dict]:
+    if category_means is None:
+        weighted = counts["log_entropy"] * counts["n"]
+        sums = weighted.groupby(counts["category"]).sum() / counts["n"].groupby(counts["category"]).sum()
+        category_means = sums.to_dict()
+    out = counts.copy()
+    out["log_entropy_category_mean"] = out["category"].map(category_means).astype(float)
+    out["log_entropy_within"] = out["log_entropy"] - out["log_entropy_category_mean"]
+    return out, dict(category_means)
+
+
+# ----------------------------------------------------------------------------- the fitted law
+
+
+@dataclass
+class FittedLaw(Result):
+    """A fitted acceptance law. ``summary``: one row per parameter (estimate, cluster-robust SE by
+    request, z, p, CI), followed by derived parameters (``k``, ``lambda[d=j]``) where the family has them."""
+
+    family: LawFamily
+    result: object  # statsmodels GLMResults, or None for law_iso
+    depths: tuple
+    categories: tuple
+    drafters: tuple
+    n_rows: int
+    n_requests: int
+    eps: float
+    alpha: float = 0.05
+    depth_model: str = "factor"
+    iso_curves: dict = field(default_factory=dict)
+    category_means: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)
+
+    @property
+    def title(self) -> str:
+        return f"{self.family.name}: {self.family.description} ({self.n_rows} at-risk trials, {self.n_requests} requests)"
+
+    # -- parameters
+    @property
+    def coefficients(self) -> pd.DataFrame:
+        if self.result is None:
+            return pd.DataFrame(columns=["estimate", "std_err", "z", "p_value", "ci_low", "ci_high"])
+        r = self.result
+        ci = r.conf_int(alpha=self.alpha)
+        return pd.DataFrame({"estimate": r.params, "std_err": r.bse, "z": r.tvalues, "p_value": r.pvalues,
+                             "ci_low": ci[0], "ci_high": ci[1]})
+
+    def linear_combination(self, weights: Mapping[str, float]) -> tuple[float, float]:
+        """Estimate and cluster-robust SE of sum_j w_j beta_j."""
+        params = self.result.params
+        vec = np.array([weights.get(name, 0.0) for name in params.index])
+        cov = self.result.cov_params().to_numpy()
+        return float(vec @ params.to_numpy()), float(np.sqrt(vec @ cov @ vec))
+
+    @property
+    def derived(self) -> pd.DataFrame:
+        """Interpretable parameters: exponent ``k`` and rates ``lambda[d=j]`` (cloglog / power laws)."""
+        if self.result is None or self.family.slope is None:
+            return pd.DataFrame()
+        z = stats.norm.ppf(1 - self.alpha / 2)
+        rows = {}
+        est, se = self.linear_combination({self.family.slope: 1.0})
+        rows["k" if self.family.slope.startswith("log_") else "slope"] = (est, se, est - z * se, est + z * se)
+        if self.family.outcome == "rejection" and "Intercept" in self.result.params.index:
+            rate = "lambda" if self.family.link == "cloglog" else "c"
+            for d in self.depths:
+                weights = {"Intercept": 1.0}
+                if self.depth_model == "factor" and d != self.depths[0]:
+                    weights[f"C(depth)[T.{d}]"] = 1.0
+                elif self.depth_model == "linear":
+                    weights["depth"] = float(d)
+                e, s = self.linear_combination(weights)
+                rows[f"{rate}[d={d}]"] = (np.exp(e), np.exp(e) * s, np.exp(e - z * s), np.exp(e + z * s))
+                if self.depth_model == "none":
+                    break
+        return pd.DataFrame.from_dict(rows, orient="index", columns=["estimate", "std_err", "ci_low", "ci_high"])
+
+    @property
+    def summary(self) -> pd.DataFrame:
+        coef = self.coefficients.assign(kind="coefficient")
+        derived = self.derived
+        if len(derived):
+            derived = derived.assign(kind="derived")
+            return pd.concat([coef, derived])
+        if self.result is None:
+            rows = {f"iso[d={d}] points": (len(c[0]),) for d, c in self.iso_curves.items()}
+            return pd.DataFrame.from_dict(rows, orient="index", columns=["estimate"]).assign(kind="nonparametric")
+        return coef
+
+    # -- predictions
+    def _frame(self, frame: pd.DataFrame) -> pd.DataFrame:
+        out = frame.copy()
+        eps = self.eps
+        if "target_entropy_nats" in out:
+            h = out["target_entropy_nats"].to_numpy(dtype=float)
+            if np.any(~np.isfinite(h)) or np.any(h < -atrisk.NEGATIVE_TOLERANCE):
+                raise ValueError("entropies must be finite and >= 0 nats")
+            out["log_entropy"] = np.log(np.maximum(h, 0.0) + eps)
+        if "target_renyi2_nats" in out:
+            out["log_renyi2"] = np.log(out["target_renyi2_nats"].to_numpy(dtype=float) + eps)
+        if "cum_entropy_nats" in out:
+            out["log1p_cum_entropy"] = np.log1p(out["cum_entropy_nats"].to_numpy(dtype=float))
+        if "log_entropy" in out:
+            out["log_entropy"] = np.clip(out["log_entropy"], SPLINE_BOUNDS[0] + 1e-9, SPLINE_BOUNDS[1] - 1e-9)
+        depth = out["depth"].to_numpy(dtype=int) if "depth" in out else np.ones(len(out), dtype=int)
+        if np.any(depth < 1):
+            raise ValueError("depth is 1-based")
+        # depths beyond the deepest fitted depth reuse the deepest depth's effect (documented)
+        out["depth"] = np.minimum(depth, max(self.depths))
+        if self.depth_model == "factor":
+            known = np.array(self.depths)
+            idx = np.searchsorted(known, out["depth"].to_numpy(), side="right") - 1
+            out["depth"] = known[np.maximum(idx, 0)]
+        for col, known, what in (("category", self.categories, "category"), ("drafter_id", self.drafters, "drafter")):
+            needed = (self.family.needs_categories if col == "category" else self.family.needs_drafters)
+            if not needed:
+                continue
+            if col not in out or out[col].isna().any():
+                raise ValueError(f"{self.family.name} needs a {what}: pass {what}= one of {list(known)}")
+            unknown = set(out[col]) - set(known)
+            if unknown:
+                raise ValueError(f"{what} {sorted(unknown)} not in the fitted law; known: {list(known)}")
+        if self.family.name == "law_exp_mundlak":
+            out, _ = _add_mundlak(out, self.category_means)
+        return out
+
+    def predict_frame(self, frame: pd.DataFrame) -> np.ndarray:
+        """Acceptance probability for each row of an at-risk-like frame (covariate columns, depth, ...)."""
+        data = self._frame(frame)
+        if self.family.link == "isotonic":
+            out = np.empty(len(data))
+            depth = data["depth"].to_numpy()
+            x = data["log_entropy"].to_numpy()
+            for d in np.unique(depth):
+                xs, ys = self.iso_curves[d]
+                sel = depth == d
+                out[sel] = np.interp(x[sel], xs, ys)
+            return np.clip(out, 1e-9, 1 - 1e-9)
+        mu = np.asarray(self.result.predict(data))
+        accept = 1.0 - mu if self.family.outcome == "rejection" else mu
+        return np.clip(accept, 1e-12, 1 - 1e-12)
+
+    def predict_acceptance(self, H, depth=1, category=None, *, drafter=None, **covariates) -> np.ndarray:
+        """P(accept at ``depth`` | reached, target entropy ``H`` nats[, category, drafter]), broadcast.
+
+        Families on other covariates need them by name: ``target_renyi2_nats=...``,
+        ``target_logit_gap=...``, ``cum_entropy_nats=...``.
+        """
+        arrays = np.broadcast_arrays(np.asarray(H, dtype=float), np.asarray(depth), *[np.asarray(v) for v in covariates.values()])
+        shape = arrays[0].shape
+        frame = pd.DataFrame({"target_entropy_nats": arrays[0].ravel(), "depth": arrays[1].ravel().astype(int)})
+        for name, arr in zip(covariates, arrays[2:]):
+            frame[name] = arr.ravel()
+        needed = {"law_renyi2": "target_renyi2_nats", "law_margin": "target_logit_gap",
+                  "law_exp_cum": "cum_entropy_nats"}.get(self.family.name)
+        if needed and needed not in frame:
+            raise ValueError(f"{self.family.name} predicts from {needed}: pass {needed}=...")
+        if category is not None:
+            frame["category"] = category
+        if drafter is not None:
+            frame["drafter_id"] = drafter
+        return self.predict_frame(frame).reshape(shape)
+
+    def predict_block_length(self, entropies, B: int, *, category=None, drafter=None) -> np.ndarray:
+        """Expected accepted drafts E[tau] of a block of ``B - 1`` drafts; ``entropies[..., d-1]`` is the
+        target entropy at depth d (at least B - 1 values on the last axis)."""
+        h = np.asarray(entropies, dtype=float)
+        drafts = int(B) - 1
+        if drafts < 1 or h.shape[-1] < drafts:
+            raise ValueError(f"need B >= 2 and at least B - 1 = {drafts} entropies on the last axis")
+        h = h[..., :drafts]
+        depth = np.broadcast_to(np.arange(1, drafts + 1), h.shape)
+        a = self.predict_acceptance(h, depth, category, drafter=drafter)
+        return expected_accepted(a)
+
+    def _sequence_cum(self, h: np.ndarray, t: np.ndarray, j: np.ndarray) -> np.ndarray:
+        csum = np.concatenate([[0.0], np.cumsum(h)])
+        start = np.maximum(t - j + 1, 0)
+        return csum[t] - csum[start]
+
+    def predict_rounds(self, entropy_sequence, B: int, *, category=None, drafter=None) -> float:
+        """Exact law-implied expected number of rounds for a request whose target entropy at output
+        positions 0..T-1 is ``entropy_sequence`` (dynamic programming, research notes 5.2)."""
+        h = np.asarray(entropy_sequence, dtype=float)
+        if h.ndim != 1 or h.size == 0:
+            raise ValueError("entropy_sequence must be a non-empty 1-D array (one value per output position)")
+        drafts = int(B) - 1
+        if drafts < 1:
+            raise ValueError("B must be >= 2")
+        position, depth = acceptance_matrix_positions(h.size, drafts)
+        frame = pd.DataFrame({"target_entropy_nats": h[position], "depth": depth})
+        if self.family.name == "law_exp_cum":
+            frame["cum_entropy_nats"] = self._sequence_cum(h, position, depth)
+        if category is not None:
+            frame["category"] = category
+        if drafter is not None:
+            frame["drafter_id"] = drafter
+        a = self.predict_frame(frame).reshape(h.size, drafts)
+        return expected_rounds(a)
+
+    def predict_tokens_per_round(self, entropy_sequence, B: int, *, category=None, drafter=None) -> float:
+        """T / E[rounds]: the law-implied committed tokens per round of one request."""
+        return len(entropy_sequence) / self.predict_rounds(entropy_sequence, B, category=category, drafter=drafter)
+
+    def log_likelihood(self, counts: pd.DataFrame) -> np.ndarray:
+        """Bernoulli log-likelihood of each row of a count table (``n_acc``, ``n_rej``)."""
+        a = self.predict_frame(counts)
+        return counts["n_acc"].to_numpy() * np.log(a) + counts["n_rej"].to_numpy() * np.log1p(-a)
+
+    # -- plot
+    def plot(self, ax=None, *, depths: Sequence[int] = (1,), category=None, drafter=None, h_max: float = 5.0):
+        """Fitted acceptance against target entropy (log x axis), one line per depth; returns ``ax``."""
+        import matplotlib.pyplot as plt
+
+        if ax is None:
+            _, ax = plt.subplots(figsize=(5, 3.5))
+        h = np.geomspace(1e-3, h_max, 200)
+        if category is None and self.family.needs_categories:
+            category = self.categories[0]
+        if drafter is None and self.family.needs_drafters:
+            drafter = self.drafters[0]
+        extra = {}
+        if self.family.name == "law_renyi2":
+            extra["target_renyi2_nats"] = h
+        if self.family.name == "law_margin":
+            raise ValueError("law_margin is a law in the logit gap, not in H; plot predict_acceptance yourself")
+        if self.family.name == "law_exp_cum":
+            extra["cum_entropy_nats"] = np.zeros_like(h)
+        for d in depths:
+            ax.plot(h, self.predict_acceptance(h, d, category, drafter=drafter, **extra), label=f"depth {d}")
+        ax.set_xscale("log")
+        ax.set_xlabel("target entropy H (nats)")
+        ax.set_ylabel("P(accept | reached depth)")
+        ax.set_ylim(0, 1)
+        ax.set_title(self.family.name)
+        ax.legend(frameon=False)
+        return ax
+
+
+# ----------------------------------------------------------------------------- fitting
+
+
+def _fit_glm(counts: pd.DataFrame, family: LawFamily, depth_model: str, cov_type: str, start_params=None):
+    depth_term = DEPTH_TERMS[depth_model]
+    rhs = " + ".join(t for t in (depth_term, family.terms) if t) or "1"
+    lhs = "n_rej + n_acc" if family.outcome == "rejection" else "n_acc + n_rej"
+    data = counts.loc[counts["n"] > 0]
+    with warnings.catch_warnings():
+        # the log link is outside the binomial's canonical domain; start values keep mu < 1
+        warnings.simplefilter("ignore", DomainWarning)
+        model = smf.glm(f"{lhs} ~ {rhs}", data, family=_family_obj(family.link))
+    kwargs = {}
+    if cov_type == "cluster":
+        groups = data["request_id"].astype("category").cat.codes.to_numpy()
+        kwargs = dict(cov_type="cluster", cov_kwds={"groups": groups})
+    if family.link == "log" and start_params is None:
+        # log-binomial needs mu < 1 at the start: a0 = 0.9 everywhere, slope -0.5 per nat
+        names = model.exog_names
+        start_params = np.zeros(len(names))
+        start_params[names.index("Intercept")] = np.log(0.9)
+        start_params[names.index(family.slope)] = -0.5
+    return model.fit(start_params=start_params, maxiter=200, **kwargs)
+
+
+def _fit_iso(counts: pd.DataFrame) -> dict:
+    curves = {}
+    if "log_entropy" not in counts:
+        raise ValueError("law_iso needs target_entropy_nats in the at-risk table")
+    binned = counts.assign(_x=counts["log_entropy"] * counts["n"])
+    bin_col = "bin_target_entropy_nats" if "bin_target_entropy_nats" in counts else "log_entropy"
+    cells = binned.groupby(["depth", bin_col])[["_x", "n_acc", "n"]].sum().reset_index()
+    for d, group in cells.groupby("depth"):
+        x = (group["_x"] / group["n"]).to_numpy()
+        order = np.argsort(x, kind="stable")
+        x, w = x[order], group["n"].to_numpy(dtype=float)[order]
+        y = (group["n_acc"].to_numpy(dtype=float) / group["n"].to_numpy())[order]
+        fitted = isotonic_regression(y, weights=w, increasing=False).x
+        curves[int(d)] = (x, fitted)
+    return curves
+
+
+def fit_law(
+    traces,
+    family: str = "law_exp",
+    by: str | None = None,
+    *,
+    depth: str = "factor",
+    eps: float = atrisk.EPS_NATS,
+    aggregate: bool = True,
+    width_log10: float = 0.05,
+    cov_type: str = "cluster",
+    alpha: float = 0.05,
+    min_requests_per_category: int = 5,
+    drop_small_categories: bool = False,
+    on_invalid: str = "raise",
+    start_params=None,
+):
+    """Fit an acceptance law to traces (or to an at-risk table / aggregate of them).
+
+    ``family``: one of ``FAMILIES`` (primary: ``law_exp``). ``by``: a column (``"drafter_id"``,
+    ``"category"``, ...) to fit one law per value; returns a ``LawSet``. ``depth``: depth effects as
+    a factor (default), ``"linear"`` in d, or ``"none"``. ``aggregate``: fit on the aggregated
+    table (log-spaced bins of ``width_log10`` in log10(x + eps)); ``False`` fits the row level.
+    ``cov_type``: ``"cluster"`` (by request, default) or ``"nonrobust"``.
+    """
+    fam = get_family(family)
+    if depth not in DEPTH_TERMS:
+        raise ValueError(f"depth must be one of {list(DEPTH_TERMS)}")
+    if cov_type not in ("cluster", "nonrobust"):
+        raise ValueError("cov_type must be 'cluster' or 'nonrobust'")
+    counts = prepare_counts(traces, fam, eps=eps, width_log10=width_log10, aggregate=aggregate, on_invalid=on_invalid)
+    if by is not None:
+        by = {"drafter": "drafter_id", "request": "request_id"}.get(by, by)
+        if by not in counts:
+            raise ValueError(f"by={by!r} is not a column of the at-risk table; try 'drafter_id' or 'category'")
+        laws = {}
+        for value, part in counts.groupby(by, sort=True):
+            laws[value] = fit_law(part, fam, depth=depth, eps=eps, aggregate=aggregate, width_log10=width_log10,
+                                  cov_type=cov_type, alpha=alpha, min_requests_per_category=min_requests_per_category,
+                                  drop_small_categories=drop_small_categories)
+        return LawSet(by=by, laws=laws)
+    counts, notes = check_counts(counts, fam, min_requests_per_category=min_requests_per_category,
+                                 drop_small_categories=drop_small_categories, cov_type=cov_type)
+    category_means = {}
+    if fam.name == "law_exp_mundlak":
+        counts, category_means = _add_mundlak(counts)
+    common = dict(family=fam, depths=tuple(int(d) for d in np.sort(counts["depth"].unique())),
+                  categories=tuple(sorted(counts["category"].unique())),
+                  drafters=tuple(sorted(counts["drafter_id"].unique())), n_rows=int(counts["n"].sum()),
+                  n_requests=int(counts["request_id"].nunique()), eps=float(counts.attrs.get("eps", eps)),
+                  alpha=alpha, depth_model=depth, notes=notes, category_means=category_means)
+    if fam.link == "isotonic":
+        return FittedLaw(result=None, iso_curves=_fit_iso(counts), **common)
+    result = _fit_glm(counts, fam, depth, cov_type, start_params=start_params)
+    if not result.converged:
+        notes.append("the GLM did not converge; treat the estimates with suspicion")
+    return FittedLaw(result=result, **common)
+
+
+@dataclass
+class LawSet(Result):
+    """One fitted law per value of ``by``; ``summary`` stacks theirs with a ``by`` column."""
+
+    by: str
+    laws: dict
+
+    @property
+    def title(self) -> str:
+        first = next(iter(self.laws.values()))
+        return f"{first.family.name} by {self.by}: {list(self.laws)}"
+
+    @property
+    def summary(self) -> pd.DataFrame:
+        return pd.concat({k: v.summary for k, v in self.laws.items()}, names=[self.by, "parameter"])
+
+    def __getitem__(self, key) -> FittedLaw:
+        if key not in self.laws:
+            raise KeyError(f"no law for {self.by}={key!r}; have {list(self.laws)}")
+        return self.laws[key]
+
+    def predict_acceptance(self, H, depth=1, category=None, *, drafter=None, **covariates):
+        key = {"drafter_id": drafter, "category": category}.get(self.by)
+        if key is None:
+            raise ValueError(f"laws are split by {self.by}: pass the {self.by} value")
+        return self[key].predict_acceptance(H, depth, category, drafter=drafter, **covariates)
+
+    def plot(self, ax=None, **kwargs):
+        for key, law in self.laws.items():
+            ax = law.plot(ax=ax, **kwargs)
+            ax.lines[-1].set_label(f"{self.by}={key}")
+        ax.legend(frameon=False)
+        return ax
+LAW_FAMILIES = FAMILIES  # public alias

@@ -1,0 +1,426 @@
+"""Simulated traces from a known entropy law (trace format v1 columns), for tests and power studies.
+
+Known here: how to draw bursty target-entropy sequences (a two-state Markov regime, low-entropy runs
+and high-entropy runs, AR(1) on log H inside the high state), how to turn an entropy into a
+consistent target distribution summary (Rényi-2, top-1/top-2 probability, logit gap of a Zipf
+distribution over an effective vocabulary that varies per position, so ``H_2 <= H`` and
+``p_(1) >= exp(-H_2)`` always hold), and how greedy speculative rounds unfold when the acceptance at
+depth ``d`` of a position with entropy ``H`` is
+
+    a(H, d, category, drafter) = exp(-lambda_d * s_drafter * exp(c_category) * (H + eps) ** k_drafter)
+
+(the primary law ``law_exp`` of the research notes, section 8.2, with category effects ``c`` on the
+log-rate scale). Every drafter of one simulation decodes the same requests, whose entropy sequence
+is a property of the request alone (the exogeneity property of greedy lossless decoding).
+
+Not known here: anything about real models or tokens (token ids are random); the timings are a toy
+cost model (``SimCosts``) for the cost-model code, not measurements. No torch.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+EPS_NATS = 1e-3
+
+
+@dataclass(frozen=True)
+class CategoryProfile:
+    """How a category's target entropy behaves along the output.
+
+    ``low_share``: stationary fraction of positions in the low-entropy state; ``mean_low_run``: mean
+    length of a low-entropy run (positions); ``low_median_nats`` / ``high_median_nats``: median H in
+    each state; ``high_sigma``: spread of log H in the high state; ``high_ar``: AR(1) coefficient of
+    log H inside the high state.
+    """
+
+    low_share: float = 0.55
+    mean_low_run: float = 4.0
+    low_median_nats: float = 0.01
+    low_sigma: float = 1.2
+    high_median_nats: float = 1.0
+    high_sigma: float = 0.7
+    high_ar: float = 0.5
+
+
+DEFAULT_CATEGORIES: dict[str, CategoryProfile] = {
+    "translation": CategoryProfile(low_share=0.45, mean_low_run=3.0, high_median_nats=1.2),
+    "summarization": CategoryProfile(low_share=0.55, mean_low_run=4.0, high_median_nats=1.0),
+    "qa": CategoryProfile(low_share=0.50, mean_low_run=3.5, high_median_nats=1.1),
+    "math_reasoning": CategoryProfile(low_share=0.70, mean_low_run=8.0, high_median_nats=0.8),
+    "rag": CategoryProfile(low_share=0.60, mean_low_run=5.0, high_median_nats=0.9),
+}
+
+
+@dataclass(frozen=True)
+class TreeSpec:
+    """A simulated tree drafter: ``depth`` draft levels, ``nodes`` draft nodes (for the cost model),
+    acceptance rate multiplier ``lambda_scale`` (< 1: a tree accepts more) and its own exponent ``k``
+    (None: the block drafter's)."""
+
+    depth: int = 6
+    nodes: int = 24
+    lambda_scale: float = 0.6
+    k: float | None = None
+    drafter_id: str = "sim-tree"
+
+
+@dataclass(frozen=True)
+class SimCosts:
+    """Toy per-round costs (ms): verify = ar_ms * (verify_base + verify_per_node * nodes)."""
+
+    ar_ms: float = 40.0
+    draft_ms: float = 6.0
+    verify_base: float = 1.05
+    verify_per_node: float = 0.01
+    overhead_ms: float = 1.5
+    noise_sigma: float = 0.05
+
+
+@dataclass
+class SimulatedTraces:
+    """Traces in trace-format-v1 columns plus the truth they were drawn from.
+
+    ``tokens``, ``rounds``, ``requests``: the three tables; ``runs``: one row per run (``run_id``,
+    ``drafter_id``, ``tree_policy``, ...); ``truth``: the law's parameters; ``entropy``: one entropy
+    sequence per request (``request_id`` -> array, length = new tokens), shared by all drafters.
+    """
+
+    tokens: pd.DataFrame
+    rounds: pd.DataFrame
+    requests: pd.DataFrame
+    runs: pd.DataFrame
+    truth: dict = field(default_factory=dict)
+    entropy: dict = field(default_factory=dict)
+
+    def true_acceptance(self, entropy_nats, depth, category, drafter_id=None) -> np.ndarray:
+        """The law the data were drawn from, evaluated at (H, depth, category, drafter)."""
+        t = self.truth
+        drafter_id = drafter_id or t["block_drafter_id"]
+        spec = t["drafters"][drafter_id]
+        lam = np.asarray(t["lambda_d"], dtype=float)[np.asarray(depth, dtype=int) - 1]
+        rate = lam * spec["lambda_scale"] * np.exp(t["category_effects"].get(category, 0.0))
+        return np.exp(-rate * (np.asarray(entropy_nats, dtype=float) + t["eps"]) ** spec["k"])
+
+
+# ---------------------------------------------------------------- entropy -> distribution summary
+
+_VOCAB_SIZES = np.array([8, 32, 128, 512, 2048, 8192, 49152])
+
+
+@functools.lru_cache(maxsize=1)
+def _zipf_tables():
+    """Shannon H, Rényi-2, p1, p2 of Zipf(s) over V tokens, for a grid of s and each V."""
+    s_grid = np.concatenate([np.linspace(0.0, 3.0, 121)[:-1], np.geomspace(3.0, 60.0, 200)])
+    tables = []
+    for vocab in _VOCAB_SIZES:
+        log_rank = np.log(np.arange(1, vocab + 1, dtype=float))
+        shannon, renyi2, p1, p2 = [], [], [], []
+        for s in s_grid:
+            logits = -s * log_rank
+            logp = logits - np.logaddexp.reduce(logits)
+            p = np.exp(logp)
+            shannon.append(float(-(p * logp).sum()))
+            renyi2.append(float(-np.log((p * p).sum())))
+            p1.append(float(p[0]))
+            p2.append(float(p[1]))
+        tables.append(
+            dict(h=np.maximum(np.array(shannon), 0.0), h2=np.array(renyi2), p1=np.array(p1), p2=np.array(p2))
+        )
+    return s_grid, tables
+
+
+def distribution_summary(entropy_nats: np.ndarray, rng: np.random.Generator) -> pd.DataFrame:
+    """Rényi-2, top-1/top-2 probability and logit gap consistent with each Shannon entropy.
+
+    Each position gets a Zipf distribution over an effective vocabulary drawn at random among the
+    sizes whose maximum entropy exceeds H; its exponent is solved so that the Shannon entropy is H.
+    """
+    s_grid, tables = _zipf_tables()
+    h = np.asarray(entropy_nats, dtype=float)
+    out = {name: np.empty_like(h) for name in ("renyi2", "p1", "p2", "gap")}
+    max_h = np.log(_VOCAB_SIZES) - 0.05
+    # the smallest admissible vocabulary index per position, then a random admissible one
+    first_ok = np.searchsorted(max_h, h, side="right")
+    if np.any(first_ok >= len(_VOCAB_SIZES)):
+        raise ValueError(f"entropy above ln(49152) - 0.05 = {max_h[-1]:.2f} nats cannot be simulated")
+    choice = first_ok + np.floor(rng.random(h.size) * (len(_VOCAB_SIZES) - first_ok)).astype(int)
+    for v_index, table in enumerate(tables):
+        sel = choice == v_index
+        if not sel.any():
+            continue
+        # H decreases in s: interpolate on the reversed grid
+        s = np.interp(h[sel], table["h"][::-1], s_grid[::-1])
+        out["renyi2"][sel] = np.minimum(np.interp(s, s_grid, table["h2"]), h[sel])
+        out["p1"][sel] = np.interp(s, s_grid, table["p1"])
+        out["p2"][sel] = np.interp(s, s_grid, table["p2"])
+        out["gap"][sel] = s * np.log(2.0)
+    out["p1"] = np.maximum(out["p1"], np.exp(-out["renyi2"]))
+    return pd.DataFrame(
+        {
+            "target_renyi2_nats": out["renyi2"],
+            "target_top1_prob": out["p1"],
+            "target_top2_prob": np.minimum(out["p2"], 1.0 - out["p1"]),
+            "target_logit_gap": out["gap"],
+        }
+    )
+
+
+def simulate_entropy_sequences(
+    profile: CategoryProfile, n_requests: int, length: int, rng: np.random.Generator
+) -> np.ndarray:
+    """``[n_requests, length]`` bursty entropy sequences (nats) from a two-state Markov regime."""
+    if not 0.0 < profile.low_share < 1.0:
+        raise ValueError(f"low_share must be in (0, 1), got {profile.low_share}")
+    stay_low = 1.0 - 1.0 / max(profile.mean_low_run, 1.0 + 1e-9)
+    leave_low = 1.0 - stay_low
+    enter_low = profile.low_share * leave_low / (1.0 - profile.low_share)
+    if enter_low > 1.0:
+        raise ValueError("low_share too high for mean_low_run: the high state cannot be that short")
+    low = np.empty((n_requests, length), dtype=bool)
+    low[:, 0] = rng.random(n_requests) < profile.low_share
+    u = rng.random((n_requests, length))
+    for t in range(1, length):
+        low[:, t] = np.where(low[:, t - 1], u[:, t] < stay_low, u[:, t] < enter_low)
+    # AR(1) on log H in the high state (stationary variance high_sigma^2)
+    z = np.empty((n_requests, length))
+    z[:, 0] = rng.standard_normal(n_requests)
+    innov = rng.standard_normal((n_requests, length)) * np.sqrt(1.0 - profile.high_ar**2)
+    for t in range(1, length):
+        z[:, t] = profile.high_ar * z[:, t - 1] + innov[:, t]
+    high_h = profile.high_median_nats * np.exp(profile.high_sigma * z)
+    low_h = profile.low_median_nats * np.exp(profile.low_sigma * rng.standard_normal((n_requests, length)))
+    return np.clip(np.where(low, low_h, high_h), 1e-7, 10.0)
+
+
+# ---------------------------------------------------------------- rounds
+
+
+def _simulate_run(*, run_id, entropy, lengths, categories_of, request_ids, accept_fn, depth, nodes, block_size, costs, rng):
+    """Greedy rounds for every request at once; returns (tokens, rounds) DataFrames for one run."""
+    n_req, total_len = entropy.shape
+    pos = np.zeros(n_req, dtype=np.int64)
+    round_index = np.zeros(n_req, dtype=np.int64)
+    tok_parts, round_parts = [], []
+    d_idx = np.arange(depth)
+    while True:
+        active = np.flatnonzero(pos < lengths)
+        if active.size == 0:
+            break
+        p = pos[active]
+        if depth > 0:
+            cols = np.minimum(p[:, None] + d_idx[None, :], total_len - 1)
+            h_block = entropy[active[:, None], cols]
+            a = accept_fn(h_block, d_idx[None, :] + 1, active)
+            ok = rng.random(a.shape) < a
+            # tau = number of leading acceptances
+            tau = np.where(ok.all(axis=1), depth, np.argmin(ok, axis=1))
+        else:
+            tau = np.zeros(active.size, dtype=np.int64)
+        committed = np.minimum(tau + 1, lengths[active] - p)
+        n_tok = committed.sum()
+        rows = np.repeat(np.arange(active.size), committed)
+        depth_of = np.arange(n_tok) - np.repeat(np.cumsum(committed) - committed, committed) + 1
+        req_of = active[rows]
+        position = pos[req_of] + depth_of - 1
+        role = np.where(depth_of <= tau[rows], "accepted", np.where(tau[rows] < depth, "correction", "bonus"))
+        tok_parts.append(
+            pd.DataFrame(
+                {
+                    "request_row": req_of,
+                    "round_index": round_index[req_of].astype(np.int32),
+                    "position": position.astype(np.int32),
+                    "depth": depth_of.astype(np.int16),
+                    "role": role,
+                }
+            )
+        )
+        noise = np.exp(costs.noise_sigma * rng.standard_normal((3, active.size)))
+        verify = costs.ar_ms * (costs.verify_base + costs.verify_per_node * nodes) if depth else costs.ar_ms
+        round_parts.append(
+            pd.DataFrame(
+                {
+                    "request_row": active,
+                    "round_index": round_index[active].astype(np.int32),
+                    "start_position": p.astype(np.int32),
+                    "block_size": np.int16(block_size),
+                    "tree_nodes": np.int32(nodes),
+                    "tree_depth": np.int16(depth),
+                    "accepted": tau.astype(np.int16),
+                    "committed": committed.astype(np.int16),
+                    "draft_ms": (costs.draft_ms * noise[0] if depth else np.zeros(active.size)).astype(np.float32),
+                    "verify_ms": (verify * noise[1]).astype(np.float32),
+                    "overhead_ms": (costs.overhead_ms * noise[2] if depth else 0.1 * noise[2]).astype(np.float32),
+                }
+            )
+        )
+        pos[active] += committed
+        round_index[active] += 1
+    tokens = pd.concat(tok_parts, ignore_index=True).sort_values(["request_row", "position"], ignore_index=True)
+    rounds = pd.concat(round_parts, ignore_index=True).sort_values(["request_row", "round_index"], ignore_index=True)
+    for frame in (tokens, rounds):
+        frame.insert(0, "run_id", run_id)
+        frame.insert(1, "request_id", request_ids[frame["request_row"].to_numpy()])
+    tokens.insert(2, "category", categories_of[tokens["request_row"].to_numpy()])
+    rows = tokens["request_row"].to_numpy()
+    h = entropy[rows, tokens["position"].to_numpy()]
+    tokens["token_id"] = rng.integers(3, 49152, size=len(tokens)).astype(np.int32)
+    tokens["target_entropy_nats"] = h.astype(np.float32)
+    summary = distribution_summary(h, rng)
+    for col in summary:
+        tokens[col] = summary[col].to_numpy(dtype=np.float32)
+    role = tokens["role"].to_numpy()
+    is_bonus = role == "bonus"
+    draft_prob = np.where(role == "accepted", rng.uniform(0.3, 1.0, len(tokens)), rng.uniform(0.0, 0.3, len(tokens)))
+    tokens["draft_prob"] = pd.array(np.where(is_bonus, np.nan, draft_prob).astype(np.float32), dtype="Float32")
+    tokens["draft_rank"] = pd.array(np.where(role == "accepted", 0, -1), dtype="Int32")
+    tokens.loc[is_bonus, "draft_rank"] = pd.NA
+    tokens["draft_entropy_nats"] = pd.array(
+        np.where(is_bonus, np.nan, h * rng.uniform(0.5, 1.5, len(tokens))).astype(np.float32), dtype="Float32"
+    )
+    rounds["context_len"] = (100 + rounds["start_position"]).astype(np.int32)
+    return tokens.drop(columns="request_row"), rounds.drop(columns="request_row")
+
+
+def simulate_traces(
+    *,
+    seed: int,
+    n_requests_per_category: int = 40,
+    categories: Sequence[str] | Mapping[str, CategoryProfile] | None = None,
+    lambda_d: float | Sequence[float] = 1.0,
+    k: float = 0.8,
+    category_effects: Mapping[str, float] | None = None,
+    block_size: int = 8,
+    tree: TreeSpec | Mapping | None = None,
+    tokens_per_request: tuple[int, int] = (100, 200),
+    include_block: bool = True,
+    include_ar: bool = False,
+    eps: float = EPS_NATS,
+    costs: SimCosts = SimCosts(),
+) -> SimulatedTraces:
+    """Draw traces from the known law ``a = exp(-lambda_d * exp(c_cat) * (H + eps)^k)``.
+
+    ``categories``: names (profiles from ``DEFAULT_CATEGORIES``, or the default profile for unknown
+    names) or a mapping name -> ``CategoryProfile``. ``lambda_d``: one rate, or one per depth
+    (length >= the deepest drafter's depth). ``category_effects``: log-rate shift per category
+    (missing: 0). ``block_size`` B: the block drafter drafts B - 1 tokens per round (a chain).
+    ``tree``: also decode with a tree drafter (``TreeSpec`` or its fields as a dict).
+    ``include_ar``: also an autoregressive run (``tree_nodes == 0``) for the cost model.
+    Output lengths are uniform in ``tokens_per_request`` (inclusive).
+    """
+    rng = np.random.default_rng(seed)
+    if categories is None:
+        categories = DEFAULT_CATEGORIES
+    if isinstance(categories, Mapping):
+        profiles = dict(categories)
+    else:
+        profiles = {name: DEFAULT_CATEGORIES.get(name, CategoryProfile()) for name in categories}
+    if not profiles:
+        raise ValueError("categories is empty: pass at least one category name")
+    if n_requests_per_category < 1:
+        raise ValueError("n_requests_per_category must be >= 1")
+    if block_size < 2:
+        raise ValueError("block_size must be >= 2 (one draft plus the target's token)")
+    category_effects = dict(category_effects or {})
+    unknown = set(category_effects) - set(profiles)
+    if unknown:
+        raise ValueError(f"category_effects names unknown categories {sorted(unknown)}; known: {sorted(profiles)}")
+    if isinstance(tree, Mapping):
+        tree = TreeSpec(**tree)
+    drafters = {}
+    if include_block:
+        drafters["sim-block"] = dict(depth=block_size - 1, nodes=block_size - 1, lambda_scale=1.0, k=k,
+                                     tree_policy="chain", block_size=block_size, run_id="sim-block")
+    if tree is not None:
+        drafters[tree.drafter_id] = dict(depth=tree.depth, nodes=tree.nodes, lambda_scale=tree.lambda_scale,
+                                         k=k if tree.k is None else tree.k, tree_policy="ddtree",
+                                         block_size=tree.depth + 1, run_id="sim-tree")
+    if not drafters:
+        raise ValueError("nothing to simulate: include_block=False and tree=None")
+    max_depth = max(spec["depth"] for spec in drafters.values())
+    lam = np.atleast_1d(np.asarray(lambda_d, dtype=float))
+    if lam.size == 1:
+        lam = np.full(max_depth, lam[0])
+    if lam.size < max_depth:
+        raise ValueError(f"lambda_d has {lam.size} values but drafters reach depth {max_depth}")
+    if np.any(lam <= 0) or k <= 0:
+        raise ValueError("lambda_d and k must be positive")
+
+    names = list(profiles)
+    lo, hi = tokens_per_request
+    seqs, cats, req_ids, lengths = [], [], [], []
+    for name in names:
+        n = n_requests_per_category
+        length = rng.integers(lo, hi + 1, size=n)
+        seqs.append(simulate_entropy_sequences(profiles[name], n, hi + max_depth + 1, rng))
+        cats += [name] * n
+        req_ids += [f"{name}-{i:04d}" for i in range(n)]
+        lengths.append(length)
+    entropy = np.vstack(seqs)
+    lengths = np.concatenate(lengths)
+    categories_of = np.array(cats, dtype=object)
+    request_ids = np.array(req_ids, dtype=object)
+    cat_shift = np.exp(np.array([category_effects.get(c, 0.0) for c in cats]))
+
+    tokens_parts, rounds_parts, run_rows = [], [], []
+    for drafter_id, spec in drafters.items():
+        def accept_fn(h_block, depth_idx, active, spec=spec):
+            rate = lam[depth_idx - 1] * spec["lambda_scale"] * cat_shift[active][:, None]
+            return np.exp(-rate * (h_block + eps) ** spec["k"])
+
+        tok, rnd = _simulate_run(run_id=spec["run_id"], entropy=entropy, lengths=lengths, categories_of=categories_of,
+                                 request_ids=request_ids, accept_fn=accept_fn, depth=spec["depth"], nodes=spec["nodes"],
+                                 block_size=spec["block_size"], costs=costs, rng=rng)
+        tokens_parts.append(tok)
+        rounds_parts.append(rnd)
+        run_rows.append(dict(run_id=spec["run_id"], drafter_id=drafter_id, tree_policy=spec["tree_policy"],
+                             model_id="simulated", status="complete", seed=seed, block_size=spec["block_size"]))
+    if include_ar:
+        tok, rnd = _simulate_run(run_id="sim-ar", entropy=entropy, lengths=lengths, categories_of=categories_of,
+                                 request_ids=request_ids, accept_fn=None, depth=0, nodes=0, block_size=1,
+                                 costs=costs, rng=rng)
+        tokens_parts.append(tok)
+        rounds_parts.append(rnd)
+        run_rows.append(dict(run_id="sim-ar", drafter_id="ar", tree_policy="none", model_id="simulated",
+                             status="complete", seed=seed, block_size=1))
+
+    tokens = pd.concat(tokens_parts, ignore_index=True)
+    rounds = pd.concat(rounds_parts, ignore_index=True)
+    runs = pd.DataFrame(run_rows)
+    per_round = rounds.groupby(["run_id", "request_id"], sort=False).agg(
+        new_tokens=("committed", "sum"), rounds=("round_index", "size"),
+        decode_ms=("verify_ms", "sum"))
+    per_round = per_round.reset_index()
+    index_of = {r: i for i, r in enumerate(req_ids)}
+    rows = per_round["request_id"].map(index_of).to_numpy()
+    requests = pd.DataFrame(
+        {
+            "run_id": per_round["run_id"],
+            "request_id": per_round["request_id"],
+            "category": categories_of[rows],
+            "dataset": "simulated",
+            "question_id": per_round["request_id"],
+            "prompt_tokens": np.int32(100),
+            "image_tokens": np.int32(0),
+            "new_tokens": per_round["new_tokens"].astype(np.int32),
+            "rounds": per_round["rounds"].astype(np.int32),
+            "stop_reason": "max_new_tokens",
+            "prefill_ms": np.float32(50.0),
+            "decode_ms": per_round["decode_ms"].astype(np.float32),
+        }
+    )
+    truth = dict(
+        k=k, lambda_d=lam, category_effects=category_effects, eps=eps, seed=seed,
+        block_drafter_id="sim-block" if include_block else next(iter(drafters)),
+        drafters={d: dict(lambda_scale=s["lambda_scale"], k=s["k"], depth=s["depth"], nodes=s["nodes"])
+                  for d, s in drafters.items()},
+        costs=costs,
+    )
+    entropy_by_request = {rid: entropy[i, : lengths[i]] for i, rid in enumerate(req_ids)}
+    return SimulatedTraces(tokens=tokens, rounds=rounds, requests=requests, runs=runs, truth=truth,
+                           entropy=entropy_by_request)

@@ -1,0 +1,297 @@
+"""``load_traces``: read trace runs (format v1) into pandas / Arrow, validating on the way.
+
+Known here: how to find runs (directories with ``run.json``), which shards to read (finished ones;
+leftover ``shards/.tmp-*`` directories of a crashed writer are ignored), how to filter by run and
+category, and when to warn (an incomplete run). Value rules live in ``validation``. Not known
+here: how traces were produced, or any statistics of them. Never imports torch.
+
+String key columns (``run_id``, ``request_id``, ``category``, ``role``, ``dataset``,
+``stop_reason``) are read dictionary-encoded and come back as pandas ``Categorical``: 10 million
+token rows then fit in well under a gigabyte.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+
+from entropy_law.traces.recorder import RUN_FILE, SHARDS_DIR, read_run_json, shard_dirs
+from entropy_law.traces.schema import FORMAT_VERSION, RUN_METADATA_KEYS, SCHEMAS, TABLES
+from entropy_law.traces.validation import TraceValidationError, check_run, check_schema, check_values
+
+_DICTIONARY_COLUMNS = ("run_id", "request_id", "category", "role", "dataset", "stop_reason")
+
+
+@dataclass
+class _Run:
+    run_id: str
+    path: Path
+    metadata: dict
+    files: dict[str, list[Path]]  # table -> one file per finished shard
+    tables: dict[str, pa.Table] = field(default_factory=dict)  # loaded lazily, cached
+
+
+def _find_run_dirs(path: Path) -> list[Path]:
+    if (path / RUN_FILE).is_file():
+        return [path]
+    found = sorted(p.parent for p in path.rglob(RUN_FILE) if not p.parent.name.startswith("."))
+    return [p for p in found if SHARDS_DIR not in p.relative_to(path).parts]
+
+
+def _open_run(run_dir: Path) -> _Run:
+    meta = read_run_json(run_dir / RUN_FILE)
+    version = meta.get("format_version")
+    if version != FORMAT_VERSION:
+        raise TraceValidationError(
+            f"{run_dir / RUN_FILE}: unknown format version {version!r}; this package reads "
+            f"v{FORMAT_VERSION} (upgrade entropy-law to read newer runs)"
+        )
+    missing = [k for k in RUN_METADATA_KEYS if k not in meta]
+    if missing:
+        raise TraceValidationError(f"{run_dir / RUN_FILE}: run metadata is missing key(s) {missing}")
+    files: dict[str, list[Path]] = {t: [] for t in TABLES}
+    for shard in shard_dirs(run_dir):
+        for table in TABLES:
+            file = shard / f"{table}.parquet"
+            if not file.is_file():
+                raise TraceValidationError(f"{shard}: shard has no {table}.parquet (a shard holds "
+                                           f"{', '.join(t + '.parquet' for t in TABLES)}); it is damaged")
+            files[table].append(file)
+    return _Run(run_id=meta["run_id"], path=run_dir, metadata=meta, files=files)
+
+
+def _read_file(file: Path, table: str) -> pa.Table:
+    schema = SCHEMAS[table]
+    dictionary = [c for c in _DICTIONARY_COLUMNS if c in schema.names]
+    try:
+        return pq.read_table(file, columns=schema.names, read_dictionary=dictionary)
+    except (pa.ArrowInvalid, OSError) as err:
+        raise TraceValidationError(f"{file}: cannot read as Parquet ({err})") from err
+
+
+def _dictionary_schema(table: str) -> pa.Schema:
+    schema = SCHEMAS[table]
+    return pa.schema([
+        pa.field(f.name, pa.dictionary(pa.int32(), f.type) if f.name in _DICTIONARY_COLUMNS else f.type,
+                 nullable=f.nullable)
+        for f in schema
+    ])
+
+
+def _concat(tables: list[pa.Table], table: str) -> pa.Table:
+    if not tables:
+        return _dictionary_schema(table).empty_table()
+    out = pa.concat_tables(tables, promote_options="default")
+    return out.unify_dictionaries()
+
+
+class TraceSet:
+    """Traces of one or more runs: pandas tables keyed by ``run_id`` + ``request_id``.
+
+    ``.tokens``, ``.rounds``, ``.requests``: pandas DataFrames (built on first access, cached).
+    ``.runs``: one row per run with its metadata. ``.metadata``: run_id -> metadata dict.
+    ``.table(name)``: the Arrow table; ``.dataset(name)``: a ``pyarrow.dataset`` over the files
+    (nothing read until scanned; for data larger than memory). ``.filter(run_id=, category=)``
+    returns a narrower TraceSet. Rows keep on-disk order (run, shard, logging order).
+    """
+
+    def __init__(self, runs: list[_Run], *, categories: tuple[str, ...] | None = None, validate: bool = True):
+        self._runs = runs
+        self._categories = categories
+        self._validate = validate
+        self._pandas: dict[str, pd.DataFrame] = {}
+
+    def __repr__(self) -> str:
+        cats = "all" if self._categories is None else list(self._categories)
+        return f"TraceSet({len(self._runs)} run(s): {[r.run_id for r in self._runs]}, categories: {cats})"
+
+    # -- metadata ---------------------------------------------------------------------------------------
+    @property
+    def metadata(self) -> dict[str, dict]:
+        return {r.run_id: dict(r.metadata) for r in self._runs}
+
+    @property
+    def runs(self) -> pd.DataFrame:
+        rows = []
+        for r in self._runs:
+            row = {"run_id": r.run_id, "status": r.metadata.get("status"), "path": str(r.path),
+                   "shards": len(r.files["tokens"])}
+            row.update({k: v for k, v in r.metadata.items() if k not in row and k not in ("format",)})
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+    @property
+    def summary(self) -> pd.DataFrame:
+        """Per run: status, requests, rounds, tokens, mean accepted (tau) and committed per round."""
+        rows = []
+        for r in self._runs:
+            rounds = self._run_table(r, "rounds")
+            n = rounds.num_rows
+            rows.append({
+                "run_id": r.run_id, "status": r.metadata.get("status"),
+                "requests": self._run_table(r, "requests").num_rows, "rounds": n,
+                "tokens": self._run_table(r, "tokens").num_rows,
+                "mean_accepted": pc.mean(rounds.column("accepted")).as_py() if n else float("nan"),
+                "mean_committed": pc.mean(rounds.column("committed")).as_py() if n else float("nan"),
+            })
+        return pd.DataFrame(rows)
+
+    # -- tables -----------------------------------------------------------------------------------------
+    def _load(self, run: _Run, table: str) -> pa.Table:
+        if table not in run.tables:
+            parts = []
+            for file in run.files[table]:
+                part = _read_file(file, table)
+                if self._validate:
+                    check_values(part, table, str(file))
+                parts.append(part)
+            run.tables[table] = _concat(parts, table)
+        return run.tables[table]
+
+    def _run_table(self, run: _Run, table: str) -> pa.Table:
+        full = self._load(run, table)
+        if self._categories is None:
+            return full
+        if table == "rounds":
+            reqs = self._load(run, "requests")
+            keep = pc.is_in(reqs.column("category"), value_set=pa.array(self._categories))
+            ids = reqs.filter(keep).column("request_id").combine_chunks()
+            ids = ids.dictionary_decode() if pa.types.is_dictionary(ids.type) else ids
+            return full.filter(pc.is_in(full.column("request_id"), value_set=ids))
+        return full.filter(pc.is_in(full.column("category"), value_set=pa.array(self._categories)))
+
+    def table(self, name: str) -> pa.Table:
+        """The Arrow table ``name`` (tokens, rounds or requests) of the selected runs and categories."""
+        if name not in TABLES:
+            raise ValueError(f"unknown table {name!r}; choose one of {list(TABLES)}")
+        return _concat([self._run_table(r, name) for r in self._runs], name)
+
+    def _frame(self, name: str) -> pd.DataFrame:
+        if name not in self._pandas:
+            self._pandas[name] = self.table(name).to_pandas(split_blocks=True)
+        return self._pandas[name]
+
+    @property
+    def tokens(self) -> pd.DataFrame:
+        return self._frame("tokens")
+
+    @property
+    def rounds(self) -> pd.DataFrame:
+        return self._frame("rounds")
+
+    @property
+    def requests(self) -> pd.DataFrame:
+        return self._frame("requests")
+
+    def dataset(self, name: str) -> ds.Dataset:
+        """A ``pyarrow.dataset`` over the files of table ``name`` (lazy; filtered by category if set).
+
+        Values are not validated by this path; use it for data larger than memory.
+        """
+        if name not in TABLES:
+            raise ValueError(f"unknown table {name!r}; choose one of {list(TABLES)}")
+        files = [str(f) for r in self._runs for f in r.files[name]]
+        fmt = ds.ParquetFileFormat(read_options={"dictionary_columns": [
+            c for c in _DICTIONARY_COLUMNS if c in SCHEMAS[name].names]})
+        dataset = ds.dataset(files, schema=_dictionary_schema(name), format=fmt)
+        if self._categories is None:
+            return dataset
+        if name == "rounds":  # no category column: select the chosen requests of each run
+            expression = pc.scalar(False)
+            for r in self._runs:
+                ids = self._run_table(r, "requests").column("request_id").combine_chunks()
+                ids = ids.dictionary_decode() if pa.types.is_dictionary(ids.type) else ids
+                expression = expression | ((pc.field("run_id") == r.run_id) & pc.field("request_id").isin(ids))
+            return dataset.filter(expression)
+        return dataset.filter(pc.field("category").isin(pa.array(self._categories)))
+
+    # -- selection ----------------------------------------------------------------------------------------
+    def filter(self, *, run_id=None, category=None) -> "TraceSet":
+        """A TraceSet restricted to some runs (id or list of ids) and/or categories (name or list)."""
+        runs = self._runs
+        if run_id is not None:
+            wanted = [run_id] if isinstance(run_id, str) else list(run_id)
+            known = {r.run_id for r in runs}
+            unknown = [w for w in wanted if w not in known]
+            if unknown:
+                raise ValueError(f"unknown run id(s) {unknown}; runs here: {sorted(known)}")
+            runs = [r for r in runs if r.run_id in wanted]
+        categories = self._categories
+        if category is not None:
+            wanted_cats = (category,) if isinstance(category, str) else tuple(category)
+            present = set()
+            for r in runs:
+                present.update(pc.unique(self._load(r, "requests").column("category")
+                                         .cast(pa.string())).to_pylist())
+            missing = [c for c in wanted_cats if c not in present]
+            if missing and not (set(wanted_cats) & present):
+                raise ValueError(f"no request of category {missing} in the selected runs; "
+                                 f"categories present: {sorted(present)}")
+            categories = wanted_cats if categories is None else tuple(c for c in categories if c in wanted_cats)
+        return TraceSet(runs, categories=categories, validate=self._validate)
+
+    def validate(self) -> None:
+        """Check every table and the cross-table rules of every run (raises TraceValidationError)."""
+        for r in self._runs:
+            for t in TABLES:
+                self._load(r, t)
+            check_run(r.tables["tokens"], r.tables["rounds"], r.tables["requests"], f"run {r.run_id!r} at {r.path}")
+
+
+def load_traces(path, *, run_id=None, category=None, validate: bool = True) -> TraceSet:
+    """Load trace runs from ``path``: one run directory, or a folder searched recursively for runs.
+
+    With ``validate=True`` (default) every file is read and checked now: schema (missing column,
+    wrong type), format version, values (NaN or negative entropy, tau larger than the block, ...)
+    and cross-table consistency (tokens per round equal ``committed``, ...); errors are
+    ``TraceValidationError`` naming the file or run and the first bad request / round / position.
+    With ``validate=False`` only metadata and file schemas are checked and tables are read when
+    first used. A run whose status is not "complete" loads with a ``UserWarning`` naming it.
+    """
+    root = Path(path)
+    if not root.exists():
+        raise FileNotFoundError(f"trace path {root} does not exist")
+    run_dirs = _find_run_dirs(root) if root.is_dir() else []
+    if not run_dirs:
+        raise FileNotFoundError(f"no trace run under {root}: a run is a directory with {RUN_FILE} "
+                                "(written by entropy_law.TraceRecorder)")
+    runs = []
+    seen: dict[str, Path] = {}
+    for run_dir in run_dirs:
+        run = _open_run(run_dir)
+        if run.run_id in seen:
+            raise TraceValidationError(f"run id {run.run_id!r} appears twice: {seen[run.run_id]} and {run_dir}")
+        seen[run.run_id] = run_dir
+        for table in TABLES:
+            for file in run.files[table]:
+                try:
+                    schema = pq.read_schema(file)
+                except (pa.ArrowInvalid, OSError) as err:
+                    raise TraceValidationError(f"{file}: cannot read as Parquet ({err})") from err
+                check_schema(schema, table, str(file))
+        runs.append(run)
+    traces = TraceSet(runs, validate=validate)
+    if run_id is not None or category is not None:
+        traces = traces.filter(run_id=run_id)
+    if validate:
+        traces.validate()
+    if category is not None:
+        traces = traces.filter(category=category)
+    for run in traces._runs:
+        if run.metadata.get("status") != "complete":
+            tmp = list((run.path / SHARDS_DIR).glob(".tmp-*")) if (run.path / SHARDS_DIR).is_dir() else []
+            extra = f"; ignored {len(tmp)} unfinished temporary shard(s)" if tmp else ""
+            warnings.warn(
+                f"trace run {run.run_id!r} at {run.path} is incomplete (status {run.metadata.get('status')!r}): "
+                f"its writer did not finish (crashed, interrupted, or still running); loaded "
+                f"{len(run.files['tokens'])} finished shard(s){extra}",
+                UserWarning, stacklevel=2,
+            )
+    return traces

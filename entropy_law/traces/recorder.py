@@ -1,0 +1,665 @@
+"""``TraceRecorder``: writes one run of acceptance traces (format v1) as a Parquet dataset directory.
+
+Known here: the on-disk layout of a run, buffering, atomic shards, the run's life cycle (running,
+complete), resume and overwrite rules, and the per-round checks. Target statistics are computed
+from logits by ``stats`` (fp32, numpy). Not known here: how rounds are decoded (any engine can log
+through ``log_round`` or ``log_columns``) or how traces are analysed. Never imports torch.
+
+Layout (see ``docs/trace-schema.md``)::
+
+    <run dir>/run.json                                metadata, rewritten atomically (temp + os.replace)
+    <run dir>/shards/<seq:06d>/tokens.parquet         one shard = rows of completed requests only;
+    <run dir>/shards/<seq:06d>/rounds.parquet         written into shards/.tmp-* and renamed in one
+    <run dir>/shards/<seq:06d>/requests.parquet       os.rename, so its three tables appear together
+
+Shards are immutable once renamed. A writer killed at any moment leaves every renamed shard
+intact; at worst a ``shards/.tmp-*`` directory remains, which readers ignore. One writer per run.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import shutil
+import subprocess
+import uuid
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from entropy_law.traces.schema import (
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    ROLES,
+    RUN_METADATA_KEYS,
+    SCHEMAS,
+    STOP_REASONS,
+)
+from entropy_law.traces.stats import TARGET_STAT_KEYS, draft_stats as _draft_stats
+from entropy_law.traces.stats import target_stats_from_logits
+from entropy_law.traces.validation import check_run, check_values
+
+RUN_FILE = "run.json"
+SHARDS_DIR = "shards"
+TMP_PREFIX = ".tmp-"
+_AUTO_KEYS = ("format", "format_version", "status", "package_version", "start_time", "end_time")
+_ROLE_ACCEPTED, _ROLE_CORRECTION, _ROLE_BONUS = 0, 1, 2  # indices into ROLES
+_ROLE_DICTIONARY = pa.array(ROLES, type=pa.string())
+_COMPRESSION = "zstd"
+
+
+def _utc_now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _git_revision() -> str | None:
+    """HEAD of the checkout the package runs from, or None (never fails)."""
+    try:
+        here = Path(__file__).resolve().parent
+        out = subprocess.run(["git", "-C", str(here), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=5, check=False)
+        rev = out.stdout.strip()
+        return rev if out.returncode == 0 and rev else None
+    except Exception:  # no git, not a checkout, timeout: the revision is optional
+        return None
+
+
+def _package_version() -> str:
+    from entropy_law import __version__
+
+    return __version__
+
+
+def _fsync_path(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    except OSError:  # some file systems cannot fsync directories
+        pass
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: Path, payload: dict) -> None:
+    """Write ``payload`` to ``path`` so that readers see the old or the new file, never a partial one."""
+    tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{uuid.uuid4().hex[:8]}")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(payload, fh, indent=2, sort_keys=False)
+        fh.write("\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+    _fsync_path(path.parent)
+
+
+def read_run_json(path: Path) -> dict:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            meta = json.load(fh)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path} is not valid JSON ({err}); it is not a readable trace run") from err
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
+        found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise ValueError(f"{path}: format is {found!r}, expected {FORMAT_NAME!r}; not an entropy-law trace run")
+    return meta
+
+
+def shard_dirs(run_dir: Path) -> list[Path]:
+    """Finished shard directories of a run in sequence order (temporary ``.tmp-*`` ones are skipped)."""
+    root = Path(run_dir) / SHARDS_DIR
+    if not root.is_dir():
+        return []
+    return sorted((p for p in root.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
+
+
+class _OpenRequest:
+    """Buffered rounds of one request that has begun and not yet ended."""
+
+    __slots__ = ("request_id", "info", "rounds", "token_ids", "stats", "draft", "roles",
+                 "last_round", "next_position", "n_tokens", "row")
+
+    def __init__(self, request_id: str, info: dict):
+        self.request_id = request_id
+        self.info = info
+        self.rounds: list[tuple] = []
+        self.token_ids: list[np.ndarray] = []
+        self.stats: list[np.ndarray] = []  # each [5, committed] float32 in TARGET_STAT_KEYS order
+        self.draft: list[np.ndarray | None] = []  # each [3, committed] float64 (prob, rank, entropy) or None
+        self.roles: list[np.ndarray] = []
+        self.last_round = -1
+        self.next_position = 0
+        self.n_tokens = 0
+        self.row: dict | None = None
+
+
+class TraceRecorder:
+    """Log acceptance traces of one run into a directory (a Parquet dataset, format v1).
+
+    ``path`` is the run directory (created if missing). ``run_metadata``: ``model_id``,
+    ``drafter_id``, ``drafter_config`` (dict), ``tree_policy``, ``dtype``, ``device``, ``seed``,
+    ``run_id`` (generated if absent) and any JSON-serialisable user keys; ``package_version``,
+    ``start_time`` and ``git_revision`` are filled in. An existing run is never appended to unless
+    ``resume=True`` (then ``completed_requests`` lists the request ids to skip) and never replaced
+    unless ``overwrite=True``. Rows are buffered per request; a request's rows are written only
+    after ``end_request``, in a shard, every ``flush_every_rounds`` completed rounds, on ``flush()``
+    and on ``finish()``. Use as a context manager: a clean exit finishes the run (status
+    "complete"); an exception flushes completed requests, leaves the run incomplete and propagates.
+    """
+
+    def __init__(self, path, *, overwrite: bool = False, resume: bool = False,
+                 flush_every_rounds: int = 1000, **run_metadata):
+        if overwrite and resume:
+            raise ValueError("pass overwrite=True (replace the run) or resume=True (continue it), not both")
+        if int(flush_every_rounds) < 1:
+            raise ValueError(f"flush_every_rounds must be >= 1; got {flush_every_rounds}")
+        self.path = Path(path)
+        self.flush_every_rounds = int(flush_every_rounds)
+        reserved = sorted(set(run_metadata) & set(_AUTO_KEYS))
+        if reserved:
+            raise ValueError(f"run metadata keys {reserved} are filled in by the recorder; do not pass them")
+        for key, value in run_metadata.items():
+            try:
+                json.dumps(value)
+            except (TypeError, ValueError) as err:
+                raise TypeError(f"run metadata {key!r} is not JSON-serialisable ({err}); pass plain "
+                                "str/int/float/bool/None, lists or dicts of them") from err
+        if "drafter_config" in run_metadata and not isinstance(run_metadata["drafter_config"], dict):
+            raise TypeError("drafter_config must be a dict")
+        if "run_id" in run_metadata and (not isinstance(run_metadata["run_id"], str) or not run_metadata["run_id"]):
+            raise ValueError(f"run_id must be a non-empty string; got {run_metadata['run_id']!r}")
+
+        run_file = self.path / RUN_FILE
+        existing = None
+        if self.path.exists():
+            if not self.path.is_dir():
+                raise NotADirectoryError(f"{self.path} exists and is not a directory; a run is a directory")
+            if run_file.exists():
+                existing = read_run_json(run_file)
+            elif any(self.path.iterdir()):
+                raise FileExistsError(f"{self.path} is not empty and holds no trace run ({RUN_FILE}); "
+                                      "pick a new or empty directory")
+        if existing is not None and overwrite:
+            shutil.rmtree(self.path)
+            existing = None
+        elif existing is not None:
+            version = existing.get("format_version")
+            if version != FORMAT_VERSION:
+                raise ValueError(f"{run_file}: run has format version {version!r}; this package writes "
+                                 f"v{FORMAT_VERSION} and will not append to it. Use a new directory "
+                                 "(or overwrite=True to replace the run)")
+            if not resume:
+                state = "complete" if existing.get("status") == "complete" else "incomplete"
+                raise FileExistsError(f"{self.path} already holds a {state} run ({existing.get('run_id')}); "
+                                      "pass resume=True to continue it (skipping completed requests) "
+                                      "or overwrite=True to replace it")
+
+        self._open: dict[str, _OpenRequest] = {}
+        self._pending: list[_OpenRequest] = []
+        self._pending_rounds = 0
+        self._completed: set[str] = set()
+        self._finished = False
+        (self.path / SHARDS_DIR).mkdir(parents=True, exist_ok=True)
+        if existing is None:
+            meta = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "run_id": None,
+                    "status": "running", "model_id": None, "drafter_id": None, "drafter_config": {},
+                    "tree_policy": None, "dtype": None, "device": None,
+                    "package_version": _package_version(), "seed": None, "start_time": _utc_now(),
+                    "end_time": None, "git_revision": None}
+            meta.update(run_metadata)
+            if meta["run_id"] is None:
+                stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+                meta["run_id"] = f"{stamp}-{uuid.uuid4().hex[:8]}"
+            if "git_revision" not in run_metadata:
+                meta["git_revision"] = _git_revision()
+            self._next_seq = 0
+        else:
+            meta = existing
+            absent = [k for k in RUN_METADATA_KEYS if k not in meta]
+            if absent:
+                raise ValueError(f"cannot resume {self.path}: {RUN_FILE} lacks key(s) {absent}; it was not "
+                                 "written by this recorder")
+            conflicts = {k: (meta.get(k), v) for k, v in run_metadata.items() if k in meta and meta[k] != v}
+            if conflicts:
+                detail = ", ".join(f"{k}: on disk {a!r}, given {b!r}" for k, (a, b) in conflicts.items())
+                raise ValueError(f"cannot resume {self.path}: metadata differs from the run on disk ({detail})")
+            meta.update({k: v for k, v in run_metadata.items() if k not in meta})
+            meta["status"] = "running"
+            meta["end_time"] = None
+            meta.setdefault("resumed_at", []).append(_utc_now())
+            for leftover in (self.path / SHARDS_DIR).glob(f"{TMP_PREFIX}*"):
+                shutil.rmtree(leftover, ignore_errors=True)  # unfinished shard of a crashed writer
+            shards = shard_dirs(self.path)
+            for shard in shards:
+                ids = pq.read_table(shard / "requests.parquet", columns=["request_id"]).column(0)
+                self._completed.update(ids.to_pylist())
+            self._next_seq = int(shards[-1].name) + 1 if shards else 0
+        self.metadata = meta
+        self.run_id: str = meta["run_id"]
+        write_json_atomic(run_file, meta)
+
+    # -- life cycle ---------------------------------------------------------------------------------
+    def __enter__(self) -> "TraceRecorder":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if exc_type is None:
+            self.finish()
+            return False
+        try:
+            self.flush()
+        except Exception as flush_err:  # never hide the original error behind a flush failure
+            warnings.warn(f"trace run {self.path}: flushing after an error failed: {flush_err}", stacklevel=2)
+        return False
+
+    @property
+    def completed_requests(self) -> frozenset[str]:
+        """Request ids whose rows are on disk (for resume: skip these)."""
+        return frozenset(self._completed)
+
+    def _check_live(self) -> None:
+        if self._finished:
+            raise RuntimeError(f"trace run {self.path} is finished; open a new TraceRecorder (resume=True) to add to it")
+
+    # -- per-request logging --------------------------------------------------------------------------
+    def begin_request(self, request_id, *, category, dataset="", question_id="", prompt_tokens=0,
+                      image_tokens=0) -> None:
+        """Open a request; its rows are buffered until ``end_request``."""
+        self._check_live()
+        if not isinstance(request_id, str) or not request_id:
+            raise ValueError(f"request_id must be a non-empty string; got {request_id!r}")
+        if request_id in self._completed:
+            raise ValueError(f"request {request_id!r} is already complete in run {self.run_id}; "
+                             "skip ids in recorder.completed_requests when resuming")
+        if request_id in self._open or any(r.request_id == request_id for r in self._pending):
+            raise ValueError(f"duplicate request id {request_id!r}: it was already begun in this run")
+        if not isinstance(category, str) or not category:
+            raise ValueError(f"category of request {request_id!r} must be a non-empty string; got {category!r}")
+        for name, value in (("prompt_tokens", prompt_tokens), ("image_tokens", image_tokens)):
+            if int(value) < 0:
+                raise ValueError(f"{name} of request {request_id!r} must be >= 0; got {value}")
+        self._open[request_id] = _OpenRequest(request_id, {
+            "category": category, "dataset": str(dataset), "question_id": str(question_id),
+            "prompt_tokens": int(prompt_tokens), "image_tokens": int(image_tokens)})
+
+    def _request(self, request_id) -> _OpenRequest:
+        req = self._open.get(request_id)
+        if req is None:
+            if request_id in self._completed or any(r.request_id == request_id for r in self._pending):
+                raise ValueError(f"request {request_id!r} has already ended; log rounds before end_request")
+            raise ValueError(f"unknown request {request_id!r}: call begin_request({request_id!r}, category=...) first")
+        return req
+
+    def log_round(self, request_id, *, round_index, start_position, context_len, block_size, tree_nodes,
+                  tree_depth, accepted, token_ids, ends_at_leaf, target_logits=None, target_stats=None,
+                  draft_logits=None, draft_candidates=None, draft_logprobs=None, draft_stats=None,
+                  draft_ms=0.0, verify_ms=0.0, overhead_ms=0.0) -> None:
+        """Buffer one verify round. ``token_ids``: the committed tokens (depths 1..committed).
+
+        Give exactly one of ``target_logits`` (``[committed, V]``, row j produced the token at depth
+        j + 1; statistics computed here in fp32) and ``target_stats`` (dict of arrays of length
+        committed with keys ``entropy_nats, renyi2_nats, top1_prob, top2_prob, logit_gap``). Drafter
+        statistics come from ``draft_stats`` (dict ``prob, rank, entropy_nats``; NaN = null), or are
+        computed from ``draft_logits`` ``[depth, V]`` or ``draft_candidates``/``draft_logprobs``
+        ``[depth, K]``; none of them: null.
+        """
+        self._check_live()
+        req = self._request(request_id)
+        where = f"log_round(request {request_id!r}, round {round_index})"
+        round_index = int(round_index)
+        start_position, context_len = int(start_position), int(context_len)
+        block_size, tree_nodes, tree_depth = int(block_size), int(tree_nodes), int(tree_depth)
+        accepted = int(accepted)
+        ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
+        committed = len(ids)
+        if round_index <= req.last_round:
+            raise ValueError(f"{where}: round_index must increase within a request (last was {req.last_round})")
+        if start_position < req.next_position:
+            raise ValueError(f"{where}: start_position {start_position} overlaps tokens already logged "
+                             f"(next free output position is {req.next_position})")
+        if context_len < 0:
+            raise ValueError(f"{where}: context_len must be >= 0; got {context_len}")
+        if block_size < 1:
+            raise ValueError(f"{where}: block_size must be >= 1; got {block_size}")
+        if not 0 <= tree_depth <= block_size - 1:
+            raise ValueError(f"{where}: tree_depth {tree_depth} must lie in [0, block_size - 1 = {block_size - 1}]")
+        if tree_nodes < tree_depth:
+            raise ValueError(f"{where}: tree_nodes {tree_nodes} < tree_depth {tree_depth}; a tree of depth D has >= D nodes")
+        if not 0 <= accepted <= tree_depth:
+            raise ValueError(f"{where}: accepted (tau) {accepted} must lie in [0, tree_depth = {tree_depth}]")
+        if not 1 <= committed <= accepted + 1:
+            raise ValueError(f"{where}: {committed} committed tokens; a round commits 1..accepted + 1 = "
+                             f"{accepted + 1} tokens (tau drafts plus one target token)")
+        if committed == accepted + 1 and accepted == tree_depth and not ends_at_leaf:
+            raise ValueError(f"{where}: accepted == tree_depth == {tree_depth}, so the path ends at a leaf; "
+                             "ends_at_leaf must be True (the last token is a bonus)")
+        if committed and ids.min() < 0:
+            raise ValueError(f"{where}: negative token id in {ids.tolist()}")
+        for name, value in (("draft_ms", draft_ms), ("verify_ms", verify_ms), ("overhead_ms", overhead_ms)):
+            if not value >= 0 or value == float("inf"):
+                raise ValueError(f"{where}: {name} must be finite and >= 0; got {value}")
+
+        if (target_logits is None) == (target_stats is None):
+            raise ValueError(f"{where}: give exactly one of target_logits ([committed, V]) or target_stats (dict)")
+        if target_logits is not None:
+            shape = tuple(getattr(target_logits, "shape", np.shape(target_logits)))
+            if len(shape) != 2 or shape[0] != committed:
+                raise ValueError(f"{where}: target_logits must have shape [committed={committed}, V]; got {shape}")
+            computed = target_stats_from_logits(target_logits)
+            stats = np.stack([computed[k] for k in TARGET_STAT_KEYS])
+        else:
+            if not isinstance(target_stats, dict):
+                raise TypeError(f"{where}: target_stats must be a dict with keys {list(TARGET_STAT_KEYS)}")
+            unknown = set(target_stats) - set(TARGET_STAT_KEYS)
+            missing = [k for k in TARGET_STAT_KEYS if k not in target_stats]
+            if unknown or missing:
+                raise ValueError(f"{where}: target_stats needs keys {list(TARGET_STAT_KEYS)}; "
+                                 f"missing {missing}, unknown {sorted(unknown)}")
+            try:
+                stats = np.array([np.asarray(target_stats[k], dtype=np.float32).reshape(-1)
+                                  for k in TARGET_STAT_KEYS], dtype=np.float32)
+            except ValueError as err:
+                lengths = {k: np.size(target_stats[k]) for k in TARGET_STAT_KEYS}
+                raise ValueError(f"{where}: target_stats arrays must all have length committed={committed}; "
+                                 f"got {lengths}") from err
+            if stats.shape != (5, committed):
+                raise ValueError(f"{where}: target_stats arrays must have length committed={committed}; "
+                                 f"got {stats.shape[1]}")
+            if np.isnan(stats).any():
+                key, depth = np.argwhere(np.isnan(stats))[0]
+                raise ValueError(f"{where}: target_stats[{TARGET_STAT_KEYS[key]!r}] is NaN at depth {depth + 1}")
+            if (stats[:2] < 0).any() or np.isinf(stats[:2]).any():
+                key, depth = np.argwhere((stats[:2] < 0) | np.isinf(stats[:2]))[0]
+                raise ValueError(f"{where}: target_stats[{TARGET_STAT_KEYS[key]!r}] must be finite and >= 0 "
+                                 f"(nats); got {stats[key, depth]} at depth {depth + 1}")
+            if (stats[2:4] < 0).any() or (stats[2:4] > 1).any() or (stats[3] > stats[2]).any():
+                raise ValueError(f"{where}: target top1_prob/top2_prob must lie in [0, 1] with top2 <= top1; "
+                                 f"got {stats[2].tolist()} / {stats[3].tolist()}")
+            if (stats[4] < 0).any():
+                raise ValueError(f"{where}: target_stats['logit_gap'] must be >= 0; got {stats[4].tolist()}")
+
+        draft = None
+        if draft_stats is not None:
+            if draft_logits is not None or draft_candidates is not None:
+                raise ValueError(f"{where}: give draft_stats or draft_logits/draft_candidates, not both")
+            draft = self._draft_from_dict(draft_stats, committed, where)
+        elif draft_logits is not None or draft_candidates is not None:
+            d = _draft_stats(draft_logits, ids, draft_candidates, draft_logprobs)
+            draft = np.array([d["prob"], d["rank"], d["entropy_nats"]], dtype=np.float64)
+        elif draft_logprobs is not None:
+            raise ValueError(f"{where}: draft_logprobs given without draft_candidates")
+
+        roles = np.zeros(committed, dtype=np.int8)
+        if committed == accepted + 1:
+            roles[-1] = _ROLE_BONUS if ends_at_leaf else _ROLE_CORRECTION
+        req.rounds.append((round_index, start_position, context_len, block_size, tree_nodes, tree_depth,
+                           accepted, committed, float(draft_ms), float(verify_ms), float(overhead_ms)))
+        req.token_ids.append(ids)
+        req.stats.append(stats)
+        req.draft.append(draft)
+        req.roles.append(roles)
+        req.last_round = round_index
+        req.next_position = start_position + committed
+        req.n_tokens += committed
+
+    @staticmethod
+    def _draft_from_dict(stats: dict, committed: int, where: str) -> np.ndarray:
+        if not isinstance(stats, dict) or set(stats) - {"prob", "rank", "entropy_nats"}:
+            raise ValueError(f"{where}: draft_stats must be a dict with keys 'prob', 'rank', 'entropy_nats'")
+        out = np.full((3, committed), np.nan)
+        for row, key in enumerate(("prob", "rank", "entropy_nats")):
+            if key in stats and stats[key] is not None:
+                values = np.asarray([np.nan if v is None else v for v in stats[key]]
+                                    if isinstance(stats[key], (list, tuple)) else stats[key], dtype=np.float64)
+                if values.shape != (committed,):
+                    raise ValueError(f"{where}: draft_stats[{key!r}] must have length committed={committed}; "
+                                     f"got shape {values.shape}")
+                out[row] = values
+        prob, rank, ent = out
+        if ((prob < 0) | (prob > 1)).any():
+            raise ValueError(f"{where}: draft_stats['prob'] must lie in [0, 1]; got {prob.tolist()}")
+        if (rank < -1).any() or (np.nan_to_num(rank) % 1 != 0).any():
+            raise ValueError(f"{where}: draft_stats['rank'] must be integers >= -1 (NaN = null); got {rank.tolist()}")
+        if (ent < 0).any() or np.isinf(ent).any():
+            raise ValueError(f"{where}: draft_stats['entropy_nats'] must be finite and >= 0; got {ent.tolist()}")
+        return out
+
+    def end_request(self, request_id, *, new_tokens, stop_reason, prefill_ms=0.0, decode_ms=0.0) -> None:
+        """Close a request; its rows are written at the next flush."""
+        self._check_live()
+        req = self._request(request_id)
+        where = f"end_request({request_id!r})"
+        if stop_reason not in STOP_REASONS:
+            raise ValueError(f"{where}: stop_reason must be one of {list(STOP_REASONS)}; got {stop_reason!r}")
+        if int(new_tokens) < req.next_position:
+            raise ValueError(f"{where}: new_tokens {new_tokens} < {req.next_position}, the end of the last "
+                             "logged round (positions count new tokens from 0)")
+        for name, value in (("prefill_ms", prefill_ms), ("decode_ms", decode_ms)):
+            if not value >= 0 or value == float("inf"):
+                raise ValueError(f"{where}: {name} must be finite and >= 0; got {value}")
+        req.row = dict(req.info, new_tokens=int(new_tokens), rounds=len(req.rounds), stop_reason=stop_reason,
+                       prefill_ms=float(prefill_ms), decode_ms=float(decode_ms))
+        del self._open[request_id]
+        self._pending.append(req)
+        self._pending_rounds += len(req.rounds)
+        if self._pending_rounds >= self.flush_every_rounds:
+            self.flush()
+
+    # -- writing ----------------------------------------------------------------------------------------
+    def _build_tables(self, pending: list[_OpenRequest]) -> dict[str, pa.Table]:
+        run_id = self.run_id
+        n_req = len(pending)
+        ids = pa.array([r.request_id for r in pending], type=pa.string())
+        cats = pa.array([r.row["category"] for r in pending], type=pa.string())
+
+        requests = {"run_id": pa.array([run_id] * n_req, pa.string()), "request_id": ids, "category": cats}
+        for f in SCHEMAS["requests"]:
+            if f.name not in requests:
+                requests[f.name] = pa.array([r.row[f.name] for r in pending], type=f.type)
+
+        rounds_per_req = np.array([len(r.rounds) for r in pending], dtype=np.int64)
+        all_rounds = [t for r in pending for t in r.rounds]
+        cols = list(zip(*all_rounds)) if all_rounds else [()] * 11
+        req_of_round = np.repeat(np.arange(n_req, dtype=np.int32), rounds_per_req)
+        n_rounds = len(all_rounds)
+        rounds = {
+            "run_id": pa.DictionaryArray.from_arrays(np.zeros(n_rounds, np.int32), pa.array([run_id])),
+            "request_id": pa.DictionaryArray.from_arrays(req_of_round, ids),
+        }
+        names = ("round_index", "start_position", "context_len", "block_size", "tree_nodes", "tree_depth",
+                 "accepted", "committed", "draft_ms", "verify_ms", "overhead_ms")
+        for name, values in zip(names, cols):
+            rounds[name] = np.asarray(values, dtype=SCHEMAS["rounds"].field(name).type.to_pandas_dtype())
+        committed = rounds["committed"].astype(np.int64)
+
+        n_tok = int(committed.sum())
+        round_of_token = np.repeat(np.arange(n_rounds), committed)
+        first_of_round = np.cumsum(committed) - committed
+        depth = np.arange(n_tok, dtype=np.int64) - first_of_round[round_of_token] + 1
+        stats = np.concatenate([s for r in pending for s in r.stats], axis=1) if n_tok else np.zeros((5, 0), np.float32)
+        drafts = [d if d is not None else np.full((3, len(t)), np.nan)
+                  for r in pending for d, t in zip(r.draft, r.token_ids)]
+        draft = np.concatenate(drafts, axis=1) if n_tok else np.zeros((3, 0))
+        roles = np.concatenate([x for r in pending for x in r.roles]) if n_tok else np.zeros(0, np.int8)
+        token_ids = np.concatenate([x for r in pending for x in r.token_ids]) if n_tok else np.zeros(0, np.int64)
+        req_of_token = req_of_round[round_of_token]
+        rank_null = np.isnan(draft[1])
+        tokens = {
+            "run_id": pa.DictionaryArray.from_arrays(np.zeros(n_tok, np.int32), pa.array([run_id])),
+            "request_id": pa.DictionaryArray.from_arrays(req_of_token, ids),
+            "category": pa.DictionaryArray.from_arrays(req_of_token, cats),
+            "round_index": rounds["round_index"][round_of_token],
+            "position": (rounds["start_position"][round_of_token] + depth - 1).astype(np.int32),
+            "depth": depth.astype(np.int16),
+            "token_id": token_ids.astype(np.int32),
+            "role": pa.DictionaryArray.from_arrays(roles, _ROLE_DICTIONARY),
+        }
+        for row, key in enumerate(TARGET_STAT_KEYS):
+            tokens[f"target_{key}" if key != "entropy_nats" else "target_entropy_nats"] = stats[row]
+        tokens["draft_prob"] = pa.array(draft[0].astype(np.float32), mask=np.isnan(draft[0]))
+        tokens["draft_rank"] = pa.array(np.where(rank_null, 0, draft[1]).astype(np.int32), mask=rank_null)
+        tokens["draft_entropy_nats"] = pa.array(draft[2].astype(np.float32), mask=np.isnan(draft[2]))
+        return {"tokens": _to_schema(tokens, "tokens"), "rounds": _to_schema(rounds, "rounds"),
+                "requests": _to_schema(requests, "requests")}
+
+    def _write_shard(self, tables: dict[str, pa.Table]) -> Path:
+        shards = self.path / SHARDS_DIR
+        seq = self._next_seq
+        tmp = shards / f"{TMP_PREFIX}{seq:06d}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir(parents=True)
+        for name in ("tokens", "rounds", "requests"):
+            file = tmp / f"{name}.parquet"
+            pq.write_table(tables[name], file, compression=_COMPRESSION)
+            _fsync_path(file)
+        final = shards / f"{seq:06d}"
+        os.rename(tmp, final)  # the shard appears with all three tables, or not at all
+        _fsync_path(shards)
+        self._next_seq = seq + 1
+        return final
+
+    def flush(self) -> None:
+        """Write the rows of all ended requests as one new shard (open requests stay buffered)."""
+        if not self._pending:
+            return
+        tables = self._build_tables(self._pending)
+        self._write_shard(tables)
+        self._completed.update(r.request_id for r in self._pending)
+        self._pending = []
+        self._pending_rounds = 0
+
+    def finish(self) -> None:
+        """Flush and mark the run complete (run.json: status "complete", end_time)."""
+        if self._finished:
+            return
+        self.flush()
+        if self._open:
+            raise ValueError(f"trace run {self.path}: requests {sorted(self._open)} were begun but not ended; "
+                             "call end_request for each (the run stays incomplete)")
+        self.metadata["status"] = "complete"
+        self.metadata["end_time"] = _utc_now()
+        write_json_atomic(self.path / RUN_FILE, self.metadata)
+        self._finished = True
+
+    # -- Observer protocol (entropy_law.decoding.interface.Observer) ----------------------------------
+    _REQUEST_START_KEYS = ("category", "dataset", "question_id", "prompt_tokens", "image_tokens")
+    _REQUEST_END_KEYS = ("new_tokens", "stop_reason", "prefill_ms", "decode_ms")
+
+    def on_request_start(self, request_id: str, info: dict) -> None:
+        """Observer hook: ``begin_request`` with the keys of ``info`` it knows (``category`` required)."""
+        if "category" not in info:
+            raise ValueError(f"on_request_start({request_id!r}): info needs a 'category' key; got {sorted(info)}")
+        self.begin_request(request_id, **{k: info[k] for k in self._REQUEST_START_KEYS if k in info})
+
+    def on_round(self, record) -> None:
+        """Observer hook: log a ``RoundRecord`` (target logits, and the draft's logits or candidates)."""
+        draft = {}
+        proposal = record.draft
+        if proposal is not None and proposal.depth > 0:
+            if proposal.logits is not None:
+                draft["draft_logits"] = proposal.logits
+            else:
+                draft["draft_candidates"] = proposal.tokens
+                draft["draft_logprobs"] = proposal.logprobs
+        self.log_round(
+            record.request_id, round_index=record.round_index, start_position=record.start_position,
+            context_len=record.context_len, block_size=record.block_size, tree_nodes=record.tree_nodes,
+            tree_depth=record.tree_depth, accepted=record.accepted, token_ids=list(record.committed_ids),
+            ends_at_leaf=record.ends_at_leaf, target_logits=record.target_logits, draft_ms=record.draft_ms,
+            verify_ms=record.verify_ms, overhead_ms=record.overhead_ms, **draft)
+
+    def on_request_end(self, request_id: str, info: dict) -> None:
+        """Observer hook: ``end_request`` with the keys of ``info`` it knows (``new_tokens``, ``stop_reason``)."""
+        missing = [k for k in ("new_tokens", "stop_reason") if k not in info]
+        if missing:
+            raise ValueError(f"on_request_end({request_id!r}): info needs {missing}; got {sorted(info)}")
+        self.end_request(request_id, **{k: info[k] for k in self._REQUEST_END_KEYS if k in info})
+
+    # -- bulk path ----------------------------------------------------------------------------------------
+    def log_columns(self, *, tokens=None, rounds=None, requests=None) -> None:
+        """Write complete requests given as columns (dicts of arrays or pyarrow Tables) as one shard.
+
+        Columns are those of the v1 schema; ``run_id`` is filled in when absent. The three tables
+        are validated (values and cross-table consistency: every token's round and request must be
+        in the same call) before anything is written; a missing table means "no rows".
+        """
+        self._check_live()
+        tables = {}
+        for name, data in (("tokens", tokens), ("rounds", rounds), ("requests", requests)):
+            where = f"log_columns({name}=...)"
+            tables[name] = SCHEMAS[name].empty_table() if data is None else self._columns_to_table(data, name, where)
+            check_values(tables[name], name, where)
+        check_run(tables["tokens"], tables["rounds"], tables["requests"], "log_columns")
+        new_ids = set(tables["requests"].column("request_id").to_pylist())
+        clash = new_ids & (self._completed | set(self._open) | {r.request_id for r in self._pending})
+        if clash:
+            raise ValueError(f"log_columns: request ids already in run {self.run_id}: {sorted(clash)[:5]}")
+        self.flush()
+        self._write_shard(tables)
+        self._completed.update(new_ids)
+
+    def _columns_to_table(self, data, name: str, where: str) -> pa.Table:
+        schema = SCHEMAS[name]
+        if isinstance(data, pa.Table):
+            columns = {c: data.column(c) for c in data.column_names}
+            n = data.num_rows
+        elif isinstance(data, dict):
+            columns = dict(data)
+            lengths = {k: len(v) for k, v in columns.items() if not isinstance(v, str)}
+            if len(set(lengths.values())) > 1:
+                raise ValueError(f"{where}: columns have different lengths {lengths}")
+            n = next(iter(lengths.values()), 0)
+        else:
+            raise TypeError(f"{where}: expected a dict of arrays or a pyarrow.Table; got {type(data).__name__}")
+        unknown = sorted(set(columns) - set(schema.names))
+        if unknown:
+            raise ValueError(f"{where}: unknown column(s) {unknown}; v1 {name} columns are {schema.names}")
+        if "run_id" not in columns:
+            columns["run_id"] = self.run_id
+        missing = [c for c in schema.names if c not in columns]
+        if missing:
+            raise ValueError(f"{where}: missing column(s) {missing}; v1 {name} columns are {schema.names}")
+        arrays = []
+        for f in schema:
+            value = columns[f.name]
+            try:
+                if isinstance(value, str):
+                    if not pa.types.is_string(f.type):
+                        raise TypeError(f"a single string for a {f.type} column")
+                    array = pa.DictionaryArray.from_arrays(np.zeros(n, np.int32), pa.array([value]))
+                elif isinstance(value, (pa.Array, pa.ChunkedArray)):
+                    array = value
+                else:
+                    arr = np.asarray(value)
+                    if f.nullable and arr.dtype.kind == "f":
+                        array = pa.array(np.nan_to_num(arr, nan=0).astype(f.type.to_pandas_dtype()),
+                                         mask=np.isnan(arr))
+                    else:
+                        array = pa.array(arr)
+                if pa.types.is_dictionary(array.type):
+                    array = array.cast(array.type.value_type)
+                array = array.cast(f.type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, TypeError, ValueError) as err:
+                raise ValueError(f"{where}: column {f.name!r} cannot be stored as {f.type}: {err}") from err
+            arrays.append(array)
+        table = pa.Table.from_arrays(arrays, schema=schema)
+        if table.num_rows:
+            bad = pc.not_equal(table.column("run_id"), self.run_id)
+            if pc.any(bad).as_py():
+                raise ValueError(f"{where}: run_id column differs from this run's id {self.run_id!r}")
+        return table
+
+
+def _to_schema(columns: dict, name: str) -> pa.Table:
+    schema = SCHEMAS[name]
+    arrays = []
+    for f in schema:
+        value = columns[f.name]
+        array = value if isinstance(value, pa.Array) else pa.array(value, type=f.type)
+        if pa.types.is_dictionary(array.type):
+            array = array.cast(f.type)
+        arrays.append(array)
+    return pa.Table.from_arrays(arrays, schema=schema)

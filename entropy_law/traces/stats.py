@@ -1,0 +1,153 @@
+"""Per-token statistics of a next-token distribution, from logits, in fp32 (numpy only).
+
+Known here: how the trace columns ``target_*`` and ``draft_*`` are computed from logits (or from a
+drafter's candidate list). Entropies are in nats, over the full vocabulary, from an fp32
+log-softmax at temperature 1. Not known here: tables, files, or where the logits came from.
+
+Inputs may be numpy arrays or CPU torch tensors (anything ``np.asarray`` accepts; tensors that
+require grad are detached through ``.detach()``); torch is never imported.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+TARGET_STAT_KEYS = ("entropy_nats", "renyi2_nats", "top1_prob", "top2_prob", "logit_gap")
+DRAFT_STAT_KEYS = ("prob", "rank", "entropy_nats")
+
+# Rows processed at once; bounds the temporary [rows, V] arrays (64 x 152k x 4 B = 39 MB).
+_CHUNK_ROWS = 64
+
+
+def _as_float32_2d(logits, name: str) -> np.ndarray:
+    if hasattr(logits, "detach"):  # a torch tensor: leave the autograd graph, move to host
+        logits = logits.detach().cpu().float().numpy()
+    array = np.asarray(logits, dtype=np.float32)
+    if array.ndim != 2:
+        raise ValueError(f"{name} must be 2-D [rows, vocab]; got shape {tuple(array.shape)}")
+    if array.shape[1] < 2:
+        raise ValueError(f"{name} needs a vocabulary of at least 2 entries; got shape {tuple(array.shape)}")
+    if np.isnan(array).any():
+        row = int(np.argwhere(np.isnan(array))[0, 0])
+        raise ValueError(f"{name} contains NaN (first in row {row}); check the model's output")
+    if np.isposinf(array).any():
+        row = int(np.argwhere(np.isposinf(array))[0, 0])
+        raise ValueError(f"{name} contains +inf (first in row {row}); check the model's output")
+    if (~np.isfinite(array.max(axis=1))).any():
+        row = int(np.argwhere(~np.isfinite(array.max(axis=1)))[0, 0])
+        raise ValueError(f"{name} row {row} is entirely -inf: no token has probability > 0")
+    return array
+
+
+def _log_softmax(chunk: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Return (shifted logits z - max, log-sum-exp of the shifted logits, log-probabilities)."""
+    shifted = chunk - chunk.max(axis=1, keepdims=True)
+    lse = np.log(np.exp(shifted).sum(axis=1, keepdims=True, dtype=np.float32))
+    return shifted, lse, shifted - lse
+
+
+def _entropy_from_logprobs(logp: np.ndarray) -> np.ndarray:
+    p = np.exp(logp)
+    with np.errstate(invalid="ignore"):
+        terms = np.where(p > 0, p * logp, np.float32(0))
+    return np.maximum(-terms.sum(axis=1, dtype=np.float32), np.float32(0))
+
+
+def target_stats_from_logits(logits) -> dict[str, np.ndarray]:
+    """Target statistics per row of ``logits`` ``[rows, V]``, computed in fp32 over the full vocabulary.
+
+    Returns float32 arrays of length ``rows``: ``entropy_nats`` (Shannon, -sum p log p),
+    ``renyi2_nats`` (collision entropy, -log sum p^2), ``top1_prob`` and ``top2_prob`` (the two
+    largest probabilities) and ``logit_gap`` (largest minus second-largest logit; equal to
+    log p1 - log p2). ``-inf`` logits (masked tokens) have probability 0.
+    """
+    array = _as_float32_2d(logits, "target logits")
+    rows = array.shape[0]
+    out = {key: np.empty(rows, dtype=np.float32) for key in TARGET_STAT_KEYS}
+    for lo in range(0, rows, _CHUNK_ROWS):
+        chunk = array[lo : lo + _CHUNK_ROWS]
+        shifted, lse, logp = _log_softmax(chunk)
+        top2 = -np.partition(-shifted, 1, axis=1)[:, :2]  # [n, 2]: largest (= 0) and second largest
+        p = np.exp(logp)
+        out["entropy_nats"][lo : lo + len(chunk)] = _entropy_from_logprobs(logp)
+        collision = np.square(p).sum(axis=1, dtype=np.float32)
+        out["renyi2_nats"][lo : lo + len(chunk)] = np.maximum(-np.log(collision), np.float32(0))
+        out["top1_prob"][lo : lo + len(chunk)] = np.exp(top2[:, 0] - lse[:, 0])
+        out["top2_prob"][lo : lo + len(chunk)] = np.exp(top2[:, 1] - lse[:, 0])
+        with np.errstate(invalid="ignore"):
+            gap = top2[:, 0] - top2[:, 1]  # +inf when only one token has probability > 0
+        out["logit_gap"][lo : lo + len(chunk)] = gap
+    return out
+
+
+def draft_stats(
+    draft_logits=None,
+    committed_ids=(),
+    candidates=None,
+    candidate_logprobs=None,
+) -> dict[str, np.ndarray]:
+    """Drafter statistics of each committed token of one round.
+
+    The committed token at depth ``d`` (1-based) is scored against row ``d - 1`` of the draft.
+    With ``draft_logits`` ``[depth, V]`` (the full per-depth distribution), ``prob`` is the softmax
+    probability of the committed token, ``rank`` its 0-based rank (number of tokens with a strictly
+    larger logit) and ``entropy_nats`` the Shannon entropy of that row. With only ``candidates``
+    ``[depth, K]`` (best first) and optionally ``candidate_logprobs`` ``[depth, K]`` (``-inf`` marks
+    an unused slot), ``rank`` is the index of the committed token among the candidates (-1 if absent),
+    ``prob = exp(logprob)`` when present (else null) and ``entropy_nats`` is null.
+
+    Returns ``prob`` and ``entropy_nats`` as float32 and ``rank`` as float64 arrays of length
+    ``len(committed_ids)``; **null is NaN** in all three (rows beyond the draft's depth, or no draft).
+    """
+    ids = np.asarray(committed_ids, dtype=np.int64).reshape(-1)
+    n = len(ids)
+    prob = np.full(n, np.nan, dtype=np.float32)
+    rank = np.full(n, np.nan, dtype=np.float64)
+    entropy = np.full(n, np.nan, dtype=np.float32)
+    if draft_logits is not None:
+        array = _as_float32_2d(draft_logits, "draft logits")
+        rows = min(n, array.shape[0])
+        if rows:
+            if ids[:rows].min() < 0 or ids[:rows].max() >= array.shape[1]:
+                raise ValueError(
+                    f"committed token ids must lie in [0, {array.shape[1]}) for draft logits of "
+                    f"vocabulary {array.shape[1]}; got {ids[:rows].tolist()}"
+                )
+            shifted, lse, logp = _log_softmax(array[:rows])
+            chosen = shifted[np.arange(rows), ids[:rows]]
+            prob[:rows] = np.exp(chosen - lse[:, 0])
+            rank[:rows] = (shifted > chosen[:, None]).sum(axis=1)
+            entropy[:rows] = _entropy_from_logprobs(logp)
+        return {"prob": prob, "rank": rank, "entropy_nats": entropy}
+    if candidates is None:
+        if candidate_logprobs is not None:
+            raise ValueError("candidate_logprobs given without candidates; pass both (or draft_logits)")
+        return {"prob": prob, "rank": rank, "entropy_nats": entropy}
+    if hasattr(candidates, "detach"):
+        candidates = candidates.detach().cpu().numpy()
+    cand = np.asarray(candidates, dtype=np.int64)
+    if cand.ndim != 2:
+        raise ValueError(f"draft candidates must be 2-D [depth, K]; got shape {tuple(cand.shape)}")
+    valid = np.ones(cand.shape, dtype=bool)
+    logprobs = None
+    if candidate_logprobs is not None:
+        if hasattr(candidate_logprobs, "detach"):
+            candidate_logprobs = candidate_logprobs.detach().cpu().float().numpy()
+        logprobs = np.asarray(candidate_logprobs, dtype=np.float32)
+        if logprobs.shape != cand.shape:
+            raise ValueError(
+                f"draft logprobs shape {tuple(logprobs.shape)} must equal candidates shape {tuple(cand.shape)}"
+            )
+        if np.isnan(logprobs).any() or (logprobs > 1e-6).any():
+            raise ValueError("draft logprobs must be <= 0 and not NaN (use -inf for unused slots)")
+        valid = np.isfinite(logprobs)
+    rows = min(n, cand.shape[0])
+    if rows:
+        match = (cand[:rows] == ids[:rows, None]) & valid[:rows]
+        found = match.any(axis=1)
+        first = match.argmax(axis=1)
+        rank[:rows] = np.where(found, first, -1)
+        if logprobs is not None:
+            picked = logprobs[np.arange(rows), first]
+            prob[:rows] = np.where(found, np.exp(np.minimum(picked, 0)), np.nan)
+    return {"prob": prob, "rank": rank, "entropy_nats": entropy}

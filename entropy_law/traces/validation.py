@@ -1,0 +1,295 @@
+"""Checks of trace tables against format v1, shared by the writer (``log_columns``) and the reader.
+
+Known here: the rules a valid v1 table obeys (columns and types, value ranges, roles, and the
+consistency between tokens, rounds and requests of one run). Every failure raises
+``TraceValidationError`` (a ``ValueError``) whose message names where (a file, a run, or the call)
+and the first offending request / round / position. Not known here: files or directories.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from entropy_law.traces.schema import ROLES, SCHEMAS, STOP_REASONS
+
+
+class TraceValidationError(ValueError):
+    """A trace table breaks the v1 format; the message says what and where."""
+
+
+def check_schema(schema: pa.Schema, table: str, where: str) -> None:
+    """Every column of the v1 ``table`` must be present with its type (extra columns are allowed)."""
+    expected = SCHEMAS[table]
+    missing = [f.name for f in expected if f.name not in schema.names]
+    if missing:
+        raise TraceValidationError(
+            f"{where}: {table} table is missing column(s) {missing}; a v1 {table} table has "
+            f"{expected.names}"
+        )
+    for f in expected:
+        actual = schema.field(f.name).type
+        if pa.types.is_dictionary(actual):
+            actual = actual.value_type
+        if actual != f.type and not (pa.types.is_large_string(actual) and f.type == pa.string()):
+            raise TraceValidationError(
+                f"{where}: {table} column {f.name!r} has type {actual}, format v1 requires {f.type}"
+            )
+
+
+def _np(tbl: pa.Table, name: str) -> np.ndarray:
+    return tbl.column(name).to_numpy()
+
+
+def _describe(tbl: pa.Table, row: int, table: str) -> str:
+    cols = [c for c in ("run_id", "request_id", "round_index", "position", "depth") if c in tbl.column_names]
+    values = tbl.slice(row, 1).select(cols).to_pylist()[0]
+    parts = [f"run {values['run_id']!r}"] if "run_id" in values else []
+    if "request_id" in values:
+        parts.append(f"request {values['request_id']!r}")
+    if "round_index" in values:
+        parts.append(f"round {values['round_index']}")
+    if "position" in values:
+        parts.append(f"position {values['position']}")
+    if "depth" in values:
+        parts.append(f"depth {values['depth']}")
+    return f"{table} row {row} (" + ", ".join(parts) + ")"
+
+
+def _fail_first(mask: np.ndarray, tbl: pa.Table, table: str, where: str, problem: str, count_word="rows"):
+    if mask.any():
+        row = int(np.flatnonzero(mask)[0])
+        raise TraceValidationError(
+            f"{where}: {problem} in {int(mask.sum())} {count_word}; first at {_describe(tbl, row, table)}"
+        )
+
+
+def check_values(tbl: pa.Table, table: str, where: str) -> None:
+    """Value rules of one table (no cross-table rules): nulls, ranges, roles, stop reasons."""
+    check_schema(tbl.schema, table, where)
+    for f in SCHEMAS[table]:
+        if not f.nullable and tbl.column(f.name).null_count:
+            mask = tbl.column(f.name).is_null().to_numpy(zero_copy_only=False)
+            _fail_first(mask, tbl, table, where, f"null {f.name!r} (column may not be null)")
+    if table == "tokens":
+        _check_tokens(tbl, where)
+    elif table == "rounds":
+        _check_rounds(tbl, where)
+    else:
+        _check_requests(tbl, where)
+
+
+def _bad(column: pa.ChunkedArray, condition) -> np.ndarray | None:
+    """Row mask where ``condition(column)`` is true (nulls count as fine), or None if no row is bad."""
+    flags = condition(column)
+    if not pc.any(flags).as_py():
+        return None
+    return flags.fill_null(False).to_numpy(zero_copy_only=False)
+
+
+def _role_ok(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    return pc.is_in(column, value_set=pa.array(ROLES))
+
+
+def _check_tokens(tbl: pa.Table, where: str) -> None:
+    t = "tokens"
+    role = tbl.column("role")
+    dictionaries_ok = all(set(c.dictionary.to_pylist()) <= set(ROLES) for c in role.chunks
+                          if pa.types.is_dictionary(c.type))
+    if not dictionaries_ok or not pa.types.is_dictionary(role.type):
+        mask = _bad(role, lambda c: pc.invert(_role_ok(c)))
+        if mask is not None:
+            _fail_first(mask, tbl, t, where, f"unknown role (allowed: {list(ROLES)})")
+    checks = [
+        ("depth", lambda c: pc.less(c, 1), "depth < 1 (depth is 1-based within the round)"),
+        ("position", lambda c: pc.less(c, 0), "negative position"),
+        ("round_index", lambda c: pc.less(c, 0), "negative round_index"),
+        ("token_id", lambda c: pc.less(c, 0), "negative token_id"),
+    ]
+    for name in ("target_entropy_nats", "target_renyi2_nats"):
+        checks += [(name, pc.is_nan, f"NaN {name}"),
+                    (name, lambda c: pc.or_(pc.less(c, 0), pc.is_inf(c)), f"{name} negative or infinite")]
+    for name in ("target_top1_prob", "target_top2_prob"):
+        checks.append((name, lambda c: pc.invert(pc.and_(pc.greater_equal(c, 0), pc.less_equal(c, 1))),
+                       f"{name} outside [0, 1] or NaN"))
+    checks += [
+        ("target_logit_gap", lambda c: pc.invert(pc.greater_equal(c, 0)), "target_logit_gap negative or NaN"),
+        ("draft_prob", pc.is_nan, "NaN draft_prob (write null for a missing value)"),
+        ("draft_prob", lambda c: pc.or_(pc.less(c, 0), pc.greater(c, 1)), "draft_prob outside [0, 1]"),
+        ("draft_entropy_nats", pc.is_nan, "NaN draft_entropy_nats (write null for a missing value)"),
+        ("draft_entropy_nats", lambda c: pc.or_(pc.less(c, 0), pc.is_inf(c)),
+         "draft_entropy_nats negative or infinite"),
+        ("draft_rank", lambda c: pc.less(c, -1), "draft_rank < -1 (-1 means: not among the candidates)"),
+    ]
+    for name, condition, problem in checks:
+        mask = _bad(tbl.column(name), condition)
+        if mask is not None:
+            _fail_first(mask, tbl, t, where, problem)
+    top1, top2 = tbl.column("target_top1_prob"), tbl.column("target_top2_prob")
+    if pc.any(pc.greater(top2, top1)).as_py():
+        _fail_first(pc.greater(top2, top1).to_numpy(zero_copy_only=False), tbl, t, where,
+                    "target_top2_prob > target_top1_prob")
+
+
+def _check_rounds(tbl: pa.Table, where: str) -> None:
+    t = "rounds"
+    block = _np(tbl, "block_size").astype(np.int64)
+    depth = _np(tbl, "tree_depth").astype(np.int64)
+    accepted = _np(tbl, "accepted").astype(np.int64)
+    committed = _np(tbl, "committed").astype(np.int64)
+    nodes = _np(tbl, "tree_nodes").astype(np.int64)
+    _fail_first(block < 1, tbl, t, where, "block_size < 1")
+    _fail_first(accepted < 0, tbl, t, where, "negative accepted (tau)")
+    _fail_first(accepted > block - 1, tbl, t, where,
+                "accepted (tau) larger than the block allows (tau <= block_size - 1)")
+    _fail_first((depth < 0) | (depth > block - 1), tbl, t, where, "tree_depth outside [0, block_size - 1]")
+    _fail_first(accepted > depth, tbl, t, where, "accepted (tau) > tree_depth")
+    _fail_first(nodes < depth, tbl, t, where, "tree_nodes < tree_depth")
+    _fail_first((committed < 1) | (committed > accepted + 1), tbl, t, where,
+                "committed outside [1, accepted + 1]")
+    _fail_first(_np(tbl, "start_position") < 0, tbl, t, where, "negative start_position")
+    _fail_first(_np(tbl, "context_len") < 0, tbl, t, where, "negative context_len")
+    _fail_first(_np(tbl, "round_index") < 0, tbl, t, where, "negative round_index")
+    for name in ("draft_ms", "verify_ms", "overhead_ms"):
+        values = _np(tbl, name)
+        _fail_first(~(values >= 0) | np.isinf(values), tbl, t, where, f"{name} negative, infinite or NaN")
+
+
+def _check_requests(tbl: pa.Table, where: str) -> None:
+    t = "requests"
+    ok = pc.is_in(tbl.column("stop_reason"), value_set=pa.array(STOP_REASONS)).to_numpy(zero_copy_only=False)
+    _fail_first(~ok, tbl, t, where, f"unknown stop_reason (allowed: {list(STOP_REASONS)})")
+    for name in ("prompt_tokens", "image_tokens", "new_tokens", "rounds"):
+        _fail_first(_np(tbl, name) < 0, tbl, t, where, f"negative {name}")
+    for name in ("prefill_ms", "decode_ms"):
+        values = _np(tbl, name)
+        _fail_first(~(values >= 0) | np.isinf(values), tbl, t, where, f"{name} negative, infinite or NaN")
+
+
+def _request_codes(column: pa.ChunkedArray, ids: pa.Array) -> np.ndarray:
+    """Index of each row's request id in ``ids`` (-1 when absent), without materialising strings."""
+    parts = []
+    for chunk in column.chunks:
+        if pa.types.is_dictionary(chunk.type):
+            lookup = pc.index_in(chunk.dictionary, value_set=ids).fill_null(-1).to_numpy()
+            parts.append(lookup[chunk.indices.to_numpy(zero_copy_only=False)])
+        else:
+            parts.append(pc.index_in(chunk, value_set=ids).fill_null(-1).to_numpy())
+    return np.concatenate(parts) if parts else np.zeros(0, np.int64)
+
+
+def _first_row(tbl: pa.Table, row: int) -> dict:
+    return tbl.slice(row, 1).to_pylist()[0]
+
+
+def check_run(tokens: pa.Table, rounds: pa.Table, requests: pa.Table, where: str) -> None:
+    """Cross-table rules of one run: every row belongs to a logged request and round, tokens per
+    round equal ``committed``, positions follow ``start_position``, round counts match ``requests``.
+
+    Works on integer codes: request ids are mapped to their row in ``requests``, and tokens are
+    grouped by (request, round) with a run-length pass (a sort only if rows are not already grouped).
+    """
+    ids_col = requests.column("request_id")
+    ids = (ids_col.cast(ids_col.type.value_type) if pa.types.is_dictionary(ids_col.type) else ids_col)
+    ids = ids.combine_chunks()
+    n_req = len(ids)
+    counts = pc.value_counts(ids)
+    dup = counts.field("counts").to_numpy() > 1
+    if dup.any():
+        raise TraceValidationError(
+            f"{where}: request id {counts.field('values')[int(np.flatnonzero(dup)[0])].as_py()!r} "
+            "appears in more than one requests row (request ids must be unique within a run)"
+        )
+    # rounds: belong to a request, unique (request, round), count matches requests.rounds
+    r_code = _request_codes(rounds.column("request_id"), ids)
+    _fail_first(r_code < 0, rounds, "rounds", where, "round of a request with no requests row")
+    r_key = (r_code.astype(np.int64) << 32) | _np(rounds, "round_index").astype(np.int64)
+    r_order = np.argsort(r_key, kind="stable") if np.any(np.diff(r_key) < 0) else np.arange(len(r_key))
+    r_sorted = r_key[r_order]
+    repeated = np.flatnonzero(np.diff(r_sorted) == 0)
+    if len(repeated):
+        r = _first_row(rounds, int(r_order[repeated[0]]))
+        raise TraceValidationError(f"{where}: request {r['request_id']!r} has round {r['round_index']} "
+                                   "more than once in rounds")
+    logged = np.bincount(r_code, minlength=n_req)
+    declared = _np(requests, "rounds")
+    _fail_first(logged != declared, requests, "requests", where,
+                "requests.rounds differs from the number of rows in rounds")
+
+    # tokens: belong to a request; group by (request, round) and compare with the round's row.
+    # Rows of a round are contiguous and in depth order (1..committed); requests and rounds may
+    # come in any order (a stable sort restores grouping when needed).
+    t_code = _request_codes(tokens.column("request_id"), ids)
+    _fail_first(t_code < 0, tokens, "tokens", where, "token of a request with no requests row")
+    t_round = _np(tokens, "round_index")
+    depth = _np(tokens, "depth").astype(np.int32)
+    offset = _np(tokens, "position") - depth
+    role = tokens.column("role")
+    is_acc = np.concatenate([
+        (np.asarray(c.dictionary.to_pylist(), dtype=object) == "accepted")[c.indices.to_numpy(zero_copy_only=False)]
+        if pa.types.is_dictionary(c.type) else pc.equal(c, "accepted").to_numpy(zero_copy_only=False)
+        for c in role.chunks]) if role.num_chunks else np.zeros(0, bool)
+    d_code, d_round = np.diff(t_code), np.diff(t_round)
+    t_order = None
+    if np.any((d_code < 0) | ((d_code == 0) & (d_round < 0))):
+        t_order = np.lexsort((t_round, t_code))  # stable: keeps the order within a round
+        t_code, t_round = t_code[t_order], t_round[t_order]
+        depth, offset, is_acc = depth[t_order], offset[t_order], is_acc[t_order]
+        d_code, d_round = np.diff(t_code), np.diff(t_round)
+    inner = (d_code == 0) & (d_round == 0)  # row i + 1 continues the group of row i
+    starts = np.flatnonzero(np.r_[True, ~inner]) if len(t_code) else np.zeros(0, np.int64)
+    g_key = (t_code[starts].astype(np.int64) << 32) | t_round[starts].astype(np.int64)
+    if len(g_key) != len(r_sorted) or np.any(g_key != r_sorted):
+        if np.any(np.diff(g_key) == 0):
+            g = int(np.flatnonzero(np.diff(g_key) == 0)[0]) + 1
+            row = int(starts[g]) if t_order is None else int(t_order[starts[g]])
+            t = _first_row(tokens, row)
+            raise TraceValidationError(f"{where}: token rows of request {t['request_id']!r} round "
+                                       f"{t['round_index']} are not contiguous")
+        missing = np.setdiff1d(g_key, r_sorted)
+        if len(missing):
+            row = int(starts[np.searchsorted(g_key, missing[0])])
+            row = int(t_order[row]) if t_order is not None else row
+            t = _first_row(tokens, row)
+            raise TraceValidationError(f"{where}: tokens of request {t['request_id']!r} round "
+                                       f"{t['round_index']} have no row in rounds")
+        absent = np.setdiff1d(r_sorted, g_key)
+        r = _first_row(rounds, int(r_order[np.searchsorted(r_sorted, absent[0])]))
+        raise TraceValidationError(f"{where}: number of token rows differs from rounds.committed; request "
+                                   f"{r['request_id']!r} round {r['round_index']} has 0 token rows but "
+                                   f"committed={r['committed']}")
+    n = np.diff(np.r_[starts, len(t_code)])
+    committed = _np(rounds, "committed").astype(np.int64)[r_order]
+    start_position = _np(rounds, "start_position").astype(np.int64)[r_order]
+    accepted = _np(rounds, "accepted").astype(np.int64)[r_order]
+
+    def fail_rounds(mask, problem):
+        if mask.any():
+            g = int(np.flatnonzero(mask)[0])
+            r = _first_row(rounds, int(r_order[g]))
+            raise TraceValidationError(
+                f"{where}: {problem} in {int(mask.sum())} rounds; first at request {r['request_id']!r} "
+                f"round {r['round_index']} (committed={r['committed']}, {int(n[g])} token rows)")
+
+    def group_of_rows(mask):
+        return np.unique(np.searchsorted(starts, np.flatnonzero(mask), side="right") - 1)
+
+    fail_rounds(n != committed, "number of token rows differs from rounds.committed")
+    if len(starts):
+        bad_depth = np.zeros(len(starts), bool)
+        bad_depth[group_of_rows(inner & (np.diff(depth) != 1))] = True
+        bad_depth |= depth[starts] != 1
+        fail_rounds(bad_depth, "token depths are not 1, 2, ..., committed in order")
+        bad_offset = np.zeros(len(starts), bool)
+        bad_offset[group_of_rows(inner & (np.diff(offset) != 0))] = True
+        bad_offset |= offset[starts] != start_position - 1
+        fail_rounds(bad_offset, "token positions differ from start_position + depth - 1")
+        n_acc = np.add.reduceat(is_acc, starts, dtype=np.int64)
+        fail_rounds(n_acc != np.minimum(accepted, committed),
+                    "number of 'accepted' token rows differs from min(accepted, committed)")
+    # requests.new_tokens covers every position (end of each round = start_position + committed)
+    last = np.full(n_req, -1, np.int64)
+    np.maximum.at(last, r_code[r_order], start_position + committed - 1)
+    _fail_first(last >= _np(requests, "new_tokens"), requests, "requests", where,
+                "a token position >= requests.new_tokens", count_word="requests")

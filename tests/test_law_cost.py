@@ -1,0 +1,76 @@
+"""Cost model and request bootstrap: measured costs recovered, speedup arithmetic, break-even."""
+
+import numpy as np
+import pytest
+
+from entropy_law.law.bootstrap import bootstrap_law, poisson_weights, reweight_counts
+from entropy_law.law.cost import (breakeven_entropy, fit_cost_model, speedup_at_entropy, when_drafting_pays)
+from entropy_law.law.fit import fit_law, prepare_counts, get_family
+from entropy_law.law.simulate import SimCosts, SimulatedTraces, TreeSpec, simulate_traces
+
+COSTS = SimCosts(ar_ms=40.0, draft_ms=6.0, verify_base=1.05, verify_per_node=0.01, overhead_ms=1.5)
+
+
+@pytest.fixture(scope="module")
+def traces():
+    return simulate_traces(seed=51, n_requests_per_category=10, categories=["qa", "math_reasoning", "rag"],
+                           k=0.8, block_size=6, tree=TreeSpec(depth=4, nodes=16), include_ar=True,
+                           tokens_per_request=(60, 90), costs=COSTS)
+
+
+def test_cost_model_recovers_the_simulated_costs(traces):
+    cost = fit_cost_model(traces, drafter="sim-block")
+    assert cost.ar_ms_per_token == pytest.approx(40.0, rel=0.01)
+    assert cost.draft_ms == pytest.approx(6.0, rel=0.01)
+    assert cost.overhead_ms == pytest.approx(1.5, rel=0.01)
+    # verify = 40 * (1.05 + 0.01 N) on drafting rounds, 40 on AR rounds (N = 0): a line through both
+    assert cost.verify_per_node_ms == pytest.approx(0.4 + 2.0 / 16 * 0, abs=0.2)
+    assert cost.depth == 5 and cost.nodes == 5
+    no_ar = SimulatedTraces(tokens=traces.tokens, rounds=traces.rounds.loc[traces.rounds["tree_nodes"] > 0],
+                            requests=traces.requests, runs=traces.runs)
+    with pytest.raises(ValueError, match="ar_ms_per_token="):
+        fit_cost_model(no_ar, drafter="sim-block")
+    assert fit_cost_model(no_ar, drafter="sim-block", ar_ms_per_token=40.0).ar_source == "given"
+
+
+def test_speedup_and_breakeven_arithmetic(traces):
+    law = fit_law(traces, "law_exp", by="drafter_id")["sim-block"]
+    cost = fit_cost_model(traces, drafter="sim-block")
+    h = np.array([0.05, 1.0])
+    a = np.stack([law.predict_acceptance(np.full(5, x), np.arange(1, 6)) for x in h])
+    expected = (1 + np.cumprod(a, axis=1).sum(axis=1)) * cost.ar_ms_per_token / (
+        cost.draft_ms + cost.overhead_ms + cost.verify_intercept_ms + 5 * cost.verify_per_node_ms)
+    np.testing.assert_allclose(speedup_at_entropy(law, cost, h), expected, rtol=1e-10)
+    h_be = breakeven_entropy(law, cost)
+    assert 0 < h_be < 20
+    assert speedup_at_entropy(law, cost, h_be)[0] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_when_drafting_pays_has_intervals_around_the_estimates(traces):
+    res = when_drafting_pays(traces, drafter="sim-block", entropies=(0.05, 0.5, 2.0), n_boot=15, seed=3)
+    s = res.summary
+    assert (s["ci_low"] <= s["estimate"] + 1e-9).all() and (s["estimate"] <= s["ci_high"] + 1e-9).all()
+    assert s.loc["speedup[H=0.05]", "estimate"] > s.loc["speedup[H=2]", "estimate"]
+    assert s.loc["best_block_size[H=0.05]", "estimate"] >= s.loc["best_block_size[H=2]", "estimate"]
+    tree = when_drafting_pays(traces, drafter="sim-tree", entropies=(0.05, 3.0), n_boot=5, seed=3).summary
+    assert "best_tree_budget[H=0.05]" in tree.index
+
+
+def test_request_bootstrap(traces):
+    fam = get_family("law_exp")
+    counts = prepare_counts(traces.__class__(tokens=traces.tokens.loc[traces.tokens["run_id"] == "sim-block"],
+                                             rounds=traces.rounds, requests=traces.requests, runs=traces.runs), fam)
+    ones = poisson_weights(counts["request_id"], np.random.default_rng(0)) * 0 + 1
+    assert reweight_counts(counts, ones)["n"].sum() == counts["n"].sum()
+    w = poisson_weights(counts["request_id"], np.random.default_rng(1))
+    re = reweight_counts(counts, w)
+    by_req = counts.groupby("request_id")["n"].sum()
+    assert re["n"].sum() == (by_req * w.reindex(by_req.index)).sum()
+    boot = bootstrap_law(counts, n_boot=25, seed=2)
+    s = boot.summary
+    assert boot.n_failed == 0 and len(boot.replicates) == 25
+    law = fit_law(counts)
+    # bootstrap SE of k is of the size of the cluster-robust SE
+    ratio = s.loc["k", "boot_se"] / law.summary.loc["k", "std_err"]
+    assert 0.6 < ratio < 1.6
+    assert s.loc["k", "ci_low"] < 0.8 < s.loc["k", "ci_high"]
