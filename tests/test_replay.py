@@ -197,3 +197,32 @@ def test_replay_request_feeds_observers_with_teacher_forced_logits():
         # each committed token is the argmax of its logit row (greedy path)
         assert rows.argmax(-1).tolist() == record.committed_ids
         assert torch.equal(rows, logits[record.start_position:record.start_position + len(record.committed_ids)])
+
+
+def test_replay_request_writes_a_trace_run_flagged_as_replayed(tmp_path):
+    import json
+
+    import pyarrow.parquet as pq
+
+    from entropy_law.decoding.observers import RecorderObserver
+    from entropy_law.decoding.replay import replay_run_metadata
+    from entropy_law.traces.recorder import TraceRecorder
+
+    model = tiny_llama(2)
+    prompt = [7, 8, 9, 7, 8, 9, 7, 8]
+    output = model.generate(torch.tensor([prompt]), max_new_tokens=16, min_new_tokens=16, do_sample=False,
+                            pad_token_id=0)[0, len(prompt):].tolist()
+    drafter = NgramDrafter(block_size=4)
+    run = tmp_path / "replayed"
+    with TraceRecorder(run, model_id="tiny", **replay_run_metadata(drafter, "chain", None)) as recorder:
+        result = replay_request(model, prompt, output, drafter, "chain", None, observers=[RecorderObserver(recorder)],
+                                request_id="r1", category="qa", min_expected_accepted=0.0)
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["replayed"] is True and meta["status"] == "complete" and meta["drafter_id"] == "ngram"
+    shard = sorted((run / "shards").iterdir())[0]
+    tokens = pq.read_table(shard / "tokens.parquet").to_pandas().sort_values("position")
+    rounds = pq.read_table(shard / "rounds.parquet").to_pandas().sort_values("round_index")
+    assert tokens["token_id"].tolist() == output
+    assert rounds["accepted"].tolist() == [r.accepted for r in result.rounds]
+    expected = teacher_forced_target_stats(model, prompt, output)
+    np.testing.assert_allclose(tokens["target_entropy_nats"].to_numpy(), expected["target_entropy_nats"], atol=1e-5)

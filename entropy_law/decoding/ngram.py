@@ -127,7 +127,6 @@ class NgramDrafter:
 
     def propose(self, tokens: Sequence[int], new_features: torch.Tensor | None = None) -> DraftProposal:
         """Candidates for the ``block_size - 1`` positions after ``tokens`` (its last token is the root)."""
-        tokens = _as_int_list(tokens)
         self._extend_context(tokens)
         n_tokens = len(self._tokens)
         if n_tokens == 0:
@@ -208,13 +207,16 @@ class NgramDrafter:
             n: {} for n in range(self.min_ngram, self.max_ngram + 1)}
         self._pending: list[_PendingProposal] = []
 
-    def _extend_context(self, tokens: list[int]) -> None:
+    def _extend_context(self, tokens) -> None:
+        if isinstance(tokens, torch.Tensor):
+            tokens = tokens.reshape(-1).tolist()
         known = len(self._tokens)
-        if len(tokens) >= known and tokens[:known] == self._tokens:
-            self._tokens.extend(tokens[known:])
+        # the prefix check is one C-level list comparison; only the new tail is converted
+        if len(tokens) >= known and list(tokens[:known]) == self._tokens:
+            self._tokens.extend(int(t) for t in tokens[known:])
             self._resolve_pending()
         else:  # not a continuation of what we saw (a new request without begin): start over
-            self._reset_context(tokens)
+            self._reset_context(_as_int_list(tokens))
 
     def _index_until(self, end: int) -> None:
         """Add the n-grams ending at positions ``_indexed .. end - 1``."""
@@ -275,7 +277,7 @@ class NgramDrafter:
         rates = self.hit_rates(match_len)  # [depth, rank]
         width = max(len(row) for row in candidates)
         tokens = np.zeros((len(candidates), width), dtype=np.int64)
-        logprobs = np.full((len(candidates), width), -np.inf)
+        logprobs = np.full((len(candidates), width), -np.inf, dtype=np.float32)
         path_prob = 1.0
         depth_kept = 0
         for d, row in enumerate(candidates):
@@ -291,7 +293,7 @@ class NgramDrafter:
         if depth_kept == 0:
             return DraftProposal.empty()
         return DraftProposal(tokens=torch.from_numpy(tokens[:depth_kept]),
-                             logprobs=torch.from_numpy(logprobs[:depth_kept]).to(torch.float32))
+                             logprobs=torch.from_numpy(logprobs[:depth_kept]))
 
 
 def _as_int_list(tokens) -> list[int]:
