@@ -488,3 +488,33 @@ def test_llava_prompt_gets_exactly_one_bos_with_and_without_a_chat_template():
         ids = encoder.encode(test_image(1), "Describe the image.").input_ids
         assert ids[0] == bos_id and ids.count(bos_id) == 1
         assert tokenizer.decode(ids[1:]).startswith("USER: <image>")
+
+
+def test_record_cli_over_image_task_files(tmp_path):
+    """``entropy-law record --tasks vlm_tasks`` on a tiny Qwen2-VL folder: traces carry the image token
+    count, and the recorded tokens equal HF greedy decoding with the image."""
+    from entropy_law.cli import main
+    from entropy_law.traces.reader import load_traces
+    from entropy_law.vlm_tasks import load_image_tasks
+
+    tokenizer = byte_tokenizer()
+    model = tiny_qwen2_vl(1, tokenizer=tokenizer, init_std=0.1)
+    folder = tmp_path / "tiny-qwen2-vl"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    qwen_image_processor().save_pretrained(folder)
+
+    out = tmp_path / "run"
+    code = main(["record", "--model", str(folder), "--tasks", "vlm_tasks", "--categories", "chart",
+                 "--limit", "1", "--drafter", "ngram", "--tree", "ddtree", "--budget", "8",
+                 "--max-new-tokens", "10", "--out", str(out), "--no-progress"])
+    assert code == 0
+    traces = load_traces(out)
+    (task,) = load_image_tasks("vlm_tasks", categories=["chart"], limit=1)
+    req = traces.requests.set_index("request_id")
+    assert list(req.index) == [task.request_id]
+    assert req.loc[task.request_id, "image_tokens"] == 12
+    prompt = ImagePromptEncoder(tokenizer, qwen_image_processor(), model.config).encode(task.image, task.prompt)
+    reference = reference_greedy(model, prompt, max_new_tokens=10)
+    tokens = traces.tokens.sort_values("position")
+    assert tokens.token_id.tolist() == reference.token_ids

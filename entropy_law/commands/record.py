@@ -97,12 +97,15 @@ def run(args) -> int:
     from tqdm.contrib.logging import logging_redirect_tqdm
 
     from entropy_law.tasks import load_tasks
+    from entropy_law.vlm_tasks import is_image_task_file, load_image_tasks
 
     if not logging.getLogger().handlers and not logger.handlers:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     _check_args(args)
     # prompts first: a bad task file or category fails before the model is loaded
-    tasks = load_tasks(args.tasks, categories=_categories(args.categories), limit=args.limit)
+    image_tasks = is_image_task_file(args.tasks)  # JSONL lines with an "image" field, or "vlm_tasks"
+    loader = load_image_tasks if image_tasks else load_tasks
+    tasks = loader(args.tasks, categories=_categories(args.categories), limit=args.limit)
     if not tasks:
         raise ValueError(f"no prompts to decode in {args.tasks} with these options")
     out = Path(args.out)
@@ -116,9 +119,16 @@ def run(args) -> int:
     from entropy_law.decoding.observers import RecorderObserver
     from entropy_law.traces.recorder import TraceRecorder
 
-    target = load_target(args.model)
+    images = None
+    if image_tasks:  # a local Qwen2-VL / Qwen2.5-VL / LLaVA folder; pixels go to the prefill only
+        from entropy_law.decoding.vlm import ImageRequests
+
+        images = ImageRequests.load(args.model)
+        target = images.target
+    else:
+        target = load_target(args.model)
     tokenizer = target.tokenizer
-    if not args.no_chat_template and not getattr(tokenizer, "chat_template", None):
+    if images is None and not args.no_chat_template and not getattr(tokenizer, "chat_template", None):
         raise ValueError(f"the tokenizer of {args.model} has no chat template; pass --no-chat-template to "
                          "tokenize the prompt text as is")
     drafter = None
@@ -128,8 +138,9 @@ def run(args) -> int:
         if args.tree == "ddtree" and budget is None:
             budget = DEFAULT_DDTREE_BUDGET
     tracker = _RoundTracker()
-    decoder = SpeculativeDecoder(target, drafter, tree=args.tree, budget=budget,
-                                 verify_cost_ratio=args.verify_cost_ratio, observers=[tracker])
+    decoder = SpeculativeDecoder(images.adapter if images is not None else target, drafter, tree=args.tree,
+                                 budget=budget, verify_cost_ratio=args.verify_cost_ratio, observers=[tracker],
+                                 tokenizer=tokenizer)
     max_context = decoder.adapter.max_context
     metadata = {
         "model_id": target.model_id,
@@ -162,9 +173,13 @@ def run(args) -> int:
                         len(tasks))
         with logging_redirect_tqdm():
             for task in tqdm(todo, desc="record", unit="prompt", disable=args.no_progress):
-                prompt = task.prompt if args.no_chat_template else task.messages()
+                extra = {}
                 try:
-                    prompt_ids = decoder.encode_prompt(prompt, raw_prompt=args.no_chat_template)
+                    if images is not None:  # encodes the image and first turn, attaches the pixels
+                        prompt_ids, extra = images.prepare(task)
+                    else:
+                        prompt = task.prompt if args.no_chat_template else task.messages()
+                        prompt_ids = decoder.encode_prompt(prompt, raw_prompt=args.no_chat_template)
                 except Exception as err:  # a prompt the tokenizer cannot handle: skip it, keep going
                     logger.warning("skipping %s: cannot tokenize the prompt (%s)", task.request_id, err)
                     counts["skipped"] += 1
@@ -182,7 +197,7 @@ def run(args) -> int:
                 try:
                     result = decoder.generate(prompt_ids, max_new_tokens=args.max_new_tokens,
                                               category=task.category, request_id=task.request_id,
-                                              dataset=task.dataset, question_id=task.question_id)
+                                              dataset=task.dataset, question_id=task.question_id, **extra)
                 except Exception as err:  # never abort the run for one request
                     logger.error("request %s failed: %s: %s", task.request_id, type(err).__name__, err)
                     counts["failed"] += 1
