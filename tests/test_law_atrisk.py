@@ -110,3 +110,20 @@ def test_combined_chunk_aggregates_equal_the_whole(traces):
     b = combined.sort_values(key, ignore_index=True)
     pd.testing.assert_frame_equal(a[key + ["n_acc", "n_rej", "n"]], b[key + ["n_acc", "n_rej", "n"]], check_dtype=False)
     np.testing.assert_allclose(a["log_entropy"], b["log_entropy"], rtol=1e-12)
+
+
+def test_dictionary_encoded_string_columns_give_the_same_fit(traces):
+    """The trace reader may hand over categorical (dictionary-encoded) key columns."""
+    def categorical(frame):
+        out = frame.copy()
+        for col in ("run_id", "request_id", "category", "role", "drafter_id", "tree_policy"):
+            if col in out:
+                out[col] = out[col].astype("category")
+        return out
+
+    cat = SimulatedTraces(tokens=categorical(traces.tokens), rounds=categorical(traces.rounds),
+                          requests=categorical(traces.requests), runs=categorical(traces.runs))
+    a = fit_law(traces, "law_exp_cat", by="drafter_id", min_requests_per_category=2)["sim-block"]
+    b = fit_law(cat, "law_exp_cat", by="drafter_id", min_requests_per_category=2)["sim-block"]
+    np.testing.assert_allclose(a.result.params.to_numpy(), b.result.params.to_numpy(), rtol=0, atol=1e-9)
+    np.testing.assert_allclose(a.result.bse.to_numpy(), b.result.bse.to_numpy(), rtol=1e-9)

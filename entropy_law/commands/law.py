@@ -10,7 +10,7 @@ from __future__ import annotations
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("law", help="fit the entropy law to traces and print summaries")
-    p.add_argument("traces", nargs="*", help="trace run directories (as accepted by load_traces)")
+    p.add_argument("traces", nargs="?", help="a run directory, or a folder searched for runs (load_traces)")
     p.add_argument("--simulate", type=int, metavar="SEED", help="use simulated traces with this seed instead")
     p.add_argument("--family", default="law_exp", help="law family (default: %(default)s)")
     p.add_argument("--drafter", help="only this drafter (default: every drafter)")
@@ -30,10 +30,10 @@ def run(args) -> int:
                                  tokens_per_request=(60, 100))
     else:
         if not args.traces:
-            raise ValueError("pass trace run directories, or --simulate SEED")
+            raise ValueError("pass a trace folder, or --simulate SEED")
         from entropy_law import load_traces
 
-        traces = load_traces(args.traces if len(args.traces) > 1 else args.traces[0])
+        traces = load_traces(args.traces)
     laws = fit_law(traces, args.family, by="drafter_id")
     drafters = [args.drafter] if args.drafter else list(laws.laws)
     for drafter in drafters:

@@ -132,6 +132,26 @@ def log_bin(values: np.ndarray, *, eps: float = EPS_NATS, width_log10: float = 0
     return np.floor((np.log10(x + eps) - np.log10(eps)) / width_log10).astype(np.int64)
 
 
+def _group_sums(frame: pd.DataFrame, keys: Sequence[str], values: Sequence[str]) -> pd.DataFrame:
+    """Sums of ``values`` per distinct combination of ``keys``, sorted by the keys.
+
+    One int64 code per row (mixed radix over factorized keys), one ``np.unique`` and one
+    ``np.bincount`` per value column: several times faster than a multi-key pandas groupby on
+    millions of rows.
+    """
+    code = np.zeros(len(frame), dtype=np.int64)
+    uniques = []
+    for key in keys:
+        codes, levels = pd.factorize(frame[key], sort=True)
+        uniques.append(levels)
+        code = code * len(levels) + codes
+    cells, first, inverse = np.unique(code, return_index=True, return_inverse=True)
+    out = {key: frame[key].to_numpy()[first] for key in keys}
+    for col in values:
+        out[col] = np.bincount(inverse, weights=frame[col].to_numpy(dtype=float), minlength=len(cells))
+    return pd.DataFrame(out)
+
+
 def mean_columns(table: pd.DataFrame) -> list[str]:
     """Covariate columns whose within-cell means an aggregate keeps."""
     return [c for c in (*COVARIATES, *DERIVED) if c in table.columns]
@@ -162,8 +182,9 @@ def aggregate_at_risk(
     frame["n_acc"] = frame.pop("accepted").astype(np.int64)
     frame["n"] = 1
     means = mean_columns(table)
-    sums = frame.groupby([*keys, *bin_names], sort=True, observed=True).sum()
-    out = sums.reset_index()
+    out = _group_sums(frame, [*keys, *bin_names], ["n_acc", "n", *means])
+    for col in ("n_acc", "n"):
+        out[col] = np.rint(out[col]).astype(np.int64)
     for col in means:
         out[col] = out[col] / out["n"]
     out["n_rej"] = out["n"] - out["n_acc"]
@@ -182,7 +203,9 @@ def combine_aggregates(parts: Sequence[pd.DataFrame]) -> pd.DataFrame:
     frame = pd.concat(parts, ignore_index=True)
     for col in means:
         frame[col] = frame[col] * frame["n"]
-    out = frame.groupby(keys, sort=True, observed=True)[["n_acc", "n_rej", "n", *means]].sum().reset_index()
+    out = _group_sums(frame, keys, ["n_acc", "n_rej", "n", *means])
+    for col in ("n_acc", "n_rej", "n"):
+        out[col] = np.rint(out[col]).astype(np.int64)
     for col in means:
         out[col] = out[col] / out["n"]
     out.attrs.update(attrs)
