@@ -29,7 +29,12 @@ MARGIN_TOLERANCE = 1e-3
 def target():
     from entropy_law.decoding.loading import load_target
 
-    return load_target("smollm2-135m")
+    # one thread: on shared cores two OpenMP threads wait on each other at every op (10x slower here);
+    # all arms run under the same setting, so the comparison is unaffected
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield load_target("smollm2-135m")
+    torch.set_num_threads(threads)
 
 
 def _questions():
