@@ -4,7 +4,8 @@ token ids as Hugging Face ``generate(do_sample=False)``; our AR baseline does to
 category, to keep the runtime down; AR == HF generate is also checked broadly on tiny models).
 
 A divergence is tolerated only at a near-tie (top-1 minus top-2 logit <= 1e-3 at the first differing
-position). Slow (several minutes on 2 CPU cores): marked ``real_model``.
+position). Slow: about 10 min of CPU time on one thread (38 min wall on a heavily shared 2-core
+machine); marked ``real_model``.
 """
 
 import json
