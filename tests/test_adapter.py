@@ -8,9 +8,12 @@ import torch
 
 from entropy_law.decoding.adapter import TargetAdapter
 from entropy_law.decoding.tree import Tree
+from tests.tiny_models import single_thread  # noqa: F401 (fixture)
 from tests.tiny_models import random_prompt, tiny_llama
 
 VOCAB = 128
+
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 def random_tree(generator: torch.Generator, n_nodes: int, vocab: int = VOCAB, max_depth: int = 6) -> Tree:

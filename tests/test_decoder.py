@@ -14,9 +14,12 @@ from entropy_law.decoding.tree import expected_accepted
 from entropy_law.decoding.interface import DraftProposal
 from entropy_law.decoding.observers import RecorderObserver
 from entropy_law.decoding.tree import Tree
+from tests.tiny_models import single_thread  # noqa: F401 (fixture)
 from tests.tiny_models import FakeRecorder, OracleDrafter, hf_greedy, random_prompt, tiny_llama
 
 VOCAB = 128
+
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @pytest.fixture(scope="module")

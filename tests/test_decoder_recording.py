@@ -6,6 +6,7 @@ validate, and carry the AR baseline's target entropy at every output position.
 """
 
 import numpy as np
+import pytest
 import torch
 
 from entropy_law.decoding.decoder import ARDecoder, SpeculativeDecoder
@@ -13,9 +14,12 @@ from entropy_law.decoding.interface import DraftProposal
 from entropy_law.decoding.observers import RecorderObserver
 from entropy_law.traces.reader import load_traces
 from entropy_law.traces.recorder import TraceRecorder
+from tests.tiny_models import single_thread  # noqa: F401 (fixture)
 from tests.tiny_models import OracleDrafter, hf_greedy, random_prompt, tiny_llama
 
 VOCAB = 128
+
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 class LogitsOracle(OracleDrafter):

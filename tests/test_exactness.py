@@ -22,6 +22,7 @@ from scipy.stats import entropy as scipy_entropy
 from entropy_law.decoding.decoder import ARDecoder, SpeculativeDecoder
 from entropy_law.decoding.ngram import NgramDrafter
 from entropy_law.decoding.observers import RecorderObserver, distribution_stats
+from tests.tiny_models import single_thread  # noqa: F401 (fixture)
 from tests.tiny_models import (FakeRecorder, OracleDrafter, RandomTreePolicy, first_divergence_margin, hf_greedy,
                                random_prompt, tiny_llama)
 
@@ -32,6 +33,8 @@ MODEL_CONFIGS = {  # seed -> (vocab, layers, kv heads)
     1: dict(vocab=128, layers=3, kv_heads=4),
     2: dict(vocab=200, layers=2, kv_heads=1),
 }
+
+pytestmark = pytest.mark.usefixtures("single_thread")
 
 
 @lru_cache(maxsize=None)

@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
+
+
+@pytest.fixture(scope="module", autouse=False)
+def single_thread():
+    """Run a module's tiny-model tests on one torch thread (restored afterwards): tiny ops gain nothing
+    from a second thread, and on shared cores the threads wait on each other at every op."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 def tiny_llama(seed: int = 0, *, vocab: int = 128, hidden: int = 64, layers: int = 2, heads: int = 4,

@@ -1,0 +1,216 @@
+"""Decoding speed on Spec-Bench: HF greedy, HF prompt lookup, our AR, ours + n-gram (chain, DDTree).
+
+Every arm maps prompt token ids to new token ids and goes through the same timing code (wall time of
+the whole call, prefill included) and the same token counting (new tokens returned). Arms run
+interleaved per prompt, in a rotating order, after the same warm-up, so machine load drifts hit all
+arms alike. Prompts: the first ``--limit`` questions of each Spec-Bench category, chat template,
+``--max-new-tokens`` new tokens (greedy, EOS stops).
+
+Reports per category and overall: tokens per second and the ratio to our AR; mean committed tokens
+per verify round of the n-gram arms; the recording overhead (the n-gram chain decoder with and without
+a ``RecorderObserver`` writing a real trace; also the observer's own time as a share of decode time);
+and whether every arm produced the same token ids as our AR. Ends with ONE JSON line.
+
+    python bench/decode_speed.py --limit 5 --max-new-tokens 256          # the issue's setting
+    nice python bench/decode_speed.py --limit 2 --max-new-tokens 128     # quicker
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from entropy_law.decoding.decoder import ARDecoder, SpeculativeDecoder  # noqa: E402
+from entropy_law.decoding.loading import load_target  # noqa: E402
+from entropy_law.decoding.ngram import NgramDrafter  # noqa: E402
+from entropy_law.decoding.observers import RecorderObserver  # noqa: E402
+from entropy_law.tasks import load_tasks  # noqa: E402
+from entropy_law.traces.recorder import TraceRecorder  # noqa: E402
+
+AR_ARM = "ours AR"
+
+
+class TimedObserver:
+    """Wraps an observer and adds up the time spent in it (the direct recording cost)."""
+
+    def __init__(self, inner):
+        self.inner, self.seconds = inner, 0.0
+
+    def _timed(self, method, *args):
+        t0 = time.perf_counter()
+        getattr(self.inner, method)(*args)
+        self.seconds += time.perf_counter() - t0
+
+    def on_request_start(self, request_id, info):
+        self._timed("on_request_start", request_id, info)
+
+    def on_round(self, record):
+        self._timed("on_round", record)
+
+    def on_request_end(self, request_id, info):
+        self._timed("on_request_end", request_id, info)
+
+
+def make_arms(target, args, recorder_observer):
+    model = target.model
+    eos = model.generation_config.eos_token_id
+
+    def hf(extra):
+        @torch.inference_mode()
+        def run(prompt_ids, max_new_tokens, category, request_id):
+            ids = torch.tensor([prompt_ids])
+            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                 do_sample=False, eos_token_id=eos, pad_token_id=eos, **extra)
+            return out[0, len(prompt_ids):].tolist(), None
+
+        return run
+
+    def ours(decoder):
+        def run(prompt_ids, max_new_tokens, category, request_id):
+            result = decoder.generate(prompt_ids, max_new_tokens=max_new_tokens, category=category,
+                                      request_id=request_id)
+            return result.token_ids, result
+
+        return run
+
+    def ngram(**kwargs):
+        return NgramDrafter(block_size=args.block_size)
+
+    return {
+        "HF greedy": hf({}),
+        "HF prompt lookup": hf({"prompt_lookup_num_tokens": 10}),
+        AR_ARM: ours(ARDecoder(target)),
+        "ours ngram chain": ours(SpeculativeDecoder(target, ngram(), tree="chain",
+                                                    verify_cost_ratio=args.verify_cost_ratio)),
+        "ours ngram ddtree": ours(SpeculativeDecoder(target, ngram(), tree="ddtree", budget=args.budget,
+                                                     verify_cost_ratio=args.verify_cost_ratio)),
+        "ours ngram chain + recorder": ours(SpeculativeDecoder(target, ngram(), tree="chain",
+                                                               verify_cost_ratio=args.verify_cost_ratio,
+                                                               observers=[recorder_observer])),
+    }
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--limit", type=int, default=5, help="prompts per category (default 5)")
+    parser.add_argument("--categories", nargs="*", default=None)
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--block-size", type=int, default=11, help="n-gram drafter block size")
+    parser.add_argument("--budget", type=int, default=16, help="DDTree node budget")
+    parser.add_argument("--verify-cost-ratio", type=float, default=2.0)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    target = load_target(args.model)
+    tasks = load_tasks("spec_bench", categories=args.categories, limit=args.limit)
+    decoder_for_prompts = ARDecoder(target)
+    prompts = [(task, decoder_for_prompts.encode_prompt(task.messages())) for task in tasks]
+
+    with tempfile.TemporaryDirectory() as tmp, TraceRecorder(Path(tmp) / "run", model_id=target.model_id,
+                                                            drafter_id="ngram", tree_policy="chain") as recorder:
+        timed_observer = TimedObserver(RecorderObserver(recorder))
+        arms = make_arms(target, args, timed_observer)
+        names = list(arms)
+        for name in names:  # same warm-up for every arm
+            arms[name](prompts[0][1], 16, "warmup", f"warmup-{name}")
+        timed_observer.seconds = 0.0
+
+        seconds = defaultdict(float)  # (arm, category) -> s
+        tokens = defaultdict(int)
+        committed = defaultdict(list)  # (arm, category) -> committed per verify round
+        decode_seconds = defaultdict(float)
+        mismatches = defaultdict(int)
+        for index, (task, prompt_ids) in enumerate(prompts):
+            order = names[index % len(names):] + names[: index % len(names)]
+            outputs = {}
+            for name in order:
+                t0 = time.perf_counter()
+                new_ids, result = arms[name](prompt_ids, args.max_new_tokens, task.category,
+                                             f"{task.request_id}#{index}")
+                elapsed = time.perf_counter() - t0
+                outputs[name] = new_ids
+                seconds[name, task.category] += elapsed
+                tokens[name, task.category] += len(new_ids)
+                if result is not None:
+                    committed[name, task.category] += [r.committed for r in result.rounds if r.round_index > 0]
+                    decode_seconds[name] += result.decode_ms / 1000.0
+            for name in names:
+                mismatches[name] += int(outputs[name] != outputs[AR_ARM])
+            print(f"[{index + 1}/{len(prompts)}] {task.category:<16} {task.question_id:>6} "
+                  f"{len(outputs[AR_ARM])} tokens", file=sys.stderr, flush=True)
+        recorded_decode_s = decode_seconds["ours ngram chain + recorder"]
+        observer_share = timed_observer.seconds / recorded_decode_s if recorded_decode_s else float("nan")
+
+    categories = list(dict.fromkeys(task.category for task, _ in prompts))
+
+    def rate(name, category=None):
+        cats = categories if category is None else [category]
+        s = sum(seconds[name, c] for c in cats)
+        return sum(tokens[name, c] for c in cats) / s if s else float("nan")
+
+    def mean_committed(name, category=None):
+        cats = categories if category is None else [category]
+        values = [v for c in cats for v in committed[name, c]]
+        return sum(values) / len(values) if values else float("nan")
+
+    header = f"{'arm':<30}" + "".join(f"{c[:12]:>14}" for c in categories) + f"{'all':>14}"
+    print(f"\nTokens per second (ratio to {AR_ARM}); {args.limit} prompts/category, "
+          f"{args.max_new_tokens} new tokens, torch threads {torch.get_num_threads()}")
+    print(header)
+    for name in names:
+        cells = [f"{rate(name, c):6.1f} ({rate(name, c) / rate(AR_ARM, c):4.2f})" for c in categories]
+        cells.append(f"{rate(name):6.1f} ({rate(name) / rate(AR_ARM):4.2f})")
+        print(f"{name:<30}" + "".join(f"{cell:>14}" for cell in cells))
+    print("\nMean committed tokens per verify round")
+    print(header)
+    for name in names:
+        if committed[name, categories[0]] or any(committed[name, c] for c in categories):
+            print(f"{name:<30}" + "".join(f"{mean_committed(name, c):>14.2f}" for c in categories)
+                  + f"{mean_committed(name):>14.2f}")
+    overhead = rate("ours ngram chain") / rate("ours ngram chain + recorder") - 1.0
+    print(f"\nRecording overhead: {100 * overhead:+.2f}% wall time (with vs without recorder; noisy), "
+          f"observer time = {100 * observer_share:.2f}% of decode time")
+    print("Outputs different from our AR: " + ", ".join(f"{n}: {mismatches[n]}" for n in names))
+
+    ratio = {name: {c: rate(name, c) / rate(AR_ARM, c) for c in categories} for name in names}
+    goals = {
+        "ar_at_least_hf_greedy": rate(AR_ARM) >= rate("HF greedy"),
+        "recording_overhead_le_2pct": observer_share <= 0.02,
+    }
+    for name in ("ours ngram chain", "ours ngram ddtree"):
+        goals[f"{name}: faster than HF prompt lookup on every category"] = all(
+            rate(name, c) > rate("HF prompt lookup", c) for c in categories)
+        goals[f"{name}: >= 1.2x AR on summarization and rag"] = all(
+            ratio[name][c] >= 1.2 for c in ("summarization", "rag") if c in categories)
+        goals[f"{name}: never > 5% slower than AR"] = all(ratio[name][c] >= 0.95 for c in categories)
+    print("Goals: " + "; ".join(f"{k}: {'yes' if v else 'NO'}" for k, v in goals.items()))
+    summary = {
+        "bench": "decode_speed", "model": target.model_id, "prompts_per_category": args.limit,
+        "max_new_tokens": args.max_new_tokens, "torch_threads": torch.get_num_threads(),
+        "block_size": args.block_size, "ddtree_budget": args.budget, "verify_cost_ratio": args.verify_cost_ratio,
+        "tokens_per_second": {name: {**{c: rate(name, c) for c in categories}, "all": rate(name)} for name in names},
+        "ratio_to_ar": {name: {**ratio[name], "all": rate(name) / rate(AR_ARM)} for name in names},
+        "mean_committed_per_round": {name: {**{c: mean_committed(name, c) for c in categories},
+                                            "all": mean_committed(name)}
+                                     for name in names if any(committed[name, c] for c in categories)},
+        "recording_overhead_wall": overhead, "recording_observer_share": observer_share,
+        "mismatches_vs_ar": dict(mismatches), "goals": goals,
+    }
+    print(json.dumps(summary))
+    return summary
+
+
+if __name__ == "__main__":
+    main()
