@@ -4,11 +4,13 @@ token ids as Hugging Face ``generate(do_sample=False)``; our AR baseline does to
 category, to keep the runtime down; AR == HF generate is also checked broadly on tiny models).
 
 A divergence is tolerated only at a near-tie (top-1 minus top-2 logit <= 1e-3 at the first differing
-position). Slow: about 10 min of CPU time on one thread (38 min wall on a heavily shared 2-core
-machine); marked ``real_model``.
+position). The full check (3 questions per category, 128 tokens) takes about 10 min of CPU time on one
+thread, so ``make test`` runs a reduced version (1 question per category, 64 new tokens); set
+``ENTROPY_LAW_FULL_EXACTNESS=1`` for the full one (it passed with no divergence at all on 2026-11-29).
 """
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -21,8 +23,9 @@ from tests.tiny_models import first_divergence_margin
 pytestmark = pytest.mark.real_model
 
 QUESTIONS = Path(__file__).resolve().parents[1] / "data" / "spec_bench" / "question.jsonl"
-PER_CATEGORY = 3
-MAX_NEW_TOKENS = 128
+FULL = os.environ.get("ENTROPY_LAW_FULL_EXACTNESS", "") not in ("", "0")
+PER_CATEGORY = 3 if FULL else 1
+MAX_NEW_TOKENS = 128 if FULL else 64
 MARGIN_TOLERANCE = 1e-3
 
 
