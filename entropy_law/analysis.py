@@ -177,8 +177,10 @@ class TraceAnalysis:
         """``getattr(self, name)(*args)`` as an ``Attempt``: a ``ValueError`` becomes ``error``."""
         try:
             return Attempt(value=getattr(self, name)(*args))
-        except (ValueError, KeyError, np.linalg.LinAlgError) as err:
+        except ValueError as err:  # the law layer's "too little / wrong data" errors
             return Attempt(error=f"{name}({', '.join(map(str, args))}) not available: {err}")
+        except Exception as err:  # numerical failures on degenerate data (e.g. as many parameters as cells)
+            return Attempt(error=f"{name}({', '.join(map(str, args))}) failed: {type(err).__name__}: {err}")
 
     def law(self, arm: str):
         """The fitted law (``self.family``) of one arm."""
@@ -212,14 +214,14 @@ class TraceAnalysis:
                 try:
                     fit_law(rows, fam)
                     families.append(fam)
-                except ValueError as err:
+                except Exception as err:  # not identified / degenerate here: leave it out, say why
                     dropped.append(f"{fam} ({err})")
             if not families:
                 raise ValueError("no law family can be fitted to these traces")
             n_folds = min(self.n_folds, rows["request_id"].nunique())
             try:
                 result = compare_laws(rows, families, n_folds=n_folds, seed=self.seed)
-            except ValueError as err:  # a category family failed inside a training fold: leave them out
+            except Exception as err:  # a category family failed inside a training fold: leave them out
                 from entropy_law.law.fit import get_family
 
                 kept = [f for f in families if not get_family(f).needs_categories]
