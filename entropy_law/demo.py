@@ -57,6 +57,7 @@ def run_demo(
     report_format: str = "html",
     progress: bool = True,
     ngram_options: dict | None = None,
+    analysis_options: dict | None = None,
     log: Callable[[str], None] = print,
 ) -> DemoResult:
     """Decode ``tasks`` (``entropy_law.tasks.Task``) with each arm, record, analyse and report.
@@ -65,6 +66,7 @@ def run_demo(
     replaces the chat-template encoding (needed for a target without tokenizer). ``arms``: names from
     ``entropy_law.decoding.arms.ARMS``; block-drafter arms are dropped with a message when the
     checkpoint is missing. ``n_boot``: bootstrap replicates for the break-even intervals.
+    ``analysis_options``: more keyword arguments of ``TraceAnalysis`` (e.g. ``compare_families``).
     """
     import torch
     from tqdm.auto import tqdm
@@ -151,7 +153,7 @@ def run_demo(
 
     t_an = time.perf_counter()
     traces = load_traces(trace_dir)
-    analysis = TraceAnalysis(traces, n_boot=n_boot, seed=seed)
+    analysis = TraceAnalysis(traces, n_boot=n_boot, seed=seed, **(analysis_options or {}))
     report = write_report(traces, run_dir, fmt=report_format, analysis=analysis, source=str(trace_dir),
                           progress=progress)
     summary = terminal_summary(analysis)

@@ -20,6 +20,8 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the CV folds and the bootstrap (default: %(default)s)")
     p.add_argument("--ar-ms-per-token", type=float, default=None,
                    help="AR decode cost per token when the traces hold no AR run (a calibration)")
+    p.add_argument("--compare-families", nargs="+", default=None, metavar="FAMILY",
+                   help="law families in the CV comparison (default: all that can be fitted)")
     p.add_argument("--results-md", default=None, metavar="FILE",
                    help="also write the README results section (Markdown table) to FILE")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -43,8 +45,9 @@ def run(args) -> int:
     if missing:
         raise FileNotFoundError(f"trace path(s) not found: {', '.join(missing)}")
     traces = load_traces(args.traces if len(args.traces) > 1 else args.traces[0])
+    options = {} if args.compare_families is None else {"compare_families": tuple(args.compare_families)}
     analysis = TraceAnalysis(traces, family=args.family, n_boot=args.n_boot, seed=args.seed,
-                             ar_ms_per_token=args.ar_ms_per_token)
+                             ar_ms_per_token=args.ar_ms_per_token, **options)
     source = " ".join(args.traces)
     path = write_report(traces, args.out, fmt=args.format, analysis=analysis, source=source,
                         progress=not args.no_progress)

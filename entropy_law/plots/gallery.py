@@ -262,3 +262,39 @@ def make_figures(analysis, out_dir, *, names=None, formats=("png", "pdf"), progr
         written[name] = save_figure(fig, Path(out_dir), name, formats=formats)
         plt.close(fig)
     return written
+
+
+def cli(names=None, argv=None, *, description: str | None = None) -> int:
+    """Command line of the figure scripts: ``[--traces PATH] [--out DIR] [--n-boot N] [--seed S]``.
+
+    Default traces: the reference traces (``data/traces/``), else simulated ones with a clear message.
+    """
+    import argparse
+    import time
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from entropy_law.analysis import TraceAnalysis
+    from entropy_law.sample_traces import resolve_traces
+    from entropy_law.traces.reader import load_traces
+
+    p = argparse.ArgumentParser(description=description or "regenerate figures of the entropy law")
+    p.add_argument("--traces", default=None, help="trace runs (default: data/traces/, else simulated traces)")
+    p.add_argument("--out", default=str(Path(__file__).resolve().parents[2] / "figures" / "out"),
+                   help="output folder (default: figures/out)")
+    p.add_argument("--n-boot", type=int, default=100, help="bootstrap replicates (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="seed of folds and bootstrap (default: %(default)s)")
+    p.add_argument("--ar-ms-per-token", type=float, default=None, help="AR cost per token if the traces have no AR run")
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+    t0 = time.perf_counter()
+    path, simulated = resolve_traces(args.traces)
+    print(f"traces: {path}" + (" (SIMULATED: no reference traces found)" if simulated else ""), flush=True)
+    analysis = TraceAnalysis(load_traces(path), n_boot=args.n_boot, seed=args.seed,
+                             ar_ms_per_token=args.ar_ms_per_token)
+    written = make_figures(analysis, args.out, names=names, progress=not args.no_progress)
+    for name, paths in written.items():
+        print(f"{name}: {', '.join(str(p) for p in paths)}")
+    print(f"{sum(len(p) for p in written.values())} files in {time.perf_counter() - t0:.0f} s")
+    return 0
