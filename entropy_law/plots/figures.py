@@ -107,11 +107,12 @@ def survival_table(at_risk: pd.DataFrame, *, by: str = "category") -> pd.DataFra
         counts = part.groupby("depth")["accepted"].agg(["sum", "size"]).sort_index()
         a = counts["sum"] / counts["size"]
         s = np.cumprod(a.to_numpy())
-        with np.errstate(divide="ignore", invalid="ignore"):
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # a_d = 0: S = 0 from there on
             var_log = np.cumsum((1 - a.to_numpy()) / (counts["size"].to_numpy() * a.to_numpy()))
-        half = 1.96 * np.sqrt(var_log)
+            half = 1.96 * np.sqrt(var_log)
+            low, high = np.nan_to_num(s * np.exp(-half)), np.minimum(np.nan_to_num(s * np.exp(half), nan=0.0), 1)
         out.append(pd.DataFrame({by: str(key), "k": np.r_[0, counts.index.to_numpy()], "survival": np.r_[1.0, s],
-                                 "ci_low": np.r_[1.0, s * np.exp(-half)], "ci_high": np.r_[1.0, np.minimum(s * np.exp(half), 1)],
+                                 "ci_low": np.r_[1.0, low], "ci_high": np.r_[1.0, high],
                                  "conditional_acceptance": np.r_[np.nan, a.to_numpy()],
                                  "at_risk": np.r_[np.nan, counts["size"].to_numpy()]}))
     return pd.concat(out, ignore_index=True) if out else pd.DataFrame()
