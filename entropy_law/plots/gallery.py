@@ -270,6 +270,7 @@ def cli(names=None, argv=None, *, description: str | None = None) -> int:
     Default traces: the reference traces (``data/traces/``), else simulated ones with a clear message.
     """
     import argparse
+    import sys
     import time
 
     import matplotlib
@@ -289,7 +290,11 @@ def cli(names=None, argv=None, *, description: str | None = None) -> int:
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     t0 = time.perf_counter()
-    path, simulated = resolve_traces(args.traces)
+    try:
+        path, simulated = resolve_traces(args.traces)
+    except FileNotFoundError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     print(f"traces: {path}" + (" (SIMULATED: no reference traces found)" if simulated else ""), flush=True)
     analysis = TraceAnalysis(load_traces(path), n_boot=args.n_boot, seed=args.seed,
                              ar_ms_per_token=args.ar_ms_per_token)
