@@ -94,7 +94,8 @@ def run_demo(
     t_start = time.perf_counter()
 
     decoders, recorders = {}, {}
-    model_id = getattr(target, "model_id", type(getattr(target, "model", target)).__name__)
+    model = target if isinstance(target, torch.nn.Module) else target.model  # LoadedTarget or a causal LM
+    model_id = getattr(target, "model_id", type(model).__name__)
     for spec in specs:
         drafter = make_drafter(spec, target, ngram_options=ngram_options)
         decoder = SpeculativeDecoder(target, drafter, tree=spec.tree if drafter is not None else "chain",

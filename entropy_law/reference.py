@@ -85,7 +85,8 @@ def make_reference_traces(
         raise ValueError(f"max_new_tokens must be >= 2, got {max_new_tokens}")
     if not tasks:
         raise ValueError("no prompts: check the limit / categories")
-    model_id = getattr(target, "model_id", type(getattr(target, "model", target)).__name__)
+    model = target if isinstance(target, torch.nn.Module) else target.model  # LoadedTarget or a causal LM
+    model_id = getattr(target, "model_id", type(model).__name__)
     online_spec = arm_spec(ONLINE_ARM)
     decoder = SpeculativeDecoder(target, make_drafter(online_spec, target), tree="chain")
     eos = sorted(decoder.eos_token_ids)
@@ -151,7 +152,6 @@ def make_reference_traces(
     precomputed = None
     if any(s.drafter == "block" for s, _, _ in arms):
         precomputed = importlib.import_module("entropy_law.decoding.drafter_training").PrecomputedBlockDrafter
-    model = getattr(target, "model", target)
     with stack:
         todo = [rid for rid in outputs if rid in by_id and outputs[rid][3] != "error"
                 and any(rid not in rec.completed_requests for _, _, rec in arms)]
