@@ -3,7 +3,7 @@
 Known here: how the figures, the report, the demo and the notebooks look at a trace set (trace format
 v1, from ``load_traces`` or ``simulate_traces``): which runs are *arms* (a drafter with a tree policy;
 two runs of the same drafter with different trees are different arms), which run is the
-autoregressive (AR) baseline (every round without a draft), which runs carry real timings (replayed
+autoregressive (AR) baseline (``drafter_id`` "none" / "ar" or ``tree_policy`` "none"), which runs carry real timings (replayed
 runs report 0 ms and never enter a cost model), the per-category results table, and measured decode
 speedups over AR on the same requests. Each analysis of the law layer (``fit_law``, ``block_prediction``,
 ``loco_transfer``, ``compare_laws``, ``when_drafting_pays``) is computed on first use and cached;
@@ -80,8 +80,10 @@ def make_view(traces) -> TraceView:
     for col in ("drafter_id", "tree_policy"):
         if col not in runs:
             raise ValueError(f"traces.runs has no {col!r} column; every run needs drafter_id and tree_policy metadata")
-    drafting = rounds.groupby("run_id")["tree_nodes"].max()
-    runs["is_ar"] = runs["run_id"].map(drafting).fillna(0).to_numpy() == 0
+    # AR: the run says it has no drafter (drafter_id "none"/"ar" or tree policy "none"); a drafter whose
+    # gate happened to decline every round is still that drafter's arm
+    runs["is_ar"] = (runs["drafter_id"].astype(str).isin(["none", "ar"])
+                     | runs["tree_policy"].astype(str).eq("none")).to_numpy()
     runs["replayed"] = [_truthy(v) for v in runs["replayed"]] if "replayed" in runs else False
     budget = runs["tree_budget"] if "tree_budget" in runs else pd.Series([None] * len(runs))
     runs["recorded_drafter_id"] = runs["drafter_id"]

@@ -216,7 +216,7 @@ def fig_example_response(an):
     tok = an.view.tokens.loc[(an.view.tokens["run_id"] == run_id) & (an.view.tokens["request_id"] == request_id)]
     rnd = an.view.rounds.loc[(an.view.rounds["run_id"] == run_id) & (an.view.rounds["request_id"] == request_id)]
     F.example_response(tok, rnd, max_positions=160, ax=ax)
-    ax.set_title(f"{request_id} ({arm}): accepted blocks shaded")
+    ax.set_title(f"{request_id} ({arm})")
     return fig
 
 
