@@ -27,6 +27,12 @@ def _wilson(successes, trials, level=0.95):
     return wilson_interval(successes, trials, level=level)
 
 
+def _legend(ax, **kwargs):
+    """A legend only when something is labelled (no warning on empty panels)."""
+    if ax.get_legend_handles_labels()[0]:
+        _legend(ax, **kwargs)
+
+
 def _yerr(estimate, low, high) -> np.ndarray:
     """Non-negative error-bar lengths (Wilson bounds at 0 or 1 can miss the estimate by round-off)."""
     estimate, low, high = (np.asarray(v, dtype=float) for v in (estimate, low, high))
@@ -49,7 +55,7 @@ def entropy_distributions(tokens: pd.DataFrame, *, eps: float = EPS_NATS, ax=Non
     ax.set_xlabel(f"{ENTROPY_LABEL} + {eps:g}")
     ax.set_ylabel("fraction of output tokens")
     ax.set_ylim(0, 1)
-    ax.legend(loc="lower right")
+    _legend(ax, loc="lower right")
     return ax
 
 
@@ -94,7 +100,7 @@ def acceptance_vs_entropy(at_risk: pd.DataFrame, *, law=None, depth: int | str =
     ax.set_ylim(-0.02, 1.02)
     ax.set_xlabel(f"{ENTROPY_LABEL} + {eps:g}")
     ax.set_ylabel(f"P(accept | reached depth {'≥ 2' if depth == '2+' else depth})")
-    ax.legend(loc="lower left")
+    _legend(ax, loc="lower left")
     return ax
 
 
@@ -129,7 +135,7 @@ def survival_by_depth(at_risk: pd.DataFrame, *, ax=None):
     ax.set_xlabel("depth k")
     ax.set_ylabel("S(k) = P(accepted length ≥ k)")
     ax.set_ylim(0, 1.02)
-    ax.legend(loc="upper right")
+    _legend(ax, loc="upper right")
     return ax
 
 
@@ -170,7 +176,7 @@ def accepted_length_vs_entropy(per_request: pd.DataFrame, *, n_boot: int = 200, 
     ax.plot([], [], marker="D", ls="", mfc="none", mec="k", label="law (DP) prediction")
     ax.set_xlabel(f"mean {ENTROPY_LABEL}")
     ax.set_ylabel("accepted tokens per round (tokens/round − 1)")
-    ax.legend(loc="upper right")
+    _legend(ax, loc="upper right")
     return ax
 
 
@@ -198,7 +204,7 @@ def loco_predicted_vs_observed(loco: pd.DataFrame, *, ax=None):
     ax.set_aspect("equal")
     ax.set_xlabel("predicted tokens per round (LOCO law, DP)")
     ax.set_ylabel("observed tokens per round")
-    ax.legend(loc="upper left", fontsize=7)
+    _legend(ax, loc="upper left", fontsize=7)
     return ax
 
 
@@ -242,7 +248,7 @@ def calibration(at_risk: pd.DataFrame, predicted: np.ndarray, *, n_bins: int = 1
     ax.set_aspect("equal")
     ax.set_xlabel("predicted P(accept)")
     ax.set_ylabel("observed acceptance")
-    ax.legend(loc="upper left", fontsize=7)
+    _legend(ax, loc="upper left", fontsize=7)
     return ax
 
 
@@ -289,7 +295,7 @@ def speedup_vs_entropy(curve: pd.DataFrame, *, breakeven: tuple | None = None, o
     ax.set_xscale("log")
     ax.set_xlabel(ENTROPY_LABEL)
     ax.set_ylabel("decode speedup over AR")
-    ax.legend(loc="upper right")
+    _legend(ax, loc="upper right")
     return ax
 
 
@@ -317,7 +323,7 @@ def example_response(tokens: pd.DataFrame, rounds: pd.DataFrame, *, max_position
     ax.set_xlim(-0.5, (tok["position"].max() + 0.5) if len(tok) else 1)
     ax.set_xlabel("output position")
     ax.set_ylabel("H (nats)")
-    ax.legend(loc="upper right", ncol=3)
+    _legend(ax, loc="upper right", ncol=3)
     return ax
 
 
