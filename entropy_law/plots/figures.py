@@ -30,7 +30,7 @@ def _wilson(successes, trials, level=0.95):
 def _legend(ax, **kwargs):
     """A legend only when something is labelled (no warning on empty panels)."""
     if ax.get_legend_handles_labels()[0]:
-        _legend(ax, **kwargs)
+        ax.legend(**kwargs)
 
 
 def _yerr(estimate, low, high) -> np.ndarray:
