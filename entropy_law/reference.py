@@ -63,6 +63,7 @@ def make_reference_traces(
     replay_arms: Sequence[str] = DEFAULT_REPLAY_ARMS,
     ar_limit: int = 5,
     encode: Callable | None = None,
+    verify_cost_ratio: float = 2.0,
     progress: bool = True,
     log: Callable[[str], None] = print,
 ) -> dict:
@@ -71,6 +72,7 @@ def make_reference_traces(
     ``tasks``: ``entropy_law.tasks.Task`` list (the online decode order); ``target``: a ``LoadedTarget``
     or a causal LM (then ``encode(task) -> ids`` is required); ``replay_arms``: names from
     ``entropy_law.decoding.arms.ARMS``; ``ar_limit``: prompts per category also decoded by AR (0: none).
+    ``verify_cost_ratio``: the drafting gate of ``SpeculativeDecoder`` (the same online and in every replay).
     """
     import torch
     from tqdm.auto import tqdm
@@ -88,11 +90,12 @@ def make_reference_traces(
     model = target if isinstance(target, torch.nn.Module) else target.model  # LoadedTarget or a causal LM
     model_id = getattr(target, "model_id", type(model).__name__)
     online_spec = arm_spec(ONLINE_ARM)
-    decoder = SpeculativeDecoder(target, make_drafter(online_spec, target), tree="chain")
+    decoder = SpeculativeDecoder(target, make_drafter(online_spec, target), tree="chain",
+                                 verify_cost_ratio=verify_cost_ratio)
     eos = sorted(decoder.eos_token_ids)
     max_context = decoder.adapter.max_context
     common = dict(model_id=model_id, dtype=decoder.config["dtype"], device=str(decoder.adapter.device),
-                  max_new_tokens=max_new_tokens, seed=0)
+                  max_new_tokens=max_new_tokens, seed=0, verify_cost_ratio=verify_cost_ratio)
 
     def ids_of(task):
         return list(encode(task)) if encode is not None else decoder.encode_prompt(task.messages())
@@ -179,5 +182,6 @@ def make_reference_traces(
                     replay_request(target, prompt_ids, output_ids, source, spec.tree, spec.budget,
                                    observers=[RecorderObserver(rec)], request_id=rid, category=category,
                                    dataset=task.dataset, question_id=question_id, logits=logits,
-                                   eos_token_ids=eos, max_new_tokens=max_new_tokens, max_context=max_context)
+                                   eos_token_ids=eos, max_new_tokens=max_new_tokens, max_context=max_context,
+                                   verify_cost_ratio=verify_cost_ratio)
     return runs

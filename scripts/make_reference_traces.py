@@ -37,6 +37,8 @@ def main(argv=None) -> int:
                    help="prompts per category also decoded by AR for measured speedups; 0: none (default: %(default)s)")
     p.add_argument("--replay", nargs="*", default=list(DEFAULT_REPLAY_ARMS),
                    help="arms replayed offline (default: %(default)s)")
+    p.add_argument("--verify-cost-ratio", type=float, default=2.0,
+                   help="drafting gate: draft when expected accepted drafts >= this - 1 (default: %(default)s)")
     p.add_argument("--model", default="smollm2-135m", help="target (default: %(default)s)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
@@ -51,7 +53,8 @@ def main(argv=None) -> int:
     tasks = load_tasks("spec_bench", categories=args.categories, limit=args.limit)
     target = load_target(args.model)
     runs = make_reference_traces(tasks, target, args.out, max_new_tokens=args.max_new_tokens,
-                                 replay_arms=args.replay, ar_limit=args.ar_limit, progress=not args.no_progress)
+                                 replay_arms=args.replay, ar_limit=args.ar_limit,
+                                 verify_cost_ratio=args.verify_cost_ratio, progress=not args.no_progress)
     size = sum(f.stat().st_size for f in Path(args.out).rglob("*") if f.is_file())
     print(f"reference traces in {args.out} ({size / 1e6:.1f} MB): {', '.join(runs)}; "
           f"{time.perf_counter() - t0:.0f} s")
