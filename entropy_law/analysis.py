@@ -363,10 +363,12 @@ class TraceAnalysis:
 
 
 def format_interval(estimate: float, low: float, high: float, digits: int = 3) -> str:
-    """``"0.81 [0.75, 0.88]"``; ``"n/a"`` for NaN."""
-    if estimate is None or not np.isfinite(estimate):
-        return "inf" if estimate == np.inf else "n/a"
-    fmt = f"{{:.{digits}g}}"
-    if low is None or high is None or not (np.isfinite(low) and np.isfinite(high)):
-        return fmt.format(estimate)
-    return f"{fmt.format(estimate)} [{fmt.format(low)}, {fmt.format(high)}]"
+    """``"0.81 [0.75, 0.88]"``; ``"n/a"`` for NaN; infinite values (break-even: "always pays") as ``inf``."""
+    def one(v):
+        return "inf" if v == np.inf else f"{{:.{digits}g}}".format(v)
+
+    if estimate is None or np.isnan(estimate):
+        return "n/a"
+    if low is None or high is None or np.isnan(low) or np.isnan(high):
+        return one(estimate)
+    return f"{one(estimate)} [{one(low)}, {one(high)}]"

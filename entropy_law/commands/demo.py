@@ -27,6 +27,8 @@ def register(subparsers) -> None:
     p.add_argument("--n-boot", type=int, default=30, help="bootstrap replicates (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed of the analysis (default: %(default)s)")
     p.add_argument("--format", choices=("html", "md"), default="html", help="report format (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: torch's choice; 1 helps on a busy shared machine)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
 
@@ -36,6 +38,13 @@ def run(args) -> int:
 
     from entropy_law.demo import run_demo
     from entropy_law.tasks import load_tasks
+
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {args.threads}")
+        import torch
+
+        torch.set_num_threads(args.threads)
 
     t0 = time.perf_counter()
     if args.limit < 1:
