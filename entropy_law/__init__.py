@@ -52,6 +52,13 @@ _EXPORTS = {
     "replay_request": "entropy_law.decoding.replay",
     "teacher_forced_target_stats": "entropy_law.decoding.replay",
     "load_tasks": "entropy_law.tasks",
+    # figures, reports and the main job
+    "TraceAnalysis": "entropy_law.analysis",
+    "make_figures": "entropy_law.plots.gallery",
+    "write_report": "entropy_law.report",
+    "results_markdown": "entropy_law.report",
+    "run_demo": "entropy_law.demo",
+    "make_reference_traces": "entropy_law.reference",
     "Task": "entropy_law.tasks",
     # vision-language targets
     "ImagePromptEncoder": "entropy_law.decoding.vlm",

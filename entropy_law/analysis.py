@@ -1,0 +1,374 @@
+"""One trace set, analysed once: arms, fitted laws, transfer, comparison, costs and measured speedups.
+
+Known here: how the figures, the report, the demo and the notebooks look at a trace set (trace format
+v1, from ``load_traces`` or ``simulate_traces``): which runs are *arms* (a drafter with a tree policy;
+two runs of the same drafter with different trees are different arms), which run is the
+autoregressive (AR) baseline (``drafter_id`` "none" / "ar" or ``tree_policy`` "none"), which runs carry real timings (replayed
+runs report 0 ms and never enter a cost model), the per-category results table, and measured decode
+speedups over AR on the same requests. Each analysis of the law layer (``fit_law``, ``block_prediction``,
+``loco_transfer``, ``compare_laws``, ``when_drafting_pays``) is computed on first use and cached;
+``attempt`` runs one and turns a ``ValueError`` (too little data, ...) into a readable note instead of
+a crash, so a report on a small run still shows what can be shown.
+
+Not known here: torch, decoding, plotting (``entropy_law.plots``), file formats (``entropy_law.traces``).
+
+Departures from the law layer's defaults, and why: the cost model drops each request's prefill round
+(round 0 without a draft, ``verify_ms`` 0: its time is in ``prefill_ms``), which would otherwise pull
+the verify-cost line and the AR cost towards 0, and takes t_AR from the AR run's own requests
+(decode time / tokens decoded after the prefill) when an AR run is present.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+
+AR_ARM = "AR"  # label of the autoregressive baseline in tables
+DEFAULT_FAMILY = "law_exp"
+PAYS_ENTROPIES = tuple(float(h) for h in np.round(np.geomspace(0.01, 5.0, 13), 4))  # nats, speedup curve grid
+COMPARE_FAMILIES = ("law0_cat", "law_logit", "law_exp", "law_exp0", "law_power", "law_renyi2", "law_spline",
+                    "law_iso")
+
+
+@dataclass
+class TraceView:
+    """The four tables the law layer reads (``tokens``, ``rounds``, ``requests``, ``runs``), as plain
+    DataFrames. ``runs.drafter_id`` holds the arm label; the recorded id is kept in ``recorded_drafter_id``."""
+
+    tokens: pd.DataFrame
+    rounds: pd.DataFrame
+    requests: pd.DataFrame
+    runs: pd.DataFrame
+
+    def select_runs(self, run_ids) -> "TraceView":
+        keep = set(run_ids)
+        return TraceView(*(t.loc[t["run_id"].isin(keep)].reset_index(drop=True)
+                           for t in (self.tokens, self.rounds, self.requests, self.runs)))
+
+
+def _plain(frame: pd.DataFrame) -> pd.DataFrame:
+    """Categorical key columns -> str (merges across runs with different categories stay simple)."""
+    out = frame.copy()
+    for col in out.columns:
+        if isinstance(out[col].dtype, pd.CategoricalDtype):
+            out[col] = out[col].astype(str)
+    return out
+
+
+def _truthy(value) -> bool:
+    return bool(value) and not (isinstance(value, float) and math.isnan(value))
+
+
+def arm_label(drafter_id: str, tree_policy, tree_budget=None) -> str:
+    """``"ngram chain"``, ``"block-drafter-b8-l1 ddtree16"``: a drafter with its tree policy."""
+    policy = "" if tree_policy is None or (isinstance(tree_policy, float) and math.isnan(tree_policy)) else str(tree_policy)
+    budget = ""
+    if policy == "ddtree" and tree_budget is not None and not (isinstance(tree_budget, float) and math.isnan(tree_budget)):
+        budget = str(int(tree_budget))
+    return f"{drafter_id} {policy}{budget}".strip()
+
+
+def make_view(traces) -> TraceView:
+    """A ``TraceView`` of ``traces`` whose ``runs`` carry ``arm``, ``is_ar``, ``replayed`` and
+    ``timed`` columns, with ``drafter_id`` set to the arm label (so the law layer treats arms apart)."""
+    tokens, rounds, requests = (_plain(traces.tokens), _plain(traces.rounds), _plain(traces.requests))
+    runs = _plain(traces.runs).reset_index(drop=True)
+    for col in ("drafter_id", "tree_policy"):
+        if col not in runs:
+            raise ValueError(f"traces.runs has no {col!r} column; every run needs drafter_id and tree_policy metadata")
+    # AR: the run says it has no drafter (drafter_id "none"/"ar" or tree policy "none"); a drafter whose
+    # gate happened to decline every round is still that drafter's arm
+    runs["is_ar"] = (runs["drafter_id"].astype(str).isin(["none", "ar"])
+                     | runs["tree_policy"].astype(str).eq("none")).to_numpy()
+    runs["replayed"] = [_truthy(v) for v in runs["replayed"]] if "replayed" in runs else False
+    budget = runs["tree_budget"] if "tree_budget" in runs else pd.Series([None] * len(runs))
+    runs["recorded_drafter_id"] = runs["drafter_id"]
+    runs["arm"] = [AR_ARM if ar else arm_label(d, p, b)
+                   for ar, d, p, b in zip(runs["is_ar"], runs["drafter_id"], runs["tree_policy"], budget)]
+    timing = rounds.groupby("run_id")[["draft_ms", "verify_ms"]].sum().sum(axis=1)
+    runs["timed"] = (~runs["replayed"]) & (runs["run_id"].map(timing).fillna(0).to_numpy() > 0)
+    runs["drafter_id"] = runs["arm"]
+    return TraceView(tokens=tokens, rounds=rounds, requests=requests, runs=runs)
+
+
+def wilson_interval(successes, trials, *, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
+    """Wilson score interval for binomial proportions (statsmodels), vectorised."""
+    from statsmodels.stats.proportion import proportion_confint
+
+    lo, hi = proportion_confint(np.asarray(successes), np.asarray(trials), alpha=1 - level, method="wilson")
+    return np.asarray(lo, dtype=float), np.asarray(hi, dtype=float)
+
+
+@dataclass
+class Attempt:
+    """The value of one analysis, or why it could not be computed (``error``)."""
+
+    value: object = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+class TraceAnalysis:
+    """Analyses of one trace set, computed on first use and cached.
+
+    ``family``: the law fitted per arm (default ``law_exp``). ``n_boot``: request-bootstrap replicates
+    for the speedup / break-even intervals. ``seed``: every random choice (CV folds, bootstrap).
+    ``ar_ms_per_token``: AR cost per token when the traces have no AR run (a documented calibration).
+    """
+
+    def __init__(self, traces, *, family: str = DEFAULT_FAMILY, n_boot: int = 50, seed: int = 0,
+                 ar_ms_per_token: float | None = None, compare_families=COMPARE_FAMILIES, n_folds: int = 5):
+        self.traces = traces
+        self.view = make_view(traces)
+        self.family = family
+        self.n_boot = int(n_boot)
+        self.seed = int(seed)
+        self.compare_families = tuple(compare_families)
+        self.n_folds = int(n_folds)
+        self._given_ar_ms = ar_ms_per_token
+        self._cache: dict = {}
+        self.notes: list[str] = []
+        if self.view.tokens.empty:
+            raise ValueError("the traces hold no tokens: record some requests first")
+
+    # ------------------------------------------------------------------ arms and data
+    @property
+    def runs(self) -> pd.DataFrame:
+        return self.view.runs
+
+    @property
+    def arms(self) -> list[str]:
+        """Drafting arms (AR excluded), in run order."""
+        return list(dict.fromkeys(self.runs.loc[~self.runs["is_ar"], "arm"]))
+
+    @property
+    def categories(self) -> list[str]:
+        return sorted(self.view.tokens["category"].unique())
+
+    def arm_view(self, arm: str) -> TraceView:
+        ids = self.runs.loc[self.runs["arm"] == arm, "run_id"]
+        if ids.empty:
+            raise ValueError(f"no run for arm {arm!r}; arms: {self.arms + ([AR_ARM] if self.has_ar else [])}")
+        return self.view.select_runs(ids)
+
+    @property
+    def has_ar(self) -> bool:
+        return bool(self.runs["is_ar"].any())
+
+    def entropy_tokens(self) -> pd.DataFrame:
+        """One row per (request, output position): the target entropy and its category. Greedy output and
+        its entropies do not depend on the drafter, so the first run that holds a request is used."""
+        tok = self.view.tokens[["run_id", "request_id", "category", "position", "target_entropy_nats"]]
+        first_run = tok.drop_duplicates("request_id")[["request_id", "run_id"]]
+        return tok.merge(first_run, on=["request_id", "run_id"]).reset_index(drop=True)
+
+    # ------------------------------------------------------------------ cached analyses
+    def _cached(self, key, compute: Callable):
+        if key not in self._cache:
+            self._cache[key] = compute()
+        return self._cache[key]
+
+    def attempt(self, name: str, *args) -> Attempt:
+        """``getattr(self, name)(*args)`` as an ``Attempt``: a ``ValueError`` becomes ``error``."""
+        try:
+            return Attempt(value=getattr(self, name)(*args))
+        except ValueError as err:  # the law layer's "too little / wrong data" errors
+            return Attempt(error=f"{name}({', '.join(map(str, args))}) not available: {err}")
+        except Exception as err:  # numerical failures on degenerate data (e.g. as many parameters as cells)
+            return Attempt(error=f"{name}({', '.join(map(str, args))}) failed: {type(err).__name__}: {err}")
+
+    def law(self, arm: str):
+        """The fitted law (``self.family``) of one arm."""
+        from entropy_law.law.fit import fit_law
+
+        return self._cached(("law", arm), lambda: fit_law(self.arm_view(arm), self.family))
+
+    def block(self, arm: str):
+        """Observed vs DP-predicted tokens per round per category (in-sample law)."""
+        from entropy_law.law.transfer import block_prediction
+
+        return self._cached(("block", arm), lambda: block_prediction(self.law(arm), self.arm_view(arm), drafter=arm))
+
+    def loco(self, arm: str):
+        """Leave-one-category-out transfer of the category-free law."""
+        from entropy_law.law.transfer import loco_transfer
+
+        return self._cached(("loco", arm), lambda: loco_transfer(self.arm_view(arm), self.family, drafter=arm))
+
+    def comparison(self, arm: str):
+        """Cross-validated comparison of law families (families that cannot be fitted here are left out,
+        with a note: e.g. ``law0_cat`` needs 5 requests per category)."""
+        from entropy_law.law import atrisk
+        from entropy_law.law.compare import compare_laws
+        from entropy_law.law.fit import fit_law
+
+        def compute():
+            rows = atrisk.at_risk_table(self.arm_view(arm), drafters=[arm])
+            families, dropped = [], []
+            for fam in self.compare_families:
+                try:
+                    fit_law(rows, fam)
+                    families.append(fam)
+                except Exception as err:  # not identified / degenerate here: leave it out, say why
+                    dropped.append(f"{fam} ({err})")
+            if not families:
+                raise ValueError("no law family can be fitted to these traces")
+            n_folds = min(self.n_folds, rows["request_id"].nunique())
+            try:
+                result = compare_laws(rows, families, n_folds=n_folds, seed=self.seed)
+            except Exception as err:  # a category family failed inside a training fold: leave them out
+                from entropy_law.law.fit import get_family
+
+                kept = [f for f in families if not get_family(f).needs_categories]
+                dropped += [f"{f} (in a CV fold: {err})" for f in families if f not in kept]
+                if not kept:
+                    raise
+                result = compare_laws(rows, kept, n_folds=n_folds, seed=self.seed)
+            result.notes.extend(f"left out: {d}" for d in dropped)
+            return result
+
+        return self._cached(("compare", arm), compute)
+
+    def ar_ms_per_token(self) -> float:
+        """AR decode cost per token: given, or measured on the AR run (decode ms / tokens after the prefill)."""
+        if self._given_ar_ms is not None:
+            return float(self._given_ar_ms)
+        req = self.view.requests.merge(self.runs[["run_id", "is_ar", "timed"]], on="run_id")
+        ar = req.loc[req["is_ar"] & req["timed"]]
+        decoded = (ar["new_tokens"] - 1).clip(lower=0).sum()
+        if ar.empty or decoded <= 0:
+            raise ValueError("no timed autoregressive run in the traces: record one (entropy-law record --drafter none) "
+                             "or pass ar_ms_per_token=")
+        return float(ar["decode_ms"].sum() / decoded)
+
+    def cost_view(self, arm: str) -> TraceView:
+        """Timed runs of ``arm`` (and of AR, for the N = 0 end of the verify line), prefill rounds dropped."""
+        runs = self.runs
+        timed_arm = runs.loc[(runs["arm"] == arm) & runs["timed"], "run_id"]
+        if timed_arm.empty:
+            raise ValueError(f"arm {arm!r} has no timed run (its rounds were replayed offline, 0 ms): its speedup "
+                             "needs an online run of that drafter")
+        ids = list(timed_arm) + list(runs.loc[runs["is_ar"] & runs["timed"], "run_id"])
+        view = self.view.select_runs(ids)
+        prefill = (view.rounds["round_index"] == 0) & (view.rounds["tree_nodes"] == 0) & (view.rounds["verify_ms"] == 0)
+        view.rounds = view.rounds.loc[~prefill].reset_index(drop=True)
+        return view
+
+    def pays(self, arm: str):
+        """``when_drafting_pays`` for one timed arm: speedup vs entropy, break-even, best shapes."""
+        from entropy_law.law.cost import when_drafting_pays
+
+        def compute():
+            view = self.cost_view(arm)
+            return when_drafting_pays(view, drafter=arm, family=self.family, ar_ms_per_token=self.ar_ms_per_token(),
+                                      entropies=PAYS_ENTROPIES, n_boot=self.n_boot, seed=self.seed)
+
+        return self._cached(("pays", arm), compute)
+
+    def measured_speedups(self) -> pd.DataFrame:
+        """Measured decode speedup over AR per arm and category, on the requests both decoded:
+        (AR decode ms per token) / (arm decode ms per token), tokens counted after the prefill."""
+        def compute():
+            req = self.view.requests.merge(self.runs[["run_id", "arm", "is_ar", "timed"]], on="run_id")
+            req = req.loc[req["timed"]].assign(decoded=(req["new_tokens"] - 1).clip(lower=0))
+            ar = req.loc[req["is_ar"]]
+            if ar.empty:
+                raise ValueError("no timed AR run: measured speedups need an AR baseline on the same prompts")
+            rows = []
+            for arm, mine in req.loc[~req["is_ar"]].groupby("arm", sort=False):
+                both = sorted(set(mine["request_id"]) & set(ar["request_id"]))
+                for cat, part in mine.loc[mine["request_id"].isin(both)].groupby("category"):
+                    base = ar.loc[ar["request_id"].isin(part["request_id"])]
+                    arm_ms = part["decode_ms"].sum() / max(part["decoded"].sum(), 1)
+                    ar_ms = base["decode_ms"].sum() / max(base["decoded"].sum(), 1)
+                    rows.append(dict(arm=arm, category=cat, requests=len(part), ar_ms_per_token=ar_ms,
+                                     arm_ms_per_token=arm_ms, speedup=ar_ms / arm_ms if arm_ms > 0 else np.nan))
+            return pd.DataFrame(rows, columns=["arm", "category", "requests", "ar_ms_per_token", "arm_ms_per_token",
+                                               "speedup"])
+
+        return self._cached("speedups", compute)
+
+    # ------------------------------------------------------------------ tables
+    def results_table(self) -> pd.DataFrame:
+        """Per arm and category: requests, tokens, mean / median target entropy (nats), mean accepted
+        length per drafting round (tau), committed tokens per round, the law's DP prediction of tokens per
+        round (in-sample), the LOCO prediction, and the measured decode speedup over AR (if timed)."""
+        def compute():
+            ent = self.entropy_tokens()
+            h = ent.groupby("category")["target_entropy_nats"].agg(mean_entropy_nats="mean", median_entropy_nats="median")
+            rnd = self.view.rounds.merge(self.runs[["run_id", "arm"]], on="run_id")
+            rnd = rnd.merge(self.view.requests[["run_id", "request_id", "category"]], on=["run_id", "request_id"])
+            decode = rnd.loc[rnd["round_index"] > 0]
+            rows = []
+            speed = self.attempt("measured_speedups")
+            for arm in self.arms + ([AR_ARM] if self.has_ar else []):
+                mine = decode.loc[decode["arm"] == arm]
+                drafted = mine.loc[mine["tree_nodes"] > 0]
+                block = self.attempt("block", arm) if arm != AR_ARM else Attempt(error="AR")
+                loco = self.attempt("loco", arm) if arm != AR_ARM else Attempt(error="AR")
+                for cat, part in mine.groupby("category"):
+                    row = dict(arm=arm, category=cat, requests=part["request_id"].nunique(),
+                               tokens=int(part["committed"].sum()),
+                               mean_entropy_nats=h.loc[cat, "mean_entropy_nats"],
+                               median_entropy_nats=h.loc[cat, "median_entropy_nats"],
+                               mean_accepted=float(drafted.loc[drafted["category"] == cat, "accepted"].mean())
+                               if (drafted["category"] == cat).any() else np.nan,
+                               committed_per_round=float(part["committed"].sum() / len(part)))
+                    row["law_tokens_per_round"] = (float(block.value.summary.loc[cat, "dp_tokens_per_round"])
+                                                   if block.ok and cat in block.value.summary.index else np.nan)
+                    row["loco_tokens_per_round"] = (float(loco.value.summary.loc[cat, "predicted_tokens_per_round"])
+                                                    if loco.ok and cat in loco.value.summary.index else np.nan)
+                    sp = speed.value if speed.ok else None
+                    if arm == AR_ARM and sp is not None:
+                        row["speedup_vs_ar"] = 1.0
+                    elif sp is not None and len(sp):
+                        hit = sp.loc[(sp["arm"] == arm) & (sp["category"] == cat), "speedup"]
+                        row["speedup_vs_ar"] = float(hit.iloc[0]) if len(hit) else np.nan
+                    else:
+                        row["speedup_vs_ar"] = np.nan
+                    rows.append(row)
+            return pd.DataFrame(rows)
+
+        return self._cached("results", compute)
+
+    def law_table(self) -> pd.DataFrame:
+        """Per arm: the law's exponent k and depth-1 rate lambda with their 95% intervals, the break-even
+        entropy (bootstrap interval) where the arm is timed."""
+        rows = []
+        for arm in self.arms:
+            law = self.attempt("law", arm)
+            row = dict(arm=arm)
+            if law.ok:
+                d = law.value.derived
+                for name, key in (("k", "k"), ("lambda_d1", f"lambda[d={law.value.depths[0]}]")):
+                    if key in d.index:
+                        row[name], row[f"{name}_low"], row[f"{name}_high"] = (float(d.loc[key, "estimate"]),
+                                                                              float(d.loc[key, "ci_low"]),
+                                                                              float(d.loc[key, "ci_high"]))
+                row["trials"], row["requests"] = law.value.n_rows, law.value.n_requests
+            pays = self.attempt("pays", arm)
+            if pays.ok:
+                s = pays.value.summary.loc["breakeven_entropy_nats"]
+                row["breakeven_nats"], row["breakeven_low"], row["breakeven_high"] = (
+                    float(s["estimate"]), float(s["ci_low"]), float(s["ci_high"]))
+            rows.append(row)
+        return pd.DataFrame(rows)
+
+
+def format_interval(estimate: float, low: float, high: float, digits: int = 3) -> str:
+    """``"0.81 [0.75, 0.88]"``; ``"n/a"`` for NaN; infinite values (break-even: "always pays") as ``inf``."""
+    def one(v):
+        return "inf" if v == np.inf else f"{{:.{digits}g}}".format(v)
+
+    if estimate is None or np.isnan(estimate):
+        return "n/a"
+    if low is None or high is None or np.isnan(low) or np.isnan(high):
+        return one(estimate)
+    return f"{one(estimate)} [{one(low)}, {one(high)}]"

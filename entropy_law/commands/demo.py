@@ -1,0 +1,73 @@
+"""``entropy-law demo``: the main job on the embedded default target, end to end, in minutes.
+
+Known here: the command-line options and their defaults (sized to finish within ~20 minutes on a
+2-core CPU, including model load), the final terminal summary. The work is ``entropy_law.demo.run_demo``.
+"""
+
+from __future__ import annotations
+
+
+def register(subparsers) -> None:
+    from entropy_law.demo import DEFAULT_ARMS, DEFAULT_LIMIT, DEFAULT_MAX_NEW_TOKENS
+
+    p = subparsers.add_parser(
+        "demo", help="decode a Spec-Bench subset with AR, n-gram and block drafters; record, fit the law, report",
+        description="Decode a few Spec-Bench prompts per category with our AR baseline and each drafter, record "
+                    "traces, fit the entropy law and write figures and a report into OUT/<run-id>/.")
+    p.add_argument("--limit", type=int, default=DEFAULT_LIMIT, help="prompts per category (default: %(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
+                   help="new tokens per prompt (default: %(default)s)")
+    p.add_argument("--out", default="runs", help="parent folder of the run folder (default: %(default)s)")
+    p.add_argument("--run-id", default=None, help="name of the run folder (default: UTC time)")
+    p.add_argument("--model", default="smollm2-135m", help="target (default: %(default)s)")
+    p.add_argument("--arms", nargs="+", default=list(DEFAULT_ARMS),
+                   help="arms to decode with: ar, ngram, ngram-ddtree16, block, block-ddtree16 (default: %(default)s)")
+    p.add_argument("--categories", nargs="+", default=None, help="only these categories (default: all)")
+    p.add_argument("--tasks", default="spec_bench", help="task file (default: %(default)s)")
+    p.add_argument("--n-boot", type=int, default=30, help="bootstrap replicates (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the analysis (default: %(default)s)")
+    p.add_argument("--format", choices=("html", "md"), default="html", help="report format (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: torch's choice; 1 helps on a busy shared machine)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import time
+
+    from entropy_law.demo import run_demo
+    from entropy_law.tasks import load_tasks
+
+    if args.threads is not None:
+        if args.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {args.threads}")
+        import torch
+
+        torch.set_num_threads(args.threads)
+
+    t0 = time.perf_counter()
+    if args.limit < 1:
+        raise ValueError(f"--limit must be >= 1 prompt per category, got {args.limit}")
+    categories = None if args.categories is None else [c.strip() for v in args.categories for c in v.split(",") if c.strip()]
+    tasks = load_tasks(args.tasks, categories=categories, limit=args.limit)
+    print(f"entropy-law demo: {len(tasks)} prompts ({args.limit} per category), {args.max_new_tokens} new tokens, "
+          f"arms {' '.join(args.arms)}; loading {args.model} ...", flush=True)
+    from entropy_law.decoding.loading import load_target
+
+    target = load_target(args.model)
+    print(f"model loaded in {time.perf_counter() - t0:.0f} s", flush=True)
+    result = run_demo(tasks, target, out=args.out, run_id=args.run_id, arms=args.arms,
+                      max_new_tokens=args.max_new_tokens, n_boot=args.n_boot, seed=args.seed,
+                      report_format=args.format, progress=not args.no_progress)
+    print()
+    print(result.summary_text)
+    print()
+    for message in result.messages:
+        print(f"note: {message}")
+    t = result.timings_s
+    print(f"decode {t['decode_s']:.0f} s, analysis + figures + report {t['analysis_s']:.0f} s, "
+          f"total {time.perf_counter() - t0:.0f} s (incl. model load)")
+    print(f"report: {result.report_path}")
+    print(f"figures: {result.run_dir / 'figures'}   traces: {result.trace_dir}")
+    return 1 if result.mismatches else 0

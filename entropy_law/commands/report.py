@@ -1,0 +1,60 @@
+"""``entropy-law report TRACES``: a self-contained summary (HTML, or Markdown with PNGs) of a trace set.
+
+Known here: the command-line options. The report itself is ``entropy_law.report.write_report``.
+"""
+
+from __future__ import annotations
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "report", help="write an HTML (or Markdown) report with tables and figures of a trace set",
+        description="Fit the entropy law to traces and write the results tables and figures into a folder.")
+    p.add_argument("traces", nargs="+", help="trace run directories, or folders that hold runs")
+    p.add_argument("--out", required=True, help="folder for the report (created)")
+    p.add_argument("--format", choices=("html", "md"), default="html",
+                   help="html: one self-contained page; md: report.md with PNG figures (default: %(default)s)")
+    p.add_argument("--family", default="law_exp", help="law family fitted per arm (default: %(default)s)")
+    p.add_argument("--n-boot", type=int, default=100,
+                   help="request-bootstrap replicates for the speedup / break-even intervals (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the CV folds and the bootstrap (default: %(default)s)")
+    p.add_argument("--ar-ms-per-token", type=float, default=None,
+                   help="AR decode cost per token when the traces hold no AR run (a calibration)")
+    p.add_argument("--compare-families", nargs="+", default=None, metavar="FAMILY",
+                   help="law families in the CV comparison (default: all that can be fitted)")
+    p.add_argument("--results-md", default=None, metavar="FILE",
+                   help="also write the README results section (Markdown table) to FILE")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from pathlib import Path
+
+    from entropy_law.analysis import TraceAnalysis
+    from entropy_law.report import results_markdown, write_report
+    from entropy_law.traces.reader import load_traces
+
+    if args.n_boot < 0:
+        raise ValueError(f"--n-boot must be >= 0, got {args.n_boot}")
+    paths = [Path(p) for p in args.traces]
+    missing = [str(p) for p in paths if not p.exists()]
+    if missing:
+        raise FileNotFoundError(f"trace path(s) not found: {', '.join(missing)}")
+    traces = load_traces(args.traces if len(args.traces) > 1 else args.traces[0])
+    options = {} if args.compare_families is None else {"compare_families": tuple(args.compare_families)}
+    analysis = TraceAnalysis(traces, family=args.family, n_boot=args.n_boot, seed=args.seed,
+                             ar_ms_per_token=args.ar_ms_per_token, **options)
+    source = " ".join(args.traces)
+    path = write_report(traces, args.out, fmt=args.format, analysis=analysis, source=source,
+                        progress=not args.no_progress)
+    print(f"report: {path}")
+    if args.results_md:
+        out = Path(args.results_md)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(results_markdown(analysis, source=source), encoding="utf-8")
+        print(f"results section: {out}")
+    return 0

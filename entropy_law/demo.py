@@ -1,0 +1,170 @@
+"""The main job end to end: decode a Spec-Bench subset with every arm, record traces, fit the law, report.
+
+Known here: the order of work (prompts, model, a short warm-up, then per prompt every arm in turn —
+AR baseline, n-gram drafter, block drafter if its checkpoint is present — so slow and fast moments of a
+shared machine hit all arms alike), one trace run per arm under ``<out>/<run-id>/traces/``, a check
+that every arm's output equals the AR output (lossless decoding; a mismatch is reported, never hidden),
+then ``TraceAnalysis`` + ``write_report`` into ``<out>/<run-id>/`` and a terminal summary.
+Speedups are measured: decode time per token of our AR baseline over the arm's, on the same prompts.
+
+Not known here: decoding (``SpeculativeDecoder``), the trace format, statistics, plotting.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+DEFAULT_ARMS = ("ar", "ngram", "block-ddtree16")
+DEFAULT_LIMIT = 2
+DEFAULT_MAX_NEW_TOKENS = 128
+
+
+@dataclass
+class DemoResult:
+    """What ``run_demo`` did: where things are, what was left out, and the analysis."""
+
+    run_dir: Path
+    trace_dir: Path
+    report_path: Path | None
+    arms: list
+    messages: list = field(default_factory=list)
+    mismatches: list = field(default_factory=list)  # (arm, request_id) whose output differs from AR
+    timings_s: dict = field(default_factory=dict)
+    analysis: object = None
+    summary_text: str = ""
+
+
+def new_run_id() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
+
+
+def run_demo(
+    tasks: Sequence,
+    target,
+    *,
+    out: str | Path = "runs",
+    run_id: str | None = None,
+    arms: Sequence[str] = DEFAULT_ARMS,
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
+    encode: Callable | None = None,
+    n_boot: int = 30,
+    seed: int = 0,
+    report_format: str = "html",
+    progress: bool = True,
+    ngram_options: dict | None = None,
+    analysis_options: dict | None = None,
+    log: Callable[[str], None] = print,
+) -> DemoResult:
+    """Decode ``tasks`` (``entropy_law.tasks.Task``) with each arm, record, analyse and report.
+
+    ``target``: a ``LoadedTarget`` (with tokenizer) or a causal LM; ``encode(task) -> token ids``
+    replaces the chat-template encoding (needed for a target without tokenizer). ``arms``: names from
+    ``entropy_law.decoding.arms.ARMS``; block-drafter arms are dropped with a message when the
+    checkpoint is missing. ``n_boot``: bootstrap replicates for the break-even intervals.
+    ``analysis_options``: more keyword arguments of ``TraceAnalysis`` (e.g. ``compare_families``).
+    """
+    import torch
+    from tqdm.auto import tqdm
+
+    from entropy_law.decoding.arms import available_arms, make_drafter
+    from entropy_law.decoding.decoder import SpeculativeDecoder
+    from entropy_law.decoding.observers import RecorderObserver
+    from entropy_law.traces.recorder import TraceRecorder
+
+    if max_new_tokens < 2:
+        raise ValueError(f"max_new_tokens must be >= 2 (one token after the prefill), got {max_new_tokens}")
+    if not tasks:
+        raise ValueError("no prompts to decode: check --limit / --categories")
+    specs, messages = available_arms(arms)
+    for m in messages:
+        log(m)
+    if not any(s.drafter != "ar" for s in specs):
+        raise ValueError(f"no drafting arm left to run among {list(arms)}")
+    run_id = run_id or new_run_id()
+    run_dir = Path(out) / run_id
+    trace_dir = run_dir / "traces"
+    if run_dir.exists() and any(run_dir.iterdir()):
+        raise ValueError(f"{run_dir} exists and is not empty; pick another --out or run id")
+    timings = {}
+    t_start = time.perf_counter()
+
+    decoders, recorders = {}, {}
+    model = target if isinstance(target, torch.nn.Module) else target.model  # LoadedTarget or a causal LM
+    model_id = getattr(target, "model_id", type(model).__name__)
+    for spec in specs:
+        drafter = make_drafter(spec, target, ngram_options=ngram_options)
+        decoder = SpeculativeDecoder(target, drafter, tree=spec.tree if drafter is not None else "chain",
+                                     budget=spec.budget if drafter is not None else None)
+        decoders[spec.name] = decoder
+        recorders[spec.name] = TraceRecorder(
+            trace_dir / spec.name, model_id=model_id, drafter_id=decoder.config["drafter_id"],
+            drafter_config=dict(drafter.config) if drafter is not None else {},
+            tree_policy=spec.tree, tree_budget=spec.budget, dtype=decoder.config["dtype"],
+            device=str(decoder.adapter.device), seed=seed, max_new_tokens=max_new_tokens, replayed=False,
+            demo_run_id=run_id, arm=spec.name)
+        decoder.observers = [RecorderObserver(recorders[spec.name])]
+
+    def ids_of(task):
+        if encode is not None:
+            return list(encode(task))
+        return decoders[specs[0].name].encode_prompt(task.messages())
+
+    # warm-up (not recorded): first forwards allocate and tune kernels
+    warm = ids_of(tasks[0])
+    for spec in specs:
+        d = decoders[spec.name]
+        observers, d.observers = d.observers, []
+        d.generate(warm, max_new_tokens=min(4, max_new_tokens))
+        d.observers = observers
+    timings["setup_s"] = time.perf_counter() - t_start
+
+    mismatches = []
+    t_decode = time.perf_counter()
+    with torch.inference_mode():
+        bar = tqdm(tasks, desc="decode", unit="prompt", disable=not progress)
+        for task in bar:
+            prompt_ids = ids_of(task)
+            outputs = {}
+            for spec in specs:
+                bar.set_postfix_str(f"{task.category} / {spec.name}")
+                result = decoders[spec.name].generate(prompt_ids, max_new_tokens=max_new_tokens,
+                                                      category=task.category, request_id=task.request_id,
+                                                      dataset=task.dataset, question_id=task.question_id)
+                outputs[spec.name] = result.token_ids
+            reference = next(iter(outputs.values()))
+            mismatches += [(name, task.request_id) for name, ids in outputs.items() if ids != reference]
+    for rec in recorders.values():
+        rec.finish()
+    timings["decode_s"] = time.perf_counter() - t_decode
+    if mismatches:
+        messages.append(f"WARNING: {len(mismatches)} outputs differ between arms (lossless decoding broken?): "
+                        f"{mismatches[:5]}")
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from entropy_law.analysis import TraceAnalysis
+    from entropy_law.report import terminal_summary, write_report
+    from entropy_law.traces.reader import load_traces
+
+    t_an = time.perf_counter()
+    traces = load_traces(trace_dir)
+    analysis = TraceAnalysis(traces, n_boot=n_boot, seed=seed, **(analysis_options or {}))
+    report = write_report(traces, run_dir, fmt=report_format, analysis=analysis, source=str(trace_dir),
+                          progress=progress)
+    summary = terminal_summary(analysis)
+    timings["analysis_s"] = time.perf_counter() - t_an
+    timings["total_s"] = time.perf_counter() - t_start
+    (run_dir / "summary.txt").write_text(summary + "\n", encoding="utf-8")
+    (run_dir / "demo.json").write_text(json.dumps({
+        "run_id": run_id, "model_id": model_id, "arms": [s.name for s in specs], "prompts": len(tasks),
+        "max_new_tokens": max_new_tokens, "messages": messages, "mismatches": mismatches,
+        "timings_s": timings}, indent=2), encoding="utf-8")
+    return DemoResult(run_dir=run_dir, trace_dir=trace_dir, report_path=report, arms=[s.name for s in specs],
+                      messages=messages, mismatches=mismatches, timings_s=timings, analysis=analysis,
+                      summary_text=summary)

@@ -1,0 +1,79 @@
+"""The one look of every figure: matplotlib rc settings, category and arm colours, saving.
+
+Known here: fonts, sizes, grid, colour palettes (seaborn's colour-blind palette, categories in sorted
+order so a category keeps its colour across figures), and deterministic saving (PNG and PDF without
+time stamps). Not known here: data or statistics.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Sequence
+
+import matplotlib
+
+RC = {
+    "figure.dpi": 100,
+    "savefig.dpi": 150,
+    "savefig.bbox": "tight",
+    "font.size": 9,
+    "axes.titlesize": 10,
+    "axes.labelsize": 9,
+    "legend.fontsize": 8,
+    "xtick.labelsize": 8,
+    "ytick.labelsize": 8,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "grid.linewidth": 0.6,
+    "lines.linewidth": 1.6,
+    "legend.frameon": False,
+    "pdf.fonttype": 42,
+    "svg.hashsalt": "entropy-law",
+}
+
+ENTROPY_LABEL = "target entropy H (nats)"
+
+
+@contextmanager
+def style():
+    """Context in which figures get the project's look."""
+    with matplotlib.rc_context(RC):
+        yield
+
+
+def palette(names: Sequence[str]) -> dict:
+    """A stable colour per name (sorted order, seaborn colour-blind palette)."""
+    import seaborn as sns
+
+    names = sorted(dict.fromkeys(str(n) for n in names))
+    colours = sns.color_palette("colorblind", max(len(names), 1))
+    return dict(zip(names, colours))
+
+
+MARKERS = ("o", "s", "^", "D", "v", "P", "X")
+
+
+def new_axes(ax=None, *, figsize=(5.0, 3.4)):
+    """``ax`` if given, else a new figure's axes."""
+    import matplotlib.pyplot as plt
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=figsize)
+    return ax
+
+
+def save_figure(fig, out_dir, name: str, *, formats: Sequence[str] = ("png", "pdf")) -> list[Path]:
+    """Write ``fig`` as ``<out_dir>/<name>.<fmt>`` for each format, without time stamps (deterministic)."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for fmt in formats:
+        path = out_dir / f"{name}.{fmt}"
+        metadata = {"CreationDate": None, "Producer": None} if fmt == "pdf" else ({"Software": None} if fmt == "png" else None)
+        with matplotlib.rc_context(RC):
+            fig.savefig(path, format=fmt, metadata=metadata)
+        paths.append(path)
+    return paths

@@ -1,0 +1,187 @@
+"""Reference traces: one greedy decode per prompt (online n-gram drafter), every other arm replayed offline.
+
+Known here: the recipe of ``data/traces/`` (``scripts/make_reference_traces.py`` is its command line).
+
+1. **Online** (timed): each prompt is decoded ONCE by ``SpeculativeDecoder`` with the n-gram drafter
+   (chain), recorded into ``<out>/ngram/``. Greedy lossless decoding makes the output the target's
+   greedy output whatever the drafter.
+2. **AR timing** (optional, timed): the first ``ar_limit`` prompts per category are decoded by our AR
+   baseline into ``<out>/ar/``, so speedups can be measured against the same prompts.
+3. **Replay** (no timings): for every other arm (n-gram DDTree, block drafter chain / DDTree N=16) the
+   rounds are simulated on the recorded greedy output (``entropy_law.decoding.replay``): one
+   teacher-forced target pass per prompt gives the target's logits (the entropies do not depend on the
+   drafter) and, for the block drafter, the target features its proposals read
+   (``PrecomputedBlockDrafter``). Replayed runs carry ``replayed: true`` and ``replayed_from`` (the
+   online run id) in their run metadata, and report 0 ms timings.
+
+Every step is resumable: a run directory that exists is continued (completed prompts skipped), so the
+job can be stopped and restarted, or grown with a larger ``limit``. The block drafter is replayed only
+if its checkpoint is present; otherwise a message says so and the other arms go on.
+
+Not known here: the trace format, decoding internals, statistics.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from pathlib import Path
+from typing import Callable, Sequence
+
+DEFAULT_REPLAY_ARMS = ("ngram-ddtree16", "block", "block-ddtree16")
+ONLINE_ARM = "ngram"
+
+
+def _recorder(path: Path, **metadata):
+    from entropy_law.traces.recorder import TraceRecorder
+
+    resume = (path / "run.json").exists()
+    return TraceRecorder(path, resume=resume, **metadata)
+
+
+def greedy_outputs(run_dir: Path) -> dict:
+    """request_id -> (category, question_id, output token ids, stop_reason) of a recorded run."""
+    from entropy_law.traces.reader import load_traces
+
+    traces = load_traces(run_dir)
+    tok = traces.tokens.sort_values(["request_id", "position"])
+    req = traces.requests.set_index("request_id")
+    out = {}
+    for rid, part in tok.groupby("request_id", observed=True, sort=False):
+        rid = str(rid)
+        out[rid] = (str(req.loc[rid, "category"]), str(req.loc[rid, "question_id"]), part["token_id"].astype(int).tolist(),
+                    str(req.loc[rid, "stop_reason"]))
+    return out
+
+
+def make_reference_traces(
+    tasks: Sequence,
+    target,
+    out: str | Path,
+    *,
+    max_new_tokens: int = 256,
+    replay_arms: Sequence[str] = DEFAULT_REPLAY_ARMS,
+    ar_limit: int = 5,
+    encode: Callable | None = None,
+    verify_cost_ratio: float = 2.0,
+    progress: bool = True,
+    log: Callable[[str], None] = print,
+) -> dict:
+    """Write (or continue) the reference trace set under ``out``; returns {arm: run directory}.
+
+    ``tasks``: ``entropy_law.tasks.Task`` list (the online decode order); ``target``: a ``LoadedTarget``
+    or a causal LM (then ``encode(task) -> ids`` is required); ``replay_arms``: names from
+    ``entropy_law.decoding.arms.ARMS``; ``ar_limit``: prompts per category also decoded by AR (0: none).
+    ``verify_cost_ratio``: the drafting gate of ``SpeculativeDecoder`` (the same online and in every replay).
+    """
+    import torch
+    from tqdm.auto import tqdm
+
+    from entropy_law.decoding.arms import arm_spec, available_arms, make_drafter
+    from entropy_law.decoding.decoder import SpeculativeDecoder
+    from entropy_law.decoding.observers import RecorderObserver
+    from entropy_law.decoding.replay import replay_request, replay_run_metadata, teacher_forced_logits
+
+    out = Path(out)
+    if max_new_tokens < 2:
+        raise ValueError(f"max_new_tokens must be >= 2, got {max_new_tokens}")
+    if not tasks:
+        raise ValueError("no prompts: check the limit / categories")
+    model = target if isinstance(target, torch.nn.Module) else target.model  # LoadedTarget or a causal LM
+    model_id = getattr(target, "model_id", type(model).__name__)
+    online_spec = arm_spec(ONLINE_ARM)
+    decoder = SpeculativeDecoder(target, make_drafter(online_spec, target), tree="chain",
+                                 verify_cost_ratio=verify_cost_ratio)
+    eos = sorted(decoder.eos_token_ids)
+    max_context = decoder.adapter.max_context
+    common = dict(model_id=model_id, dtype=decoder.config["dtype"], device=str(decoder.adapter.device),
+                  max_new_tokens=max_new_tokens, seed=0, verify_cost_ratio=verify_cost_ratio)
+
+    def ids_of(task):
+        return list(encode(task)) if encode is not None else decoder.encode_prompt(task.messages())
+
+    runs = {}
+    # 1. online n-gram decode (timed)
+    path = out / online_spec.name
+    with _recorder(path, drafter_id=decoder.config["drafter_id"], drafter_config=dict(decoder.drafter.config),
+                   tree_policy="chain", tree_budget=None, replayed=False, arm=online_spec.name, **common) as rec:
+        decoder.observers = [RecorderObserver(rec)]
+        todo = [t for t in tasks if t.request_id not in rec.completed_requests]
+        log(f"online {online_spec.name}: {len(tasks) - len(todo)} of {len(tasks)} prompts already recorded")
+        with torch.inference_mode():
+            for task in tqdm(todo, desc=f"decode ({online_spec.name})", unit="prompt", disable=not progress):
+                decoder.generate(ids_of(task), max_new_tokens=max_new_tokens, category=task.category,
+                                 request_id=task.request_id, dataset=task.dataset, question_id=task.question_id)
+        online_run_id = rec.run_id
+    runs[online_spec.name] = path
+
+    # 2. AR timing on the first ar_limit prompts per category (timed)
+    if ar_limit > 0:
+        ar = SpeculativeDecoder(target, None)
+        per_cat: dict[str, int] = {}
+        ar_tasks = []
+        for task in tasks:
+            if per_cat.get(task.category, 0) < ar_limit:
+                ar_tasks.append(task)
+                per_cat[task.category] = per_cat.get(task.category, 0) + 1
+        path = out / "ar"
+        with _recorder(path, drafter_id="none", drafter_config={}, tree_policy="none", tree_budget=None,
+                       replayed=False, arm="ar", **common) as rec:
+            ar.observers = [RecorderObserver(rec)]
+            todo = [t for t in ar_tasks if t.request_id not in rec.completed_requests]
+            with torch.inference_mode():
+                for task in tqdm(todo, desc="decode (ar)", unit="prompt", disable=not progress):
+                    ar.generate(ids_of(task), max_new_tokens=max_new_tokens, category=task.category,
+                                request_id=task.request_id, dataset=task.dataset, question_id=task.question_id)
+        runs["ar"] = path
+
+    # 3. offline replay of the other arms from the recorded greedy outputs
+    specs, messages = available_arms(replay_arms)
+    for m in messages:
+        log(m)
+    if not specs:
+        return runs
+    outputs = greedy_outputs(runs[online_spec.name])
+    by_id = {t.request_id: t for t in tasks}
+    arms = []
+    stack = contextlib.ExitStack()  # each recorder: finished on success, left "running" (resumable) on error
+    for spec in specs:
+        drafter = make_drafter(spec, target)
+        meta = replay_run_metadata(drafter, spec.tree, spec.budget, replayed_from=online_run_id, arm=spec.name,
+                                   **common)
+        rec = stack.enter_context(_recorder(out / spec.name, **meta))
+        arms.append((spec, drafter, rec))
+        runs[spec.name] = out / spec.name
+    precomputed = None
+    if any(s.drafter == "block" for s, _, _ in arms):
+        precomputed = importlib.import_module("entropy_law.decoding.drafter_training").PrecomputedBlockDrafter
+    with stack:
+        todo = [rid for rid in outputs if rid in by_id and outputs[rid][3] != "error"
+                and any(rid not in rec.completed_requests for _, _, rec in arms)]
+        with torch.inference_mode():
+            for rid in tqdm(todo, desc="replay", unit="prompt", disable=not progress):
+                task = by_id[rid]
+                category, question_id, output_ids, _ = outputs[rid]
+                prompt_ids = ids_of(task)
+                block_layers = next((d.feature_layers for s, d, _ in arms if s.drafter == "block"), ())
+                features = None
+                if block_layers:
+                    from entropy_law.decoding.features import capture_features
+
+                    with capture_features(model, block_layers) as cap:
+                        logits = teacher_forced_logits(target, prompt_ids, output_ids)
+                        features = cap.features()[0]
+                else:
+                    logits = teacher_forced_logits(target, prompt_ids, output_ids)
+                for spec, drafter, rec in arms:
+                    if rid in rec.completed_requests:
+                        continue
+                    source = drafter
+                    if spec.drafter == "block":
+                        source = precomputed(drafter, prompt_ids, output_ids, features)
+                    replay_request(target, prompt_ids, output_ids, source, spec.tree, spec.budget,
+                                   observers=[RecorderObserver(rec)], request_id=rid, category=category,
+                                   dataset=task.dataset, question_id=question_id, logits=logits,
+                                   eos_token_ids=eos, max_new_tokens=max_new_tokens, max_context=max_context,
+                                   verify_cost_ratio=verify_cost_ratio)
+    return runs

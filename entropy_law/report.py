@@ -1,0 +1,206 @@
+"""A summary of one trace set: tables and figures as a self-contained HTML page or Markdown with PNGs.
+
+Known here: what a report shows (the runs; per arm and category: requests, tokens, mean / median
+target entropy, mean accepted length, committed tokens per round, the law's in-sample and LOCO
+predictions, the measured speedup over AR; the fitted law per arm with 95% intervals and the break-even
+entropy; LOCO transfer; the law comparison; the nine figures of ``entropy_law.plots.gallery``), how
+to format those tables (Markdown, HTML), and the results section for the README (``results_markdown``).
+Analyses that cannot run on the given traces (too few requests, no AR run, replayed timings) are
+listed with the reason instead of failing the report. Not known here: statistics (``entropy_law.law``
+through ``entropy_law.analysis``), decoding, torch.
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime as _dt
+import html
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from entropy_law.analysis import AR_ARM, TraceAnalysis, format_interval
+
+RESULT_COLUMNS = {
+    "arm": "arm", "category": "category", "requests": "requests", "tokens": "tokens",
+    "mean_entropy_nats": "mean H (nats)", "median_entropy_nats": "median H (nats)",
+    "mean_accepted": "mean accepted τ", "committed_per_round": "tokens / round",
+    "law_tokens_per_round": "law: tokens / round", "loco_tokens_per_round": "LOCO: tokens / round",
+    "speedup_vs_ar": "speedup vs AR",
+}
+
+
+def _fmt(value, digits: int = 3) -> str:
+    if isinstance(value, (float, np.floating)):
+        if np.isnan(value):
+            return "–"
+        if np.isinf(value):
+            return "inf"
+        return f"{value:.{digits}g}" if abs(value) < 1000 else f"{value:.0f}"
+    return str(value)
+
+
+def markdown_table(frame: pd.DataFrame, *, digits: int = 3, index: bool = False) -> str:
+    """A GitHub-flavoured Markdown table (numbers to ``digits`` significant digits, NaN as "–")."""
+    if index:
+        frame = frame.reset_index()
+    header = "| " + " | ".join(str(c) for c in frame.columns) + " |"
+    rule = "|" + "|".join("---" for _ in frame.columns) + "|"
+    body = ["| " + " | ".join(_fmt(v, digits) for v in row) + " |" for row in frame.itertuples(index=False)]
+    return "\n".join([header, rule, *body])
+
+
+def results_frame(analysis: TraceAnalysis) -> pd.DataFrame:
+    """The per-arm, per-category results table with readable column names."""
+    table = analysis.results_table()
+    return table[[c for c in RESULT_COLUMNS if c in table]].rename(columns=RESULT_COLUMNS)
+
+
+def law_frame(analysis: TraceAnalysis) -> pd.DataFrame:
+    """Per arm: k, lambda at depth 1 (95% CI), trials, requests, break-even entropy (bootstrap 95%)."""
+    law = analysis.law_table()
+    rows = []
+    for r in law.to_dict("records"):
+        rows.append({"arm": r["arm"],
+                     "k (95% CI)": format_interval(r.get("k", np.nan), r.get("k_low"), r.get("k_high")),
+                     "λ at depth 1 (95% CI)": format_interval(r.get("lambda_d1", np.nan), r.get("lambda_d1_low"),
+                                                              r.get("lambda_d1_high")),
+                     "at-risk trials": r.get("trials", np.nan), "requests": r.get("requests", np.nan),
+                     "break-even H, nats (95% CI)": format_interval(r.get("breakeven_nats", np.nan),
+                                                                    r.get("breakeven_low"), r.get("breakeven_high"))})
+    return pd.DataFrame(rows)
+
+
+def results_markdown(analysis: TraceAnalysis, *, source: str = "") -> str:
+    """The README results section: per-category table, the law per arm, and how it was made."""
+    runs = analysis.runs
+    model = ", ".join(sorted(runs["model_id"].astype(str).unique())) if "model_id" in runs else "?"
+    replayed = runs.loc[runs["replayed"], "arm"].tolist()
+    lines = ["## Results", "",
+             f"Traces: `{source or 'the given trace set'}` — target `{model}`, "
+             f"{analysis.view.requests['request_id'].nunique()} prompts in {len(analysis.categories)} categories, "
+             f"arms: {', '.join(analysis.arms + ([AR_ARM] if analysis.has_ar else []))}."
+             + (f" Replayed offline from the same greedy outputs (no timings): {', '.join(replayed)}." if replayed else ""),
+             "", markdown_table(results_frame(analysis)), "",
+             "τ: accepted drafts per drafting round; tokens / round: committed tokens per verify pass (prefill excluded); "
+             "law / LOCO: the fitted law's exact DP prediction of tokens per round on the same entropy sequences "
+             "(LOCO: fitted without that category); speedup: decode time per token of our AR baseline over the arm's, "
+             "on the same prompts (– where the arm was replayed or no AR run exists).", "",
+             f"Fitted law `{analysis.family}`: a = exp(−λ_d (H + ε)^k), request-clustered 95% intervals; break-even "
+             "entropy where the predicted decode speedup is 1 (request bootstrap).", "",
+             markdown_table(law_frame(analysis)), "",
+             f"Made with `entropy-law report {source or 'TRACES'} --results-md FILE` (entropy_law.report.results_markdown)."]
+    return "\n".join(lines) + "\n"
+
+
+def _runs_frame(analysis: TraceAnalysis) -> pd.DataFrame:
+    runs = analysis.runs
+    req = analysis.view.requests.groupby("run_id").size().rename("requests")
+    cols = [c for c in ("run_id", "arm", "model_id", "tree_policy", "replayed", "timed", "status") if c in runs]
+    return runs[cols].merge(req, left_on="run_id", right_index=True, how="left")
+
+
+def _sections(analysis: TraceAnalysis):
+    """(title, DataFrame or text) pairs of the report body, errors collected as notes."""
+    notes = []
+    yield "Runs", _runs_frame(analysis)
+    yield "Results per category", results_frame(analysis)
+    yield "Fitted law per arm", law_frame(analysis)
+    for arm in analysis.arms:
+        loco = analysis.attempt("loco", arm)
+        if loco.ok:
+            yield f"Leave-one-category-out transfer: {arm}", loco.value.summary.reset_index()
+        else:
+            notes.append(loco.error)
+        comp = analysis.attempt("comparison", arm)
+        if comp.ok:
+            yield f"Law comparison (CV log-loss per trial): {arm}", comp.value.summary.reset_index()
+            notes.extend(f"{arm}: {n}" for n in comp.value.notes)
+        else:
+            notes.append(comp.error)
+        pays = analysis.attempt("pays", arm)
+        if pays.ok:
+            yield f"When drafting pays: {arm}", pays.value.summary.reset_index().rename(columns={"index": "quantity"})
+        else:
+            notes.append(pays.error)
+    speed = analysis.attempt("measured_speedups")
+    if not speed.ok:
+        notes.append(speed.error)
+    yield "Notes", notes
+
+
+def write_report(traces, out_dir, *, fmt: str = "html", analysis: TraceAnalysis | None = None, source: str = "",
+                 progress: bool = False, figure_formats=("png", "pdf"), **analysis_options) -> Path:
+    """Write the report of ``traces`` into ``out_dir``: ``report.html`` (self-contained: figures
+    embedded) or ``report.md`` (figures as PNG beside it); figures also as PNG + PDF under
+    ``out_dir/figures``. Returns the report's path."""
+    from entropy_law.plots.gallery import FIGURES, make_figures
+
+    if fmt not in ("html", "md", "markdown"):
+        raise ValueError(f"fmt must be 'html' or 'md', got {fmt!r}")
+    analysis = analysis or TraceAnalysis(traces, **analysis_options)
+    out_dir = Path(out_dir)
+    fig_dir = out_dir / "figures"
+    written = make_figures(analysis, fig_dir, formats=figure_formats, progress=progress)
+    sections = list(_sections(analysis))
+    stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    title = f"entropy-law report: {source or out_dir.name}"
+    if fmt == "html":
+        path = out_dir / "report.html"
+        parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
+                 "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"
+                 "table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px;"
+                 "text-align:right}th{background:#f3f3f3}img{max-width:100%}</style></head><body>",
+                 f"<h1>{html.escape(title)}</h1><p>generated {stamp}; law family <code>{analysis.family}</code>, "
+                 f"seed {analysis.seed}, {analysis.n_boot} bootstrap replicates</p>"]
+        for name, body in sections:
+            parts.append(f"<h2>{html.escape(name)}</h2>")
+            if isinstance(body, pd.DataFrame):
+                parts.append(body.to_html(index=False, float_format=lambda v: _fmt(v, 4), na_rep="–"))
+            else:
+                parts.append("<ul>" + "".join(f"<li>{html.escape(str(n))}</li>" for n in body) + "</ul>"
+                             if body else "<p>none</p>")
+        parts.append("<h2>Figures</h2>")
+        for name, paths in written.items():
+            png = next(p for p in paths if p.suffix == ".png")
+            data = base64.b64encode(png.read_bytes()).decode("ascii")
+            parts.append(f"<h3>{html.escape(FIGURES[name].title)}</h3><img alt='{name}' src='data:image/png;base64,{data}'>")
+        parts.append("</body></html>")
+        path.write_text("\n".join(parts), encoding="utf-8")
+    else:
+        path = out_dir / "report.md"
+        parts = [f"# {title}", "", f"generated {stamp}; law family `{analysis.family}`, seed {analysis.seed}, "
+                 f"{analysis.n_boot} bootstrap replicates", ""]
+        for name, body in sections:
+            parts += [f"## {name}", ""]
+            if isinstance(body, pd.DataFrame):
+                parts.append(markdown_table(body, digits=4))
+            else:
+                parts += [f"- {n}" for n in body] if body else ["none"]
+            parts.append("")
+        parts += ["## Figures", ""]
+        for name, paths in written.items():
+            png = next(p for p in paths if p.suffix == ".png")
+            parts += [f"### {FIGURES[name].title}", "", f"![{name}]({png.relative_to(out_dir).as_posix()})", ""]
+        path.write_text("\n".join(parts), encoding="utf-8")
+    return path
+
+
+def terminal_summary(analysis: TraceAnalysis) -> str:
+    """The demo's closing summary: per category mean entropy, tokens per round and speedup per arm;
+    the fitted law with intervals; the break-even entropy."""
+    table = analysis.results_table()
+    lines = []
+    for arm, part in table.groupby("arm", sort=False):
+        lines.append(f"{arm}:")
+        lines.append(f"  {'category':<16}{'mean H (nats)':>14}{'tokens/round':>14}{'speedup vs AR':>15}")
+        for r in part.itertuples():
+            lines.append(f"  {r.category:<16}{_fmt(r.mean_entropy_nats):>14}{_fmt(r.committed_per_round):>14}"
+                         f"{_fmt(r.speedup_vs_ar):>15}")
+    lines.append("")
+    lines.append(f"fitted law {analysis.family}: a = exp(-lambda_d (H + eps)^k), 95% intervals")
+    for r in law_frame(analysis).to_dict("records"):
+        lines.append(f"  {r['arm']}: k = {r['k (95% CI)']}, lambda[d=1] = {r['λ at depth 1 (95% CI)']}, "
+                     f"break-even H = {r['break-even H, nats (95% CI)']} nats")
+    return "\n".join(lines)

@@ -1,0 +1,16 @@
+"""One response: per-position target entropy with accepted blocks shaded.
+
+    python figures/fig9_example_response.py [--traces PATH] [--out DIR]
+
+Drawn by ``entropy_law.plots.gallery.FIGURES["fig9_example_response"]`` (plot function in ``entropy_law.plots.figures``).
+"""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from entropy_law.plots.gallery import cli  # noqa: E402
+
+if __name__ == "__main__":
+    sys.exit(cli(["fig9_example_response"], description=__doc__.splitlines()[0]))

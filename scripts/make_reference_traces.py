@@ -1,0 +1,65 @@
+#!/usr/bin/env python
+"""Make the reference traces in data/traces/ (one command; resumable; sized by arguments).
+
+    python scripts/make_reference_traces.py                        # 40 prompts per category, 256 new tokens
+    python scripts/make_reference_traces.py --limit 80             # grow the same set to all 80 (resumes)
+    nice python scripts/make_reference_traces.py --limit 2 --max-new-tokens 32 --out /tmp/ref   # a quick try
+
+What it does (entropy_law/reference.py): each Spec-Bench prompt is decoded ONCE, greedily, with the
+online n-gram drafter (recorded, timed) into OUT/ngram; the first --ar-limit prompts per category are
+also decoded by our AR baseline (OUT/ar, timed, for measured speedups); then the other arms (n-gram
+DDTree N=16, block drafter chain and DDTree N=16 if its checkpoint is present) are REPLAYED offline from
+the same greedy outputs into OUT/<arm> (run metadata: replayed = true, replayed_from = the online run id;
+0 ms timings). Stop it at any time and run the same command again to continue.
+Traces are zstd-compressed Parquet (trace format v1); check the size before committing them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+
+def main(argv=None) -> int:
+    from entropy_law.reference import DEFAULT_REPLAY_ARMS
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "data" / "traces"),
+                   help="trace folder (default: data/traces of this checkout)")
+    p.add_argument("--limit", type=int, default=40, help="prompts per category (default: %(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=256, help="new tokens per prompt (default: %(default)s)")
+    p.add_argument("--categories", nargs="+", default=None, help="only these categories (default: all)")
+    p.add_argument("--ar-limit", type=int, default=5,
+                   help="prompts per category also decoded by AR for measured speedups; 0: none (default: %(default)s)")
+    p.add_argument("--replay", nargs="*", default=list(DEFAULT_REPLAY_ARMS),
+                   help="arms replayed offline (default: %(default)s)")
+    p.add_argument("--verify-cost-ratio", type=float, default=2.0,
+                   help="drafting gate: draft when expected accepted drafts >= this - 1 (default: %(default)s)")
+    p.add_argument("--model", default="smollm2-135m", help="target (default: %(default)s)")
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+    if args.limit < 1 or args.max_new_tokens < 2 or args.ar_limit < 0:
+        p.error("--limit >= 1, --max-new-tokens >= 2 and --ar-limit >= 0 please")
+
+    from entropy_law.decoding.loading import load_target
+    from entropy_law.reference import make_reference_traces
+    from entropy_law.tasks import load_tasks
+
+    t0 = time.perf_counter()
+    tasks = load_tasks("spec_bench", categories=args.categories, limit=args.limit)
+    target = load_target(args.model)
+    runs = make_reference_traces(tasks, target, args.out, max_new_tokens=args.max_new_tokens,
+                                 replay_arms=args.replay, ar_limit=args.ar_limit,
+                                 verify_cost_ratio=args.verify_cost_ratio, progress=not args.no_progress)
+    size = sum(f.stat().st_size for f in Path(args.out).rglob("*") if f.is_file())
+    print(f"reference traces in {args.out} ({size / 1e6:.1f} MB): {', '.join(runs)}; "
+          f"{time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

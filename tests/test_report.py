@@ -1,0 +1,117 @@
+"""Report and results tables on simulated traces: numbers against independent pandas computations,
+self-contained HTML, Markdown with images, the command line (and its errors)."""
+
+from __future__ import annotations
+
+import base64
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from entropy_law.analysis import AR_ARM, TraceAnalysis  # noqa: E402
+from entropy_law.cli import main  # noqa: E402
+from entropy_law.plots.gallery import FIGURES  # noqa: E402
+from entropy_law.report import results_markdown, terminal_summary, write_report  # noqa: E402
+from entropy_law.traces.reader import load_traces  # noqa: E402
+from tests.report_helpers import FAST, small_traces  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def sim(tmp_path_factory):
+    path = small_traces(tmp_path_factory.mktemp("sim"))
+    traces = load_traces(path)
+    return path, traces, TraceAnalysis(traces, **FAST)
+
+
+def test_arms_ar_detection_and_labels(sim):
+    _, _, an = sim
+    assert an.arms == ["sim-block chain", "sim-tree ddtree16"]
+    assert an.has_ar and an.runs.loc[an.runs["is_ar"], "run_id"].tolist() == ["sim-ar"]
+
+
+def test_results_table_matches_independent_computation(sim):
+    _, traces, an = sim
+    table = an.results_table().set_index(["arm", "category"])
+    rounds = traces.rounds.astype({"run_id": str, "request_id": str})
+    req = traces.requests.astype({"run_id": str, "request_id": str, "category": str})
+    rounds = rounds.merge(req[["run_id", "request_id", "category"]], on=["run_id", "request_id"])
+    tokens = traces.tokens.astype({"run_id": str, "category": str})
+    for run_id, arm in (("sim-block", "sim-block chain"), ("sim-tree", "sim-tree ddtree16"), ("sim-ar", AR_ARM)):
+        for cat in sorted(req["category"].unique()):
+            mine = rounds.loc[(rounds["run_id"] == run_id) & (rounds["category"] == cat) & (rounds["round_index"] > 0)]
+            row = table.loc[(arm, cat)]
+            assert row["committed_per_round"] == pytest.approx(mine["committed"].sum() / len(mine))
+            assert row["requests"] == mine["request_id"].nunique()
+            h = tokens.loc[(tokens["run_id"] == "sim-block") & (tokens["category"] == cat), "target_entropy_nats"]
+            assert row["mean_entropy_nats"] == pytest.approx(h.mean(), rel=1e-6)
+            if arm != AR_ARM:
+                drafted = mine.loc[mine["tree_nodes"] > 0, "accepted"]
+                assert row["mean_accepted"] == pytest.approx(drafted.mean())
+                # measured speedup: AR decode ms per token / arm decode ms per token (tokens after the prefill)
+                ar = req.loc[(req["run_id"] == "sim-ar") & (req["category"] == cat)]
+                me = req.loc[(req["run_id"] == run_id) & (req["category"] == cat)]
+                expected = (ar["decode_ms"].sum() / (ar["new_tokens"] - 1).sum()) / (
+                    me["decode_ms"].sum() / (me["new_tokens"] - 1).sum())
+                assert row["speedup_vs_ar"] == pytest.approx(expected, rel=1e-5)
+                assert row["speedup_vs_ar"] > 1  # the simulated drafters accept plenty
+            else:
+                assert row["speedup_vs_ar"] == 1.0
+
+
+def test_law_table_recovers_the_simulated_exponent(sim):
+    _, _, an = sim
+    law = an.law_table().set_index("arm")
+    for arm in an.arms:
+        assert law.loc[arm, "k_low"] < 0.8 < law.loc[arm, "k_high"]  # simulate_traces' k
+        assert 0 < law.loc[arm, "breakeven_nats"] < np.inf
+
+
+def test_html_report_is_self_contained(sim, tmp_path):
+    _, traces, an = sim
+    path = write_report(traces, tmp_path / "rep", analysis=an, source="sim", figure_formats=("png",))
+    text = path.read_text()
+    assert path.name == "report.html"
+    assert text.count("data:image/png;base64,") == len(FIGURES)
+    first = text.split("data:image/png;base64,")[1].split("'")[0]
+    assert base64.b64decode(first)[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "<table" in text and "sim-block chain" in text and "Leave-one-category-out" in text
+    assert "src='figures/" not in text and 'src="http' not in text
+
+
+def test_markdown_report_links_existing_pngs_and_results_section(sim, tmp_path):
+    _, traces, an = sim
+    path = write_report(traces, tmp_path / "md", fmt="md", analysis=an, figure_formats=("png", "pdf"))
+    text = path.read_text()
+    links = [line.split("](")[1].rstrip(")") for line in text.splitlines() if line.startswith("![")]
+    assert len(links) == len(FIGURES)
+    assert all((path.parent / link).is_file() for link in links)
+    assert all((path.parent / link).with_suffix(".pdf").is_file() for link in links)
+    md = results_markdown(an, source="data/traces")
+    table_rows = [line for line in md.splitlines() if line.startswith("| sim-") or line.startswith("| AR |")]
+    assert len(table_rows) == 3 * 5 + 2  # 3 arms x 5 categories + the law table's 2 arms
+    summary = terminal_summary(an)
+    assert "break-even H" in summary and "sim-tree ddtree16" in summary
+
+
+def test_report_command_and_its_errors(sim, tmp_path, capsys):
+    path, _, _ = sim
+    out = tmp_path / "cli"
+    code = main(["report", str(path), "--out", str(out), "--format", "md", "--n-boot", "2",
+                 "--compare-families", "law_exp", "law_logit", "--results-md", str(out / "results.md"),
+                 "--no-progress"])
+    assert code == 0
+    assert (out / "report.md").is_file() and (out / "results.md").read_text().startswith("## Results")
+    assert main(["report", str(tmp_path / "nope"), "--out", str(out)]) == 2
+    assert "not found" in capsys.readouterr().err
+
+
+def test_analysis_that_cannot_run_is_a_note_not_a_crash(sim):
+    _, traces, _ = sim
+    an = TraceAnalysis(traces.filter(category=["qa", "rag"]), **FAST)
+    loco = an.attempt("loco", an.arms[0])
+    assert not loco.ok and "at least 3 categories" in loco.error
+    assert an.results_table()["loco_tokens_per_round"].isna().all()
