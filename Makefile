@@ -24,5 +24,8 @@ demo: setup
 	$(VENV)/bin/entropy-law info
 	$(VENV)/bin/entropy-law demo
 
+figures: setup
+	$(PY) figures/make_all.py
+
 clean-venv:
 	rm -rf $(VENV)
