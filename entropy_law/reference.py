@@ -64,6 +64,7 @@ def make_reference_traces(
     ar_limit: int = 5,
     encode: Callable | None = None,
     verify_cost_ratio: float = 2.0,
+    from_run: str | Path | None = None,
     progress: bool = True,
     log: Callable[[str], None] = print,
 ) -> dict:
@@ -73,6 +74,9 @@ def make_reference_traces(
     or a causal LM (then ``encode(task) -> ids`` is required); ``replay_arms``: names from
     ``entropy_law.decoding.arms.ARMS``; ``ar_limit``: prompts per category also decoded by AR (0: none).
     ``verify_cost_ratio``: the drafting gate of ``SpeculativeDecoder`` (the same online and in every replay).
+    ``from_run``: an existing complete run recorded online with the n-gram drafter (e.g. by
+    ``entropy-law record --drafter ngram``); it is copied to ``<out>/ngram`` and used as the greedy source
+    instead of decoding again (only its prompts among ``tasks`` are replayed; its own gate setting is kept).
     """
     import torch
     from tqdm.auto import tqdm
@@ -101,18 +105,22 @@ def make_reference_traces(
         return list(encode(task)) if encode is not None else decoder.encode_prompt(task.messages())
 
     runs = {}
-    # 1. online n-gram decode (timed)
     path = out / online_spec.name
-    with _recorder(path, drafter_id=decoder.config["drafter_id"], drafter_config=dict(decoder.drafter.config),
-                   tree_policy="chain", tree_budget=None, replayed=False, arm=online_spec.name, **common) as rec:
-        decoder.observers = [RecorderObserver(rec)]
-        todo = [t for t in tasks if t.request_id not in rec.completed_requests]
-        log(f"online {online_spec.name}: {len(tasks) - len(todo)} of {len(tasks)} prompts already recorded")
-        with torch.inference_mode():
-            for task in tqdm(todo, desc=f"decode ({online_spec.name})", unit="prompt", disable=not progress):
-                decoder.generate(ids_of(task), max_new_tokens=max_new_tokens, category=task.category,
-                                 request_id=task.request_id, dataset=task.dataset, question_id=task.question_id)
-        online_run_id = rec.run_id
+    if from_run is not None:
+        online_run_id = _adopt_online_run(Path(from_run), path, tasks, log)
+    else:  # 1. online n-gram decode (timed)
+        with _recorder(path, drafter_id=decoder.config["drafter_id"], drafter_config=dict(decoder.drafter.config),
+                       tree_policy="chain", tree_budget=None, replayed=False, arm=online_spec.name,
+                       **common) as rec:
+            decoder.observers = [RecorderObserver(rec)]
+            todo = [t for t in tasks if t.request_id not in rec.completed_requests]
+            log(f"online {online_spec.name}: {len(tasks) - len(todo)} of {len(tasks)} prompts already recorded")
+            with torch.inference_mode():
+                for task in tqdm(todo, desc=f"decode ({online_spec.name})", unit="prompt", disable=not progress):
+                    decoder.generate(ids_of(task), max_new_tokens=max_new_tokens, category=task.category,
+                                     request_id=task.request_id, dataset=task.dataset,
+                                     question_id=task.question_id)
+            online_run_id = rec.run_id
     runs[online_spec.name] = path
 
     # 2. AR timing on the first ar_limit prompts per category (timed)
@@ -185,3 +193,31 @@ def make_reference_traces(
                                    eos_token_ids=eos, max_new_tokens=max_new_tokens, max_context=max_context,
                                    verify_cost_ratio=verify_cost_ratio)
     return runs
+
+
+def _adopt_online_run(source: Path, dest: Path, tasks: Sequence, log: Callable[[str], None]) -> str:
+    """Copy a complete online n-gram run to ``dest`` (once) and return its run id.
+
+    Refuses a run that is incomplete, was itself replayed, or was not drafted by the n-gram drafter;
+    prompts that are not among ``tasks`` stay in the copied run but are not replayed."""
+    import json
+    import shutil
+
+    from entropy_law.traces.reader import load_traces
+
+    if not (dest / "run.json").exists():
+        meta = json.loads((source / "run.json").read_text()) if (source / "run.json").is_file() else None
+        if meta is None:
+            raise FileNotFoundError(f"--from-run {source}: no run.json there (give a run directory)")
+        if meta.get("status") != "complete":
+            raise ValueError(f"--from-run {source}: the run is not complete; finish it first (--resume)")
+        if meta.get("replayed") or meta.get("drafter_id") != "ngram":
+            raise ValueError(f"--from-run {source}: need a run decoded online with the n-gram drafter, got "
+                             f"drafter {meta.get('drafter_id')!r} (replayed: {bool(meta.get('replayed'))})")
+        known = {t.request_id for t in tasks}
+        extra = sorted(set(load_traces(source).requests.request_id.astype(str)) - known)
+        if extra:  # kept in the online run, not replayed
+            log(f"online ngram: {len(extra)} prompts of {source} are not among the tasks and are not replayed")
+        shutil.copytree(source, dest)
+        log(f"online ngram: adopted {source} (run {meta['run_id']}) as the greedy source")
+    return json.loads((dest / "run.json").read_text())["run_id"]

@@ -39,6 +39,9 @@ def main(argv=None) -> int:
                    help="arms replayed offline (default: %(default)s)")
     p.add_argument("--verify-cost-ratio", type=float, default=2.0,
                    help="drafting gate: draft when expected accepted drafts >= this - 1 (default: %(default)s)")
+    p.add_argument("--from-run", default=None,
+                   help="use this complete run (recorded online by `entropy-law record --drafter ngram`) as the "
+                        "greedy source instead of decoding again")
     p.add_argument("--model", default="smollm2-135m", help="target (default: %(default)s)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
@@ -54,7 +57,8 @@ def main(argv=None) -> int:
     target = load_target(args.model)
     runs = make_reference_traces(tasks, target, args.out, max_new_tokens=args.max_new_tokens,
                                  replay_arms=args.replay, ar_limit=args.ar_limit,
-                                 verify_cost_ratio=args.verify_cost_ratio, progress=not args.no_progress)
+                                 verify_cost_ratio=args.verify_cost_ratio, from_run=args.from_run,
+                                 progress=not args.no_progress)
     size = sum(f.stat().st_size for f in Path(args.out).rglob("*") if f.is_file())
     print(f"reference traces in {args.out} ({size / 1e6:.1f} MB): {', '.join(runs)}; "
           f"{time.perf_counter() - t0:.0f} s")

@@ -75,3 +75,32 @@ def test_rerun_resumes_without_duplicates(ref):
         expected = n if n == 2 else n + 2  # AR keeps its 1 per category; the others grow by one per category
         assert counts[run_id] == expected
     assert len(after.runs) == 3  # continued, not new runs
+
+
+def test_an_existing_online_run_is_adopted_instead_of_decoding_again(ref, tmp_path):
+    model, tasks, out, _ = ref
+    source = out / "ngram"
+    runs = make_reference_traces(tasks, model, tmp_path / "adopted", max_new_tokens=20,
+                                 replay_arms=("ngram-ddtree16",), ar_limit=0, encode=encode,
+                                 from_run=source, progress=False, log=lambda m: None)
+    assert sorted(runs) == ["ngram", "ngram-ddtree16"]
+    original = load_traces(source)
+    adopted = load_traces(tmp_path / "adopted")
+    meta = {m["arm"]: m for m in adopted.metadata.values()}
+    (source_id,) = original.metadata
+    assert meta["ngram"]["run_id"] == source_id  # copied, not decoded again
+    assert meta["ngram-ddtree16"]["replayed_from"] == source_id
+    # the replay from the adopted run equals the replay in the first reference set
+    again = load_traces(tmp_path / "adopted" / "ngram-ddtree16").rounds.astype({"request_id": str})
+    first = load_traces(out / "ngram-ddtree16").rounds.astype({"request_id": str})
+    first = first[first["request_id"].isin(set(again["request_id"]))]  # the fixture's set may have grown
+    assert set(again["request_id"]) == {t.request_id for t in tasks}
+    key = ["request_id", "round_index"]
+    assert (first.sort_values(key)["accepted"].tolist() == again.sort_values(key)["accepted"].tolist())
+
+
+def test_from_run_refuses_a_replayed_run(ref, tmp_path):
+    model, tasks, out, _ = ref
+    with pytest.raises(ValueError, match="decoded online with the n-gram drafter"):
+        make_reference_traces(tasks, model, tmp_path / "bad", max_new_tokens=20, replay_arms=(), ar_limit=0,
+                              encode=encode, from_run=out / "ngram-ddtree16", progress=False, log=lambda m: None)
