@@ -30,6 +30,8 @@ def register(subparsers) -> None:
     g.add_argument("--gen-batch-size", type=int, default=16)
     g.add_argument("--gen-minutes", type=float, default=None,
                    help="stop data generation (stage 2) after this many minutes; train on what exists")
+    g.add_argument("--stage2-batches", type=int, default=None,
+                   help="keep only the first K stage-2 batches (seeded order): reproduces a deadline-cut run")
     g.add_argument("--attn", default="sdpa", help="attention for data generation (default: %(default)s)")
     t = p.add_argument_group("training")
     t.add_argument("--block-size", type=int, default=8)
@@ -67,6 +69,7 @@ def run(args) -> int:
         deadline = time.time() + 60 * args.gen_minutes if args.gen_minutes else None
         summary = generate_dataset(target, data_dir, plan=plan, feature_layers=layers, gsm8k=args.gsm8k,
                                    batch_size=args.gen_batch_size, deadline=deadline,
+                                   max_stage2_batches=args.stage2_batches,
                                    log=lambda s: print(s, flush=True))
         print(json.dumps(summary), flush=True)
         del target
