@@ -1,9 +1,11 @@
 """Block drafter vs n-gram drafter on Spec-Bench: committed tokens per round by replay, optional online speed.
 
 1. Greedy outputs of the default target for the first ``--per-category`` prompts of each Spec-Bench
-   category (chat template as the decoder; fp32, eager attention; generated in batches with left padding,
-   target features captured on the way; cached in ``--cache``). Batched fp32 greedy can differ from
-   batch-1 greedy at rare near-ties; the replayed texts are then still greedy texts of the target.
+   category: either read from the traces of an ``entropy-law record`` run (``--greedy-from-traces``:
+   lossless batch-1 decoding, so exact greedy outputs; features from one teacher-forced forward), or
+   generated here (chat template as the decoder; fp32, eager attention; in batches with left padding,
+   features captured on the way; cached in ``--cache``; batched fp32 greedy can differ from batch-1
+   greedy at rare near-ties, the replayed texts are then still greedy texts of the target).
 2. Replay (``entropy_law.decoding.replay.replay_rounds``), always drafting (no gate): the block drafter
    through ``PrecomputedBlockDrafter`` (its marginals at every anchor from one pass; replay == online is
    tested in ``tests/test_block_drafter_decoding.py``), chain and DDTree N=16; the n-gram drafter, chain
@@ -79,6 +81,46 @@ def greedy_cache(args, target, layers) -> list[dict]:
     return reqs
 
 
+def greedy_from_traces(args, target, layers) -> list[dict]:
+    """Greedy outputs recorded by ``entropy-law record`` (lossless decoding, batch 1: exact greedy), plus
+    teacher-forced target features (one forward per request)."""
+    import glob
+
+    import pyarrow.parquet as pq
+
+    from entropy_law.decoding.features import capture_features
+
+    folder = Path(args.greedy_from_traces)
+    reqs_t = [pq.read_table(f).to_pandas() for f in sorted(glob.glob(str(folder / "shards/*/requests.parquet")))]
+    toks_t = [pq.read_table(f, columns=["request_id", "position", "token_id"]).to_pandas()
+              for f in sorted(glob.glob(str(folder / "shards/*/tokens.parquet")))]
+    if not reqs_t:
+        raise FileNotFoundError(f"no trace shards under {folder}")
+    import pandas as pd
+
+    requests, tokens = pd.concat(reqs_t), pd.concat(toks_t)
+    tasks = {t.request_id: t for t in load_tasks("spec_bench")}
+    eos = int(target.config.eos_token_id)
+    out, rank = [], {}
+    for row in requests.sort_values("request_id", key=lambda c: c.map(lambda x: int(x.split(":")[1]))).itertuples():
+        r = rank.setdefault(row.category, 0)
+        if r >= args.per_category:
+            continue
+        out_ids = tokens[tokens.request_id == row.request_id].sort_values("position").token_id.astype(int).tolist()
+        if len(out_ids) != row.new_tokens:
+            continue
+        prompt = chat_ids(target.tokenizer, tasks[row.request_id].prompt)
+        if len(prompt) != row.prompt_tokens:
+            raise ValueError(f"{row.request_id}: prompt has {len(prompt)} tokens here, {row.prompt_tokens} in the trace")
+        with torch.no_grad(), capture_features(target.model, layers) as cap:
+            target.model(torch.tensor([prompt + out_ids]))
+            feats = cap.features()[0, :-1].half()
+        out.append({"request_id": row.request_id, "category": row.category, "rank": r, "prompt_ids": prompt,
+                    "output_ids": out_ids, "features": feats, "eos": [eos]})
+        rank[row.category] = r + 1
+    return out
+
+
 def replay_table(args, drafter, reqs) -> dict:
     cats = sorted({r["category"] for r in reqs})
     results: dict[str, dict] = {}
@@ -136,6 +178,9 @@ def main() -> None:
     parser.add_argument("--online", type=int, default=0, help="prompts per category to decode online")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--only-cache", action="store_true", help="build the greedy cache and stop")
+    parser.add_argument("--greedy-from-traces", default=None,
+                        help="trace folder of an `entropy-law record` run (256 new tokens, spec_bench): use its "
+                             "exact greedy outputs instead of generating")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -144,7 +189,12 @@ def main() -> None:
     target = load_target(args.model)
     path = Path(args.drafter) if args.drafter else default_drafter_path()
     layers = BlockDrafter.load(path, target).feature_layers if path.is_file() else (1, 14, 27)
-    reqs = greedy_cache(args, target, layers)
+    if args.greedy_from_traces:
+        import pandas  # noqa: F401
+
+        reqs = greedy_from_traces(args, target, layers)
+    else:
+        reqs = greedy_cache(args, target, layers)
     if args.only_cache:
         return
     drafter = BlockDrafter.load(path, target)
