@@ -37,7 +37,7 @@ def register(subparsers) -> None:
     t = p.add_argument_group("training")
     t.add_argument("--block-size", type=int, default=8)
     t.add_argument("--layers", type=int, default=1, help="drafter layers (default: %(default)s)")
-    t.add_argument("--steps", type=int, default=800)
+    t.add_argument("--steps", type=int, default=1600)
     t.add_argument("--minutes", type=float, default=None, help="stop training after this many minutes")
     t.add_argument("--lr", type=float, default=1e-3)
     t.add_argument("--batch-seqs", type=int, default=4, help="sequences per step")

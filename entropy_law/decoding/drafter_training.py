@@ -42,7 +42,7 @@ class TrainConfig:
     seed: int = 0
     block_size: int = 8
     num_layers: int = 1
-    steps: int = 800
+    steps: int = 1600
     minutes: float | None = None  # safety stop; the schedule follows ``steps``
     lr: float = 1e-3
     warmup_frac: float = 0.04
