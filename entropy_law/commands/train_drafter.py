@@ -20,29 +20,32 @@ def register(subparsers) -> None:
     p.add_argument("--gsm8k", default=None,
                    help="GSM8K train.jsonl (default: $ENTROPY_LAW_GSM8K or ../shared/data/gsm8k/train.jsonl)")
     p.add_argument("--only", choices=("data", "train"), default=None, help="run only one half")
-    p.add_argument("--threads", type=int, default=2, help="torch threads (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads (default: %(default)s; one thread wastes least on a shared, busy CPU)")
     g = p.add_argument_group("data")
-    g.add_argument("--n-gsm8k", type=int, default=160)
-    g.add_argument("--n-passages", type=int, default=64)
-    g.add_argument("--n-open", type=int, default=96)
-    g.add_argument("--n-translate", type=int, default=64)
-    g.add_argument("--max-new-tokens", type=int, default=192)
-    g.add_argument("--gen-batch-size", type=int, default=16)
+    g.add_argument("--n-gsm8k", type=int, default=128)
+    g.add_argument("--n-passages", type=int, default=48)
+    g.add_argument("--n-open", type=int, default=64)
+    g.add_argument("--n-translate", type=int, default=32)
+    g.add_argument("--max-new-tokens", type=int, default=160)
+    g.add_argument("--gen-batch-size", type=int, default=32)
     g.add_argument("--gen-minutes", type=float, default=None,
                    help="stop data generation (stage 2) after this many minutes; train on what exists")
+    g.add_argument("--stage2-batches", type=int, default=None,
+                   help="keep only the first K stage-2 batches (seeded order): reproduces a deadline-cut run")
     g.add_argument("--attn", default="sdpa", help="attention for data generation (default: %(default)s)")
     t = p.add_argument_group("training")
     t.add_argument("--block-size", type=int, default=8)
     t.add_argument("--layers", type=int, default=1, help="drafter layers (default: %(default)s)")
-    t.add_argument("--steps", type=int, default=2000)
+    t.add_argument("--steps", type=int, default=1600)
     t.add_argument("--minutes", type=float, default=None, help="stop training after this many minutes")
-    t.add_argument("--lr", type=float, default=6e-4)
+    t.add_argument("--lr", type=float, default=1e-3)
     t.add_argument("--batch-seqs", type=int, default=4, help="sequences per step")
     t.add_argument("--anchors", type=int, default=32, help="anchors per sequence")
     t.add_argument("--gamma", type=float, default=4.0, help="loss decay (default: %(default)s for B=8)")
-    t.add_argument("--heldout", type=int, default=24, help="samples held out for acceptance")
-    t.add_argument("--eval-every", type=int, default=250)
-    t.add_argument("--save-every", type=int, default=100)
+    t.add_argument("--heldout", type=int, default=16, help="samples held out for acceptance")
+    t.add_argument("--eval-every", type=int, default=200)
+    t.add_argument("--save-every", type=int, default=50)
     p.set_defaults(func=run)
 
 
@@ -67,6 +70,7 @@ def run(args) -> int:
         deadline = time.time() + 60 * args.gen_minutes if args.gen_minutes else None
         summary = generate_dataset(target, data_dir, plan=plan, feature_layers=layers, gsm8k=args.gsm8k,
                                    batch_size=args.gen_batch_size, deadline=deadline,
+                                   max_stage2_batches=args.stage2_batches,
                                    log=lambda s: print(s, flush=True))
         print(json.dumps(summary), flush=True)
         del target

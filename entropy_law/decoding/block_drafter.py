@@ -41,6 +41,16 @@ FORMAT = "entropy-law-block-drafter"
 FORMAT_VERSION = 1
 
 
+DEFAULT_CHECKPOINT = "smollm2-135m-block-b8.safetensors"  # inside data/drafters/
+
+
+def default_drafter_path() -> Path:
+    """The shipped checkpoint for the default target: ``data/drafters/smollm2-135m-block-b8.safetensors``."""
+    from entropy_law.paths import data_dir
+
+    return data_dir() / "drafters" / DEFAULT_CHECKPOINT
+
+
 def default_feature_layers(num_target_layers: int, n: int = 3) -> tuple[int, ...]:
     """DFlash's choice of target layers: ``L // 2`` for one feature, else ``n`` evenly spaced from 1 to L-3."""
     if num_target_layers < 4:
@@ -468,6 +478,14 @@ class BlockDrafter(nn.Module):
         drafter.refresh_vocab_map()
         drafter.info = json.loads(meta["info"]) if "info" in meta else {}
         return drafter.eval()
+
+
+def load_default_drafter(target) -> BlockDrafter:
+    """The shipped block drafter for the default target (SmolLM2-135M-Instruct), checked against ``target``."""
+    path = default_drafter_path()
+    if not path.is_file():
+        raise FileNotFoundError(f"no shipped block drafter at {path}; train one with `entropy-law train-drafter`")
+    return BlockDrafter.load(path, target)
 
 
 def _check_matches(cfg: BlockDrafterConfig, model: nn.Module) -> None:

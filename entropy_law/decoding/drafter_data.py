@@ -21,7 +21,7 @@ import random
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 import torch
 
@@ -85,15 +85,15 @@ class PromptSpec:
 
 @dataclass(frozen=True)
 class DataPlan:
-    """How many prompts of each kind (the defaults fit ~40 CPU minutes on 2 shared cores)."""
+    """How many prompts of each kind (defaults: the shipped checkpoint's run)."""
 
     seed: int = 0
-    n_gsm8k: int = 160
-    n_passages: int = 64  # stage 1; each passage then yields 3 grounded prompts
-    n_open: int = 96
-    n_translate: int = 64  # stage 1 en->de, stage 2 de->en on the target's own German
-    max_new_tokens: int = 192
-    passage_max_new_tokens: int = 192
+    n_gsm8k: int = 128
+    n_passages: int = 48  # stage 1; each passage then yields 3 grounded prompts
+    n_open: int = 64
+    n_translate: int = 32  # stage 1 en->de, stage 2 de->en on the target's own German
+    max_new_tokens: int = 160
+    passage_max_new_tokens: int = 160
 
 
 def gsm8k_path(path: str | os.PathLike | None = None) -> Path:
@@ -302,10 +302,13 @@ def _batches(prompts: list[PromptSpec], batch_size: int, seed: int) -> list[list
 
 def generate_dataset(target, out_dir: str | os.PathLike, *, plan: DataPlan, feature_layers: Sequence[int],
                      gsm8k: str | os.PathLike | None = None, batch_size: int = 16,
-                     deadline: float | None = None, log: Callable[[str], None] = print) -> dict:
+                     deadline: float | None = None, max_stage2_batches: int | None = None,
+                     log: Callable[[str], None] = print) -> dict:
     """Run both stages, writing shards into ``out_dir``; skips shards already written (resume).
 
-    ``deadline`` (a ``time.time()`` value) stops stage 2 after the batch in progress. Returns a summary
+    ``deadline`` (a ``time.time()`` value) stops stage 2 after the batch in progress; ``max_stage2_batches``
+    keeps only the first K stage-2 batches of the seeded batch order (reproduces a deadline-cut run
+    exactly). Returns a summary
     (counts per source, tokens, seconds) that is also written to ``out_dir/summary.json``.
     """
     out = Path(out_dir)
@@ -317,9 +320,12 @@ def generate_dataset(target, out_dir: str | os.PathLike, *, plan: DataPlan, feat
     questions = read_gsm8k_questions(gsm8k_path(gsm8k))
     t0 = time.time()
 
-    def run_stage(stage: int, prompts: list[PromptSpec], max_new: int, stop_at: float | None) -> dict[str, str]:
+    def run_stage(stage: int, prompts: list[PromptSpec], max_new: int, stop_at: float | None,
+                  max_batches: int | None = None) -> dict[str, str]:
         texts: dict[str, str] = {}
         batches = _batches(prompts, batch_size, plan.seed + 10 * stage)
+        if max_batches is not None:
+            batches = batches[:max_batches]
         for index, batch in enumerate(batches):
             name = _shard_name(stage, index)
             meta = read_shard_meta(out, name)
@@ -354,11 +360,12 @@ def generate_dataset(target, out_dir: str | os.PathLike, *, plan: DataPlan, feat
     clash = [p.prompt_id for p in stage1 + stage2 if p.text.strip() in forbidden]
     if clash:
         raise ValueError(f"training prompts overlap Spec-Bench evaluation prompts: {clash[:5]}")
-    run_stage(2, stage2, plan.max_new_tokens, deadline)
+    run_stage(2, stage2, plan.max_new_tokens, deadline, max_stage2_batches)
 
     samples_meta = []
     for meta_path in sorted(out.glob("stage*-*.json")):
         samples_meta += json.loads(meta_path.read_text())
+    stage2_done = len(list(out.glob("stage2-*.json")))
     counts: dict[str, int] = {}
     tokens: dict[str, int] = {}
     for m in samples_meta:
@@ -369,14 +376,7 @@ def generate_dataset(target, out_dir: str | os.PathLike, *, plan: DataPlan, feat
                "response_tokens_per_source": tokens, "response_tokens": sum(tokens.values()),
                "prompt_tokens": sum(m["prompt_len"] for m in samples_meta),
                "seconds_this_run": round(time.time() - t0, 1),
-               "planned_prompts": len(stage1) + len(stage2)}
+               "planned_prompts": len(stage1) + len(stage2), "stage2_batches_done": stage2_done,
+               "stage2_batches_planned": -(-len(stage2) // batch_size)}
     (out / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
-
-
-def iter_heldout_prompts(seed: int = 1234) -> Iterable[PromptSpec]:
-    """A few prompts per kind that are not in the training plan (for held-out acceptance)."""
-    rng = random.Random(seed)
-    subjects = ("glaciers", "a vegetable soup", "owls", "a job interview", "wind energy")
-    yield from (PromptSpec(f"heldout-open-{i}", "open", OPEN_INSTRUCTIONS[rng.randrange(8)].format(x=s))
-                for i, s in enumerate(subjects))

@@ -41,10 +41,10 @@ class TrainConfig:
 
     seed: int = 0
     block_size: int = 8
-    num_layers: int = 2
-    steps: int = 2000
+    num_layers: int = 1
+    steps: int = 1600
     minutes: float | None = None  # safety stop; the schedule follows ``steps``
-    lr: float = 6e-4
+    lr: float = 1e-3
     warmup_frac: float = 0.04
     min_lr_frac: float = 0.1
     weight_decay: float = 0.01
@@ -52,9 +52,9 @@ class TrainConfig:
     batch_seqs: int = 4
     anchors_per_seq: int = 32
     gamma: float = 4.0
-    heldout: int = 24
-    eval_every: int = 250
-    save_every: int = 100
+    heldout: int = 16
+    eval_every: int = 200
+    save_every: int = 50
     draft_vocab_base: int | None = 4096  # None: full vocabulary; else ids < base plus every training token
 
 

@@ -1,0 +1,220 @@
+"""Block drafter vs n-gram drafter on Spec-Bench: committed tokens per round by replay, optional online speed.
+
+1. Greedy outputs of the default target for the first ``--per-category`` prompts of each Spec-Bench
+   category: either read from the traces of an ``entropy-law record`` run (``--greedy-from-traces``:
+   lossless batch-1 decoding, so exact greedy outputs; features from one teacher-forced forward), or
+   generated here (chat template as the decoder; fp32, eager attention; in batches with left padding,
+   features captured on the way; cached in ``--cache``; batched fp32 greedy can differ from batch-1
+   greedy at rare near-ties, the replayed texts are then still greedy texts of the target).
+2. Replay (``entropy_law.decoding.replay.replay_rounds``), always drafting (no gate): the block drafter
+   through ``PrecomputedBlockDrafter`` (its marginals at every anchor from one pass; replay == online is
+   tested in ``tests/test_block_drafter_decoding.py``), chain and DDTree N=16; the n-gram drafter, chain
+   and DDTree N=16. Reports tau+1 (mean committed tokens per round) per category.
+3. ``--online K``: K prompts per category decoded for real (AR, block chain, block DDTree N=16, n-gram
+   DDTree N=16) with the same decoder, timers and warm-up; tokens/s and speed-up over AR. On a shared,
+   busy CPU these wall-clock numbers are noisy: read them next to the replayed tau+1.
+
+    python bench/block_drafter_specbench.py --per-category 10 --max-new-tokens 256 --cache runs/specbench.st
+
+Prints a table and ends with one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+from entropy_law.decoding.block_drafter import BlockDrafter, default_drafter_path  # noqa: E402
+from entropy_law.decoding.drafter_data import chat_ids, greedy_generate_with_features  # noqa: E402
+from entropy_law.decoding.drafter_training import PrecomputedBlockDrafter  # noqa: E402
+from entropy_law.decoding.ngram import NgramDrafter  # noqa: E402
+from entropy_law.decoding.replay import replay_rounds  # noqa: E402
+from entropy_law.tasks import load_tasks  # noqa: E402
+
+ARMS = [("block chain", "block", "chain", None), ("block ddtree16", "block", "ddtree", 16),
+        ("ngram chain", "ngram", "chain", None), ("ngram ddtree16", "ngram", "ddtree", 16)]
+
+
+def greedy_cache(args, target, layers) -> list[dict]:
+    from safetensors.torch import load_file, save_file
+
+    cache = Path(args.cache) if args.cache else None
+    meta_path = cache.with_suffix(".json") if cache else None
+    if cache and cache.is_file() and meta_path.is_file():
+        meta = json.loads(meta_path.read_text())
+        if meta["max_new_tokens"] == args.max_new_tokens and meta["per_category"] >= args.per_category:
+            tensors = load_file(str(cache))
+            reqs = []
+            for i, r in enumerate(meta["requests"]):
+                if r["rank"] < args.per_category:
+                    reqs.append({**r, "features": tensors[f"{i}.features"]})
+            return reqs
+    tok = target.tokenizer
+    eos = int(target.config.eos_token_id)
+    tasks = load_tasks("spec_bench", limit=args.per_category)
+    by_cat: dict[str, list] = {}
+    for t in tasks:
+        by_cat.setdefault(t.category, []).append(t)
+    reqs = []
+    for cat, items in by_cat.items():
+        t0 = time.time()
+        ids = [chat_ids(tok, t.prompt) for t in items]
+        out = greedy_generate_with_features(target.model, ids, feature_layers=layers,
+                                            max_new_tokens=args.max_new_tokens, eos_id=eos, pad_id=eos)
+        for rank, (t, p, o) in enumerate(zip(items, ids, out)):
+            reqs.append({"request_id": t.request_id, "category": cat, "rank": rank, "prompt_ids": p,
+                         "output_ids": o["response_ids"], "features": o["features"].half(), "eos": [eos]})
+        print(f"greedy {cat:<15} {len(items)} prompts in {time.time() - t0:6.1f} s", file=sys.stderr, flush=True)
+    if cache:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        save_file({f"{i}.features": r["features"].contiguous() for i, r in enumerate(reqs)}, str(cache))
+        meta_path.write_text(json.dumps({"max_new_tokens": args.max_new_tokens, "per_category": args.per_category,
+                                         "requests": [{k: v for k, v in r.items() if k != "features"}
+                                                      for r in reqs]}))
+    return reqs
+
+
+def greedy_from_traces(args, target, layers) -> list[dict]:
+    """Greedy outputs recorded by ``entropy-law record`` (lossless decoding, batch 1: exact greedy), plus
+    teacher-forced target features (one forward per request)."""
+    import glob
+
+    import pyarrow.parquet as pq
+
+    from entropy_law.decoding.features import capture_features
+
+    folder = Path(args.greedy_from_traces)
+    reqs_t = [pq.read_table(f).to_pandas() for f in sorted(glob.glob(str(folder / "shards/*/requests.parquet")))]
+    toks_t = [pq.read_table(f, columns=["request_id", "position", "token_id"]).to_pandas()
+              for f in sorted(glob.glob(str(folder / "shards/*/tokens.parquet")))]
+    if not reqs_t:
+        raise FileNotFoundError(f"no trace shards under {folder}")
+    import pandas as pd
+
+    requests, tokens = pd.concat(reqs_t), pd.concat(toks_t)
+    tasks = {t.request_id: t for t in load_tasks("spec_bench")}
+    eos = int(target.config.eos_token_id)
+    out, rank = [], {}
+    for row in requests.sort_values("request_id", key=lambda c: c.map(lambda x: int(x.split(":")[1]))).itertuples():
+        r = rank.setdefault(row.category, 0)
+        if r >= args.per_category:
+            continue
+        out_ids = tokens[tokens.request_id == row.request_id].sort_values("position").token_id.astype(int).tolist()
+        if len(out_ids) != row.new_tokens:
+            continue
+        prompt = chat_ids(target.tokenizer, tasks[row.request_id].prompt)
+        if len(prompt) != row.prompt_tokens:
+            raise ValueError(f"{row.request_id}: prompt has {len(prompt)} tokens here, {row.prompt_tokens} in the trace")
+        with torch.no_grad(), capture_features(target.model, layers) as cap:
+            target.model(torch.tensor([prompt + out_ids]))
+            feats = cap.features()[0, :-1].half()
+        out.append({"request_id": row.request_id, "category": row.category, "rank": r, "prompt_ids": prompt,
+                    "output_ids": out_ids, "features": feats, "eos": [eos]})
+        rank[row.category] = r + 1
+    return out
+
+
+def replay_table(args, drafter, reqs) -> dict:
+    cats = sorted({r["category"] for r in reqs})
+    results: dict[str, dict] = {}
+    for label, kind, tree, budget in ARMS:
+        committed: dict[str, list[int]] = {c: [] for c in cats}
+        nodes: dict[str, list[int]] = {c: [] for c in cats}
+        for r in reqs:
+            if kind == "block":
+                d = PrecomputedBlockDrafter(drafter, r["prompt_ids"], r["output_ids"], r["features"])
+            else:
+                d = NgramDrafter()
+            rep = replay_rounds(r["prompt_ids"], r["output_ids"], d, tree, budget, eos_token_ids=r["eos"],
+                                max_new_tokens=args.max_new_tokens, min_expected_accepted=0.0)
+            committed[r["category"]] += [x.committed for x in rep.rounds[1:]]
+            nodes[r["category"]] += [x.tree_nodes for x in rep.rounds[1:]]
+        row = {c: sum(v) / max(len(v), 1) for c, v in committed.items()}
+        allv = [x for v in committed.values() for x in v]
+        row["all"] = sum(allv) / max(len(allv), 1)
+        results[label] = {"tau_plus_1": row, "rounds": len(allv),
+                          "mean_tree_nodes": sum(sum(v) for v in nodes.values()) / max(len(allv), 1)}
+    return results
+
+
+def online_table(args, target, drafter, reqs) -> dict:
+    from entropy_law.decoding.decoder import SpeculativeDecoder
+
+    arms = {"ar": (None, "chain", None), "block chain": (drafter, "chain", None),
+            "block ddtree16": (drafter, "ddtree", 16), "ngram ddtree16": ("ngram", "ddtree", 16)}
+    chosen = [r for r in reqs if r["rank"] < args.online]
+    out: dict[str, dict] = {}
+    for name, (d, tree, budget) in arms.items():
+        toks = secs = rounds = 0.0
+        for i, r in enumerate(chosen):
+            drafter_obj = NgramDrafter() if d == "ngram" else d
+            dec = SpeculativeDecoder(target, drafter_obj, tree=tree, budget=budget)
+            if i == 0:  # warm-up, same for every arm
+                dec.generate(r["prompt_ids"], max_new_tokens=8)
+            res = dec.generate(r["prompt_ids"], max_new_tokens=args.max_new_tokens)
+            toks += res.new_tokens
+            secs += (res.prefill_ms + res.decode_ms) / 1000
+            rounds += res.target_forwards
+        out[name] = {"tokens_per_s": toks / secs, "tokens_per_forward": toks / max(rounds, 1), "seconds": secs}
+    for name in out:
+        out[name]["speedup_vs_ar"] = out[name]["tokens_per_s"] / out["ar"]["tokens_per_s"]
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--drafter", default=None, help="checkpoint (default: the shipped one)")
+    parser.add_argument("--per-category", type=int, default=10)
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--cache", default=None, help="safetensors file for greedy outputs + features")
+    parser.add_argument("--online", type=int, default=0, help="prompts per category to decode online")
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--only-cache", action="store_true", help="build the greedy cache and stop")
+    parser.add_argument("--greedy-from-traces", default=None,
+                        help="trace folder of an `entropy-law record` run (256 new tokens, spec_bench): use its "
+                             "exact greedy outputs instead of generating")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    from entropy_law.decoding.loading import load_target
+
+    target = load_target(args.model)
+    path = Path(args.drafter) if args.drafter else default_drafter_path()
+    layers = BlockDrafter.load(path, target).feature_layers if path.is_file() else (1, 14, 27)
+    if args.greedy_from_traces:
+        import pandas  # noqa: F401
+
+        reqs = greedy_from_traces(args, target, layers)
+    else:
+        reqs = greedy_cache(args, target, layers)
+    if args.only_cache:
+        return
+    drafter = BlockDrafter.load(path, target)
+    results = replay_table(args, drafter, reqs)
+    cats = sorted({r["category"] for r in reqs})
+    print(f"\nreplayed tau+1 (mean committed tokens per round), {args.per_category} prompts/category, "
+          f"{args.max_new_tokens} new tokens, always drafting")
+    print(f"{'arm':<16}" + "".join(f"{c[:13]:>14}" for c in cats + ["all"]) + f"{'nodes':>8}")
+    for label, res in results.items():
+        print(f"{label:<16}" + "".join(f"{res['tau_plus_1'][c]:14.3f}" for c in cats + ["all"])
+              + f"{res['mean_tree_nodes']:8.1f}")
+    online = online_table(args, target, drafter, reqs) if args.online else None
+    if online:
+        print(f"\nonline, {args.online} prompt(s)/category")
+        for name, row in online.items():
+            print(f"{name:<16} {row['tokens_per_s']:8.2f} tok/s  {row['tokens_per_forward']:6.2f} tok/forward  "
+                  f"x{row['speedup_vs_ar']:.2f} vs AR")
+    print(json.dumps({"bench": "block_drafter_specbench", "drafter": str(path), "per_category": args.per_category,
+                      "max_new_tokens": args.max_new_tokens, "replay": results, "online": online}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,42 @@
+"""The shipped block drafter on the real default target: it loads and checks out, its speculative output
+equals greedy (chain and DDTree N=16) on two short prompts, and it gets drafts accepted. Marked
+``real_model`` (one model load, a few seconds of decoding)."""
+
+import pytest
+
+from entropy_law.decoding.block_drafter import default_drafter_path, load_default_drafter
+from entropy_law.decoding.decoder import ARDecoder, SpeculativeDecoder
+
+pytestmark = pytest.mark.real_model
+
+PROMPTS = ["Summarize: The city council voted on Monday to build three new bicycle lanes downtown. "
+           "Work starts in May and should be finished by October, the mayor said.",
+           "Natalie has 12 apples and gives 5 to her brother. How many apples does she have left?"]
+
+
+@pytest.fixture(scope="module")
+def target():
+    from entropy_law.decoding.loading import load_target
+
+    return load_target("smollm2-135m")
+
+
+def test_shipped_checkpoint_is_small_and_matches_the_target(target):
+    path = default_drafter_path()
+    assert path.is_file() and path.stat().st_size <= 25 * 2**20
+    drafter = load_default_drafter(target)
+    assert drafter.feature_layers == (1, 14, 27) and drafter.block_size == 8
+    assert drafter.config.vocab_size == 49152 and drafter.config.hidden_size == 576
+
+
+@pytest.mark.parametrize("tree,budget", [("chain", None), ("ddtree", 16)])
+def test_shipped_drafter_is_lossless_and_accepts(target, tree, budget):
+    drafter = load_default_drafter(target)
+    accepted = 0
+    for prompt in PROMPTS:
+        reference = ARDecoder(target).generate(prompt, max_new_tokens=48).token_ids
+        result = SpeculativeDecoder(target, drafter, tree=tree, budget=budget,
+                                    min_expected_accepted=0.0).generate(prompt, max_new_tokens=48)
+        assert result.token_ids == reference
+        accepted += sum(r.accepted for r in result.rounds)
+    assert accepted > 0
