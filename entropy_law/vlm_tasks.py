@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Iterable
 
 from entropy_law.paths import data_dir
+from entropy_law.tasks import Task
 
 VLM_TASKS = "vlm_tasks"
 BUILTIN_IMAGE_TASKS = {VLM_TASKS: ("vlm_tasks", "tasks.jsonl")}
@@ -27,25 +28,12 @@ KINDS = ("grounded", "descriptive")
 
 
 @dataclass(frozen=True)
-class ImageTask:
-    """One image prompt."""
+class ImageTask(Task):
+    """One image prompt: a ``Task`` (same ``prompt`` and ``request_id``) with its image."""
 
-    dataset: str
-    question_id: str
-    category: str
-    turns: tuple[str, ...]
     image: Path  # absolute path of the image file
     kind: str = ""  # "grounded", "descriptive" or "" (not stated)
     reference: str = ""  # a short expected answer for grounded questions ("" if none)
-
-    @property
-    def prompt(self) -> str:
-        """The first user turn."""
-        return self.turns[0]
-
-    @property
-    def request_id(self) -> str:
-        return f"{self.dataset}:{self.question_id}"
 
     def messages(self) -> list[dict]:
         """The first turn as chat messages in the multimodal content format (image first, then text)."""
