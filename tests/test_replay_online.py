@@ -12,24 +12,10 @@ from entropy_law.decoding.decoder import SpeculativeDecoder
 from entropy_law.decoding.ngram import NgramDrafter
 from entropy_law.decoding.observers import distribution_stats
 from entropy_law.decoding.replay import replay_rounds, teacher_forced_target_stats
-from tests.tiny_models import random_prompt, tiny_llama
+from tests.tiny_models import ListObserver, random_prompt, tiny_llama
 
 ROUND_FIELDS = ("round_index", "start_position", "context_len", "tree_nodes", "tree_depth", "accepted",
                 "ends_at_leaf")
-
-
-class ListObserver:
-    def __init__(self):
-        self.records = []
-
-    def on_request_start(self, request_id, info):
-        pass
-
-    def on_round(self, record):
-        self.records.append(record)
-
-    def on_request_end(self, request_id, info):
-        pass
 
 
 # (seed, init_std, tree, budget, min_expected_accepted, eos: position of the output token used as EOS,

@@ -5,22 +5,9 @@ import pytest
 import torch
 
 from entropy_law.decoding.observers import distribution_stats
+from tests.tiny_models import ListObserver
 
 pytestmark = pytest.mark.real_model
-
-
-class ListObserver:
-    def __init__(self):
-        self.records = []
-
-    def on_request_start(self, request_id, info):
-        pass
-
-    def on_round(self, record):
-        self.records.append(record)
-
-    def on_request_end(self, request_id, info):
-        pass
 
 
 def test_real_model_replay_equals_online_and_entropies_match():

@@ -153,3 +153,19 @@ class FakeRecorder:
 
     def end_request(self, request_id, **info):
         self.ends[request_id] = info
+
+
+class ListObserver:
+    """A test observer that keeps every RoundRecord."""
+
+    def __init__(self):
+        self.records = []
+
+    def on_request_start(self, request_id, info):
+        pass
+
+    def on_round(self, record):
+        self.records.append(record)
+
+    def on_request_end(self, request_id, info):
+        pass
