@@ -13,6 +13,7 @@ and whether every arm produced the same token ids as our AR. Ends with ONE JSON 
 
     python bench/decode_speed.py --limit 5 --max-new-tokens 256          # the issue's setting
     nice python bench/decode_speed.py --limit 2 --max-new-tokens 128     # quicker
+    python bench/decode_speed.py --limit 2 --compare-gates               # cost gate vs ratio gate
 """
 
 from __future__ import annotations
@@ -29,7 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
+from entropy_law.decoding.adapter import TargetAdapter  # noqa: E402
 from entropy_law.decoding.decoder import ARDecoder, SpeculativeDecoder  # noqa: E402
+from entropy_law.decoding.gate import measure_verify_cost  # noqa: E402
 from entropy_law.decoding.loading import load_target  # noqa: E402
 from entropy_law.decoding.ngram import NgramDrafter  # noqa: E402
 from entropy_law.decoding.observers import RecorderObserver  # noqa: E402
@@ -60,7 +63,7 @@ class TimedObserver:
         self._timed("on_request_end", request_id, info)
 
 
-def make_arms(target, args, recorder_observer):
+def make_arms(target, args, recorder_observer, verify_cost):
     model = target.model
     eos = model.generation_config.eos_token_id
 
@@ -85,18 +88,22 @@ def make_arms(target, args, recorder_observer):
     def ngram(**kwargs):
         return NgramDrafter(block_size=args.block_size)
 
-    return {
+    ratio_gate = dict(verify_cost_ratio=args.verify_cost_ratio)
+    gate = ratio_gate if verify_cost is None else dict(verify_cost=verify_cost)
+    arms = {
         "HF greedy": hf({}),
         "HF prompt lookup": hf({"prompt_lookup_num_tokens": 10}),
         AR_ARM: ours(ARDecoder(target)),
-        "ours ngram chain": ours(SpeculativeDecoder(target, ngram(), tree="chain",
-                                                    verify_cost_ratio=args.verify_cost_ratio)),
-        "ours ngram ddtree": ours(SpeculativeDecoder(target, ngram(), tree="ddtree", budget=args.budget,
-                                                     verify_cost_ratio=args.verify_cost_ratio)),
-        "ours ngram chain + recorder": ours(SpeculativeDecoder(target, ngram(), tree="chain",
-                                                               verify_cost_ratio=args.verify_cost_ratio,
+        "ours ngram chain": ours(SpeculativeDecoder(target, ngram(), tree="chain", **gate)),
+        "ours ngram ddtree": ours(SpeculativeDecoder(target, ngram(), tree="ddtree", budget=args.budget, **gate)),
+        "ours ngram chain + recorder": ours(SpeculativeDecoder(target, ngram(), tree="chain", **gate,
                                                                observers=[recorder_observer])),
     }
+    if args.compare_gates and verify_cost is not None:
+        arms["ours ngram chain, ratio gate"] = ours(SpeculativeDecoder(target, ngram(), tree="chain", **ratio_gate))
+        arms["ours ngram ddtree, ratio gate"] = ours(SpeculativeDecoder(target, ngram(), tree="ddtree",
+                                                                        budget=args.budget, **ratio_gate))
+    return arms
 
 
 def main(argv=None) -> dict:
@@ -107,7 +114,13 @@ def main(argv=None) -> dict:
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--block-size", type=int, default=11, help="n-gram drafter block size")
     parser.add_argument("--budget", type=int, default=16, help="DDTree node budget")
+    parser.add_argument("--gate", choices=("cost", "ratio"), default="cost",
+                        help="drafting gate of our n-gram arms: 'cost' measures this machine's verify-cost curve "
+                             "once and verifies the best prefix of each tree (default); 'ratio' drafts iff the "
+                             "expected accepted drafts >= verify-cost-ratio - 1")
     parser.add_argument("--verify-cost-ratio", type=float, default=2.0)
+    parser.add_argument("--compare-gates", action="store_true",
+                        help="with --gate cost, also run the n-gram arms with the ratio gate")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = parser.parse_args(argv)
     if args.threads:
@@ -121,7 +134,12 @@ def main(argv=None) -> dict:
     with tempfile.TemporaryDirectory() as tmp, TraceRecorder(Path(tmp) / "run", model_id=target.model_id,
                                                             drafter_id="ngram", tree_policy="chain") as recorder:
         timed_observer = TimedObserver(RecorderObserver(recorder))
-        arms = make_arms(target, args, timed_observer)
+        verify_cost = None
+        if args.gate == "cost":
+            verify_cost = measure_verify_cost(TargetAdapter(target.model))
+            print("verify cost c(n) (one-token forward = 1): "
+                  + ", ".join(f"{n}: {c:.2f}" for n, c in zip(verify_cost.sizes, verify_cost.costs)), flush=True)
+        arms = make_arms(target, args, timed_observer, verify_cost)
         names = list(arms)
         for name in names:  # same warm-up for every arm
             arms[name](prompts[0][1], 16, "warmup", f"warmup-{name}")
@@ -200,6 +218,7 @@ def main(argv=None) -> dict:
         "bench": "decode_speed", "model": target.model_id, "prompts_per_category": args.limit,
         "max_new_tokens": args.max_new_tokens, "torch_threads": torch.get_num_threads(),
         "block_size": args.block_size, "ddtree_budget": args.budget, "verify_cost_ratio": args.verify_cost_ratio,
+        "gate": args.gate, "verify_cost": None if verify_cost is None else verify_cost.to_config(),
         "tokens_per_second": {name: {**{c: rate(name, c) for c in categories}, "all": rate(name)} for name in names},
         "ratio_to_ar": {name: {**ratio[name], "all": rate(name) / rate(AR_ARM)} for name in names},
         "mean_committed_per_round": {name: {**{c: mean_committed(name, c) for c in categories},

@@ -178,3 +178,39 @@ def test_bad_options_fail_before_loading_the_model(task_file, tmp_path, capsys):
     assert main(["record", "--model", str(tmp_path / "nowhere"), "--tasks", str(task_file),
                  "--out", str(tmp_path / "x")]) == 2
     assert "target model not found" in capsys.readouterr().err
+
+
+def test_record_with_a_block_drafter_checkpoint_and_the_cost_gate(model_folder, task_file, tmp_path):
+    """`--drafter block --checkpoint` decodes losslessly with a (random) block drafter for this target;
+    `--gate cost` stores the measured verify-cost curve in the run metadata."""
+    from transformers import AutoModelForCausalLM
+
+    from entropy_law.decoding.block_drafter import BlockDrafter
+
+    model = AutoModelForCausalLM.from_pretrained(model_folder, dtype=torch.float32).eval()
+    checkpoint = BlockDrafter(model, seed=0, block_size=4, num_layers=1, feature_layers=(0, 1)).save(
+        tmp_path / "drafter.safetensors")
+    out = tmp_path / "run"
+    assert record(model_folder, task_file, out, "--drafter", "block", "--checkpoint", str(checkpoint),
+                  "--tree", "ddtree", "--budget", "5", "--gate", "cost", "--categories", "alpha") == 0
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["drafter_id"].startswith("block") and meta["tree_budget"] == 5
+    assert meta["verify_cost"]["sizes"][0] == 1 and meta["verify_cost"]["costs"][0] == 1.0
+    tokens = read_table(out, "tokens")
+    prompts = {json.loads(line)["question_id"]: json.loads(line)["turns"][0]
+               for line in task_file.read_text().splitlines()}
+    assert set(tokens["request_id"]) == {"tasks:1", "tasks:2", "tasks:7"}
+    for request_id, group in tokens.groupby("request_id"):
+        expected = greedy_reference(model_folder, prompts[int(request_id.split(":")[1])], 12)
+        assert group.sort_values("position")["token_id"].tolist() == expected
+    rounds = read_table(out, "rounds")
+    assert (rounds["block_size"] == 4).all() and (rounds["tree_nodes"] <= 5).all()
+
+
+def test_block_drafter_options_are_checked_before_loading(task_file, tmp_path, capsys):
+    assert main(["record", "--model", str(tmp_path / "nowhere"), "--tasks", str(task_file), "--drafter", "ngram",
+                 "--checkpoint", "x.safetensors", "--out", str(tmp_path / "x")]) == 2
+    assert "use it with --drafter block" in capsys.readouterr().err
+    assert main(["record", "--model", str(tmp_path / "nowhere"), "--tasks", "vlm_tasks", "--drafter", "block",
+                 "--out", str(tmp_path / "x")]) == 2
+    assert "image tasks need a drafter" in capsys.readouterr().err

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from entropy_law.decoding.decoder import SpeculativeDecoder
+from entropy_law.decoding.gate import VerifyCost
 from entropy_law.decoding.ngram import NgramDrafter
 from entropy_law.decoding.observers import distribution_stats
 from entropy_law.decoding.replay import replay_rounds, teacher_forced_target_stats
@@ -18,21 +19,26 @@ ROUND_FIELDS = ("round_index", "start_position", "context_len", "tree_nodes", "t
                 "ends_at_leaf")
 
 
+# a steep verify-cost curve, so that the cost gate often verifies a strict prefix of the drafted tree
+STEEP = VerifyCost((1, 2, 4, 8), (1.0, 1.15, 1.5, 2.4))
+
 # (seed, init_std, tree, budget, min_expected_accepted, eos: position of the output token used as EOS,
-#  max_positions)
+#  max_positions, verify_cost)
 CASES = [
-    (0, 0.02, "chain", None, None, None, 512),
-    (1, 0.05, "ddtree", 6, None, None, 512),
-    (2, 0.1, "ddtree", 4, None, None, 512),
-    (3, 0.02, "chain", 3, 0.0, 20, 512),  # always verify; stop at an EOS inside the output
-    (4, 0.05, "ddtree", 8, 0.0, None, 40),  # the context fills before the token budget
-    (5, 0.1, "chain", None, None, 30, 512),
+    (0, 0.02, "chain", None, None, None, 512, None),
+    (1, 0.05, "ddtree", 6, None, None, 512, None),
+    (2, 0.1, "ddtree", 4, None, None, 512, None),
+    (3, 0.02, "chain", 3, 0.0, 20, 512, None),  # always verify; stop at an EOS inside the output
+    (4, 0.05, "ddtree", 8, 0.0, None, 40, None),  # the context fills before the token budget
+    (5, 0.1, "chain", None, None, 30, 512, None),
+    (6, 0.05, "chain", None, None, None, 512, STEEP),  # cost gate: best prefix of the chain
+    (7, 0.05, "ddtree", 8, None, 25, 512, STEEP),  # cost gate: best prefix of the DDTree; EOS
 ]
 
 
 @pytest.mark.parametrize("case", CASES, ids=[f"seed{c[0]}-{c[2]}" for c in CASES])
 def test_replay_equals_online_rounds(case):
-    seed, std, policy, budget, gate, eos_position, max_positions = case
+    seed, std, policy, budget, gate, eos_position, max_positions, cost = case
     vocab, max_new = 48, 50
     model = tiny_llama(seed, vocab=vocab, init_std=std, max_positions=max_positions)
     prompt = random_prompt(torch.Generator().manual_seed(100 + seed), vocab, 12)
@@ -43,10 +49,12 @@ def test_replay_equals_online_rounds(case):
     make_drafter = lambda: NgramDrafter(max_ngram=3, block_size=5, max_matches=3)  # noqa: E731
     observer = ListObserver()
     decoder = SpeculativeDecoder(model, make_drafter(), tree=policy, budget=budget, observers=[observer],
-                                 min_expected_accepted=gate, eos_token_ids=eos_ids if eos_ids else [])
+                                 min_expected_accepted=gate, verify_cost=cost,
+                                 eos_token_ids=eos_ids if eos_ids else [])
     online = decoder.generate(prompt, max_new_tokens=max_new)
     replayed = replay_rounds(prompt, online.token_ids, make_drafter(), policy, budget, max_new_tokens=max_new,
-                             eos_token_ids=eos_ids, max_context=max_positions, min_expected_accepted=gate)
+                             eos_token_ids=eos_ids, max_context=max_positions, min_expected_accepted=gate,
+                             verify_cost=cost)
     assert replayed.stop_reason == online.stop_reason
     if eos_ids:
         assert online.stop_reason == "eos"
@@ -58,6 +66,8 @@ def test_replay_equals_online_rounds(case):
         assert list(offline.committed_ids) == record.committed_ids
         assert offline.drafted == stats.drafted
         assert offline.expected_accepted == pytest.approx(stats.expected_accepted, rel=1e-6, abs=1e-9)
+        # the logged draft goes exactly as deep as the verified tree
+        assert (0 if record.draft is None else record.draft.depth) == record.tree_depth
     assert replayed.accepted_lengths == [r.accepted for r in online.rounds[1:]]
 
     # exogeneity: teacher-forced statistics equal the online ones at every output position
@@ -77,3 +87,20 @@ def test_cases_exercise_drafting():
     result = SpeculativeDecoder(model, NgramDrafter(max_ngram=3, block_size=5, max_matches=3), tree="ddtree",
                                 budget=6).generate(prompt, max_new_tokens=50)
     assert sum(r.accepted for r in result.rounds) >= 10
+
+
+def test_cost_gate_cases_verify_strict_prefixes():
+    """Guard for the cost-gate cases: they must verify strict prefixes of longer proposals, and draft."""
+    seed, std = 6, 0.05
+    model = tiny_llama(seed, vocab=48, init_std=std)
+    prompt = random_prompt(torch.Generator().manual_seed(100 + seed), 48, 12)
+    observer = ListObserver()
+    drafter = NgramDrafter(max_ngram=3, block_size=5, max_matches=3)  # as in the cases above
+    proposed_depths = []
+    original = drafter.propose
+    drafter.propose = lambda tokens, features=None: proposed_depths.append(p := original(tokens, features)) or p
+    SpeculativeDecoder(model, drafter, verify_cost=STEEP, observers=[observer]).generate(prompt, max_new_tokens=50)
+    drafted = [r for r in observer.records if r.draft is not None]
+    assert drafted, "the cost gate never drafted"
+    shorter = sum(1 for r, p in zip(observer.records[1:], proposed_depths) if 0 < r.tree_depth < p.depth)
+    assert shorter >= 1

@@ -18,7 +18,7 @@ from pathlib import Path
 
 logger = logging.getLogger("entropy_law.record")
 
-DRAFTERS = ("ngram", "none")
+DRAFTERS = ("ngram", "block", "none")
 TREES = ("chain", "ddtree")
 DEFAULT_DDTREE_BUDGET = 16
 
@@ -34,6 +34,8 @@ def register(subparsers) -> None:
                    help="'smollm2-135m', a local Hugging Face model folder or a .gguf file (default: %(default)s)")
     p.add_argument("--drafter", choices=DRAFTERS, default="ngram",
                    help="draft source; 'none' is the autoregressive baseline (default: %(default)s)")
+    p.add_argument("--checkpoint", default=None,
+                   help="block drafter: a checkpoint trained for --model (default: the shipped one in data/drafters/)")
     p.add_argument("--tree", choices=TREES, default="chain", help="tree policy (default: %(default)s)")
     p.add_argument("--budget", type=int, default=None,
                    help=f"most draft nodes per tree (default: chain = the full block, ddtree = {DEFAULT_DDTREE_BUDGET})")
@@ -45,6 +47,10 @@ def register(subparsers) -> None:
     p.add_argument("--verify-cost-ratio", type=float, default=2.0,
                    help="cost of a verify pass over a one-token forward; a round drafts only when the expected "
                         "accepted drafts reach this minus 1 (default: %(default)s)")
+    p.add_argument("--gate", choices=("ratio", "cost"), default="ratio",
+                   help="drafting gate: 'ratio' uses --verify-cost-ratio; 'cost' times this machine's verify cost "
+                        "for 1..32 tokens once (~10 s) and verifies the prefix of each tree with the most expected "
+                        "tokens per unit cost (the curve is stored in the run metadata) (default: %(default)s)")
     p.add_argument("--tasks", default="spec_bench",
                    help="'spec_bench' or a JSONL file with question_id, category, turns (default: %(default)s)")
     p.add_argument("--categories", nargs="+", default=None, metavar="CATEGORY",
@@ -88,6 +94,8 @@ def _check_args(args) -> None:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
     if args.budget is not None and args.budget < 0:
         raise ValueError(f"--budget must be >= 0, got {args.budget}")
+    if args.checkpoint is not None and args.drafter != "block":
+        raise ValueError("--checkpoint is a block drafter checkpoint: use it with --drafter block")
     if args.drafter == "none" and (args.tree != "chain" or args.budget is not None):
         raise ValueError("--drafter none decodes autoregressively: --tree and --budget do not apply")
 
@@ -104,6 +112,9 @@ def run(args) -> int:
     _check_args(args)
     # prompts first: a bad task file or category fails before the model is loaded
     image_tasks = is_image_task_file(args.tasks)  # JSONL lines with an "image" field, or "vlm_tasks"
+    if image_tasks and args.drafter == "block":
+        raise ValueError("--drafter block reads the hidden states of the text target it was trained for; image "
+                         "tasks need a drafter trained for that VLM (use --drafter ngram or none)")
     loader = load_image_tasks if image_tasks else load_tasks
     tasks = loader(args.tasks, categories=_categories(args.categories), limit=args.limit)
     if not tasks:
@@ -135,11 +146,18 @@ def run(args) -> int:
     budget = args.budget
     if args.drafter == "ngram":
         drafter = NgramDrafter(max_ngram=args.max_ngram, block_size=args.block_size, max_matches=args.max_matches)
-        if args.tree == "ddtree" and budget is None:
-            budget = DEFAULT_DDTREE_BUDGET
+    elif args.drafter == "block":
+        from entropy_law.decoding.arms import load_block_drafter
+        from entropy_law.decoding.block_drafter import BlockDrafter
+
+        drafter = (BlockDrafter.load(args.checkpoint, target) if args.checkpoint is not None
+                   else load_block_drafter(target))
+    if drafter is not None and args.tree == "ddtree" and budget is None:
+        budget = DEFAULT_DDTREE_BUDGET
     tracker = _RoundTracker()
     decoder = SpeculativeDecoder(images.adapter if images is not None else target, drafter, tree=args.tree,
                                  budget=budget, verify_cost_ratio=args.verify_cost_ratio, observers=[tracker],
+                                 verify_cost="measure" if args.gate == "cost" and drafter is not None else None,
                                  tokenizer=tokenizer)
     max_context = decoder.adapter.max_context
     metadata = {
@@ -152,6 +170,7 @@ def run(args) -> int:
         "device": str(decoder.adapter.device),
         "max_new_tokens": args.max_new_tokens,
         "verify_cost_ratio": args.verify_cost_ratio,
+        "verify_cost": None if decoder.verify_cost is None else decoder.verify_cost.to_config(),
         "chat_template": not args.no_chat_template,
         "tasks": str(args.tasks),
     }

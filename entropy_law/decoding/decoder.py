@@ -25,7 +25,8 @@ import torch
 
 from entropy_law.decoding.adapter import TargetAdapter
 from entropy_law.decoding.interface import DraftProposal, Drafter, Observer, RoundRecord
-from entropy_law.decoding.tree import TREE_POLICIES, Tree, build_tree, expected_accepted
+from entropy_law.decoding.gate import VerifyCost, measure_verify_cost, plan_verification, truncate_proposal
+from entropy_law.decoding.tree import TREE_POLICIES, Tree, build_tree
 
 
 @dataclass(frozen=True)
@@ -89,14 +90,6 @@ class GenerationResult:
                 "tokens_per_second": self.tokens_per_second}
 
 
-def truncate_proposal(proposal: DraftProposal, depth: int) -> DraftProposal:
-    """The first ``depth`` rows of a proposal (drafts deeper than the remaining budget cannot be used)."""
-    if proposal.depth <= depth:
-        return proposal
-    return DraftProposal(tokens=proposal.tokens[:depth], logprobs=proposal.logprobs[:depth],
-                         logits=None if proposal.logits is None else proposal.logits[:depth])
-
-
 def _now_ms() -> float:
     return time.perf_counter() * 1000.0
 
@@ -113,14 +106,18 @@ class SpeculativeDecoder:
     ``verify_cost_ratio``: cost of a verify pass relative to a one-token forward; a round drafts only if
     the surrogate expected accepted drafts ``E >= verify_cost_ratio - 1`` (a round commits ``1 + E`` tokens
     in expectation for that cost, a plain step 1 token for cost 1). ``min_expected_accepted`` overrides the
-    threshold directly (0: always verify what was drafted). Gating changes speed, never the output.
+    threshold directly (0: always verify what was drafted). ``verify_cost``: a measured cost curve
+    (``gate.VerifyCost``, or ``"measure"`` to time this machine now with ``gate.measure_verify_cost``);
+    then the gate verifies the prefix of the tree with the most expected tokens per unit of verify
+    cost, or nothing (``gate.plan_verification``), and ``verify_cost_ratio`` is not used
+    (``min_expected_accepted`` defaults to 0 there). Gating changes speed, never the output.
     ``eos_token_ids``: default from the model's generation config (then its config).
     """
 
     def __init__(self, target, drafter: Drafter | None = None, *, tree: str | Callable = "chain",
                  budget: int | None = None, observers: Sequence[Observer] = (),
                  verify_cost_ratio: float = 2.0, min_expected_accepted: float | None = None,
-                 eos_token_ids: Sequence[int] | int | None = None, tokenizer=None):
+                 verify_cost: VerifyCost | str | None = None, eos_token_ids: Sequence[int] | int | None = None, tokenizer=None):
         if isinstance(target, TargetAdapter):
             self.adapter = target
         else:
@@ -148,8 +145,17 @@ class SpeculativeDecoder:
         self.budget = budget
         self.observers = list(observers)
         self.verify_cost_ratio = float(verify_cost_ratio)
-        self.min_expected_accepted = (max(0.0, self.verify_cost_ratio - 1.0) if min_expected_accepted is None
-                                      else float(min_expected_accepted))
+        if isinstance(verify_cost, str):
+            if verify_cost != "measure":
+                raise ValueError(f"verify_cost must be a VerifyCost, 'measure' or None, got {verify_cost!r}")
+            verify_cost = measure_verify_cost(self.adapter) if drafter is not None else None
+        if verify_cost is not None and not isinstance(verify_cost, VerifyCost):
+            raise TypeError(f"verify_cost must be a VerifyCost, 'measure' or None, got {type(verify_cost).__name__}")
+        self.verify_cost = verify_cost
+        if min_expected_accepted is not None:
+            self.min_expected_accepted = float(min_expected_accepted)
+        else:
+            self.min_expected_accepted = 0.0 if verify_cost is not None else max(0.0, self.verify_cost_ratio - 1.0)
         self.eos_token_ids = self._eos_ids(eos_token_ids)
 
     # --- configuration --------------------------------------------------------------------------
@@ -176,6 +182,7 @@ class SpeculativeDecoder:
             "budget": self.budget,
             "verify_cost_ratio": self.verify_cost_ratio,
             "min_expected_accepted": self.min_expected_accepted,
+            "verify_cost": None if self.verify_cost is None else self.verify_cost.to_config(),
             "eos_token_ids": sorted(self.eos_token_ids),
             "feature_layers": list(self.adapter.feature_layers),
             "dtype": str(self.adapter.dtype).replace("torch.", ""),
@@ -325,11 +332,11 @@ class SpeculativeDecoder:
         proposal = truncate_proposal(proposal, max(usable_depth, 0))
         if proposal.depth == 0:
             return Tree.empty(), None, 0.0
-        tree = self._build_tree(proposal)
-        expected = expected_accepted(proposal, tree)
-        if tree.n_nodes == 0 or expected < self.min_expected_accepted:
+        tree, expected = plan_verification(proposal, self._build_tree(proposal), verify_cost=self.verify_cost,
+                                           min_expected_accepted=self.min_expected_accepted)
+        if tree.n_nodes == 0:
             return Tree.empty(), None, expected
-        return tree, proposal, expected
+        return tree, truncate_proposal(proposal, tree.max_depth), expected
 
     def _build_tree(self, proposal: DraftProposal) -> Tree:
         if callable(self.tree_policy):

@@ -11,8 +11,10 @@ path that spells the output, then commits the next output token.
 The simulated round mirrors ``entropy_law.decoding.decoder.SpeculativeDecoder`` step by step: round 0
 is the prefill (commits output token 0, no draft); each later round asks the drafter for a proposal
 after prompt + output so far, cuts it to the depth that can still be committed (token budget,
-context), builds the tree, drafts only when the surrogate expected accepted count reaches the gate
-(``verify_cost_ratio - 1`` unless ``min_expected_accepted``), walks the tree, and stops at EOS / the
+context), builds the tree, lets the same gate as the decoder decide what to verify
+(``entropy_law.decoding.gate.plan_verification``: the surrogate expected accepted count against
+``verify_cost_ratio - 1`` / ``min_expected_accepted``, or the best prefix under a ``verify_cost``
+curve), walks the tree, and stops at EOS / the
 token budget / a full context exactly as the decoder does. Any change there must be mirrored here;
 ``tests/test_replay.py`` compares both round by round.
 
@@ -31,6 +33,7 @@ import torch
 
 from entropy_law.decoding.interface import DraftProposal, Drafter, Observer, RoundRecord
 from entropy_law.decoding.observers import distribution_stats
+from entropy_law.decoding.gate import VerifyCost, plan_verification, truncate_proposal
 from entropy_law.decoding.tree import TREE_POLICIES, Tree, build_tree, expected_accepted
 
 TARGET_STAT_COLUMNS = ("target_entropy_nats", "target_renyi2_nats", "target_top1_prob", "target_top2_prob",
@@ -157,13 +160,6 @@ class ReplayResult:
         return pd.DataFrame(rows)
 
 
-def _truncate(proposal: DraftProposal, depth: int) -> DraftProposal:
-    if proposal.depth <= depth:
-        return proposal
-    return DraftProposal(tokens=proposal.tokens[:depth], logprobs=proposal.logprobs[:depth],
-                         logits=None if proposal.logits is None else proposal.logits[:depth])
-
-
 def _eos_set(eos_token_ids) -> frozenset[int]:
     if eos_token_ids is None:
         return frozenset()
@@ -184,6 +180,7 @@ def replay_rounds(
     max_context: int | None = None,
     verify_cost_ratio: float = 2.0,
     min_expected_accepted: float | None = None,
+    verify_cost: VerifyCost | None = None,
     should_draft: Callable[[DraftProposal, Tree], bool] | None = None,
 ) -> ReplayResult:
     """Simulate the decoder's rounds on a known greedy output.
@@ -191,7 +188,8 @@ def replay_rounds(
     ``output_ids``: the greedy continuation of ``prompt_ids`` as the decoder produced it (new tokens
     only, ending with EOS or at the token budget). ``drafter``: a context-only drafter (its features
     are ``None`` here); it is restarted with ``begin``. ``tree`` / ``budget`` / ``verify_cost_ratio`` /
-    ``min_expected_accepted`` / ``eos_token_ids`` have the decoder's meaning; ``max_new_tokens``
+    ``min_expected_accepted`` / ``verify_cost`` / ``eos_token_ids`` have the decoder's meaning (a measured
+    ``verify_cost`` is not re-measured: pass the curve the online run used, ``VerifyCost.from_config``); ``max_new_tokens``
     defaults to ``len(output_ids)``; ``max_context`` is the target's context length (``None``: no limit).
     ``should_draft(proposal, tree)`` replaces the expected-accepted gate when given.
     """
@@ -211,7 +209,10 @@ def replay_rounds(
     early_eos = [i for i, t in enumerate(output_ids[:-1]) if t in eos]
     if early_eos:
         raise ValueError(f"output has EOS at position {early_eos[0]} before its end; greedy decoding stops there")
-    gate = (max(0.0, verify_cost_ratio - 1.0) if min_expected_accepted is None else float(min_expected_accepted))
+    if min_expected_accepted is not None:
+        gate = float(min_expected_accepted)
+    else:
+        gate = 0.0 if verify_cost is not None else max(0.0, verify_cost_ratio - 1.0)
 
     def stop_reason(n_out: int, start: int) -> str | None:
         if output_ids[n_out - 1] in eos:
@@ -241,14 +242,17 @@ def replay_rounds(
             usable_depth = remaining - 1
             if max_context is not None:
                 usable_depth = min(usable_depth, max_context - 1 - start)
-            proposal = _truncate(proposal, max(usable_depth, 0))
+            proposal = truncate_proposal(proposal, max(usable_depth, 0))
             if proposal.depth > 0:
                 candidate = tree(proposal, budget) if callable(tree) else build_tree(proposal, tree, budget)
-                expected = expected_accepted(proposal, candidate)
-                drafts = candidate.n_nodes > 0 and (
-                    should_draft(proposal, candidate) if should_draft is not None else expected >= gate)
-                if drafts:
-                    round_tree, used_proposal = candidate, proposal
+                if should_draft is not None:
+                    expected = expected_accepted(proposal, candidate)
+                    verified = candidate if candidate.n_nodes > 0 and should_draft(proposal, candidate) else None
+                else:
+                    verified, expected = plan_verification(proposal, candidate, verify_cost=verify_cost,
+                                                           min_expected_accepted=gate)
+                if verified is not None and verified.n_nodes > 0:
+                    round_tree, used_proposal = verified, truncate_proposal(proposal, verified.max_depth)
 
         # walk: the target's argmax after the path so far is the next output token
         path = [0]
@@ -280,6 +284,7 @@ def replay_rounds(
               "drafter_config": dict(getattr(drafter, "config", {}) or {}),
               "tree_policy": tree if isinstance(tree, str) else repr(tree), "budget": budget,
               "verify_cost_ratio": verify_cost_ratio, "min_expected_accepted": gate,
+              "verify_cost": None if verify_cost is None else verify_cost.to_config(),
               "eos_token_ids": sorted(eos), "max_new_tokens": max_new, "max_context": max_context,
               "replayed": True}
     return ReplayResult(prompt_ids=prompt_ids, output_ids=output_ids, rounds=rounds, proposals=proposals,

@@ -75,6 +75,12 @@ class Tree:
             vis[i, i] = True
         return vis
 
+    def prefix(self, n_nodes: int) -> "Tree":
+        """The first ``n_nodes`` draft nodes (ancestor-closed: parents come before children)."""
+        if not 0 <= n_nodes <= self.n_nodes:
+            raise ValueError(f"prefix of {n_nodes} nodes from a tree of {self.n_nodes}")
+        return Tree(self.tokens[:n_nodes], self.parents[:n_nodes], self.depths[:n_nodes])
+
     def path_to(self, node: int) -> list[int]:
         """Node indices from the root (excluded) down to ``node`` (included)."""
         path = []

@@ -1,0 +1,165 @@
+"""When a drafted tree is worth verifying: the decoder's drafting gate and the verify-cost curve.
+
+Known here: the relative cost of one target forward over ``n`` tokens (``VerifyCost``, measured on the
+running machine by ``measure_verify_cost``), and the rule that turns a drafted tree into the tree that
+is actually verified (``plan_verification``). Both the online decoder and offline replay call the same
+rule, so a replay with the same cost curve makes the same decisions.
+
+The rule. A round that verifies the root plus ``k`` draft nodes costs ``c(k + 1)`` one-token forwards
+and commits, in expectation under the drafter's surrogate, ``1 + E_k`` tokens, where ``E_k`` is the sum
+of the ``k`` nodes' path probabilities (``tree.expected_accepted``). A plain step (no draft) commits 1
+token for cost ``c(1) = 1``. Tree nodes come in non-increasing path probability (chain and DDTree
+both), and any prefix of the node list is ancestor-closed (parents come first), so the gate verifies the
+prefix ``k`` that maximises the expected tokens per unit cost ``(1 + E_k) / c(k + 1)``, and no draft at
+all when no prefix beats ``1``. With a constant cost ``c(n) = r`` for ``n >= 2`` (the simpler gate of
+``verify_cost_ratio``) this reduces to "verify the whole tree iff ``E_N >= r - 1``", which is what the
+decoder does when no curve is given. Gating changes speed, never the output.
+
+Not known here: how the target verifies (``adapter``), how trees are built (``tree``).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from typing import Sequence
+
+import torch
+
+from entropy_law.decoding.interface import DraftProposal
+from entropy_law.decoding.tree import Tree, chain_tree, node_logprobs
+
+DEFAULT_COST_SIZES = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+
+
+@dataclass(frozen=True)
+class VerifyCost:
+    """Relative cost ``c(n)`` of one target forward over ``n`` tokens; ``c(1) = 1`` (a one-token step).
+
+    Piecewise linear through ``(sizes, costs)``, extended past the last point with the slope of the last
+    segment (flat when there is one point). ``sizes`` must start at 1 and increase; ``costs`` are
+    normalised so that ``c(1) = 1``.
+    """
+
+    sizes: tuple[int, ...]
+    costs: tuple[float, ...]
+
+    def __post_init__(self):
+        sizes = tuple(int(s) for s in self.sizes)
+        costs = tuple(float(c) for c in self.costs)
+        if not sizes or len(sizes) != len(costs):
+            raise ValueError(f"need as many costs as sizes (at least one), got {len(sizes)} sizes, {len(costs)} costs")
+        if sizes[0] != 1 or any(b <= a for a, b in zip(sizes, sizes[1:])):
+            raise ValueError(f"sizes must start at 1 and increase, got {list(sizes)}")
+        if any(not math.isfinite(c) or c <= 0 for c in costs):
+            raise ValueError(f"costs must be finite and > 0, got {list(costs)}")
+        object.__setattr__(self, "sizes", sizes)
+        object.__setattr__(self, "costs", tuple(c / costs[0] for c in costs))
+
+    def __call__(self, n_tokens: int) -> float:
+        n = int(n_tokens)
+        if n < 1:
+            raise ValueError(f"a forward covers at least 1 token, got {n}")
+        sizes, costs = self.sizes, self.costs
+        if len(sizes) == 1:
+            return costs[0]
+        for i in range(1, len(sizes)):
+            if n <= sizes[i] or i == len(sizes) - 1:
+                lo, hi = sizes[i - 1], sizes[i]
+                return costs[i - 1] + (costs[i] - costs[i - 1]) * (n - lo) / (hi - lo)
+        raise AssertionError("unreachable")
+
+    def to_config(self) -> dict:
+        """JSON-ready form (run metadata); ``VerifyCost.from_config`` reads it back."""
+        return {"sizes": list(self.sizes), "costs": [round(c, 6) for c in self.costs]}
+
+    @classmethod
+    def from_config(cls, config: dict) -> "VerifyCost":
+        try:
+            return cls(tuple(config["sizes"]), tuple(config["costs"]))
+        except (KeyError, TypeError) as err:
+            raise ValueError(f"a verify-cost config needs 'sizes' and 'costs' lists, got {config!r}") from err
+
+
+@torch.inference_mode()
+def measure_verify_cost(adapter, *, sizes: Sequence[int] = DEFAULT_COST_SIZES, context_len: int = 384,
+                        repeats: int = 5, seed: int = 0) -> VerifyCost:
+    """Time chain verifies of ``n`` tokens (root + ``n - 1`` nodes) at a ``context_len`` cache, relative to
+    a one-token step, on this machine and thread count: the fastest of ``repeats`` passes over all sizes
+    (after one warm-up pass; the minimum is the least disturbed by other load on the machine).
+
+    Uses random token ids (the cost of a forward does not depend on which tokens). The costs are made
+    non-decreasing in ``n`` (a cumulative maximum; timing noise must not make a bigger tree look cheaper).
+    A model with a short context is timed at a shorter ``context_len`` and sizes up to half its context.
+    Leaves the adapter's cache empty (call ``prefill`` before decoding, as ``generate`` does).
+    """
+    sizes = tuple(sorted({int(s) for s in sizes} | {1}))
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    if context_len < 1:
+        raise ValueError(f"context_len must be >= 1, got {context_len}")
+    max_ctx = adapter.max_context
+    if max_ctx is not None and context_len + sizes[-1] >= max_ctx:  # a short-context model: scale down
+        sizes = tuple(s for s in sizes if s <= max(1, max_ctx // 2))
+        context_len = min(context_len, max_ctx - sizes[-1] - 1)
+        if context_len < 1:
+            raise ValueError(f"the model's context ({max_ctx}) is too short to time verifies")
+    vocab = int(adapter.model.config.vocab_size)
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, vocab, (context_len + sizes[-1],), generator=gen).tolist()
+    adapter.prefill(ids[:context_len])
+    trees = []
+    for n in sizes:
+        drafts = torch.tensor(ids[context_len:context_len + n - 1], dtype=torch.long).reshape(-1, 1)
+        trees.append(chain_tree(DraftProposal(tokens=drafts, logprobs=torch.zeros(n - 1, 1))) if n > 1
+                     else Tree.empty())
+    best = [math.inf] * len(sizes)
+    for rep in range(repeats + 1):  # sizes interleaved, so that a burst of load hits every size alike
+        for i, tree in enumerate(trees):
+            t0 = time.perf_counter()
+            adapter.verify(ids[context_len - 1], tree, context_len)
+            elapsed = time.perf_counter() - t0
+            adapter.truncate(context_len)
+            if rep:  # the first pass warms up
+                best[i] = min(best[i], elapsed)
+    adapter.cache = None
+    costs, running = [], 0.0
+    for t in best:
+        running = max(running, t / best[0])
+        costs.append(running)
+    return VerifyCost(sizes, tuple(costs))
+
+
+def truncate_proposal(proposal: DraftProposal, depth: int) -> DraftProposal:
+    """The first ``depth`` rows of a proposal (drafts deeper than can be committed or verified)."""
+    if proposal.depth <= depth:
+        return proposal
+    return DraftProposal(tokens=proposal.tokens[:depth], logprobs=proposal.logprobs[:depth],
+                         logits=None if proposal.logits is None else proposal.logits[:depth])
+
+
+def plan_verification(proposal: DraftProposal, tree: Tree, *, verify_cost: VerifyCost | None,
+                      min_expected_accepted: float) -> tuple[Tree, float]:
+    """The tree to verify this round (possibly empty) and the gate's surrogate ``E``: of the verified
+    tree when it drafts, of the whole drafted tree when it does not.
+
+    ``verify_cost=None``: verify all of ``tree`` iff ``E >= min_expected_accepted``. With a cost curve:
+    verify the node prefix with the most expected tokens per unit cost (module docstring), provided its
+    ``E_k >= min_expected_accepted``; an empty tree when no prefix beats a plain step.
+    """
+    if tree.n_nodes == 0:
+        return Tree.empty(), 0.0
+    probs = [math.exp(score) for score in node_logprobs(proposal, tree)]
+    expected = float(sum(probs))
+    if verify_cost is None:
+        return (tree, expected) if expected >= min_expected_accepted else (Tree.empty(), expected)
+    best_k, best_rate, cumulative = 0, 1.0, 0.0
+    for k, p in enumerate(probs, start=1):
+        cumulative += p
+        rate = (1.0 + cumulative) / verify_cost(k + 1)
+        if rate > best_rate * (1.0 + 1e-9) and cumulative >= min_expected_accepted:
+            best_k, best_rate = k, rate
+    if best_k == 0:
+        return Tree.empty(), expected
+    return tree.prefix(best_k), float(sum(probs[:best_k]))

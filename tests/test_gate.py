@@ -1,0 +1,107 @@
+"""The drafting gate: verify-cost curve, best-prefix rule (brute force), measurement on a tiny model."""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from entropy_law.decoding.adapter import TargetAdapter
+from entropy_law.decoding.gate import VerifyCost, measure_verify_cost, plan_verification
+from entropy_law.decoding.interface import DraftProposal
+from entropy_law.decoding.tree import build_tree, expected_accepted, node_logprobs
+from tests.tiny_models import tiny_llama
+
+
+def test_verify_cost_interpolates_normalises_and_extrapolates():
+    cost = VerifyCost((1, 3, 5), (2.0, 3.0, 5.0))  # normalised: c(1) = 1, c(3) = 1.5, c(5) = 2.5
+    assert cost(1) == 1.0
+    assert cost(2) == pytest.approx(1.25)
+    assert cost(4) == pytest.approx(2.0)
+    assert cost(7) == pytest.approx(3.5)  # the last segment's slope continues
+    assert VerifyCost((1,), (3.0,))(9) == 1.0
+    assert VerifyCost.from_config(cost.to_config()) == cost
+    with pytest.raises(ValueError, match="start at 1"):
+        VerifyCost((2, 3), (1.0, 2.0))
+    with pytest.raises(ValueError, match="finite and > 0"):
+        VerifyCost((1, 2), (1.0, float("nan")))
+    with pytest.raises(ValueError, match="as many costs"):
+        VerifyCost((1, 2), (1.0,))
+    with pytest.raises(ValueError, match="at least 1 token"):
+        cost(0)
+    with pytest.raises(ValueError, match="'sizes' and 'costs'"):
+        VerifyCost.from_config({"sizes": [1]})
+
+
+def _proposal(probs_per_depth):
+    """A proposal whose per-depth candidates have the given probabilities (best first)."""
+    width = max(len(row) for row in probs_per_depth)
+    tokens = torch.zeros(len(probs_per_depth), width, dtype=torch.long)
+    logprobs = torch.full((len(probs_per_depth), width), -math.inf)
+    for d, row in enumerate(probs_per_depth):
+        tokens[d] = torch.arange(width) + 10 * d
+        logprobs[d, :len(row)] = torch.log(torch.tensor(row))
+    return DraftProposal(tokens=tokens, logprobs=logprobs)
+
+
+probs_strategy = st.lists(st.lists(st.floats(0.01, 1.0), min_size=1, max_size=3).map(lambda r: sorted(r, reverse=True)),
+                          min_size=1, max_size=6)
+cost_strategy = st.lists(st.floats(0.0, 0.5), min_size=1, max_size=5).map(
+    lambda steps: VerifyCost(tuple(range(1, len(steps) + 2)), tuple([1.0] + [1.0 + sum(steps[:i + 1]) for i in range(len(steps))])))
+
+
+@settings(max_examples=150, deadline=None)
+@given(probs=probs_strategy, cost=cost_strategy, policy=st.sampled_from(["chain", "ddtree"]),
+       floor=st.sampled_from([0.0, 0.5]))
+def test_best_prefix_maximises_expected_tokens_per_cost(probs, cost, policy, floor):
+    proposal = _proposal(probs)
+    tree = build_tree(proposal, policy, 6 if policy == "ddtree" else None)
+    chosen, expected = plan_verification(proposal, tree, verify_cost=cost, min_expected_accepted=floor)
+    node_probs = [math.exp(s) for s in node_logprobs(proposal, tree)]
+    rates = [1.0] + [(1 + sum(node_probs[:k])) / cost(k + 1) for k in range(1, tree.n_nodes + 1)]
+    allowed = [0] + [k for k in range(1, tree.n_nodes + 1) if sum(node_probs[:k]) >= floor]
+    best = max(rates[k] for k in allowed)
+    assert rates[chosen.n_nodes] == pytest.approx(best, rel=1e-9)
+    assert chosen == tree.prefix(chosen.n_nodes)  # a prefix of the drafted tree
+    if chosen.n_nodes:
+        assert expected == pytest.approx(expected_accepted(proposal, chosen))
+    else:
+        assert expected == pytest.approx(expected_accepted(proposal, tree))
+
+
+def test_constant_cost_reduces_to_the_ratio_gate():
+    proposal = _proposal([[0.9], [0.5], [0.3]])  # E = 0.9 + 0.45 + 0.135 = 1.485
+    tree = build_tree(proposal, "chain", None)
+    for ratio, drafts in ((2.0, True), (2.6, False)):
+        flat = VerifyCost((1, 2, 3), (1.0, ratio, ratio))
+        by_cost, _ = plan_verification(proposal, tree, verify_cost=flat, min_expected_accepted=0.0)
+        by_ratio, _ = plan_verification(proposal, tree, verify_cost=None, min_expected_accepted=ratio - 1)
+        assert by_cost == by_ratio
+        assert (by_cost.n_nodes == tree.n_nodes) is drafts
+        assert by_cost.n_nodes in (0, tree.n_nodes)
+
+
+def test_measure_verify_cost_on_a_tiny_model():
+    adapter = TargetAdapter(tiny_llama(0, vocab=64, max_positions=256))
+    cost = measure_verify_cost(adapter, sizes=(1, 2, 8, 32), context_len=64, repeats=2)
+    assert cost.sizes == (1, 2, 8, 32)
+    assert cost.costs[0] == 1.0
+    assert all(b >= a for a, b in zip(cost.costs, cost.costs[1:]))
+    assert adapter.cache is None
+    short = measure_verify_cost(TargetAdapter(tiny_llama(0, vocab=64, max_positions=24)), sizes=(1, 4, 12, 16),
+                                context_len=384, repeats=1)
+    assert short.sizes == (1, 4, 12)  # sizes up to half the context, at a context that fits
+
+
+def test_decoder_measures_when_asked_and_records_the_curve():
+    from entropy_law.decoding.decoder import SpeculativeDecoder
+    from entropy_law.decoding.ngram import NgramDrafter
+
+    model = tiny_llama(0, vocab=64, max_positions=512)
+    decoder = SpeculativeDecoder(model, NgramDrafter(), verify_cost="measure")
+    assert isinstance(decoder.verify_cost, VerifyCost)
+    assert decoder.config["verify_cost"]["sizes"][0] == 1
+    assert decoder.min_expected_accepted == 0.0
+    with pytest.raises(ValueError, match="'measure' or None"):
+        SpeculativeDecoder(model, NgramDrafter(), verify_cost="fast")
