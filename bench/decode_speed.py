@@ -1,7 +1,9 @@
 """Decoding speed on Spec-Bench: HF greedy, HF prompt lookup, our AR, ours + n-gram (chain, DDTree).
 
 Every arm maps prompt token ids to new token ids and goes through the same timing code (wall time of
-the whole call, prefill included) and the same token counting (new tokens returned). Arms run
+the whole call, prefill included; or this process's CPU time with ``--clock cpu``, the honest clock on a
+machine shared with other work, used with ``--threads 1``) and the same token counting (new tokens
+returned). Arms run
 interleaved per prompt, in a rotating order, after the same warm-up, so machine load drifts hit all
 arms alike. Prompts: the first ``--limit`` questions of each Spec-Bench category, chat template,
 ``--max-new-tokens`` new tokens (greedy, EOS stops).
@@ -14,12 +16,14 @@ and whether every arm produced the same token ids as our AR. Ends with ONE JSON 
     python bench/decode_speed.py --limit 5 --max-new-tokens 256          # the issue's setting
     nice python bench/decode_speed.py --limit 2 --max-new-tokens 128     # quicker
     python bench/decode_speed.py --limit 2 --compare-gates               # cost gate vs ratio gate
+    nice -n -15 python bench/decode_speed.py --threads 1 --clock cpu     # on a shared machine
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import tempfile
 import time
@@ -122,6 +126,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--compare-gates", action="store_true",
                         help="with --gate cost, also run the n-gram arms with the ratio gate")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="time each call by wall clock (default) or by this process's CPU time; on a shared "
+                             "machine use --threads 1 --clock cpu (with several threads CPU time also counts "
+                             "their spinning)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -145,7 +153,8 @@ def main(argv=None) -> dict:
             arms[name](prompts[0][1], 16, "warmup", f"warmup-{name}")
         timed_observer.seconds = 0.0
 
-        seconds = defaultdict(float)  # (arm, category) -> s
+        seconds = defaultdict(float)  # (arm, category) -> s on the chosen clock
+        other_seconds = defaultdict(float)  # ... on the other clock (reported in the JSON line)
         tokens = defaultdict(int)
         committed = defaultdict(list)  # (arm, category) -> committed per verify round
         decode_seconds = defaultdict(float)
@@ -154,12 +163,13 @@ def main(argv=None) -> dict:
             order = names[index % len(names):] + names[: index % len(names)]
             outputs = {}
             for name in order:
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.process_time()
                 new_ids, result = arms[name](prompt_ids, args.max_new_tokens, task.category,
                                              f"{task.request_id}#{index}")
-                elapsed = time.perf_counter() - t0
+                wall, cpu = time.perf_counter() - t0, time.process_time() - c0
                 outputs[name] = new_ids
-                seconds[name, task.category] += elapsed
+                seconds[name, task.category] += cpu if args.clock == "cpu" else wall
+                other_seconds[name, task.category] += wall if args.clock == "cpu" else cpu
                 tokens[name, task.category] += len(new_ids)
                 if result is not None:
                     committed[name, task.category] += [r.committed for r in result.rounds if r.round_index > 0]
@@ -184,8 +194,9 @@ def main(argv=None) -> dict:
         return sum(values) / len(values) if values else float("nan")
 
     header = f"{'arm':<30}" + "".join(f"{c[:12]:>14}" for c in categories) + f"{'all':>14}"
-    print(f"\nTokens per second (ratio to {AR_ARM}); {args.limit} prompts/category, "
-          f"{args.max_new_tokens} new tokens, torch threads {torch.get_num_threads()}")
+    print(f"\nTokens per {'CPU ' if args.clock == 'cpu' else ''}second (ratio to {AR_ARM}); {args.limit} "
+          f"prompts/category, {args.max_new_tokens} new tokens, torch threads {torch.get_num_threads()}, "
+          f"load average {os.getloadavg()[0]:.1f}")
     print(header)
     for name in names:
         cells = [f"{rate(name, c):6.1f} ({rate(name, c) / rate(AR_ARM, c):4.2f})" for c in categories]
@@ -218,6 +229,10 @@ def main(argv=None) -> dict:
         "bench": "decode_speed", "model": target.model_id, "prompts_per_category": args.limit,
         "max_new_tokens": args.max_new_tokens, "torch_threads": torch.get_num_threads(),
         "block_size": args.block_size, "ddtree_budget": args.budget, "verify_cost_ratio": args.verify_cost_ratio,
+        "clock": args.clock, "load_average_end": os.getloadavg()[0],
+        "tokens_per_second_other_clock": {name: sum(tokens[name, c] for c in categories)
+                                          / max(sum(other_seconds[name, c] for c in categories), 1e-9)
+                                          for name in names},
         "gate": args.gate, "verify_cost": None if verify_cost is None else verify_cost.to_config(),
         "tokens_per_second": {name: {**{c: rate(name, c) for c in categories}, "all": rate(name)} for name in names},
         "ratio_to_ar": {name: {**ratio[name], "all": rate(name) / rate(AR_ARM)} for name in names},
