@@ -340,9 +340,13 @@ class FittedLaw(Result):
         start = np.maximum(t - j + 1, 0)
         return csum[t] - csum[start]
 
-    def predict_rounds(self, entropy_sequence, B: int, *, category=None, drafter=None) -> float:
+    def predict_rounds(self, entropy_sequence, B: int, *, category=None, drafter=None, depth_probs=None) -> float:
         """Exact law-implied expected number of rounds for a request whose target entropy at output
-        positions 0..T-1 is ``entropy_sequence`` (dynamic programming, research notes 5.2)."""
+        positions 0..T-1 is ``entropy_sequence`` (dynamic programming, research notes 5.2).
+
+        ``depth_probs``: how many tokens a round drafts, acceptance capped there: ``None`` (every round
+        drafts B - 1), a distribution over D = 0..B-1 (length B, the same at every round start), or one
+        per output position (``[T, B]``, see ``transfer.depth_probabilities``)."""
         h = np.asarray(entropy_sequence, dtype=float)
         if h.ndim != 1 or h.size == 0:
             raise ValueError("entropy_sequence must be a non-empty 1-D array (one value per output position)")
@@ -358,11 +362,17 @@ class FittedLaw(Result):
         if drafter is not None:
             frame["drafter_id"] = drafter
         a = self.predict_frame(frame).reshape(h.size, drafts)
-        return expected_rounds(a)
+        if depth_probs is not None:
+            depth_probs = np.asarray(depth_probs, dtype=float)
+            if depth_probs.ndim == 1:
+                depth_probs = np.broadcast_to(depth_probs, (h.size, depth_probs.size))
+        return expected_rounds(a, depth_probs)
 
-    def predict_tokens_per_round(self, entropy_sequence, B: int, *, category=None, drafter=None) -> float:
+    def predict_tokens_per_round(self, entropy_sequence, B: int, *, category=None, drafter=None,
+                                 depth_probs=None) -> float:
         """T / E[rounds]: the law-implied committed tokens per round of one request."""
-        return len(entropy_sequence) / self.predict_rounds(entropy_sequence, B, category=category, drafter=drafter)
+        return len(entropy_sequence) / self.predict_rounds(entropy_sequence, B, category=category, drafter=drafter,
+                                                           depth_probs=depth_probs)
 
     def log_likelihood(self, counts: pd.DataFrame) -> np.ndarray:
         """Bernoulli log-likelihood of each row of a count table (``n_acc``, ``n_rej``)."""
