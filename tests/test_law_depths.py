@@ -274,3 +274,69 @@ def test_loco_accuracy_reports_relative_errors_and_spearman(variable):
     assert acc.loc["tokens_per_round", "max_abs_relative_error"] < 0.05
     assert acc.loc["tokens_per_round_full_depth", "mean_relative_error"] > 0.2
     assert "accuracy across categories" in loco._text()
+
+
+# ------------------------------------------------------------------ a law in the drafted depth (law_exp_drafted)
+
+
+def test_tau_distribution_with_acceptance_that_depends_on_the_drafted_depth():
+    rng = np.random.default_rng(2)
+    length, drafts = 6, 4
+    a3 = rng.uniform(0.2, 0.95, size=(drafts, length, drafts))
+    pi = rng.dirichlet(np.ones(drafts + 1), size=length)
+    brute = np.zeros((length, drafts + 1))
+    for t in range(length):
+        brute[t, 0] += pi[t, 0]
+        for D in range(1, drafts + 1):
+            reach = np.concatenate([[1.0], np.cumprod(a3[D - 1, t, :D])])
+            brute[t, : D + 1] += pi[t, D] * np.append(reach[:-1] - reach[1:], reach[-1])
+    np.testing.assert_allclose(tau_distribution(a3, pi), brute, atol=1e-12)
+    # the same acceptance for every D: the 2-D formula
+    same = np.broadcast_to(a3[0], a3.shape)
+    np.testing.assert_allclose(tau_distribution(same, pi), tau_distribution(a3[0], pi), atol=1e-12)
+    # no depth model: every round drafts D_max, with D_max's acceptance
+    np.testing.assert_allclose(tau_distribution(a3), tau_distribution(a3[-1]))
+
+
+@pytest.fixture(scope="module")
+def confident():
+    """Long drafts are accepted more: rejection rate x D^-0.5 (as the n-gram drafter's long matches)."""
+    return _sim(33, coupling=1.0, block_depths=DepthSpec(entropy_coupling=1.0, rate_exponent=-0.5))
+
+
+def test_at_risk_table_carries_the_drafted_depth(confident):
+    rows = atrisk.at_risk_table(confident)
+    merged = rows.merge(confident.rounds[["run_id", "request_id", "round_index", "tree_depth"]],
+                        on=["run_id", "request_id", "round_index"])
+    np.testing.assert_array_equal(merged["drafted_depth"], merged["tree_depth"])
+    np.testing.assert_allclose(rows["log_drafted_depth"], np.log(rows["drafted_depth"]))
+    with pytest.raises(ValueError, match="drafted_depth"):
+        fit_law(rows.drop(columns=["drafted_depth", "log_drafted_depth"]), "law_exp_drafted")
+
+
+def test_law_exp_drafted_recovers_gamma_and_its_dp_is_unbiased(confident):
+    law = fit_law(confident, "law_exp_drafted")
+    s = law.summary
+    assert s.loc["log_drafted_depth", "ci_low"] < -0.5 < s.loc["log_drafted_depth", "ci_high"]
+    assert s.loc["k", "ci_low"] < 0.8 < s.loc["k", "ci_high"]
+    # acceptance at depth 1 rises with D at fixed H, as simulated: a = exp(-lambda D^gamma (H + eps)^k)
+    a = law.predict_acceptance(0.5, 1, drafted_depth=np.array([1, 7]))
+    assert a[1] > a[0]
+    bp = block_prediction(law, confident).summary
+    w = bp["requests"]
+    assert abs((bp["dp_tokens_per_round"] @ w) / (bp["observed_tokens_per_round"] @ w) - 1) < 0.02
+    # one request by hand: predict_rounds with the same per-position depth probabilities
+    with pytest.raises(ValueError, match="drafted_depth"):
+        law.predict_acceptance(0.5, 1)
+    h = confident.entropy[confident.requests["request_id"].iloc[0]]
+    point = np.zeros(8)
+    point[7] = 1.0
+    assert law.predict_rounds(h, 8, depth_probs=point) == pytest.approx(law.predict_rounds(h, 8))
+    assert law.predict_block_length(h[:7], 8) == pytest.approx(
+        float(np.cumprod(law.predict_acceptance(h[:7], np.arange(1, 8), drafted_depth=7)).sum()))
+
+
+def test_law_exp_drafted_refuses_a_constant_drafted_depth():
+    tr = simulate_traces(seed=5, n_requests_per_category=6, categories=["qa", "rag"], tokens_per_request=(40, 60))
+    with pytest.raises(ValueError, match="not identified"):
+        fit_law(tr, "law_exp_drafted")

@@ -80,11 +80,14 @@ class DepthSpec:
     the round commits the target's token only) with
     P(D = j | t) proportional to ``probs[j] * exp(-entropy_coupling * j * H_t)``: base probabilities
     ``probs`` (length B, for D = 0..B-1), tilted towards long drafts where the entropy H_t at the
-    round's first position is low when ``entropy_coupling > 0``. Acceptance does not depend on D.
+    round's first position is low when ``entropy_coupling > 0``. ``rate_exponent`` gamma: the law's
+    rejection rate of a round that drafted D tokens is multiplied by D^gamma (gamma < 0: long drafts are
+    accepted more, as an n-gram drafter's long matches; 0: acceptance does not depend on D, the default).
     """
 
     probs: tuple = (0.25, 0.15, 0.15, 0.1, 0.1, 0.05, 0.05, 0.15)
     entropy_coupling: float = 0.0
+    rate_exponent: float = 0.0
 
     def sample(self, h_first: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """One drafted depth per round; ``h_first``: entropy at each round's first position."""
@@ -245,22 +248,26 @@ def _simulate_run(*, run_id, entropy, lengths, categories_of, request_ids, accep
         if active.size == 0:
             break
         p = pos[active]
+        variable = depth_spec is not None and depth > 0
+        if variable:
+            drafted = np.minimum(depth_spec.sample(entropy[active, p], rng), depth)
+            round_nodes = drafted
+        else:
+            drafted = np.full(active.size, depth, dtype=np.int64)
+            round_nodes = np.full(active.size, nodes, dtype=np.int64)
         if depth > 0:
             cols = np.minimum(p[:, None] + d_idx[None, :], total_len - 1)
             h_block = entropy[active[:, None], cols]
             a = accept_fn(h_block, d_idx[None, :] + 1, active)
+            if variable and depth_spec.rate_exponent != 0.0:
+                # rejection rate x D^gamma: a = exp(-rate)^(D^gamma)
+                a = a ** (np.maximum(drafted, 1)[:, None] ** depth_spec.rate_exponent)
             ok = rng.random(a.shape) < a
             # tau = number of leading acceptances
             tau = np.where(ok.all(axis=1), depth, np.argmin(ok, axis=1))
         else:
             tau = np.zeros(active.size, dtype=np.int64)
-        if depth_spec is not None and depth > 0:
-            drafted = np.minimum(depth_spec.sample(entropy[active, p], rng), depth)
-            tau = np.minimum(tau, drafted)
-            round_nodes = drafted
-        else:
-            drafted = np.full(active.size, depth, dtype=np.int64)
-            round_nodes = np.full(active.size, nodes, dtype=np.int64)
+        tau = np.minimum(tau, drafted)
         committed = np.minimum(tau + 1, lengths[active] - p)
         n_tok = committed.sum()
         rows = np.repeat(np.arange(active.size), committed)

@@ -164,23 +164,26 @@ def predict_requests(law: FittedLaw, sequences: pd.DataFrame, B: int, *, drafter
 
     All requests' (position, depth) acceptances come from one prediction call, then one DP each.
     """
-    from entropy_law.law.blocks import acceptance_matrix_positions, expected_round_counts
+    from entropy_law.law.blocks import expected_round_counts
 
     if depths not in DEPTH_MODELS:
         raise ValueError(f"depths must be one of {DEPTH_MODELS}, got {depths!r}")
     if depths != "full" and drafted is None:
         raise ValueError(f"depths={depths!r} needs the drafted depths of the requests' rounds (drafted_depths)")
     drafts = int(B) - 1
-    frames = []
-    for i, rec in enumerate(sequences.itertuples()):
+    frames, shapes = [], []
+    for rec in sequences.itertuples():
         h = np.asarray(rec.entropy, dtype=float)
-        position, depth = acceptance_matrix_positions(h.size, drafts)
-        frame = pd.DataFrame({"target_entropy_nats": np.concatenate([h[position], h]),
-                              "depth": np.concatenate([depth, np.ones(h.size, dtype=int)]), "_request": i})
-        if law.family.name == "law_exp_cum":
-            frame["cum_entropy_nats"] = np.concatenate([law._sequence_cum(h, position, depth), np.zeros(h.size)])
+        frame, shape = law.sequence_frame(h, drafts)
+        first = pd.DataFrame({"target_entropy_nats": h, "depth": 1})  # depth-1 acceptance at every position
+        if "cum_entropy_nats" in frame:
+            first["cum_entropy_nats"] = 0.0
+        if "drafted_depth" in frame:
+            first["drafted_depth"] = drafts
+        frame = pd.concat([frame, first], ignore_index=True)
         frame["category"] = rec.category
         frames.append(frame)
+        shapes.append((shape, len(frame) - h.size))
     if not frames:
         raise ValueError("no request sequences to predict")
     data = pd.concat(frames, ignore_index=True)
@@ -198,11 +201,11 @@ def predict_requests(law: FittedLaw, sequences: pd.DataFrame, B: int, *, drafter
                        for cat, part in joined.groupby("category")}
     rows = []
     start = 0
-    for rec in sequences.itertuples():
+    for rec, (shape, n_dp) in zip(sequences.itertuples(), shapes):
         n = len(rec.entropy)
-        a = accept[start : start + n * drafts].reshape(n, drafts)
-        a1 = accept[start + n * drafts : start + n * drafts + n]
-        start += n * drafts + n
+        a = law.shape_acceptance(accept[start : start + n_dp], shape)
+        a1 = accept[start + n_dp : start + n_dp + n]
+        start += n_dp + n
         full_rounds, _ = expected_round_counts(a)
         if depths == "full":
             rounds, drafting = full_rounds, full_rounds
