@@ -8,7 +8,8 @@ runs report 0 ms and never enter a cost model), the per-category results table, 
 speedups over AR on the same requests. Each analysis of the law layer (``fit_law``, ``block_prediction``,
 ``loco_transfer``, ``compare_laws``, ``when_drafting_pays``) is computed on first use and cached;
 ``attempt`` runs one and turns a ``ValueError`` (too little data, ...) into a readable note instead of
-a crash, so a report on a small run still shows what can be shown.
+a crash, so a report on a small run still shows what can be shown. Block-length predictions use the
+law layer's default drafted-depth model (``transfer.block_prediction``: observed depths).
 
 Not known here: torch, decoding, plotting (``entropy_law.plots``), file formats (``entropy_law.traces``).
 
@@ -202,6 +203,23 @@ class TraceAnalysis:
 
         return self._cached(("loco", arm), lambda: loco_transfer(self.arm_view(arm), self.family, drafter=arm))
 
+    def loco_accuracy(self) -> pd.DataFrame:
+        """LOCO accuracy across categories per arm and quantity (``LocoTransfer.accuracy``): mean accepted
+        length per drafting round and tokens per round (depth-aware DP), and the full-depth DP's tokens
+        per round; arms whose LOCO cannot run are left out."""
+        def compute():
+            frames = []
+            for arm in self.arms:
+                loco = self.attempt("loco", arm)
+                if loco.ok:
+                    frames.append(loco.value.accuracy.rename_axis("quantity").reset_index().assign(arm=arm))
+            if not frames:
+                raise ValueError("leave-one-category-out transfer could not run for any arm")
+            out = pd.concat(frames, ignore_index=True)
+            return out[["arm", *[c for c in out.columns if c != "arm"]]]
+
+        return self._cached("loco_accuracy", compute)
+
     def comparison(self, arm: str):
         """Cross-validated comparison of law families (families that cannot be fitted here are left out,
         with a note: e.g. ``law0_cat`` needs 5 requests per category)."""
@@ -299,7 +317,9 @@ class TraceAnalysis:
     def results_table(self) -> pd.DataFrame:
         """Per arm and category: requests, tokens, mean / median target entropy (nats), mean accepted
         length per drafting round (tau), committed tokens per round, the law's DP prediction of tokens per
-        round (in-sample), the LOCO prediction, and the measured decode speedup over AR (if timed)."""
+        round (in-sample; acceptance capped at each round's drafted depth), the LOCO predictions of tokens per
+        round and of the mean accepted length per drafting round, and the measured decode speedup over AR
+        (if timed)."""
         def compute():
             ent = self.entropy_tokens()
             h = ent.groupby("category")["target_entropy_nats"].agg(mean_entropy_nats="mean", median_entropy_nats="median")
@@ -325,6 +345,8 @@ class TraceAnalysis:
                                                    if block.ok and cat in block.value.summary.index else np.nan)
                     row["loco_tokens_per_round"] = (float(loco.value.summary.loc[cat, "predicted_tokens_per_round"])
                                                     if loco.ok and cat in loco.value.summary.index else np.nan)
+                    row["loco_mean_accepted"] = (float(loco.value.summary.loc[cat, "predicted_mean_accepted"])
+                                                 if loco.ok and cat in loco.value.summary.index else np.nan)
                     sp = speed.value if speed.ok else None
                     if arm == AR_ARM and sp is not None:
                         row["speedup_vs_ar"] = 1.0

@@ -4,7 +4,8 @@ Known here: what a report shows (the runs; per arm and category: requests, token
 target entropy, mean accepted length, committed tokens per round, the law's in-sample and LOCO
 predictions, the measured speedup over AR; the fitted law per arm with 95% intervals and the break-even
 entropy; LOCO transfer; the law comparison; the nine figures of ``entropy_law.plots.gallery``), how
-to format those tables (Markdown, HTML), and the results section for the README (``results_markdown``).
+to format those tables (Markdown, HTML), and the results section for the README (``results_markdown``,
+with the leave-one-category-out accuracy across categories per arm).
 Analyses that cannot run on the given traces (too few requests, no AR run, replayed timings) are
 listed with the reason instead of failing the report. Not known here: statistics (``entropy_law.law``
 through ``entropy_law.analysis``), decoding, torch.
@@ -25,7 +26,8 @@ from entropy_law.analysis import AR_ARM, TraceAnalysis, format_interval
 RESULT_COLUMNS = {
     "arm": "arm", "category": "category", "requests": "requests", "tokens": "tokens",
     "mean_entropy_nats": "mean H (nats)", "median_entropy_nats": "median H (nats)",
-    "mean_accepted": "mean accepted τ", "committed_per_round": "tokens / round",
+    "mean_accepted": "mean accepted τ", "loco_mean_accepted": "LOCO: mean accepted τ",
+    "committed_per_round": "tokens / round",
     "law_tokens_per_round": "law: tokens / round", "loco_tokens_per_round": "LOCO: tokens / round",
     "speedup_vs_ar": "speedup vs AR",
 }
@@ -72,6 +74,26 @@ def law_frame(analysis: TraceAnalysis) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def loco_accuracy_frame(analysis: TraceAnalysis) -> pd.DataFrame:
+    """Per arm: LOCO accuracy across categories for the mean accepted length per drafting round and for
+    tokens per round (depth-aware DP), and the full-depth DP's mean relative error (``loco_accuracy``)."""
+    acc = analysis.loco_accuracy()
+    rows = []
+    for arm, part in acc.groupby("arm", sort=False):
+        q = part.set_index("quantity")
+        row = {"arm": arm, "categories": int(q["categories"].iloc[0])}
+        for name, label in (("mean_accepted", "mean accepted τ"), ("tokens_per_round", "tokens / round")):
+            if name in q.index:
+                r = q.loc[name]
+                row[f"{label}: mean rel. error"] = r["mean_relative_error"]
+                row[f"{label}: mean abs. rel. error"] = r["mean_abs_relative_error"]
+                row[f"{label}: Spearman ρ (exact p)"] = (f"{_fmt(r['spearman_rho'])} ({_fmt(r['p_permutation'], 2)})")
+        if "tokens_per_round_full_depth" in q.index:
+            row["full-depth DP tokens / round: mean rel. error"] = q.loc["tokens_per_round_full_depth", "mean_relative_error"]
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
 def results_markdown(analysis: TraceAnalysis, *, source: str = "") -> str:
     """The README results section: per-category table, the law per arm, and how it was made."""
     runs = analysis.runs
@@ -84,13 +106,22 @@ def results_markdown(analysis: TraceAnalysis, *, source: str = "") -> str:
              + (f" Replayed offline from the same greedy outputs (no timings): {', '.join(replayed)}." if replayed else ""),
              "", markdown_table(results_frame(analysis)), "",
              "τ: accepted drafts per drafting round; tokens / round: committed tokens per verify pass (prefill excluded); "
-             "law / LOCO: the fitted law's exact DP prediction of tokens per round on the same entropy sequences "
-             "(LOCO: fitted without that category); speedup: decode time per token of our AR baseline over the arm's, "
+             "law / LOCO: the fitted law's exact DP prediction on the same entropy sequences, with acceptance capped at "
+             "each round's drafted depth (observed where a round started, else the category's depth distribution at "
+             "that entropy; LOCO: law fitted without that category); LOCO mean accepted τ: predicted (tokens − rounds) "
+             "/ drafting rounds; speedup: decode time per token of our AR baseline over the arm's, "
              "on the same prompts (– where the arm was replayed or no AR run exists).", "",
              f"Fitted law `{analysis.family}`: a = exp(−λ_d (H + ε)^k), request-clustered 95% intervals; break-even "
              "entropy where the predicted decode speedup is 1 (request bootstrap).", "",
-             markdown_table(law_frame(analysis)), "",
-             f"Made with `entropy-law report {source or 'TRACES'} --results-md FILE` (entropy_law.report.results_markdown)."]
+             markdown_table(law_frame(analysis)), ""]
+    loco = analysis.attempt("loco_accuracy")
+    if loco.ok:
+        lines += ["Leave-one-category-out accuracy across categories (the law fitted without each category predicts it): "
+                  "relative error of predicted vs observed, Spearman ρ of predicted vs observed over the categories "
+                  "with its exact one-sided permutation p; last column: the old DP that assumes a full block every "
+                  "round.", "", markdown_table(loco_accuracy_frame(analysis)), ""]
+    lines.append(f"Made with `entropy-law report {source or 'TRACES'} --results-md FILE` "
+                 "(entropy_law.report.results_markdown).")
     return "\n".join(lines) + "\n"
 
 
@@ -107,6 +138,11 @@ def _sections(analysis: TraceAnalysis):
     yield "Runs", _runs_frame(analysis)
     yield "Results per category", results_frame(analysis)
     yield "Fitted law per arm", law_frame(analysis)
+    acc = analysis.attempt("loco_accuracy")
+    if acc.ok:
+        yield "Leave-one-category-out accuracy across categories", acc.value
+    else:
+        notes.append(acc.error)
     for arm in analysis.arms:
         loco = analysis.attempt("loco", arm)
         if loco.ok:

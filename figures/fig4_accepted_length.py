@@ -1,4 +1,4 @@
-"""Mean accepted length per category vs mean entropy, with the law's DP prediction.
+"""Mean accepted length per drafting round per category vs mean entropy, with the law's DP prediction.
 
     python figures/fig4_accepted_length.py [--traces PATH] [--out DIR]
 

@@ -83,6 +83,13 @@ def test_accepted_length_table_pools_tokens_over_rounds():
     assert t.loc["b", "observed"] == pytest.approx(20 / 4 - 1)
     assert t.loc["a", "mean_entropy_nats"] == pytest.approx((0.2 * 30 + 0.6 * 10) / 40)
     assert t.loc["a", "ci_low"] <= t.loc["a", "observed"] <= t.loc["a", "ci_high"]
+    # with drafting rounds (block_prediction's per_request): accepted drafts per drafting round
+    drafting = per_request.assign(observed_drafting_rounds=[5, 10, 2], predicted_drafting_rounds=[6.0, 4.0, 2.5])
+    d = F.accepted_length_table(drafting, n_boot=50, seed=1).set_index("category")
+    assert d.loc["a", "observed"] == pytest.approx((40 - 20) / 15)
+    assert d.loc["a", "predicted"] == pytest.approx((40 - 20) / 10)
+    assert d.loc["b", "observed"] == pytest.approx((20 - 4) / 2)
+    assert d.loc["a", "ci_low"] <= d.loc["a", "observed"] <= d.loc["a", "ci_high"]
 
 
 class _ConstantLaw:

@@ -92,7 +92,8 @@ def test_markdown_report_links_existing_pngs_and_results_section(sim, tmp_path):
     assert all((path.parent / link).with_suffix(".pdf").is_file() for link in links)
     md = results_markdown(an, source="data/traces")
     table_rows = [line for line in md.splitlines() if line.startswith("| sim-") or line.startswith("| AR |")]
-    assert len(table_rows) == 3 * 5 + 2  # 3 arms x 5 categories + the law table's 2 arms
+    assert len(table_rows) == 3 * 5 + 2 + 2  # 3 arms x 5 categories + the law table's and the LOCO table's 2 arms
+    assert "Spearman ρ" in md and "Leave-one-category-out accuracy" in md
     summary = terminal_summary(an)
     assert "break-even H" in summary and "sim-tree ddtree16" in summary
 
@@ -115,3 +116,19 @@ def test_analysis_that_cannot_run_is_a_note_not_a_crash(sim):
     loco = an.attempt("loco", an.arms[0])
     assert not loco.ok and "at least 3 categories" in loco.error
     assert an.results_table()["loco_tokens_per_round"].isna().all()
+
+
+def test_loco_accuracy_table_and_column_come_from_the_loco_transfer(sim):
+    _, _, an = sim
+    acc = an.loco_accuracy()
+    table = an.results_table().set_index(["arm", "category"])
+    for arm in an.arms:
+        loco = an.loco(arm)
+        mine = acc.loc[acc["arm"] == arm].set_index("quantity")
+        expected = loco.accuracy
+        np.testing.assert_allclose(mine.loc[expected.index, "spearman_rho"], expected["spearman_rho"])
+        np.testing.assert_allclose(mine.loc[expected.index, "mean_abs_relative_error"],
+                                   expected["mean_abs_relative_error"])
+        for cat, row in loco.summary.iterrows():
+            assert table.loc[(arm, cat), "loco_mean_accepted"] == pytest.approx(row["predicted_mean_accepted"])
+        assert loco.depths == "observed"

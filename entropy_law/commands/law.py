@@ -1,7 +1,8 @@
 """``entropy-law law``: fit the entropy law to traces (or simulated traces) and print the results.
 
-Fits ``--family`` per drafter, prints its summary and the observed vs DP-predicted tokens per round;
-``--loco`` adds leave-one-category-out transfer, ``--tests`` the pre-registered tests (Holm).
+Fits ``--family`` per drafter, prints its summary and the observed vs DP-predicted tokens per round
+(``--depths``: the drafted-depth model); ``--loco`` adds leave-one-category-out transfer with its
+accuracy across categories (relative errors, Spearman rho), ``--tests`` the pre-registered tests (Holm).
 Reads traces with ``entropy_law.load_traces``; ``--simulate SEED`` uses ``simulate_traces`` instead.
 """
 
@@ -16,6 +17,9 @@ def register(subparsers) -> None:
     p.add_argument("--drafter", help="only this drafter (default: every drafter)")
     p.add_argument("--loco", action="store_true", help="leave-one-category-out transfer")
     p.add_argument("--tests", action="store_true", help="pre-registered tests P1-P3 with Holm correction")
+    p.add_argument("--depths", default="observed", choices=("observed", "category", "full"),
+                   help="drafted-depth model of the tokens-per-round DP (default: %(default)s; full: every round "
+                        "drafts a full block)")
     p.set_defaults(func=run)
 
 
@@ -40,10 +44,10 @@ def run(args) -> int:
         law = laws[drafter]
         law.print_summary()
         print()
-        block_prediction(law, traces, drafter=drafter).print_summary()
+        block_prediction(law, traces, drafter=drafter, depths=args.depths).print_summary()
         print()
         if args.loco:
-            loco_transfer(traces, args.family, drafter=drafter).print_summary()
+            loco_transfer(traces, args.family, drafter=drafter, depths=args.depths).print_summary()
             print()
     if args.tests:
         from entropy_law.law.hypotheses import preregistered_tests

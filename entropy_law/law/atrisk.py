@@ -4,7 +4,7 @@ Known here: which token rows are at risk and their outcome (role ``accepted`` ->
 ``correction`` -> rejected at depth tau + 1; ``bonus`` rows are never at risk, including a bonus after
 a tree leaf shallower than the tree's depth), the covariates the laws use (target entropy and its
 log, Rényi-2, top-1 probability, logit gap, depth, category, drafter, request, cumulative entropy of
-the earlier depths of the round), the validation of those covariates, and the aggregated form
+the earlier depths of the round, the round's drafted depth), the validation of those covariates, and the aggregated form
 (counts per drafter x category x request x depth x log-spaced covariate bin, with within-cell
 covariate means) whose binomial fit equals the row-level fit on binned covariates exactly.
 
@@ -27,7 +27,7 @@ KEY_COLUMNS = ("drafter_id", "category", "request_id", "depth")
 COVARIATES = ("target_entropy_nats", "target_renyi2_nats", "target_top1_prob", "target_logit_gap")
 NONNEGATIVE = ("target_entropy_nats", "target_renyi2_nats", "target_logit_gap")
 # derived columns (means within an aggregated cell are taken of these directly)
-DERIVED = ("log_entropy", "log_renyi2", "log_logit_gap", "cum_entropy_nats", "log1p_cum_entropy")
+DERIVED = ("log_entropy", "log_renyi2", "log_logit_gap", "cum_entropy_nats", "log1p_cum_entropy", "log_drafted_depth")
 KIND_ROWS = "at_risk_rows"
 KIND_AGGREGATED = "at_risk_aggregated"
 
@@ -84,9 +84,10 @@ def at_risk_table(
     Columns: ``run_id``, ``drafter_id``, ``tree_policy``, ``category``, ``request_id``,
     ``round_index``, ``position``, ``depth``, ``accepted`` (1) / ``rejected`` (1), the requested
     ``covariates`` and the derived ``log_entropy = log(H + eps)``, ``log_renyi2``, ``log_logit_gap``,
-    ``cum_entropy_nats`` (sum of H over the round's earlier depths) and ``log1p_cum_entropy``.
-    ``drafters``: keep only these drafter ids. NaN or negative covariates raise (or are dropped
-    with ``on_invalid="drop"``).
+    ``cum_entropy_nats`` (sum of H over the round's earlier depths) and ``log1p_cum_entropy``; with a
+    ``traces.rounds`` table also ``drafted_depth`` (the round's ``tree_depth``, known before
+    verification) and ``log_drafted_depth``. ``drafters``: keep only these drafter ids. NaN or
+    negative covariates raise (or are dropped with ``on_invalid="drop"``).
     """
     tokens, runs = traces.tokens, traces.runs
     _require_columns(tokens, ("run_id", "request_id", "category", "round_index", "position", "depth", "role", *covariates),
@@ -122,6 +123,18 @@ def at_risk_table(
     if "target_logit_gap" in covariates:
         table["log_logit_gap"] = np.log(table["target_logit_gap"].to_numpy(dtype=float) + eps)
     table = table.drop(columns="role")
+    rounds = getattr(traces, "rounds", None)
+    round_keys = ["run_id", "request_id", "round_index"]
+    if isinstance(rounds, pd.DataFrame) and set(round_keys + ["tree_depth"]) <= set(rounds.columns):
+        # the round's drafted depth D (known before verification): a covariate of law_exp_drafted
+        depth_of = rounds[round_keys + ["tree_depth"]].rename(columns={"tree_depth": "drafted_depth"})
+        depth_of = depth_of.astype({"run_id": str, "request_id": str})
+        keys = table[round_keys].astype({"run_id": str, "request_id": str})
+        merged = keys.merge(depth_of, on=round_keys, how="left", validate="many_to_one")
+        if merged["drafted_depth"].isna().any():
+            raise ValueError("token rows at risk in rounds missing from traces.rounds; the traces are inconsistent")
+        table["drafted_depth"] = merged["drafted_depth"].to_numpy(dtype=np.int64)
+        table["log_drafted_depth"] = np.log(np.maximum(table["drafted_depth"].to_numpy(dtype=float), 1.0))
     table.attrs.update(kind=KIND_ROWS, eps=eps)
     return table
 

@@ -3,7 +3,9 @@
 Known here, from acceptance probabilities alone (no model): the expected accepted drafts of one
 block, E[tau] = sum_k prod_{d<=k} a_d; the exact expected number of rounds a request needs, by
 dynamic programming over its entropy sequence (rounds start wherever the previous one ended; no
-conditioning on realised block starts); the i.i.d. formula (1 - alpha^(D+1)) / (1 - alpha) and its
+conditioning on realised block starts), with every round drafting the full block or a drafted depth
+D drawn per round start from a given distribution (acceptance capped at D; D = 0: no draft), and the
+expected number of drafting rounds; the i.i.d. formula (1 - alpha^(D+1)) / (1 - alpha) and its
 inverse alpha_eff. Not known here: where acceptances come from (a fitted law supplies them).
 """
 
@@ -19,25 +21,86 @@ def expected_accepted(acceptance: np.ndarray) -> np.ndarray:
     return np.cumprod(a, axis=-1).sum(axis=-1)
 
 
-def expected_rounds(acceptance_matrix: np.ndarray) -> float:
-    """Expected rounds to produce T tokens; ``acceptance_matrix[t, j]`` is the acceptance of the draft
-    at depth j + 1 of a round starting at output position t (0-based), i.e. of position t + j.
+def tau_distribution(acceptance_matrix: np.ndarray, depth_probs: np.ndarray | None = None) -> np.ndarray:
+    """``P(tau = k | round starts at t)`` for k = 0..D_max, shape ``[T, D_max + 1]``.
 
-    V(t) = 1 + sum_{k} P(tau = k | t) V(t + k + 1), V(t >= T) = 0, tau capped at the depth D.
-    Entries at positions >= T are never used.
+    ``acceptance_matrix[t, j]``: acceptance of the draft at depth j + 1 of a round starting at t.
+    ``depth_probs[t, D]``: probability that a round starting at t drafts D tokens (D = 0..D_max, 0: no
+    draft; rows sum to 1); ``None``: every round drafts D_max = ``acceptance_matrix.shape[1]``.
+    A law whose acceptance depends on D passes ``acceptance_matrix[D - 1, t, j]`` (3-D, D = 1..D_max;
+    entries j >= D unused); P(tau = k | t) = sum_D P(D) P(tau = k | t, D).
+    With S(m) = P(D >= m) and R(k) = prod_{j<k} a_{t,j} (reach depth k):
+    P(tau = k) = S(k + 1) (R(k) - R(k + 1)) + P(D = k) R(k), acceptance capped at the drafted depth.
     """
     a = np.asarray(acceptance_matrix, dtype=float)
+    if a.ndim == 3:
+        return _tau_distribution_by_depth(a, depth_probs)
     length, depth = a.shape
-    survive = np.cumprod(a, axis=1)  # survive[t, j] = P(tau >= j + 1 | t)
-    # P(tau = k | t) for k = 0..depth
-    reach = np.concatenate([np.ones((length, 1)), survive], axis=1)  # P(tau >= k)
-    p_tau = reach.copy()
-    p_tau[:, :-1] -= reach[:, 1:]
-    value = np.zeros(length + depth + 2)
+    reach = np.concatenate([np.ones((length, 1)), np.cumprod(a, axis=1)], axis=1)  # R(k), k = 0..depth
+    if depth_probs is None:
+        p_tau = reach.copy()
+        p_tau[:, :-1] -= reach[:, 1:]
+        return p_tau
+    pi = _check_depth_probs(depth_probs, length, depth)
+    tail = np.cumsum(pi[:, ::-1], axis=1)[:, ::-1]  # S(m) = P(D >= m), m = 0..depth
+    p_tau = pi * reach
+    p_tau[:, :-1] += tail[:, 1:] * (reach[:, :-1] - reach[:, 1:])
+    return p_tau
+
+
+def _check_depth_probs(pi: np.ndarray, length: int, depth: int) -> np.ndarray:
+    pi = np.asarray(pi, dtype=float)
+    if pi.shape != (length, depth + 1):
+        raise ValueError(f"depth_probs must have shape {(length, depth + 1)} (positions x drafted depth 0..{depth}), "
+                         f"got {pi.shape}")
+    if np.any(pi < -1e-12) or not np.allclose(pi.sum(axis=1), 1.0, atol=1e-9):
+        raise ValueError("depth_probs rows must be probability distributions over the drafted depth 0..D_max")
+    return pi
+
+
+def _tau_distribution_by_depth(a: np.ndarray, depth_probs: np.ndarray | None) -> np.ndarray:
+    """``tau_distribution`` for acceptance ``a[D - 1, t, j]`` that depends on the drafted depth D."""
+    depth, length, width = a.shape
+    if width != depth:
+        raise ValueError(f"acceptance by drafted depth must have shape (D_max, T, D_max), got {a.shape}")
+    if depth_probs is None:
+        return tau_distribution(a[-1])
+    pi = _check_depth_probs(depth_probs, length, depth)
+    p_tau = np.zeros((length, depth + 1))
+    p_tau[:, 0] = pi[:, 0]
+    for d in range(1, depth + 1):
+        reach = np.concatenate([np.ones((length, 1)), np.cumprod(a[d - 1, :, :d], axis=1)], axis=1)
+        p_d = reach.copy()
+        p_d[:, :-1] -= reach[:, 1:]
+        p_tau[:, : d + 1] += pi[:, [d]] * p_d
+    return p_tau
+
+
+def expected_round_counts(acceptance_matrix: np.ndarray, depth_probs: np.ndarray | None = None) -> tuple[float, float]:
+    """(expected rounds, expected drafting rounds) to produce T tokens.
+
+    ``acceptance_matrix[t, j]`` is the acceptance of the draft at depth j + 1 of a round starting at
+    output position t (0-based), i.e. of position t + j. V(t) = 1 + sum_k P(tau = k | t) V(t + k + 1),
+    V(t >= T) = 0, tau capped at the drafted depth: D_max = ``acceptance_matrix.shape[1]`` in every
+    round (``depth_probs=None``), or a per-position distribution ``depth_probs[t, D]`` over
+    D = 0..D_max (``tau_distribution``). Drafting rounds: W(t) = P(D_t > 0) + sum_k P(tau = k | t)
+    W(t + k + 1). Entries at positions >= T are never used.
+    """
+    p_tau = tau_distribution(acceptance_matrix, depth_probs)
+    length, width = p_tau.shape
+    drafts = np.ones(length) if depth_probs is None else 1.0 - np.asarray(depth_probs, dtype=float)[:, 0]
+    value = np.zeros(length + width + 1)
+    drafting = np.zeros(length + width + 1)
     for t in range(length - 1, -1, -1):
-        # tokens beyond T cost nothing: value beyond T is 0, so only k with t + k + 1 < T matter
-        value[t] = 1.0 + p_tau[t] @ value[t + 1 : t + depth + 2]
-    return float(value[0])
+        # tokens beyond T cost nothing: values beyond T are 0, so only k with t + k + 1 < T matter
+        value[t] = 1.0 + p_tau[t] @ value[t + 1 : t + width + 1]
+        drafting[t] = drafts[t] + p_tau[t] @ drafting[t + 1 : t + width + 1]
+    return float(value[0]), float(drafting[0])
+
+
+def expected_rounds(acceptance_matrix: np.ndarray, depth_probs: np.ndarray | None = None) -> float:
+    """Expected rounds to produce T tokens (see ``expected_round_counts``)."""
+    return expected_round_counts(acceptance_matrix, depth_probs)[0]
 
 
 def acceptance_matrix_positions(length: int, depth: int) -> tuple[np.ndarray, np.ndarray]:
@@ -45,6 +108,19 @@ def acceptance_matrix_positions(length: int, depth: int) -> tuple[np.ndarray, np
     t = np.repeat(np.arange(length), depth)
     j = np.tile(np.arange(depth), length)
     return np.minimum(t + j, length - 1), j + 1
+
+
+def acceptance_tensor_positions(length: int, depth: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(position, depth, drafted depth, flat index) arrays for the entries j < D of a
+    ``[depth, length, depth]`` acceptance-by-drafted-depth array (``tau_distribution``, 3-D)."""
+    parts = []
+    for d in range(1, depth + 1):
+        t = np.repeat(np.arange(length), d)
+        j = np.tile(np.arange(d), length)
+        parts.append((t, j, np.full(t.size, d)))
+    t, j, drafted = (np.concatenate(x) for x in zip(*parts))
+    flat = np.ravel_multi_index((drafted - 1, t, j), (depth, length, depth))
+    return np.minimum(t + j, length - 1), j + 1, drafted, flat
 
 
 def iid_tokens_per_round(alpha, drafts: int) -> np.ndarray:

@@ -28,7 +28,8 @@ from statsmodels.tools.sm_exceptions import DomainWarning
 from scipy.optimize import isotonic_regression
 
 from entropy_law.law import atrisk
-from entropy_law.law.blocks import acceptance_matrix_positions, expected_accepted, expected_rounds
+from entropy_law.law.blocks import (acceptance_matrix_positions, acceptance_tensor_positions, expected_accepted,
+                                    expected_rounds)
 from entropy_law.law.results import Result
 
 SPLINE_BOUNDS = (np.log(atrisk.EPS_NATS) - 1e-9, np.log(20.0))  # log(H + eps) range the spline covers
@@ -47,6 +48,11 @@ class LawFamily:
     needs_categories: bool = False
     needs_drafters: bool = False
     slope: str | None = None  # the covariate whose coefficient is the law's exponent / slope
+    extra_keys: tuple = ()  # at-risk columns kept as aggregation keys (exact, not binned), e.g. drafted_depth
+
+    @property
+    def needs_drafted_depth(self) -> bool:
+        return "drafted_depth" in self.extra_keys
 
 
 FAMILIES: dict[str, LawFamily] = {
@@ -76,6 +82,8 @@ FAMILIES: dict[str, LawFamily] = {
                   bin_columns=("target_entropy_nats", "cum_entropy_nats"), slope="log_entropy"),
         LawFamily("law_exp_drafter", "LAW-E with drafter rates and exponents (drafter x entropy)", "cloglog",
                   "rejection", "C(drafter_id) * log_entropy", needs_drafters=True, slope="log_entropy"),
+        LawFamily("law_exp_drafted", "LAW-E x D^gamma, D = the round's drafted depth (drafter confidence)", "cloglog",
+                  "rejection", "log_entropy + log_drafted_depth", slope="log_entropy", extra_keys=("drafted_depth",)),
         LawFamily("law_exp_mundlak", "LAW-E split into within- and between-category entropy (Mundlak)", "cloglog",
                   "rejection", "log_entropy_within + log_entropy_category_mean", needs_categories=True,
                   slope="log_entropy_within"),
@@ -117,8 +125,13 @@ def prepare_counts(traces, family: LawFamily, *, eps=atrisk.EPS_NATS, width_log1
         table = traces
     else:
         table = atrisk.at_risk_table(traces, eps=eps, on_invalid=on_invalid)
+    missing = [c for c in family.extra_keys if c not in table.columns]
+    if missing:
+        raise ValueError(f"{family.name} needs at-risk columns {missing}: pass traces with a .rounds table (the "
+                         "round's drafted depth), or an at-risk table / aggregate that has them")
     if table.attrs.get("kind") == atrisk.KIND_ROWS and aggregate:
-        table = atrisk.aggregate_at_risk(table, bin_columns=family.bin_columns, eps=eps, width_log10=width_log10)
+        table = atrisk.aggregate_at_risk(table, bin_columns=family.bin_columns, eps=eps, width_log10=width_log10,
+                                         keys=(*atrisk.KEY_COLUMNS, *family.extra_keys))
     return atrisk.as_counts(table)
 
 
@@ -142,6 +155,9 @@ def check_counts(counts: pd.DataFrame, family: LawFamily, *, min_requests_per_ca
                          "them. Pass by='drafter_id', select one drafter, or use family='law_exp_drafter'.")
     if family.needs_drafters and len(drafters) < 2:
         raise ValueError(f"{family.name} compares drafters but the traces hold only {list(drafters)}")
+    if family.needs_drafted_depth and counts["drafted_depth"].nunique() < 2:
+        raise ValueError(f"every at-risk round drafted the same depth {sorted(counts['drafted_depth'].unique())}: the "
+                         f"drafted-depth term of {family.name} is not identified. Use 'law_exp'.")
     if family.needs_categories:
         per_cat = counts.groupby("category")["request_id"].nunique()
         small = per_cat[per_cat < min_requests_per_category]
@@ -262,6 +278,13 @@ class FittedLaw(Result):
             out["log_renyi2"] = np.log(out["target_renyi2_nats"].to_numpy(dtype=float) + eps)
         if "cum_entropy_nats" in out:
             out["log1p_cum_entropy"] = np.log1p(out["cum_entropy_nats"].to_numpy(dtype=float))
+        if self.family.needs_drafted_depth:
+            if "drafted_depth" not in out:
+                raise ValueError(f"{self.family.name} predicts from the round's drafted depth: pass drafted_depth=...")
+            drafted = out["drafted_depth"].to_numpy(dtype=float)
+            if np.any(drafted < 1):
+                raise ValueError("drafted_depth must be >= 1 where a draft is at risk")
+            out["log_drafted_depth"] = np.log(drafted)
         if "log_entropy" in out:
             out["log_entropy"] = np.clip(out["log_entropy"], SPLINE_BOUNDS[0] + 1e-9, SPLINE_BOUNDS[1] - 1e-9)
         depth = out["depth"].to_numpy(dtype=int) if "depth" in out else np.ones(len(out), dtype=int)
@@ -314,7 +337,7 @@ class FittedLaw(Result):
         for name, arr in zip(covariates, arrays[2:]):
             frame[name] = arr.ravel()
         needed = {"law_renyi2": "target_renyi2_nats", "law_margin": "target_logit_gap",
-                  "law_exp_cum": "cum_entropy_nats"}.get(self.family.name)
+                  "law_exp_cum": "cum_entropy_nats", "law_exp_drafted": "drafted_depth"}.get(self.family.name)
         if needed and needed not in frame:
             raise ValueError(f"{self.family.name} predicts from {needed}: pass {needed}=...")
         if category is not None:
@@ -332,7 +355,8 @@ class FittedLaw(Result):
             raise ValueError(f"need B >= 2 and at least B - 1 = {drafts} entropies on the last axis")
         h = h[..., :drafts]
         depth = np.broadcast_to(np.arange(1, drafts + 1), h.shape)
-        a = self.predict_acceptance(h, depth, category, drafter=drafter)
+        extra = {"drafted_depth": drafts} if self.family.needs_drafted_depth else {}  # a full block is drafted
+        a = self.predict_acceptance(h, depth, category, drafter=drafter, **extra)
         return expected_accepted(a)
 
     def _sequence_cum(self, h: np.ndarray, t: np.ndarray, j: np.ndarray) -> np.ndarray:
@@ -340,29 +364,66 @@ class FittedLaw(Result):
         start = np.maximum(t - j + 1, 0)
         return csum[t] - csum[start]
 
-    def predict_rounds(self, entropy_sequence, B: int, *, category=None, drafter=None) -> float:
+    def sequence_frame(self, h: np.ndarray, drafts: int) -> tuple[pd.DataFrame, tuple]:
+        """Rows to predict for the DP over entropy sequence ``h`` and the shape to put them into:
+        ``[T, drafts]`` (acceptance of depth j + 1 of a round at t), or ``[drafts, T, drafts]`` per drafted
+        depth D for a law in D (``law_exp_drafted``; rows only for j < D, the rest stays 1)."""
+        if self.family.needs_drafted_depth:
+            position, depth, drafted, flat = acceptance_tensor_positions(h.size, drafts)
+            frame = pd.DataFrame({"target_entropy_nats": h[position], "depth": depth, "drafted_depth": drafted})
+            shape = ((drafts, h.size, drafts), flat)
+        else:
+            position, depth = acceptance_matrix_positions(h.size, drafts)
+            frame = pd.DataFrame({"target_entropy_nats": h[position], "depth": depth})
+            shape = ((h.size, drafts), None)
+        if self.family.name == "law_exp_cum":
+            frame["cum_entropy_nats"] = self._sequence_cum(h, position, depth)
+        return frame, shape
+
+    @staticmethod
+    def shape_acceptance(values: np.ndarray, shape: tuple) -> np.ndarray:
+        """Predicted acceptances of ``sequence_frame``'s rows in the DP's array shape."""
+        dims, flat = shape
+        if flat is None:
+            return np.asarray(values, dtype=float).reshape(dims)
+        out = np.ones(int(np.prod(dims)))
+        out[flat] = values
+        return out.reshape(dims)
+
+    def acceptance_for_sequence(self, h, drafts: int, *, category=None, drafter=None) -> np.ndarray:
+        """The DP's acceptance array for one entropy sequence (``sequence_frame``)."""
+        frame, shape = self.sequence_frame(np.asarray(h, dtype=float), drafts)
+        if category is not None:
+            frame["category"] = category
+        if drafter is not None:
+            frame["drafter_id"] = drafter
+        return self.shape_acceptance(self.predict_frame(frame), shape)
+
+    def predict_rounds(self, entropy_sequence, B: int, *, category=None, drafter=None, depth_probs=None) -> float:
         """Exact law-implied expected number of rounds for a request whose target entropy at output
-        positions 0..T-1 is ``entropy_sequence`` (dynamic programming, research notes 5.2)."""
+        positions 0..T-1 is ``entropy_sequence`` (dynamic programming, research notes 5.2).
+
+        ``depth_probs``: how many tokens a round drafts, acceptance capped there: ``None`` (every round
+        drafts B - 1), a distribution over D = 0..B-1 (length B, the same at every round start), or one
+        per output position (``[T, B]``, see ``transfer.depth_probabilities``)."""
         h = np.asarray(entropy_sequence, dtype=float)
         if h.ndim != 1 or h.size == 0:
             raise ValueError("entropy_sequence must be a non-empty 1-D array (one value per output position)")
         drafts = int(B) - 1
         if drafts < 1:
             raise ValueError("B must be >= 2")
-        position, depth = acceptance_matrix_positions(h.size, drafts)
-        frame = pd.DataFrame({"target_entropy_nats": h[position], "depth": depth})
-        if self.family.name == "law_exp_cum":
-            frame["cum_entropy_nats"] = self._sequence_cum(h, position, depth)
-        if category is not None:
-            frame["category"] = category
-        if drafter is not None:
-            frame["drafter_id"] = drafter
-        a = self.predict_frame(frame).reshape(h.size, drafts)
-        return expected_rounds(a)
+        a = self.acceptance_for_sequence(h, drafts, category=category, drafter=drafter)
+        if depth_probs is not None:
+            depth_probs = np.asarray(depth_probs, dtype=float)
+            if depth_probs.ndim == 1:
+                depth_probs = np.broadcast_to(depth_probs, (h.size, depth_probs.size))
+        return expected_rounds(a, depth_probs)
 
-    def predict_tokens_per_round(self, entropy_sequence, B: int, *, category=None, drafter=None) -> float:
+    def predict_tokens_per_round(self, entropy_sequence, B: int, *, category=None, drafter=None,
+                                 depth_probs=None) -> float:
         """T / E[rounds]: the law-implied committed tokens per round of one request."""
-        return len(entropy_sequence) / self.predict_rounds(entropy_sequence, B, category=category, drafter=drafter)
+        return len(entropy_sequence) / self.predict_rounds(entropy_sequence, B, category=category, drafter=drafter,
+                                                           depth_probs=depth_probs)
 
     def log_likelihood(self, counts: pd.DataFrame) -> np.ndarray:
         """Bernoulli log-likelihood of each row of a count table (``n_acc``, ``n_rej``)."""
@@ -388,6 +449,8 @@ class FittedLaw(Result):
             raise ValueError("law_margin is a law in the logit gap, not in H; plot predict_acceptance yourself")
         if self.family.name == "law_exp_cum":
             extra["cum_entropy_nats"] = np.zeros_like(h)
+        if self.family.needs_drafted_depth:
+            extra["drafted_depth"] = np.full_like(h, max(self.depths))  # the deepest drafts seen
         for d in depths:
             ax.plot(h, self.predict_acceptance(h, d, category, drafter=drafter, **extra), label=f"depth {d}")
         ax.set_xscale("log")

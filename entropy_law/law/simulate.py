@@ -4,7 +4,8 @@ Known here: how to draw bursty target-entropy sequences (a two-state Markov regi
 and high-entropy runs, AR(1) on log H inside the high state), how to turn an entropy into a
 consistent target distribution summary (Rényi-2, top-1/top-2 probability, logit gap of a Zipf
 distribution over an effective vocabulary that varies per position, so ``H_2 <= H`` and
-``p_(1) >= exp(-H_2)`` always hold), and how greedy speculative rounds unfold when the acceptance at
+``p_(1) >= exp(-H_2)`` always hold), how greedy speculative rounds unfold (optionally with a drafted
+depth that varies per round, ``DepthSpec``: short or no drafts, as an n-gram drafter makes) when the acceptance at
 depth ``d`` of a position with entropy ``H`` is
 
     a(H, d, category, drafter) = exp(-lambda_d * s_drafter * exp(c_category) * (H + eps) ** k_drafter)
@@ -68,6 +69,36 @@ class TreeSpec:
     lambda_scale: float = 0.6
     k: float | None = None
     drafter_id: str = "sim-tree"
+
+
+@dataclass(frozen=True)
+class DepthSpec:
+    """Variable drafted depth per round for the block (chain) drafter, like an n-gram drafter that
+    proposes short drafts or none.
+
+    At a round starting at output position t the drafter drafts D in 0..B-1 tokens (0: no draft,
+    the round commits the target's token only) with
+    P(D = j | t) proportional to ``probs[j] * exp(-entropy_coupling * j * H_t)``: base probabilities
+    ``probs`` (length B, for D = 0..B-1), tilted towards long drafts where the entropy H_t at the
+    round's first position is low when ``entropy_coupling > 0``. ``rate_exponent`` gamma: the law's
+    rejection rate of a round that drafted D tokens is multiplied by D^gamma (gamma < 0: long drafts are
+    accepted more, as an n-gram drafter's long matches; 0: acceptance does not depend on D, the default).
+    """
+
+    probs: tuple = (0.25, 0.15, 0.15, 0.1, 0.1, 0.05, 0.05, 0.15)
+    entropy_coupling: float = 0.0
+    rate_exponent: float = 0.0
+
+    def sample(self, h_first: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """One drafted depth per round; ``h_first``: entropy at each round's first position."""
+        base = np.asarray(self.probs, dtype=float)
+        if base.ndim != 1 or np.any(base < 0) or base.sum() <= 0:
+            raise ValueError("DepthSpec.probs must be non-negative weights for D = 0..B-1")
+        j = np.arange(base.size)
+        w = base[None, :] * np.exp(-self.entropy_coupling * j[None, :] * np.asarray(h_first, float)[:, None])
+        cdf = np.cumsum(w, axis=1)
+        u = rng.random(len(cdf)) * cdf[:, -1]
+        return np.minimum((cdf < u[:, None]).sum(axis=1), base.size - 1).astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -201,8 +232,12 @@ def simulate_entropy_sequences(
 # ---------------------------------------------------------------- rounds
 
 
-def _simulate_run(*, run_id, entropy, lengths, categories_of, request_ids, accept_fn, depth, nodes, block_size, costs, rng):
-    """Greedy rounds for every request at once; returns (tokens, rounds) DataFrames for one run."""
+def _simulate_run(*, run_id, entropy, lengths, categories_of, request_ids, accept_fn, depth, nodes, block_size, costs, rng,
+                  depth_spec: DepthSpec | None = None):
+    """Greedy rounds for every request at once; returns (tokens, rounds) DataFrames for one run.
+
+    ``depth_spec``: the chain's drafted depth varies per round (at most ``depth``); else every round
+    drafts ``depth`` tokens."""
     n_req, total_len = entropy.shape
     pos = np.zeros(n_req, dtype=np.int64)
     round_index = np.zeros(n_req, dtype=np.int64)
@@ -213,22 +248,33 @@ def _simulate_run(*, run_id, entropy, lengths, categories_of, request_ids, accep
         if active.size == 0:
             break
         p = pos[active]
+        variable = depth_spec is not None and depth > 0
+        if variable:
+            drafted = np.minimum(depth_spec.sample(entropy[active, p], rng), depth)
+            round_nodes = drafted
+        else:
+            drafted = np.full(active.size, depth, dtype=np.int64)
+            round_nodes = np.full(active.size, nodes, dtype=np.int64)
         if depth > 0:
             cols = np.minimum(p[:, None] + d_idx[None, :], total_len - 1)
             h_block = entropy[active[:, None], cols]
             a = accept_fn(h_block, d_idx[None, :] + 1, active)
+            if variable and depth_spec.rate_exponent != 0.0:
+                # rejection rate x D^gamma: a = exp(-rate)^(D^gamma)
+                a = a ** (np.maximum(drafted, 1)[:, None] ** depth_spec.rate_exponent)
             ok = rng.random(a.shape) < a
             # tau = number of leading acceptances
             tau = np.where(ok.all(axis=1), depth, np.argmin(ok, axis=1))
         else:
             tau = np.zeros(active.size, dtype=np.int64)
+        tau = np.minimum(tau, drafted)
         committed = np.minimum(tau + 1, lengths[active] - p)
         n_tok = committed.sum()
         rows = np.repeat(np.arange(active.size), committed)
         depth_of = np.arange(n_tok) - np.repeat(np.cumsum(committed) - committed, committed) + 1
         req_of = active[rows]
         position = pos[req_of] + depth_of - 1
-        role = np.where(depth_of <= tau[rows], "accepted", np.where(tau[rows] < depth, "correction", "bonus"))
+        role = np.where(depth_of <= tau[rows], "accepted", np.where(tau[rows] < drafted[rows], "correction", "bonus"))
         tok_parts.append(
             pd.DataFrame(
                 {
@@ -241,7 +287,8 @@ def _simulate_run(*, run_id, entropy, lengths, categories_of, request_ids, accep
             )
         )
         noise = np.exp(costs.noise_sigma * rng.standard_normal((3, active.size)))
-        verify = costs.ar_ms * (costs.verify_base + costs.verify_per_node * nodes) if depth else costs.ar_ms
+        drafts = drafted > 0
+        verify = np.where(drafts, costs.ar_ms * (costs.verify_base + costs.verify_per_node * round_nodes), costs.ar_ms)
         round_parts.append(
             pd.DataFrame(
                 {
@@ -249,13 +296,13 @@ def _simulate_run(*, run_id, entropy, lengths, categories_of, request_ids, accep
                     "round_index": round_index[active].astype(np.int32),
                     "start_position": p.astype(np.int32),
                     "block_size": np.int16(block_size),
-                    "tree_nodes": np.int32(nodes),
-                    "tree_depth": np.int16(depth),
+                    "tree_nodes": np.where(drafts, round_nodes, 0).astype(np.int32),
+                    "tree_depth": drafted.astype(np.int16),
                     "accepted": tau.astype(np.int16),
                     "committed": committed.astype(np.int16),
-                    "draft_ms": (costs.draft_ms * noise[0] if depth else np.zeros(active.size)).astype(np.float32),
+                    "draft_ms": np.where(drafts, costs.draft_ms * noise[0], 0.0).astype(np.float32),
                     "verify_ms": (verify * noise[1]).astype(np.float32),
-                    "overhead_ms": (costs.overhead_ms * noise[2] if depth else 0.1 * noise[2]).astype(np.float32),
+                    "overhead_ms": np.where(drafts, costs.overhead_ms * noise[2], 0.1 * noise[2]).astype(np.float32),
                 }
             )
         )
@@ -297,6 +344,7 @@ def simulate_traces(
     category_effects: Mapping[str, float] | None = None,
     block_size: int = 8,
     tree: TreeSpec | Mapping | None = None,
+    block_depths: DepthSpec | Mapping | None = None,
     tokens_per_request: tuple[int, int] = (100, 200),
     include_block: bool = True,
     include_ar: bool = False,
@@ -310,6 +358,8 @@ def simulate_traces(
     (length >= the deepest drafter's depth). ``category_effects``: log-rate shift per category
     (missing: 0). ``block_size`` B: the block drafter drafts B - 1 tokens per round (a chain).
     ``tree``: also decode with a tree drafter (``TreeSpec`` or its fields as a dict).
+    ``block_depths``: the block drafter drafts a variable depth per round (``DepthSpec`` or its fields
+    as a dict; ``probs`` must have B entries); default: always B - 1.
     ``include_ar``: also an autoregressive run (``tree_nodes == 0``) for the cost model.
     Output lengths are uniform in ``tokens_per_request`` (inclusive).
     """
@@ -332,10 +382,15 @@ def simulate_traces(
         raise ValueError(f"category_effects names unknown categories {sorted(unknown)}; known: {sorted(profiles)}")
     if isinstance(tree, Mapping):
         tree = TreeSpec(**tree)
+    if isinstance(block_depths, Mapping):
+        block_depths = DepthSpec(**block_depths)
+    if block_depths is not None and len(block_depths.probs) != block_size:
+        raise ValueError(f"block_depths.probs needs {block_size} weights (D = 0..B-1), got {len(block_depths.probs)}")
     drafters = {}
     if include_block:
         drafters["sim-block"] = dict(depth=block_size - 1, nodes=block_size - 1, lambda_scale=1.0, k=k,
-                                     tree_policy="chain", block_size=block_size, run_id="sim-block")
+                                     tree_policy="chain", block_size=block_size, run_id="sim-block",
+                                     depth_spec=block_depths)
     if tree is not None:
         drafters[tree.drafter_id] = dict(depth=tree.depth, nodes=tree.nodes, lambda_scale=tree.lambda_scale,
                                          k=k if tree.k is None else tree.k, tree_policy="ddtree",
@@ -375,7 +430,8 @@ def simulate_traces(
 
         tok, rnd = _simulate_run(run_id=spec["run_id"], entropy=entropy, lengths=lengths, categories_of=categories_of,
                                  request_ids=request_ids, accept_fn=accept_fn, depth=spec["depth"], nodes=spec["nodes"],
-                                 block_size=spec["block_size"], costs=costs, rng=rng)
+                                 block_size=spec["block_size"], costs=costs, rng=rng,
+                                 depth_spec=spec.get("depth_spec"))
         tokens_parts.append(tok)
         rounds_parts.append(rnd)
         run_rows.append(dict(run_id=spec["run_id"], drafter_id=drafter_id, tree_policy=spec["tree_policy"],
@@ -417,8 +473,8 @@ def simulate_traces(
     truth = dict(
         k=k, lambda_d=lam, category_effects=category_effects, eps=eps, seed=seed,
         block_drafter_id="sim-block" if include_block else next(iter(drafters)),
-        drafters={d: dict(lambda_scale=s["lambda_scale"], k=s["k"], depth=s["depth"], nodes=s["nodes"])
-                  for d, s in drafters.items()},
+        drafters={d: dict(lambda_scale=s["lambda_scale"], k=s["k"], depth=s["depth"], nodes=s["nodes"],
+                          depth_spec=s.get("depth_spec")) for d, s in drafters.items()},
         costs=costs,
     )
     entropy_by_request = {rid: entropy[i, : lengths[i]] for i, rid in enumerate(req_ids)}

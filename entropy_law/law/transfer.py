@@ -1,12 +1,17 @@
 """Block-level prediction and leave-one-category-out (LOCO) transfer.
 
 Known here: per-request entropy sequences from the token table (one per request and run: the
-target entropy at every committed output position), the law-implied tokens per round by exact
-dynamic programming over those sequences (``FittedLaw.predict_rounds``) next to the i.i.d. plug-in
+target entropy at every committed output position), the drafted depth of every round (how many
+tokens the drafter proposed along the committed path; 0: no draft) and the depth model built from it
+(``depth_probabilities``: the observed depth where a round started, the category's depth
+distribution elsewhere; or the category's distribution everywhere; or always the full block), the
+law-implied tokens per round by exact dynamic programming over those sequences with acceptance capped
+at the drafted depth (``blocks.expected_round_counts``) next to the i.i.d. plug-in
 (a category-mean acceptance in (1 - alpha^(D+1)) / (1 - alpha)), compared with the observed tokens
 per round (committed tokens / rounds, so rounds cut by the end of a request count as observed); and
 LOCO: fit without a category, predict that category's tokens per round and the log-likelihood of its
-trials, next to a refit on the category itself (transfer ratio, research notes 6.7).
+trials, next to a refit on the category itself (transfer ratio, research notes 6.7), and how well
+LOCO predicts across categories (relative errors, Spearman rho with its exact permutation p).
 
 Not known here: the statistics of the category ranking (``hypotheses``). No torch.
 """
@@ -56,43 +61,162 @@ def entropy_sequences(traces, drafter: str) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
+DEPTH_MODELS = ("observed", "category", "full")
+
+
+def drafted_depths(traces, drafter: str) -> pd.DataFrame:
+    """One row per round of ``drafter``'s runs: ``run_id``, ``request_id``, ``round_index``,
+    ``start_position`` and ``drafted_depth``, the number of draft tokens on the committed path.
+
+    Chains: the round's ``tree_depth`` (0: no draft). Trees: the path can end at a leaf shallower than
+    the tree; where the round ended at a leaf (its last token is a ``bonus``) the path's depth is tau,
+    elsewhere the tree's depth (an upper bound: a path that ended in a rejection may have been shorter).
+    """
+    runs = traces.runs.loc[traces.runs["drafter_id"] == drafter, "run_id"]
+    rounds = traces.rounds.loc[traces.rounds["run_id"].isin(runs),
+                               ["run_id", "request_id", "round_index", "start_position", "tree_depth", "accepted"]]
+    tokens = traces.tokens
+    bonus = tokens.loc[tokens["run_id"].isin(runs) & (tokens["role"] == "bonus"), ["run_id", "request_id", "round_index"]]
+    bonus = bonus.drop_duplicates().assign(_leaf=True)
+    out = rounds.merge(bonus, on=["run_id", "request_id", "round_index"], how="left")
+    leaf = out.pop("_leaf").fillna(False).astype(bool).to_numpy()
+    depth = out["tree_depth"].to_numpy(dtype=np.int64)
+    out["drafted_depth"] = np.where(leaf, np.minimum(out["accepted"].to_numpy(dtype=np.int64), depth), depth)
+    return out.drop(columns=["tree_depth", "accepted"]).reset_index(drop=True)
+
+
+DEPTH_ENTROPY_EDGES = (0.01, 0.1, 0.3, 1.0, 3.0)  # nats: bins of H at a round's first position
+DEPTH_PRIOR_ROUNDS = 10.0  # a bin's depth distribution is shrunk towards the category's by this many rounds
+
+
+def entropy_bin(entropy, edges=DEPTH_ENTROPY_EDGES) -> np.ndarray:
+    """Index of the bin of ``edges`` (nats) each entropy falls in (0 .. len(edges))."""
+    return np.searchsorted(np.asarray(edges, dtype=float), np.asarray(entropy, dtype=float), side="right")
+
+
+def depth_distribution(depths: pd.DataFrame, drafts: int, *, edges=DEPTH_ENTROPY_EDGES,
+                       prior_rounds: float = DEPTH_PRIOR_ROUNDS) -> np.ndarray:
+    """``[len(edges) + 1, drafts + 1]``: share of rounds that drafted D = 0..``drafts`` tokens, per bin of
+    the target entropy at the round's first position (``start_entropy``), over the rounds that started
+    after position 0 (the first round's depth is always observed). Each bin's counts are shrunk towards
+    the pooled distribution by ``prior_rounds`` pseudo-rounds (a bin without rounds gets the pooled one);
+    ``edges=()``: one pooled distribution."""
+    later = depths.loc[depths["start_position"] > 0]
+    if later.empty:
+        later = depths
+    if later.empty:
+        raise ValueError("no rounds to estimate the drafted-depth distribution from")
+    d = later["drafted_depth"].to_numpy(dtype=np.int64)
+    if d.max() > drafts:
+        raise ValueError(f"drafted depth {d.max()} exceeds B - 1 = {drafts}")
+    pooled = np.bincount(d, minlength=drafts + 1) / d.size
+    n_bins = len(edges) + 1
+    if n_bins == 1:
+        return pooled[None, :]
+    b = entropy_bin(later["start_entropy"].to_numpy(dtype=float), edges)
+    counts = np.zeros((n_bins, drafts + 1))
+    np.add.at(counts, (b, d), 1.0)
+    return (counts + prior_rounds * pooled) / (counts.sum(axis=1, keepdims=True) + prior_rounds)
+
+
+def depth_probabilities(length: int, drafts: int, mode: str, *, observed: pd.DataFrame | None = None,
+                        distribution: np.ndarray | None = None, entropy=None,
+                        edges=DEPTH_ENTROPY_EDGES) -> np.ndarray | None:
+    """``[length, drafts + 1]`` probabilities of drafting D = 0..``drafts`` tokens in a round that starts
+    at each output position, for ``blocks.expected_round_counts``; ``None`` for ``mode="full"``.
+
+    ``"observed"``: the request's observed drafted depth where one of its rounds started
+    (``observed``: ``start_position``, ``drafted_depth``), elsewhere ``distribution`` (the category's,
+    ``depth_distribution``: one row per bin of ``edges``, picked by the position's ``entropy``);
+    ``"category"``: ``distribution`` at every position except 0, where the first round's observed depth
+    is used; ``"full"``: every round drafts ``drafts`` tokens.
+    """
+    if mode not in DEPTH_MODELS:
+        raise ValueError(f"depths must be one of {DEPTH_MODELS}, got {mode!r}")
+    if mode == "full":
+        return None
+    dist = np.atleast_2d(np.asarray(distribution, dtype=float))
+    if dist.shape[0] == 1:
+        probs = np.tile(dist[0], (length, 1))
+    else:
+        if entropy is None or len(entropy) < length:
+            raise ValueError("an entropy-binned depth distribution needs the entropy at every position")
+        probs = dist[entropy_bin(np.asarray(entropy, dtype=float)[:length], edges)]
+    if observed is not None and len(observed):
+        start = observed["start_position"].to_numpy(dtype=np.int64)
+        depth = observed["drafted_depth"].to_numpy(dtype=np.int64)
+        keep = (start < length) if mode == "observed" else (start == 0)
+        probs[start[keep]] = 0.0
+        probs[start[keep], depth[keep]] = 1.0
+    return probs
+
+
 def _block_size(rounds: pd.DataFrame) -> int:
     return int(rounds["tree_depth"].max()) + 1
 
 
-def predict_requests(law: FittedLaw, sequences: pd.DataFrame, B: int, *, drafter=None) -> pd.DataFrame:
-    """Per request: T, DP-expected rounds, and the law's mean depth-1 acceptance over its positions.
+def predict_requests(law: FittedLaw, sequences: pd.DataFrame, B: int, *, drafter=None, depths: str = "full",
+                     drafted: pd.DataFrame | None = None, depth_edges=DEPTH_ENTROPY_EDGES) -> pd.DataFrame:
+    """Per request: T, DP-expected rounds and drafting rounds under the depth model ``depths``
+    (``depth_probabilities``; ``drafted``: ``drafted_depths`` rows of these requests, needed unless
+    ``"full"``; ``depth_edges``: entropy bins of the category's depth distribution, ``()`` for none),
+    the full-depth DP's rounds, and the law's summed depth-1 acceptance over its positions.
 
     All requests' (position, depth) acceptances come from one prediction call, then one DP each.
     """
-    from entropy_law.law.blocks import acceptance_matrix_positions, expected_rounds
+    from entropy_law.law.blocks import expected_round_counts
 
+    if depths not in DEPTH_MODELS:
+        raise ValueError(f"depths must be one of {DEPTH_MODELS}, got {depths!r}")
+    if depths != "full" and drafted is None:
+        raise ValueError(f"depths={depths!r} needs the drafted depths of the requests' rounds (drafted_depths)")
     drafts = int(B) - 1
-    frames = []
-    for i, rec in enumerate(sequences.itertuples()):
+    frames, shapes = [], []
+    for rec in sequences.itertuples():
         h = np.asarray(rec.entropy, dtype=float)
-        position, depth = acceptance_matrix_positions(h.size, drafts)
-        frame = pd.DataFrame({"target_entropy_nats": np.concatenate([h[position], h]),
-                              "depth": np.concatenate([depth, np.ones(h.size, dtype=int)]), "_request": i})
-        if law.family.name == "law_exp_cum":
-            frame["cum_entropy_nats"] = np.concatenate([law._sequence_cum(h, position, depth), np.zeros(h.size)])
+        frame, shape = law.sequence_frame(h, drafts)
+        first = pd.DataFrame({"target_entropy_nats": h, "depth": 1})  # depth-1 acceptance at every position
+        if "cum_entropy_nats" in frame:
+            first["cum_entropy_nats"] = 0.0
+        if "drafted_depth" in frame:
+            first["drafted_depth"] = drafts
+        frame = pd.concat([frame, first], ignore_index=True)
         frame["category"] = rec.category
         frames.append(frame)
+        shapes.append((shape, len(frame) - h.size))
     if not frames:
         raise ValueError("no request sequences to predict")
     data = pd.concat(frames, ignore_index=True)
     if drafter is not None:
         data["drafter_id"] = drafter
     accept = law.predict_frame(data)
+    by_request, by_category = {}, {}
+    if depths != "full":
+        entropy_of = {(r.run_id, r.request_id): np.asarray(r.entropy, dtype=float) for r in sequences.itertuples()}
+        joined = drafted.merge(sequences[["run_id", "request_id", "category"]], on=["run_id", "request_id"], how="inner")
+        joined["start_entropy"] = [entropy_of[key][min(pos, len(entropy_of[key]) - 1)] for key, pos in
+                                   zip(zip(joined["run_id"], joined["request_id"]), joined["start_position"])]
+        by_request = {key: part for key, part in joined.groupby(["run_id", "request_id"], sort=False)}
+        by_category = {cat: depth_distribution(part, drafts, edges=depth_edges)
+                       for cat, part in joined.groupby("category")}
     rows = []
     start = 0
-    for rec in sequences.itertuples():
+    for rec, (shape, n_dp) in zip(sequences.itertuples(), shapes):
         n = len(rec.entropy)
-        a = accept[start : start + n * drafts].reshape(n, drafts)
-        a1 = accept[start + n * drafts : start + n * drafts + n]
-        start += n * drafts + n
+        a = law.shape_acceptance(accept[start : start + n_dp], shape)
+        a1 = accept[start + n_dp : start + n_dp + n]
+        start += n_dp + n
+        full_rounds, _ = expected_round_counts(a)
+        if depths == "full":
+            rounds, drafting = full_rounds, full_rounds
+        else:
+            probs = depth_probabilities(n, drafts, depths, observed=by_request.get((rec.run_id, rec.request_id)),
+                                        distribution=by_category[rec.category], entropy=rec.entropy,
+                                        edges=depth_edges)
+            rounds, drafting = expected_round_counts(a, probs)
         rows.append(dict(request_id=rec.request_id, category=rec.category, run_id=rec.run_id, tokens=n,
-                         predicted_rounds=expected_rounds(a), sum_acceptance_d1=float(a1.sum())))
+                         predicted_rounds=rounds, predicted_drafting_rounds=drafting,
+                         predicted_rounds_full_depth=full_rounds, sum_acceptance_d1=float(a1.sum())))
     return pd.DataFrame(rows)
 
 
@@ -103,25 +227,34 @@ class BlockPrediction(Result):
     summary: pd.DataFrame
     per_request: pd.DataFrame
     block_size: int
+    depths: str = "full"
     notes: list = field(default_factory=list)
 
     @property
     def title(self) -> str:
-        return f"tokens per round, observed vs law-predicted (B = {self.block_size})"
+        return f"tokens per round, observed vs law-predicted (B = {self.block_size}, drafted depths: {self.depths})"
 
 
 def _block_summary(pred: pd.DataFrame, observed: pd.DataFrame, drafts: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     per_req = pred.merge(observed, on=["run_id", "request_id"], how="inner", validate="one_to_one")
     g = per_req.groupby("category")
+    tokens = g["tokens"].sum()
     summary = pd.DataFrame({
         "requests": g.size(),
-        "observed_tokens_per_round": g["tokens"].sum() / g["observed_rounds"].sum(),
-        "dp_tokens_per_round": g["tokens"].sum() / g["predicted_rounds"].sum(),
+        "observed_tokens_per_round": tokens / g["observed_rounds"].sum(),
+        "dp_tokens_per_round": tokens / g["predicted_rounds"].sum(),
     })
     summary["dp_relative_error"] = summary["dp_tokens_per_round"] / summary["observed_tokens_per_round"] - 1
+    summary["dp_full_depth_tokens_per_round"] = tokens / g["predicted_rounds_full_depth"].sum()
+    summary["dp_full_depth_relative_error"] = (summary["dp_full_depth_tokens_per_round"]
+                                               / summary["observed_tokens_per_round"] - 1)
+    # accepted drafts per drafting round: (committed tokens - rounds) / rounds that drafted, both sides
+    summary["observed_mean_accepted"] = (tokens - g["observed_rounds"].sum()) / g["observed_drafting_rounds"].sum()
+    summary["dp_mean_accepted"] = (tokens - g["predicted_rounds"].sum()) / g["predicted_drafting_rounds"].sum()
+    summary["dp_mean_accepted_relative_error"] = summary["dp_mean_accepted"] / summary["observed_mean_accepted"] - 1
     # three i.i.d. plug-ins of a "category-mean acceptance" (see docs/law.md, block-level prediction)
     plugins = {
-        "round_start": g["observed_first_accepted"].sum() / g["observed_rounds"].sum(),
+        "round_start": g["observed_first_accepted"].sum() / g["observed_drafting_rounds"].sum(),
         "at_risk": g["observed_accepted_sum"].sum() / g["observed_at_risk"].sum(),
         "position": g["sum_acceptance_d1"].sum() / g["tokens"].sum(),
     }
@@ -134,49 +267,111 @@ def _block_summary(pred: pd.DataFrame, observed: pd.DataFrame, drafts: int) -> t
 
 
 def _observed_rounds(rounds: pd.DataFrame) -> pd.DataFrame:
-    frame = rounds.assign(_first=(rounds["accepted"] >= 1).astype(int),
+    frame = rounds.assign(_first=(rounds["accepted"] >= 1).astype(int), _drafting=(rounds["tree_depth"] > 0).astype(int),
                           _at_risk=rounds["accepted"] + (rounds["accepted"] < rounds["tree_depth"]))
     return frame.groupby(["run_id", "request_id"], as_index=False).agg(
         observed_rounds=("round_index", "size"), observed_tokens=("committed", "sum"),
+        observed_drafting_rounds=("_drafting", "sum"),
         observed_first_accepted=("_first", "sum"), observed_accepted_sum=("accepted", "sum"),
         observed_at_risk=("_at_risk", "sum"))
 
 
-def block_prediction(law: FittedLaw, traces, *, drafter: str | None = None, B: int | None = None) -> BlockPrediction:
-    """Observed vs predicted tokens per round per category for ``drafter``'s runs (in-sample law)."""
+DEPTH_NOTES = {
+    "observed": "drafted depths: the observed depth where a round started, elsewhere the category's depth "
+                "distribution given the entropy bin at the round start (rounds after position 0); acceptance capped "
+                "at the drafted depth",
+    "category": "drafted depths: the category's depth distribution given the entropy bin at the round start (rounds "
+                "after position 0) at every round start but the first (observed); acceptance capped at the drafted depth",
+    "full": "drafted depths: every round drafts the full block (B - 1)",
+}
+
+
+def block_prediction(law: FittedLaw, traces, *, drafter: str | None = None, B: int | None = None,
+                     depths: str = "observed", depth_edges=DEPTH_ENTROPY_EDGES) -> BlockPrediction:
+    """Observed vs predicted tokens per round per category for ``drafter``'s runs (in-sample law).
+
+    ``depths``: the drafted-depth model of the DP (``depth_probabilities``): ``"observed"`` (default),
+    ``"category"`` or ``"full"`` (every round drafts B - 1, right for a drafter that always does);
+    ``depth_edges``: entropy bins (nats, at a round's first position) of the category's depth
+    distribution, ``()`` for one distribution per category. The full-depth DP is always reported too
+    (``dp_full_depth_*``).
+    """
     drafter, rounds = _single_drafter(traces, drafter)
     B = B or _block_size(rounds)
     seqs = entropy_sequences(traces, drafter)
-    pred = predict_requests(law, seqs, B, drafter=drafter if law.family.needs_drafters else None)
+    drafted = drafted_depths(traces, drafter) if depths != "full" else None
+    pred = predict_requests(law, seqs, B, drafter=drafter if law.family.needs_drafters else None, depths=depths,
+                            drafted=drafted, depth_edges=depth_edges)
     summary, per_req = _block_summary(pred, _observed_rounds(rounds), B - 1)
-    return BlockPrediction(summary=summary, per_request=per_req, block_size=B,
-                           notes=["iid_round_start: alpha = observed share of rounds whose first draft is accepted; iid_at_risk: "
-                                  "alpha = accepted / at-risk trials (rounds table); iid_position: alpha = the law's "
-                                  "depth-1 acceptance averaged over all output positions"])
+    return BlockPrediction(summary=summary, per_request=per_req, block_size=B, depths=depths,
+                           notes=[DEPTH_NOTES[depths],
+                                  "mean_accepted = (committed tokens - rounds) / drafting rounds (tree_depth > 0)",
+                                  "iid_round_start: alpha = observed share of drafting rounds whose first draft is "
+                                  "accepted; iid_at_risk: alpha = accepted / at-risk trials (rounds table); "
+                                  "iid_position: alpha = the law's depth-1 acceptance averaged over all output positions"])
 
 
 @dataclass
 class LocoTransfer(Result):
-    """Leave-one-category-out: predicted vs observed per held-out category."""
+    """Leave-one-category-out: predicted vs observed per held-out category; ``accuracy``: across
+    categories, per quantity (tokens per round, mean accepted length per drafting round)."""
 
     summary: pd.DataFrame
     family: str
     block_size: int
+    depths: str = "full"
     notes: list = field(default_factory=list)
 
     @property
     def title(self) -> str:
-        return f"leave-one-category-out transfer of {self.family} (B = {self.block_size})"
+        return (f"leave-one-category-out transfer of {self.family} (B = {self.block_size}, "
+                f"drafted depths: {self.depths})")
+
+    @property
+    def accuracy(self) -> pd.DataFrame:
+        """Per quantity: mean relative error, mean and largest |relative error| over the held-out
+        categories, Spearman rho of predicted vs observed across categories and its exact one-sided
+        permutation p (rho >= observed; ``hypotheses.exact_spearman_p``, NaN beyond 9 categories)."""
+        from entropy_law.law.hypotheses import exact_spearman_p
+
+        s = self.summary
+        pairs = {"tokens_per_round": ("predicted_tokens_per_round", "observed_tokens_per_round"),
+                 "mean_accepted": ("predicted_mean_accepted", "observed_mean_accepted"),
+                 "tokens_per_round_full_depth": ("predicted_tokens_per_round_full_depth", "observed_tokens_per_round")}
+        rows = {}
+        for name, (pred, obs) in pairs.items():
+            if pred not in s:
+                continue
+            rel = s[pred] / s[obs] - 1
+            if len(s) <= 9:
+                rho, p = exact_spearman_p(s[pred], s[obs])
+            else:
+                from scipy import stats
+
+                rho, p = float(stats.spearmanr(s[pred], s[obs]).statistic), np.nan
+            rows[name] = dict(categories=len(s), mean_relative_error=float(rel.mean()),
+                              mean_abs_relative_error=float(rel.abs().mean()), max_abs_relative_error=float(rel.abs().max()),
+                              spearman_rho=rho, p_permutation=p)
+        return pd.DataFrame.from_dict(rows, orient="index")
+
+    def _text(self, decimals: int = 4) -> str:
+        with pd.option_context("display.max_columns", 50, "display.width", 160):
+            extra = "\naccuracy across categories:\n" + self.accuracy.round(decimals).to_string()
+        return super()._text(decimals) + extra
 
 
 def loco_transfer(traces, family: str = "law_exp", *, drafter: str | None = None, B: int | None = None,
-                  eps: float = atrisk.EPS_NATS, min_categories: int = 3, **fit_options) -> LocoTransfer:
+                  eps: float = atrisk.EPS_NATS, min_categories: int = 3, depths: str = "observed",
+                  depth_edges=DEPTH_ENTROPY_EDGES, **fit_options) -> LocoTransfer:
     """Fit ``family`` (category-free) without each category in turn and predict that category.
 
-    Columns: observed and LOCO-predicted tokens per round (DP) and their relative error, observed and
-    predicted mean accepted length (predicted = tokens per round - 1), held-out log-likelihood per
-    trial under the LOCO law, a refit on the category, and a depth-only null; ``transfer_ratio`` =
-    (LL_null - LL_loco) / (LL_null - LL_refit).
+    Columns: observed and LOCO-predicted tokens per round (DP with the drafted-depth model ``depths``,
+    see ``block_prediction``) and their relative error, the full-depth DP's prediction, observed and
+    predicted mean accepted length per drafting round ((tokens - rounds) / drafting rounds) and its
+    relative error, held-out log-likelihood per trial under the LOCO law, a refit on the category,
+    and a depth-only null; ``transfer_ratio`` = (LL_null - LL_loco) / (LL_null - LL_refit). The
+    drafted depths of the held-out category are an input (like its entropy sequences), not predicted.
+    ``.accuracy``: relative errors and Spearman rho across categories.
     """
     fam = get_family(family)
     if fam.needs_categories:
@@ -189,6 +384,7 @@ def loco_transfer(traces, family: str = "law_exp", *, drafter: str | None = None
     if len(categories) < min_categories:
         raise ValueError(f"LOCO transfer needs at least {min_categories} categories; the traces hold {categories}")
     seqs = entropy_sequences(traces, drafter)
+    drafted = drafted_depths(traces, drafter) if depths != "full" else None
     observed = _observed_rounds(rounds)
     out = []
     for cat in categories:
@@ -199,19 +395,24 @@ def loco_transfer(traces, family: str = "law_exp", *, drafter: str | None = None
         p_null = test["depth"].map(null["n_acc"] / null["n"]).to_numpy().clip(1e-12, 1 - 1e-12)
         ll_null = float((test["n_acc"] * np.log(p_null) + test["n_rej"] * np.log1p(-p_null)).sum())
         ll_loco, ll_refit = float(loco.log_likelihood(test).sum()), float(refit.log_likelihood(test).sum())
-        pred = predict_requests(loco, seqs.loc[seqs["category"] == cat], B)
-        summary, per_req = _block_summary(pred, observed, B - 1)
+        pred = predict_requests(loco, seqs.loc[seqs["category"] == cat], B, depths=depths, drafted=drafted,
+                                depth_edges=depth_edges)
+        summary, _ = _block_summary(pred, observed, B - 1)
+        first = summary.iloc[0]
         n = float(test["n"].sum())
-        out.append(dict(category=cat, requests=int(summary["requests"].iloc[0]),
-                        observed_tokens_per_round=summary["observed_tokens_per_round"].iloc[0],
-                        predicted_tokens_per_round=summary["dp_tokens_per_round"].iloc[0],
-                        relative_error=summary["dp_relative_error"].iloc[0],
-                        observed_mean_accepted=float(rounds.loc[rounds["request_id"].isin(per_req["request_id"]),
-                                                                "accepted"].mean()),
-                        predicted_mean_accepted=summary["dp_tokens_per_round"].iloc[0] - 1,
+        out.append(dict(category=cat, requests=int(first["requests"]),
+                        observed_tokens_per_round=first["observed_tokens_per_round"],
+                        predicted_tokens_per_round=first["dp_tokens_per_round"],
+                        relative_error=first["dp_relative_error"],
+                        predicted_tokens_per_round_full_depth=first["dp_full_depth_tokens_per_round"],
+                        relative_error_full_depth=first["dp_full_depth_relative_error"],
+                        observed_mean_accepted=first["observed_mean_accepted"],
+                        predicted_mean_accepted=first["dp_mean_accepted"],
+                        mean_accepted_relative_error=first["dp_mean_accepted_relative_error"],
                         loglik_loco=ll_loco / n, loglik_refit=ll_refit / n, loglik_null=ll_null / n,
                         transfer_ratio=(ll_null - ll_loco) / (ll_null - ll_refit) if ll_refit > ll_null else np.nan))
     summary = pd.DataFrame(out).set_index("category")
-    return LocoTransfer(summary=summary, family=fam.name, block_size=B,
-                        notes=["predicted_mean_accepted = predicted tokens per round - 1 (ignores rounds cut by the end "
-                               "of a request)"])
+    return LocoTransfer(summary=summary, family=fam.name, block_size=B, depths=depths,
+                        notes=[DEPTH_NOTES[depths],
+                               "mean_accepted = (committed tokens - rounds) / drafting rounds (tree_depth > 0), "
+                               "observed and DP-expected alike"])

@@ -140,31 +140,47 @@ def survival_by_depth(at_risk: pd.DataFrame, *, ax=None):
 
 
 # ------------------------------------------------------------------ F4 block-level law
-def accepted_length_table(per_request: pd.DataFrame, *, n_boot: int = 200, seed: int = 0) -> pd.DataFrame:
-    """Per category: token-weighted mean entropy, observed and law-predicted accepted length per round
-    (tokens per round - 1), and a request-bootstrap 95% interval of the observed value.
+def _accepted_per_round(tokens, rounds, drafting):
+    """(tokens - rounds) / drafting rounds: accepted drafts per drafting round (``drafting`` None: per round)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return (tokens - rounds) / (rounds if drafting is None else drafting)
 
-    ``per_request``: ``category``, ``tokens``, ``observed_rounds``, ``predicted_rounds``, ``mean_entropy_nats``."""
+
+def accepted_length_table(per_request: pd.DataFrame, *, n_boot: int = 200, seed: int = 0) -> pd.DataFrame:
+    """Per category: token-weighted mean entropy, observed and law-predicted mean accepted length, and a
+    request-bootstrap 95% interval of the observed value.
+
+    ``per_request``: ``category``, ``tokens``, ``observed_rounds``, ``predicted_rounds``, ``mean_entropy_nats``;
+    with ``observed_drafting_rounds`` and ``predicted_drafting_rounds`` (``block_prediction``) the accepted
+    length is per drafting round, (tokens - rounds) / drafting rounds; without them per round
+    (tokens per round - 1)."""
     rng = np.random.default_rng(seed)
+    drafting = {"observed_drafting_rounds", "predicted_drafting_rounds"} <= set(per_request.columns)
     rows = []
     for cat, part in per_request.groupby("category"):
         t, r = part["tokens"].to_numpy(float), part["observed_rounds"].to_numpy(float)
+        rd = part["observed_drafting_rounds"].to_numpy(float) if drafting else None
         idx = rng.integers(0, len(part), size=(n_boot, len(part)))
-        boot = t[idx].sum(1) / r[idx].sum(1) - 1
+        boot = _accepted_per_round(t[idx].sum(1), r[idx].sum(1), rd[idx].sum(1) if drafting else None)
+        pred_d = part["predicted_drafting_rounds"].sum() if drafting else None
         rows.append(dict(category=str(cat), requests=len(part),
                          mean_entropy_nats=float(np.sum(part["mean_entropy_nats"] * t) / t.sum()),
-                         observed=float(t.sum() / r.sum() - 1), ci_low=float(np.quantile(boot, 0.025)),
-                         ci_high=float(np.quantile(boot, 0.975)),
-                         predicted=float(t.sum() / part["predicted_rounds"].sum() - 1)))
+                         observed=float(_accepted_per_round(t.sum(), r.sum(), rd.sum() if drafting else None)),
+                         ci_low=float(np.nanquantile(boot, 0.025)), ci_high=float(np.nanquantile(boot, 0.975)),
+                         predicted=float(_accepted_per_round(t.sum(), part["predicted_rounds"].sum(), pred_d))))
     return pd.DataFrame(rows)
 
 
 def accepted_length_vs_entropy(per_request: pd.DataFrame, *, n_boot: int = 200, seed: int = 0, ax=None):
-    """Mean accepted length per round vs mean target entropy: requests (small dots), categories (large,
-    95% request-bootstrap interval) and the law's DP prediction per category (open diamonds)."""
+    """Mean accepted length (per drafting round when ``per_request`` has the drafting-round columns, see
+    ``accepted_length_table``) vs mean target entropy: requests (small dots), categories (large, 95%
+    request-bootstrap interval) and the law's DP prediction per category (open diamonds)."""
     ax = new_axes(ax)
     colours = palette(per_request["category"].astype(str).unique())
-    req = per_request.assign(observed=per_request["tokens"] / per_request["observed_rounds"] - 1)
+    drafting = {"observed_drafting_rounds", "predicted_drafting_rounds"} <= set(per_request.columns)
+    req = per_request.assign(observed=_accepted_per_round(
+        per_request["tokens"], per_request["observed_rounds"],
+        per_request["observed_drafting_rounds"].where(per_request["observed_drafting_rounds"] > 0) if drafting else None))
     for cat, part in req.groupby("category"):
         ax.scatter(part["mean_entropy_nats"], part["observed"], s=8, alpha=0.35, color=colours[str(cat)], lw=0)
     table = accepted_length_table(per_request, n_boot=n_boot, seed=seed)
@@ -175,12 +191,11 @@ def accepted_length_vs_entropy(per_request: pd.DataFrame, *, n_boot: int = 200, 
         ax.plot([row.mean_entropy_nats], [row.predicted], marker="D", ms=7, mfc="none", mec=c, mew=1.5)
     ax.plot([], [], marker="D", ls="", mfc="none", mec="k", label="law (DP) prediction")
     ax.set_xlabel(f"mean {ENTROPY_LABEL}")
-    ax.set_ylabel("accepted tokens per round (tokens/round − 1)")
+    ax.set_ylabel("accepted drafts per drafting round" if drafting else "accepted tokens per round (tokens/round − 1)")
     _legend(ax, loc="upper right")
     return ax
 
 
-# ------------------------------------------------------------------ F5 LOCO
 def loco_predicted_vs_observed(loco: pd.DataFrame, *, ax=None):
     """LOCO-predicted vs observed tokens per round, one point per category (colour) and arm (marker).
 

@@ -225,7 +225,7 @@ FIGURES: dict[str, FigureSpec] = {s.name: s for s in [
     FigureSpec("fig2_acceptance_vs_entropy", "Acceptance vs target entropy (binned, Wilson 95%) with the fitted law",
                fig_acceptance_vs_entropy),
     FigureSpec("fig3_survival_by_depth", "Acceptance by depth: survival S(k) = P(accepted length ≥ k)", fig_survival),
-    FigureSpec("fig4_accepted_length", "Mean accepted length per round vs mean entropy, with the law's prediction",
+    FigureSpec("fig4_accepted_length", "Mean accepted length per drafting round vs mean entropy, with the law's prediction",
                fig_accepted_length),
     FigureSpec("fig5_loco", "Leave-one-category-out: predicted vs observed tokens per round", fig_loco),
     FigureSpec("fig6_calibration", "Calibration (reliability) of the fitted law", fig_calibration),
