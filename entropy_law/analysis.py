@@ -348,11 +348,14 @@ class TraceAnalysis:
                     row["loco_mean_accepted"] = (float(loco.value.summary.loc[cat, "predicted_mean_accepted"])
                                                  if loco.ok and cat in loco.value.summary.index else np.nan)
                     sp = speed.value if speed.ok else None
+                    row["speedup_requests"] = 0
                     if arm == AR_ARM and sp is not None:
                         row["speedup_vs_ar"] = 1.0
+                        row["speedup_requests"] = int(row["requests"])
                     elif sp is not None and len(sp):
-                        hit = sp.loc[(sp["arm"] == arm) & (sp["category"] == cat), "speedup"]
-                        row["speedup_vs_ar"] = float(hit.iloc[0]) if len(hit) else np.nan
+                        hit = sp.loc[(sp["arm"] == arm) & (sp["category"] == cat)]
+                        row["speedup_vs_ar"] = float(hit["speedup"].iloc[0]) if len(hit) else np.nan
+                        row["speedup_requests"] = int(hit["requests"].iloc[0]) if len(hit) else 0
                     else:
                         row["speedup_vs_ar"] = np.nan
                     rows.append(row)

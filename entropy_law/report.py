@@ -29,7 +29,7 @@ RESULT_COLUMNS = {
     "mean_accepted": "mean accepted τ", "loco_mean_accepted": "LOCO: mean accepted τ",
     "committed_per_round": "tokens / round",
     "law_tokens_per_round": "law: tokens / round", "loco_tokens_per_round": "LOCO: tokens / round",
-    "speedup_vs_ar": "speedup vs AR",
+    "speedup_vs_ar": "speedup vs AR", "speedup_requests": "speedup: paired requests",
 }
 
 
@@ -110,7 +110,9 @@ def results_markdown(analysis: TraceAnalysis, *, source: str = "") -> str:
              "each round's drafted depth (observed where a round started, else the category's depth distribution at "
              "that entropy; LOCO: law fitted without that category); LOCO mean accepted τ: predicted (tokens − rounds) "
              "/ drafting rounds; speedup: decode time per token of our AR baseline over the arm's, "
-             "on the same prompts (– where the arm was replayed or no AR run exists).", "",
+             "on the same prompts, timed in the same run (– where the arm was replayed or no AR run exists); paired "
+             "requests: how many prompts both decoded (a speedup from a few prompts is only as good as the machine "
+             "was quiet).", "",
              f"Fitted law `{analysis.family}`: a = exp(−λ_d (H + ε)^k), request-clustered 95% intervals; break-even "
              "entropy where the predicted decode speedup is 1 (request bootstrap).", "",
              markdown_table(law_frame(analysis)), ""]

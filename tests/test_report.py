@@ -58,8 +58,10 @@ def test_results_table_matches_independent_computation(sim):
                     me["decode_ms"].sum() / (me["new_tokens"] - 1).sum())
                 assert row["speedup_vs_ar"] == pytest.approx(expected, rel=1e-5)
                 assert row["speedup_vs_ar"] > 1  # the simulated drafters accept plenty
+                assert row["speedup_requests"] == len(set(ar["request_id"]) & set(me["request_id"])) > 0
             else:
                 assert row["speedup_vs_ar"] == 1.0
+                assert row["speedup_requests"] == row["requests"]
 
 
 def test_law_table_recovers_the_simulated_exponent(sim):
