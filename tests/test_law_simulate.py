@@ -104,3 +104,17 @@ def test_law_command_on_simulated_traces(capsys):
     assert "lambda[d=1]" in out and "dp_tokens_per_round" in out
     assert main(["law"]) == 2
     assert "--simulate" in capsys.readouterr().err
+
+
+def test_law_command_fits_one_law_per_arm_of_a_trace_folder(tmp_path, capsys):
+    """On recorded traces the command fits each arm (drafter + tree policy) apart, AR left out."""
+    from entropy_law.cli import main
+    from entropy_law.sample_traces import write_simulated_traces
+
+    path = write_simulated_traces(tmp_path / "traces", seed=4, n_requests_per_category=4, tokens_per_request=(40, 60))
+    assert main(["law", str(path), "--drafter", "sim-tree ddtree16"]) == 0
+    out = capsys.readouterr().out
+    assert "=== sim-tree ddtree16 ===" in out and "lambda[d=1]" in out
+    assert main(["law", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert out.count("=== ") == 2 and "=== sim-block chain ===" in out

@@ -1,6 +1,6 @@
 """``entropy-law law``: fit the entropy law to traces (or simulated traces) and print the results.
 
-Fits ``--family`` per drafter, prints its summary and the observed vs DP-predicted tokens per round
+Fits ``--family`` per arm (drafter and tree policy), prints its summary and the observed vs DP-predicted tokens per round
 (``--depths``: the drafted-depth model); ``--loco`` adds leave-one-category-out transfer with its
 accuracy across categories (relative errors, Spearman rho), ``--tests`` the pre-registered tests (Holm).
 Reads traces with ``entropy_law.load_traces``; ``--simulate SEED`` uses ``simulate_traces`` instead.
@@ -14,7 +14,7 @@ def register(subparsers) -> None:
     p.add_argument("traces", nargs="?", help="a run directory, or a folder searched for runs (load_traces)")
     p.add_argument("--simulate", type=int, metavar="SEED", help="use simulated traces with this seed instead")
     p.add_argument("--family", default="law_exp", help="law family (default: %(default)s)")
-    p.add_argument("--drafter", help="only this drafter (default: every drafter)")
+    p.add_argument("--drafter", help="only this arm, e.g. 'ngram chain' (default: every arm)")
     p.add_argument("--loco", action="store_true", help="leave-one-category-out transfer")
     p.add_argument("--tests", action="store_true", help="pre-registered tests P1-P3 with Holm correction")
     p.add_argument("--depths", default="observed", choices=("observed", "category", "full"),
@@ -37,11 +37,15 @@ def run(args) -> int:
             raise ValueError("pass a trace folder, or --simulate SEED")
         from entropy_law import load_traces
 
-        traces = load_traces(args.traces)
+        from entropy_law.analysis import make_view
+
+        # one law per arm (drafter + tree policy: "ngram chain", "ngram ddtree16"), not pooled by drafter
+        traces = make_view(load_traces(args.traces))
     laws = fit_law(traces, args.family, by="drafter_id")
     drafters = [args.drafter] if args.drafter else list(laws.laws)
     for drafter in drafters:
         law = laws[drafter]
+        print(f"=== {drafter} ===")
         law.print_summary()
         print()
         block_prediction(law, traces, drafter=drafter, depths=args.depths).print_summary()
