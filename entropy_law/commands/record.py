@@ -170,10 +170,11 @@ def run(args) -> int:
         "device": str(decoder.adapter.device),
         "max_new_tokens": args.max_new_tokens,
         "verify_cost_ratio": args.verify_cost_ratio,
-        "verify_cost": None if decoder.verify_cost is None else decoder.verify_cost.to_config(),
         "chat_template": not args.no_chat_template,
         "tasks": str(args.tasks),
     }
+    if decoder.verify_cost is not None:  # only then: runs recorded before the cost gate existed stay resumable
+        metadata["verify_cost"] = decoder.verify_cost.to_config()
     counts: dict[str, int] = defaultdict(int)
     committed_per_round: dict[str, list[float]] = defaultdict(list)
     new_tokens = 0
