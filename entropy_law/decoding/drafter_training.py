@@ -56,6 +56,7 @@ class TrainConfig:
     eval_every: int = 200
     save_every: int = 50
     draft_vocab_base: int | None = 4096  # None: full vocabulary; else ids < base plus every training token
+    context_vocab: bool = False  # also draft ids already in the context (copying rare words of a passage)
 
 
 def draft_vocabulary(samples: Sequence[dict], base: int, vocab_size: int) -> list[int]:
@@ -143,10 +144,15 @@ def forward_train(drafter: BlockDrafter, batch: dict, *, anchors_per_seq: int, g
     anchors, valid = zip(*(sample_anchors(int(p), int(s), anchors_per_seq, generator)
                            for p, s in zip(batch["prompt_lens"], batch["seq_lens"])))
     anchors, valid = torch.stack(anchors), torch.stack(valid)
-    logits = drafter.block_logits(batch["input_ids"], batch["features"], anchors, valid)
+    vocab = drafter.sequence_vocab(batch["input_ids"])
+    logits = drafter.block_logits(batch["input_ids"], batch["features"], anchors, valid, vocab=vocab)
     labels = block_labels(batch["input_ids"], anchors, valid, drafter.block_size,
                           batch["prompt_lens"], batch["seq_lens"])
-    labels = drafter.draft_index(labels, IGNORE)
+    labels = drafter.draft_index(labels, IGNORE, vocab)
+    allowed = drafter.context_allowed(batch["input_ids"], anchors, vocab) if vocab is not None else None
+    if allowed is not None:  # a label the block may not draft yet (first seen after the anchor): no loss
+        ok = torch.gather(allowed, 2, labels.clamp(min=0))
+        labels = torch.where(ok, labels, torch.full_like(labels, IGNORE))
     loss = decayed_cross_entropy(logits, labels, gamma)
     with torch.no_grad():
         draft = logits.argmax(-1)
@@ -184,12 +190,14 @@ def replay_chain(drafter: BlockDrafter, input_ids: torch.Tensor, features: torch
     accepted = []
     ids = input_ids[None].long()
     feats = features[None, : s - 1].float()
+    vocab = drafter.sequence_vocab(ids)
     for lo in range(0, len(anchors), chunk):
         a = torch.tensor([anchors[lo: lo + chunk]])
-        logits = drafter.block_logits(ids, feats, a)
+        logits = drafter.block_logits(ids, feats, a, vocab=vocab)
         labels = block_labels(ids, a, torch.ones_like(a, dtype=torch.bool), drafter.block_size,
                               torch.tensor([prompt_len]), torch.tensor([s]))
-        accepted += accepted_drafts(logits.argmax(-1), drafter.draft_index(labels, IGNORE))[0].tolist()
+        # a label the anchor may not draft has MASKED_LOGIT, so the argmax never equals it
+        accepted += accepted_drafts(logits.argmax(-1), drafter.draft_index(labels, IGNORE, vocab))[0].tolist()
     by_anchor = dict(zip(anchors, accepted))
     rounds, taus, committed = [], [], []
     t = prompt_len
@@ -228,11 +236,14 @@ class PrecomputedBlockDrafter:
         ids = torch.tensor([self.sequence])
         # one pass over all anchors (chunked only to bound memory); anchor s-1 needs features 0..s-2
         feats = features[None, : s - 1].float()
+        # the columns: the draft vocabulary of the whole sequence; with ``context_vocab`` ids an anchor has
+        # not seen yet are masked per anchor, so each row equals the live drafter's proposal there
+        self.vocab = drafter.sequence_vocab(ids)
         rows = []
         with torch.no_grad():
             for lo in range(0, len(anchors), chunk):
                 a = torch.tensor([anchors[lo: lo + chunk]])
-                rows.append(drafter.block_logits(ids, feats, a)[0])
+                rows.append(drafter.block_logits(ids, feats, a, vocab=self.vocab)[0])
         self.logits = torch.cat(rows)  # [n_anchors, B-1, Vd]
 
     def begin(self, prompt_ids, prompt_features) -> None:
@@ -243,7 +254,7 @@ class PrecomputedBlockDrafter:
         n = len(tokens)
         if n <= self.prompt_len or [int(t) for t in tokens] != self.sequence[:n]:
             raise ValueError("tokens are not a prefix of the precomputed sequence beyond its prompt")
-        return self.drafter.proposal_from_logits(self.logits[n - 1 - self.prompt_len])
+        return self.drafter.proposal_from_logits(self.logits[n - 1 - self.prompt_len], self.vocab)
 
 
 def heldout_acceptance(drafter: BlockDrafter, samples: Sequence[dict]) -> dict:
@@ -380,7 +391,7 @@ def train_from_folder(model_spec: str, data_dir: str | Path, out_dir: str | Path
     vocab = (None if cfg.draft_vocab_base is None else
              draft_vocabulary(train_s, cfg.draft_vocab_base, int(target.config.vocab_size)))
     drafter = BlockDrafter(target, seed=cfg.seed, block_size=cfg.block_size, num_layers=cfg.num_layers,
-                           draft_vocab=vocab)
+                           draft_vocab=vocab, context_vocab=cfg.context_vocab)
     out = Path(out_dir)
     (out / "train_config.json").write_text(json.dumps(
         {"train": asdict(cfg), "drafter": json.loads(drafter.config.to_json()),
