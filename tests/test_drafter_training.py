@@ -274,3 +274,15 @@ def test_batched_generation_drops_finished_rows_and_stays_greedy():
             full = cap.features()[0]
         assert r["features"].shape[0] == len(seq) - 1
         torch.testing.assert_close(r["features"], full[:-1], atol=1e-5, rtol=1e-5)
+
+
+def test_a_data_folder_never_mixes_two_plans(tmp_path):
+    import json
+
+    from entropy_law.decoding.drafter_data import DataPlan, generate_dataset
+
+    plan = DataPlan(n_long=4)
+    (tmp_path / "plan.json").write_text(json.dumps({"plan": {**DataPlan().__dict__}, "feature_layers": [1],
+                                                    "batch_size": 16}))
+    with pytest.raises(ValueError, match="another plan"):
+        generate_dataset(None, tmp_path, plan=plan, feature_layers=(1,), batch_size=16)

@@ -368,6 +368,15 @@ def generate_dataset(target, out_dir: str | os.PathLike, *, plan: DataPlan, feat
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    # shards are skipped by name on resume, so a folder must never mix two plans
+    identity = {"plan": asdict(plan), "feature_layers": [int(i) for i in feature_layers], "batch_size": batch_size}
+    identity_path = out / "plan.json"
+    if identity_path.is_file():
+        before = json.loads(identity_path.read_text())
+        if before != identity:
+            raise ValueError(f"{out} holds data of another plan ({before}); use a new --out or delete it")
+    else:
+        identity_path.write_text(json.dumps(identity, indent=2))
     tokenizer, model = target.tokenizer, target.model
     eos_id = int(target.config.eos_token_id if isinstance(target.config.eos_token_id, int)
                  else target.config.eos_token_id[0])
