@@ -374,7 +374,7 @@ class BlockDrafter(nn.Module):
         h = self.norm(x)
         if vocab is None and self.config.draft_vocab_size:
             vocab = self.draft_vocab
-        cached = self._head_cache
+        cached = self._head_cache if not torch.is_grad_enabled() else None  # inference only
         if vocab is not None and cached is not None and torch.equal(cached[0], vocab):
             weight, bias = cached[1], cached[2]
         else:
