@@ -129,6 +129,17 @@ def test_training_learns_and_resume_is_exact(tmp_path):
         assert k == k2 and torch.equal(v, v2), k
     assert r2["final_heldout"] == r1["final_heldout"]
 
+    # a deterministic early stop on the same schedule, then resumed to the end: the same weights again
+    stopped = BlockDrafter(model, seed=0, block_size=4, num_layers=1)
+    r3 = train(stopped, train_s, held_s, cfg, tmp_path / "c", progress=False, stop_at=18)
+    assert r3["steps"] == 18 and r3["stopped_early"] and r3["final_heldout"] is not None
+    state = torch.load(tmp_path / "c" / "checkpoints" / "last.pt", weights_only=False)
+    assert state["step"] == 18 and [h["lr"] for h in state["history"]] == [h["lr"] for h in history[:18]]
+    r4 = train(stopped, train_s, held_s, cfg, tmp_path / "c", progress=False)
+    assert r4["steps"] == 24 and r4["final_heldout"] == r1["final_heldout"]
+    for (k, v), (k2, v2) in zip(straight.state_dict().items(), stopped.state_dict().items()):
+        assert torch.equal(v, v2), k
+
 
 def _train_steps(drafter, train_s, held_s, cfg, out, stop_after):
     """Run ``train`` but interrupt it after ``stop_after`` steps (as a crash would), keeping the checkpoint."""

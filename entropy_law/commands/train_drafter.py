@@ -45,6 +45,8 @@ def register(subparsers) -> None:
     t.add_argument("--layers", type=int, default=1, help="drafter layers (default: %(default)s)")
     t.add_argument("--steps", type=int, default=1600)
     t.add_argument("--minutes", type=float, default=None, help="stop training after this many minutes")
+    t.add_argument("--stop-at", type=int, default=None,
+                   help="stop after this step, on the --steps schedule (deterministic early stop)")
     t.add_argument("--lr", type=float, default=1e-3)
     t.add_argument("--batch-seqs", type=int, default=4, help="sequences per step")
     t.add_argument("--anchors", type=int, default=32, help="anchors per sequence")
@@ -91,6 +93,6 @@ def run(args) -> int:
                           minutes=args.minutes, lr=args.lr, batch_seqs=args.batch_seqs,
                           anchors_per_seq=args.anchors, gamma=args.gamma, heldout=args.heldout,
                           eval_every=args.eval_every, save_every=args.save_every, context_vocab=args.context_vocab)
-        result = train_from_folder(args.model, data_dir, out, cfg)
+        result = train_from_folder(args.model, data_dir, out, cfg, stop_at=args.stop_at)
         print(json.dumps(result), flush=True)
     return 0

@@ -1,12 +1,14 @@
 """Self-distilled training data for the block drafter: prompts, greedy target responses, target features.
 
 Known here: which prompts are used (GSM8K train questions, grounded prompts built on passages the target
-wrote itself, open instructions, translation-style prompts; all disjoint from the Spec-Bench evaluation
-questions, which is checked), how the target answers them (greedy, batched with left padding, the chat
+wrote itself, short ones on one passage and long ones on several, 500-1000 tokens like Spec-Bench's
+summarization and RAG prompts, open instructions, translation-style prompts; all disjoint from the
+Spec-Bench evaluation questions, which is checked), how the target answers them (greedy, batched with left padding, the chat
 template the decoder uses: ``tokenizer.apply_chat_template(messages, add_generation_prompt=True)``), and
 how the features of the feature layers are captured on the way (the forward hooks of ``features``: each
 generation step's forward already computes the hidden states of the token it consumes, so features cost
-nothing extra). Samples are written as shards (safetensors + a JSON manifest) that a restarted run skips.
+nothing extra). Samples are written as shards (safetensors + a JSON manifest) that a restarted run skips;
+a data folder records its plan and refuses another one.
 
 Not known here: the drafter or its training (``drafter_training``). Numerics: batched generation with
 padding (and, by default, SDPA attention) can differ from batch-1 eager greedy decoding at rare near-ties;

@@ -13,6 +13,10 @@ the greedy text whatever the drafts are, so the chain round that starts at ancho
 number of leading drafts that equal the greedy continuation; rounds advance by accepted + 1. That equals
 the online chain decoder's accepted lengths (tested against an online chain loop).
 
+With a context vocabulary (``BlockDrafterConfig.context_vocab``) the columns of a batch are the fixed draft
+vocabulary plus every id of its sequences; each anchor may draft only ids seen at or before it, and a label
+it may not draft yet gets no loss (it can never be accepted there either).
+
 Not known here: the KL-to-target term (the target's full distributions are not stored with the data; only
 greedy labels are used), tree policies other than the chain (DDTree replay lives with the tree tools).
 """
@@ -293,8 +297,11 @@ def split_heldout(samples: Sequence[dict], n: int, seed: int) -> tuple[list[dict
 
 
 def train(drafter: BlockDrafter, train_samples: Sequence[dict], heldout_samples: Sequence[dict],
-          cfg: TrainConfig, out_dir: str | Path, *, progress: bool = True) -> dict:
-    """Train ``drafter`` in place; checkpoints to ``out_dir/checkpoints/last.pt``, resumed if present."""
+          cfg: TrainConfig, out_dir: str | Path, *, progress: bool = True, stop_at: int | None = None) -> dict:
+    """Train ``drafter`` in place; checkpoints to ``out_dir/checkpoints/last.pt``, resumed if present.
+
+    ``stop_at``: stop after this step, on the schedule of ``cfg.steps`` (deterministic early stop; the
+    checkpoint can be resumed to ``cfg.steps`` later)."""
     from tqdm.auto import tqdm
 
     out = Path(out_dir)
@@ -334,6 +341,9 @@ def train(drafter: BlockDrafter, train_samples: Sequence[dict], heldout_samples:
     running: dict[str, float] = {}
     stopped_early = False
     while step < cfg.steps:
+        if stop_at is not None and step >= stop_at:
+            stopped_early = True
+            break
         if cfg.minutes is not None and elapsed_before + time.time() - t_start > 60 * cfg.minutes:
             stopped_early = True
             break
@@ -367,7 +377,7 @@ def train(drafter: BlockDrafter, train_samples: Sequence[dict], heldout_samples:
     bar.close()
     save()
     last_eval = next((h["heldout"] for h in reversed(history) if "heldout" in h), None)
-    if heldout_samples and (last_eval is None or history[-1].get("heldout") is None):
+    if heldout_samples and (last_eval is None or not history or history[-1].get("heldout") is None):
         last_eval = heldout_acceptance(drafter, heldout_samples)
     drafter.eval()
     return {"steps": step, "stopped_early": stopped_early,
@@ -375,7 +385,8 @@ def train(drafter: BlockDrafter, train_samples: Sequence[dict], heldout_samples:
             "final_heldout": last_eval, "history_tail": history[-5:]}
 
 
-def train_from_folder(model_spec: str, data_dir: str | Path, out_dir: str | Path, cfg: TrainConfig) -> dict:
+def train_from_folder(model_spec: str, data_dir: str | Path, out_dir: str | Path, cfg: TrainConfig, *,
+                      stop_at: int | None = None) -> dict:
     """Load the target and the generated shards, split off held-out samples, train, save the drafter."""
     from entropy_law.decoding.drafter_data import load_samples
     from entropy_law.decoding.loading import load_target
@@ -396,7 +407,7 @@ def train_from_folder(model_spec: str, data_dir: str | Path, out_dir: str | Path
     (out / "train_config.json").write_text(json.dumps(
         {"train": asdict(cfg), "drafter": json.loads(drafter.config.to_json()),
          "train_samples": len(train_s), "heldout_ids": [s["prompt_id"] for s in held_s]}, indent=2))
-    result = train(drafter, train_s, held_s, cfg, out)
+    result = train(drafter, train_s, held_s, cfg, out, stop_at=stop_at)
     tokens = sum(int(s["input_ids"].shape[0] - s["prompt_len"]) for s in train_s)
     result.update({"train_samples": len(train_s), "train_response_tokens": tokens, "heldout_samples": len(held_s)})
     drafter.save(out / "drafter.safetensors", metadata={"train": asdict(cfg), **{
