@@ -42,20 +42,38 @@ ARMS = [("block chain", "block", "chain", None), ("block ddtree16", "block", "dd
         ("ngram chain", "ngram", "chain", None), ("ngram ddtree16", "ngram", "ddtree", 16)]
 
 
-def greedy_cache(args, target, layers) -> list[dict]:
-    from safetensors.torch import load_file, save_file
+def read_cache(args) -> list[dict] | None:
+    """Greedy outputs + features saved by an earlier run with the same settings (``--cache``), or None."""
+    from safetensors.torch import load_file
 
     cache = Path(args.cache) if args.cache else None
     meta_path = cache.with_suffix(".json") if cache else None
-    if cache and cache.is_file() and meta_path.is_file():
-        meta = json.loads(meta_path.read_text())
-        if meta["max_new_tokens"] == args.max_new_tokens and meta["per_category"] >= args.per_category:
-            tensors = load_file(str(cache))
-            reqs = []
-            for i, r in enumerate(meta["requests"]):
-                if r["rank"] < args.per_category:
-                    reqs.append({**r, "features": tensors[f"{i}.features"]})
-            return reqs
+    if not (cache and cache.is_file() and meta_path.is_file()):
+        return None
+    meta = json.loads(meta_path.read_text())
+    if (meta["max_new_tokens"] != args.max_new_tokens or meta["per_category"] < args.per_category
+            or meta.get("greedy_from_traces") != args.greedy_from_traces):
+        return None
+    tensors = load_file(str(cache))
+    return [{**r, "features": tensors[f"{i}.features"]} for i, r in enumerate(meta["requests"])
+            if r["rank"] < args.per_category]
+
+
+def write_cache(args, reqs: list[dict]) -> None:
+    from safetensors.torch import save_file
+
+    if not args.cache:
+        return
+    cache = Path(args.cache)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    save_file({f"{i}.features": r["features"].contiguous() for i, r in enumerate(reqs)}, str(cache))
+    cache.with_suffix(".json").write_text(json.dumps(
+        {"max_new_tokens": args.max_new_tokens, "per_category": args.per_category,
+         "greedy_from_traces": args.greedy_from_traces,
+         "requests": [{k: v for k, v in r.items() if k != "features"} for r in reqs]}))
+
+
+def greedy_generated(args, target, layers) -> list[dict]:
     tok = target.tokenizer
     eos = int(target.config.eos_token_id)
     tasks = load_tasks("spec_bench", limit=args.per_category)
@@ -72,12 +90,6 @@ def greedy_cache(args, target, layers) -> list[dict]:
             reqs.append({"request_id": t.request_id, "category": cat, "rank": rank, "prompt_ids": p,
                          "output_ids": o["response_ids"], "features": o["features"].half(), "eos": [eos]})
         print(f"greedy {cat:<15} {len(items)} prompts in {time.time() - t0:6.1f} s", file=sys.stderr, flush=True)
-    if cache:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        save_file({f"{i}.features": r["features"].contiguous() for i, r in enumerate(reqs)}, str(cache))
-        meta_path.write_text(json.dumps({"max_new_tokens": args.max_new_tokens, "per_category": args.per_category,
-                                         "requests": [{k: v for k, v in r.items() if k != "features"}
-                                                      for r in reqs]}))
     return reqs
 
 
@@ -174,13 +186,17 @@ def main() -> None:
     parser.add_argument("--drafter", default=None, help="checkpoint (default: the shipped one)")
     parser.add_argument("--per-category", type=int, default=10)
     parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--cache", default=None, help="safetensors file for greedy outputs + features")
+    parser.add_argument("--cache", default=None,
+                        help="safetensors file for greedy outputs + features (reused by later runs with the same "
+                             "settings, also with --greedy-from-traces)")
     parser.add_argument("--online", type=int, default=0, help="prompts per category to decode online")
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--only-cache", action="store_true", help="build the greedy cache and stop")
     parser.add_argument("--greedy-from-traces", default=None,
                         help="trace folder of an `entropy-law record` run (256 new tokens, spec_bench): use its "
                              "exact greedy outputs instead of generating")
+    parser.add_argument("--context-vocab", choices=("on", "off"), default=None,
+                        help="override the checkpoint's context vocabulary (also draft ids already in the context)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -189,15 +205,19 @@ def main() -> None:
     target = load_target(args.model)
     path = Path(args.drafter) if args.drafter else default_drafter_path()
     layers = BlockDrafter.load(path, target).feature_layers if path.is_file() else (1, 14, 27)
-    if args.greedy_from_traces:
-        import pandas  # noqa: F401
-
-        reqs = greedy_from_traces(args, target, layers)
-    else:
-        reqs = greedy_cache(args, target, layers)
+    reqs = read_cache(args)
+    if reqs is None:
+        reqs = (greedy_from_traces(args, target, layers) if args.greedy_from_traces
+                else greedy_generated(args, target, layers))
+        write_cache(args, reqs)
     if args.only_cache:
         return
     drafter = BlockDrafter.load(path, target)
+    if args.context_vocab is not None and drafter.config.draft_vocab_size:
+        from dataclasses import replace
+
+        drafter.config = replace(drafter.config, context_vocab=args.context_vocab == "on")
+        drafter.reset()
     results = replay_table(args, drafter, reqs)
     cats = sorted({r["category"] for r in reqs})
     print(f"\nreplayed tau+1 (mean committed tokens per round), {args.per_category} prompts/category, "
@@ -213,6 +233,7 @@ def main() -> None:
             print(f"{name:<16} {row['tokens_per_s']:8.2f} tok/s  {row['tokens_per_forward']:6.2f} tok/forward  "
                   f"x{row['speedup_vs_ar']:.2f} vs AR")
     print(json.dumps({"bench": "block_drafter_specbench", "drafter": str(path), "per_category": args.per_category,
+                      "context_vocab": bool(drafter.config.context_vocab),
                       "max_new_tokens": args.max_new_tokens, "replay": results, "online": online}))
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -245,3 +247,66 @@ def test_draft_vocabulary_restricts_proposals_and_survives_save_load(tmp_path, s
     assert loaded.draft_vocab.tolist() == kept.tolist()
     loaded.begin(ids[:10], feats[:10])
     assert torch.equal(loaded.propose(ids[:11], None).tokens[:, 0], p.tokens[:, 0])
+
+
+def test_context_vocabulary_drafts_ids_seen_at_or_before_the_anchor_only(tmp_path, setup):
+    model, _, ids, feats = setup
+    base = list(range(0, 96, 4))
+    drafter = BlockDrafter(model, seed=3, block_size=5, num_layers=1, draft_vocab=base, context_vocab=True).eval()
+    full = BlockDrafter(model, seed=3, block_size=5, num_layers=1).eval()  # same weights, whole vocabulary
+    anchors = [9, 14, 15, 22]
+    x = torch.tensor([ids])
+    vocab = drafter.sequence_vocab(x)
+    assert vocab.tolist() == sorted(set(base) | set(ids))
+    logits = drafter.block_logits(x, feats[None], torch.tensor([anchors]), vocab=vocab)[0]
+    whole = full.block_logits(x, feats[None], torch.tensor([anchors]))[0]
+    for a_index, anchor in enumerate(anchors):
+        allowed = sorted(set(base) | set(ids[: anchor + 1]))
+        row = drafter.to_full_vocab(logits[a_index], vocab=vocab)
+        torch.testing.assert_close(row[:, allowed], whole[a_index][:, allowed])  # the same LM-head rows
+        others = sorted(set(range(96)) - set(allowed))
+        assert others and bool((row[:, others] == -1e4).all())  # probability 0: not drafted
+    # online: the proposal at each anchor equals the one-pass row (rounds of several accepted tokens)
+    drafter.begin(ids[:9], feats[:9])
+    prev = 9
+    for a_index, anchor in enumerate(anchors):
+        p = drafter.propose(ids[: anchor + 1], feats[prev:anchor] if anchor > prev else None)
+        prev = anchor
+        torch.testing.assert_close(p.logits, drafter.to_full_vocab(logits[a_index], vocab=vocab),
+                                   atol=2e-5, rtol=1e-5)
+        assert set(p.tokens.flatten().tolist()) <= set(base) | set(ids[: anchor + 1])
+    # no leak: new ids after the anchor change neither the drafted set nor the logits at the anchor
+    later = ids[:15] + [95 - (t % 5) for t in ids[15:]]
+    moved = drafter.block_logits(torch.tensor([later]), feats[None], torch.tensor([[9, 14]]))[0]
+    vocab2 = drafter.sequence_vocab(torch.tensor([later]))
+    torch.testing.assert_close(drafter.to_full_vocab(moved, vocab=vocab2),
+                               drafter.to_full_vocab(logits[:2], vocab=vocab))
+    # labels over a per-sequence vocabulary; the option survives save/load
+    labels = torch.tensor([ids[3], 4, -100, 1 if 1 not in ids else 95])
+    index = drafter.draft_index(labels, vocab=vocab)
+    assert drafter.draft_tokens(index[:2], vocab).tolist() == [ids[3], 4] and index[2] == -100
+    assert (index[3] == -100) == (int(labels[3]) not in set(base) | set(ids))
+    loaded = BlockDrafter.load(drafter.save(tmp_path / "c.safetensors"), model)
+    assert loaded.config.context_vocab and loaded.draft_vocab.tolist() == base
+    with pytest.raises(ValueError, match="context_vocab extends a draft vocabulary"):
+        BlockDrafter(model, context_vocab=True)
+
+
+def test_context_vocabulary_labels_first_seen_after_the_anchor_get_no_loss():
+    from entropy_law.decoding.drafter_training import collate, forward_train
+
+    model = tiny_target(seed=1)
+    drafter = BlockDrafter(model, seed=0, block_size=4, num_layers=1, draft_vocab=[0, 1, 2],
+                           context_vocab=True)
+    seq = [10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21]  # every response token is new when it appears
+    batch = collate([{"input_ids": torch.tensor(seq), "features": features_of(model, seq, drafter.feature_layers)[:-1],
+                      "prompt_len": 4}])
+    loss, metrics = forward_train(drafter, batch, anchors_per_seq=8, gamma=4.0,
+                                  generator=torch.Generator().manual_seed(0))
+    assert loss.item() == 0.0 and metrics["accept_proxy"] == 1.0  # nothing draftable, nothing learned
+    seq2 = [10, 11, 12, 13, 10, 11, 12, 13, 10, 11, 12, 13]  # a repeat: every label was seen before
+    batch2 = collate([{"input_ids": torch.tensor(seq2),
+                       "features": features_of(model, seq2, drafter.feature_layers)[:-1], "prompt_len": 4}])
+    loss2, _ = forward_train(drafter, batch2, anchors_per_seq=8, gamma=4.0,
+                             generator=torch.Generator().manual_seed(0))
+    assert math.isfinite(loss2.item()) and loss2.item() > 0.1

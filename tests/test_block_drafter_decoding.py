@@ -21,11 +21,16 @@ def _features(model, ids, layers):
         return cap.features()[0]
 
 
-@pytest.fixture(scope="module")
-def trained():
-    """A tiny target (6 layers) and a drafter taught its greedy continuations, so drafts get accepted."""
+@pytest.fixture(scope="module", params=["full-vocab", "context-vocab"])
+def trained(request):
+    """A tiny target (6 layers) and a drafter taught its greedy continuations, so drafts get accepted;
+    either over the whole vocabulary or over the even ids plus every id already in the context."""
     model = tiny_llama(seed=5, layers=6, vocab=128)
-    drafter = BlockDrafter(model, seed=0, block_size=5, num_layers=1)
+    if request.param == "context-vocab":
+        drafter = BlockDrafter(model, seed=0, block_size=5, num_layers=1, draft_vocab=range(0, 128, 2),
+                               context_vocab=True)
+    else:
+        drafter = BlockDrafter(model, seed=0, block_size=5, num_layers=1)
     seqs = [(p, p + hf_greedy(model, p, 40)) for p in PROMPTS]
     samples = [{"input_ids": torch.tensor(s), "features": _features(model, s, drafter.feature_layers)[:-1],
                 "prompt_len": len(p)} for p, s in seqs]

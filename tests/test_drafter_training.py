@@ -129,6 +129,17 @@ def test_training_learns_and_resume_is_exact(tmp_path):
         assert k == k2 and torch.equal(v, v2), k
     assert r2["final_heldout"] == r1["final_heldout"]
 
+    # a deterministic early stop on the same schedule, then resumed to the end: the same weights again
+    stopped = BlockDrafter(model, seed=0, block_size=4, num_layers=1)
+    r3 = train(stopped, train_s, held_s, cfg, tmp_path / "c", progress=False, stop_at=18)
+    assert r3["steps"] == 18 and r3["stopped_early"] and r3["final_heldout"] is not None
+    state = torch.load(tmp_path / "c" / "checkpoints" / "last.pt", weights_only=False)
+    assert state["step"] == 18 and [h["lr"] for h in state["history"]] == [h["lr"] for h in history[:18]]
+    r4 = train(stopped, train_s, held_s, cfg, tmp_path / "c", progress=False)
+    assert r4["steps"] == 24 and r4["final_heldout"] == r1["final_heldout"]
+    for (k, v), (k2, v2) in zip(straight.state_dict().items(), stopped.state_dict().items()):
+        assert torch.equal(v, v2), k
+
 
 def _train_steps(drafter, train_s, held_s, cfg, out, stop_after):
     """Run ``train`` but interrupt it after ``stop_after`` steps (as a crash would), keeping the checkpoint."""
@@ -213,3 +224,76 @@ def test_missing_gsm8k_file_says_what_to_do(tmp_path, monkeypatch):
     monkeypatch.delenv("ENTROPY_LAW_GSM8K", raising=False)
     with pytest.raises(FileNotFoundError, match="--gsm8k PATH or set ENTROPY_LAW_GSM8K"):
         gsm8k_path(tmp_path / "nope.jsonl")
+
+
+def test_long_prompts_join_several_passages_and_leave_the_other_prompts_unchanged():
+    from entropy_law.decoding.drafter_data import (LONG_TASKS, DataPlan, passage_topic, spec_bench_texts,
+                                                   stage1_prompts, stage2_prompts)
+
+    questions = [f"Tom has {i} apples. He eats one. How many are left?" for i in range(400)]
+    plan = DataPlan(n_gsm8k=20, n_passages=7, n_open=10, n_translate=5)
+    s1, math_q = stage1_prompts(plan, questions)
+    outputs = {p.prompt_id: f"Passage {p.prompt_id} text." for p in s1}
+    short = stage2_prompts(plan, math_q, outputs)
+    long_plan = DataPlan(n_gsm8k=20, n_passages=7, n_open=10, n_translate=5, n_long=9,
+                         long_min_passages=2, long_max_passages=4)
+    both = stage2_prompts(long_plan, math_q, outputs)
+    assert both[: len(short)] == short  # n_long adds prompts, changes none
+    extra = both[len(short):]
+    assert len(extra) == 9 and [p.source for p in extra] == [LONG_TASKS[k % 4][0] for k in range(9)]
+    for p in extra:
+        used = [pid for pid in outputs if pid.startswith("passage-") and f"Passage {pid} text." in p.text]
+        assert 2 <= len(used) <= 4
+        if "{topic}" in dict(LONG_TASKS)[p.source] or p.source == "long_rag":
+            assert any(passage_topic(pid) in p.text for pid in used)
+    assert stage2_prompts(long_plan, math_q, outputs) == both  # seeded
+    assert len({p.prompt_id for p in s1 + both}) == len(s1) + len(both)
+    assert not {p.text for p in both} & spec_bench_texts()
+    with pytest.raises(ValueError, match="passages"):
+        stage2_prompts(DataPlan(n_gsm8k=20, n_passages=1, n_open=0, n_translate=5, n_long=2), math_q,
+                       {"passage-0000": "One."})
+
+
+def test_batched_generation_drops_finished_rows_and_stays_greedy():
+    from entropy_law.decoding.drafter_data import greedy_generate_with_features
+
+    model = tiny_target(seed=4)
+    layers = (1, 3)
+    prompts = [[5, 6, 7, 8, 9], [11, 12], [20, 21, 22, 23, 24, 25, 26, 27], [30, 31, 32]]
+
+    def batch1(prompt, eos, n):
+        seq = list(prompt)
+        with torch.no_grad():
+            for _ in range(n):
+                seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
+                if seq[-1] == eos:
+                    break
+        return seq
+
+    # an EOS id that one row produces early and some other row never: rows finish at different steps
+    free = [batch1(p, -1, 12)[len(p):] for p in prompts]
+    eos = next(t for t in free[1][:4] if any(t not in f for f in free))
+    results = greedy_generate_with_features(model, prompts, feature_layers=layers, max_new_tokens=12,
+                                            eos_id=eos, pad_id=0)
+    lengths = {len(r["response_ids"]) for r in results}
+    assert len(lengths) > 1 and max(lengths) == 12
+    for prompt, r in zip(prompts, results):
+        seq = batch1(prompt, eos, 12)
+        assert r["response_ids"] == seq[len(prompt):]
+        with torch.no_grad(), capture_features(model, layers) as cap:
+            model(torch.tensor([seq]))
+            full = cap.features()[0]
+        assert r["features"].shape[0] == len(seq) - 1
+        torch.testing.assert_close(r["features"], full[:-1], atol=1e-5, rtol=1e-5)
+
+
+def test_a_data_folder_never_mixes_two_plans(tmp_path):
+    import json
+
+    from entropy_law.decoding.drafter_data import DataPlan, generate_dataset
+
+    plan = DataPlan(n_long=4)
+    (tmp_path / "plan.json").write_text(json.dumps({"plan": {**DataPlan().__dict__}, "feature_layers": [1],
+                                                    "batch_size": 16}))
+    with pytest.raises(ValueError, match="another plan"):
+        generate_dataset(None, tmp_path, plan=plan, feature_layers=(1,), batch_size=16)

@@ -28,6 +28,12 @@ def register(subparsers) -> None:
     g.add_argument("--n-open", type=int, default=64)
     g.add_argument("--n-translate", type=int, default=32)
     g.add_argument("--max-new-tokens", type=int, default=160)
+    g.add_argument("--passage-max-new-tokens", type=int, default=None,
+                   help="new tokens for stage 1 (passages, en->de; default: --max-new-tokens)")
+    g.add_argument("--n-long", type=int, default=0,
+                   help="long grounded prompts on several passages each (default: %(default)s)")
+    g.add_argument("--long-passages", type=int, nargs=2, default=(3, 5), metavar=("MIN", "MAX"),
+                   help="passages per long prompt (default: 3 5)")
     g.add_argument("--gen-batch-size", type=int, default=32)
     g.add_argument("--gen-minutes", type=float, default=None,
                    help="stop data generation (stage 2) after this many minutes; train on what exists")
@@ -39,10 +45,14 @@ def register(subparsers) -> None:
     t.add_argument("--layers", type=int, default=1, help="drafter layers (default: %(default)s)")
     t.add_argument("--steps", type=int, default=1600)
     t.add_argument("--minutes", type=float, default=None, help="stop training after this many minutes")
+    t.add_argument("--stop-at", type=int, default=None,
+                   help="stop after this step, on the --steps schedule (deterministic early stop)")
     t.add_argument("--lr", type=float, default=1e-3)
     t.add_argument("--batch-seqs", type=int, default=4, help="sequences per step")
     t.add_argument("--anchors", type=int, default=32, help="anchors per sequence")
     t.add_argument("--gamma", type=float, default=4.0, help="loss decay (default: %(default)s for B=8)")
+    t.add_argument("--context-vocab", action="store_true",
+                   help="the drafter may also draft every token already in the context (copying)")
     t.add_argument("--heldout", type=int, default=16, help="samples held out for acceptance")
     t.add_argument("--eval-every", type=int, default=200)
     t.add_argument("--save-every", type=int, default=50)
@@ -66,7 +76,9 @@ def run(args) -> int:
         layers = default_feature_layers(target.config.num_hidden_layers)
         plan = DataPlan(seed=args.seed, n_gsm8k=args.n_gsm8k, n_passages=args.n_passages, n_open=args.n_open,
                         n_translate=args.n_translate, max_new_tokens=args.max_new_tokens,
-                        passage_max_new_tokens=args.max_new_tokens)
+                        passage_max_new_tokens=args.passage_max_new_tokens or args.max_new_tokens,
+                        n_long=args.n_long, long_min_passages=args.long_passages[0],
+                        long_max_passages=args.long_passages[1])
         deadline = time.time() + 60 * args.gen_minutes if args.gen_minutes else None
         summary = generate_dataset(target, data_dir, plan=plan, feature_layers=layers, gsm8k=args.gsm8k,
                                    batch_size=args.gen_batch_size, deadline=deadline,
@@ -80,7 +92,7 @@ def run(args) -> int:
         cfg = TrainConfig(seed=args.seed, block_size=args.block_size, num_layers=args.layers, steps=args.steps,
                           minutes=args.minutes, lr=args.lr, batch_seqs=args.batch_seqs,
                           anchors_per_seq=args.anchors, gamma=args.gamma, heldout=args.heldout,
-                          eval_every=args.eval_every, save_every=args.save_every)
-        result = train_from_folder(args.model, data_dir, out, cfg)
+                          eval_every=args.eval_every, save_every=args.save_every, context_vocab=args.context_vocab)
+        result = train_from_folder(args.model, data_dir, out, cfg, stop_at=args.stop_at)
         print(json.dumps(result), flush=True)
     return 0

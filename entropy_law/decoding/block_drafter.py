@@ -14,6 +14,10 @@ What it knows (DFlash family, ``../shared/research/decoding.md`` 1.1-1.3):
   frozen embedding table. Both are referenced, never copied, and never saved in a checkpoint.
 * **Layout**: same-position labels: block slot ``k`` (1..B-1) predicts the token at ``anchor + k``; slot 0
   is discarded.
+* **Draft vocabulary** (optional): a fixed set of token ids whose LM-head rows are scored (EAGLE-3-style
+  reduced head); with ``context_vocab`` also every token id already in the context (prompt and committed
+  output up to the anchor), so that rare words of a passage can be copied. The set at an anchor depends
+  only on tokens at or before the anchor, in training, replay and inference alike.
 * **Modes**: ``begin``/``propose`` (the ``Drafter`` protocol; a cache of injected context K/V that only
   grows with new rows, never recomputed) and ``block_logits`` (training / offline replay: every anchor of
   a sequence in one forward with the block mask; context by *original position*, so overlapping anchors
@@ -39,6 +43,7 @@ from entropy_law.decoding.interface import DraftProposal
 
 FORMAT = "entropy-law-block-drafter"
 FORMAT_VERSION = 1
+MASKED_LOGIT = -1e4  # a draft logit meaning "not draftable here" (probability 0 in fp32)
 
 
 DEFAULT_CHECKPOINT = "smollm2-135m-block-b8.safetensors"  # inside data/drafters/
@@ -79,6 +84,7 @@ class BlockDrafterConfig:
     num_layers: int = 2
     top_k: int = 32  # candidates per depth in a proposal
     draft_vocab_size: int = 0  # 0: draft over the whole vocabulary; else over ``draft_vocab`` ids only
+    context_vocab: bool = False  # with a draft vocabulary: also draft every token already in the context
     target_id: str = ""
     target_fingerprint: float = 0.0  # sum of a fixed slice of the target embedding table (identity check)
 
@@ -130,7 +136,8 @@ def target_fingerprint(model: nn.Module) -> float:
 
 
 def config_for_target(target, *, feature_layers: Sequence[int] | None = None, block_size: int = 8,
-                      num_layers: int = 2, top_k: int = 32, target_id: str | None = None) -> BlockDrafterConfig:
+                      num_layers: int = 2, top_k: int = 32, target_id: str | None = None,
+                      context_vocab: bool = False) -> BlockDrafterConfig:
     """A drafter config matching ``target``'s width, heads, vocabulary and depth."""
     model = _target_model(target)
     cfg = _text_config(model)
@@ -145,7 +152,7 @@ def config_for_target(target, *, feature_layers: Sequence[int] | None = None, bl
                                                                  or cfg.num_attention_heads),
         head_dim=head_dim, intermediate_size=int(cfg.intermediate_size), rms_norm_eps=float(cfg.rms_norm_eps),
         rope_theta=theta, target_num_layers=n_layers, feature_layers=layers, block_size=block_size,
-        num_layers=num_layers, top_k=top_k,
+        num_layers=num_layers, top_k=top_k, context_vocab=context_vocab,
         target_id=target_id if target_id is not None else str(getattr(target, "model_id", "")),
         target_fingerprint=target_fingerprint(model),
     )
@@ -244,6 +251,8 @@ class BlockDrafter(nn.Module):
             if len(vocab_ids) == 0 or vocab_ids[0] < 0 or vocab_ids[-1] >= cfg.vocab_size:
                 raise ValueError(f"draft_vocab must hold token ids in 0..{cfg.vocab_size - 1}")
             cfg = replace(cfg, draft_vocab_size=len(vocab_ids))
+        if cfg.context_vocab and not cfg.draft_vocab_size:
+            raise ValueError("context_vocab extends a draft vocabulary; give draft_vocab too")
         _check_matches(cfg, model)
         self.config = cfg
         if cfg.num_heads % cfg.num_kv_heads:
@@ -300,46 +309,97 @@ class BlockDrafter(nn.Module):
         else:
             index = torch.arange(v)
         self.__dict__["_token_to_draft"] = index
+        self.__dict__["_head_cache"] = None
 
-    def draft_index(self, token_ids: torch.Tensor, ignore: int = -100) -> torch.Tensor:
-        """Token ids -> indices into ``block_logits``' last axis; ``ignore`` stays, ids outside the draft
-        vocabulary become ``ignore`` (they can never be drafted)."""
+    def sequence_vocab(self, token_ids: torch.Tensor) -> torch.Tensor | None:
+        """The token ids ``block_logits`` scores for sequences ``token_ids`` (sorted; ``None``: all of them).
+
+        The fixed draft vocabulary, plus (``context_vocab``) every id in ``token_ids``; which of the
+        added ids an anchor may draft is decided per anchor (``context_allowed``)."""
+        if not self.config.draft_vocab_size:
+            return None
+        if not self.config.context_vocab:
+            return self.draft_vocab
+        ids = token_ids.flatten().long().clamp(0, self.config.vocab_size - 1)
+        return torch.unique(torch.cat([self.draft_vocab, ids]))  # sorted
+
+    def context_allowed(self, input_ids: torch.Tensor, anchors: torch.Tensor,
+                        vocab: torch.Tensor) -> torch.Tensor | None:
+        """``[b, A, len(vocab)]`` bool: may the block at ``anchors[b, a]`` draft ``vocab[u]``? Only with
+        ``context_vocab`` (else ``None``: every column): ids of the fixed draft vocabulary, and ids that occur
+        in ``input_ids[b]`` at or before the anchor (the anchor is the last token the drafter has seen)."""
+        if not self.config.context_vocab:
+            return None
+        b, s = input_ids.shape
+        u = len(vocab)
+        idx = torch.searchsorted(vocab, input_ids.long()).clamp(max=u - 1)
+        present = vocab[idx] == input_ids
+        positions = torch.arange(s).expand(b, s)
+        first = torch.full((b, u), s, dtype=torch.long)
+        first.scatter_reduce_(1, idx, torch.where(present, positions, torch.full_like(positions, s)), "amin")
+        base = self._token_to_draft[vocab] >= 0  # [U]
+        return base[None, None, :] | (first[:, None, :] <= anchors[..., None])
+
+    def draft_index(self, token_ids: torch.Tensor, ignore: int = -100,
+                    vocab: torch.Tensor | None = None) -> torch.Tensor:
+        """Token ids -> indices into ``block_logits``' last axis (its ``vocab``; default the fixed draft
+        vocabulary); ``ignore`` stays, ids outside the vocabulary become ``ignore`` (never drafted)."""
         keep = token_ids != ignore
-        mapped = self._token_to_draft[token_ids.clamp(min=0)]
+        if vocab is None:
+            mapped = self._token_to_draft[token_ids.clamp(min=0)]
+        else:
+            pos = torch.searchsorted(vocab, token_ids.clamp(min=0)).clamp(max=len(vocab) - 1)
+            mapped = torch.where(vocab[pos] == token_ids, pos, torch.full_like(pos, -1))
         return torch.where(keep & (mapped >= 0), mapped, torch.full_like(mapped, ignore))
 
-    def draft_tokens(self, index: torch.Tensor) -> torch.Tensor:
-        """Indices into ``block_logits``' last axis -> token ids."""
+    def draft_tokens(self, index: torch.Tensor, vocab: torch.Tensor | None = None) -> torch.Tensor:
+        """Indices into ``block_logits``' last axis (its ``vocab``; default the fixed one) -> token ids."""
+        if vocab is not None:
+            return vocab[index]
         return self.draft_vocab[index] if self.config.draft_vocab_size else index
 
-    def to_full_vocab(self, logits: torch.Tensor, fill: float = -1e4) -> torch.Tensor:
+    def to_full_vocab(self, logits: torch.Tensor, fill: float = MASKED_LOGIT,
+                      vocab: torch.Tensor | None = None) -> torch.Tensor:
         """Draft-vocabulary logits ``[..., Vd]`` -> ``[..., V]`` with ``fill`` (probability 0 in fp32) elsewhere."""
-        if not self.config.draft_vocab_size:
-            return logits
+        if vocab is None:
+            if not self.config.draft_vocab_size:
+                return logits
+            vocab = self.draft_vocab
         full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), fill)
-        full[..., self.draft_vocab] = logits
+        full[..., vocab] = logits
         return full
 
-    def _head(self, x: torch.Tensor) -> torch.Tensor:
+    def _head(self, x: torch.Tensor, vocab: torch.Tensor | None = None) -> torch.Tensor:
+        """Final norm and the shared LM head over ``vocab`` (default: the fixed draft vocabulary, or all)."""
         h = self.norm(x)
-        weight = self._lm_head.weight.detach()
-        bias = getattr(self._lm_head, "bias", None)
-        bias = None if bias is None else bias.detach()
-        if self.config.draft_vocab_size:
-            weight = weight[self.draft_vocab]
-            bias = None if bias is None else bias[self.draft_vocab]
+        if vocab is None and self.config.draft_vocab_size:
+            vocab = self.draft_vocab
+        cached = self._head_cache if not torch.is_grad_enabled() else None  # inference only
+        if vocab is not None and cached is not None and torch.equal(cached[0], vocab):
+            weight, bias = cached[1], cached[2]
+        else:
+            weight = self._lm_head.weight.detach()
+            bias = getattr(self._lm_head, "bias", None)
+            bias = None if bias is None else bias.detach()
+            if vocab is not None:
+                weight = weight[vocab]
+                bias = None if bias is None else bias[vocab]
+                if not torch.is_grad_enabled():  # inference: the rows only change when the vocabulary grows
+                    self.__dict__["_head_cache"] = (vocab, weight, bias)
         return F.linear(h.to(weight.dtype), weight, bias).float()
 
     # ------------------------------------------------------------------ training / replay mode
     def block_logits(self, input_ids: torch.Tensor, features: torch.Tensor, anchors: torch.Tensor,
-                     anchor_valid: torch.Tensor | None = None) -> torch.Tensor:
+                     anchor_valid: torch.Tensor | None = None, *, vocab: torch.Tensor | None = None) -> torch.Tensor:
         """Draft logits of every anchor in one forward pass (training and offline replay).
 
         ``input_ids [b, S]``, ``features [b, C, n*H]`` for positions ``0..C-1`` (C <= S; rows at or after an
         anchor are never read by that anchor's block), ``anchors [b, A]`` (positions; anchor ``t`` needs
         context ``< t``, so ``t <= C``), ``anchor_valid [b, A]`` bool (padding anchors: False).
-        Returns ``[b, A, B-1, Vd]`` over the draft vocabulary (``Vd = V`` without one; see ``draft_tokens``,
-        ``draft_index``, ``to_full_vocab``): slot ``k`` (1-based) predicts the token at ``anchor + k``.
+        Returns ``[b, A, B-1, Vd]`` over the draft vocabulary ``vocab`` (default ``sequence_vocab(input_ids)``;
+        ``Vd = V`` without one; see ``draft_tokens``, ``draft_index``, ``to_full_vocab``): slot ``k``
+        (1-based) predicts the token at ``anchor + k``. With ``context_vocab``, ids an anchor may not draft yet
+        (``context_allowed``) get ``MASKED_LOGIT`` (probability 0).
         """
         cfg = self.config
         b, s = input_ids.shape
@@ -371,7 +431,13 @@ class BlockDrafter(nn.Module):
             ck, cv = layer.context_kv(ctx, cos_c, sin_c)
             x = layer(x, cos_b, sin_b, ck, cv, mask)
         x = x.view(b, a, bsz, -1)[:, :, 1:]
-        return self._head(x)
+        if vocab is None:
+            vocab = self.sequence_vocab(input_ids)
+        logits = self._head(x, vocab)
+        allowed = self.context_allowed(input_ids, safe_anchors, vocab) if vocab is not None else None
+        if allowed is not None:
+            logits = logits.masked_fill(~allowed[:, :, None, :], MASKED_LOGIT)
+        return logits
 
     # ------------------------------------------------------------------ inference mode (Drafter protocol)
     def reset(self) -> None:
@@ -379,6 +445,20 @@ class BlockDrafter(nn.Module):
         self._ctx_k: list[torch.Tensor | None] = [None] * len(self.layers)
         self._ctx_v: list[torch.Tensor | None] = [None] * len(self.layers)
         self.context_len = 0
+        self._seen = torch.zeros(self.config.vocab_size, dtype=torch.bool) if self.config.context_vocab else None
+        self._seen_len = 0
+
+    def _see(self, tokens: Sequence[int]) -> torch.Tensor | None:
+        """Mark ``tokens[seen_len:]`` as seen; the current draft vocabulary (``None``: the fixed one or all)."""
+        if self._seen is None:
+            return None
+        new = [int(t) for t in tokens[self._seen_len:]]
+        if new:
+            self._seen[torch.tensor(new, dtype=torch.long)] = True
+        self._seen_len = max(self._seen_len, len(tokens))
+        allowed = self._seen.clone()
+        allowed[self.draft_vocab] = True
+        return allowed.nonzero().flatten()
 
     @torch.no_grad()
     def inject(self, features: torch.Tensor) -> None:
@@ -400,8 +480,9 @@ class BlockDrafter(nn.Module):
         self.context_len += int(features.shape[0])
 
     @torch.no_grad()
-    def draft_logits(self, anchor_id: int, anchor_position: int) -> torch.Tensor:
-        """``[B-1, Vd]`` draft-vocabulary logits for the block at ``anchor_position`` (context must end there)."""
+    def draft_logits(self, anchor_id: int, anchor_position: int, vocab: torch.Tensor | None = None) -> torch.Tensor:
+        """``[B-1, Vd]`` logits over ``vocab`` (default the fixed draft vocabulary) for the block at
+        ``anchor_position`` (context must end there)."""
         if anchor_position != self.context_len:
             raise ValueError(
                 f"the drafter holds context for positions 0..{self.context_len - 1} but the anchor is at "
@@ -418,7 +499,7 @@ class BlockDrafter(nn.Module):
                 ck = x.new_zeros((1, cfg.num_kv_heads, 0, cfg.head_dim))
                 cv = ck
             x = layer(x, cos, sin, ck, cv, None)
-        return self._head(x[:, 1:])[0]
+        return self._head(x[:, 1:], vocab)[0]
 
     def begin(self, prompt_ids: Sequence[int], prompt_features: torch.Tensor | None) -> None:
         """New request: forget old context, inject the prompt's features (one row per prompt position)."""
@@ -428,20 +509,24 @@ class BlockDrafter(nn.Module):
         if prompt_features.shape[0] != len(prompt_ids):
             raise ValueError(f"got {prompt_features.shape[0]} feature rows for {len(prompt_ids)} prompt tokens")
         self.reset()
+        self._see(prompt_ids)
         self.inject(prompt_features)
 
     def propose(self, tokens: Sequence[int], new_features: torch.Tensor | None) -> DraftProposal:
         """Inject ``new_features`` (committed rows not yet seen), then draft B-1 tokens after ``tokens[-1]``."""
         if new_features is not None:
             self.inject(new_features)
-        return self.proposal_from_logits(self.draft_logits(int(tokens[-1]), len(tokens) - 1))
+        vocab = self._see(tokens)
+        return self.proposal_from_logits(self.draft_logits(int(tokens[-1]), len(tokens) - 1, vocab), vocab)
 
-    def proposal_from_logits(self, logits: torch.Tensor) -> DraftProposal:
-        """``[B-1, Vd]`` draft-vocabulary logits -> top-k candidates per depth (token ids) + full logits."""
+    def proposal_from_logits(self, logits: torch.Tensor, vocab: torch.Tensor | None = None) -> DraftProposal:
+        """``[B-1, Vd]`` logits over ``vocab`` (default the fixed draft vocabulary) -> top-k candidates per
+        depth (token ids) + full-vocabulary logits."""
         logprobs = torch.log_softmax(logits, dim=-1)
         k = min(self.config.top_k, logits.shape[-1])
         top_lp, top_index = torch.topk(logprobs, k, dim=-1)
-        return DraftProposal(tokens=self.draft_tokens(top_index), logprobs=top_lp, logits=self.to_full_vocab(logits))
+        return DraftProposal(tokens=self.draft_tokens(top_index, vocab), logprobs=top_lp,
+                             logits=self.to_full_vocab(logits, vocab=vocab))
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, path: str | Path, *, dtype: torch.dtype = torch.float16, metadata: dict | None = None) -> Path:

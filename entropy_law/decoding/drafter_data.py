@@ -1,12 +1,14 @@
 """Self-distilled training data for the block drafter: prompts, greedy target responses, target features.
 
 Known here: which prompts are used (GSM8K train questions, grounded prompts built on passages the target
-wrote itself, open instructions, translation-style prompts; all disjoint from the Spec-Bench evaluation
-questions, which is checked), how the target answers them (greedy, batched with left padding, the chat
+wrote itself, short ones on one passage and long ones on several, 500-1000 tokens like Spec-Bench's
+summarization and RAG prompts, open instructions, translation-style prompts; all disjoint from the
+Spec-Bench evaluation questions, which is checked), how the target answers them (greedy, batched with left padding, the chat
 template the decoder uses: ``tokenizer.apply_chat_template(messages, add_generation_prompt=True)``), and
 how the features of the feature layers are captured on the way (the forward hooks of ``features``: each
 generation step's forward already computes the hidden states of the token it consumes, so features cost
-nothing extra). Samples are written as shards (safetensors + a JSON manifest) that a restarted run skips.
+nothing extra). Samples are written as shards (safetensors + a JSON manifest) that a restarted run skips;
+a data folder records its plan and refuses another one.
 
 Not known here: the drafter or its training (``drafter_training``). Numerics: batched generation with
 padding (and, by default, SDPA attention) can differ from batch-1 eager greedy decoding at rare near-ties;
@@ -67,6 +69,19 @@ OPEN_SUBJECTS = (
     "electric cars", "rainbows", "friendship", "exercise", "the internet", "cooking pasta", "bees",
     "reading books", "the solar system", "first aid", "camping", "music lessons",
 )
+# Long grounded prompts (several of the target's passages in one context, 500-1000 tokens, like Spec-Bench's
+# summarization and RAG prompts); tasks whose answers copy from the context. ``{topic}`` is one passage's topic.
+LONG_TASKS = (
+    ("long_summary", "Summarize: {text}"),
+    ("long_rag", "{text}\n{question}"),
+    ("long_extract", "{text}\n\nList the names, places and numbers mentioned in the text above."),
+    ("long_quote", "{text}\n\nQuote the sentences of the text above that are about {topic}."),
+)
+LONG_QUESTIONS = (
+    "What happened with {topic}?", "Who was involved in the story about {topic}?",
+    "Where did the story about {topic} take place?", "why does the story about {topic} matter?",
+    "what does the text say about {topic}?",
+)
 PASSAGE_QUESTIONS = (
     "What is the main event described in the text?", "Who is involved, according to the text?",
     "Where does this take place?", "Why does this matter, according to the text?",
@@ -79,7 +94,8 @@ class PromptSpec:
     """One training prompt: where it comes from and its user message."""
 
     prompt_id: str
-    source: str  # gsm8k | passage | grounded_summary | grounded_extract | grounded_answer | open | translate_en_de | translate_de_en
+    source: str  # gsm8k | passage | grounded_summary | grounded_extract | grounded_answer | open | translate_en_de
+    #              | translate_de_en | long_summary | long_rag | long_extract | long_quote
     text: str
 
 
@@ -94,6 +110,9 @@ class DataPlan:
     n_translate: int = 32  # stage 1 en->de, stage 2 de->en on the target's own German
     max_new_tokens: int = 160
     passage_max_new_tokens: int = 160
+    n_long: int = 0  # stage 2: long grounded prompts, each on several stage-1 passages (LONG_TASKS, round robin)
+    long_min_passages: int = 3
+    long_max_passages: int = 5
 
 
 def gsm8k_path(path: str | os.PathLike | None = None) -> Path:
@@ -177,7 +196,36 @@ def stage2_prompts(plan: DataPlan, math_questions: Sequence[str],
     rng.shuffle(combos)
     prompts += [PromptSpec(f"open-{k:04d}", "open", tmpl.format(x=subj))
                 for k, (tmpl, subj) in enumerate(combos[: plan.n_open])]
-    return prompts
+    return prompts + long_prompts(plan, stage1_outputs)
+
+
+def passage_topic(prompt_id: str) -> str:
+    """The topic of stage-1 passage ``passage-NNNN`` (as ``stage1_prompts`` assigned it)."""
+    return TOPICS[int(prompt_id.split("-")[1]) % len(TOPICS)]
+
+
+def long_prompts(plan: DataPlan, stage1_outputs: dict[str, str]) -> list[PromptSpec]:
+    """``plan.n_long`` long grounded prompts: each joins ``long_min_passages..long_max_passages`` distinct
+    stage-1 passages (seeded choice, newline-separated like Spec-Bench's RAG passages) and asks one of
+    ``LONG_TASKS`` (round robin) about them; questions name the topic of one of the chosen passages."""
+    if plan.n_long <= 0:
+        return []
+    passages = sorted((pid, text.strip()) for pid, text in stage1_outputs.items()
+                      if pid.startswith("passage-") and text.strip())
+    if len(passages) < plan.long_min_passages or plan.long_min_passages > plan.long_max_passages:
+        raise ValueError(f"long prompts need {plan.long_min_passages}..{plan.long_max_passages} passages; "
+                         f"{len(passages)} passages were generated")
+    rng = random.Random(plan.seed + 2)  # its own stream: the other prompts do not change with n_long
+    out = []
+    for k in range(plan.n_long):
+        n = rng.randint(plan.long_min_passages, min(plan.long_max_passages, len(passages)))
+        chosen = rng.sample(passages, n)
+        topic = passage_topic(chosen[rng.randrange(n)][0])
+        source, template = LONG_TASKS[k % len(LONG_TASKS)]
+        question = LONG_QUESTIONS[rng.randrange(len(LONG_QUESTIONS))].format(topic=topic)
+        text = "\n".join(t for _, t in chosen)
+        out.append(PromptSpec(f"long-{k:04d}", source, template.format(text=text, question=question, topic=topic)))
+    return out
 
 
 def chat_ids(tokenizer, text: str) -> list[int]:
@@ -193,6 +241,8 @@ def greedy_generate_with_features(model, prompt_ids: Sequence[Sequence[int]], *,
                                   max_new_tokens: int, eos_id: int, pad_id: int) -> list[dict]:
     """Greedy responses for a batch of prompts (left padding), with the target features of every consumed token.
 
+    Rows that finish are dropped from the batch once they are at least an eighth of it (their K/V
+    rows are removed from the cache), so long and short answers can share a batch.
     Returns per prompt: ``response_ids`` (ending with EOS if it was produced within the budget) and
     ``features`` ``[len(prompt) + len(response) - 1, n*H]`` (fp32): the features of every position
     except the last one (which the drafter never needs as context).
@@ -213,6 +263,7 @@ def greedy_generate_with_features(model, prompt_ids: Sequence[Sequence[int]], *,
     feats: list[list[torch.Tensor]] = [[] for _ in range(b)]
     responses: list[list[int]] = [[] for _ in range(b)]
     done = torch.zeros(b, dtype=torch.bool)
+    rows = torch.arange(b)  # batch row r of the model's tensors holds prompt rows[r]
     with capture_features(model, feature_layers) as cap:
         out = model(input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=cache,
                     use_cache=True, logits_to_keep=1)
@@ -222,23 +273,29 @@ def greedy_generate_with_features(model, prompt_ids: Sequence[Sequence[int]], *,
         next_pos = pos[:, -1:] + 1
         for step in range(max_new_tokens):
             nxt = out.logits[:, -1].argmax(-1).cpu()
-            for i in range(b):
+            for r, i in enumerate(rows.tolist()):
                 if not done[i]:
-                    responses[i].append(int(nxt[i]))
-                    if int(nxt[i]) == eos_id:
+                    responses[i].append(int(nxt[r]))
+                    if int(nxt[r]) == eos_id:
                         done[i] = True
             if bool(done.all()) or step == max_new_tokens - 1:
                 break
-            attn = torch.cat([attn, torch.ones((b, 1), dtype=attn.dtype, device=device)], dim=1)
+            finished = done[rows]
+            if int(finished.sum()) * 8 >= len(rows):
+                # drop finished rows from the batch (their outputs are complete): less work per step
+                keep = (~finished).nonzero().flatten()
+                cache.batch_select_indices(keep.to(device))
+                rows, nxt, attn, next_pos = rows[keep], nxt[keep], attn[keep.to(device)], next_pos[keep.to(device)]
+            attn = torch.cat([attn, torch.ones((len(rows), 1), dtype=attn.dtype, device=device)], dim=1)
             out = model(input_ids=nxt[:, None].to(device), attention_mask=attn, position_ids=next_pos,
                         past_key_values=cache, use_cache=True, logits_to_keep=1)
             next_pos = next_pos + 1
             f = cap.features()
-            for i in range(b):
+            for r, i in enumerate(rows.tolist()):
                 # the consumed token is response[-1]; keep its features only while the row is still open
                 # (a row that just produced EOS never needs the EOS position's features)
                 if not done[i]:
-                    feats[i].append(f[i, -1:].float().cpu())
+                    feats[i].append(f[r, -1:].float().cpu())
     results = []
     for i, p in enumerate(prompt_ids):
         fi = torch.cat(feats[i], dim=0)
@@ -313,6 +370,15 @@ def generate_dataset(target, out_dir: str | os.PathLike, *, plan: DataPlan, feat
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    # shards are skipped by name on resume, so a folder must never mix two plans
+    identity = {"plan": asdict(plan), "feature_layers": [int(i) for i in feature_layers], "batch_size": batch_size}
+    identity_path = out / "plan.json"
+    if identity_path.is_file():
+        before = json.loads(identity_path.read_text())
+        if before != identity:
+            raise ValueError(f"{out} holds data of another plan ({before}); use a new --out or delete it")
+    else:
+        identity_path.write_text(json.dumps(identity, indent=2))
     tokenizer, model = target.tokenizer, target.model
     eos_id = int(target.config.eos_token_id if isinstance(target.config.eos_token_id, int)
                  else target.config.eos_token_id[0])

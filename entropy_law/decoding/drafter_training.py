@@ -13,6 +13,10 @@ the greedy text whatever the drafts are, so the chain round that starts at ancho
 number of leading drafts that equal the greedy continuation; rounds advance by accepted + 1. That equals
 the online chain decoder's accepted lengths (tested against an online chain loop).
 
+With a context vocabulary (``BlockDrafterConfig.context_vocab``) the columns of a batch are the fixed draft
+vocabulary plus every id of its sequences; each anchor may draft only ids seen at or before it, and a label
+it may not draft yet gets no loss (it can never be accepted there either).
+
 Not known here: the KL-to-target term (the target's full distributions are not stored with the data; only
 greedy labels are used), tree policies other than the chain (DDTree replay lives with the tree tools).
 """
@@ -56,6 +60,7 @@ class TrainConfig:
     eval_every: int = 200
     save_every: int = 50
     draft_vocab_base: int | None = 4096  # None: full vocabulary; else ids < base plus every training token
+    context_vocab: bool = False  # also draft ids already in the context (copying rare words of a passage)
 
 
 def draft_vocabulary(samples: Sequence[dict], base: int, vocab_size: int) -> list[int]:
@@ -143,10 +148,15 @@ def forward_train(drafter: BlockDrafter, batch: dict, *, anchors_per_seq: int, g
     anchors, valid = zip(*(sample_anchors(int(p), int(s), anchors_per_seq, generator)
                            for p, s in zip(batch["prompt_lens"], batch["seq_lens"])))
     anchors, valid = torch.stack(anchors), torch.stack(valid)
-    logits = drafter.block_logits(batch["input_ids"], batch["features"], anchors, valid)
+    vocab = drafter.sequence_vocab(batch["input_ids"])
+    logits = drafter.block_logits(batch["input_ids"], batch["features"], anchors, valid, vocab=vocab)
     labels = block_labels(batch["input_ids"], anchors, valid, drafter.block_size,
                           batch["prompt_lens"], batch["seq_lens"])
-    labels = drafter.draft_index(labels, IGNORE)
+    labels = drafter.draft_index(labels, IGNORE, vocab)
+    allowed = drafter.context_allowed(batch["input_ids"], anchors, vocab) if vocab is not None else None
+    if allowed is not None:  # a label the block may not draft yet (first seen after the anchor): no loss
+        ok = torch.gather(allowed, 2, labels.clamp(min=0))
+        labels = torch.where(ok, labels, torch.full_like(labels, IGNORE))
     loss = decayed_cross_entropy(logits, labels, gamma)
     with torch.no_grad():
         draft = logits.argmax(-1)
@@ -184,12 +194,14 @@ def replay_chain(drafter: BlockDrafter, input_ids: torch.Tensor, features: torch
     accepted = []
     ids = input_ids[None].long()
     feats = features[None, : s - 1].float()
+    vocab = drafter.sequence_vocab(ids)
     for lo in range(0, len(anchors), chunk):
         a = torch.tensor([anchors[lo: lo + chunk]])
-        logits = drafter.block_logits(ids, feats, a)
+        logits = drafter.block_logits(ids, feats, a, vocab=vocab)
         labels = block_labels(ids, a, torch.ones_like(a, dtype=torch.bool), drafter.block_size,
                               torch.tensor([prompt_len]), torch.tensor([s]))
-        accepted += accepted_drafts(logits.argmax(-1), drafter.draft_index(labels, IGNORE))[0].tolist()
+        # a label the anchor may not draft has MASKED_LOGIT, so the argmax never equals it
+        accepted += accepted_drafts(logits.argmax(-1), drafter.draft_index(labels, IGNORE, vocab))[0].tolist()
     by_anchor = dict(zip(anchors, accepted))
     rounds, taus, committed = [], [], []
     t = prompt_len
@@ -228,11 +240,14 @@ class PrecomputedBlockDrafter:
         ids = torch.tensor([self.sequence])
         # one pass over all anchors (chunked only to bound memory); anchor s-1 needs features 0..s-2
         feats = features[None, : s - 1].float()
+        # the columns: the draft vocabulary of the whole sequence; with ``context_vocab`` ids an anchor has
+        # not seen yet are masked per anchor, so each row equals the live drafter's proposal there
+        self.vocab = drafter.sequence_vocab(ids)
         rows = []
         with torch.no_grad():
             for lo in range(0, len(anchors), chunk):
                 a = torch.tensor([anchors[lo: lo + chunk]])
-                rows.append(drafter.block_logits(ids, feats, a)[0])
+                rows.append(drafter.block_logits(ids, feats, a, vocab=self.vocab)[0])
         self.logits = torch.cat(rows)  # [n_anchors, B-1, Vd]
 
     def begin(self, prompt_ids, prompt_features) -> None:
@@ -243,7 +258,7 @@ class PrecomputedBlockDrafter:
         n = len(tokens)
         if n <= self.prompt_len or [int(t) for t in tokens] != self.sequence[:n]:
             raise ValueError("tokens are not a prefix of the precomputed sequence beyond its prompt")
-        return self.drafter.proposal_from_logits(self.logits[n - 1 - self.prompt_len])
+        return self.drafter.proposal_from_logits(self.logits[n - 1 - self.prompt_len], self.vocab)
 
 
 def heldout_acceptance(drafter: BlockDrafter, samples: Sequence[dict]) -> dict:
@@ -282,8 +297,11 @@ def split_heldout(samples: Sequence[dict], n: int, seed: int) -> tuple[list[dict
 
 
 def train(drafter: BlockDrafter, train_samples: Sequence[dict], heldout_samples: Sequence[dict],
-          cfg: TrainConfig, out_dir: str | Path, *, progress: bool = True) -> dict:
-    """Train ``drafter`` in place; checkpoints to ``out_dir/checkpoints/last.pt``, resumed if present."""
+          cfg: TrainConfig, out_dir: str | Path, *, progress: bool = True, stop_at: int | None = None) -> dict:
+    """Train ``drafter`` in place; checkpoints to ``out_dir/checkpoints/last.pt``, resumed if present.
+
+    ``stop_at``: stop after this step, on the schedule of ``cfg.steps`` (deterministic early stop; the
+    checkpoint can be resumed to ``cfg.steps`` later)."""
     from tqdm.auto import tqdm
 
     out = Path(out_dir)
@@ -323,6 +341,9 @@ def train(drafter: BlockDrafter, train_samples: Sequence[dict], heldout_samples:
     running: dict[str, float] = {}
     stopped_early = False
     while step < cfg.steps:
+        if stop_at is not None and step >= stop_at:
+            stopped_early = True
+            break
         if cfg.minutes is not None and elapsed_before + time.time() - t_start > 60 * cfg.minutes:
             stopped_early = True
             break
@@ -356,7 +377,7 @@ def train(drafter: BlockDrafter, train_samples: Sequence[dict], heldout_samples:
     bar.close()
     save()
     last_eval = next((h["heldout"] for h in reversed(history) if "heldout" in h), None)
-    if heldout_samples and (last_eval is None or history[-1].get("heldout") is None):
+    if heldout_samples and (last_eval is None or not history or history[-1].get("heldout") is None):
         last_eval = heldout_acceptance(drafter, heldout_samples)
     drafter.eval()
     return {"steps": step, "stopped_early": stopped_early,
@@ -364,7 +385,8 @@ def train(drafter: BlockDrafter, train_samples: Sequence[dict], heldout_samples:
             "final_heldout": last_eval, "history_tail": history[-5:]}
 
 
-def train_from_folder(model_spec: str, data_dir: str | Path, out_dir: str | Path, cfg: TrainConfig) -> dict:
+def train_from_folder(model_spec: str, data_dir: str | Path, out_dir: str | Path, cfg: TrainConfig, *,
+                      stop_at: int | None = None) -> dict:
     """Load the target and the generated shards, split off held-out samples, train, save the drafter."""
     from entropy_law.decoding.drafter_data import load_samples
     from entropy_law.decoding.loading import load_target
@@ -380,12 +402,12 @@ def train_from_folder(model_spec: str, data_dir: str | Path, out_dir: str | Path
     vocab = (None if cfg.draft_vocab_base is None else
              draft_vocabulary(train_s, cfg.draft_vocab_base, int(target.config.vocab_size)))
     drafter = BlockDrafter(target, seed=cfg.seed, block_size=cfg.block_size, num_layers=cfg.num_layers,
-                           draft_vocab=vocab)
+                           draft_vocab=vocab, context_vocab=cfg.context_vocab)
     out = Path(out_dir)
     (out / "train_config.json").write_text(json.dumps(
         {"train": asdict(cfg), "drafter": json.loads(drafter.config.to_json()),
          "train_samples": len(train_s), "heldout_ids": [s["prompt_id"] for s in held_s]}, indent=2))
-    result = train(drafter, train_s, held_s, cfg, out)
+    result = train(drafter, train_s, held_s, cfg, out, stop_at=stop_at)
     tokens = sum(int(s["input_ids"].shape[0] - s["prompt_len"]) for s in train_s)
     result.update({"train_samples": len(train_s), "train_response_tokens": tokens, "heldout_samples": len(held_s)})
     drafter.save(out / "drafter.safetensors", metadata={"train": asdict(cfg), **{
