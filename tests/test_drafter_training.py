@@ -191,12 +191,7 @@ def test_batched_generation_equals_batch1_greedy_and_full_forward_features():
                 seq.append(int(model(torch.tensor([seq])).logits[0, -1].argmax()))
                 if seq[-1] == 3:
                     break
-        assert r["response_ids"] == seq[len(prompt):]
-        with torch.no_grad(), capture_features(model, layers) as cap:
-            model(torch.tensor([seq]))
-            full = cap.features()[0]
-        assert r["features"].shape[0] == len(seq) - 1
-        torch.testing.assert_close(r["features"], full[:-1], atol=1e-5, rtol=1e-5)
+        _assert_equals_batch1(model, layers, prompt, r, seq)
 
 
 def test_training_prompts_are_disjoint_from_spec_bench(tmp_path):
@@ -279,12 +274,7 @@ def test_batched_generation_drops_finished_rows_and_stays_greedy():
     assert len(lengths) > 1 and max(lengths) == 12
     for prompt, r in zip(prompts, results):
         seq = batch1(prompt, eos, 12)
-        assert r["response_ids"] == seq[len(prompt):]
-        with torch.no_grad(), capture_features(model, layers) as cap:
-            model(torch.tensor([seq]))
-            full = cap.features()[0]
-        assert r["features"].shape[0] == len(seq) - 1
-        torch.testing.assert_close(r["features"], full[:-1], atol=1e-5, rtol=1e-5)
+        _assert_equals_batch1(model, layers, prompt, r, seq)
 
 
 def test_a_data_folder_never_mixes_two_plans(tmp_path):
@@ -297,3 +287,14 @@ def test_a_data_folder_never_mixes_two_plans(tmp_path):
                                                     "batch_size": 16}))
     with pytest.raises(ValueError, match="another plan"):
         generate_dataset(None, tmp_path, plan=plan, feature_layers=(1,), batch_size=16)
+
+
+def _assert_equals_batch1(model, layers, prompt, result, seq):
+    """A batched-generation result equals batch-1 greedy ``seq``: response ids and the features of every
+    position but the last (one full forward over ``seq``)."""
+    assert result["response_ids"] == seq[len(prompt):]
+    with torch.no_grad(), capture_features(model, layers) as cap:
+        model(torch.tensor([seq]))
+        full = cap.features()[0]
+    assert result["features"].shape[0] == len(seq) - 1
+    torch.testing.assert_close(result["features"], full[:-1], atol=1e-5, rtol=1e-5)
