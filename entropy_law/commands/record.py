@@ -157,7 +157,7 @@ def run(args) -> int:
     tracker = _RoundTracker()
     decoder = SpeculativeDecoder(images.adapter if images is not None else target, drafter, tree=args.tree,
                                  budget=budget, verify_cost_ratio=args.verify_cost_ratio, observers=[tracker],
-                                 verify_cost="measure" if args.gate == "cost" and drafter is not None else None,
+                                 verify_cost="measure" if args.gate == "cost" else None,  # AR: the decoder measures nothing
                                  tokenizer=tokenizer)
     max_context = decoder.adapter.max_context
     metadata = {

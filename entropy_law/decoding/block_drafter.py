@@ -445,8 +445,12 @@ class BlockDrafter(nn.Module):
         self._ctx_k: list[torch.Tensor | None] = [None] * len(self.layers)
         self._ctx_v: list[torch.Tensor | None] = [None] * len(self.layers)
         self.context_len = 0
-        self._seen = torch.zeros(self.config.vocab_size, dtype=torch.bool) if self.config.context_vocab else None
+        self._seen = None  # with context_vocab: ids the drafter may draft (fixed vocabulary + ids seen so far)
+        if self.config.context_vocab:
+            self._seen = torch.zeros(self.config.vocab_size, dtype=torch.bool)
+            self._seen[self.draft_vocab] = True
         self._seen_len = 0
+        self._vocab = None  # sorted ids of _seen, recomputed only when a new id appears
 
     def _see(self, tokens: Sequence[int]) -> torch.Tensor | None:
         """Mark ``tokens[seen_len:]`` as seen; the current draft vocabulary (``None``: the fixed one or all)."""
@@ -454,11 +458,14 @@ class BlockDrafter(nn.Module):
             return None
         new = [int(t) for t in tokens[self._seen_len:]]
         if new:
-            self._seen[torch.tensor(new, dtype=torch.long)] = True
+            ids = torch.tensor(new, dtype=torch.long)
+            if not self._seen[ids].all():
+                self._seen[ids] = True
+                self._vocab = None
         self._seen_len = max(self._seen_len, len(tokens))
-        allowed = self._seen.clone()
-        allowed[self.draft_vocab] = True
-        return allowed.nonzero().flatten()
+        if self._vocab is None:
+            self._vocab = self._seen.nonzero().flatten()
+        return self._vocab
 
     @torch.no_grad()
     def inject(self, features: torch.Tensor) -> None:
