@@ -8,6 +8,10 @@ interleaved per prompt, in a rotating order, after the same warm-up, so machine 
 arms alike. Prompts: the first ``--limit`` questions of each Spec-Bench category, chat template,
 ``--max-new-tokens`` new tokens (greedy, EOS stops).
 
+Our arms run the adapter's lean grouped-query attention kernel (``entropy_law.decoding.attention``: the
+same logits as transformers' eager attention, without copying the KV cache per query head); the HF arms run
+the model as loaded (eager). ``--kernel-arms`` adds our AR on transformers' kernel and HF greedy on sdpa.
+
 Reports per category and overall: tokens per second and the ratio to our AR; mean committed tokens
 per verify round of the n-gram arms; the recording overhead (the n-gram chain decoder with and without
 a ``RecorderObserver`` writing a real trace; also the observer's own time as a share of decode time);
@@ -17,6 +21,7 @@ and whether every arm produced the same token ids as our AR. Ends with ONE JSON 
     nice python bench/decode_speed.py --limit 2 --max-new-tokens 128     # quicker
     python bench/decode_speed.py --limit 2 --compare-gates               # cost gate vs ratio gate
     nice -n -15 python bench/decode_speed.py --threads 1 --clock cpu     # on a shared machine
+    python bench/decode_speed.py --limit 2 --kernel-arms                 # + our AR on HF's eager kernel, HF sdpa
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -67,16 +73,31 @@ class TimedObserver:
         self._timed("on_request_end", request_id, info)
 
 
+@contextmanager
+def model_attention(model, implementation: str | None):
+    """Run ``model`` with another attention implementation for the duration (None: as loaded)."""
+    if implementation is None:
+        yield
+        return
+    loaded = model.config._attn_implementation
+    model.config._attn_implementation = implementation
+    try:
+        yield
+    finally:
+        model.config._attn_implementation = loaded
+
+
 def make_arms(target, args, recorder_observer, verify_cost):
     model = target.model
     eos = model.generation_config.eos_token_id
 
-    def hf(extra):
+    def hf(extra, attention=None):
         @torch.inference_mode()
         def run(prompt_ids, max_new_tokens, category, request_id):
             ids = torch.tensor([prompt_ids])
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                                 do_sample=False, eos_token_id=eos, pad_token_id=eos, **extra)
+            with model_attention(model, attention):
+                out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
+                                     do_sample=False, eos_token_id=eos, pad_token_id=eos, **extra)
             return out[0, len(prompt_ids):].tolist(), None
 
         return run
@@ -103,6 +124,10 @@ def make_arms(target, args, recorder_observer, verify_cost):
         "ours ngram chain + recorder": ours(SpeculativeDecoder(target, ngram(), tree="chain", **gate,
                                                                observers=[recorder_observer])),
     }
+    if args.kernel_arms:  # where our AR's edge over HF greedy comes from: the adapter's attention kernel
+        arms["ours AR, HF eager kernel"] = ours(ARDecoder(TargetAdapter(model, lean_attention=False),
+                                                          tokenizer=target.tokenizer))
+        arms["HF greedy, sdpa"] = hf({}, attention="sdpa")
     if args.compare_gates and verify_cost is not None:
         arms["ours ngram chain, ratio gate"] = ours(SpeculativeDecoder(target, ngram(), tree="chain", **ratio_gate))
         arms["ours ngram ddtree, ratio gate"] = ours(SpeculativeDecoder(target, ngram(), tree="ddtree",
@@ -125,6 +150,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--verify-cost-ratio", type=float, default=2.0)
     parser.add_argument("--compare-gates", action="store_true",
                         help="with --gate cost, also run the n-gram arms with the ratio gate")
+    parser.add_argument("--kernel-arms", action="store_true",
+                        help="also run our AR with transformers' eager attention kernel and HF greedy with sdpa "
+                             "(attributes our AR's edge over HF greedy to the adapter's attention kernel)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="time each call by wall clock (default) or by this process's CPU time; on a shared "

@@ -5,7 +5,9 @@ float mask ``[1, 1, N+1, start+N+1]`` in which the whole committed prefix is vis
 ancestor-only, position ids ``start + depth``), how to keep only the accepted rows of the KV cache
 (``commit``; our own gather-and-truncate over ``cache.layers[i].keys/values``, never ``DynamicCache.crop``,
 whose meaning changed across transformers versions), and how to capture hidden states of chosen layers
-(``entropy_law.decoding.features``). Batch size 1.
+(``entropy_law.decoding.features``). Batch size 1. Forwards run the language attention with the lean
+grouped-query kernel of ``entropy_law.decoding.attention`` when the model uses ``eager`` (same logits, no
+copies of the KV cache); ``lean_attention=False`` keeps transformers' own kernel.
 
 Not known here: drafters, tree policies, acceptance, stopping (see ``decoder``). A vision-language
 subclass overrides ``tree_position_ids`` (3-D M-RoPE ids) and ``prefill`` (pixel inputs); nothing else
@@ -19,6 +21,7 @@ from typing import Sequence
 
 import torch
 
+from entropy_law.decoding.attention import lean_attention, text_config
 from entropy_law.decoding.features import capture_features
 from entropy_law.decoding.tree import Tree
 
@@ -40,8 +43,9 @@ class TargetAdapter:
     the invariant.
     """
 
-    def __init__(self, model: torch.nn.Module, *, feature_layers: Sequence[int] = ()):
+    def __init__(self, model: torch.nn.Module, *, feature_layers: Sequence[int] = (), lean_attention: bool = True):
         self.model = model
+        self.lean_attention = bool(lean_attention)
         self.feature_layers = tuple(int(i) for i in feature_layers)
         params = next(model.parameters())
         self.device = params.device
@@ -51,9 +55,9 @@ class TargetAdapter:
         self.cache = None
 
     @classmethod
-    def from_target(cls, target, *, feature_layers: Sequence[int] = ()) -> "TargetAdapter":
+    def from_target(cls, target, *, feature_layers: Sequence[int] = (), lean_attention: bool = True) -> "TargetAdapter":
         """From a ``LoadedTarget`` (or anything with ``.model``)."""
-        return cls(target.model, feature_layers=feature_layers)
+        return cls(target.model, feature_layers=feature_layers, lean_attention=lean_attention)
 
     @property
     def cache_len(self) -> int:
@@ -63,8 +67,22 @@ class TargetAdapter:
 
     # --- forward passes -------------------------------------------------------------------------
 
+    @property
+    def attention_kernel(self) -> str:
+        """The language attention this adapter's forwards run: the model's own, or the lean GQA kernel."""
+        with self._attention():
+            return str(text_config(self.model)._attn_implementation)
+
+    def _attention(self):
+        """Context for one forward: the lean attention kernel when enabled and the model uses eager."""
+        return lean_attention(self.model, self.lean_attention)
+
     @torch.inference_mode()
     def _forward(self, input_ids, position_ids, attention_mask, logits_to_keep: int = 0):
+        with self._attention():
+            return self._model_forward(input_ids, position_ids, attention_mask, logits_to_keep)
+
+    def _model_forward(self, input_ids, position_ids, attention_mask, logits_to_keep: int):
         kwargs = {self._cache_kw: self.cache}
         if self.feature_layers:
             with capture_features(self.model, self.feature_layers) as capture:

@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from entropy_law.decoding.attention import text_config as _text_config
 from entropy_law.decoding.interface import DraftProposal
 
 FORMAT = "entropy-law-block-drafter"
@@ -117,11 +118,6 @@ def _target_model(target) -> nn.Module:
     if isinstance(model, nn.Module) and hasattr(model, "get_input_embeddings"):
         return model
     raise TypeError(f"expected a target (LoadedTarget or Hugging Face causal LM), got {type(target).__name__}")
-
-
-def _text_config(model):
-    cfg = model.config
-    return cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
 
 
 def _lm_head(model: nn.Module) -> nn.Module | None:

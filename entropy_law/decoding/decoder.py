@@ -186,6 +186,7 @@ class SpeculativeDecoder:
             "eos_token_ids": sorted(self.eos_token_ids),
             "feature_layers": list(self.adapter.feature_layers),
             "dtype": str(self.adapter.dtype).replace("torch.", ""),
+            "attention": self.adapter.attention_kernel,
         }
 
     @property

@@ -265,8 +265,8 @@ class VLMTargetAdapter(TargetAdapter):
 
     forward_keys: tuple[str, ...] = ("pixel_values",)
 
-    def __init__(self, model: torch.nn.Module, *, feature_layers: Sequence[int] = ()):
-        super().__init__(model, feature_layers=feature_layers)
+    def __init__(self, model: torch.nn.Module, *, feature_layers: Sequence[int] = (), lean_attention: bool = True):
+        super().__init__(model, feature_layers=feature_layers, lean_attention=lean_attention)
         self.family = vlm_family(model.config)
         text_config = model.config.get_text_config()
         self.max_context = getattr(text_config, "max_position_embeddings", None)
@@ -312,7 +312,7 @@ class VLMTargetAdapter(TargetAdapter):
                 extra["pixel_values"] = extra["pixel_values"].to(self.dtype)
         kwargs = dict(input_ids=ids, position_ids=positions, attention_mask=None, use_cache=True, logits_to_keep=1,
                       **{self._cache_arg: self.cache}, **extra)
-        with torch.inference_mode():
+        with torch.inference_mode(), self._attention():
             if self.feature_layers:
                 with capture_features(self.model, self.feature_layers) as capture:
                     out = self.model(**kwargs)
@@ -344,8 +344,8 @@ class Qwen2VLTargetAdapter(VLMTargetAdapter):
 
     forward_keys = ("pixel_values", "image_grid_thw")
 
-    def __init__(self, model: torch.nn.Module, *, feature_layers: Sequence[int] = ()):
-        super().__init__(model, feature_layers=feature_layers)
+    def __init__(self, model: torch.nn.Module, *, feature_layers: Sequence[int] = (), lean_attention: bool = True):
+        super().__init__(model, feature_layers=feature_layers, lean_attention=lean_attention)
         self.rope_delta = 0
 
     def _rope_index(self):
