@@ -21,7 +21,7 @@ from scipy.stats import entropy as scipy_entropy
 
 from entropy_law.decoding.decoder import ARDecoder, SpeculativeDecoder
 from entropy_law.decoding.ngram import NgramDrafter
-from entropy_law.decoding.observers import RecorderObserver, distribution_stats
+from entropy_law.decoding.observers import RecorderObserver, committed_token_draft_stats, distribution_stats
 from tests.tiny_models import single_thread  # noqa: F401 (fixture)
 from tests.tiny_models import (FakeRecorder, OracleDrafter, RandomTreePolicy, first_divergence_margin, hf_greedy,
                                random_prompt, tiny_llama)
@@ -153,3 +153,19 @@ def test_distribution_stats_match_scipy():
     masked[:, 500:] = -float("inf")
     ref = scipy_entropy(softmax(masked[:, :500].double().numpy(), axis=-1), axis=-1)
     np.testing.assert_allclose(distribution_stats(masked)["entropy_nats"].numpy(), ref, atol=1e-5, rtol=0)
+
+
+def test_committed_token_draft_stats_match_scipy():
+    generator = torch.Generator().manual_seed(1)
+    logits = torch.randn(4, 300, generator=generator) * torch.tensor([[0.1], [2.0], [8.0], [40.0]])
+    logits[1, 200:] = -float("inf")  # a masked draft vocabulary
+    committed = [5, 17, 290, 3, 9]  # one more committed token than drafted depths: NaN there
+    stats = committed_token_draft_stats(logits, committed)
+    z = logits.double().numpy()
+    p = softmax(z, axis=-1)
+    rows = np.arange(4)
+    ids = np.array(committed[:4])
+    np.testing.assert_allclose(stats["prob"][:4].numpy(), p[rows, ids], atol=1e-6, rtol=0)
+    np.testing.assert_array_equal(stats["rank"][:4].numpy(), (z > z[rows, ids][:, None]).sum(-1))
+    np.testing.assert_allclose(stats["entropy_nats"][:4].numpy(), scipy_entropy(p, axis=-1), atol=1e-5, rtol=0)
+    assert all(torch.isnan(stats[key][4]) for key in ("prob", "rank", "entropy_nats"))

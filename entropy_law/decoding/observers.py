@@ -20,28 +20,37 @@ from entropy_law.decoding.interface import RoundRecord
 TARGET_STAT_KEYS = ("entropy_nats", "renyi2_nats", "top1_prob", "top2_prob", "logit_gap")
 
 
+def _softmax_and_entropy(z: torch.Tensor, shift: torch.Tensor):
+    """``p = softmax(z)`` and the Shannon entropy per row of fp32 logits ``z [rows, V]``, with one
+    ``exp`` pass; ``shift [rows, 1]`` is the row maximum. ``0 log 0 = 0`` (masked ``-inf`` logits)."""
+    shifted = z - shift
+    p = shifted.exp()
+    total = p.sum(dim=-1, keepdim=True)
+    p.div_(total)
+    logp = shifted.sub_(total.log())
+    entropy = -(p * logp).nan_to_num_(nan=0.0).sum(dim=-1)  # p = 0, log p = -inf: nan -> 0
+    return p, entropy
+
+
 @torch.inference_mode()
 def distribution_stats(logits: torch.Tensor) -> dict[str, torch.Tensor]:
     """Per-row statistics of ``softmax(logits)`` for logits ``[rows, V]`` (computed in fp32).
 
     ``entropy_nats`` = -sum p log p; ``renyi2_nats`` = -log sum p^2; ``top1_prob``, ``top2_prob``;
-    ``logit_gap`` = z_(1) - z_(2) (raw logits, so it does not depend on the normaliser).
+    ``logit_gap`` = z_(1) - z_(2) (raw logits, so it does not depend on the normaliser). One pass of
+    ``exp`` over the vocabulary (this runs on every committed position of every recorded round).
     """
     z = logits.float()
     if z.dim() == 1:
         z = z.unsqueeze(0)
-    logp = torch.log_softmax(z, dim=-1)
-    p = logp.exp()
-    plogp = torch.where(p > 0, p * logp, torch.zeros_like(p))  # 0 log 0 = 0 (masked -inf logits)
-    entropy = -plogp.sum(dim=-1)
-    renyi2 = -torch.logsumexp(2.0 * logp, dim=-1)
     top_logits, top_index = z.topk(2, dim=-1)
-    top_logp = logp.gather(-1, top_index)
+    p, entropy = _softmax_and_entropy(z, top_logits[:, :1])
+    top_p = p.gather(-1, top_index)
     return {
         "entropy_nats": entropy,
-        "renyi2_nats": renyi2,
-        "top1_prob": top_logp[:, 0].exp(),
-        "top2_prob": top_logp[:, 1].exp(),
+        "renyi2_nats": -torch.log((p * p).sum(dim=-1)),
+        "top1_prob": top_p[:, 0],
+        "top2_prob": top_p[:, 1],
         "logit_gap": top_logits[:, 0] - top_logits[:, 1],
     }
 
@@ -58,12 +67,11 @@ def committed_token_draft_stats(draft_logits: torch.Tensor, committed_ids) -> di
     out = {key: torch.full((n,), float("nan")) for key in ("prob", "rank", "entropy_nats")}
     if rows:
         z = draft_logits[:rows].float()
-        logp = torch.log_softmax(z, dim=-1)
         chosen = z.gather(-1, ids[:rows, None])
-        out["prob"][:rows] = logp.gather(-1, ids[:rows, None])[:, 0].exp()
         out["rank"][:rows] = (z > chosen).sum(dim=-1).float()
-        p = logp.exp()
-        out["entropy_nats"][:rows] = -torch.where(p > 0, p * logp, torch.zeros_like(p)).sum(dim=-1)
+        p, entropy = _softmax_and_entropy(z, z.amax(dim=-1, keepdim=True))
+        out["prob"][:rows] = p.gather(-1, ids[:rows, None])[:, 0]
+        out["entropy_nats"][:rows] = entropy
     return out
 
 
