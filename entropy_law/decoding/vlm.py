@@ -33,7 +33,6 @@ Verified in this repository only with tiny randomly initialised models (``tests/
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 from dataclasses import dataclass, field
@@ -270,8 +269,6 @@ class VLMTargetAdapter(TargetAdapter):
         self.family = vlm_family(model.config)
         text_config = model.config.get_text_config()
         self.max_context = getattr(text_config, "max_position_embeddings", None)
-        params = inspect.signature(model.forward).parameters
-        self._cache_arg = "cache" if "cache" in params else "past_key_values"
         self._pending: ImagePrompt | None = None
         self.image_tokens = 0
 
@@ -311,7 +308,7 @@ class VLMTargetAdapter(TargetAdapter):
             if "pixel_values" in extra:
                 extra["pixel_values"] = extra["pixel_values"].to(self.dtype)
         kwargs = dict(input_ids=ids, position_ids=positions, attention_mask=None, use_cache=True, logits_to_keep=1,
-                      **{self._cache_arg: self.cache}, **extra)
+                      **{self._cache_kw: self.cache}, **extra)
         with torch.inference_mode(), self._attention():
             if self.feature_layers:
                 with capture_features(self.model, self.feature_layers) as capture:
