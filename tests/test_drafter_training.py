@@ -183,7 +183,7 @@ def test_batched_generation_equals_batch1_greedy_and_full_forward_features():
     layers = (1, 3)
     prompts = [[5, 6, 7, 8, 9], [11, 12], [20, 21, 22, 23, 24, 25, 26, 27]]
     results = greedy_generate_with_features(model, prompts, feature_layers=layers, max_new_tokens=10,
-                                            eos_id=3, pad_id=0)
+                                            eos_id=3, pad_id=0, topk=5)
     for prompt, r in zip(prompts, results):
         seq = list(prompt)
         with torch.no_grad():
@@ -269,7 +269,7 @@ def test_batched_generation_drops_finished_rows_and_stays_greedy():
     free = [batch1(p, -1, 12)[len(p):] for p in prompts]
     eos = next(t for t in free[1][:4] if any(t not in f for f in free))
     results = greedy_generate_with_features(model, prompts, feature_layers=layers, max_new_tokens=12,
-                                            eos_id=eos, pad_id=0)
+                                            eos_id=eos, pad_id=0, topk=6)
     lengths = {len(r["response_ids"]) for r in results}
     assert len(lengths) > 1 and max(lengths) == 12
     for prompt, r in zip(prompts, results):
@@ -290,11 +290,23 @@ def test_a_data_folder_never_mixes_two_plans(tmp_path):
 
 
 def _assert_equals_batch1(model, layers, prompt, result, seq):
-    """A batched-generation result equals batch-1 greedy ``seq``: response ids and the features of every
-    position but the last (one full forward over ``seq``)."""
+    """A batched-generation result equals batch-1 greedy ``seq``: response ids, the features of every
+    position but the last, and (when stored) the top-k soft labels: row j is the target's distribution
+    for response token j, i.e. the log-softmax at position ``len(prompt) + j - 1`` (one full forward)."""
     assert result["response_ids"] == seq[len(prompt):]
     with torch.no_grad(), capture_features(model, layers) as cap:
-        model(torch.tensor([seq]))
+        logits = model(torch.tensor([seq])).logits[0]
         full = cap.features()[0]
     assert result["features"].shape[0] == len(seq) - 1
     torch.testing.assert_close(result["features"], full[:-1], atol=1e-5, rtol=1e-5)
+    if "topk_ids" in result:
+        n, k = len(seq) - len(prompt), result["topk_ids"].shape[1]
+        assert result["topk_ids"].shape == result["topk_logprobs"].shape == (n, k)
+        # the same shift as the hard label: the top-1 soft label IS the response token at that row
+        assert result["topk_ids"][:, 0].tolist() == seq[len(prompt):]
+        logp = torch.log_softmax(logits[len(prompt) - 1: len(seq) - 1].float(), dim=-1)
+        want_lp, want_ids = logp.topk(k, dim=-1)
+        assert torch.equal(result["topk_ids"], want_ids)
+        torch.testing.assert_close(result["topk_logprobs"], want_lp, atol=1e-5, rtol=1e-5)
+        # and the check can tell a one-row shift (the classic bug) from the right layout
+        assert n < 2 or not torch.allclose(result["topk_logprobs"][1:], want_lp[:-1], atol=1e-3)

@@ -34,6 +34,9 @@ def register(subparsers) -> None:
                    help="long grounded prompts on several passages each (default: %(default)s)")
     g.add_argument("--long-passages", type=int, nargs=2, default=(3, 5), metavar=("MIN", "MAX"),
                    help="passages per long prompt (default: 3 5)")
+    g.add_argument("--soft-topk", type=int, default=32,
+                   help="store the target's top-k log-probabilities per response position, for --kl-weight "
+                        "(default: %(default)s; 0: none)")
     g.add_argument("--gen-batch-size", type=int, default=32)
     g.add_argument("--gen-minutes", type=float, default=None,
                    help="stop data generation (stage 2) after this many minutes; train on what exists")
@@ -78,7 +81,7 @@ def run(args) -> int:
                         n_translate=args.n_translate, max_new_tokens=args.max_new_tokens,
                         passage_max_new_tokens=args.passage_max_new_tokens or args.max_new_tokens,
                         n_long=args.n_long, long_min_passages=args.long_passages[0],
-                        long_max_passages=args.long_passages[1])
+                        long_max_passages=args.long_passages[1], soft_topk=args.soft_topk)
         deadline = time.time() + 60 * args.gen_minutes if args.gen_minutes else None
         summary = generate_dataset(target, data_dir, plan=plan, feature_layers=layers, gsm8k=args.gsm8k,
                                    batch_size=args.gen_batch_size, deadline=deadline,
