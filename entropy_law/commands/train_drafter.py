@@ -56,6 +56,15 @@ def register(subparsers) -> None:
     t.add_argument("--gamma", type=float, default=4.0, help="loss decay (default: %(default)s for B=8)")
     t.add_argument("--context-vocab", action="store_true",
                    help="the drafter may also draft every token already in the context (copying)")
+    t.add_argument("--kl-weight", type=float, default=0.0, metavar="A",
+                   help="loss (1-A)*CE + A*KL(target top-k || drafter) per slot; needs data generated with "
+                        "--soft-topk (default: %(default)s, hard labels only)")
+    t.add_argument("--init-from-target", action="store_true",
+                   help="initialise the drafter layers and final norm from the target layers after the deepest "
+                        "feature layer (copies)")
+    t.add_argument("--init-fc", action="store_true",
+                   help="with --init-from-target: fc starts as the deepest feature's slice, the context norm "
+                        "as that layer's input norm")
     t.add_argument("--heldout", type=int, default=16, help="samples held out for acceptance")
     t.add_argument("--eval-every", type=int, default=200)
     t.add_argument("--save-every", type=int, default=50)
@@ -95,7 +104,8 @@ def run(args) -> int:
         cfg = TrainConfig(seed=args.seed, block_size=args.block_size, num_layers=args.layers, steps=args.steps,
                           minutes=args.minutes, lr=args.lr, batch_seqs=args.batch_seqs,
                           anchors_per_seq=args.anchors, gamma=args.gamma, heldout=args.heldout,
-                          eval_every=args.eval_every, save_every=args.save_every, context_vocab=args.context_vocab)
+                          eval_every=args.eval_every, save_every=args.save_every, context_vocab=args.context_vocab,
+                          kl_weight=args.kl_weight, init_from_target=args.init_from_target, init_fc=args.init_fc)
         result = train_from_folder(args.model, data_dir, out, cfg, stop_at=args.stop_at)
         print(json.dumps(result), flush=True)
     return 0
