@@ -181,7 +181,8 @@ def decayed_distillation_loss(logits: torch.Tensor, labels: torch.Tensor, gamma:
                          reduction="none").view(labels.shape)
     kl = slot_kl(logits, soft_cols, soft_logp)
     ce_mean, kl_mean = (ce * w).sum() / total, (kl * w).sum() / total
-    return (1 - kl_weight) * ce_mean + kl_weight * kl_mean, {"ce": float(ce_mean), "kl": float(kl_mean)}
+    parts = {"ce": float(ce_mean.detach()), "kl": float(kl_mean.detach())}
+    return (1 - kl_weight) * ce_mean + kl_weight * kl_mean, parts
 
 
 def accepted_drafts(draft_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
