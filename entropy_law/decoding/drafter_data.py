@@ -7,7 +7,9 @@ Spec-Bench evaluation questions, which is checked), how the target answers them 
 template the decoder uses: ``tokenizer.apply_chat_template(messages, add_generation_prompt=True)``), and
 how the features of the feature layers are captured on the way (the forward hooks of ``features``: each
 generation step's forward already computes the hidden states of the token it consumes, so features cost
-nothing extra). Samples are written as shards (safetensors + a JSON manifest) that a restarted run skips;
+nothing extra), and the soft labels stored beside them (``DataPlan.soft_topk``: the target's top-k
+log-probabilities for every response token, from the logits the greedy step computes anyway; row ``j`` is the
+distribution whose argmax is response token ``j``, the same shift as the hard label). Samples are written as shards (safetensors + a JSON manifest) that a restarted run skips;
 a data folder records its plan and refuses another one.
 
 Not known here: the drafter or its training (``drafter_training``). Numerics: batched generation with
