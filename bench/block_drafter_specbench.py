@@ -1,8 +1,9 @@
 """Block drafter vs n-gram drafter on Spec-Bench: committed tokens per round by replay, optional online speed.
 
 1. Greedy outputs of the default target for the first ``--per-category`` prompts of each Spec-Bench
-   category: either read from the traces of an ``entropy-law record`` run (``--greedy-from-traces``:
-   lossless batch-1 decoding, so exact greedy outputs; features from one teacher-forced forward), or
+   category, after skipping the first ``--offset`` ones (a second, unseen set): either read from the
+   traces of an ``entropy-law record`` run (``--greedy-from-traces``: lossless batch-1 decoding, so
+   exact greedy outputs; features from one teacher-forced forward), or
    generated here (chat template as the decoder; fp32, eager attention; in batches with left padding,
    features captured on the way; cached in ``--cache``; batched fp32 greedy can differ from batch-1
    greedy at rare near-ties, the replayed texts are then still greedy texts of the target).
@@ -15,6 +16,7 @@
    busy CPU these wall-clock numbers are noisy: read them next to the replayed tau+1.
 
     python bench/block_drafter_specbench.py --per-category 10 --max-new-tokens 256 --cache runs/specbench.st
+    python bench/block_drafter_specbench.py --offset 10 --per-category 20 --arms block --cache runs/sb-11-30.st
 
 Prints a table and ends with one JSON line.
 """
@@ -52,7 +54,7 @@ def read_cache(args) -> list[dict] | None:
         return None
     meta = json.loads(meta_path.read_text())
     if (meta["max_new_tokens"] != args.max_new_tokens or meta["per_category"] < args.per_category
-            or meta.get("greedy_from_traces") != args.greedy_from_traces):
+            or meta.get("greedy_from_traces") != args.greedy_from_traces or meta.get("offset", 0) != args.offset):
         return None
     tensors = load_file(str(cache))
     return [{**r, "features": tensors[f"{i}.features"]} for i, r in enumerate(meta["requests"])
@@ -68,7 +70,7 @@ def write_cache(args, reqs: list[dict]) -> None:
     cache.parent.mkdir(parents=True, exist_ok=True)
     save_file({f"{i}.features": r["features"].contiguous() for i, r in enumerate(reqs)}, str(cache))
     cache.with_suffix(".json").write_text(json.dumps(
-        {"max_new_tokens": args.max_new_tokens, "per_category": args.per_category,
+        {"max_new_tokens": args.max_new_tokens, "per_category": args.per_category, "offset": args.offset,
          "greedy_from_traces": args.greedy_from_traces,
          "requests": [{k: v for k, v in r.items() if k != "features"} for r in reqs]}))
 
@@ -76,10 +78,11 @@ def write_cache(args, reqs: list[dict]) -> None:
 def greedy_generated(args, target, layers) -> list[dict]:
     tok = target.tokenizer
     eos = int(target.config.eos_token_id)
-    tasks = load_tasks("spec_bench", limit=args.per_category)
+    tasks = load_tasks("spec_bench", limit=args.offset + args.per_category)
     by_cat: dict[str, list] = {}
     for t in tasks:
         by_cat.setdefault(t.category, []).append(t)
+    by_cat = {c: items[args.offset:] for c, items in by_cat.items()}
     reqs = []
     for cat, items in by_cat.items():
         t0 = time.time()
@@ -113,13 +116,16 @@ def greedy_from_traces(args, target, layers) -> list[dict]:
     requests, tokens = pd.concat(reqs_t), pd.concat(toks_t)
     tasks = {t.request_id: t for t in load_tasks("spec_bench")}
     eos = int(target.config.eos_token_id)
-    out, rank = [], {}
+    out, rank = [], {}  # rank: among the complete requests of a category, after the first --offset ones
     for row in requests.sort_values("request_id", key=lambda c: c.map(lambda x: int(x.split(":")[1]))).itertuples():
-        r = rank.setdefault(row.category, 0)
+        r = rank.setdefault(row.category, -args.offset)
         if r >= args.per_category:
             continue
         out_ids = tokens[tokens.request_id == row.request_id].sort_values("position").token_id.astype(int).tolist()
         if len(out_ids) != row.new_tokens:
+            continue
+        if r < 0:
+            rank[row.category] = r + 1
             continue
         prompt = chat_ids(target.tokenizer, tasks[row.request_id].prompt)
         if len(prompt) != row.prompt_tokens:
@@ -137,6 +143,8 @@ def replay_table(args, drafter, reqs) -> dict:
     cats = sorted({r["category"] for r in reqs})
     results: dict[str, dict] = {}
     for label, kind, tree, budget in ARMS:
+        if args.arms != "all" and kind != args.arms:
+            continue
         committed: dict[str, list[int]] = {c: [] for c in cats}
         nodes: dict[str, list[int]] = {c: [] for c in cats}
         for r in reqs:
@@ -185,6 +193,10 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--drafter", default=None, help="checkpoint (default: the shipped one)")
     parser.add_argument("--per-category", type=int, default=10)
+    parser.add_argument("--offset", type=int, default=0,
+                        help="skip the first N prompts of each category (e.g. 10: an unseen second set)")
+    parser.add_argument("--arms", choices=("all", "block", "ngram"), default="all",
+                        help="replay only the block or only the n-gram arms (default: all)")
     parser.add_argument("--max-new-tokens", type=int, default=256)
     parser.add_argument("--cache", default=None,
                         help="safetensors file for greedy outputs + features (reused by later runs with the same "
@@ -220,7 +232,8 @@ def main() -> None:
         drafter.reset()
     results = replay_table(args, drafter, reqs)
     cats = sorted({r["category"] for r in reqs})
-    print(f"\nreplayed tau+1 (mean committed tokens per round), {args.per_category} prompts/category, "
+    print(f"\nreplayed tau+1 (mean committed tokens per round), {args.per_category} prompts/category "
+          f"(after the first {args.offset}), "
           f"{args.max_new_tokens} new tokens, always drafting")
     print(f"{'arm':<16}" + "".join(f"{c[:13]:>14}" for c in cats + ["all"]) + f"{'nodes':>8}")
     for label, res in results.items():
@@ -233,6 +246,7 @@ def main() -> None:
             print(f"{name:<16} {row['tokens_per_s']:8.2f} tok/s  {row['tokens_per_forward']:6.2f} tok/forward  "
                   f"x{row['speedup_vs_ar']:.2f} vs AR")
     print(json.dumps({"bench": "block_drafter_specbench", "drafter": str(path), "per_category": args.per_category,
+                      "offset": args.offset,
                       "context_vocab": bool(drafter.config.context_vocab),
                       "max_new_tokens": args.max_new_tokens, "replay": results, "online": online}))
 

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from entropy_law.decoding.block_drafter import BlockDrafter
@@ -183,7 +184,7 @@ def test_batched_generation_equals_batch1_greedy_and_full_forward_features():
     layers = (1, 3)
     prompts = [[5, 6, 7, 8, 9], [11, 12], [20, 21, 22, 23, 24, 25, 26, 27]]
     results = greedy_generate_with_features(model, prompts, feature_layers=layers, max_new_tokens=10,
-                                            eos_id=3, pad_id=0)
+                                            eos_id=3, pad_id=0, topk=5)
     for prompt, r in zip(prompts, results):
         seq = list(prompt)
         with torch.no_grad():
@@ -269,7 +270,7 @@ def test_batched_generation_drops_finished_rows_and_stays_greedy():
     free = [batch1(p, -1, 12)[len(p):] for p in prompts]
     eos = next(t for t in free[1][:4] if any(t not in f for f in free))
     results = greedy_generate_with_features(model, prompts, feature_layers=layers, max_new_tokens=12,
-                                            eos_id=eos, pad_id=0)
+                                            eos_id=eos, pad_id=0, topk=6)
     lengths = {len(r["response_ids"]) for r in results}
     assert len(lengths) > 1 and max(lengths) == 12
     for prompt, r in zip(prompts, results):
@@ -290,11 +291,212 @@ def test_a_data_folder_never_mixes_two_plans(tmp_path):
 
 
 def _assert_equals_batch1(model, layers, prompt, result, seq):
-    """A batched-generation result equals batch-1 greedy ``seq``: response ids and the features of every
-    position but the last (one full forward over ``seq``)."""
+    """A batched-generation result equals batch-1 greedy ``seq``: response ids, the features of every
+    position but the last, and (when stored) the top-k soft labels: row j is the target's distribution
+    for response token j, i.e. the log-softmax at position ``len(prompt) + j - 1`` (one full forward)."""
     assert result["response_ids"] == seq[len(prompt):]
     with torch.no_grad(), capture_features(model, layers) as cap:
-        model(torch.tensor([seq]))
+        logits = model(torch.tensor([seq])).logits[0]
         full = cap.features()[0]
     assert result["features"].shape[0] == len(seq) - 1
     torch.testing.assert_close(result["features"], full[:-1], atol=1e-5, rtol=1e-5)
+    if "topk_ids" in result:
+        n, k = len(seq) - len(prompt), result["topk_ids"].shape[1]
+        assert result["topk_ids"].shape == result["topk_logprobs"].shape == (n, k)
+        # the same shift as the hard label: the top-1 soft label IS the response token at that row
+        assert result["topk_ids"][:, 0].tolist() == seq[len(prompt):]
+        logp = torch.log_softmax(logits[len(prompt) - 1: len(seq) - 1].float(), dim=-1)
+        want_lp, want_ids = logp.topk(k, dim=-1)
+        assert torch.equal(result["topk_ids"], want_ids)
+        torch.testing.assert_close(result["topk_logprobs"], want_lp, atol=1e-5, rtol=1e-5)
+        # and the check can tell a one-row shift (the classic bug) from the right layout
+        assert n < 2 or not torch.allclose(result["topk_logprobs"][1:], want_lp[:-1], atol=1e-3)
+
+
+# ---------------------------------------------------------------------------------------------- soft labels
+def _with_soft_labels(model, samples, k):
+    """The target's top-k log-probabilities per response position (row j: the token at prompt_len + j)."""
+    out = []
+    for s in samples:
+        with torch.no_grad():
+            logp = torch.log_softmax(model(s["input_ids"][None]).logits[0].float(), dim=-1)
+        p = int(s["prompt_len"])
+        lp, ids = logp[p - 1: -1].topk(k, dim=-1)
+        out.append({**s, "topk_ids": ids, "topk_logprobs": lp})
+    return out
+
+
+def test_kl_with_one_hot_soft_labels_equals_the_cross_entropy_term():
+    from entropy_law.decoding.drafter_training import decayed_distillation_loss, slot_kl
+
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(2, 3, 7, 50, generator=gen)
+    labels = torch.randint(0, 50, (2, 3, 7), generator=gen)
+    labels[0, 1, 4:] = IGNORE
+    labels[1, 2] = IGNORE
+    others = torch.randint(0, 50, (2, 3, 7, 4), generator=gen)
+    cols = torch.cat([labels.clamp(min=0)[..., None], others], dim=-1)
+    one_hot = torch.full(cols.shape, float("-inf"))
+    one_hot[..., 0] = 0.0
+    ce_slots = F.cross_entropy(logits.reshape(-1, 50), labels.reshape(-1).clamp(min=0),
+                               reduction="none").view(labels.shape)
+    torch.testing.assert_close(slot_kl(logits, cols, one_hot), ce_slots)
+    hard = decayed_cross_entropy(logits, labels, 4.0)
+    for a in (0.0, 0.3, 1.0):
+        loss, parts = decayed_distillation_loss(logits, labels, 4.0, a, cols, one_hot)
+        torch.testing.assert_close(loss, hard)
+        assert parts["kl"] == pytest.approx(parts["ce"], rel=1e-6)
+
+
+def test_kl_is_the_direct_sum_over_the_renormalised_draftable_top_k():
+    from entropy_law.decoding.drafter_training import renormalised_topk, slot_kl
+
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(4, 30, generator=gen)
+    cols = torch.stack([torch.randperm(30, generator=gen)[:6] for _ in range(4)])
+    raw = torch.log_softmax(torch.randn(4, 40, generator=gen), dim=-1)[:, :6]  # a top-6 of 40: mass < 1
+    draftable = torch.rand(4, 6, generator=gen) > 0.3
+    draftable[0] = True
+    draftable[3] = False  # nothing draftable: no KL
+    p_log = renormalised_topk(raw, draftable)
+    got = slot_kl(logits, cols, p_log)
+    logq = torch.log_softmax(logits.double(), dim=-1)
+    for r in range(4):
+        keep = [i for i in range(6) if draftable[r, i]]
+        if not keep:
+            assert got[r] == 0
+            continue
+        p = torch.tensor([math.exp(float(raw[r, i])) for i in keep], dtype=torch.float64)
+        p = p / p.sum()
+        want = sum(float(p[j]) * (math.log(float(p[j])) - float(logq[r, cols[r, i]])) for j, i in enumerate(keep))
+        assert float(got[r]) == pytest.approx(want, rel=1e-5, abs=1e-6)
+        assert float(p_log[r].exp().sum()) == pytest.approx(1.0, rel=1e-6)
+    assert (got >= -1e-6).all()
+
+
+def test_collate_places_soft_labels_at_the_hard_label_positions():
+    model = tiny_target()
+    layers = BlockDrafter(model).feature_layers
+    s = _with_soft_labels(model, _samples(model, layers, n=2), k=4)
+    s[1] = {**s[1], "input_ids": s[1]["input_ids"][:20], "features": s[1]["features"][:19],
+            "topk_ids": s[1]["topk_ids"][:15], "topk_logprobs": s[1]["topk_logprobs"][:15]}
+    b = collate(s, soft=True)
+    assert b["soft_ids"].shape == (2, 29, 4)
+    for i in range(2):
+        n = int(b["seq_lens"][i])
+        assert torch.equal(b["soft_ids"][i, 5:n], s[i]["topk_ids"])
+        assert (b["soft_ids"][i, :5] == -1).all() and (b["soft_ids"][i, n:] == -1).all()
+        assert torch.isneginf(b["soft_logp"][i, :5]).all()
+    from entropy_law.decoding.drafter_training import block_soft_labels
+
+    anchors = torch.tensor([[5, 9], [6, 17]])
+    ids, lp = block_soft_labels(b["soft_ids"], b["soft_logp"], anchors, 4)
+    labels = block_labels(b["input_ids"], anchors, torch.ones_like(anchors, dtype=torch.bool), 4,
+                          b["prompt_lens"], b["seq_lens"])
+    assert ids.shape == (2, 2, 3, 4)
+    assert torch.equal(ids[1, 1, 0], s[1]["topk_ids"][18 - 5])  # slot 1 of anchor 17: position 18
+    # the target's top-1 is its greedy token; where the sequence is greedy-free (random ids) it is only a
+    # distribution, so check the layout through positions, not values
+    present = labels != IGNORE
+    assert torch.equal(ids[..., 0][~present], torch.full_like(ids[..., 0][~present], -1))
+    with pytest.raises(ValueError, match="--soft-topk"):
+        collate(_samples(model, layers, n=1), soft=True)
+
+
+def test_forward_train_with_one_hot_soft_labels_equals_the_hard_loss():
+    from entropy_law.decoding.drafter_training import forward_train
+
+    model = tiny_target()
+    drafter = BlockDrafter(model, seed=0, block_size=4, num_layers=1, draft_vocab=range(0, 40),
+                           context_vocab=True)
+    samples = _samples(model, drafter.feature_layers, n=3)
+    one_hot = []
+    for s in samples:
+        resp = s["input_ids"][s["prompt_len"]:]
+        ids = torch.stack([resp, (resp + 7) % 64, (resp + 11) % 64], dim=-1)
+        lp = torch.tensor([0.0, float("-inf"), float("-inf")]).expand(len(resp), 3)
+        one_hot.append({**s, "topk_ids": ids, "topk_logprobs": lp})
+    hard, m0 = forward_train(drafter, collate(samples), anchors_per_seq=6, gamma=4.0,
+                             generator=torch.Generator().manual_seed(1))
+    mixed, m1 = forward_train(drafter, collate(one_hot, soft=True), anchors_per_seq=6, gamma=4.0,
+                              generator=torch.Generator().manual_seed(1), kl_weight=0.5)
+    torch.testing.assert_close(mixed, hard)
+    assert m1["kl"] == pytest.approx(m1["ce"], rel=1e-6)
+    # real soft labels: a different, finite loss whose KL part is smaller than the CE part can be
+    soft = _with_soft_labels(model, samples, k=5)
+    real, m2 = forward_train(drafter, collate(soft, soft=True), anchors_per_seq=6, gamma=4.0,
+                             generator=torch.Generator().manual_seed(1), kl_weight=0.5)
+    assert torch.isfinite(real) and abs(float(real.detach()) - float(hard.detach())) > 1e-4 and m2["kl"] >= 0
+    real.backward()
+    assert drafter.fc.weight.grad is not None and drafter.fc.weight.grad.abs().sum() > 0
+
+
+def test_training_with_kl_weight_learns_and_needs_soft_labels(tmp_path):
+    model = tiny_target()
+    layers = BlockDrafter(model).feature_layers
+    samples = _with_soft_labels(model, _samples(model, layers), k=8)
+    train_s, held_s = split_heldout(samples, 2, seed=0)
+    cfg = TrainConfig(seed=0, block_size=4, num_layers=1, steps=24, lr=3e-3, batch_seqs=3, anchors_per_seq=6,
+                      eval_every=24, save_every=6, kl_weight=0.5)
+    drafter = BlockDrafter(model, seed=0, block_size=4, num_layers=1)
+    train(drafter, train_s, held_s, cfg, tmp_path / "a", progress=False)
+    history = torch.load(tmp_path / "a" / "checkpoints" / "last.pt", weights_only=False)["history"]
+    assert all("kl" in h and "ce" in h for h in history)
+    assert sum(h["loss"] for h in history[-4:]) / 4 < sum(h["loss"] for h in history[:4]) / 4 - 0.2
+    with pytest.raises(ValueError, match="--soft-topk"):
+        train(BlockDrafter(model, seed=0, block_size=4, num_layers=1), _samples(model, layers), [], cfg,
+              tmp_path / "b", progress=False)
+
+
+def test_soft_labels_survive_a_shard_round_trip(tmp_path):
+    from entropy_law.decoding.drafter_data import load_samples, write_shard
+
+    ids = torch.randint(0, 100, (7, 3))
+    lp = torch.log_softmax(torch.randn(7, 10), -1)[:, :3]
+    write_shard(tmp_path, "stage1-0000", [{
+        "prompt_id": "p", "source": "x", "text": "t", "response": "r", "prompt_ids": [1, 2, 3],
+        "response_ids": list(range(7)), "features": torch.randn(9, 6), "topk_ids": ids, "topk_logprobs": lp}])
+    (s,) = load_samples(tmp_path)
+    assert torch.equal(s["topk_ids"], ids) and torch.equal(s["topk_logprobs"], lp)
+
+
+# ---------------------------------------------------------------------------------------------- init
+def test_init_from_target_copies_the_layer_after_the_deepest_feature_and_leaves_the_target_alone():
+    from entropy_law.decoding.drafter_training import forward_train, init_from_target
+
+    model = tiny_target(seed=2)  # 5 layers
+    drafter = BlockDrafter(model, seed=0, block_size=4, num_layers=1, feature_layers=(0, 1, 2))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    source = init_from_target(drafter, model, init_fc=True)
+    assert source == [3]
+    src = model.model.layers[3]
+    pairs = [(drafter.layers[0].q_proj.weight, src.self_attn.q_proj.weight),
+             (drafter.layers[0].down_proj.weight, src.mlp.down_proj.weight),
+             (drafter.layers[0].input_layernorm.weight, src.input_layernorm.weight),
+             (drafter.norm.weight, model.model.norm.weight),
+             (drafter.hidden_norm.weight, src.input_layernorm.weight)]
+    for mine, theirs in pairs:
+        assert torch.equal(mine, theirs) and mine.data_ptr() != theirs.data_ptr()
+    # the injected context K/V of the first drafter layer equal the target's own K/V of layer 3
+    ids = torch.randint(3, 64, (1, 12))
+    with torch.no_grad(), capture_features(model, drafter.feature_layers) as cap:
+        model(ids)
+        feats = cap.features()
+        ctx = drafter.fuse(feats)
+        h2 = feats[..., 2 * 48:]
+        torch.testing.assert_close(drafter.layers[0].v_proj(ctx),
+                                   src.self_attn.v_proj(src.input_layernorm(h2)), atol=1e-5, rtol=1e-5)
+    # training the drafter never moves the target, and copies do not alias it
+    samples = _samples(model, drafter.feature_layers, n=3)
+    loss, _ = forward_train(drafter, collate(samples), anchors_per_seq=4, gamma=4.0,
+                            generator=torch.Generator().manual_seed(0))
+    loss.backward()
+    torch.optim.SGD(drafter.parameters(), lr=0.5).step()
+    assert not torch.equal(drafter.layers[0].q_proj.weight, src.self_attn.q_proj.weight)
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+    # the last layers when the deepest feature layer is the target's last but one
+    late = BlockDrafter(model, seed=0, block_size=4, num_layers=2, feature_layers=(1, 3))
+    assert init_from_target(late, model) == [3, 4]
+    assert torch.equal(late.layers[1].up_proj.weight, model.model.layers[4].mlp.up_proj.weight)
+    assert not torch.equal(late.fc.weight[:, 48:], torch.eye(48))  # init_fc off: fc stays random

@@ -34,6 +34,9 @@ def register(subparsers) -> None:
                    help="long grounded prompts on several passages each (default: %(default)s)")
     g.add_argument("--long-passages", type=int, nargs=2, default=(3, 5), metavar=("MIN", "MAX"),
                    help="passages per long prompt (default: 3 5)")
+    g.add_argument("--soft-topk", type=int, default=32,
+                   help="store the target's top-k log-probabilities per response position, for --kl-weight "
+                        "(default: %(default)s; 0: none)")
     g.add_argument("--gen-batch-size", type=int, default=32)
     g.add_argument("--gen-minutes", type=float, default=None,
                    help="stop data generation (stage 2) after this many minutes; train on what exists")
@@ -53,6 +56,15 @@ def register(subparsers) -> None:
     t.add_argument("--gamma", type=float, default=4.0, help="loss decay (default: %(default)s for B=8)")
     t.add_argument("--context-vocab", action="store_true",
                    help="the drafter may also draft every token already in the context (copying)")
+    t.add_argument("--kl-weight", type=float, default=0.0, metavar="A",
+                   help="loss (1-A)*CE + A*KL(target top-k || drafter) per slot; needs data generated with "
+                        "--soft-topk (default: %(default)s, hard labels only)")
+    t.add_argument("--init-from-target", action="store_true",
+                   help="initialise the drafter layers and final norm from the target layers after the deepest "
+                        "feature layer (copies)")
+    t.add_argument("--init-fc", action="store_true",
+                   help="with --init-from-target: fc starts as the deepest feature's slice, the context norm "
+                        "as that layer's input norm")
     t.add_argument("--heldout", type=int, default=16, help="samples held out for acceptance")
     t.add_argument("--eval-every", type=int, default=200)
     t.add_argument("--save-every", type=int, default=50)
@@ -78,7 +90,7 @@ def run(args) -> int:
                         n_translate=args.n_translate, max_new_tokens=args.max_new_tokens,
                         passage_max_new_tokens=args.passage_max_new_tokens or args.max_new_tokens,
                         n_long=args.n_long, long_min_passages=args.long_passages[0],
-                        long_max_passages=args.long_passages[1])
+                        long_max_passages=args.long_passages[1], soft_topk=args.soft_topk)
         deadline = time.time() + 60 * args.gen_minutes if args.gen_minutes else None
         summary = generate_dataset(target, data_dir, plan=plan, feature_layers=layers, gsm8k=args.gsm8k,
                                    batch_size=args.gen_batch_size, deadline=deadline,
@@ -92,7 +104,8 @@ def run(args) -> int:
         cfg = TrainConfig(seed=args.seed, block_size=args.block_size, num_layers=args.layers, steps=args.steps,
                           minutes=args.minutes, lr=args.lr, batch_seqs=args.batch_seqs,
                           anchors_per_seq=args.anchors, gamma=args.gamma, heldout=args.heldout,
-                          eval_every=args.eval_every, save_every=args.save_every, context_vocab=args.context_vocab)
+                          eval_every=args.eval_every, save_every=args.save_every, context_vocab=args.context_vocab,
+                          kl_weight=args.kl_weight, init_from_target=args.init_from_target, init_fc=args.init_fc)
         result = train_from_folder(args.model, data_dir, out, cfg, stop_at=args.stop_at)
         print(json.dumps(result), flush=True)
     return 0

@@ -7,7 +7,9 @@ Spec-Bench evaluation questions, which is checked), how the target answers them 
 template the decoder uses: ``tokenizer.apply_chat_template(messages, add_generation_prompt=True)``), and
 how the features of the feature layers are captured on the way (the forward hooks of ``features``: each
 generation step's forward already computes the hidden states of the token it consumes, so features cost
-nothing extra). Samples are written as shards (safetensors + a JSON manifest) that a restarted run skips;
+nothing extra), and the soft labels stored beside them (``DataPlan.soft_topk``: the target's top-k
+log-probabilities for every response token, from the logits the greedy step computes anyway; row ``j`` is the
+distribution whose argmax is response token ``j``, the same shift as the hard label). Samples are written as shards (safetensors + a JSON manifest) that a restarted run skips;
 a data folder records its plan and refuses another one.
 
 Not known here: the drafter or its training (``drafter_training``). Numerics: batched generation with
@@ -113,6 +115,7 @@ class DataPlan:
     n_long: int = 0  # stage 2: long grounded prompts, each on several stage-1 passages (LONG_TASKS, round robin)
     long_min_passages: int = 3
     long_max_passages: int = 5
+    soft_topk: int = 32  # store the target's top-k log-probabilities at every response position (0: none)
 
 
 def gsm8k_path(path: str | os.PathLike | None = None) -> Path:
@@ -238,7 +241,7 @@ def chat_ids(tokenizer, text: str) -> list[int]:
 
 @torch.no_grad()
 def greedy_generate_with_features(model, prompt_ids: Sequence[Sequence[int]], *, feature_layers: Sequence[int],
-                                  max_new_tokens: int, eos_id: int, pad_id: int) -> list[dict]:
+                                  max_new_tokens: int, eos_id: int, pad_id: int, topk: int = 0) -> list[dict]:
     """Greedy responses for a batch of prompts (left padding), with the target features of every consumed token.
 
     Rows that finish are dropped from the batch once they are at least an eighth of it (their K/V
@@ -246,6 +249,10 @@ def greedy_generate_with_features(model, prompt_ids: Sequence[Sequence[int]], *,
     Returns per prompt: ``response_ids`` (ending with EOS if it was produced within the budget) and
     ``features`` ``[len(prompt) + len(response) - 1, n*H]`` (fp32): the features of every position
     except the last one (which the drafter never needs as context).
+    With ``topk > 0`` also ``topk_ids`` (long) and ``topk_logprobs`` (fp32), both ``[len(response), topk]``:
+    row ``j`` is the target's distribution for response token ``j`` (the same shift as the hard label:
+    the log-softmax of the logits at the position before it, whose argmax is that token), its ``topk``
+    most likely ids in descending order with their log-probabilities over the full vocabulary.
     """
     from transformers import DynamicCache
 
@@ -262,6 +269,8 @@ def greedy_generate_with_features(model, prompt_ids: Sequence[Sequence[int]], *,
     cache = DynamicCache()
     feats: list[list[torch.Tensor]] = [[] for _ in range(b)]
     responses: list[list[int]] = [[] for _ in range(b)]
+    soft_ids: list[list[torch.Tensor]] = [[] for _ in range(b)]
+    soft_lp: list[list[torch.Tensor]] = [[] for _ in range(b)]
     done = torch.zeros(b, dtype=torch.bool)
     rows = torch.arange(b)  # batch row r of the model's tensors holds prompt rows[r]
     with capture_features(model, feature_layers) as cap:
@@ -272,10 +281,17 @@ def greedy_generate_with_features(model, prompt_ids: Sequence[Sequence[int]], *,
             feats[i].append(f[i, width - len(p):].float().cpu())
         next_pos = pos[:, -1:] + 1
         for step in range(max_new_tokens):
-            nxt = out.logits[:, -1].argmax(-1).cpu()
+            last = out.logits[:, -1].float()
+            nxt = last.argmax(-1).cpu()
+            if topk > 0:
+                top_lp, top_ids = torch.log_softmax(last, dim=-1).topk(topk, dim=-1)
+                top_lp, top_ids = top_lp.cpu(), top_ids.cpu()
             for r, i in enumerate(rows.tolist()):
                 if not done[i]:
                     responses[i].append(int(nxt[r]))
+                    if topk > 0:
+                        soft_ids[i].append(top_ids[r])
+                        soft_lp[i].append(top_lp[r])
                     if int(nxt[r]) == eos_id:
                         done[i] = True
             if bool(done.all()) or step == max_new_tokens - 1:
@@ -301,6 +317,9 @@ def greedy_generate_with_features(model, prompt_ids: Sequence[Sequence[int]], *,
         fi = torch.cat(feats[i], dim=0)
         n_rows = len(p) + len(responses[i]) - 1
         results.append({"response_ids": responses[i], "features": fi[:n_rows]})
+        if topk > 0:
+            results[-1]["topk_ids"] = torch.stack(soft_ids[i]).long()
+            results[-1]["topk_logprobs"] = torch.stack(soft_lp[i]).float()
         assert fi.shape[0] >= n_rows, (fi.shape, n_rows)
     return results
 
@@ -310,13 +329,17 @@ def _shard_name(stage: int, index: int) -> str:
 
 
 def write_shard(folder: Path, name: str, samples: list[dict]) -> None:
-    """One shard: ``<name>.safetensors`` (per-sample ids and fp16 features) + ``<name>.json`` (metadata)."""
+    """One shard: ``<name>.safetensors`` (per-sample ids, fp16 features and, when generated, the target's
+    top-k ids (int32) and log-probabilities (fp32) per response position) + ``<name>.json`` (metadata)."""
     from safetensors.torch import save_file
 
     tensors, meta = {}, []
     for k, s in enumerate(samples):
         tensors[f"{k}.input_ids"] = torch.tensor(s["prompt_ids"] + s["response_ids"], dtype=torch.int32)
         tensors[f"{k}.features"] = s["features"].to(torch.float16).contiguous()
+        if "topk_ids" in s:
+            tensors[f"{k}.topk_ids"] = s["topk_ids"].to(torch.int32).contiguous()
+            tensors[f"{k}.topk_logprobs"] = s["topk_logprobs"].float().contiguous()
         meta.append({"prompt_id": s["prompt_id"], "source": s["source"], "prompt_len": len(s["prompt_ids"]),
                      "response_len": len(s["response_ids"]), "text": s["text"], "response": s["response"]})
     tmp = folder / f"{name}.safetensors.tmp"
@@ -334,7 +357,9 @@ def read_shard_meta(folder: Path, name: str) -> list[dict] | None:
 
 def load_samples(folder: str | os.PathLike) -> list[dict]:
     """All complete shards of a data folder: dicts with ``input_ids`` (long), ``features`` (fp16),
-    ``prompt_len``, ``source``, ``prompt_id``, sorted by prompt id."""
+    ``prompt_len``, ``source``, ``prompt_id``, sorted by prompt id; ``topk_ids`` (long) and ``topk_logprobs``
+    (fp32), ``[response_len, k]``, when the folder stored them (row j: the target's distribution for the
+    token at position ``prompt_len + j``)."""
     from safetensors.torch import load_file
 
     folder = Path(folder)
@@ -343,8 +368,11 @@ def load_samples(folder: str | os.PathLike) -> list[dict]:
         meta = json.loads(meta_path.read_text())
         tensors = load_file(str(meta_path.with_suffix(".safetensors")))
         for k, m in enumerate(meta):
-            samples.append({**m, "input_ids": tensors[f"{k}.input_ids"].long(),
-                            "features": tensors[f"{k}.features"]})
+            sample = {**m, "input_ids": tensors[f"{k}.input_ids"].long(), "features": tensors[f"{k}.features"]}
+            if f"{k}.topk_ids" in tensors:
+                sample["topk_ids"] = tensors[f"{k}.topk_ids"].long()
+                sample["topk_logprobs"] = tensors[f"{k}.topk_logprobs"].float()
+            samples.append(sample)
     samples.sort(key=lambda s: s["prompt_id"])
     return samples
 
@@ -403,13 +431,12 @@ def generate_dataset(target, out_dir: str | os.PathLike, *, plan: DataPlan, feat
                 ids = [chat_ids(tokenizer, p.text) for p in batch]
                 results = greedy_generate_with_features(
                     model, ids, feature_layers=feature_layers, max_new_tokens=max_new,
-                    eos_id=eos_id, pad_id=pad_id)
+                    eos_id=eos_id, pad_id=pad_id, topk=plan.soft_topk)
                 samples = []
                 for p, pid, r in zip(batch, ids, results):
                     resp = r["response_ids"]
-                    samples.append({"prompt_id": p.prompt_id, "source": p.source, "text": p.text,
-                                    "prompt_ids": pid, "response_ids": resp, "features": r["features"],
-                                    "response": tokenizer.decode([t for t in resp if t != eos_id])})
+                    samples.append({**r, "prompt_id": p.prompt_id, "source": p.source, "text": p.text,
+                                    "prompt_ids": pid, "response": tokenizer.decode([t for t in resp if t != eos_id])})
                 write_shard(out, name, samples)
                 meta = read_shard_meta(out, name)
                 ntok = sum(len(r["response_ids"]) for r in results)

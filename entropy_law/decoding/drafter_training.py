@@ -17,8 +17,22 @@ With a context vocabulary (``BlockDrafterConfig.context_vocab``) the columns of 
 vocabulary plus every id of its sequences; each anchor may draft only ids seen at or before it, and a label
 it may not draft yet gets no loss (it can never be accepted there either).
 
-Not known here: the KL-to-target term (the target's full distributions are not stored with the data; only
-greedy labels are used), tree policies other than the chain (DDTree replay lives with the tree tools).
+Soft labels (``TrainConfig.kl_weight = a > 0``): the loss per slot is ``(1-a)*CE + a*KL(p || q)`` with the
+same position decay, where ``q`` is the drafter's distribution over its columns (ids it may not draft have
+probability 0) and ``p`` the target's stored top-k distribution for the token at ``anchor + k`` (row ``t`` of
+the data: the same shift as the hard label), **restricted to the ids the block may draft there and
+renormalised over them** (``renormalised_topk``). Restricting is the only consistent choice: ``q`` is 0
+outside those ids, so mass there would make the KL infinite; the hard label (the target's argmax) is
+always among them when its CE term counts, so a one-hot ``p`` gives exactly the CE term. ``a = 0`` is the
+old loss, bit for bit (the soft labels are not even read).
+
+Initialisation from the target (``init_from_target``): the drafter layers copy the target decoder layers
+right after the deepest feature layer (for SmolLM2-135M's features (1, 14, 27): layer 28), and the final
+norm copies the target's; optionally ``fc`` starts as the deepest feature's slice and the context norm as
+that layer's input norm, so the first drafter layer's injected keys and values start equal to the keys and
+values that target layer computes itself. Copies, never shared tensors; the target is not modified.
+
+Not known here: tree policies other than the chain (DDTree replay lives with the tree tools).
 """
 
 from __future__ import annotations
@@ -61,6 +75,11 @@ class TrainConfig:
     save_every: int = 50
     draft_vocab_base: int | None = 4096  # None: full vocabulary; else ids < base plus every training token
     context_vocab: bool = False  # also draft ids already in the context (copying rare words of a passage)
+    kl_weight: float = 0.0  # a in (1-a)*CE + a*KL(target top-k || drafter); 0: hard labels only
+    init_from_target: bool = False  # drafter layers (and final norm) start as the target's layers after the
+    #                                 deepest feature layer (``init_from_target``)
+    init_fc: bool = False  # with init_from_target: fc starts as the deepest feature's slice, the context norm
+    #                        as that layer's input norm
 
 
 def draft_vocabulary(samples: Sequence[dict], base: int, vocab_size: int) -> list[int]:
@@ -120,15 +139,118 @@ def decayed_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, gamma: flo
     return (ce * w).sum() / w.sum().clamp(min=1e-12)
 
 
+def block_soft_labels(soft_ids: torch.Tensor, soft_logp: torch.Tensor, anchors: torch.Tensor,
+                      block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's top-k soft labels of every block slot: ``[b, S, K]`` rows by absolute position (``collate``)
+    -> ``[b, A, B-1, K]`` ids and log-probabilities at position ``anchor + k`` (the hard label's position)."""
+    b, s, kk = soft_ids.shape
+    pos = (anchors[..., None] + torch.arange(1, block_size)).clamp(max=s - 1).flatten(1)  # [b, A*(B-1)]
+    idx = pos[..., None].expand(-1, -1, kk)
+    shape = (*anchors.shape, block_size - 1, kk)
+    return torch.gather(soft_ids, 1, idx).view(shape), torch.gather(soft_logp, 1, idx).view(shape)
+
+
+def renormalised_topk(soft_logp: torch.Tensor, draftable: torch.Tensor) -> torch.Tensor:
+    """Log-probabilities of the target's top-k restricted to ``draftable`` entries and renormalised over them
+    (``-inf`` elsewhere; all ``-inf`` where none is draftable)."""
+    logp = soft_logp.masked_fill(~draftable, float("-inf"))
+    norm = torch.logsumexp(logp, dim=-1, keepdim=True)
+    return torch.where(torch.isfinite(norm), logp - norm, torch.full_like(logp, float("-inf")))
+
+
+def slot_kl(logits: torch.Tensor, soft_cols: torch.Tensor, soft_logp: torch.Tensor) -> torch.Tensor:
+    """``KL(p || q)`` per slot: ``logits [.., Vd]`` (q = softmax), ``soft_cols [.., K]`` column indices of p's
+    support (any value where ``soft_logp`` is ``-inf``), ``soft_logp [.., K]`` log p (renormalised).
+    Returns ``[..]``; 0 where p is empty."""
+    logq = torch.log_softmax(logits, dim=-1)
+    logq_k = torch.gather(logq, -1, soft_cols.clamp(min=0))
+    p = soft_logp.exp()
+    terms = torch.where(p > 0, p * (soft_logp - logq_k), torch.zeros_like(p))
+    return terms.sum(-1)
+
+
+def decayed_distillation_loss(logits: torch.Tensor, labels: torch.Tensor, gamma: float, kl_weight: float,
+                              soft_cols: torch.Tensor, soft_logp: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """``sum_k w_k [(1-a) CE_k + a KL_k] / sum_k w_k`` over the slots whose hard label counts (``labels``),
+    the decay and normalisation of ``decayed_cross_entropy``. Returns the loss and the decayed CE and KL
+    parts (floats)."""
+    w = decay_weights(logits.shape[-2] + 1, gamma).expand(labels.shape)
+    w = w * (labels != IGNORE)
+    total = w.sum().clamp(min=1e-12)
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1).clamp(min=0),
+                         reduction="none").view(labels.shape)
+    kl = slot_kl(logits, soft_cols, soft_logp)
+    ce_mean, kl_mean = (ce * w).sum() / total, (kl * w).sum() / total
+    parts = {"ce": float(ce_mean.detach()), "kl": float(kl_mean.detach())}
+    return (1 - kl_weight) * ce_mean + kl_weight * kl_mean, parts
+
+
 def accepted_drafts(draft_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Leading draft slots equal to their label (IGNORE stops the run): ``[..., B-1] -> [...]``."""
     hit = (draft_ids == labels) & (labels != IGNORE)
     return hit.long().cumprod(dim=-1).sum(dim=-1)
 
 
+# ---------------------------------------------------------------------------------------------- init
+def target_source_layers(drafter: BlockDrafter, num_target_layers: int) -> list[int]:
+    """The target layers ``init_from_target`` copies: those right after the deepest feature layer (they read
+    its output), shifted back to the last ``num_layers`` layers where the target ends first."""
+    n = len(drafter.layers)
+    first = min(max(drafter.feature_layers) + 1, num_target_layers - n)
+    return list(range(first, first + n))
+
+
+@torch.no_grad()
+def init_from_target(drafter: BlockDrafter, target, *, init_fc: bool = False,
+                     source_layers: Sequence[int] | None = None) -> list[int]:
+    """Initialise ``drafter`` from the target (in place; copies, the target is untouched).
+
+    Drafter layer ``i`` copies target decoder layer ``source_layers[i]`` (default ``target_source_layers``:
+    norms, q/k/v/o, SwiGLU), the final norm copies the target's final norm (it feeds the same LM head).
+    ``init_fc``: ``fc`` selects the deepest feature layer's slice (identity there, zeros elsewhere) and the
+    context norm copies the first source layer's input norm, so that layer's injected context keys and
+    values start as the target's own keys and values of that layer. Returns the source layers."""
+    from entropy_law.decoding.features import decoder_layers
+
+    model = target if isinstance(target, torch.nn.Module) else target.model
+    blocks = decoder_layers(model)
+    source = list(source_layers) if source_layers is not None else target_source_layers(drafter, len(blocks))
+    if len(source) != len(drafter.layers):
+        raise ValueError(f"{len(drafter.layers)} drafter layers, {len(source)} source layers")
+    names = {"input_layernorm": "input_layernorm", "post_attention_layernorm": "post_attention_layernorm",
+             "q_proj": "self_attn.q_proj", "k_proj": "self_attn.k_proj", "v_proj": "self_attn.v_proj",
+             "o_proj": "self_attn.o_proj", "gate_proj": "mlp.gate_proj", "up_proj": "mlp.up_proj",
+             "down_proj": "mlp.down_proj"}
+
+    def copy(dst: torch.Tensor, src: torch.Tensor, what: str) -> None:
+        if dst.shape != src.shape:
+            raise ValueError(f"cannot initialise {what} from the target: shape {tuple(src.shape)} != "
+                             f"{tuple(dst.shape)}")
+        dst.copy_(src.detach().to(dst.dtype))
+
+    for layer, j in zip(drafter.layers, source):
+        src = blocks[j]
+        for mine, theirs in names.items():
+            copy(getattr(layer, mine).weight, src.get_submodule(theirs).weight, f"layer {j} {theirs}")
+    final_norm = getattr(getattr(model, "model", model), "norm", None)
+    if final_norm is None:
+        raise ValueError("cannot find the target's final norm (model.model.norm)")
+    copy(drafter.norm.weight, final_norm.weight, "the final norm")
+    if init_fc:
+        h = drafter.config.hidden_size
+        deepest = drafter.feature_layers.index(max(drafter.feature_layers))
+        drafter.fc.weight.zero_()
+        drafter.fc.weight[:, deepest * h: (deepest + 1) * h] = torch.eye(h, dtype=drafter.fc.weight.dtype)
+        copy(drafter.hidden_norm.weight, blocks[source[0]].input_layernorm.weight, "the context norm")
+    return source
+
+
 # ---------------------------------------------------------------------------------------------- batches
-def collate(samples: Sequence[dict]) -> dict:
-    """Pad a list of samples (``input_ids`` long, ``features`` fp16 rows ``0..len-2``, ``prompt_len``)."""
+def collate(samples: Sequence[dict], *, soft: bool = False) -> dict:
+    """Pad a list of samples (``input_ids`` long, ``features`` fp16 rows ``0..len-2``, ``prompt_len``).
+
+    ``soft``: also ``soft_ids`` (long, -1 = none) and ``soft_logp`` (fp32, -inf = none) ``[b, S, K]`` by
+    absolute position, from the samples' ``topk_ids`` / ``topk_logprobs`` (row j = position prompt_len + j)."""
     seq_lens = torch.tensor([int(s["input_ids"].shape[0]) for s in samples])
     s_max = int(seq_lens.max())
     width = samples[0]["features"].shape[1]
@@ -138,13 +260,31 @@ def collate(samples: Sequence[dict]) -> dict:
         ids[i, : seq_lens[i]] = s["input_ids"]
         n = min(int(s["features"].shape[0]), s_max - 1)
         feats[i, :n] = s["features"][:n].float()
-    return {"input_ids": ids, "features": feats, "seq_lens": seq_lens,
-            "prompt_lens": torch.tensor([int(s["prompt_len"]) for s in samples])}
+    batch = {"input_ids": ids, "features": feats, "seq_lens": seq_lens,
+             "prompt_lens": torch.tensor([int(s["prompt_len"]) for s in samples])}
+    if soft:
+        missing = [s.get("prompt_id", i) for i, s in enumerate(samples) if "topk_ids" not in s]
+        if missing:
+            raise ValueError(f"samples {missing[:3]} have no stored soft labels: generate the data with "
+                             "--soft-topk K (kl_weight > 0 needs them)")
+        kk = int(samples[0]["topk_ids"].shape[1])
+        soft_ids = torch.full((len(samples), s_max, kk), -1, dtype=torch.long)
+        soft_logp = torch.full((len(samples), s_max, kk), float("-inf"))
+        for i, s in enumerate(samples):
+            p, n = int(s["prompt_len"]), int(s["topk_ids"].shape[0])
+            if n != int(seq_lens[i]) - p or int(s["topk_ids"].shape[1]) != kk:
+                raise ValueError(f"sample {s.get('prompt_id', i)}: {tuple(s['topk_ids'].shape)} soft labels for "
+                                 f"{int(seq_lens[i]) - p} response tokens (k={kk})")
+            soft_ids[i, p: p + n] = s["topk_ids"].long()
+            soft_logp[i, p: p + n] = s["topk_logprobs"].float()
+        batch.update(soft_ids=soft_ids, soft_logp=soft_logp)
+    return batch
 
 
 def forward_train(drafter: BlockDrafter, batch: dict, *, anchors_per_seq: int, gamma: float,
-                  generator: torch.Generator) -> tuple[torch.Tensor, dict]:
-    """One training forward: sample anchors, draft every block in one pass, decayed CE + metrics."""
+                  generator: torch.Generator, kl_weight: float = 0.0) -> tuple[torch.Tensor, dict]:
+    """One training forward: sample anchors, draft every block in one pass, decayed CE (with ``kl_weight > 0``
+    mixed with the KL to the target's renormalised top-k, ``decayed_distillation_loss``) + metrics."""
     anchors, valid = zip(*(sample_anchors(int(p), int(s), anchors_per_seq, generator)
                            for p, s in zip(batch["prompt_lens"], batch["seq_lens"])))
     anchors, valid = torch.stack(anchors), torch.stack(valid)
@@ -157,7 +297,18 @@ def forward_train(drafter: BlockDrafter, batch: dict, *, anchors_per_seq: int, g
     if allowed is not None:  # a label the block may not draft yet (first seen after the anchor): no loss
         ok = torch.gather(allowed, 2, labels.clamp(min=0))
         labels = torch.where(ok, labels, torch.full_like(labels, IGNORE))
-    loss = decayed_cross_entropy(logits, labels, gamma)
+    parts = {}
+    if kl_weight > 0:
+        soft_ids, soft_logp = block_soft_labels(batch["soft_ids"], batch["soft_logp"], anchors, drafter.block_size)
+        soft_cols = drafter.draft_index(soft_ids, IGNORE, vocab)  # IGNORE: not in this batch's columns
+        draftable = (soft_cols != IGNORE) & (soft_ids >= 0)
+        if allowed is not None:  # and not yet draftable at this anchor (context vocabulary)
+            draftable &= torch.gather(allowed[:, :, None, :].expand(*soft_cols.shape[:3], -1), 3,
+                                      soft_cols.clamp(min=0))
+        soft_logp = renormalised_topk(soft_logp, draftable)
+        loss, parts = decayed_distillation_loss(logits, labels, gamma, kl_weight, soft_cols, soft_logp)
+    else:
+        loss = decayed_cross_entropy(logits, labels, gamma)
     with torch.no_grad():
         draft = logits.argmax(-1)
         acc = accepted_drafts(draft, labels)
@@ -165,7 +316,7 @@ def forward_train(drafter: BlockDrafter, batch: dict, *, anchors_per_seq: int, g
         slot_acc = ((draft == labels) & present).sum((0, 1)).float() / present.sum((0, 1)).clamp(min=1)
         n_blocks = int(valid.sum())
         metrics = {"loss": float(loss), "accept_proxy": float((acc[valid] + 1).float().mean()) if n_blocks else 0.0,
-                   "top1_slot1": float(slot_acc[0]), "blocks": n_blocks}
+                   "top1_slot1": float(slot_acc[0]), "blocks": n_blocks, **parts}
     return loss, metrics
 
 
@@ -350,12 +501,12 @@ def train(drafter: BlockDrafter, train_samples: Sequence[dict], heldout_samples:
         if cursor + cfg.batch_seqs > len(order):
             order = torch.randperm(len(train_samples), generator=gen).tolist()
             cursor = 0
-        batch = collate([train_samples[i] for i in order[cursor: cursor + cfg.batch_seqs]])
+        batch = collate([train_samples[i] for i in order[cursor: cursor + cfg.batch_seqs]], soft=cfg.kl_weight > 0)
         cursor += cfg.batch_seqs
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
         loss, metrics = forward_train(drafter, batch, anchors_per_seq=cfg.anchors_per_seq, gamma=cfg.gamma,
-                                      generator=gen)
+                                      generator=gen, kl_weight=cfg.kl_weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, cfg.clip))
@@ -403,6 +554,10 @@ def train_from_folder(model_spec: str, data_dir: str | Path, out_dir: str | Path
              draft_vocabulary(train_s, cfg.draft_vocab_base, int(target.config.vocab_size)))
     drafter = BlockDrafter(target, seed=cfg.seed, block_size=cfg.block_size, num_layers=cfg.num_layers,
                            draft_vocab=vocab, context_vocab=cfg.context_vocab)
+    if cfg.init_from_target:
+        init_from_target(drafter, target, init_fc=cfg.init_fc)
+    elif cfg.init_fc:
+        raise ValueError("init_fc needs init_from_target")
     out = Path(out_dir)
     (out / "train_config.json").write_text(json.dumps(
         {"train": asdict(cfg), "drafter": json.loads(drafter.config.to_json()),
