@@ -26,7 +26,7 @@ from entropy_law.decoding.features import capture_features
 from entropy_law.decoding.tree import Tree
 
 
-def _cache_keyword(model: torch.nn.Module) -> str:
+def cache_keyword(model: torch.nn.Module) -> str:
     """Name of the cache argument of ``model.forward`` (``cache`` in recent 5.x, ``past_key_values`` before)."""
     params = inspect.signature(model.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
@@ -51,7 +51,7 @@ class TargetAdapter:
         self.device = params.device
         self.dtype = params.dtype
         self.max_context = getattr(model.config, "max_position_embeddings", None)
-        self._cache_kw = _cache_keyword(model)
+        self._cache_kw = cache_keyword(model)
         self.cache = None
 
     @classmethod

@@ -29,6 +29,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from entropy_law.decoding.adapter import cache_keyword
 from entropy_law.decoding.features import capture_features
 
 GSM8K_ENV = "ENTROPY_LAW_GSM8K"
@@ -267,6 +268,7 @@ def greedy_generate_with_features(model, prompt_ids: Sequence[Sequence[int]], *,
     ids, attn = ids.to(device), attn.to(device)
     pos = (attn.cumsum(-1) - 1).clamp(min=0)
     cache = DynamicCache()
+    cache_kw = {cache_keyword(model): cache}
     feats: list[list[torch.Tensor]] = [[] for _ in range(b)]
     responses: list[list[int]] = [[] for _ in range(b)]
     soft_ids: list[list[torch.Tensor]] = [[] for _ in range(b)]
@@ -274,7 +276,7 @@ def greedy_generate_with_features(model, prompt_ids: Sequence[Sequence[int]], *,
     done = torch.zeros(b, dtype=torch.bool)
     rows = torch.arange(b)  # batch row r of the model's tensors holds prompt rows[r]
     with capture_features(model, feature_layers) as cap:
-        out = model(input_ids=ids, attention_mask=attn, position_ids=pos, past_key_values=cache,
+        out = model(input_ids=ids, attention_mask=attn, position_ids=pos, **cache_kw,
                     use_cache=True, logits_to_keep=1)
         f = cap.features()
         for i, p in enumerate(prompt_ids):
@@ -304,7 +306,7 @@ def greedy_generate_with_features(model, prompt_ids: Sequence[Sequence[int]], *,
                 rows, nxt, attn, next_pos = rows[keep], nxt[keep], attn[keep.to(device)], next_pos[keep.to(device)]
             attn = torch.cat([attn, torch.ones((len(rows), 1), dtype=attn.dtype, device=device)], dim=1)
             out = model(input_ids=nxt[:, None].to(device), attention_mask=attn, position_ids=next_pos,
-                        past_key_values=cache, use_cache=True, logits_to_keep=1)
+                        **cache_kw, use_cache=True, logits_to_keep=1)
             next_pos = next_pos + 1
             f = cap.features()
             for r, i in enumerate(rows.tolist()):
