@@ -48,12 +48,19 @@ def test_sample_anchors_range_distinct_sorted_seeded():
     assert not v.any()
 
 
-def test_decayed_cross_entropy_matches_a_direct_sum():
-    gen = torch.Generator().manual_seed(0)
-    logits = torch.randn(2, 3, 5, 11, generator=gen)
-    labels = torch.randint(0, 11, (2, 3, 5), generator=gen)
-    labels[0, 1, 3:] = IGNORE
+def _block_logits_and_labels(seed: int, slots: int, vocab: int, cut: int):
+    """Random drafter logits ``[2, 3, slots, vocab]`` and labels with ignored slots (one block cut at slot
+    ``cut``, one whole anchor ignored); also the generator, for more draws."""
+    gen = torch.Generator().manual_seed(seed)
+    logits = torch.randn(2, 3, slots, vocab, generator=gen)
+    labels = torch.randint(0, vocab, (2, 3, slots), generator=gen)
+    labels[0, 1, cut:] = IGNORE
     labels[1, 2] = IGNORE
+    return logits, labels, gen
+
+
+def test_decayed_cross_entropy_matches_a_direct_sum():
+    logits, labels, _ = _block_logits_and_labels(0, 5, 11, cut=3)
     gamma = 4.0
     num = den = 0.0
     for i in range(2):
@@ -329,11 +336,7 @@ def _with_soft_labels(model, samples, k):
 def test_kl_with_one_hot_soft_labels_equals_the_cross_entropy_term():
     from entropy_law.decoding.drafter_training import decayed_distillation_loss, slot_kl
 
-    gen = torch.Generator().manual_seed(3)
-    logits = torch.randn(2, 3, 7, 50, generator=gen)
-    labels = torch.randint(0, 50, (2, 3, 7), generator=gen)
-    labels[0, 1, 4:] = IGNORE
-    labels[1, 2] = IGNORE
+    logits, labels, gen = _block_logits_and_labels(3, 7, 50, cut=4)
     others = torch.randint(0, 50, (2, 3, 7, 4), generator=gen)
     cols = torch.cat([labels.clamp(min=0)[..., None], others], dim=-1)
     one_hot = torch.full(cols.shape, float("-inf"))
