@@ -78,22 +78,17 @@ class TargetAdapter:
         return lean_attention(self.model, self.lean_attention)
 
     @torch.inference_mode()
-    def _forward(self, input_ids, position_ids, attention_mask, logits_to_keep: int = 0):
+    def _forward(self, input_ids, position_ids, attention_mask, logits_to_keep: int = 0, **extra):
+        """One forward over the cache: logits ``[rows, V]`` (fp32) and features (or None). ``extra``: further
+        model inputs (pixel values of a VLM prefill)."""
+        kwargs = dict(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
+                      use_cache=True, logits_to_keep=logits_to_keep, **{self._cache_kw: self.cache}, **extra)
         with self._attention():
-            return self._model_forward(input_ids, position_ids, attention_mask, logits_to_keep)
-
-    def _model_forward(self, input_ids, position_ids, attention_mask, logits_to_keep: int):
-        kwargs = {self._cache_kw: self.cache}
-        if self.feature_layers:
+            if not self.feature_layers:
+                return self.model(**kwargs).logits[0].float(), None
             with capture_features(self.model, self.feature_layers) as capture:
-                out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
-                                 use_cache=True, logits_to_keep=logits_to_keep, **kwargs)
-                features = capture.features()[0]
-        else:
-            out = self.model(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
-                             use_cache=True, logits_to_keep=logits_to_keep, **kwargs)
-            features = None
-        return out.logits[0].float(), features
+                out = self.model(**kwargs)
+                return out.logits[0].float(), capture.features()[0]
 
     def prefill(self, input_ids: Sequence[int] | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Start a new sequence: a fresh cache over ``input_ids``.

@@ -42,7 +42,6 @@ from typing import Any, Mapping, Sequence
 import torch
 
 from entropy_law.decoding.adapter import TargetAdapter
-from entropy_law.decoding.features import capture_features
 from entropy_law.decoding.tree import Tree
 
 QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
@@ -307,17 +306,8 @@ class VLMTargetAdapter(TargetAdapter):
             extra = {k: v.to(self.device) for k, v in prompt.tensors.items() if k in self.forward_keys}
             if "pixel_values" in extra:
                 extra["pixel_values"] = extra["pixel_values"].to(self.dtype)
-        kwargs = dict(input_ids=ids, position_ids=positions, attention_mask=None, use_cache=True, logits_to_keep=1,
-                      **{self._cache_kw: self.cache}, **extra)
-        with torch.inference_mode(), self._attention():
-            if self.feature_layers:
-                with capture_features(self.model, self.feature_layers) as capture:
-                    out = self.model(**kwargs)
-                    features = capture.features()[0]
-            else:
-                out = self.model(**kwargs)
-                features = None
-        return out.logits[0, -1].float(), features
+        logits, features = self._forward(ids, positions, None, logits_to_keep=1, **extra)
+        return logits[-1], features
 
     def prefill_position_ids(self, ids: torch.Tensor, prompt: ImagePrompt | None) -> torch.Tensor:
         """Position ids of the prompt (1-D ``arange`` here; M-RoPE subclasses override)."""
