@@ -257,6 +257,77 @@ def test_long_prompts_join_several_passages_and_leave_the_other_prompts_unchange
                        {"passage-0000": "One."})
 
 
+def test_data_parts_are_disjoint_and_part_0_is_the_original_plan():
+    import random
+    from dataclasses import replace
+
+    from entropy_law.decoding.drafter_data import (OPEN_INSTRUCTIONS, OPEN_SUBJECTS, PASSAGE_QUESTIONS, DataPlan,
+                                                   stage1_prompts, stage2_prompts)
+
+    questions = [f"Tom has {i} apples. He eats one. How many are left?" for i in range(400)]
+    plan = DataPlan(n_gsm8k=20, n_passages=6, n_open=10, n_translate=5, n_long=4,
+                    long_min_passages=2, long_max_passages=3)
+    parts = []
+    for k in range(3):
+        s1, math_q = stage1_prompts(replace(plan, part=k), questions)
+        outputs = {p.prompt_id: f"Passage {p.prompt_id} text." for p in s1}
+        parts.append((s1, math_q, s1 + stage2_prompts(replace(plan, part=k), math_q, outputs)))
+    for k, (_, _, prompts) in enumerate(parts):
+        assert len(prompts) == 11 + 20 + 3 * 6 + 10 + 5 + 4  # every part has the plan's counts
+        for _, _, other in parts[k + 1:]:
+            assert not {p.prompt_id for p in prompts} & {p.prompt_id for p in other}
+            assert not {p.text for p in prompts} & {p.text for p in other}
+    # part 0 is the plan as it was before parts existed, computed here independently
+    order = list(range(400))
+    random.Random(0).shuffle(order)
+    s1, math_q, prompts = parts[0]
+    assert math_q == [questions[i] for i in order[:20]]
+    assert s1[0].text == "Write a short news article (about 80 words) about a small bakery that opens a second shop."
+    rng = random.Random(1)
+    asked = [PASSAGE_QUESTIONS[rng.randrange(len(PASSAGE_QUESTIONS))] for _ in range(6)]
+    combos = [(i, s) for i in OPEN_INSTRUCTIONS for s in OPEN_SUBJECTS]
+    rng.shuffle(combos)
+    assert [p.text for p in prompts if p.source == "open"] == [t.format(x=x) for t, x in combos[:10]]
+    answers = [p.text for p in prompts if p.source == "grounded_answer"]
+    assert [a.rsplit(": ", 1)[1] for a in answers] == asked
+    # parts beyond what a source holds say which part is the last
+    with pytest.raises(ValueError, match="the largest part with 100 per part is 0"):
+        s1, math_q = stage1_prompts(replace(plan, n_open=100, part=1), questions)
+        stage2_prompts(replace(plan, n_open=100, part=1), math_q, {})
+
+
+def _tiny_data_folder(folder, prompt_ids, layers=(1,), texts=None):
+    import json
+
+    from entropy_law.decoding.drafter_data import write_shard
+
+    folder.mkdir(parents=True)
+    (folder / "plan.json").write_text(json.dumps({"plan": {}, "feature_layers": list(layers), "batch_size": 4}))
+    write_shard(folder, "stage1-0000", [{
+        "prompt_id": pid, "source": "x", "text": (texts or {}).get(pid, f"prompt {pid}"), "response": "r",
+        "prompt_ids": [1, 2], "response_ids": [3, 4, 5], "features": torch.randn(4, 6)} for pid in prompt_ids])
+    return folder
+
+
+def test_several_data_folders_train_together_but_never_share_a_prompt(tmp_path):
+    from entropy_law.decoding.drafter_training import load_data_folders
+
+    a = _tiny_data_folder(tmp_path / "a", ["gsm8k-0001", "open-0000"])
+    b = _tiny_data_folder(tmp_path / "b", ["gsm8k-0000", "open-0005"])
+    samples = load_data_folders([a, b])
+    assert [s["prompt_id"] for s in samples] == ["gsm8k-0000", "gsm8k-0001", "open-0000", "open-0005"]
+    with pytest.raises(ValueError, match="share a prompt"):
+        load_data_folders([a, a])
+    c = _tiny_data_folder(tmp_path / "c", ["open-0009"], texts={"open-0009": "prompt open-0000"})
+    with pytest.raises(ValueError, match="share a prompt"):
+        load_data_folders([a, c])
+    d = _tiny_data_folder(tmp_path / "d", ["open-0010"], layers=(2,))
+    with pytest.raises(ValueError, match="layers"):
+        load_data_folders([a, d])
+    with pytest.raises(FileNotFoundError, match="--only data"):
+        load_data_folders([a, tmp_path / "empty"])
+
+
 def test_batched_generation_drops_finished_rows_and_stays_greedy():
     from entropy_law.decoding.drafter_data import greedy_generate_with_features
 

@@ -37,6 +37,9 @@ def register(subparsers) -> None:
     g.add_argument("--soft-topk", type=int, default=32,
                    help="store the target's top-k log-probabilities per response position, for --kl-weight "
                         "(default: %(default)s; 0: none)")
+    g.add_argument("--data-part", type=int, default=0, metavar="K",
+                   help="take the K-th disjoint slice of every source's prompts (default: %(default)s); parts of "
+                        "one plan never share a prompt, so a new part in a new --out adds data")
     g.add_argument("--gen-batch-size", type=int, default=32)
     g.add_argument("--gen-minutes", type=float, default=None,
                    help="stop data generation (stage 2) after this many minutes; train on what exists")
@@ -65,6 +68,8 @@ def register(subparsers) -> None:
     t.add_argument("--init-fc", action="store_true",
                    help="with --init-from-target: fc starts as the deepest feature's slice, the context norm "
                         "as that layer's input norm")
+    t.add_argument("--extra-data", action="append", default=[], metavar="DIR",
+                   help="also train on this data folder (OUT/data of a run with another --data-part); repeatable")
     t.add_argument("--heldout", type=int, default=16, help="samples held out for acceptance")
     t.add_argument("--eval-every", type=int, default=200)
     t.add_argument("--save-every", type=int, default=50)
@@ -90,7 +95,7 @@ def run(args) -> int:
                         n_translate=args.n_translate, max_new_tokens=args.max_new_tokens,
                         passage_max_new_tokens=args.passage_max_new_tokens or args.max_new_tokens,
                         n_long=args.n_long, long_min_passages=args.long_passages[0],
-                        long_max_passages=args.long_passages[1], soft_topk=args.soft_topk)
+                        long_max_passages=args.long_passages[1], soft_topk=args.soft_topk, part=args.data_part)
         deadline = time.time() + 60 * args.gen_minutes if args.gen_minutes else None
         summary = generate_dataset(target, data_dir, plan=plan, feature_layers=layers, gsm8k=args.gsm8k,
                                    batch_size=args.gen_batch_size, deadline=deadline,
@@ -106,6 +111,6 @@ def run(args) -> int:
                           anchors_per_seq=args.anchors, gamma=args.gamma, heldout=args.heldout,
                           eval_every=args.eval_every, save_every=args.save_every, context_vocab=args.context_vocab,
                           kl_weight=args.kl_weight, init_from_target=args.init_from_target, init_fc=args.init_fc)
-        result = train_from_folder(args.model, data_dir, out, cfg, stop_at=args.stop_at)
+        result = train_from_folder(args.model, data_dir, out, cfg, stop_at=args.stop_at, extra_data=args.extra_data)
         print(json.dumps(result), flush=True)
     return 0

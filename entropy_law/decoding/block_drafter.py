@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from entropy_law.decoding.attention import text_config as _text_config
+from entropy_law.decoding.attention import gqa_eager_attention, text_config as _text_config
 from entropy_law.decoding.interface import DraftProposal
 
 FORMAT = "entropy-law-block-drafter"
@@ -216,15 +216,9 @@ class DrafterLayer(nn.Module):
         v = self._heads(self.v_proj(h), cfg.num_kv_heads)
         k = torch.cat([ctx_k, k], dim=2)
         v = torch.cat([ctx_v, v], dim=2)
-        groups = cfg.num_heads // cfg.num_kv_heads
-        k = k.repeat_interleave(groups, dim=1)
-        v = v.repeat_interleave(groups, dim=1)
-        scores = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(cfg.head_dim)
-        if mask is not None:
-            scores = scores + mask
-        attn = torch.softmax(scores.float(), dim=-1).to(q.dtype)
-        out = torch.matmul(attn, v).transpose(1, 2).reshape(x.shape[0], x.shape[1], -1)
-        x = x + self.o_proj(out)
+        # the adapter's grouped-query kernel: each KV head read in place, not copied to its query heads
+        out, _ = gqa_eager_attention(self, q, k, v, mask, 1.0 / math.sqrt(cfg.head_dim))
+        x = x + self.o_proj(out.reshape(x.shape[0], x.shape[1], -1))
         h = self.post_attention_layernorm(x)
         return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
 

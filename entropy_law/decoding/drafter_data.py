@@ -117,6 +117,26 @@ class DataPlan:
     long_min_passages: int = 3
     long_max_passages: int = 5
     soft_topk: int = 32  # store the target's top-k log-probabilities at every response position (0: none)
+    # Which disjoint slice of every source's seeded prompt order this folder takes: parts 0, 1, 2, ... of one
+    # plan never share a prompt (part 0 is the plan's original data), so more data is a new folder with the
+    # next part, and several folders train together (``train_from_folder(extra_data=...)``).
+    part: int = 0
+
+
+# Distinct passage prompts: TOPICS x the three lengths (passage i: topic i % len(TOPICS), length i % 3).
+PASSAGE_LENGTHS = (80, 120, 150)
+
+
+def _part_slice(plan: DataPlan, per_part: int, available: int, what: str) -> range:
+    """Indices of ``what`` that part ``plan.part`` takes: the part-th block of ``per_part``; an error
+    naming the largest possible part when the source has too few distinct prompts."""
+    if plan.part < 0:
+        raise ValueError(f"data part must be >= 0, got {plan.part}")
+    start, stop = plan.part * per_part, (plan.part + 1) * per_part
+    if stop > available:
+        raise ValueError(f"data part {plan.part} needs {what} {start}..{stop - 1}, but only {available} distinct "
+                         f"ones exist; the largest part with {per_part} per part is {available // per_part - 1}")
+    return range(start, stop)
 
 
 def gsm8k_path(path: str | os.PathLike | None = None) -> Path:
@@ -160,16 +180,16 @@ def stage1_prompts(plan: DataPlan, gsm8k_questions: Sequence[str]) -> tuple[list
     need = plan.n_gsm8k + plan.n_translate
     if need > len(order):
         raise ValueError(f"the GSM8K file has {len(order)} questions; the plan needs {need}")
-    math_q = [gsm8k_questions[i] for i in order[: plan.n_gsm8k]]
-    trans_src = [_first_sentence(gsm8k_questions[i]) for i in order[plan.n_gsm8k: need]]
-    topics = [TOPICS[i % len(TOPICS)] for i in range(plan.n_passages)]
-    lengths = (80, 120, 150)
+    taken = [order[i] for i in _part_slice(plan, need, len(order), "GSM8K questions")]
+    math_q = [gsm8k_questions[i] for i in taken[: plan.n_gsm8k]]
+    trans_src = [_first_sentence(gsm8k_questions[i]) for i in taken[plan.n_gsm8k:]]
+    first = plan.part * plan.n_translate  # prompt ids are global across parts
     prompts = [
         PromptSpec(f"passage-{i:04d}", "passage",
-                   f"Write a short news article (about {lengths[i % 3]} words) about {t}.")
-        for i, t in enumerate(topics)
+                   f"Write a short news article (about {PASSAGE_LENGTHS[i % 3]} words) about {TOPICS[i % len(TOPICS)]}.")
+        for i in _part_slice(plan, plan.n_passages, len(TOPICS) * len(PASSAGE_LENGTHS), "passage prompts")
     ]
-    prompts += [PromptSpec(f"en_de-{i:04d}", "translate_en_de", f"Translate English to German: {s}")
+    prompts += [PromptSpec(f"en_de-{first + i:04d}", "translate_en_de", f"Translate English to German: {s}")
                 for i, s in enumerate(trans_src)]
     return prompts, math_q
 
@@ -178,14 +198,20 @@ def stage2_prompts(plan: DataPlan, math_questions: Sequence[str],
                    stage1_outputs: dict[str, str]) -> list[PromptSpec]:
     """GSM8K, grounded (on the target's passages), open and German->English prompts."""
     rng = random.Random(plan.seed + 1)
-    prompts = [PromptSpec(f"gsm8k-{i:04d}", "gsm8k", q) for i, q in enumerate(math_questions)]
+    # one question draw per planned passage, then the open-instruction order: both independent of the
+    # passage texts, so every part shuffles the open instructions alike and takes its own slice of them
+    questions = iter([PASSAGE_QUESTIONS[rng.randrange(len(PASSAGE_QUESTIONS))] for _ in range(plan.n_passages)])
+    combos = [(i, s) for i in OPEN_INSTRUCTIONS for s in OPEN_SUBJECTS]
+    rng.shuffle(combos)
+    first = plan.part * plan.n_gsm8k
+    prompts = [PromptSpec(f"gsm8k-{first + i:04d}", "gsm8k", q) for i, q in enumerate(math_questions)]
     for pid, text in sorted(stage1_outputs.items()):
         text = text.strip()
         if not text:
             continue
         if pid.startswith("passage-"):
             n = pid.split("-")[1]
-            question = PASSAGE_QUESTIONS[rng.randrange(len(PASSAGE_QUESTIONS))]
+            question = next(questions)
             prompts += [
                 PromptSpec(f"summary-{n}", "grounded_summary", f"Summarize: {text}"),
                 PromptSpec(f"extract-{n}", "grounded_extract",
@@ -196,10 +222,8 @@ def stage2_prompts(plan: DataPlan, math_questions: Sequence[str],
         elif pid.startswith("en_de-"):
             prompts.append(PromptSpec(f"de_en-{pid.split('-')[1]}", "translate_de_en",
                                       f"Translate German to English: {text.splitlines()[0]}"))
-    combos = [(i, s) for i in OPEN_INSTRUCTIONS for s in OPEN_SUBJECTS]
-    rng.shuffle(combos)
-    prompts += [PromptSpec(f"open-{k:04d}", "open", tmpl.format(x=subj))
-                for k, (tmpl, subj) in enumerate(combos[: plan.n_open])]
+    prompts += [PromptSpec(f"open-{k:04d}", "open", combos[k][0].format(x=combos[k][1]))
+                for k in _part_slice(plan, plan.n_open, len(combos), "open instructions")]
     return prompts + long_prompts(plan, stage1_outputs)
 
 
@@ -219,9 +243,10 @@ def long_prompts(plan: DataPlan, stage1_outputs: dict[str, str]) -> list[PromptS
     if len(passages) < plan.long_min_passages or plan.long_min_passages > plan.long_max_passages:
         raise ValueError(f"long prompts need {plan.long_min_passages}..{plan.long_max_passages} passages; "
                          f"{len(passages)} passages were generated")
-    rng = random.Random(plan.seed + 2)  # its own stream: the other prompts do not change with n_long
+    # its own stream (the other prompts do not change with n_long), and one per part
+    rng = random.Random(plan.seed + 2 if plan.part == 0 else f"{plan.seed}-long-part-{plan.part}")
     out = []
-    for k in range(plan.n_long):
+    for k in range(plan.part * plan.n_long, (plan.part + 1) * plan.n_long):
         n = rng.randint(plan.long_min_passages, min(plan.long_max_passages, len(passages)))
         chosen = rng.sample(passages, n)
         topic = passage_topic(chosen[rng.randrange(n)][0])
@@ -405,6 +430,7 @@ def generate_dataset(target, out_dir: str | os.PathLike, *, plan: DataPlan, feat
     identity_path = out / "plan.json"
     if identity_path.is_file():
         before = json.loads(identity_path.read_text())
+        before["plan"].setdefault("part", 0)  # folders written before data parts existed are part 0
         if before != identity:
             raise ValueError(f"{out} holds data of another plan ({before}); use a new --out or delete it")
     else:

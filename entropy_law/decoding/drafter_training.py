@@ -536,19 +536,51 @@ def train(drafter: BlockDrafter, train_samples: Sequence[dict], heldout_samples:
             "final_heldout": last_eval, "history_tail": history[-5:]}
 
 
-def train_from_folder(model_spec: str, data_dir: str | Path, out_dir: str | Path, cfg: TrainConfig, *,
-                      stop_at: int | None = None) -> dict:
-    """Load the target and the generated shards, split off held-out samples, train, save the drafter."""
+def load_data_folders(folders: Sequence[str | Path]) -> list[dict]:
+    """The samples of several data folders (``--data-part`` 0, 1, ... of one plan), sorted by prompt id.
+
+    The folders must hold features of the same target layers, and no prompt (id or text) may occur twice:
+    a repeated folder or part would silently weigh its samples twice."""
     from entropy_law.decoding.drafter_data import load_samples
+
+    samples: list[dict] = []
+    layers_seen = None
+    for folder in folders:
+        folder = Path(folder)
+        part = load_samples(folder)
+        if not part:
+            raise FileNotFoundError(f"no data shards in {folder}; run `entropy-law train-drafter --only data` first")
+        plan_path = folder / "plan.json"
+        layers = json.loads(plan_path.read_text())["feature_layers"] if plan_path.is_file() else None
+        if layers_seen is not None and layers is not None and layers != layers_seen:
+            raise ValueError(f"{folder} holds features of layers {layers}, the other data folders {layers_seen}")
+        layers_seen = layers if layers is not None else layers_seen
+        samples += part
+    for key in ("prompt_id", "text"):
+        seen: set = set()
+        for sample in samples:
+            if key not in sample:
+                continue
+            if sample[key] in seen:
+                raise ValueError(f"the data folders share a prompt ({key} {str(sample[key])[:60]!r}): generate "
+                                 f"each with its own --data-part and do not pass a folder twice")
+            seen.add(sample[key])
+    samples.sort(key=lambda s: s["prompt_id"])
+    return samples
+
+
+def train_from_folder(model_spec: str, data_dir: str | Path, out_dir: str | Path, cfg: TrainConfig, *,
+                      stop_at: int | None = None, extra_data: Sequence[str | Path] = ()) -> dict:
+    """Load the target and the generated shards (of ``data_dir`` and the ``extra_data`` folders), split off
+    held-out samples, train, save the drafter."""
     from entropy_law.decoding.loading import load_target
 
     torch.manual_seed(cfg.seed)
     target = load_target(model_spec)
     for p in target.model.parameters():
         p.requires_grad_(False)
-    samples = load_samples(data_dir)
-    if not samples:
-        raise FileNotFoundError(f"no data shards in {data_dir}; run `entropy-law train-drafter --only data` first")
+    folders = [Path(data_dir), *map(Path, extra_data)]
+    samples = load_data_folders(folders)
     train_s, held_s = split_heldout(samples, cfg.heldout, cfg.seed)
     vocab = (None if cfg.draft_vocab_base is None else
              draft_vocabulary(train_s, cfg.draft_vocab_base, int(target.config.vocab_size)))
@@ -561,6 +593,7 @@ def train_from_folder(model_spec: str, data_dir: str | Path, out_dir: str | Path
     out = Path(out_dir)
     (out / "train_config.json").write_text(json.dumps(
         {"train": asdict(cfg), "drafter": json.loads(drafter.config.to_json()),
+         "data": [str(f) for f in folders],
          "train_samples": len(train_s), "heldout_ids": [s["prompt_id"] for s in held_s]}, indent=2))
     result = train(drafter, train_s, held_s, cfg, out, stop_at=stop_at)
     tokens = sum(int(s["input_ids"].shape[0] - s["prompt_len"]) for s in train_s)
