@@ -309,18 +309,20 @@ def _tiny_data_folder(folder, prompt_ids, layers=(1,), texts=None):
     return folder
 
 
-def test_several_data_folders_train_together_but_never_share_a_prompt(tmp_path):
+def test_several_data_folders_train_together_without_repeats(tmp_path):
     from entropy_law.decoding.drafter_training import load_data_folders
 
     a = _tiny_data_folder(tmp_path / "a", ["gsm8k-0001", "open-0000"])
     b = _tiny_data_folder(tmp_path / "b", ["gsm8k-0000", "open-0005"])
-    samples = load_data_folders([a, b])
+    samples, repeats = load_data_folders([a, b])
     assert [s["prompt_id"] for s in samples] == ["gsm8k-0000", "gsm8k-0001", "open-0000", "open-0005"]
-    with pytest.raises(ValueError, match="share a prompt"):
+    assert repeats == []
+    with pytest.raises(ValueError, match="share prompt ids"):
         load_data_folders([a, a])
+    # the same prompt text under another id (the target repeated itself): kept once, the repeat reported
     c = _tiny_data_folder(tmp_path / "c", ["open-0009"], texts={"open-0009": "prompt open-0000"})
-    with pytest.raises(ValueError, match="share a prompt"):
-        load_data_folders([a, c])
+    samples, repeats = load_data_folders([a, c])
+    assert [s["prompt_id"] for s in samples] == ["gsm8k-0001", "open-0000"] and repeats == ["open-0009"]
     d = _tiny_data_folder(tmp_path / "d", ["open-0010"], layers=(2,))
     with pytest.raises(ValueError, match="layers"):
         load_data_folders([a, d])

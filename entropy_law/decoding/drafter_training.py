@@ -536,11 +536,14 @@ def train(drafter: BlockDrafter, train_samples: Sequence[dict], heldout_samples:
             "final_heldout": last_eval, "history_tail": history[-5:]}
 
 
-def load_data_folders(folders: Sequence[str | Path]) -> list[dict]:
-    """The samples of several data folders (``--data-part`` 0, 1, ... of one plan), sorted by prompt id.
+def load_data_folders(folders: Sequence[str | Path]) -> tuple[list[dict], list[str]]:
+    """The samples of several data folders (``--data-part`` 0, 1, ... of one plan), sorted by prompt id, and
+    the prompt ids left out as repeats.
 
-    The folders must hold features of the same target layers, and no prompt (id or text) may occur twice:
-    a repeated folder or part would silently weigh its samples twice."""
+    The folders must hold features of the same target layers, and no prompt id may occur twice (a folder or
+    part passed twice). A prompt TEXT can repeat legitimately (the target writes the same article for two
+    lengths of one topic, or two English sentences start with "Mr."); greedy decoding then gives the same
+    sample twice, so only the first (by prompt id) is kept and the others are returned, to be recorded."""
     from entropy_law.decoding.drafter_data import load_samples
 
     samples: list[dict] = []
@@ -556,17 +559,21 @@ def load_data_folders(folders: Sequence[str | Path]) -> list[dict]:
             raise ValueError(f"{folder} holds features of layers {layers}, the other data folders {layers_seen}")
         layers_seen = layers if layers is not None else layers_seen
         samples += part
-    for key in ("prompt_id", "text"):
-        seen: set = set()
-        for sample in samples:
-            if key not in sample:
-                continue
-            if sample[key] in seen:
-                raise ValueError(f"the data folders share a prompt ({key} {str(sample[key])[:60]!r}): generate "
-                                 f"each with its own --data-part and do not pass a folder twice")
-            seen.add(sample[key])
     samples.sort(key=lambda s: s["prompt_id"])
-    return samples
+    ids = [s["prompt_id"] for s in samples]
+    if len(set(ids)) != len(ids):
+        twice = sorted({i for i in ids if ids.count(i) > 1})
+        raise ValueError(f"the data folders share prompt ids {twice[:5]}: generate each with its own --data-part "
+                         f"and do not pass a folder twice")
+    kept, repeats, seen = [], [], set()
+    for sample in samples:
+        text = sample.get("text")
+        if text is not None and text in seen:
+            repeats.append(sample["prompt_id"])
+            continue
+        seen.add(text)
+        kept.append(sample)
+    return kept, repeats
 
 
 def train_from_folder(model_spec: str, data_dir: str | Path, out_dir: str | Path, cfg: TrainConfig, *,
@@ -580,7 +587,9 @@ def train_from_folder(model_spec: str, data_dir: str | Path, out_dir: str | Path
     for p in target.model.parameters():
         p.requires_grad_(False)
     folders = [Path(data_dir), *map(Path, extra_data)]
-    samples = load_data_folders(folders)
+    samples, repeats = load_data_folders(folders)
+    if repeats:
+        print(f"left out {len(repeats)} samples whose prompt repeats an earlier one: {repeats}", flush=True)
     train_s, held_s = split_heldout(samples, cfg.heldout, cfg.seed)
     vocab = (None if cfg.draft_vocab_base is None else
              draft_vocabulary(train_s, cfg.draft_vocab_base, int(target.config.vocab_size)))
@@ -593,7 +602,7 @@ def train_from_folder(model_spec: str, data_dir: str | Path, out_dir: str | Path
     out = Path(out_dir)
     (out / "train_config.json").write_text(json.dumps(
         {"train": asdict(cfg), "drafter": json.loads(drafter.config.to_json()),
-         "data": [str(f) for f in folders],
+         "data": [str(f) for f in folders], "repeated_prompts_left_out": repeats,
          "train_samples": len(train_s), "heldout_ids": [s["prompt_id"] for s in held_s]}, indent=2))
     result = train(drafter, train_s, held_s, cfg, out, stop_at=stop_at)
     tokens = sum(int(s["input_ids"].shape[0] - s["prompt_len"]) for s in train_s)
