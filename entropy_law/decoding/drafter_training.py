@@ -544,6 +544,8 @@ def load_data_folders(folders: Sequence[str | Path]) -> tuple[list[dict], list[s
     part passed twice). A prompt TEXT can repeat legitimately (the target writes the same article for two
     lengths of one topic, or two English sentences start with "Mr."); greedy decoding then gives the same
     sample twice, so only the first (by prompt id) is kept and the others are returned, to be recorded."""
+    from collections import Counter
+
     from entropy_law.decoding.drafter_data import load_samples
 
     samples: list[dict] = []
@@ -560,9 +562,8 @@ def load_data_folders(folders: Sequence[str | Path]) -> tuple[list[dict], list[s
         layers_seen = layers if layers is not None else layers_seen
         samples += part
     samples.sort(key=lambda s: s["prompt_id"])
-    ids = [s["prompt_id"] for s in samples]
-    if len(set(ids)) != len(ids):
-        twice = sorted({i for i in ids if ids.count(i) > 1})
+    twice = sorted(i for i, n in Counter(s["prompt_id"] for s in samples).items() if n > 1)
+    if twice:
         raise ValueError(f"the data folders share prompt ids {twice[:5]}: generate each with its own --data-part "
                          f"and do not pass a folder twice")
     kept, repeats, seen = [], [], set()
