@@ -259,7 +259,7 @@ def main(argv=None) -> dict:
             print(f"{name:<30}" + "".join(f"{mean_committed(name, c):>14.2f}" for c in categories)
                   + f"{mean_committed(name):>14.2f}")
     recording = {"ours ngram chain", "ours ngram chain + recorder"} <= set(names)
-    overhead = rate("ours ngram chain") / rate("ours ngram chain + recorder") - 1.0 if recording else float("nan")
+    overhead = rate("ours ngram chain") / rate("ours ngram chain + recorder") - 1.0 if recording else None
     if recording:
         print(f"\nRecording overhead: {100 * overhead:+.2f}% wall time (with vs without recorder; noisy), "
               f"observer time = {100 * observer_share:.2f}% of decode time")
@@ -299,8 +299,7 @@ def main(argv=None) -> dict:
         "mean_committed_per_round": {name: {**{c: mean_committed(name, c) for c in categories},
                                             "all": mean_committed(name)}
                                      for name in names if any(committed[name, c] for c in categories)},
-        "recording_overhead_wall": overhead if recording else None,
-        "recording_observer_share": observer_share if recording else None,
+        "recording_overhead_wall": overhead, "recording_observer_share": observer_share if recording else None,
         "mismatches_vs_ar": dict(mismatches), "goals": goals,
     }
     print(json.dumps(summary))
