@@ -149,6 +149,21 @@ def test_training_learns_and_resume_is_exact(tmp_path):
         assert torch.equal(v, v2), k
 
 
+def test_a_resume_on_other_data_folders_is_refused(tmp_path):
+    model = tiny_target()
+    train_s, held_s = split_heldout(_samples(model, BlockDrafter(model).feature_layers, n=6), 1, seed=0)
+    cfg = TrainConfig(seed=0, block_size=4, num_layers=1, steps=4, batch_seqs=2, anchors_per_seq=4,
+                      eval_every=4, save_every=2)
+    train(BlockDrafter(model, seed=0, block_size=4, num_layers=1), train_s, held_s, cfg, tmp_path, progress=False,
+          stop_at=2, data=["runs/part0/data"])
+    with pytest.raises(ValueError, match="data folders"):
+        train(BlockDrafter(model, seed=0, block_size=4, num_layers=1), train_s, held_s, cfg, tmp_path,
+              progress=False, data=["runs/part0/data", "runs/part1/data"])
+    r = train(BlockDrafter(model, seed=0, block_size=4, num_layers=1), train_s, held_s, cfg, tmp_path,
+              progress=False, data=["runs/part0/data"])
+    assert r["steps"] == 4
+
+
 def _train_steps(drafter, train_s, held_s, cfg, out, stop_after):
     """Run ``train`` but interrupt it after ``stop_after`` steps (as a crash would), keeping the checkpoint."""
     import entropy_law.decoding.drafter_training as dt

@@ -448,11 +448,13 @@ def split_heldout(samples: Sequence[dict], n: int, seed: int) -> tuple[list[dict
 
 
 def train(drafter: BlockDrafter, train_samples: Sequence[dict], heldout_samples: Sequence[dict],
-          cfg: TrainConfig, out_dir: str | Path, *, progress: bool = True, stop_at: int | None = None) -> dict:
+          cfg: TrainConfig, out_dir: str | Path, *, progress: bool = True, stop_at: int | None = None,
+          data: Sequence[str] | None = None) -> dict:
     """Train ``drafter`` in place; checkpoints to ``out_dir/checkpoints/last.pt``, resumed if present.
 
     ``stop_at``: stop after this step, on the schedule of ``cfg.steps`` (deterministic early stop; the
-    checkpoint can be resumed to ``cfg.steps`` later)."""
+    checkpoint can be resumed to ``cfg.steps`` later). ``data``: names of the data folders, kept in the
+    checkpoint; a resume with other folders is refused."""
     from tqdm.auto import tqdm
 
     out = Path(out_dir)
@@ -472,6 +474,9 @@ def train(drafter: BlockDrafter, train_samples: Sequence[dict], heldout_samples:
         state = torch.load(ckpt_path, weights_only=False)
         if state["config"] != asdict(cfg):
             raise ValueError(f"{ckpt_path} was written with another configuration; use a new --out or delete it")
+        if data is not None and state.get("data") is not None and list(data) != state["data"]:
+            raise ValueError(f"{ckpt_path} was trained on the data folders {state['data']}, not {list(data)}; "
+                             f"resume with the same --extra-data, or use a new --out")
         drafter.load_state_dict(state["drafter"])
         drafter.refresh_vocab_map()
         opt.load_state_dict(state["optimizer"])
@@ -484,7 +489,8 @@ def train(drafter: BlockDrafter, train_samples: Sequence[dict], heldout_samples:
         tmp = ckpt_path.with_suffix(".tmp")
         torch.save({"config": asdict(cfg), "drafter": drafter.state_dict(), "optimizer": opt.state_dict(),
                     "generator": gen.get_state(), "step": step, "history": history, "order": order,
-                    "cursor": cursor, "elapsed_s": elapsed_before + time.time() - t_start}, tmp)
+                    "cursor": cursor, "elapsed_s": elapsed_before + time.time() - t_start,
+                    "data": None if data is None else list(data)}, tmp)
         tmp.replace(ckpt_path)
 
     drafter.train()
@@ -605,7 +611,7 @@ def train_from_folder(model_spec: str, data_dir: str | Path, out_dir: str | Path
         {"train": asdict(cfg), "drafter": json.loads(drafter.config.to_json()),
          "data": [str(f) for f in folders], "repeated_prompts_left_out": repeats,
          "train_samples": len(train_s), "heldout_ids": [s["prompt_id"] for s in held_s]}, indent=2))
-    result = train(drafter, train_s, held_s, cfg, out, stop_at=stop_at)
+    result = train(drafter, train_s, held_s, cfg, out, stop_at=stop_at, data=[str(f) for f in folders])
     tokens = sum(int(s["input_ids"].shape[0] - s["prompt_len"]) for s in train_s)
     result.update({"train_samples": len(train_s), "train_response_tokens": tokens, "heldout_samples": len(held_s)})
     drafter.save(out / "drafter.safetensors", metadata={"train": asdict(cfg), **{
