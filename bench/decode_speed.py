@@ -55,6 +55,7 @@ from entropy_law.tasks import load_tasks  # noqa: E402
 from entropy_law.traces.recorder import TraceRecorder  # noqa: E402
 
 AR_ARM = "ours AR"
+GROUNDED = ("summarization", "rag")  # the categories of the speed goals
 
 
 class TimedObserver:
@@ -120,35 +121,38 @@ def make_arms(target, args, recorder_observer, verify_cost):
 
     ratio_gate = dict(verify_cost_ratio=args.verify_cost_ratio)
     gate = ratio_gate if verify_cost is None else dict(verify_cost=verify_cost)
+    # name -> builder: only the arms that run are built (decoders, drafter loads)
     arms = {
-        "HF greedy": hf({}),
-        "HF prompt lookup": hf({"prompt_lookup_num_tokens": 10}),
-        AR_ARM: ours(ARDecoder(target)),
-        "ours ngram chain": ours(SpeculativeDecoder(target, ngram(), tree="chain", **gate)),
-        "ours ngram ddtree": ours(SpeculativeDecoder(target, ngram(), tree="ddtree", budget=args.budget, **gate)),
-        "ours ngram chain + recorder": ours(SpeculativeDecoder(target, ngram(), tree="chain", **gate,
-                                                               observers=[recorder_observer])),
+        "HF greedy": lambda: hf({}),
+        "HF prompt lookup": lambda: hf({"prompt_lookup_num_tokens": 10}),
+        AR_ARM: lambda: ours(ARDecoder(target)),
+        "ours ngram chain": lambda: ours(SpeculativeDecoder(target, ngram(), tree="chain", **gate)),
+        "ours ngram ddtree": lambda: ours(SpeculativeDecoder(target, ngram(), tree="ddtree", budget=args.budget,
+                                                             **gate)),
+        "ours ngram chain + recorder": lambda: ours(SpeculativeDecoder(target, ngram(), tree="chain", **gate,
+                                                                       observers=[recorder_observer])),
     }
     if args.kernel_arms:  # where our AR's edge over HF greedy comes from: the adapter's attention kernel
-        arms["ours AR, HF eager kernel"] = ours(ARDecoder(TargetAdapter(model, lean_attention=False),
-                                                          tokenizer=target.tokenizer))
-        arms["HF greedy, sdpa"] = hf({}, attention="sdpa")
+        arms["ours AR, HF eager kernel"] = lambda: ours(ARDecoder(TargetAdapter(model, lean_attention=False),
+                                                                  tokenizer=target.tokenizer))
+        arms["HF greedy, sdpa"] = lambda: hf({}, attention="sdpa")
     if args.compare_gates and verify_cost is not None:
-        arms["ours ngram chain, ratio gate"] = ours(SpeculativeDecoder(target, ngram(), tree="chain", **ratio_gate))
-        arms["ours ngram ddtree, ratio gate"] = ours(SpeculativeDecoder(target, ngram(), tree="ddtree",
-                                                                        budget=args.budget, **ratio_gate))
+        arms["ours ngram chain, ratio gate"] = lambda: ours(SpeculativeDecoder(target, ngram(), tree="chain",
+                                                                               **ratio_gate))
+        arms["ours ngram ddtree, ratio gate"] = lambda: ours(SpeculativeDecoder(target, ngram(), tree="ddtree",
+                                                                                budget=args.budget, **ratio_gate))
     if args.block_arms:  # the learned one-pass block drafter (one instance per decoder: it keeps its own cache)
         path = args.drafter or default_drafter_path()
-        arms["ours block chain"] = ours(SpeculativeDecoder(target, BlockDrafter.load(path, target), tree="chain",
-                                                           **gate))
-        arms["ours block ddtree"] = ours(SpeculativeDecoder(target, BlockDrafter.load(path, target), tree="ddtree",
-                                                            budget=args.budget, **gate))
+        arms["ours block chain"] = lambda: ours(SpeculativeDecoder(target, BlockDrafter.load(path, target),
+                                                                   tree="chain", **gate))
+        arms["ours block ddtree"] = lambda: ours(SpeculativeDecoder(target, BlockDrafter.load(path, target),
+                                                                    tree="ddtree", budget=args.budget, **gate))
     if args.arms:
         unknown = sorted(set(args.arms) - set(arms))
         if unknown:
             raise SystemExit(f"unknown arm(s) {unknown}; arms: {sorted(arms)} (block arms need --block-arms)")
-        arms = {name: run for name, run in arms.items() if name in args.arms or name == AR_ARM}
-    return arms
+        arms = {name: build for name, build in arms.items() if name in args.arms or name == AR_ARM}
+    return {name: build() for name, build in arms.items()}
 
 
 def main(argv=None) -> dict:
@@ -266,7 +270,8 @@ def main(argv=None) -> dict:
     print("Outputs different from our AR: " + ", ".join(f"{n}: {mismatches[n]}" for n in names))
 
     ratio = {name: {c: rate(name, c) / rate(AR_ARM, c) for c in categories} for name in names}
-    goals = {}  # only those whose arms ran
+    goals = {}  # only those whose arms (and, for the grounded goals, both grounded categories) ran
+    grounded_ran = set(GROUNDED) <= set(categories)
     if "HF greedy" in names:
         goals["ar_at_least_hf_greedy"] = rate(AR_ARM) >= rate("HF greedy")
     if recording:
@@ -277,14 +282,14 @@ def main(argv=None) -> dict:
         if "HF prompt lookup" in names:
             goals[f"{name}: faster than HF prompt lookup on every category"] = all(
                 rate(name, c) > rate("HF prompt lookup", c) for c in categories)
-        goals[f"{name}: >= 1.2x AR on summarization and rag"] = all(
-            ratio[name][c] >= 1.2 for c in ("summarization", "rag") if c in categories)
+        if grounded_ran:
+            goals[f"{name}: >= 1.2x AR on summarization and rag"] = all(ratio[name][c] >= 1.2 for c in GROUNDED)
         goals[f"{name}: never > 5% slower than AR"] = all(ratio[name][c] >= 0.95 for c in categories)
     for name in ("ours block chain", "ours block ddtree"):  # the block-drafter issue's speed goal
-        if name in names:
-            goals[f"{name}: faster than AR on summarization and rag"] = all(
-                ratio[name][c] > 1.0 for c in ("summarization", "rag") if c in categories)
-    print("Goals: " + "; ".join(f"{k}: {'yes' if v else 'NO'}" for k, v in goals.items()))
+        if name in names and grounded_ran:
+            goals[f"{name}: faster than AR on summarization and rag"] = all(ratio[name][c] > 1.0 for c in GROUNDED)
+    print("Goals: " + ("; ".join(f"{k}: {'yes' if v else 'NO'}" for k, v in goals.items()) if goals
+                       else "none judged by these arms and categories"))
     summary = {
         "bench": "decode_speed", "model": target.model_id, "prompts_per_category": args.limit,
         "max_new_tokens": args.max_new_tokens, "torch_threads": torch.get_num_threads(),
