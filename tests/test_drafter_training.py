@@ -591,3 +591,18 @@ def test_init_from_target_copies_the_layer_after_the_deepest_feature_and_leaves_
     assert init_from_target(late, model) == [3, 4]
     assert torch.equal(late.layers[1].up_proj.weight, model.model.layers[4].mlp.up_proj.weight)
     assert not torch.equal(late.fc.weight[:, 48:], torch.eye(48))  # init_fc off: fc stays random
+
+
+def test_data_folder_names_are_resolved(tmp_path, monkeypatch):
+    """A checkpoint keeps its data folders by resolved path: a relative path or a link to the same folder
+    names it alike (a resume through them is not refused), and two folders never share a name."""
+    from entropy_law.decoding.drafter_training import data_folder_paths
+
+    (tmp_path / "run" / "data").mkdir(parents=True)
+    (tmp_path / "part1").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "run" / "data")
+    monkeypatch.chdir(tmp_path)
+    real = (tmp_path / "run" / "data").resolve()
+    assert data_folder_paths(["run/data", "link", str(real)]) == [real, real, real]
+    assert data_folder_paths(["part1"]) != data_folder_paths(["run/data"])
+    assert all(p.is_absolute() for p in data_folder_paths(["run/data", "./part1"]))

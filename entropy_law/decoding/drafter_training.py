@@ -583,6 +583,12 @@ def load_data_folders(folders: Sequence[str | Path]) -> tuple[list[dict], list[s
     return kept, repeats
 
 
+def data_folder_paths(folders: Sequence[str | Path]) -> list[Path]:
+    """The data folders as resolved absolute paths: the names a checkpoint keeps, so that a resume through
+    a relative path or a link to the same folder is the same data, and another folder is not."""
+    return [Path(f).resolve() for f in folders]
+
+
 def train_from_folder(model_spec: str, data_dir: str | Path, out_dir: str | Path, cfg: TrainConfig, *,
                       stop_at: int | None = None, extra_data: Sequence[str | Path] = ()) -> dict:
     """Load the target and the generated shards (of ``data_dir`` and the ``extra_data`` folders), split off
@@ -593,7 +599,7 @@ def train_from_folder(model_spec: str, data_dir: str | Path, out_dir: str | Path
     target = load_target(model_spec)
     for p in target.model.parameters():
         p.requires_grad_(False)
-    folders = [Path(data_dir), *map(Path, extra_data)]
+    folders = data_folder_paths([data_dir, *extra_data])
     samples, repeats = load_data_folders(folders)
     if repeats:
         print(f"left out {len(repeats)} samples whose prompt repeats an earlier one: {repeats}", flush=True)
