@@ -73,6 +73,7 @@ def run_demo(
 
     from entropy_law.decoding.arms import available_arms, make_drafter
     from entropy_law.decoding.decoder import SpeculativeDecoder
+    from entropy_law.decoding.interface import drafter_run_config
     from entropy_law.decoding.observers import RecorderObserver
     from entropy_law.traces.recorder import TraceRecorder
 
@@ -103,7 +104,7 @@ def run_demo(
         decoders[spec.name] = decoder
         recorders[spec.name] = TraceRecorder(
             trace_dir / spec.name, model_id=model_id, drafter_id=decoder.config["drafter_id"],
-            drafter_config=dict(drafter.config) if drafter is not None else {},
+            drafter_config=drafter_run_config(drafter),
             tree_policy=spec.tree, tree_budget=spec.budget, dtype=decoder.config["dtype"],
             device=str(decoder.adapter.device), seed=seed, max_new_tokens=max_new_tokens, replayed=False,
             demo_run_id=run_id, arm=spec.name)

@@ -83,6 +83,7 @@ def make_reference_traces(
 
     from entropy_law.decoding.arms import arm_spec, available_arms, make_drafter
     from entropy_law.decoding.decoder import SpeculativeDecoder
+    from entropy_law.decoding.interface import drafter_run_config
     from entropy_law.decoding.observers import RecorderObserver
     from entropy_law.decoding.replay import replay_request, replay_run_metadata, teacher_forced_logits
 
@@ -109,8 +110,8 @@ def make_reference_traces(
     if from_run is not None:
         online_run_id = _adopt_online_run(Path(from_run), path, tasks, log)
     else:  # 1. online n-gram decode (timed)
-        with _recorder(path, drafter_id=decoder.config["drafter_id"], drafter_config=dict(decoder.drafter.config),
-                       tree_policy="chain", tree_budget=None, replayed=False, arm=online_spec.name,
+        with _recorder(path, drafter_id=decoder.config["drafter_id"],
+                       drafter_config=drafter_run_config(decoder.drafter), tree_policy="chain", tree_budget=None, replayed=False, arm=online_spec.name,
                        **common) as rec:
             decoder.observers = [RecorderObserver(rec)]
             todo = [t for t in tasks if t.request_id not in rec.completed_requests]

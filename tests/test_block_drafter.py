@@ -159,6 +159,35 @@ def test_save_load_roundtrip_and_mismatch_errors(tmp_path, setup):
         BlockDrafter.load(tmp_path / "missing.safetensors", model)
 
 
+def test_trace_runs_record_which_checkpoint_was_loaded(tmp_path, setup):
+    """Two checkpoints of one architecture have equal configs; the run metadata tells them apart by the file's
+    SHA-256 (computed here independently), and a run recorded with one is not resumed with the other."""
+    import hashlib
+
+    from entropy_law.decoding.interface import drafter_run_config
+    from entropy_law.decoding.replay import replay_run_metadata
+    from entropy_law.traces.recorder import TraceRecorder
+
+    model, drafter, _, _ = setup
+    first = drafter.save(tmp_path / "a.safetensors")
+    other = BlockDrafter(model, drafter.config, seed=4)
+    second = other.save(tmp_path / "b.safetensors")
+    a, b = BlockDrafter.load(first, model), BlockDrafter.load(second, model)
+    assert a.config == b.config
+    sha_a = hashlib.sha256(first.read_bytes()).hexdigest()
+    assert drafter_run_config(a) == {**dict(a.config), "checkpoint": "a.safetensors", "checkpoint_sha256": sha_a}
+    assert drafter_run_config(b)["checkpoint_sha256"] == hashlib.sha256(second.read_bytes()).hexdigest() != sha_a
+    assert drafter_run_config(drafter) == dict(drafter.config)  # a drafter built in memory has no file
+    assert drafter_run_config(None) == {}
+    meta = replay_run_metadata(a, "chain", None, model_id="tiny")
+    assert meta["drafter_config"]["checkpoint_sha256"] == sha_a
+    with TraceRecorder(tmp_path / "run", **meta):
+        pass
+    with pytest.raises(ValueError, match="checkpoint_sha256"):
+        TraceRecorder(tmp_path / "run", resume=True, **replay_run_metadata(b, "chain", None, model_id="tiny"))
+    TraceRecorder(tmp_path / "run", resume=True, **meta).finish()
+
+
 def greedy(model, prompt: list[int], n: int) -> list[int]:
     seq = list(prompt)
     with torch.no_grad():

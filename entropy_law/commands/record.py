@@ -125,6 +125,7 @@ def run(args) -> int:
                          "prompts) or --overwrite to replace it")
 
     from entropy_law.decoding.decoder import SpeculativeDecoder
+    from entropy_law.decoding.interface import drafter_run_config
     from entropy_law.decoding.loading import load_target
     from entropy_law.decoding.ngram import NgramDrafter
     from entropy_law.decoding.observers import RecorderObserver
@@ -163,7 +164,7 @@ def run(args) -> int:
     metadata = {
         "model_id": target.model_id,
         "drafter_id": getattr(drafter, "drafter_id", "none"),
-        "drafter_config": dict(drafter.config) if drafter is not None else {},
+        "drafter_config": drafter_run_config(drafter),
         "tree_policy": args.tree if drafter is not None else "none",
         "tree_budget": budget,
         "dtype": str(target.dtype).replace("torch.", ""),

@@ -29,6 +29,7 @@ What it does not know: how trees are built (``tree``), how the target verifies, 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from dataclasses import asdict, dataclass, replace
@@ -245,6 +246,7 @@ class BlockDrafter(nn.Module):
             raise ValueError("context_vocab extends a draft vocabulary; give draft_vocab too")
         _check_matches(cfg, model)
         self.config = cfg
+        self.provenance: dict = {}  # a loaded checkpoint's file name and SHA-256 (set by ``load``)
         if cfg.num_heads % cfg.num_kv_heads:
             raise ValueError(f"num_heads {cfg.num_heads} is not a multiple of num_kv_heads {cfg.num_kv_heads}")
         if cfg.block_size < 2:
@@ -559,7 +561,17 @@ class BlockDrafter(nn.Module):
         drafter.load_state_dict(state)
         drafter.refresh_vocab_map()
         drafter.info = json.loads(meta["info"]) if "info" in meta else {}
+        # recorded with every trace run (``drafter_run_config``): two checkpoints of one architecture differ here
+        drafter.provenance = {"checkpoint": path.name, "checkpoint_sha256": _file_sha256(path)}
         return drafter.eval()
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def load_default_drafter(target) -> BlockDrafter:

@@ -103,3 +103,12 @@ class Observer(Protocol):
     def on_round(self, record: RoundRecord) -> None: ...
 
     def on_request_end(self, request_id: str, info: dict) -> None: ...
+
+
+def drafter_run_config(drafter) -> dict:
+    """What a trace run records about ``drafter`` (run metadata ``drafter_config``): its ``config`` (constructor
+    arguments or architecture) plus its ``provenance`` where it has one (a loaded checkpoint's file name and
+    SHA-256, so two checkpoints of one architecture are told apart)."""
+    if drafter is None:
+        return {}
+    return {**dict(getattr(drafter, "config", {}) or {}), **dict(getattr(drafter, "provenance", {}) or {})}

@@ -31,7 +31,7 @@ from typing import Callable, Sequence
 import pandas as pd
 import torch
 
-from entropy_law.decoding.interface import DraftProposal, Drafter, Observer, RoundRecord
+from entropy_law.decoding.interface import DraftProposal, Drafter, Observer, RoundRecord, drafter_run_config
 from entropy_law.decoding.observers import distribution_stats
 from entropy_law.decoding.gate import VerifyCost, plan_verification, truncate_proposal
 from entropy_law.decoding.tree import TREE_POLICIES, Tree, build_tree, expected_accepted
@@ -281,7 +281,7 @@ def replay_rounds(
         raise ValueError(f"decoding would stop ({stop}) after {n_out} tokens but the output has "
                          f"{len(output_ids)}: pass the eos_token_ids / max_new_tokens it was decoded with")
     config = {"drafter_id": getattr(drafter, "drafter_id", type(drafter).__name__),
-              "drafter_config": dict(getattr(drafter, "config", {}) or {}),
+              "drafter_config": drafter_run_config(drafter),
               "tree_policy": tree if isinstance(tree, str) else repr(tree), "budget": budget,
               "verify_cost_ratio": verify_cost_ratio, "min_expected_accepted": gate,
               "verify_cost": None if verify_cost is None else verify_cost.to_config(),
@@ -346,6 +346,6 @@ def replay_request(
 def replay_run_metadata(drafter: Drafter, tree: str, budget: int | None, **extra) -> dict:
     """Run metadata for a ``TraceRecorder`` that receives replayed rounds (``replayed=True``)."""
     return {"drafter_id": getattr(drafter, "drafter_id", type(drafter).__name__),
-            "drafter_config": dict(getattr(drafter, "config", {}) or {}),
+            "drafter_config": drafter_run_config(drafter),
             "tree_policy": tree if isinstance(tree, str) else repr(tree),
             "tree_budget": budget, "replayed": True, **extra}

@@ -247,7 +247,9 @@ class TraceRecorder:
             if absent:
                 raise ValueError(f"cannot resume {self.path}: {RUN_FILE} lacks key(s) {absent}; it was not "
                                  "written by this recorder")
-            conflicts = {k: (meta.get(k), v) for k, v in run_metadata.items() if k in meta and meta[k] != v}
+            # compared as stored: JSON turns tuples into lists (a drafter's feature layers, for one)
+            conflicts = {k: (meta.get(k), v) for k, v in run_metadata.items()
+                         if k in meta and meta[k] != json.loads(json.dumps(v))}
             if conflicts:
                 detail = ", ".join(f"{k}: on disk {a!r}, given {b!r}" for k, (a, b) in conflicts.items())
                 raise ValueError(f"cannot resume {self.path}: metadata differs from the run on disk ({detail})")
