@@ -111,8 +111,8 @@ def make_reference_traces(
         online_run_id = _adopt_online_run(Path(from_run), path, tasks, log)
     else:  # 1. online n-gram decode (timed)
         with _recorder(path, drafter_id=decoder.config["drafter_id"],
-                       drafter_config=drafter_run_config(decoder.drafter), tree_policy="chain", tree_budget=None, replayed=False, arm=online_spec.name,
-                       **common) as rec:
+                       drafter_config=drafter_run_config(decoder.drafter), tree_policy="chain", tree_budget=None,
+                       replayed=False, arm=online_spec.name, **common) as rec:
             decoder.observers = [RecorderObserver(rec)]
             todo = [t for t in tasks if t.request_id not in rec.completed_requests]
             log(f"online {online_spec.name}: {len(tasks) - len(todo)} of {len(tasks)} prompts already recorded")
