@@ -62,3 +62,33 @@ def test_compare_refuses_pooled_drafters():
         compare_laws(tr, ("law_exp",))
     rows = atrisk.at_risk_table(tr, drafters=["sim-tree"])
     assert compare_laws(rows, ("law_exp",), n_folds=2).summary.shape[0] == 1
+
+
+def test_a_fit_that_does_not_converge_is_reported_not_scored():
+    """Acceptance near 1 at low entropy (as for the n-gram drafter) makes the log-binomial law_exp0 diverge:
+    the comparison leaves it out with a note instead of scoring its garbage estimates."""
+    import warnings
+
+    from entropy_law.law.fit import fit_law, get_family, prepare_counts
+
+    tr = simulate_traces(seed=31, n_requests_per_category=16, categories=["qa", "math_reasoning", "translation"],
+                         k=1.0, lambda_d=0.4, block_size=6, tokens_per_request=(80, 120))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fam = get_family("law_exp0")
+        direct = fit_law(prepare_counts(atrisk.at_risk_table(tr), fam), fam).result  # the same fit, by hand
+        comp = compare_laws(tr, ("law_exp", "law_exp0"), n_folds=4, seed=1)
+        assert not (direct.converged and np.isfinite(direct.bse).all())
+        assert list(comp.summary.index) == ["law_exp"]
+        assert any(n.startswith("law_exp0 not scored:") for n in comp.notes)
+        assert comp.best == "law_exp" and np.isfinite(comp.summary.loc["law_exp", "cv_log_loss"])
+        with pytest.raises(ValueError, match="no family could be scored"):
+            compare_laws(tr, ("law_exp0",), n_folds=4, seed=1)
+
+
+def test_law_exp0_is_scored_where_it_converges():
+    tr = simulate_traces(seed=31, n_requests_per_category=16, categories=["qa", "math_reasoning", "translation"],
+                         k=0.6, lambda_d=1.3, block_size=6, tokens_per_request=(80, 120))
+    comp = compare_laws(tr, ("law_exp", "law_exp0"), n_folds=4, seed=1)
+    assert list(comp.summary.index) == ["law_exp", "law_exp0"]
+    assert not any("not scored" in n for n in comp.notes)

@@ -80,6 +80,20 @@ class Comparison(Result):
         return float(mean), float(se)
 
 
+def _fit_failure(law, where: str) -> str | None:
+    """Why a fitted GLM law is unusable (it did not converge, or its estimates or errors are not finite),
+    else None. Laws without a GLM (``law_iso``) are never flagged."""
+    res = law.result
+    if res is None:
+        return None
+    if not getattr(res, "converged", True):
+        return (f"the GLM did not converge ({where}); a log link on acceptance (law_exp0) fails this way "
+                "when acceptance approaches 1 at low entropy")
+    if not (np.all(np.isfinite(res.params)) and np.all(np.isfinite(res.bse))):
+        return f"non-finite estimates or standard errors ({where})"
+    return None
+
+
 def compare_laws(
     traces,
     families: Sequence[str] = DEFAULT_FAMILIES,
@@ -110,15 +124,21 @@ def compare_laws(
         counts = prepare_counts(rows, fam, eps=eps, width_log10=width_log10)
         fold_of = counts["request_id"].map(folds).to_numpy()
         held = np.empty(len(counts))
+        failure = None
         for k in range(n_folds):
             train = counts.loc[fold_of != k]
             test = counts.loc[fold_of == k]
             law = fit_law(train, fam, **fit_options)
+            failure = failure or _fit_failure(law, f"fold {k}")
             held[fold_of == k] = law.predict_frame(test)
+        full = fit_law(counts, fam, **fit_options)
+        failure = failure or _fit_failure(full, "all data")
+        if failure:  # a fit that did not converge has no usable estimates: say so, do not score it
+            notes.append(f"{name} not scored: {failure}")
+            continue
         n_acc, n_rej = counts["n_acc"].to_numpy(), counts["n_rej"].to_numpy()
         loglik = n_acc * np.log(held) + n_rej * np.log1p(-held)
         n_total = counts["n"].sum()
-        full = fit_law(counts, fam, **fit_options)
         ll_full = float(full.log_likelihood(counts).sum())
         n_params = len(full.result.params) if full.result is not None else np.nan
         n_req = counts["request_id"].nunique()
@@ -134,6 +154,8 @@ def compare_laws(
         cat = frame.groupby("category")[["loglik", "n"]].sum()
         per_cat.append(pd.DataFrame({"family": name, "category": cat.index,
                                      "cv_log_loss": -cat["loglik"].to_numpy() / cat["n"].to_numpy()}))
+    if not summary_rows:
+        raise ValueError(f"no family could be scored: {'; '.join(notes)}")
     summary = pd.DataFrame(summary_rows).set_index("family")
     result = Comparison(summary=summary, per_category=pd.concat(per_cat, ignore_index=True),
                         per_request=pd.concat(per_req, ignore_index=True), n_folds=n_folds, seed=seed, notes=notes)
