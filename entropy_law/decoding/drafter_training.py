@@ -600,6 +600,7 @@ def train_from_folder(model_spec: str, data_dir: str | Path, out_dir: str | Path
     for p in target.model.parameters():
         p.requires_grad_(False)
     folders = data_folder_paths([data_dir, *extra_data])
+    folder_names = [str(f) for f in folders]
     samples, repeats = load_data_folders(folders)
     if repeats:
         print(f"left out {len(repeats)} samples whose prompt repeats an earlier one: {repeats}", flush=True)
@@ -615,9 +616,9 @@ def train_from_folder(model_spec: str, data_dir: str | Path, out_dir: str | Path
     out = Path(out_dir)
     (out / "train_config.json").write_text(json.dumps(
         {"train": asdict(cfg), "drafter": json.loads(drafter.config.to_json()),
-         "data": [str(f) for f in folders], "repeated_prompts_left_out": repeats,
+         "data": folder_names, "repeated_prompts_left_out": repeats,
          "train_samples": len(train_s), "heldout_ids": [s["prompt_id"] for s in held_s]}, indent=2))
-    result = train(drafter, train_s, held_s, cfg, out, stop_at=stop_at, data=[str(f) for f in folders])
+    result = train(drafter, train_s, held_s, cfg, out, stop_at=stop_at, data=folder_names)
     tokens = sum(int(s["input_ids"].shape[0] - s["prompt_len"]) for s in train_s)
     result.update({"train_samples": len(train_s), "train_response_tokens": tokens, "heldout_samples": len(held_s)})
     drafter.save(out / "drafter.safetensors", metadata={"train": asdict(cfg), **{

@@ -126,13 +126,14 @@ def compare_laws(
         held = np.empty(len(counts))
         failure = None
         for k in range(n_folds):
-            train = counts.loc[fold_of != k]
-            test = counts.loc[fold_of == k]
-            law = fit_law(train, fam, **fit_options)
-            failure = failure or _fit_failure(law, f"fold {k}")
-            held[fold_of == k] = law.predict_frame(test)
-        full = fit_law(counts, fam, **fit_options)
-        failure = failure or _fit_failure(full, "all data")
+            law = fit_law(counts.loc[fold_of != k], fam, **fit_options)
+            failure = _fit_failure(law, f"fold {k}")
+            if failure:
+                break
+            held[fold_of == k] = law.predict_frame(counts.loc[fold_of == k])
+        else:
+            full = fit_law(counts, fam, **fit_options)
+            failure = _fit_failure(full, "all data")
         if failure:  # a fit that did not converge has no usable estimates: say so, do not score it
             notes.append(f"{name} not scored: {failure}")
             continue
