@@ -21,14 +21,15 @@ def _features(model, ids, layers):
         return cap.features()[0]
 
 
-@pytest.fixture(scope="module", params=["full-vocab", "context-vocab"])
+@pytest.fixture(scope="module", params=["full-vocab", "context-vocab", "copy-head"])
 def trained(request):
     """A tiny target (6 layers) and a drafter taught its greedy continuations, so drafts get accepted;
-    either over the whole vocabulary or over the even ids plus every id already in the context."""
+    either over the whole vocabulary or over the even ids plus every id already in the context (also with
+    the copy head)."""
     model = tiny_llama(seed=5, layers=6, vocab=128)
-    if request.param == "context-vocab":
+    if request.param in ("context-vocab", "copy-head"):
         drafter = BlockDrafter(model, seed=0, block_size=5, num_layers=1, draft_vocab=range(0, 128, 2),
-                               context_vocab=True)
+                               context_vocab=True, copy_head=request.param == "copy-head")
     else:
         drafter = BlockDrafter(model, seed=0, block_size=5, num_layers=1)
     seqs = [(p, p + hf_greedy(model, p, 40)) for p in PROMPTS]

@@ -606,3 +606,28 @@ def test_data_folder_names_are_resolved(tmp_path, monkeypatch):
     assert data_folder_paths(["run/data", "link", str(real)]) == [real, real, real]
     assert data_folder_paths(["part1"]) != data_folder_paths(["run/data"])
     assert all(p.is_absolute() for p in data_folder_paths(["run/data", "./part1"]))
+
+
+def test_a_copy_head_fine_tunes_from_a_checkpoint_with_soft_labels(tmp_path):
+    """``init_from``: a drafter with a copy head starts from a plain checkpoint (its weights, a fresh pointer)
+    and trains with the KL term; the mixture's log-probabilities go through the same loss."""
+    from entropy_law.decoding.drafter_training import init_from_checkpoint
+
+    model = tiny_target()
+    layers = BlockDrafter(model).feature_layers
+    samples = _with_soft_labels(model, _samples(model, layers), k=8)
+    train_s, held_s = split_heldout(samples, 2, seed=0)
+    cfg = TrainConfig(seed=0, block_size=4, num_layers=1, steps=12, lr=3e-3, batch_seqs=3, anchors_per_seq=6,
+                      eval_every=12, save_every=6, kl_weight=0.5)
+    plain = BlockDrafter(model, seed=0, block_size=4, num_layers=1)
+    train(plain, train_s, held_s, cfg, tmp_path / "plain", progress=False)
+    path = plain.save(tmp_path / "plain.safetensors")
+    copier = BlockDrafter(model, seed=0, block_size=4, num_layers=1, copy_head=True)
+    info = init_from_checkpoint(copier, path)
+    assert info["init_from"] == "plain.safetensors" and len(info["init_from_sha256"]) == 64
+    fine = TrainConfig(**{**cfg.__dict__, "steps": 24, "copy_head": True, "init_from": str(path)})
+    r = train(copier, train_s, held_s, fine, tmp_path / "copy", progress=False)
+    history = torch.load(tmp_path / "copy" / "checkpoints" / "last.pt", weights_only=False)["history"]
+    assert r["steps"] == 24 and all(math.isfinite(h["loss"]) and "kl" in h for h in history)
+    assert sum(h["loss"] for h in history[-4:]) / 4 < sum(h["loss"] for h in history[:4]) / 4
+    assert copier.copy_gate.bias.item() != -2.0  # the pointer's gate was trained

@@ -68,6 +68,10 @@ def register(subparsers) -> None:
     t.add_argument("--init-fc", action="store_true",
                    help="with --init-from-target: fc starts as the deepest feature's slice, the context norm "
                         "as that layer's input norm")
+    t.add_argument("--copy-head", action="store_true",
+                   help="mix each draft slot with a pointer over the context (a learned prompt lookup)")
+    t.add_argument("--init-from", default=None, metavar="CHECKPOINT",
+                   help="start from this drafter checkpoint's weights (fine-tuning; a new copy head starts fresh)")
     t.add_argument("--extra-data", action="append", default=[], metavar="DIR",
                    help="also train on this data folder (OUT/data of a run with another --data-part); repeatable")
     t.add_argument("--heldout", type=int, default=16, help="samples held out for acceptance")
@@ -110,7 +114,8 @@ def run(args) -> int:
                           minutes=args.minutes, lr=args.lr, batch_seqs=args.batch_seqs,
                           anchors_per_seq=args.anchors, gamma=args.gamma, heldout=args.heldout,
                           eval_every=args.eval_every, save_every=args.save_every, context_vocab=args.context_vocab,
-                          kl_weight=args.kl_weight, init_from_target=args.init_from_target, init_fc=args.init_fc)
+                          kl_weight=args.kl_weight, init_from_target=args.init_from_target, init_fc=args.init_fc,
+                          copy_head=args.copy_head, init_from=args.init_from)
         result = train_from_folder(args.model, data_dir, out, cfg, stop_at=args.stop_at, extra_data=args.extra_data)
         print(json.dumps(result), flush=True)
     return 0

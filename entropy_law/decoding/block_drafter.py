@@ -18,6 +18,13 @@ What it knows (DFlash family, ``../shared/research/decoding.md`` 1.1-1.3):
   reduced head); with ``context_vocab`` also every token id already in the context (prompt and committed
   output up to the anchor), so that rare words of a passage can be copied. The set at an anchor depends
   only on tokens at or before the anchor, in training, replay and inference alike.
+* **Copy head** (optional, ``copy_head``; this project's addition, not part of GLANCE or DFlash): a
+  pointer-generator mixture. Each slot ``k`` attends over the context rows (queries from its final state,
+  keys from the fused features) and copies the token ``k`` positions after the row it points at, as prompt
+  lookup copies the tokens after a match; a learned gate mixes that with the LM-head distribution
+  (``copy_mix``). It reads only tokens at or before the anchor and features before it, in one pass like
+  the rest, so the block is still drafted in one forward pass. The draft logits are then the mixture's
+  log-probabilities.
 * **Modes**: ``begin``/``propose`` (the ``Drafter`` protocol; a cache of injected context K/V that only
   grows with new rows, never recomputed) and ``block_logits`` (training / offline replay: every anchor of
   a sequence in one forward with the block mask; context by *original position*, so overlapping anchors
@@ -46,6 +53,7 @@ from entropy_law.decoding.interface import DraftProposal
 FORMAT = "entropy-law-block-drafter"
 FORMAT_VERSION = 1
 MASKED_LOGIT = -1e4  # a draft logit meaning "not draftable here" (probability 0 in fp32)
+COPY_GATE_BIAS = -2.0  # initial bias of the copy gate
 
 
 DEFAULT_CHECKPOINT = "smollm2-135m-block-b8.safetensors"  # inside data/drafters/
@@ -87,6 +95,8 @@ class BlockDrafterConfig:
     top_k: int = 32  # candidates per depth in a proposal
     draft_vocab_size: int = 0  # 0: draft over the whole vocabulary; else over ``draft_vocab`` ids only
     context_vocab: bool = False  # with a draft vocabulary: also draft every token already in the context
+    copy_head: bool = False  # mix each slot's distribution with a pointer over the context (``copy_mix``)
+    copy_dim: int = 64  # width of the pointer's queries and keys
     target_id: str = ""
     target_fingerprint: float = 0.0  # sum of a fixed slice of the target embedding table (identity check)
 
@@ -134,7 +144,7 @@ def target_fingerprint(model: nn.Module) -> float:
 
 def config_for_target(target, *, feature_layers: Sequence[int] | None = None, block_size: int = 8,
                       num_layers: int = 2, top_k: int = 32, target_id: str | None = None,
-                      context_vocab: bool = False) -> BlockDrafterConfig:
+                      context_vocab: bool = False, copy_head: bool = False) -> BlockDrafterConfig:
     """A drafter config matching ``target``'s width, heads, vocabulary and depth."""
     model = _target_model(target)
     cfg = _text_config(model)
@@ -149,7 +159,7 @@ def config_for_target(target, *, feature_layers: Sequence[int] | None = None, bl
                                                                  or cfg.num_attention_heads),
         head_dim=head_dim, intermediate_size=int(cfg.intermediate_size), rms_norm_eps=float(cfg.rms_norm_eps),
         rope_theta=theta, target_num_layers=n_layers, feature_layers=layers, block_size=block_size,
-        num_layers=num_layers, top_k=top_k, context_vocab=context_vocab,
+        num_layers=num_layers, top_k=top_k, context_vocab=context_vocab, copy_head=copy_head,
         target_id=target_id if target_id is not None else str(getattr(target, "model_id", "")),
         target_fingerprint=target_fingerprint(model),
     )
@@ -244,6 +254,9 @@ class BlockDrafter(nn.Module):
             cfg = replace(cfg, draft_vocab_size=len(vocab_ids))
         if cfg.context_vocab and not cfg.draft_vocab_size:
             raise ValueError("context_vocab extends a draft vocabulary; give draft_vocab too")
+        if cfg.copy_head and cfg.draft_vocab_size and not cfg.context_vocab:
+            raise ValueError("copy_head copies tokens of the context, which a fixed draft vocabulary may lack; "
+                             "use context_vocab=True with a draft vocabulary (or no draft vocabulary)")
         _check_matches(cfg, model)
         self.config = cfg
         self.provenance: dict = {}  # a loaded checkpoint's file name and SHA-256 (set by ``load``)
@@ -257,6 +270,10 @@ class BlockDrafter(nn.Module):
         self.hidden_norm = RMSNorm(h, cfg.rms_norm_eps)
         self.layers = nn.ModuleList([DrafterLayer(cfg) for _ in range(cfg.num_layers)])
         self.norm = RMSNorm(h, cfg.rms_norm_eps)
+        if cfg.copy_head:  # registered last: the other weights draw the same random numbers with or without it
+            self.copy_q = nn.Linear(h, cfg.copy_dim, bias=False)
+            self.copy_k = nn.Linear(h, cfg.copy_dim, bias=False)
+            self.copy_gate = nn.Linear(h, 1)
         # learned MASK embedding, initialised at the mean target embedding row
         self.mask_embedding = nn.Parameter(model.get_input_embeddings().weight.detach().mean(0).clone().float())
         for module in self.modules():
@@ -264,6 +281,9 @@ class BlockDrafter(nn.Module):
                 std = 1.0 / math.sqrt(module.in_features)
                 with torch.no_grad():
                     module.weight.copy_(torch.randn(module.weight.shape, generator=generator) * std)
+        if cfg.copy_head:
+            with torch.no_grad():  # start mostly generating: copy weight sigmoid(-2) ~ 0.12
+                self.copy_gate.bias.fill_(COPY_GATE_BIAS)
         # shared, frozen, unregistered: never in state_dict, never trained
         self.__dict__["_embed_tokens"] = model.get_input_embeddings()
         self.__dict__["_lm_head"] = _lm_head(model)
@@ -380,6 +400,42 @@ class BlockDrafter(nn.Module):
                     self.__dict__["_head_cache"] = (vocab, weight, bias)
         return F.linear(h.to(weight.dtype), weight, bias).float()
 
+    def copy_mix(self, logits: torch.Tensor, h: torch.Tensor, keys: torch.Tensor, src_cols: torch.Tensor,
+                 valid: torch.Tensor) -> torch.Tensor:
+        """The copy head: each slot's generated distribution mixed with a pointer over the context.
+
+        ``logits [..., K, U]`` the generator's logits of slots 1..K; ``h [..., K, H]`` the slots' final
+        (normed) states; ``keys [..., C, D]`` pointer keys of the context rows (``copy_k`` of the fused
+        features); ``src_cols [..., K, C]`` the column of ``logits`` holding the token slot ``k`` copies when it
+        points at context row ``j`` (the token at ``j + k``: row ``j`` plays the anchor's part, like a prompt-
+        lookup match); ``valid [..., K, C]`` whether that token is known at the anchor (``j + k <= anchor``).
+
+        Slot ``k`` points with ``a = softmax_j(q_k . key_j / sqrt(D))`` over its valid rows and mixes with a
+        gate ``g = sigmoid(gate(h_k))`` (0 when no row is valid): ``p = (1 - g) softmax(logits) + g sum_j
+        a_j [token j+k]``. Returns ``log p`` (valid logits: their softmax is ``p``)."""
+        q = self.copy_q(h)
+        scores = torch.matmul(q, keys.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+        scores = scores.masked_fill(~valid, torch.finfo(scores.dtype).min)
+        attn = torch.softmax(scores, dim=-1) * valid  # a row with nothing valid: all zero
+        copy = torch.zeros_like(logits).scatter_add(-1, src_cols.expand_as(attn), attn)
+        z = self.copy_gate(h).float()  # [..., K, 1]
+        none = ~valid.any(-1, keepdim=True)
+        log_keep = F.logsigmoid(-z).masked_fill(none, 0.0)  # log(1 - g); g = 0 without a valid row
+        log_copy = F.logsigmoid(z).masked_fill(none, float("-inf"))
+        log_copied = torch.where(copy > 0, copy.clamp_min(torch.finfo(copy.dtype).tiny).log(), float("-inf"))
+        return torch.logaddexp(torch.log_softmax(logits, dim=-1) + log_keep, log_copy + log_copied)
+
+    def _copy_columns(self, input_ids: torch.Tensor, vocab: torch.Tensor | None) -> torch.Tensor:
+        """Column of every token of ``input_ids`` in the draft logits over ``vocab``; an error if one is not
+        there (the copy head can only copy what the draft vocabulary holds)."""
+        if vocab is None:
+            return input_ids.long()
+        cols = torch.searchsorted(vocab, input_ids.long()).clamp(max=len(vocab) - 1)
+        if not bool((vocab[cols] == input_ids).all()):
+            raise ValueError("the copy head needs every context token in the draft vocabulary; pass "
+                             "vocab=sequence_vocab(input_ids) (or None)")
+        return cols
+
     # ------------------------------------------------------------------ training / replay mode
     def block_logits(self, input_ids: torch.Tensor, features: torch.Tensor, anchors: torch.Tensor,
                      anchor_valid: torch.Tensor | None = None, *, vocab: torch.Tensor | None = None) -> torch.Tensor:
@@ -429,6 +485,15 @@ class BlockDrafter(nn.Module):
         allowed = self.context_allowed(input_ids, safe_anchors, vocab) if vocab is not None else None
         if allowed is not None:
             logits = logits.masked_fill(~allowed[:, :, None, :], MASKED_LOGIT)
+        if cfg.copy_head:
+            k = torch.arange(1, bsz)[:, None]  # slot
+            src = (ctx_pos[None, :] + k).clamp(max=s - 1)  # [K, C]: position of the token slot k copies
+            cols = self._copy_columns(input_ids, vocab)[:, src]  # [b, K, C]
+            valid = ((ctx_pos[None, :] + k)[None, None] <= safe_anchors[..., None, None]) \
+                & anchor_valid[..., None, None]  # [b, A, K, C]
+            logits = self.copy_mix(logits, self.norm(x), self.copy_k(ctx)[:, None], cols[:, None], valid)
+            if allowed is not None:  # exactly MASKED_LOGIT again, as inference fills columns not yet seen
+                logits = logits.masked_fill(~allowed[:, :, None, :], MASKED_LOGIT)
         return logits
 
     # ------------------------------------------------------------------ inference mode (Drafter protocol)
@@ -437,6 +502,7 @@ class BlockDrafter(nn.Module):
         self._ctx_k: list[torch.Tensor | None] = [None] * len(self.layers)
         self._ctx_v: list[torch.Tensor | None] = [None] * len(self.layers)
         self.context_len = 0
+        self._copy_keys = None  # with copy_head: pointer keys of the context rows [C, copy_dim]
         self._seen = None  # with context_vocab: ids the drafter may draft (fixed vocabulary + ids seen so far)
         if self.config.context_vocab:
             self._seen = torch.zeros(self.config.vocab_size, dtype=torch.bool)
@@ -476,12 +542,17 @@ class BlockDrafter(nn.Module):
             k, v = layer.context_kv(ctx, cos, sin)
             self._ctx_k[i] = k if self._ctx_k[i] is None else torch.cat([self._ctx_k[i], k], dim=2)
             self._ctx_v[i] = v if self._ctx_v[i] is None else torch.cat([self._ctx_v[i], v], dim=2)
+        if cfg.copy_head:
+            keys = self.copy_k(ctx[0])
+            self._copy_keys = keys if self._copy_keys is None else torch.cat([self._copy_keys, keys])
         self.context_len += int(features.shape[0])
 
     @torch.no_grad()
-    def draft_logits(self, anchor_id: int, anchor_position: int, vocab: torch.Tensor | None = None) -> torch.Tensor:
+    def draft_logits(self, anchor_id: int, anchor_position: int, vocab: torch.Tensor | None = None,
+                     tokens: Sequence[int] | None = None) -> torch.Tensor:
         """``[B-1, Vd]`` logits over ``vocab`` (default the fixed draft vocabulary) for the block at
-        ``anchor_position`` (context must end there)."""
+        ``anchor_position`` (context must end there). ``tokens``: the sequence up to the anchor (positions
+        ``0..anchor_position``), which the copy head copies from (needed only with ``copy_head``)."""
         if anchor_position != self.context_len:
             raise ValueError(
                 f"the drafter holds context for positions 0..{self.context_len - 1} but the anchor is at "
@@ -498,7 +569,18 @@ class BlockDrafter(nn.Module):
                 ck = x.new_zeros((1, cfg.num_kv_heads, 0, cfg.head_dim))
                 cv = ck
             x = layer(x, cos, sin, ck, cv, None)
-        return self._head(x[:, 1:], vocab)[0]
+        logits = self._head(x[:, 1:], vocab)[0]
+        if cfg.copy_head:
+            if tokens is None or len(tokens) != anchor_position + 1 or int(tokens[-1]) != anchor_id:
+                raise ValueError("the copy head needs the tokens up to and including the anchor "
+                                 f"({anchor_position + 1} tokens ending with the anchor)")
+            c = self.context_len
+            keys = self._copy_keys if self._copy_keys is not None else x.new_zeros((0, cfg.copy_dim))
+            pos = torch.arange(c)[None, :] + torch.arange(1, cfg.block_size)[:, None]  # [K, C]
+            cols = self._copy_columns(torch.as_tensor(list(tokens), dtype=torch.long), vocab)
+            logits = self.copy_mix(logits, self.norm(x[0, 1:]), keys, cols[pos.clamp(max=anchor_position)],
+                                   pos <= anchor_position)
+        return logits
 
     def begin(self, prompt_ids: Sequence[int], prompt_features: torch.Tensor | None) -> None:
         """New request: forget old context, inject the prompt's features (one row per prompt position)."""
@@ -516,7 +598,7 @@ class BlockDrafter(nn.Module):
         if new_features is not None:
             self.inject(new_features)
         vocab = self._see(tokens)
-        return self.proposal_from_logits(self.draft_logits(int(tokens[-1]), len(tokens) - 1, vocab), vocab)
+        return self.proposal_from_logits(self.draft_logits(int(tokens[-1]), len(tokens) - 1, vocab, tokens), vocab)
 
     def proposal_from_logits(self, logits: torch.Tensor, vocab: torch.Tensor | None = None) -> DraftProposal:
         """``[B-1, Vd]`` logits over ``vocab`` (default the fixed draft vocabulary) -> top-k candidates per

@@ -32,6 +32,10 @@ norm copies the target's; optionally ``fc`` starts as the deepest feature's slic
 that layer's input norm, so the first drafter layer's injected keys and values start equal to the keys and
 values that target layer computes itself. Copies, never shared tensors; the target is not modified.
 
+Fine-tuning (``init_from``): the run starts from an existing drafter checkpoint of the same shape
+(``init_from_checkpoint`` checks it and records its SHA-256); a copy head (``copy_head``) that the checkpoint
+lacks starts fresh, with its gate mostly closed.
+
 Not known here: tree policies other than the chain (DDTree replay lives with the tree tools).
 """
 
@@ -80,6 +84,8 @@ class TrainConfig:
     #                                 deepest feature layer (``init_from_target``)
     init_fc: bool = False  # with init_from_target: fc starts as the deepest feature's slice, the context norm
     #                        as that layer's input norm
+    copy_head: bool = False  # the drafter mixes each slot with a pointer over the context (``copy_mix``)
+    init_from: str | None = None  # a drafter checkpoint whose weights start the run (``init_from_checkpoint``)
 
 
 def draft_vocabulary(samples: Sequence[dict], base: int, vocab_size: int) -> list[int]:
@@ -243,6 +249,46 @@ def init_from_target(drafter: BlockDrafter, target, *, init_fc: bool = False,
         drafter.fc.weight[:, deepest * h: (deepest + 1) * h] = torch.eye(h, dtype=drafter.fc.weight.dtype)
         copy(drafter.hidden_norm.weight, blocks[source[0]].input_layernorm.weight, "the context norm")
     return source
+
+
+@torch.no_grad()
+def init_from_checkpoint(drafter: BlockDrafter, path: str | Path) -> dict:
+    """Start ``drafter`` from the weights of the checkpoint at ``path`` (fine-tuning; in place).
+
+    The checkpoint must have the drafter's shape (layers, block, feature layers, draft vocabulary, the same
+    fixed vocabulary ids); only the copy head may be new (a drafter with ``copy_head`` started from one
+    without: its pointer starts fresh). Returns the checkpoint's file name and SHA-256, to be recorded."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    from entropy_law.decoding.block_drafter import BlockDrafterConfig, _file_sha256
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"--init-from: no drafter checkpoint at {path}")
+    with safe_open(str(path), framework="pt") as fh:
+        meta = fh.metadata() or {}
+    if "config" not in meta:
+        raise ValueError(f"--init-from: {path} is not a block drafter checkpoint")
+    theirs = BlockDrafterConfig.from_json(meta["config"])
+    mine = drafter.config
+    fields = ("hidden_size", "vocab_size", "target_num_layers", "feature_layers", "block_size", "num_layers",
+              "draft_vocab_size", "context_vocab", "target_fingerprint")
+    diff = [f"{f}: checkpoint {getattr(theirs, f)!r}, this run {getattr(mine, f)!r}"
+            for f in fields if getattr(theirs, f) != getattr(mine, f)]
+    if theirs.copy_head and not mine.copy_head:
+        diff.append("the checkpoint has a copy head, this run does not (add --copy-head)")
+    state = {k: v.float() if v.is_floating_point() else v for k, v in load_file(str(path)).items()}
+    if not diff and "draft_vocab" in state and not torch.equal(state["draft_vocab"], drafter.draft_vocab):
+        diff.append("draft vocabulary: the checkpoint's fixed ids differ from this run's (other training data)")
+    if diff:
+        raise ValueError(f"--init-from {path} does not fit this run: " + "; ".join(diff))
+    missing, unexpected = drafter.load_state_dict(state, strict=False)
+    fresh = [k for k in missing if not k.startswith("copy_")]
+    if fresh or unexpected:
+        raise ValueError(f"--init-from {path}: missing weights {fresh}, unexpected weights {unexpected}")
+    drafter.refresh_vocab_map()
+    return {"init_from": path.name, "init_from_sha256": _file_sha256(path), "fresh_weights": sorted(missing)}
 
 
 # ---------------------------------------------------------------------------------------------- batches
@@ -608,19 +654,23 @@ def train_from_folder(model_spec: str, data_dir: str | Path, out_dir: str | Path
     vocab = (None if cfg.draft_vocab_base is None else
              draft_vocabulary(train_s, cfg.draft_vocab_base, int(target.config.vocab_size)))
     drafter = BlockDrafter(target, seed=cfg.seed, block_size=cfg.block_size, num_layers=cfg.num_layers,
-                           draft_vocab=vocab, context_vocab=cfg.context_vocab)
+                           draft_vocab=vocab, context_vocab=cfg.context_vocab, copy_head=cfg.copy_head)
+    if cfg.init_from_target and cfg.init_from:
+        raise ValueError("init_from_target and init_from both set the weights; choose one")
     if cfg.init_from_target:
         init_from_target(drafter, target, init_fc=cfg.init_fc)
     elif cfg.init_fc:
         raise ValueError("init_fc needs init_from_target")
+    init = init_from_checkpoint(drafter, cfg.init_from) if cfg.init_from else None
     out = Path(out_dir)
     (out / "train_config.json").write_text(json.dumps(
         {"train": asdict(cfg), "drafter": json.loads(drafter.config.to_json()),
-         "data": folder_names, "repeated_prompts_left_out": repeats,
+         "data": folder_names, "repeated_prompts_left_out": repeats, "init": init,
          "train_samples": len(train_s), "heldout_ids": [s["prompt_id"] for s in held_s]}, indent=2))
     result = train(drafter, train_s, held_s, cfg, out, stop_at=stop_at, data=folder_names)
     tokens = sum(int(s["input_ids"].shape[0] - s["prompt_len"]) for s in train_s)
-    result.update({"train_samples": len(train_s), "train_response_tokens": tokens, "heldout_samples": len(held_s)})
+    result.update({"train_samples": len(train_s), "train_response_tokens": tokens, "heldout_samples": len(held_s),
+                   **({"init": init} if init else {})})
     drafter.save(out / "drafter.safetensors", metadata={"train": asdict(cfg), **{
         k: v for k, v in result.items() if k != "history_tail"}})
     (out / "train_result.json").write_text(json.dumps(result, indent=2))
