@@ -342,16 +342,24 @@ def test_context_vocabulary_labels_first_seen_after_the_anchor_get_no_loss():
 
 
 # ---------------------------------------------------------------------------------------------- copy head
-@pytest.fixture(scope="module", params=["full-vocab", "context-vocab"])
+@pytest.fixture(scope="module", params=["full-vocab", "context-vocab", "context-vocab-match"])
 def copying(request):
-    """A tiny target and a copy-head drafter whose gate starts high (the pointer matters in every check)."""
+    """A tiny target and a copy-head drafter whose gate starts high (the pointer matters in every check);
+    with exact-match features (``copy_match``) on a sequence that repeats itself, so that they fire."""
     model = tiny_target()
-    kw = {"draft_vocab": list(range(0, 96, 4)), "context_vocab": True} if request.param == "context-vocab" else {}
-    drafter = BlockDrafter(model, seed=3, block_size=5, num_layers=2, copy_head=True, **kw).eval()
+    kw = {"draft_vocab": list(range(0, 96, 4)), "context_vocab": True} if request.param != "full-vocab" else {}
+    match = 3 if request.param.endswith("match") else 0
+    drafter = BlockDrafter(model, seed=3, block_size=5, num_layers=2, copy_head=True, copy_match=match,
+                           **kw).eval()
+    gen = torch.Generator().manual_seed(11)
     with torch.no_grad():
         drafter.copy_gate.bias.fill_(1.0)
-    gen = torch.Generator().manual_seed(11)
+        if match:
+            drafter.copy_match_score.copy_(torch.randn(drafter.copy_match_score.shape, generator=gen))
+            drafter.copy_match_gate.copy_(torch.randn(drafter.copy_match_gate.shape, generator=gen))
     ids = torch.randint(3, 96, (40,), generator=gen).tolist()
+    if match:
+        ids = ids[:12] + ids[:12] + ids[5:21]  # suffix matches of every length up to 3 and beyond
     return model, drafter, kw, ids, features_of(model, ids, drafter.feature_layers)
 
 
@@ -374,13 +382,22 @@ def test_copy_head_training_logits_equal_inference_logits(copying):
 
 
 def test_copy_head_mixture_equals_a_loop_over_the_context(copying):
-    """p(v) = (1-g) softmax(generator)(v) + g * sum_j a_j [token j+k == v], recomputed row by row; the
-    generator is the same drafter without the copy head (its other weights are drawn identically)."""
+    """p(v) = (1-g) softmax(generator)(v) + g * sum_j a_j [token j+k == v], recomputed row by row (with
+    ``copy_match``, the suffix-match lengths counted by hand); the generator is the same drafter without the
+    copy head (its other weights are drawn identically)."""
     model, drafter, kw, ids, feats = copying
     plain = BlockDrafter(model, seed=3, block_size=5, num_layers=2, **kw).eval()
+    n_match = drafter.config.copy_match
+
+    def suffix_match(j: int, t: int) -> int:  # how many tokens end both at j and at t (at most n_match)
+        m = 0
+        while m < n_match and j - m >= 0 and ids[j - m] == ids[t - m]:
+            m += 1
+        return m
+
     for name, tensor in plain.state_dict().items():
         assert torch.equal(tensor, drafter.state_dict()[name]), name
-    anchors = [2, 14, 30]  # at 2, slots 3 and 4 have no token to copy
+    anchors = [2, 14, 30, 33]  # at 2, slots 3 and 4 have no token to copy
     x = torch.tensor([ids])
     vocab = drafter.sequence_vocab(x)
     states = []
@@ -400,8 +417,13 @@ def test_copy_head_mixture_equals_a_loop_over_the_context(copying):
                     torch.testing.assert_close(mixed[a_index, k - 1], gen[a_index, k - 1], atol=1e-6, rtol=1e-4)
                     continue
                 scores = torch.stack([q @ drafter.copy_k(ctx[j]) / 8.0 for j in rows])
+                z = drafter.copy_gate(h[a_index, k - 1])[0]
+                if n_match:
+                    lengths = [suffix_match(j, t) for j in rows]
+                    scores = scores + torch.stack([drafter.copy_match_score[k - 1, :m].sum() for m in lengths])
+                    z = z + drafter.copy_match_gate[k - 1, :max(lengths)].sum()
                 attn = torch.softmax(scores, 0)
-                g = torch.sigmoid(drafter.copy_gate(h[a_index, k - 1]))[0]
+                g = torch.sigmoid(z)
                 expected = (1 - g) * gen[a_index, k - 1]
                 for j, w in zip(rows, attn):
                     expected[cols[ids[j + k]]] += g * w
@@ -451,8 +473,8 @@ def test_copy_head_learns_to_copy_spans_the_generator_cannot_predict():
     train_set = [sample() for _ in range(800)]  # fresh sequences every step: nothing to memorise
     test_set = [sample() for _ in range(6)]
     accepted = {}
-    for copy_head in (False, True):
-        drafter = BlockDrafter(model, seed=0, block_size=5, num_layers=1, copy_head=copy_head)
+    for arm, copy_head, match in (("plain", False, 0), ("copy", True, 0), ("copy+match", True, 3)):
+        drafter = BlockDrafter(model, seed=0, block_size=5, num_layers=1, copy_head=copy_head, copy_match=match)
         for s in train_set + test_set:
             s["features"] = features_of(model, s["input_ids"].tolist(), drafter.feature_layers)[:-1]
         opt = torch.optim.Adam(drafter.parameters(), lr=3e-3)
@@ -468,9 +490,11 @@ def test_copy_head_learns_to_copy_spans_the_generator_cannot_predict():
         with torch.no_grad():
             taus = [t for s in test_set
                     for t in replay_chain(drafter, s["input_ids"], s["features"], s["prompt_len"]).round_accepted]
-        accepted[copy_head] = sum(taus) / len(taus)
-    # measured: 3.09 of at most 4 drafts per round with the copy head, 0.02 without
-    assert accepted[True] > 2.0 and accepted[False] < 0.3, accepted
+        accepted[arm] = sum(taus) / len(taus)
+    # measured: 3.09 of at most 4 drafts per round with the copy head, 0.02 without; exact-match features
+    # make the pointer's job easy (4.0 after 100 steps)
+    assert accepted["copy"] > 2.0 and accepted["plain"] < 0.3, accepted
+    assert accepted["copy+match"] > 3.5, accepted
 
 
 def test_copy_head_survives_save_load_and_init_from_checks_the_shape(tmp_path):

@@ -622,12 +622,34 @@ def test_a_copy_head_fine_tunes_from_a_checkpoint_with_soft_labels(tmp_path):
     plain = BlockDrafter(model, seed=0, block_size=4, num_layers=1)
     train(plain, train_s, held_s, cfg, tmp_path / "plain", progress=False)
     path = plain.save(tmp_path / "plain.safetensors")
-    copier = BlockDrafter(model, seed=0, block_size=4, num_layers=1, copy_head=True)
+    copier = BlockDrafter(model, seed=0, block_size=4, num_layers=1, copy_head=True, copy_match=2)
     info = init_from_checkpoint(copier, path)
     assert info["init_from"] == "plain.safetensors" and len(info["init_from_sha256"]) == 64
-    fine = TrainConfig(**{**cfg.__dict__, "steps": 24, "copy_head": True, "init_from": str(path)})
+    assert "copy_match_score" in info["fresh_weights"]
+    fine = TrainConfig(**{**cfg.__dict__, "steps": 24, "copy_head": True, "copy_match": 2, "init_from": str(path),
+                          "copy_loss_weight": 0.5})
     r = train(copier, train_s, held_s, fine, tmp_path / "copy", progress=False)
     history = torch.load(tmp_path / "copy" / "checkpoints" / "last.pt", weights_only=False)["history"]
-    assert r["steps"] == 24 and all(math.isfinite(h["loss"]) and "kl" in h for h in history)
+    assert r["steps"] == 24 and all(math.isfinite(h["loss"]) and "kl" in h and "copy_nll" in h for h in history)
+    assert all(0 < h["copyable"] <= 1 for h in history)  # the periodic samples repeat: labels can be copied
     assert sum(h["loss"] for h in history[-4:]) / 4 < sum(h["loss"] for h in history[:4]) / 4
     assert copier.copy_gate.bias.item() != -2.0  # the pointer's gate was trained
+    with pytest.raises(ValueError, match="add --copy-head"):
+        train(BlockDrafter(model, seed=0, block_size=4, num_layers=1), train_s, held_s,
+              TrainConfig(**{**cfg.__dict__, "copy_loss_weight": 0.5}), tmp_path / "none", progress=False)
+
+
+def test_copy_pointer_loss_is_the_decayed_nll_of_copyable_labels():
+    from entropy_law.decoding.drafter_training import copy_pointer_loss
+
+    copy = torch.zeros(1, 2, 3, 5)
+    copy[0, 0, 0, 2] = 0.5  # slot 1 of block 0: label 2 copyable with mass 0.5
+    copy[0, 0, 1, 4] = 1.0  # slot 2: the pointer puts all mass on 4, the label is 3: not copyable
+    copy[0, 1, 2, 1] = 0.25  # block 1, slot 3: label 1, mass 0.25
+    labels = torch.tensor([[[2, 3, IGNORE], [IGNORE, 0, 1]]])
+    loss, frac = copy_pointer_loss(copy, labels, gamma=4.0)
+    w1, w3 = 1.0, math.exp(-2 / 4)
+    expected = (w1 * -math.log(0.5) + w3 * -math.log(0.25)) / (w1 + w3)
+    assert loss.item() == pytest.approx(expected, rel=1e-6) and frac == pytest.approx(2 / 4)
+    nothing, frac0 = copy_pointer_loss(torch.zeros(1, 2, 3, 5), labels, gamma=4.0)
+    assert nothing.item() == 0.0 and frac0 == 0.0

@@ -97,6 +97,7 @@ class BlockDrafterConfig:
     context_vocab: bool = False  # with a draft vocabulary: also draft every token already in the context
     copy_head: bool = False  # mix each slot's distribution with a pointer over the context (``copy_mix``)
     copy_dim: int = 64  # width of the pointer's queries and keys
+    copy_match: int = 0  # with copy_head: exact suffix matches of 1..copy_match tokens as pointer/gate features
     target_id: str = ""
     target_fingerprint: float = 0.0  # sum of a fixed slice of the target embedding table (identity check)
 
@@ -144,7 +145,8 @@ def target_fingerprint(model: nn.Module) -> float:
 
 def config_for_target(target, *, feature_layers: Sequence[int] | None = None, block_size: int = 8,
                       num_layers: int = 2, top_k: int = 32, target_id: str | None = None,
-                      context_vocab: bool = False, copy_head: bool = False) -> BlockDrafterConfig:
+                      context_vocab: bool = False, copy_head: bool = False,
+                      copy_match: int = 0) -> BlockDrafterConfig:
     """A drafter config matching ``target``'s width, heads, vocabulary and depth."""
     model = _target_model(target)
     cfg = _text_config(model)
@@ -160,6 +162,7 @@ def config_for_target(target, *, feature_layers: Sequence[int] | None = None, bl
         head_dim=head_dim, intermediate_size=int(cfg.intermediate_size), rms_norm_eps=float(cfg.rms_norm_eps),
         rope_theta=theta, target_num_layers=n_layers, feature_layers=layers, block_size=block_size,
         num_layers=num_layers, top_k=top_k, context_vocab=context_vocab, copy_head=copy_head,
+        copy_match=copy_match,
         target_id=target_id if target_id is not None else str(getattr(target, "model_id", "")),
         target_fingerprint=target_fingerprint(model),
     )
@@ -257,6 +260,9 @@ class BlockDrafter(nn.Module):
         if cfg.copy_head and cfg.draft_vocab_size and not cfg.context_vocab:
             raise ValueError("copy_head copies tokens of the context, which a fixed draft vocabulary may lack; "
                              "use context_vocab=True with a draft vocabulary (or no draft vocabulary)")
+        if cfg.copy_match < 0 or (cfg.copy_match and not cfg.copy_head):
+            raise ValueError(f"copy_match ({cfg.copy_match}) is a feature of the copy head: a length >= 1 with "
+                             "copy_head=True, or 0")
         _check_matches(cfg, model)
         self.config = cfg
         self.provenance: dict = {}  # a loaded checkpoint's file name and SHA-256 (set by ``load``)
@@ -274,6 +280,9 @@ class BlockDrafter(nn.Module):
             self.copy_q = nn.Linear(h, cfg.copy_dim, bias=False)
             self.copy_k = nn.Linear(h, cfg.copy_dim, bias=False)
             self.copy_gate = nn.Linear(h, 1)
+            if cfg.copy_match:  # per slot and match length: a pointer score and a gate score
+                self.copy_match_score = nn.Parameter(torch.ones(cfg.block_size - 1, cfg.copy_match))
+                self.copy_match_gate = nn.Parameter(torch.zeros(cfg.block_size - 1, cfg.copy_match))
         # learned MASK embedding, initialised at the mean target embedding row
         self.mask_embedding = nn.Parameter(model.get_input_embeddings().weight.detach().mean(0).clone().float())
         for module in self.modules():
@@ -401,7 +410,7 @@ class BlockDrafter(nn.Module):
         return F.linear(h.to(weight.dtype), weight, bias).float()
 
     def copy_mix(self, logits: torch.Tensor, h: torch.Tensor, keys: torch.Tensor, src_cols: torch.Tensor,
-                 valid: torch.Tensor) -> torch.Tensor:
+                 valid: torch.Tensor, match: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The copy head: each slot's generated distribution mixed with a pointer over the context.
 
         ``logits [..., K, U]`` the generator's logits of slots 1..K; ``h [..., K, H]`` the slots' final
@@ -412,18 +421,44 @@ class BlockDrafter(nn.Module):
 
         Slot ``k`` points with ``a = softmax_j(q_k . key_j / sqrt(D))`` over its valid rows and mixes with a
         gate ``g = sigmoid(gate(h_k))`` (0 when no row is valid): ``p = (1 - g) softmax(logits) + g sum_j
-        a_j [token j+k]``. Returns ``log p`` (valid logits: their softmax is ``p``)."""
+        a_j [token j+k]``.
+
+        ``match [..., C, M]`` (``copy_match = M``; ``match_levels``): whether the context up to row ``j`` ends
+        with the same ``m`` tokens as the context up to the anchor (m = 1..M). Slot ``k`` adds
+        ``copy_match_score[k] . match[j]`` to its score for row ``j``, and ``copy_match_gate[k] . best`` to its
+        gate, where ``best[m]`` says whether any row valid for the slot matches ``m`` tokens.
+
+        Returns ``log p`` (valid logits: their softmax is ``p``) and the pointer's own distribution ``sum_j
+        a_j [token j+k]`` over the columns (its auxiliary loss in training)."""
         q = self.copy_q(h)
         scores = torch.matmul(q, keys.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+        z = self.copy_gate(h).float()  # [..., K, 1]
+        if match is not None:
+            scores = scores + torch.einsum("...cm,km->...kc", match, self.copy_match_score)
+            best = (valid[..., None] & (match[..., None, :, :] > 0)).any(-2).float()  # [..., K, M]
+            z = z + (best * self.copy_match_gate).sum(-1, keepdim=True)
         scores = scores.masked_fill(~valid, torch.finfo(scores.dtype).min)
         attn = torch.softmax(scores, dim=-1) * valid  # a row with nothing valid: all zero
         copy = torch.zeros_like(logits).scatter_add(-1, src_cols.expand_as(attn), attn)
-        z = self.copy_gate(h).float()  # [..., K, 1]
         none = ~valid.any(-1, keepdim=True)
         log_keep = F.logsigmoid(-z).masked_fill(none, 0.0)  # log(1 - g); g = 0 without a valid row
         log_copy = F.logsigmoid(z).masked_fill(none, float("-inf"))
         log_copied = torch.where(copy > 0, copy.clamp_min(torch.finfo(copy.dtype).tiny).log(), float("-inf"))
-        return torch.logaddexp(torch.log_softmax(logits, dim=-1) + log_keep, log_copy + log_copied)
+        return torch.logaddexp(torch.log_softmax(logits, dim=-1) + log_keep, log_copy + log_copied), copy
+
+    def match_levels(self, input_ids: torch.Tensor, anchors: torch.Tensor, c: int) -> torch.Tensor:
+        """``[b, A, C, M]`` float: does the context ending at row ``j`` (tokens ``j-m+1..j``) equal the one
+        ending at the anchor (tokens ``t-m+1..t``), for m = 1..``copy_match``? Reads tokens at or before
+        ``max(j, t)`` only; rows at or after the anchor are never valid copy rows (``block_logits``)."""
+        j = torch.arange(c)
+        levels, current = [], None
+        for m in range(self.config.copy_match):
+            row, at = j - m, anchors - m
+            same = (input_ids[:, row.clamp(min=0)][:, None, :] == torch.gather(input_ids, 1, at.clamp(min=0))[..., None])
+            same &= (row >= 0)[None, None, :] & (at >= 0)[..., None]
+            current = same if current is None else current & same
+            levels.append(current)
+        return torch.stack(levels, dim=-1).float()
 
     def _copy_columns(self, input_ids: torch.Tensor, vocab: torch.Tensor | None) -> torch.Tensor:
         """Column of every token of ``input_ids`` in the draft logits over ``vocab``; an error if one is not
@@ -438,7 +473,8 @@ class BlockDrafter(nn.Module):
 
     # ------------------------------------------------------------------ training / replay mode
     def block_logits(self, input_ids: torch.Tensor, features: torch.Tensor, anchors: torch.Tensor,
-                     anchor_valid: torch.Tensor | None = None, *, vocab: torch.Tensor | None = None) -> torch.Tensor:
+                     anchor_valid: torch.Tensor | None = None, *, vocab: torch.Tensor | None = None,
+                     return_copy: bool = False):
         """Draft logits of every anchor in one forward pass (training and offline replay).
 
         ``input_ids [b, S]``, ``features [b, C, n*H]`` for positions ``0..C-1`` (C <= S; rows at or after an
@@ -447,7 +483,8 @@ class BlockDrafter(nn.Module):
         Returns ``[b, A, B-1, Vd]`` over the draft vocabulary ``vocab`` (default ``sequence_vocab(input_ids)``;
         ``Vd = V`` without one; see ``draft_tokens``, ``draft_index``, ``to_full_vocab``): slot ``k``
         (1-based) predicts the token at ``anchor + k``. With ``context_vocab``, ids an anchor may not draft yet
-        (``context_allowed``) get ``MASKED_LOGIT`` (probability 0).
+        (``context_allowed``) get ``MASKED_LOGIT`` (probability 0). ``return_copy``: also return the copy
+        head's pointer distribution ``[b, A, B-1, Vd]`` (``copy_mix``; None without a copy head).
         """
         cfg = self.config
         b, s = input_ids.shape
@@ -491,10 +528,14 @@ class BlockDrafter(nn.Module):
             cols = self._copy_columns(input_ids, vocab)[:, src]  # [b, K, C]
             valid = ((ctx_pos[None, :] + k)[None, None] <= safe_anchors[..., None, None]) \
                 & anchor_valid[..., None, None]  # [b, A, K, C]
-            logits = self.copy_mix(logits, self.norm(x), self.copy_k(ctx)[:, None], cols[:, None], valid)
+            match = self.match_levels(input_ids, safe_anchors, c) if cfg.copy_match else None
+            logits, copy = self.copy_mix(logits, self.norm(x), self.copy_k(ctx)[:, None], cols[:, None], valid,
+                                         match)
             if allowed is not None:  # exactly MASKED_LOGIT again, as inference fills columns not yet seen
                 logits = logits.masked_fill(~allowed[:, :, None, :], MASKED_LOGIT)
-        return logits
+        else:
+            copy = None
+        return (logits, copy) if return_copy else logits
 
     # ------------------------------------------------------------------ inference mode (Drafter protocol)
     def reset(self) -> None:
@@ -577,9 +618,12 @@ class BlockDrafter(nn.Module):
             c = self.context_len
             keys = self._copy_keys if self._copy_keys is not None else x.new_zeros((0, cfg.copy_dim))
             pos = torch.arange(c)[None, :] + torch.arange(1, cfg.block_size)[:, None]  # [K, C]
-            cols = self._copy_columns(torch.as_tensor(list(tokens), dtype=torch.long), vocab)
-            logits = self.copy_mix(logits, self.norm(x[0, 1:]), keys, cols[pos.clamp(max=anchor_position)],
-                                   pos <= anchor_position)
+            ids = torch.as_tensor(list(tokens), dtype=torch.long)
+            cols = self._copy_columns(ids, vocab)
+            match = (self.match_levels(ids[None], torch.tensor([[anchor_position]]), c)[0, 0]
+                     if cfg.copy_match else None)
+            logits, _ = self.copy_mix(logits, self.norm(x[0, 1:]), keys, cols[pos.clamp(max=anchor_position)],
+                                      pos <= anchor_position, match)
         return logits
 
     def begin(self, prompt_ids: Sequence[int], prompt_features: torch.Tensor | None) -> None:

@@ -85,6 +85,8 @@ class TrainConfig:
     init_fc: bool = False  # with init_from_target: fc starts as the deepest feature's slice, the context norm
     #                        as that layer's input norm
     copy_head: bool = False  # the drafter mixes each slot with a pointer over the context (``copy_mix``)
+    copy_match: int = 0  # with copy_head: exact suffix-match lengths 1..M as pointer and gate features
+    copy_loss_weight: float = 0.0  # c: + c * the pointer's own decayed NLL where the label can be copied
     init_from: str | None = None  # a drafter checkpoint whose weights start the run (``init_from_checkpoint``)
 
 
@@ -327,15 +329,34 @@ def collate(samples: Sequence[dict], *, soft: bool = False) -> dict:
     return batch
 
 
+def copy_pointer_loss(copy: torch.Tensor, labels: torch.Tensor, gamma: float) -> tuple[torch.Tensor, float]:
+    """The copy head's auxiliary loss: the decayed mean of ``-log sum_j a_j [token j+k == label]`` over the
+    slots whose label the pointer can copy at all (some valid row gives it), so the pointer learns to find
+    the right row whatever its gate does. ``copy [b, A, K, U]`` (``block_logits(return_copy=True)``),
+    ``labels [b, A, K]`` columns or ``IGNORE``. Returns the loss and the fraction of labelled slots copyable."""
+    present = labels != IGNORE
+    mass = torch.gather(copy, -1, labels.clamp(min=0)[..., None])[..., 0]
+    copyable = present & (mass > 0)
+    w = decay_weights(copy.shape[2] + 1, gamma)[None, None, :] * copyable
+    nll = -torch.where(copyable, mass.clamp_min(torch.finfo(mass.dtype).tiny), torch.ones_like(mass)).log()
+    frac = float(copyable.sum()) / max(int(present.sum()), 1)
+    return (w * nll).sum() / w.sum().clamp(min=1e-12), frac
+
+
 def forward_train(drafter: BlockDrafter, batch: dict, *, anchors_per_seq: int, gamma: float,
-                  generator: torch.Generator, kl_weight: float = 0.0) -> tuple[torch.Tensor, dict]:
+                  generator: torch.Generator, kl_weight: float = 0.0,
+                  copy_weight: float = 0.0) -> tuple[torch.Tensor, dict]:
     """One training forward: sample anchors, draft every block in one pass, decayed CE (with ``kl_weight > 0``
-    mixed with the KL to the target's renormalised top-k, ``decayed_distillation_loss``) + metrics."""
+    mixed with the KL to the target's renormalised top-k, ``decayed_distillation_loss``; with ``copy_weight
+    > 0`` plus that much of the copy head's pointer loss, ``copy_pointer_loss``) + metrics."""
     anchors, valid = zip(*(sample_anchors(int(p), int(s), anchors_per_seq, generator)
                            for p, s in zip(batch["prompt_lens"], batch["seq_lens"])))
     anchors, valid = torch.stack(anchors), torch.stack(valid)
     vocab = drafter.sequence_vocab(batch["input_ids"])
-    logits = drafter.block_logits(batch["input_ids"], batch["features"], anchors, valid, vocab=vocab)
+    logits, copy = drafter.block_logits(batch["input_ids"], batch["features"], anchors, valid, vocab=vocab,
+                                        return_copy=True)
+    if copy_weight > 0 and copy is None:
+        raise ValueError("copy_loss_weight trains a copy head; this drafter has none (add --copy-head)")
     labels = block_labels(batch["input_ids"], anchors, valid, drafter.block_size,
                           batch["prompt_lens"], batch["seq_lens"])
     labels = drafter.draft_index(labels, IGNORE, vocab)
@@ -355,6 +376,10 @@ def forward_train(drafter: BlockDrafter, batch: dict, *, anchors_per_seq: int, g
         loss, parts = decayed_distillation_loss(logits, labels, gamma, kl_weight, soft_cols, soft_logp)
     else:
         loss = decayed_cross_entropy(logits, labels, gamma)
+    if copy_weight > 0:
+        pointer, copyable = copy_pointer_loss(copy, labels, gamma)
+        loss = loss + copy_weight * pointer
+        parts = {**parts, "copy_nll": float(pointer.detach()), "copyable": round(copyable, 4)}
     with torch.no_grad():
         draft = logits.argmax(-1)
         acc = accepted_drafts(draft, labels)
@@ -558,7 +583,7 @@ def train(drafter: BlockDrafter, train_samples: Sequence[dict], heldout_samples:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
         loss, metrics = forward_train(drafter, batch, anchors_per_seq=cfg.anchors_per_seq, gamma=cfg.gamma,
-                                      generator=gen, kl_weight=cfg.kl_weight)
+                                      generator=gen, kl_weight=cfg.kl_weight, copy_weight=cfg.copy_loss_weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         metrics["grad_norm"] = float(torch.nn.utils.clip_grad_norm_(params, cfg.clip))
@@ -654,7 +679,8 @@ def train_from_folder(model_spec: str, data_dir: str | Path, out_dir: str | Path
     vocab = (None if cfg.draft_vocab_base is None else
              draft_vocabulary(train_s, cfg.draft_vocab_base, int(target.config.vocab_size)))
     drafter = BlockDrafter(target, seed=cfg.seed, block_size=cfg.block_size, num_layers=cfg.num_layers,
-                           draft_vocab=vocab, context_vocab=cfg.context_vocab, copy_head=cfg.copy_head)
+                           draft_vocab=vocab, context_vocab=cfg.context_vocab, copy_head=cfg.copy_head,
+                           copy_match=cfg.copy_match)
     if cfg.init_from_target and cfg.init_from:
         raise ValueError("init_from_target and init_from both set the weights; choose one")
     if cfg.init_from_target:
