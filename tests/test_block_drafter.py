@@ -350,13 +350,14 @@ def copying(request):
     kw = {"draft_vocab": list(range(0, 96, 4)), "context_vocab": True} if request.param != "full-vocab" else {}
     match = 3 if request.param.endswith("match") else 0
     drafter = BlockDrafter(model, seed=3, block_size=5, num_layers=2, copy_head=True, copy_match=match,
-                           **kw).eval()
+                           copy_distance=4 if match else 0, **kw).eval()
     gen = torch.Generator().manual_seed(11)
     with torch.no_grad():
         drafter.copy_gate.bias.fill_(1.0)
         if match:
             drafter.copy_match_score.copy_(torch.randn(drafter.copy_match_score.shape, generator=gen))
             drafter.copy_match_gate.copy_(torch.randn(drafter.copy_match_gate.shape, generator=gen))
+            drafter.copy_distance_score.copy_(torch.randn(drafter.copy_distance_score.shape, generator=gen))
     ids = torch.randint(3, 96, (40,), generator=gen).tolist()
     if match:
         ids = ids[:12] + ids[:12] + ids[5:21]  # suffix matches of every length up to 3 and beyond
@@ -383,8 +384,9 @@ def test_copy_head_training_logits_equal_inference_logits(copying):
 
 def test_copy_head_mixture_equals_a_loop_over_the_context(copying):
     """p(v) = (1-g) softmax(generator)(v) + g * sum_j a_j [token j+k == v], recomputed row by row (with
-    ``copy_match``, the suffix-match lengths counted by hand); the generator is the same drafter without the
-    copy head (its other weights are drawn identically)."""
+    ``copy_match``, the suffix-match lengths counted by hand, with ``copy_distance`` the distance buckets 1,
+    2-3, 4-7, 8+); the generator is the same drafter without the copy head (its other weights are drawn
+    identically)."""
     model, drafter, kw, ids, feats = copying
     plain = BlockDrafter(model, seed=3, block_size=5, num_layers=2, **kw).eval()
     n_match = drafter.config.copy_match
@@ -422,6 +424,9 @@ def test_copy_head_mixture_equals_a_loop_over_the_context(copying):
                     lengths = [suffix_match(j, t) for j in rows]
                     scores = scores + torch.stack([drafter.copy_match_score[k - 1, :m].sum() for m in lengths])
                     z = z + drafter.copy_match_gate[k - 1, :max(lengths)].sum()
+                    bucket = {1: 0, 2: 1, 3: 1, 4: 2, 5: 2, 6: 2, 7: 2}
+                    scores = scores + torch.stack([drafter.copy_distance_score[k - 1, bucket.get(t - j, 3)]
+                                                   for j in rows])
                 attn = torch.softmax(scores, 0)
                 g = torch.sigmoid(z)
                 expected = (1 - g) * gen[a_index, k - 1]

@@ -72,6 +72,8 @@ def register(subparsers) -> None:
                    help="mix each draft slot with a pointer over the context (a learned prompt lookup)")
     t.add_argument("--copy-match", type=int, default=0, metavar="M",
                    help="with --copy-head: exact suffix matches of 1..M tokens as features of the pointer and gate")
+    t.add_argument("--copy-distance", type=int, default=0, metavar="N",
+                   help="with --copy-head: a learned pointer score per log2 bucket of the distance (N buckets)")
     t.add_argument("--copy-loss", type=float, default=0.0, metavar="C",
                    help="with --copy-head: add C x the pointer's own loss where the label can be copied")
     t.add_argument("--init-from", default=None, metavar="CHECKPOINT",
@@ -119,7 +121,7 @@ def run(args) -> int:
                           anchors_per_seq=args.anchors, gamma=args.gamma, heldout=args.heldout,
                           eval_every=args.eval_every, save_every=args.save_every, context_vocab=args.context_vocab,
                           kl_weight=args.kl_weight, init_from_target=args.init_from_target, init_fc=args.init_fc,
-                          copy_head=args.copy_head, copy_match=args.copy_match,
+                          copy_head=args.copy_head, copy_match=args.copy_match, copy_distance=args.copy_distance,
                           copy_loss_weight=args.copy_loss, init_from=args.init_from)
         result = train_from_folder(args.model, data_dir, out, cfg, stop_at=args.stop_at, extra_data=args.extra_data)
         print(json.dumps(result), flush=True)

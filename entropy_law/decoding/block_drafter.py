@@ -98,6 +98,7 @@ class BlockDrafterConfig:
     copy_head: bool = False  # mix each slot's distribution with a pointer over the context (``copy_mix``)
     copy_dim: int = 64  # width of the pointer's queries and keys
     copy_match: int = 0  # with copy_head: exact suffix matches of 1..copy_match tokens as pointer/gate features
+    copy_distance: int = 0  # with copy_head: a learned pointer score per log2 bucket of the distance to the anchor
     target_id: str = ""
     target_fingerprint: float = 0.0  # sum of a fixed slice of the target embedding table (identity check)
 
@@ -146,7 +147,7 @@ def target_fingerprint(model: nn.Module) -> float:
 def config_for_target(target, *, feature_layers: Sequence[int] | None = None, block_size: int = 8,
                       num_layers: int = 2, top_k: int = 32, target_id: str | None = None,
                       context_vocab: bool = False, copy_head: bool = False,
-                      copy_match: int = 0) -> BlockDrafterConfig:
+                      copy_match: int = 0, copy_distance: int = 0) -> BlockDrafterConfig:
     """A drafter config matching ``target``'s width, heads, vocabulary and depth."""
     model = _target_model(target)
     cfg = _text_config(model)
@@ -162,7 +163,7 @@ def config_for_target(target, *, feature_layers: Sequence[int] | None = None, bl
         head_dim=head_dim, intermediate_size=int(cfg.intermediate_size), rms_norm_eps=float(cfg.rms_norm_eps),
         rope_theta=theta, target_num_layers=n_layers, feature_layers=layers, block_size=block_size,
         num_layers=num_layers, top_k=top_k, context_vocab=context_vocab, copy_head=copy_head,
-        copy_match=copy_match,
+        copy_match=copy_match, copy_distance=copy_distance,
         target_id=target_id if target_id is not None else str(getattr(target, "model_id", "")),
         target_fingerprint=target_fingerprint(model),
     )
@@ -260,9 +261,11 @@ class BlockDrafter(nn.Module):
         if cfg.copy_head and cfg.draft_vocab_size and not cfg.context_vocab:
             raise ValueError("copy_head copies tokens of the context, which a fixed draft vocabulary may lack; "
                              "use context_vocab=True with a draft vocabulary (or no draft vocabulary)")
-        if cfg.copy_match < 0 or (cfg.copy_match and not cfg.copy_head):
-            raise ValueError(f"copy_match ({cfg.copy_match}) is a feature of the copy head: a length >= 1 with "
-                             "copy_head=True, or 0")
+        for name in ("copy_match", "copy_distance"):
+            value = getattr(cfg, name)
+            if value < 0 or (value and not cfg.copy_head):
+                raise ValueError(f"{name} ({value}) is a feature of the copy head: a size >= 1 with "
+                                 "copy_head=True, or 0")
         _check_matches(cfg, model)
         self.config = cfg
         self.provenance: dict = {}  # a loaded checkpoint's file name and SHA-256 (set by ``load``)
@@ -283,6 +286,8 @@ class BlockDrafter(nn.Module):
             if cfg.copy_match:  # per slot and match length: a pointer score and a gate score
                 self.copy_match_score = nn.Parameter(torch.ones(cfg.block_size - 1, cfg.copy_match))
                 self.copy_match_gate = nn.Parameter(torch.zeros(cfg.block_size - 1, cfg.copy_match))
+            if cfg.copy_distance:  # per slot: a score per distance bucket (1, 2-3, 4-7, ...; the last is open)
+                self.copy_distance_score = nn.Parameter(torch.zeros(cfg.block_size - 1, cfg.copy_distance))
         # learned MASK embedding, initialised at the mean target embedding row
         self.mask_embedding = nn.Parameter(model.get_input_embeddings().weight.detach().mean(0).clone().float())
         for module in self.modules():
@@ -410,7 +415,8 @@ class BlockDrafter(nn.Module):
         return F.linear(h.to(weight.dtype), weight, bias).float()
 
     def copy_mix(self, logits: torch.Tensor, h: torch.Tensor, keys: torch.Tensor, src_cols: torch.Tensor,
-                 valid: torch.Tensor, match: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                 valid: torch.Tensor, match: torch.Tensor | None = None,
+                 distance: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """The copy head: each slot's generated distribution mixed with a pointer over the context.
 
         ``logits [..., K, U]`` the generator's logits of slots 1..K; ``h [..., K, H]`` the slots' final
@@ -428,6 +434,9 @@ class BlockDrafter(nn.Module):
         ``copy_match_score[k] . match[j]`` to its score for row ``j``, and ``copy_match_gate[k] . best`` to its
         gate, where ``best[m]`` says whether any row valid for the slot matches ``m`` tokens.
 
+        ``distance [..., C]`` (``copy_distance``; ``distance_buckets``): the bucket of ``anchor - j``; slot ``k``
+        adds ``copy_distance_score[k, bucket]`` to its score for row ``j`` (a learned recency prior).
+
         Returns ``log p`` (valid logits: their softmax is ``p``) and the pointer's own distribution ``sum_j
         a_j [token j+k]`` over the columns (its auxiliary loss in training)."""
         q = self.copy_q(h)
@@ -437,6 +446,8 @@ class BlockDrafter(nn.Module):
             scores = scores + torch.einsum("...cm,km->...kc", match, self.copy_match_score)
             best = (valid[..., None] & (match[..., None, :, :] > 0)).any(-2).float()  # [..., K, M]
             z = z + (best * self.copy_match_gate).sum(-1, keepdim=True)
+        if distance is not None:
+            scores = scores + self.copy_distance_score[:, distance].movedim(0, -2)
         scores = scores.masked_fill(~valid, torch.finfo(scores.dtype).min)
         attn = torch.softmax(scores, dim=-1) * valid  # a row with nothing valid: all zero
         copy = torch.zeros_like(logits).scatter_add(-1, src_cols.expand_as(attn), attn)
@@ -445,6 +456,12 @@ class BlockDrafter(nn.Module):
         log_copy = F.logsigmoid(z).masked_fill(none, float("-inf"))
         log_copied = torch.where(copy > 0, copy.clamp_min(torch.finfo(copy.dtype).tiny).log(), float("-inf"))
         return torch.logaddexp(torch.log_softmax(logits, dim=-1) + log_keep, log_copy + log_copied), copy
+
+    def distance_buckets(self, anchors: torch.Tensor, c: int) -> torch.Tensor:
+        """``[..., C]`` long: bucket ``min(floor(log2(anchor - j)), copy_distance - 1)`` of every row ``j``
+        (rows at or after the anchor get bucket 0; they are never valid copy rows)."""
+        d = (anchors[..., None] - torch.arange(c)).clamp(min=1)
+        return torch.floor(torch.log2(d.double())).long().clamp(max=self.config.copy_distance - 1)
 
     def match_levels(self, input_ids: torch.Tensor, anchors: torch.Tensor, c: int) -> torch.Tensor:
         """``[b, A, C, M]`` float: does the context ending at row ``j`` (tokens ``j-m+1..j``) equal the one
@@ -529,8 +546,9 @@ class BlockDrafter(nn.Module):
             valid = ((ctx_pos[None, :] + k)[None, None] <= safe_anchors[..., None, None]) \
                 & anchor_valid[..., None, None]  # [b, A, K, C]
             match = self.match_levels(input_ids, safe_anchors, c) if cfg.copy_match else None
+            distance = self.distance_buckets(safe_anchors, c) if cfg.copy_distance else None
             logits, copy = self.copy_mix(logits, self.norm(x), self.copy_k(ctx)[:, None], cols[:, None], valid,
-                                         match)
+                                         match, distance)
             if allowed is not None:  # exactly MASKED_LOGIT again, as inference fills columns not yet seen
                 logits = logits.masked_fill(~allowed[:, :, None, :], MASKED_LOGIT)
         else:
@@ -622,8 +640,9 @@ class BlockDrafter(nn.Module):
             cols = self._copy_columns(ids, vocab)
             match = (self.match_levels(ids[None], torch.tensor([[anchor_position]]), c)[0, 0]
                      if cfg.copy_match else None)
+            distance = self.distance_buckets(torch.tensor(anchor_position), c) if cfg.copy_distance else None
             logits, _ = self.copy_mix(logits, self.norm(x[0, 1:]), keys, cols[pos.clamp(max=anchor_position)],
-                                      pos <= anchor_position, match)
+                                      pos <= anchor_position, match, distance)
         return logits
 
     def begin(self, prompt_ids: Sequence[int], prompt_features: torch.Tensor | None) -> None:

@@ -86,6 +86,7 @@ class TrainConfig:
     #                        as that layer's input norm
     copy_head: bool = False  # the drafter mixes each slot with a pointer over the context (``copy_mix``)
     copy_match: int = 0  # with copy_head: exact suffix-match lengths 1..M as pointer and gate features
+    copy_distance: int = 0  # with copy_head: a learned pointer score per log2 distance bucket (this many)
     copy_loss_weight: float = 0.0  # c: + c * the pointer's own decayed NLL where the label can be copied
     init_from: str | None = None  # a drafter checkpoint whose weights start the run (``init_from_checkpoint``)
 
@@ -680,7 +681,7 @@ def train_from_folder(model_spec: str, data_dir: str | Path, out_dir: str | Path
              draft_vocabulary(train_s, cfg.draft_vocab_base, int(target.config.vocab_size)))
     drafter = BlockDrafter(target, seed=cfg.seed, block_size=cfg.block_size, num_layers=cfg.num_layers,
                            draft_vocab=vocab, context_vocab=cfg.context_vocab, copy_head=cfg.copy_head,
-                           copy_match=cfg.copy_match)
+                           copy_match=cfg.copy_match, copy_distance=cfg.copy_distance)
     if cfg.init_from_target and cfg.init_from:
         raise ValueError("init_from_target and init_from both set the weights; choose one")
     if cfg.init_from_target:
