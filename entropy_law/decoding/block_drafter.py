@@ -308,7 +308,7 @@ class BlockDrafter(nn.Module):
         else:
             self.register_buffer("draft_vocab", torch.arange(0), persistent=False)
         self.refresh_vocab_map()
-        self.drafter_id = f"block-drafter-b{cfg.block_size}-l{cfg.num_layers}"
+        self.drafter_id = f"block-drafter-b{cfg.block_size}-l{cfg.num_layers}" + ("-copy" if cfg.copy_head else "")
         self.feature_layers = tuple(cfg.feature_layers)
         self.block_size = cfg.block_size
         self.reset()
