@@ -471,8 +471,9 @@ class BlockDrafter(nn.Module):
         levels, current = [], None
         for m in range(self.config.copy_match):
             row, at = j - m, anchors - m
-            same = (input_ids[:, row.clamp(min=0)][:, None, :] == torch.gather(input_ids, 1, at.clamp(min=0))[..., None])
-            same &= (row >= 0)[None, None, :] & (at >= 0)[..., None]
+            at_row = input_ids[:, row.clamp(min=0)][:, None, :]  # [b, 1, C]
+            at_anchor = torch.gather(input_ids, 1, at.clamp(min=0))[..., None]  # [b, A, 1]
+            same = (at_row == at_anchor) & (row >= 0)[None, None, :] & (at >= 0)[..., None]
             current = same if current is None else current & same
             levels.append(current)
         return torch.stack(levels, dim=-1).float()

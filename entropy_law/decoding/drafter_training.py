@@ -281,6 +281,8 @@ def init_from_checkpoint(drafter: BlockDrafter, path: str | Path) -> dict:
             for f in fields if getattr(theirs, f) != getattr(mine, f)]
     if theirs.copy_head and not mine.copy_head:
         diff.append("the checkpoint has a copy head, this run does not (add --copy-head)")
+    elif theirs.copy_head and theirs.copy_dim != mine.copy_dim:
+        diff.append(f"copy_dim: checkpoint {theirs.copy_dim}, this run {mine.copy_dim}")
     state = {k: v.float() if v.is_floating_point() else v for k, v in load_file(str(path)).items()}
     if not diff and "draft_vocab" in state and not torch.equal(state["draft_vocab"], drafter.draft_vocab):
         diff.append("draft vocabulary: the checkpoint's fixed ids differ from this run's (other training data)")
