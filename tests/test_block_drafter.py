@@ -45,17 +45,22 @@ def test_feature_layers_follow_dflash_formula():
     assert BlockDrafter(model).feature_layers == default_feature_layers(6) == (1, 2, 3)
 
 
+def proposals_over_rounds(drafter, ids, feats, anchors, start):
+    """The live drafter's proposals at ``anchors`` (ascending, >= ``start``): the prompt ``ids[:start]``,
+    then the rows since the last anchor arrive as "the accepted path of the last round" (several rounds)."""
+    drafter.begin(ids[:start], feats[:start])
+    prev, out = start, []
+    for anchor in anchors:
+        out.append(drafter.propose(ids[: anchor + 1], feats[prev:anchor] if anchor > prev else None))
+        prev = anchor
+    return out
+
+
 def test_training_logits_equal_inference_logits_over_rounds(setup):
     model, drafter, ids, feats = setup
     anchors = [9, 12, 13, 20, 27]  # overlapping blocks (B=5) included
     train_logits = drafter.block_logits(torch.tensor([ids]), feats[None], torch.tensor([anchors]))[0]
-    drafter.begin(ids[:9], feats[:9])
-    prev = 9
-    for a_index, anchor in enumerate(anchors):
-        # rows prev..anchor-1 arrive as "the accepted path of the last round" (several rounds)
-        new = feats[prev:anchor] if anchor > prev else None
-        proposal = drafter.propose(ids[: anchor + 1], new)
-        prev = anchor
+    for a_index, proposal in enumerate(proposals_over_rounds(drafter, ids, feats, anchors, 9)):
         assert proposal.depth == drafter.block_size - 1
         torch.testing.assert_close(proposal.logits, train_logits[a_index], atol=2e-5, rtol=1e-5)
     assert drafter.context_len == anchors[-1]
@@ -296,11 +301,7 @@ def test_context_vocabulary_drafts_ids_seen_at_or_before_the_anchor_only(tmp_pat
         others = sorted(set(range(96)) - set(allowed))
         assert others and bool((row[:, others] == -1e4).all())  # probability 0: not drafted
     # online: the proposal at each anchor equals the one-pass row (rounds of several accepted tokens)
-    drafter.begin(ids[:9], feats[:9])
-    prev = 9
-    for a_index, anchor in enumerate(anchors):
-        p = drafter.propose(ids[: anchor + 1], feats[prev:anchor] if anchor > prev else None)
-        prev = anchor
+    for a_index, (anchor, p) in enumerate(zip(anchors, proposals_over_rounds(drafter, ids, feats, anchors, 9))):
         torch.testing.assert_close(p.logits, drafter.to_full_vocab(logits[a_index], vocab=vocab),
                                    atol=2e-5, rtol=1e-5)
         assert set(p.tokens.flatten().tolist()) <= set(base) | set(ids[: anchor + 1])
@@ -371,11 +372,7 @@ def test_copy_head_training_logits_equal_inference_logits(copying):
     vocab = drafter.sequence_vocab(x)
     train_logits = drafter.block_logits(x, feats[None], torch.tensor([anchors]), vocab=vocab)[0]
     torch.testing.assert_close(torch.logsumexp(train_logits, -1), torch.zeros(len(anchors), 4), atol=1e-5, rtol=0)
-    drafter.begin(ids[:0], feats[:0])
-    prev = 0
-    for a_index, anchor in enumerate(anchors):
-        proposal = drafter.propose(ids[: anchor + 1], feats[prev:anchor] if anchor > prev else None)
-        prev = anchor
+    for a_index, proposal in enumerate(proposals_over_rounds(drafter, ids, feats, anchors, 0)):
         torch.testing.assert_close(proposal.logits, drafter.to_full_vocab(train_logits[a_index], vocab=vocab),
                                    atol=2e-5, rtol=1e-5)
     with pytest.raises(ValueError, match="copy head needs the tokens"):

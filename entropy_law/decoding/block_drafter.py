@@ -691,25 +691,31 @@ class BlockDrafter(nn.Module):
     @classmethod
     def load(cls, path: str | Path, target) -> "BlockDrafter":
         """Load a checkpoint for ``target``; raises ``ValueError`` naming every mismatch."""
-        from safetensors import safe_open
-        from safetensors.torch import load_file
-
         path = Path(path)
-        if not path.is_file():
-            raise FileNotFoundError(f"block drafter checkpoint not found: {path}")
-        with safe_open(str(path), framework="pt") as fh:
-            meta = fh.metadata() or {}
-        if meta.get("format") != FORMAT:
-            raise ValueError(f"{path} is not a block drafter checkpoint (format {meta.get('format')!r})")
-        cfg = BlockDrafterConfig.from_json(meta["config"])
+        cfg, state, meta = read_checkpoint(path)
         drafter = cls(target, cfg, seed=None)
-        state = {k: v.float() if v.is_floating_point() else v for k, v in load_file(str(path)).items()}
         drafter.load_state_dict(state)
         drafter.refresh_vocab_map()
         drafter.info = json.loads(meta["info"]) if "info" in meta else {}
         # recorded with every trace run (``drafter_run_config``): two checkpoints of one architecture differ here
         drafter.provenance = {"checkpoint": path.name, "checkpoint_sha256": _file_sha256(path)}
         return drafter.eval()
+
+
+def read_checkpoint(path: str | Path) -> tuple[BlockDrafterConfig, dict[str, torch.Tensor], dict]:
+    """A checkpoint's config, its weights (floating point upcast to fp32) and its safetensors metadata."""
+    from safetensors import safe_open
+    from safetensors.torch import load_file
+
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"block drafter checkpoint not found: {path}")
+    with safe_open(str(path), framework="pt") as fh:
+        meta = fh.metadata() or {}
+    if meta.get("format") != FORMAT:
+        raise ValueError(f"{path} is not a block drafter checkpoint (format {meta.get('format')!r})")
+    state = {k: v.float() if v.is_floating_point() else v for k, v in load_file(str(path)).items()}
+    return BlockDrafterConfig.from_json(meta["config"]), state, meta
 
 
 def _file_sha256(path: Path) -> str:

@@ -261,19 +261,10 @@ def init_from_checkpoint(drafter: BlockDrafter, path: str | Path) -> dict:
     The checkpoint must have the drafter's shape (layers, block, feature layers, draft vocabulary, the same
     fixed vocabulary ids); only the copy head may be new (a drafter with ``copy_head`` started from one
     without: its pointer starts fresh). Returns the checkpoint's file name and SHA-256, to be recorded."""
-    from safetensors import safe_open
-    from safetensors.torch import load_file
-
-    from entropy_law.decoding.block_drafter import BlockDrafterConfig, _file_sha256
+    from entropy_law.decoding.block_drafter import _file_sha256, read_checkpoint
 
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"--init-from: no drafter checkpoint at {path}")
-    with safe_open(str(path), framework="pt") as fh:
-        meta = fh.metadata() or {}
-    if "config" not in meta:
-        raise ValueError(f"--init-from: {path} is not a block drafter checkpoint")
-    theirs = BlockDrafterConfig.from_json(meta["config"])
+    theirs, state, _ = read_checkpoint(path)
     mine = drafter.config
     fields = ("hidden_size", "vocab_size", "target_num_layers", "feature_layers", "block_size", "num_layers",
               "draft_vocab_size", "context_vocab", "target_fingerprint")
@@ -283,7 +274,6 @@ def init_from_checkpoint(drafter: BlockDrafter, path: str | Path) -> dict:
         diff.append("the checkpoint has a copy head, this run does not (add --copy-head)")
     elif theirs.copy_head and theirs.copy_dim != mine.copy_dim:
         diff.append(f"copy_dim: checkpoint {theirs.copy_dim}, this run {mine.copy_dim}")
-    state = {k: v.float() if v.is_floating_point() else v for k, v in load_file(str(path)).items()}
     if not diff and "draft_vocab" in state and not torch.equal(state["draft_vocab"], drafter.draft_vocab):
         diff.append("draft vocabulary: the checkpoint's fixed ids differ from this run's (other training data)")
     if diff:
