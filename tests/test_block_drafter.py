@@ -66,16 +66,23 @@ def test_training_logits_equal_inference_logits_over_rounds(setup):
     assert drafter.context_len == anchors[-1]
 
 
+def scrambled_after(ids, feats, anchor, gen):
+    """``ids`` with new random tokens after ``anchor`` and ``feats`` with noise on rows at or after it: what a
+    block anchored there must not see."""
+    ids2 = list(ids)
+    ids2[anchor + 1:] = torch.randint(3, 96, (len(ids) - anchor - 1,), generator=gen).tolist()
+    feats2 = feats.clone()
+    feats2[anchor:] += torch.randn(feats2[anchor:].shape, generator=gen)
+    return ids2, feats2
+
+
 def test_no_leak_from_positions_at_or_after_anchor(setup):
     model, drafter, ids, feats = setup
     anchors = torch.tensor([[10, 12, 14, 30]])  # overlapping: block 10 spans 10..14
     base = drafter.block_logits(torch.tensor([ids]), feats[None], anchors)
     gen = torch.Generator().manual_seed(5)
     for a_index, anchor in enumerate(anchors[0].tolist()):
-        ids2 = list(ids)
-        ids2[anchor + 1:] = torch.randint(3, 96, (len(ids) - anchor - 1,), generator=gen).tolist()
-        feats2 = feats.clone()
-        feats2[anchor:] += torch.randn(feats2[anchor:].shape, generator=gen)
+        ids2, feats2 = scrambled_after(ids, feats, anchor, gen)
         out = drafter.block_logits(torch.tensor([ids2]), feats2[None], anchors)
         torch.testing.assert_close(out[0, a_index], base[0, a_index], atol=1e-5, rtol=0)
         # the check can fail: a change strictly before the anchor does move this block's logits
@@ -438,10 +445,7 @@ def test_copy_head_sees_nothing_at_or_after_the_anchor_but_copies_tokens_up_to_i
     base = drafter.block_logits(torch.tensor([ids]), feats[None], anchors)
     gen = torch.Generator().manual_seed(5)
     for a_index, anchor in enumerate(anchors[0].tolist()):
-        ids2 = list(ids)
-        ids2[anchor + 1:] = torch.randint(3, 96, (len(ids) - anchor - 1,), generator=gen).tolist()
-        feats2 = feats.clone()
-        feats2[anchor:] += torch.randn(feats2[anchor:].shape, generator=gen)
+        ids2, feats2 = scrambled_after(ids, feats, anchor, gen)
         x2 = torch.tensor([ids2])
         out = drafter.block_logits(x2, feats2[None], anchors)
         # compare over token ids (a per-sequence draft vocabulary has other columns for other sequences)

@@ -409,6 +409,13 @@ def _assert_equals_batch1(model, layers, prompt, result, seq):
 
 
 # ---------------------------------------------------------------------------------------------- soft labels
+def _soft_label_split():
+    """A tiny target and its periodic samples with top-8 soft labels, split into 10 training + 2 held out."""
+    model = tiny_target()
+    samples = _with_soft_labels(model, _samples(model, BlockDrafter(model).feature_layers), k=8)
+    return (model, *split_heldout(samples, 2, seed=0))
+
+
 def _with_soft_labels(model, samples, k):
     """The target's top-k log-probabilities per response position (row j: the token at prompt_len + j)."""
     out = []
@@ -523,10 +530,7 @@ def test_forward_train_with_one_hot_soft_labels_equals_the_hard_loss():
 
 
 def test_training_with_kl_weight_learns_and_needs_soft_labels(tmp_path):
-    model = tiny_target()
-    layers = BlockDrafter(model).feature_layers
-    samples = _with_soft_labels(model, _samples(model, layers), k=8)
-    train_s, held_s = split_heldout(samples, 2, seed=0)
+    model, train_s, held_s = _soft_label_split()
     cfg = TrainConfig(seed=0, block_size=4, num_layers=1, steps=24, lr=3e-3, batch_seqs=3, anchors_per_seq=6,
                       eval_every=24, save_every=6, kl_weight=0.5)
     drafter = BlockDrafter(model, seed=0, block_size=4, num_layers=1)
@@ -534,8 +538,9 @@ def test_training_with_kl_weight_learns_and_needs_soft_labels(tmp_path):
     history = torch.load(tmp_path / "a" / "checkpoints" / "last.pt", weights_only=False)["history"]
     assert all("kl" in h and "ce" in h for h in history)
     assert sum(h["loss"] for h in history[-4:]) / 4 < sum(h["loss"] for h in history[:4]) / 4 - 0.2
+    hard_only = _samples(model, BlockDrafter(model).feature_layers)  # no soft labels
     with pytest.raises(ValueError, match="--soft-topk"):
-        train(BlockDrafter(model, seed=0, block_size=4, num_layers=1), _samples(model, layers), [], cfg,
+        train(BlockDrafter(model, seed=0, block_size=4, num_layers=1), hard_only, [], cfg,
               tmp_path / "b", progress=False)
 
 
@@ -613,10 +618,7 @@ def test_a_copy_head_fine_tunes_from_a_checkpoint_with_soft_labels(tmp_path):
     and trains with the KL term; the mixture's log-probabilities go through the same loss."""
     from entropy_law.decoding.drafter_training import init_from_checkpoint
 
-    model = tiny_target()
-    layers = BlockDrafter(model).feature_layers
-    samples = _with_soft_labels(model, _samples(model, layers), k=8)
-    train_s, held_s = split_heldout(samples, 2, seed=0)
+    model, train_s, held_s = _soft_label_split()
     cfg = TrainConfig(seed=0, block_size=4, num_layers=1, steps=12, lr=3e-3, batch_seqs=3, anchors_per_seq=6,
                       eval_every=12, save_every=6, kl_weight=0.5)
     plain = BlockDrafter(model, seed=0, block_size=4, num_layers=1)
