@@ -33,12 +33,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 
-from entropy_law.decoding.block_drafter import BlockDrafter, default_drafter_path  # noqa: E402
-from entropy_law.decoding.drafter_data import chat_ids, greedy_generate_with_features  # noqa: E402
-from entropy_law.decoding.drafter_training import PrecomputedBlockDrafter  # noqa: E402
-from entropy_law.decoding.ngram import NgramDrafter  # noqa: E402
+from entropy_law.drafters.block import BlockDrafter, default_drafter_path  # noqa: E402
+from entropy_law.drafters.training.data import chat_ids, greedy_generate_with_features  # noqa: E402
+from entropy_law.drafters.training.loop import PrecomputedBlockDrafter  # noqa: E402
+from entropy_law.drafters.ngram import NgramDrafter  # noqa: E402
 from entropy_law.decoding.replay import replay_rounds  # noqa: E402
-from entropy_law.tasks import load_tasks  # noqa: E402
+from entropy_law.prompts.text import load_tasks  # noqa: E402
 
 ARMS = [("block chain", "block", "chain", None), ("block ddtree16", "block", "ddtree", 16),
         ("ngram chain", "ngram", "chain", None), ("ngram ddtree16", "ngram", "ddtree", 16)]

@@ -45,13 +45,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 
 from entropy_law.decoding.adapter import TargetAdapter  # noqa: E402
-from entropy_law.decoding.block_drafter import BlockDrafter, default_drafter_path  # noqa: E402
+from entropy_law.drafters.block import BlockDrafter, default_drafter_path  # noqa: E402
 from entropy_law.decoding.decoder import ARDecoder, SpeculativeDecoder  # noqa: E402
 from entropy_law.decoding.gate import measure_verify_cost  # noqa: E402
 from entropy_law.decoding.loading import load_target  # noqa: E402
-from entropy_law.decoding.ngram import NgramDrafter  # noqa: E402
+from entropy_law.drafters.ngram import NgramDrafter  # noqa: E402
 from entropy_law.decoding.observers import RecorderObserver  # noqa: E402
-from entropy_law.tasks import load_tasks  # noqa: E402
+from entropy_law.prompts.text import load_tasks  # noqa: E402
 from entropy_law.traces.recorder import TraceRecorder  # noqa: E402
 
 AR_ARM = "ours AR"

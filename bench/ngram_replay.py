@@ -21,9 +21,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from entropy_law.decoding.ngram import NgramDrafter  # noqa: E402
+from entropy_law.drafters.ngram import NgramDrafter  # noqa: E402
 from entropy_law.decoding.replay import replay_rounds  # noqa: E402
-from entropy_law.tasks import load_tasks  # noqa: E402
+from entropy_law.prompts.text import load_tasks  # noqa: E402
 
 CONFIGS = [  # (label, drafter kwargs, tree, budget)
     ("chain B6", dict(block_size=6), "chain", None),

@@ -5,7 +5,7 @@
     python scripts/make_reference_traces.py --limit 80             # grow the same set to all 80 (resumes)
     nice python scripts/make_reference_traces.py --limit 2 --max-new-tokens 32 --out /tmp/ref   # a quick try
 
-What it does (entropy_law/reference.py): each Spec-Bench prompt is decoded ONCE, greedily, with the
+What it does (entropy_law/jobs/reference.py): each Spec-Bench prompt is decoded ONCE, greedily, with the
 online n-gram drafter (recorded, timed) into OUT/ngram; the first --ar-limit prompts per category are
 also decoded by our AR baseline (OUT/ar, timed, for measured speedups); then the other arms (n-gram
 DDTree N=16, block drafter chain and DDTree N=16 if its checkpoint is present) are REPLAYED offline from
@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 
 def main(argv=None) -> int:
-    from entropy_law.reference import DEFAULT_REPLAY_ARMS
+    from entropy_law.jobs.reference import DEFAULT_REPLAY_ARMS
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "data" / "traces"),
@@ -49,8 +49,8 @@ def main(argv=None) -> int:
         p.error("--limit >= 1, --max-new-tokens >= 2 and --ar-limit >= 0 please")
 
     from entropy_law.decoding.loading import load_target
-    from entropy_law.reference import make_reference_traces
-    from entropy_law.tasks import load_tasks
+    from entropy_law.jobs.reference import make_reference_traces
+    from entropy_law.prompts.text import load_tasks
 
     t0 = time.perf_counter()
     tasks = load_tasks("spec_bench", categories=args.categories, limit=args.limit)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from entropy_law.decoding.block_drafter import BlockDrafter, default_feature_layers
+from entropy_law.drafters.block import BlockDrafter, default_feature_layers
 from entropy_law.decoding.features import capture_features
 from entropy_law.decoding.interface import Drafter
 
@@ -233,7 +233,7 @@ def chain_decode(model, drafter, prompt: list[int], max_new: int):
 
 
 def test_chain_speculative_output_equals_greedy_and_replay_matches_online():
-    from entropy_law.decoding.drafter_training import replay_chain
+    from entropy_law.drafters.training.loop import replay_chain
 
     model = tiny_target(seed=2)
     drafter = BlockDrafter(model, seed=0, block_size=4, num_layers=1).eval()
@@ -250,7 +250,7 @@ def test_chain_speculative_output_equals_greedy_and_replay_matches_online():
 
 
 def _overfit(drafter, model, seq, prompt_len, steps=40):
-    from entropy_law.decoding.drafter_training import collate, forward_train
+    from entropy_law.drafters.training.loop import collate, forward_train
 
     feats = features_of(model, seq, drafter.feature_layers)
     batch = collate([{"input_ids": torch.tensor(seq), "features": feats[:-1], "prompt_len": prompt_len}])
@@ -330,7 +330,7 @@ def test_context_vocabulary_drafts_ids_seen_at_or_before_the_anchor_only(tmp_pat
 
 
 def test_context_vocabulary_labels_first_seen_after_the_anchor_get_no_loss():
-    from entropy_law.decoding.drafter_training import collate, forward_train
+    from entropy_law.drafters.training.loop import collate, forward_train
 
     model = tiny_target(seed=1)
     drafter = BlockDrafter(model, seed=0, block_size=4, num_layers=1, draft_vocab=[0, 1, 2],
@@ -465,7 +465,7 @@ def test_copy_head_learns_to_copy_spans_the_generator_cannot_predict():
     """Sequences of random tokens whose second half repeats a span of the first: only copying can predict
     them. After the same short training on such sequences, a drafter with the copy head accepts far more on
     new ones than the same drafter without it."""
-    from entropy_law.decoding.drafter_training import collate, forward_train, replay_chain
+    from entropy_law.drafters.training.loop import collate, forward_train, replay_chain
 
     model = tiny_target(seed=4)
     gen = torch.Generator().manual_seed(0)
@@ -504,7 +504,7 @@ def test_copy_head_learns_to_copy_spans_the_generator_cannot_predict():
 
 
 def test_copy_head_survives_save_load_and_init_from_checks_the_shape(tmp_path):
-    from entropy_law.decoding.drafter_training import init_from_checkpoint
+    from entropy_law.drafters.training.loop import init_from_checkpoint
 
     model = tiny_target()
     ids = torch.randint(3, 96, (1, 30), generator=torch.Generator().manual_seed(2))

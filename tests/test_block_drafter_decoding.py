@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from entropy_law.decoding.block_drafter import BlockDrafter
+from entropy_law.drafters.block import BlockDrafter
 from entropy_law.decoding.decoder import SpeculativeDecoder
-from entropy_law.decoding.drafter_training import PrecomputedBlockDrafter, collate, forward_train
+from entropy_law.drafters.training.loop import PrecomputedBlockDrafter, collate, forward_train
 from entropy_law.decoding.features import capture_features
 from entropy_law.decoding.replay import replay_rounds
 from tests.tiny_models import hf_greedy, tiny_llama

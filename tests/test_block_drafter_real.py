@@ -4,7 +4,7 @@ equals greedy (chain and DDTree N=16) on two short prompts, and it gets drafts a
 
 import pytest
 
-from entropy_law.decoding.block_drafter import default_drafter_path, load_default_drafter
+from entropy_law.drafters.block import default_drafter_path, load_default_drafter
 from entropy_law.decoding.decoder import ARDecoder, SpeculativeDecoder
 
 pytestmark = pytest.mark.real_model

@@ -185,7 +185,7 @@ def test_record_with_a_block_drafter_checkpoint_and_the_cost_gate(model_folder, 
     `--gate cost` stores the measured verify-cost curve in the run metadata."""
     from transformers import AutoModelForCausalLM
 
-    from entropy_law.decoding.block_drafter import BlockDrafter
+    from entropy_law.drafters.block import BlockDrafter
 
     model = AutoModelForCausalLM.from_pretrained(model_folder, dtype=torch.float32).eval()
     checkpoint = BlockDrafter(model, seed=0, block_size=4, num_layers=1, feature_layers=(0, 1)).save(

@@ -11,8 +11,8 @@ matplotlib.use("Agg")
 
 import pytest  # noqa: E402
 
-from entropy_law.demo import run_demo  # noqa: E402
-from entropy_law.tasks import load_tasks  # noqa: E402
+from entropy_law.jobs.demo import run_demo  # noqa: E402
+from entropy_law.prompts.text import load_tasks  # noqa: E402
 from entropy_law.traces.reader import load_traces  # noqa: E402
 from tests.report_helpers import FAST  # noqa: E402
 from tests.tiny_models import hf_greedy, tiny_llama  # noqa: E402

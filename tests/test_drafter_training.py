@@ -9,8 +9,8 @@ import torch
 import torch.nn.functional as F
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from entropy_law.decoding.block_drafter import BlockDrafter
-from entropy_law.decoding.drafter_training import (
+from entropy_law.drafters.block import BlockDrafter
+from entropy_law.drafters.training.loop import (
     IGNORE, TrainConfig, accepted_drafts, block_labels, collate, decayed_cross_entropy, lr_at, sample_anchors,
     split_heldout, train)
 from entropy_law.decoding.features import capture_features
@@ -166,7 +166,7 @@ def test_a_resume_on_other_data_folders_is_refused(tmp_path):
 
 def _train_steps(drafter, train_s, held_s, cfg, out, stop_after):
     """Run ``train`` but interrupt it after ``stop_after`` steps (as a crash would), keeping the checkpoint."""
-    import entropy_law.decoding.drafter_training as dt
+    import entropy_law.drafters.training.loop as dt
 
     real = dt.forward_train
     calls = {"n": 0}
@@ -200,7 +200,7 @@ def test_collate_pads_and_keeps_rows():
 
 
 def test_batched_generation_equals_batch1_greedy_and_full_forward_features():
-    from entropy_law.decoding.drafter_data import greedy_generate_with_features
+    from entropy_law.drafters.training.data import greedy_generate_with_features
 
     model = tiny_target(seed=4)
     layers = (1, 3)
@@ -218,7 +218,7 @@ def test_batched_generation_equals_batch1_greedy_and_full_forward_features():
 
 
 def test_training_prompts_are_disjoint_from_spec_bench(tmp_path):
-    from entropy_law.decoding.drafter_data import (DataPlan, spec_bench_texts, stage1_prompts,
+    from entropy_law.drafters.training.data import (DataPlan, spec_bench_texts, stage1_prompts,
                                                    stage2_prompts)
 
     questions = [f"Tom has {i} apples. He eats one. How many are left?" for i in range(400)]
@@ -237,7 +237,7 @@ def test_training_prompts_are_disjoint_from_spec_bench(tmp_path):
 
 
 def test_missing_gsm8k_file_says_what_to_do(tmp_path, monkeypatch):
-    from entropy_law.decoding.drafter_data import gsm8k_path
+    from entropy_law.drafters.training.data import gsm8k_path
 
     monkeypatch.delenv("ENTROPY_LAW_GSM8K", raising=False)
     with pytest.raises(FileNotFoundError, match="--gsm8k PATH or set ENTROPY_LAW_GSM8K"):
@@ -245,7 +245,7 @@ def test_missing_gsm8k_file_says_what_to_do(tmp_path, monkeypatch):
 
 
 def test_long_prompts_join_several_passages_and_leave_the_other_prompts_unchanged():
-    from entropy_law.decoding.drafter_data import (LONG_TASKS, DataPlan, passage_topic, spec_bench_texts,
+    from entropy_law.drafters.training.data import (LONG_TASKS, DataPlan, passage_topic, spec_bench_texts,
                                                    stage1_prompts, stage2_prompts)
 
     questions = [f"Tom has {i} apples. He eats one. How many are left?" for i in range(400)]
@@ -276,7 +276,7 @@ def test_data_parts_are_disjoint_and_part_0_is_the_original_plan():
     import random
     from dataclasses import replace
 
-    from entropy_law.decoding.drafter_data import (OPEN_INSTRUCTIONS, OPEN_SUBJECTS, PASSAGE_QUESTIONS, DataPlan,
+    from entropy_law.drafters.training.data import (OPEN_INSTRUCTIONS, OPEN_SUBJECTS, PASSAGE_QUESTIONS, DataPlan,
                                                    stage1_prompts, stage2_prompts)
 
     questions = [f"Tom has {i} apples. He eats one. How many are left?" for i in range(400)]
@@ -314,7 +314,7 @@ def test_data_parts_are_disjoint_and_part_0_is_the_original_plan():
 def _tiny_data_folder(folder, prompt_ids, layers=(1,), texts=None):
     import json
 
-    from entropy_law.decoding.drafter_data import write_shard
+    from entropy_law.drafters.training.data import write_shard
 
     folder.mkdir(parents=True)
     (folder / "plan.json").write_text(json.dumps({"plan": {}, "feature_layers": list(layers), "batch_size": 4}))
@@ -325,7 +325,7 @@ def _tiny_data_folder(folder, prompt_ids, layers=(1,), texts=None):
 
 
 def test_several_data_folders_train_together_without_repeats(tmp_path):
-    from entropy_law.decoding.drafter_training import load_data_folders
+    from entropy_law.drafters.training.loop import load_data_folders
 
     a = _tiny_data_folder(tmp_path / "a", ["gsm8k-0001", "open-0000"])
     b = _tiny_data_folder(tmp_path / "b", ["gsm8k-0000", "open-0005"])
@@ -346,7 +346,7 @@ def test_several_data_folders_train_together_without_repeats(tmp_path):
 
 
 def test_batched_generation_drops_finished_rows_and_stays_greedy():
-    from entropy_law.decoding.drafter_data import greedy_generate_with_features
+    from entropy_law.drafters.training.data import greedy_generate_with_features
 
     model = tiny_target(seed=4)
     layers = (1, 3)
@@ -376,7 +376,7 @@ def test_batched_generation_drops_finished_rows_and_stays_greedy():
 def test_a_data_folder_never_mixes_two_plans(tmp_path):
     import json
 
-    from entropy_law.decoding.drafter_data import DataPlan, generate_dataset
+    from entropy_law.drafters.training.data import DataPlan, generate_dataset
 
     plan = DataPlan(n_long=4)
     (tmp_path / "plan.json").write_text(json.dumps({"plan": {**DataPlan().__dict__}, "feature_layers": [1],
@@ -429,7 +429,7 @@ def _with_soft_labels(model, samples, k):
 
 
 def test_kl_with_one_hot_soft_labels_equals_the_cross_entropy_term():
-    from entropy_law.decoding.drafter_training import decayed_distillation_loss, slot_kl
+    from entropy_law.drafters.training.loop import decayed_distillation_loss, slot_kl
 
     logits, labels, gen = _block_logits_and_labels(3, 7, 50, cut=4)
     others = torch.randint(0, 50, (2, 3, 7, 4), generator=gen)
@@ -447,7 +447,7 @@ def test_kl_with_one_hot_soft_labels_equals_the_cross_entropy_term():
 
 
 def test_kl_is_the_direct_sum_over_the_renormalised_draftable_top_k():
-    from entropy_law.decoding.drafter_training import renormalised_topk, slot_kl
+    from entropy_law.drafters.training.loop import renormalised_topk, slot_kl
 
     gen = torch.Generator().manual_seed(5)
     logits = torch.randn(4, 30, generator=gen)
@@ -485,7 +485,7 @@ def test_collate_places_soft_labels_at_the_hard_label_positions():
         assert torch.equal(b["soft_ids"][i, 5:n], s[i]["topk_ids"])
         assert (b["soft_ids"][i, :5] == -1).all() and (b["soft_ids"][i, n:] == -1).all()
         assert torch.isneginf(b["soft_logp"][i, :5]).all()
-    from entropy_law.decoding.drafter_training import block_soft_labels
+    from entropy_law.drafters.training.loop import block_soft_labels
 
     anchors = torch.tensor([[5, 9], [6, 17]])
     ids, lp = block_soft_labels(b["soft_ids"], b["soft_logp"], anchors, 4)
@@ -502,7 +502,7 @@ def test_collate_places_soft_labels_at_the_hard_label_positions():
 
 
 def test_forward_train_with_one_hot_soft_labels_equals_the_hard_loss():
-    from entropy_law.decoding.drafter_training import forward_train
+    from entropy_law.drafters.training.loop import forward_train
 
     model = tiny_target()
     drafter = BlockDrafter(model, seed=0, block_size=4, num_layers=1, draft_vocab=range(0, 40),
@@ -545,7 +545,7 @@ def test_training_with_kl_weight_learns_and_needs_soft_labels(tmp_path):
 
 
 def test_soft_labels_survive_a_shard_round_trip(tmp_path):
-    from entropy_law.decoding.drafter_data import load_samples, write_shard
+    from entropy_law.drafters.training.data import load_samples, write_shard
 
     ids = torch.randint(0, 100, (7, 3))
     lp = torch.log_softmax(torch.randn(7, 10), -1)[:, :3]
@@ -558,7 +558,7 @@ def test_soft_labels_survive_a_shard_round_trip(tmp_path):
 
 # ---------------------------------------------------------------------------------------------- init
 def test_init_from_target_copies_the_layer_after_the_deepest_feature_and_leaves_the_target_alone():
-    from entropy_law.decoding.drafter_training import forward_train, init_from_target
+    from entropy_law.drafters.training.loop import forward_train, init_from_target
 
     model = tiny_target(seed=2)  # 5 layers
     drafter = BlockDrafter(model, seed=0, block_size=4, num_layers=1, feature_layers=(0, 1, 2))
@@ -601,7 +601,7 @@ def test_init_from_target_copies_the_layer_after_the_deepest_feature_and_leaves_
 def test_data_folder_names_are_resolved(tmp_path, monkeypatch):
     """A checkpoint keeps its data folders by resolved path: a relative path or a link to the same folder
     names it alike (a resume through them is not refused), and two folders never share a name."""
-    from entropy_law.decoding.drafter_training import data_folder_paths
+    from entropy_law.drafters.training.loop import data_folder_paths
 
     (tmp_path / "run" / "data").mkdir(parents=True)
     (tmp_path / "part1").mkdir()
@@ -616,7 +616,7 @@ def test_data_folder_names_are_resolved(tmp_path, monkeypatch):
 def test_a_copy_head_fine_tunes_from_a_checkpoint_with_soft_labels(tmp_path):
     """``init_from``: a drafter with a copy head starts from a plain checkpoint (its weights, a fresh pointer)
     and trains with the KL term; the mixture's log-probabilities go through the same loss."""
-    from entropy_law.decoding.drafter_training import init_from_checkpoint
+    from entropy_law.drafters.training.loop import init_from_checkpoint
 
     model, train_s, held_s = _soft_label_split()
     cfg = TrainConfig(seed=0, block_size=4, num_layers=1, steps=12, lr=3e-3, batch_seqs=3, anchors_per_seq=6,
@@ -642,7 +642,7 @@ def test_a_copy_head_fine_tunes_from_a_checkpoint_with_soft_labels(tmp_path):
 
 
 def test_copy_pointer_loss_is_the_decayed_nll_of_copyable_labels():
-    from entropy_law.decoding.drafter_training import copy_pointer_loss
+    from entropy_law.drafters.training.loop import copy_pointer_loss
 
     copy = torch.zeros(1, 2, 3, 5)
     copy[0, 0, 0, 2] = 0.5  # slot 1 of block 0: label 2 copyable with mass 0.5

@@ -20,7 +20,7 @@ from scipy.special import softmax
 from scipy.stats import entropy as scipy_entropy
 
 from entropy_law.decoding.decoder import ARDecoder, SpeculativeDecoder
-from entropy_law.decoding.ngram import NgramDrafter
+from entropy_law.drafters.ngram import NgramDrafter
 from entropy_law.decoding.observers import RecorderObserver, committed_token_draft_stats, distribution_stats
 from tests.tiny_models import single_thread  # noqa: F401 (fixture)
 from tests.tiny_models import (FakeRecorder, OracleDrafter, RandomTreePolicy, first_divergence_margin, hf_greedy,

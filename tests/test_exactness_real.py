@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from entropy_law.decoding.decoder import ARDecoder, SpeculativeDecoder
-from entropy_law.decoding.ngram import NgramDrafter
+from entropy_law.drafters.ngram import NgramDrafter
 from tests.tiny_models import first_divergence_margin
 
 pytestmark = pytest.mark.real_model

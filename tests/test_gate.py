@@ -96,7 +96,7 @@ def test_measure_verify_cost_on_a_tiny_model():
 
 def test_decoder_measures_when_asked_and_records_the_curve():
     from entropy_law.decoding.decoder import SpeculativeDecoder
-    from entropy_law.decoding.ngram import NgramDrafter
+    from entropy_law.drafters.ngram import NgramDrafter
 
     model = tiny_llama(0, vocab=64, max_positions=512)
     decoder = SpeculativeDecoder(model, NgramDrafter(), verify_cost="measure")

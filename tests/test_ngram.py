@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from entropy_law.decoding.interface import Drafter
-from entropy_law.decoding.ngram import NgramDrafter
+from entropy_law.drafters.ngram import NgramDrafter
 from entropy_law.decoding.tree import build_tree, chain_tree, expected_accepted
 
 

@@ -10,7 +10,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from entropy_law.sample_traces import has_runs, reference_traces_dir
+from entropy_law.law.sample_traces import has_runs, reference_traces_dir
 from tests.report_helpers import small_traces
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from entropy_law.reference import make_reference_traces
-from entropy_law.tasks import load_tasks
+from entropy_law.jobs.reference import make_reference_traces
+from entropy_law.prompts.text import load_tasks
 from entropy_law.traces.reader import load_traces
 from tests.tiny_models import tiny_llama
 

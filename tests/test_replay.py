@@ -9,7 +9,7 @@ from scipy.special import log_softmax as np_log_softmax
 from scipy.stats import entropy as scipy_entropy
 
 from entropy_law.decoding.interface import DraftProposal
-from entropy_law.decoding.ngram import NgramDrafter
+from entropy_law.drafters.ngram import NgramDrafter
 from entropy_law.decoding.replay import (replay_request, replay_rounds, target_stats, teacher_forced_logits,
                                          teacher_forced_target_stats)
 

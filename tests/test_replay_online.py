@@ -10,7 +10,7 @@ import torch
 
 from entropy_law.decoding.decoder import SpeculativeDecoder
 from entropy_law.decoding.gate import VerifyCost
-from entropy_law.decoding.ngram import NgramDrafter
+from entropy_law.drafters.ngram import NgramDrafter
 from entropy_law.decoding.observers import distribution_stats
 from entropy_law.decoding.replay import replay_rounds, teacher_forced_target_stats
 from tests.tiny_models import ListObserver, random_prompt, tiny_llama

@@ -13,9 +13,9 @@ pytestmark = pytest.mark.real_model
 def test_real_model_replay_equals_online_and_entropies_match():
     from entropy_law.decoding.decoder import SpeculativeDecoder
     from entropy_law.decoding.loading import load_target
-    from entropy_law.decoding.ngram import NgramDrafter
+    from entropy_law.drafters.ngram import NgramDrafter
     from entropy_law.decoding.replay import replay_rounds, teacher_forced_target_stats
-    from entropy_law.tasks import load_tasks
+    from entropy_law.prompts.text import load_tasks
 
     target = load_target("smollm2-135m")
     task = load_tasks("spec_bench", categories=["summarization"], limit=1)[0]

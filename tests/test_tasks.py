@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from entropy_law.paths import data_dir
-from entropy_law.tasks import known_categories, load_tasks
+from entropy_law.prompts.paths import data_dir
+from entropy_law.prompts.text import known_categories, load_tasks
 
 
 def write_jsonl(path, rows):
@@ -50,7 +50,7 @@ def test_custom_jsonl_skips_empty_prompts_with_a_log(tmp_path, caplog):
         {"question_id": "c", "category": "y", "turns": []},
         {"question_id": "d", "category": "y", "turns": ["second", "ignored turn"], "extra": 1},
     ])
-    with caplog.at_level(logging.WARNING, logger="entropy_law.tasks"):
+    with caplog.at_level(logging.WARNING, logger="entropy_law.prompts.text"):
         tasks = load_tasks(path)
     assert [(t.dataset, t.question_id, t.prompt) for t in tasks] == [("mine", "a", "hello"), ("mine", "d", "second")]
     assert "mine:b" in caplog.text and "mine:c" in caplog.text and "empty prompt" in caplog.text
@@ -80,7 +80,7 @@ def test_bad_files_give_clear_errors(tmp_path):
 def test_tasks_module_does_not_import_torch():
     import subprocess
 
-    code = "import sys, entropy_law.tasks as t; t.load_tasks(); print('torch' in sys.modules)"
+    code = "import sys, entropy_law.prompts.text as t; t.load_tasks(); print('torch' in sys.modules)"
     repo_root = Path(__file__).resolve().parents[1]
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=repo_root)
     assert out.stdout.strip() == "False"

@@ -17,7 +17,7 @@ from scipy.stats import entropy as scipy_entropy
 from entropy_law.decoding.adapter import TargetAdapter
 from entropy_law.decoding.decoder import ARDecoder, SpeculativeDecoder
 from entropy_law.decoding.interface import DraftProposal
-from entropy_law.decoding.ngram import NgramDrafter
+from entropy_law.drafters.ngram import NgramDrafter
 from entropy_law.decoding.observers import RecorderObserver
 from entropy_law.decoding.tree import Tree
 from entropy_law.decoding.vlm import (ImagePromptEncoder, LlavaTargetAdapter, Qwen2VLTargetAdapter,
@@ -405,7 +405,7 @@ def test_unsupported_model_type_is_a_clear_error():
 
 @pytest.mark.parametrize("tree, budget", [("chain", None), ("ddtree", 12)])
 def test_untrained_block_drafter_over_fused_states_is_exact(case, tree, budget):
-    from entropy_law.decoding.block_drafter import BlockDrafter
+    from entropy_law.drafters.block import BlockDrafter
 
     drafter = BlockDrafter(case.model, feature_layers=(0, 1), block_size=6, num_layers=1, top_k=4, seed=0)
     adapter = vlm_adapter(case.model, feature_layers=drafter.feature_layers)
@@ -427,7 +427,7 @@ def test_recording_loop_over_shipped_image_tasks(tmp_path):
     from entropy_law.decoding.vlm import ImageRequests
     from entropy_law.traces.reader import load_traces
     from entropy_law.traces.recorder import TraceRecorder
-    from entropy_law.vlm_tasks import load_image_tasks
+    from entropy_law.prompts.image import load_image_tasks
 
     tokenizer = byte_tokenizer()
     model = tiny_qwen2_vl(1, tokenizer=tokenizer, init_std=0.1)
@@ -495,7 +495,7 @@ def test_record_cli_over_image_task_files(tmp_path):
     count, and the recorded tokens equal HF greedy decoding with the image."""
     from entropy_law.cli import main
     from entropy_law.traces.reader import load_traces
-    from entropy_law.vlm_tasks import load_image_tasks
+    from entropy_law.prompts.image import load_image_tasks
 
     tokenizer = byte_tokenizer()
     model = tiny_qwen2_vl(1, tokenizer=tokenizer, init_std=0.1)

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from entropy_law.paths import data_dir
-from entropy_law.vlm_tasks import ImageTask, is_image_task_file, load_image_tasks
+from entropy_law.prompts.paths import data_dir
+from entropy_law.prompts.image import ImageTask, is_image_task_file, load_image_tasks
 
 
 def test_shipped_tasks_cover_four_categories_with_grounded_and_descriptive_questions():
@@ -109,6 +109,6 @@ def test_regeneration_reproduces_the_shipped_task_file(tmp_path, monkeypatch):
 def test_the_task_module_never_imports_torch():
     import subprocess
 
-    code = ("import sys; from entropy_law.vlm_tasks import load_image_tasks; load_image_tasks('vlm_tasks'); "
+    code = ("import sys; from entropy_law.prompts.image import load_image_tasks; load_image_tasks('vlm_tasks'); "
             "assert 'torch' not in sys.modules and 'PIL' not in sys.modules, sorted(sys.modules)")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=str(data_dir().parent))

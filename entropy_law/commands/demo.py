@@ -1,14 +1,14 @@
 """``entropy-law demo``: the main job on the embedded default target, end to end, in minutes.
 
 Known here: the command-line options and their defaults (sized to finish within ~20 minutes on a
-2-core CPU, including model load), the final terminal summary. The work is ``entropy_law.demo.run_demo``.
+2-core CPU, including model load), the final terminal summary. The work is ``entropy_law.jobs.demo.run_demo``.
 """
 
 from __future__ import annotations
 
 
 def register(subparsers) -> None:
-    from entropy_law.demo import DEFAULT_ARMS, DEFAULT_LIMIT, DEFAULT_MAX_NEW_TOKENS
+    from entropy_law.jobs.demo import DEFAULT_ARMS, DEFAULT_LIMIT, DEFAULT_MAX_NEW_TOKENS
 
     p = subparsers.add_parser(
         "demo", help="decode a Spec-Bench subset with AR, n-gram and block drafters; record, fit the law, report",
@@ -36,8 +36,8 @@ def register(subparsers) -> None:
 def run(args) -> int:
     import time
 
-    from entropy_law.demo import run_demo
-    from entropy_law.tasks import load_tasks
+    from entropy_law.jobs.demo import run_demo
+    from entropy_law.prompts.text import load_tasks
 
     if args.threads is not None:
         if args.threads < 1:

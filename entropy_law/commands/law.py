@@ -37,7 +37,7 @@ def run(args) -> int:
             raise ValueError("pass a trace folder, or --simulate SEED")
         from entropy_law import load_traces
 
-        from entropy_law.analysis import make_view
+        from entropy_law.law.analysis import make_view
 
         # one law per arm (drafter + tree policy: "ngram chain", "ngram ddtree16"), not pooled by drafter
         traces = make_view(load_traces(args.traces))

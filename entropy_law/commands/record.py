@@ -5,7 +5,7 @@ a resumed run already holds; decode each prompt through the chat template; hand 
 trace recorder), and what is skipped rather than fatal: empty prompts, prompts that leave no room in
 the model's context, and a request that fails while decoding (logged with its reason, recorded with
 stop reason "error" when it had begun, and the run goes on). Not known here: decoding itself
-(``SpeculativeDecoder``), the trace format (``TraceRecorder``), the prompt files (``entropy_law.tasks``).
+(``SpeculativeDecoder``), the trace format (``TraceRecorder``), the prompt files (``entropy_law.prompts.text``).
 """
 
 from __future__ import annotations
@@ -104,8 +104,8 @@ def run(args) -> int:
     from tqdm.auto import tqdm
     from tqdm.contrib.logging import logging_redirect_tqdm
 
-    from entropy_law.tasks import load_tasks
-    from entropy_law.vlm_tasks import is_image_task_file, load_image_tasks
+    from entropy_law.prompts.text import load_tasks
+    from entropy_law.prompts.image import is_image_task_file, load_image_tasks
 
     if not logging.getLogger().handlers and not logger.handlers:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -127,7 +127,7 @@ def run(args) -> int:
     from entropy_law.decoding.decoder import SpeculativeDecoder
     from entropy_law.decoding.interface import drafter_run_config
     from entropy_law.decoding.loading import load_target
-    from entropy_law.decoding.ngram import NgramDrafter
+    from entropy_law.drafters.ngram import NgramDrafter
     from entropy_law.decoding.observers import RecorderObserver
     from entropy_law.traces.recorder import TraceRecorder
 
@@ -148,8 +148,8 @@ def run(args) -> int:
     if args.drafter == "ngram":
         drafter = NgramDrafter(max_ngram=args.max_ngram, block_size=args.block_size, max_matches=args.max_matches)
     elif args.drafter == "block":
-        from entropy_law.decoding.arms import load_block_drafter
-        from entropy_law.decoding.block_drafter import BlockDrafter
+        from entropy_law.jobs.arms import load_block_drafter
+        from entropy_law.drafters.block import BlockDrafter
 
         drafter = (BlockDrafter.load(args.checkpoint, target) if args.checkpoint is not None
                    else load_block_drafter(target))

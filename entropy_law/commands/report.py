@@ -1,6 +1,6 @@
 """``entropy-law report TRACES``: a self-contained summary (HTML, or Markdown with PNGs) of a trace set.
 
-Known here: the command-line options. The report itself is ``entropy_law.report.write_report``.
+Known here: the command-line options. The report itself is ``entropy_law.jobs.report.write_report``.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ def run(args) -> int:
     matplotlib.use("Agg")
     from pathlib import Path
 
-    from entropy_law.analysis import TraceAnalysis
-    from entropy_law.report import results_markdown, write_report
+    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.jobs.report import results_markdown, write_report
     from entropy_law.traces.reader import load_traces
 
     if args.n_boot < 0:

@@ -89,8 +89,8 @@ def register(subparsers) -> None:
 def run(args) -> int:
     import torch
 
-    from entropy_law.decoding.block_drafter import default_feature_layers
-    from entropy_law.decoding.drafter_data import DataPlan, generate_dataset, gsm8k_path
+    from entropy_law.drafters.block import default_feature_layers
+    from entropy_law.drafters.training.data import DataPlan, generate_dataset, gsm8k_path
     from entropy_law.decoding.loading import load_target
 
     torch.set_num_threads(args.threads)
@@ -114,7 +114,7 @@ def run(args) -> int:
         print(json.dumps(summary), flush=True)
         del target
     if args.only != "data":
-        from entropy_law.decoding.drafter_training import TrainConfig, train_from_folder
+        from entropy_law.drafters.training.loop import TrainConfig, train_from_folder
 
         cfg = TrainConfig(seed=args.seed, block_size=args.block_size, num_layers=args.layers, steps=args.steps,
                           minutes=args.minutes, lr=args.lr, batch_seqs=args.batch_seqs,

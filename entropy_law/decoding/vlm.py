@@ -440,7 +440,7 @@ def load_vlm_target(spec: str | os.PathLike, *, dtype: torch.dtype = torch.float
 
 
 class ImageRequests:
-    """What a recording loop needs to decode image tasks (``entropy_law.vlm_tasks.ImageTask``) with a VLM.
+    """What a recording loop needs to decode image tasks (``entropy_law.prompts.image.ImageTask``) with a VLM.
 
     ``target`` (a ``LoadedTarget``; its tokenizer decodes outputs), ``encoder`` and ``adapter`` (pass the
     adapter to ``SpeculativeDecoder`` as its target). ``prepare(task)`` encodes the task's image and first

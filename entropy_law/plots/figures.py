@@ -22,7 +22,7 @@ EPS_NATS = 1e-3
 
 
 def _wilson(successes, trials, level=0.95):
-    from entropy_law.analysis import wilson_interval
+    from entropy_law.law.analysis import wilson_interval
 
     return wilson_interval(successes, trials, level=level)
 

@@ -276,8 +276,8 @@ def cli(names=None, argv=None, *, description: str | None = None) -> int:
     import matplotlib
 
     matplotlib.use("Agg")
-    from entropy_law.analysis import TraceAnalysis
-    from entropy_law.sample_traces import resolve_traces
+    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.law.sample_traces import resolve_traces
     from entropy_law.traces.reader import load_traces
 
     p = argparse.ArgumentParser(description=description or "regenerate figures of the entropy law")

@@ -142,7 +142,7 @@ def _part_slice(plan: DataPlan, per_part: int, available: int, what: str) -> ran
 def gsm8k_path(path: str | os.PathLike | None = None) -> Path:
     """The GSM8K train file: ``path``, else ``$ENTROPY_LAW_GSM8K``, else ``../shared/data/gsm8k/train.jsonl``."""
     if path is None:
-        path = os.environ.get(GSM8K_ENV) or (Path(__file__).resolve().parents[2] / GSM8K_DEFAULT)
+        path = os.environ.get(GSM8K_ENV) or (Path(__file__).resolve().parents[3] / GSM8K_DEFAULT)
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(
@@ -158,7 +158,7 @@ def read_gsm8k_questions(path: Path) -> list[str]:
 
 def spec_bench_texts() -> set[str]:
     """First-turn texts of the shipped Spec-Bench questions (evaluation only; never trained on)."""
-    from entropy_law.paths import data_dir
+    from entropy_law.prompts.paths import data_dir
 
     path = data_dir() / "spec_bench" / "question.jsonl"
     with open(path, encoding="utf-8") as fh:

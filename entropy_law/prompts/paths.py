@@ -12,7 +12,7 @@ from pathlib import Path
 def data_dir() -> Path:
     """The data folder: ``$ENTROPY_LAW_DATA`` if set, else ``data/`` beside the package."""
     env = os.environ.get("ENTROPY_LAW_DATA")
-    path = Path(env) if env else Path(__file__).resolve().parent.parent / "data"
+    path = Path(env) if env else Path(__file__).resolve().parents[2] / "data"
     if not path.is_dir():
         raise FileNotFoundError(
             f"entropy-law data folder not found at {path}. Install the package from a checkout "

@@ -70,9 +70,9 @@ def make_reference_traces(
 ) -> dict:
     """Write (or continue) the reference trace set under ``out``; returns {arm: run directory}.
 
-    ``tasks``: ``entropy_law.tasks.Task`` list (the online decode order); ``target``: a ``LoadedTarget``
+    ``tasks``: ``entropy_law.prompts.text.Task`` list (the online decode order); ``target``: a ``LoadedTarget``
     or a causal LM (then ``encode(task) -> ids`` is required); ``replay_arms``: names from
-    ``entropy_law.decoding.arms.ARMS``; ``ar_limit``: prompts per category also decoded by AR (0: none).
+    ``entropy_law.jobs.arms.ARMS``; ``ar_limit``: prompts per category also decoded by AR (0: none).
     ``verify_cost_ratio``: the drafting gate of ``SpeculativeDecoder`` (the same online and in every replay).
     ``from_run``: an existing complete run recorded online with the n-gram drafter (e.g. by
     ``entropy-law record --drafter ngram``); it is copied to ``<out>/ngram`` and used as the greedy source
@@ -81,7 +81,7 @@ def make_reference_traces(
     import torch
     from tqdm.auto import tqdm
 
-    from entropy_law.decoding.arms import arm_spec, available_arms, make_drafter
+    from entropy_law.jobs.arms import arm_spec, available_arms, make_drafter
     from entropy_law.decoding.decoder import SpeculativeDecoder
     from entropy_law.decoding.interface import drafter_run_config
     from entropy_law.decoding.observers import RecorderObserver
@@ -163,7 +163,7 @@ def make_reference_traces(
         runs[spec.name] = out / spec.name
     precomputed = None
     if any(s.drafter == "block" for s, _, _ in arms):
-        precomputed = importlib.import_module("entropy_law.decoding.drafter_training").PrecomputedBlockDrafter
+        precomputed = importlib.import_module("entropy_law.drafters.training.loop").PrecomputedBlockDrafter
     with stack:
         todo = [rid for rid in outputs if rid in by_id and outputs[rid][3] != "error"
                 and any(rid not in rec.completed_requests for _, _, rec in arms)]

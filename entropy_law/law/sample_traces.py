@@ -20,7 +20,7 @@ TRACES_ENV = "ENTROPY_LAW_TRACES"
 def reference_traces_dir() -> Path:
     """``$ENTROPY_LAW_TRACES`` if set, else ``data/traces/`` beside the package (may not exist)."""
     env = os.environ.get(TRACES_ENV)
-    return Path(env) if env else Path(__file__).resolve().parent.parent / "data" / "traces"
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "data" / "traces"
 
 
 def has_runs(path: Path) -> bool:

@@ -60,18 +60,18 @@ def run_demo(
     analysis_options: dict | None = None,
     log: Callable[[str], None] = print,
 ) -> DemoResult:
-    """Decode ``tasks`` (``entropy_law.tasks.Task``) with each arm, record, analyse and report.
+    """Decode ``tasks`` (``entropy_law.prompts.text.Task``) with each arm, record, analyse and report.
 
     ``target``: a ``LoadedTarget`` (with tokenizer) or a causal LM; ``encode(task) -> token ids``
     replaces the chat-template encoding (needed for a target without tokenizer). ``arms``: names from
-    ``entropy_law.decoding.arms.ARMS``; block-drafter arms are dropped with a message when the
+    ``entropy_law.jobs.arms.ARMS``; block-drafter arms are dropped with a message when the
     checkpoint is missing. ``n_boot``: bootstrap replicates for the break-even intervals.
     ``analysis_options``: more keyword arguments of ``TraceAnalysis`` (e.g. ``compare_families``).
     """
     import torch
     from tqdm.auto import tqdm
 
-    from entropy_law.decoding.arms import available_arms, make_drafter
+    from entropy_law.jobs.arms import available_arms, make_drafter
     from entropy_law.decoding.decoder import SpeculativeDecoder
     from entropy_law.decoding.interface import drafter_run_config
     from entropy_law.decoding.observers import RecorderObserver
@@ -149,8 +149,8 @@ def run_demo(
     import matplotlib
 
     matplotlib.use("Agg")
-    from entropy_law.analysis import TraceAnalysis
-    from entropy_law.report import terminal_summary, write_report
+    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.jobs.report import terminal_summary, write_report
     from entropy_law.traces.reader import load_traces
 
     t_an = time.perf_counter()

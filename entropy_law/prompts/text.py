@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from entropy_law.paths import data_dir
+from entropy_law.prompts.paths import data_dir
 
 logger = logging.getLogger(__name__)
 

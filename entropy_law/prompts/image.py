@@ -6,7 +6,7 @@ can be read off the image, ``"descriptive"``: open description - and ``reference
 grounded questions; other fields are ignored), image paths relative to the file's folder, the shipped
 set (``"vlm_tasks"``: ``data/vlm_tasks/tasks.jsonl``, images made by ``data/vlm_tasks/make_images.py``),
 filtering by category and kind, a per-category limit, and stable request ids (``"<dataset>:<question_id>"``).
-``ImageTask`` has the fields and methods of ``entropy_law.tasks.Task`` that the record command uses.
+``ImageTask`` has the fields and methods of ``entropy_law.prompts.text.Task`` that the record command uses.
 
 Not known here: image decoding, tokenizers, chat templates, models (this module never imports torch or
 Pillow; ``entropy_law.decoding.vlm`` turns a task into token ids and pixels).
@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from entropy_law.paths import data_dir
-from entropy_law.tasks import Task
+from entropy_law.prompts.paths import data_dir
+from entropy_law.prompts.text import Task
 
 VLM_TASKS = "vlm_tasks"
 BUILTIN_IMAGE_TASKS = {VLM_TASKS: ("vlm_tasks", "tasks.jsonl")}

@@ -61,7 +61,7 @@ DEFAULT_CHECKPOINT = "smollm2-135m-block-b8.safetensors"  # inside data/drafters
 
 def default_drafter_path() -> Path:
     """The shipped checkpoint for the default target: ``data/drafters/smollm2-135m-block-b8.safetensors``."""
-    from entropy_law.paths import data_dir
+    from entropy_law.prompts.paths import data_dir
 
     return data_dir() / "drafters" / DEFAULT_CHECKPOINT
 

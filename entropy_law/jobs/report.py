@@ -8,7 +8,7 @@ to format those tables (Markdown, HTML), and the results section for the README 
 with the leave-one-category-out accuracy across categories per arm).
 Analyses that cannot run on the given traces (too few requests, no AR run, replayed timings) are
 listed with the reason instead of failing the report. Not known here: statistics (``entropy_law.law``
-through ``entropy_law.analysis``), decoding, torch.
+through ``entropy_law.law.analysis``), decoding, torch.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from entropy_law.analysis import AR_ARM, TraceAnalysis, format_interval
+from entropy_law.law.analysis import AR_ARM, TraceAnalysis, format_interval
 
 RESULT_COLUMNS = {
     "arm": "arm", "category": "category", "requests": "requests", "tokens": "tokens",
@@ -123,7 +123,7 @@ def results_markdown(analysis: TraceAnalysis, *, source: str = "") -> str:
                   "with its exact one-sided permutation p; last column: the old DP that assumes a full block every "
                   "round.", "", markdown_table(loco_accuracy_frame(analysis)), ""]
     lines.append(f"Made with `entropy-law report {source or 'TRACES'} --results-md FILE` "
-                 "(entropy_law.report.results_markdown).")
+                 "(entropy_law.jobs.report.results_markdown).")
     return "\n".join(lines) + "\n"
 
 

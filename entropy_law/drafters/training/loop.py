@@ -51,7 +51,7 @@ from typing import Sequence
 import torch
 import torch.nn.functional as F
 
-from entropy_law.decoding.block_drafter import BlockDrafter
+from entropy_law.drafters.block import BlockDrafter
 from entropy_law.decoding.interface import DraftProposal
 
 IGNORE = -100
@@ -261,7 +261,7 @@ def init_from_checkpoint(drafter: BlockDrafter, path: str | Path) -> dict:
     The checkpoint must have the drafter's shape (layers, block, feature layers, draft vocabulary, the same
     fixed vocabulary ids); only the copy head may be new (a drafter with ``copy_head`` started from one
     without: its pointer starts fresh). Returns the checkpoint's file name and SHA-256, to be recorded."""
-    from entropy_law.decoding.block_drafter import _file_sha256, read_checkpoint
+    from entropy_law.drafters.block import _file_sha256, read_checkpoint
 
     path = Path(path)
     theirs, state, _ = read_checkpoint(path)
@@ -616,7 +616,7 @@ def load_data_folders(folders: Sequence[str | Path]) -> tuple[list[dict], list[s
     sample twice, so only the first (by prompt id) is kept and the others are returned, to be recorded."""
     from collections import Counter
 
-    from entropy_law.decoding.drafter_data import load_samples
+    from entropy_law.drafters.training.data import load_samples
 
     samples: list[dict] = []
     layers_seen = None

@@ -4,7 +4,7 @@ Known here: the arms the demo and the reference-trace script decode with (``ngra
 DDTree, ``block`` chain / DDTree N=16, and ``ar``, the autoregressive baseline), where the shipped block
 drafter checkpoint is looked for (``$ENTROPY_LAW_BLOCK_DRAFTER``, else the first ``*.safetensors``
 under ``data/drafters/``), and how to say that the block drafter is unavailable (no checkpoint, or a
-checkout without ``entropy_law.decoding.block_drafter``) without failing: ``block_drafter_status``
+checkout without ``entropy_law.drafters.block``) without failing: ``block_drafter_status``
 returns the reason, callers print it and carry on with the other arms.
 
 Not known here: decoding (``SpeculativeDecoder``), recording, replay (``scripts/make_reference_traces.py``).
@@ -61,9 +61,9 @@ def block_drafter_checkpoint() -> Path | None:
 def block_drafter_status() -> tuple[bool, str]:
     """(available, message): whether the block drafter can be loaded here, and why not."""
     try:
-        importlib.import_module("entropy_law.decoding.block_drafter")
+        importlib.import_module("entropy_law.drafters.block")
     except ModuleNotFoundError:
-        return False, ("block drafter unavailable: this checkout has no entropy_law.decoding.block_drafter "
+        return False, ("block drafter unavailable: this checkout has no entropy_law.drafters.block "
                        "(it lands with the drafter branch); carrying on with the n-gram drafter")
     path = block_drafter_checkpoint()
     if path is None:
@@ -79,7 +79,7 @@ def load_block_drafter(target):
     ok, message = block_drafter_status()
     if not ok:
         raise FileNotFoundError(message)
-    module = importlib.import_module("entropy_law.decoding.block_drafter")
+    module = importlib.import_module("entropy_law.drafters.block")
     return module.BlockDrafter.load(block_drafter_checkpoint(), target)
 
 
@@ -89,7 +89,7 @@ def make_drafter(spec: ArmSpec, target=None, *, ngram_options: dict | None = Non
     if spec.drafter == "ar":
         return None
     if spec.drafter == "ngram":
-        from entropy_law.decoding.ngram import NgramDrafter
+        from entropy_law.drafters.ngram import NgramDrafter
 
         return NgramDrafter(**(ngram_options or {}))
     if spec.drafter == "block":

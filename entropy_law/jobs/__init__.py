@@ -1,0 +1,1 @@
+"""Jobs: the main demo, the reference traces and the report, built on decoding, drafters, traces and law."""
