@@ -35,7 +35,7 @@ import torch  # noqa: E402
 
 from entropy_law.drafters.block import BlockDrafter, default_drafter_path  # noqa: E402
 from entropy_law.drafters.training.data import chat_ids, greedy_generate_with_features  # noqa: E402
-from entropy_law.drafters.training.loop import PrecomputedBlockDrafter  # noqa: E402
+from entropy_law.decoding.replay import PrecomputedBlockDrafter  # noqa: E402
 from entropy_law.drafters.ngram import NgramDrafter  # noqa: E402
 from entropy_law.decoding.replay import replay_rounds  # noqa: E402
 from entropy_law.prompts.text import load_tasks  # noqa: E402

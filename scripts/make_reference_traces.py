@@ -23,10 +23,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from entropy_law.decoding.loading import load_target  # noqa: E402
+from entropy_law.jobs.reference import DEFAULT_REPLAY_ARMS, make_reference_traces  # noqa: E402
+from entropy_law.prompts.text import load_tasks  # noqa: E402
+
 
 def main(argv=None) -> int:
-    from entropy_law.jobs.reference import DEFAULT_REPLAY_ARMS
-
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "data" / "traces"),
                    help="trace folder (default: data/traces of this checkout)")
@@ -47,10 +49,6 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.limit < 1 or args.max_new_tokens < 2 or args.ar_limit < 0:
         p.error("--limit >= 1, --max-new-tokens >= 2 and --ar-limit >= 0 please")
-
-    from entropy_law.decoding.loading import load_target
-    from entropy_law.jobs.reference import make_reference_traces
-    from entropy_law.prompts.text import load_tasks
 
     t0 = time.perf_counter()
     tasks = load_tasks("spec_bench", categories=args.categories, limit=args.limit)

@@ -8,8 +8,8 @@ import torch
 
 from entropy_law.decoding.adapter import TargetAdapter
 from entropy_law.decoding.tree import Tree
-from tests.tiny_models import single_thread  # noqa: F401 (fixture)
-from tests.tiny_models import random_prompt, tiny_llama
+from conftest import tiny_llama
+from tests.tiny_models import random_prompt
 
 VOCAB = 128
 

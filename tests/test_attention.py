@@ -11,7 +11,8 @@ from transformers.models.llama.modeling_llama import eager_attention_forward
 from entropy_law.decoding.adapter import TargetAdapter
 from entropy_law.decoding.attention import LEAN_EAGER, gqa_eager_attention, lean_attention
 from entropy_law.decoding.tree import Tree
-from tests.tiny_models import random_prompt, single_thread, tiny_llama  # noqa: F401
+from conftest import tiny_llama
+from tests.tiny_models import random_prompt
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 

@@ -3,22 +3,20 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from entropy_law.drafters.block import BlockDrafter, default_feature_layers
 from entropy_law.decoding.features import capture_features
 from entropy_law.decoding.interface import Drafter
+from conftest import tiny_llama
 
 
-def tiny_target(seed: int = 0, vocab: int = 96, hidden: int = 64, layers: int = 6) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden,
-                      num_hidden_layers=layers, num_attention_heads=4, num_key_value_heads=2,
-                      max_position_embeddings=512, tie_word_embeddings=True, attn_implementation="eager")
-    return LlamaForCausalLM(cfg).eval()
+# this module's target: 6 layers, HF's default init and special ids, tied embeddings
+tiny_target = partial(tiny_llama, vocab=96, layers=6, init_std=0.02, tie_embeddings=True, bos_token_id=1,
+                      eos_token_id=2)
 
 
 def features_of(model, ids: list[int], layers) -> torch.Tensor:
@@ -233,7 +231,7 @@ def chain_decode(model, drafter, prompt: list[int], max_new: int):
 
 
 def test_chain_speculative_output_equals_greedy_and_replay_matches_online():
-    from entropy_law.drafters.training.loop import replay_chain
+    from entropy_law.decoding.replay import replay_chain
 
     model = tiny_target(seed=2)
     drafter = BlockDrafter(model, seed=0, block_size=4, num_layers=1).eval()
@@ -465,7 +463,8 @@ def test_copy_head_learns_to_copy_spans_the_generator_cannot_predict():
     """Sequences of random tokens whose second half repeats a span of the first: only copying can predict
     them. After the same short training on such sequences, a drafter with the copy head accepts far more on
     new ones than the same drafter without it."""
-    from entropy_law.drafters.training.loop import collate, forward_train, replay_chain
+    from entropy_law.decoding.replay import replay_chain
+    from entropy_law.drafters.training.loop import collate, forward_train
 
     model = tiny_target(seed=4)
     gen = torch.Generator().manual_seed(0)

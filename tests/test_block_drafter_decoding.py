@@ -7,10 +7,12 @@ import torch
 
 from entropy_law.drafters.block import BlockDrafter
 from entropy_law.decoding.decoder import SpeculativeDecoder
-from entropy_law.drafters.training.loop import PrecomputedBlockDrafter, collate, forward_train
+from entropy_law.decoding.replay import PrecomputedBlockDrafter
+from entropy_law.drafters.training.loop import collate, forward_train
 from entropy_law.decoding.features import capture_features
 from entropy_law.decoding.replay import replay_rounds
-from tests.tiny_models import hf_greedy, tiny_llama
+from conftest import tiny_llama
+from tests.tiny_models import hf_greedy
 
 PROMPTS = ([7, 19, 33, 2, 60, 41, 5], [90, 11, 12, 13, 14], [3, 3, 8, 120, 77, 64, 1, 9, 27])
 

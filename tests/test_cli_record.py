@@ -132,36 +132,80 @@ def test_resume_after_an_interruption_and_refusals(model_folder, task_file, tmp_
 
     monkeypatch.setattr(decoder_module.SpeculativeDecoder, "generate", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        record(model_folder, task_file, out, "--drafter", "none")
+        record(model_folder, task_file, out, "--drafter", "ar")
     monkeypatch.setattr(decoder_module.SpeculativeDecoder, "generate", original)
-    assert json.loads((out / "run.json").read_text())["status"] != "complete"
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["status"] != "complete"
+    # AR runs keep the trace names the analysis recognises them by
+    assert meta["drafter_id"] == "none" and meta["tree_policy"] == "none" and meta["drafter_config"] == {}
     assert sorted(read_table(out, "requests")["request_id"]) == sorted(calls[:2])
 
     # an existing run is neither appended to nor replaced without being asked
-    assert record(model_folder, task_file, out, "--drafter", "none") == 2
+    assert record(model_folder, task_file, out, "--drafter", "ar") == 2
     # resuming with different decoding settings is refused
     assert record(model_folder, task_file, out, "--drafter", "ngram", "--resume") == 2
 
+    # 'none', the old name of the AR arm, is still accepted: it continues the same run
     assert record(model_folder, task_file, out, "--drafter", "none", "--resume") == 0
     requests = read_table(out, "requests")
     assert sorted(requests["request_id"]) == ["tasks:1", "tasks:2", "tasks:3", "tasks:6", "tasks:7"]
     assert json.loads((out / "run.json").read_text())["status"] == "complete"
+    assert json.loads((out / "run.json").read_text())["run_id"] == meta["run_id"]
 
-    assert record(model_folder, task_file, out, "--drafter", "none", "--overwrite", "--limit", "1") == 0
+    assert record(model_folder, task_file, out, "--drafter", "ar", "--overwrite", "--limit", "1") == 0
     assert sorted(read_table(out, "requests")["request_id"]) == ["tasks:1", "tasks:3", "tasks:6"]
 
 
+def test_a_run_with_the_metadata_of_earlier_versions_is_resumed(model_folder, task_file, tmp_path):
+    """A run recorded before ``record_arms`` (its run.json has the keys and values of data/traces/ngram, with
+    this model's and these options' values) is continued by ``--resume``: same run, metadata unchanged."""
+    from entropy_law.decoding.decoder import SpeculativeDecoder
+    from entropy_law.decoding.loading import load_target
+    from entropy_law.decoding.observers import RecorderObserver
+    from entropy_law.drafters.ngram import NgramDrafter
+    from entropy_law.prompts.text import load_tasks
+    from entropy_law.traces.recorder import TraceRecorder
+
+    old_metadata = {
+        "model_id": model_folder.name, "drafter_id": "ngram",
+        "drafter_config": {"max_ngram": 4, "min_ngram": 1, "block_size": 4, "max_matches": 4, "min_path_prob": 0.05,
+                           "prior_hit_rate": 0.25, "prior_miss_decay": 0.6, "prior_weight": 2.0,
+                           "pool_weight": 2.0, "keep_calibration": False},
+        "tree_policy": "chain", "tree_budget": None, "dtype": "float32", "device": "cpu", "max_new_tokens": 12,
+        "verify_cost_ratio": 2.0, "chat_template": True, "tasks": str(task_file),
+    }
+    out = tmp_path / "run"
+    (first,) = load_tasks(task_file, categories=["alpha"], limit=1)
+    target = load_target(str(model_folder))
+    with TraceRecorder(out, **old_metadata) as recorder:  # the first prompt, recorded as earlier versions did
+        decoder = SpeculativeDecoder(target, NgramDrafter(max_ngram=4, block_size=4, max_matches=4),
+                                     observers=[RecorderObserver(recorder)])
+        decoder.generate(decoder.encode_prompt(first.messages()), max_new_tokens=12, category=first.category,
+                         request_id=first.request_id, dataset=first.dataset, question_id=first.question_id)
+    before = json.loads((out / "run.json").read_text())
+
+    assert record(model_folder, task_file, out, "--categories", "alpha", "--resume") == 0
+    after = json.loads((out / "run.json").read_text())
+    assert after["status"] == "complete" and after["run_id"] == before["run_id"]
+    assert set(after) == set(before) | {"resumed_at"}  # no key added ...
+    changed = {key for key in before if after[key] != before[key]}
+    assert changed <= {"status", "end_time"}  # ... and none changed
+    assert {key: after[key] for key in old_metadata} == old_metadata
+    requests = read_table(out, "requests")
+    assert sorted(requests["request_id"]) == ["tasks:1", "tasks:2", "tasks:7"]  # tasks:1 not decoded again
+
+
 def test_a_failing_request_does_not_stop_the_run(model_folder, task_file, tmp_path, monkeypatch):
-    from entropy_law.decoding import decoder as decoder_module
+    from entropy_law.decoding.observers import RecorderObserver
 
-    original = decoder_module.SpeculativeDecoder._round
+    original = RecorderObserver.on_round
 
-    def flaky_round(self, state):
-        if state.request_id == "tasks:2" and len(state.rounds) == 2:
+    def flaky_round(self, record):  # the request fails in its round 2, after two rounds were recorded
+        if record.request_id == "tasks:2" and record.round_index == 2:
             raise RuntimeError("simulated failure in round 2")
-        return original(self, state)
+        return original(self, record)
 
-    monkeypatch.setattr(decoder_module.SpeculativeDecoder, "_round", flaky_round)
+    monkeypatch.setattr(RecorderObserver, "on_round", flaky_round)
     out = tmp_path / "run"
     assert record(model_folder, task_file, out, "--categories", "alpha") == 1  # 1: some request failed
     requests = read_table(out, "requests").set_index("request_id")

@@ -14,8 +14,8 @@ from entropy_law.decoding.tree import expected_accepted
 from entropy_law.decoding.interface import DraftProposal
 from entropy_law.decoding.observers import RecorderObserver
 from entropy_law.decoding.tree import Tree
-from tests.tiny_models import single_thread  # noqa: F401 (fixture)
-from tests.tiny_models import FakeRecorder, OracleDrafter, hf_greedy, random_prompt, tiny_llama
+from conftest import OracleDrafter, tiny_llama
+from tests.tiny_models import FakeRecorder, hf_greedy, random_prompt
 
 VOCAB = 128
 

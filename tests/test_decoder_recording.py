@@ -1,8 +1,8 @@
 """Decoder -> RecorderObserver -> TraceRecorder -> load_traces, end to end on a tiny target.
 
 The same requests are recorded twice: through ``RecorderObserver`` (statistics in torch) and through the
-``TraceRecorder``'s own observer hooks (statistics from raw logits in numpy). Both traces must agree,
-validate, and carry the AR baseline's target entropy at every output position.
+``TraceRecorder``'s engine API with raw logits, as another engine would log (statistics in numpy). Both
+traces must agree, validate, and carry the AR baseline's target entropy at every output position.
 """
 
 import numpy as np
@@ -14,8 +14,8 @@ from entropy_law.decoding.interface import DraftProposal
 from entropy_law.decoding.observers import RecorderObserver
 from entropy_law.traces.reader import load_traces
 from entropy_law.traces.recorder import TraceRecorder
-from tests.tiny_models import single_thread  # noqa: F401 (fixture)
-from tests.tiny_models import OracleDrafter, hf_greedy, random_prompt, tiny_llama
+from conftest import OracleDrafter, tiny_llama
+from tests.tiny_models import hf_greedy, random_prompt
 
 VOCAB = 128
 
@@ -33,9 +33,40 @@ class LogitsOracle(OracleDrafter):
         return DraftProposal(tokens=proposal.tokens, logprobs=proposal.logprobs, logits=logits)
 
 
+class RawLogitsLogger:
+    """Logs rounds as an engine without our observers would: raw target logits and the draft's logits or
+    candidates straight into ``begin_request`` / ``log_round`` / ``end_request``."""
+
+    def __init__(self, recorder):
+        self.recorder = recorder
+
+    def on_request_start(self, request_id, info):
+        self.recorder.begin_request(request_id, category=info["category"], question_id=info["question_id"],
+                                    prompt_tokens=info["prompt_tokens"])
+
+    def on_round(self, record):
+        draft = {}
+        if record.draft is not None and record.draft.depth > 0:
+            if record.draft.logits is not None:
+                draft["draft_logits"] = record.draft.logits
+            else:
+                draft["draft_candidates"] = record.draft.tokens
+                draft["draft_logprobs"] = record.draft.logprobs
+        self.recorder.log_round(
+            record.request_id, round_index=record.round_index, start_position=record.start_position,
+            context_len=record.context_len, block_size=record.block_size, tree_nodes=record.tree_nodes,
+            tree_depth=record.tree_depth, accepted=record.accepted, token_ids=list(record.committed_ids),
+            ends_at_leaf=record.ends_at_leaf, target_logits=record.target_logits, draft_ms=record.draft_ms,
+            verify_ms=record.verify_ms, overhead_ms=record.overhead_ms, **draft)
+
+    def on_request_end(self, request_id, info):
+        self.recorder.end_request(request_id, new_tokens=info["new_tokens"], stop_reason=info["stop_reason"],
+                                  prefill_ms=info["prefill_ms"], decode_ms=info["decode_ms"])
+
+
 def _record(path, model, prompts, references, observer_kind):
     with TraceRecorder(path, model_id="tiny", drafter_id="oracle", tree_policy="ddtree") as recorder:
-        observer = RecorderObserver(recorder) if observer_kind == "torch" else recorder
+        observer = RecorderObserver(recorder) if observer_kind == "torch" else RawLogitsLogger(recorder)
         for index, (prompt, reference) in enumerate(zip(prompts, references)):
             drafter_class = LogitsOracle if index % 2 else OracleDrafter
             drafter = drafter_class(reference + [0] * 6, block_size=6, k=3, p_correct=0.7, seed=index)
@@ -47,7 +78,7 @@ def _record(path, model, prompts, references, observer_kind):
     return load_traces(path)
 
 
-def test_recorded_traces_agree_with_the_recorders_own_hooks_and_with_ar(tmp_path):
+def test_recorded_traces_agree_with_the_engine_api_and_with_ar(tmp_path):
     model = tiny_llama(21)
     generator = torch.Generator().manual_seed(21)
     prompts = [random_prompt(generator, VOCAB, 6 + i) for i in range(4)]

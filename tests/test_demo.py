@@ -82,6 +82,24 @@ def test_report_summary_and_metadata_written(demo):
     assert table.loc[table["arm"] == "AR", "speedup_vs_ar"].eq(1.0).all()
 
 
+def test_run_metadata_per_arm(demo):
+    """Each arm's run metadata: what the demo has always written (AR runs say drafter and tree "none")."""
+    _, _, result, _ = demo
+    runs = {path.name: json.loads((path / "run.json").read_text()) for path in result.trace_dir.iterdir()}
+    assert sorted(runs) == ["ar", "ngram"]
+    job_keys = ("model_id", "drafter_id", "drafter_config", "tree_policy", "tree_budget", "dtype", "device", "seed",
+                "max_new_tokens", "replayed", "demo_run_id", "arm")
+    recorder_keys = ("format", "format_version", "run_id", "status", "package_version", "start_time", "end_time",
+                     "git_revision")
+    for arm, meta in runs.items():
+        assert set(meta) == set(job_keys) | set(recorder_keys)
+        assert meta["arm"] == arm and meta["demo_run_id"] == "t1" and meta["replayed"] is False
+        assert meta["model_id"] == "LlamaForCausalLM" and meta["max_new_tokens"] == 24 and meta["seed"] == 0
+    assert (runs["ar"]["drafter_id"], runs["ar"]["tree_policy"], runs["ar"]["drafter_config"]) == ("none", "none", {})
+    assert (runs["ngram"]["drafter_id"], runs["ngram"]["tree_policy"]) == ("ngram", "chain")
+    assert runs["ar"]["tree_budget"] is None and runs["ngram"]["tree_budget"] is None
+
+
 def test_bad_input_is_refused(tmp_path):
     model = tiny_llama(seed=3, vocab=VOCAB)
     tasks = load_tasks("spec_bench", categories=["qa"], limit=1)

@@ -3,25 +3,23 @@
 from __future__ import annotations
 
 import math
+from functools import partial
 
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from entropy_law.drafters.block import BlockDrafter
 from entropy_law.drafters.training.loop import (
     IGNORE, TrainConfig, accepted_drafts, block_labels, collate, decayed_cross_entropy, lr_at, sample_anchors,
     split_heldout, train)
 from entropy_law.decoding.features import capture_features
+from conftest import tiny_llama
 
 
-def tiny_target(seed: int = 0, vocab: int = 64) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=vocab, hidden_size=48, intermediate_size=96, num_hidden_layers=5,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                      tie_word_embeddings=True, attn_implementation="eager")
-    return LlamaForCausalLM(cfg).eval()
+# this module's target: hidden 48, 5 layers, HF's default init and special ids, tied embeddings
+tiny_target = partial(tiny_llama, vocab=64, hidden=48, layers=5, init_std=0.02, tie_embeddings=True,
+                      bos_token_id=1, eos_token_id=2)
 
 
 def test_label_layout_slot_k_is_token_anchor_plus_k():

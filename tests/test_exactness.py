@@ -22,9 +22,8 @@ from scipy.stats import entropy as scipy_entropy
 from entropy_law.decoding.decoder import ARDecoder, SpeculativeDecoder
 from entropy_law.drafters.ngram import NgramDrafter
 from entropy_law.decoding.observers import RecorderObserver, committed_token_draft_stats, distribution_stats
-from tests.tiny_models import single_thread  # noqa: F401 (fixture)
-from tests.tiny_models import (FakeRecorder, OracleDrafter, RandomTreePolicy, first_divergence_margin, hf_greedy,
-                               random_prompt, tiny_llama)
+from conftest import OracleDrafter, tiny_llama
+from tests.tiny_models import FakeRecorder, RandomTreePolicy, first_divergence_margin, hf_greedy, random_prompt
 
 MARGIN_TOLERANCE = 1e-3
 

@@ -11,7 +11,7 @@ from entropy_law.decoding.adapter import TargetAdapter
 from entropy_law.decoding.gate import VerifyCost, measure_verify_cost, plan_verification
 from entropy_law.decoding.interface import DraftProposal
 from entropy_law.decoding.tree import build_tree, expected_accepted, node_logprobs
-from tests.tiny_models import tiny_llama
+from conftest import tiny_llama
 
 
 def test_verify_cost_interpolates_normalises_and_extrapolates():

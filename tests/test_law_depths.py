@@ -8,8 +8,8 @@ import pytest
 from entropy_law.law import atrisk
 from entropy_law.law.blocks import expected_round_counts, expected_rounds, tau_distribution
 from entropy_law.law.fit import fit_law
-from entropy_law.law.hypotheses import exact_spearman_p
 from entropy_law.law.simulate import DepthSpec, SimulatedTraces, simulate_traces
+from entropy_law.law.stats import exact_spearman_p
 from entropy_law.law.transfer import (block_prediction, depth_distribution, depth_probabilities, drafted_depths,
                                       entropy_bin, loco_transfer)
 from entropy_law.law.sample_traces import has_runs, reference_traces_dir

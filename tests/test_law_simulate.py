@@ -90,7 +90,8 @@ def test_seeds_and_argument_errors():
 
 def test_analysis_layer_never_imports_torch():
     code = ("import sys, entropy_law\n"
-            "from entropy_law import fit_law, simulate_traces, compare_laws, preregistered_tests, when_drafting_pays\n"
+            "from entropy_law import fit_law, simulate_traces, compare_laws, when_drafting_pays\n"
+            "from entropy_law.law.hypotheses import preregistered_tests\n"
             "import entropy_law.law.bootstrap, entropy_law.law.transfer\n"
             "assert 'torch' not in sys.modules and 'sklearn' not in sys.modules, 'heavy import'\n")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=str(__import__("pathlib").Path(__file__).parents[1]))

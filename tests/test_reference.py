@@ -3,12 +3,15 @@ such, entropies of replayed rows equal the online ones, resumable without duplic
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
 from entropy_law.jobs.reference import make_reference_traces
 from entropy_law.prompts.text import load_tasks
 from entropy_law.traces.reader import load_traces
+from entropy_law.traces.recorder import TraceRecorder
 from tests.tiny_models import tiny_llama
 
 VOCAB = 96
@@ -97,6 +100,41 @@ def test_an_existing_online_run_is_adopted_instead_of_decoding_again(ref, tmp_pa
     assert set(again["request_id"]) == {t.request_id for t in tasks}
     key = ["request_id", "round_index"]
     assert (first.sort_values(key)["accepted"].tolist() == again.sort_values(key)["accepted"].tolist())
+
+
+def test_runs_with_the_metadata_of_earlier_versions_are_continued(tmp_path):
+    """Online and AR runs opened by earlier versions of the job (the keys and values of data/traces/ar and
+    its online n-gram run, with this model's values) are continued: same runs, metadata unchanged."""
+    model = tiny_llama(seed=4, vocab=VOCAB)
+    tasks = load_tasks("spec_bench", categories=["qa"], limit=2)
+    common = {"model_id": "LlamaForCausalLM", "dtype": "float32", "device": "cpu", "max_new_tokens": 20, "seed": 0,
+              "verify_cost_ratio": 2.0}
+    ngram_config = {"max_ngram": 4, "min_ngram": 1, "block_size": 11, "max_matches": 4, "min_path_prob": 0.05,
+                    "prior_hit_rate": 0.25, "prior_miss_decay": 0.6, "prior_weight": 2.0, "pool_weight": 2.0,
+                    "keep_calibration": False}
+    old = {
+        "ngram": {"drafter_id": "ngram", "drafter_config": ngram_config, "tree_policy": "chain", "tree_budget": None,
+                  "replayed": False, "arm": "ngram", **common},
+        "ar": {"drafter_id": "none", "drafter_config": {}, "tree_policy": "none", "tree_budget": None,
+               "replayed": False, "arm": "ar", **common},
+    }
+    for arm, metadata in old.items():
+        TraceRecorder(tmp_path / arm, **metadata)  # opened, nothing recorded yet: a run that was stopped
+    before = {arm: json.loads((tmp_path / arm / "run.json").read_text()) for arm in old}
+
+    runs = make_reference_traces(tasks, model, tmp_path, max_new_tokens=20, replay_arms=(), ar_limit=1,
+                                 encode=encode, progress=False, log=lambda m: None)
+    assert sorted(runs) == ["ar", "ngram"]
+    traces = load_traces(tmp_path)
+    for arm, metadata in old.items():
+        after = json.loads((tmp_path / arm / "run.json").read_text())
+        assert after["status"] == "complete" and after["run_id"] == before[arm]["run_id"]
+        assert set(after) == set(before[arm]) | {"resumed_at"}  # no key added ...
+        changed = {key for key in before[arm] if after[key] != before[arm][key]}
+        assert changed <= {"status", "end_time"}  # ... and none changed
+        assert {key: after[key] for key in metadata} == metadata
+    counts = traces.requests.groupby(traces.requests["run_id"].astype(str)).size()
+    assert counts[before["ngram"]["run_id"]] == 2 and counts[before["ar"]["run_id"]] == 1
 
 
 def test_from_run_refuses_a_replayed_run(ref, tmp_path):

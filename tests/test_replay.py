@@ -1,6 +1,7 @@
 """Offline replay: teacher-forced target statistics and simulated rounds (no online decoder needed)."""
 
 import math
+from functools import partial
 
 import numpy as np
 import pytest
@@ -8,22 +9,15 @@ import torch
 from scipy.special import log_softmax as np_log_softmax
 from scipy.stats import entropy as scipy_entropy
 
-from entropy_law.decoding.interface import DraftProposal
 from entropy_law.drafters.ngram import NgramDrafter
 from entropy_law.decoding.replay import (replay_request, replay_rounds, target_stats, teacher_forced_logits,
                                          teacher_forced_target_stats)
+import conftest
+from conftest import OracleDrafter
 
-
-def tiny_llama(seed: int, vocab: int = 96):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                         bos_token_id=1, eos_token_id=2, pad_token_id=0, tie_word_embeddings=True)
-    model = LlamaForCausalLM(config)
-    model.config._attn_implementation = "eager"
-    return model.eval()
+# this module's target: HF's default init, special ids bos 1 / eos 2 / pad 0, tied embeddings, 256 positions
+tiny_llama = partial(conftest.tiny_llama, vocab=96, max_positions=256, init_std=0.02, tie_embeddings=True,
+                     bos_token_id=1, eos_token_id=2, pad_token_id=0)
 
 
 def independent_stats(logits_row: np.ndarray) -> dict:
@@ -65,30 +59,6 @@ def test_teacher_forced_stats_equal_autoregressive_ones():
     assert torch.allclose(forced, step_logits, atol=1e-4)
 
 
-class OracleDrafter:
-    """Proposes the true continuation (a cheat to test the round walk), with probability ``p``."""
-
-    drafter_id = "oracle"
-    feature_layers = ()
-
-    def __init__(self, sequence, block_size, p=1.0, wrong=False):
-        self.sequence, self.block_size, self.p, self.wrong = sequence, block_size, p, wrong
-        self.calls = []
-
-    def begin(self, prompt_ids, prompt_features):
-        self.calls = []
-
-    def propose(self, tokens, new_features):
-        self.calls.append(len(tokens))
-        future = self.sequence[len(tokens):len(tokens) + self.block_size - 1]
-        if not future:
-            return DraftProposal.empty()
-        if self.wrong:
-            future = [t + 1000 for t in future]
-        return DraftProposal(tokens=torch.tensor(future).unsqueeze(1),
-                             logprobs=torch.full((len(future), 1), math.log(self.p)))
-
-
 def check_rounds_cover_output(result, prompt, output):
     committed = [t for r in result.rounds for t in r.committed_ids]
     assert committed == output
@@ -100,33 +70,33 @@ def check_rounds_cover_output(result, prompt, output):
 
 def test_oracle_drafter_accepts_everything_up_to_the_budget():
     prompt, output = [1, 2, 3], list(range(10, 40))
-    drafter = OracleDrafter(prompt + output, block_size=5)
+    drafter = OracleDrafter(output, block_size=5, stated_prob=1.0)
     result = replay_rounds(prompt, output, drafter, "chain", None, max_new_tokens=30)
     check_rounds_cover_output(result, prompt, output)
     # round 0 commits 1; then 4 drafts + bonus = 5 per round; 29 = 5 * 5 + 4 (last round cut to budget)
     assert result.accepted_lengths == [4, 4, 4, 4, 4, 3]
     assert [r.committed for r in result.rounds] == [1, 5, 5, 5, 5, 5, 4]
     assert result.stop_reason == "max_new_tokens"
-    assert drafter.calls == [len(prompt) + s for s in (1, 6, 11, 16, 21, 26)]
+    assert [len(tokens) for tokens, _ in drafter.calls] == [len(prompt) + s for s in (1, 6, 11, 16, 21, 26)]
 
 
 def test_wrong_drafts_and_the_gate_give_one_token_rounds():
     prompt, output = [1, 2, 3], list(range(10, 20)) + [2]
-    wrong = replay_rounds(prompt, output, OracleDrafter(prompt + output, 4, wrong=True), "chain",
+    wrong = replay_rounds(prompt, output, OracleDrafter(output, block_size=4, p_correct=0.0, stated_prob=1.0), "chain",
                           eos_token_ids=2, max_new_tokens=50)
     assert wrong.accepted_lengths == [0] * 10 and wrong.stop_reason == "eos"
     assert all(r.drafted for r in wrong.rounds[1:])
     check_rounds_cover_output(wrong, prompt, output)
     # p = 0.3 per depth: expected accepted 0.3 + 0.09 + 0.027 < 1 = the default gate -> never drafts
-    gated = replay_rounds(prompt, output, OracleDrafter(prompt + output, 4, p=0.3), "chain",
+    gated = replay_rounds(prompt, output, OracleDrafter(output, block_size=4, stated_prob=0.3), "chain",
                           eos_token_ids=[2], max_new_tokens=50)
     assert not any(r.drafted for r in gated.rounds) and gated.accepted_lengths == [0] * 10
     assert gated.rounds[1].expected_accepted == pytest.approx(0.3 + 0.09 + 0.027, rel=1e-5)
     # ... but drafts when told to
-    forced = replay_rounds(prompt, output, OracleDrafter(prompt + output, 4, p=0.3), "chain",
+    forced = replay_rounds(prompt, output, OracleDrafter(output, block_size=4, stated_prob=0.3), "chain",
                            eos_token_ids=[2], max_new_tokens=50, min_expected_accepted=0.0)
     assert forced.accepted_lengths[0] == 3
-    custom = replay_rounds(prompt, output, OracleDrafter(prompt + output, 4, p=0.3), "chain",
+    custom = replay_rounds(prompt, output, OracleDrafter(output, block_size=4, stated_prob=0.3), "chain",
                            eos_token_ids=[2], max_new_tokens=50, should_draft=lambda proposal, tree: False)
     assert custom.accepted_lengths == [0] * 10
 
@@ -191,7 +161,7 @@ def test_replay_request_feeds_observers_with_teacher_forced_logits():
     assert len(records) == len(result.rounds)
     logits = teacher_forced_logits(model, prompt, output)
     for record in records:
-        assert record.extra["replayed"] is True
+        assert record.replayed is True
         rows = record.target_logits
         assert rows.shape[0] == len(record.committed_ids)
         # each committed token is the argmax of its logit row (greedy path)

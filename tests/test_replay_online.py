@@ -13,7 +13,8 @@ from entropy_law.decoding.gate import VerifyCost
 from entropy_law.drafters.ngram import NgramDrafter
 from entropy_law.decoding.observers import distribution_stats
 from entropy_law.decoding.replay import replay_rounds, teacher_forced_target_stats
-from tests.tiny_models import ListObserver, random_prompt, tiny_llama
+from conftest import tiny_llama
+from tests.tiny_models import ListObserver, random_prompt
 
 ROUND_FIELDS = ("round_index", "start_position", "context_len", "tree_nodes", "tree_depth", "accepted",
                 "ends_at_leaf")

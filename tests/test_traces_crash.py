@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from entropy_law import load_traces
+from entropy_law import TraceRecorder, load_traces
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -75,8 +75,6 @@ def test_sigkill_mid_run_leaves_loadable_incomplete_run(tmp_path):
     assert traces.runs.loc[0, "status"] == "running"
 
     # the killed run can be resumed: completed requests are known, leftovers cleaned, then finished
-    from entropy_law import TraceRecorder
-
     with TraceRecorder(run, resume=True) as rec:
         assert rec.completed_requests == on_disk
     assert not list((run / "shards").glob(".tmp-*"))

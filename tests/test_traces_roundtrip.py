@@ -11,7 +11,8 @@ import scipy.special
 import scipy.stats
 
 import entropy_law
-from entropy_law import TraceRecorder, TraceSet, load_traces
+from entropy_law import TraceRecorder, load_traces
+from entropy_law.traces.reader import TraceSet
 from entropy_law.traces.schema import FORMAT_VERSION, RUN_METADATA_KEYS
 from entropy_law.traces.validation import TraceValidationError
 from tests.traces_helpers import expected_tokens, log_requests, synthetic_requests
@@ -25,9 +26,16 @@ def _same(a, b) -> bool:
 
 
 def test_public_names_resolve():
-    assert entropy_law.TraceRecorder is TraceRecorder and entropy_law.TraceSet is TraceSet
-    assert entropy_law.load_traces is load_traces and entropy_law.FORMAT_VERSION == FORMAT_VERSION
-    assert entropy_law.TraceValidationError is TraceValidationError
+    import entropy_law.traces
+
+    assert entropy_law.TraceRecorder is TraceRecorder and entropy_law.traces.TraceSet is TraceSet
+    assert entropy_law.load_traces is load_traces and entropy_law.traces.FORMAT_VERSION == FORMAT_VERSION
+    assert entropy_law.traces.TraceValidationError is TraceValidationError
+    # the top level is the short list a user calls; every name in it resolves, and the rest stays in the rooms
+    for name in entropy_law.__all__:
+        assert getattr(entropy_law, name) is not None, name
+    with pytest.raises(AttributeError, match="the rooms export more"):
+        entropy_law.aggregate_at_risk
 
 
 def test_round_trip_every_value(tmp_path):
@@ -218,23 +226,26 @@ def test_arrow_tables_have_schema_types(tmp_path):
     assert tbl.schema.field("depth").type == pa.int16()
 
 
-def test_recorder_is_an_observer_of_round_records(tmp_path):
+def test_recorder_observer_logs_rounds(tmp_path):
     import torch
 
-    from entropy_law.decoding.interface import DraftProposal, RoundRecord
+    from entropy_law.decoding.interface import DraftProposal
+    from entropy_law.decoding.observers import RecorderObserver
+    from entropy_law.decoding.round import Round
 
     gen = torch.Generator().manual_seed(0)
     target = torch.randn(3, 120, generator=gen)
     cands = torch.tensor([[7, 8], [9, 10], [11, 12]])
     logprobs = torch.tensor([[-0.2, -1.8], [-0.5, -1.0], [-0.1, float("-inf")]])
-    record = RoundRecord(request_id="a", round_index=0, start_position=1, context_len=9, block_size=4,
-                         tree_nodes=6, tree_depth=3, accepted=2, committed_ids=[8, 9, 50], ends_at_leaf=False,
-                         target_logits=target, draft=DraftProposal(tokens=cands, logprobs=logprobs),
-                         draft_ms=1.5, verify_ms=2.5, overhead_ms=0.5)
+    record = Round(request_id="a", round_index=0, start_position=1, context_len=9, block_size=4,
+                   tree_nodes=6, tree_depth=3, accepted=2, committed_ids=[8, 9, 50], ends_at_leaf=False,
+                   target_logits=target, draft=DraftProposal(tokens=cands, logprobs=logprobs),
+                   draft_ms=1.5, verify_ms=2.5, overhead_ms=0.5)
     with TraceRecorder(tmp_path / "run") as rec:
-        rec.on_request_start("a", {"category": "math", "prompt_tokens": 9, "other": "ignored"})
-        rec.on_round(record)
-        rec.on_request_end("a", {"new_tokens": 4, "stop_reason": "eos", "decode_ms": 4.5})
+        observer = RecorderObserver(rec)
+        observer.on_request_start("a", {"category": "math", "prompt_tokens": 9, "other": "ignored"})
+        observer.on_round(record)
+        observer.on_request_end("a", {"new_tokens": 4, "stop_reason": "eos", "prefill_ms": 0.0, "decode_ms": 4.5})
     traces = load_traces(tmp_path / "run")
     tok = traces.tokens
     assert tok["draft_rank"].tolist() == [1, 0, -1]  # 50 is not among the depth-3 candidates

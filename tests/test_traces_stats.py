@@ -58,7 +58,7 @@ def test_renyi_ordering_and_ties():
 
 
 def test_torch_tensor_input_equals_numpy():
-    import torch
+    import torch  # only this test needs torch (slow to import); the traces layer never imports it
     logits = _logits(3, rows=6, vocab=300)
     tensor = torch.tensor(logits, requires_grad=True)
     got = target_stats_from_logits(tensor)

@@ -1,6 +1,7 @@
 """Bad input gets a clear error: at log time (log_round, begin/end_request, log_columns) and on read."""
 
 import json
+import shutil
 
 import numpy as np
 import pyarrow as pa
@@ -251,8 +252,6 @@ def test_read_depths_out_of_order(run_dir):
 
 
 def test_read_request_in_two_shards(run_dir):
-    import shutil
-
     shutil.copytree(run_dir / "shards" / "000000", run_dir / "shards" / "000001")
     with pytest.raises(TraceValidationError, match="'victim'.*appears in more than one shard"):
         load_traces(run_dir)

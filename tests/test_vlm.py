@@ -394,7 +394,7 @@ def test_llava_adapter_keeps_text_positions():
 
 
 def test_unsupported_model_type_is_a_clear_error():
-    from tests.tiny_models import tiny_llama
+    from conftest import tiny_llama
 
     with pytest.raises(ValueError, match="unsupported vision-language model type 'llama'"):
         vlm_adapter(tiny_llama(0))

@@ -1,39 +1,14 @@
-"""Tiny randomly initialised Llama targets for decoding tests (seeded, CPU, fp32, eager attention)."""
+"""Helpers for the decoding tests around the tiny targets: seeded prompts, the Hugging Face greedy reference,
+a random tree policy, and fakes that collect what a recorder or an observer is given.
+
+The tiny Llama builder, the oracle drafter and the ``single_thread`` fixture live in ``tests/conftest.py``.
+"""
 
 from __future__ import annotations
 
-import pytest
 import torch
 
-
-@pytest.fixture(scope="module", autouse=False)
-def single_thread():
-    """Run a module's tiny-model tests on one torch thread (restored afterwards): tiny ops gain nothing
-    from a second thread, and on shared cores the threads wait on each other at every op."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-def tiny_llama(seed: int = 0, *, vocab: int = 128, hidden: int = 64, layers: int = 2, heads: int = 4,
-               kv_heads: int = 2, max_positions: int = 512, eos_token_id: int | None = None,
-               init_std: float = 0.2):
-    """A small ``LlamaForCausalLM`` with explicit seed. ``init_std`` above the HF default (0.02) gives
-    peaked, prompt-dependent next-token distributions, so greedy outputs are not one repeated token."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
-        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_positions,
-        initializer_range=init_std, eos_token_id=eos_token_id, bos_token_id=None, pad_token_id=None,
-        tie_word_embeddings=False, attn_implementation="eager",
-    )
-    torch.manual_seed(seed)  # HF initialises weights from the global generator; reseed for determinism
-    model = LlamaForCausalLM(config).eval()
-    model.generation_config.eos_token_id = eos_token_id
-    model.generation_config.pad_token_id = eos_token_id if eos_token_id is not None else 0
-    return model
+from conftest import tiny_llama  # noqa: F401 (re-exported: test_demo and test_reference import it from here)
 
 
 def random_prompt(generator: torch.Generator, vocab: int, length: int) -> list[int]:
@@ -64,51 +39,6 @@ def first_divergence_margin(model, prompt: list[int], a: list[int], b: list[int]
     if len(a) != len(b):
         return min(len(a), len(b)), float("inf")
     return None
-
-
-class OracleDrafter:
-    """Knows a reference continuation ``reference`` of ``prompt`` and proposes it (optionally noisy).
-
-    ``p_correct``: probability that the true token is among a depth's ``k`` candidates (at a random rank;
-    the other candidates are random tokens). Log-probabilities are random but sorted, best first.
-    Records what the decoder passed in (``begun_with``, ``calls``) for tests.
-    """
-
-    drafter_id = "oracle"
-
-    def __init__(self, reference: list[int], *, block_size: int = 6, k: int = 1, p_correct: float = 1.0,
-                 vocab: int = 128, seed: int = 0, feature_layers: tuple[int, ...] = ()):
-        self.reference = list(reference)
-        self.block_size = block_size
-        self.k = k
-        self.p_correct = p_correct
-        self.vocab = vocab
-        self.generator = torch.Generator().manual_seed(seed)
-        self.feature_layers = feature_layers
-        self.calls: list[tuple[list[int], object]] = []
-
-    def begin(self, prompt_ids, prompt_features):
-        self.prompt_len = len(prompt_ids)
-        self.begun_with = (list(prompt_ids), prompt_features)
-
-    def propose(self, tokens, new_features):
-        from entropy_law.decoding.interface import DraftProposal
-
-        self.calls.append((list(tokens), new_features))
-        done = len(tokens) - self.prompt_len  # output tokens so far, the pending root included
-        truth = self.reference[done: done + self.block_size - 1]
-        rows, logprob_rows = [], []
-        for true_token in truth:
-            row = torch.randperm(self.vocab, generator=self.generator)[: self.k + 1].tolist()
-            row = [t for t in row if t != true_token][: self.k]
-            if float(torch.rand((), generator=self.generator)) < self.p_correct:
-                row[int(torch.randint(self.k, (), generator=self.generator))] = true_token
-            probs = torch.rand(self.k, generator=self.generator).sort(descending=True).values
-            rows.append(row)
-            logprob_rows.append((probs / (probs.sum() + 0.1)).log())
-        if not rows:
-            return DraftProposal.empty()
-        return DraftProposal(tokens=torch.tensor(rows, dtype=torch.long), logprobs=torch.stack(logprob_rows))
 
 
 class RandomTreePolicy:
@@ -156,7 +86,7 @@ class FakeRecorder:
 
 
 class ListObserver:
-    """A test observer that keeps every RoundRecord."""
+    """A test observer that keeps every Round it receives."""
 
     def __init__(self):
         self.records = []

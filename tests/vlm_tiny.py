@@ -4,7 +4,7 @@ from configs (no download), with a byte-level tokenizer and image processors con
 Everything is seeded explicitly; fp32, eager attention, CPU. Sizes are chosen so that one image gives a
 handful of image tokens (Qwen: 12 for a 48x32 image; LLaVA: 16) and a forward takes milliseconds.
 ``init_std`` above the HF default gives peaked, prompt-dependent distributions (greedy outputs that are
-not one repeated token), as in the decoder's ``tests/tiny_models.py``.
+not one repeated token), as in the decoder tests' ``tiny_llama`` (``tests/conftest.py``).
 """
 
 from __future__ import annotations

@@ -6,10 +6,13 @@ Known here: the command-line options and their defaults (sized to finish within 
 
 from __future__ import annotations
 
+import time
+
+from entropy_law.jobs.demo import DEFAULT_ARMS, DEFAULT_LIMIT, DEFAULT_MAX_NEW_TOKENS, run_demo
+from entropy_law.prompts.text import load_tasks
+
 
 def register(subparsers) -> None:
-    from entropy_law.jobs.demo import DEFAULT_ARMS, DEFAULT_LIMIT, DEFAULT_MAX_NEW_TOKENS
-
     p = subparsers.add_parser(
         "demo", help="decode a Spec-Bench subset with AR, n-gram and block drafters; record, fit the law, report",
         description="Decode a few Spec-Bench prompts per category with our AR baseline and each drafter, record "
@@ -34,16 +37,14 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
-    import time
+    # lazy: `entropy-law --help` imports every command module; torch loads only when the demo runs
+    import torch
 
-    from entropy_law.jobs.demo import run_demo
-    from entropy_law.prompts.text import load_tasks
+    from entropy_law.decoding.loading import load_target
 
     if args.threads is not None:
         if args.threads < 1:
             raise ValueError(f"--threads must be >= 1, got {args.threads}")
-        import torch
-
         torch.set_num_threads(args.threads)
 
     t0 = time.perf_counter()
@@ -53,8 +54,6 @@ def run(args) -> int:
     tasks = load_tasks(args.tasks, categories=categories, limit=args.limit)
     print(f"entropy-law demo: {len(tasks)} prompts ({args.limit} per category), {args.max_new_tokens} new tokens, "
           f"arms {' '.join(args.arms)}; loading {args.model} ...", flush=True)
-    from entropy_law.decoding.loading import load_target
-
     target = load_target(args.model)
     print(f"model loaded in {time.perf_counter() - t0:.0f} s", flush=True)
     result = run_demo(tasks, target, out=args.out, run_id=args.run_id, arms=args.arms,

@@ -24,6 +24,8 @@ def _version(name: str) -> str:
 
 
 def run(args) -> int:
+    # lazy: `entropy-law --help` imports every command module; the trace package (pyarrow) and torch load here
+    from entropy_law.decoding.loading import default_gguf_path, load_target
     from entropy_law.traces.schema import FORMAT_NAME, FORMAT_VERSION
 
     print(f"python            {platform.python_version()} ({platform.machine()})")
@@ -31,8 +33,6 @@ def run(args) -> int:
         print(f"{name:<17} {_version(name)}")
     print(f"trace format      {FORMAT_NAME} v{FORMAT_VERSION}")
     if args.model == "smollm2-135m":
-        from entropy_law.decoding.loading import default_gguf_path
-
         try:
             print(f"default model     smollm2-135m -> {default_gguf_path()}")
         except (ModuleNotFoundError, FileNotFoundError) as err:
@@ -40,8 +40,6 @@ def run(args) -> int:
     else:
         print(f"model             {args.model}")
     if args.load:
-        from entropy_law.decoding.loading import load_target
-
         target = load_target(args.model)
         cfg = target.config
         print(f"loaded            {target.model_id} from {target.source}")

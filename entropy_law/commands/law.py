@@ -24,21 +24,20 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    # lazy: `entropy-law --help` imports every command module; the law layer (pandas, scipy) loads only here
+    from entropy_law.law.analysis import make_view
     from entropy_law.law.fit import fit_law
+    from entropy_law.law.hypotheses import preregistered_tests
+    from entropy_law.law.simulate import TreeSpec, simulate_traces
     from entropy_law.law.transfer import block_prediction, loco_transfer
+    from entropy_law.traces.reader import load_traces
 
     if args.simulate is not None:
-        from entropy_law.law.simulate import TreeSpec, simulate_traces
-
         traces = simulate_traces(seed=args.simulate, n_requests_per_category=10, tree=TreeSpec(),
                                  tokens_per_request=(60, 100))
     else:
         if not args.traces:
             raise ValueError("pass a trace folder, or --simulate SEED")
-        from entropy_law import load_traces
-
-        from entropy_law.law.analysis import make_view
-
         # one law per arm (drafter + tree policy: "ngram chain", "ngram ddtree16"), not pooled by drafter
         traces = make_view(load_traces(args.traces))
     laws = fit_law(traces, args.family, by="drafter_id")
@@ -54,8 +53,6 @@ def run(args) -> int:
             loco_transfer(traces, args.family, drafter=drafter, depths=args.depths).print_summary()
             print()
     if args.tests:
-        from entropy_law.law.hypotheses import preregistered_tests
-
         pre = preregistered_tests(traces, drafter=drafters[0])
         pre.print_summary()
         for test in pre.tests.values():

@@ -5,6 +5,8 @@ Known here: the command-line options. The report itself is ``entropy_law.jobs.re
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
@@ -29,11 +31,10 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    # lazy: `entropy-law --help` imports every command module; pandas and matplotlib load only for a report
     import matplotlib
 
     matplotlib.use("Agg")
-    from pathlib import Path
-
     from entropy_law.law.analysis import TraceAnalysis
     from entropy_law.jobs.report import results_markdown, write_report
     from entropy_law.traces.reader import load_traces

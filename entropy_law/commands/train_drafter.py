@@ -87,11 +87,13 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    # lazy: `entropy-law --help` imports every command module; torch loads only when this command runs
     import torch
 
+    from entropy_law.decoding.loading import load_target
     from entropy_law.drafters.block import default_feature_layers
     from entropy_law.drafters.training.data import DataPlan, generate_dataset, gsm8k_path
-    from entropy_law.decoding.loading import load_target
+    from entropy_law.drafters.training.loop import TrainConfig, train_from_folder
 
     torch.set_num_threads(args.threads)
     out = Path(args.out)
@@ -114,8 +116,6 @@ def run(args) -> int:
         print(json.dumps(summary), flush=True)
         del target
     if args.only != "data":
-        from entropy_law.drafters.training.loop import TrainConfig, train_from_folder
-
         cfg = TrainConfig(seed=args.seed, block_size=args.block_size, num_layers=args.layers, steps=args.steps,
                           minutes=args.minutes, lr=args.lr, batch_seqs=args.batch_seqs,
                           anchors_per_seq=args.anchors, gamma=args.gamma, heldout=args.heldout,

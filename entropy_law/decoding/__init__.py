@@ -1,4 +1,26 @@
-"""Decoding layer (torch): target loading, lossless speculative decoding, drafters, recording hooks.
+"""Decoding (torch): the target, the one speculative round, online decoding, offline replay, observers.
 
-Never imports ``entropy_law.law``; it talks to the analysis only through trace files.
+``loading`` (targets, never from a hub), ``adapter`` / ``attention`` / ``features`` (one target forward over a
+tree, KV compaction, hidden-state capture), ``interface`` (the ``Drafter`` contract and its ``DraftProposal``),
+``tree`` (chain and DDTree), ``gate`` (what to verify, the verify-cost curve), ``round`` (the round, its
+record and its rules, written once), ``decoder`` (the online driver), ``replay`` (the offline driver and the
+teacher-forced target pass), ``observers`` (``RecorderObserver``: rounds to traces), ``vlm`` (image targets).
+
+Never imports ``entropy_law.law``, ``plots``, ``jobs`` or ``drafters``; it talks to the analysis only through
+trace files (``tests/test_layers.py``).
 """
+
+from entropy_law.decoding.decoder import ARDecoder, GenerationResult, SpeculativeDecoder
+from entropy_law.decoding.gate import VerifyCost, measure_verify_cost
+from entropy_law.decoding.interface import DraftProposal, Drafter
+from entropy_law.decoding.loading import load_target
+from entropy_law.decoding.observers import RecorderObserver
+from entropy_law.decoding.replay import (PrecomputedBlockDrafter, ReplayResult, replay_chain, replay_request,
+                                         replay_rounds, teacher_forced_target_stats)
+from entropy_law.decoding.round import Observer, Round, RoundRules, play_round
+from entropy_law.decoding.tree import Tree, build_tree
+
+__all__ = ["ARDecoder", "DraftProposal", "Drafter", "GenerationResult", "Observer", "PrecomputedBlockDrafter",
+           "RecorderObserver", "ReplayResult", "Round", "RoundRules", "SpeculativeDecoder", "Tree", "VerifyCost",
+           "build_tree", "load_target", "measure_verify_cost", "play_round", "replay_chain", "replay_request",
+           "replay_rounds", "teacher_forced_target_stats"]

@@ -20,6 +20,7 @@ import inspect
 from typing import Sequence
 
 import torch
+from transformers import DynamicCache
 
 from entropy_law.decoding.attention import lean_attention, text_config
 from entropy_law.decoding.features import capture_features
@@ -96,7 +97,6 @@ class TargetAdapter:
         Returns the last position's logits ``[V]`` (fp32) and the features of every prompt position
         ``[n, F]`` (or ``None``).
         """
-        from transformers import DynamicCache
 
         ids = torch.as_tensor(input_ids, dtype=torch.long, device=self.device).reshape(1, -1)
         n = ids.shape[1]

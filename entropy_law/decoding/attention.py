@@ -17,6 +17,8 @@ from __future__ import annotations
 from contextlib import contextmanager
 
 import torch
+from transformers import AttentionInterface
+from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
 LEAN_EAGER = "entropy_law_gqa_eager"
 
@@ -43,8 +45,6 @@ def gqa_eager_attention(module, query, key, value, attention_mask, scaling, drop
 
 
 def _register() -> None:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
     AttentionInterface.register(LEAN_EAGER, gqa_eager_attention)
     # the same 4-D additive float masks as eager (an unregistered name would get no causal mask at all)

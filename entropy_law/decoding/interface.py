@@ -1,15 +1,15 @@
-"""The narrow interfaces of the decoding layer: what a drafter proposes and what an observer receives.
+"""The narrow interface of the decoding layer to its draft sources: what a drafter is and what it proposes.
 
-Known here: the drafter contract (two methods, frozen), the per-depth proposal it returns, and the one
-small dataclass an observer gets per verify round. Not known here: how trees are built from a
-proposal (``tree``), how the target verifies them (``adapter``), or how rounds are written to disk
-(``entropy_law.traces``). Every drafter (n-gram, block drafter, a user's own) plugs in through
+Known here: the drafter contract (two methods, frozen), the per-depth proposal it returns, and what a trace
+run records about a drafter. Not known here: how trees are built from a proposal (``tree``), how the
+target verifies them (``adapter``), what a round is and what observers receive (``round``), or how rounds
+are written to disk (``entropy_law.traces``). Every drafter (n-gram, block drafter, a user's own) plugs in through
 ``Drafter``; the decoder never branches on a drafter's type.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol, Sequence, runtime_checkable
 
 import torch
@@ -65,44 +65,6 @@ class Drafter(Protocol):
         ``new_features`` holds the target features of committed positions the drafter has not yet
         been given (the accepted path of the last round, root included), or ``None``.
         """
-
-
-@dataclass
-class RoundRecord:
-    """What an observer receives after each verify round (one per round, small).
-
-    ``target_logits[j]`` is the target's fp32 logit row at depth ``j`` of the committed path (row 0
-    at the root); it produced the committed token at depth ``j + 1``. ``draft`` is the proposal the
-    tree was built from (``None`` when the round did not draft). ``committed_ids`` are the tokens
-    actually kept (already cut at EOS / the token budget).
-    """
-
-    request_id: str
-    round_index: int
-    start_position: int  # output position of committed_ids[0]
-    context_len: int  # target cache length before the round (= absolute position of the root)
-    block_size: int
-    tree_nodes: int
-    tree_depth: int
-    accepted: int  # tau
-    committed_ids: list[int]
-    ends_at_leaf: bool  # True: the last committed token followed a node without children (bonus)
-    target_logits: torch.Tensor  # [len(committed_ids), V] fp32
-    draft: DraftProposal | None
-    draft_ms: float
-    verify_ms: float
-    overhead_ms: float
-    extra: dict = field(default_factory=dict)
-
-
-class Observer(Protocol):
-    """Receives rounds and request boundaries. Must not change what is decoded."""
-
-    def on_request_start(self, request_id: str, info: dict) -> None: ...
-
-    def on_round(self, record: RoundRecord) -> None: ...
-
-    def on_request_end(self, request_id: str, info: dict) -> None: ...
 
 
 def drafter_run_config(drafter) -> dict:

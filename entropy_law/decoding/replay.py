@@ -8,36 +8,34 @@ round sequence of ``SpeculativeDecoder`` can be simulated without the target: th
 after any prefix of the greedy output is the next output token, so a round accepts the longest tree
 path that spells the output, then commits the next output token.
 
-The simulated round mirrors ``entropy_law.decoding.decoder.SpeculativeDecoder`` step by step: round 0
-is the prefill (commits output token 0, no draft); each later round asks the drafter for a proposal
-after prompt + output so far, cuts it to the depth that can still be committed (token budget,
-context), builds the tree, lets the same gate as the decoder decide what to verify
-(``entropy_law.decoding.gate.plan_verification``: the surrogate expected accepted count against
-``verify_cost_ratio - 1`` / ``min_expected_accepted``, or the best prefix under a ``verify_cost``
-curve), walks the tree, and stops at EOS / the
-token budget / a full context exactly as the decoder does. Any change there must be mirrored here;
-``tests/test_replay.py`` compares both round by round.
+The simulated rounds are the decoder's own: ``replay_rounds`` drives the one round of
+``entropy_law.decoding.round`` (``play_round`` under the same ``RoundRules``: tree policy, gate, usable
+depth, cut at EOS, stop reason), with the recorded output as the source of correct tokens instead of the
+target's argmax. Round 0 is the prefill (commits output token 0, no draft). ``tests/test_replay_online.py``
+compares replay and the online decoder round by round.
 
-Not known here: drafters that read target features (a learned drafter needs its own training-mode
-replay), timing (replayed rounds report 0 ms).
+Drafters that read target features replay through a precomputed stand-in: ``PrecomputedBlockDrafter``
+(the block drafter's proposal at every anchor from one teacher-forced pass) and ``replay_chain`` (its chain
+rounds and the acceptance at every anchor, for training). Timing is not known: replayed rounds report 0 ms.
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Callable, Sequence
 
 import pandas as pd
 import torch
 
-from entropy_law.decoding.interface import DraftProposal, Drafter, Observer, RoundRecord, drafter_run_config
+from entropy_law.decoding.gate import VerifyCost
+from entropy_law.decoding.interface import DraftProposal, Drafter, drafter_run_config
 from entropy_law.decoding.observers import distribution_stats
-from entropy_law.decoding.gate import VerifyCost, plan_verification, truncate_proposal
-from entropy_law.decoding.tree import TREE_POLICIES, Tree, build_tree, expected_accepted
+from entropy_law.decoding.round import (DEFAULT_VERIFY_COST_RATIO, Observer, RequestState, Round, RoundRules,
+                                        play_round, prefill_round)
+from entropy_law.decoding.tree import Tree
+from entropy_law.traces.stats import TARGET_STAT_KEYS
 
-TARGET_STAT_COLUMNS = ("target_entropy_nats", "target_renyi2_nats", "target_top1_prob", "target_top2_prob",
-                       "target_logit_gap")
+TARGET_STAT_COLUMNS = tuple(f"target_{key}" for key in TARGET_STAT_KEYS)
 
 
 # --- teacher-forced target pass ----------------------------------------------------------------------
@@ -106,33 +104,13 @@ def teacher_forced_target_stats(target, prompt_ids: Sequence[int], output_ids: S
 
 # --- round simulation --------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class ReplayRound:
-    """One simulated round (the fields of ``RoundRecord`` that do not need the target)."""
-
-    round_index: int
-    start_position: int  # output position of committed_ids[0]
-    context_len: int  # target cache length before the round
-    tree_nodes: int
-    tree_depth: int
-    accepted: int  # tau
-    committed_ids: tuple[int, ...]
-    ends_at_leaf: bool
-    drafted: bool  # False: the gate declined (or no proposal): a plain one-token step
-    expected_accepted: float  # the gate's surrogate (0 when nothing was proposed)
-
-    @property
-    def committed(self) -> int:
-        return len(self.committed_ids)
-
-
 @dataclass
 class ReplayResult:
     """Rounds of one replayed request, with the proposals and trees behind them."""
 
     prompt_ids: list[int]
     output_ids: list[int]
-    rounds: list[ReplayRound]
+    rounds: list[Round]  # bare records
     proposals: list[DraftProposal | None]  # the proposal each round verified (None: no draft)
     trees: list[Tree]
     stop_reason: str
@@ -153,19 +131,11 @@ class ReplayResult:
         """One row per round."""
         rows = []
         for r in self.rounds:
-            row = asdict(r)
+            row = {key: value for key, value in asdict(r).items() if key not in ("draft", "target_logits")}
             row["committed_ids"] = list(r.committed_ids)
             row["committed"] = r.committed
             rows.append(row)
         return pd.DataFrame(rows)
-
-
-def _eos_set(eos_token_ids) -> frozenset[int]:
-    if eos_token_ids is None:
-        return frozenset()
-    if isinstance(eos_token_ids, int):
-        return frozenset([eos_token_ids])
-    return frozenset(int(t) for t in eos_token_ids)
 
 
 def replay_rounds(
@@ -178,7 +148,7 @@ def replay_rounds(
     eos_token_ids: Sequence[int] | int | None = None,
     max_new_tokens: int | None = None,
     max_context: int | None = None,
-    verify_cost_ratio: float = 2.0,
+    verify_cost_ratio: float = DEFAULT_VERIFY_COST_RATIO,
     min_expected_accepted: float | None = None,
     verify_cost: VerifyCost | None = None,
     should_draft: Callable[[DraftProposal, Tree], bool] | None = None,
@@ -198,97 +168,61 @@ def replay_rounds(
         raise ValueError("empty prompt")
     if not output_ids:
         raise ValueError("empty output: the prefill always commits one token")
-    if isinstance(tree, str) and tree not in TREE_POLICIES:
-        raise ValueError(f"unknown tree policy {tree!r}; use one of {TREE_POLICIES} or a callable")
-    if tree == "ddtree" and budget is None:
-        raise ValueError("tree='ddtree' needs a node budget, e.g. budget=16")
-    eos = _eos_set(eos_token_ids)
+    rules = RoundRules.make(tree, budget, eos_token_ids=eos_token_ids, max_context=max_context,
+                            verify_cost_ratio=verify_cost_ratio, min_expected_accepted=min_expected_accepted,
+                            verify_cost=verify_cost, should_draft=should_draft)
     max_new = len(output_ids) if max_new_tokens is None else int(max_new_tokens)
     if len(output_ids) > max_new:
         raise ValueError(f"output has {len(output_ids)} tokens, more than max_new_tokens={max_new}")
-    early_eos = [i for i, t in enumerate(output_ids[:-1]) if t in eos]
+    early_eos = [i for i, t in enumerate(output_ids[:-1]) if t in rules.eos_token_ids]
     if early_eos:
         raise ValueError(f"output has EOS at position {early_eos[0]} before its end; greedy decoding stops there")
-    if min_expected_accepted is not None:
-        gate = float(min_expected_accepted)
-    else:
-        gate = 0.0 if verify_cost is not None else max(0.0, verify_cost_ratio - 1.0)
-
-    def stop_reason(n_out: int, start: int) -> str | None:
-        if output_ids[n_out - 1] in eos:
-            return "eos"
-        if n_out >= max_new:
-            return "max_new_tokens"
-        if max_context is not None and start >= max_context:
-            return "context_full"
-        return None
 
     drafter.begin(prompt_ids, None)
-    n_out, start = 1, len(prompt_ids)  # committed output tokens; cache length (position of the root)
-    rounds = [ReplayRound(round_index=0, start_position=0, context_len=len(prompt_ids) - 1, tree_nodes=0,
-                          tree_depth=0, accepted=0, committed_ids=(output_ids[0],), ends_at_leaf=True,
-                          drafted=False, expected_accepted=0.0)]
+    state = RequestState(prompt_ids=prompt_ids, max_new_tokens=max_new, output=output_ids[:1], start=len(prompt_ids),
+                         block_size=int(getattr(drafter, "block_size", 1)))
+    state.rounds.append(prefill_round(state))
     proposals: list[DraftProposal | None] = [None]
     trees: list[Tree] = [Tree.empty()]
-    stop = stop_reason(n_out, start)
+    recorded = _RecordedOutput(output_ids)
+    stop = rules.stop_reason(state)
     while stop is None:
-        if n_out >= len(output_ids):
+        if len(state.output) >= len(output_ids):
             raise ValueError(f"the output ends after {len(output_ids)} tokens without EOS, before "
                              f"max_new_tokens={max_new} and a full context: it is not a complete greedy output")
-        remaining = max_new - n_out
-        proposal = drafter.propose(prompt_ids + output_ids[:n_out], None)
-        round_tree, used_proposal, expected = Tree.empty(), None, 0.0
-        if proposal is not None and proposal.depth > 0:
-            usable_depth = remaining - 1
-            if max_context is not None:
-                usable_depth = min(usable_depth, max_context - 1 - start)
-            proposal = truncate_proposal(proposal, max(usable_depth, 0))
-            if proposal.depth > 0:
-                candidate = tree(proposal, budget) if callable(tree) else build_tree(proposal, tree, budget)
-                if should_draft is not None:
-                    expected = expected_accepted(proposal, candidate)
-                    verified = candidate if candidate.n_nodes > 0 and should_draft(proposal, candidate) else None
-                else:
-                    verified, expected = plan_verification(proposal, candidate, verify_cost=verify_cost,
-                                                           min_expected_accepted=gate)
-                if verified is not None and verified.n_nodes > 0:
-                    round_tree, used_proposal = verified, truncate_proposal(proposal, verified.max_depth)
-
-        # walk: the target's argmax after the path so far is the next output token
-        path = [0]
-        while n_out + len(path) - 1 < len(output_ids):
-            child = round_tree.children[path[-1]].get(output_ids[n_out + len(path) - 1])
-            if child is None:
-                break
-            path.append(child)
-        committed = output_ids[n_out:n_out + len(path)][:remaining]
-        for i, token in enumerate(committed):
-            if token in eos:
-                committed = committed[:i + 1]
-                break
-        accepted = len(path) - 1 if len(committed) == len(path) else len(committed)
-        rounds.append(ReplayRound(
-            round_index=len(rounds), start_position=n_out, context_len=start, tree_nodes=round_tree.n_nodes,
-            tree_depth=round_tree.max_depth, accepted=accepted, committed_ids=tuple(committed),
-            ends_at_leaf=not round_tree.children[path[len(committed) - 1]], drafted=used_proposal is not None,
-            expected_accepted=expected))
-        proposals.append(used_proposal)
-        trees.append(round_tree)
-        n_out += len(committed)
-        start += len(committed)
-        stop = stop_reason(n_out, start)
-    if n_out != len(output_ids):
-        raise ValueError(f"decoding would stop ({stop}) after {n_out} tokens but the output has "
+        record = play_round(state, rules, lambda tokens: drafter.propose(tokens, None), recorded, timed=False)
+        state.rounds.append(record.bare())
+        proposals.append(record.draft)
+        trees.append(recorded.tree)
+        stop = rules.stop_reason(state)
+    if len(state.output) != len(output_ids):
+        raise ValueError(f"decoding would stop ({stop}) after {len(state.output)} tokens but the output has "
                          f"{len(output_ids)}: pass the eos_token_ids / max_new_tokens it was decoded with")
     config = {"drafter_id": getattr(drafter, "drafter_id", type(drafter).__name__),
               "drafter_config": drafter_run_config(drafter),
               "tree_policy": tree if isinstance(tree, str) else repr(tree), "budget": budget,
-              "verify_cost_ratio": verify_cost_ratio, "min_expected_accepted": gate,
+              "verify_cost_ratio": verify_cost_ratio, "min_expected_accepted": rules.min_expected_accepted,
               "verify_cost": None if verify_cost is None else verify_cost.to_config(),
-              "eos_token_ids": sorted(eos), "max_new_tokens": max_new, "max_context": max_context,
+              "eos_token_ids": sorted(rules.eos_token_ids), "max_new_tokens": max_new, "max_context": max_context,
               "replayed": True}
-    return ReplayResult(prompt_ids=prompt_ids, output_ids=output_ids, rounds=rounds, proposals=proposals,
+    return ReplayResult(prompt_ids=prompt_ids, output_ids=output_ids, rounds=state.rounds, proposals=proposals,
                         trees=trees, stop_reason=stop, config=config)
+
+
+class _RecordedOutput:
+    """The offline source of correct tokens: greedy decoding is deterministic, so the target's argmax after
+    any prefix of the recorded greedy output is the output's next token. Nothing to commit."""
+
+    def __init__(self, output_ids: list[int]):
+        self.output_ids = output_ids
+        self.tree = Tree.empty()
+
+    def verify(self, state: RequestState, tree: Tree):
+        self.tree, n_out, output = tree, len(state.output), self.output_ids
+        return lambda node, depth: output[n_out + depth] if n_out + depth < len(output) else None
+
+    def commit(self, state: RequestState, kept_nodes: list[int]) -> None:
+        return None
 
 
 def replay_request(
@@ -311,7 +245,7 @@ def replay_request(
     """Replay one request and hand its rounds to observers as the decoder would (e.g. a recorder).
 
     One teacher-forced target pass supplies each round's ``target_logits`` (unless ``logits`` is
-    given). Timings are 0 and every record carries ``extra={"replayed": True, ...}``; mark the run as
+    given). Timings are 0 and every record has ``replayed=True``; mark the run as
     replayed in the recorder's run metadata too (``replay_run_metadata``). ``round_options`` go to
     ``replay_rounds``.
     """
@@ -320,20 +254,13 @@ def replay_request(
         logits = teacher_forced_logits(target, prompt_ids, output_ids)
     if logits.shape[0] != len(result.output_ids):
         raise ValueError(f"logits have {logits.shape[0]} rows for {len(result.output_ids)} output tokens")
-    block_size = int(getattr(drafter, "block_size", 1))
     info = {"category": category, "dataset": dataset, "question_id": question_id,
             "prompt_tokens": len(result.prompt_ids), "image_tokens": image_tokens, "config": result.config}
     for obs in observers:
         obs.on_request_start(request_id, info)
     for r, proposal in zip(result.rounds, result.proposals):
-        record = RoundRecord(
-            request_id=request_id, round_index=r.round_index, start_position=r.start_position,
-            context_len=r.context_len, block_size=block_size, tree_nodes=r.tree_nodes,
-            tree_depth=r.tree_depth, accepted=r.accepted, committed_ids=list(r.committed_ids),
-            ends_at_leaf=r.ends_at_leaf,
-            target_logits=logits[r.start_position:r.start_position + r.committed],
-            draft=proposal, draft_ms=0.0, verify_ms=0.0, overhead_ms=0.0,
-            extra={"prefill": r.round_index == 0, "expected_accepted": r.expected_accepted, "replayed": True})
+        record = replace(r, request_id=request_id, replayed=True, draft=proposal,
+                         target_logits=logits[r.start_position:r.start_position + r.committed])
         for obs in observers:
             obs.on_round(record)
     end_info = {"new_tokens": len(result.output_ids), "stop_reason": result.stop_reason,
@@ -349,3 +276,99 @@ def replay_run_metadata(drafter: Drafter, tree: str, budget: int | None, **extra
             "drafter_config": drafter_run_config(drafter),
             "tree_policy": tree if isinstance(tree, str) else repr(tree),
             "tree_budget": budget, "replayed": True, **extra}
+
+
+# --- drafters that read target features --------------------------------------------------------------
+
+class PrecomputedBlockDrafter:
+    """The block drafter's proposals at every anchor of one known sequence, from ONE ``block_logits`` pass.
+
+    A ``Drafter`` for ``replay_rounds`` (any tree policy: chain, DDTree): ``propose(tokens, _)`` returns the
+    proposal anchored at ``len(tokens) - 1``, identical (up to float noise) to what the live drafter returns
+    there, because the live drafter's context is exactly the target features of ``tokens[:-1]`` and those
+    are the teacher-forced features of the sequence. ``drafter``: an ``entropy_law.drafters.BlockDrafter``
+    (used through its methods ``sequence_vocab``, ``block_logits``, ``proposal_from_logits``).
+    """
+
+    feature_layers: tuple[int, ...] = ()  # replay passes no features; they are precomputed
+
+    def __init__(self, drafter, prompt_ids: Sequence[int], output_ids: Sequence[int], features: torch.Tensor,
+                 *, chunk: int = 64):
+        self.drafter = drafter
+        self.drafter_id = drafter.drafter_id
+        self.block_size = drafter.block_size
+        self.config = dict(drafter.config)
+        self.sequence = [int(t) for t in prompt_ids] + [int(t) for t in output_ids]
+        self.prompt_len = len(prompt_ids)
+        s = len(self.sequence)
+        if features.shape[0] < s - 1:
+            raise ValueError(f"need features for positions 0..{s - 2}, got {features.shape[0]} rows")
+        anchors = list(range(self.prompt_len, s))
+        ids = torch.tensor([self.sequence])
+        # one pass over all anchors (chunked only to bound memory); anchor s-1 needs features 0..s-2
+        feats = features[None, : s - 1].float()
+        # the columns: the draft vocabulary of the whole sequence; with ``context_vocab`` ids an anchor has
+        # not seen yet are masked per anchor, so each row equals the live drafter's proposal there
+        self.vocab = drafter.sequence_vocab(ids)
+        rows = []
+        with torch.no_grad():
+            for lo in range(0, len(anchors), chunk):
+                a = torch.tensor([anchors[lo: lo + chunk]])
+                rows.append(drafter.block_logits(ids, feats, a, vocab=self.vocab)[0])
+        self.logits = torch.cat(rows)  # [n_anchors, B-1, Vd]
+
+    def begin(self, prompt_ids, prompt_features) -> None:
+        if [int(t) for t in prompt_ids] != self.sequence[: self.prompt_len]:
+            raise ValueError("replay prompt differs from the precomputed sequence's prompt")
+
+    def propose(self, tokens, new_features) -> DraftProposal:
+        n = len(tokens)
+        if n <= self.prompt_len or [int(t) for t in tokens] != self.sequence[:n]:
+            raise ValueError("tokens are not a prefix of the precomputed sequence beyond its prompt")
+        return self.drafter.proposal_from_logits(self.logits[n - 1 - self.prompt_len], self.vocab)
+
+    def chain_accepted(self) -> list[int]:
+        """Accepted chain drafts if a round started at each anchor (the top draft per depth, while it spells
+        the sequence), for anchors ``prompt_len .. len(sequence) - 2``."""
+        drafts = self.drafter.draft_tokens(self.logits.argmax(-1), self.vocab).tolist()  # [n_anchors, B-1]
+        accepted = []
+        for anchor in range(self.prompt_len, len(self.sequence) - 1):
+            following = self.sequence[anchor + 1:]
+            tau = 0
+            for draft, token in zip(drafts[anchor - self.prompt_len], following):
+                if draft != token:
+                    break
+                tau += 1
+            accepted.append(tau)
+        return accepted
+
+
+@dataclass
+class ChainReplay:
+    """Offline chain replay of one greedy sequence by a block drafter (``replay_chain``)."""
+
+    anchor_positions: list[int]  # every response anchor replayed
+    accepted_at_anchor: list[int]  # accepted drafts if a round started there
+    round_anchors: list[int]  # anchors (pending-root positions) of the rounds the chain decoder runs
+    round_accepted: list[int]  # accepted drafts per round (tau)
+    round_committed: list[int]  # committed tokens per round (tau + 1, cut at the end of the sequence)
+
+
+@torch.no_grad()
+def replay_chain(drafter, input_ids: torch.Tensor, features: torch.Tensor, prompt_len: int, *,
+                 chunk: int = 64) -> ChainReplay:
+    """The chain rounds a decoder with ``drafter`` runs on one greedy sequence (the decoder's own rounds:
+    ``replay_rounds`` with the chain tree and no gate), and the acceptance at every response anchor.
+
+    ``input_ids [S]`` = prompt + greedy response; ``features [>= S-1, n*H]`` target features (row j =
+    position j). Used to score a drafter during training (mean committed tokens per round).
+    """
+    sequence = [int(t) for t in input_ids.tolist()]
+    prompt, output = sequence[:prompt_len], sequence[prompt_len:]
+    source = PrecomputedBlockDrafter(drafter, prompt, output, features, chunk=chunk)
+    result = replay_rounds(prompt, output, source, "chain", min_expected_accepted=0.0)
+    rounds = result.rounds[1:]  # round 0 is the prefill
+    return ChainReplay(anchor_positions=list(range(prompt_len, len(sequence) - 1)),
+                       accepted_at_anchor=source.chain_accepted(),
+                       round_anchors=[prompt_len + r.start_position - 1 for r in rounds],
+                       round_accepted=[r.accepted for r in rounds], round_committed=[r.committed for r in rounds])

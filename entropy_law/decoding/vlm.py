@@ -40,8 +40,11 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 import torch
+from PIL import Image
+from transformers import AutoConfig, AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer, DynamicCache
 
 from entropy_law.decoding.adapter import TargetAdapter
+from entropy_law.decoding.loading import LoadedTarget
 from entropy_law.decoding.tree import Tree
 
 QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
@@ -95,7 +98,6 @@ class ImagePrompt:
 
 def load_image(path: str | os.PathLike):
     """A PIL RGB image from a file, with an error that names the file."""
-    from PIL import Image
 
     path = Path(path)
     if not path.is_file():
@@ -136,7 +138,6 @@ class ImagePromptEncoder:
 
         ``image_processor_kwargs`` override the saved processor settings, e.g. ``{"max_pixels": 401408}``
         to cap Qwen's image tokens (``max_pixels / 28**2``)."""
-        from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer
 
         folder = Path(folder)
         config = AutoConfig.from_pretrained(folder, local_files_only=True)
@@ -280,7 +281,6 @@ class VLMTargetAdapter(TargetAdapter):
     def prefill(self, input_ids: Sequence[int] | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """A fresh cache over the prompt, pixels included: last-position logits ``[V]`` (fp32) and the
         features of every prompt position ``[n, F]`` (image positions included), or ``None``."""
-        from transformers import DynamicCache
 
         prompt, self._pending = self._pending, None
         ids = torch.as_tensor(input_ids, dtype=torch.long, device=self.device).reshape(1, -1)
@@ -420,9 +420,7 @@ def load_vlm_target(spec: str | os.PathLike, *, dtype: torch.dtype = torch.float
                     attn_implementation: str = "eager", **encoder_kwargs):
     """A local VLM folder (Qwen2-VL, Qwen2.5-VL or LLaVA; never downloaded) -> ``(LoadedTarget,
     ImagePromptEncoder)``. fp32 and eager attention by default (exactness)."""
-    from transformers import AutoConfig, AutoModelForImageTextToText
 
-    from entropy_law.decoding.loading import LoadedTarget
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     folder = Path(spec).expanduser()

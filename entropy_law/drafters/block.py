@@ -45,10 +45,13 @@ from typing import Sequence
 
 import torch
 import torch.nn.functional as F
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from entropy_law.decoding.attention import gqa_eager_attention, text_config as _text_config
 from entropy_law.decoding.interface import DraftProposal
+from entropy_law.prompts.paths import data_dir
 
 FORMAT = "entropy-law-block-drafter"
 FORMAT_VERSION = 1
@@ -61,7 +64,6 @@ DEFAULT_CHECKPOINT = "smollm2-135m-block-b8.safetensors"  # inside data/drafters
 
 def default_drafter_path() -> Path:
     """The shipped checkpoint for the default target: ``data/drafters/smollm2-135m-block-b8.safetensors``."""
-    from entropy_law.prompts.paths import data_dir
 
     return data_dir() / "drafters" / DEFAULT_CHECKPOINT
 
@@ -676,7 +678,6 @@ class BlockDrafter(nn.Module):
     # ------------------------------------------------------------------ checkpoints
     def save(self, path: str | Path, *, dtype: torch.dtype = torch.float16, metadata: dict | None = None) -> Path:
         """Write a safetensors checkpoint (drafter weights only, stored in ``dtype``) with the config inside."""
-        from safetensors.torch import save_file
 
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -704,8 +705,6 @@ class BlockDrafter(nn.Module):
 
 def read_checkpoint(path: str | Path) -> tuple[BlockDrafterConfig, dict[str, torch.Tensor], dict]:
     """A checkpoint's config, its weights (floating point upcast to fp32) and its safetensors metadata."""
-    from safetensors import safe_open
-    from safetensors.torch import load_file
 
     path = Path(path)
     if not path.is_file():

@@ -1,39 +1,51 @@
 """Drafting arms by name: a drafter id plus a tree policy, built for a loaded target.
 
-Known here: the arms the demo and the reference-trace script decode with (``ngram`` chain, ``ngram``
-DDTree, ``block`` chain / DDTree N=16, and ``ar``, the autoregressive baseline), where the shipped block
-drafter checkpoint is looked for (``$ENTROPY_LAW_BLOCK_DRAFTER``, else the first ``*.safetensors``
-under ``data/drafters/``), and how to say that the block drafter is unavailable (no checkpoint, or a
-checkout without ``entropy_law.drafters.block``) without failing: ``block_drafter_status``
-returns the reason, callers print it and carry on with the other arms.
+Known here: the arms the demo, the reference traces and ``entropy-law record`` decode with (``ngram``
+chain, ``ngram`` DDTree, ``block`` chain / DDTree N=16, and ``ar``, the autoregressive baseline), what
+an AR run writes as its drafter and tree policy in trace metadata (``"none"`` for both: the analysis
+recognises AR runs by them), where the shipped block drafter checkpoint is looked for
+(``$ENTROPY_LAW_BLOCK_DRAFTER``, else the first ``*.safetensors`` under ``data/drafters/``), and how to
+say that it is unavailable without failing: ``block_drafter_status`` returns the reason, callers print it
+and carry on with the other arms.
 
-Not known here: decoding (``SpeculativeDecoder``), recording, replay (``scripts/make_reference_traces.py``).
+Not known here: decoding (``SpeculativeDecoder``), recording (``jobs.record``), replay (``jobs.reference``).
 """
 
 from __future__ import annotations
 
-import importlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from entropy_law.drafters.block import BlockDrafter
+from entropy_law.drafters.ngram import NgramDrafter
+
 BLOCK_DRAFTER_ENV = "ENTROPY_LAW_BLOCK_DRAFTER"
 DDTREE_BUDGET = 16
+AR = "ar"
+# what an AR run writes to its trace metadata (existing traces have these; the analysis looks for them)
+AR_DRAFTER_ID = "none"
+AR_TREE_POLICY = "none"
 
 
 @dataclass(frozen=True)
 class ArmSpec:
     """``name``: label used in folders and tables; ``drafter``: ``"ngram"``, ``"block"`` or ``"ar"``;
-    ``tree``: ``"chain"`` or ``"ddtree"``; ``budget``: draft nodes per tree (DDTree)."""
+    ``tree``: ``"chain"`` or ``"ddtree"`` (``"none"`` for AR); ``budget``: draft nodes per tree (DDTree)."""
 
     name: str
     drafter: str
     tree: str = "chain"
     budget: int | None = None
 
+    @property
+    def drafts(self) -> bool:
+        """False for the autoregressive baseline."""
+        return self.drafter != AR
+
 
 ARMS = {
-    "ar": ArmSpec("ar", "ar", "none"),
+    "ar": ArmSpec("ar", AR, AR_TREE_POLICY),
     "ngram": ArmSpec("ngram", "ngram", "chain"),
     "ngram-ddtree16": ArmSpec("ngram-ddtree16", "ngram", "ddtree", DDTREE_BUDGET),
     "block": ArmSpec("block", "block", "chain"),
@@ -59,12 +71,7 @@ def block_drafter_checkpoint() -> Path | None:
 
 
 def block_drafter_status() -> tuple[bool, str]:
-    """(available, message): whether the block drafter can be loaded here, and why not."""
-    try:
-        importlib.import_module("entropy_law.drafters.block")
-    except ModuleNotFoundError:
-        return False, ("block drafter unavailable: this checkout has no entropy_law.drafters.block "
-                       "(it lands with the drafter branch); carrying on with the n-gram drafter")
+    """(available, message): whether the shipped block drafter checkpoint can be loaded here, and why not."""
     path = block_drafter_checkpoint()
     if path is None:
         return False, (f"block drafter unavailable: no checkpoint under data/drafters/ (or set {BLOCK_DRAFTER_ENV}); "
@@ -79,21 +86,20 @@ def load_block_drafter(target):
     ok, message = block_drafter_status()
     if not ok:
         raise FileNotFoundError(message)
-    module = importlib.import_module("entropy_law.drafters.block")
-    return module.BlockDrafter.load(block_drafter_checkpoint(), target)
+    return BlockDrafter.load(block_drafter_checkpoint(), target)
 
 
-def make_drafter(spec: ArmSpec, target=None, *, ngram_options: dict | None = None):
+def make_drafter(spec: ArmSpec, target=None, *, ngram_options: dict | None = None,
+                 checkpoint: str | Path | None = None):
     """A fresh drafter for ``spec`` (``None`` for AR). The n-gram drafter keeps no state across
-    requests beyond ``begin``; the block drafter needs ``target``."""
-    if spec.drafter == "ar":
+    requests beyond ``begin``; the block drafter needs ``target`` and loads ``checkpoint`` (default:
+    the shipped one)."""
+    if spec.drafter == AR:
         return None
     if spec.drafter == "ngram":
-        from entropy_law.drafters.ngram import NgramDrafter
-
         return NgramDrafter(**(ngram_options or {}))
     if spec.drafter == "block":
-        return load_block_drafter(target)
+        return BlockDrafter.load(checkpoint, target) if checkpoint is not None else load_block_drafter(target)
     raise ValueError(f"unknown drafter {spec.drafter!r}")
 
 

@@ -68,14 +68,16 @@ def run_demo(
     checkpoint is missing. ``n_boot``: bootstrap replicates for the break-even intervals.
     ``analysis_options``: more keyword arguments of ``TraceAnalysis`` (e.g. ``compare_families``).
     """
-    import torch
-    from tqdm.auto import tqdm
+    # lazy: `entropy-law --help` imports this module for the defaults above; the decoder (torch) and the
+    # analysis (pandas, matplotlib) load only when the demo runs
+    import matplotlib
 
-    from entropy_law.jobs.arms import available_arms, make_drafter
-    from entropy_law.decoding.decoder import SpeculativeDecoder
-    from entropy_law.decoding.interface import drafter_run_config
-    from entropy_law.decoding.observers import RecorderObserver
-    from entropy_law.traces.recorder import TraceRecorder
+    matplotlib.use("Agg")
+    from entropy_law.jobs.arms import available_arms
+    from entropy_law.jobs.record import record_arms
+    from entropy_law.jobs.report import terminal_summary, write_report
+    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.traces.reader import load_traces
 
     if max_new_tokens < 2:
         raise ValueError(f"max_new_tokens must be >= 2 (one token after the prefill), got {max_new_tokens}")
@@ -84,7 +86,7 @@ def run_demo(
     specs, messages = available_arms(arms)
     for m in messages:
         log(m)
-    if not any(s.drafter != "ar" for s in specs):
+    if not any(s.drafts for s in specs):
         raise ValueError(f"no drafting arm left to run among {list(arms)}")
     run_id = run_id or new_run_id()
     run_dir = Path(out) / run_id
@@ -94,64 +96,22 @@ def run_demo(
     timings = {}
     t_start = time.perf_counter()
 
-    decoders, recorders = {}, {}
-    model = target if isinstance(target, torch.nn.Module) else target.model  # LoadedTarget or a causal LM
-    model_id = getattr(target, "model_id", type(model).__name__)
-    for spec in specs:
-        drafter = make_drafter(spec, target, ngram_options=ngram_options)
-        decoder = SpeculativeDecoder(target, drafter, tree=spec.tree if drafter is not None else "chain",
-                                     budget=spec.budget if drafter is not None else None)
-        decoders[spec.name] = decoder
-        recorders[spec.name] = TraceRecorder(
-            trace_dir / spec.name, model_id=model_id, drafter_id=decoder.config["drafter_id"],
-            drafter_config=drafter_run_config(drafter),
-            tree_policy=spec.tree, tree_budget=spec.budget, dtype=decoder.config["dtype"],
-            device=str(decoder.adapter.device), seed=seed, max_new_tokens=max_new_tokens, replayed=False,
-            demo_run_id=run_id, arm=spec.name)
-        decoder.observers = [RecorderObserver(recorders[spec.name])]
-
-    def ids_of(task):
-        if encode is not None:
-            return list(encode(task))
-        return decoders[specs[0].name].encode_prompt(task.messages())
-
-    # warm-up (not recorded): first forwards allocate and tune kernels
-    warm = ids_of(tasks[0])
-    for spec in specs:
-        d = decoders[spec.name]
-        observers, d.observers = d.observers, []
-        d.generate(warm, max_new_tokens=min(4, max_new_tokens))
-        d.observers = observers
-    timings["setup_s"] = time.perf_counter() - t_start
-
-    mismatches = []
-    t_decode = time.perf_counter()
-    with torch.inference_mode():
-        bar = tqdm(tasks, desc="decode", unit="prompt", disable=not progress)
-        for task in bar:
-            prompt_ids = ids_of(task)
-            outputs = {}
-            for spec in specs:
-                bar.set_postfix_str(f"{task.category} / {spec.name}")
-                result = decoders[spec.name].generate(prompt_ids, max_new_tokens=max_new_tokens,
-                                                      category=task.category, request_id=task.request_id,
-                                                      dataset=task.dataset, question_id=task.question_id)
-                outputs[spec.name] = result.token_ids
-            reference = next(iter(outputs.values()))
-            mismatches += [(name, task.request_id) for name, ids in outputs.items() if ids != reference]
-    for rec in recorders.values():
-        rec.finish()
-    timings["decode_s"] = time.perf_counter() - t_decode
+    # per prompt every arm in turn, after a short unrecorded warm-up (first forwards allocate and tune kernels)
+    recorded = record_arms(tasks, specs, trace_dir, target, max_new_tokens=max_new_tokens,
+                           encode=None if encode is None else (lambda task, decoder: (list(encode(task)), {})),
+                           warm_up_tokens=4, ngram_options=ngram_options, progress=progress, desc="decode",
+                           run_metadata=lambda spec: {"seed": seed, "replayed": False, "demo_run_id": run_id,
+                                                      "arm": spec.name},
+                           log=log)
+    timings["setup_s"] = recorded.setup_s
+    timings["decode_s"] = recorded.decode_s
+    model_id = recorded[specs[0].name].metadata["model_id"]
+    first = recorded[specs[0].name].outputs
+    mismatches = [(spec.name, task.request_id) for task in tasks if task.request_id in first for spec in specs
+                  if recorded[spec.name].outputs.get(task.request_id) != first[task.request_id]]
     if mismatches:
         messages.append(f"WARNING: {len(mismatches)} outputs differ between arms (lossless decoding broken?): "
                         f"{mismatches[:5]}")
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from entropy_law.law.analysis import TraceAnalysis
-    from entropy_law.jobs.report import terminal_summary, write_report
-    from entropy_law.traces.reader import load_traces
 
     t_an = time.perf_counter()
     traces = load_traces(trace_dir)

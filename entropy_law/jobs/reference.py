@@ -3,10 +3,10 @@
 Known here: the recipe of ``data/traces/`` (``scripts/make_reference_traces.py`` is its command line).
 
 1. **Online** (timed): each prompt is decoded ONCE by ``SpeculativeDecoder`` with the n-gram drafter
-   (chain), recorded into ``<out>/ngram/``. Greedy lossless decoding makes the output the target's
-   greedy output whatever the drafter.
+   (chain), recorded into ``<out>/ngram/`` (``jobs.record.record_arms``). Greedy lossless decoding makes
+   the output the target's greedy output whatever the drafter.
 2. **AR timing** (optional, timed): the first ``ar_limit`` prompts per category are decoded by our AR
-   baseline into ``<out>/ar/``, so speedups can be measured against the same prompts.
+   baseline into ``<out>/ar/`` (``record_arms`` again), so speedups can be measured against the same prompts.
 3. **Replay** (no timings): for every other arm (n-gram DDTree, block drafter chain / DDTree N=16) the
    rounds are simulated on the recorded greedy output (``entropy_law.decoding.replay``): one
    teacher-forced target pass per prompt gives the target's logits (the entropies do not depend on the
@@ -24,25 +24,31 @@ Not known here: the trace format, decoding internals, statistics.
 from __future__ import annotations
 
 import contextlib
-import importlib
+import json
+import shutil
 from pathlib import Path
 from typing import Callable, Sequence
 
+import torch
+from tqdm.auto import tqdm
+
+from entropy_law.decoding.decoder import SpeculativeDecoder
+from entropy_law.decoding.features import capture_features
+from entropy_law.decoding.observers import RecorderObserver
+from entropy_law.decoding.replay import (PrecomputedBlockDrafter, replay_request, replay_run_metadata,
+                                         teacher_forced_logits)
+from entropy_law.jobs.arms import AR, ArmSpec, arm_spec, available_arms, make_drafter
+from entropy_law.jobs.record import record_arms
+from entropy_law.traces.reader import load_traces
+from entropy_law.traces.recorder import TraceRecorder
+
 DEFAULT_REPLAY_ARMS = ("ngram-ddtree16", "block", "block-ddtree16")
 ONLINE_ARM = "ngram"
-
-
-def _recorder(path: Path, **metadata):
-    from entropy_law.traces.recorder import TraceRecorder
-
-    resume = (path / "run.json").exists()
-    return TraceRecorder(path, resume=resume, **metadata)
+SEED = 0  # recorded in the run metadata (greedy decoding draws nothing)
 
 
 def greedy_outputs(run_dir: Path) -> dict:
     """request_id -> (category, question_id, output token ids, stop_reason) of a recorded run."""
-    from entropy_law.traces.reader import load_traces
-
     traces = load_traces(run_dir)
     tok = traces.tokens.sort_values(["request_id", "position"])
     req = traces.requests.set_index("request_id")
@@ -52,6 +58,17 @@ def greedy_outputs(run_dir: Path) -> dict:
         out[rid] = (str(req.loc[rid, "category"]), str(req.loc[rid, "question_id"]), part["token_id"].astype(int).tolist(),
                     str(req.loc[rid, "stop_reason"]))
     return out
+
+
+def first_per_category(tasks: Sequence, limit: int) -> list:
+    """The first ``limit`` tasks of each category, in the order given."""
+    per_cat: dict[str, int] = {}
+    chosen = []
+    for task in tasks:
+        if per_cat.get(task.category, 0) < limit:
+            chosen.append(task)
+            per_cat[task.category] = per_cat.get(task.category, 0) + 1
+    return chosen
 
 
 def make_reference_traces(
@@ -78,79 +95,54 @@ def make_reference_traces(
     ``entropy-law record --drafter ngram``); it is copied to ``<out>/ngram`` and used as the greedy source
     instead of decoding again (only its prompts among ``tasks`` are replayed; its own gate setting is kept).
     """
-    import torch
-    from tqdm.auto import tqdm
-
-    from entropy_law.jobs.arms import arm_spec, available_arms, make_drafter
-    from entropy_law.decoding.decoder import SpeculativeDecoder
-    from entropy_law.decoding.interface import drafter_run_config
-    from entropy_law.decoding.observers import RecorderObserver
-    from entropy_law.decoding.replay import replay_request, replay_run_metadata, teacher_forced_logits
-
     out = Path(out)
     if max_new_tokens < 2:
         raise ValueError(f"max_new_tokens must be >= 2, got {max_new_tokens}")
     if not tasks:
         raise ValueError("no prompts: check the limit / categories")
-    model = target if isinstance(target, torch.nn.Module) else target.model  # LoadedTarget or a causal LM
-    model_id = getattr(target, "model_id", type(model).__name__)
-    online_spec = arm_spec(ONLINE_ARM)
-    decoder = SpeculativeDecoder(target, make_drafter(online_spec, target), tree="chain",
-                                 verify_cost_ratio=verify_cost_ratio)
-    eos = sorted(decoder.eos_token_ids)
-    max_context = decoder.adapter.max_context
-    common = dict(model_id=model_id, dtype=decoder.config["dtype"], device=str(decoder.adapter.device),
-                  max_new_tokens=max_new_tokens, seed=0, verify_cost_ratio=verify_cost_ratio)
-
-    def ids_of(task):
-        return list(encode(task)) if encode is not None else decoder.encode_prompt(task.messages())
-
+    timed = dict(out=out, max_new_tokens=max_new_tokens, verify_cost_ratio=verify_cost_ratio, resume=True,
+                 encode=None if encode is None else (lambda task, decoder: (list(encode(task)), {})),
+                 progress=progress, log=log,
+                 run_metadata=lambda spec: {"replayed": False, "arm": spec.name, "seed": SEED,
+                                            "verify_cost_ratio": verify_cost_ratio})
     runs = {}
-    path = out / online_spec.name
     if from_run is not None:
-        online_run_id = _adopt_online_run(Path(from_run), path, tasks, log)
+        online_run_id = _adopt_online_run(Path(from_run), out / ONLINE_ARM, tasks, log)
     else:  # 1. online n-gram decode (timed)
-        with _recorder(path, drafter_id=decoder.config["drafter_id"],
-                       drafter_config=drafter_run_config(decoder.drafter), tree_policy="chain", tree_budget=None,
-                       replayed=False, arm=online_spec.name, **common) as rec:
-            decoder.observers = [RecorderObserver(rec)]
-            todo = [t for t in tasks if t.request_id not in rec.completed_requests]
-            log(f"online {online_spec.name}: {len(tasks) - len(todo)} of {len(tasks)} prompts already recorded")
-            with torch.inference_mode():
-                for task in tqdm(todo, desc=f"decode ({online_spec.name})", unit="prompt", disable=not progress):
-                    decoder.generate(ids_of(task), max_new_tokens=max_new_tokens, category=task.category,
-                                     request_id=task.request_id, dataset=task.dataset,
-                                     question_id=task.question_id)
-            online_run_id = rec.run_id
-    runs[online_spec.name] = path
+        online = record_arms(tasks, [arm_spec(ONLINE_ARM)], target=target, desc=f"decode ({ONLINE_ARM})", **timed)
+        online_run_id = online[ONLINE_ARM].run_id
+    runs[ONLINE_ARM] = out / ONLINE_ARM
 
-    # 2. AR timing on the first ar_limit prompts per category (timed)
-    if ar_limit > 0:
-        ar = SpeculativeDecoder(target, None)
-        per_cat: dict[str, int] = {}
-        ar_tasks = []
-        for task in tasks:
-            if per_cat.get(task.category, 0) < ar_limit:
-                ar_tasks.append(task)
-                per_cat[task.category] = per_cat.get(task.category, 0) + 1
-        path = out / "ar"
-        with _recorder(path, drafter_id="none", drafter_config={}, tree_policy="none", tree_budget=None,
-                       replayed=False, arm="ar", **common) as rec:
-            ar.observers = [RecorderObserver(rec)]
-            todo = [t for t in ar_tasks if t.request_id not in rec.completed_requests]
-            with torch.inference_mode():
-                for task in tqdm(todo, desc="decode (ar)", unit="prompt", disable=not progress):
-                    ar.generate(ids_of(task), max_new_tokens=max_new_tokens, category=task.category,
-                                request_id=task.request_id, dataset=task.dataset, question_id=task.question_id)
-        runs["ar"] = path
+    if ar_limit > 0:  # 2. AR timing on the first ar_limit prompts per category (timed)
+        record_arms(first_per_category(tasks, ar_limit), [arm_spec(AR)], target=target, desc=f"decode ({AR})",
+                    **timed)
+        runs[AR] = out / AR
 
     # 3. offline replay of the other arms from the recorded greedy outputs
     specs, messages = available_arms(replay_arms)
     for m in messages:
         log(m)
-    if not specs:
-        return runs
-    outputs = greedy_outputs(runs[online_spec.name])
+    if specs:
+        _replay(specs, tasks, target, out, online_run_id, max_new_tokens=max_new_tokens, encode=encode,
+                verify_cost_ratio=verify_cost_ratio, progress=progress)
+        runs.update({spec.name: out / spec.name for spec in specs})
+    return runs
+
+
+def _replay(specs: Sequence[ArmSpec], tasks: Sequence, target, out: Path, online_run_id: str, *,
+            max_new_tokens: int, encode: Callable | None, verify_cost_ratio: float, progress: bool) -> None:
+    """Replay ``specs`` on the greedy outputs of ``<out>/ngram`` into ``<out>/<arm>`` (resumable)."""
+    model = target if isinstance(target, torch.nn.Module) else target.model  # LoadedTarget or a causal LM
+    plain = SpeculativeDecoder(target)  # the target's EOS ids, context, prompt encoding, dtype and device
+    config = plain.config
+    eos, max_context = config["eos_token_ids"], plain.adapter.max_context
+    common = dict(model_id=config["model_id"], dtype=config["dtype"], device=str(plain.adapter.device),
+                  max_new_tokens=max_new_tokens, seed=SEED, verify_cost_ratio=verify_cost_ratio)
+
+    def ids_of(task):
+        return list(encode(task)) if encode is not None else plain.encode_prompt(task.messages())
+
+    outputs = greedy_outputs(out / ONLINE_ARM)
     by_id = {t.request_id: t for t in tasks}
     arms = []
     stack = contextlib.ExitStack()  # each recorder: finished on success, left "running" (resumable) on error
@@ -158,12 +150,8 @@ def make_reference_traces(
         drafter = make_drafter(spec, target)
         meta = replay_run_metadata(drafter, spec.tree, spec.budget, replayed_from=online_run_id, arm=spec.name,
                                    **common)
-        rec = stack.enter_context(_recorder(out / spec.name, **meta))
+        rec = stack.enter_context(TraceRecorder(out / spec.name, resume=True, **meta))
         arms.append((spec, drafter, rec))
-        runs[spec.name] = out / spec.name
-    precomputed = None
-    if any(s.drafter == "block" for s, _, _ in arms):
-        precomputed = importlib.import_module("entropy_law.drafters.training.loop").PrecomputedBlockDrafter
     with stack:
         todo = [rid for rid in outputs if rid in by_id and outputs[rid][3] != "error"
                 and any(rid not in rec.completed_requests for _, _, rec in arms)]
@@ -175,8 +163,6 @@ def make_reference_traces(
                 block_layers = next((d.feature_layers for s, d, _ in arms if s.drafter == "block"), ())
                 features = None
                 if block_layers:
-                    from entropy_law.decoding.features import capture_features
-
                     with capture_features(model, block_layers) as cap:
                         logits = teacher_forced_logits(target, prompt_ids, output_ids)
                         features = cap.features()[0]
@@ -187,13 +173,12 @@ def make_reference_traces(
                         continue
                     source = drafter
                     if spec.drafter == "block":
-                        source = precomputed(drafter, prompt_ids, output_ids, features)
+                        source = PrecomputedBlockDrafter(drafter, prompt_ids, output_ids, features)
                     replay_request(target, prompt_ids, output_ids, source, spec.tree, spec.budget,
                                    observers=[RecorderObserver(rec)], request_id=rid, category=category,
                                    dataset=task.dataset, question_id=question_id, logits=logits,
                                    eos_token_ids=eos, max_new_tokens=max_new_tokens, max_context=max_context,
                                    verify_cost_ratio=verify_cost_ratio)
-    return runs
 
 
 def _adopt_online_run(source: Path, dest: Path, tasks: Sequence, log: Callable[[str], None]) -> str:
@@ -201,11 +186,6 @@ def _adopt_online_run(source: Path, dest: Path, tasks: Sequence, log: Callable[[
 
     Refuses a run that is incomplete, was itself replayed, or was not drafted by the n-gram drafter;
     prompts that are not among ``tasks`` stay in the copied run but are not replayed."""
-    import json
-    import shutil
-
-    from entropy_law.traces.reader import load_traces
-
     if not (dest / "run.json").exists():
         meta = json.loads((source / "run.json").read_text()) if (source / "run.json").is_file() else None
         if meta is None:

@@ -1,9 +1,49 @@
 """The entropy law (analysis layer): at-risk tables, law families, tests, predictions, cost model.
 
-numpy / scipy / pandas / statsmodels only; never imports torch. Modules: ``atrisk`` (the at-risk
-layout and its aggregate), ``fit`` (law families, ``fit_law``, ``FittedLaw``), ``blocks`` (block-level
-arithmetic: E[tau], exact rounds by dynamic programming), ``compare`` (grouped CV, AIC/BIC,
-calibration), ``transfer`` (block prediction, leave-one-category-out), ``hypotheses`` (pre-registered
-tests, Holm), ``bootstrap`` (request bootstrap), ``cost`` (when drafting pays), ``simulate`` (traces
-from a known law). Definitions and departures from the research notes: ``docs/law.md``.
+Known here, one module each: ``atrisk`` (the at-risk layout and its aggregate), ``fit`` (law families,
+``fit_law``, ``FittedLaw``), ``blocks`` (block-level arithmetic: E[tau], exact rounds by dynamic
+programming), ``compare`` (grouped CV, AIC/BIC, calibration), ``transfer`` (block prediction,
+leave-one-category-out), ``hypotheses`` (pre-registered tests, Holm), ``bootstrap`` (request
+bootstrap), ``cost`` (when drafting pays), ``simulate`` (traces from a known law), ``stats`` (small
+shared statistics: exact Spearman permutation p, Wilson interval), ``results`` (the result base
+class), ``analysis`` (``TraceAnalysis``: one trace set analysed once, for figures, report, notebooks)
+and ``sample_traces`` (where traces are found: the reference traces, else simulated ones).
+Definitions and departures from the research notes: ``docs/law.md``.
+
+Not known here: torch, decoding, drafters, jobs, plotting (``entropy_law.plots``). Depends on numpy,
+scipy, pandas and statsmodels (matplotlib only when a result is plotted).
 """
+
+from entropy_law.law.analysis import TraceAnalysis
+from entropy_law.law.atrisk import aggregate_at_risk, at_risk_table
+from entropy_law.law.bootstrap import bootstrap_law
+from entropy_law.law.compare import compare_laws
+from entropy_law.law.cost import fit_cost_model, when_drafting_pays
+from entropy_law.law.fit import LAW_FAMILIES, FittedLaw, fit_law
+from entropy_law.law.hypotheses import (category_ranking_test, drafter_entropy_test, preregistered_tests,
+                                        universality_test)
+from entropy_law.law.simulate import simulate_traces
+from entropy_law.law.stats import exact_spearman_p, wilson_interval
+from entropy_law.law.transfer import block_prediction, loco_transfer
+
+__all__ = [
+    "LAW_FAMILIES",
+    "FittedLaw",
+    "TraceAnalysis",
+    "aggregate_at_risk",
+    "at_risk_table",
+    "block_prediction",
+    "bootstrap_law",
+    "category_ranking_test",
+    "compare_laws",
+    "drafter_entropy_test",
+    "exact_spearman_p",
+    "fit_cost_model",
+    "fit_law",
+    "loco_transfer",
+    "preregistered_tests",
+    "simulate_traces",
+    "universality_test",
+    "when_drafting_pays",
+    "wilson_interval",
+]

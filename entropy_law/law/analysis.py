@@ -28,6 +28,12 @@ from typing import Callable
 import numpy as np
 import pandas as pd
 
+from entropy_law.law import atrisk
+from entropy_law.law.compare import compare_laws
+from entropy_law.law.cost import when_drafting_pays
+from entropy_law.law.fit import fit_law, get_family
+from entropy_law.law.transfer import block_prediction, loco_transfer
+
 AR_ARM = "AR"  # label of the autoregressive baseline in tables
 DEFAULT_FAMILY = "law_exp"
 PAYS_ENTROPIES = tuple(float(h) for h in np.round(np.geomspace(0.01, 5.0, 13), 4))  # nats, speedup curve grid
@@ -94,14 +100,6 @@ def make_view(traces) -> TraceView:
     runs["timed"] = (~runs["replayed"]) & (runs["run_id"].map(timing).fillna(0).to_numpy() > 0)
     runs["drafter_id"] = runs["arm"]
     return TraceView(tokens=tokens, rounds=rounds, requests=requests, runs=runs)
-
-
-def wilson_interval(successes, trials, *, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
-    """Wilson score interval for binomial proportions (statsmodels), vectorised."""
-    from statsmodels.stats.proportion import proportion_confint
-
-    lo, hi = proportion_confint(np.asarray(successes), np.asarray(trials), alpha=1 - level, method="wilson")
-    return np.asarray(lo, dtype=float), np.asarray(hi, dtype=float)
 
 
 @dataclass
@@ -187,20 +185,14 @@ class TraceAnalysis:
 
     def law(self, arm: str):
         """The fitted law (``self.family``) of one arm."""
-        from entropy_law.law.fit import fit_law
-
         return self._cached(("law", arm), lambda: fit_law(self.arm_view(arm), self.family))
 
     def block(self, arm: str):
         """Observed vs DP-predicted tokens per round per category (in-sample law)."""
-        from entropy_law.law.transfer import block_prediction
-
         return self._cached(("block", arm), lambda: block_prediction(self.law(arm), self.arm_view(arm), drafter=arm))
 
     def loco(self, arm: str):
         """Leave-one-category-out transfer of the category-free law."""
-        from entropy_law.law.transfer import loco_transfer
-
         return self._cached(("loco", arm), lambda: loco_transfer(self.arm_view(arm), self.family, drafter=arm))
 
     def loco_accuracy(self) -> pd.DataFrame:
@@ -223,10 +215,6 @@ class TraceAnalysis:
     def comparison(self, arm: str):
         """Cross-validated comparison of law families (families that cannot be fitted here are left out,
         with a note: e.g. ``law0_cat`` needs 5 requests per category)."""
-        from entropy_law.law import atrisk
-        from entropy_law.law.compare import compare_laws
-        from entropy_law.law.fit import fit_law
-
         def compute():
             rows = atrisk.at_risk_table(self.arm_view(arm), drafters=[arm])
             families, dropped = [], []
@@ -242,8 +230,6 @@ class TraceAnalysis:
             try:
                 result = compare_laws(rows, families, n_folds=n_folds, seed=self.seed)
             except Exception as err:  # a category family failed inside a training fold: leave them out
-                from entropy_law.law.fit import get_family
-
                 kept = [f for f in families if not get_family(f).needs_categories]
                 dropped += [f"{f} (in a CV fold: {err})" for f in families if f not in kept]
                 if not kept:
@@ -262,7 +248,7 @@ class TraceAnalysis:
         ar = req.loc[req["is_ar"] & req["timed"]]
         decoded = (ar["new_tokens"] - 1).clip(lower=0).sum()
         if ar.empty or decoded <= 0:
-            raise ValueError("no timed autoregressive run in the traces: record one (entropy-law record --drafter none) "
+            raise ValueError("no timed autoregressive run in the traces: record one (entropy-law record --drafter ar) "
                              "or pass ar_ms_per_token=")
         return float(ar["decode_ms"].sum() / decoded)
 
@@ -281,8 +267,6 @@ class TraceAnalysis:
 
     def pays(self, arm: str):
         """``when_drafting_pays`` for one timed arm: speedup vs entropy, break-even, best shapes."""
-        from entropy_law.law.cost import when_drafting_pays
-
         def compute():
             view = self.cost_view(arm)
             return when_drafting_pays(view, drafter=arm, family=self.family, ar_ms_per_token=self.ar_ms_per_token(),

@@ -167,7 +167,7 @@ class DraftingPays(Result):
         return f"when drafting pays: {self.cost.drafter_id} ({self.law.family.name}, decode speedup)"
 
     def plot(self, ax=None):
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # lazy: the law layer needs matplotlib only to plot a result
 
         if ax is None:
             _, ax = plt.subplots(figsize=(5, 3.5))

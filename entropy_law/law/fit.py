@@ -433,7 +433,7 @@ class FittedLaw(Result):
     # -- plot
     def plot(self, ax=None, *, depths: Sequence[int] = (1,), category=None, drafter=None, h_max: float = 5.0):
         """Fitted acceptance against target entropy (log x axis), one line per depth; returns ``ax``."""
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # lazy: the law layer needs matplotlib only to plot a result
 
         if ax is None:
             _, ax = plt.subplots(figsize=(5, 3.5))

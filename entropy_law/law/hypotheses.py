@@ -18,7 +18,6 @@ notes' caveat applies). No torch.
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -27,8 +26,11 @@ from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
 from entropy_law.law import atrisk
+from entropy_law.law.compare import compare_laws
 from entropy_law.law.fit import FittedLaw, fit_law, get_family, prepare_counts
 from entropy_law.law.results import Result
+from entropy_law.law.stats import exact_spearman_p
+from entropy_law.law.transfer import loco_transfer, single_drafter
 
 
 def robust_wald(law: FittedLaw, terms: list[str]) -> dict:
@@ -126,8 +128,6 @@ def universality_test(traces, *, drafter: str | None = None, eps: float = atrisk
              "requests": full.n_requests}
     notes = list(full.notes)
     if cv:
-        from entropy_law.law.compare import compare_laws
-
         rows_kept = rows.loc[rows["category"].isin(full.categories)]
         rows_kept.attrs.update(rows.attrs)
         comp = compare_laws(rows_kept, ("law0_cat", "law_exp", "law_exp_cat"), n_folds=n_folds, seed=seed, eps=eps)
@@ -147,25 +147,9 @@ def universality_test(traces, *, drafter: str | None = None, eps: float = atrisk
                       notes=notes)
 
 
-def exact_spearman_p(x, y) -> tuple[float, float]:
-    """Spearman rho of (x, y) and the exact one-sided permutation p of rho >= observed (K! orderings)."""
-    x, y = np.asarray(x, float), np.asarray(y, float)
-    if len(x) > 9:
-        raise ValueError("exact permutation p is limited to 9 categories (9! orderings)")
-    rho = stats.spearmanr(x, y).statistic
-    rank_x, rank_y = stats.rankdata(x), stats.rankdata(y)
-    count = total = 0
-    for perm in itertools.permutations(rank_y):
-        total += 1
-        count += stats.spearmanr(rank_x, perm).statistic >= rho - 1e-12
-    return float(rho), count / total
-
-
 def category_ranking_test(traces, *, drafter: str | None = None, family: str = "law_exp",
                           eps: float = atrisk.EPS_NATS) -> TestResult:
     """P2: does entropy explain the category ranking? LOCO predictions vs observations, Mundlak."""
-    from entropy_law.law.transfer import loco_transfer
-
     loco = loco_transfer(traces, family, drafter=drafter, eps=eps)
     s = loco.summary
     rho, p_perm = exact_spearman_p(s["predicted_tokens_per_round"], s["observed_tokens_per_round"])
@@ -189,9 +173,7 @@ def category_ranking_test(traces, *, drafter: str | None = None, family: str = "
 
 
 def loco_drafter(traces, drafter):
-    from entropy_law.law.transfer import _single_drafter
-
-    return _single_drafter(traces, drafter)[0]
+    return single_drafter(traces, drafter)[0]
 
 
 def drafter_entropy_test(traces, *, drafters: tuple[str, str] | None = None, eps: float = atrisk.EPS_NATS) -> TestResult:

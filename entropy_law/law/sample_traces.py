@@ -11,8 +11,12 @@ metadata; nothing here pretends they are measurements. No torch.
 from __future__ import annotations
 
 import os
+import tempfile
 import warnings
 from pathlib import Path
+
+from entropy_law.law.simulate import TreeSpec, simulate_traces
+from entropy_law.traces.recorder import TraceRecorder
 
 TRACES_ENV = "ENTROPY_LAW_TRACES"
 
@@ -37,9 +41,6 @@ def write_simulated_traces(path, *, seed: int = 0, n_requests_per_category: int 
 
     The law: ``a = exp(-lambda (H + eps)^k)`` with ``k = 0.8``, ``lambda = 1`` (see ``simulate_traces``).
     """
-    from entropy_law.law.simulate import TreeSpec, simulate_traces
-    from entropy_law.traces.recorder import TraceRecorder
-
     path = Path(path)
     sim = simulate_traces(seed=seed, n_requests_per_category=n_requests_per_category,
                           tokens_per_request=tokens_per_request, block_size=block_size, include_ar=True,
@@ -73,8 +74,6 @@ def resolve_traces(path=None, *, fallback_dir=None, seed: int = 0, quiet: bool =
     ref = reference_traces_dir()
     if has_runs(ref):
         return ref, False
-    import tempfile
-
     target = Path(fallback_dir) if fallback_dir is not None else Path(tempfile.gettempdir()) / f"entropy-law-sim-{seed}"
     if not quiet:
         warnings.warn(f"no reference traces at {ref} (make them with scripts/make_reference_traces.py, or set "

@@ -27,7 +27,7 @@ from typing import Mapping, Sequence
 import numpy as np
 import pandas as pd
 
-EPS_NATS = 1e-3
+from entropy_law.law.atrisk import EPS_NATS
 
 
 @dataclass(frozen=True)

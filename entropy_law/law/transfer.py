@@ -22,14 +22,16 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from entropy_law.law import atrisk
-from entropy_law.law.blocks import iid_tokens_per_round
+from entropy_law.law.blocks import expected_round_counts, iid_tokens_per_round
 from entropy_law.law.fit import FittedLaw, fit_law, get_family, prepare_counts
 from entropy_law.law.results import Result
+from entropy_law.law.stats import exact_spearman_p
 
 
-def _single_drafter(traces, drafter: str | None) -> tuple[str, pd.DataFrame]:
+def single_drafter(traces, drafter: str | None) -> tuple[str, pd.DataFrame]:
     """The drafter to analyse and its draft runs' rounds."""
     runs = traces.runs
     rounds = traces.rounds.merge(runs[["run_id", "drafter_id"]], on="run_id", how="left")
@@ -164,8 +166,6 @@ def predict_requests(law: FittedLaw, sequences: pd.DataFrame, B: int, *, drafter
 
     All requests' (position, depth) acceptances come from one prediction call, then one DP each.
     """
-    from entropy_law.law.blocks import expected_round_counts
-
     if depths not in DEPTH_MODELS:
         raise ValueError(f"depths must be one of {DEPTH_MODELS}, got {depths!r}")
     if depths != "full" and drafted is None:
@@ -296,7 +296,7 @@ def block_prediction(law: FittedLaw, traces, *, drafter: str | None = None, B: i
     distribution, ``()`` for one distribution per category. The full-depth DP is always reported too
     (``dp_full_depth_*``).
     """
-    drafter, rounds = _single_drafter(traces, drafter)
+    drafter, rounds = single_drafter(traces, drafter)
     B = B or _block_size(rounds)
     seqs = entropy_sequences(traces, drafter)
     drafted = drafted_depths(traces, drafter) if depths != "full" else None
@@ -331,9 +331,7 @@ class LocoTransfer(Result):
     def accuracy(self) -> pd.DataFrame:
         """Per quantity: mean relative error, mean and largest |relative error| over the held-out
         categories, Spearman rho of predicted vs observed across categories and its exact one-sided
-        permutation p (rho >= observed; ``hypotheses.exact_spearman_p``, NaN beyond 9 categories)."""
-        from entropy_law.law.hypotheses import exact_spearman_p
-
+        permutation p (rho >= observed; ``stats.exact_spearman_p``, NaN beyond 9 categories)."""
         s = self.summary
         pairs = {"tokens_per_round": ("predicted_tokens_per_round", "observed_tokens_per_round"),
                  "mean_accepted": ("predicted_mean_accepted", "observed_mean_accepted"),
@@ -346,8 +344,6 @@ class LocoTransfer(Result):
             if len(s) <= 9:
                 rho, p = exact_spearman_p(s[pred], s[obs])
             else:
-                from scipy import stats
-
                 rho, p = float(stats.spearmanr(s[pred], s[obs]).statistic), np.nan
             rows[name] = dict(categories=len(s), mean_relative_error=float(rel.mean()),
                               mean_abs_relative_error=float(rel.abs().mean()), max_abs_relative_error=float(rel.abs().max()),
@@ -376,7 +372,7 @@ def loco_transfer(traces, family: str = "law_exp", *, drafter: str | None = None
     fam = get_family(family)
     if fam.needs_categories:
         raise ValueError(f"{family} has category terms and cannot predict an unseen category; use a category-free law")
-    drafter, rounds = _single_drafter(traces, drafter)
+    drafter, rounds = single_drafter(traces, drafter)
     B = B or _block_size(rounds)
     rows = atrisk.at_risk_table(traces, eps=eps, drafters=[drafter])
     counts = prepare_counts(rows, fam, eps=eps)

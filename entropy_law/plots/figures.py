@@ -16,15 +16,9 @@ from typing import Sequence
 import numpy as np
 import pandas as pd
 
+from entropy_law.law.atrisk import EPS_NATS
+from entropy_law.law.stats import wilson_interval
 from entropy_law.plots.style import ENTROPY_LABEL, MARKERS, new_axes, palette
-
-EPS_NATS = 1e-3
-
-
-def _wilson(successes, trials, level=0.95):
-    from entropy_law.law.analysis import wilson_interval
-
-    return wilson_interval(successes, trials, level=level)
 
 
 def _legend(ax, **kwargs):
@@ -76,7 +70,7 @@ def binned_acceptance_table(at_risk: pd.DataFrame, *, depth: int | str = 1, n_bi
     table = frame.groupby([by, "bin"]).agg(n=("acc", "size"), accepted=("acc", "sum"),
                                            entropy_nats=("h", "mean")).reset_index()
     table["rate"] = table["accepted"] / table["n"]
-    table["ci_low"], table["ci_high"] = _wilson(table["accepted"], table["n"], level)
+    table["ci_low"], table["ci_high"] = wilson_interval(table["accepted"], table["n"], level=level)
     return table
 
 
@@ -232,7 +226,7 @@ def calibration_table(accepted: np.ndarray, predicted: np.ndarray, *, n_bins: in
     frame = pd.DataFrame({"bin": bins, "p": predicted, "y": accepted})
     table = frame.groupby("bin").agg(n=("y", "size"), accepted=("y", "sum"), predicted=("p", "mean")).reset_index()
     table["observed"] = table["accepted"] / table["n"]
-    table["ci_low"], table["ci_high"] = _wilson(table["accepted"], table["n"])
+    table["ci_low"], table["ci_high"] = wilson_interval(table["accepted"], table["n"])
     return table
 
 

@@ -8,15 +8,25 @@ The figure scripts in ``figures/`` and the report call these builders. Not known
 
 from __future__ import annotations
 
+import argparse
+import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+import matplotlib
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+from tqdm.auto import tqdm
 
+from entropy_law.law import atrisk
+from entropy_law.law.analysis import TraceAnalysis
+from entropy_law.law.sample_traces import resolve_traces
 from entropy_law.plots import figures as F
 from entropy_law.plots.style import palette, save_figure, style
+from entropy_law.traces.reader import load_traces
 
 
 @dataclass(frozen=True)
@@ -27,8 +37,6 @@ class FigureSpec:
 
 
 def _panels(n: int, *, width: float = 4.6, height: float = 3.4, ncols: int | None = None):
-    import matplotlib.pyplot as plt
-
     ncols = ncols or min(max(n, 1), 3)
     nrows = int(np.ceil(max(n, 1) / ncols))
     fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False)
@@ -58,8 +66,6 @@ def fig_entropy_distributions(an):
 
 
 def at_risk_rows(an, arm: str) -> pd.DataFrame:
-    from entropy_law.law import atrisk
-
     return an._cached(("atrisk", arm), lambda: atrisk.at_risk_table(an.arm_view(arm), drafters=[arm]))
 
 
@@ -248,14 +254,10 @@ def build_figure(analysis, name: str):
 
 def make_figures(analysis, out_dir, *, names=None, formats=("png", "pdf"), progress: bool = False) -> dict:
     """Write every figure (or ``names``) to ``out_dir``; returns name -> list of paths."""
-    import matplotlib.pyplot as plt
-
     names = list(FIGURES) if names is None else list(names)
     written = {}
     iterator = names
     if progress:
-        from tqdm.auto import tqdm
-
         iterator = tqdm(names, desc="figures", unit="fig")
     for name in iterator:
         fig = build_figure(analysis, name)
@@ -269,17 +271,7 @@ def cli(names=None, argv=None, *, description: str | None = None) -> int:
 
     Default traces: the reference traces (``data/traces/``), else simulated ones with a clear message.
     """
-    import argparse
-    import sys
-    import time
-
-    import matplotlib
-
-    matplotlib.use("Agg")
-    from entropy_law.law.analysis import TraceAnalysis
-    from entropy_law.law.sample_traces import resolve_traces
-    from entropy_law.traces.reader import load_traces
-
+    matplotlib.use("Agg")  # the scripts only write files; the backend is chosen here, not at import
     p = argparse.ArgumentParser(description=description or "regenerate figures of the entropy law")
     p.add_argument("--traces", default=None, help="trace runs (default: data/traces/, else simulated traces)")
     p.add_argument("--out", default=str(Path(__file__).resolve().parents[2] / "figures" / "out"),

@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Sequence
 
 import matplotlib
+import matplotlib.pyplot as plt
+import seaborn as sns
 
 RC = {
     "figure.dpi": 100,
@@ -46,8 +48,6 @@ def style():
 
 def palette(names: Sequence[str]) -> dict:
     """A stable colour per name (sorted order, seaborn colour-blind palette)."""
-    import seaborn as sns
-
     names = sorted(dict.fromkeys(str(n) for n in names))
     colours = sns.color_palette("colorblind", max(len(names), 1))
     return dict(zip(names, colours))
@@ -58,8 +58,6 @@ MARKERS = ("o", "s", "^", "D", "v", "P", "X")
 
 def new_axes(ax=None, *, figsize=(5.0, 3.4)):
     """``ax`` if given, else a new figure's axes."""
-    import matplotlib.pyplot as plt
-
     if ax is None:
         _, ax = plt.subplots(figsize=figsize)
     return ax

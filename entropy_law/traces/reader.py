@@ -2,8 +2,9 @@
 
 Known here: how to find runs (directories with ``run.json``), which shards to read (finished ones;
 leftover ``shards/.tmp-*`` directories of a crashed writer are ignored), how to filter by run and
-category, and when to warn (an incomplete run). Value rules live in ``validation``. Not known
-here: how traces were produced, or any statistics of them. Never imports torch.
+category, and when to warn (an incomplete run). File names live in ``layout`` and value rules in
+``validation``. Not known here: how traces were produced, or any statistics of them. Never
+imports torch.
 
 String key columns (``run_id``, ``request_id``, ``category``, ``role``, ``dataset``,
 ``stop_reason``) are read dictionary-encoded and come back as pandas ``Categorical``: 10 million
@@ -24,7 +25,14 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from entropy_law.traces.recorder import RUN_FILE, SHARDS_DIR, read_run_json, shard_dirs
+from entropy_law.traces.layout import (
+    RUN_FILE,
+    SHARDS_DIR,
+    read_run_json,
+    shard_dirs,
+    table_file,
+    unfinished_shards,
+)
 from entropy_law.traces.schema import FORMAT_VERSION, RUN_METADATA_KEYS, SCHEMAS, TABLES
 from entropy_law.traces.validation import TraceValidationError, check_run, check_schema, check_values
 
@@ -61,10 +69,10 @@ def _open_run(run_dir: Path) -> _Run:
     files: dict[str, list[Path]] = {t: [] for t in TABLES}
     for shard in shard_dirs(run_dir):
         for table in TABLES:
-            file = shard / f"{table}.parquet"
+            file = shard / table_file(table)
             if not file.is_file():
-                raise TraceValidationError(f"{shard}: shard has no {table}.parquet (a shard holds "
-                                           f"{', '.join(t + '.parquet' for t in TABLES)}); it is damaged")
+                raise TraceValidationError(f"{shard}: shard has no {table_file(table)} (a shard holds "
+                                           f"{', '.join(table_file(t) for t in TABLES)}); it is damaged")
             files[table].append(file)
     return _Run(run_id=meta["run_id"], path=run_dir, metadata=meta, files=files)
 
@@ -313,7 +321,7 @@ def load_traces(path, *, run_id=None, category=None, validate: bool = True) -> T
         traces = traces.filter(category=category)
     for run in traces._runs:
         if run.metadata.get("status") != "complete":
-            tmp = list((run.path / SHARDS_DIR).glob(".tmp-*")) if (run.path / SHARDS_DIR).is_dir() else []
+            tmp = unfinished_shards(run.path)
             extra = f"; ignored {len(tmp)} unfinished temporary shard(s)" if tmp else ""
             warnings.warn(
                 f"trace run {run.run_id!r} at {run.path} is incomplete (status {run.metadata.get('status')!r}): "

@@ -1,19 +1,13 @@
 """``TraceRecorder``: writes one run of acceptance traces (format v1) as a Parquet dataset directory.
 
-Known here: the on-disk layout of a run, buffering, atomic shards, the run's life cycle (running,
-complete), resume and overwrite rules, and the per-round checks. Target statistics are computed
-from logits by ``stats`` (fp32, numpy). Not known here: how rounds are decoded (any engine can log
-through ``log_round`` or ``log_columns``) or how traces are analysed. Never imports torch.
+Known here: buffering, atomic shards, the run's life cycle (running, complete), resume and
+overwrite rules, and the per-round checks. The file names and the atomic ``run.json`` live in
+``layout`` (shared with the reader); target statistics are computed from logits by ``stats``
+(fp32, numpy). Not known here: how rounds are decoded (any engine can log through ``log_round``
+or ``log_columns``) or how traces are analysed. Never imports torch.
 
-Layout (see ``docs/trace-schema.md``)::
-
-    <run dir>/run.json                                metadata, rewritten atomically (temp + os.replace)
-    <run dir>/shards/<seq:06d>/tokens.parquet         one shard = rows of completed requests only;
-    <run dir>/shards/<seq:06d>/rounds.parquet         written into shards/.tmp-* and renamed in one
-    <run dir>/shards/<seq:06d>/requests.parquet       os.rename, so its three tables appear together
-
-Shards are immutable once renamed. A writer killed at any moment leaves every renamed shard
-intact; at worst a ``shards/.tmp-*`` directory remains, which readers ignore. One writer per run.
+A shard is written into a temporary directory (``layout.temp_shard_name``) and renamed in one
+``os.rename``, so its three tables appear together or not at all; renamed shards are never changed.
 """
 
 from __future__ import annotations
@@ -33,6 +27,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from entropy_law import __version__
+from entropy_law.traces.layout import (
+    RUN_FILE,
+    SHARDS_DIR,
+    fsync_path,
+    read_run_json,
+    shard_dirs,
+    shard_name,
+    shard_seq,
+    table_file,
+    temp_shard_name,
+    unfinished_shards,
+    write_json_atomic,
+)
 from entropy_law.traces.schema import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -41,13 +49,10 @@ from entropy_law.traces.schema import (
     SCHEMAS,
     STOP_REASONS,
 )
-from entropy_law.traces.stats import TARGET_STAT_KEYS, draft_stats as _draft_stats
-from entropy_law.traces.stats import target_stats_from_logits
+from entropy_law.traces.stats import TARGET_STAT_KEYS, target_stats_from_logits
+from entropy_law.traces.stats import draft_stats as _draft_stats
 from entropy_law.traces.validation import check_run, check_values
 
-RUN_FILE = "run.json"
-SHARDS_DIR = "shards"
-TMP_PREFIX = ".tmp-"
 _AUTO_KEYS = ("format", "format_version", "status", "package_version", "start_time", "end_time")
 _ROLE_ACCEPTED, _ROLE_CORRECTION, _ROLE_BONUS = 0, 1, 2  # indices into ROLES
 _ROLE_DICTIONARY = pa.array(ROLES, type=pa.string())
@@ -68,54 +73,6 @@ def _git_revision() -> str | None:
         return rev if out.returncode == 0 and rev else None
     except Exception:  # no git, not a checkout, timeout: the revision is optional
         return None
-
-
-def _package_version() -> str:
-    from entropy_law import __version__
-
-    return __version__
-
-
-def _fsync_path(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    except OSError:  # some file systems cannot fsync directories
-        pass
-    finally:
-        os.close(fd)
-
-
-def write_json_atomic(path: Path, payload: dict) -> None:
-    """Write ``payload`` to ``path`` so that readers see the old or the new file, never a partial one."""
-    tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{uuid.uuid4().hex[:8]}")
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(payload, fh, indent=2, sort_keys=False)
-        fh.write("\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    _fsync_path(path.parent)
-
-
-def read_run_json(path: Path) -> dict:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            meta = json.load(fh)
-    except json.JSONDecodeError as err:
-        raise ValueError(f"{path} is not valid JSON ({err}); it is not a readable trace run") from err
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT_NAME:
-        found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
-        raise ValueError(f"{path}: format is {found!r}, expected {FORMAT_NAME!r}; not an entropy-law trace run")
-    return meta
-
-
-def shard_dirs(run_dir: Path) -> list[Path]:
-    """Finished shard directories of a run in sequence order (temporary ``.tmp-*`` ones are skipped)."""
-    root = Path(run_dir) / SHARDS_DIR
-    if not root.is_dir():
-        return []
-    return sorted((p for p in root.iterdir() if p.is_dir() and p.name.isdigit()), key=lambda p: int(p.name))
 
 
 def _target_stats_ok(stats: np.ndarray) -> bool:
@@ -232,7 +189,7 @@ class TraceRecorder:
             meta = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "run_id": None,
                     "status": "running", "model_id": None, "drafter_id": None, "drafter_config": {},
                     "tree_policy": None, "dtype": None, "device": None,
-                    "package_version": _package_version(), "seed": None, "start_time": _utc_now(),
+                    "package_version": __version__, "seed": None, "start_time": _utc_now(),
                     "end_time": None, "git_revision": None}
             meta.update(run_metadata)
             if meta["run_id"] is None:
@@ -257,13 +214,13 @@ class TraceRecorder:
             meta["status"] = "running"
             meta["end_time"] = None
             meta.setdefault("resumed_at", []).append(_utc_now())
-            for leftover in (self.path / SHARDS_DIR).glob(f"{TMP_PREFIX}*"):
+            for leftover in unfinished_shards(self.path):
                 shutil.rmtree(leftover, ignore_errors=True)  # unfinished shard of a crashed writer
             shards = shard_dirs(self.path)
             for shard in shards:
-                ids = pq.read_table(shard / "requests.parquet", columns=["request_id"]).column(0)
+                ids = pq.read_table(shard / table_file("requests"), columns=["request_id"]).column(0)
                 self._completed.update(ids.to_pylist())
-            self._next_seq = int(shards[-1].name) + 1 if shards else 0
+            self._next_seq = shard_seq(shards[-1]) + 1 if shards else 0
         self.metadata = meta
         self.run_id: str = meta["run_id"]
         write_json_atomic(run_file, meta)
@@ -525,17 +482,17 @@ class TraceRecorder:
     def _write_shard(self, tables: dict[str, pa.Table]) -> Path:
         shards = self.path / SHARDS_DIR
         seq = self._next_seq
-        tmp = shards / f"{TMP_PREFIX}{seq:06d}-{uuid.uuid4().hex[:8]}"
+        tmp = shards / temp_shard_name(seq)
         tmp.mkdir(parents=True)
         for name in ("tokens", "rounds", "requests"):
-            file = tmp / f"{name}.parquet"
+            file = tmp / table_file(name)
             strings = [f.name for f in SCHEMAS[name] if pa.types.is_string(f.type)]
             # dictionary pages only for the string keys: numbers gain nothing from them (faster, smaller)
             pq.write_table(tables[name], file, compression=_COMPRESSION, use_dictionary=strings)
-            _fsync_path(file)
-        final = shards / f"{seq:06d}"
+            fsync_path(file)
+        final = shards / shard_name(seq)
         os.rename(tmp, final)  # the shard appears with all three tables, or not at all
-        _fsync_path(shards)
+        fsync_path(shards)
         self._next_seq = seq + 1
         return final
 
@@ -561,40 +518,6 @@ class TraceRecorder:
         self.metadata["end_time"] = _utc_now()
         write_json_atomic(self.path / RUN_FILE, self.metadata)
         self._finished = True
-
-    # -- Observer protocol (entropy_law.decoding.interface.Observer) ----------------------------------
-    _REQUEST_START_KEYS = ("category", "dataset", "question_id", "prompt_tokens", "image_tokens")
-    _REQUEST_END_KEYS = ("new_tokens", "stop_reason", "prefill_ms", "decode_ms")
-
-    def on_request_start(self, request_id: str, info: dict) -> None:
-        """Observer hook: ``begin_request`` with the keys of ``info`` it knows (``category`` required)."""
-        if "category" not in info:
-            raise ValueError(f"on_request_start({request_id!r}): info needs a 'category' key; got {sorted(info)}")
-        self.begin_request(request_id, **{k: info[k] for k in self._REQUEST_START_KEYS if k in info})
-
-    def on_round(self, record) -> None:
-        """Observer hook: log a ``RoundRecord`` (target logits, and the draft's logits or candidates)."""
-        draft = {}
-        proposal = record.draft
-        if proposal is not None and proposal.depth > 0:
-            if proposal.logits is not None:
-                draft["draft_logits"] = proposal.logits
-            else:
-                draft["draft_candidates"] = proposal.tokens
-                draft["draft_logprobs"] = proposal.logprobs
-        self.log_round(
-            record.request_id, round_index=record.round_index, start_position=record.start_position,
-            context_len=record.context_len, block_size=record.block_size, tree_nodes=record.tree_nodes,
-            tree_depth=record.tree_depth, accepted=record.accepted, token_ids=list(record.committed_ids),
-            ends_at_leaf=record.ends_at_leaf, target_logits=record.target_logits, draft_ms=record.draft_ms,
-            verify_ms=record.verify_ms, overhead_ms=record.overhead_ms, **draft)
-
-    def on_request_end(self, request_id: str, info: dict) -> None:
-        """Observer hook: ``end_request`` with the keys of ``info`` it knows (``new_tokens``, ``stop_reason``)."""
-        missing = [k for k in ("new_tokens", "stop_reason") if k not in info]
-        if missing:
-            raise ValueError(f"on_request_end({request_id!r}): info needs {missing}; got {sorted(info)}")
-        self.end_request(request_id, **{k: info[k] for k in self._REQUEST_END_KEYS if k in info})
 
     # -- bulk path ----------------------------------------------------------------------------------------
     def log_columns(self, *, tokens=None, rounds=None, requests=None) -> None:

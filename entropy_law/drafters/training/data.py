@@ -28,9 +28,12 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import torch
+from safetensors.torch import load_file, save_file
+from transformers import DynamicCache
 
 from entropy_law.decoding.adapter import cache_keyword
 from entropy_law.decoding.features import capture_features
+from entropy_law.prompts.paths import data_dir
 
 GSM8K_ENV = "ENTROPY_LAW_GSM8K"
 GSM8K_DEFAULT = Path("..") / "shared" / "data" / "gsm8k" / "train.jsonl"  # relative to the repo root
@@ -158,7 +161,6 @@ def read_gsm8k_questions(path: Path) -> list[str]:
 
 def spec_bench_texts() -> set[str]:
     """First-turn texts of the shipped Spec-Bench questions (evaluation only; never trained on)."""
-    from entropy_law.prompts.paths import data_dir
 
     path = data_dir() / "spec_bench" / "question.jsonl"
     with open(path, encoding="utf-8") as fh:
@@ -280,7 +282,6 @@ def greedy_generate_with_features(model, prompt_ids: Sequence[Sequence[int]], *,
     the log-softmax of the logits at the position before it, whose argmax is that token), its ``topk``
     most likely ids in descending order with their log-probabilities over the full vocabulary.
     """
-    from transformers import DynamicCache
 
     device = next(model.parameters()).device
     b = len(prompt_ids)
@@ -358,7 +359,6 @@ def _shard_name(stage: int, index: int) -> str:
 def write_shard(folder: Path, name: str, samples: list[dict]) -> None:
     """One shard: ``<name>.safetensors`` (per-sample ids, fp16 features and, when generated, the target's
     top-k ids (int32) and log-probabilities (fp32) per response position) + ``<name>.json`` (metadata)."""
-    from safetensors.torch import save_file
 
     tensors, meta = {}, []
     for k, s in enumerate(samples):
@@ -387,7 +387,6 @@ def load_samples(folder: str | os.PathLike) -> list[dict]:
     ``prompt_len``, ``source``, ``prompt_id``, sorted by prompt id; ``topk_ids`` (long) and ``topk_logprobs``
     (fp32), ``[response_len, k]``, when the folder stored them (row j: the target's distribution for the
     token at position ``prompt_len + j``)."""
-    from safetensors.torch import load_file
 
     folder = Path(folder)
     samples = []

@@ -44,15 +44,20 @@ from __future__ import annotations
 import json
 import math
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Sequence
 
 import torch
 import torch.nn.functional as F
+from tqdm.auto import tqdm
 
-from entropy_law.drafters.block import BlockDrafter
-from entropy_law.decoding.interface import DraftProposal
+from entropy_law.decoding.features import decoder_layers
+from entropy_law.decoding.loading import load_target
+from entropy_law.decoding.replay import replay_chain
+from entropy_law.drafters.block import _file_sha256, BlockDrafter, read_checkpoint
+from entropy_law.drafters.training.data import load_samples
 
 IGNORE = -100
 
@@ -219,7 +224,6 @@ def init_from_target(drafter: BlockDrafter, target, *, init_fc: bool = False,
     ``init_fc``: ``fc`` selects the deepest feature layer's slice (identity there, zeros elsewhere) and the
     context norm copies the first source layer's input norm, so that layer's injected context keys and
     values start as the target's own keys and values of that layer. Returns the source layers."""
-    from entropy_law.decoding.features import decoder_layers
 
     model = target if isinstance(target, torch.nn.Module) else target.model
     blocks = decoder_layers(model)
@@ -261,7 +265,6 @@ def init_from_checkpoint(drafter: BlockDrafter, path: str | Path) -> dict:
     The checkpoint must have the drafter's shape (layers, block, feature layers, draft vocabulary, the same
     fixed vocabulary ids); only the copy head may be new (a drafter with ``copy_head`` started from one
     without: its pointer starts fresh). Returns the checkpoint's file name and SHA-256, to be recorded."""
-    from entropy_law.drafters.block import _file_sha256, read_checkpoint
 
     path = Path(path)
     theirs, state, _ = read_checkpoint(path)
@@ -384,98 +387,7 @@ def forward_train(drafter: BlockDrafter, batch: dict, *, anchors_per_seq: int, g
     return loss, metrics
 
 
-# ---------------------------------------------------------------------------------------------- replay
-@dataclass
-class ReplayResult:
-    """Offline chain replay of one greedy sequence."""
-
-    anchor_positions: list[int]  # every response anchor replayed
-    accepted_at_anchor: list[int]  # accepted drafts if a round started there
-    round_anchors: list[int]  # anchors of the rounds a chain decoder would run
-    round_accepted: list[int]  # accepted drafts per round (tau); committed = tau + 1 (cut at the end)
-    round_committed: list[int]
-
-
-@torch.no_grad()
-def replay_chain(drafter: BlockDrafter, input_ids: torch.Tensor, features: torch.Tensor, prompt_len: int,
-                 *, chunk: int = 64) -> ReplayResult:
-    """Chain accepted lengths at every response anchor of one greedy sequence, and the rounds they imply.
-
-    ``input_ids [S]`` = prompt + greedy response; ``features [>= S-1, n*H]`` target features (row j =
-    position j). Round r starts at the pending token: first at ``prompt_len``, then ``anchor + tau + 1``.
-    """
-    s = int(input_ids.shape[0])
-    anchors = list(range(prompt_len, s - 1))
-    accepted = []
-    ids = input_ids[None].long()
-    feats = features[None, : s - 1].float()
-    vocab = drafter.sequence_vocab(ids)
-    for lo in range(0, len(anchors), chunk):
-        a = torch.tensor([anchors[lo: lo + chunk]])
-        logits = drafter.block_logits(ids, feats, a, vocab=vocab)
-        labels = block_labels(ids, a, torch.ones_like(a, dtype=torch.bool), drafter.block_size,
-                              torch.tensor([prompt_len]), torch.tensor([s]))
-        # a label the anchor may not draft has MASKED_LOGIT, so the argmax never equals it
-        accepted += accepted_drafts(logits.argmax(-1), drafter.draft_index(labels, IGNORE, vocab))[0].tolist()
-    by_anchor = dict(zip(anchors, accepted))
-    rounds, taus, committed = [], [], []
-    t = prompt_len
-    while t < s:
-        tau = by_anchor.get(t, 0)
-        rounds.append(t)
-        taus.append(tau)
-        committed.append(min(tau + 1, s - t))
-        t += tau + 1
-    return ReplayResult(anchors, accepted, rounds, taus, committed)
-
-
-class PrecomputedBlockDrafter:
-    """The block drafter's proposals at every anchor of one known sequence, from ONE ``block_logits`` pass.
-
-    A ``Drafter`` for ``entropy_law.decoding.replay.replay_rounds`` (any tree policy: chain, DDTree):
-    ``propose(tokens, _)`` returns the proposal anchored at ``len(tokens) - 1``, identical (up to float
-    noise) to what the live drafter returns there, because the live drafter's context is exactly the
-    target features of ``tokens[:-1]`` and those are the teacher-forced features of the sequence.
-    """
-
-    feature_layers: tuple[int, ...] = ()  # replay passes no features; they are precomputed
-
-    def __init__(self, drafter: BlockDrafter, prompt_ids: Sequence[int], output_ids: Sequence[int],
-                 features: torch.Tensor, *, chunk: int = 64):
-        self.drafter = drafter
-        self.drafter_id = drafter.drafter_id
-        self.block_size = drafter.block_size
-        self.config = dict(drafter.config)
-        self.sequence = [int(t) for t in prompt_ids] + [int(t) for t in output_ids]
-        self.prompt_len = len(prompt_ids)
-        s = len(self.sequence)
-        if features.shape[0] < s - 1:
-            raise ValueError(f"need features for positions 0..{s - 2}, got {features.shape[0]} rows")
-        anchors = list(range(self.prompt_len, s))
-        ids = torch.tensor([self.sequence])
-        # one pass over all anchors (chunked only to bound memory); anchor s-1 needs features 0..s-2
-        feats = features[None, : s - 1].float()
-        # the columns: the draft vocabulary of the whole sequence; with ``context_vocab`` ids an anchor has
-        # not seen yet are masked per anchor, so each row equals the live drafter's proposal there
-        self.vocab = drafter.sequence_vocab(ids)
-        rows = []
-        with torch.no_grad():
-            for lo in range(0, len(anchors), chunk):
-                a = torch.tensor([anchors[lo: lo + chunk]])
-                rows.append(drafter.block_logits(ids, feats, a, vocab=self.vocab)[0])
-        self.logits = torch.cat(rows)  # [n_anchors, B-1, Vd]
-
-    def begin(self, prompt_ids, prompt_features) -> None:
-        if [int(t) for t in prompt_ids] != self.sequence[: self.prompt_len]:
-            raise ValueError("replay prompt differs from the precomputed sequence's prompt")
-
-    def propose(self, tokens, new_features) -> DraftProposal:
-        n = len(tokens)
-        if n <= self.prompt_len or [int(t) for t in tokens] != self.sequence[:n]:
-            raise ValueError("tokens are not a prefix of the precomputed sequence beyond its prompt")
-        return self.drafter.proposal_from_logits(self.logits[n - 1 - self.prompt_len], self.vocab)
-
-
+# ---------------------------------------------------------------------------------------------- held-out
 def heldout_acceptance(drafter: BlockDrafter, samples: Sequence[dict]) -> dict:
     """Mean committed tokens per chain round (tau + 1) over held-out samples, overall and per source."""
     per_source: dict[str, list[int]] = {}
@@ -519,7 +431,6 @@ def train(drafter: BlockDrafter, train_samples: Sequence[dict], heldout_samples:
     ``stop_at``: stop after this step, on the schedule of ``cfg.steps`` (deterministic early stop; the
     checkpoint can be resumed to ``cfg.steps`` later). ``data``: names of the data folders, kept in the
     checkpoint; a resume with other folders is refused."""
-    from tqdm.auto import tqdm
 
     out = Path(out_dir)
     ckpt_dir = out / "checkpoints"
@@ -614,9 +525,7 @@ def load_data_folders(folders: Sequence[str | Path]) -> tuple[list[dict], list[s
     part passed twice). A prompt TEXT can repeat legitimately (the target writes the same article for two
     lengths of one topic, or two English sentences start with "Mr."); greedy decoding then gives the same
     sample twice, so only the first (by prompt id) is kept and the others are returned, to be recorded."""
-    from collections import Counter
 
-    from entropy_law.drafters.training.data import load_samples
 
     samples: list[dict] = []
     layers_seen = None
@@ -657,7 +566,6 @@ def train_from_folder(model_spec: str, data_dir: str | Path, out_dir: str | Path
                       stop_at: int | None = None, extra_data: Sequence[str | Path] = ()) -> dict:
     """Load the target and the generated shards (of ``data_dir`` and the ``extra_data`` folders), split off
     held-out samples, train, save the drafter."""
-    from entropy_law.decoding.loading import load_target
 
     torch.manual_seed(cfg.seed)
     target = load_target(model_spec)

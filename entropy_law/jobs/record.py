@@ -1,0 +1,300 @@
+"""Decode prompts with one or more arms and record one trace run per arm: the loop that the demo, the
+reference traces and ``entropy-law record`` share (``record_arms``).
+
+Known here: how an arm becomes a recording decoder (its drafter, an adapter over the target, the measured
+verify-cost curve when the cost gate is asked for; then the run's ``TraceRecorder``, opened with metadata
+taken from the decoder's ``config``; then the decoder, built with the recorder as its observer), the order
+of work (an optional unrecorded warm-up, then prompt by prompt, every arm in turn: slow and fast moments
+of a shared machine hit all arms alike), what is skipped rather than decoded (prompts a resumed run
+already holds, empty prompts, prompts that leave no room in the model's context), what a failing request
+does (it raises and the run stays resumable; with ``keep_going`` it is logged, closed with stop reason
+"error", and the run goes on), and what comes back per arm (outputs, counts, decode time).
+
+Not known here: decoding itself (``SpeculativeDecoder``), the trace format (``TraceRecorder``), which arms a
+job runs and what it prints (``jobs.demo``, ``jobs.reference``, ``commands.record``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+import torch
+from tqdm.auto import tqdm
+from tqdm.contrib.logging import logging_redirect_tqdm
+
+from entropy_law.decoding.adapter import TargetAdapter
+from entropy_law.decoding.decoder import SpeculativeDecoder
+from entropy_law.decoding.gate import measure_verify_cost
+from entropy_law.decoding.interface import drafter_run_config
+from entropy_law.decoding.observers import RecorderObserver
+from entropy_law.decoding.round import DEFAULT_VERIFY_COST_RATIO
+from entropy_law.jobs.arms import AR_DRAFTER_ID, AR_TREE_POLICY, ArmSpec, make_drafter
+from entropy_law.traces.recorder import TraceRecorder
+
+logger = logging.getLogger("entropy_law.record")
+
+GATES = ("ratio", "cost")
+
+
+@dataclass
+class ArmResult:
+    """What one arm recorded in this call. ``counts``: ``recorded``, ``already recorded`` (by the run
+    being resumed), ``skipped`` (prompt not decodable), ``failed``; ``outputs``: request id -> new token
+    ids of the requests decoded now; ``decode_s``: wall time of those ``generate`` calls;
+    ``committed_per_round``: category -> each request's mean committed tokens per verify round."""
+
+    spec: ArmSpec
+    run_dir: Path
+    run_id: str
+    metadata: dict
+    counts: Counter = field(default_factory=Counter)
+    outputs: dict = field(default_factory=dict)
+    new_tokens: int = 0
+    decode_s: float = 0.0
+    committed_per_round: dict = field(default_factory=lambda: defaultdict(list))
+
+
+@dataclass
+class RecordResult:
+    """Per arm (in the order given) what it recorded; ``setup_s``: drafters, decoders, recorders and the
+    warm-up; ``decode_s``: the prompt loop and finishing the runs."""
+
+    arms: dict[str, ArmResult]
+    setup_s: float
+    decode_s: float
+
+    def __getitem__(self, name: str) -> ArmResult:
+        return self.arms[name]
+
+
+class _RoundTracker:
+    """Observer that remembers which requests began and how many tokens they logged (for error ends)."""
+
+    def __init__(self):
+        self.logged_tokens: dict[str, int] = {}
+
+    def on_request_start(self, request_id: str, info: dict) -> None:
+        self.logged_tokens[request_id] = 0
+
+    def on_round(self, record) -> None:
+        self.logged_tokens[record.request_id] = record.start_position + len(record.committed_ids)
+
+    def on_request_end(self, request_id: str, info: dict) -> None:
+        self.logged_tokens.pop(request_id, None)
+
+
+@dataclass
+class _Arm:
+    """One arm while it records: its recorder, its decoder and what it has done so far."""
+
+    result: ArmResult
+    recorder: TraceRecorder
+    decoder: SpeculativeDecoder
+    plain: SpeculativeDecoder  # the same decoder without observers (same adapter, drafter and gate)
+    tracker: _RoundTracker
+
+
+def chat_prompt(task, decoder: SpeculativeDecoder) -> tuple[list[int], dict]:
+    """The default ``encode``: the task's chat messages through the tokenizer's chat template."""
+    return decoder.encode_prompt(task.messages()), {}
+
+
+def record_arms(
+    tasks: Sequence,
+    arms: Sequence[ArmSpec],
+    out: str | Path | Mapping[str, str | Path],
+    target,
+    *,
+    max_new_tokens: int,
+    adapter: TargetAdapter | None = None,
+    verify_cost_ratio: float = DEFAULT_VERIFY_COST_RATIO,
+    gate: str = "ratio",
+    resume: bool = False,
+    overwrite: bool = False,
+    encode: Callable | None = None,
+    keep_going: bool = False,
+    warm_up_tokens: int = 0,
+    ngram_options: dict | None = None,
+    checkpoint: str | Path | None = None,
+    run_metadata: Mapping | Callable[[ArmSpec], Mapping] | None = None,
+    progress: bool = True,
+    desc: str = "decode",
+    log: Callable[[str], None] = logger.info,
+) -> RecordResult:
+    """Decode ``tasks`` (``entropy_law.prompts.text.Task``) with every arm and record one trace run per arm.
+
+    ``arms``: ``entropy_law.jobs.arms.ArmSpec`` (drafters built by ``make_drafter`` with ``ngram_options``
+    and the block drafter ``checkpoint``). ``out``: a folder that receives one run per arm
+    (``<out>/<arm name>``), or {arm name: run folder}. ``target``: a ``LoadedTarget`` or a causal LM; it
+    names the model and brings the tokenizer. ``adapter``: decode through this adapter instead of one
+    built over ``target`` per arm (image prompts: the VLM adapter that holds the pixels).
+    ``gate``: ``"ratio"`` (``verify_cost_ratio``) or ``"cost"`` (this machine's verify-cost curve, measured
+    once per drafting arm before its decoder is built and stored in its run metadata).
+    ``resume`` / ``overwrite``: what to do with a run that exists (``TraceRecorder``; resume also starts a
+    run that does not). ``encode(task, decoder) -> (token ids, extra generate keyword arguments)``; default
+    ``chat_prompt``. ``keep_going``: a prompt the encoder rejects is skipped and a failing request is closed
+    with stop reason "error", both logged, and the run goes on (else they raise).
+    ``warm_up_tokens``: an unrecorded warm-up of that many new tokens per arm on the first prompt (0: none).
+    ``run_metadata``: the job's keys added to each run's metadata after the decoder's (model, drafter,
+    tree, budget, dtype, device, max_new_tokens; the verify-cost curve when measured); a mapping, or a
+    function of the arm for per-arm keys. ``log``: one line per resumed run (prompts already recorded).
+    """
+    if not arms:
+        raise ValueError("no arms to record")
+    if gate not in GATES:
+        raise ValueError(f"gate must be one of {GATES}, got {gate!r}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    encode = encode or chat_prompt
+    t_setup = time.perf_counter()
+    with contextlib.ExitStack() as stack:  # each recorder: finished on success, left resumable on error
+        live = [_open_arm(spec, _run_dir(out, spec), target, stack, adapter=adapter, gate=gate,
+                          verify_cost_ratio=verify_cost_ratio, max_new_tokens=max_new_tokens, resume=resume,
+                          overwrite=overwrite, ngram_options=ngram_options, checkpoint=checkpoint,
+                          run_metadata=run_metadata)
+                for spec in arms]
+        todo = [task for task in tasks if any(task.request_id not in arm.recorder.completed_requests for arm in live)]
+        for arm in live:
+            done = sum(task.request_id in arm.recorder.completed_requests for task in tasks)
+            arm.result.counts["already recorded"] = done
+            if done:
+                log(f"resuming {arm.result.run_dir}: {done} of {len(tasks)} prompts already recorded")
+        if warm_up_tokens > 0 and tasks:
+            with torch.inference_mode():
+                warm_ids, warm_extra = encode(tasks[0], live[0].decoder)
+                for arm in live:
+                    arm.plain.generate(warm_ids, max_new_tokens=min(warm_up_tokens, max_new_tokens), **warm_extra)
+        setup_s = time.perf_counter() - t_setup
+
+        t_decode = time.perf_counter()
+        with logging_redirect_tqdm(), torch.inference_mode():
+            bar = tqdm(todo, desc=desc, unit="prompt", disable=not progress)
+            for task in bar:
+                pending = [arm for arm in live if task.request_id not in arm.recorder.completed_requests]
+                prompt = _encoded(task, encode, live[0].decoder, keep_going)
+                if prompt is None:
+                    for arm in pending:
+                        arm.result.counts["skipped"] += 1
+                    continue
+                prompt_ids, extra = prompt
+                for arm in pending:
+                    if len(live) > 1:
+                        bar.set_postfix_str(f"{task.category} / {arm.result.spec.name}")
+                    _decode(arm, task, prompt_ids, extra, max_new_tokens, keep_going)
+    return RecordResult(arms={arm.result.spec.name: arm.result for arm in live}, setup_s=setup_s,
+                        decode_s=time.perf_counter() - t_decode)
+
+
+def _run_dir(out, spec: ArmSpec) -> Path:
+    if isinstance(out, Mapping):
+        return Path(out[spec.name])
+    return Path(out) / spec.name
+
+
+def _model_of(target) -> torch.nn.Module:
+    return target if isinstance(target, torch.nn.Module) else target.model  # a LoadedTarget or a causal LM
+
+
+def _open_arm(spec: ArmSpec, run_dir: Path, target, stack: contextlib.ExitStack, *, adapter, gate,
+              verify_cost_ratio, max_new_tokens, resume, overwrite, ngram_options, checkpoint,
+              run_metadata) -> _Arm:
+    """Drafter, adapter, verify cost, recorder, then the decoder with the recorder as its observer."""
+    drafter = make_drafter(spec, target, ngram_options=ngram_options, checkpoint=checkpoint)
+    if adapter is None:
+        adapter = TargetAdapter(_model_of(target), feature_layers=getattr(drafter, "feature_layers", ()))
+    verify_cost = measure_verify_cost(adapter) if gate == "cost" and spec.drafts else None
+
+    def decoder(observers=()):
+        return SpeculativeDecoder(adapter, drafter, tree=spec.tree if spec.drafts else "chain",
+                                  budget=spec.budget if spec.drafts else None, observers=observers,
+                                  verify_cost_ratio=verify_cost_ratio, verify_cost=verify_cost,
+                                  tokenizer=getattr(target, "tokenizer", None))
+
+    plain = decoder()  # no observers: its config names the run, and it runs the unrecorded warm-up
+    metadata = _arm_metadata(plain, drafter, target, max_new_tokens, spec, run_metadata)
+    try:
+        recorder = stack.enter_context(TraceRecorder(run_dir, resume=resume, overwrite=overwrite, **metadata))
+    except (FileExistsError, NotADirectoryError) as err:
+        raise ValueError(str(err)) from err
+    tracker = _RoundTracker()
+    result = ArmResult(spec=spec, run_dir=run_dir, run_id=recorder.run_id, metadata=recorder.metadata)
+    return _Arm(result=result, recorder=recorder, decoder=decoder([RecorderObserver(recorder), tracker]),
+                plain=plain, tracker=tracker)
+
+
+def _arm_metadata(decoder: SpeculativeDecoder, drafter, target, max_new_tokens: int, spec: ArmSpec,
+                  run_metadata) -> dict:
+    """The run metadata: the decoder's config, the drafter's run config, then the job's keys.
+
+    AR runs say ``drafter_id`` / ``tree_policy`` "none" (what existing traces hold and the analysis reads);
+    ``verify_cost`` only when measured (runs recorded before the cost gate existed stay resumable)."""
+    config = decoder.config
+    metadata = {
+        "model_id": getattr(target, "model_id", None) or config["model_id"],  # a decoder over an adapter has none
+        "drafter_id": config["drafter_id"] if spec.drafts else AR_DRAFTER_ID,
+        "drafter_config": drafter_run_config(drafter),
+        "tree_policy": config["tree_policy"] if spec.drafts else AR_TREE_POLICY,
+        "tree_budget": config["budget"],
+        "dtype": config["dtype"],
+        "device": str(decoder.adapter.device),
+        "max_new_tokens": max_new_tokens,
+    }
+    extra = run_metadata(spec) if callable(run_metadata) else run_metadata
+    metadata.update(extra or {})
+    if config["verify_cost"] is not None:
+        metadata["verify_cost"] = config["verify_cost"]
+    return metadata
+
+
+def _encoded(task, encode: Callable, decoder: SpeculativeDecoder, keep_going: bool) -> tuple[list, dict] | None:
+    """(prompt ids, extra generate arguments), or None for a prompt to skip (logged)."""
+    try:
+        prompt_ids, extra = encode(task, decoder)
+    except Exception as err:
+        if not keep_going:
+            raise
+        logger.warning("skipping %s: cannot tokenize the prompt (%s)", task.request_id, err)
+        return None
+    prompt_ids = list(prompt_ids)
+    max_context = decoder.adapter.max_context
+    if not prompt_ids:
+        logger.warning("skipping %s: the prompt is empty after tokenization", task.request_id)
+        return None
+    if max_context is not None and len(prompt_ids) >= max_context:
+        logger.warning("skipping %s: prompt has %d tokens, the model's context is %d (no room for a new token)",
+                       task.request_id, len(prompt_ids), max_context)
+        return None
+    return prompt_ids, extra
+
+
+def _decode(arm: _Arm, task, prompt_ids: list, extra: dict, max_new_tokens: int, keep_going: bool) -> None:
+    """Decode one prompt with one arm; a failure raises, or with ``keep_going`` is logged and closed."""
+    result = arm.result
+    t0 = time.perf_counter()
+    try:
+        generated = arm.decoder.generate(prompt_ids, max_new_tokens=max_new_tokens, category=task.category,
+                                         request_id=task.request_id, dataset=task.dataset,
+                                         question_id=task.question_id, **extra)
+    except Exception as err:  # with keep_going, never abort the run for one request
+        if not keep_going:
+            raise
+        logger.error("request %s failed: %s: %s", task.request_id, type(err).__name__, err)
+        result.counts["failed"] += 1
+        if task.request_id in arm.tracker.logged_tokens:  # it began: close it, flagged as an error
+            try:
+                arm.recorder.end_request(task.request_id, stop_reason="error",
+                                         new_tokens=arm.tracker.logged_tokens.pop(task.request_id))
+            except Exception as end_err:
+                logger.error("could not close request %s: %s", task.request_id, end_err)
+        return
+    result.decode_s += time.perf_counter() - t0
+    result.counts["recorded"] += 1
+    result.new_tokens += generated.new_tokens
+    result.outputs[task.request_id] = generated.token_ids
+    result.committed_per_round[task.category].append(generated.mean_committed_per_round)
