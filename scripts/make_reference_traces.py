@@ -45,6 +45,8 @@ def main(argv=None) -> int:
                    help="use this complete run (recorded online by `entropy-law record --drafter ngram`) as the "
                         "greedy source instead of decoding again")
     p.add_argument("--model", default="smollm2-135m", help="target (default: %(default)s)")
+    p.add_argument("--break-lock", action="store_true",
+                   help="take over runs whose writer lock is stale (a killed earlier run of this job)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     if args.limit < 1 or args.max_new_tokens < 2 or args.ar_limit < 0:
@@ -56,7 +58,7 @@ def main(argv=None) -> int:
     runs = make_reference_traces(tasks, target, args.out, max_new_tokens=args.max_new_tokens,
                                  replay_arms=args.replay, ar_limit=args.ar_limit,
                                  verify_cost_ratio=args.verify_cost_ratio, from_run=args.from_run,
-                                 progress=not args.no_progress)
+                                 break_lock=args.break_lock, progress=not args.no_progress)
     size = sum(f.stat().st_size for f in Path(args.out).rglob("*") if f.is_file())
     print(f"reference traces in {args.out} ({size / 1e6:.1f} MB): {', '.join(runs)}; "
           f"{time.perf_counter() - t0:.0f} s")

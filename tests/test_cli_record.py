@@ -5,6 +5,7 @@ shards with pyarrow directly and checks the recorded tokens against ``model.gene
 """
 
 import json
+import os
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -258,3 +259,139 @@ def test_block_drafter_options_are_checked_before_loading(task_file, tmp_path, c
     assert main(["record", "--model", str(tmp_path / "nowhere"), "--tasks", "vlm_tasks", "--drafter", "block",
                  "--out", str(tmp_path / "x")]) == 2
     assert "image tasks need a drafter" in capsys.readouterr().err
+
+
+def _forbid_measuring(monkeypatch):
+    """A resumed cost-gate run takes the curve it stored; measuring again would give another curve."""
+    from entropy_law.jobs import record as record_job
+
+    def measure(*args, **kwargs):
+        raise AssertionError("the verify cost was measured again")
+
+    monkeypatch.setattr(record_job, "measure_verify_cost", measure)
+
+
+def test_resume_refuses_another_gate_and_names_it(model_folder, task_file, tmp_path, capsys):
+    """A ratio-gate run resumed with --gate cost is refused (and the reverse): key, both values, what to do."""
+    ratio_run = tmp_path / "ratio"
+    assert record(model_folder, task_file, ratio_run, "--categories", "alpha", "--limit", "1") == 0
+    meta = json.loads((ratio_run / "run.json").read_text())
+    assert "gate" not in meta and "verify_cost" not in meta  # the keys runs have always had: the ratio gate
+    before = (ratio_run / "run.json").read_text()
+    capsys.readouterr()
+    assert record(model_folder, task_file, ratio_run, "--categories", "alpha", "--resume", "--gate", "cost") == 2
+    err = capsys.readouterr().err
+    assert "gate: run has 'ratio' (not in its run.json, which means 'ratio'), given 'cost'" in err
+    assert "a new --out" in err and "--overwrite" in err
+    assert (ratio_run / "run.json").read_text() == before  # untouched
+    assert sorted(read_table(ratio_run, "requests")["request_id"]) == ["tasks:1"]
+
+    cost_run = tmp_path / "cost"
+    assert record(model_folder, task_file, cost_run, "--categories", "alpha", "--limit", "1", "--gate", "cost") == 0
+    curve = json.loads((cost_run / "run.json").read_text())["verify_cost"]
+    capsys.readouterr()
+    assert record(model_folder, task_file, cost_run, "--categories", "alpha", "--resume") == 2
+    err = capsys.readouterr().err
+    assert "gate: run has 'cost', given 'ratio'" in err and "verify_cost: run has" in err
+    assert sorted(read_table(cost_run, "requests")["request_id"]) == ["tasks:1"]
+
+
+def test_a_resumed_cost_gate_run_keeps_its_stored_curve(model_folder, task_file, tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    assert record(model_folder, task_file, out, "--categories", "alpha", "--limit", "1", "--gate", "cost") == 0
+    before = json.loads((out / "run.json").read_text())
+    assert before["verify_cost"]["sizes"][0] == 1
+    _forbid_measuring(monkeypatch)
+    assert record(model_folder, task_file, out, "--categories", "alpha", "--resume", "--gate", "cost") == 0
+    after = json.loads((out / "run.json").read_text())
+    assert after["verify_cost"] == before["verify_cost"]
+    assert before["gate"] == after["gate"] == "cost"  # cost-gate runs name their gate
+    assert sorted(read_table(out, "requests")["request_id"]) == ["tasks:1", "tasks:2", "tasks:7"]
+
+
+def test_a_run_recorded_before_the_gate_was_named_resumes_only_with_its_gate(model_folder, task_file, tmp_path,
+                                                                             capsys):
+    """No ``gate`` and no ``verify_cost`` in run.json (as in every ratio-gate run): a ratio-gate run
+    (resumable with the ratio gate, as ``test_a_run_with_the_metadata_of_earlier_versions_is_resumed``
+    shows); with --gate cost it is refused. ``verify_cost`` without ``gate``: a cost-gate run, refused with
+    the ratio gate."""
+    out = tmp_path / "run"
+    assert record(model_folder, task_file, out, "--categories", "alpha", "--limit", "1") == 0
+    capsys.readouterr()
+    assert record(model_folder, task_file, out, "--categories", "alpha", "--resume", "--gate", "cost") == 2
+    assert "gate: run has 'ratio' (not in its run.json" in capsys.readouterr().err
+    assert sorted(read_table(out, "requests")["request_id"]) == ["tasks:1"]
+
+    cost = tmp_path / "cost"
+    assert record(model_folder, task_file, cost, "--categories", "alpha", "--limit", "1", "--gate", "cost") == 0
+    meta = json.loads((cost / "run.json").read_text())
+    del meta["gate"]
+    (cost / "run.json").write_text(json.dumps(meta))
+    capsys.readouterr()
+    assert record(model_folder, task_file, cost, "--categories", "alpha", "--resume") == 2
+    assert "gate: run has 'cost' (not in its run.json" in capsys.readouterr().err
+
+
+def test_the_output_folder_is_checked_before_the_model_loads(task_file, tmp_path, capsys):
+    """--model names no model here: an --out that cannot be written must be refused first (loading a real
+    model takes about 40 s)."""
+    from entropy_law.traces.recorder import TraceRecorder
+
+    def refused(out, *extra) -> str:
+        assert main(["record", "--model", str(tmp_path / "nowhere"), "--tasks", str(task_file), "--out", str(out),
+                     *extra]) == 2
+        err = capsys.readouterr().err
+        assert "target model not found" not in err
+        return err
+
+    (tmp_path / "a-file").write_text("x")
+    assert "is not a directory" in refused(tmp_path / "a-file")
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("x")
+    assert "not empty and holds no trace run" in refused(tmp_path / "notes", "--resume")
+    TraceRecorder(tmp_path / "done", model_id="m").finish()
+    assert "--resume to continue it" in refused(tmp_path / "done")
+    holder = TraceRecorder(tmp_path / "held", model_id="m")  # another writer, alive (this process)
+    err = refused(tmp_path / "held", "--resume")
+    assert f"being written by another writer, pid {os.getpid()}" in err
+    holder.finish()
+
+
+def test_a_base_model_without_chat_template_records_with_no_chat_template_then_law_and_report(task_file, tmp_path,
+                                                                                               capsys):
+    """A base model (no chat template): ``record`` refuses it and names ``--no-chat-template``; with it the
+    prompt text is tokenized as is, the traces hold the greedy tokens of that prompt, and ``law`` and
+    ``report`` read the run."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = make_tiny_model_folder(tmp_path / "base-model")
+    for name in ("chat_template.jinja", "chat_template.json"):
+        (folder / name).unlink(missing_ok=True)
+    config_path = folder / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config.pop("chat_template", None)
+    config_path.write_text(json.dumps(config))
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    assert not getattr(tokenizer, "chat_template", None)
+
+    assert record(folder, task_file, tmp_path / "refused") == 2
+    assert "has no chat template; pass --no-chat-template" in capsys.readouterr().err
+
+    out = tmp_path / "run"
+    assert record(folder, task_file, out, "--no-chat-template", "--tree", "ddtree", "--budget", "6") == 0
+    assert json.loads((out / "run.json").read_text())["chat_template"] is False
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
+    prompts = {json.loads(line)["question_id"]: json.loads(line)["turns"][0]
+               for line in task_file.read_text().splitlines()}
+    tokens = read_table(out, "tokens")
+    assert tokens["request_id"].nunique() == 5
+    for request_id, group in tokens.groupby("request_id"):
+        ids = tokenizer(prompts[int(request_id.split(":")[1])], return_tensors="pt")["input_ids"]
+        expected = model.generate(ids, max_new_tokens=12, do_sample=False)[0, ids.shape[1]:].tolist()
+        assert group.sort_values("position")["token_id"].tolist() == expected
+
+    assert main(["law", str(out)]) == 0
+    assert "ngram" in capsys.readouterr().out
+    report = tmp_path / "report"
+    assert main(["report", str(out), "--out", str(report), "--format", "md", "--n-boot", "2", "--no-progress"]) == 0
+    assert (report / "report.md").is_file()

@@ -1,5 +1,7 @@
 """Cost model and request bootstrap: measured costs recovered, speedup arithmetic, break-even."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -74,3 +76,33 @@ def test_request_bootstrap(traces):
     ratio = s.loc["k", "boot_se"] / law.summary.loc["k", "std_err"]
     assert 0.6 < ratio < 1.6
     assert s.loc["k", "ci_low"] < 0.8 < s.loc["k", "ci_high"]
+
+
+def test_the_speedup_is_priced_for_the_shape_whose_acceptance_it_predicts(traces):
+    """#17: acceptance predicted for the deepest drafted depth D must be priced at the verify cost of the nodes
+    that shape needs, not at the median node count of the arm's rounds (which credited ten drafts at the price
+    of three). Rounds cut short (by EOS, the budget, a gate) must not lower the price of the full shape."""
+    rounds = traces.rounds.copy()
+    drafting = rounds.index[(rounds["tree_nodes"] > 0) & (rounds["run_id"] == rounds.loc[rounds["tree_nodes"] > 0,
+                                                                                           "run_id"].iloc[0])]
+    cut = drafting[: int(0.7 * len(drafting))]  # most rounds verify a short prefix: the median falls to 2 nodes
+    rounds.loc[cut, "tree_nodes"] = 2
+    cut_traces = SimulatedTraces(tokens=traces.tokens, rounds=rounds, requests=traces.requests, runs=traces.runs)
+    cost = fit_cost_model(cut_traces, drafter="sim-block")
+    assert np.median(rounds.loc[drafting, "tree_nodes"]) == 2
+    assert cost.depth == 5 and cost.nodes == 5  # the chain's full shape: D = N = 5
+
+
+def test_the_break_even_is_reported_only_inside_the_observed_entropies(traces):
+    pays = when_drafting_pays(traces, drafter="sim-block", n_boot=10, seed=1)
+    lo, hi = pays.observed_entropy
+    assert 0 <= lo < hi
+    estimate = pays.summary.loc["breakeven_entropy_nats", "estimate"]
+    verdict = pays.breakeven_verdict
+    if lo < estimate < hi:
+        assert verdict.startswith(f"pays below {estimate:.2f}")
+    # the same result, with the observed range moved below / above the estimate
+    below, above = dataclasses.replace(pays, observed_entropy=(lo, estimate / 2)), dataclasses.replace(
+        pays, observed_entropy=(estimate * 2, estimate * 3))
+    assert below.breakeven_verdict.startswith("pays at every observed entropy")
+    assert above.breakeven_verdict.startswith("never pays at an observed entropy")

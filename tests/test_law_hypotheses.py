@@ -63,3 +63,33 @@ def test_loco_transfer_and_preregistered_tests():
     assert d["slope_difference[sim-tree - sim-block]"] < 0
     with pytest.raises(ValueError, match="pass drafter="):
         loco_transfer(tr)
+
+
+def test_mundlak_p_and_crossover_interval_use_t_with_requests_minus_1_df():
+    """The P2 Mundlak p and the P3 crossover interval follow the fitted law's t(G - 1) rule, as every other
+    cluster-robust interval and p-value does (G = requests; 15 here, so t(14), not the normal)."""
+    from entropy_law.law.hypotheses import category_ranking_test
+    from entropy_law.law.stats import SmallSampleWarning
+
+    tr = simulate_traces(seed=44, n_requests_per_category=5, categories=CATS[:3], k=0.8, block_size=6,
+                         tokens_per_request=(50, 70), tree=TreeSpec(depth=4, nodes=12, k=0.55, lambda_scale=0.7))
+    with pytest.warns(SmallSampleWarning, match="15 requests"):
+        p2 = category_ranking_test(tr, drafter="sim-block")
+        p3 = drafter_entropy_test(tr)
+    s = p2.summary["value"]
+    mundlak = p2.details["mundlak"]
+    assert mundlak.n_requests == 15 and mundlak.df_inference == 14
+    z = s["b_within_minus_between"] / s["se_difference"]
+    assert s["p_mundlak"] == pytest.approx(2 * stats.t.sf(abs(z), 14), rel=1e-9)
+    assert s["p_mundlak"] > 2 * stats.norm.sf(abs(z))  # wider than the normal's
+    law, eps = p3.details["law"], 1e-3
+    a, b = "C(drafter_id)[T.sim-tree]", "C(drafter_id)[T.sim-tree]:log_entropy"
+    da, db = law.result.params[a], law.result.params[b]
+    cov = law.result.cov_params().loc[[a, b], [a, b]].to_numpy()
+    grad = np.array([-1 / db, da / db**2])
+    se_x, x = float(np.sqrt(grad @ cov @ grad)), -da / db
+    q = stats.t.ppf(0.975, law.n_requests - 1)
+    assert law.critical_value == pytest.approx(q)
+    d = p3.summary["value"]
+    assert d["crossover_H_ci_low[sim-tree vs sim-block]"] == pytest.approx(np.exp(x - q * se_x) - eps, rel=1e-9)
+    assert d["crossover_H_ci_high[sim-tree vs sim-block]"] == pytest.approx(np.exp(x + q * se_x) - eps, rel=1e-9)

@@ -28,6 +28,9 @@ RULES = {
     "entropy_law.decoding": (("entropy_law.law", "entropy_law.plots", "entropy_law.jobs", "entropy_law.drafters"),
                              "decoding never imports the analysis, the figures, the jobs or a drafter"),
     "entropy_law.plots": (("entropy_law.decoding", "entropy_law.drafters"), "figures are drawn from traces and fits"),
+    "entropy_law.importers": (("torch", "transformers", "entropy_law.decoding", "entropy_law.drafters",
+                               "entropy_law.jobs", "entropy_law.plots"),
+                              "importers read engine JSON and write through the trace layer; they never load a model"),
 }
 
 
@@ -178,6 +181,9 @@ def test_the_scan_sees_the_package():
     assert {"entropy_law.decoding.decoder", "entropy_law.law.fit", "entropy_law.traces.reader"} <= modules
     # the decoding room does import torch: a scan that saw no imports would pass every rule below
     assert any(within(i.importer, "entropy_law.decoding") and within(i.target, "torch") for i in imports)
+    # the importers room exists and writes through the trace layer: its rule below checks real imports
+    assert {"entropy_law.importers.vllm", "entropy_law.importers.writer"} <= modules
+    assert any(within(i.importer, "entropy_law.importers") and within(i.target, "entropy_law.traces") for i in imports)
 
 
 @pytest.mark.parametrize("room", sorted(RULES))

@@ -97,7 +97,7 @@ def test_markdown_report_links_existing_pngs_and_results_section(sim, tmp_path):
     assert len(table_rows) == 3 * 5 + 2 + 2  # 3 arms x 5 categories + the law table's and the LOCO table's 2 arms
     assert "Spearman ρ" in md and "Leave-one-category-out accuracy" in md
     summary = terminal_summary(an)
-    assert "break-even H" in summary and "sim-tree ddtree16" in summary
+    assert "drafting pays below" in summary and "nats (observed" in summary and "sim-tree ddtree16" in summary
 
 
 def test_report_command_and_its_errors(sim, tmp_path, capsys):
@@ -134,3 +134,28 @@ def test_loco_accuracy_table_and_column_come_from_the_loco_transfer(sim):
         for cat, row in loco.summary.iterrows():
             assert table.loc[(arm, cat), "loco_mean_accepted"] == pytest.approx(row["predicted_mean_accepted"])
         assert loco.depths == "observed"
+
+
+def test_several_ar_models_are_listed_and_an_arm_without_speedup_says_why(tmp_path):
+    """Two models, each with its own AR run (model A's on another device): the results section lists both
+    AR arms by label, the runs table shows the machine, and the Notes say why model A's arm has no speedup
+    while model B's has one."""
+    from entropy_law.jobs.report import _sections
+    from tests.test_law_arms import MODEL_A, MODEL_B, _simulated, write_run
+
+    sims = {MODEL_A: _simulated(1), MODEL_B: _simulated(2)}
+    for run_id, kind, model, meta in (("a-ngram", "ngram", MODEL_A, {}), ("b-ngram", "ngram", MODEL_B, {}),
+                                      ("b-ar", "ar", MODEL_B, {}), ("a-ar-gpu", "ar", MODEL_A, {"device": "cuda:0"})):
+        write_run(tmp_path, sims, run_id, kind, model, **meta)
+    an = TraceAnalysis(load_traces(tmp_path), n_boot=3, compare_families=("law_exp",), n_folds=3)
+    assert sorted(an.ar_arms) == sorted([f"{MODEL_A}/AR", f"{MODEL_B}/AR"]) and AR_ARM not in an.ar_arms
+    md = results_markdown(an)
+    listed = next(line for line in md.splitlines() if line.startswith("Traces:")).split("arms: ")[1]
+    assert listed.rstrip(".").split(", ") == an.arms + an.ar_arms
+    sections = dict(_sections(an))
+    runs = sections["Runs"].set_index("run_id")
+    assert runs.loc["a-ar-gpu", "machine"] == f"model {MODEL_A} on device cuda:0"
+    assert runs.loc["a-ngram", "machine"] == f"model {MODEL_A} on device cpu"
+    assert set(an.measured_speedups()["arm"]) == {f"{MODEL_B}/ngram chain"}
+    assert any(n.startswith(f"arm '{MODEL_A}/ngram chain': no timed AR run of the same model and machine")
+               for n in sections["Notes"])

@@ -1,4 +1,5 @@
-"""A writer killed with SIGKILL mid-run leaves a loadable dataset: flushed shards intact, run incomplete."""
+"""A writer killed with SIGKILL mid-run leaves a loadable dataset: flushed shards intact, run incomplete, its
+lock stale (resuming needs break_lock=True), an unfinished shard quarantined on resume."""
 
 import os
 import signal
@@ -63,7 +64,7 @@ def test_sigkill_mid_run_leaves_loadable_incomplete_run(tmp_path):
         proc.wait(timeout=30)
     assert proc.returncode == -signal.SIGKILL
 
-    with pytest.warns(UserWarning, match="'killed'.*incomplete"):
+    with pytest.warns(UserWarning, match="'killed'.*incomplete.*lock is stale"):
         traces = load_traces(run)  # validates every shard and the cross-table rules
     on_disk = set(traces.requests["request_id"].astype(str))
     assert flushed <= on_disk  # every flush reported before the kill is there
@@ -74,10 +75,24 @@ def test_sigkill_mid_run_leaves_loadable_incomplete_run(tmp_path):
     np.testing.assert_array_equal(tokens["target_entropy_nats"].to_numpy(), expected)
     assert traces.runs.loc[0, "status"] == "running"
 
-    # the killed run can be resumed: completed requests are known, leftovers cleaned, then finished
-    with TraceRecorder(run, resume=True) as rec:
-        assert rec.completed_requests == on_disk
+    # the killed writer's lock is stale: resuming is refused until it is broken explicitly
+    with pytest.raises(FileExistsError, match=f"stale writer lock.*pid {proc.pid} .*break_lock=True"):
+        TraceRecorder(run, resume=True)
+    # then completed requests are known, an unfinished shard (if the kill hit one) is quarantined, not deleted
+    leftovers = [p.name for p in (run / "shards").glob(".tmp-*")]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with TraceRecorder(run, resume=True, break_lock=True) as rec:
+            assert rec.completed_requests == on_disk
+    said = " ".join(str(w.message) for w in caught)
+    assert f"broke the writer lock of pid {proc.pid}" in said
     assert not list((run / "shards").glob(".tmp-*"))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
+    assert sorted(p.name for p in (run / "quarantine").glob("*")) == sorted(n.lstrip(".") for n in leftovers)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
         assert load_traces(run).runs.loc[0, "status"] == "complete"
+    said = [str(w.message) for w in caught]
+    if leftovers:  # the reader says so for as long as the quarantined leftovers are there
+        assert len(said) == 1 and "quarantined leftover" in said[0]
+    else:
+        assert said == []

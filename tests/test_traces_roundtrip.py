@@ -255,3 +255,49 @@ def test_recorder_observer_logs_rounds(tmp_path):
     np.testing.assert_allclose(tok["target_entropy_nats"], scipy.stats.entropy(p, axis=1), atol=1e-5)
     assert tok["position"].tolist() == [1, 2, 3] and traces.rounds["verify_ms"].iloc[0] == 2.5
     assert traces.requests["decode_ms"].iloc[0] == 4.5
+
+
+def test_flush_every_requests_writes_each_request_when_it_ends(tmp_path):
+    path = tmp_path / "run"
+    requests = synthetic_requests(seed=21, n_requests=4)
+    rec = TraceRecorder(path, flush_every_requests=1)
+    for i, q in enumerate(requests, start=1):
+        log_requests(rec, [q])
+        assert len(list((path / "shards").iterdir())) == i  # on disk as soon as it ended
+        assert q["request_id"] in rec.completed_requests
+    rec.finish()
+    grouped = tmp_path / "grouped"
+    with TraceRecorder(grouped, flush_every_requests=3, flush_every_rounds=10_000) as rec:
+        log_requests(rec, requests)
+        assert len(list((grouped / "shards").iterdir())) == 1  # the first three; the fourth at finish
+    assert len(list((grouped / "shards").iterdir())) == 2
+    assert len(load_traces(grouped).requests) == 4
+    with pytest.raises(ValueError, match="flush_every_requests must be >= 1"):
+        TraceRecorder(tmp_path / "bad", flush_every_requests=0)
+
+
+def test_resume_compares_every_given_key_and_what_a_missing_key_means(tmp_path):
+    """A key given on resume is compared even when the run was recorded without it: with ``absent_means`` it
+    compares as what its absence means (and is not added), without a stated meaning it cannot be checked and
+    is refused. Keys not given are not compared."""
+    path = tmp_path / "run"
+    with TraceRecorder(path, model_id="m") as rec:
+        log_requests(rec, synthetic_requests(seed=22, n_requests=1))
+    before = json.loads((path / "run.json").read_text())
+    with pytest.raises(ValueError, match=r"gate: run has 'ratio' \(not in its run.json, which means 'ratio'\), "
+                                         r"given 'cost'.*new directory.*overwrite=True"):
+        TraceRecorder(path, resume=True, model_id="m", gate="cost", absent_means={"gate": "ratio"})
+    with pytest.raises(ValueError, match=r"gate: not recorded in the run \(cannot be checked\), given 'ratio'"):
+        TraceRecorder(path, resume=True, model_id="m", gate="ratio")
+    TraceRecorder(path, resume=True, model_id="m", gate="ratio", absent_means={"gate": "ratio"}).finish()
+    after = json.loads((path / "run.json").read_text())
+    assert set(after) == set(before) | {"resumed_at"}  # nothing added
+    TraceRecorder(path, resume=True).finish()  # nothing given: nothing compared
+
+    # a new run writes only what its absence does not already say
+    TraceRecorder(tmp_path / "ratio", gate="ratio", absent_means={"gate": "ratio"}).finish()
+    assert "gate" not in json.loads((tmp_path / "ratio" / "run.json").read_text())
+    TraceRecorder(tmp_path / "cost", gate="cost", absent_means={"gate": "ratio"}).finish()
+    assert json.loads((tmp_path / "cost" / "run.json").read_text())["gate"] == "cost"
+    with pytest.raises(ValueError, match=r"gate: run has 'cost', given 'ratio'"):
+        TraceRecorder(tmp_path / "cost", resume=True, gate="ratio", absent_means={"gate": "ratio"})

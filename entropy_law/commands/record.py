@@ -1,13 +1,14 @@
 """``entropy-law record``: decode benchmark prompts speculatively and write acceptance traces.
 
 Known here: the command-line options (``--drafter ar`` is the autoregressive baseline; ``none``, its old
-name, is still accepted), the order of work (load the prompts, then the model; then
-``entropy_law.jobs.record.record_arms`` with one arm: it skips what a resumed run already holds, decodes
-each prompt through the chat template and hands every round to the trace recorder), what is skipped rather
-than fatal (empty prompts, prompts that leave no room in the model's context, and a request that fails
-while decoding: logged with its reason, recorded with stop reason "error" when it had begun, and the run
-goes on), and the summary printed at the end. Not known here: decoding itself (``SpeculativeDecoder``),
-the trace format (``TraceRecorder``), the prompt files (``entropy_law.prompts.text``).
+name, is still accepted), the order of work (load the prompts and check the output folder, then the
+model; then ``entropy_law.jobs.record.record_arms`` with one arm: it skips what a resumed run already
+holds, decodes each prompt through the chat template, hands every round to the trace recorder and writes
+each finished prompt to disk), what is skipped rather than fatal (empty prompts, prompts that leave no
+room in the model's context, and a request that fails while decoding: logged with its reason, recorded
+with stop reason "error" when it had begun, and the run goes on), and the summary printed at the end.
+Not known here: decoding itself (``SpeculativeDecoder``), the trace format (``TraceRecorder``), the
+prompt files (``entropy_law.prompts.text``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ def register(subparsers) -> None:
                     "decoding) and write per-token target entropy and per-round acceptance to a trace run.",
     )
     p.add_argument("--model", default="smollm2-135m",
-                   help="'smollm2-135m', a local Hugging Face model folder or a .gguf file (default: %(default)s)")
+                   help="an embedded target ('smollm2-135m', 'gemma3-270m': see entropy-law info), a local Hugging "
+                        "Face model folder or a .gguf file (default: %(default)s)")
     p.add_argument("--drafter", type=_drafter_name, choices=DRAFTERS, default="ngram",
                    help="draft source; 'ar' is the autoregressive baseline ('none': its old name, still "
                         "accepted) (default: %(default)s)")
@@ -51,7 +53,7 @@ def register(subparsers) -> None:
                         "for 1..32 tokens once (~10 s) and verifies the prefix of each tree with the most expected "
                         "tokens per unit cost (the curve is stored in the run metadata) (default: %(default)s)")
     p.add_argument("--tasks", default="spec_bench",
-                   help="'spec_bench' or a JSONL file with question_id, category, turns (default: %(default)s)")
+                   help="'spec_bench', 'open_ended' or a JSONL file with question_id, category, turns (default: %(default)s)")
     p.add_argument("--categories", nargs="+", default=None, metavar="CATEGORY",
                    help="only these categories (space or comma separated; default: all)")
     p.add_argument("--limit", type=int, default=None, help="at most K prompts per category (default: all)")
@@ -60,8 +62,16 @@ def register(subparsers) -> None:
                    help="tokenize the prompt text as is instead of applying the model's chat template")
     p.add_argument("--out", required=True, help="run directory for the traces")
     mode = p.add_mutually_exclusive_group()
-    mode.add_argument("--resume", action="store_true", help="continue an existing run, skipping completed prompts")
+    mode.add_argument("--resume", action="store_true",
+                      help="continue an existing run, skipping completed prompts; the options that shape decoding "
+                           "(model, drafter, tree, budget, gate, ...) must be those the run was recorded with")
     mode.add_argument("--overwrite", action="store_true", help="replace an existing run")
+    p.add_argument("--break-lock", action="store_true",
+                   help="take over a run whose writer's lock is stale (its process is gone, e.g. killed) or held "
+                        "by another host; never breaks the lock of a running process on this host")
+    p.add_argument("--flush-every", type=int, default=1, metavar="N",
+                   help="write finished prompts to disk every N prompts; a crash loses at most the N - 1 finished "
+                        "prompts not yet written and the one in flight (default: %(default)s)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -79,6 +89,8 @@ def _drafter_name(value: str) -> str:
 def _check_args(args) -> None:
     if args.max_new_tokens < 1:
         raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
+    if args.flush_every < 1:
+        raise ValueError(f"--flush-every must be >= 1 (finished prompts per shard), got {args.flush_every}")
     if args.budget is not None and args.budget < 0:
         raise ValueError(f"--budget must be >= 0, got {args.budget}")
     if args.checkpoint is not None and args.drafter != "block":
@@ -92,7 +104,7 @@ def run(args) -> int:
     from entropy_law.decoding.loading import load_target
     from entropy_law.decoding.vlm import ImageRequests
     from entropy_law.jobs.arms import ArmSpec
-    from entropy_law.jobs.record import logger, record_arms
+    from entropy_law.jobs.record import check_run_dir, logger, record_arms
     from entropy_law.prompts.image import is_image_task_file, load_image_tasks
     from entropy_law.prompts.text import load_tasks
 
@@ -109,9 +121,10 @@ def run(args) -> int:
     if not tasks:
         raise ValueError(f"no prompts to decode in {args.tasks} with these options")
     out = Path(args.out)
-    if (out / "run.json").exists() and not (args.resume or args.overwrite):
-        raise ValueError(f"{out} already holds a trace run; pass --resume to continue it (skipping recorded "
-                         "prompts) or --overwrite to replace it")
+    try:  # the output folder before the model (loading takes long)
+        check_run_dir(out, resume=args.resume, overwrite=args.overwrite, break_lock=args.break_lock)
+    except ValueError as err:
+        raise ValueError(f"--out {out}: {_cli_words(str(err))}") from err
 
     images = None
     if image_tasks:  # a local Qwen2-VL / Qwen2.5-VL / LLaVA folder; pixels go to the prefill only
@@ -134,17 +147,29 @@ def run(args) -> int:
     if drafting and args.tree == "ddtree" and budget is None:
         budget = DEFAULT_DDTREE_BUDGET
     spec = ArmSpec(args.drafter, args.drafter, tree=args.tree if drafting else "none", budget=budget)
-    recorded = record_arms(
-        tasks, [spec], {spec.name: out}, target, adapter=images.adapter if images is not None else None,
-        max_new_tokens=args.max_new_tokens, verify_cost_ratio=args.verify_cost_ratio, gate=args.gate,
-        resume=args.resume, overwrite=args.overwrite, encode=encode, keep_going=True,
-        ngram_options=dict(max_ngram=args.max_ngram, block_size=args.block_size, max_matches=args.max_matches),
-        checkpoint=args.checkpoint, progress=not args.no_progress, desc="record",
-        run_metadata={"verify_cost_ratio": args.verify_cost_ratio, "chat_template": not args.no_chat_template,
-                      "tasks": str(args.tasks)})
+    try:
+        recorded = record_arms(
+            tasks, [spec], {spec.name: out}, target, adapter=images.adapter if images is not None else None,
+            max_new_tokens=args.max_new_tokens, verify_cost_ratio=args.verify_cost_ratio, gate=args.gate,
+            resume=args.resume, overwrite=args.overwrite, break_lock=args.break_lock, flush_every=args.flush_every,
+            encode=encode, keep_going=True,
+            ngram_options=dict(max_ngram=args.max_ngram, block_size=args.block_size, max_matches=args.max_matches),
+            checkpoint=args.checkpoint, progress=not args.no_progress, desc="record",
+            run_metadata={"verify_cost_ratio": args.verify_cost_ratio, "chat_template": not args.no_chat_template,
+                          "tasks": str(args.tasks)})
+    except ValueError as err:  # the recorder's advice (resume=True, ...) in this command's options
+        raise ValueError(_cli_words(str(err))) from err
     arm = recorded[spec.name]
     _print_summary(args.out, arm)
     return 1 if arm.counts["failed"] else 0
+
+
+def _cli_words(message: str) -> str:
+    """The recorder's advice in this command's options."""
+    for api, option in (("record into a new directory", "record into a new --out"), ("resume=True", "--resume"),
+                        ("overwrite=True", "--overwrite"), ("break_lock=True", "--break-lock")):
+        message = message.replace(api, option)
+    return message
 
 
 def _print_summary(run_dir: str, arm) -> None:

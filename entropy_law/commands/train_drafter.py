@@ -3,6 +3,11 @@
 Reproducible (explicit ``--seed``; data plan and hyper-parameters written beside the outputs) and
 resumable: data shards already written are skipped, training resumes from the newest checkpoint in
 ``OUT/checkpoints``. ``--only data`` / ``--only train`` run one half.
+
+Any local target (``--model``: an embedded name, a Hugging Face folder or a ``.gguf`` file), sliding-window
+and hybrid ones included: the feature layers follow its depth (``default_feature_layers``; the training
+half reads them from the data's ``plan.json``); a base model without a chat template needs
+``--no-chat-template``, as ``entropy-law record`` does.
 """
 
 from __future__ import annotations
@@ -46,6 +51,9 @@ def register(subparsers) -> None:
     g.add_argument("--stage2-batches", type=int, default=None,
                    help="keep only the first K stage-2 batches (seeded order): reproduces a deadline-cut run")
     g.add_argument("--attn", default="sdpa", help="attention for data generation (default: %(default)s)")
+    g.add_argument("--no-chat-template", action="store_true",
+                   help="tokenize the prompts as is (a base model without a chat template; decode its drafter "
+                        "with `entropy-law record --no-chat-template`)")
     t = p.add_argument_group("training")
     t.add_argument("--block-size", type=int, default=8)
     t.add_argument("--layers", type=int, default=1, help="drafter layers (default: %(default)s)")
@@ -90,6 +98,7 @@ def run(args) -> int:
     # lazy: `entropy-law --help` imports every command module; torch loads only when this command runs
     import torch
 
+    from entropy_law.decoding.attention import text_config
     from entropy_law.decoding.loading import load_target
     from entropy_law.drafters.block import default_feature_layers
     from entropy_law.drafters.training.data import DataPlan, generate_dataset, gsm8k_path
@@ -102,12 +111,17 @@ def run(args) -> int:
     if args.only != "train":
         gsm8k_path(args.gsm8k)  # fail before the slow model load
         target = load_target(args.model, attn_implementation=args.attn)
-        layers = default_feature_layers(target.config.num_hidden_layers)
+        if not args.no_chat_template and not getattr(target.tokenizer, "chat_template", None):
+            raise ValueError(f"the tokenizer of {args.model} has no chat template; pass --no-chat-template to "
+                             "tokenize the prompts as is")
+        layers = default_feature_layers(text_config(target.model).num_hidden_layers)
+        print(f"feature layers {list(layers)} of {text_config(target.model).num_hidden_layers}", flush=True)
         plan = DataPlan(seed=args.seed, n_gsm8k=args.n_gsm8k, n_passages=args.n_passages, n_open=args.n_open,
                         n_translate=args.n_translate, max_new_tokens=args.max_new_tokens,
                         passage_max_new_tokens=args.passage_max_new_tokens or args.max_new_tokens,
                         n_long=args.n_long, long_min_passages=args.long_passages[0],
-                        long_max_passages=args.long_passages[1], soft_topk=args.soft_topk, part=args.data_part)
+                        long_max_passages=args.long_passages[1], soft_topk=args.soft_topk, part=args.data_part,
+                        chat_template=not args.no_chat_template)
         deadline = time.time() + 60 * args.gen_minutes if args.gen_minutes else None
         summary = generate_dataset(target, data_dir, plan=plan, feature_layers=layers, gsm8k=args.gsm8k,
                                    batch_size=args.gen_batch_size, deadline=deadline,

@@ -10,6 +10,8 @@ Never imports ``entropy_law.law``, ``plots``, ``jobs`` or ``drafters``; it talks
 trace files (``tests/test_layers.py``).
 """
 
+from entropy_law.decoding.adapter import TargetAdapter, UnsupportedCacheLayout
+from entropy_law.decoding.assisted import AssistedRecorder
 from entropy_law.decoding.decoder import ARDecoder, GenerationResult, SpeculativeDecoder
 from entropy_law.decoding.gate import VerifyCost, measure_verify_cost
 from entropy_law.decoding.interface import DraftProposal, Drafter
@@ -20,7 +22,8 @@ from entropy_law.decoding.replay import (PrecomputedBlockDrafter, ReplayResult, 
 from entropy_law.decoding.round import Observer, Round, RoundRules, play_round
 from entropy_law.decoding.tree import Tree, build_tree
 
-__all__ = ["ARDecoder", "DraftProposal", "Drafter", "GenerationResult", "Observer", "PrecomputedBlockDrafter",
-           "RecorderObserver", "ReplayResult", "Round", "RoundRules", "SpeculativeDecoder", "Tree", "VerifyCost",
+__all__ = ["ARDecoder", "AssistedRecorder", "DraftProposal", "Drafter", "GenerationResult", "Observer", "PrecomputedBlockDrafter",
+           "RecorderObserver", "ReplayResult", "Round", "RoundRules", "SpeculativeDecoder", "TargetAdapter", "Tree",
+           "UnsupportedCacheLayout", "VerifyCost",
            "build_tree", "load_target", "measure_verify_cost", "play_round", "replay_chain", "replay_request",
            "replay_rounds", "teacher_forced_target_stats"]

@@ -1,13 +1,29 @@
 """The target side of speculative decoding: one Hugging Face causal LM, its KV cache, one forward per call.
 
 Known here: how to prefill a prompt, how to verify a candidate tree in ONE forward pass (a 4-D additive
-float mask ``[1, 1, N+1, start+N+1]`` in which the whole committed prefix is visible and the tree part is
+float mask ``[1, 1, N+1, keys]`` in which the committed prefix is visible and the tree part is
 ancestor-only, position ids ``start + depth``), how to keep only the accepted rows of the KV cache
 (``commit``; our own gather-and-truncate over ``cache.layers[i].keys/values``, never ``DynamicCache.crop``,
 whose meaning changed across transformers versions), and how to capture hidden states of chosen layers
 (``entropy_law.decoding.features``). Batch size 1. Forwards run the language attention with the lean
 grouped-query kernel of ``entropy_law.decoding.attention`` when the model uses ``eager`` (same logits, no
 copies of the KV cache); ``lean_attention=False`` keeps transformers' own kernel.
+
+Sliding-window attention (Mistral, Gemma 2/3, Qwen2/3 with ``use_sliding_window``; hybrid models mix such
+layers with full ones). Transformers 5.x gives each sliding layer a ``DynamicSlidingWindowLayer``. A query
+at sequence index ``p`` sees keys at ``k`` with ``0 <= p - k < W``; the layer's ``update`` attends over
+its held rows plus the new ones and then keeps only the last ``W - 1`` of them, so after a forward it no
+longer holds the rows a rejected draft would need back. The adapter therefore switches each such layer to
+past recording (``activate_past_recording``: ``update`` keeps every row, still attends over the last
+``W - 1 + q``), and trims it itself: after prefill and every ``commit`` a sliding layer holds exactly the
+last ``min(length, W - 1)`` committed positions, the rows greedy ``generate`` would hold (its row ``j`` is
+position ``length - rows + j``, and ``cumulative_length`` stays the committed length). The tree mask is
+built per window (``tree_attention_mask(start, tree, window)``: a node at ``start + depth`` sees a key only
+within its window, ancestors included) and handed to the model as one tensor when every layer has the
+same window, else as a mapping by layer type (``config.layer_types``), the form in which transformers'
+own ``create_masks_for_generate`` hands hybrid models their masks. ``CacheLayout`` reads all this from
+the configuration once, when the adapter is built, and refuses any other cache layout there (chunked,
+linear or shared-KV layers, windows that differ from the mask's) with ``UnsupportedCacheLayout``.
 
 Not known here: drafters, tree policies, acceptance, stopping (see ``decoder``). A vision-language
 subclass overrides ``tree_position_ids`` (3-D M-RoPE ids) and ``prefill`` (pixel inputs); nothing else
@@ -17,14 +33,19 @@ needs to change.
 from __future__ import annotations
 
 import inspect
-from typing import Sequence
+from dataclasses import dataclass
+from typing import Mapping, Sequence
 
 import torch
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
 
 from entropy_law.decoding.attention import lean_attention, text_config
 from entropy_law.decoding.features import capture_features
 from entropy_law.decoding.tree import Tree
+
+FULL_ATTENTION = "full_attention"
+SLIDING_ATTENTION = "sliding_attention"
 
 
 def cache_keyword(model: torch.nn.Module) -> str:
@@ -33,19 +54,174 @@ def cache_keyword(model: torch.nn.Module) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
+# --- what each layer's cache keeps -------------------------------------------------------------------
+
+
+class UnsupportedCacheLayout(NotImplementedError):
+    """The target's KV cache has a layout the adapter cannot keep and roll back (raised when it is built)."""
+
+
+@dataclass(frozen=True)
+class CacheLayout:
+    """What every decoder layer's KV cache keeps, read from the model's configuration.
+
+    ``windows[i]``: ``None`` for a full-attention layer (row ``j`` = position ``j``), else the sliding window
+    ``W`` of layer ``i`` (held between forwards: the last ``W - 1`` positions). ``layer_types``: the names by
+    which the model reads a mapping of masks (``config.layer_types``), or ``None`` if it takes one mask.
+    """
+
+    model_type: str
+    windows: tuple[int | None, ...]
+    layer_types: tuple[str, ...] | None = None
+
+    @property
+    def distinct_windows(self) -> tuple[int | None, ...]:
+        """The different windows, ``None`` (full attention) first."""
+        return tuple(sorted(set(self.windows) or {None}, key=lambda w: -1 if w is None else w))
+
+    @property
+    def is_hybrid(self) -> bool:
+        """Layers with different windows: the model must be given one mask per layer type."""
+        return len(self.distinct_windows) > 1
+
+
+_WHAT_TO_DO = ("Decode this model with plain greedy `model.generate`, or teach entropy_law/decoding/adapter.py "
+               "(cache_layout, compact_cache, tree_attention_mask) this layout.")
+
+
+def _unsupported(model_type: str, layer: int, layer_type: str, why: str) -> UnsupportedCacheLayout:
+    return UnsupportedCacheLayout(
+        f"{model_type}: decoder layer {layer} is a '{layer_type}' layer, and speculative decoding cannot keep "
+        f"its KV cache: {why}. The adapter keeps and rolls back 'full_attention' and 'sliding_attention' "
+        f"layers only. {_WHAT_TO_DO}")
+
+
+def cache_layout(model: torch.nn.Module) -> CacheLayout:
+    """The ``CacheLayout`` of ``model``'s language model, or ``UnsupportedCacheLayout`` naming the model type,
+    the first layer that cannot be kept and what to do. Reads the layers transformers' ``DynamicCache`` builds
+    from the configuration (no tensors are allocated)."""
+    config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") \
+        else model.config
+    model_type = str(getattr(config, "model_type", None) or type(model).__name__)
+    names = getattr(config, "layer_types", None)
+    names = tuple(str(n) for n in names) if names is not None else None
+    if getattr(config, "use_bidirectional_attention", False) or not getattr(config, "is_causal", True):
+        raise _unsupported(model_type, 0, names[0] if names else "bidirectional",
+                           "its attention is bidirectional, so a tree node would see its descendants")
+    try:
+        layers = DynamicCache(config=model.config).layers
+    except Exception as err:  # transformers cannot build a dynamic cache from this configuration
+        raise UnsupportedCacheLayout(f"{model_type}: transformers builds no DynamicCache from this configuration "
+                                     f"({type(err).__name__}: {err}). {_WHAT_TO_DO}") from err
+    if not layers:  # transformers adds plain full-attention layers as the forward goes
+        return CacheLayout(model_type, (), None)
+    config_window = getattr(config, "sliding_window", None)
+    windows: list[int | None] = []
+    for i, layer in enumerate(layers):
+        name = names[i] if names is not None and i < len(names) else None
+        kind = type(layer)
+        if kind is DynamicLayer and name in (None, FULL_ATTENTION):
+            windows.append(None)
+            continue
+        if kind is not DynamicSlidingWindowLayer or name not in (None, SLIDING_ATTENTION) or config_window is None:
+            why = (f"transformers keeps it in a {kind.__name__}, whose rows are neither every committed "
+                   "position nor the last ones of a window") if kind is not DynamicSlidingWindowLayer else \
+                  "its mask is not a sliding window (chunked attention restarts at every chunk boundary)"
+            raise _unsupported(model_type, i, name or kind.__name__, why)
+        if int(layer.sliding_window) != int(config_window):
+            raise _unsupported(model_type, i, SLIDING_ATTENTION,
+                               f"its cache window ({layer.sliding_window}) differs from the sliding_window of "
+                               f"the configuration ({config_window}), which transformers builds the mask with")
+        if not hasattr(layer, "activate_past_recording"):
+            raise _unsupported(model_type, i, SLIDING_ATTENTION, "this transformers version drops the rows of "
+                               "rejected drafts at every forward (no activate_past_recording); upgrade it")
+        windows.append(int(layer.sliding_window))
+    if len(set(windows)) > 1 and names is None:
+        raise _unsupported(model_type, windows.index(config_window), SLIDING_ATTENTION,
+                           "the model mixes full and sliding layers without config.layer_types, so it cannot "
+                           "be given one mask per layer type")
+    return CacheLayout(model_type, tuple(windows), names)
+
+
+def truncate_cache(cache, length: int) -> None:
+    """Keep the committed positions ``[0, length)``: every row in a full-attention layer, the last
+    ``min(length, W - 1)`` in a sliding-window layer (the rows greedy decoding holds there)."""
+    for layer in cache.layers:
+        if not layer.is_initialized:
+            continue
+        if not layer.is_sliding:
+            layer.keys = layer.keys[..., :length, :]
+            layer.values = layer.values[..., :length, :]
+            continue
+        first = layer.cumulative_length - layer.keys.shape[-2]  # position of the layer's row 0
+        lo = max(0, length - (layer.sliding_window - 1))
+        if lo < first or length > layer.cumulative_length:
+            raise ValueError(f"cannot truncate a sliding-window layer holding positions {first}.."
+                             f"{layer.cumulative_length - 1} to length {length}")
+        layer.keys = layer.keys[..., lo - first: length - first, :]
+        layer.values = layer.values[..., lo - first: length - first, :]
+        layer.cumulative_length = length
+
+
+def compact_cache(cache, start: int, nodes: Sequence[int]) -> None:
+    """In every layer, keep the rows of tree nodes ``nodes`` (verified at ``start``) as positions ``start,
+    start + 1, ...``, drop the other tree rows, then trim to the committed length ``start + len(nodes)``.
+
+    Works on the per-layer ``keys``/``values`` tensors ``[batch, kv_heads, rows, head_dim]`` of a
+    transformers 5.x ``DynamicCache``. A full-attention layer's rows are positions; a sliding-window layer
+    (recording its past) holds positions ``cumulative_length - rows ..`` with the tree's rows last, and ends
+    with the last ``W - 1`` committed positions.
+    """
+    nodes = [int(i) for i in nodes]
+    m = len(nodes)
+    contiguous = nodes == list(range(m))  # chains: the accepted rows are already in place
+    index = None
+    for layer in cache.layers:
+        if not layer.is_initialized:
+            continue
+        if not isinstance(layer, DynamicLayer):
+            raise NotImplementedError(f"cannot compact a {type(layer).__name__} cache layer")
+        rows = layer.keys.shape[-2]
+        if layer.is_sliding:
+            if not getattr(layer, "record_past", False):
+                raise RuntimeError("a sliding-window layer that does not record its past has dropped the rows "
+                                   "of this verify; build caches with TargetAdapter.new_cache()")
+            root_row = rows - (layer.cumulative_length - start)
+        else:
+            root_row = start
+        if contiguous:
+            layer.keys = layer.keys[..., : root_row + m, :]
+            layer.values = layer.values[..., : root_row + m, :]
+        else:
+            if index is None or index.device != layer.keys.device:
+                index = torch.tensor(nodes, dtype=torch.long, device=layer.keys.device)
+            layer.keys = torch.cat([layer.keys[..., :root_row, :], layer.keys.index_select(-2, index + root_row)],
+                                   dim=-2)
+            layer.values = torch.cat([layer.values[..., :root_row, :],
+                                      layer.values.index_select(-2, index + root_row)], dim=-2)
+        if layer.is_sliding:
+            layer.cumulative_length = start + m
+    truncate_cache(cache, start + m)  # sliding layers: back to their window
+
+
+# --- the adapter -------------------------------------------------------------------------------------
+
+
 class TargetAdapter:
     """Wraps a causal LM (eval mode, batch 1) and owns its KV cache.
 
     ``feature_layers``: decoder layers whose output hidden states are returned with the logits
     (concatenated, ``[rows, len(feature_layers) * hidden]``); empty: no features, ``None`` returned.
 
-    Invariant between calls: the cache holds exactly the committed positions ``0 .. cache_len - 1``.
-    ``verify`` appends ``N + 1`` rows (root + tree nodes, node order); ``commit`` brings the cache back to
-    the invariant.
+    Invariant between calls: the cache holds the committed positions ``0 .. cache_len - 1`` (a
+    sliding-window layer: the last ``W - 1`` of them). ``verify`` appends ``N + 1`` rows (root + tree nodes,
+    node order); ``commit`` brings the cache back to the invariant. A cache layout that cannot be kept
+    raises ``UnsupportedCacheLayout`` here, before any prompt.
     """
 
     def __init__(self, model: torch.nn.Module, *, feature_layers: Sequence[int] = (), lean_attention: bool = True):
         self.model = model
+        self.layout = cache_layout(model)
         self.lean_attention = bool(lean_attention)
         self.feature_layers = tuple(int(i) for i in feature_layers)
         params = next(model.parameters())
@@ -62,9 +238,18 @@ class TargetAdapter:
 
     @property
     def cache_len(self) -> int:
+        """Committed positions (plus the rows of an uncommitted verify)."""
         if self.cache is None or not self.cache.layers or not self.cache.layers[0].is_initialized:
             return 0
-        return int(self.cache.layers[0].keys.shape[-2])
+        return int(self.cache.layers[0].get_seq_length())  # sliding layers count positions, not rows
+
+    def new_cache(self) -> DynamicCache:
+        """An empty cache for the model; its sliding-window layers record their past until we trim them."""
+        cache = DynamicCache(config=self.model.config)
+        for layer in cache.layers:
+            if layer.is_sliding:
+                layer.activate_past_recording()
+        return cache
 
     # --- forward passes -------------------------------------------------------------------------
 
@@ -91,6 +276,14 @@ class TargetAdapter:
                 out = self.model(**kwargs)
                 return out.logits[0].float(), capture.features()[0]
 
+    def _prefill_forward(self, ids: torch.Tensor, positions: torch.Tensor, **extra):
+        """A fresh cache, one causal forward over ``ids`` ``[1, n]``, sliding layers trimmed to their window:
+        the last position's logits ``[V]`` and the features ``[n, F]`` (or ``None``)."""
+        self.cache = self.new_cache()
+        logits, features = self._forward(ids, positions, None, logits_to_keep=1, **extra)
+        truncate_cache(self.cache, ids.shape[1])
+        return logits[-1], features
+
     def prefill(self, input_ids: Sequence[int] | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Start a new sequence: a fresh cache over ``input_ids``.
 
@@ -106,26 +299,44 @@ class TargetAdapter:
             raise ValueError(
                 f"prompt has {n} tokens but the model's context is {self.max_context}; shorten the prompt"
             )
-        self.cache = DynamicCache(config=self.model.config)
-        positions = torch.arange(n, device=self.device).unsqueeze(0)
-        logits, features = self._forward(ids, positions, None, logits_to_keep=1)
-        return logits[-1], features
+        return self._prefill_forward(ids, torch.arange(n, device=self.device).unsqueeze(0))
 
     def tree_position_ids(self, start: int, tree: Tree) -> torch.Tensor:
         """Position ids ``[1, N + 1]``: ``start + depth`` (siblings share a position). Override for M-RoPE."""
         return (tree.depth_positions() + start).to(self.device).unsqueeze(0)
 
-    def tree_attention_mask(self, start: int, tree: Tree) -> torch.Tensor:
-        """Additive float mask ``[1, 1, N + 1, start + N + 1]``: 0 = visible, dtype minimum = hidden.
+    def tree_attention_mask(self, start: int, tree: Tree, window: int | None = None) -> torch.Tensor:
+        """Additive float mask ``[1, 1, N + 1, keys]``: 0 = visible, dtype minimum = hidden.
 
-        Every tree row sees the whole committed prefix ``[0, start)``; inside the tree a row sees itself
-        and its ancestors only (``tree.visibility()``).
+        Inside the tree a row sees itself and its ancestors only (``tree.visibility()``). ``window=None``
+        (full attention): ``keys = start + N + 1`` and every row sees the whole committed prefix. A
+        sliding window ``W``: the layer attends over its last ``r = min(start, W - 1)`` committed positions
+        and the tree, ``keys = r + N + 1``, and a node at ``start + depth`` sees a key at ``k`` only if
+        ``start + depth - k < W`` (ancestors at ``start + their depth``).
         """
         n = tree.n_nodes + 1
-        mask = torch.zeros((n, start + n), dtype=self.dtype, device=self.device)
-        hidden = ~tree.visibility().to(self.device)
-        mask[:, start:].masked_fill_(hidden, torch.finfo(self.dtype).min)
-        return mask.view(1, 1, n, start + n)
+        prefix = start if window is None else min(start, window - 1)
+        hidden_tree = ~tree.visibility()
+        mask = torch.zeros((n, prefix + n), dtype=self.dtype, device=self.device)
+        lowest = torch.finfo(self.dtype).min
+        if window is not None:
+            depth = tree.depth_positions()
+            hidden_tree |= depth[:, None] - depth[None, :] >= window  # ancestors too far up
+            # committed key c of the prefix is at start - prefix + c: out of the window iff
+            # (start + depth) - (start - prefix + c) >= window
+            hidden_prefix = torch.arange(prefix)[None, :] <= depth[:, None] + prefix - window
+            mask[:, :prefix].masked_fill_(hidden_prefix.to(self.device), lowest)
+        mask[:, prefix:].masked_fill_(hidden_tree.to(self.device), lowest)
+        return mask.view(1, 1, n, prefix + n)
+
+    def tree_attention_masks(self, start: int, tree: Tree) -> torch.Tensor | Mapping[str, torch.Tensor]:
+        """What the model is given: one mask when every layer has the same window, else a mask per layer type
+        (``{"full_attention": ..., "sliding_attention": ...}``)."""
+        windows = self.layout.distinct_windows
+        if len(windows) == 1:
+            return self.tree_attention_mask(start, tree, windows[0])
+        masks = {window: self.tree_attention_mask(start, tree, window) for window in windows}
+        return {name: masks[window] for name, window in zip(self.layout.layer_types, self.layout.windows)}
 
     def verify(self, root_id: int, tree: Tree, start: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """One forward over ``[root] + tree.tokens`` at cache length ``start``.
@@ -144,7 +355,7 @@ class TargetAdapter:
         positions = self.tree_position_ids(start, tree)
         # a lone root (or a chain) is ordinary causal attention; a chain still gets the explicit mask so
         # that every tree shape goes through the same code path
-        mask = None if tree.n_nodes == 0 else self.tree_attention_mask(start, tree)
+        mask = None if tree.n_nodes == 0 else self.tree_attention_masks(start, tree)
         return self._forward(ids, positions, mask)
 
     # --- cache surgery -------------------------------------------------------------------------
@@ -162,33 +373,8 @@ class TargetAdapter:
         compact_cache(self.cache, start, nodes)
 
     def truncate(self, length: int) -> None:
-        """Drop every cache row at or after ``length``."""
+        """Drop every cache position at or after ``length`` (sliding-window layers: only back to the first
+        position they still hold plus ``W - 1``)."""
         if not 0 <= length <= self.cache_len:
             raise ValueError(f"cannot truncate a cache of {self.cache_len} rows to {length}")
-        for layer in self.cache.layers:
-            layer.keys = layer.keys[..., :length, :]
-            layer.values = layer.values[..., :length, :]
-
-
-def compact_cache(cache, start: int, nodes: Sequence[int]) -> None:
-    """In every layer, move rows ``start + nodes[j]`` to ``start + j`` and truncate to ``start + len(nodes)``.
-
-    Works on the per-layer ``keys``/``values`` tensors ``[batch, kv_heads, seq, head_dim]`` of a
-    transformers 5.x ``DynamicCache``; refuses sliding-window layers (their rows are not positions).
-    """
-    m = len(nodes)
-    contiguous = list(nodes) == list(range(m))  # chains: the accepted rows are already in place
-    index = None
-    for layer in cache.layers:
-        if getattr(layer, "is_sliding", False):
-            raise NotImplementedError("sliding-window cache layers cannot be compacted by position")
-        if not layer.is_initialized:
-            continue
-        if contiguous:
-            layer.keys = layer.keys[..., : start + m, :]
-            layer.values = layer.values[..., : start + m, :]
-            continue
-        if index is None or index.device != layer.keys.device:
-            index = torch.tensor(nodes, dtype=torch.long, device=layer.keys.device) + start
-        layer.keys = torch.cat([layer.keys[..., :start, :], layer.keys.index_select(-2, index)], dim=-2)
-        layer.values = torch.cat([layer.values[..., :start, :], layer.values.index_select(-2, index)], dim=-2)
+        truncate_cache(self.cache, length)

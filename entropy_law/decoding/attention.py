@@ -9,7 +9,9 @@ heads, 3 KV heads) the logits are bitwise equal to ``eager`` and a one-token ste
 
 The kernel is used only inside ``TargetAdapter`` forwards (``lean_attention``), and only where the model
 was loaded with ``eager``: the model object itself keeps its configuration, so ``model.generate`` and any
-other user of the same model run transformers' own eager code.
+other user of the same model run transformers' own eager code. Sliding-window layers need nothing of
+their own here (their window is in the mask, as for eager); Gemma's attention-logit soft-capping is applied
+as eager applies it.
 """
 
 from __future__ import annotations
@@ -23,12 +25,22 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask
 LEAN_EAGER = "entropy_law_gqa_eager"
 
 
-def gqa_eager_attention(module, query, key, value, attention_mask, scaling, dropout: float = 0.0, **kwargs):
+def gqa_eager_attention(module, query, key, value, attention_mask, scaling, dropout: float = 0.0,
+                        softcap: float | None = None, sliding_window: int | None = None, **kwargs):
     """``eager_attention_forward``'s contract: ``query [b, H, q, d]``, ``key/value [b, kv, L, d]``, additive
-    float mask ``[b, 1, q, L]`` or None -> (output ``[b, q, H, d]``, attention weights ``[b, H, q, L]``)."""
+    float mask ``[b, 1, q, L]`` or None -> (output ``[b, q, H, d]``, attention weights ``[b, H, q, L]``).
+
+    ``softcap`` (Gemma 2/3's ``attn_logit_softcapping``): scores become ``softcap * tanh(scores / softcap)``
+    before the mask, in eager's order. ``sliding_window`` is not read, as eager does not read it: the mask
+    (ours, or the one transformers builds through ``eager_mask``) already hides keys outside the window,
+    and the cache hands over only the window's rows.
+    """
     if dropout and module.training:
         raise RuntimeError("the lean attention kernel is for inference; load the model with eager attention "
                            "to train it")
+    if kwargs.get("s_aux") is not None:
+        raise NotImplementedError("the lean attention kernel has no attention sinks (s_aux); build the "
+                                  "adapter with lean_attention=False")
     b, heads, q, d = query.shape
     kv = key.shape[1]
     if heads % kv:
@@ -37,6 +49,10 @@ def gqa_eager_attention(module, query, key, value, attention_mask, scaling, drop
     # head h reads KV head h // groups (repeat_kv's order), so [b, H, q, d] -> [b, kv, groups * q, d]
     rows = query.reshape(b, kv, groups * q, d)
     weights = torch.matmul(rows, key.transpose(2, 3)) * scaling
+    if softcap is not None:
+        weights = weights / softcap
+        weights = torch.tanh(weights)
+        weights = weights * softcap
     if attention_mask is not None:
         weights = (weights.view(b, kv, groups, q, -1) + attention_mask.unsqueeze(1)).view(b, kv, groups * q, -1)
     weights = torch.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)

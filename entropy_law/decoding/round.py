@@ -19,6 +19,7 @@ runs (``adapter``), how rounds are written to disk (``observers``, ``entropy_law
 
 from __future__ import annotations
 
+import numbers
 import time
 from dataclasses import dataclass, field, replace
 from typing import Callable, Protocol, Sequence
@@ -117,6 +118,9 @@ class RoundRules:
         directly; with a ``verify_cost`` curve it defaults to 0 and the gate verifies the best-value prefix
         (``gate.plan_verification``). ``should_draft(proposal, tree)`` replaces the gate when given."""
         cls.check_tree(tree, budget, drafting=drafting)
+        for name, value in (("verify_cost_ratio", verify_cost_ratio), ("min_expected_accepted", min_expected_accepted)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
+                raise TypeError(f"{name} must be a number, got {value!r}")
         if verify_cost is not None and not isinstance(verify_cost, VerifyCost):
             raise TypeError(f"verify_cost must be a VerifyCost, 'measure' or None, got {type(verify_cost).__name__}")
         if min_expected_accepted is None:
@@ -127,7 +131,12 @@ class RoundRules:
 
     @staticmethod
     def check_tree(tree, budget: int | None, *, drafting: bool = True) -> None:
-        """Refuse an unknown tree policy, a DDTree without a node budget, a negative budget."""
+        """Refuse an unknown tree policy, a DDTree without a node budget, a budget that is not an int >= 0."""
+        if not isinstance(tree, str) and not callable(tree):
+            raise TypeError(f"tree must be one of {TREE_POLICIES} or a callable (proposal, budget) -> Tree, "
+                            f"got {tree!r}")
+        if budget is not None and (isinstance(budget, bool) or not isinstance(budget, numbers.Integral)):
+            raise TypeError(f"budget must be an int (draft nodes per tree) or None, got {budget!r}")
         if isinstance(tree, str) and tree not in TREE_POLICIES:
             raise ValueError(f"unknown tree policy {tree!r}; use one of {TREE_POLICIES} or a callable")
         if tree == "ddtree" and budget is None and drafting:

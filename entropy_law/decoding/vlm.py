@@ -41,7 +41,7 @@ from typing import Any, Mapping, Sequence
 
 import torch
 from PIL import Image
-from transformers import AutoConfig, AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer, DynamicCache
+from transformers import AutoConfig, AutoImageProcessor, AutoModelForImageTextToText, AutoTokenizer
 
 from entropy_law.decoding.adapter import TargetAdapter
 from entropy_law.decoding.loading import LoadedTarget
@@ -299,15 +299,13 @@ class VLMTargetAdapter(TargetAdapter):
             raise ValueError(f"the prompt holds {image_slots} image tokens but {expected} image features are "
                              "attached; encode the prompt with ImagePromptEncoder and attach() it before prefill")
         self.image_tokens = expected
-        self.cache = DynamicCache(config=self.model.config)
         positions = self.prefill_position_ids(ids, prompt)
         extra = {}
         if prompt is not None and prompt.has_image:
             extra = {k: v.to(self.device) for k, v in prompt.tensors.items() if k in self.forward_keys}
             if "pixel_values" in extra:
                 extra["pixel_values"] = extra["pixel_values"].to(self.dtype)
-        logits, features = self._forward(ids, positions, None, logits_to_keep=1, **extra)
-        return logits[-1], features
+        return self._prefill_forward(ids, positions, **extra)  # a fresh cache, as a text prefill makes it
 
     def prefill_position_ids(self, ids: torch.Tensor, prompt: ImagePrompt | None) -> torch.Tensor:
         """Position ids of the prompt (1-D ``arange`` here; M-RoPE subclasses override)."""

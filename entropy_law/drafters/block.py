@@ -11,7 +11,12 @@ What it knows (DFlash family, ``../shared/research/decoding.md`` 1.1-1.3):
   context strictly before the anchor. MASK is a learned embedding vector (SmolLM2's vocabulary has no
   unused row, so no token id is borrowed; nothing in the data can collide with it).
 * **Head**: final RMSNorm, then the target's frozen LM head; the anchor is embedded with the target's
-  frozen embedding table. Both are referenced, never copied, and never saved in a checkpoint.
+  frozen embedding table (times its embedding scale, for Gemma). Both are referenced, never copied, and
+  never saved in a checkpoint.
+* **Other targets**: any decoder-only target whose layers ``features`` can hook, whatever its attention
+  (full, sliding-window, hybrid: the features are layer outputs, the drafter's own attention sees the whole
+  context); feature layers follow the target's depth (``default_feature_layers``), RoPE base its full-
+  attention layers' (``rope_theta``).
 * **Layout**: same-position labels: block slot ``k`` (1..B-1) predicts the token at ``anchor + k``; slot 0
   is discarded.
 * **Draft vocabulary** (optional): a fixed set of token ids whose LM-head rows are scored (EAGLE-3-style
@@ -36,7 +41,6 @@ What it does not know: how trees are built (``tree``), how the target verifies, 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 from dataclasses import asdict, dataclass, replace
@@ -52,6 +56,7 @@ from torch import nn
 from entropy_law.decoding.attention import gqa_eager_attention, text_config as _text_config
 from entropy_law.decoding.interface import DraftProposal
 from entropy_law.prompts.paths import data_dir
+from entropy_law.traces.layout import file_sha256
 
 FORMAT = "entropy-law-block-drafter"
 FORMAT_VERSION = 1
@@ -69,13 +74,42 @@ def default_drafter_path() -> Path:
 
 
 def default_feature_layers(num_target_layers: int, n: int = 3) -> tuple[int, ...]:
-    """DFlash's choice of target layers: ``L // 2`` for one feature, else ``n`` evenly spaced from 1 to L-3."""
-    if num_target_layers < 4:
-        raise ValueError(f"a target with {num_target_layers} layers is too shallow for feature selection")
+    """Target layers whose outputs the drafter reads, chosen from the target's depth ``L``.
+
+    DFlash's choice where it gives ``n`` distinct layers (``L >= n + 3``): ``L // 2`` for one feature, else
+    ``n`` evenly spaced from 1 to ``L - 3`` (SmolLM2-135M, 30 layers: 1, 14, 27; Gemma 3 270M, 18 layers:
+    1, 8, 15). A shallower target (tiny test models) gets up to ``n`` distinct layers evenly spaced over all
+    of its layers, ``0 .. L - 1``."""
+    if num_target_layers < 1 or n < 1:
+        raise ValueError(f"need a target with layers and at least one feature (got {num_target_layers} layers, "
+                         f"n={n})")
     if n == 1:
         return (num_target_layers // 2,)
-    span = num_target_layers - 4
-    return tuple(int(round(1 + i * span / (n - 1))) for i in range(n))
+    if num_target_layers >= n + 3:
+        span = num_target_layers - 4
+        return tuple(int(round(1 + i * span / (n - 1))) for i in range(n))
+    last = num_target_layers - 1
+    return tuple(sorted({int(round(i * last / (n - 1))) for i in range(n)}))
+
+
+def rope_theta(config) -> float:
+    """The RoPE base of a text config: flat (``rope_parameters["rope_theta"]`` or ``rope_theta``), or, where
+    each layer type has its own (Gemma 3: 10k for sliding, 1M for full layers), that of the full-attention
+    layers, which see the whole context as the drafter does."""
+    rope = getattr(config, "rope_parameters", None) or {}
+    if isinstance(rope.get("full_attention"), dict):
+        rope = rope["full_attention"]
+    elif rope and all(isinstance(v, dict) for v in rope.values()):
+        rope = next(iter(rope.values()))
+    theta = rope.get("rope_theta", getattr(config, "rope_theta", None))
+    return float(theta) if theta is not None else 10000.0
+
+
+def embedding_scale(embedding: nn.Module) -> float:
+    """The factor a target's embedding module applies to its table rows (Gemma: ``sqrt(hidden_size)``; 1.0
+    for a plain ``nn.Embedding``)."""
+    scale = getattr(embedding, "embed_scale", None)
+    return 1.0 if scale is None else float(scale)
 
 
 @dataclass(frozen=True)
@@ -156,8 +190,7 @@ def config_for_target(target, *, feature_layers: Sequence[int] | None = None, bl
     n_layers = int(cfg.num_hidden_layers)
     layers = tuple(feature_layers) if feature_layers is not None else default_feature_layers(n_layers)
     head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
-    rope = getattr(cfg, "rope_parameters", None) or {}
-    theta = float(rope.get("rope_theta", getattr(cfg, "rope_theta", 10000.0)))
+    theta = rope_theta(cfg)
     return BlockDrafterConfig(
         hidden_size=int(cfg.hidden_size), vocab_size=int(model.get_input_embeddings().weight.shape[0]),
         num_heads=int(cfg.num_attention_heads), num_kv_heads=int(getattr(cfg, "num_key_value_heads", None)
@@ -290,8 +323,10 @@ class BlockDrafter(nn.Module):
                 self.copy_match_gate = nn.Parameter(torch.zeros(cfg.block_size - 1, cfg.copy_match))
             if cfg.copy_distance:  # per slot: a score per distance bucket (1, 2-3, 4-7, ...; the last is open)
                 self.copy_distance_score = nn.Parameter(torch.zeros(cfg.block_size - 1, cfg.copy_distance))
-        # learned MASK embedding, initialised at the mean target embedding row
-        self.mask_embedding = nn.Parameter(model.get_input_embeddings().weight.detach().mean(0).clone().float())
+        # learned MASK embedding, initialised at the mean embedded row (the table's mean times the target's
+        # embedding scale: Gemma multiplies its rows by sqrt(hidden_size))
+        embedding = model.get_input_embeddings()
+        self.mask_embedding = nn.Parameter(embedding.weight.detach().mean(0).float() * embedding_scale(embedding))
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 std = 1.0 / math.sqrt(module.in_features)
@@ -323,8 +358,10 @@ class BlockDrafter(nn.Module):
 
     def _block_embeddings(self, anchor_ids: torch.Tensor) -> torch.Tensor:
         """``anchor_ids [...]`` -> ``[..., B, H]``: embedded anchor then B-1 mask vectors."""
-        # the target's table, detached: frozen and shared, no gradient ever flows into the target
-        anchor = F.embedding(anchor_ids, self._embed_tokens.weight.detach()).to(self.mask_embedding.dtype)
+        # the target's table and scale, detached: frozen and shared, no gradient ever flows into the target
+        table = F.embedding(anchor_ids, self._embed_tokens.weight.detach())
+        scale = embedding_scale(self._embed_tokens)
+        anchor = (table if scale == 1.0 else table * scale).to(self.mask_embedding.dtype)
         mask = self.mask_embedding.expand(*anchor_ids.shape, self.block_size - 1, -1)
         return torch.cat([anchor.unsqueeze(-2), mask], dim=-2)
 
@@ -699,7 +736,7 @@ class BlockDrafter(nn.Module):
         drafter.refresh_vocab_map()
         drafter.info = json.loads(meta["info"]) if "info" in meta else {}
         # recorded with every trace run (``drafter_run_config``): two checkpoints of one architecture differ here
-        drafter.provenance = {"checkpoint": path.name, "checkpoint_sha256": _file_sha256(path)}
+        drafter.provenance = {"checkpoint": path.name, "checkpoint_sha256": file_sha256(path)}
         return drafter.eval()
 
 
@@ -716,13 +753,6 @@ def read_checkpoint(path: str | Path) -> tuple[BlockDrafterConfig, dict[str, tor
     state = {k: v.float() if v.is_floating_point() else v for k, v in load_file(str(path)).items()}
     return BlockDrafterConfig.from_json(meta["config"]), state, meta
 
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def load_default_drafter(target) -> BlockDrafter:

@@ -5,7 +5,9 @@ AR baseline, n-gram drafter, block drafter if its checkpoint is present — so s
 shared machine hit all arms alike), one trace run per arm under ``<out>/<run-id>/traces/``, a check
 that every arm's output equals the AR output (lossless decoding; a mismatch is reported, never hidden),
 then ``TraceAnalysis`` + ``write_report`` into ``<out>/<run-id>/`` and a terminal summary.
-Speedups are measured: decode time per token of our AR baseline over the arm's, on the same prompts.
+Speedups are measured by the one speed routine (``jobs.speed``): each ``generate`` call timed by the CPU
+clock, paired per request with the AR arm, with a request-bootstrap interval; a speedup above the physical
+bound, or with an interval wider than +-15%, is printed as such, never as a result.
 
 Not known here: decoding (``SpeculativeDecoder``), the trace format, statistics, plotting.
 """
@@ -37,6 +39,20 @@ class DemoResult:
     timings_s: dict = field(default_factory=dict)
     analysis: object = None
     summary_text: str = ""
+
+
+def _measured_speedups(recorded, specs, analysis, seed: int):
+    """Paired speedups over the AR arm (``jobs.speed``: CPU clock, per-request pairs, request-bootstrap
+    interval, physical bound, reliability), labelled with the analysis's arm names; ``None`` without AR."""
+    from entropy_law.jobs.speed import paired_speedups
+
+    ar = next((spec.name for spec in specs if not spec.drafts), None)
+    if ar is None:
+        return None
+    speed = paired_speedups(recorded.timings(ar), reference=ar, clock="cpu", seed=seed)
+    arm_of_run = dict(zip(analysis.runs["run_id"].astype(str), analysis.runs["arm"].astype(str)))
+    label = {spec.name: arm_of_run.get(str(recorded[spec.name].run_id), spec.name) for spec in specs}
+    return speed.assign(arm=speed["arm"].map(label))
 
 
 def new_run_id() -> str:
@@ -99,7 +115,7 @@ def run_demo(
     # per prompt every arm in turn, after a short unrecorded warm-up (first forwards allocate and tune kernels)
     recorded = record_arms(tasks, specs, trace_dir, target, max_new_tokens=max_new_tokens,
                            encode=None if encode is None else (lambda task, decoder: (list(encode(task)), {})),
-                           warm_up_tokens=4, ngram_options=ngram_options, progress=progress, desc="decode",
+                           warm_up_tokens=16, ngram_options=ngram_options, progress=progress, desc="decode",
                            run_metadata=lambda spec: {"seed": seed, "replayed": False, "demo_run_id": run_id,
                                                       "arm": spec.name},
                            log=log)
@@ -118,14 +134,16 @@ def run_demo(
     analysis = TraceAnalysis(traces, n_boot=n_boot, seed=seed, **(analysis_options or {}))
     report = write_report(traces, run_dir, fmt=report_format, analysis=analysis, source=str(trace_dir),
                           progress=progress)
-    summary = terminal_summary(analysis)
+    measured = _measured_speedups(recorded, specs, analysis, seed)
+    summary = terminal_summary(analysis, measured)
     timings["analysis_s"] = time.perf_counter() - t_an
     timings["total_s"] = time.perf_counter() - t_start
     (run_dir / "summary.txt").write_text(summary + "\n", encoding="utf-8")
     (run_dir / "demo.json").write_text(json.dumps({
         "run_id": run_id, "model_id": model_id, "arms": [s.name for s in specs], "prompts": len(tasks),
         "max_new_tokens": max_new_tokens, "messages": messages, "mismatches": mismatches,
-        "timings_s": timings}, indent=2), encoding="utf-8")
+        "timings_s": timings,
+        "speedup_vs_ar": None if measured is None else measured.to_dict("records")}, indent=2), encoding="utf-8")
     return DemoResult(run_dir=run_dir, trace_dir=trace_dir, report_path=report, arms=[s.name for s in specs],
                       messages=messages, mismatches=mismatches, timings_s=timings, analysis=analysis,
                       summary_text=summary)

@@ -1,14 +1,22 @@
 """Decode prompts with one or more arms and record one trace run per arm: the loop that the demo, the
 reference traces and ``entropy-law record`` share (``record_arms``).
 
-Known here: how an arm becomes a recording decoder (its drafter, an adapter over the target, the measured
-verify-cost curve when the cost gate is asked for; then the run's ``TraceRecorder``, opened with metadata
-taken from the decoder's ``config``; then the decoder, built with the recorder as its observer), the order
-of work (an optional unrecorded warm-up, then prompt by prompt, every arm in turn: slow and fast moments
-of a shared machine hit all arms alike), what is skipped rather than decoded (prompts a resumed run
-already holds, empty prompts, prompts that leave no room in the model's context), what a failing request
-does (it raises and the run stays resumable; with ``keep_going`` it is logged, closed with stop reason
-"error", and the run goes on), and what comes back per arm (outputs, counts, decode time).
+Known here: how an arm becomes a recording decoder (its drafter, an adapter over the target, the
+verify-cost curve when the cost gate is asked for: the one a resumed run stored, else measured now; then
+the run's ``TraceRecorder``, opened with metadata taken from the decoder's ``config``, the gate named;
+then the decoder, built with the recorder as its observer), what a resumed run must match (its whole
+decoding configuration: the recorder refuses any difference; a run recorded before ``gate`` was written
+down used the cost gate if it holds a ``verify_cost`` curve, else the ratio gate), that every run folder is
+checked before any arm is set up, the order of work (an optional unrecorded warm-up, then prompt by
+prompt, every arm in turn, in an order that rotates with the prompt: slow and fast moments of a shared
+machine hit all arms alike; each ``generate`` call timed by the CPU and the wall clock for
+``jobs.speed.paired_speedups``), how often
+finished prompts reach the disk (a shard per ``flush_every`` requests; 1: a killed job loses only the
+prompts in flight), what is skipped rather than decoded (prompts a resumed run already holds, empty
+prompts, prompts that leave no room in the model's context), what a failing request does (the decoder
+closes it with stop reason "error" for the recorder; then it raises and the run stays resumable, or with
+``keep_going`` it is logged and the run goes on), and what comes back per arm (outputs, counts, decode
+time).
 
 Not known here: decoding itself (``SpeculativeDecoder``), the trace format (``TraceRecorder``), which arms a
 job runs and what it prints (``jobs.demo``, ``jobs.reference``, ``commands.record``).
@@ -20,21 +28,24 @@ import contextlib
 import logging
 import time
 from collections import Counter, defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
+import pandas as pd
 import torch
 from tqdm.auto import tqdm
 from tqdm.contrib.logging import logging_redirect_tqdm
 
 from entropy_law.decoding.adapter import TargetAdapter
 from entropy_law.decoding.decoder import SpeculativeDecoder
-from entropy_law.decoding.gate import measure_verify_cost
+from entropy_law.decoding.gate import VerifyCost, measure_verify_cost
 from entropy_law.decoding.interface import drafter_run_config
 from entropy_law.decoding.observers import RecorderObserver
 from entropy_law.decoding.round import DEFAULT_VERIFY_COST_RATIO
 from entropy_law.jobs.arms import AR_DRAFTER_ID, AR_TREE_POLICY, ArmSpec, make_drafter
+from entropy_law.jobs.speed import Timing, round_cost
+from entropy_law.traces.layout import RUN_FILE, read_run_json
 from entropy_law.traces.recorder import TraceRecorder
 
 logger = logging.getLogger("entropy_law.record")
@@ -47,7 +58,8 @@ class ArmResult:
     """What one arm recorded in this call. ``counts``: ``recorded``, ``already recorded`` (by the run
     being resumed), ``skipped`` (prompt not decodable), ``failed``; ``outputs``: request id -> new token
     ids of the requests decoded now; ``decode_s``: wall time of those ``generate`` calls;
-    ``committed_per_round``: category -> each request's mean committed tokens per verify round."""
+    ``committed_per_round``: category -> each request's mean committed tokens per verify round; ``timings``:
+    one ``jobs.speed.Timing`` per request decoded now (CPU and wall clock of the ``generate`` call)."""
 
     spec: ArmSpec
     run_dir: Path
@@ -58,6 +70,7 @@ class ArmResult:
     new_tokens: int = 0
     decode_s: float = 0.0
     committed_per_round: dict = field(default_factory=lambda: defaultdict(list))
+    timings: list = field(default_factory=list)
 
 
 @dataclass
@@ -72,21 +85,17 @@ class RecordResult:
     def __getitem__(self, name: str) -> ArmResult:
         return self.arms[name]
 
-
-class _RoundTracker:
-    """Observer that remembers which requests began and how many tokens they logged (for error ends)."""
-
-    def __init__(self):
-        self.logged_tokens: dict[str, int] = {}
-
-    def on_request_start(self, request_id: str, info: dict) -> None:
-        self.logged_tokens[request_id] = 0
-
-    def on_round(self, record) -> None:
-        self.logged_tokens[record.request_id] = record.start_position + len(record.committed_ids)
-
-    def on_request_end(self, request_id: str, info: dict) -> None:
-        self.logged_tokens.pop(request_id, None)
+    def timings(self, reference: str) -> pd.DataFrame:
+        """Every timed ``generate`` call of every arm (``jobs.speed.Timing`` rows), with ``matches_reference``
+        comparing each output with the ``reference`` arm's on the same request: the input of
+        ``jobs.speed.paired_speedups``."""
+        if reference not in self.arms:
+            raise ValueError(f"no arm {reference!r} among {list(self.arms)}")
+        expected = self.arms[reference].outputs
+        rows = [replace(t, matches_reference=self.arms[name].outputs.get(t.request_id)
+                                    == expected.get(t.request_id)).__dict__
+                for name, arm in self.arms.items() for t in arm.timings]
+        return pd.DataFrame(rows)
 
 
 @dataclass
@@ -97,7 +106,6 @@ class _Arm:
     recorder: TraceRecorder
     decoder: SpeculativeDecoder
     plain: SpeculativeDecoder  # the same decoder without observers (same adapter, drafter and gate)
-    tracker: _RoundTracker
 
 
 def chat_prompt(task, decoder: SpeculativeDecoder) -> tuple[list[int], dict]:
@@ -117,6 +125,8 @@ def record_arms(
     gate: str = "ratio",
     resume: bool = False,
     overwrite: bool = False,
+    break_lock: bool = False,
+    flush_every: int = 1,
     encode: Callable | None = None,
     keep_going: bool = False,
     warm_up_tokens: int = 0,
@@ -135,11 +145,16 @@ def record_arms(
     names the model and brings the tokenizer. ``adapter``: decode through this adapter instead of one
     built over ``target`` per arm (image prompts: the VLM adapter that holds the pixels).
     ``gate``: ``"ratio"`` (``verify_cost_ratio``) or ``"cost"`` (this machine's verify-cost curve, measured
-    once per drafting arm before its decoder is built and stored in its run metadata).
+    once per drafting arm before its decoder is built and stored in its run metadata; a resumed run reuses
+    the curve it stored). The run metadata names the gate (``gate``: "ratio", "cost", or None for AR).
     ``resume`` / ``overwrite``: what to do with a run that exists (``TraceRecorder``; resume also starts a
-    run that does not). ``encode(task, decoder) -> (token ids, extra generate keyword arguments)``; default
-    ``chat_prompt``. ``keep_going``: a prompt the encoder rejects is skipped and a failing request is closed
-    with stop reason "error", both logged, and the run goes on (else they raise).
+    run that does not; a resumed run must have been recorded with this same configuration, gate included).
+    ``break_lock``: take over runs whose writer's lock is stale (see ``TraceRecorder``). ``flush_every``:
+    write a shard every this many finished requests per arm (1: each prompt is on disk once it ends).
+    Every run folder is checked (``TraceRecorder.check_path``) before any arm is set up.
+    ``encode(task, decoder) -> (token ids, extra generate keyword arguments)``; default
+    ``chat_prompt``. ``keep_going``: a prompt the encoder rejects is skipped and a failing request (closed
+    with stop reason "error" by the decoder) is logged, and the run goes on (else they raise).
     ``warm_up_tokens``: an unrecorded warm-up of that many new tokens per arm on the first prompt (0: none).
     ``run_metadata``: the job's keys added to each run's metadata after the decoder's (model, drafter,
     tree, budget, dtype, device, max_new_tokens; the verify-cost curve when measured); a mapping, or a
@@ -151,13 +166,18 @@ def record_arms(
         raise ValueError(f"gate must be one of {GATES}, got {gate!r}")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if isinstance(flush_every, bool) or not isinstance(flush_every, int) or flush_every < 1:
+        raise ValueError(f"flush_every must be an int >= 1 (finished requests per shard), got {flush_every!r}")
+    for spec in arms:  # before any drafter, adapter or cost curve is set up
+        check_run_dir(_run_dir(out, spec), resume=resume, overwrite=overwrite, break_lock=break_lock)
     encode = encode or chat_prompt
     t_setup = time.perf_counter()
     with contextlib.ExitStack() as stack:  # each recorder: finished on success, left resumable on error
         live = [_open_arm(spec, _run_dir(out, spec), target, stack, adapter=adapter, gate=gate,
                           verify_cost_ratio=verify_cost_ratio, max_new_tokens=max_new_tokens, resume=resume,
-                          overwrite=overwrite, ngram_options=ngram_options, checkpoint=checkpoint,
-                          run_metadata=run_metadata)
+                          overwrite=overwrite, break_lock=break_lock, flush_every=flush_every,
+                          ngram_options=ngram_options, checkpoint=checkpoint, run_metadata=run_metadata,
+                          log=log)
                 for spec in arms]
         todo = [task for task in tasks if any(task.request_id not in arm.recorder.completed_requests for arm in live)]
         for arm in live:
@@ -175,8 +195,10 @@ def record_arms(
         t_decode = time.perf_counter()
         with logging_redirect_tqdm(), torch.inference_mode():
             bar = tqdm(todo, desc=desc, unit="prompt", disable=not progress)
-            for task in bar:
+            for index, task in enumerate(bar):
                 pending = [arm for arm in live if task.request_id not in arm.recorder.completed_requests]
+                turn = index % max(len(pending), 1)  # a rotating order: machine drifts hit every arm alike
+                pending = pending[turn:] + pending[:turn]
                 prompt = _encoded(task, encode, live[0].decoder, keep_going)
                 if prompt is None:
                     for arm in pending:
@@ -191,6 +213,16 @@ def record_arms(
                         decode_s=time.perf_counter() - t_decode)
 
 
+def check_run_dir(run_dir: str | Path, *, resume: bool, overwrite: bool, break_lock: bool = False) -> None:
+    """Raise ValueError, saying what to do, if a run cannot be written at ``run_dir`` with these options (a
+    file there, a folder that holds something else, a run without resume / overwrite, a run another writer
+    holds or a stale lock without ``break_lock``): cheap, so a job checks before it loads a model."""
+    try:
+        TraceRecorder.check_path(run_dir, resume=resume, overwrite=overwrite, break_lock=break_lock)
+    except (FileExistsError, NotADirectoryError) as err:  # RunLockedError included
+        raise ValueError(str(err)) from err
+
+
 def _run_dir(out, spec: ArmSpec) -> Path:
     if isinstance(out, Mapping):
         return Path(out[spec.name])
@@ -202,13 +234,24 @@ def _model_of(target) -> torch.nn.Module:
 
 
 def _open_arm(spec: ArmSpec, run_dir: Path, target, stack: contextlib.ExitStack, *, adapter, gate,
-              verify_cost_ratio, max_new_tokens, resume, overwrite, ngram_options, checkpoint,
-              run_metadata) -> _Arm:
+              verify_cost_ratio, max_new_tokens, resume, overwrite, break_lock, flush_every, ngram_options,
+              checkpoint, run_metadata, log) -> _Arm:
     """Drafter, adapter, verify cost, recorder, then the decoder with the recorder as its observer."""
+    stored = _stored_metadata(run_dir) if resume else None
     drafter = make_drafter(spec, target, ngram_options=ngram_options, checkpoint=checkpoint)
     if adapter is None:
         adapter = TargetAdapter(_model_of(target), feature_layers=getattr(drafter, "feature_layers", ()))
-    verify_cost = measure_verify_cost(adapter) if gate == "cost" and spec.drafts else None
+    verify_cost = None
+    if gate == "cost" and spec.drafts:
+        if stored is None:
+            verify_cost = measure_verify_cost(adapter)
+        elif stored.get("verify_cost") is not None:  # the run's own curve: a new measurement would differ
+            verify_cost = VerifyCost.from_config(stored["verify_cost"])
+            log(f"resuming {run_dir} with the verify-cost curve it stored")
+        elif stored.get("gate") == "cost":
+            raise ValueError(f"cannot resume {run_dir}: its {RUN_FILE} says gate 'cost' but holds no verify_cost "
+                             "curve; record into a new --out (or --overwrite)")
+        # else a ratio-gate run: the recorder refuses it below, naming the gate
 
     def decoder(observers=()):
         return SpeculativeDecoder(adapter, drafter, tree=spec.tree if spec.drafts else "chain",
@@ -217,23 +260,40 @@ def _open_arm(spec: ArmSpec, run_dir: Path, target, stack: contextlib.ExitStack,
                                   tokenizer=getattr(target, "tokenizer", None))
 
     plain = decoder()  # no observers: its config names the run, and it runs the unrecorded warm-up
-    metadata = _arm_metadata(plain, drafter, target, max_new_tokens, spec, run_metadata)
+    metadata = _arm_metadata(plain, drafter, target, max_new_tokens, spec, run_metadata, gate)
     try:
-        recorder = stack.enter_context(TraceRecorder(run_dir, resume=resume, overwrite=overwrite, **metadata))
-    except (FileExistsError, NotADirectoryError) as err:
+        recorder = stack.enter_context(TraceRecorder(
+            run_dir, resume=resume, overwrite=overwrite, break_lock=break_lock, flush_every_requests=flush_every,
+            absent_means=_absent_means(stored, spec), **metadata))
+    except (FileExistsError, NotADirectoryError) as err:  # RunLockedError included
         raise ValueError(str(err)) from err
-    tracker = _RoundTracker()
     result = ArmResult(spec=spec, run_dir=run_dir, run_id=recorder.run_id, metadata=recorder.metadata)
-    return _Arm(result=result, recorder=recorder, decoder=decoder([RecorderObserver(recorder), tracker]),
-                plain=plain, tracker=tracker)
+    return _Arm(result=result, recorder=recorder, decoder=decoder([RecorderObserver(recorder)]), plain=plain)
+
+
+def _stored_metadata(run_dir: Path) -> dict | None:
+    """The metadata of the run being resumed at ``run_dir``, or None where there is no run yet."""
+    run_file = Path(run_dir) / RUN_FILE
+    return read_run_json(run_file) if run_file.is_file() else None
+
+
+def _absent_means(stored: dict | None, spec: ArmSpec) -> dict:
+    """What a missing ``gate`` / ``verify_cost`` means (runs recorded before ``gate`` was written, and ratio or
+    AR runs, which do not write them): a drafting run with a ``verify_cost`` curve used the cost gate, one
+    without it the ratio gate; an AR run has no gate; no curve is no curve."""
+    cost = stored is not None and stored.get("verify_cost") is not None
+    return {"gate": ("cost" if cost else "ratio") if spec.drafts else None, "verify_cost": None}
 
 
 def _arm_metadata(decoder: SpeculativeDecoder, drafter, target, max_new_tokens: int, spec: ArmSpec,
-                  run_metadata) -> dict:
-    """The run metadata: the decoder's config, the drafter's run config, then the job's keys.
+                  run_metadata, gate: str) -> dict:
+    """The run metadata: the decoder's config, the drafter's run config, then the job's keys, then the gate.
 
-    AR runs say ``drafter_id`` / ``tree_policy`` "none" (what existing traces hold and the analysis reads);
-    ``verify_cost`` only when measured (runs recorded before the cost gate existed stay resumable)."""
+    AR runs say ``drafter_id`` / ``tree_policy`` "none" (what existing traces hold and the analysis reads)
+    and ``gate`` None (nothing is drafted, so no gate decides). ``verify_cost`` is the cost gate's curve, or
+    None. Both are always given, so that a resume compares them; the recorder writes them only where they
+    differ from what their absence means (``_absent_means``): cost-gate runs say ``gate: "cost"`` and hold
+    their curve, ratio-gate and AR runs keep the keys that runs have always had."""
     config = decoder.config
     metadata = {
         "model_id": getattr(target, "model_id", None) or config["model_id"],  # a decoder over an adapter has none
@@ -247,8 +307,8 @@ def _arm_metadata(decoder: SpeculativeDecoder, drafter, target, max_new_tokens: 
     }
     extra = run_metadata(spec) if callable(run_metadata) else run_metadata
     metadata.update(extra or {})
-    if config["verify_cost"] is not None:
-        metadata["verify_cost"] = config["verify_cost"]
+    metadata["gate"] = gate if spec.drafts else None
+    metadata["verify_cost"] = config["verify_cost"]
     return metadata
 
 
@@ -274,9 +334,10 @@ def _encoded(task, encode: Callable, decoder: SpeculativeDecoder, keep_going: bo
 
 
 def _decode(arm: _Arm, task, prompt_ids: list, extra: dict, max_new_tokens: int, keep_going: bool) -> None:
-    """Decode one prompt with one arm; a failure raises, or with ``keep_going`` is logged and closed."""
+    """Decode one prompt with one arm; a failure raises, or with ``keep_going`` is logged and counted (the
+    decoder has already closed the request for the recorder, with stop reason "error")."""
     result = arm.result
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     try:
         generated = arm.decoder.generate(prompt_ids, max_new_tokens=max_new_tokens, category=task.category,
                                          request_id=task.request_id, dataset=task.dataset,
@@ -286,14 +347,13 @@ def _decode(arm: _Arm, task, prompt_ids: list, extra: dict, max_new_tokens: int,
             raise
         logger.error("request %s failed: %s: %s", task.request_id, type(err).__name__, err)
         result.counts["failed"] += 1
-        if task.request_id in arm.tracker.logged_tokens:  # it began: close it, flagged as an error
-            try:
-                arm.recorder.end_request(task.request_id, stop_reason="error",
-                                         new_tokens=arm.tracker.logged_tokens.pop(task.request_id))
-            except Exception as end_err:
-                logger.error("could not close request %s: %s", task.request_id, end_err)
         return
-    result.decode_s += time.perf_counter() - t0
+    wall_s, cpu_s = time.perf_counter() - t0, time.process_time() - cpu0
+    result.decode_s += wall_s
+    rounds, cost = round_cost(generated.rounds, arm.decoder.verify_cost)
+    result.timings.append(Timing(arm=result.spec.name, request_id=task.request_id, category=task.category,
+                                 new_tokens=generated.new_tokens, cpu_s=cpu_s, wall_s=wall_s, rounds=rounds,
+                                 verify_cost=cost, matches_reference=True))
     result.counts["recorded"] += 1
     result.new_tokens += generated.new_tokens
     result.outputs[task.request_id] = generated.token_ids

@@ -82,6 +82,7 @@ def make_reference_traces(
     encode: Callable | None = None,
     verify_cost_ratio: float = 2.0,
     from_run: str | Path | None = None,
+    break_lock: bool = False,
     progress: bool = True,
     log: Callable[[str], None] = print,
 ) -> dict:
@@ -94,6 +95,7 @@ def make_reference_traces(
     ``from_run``: an existing complete run recorded online with the n-gram drafter (e.g. by
     ``entropy-law record --drafter ngram``); it is copied to ``<out>/ngram`` and used as the greedy source
     instead of decoding again (only its prompts among ``tasks`` are replayed; its own gate setting is kept).
+    ``break_lock``: take over runs whose writer lock is stale (an earlier run of this job that was killed).
     """
     out = Path(out)
     if max_new_tokens < 2:
@@ -101,6 +103,7 @@ def make_reference_traces(
     if not tasks:
         raise ValueError("no prompts: check the limit / categories")
     timed = dict(out=out, max_new_tokens=max_new_tokens, verify_cost_ratio=verify_cost_ratio, resume=True,
+                 break_lock=break_lock,
                  encode=None if encode is None else (lambda task, decoder: (list(encode(task)), {})),
                  progress=progress, log=log,
                  run_metadata=lambda spec: {"replayed": False, "arm": spec.name, "seed": SEED,
@@ -124,13 +127,14 @@ def make_reference_traces(
         log(m)
     if specs:
         _replay(specs, tasks, target, out, online_run_id, max_new_tokens=max_new_tokens, encode=encode,
-                verify_cost_ratio=verify_cost_ratio, progress=progress)
+                verify_cost_ratio=verify_cost_ratio, break_lock=break_lock, progress=progress)
         runs.update({spec.name: out / spec.name for spec in specs})
     return runs
 
 
 def _replay(specs: Sequence[ArmSpec], tasks: Sequence, target, out: Path, online_run_id: str, *,
-            max_new_tokens: int, encode: Callable | None, verify_cost_ratio: float, progress: bool) -> None:
+            max_new_tokens: int, encode: Callable | None, verify_cost_ratio: float, break_lock: bool,
+            progress: bool) -> None:
     """Replay ``specs`` on the greedy outputs of ``<out>/ngram`` into ``<out>/<arm>`` (resumable)."""
     model = target if isinstance(target, torch.nn.Module) else target.model  # LoadedTarget or a causal LM
     plain = SpeculativeDecoder(target)  # the target's EOS ids, context, prompt encoding, dtype and device
@@ -150,7 +154,8 @@ def _replay(specs: Sequence[ArmSpec], tasks: Sequence, target, out: Path, online
         drafter = make_drafter(spec, target)
         meta = replay_run_metadata(drafter, spec.tree, spec.budget, replayed_from=online_run_id, arm=spec.name,
                                    **common)
-        rec = stack.enter_context(TraceRecorder(out / spec.name, resume=True, **meta))
+        rec = stack.enter_context(TraceRecorder(out / spec.name, resume=True, break_lock=break_lock,
+                                                flush_every_requests=1, **meta))
         arms.append((spec, drafter, rec))
     with stack:
         todo = [rid for rid in outputs if rid in by_id and outputs[rid][3] != "error"

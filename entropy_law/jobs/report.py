@@ -1,13 +1,16 @@
 """A summary of one trace set: tables and figures as a self-contained HTML page or Markdown with PNGs.
 
-Known here: what a report shows (the runs; per arm and category: requests, tokens, mean / median
+Known here: what a report shows (the runs, with the machine each was timed on; per arm, AR arms
+included, and category: requests, tokens, mean / median
 target entropy, mean accepted length, committed tokens per round, the law's in-sample and LOCO
 predictions, the measured speedup over AR; the fitted law per arm with 95% intervals and the break-even
-entropy; LOCO transfer; the law comparison; the nine figures of ``entropy_law.plots.gallery``), how
-to format those tables (Markdown, HTML), and the results section for the README (``results_markdown``,
-with the leave-one-category-out accuracy across categories per arm).
+entropy, each interval beside the number of requests it rests on (with a note where that is fewer than
+``law.stats.FEW_REQUESTS``: not measured reliably); LOCO transfer; the law comparison; the nine figures
+of ``entropy_law.plots.gallery``), how to format those tables (Markdown, HTML), and the results section
+for the README (``results_markdown``, with the leave-one-category-out accuracy across categories per arm).
 Analyses that cannot run on the given traces (too few requests, no AR run, replayed timings) are
-listed with the reason instead of failing the report. Not known here: statistics (``entropy_law.law``
+listed with the reason instead of failing the report (an arm without a measured speedup while others
+have one: the reason, e.g. no AR run of its model and machine). Not known here: statistics (``entropy_law.law``
 through ``entropy_law.law.analysis``), decoding, torch.
 """
 
@@ -21,7 +24,9 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from entropy_law.law.analysis import AR_ARM, TraceAnalysis, format_interval
+from entropy_law.jobs.speed import BOUND_SLACK, format_speedup
+from entropy_law.law.analysis import TraceAnalysis, format_interval
+from entropy_law.law.stats import FEW_REQUESTS
 
 RESULT_COLUMNS = {
     "arm": "arm", "category": "category", "requests": "requests", "tokens": "tokens",
@@ -53,14 +58,37 @@ def markdown_table(frame: pd.DataFrame, *, digits: int = 3, index: bool = False)
     return "\n".join([header, rule, *body])
 
 
+MIN_PAIRED_REQUESTS = 5  # a speedup from fewer paired prompts is not printed as a number
+
+
 def results_frame(analysis: TraceAnalysis) -> pd.DataFrame:
-    """The per-arm, per-category results table with readable column names."""
+    """The per-arm, per-category results table with readable column names. A measured speedup is shown as a
+    number only when it rests on at least ``MIN_PAIRED_REQUESTS`` paired prompts and does not exceed the arm's
+    tokens per round (no verify pass costs less than one forward); else it says which."""
     table = analysis.results_table()
+    if "speedup_vs_ar" in table:
+        table = table.astype({"speedup_vs_ar": object})
+        for i, row in table.iterrows():
+            speedup, paired = row["speedup_vs_ar"], row.get("speedup_requests", np.nan)
+            if row["arm"] in analysis.ar_arms or not np.isfinite(speedup):
+                continue
+            if speedup > row["committed_per_round"] * (1 + BOUND_SLACK):
+                table.at[i, "speedup_vs_ar"] = f"above bound ({speedup:.2f}x): not a result"
+            elif not paired >= MIN_PAIRED_REQUESTS:
+                table.at[i, "speedup_vs_ar"] = f"not measured reliably ({speedup:.2f}x)"
     return table[[c for c in RESULT_COLUMNS if c in table]].rename(columns=RESULT_COLUMNS)
 
 
+def pays_requests(analysis: TraceAnalysis, arm: str) -> float:
+    """The requests the break-even and speedup intervals of ``arm`` rest on (the requests its bootstrap
+    resamples, ``DraftingPays.summary["n_requests"]``); NaN where the arm's speedup cannot be computed."""
+    pays = analysis.attempt("pays", arm)
+    return float(pays.value.summary["n_requests"].iloc[0]) if pays.ok else np.nan
+
+
 def law_frame(analysis: TraceAnalysis) -> pd.DataFrame:
-    """Per arm: k, lambda at depth 1 (95% CI), trials, requests, break-even entropy (bootstrap 95%)."""
+    """Per arm: k, lambda at depth 1 (95% CI), trials, the requests those intervals rest on, break-even
+    entropy (bootstrap 95%) and the requests its bootstrap resampled."""
     law = analysis.law_table()
     rows = []
     for r in law.to_dict("records"):
@@ -70,8 +98,22 @@ def law_frame(analysis: TraceAnalysis) -> pd.DataFrame:
                                                               r.get("lambda_d1_high")),
                      "at-risk trials": r.get("trials", np.nan), "requests": r.get("requests", np.nan),
                      "break-even H, nats (95% CI)": format_interval(r.get("breakeven_nats", np.nan),
-                                                                    r.get("breakeven_low"), r.get("breakeven_high"))})
+                                                                    r.get("breakeven_low"), r.get("breakeven_high")),
+                     "drafting pays": r.get("drafting_pays") if isinstance(r.get("drafting_pays"), str) else "n/a",
+                     "break-even: requests": pays_requests(analysis, r["arm"])})
     return pd.DataFrame(rows)
+
+
+def few_requests_notes(analysis: TraceAnalysis) -> list[str]:
+    """One note per arm whose law or break-even intervals rest on fewer than ``FEW_REQUESTS`` requests."""
+    notes = []
+    for r in law_frame(analysis).to_dict("records"):
+        for what, n in (("law intervals", r["requests"]),
+                        ("break-even / speedup intervals", r["break-even: requests"])):
+            if np.isfinite(n) and n < FEW_REQUESTS:
+                notes.append(f"{r['arm']}: the {what} rest on {int(n)} requests (fewer than {FEW_REQUESTS}): "
+                             "not measured reliably")
+    return notes
 
 
 def loco_accuracy_frame(analysis: TraceAnalysis) -> pd.DataFrame:
@@ -102,7 +144,7 @@ def results_markdown(analysis: TraceAnalysis, *, source: str = "") -> str:
     lines = ["## Results", "",
              f"Traces: `{source or 'the given trace set'}` — target `{model}`, "
              f"{analysis.view.requests['request_id'].nunique()} prompts in {len(analysis.categories)} categories, "
-             f"arms: {', '.join(analysis.arms + ([AR_ARM] if analysis.has_ar else []))}."
+             f"arms: {', '.join(analysis.arms + analysis.ar_arms)}."
              + (f" Replayed offline from the same greedy outputs (no timings): {', '.join(replayed)}." if replayed else ""),
              "", markdown_table(results_frame(analysis)), "",
              "τ: accepted drafts per drafting round; tokens / round: committed tokens per verify pass (prefill excluded); "
@@ -110,12 +152,16 @@ def results_markdown(analysis: TraceAnalysis, *, source: str = "") -> str:
              "each round's drafted depth (observed where a round started, else the category's depth distribution at "
              "that entropy; LOCO: law fitted without that category); LOCO mean accepted τ: predicted (tokens − rounds) "
              "/ drafting rounds; speedup: decode time per token of our AR baseline over the arm's, "
-             "on the same prompts, timed in the same run (– where the arm was replayed or no AR run exists); paired "
-             "requests: how many prompts both decoded (a speedup from a few prompts is only as good as the machine "
-             "was quiet).", "",
-             f"Fitted law `{analysis.family}`: a = exp(−λ_d (H + ε)^k), request-clustered 95% intervals; break-even "
-             "entropy where the predicted decode speedup is 1 (request bootstrap).", "",
+             "on the same prompts, timed in the same run (– where the arm was replayed or no AR run exists; \"not "
+             f"measured reliably\" from fewer than {MIN_PAIRED_REQUESTS} paired prompts; never above the arm's tokens "
+             "per round); paired requests: how many prompts both decoded.", "",
+             f"Fitted law `{analysis.family}`: a = exp(−λ_d (H + ε)^k), 95% intervals clustered by request (CR1 "
+             "sandwich, t with requests − 1 degrees of freedom); break-even entropy where the predicted decode "
+             "speedup is 1 (request bootstrap); requests: how many requests each interval rests on (fewer than "
+             f"{FEW_REQUESTS}: not measured reliably).", "",
              markdown_table(law_frame(analysis)), ""]
+    few = few_requests_notes(analysis)
+    lines += [f"- {n}" for n in few] + ([""] if few else [])
     loco = analysis.attempt("loco_accuracy")
     if loco.ok:
         lines += ["Leave-one-category-out accuracy across categories (the law fitted without each category predicts it): "
@@ -130,13 +176,14 @@ def results_markdown(analysis: TraceAnalysis, *, source: str = "") -> str:
 def _runs_frame(analysis: TraceAnalysis) -> pd.DataFrame:
     runs = analysis.runs
     req = analysis.view.requests.groupby("run_id").size().rename("requests")
-    cols = [c for c in ("run_id", "arm", "model_id", "tree_policy", "replayed", "timed", "status") if c in runs]
+    cols = [c for c in ("run_id", "arm", "model_id", "machine", "tree_policy", "replayed", "timed", "status")
+            if c in runs]
     return runs[cols].merge(req, left_on="run_id", right_index=True, how="left")
 
 
 def _sections(analysis: TraceAnalysis):
     """(title, DataFrame or text) pairs of the report body, errors collected as notes."""
-    notes = []
+    notes = few_requests_notes(analysis)
     yield "Runs", _runs_frame(analysis)
     yield "Results per category", results_frame(analysis)
     yield "Fitted law per arm", law_frame(analysis)
@@ -159,11 +206,15 @@ def _sections(analysis: TraceAnalysis):
             notes.append(comp.error)
         pays = analysis.attempt("pays", arm)
         if pays.ok:
-            yield f"When drafting pays: {arm}", pays.value.summary.reset_index().rename(columns={"index": "quantity"})
+            # the requests the bootstrap resampled, in the column after its interval
+            yield (f"When drafting pays: {arm}", pays.value.summary.reset_index()
+                   .rename(columns={"index": "quantity", "n_requests": "requests"}))
         else:
             notes.append(pays.error)
     speed = analysis.attempt("measured_speedups")
-    if not speed.ok:
+    if speed.ok:  # why the arms without a speedup have none (no AR run of their model and machine, ...)
+        notes.extend(speed.value.attrs.get("notes", []))
+    else:
         notes.append(speed.error)
     yield "Notes", notes
 
@@ -225,20 +276,45 @@ def write_report(traces, out_dir, *, fmt: str = "html", analysis: TraceAnalysis 
     return path
 
 
-def terminal_summary(analysis: TraceAnalysis) -> str:
+def terminal_summary(analysis: TraceAnalysis, measured: pd.DataFrame | None = None) -> str:
     """The demo's closing summary: per category mean entropy, tokens per round and speedup per arm;
-    the fitted law with intervals; the break-even entropy."""
+    the fitted law with intervals; where drafting pays.
+
+    ``measured``: speedups from ``jobs.speed.paired_speedups`` (``arm`` = the analysis's arm labels), shown
+    with their interval, or as "not measured reliably" / "above the physical bound"; without it, the
+    traces' own decode times are shown, and a speedup above the arm's tokens per round (which no verify pass
+    costing at least one forward can give) is shown as "above bound", never as a number."""
     table = analysis.results_table()
+    reference = set(analysis.ar_arms)
     lines = []
     for arm, part in table.groupby("arm", sort=False):
         lines.append(f"{arm}:")
-        lines.append(f"  {'category':<16}{'mean H (nats)':>14}{'tokens/round':>14}{'speedup vs AR':>15}")
+        lines.append(f"  {'category':<16}{'mean H (nats)':>14}{'tokens/round':>14}   speedup vs AR")
         for r in part.itertuples():
             lines.append(f"  {r.category:<16}{_fmt(r.mean_entropy_nats):>14}{_fmt(r.committed_per_round):>14}"
-                         f"{_fmt(r.speedup_vs_ar):>15}")
+                         f"   {'(the reference)' if arm in reference else _speedup_cell(r, measured)}")
     lines.append("")
     lines.append(f"fitted law {analysis.family}: a = exp(-lambda_d (H + eps)^k), 95% intervals")
     for r in law_frame(analysis).to_dict("records"):
-        lines.append(f"  {r['arm']}: k = {r['k (95% CI)']}, lambda[d=1] = {r['λ at depth 1 (95% CI)']}, "
-                     f"break-even H = {r['break-even H, nats (95% CI)']} nats")
+        lines.append(f"  {r['arm']}: k = {r['k (95% CI)']}, lambda[d=1] = {r['λ at depth 1 (95% CI)']}"
+                     f"{_requests(r['requests'])}; drafting {r['drafting pays']}"
+                     f"{_requests(r['break-even: requests'])}")
+    lines += [f"  note: {n}" for n in few_requests_notes(analysis)]
     return "\n".join(lines)
+
+
+def _speedup_cell(row, measured: pd.DataFrame | None) -> str:
+    if measured is not None:
+        match = measured.loc[(measured["arm"] == row.arm) & (measured["category"] == row.category)]
+        if match.empty:
+            return "not measured"
+        return format_speedup(match.iloc[0])
+    speedup, bound = row.speedup_vs_ar, row.committed_per_round
+    if np.isfinite(speedup) and np.isfinite(bound) and speedup > bound * (1 + BOUND_SLACK):
+        return f"above bound ({speedup:.2f}x > {bound:.2f} tokens/round): not a result"
+    return _fmt(speedup)
+
+
+def _requests(n) -> str:
+    """`` (n = 12 requests)`` beside an interval; empty where there is no interval."""
+    return f" (n = {int(n)} requests)" if np.isfinite(n) else ""

@@ -1,22 +1,25 @@
 """One trace set, analysed once: arms, fitted laws, transfer, comparison, costs and measured speedups.
 
 Known here: how the figures, the report, the demo and the notebooks look at a trace set (trace format
-v1, from ``load_traces`` or ``simulate_traces``): which runs are *arms* (a drafter with a tree policy;
-two runs of the same drafter with different trees are different arms), which run is the
-autoregressive (AR) baseline (``drafter_id`` "none" / "ar" or ``tree_policy`` "none"), which runs carry real timings (replayed
-runs report 0 ms and never enter a cost model), the per-category results table, and measured decode
-speedups over AR on the same requests. Each analysis of the law layer (``fit_law``, ``block_prediction``,
-``loco_transfer``, ``compare_laws``, ``when_drafting_pays``) is computed on first use and cached;
-``attempt`` runs one and turns a ``ValueError`` (too little data, ...) into a readable note instead of
-a crash, so a report on a small run still shows what can be shown. Block-length predictions use the
-law layer's default drafted-depth model (``transfer.block_prediction``: observed depths).
+v1, from ``load_traces`` or ``simulate_traces``): its *arms* (``law.arms``: one model, drafter with its
+checkpoint, tree policy, budget and gate; two runs of the same drafter with different trees, or of two
+models, are different arms, each fitted apart), which runs are the autoregressive (AR) baseline
+(``drafter_id`` "none" / "ar" or ``tree_policy`` "none", one AR arm per model), which runs carry real
+timings (replayed runs report 0 ms and never enter a cost model), the per-category results table
+(requests counted per run and request), and measured decode speedups over an AR run of the same model
+and machine on the same requests (none where no such AR run exists, and the reason says so). Each
+analysis of the law layer (``fit_law``, ``block_prediction``, ``loco_transfer``, ``compare_laws``,
+``when_drafting_pays``) is computed per arm on first use and cached; ``attempt`` runs one and turns a
+``ValueError`` (too little data, ...) into a readable note instead of a crash, so a report on a small
+run still shows what can be shown. Block-length predictions use the law layer's default drafted-depth
+model (``transfer.block_prediction``: observed depths).
 
 Not known here: torch, decoding, plotting (``entropy_law.plots``), file formats (``entropy_law.traces``).
 
 Departures from the law layer's defaults, and why: the cost model drops each request's prefill round
 (round 0 without a draft, ``verify_ms`` 0: its time is in ``prefill_ms``), which would otherwise pull
-the verify-cost line and the AR cost towards 0, and takes t_AR from the AR run's own requests
-(decode time / tokens decoded after the prefill) when an AR run is present.
+the verify-cost line and the AR cost towards 0, and takes t_AR from the AR runs of the arm's model and
+machine (decode time / tokens decoded after the prefill) when there are some.
 """
 
 from __future__ import annotations
@@ -29,14 +32,16 @@ import numpy as np
 import pandas as pd
 
 from entropy_law.law import atrisk
+from entropy_law.law.arms import AR_LABEL, arm_label, run_arms  # noqa: F401  (arm_label: re-exported)
 from entropy_law.law.compare import compare_laws
 from entropy_law.law.cost import when_drafting_pays
 from entropy_law.law.fit import fit_law, get_family
 from entropy_law.law.transfer import block_prediction, loco_transfer
 
-AR_ARM = "AR"  # label of the autoregressive baseline in tables
+AR_ARM = AR_LABEL  # label of the autoregressive baseline in tables (one per model where there are several)
 DEFAULT_FAMILY = "law_exp"
 PAYS_ENTROPIES = tuple(float(h) for h in np.round(np.geomspace(0.01, 5.0, 13), 4))  # nats, speedup curve grid
+SPEEDUP_COLUMNS = ["arm", "category", "requests", "ar_ms_per_token", "arm_ms_per_token", "speedup"]
 COMPARE_FAMILIES = ("law0_cat", "law_logit", "law_exp", "law_exp0", "law_power", "law_renyi2", "law_spline",
                     "law_iso")
 
@@ -44,7 +49,8 @@ COMPARE_FAMILIES = ("law0_cat", "law_logit", "law_exp", "law_exp0", "law_power",
 @dataclass
 class TraceView:
     """The four tables the law layer reads (``tokens``, ``rounds``, ``requests``, ``runs``), as plain
-    DataFrames. ``runs.drafter_id`` holds the arm label; the recorded id is kept in ``recorded_drafter_id``."""
+    DataFrames. ``runs.drafter_id`` holds the arm label; the recorded id is kept in ``recorded_drafter_id``,
+    the arm's identity in ``arm_key`` and the machine it was timed on in ``machine``."""
 
     tokens: pd.DataFrame
     rounds: pd.DataFrame
@@ -70,32 +76,22 @@ def _truthy(value) -> bool:
     return bool(value) and not (isinstance(value, float) and math.isnan(value))
 
 
-def arm_label(drafter_id: str, tree_policy, tree_budget=None) -> str:
-    """``"ngram chain"``, ``"block-drafter-b8-l1 ddtree16"``: a drafter with its tree policy."""
-    policy = "" if tree_policy is None or (isinstance(tree_policy, float) and math.isnan(tree_policy)) else str(tree_policy)
-    budget = ""
-    if policy == "ddtree" and tree_budget is not None and not (isinstance(tree_budget, float) and math.isnan(tree_budget)):
-        budget = str(int(tree_budget))
-    return f"{drafter_id} {policy}{budget}".strip()
-
-
 def make_view(traces) -> TraceView:
-    """A ``TraceView`` of ``traces`` whose ``runs`` carry ``arm``, ``is_ar``, ``replayed`` and
-    ``timed`` columns, with ``drafter_id`` set to the arm label (so the law layer treats arms apart)."""
+    """A ``TraceView`` of ``traces`` whose ``runs`` carry ``arm`` (the label, ``arms.run_arms``),
+    ``arm_key``, ``is_ar``, ``machine``, ``replayed`` and ``timed`` columns, with ``drafter_id`` set to the
+    arm label (so the law layer treats arms apart)."""
     tokens, rounds, requests = (_plain(traces.tokens), _plain(traces.rounds), _plain(traces.requests))
     runs = _plain(traces.runs).reset_index(drop=True)
     for col in ("drafter_id", "tree_policy"):
         if col not in runs:
             raise ValueError(f"traces.runs has no {col!r} column; every run needs drafter_id and tree_policy metadata")
-    # AR: the run says it has no drafter (drafter_id "none"/"ar" or tree policy "none"); a drafter whose
-    # gate happened to decline every round is still that drafter's arm
-    runs["is_ar"] = (runs["drafter_id"].astype(str).isin(["none", "ar"])
-                     | runs["tree_policy"].astype(str).eq("none")).to_numpy()
+    arms = run_arms(runs)
+    runs["is_ar"] = arms["is_ar"].to_numpy()
     runs["replayed"] = [_truthy(v) for v in runs["replayed"]] if "replayed" in runs else False
-    budget = runs["tree_budget"] if "tree_budget" in runs else pd.Series([None] * len(runs))
     runs["recorded_drafter_id"] = runs["drafter_id"]
-    runs["arm"] = [AR_ARM if ar else arm_label(d, p, b)
-                   for ar, d, p, b in zip(runs["is_ar"], runs["drafter_id"], runs["tree_policy"], budget)]
+    runs["arm_key"] = arms["arm_key"].to_numpy()
+    runs["arm"] = arms["arm"].to_numpy()
+    runs["machine"] = [str(m) for m in arms["machine"]]
     timing = rounds.groupby("run_id")[["draft_ms", "verify_ms"]].sum().sum(axis=1)
     runs["timed"] = (~runs["replayed"]) & (runs["run_id"].map(timing).fillna(0).to_numpy() > 0)
     runs["drafter_id"] = runs["arm"]
@@ -148,25 +144,37 @@ class TraceAnalysis:
         return list(dict.fromkeys(self.runs.loc[~self.runs["is_ar"], "arm"]))
 
     @property
+    def ar_arms(self) -> list[str]:
+        """AR baselines, one per model (``"AR"``, or ``"<model>/AR"`` where the traces hold several models)."""
+        return list(dict.fromkeys(self.runs.loc[self.runs["is_ar"], "arm"]))
+
+    @property
     def categories(self) -> list[str]:
         return sorted(self.view.tokens["category"].unique())
 
     def arm_view(self, arm: str) -> TraceView:
         ids = self.runs.loc[self.runs["arm"] == arm, "run_id"]
         if ids.empty:
-            raise ValueError(f"no run for arm {arm!r}; arms: {self.arms + ([AR_ARM] if self.has_ar else [])}")
+            raise ValueError(f"no run for arm {arm!r}; arms: {self.arms + self.ar_arms}")
         return self.view.select_runs(ids)
 
     @property
     def has_ar(self) -> bool:
         return bool(self.runs["is_ar"].any())
 
+    def model_of(self, arm: str) -> str:
+        """The target model of ``arm`` (every run of an arm decodes with one model)."""
+        return _model_name(self.runs.loc[self.runs["arm"] == arm, "arm_key"].iloc[0].model_id)
+
     def entropy_tokens(self) -> pd.DataFrame:
-        """One row per (request, output position): the target entropy and its category. Greedy output and
-        its entropies do not depend on the drafter, so the first run that holds a request is used."""
+        """One row per (model, request, output position): the target entropy, its category and the model.
+        Greedy output and its entropies depend on the target model, not on the drafter, so for each model
+        the first run that holds a request is used."""
         tok = self.view.tokens[["run_id", "request_id", "category", "position", "target_entropy_nats"]]
-        first_run = tok.drop_duplicates("request_id")[["request_id", "run_id"]]
-        return tok.merge(first_run, on=["request_id", "run_id"]).reset_index(drop=True)
+        model = self.runs.set_index("run_id")["arm_key"].map(lambda key: _model_name(key.model_id))
+        tok = tok.assign(model_id=tok["run_id"].map(model).to_numpy())
+        first_run = tok.drop_duplicates(["model_id", "request_id"])[["model_id", "request_id", "run_id"]]
+        return tok.merge(first_run, on=["model_id", "request_id", "run_id"]).reset_index(drop=True)
 
     # ------------------------------------------------------------------ cached analyses
     def _cached(self, key, compute: Callable):
@@ -214,19 +222,25 @@ class TraceAnalysis:
 
     def comparison(self, arm: str):
         """Cross-validated comparison of law families (families that cannot be fitted here are left out,
-        with a note: e.g. ``law0_cat`` needs 5 requests per category)."""
+        with a note: e.g. ``law0_cat`` needs 5 requests per category). The probe fits only ask whether a
+        family can be fitted, and the comparison's own fits are non-robust: no cluster-robust errors
+        (nor their ``SmallSampleWarning``) for intervals nobody sees."""
         def compute():
             rows = atrisk.at_risk_table(self.arm_view(arm), drafters=[arm])
+            n_requests = rows["request_id"].nunique()
+            if n_requests < 3:  # every training fold needs 2 requests (compare_laws)
+                raise ValueError(f"the law comparison of arm {arm!r} cross-validates over folds of requests and "
+                                 f"needs at least 3 requests (2 in every training fold); it has {n_requests}")
             families, dropped = [], []
             for fam in self.compare_families:
                 try:
-                    fit_law(rows, fam)
+                    fit_law(rows, fam, cov_type="nonrobust")
                     families.append(fam)
                 except Exception as err:  # not identified / degenerate here: leave it out, say why
                     dropped.append(f"{fam} ({err})")
             if not families:
                 raise ValueError("no law family can be fitted to these traces")
-            n_folds = min(self.n_folds, rows["request_id"].nunique())
+            n_folds = min(self.n_folds, n_requests)
             try:
                 result = compare_laws(rows, families, n_folds=n_folds, seed=self.seed)
             except Exception as err:  # a category family failed inside a training fold: leave them out
@@ -240,26 +254,51 @@ class TraceAnalysis:
 
         return self._cached(("compare", arm), compute)
 
-    def ar_ms_per_token(self) -> float:
-        """AR decode cost per token: given, or measured on the AR run (decode ms / tokens after the prefill)."""
+    def _timed_machines(self, arm: str) -> list[str]:
+        """The machines ``arm``'s timed runs ran on; refuses an arm timed on several (its costs would pool)."""
+        runs = self.runs
+        timed = runs.loc[(runs["arm"] == arm) & runs["timed"]]
+        if timed.empty:
+            raise ValueError(f"arm {arm!r} has no timed run (its rounds were replayed offline, 0 ms): its speedup "
+                             "needs an online run of that drafter")
+        machines = list(dict.fromkeys(timed["machine"]))
+        if len(machines) > 1:
+            raise ValueError(f"arm {arm!r} was timed on {len(machines)} machines ({'; '.join(machines)}): one cost "
+                             "model would pool them. Select one machine's runs with traces.filter(run_id=[...])")
+        return machines
+
+    def ar_ms_per_token(self, arm: str | None = None) -> float:
+        """AR decode cost per token: given, or measured on the timed AR runs (decode ms / tokens after the
+        prefill) of ``arm``'s model and machine (``arm=None``: the AR runs, if they share one machine)."""
         if self._given_ar_ms is not None:
             return float(self._given_ar_ms)
-        req = self.view.requests.merge(self.runs[["run_id", "is_ar", "timed"]], on="run_id")
+        req = self.view.requests.merge(self.runs[["run_id", "is_ar", "timed", "machine"]], on="run_id")
         ar = req.loc[req["is_ar"] & req["timed"]]
+        if arm is not None:
+            machines = self._timed_machines(arm)
+            others = sorted(set(ar["machine"]) - set(machines))
+            ar = ar.loc[ar["machine"].isin(machines)]
+            where = f" of {machines[0]}"
+            others = (f" (the AR runs of {'; '.join(others)} are no baseline for arm {arm!r})" if others else "")
+        else:
+            machines = sorted(set(ar["machine"]))
+            if len(machines) > 1:
+                raise ValueError(f"timed AR runs on {len(machines)} machines ({'; '.join(machines)}): pass arm= "
+                                 "to take the AR cost of that arm's model and machine")
+            where, others = "", ""
         decoded = (ar["new_tokens"] - 1).clip(lower=0).sum()
         if ar.empty or decoded <= 0:
-            raise ValueError("no timed autoregressive run in the traces: record one (entropy-law record --drafter ar) "
-                             "or pass ar_ms_per_token=")
+            raise ValueError(f"no timed autoregressive run{where} in the traces{others}: record one (entropy-law "
+                             "record --drafter ar) with the same model on the same machine, or pass ar_ms_per_token=")
         return float(ar["decode_ms"].sum() / decoded)
 
     def cost_view(self, arm: str) -> TraceView:
-        """Timed runs of ``arm`` (and of AR, for the N = 0 end of the verify line), prefill rounds dropped."""
+        """Timed runs of ``arm`` (and of AR on the same model and machine, for the N = 0 end of the verify
+        line), prefill rounds dropped."""
         runs = self.runs
-        timed_arm = runs.loc[(runs["arm"] == arm) & runs["timed"], "run_id"]
-        if timed_arm.empty:
-            raise ValueError(f"arm {arm!r} has no timed run (its rounds were replayed offline, 0 ms): its speedup "
-                             "needs an online run of that drafter")
-        ids = list(timed_arm) + list(runs.loc[runs["is_ar"] & runs["timed"], "run_id"])
+        machines = self._timed_machines(arm)
+        ids = (list(runs.loc[(runs["arm"] == arm) & runs["timed"], "run_id"])
+               + list(runs.loc[runs["is_ar"] & runs["timed"] & runs["machine"].isin(machines), "run_id"]))
         view = self.view.select_runs(ids)
         prefill = (view.rounds["round_index"] == 0) & (view.rounds["tree_nodes"] == 0) & (view.rounds["verify_ms"] == 0)
         view.rounds = view.rounds.loc[~prefill].reset_index(drop=True)
@@ -269,59 +308,90 @@ class TraceAnalysis:
         """``when_drafting_pays`` for one timed arm: speedup vs entropy, break-even, best shapes."""
         def compute():
             view = self.cost_view(arm)
-            return when_drafting_pays(view, drafter=arm, family=self.family, ar_ms_per_token=self.ar_ms_per_token(),
+            return when_drafting_pays(view, drafter=arm, family=self.family, ar_ms_per_token=self.ar_ms_per_token(arm),
                                       entropies=PAYS_ENTROPIES, n_boot=self.n_boot, seed=self.seed)
 
         return self._cached(("pays", arm), compute)
 
-    def measured_speedups(self) -> pd.DataFrame:
-        """Measured decode speedup over AR per arm and category, on the requests both decoded:
-        (AR decode ms per token) / (arm decode ms per token), tokens counted after the prefill."""
+    def speedup(self, arm: str) -> pd.DataFrame:
+        """Measured decode speedup of one arm over AR per category: each timed run of the arm is paired,
+        request by request, with the timed AR runs of the same model and machine; (AR decode ms per token) /
+        (arm decode ms per token), tokens counted after the prefill; ``requests``: the arm's paired (run,
+        request) pairs. Raises (saying why) where no AR run of the same model and machine decoded its prompts."""
         def compute():
-            req = self.view.requests.merge(self.runs[["run_id", "arm", "is_ar", "timed"]], on="run_id")
+            req = self.view.requests.merge(self.runs[["run_id", "arm", "is_ar", "timed", "machine"]], on="run_id")
             req = req.loc[req["timed"]].assign(decoded=(req["new_tokens"] - 1).clip(lower=0))
+            mine = req.loc[(req["arm"] == arm) & ~req["is_ar"]]
+            if mine.empty:
+                raise ValueError(f"arm {arm!r} has no timed run (replayed offline, 0 ms): no measured speedup")
             ar = req.loc[req["is_ar"]]
-            if ar.empty:
-                raise ValueError("no timed AR run: measured speedups need an AR baseline on the same prompts")
+            keys = ["machine", "request_id"]
+            paired = mine.merge(ar[keys].drop_duplicates(), on=keys)
+            base = ar.merge(mine[keys].drop_duplicates(), on=keys)
+            if paired.empty:
+                here = "; ".join(sorted(set(ar["machine"]))) or "none"
+                raise ValueError(f"arm {arm!r}: no timed AR run of the same model and machine "
+                                 f"({'; '.join(sorted(set(mine['machine'])))}) decoded its prompts, so its speedup is "
+                                 f"not computed (timed AR runs here: {here}); record AR with that model on that "
+                                 "machine (entropy-law record --drafter ar)")
             rows = []
-            for arm, mine in req.loc[~req["is_ar"]].groupby("arm", sort=False):
-                both = sorted(set(mine["request_id"]) & set(ar["request_id"]))
-                for cat, part in mine.loc[mine["request_id"].isin(both)].groupby("category"):
-                    base = ar.loc[ar["request_id"].isin(part["request_id"])]
-                    arm_ms = part["decode_ms"].sum() / max(part["decoded"].sum(), 1)
-                    ar_ms = base["decode_ms"].sum() / max(base["decoded"].sum(), 1)
-                    rows.append(dict(arm=arm, category=cat, requests=len(part), ar_ms_per_token=ar_ms,
-                                     arm_ms_per_token=arm_ms, speedup=ar_ms / arm_ms if arm_ms > 0 else np.nan))
-            return pd.DataFrame(rows, columns=["arm", "category", "requests", "ar_ms_per_token", "arm_ms_per_token",
-                                               "speedup"])
+            for cat, part in paired.groupby("category"):
+                ar_part = base.loc[base["category"] == cat]
+                arm_ms = part["decode_ms"].sum() / max(part["decoded"].sum(), 1)
+                ar_ms = ar_part["decode_ms"].sum() / max(ar_part["decoded"].sum(), 1)
+                rows.append(dict(arm=arm, category=cat, requests=len(part), ar_ms_per_token=ar_ms,
+                                 arm_ms_per_token=arm_ms, speedup=ar_ms / arm_ms if arm_ms > 0 else np.nan))
+            return pd.DataFrame(rows, columns=SPEEDUP_COLUMNS)
+
+        return self._cached(("speedup", arm), compute)
+
+    def measured_speedups(self) -> pd.DataFrame:
+        """``speedup`` of every arm that has one, stacked; why the others have none is in ``attrs["notes"]``
+        (raises with those reasons where no arm has one)."""
+        def compute():
+            frames, reasons = [], []
+            for arm in self.arms:
+                try:
+                    frames.append(self.speedup(arm))
+                except ValueError as err:
+                    reasons.append(str(err))
+            if not frames:
+                raise ValueError("no measured speedup: " + ("; ".join(reasons) or "no drafting arm"))
+            out = pd.concat(frames, ignore_index=True)
+            out.attrs["notes"] = reasons
+            return out
 
         return self._cached("speedups", compute)
 
     # ------------------------------------------------------------------ tables
     def results_table(self) -> pd.DataFrame:
-        """Per arm and category: requests, tokens, mean / median target entropy (nats), mean accepted
-        length per drafting round (tau), committed tokens per round, the law's DP prediction of tokens per
-        round (in-sample; acceptance capped at each round's drafted depth), the LOCO predictions of tokens per
-        round and of the mean accepted length per drafting round, and the measured decode speedup over AR
-        (if timed)."""
+        """Per arm and category: requests (run and request pairs), tokens, mean / median target entropy
+        (nats, of the arm's model), mean accepted length per drafting round (tau), committed tokens per
+        round, the law's DP prediction of tokens per round (in-sample; acceptance capped at each round's
+        drafted depth), the LOCO predictions of tokens per round and of the mean accepted length per
+        drafting round, and the measured decode speedup over AR of the same model and machine (if timed)."""
         def compute():
             ent = self.entropy_tokens()
-            h = ent.groupby("category")["target_entropy_nats"].agg(mean_entropy_nats="mean", median_entropy_nats="median")
+            h = ent.groupby(["model_id", "category"])["target_entropy_nats"].agg(mean_entropy_nats="mean",
+                                                                                  median_entropy_nats="median")
             rnd = self.view.rounds.merge(self.runs[["run_id", "arm"]], on="run_id")
             rnd = rnd.merge(self.view.requests[["run_id", "request_id", "category"]], on=["run_id", "request_id"])
             decode = rnd.loc[rnd["round_index"] > 0]
             rows = []
             speed = self.attempt("measured_speedups")
-            for arm in self.arms + ([AR_ARM] if self.has_ar else []):
+            sp = speed.value if speed.ok else None
+            for arm in self.arms + self.ar_arms:
+                is_ar = arm in self.ar_arms
+                model = self.model_of(arm)
                 mine = decode.loc[decode["arm"] == arm]
                 drafted = mine.loc[mine["tree_nodes"] > 0]
-                block = self.attempt("block", arm) if arm != AR_ARM else Attempt(error="AR")
-                loco = self.attempt("loco", arm) if arm != AR_ARM else Attempt(error="AR")
+                block = self.attempt("block", arm) if not is_ar else Attempt(error="AR")
+                loco = self.attempt("loco", arm) if not is_ar else Attempt(error="AR")
                 for cat, part in mine.groupby("category"):
-                    row = dict(arm=arm, category=cat, requests=part["request_id"].nunique(),
+                    row = dict(arm=arm, category=cat, requests=len(part[["run_id", "request_id"]].drop_duplicates()),
                                tokens=int(part["committed"].sum()),
-                               mean_entropy_nats=h.loc[cat, "mean_entropy_nats"],
-                               median_entropy_nats=h.loc[cat, "median_entropy_nats"],
+                               mean_entropy_nats=h.loc[(model, cat), "mean_entropy_nats"],
+                               median_entropy_nats=h.loc[(model, cat), "median_entropy_nats"],
                                mean_accepted=float(drafted.loc[drafted["category"] == cat, "accepted"].mean())
                                if (drafted["category"] == cat).any() else np.nan,
                                committed_per_round=float(part["committed"].sum() / len(part)))
@@ -331,9 +401,8 @@ class TraceAnalysis:
                                                     if loco.ok and cat in loco.value.summary.index else np.nan)
                     row["loco_mean_accepted"] = (float(loco.value.summary.loc[cat, "predicted_mean_accepted"])
                                                  if loco.ok and cat in loco.value.summary.index else np.nan)
-                    sp = speed.value if speed.ok else None
                     row["speedup_requests"] = 0
-                    if arm == AR_ARM and sp is not None:
+                    if is_ar and sp is not None:
                         row["speedup_vs_ar"] = 1.0
                         row["speedup_requests"] = int(row["requests"])
                     elif sp is not None and len(sp):
@@ -361,14 +430,21 @@ class TraceAnalysis:
                         row[name], row[f"{name}_low"], row[f"{name}_high"] = (float(d.loc[key, "estimate"]),
                                                                               float(d.loc[key, "ci_low"]),
                                                                               float(d.loc[key, "ci_high"]))
+                # requests: the law's clusters (request ids: two runs of one arm on one prompt decode the same
+                # greedy output, one cluster), what its intervals rest on; results_table counts every decode
                 row["trials"], row["requests"] = law.value.n_rows, law.value.n_requests
             pays = self.attempt("pays", arm)
             if pays.ok:
                 s = pays.value.summary.loc["breakeven_entropy_nats"]
                 row["breakeven_nats"], row["breakeven_low"], row["breakeven_high"] = (
                     float(s["estimate"]), float(s["ci_low"]), float(s["ci_high"]))
+                row["drafting_pays"] = pays.value.breakeven_verdict
             rows.append(row)
         return pd.DataFrame(rows)
+
+
+def _model_name(model_id) -> str:
+    return "unknown-model" if model_id is None else str(model_id)
 
 
 def format_interval(estimate: float, low: float, high: float, digits: int = 3) -> str:

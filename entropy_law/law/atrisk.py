@@ -9,8 +9,11 @@ the earlier depths of the round, the round's drafted depth), the validation of t
 covariate means) whose binomial fit equals the row-level fit on binned covariates exactly.
 
 Input contract: an object with pandas DataFrames ``.tokens`` and ``.runs`` (trace format v1 columns,
-``entropy_law/traces/schema.py``; ``.runs`` with ``run_id`` and ``drafter_id``). Not known here:
-how traces are read from disk, or any model fit.
+``entropy_law/traces/schema.py``; ``.runs`` with ``run_id`` and ``drafter_id``). The at-risk table is
+the funnel every law, comparison, bootstrap, transfer and cost analysis goes through, so it refuses rows
+that would pool arms (``arms.check_one_arm_per_drafter``: runs of two models, two checkpoints, tree
+policies, budgets or gates under one ``drafter_id``). Not known here: how traces are read from disk,
+what an arm is (``arms``), or any model fit.
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
+
+from entropy_law.law import arms
 
 EPS_NATS = 1e-3
 NEGATIVE_TOLERANCE = 1e-5  # fp32 round-off: entropies in [-1e-5, 0) are set to 0, below that is an error
@@ -87,7 +92,8 @@ def at_risk_table(
     ``cum_entropy_nats`` (sum of H over the round's earlier depths) and ``log1p_cum_entropy``; with a
     ``traces.rounds`` table also ``drafted_depth`` (the round's ``tree_depth``, known before
     verification) and ``log_drafted_depth``. ``drafters``: keep only these drafter ids. NaN or
-    negative covariates raise (or are dropped with ``on_invalid="drop"``).
+    negative covariates raise (or are dropped with ``on_invalid="drop"``). Rows that hold two arms under
+    one drafter id raise, naming the arms and how to select one (``arms.check_one_arm_per_drafter``).
     """
     tokens, runs = traces.tokens, traces.runs
     _require_columns(tokens, ("run_id", "request_id", "category", "round_index", "position", "depth", "role", *covariates),
@@ -107,6 +113,7 @@ def at_risk_table(
         table["tree_policy"] = "unknown"
     if drafters is not None:
         table = table.loc[table["drafter_id"].isin(list(drafters))]
+    arms.check_one_arm_per_drafter(runs, table["run_id"].unique())
     table = validate_covariates(table.reset_index(drop=True), covariates, on_invalid=on_invalid)
     table["accepted"] = (table["role"] == "accepted").astype(np.int8)
     table["rejected"] = (1 - table["accepted"]).astype(np.int8)

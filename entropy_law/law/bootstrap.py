@@ -3,7 +3,11 @@
 Known here: the Poisson(1) bootstrap: each replicate multiplies every count of a request by one
 Poisson(1) draw (requests are the independent units; cells of a request move together), refits the
 law (warm-started at the full-data estimate) and records the law's parameters plus any statistics a
-caller computes from the refitted law; percentile intervals. Not known here: what the statistics mean.
+caller computes from the refitted law; percentile intervals, each with the number of requests it rests
+on. The bootstrap cannot see variation beyond the requests it resamples: with fewer than
+``stats.FEW_REQUESTS`` requests it warns (``SmallSampleWarning``) and says so in its notes (its
+intervals are not widened: there is no standard widening of a percentile bootstrap over few clusters).
+Not known here: what the statistics mean.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import pandas as pd
 from entropy_law.law import atrisk
 from entropy_law.law.fit import FittedLaw, fit_law, get_family, prepare_counts
 from entropy_law.law.results import Result
+from entropy_law.law.stats import warn_if_few_requests
 
 
 def poisson_weights(request_ids, rng: np.random.Generator) -> pd.Series:
@@ -46,8 +51,8 @@ def _law_statistics(law: FittedLaw) -> dict:
 
 @dataclass
 class BootstrapResult(Result):
-    """``summary``: per statistic the full-data estimate, bootstrap mean and SE, percentile CI;
-    ``replicates``: one row per successful replicate."""
+    """``summary``: per statistic the full-data estimate, bootstrap mean and SE, percentile CI and
+    ``n_requests`` (the requests resampled); ``replicates``: one row per successful replicate."""
 
     summary: pd.DataFrame
     replicates: pd.DataFrame
@@ -55,12 +60,14 @@ class BootstrapResult(Result):
     n_failed: int
     seed: int
     level: float
+    n_requests: int
     notes: list = field(default_factory=list)
 
     @property
     def title(self) -> str:
-        return (f"request bootstrap (Poisson weights), {self.n_boot - self.n_failed}/{self.n_boot} replicates, "
-                f"{self.level:.0%} percentile intervals, seed {self.seed}")
+        return (f"request bootstrap (Poisson weights) over {self.n_requests} requests, "
+                f"{self.n_boot - self.n_failed}/{self.n_boot} replicates, {self.level:.0%} percentile intervals, "
+                f"seed {self.seed}")
 
 
 def bootstrap_law(
@@ -77,16 +84,19 @@ def bootstrap_law(
     """Refit ``family`` on ``n_boot`` request-bootstrap replicates of the traces.
 
     ``statistic(law) -> dict``: extra numbers to interval-estimate (e.g. a predicted tokens per round);
-    by default the law's coefficients and derived parameters.
+    by default the law's coefficients and derived parameters. Fewer than ``stats.FEW_REQUESTS`` requests:
+    a ``SmallSampleWarning`` and a note.
     """
     fam = get_family(family)
     counts = prepare_counts(traces, fam, eps=eps)
+    n_requests = int(counts["request_id"].nunique())
+    few = warn_if_few_requests(n_requests, "the request-bootstrap intervals")
     full = fit_law(counts, fam, cov_type="nonrobust", **fit_options)
     compute = statistic or _law_statistics
     estimate = pd.Series(compute(full), dtype=float)
     rng = np.random.default_rng(seed)
     start = None if full.result is None else full.result.params.to_numpy()
-    rows, failed, notes = [], 0, []
+    rows, failed, notes = [], 0, [few] if few else []
     for _ in range(n_boot):
         weights = poisson_weights(counts["request_id"], rng)
         try:
@@ -95,13 +105,14 @@ def bootstrap_law(
             rows.append(compute(law))
         except (ValueError, np.linalg.LinAlgError) as err:  # e.g. a replicate without a category
             failed += 1
-            if len(notes) < 3:
+            if failed <= 3:
                 notes.append(f"replicate failed: {err}")
     if failed > 0.1 * n_boot:
         notes.append(f"{failed} of {n_boot} replicates failed: intervals may be unreliable")
     replicates = pd.DataFrame(rows)
     lo, hi = (1 - level) / 2, 1 - (1 - level) / 2
     summary = pd.DataFrame({"estimate": estimate, "boot_mean": replicates.mean(), "boot_se": replicates.std(ddof=1),
-                            "ci_low": replicates.quantile(lo), "ci_high": replicates.quantile(hi)})
+                            "ci_low": replicates.quantile(lo), "ci_high": replicates.quantile(hi),
+                            "n_requests": n_requests})
     return BootstrapResult(summary=summary, replicates=replicates, n_boot=n_boot, n_failed=failed, seed=seed,
-                           level=level, notes=notes)
+                           level=level, n_requests=n_requests, notes=notes)

@@ -7,8 +7,10 @@ BIC on the full fit (BIC with n = number of requests, the notes' effective sampl
 clustering), and the calibration intercept and slope of logit(y) on logit(p_hat) over held-out folds.
 
 Every family is scored on the same at-risk rows; each family's count table bins its own covariate,
-so held-out covariates are cell means (see ``atrisk.aggregate_at_risk``). Not known here: which law is
-"right" (the summary reports, the reader decides; the notes' rule is in ``docs/law.md``).
+so held-out covariates are cell means (see ``atrisk.aggregate_at_risk``). A family whose fit does not
+converge or separates cells perfectly (few requests) is not scored, with a note. Its fits use non-robust
+errors: the comparison shows no interval of theirs. Not known here: which law is "right" (the summary
+reports, the reader decides; the notes' rule is in ``docs/law.md``).
 """
 
 from __future__ import annotations
@@ -81,8 +83,11 @@ class Comparison(Result):
 
 
 def _fit_failure(law, where: str) -> str | None:
-    """Why a fitted GLM law is unusable (it did not converge, or its estimates or errors are not finite),
-    else None. Laws without a GLM (``law_iso``) are never flagged."""
+    """Why a fitted GLM law is unusable (it did not converge, its estimates or errors are not finite, or it
+    separates cells perfectly: ``FittedLaw.separated``), else None. The comparison fits without
+    cluster-robust errors, whose NaN once flagged separation by accident; ``separated`` checks the same
+    thing (the observed information at the estimate) whatever the covariance. Laws without a GLM
+    (``law_iso``) are never flagged."""
     res = law.result
     if res is None:
         return None
@@ -91,6 +96,9 @@ def _fit_failure(law, where: str) -> str | None:
                 "when acceptance approaches 1 at low entropy")
     if not (np.all(np.isfinite(res.params)) and np.all(np.isfinite(res.bse))):
         return f"non-finite estimates or standard errors ({where})"
+    if law.separated:
+        return (f"perfect separation ({where}): a fitted probability is exactly 0 or 1, some of its terms are not "
+                "identified by these requests")
     return None
 
 
@@ -108,8 +116,11 @@ def compare_laws(
     """Grouped K-fold CV log-loss, AIC, BIC and held-out calibration for each family.
 
     ``traces``: traces or a row-level at-risk table of ONE drafter (select with ``at_risk_table(...,
-    drafters=[...])``). Extra keyword arguments go to ``fit_law``.
+    drafters=[...])``). Extra keyword arguments go to ``fit_law``. The comparison shows no interval of its
+    fits (fold fits predict, the full fit gives AIC / BIC), so they are fitted with
+    ``cov_type="nonrobust"`` (the same estimates, and no ``SmallSampleWarning`` per fold).
     """
+    fit_options = {"cov_type": "nonrobust", **fit_options}
     rows = traces if isinstance(traces, pd.DataFrame) else atrisk.at_risk_table(traces, eps=eps, on_invalid=on_invalid)
     if rows.attrs.get("kind") != atrisk.KIND_ROWS:
         raise ValueError("compare_laws needs traces or a row-level at_risk_table (it bins per family itself)")
@@ -118,6 +129,10 @@ def compare_laws(
         raise ValueError(f"compare_laws scores one drafter at a time; the traces hold {sorted(drafters)}. "
                          "Use at_risk_table(traces, drafters=[...]).")
     folds = request_folds(rows["request_id"].to_numpy(), n_folds, seed)
+    smallest_training = len(folds) - int(np.bincount(list(folds.values()), minlength=n_folds).max())
+    if smallest_training < 2:  # a law fitted on one request predicts its own cells, not a held-out request
+        raise ValueError(f"{len(folds)} requests in {n_folds} folds leave {smallest_training} in a training fold: "
+                         "every training fold needs at least 2 requests; record more requests or lower n_folds")
     summary_rows, per_cat, per_req, notes = [], [], [], []
     for name in families:
         fam = get_family(name)

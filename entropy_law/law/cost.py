@@ -2,16 +2,22 @@
 
 Known here (research notes 4.1, 8.2): per round t_round(N) = t_draft + t_verify(N) + t_overhead, with
 t_draft and t_overhead the drafter's mean measured costs and t_verify(N) = v0 + v1 N a least-squares
-line in the number of draft nodes N over every round of the traces (verify cost belongs to the target
-and the hardware, not to the drafter; autoregressive rounds, N = 0, are included when present). The
-autoregressive cost per token t_AR is given, or estimated from rounds with ``tree_nodes == 0``. At a
-constant target entropy H the decode speedup of a round shape (depth D, N nodes) is
+line in the number of draft nodes N over every round of the runs on the drafter's machine (verify cost
+belongs to the target and the hardware, not to the drafter; autoregressive rounds, N = 0, are included
+when present; runs of another model or machine never are). The drafter's runs must be one arm
+(``arms``: model, checkpoint, tree policy, budget, gate). The autoregressive cost per token t_AR is given,
+or estimated from rounds with ``tree_nodes == 0`` on that machine. At a
+constant target entropy H the decode speedup of a round shape (depth D, N nodes) is priced for that
+same shape (the arm's policy: its chain depth D with N = D nodes, or its tree of N nodes and depth D, both
+the largest the arm verified; never the acceptance of D drafts at the price of fewer nodes):
 
     S(H) = (1 + E[tau | H, D]) * t_AR / t_round(N),   E[tau] = sum_{k<=D} prod_{d<=k} a(H, d).
 
 From it: the speedup curve, the break-even entropy (S = 1), the best block size (chains, N = D) and
 the best tree budget (the drafter's own nodes-per-depth ratio, N = round(w D)), each with a
-request-bootstrap interval (law and costs refitted on the same replicate).
+request-bootstrap interval (law and costs refitted on the same replicate) and the number of requests it
+resamples; below ``stats.FEW_REQUESTS`` requests a ``SmallSampleWarning`` and a note (the law itself is
+fitted for its predictions only, non-robust: the intervals shown are the bootstrap's).
 
 Assumptions stated, not checked: constant-H sequences (real sequences: use ``FittedLaw.predict_rounds``);
 depths up to the deepest observed depth only (no extrapolation of depth effects); a tree cut to depth D
@@ -27,10 +33,11 @@ import numpy as np
 import pandas as pd
 from scipy.optimize import brentq
 
-from entropy_law.law import atrisk
+from entropy_law.law import arms, atrisk
 from entropy_law.law.bootstrap import poisson_weights, reweight_counts
 from entropy_law.law.fit import FittedLaw, fit_law, get_family, prepare_counts
 from entropy_law.law.results import Result
+from entropy_law.law.stats import warn_if_few_requests
 
 DEFAULT_ENTROPIES = (0.01, 0.03, 0.1, 0.3, 0.5, 1.0, 2.0, 3.0)
 
@@ -45,8 +52,8 @@ class CostModel(Result):
     overhead_ms: float
     verify_intercept_ms: float
     verify_per_node_ms: float
-    depth: int  # deepest draft depth observed for the drafter
-    nodes: int  # typical (median) draft nodes per round
+    depth: int  # deepest draft depth observed for the drafter: the arm's chain depth D
+    nodes: int  # most draft nodes verified in one round: D for a chain, the tree budget N for a tree
     ar_source: str
     notes: list = field(default_factory=list)
 
@@ -71,19 +78,34 @@ def _weighted_mean(values: np.ndarray, w: np.ndarray) -> float:
 
 def fit_cost_model(traces, *, drafter: str | None = None, ar_ms_per_token: float | None = None,
                    request_weights: pd.Series | None = None) -> CostModel:
-    """Costs from the rounds table (``draft_ms``, ``verify_ms``, ``overhead_ms`` vs ``tree_nodes``)."""
-    rounds = traces.rounds.merge(traces.runs[["run_id", "drafter_id"]], on="run_id", how="left")
-    w_all = (np.ones(len(rounds)) if request_weights is None
-             else rounds["request_id"].map(request_weights).fillna(0).to_numpy(float))
+    """Costs from the rounds table (``draft_ms``, ``verify_ms``, ``overhead_ms`` vs ``tree_nodes``).
+
+    The drafter's runs must be one arm (``arms``) timed on one machine (model, device, host); the verify
+    line and the AR cost use only the rounds of runs on that machine (another model's or machine's timings
+    are no baseline). ``request_weights``: a bootstrap weight per request id (paired across runs)."""
+    runs = traces.runs
+    rounds = traces.rounds.merge(runs[["run_id", "drafter_id"]], on="run_id", how="left")
     drafting = rounds["tree_nodes"] > 0
     drafters = sorted(rounds.loc[drafting, "drafter_id"].dropna().unique())
     if drafter is None:
         if len(drafters) != 1:
             raise ValueError(f"traces hold drafters {drafters}: pass drafter=")
         drafter = drafters[0]
-    mine = (drafting & (rounds["drafter_id"] == drafter)).to_numpy()
-    if not mine.any():
+    mine_runs = rounds.loc[drafting & (rounds["drafter_id"] == drafter), "run_id"].unique()
+    if not len(mine_runs):
         raise ValueError(f"no drafting rounds for drafter {drafter!r}; drafters: {drafters}")
+    arms.check_one_arm_per_drafter(runs, mine_runs)
+    machine_of = dict(zip(runs["run_id"].astype(str), (str(m) for m in arms.machines(runs))))
+    machines = sorted({machine_of[str(r)] for r in mine_runs})
+    if len(machines) > 1:
+        raise ValueError(f"drafter {drafter!r} was timed on {len(machines)} machines ({'; '.join(machines)}): one "
+                         "cost model would pool them. Select one machine's runs with traces.filter(run_id=[...])")
+    same_machine = rounds["run_id"].astype(str).map(machine_of).eq(machines[0]).to_numpy()
+    rounds = rounds.loc[same_machine].reset_index(drop=True)
+    drafting = rounds["tree_nodes"] > 0
+    w_all = (np.ones(len(rounds)) if request_weights is None
+             else rounds["request_id"].map(request_weights).fillna(0).to_numpy(float))
+    mine = (drafting & (rounds["drafter_id"] == drafter)).to_numpy()
     notes = []
     for col in ("draft_ms", "verify_ms", "overhead_ms"):
         v = rounds[col].to_numpy(float)
@@ -106,8 +128,9 @@ def fit_cost_model(traces, *, drafter: str | None = None, ar_ms_per_token: float
     if ar_ms_per_token is None:
         ar = (rounds["tree_nodes"] == 0).to_numpy() & keep
         if not ar.any():
-            raise ValueError("no autoregressive rounds (tree_nodes == 0) to estimate the AR cost per token: pass "
-                             "ar_ms_per_token= (measured by a plain greedy run of the same target)")
+            raise ValueError(f"no autoregressive rounds (tree_nodes == 0) of {machines[0]} to estimate the AR cost "
+                             "per token (AR runs of another model or machine are no baseline): pass "
+                             "ar_ms_per_token= (measured by a plain greedy run of the same target on the same machine)")
         total = rounds.loc[ar, ["draft_ms", "verify_ms", "overhead_ms"]].sum(axis=1).to_numpy(float)
         ar_ms = float(np.sum(total * w_all[ar]) / np.sum(rounds.loc[ar, "committed"].to_numpy(float) * w_all[ar]))
         source = f"estimated from {int(ar.sum())} autoregressive rounds"
@@ -118,7 +141,7 @@ def fit_cost_model(traces, *, drafter: str | None = None, ar_ms_per_token: float
     return CostModel(drafter_id=drafter, ar_ms_per_token=ar_ms, draft_ms=draft, overhead_ms=overhead,
                      verify_intercept_ms=v0, verify_per_node_ms=v1,
                      depth=int(rounds.loc[mine, "tree_depth"].max()),
-                     nodes=int(np.median(rounds.loc[mine, "tree_nodes"])), ar_source=source, notes=notes)
+                     nodes=int(rounds.loc[mine, "tree_nodes"].max()), ar_source=source, notes=notes)
 
 
 def speedup_at_entropy(law: FittedLaw, cost: CostModel, entropy_nats, *, depth: int | None = None,
@@ -154,13 +177,30 @@ def best_shape(law: FittedLaw, cost: CostModel, entropy_nats: float, shapes: Seq
 
 @dataclass
 class DraftingPays(Result):
-    """Speedup vs entropy, break-even entropy and best shapes, with bootstrap intervals."""
+    """Speedup vs entropy, break-even entropy and best shapes, with bootstrap intervals. ``summary``: per
+    quantity the estimate, the percentile interval and ``n_requests`` (the requests the bootstrap
+    resamples); ``law``: the law behind the estimates (non-robust errors: its intervals are not these)."""
 
     summary: pd.DataFrame
     law: FittedLaw
     cost: CostModel
     replicates: pd.DataFrame
     notes: list = field(default_factory=list)
+    observed_entropy: tuple = (float("nan"), float("nan"))  # 1% and 99% quantiles of the at-risk entropies
+
+    @property
+    def breakeven_verdict(self) -> str:
+        """The answer in words: the break-even entropy only when it (and its interval) lies inside the observed
+        entropies; else "pays at every observed entropy" / "never pays at an observed entropy"."""
+        row = self.summary.loc["breakeven_entropy_nats"]
+        lo_h, hi_h = self.observed_entropy
+        estimate, low, high = float(row["estimate"]), float(row["ci_low"]), float(row["ci_high"])
+        if estimate >= hi_h:
+            return f"pays at every observed entropy (up to {hi_h:.2f} nats)"
+        if estimate <= lo_h:
+            return f"never pays at an observed entropy (from {lo_h:.2g} nats)"
+        interval = f" [{low:.2f}, {high:.2f}]" if np.isfinite(low) and np.isfinite(high) else ""
+        return f"pays below {estimate:.2f}{interval} nats (observed {lo_h:.2g} to {hi_h:.2f})"
 
     @property
     def title(self) -> str:
@@ -213,7 +253,11 @@ def when_drafting_pays(
     eps: float = atrisk.EPS_NATS,
 ) -> DraftingPays:
     """Fit the law (one drafter) and the cost model, then predict speedup vs entropy, the break-even
-    entropy and the best block size / tree budget per entropy, with request-bootstrap intervals."""
+    entropy and the best block size / tree budget per entropy, with request-bootstrap intervals.
+
+    The bootstrap draws one Poisson weight per request id (the law's clusters; the AR rounds of the
+    same prompts take the same weight), so its intervals rest on that many requests: fewer than
+    ``stats.FEW_REQUESTS`` warns (``SmallSampleWarning``) and adds a note."""
     fam = get_family(family)
     if fam.needs_categories or fam.needs_drafters:
         raise ValueError(f"{family} needs a category/drafter argument; use a one-drafter, category-free law")
@@ -221,7 +265,10 @@ def when_drafting_pays(
     drafter = cost.drafter_id
     rows = atrisk.at_risk_table(traces, eps=eps, drafters=[drafter])
     counts = prepare_counts(rows, fam, eps=eps)
-    law = fit_law(counts, fam)
+    n_requests = int(counts["request_id"].nunique())
+    few = warn_if_few_requests(n_requests, "the request-bootstrap intervals")
+    # predictions only (the intervals are the bootstrap's): no cluster-robust errors, nor their warning
+    law = fit_law(counts, fam, cov_type="nonrobust")
     entropies = [float(h) for h in entropies]
     is_tree = cost.nodes > cost.depth
     if is_tree:
@@ -244,11 +291,15 @@ def when_drafting_pays(
     replicates = pd.DataFrame(reps)
     lo, hi = (1 - level) / 2, 1 - (1 - level) / 2
     summary = pd.DataFrame({"estimate": pd.Series(estimate, dtype=float), "ci_low": replicates.quantile(lo),
-                            "ci_high": replicates.quantile(hi)})
-    notes = list(cost.notes) + [f"{level:.0%} percentile intervals from {len(reps)} request-bootstrap replicates "
-                                f"(seed {seed}, {failed} failed)",
-                                "speedups at constant entropy; best shapes searched up to the observed depth "
-                                f"{cost.depth}; breakeven 0 = never pays, inf = always pays in [1e-4, 20] nats"]
+                            "ci_high": replicates.quantile(hi), "n_requests": n_requests})
+    observed = rows["target_entropy_nats"].to_numpy(float)
+    observed_range = (float(np.quantile(observed, 0.01)), float(np.quantile(observed, 0.99)))
+    notes = [*cost.notes, *([few] if few else []),
+             f"{level:.0%} percentile intervals from {len(reps)} request-bootstrap replicates over {n_requests} "
+             f"requests (seed {seed}, {failed} failed)",
+             f"speedups at constant entropy; best shapes searched up to the observed depth {cost.depth}; breakeven "
+             "0 = never pays, inf = always pays in [1e-4, 20] nats"]
     if is_tree:
         notes.append(f"tree budgets keep the observed nodes-per-depth ratio {cost.nodes / cost.depth:.2f}")
-    return DraftingPays(summary=summary, law=law, cost=cost, replicates=replicates, notes=notes)
+    return DraftingPays(summary=summary, law=law, cost=cost, replicates=replicates, notes=notes,
+                        observed_entropy=observed_range)

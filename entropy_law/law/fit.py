@@ -2,11 +2,17 @@
 
 Known here: the families of the research notes (section 8.3; formulas in ``docs/law.md``), each a
 binomial GLM on at-risk counts (two-column endog) with request-clustered sandwich errors, except
-``law_iso`` (isotonic, decreasing in entropy, per depth); the fitted-law object with its summary,
-predictions (acceptance, expected block length, exact tokens per round by dynamic programming) and
+``law_iso`` (isotonic, decreasing in entropy, per depth). Cluster-robust inference is the standard one
+for few clusters (Cameron & Miller 2015): the CR1 sandwich (statsmodels' ``use_correction``, factor
+G/(G-1) (N-1)/(N-K)) with t(G-1) intervals and p-values (``use_t``, ``df_correction``), G the number of
+requests, always (it tends to the normal as G grows, with no jump at a threshold); below
+``stats.FEW_REQUESTS`` requests a fit also warns (``SmallSampleWarning``). The fitted-law object with
+its summary, predictions (acceptance, expected block length, exact tokens per round by dynamic programming) and
 a minimal plot. Checks that make a fit meaningless fail loudly: no rejections (or no acceptances),
 fewer than 2 requests, several drafters pooled by a drafter-free family, a category-aware family with
-one category or with a category of too few requests.
+one category or with a category of too few requests; a fit that separates cells perfectly (few requests,
+a flexible family) says so in its notes (``FittedLaw.separated``) instead of through numpy's overflow
+warnings.
 
 Not known here: how traces are read (any object with ``.tokens``/``.runs`` DataFrames works), model
 comparison, tests and costs (``compare``, ``hypotheses``, ``cost``). Never imports torch.
@@ -31,6 +37,7 @@ from entropy_law.law import atrisk
 from entropy_law.law.blocks import (acceptance_matrix_positions, acceptance_tensor_positions, expected_accepted,
                                     expected_rounds)
 from entropy_law.law.results import Result
+from entropy_law.law.stats import warn_if_few_requests
 
 SPLINE_BOUNDS = (np.log(atrisk.EPS_NATS) - 1e-9, np.log(20.0))  # log(H + eps) range the spline covers
 
@@ -193,7 +200,9 @@ def _add_mundlak(counts: pd.DataFrame, category_means: Mapping | None = None) ->
 @dataclass
 class FittedLaw(Result):
     """A fitted acceptance law. ``summary``: one row per parameter (estimate, cluster-robust SE by
-    request, z, p, CI), followed by derived parameters (``k``, ``lambda[d=j]``) where the family has them."""
+    request, t statistic (``z`` for ``cov_type="nonrobust"``), p, CI, and ``n_requests``, the requests the
+    interval rests on), followed by derived parameters (``k``, ``lambda[d=j]``) where the family has them.
+    Cluster-robust intervals and p-values use t(G - 1), G = ``n_requests`` (``df_inference``)."""
 
     family: LawFamily
     result: object  # statsmodels GLMResults, or None for law_iso
@@ -213,15 +222,50 @@ class FittedLaw(Result):
     def title(self) -> str:
         return f"{self.family.name}: {self.family.description} ({self.n_rows} at-risk trials, {self.n_requests} requests)"
 
+    @property
+    def df_inference(self) -> float | None:
+        """Degrees of freedom of the t intervals and p-values (G - 1 for cluster-robust fits), ``None``
+        where they are normal (``cov_type="nonrobust"``, ``law_iso``)."""
+        if self.result is None or not self.result.use_t:
+            return None
+        return float(getattr(self.result, "df_resid_inference", self.result.df_resid))
+
+    @property
+    def critical_value(self) -> float:
+        """The two-sided ``1 - alpha`` quantile the intervals use: t(``df_inference``) or the normal."""
+        df = self.df_inference
+        return float(stats.norm.ppf(1 - self.alpha / 2) if df is None else stats.t.ppf(1 - self.alpha / 2, df))
+
+    def _notes(self) -> list:
+        notes = list(self.notes)
+        if self.result is not None:
+            dist = "normal" if self.df_inference is None else f"t with {self.df_inference:g} df"
+            cov = ("cluster-robust by request (CR1)" if self.result.cov_type == "cluster"
+                   else f"{self.result.cov_type} covariance")
+            notes.insert(0, f"{1 - self.alpha:.0%} intervals: {cov}, {dist}; they rest on {self.n_requests} requests")
+        return notes
+
+    @property
+    def separated(self) -> bool:
+        """True where the fit separates some cells perfectly: a coefficient ran off towards infinity (few
+        requests, a flexible family: ``law_spline`` on two requests) and a fitted probability is exactly 0
+        or 1, so the observed information at the estimate (the bread of the cluster-robust sandwich) is not
+        finite and those terms are not identified. ``False`` for ``law_iso``."""
+        if self.result is None:
+            return False
+        with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # the very thing checked for
+            information = self.result.model.hessian(np.asarray(self.result.params), observed=True)
+        return not bool(np.all(np.isfinite(information)))
+
     # -- parameters
     @property
     def coefficients(self) -> pd.DataFrame:
         if self.result is None:
-            return pd.DataFrame(columns=["estimate", "std_err", "z", "p_value", "ci_low", "ci_high"])
+            return pd.DataFrame(columns=["estimate", "std_err", "z", "p_value", "ci_low", "ci_high", "n_requests"])
         r = self.result
         ci = r.conf_int(alpha=self.alpha)
-        return pd.DataFrame({"estimate": r.params, "std_err": r.bse, "z": r.tvalues, "p_value": r.pvalues,
-                             "ci_low": ci[0], "ci_high": ci[1]})
+        return pd.DataFrame({"estimate": r.params, "std_err": r.bse, "t" if r.use_t else "z": r.tvalues,
+                             "p_value": r.pvalues, "ci_low": ci[0], "ci_high": ci[1], "n_requests": self.n_requests})
 
     def linear_combination(self, weights: Mapping[str, float]) -> tuple[float, float]:
         """Estimate and cluster-robust SE of sum_j w_j beta_j."""
@@ -232,13 +276,14 @@ class FittedLaw(Result):
 
     @property
     def derived(self) -> pd.DataFrame:
-        """Interpretable parameters: exponent ``k`` and rates ``lambda[d=j]`` (cloglog / power laws)."""
+        """Interpretable parameters: exponent ``k`` and rates ``lambda[d=j]`` (cloglog / power laws), with
+        intervals on the same t(G - 1) (or normal) quantile as the coefficients."""
         if self.result is None or self.family.slope is None:
             return pd.DataFrame()
-        z = stats.norm.ppf(1 - self.alpha / 2)
+        q = self.critical_value
         rows = {}
         est, se = self.linear_combination({self.family.slope: 1.0})
-        rows["k" if self.family.slope.startswith("log_") else "slope"] = (est, se, est - z * se, est + z * se)
+        rows["k" if self.family.slope.startswith("log_") else "slope"] = (est, se, est - q * se, est + q * se)
         if self.family.outcome == "rejection" and "Intercept" in self.result.params.index:
             rate = "lambda" if self.family.link == "cloglog" else "c"
             for d in self.depths:
@@ -248,10 +293,12 @@ class FittedLaw(Result):
                 elif self.depth_model == "linear":
                     weights["depth"] = float(d)
                 e, s = self.linear_combination(weights)
-                rows[f"{rate}[d={d}]"] = (np.exp(e), np.exp(e) * s, np.exp(e - z * s), np.exp(e + z * s))
+                with np.errstate(over="ignore"):  # a wide t(1) interval of a log rate may end at inf
+                    rows[f"{rate}[d={d}]"] = (np.exp(e), np.exp(e) * s, np.exp(e - q * s), np.exp(e + q * s))
                 if self.depth_model == "none":
                     break
-        return pd.DataFrame.from_dict(rows, orient="index", columns=["estimate", "std_err", "ci_low", "ci_high"])
+        out = pd.DataFrame.from_dict(rows, orient="index", columns=["estimate", "std_err", "ci_low", "ci_high"])
+        return out.assign(n_requests=self.n_requests)
 
     @property
     def summary(self) -> pd.DataFrame:
@@ -321,7 +368,12 @@ class FittedLaw(Result):
                 sel = depth == d
                 out[sel] = np.interp(x[sel], xs, ys)
             return np.clip(out, 1e-9, 1 - 1e-9)
-        mu = np.asarray(self.result.predict(data))
+        # far outside the data (the break-even search goes to 20 nats) or with a bootstrap replicate's runaway
+        # coefficient, the linear predictor can pass ~709 and exp() inside the inverse link overflows to inf;
+        # the probability is then exactly its float limit (cloglog 1 - exp(-inf) = 1, logit 1 / (1 + inf) = 0;
+        # the log link's inf is clipped below), so the overflow is harmless and not worth a warning
+        with np.errstate(over="ignore"):
+            mu = np.asarray(self.result.predict(data))
         accept = 1.0 - mu if self.family.outcome == "rejection" else mu
         return np.clip(accept, 1e-12, 1 - 1e-12)
 
@@ -477,14 +529,27 @@ def _fit_glm(counts: pd.DataFrame, family: LawFamily, depth_model: str, cov_type
     kwargs = {}
     if cov_type == "cluster":
         groups = data["request_id"].astype("category").cat.codes.to_numpy()
-        kwargs = dict(cov_type="cluster", cov_kwds={"groups": groups})
+        # CR1 sandwich and t(G - 1) inference, the standard for few clusters (statsmodels' defaults for
+        # use_correction / df_correction, spelled out; use_t is what makes the t(G - 1) quantile apply)
+        kwargs = dict(cov_type="cluster", cov_kwds={"groups": groups, "use_correction": True, "df_correction": True},
+                      use_t=True)
     if family.link == "log" and start_params is None:
         # log-binomial needs mu < 1 at the start: a0 = 0.9 everywhere, slope -0.5 per nat
         names = model.exog_names
         start_params = np.zeros(len(names))
         start_params[names.index("Intercept")] = np.log(0.9)
         start_params[names.index(family.slope)] = -0.5
-    return model.fit(start_params=start_params, maxiter=200, **kwargs)
+    # numpy's floating-point warnings are silenced for the fit alone (np.errstate changes no number, only
+    # whether numpy warns). They come from perfect separation on few requests: a flexible family (law_spline's
+    # logit link on two requests; now and then law_exp0's log link) sends a coefficient towards infinity
+    # over the IRLS iterations, exp() of the linear predictor overflows to inf and the fitted probability of
+    # some cells becomes exactly 0 or 1. statsmodels clips those probabilities in the IRLS weights and
+    # working response; where it does not (the observed information of the cluster-robust sandwich, a log
+    # link's weight at mu = 1) the result is an inf or NaN, which is reported instead of the warnings:
+    # ``FittedLaw.separated`` (a note of fit_law; compare does not score such a fit), NaN standard errors,
+    # the non-convergence note.
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        return model.fit(start_params=start_params, maxiter=200, **kwargs)
 
 
 def _fit_iso(counts: pd.DataFrame) -> dict:
@@ -526,8 +591,13 @@ def fit_law(
     ``"category"``, ...) to fit one law per value; returns a ``LawSet``. ``depth``: depth effects as
     a factor (default), ``"linear"`` in d, or ``"none"``. ``aggregate``: fit on the aggregated
     table (log-spaced bins of ``width_log10`` in log10(x + eps)); ``False`` fits the row level.
-    ``cov_type``: ``"cluster"`` (by request, default) or ``"nonrobust"``.
+    ``cov_type``: ``"cluster"`` (by request, default: CR1 sandwich, t(G - 1) intervals and p-values) or
+    ``"nonrobust"`` (normal). A cluster-robust fit on fewer than ``stats.FEW_REQUESTS`` requests warns
+    (``SmallSampleWarning``, once per fit) and says so in its notes.
     """
+    if isinstance(family, str) and family in ("glance", "glance_readme"):  # GLANCE's round-level law (law/glance.py)
+        from entropy_law.law.glance import fit_glance
+        return fit_glance(traces, family, by=by)
     fam = get_family(family)
     if depth not in DEPTH_TERMS:
         raise ValueError(f"depth must be one of {list(DEPTH_TERMS)}")
@@ -556,10 +626,20 @@ def fit_law(
                   alpha=alpha, depth_model=depth, notes=notes, category_means=category_means)
     if fam.link == "isotonic":
         return FittedLaw(result=None, iso_curves=_fit_iso(counts), **common)
+    if cov_type == "cluster":
+        few = warn_if_few_requests(common["n_requests"], f"the cluster-robust intervals of {fam.name} (widened: "
+                                   f"t with {common['n_requests'] - 1} df)")
+        if few:
+            notes.append(few)
     result = _fit_glm(counts, fam, depth, cov_type, start_params=start_params)
     if not result.converged:
         notes.append("the GLM did not converge; treat the estimates with suspicion")
-    return FittedLaw(result=result, **common)
+    law = FittedLaw(result=result, **common)
+    if law.separated:
+        notes.append("perfect separation: a fitted probability is exactly 0 or 1, so some terms are not identified "
+                     "(their estimates run off towards infinity, cluster-robust errors are NaN); record more "
+                     "requests or fit a simpler family")
+    return law
 
 
 @dataclass

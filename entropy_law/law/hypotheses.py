@@ -7,9 +7,10 @@ Known here:
   over ``law0_cat``);
 - P2 entropy explains the category ranking: leave-one-category-out DP-predicted vs observed tokens
   per round (Spearman rho with an exact permutation p over all K! orderings, weighted R^2), and the
-  Mundlak check b_within = b_between;
+  Mundlak check b_within = b_between (t(G - 1) p, like every cluster-robust p of ``fit``);
 - P3 drafter x entropy: Wald test of drafter x log(H + eps) in ``law_exp_drafter`` and the crossover
-  entropy where the two drafters' depth-1 acceptance curves meet (delta-method CI);
+  entropy where the two drafters' depth-1 acceptance curves meet (delta-method CI on the fitted law's
+  t(G - 1) quantile, ``FittedLaw.critical_value``);
 - ``preregistered_tests``: the three primary p-values with Holm's step-down adjustment.
 
 Not known here: what the p-values mean at millions of trials (report effect sizes first; the
@@ -117,7 +118,8 @@ def universality_test(traces, *, drafter: str | None = None, eps: float = atrisk
     options = dict(min_requests_per_category=min_requests_per_category, drop_small_categories=drop_small_categories)
     full = fit_law(counts, fam, **options)
     counts = counts.loc[counts["category"].isin(full.categories)]
-    law = fit_law(counts, "law_exp")
+    # the restricted law gives the score test its estimates and k_pooled its value, never an interval
+    law = fit_law(counts, "law_exp", cov_type="nonrobust")
     terms = [n for n in full.result.params.index if n.startswith("C(category)")]
     wald = robust_wald(full, terms)
     score = robust_score_test(law, full, terms)
@@ -160,7 +162,8 @@ def category_ranking_test(traces, *, drafter: str | None = None, family: str = "
     rows = atrisk.at_risk_table(traces, eps=eps, drafters=[loco_drafter(traces, drafter)])
     mundlak = fit_law(rows, "law_exp_mundlak")
     diff, se = mundlak.linear_combination({"log_entropy_within": 1.0, "log_entropy_category_mean": -1.0})
-    p_mundlak = float(2 * stats.norm.sf(abs(diff / se)))
+    df = mundlak.df_inference  # t(G - 1) as for the law's own p-values (None: normal)
+    p_mundlak = float(2 * (stats.norm.sf(abs(diff / se)) if df is None else stats.t.sf(abs(diff / se), df)))
     table = {"spearman_rho": rho, "p_permutation": p_perm, "weighted_r2": r2,
              "mean_abs_relative_error": float(np.mean(np.abs(s["relative_error"]))),
              "b_within": mundlak.result.params["log_entropy_within"],
@@ -199,9 +202,11 @@ def drafter_entropy_test(traces, *, drafters: tuple[str, str] | None = None, eps
             cov = law.result.cov_params().loc[[a, b], [a, b]].to_numpy()
             grad = np.array([-1 / db, da / db**2])
             se_x = float(np.sqrt(grad @ cov @ grad))
+            q = law.critical_value  # t(G - 1), as the law's own intervals
             table[f"crossover_H[{other} vs {base}]"] = np.exp(x) - eps
-            table[f"crossover_H_ci_low[{other} vs {base}]"] = np.exp(x - 1.96 * se_x) - eps
-            table[f"crossover_H_ci_high[{other} vs {base}]"] = np.exp(x + 1.96 * se_x) - eps
+            with np.errstate(over="ignore"):  # a wide t interval of a log entropy may end at inf
+                table[f"crossover_H_ci_low[{other} vs {base}]"] = np.exp(x - q * se_x) - eps
+                table[f"crossover_H_ci_high[{other} vs {base}]"] = np.exp(x + q * se_x) - eps
     return TestResult(name="P3 drafter x entropy (law_exp_drafter, robust Wald by request)", summary=_rows(table),
                       p_value=wald["p_value"], details=dict(law=law, wald=wald),
                       notes=["depth effects are shared across drafters in law_exp_drafter",

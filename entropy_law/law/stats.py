@@ -2,17 +2,41 @@
 
 Known here: the exact one-sided permutation p of a Spearman rank correlation over all K! orderings
 (``exact_spearman_p``; used by LOCO accuracy in ``transfer`` and by P2 in ``hypotheses``) and the
-Wilson score interval of binomial proportions (``wilson_interval``; the figures' binned acceptance).
+Wilson score interval of binomial proportions (``wilson_interval``; the figures' binned acceptance),
+and the one rule for intervals that rest on few requests (``FEW_REQUESTS``, ``SmallSampleWarning``,
+``warn_if_few_requests``; used by ``fit`` and ``bootstrap``): requests are the independent units (the
+clusters), and with fewer than about 20 of them cluster-robust and request-bootstrap intervals are too
+narrow (Cameron & Miller 2015, "A practitioner's guide to cluster-robust inference", section VI).
 Not known here: traces, laws or fits. No torch.
 """
 
 from __future__ import annotations
 
 import itertools
+import warnings
 
 import numpy as np
 from scipy import stats
 from statsmodels.stats.proportion import proportion_confint
+
+
+FEW_REQUESTS = 20  # below this many requests (clusters) intervals are flagged as unreliable
+
+
+class SmallSampleWarning(UserWarning):
+    """An interval rests on fewer than ``FEW_REQUESTS`` requests: treat it as unreliable."""
+
+
+def warn_if_few_requests(n_requests: int, what: str, *, stacklevel: int = 3) -> str | None:
+    """Warn once (``SmallSampleWarning``) when ``what`` rests on fewer than ``FEW_REQUESTS`` requests;
+    returns the message (for a result's notes), or ``None`` when there are enough requests."""
+    n_requests = int(n_requests)
+    if n_requests >= FEW_REQUESTS:
+        return None
+    message = (f"{what} rest on {n_requests} request{'s' if n_requests != 1 else ''} (fewer than {FEW_REQUESTS}): "
+               "not measured reliably; record more requests")
+    warnings.warn(message, SmallSampleWarning, stacklevel=stacklevel)
+    return message
 
 
 def exact_spearman_p(x, y) -> tuple[float, float]:

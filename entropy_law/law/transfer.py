@@ -13,7 +13,8 @@ LOCO: fit without a category, predict that category's tokens per round and the l
 trials, next to a refit on the category itself (transfer ratio, research notes 6.7), and how well
 LOCO predicts across categories (relative errors, Spearman rho with its exact permutation p).
 
-Not known here: the statistics of the category ranking (``hypotheses``). No torch.
+One drafter's runs must be one arm (``arms``); requests are counted per (run, request). Not known here:
+the statistics of the category ranking (``hypotheses``). No torch.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from entropy_law.law import atrisk
+from entropy_law.law import arms, atrisk
 from entropy_law.law.blocks import expected_round_counts, iid_tokens_per_round
 from entropy_law.law.fit import FittedLaw, fit_law, get_family, prepare_counts
 from entropy_law.law.results import Result
@@ -32,7 +33,8 @@ from entropy_law.law.stats import exact_spearman_p
 
 
 def single_drafter(traces, drafter: str | None) -> tuple[str, pd.DataFrame]:
-    """The drafter to analyse and its draft runs' rounds."""
+    """The drafter to analyse and its draft runs' rounds; its runs must be one arm (``arms``: one model,
+    checkpoint, tree policy, budget and gate), else the error names the arms found."""
     runs = traces.runs
     rounds = traces.rounds.merge(runs[["run_id", "drafter_id"]], on="run_id", how="left")
     drafting = rounds.loc[rounds["tree_nodes"] > 0, "drafter_id"].dropna().unique()
@@ -42,7 +44,9 @@ def single_drafter(traces, drafter: str | None) -> tuple[str, pd.DataFrame]:
         drafter = drafting[0]
     if drafter not in set(drafting):
         raise ValueError(f"drafter {drafter!r} has no drafting rounds; drafters: {sorted(drafting)}")
-    return drafter, rounds.loc[rounds["drafter_id"] == drafter]
+    mine = rounds.loc[rounds["drafter_id"] == drafter]
+    arms.check_one_arm_per_drafter(runs, mine["run_id"].unique())
+    return drafter, mine
 
 
 def entropy_sequences(traces, drafter: str) -> pd.DataFrame:
@@ -367,8 +371,11 @@ def loco_transfer(traces, family: str = "law_exp", *, drafter: str | None = None
     relative error, held-out log-likelihood per trial under the LOCO law, a refit on the category,
     and a depth-only null; ``transfer_ratio`` = (LL_null - LL_loco) / (LL_null - LL_refit). The
     drafted depths of the held-out category are an input (like its entropy sequences), not predicted.
-    ``.accuracy``: relative errors and Spearman rho across categories.
+    ``.accuracy``: relative errors and Spearman rho across categories. The LOCO and refit laws only
+    predict (no interval of theirs is shown): they are fitted with ``cov_type="nonrobust"`` (the same
+    estimates, no ``SmallSampleWarning`` per category) unless ``fit_options`` says otherwise.
     """
+    fit_options = {"cov_type": "nonrobust", **fit_options}
     fam = get_family(family)
     if fam.needs_categories:
         raise ValueError(f"{family} has category terms and cannot predict an unseen category; use a category-free law")

@@ -2,6 +2,6 @@
 tasks (``image``) and where the shipped data live (``paths``)."""
 
 from entropy_law.prompts.image import ImageTask, load_image_tasks
-from entropy_law.prompts.text import Task, load_tasks
+from entropy_law.prompts.text import Task, load_tasks, sample_per_category
 
-__all__ = ["ImageTask", "Task", "load_image_tasks", "load_tasks"]
+__all__ = ["ImageTask", "Task", "load_image_tasks", "load_tasks", "sample_per_category"]

@@ -1,4 +1,5 @@
-"""Evaluation prompts: Spec-Bench (shipped under ``data/``) or any JSONL file of the same shape.
+"""Evaluation prompts: Spec-Bench and our open-ended set (shipped under ``data/``, names ``"spec_bench"`` and
+``"open_ended"``) or any JSONL file of the same shape.
 
 Known here: the file format (one JSON object per line with ``question_id``, ``category`` and ``turns``, a
 list of strings whose first entry is the prompt; other fields are ignored), filtering by category, a
@@ -11,16 +12,21 @@ from __future__ import annotations
 
 import json
 import logging
+import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from entropy_law.prompts.paths import data_dir
 
 logger = logging.getLogger(__name__)
 
 SPEC_BENCH = "spec_bench"
-BUILTIN_TASKS = {SPEC_BENCH: ("spec_bench", "question.jsonl")}  # name -> path inside data_dir()
+OPEN_ENDED = "open_ended"  # our own CC0 prompts outside Spec-Bench's categories (data/open_ended/)
+BUILTIN_TASKS = {  # name -> path inside data_dir()
+    SPEC_BENCH: ("spec_bench", "question.jsonl"),
+    OPEN_ENDED: ("open_ended", "open_ended.jsonl"),
+}
 
 
 @dataclass(frozen=True)
@@ -48,7 +54,7 @@ class Task:
 
 
 def task_file(source: str | Path) -> tuple[str, Path]:
-    """(dataset name, JSONL path) for a built-in name (``"spec_bench"``) or a path to a JSONL file."""
+    """(dataset name, JSONL path) for a built-in name (``"spec_bench"``, ``"open_ended"``) or a path to a JSONL file."""
     text = str(source)
     if text in BUILTIN_TASKS:
         folder, name = BUILTIN_TASKS[text]
@@ -138,3 +144,17 @@ def load_tasks(
         tasks.append(Task(dataset=dataset, question_id=question_id, category=category, turns=turns))
         per_category[category] = per_category.get(category, 0) + 1
     return tasks
+
+
+def sample_per_category(tasks: Sequence[Task], per_category: int, *, seed: int = 0) -> list[Task]:
+    """``per_category`` prompts of each category drawn at random (seeded) from the whole set, not the first
+    ones, kept in file order: a measurement on them speaks for the set, and another seed gives prompts it was
+    not tuned on. A category with fewer prompts keeps all of them."""
+    if per_category < 1:
+        raise ValueError(f"per_category must be >= 1, got {per_category}")
+    rng = random.Random(seed)
+    by_category: dict[str, list[int]] = {}
+    for index, task in enumerate(tasks):
+        by_category.setdefault(task.category, []).append(index)
+    chosen = {i for indices in by_category.values() for i in rng.sample(indices, min(per_category, len(indices)))}
+    return [task for index, task in enumerate(tasks) if index in chosen]

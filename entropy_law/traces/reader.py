@@ -1,14 +1,15 @@
 """``load_traces``: read trace runs (format v1) into pandas / Arrow, validating on the way.
 
 Known here: how to find runs (directories with ``run.json``), which shards to read (finished ones;
-leftover ``shards/.tmp-*`` directories of a crashed writer are ignored), how to filter by run and
-category, and when to warn (an incomplete run). File names live in ``layout`` and value rules in
-``validation``. Not known here: how traces were produced, or any statistics of them. Never
+leftover ``shards/.tmp-*`` directories of a crashed writer and the ``quarantine`` folder are not read),
+how to filter by run and category, and when to warn (an incomplete run, with its writer's lock if one is
+there; any run folder that holds leftovers or quarantined data). File names live in ``layout`` and value
+rules in ``validation``. Not known here: how traces were produced, or any statistics of them. Never
 imports torch.
 
-String key columns (``run_id``, ``request_id``, ``category``, ``role``, ``dataset``,
-``stop_reason``) are read dictionary-encoded and come back as pandas ``Categorical``: 10 million
-token rows then fit in well under a gigabyte.
+String key columns (``run_id``, ``request_id``, ``category``, ``role``, ``dataset``, ``stop_reason``)
+are read dictionary-encoded and come back as pandas ``Categorical``: 10 million token rows then fit in
+well under a gigabyte.
 """
 
 from __future__ import annotations
@@ -26,8 +27,13 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
 from entropy_law.traces.layout import (
+    QUARANTINE_DIR,
     RUN_FILE,
     SHARDS_DIR,
+    describe_holder,
+    lock_state,
+    quarantined,
+    read_lock,
     read_run_json,
     shard_dirs,
     table_file,
@@ -52,7 +58,7 @@ def _find_run_dirs(path: Path) -> list[Path]:
     if (path / RUN_FILE).is_file():
         return [path]
     found = sorted(p.parent for p in path.rglob(RUN_FILE) if not p.parent.name.startswith("."))
-    return [p for p in found if SHARDS_DIR not in p.relative_to(path).parts]
+    return [p for p in found if not {SHARDS_DIR, QUARANTINE_DIR} & set(p.relative_to(path).parts)]
 
 
 def _open_run(run_dir: Path) -> _Run:
@@ -288,7 +294,9 @@ def load_traces(path, *, run_id=None, category=None, validate: bool = True) -> T
     and cross-table consistency (tokens per round equal ``committed``, ...); errors are
     ``TraceValidationError`` naming the file or run and the first bad request / round / position.
     With ``validate=False`` only metadata and file schemas are checked and tables are read when
-    first used. A run whose status is not "complete" loads with a ``UserWarning`` naming it.
+    first used. A run whose status is not "complete" loads with a ``UserWarning`` naming it (and its
+    writer's lock, if one is left), and so does a run whose folder holds unfinished shards of a crashed
+    writer or quarantined leftovers (never read as part of the run).
     """
     root = Path(path)
     if not root.exists():
@@ -320,13 +328,45 @@ def load_traces(path, *, run_id=None, category=None, validate: bool = True) -> T
     if category is not None:
         traces = traces.filter(category=category)
     for run in traces._runs:
-        if run.metadata.get("status") != "complete":
-            tmp = unfinished_shards(run.path)
-            extra = f"; ignored {len(tmp)} unfinished temporary shard(s)" if tmp else ""
-            warnings.warn(
-                f"trace run {run.run_id!r} at {run.path} is incomplete (status {run.metadata.get('status')!r}): "
-                f"its writer did not finish (crashed, interrupted, or still running); loaded "
-                f"{len(run.files['tokens'])} finished shard(s){extra}",
-                UserWarning, stacklevel=2,
-            )
+        for message in _run_warnings(run):
+            warnings.warn(message, UserWarning, stacklevel=2)
     return traces
+
+
+def _run_warnings(run: _Run) -> list[str]:
+    """What a reader of ``run`` must be told: it is incomplete (and who holds it), or its folder holds data
+    that is not part of the run (unfinished shards of a crashed writer, quarantined leftovers)."""
+    messages = []
+    holder = read_lock(run.path)
+    state = lock_state(holder) if holder is not None else None
+    status = run.metadata.get("status")
+    tmp = unfinished_shards(run.path)
+    leftover = (f"{len(tmp)} unfinished temporary shard(s) ({', '.join(p.name for p in tmp[:3])}"
+                f"{', ...' if len(tmp) > 3 else ''})")
+    if status != "complete":
+        writer = ""
+        if state == "live":
+            writer = f"; its writer, {describe_holder(holder)}, is still running"
+        elif state is not None:
+            writer = (f"; its writer's lock is {'stale' if state == 'stale' else 'left'} ({describe_holder(holder)}"
+                      f"{' is not running' if state == 'stale' else ''}): resume it with break_lock=True "
+                      "(entropy-law record --resume --break-lock)")
+        ignored = (f"; ignored {leftover}, not read: resuming the run moves them to its quarantine folder"
+                   if tmp else "")
+        messages.append(
+            f"trace run {run.run_id!r} at {run.path} is incomplete (status {status!r}): its writer did not "
+            f"finish (crashed, interrupted, or still running); loaded {len(run.files['tokens'])} finished "
+            f"shard(s){ignored}{writer}")
+    elif tmp:
+        messages.append(
+            f"trace run {run.run_id!r} at {run.path} is complete but holds {leftover} of a writer that stopped "
+            "while writing them; they are not part of the run and are not read. Inspect them (resuming the run "
+            "moves them to its quarantine folder), then delete them")
+    kept = quarantined(run.path)
+    if kept:
+        messages.append(
+            f"trace run {run.run_id!r} at {run.path} holds {len(kept)} quarantined leftover(s) in "
+            f"{run.path / QUARANTINE_DIR} ({', '.join(p.name for p in kept[:3])}{', ...' if len(kept) > 3 else ''}): "
+            "unfinished shards of an earlier writer, not part of the run and not read; run.json lists them "
+            "under 'quarantined'. Inspect them, then delete the folder")
+    return messages

@@ -1,13 +1,15 @@
 """``TraceRecorder``: writes one run of acceptance traces (format v1) as a Parquet dataset directory.
 
-Known here: buffering, atomic shards, the run's life cycle (running, complete), resume and
-overwrite rules, and the per-round checks. The file names and the atomic ``run.json`` live in
-``layout`` (shared with the reader); target statistics are computed from logits by ``stats``
-(fp32, numpy). Not known here: how rounds are decoded (any engine can log through ``log_round``
-or ``log_columns``) or how traces are analysed. Never imports torch.
+Known here: buffering, atomic shards, the run's life cycle (running, complete), resume and overwrite
+rules (the metadata comparison), the writer's lock, and the per-round checks. The file names and the
+atomic ``run.json`` live in ``layout`` (shared with the reader); target statistics are computed from
+logits by ``stats`` (fp32, numpy). Not known here: how rounds are decoded (any engine can log through
+``log_round`` or ``log_columns``) or how traces are analysed. Never imports torch.
 
 A shard is written into a temporary directory (``layout.temp_shard_name``) and renamed in one
-``os.rename``, so its three tables appear together or not at all; renamed shards are never changed.
+``os.rename``, so its three tables appear together or not at all; renamed shards are never changed, and
+a rename never replaces another shard (a taken number is skipped). One writer per run, held by
+``layout``'s lock file; leftovers of a crashed writer are quarantined on resume, never deleted.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import subprocess
 import uuid
 import warnings
 from pathlib import Path
+from typing import Mapping
 
 import numpy as np
 import pyarrow as pa
@@ -29,10 +32,19 @@ import pyarrow.parquet as pq
 
 from entropy_law import __version__
 from entropy_law.traces.layout import (
+    LOCK_FILE,
+    QUARANTINE_DIR,
     RUN_FILE,
     SHARDS_DIR,
+    create_lock,
+    describe_holder,
     fsync_path,
+    is_writer_file,
+    lock_state,
+    quarantine_path,
+    read_lock,
     read_run_json,
+    remove_lock,
     shard_dirs,
     shard_name,
     shard_seq,
@@ -53,7 +65,8 @@ from entropy_law.traces.stats import TARGET_STAT_KEYS, target_stats_from_logits
 from entropy_law.traces.stats import draft_stats as _draft_stats
 from entropy_law.traces.validation import check_run, check_values
 
-_AUTO_KEYS = ("format", "format_version", "status", "package_version", "start_time", "end_time")
+_AUTO_KEYS = ("format", "format_version", "status", "package_version", "start_time", "end_time", "quarantined")
+_MAX_NAME_TRIES = 1000  # shard numbers tried when others are taken (only another writer could take them)
 _ROLE_ACCEPTED, _ROLE_CORRECTION, _ROLE_BONUS = 0, 1, 2  # indices into ROLES
 _ROLE_DICTIONARY = pa.array(ROLES, type=pa.string())
 _COMPRESSION = "zstd"
@@ -98,6 +111,90 @@ def _explain_target_stats(stats: np.ndarray, where: str) -> None:
                      f"got {stats[2].tolist()} / {stats[3].tolist()}")
 
 
+class RunLockedError(FileExistsError):
+    """Another writer holds the run (``writer.lock`` names it), or a stale lock is there and was not broken."""
+
+
+def _check_target(path: Path, *, resume: bool, overwrite: bool) -> dict | None:
+    """The metadata of the run at ``path`` (None: no run there yet), or the error that refuses to write there."""
+    if not path.exists():
+        return None
+    if not path.is_dir():
+        raise NotADirectoryError(f"{path} exists and is not a directory; a run is a directory")
+    run_file = path / RUN_FILE
+    if not run_file.exists():
+        if any(not is_writer_file(entry.name) for entry in path.iterdir()):
+            raise FileExistsError(f"{path} is not empty and holds no trace run ({RUN_FILE}); "
+                                  "pick a new or empty directory")
+        return None
+    existing = read_run_json(run_file)
+    if overwrite:
+        return existing
+    version = existing.get("format_version")
+    if version != FORMAT_VERSION:
+        raise ValueError(f"{run_file}: run has format version {version!r}; this package writes "
+                         f"v{FORMAT_VERSION} and will not append to it. Use a new directory "
+                         "(or overwrite=True to replace the run)")
+    if not resume:
+        state = "complete" if existing.get("status") == "complete" else "incomplete"
+        raise FileExistsError(f"{path} already holds a {state} run ({existing.get('run_id')}); "
+                              "pass resume=True to continue it (skipping completed requests) "
+                              "or overwrite=True to replace it")
+    return existing
+
+
+def _check_lock(path: Path, *, break_lock: bool) -> dict | None:
+    """None if no writer holds ``path``; the holder of a lock that ``break_lock`` may break; else RunLockedError."""
+    holder = read_lock(path) if path.is_dir() else None
+    if holder is None:
+        return None
+    state = lock_state(holder)
+    lock = path / LOCK_FILE
+    who = describe_holder(holder)
+    if state == "live":
+        extra = (" break_lock does not take a run from a process that is running; if that pid is not a writer "
+                 f"of this run (a reused pid), delete {lock} by hand." if break_lock else "")
+        raise RunLockedError(f"{path} is being written by another writer, {who} ({lock}); a run has one "
+                             "writer at a time. Wait for it to finish or stop it, or record into another "
+                             f"directory.{extra}")
+    if break_lock:
+        return holder
+    if state == "stale":
+        raise RunLockedError(f"{path}: stale writer lock ({lock}): {who} is not running (it crashed or was "
+                             "killed; its finished shards are intact). Pass break_lock=True to take the run "
+                             "over")
+    if state == "foreign":
+        raise RunLockedError(f"{path} is locked by {who}, another host; this host cannot tell whether that "
+                             "writer still runs. If it does not, pass break_lock=True to take the run over")
+    raise RunLockedError(f"{path}: {who} in {lock}; if no writer is running, pass break_lock=True to "
+                         "take the run over")
+
+
+def _as_stored(value):
+    """``value`` as it reads back from JSON (tuples become lists): how metadata is compared."""
+    return json.loads(json.dumps(value))
+
+
+def _describe_conflicts(stored: dict, given: dict, absent_means: Mapping) -> list[str]:
+    """One line per key whose given value differs from the run's (compared as stored in JSON: tuples
+    become lists). A key missing from the stored run compares with ``absent_means[key]``; a key missing
+    without a stated meaning cannot be checked, and is a difference too."""
+    lines = []
+    for key, value in given.items():
+        value = _as_stored(value)
+        if key in stored:
+            if stored[key] != value:
+                lines.append(f"{key}: run has {stored[key]!r}, given {value!r}")
+        elif key in absent_means:
+            implied = _as_stored(absent_means[key])
+            if implied != value:
+                lines.append(f"{key}: run has {implied!r} (not in its {RUN_FILE}, which means {implied!r}), "
+                             f"given {value!r}")
+        else:
+            lines.append(f"{key}: not recorded in the run (cannot be checked), given {value!r}")
+    return lines
+
+
 class _OpenRequest:
     """Buffered rounds of one request that has begun and not yet ended."""
 
@@ -124,22 +221,46 @@ class TraceRecorder:
     ``path`` is the run directory (created if missing). ``run_metadata``: ``model_id``,
     ``drafter_id``, ``drafter_config`` (dict), ``tree_policy``, ``dtype``, ``device``, ``seed``,
     ``run_id`` (generated if absent) and any JSON-serialisable user keys; ``package_version``,
-    ``start_time`` and ``git_revision`` are filled in. An existing run is never appended to unless
-    ``resume=True`` (then ``completed_requests`` lists the request ids to skip) and never replaced
-    unless ``overwrite=True``. Rows are buffered per request; a request's rows are written only
-    after ``end_request``, in a shard, every ``flush_every_rounds`` completed rounds, on ``flush()``
-    and on ``finish()``. Use as a context manager: a clean exit finishes the run (status
-    "complete"); an exception flushes completed requests, leaves the run incomplete and propagates.
+    ``start_time`` and ``git_revision`` are filled in.
+
+    An existing run is never appended to unless ``resume=True`` and never replaced unless
+    ``overwrite=True``. Resuming compares every key given with the run's ``run.json`` (as stored in
+    JSON) and refuses any difference, naming the key, both values and what to do; a key the run was
+    recorded without compares with ``absent_means[key]`` (what its absence means, e.g.
+    ``{"gate": "ratio"}``) and is then not added, and without such a meaning it is a difference.
+    Keys not given are not compared. ``completed_requests`` lists the ids to skip. A new run does
+    not write a key whose value is what its absence means (its absence says it).
+
+    One writer per run: the recorder holds ``<path>/writer.lock`` (pid and host) from construction
+    until ``finish()``, leaving a ``with`` block, or garbage collection. A run held by a running
+    process is refused (``RunLockedError``, naming it); a stale lock (this host, process gone), or one
+    of another host, is refused too unless ``break_lock=True``, which breaks it with a warning.
+    Unfinished ``shards/.tmp-*`` folders found on resume are moved to ``<path>/quarantine/`` with a
+    warning and listed under ``quarantined`` in ``run.json``; nothing is deleted.
+
+    Rows are buffered per request; a request's rows are written only after ``end_request``, in a
+    shard, once the ended requests hold ``flush_every_rounds`` rounds or number
+    ``flush_every_requests`` (None: rounds only; 1: a shard per request, so a killed writer loses
+    at most its open requests), on ``flush()`` and on ``finish()``. Use as a context manager: a
+    clean exit finishes the run (status "complete"); an exception flushes completed requests,
+    leaves the run incomplete and propagates.
     """
 
     def __init__(self, path, *, overwrite: bool = False, resume: bool = False,
-                 flush_every_rounds: int = 1000, **run_metadata):
+                 flush_every_rounds: int = 1000, flush_every_requests: int | None = None,
+                 break_lock: bool = False, absent_means: Mapping | None = None, **run_metadata):
+        self._lock: dict | None = None  # set once this writer holds writer.lock
+        self._pending: list[_OpenRequest] = []
+        self._finished = False
         if overwrite and resume:
             raise ValueError("pass overwrite=True (replace the run) or resume=True (continue it), not both")
         if int(flush_every_rounds) < 1:
             raise ValueError(f"flush_every_rounds must be >= 1; got {flush_every_rounds}")
+        if flush_every_requests is not None and int(flush_every_requests) < 1:
+            raise ValueError(f"flush_every_requests must be >= 1 (or None: by rounds only); got {flush_every_requests}")
         self.path = Path(path)
         self.flush_every_rounds = int(flush_every_rounds)
+        self.flush_every_requests = None if flush_every_requests is None else int(flush_every_requests)
         reserved = sorted(set(run_metadata) & set(_AUTO_KEYS))
         if reserved:
             raise ValueError(f"run metadata keys {reserved} are filled in by the recorder; do not pass them")
@@ -153,37 +274,62 @@ class TraceRecorder:
             raise TypeError("drafter_config must be a dict")
         if "run_id" in run_metadata and (not isinstance(run_metadata["run_id"], str) or not run_metadata["run_id"]):
             raise ValueError(f"run_id must be a non-empty string; got {run_metadata['run_id']!r}")
+        absent_means = dict(absent_means or {})
+        try:
+            json.dumps(absent_means)
+        except (TypeError, ValueError) as err:
+            raise TypeError(f"absent_means is not JSON-serialisable ({err})") from err
 
+        _check_target(self.path, resume=resume, overwrite=overwrite)  # refuse before taking the lock
+        stale = _check_lock(self.path, break_lock=break_lock)
+        self.path.mkdir(parents=True, exist_ok=True)
+        if stale is not None:
+            (self.path / LOCK_FILE).unlink(missing_ok=True)
+        try:
+            self._lock = create_lock(self.path)
+        except FileExistsError:
+            holder = read_lock(self.path)
+            raise RunLockedError(f"{self.path}: another writer took the run just now "
+                                 f"({describe_holder(holder) if holder else 'and let it go again'}); "
+                                 "a run has one writer at a time") from None
+        if stale is not None:
+            warnings.warn(f"trace run {self.path}: broke the writer lock of {describe_holder(stale)} "
+                          "(break_lock=True); this writer holds the run now", UserWarning, stacklevel=2)
+        try:  # the lock is held: look again (another writer may have changed the run meanwhile)
+            existing = _check_target(self.path, resume=resume, overwrite=overwrite)
+            self._open_run(existing, run_metadata, absent_means, overwrite=overwrite)
+        except BaseException:
+            self._release_lock()
+            raise
+
+    @staticmethod
+    def check_path(path, *, resume: bool = False, overwrite: bool = False, break_lock: bool = False) -> None:
+        """Raise what ``TraceRecorder(path, resume=..., overwrite=..., break_lock=...)`` would refuse, without
+        writing anything: a path that is not a directory, a non-empty directory that holds no run, a run
+        without ``resume``/``overwrite``, a run of another format version, a run held by another writer
+        (``RunLockedError``; a stale lock without ``break_lock`` too). For a job to check its output folder
+        before it loads a model."""
+        if overwrite and resume:
+            raise ValueError("pass overwrite=True (replace the run) or resume=True (continue it), not both")
+        path = Path(path)
+        _check_target(path, resume=resume, overwrite=overwrite)
+        _check_lock(path, break_lock=break_lock)
+
+    def _open_run(self, existing: dict | None, run_metadata: dict, absent_means: dict, *, overwrite: bool) -> None:
+        """Start a new run (no run there, or ``overwrite``: the old one is removed) or continue ``existing``."""
         run_file = self.path / RUN_FILE
-        existing = None
-        if self.path.exists():
-            if not self.path.is_dir():
-                raise NotADirectoryError(f"{self.path} exists and is not a directory; a run is a directory")
-            if run_file.exists():
-                existing = read_run_json(run_file)
-            elif any(self.path.iterdir()):
-                raise FileExistsError(f"{self.path} is not empty and holds no trace run ({RUN_FILE}); "
-                                      "pick a new or empty directory")
-        if existing is not None and overwrite:
-            shutil.rmtree(self.path)
-            existing = None
-        elif existing is not None:
-            version = existing.get("format_version")
-            if version != FORMAT_VERSION:
-                raise ValueError(f"{run_file}: run has format version {version!r}; this package writes "
-                                 f"v{FORMAT_VERSION} and will not append to it. Use a new directory "
-                                 "(or overwrite=True to replace the run)")
-            if not resume:
-                state = "complete" if existing.get("status") == "complete" else "incomplete"
-                raise FileExistsError(f"{self.path} already holds a {state} run ({existing.get('run_id')}); "
-                                      "pass resume=True to continue it (skipping completed requests) "
-                                      "or overwrite=True to replace it")
-
         self._open: dict[str, _OpenRequest] = {}
-        self._pending: list[_OpenRequest] = []
         self._pending_rounds = 0
         self._completed: set[str] = set()
-        self._finished = False
+        if existing is not None and overwrite:
+            for entry in self.path.iterdir():  # everything but this writer's lock
+                if entry.name == LOCK_FILE:
+                    continue
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry)
+                else:
+                    entry.unlink()
+            existing = None
         (self.path / SHARDS_DIR).mkdir(parents=True, exist_ok=True)
         if existing is None:
             meta = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "run_id": None,
@@ -191,7 +337,8 @@ class TraceRecorder:
                     "tree_policy": None, "dtype": None, "device": None,
                     "package_version": __version__, "seed": None, "start_time": _utc_now(),
                     "end_time": None, "git_revision": None}
-            meta.update(run_metadata)
+            meta.update({k: v for k, v in run_metadata.items()  # a key's absence says it: not written
+                         if not (k in absent_means and _as_stored(v) == _as_stored(absent_means[k]))})
             if meta["run_id"] is None:
                 stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
                 meta["run_id"] = f"{stamp}-{uuid.uuid4().hex[:8]}"
@@ -204,26 +351,57 @@ class TraceRecorder:
             if absent:
                 raise ValueError(f"cannot resume {self.path}: {RUN_FILE} lacks key(s) {absent}; it was not "
                                  "written by this recorder")
-            # compared as stored: JSON turns tuples into lists (a drafter's feature layers, for one)
-            conflicts = {k: (meta.get(k), v) for k, v in run_metadata.items()
-                         if k in meta and meta[k] != json.loads(json.dumps(v))}
+            conflicts = _describe_conflicts(meta, run_metadata, absent_means)
             if conflicts:
-                detail = ", ".join(f"{k}: on disk {a!r}, given {b!r}" for k, (a, b) in conflicts.items())
-                raise ValueError(f"cannot resume {self.path}: metadata differs from the run on disk ({detail})")
-            meta.update({k: v for k, v in run_metadata.items() if k not in meta})
+                raise ValueError(f"cannot resume {self.path}: metadata differs from the run on disk ("
+                                 + "; ".join(conflicts) + "). A run holds one configuration: record into a new "
+                                 "directory, or pass overwrite=True to replace this run")
             meta["status"] = "running"
             meta["end_time"] = None
             meta.setdefault("resumed_at", []).append(_utc_now())
-            for leftover in unfinished_shards(self.path):
-                shutil.rmtree(leftover, ignore_errors=True)  # unfinished shard of a crashed writer
             shards = shard_dirs(self.path)
             for shard in shards:
                 ids = pq.read_table(shard / table_file("requests"), columns=["request_id"]).column(0)
                 self._completed.update(ids.to_pylist())
             self._next_seq = shard_seq(shards[-1]) + 1 if shards else 0
+            leftovers = unfinished_shards(self.path)
+            if leftovers:  # of a writer that died mid-shard: kept, out of the way, and said
+                meta.setdefault("quarantined", []).extend(self._quarantine(leftovers))
         self.metadata = meta
         self.run_id: str = meta["run_id"]
         write_json_atomic(run_file, meta)
+
+    def _quarantine(self, leftovers: list[Path]) -> list[dict]:
+        """Move unfinished ``shards/.tmp-*`` entries to ``quarantine/`` (nothing is deleted), warn, and return
+        what was moved (for ``run.json``: name, where it was, when, the request ids it holds if readable)."""
+        moved, lines = [], []
+        for leftover in leftovers:
+            ids = None
+            try:
+                ids = pq.read_table(leftover / table_file("requests"), columns=["request_id"]).column(0).to_pylist()
+            except Exception:  # a shard cut off while being written: no readable requests table
+                pass
+            target = quarantine_path(self.path, leftover)
+            target.parent.mkdir(exist_ok=True)
+            os.rename(leftover, target)
+            moved.append({"name": str(target.relative_to(self.path)), "from": str(leftover.relative_to(self.path)),
+                          "moved_at": _utc_now(), "request_ids": ids})
+            if ids is None:
+                lines.append(f"{leftover.name}: unreadable (cut off while written)")
+            else:
+                missing = sorted(set(ids) - self._completed)
+                lines.append(f"{leftover.name}: {len(ids)} request(s)"
+                             + (f", {len(missing)} not in the run's shards ({', '.join(missing[:5])}"
+                                f"{', ...' if len(missing) > 5 else ''}): not completed, so the resumed job "
+                                "records them again"
+                                if missing else ", all also in the run's shards"))
+        fsync_path(self.path)
+        warnings.warn(f"trace run {self.path}: found {len(leftovers)} unfinished shard folder(s) of an earlier "
+                      f"writer, not part of the run; moved them to {self.path / QUARANTINE_DIR} (nothing "
+                      f"deleted; run.json lists them under 'quarantined'): " + "; ".join(lines)
+                      + ". Inspect them, then delete the quarantine folder.", UserWarning, stacklevel=4)
+        fsync_path(self.path / QUARANTINE_DIR)
+        return moved
 
     # -- life cycle ---------------------------------------------------------------------------------
     def __enter__(self) -> "TraceRecorder":
@@ -237,7 +415,44 @@ class TraceRecorder:
             self.flush()
         except Exception as flush_err:  # never hide the original error behind a flush failure
             warnings.warn(f"trace run {self.path}: flushing after an error failed: {flush_err}", stacklevel=2)
+        finally:
+            self._release_lock()
         return False
+
+    def __del__(self):  # a recorder that is gone cannot write: let the run go
+        if getattr(self, "_lock", None) is None:
+            return
+        try:
+            if self._pending:  # never silently: say what was dropped
+                warnings.warn(f"trace run {self.path}: recorder dropped without finish() or flush(); "
+                              f"{len(self._pending)} ended request(s) were not written", ResourceWarning,
+                              stacklevel=1)
+            self._release_lock()
+        except Exception:  # at interpreter exit, modules may be gone; the lock then reads as stale
+            pass
+
+    def _release_lock(self) -> None:
+        """Let the run go (remove writer.lock if it is still this writer's)."""
+        if self._lock is not None:
+            try:
+                remove_lock(self.path, self._lock)
+            except OSError:
+                pass
+            self._lock = None
+
+    def _check_lock_held(self) -> None:
+        """Refuse to write once this writer no longer holds the run's lock (it was broken and taken)."""
+        if self._lock is None:
+            raise RuntimeError(f"trace run {self.path}: this recorder no longer holds the run (its lock was "
+                               "released); open a new TraceRecorder (resume=True) to add to it")
+        current = read_lock(self.path)
+        if current is None or current.get("token") != self._lock["token"]:
+            pending = sorted(r.request_id for r in self._pending)
+            who = describe_holder(current) if current else "nobody (the lock file was deleted)"
+            self._lock = None
+            raise RuntimeError(f"trace run {self.path}: this writer's lock was broken; the run is now held by "
+                               f"{who}. Stopping so that two writers never share a run; ended requests not "
+                               f"written: {pending[:10]}{' ...' if len(pending) > 10 else ''}")
 
     @property
     def completed_requests(self) -> frozenset[str]:
@@ -419,7 +634,8 @@ class TraceRecorder:
         del self._open[request_id]
         self._pending.append(req)
         self._pending_rounds += len(req.rounds)
-        if self._pending_rounds >= self.flush_every_rounds:
+        if self._pending_rounds >= self.flush_every_rounds or (
+                self.flush_every_requests is not None and len(self._pending) >= self.flush_every_requests):
             self.flush()
 
     # -- writing ----------------------------------------------------------------------------------------
@@ -479,45 +695,68 @@ class TraceRecorder:
         return {"tokens": _to_schema(tokens, "tokens"), "rounds": _to_schema(rounds, "rounds"),
                 "requests": _to_schema(requests, "requests")}
 
-    def _write_shard(self, tables: dict[str, pa.Table]) -> Path:
+    def _write_shard(self, tables: dict[str, pa.Table], request_ids) -> Path:
+        """Write ``tables`` as a new shard and mark ``request_ids`` completed.
+
+        The tables go into a fresh temporary directory (fsynced), which is renamed to the next free shard
+        number: the rename fails rather than replace a shard that exists, so a number another writer took
+        is skipped and no shard is ever overwritten. On failure the temporary directory is removed and the
+        error raised (the rows stay buffered in this writer)."""
+        self._check_lock_held()
         shards = self.path / SHARDS_DIR
-        seq = self._next_seq
-        tmp = shards / temp_shard_name(seq)
+        tmp = shards / temp_shard_name(self._next_seq)
         tmp.mkdir(parents=True)
-        for name in ("tokens", "rounds", "requests"):
-            file = tmp / table_file(name)
-            strings = [f.name for f in SCHEMAS[name] if pa.types.is_string(f.type)]
-            # dictionary pages only for the string keys: numbers gain nothing from them (faster, smaller)
-            pq.write_table(tables[name], file, compression=_COMPRESSION, use_dictionary=strings)
-            fsync_path(file)
-        final = shards / shard_name(seq)
-        os.rename(tmp, final)  # the shard appears with all three tables, or not at all
-        fsync_path(shards)
+        try:
+            for name in ("tokens", "rounds", "requests"):
+                file = tmp / table_file(name)
+                strings = [f.name for f in SCHEMAS[name] if pa.types.is_string(f.type)]
+                # dictionary pages only for the string keys: numbers gain nothing from them (faster, smaller)
+                pq.write_table(tables[name], file, compression=_COMPRESSION, use_dictionary=strings)
+                fsync_path(file)
+            seq = self._next_seq
+            for _ in range(_MAX_NAME_TRIES):
+                final = shards / shard_name(seq)
+                try:
+                    os.rename(tmp, final)  # the shard appears with all three tables, or not at all
+                except OSError:
+                    if not os.path.lexists(final):
+                        raise
+                    taken = shard_dirs(self.path)  # the name is taken: skip past every finished shard
+                    seq = max(seq + 1, shard_seq(taken[-1]) + 1 if taken else 0)
+                    continue
+                break
+            else:
+                raise RuntimeError(f"trace run {self.path}: no free shard number from {self._next_seq} on")
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)  # only this writer's own unfinished copy
+            raise
+        self._completed.update(request_ids)
         self._next_seq = seq + 1
+        fsync_path(shards)
         return final
 
     def flush(self) -> None:
         """Write the rows of all ended requests as one new shard (open requests stay buffered)."""
-        if not self._pending:
-            return
-        tables = self._build_tables(self._pending)
-        self._write_shard(tables)
-        self._completed.update(r.request_id for r in self._pending)
+        pending = [r for r in self._pending if r.request_id not in self._completed]
+        if pending:
+            self._write_shard(self._build_tables(pending), [r.request_id for r in pending])
         self._pending = []
         self._pending_rounds = 0
 
     def finish(self) -> None:
-        """Flush and mark the run complete (run.json: status "complete", end_time)."""
+        """Flush, mark the run complete (run.json: status "complete", end_time) and let it go (its lock)."""
         if self._finished:
             return
         self.flush()
         if self._open:
             raise ValueError(f"trace run {self.path}: requests {sorted(self._open)} were begun but not ended; "
                              "call end_request for each (the run stays incomplete)")
+        self._check_lock_held()
         self.metadata["status"] = "complete"
         self.metadata["end_time"] = _utc_now()
         write_json_atomic(self.path / RUN_FILE, self.metadata)
         self._finished = True
+        self._release_lock()
 
     # -- bulk path ----------------------------------------------------------------------------------------
     def log_columns(self, *, tokens=None, rounds=None, requests=None) -> None:
@@ -539,8 +778,7 @@ class TraceRecorder:
         if clash:
             raise ValueError(f"log_columns: request ids already in run {self.run_id}: {sorted(clash)[:5]}")
         self.flush()
-        self._write_shard(tables)
-        self._completed.update(new_ids)
+        self._write_shard(tables, new_ids)
 
     def _columns_to_table(self, data, name: str, where: str) -> pa.Table:
         schema = SCHEMAS[name]

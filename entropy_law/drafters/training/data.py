@@ -4,7 +4,9 @@ Known here: which prompts are used (GSM8K train questions, grounded prompts buil
 wrote itself, short ones on one passage and long ones on several, 500-1000 tokens like Spec-Bench's
 summarization and RAG prompts, open instructions, translation-style prompts; all disjoint from the
 Spec-Bench evaluation questions, which is checked), how the target answers them (greedy, batched with left padding, the chat
-template the decoder uses: ``tokenizer.apply_chat_template(messages, add_generation_prompt=True)``), and
+template the decoder uses: ``tokenizer.apply_chat_template(messages, add_generation_prompt=True)``, or, for a
+base model without one (``DataPlan.chat_template=False``), the prompt text tokenized as is, as
+``entropy-law record --no-chat-template`` does), and
 how the features of the feature layers are captured on the way (the forward hooks of ``features``: each
 generation step's forward already computes the hidden states of the token it consumes, so features cost
 nothing extra), and the soft labels stored beside them (``DataPlan.soft_topk``: the target's top-k
@@ -124,6 +126,9 @@ class DataPlan:
     # plan never share a prompt (part 0 is the plan's original data), so more data is a new folder with the
     # next part, and several folders train together (``train_from_folder(extra_data=...)``).
     part: int = 0
+    # Prompts through the tokenizer's chat template (as the decoder encodes chat messages); False: the text
+    # tokenized as is (a base model without a chat template, decoded with ``--no-chat-template``).
+    chat_template: bool = True
 
 
 # Distinct passage prompts: TOPICS x the three lengths (passage i: topic i % len(TOPICS), length i % 3).
@@ -267,6 +272,30 @@ def chat_ids(tokenizer, text: str) -> list[int]:
     return [int(t) for t in out]
 
 
+def prompt_ids(tokenizer, text: str, *, chat_template: bool = True) -> list[int]:
+    """Token ids of a training prompt as the decoder encodes it: through the chat template (``chat_ids``),
+    or (``chat_template=False``) the text tokenized as is, as ``encode_prompt(text, raw_prompt=True)``."""
+    if chat_template:
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError("the target's tokenizer has no chat template; generate the data with "
+                             "--no-chat-template (the prompts tokenized as is, as `entropy-law record "
+                             "--no-chat-template` decodes them)")
+        return chat_ids(tokenizer, text)
+    return [int(t) for t in tokenizer(text)["input_ids"]]
+
+
+def target_eos_id(target) -> int:
+    """The target's end-of-sequence id: the config's, else the generation config's (the first of a list)."""
+    for config in (target.config, getattr(target.model, "generation_config", None)):
+        eos = getattr(config, "eos_token_id", None)
+        if isinstance(eos, (list, tuple)):
+            eos = eos[0] if eos else None
+        if eos is not None:
+            return int(eos)
+    raise ValueError("the target names no end-of-sequence token (config.eos_token_id); the data generator "
+                     "needs one to end its answers")
+
+
 @torch.no_grad()
 def greedy_generate_with_features(model, prompt_ids: Sequence[Sequence[int]], *, feature_layers: Sequence[int],
                                   max_new_tokens: int, eos_id: int, pad_id: int, topk: int = 0) -> list[dict]:
@@ -356,14 +385,25 @@ def _shard_name(stage: int, index: int) -> str:
     return f"stage{stage}-{index:04d}"
 
 
+FP16_MAX = float(torch.finfo(torch.float16).max)
+
+
+def feature_storage_dtype(features: torch.Tensor) -> torch.dtype:
+    """fp16 where every value fits (SmolLM2's features do), else bf16: Gemma's residual stream holds values
+    beyond fp16's 65504 (tens of thousands at some positions), which fp16 would store as inf."""
+    fits = features.numel() == 0 or float(features.abs().max()) <= FP16_MAX
+    return torch.float16 if fits else torch.bfloat16
+
+
 def write_shard(folder: Path, name: str, samples: list[dict]) -> None:
-    """One shard: ``<name>.safetensors`` (per-sample ids, fp16 features and, when generated, the target's
+    """One shard: ``<name>.safetensors`` (per-sample ids, features in fp16, or bf16 where a value exceeds fp16
+    (``feature_storage_dtype``), and, when generated, the target's
     top-k ids (int32) and log-probabilities (fp32) per response position) + ``<name>.json`` (metadata)."""
 
     tensors, meta = {}, []
     for k, s in enumerate(samples):
         tensors[f"{k}.input_ids"] = torch.tensor(s["prompt_ids"] + s["response_ids"], dtype=torch.int32)
-        tensors[f"{k}.features"] = s["features"].to(torch.float16).contiguous()
+        tensors[f"{k}.features"] = s["features"].to(feature_storage_dtype(s["features"])).contiguous()
         if "topk_ids" in s:
             tensors[f"{k}.topk_ids"] = s["topk_ids"].to(torch.int32).contiguous()
             tensors[f"{k}.topk_logprobs"] = s["topk_logprobs"].float().contiguous()
@@ -383,7 +423,7 @@ def read_shard_meta(folder: Path, name: str) -> list[dict] | None:
 
 
 def load_samples(folder: str | os.PathLike) -> list[dict]:
-    """All complete shards of a data folder: dicts with ``input_ids`` (long), ``features`` (fp16),
+    """All complete shards of a data folder: dicts with ``input_ids`` (long), ``features`` (fp16 or bf16),
     ``prompt_len``, ``source``, ``prompt_id``, sorted by prompt id; ``topk_ids`` (long) and ``topk_logprobs``
     (fp32), ``[response_len, k]``, when the folder stored them (row j: the target's distribution for the
     token at position ``prompt_len + j``)."""
@@ -430,13 +470,13 @@ def generate_dataset(target, out_dir: str | os.PathLike, *, plan: DataPlan, feat
     if identity_path.is_file():
         before = json.loads(identity_path.read_text())
         before["plan"].setdefault("part", 0)  # folders written before data parts existed are part 0
+        before["plan"].setdefault("chat_template", True)  # ... and before raw prompts existed used the template
         if before != identity:
             raise ValueError(f"{out} holds data of another plan ({before}); use a new --out or delete it")
     else:
         identity_path.write_text(json.dumps(identity, indent=2))
     tokenizer, model = target.tokenizer, target.model
-    eos_id = int(target.config.eos_token_id if isinstance(target.config.eos_token_id, int)
-                 else target.config.eos_token_id[0])
+    eos_id = target_eos_id(target)
     pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id)
     questions = read_gsm8k_questions(gsm8k_path(gsm8k))
     t0 = time.time()
@@ -455,7 +495,7 @@ def generate_dataset(target, out_dir: str | os.PathLike, *, plan: DataPlan, feat
                     log(f"stage {stage}: deadline reached after {index} of {len(batches)} batches")
                     break
                 tb = time.time()
-                ids = [chat_ids(tokenizer, p.text) for p in batch]
+                ids = [prompt_ids(tokenizer, p.text, chat_template=plan.chat_template) for p in batch]
                 results = greedy_generate_with_features(
                     model, ids, feature_layers=feature_layers, max_new_tokens=max_new,
                     eos_id=eos_id, pad_id=pad_id, topk=plan.soft_topk)

@@ -30,7 +30,9 @@ Initialisation from the target (``init_from_target``): the drafter layers copy t
 right after the deepest feature layer (for SmolLM2-135M's features (1, 14, 27): layer 28), and the final
 norm copies the target's; optionally ``fc`` starts as the deepest feature's slice and the context norm as
 that layer's input norm, so the first drafter layer's injected keys and values start equal to the keys and
-values that target layer computes itself. Copies, never shared tensors; the target is not modified.
+values that target layer computes itself. Copies, never shared tensors; the target is not modified. Only
+for Llama-shaped targets (``llama_shape_problem``: Gemma's layers are refused, with the reason); every
+other option trains a drafter for any target.
 
 Fine-tuning (``init_from``): the run starts from an existing drafter checkpoint of the same shape
 (``init_from_checkpoint`` checks it and records its SHA-256); a copy head (``copy_head``) that the checkpoint
@@ -53,11 +55,13 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
+from entropy_law.decoding.attention import text_config
 from entropy_law.decoding.features import decoder_layers
 from entropy_law.decoding.loading import load_target
 from entropy_law.decoding.replay import replay_chain
-from entropy_law.drafters.block import _file_sha256, BlockDrafter, read_checkpoint
+from entropy_law.drafters.block import BlockDrafter, read_checkpoint
 from entropy_law.drafters.training.data import load_samples
+from entropy_law.traces.layout import file_sha256
 
 IGNORE = -100
 
@@ -215,6 +219,28 @@ def target_source_layers(drafter: BlockDrafter, num_target_layers: int) -> list[
 
 
 @torch.no_grad()
+def llama_shape_problem(model: torch.nn.Module) -> str | None:
+    """Why the target's decoder layers cannot be copied into drafter layers (Llama-shaped: SiLU gated MLP,
+    two RMSNorms computing ``weight * x / rms(x)``), or ``None`` when they can. Gemma, for one, scales by
+    ``1 + weight``, adds two more norms per layer and uses a GELU MLP."""
+    cfg = text_config(model)
+    act = getattr(cfg, "hidden_act", None) or getattr(cfg, "hidden_activation", None)
+    if act != "silu":
+        return f"its MLP activation is {act!r}, not 'silu'"
+    layer = decoder_layers(model)[0]
+    extra = [n for n in ("pre_feedforward_layernorm", "post_feedforward_layernorm") if hasattr(layer, n)]
+    if extra:
+        return f"its layers have norms the drafter's lack ({', '.join(extra)})"
+    norm = layer.input_layernorm
+    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6))
+    x = torch.linspace(-2.0, 3.0, norm.weight.shape[0])[None].to(norm.weight.dtype)
+    plain = norm.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    if not torch.allclose(norm(x), plain, rtol=1e-4, atol=1e-5):
+        return "its RMSNorm does not compute weight * x / rms(x) (Gemma's scales by 1 + weight)"
+    return None
+
+
+@torch.no_grad()
 def init_from_target(drafter: BlockDrafter, target, *, init_fc: bool = False,
                      source_layers: Sequence[int] | None = None) -> list[int]:
     """Initialise ``drafter`` from the target (in place; copies, the target is untouched).
@@ -227,6 +253,10 @@ def init_from_target(drafter: BlockDrafter, target, *, init_fc: bool = False,
 
     model = target if isinstance(target, torch.nn.Module) else target.model
     blocks = decoder_layers(model)
+    problem = llama_shape_problem(model)
+    if problem:
+        raise ValueError(f"cannot initialise the drafter from this target's layers: {problem}. The drafter's "
+                         "layers are Llama-shaped; train this target's drafter without --init-from-target")
     source = list(source_layers) if source_layers is not None else target_source_layers(drafter, len(blocks))
     if len(source) != len(drafter.layers):
         raise ValueError(f"{len(drafter.layers)} drafter layers, {len(source)} source layers")
@@ -286,7 +316,7 @@ def init_from_checkpoint(drafter: BlockDrafter, path: str | Path) -> dict:
     if fresh or unexpected:
         raise ValueError(f"--init-from {path}: missing weights {fresh}, unexpected weights {unexpected}")
     drafter.refresh_vocab_map()
-    return {"init_from": path.name, "init_from_sha256": _file_sha256(path), "fresh_weights": sorted(missing)}
+    return {"init_from": path.name, "init_from_sha256": file_sha256(path), "fresh_weights": sorted(missing)}
 
 
 # ---------------------------------------------------------------------------------------------- batches
@@ -556,6 +586,16 @@ def load_data_folders(folders: Sequence[str | Path]) -> tuple[list[dict], list[s
     return kept, repeats
 
 
+def data_feature_layers(folders: Sequence[str | Path]) -> tuple[int, ...] | None:
+    """The target layers whose features the data folders hold (their ``plan.json``; ``load_data_folders``
+    checks that they agree), or ``None`` when no folder says."""
+    for folder in folders:
+        plan_path = Path(folder) / "plan.json"
+        if plan_path.is_file():
+            return tuple(int(i) for i in json.loads(plan_path.read_text())["feature_layers"])
+    return None
+
+
 def data_folder_paths(folders: Sequence[str | Path]) -> list[Path]:
     """The data folders as resolved absolute paths: the names a checkpoint keeps, so that a resume through
     a relative path or a link to the same folder is the same data, and another folder is not."""
@@ -574,6 +614,7 @@ def train_from_folder(model_spec: str, data_dir: str | Path, out_dir: str | Path
     folders = data_folder_paths([data_dir, *extra_data])
     folder_names = [str(f) for f in folders]
     samples, repeats = load_data_folders(folders)
+    layers = data_feature_layers(folders)  # the layers the data captured (else the target's default ones)
     if repeats:
         print(f"left out {len(repeats)} samples whose prompt repeats an earlier one: {repeats}", flush=True)
     train_s, held_s = split_heldout(samples, cfg.heldout, cfg.seed)
@@ -581,7 +622,7 @@ def train_from_folder(model_spec: str, data_dir: str | Path, out_dir: str | Path
              draft_vocabulary(train_s, cfg.draft_vocab_base, int(target.config.vocab_size)))
     drafter = BlockDrafter(target, seed=cfg.seed, block_size=cfg.block_size, num_layers=cfg.num_layers,
                            draft_vocab=vocab, context_vocab=cfg.context_vocab, copy_head=cfg.copy_head,
-                           copy_match=cfg.copy_match, copy_distance=cfg.copy_distance)
+                           copy_match=cfg.copy_match, copy_distance=cfg.copy_distance, feature_layers=layers)
     if cfg.init_from_target and cfg.init_from:
         raise ValueError("init_from_target and init_from both set the weights; choose one")
     if cfg.init_from_target:

@@ -1,0 +1,188 @@
+"""Throughput of ``entropy-law entropy`` (output tokens per second) on this machine, per batching arm.
+
+The engine run is real: requests of the n-gram reference traces (``data/traces/ngram``: Spec-Bench prompts
+through the default target's chat template, its greedy outputs, the rounds it verified) written as vLLM
+``detailed`` responses (prompt ids, output ids, per-step accepted / drafted counts) and imported with
+``entropy-law import``. Each arm computes the target statistics of that import into its own run through
+the one job (``entropy_law.jobs.entropy.compute_target_stats``), so every arm goes through the same loading,
+timing (the job's own clock: forward passes and statistics, not the import or the writing) and counting
+(output tokens scored). Arms: one forward per request (``batch_tokens=0``) and left-padded batches of
+``--batch-tokens``; with ``--sdpa`` also the per-request arm on torch's fused attention (the target is
+loaded with transformers' eager attention by default), with ``--bf16`` also the per-request arm in bfloat16. One warm-up request first, then
+the arms run interleaved ``--repeats`` times in a rotating order (load drifts on a shared machine hit all
+alike); the table shows the median and the range.
+
+Checks printed beside the speed: that the entropies equal the decoder's recorded ones (the reference
+traces' ``target_entropy_nats``, recorded online with a KV cache; teacher forcing must agree to fp32
+round-off), that the target's argmax is the output token everywhere (greedy outputs), and the physical
+bound: FLOPs per output token (2 x body parameters x (prompt + output) / output + 2 x LM-head parameters)
+against the fp32 GEMM rate this machine reaches now.
+
+    python bench/entropy_speed.py                        # 8 requests, 3 repeats, torch's threads
+    python bench/entropy_speed.py --requests 24 --threads 1 --bf16
+Ends with ONE JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+REFERENCE = Path(__file__).resolve().parents[1] / "data" / "traces" / "ngram"
+
+
+def engine_lines(traces, tokenizer, request_ids, num_spec_tokens: int) -> list[dict]:
+    """vLLM ``detailed`` responses for these requests of the reference run (a round cut at EOS or the token
+    budget reports the drafts it kept, as an engine that trims does)."""
+    from entropy_law.prompts.text import load_tasks
+
+    tasks = {t.request_id: t for t in load_tasks("spec_bench")}
+    tokens, rounds = traces.tokens, traces.rounds
+    lines = []
+    for request_id in request_ids:
+        task = tasks[request_id]
+        text = tokenizer.apply_chat_template(task.messages(), add_generation_prompt=True, tokenize=False)
+        prompt = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        rows = tokens.loc[tokens["request_id"] == request_id].sort_values("position")
+        steps = rounds.loc[(rounds["request_id"] == request_id) & (rounds["round_index"] > 0)]
+        steps = steps.sort_values("round_index")
+        accepted = [int(min(a, c - 1)) for a, c in zip(steps["accepted"], steps["committed"])]
+        drafted = [int(d) for d in steps["tree_depth"]]
+        histogram = [0] * (num_spec_tokens + 1)
+        for a in accepted:
+            histogram[a] += 1
+        output = [int(t) for t in rows["token_id"]]
+        lines.append({
+            "id": request_id, "object": "chat.completion", "model": "smollm2-135m",
+            "choices": [{"index": 0, "finish_reason": "length", "token_ids": output}],
+            "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(output)},
+            "prompt_token_ids": prompt, "category": task.category,
+            "metrics": {"speculative_decoding": {
+                "num_spec_tokens": num_spec_tokens, "per_step_accepted": accepted, "per_step_drafted": drafted,
+                "acceptance_histogram": histogram, "num_spec_steps": len(accepted),
+                "num_accepted_draft_tokens": sum(accepted), "num_draft_tokens": sum(drafted)}},
+        })
+    return lines
+
+
+def gemm_gflops(hidden: int, inner: int, seconds: float = 1.0) -> float:
+    """fp32 GEMM rate now, on the shape of the model's MLP ([512, hidden] x [hidden, inner])."""
+    a, b = torch.randn(512, hidden), torch.randn(hidden, inner)
+    for _ in range(3):
+        a @ b
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        a @ b
+        n += 1
+    return 2 * 512 * hidden * inner * n / (time.perf_counter() - start) / 1e9
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--requests", type=int, default=8, help="requests of the reference run (default: %(default)s)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="interleaved repeats of every arm (default: %(default)s)")
+    parser.add_argument("--batch-tokens", type=int, default=4096,
+                        help="the batched arm's budget (default: %(default)s)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--bf16", action="store_true", help="also the per-request arm in bfloat16")
+    parser.add_argument("--sdpa", action="store_true", help="also the per-request arm on torch's sdpa attention")
+    parser.add_argument("--seed", type=int, default=0, help="which requests (default: %(default)s)")
+    args = parser.parse_args(argv)
+    if not (REFERENCE / "run.json").is_file():
+        print(f"no reference traces at {REFERENCE}; this bench needs them", file=sys.stderr)
+        return 2
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+
+    from entropy_law.decoding.loading import load_target
+    from entropy_law.importers import import_jsonl
+    from entropy_law.jobs.entropy import compute_target_stats
+    from entropy_law.traces.reader import load_traces
+
+    reference = load_traces(REFERENCE)
+    block = int(reference.runs["drafter_config"][0]["block_size"])
+    target = load_target()
+    requests = reference.requests
+    rng = np.random.default_rng(args.seed)
+    chosen = sorted(rng.choice(requests["request_id"].astype(str).to_numpy(), size=args.requests + 1, replace=False))
+    warmup, chosen = chosen[:1], chosen[1:]
+    arms = {"per request": (target, 0), f"batched {args.batch_tokens}": (target, args.batch_tokens)}
+    if args.sdpa:
+        arms["per request, sdpa"] = (load_target(attn_implementation="sdpa"), 0)
+    if args.bf16:
+        arms["per request, bf16"] = (load_target(dtype=torch.bfloat16), 0)
+
+    with tempfile.TemporaryDirectory(prefix="entropy-speed-") as tmp:
+        tmp = Path(tmp)
+        lines = engine_lines(reference, target.tokenizer, warmup + chosen, block - 1)
+        for name, part in (("warmup", lines[:1]), ("bench", lines[1:])):
+            (tmp / f"{name}.jsonl").write_text("".join(json.dumps(line) + "\n" for line in part))
+            import_jsonl(tmp / f"{name}.jsonl", "vllm", tmp / name)
+        for arm, (model, batch) in arms.items():  # the same warm-up for every arm
+            compute_target_stats(tmp / "warmup", model, out=tmp / f"warmup-{len(arm)}-{batch}", batch_tokens=batch)
+        runs: dict[str, list] = {arm: [] for arm in arms}
+        names = list(arms)
+        for repeat in range(args.repeats):
+            for i in range(len(names)):
+                arm = names[(i + repeat) % len(names)]
+                model, batch = arms[arm]
+                out = tmp / f"run-{repeat}-{names.index(arm)}"
+                summary = compute_target_stats(tmp / "bench", model, out=out, batch_tokens=batch)
+                runs[arm].append((summary, out))
+        # the statistics against the decoder's recorded entropies, and the arms against each other
+        recorded = reference.tokens.set_index(["request_id", "position"])["target_entropy_nats"]
+        errors = {}
+        for arm in arms:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ours = load_traces(runs[arm][0][1]).tokens
+            ours = ours.assign(request_id=ours["request_id"].astype(str)).set_index(["request_id", "position"])
+            diff = (ours["target_entropy_nats"].astype(float)
+                    - recorded.reindex(ours.index).astype(float)).abs()
+            errors[arm] = float(diff.max())
+    tokens = runs[names[0]][0][0].tokens_now
+    prompt_tokens = int(requests.set_index("request_id").loc[chosen, "prompt_tokens"].sum())
+    config = target.model.config
+    body = sum(p.numel() for p in target.model.model.layers.parameters())
+    head = config.vocab_size * config.hidden_size
+    flops = 2 * body * (prompt_tokens + tokens) / tokens + 2 * head
+    gflops = gemm_gflops(config.hidden_size, config.intermediate_size)
+
+    print(f"entropy-law entropy on {len(chosen)} Spec-Bench requests of the n-gram reference run: {prompt_tokens} "
+          f"prompt + {tokens} output tokens; torch threads {torch.get_num_threads()}; shared machine, "
+          "numbers move with its load")
+    print(f"{'arm':<24}{'tokens/s (median)':>19}{'range':>20}{'argmax = token':>16}{'max |dH| vs decoder':>22}")
+    result = {}
+    for arm in arms:
+        rates = [s.tokens_per_s for s, _ in runs[arm]]
+        agree = runs[arm][0][0].argmax_agree / tokens
+        result[arm] = {"tokens_per_s": statistics.median(rates), "min": min(rates), "max": max(rates),
+                       "argmax_agree": agree, "max_abs_entropy_error_nats": errors[arm]}
+        print(f"{arm:<24}{statistics.median(rates):>19,.0f}{f'{min(rates):,.0f} - {max(rates):,.0f}':>20}"
+              f"{agree:>16.2%}{errors[arm]:>22.2e}")
+    bound = gflops * 1e9 / flops
+    print(f"physical bound: {flops / 1e9:.2f} GFLOP per output token (prompt:output = {prompt_tokens / tokens:.2f}); "
+          f"fp32 GEMM reaches {gflops:.0f} GFLOP/s now, so at most ~{bound:,.0f} output tokens/s in fp32; "
+          f"1,000 tokens/s needs {flops * 1000 / 1e9:.0f} GFLOP/s")
+    best = max(result, key=lambda a: result[a]["tokens_per_s"])
+    print(json.dumps({"bench": "entropy_speed", "requests": len(chosen), "prompt_tokens": prompt_tokens,
+                      "output_tokens": tokens, "threads": torch.get_num_threads(), "arms": result, "best_arm": best,
+                      "gemm_gflops": gflops, "gflop_per_output_token": flops / 1e9, "bound_tokens_per_s": bound,
+                      "goal_tokens_per_s": 1000}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

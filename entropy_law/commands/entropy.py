@@ -1,0 +1,83 @@
+"""``entropy-law entropy RUN --model M``: the target statistics of an imported engine run, computed offline.
+
+Known here: the command-line options, the order of work (check the run and the output folder, then load
+the target and move it to ``--device``, then ``entropy_law.jobs.entropy.compute_target_stats``: batched
+teacher-forced passes, shards written as requests finish, a killed job resumed when run again, the run
+swapped in place at the end unless ``--out``), and what is printed (progress, then the summary: requests
+scored, throughput, how often the target's argmax is the engine's token, the requests whose ids do not fit
+the target). See ``docs/importers.md``.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "entropy",
+        help="compute the target statistics (entropy, ...) of an imported engine run, so that it fits like ours",
+        description="Teacher-force the target over each imported request's prompt + output and write the five "
+                    "target_* statistics of every output token, with the rounds the engine reported, into the run "
+                    "(in place, or into --out). Resumable: run the same command again after a crash "
+                    "(--break-lock if the killed job left its lock). See docs/importers.md.")
+    p.add_argument("run", help="a run written by entropy-law import")
+    p.add_argument("--model", default="smollm2-135m",
+                   help="the target the engine served: an embedded name, a local Hugging Face folder or a .gguf "
+                        "file (default: %(default)s)")
+    p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, mps (default: %(default)s)")
+    p.add_argument("--dtype", choices=DTYPES, default="float32",
+                   help="model weights and activations; statistics are always fp32 (default: %(default)s, as the "
+                        "decoder records)")
+    p.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa",
+                   help="attention kernel of the target: torch's fused sdpa (14%% faster here, the same "
+                        "statistics to 1e-5 nats) or transformers' eager one, as the decoder runs it "
+                        "(default: %(default)s)")
+    p.add_argument("--out", default=None,
+                   help="write the run with statistics here and leave the import as it is (default: in place)")
+    p.add_argument("--batch-tokens", type=int, default=None, metavar="N",
+                   help="most padded tokens per forward pass; 0: one pass per request (default: 0 on cpu, where "
+                        "padded batches were slower, 16384 elsewhere)")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.add_argument("--flush-every", type=int, default=16, metavar="N",
+                   help="write a shard every N scored requests (and at least once a minute); a killed job loses "
+                        "at most those (default: %(default)s)")
+    p.add_argument("--break-lock", action="store_true",
+                   help="take over from a job that was killed (its lock is stale); never from a running one")
+    p.add_argument("--no-progress", action="store_true", help="no progress lines")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    # lazy: `entropy-law --help` imports every command module; torch loads only when this command runs
+    import torch
+
+    from entropy_law.decoding.loading import load_target
+    from entropy_law.jobs.entropy import check_entropy_run, compute_target_stats
+
+    if args.flush_every < 1:
+        raise ValueError(f"--flush-every must be >= 1, got {args.flush_every}")
+    check_entropy_run(args.run, out=args.out, break_lock=args.break_lock)  # before the model is loaded
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    target = load_target(args.model, dtype=getattr(torch, args.dtype), attn_implementation=args.attention)
+    target.model.to(device)
+    batch_tokens = args.batch_tokens if args.batch_tokens is not None else (0 if device.type == "cpu" else 16384)
+    last = [time.monotonic()]
+
+    def progress(state) -> None:
+        if args.no_progress or (time.monotonic() - last[0] < 10 and state.requests_done < state.requests_total):
+            return
+        last[0] = time.monotonic()
+        rate = state.tokens_done / state.seconds if state.seconds else 0.0
+        print(f"  {state.requests_done}/{state.requests_total} requests, {state.tokens_done} output tokens, "
+              f"{rate:,.0f} tokens/s", file=sys.stderr, flush=True)
+
+    summary = compute_target_stats(args.run, target, out=args.out, batch_tokens=batch_tokens,
+                                   flush_every=args.flush_every, break_lock=args.break_lock, on_batch=progress)
+    print("\n".join(summary.lines_to_print()))
+    return 0

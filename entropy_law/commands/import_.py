@@ -1,0 +1,55 @@
+"""``entropy-law import vllm|sglang|llamacpp FILE.jsonl --out RUN``: a serving engine's speculation
+statistics as a trace run.
+
+Known here: the command-line options, the order of work (check the output folder, read and check every
+line, then write), and what is printed: the counts, each flagged request with its reason, each skipped line
+(``--skip-bad``) and what is missing (target statistics). The import itself is ``entropy_law.importers``
+(``import_jsonl``); the field mapping is in ``docs/importers.md``.
+"""
+
+from __future__ import annotations
+
+import sys
+
+ENGINES = ("vllm", "sglang", "llamacpp")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "import",
+        help="import speculative-decoding statistics logged by vLLM, SGLang or llama.cpp into a trace run",
+        description="Read a JSONL of engine responses (one per line, each with the prompt text or its token ids "
+                    "and the output token ids) and write a trace run: a request row per response, the engine's "
+                    "per-step counts and acceptance histograms in engine_import.jsonl, and round rows once target "
+                    "statistics are computed. A malformed line stops the import, naming file:line and the field, "
+                    "unless --skip-bad; see docs/importers.md.")
+    p.add_argument("engine", choices=ENGINES, help="the engine that wrote the responses")
+    p.add_argument("file", help="JSONL of engine responses, one per line")
+    p.add_argument("--out", required=True, help="run directory to create")
+    p.add_argument("--skip-bad", action="store_true",
+                   help="skip malformed lines (each is printed; their count and positions go into run.json)")
+    p.add_argument("--category", default="unspecified",
+                   help="category of lines without a \"category\" key (default: %(default)s)")
+    p.add_argument("--model-id", default=None, help="model id for run.json (default: the responses' model field)")
+    p.add_argument("--drafter-id", default=None,
+                   help="drafter id for run.json, e.g. eagle3 or ngram (default: ENGINE:FILE-STEM, so runs of two "
+                        "files are never one arm)")
+    p.add_argument("--overwrite", action="store_true", help="replace a run already in --out")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    # lazy: `entropy-law --help` imports every command module; pyarrow and pandas load only here
+    from entropy_law.importers import import_jsonl
+    from entropy_law.traces.recorder import TraceRecorder
+
+    try:
+        TraceRecorder.check_path(args.out, overwrite=args.overwrite)
+    except (FileExistsError, NotADirectoryError) as err:  # a run there, another writer holding it
+        raise ValueError(f"{err} (entropy-law import never resumes: --overwrite replaces the run)") from err
+    summary = import_jsonl(args.file, args.engine, args.out, category=args.category, skip_bad=args.skip_bad,
+                           model_id=args.model_id, drafter_id=args.drafter_id, overwrite=args.overwrite)
+    for skipped in summary.skipped:
+        print(f"skipped {args.file}:{skipped.line}: {skipped.field}: {skipped.problem}", file=sys.stderr)
+    print("\n".join(summary.lines_to_print()))
+    return 0

@@ -1,0 +1,317 @@
+"""One imported request, engine-neutral, and the checks that turn an engine's per-step lists into rounds.
+
+Known here: what every engine importer produces (``ImportedRequest``: the prompt, the output token ids,
+the stop reason, and whatever the engine reported about speculation: ordered per-step counts, an
+acceptance histogram, its other aggregates verbatim), the error a parser raises for a bad field
+(``FieldError``; the reader adds file and line), the typed field readers the parsers share, and the
+alignment rule for per-step data: the prefill commits the first output token (round 0), then step ``i``
+commits ``a_i + 1`` tokens, so ``1 + sum(a_i + 1)`` must equal the number of output tokens. A request
+that breaks the rule is flagged with the reason; its steps are kept as reported and never adjusted.
+
+Not known here: any engine's field names (``vllm``, ``sglang``, ``llamacpp``), files, or the trace
+tables (``writer``). No torch.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from entropy_law.traces.schema import STOP_REASONS
+
+DEFAULT_CATEGORY = "unspecified"
+
+
+class FieldError(ValueError):
+    """A field of one engine response is missing, of the wrong type, or contradicts another field."""
+
+    def __init__(self, field_name: str, problem: str):
+        super().__init__(f"{field_name}: {problem}")
+        self.field = field_name
+        self.problem = problem
+
+
+class MalformedResponseError(ValueError):
+    """A line of an engine JSONL that cannot be imported; the message names ``file:line``, the field and what to do."""
+
+    def __init__(self, path, line: int, field_name: str, problem: str):
+        super().__init__(f"{path}:{line}: {field_name}: {problem}")
+        self.path, self.line, self.field, self.problem = str(path), int(line), field_name, problem
+
+
+# -- typed field readers -------------------------------------------------------------------------------
+MISSING = object()
+
+
+def lookup(obj: Any, dotted: str):
+    """``obj["a"]["b"][0]`` for ``"a.b.0"``; ``MISSING`` if any step is absent (a null value is returned as None)."""
+    node = obj
+    for part in dotted.split("."):
+        if isinstance(node, dict):
+            if part not in node:
+                return MISSING
+            node = node[part]
+        elif isinstance(node, list) and part.isdigit():
+            if int(part) >= len(node):
+                return MISSING
+            node = node[int(part)]
+        else:
+            return MISSING
+    return node
+
+
+def display(dotted: str) -> str:
+    """A field path as a reader writes it: ``choices.0.token_ids`` -> ``choices[0].token_ids``."""
+    return re.sub(r"\.(\d+)(?=\.|$)", r"[\1]", dotted)
+
+
+def as_int(value, name: str, *, minimum: int = 0) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, float)
+                                                                         and not value.is_integer()):
+        raise FieldError(name, f"expected an integer, got {value!r}")
+    if value < minimum:
+        raise FieldError(name, f"must be >= {minimum}, got {value!r}")
+    return int(value)
+
+
+def as_number(value, name: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise FieldError(name, f"expected a number, got {value!r}")
+    return float(value)
+
+
+def as_int_list(value, name: str, *, minimum: int = 0) -> list[int]:
+    if not isinstance(value, list):
+        raise FieldError(name, f"expected a list of integers, got {type(value).__name__}")
+    out = []
+    for i, item in enumerate(value):
+        out.append(as_int(item, f"{name}[{i}]", minimum=minimum))
+    return out
+
+
+def as_histogram(value, name: str) -> list[int]:
+    """A dense list of step counts (index ``j``: steps that accepted exactly ``j`` drafts) from a dense list
+    or a sparse map ``{"j": count}`` (keys omitted where the count is 0)."""
+    if isinstance(value, list):
+        return as_int_list(value, name)
+    if isinstance(value, dict):
+        counts = {}
+        for key, count in value.items():
+            if not (isinstance(key, str) and key.isdigit()):
+                raise FieldError(name, f"sparse histogram keys must be accepted-draft counts (\"0\", \"1\", ...); "
+                                       f"got key {key!r}")
+            counts[int(key)] = as_int(count, f"{name}[{key!r}]")
+        dense = [0] * (max(counts) + 1 if counts else 0)
+        for j, count in counts.items():
+            dense[j] = count
+        return dense
+    raise FieldError(name, f"expected a list or a map of step counts, got {type(value).__name__}")
+
+
+def require(obj, dotted: str, hint: str = ""):
+    value = lookup(obj, dotted)
+    if value is MISSING or value is None:
+        raise FieldError(display(dotted), "missing" + (f"; {hint}" if hint else ""))
+    return value
+
+
+def optional(obj, dotted: str):
+    value = lookup(obj, dotted)
+    return None if value is MISSING else value
+
+
+# -- the engine-neutral request -------------------------------------------------------------------------
+@dataclass
+class Alignment:
+    """Whether per-step counts account for the output: ``1 + sum(a_i + 1) == completion tokens``."""
+
+    ok: bool
+    from_steps: int  # 1 (the prefill token) + sum over listed steps of (accepted + 1)
+    completion_tokens: int
+    reason: str = ""
+
+
+@dataclass
+class ImportedRequest:
+    """One engine response, engine-neutral. Counts of drafts exclude the bonus token (the target's own).
+
+    ``steps_accepted`` / ``steps_drafted``: ordered per verify step (None: the engine reported aggregates
+    only). ``histogram``: dense step counts by accepted drafts (bonus excluded), as the engine reported it
+    or, failing that, counted from the steps (``histogram_field`` says which). ``aggregates``: the engine's
+    speculation fields verbatim. ``finish_reason``: the engine's own stop value; ``stop_reason`` its trace
+    name. ``prefill_ms`` / ``decode_ms``: None where the engine does not time them.
+    """
+
+    engine: str
+    shape: str  # which documented response shape the line had (e.g. "vllm metrics.speculative_decoding")
+    line: int
+    request_id: str
+    category: str
+    dataset: str
+    question_id: str
+    prompt: Any  # prompt text or chat messages as given (None: only ids)
+    prompt_token_ids: list[int] | None
+    prompt_tokens: int
+    output_token_ids: list[int]
+    stop_reason: str
+    finish_reason: Any
+    model: str | None
+    num_spec_tokens: int | None  # K: the most drafts one step may verify, where the engine says
+    steps_accepted: list[int] | None = None
+    steps_drafted: list[int] | None = None
+    histogram: list[int] | None = None
+    histogram_field: str | None = None
+    aggregates: dict = field(default_factory=dict)
+    prefill_ms: float | None = None
+    decode_ms: float | None = None
+
+    def __post_init__(self):
+        if self.stop_reason not in STOP_REASONS:
+            raise FieldError("finish_reason", f"maps to {self.stop_reason!r}, not a trace stop reason {STOP_REASONS}")
+        if (self.steps_accepted is None) != (self.steps_drafted is None):
+            raise FieldError("steps", "per-step accepted and drafted counts come together")
+        if self.steps_accepted is not None:
+            if len(self.steps_accepted) != len(self.steps_drafted):
+                raise FieldError("steps", f"{len(self.steps_accepted)} accepted counts but "
+                                          f"{len(self.steps_drafted)} drafted counts")
+            for i, (a, k) in enumerate(zip(self.steps_accepted, self.steps_drafted)):
+                if a > k:
+                    raise FieldError("steps", f"step {i} accepted {a} drafts of {k} proposed")
+                if self.num_spec_tokens is not None and k > self.num_spec_tokens:
+                    raise FieldError("steps", f"step {i} proposed {k} drafts, more than num_spec_tokens = "
+                                              f"{self.num_spec_tokens}")
+            counted = step_histogram(self.steps_accepted)
+            if self.histogram is None:
+                self.histogram, self.histogram_field = counted, "counted from the per-step list"
+            elif _trim(self.histogram) != _trim(counted):
+                raise FieldError(self.histogram_field or "histogram",
+                                 f"{self.histogram} disagrees with the per-step accepted counts {counted}")
+
+    @property
+    def per_step(self) -> bool:
+        return self.steps_accepted is not None
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.output_token_ids)
+
+    def alignment(self) -> Alignment | None:
+        """The check of per-step data against the output (None for aggregate-only requests)."""
+        if not self.per_step:
+            return None
+        n = self.new_tokens
+        from_steps = 1 + sum(a + 1 for a in self.steps_accepted)
+        if from_steps == n:
+            return Alignment(True, from_steps, n)
+        if n == 0:
+            reason = "the output is empty, yet the prefill commits one token"
+        elif from_steps < n:
+            reason = (f"the prefill and the {len(self.steps_accepted)} listed steps account for {from_steps} of "
+                      f"{n} output tokens; {n - from_steps} come from steps the engine did not list (vLLM omits "
+                      "steps with no drafts), whose positions are unknown")
+        else:
+            reason = (f"the prefill and the {len(self.steps_accepted)} listed steps account for {from_steps} "
+                      f"tokens but the output has {n}: a step was cut after verification (stop string, EOS or "
+                      "max tokens), or the engine counts the prefill as a step")
+        return Alignment(False, from_steps, n, reason)
+
+    def rounds(self, block_size: int | None = None) -> list[dict]:
+        """The rounds of an aligned per-step request, in order: round 0 is the prefill (one token, no draft),
+        round ``i`` is step ``i`` (a chain of ``drafted`` nodes, ``accepted`` of them accepted, ``accepted + 1``
+        committed; the last committed token is a bonus when every draft was accepted, else a correction).
+        ``context_len`` is the absolute position of the round's root. ``block_size`` (B) of the speculative
+        rounds: default ``num_spec_tokens + 1``, or, where the engine does not state K, the largest drafted
+        count + 1 (the writer passes the largest over the run). Raises for flagged requests."""
+        check = self.alignment()
+        if check is None or not check.ok:
+            raise ValueError(f"request {self.request_id!r} (line {self.line}) has no aligned per-step data: "
+                             f"{check.reason if check else 'the engine reported aggregates only'}")
+        if block_size is None:
+            block_size = (self.num_spec_tokens + 1 if self.num_spec_tokens is not None
+                          else max(self.steps_drafted, default=0) + 1)
+        if block_size < max(self.steps_drafted, default=0) + 1:
+            raise ValueError(f"block_size {block_size} is smaller than a step of request {self.request_id!r} "
+                             f"({max(self.steps_drafted)} drafts + 1)")
+        block = block_size
+        rounds = [dict(round_index=0, start_position=0, context_len=max(self.prompt_tokens - 1, 0), block_size=1,
+                       tree_nodes=0, tree_depth=0, accepted=0, committed=1, ends_at_leaf=True)]
+        position = 1
+        for i, (a, k) in enumerate(zip(self.steps_accepted, self.steps_drafted), start=1):
+            rounds.append(dict(round_index=i, start_position=position,
+                               context_len=self.prompt_tokens + position - 1, block_size=block, tree_nodes=k,
+                               tree_depth=k, accepted=a, committed=a + 1, ends_at_leaf=a == k))
+            position += a + 1
+        return rounds
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, payload: dict) -> "ImportedRequest":
+        return cls(**payload)
+
+
+def step_histogram(accepted: list[int]) -> list[int]:
+    """Dense counts of steps by accepted drafts."""
+    dense = [0] * (max(accepted) + 1 if accepted else 0)
+    for a in accepted:
+        dense[a] += 1
+    return dense
+
+
+def _trim(histogram: list[int]) -> list[int]:
+    out = list(histogram)
+    while out and out[-1] == 0:
+        out.pop()
+    return out
+
+
+def common_fields(obj: dict, *, default_request_id: str | None, default_category: str) -> dict:
+    """The keys a user adds beside an engine's response on its line: ``request_id``, ``category``,
+    ``dataset``, ``question_id``, ``prompt`` (text or chat messages), ``prompt_token_ids``."""
+    request_id = optional(obj, "request_id")
+    if request_id is None:
+        request_id = default_request_id
+    if not isinstance(request_id, (str, int)) or isinstance(request_id, bool) or request_id == "":
+        raise FieldError("request_id", f"expected a non-empty string, got {request_id!r}")
+    category = optional(obj, "category")
+    category = default_category if category is None else category
+    if not isinstance(category, str) or not category:
+        raise FieldError("category", f"expected a non-empty string, got {category!r}")
+    out = {"request_id": str(request_id), "category": category}
+    for name in ("dataset", "question_id"):
+        value = optional(obj, name)
+        if value is not None and not isinstance(value, (str, int)):
+            raise FieldError(name, f"expected a string, got {value!r}")
+        out[name] = "" if value is None else str(value)
+    return out
+
+
+def prompt_fields(obj: dict, ids_fields: tuple[str, ...], count: tuple[str, Any] | None) -> dict:
+    """``prompt`` (user key or echoed text), ``prompt_token_ids`` (the first of ``ids_fields`` present) and
+    ``prompt_tokens`` (their number, checked against the engine's own count ``(field, value)`` if given).
+    One of text or ids is required: the target entropies are computed later from the prompt."""
+    prompt = optional(obj, "prompt")
+    if prompt is not None and not isinstance(prompt, (str, list)):
+        raise FieldError("prompt", f"expected text or a list of chat messages, got {type(prompt).__name__}")
+    ids, ids_name = None, None
+    for name in ids_fields:
+        value = optional(obj, name)
+        if value is not None:
+            ids, ids_name = as_int_list(value, display(name)), display(name)
+            break
+    engine_count = None
+    if count is not None and count[1] is not MISSING and count[1] is not None:
+        engine_count = as_int(count[1], count[0])
+    if ids is not None and engine_count is not None and len(ids) != engine_count:
+        raise FieldError(ids_name, f"holds {len(ids)} ids but {count[0]} = {engine_count}")
+    if prompt is None and ids is None:
+        raise FieldError(" / ".join(("prompt",) + tuple(display(f) for f in ids_fields)),
+                         "the line needs the prompt text or its token ids (the target entropies are computed "
+                         "from them later); add a \"prompt\" key beside the response, or ask the engine for ids")
+    n = len(ids) if ids is not None else engine_count
+    if n is None:
+        raise FieldError(count[0] if count else "prompt_token_ids",
+                         "the prompt length is unknown: give prompt_token_ids or the engine's prompt token count")
+    return {"prompt": prompt, "prompt_token_ids": ids, "prompt_tokens": n}

@@ -1,0 +1,129 @@
+"""vLLM responses with per-request speculative-decoding statistics -> ``ImportedRequest``.
+
+Known here: where vLLM puts its per-request statistics (``docs/importers.md`` has the mapping):
+- current (PR #48915, vLLM 0.29): top-level ``metrics.speculative_decoding`` (server flag
+  ``--per-request-spec-decode-metrics summary|detailed``; null when ``n > 1``), dense
+  ``acceptance_histogram``;
+- earlier (docs at commit cd19998): per choice ``choices[i].speculative_decoding_stats`` (flag
+  ``--per-request-spec-decode-stats``), sparse ``acceptance_histogram`` ``{"0": 39, ...}``;
+- offline: ``RequestOutput`` dumped as JSON, ``outputs[0].spec_decode_metrics``.
+``detailed`` adds the ordered ``per_step_accepted`` / ``per_step_drafted`` (bonus excluded; steps with no
+draft are omitted). Token ids come with ``return_token_ids: true`` (``choices[0].token_ids``, root
+``prompt_token_ids``). The aggregates must agree with each other and with the per-step lists (they do by
+construction in vLLM); a line where they do not is malformed. Not known here: files or trace tables.
+"""
+
+from __future__ import annotations
+
+from entropy_law.importers.records import (MISSING, FieldError, ImportedRequest, as_histogram, as_int,
+                                           as_int_list, common_fields, lookup, prompt_fields, require)
+
+ENGINE = "vllm"
+
+# vLLM finish_reason -> trace stop reason ("stop" covers EOS, stop tokens and stop strings; kept verbatim too)
+FINISH_REASONS = {"stop": "eos", "tool_calls": "eos", "length": "max_new_tokens", "abort": "error",
+                  "error": "error"}
+
+# (where the statistics block is, the shape's name) in the order they are looked for
+STATS_LOCATIONS = (
+    ("metrics.speculative_decoding", "metrics.speculative_decoding"),
+    ("choices.0.speculative_decoding_stats", "choices[].speculative_decoding_stats"),
+    ("outputs.0.spec_decode_metrics", "outputs[].spec_decode_metrics (offline)"),
+)
+
+
+def parse(obj, *, line: int, category: str) -> ImportedRequest:
+    """One vLLM response (a chat or text completion, or an offline ``RequestOutput``) -> ``ImportedRequest``."""
+    if not isinstance(obj, dict):
+        raise FieldError("(line)", f"expected a JSON object (one vLLM response), got {type(obj).__name__}")
+    key = "choices" if "choices" in obj else "outputs" if "outputs" in obj else None
+    if key is None:
+        raise FieldError("choices", "missing: not a vLLM response (expected choices[], or outputs[] for an offline "
+                                    "RequestOutput)")
+    choices = obj[key]
+    if not isinstance(choices, list) or not choices:
+        raise FieldError(key, "expected a non-empty list")
+    if len(choices) > 1:
+        raise FieldError(key, f"{len(choices)} sequences: per-request speculation statistics describe one sequence; "
+                              "import responses generated with n = 1")
+    choice = choices[0]
+    if not isinstance(choice, dict):
+        raise FieldError(f"{key}[0]", "expected an object")
+
+    found = [(path, shape) for path, shape in STATS_LOCATIONS if lookup(obj, path) not in (MISSING, None)]
+    if not found:
+        raise FieldError("metrics.speculative_decoding",
+                         "missing or null: start vLLM with --per-request-spec-decode-metrics summary (or detailed, "
+                         "for per-step data); vLLM leaves it null when n > 1 or when the request was not speculated")
+    if len(found) > 1:
+        raise FieldError(found[1][0], f"a second statistics block beside {found[0][0]}; which one describes the "
+                                      "request is not known")
+    where, shape = found[0]
+    stats = lookup(obj, where)
+    if not isinstance(stats, dict):
+        raise FieldError(where, f"expected an object, got {type(stats).__name__}")
+
+    output_ids = as_int_list(require(obj, f"{key}.0.token_ids", "request with \"return_token_ids\": true"),
+                             f"{key}[0].token_ids")
+    completion = lookup(obj, "usage.completion_tokens")
+    if completion not in (MISSING, None) and as_int(completion, "usage.completion_tokens") != len(output_ids):
+        raise FieldError("usage.completion_tokens", f"is {completion} but {key}[0].token_ids holds "
+                                                    f"{len(output_ids)} ids")
+    finish = choice.get("finish_reason")
+    if finish is None:
+        raise FieldError(f"{key}[0].finish_reason", "null: the response is not final (a streaming chunk?); "
+                                                    "import the assembled response")
+    if finish not in FINISH_REASONS:
+        raise FieldError(f"{key}[0].finish_reason", f"unknown value {finish!r} (known: {sorted(FINISH_REASONS)})")
+    model = obj.get("model")
+
+    def number(name):
+        return as_int(require(stats, name), f"{where}.{name}")
+
+    steps = number("num_spec_steps")
+    accepted = number("num_accepted_draft_tokens")
+    drafted = number("num_draft_tokens")
+    k = stats.get("num_spec_tokens")
+    k = None if k is None else as_int(k, f"{where}.num_spec_tokens", minimum=1)
+    histogram = as_histogram(require(stats, "acceptance_histogram"), f"{where}.acceptance_histogram")
+    if sum(histogram) != steps:
+        raise FieldError(f"{where}.acceptance_histogram", f"counts {sum(histogram)} steps, num_spec_steps = {steps}")
+    if sum(j * c for j, c in enumerate(histogram)) != accepted:
+        raise FieldError(f"{where}.acceptance_histogram", f"accounts for {sum(j * c for j, c in enumerate(histogram))} "
+                                                         f"accepted drafts, num_accepted_draft_tokens = {accepted}")
+    if accepted > drafted:
+        raise FieldError(f"{where}.num_accepted_draft_tokens", f"{accepted} > num_draft_tokens = {drafted}")
+    if k is not None and len(histogram) > k + 1:
+        raise FieldError(f"{where}.acceptance_histogram", f"has a step accepting {len(histogram) - 1} drafts, more "
+                                                         f"than num_spec_tokens = {k}")
+
+    per_accepted, per_drafted = stats.get("per_step_accepted"), stats.get("per_step_drafted")
+    if (per_accepted is None) != (per_drafted is None):
+        missing = "per_step_drafted" if per_drafted is None else "per_step_accepted"
+        raise FieldError(f"{where}.{missing}", "missing while its partner is given (detailed mode gives both)")
+    if per_accepted is not None:
+        per_accepted = as_int_list(per_accepted, f"{where}.per_step_accepted")
+        per_drafted = as_int_list(per_drafted, f"{where}.per_step_drafted")
+        for name, values, total in (("per_step_accepted", per_accepted, accepted),
+                                    ("per_step_drafted", per_drafted, drafted)):
+            if len(values) != steps:
+                raise FieldError(f"{where}.{name}", f"has {len(values)} entries, num_spec_steps = {steps}")
+            if sum(values) != total:
+                raise FieldError(f"{where}.{name}", f"sums to {sum(values)}, the aggregate says {total}")
+
+    common = common_fields(obj, default_request_id=obj.get("id") or obj.get("request_id") or f"line-{line}",
+                           default_category=category)
+    prompt = prompt_fields(obj, ("prompt_token_ids", f"{key}.0.prompt_token_ids"),
+                           ("usage.prompt_tokens", lookup(obj, "usage.prompt_tokens")))
+    try:
+        return ImportedRequest(
+            engine=ENGINE, shape=f"vllm {shape}", line=line, **common, **prompt, output_token_ids=output_ids,
+            stop_reason=FINISH_REASONS[finish], finish_reason=finish, model=model if isinstance(model, str) else None,
+            num_spec_tokens=k, steps_accepted=per_accepted, steps_drafted=per_drafted, histogram=histogram,
+            histogram_field=f"{where}.acceptance_histogram", aggregates={where: stats})
+    except FieldError as err:  # the per-step checks of ImportedRequest, named under the block they came from
+        name = err.field if err.field.startswith(where) else f"{where}.{err.field}"
+        raise FieldError(name, err.problem) from None
+
+
+__all__ = ["ENGINE", "FINISH_REASONS", "STATS_LOCATIONS", "parse"]

@@ -1,0 +1,357 @@
+"""From an engine JSONL to a trace run: read and check every line, then write through ``TraceRecorder``.
+
+Known here: reading a JSONL of engine responses (one per line; a bad line stops the import with
+``file:line``, the field and what to do, or with ``skip_bad`` is skipped and counted), refusing a file
+that mixes configurations (two models or two draft lengths in one run), and writing the run:
+
+- ``run.json``: the usual metadata (``model_id``, ``drafter_id`` = ``<engine>:<file stem>`` unless given,
+  ``drafter_config`` = ``{"num_spec_tokens": K}`` where the engine states K, ``tree_policy`` = ``chain``)
+  plus ``engine_import``: the source file and its SHA-256, counts, the skipped lines (line, field,
+  problem), the flagged requests (per-step data that fails ``1 + sum(a_i + 1) = completion tokens``, with
+  the reason), where the record and the histograms are, and ``target_stats`` (``"missing"`` until target
+  statistics are computed);
+- ``engine_import.jsonl`` beside ``run.json``: every imported request as the engine reported it (prompt,
+  output ids, per-step lists, the acceptance histogram, the engine's other speculation fields verbatim,
+  the alignment check). The trace schema has no column for a histogram or a prompt, so they live here,
+  and ``read_import`` reads them back;
+- the trace tables: a ``requests`` row for every imported request; ``rounds`` and ``tokens`` rows only for
+  aligned per-step requests, and only when target statistics are given (``target_stats``), because every
+  v1 token row carries them and no engine records them. ``entropy-law entropy RUN --model M``
+  (``entropy_law.jobs.entropy``) computes them offline from ``engine_import.jsonl`` and writes the run again
+  through ``log_request``, the one place an imported request becomes trace rows.
+
+Not known here: any engine's fields (``vllm``, ``sglang``, ``llamacpp``). No torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Mapping
+
+import numpy as np
+import pandas as pd
+
+from entropy_law.importers import llamacpp, sglang, vllm
+from entropy_law.importers.records import (DEFAULT_CATEGORY, FieldError, ImportedRequest,
+                                           MalformedResponseError)
+from entropy_law.traces.recorder import TraceRecorder
+from entropy_law.traces.stats import TARGET_STAT_KEYS
+from entropy_law.traces.layout import file_sha256
+
+PARSERS = {vllm.ENGINE: vllm.parse, sglang.ENGINE: sglang.parse, llamacpp.ENGINE: llamacpp.parse}
+RECORD_FILE = "engine_import.jsonl"
+METADATA_KEY = "engine_import"
+TARGET_STATS_MISSING = ("missing: no engine records target entropies; token and round rows are written once they "
+                        "are computed from engine_import.jsonl (entropy-law entropy RUN --model M; in "
+                        "Python: write_run(..., target_stats=...))")
+
+TargetStatsFn = Callable[[ImportedRequest], Mapping[str, object]]
+
+
+@dataclass
+class SkippedLine:
+    line: int
+    field: str
+    problem: str
+
+
+@dataclass
+class ParsedFile:
+    """The requests of one engine JSONL, and the lines skipped with ``skip_bad``."""
+
+    path: Path
+    engine: str
+    records: list[ImportedRequest]
+    skipped: list[SkippedLine] = field(default_factory=list)
+    lines: int = 0  # non-blank lines read
+
+
+def parse_jsonl(path, engine: str, *, category: str = DEFAULT_CATEGORY, skip_bad: bool = False) -> ParsedFile:
+    """Read and check every line of ``path`` as a response of ``engine`` (``vllm``, ``sglang``, ``llamacpp``).
+
+    A line that is not JSON, lacks a field, or contradicts itself raises ``MalformedResponseError``
+    (``file:line: field: problem``); with ``skip_bad=True`` it is skipped and listed in ``skipped``. Blank
+    lines hold nothing and are passed over. ``category``: for lines without a ``category`` key.
+    A file whose lines hold two models or two draft lengths is refused (ValueError): a run is one configuration.
+    """
+    if engine not in PARSERS:
+        raise ValueError(f"unknown engine {engine!r}; importers exist for {sorted(PARSERS)}")
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file (a JSONL of {engine} responses, one per line)")
+    parse = PARSERS[engine]
+    parsed = ParsedFile(path=path, engine=engine, records=[])
+    seen: dict[str, int] = {}
+    with open(path, encoding="utf-8") as fh:
+        for number, text in enumerate(fh, start=1):
+            if not text.strip():
+                continue
+            parsed.lines += 1
+            try:
+                try:
+                    obj = json.loads(text)
+                except json.JSONDecodeError as err:
+                    raise FieldError("(line)", f"not JSON ({err.msg} at column {err.colno})") from None
+                record = parse(obj, line=number, category=category)
+                if record.request_id in seen:
+                    raise FieldError("request_id", f"{record.request_id!r} repeats line {seen[record.request_id]}; "
+                                                   "request ids must be unique in a run (add a \"request_id\" key)")
+            except FieldError as err:
+                if not skip_bad:
+                    raise MalformedResponseError(
+                        path, number, err.field,
+                        f"{err.problem} (entropy-law import --skip-bad skips such lines and counts them in "
+                        "run.json)") from None
+                parsed.skipped.append(SkippedLine(number, err.field, err.problem))
+                continue
+            seen[record.request_id] = number
+            parsed.records.append(record)
+    _check_one_configuration(parsed)
+    return parsed
+
+
+def _check_one_configuration(parsed: ParsedFile) -> None:
+    for name in ("model", "num_spec_tokens"):
+        values: dict = {}
+        for record in parsed.records:
+            value = getattr(record, name)
+            if value is not None:
+                values.setdefault(value, []).append(record.line)
+        if len(values) > 1:
+            parts = [f"{v!r} (line{'s' if len(lines) > 1 else ''} {', '.join(map(str, lines[:5]))}"
+                     f"{', ...' if len(lines) > 5 else ''})" for v, lines in values.items()]
+            raise ValueError(f"{parsed.path}: the lines hold more than one {name}: {'; '.join(parts)}. A run holds one "
+                             "configuration: split the file and import each part into its own run")
+
+
+@dataclass
+class ImportSummary:
+    """What an import wrote: counts, the flagged requests, where the run is."""
+
+    run_dir: Path
+    run_id: str
+    engine: str
+    lines: int
+    imported: int
+    per_step: int  # aligned per-step requests
+    flagged: list[dict]
+    aggregate_only: int
+    skipped: list[SkippedLine]
+    rounds_in_tables: int
+    target_stats: str
+
+    def lines_to_print(self) -> list[str]:
+        out = [f"imported {self.imported} of {self.lines} {self.engine} response(s) into {self.run_dir} "
+               f"(run {self.run_id})",
+               f"  per-step data, aligned:          {self.per_step}",
+               f"  per-step data, flagged:          {len(self.flagged)}",
+               f"  aggregates only:                 {self.aggregate_only}",
+               f"  malformed lines skipped:         {len(self.skipped)}"]
+        for flag in self.flagged[:10]:
+            out.append(f"  flagged line {flag['line']} ({flag['request_id']}): {flag['reason']}")
+        if len(self.flagged) > 10:
+            out.append(f"  ... {len(self.flagged) - 10} more flagged (run.json: {METADATA_KEY}.flagged)")
+        if self.target_stats.startswith("missing"):
+            out.append(f"target statistics: {self.target_stats}")
+        else:
+            out.append(f"target statistics: {self.target_stats}; rounds of {self.rounds_in_tables} request(s) "
+                       "written")
+        return out
+
+
+def write_run(parsed: ParsedFile, out, *, model_id: str | None = None, drafter_id: str | None = None,
+              overwrite: bool = False, target_stats: TargetStatsFn | None = None,
+              target_stats_source: str | None = None) -> ImportSummary:
+    """Write ``parsed`` as a trace run in ``out`` (refused if a run is there, unless ``overwrite``).
+
+    ``target_stats``: a function of an ``ImportedRequest`` returning ``{key: array of len(output ids)}`` for
+    the keys of ``TARGET_STAT_KEYS`` (position ``p``: the target distribution that produced output token
+    ``p``); with it, aligned per-step requests get their rounds and tokens, and ``target_stats_source`` must
+    say where the statistics came from (it goes into ``run.json``).
+    """
+    if (target_stats is None) != (target_stats_source is None):
+        raise ValueError("give target_stats together with target_stats_source (what computed them), or neither")
+    models = {r.model for r in parsed.records if r.model is not None}
+    ks = {r.num_spec_tokens for r in parsed.records if r.num_spec_tokens is not None}
+    flagged, aligned, aggregate_only = [], [], 0
+    for record in parsed.records:
+        check = record.alignment()
+        if check is None:
+            aggregate_only += 1
+        elif check.ok:
+            aligned.append(record.request_id)
+        else:
+            flagged.append({"request_id": record.request_id, "line": record.line, "reason": check.reason,
+                            "from_steps": check.from_steps, "completion_tokens": check.completion_tokens})
+    written = set(aligned) if target_stats is not None else set()
+    block_size = run_block_size(parsed.records)
+    shapes = Counter(r.shape for r in parsed.records)
+    meta = {
+        "model_id": model_id if model_id is not None else (next(iter(models)) if models else None),
+        "drafter_id": drafter_id if drafter_id is not None else f"{parsed.engine}:{parsed.path.stem}",
+        "drafter_config": {"num_spec_tokens": next(iter(ks))} if ks else {},
+        "tree_policy": "chain",
+        METADATA_KEY: {
+            "engine": parsed.engine,
+            "source": str(parsed.path),
+            "source_sha256": file_sha256(parsed.path),
+            "shapes": dict(shapes),
+            "lines_read": parsed.lines,
+            "imported": len(parsed.records),
+            "per_step_aligned": len(aligned),
+            "aggregate_only": aggregate_only,
+            "flagged": flagged,
+            "skipped_bad": len(parsed.skipped),
+            "skipped_lines": [vars(s) for s in parsed.skipped],
+            "record_file": RECORD_FILE,
+            "histograms": (f"{RECORD_FILE}: 'histogram' per request (dense step counts, index = drafts accepted "
+                           "in a step, bonus excluded; 'histogram_field' says where it came from)"),
+            "target_stats": target_stats_source if target_stats is not None else TARGET_STATS_MISSING,
+            "rounds_in_tables": len(written),
+            "block_size": (f"{block_size}: " + ("num_spec_tokens + 1" if ks else "the largest drafted count in "
+                                                "the file + 1 (the engine does not state its draft length)")),
+            "timings": ("prefill_ms/decode_ms from the engine where it times them (llama.cpp), else 0; "
+                        "round times 0 (not reported)"),
+        },
+    }
+    with TraceRecorder(out, overwrite=overwrite, **meta) as recorder:
+        for record in parsed.records:
+            stats = target_stats(record) if record.request_id in written else None
+            log_request(recorder, record, stats=stats, block_size=block_size)
+        write_record(Path(out), parsed.records, written, flagged)
+        run_id = recorder.run_id
+    return ImportSummary(run_dir=Path(out), run_id=run_id, engine=parsed.engine, lines=parsed.lines,
+                         imported=len(parsed.records), per_step=len(aligned), flagged=flagged,
+                         aggregate_only=aggregate_only, skipped=parsed.skipped, rounds_in_tables=len(written),
+                         target_stats=meta[METADATA_KEY]["target_stats"])
+
+
+def run_block_size(records) -> int:
+    """B of a run's speculative rounds: K + 1 where the engine states K, else the deepest draft of the file + 1."""
+    ks = {r.num_spec_tokens for r in records if r.num_spec_tokens is not None}
+    if ks:
+        return next(iter(ks)) + 1
+    return max((max(r.steps_drafted, default=0) for r in records if r.per_step), default=0) + 1
+
+
+def log_request(recorder: TraceRecorder, record: ImportedRequest, *, stats: Mapping[str, object] | None,
+                block_size: int) -> None:
+    """One imported request into ``recorder``: its ``requests`` row, and with ``stats`` (``{key: array of
+    len(output ids)}`` for the keys of ``TARGET_STAT_KEYS``) its rounds and token rows. ``stats`` only for an
+    aligned per-step request."""
+    recorder.begin_request(record.request_id, category=record.category, dataset=record.dataset,
+                           question_id=record.question_id, prompt_tokens=record.prompt_tokens)
+    if stats is not None:
+        _log_rounds(recorder, record, stats, block_size)
+    recorder.end_request(record.request_id, new_tokens=record.new_tokens, stop_reason=record.stop_reason,
+                         prefill_ms=record.prefill_ms or 0.0, decode_ms=record.decode_ms or 0.0)
+
+
+def _log_rounds(recorder: TraceRecorder, record: ImportedRequest, stats: Mapping[str, object],
+                block_size: int) -> None:
+    where = f"target_stats({record.request_id!r})"
+    if not isinstance(stats, Mapping) or set(stats) != set(TARGET_STAT_KEYS):
+        raise ValueError(f"{where} must return a mapping with the keys {list(TARGET_STAT_KEYS)}")
+    arrays = {k: np.asarray(stats[k], dtype=np.float32).reshape(-1) for k in TARGET_STAT_KEYS}
+    for key, values in arrays.items():
+        if len(values) != record.new_tokens:
+            raise ValueError(f"{where}[{key!r}] has {len(values)} values; the output has {record.new_tokens} tokens")
+    for rnd in record.rounds(block_size):
+        start, committed = rnd["start_position"], rnd["committed"]
+        recorder.log_round(record.request_id, round_index=rnd["round_index"], start_position=start,
+                           context_len=rnd["context_len"], block_size=rnd["block_size"],
+                           tree_nodes=rnd["tree_nodes"], tree_depth=rnd["tree_depth"], accepted=rnd["accepted"],
+                           token_ids=record.output_token_ids[start:start + committed],
+                           ends_at_leaf=rnd["ends_at_leaf"],
+                           target_stats={k: v[start:start + committed] for k, v in arrays.items()})
+
+
+def write_record(run_dir: Path, records: list[ImportedRequest], written: set[str], flagged: list[dict]) -> None:
+    """``engine_import.jsonl``: one line per imported request, written to a temporary name and renamed."""
+    reasons = {f["request_id"]: f["reason"] for f in flagged}
+    final = run_dir / RECORD_FILE
+    tmp = run_dir / f".tmp-{RECORD_FILE}"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        for record in records:
+            row = record.to_json()
+            row["rounds_in_tables"] = record.request_id in written
+            row["flagged"] = reasons.get(record.request_id)
+            fh.write(json.dumps(row, separators=(",", ":")) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, final)
+
+
+
+def import_jsonl(path, engine: str, out, *, category: str = DEFAULT_CATEGORY, skip_bad: bool = False,
+                 model_id: str | None = None, drafter_id: str | None = None, overwrite: bool = False,
+                 target_stats: TargetStatsFn | None = None, target_stats_source: str | None = None) -> ImportSummary:
+    """``parse_jsonl`` then ``write_run``: the whole import of one engine JSONL into the run directory ``out``."""
+    parsed = parse_jsonl(path, engine, category=category, skip_bad=skip_bad)
+    return write_run(parsed, out, model_id=model_id, drafter_id=drafter_id, overwrite=overwrite,
+                     target_stats=target_stats, target_stats_source=target_stats_source)
+
+
+@dataclass
+class ImportedRun:
+    """An imported run's record (``engine_import.jsonl``) and its ``run.json`` metadata."""
+
+    run_dir: Path
+    metadata: dict
+    requests: list[ImportedRequest]
+    rounds_in_tables: dict[str, bool]
+    flagged: dict[str, str | None]
+
+    @property
+    def rounds(self) -> pd.DataFrame:
+        """One row per round of the aligned per-step requests (round 0: the prefill), whether or not their
+        rows are in the trace tables yet: ``request_id``, ``category``, ``round_index``, ``start_position``,
+        ``tree_depth`` (drafted), ``accepted`` (tau), ``committed``."""
+        rows = []
+        for record in self.requests:
+            check = record.alignment()
+            if check is None or not check.ok:
+                continue
+            for rnd in record.rounds():
+                rows.append({"request_id": record.request_id, "category": record.category,
+                             "round_index": rnd["round_index"], "start_position": rnd["start_position"],
+                             "tree_depth": rnd["tree_depth"], "accepted": rnd["accepted"],
+                             "committed": rnd["committed"]})
+        return pd.DataFrame(rows, columns=["request_id", "category", "round_index", "start_position", "tree_depth",
+                                           "accepted", "committed"])
+
+    @property
+    def histograms(self) -> pd.DataFrame:
+        """One row per request and histogram bucket: ``request_id``, ``category``, ``accepted_drafts`` (j),
+        ``steps`` (count), ``source`` (the engine field, or "counted from the per-step list")."""
+        rows = [{"request_id": r.request_id, "category": r.category, "accepted_drafts": j, "steps": count,
+                 "source": r.histogram_field}
+                for r in self.requests if r.histogram is not None for j, count in enumerate(r.histogram)]
+        return pd.DataFrame(rows, columns=["request_id", "category", "accepted_drafts", "steps", "source"])
+
+
+def read_import(run_dir) -> ImportedRun:
+    """Read back what ``import`` kept beside a run: every request as the engine reported it."""
+    run_dir = Path(run_dir)
+    record_file = run_dir / RECORD_FILE
+    if not record_file.is_file():
+        raise FileNotFoundError(f"{run_dir}: no {RECORD_FILE}; this run was not written by entropy-law import")
+    with open(run_dir / "run.json", encoding="utf-8") as fh:
+        metadata = json.load(fh)
+    requests, in_tables, flagged = [], {}, {}
+    with open(record_file, encoding="utf-8") as fh:
+        for text in fh:
+            row = json.loads(text)
+            in_tables[row["request_id"]] = bool(row.pop("rounds_in_tables"))
+            flagged[row["request_id"]] = row.pop("flagged")
+            requests.append(ImportedRequest.from_json(row))
+    return ImportedRun(run_dir=run_dir, metadata=metadata, requests=requests, rounds_in_tables=in_tables,
+                       flagged=flagged)
+
+
+__all__ = ["ImportSummary", "ImportedRun", "ParsedFile", "SkippedLine", "import_jsonl", "log_request", "parse_jsonl",
+           "read_import", "run_block_size", "write_record", "write_run"]

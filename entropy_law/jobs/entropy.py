@@ -1,0 +1,468 @@
+"""Target statistics for an imported engine run: ``entropy-law entropy RUN --model M``.
+
+An engine import (``entropy_law.importers``) keeps every request as the engine reported it in
+``engine_import.jsonl`` but writes no round or token rows, because every v1 token row carries the five
+target statistics and no engine records them. This job computes them offline, teacher-forced: one forward
+pass of the target over prompt + output gives the logit row that produced every output token
+(``entropy_law.decoding.replay.teacher_forced_logits``), whose statistics (``observers.distribution_stats``:
+fp32 log-softmax over the full vocabulary, as the decoder records them) fill the token rows; the rounds
+come from the engine's per-step counts (``ImportedRequest.rounds``), so the run then fits like ours.
+
+Known here:
+
+- **which requests are scored**: the aligned per-step ones (flagged and aggregate-only requests have no
+  rounds and keep their request row only). Prompt ids are the engine's, else the prompt tokenized by the
+  target's tokenizer (text as is, chat messages through its chat template), and must count what the
+  engine counted; a request whose ids do not fit the target (a different tokenizer, ids beyond the
+  vocabulary, longer than the context) keeps its request row only and is listed, with the reason, under
+  ``entropy.unscored`` in ``run.json``;
+- **batching**: requests sorted by length and packed, left-padded (explicit positions and an attention
+  mask), into forwards of at most ``batch_tokens`` padded tokens; a request alone in its batch gets the
+  plain ``teacher_forced_logits`` pass. ``batch_tokens=0`` is one forward per request. Only the output
+  rows go through the LM head; statistics are computed ``STATS_ROWS`` rows at a time (cache-sized);
+- **where rows go**: a new trace run written through ``TraceRecorder`` (its shards are atomic, its lock
+  keeps one writer), with the import's metadata, ``engine_import.target_stats`` saying how the statistics
+  were computed and an ``entropy`` block (target, source, dtype, device, unscored requests). Shards are
+  written every ``flush_every`` scored requests (and after each batch once ``flush_seconds`` have passed),
+  so a killed job loses at most those; run again, it resumes (the recorder's ``completed_requests``; a
+  stale lock needs ``break_lock``, as ``entropy-law record --break-lock``). Resuming with another target,
+  dtype or device is refused by the recorder (the ``entropy`` key differs);
+- **in place**: without ``out``, the new run is written beside the import in a hidden folder
+  (``.<name>.entropy``, which readers skip) while the import is held by its lock, then swapped in with two
+  renames (import -> ``.<name>.imported``, new run -> ``<name>``) and the old folder removed; a job killed
+  between the renames finishes the swap when run again. The run keeps its ``run_id``. With ``out``, the
+  import is left as it is and the new run (its own ``run_id``) goes to ``out``.
+
+Not known here: the engines' formats (``importers``), the statistics' formulas (``decoding.observers``),
+the trace format (``traces``).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from entropy_law.decoding.observers import distribution_stats
+from entropy_law.decoding.replay import teacher_forced_logits
+from entropy_law.importers.records import ImportedRequest
+from entropy_law.importers.writer import (METADATA_KEY, RECORD_FILE, log_request, read_import, run_block_size,
+                                          write_record)
+from entropy_law.traces.layout import (LOCK_FILE, RUN_FILE, create_lock, describe_holder, read_lock, read_run_json,
+                                      remove_lock)
+from entropy_law.traces.recorder import TraceRecorder
+from entropy_law.traces.stats import TARGET_STAT_KEYS
+
+DEFAULT_BATCH_TOKENS = 0  # one forward per request: on a CPU 1.6x faster than padded batches (bench/entropy_speed.py)
+DEFAULT_FLUSH_EVERY = 16
+DEFAULT_FLUSH_SECONDS = 60.0
+STATS_ROWS = 32  # logit rows per statistics call: [32, V] fp32 stays in cache; [256, V] at once is 1.5x slower
+MAX_LOGIT_BYTES = 512 << 20  # most bytes of logits one batched forward may return
+METADATA_KEY_ENTROPY = "entropy"
+# run.json keys the recorder writes itself (or that describe the import's own writer): not carried over
+_NOT_CARRIED = ("format", "format_version", "status", "package_version", "start_time", "end_time", "quarantined",
+                "resumed_at", "git_revision")
+
+
+@dataclass
+class EntropyProgress:
+    """Where a job stands, after each batch: requests and output tokens scored by this job so far."""
+
+    requests_done: int
+    requests_total: int
+    tokens_done: int
+    seconds: float
+
+
+@dataclass
+class EntropySummary:
+    """What a job did: the run written, what was scored now or earlier, throughput, the unscored requests."""
+
+    run_dir: Path
+    run_id: str
+    requests: int  # imported requests
+    scorable: int  # aligned per-step requests whose ids fit the target
+    scored_now: int
+    scored_before: int  # by an earlier, interrupted job (resumed)
+    tokens_now: int
+    seconds: float  # forward passes and statistics of this job
+    argmax_agree: int  # output tokens that are the target's argmax (greedy output of this target: all)
+    unscored: list[dict] = field(default_factory=list)
+    note: str = ""
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens_now / self.seconds if self.seconds > 0 else float("nan")
+
+    def lines_to_print(self) -> list[str]:
+        out = [f"target statistics for {self.run_dir} (run {self.run_id})"]
+        if self.note:
+            out.append(f"  {self.note}")
+        out += [f"  requests imported:               {self.requests}",
+                f"  scored (aligned per-step):       {self.scorable} ({self.scored_now} now, "
+                f"{self.scored_before} by an earlier job)",
+                f"  not scored (ids do not fit):     {len(self.unscored)}"]
+        for item in self.unscored[:10]:
+            out.append(f"    {item['request_id']}: {item['reason']}")
+        if self.tokens_now:
+            agree = self.argmax_agree / self.tokens_now
+            out.append(f"  output tokens scored now:        {self.tokens_now} in {self.seconds:.1f} s "
+                       f"({self.tokens_per_s:,.0f} tokens/s)")
+            out.append(f"  target argmax = engine token:    {agree:.1%} of them")
+            if agree < 0.9:
+                out.append("  (a greedy output of this target agrees everywhere: the engine used another model or "
+                           "tokenizer, or sampled; the statistics are this target's along the engine's output)")
+        return out
+
+
+# -- the plan: paths, checks, requests ----------------------------------------------------------------------
+
+@dataclass
+class _Plan:
+    run_dir: Path
+    stage: Path  # where the new run is written (``out``, or the hidden folder beside the import)
+    in_place: bool
+    previous: Path  # in place: where the import goes during the swap
+
+
+def _paths(run_dir: Path, out) -> _Plan:
+    run_dir = Path(run_dir)
+    if out is not None:
+        out = Path(out)
+        if out.resolve() == run_dir.resolve():
+            raise ValueError(f"--out {out} is the imported run itself; omit --out to write the statistics in place")
+        return _Plan(run_dir, out, False, run_dir)
+    parent, name = run_dir.parent, run_dir.name
+    return _Plan(run_dir, parent / f".{name}.entropy", True, parent / f".{name}.imported")
+
+
+def _status(path: Path) -> str | None:
+    try:
+        return read_run_json(path / RUN_FILE).get("status")
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _finish_swap(plan: _Plan) -> bool:
+    """Complete a swap a killed job left half done; True if the run is now the finished one."""
+    if not plan.in_place:
+        return False
+    if not plan.run_dir.exists() and plan.previous.exists() and _status(plan.stage) == "complete":
+        os.rename(plan.stage, plan.run_dir)
+        _fsync_dir(plan.run_dir.parent)
+    if plan.run_dir.exists() and plan.previous.exists() and _target_stats_of(plan.run_dir) is not None:
+        shutil.rmtree(plan.previous)
+        return True
+    return False
+
+
+def _target_stats_of(run_dir: Path) -> str | None:
+    """The run's ``engine_import.target_stats``, None while they are missing."""
+    meta = read_run_json(run_dir / RUN_FILE)
+    if METADATA_KEY not in meta:
+        raise ValueError(f"{run_dir} was not written by entropy-law import (run.json has no {METADATA_KEY!r}); "
+                         "its target statistics were recorded with it")
+    value = str(meta[METADATA_KEY].get("target_stats", ""))
+    return None if value.startswith("missing") else value
+
+
+def check_entropy_run(run_dir, *, out=None, break_lock: bool = False) -> None:
+    """Raise what ``compute_target_stats`` would refuse before a model is loaded: no imported run there, one
+    that already holds target statistics or has no aligned per-step request, an output folder that holds
+    something else, a writer's lock (a stale one without ``break_lock``)."""
+    plan = _paths(run_dir, out)
+    if _finish_swap(plan):
+        return
+    if not plan.run_dir.is_dir() or not (plan.run_dir / RECORD_FILE).is_file():
+        raise FileNotFoundError(f"{plan.run_dir}: no imported run ({RECORD_FILE} missing); make one with "
+                                "entropy-law import ENGINE FILE --out RUN")
+    info = read_run_json(plan.run_dir / RUN_FILE).get(METADATA_KEY, {})
+    if not info.get("per_step_aligned"):
+        raise ValueError(f"{plan.run_dir}: no request has aligned per-step data (the engine reported aggregates "
+                         "only, or every per-step request is flagged): there are no rounds to give statistics to")
+    done = _target_stats_of(plan.run_dir)
+    if done is not None and plan.in_place:
+        raise ValueError(f"{plan.run_dir} already holds target statistics ({done}); nothing to do. Pass --out DIR "
+                         "to compute them again with another target into a new run")
+    try:
+        if plan.in_place:
+            TraceRecorder.check_path(plan.run_dir, resume=True, break_lock=break_lock)
+        TraceRecorder.check_path(plan.stage, resume=True, break_lock=break_lock)
+    except (FileExistsError, NotADirectoryError) as err:  # RunLockedError included
+        raise ValueError(f"{err} (entropy-law entropy --break-lock takes over a stale lock)") from err
+    if plan.stage.is_dir() and (plan.stage / RUN_FILE).is_file() and METADATA_KEY not in read_run_json(
+            plan.stage / RUN_FILE):
+        raise ValueError(f"{plan.stage} holds another trace run, not this import's statistics; pick another --out")
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+# -- prompt ids ---------------------------------------------------------------------------------------------
+
+def prompt_ids_of(record: ImportedRequest, tokenizer) -> list[int]:
+    """The prompt's token ids: the engine's, else the prompt text tokenized as a completion endpoint does
+    (special tokens added) or chat messages through the tokenizer's chat template (generation prompt added).
+    Raises ValueError with the reason when there is no way to them."""
+    if record.prompt_token_ids is not None:
+        return [int(t) for t in record.prompt_token_ids]
+    if record.prompt is None:
+        raise ValueError("neither prompt ids nor prompt text")
+    if tokenizer is None:
+        raise ValueError("no prompt ids, and the target has no tokenizer to make them from the prompt text")
+    if isinstance(record.prompt, str):
+        ids = list(tokenizer(record.prompt)["input_ids"])
+    else:
+        text = tokenizer.apply_chat_template(list(record.prompt), add_generation_prompt=True, tokenize=False)
+        ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    if len(ids) != record.prompt_tokens:
+        raise ValueError(f"the target's tokenizer makes {len(ids)} prompt tokens of the prompt, the engine counted "
+                         f"{record.prompt_tokens}: another tokenizer or chat template; send the engine's "
+                         "prompt_token_ids with each line")
+    return ids
+
+
+def _check_fits(prompt: list[int], output: list[int], vocab: int, context: int | None) -> None:
+    if not prompt:
+        raise ValueError("empty prompt: the first output token needs at least one prompt token")
+    top = max(max(prompt), max(output))
+    if top >= vocab:
+        raise ValueError(f"token id {top} is beyond the target's vocabulary ({vocab}): another model")
+    if min(min(prompt), min(output)) < 0:
+        raise ValueError("negative token id")
+    length = len(prompt) + len(output) - 1
+    if context is not None and length > context:
+        raise ValueError(f"prompt + output is {length} tokens, longer than the target's context ({context})")
+
+
+# -- the forward passes -------------------------------------------------------------------------------------
+
+def _model_of(target) -> torch.nn.Module:
+    return target if isinstance(target, torch.nn.Module) else target.model
+
+
+def _vocab_size(model) -> int:
+    head = model.get_output_embeddings()
+    return int(head.weight.shape[0]) if head is not None else int(model.config.vocab_size)
+
+
+def _context_of(model) -> int | None:
+    config = getattr(model.config, "get_text_config", lambda: model.config)()
+    value = getattr(config, "max_position_embeddings", None)
+    return int(value) if value else None
+
+
+def plan_batches(lengths: Sequence[int], outputs: Sequence[int], batch_tokens: int, vocab: int) -> list[list[int]]:
+    """Indices of requests per forward: sorted by length, packed while the padded batch holds at most
+    ``batch_tokens`` tokens and its logits at most ``MAX_LOGIT_BYTES``; ``batch_tokens=0``: one per forward."""
+    order = sorted(range(len(lengths)), key=lambda i: (lengths[i], i))
+    if batch_tokens <= 0:
+        return [[i] for i in order]
+    batches, current, longest, widest = [], [], 0, 0
+    for i in order:
+        grow_len, grow_out = max(longest, lengths[i]), max(widest, outputs[i])
+        n = len(current) + 1
+        if current and (n * grow_len > batch_tokens or n * grow_out * vocab * 4 > MAX_LOGIT_BYTES):
+            batches.append(current)
+            current, grow_len, grow_out = [], lengths[i], outputs[i]
+        current.append(i)
+        longest, widest = grow_len, grow_out
+    if current:
+        batches.append(current)
+    return batches
+
+
+@torch.no_grad()
+def batch_logits(model, batch: Sequence[tuple[list[int], list[int]]]) -> list[torch.Tensor]:
+    """The teacher-forced logit rows of each ``(prompt_ids, output_ids)`` of ``batch``, on the model's device:
+    row i of request j is the target's logit row after prompt + output[:i]. One request: the plain
+    ``teacher_forced_logits`` pass (CPU) or its same call on the device; several: one left-padded forward
+    (explicit positions, attention mask), only each request's output rows kept."""
+    device = next(model.parameters()).device
+    if len(batch) == 1:
+        prompt, output = batch[0]
+        if device.type == "cpu":
+            return [teacher_forced_logits(model, prompt, output)]
+        ids = torch.tensor([prompt + output[:-1]], dtype=torch.long, device=device)
+        return [model(input_ids=ids, use_cache=False, logits_to_keep=len(output)).logits[0].float()]
+    sequences = [prompt + output[:-1] for prompt, output in batch]
+    width = max(len(s) for s in sequences)
+    keep = max(len(output) for _, output in batch)
+    pad = 0
+    ids = torch.full((len(batch), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(batch), width), dtype=torch.long)
+    for row, sequence in enumerate(sequences):
+        ids[row, width - len(sequence):] = torch.tensor(sequence, dtype=torch.long)
+        mask[row, width - len(sequence):] = 1
+    positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)
+    out = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
+                use_cache=False, logits_to_keep=keep)
+    logits = out.logits
+    return [logits[row, keep - len(output):].float() for row, (_, output) in enumerate(batch)]
+
+
+def logit_stats(logits: torch.Tensor) -> dict[str, np.ndarray]:
+    """The five target statistics (keys of ``TARGET_STAT_KEYS``) of every row, ``STATS_ROWS`` rows at a time."""
+    parts = [distribution_stats(logits[start:start + STATS_ROWS]) for start in range(0, logits.shape[0], STATS_ROWS)]
+    return {key: torch.cat([p[key] for p in parts]).float().cpu().numpy() for key in TARGET_STAT_KEYS}
+
+
+# -- the job ------------------------------------------------------------------------------------------------
+
+def _stats_source(model_id: str, source: str, dtype: torch.dtype) -> str:
+    return (f"teacher-forced by entropy-law entropy: target {model_id} ({source}), {str(dtype).replace('torch.', '')}"
+            ", one forward pass over prompt + output, statistics in fp32 over the full vocabulary")
+
+
+def compute_target_stats(
+    run_dir,
+    target,
+    *,
+    out=None,
+    model_id: str | None = None,
+    batch_tokens: int = DEFAULT_BATCH_TOKENS,
+    flush_every: int = DEFAULT_FLUSH_EVERY,
+    flush_seconds: float = DEFAULT_FLUSH_SECONDS,
+    break_lock: bool = False,
+    on_batch: Callable[[EntropyProgress], None] | None = None,
+) -> EntropySummary:
+    """Compute the target statistics of every output token of the imported run ``run_dir`` and write the run
+    with its rounds and tokens (in place, or into ``out``). ``target``: a ``LoadedTarget`` (its tokenizer
+    makes prompt ids where the engine gave only text) or a causal LM; it runs where it is (move it first for
+    a GPU). ``batch_tokens``: most padded tokens per forward (0: one forward per request). ``flush_every`` /
+    ``flush_seconds``: a shard after that many scored requests, or after the first batch that ends that
+    long after the last shard. ``break_lock``: take over the run from a job that was killed. ``on_batch``:
+    called after every forward with an ``EntropyProgress``. A killed job resumes when run again."""
+    plan = _paths(run_dir, out)
+    if _finish_swap(plan):
+        meta = read_run_json(plan.run_dir / RUN_FILE)
+        imported = meta[METADATA_KEY]
+        return EntropySummary(plan.run_dir, meta["run_id"], imported.get("imported", 0),
+                              imported.get("rounds_in_tables", 0), 0, imported.get("rounds_in_tables", 0), 0, 0.0, 0,
+                              list(meta.get(METADATA_KEY_ENTROPY, {}).get("unscored", [])),
+                              note="finished the swap of an earlier job that was stopped during it")
+    check_entropy_run(plan.run_dir, out=out, break_lock=break_lock)
+    model = _model_of(target)
+    tokenizer = getattr(target, "tokenizer", None)
+    model_id = model_id or getattr(target, "model_id", None) or type(model).__name__
+    source = str(getattr(target, "source", "a model given in Python"))
+    dtype = next(model.parameters()).dtype
+    device = next(model.parameters()).device
+
+    source_lock = None
+    if plan.in_place:  # the import is held while its replacement is written: one writer per run
+        holder = read_lock(plan.run_dir)
+        if holder is not None:  # stale or of another host; check_entropy_run refused it without break_lock
+            (plan.run_dir / LOCK_FILE).unlink(missing_ok=True)
+            warnings.warn(f"{plan.run_dir}: broke the writer lock of {describe_holder(holder)} (break_lock=True)",
+                          UserWarning, stacklevel=2)
+        source_lock = create_lock(plan.run_dir)
+    try:
+        summary = _write_stage(plan, model, tokenizer, model_id=model_id, source=source, dtype=dtype, device=device,
+                               batch_tokens=batch_tokens, flush_every=flush_every, flush_seconds=flush_seconds,
+                               break_lock=break_lock, on_batch=on_batch)
+        if plan.in_place:
+            os.rename(plan.run_dir, plan.previous)  # the import, with this job's lock, out of the way
+            source_lock = None
+            os.rename(plan.stage, plan.run_dir)
+            _fsync_dir(plan.run_dir.parent)
+            shutil.rmtree(plan.previous)
+            summary.run_dir = plan.run_dir
+    finally:
+        if source_lock is not None:
+            remove_lock(plan.run_dir, source_lock)
+    return summary
+
+
+def _write_stage(plan: _Plan, model, tokenizer, *, model_id, source, dtype, device, batch_tokens, flush_every,
+                 flush_seconds, break_lock, on_batch) -> EntropySummary:
+    imported = read_import(plan.run_dir)
+    records = imported.requests
+    vocab, context = _vocab_size(model), _context_of(model)
+    aligned, unscored, inputs = [], [], {}
+    for record in records:
+        check = record.alignment()
+        if check is None or not check.ok:
+            continue
+        try:
+            prompt = prompt_ids_of(record, tokenizer)
+            _check_fits(prompt, record.output_token_ids, vocab, context)
+        except ValueError as err:
+            unscored.append({"request_id": record.request_id, "reason": str(err)})
+            continue
+        aligned.append(record)
+        inputs[record.request_id] = (prompt, [int(t) for t in record.output_token_ids])
+    scorable = {r.request_id for r in aligned}
+
+    meta = {k: v for k, v in imported.metadata.items() if k not in _NOT_CARRIED}
+    if not plan.in_place:
+        meta.pop("run_id", None)
+    info = dict(meta[METADATA_KEY])
+    info["target_stats"] = _stats_source(model_id, source, dtype)
+    info["rounds_in_tables"] = len(scorable)
+    meta[METADATA_KEY] = info
+    meta[METADATA_KEY_ENTROPY] = {"model_id": model_id, "source": source, "dtype": str(dtype).replace("torch.", ""),
+                                  "device": device.type, "unscored": unscored}
+    block_size = run_block_size(records)
+    flagged = list(info.get("flagged", []))
+
+    resume = (plan.stage / RUN_FILE).is_file()
+    scored_now = tokens_now = agree = 0
+    seconds = 0.0
+    with TraceRecorder(plan.stage, resume=resume, break_lock=break_lock, flush_every_rounds=1 << 30,
+                       **meta) as recorder:
+        write_record(plan.stage, records, scorable, flagged)  # the record as it stands once the run is complete
+        done = recorder.completed_requests
+        scored_before = len(scorable & done)
+        for record in records:  # request rows only: flagged, aggregate-only, unscored
+            if record.request_id not in scorable and record.request_id not in done:
+                log_request(recorder, record, stats=None, block_size=block_size)
+        recorder.flush()
+        todo = [r for r in aligned if r.request_id not in done]
+        lengths = [len(inputs[r.request_id][0]) + len(inputs[r.request_id][1]) - 1 for r in todo]
+        outputs = [len(inputs[r.request_id][1]) for r in todo]
+        pending, last_flush = 0, time.monotonic()
+        for batch in plan_batches(lengths, outputs, batch_tokens, vocab):
+            requests = [todo[i] for i in batch]
+            start = time.perf_counter()
+            logits = batch_logits(model, [inputs[r.request_id] for r in requests])
+            stats = []
+            for record, rows in zip(requests, logits):
+                stats.append(logit_stats(rows))
+                output = torch.as_tensor(inputs[record.request_id][1], device=rows.device)
+                agree += int((rows.argmax(dim=-1) == output).sum())
+            seconds += time.perf_counter() - start
+            for record, values in zip(requests, stats):
+                log_request(recorder, record, stats=values, block_size=block_size)
+                tokens_now += record.new_tokens
+            scored_now += len(requests)
+            pending += len(requests)
+            if pending >= flush_every or time.monotonic() - last_flush >= flush_seconds:
+                recorder.flush()
+                pending, last_flush = 0, time.monotonic()
+            if on_batch is not None:
+                on_batch(EntropyProgress(scored_now, len(todo), tokens_now, seconds))
+        run_id = recorder.run_id
+    return EntropySummary(plan.stage, run_id, len(records), len(scorable), scored_now, scored_before, tokens_now,
+                          seconds, agree, unscored)
+
+
+__all__ = ["DEFAULT_BATCH_TOKENS", "EntropyProgress", "EntropySummary", "batch_logits", "check_entropy_run",
+           "compute_target_stats", "logit_stats", "plan_batches", "prompt_ids_of"]

@@ -1,0 +1,162 @@
+"""Measured decoding speed, the one routine: warm-up, arms interleaved per prompt, paired ratios, intervals.
+
+Known here: how a speedup over the autoregressive (AR) baseline is measured so that the number can be
+defended. Every arm is a callable ``(prompt ids, max_new_tokens) -> (new token ids, rounds or None)``.
+Each arm first decodes one short warm-up (first forwards allocate and tune kernels; a cold first request
+ran at 342 ms per token against about 50 afterwards). Then prompt by prompt every arm decodes in turn, in an
+order that rotates with the prompt, so slow and fast moments of a shared machine hit all arms alike. Each
+call is timed by this process's CPU clock (default; the honest clock on a shared machine, with one torch
+thread) and by the wall clock. Outputs are compared with the reference arm's (lossless decoding: a
+mismatch is reported, never hidden).
+
+A speedup is paired: per category, the reference's time over the arm's time on the same requests, whose
+token counts are equal when decoding is lossless (time per token otherwise); its 95% interval is a request
+bootstrap. Two checks decide whether it is printed as a result:
+
+- the physical bound: one round commits ``tokens/round`` tokens and costs at least one target forward over
+  the verified tree, ``c(N + 1) >= c(1) = 1`` one-token forwards, so speedup <= tokens/round x c(1)/c(N+1);
+  a speedup above it (by more than ``BOUND_SLACK``) is flagged, never reported as a result;
+- precision: an interval wider than +-``RELIABLE_HALF_WIDTH`` of the estimate is "not measured reliably".
+
+Not known here: how arms decode (``decoding``), traces, the law.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+RELIABLE_HALF_WIDTH = 0.15
+BOUND_SLACK = 0.05  # timing noise allowed above the physical bound before a speedup is flagged
+ALL = "all"
+
+
+@dataclass(frozen=True)
+class Timing:
+    """One arm on one request."""
+
+    arm: str
+    request_id: str
+    category: str
+    new_tokens: int
+    cpu_s: float
+    wall_s: float
+    rounds: int  # verify rounds after the prefill (0: unknown)
+    verify_cost: float  # sum over those rounds of c(verified tokens) in one-token forwards (0: unknown)
+    matches_reference: bool
+
+
+def round_cost(rounds, cost_of: Callable[[int], float] | None = None) -> tuple[int, float]:
+    """(verify rounds after the prefill, their summed verify cost ``c(tree nodes + 1)`` in one-token forwards;
+    ``cost_of`` default ``c(n) = 1``) of a decoder's round records; (0, 0.0) without them."""
+    cost_of = cost_of or (lambda n: 1.0)
+    if not rounds:
+        return 0, 0.0
+    decode = [r for r in rounds if r.round_index > 0]
+    return len(decode), float(sum(cost_of(r.tree_nodes + 1) for r in decode))
+
+
+def time_arms(tasks: Sequence, arms: Mapping[str, Callable], encode: Callable, *, max_new_tokens: int,
+              reference: str, warm_up_tokens: int = 8, verify_cost: Callable[[int], float] | None = None,
+              progress: Callable | None = None) -> pd.DataFrame:
+    """Decode every task with every arm (interleaved, rotating order, after a warm-up) and time each call.
+
+    ``arms``: name -> ``run(prompt_ids, max_new_tokens) -> (token ids, rounds)`` (``rounds``: the decoder's
+    round records, or ``None`` for an arm that has none). ``encode(task) -> prompt ids``. ``reference``: the
+    AR arm's name (its outputs are the reference). ``verify_cost``: the measured cost curve ``c(n)`` used for
+    the physical bound (default: ``c(n) = 1``, the weakest bound). One row per (arm, request): ``Timing``.
+    """
+    if reference not in arms:
+        raise ValueError(f"the reference arm {reference!r} is not among the arms {list(arms)}")
+    if not tasks:
+        raise ValueError("no prompts to time")
+    cost_of = verify_cost
+    names = list(arms)
+    warm = list(encode(tasks[0]))
+    for name in names:
+        arms[name](warm, min(warm_up_tokens, max_new_tokens))
+    rows = []
+    for index, task in enumerate(progress(tasks) if progress else tasks):
+        prompt = list(encode(task))
+        order = names[index % len(names):] + names[: index % len(names)]
+        outputs, timed = {}, {}
+        for name in order:
+            cpu0, wall0 = time.process_time(), time.perf_counter()
+            tokens, rounds = arms[name](prompt, max_new_tokens)
+            timed[name] = (time.process_time() - cpu0, time.perf_counter() - wall0, rounds)
+            outputs[name] = list(tokens)
+        for name in names:
+            cpu_s, wall_s, rounds = timed[name]
+            n_rounds, cost = round_cost(rounds, cost_of)
+            rows.append(Timing(arm=name, request_id=task.request_id, category=task.category,
+                               new_tokens=len(outputs[name]), cpu_s=cpu_s, wall_s=wall_s, rounds=n_rounds,
+                               verify_cost=cost, matches_reference=outputs[name] == outputs[reference]))
+    return pd.DataFrame([row.__dict__ for row in rows])
+
+
+def _ratio(ref_time: np.ndarray, ref_tokens: np.ndarray, arm_time: np.ndarray, arm_tokens: np.ndarray) -> float:
+    """Speedup = reference time per token / arm time per token, over the requests given (totals)."""
+    return (ref_time.sum() / ref_tokens.sum()) / (arm_time.sum() / arm_tokens.sum())
+
+
+def paired_speedups(timings: pd.DataFrame, *, reference: str, clock: str = "cpu", n_boot: int = 2000,
+                    seed: int = 0) -> pd.DataFrame:
+    """Per arm and category (and ``"all"``): the paired speedup over ``reference`` with a request-bootstrap
+    95% interval, tokens per round, the physical bound, and whether the number is a result.
+
+    Columns: ``arm``, ``category``, ``requests``, ``speedup``, ``lo``, ``hi``, ``tokens_per_round``,
+    ``bound``, ``within_bound``, ``reliable``, ``mismatches``, ``verdict`` (``"measured"``, ``"not measured
+    reliably"``, or ``"above the physical bound"``). A request whose output differs from the reference is
+    kept (its time is real) and counted in ``mismatches``.
+    """
+    if clock not in ("cpu", "wall"):
+        raise ValueError(f"clock must be 'cpu' or 'wall', got {clock!r}")
+    column = f"{clock}_s"
+    ref = timings.loc[timings["arm"] == reference].set_index("request_id")
+    rng = np.random.default_rng(seed)
+    rows = []
+    for arm, part in timings.loc[timings["arm"] != reference].groupby("arm", sort=False):
+        part = part.set_index("request_id")
+        for category in [*sorted(part["category"].unique()), ALL]:
+            mine = part if category == ALL else part.loc[part["category"] == category]
+            ids = [r for r in mine.index if r in ref.index]
+            if not ids:
+                continue
+            a_t, a_n = mine.loc[ids, column].to_numpy(float), mine.loc[ids, "new_tokens"].to_numpy(float)
+            r_t, r_n = ref.loc[ids, column].to_numpy(float), ref.loc[ids, "new_tokens"].to_numpy(float)
+            speedup = _ratio(r_t, r_n, a_t, a_n)
+            if len(ids) >= 2:
+                draws = rng.integers(0, len(ids), size=(n_boot, len(ids)))
+                boot = np.array([_ratio(r_t[d], r_n[d], a_t[d], a_n[d]) for d in draws])
+                lo, hi = np.percentile(boot, [2.5, 97.5])
+            else:
+                lo = hi = math.nan  # one request: no interval
+            rounds = mine.loc[ids, "rounds"].sum()
+            tokens_per_round = (a_n - 1).sum() / rounds if rounds else math.nan  # the prefill's token excluded
+            cost = mine.loc[ids, "verify_cost"].sum()
+            bound = tokens_per_round * rounds / cost if rounds and cost else tokens_per_round
+            within = bool(not (bound == bound) or speedup <= bound * (1 + BOUND_SLACK))
+            reliable = bool(lo == lo and max(speedup - lo, hi - speedup) <= RELIABLE_HALF_WIDTH * speedup)
+            verdict = ("above the physical bound" if not within
+                       else "measured" if reliable else "not measured reliably")
+            rows.append(dict(arm=arm, category=category, requests=len(ids), speedup=float(speedup), lo=float(lo),
+                             hi=float(hi),
+                             tokens_per_round=tokens_per_round, bound=bound, within_bound=within,
+                             reliable=reliable, mismatches=int((~mine.loc[ids, "matches_reference"]).sum()),
+                             verdict=verdict))
+    return pd.DataFrame(rows)
+
+
+def format_speedup(row) -> str:
+    """The speedup as it may be printed: a number with its interval only when it is a result."""
+    if row["verdict"] == "above the physical bound":
+        return f"above the physical bound ({row['speedup']:.2f}x > {row['bound']:.2f}x): not a result"
+    if row["verdict"] != "measured":
+        interval = "" if row["lo"] != row["lo"] else f" [{row['lo']:.2f}, {row['hi']:.2f}]"
+        return f"not measured reliably ({row['speedup']:.2f}x{interval}, {row['requests']} requests)"
+    return f"{row['speedup']:.2f}x [{row['lo']:.2f}, {row['hi']:.2f}] ({row['requests']} requests)"

@@ -1,0 +1,228 @@
+"""Arms: which runs of a trace set belong together, and what a reader calls them.
+
+Known here, from a trace set's ``runs`` table (run metadata, ``docs/trace-schema.md``) alone:
+
+- the **arm** of a run, the unit one law (and one cost model) describes: the target model
+  (``model_id``), the drafter (``drafter_id``, with ``drafter_config["checkpoint_sha256"]`` where the
+  drafter was loaded from a checkpoint: two checkpoints of one architecture are two drafters), the
+  tree policy and budget (``tree_policy``, ``tree_budget``) and the drafting gate (``gate`` as written,
+  "ratio" or "cost"; runs recorded before that key: a ``verify_cost`` curve = the measured verify-cost
+  gate, none = the ratio gate; the ratio gate with its ``verify_cost_ratio`` where one is recorded).
+  Autoregressive (AR) runs (``drafter_id`` "none" / "ar" or ``tree_policy`` "none") form one arm per model;
+- the arm's readable **label**: ``arm_label`` (``"ngram chain"``, ``"ngram ddtree16"``, ``"AR"``), and only
+  where two arms of the trace set would share it, the parts that tell them apart: the model as a
+  prefix (``"smollm2-135m/ngram chain"``), then the checkpoint (``"… sha256:2cd5887f"``), the gate
+  (``"… cost-gate"``, ``"… ratio-gate2"``) and the budget (``"… budget8"``);
+- the **machine** a run was timed on (model, ``device`` and ``host`` where recorded): a speedup or a
+  cost is measured against an AR run of the same machine only;
+- ``check_one_arm_per_drafter``: the refusal, with the arms found and how to select one, when rows
+  selected by ``drafter_id`` hold several arms (the law layer's funnel, ``atrisk.at_risk_table``, and
+  the drafter selections of ``transfer`` and ``cost`` call it).
+
+Not known here: the trace tables themselves, fits, timings. No torch.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple, Sequence
+
+import numpy as np
+import pandas as pd
+
+AR_LABEL = "AR"  # label of the autoregressive baseline in tables
+AR_DRAFTER_IDS = ("none", "ar")
+AR_TREE_POLICY = "none"
+GATE_COST = "cost"
+GATE_RATIO = "ratio"
+
+
+class ArmKey(NamedTuple):
+    """What makes two runs one arm. AR runs: ``drafter_id`` is ``AR_LABEL`` and only ``model_id`` counts."""
+
+    model_id: str | None
+    drafter_id: str
+    checkpoint_sha256: str | None
+    tree_policy: str | None
+    tree_budget: int | None
+    gate: str | None  # "cost", "ratio", "ratio <r>" (the ratio gate with its recorded ratio r); None for AR
+
+
+class Machine(NamedTuple):
+    """Where a run was timed: timings (and so speedups) compare only on one machine."""
+
+    model_id: str | None
+    device: str | None
+    host: str | None
+
+    def __str__(self) -> str:
+        host = f" on host {self.host}" if self.host is not None else ""
+        return f"model {self.model_id or '?'} on device {self.device or '?'}{host}"
+
+
+def _missing(value) -> bool:
+    if value is None or value is pd.NA or value is pd.NaT:
+        return True
+    return isinstance(value, (float, np.floating)) and math.isnan(value)
+
+
+def _text(value) -> str | None:
+    return None if _missing(value) else str(value)
+
+
+def _integer(value) -> int | None:
+    if _missing(value):
+        return None
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _column(runs: pd.DataFrame, name: str) -> list:
+    return list(runs[name]) if name in runs else [None] * len(runs)
+
+
+def arm_label(drafter_id: str, tree_policy, tree_budget=None) -> str:
+    """``"ngram chain"``, ``"block-drafter-b8-l1 ddtree16"``: a drafter with its tree policy (and a
+    DDTree's budget)."""
+    policy = _text(tree_policy) or ""
+    budget = _integer(tree_budget) if policy == "ddtree" else None
+    return f"{drafter_id} {policy}{'' if budget is None else budget}".strip()
+
+
+def is_ar_run(drafter_id, tree_policy) -> bool:
+    """An AR run says it has no drafter: ``drafter_id`` "none" / "ar" or ``tree_policy`` "none" (a drafter
+    whose gate declined every round is still that drafter's arm)."""
+    return str(drafter_id) in AR_DRAFTER_IDS or str(tree_policy) == AR_TREE_POLICY
+
+
+def _gate(gate, verify_cost, ratio) -> str:
+    """The run's gate as written (``gate``), else as runs recorded before that key read: a ``verify_cost``
+    curve = the cost gate, none = the ratio gate; the ratio gate with its ``verify_cost_ratio`` where
+    recorded."""
+    named = _text(gate)
+    if named == GATE_COST or (named is None and not _missing(verify_cost) and verify_cost is not False):
+        return GATE_COST
+    if named not in (None, GATE_RATIO):
+        return named  # a gate this module does not know: its own arm
+    if _missing(ratio):
+        return GATE_RATIO  # the ratio was not written down
+    return f"{GATE_RATIO} {float(ratio):g}"
+
+
+def _checkpoint(config) -> str | None:
+    return _text(config.get("checkpoint_sha256")) if isinstance(config, dict) else None
+
+
+def arm_keys(runs: pd.DataFrame) -> list[ArmKey]:
+    """One ``ArmKey`` per row of ``runs`` (missing metadata columns read as not recorded)."""
+    keys = []
+    for model, drafter, config, policy, budget, gate, cost, ratio in zip(
+            _column(runs, "model_id"), _column(runs, "drafter_id"), _column(runs, "drafter_config"),
+            _column(runs, "tree_policy"), _column(runs, "tree_budget"), _column(runs, "gate"),
+            _column(runs, "verify_cost"), _column(runs, "verify_cost_ratio")):
+        if is_ar_run(drafter, policy):
+            keys.append(ArmKey(_text(model), AR_LABEL, None, AR_TREE_POLICY, None, None))
+        else:
+            keys.append(ArmKey(_text(model), str(drafter), _checkpoint(config), _text(policy), _integer(budget),
+                               _gate(gate, cost, ratio)))
+    return keys
+
+
+def machines(runs: pd.DataFrame) -> list[Machine]:
+    """One ``Machine`` per row of ``runs``: model, ``device`` and ``host`` (None where not recorded)."""
+    return [Machine(_text(m), _text(d), _text(h))
+            for m, d, h in zip(_column(runs, "model_id"), _column(runs, "device"), _column(runs, "host"))]
+
+
+# the parts that may tell two arms with one base label apart, in the order they are added
+def _model_part(key: ArmKey) -> str:
+    return key.model_id or "unknown-model"
+
+
+def _checkpoint_part(key: ArmKey) -> str:
+    return f"sha256:{key.checkpoint_sha256[:8]}" if key.checkpoint_sha256 else "no-checkpoint"
+
+
+def _gate_part(key: ArmKey) -> str:
+    return key.gate.replace(" ", "-gate") if " " in (key.gate or "") else f"{key.gate}-gate"
+
+
+def _budget_part(key: ArmKey) -> str:
+    return f"budget{key.tree_budget}" if key.tree_budget is not None else "no-budget"
+
+
+_DISTINGUISHING = (("model_id", _model_part), ("checkpoint_sha256", _checkpoint_part), ("gate", _gate_part),
+                   ("tree_budget", _budget_part))
+
+
+def base_label(key: ArmKey) -> str:
+    return AR_LABEL if key.drafter_id == AR_LABEL else arm_label(key.drafter_id, key.tree_policy, key.tree_budget)
+
+
+def arm_labels(keys: Sequence[ArmKey]) -> dict[ArmKey, str]:
+    """A readable, unique label per distinct key: ``base_label``, plus what tells apart the keys that
+    share it (model as a prefix, then checkpoint, gate and budget as suffixes)."""
+    distinct = list(dict.fromkeys(keys))
+    groups: dict[str, list[ArmKey]] = {}
+    for key in distinct:
+        groups.setdefault(base_label(key), []).append(key)
+    labels = {}
+    for base, group in groups.items():
+        varying = [(field, part) for field, part in _DISTINGUISHING
+                   if len({getattr(k, field) for k in group}) > 1]
+        for key in group:
+            label = base
+            for field, part in varying:
+                label = f"{part(key)}/{label}" if field == "model_id" else f"{label} {part(key)}"
+            labels[key] = label
+    seen: dict[str, int] = {}
+    for key in distinct:  # a last guard (e.g. two checkpoints whose SHA-256 share 8 hex digits)
+        n = seen[labels[key]] = seen.get(labels[key], 0) + 1
+        if n > 1:
+            labels[key] = f"{labels[key]} #{n}"
+    return labels
+
+
+def run_arms(runs: pd.DataFrame) -> pd.DataFrame:
+    """One row per run (in ``runs``' order): ``run_id``, ``is_ar``, ``arm_key``, ``arm`` (the label,
+    unique per arm within ``runs``) and ``machine``.
+
+    A runs table that already carries ``arm_key`` and ``arm`` (``analysis.make_view``) is taken as it is,
+    so a selection of its runs keeps the labels of the whole trace set."""
+    if {"arm_key", "arm"} <= set(runs.columns):
+        keys, labels = list(runs["arm_key"]), list(runs["arm"])
+    else:
+        keys = arm_keys(runs)
+        named = arm_labels(keys)
+        labels = [named[k] for k in keys]
+    return pd.DataFrame({"run_id": runs["run_id"].astype(str).to_numpy(),
+                         "is_ar": [k.drafter_id == AR_LABEL for k in keys],
+                         "arm_key": pd.Series(keys, dtype=object).to_numpy(), "arm": labels,
+                         "machine": pd.Series(machines(runs), dtype=object).to_numpy()})
+
+
+def describe_arms(arms: pd.DataFrame) -> str:
+    """``"ngram chain (runs r1), ngram ddtree16 (runs r2)"``: the arms of ``run_arms`` rows with their runs."""
+    parts = [f"{label} (runs {', '.join(part['run_id'])})" for label, part in arms.groupby("arm", sort=False)]
+    return ", ".join(parts)
+
+
+def check_one_arm_per_drafter(runs: pd.DataFrame, run_ids=None) -> None:
+    """Refuse rows that pool arms: raise ``ValueError`` when the runs ``run_ids`` (default: all) hold two
+    or more arms under one ``drafter_id``, naming the arms and how to select one."""
+    arms = run_arms(runs).assign(drafter_id=runs["drafter_id"].astype(str).to_numpy())
+    if run_ids is not None:
+        arms = arms.loc[arms["run_id"].isin({str(r) for r in run_ids})]
+    arms = arms.loc[~arms["is_ar"]]
+    mixed = [(d, part) for d, part in arms.groupby("drafter_id", sort=False) if part["arm_key"].nunique() > 1]
+    if not mixed:
+        return
+    found = "; ".join(f"drafter_id {d!r} holds {part['arm_key'].nunique()} arms: {describe_arms(part)}"
+                      for d, part in mixed)
+    raise ValueError(
+        f"the traces mix arms that one law must not pool ({found}). An arm is one model, drafter (checkpoint), "
+        "tree policy, budget and drafting gate. Select one arm with traces.filter(run_id=[...]) (its runs above), "
+        "or let TraceAnalysis(traces) split the arms (its arm_view(label) is one arm; make_view(traces) relabels "
+        "drafter_id with the arm labels, so drafter='<label>' selects one where a function takes drafter=).")

@@ -1,0 +1,174 @@
+"""Out of core: the SQL aggregation (DuckDB over the Parquet shards) equals the pandas path cell by cell.
+
+The pandas path is ``at_risk_table`` + ``aggregate_at_risk`` on ``load_traces``; the SQL path is
+``entropy_law.law.outofcore``. Traces are simulated from a known law and written through ``TraceRecorder``
+in several shards per run, and the DuckDB driver is made to run one query per small group of shards, so
+the test also covers the per-group split and the merge of cells that share a key.
+"""
+
+from __future__ import annotations
+
+import re
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from entropy_law.law import atrisk
+from entropy_law.law.fit import fit_law, get_family
+from entropy_law.law.outofcore import aggregate_at_risk_sql, at_risk_sql, fit_law_out_of_core
+from entropy_law.law.simulate import TreeSpec, simulate_traces
+from entropy_law.traces.reader import load_traces
+from entropy_law.traces.recorder import TraceRecorder
+
+pytest.importorskip("duckdb")
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "out-of-core.md"
+
+
+def write_runs(root: Path, sim, *, shards: int = 3, rename: dict | None = None) -> Path:
+    """Every simulated run under ``root/<run_id>``, its requests spread over ``shards`` shards."""
+    for run in sim.runs.itertuples():
+        run_id = (rename or {}).get(run.run_id, run.run_id)
+        with TraceRecorder(root / run_id, run_id=run_id, model_id="simulated", drafter_id=run.drafter_id,
+                           drafter_config={"block_size": int(run.block_size)}, tree_policy=run.tree_policy,
+                           dtype="float32", device="none", seed=0) as rec:
+            ids = sim.requests.loc[sim.requests["run_id"] == run.run_id, "request_id"].to_numpy()
+            for part in np.array_split(ids, shards):
+                tables = {}
+                for name in ("tokens", "rounds", "requests"):
+                    frame = getattr(sim, name)
+                    rows = frame.loc[(frame["run_id"] == run.run_id) & frame["request_id"].isin(part)]
+                    rows = rows.assign(run_id=run_id)
+                    tables[name] = {c: rows[c].to_numpy() for c in rows.columns}
+                rec.log_columns(**tables)
+    return root
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    sim = simulate_traces(seed=3, n_requests_per_category=6, tokens_per_request=(60, 140), block_size=6,
+                          tree=TreeSpec(depth=4, nodes=10), block_depths={"probs": [0.1, 0.1, 0.2, 0.2, 0.2, 0.2]},
+                          category_effects={"qa": 0.3})
+    return write_runs(tmp_path_factory.mktemp("fleet"), sim), sim
+
+
+def pandas_aggregate(path, family="law_exp", on_invalid="raise", validate=True):
+    fam = get_family(family)
+    table = atrisk.at_risk_table(load_traces(path, validate=validate), on_invalid=on_invalid)
+    return atrisk.aggregate_at_risk(table, bin_columns=fam.bin_columns, keys=(*atrisk.KEY_COLUMNS, *fam.extra_keys))
+
+
+def assert_same_cells(sql: pd.DataFrame, ref: pd.DataFrame, *, atol: float = 1e-9):
+    attrs = ref.attrs
+    cell = [*attrs["keys"], *[f"bin_{c}" for c in attrs["bin_columns"]]]
+    assert list(sql.columns) == list(ref.columns)
+    assert sql.attrs == ref.attrs
+    ref = ref.sort_values(cell, ignore_index=True)
+    pd.testing.assert_frame_equal(sql[cell + ["n_acc", "n", "n_rej"]], ref[cell + ["n_acc", "n", "n_rej"]],
+                                  check_dtype=False)
+    means = [c for c in ref.columns if c not in cell and c not in ("n_acc", "n", "n_rej")]
+    np.testing.assert_allclose(sql[means].to_numpy(float), ref[means].to_numpy(float), rtol=0, atol=atol)
+
+
+@pytest.mark.parametrize("family", ["law_exp", "law_exp_cum", "law_exp_drafted", "law_renyi2", "law_margin"])
+def test_sql_aggregate_equals_the_pandas_path(fleet, family):
+    path, _ = fleet
+    ref = pandas_aggregate(path, family)
+    # one query per shard group (a few hundred kB): the groups split runs, the result must not change
+    sql = aggregate_at_risk_sql(path, family, chunk_bytes=20_000, threads=1)
+    assert_same_cells(sql, ref)
+    assert sql["n"].sum() == ref["n"].sum() > 1000
+
+
+def test_out_of_core_fit_equals_the_in_memory_fit(fleet):
+    path, _ = fleet
+    traces = load_traces(path)
+    for family in ("law_exp", "law_exp_cat"):
+        memory = fit_law(traces, family, by="drafter_id")
+        out = fit_law_out_of_core(path, family, by="drafter_id", chunk_bytes=50_000, threads=1)
+        for drafter in memory.laws:
+            a, b = memory[drafter].result, out[drafter].result
+            np.testing.assert_allclose(b.params.to_numpy(), a.params.to_numpy(), rtol=1e-6, atol=1e-8)
+            np.testing.assert_allclose(b.bse.to_numpy(), a.bse.to_numpy(), rtol=1e-6, atol=1e-8)
+            assert out[drafter].n_rows == memory[drafter].n_rows
+            assert out[drafter].n_requests == memory[drafter].n_requests
+
+
+def test_runs_of_one_arm_sharing_request_ids_are_pooled_as_in_memory(tmp_path):
+    """Two runs of one arm that decode the same prompts: the pandas path pools their cells by request id
+    (one cluster per prompt), and so do the merged groups of the SQL path."""
+    sim = simulate_traces(seed=5, n_requests_per_category=3, tokens_per_request=(40, 80), block_size=5,
+                          include_block=True)
+    write_runs(tmp_path / "fleet", sim, shards=2, rename={"sim-block": "sim-block-a"})
+    write_runs(tmp_path / "fleet", sim, shards=1, rename={"sim-block": "sim-block-b"})
+    ref = pandas_aggregate(tmp_path / "fleet")
+    sql = aggregate_at_risk_sql(tmp_path / "fleet", chunk_bytes=1, threads=1)  # one query per shard
+    assert_same_cells(sql, ref)
+    assert ref["n"].sum() == 2 * sim.tokens["role"].isin(["accepted", "correction"]).sum()
+
+
+def test_two_arms_under_one_drafter_id_are_refused(tmp_path):
+    sim = simulate_traces(seed=6, n_requests_per_category=2, tokens_per_request=(30, 50), block_size=5)
+    write_runs(tmp_path / "fleet", sim, shards=1)
+    other = tmp_path / "fleet" / "sim-block-other"
+    with TraceRecorder(other, run_id="other", model_id="another-model", drafter_id="sim-block",
+                       drafter_config={"block_size": 5}, tree_policy="chain", dtype="float32", device="none") as rec:
+        part = {name: getattr(sim, name).assign(run_id="other") for name in ("tokens", "rounds", "requests")}
+        rec.log_columns(**{name: {c: f[c].to_numpy() for c in f.columns} for name, f in part.items()})
+    with pytest.raises(ValueError, match="mix arms"):
+        aggregate_at_risk_sql(tmp_path / "fleet")
+    # one arm's runs alone are fine
+    assert aggregate_at_risk_sql(tmp_path / "fleet" / "sim-block")["n"].sum() > 0
+
+
+def test_invalid_covariates_are_refused_or_dropped_as_in_memory(tmp_path):
+    sim = simulate_traces(seed=7, n_requests_per_category=3, tokens_per_request=(40, 60), block_size=5)
+    root = write_runs(tmp_path / "fleet", sim, shards=2)
+    shard = sorted((root / "sim-block" / "shards").iterdir())[0] / "tokens.parquet"
+    table = pq.read_table(shard)
+    at_risk = np.flatnonzero(np.isin(table.column("role").to_numpy(zero_copy_only=False), ["accepted", "correction"]))
+    entropy = table.column("target_entropy_nats").to_numpy().copy()
+    entropy[at_risk[3]] = np.nan  # NaN, not null: the file keeps its schema
+    gap = table.column("target_logit_gap").to_numpy().copy()
+    gap[at_risk[7]] = np.inf
+    for name, values in (("target_entropy_nats", entropy), ("target_logit_gap", gap)):
+        i = table.schema.get_field_index(name)
+        table = table.set_column(i, table.schema.field(i), pa.array(values, type=pa.float32(), from_pandas=False))
+    pq.write_table(table, shard)
+    with pytest.raises(ValueError, match="invalid covariates at at-risk positions: 2 rows"):
+        aggregate_at_risk_sql(root / "sim-block")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ref = pandas_aggregate(root / "sim-block", on_invalid="drop", validate=False)
+    assert_same_cells(aggregate_at_risk_sql(root / "sim-block", on_invalid="drop"), ref)
+
+
+def test_the_documented_query_is_the_one_the_driver_runs():
+    """docs/out-of-core.md shows the query for law_exp with every covariate mean: the same text as
+    at_risk_sql() returns, so the page cannot drift from the code."""
+    text = DOCS.read_text()
+    blocks = re.findall(r"```sql\n(.*?)```", text, flags=re.S)
+    assert blocks, "docs/out-of-core.md has no ```sql block"
+    assert blocks[0].strip() == at_risk_sql().strip()
+
+
+def test_the_query_over_all_files_at_once_gives_the_same_cells(fleet):
+    """As a cluster engine would run it: one query over every shard file (no groups), its raw rows made
+    into the aggregate by finish_cells."""
+    import duckdb
+
+    from entropy_law.law.outofcore import finish_cells
+
+    path, _ = fleet
+    traces = load_traces(path)
+    con = duckdb.connect()
+    con.read_parquet(traces.dataset("tokens").files).create_view("tokens")
+    con.read_parquet(traces.dataset("rounds").files).create_view("rounds")
+    con.register("runs", traces.runs[["run_id", "drafter_id"]].astype(str))
+    cells = finish_cells(con.sql(at_risk_sql(bin_columns=("target_entropy_nats", "cum_entropy_nats"))).df(),
+                         "law_exp_cum")
+    assert_same_cells(cells, pandas_aggregate(path, "law_exp_cum"))
