@@ -211,6 +211,9 @@ def _sections(analysis: TraceAnalysis):
                    .rename(columns={"index": "quantity", "n_requests": "requests"}))
         else:
             notes.append(pays.error)
+    check = analysis.attempt("speedup_validation")
+    if check.ok:
+        yield "Predicted vs measured speedup (same requests)", check.value
     speed = analysis.attempt("measured_speedups")
     if speed.ok:  # why the arms without a speedup have none (no AR run of their model and machine, ...)
         notes.extend(speed.value.attrs.get("notes", []))

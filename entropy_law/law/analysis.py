@@ -363,6 +363,39 @@ class TraceAnalysis:
 
         return self._cached("speedups", compute)
 
+    def speedup_validation(self) -> pd.DataFrame:
+        """The prediction checked against the measurement, per timed arm and category, on the same requests:
+        ``measured`` (``speedup``) next to ``predicted`` = the law's DP tokens per round on these requests'
+        entropy sequences x t_AR / t_round(N), with t_AR and the round cost line from the arm's cost model
+        (``pays(arm).cost``) at the mean verified nodes N of the category's rounds (the line is linear in N, so
+        this is the mean predicted round cost), and ``relative_error`` = predicted / measured - 1. Arms without
+        a measured speedup or a cost model are left out (``attrs["notes"]`` says why)."""
+        def compute():
+            results = self.results_table().set_index(["arm", "category"])
+            rows, notes = [], []
+            for arm in self.arms:
+                try:
+                    measured, cost, view = self.speedup(arm), self.pays(arm).cost, self.cost_view(arm)
+                except ValueError as err:
+                    notes.append(str(err))
+                    continue
+                rounds = view.rounds.merge(view.runs[["run_id", "arm"]], on="run_id").merge(
+                    view.requests[["run_id", "request_id", "category"]], on=["run_id", "request_id"])
+                rounds = rounds.loc[rounds["arm"] == arm]
+                for r in measured.itertuples():
+                    nodes = rounds.loc[rounds["category"] == r.category, "tree_nodes"].mean()
+                    per_round = results.loc[(arm, r.category), "law_tokens_per_round"]
+                    predicted = per_round * cost.ar_ms_per_token / float(cost.round_ms(nodes))
+                    rows.append(dict(arm=arm, category=r.category, requests=r.requests, measured=r.speedup,
+                                     predicted=predicted, relative_error=predicted / r.speedup - 1))
+            if not rows:
+                raise ValueError("no arm has both a measured speedup and a cost model: " + "; ".join(notes))
+            out = pd.DataFrame(rows)
+            out.attrs["notes"] = notes
+            return out
+
+        return self._cached("speedup_validation", compute)
+
     # ------------------------------------------------------------------ tables
     def results_table(self) -> pd.DataFrame:
         """Per arm and category: requests (run and request pairs), tokens, mean / median target entropy
