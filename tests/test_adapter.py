@@ -9,30 +9,11 @@ import torch
 from entropy_law.decoding.adapter import TargetAdapter
 from entropy_law.decoding.tree import Tree
 from conftest import tiny_llama
-from tests.tiny_models import random_prompt
+from tests.tiny_models import random_prompt, random_tree
 
 VOCAB = 128
 
 pytestmark = pytest.mark.usefixtures("single_thread")
-
-
-def random_tree(generator: torch.Generator, n_nodes: int, vocab: int = VOCAB, max_depth: int = 6) -> Tree:
-    """A random tree: each new node hangs under a random earlier node, with a token unused among siblings."""
-    tokens, parents, depths = [], [], []
-    children: dict[int, set[int]] = {0: set()}
-    for i in range(1, n_nodes + 1):
-        candidates = [j for j in range(i) if (0 if j == 0 else depths[j - 1]) < max_depth]
-        parent = candidates[int(torch.randint(len(candidates), (1,), generator=generator))]
-        while True:
-            token = int(torch.randint(vocab, (1,), generator=generator))
-            if token not in children[parent]:
-                break
-        children[parent].add(token)
-        children[i] = set()
-        tokens.append(token)
-        parents.append(parent)
-        depths.append(1 if parent == 0 else depths[parent - 1] + 1)
-    return Tree(tuple(tokens), tuple(parents), tuple(depths))
 
 
 @torch.inference_mode()
@@ -68,7 +49,7 @@ def test_each_tree_node_matches_a_plain_forward_over_its_path(seed):
     _, prompt_feats = adapter.prefill(prompt)
     assert prompt_feats.shape == (len(prompt), 2 * model.config.hidden_size)
     root = int(torch.randint(VOCAB, (1,), generator=generator))
-    tree = random_tree(generator, n_nodes=4 + 3 * seed)
+    tree = random_tree(generator, n_nodes=4 + 3 * seed, vocab=VOCAB)
     logits, feats = adapter.verify(root, tree, len(prompt))
     assert logits.shape == (tree.n_nodes + 1, VOCAB) and feats.shape[0] == tree.n_nodes + 1
     for node in range(tree.n_nodes + 1):
@@ -97,7 +78,7 @@ def test_commit_equals_a_fresh_prefill(seed):
     committed = list(prompt)
     for round_ in range(3):  # several rounds: compaction must compose
         root = int(torch.randint(VOCAB, (1,), generator=generator))
-        tree = random_tree(generator, n_nodes=8)
+        tree = random_tree(generator, n_nodes=8, vocab=VOCAB)
         adapter.verify(root, tree, start)
         deepest = max(range(tree.n_nodes + 1), key=lambda n: (len(tree.path_to(n)), -n))
         path_nodes = [0] + tree.path_to(deepest)

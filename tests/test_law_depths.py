@@ -261,8 +261,9 @@ def test_category_depth_model_is_unbiased_when_depths_ignore_the_context(variabl
 def test_loco_accuracy_reports_relative_errors_and_spearman(variable):
     loco = loco_transfer(variable, drafter="sim-block")
     s, acc = loco.summary, loco.accuracy
-    assert loco.depths == "observed"
-    assert {"tokens_per_round", "mean_accepted", "tokens_per_round_full_depth"} == set(acc.index)
+    assert loco.depths == "training"  # the leak-free default (issue #18)
+    assert {"tokens_per_round", "mean_accepted", "tokens_per_round_full_depth", "tokens_per_round_depth_only",
+            "mean_accepted_depth_only"} == set(acc.index)
     rel = s["predicted_mean_accepted"] / s["observed_mean_accepted"] - 1
     np.testing.assert_allclose(s["mean_accepted_relative_error"], rel)
     assert acc.loc["mean_accepted", "mean_abs_relative_error"] == pytest.approx(rel.abs().mean())

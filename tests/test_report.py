@@ -94,7 +94,10 @@ def test_markdown_report_links_existing_pngs_and_results_section(sim, tmp_path):
     assert all((path.parent / link).with_suffix(".pdf").is_file() for link in links)
     md = results_markdown(an, source="data/traces")
     table_rows = [line for line in md.splitlines() if line.startswith("| sim-") or line.startswith("| AR |")]
-    assert len(table_rows) == 3 * 5 + 2 + 2  # 3 arms x 5 categories + the law table's and the LOCO table's 2 arms
+    # 3 arms x 5 categories + the law table's 2 arms + the LOCO table's 2 arms x 2 depth modes (leak-free, oracle);
+    # P1 with CV needs more than 5 requests per category: its reason is printed instead of a table
+    assert len(table_rows) == 3 * 5 + 2 + 2 * 2
+    assert "Universality (P1)" in md
     assert "Spearman ρ" in md and "Leave-one-category-out accuracy" in md
     summary = terminal_summary(an)
     assert "drafting pays below" in summary and "nats (observed" in summary and "sim-tree ddtree16" in summary
@@ -126,14 +129,15 @@ def test_loco_accuracy_table_and_column_come_from_the_loco_transfer(sim):
     table = an.results_table().set_index(["arm", "category"])
     for arm in an.arms:
         loco = an.loco(arm)
-        mine = acc.loc[acc["arm"] == arm].set_index("quantity")
+        mine = acc.loc[(acc["arm"] == arm) & (acc["depths"] == "training")].set_index("quantity")
         expected = loco.accuracy
         np.testing.assert_allclose(mine.loc[expected.index, "spearman_rho"], expected["spearman_rho"])
         np.testing.assert_allclose(mine.loc[expected.index, "mean_abs_relative_error"],
                                    expected["mean_abs_relative_error"])
         for cat, row in loco.summary.iterrows():
             assert table.loc[(arm, cat), "loco_mean_accepted"] == pytest.approx(row["predicted_mean_accepted"])
-        assert loco.depths == "observed"
+        assert loco.depths == "training"  # the leak-free default (issue #18); the oracle rows sit beside it
+        assert set(acc.loc[acc["arm"] == arm, "depths"]) == {"training", "oracle"}
 
 
 def test_several_ar_models_are_listed_and_an_arm_without_speedup_says_why(tmp_path):

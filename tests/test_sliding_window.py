@@ -26,7 +26,7 @@ from entropy_law.decoding.replay import teacher_forced_target_stats
 from entropy_law.decoding.tree import Tree
 from entropy_law.drafters.ngram import NgramDrafter
 from conftest import OracleDrafter, tiny_llama
-from tests.tiny_models import FakeRecorder, hf_greedy, random_prompt
+from tests.tiny_models import FakeRecorder, hf_greedy, random_prompt, random_tree
 
 WINDOW = 8
 VOCAB = 96
@@ -106,21 +106,6 @@ def test_tree_mask_respects_the_window_inside_and_before_the_tree():
     assert masks["full_attention"].shape == (1, 1, 6, 8) and masks["sliding_attention"].shape == (1, 1, 6, 8)
 
 
-def deep_tree(generator: torch.Generator, n_nodes: int, max_depth: int) -> Tree:
-    """A random tree (every node under a random earlier node, distinct sibling tokens) up to ``max_depth``."""
-    tokens, parents, depths, children = [], [], [], {0: set()}
-    for i in range(1, n_nodes + 1):
-        open_nodes = [j for j in range(i) if (0 if j == 0 else depths[j - 1]) < max_depth]
-        parent = open_nodes[int(torch.randint(len(open_nodes), (), generator=generator))]
-        token = next(t for t in torch.randperm(VOCAB, generator=generator).tolist() if t not in children[parent])
-        children[parent].add(token)
-        children[i] = set()
-        tokens.append(token)
-        parents.append(parent)
-        depths.append(1 if parent == 0 else depths[parent - 1] + 1)
-    return Tree(tuple(tokens), tuple(parents), tuple(depths))
-
-
 @torch.inference_mode()
 def fresh_cache(model, ids: list[int]):
     """The cache Hugging Face's own forward leaves over ``ids`` (sliding layers: the last W - 1 rows)."""
@@ -144,7 +129,7 @@ def test_each_node_matches_a_plain_forward_and_commit_keeps_the_greedy_rows(fami
     for round_ in range(4):
         start = len(committed)
         root = int(torch.randint(VOCAB, (), generator=generator))
-        tree = deep_tree(generator, n_nodes=9, max_depth=6)
+        tree = random_tree(generator, n_nodes=9, vocab=VOCAB, max_depth=6)
         logits, _ = adapter.verify(root, tree, start)
         with torch.inference_mode():
             for node in range(tree.n_nodes + 1):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 
 from conftest import tiny_llama  # noqa: F401 (re-exported: test_demo and test_reference import it from here)
+from entropy_law.decoding.tree import Tree
 
 
 def random_prompt(generator: torch.Generator, vocab: int, length: int) -> list[int]:
@@ -48,8 +49,6 @@ class RandomTreePolicy:
         self.generator = torch.Generator().manual_seed(seed)
 
     def __call__(self, proposal, budget):
-        from entropy_law.decoding.tree import Tree
-
         tokens, parents, depths, used = [], [], [], {0: set()}
         budget = budget if budget is not None else proposal.depth
         for _ in range(budget):
@@ -99,3 +98,22 @@ class ListObserver:
 
     def on_request_end(self, request_id, info):
         pass
+
+
+def random_tree(generator: torch.Generator, n_nodes: int, vocab: int, max_depth: int = 6) -> Tree:
+    """A random tree: each new node hangs under a random earlier node, with a token unused among siblings."""
+    tokens, parents, depths = [], [], []
+    children: dict[int, set[int]] = {0: set()}
+    for i in range(1, n_nodes + 1):
+        candidates = [j for j in range(i) if (0 if j == 0 else depths[j - 1]) < max_depth]
+        parent = candidates[int(torch.randint(len(candidates), (1,), generator=generator))]
+        while True:
+            token = int(torch.randint(vocab, (1,), generator=generator))
+            if token not in children[parent]:
+                break
+        children[parent].add(token)
+        children[i] = set()
+        tokens.append(token)
+        parents.append(parent)
+        depths.append(1 if parent == 0 else depths[parent - 1] + 1)
+    return Tree(tuple(tokens), tuple(parents), tuple(depths))

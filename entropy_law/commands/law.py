@@ -20,6 +20,9 @@ def register(subparsers) -> None:
     p.add_argument("--depths", default="observed", choices=("observed", "category", "full"),
                    help="drafted-depth model of the tokens-per-round DP (default: %(default)s; full: every round "
                         "drafts a full block)")
+    p.add_argument("--loco-depths", default="training", choices=("training", "oracle"),
+                   help="drafted depths of the held-out category in --loco: 'training' (default; a depth model "
+                        "fitted on the other categories, leak-free) or 'oracle' (the held-out category's own)")
     p.set_defaults(func=run)
 
 
@@ -50,7 +53,7 @@ def run(args) -> int:
         block_prediction(law, traces, drafter=drafter, depths=args.depths).print_summary()
         print()
         if args.loco:
-            loco_transfer(traces, args.family, drafter=drafter, depths=args.depths).print_summary()
+            loco_transfer(traces, args.family, drafter=drafter, depths=args.loco_depths).print_summary()
             print()
     if args.tests:
         pre = preregistered_tests(traces, drafter=drafters[0])

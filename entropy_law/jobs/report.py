@@ -116,24 +116,61 @@ def few_requests_notes(analysis: TraceAnalysis) -> list[str]:
     return notes
 
 
+LOCO_DEPTH_LABELS = {"training": "leak-free (depths from training categories)",
+                     "oracle": "oracle depths (held-out's own)"}
+
+
 def loco_accuracy_frame(analysis: TraceAnalysis) -> pd.DataFrame:
-    """Per arm: LOCO accuracy across categories for the mean accepted length per drafting round and for
-    tokens per round (depth-aware DP), and the full-depth DP's mean relative error (``loco_accuracy``)."""
+    """Per arm and drafted-depth mode (leak-free first, then oracle depths): LOCO accuracy across categories of
+    tokens per round and of the mean accepted length per drafting round (mean signed, mean and max |relative
+    error|, Spearman ρ), each next to the depth-only control with the same depth inputs (no entropy), and the
+    full-depth DP's mean relative error (``loco_accuracy``)."""
     acc = analysis.loco_accuracy()
     rows = []
-    for arm, part in acc.groupby("arm", sort=False):
+    for (arm, depths), part in acc.groupby(["arm", "depths"], sort=False):
         q = part.set_index("quantity")
-        row = {"arm": arm, "categories": int(q["categories"].iloc[0])}
-        for name, label in (("mean_accepted", "mean accepted τ"), ("tokens_per_round", "tokens / round")):
+        row = {"arm": arm, "LOCO depths": LOCO_DEPTH_LABELS.get(depths, depths), "categories": int(q["categories"].iloc[0])}
+        for name, label in (("tokens_per_round", "tokens / round"), ("tokens_per_round_depth_only", "depth-only control: tokens / round"),
+                            ("mean_accepted", "mean accepted τ"), ("mean_accepted_depth_only", "depth-only control: mean accepted τ")):
             if name in q.index:
                 r = q.loc[name]
                 row[f"{label}: mean rel. error"] = r["mean_relative_error"]
-                row[f"{label}: mean abs. rel. error"] = r["mean_abs_relative_error"]
+                row[f"{label}: mean |rel. error|"] = r["mean_abs_relative_error"]
+                row[f"{label}: max |rel. error|"] = r["max_abs_relative_error"]
                 row[f"{label}: Spearman ρ (exact p)"] = (f"{_fmt(r['spearman_rho'])} ({_fmt(r['p_permutation'], 2)})")
         if "tokens_per_round_full_depth" in q.index:
             row["full-depth DP tokens / round: mean rel. error"] = q.loc["tokens_per_round_full_depth", "mean_relative_error"]
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def universality_frame(analysis: TraceAnalysis) -> pd.DataFrame:
+    """Per arm: P1 (universality: ``law_exp_cat`` vs ``law_exp``, cluster-robust score test by request) with
+    its statistic, df and p, the robust Wald χ² and p, and the CV log-loss gains per trial (grouped
+    K-fold): the law over acceptance by depth only, category terms over the law, and the category share
+    (category gain / gain of the category-aware law over depth only; docs/law.md)."""
+    t = analysis.universality_table()
+    return pd.DataFrame({
+        "arm": t["arm"], "P1 score χ²": t["score_statistic"], "df": t["df"], "P1 p": t["p_value"],
+        "Wald χ²": t["wald_statistic"], "Wald p": t["p_wald_chi2"],
+        "CV gain of the law over depth only (nats / trial)": t["cv_gain_law_vs_depth_only"],
+        "CV gain of category terms (nats / trial)": t["cv_gain_cat_vs_law"],
+        "category share of the CV gain": t["cv_category_share"], "requests": t["requests"]})
+
+
+P1_TEXT = ("Universality (P1): does one category-free law hold in every category? Cluster-robust score test of the "
+           "category rates and exponents of `law_exp_cat` against `law_exp` (χ² with 2(K − 1) df; small p: the "
+           "categories differ beyond entropy), reported whether or not it rejects; category share of the CV gain = "
+           "(CV log-loss of `law_exp` − of `law_exp_cat`) / (CV log-loss of acceptance by depth only − of "
+           "`law_exp_cat`), grouped K-fold CV by request.")
+LOCO_TEXT = ("Leave-one-category-out accuracy across categories (the law fitted without each category predicts it): "
+             "relative error of predicted vs observed (mean signed, mean and max |error|), Spearman ρ of predicted vs "
+             "observed over the categories with its exact one-sided permutation p. Leak-free: the held-out category's "
+             "drafted depths are predicted by a depth model fitted on the training categories (entropy at the round "
+             "start, first round or later); oracle depths: its own observed depths (uses the held-out outcome, not a "
+             "transfer result). Depth-only control: acceptance per depth pooled over the training categories, no "
+             "entropy, the same depth inputs and DP: what entropy adds is the gap to it. Last column: the old DP that "
+             "assumes a full block every round.")
 
 
 def results_markdown(analysis: TraceAnalysis, *, source: str = "") -> str:
@@ -162,12 +199,14 @@ def results_markdown(analysis: TraceAnalysis, *, source: str = "") -> str:
              markdown_table(law_frame(analysis)), ""]
     few = few_requests_notes(analysis)
     lines += [f"- {n}" for n in few] + ([""] if few else [])
+    p1 = analysis.attempt("universality_table")
+    if p1.ok:
+        lines += [P1_TEXT, "", markdown_table(universality_frame(analysis)), ""]
+    else:
+        lines += [f"Universality (P1): {p1.error}", ""]
     loco = analysis.attempt("loco_accuracy")
     if loco.ok:
-        lines += ["Leave-one-category-out accuracy across categories (the law fitted without each category predicts it): "
-                  "relative error of predicted vs observed, Spearman ρ of predicted vs observed over the categories "
-                  "with its exact one-sided permutation p; last column: the old DP that assumes a full block every "
-                  "round.", "", markdown_table(loco_accuracy_frame(analysis)), ""]
+        lines += [LOCO_TEXT, "", markdown_table(loco_accuracy_frame(analysis)), ""]
     lines.append(f"Made with `entropy-law report {source or 'TRACES'} --results-md FILE` "
                  "(entropy_law.jobs.report.results_markdown).")
     return "\n".join(lines) + "\n"
@@ -187,17 +226,27 @@ def _sections(analysis: TraceAnalysis):
     yield "Runs", _runs_frame(analysis)
     yield "Results per category", results_frame(analysis)
     yield "Fitted law per arm", law_frame(analysis)
+    p1 = analysis.attempt("universality_table")
+    if p1.ok:
+        yield "Universality (P1) and the category share of the CV gain", universality_frame(analysis)
+        notes.append(P1_TEXT)
+    else:
+        notes.append(p1.error)
     acc = analysis.attempt("loco_accuracy")
     if acc.ok:
-        yield "Leave-one-category-out accuracy across categories", acc.value
+        yield "Leave-one-category-out accuracy across categories (leak-free and oracle depths, depth-only control)", \
+            loco_accuracy_frame(analysis)
+        notes.append(LOCO_TEXT)
     else:
         notes.append(acc.error)
     for arm in analysis.arms:
-        loco = analysis.attempt("loco", arm)
-        if loco.ok:
-            yield f"Leave-one-category-out transfer: {arm}", loco.value.summary.reset_index()
-        else:
-            notes.append(loco.error)
+        for depths in ("training", "oracle"):
+            loco = analysis.attempt("loco", arm, depths)
+            if loco.ok:
+                yield (f"Leave-one-category-out transfer, {LOCO_DEPTH_LABELS[depths]}: {arm}",
+                       loco.value.summary.reset_index())
+            else:
+                notes.append(loco.error)
         comp = analysis.attempt("comparison", arm)
         if comp.ok:
             yield f"Law comparison (CV log-loss per trial): {arm}", comp.value.summary.reset_index()

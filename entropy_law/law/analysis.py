@@ -12,7 +12,9 @@ analysis of the law layer (``fit_law``, ``block_prediction``, ``loco_transfer``,
 ``when_drafting_pays``) is computed per arm on first use and cached; ``attempt`` runs one and turns a
 ``ValueError`` (too little data, ...) into a readable note instead of a crash, so a report on a small
 run still shows what can be shown. Block-length predictions use the law layer's default drafted-depth
-model (``transfer.block_prediction``: observed depths).
+model (``transfer.block_prediction``: observed depths); LOCO is computed with leak-free depths (predicted
+from the training categories, the default) and with oracle depths, each next to its depth-only control,
+and P1 (``universality``) with the category share of the CV gain.
 
 Not known here: torch, decoding, plotting (``entropy_law.plots``), file formats (``entropy_law.traces``).
 
@@ -36,12 +38,14 @@ from entropy_law.law.arms import AR_LABEL, arm_label, run_arms  # noqa: F401  (a
 from entropy_law.law.compare import compare_laws
 from entropy_law.law.cost import when_drafting_pays
 from entropy_law.law.fit import fit_law, get_family
+from entropy_law.law.hypotheses import universality_test
 from entropy_law.law.transfer import block_prediction, loco_transfer
 
 AR_ARM = AR_LABEL  # label of the autoregressive baseline in tables (one per model where there are several)
 DEFAULT_FAMILY = "law_exp"
 PAYS_ENTROPIES = tuple(float(h) for h in np.round(np.geomspace(0.01, 5.0, 13), 4))  # nats, speedup curve grid
 SPEEDUP_COLUMNS = ["arm", "category", "requests", "ar_ms_per_token", "arm_ms_per_token", "speedup"]
+LOCO_REPORTED = ("training", "oracle")  # LOCO drafted-depth modes shown: leak-free first, then the oracle
 COMPARE_FAMILIES = ("law0_cat", "law_logit", "law_exp", "law_exp0", "law_power", "law_renyi2", "law_spline",
                     "law_iso")
 
@@ -199,24 +203,57 @@ class TraceAnalysis:
         """Observed vs DP-predicted tokens per round per category (in-sample law)."""
         return self._cached(("block", arm), lambda: block_prediction(self.law(arm), self.arm_view(arm), drafter=arm))
 
-    def loco(self, arm: str):
-        """Leave-one-category-out transfer of the category-free law."""
-        return self._cached(("loco", arm), lambda: loco_transfer(self.arm_view(arm), self.family, drafter=arm))
+    def loco(self, arm: str, depths: str = "training"):
+        """Leave-one-category-out transfer of the category-free law; ``depths="training"`` (leak-free: the
+        held-out drafted depths predicted from the training categories) or ``"oracle"`` (its own observed
+        depths), each with the depth-only control (``transfer.loco_transfer``)."""
+        return self._cached(("loco", arm, depths),
+                            lambda: loco_transfer(self.arm_view(arm), self.family, drafter=arm, depths=depths))
+
+    def universality(self, arm: str):
+        """P1 for one arm (``hypotheses.universality_test`` with ``cv=True``): the score and Wald statistics,
+        p, and the share of the CV gain (over acceptance by depth only) that category terms add."""
+        return self._cached(("p1", arm), lambda: universality_test(self.arm_view(arm), drafter=arm, cv=True,
+                                                                   n_folds=self.n_folds, seed=self.seed))
+
+    def universality_table(self) -> pd.DataFrame:
+        """Per arm: P1 (score statistic, df, p; robust Wald chi-square and its p) and the CV gains per trial:
+        the law over depth only, category terms over the law, and the category share of the total gain;
+        arms where P1 cannot run are left out (raises if none can)."""
+        rows, errors = [], []
+        for arm in self.arms:
+            p1 = self.attempt("universality", arm)
+            if not p1.ok:
+                errors.append(p1.error)
+                continue
+            v = p1.value.summary["value"]
+            rows.append(dict(arm=arm, score_statistic=v["score_statistic"], df=int(v["df"]), p_value=v["p_value"],
+                             wald_statistic=v["wald_statistic"], p_wald_chi2=v["p_wald_chi2"],
+                             cv_gain_law_vs_depth_only=v.get("cv_gain_law_vs_depth_only", np.nan),
+                             cv_gain_cat_vs_law=v.get("cv_gain_cat_vs_law", np.nan),
+                             cv_category_share=v.get("cv_category_share", np.nan),
+                             requests=int(v["requests"]), categories=int(v["categories"])))
+        if not rows:
+            raise ValueError("P1 could not run for any arm: " + "; ".join(errors))
+        return pd.DataFrame(rows)
 
     def loco_accuracy(self) -> pd.DataFrame:
-        """LOCO accuracy across categories per arm and quantity (``LocoTransfer.accuracy``): mean accepted
-        length per drafting round and tokens per round (depth-aware DP), and the full-depth DP's tokens
-        per round; arms whose LOCO cannot run are left out."""
+        """LOCO accuracy across categories per arm, drafted-depth mode (``depths``: ``training``, leak-free,
+        and ``oracle``) and quantity (``LocoTransfer.accuracy``): mean accepted length per drafting round and
+        tokens per round (depth-aware DP), the depth-only control's (same depths, no entropy) and the
+        full-depth DP's; arms whose LOCO cannot run are left out."""
         def compute():
             frames = []
             for arm in self.arms:
-                loco = self.attempt("loco", arm)
-                if loco.ok:
-                    frames.append(loco.value.accuracy.rename_axis("quantity").reset_index().assign(arm=arm))
+                for depths in LOCO_REPORTED:
+                    loco = self.attempt("loco", arm, depths)
+                    if loco.ok:
+                        frames.append(loco.value.accuracy.rename_axis("quantity").reset_index()
+                                      .assign(arm=arm, depths=depths))
             if not frames:
                 raise ValueError("leave-one-category-out transfer could not run for any arm")
             out = pd.concat(frames, ignore_index=True)
-            return out[["arm", *[c for c in out.columns if c != "arm"]]]
+            return out[["arm", "depths", *[c for c in out.columns if c not in ("arm", "depths")]]]
 
         return self._cached("loco_accuracy", compute)
 

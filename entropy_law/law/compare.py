@@ -26,6 +26,7 @@ from entropy_law.law import atrisk
 from entropy_law.law.fit import fit_law, get_family, prepare_counts
 from entropy_law.law.results import Result
 
+DEPTH_ONLY = "depth_only"  # the entropy-free, category-free baseline: acceptance per depth, nothing else
 DEFAULT_FAMILIES = ("law0_cat", "law_logit", "law_exp", "law_exp0", "law_power", "law_renyi2", "law_margin",
                     "law_spline", "law_iso")
 
@@ -102,6 +103,31 @@ def _fit_failure(law, where: str) -> str | None:
     return None
 
 
+def _depth_rates(train: pd.DataFrame, test: pd.DataFrame) -> np.ndarray:
+    """Acceptance of ``test``'s cells under ``train``'s per-depth acceptance (a depth without training
+    trials reuses the deepest trained depth below it, else the shallowest), clipped into (0, 1)."""
+    per_depth = train.groupby("depth")[["n_acc", "n"]].sum()
+    per_depth = per_depth.loc[per_depth["n"] > 0].sort_index()
+    rate = (per_depth["n_acc"] / per_depth["n"]).to_numpy(dtype=float)
+    depths = per_depth.index.to_numpy(dtype=float)
+    idx = np.clip(np.searchsorted(depths, test["depth"].to_numpy(dtype=float), side="right") - 1, 0, len(rate) - 1)
+    return rate[idx].clip(1e-12, 1 - 1e-12)
+
+
+class _DepthOnlyFit:
+    """The depth-only baseline on all data, as much of a fitted law as the comparison's table needs."""
+
+    result = None
+
+    def __init__(self, counts: pd.DataFrame):
+        self.counts = counts
+        self.n_params = int(counts["depth"].nunique())
+
+    def log_likelihood(self, counts: pd.DataFrame) -> np.ndarray:
+        p = _depth_rates(self.counts, counts)
+        return counts["n_acc"].to_numpy() * np.log(p) + counts["n_rej"].to_numpy() * np.log1p(-p)
+
+
 def compare_laws(
     traces,
     families: Sequence[str] = DEFAULT_FAMILIES,
@@ -116,7 +142,9 @@ def compare_laws(
     """Grouped K-fold CV log-loss, AIC, BIC and held-out calibration for each family.
 
     ``traces``: traces or a row-level at-risk table of ONE drafter (select with ``at_risk_table(...,
-    drafters=[...])``). Extra keyword arguments go to ``fit_law``. The comparison shows no interval of its
+    drafters=[...])``). ``DEPTH_ONLY`` (``"depth_only"``) may be named among ``families``: the entropy-free,
+    category-free baseline, acceptance per depth estimated on the training folds (the MLE of a binomial
+    with a depth factor only); the CV gain of a law is measured against it (``universality_test``). Extra keyword arguments go to ``fit_law``. The comparison shows no interval of its
     fits (fold fits predict, the full fit gives AIC / BIC), so they are fitted with
     ``cov_type="nonrobust"`` (the same estimates, and no ``SmallSampleWarning`` per fold).
     """
@@ -135,20 +163,29 @@ def compare_laws(
                          "every training fold needs at least 2 requests; record more requests or lower n_folds")
     summary_rows, per_cat, per_req, notes = [], [], [], []
     for name in families:
-        fam = get_family(name)
-        counts = prepare_counts(rows, fam, eps=eps, width_log10=width_log10)
-        fold_of = counts["request_id"].map(folds).to_numpy()
-        held = np.empty(len(counts))
-        failure = None
-        for k in range(n_folds):
+        if name == DEPTH_ONLY:  # per-depth acceptance of the training folds: the MLE of a depth-factor binomial
+            counts = prepare_counts(rows, get_family("law_exp"), eps=eps, width_log10=width_log10)
+            fold_of = counts["request_id"].map(folds).to_numpy()
+            held = np.empty(len(counts))
+            for k in range(n_folds):
+                held[fold_of == k] = _depth_rates(counts.loc[fold_of != k], counts.loc[fold_of == k])
+            full, failure = _DepthOnlyFit(counts), None
+        else:
+            fam = get_family(name)
+            counts = prepare_counts(rows, fam, eps=eps, width_log10=width_log10)
+            fold_of = counts["request_id"].map(folds).to_numpy()
+            held = np.empty(len(counts))
+            failure = None
+        for k in range(n_folds if name != DEPTH_ONLY else 0):
             law = fit_law(counts.loc[fold_of != k], fam, **fit_options)
             failure = _fit_failure(law, f"fold {k}")
             if failure:
                 break
             held[fold_of == k] = law.predict_frame(counts.loc[fold_of == k])
         else:
-            full = fit_law(counts, fam, **fit_options)
-            failure = _fit_failure(full, "all data")
+            if name != DEPTH_ONLY:
+                full = fit_law(counts, fam, **fit_options)
+                failure = _fit_failure(full, "all data")
         if failure:  # a fit that did not converge has no usable estimates: say so, do not score it
             notes.append(f"{name} not scored: {failure}")
             continue
@@ -156,7 +193,8 @@ def compare_laws(
         loglik = n_acc * np.log(held) + n_rej * np.log1p(-held)
         n_total = counts["n"].sum()
         ll_full = float(full.log_likelihood(counts).sum())
-        n_params = len(full.result.params) if full.result is not None else np.nan
+        n_params = (len(full.result.params) if full.result is not None
+                    else getattr(full, "n_params", np.nan))
         n_req = counts["request_id"].nunique()
         intercept, slope = calibration(n_acc, n_rej, held)
         summary_rows.append(dict(family=name, cv_log_loss=-loglik.sum() / n_total,

@@ -27,7 +27,7 @@ from scipy import stats
 from statsmodels.stats.multitest import multipletests
 
 from entropy_law.law import atrisk
-from entropy_law.law.compare import compare_laws
+from entropy_law.law.compare import DEPTH_ONLY, compare_laws
 from entropy_law.law.fit import FittedLaw, fit_law, get_family, prepare_counts
 from entropy_law.law.results import Result
 from entropy_law.law.stats import exact_spearman_p
@@ -132,12 +132,20 @@ def universality_test(traces, *, drafter: str | None = None, eps: float = atrisk
     if cv:
         rows_kept = rows.loc[rows["category"].isin(full.categories)]
         rows_kept.attrs.update(rows.attrs)
-        comp = compare_laws(rows_kept, ("law0_cat", "law_exp", "law_exp_cat"), n_folds=n_folds, seed=seed, eps=eps)
+        comp = compare_laws(rows_kept, (DEPTH_ONLY, "law0_cat", "law_exp", "law_exp_cat"), n_folds=n_folds,
+                            seed=seed, eps=eps)
         s = comp.summary["cv_log_loss"]
         gain_law = s["law0_cat"] - s["law_exp"]
         gain_cat = s["law_exp"] - s["law_exp_cat"]
-        table.update(cv_gain_law_vs_law0=gain_law, cv_gain_cat_vs_law=gain_cat,
+        gain_depth = s[DEPTH_ONLY] - s["law_exp"]
+        table.update(cv_log_loss_depth_only=s[DEPTH_ONLY], cv_log_loss_law=s["law_exp"],
+                     cv_log_loss_law_cat=s["law_exp_cat"], cv_gain_law_vs_depth_only=gain_depth,
+                     cv_gain_cat_vs_law=gain_cat, cv_category_share=gain_cat / (gain_depth + gain_cat),
+                     cv_gain_law_vs_law0=gain_law,
                      cv_equivalence_ratio=gain_cat / gain_law, cv_equivalent=float(gain_cat < 0.01 * gain_law))
+        notes.append("cv_category_share = (CV log-loss of law_exp - of law_exp_cat) / (CV log-loss of the depth-only "
+                     "baseline - of law_exp_cat): the share of the category-aware law's CV gain over acceptance-by-"
+                     "depth that the category terms add (docs/law.md)")
         notes.append("cv_equivalent = 1: adding category terms gains < 1% of the law's gain over law0_cat")
     smallest = int(counts.groupby("category")["request_id"].nunique().min())
     if smallest < 40:

@@ -11,7 +11,10 @@ at the drafted depth (``blocks.expected_round_counts``) next to the i.i.d. plug-
 per round (committed tokens / rounds, so rounds cut by the end of a request count as observed); and
 LOCO: fit without a category, predict that category's tokens per round and the log-likelihood of its
 trials, next to a refit on the category itself (transfer ratio, research notes 6.7), and how well
-LOCO predicts across categories (relative errors, Spearman rho with its exact permutation p).
+LOCO predicts across categories (relative errors, Spearman rho with its exact permutation p). LOCO is
+leak-free by default (``depths="training"``: the held-out drafted depths come from a
+``TrainingDepthModel`` fitted on the other categories; ``"oracle"``: its own observed depths) and is
+always computed beside a depth-only control (acceptance per depth, no entropy, same depths, same DP).
 
 One drafter's runs must be one arm (``arms``); requests are counted per (run, request). Not known here:
 the statistics of the category ranking (``hypotheses``). No torch.
@@ -100,6 +103,25 @@ def entropy_bin(entropy, edges=DEPTH_ENTROPY_EDGES) -> np.ndarray:
     return np.searchsorted(np.asarray(edges, dtype=float), np.asarray(entropy, dtype=float), side="right")
 
 
+def binned_depth_distribution(start_entropy, drafted_depth, drafts: int, *, edges=DEPTH_ENTROPY_EDGES,
+                              prior_rounds: float = DEPTH_PRIOR_ROUNDS) -> np.ndarray:
+    """``[len(edges) + 1, drafts + 1]``: share of the given rounds that drafted D = 0..``drafts`` tokens per
+    bin of ``start_entropy`` (nats), each bin shrunk towards the pooled distribution by ``prior_rounds``."""
+    d = np.asarray(drafted_depth, dtype=np.int64)
+    if d.size == 0:
+        raise ValueError("no rounds to estimate the drafted-depth distribution from")
+    if d.max() > drafts:
+        raise ValueError(f"drafted depth {d.max()} exceeds B - 1 = {drafts}")
+    pooled = np.bincount(d, minlength=drafts + 1) / d.size
+    n_bins = len(edges) + 1
+    if n_bins == 1:
+        return pooled[None, :]
+    b = entropy_bin(np.asarray(start_entropy, dtype=float), edges)
+    counts = np.zeros((n_bins, drafts + 1))
+    np.add.at(counts, (b, d), 1.0)
+    return (counts + prior_rounds * pooled) / (counts.sum(axis=1, keepdims=True) + prior_rounds)
+
+
 def depth_distribution(depths: pd.DataFrame, drafts: int, *, edges=DEPTH_ENTROPY_EDGES,
                        prior_rounds: float = DEPTH_PRIOR_ROUNDS) -> np.ndarray:
     """``[len(edges) + 1, drafts + 1]``: share of rounds that drafted D = 0..``drafts`` tokens, per bin of
@@ -110,19 +132,42 @@ def depth_distribution(depths: pd.DataFrame, drafts: int, *, edges=DEPTH_ENTROPY
     later = depths.loc[depths["start_position"] > 0]
     if later.empty:
         later = depths
-    if later.empty:
-        raise ValueError("no rounds to estimate the drafted-depth distribution from")
-    d = later["drafted_depth"].to_numpy(dtype=np.int64)
-    if d.max() > drafts:
-        raise ValueError(f"drafted depth {d.max()} exceeds B - 1 = {drafts}")
-    pooled = np.bincount(d, minlength=drafts + 1) / d.size
-    n_bins = len(edges) + 1
-    if n_bins == 1:
-        return pooled[None, :]
-    b = entropy_bin(later["start_entropy"].to_numpy(dtype=float), edges)
-    counts = np.zeros((n_bins, drafts + 1))
-    np.add.at(counts, (b, d), 1.0)
-    return (counts + prior_rounds * pooled) / (counts.sum(axis=1, keepdims=True) + prior_rounds)
+    return binned_depth_distribution(later["start_entropy"], later["drafted_depth"], drafts, edges=edges,
+                                     prior_rounds=prior_rounds)
+
+
+@dataclass(frozen=True)
+class TrainingDepthModel:
+    """The drafted depth D of a round predicted from entropy and position only, fitted on other categories'
+    rounds (leak-free LOCO, ``depths="training"``): ``first`` for the round at position 0, ``later`` for a
+    round starting after position 0, each ``[len(edges) + 1, drafts + 1]`` over bins of the target entropy
+    at the round's first position (``binned_depth_distribution``). Nothing of the predicted request is used
+    but its entropy sequence."""
+
+    first: np.ndarray
+    later: np.ndarray
+    edges: tuple = DEPTH_ENTROPY_EDGES
+
+    @classmethod
+    def fit(cls, depths: pd.DataFrame, drafts: int, *, edges=DEPTH_ENTROPY_EDGES,
+            prior_rounds: float = DEPTH_PRIOR_ROUNDS) -> "TrainingDepthModel":
+        """From ``drafted_depths`` rows with ``start_entropy`` (the training categories' rounds)."""
+        at0 = depths.loc[depths["start_position"] == 0]
+        later = depths.loc[depths["start_position"] > 0]
+        later = depths if later.empty else later
+        first = (binned_depth_distribution(at0["start_entropy"], at0["drafted_depth"], drafts, edges=edges,
+                                           prior_rounds=prior_rounds) if len(at0) else None)
+        rest = binned_depth_distribution(later["start_entropy"], later["drafted_depth"], drafts, edges=edges,
+                                         prior_rounds=prior_rounds)
+        return cls(first=rest if first is None else first, later=rest, edges=tuple(edges))
+
+    def probabilities(self, entropy) -> np.ndarray:
+        """``[T, drafts + 1]``: P(D | entropy bin at t), the first-round distribution at t = 0."""
+        h = np.asarray(entropy, dtype=float)
+        probs = self.later[np.minimum(entropy_bin(h, self.edges), self.later.shape[0] - 1)].copy()
+        if h.size:
+            probs[0] = self.first[min(int(entropy_bin(h[:1], self.edges)[0]), self.first.shape[0] - 1)]
+        return probs
 
 
 def depth_probabilities(length: int, drafts: int, mode: str, *, observed: pd.DataFrame | None = None,
@@ -161,19 +206,36 @@ def _block_size(rounds: pd.DataFrame) -> int:
     return int(rounds["tree_depth"].max()) + 1
 
 
+def with_start_entropy(drafted: pd.DataFrame, sequences: pd.DataFrame) -> pd.DataFrame:
+    """``drafted_depths`` rows of the requests in ``sequences`` with their ``category`` and ``start_entropy``
+    (the target entropy at the round's first position; the last one for a round starting at T)."""
+    entropy_of = {(r.run_id, r.request_id): np.asarray(r.entropy, dtype=float) for r in sequences.itertuples()}
+    joined = drafted.merge(sequences[["run_id", "request_id", "category"]], on=["run_id", "request_id"], how="inner")
+    joined["start_entropy"] = [entropy_of[key][min(pos, len(entropy_of[key]) - 1)] for key, pos in
+                               zip(zip(joined["run_id"], joined["request_id"]), joined["start_position"])]
+    return joined
+
+
 def predict_requests(law: FittedLaw, sequences: pd.DataFrame, B: int, *, drafter=None, depths: str = "full",
-                     drafted: pd.DataFrame | None = None, depth_edges=DEPTH_ENTROPY_EDGES) -> pd.DataFrame:
+                     drafted: pd.DataFrame | None = None, depth_edges=DEPTH_ENTROPY_EDGES,
+                     depth_model: TrainingDepthModel | None = None,
+                     depth_only_acceptance: np.ndarray | None = None) -> pd.DataFrame:
     """Per request: T, DP-expected rounds and drafting rounds under the depth model ``depths``
-    (``depth_probabilities``; ``drafted``: ``drafted_depths`` rows of these requests, needed unless
-    ``"full"``; ``depth_edges``: entropy bins of the category's depth distribution, ``()`` for none),
-    the full-depth DP's rounds, and the law's summed depth-1 acceptance over its positions.
+    (``depth_probabilities``; ``drafted``: ``drafted_depths`` rows of these requests, needed for
+    ``"observed"`` / ``"category"``; ``depth_edges``: entropy bins of the category's depth distribution,
+    ``()`` for none; ``"training"``: ``depth_model``, a ``TrainingDepthModel`` fitted elsewhere, and
+    nothing of these requests but their entropies), the full-depth DP's rounds, and the law's summed
+    depth-1 acceptance over its positions. ``depth_only_acceptance`` (``[drafts]``, acceptance per depth,
+    no entropy): the same DP with the same depth model for this control too (``*_depth_only`` columns).
 
     All requests' (position, depth) acceptances come from one prediction call, then one DP each.
     """
-    if depths not in DEPTH_MODELS:
-        raise ValueError(f"depths must be one of {DEPTH_MODELS}, got {depths!r}")
-    if depths != "full" and drafted is None:
+    if depths not in DEPTH_MODELS + ("training",):
+        raise ValueError(f"depths must be one of {DEPTH_MODELS + ('training',)}, got {depths!r}")
+    if depths in ("observed", "category") and drafted is None:
         raise ValueError(f"depths={depths!r} needs the drafted depths of the requests' rounds (drafted_depths)")
+    if depths == "training" and depth_model is None:
+        raise ValueError("depths='training' needs a depth_model (TrainingDepthModel.fit on other requests' rounds)")
     drafts = int(B) - 1
     frames, shapes = [], []
     for rec in sequences.itertuples():
@@ -195,11 +257,8 @@ def predict_requests(law: FittedLaw, sequences: pd.DataFrame, B: int, *, drafter
         data["drafter_id"] = drafter
     accept = law.predict_frame(data)
     by_request, by_category = {}, {}
-    if depths != "full":
-        entropy_of = {(r.run_id, r.request_id): np.asarray(r.entropy, dtype=float) for r in sequences.itertuples()}
-        joined = drafted.merge(sequences[["run_id", "request_id", "category"]], on=["run_id", "request_id"], how="inner")
-        joined["start_entropy"] = [entropy_of[key][min(pos, len(entropy_of[key]) - 1)] for key, pos in
-                                   zip(zip(joined["run_id"], joined["request_id"]), joined["start_position"])]
+    if depths in ("observed", "category"):
+        joined = with_start_entropy(drafted, sequences)
         by_request = {key: part for key, part in joined.groupby(["run_id", "request_id"], sort=False)}
         by_category = {cat: depth_distribution(part, drafts, edges=depth_edges)
                        for cat, part in joined.groupby("category")}
@@ -212,15 +271,24 @@ def predict_requests(law: FittedLaw, sequences: pd.DataFrame, B: int, *, drafter
         start += n_dp + n
         full_rounds, _ = expected_round_counts(a)
         if depths == "full":
+            probs = None
             rounds, drafting = full_rounds, full_rounds
         else:
-            probs = depth_probabilities(n, drafts, depths, observed=by_request.get((rec.run_id, rec.request_id)),
-                                        distribution=by_category[rec.category], entropy=rec.entropy,
-                                        edges=depth_edges)
+            if depths == "training":
+                probs = depth_model.probabilities(rec.entropy)
+            else:
+                probs = depth_probabilities(n, drafts, depths, observed=by_request.get((rec.run_id, rec.request_id)),
+                                            distribution=by_category[rec.category], entropy=rec.entropy,
+                                            edges=depth_edges)
             rounds, drafting = expected_round_counts(a, probs)
-        rows.append(dict(request_id=rec.request_id, category=rec.category, run_id=rec.run_id, tokens=n,
-                         predicted_rounds=rounds, predicted_drafting_rounds=drafting,
-                         predicted_rounds_full_depth=full_rounds, sum_acceptance_d1=float(a1.sum())))
+        row = dict(request_id=rec.request_id, category=rec.category, run_id=rec.run_id, tokens=n,
+                   predicted_rounds=rounds, predicted_drafting_rounds=drafting,
+                   predicted_rounds_full_depth=full_rounds, sum_acceptance_d1=float(a1.sum()))
+        if depth_only_acceptance is not None:  # the control: acceptance by depth only, same depth model, same DP
+            control = np.tile(np.asarray(depth_only_acceptance, dtype=float)[:drafts], (n, 1))
+            row["predicted_rounds_depth_only"], row["predicted_drafting_rounds_depth_only"] = (
+                expected_round_counts(control, probs))
+        rows.append(row)
     return pd.DataFrame(rows)
 
 
@@ -256,6 +324,10 @@ def _block_summary(pred: pd.DataFrame, observed: pd.DataFrame, drafts: int) -> t
     summary["observed_mean_accepted"] = (tokens - g["observed_rounds"].sum()) / g["observed_drafting_rounds"].sum()
     summary["dp_mean_accepted"] = (tokens - g["predicted_rounds"].sum()) / g["predicted_drafting_rounds"].sum()
     summary["dp_mean_accepted_relative_error"] = summary["dp_mean_accepted"] / summary["observed_mean_accepted"] - 1
+    if "predicted_rounds_depth_only" in per_req:  # the depth-only control (no entropy), same depth model and DP
+        summary["depth_only_tokens_per_round"] = tokens / g["predicted_rounds_depth_only"].sum()
+        summary["depth_only_mean_accepted"] = ((tokens - g["predicted_rounds_depth_only"].sum())
+                                               / g["predicted_drafting_rounds_depth_only"].sum())
     # three i.i.d. plug-ins of a "category-mean acceptance" (see docs/law.md, block-level prediction)
     plugins = {
         "round_start": g["observed_first_accepted"].sum() / g["observed_drafting_rounds"].sum(),
@@ -287,7 +359,15 @@ DEPTH_NOTES = {
     "category": "drafted depths: the category's depth distribution given the entropy bin at the round start (rounds "
                 "after position 0) at every round start but the first (observed); acceptance capped at the drafted depth",
     "full": "drafted depths: every round drafts the full block (B - 1)",
+    "training": "drafted depths (leak-free): predicted by a depth model fitted on the training categories only, "
+                "P(D | entropy bin at the round start, first round or later), pooled over their rounds; nothing of "
+                "the held-out category is used but its entropy sequences (not its drafted depths, not its tau)",
+    "oracle": "drafted depths (oracle, NOT leak-free): the held-out category's own observed depth where a round "
+              "started (for trees tau where a round ended at a leaf), elsewhere its own entropy-binned depth "
+              "distribution",
 }
+
+LOCO_DEPTH_MODELS = ("training", "oracle", "category", "full")  # "observed" is accepted as "oracle"
 
 
 def block_prediction(law: FittedLaw, traces, *, drafter: str | None = None, B: int | None = None,
@@ -333,13 +413,16 @@ class LocoTransfer(Result):
 
     @property
     def accuracy(self) -> pd.DataFrame:
-        """Per quantity: mean relative error, mean and largest |relative error| over the held-out
+        """Per quantity (the law's DP, the full-depth DP, and the depth-only control ``*_depth_only``
+        with the same depth model): mean relative error, mean and largest |relative error| over the held-out
         categories, Spearman rho of predicted vs observed across categories and its exact one-sided
         permutation p (rho >= observed; ``stats.exact_spearman_p``, NaN beyond 9 categories)."""
         s = self.summary
         pairs = {"tokens_per_round": ("predicted_tokens_per_round", "observed_tokens_per_round"),
                  "mean_accepted": ("predicted_mean_accepted", "observed_mean_accepted"),
-                 "tokens_per_round_full_depth": ("predicted_tokens_per_round_full_depth", "observed_tokens_per_round")}
+                 "tokens_per_round_full_depth": ("predicted_tokens_per_round_full_depth", "observed_tokens_per_round"),
+                 "tokens_per_round_depth_only": ("depth_only_tokens_per_round", "observed_tokens_per_round"),
+                 "mean_accepted_depth_only": ("depth_only_mean_accepted", "observed_mean_accepted")}
         rows = {}
         for name, (pred, obs) in pairs.items():
             if pred not in s:
@@ -361,26 +444,41 @@ class LocoTransfer(Result):
 
 
 def loco_transfer(traces, family: str = "law_exp", *, drafter: str | None = None, B: int | None = None,
-                  eps: float = atrisk.EPS_NATS, min_categories: int = 3, depths: str = "observed",
+                  eps: float = atrisk.EPS_NATS, min_categories: int = 3, depths: str = "training",
                   depth_edges=DEPTH_ENTROPY_EDGES, **fit_options) -> LocoTransfer:
     """Fit ``family`` (category-free) without each category in turn and predict that category.
 
-    Columns: observed and LOCO-predicted tokens per round (DP with the drafted-depth model ``depths``,
-    see ``block_prediction``) and their relative error, the full-depth DP's prediction, observed and
-    predicted mean accepted length per drafting round ((tokens - rounds) / drafting rounds) and its
-    relative error, held-out log-likelihood per trial under the LOCO law, a refit on the category,
-    and a depth-only null; ``transfer_ratio`` = (LL_null - LL_loco) / (LL_null - LL_refit). The
-    drafted depths of the held-out category are an input (like its entropy sequences), not predicted.
+    Columns: observed and LOCO-predicted tokens per round (DP with the drafted-depth model ``depths``)
+    and their relative error, the full-depth DP's prediction, observed and predicted mean accepted length
+    per drafting round ((tokens - rounds) / drafting rounds) and its relative error, the depth-only
+    control's predictions (``depth_only_*``: acceptance per depth pooled over the training categories, no
+    entropy, through the same DP with the same depth model), held-out log-likelihood per trial under the
+    LOCO law, a refit on the category, and a depth-only null fitted on the category;
+    ``transfer_ratio`` = (LL_null - LL_loco) / (LL_null - LL_refit).
+
+    ``depths``: ``"training"`` (default, leak-free): the held-out category's drafted depths are predicted
+    by a ``TrainingDepthModel`` fitted on the training categories' rounds; of the held-out category only
+    its entropy sequences enter the prediction (its drafted depths and tau nowhere, the tree-leaf rule
+    included). ``"oracle"`` (``"observed"`` is the same): the held-out category's own observed depths
+    where its rounds started and its own entropy-binned depth distribution elsewhere (the mode before
+    leak-free transfer; it uses the held-out outcome, an upper bound on what depth modelling can give).
+    ``"category"``, ``"full"``: as in ``block_prediction``.
     ``.accuracy``: relative errors and Spearman rho across categories. The LOCO and refit laws only
     predict (no interval of theirs is shown): they are fitted with ``cov_type="nonrobust"`` (the same
     estimates, no ``SmallSampleWarning`` per category) unless ``fit_options`` says otherwise.
     """
+    if depths == "observed":
+        depths = "oracle"
+    if depths not in LOCO_DEPTH_MODELS:
+        raise ValueError(f"depths must be one of {LOCO_DEPTH_MODELS}, got {depths!r}")
+    dp_depths = "observed" if depths == "oracle" else depths
     fit_options = {"cov_type": "nonrobust", **fit_options}
     fam = get_family(family)
     if fam.needs_categories:
         raise ValueError(f"{family} has category terms and cannot predict an unseen category; use a category-free law")
     drafter, rounds = single_drafter(traces, drafter)
     B = B or _block_size(rounds)
+    drafts = B - 1
     rows = atrisk.at_risk_table(traces, eps=eps, drafters=[drafter])
     counts = prepare_counts(rows, fam, eps=eps)
     categories = sorted(counts["category"].unique())
@@ -388,6 +486,7 @@ def loco_transfer(traces, family: str = "law_exp", *, drafter: str | None = None
         raise ValueError(f"LOCO transfer needs at least {min_categories} categories; the traces hold {categories}")
     seqs = entropy_sequences(traces, drafter)
     drafted = drafted_depths(traces, drafter) if depths != "full" else None
+    drafted_h = with_start_entropy(drafted, seqs) if depths == "training" else None
     observed = _observed_rounds(rounds)
     out = []
     for cat in categories:
@@ -398,9 +497,13 @@ def loco_transfer(traces, family: str = "law_exp", *, drafter: str | None = None
         p_null = test["depth"].map(null["n_acc"] / null["n"]).to_numpy().clip(1e-12, 1 - 1e-12)
         ll_null = float((test["n_acc"] * np.log(p_null) + test["n_rej"] * np.log1p(-p_null)).sum())
         ll_loco, ll_refit = float(loco.log_likelihood(test).sum()), float(refit.log_likelihood(test).sum())
-        pred = predict_requests(loco, seqs.loc[seqs["category"] == cat], B, depths=depths, drafted=drafted,
-                                depth_edges=depth_edges)
-        summary, _ = _block_summary(pred, observed, B - 1)
+        model = (TrainingDepthModel.fit(drafted_h.loc[drafted_h["category"] != cat], drafts, edges=depth_edges)
+                 if depths == "training" else None)
+        pred = predict_requests(loco, seqs.loc[seqs["category"] == cat], B, depths=dp_depths,
+                                drafted=None if depths == "training" else drafted,
+                                depth_edges=depth_edges, depth_model=model,
+                                depth_only_acceptance=depth_only_acceptance(train, drafts))
+        summary, _ = _block_summary(pred, observed, drafts)
         first = summary.iloc[0]
         n = float(test["n"].sum())
         out.append(dict(category=cat, requests=int(first["requests"]),
@@ -409,13 +512,34 @@ def loco_transfer(traces, family: str = "law_exp", *, drafter: str | None = None
                         relative_error=first["dp_relative_error"],
                         predicted_tokens_per_round_full_depth=first["dp_full_depth_tokens_per_round"],
                         relative_error_full_depth=first["dp_full_depth_relative_error"],
+                        depth_only_tokens_per_round=first["depth_only_tokens_per_round"],
+                        relative_error_depth_only=(first["depth_only_tokens_per_round"]
+                                                   / first["observed_tokens_per_round"] - 1),
                         observed_mean_accepted=first["observed_mean_accepted"],
                         predicted_mean_accepted=first["dp_mean_accepted"],
                         mean_accepted_relative_error=first["dp_mean_accepted_relative_error"],
+                        depth_only_mean_accepted=first["depth_only_mean_accepted"],
                         loglik_loco=ll_loco / n, loglik_refit=ll_refit / n, loglik_null=ll_null / n,
                         transfer_ratio=(ll_null - ll_loco) / (ll_null - ll_refit) if ll_refit > ll_null else np.nan))
     summary = pd.DataFrame(out).set_index("category")
     return LocoTransfer(summary=summary, family=fam.name, block_size=B, depths=depths,
                         notes=[DEPTH_NOTES[depths],
+                               "depth_only_*: control with acceptance per depth pooled over the training categories "
+                               "(no entropy), the same drafted-depth model and the same DP",
                                "mean_accepted = (committed tokens - rounds) / drafting rounds (tree_depth > 0), "
                                "observed and DP-expected alike"])
+
+
+def depth_only_acceptance(counts: pd.DataFrame, drafts: int) -> np.ndarray:
+    """``[drafts]``: acceptance at depth 1..``drafts`` pooled over ``counts`` (accepted / at-risk trials per
+    depth: the depth-only binomial's estimate, no entropy); a depth without trials reuses the deepest
+    depth with trials (as ``FittedLaw`` extrapolates)."""
+    per_depth = counts.groupby("depth")[["n_acc", "n"]].sum()
+    per_depth = per_depth.loc[per_depth["n"] > 0]
+    if per_depth.empty:
+        raise ValueError("no at-risk trials for the depth-only control")
+    rate = (per_depth["n_acc"] / per_depth["n"]).sort_index()
+    depths = rate.index.to_numpy(dtype=int)
+    want = np.arange(1, drafts + 1)
+    idx = np.clip(np.searchsorted(depths, want, side="right") - 1, 0, len(depths) - 1)
+    return rate.to_numpy(dtype=float)[idx]

@@ -1,0 +1,135 @@
+"""Honest leave-one-category-out transfer (issue #18, items 1-2): the default LOCO uses nothing of the
+held-out category but its entropies (leak test), the depth-only control, and P1 with the category share
+of the CV gain where the law is reported."""
+
+import dataclasses
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from entropy_law.law import atrisk
+from entropy_law.law.compare import compare_laws
+from entropy_law.law.hypotheses import universality_test
+from entropy_law.law.simulate import DepthSpec, simulate_traces
+from entropy_law.law.transfer import loco_transfer
+
+LAMBDA = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6]
+HELD_OUT = "math_reasoning"
+
+
+@pytest.fixture(scope="module")
+def sim():
+    """Variable drafted depths, long drafts where the entropy is low (as an n-gram drafter)."""
+    return simulate_traces(seed=31, n_requests_per_category=20, k=0.8, lambda_d=LAMBDA, block_size=8,
+                           tokens_per_request=(80, 140), block_depths=DepthSpec(entropy_coupling=1.0))
+
+
+def _deepen_drafts(traces, category: str):
+    """The same traces with ``category``'s drafting rounds claiming a full block (B - 1 drafted tokens):
+    its drafted depths change, its entropies and its at-risk trials do not (every trial stays within D)."""
+    requests = traces.requests.loc[traces.requests["category"] == category, ["run_id", "request_id"]]
+    rounds = traces.rounds.copy()
+    key = pd.MultiIndex.from_frame(rounds[["run_id", "request_id"]])
+    mine = key.isin(pd.MultiIndex.from_frame(requests)) & (rounds["tree_depth"] > 0).to_numpy()
+    rounds.loc[mine, "tree_depth"] = int(traces.rounds["tree_depth"].max())
+    assert mine.sum() > 0
+    return dataclasses.replace(traces, rounds=rounds)
+
+
+def test_default_loco_does_not_read_the_held_out_drafted_depths(sim):
+    changed = _deepen_drafts(sim, HELD_OUT)
+    base = loco_transfer(sim, drafter="sim-block")
+    moved = loco_transfer(changed, drafter="sim-block")
+    assert base.depths == "training"
+    col = "predicted_tokens_per_round"
+    # leak-free: the held-out prediction is a function of the training categories and its entropies only
+    assert moved.summary.loc[HELD_OUT, col] == pytest.approx(base.summary.loc[HELD_OUT, col], rel=1e-12)
+    assert moved.summary.loc[HELD_OUT, "depth_only_tokens_per_round"] == pytest.approx(
+        base.summary.loc[HELD_OUT, "depth_only_tokens_per_round"], rel=1e-12)
+    # oracle depths read them: the same change moves its prediction
+    oracle_base = loco_transfer(sim, drafter="sim-block", depths="oracle")
+    oracle_moved = loco_transfer(changed, drafter="sim-block", depths="oracle")
+    assert oracle_base.depths == "oracle"
+    assert oracle_moved.summary.loc[HELD_OUT, col] > 1.05 * oracle_base.summary.loc[HELD_OUT, col]
+
+
+def test_tree_loco_does_not_use_the_held_out_tau_through_the_leaf_rule():
+    """A tree round that ends at a leaf has drafted depth tau in the oracle mode; the default never reads it:
+    a different tau in the held-out category's rounds table moves the oracle prediction, not the default."""
+    tr = simulate_traces(seed=43, n_requests_per_category=8, k=0.8, block_size=6, tokens_per_request=(50, 70),
+                         include_block=False, tree=dict(depth=4, nodes=12, k=0.55, lambda_scale=0.7))
+    drafter = tr.runs["drafter_id"].iloc[0]
+    held = tr.requests.loc[tr.requests["category"] == HELD_OUT, "request_id"]
+    leaf = tr.tokens.loc[tr.tokens["request_id"].isin(held) & (tr.tokens["role"] == "bonus"),
+                         ["run_id", "request_id", "round_index"]].drop_duplicates()
+    key = pd.MultiIndex.from_frame(tr.rounds[["run_id", "request_id", "round_index"]])
+    at_leaf = key.isin(pd.MultiIndex.from_frame(leaf)) & (tr.rounds["accepted"] > 0).to_numpy()
+    assert at_leaf.sum() > 0
+    changed = dataclasses.replace(tr, rounds=tr.rounds.assign(accepted=tr.rounds["accepted"].where(~at_leaf, 0)))
+    col = "predicted_tokens_per_round"
+    base, moved = loco_transfer(tr, drafter=drafter), loco_transfer(changed, drafter=drafter)
+    assert moved.summary.loc[HELD_OUT, col] == pytest.approx(base.summary.loc[HELD_OUT, col], rel=1e-12)
+    oracle_base = loco_transfer(tr, drafter=drafter, depths="oracle")
+    oracle_moved = loco_transfer(changed, drafter=drafter, depths="oracle")
+    assert abs(oracle_moved.summary.loc[HELD_OUT, col] / oracle_base.summary.loc[HELD_OUT, col] - 1) > 0.01
+
+
+def test_depth_only_control_predicts_worse_than_the_law_when_entropy_matters(sim):
+    loco = loco_transfer(sim, drafter="sim-block")
+    acc = loco.accuracy
+    law = acc.loc["tokens_per_round", "mean_abs_relative_error"]
+    control = acc.loc["tokens_per_round_depth_only", "mean_abs_relative_error"]
+    assert law < 0.05
+    assert control > 2 * law, acc
+    assert {"tokens_per_round_depth_only", "mean_accepted_depth_only"} <= set(acc.index)
+    assert acc.loc["tokens_per_round", "max_abs_relative_error"] >= law
+    # the control is pooled per-depth acceptance: the same for every held-out category's depth 1
+    s = loco.summary
+    np.testing.assert_allclose(s["relative_error_depth_only"],
+                               s["depth_only_tokens_per_round"] / s["observed_tokens_per_round"] - 1)
+
+
+def test_depth_only_baseline_in_compare_laws_is_the_per_depth_rate(sim):
+    from entropy_law.law.compare import DEPTH_ONLY
+    rows = atrisk.at_risk_table(sim, drafters=["sim-block"])
+    comp = compare_laws(rows, (DEPTH_ONLY, "law_exp"), n_folds=3, seed=0)
+    s = comp.summary
+    assert s.loc["law_exp", "cv_log_loss"] < s.loc[DEPTH_ONLY, "cv_log_loss"]
+    # by hand: held-out log-loss of the training folds' per-depth acceptance
+    from entropy_law.law.compare import request_folds
+    folds = request_folds(rows["request_id"].to_numpy(), 3, 0)
+    fold = rows["request_id"].map(folds).to_numpy()
+    y = rows["accepted"].to_numpy(dtype=float)
+    ll = 0.0
+    for k in range(3):
+        train = rows.loc[fold != k].assign(y=y[fold != k])
+        rate = train.groupby("depth")["y"].mean()
+        p = rows.loc[fold == k, "depth"].map(rate).to_numpy()
+        yk = y[fold == k]
+        ll += float(np.sum(yk * np.log(p) + (1 - yk) * np.log1p(-p)))
+    assert s.loc[DEPTH_ONLY, "cv_log_loss"] == pytest.approx(-ll / len(rows), rel=1e-9)
+
+
+def test_universality_reports_the_category_share_of_the_cv_gain():
+    tr = simulate_traces(seed=5, n_requests_per_category=10, k=0.8, block_size=6, tokens_per_request=(60, 90),
+                         category_effects={"math_reasoning": 0.6})
+    test = universality_test(tr, drafter="sim-block", cv=True, n_folds=3)
+    v = test.summary["value"]
+    gain_law, gain_cat = v["cv_gain_law_vs_depth_only"], v["cv_gain_cat_vs_law"]
+    assert gain_law > 0 and gain_cat > 0
+    assert v["cv_category_share"] == pytest.approx(gain_cat / (gain_law + gain_cat))
+    assert test.p_value < 0.05  # a real category effect (10 requests per category): P1 rejects
+
+
+def test_report_text_shows_p1_the_category_share_and_both_loco_modes_with_the_control(sim):
+    from entropy_law.jobs.report import results_markdown
+    from entropy_law.law.analysis import TraceAnalysis
+
+    an = TraceAnalysis(sim.filter(drafter_id=["sim-block"]) if hasattr(sim, "filter") else sim, n_boot=2,
+                       compare_families=("law_exp",), n_folds=3)
+    text = results_markdown(an)
+    for needle in ("P1 score χ²", "P1 p", "category share of the CV gain", "leak-free (depths from training categories)",
+                   "oracle depths (held-out's own)", "depth-only control: tokens / round: mean |rel. error|",
+                   "tokens / round: max |rel. error|"):
+        assert needle in text, needle
