@@ -37,8 +37,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
-
 BYTES_PER_ROW = 40  # tokens + rounds + requests files per token row, zstd (measured: ~35)
 
 

@@ -15,7 +15,8 @@ from entropy_law.jobs.demo import run_demo  # noqa: E402
 from entropy_law.prompts.text import load_tasks  # noqa: E402
 from entropy_law.traces.reader import load_traces  # noqa: E402
 from tests.report_helpers import FAST  # noqa: E402
-from tests.tiny_models import hf_greedy, tiny_llama  # noqa: E402
+from conftest import tiny_llama  # noqa: E402
+from tests.tiny_models import hf_greedy  # noqa: E402
 
 VOCAB = 96
 

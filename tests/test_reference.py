@@ -12,7 +12,7 @@ from entropy_law.jobs.reference import make_reference_traces
 from entropy_law.prompts.text import load_tasks
 from entropy_law.traces.reader import load_traces
 from entropy_law.traces.recorder import TraceRecorder
-from tests.tiny_models import tiny_llama
+from conftest import tiny_llama
 
 VOCAB = 96
 

@@ -19,7 +19,6 @@ import hashlib
 import importlib
 import importlib.util
 import json
-import os
 from pathlib import Path
 
 import numpy as np

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import torch
 
-from conftest import tiny_llama  # noqa: F401 (re-exported: test_demo and test_reference import it from here)
 from entropy_law.decoding.tree import Tree
 
 

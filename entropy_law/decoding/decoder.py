@@ -29,6 +29,7 @@ import torch
 from entropy_law.decoding.adapter import TargetAdapter
 from entropy_law.decoding.gate import VerifyCost, measure_verify_cost
 from entropy_law.decoding.interface import DraftProposal, Drafter
+from entropy_law.decoding.loading import model_of
 from entropy_law.decoding.round import (DEFAULT_VERIFY_COST_RATIO, Observer, RequestState, Round, RoundRules, now_ms,
                                         play_round, prefill_round)
 from entropy_law.decoding.tree import Tree
@@ -105,9 +106,7 @@ class SpeculativeDecoder:
         if isinstance(target, TargetAdapter):
             self.adapter = target
         else:
-            # a LoadedTarget carries .model and .tokenizer; a bare causal LM is an nn.Module
-            model = target if isinstance(target, torch.nn.Module) else target.model
-            self.adapter = TargetAdapter(model)
+            self.adapter = TargetAdapter(model_of(target))  # a LoadedTarget (.model, .tokenizer) or a causal LM
         if tokenizer is None and not isinstance(target, (TargetAdapter, torch.nn.Module)):
             tokenizer = getattr(target, "tokenizer", None)
         self.tokenizer = tokenizer
@@ -240,11 +239,12 @@ class SpeculativeDecoder:
                                  output=[int(last_logits.argmax())], start=len(prompt_ids), request_id=request_id,
                                  block_size=self.block_size)
             target = _TargetVerifier(self.adapter)
+            propose = target.proposer(self.drafter)
             t_decode = now_ms()
             emit(prefill_round(state, last_logits.unsqueeze(0)))
             stop = self.rules.stop_reason(state)
             while stop is None:
-                emit(play_round(state, self.rules, target.proposer(self.drafter), target))
+                emit(play_round(state, self.rules, propose, target))
                 stop = self.rules.stop_reason(state)
             decode_ms = now_ms() - t_decode
         except Exception as err:  # close the request for the observers (a recorder keeps the run consistent)

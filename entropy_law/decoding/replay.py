@@ -29,6 +29,7 @@ import torch
 
 from entropy_law.decoding.gate import VerifyCost
 from entropy_law.decoding.interface import DraftProposal, Drafter, drafter_run_config
+from entropy_law.decoding.loading import model_of
 from entropy_law.decoding.observers import distribution_stats
 from entropy_law.decoding.round import (DEFAULT_VERIFY_COST_RATIO, Observer, RequestState, Round, RoundRules,
                                         play_round, prefill_round)
@@ -39,10 +40,6 @@ TARGET_STAT_COLUMNS = tuple(f"target_{key}" for key in TARGET_STAT_KEYS)
 
 
 # --- teacher-forced target pass ----------------------------------------------------------------------
-
-def _model_of(target) -> torch.nn.Module:
-    return target if isinstance(target, torch.nn.Module) else target.model
-
 
 @torch.no_grad()
 def teacher_forced_logits(target, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> torch.Tensor:
@@ -56,7 +53,7 @@ def teacher_forced_logits(target, prompt_ids: Sequence[int], output_ids: Sequenc
         raise ValueError("empty prompt: the first output token needs at least one prompt token")
     if not output_ids:
         raise ValueError("empty output: nothing to replay")
-    model = _model_of(target)
+    model = model_of(target)
     device = next(model.parameters()).device
     input_ids = torch.tensor([prompt_ids + output_ids[:-1]], dtype=torch.long, device=device)
     out = model(input_ids=input_ids, use_cache=False, logits_to_keep=len(output_ids))

@@ -50,6 +50,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from entropy_law.decoding.loading import model_of
 from entropy_law.decoding.observers import distribution_stats
 from entropy_law.decoding.replay import teacher_forced_logits
 from entropy_law.importers.records import ImportedRequest
@@ -254,10 +255,6 @@ def _check_fits(prompt: list[int], output: list[int], vocab: int, context: int |
 
 # -- the forward passes -------------------------------------------------------------------------------------
 
-def _model_of(target) -> torch.nn.Module:
-    return target if isinstance(target, torch.nn.Module) else target.model
-
-
 def _vocab_size(model) -> int:
     head = model.get_output_embeddings()
     return int(head.weight.shape[0]) if head is not None else int(model.config.vocab_size)
@@ -359,7 +356,7 @@ def compute_target_stats(
                               list(meta.get(METADATA_KEY_ENTROPY, {}).get("unscored", [])),
                               note="finished the swap of an earlier job that was stopped during it")
     check_entropy_run(plan.run_dir, out=out, break_lock=break_lock)
-    model = _model_of(target)
+    model = model_of(target)
     tokenizer = getattr(target, "tokenizer", None)
     model_id = model_id or getattr(target, "model_id", None) or type(model).__name__
     source = str(getattr(target, "source", "a model given in Python"))

@@ -41,6 +41,7 @@ from entropy_law.decoding.adapter import TargetAdapter
 from entropy_law.decoding.decoder import SpeculativeDecoder
 from entropy_law.decoding.gate import VerifyCost, measure_verify_cost
 from entropy_law.decoding.interface import drafter_run_config
+from entropy_law.decoding.loading import model_of
 from entropy_law.decoding.observers import RecorderObserver
 from entropy_law.decoding.round import DEFAULT_VERIFY_COST_RATIO
 from entropy_law.jobs.arms import AR_DRAFTER_ID, AR_TREE_POLICY, ArmSpec, make_drafter
@@ -229,10 +230,6 @@ def _run_dir(out, spec: ArmSpec) -> Path:
     return Path(out) / spec.name
 
 
-def _model_of(target) -> torch.nn.Module:
-    return target if isinstance(target, torch.nn.Module) else target.model  # a LoadedTarget or a causal LM
-
-
 def _open_arm(spec: ArmSpec, run_dir: Path, target, stack: contextlib.ExitStack, *, adapter, gate,
               verify_cost_ratio, max_new_tokens, resume, overwrite, break_lock, flush_every, ngram_options,
               checkpoint, run_metadata, log) -> _Arm:
@@ -240,7 +237,7 @@ def _open_arm(spec: ArmSpec, run_dir: Path, target, stack: contextlib.ExitStack,
     stored = _stored_metadata(run_dir) if resume else None
     drafter = make_drafter(spec, target, ngram_options=ngram_options, checkpoint=checkpoint)
     if adapter is None:
-        adapter = TargetAdapter(_model_of(target), feature_layers=getattr(drafter, "feature_layers", ()))
+        adapter = TargetAdapter(model_of(target), feature_layers=getattr(drafter, "feature_layers", ()))
     verify_cost = None
     if gate == "cost" and spec.drafts:
         if stored is None:

@@ -34,9 +34,11 @@ from tqdm.auto import tqdm
 
 from entropy_law.decoding.decoder import SpeculativeDecoder
 from entropy_law.decoding.features import capture_features
+from entropy_law.decoding.loading import model_of
 from entropy_law.decoding.observers import RecorderObserver
 from entropy_law.decoding.replay import (PrecomputedBlockDrafter, replay_request, replay_run_metadata,
                                          teacher_forced_logits)
+from entropy_law.decoding.round import DEFAULT_VERIFY_COST_RATIO
 from entropy_law.jobs.arms import AR, ArmSpec, arm_spec, available_arms, make_drafter
 from entropy_law.jobs.record import record_arms
 from entropy_law.traces.reader import load_traces
@@ -80,7 +82,7 @@ def make_reference_traces(
     replay_arms: Sequence[str] = DEFAULT_REPLAY_ARMS,
     ar_limit: int = 5,
     encode: Callable | None = None,
-    verify_cost_ratio: float = 2.0,
+    verify_cost_ratio: float = DEFAULT_VERIFY_COST_RATIO,
     from_run: str | Path | None = None,
     break_lock: bool = False,
     progress: bool = True,
@@ -136,7 +138,7 @@ def _replay(specs: Sequence[ArmSpec], tasks: Sequence, target, out: Path, online
             max_new_tokens: int, encode: Callable | None, verify_cost_ratio: float, break_lock: bool,
             progress: bool) -> None:
     """Replay ``specs`` on the greedy outputs of ``<out>/ngram`` into ``<out>/<arm>`` (resumable)."""
-    model = target if isinstance(target, torch.nn.Module) else target.model  # LoadedTarget or a causal LM
+    model = model_of(target)
     plain = SpeculativeDecoder(target)  # the target's EOS ids, context, prompt encoding, dtype and device
     config = plain.config
     eos, max_context = config["eos_token_ids"], plain.adapter.max_context

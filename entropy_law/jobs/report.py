@@ -61,6 +61,19 @@ def markdown_table(frame: pd.DataFrame, *, digits: int = 3, index: bool = False)
 MIN_PAIRED_REQUESTS = 5  # a speedup from fewer paired prompts is not printed as a number
 
 
+def trace_speedup(speedup, tokens_per_round, paired):
+    """A speedup measured from the traces' decode times as it may be shown: the number, or why it is not a
+    result (above the arm's tokens per round, which no verify pass costing at least one forward can give; or
+    from fewer than ``MIN_PAIRED_REQUESTS`` paired prompts). NaN stays NaN."""
+    if not np.isfinite(speedup):
+        return speedup
+    if np.isfinite(tokens_per_round) and speedup > tokens_per_round * (1 + BOUND_SLACK):
+        return f"above bound ({speedup:.2f}x > {tokens_per_round:.2f} tokens/round): not a result"
+    if not paired >= MIN_PAIRED_REQUESTS:
+        return f"not measured reliably ({speedup:.2f}x)"
+    return speedup
+
+
 def results_frame(analysis: TraceAnalysis) -> pd.DataFrame:
     """The per-arm, per-category results table with readable column names. A measured speedup is shown as a
     number only when it rests on at least ``MIN_PAIRED_REQUESTS`` paired prompts and does not exceed the arm's
@@ -69,13 +82,9 @@ def results_frame(analysis: TraceAnalysis) -> pd.DataFrame:
     if "speedup_vs_ar" in table:
         table = table.astype({"speedup_vs_ar": object})
         for i, row in table.iterrows():
-            speedup, paired = row["speedup_vs_ar"], row.get("speedup_requests", np.nan)
-            if row["arm"] in analysis.ar_arms or not np.isfinite(speedup):
-                continue
-            if speedup > row["committed_per_round"] * (1 + BOUND_SLACK):
-                table.at[i, "speedup_vs_ar"] = f"above bound ({speedup:.2f}x): not a result"
-            elif not paired >= MIN_PAIRED_REQUESTS:
-                table.at[i, "speedup_vs_ar"] = f"not measured reliably ({speedup:.2f}x)"
+            if row["arm"] not in analysis.ar_arms:
+                table.at[i, "speedup_vs_ar"] = trace_speedup(row["speedup_vs_ar"], row["committed_per_round"],
+                                                             row.get("speedup_requests", np.nan))
     return table[[c for c in RESULT_COLUMNS if c in table]].rename(columns=RESULT_COLUMNS)
 
 
@@ -361,10 +370,7 @@ def _speedup_cell(row, measured: pd.DataFrame | None) -> str:
         if match.empty:
             return "not measured"
         return format_speedup(match.iloc[0])
-    speedup, bound = row.speedup_vs_ar, row.committed_per_round
-    if np.isfinite(speedup) and np.isfinite(bound) and speedup > bound * (1 + BOUND_SLACK):
-        return f"above bound ({speedup:.2f}x > {bound:.2f} tokens/round): not a result"
-    return _fmt(speedup)
+    return _fmt(trace_speedup(row.speedup_vs_ar, row.committed_per_round, getattr(row, "speedup_requests", np.nan)))
 
 
 def _requests(n) -> str:

@@ -27,14 +27,14 @@ machine (decode time / tokens decoded after the prefill) when there are some.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 import pandas as pd
 
 from entropy_law.law import atrisk
-from entropy_law.law.arms import AR_LABEL, arm_label, run_arms  # noqa: F401  (arm_label: re-exported)
+from entropy_law.law.arms import AR_LABEL, run_arms
 from entropy_law.law.compare import compare_laws
 from entropy_law.law.cost import when_drafting_pays
 from entropy_law.law.fit import fit_law, get_family

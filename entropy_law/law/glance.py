@@ -54,6 +54,7 @@ from scipy import optimize, special, stats
 
 from entropy_law.law import arms, atrisk
 from entropy_law.law.results import Result
+from entropy_law.prompts.paths import read_json_lines
 
 CAP = 15  # GLANCE's cap (code form) and L (README form): the reachable accepted length
 B1_MAX = 25.0  # b1 is reported clipped here; holds() requires the estimate to be at most this
@@ -488,20 +489,8 @@ def read_glance_rounds(path) -> pd.DataFrame:
     (``"<task>/<prompt>"``) and ``line`` (1-based line number in the file).
     """
     path = Path(path)
-    rows, lines = [], []
-    with path.open(encoding="utf-8") as handle:
-        for number, text in enumerate(handle, start=1):
-            if not text.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                row = json.loads(text)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{where}: not valid JSON ({err.msg})") from None
-            if not isinstance(row, dict):
-                raise ValueError(f"{where}: expected a JSON object (one round), got {type(row).__name__}")
-            rows.append(row)
-            lines.append(number)
+    numbered = list(read_json_lines(path, "a JSON object (one round)"))
+    lines, rows = [n for n, _ in numbered], [row for _, row in numbered]
     if not rows:
         raise ValueError(f"{path}: no rounds (the file is empty)")
     present = {name for row in rows for name in ROUND_LOG_FIELDS if name in row}

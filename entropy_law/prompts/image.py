@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from entropy_law.prompts.paths import data_dir
+from entropy_law.prompts.paths import data_dir, read_json_lines
 from entropy_law.prompts.text import Task
 
 VLM_TASKS = "vlm_tasks"
@@ -117,22 +117,13 @@ def load_image_tasks(source: str | Path = VLM_TASKS, *, categories: Iterable[str
         raise ValueError(f"unknown kind(s) {sorted(wanted_kinds - set(KINDS))}; known: {', '.join(KINDS)}")
     parsed = []
     seen: dict[str, int] = {}
-    with path.open(encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{line_no}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{where}: not valid JSON ({err.msg})") from None
-            if not isinstance(record, dict):
-                raise ValueError(f"{where}: expected a JSON object, got {type(record).__name__}")
-            fields = _parse(record, where, path.parent)
-            if fields[0] in seen:
-                raise ValueError(f"{where}: duplicate question_id {fields[0]!r} (first on line {seen[fields[0]]})")
-            seen[fields[0]] = line_no
-            parsed.append(fields)
+    for line_no, record in read_json_lines(path):
+        where = f"{path}:{line_no}"
+        fields = _parse(record, where, path.parent)
+        if fields[0] in seen:
+            raise ValueError(f"{where}: duplicate question_id {fields[0]!r} (first on line {seen[fields[0]]})")
+        seen[fields[0]] = line_no
+        parsed.append(fields)
     present = list(dict.fromkeys(fields[1] for fields in parsed))
     wanted = None
     if categories is not None:

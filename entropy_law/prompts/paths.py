@@ -5,8 +5,10 @@ Knows only paths; reads nothing.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
+from typing import Iterator
 
 
 def data_dir() -> Path:
@@ -19,3 +21,19 @@ def data_dir() -> Path:
             "(pip install -e .) or set ENTROPY_LAW_DATA to the repository's data/ folder."
         )
     return path
+
+
+def read_json_lines(path: Path, what: str = "a JSON object") -> Iterator[tuple[int, dict]]:
+    """(line number, object) for every non-blank line of a JSONL file; a line that is not valid JSON or not an
+    object raises ``ValueError`` naming ``file:line`` (``what``: how the error names the expected object)."""
+    with Path(path).open(encoding="utf-8") as handle:
+        for line_no, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise ValueError(f"{path}:{line_no}: not valid JSON ({err.msg})") from None
+            if not isinstance(record, dict):
+                raise ValueError(f"{path}:{line_no}: expected {what}, got {type(record).__name__}")
+            yield line_no, record

@@ -10,14 +10,13 @@ or models (this module never imports torch).
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from entropy_law.prompts.paths import data_dir
+from entropy_law.prompts.paths import data_dir, read_json_lines
 
 logger = logging.getLogger(__name__)
 
@@ -69,24 +68,15 @@ def task_file(source: str | Path) -> tuple[str, Path]:
 
 
 def _read_records(path: Path) -> Iterable[tuple[int, dict]]:
-    with path.open(encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise ValueError(f"{path}:{line_no}: not valid JSON ({err.msg})") from None
-            if not isinstance(record, dict):
-                raise ValueError(f"{path}:{line_no}: expected a JSON object, got {type(record).__name__}")
-            missing = [key for key in ("question_id", "category", "turns") if key not in record]
-            if missing:
-                raise ValueError(f"{path}:{line_no}: missing field(s) {', '.join(missing)} "
-                                 "(every line needs question_id, category and turns)")
-            turns = record["turns"]
-            if isinstance(turns, str) or not isinstance(turns, list) or not all(isinstance(t, str) for t in turns):
-                raise ValueError(f"{path}:{line_no}: 'turns' must be a list of strings")
-            yield line_no, record
+    for line_no, record in read_json_lines(path):
+        missing = [key for key in ("question_id", "category", "turns") if key not in record]
+        if missing:
+            raise ValueError(f"{path}:{line_no}: missing field(s) {', '.join(missing)} "
+                             "(every line needs question_id, category and turns)")
+        turns = record["turns"]
+        if isinstance(turns, str) or not isinstance(turns, list) or not all(isinstance(t, str) for t in turns):
+            raise ValueError(f"{path}:{line_no}: 'turns' must be a list of strings")
+        yield line_no, record
 
 
 def known_categories(source: str | Path = SPEC_BENCH) -> list[str]:

@@ -47,7 +47,7 @@ import json
 import math
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -57,7 +57,7 @@ from tqdm.auto import tqdm
 
 from entropy_law.decoding.attention import text_config
 from entropy_law.decoding.features import decoder_layers
-from entropy_law.decoding.loading import load_target
+from entropy_law.decoding.loading import load_target, model_of
 from entropy_law.decoding.replay import replay_chain
 from entropy_law.drafters.block import BlockDrafter, read_checkpoint
 from entropy_law.drafters.training.data import load_samples
@@ -251,7 +251,7 @@ def init_from_target(drafter: BlockDrafter, target, *, init_fc: bool = False,
     context norm copies the first source layer's input norm, so that layer's injected context keys and
     values start as the target's own keys and values of that layer. Returns the source layers."""
 
-    model = target if isinstance(target, torch.nn.Module) else target.model
+    model = model_of(target)
     blocks = decoder_layers(model)
     problem = llama_shape_problem(model)
     if problem:
