@@ -39,7 +39,7 @@ from entropy_law.traces.layout import (
     table_file,
     unfinished_shards,
 )
-from entropy_law.traces.schema import FORMAT_VERSION, RUN_METADATA_KEYS, SCHEMAS, TABLES
+from entropy_law.traces.schema import FORMAT_VERSION, RUN_METADATA_KEYS, SCHEMAS, TABLES, added_columns
 from entropy_law.traces.validation import TraceValidationError, check_run, check_schema, check_values
 
 _DICTIONARY_COLUMNS = ("run_id", "request_id", "category", "role", "dataset", "stop_reason")
@@ -87,9 +87,23 @@ def _read_file(file: Path, table: str) -> pa.Table:
     schema = SCHEMAS[table]
     dictionary = [c for c in _DICTIONARY_COLUMNS if c in schema.names]
     try:
-        return pq.read_table(file, columns=schema.names, read_dictionary=dictionary)
+        present = set(pq.read_schema(file).names)
+        data = pq.read_table(file, columns=[c for c in schema.names if c in present], read_dictionary=dictionary)
     except (pa.ArrowInvalid, OSError) as err:
         raise TraceValidationError(f"{file}: cannot read as Parquet ({err})") from err
+    return with_added_columns(data, table_name=table)
+
+
+def with_added_columns(table: pa.Table, *, table_name: str) -> pa.Table:
+    """``table`` with every v1 column in schema order; added columns an older file lacks become nulls."""
+    schema = SCHEMAS[table_name]
+    missing = [f for f in schema if f.name not in table.column_names]
+    unknown = [f.name for f in missing if f.name not in added_columns(table_name)]
+    if unknown:
+        raise TraceValidationError(f"{table_name} table is missing column(s) {unknown}")
+    for f in missing:
+        table = table.append_column(f, pa.nulls(table.num_rows, type=f.type))
+    return table.select(schema.names)
 
 
 def _dictionary_schema(table: str) -> pa.Schema:

@@ -60,6 +60,7 @@ from entropy_law.traces.schema import (
     RUN_METADATA_KEYS,
     SCHEMAS,
     STOP_REASONS,
+    added_columns,
 )
 from entropy_law.traces.stats import TARGET_STAT_KEYS, target_stats_from_logits
 from entropy_law.traces.stats import draft_stats as _draft_stats
@@ -648,7 +649,7 @@ class TraceRecorder:
         requests = {"run_id": pa.array([run_id] * n_req, pa.string()), "request_id": ids, "category": cats}
         for f in SCHEMAS["requests"]:
             if f.name not in requests:
-                requests[f.name] = pa.array([r.row[f.name] for r in pending], type=f.type)
+                requests[f.name] = pa.array([r.row.get(f.name) for r in pending], type=f.type)
 
         rounds_per_req = np.array([len(r.rounds) for r in pending], dtype=np.int64)
         all_rounds = [t for r in pending for t in r.rounds]
@@ -798,6 +799,8 @@ class TraceRecorder:
             raise ValueError(f"{where}: unknown column(s) {unknown}; v1 {name} columns are {schema.names}")
         if "run_id" not in columns:
             columns["run_id"] = self.run_id
+        for c in added_columns(name):
+            columns.setdefault(c, pa.nulls(n, type=schema.field(c).type))  # added columns may be left out
         missing = [c for c in schema.names if c not in columns]
         if missing:
             raise ValueError(f"{where}: missing column(s) {missing}; v1 {name} columns are {schema.names}")
@@ -834,8 +837,12 @@ class TraceRecorder:
 
 def _to_schema(columns: dict, name: str) -> pa.Table:
     schema = SCHEMAS[name]
+    n = len(next(iter(columns.values())))
     arrays = []
     for f in schema:
+        if f.name not in columns and f.name in added_columns(name):
+            arrays.append(pa.nulls(n, type=f.type))  # an added column this writer has no value for
+            continue
         value = columns[f.name]
         array = value if isinstance(value, pa.Array) else pa.array(value, type=f.type)
         if pa.types.is_dictionary(array.type):

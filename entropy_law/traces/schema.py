@@ -88,6 +88,16 @@ REQUESTS_SCHEMA = pa.schema(
 
 SCHEMAS = {"tokens": TOKENS_SCHEMA, "rounds": ROUNDS_SCHEMA, "requests": REQUESTS_SCHEMA}
 
+# Columns added to v1 after its first release. Each is nullable; a file written before it existed lacks it,
+# and readers and writers fill it with nulls, so old runs stay readable and resumable (format v1 is kept).
+# Document every entry in docs/trace-schema.md under "Added columns".
+ADDED_COLUMNS: dict[str, tuple[str, ...]] = {"tokens": (), "rounds": (), "requests": ()}
+
+
+def added_columns(table: str) -> tuple[str, ...]:
+    """Names of the nullable columns added to ``table`` after the first v1 release (may be absent in files)."""
+    return ADDED_COLUMNS[table]
+
 # Run metadata (run.json). Required keys are always written by the recorder; user keys may be added.
 RUN_METADATA_KEYS = (
     "format",  # FORMAT_NAME

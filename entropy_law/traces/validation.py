@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from entropy_law.traces.schema import ROLES, SCHEMAS, STOP_REASONS
+from entropy_law.traces.schema import ROLES, SCHEMAS, STOP_REASONS, added_columns
 
 
 class TraceValidationError(ValueError):
@@ -20,15 +20,20 @@ class TraceValidationError(ValueError):
 
 
 def check_schema(schema: pa.Schema, table: str, where: str) -> None:
-    """Every column of the v1 ``table`` must be present with its type (extra columns are allowed)."""
+    """Every column of the v1 ``table`` must be present with its type (extra columns are allowed).
+
+    Columns added after the first v1 release (``schema.added_columns``) may be absent: they read as null."""
     expected = SCHEMAS[table]
-    missing = [f.name for f in expected if f.name not in schema.names]
+    optional = set(added_columns(table))
+    missing = [f.name for f in expected if f.name not in schema.names and f.name not in optional]
     if missing:
         raise TraceValidationError(
             f"{where}: {table} table is missing column(s) {missing}; a v1 {table} table has "
             f"{expected.names}"
         )
     for f in expected:
+        if f.name not in schema.names:
+            continue  # an added column absent from an older file
         actual = schema.field(f.name).type
         if pa.types.is_dictionary(actual):
             actual = actual.value_type
