@@ -136,6 +136,8 @@ def test_statistics_equal_a_plain_forward_and_the_run_fits(tmp_path, engine_file
     assert meta["status"] == "complete"
     assert meta[METADATA_KEY]["target_stats"].startswith("teacher-forced by entropy-law entropy")
     assert meta["entropy"]["device"] == "cpu" and meta["entropy"]["unscored"][0]["request_id"] == "text-only"
+    assert meta["entropy"]["dtype"] == "float32"  # the forward's dtype is recorded (--dtype bfloat16 says so)
+    assert 0 < summary.cpu_seconds and 0 < summary.seconds
     kept = read_import(run)
     assert {k for k, v in kept.rounds_in_tables.items() if v} == set(outputs)
     assert len(traces.requests) == 12  # every imported request keeps its row

@@ -26,7 +26,7 @@ from entropy_law.traces.recorder import TraceRecorder
 MODEL_A, MODEL_B = "smollm2-135m", "qwen2-0.5b"
 CATEGORIES = ("qa", "rag", "math_reasoning")
 PER_CATEGORY = 6  # 18 prompts, the same request ids in every run
-FAST = dict(n_boot=3, compare_families=("law_exp",), n_folds=3)
+FAST = dict(n_boot=3, compare_families=("law_exp",), n_folds=3, family="law_exp")  # compared with fit_law(...)'s default
 SHA_1, SHA_2 = "1" * 64, "2" * 64
 
 

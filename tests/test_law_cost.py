@@ -126,3 +126,80 @@ def test_predicted_speedup_matches_the_measured_one_on_traces_from_a_known_law()
     per_request = rounds.groupby(["run_id", "request_id"])["total"].sum()
     np.testing.assert_allclose(requests.set_index(["run_id", "request_id"])["total"].sort_index().to_numpy(),
                                per_request.sort_index().to_numpy(), rtol=1e-5)
+
+
+# -- #17: the cost measurements' noise reaches the intervals (law, drafter costs and AR resampled together) --
+
+def _ar_requests(traces):
+    ar = traces.requests.loc[traces.requests["run_id"] == "sim-ar"]
+    return ar.assign(decoded=ar["new_tokens"] - 1)[["request_id", "decode_ms", "decoded"]]
+
+
+def _noisy(sigma: float, seed: int = 5, per_category: int = 8):
+    return simulate_traces(seed=seed, n_requests_per_category=per_category, categories=["qa", "rag"], block_size=5,
+                           include_ar=True, tokens_per_request=(60, 90), costs=SimCosts(noise_sigma=sigma))
+
+
+def _relative_width(pays, key="speedup[H=1]"):
+    row = pays.summary.loc[key]
+    return (row["ci_high"] - row["ci_low"]) / row["estimate"]
+
+
+@pytest.fixture(scope="module")
+def noisy_pays():
+    import warnings
+
+    out = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # few requests: SmallSampleWarning, checked elsewhere
+        for sigma in (0.02, 1.0):
+            traces = _noisy(sigma)
+            out[sigma] = when_drafting_pays(traces, drafter="sim-block", family="law_exp", entropies=(0.1, 1.0),
+                                            ar_requests=_ar_requests(traces), n_boot=30, seed=0)
+        ar = _ar_requests(traces)
+        out["fixed"] = when_drafting_pays(traces, drafter="sim-block", family="law_exp", entropies=(0.1, 1.0),
+                                          ar_ms_per_token=float(ar["decode_ms"].sum() / ar["decoded"].sum()),
+                                          n_boot=30, seed=0)
+    return out
+
+
+def test_the_speedup_interval_widens_when_the_cost_measurements_are_noisier(noisy_pays):
+    quiet, noisy = noisy_pays[0.02], noisy_pays[1.0]
+    for key in ("speedup[H=0.1]", "speedup[H=1]"):
+        assert _relative_width(noisy, key) > 1.5 * _relative_width(quiet, key)
+    assert "AR cost per token from the AR run's requests" in " ".join(noisy.notes)
+
+
+def test_the_ar_cost_is_resampled_with_the_law(noisy_pays):
+    """Holding t_AR fixed (a number given) drops its noise from the interval; resampling the AR run's requests
+    with the arm's (the same prompts) keeps it: wider, and the same point estimate."""
+    fixed, resampled = noisy_pays["fixed"], noisy_pays[1.0]
+    assert resampled.summary.loc["speedup[H=1]", "estimate"] == pytest.approx(
+        fixed.summary.loc["speedup[H=1]", "estimate"], rel=1e-6)  # float32 decode_ms summed
+    assert _relative_width(resampled) > 1.1 * _relative_width(fixed)
+    assert "held fixed: given" in " ".join(fixed.notes)
+    with pytest.raises(ValueError, match="decoded"):
+        when_drafting_pays(_noisy(0.02, per_category=3), drafter="sim-block", family="law_exp",
+                           ar_requests=_ar_requests(_noisy(0.02, per_category=3)).drop(columns="decoded"), n_boot=2)
+
+
+def test_the_speedup_interval_stays_calibrated_under_cost_noise():
+    """Coverage of the predicted speedup by its 95% interval, over independent noisy trace sets (cost noise
+    sigma = 1: the cost measurements matter): the target is the estimate of a large trace set from the same
+    law and costs (its own error is small next to these intervals)."""
+    import warnings
+
+    h = (0.3,)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        big = _noisy(1.0, seed=1000, per_category=60)
+        truth = when_drafting_pays(big, drafter="sim-block", family="law_exp", entropies=h,
+                                   ar_requests=_ar_requests(big), n_boot=2, seed=0).summary.loc["speedup[H=0.3]",
+                                                                                                "estimate"]
+        covered = []
+        for seed in range(10):
+            small = _noisy(1.0, seed=seed, per_category=8)
+            s = when_drafting_pays(small, drafter="sim-block", family="law_exp", entropies=h,
+                                   ar_requests=_ar_requests(small), n_boot=30, seed=seed).summary.loc["speedup[H=0.3]"]
+            covered.append(s["ci_low"] <= truth <= s["ci_high"])
+    assert sum(covered) >= 8, covered  # nominal 95%: 8 or more of 10 (P >= 0.98 when calibrated)

@@ -341,3 +341,58 @@ def test_round_scores_and_loco(fixture_rounds):
     other = fit_glance(fixture_rounds.loc[~caption], per_category=False, n_boot=0)
     assert set(fits) == {"caption", "chartqa"} and fits["caption"].b0 == pytest.approx(other.b0, abs=1e-12)
     assert predicted[caption] == pytest.approx(other.predict(fixture_rounds.loc[caption, "entropy"]), abs=1e-12)
+
+
+def test_law_round_expectations_match_the_dp_of_the_primary_law(traces):
+    """The primary law predicts from decode-time covariates of each position (lag, running mean, position):
+    the per-round expectation must equal the DP's own acceptance array (``acceptance_for_sequence``)."""
+    from entropy_law.law.analysis import DEFAULT_FAMILY
+
+    view = traces.filter(run_id=["sim-block"]) if hasattr(traces, "filter") else traces
+    law = fit_law(view, DEFAULT_FAMILY, cov_type="nonrobust")
+    rounds = glance_rounds(view)
+    expected = law_round_expectations(law, view, rounds)
+    tokens = view.tokens.astype({"run_id": str, "request_id": str}).sort_values("position")
+    drafts = int(view.rounds["block_size"].max()) - 1
+    checked = 0
+    for i in np.linspace(0, len(rounds) - 1, 7).astype(int):
+        rec = rounds.iloc[i]
+        h = tokens.loc[tokens["request_id"] == rec.request_id, "target_entropy_nats"].to_numpy(dtype=float)
+        table = law.acceptance_for_sequence(h, drafts)
+        t, d = int(rec.start_position), int(rec.tree_depth)
+        row = table[d - 1, t, :d] if table.ndim == 3 else table[t, :d]
+        assert expected[i] == pytest.approx(np.cumprod(row).sum(), rel=1e-10)
+        checked += 1
+    assert checked == 7
+
+
+def test_side_by_side_section_and_figure_on_simulated_traces(traces):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from entropy_law.law.analysis import DEFAULT_FAMILY, TraceAnalysis
+    from entropy_law.plots.gallery import FIGURES, build_figure
+    from entropy_law.plots.glance import glance_section, primary_family, side_by_side
+
+    assert primary_family() == DEFAULT_FAMILY and "fig11_glance" in FIGURES
+    analysis = TraceAnalysis(traces, n_boot=0)
+    title, frame, notes = glance_section(analysis)
+    assert set(frame["arm"]) == set(analysis.arms)
+    for arm in analysis.arms:
+        laws = frame.loc[frame["arm"] == arm].set_index("law")
+        assert {"glance", analysis.family} <= set(laws.index)
+        # the LOCO scores are round_scores of loco_glance: recompute GLANCE's MSE independently
+        rounds = glance_rounds(analysis.arm_view(arm))
+        predicted, _ = loco_glance(rounds)
+        mse = np.mean((predicted - rounds["accepted"].to_numpy()) ** 2)
+        assert laws.loc["glance", "mse"] == pytest.approx(mse, rel=1e-12)
+        assert any(n.startswith(f"GLANCE side by side, {arm}: where GLANCE's law does at least as well") for n in notes)
+    again = side_by_side(analysis.arm_view(analysis.arms[0]), analysis.arms[0], analysis.family)
+    assert again["scores"][analysis.family]["mse"] == pytest.approx(
+        frame.loc[(frame["arm"] == analysis.arms[0]) & (frame["law"] == analysis.family), "mse"].iloc[0], rel=1e-9)
+    fig = build_figure(analysis, "fig11_glance")
+    ax = [a for a in fig.axes if a.get_visible()][0]
+    labels = [line.get_label() for line in ax.get_lines()]
+    assert any(label.startswith("GLANCE E[a|H]") for label in labels)
+    assert any(label.startswith(analysis.family) for label in labels)  # our law's curve is drawn
+    matplotlib.pyplot.close(fig)

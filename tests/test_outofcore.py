@@ -84,18 +84,65 @@ def test_sql_aggregate_equals_the_pandas_path(fleet, family):
     assert sql["n"].sum() == ref["n"].sum() > 1000
 
 
-def test_out_of_core_fit_equals_the_in_memory_fit(fleet):
+def assert_same_law(out, memory, rtol=1e-6):
+    """Coefficients, CR1 standard errors, intervals, derived parameters and predictions within ``rtol``."""
+    a, b = memory.result, out.result
+    assert list(b.params.index) == list(a.params.index)
+    np.testing.assert_allclose(b.params.to_numpy(), a.params.to_numpy(), rtol=rtol, atol=1e-9)
+    np.testing.assert_allclose(b.bse.to_numpy(), a.bse.to_numpy(), rtol=rtol, atol=1e-12)
+    assert b.cov_type == a.cov_type and b.use_t == a.use_t and out.df_inference == memory.df_inference
+    assert (out.n_rows, out.n_requests, out.depths, out.categories) == (memory.n_rows, memory.n_requests,
+                                                                        memory.depths, memory.categories)
+    assert b.nobs == a.nobs
+    np.testing.assert_allclose(b.llf, a.llf, rtol=1e-9)
+    ref, got = memory.summary, out.summary
+    assert list(got.index) == list(ref.index) and list(got.columns) == list(ref.columns)
+    numeric = ref.select_dtypes("number").columns
+    np.testing.assert_allclose(got[numeric].to_numpy(float), ref[numeric].to_numpy(float), rtol=rtol, atol=1e-9)
+    h = np.geomspace(1e-3, 5.0, 7)
+    category = memory.categories[0] if memory.family.uses_category else None
+    extra = {"law_exp_cum": {"cum_entropy_nats": 0.7 * h}, "law_renyi2": {"target_renyi2_nats": 0.8 * h}}
+    for d in memory.depths[:3]:
+        kwargs = extra.get(memory.family.name, {})
+        np.testing.assert_allclose(out.predict_acceptance(h, d, category, **kwargs),
+                                   memory.predict_acceptance(h, d, category, **kwargs), rtol=rtol)
+
+
+@pytest.mark.parametrize("family", ["law_exp", "law_exp_cat", "law_exp0", "law_exp_cum", "law_spline",
+                                    "law_exp_mundlak", "law_renyi2"])
+def test_out_of_core_fit_equals_the_in_memory_fit(fleet, family):
+    """The streamed IRLS and CR1 sandwich (small batches and shard groups, so that every pass crosses many
+    of them) give fit_law's law: the same iterate, standard errors, summary and predictions."""
     path, _ = fleet
-    traces = load_traces(path)
-    for family in ("law_exp", "law_exp_cat"):
-        memory = fit_law(traces, family, by="drafter_id")
-        out = fit_law_out_of_core(path, family, by="drafter_id", chunk_bytes=50_000, threads=1)
-        for drafter in memory.laws:
-            a, b = memory[drafter].result, out[drafter].result
-            np.testing.assert_allclose(b.params.to_numpy(), a.params.to_numpy(), rtol=1e-6, atol=1e-8)
-            np.testing.assert_allclose(b.bse.to_numpy(), a.bse.to_numpy(), rtol=1e-6, atol=1e-8)
-            assert out[drafter].n_rows == memory[drafter].n_rows
-            assert out[drafter].n_requests == memory[drafter].n_requests
+    memory = fit_law(load_traces(path), family, by="drafter_id")
+    out = fit_law_out_of_core(path, family, by="drafter_id", chunk_bytes=50_000, threads=1, batch_cells=97)
+    assert list(out.laws) == list(memory.laws)
+    for drafter in memory.laws:
+        assert_same_law(out[drafter], memory[drafter])
+        assert any("fitted out of core" in note for note in out[drafter].notes)
+
+
+def test_out_of_core_fit_of_one_arm_prints_like_fit_law(fleet, capsys):
+    path, _ = fleet
+    memory = fit_law(load_traces(path / "sim-block"), "law_exp", depth="linear")
+    out = fit_law_out_of_core(path / "sim-block", "law_exp", depth="linear", batch_cells=1000)
+    assert_same_law(out, memory)
+    out.print_summary()
+    text = capsys.readouterr().out
+    assert "cluster-robust by request (CR1)" in text and "lambda[d=1]" in text
+
+
+def test_out_of_core_nonrobust_and_refused_families(fleet):
+    path, _ = fleet
+    memory = fit_law(load_traces(path / "sim-block"), "law_exp", cov_type="nonrobust")
+    out = fit_law_out_of_core(path / "sim-block", "law_exp", cov_type="nonrobust", batch_cells=500)
+    np.testing.assert_allclose(out.result.params, memory.result.params, rtol=1e-6)
+    np.testing.assert_allclose(out.result.bse, memory.result.bse, rtol=1e-6)
+    for family, hint in (("law_iso", "not a GLM"), ("law_exp_ceil", "profiles the offset")):
+        with pytest.raises(ValueError, match=hint):
+            fit_law_out_of_core(path, family)
+    with pytest.raises(ValueError, match="drafters"):  # two drafters pooled: refused as fit_law refuses
+        fit_law_out_of_core(path, "law_exp")
 
 
 def test_runs_of_one_arm_sharing_request_ids_are_pooled_as_in_memory(tmp_path):
@@ -109,6 +156,11 @@ def test_runs_of_one_arm_sharing_request_ids_are_pooled_as_in_memory(tmp_path):
     sql = aggregate_at_risk_sql(tmp_path / "fleet", chunk_bytes=1, threads=1)  # one query per shard
     assert_same_cells(sql, ref)
     assert ref["n"].sum() == 2 * sim.tokens["role"].isin(["accepted", "correction"]).sum()
+    # the streamed fit pools the shared cells too (a GROUP BY over the groups' cell files): fit_law's law
+    memory = fit_law(load_traces(tmp_path / "fleet"), "law_exp", by="drafter_id")
+    out = fit_law_out_of_core(tmp_path / "fleet", "law_exp", by="drafter_id", chunk_bytes=1, batch_cells=50)
+    for drafter in memory.laws:
+        assert_same_law(out[drafter], memory[drafter])
 
 
 def test_two_arms_under_one_drafter_id_are_refused(tmp_path):
@@ -172,3 +224,17 @@ def test_the_query_over_all_files_at_once_gives_the_same_cells(fleet):
     cells = finish_cells(con.sql(at_risk_sql(bin_columns=("target_entropy_nats", "cum_entropy_nats"))).df(),
                          "law_exp_cum")
     assert_same_cells(cells, pandas_aggregate(path, "law_exp_cum"))
+
+
+def test_the_law_command_fits_out_of_core(fleet, capsys):
+    from entropy_law.cli import main
+
+    path, _ = fleet
+    assert main(["law", str(path), "--out-of-core"]) == 0
+    text = capsys.readouterr().out
+    assert "=== sim-block ===" in text and "=== sim-tree ===" in text and "fitted out of core" in text
+    memory = fit_law(load_traces(path), "law_exp", by="drafter_id")
+    slope = memory["sim-block"].result.params["log_entropy"]
+    assert f"{slope:.4f}" in text  # the printed estimate is fit_law's
+    assert main(["law", str(path), "--out-of-core", "--loco"]) != 0
+    assert "drop --loco / --tests" in capsys.readouterr().err

@@ -103,6 +103,23 @@ def test_markdown_report_links_existing_pngs_and_results_section(sim, tmp_path):
     assert "drafting pays below" in summary and "nats (observed" in summary and "sim-tree ddtree16" in summary
 
 
+def test_the_report_leads_with_the_answer_and_checks_it(sim, tmp_path):
+    """#17: the answer first (per arm: break-even, the categories where drafting pays, measured and predicted side
+    by side), then the predicted-vs-measured table and the crossing of measured speedups vs the break-even."""
+    _, traces, an = sim
+    text = write_report(traces, tmp_path / "answer", fmt="md", analysis=an, figure_formats=("png",)).read_text()
+    headings = [line for line in text.splitlines() if line.startswith("## ")]
+    assert headings[0] == "## When drafting pays (the answer)"
+    answer = text.split("## When drafting pays (the answer)")[1].split("## ")[0]
+    for arm in an.arms:
+        assert f"- {arm}: drafting " in answer and "in these categories it pays for" in answer
+    assert "measured" in answer and "predicted" in answer
+    assert "## Predicted vs measured speedup (same requests)" in text
+    assert "## Break-even entropy vs where measured per-request speedups cross 1" in text
+    summary = terminal_summary(an)
+    assert summary.startswith("When drafting pays") and summary.index("in these categories") < summary.index("\nfitted law")
+
+
 def test_report_command_and_its_errors(sim, tmp_path, capsys):
     path, _, _ = sim
     out = tmp_path / "cli"

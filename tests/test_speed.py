@@ -111,11 +111,141 @@ def test_the_summary_never_prints_a_speedup_above_tokens_per_round():
                              costs=impossible)
     with pytest.warns(UserWarning):  # few requests: the law's intervals warn
         summary = terminal_summary(TraceAnalysis(traces, n_boot=5))
-    assert "above bound" in summary and "not a result" in summary
+    assert "above the physical bound" in summary and "not a result" in summary
     assert "(the reference)" in summary
+    assert summary.startswith("When drafting pays")  # the answer first (#17 item 4)
     measured = pd.DataFrame([dict(arm="sim-block chain", category="qa", requests=6, speedup=1.3, lo=1.2, hi=1.4,
                                   tokens_per_round=2.0, bound=1.6, within_bound=True, reliable=True, mismatches=0,
                                   verdict="measured")])
     with pytest.warns(UserWarning):
         summary = terminal_summary(TraceAnalysis(traces, n_boot=5), measured)
     assert "1.30x [1.20, 1.40] (6 requests)" in summary and "not measured" in summary
+
+
+# -- #17: one speedup source (the traces' CPU clock), one verdict, bad input said plainly --------------------
+
+def _sim(seed=7, per_category=6, **kw):
+    from entropy_law.law.simulate import simulate_traces
+
+    return simulate_traces(seed=seed, n_requests_per_category=per_category, categories=["qa", "rag"], block_size=5,
+                           include_ar=True, tokens_per_request=(50, 70), **kw)
+
+
+def _analysis(traces, **kw):
+    import warnings
+
+    from entropy_law.law.analysis import TraceAnalysis
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # few requests: SmallSampleWarning (tested elsewhere)
+        return TraceAnalysis(traces, n_boot=kw.pop("n_boot", 8), **kw)
+
+
+def test_the_recorder_writes_the_cpu_clock_and_older_runs_read_it_as_null(tmp_path):
+    from entropy_law.traces.reader import load_traces
+    from entropy_law.traces.recorder import TraceRecorder
+    from entropy_law.traces.schema import ADDED_COLUMNS
+
+    assert "decode_cpu_ms" in ADDED_COLUMNS["requests"]
+    stats = {"entropy_nats": [0.5], "renyi2_nats": [0.4], "top1_prob": [0.8], "top2_prob": [0.1], "logit_gap": [2.0]}
+    with TraceRecorder(tmp_path / "run", model_id="m", drafter_id="ngram", tree_policy="chain") as rec:
+        for rid, cpu in (("a", 12.5), ("b", None)):
+            rec.begin_request(rid, category="qa")
+            rec.log_round(rid, round_index=0, start_position=0, context_len=3, block_size=1, tree_nodes=0,
+                          tree_depth=0, accepted=0, token_ids=[5], ends_at_leaf=True, target_stats=stats)
+            rec.end_request(rid, new_tokens=1, stop_reason="eos", prefill_ms=1.0, decode_ms=20.0, decode_cpu_ms=cpu)
+        with pytest.raises(ValueError, match="decode_cpu_ms"):
+            rec.begin_request("c", category="qa")
+            rec.log_round("c", round_index=0, start_position=0, context_len=3, block_size=1, tree_nodes=0,
+                          tree_depth=0, accepted=0, token_ids=[5], ends_at_leaf=True, target_stats=stats)
+            rec.end_request("c", new_tokens=1, stop_reason="eos", decode_cpu_ms=-1.0)
+        rec.end_request("c", new_tokens=1, stop_reason="eos")
+    req = load_traces(tmp_path / "run").requests.set_index("request_id")
+    assert req.loc["a", "decode_cpu_ms"] == pytest.approx(12.5) and pd.isna(req.loc["b", "decode_cpu_ms"])
+
+
+def test_the_traces_speedup_uses_the_cpu_clock_when_every_pair_has_it():
+    traces = _sim()
+    wall = _analysis(traces).speedup("sim-block chain").set_index("category")
+    assert set(wall["clock"]) == {"wall"}
+    req = traces.requests
+    ar = req["run_id"] == "sim-ar"
+    cpu_ms = np.where(ar, req["decode_ms"] * 0.5, req["decode_ms"] * 0.8)  # AR 0.5 x wall, the arm 0.8 x wall
+    traces.requests = req.assign(decode_cpu_ms=cpu_ms)
+    cpu = _analysis(traces).speedup("sim-block chain").set_index("category")
+    assert set(cpu["clock"]) == {"cpu"}
+    assert cpu["speedup"].to_numpy() == pytest.approx(wall["speedup"].to_numpy() * 0.5 / 0.8)
+    # one request of the arm without its CPU time: the whole comparison falls back to the wall clock
+    traces.requests.loc[~ar.to_numpy(), "decode_cpu_ms"] = traces.requests.loc[~ar.to_numpy(), "decode_cpu_ms"].where(
+        traces.requests.loc[~ar.to_numpy(), "request_id"] != traces.requests["request_id"].iloc[0])
+    assert set(_analysis(traces).speedup("sim-block chain")["clock"]) == {"wall"}
+
+
+def test_the_traces_speedup_gets_the_same_verdict_as_the_speed_routine():
+    """``TraceAnalysis.speedup`` applies ``jobs.speed``'s rule: bound, interval width, paired requests."""
+    from entropy_law.law.cost import speed_verdict
+    from entropy_law.law.simulate import SimCosts
+
+    impossible = SimCosts(ar_ms=40.0, draft_ms=1.0, verify_base=0.2, verify_per_node=0.0, overhead_ms=0.5)
+    fast = _analysis(_sim(costs=impossible)).speedup("sim-block chain")
+    assert (fast["speedup"] > fast["tokens_per_round"] * 1.05).all()
+    assert set(fast["verdict"]) == {"above the physical bound"}
+    few = _analysis(_sim(per_category=3)).speedup("sim-block chain")
+    assert set(few["verdict"]) == {"not measured reliably"}  # 3 paired prompts < 5, whatever the interval
+    enough = _analysis(_sim(per_category=6)).speedup("sim-block chain")
+    for r in enough.to_dict("records"):
+        assert r["lo"] < r["speedup"] < r["hi"] and r["speedup"] < r["bound"]
+        assert r["verdict"] == speed_verdict(r["speedup"], r["lo"], r["hi"], r["bound"], r["requests"])
+    assert speed_verdict(1.5, 1.45, 1.55, 3.0, 5) == "measured"
+    assert speed_verdict(1.5, 1.2, 1.55, 3.0, 5) == "not measured reliably"
+    assert speed_verdict(3.3, 3.2, 3.4, 3.0, 5) == "above the physical bound"
+
+
+def test_the_crossing_of_measured_speedups_is_found_where_it_is():
+    """A logistic fit of "speedup > 1" on the request's mean entropy crosses 0.5 where the data cross 1."""
+    an = _analysis(_sim(per_category=10))
+    rng = np.random.default_rng(0)
+    h = rng.uniform(0.2, 2.0, 200)
+    fake = pd.DataFrame({"mean_entropy_nats": h, "speedup": 1 + 0.6 * (1.1 - h) + 0.15 * rng.standard_normal(200)})
+    fake.attrs["clock"] = "cpu"
+    an.request_speedups = lambda arm: fake
+    got = an.speedup_crossing("sim-block chain")
+    assert got["crossing_nats"] == pytest.approx(1.1, abs=0.1) and got["slope"] < 0
+    assert got["inside"] == (got["breakeven_low"] <= got["crossing_nats"] <= got["breakeven_high"])
+    an._cache.clear()
+    an.request_speedups = lambda arm: fake.assign(speedup=2.0)
+    got = an.speedup_crossing("sim-block chain")
+    assert np.isnan(got["crossing_nats"]) and "every request above 1" in got["reason"] and got["inside"] is None
+
+
+def test_bad_input_no_timings_no_ar_and_another_machine():
+    import warnings
+
+    traces = _sim()
+    # replayed arm: no timings
+    replayed = _sim()
+    replayed.runs = replayed.runs.assign(replayed=replayed.runs["run_id"] != "sim-ar")
+    check = _analysis(replayed).speedup_validation()
+    assert set(check["status"]) == {"no timings: predicted only"} and check["measured"].isna().all()
+    assert check["predicted_tokens_per_round"].notna().all()
+    # no AR arm (t_AR given: predicted only, said so)
+    keep = traces.runs["run_id"] != "sim-ar"
+    no_ar = _sim()
+    no_ar.runs = no_ar.runs.loc[keep].reset_index(drop=True)
+    for name in ("tokens", "rounds", "requests"):
+        frame = getattr(no_ar, name)
+        setattr(no_ar, name, frame.loc[frame["run_id"] != "sim-ar"].reset_index(drop=True))
+    check = _analysis(no_ar, ar_ms_per_token=40.0).speedup_validation()
+    assert set(check["status"]) == {"no AR arm: predicted only"} and check["predicted"].notna().all()
+    # a cost measured on another machine: a warning naming both
+    other = _sim()
+    other.runs = other.runs.assign(cpu_count=np.where(other.runs["run_id"] == "sim-ar", 16, 2))
+    an = _analysis(other)
+    assert an.machine_warnings("sim-block chain") == [
+        "sim-block chain: cost measurements from another machine: the arm's runs record cpu_count 2, the AR runs 16; "
+        "predictions mix the two"]
+    with pytest.warns(UserWarning, match="another machine"):
+        an.pays("sim-block chain")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        assert _analysis(traces).machine_warnings("sim-block chain") == []

@@ -11,18 +11,19 @@ from __future__ import annotations
 
 import sys
 
-ENGINES = ("vllm", "sglang", "llamacpp")
+ENGINES = ("vllm", "sglang", "llamacpp", "glance")  # glance: GLANCE's round log (entropy_law.importers.glance)
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "import",
-        help="import speculative-decoding statistics logged by vLLM, SGLang or llama.cpp into a trace run",
+        help="import speculative-decoding statistics logged by vLLM, SGLang, llama.cpp or GLANCE into a trace run",
         description="Read a JSONL of engine responses (one per line, each with the prompt text or its token ids "
                     "and the output token ids) and write a trace run: a request row per response, the engine's "
                     "per-step counts and acceptance histograms in engine_import.jsonl, and round rows once target "
                     "statistics are computed. A malformed line stops the import, naming file:line and the field, "
-                    "unless --skip-bad; see docs/importers.md.")
+                    "unless --skip-bad; see docs/importers.md. 'glance' reads GLANCE's round log (main_table.py "
+                    "--round-log): one round per line, tasks as categories, the root entropy of each round only.")
     p.add_argument("engine", choices=ENGINES, help="the engine that wrote the responses")
     p.add_argument("file", help="JSONL of engine responses, one per line")
     p.add_argument("--out", required=True, help="run directory to create")
@@ -41,12 +42,20 @@ def register(subparsers) -> None:
 def run(args) -> int:
     # lazy: `entropy-law --help` imports every command module; pyarrow and pandas load only here
     from entropy_law.importers import import_jsonl
+    from entropy_law.importers.glance import import_glance
     from entropy_law.traces.recorder import TraceRecorder
 
     try:
         TraceRecorder.check_path(args.out, overwrite=args.overwrite)
     except (FileExistsError, NotADirectoryError) as err:  # a run there, another writer holding it
         raise ValueError(f"{err} (entropy-law import never resumes: --overwrite replaces the run)") from err
+    if args.engine == "glance":
+        summary = import_glance(args.file, args.out, skip_bad=args.skip_bad, model_id=args.model_id,
+                                drafter_id=args.drafter_id, overwrite=args.overwrite)
+        for skipped in summary.skipped:
+            print(f"skipped {args.file}:{skipped.line}: {skipped.field}: {skipped.problem}", file=sys.stderr)
+        print("\n".join(summary.lines_to_print()))
+        return 0
     summary = import_jsonl(args.file, args.engine, args.out, category=args.category, skip_bad=args.skip_bad,
                            model_id=args.model_id, drafter_id=args.drafter_id, overwrite=args.overwrite)
     for skipped in summary.skipped:

@@ -23,6 +23,9 @@ def register(subparsers) -> None:
     p.add_argument("--loco-depths", default="training", choices=("training", "oracle"),
                    help="drafted depths of the held-out category in --loco: 'training' (default; a depth model "
                         "fitted on the other categories, leak-free) or 'oracle' (the held-out category's own)")
+    p.add_argument("--out-of-core", action="store_true",
+                   help="fit with fit_law_out_of_core (DuckDB over the shards, IRLS streamed over the cells: trace "
+                        "folders larger than memory); prints the law per drafter id only (docs/out-of-core.md)")
     p.set_defaults(func=run)
 
 
@@ -35,6 +38,18 @@ def run(args) -> int:
     from entropy_law.law.transfer import block_prediction, loco_transfer
     from entropy_law.traces.reader import load_traces
 
+    if getattr(args, "out_of_core", False):  # larger than memory: the laws only (the rest needs the rows)
+        if args.simulate is not None or args.loco or args.tests or not args.traces:
+            raise ValueError("--out-of-core fits a trace folder (not --simulate) and prints the laws only: drop "
+                             "--loco / --tests, which need the rows in memory")
+        from entropy_law.law.outofcore import fit_law_out_of_core
+
+        laws = fit_law_out_of_core(args.traces, args.family, by="drafter_id")
+        for drafter in [args.drafter] if args.drafter else list(laws.laws):
+            print(f"=== {drafter} ===")
+            laws[drafter].print_summary()
+            print()
+        return 0
     if args.simulate is not None:
         traces = simulate_traces(seed=args.simulate, n_requests_per_category=10, tree=TreeSpec(),
                                  tokens_per_request=(60, 100))

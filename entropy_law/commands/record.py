@@ -52,6 +52,14 @@ def register(subparsers) -> None:
                    help="drafting gate: 'ratio' uses --verify-cost-ratio; 'cost' times this machine's verify cost "
                         "for 1..32 tokens once (~10 s) and verifies the prefix of each tree with the most expected "
                         "tokens per unit cost (the curve is stored in the run metadata) (default: %(default)s)")
+    p.add_argument("--policy", choices=("gate", "law"), default="gate",
+                   help="per-round drafting decision: 'gate' (--gate) or 'law': before drafting, decide whether to "
+                        "draft and how many nodes to verify from the target entropy, the drafter's confidence, a "
+                        "fitted law (--policy-law) and this machine's verify-cost curve (implies --gate cost; the "
+                        "parameters are stored in the run metadata) (default: %(default)s)")
+    p.add_argument("--policy-law", default=None, metavar="FITTED.json",
+                   help="policy parameters for --policy law, written by entropy_law.law.policy.save_policy(fit_policy("
+                        "traces of this drafter))")
     p.add_argument("--tasks", default="spec_bench",
                    help="'spec_bench', 'open_ended' or a JSONL file with question_id, category, turns (default: %(default)s)")
     p.add_argument("--categories", nargs="+", default=None, metavar="CATEGORY",
@@ -95,6 +103,10 @@ def _check_args(args) -> None:
         raise ValueError(f"--budget must be >= 0, got {args.budget}")
     if args.checkpoint is not None and args.drafter != "block":
         raise ValueError("--checkpoint is a block drafter checkpoint: use it with --drafter block")
+    if (args.policy == "law") != (args.policy_law is not None):
+        raise ValueError("--policy law needs --policy-law FITTED.json (and --policy-law needs --policy law)")
+    if args.policy == "law" and args.drafter == "ar":
+        raise ValueError("--policy law decides when to draft: use it with a drafter, not --drafter ar")
     if args.drafter == "ar" and (args.tree != "chain" or args.budget is not None):
         raise ValueError("--drafter ar decodes autoregressively: --tree and --budget do not apply")
 
@@ -117,6 +129,11 @@ def run(args) -> int:
         raise ValueError("--drafter block reads the hidden states of the text target it was trained for; image "
                          "tasks need a drafter trained for that VLM (use --drafter ngram or ar)")
     loader = load_image_tasks if image_tasks else load_tasks
+    policy = None
+    if args.policy == "law":  # before the model: a bad file fails fast
+        from entropy_law.law.policy import load_policy
+        policy = load_policy(args.policy_law)
+        args.gate = "cost"  # the policy prices trees with this machine's measured verify cost
     tasks = loader(args.tasks, categories=_categories(args.categories), limit=args.limit)
     if not tasks:
         raise ValueError(f"no prompts to decode in {args.tasks} with these options")
@@ -154,9 +171,9 @@ def run(args) -> int:
             resume=args.resume, overwrite=args.overwrite, break_lock=args.break_lock, flush_every=args.flush_every,
             encode=encode, keep_going=True,
             ngram_options=dict(max_ngram=args.max_ngram, block_size=args.block_size, max_matches=args.max_matches),
-            checkpoint=args.checkpoint, progress=not args.no_progress, desc="record",
+            checkpoint=args.checkpoint, progress=not args.no_progress, desc="record", policy=policy,
             run_metadata={"verify_cost_ratio": args.verify_cost_ratio, "chat_template": not args.no_chat_template,
-                          "tasks": str(args.tasks)})
+                          "tasks": str(args.tasks), **({"policy": policy} if policy is not None else {})})
     except ValueError as err:  # the recorder's advice (resume=True, ...) in this command's options
         raise ValueError(_cli_words(str(err))) from err
     arm = recorded[spec.name]

@@ -30,6 +30,7 @@ from entropy_law.decoding.adapter import TargetAdapter
 from entropy_law.decoding.gate import VerifyCost, measure_verify_cost
 from entropy_law.decoding.interface import DraftProposal, Drafter
 from entropy_law.decoding.loading import model_of
+from entropy_law.decoding.policy import LawPolicy
 from entropy_law.decoding.round import (DEFAULT_VERIFY_COST_RATIO, Observer, RequestState, Round, RoundRules, now_ms,
                                         play_round, prefill_round)
 from entropy_law.decoding.tree import Tree
@@ -96,13 +97,19 @@ class SpeculativeDecoder:
     cost, or nothing (``gate.plan_verification``), and ``verify_cost_ratio`` is not used
     (``min_expected_accepted`` defaults to 0 there). Gating changes speed, never the output.
     ``eos_token_ids``: default from the model's generation config (then its config).
+    ``policy``: per-round policy parameters (a dict from ``entropy_law.law.policy.fit_policy``) or a
+    ``policy.LawPolicy``: before drafting it decides whether to draft, after drafting which nodes to verify
+    (the chain depth / tree budget), from the target entropy, the drafter's confidence, the fitted law and
+    the cost curve (``verify_cost``; ``None``: the curve stored in the parameters, else measured now). It
+    replaces the gate; ``budget`` is then the most nodes a round may verify. Output unchanged.
     """
 
     def __init__(self, target, drafter: Drafter | None = None, *, tree: str | Callable = "chain",
                  budget: int | None = None, observers: Sequence[Observer] = (),
                  verify_cost_ratio: float = DEFAULT_VERIFY_COST_RATIO, min_expected_accepted: float | None = None,
                  verify_cost: VerifyCost | str | None = None, eos_token_ids: Sequence[int] | int | None = None,
-                 tokenizer=None, should_draft: Callable[[DraftProposal, Tree], bool] | None = None):
+                 tokenizer=None, should_draft: Callable[[DraftProposal, Tree], bool] | None = None,
+                 policy: dict | LawPolicy | None = None):
         if isinstance(target, TargetAdapter):
             self.adapter = target
         else:
@@ -119,6 +126,8 @@ class SpeculativeDecoder:
         if not isinstance(target, TargetAdapter):
             self.adapter.feature_layers = wanted_layers
         RoundRules.check_tree(tree, budget, drafting=drafter is not None)  # before a verify-cost measurement
+        if isinstance(policy, dict) and verify_cost is None and policy.get("verify_cost") is None:
+            verify_cost = "measure"  # the policy prices trees with this machine's cost curve
         if isinstance(verify_cost, str):
             if verify_cost != "measure":
                 raise ValueError(f"verify_cost must be a VerifyCost, 'measure' or None, got {verify_cost!r}")
@@ -127,11 +136,21 @@ class SpeculativeDecoder:
                                      eos_token_ids=self._default_eos(eos_token_ids),
                                      max_context=self.adapter.max_context, verify_cost_ratio=verify_cost_ratio,
                                      min_expected_accepted=min_expected_accepted, verify_cost=verify_cost,
-                                     should_draft=should_draft)
+                                     should_draft=should_draft,
+                                     policy=self._make_policy(policy, verify_cost) if drafter is not None else None)
         self.verify_cost_ratio = float(verify_cost_ratio)
         self.observers = list(observers)
 
     # --- configuration --------------------------------------------------------------------------
+
+    @staticmethod
+    def _make_policy(policy, verify_cost):
+        if policy is None or isinstance(policy, LawPolicy):
+            return policy
+        if isinstance(policy, dict):
+            return LawPolicy(policy, verify_cost)
+        raise TypeError(f"policy must be policy parameters (a dict from fit_policy) or a LawPolicy, "
+                        f"got {type(policy).__name__}")
 
     def _default_eos(self, eos):
         """The EOS ids given, else the model's generation config's, else its config's."""
@@ -166,6 +185,7 @@ class SpeculativeDecoder:
             "feature_layers": list(self.adapter.feature_layers),
             "dtype": str(self.adapter.dtype).replace("torch.", ""),
             "attention": self.adapter.attention_kernel,
+            **({"policy": self.rules.config()["policy"]} if self.rules.policy is not None else {}),
         }
 
     @property
@@ -238,22 +258,26 @@ class SpeculativeDecoder:
             state = RequestState(prompt_ids=prompt_ids, max_new_tokens=max_new_tokens,
                                  output=[int(last_logits.argmax())], start=len(prompt_ids), request_id=request_id,
                                  block_size=self.block_size)
+            if self.rules.policy is not None:  # the entropy of the first new token's distribution
+                self.rules.policy.observe(state.entropies, 1, last_logits.unsqueeze(0))
             target = _TargetVerifier(self.adapter)
             propose = target.proposer(self.drafter)
-            t_decode = now_ms()
+            t_decode, cpu_decode = now_ms(), time.process_time()
             emit(prefill_round(state, last_logits.unsqueeze(0)))
             stop = self.rules.stop_reason(state)
             while stop is None:
                 emit(play_round(state, self.rules, propose, target))
                 stop = self.rules.stop_reason(state)
             decode_ms = now_ms() - t_decode
+            decode_cpu_ms = (time.process_time() - cpu_decode) * 1000.0
         except Exception as err:  # close the request for the observers (a recorder keeps the run consistent)
             self._end_with_error(request_id, logged, err)
             raise
 
         for obs in self.observers:
             obs.on_request_end(request_id, {"new_tokens": len(state.output), "stop_reason": stop,
-                                            "prefill_ms": prefill_ms, "decode_ms": decode_ms})
+                                            "prefill_ms": prefill_ms, "decode_ms": decode_ms,
+                                            "decode_cpu_ms": decode_cpu_ms})
         text = self.tokenizer.decode(state.output, skip_special_tokens=True) if self.tokenizer is not None else ""
         return GenerationResult(request_id=request_id, prompt_ids=prompt_ids, token_ids=list(state.output),
                                 text=text, rounds=state.rounds, prefill_ms=prefill_ms, decode_ms=decode_ms,
@@ -299,7 +323,9 @@ class _TargetVerifier:
 
     def commit(self, state: RequestState, kept_nodes: list[int]) -> torch.Tensor:
         self.adapter.commit(state.start, kept_nodes)
-        self.new_features = None if self.features is None else self.features[kept_nodes]
+        if self.features is not None:  # accumulate over rounds that did not draft (a policy may skip the drafter)
+            kept = self.features[kept_nodes]
+            self.new_features = kept if self.new_features is None else torch.cat([self.new_features, kept])
         return self.logits[kept_nodes]
 
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from entropy_law.decoding.policy import round_columns
 from entropy_law.decoding.round import Round
 from entropy_law.traces.stats import TARGET_STAT_KEYS
 
@@ -132,6 +133,7 @@ class RecorderObserver:
             verify_ms=record.verify_ms,
             overhead_ms=record.overhead_ms,
             **draft_kwargs,
+            **({"policy": round_columns(record.policy)} if record.policy is not None else {}),
         )
 
     def on_request_end(self, request_id: str, info: dict) -> None:
@@ -141,4 +143,5 @@ class RecorderObserver:
             stop_reason=info["stop_reason"],
             prefill_ms=float(info["prefill_ms"]),
             decode_ms=float(info["decode_ms"]),
+            decode_cpu_ms=info.get("decode_cpu_ms"),
         )

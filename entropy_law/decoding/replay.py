@@ -31,8 +31,9 @@ from entropy_law.decoding.gate import VerifyCost
 from entropy_law.decoding.interface import DraftProposal, Drafter, drafter_run_config
 from entropy_law.decoding.loading import model_of
 from entropy_law.decoding.observers import distribution_stats
+from entropy_law.decoding.policy import LawPolicy
 from entropy_law.decoding.round import (DEFAULT_VERIFY_COST_RATIO, Observer, RequestState, Round, RoundRules,
-                                        play_round, prefill_round)
+                                        eos_set, play_round, prefill_round)
 from entropy_law.decoding.tree import Tree
 from entropy_law.traces.stats import TARGET_STAT_KEYS
 
@@ -149,6 +150,8 @@ def replay_rounds(
     min_expected_accepted: float | None = None,
     verify_cost: VerifyCost | None = None,
     should_draft: Callable[[DraftProposal, Tree], bool] | None = None,
+    policy=None,
+    entropies: Sequence[float] | None = None,
 ) -> ReplayResult:
     """Simulate the decoder's rounds on a known greedy output.
 
@@ -158,16 +161,21 @@ def replay_rounds(
     ``min_expected_accepted`` / ``verify_cost`` / ``eos_token_ids`` have the decoder's meaning (a measured
     ``verify_cost`` is not re-measured: pass the curve the online run used, ``VerifyCost.from_config``); ``max_new_tokens``
     defaults to ``len(output_ids)``; ``max_context`` is the target's context length (``None``: no limit).
-    ``should_draft(proposal, tree)`` replaces the expected-accepted gate when given.
+    ``should_draft(proposal, tree)`` replaces the expected-accepted gate when given. ``policy``: a
+    ``policy.LawPolicy`` (or its parameters, priced with ``verify_cost``) in place of the gate; it reads the
+    target entropy at each output position from ``entropies`` (e.g. ``target_entropy_nats`` of the
+    recorded tokens or of ``teacher_forced_target_stats``; ``None``: the policy's default entropy).
     """
     prompt_ids, output_ids = [int(t) for t in prompt_ids], [int(t) for t in output_ids]
     if not prompt_ids:
         raise ValueError("empty prompt")
     if not output_ids:
         raise ValueError("empty output: the prefill always commits one token")
+    if isinstance(policy, dict):
+        policy = LawPolicy(policy, verify_cost)
     rules = RoundRules.make(tree, budget, eos_token_ids=eos_token_ids, max_context=max_context,
                             verify_cost_ratio=verify_cost_ratio, min_expected_accepted=min_expected_accepted,
-                            verify_cost=verify_cost, should_draft=should_draft)
+                            verify_cost=verify_cost, should_draft=should_draft, policy=policy)
     max_new = len(output_ids) if max_new_tokens is None else int(max_new_tokens)
     if len(output_ids) > max_new:
         raise ValueError(f"output has {len(output_ids)} tokens, more than max_new_tokens={max_new}")
@@ -178,6 +186,10 @@ def replay_rounds(
     drafter.begin(prompt_ids, None)
     state = RequestState(prompt_ids=prompt_ids, max_new_tokens=max_new, output=output_ids[:1], start=len(prompt_ids),
                          block_size=int(getattr(drafter, "block_size", 1)))
+    if entropies is not None:
+        if len(entropies) != len(output_ids):
+            raise ValueError(f"entropies has {len(entropies)} values for {len(output_ids)} output tokens")
+        state.entropies = [float(h) for h in entropies]
     state.rounds.append(prefill_round(state))
     proposals: list[DraftProposal | None] = [None]
     trees: list[Tree] = [Tree.empty()]
@@ -201,7 +213,7 @@ def replay_rounds(
               "verify_cost_ratio": verify_cost_ratio, "min_expected_accepted": rules.min_expected_accepted,
               "verify_cost": None if verify_cost is None else verify_cost.to_config(),
               "eos_token_ids": sorted(rules.eos_token_ids), "max_new_tokens": max_new, "max_context": max_context,
-              "replayed": True}
+              "replayed": True, **({"policy": rules.config()["policy"]} if policy is not None else {})}
     return ReplayResult(prompt_ids=prompt_ids, output_ids=output_ids, rounds=state.rounds, proposals=proposals,
                         trees=trees, stop_reason=stop, config=config)
 
@@ -220,6 +232,70 @@ class _RecordedOutput:
 
     def commit(self, state: RequestState, kept_nodes: list[int]) -> None:
         return None
+
+
+@dataclass
+class OracleResult:
+    """The hindsight-best budget of every round of one replayed request (``oracle_rounds``)."""
+
+    budgets: list[int]  # the verified budget of each decode round (0: a plain step)
+    committed: list[int]  # tokens committed by each decode round
+    cost: list[float]  # its modelled cost in one-token forwards: c(N + 1), plus the drafter's cost when it drafted
+
+    @property
+    def tokens_per_round(self) -> float:
+        return sum(self.committed) / len(self.committed) if self.committed else float("nan")
+
+    @property
+    def modelled_speedup(self) -> float:
+        """Committed tokens per unit of modelled cost: the rate over AR (1 token per one-token forward)."""
+        return sum(self.committed) / sum(self.cost) if self.cost else float("nan")
+
+
+def oracle_rounds(prompt_ids: Sequence[int], output_ids: Sequence[int], drafter: Drafter, *,
+                  budgets: Sequence[int] = (0, 1, 2, 4, 8, 16, 32), tree: str = "ddtree",
+                  verify_cost: VerifyCost, draft_cost: float = 0.0, eos_token_ids=None,
+                  max_new_tokens: int | None = None, max_context: int | None = None) -> OracleResult:
+    """The replay oracle: each round, in hindsight, the budget ``N`` in ``budgets`` (0: no draft) whose round
+    commits the most tokens per unit of modelled cost ``c(N + 1) (+ draft_cost)``, given the recorded
+    greedy output; the request then continues from that round. A ceiling for any policy that chooses a
+    budget per round for this drafter and tree shape (greedy per round, not a global optimum over the
+    whole sequence). Context-only drafters (the n-gram drafter; ``PrecomputedBlockDrafter``)."""
+    prompt_ids, output_ids = [int(t) for t in prompt_ids], [int(t) for t in output_ids]
+    if not prompt_ids or not output_ids:
+        raise ValueError("the oracle needs a prompt and a non-empty greedy output")
+    budgets = sorted({int(b) for b in budgets})
+    if budgets[0] < 0:
+        raise ValueError(f"budgets must be >= 0, got {budgets}")
+    eos = eos_set(eos_token_ids)
+    max_new = len(output_ids) if max_new_tokens is None else int(max_new_tokens)
+    rules = {n: RoundRules.make(tree, n, eos_token_ids=eos, max_context=max_context, min_expected_accepted=0.0)
+             for n in budgets if n > 0}
+    plain = RoundRules.make("chain", None, drafting=False, eos_token_ids=eos, max_context=max_context)
+    drafter.begin(prompt_ids, None)
+    state = RequestState(prompt_ids=prompt_ids, max_new_tokens=max_new, output=output_ids[:1],
+                         start=len(prompt_ids), block_size=int(getattr(drafter, "block_size", 1)))
+    recorded = _RecordedOutput(output_ids)
+    result = OracleResult([], [], [])
+    while plain.stop_reason(state) is None:
+        if len(state.output) >= len(output_ids):
+            raise ValueError("the output ends without EOS before max_new_tokens: not a complete greedy output")
+        proposal = drafter.propose(state.prompt_ids + state.output, None)
+        best = None
+        for n in budgets:
+            trial = RequestState(prompt_ids=state.prompt_ids, max_new_tokens=max_new, output=list(state.output),
+                                 start=state.start, block_size=state.block_size)
+            record = play_round(trial, rules.get(n, plain), lambda tokens: proposal if n > 0 else None, recorded,
+                                timed=False)
+            cost = verify_cost(record.tree_nodes + 1) + (draft_cost if n > 0 else 0.0)
+            if best is None or record.committed / cost > best[0] + 1e-12:
+                best = (record.committed / cost, n, record, trial, cost)
+        _, n, record, trial, cost = best
+        state.output, state.start = trial.output, trial.start
+        result.budgets.append(record.tree_nodes)
+        result.committed.append(record.committed)
+        result.cost.append(cost)
+    return result
 
 
 def replay_request(

@@ -61,6 +61,7 @@ class Round:
     replayed: bool = False
     draft: DraftProposal | None = field(default=None, compare=False, repr=False)
     target_logits: torch.Tensor | None = field(default=None, compare=False, repr=False)
+    policy: dict | None = field(default=None, compare=False, repr=False)  # the policy's decision and inputs
 
     @property
     def committed(self) -> int:
@@ -73,6 +74,20 @@ class Round:
     def bare(self) -> "Round":
         """The record without its tensors (what results keep)."""
         return replace(self, draft=None, target_logits=None)
+
+
+class RoundPolicy(Protocol):
+    """Decides per round whether to draft and which drafted nodes to verify (``policy.LawPolicy``). It only
+    chooses the verified tree; the acceptance rule stays the round's, so the output is unchanged."""
+
+    def before_draft(self, entropies: Sequence[float], n_output: int, max_depth: int) -> dict:
+        """The decision before drafting: a dict with ``"draft"`` (call the drafter?) and its inputs."""
+
+    def plan(self, proposal: DraftProposal, tree: Tree, decision: dict) -> tuple[Tree, float]:
+        """The subtree of ``tree`` to verify and its expected accepted drafts; records its choice in ``decision``."""
+
+    def observe(self, entropies: list[float], n_output: int, target_logits: torch.Tensor | None) -> None:
+        """Extend ``entropies`` (one per output position) with the newly committed positions."""
 
 
 class Observer(Protocol):
@@ -107,16 +122,19 @@ class RoundRules:
     verify_cost: VerifyCost | None = None
     min_expected_accepted: float = 0.0
     should_draft: Callable[[DraftProposal, Tree], bool] | None = None
+    policy: RoundPolicy | None = None
 
     @classmethod
     def make(cls, tree="chain", budget: int | None = None, *, drafting: bool = True, eos_token_ids=None,
              max_context: int | None = None, verify_cost_ratio: float = DEFAULT_VERIFY_COST_RATIO,
              min_expected_accepted: float | None = None, verify_cost: VerifyCost | None = None,
-             should_draft: Callable[[DraftProposal, Tree], bool] | None = None) -> "RoundRules":
+             should_draft: Callable[[DraftProposal, Tree], bool] | None = None,
+             policy: RoundPolicy | None = None) -> "RoundRules":
         """``verify_cost_ratio``: cost of a verify pass relative to a one-token forward; a round drafts only
         if the surrogate ``E >= verify_cost_ratio - 1``. ``min_expected_accepted`` sets that threshold
         directly; with a ``verify_cost`` curve it defaults to 0 and the gate verifies the best-value prefix
-        (``gate.plan_verification``). ``should_draft(proposal, tree)`` replaces the gate when given."""
+        (``gate.plan_verification``). ``should_draft(proposal, tree)`` replaces the gate when given;
+        ``policy`` (``RoundPolicy``) replaces both: it decides before drafting and picks the verified nodes."""
         cls.check_tree(tree, budget, drafting=drafting)
         for name, value in (("verify_cost_ratio", verify_cost_ratio), ("min_expected_accepted", min_expected_accepted)):
             if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
@@ -127,7 +145,7 @@ class RoundRules:
             min_expected_accepted = 0.0 if verify_cost is not None else max(0.0, float(verify_cost_ratio) - 1.0)
         return cls(tree=tree, budget=budget, eos_token_ids=eos_set(eos_token_ids), max_context=max_context,
                    verify_cost=verify_cost, min_expected_accepted=float(min_expected_accepted),
-                   should_draft=should_draft)
+                   should_draft=should_draft, policy=policy)
 
     @staticmethod
     def check_tree(tree, budget: int | None, *, drafting: bool = True) -> None:
@@ -154,21 +172,30 @@ class RoundRules:
             return "context_full"
         return None
 
-    def plan_tree(self, proposal: DraftProposal | None, start: int,
-                  remaining: int) -> tuple[Tree, DraftProposal | None, float]:
-        """The tree to verify (empty when drafting is not expected to pay), the proposal cut to its depth
-        (``None`` when nothing is verified) and the gate's surrogate ``E``."""
-        if proposal is None or proposal.depth == 0:
-            return Tree.empty(), None, 0.0
-        usable_depth = remaining - 1  # drafts deeper than the token budget or the context can never be committed
+    def usable_depth(self, start: int, remaining: int) -> int:
+        """Drafts deeper than the token budget or the context can never be committed."""
+        usable_depth = remaining - 1
         if self.max_context is not None:
             usable_depth = min(usable_depth, self.max_context - 1 - start)
-        proposal = truncate_proposal(proposal, max(usable_depth, 0))
+        return max(usable_depth, 0)
+
+    def plan_tree(self, proposal: DraftProposal | None, start: int, remaining: int,
+                  decision: dict | None = None) -> tuple[Tree, DraftProposal | None, float]:
+        """The tree to verify (empty when drafting is not expected to pay), the proposal cut to its depth
+        (``None`` when nothing is verified) and the gate's surrogate ``E`` (the policy's expectation with a
+        policy, which records its choice in ``decision``)."""
+        if decision is not None:
+            decision.setdefault("budget", 0)
+        if proposal is None or proposal.depth == 0:
+            return Tree.empty(), None, 0.0
+        proposal = truncate_proposal(proposal, self.usable_depth(start, remaining))
         if proposal.depth == 0:
             return Tree.empty(), None, 0.0
         candidate = self.tree(proposal, self.budget) if callable(self.tree) else build_tree(proposal, self.tree,
                                                                                             self.budget)
-        if self.should_draft is not None:
+        if self.policy is not None and decision is not None:
+            tree, expected = self.policy.plan(proposal, candidate, decision)
+        elif self.should_draft is not None:
             expected = expected_accepted(proposal, candidate)
             tree = candidate if candidate.n_nodes > 0 and self.should_draft(proposal, candidate) else Tree.empty()
         else:
@@ -187,10 +214,13 @@ class RoundRules:
         return committed
 
     def config(self) -> dict:
-        return {"tree_policy": self.tree if isinstance(self.tree, str) else repr(self.tree), "budget": self.budget,
-                "min_expected_accepted": self.min_expected_accepted,
-                "verify_cost": None if self.verify_cost is None else self.verify_cost.to_config(),
-                "eos_token_ids": sorted(self.eos_token_ids)}
+        config = {"tree_policy": self.tree if isinstance(self.tree, str) else repr(self.tree), "budget": self.budget,
+                  "min_expected_accepted": self.min_expected_accepted,
+                  "verify_cost": None if self.verify_cost is None else self.verify_cost.to_config(),
+                  "eos_token_ids": sorted(self.eos_token_ids)}
+        if self.policy is not None:
+            config["policy"] = self.policy.to_config() if hasattr(self.policy, "to_config") else repr(self.policy)
+        return config
 
 
 @dataclass
@@ -205,6 +235,7 @@ class RequestState:
     request_id: str = ""
     block_size: int = 1
     rounds: list[Round] = field(default_factory=list)
+    entropies: list[float] = field(default_factory=list)  # target entropy per output position (for a policy)
 
 
 class Verifier(Protocol):
@@ -244,9 +275,13 @@ def play_round(state: RequestState, rules: RoundRules, propose: Callable[[list[i
     clock = now_ms if timed else _no_clock
     t0 = clock()
     remaining = state.max_new_tokens - len(state.output)  # tokens this request may still commit
-    proposal = propose(state.prompt_ids + state.output)
+    decision = None  # a policy may decline to draft before the drafter runs (its cost saved)
+    if rules.policy is not None:
+        decision = rules.policy.before_draft(state.entropies, len(state.output),
+                                             rules.usable_depth(state.start, remaining))
+    proposal = propose(state.prompt_ids + state.output) if decision is None or decision["draft"] else None
     t1 = clock()
-    tree, proposal, expected = rules.plan_tree(proposal, state.start, remaining)
+    tree, proposal, expected = rules.plan_tree(proposal, state.start, remaining, decision)
     t2 = clock()
     correct = verifier.verify(state, tree)
     t3 = clock()
@@ -268,6 +303,8 @@ def play_round(state: RequestState, rules: RoundRules, propose: Callable[[list[i
     start_position, context_len = len(state.output), state.start
     state.output.extend(committed)
     state.start += len(committed)
+    if rules.policy is not None:
+        rules.policy.observe(state.entropies, len(state.output), target_logits)
     t4 = clock()
     return Round(round_index=len(state.rounds), start_position=start_position, context_len=context_len,
                  tree_nodes=tree.n_nodes, tree_depth=tree.max_depth,
@@ -276,4 +313,5 @@ def play_round(state: RequestState, rules: RoundRules, propose: Callable[[list[i
                  drafted=proposal is not None, expected_accepted=expected,
                  draft_ms=t1 - t0, verify_ms=t3 - t2, overhead_ms=(t2 - t1) + (t4 - t3),
                  request_id=state.request_id, block_size=state.block_size, draft=proposal,
-                 target_logits=target_logits)
+                 target_logits=target_logits,
+                 policy=None if decision is None else {k: v for k, v in decision.items() if k != "acceptance"})

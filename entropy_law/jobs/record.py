@@ -137,6 +137,7 @@ def record_arms(
     progress: bool = True,
     desc: str = "decode",
     log: Callable[[str], None] = logger.info,
+    policy: dict | None = None,
 ) -> RecordResult:
     """Decode ``tasks`` (``entropy_law.prompts.text.Task``) with every arm and record one trace run per arm.
 
@@ -160,6 +161,8 @@ def record_arms(
     ``run_metadata``: the job's keys added to each run's metadata after the decoder's (model, drafter,
     tree, budget, dtype, device, max_new_tokens; the verify-cost curve when measured); a mapping, or a
     function of the arm for per-arm keys. ``log``: one line per resumed run (prompts already recorded).
+    ``policy``: per-round policy parameters (``entropy_law.law.policy.fit_policy``) for the drafting arms, in
+    place of the gate (``SpeculativeDecoder(policy=)``; stored in the run metadata with the decoder's config).
     """
     if not arms:
         raise ValueError("no arms to record")
@@ -178,7 +181,7 @@ def record_arms(
                           verify_cost_ratio=verify_cost_ratio, max_new_tokens=max_new_tokens, resume=resume,
                           overwrite=overwrite, break_lock=break_lock, flush_every=flush_every,
                           ngram_options=ngram_options, checkpoint=checkpoint, run_metadata=run_metadata,
-                          log=log)
+                          log=log, policy=policy)
                 for spec in arms]
         todo = [task for task in tasks if any(task.request_id not in arm.recorder.completed_requests for arm in live)]
         for arm in live:
@@ -232,7 +235,7 @@ def _run_dir(out, spec: ArmSpec) -> Path:
 
 def _open_arm(spec: ArmSpec, run_dir: Path, target, stack: contextlib.ExitStack, *, adapter, gate,
               verify_cost_ratio, max_new_tokens, resume, overwrite, break_lock, flush_every, ngram_options,
-              checkpoint, run_metadata, log) -> _Arm:
+              checkpoint, run_metadata, log, policy=None) -> _Arm:
     """Drafter, adapter, verify cost, recorder, then the decoder with the recorder as its observer."""
     stored = _stored_metadata(run_dir) if resume else None
     drafter = make_drafter(spec, target, ngram_options=ngram_options, checkpoint=checkpoint)
@@ -254,7 +257,8 @@ def _open_arm(spec: ArmSpec, run_dir: Path, target, stack: contextlib.ExitStack,
         return SpeculativeDecoder(adapter, drafter, tree=spec.tree if spec.drafts else "chain",
                                   budget=spec.budget if spec.drafts else None, observers=observers,
                                   verify_cost_ratio=verify_cost_ratio, verify_cost=verify_cost,
-                                  tokenizer=getattr(target, "tokenizer", None))
+                                  tokenizer=getattr(target, "tokenizer", None),
+                                  policy=policy if spec.drafts else None)
 
     plain = decoder()  # no observers: its config names the run, and it runs the unrecorded warm-up
     metadata = _arm_metadata(plain, drafter, target, max_new_tokens, spec, run_metadata, gate)

@@ -24,8 +24,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from entropy_law.jobs.speed import BOUND_SLACK, format_speedup
+from entropy_law.jobs.speed import format_speedup
 from entropy_law.law.analysis import TraceAnalysis, format_interval
+from entropy_law.law.cost import ABOVE_BOUND, MEASURED, MIN_PAIRED_REQUESTS, RELIABLE_HALF_WIDTH
+from entropy_law.law.predict import request_prediction_section
+from entropy_law.plots.glance import glance_section
 from entropy_law.law.stats import FEW_REQUESTS
 
 RESULT_COLUMNS = {
@@ -58,34 +61,118 @@ def markdown_table(frame: pd.DataFrame, *, digits: int = 3, index: bool = False)
     return "\n".join([header, rule, *body])
 
 
-MIN_PAIRED_REQUESTS = 5  # a speedup from fewer paired prompts is not printed as a number
-
-
-def trace_speedup(speedup, tokens_per_round, paired):
-    """A speedup measured from the traces' decode times as it may be shown: the number, or why it is not a
-    result (above the arm's tokens per round, which no verify pass costing at least one forward can give; or
-    from fewer than ``MIN_PAIRED_REQUESTS`` paired prompts). NaN stays NaN."""
-    if not np.isfinite(speedup):
+def trace_speedup(speedup, verdict):
+    """A speedup measured from the traces as it may be shown: the number when ``TraceAnalysis.speedup`` calls it
+    a result (``verdict`` "measured": inside the physical bound, interval within +-15%, at least
+    ``MIN_PAIRED_REQUESTS`` paired prompts), else the verdict with the number in brackets. NaN stays NaN."""
+    if not np.isfinite(speedup) or verdict in (None, MEASURED, "the reference") or verdict != verdict:
         return speedup
-    if np.isfinite(tokens_per_round) and speedup > tokens_per_round * (1 + BOUND_SLACK):
-        return f"above bound ({speedup:.2f}x > {tokens_per_round:.2f} tokens/round): not a result"
-    if not paired >= MIN_PAIRED_REQUESTS:
-        return f"not measured reliably ({speedup:.2f}x)"
-    return speedup
+    return f"{verdict} ({speedup:.2f}x)" + (": not a result" if verdict == ABOVE_BOUND else "")
 
 
 def results_frame(analysis: TraceAnalysis) -> pd.DataFrame:
     """The per-arm, per-category results table with readable column names. A measured speedup is shown as a
-    number only when it rests on at least ``MIN_PAIRED_REQUESTS`` paired prompts and does not exceed the arm's
-    tokens per round (no verify pass costs less than one forward); else it says which."""
+    number only when ``TraceAnalysis.speedup`` calls it a result (verdict "measured"); else it says which."""
     table = analysis.results_table()
     if "speedup_vs_ar" in table:
         table = table.astype({"speedup_vs_ar": object})
         for i, row in table.iterrows():
             if row["arm"] not in analysis.ar_arms:
-                table.at[i, "speedup_vs_ar"] = trace_speedup(row["speedup_vs_ar"], row["committed_per_round"],
-                                                             row.get("speedup_requests", np.nan))
+                table.at[i, "speedup_vs_ar"] = trace_speedup(row["speedup_vs_ar"], row.get("speedup_verdict"))
     return table[[c for c in RESULT_COLUMNS if c in table]].rename(columns=RESULT_COLUMNS)
+
+
+def _category_pays(measured: float, low: float, high: float, verdict, predicted: float) -> tuple[str, str]:
+    """(``"pays"`` / ``"does not pay"`` / ``"unclear"``, on what it rests) for one arm and category: the
+    measurement where it is a result (its interval above 1 / below 1 / across 1), else the prediction."""
+    if verdict == MEASURED and np.isfinite(low) and np.isfinite(high):
+        return ("pays" if low > 1 else "does not pay" if high < 1 else "unclear"), "measured"
+    if np.isfinite(predicted):
+        return ("pays" if predicted > 1 else "does not pay"), "predicted"
+    return "unclear", "neither measured nor predicted"
+
+
+def answer_frame(analysis: TraceAnalysis, measured: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per drafting arm and category: the measured speedup (``measured``: ``jobs.speed.paired_speedups`` rows
+    with the analysis's arm labels; else ``TraceAnalysis.speedup``) and the predicted one side by side, and
+    whether drafting pays there (``_category_pays``: the measurement where it is a result, else the
+    prediction). Empty where no arm can be predicted or measured."""
+    check = analysis.attempt("speedup_validation")
+    if not check.ok:
+        return pd.DataFrame()
+    frame = check.value.copy()
+    if measured is not None and len(measured):
+        m = measured.set_index(["arm", "category"])
+        for i, r in frame.iterrows():
+            if (r["arm"], r["category"]) in m.index:
+                got = m.loc[(r["arm"], r["category"])]
+                frame.loc[i, ["measured", "lo", "hi", "verdict", "requests", "clock"]] = [
+                    float(got["speedup"]), float(got["lo"]), float(got["hi"]), got["verdict"], int(got["requests"]),
+                    "cpu (jobs.speed)"]
+    pays = [_category_pays(*(float(r[c]) if r[c] is not None else np.nan for c in ("measured", "lo", "hi")),
+                           r["verdict"], float(r["predicted"])) for _, r in frame.iterrows()]
+    return frame.assign(pays=[p[0] for p in pays], pays_from=[p[1] for p in pays])
+
+
+def _join(names) -> str:
+    names = list(names)
+    return " and ".join([", ".join(names[:-1]), names[-1]]) if len(names) > 1 else "".join(names)
+
+
+def answer_lines(analysis: TraceAnalysis, measured: pd.DataFrame | None = None) -> list[str]:
+    """The answer first, one line per drafting arm: "<arm>: drafting pays below H* [interval] nats (observed
+    ...); in these categories it pays for X and Y, not for Z", then per category measured and predicted speedup
+    side by side (the measured only where it is a result; else its verdict). Says "no AR arm: predicted only" /
+    "no timings: predicted only" where that is so."""
+    frame = answer_frame(analysis, measured)
+    lines = []
+    for arm in analysis.arms:
+        pays = analysis.attempt("pays", arm)
+        head = f"{arm}: drafting {pays.value.breakeven_verdict}" if pays.ok else f"{arm}: break-even not computed"
+        part = frame.loc[frame["arm"] == arm] if len(frame) else frame
+        if len(part):
+            yes = part.loc[part["pays"] == "pays", "category"]
+            no = part.loc[part["pays"] == "does not pay", "category"]
+            unclear = part.loc[part["pays"] == "unclear", "category"]
+            words = [f"it pays for {_join(yes)}" if len(yes) else "it pays for none",
+                     *([f"not for {_join(no)}"] if len(no) else []),
+                     *([f"unclear for {_join(unclear)}"] if len(unclear) else [])]
+            head += "; in these categories " + ", ".join(words)
+            status = part["status"].iloc[0]
+            if status != "compared":
+                head += f" ({status})"
+        lines.append(head)
+        for r in part.itertuples():
+            if r.verdict == MEASURED:
+                got = f"{r.measured:.2f}x [{r.lo:.2f}, {r.hi:.2f}] {r.clock}"
+            elif isinstance(r.verdict, str):
+                got = trace_speedup(r.measured, r.verdict)
+            else:
+                got = "not measured"
+            predicted = f"{r.predicted:.2f}x" if np.isfinite(r.predicted) else "–"
+            lines.append(f"    {r.category:<16} measured {got:<44} predicted {predicted:<8} -> {r.pays} "
+                         f"({r.pays_from})")
+        if not pays.ok:
+            lines.append(f"    ({pays.error})")
+    crossing = analysis.attempt("crossing_table")
+    if crossing.ok:
+        for r in crossing.value.to_dict("records"):
+            lines.append(f"{r['arm']}: {crossing_sentence(r)}")
+    return lines
+
+
+def crossing_sentence(r: dict) -> str:
+    """The measured per-request speedups' crossing of 1 (logistic fit on the request's mean entropy) next to
+    the break-even interval, in words."""
+    where = (f"measured per-request speedups cross 1 at {r['crossing_nats']:.2f} nats (logistic fit, "
+             f"{r['requests']} requests, {r['clock']} clock)" if np.isfinite(r["crossing_nats"])
+             else f"measured per-request speedups: no crossing placed ({r['reason']}; "
+                  f"{r['share_above_1']:.0%} of {r['requests']} requests above 1)")
+    if np.isfinite(r["breakeven_low"]) and np.isfinite(r["crossing_nats"]):
+        inside = "inside" if r["inside"] else "outside"
+        where += (f"; {inside} the break-even interval [{r['breakeven_low']:.2f}, {r['breakeven_high']:.2f}] "
+                  f"(estimate {r['breakeven']:.2f})")
+    return where
 
 
 def pays_requests(analysis: TraceAnalysis, arm: str) -> float:
@@ -192,15 +279,20 @@ def results_markdown(analysis: TraceAnalysis, *, source: str = "") -> str:
              f"{analysis.view.requests['request_id'].nunique()} prompts in {len(analysis.categories)} categories, "
              f"arms: {', '.join(analysis.arms + analysis.ar_arms)}."
              + (f" Replayed offline from the same greedy outputs (no timings): {', '.join(replayed)}." if replayed else ""),
+             "", "**When drafting pays** (measured: paired with AR on the same prompts; predicted: the fitted law and "
+             "the cost model):", "", *[f"- `{line.strip()}`" if line.startswith("    ") else f"- {line}"
+                                       for line in answer_lines(analysis)],
              "", markdown_table(results_frame(analysis)), "",
              "τ: accepted drafts per drafting round; tokens / round: committed tokens per verify pass (prefill excluded); "
              "law / LOCO: the fitted law's exact DP prediction on the same entropy sequences, with acceptance capped at "
              "each round's drafted depth (observed where a round started, else the category's depth distribution at "
              "that entropy; LOCO: law fitted without that category); LOCO mean accepted τ: predicted (tokens − rounds) "
              "/ drafting rounds; speedup: decode time per token of our AR baseline over the arm's, "
-             "on the same prompts, timed in the same run (– where the arm was replayed or no AR run exists; \"not "
-             f"measured reliably\" from fewer than {MIN_PAIRED_REQUESTS} paired prompts; never above the arm's tokens "
-             "per round); paired requests: how many prompts both decoded.", "",
+             "on the same prompts, timed in the same run, on the CPU clock where the traces carry it (– where the arm was "
+             "replayed or no AR run exists; \"not measured reliably\" from fewer than "
+             f"{MIN_PAIRED_REQUESTS} paired prompts or with an interval wider than ±{RELIABLE_HALF_WIDTH:.0%}; never "
+             "above the physical bound, tokens per round × c(1)/c(N+1)); paired requests: how many prompts both "
+             "decoded.", "",
              f"Fitted law `{analysis.family}`: a = exp(−λ_d (H + ε)^k), 95% intervals clustered by request (CR1 "
              "sandwich, t with requests − 1 degrees of freedom); break-even entropy where the predicted decode "
              "speedup is 1 (request bootstrap); requests: how many requests each interval rests on (fewer than "
@@ -232,6 +324,9 @@ def _runs_frame(analysis: TraceAnalysis) -> pd.DataFrame:
 def _sections(analysis: TraceAnalysis):
     """(title, DataFrame or text) pairs of the report body, errors collected as notes."""
     notes = few_requests_notes(analysis)
+    answer = answer_lines(analysis)
+    if answer:
+        yield "When drafting pays (the answer)", answer
     yield "Runs", _runs_frame(analysis)
     yield "Results per category", results_frame(analysis)
     yield "Fitted law per arm", law_frame(analysis)
@@ -248,6 +343,12 @@ def _sections(analysis: TraceAnalysis):
         notes.append(LOCO_TEXT)
     else:
         notes.append(acc.error)
+    title, frame, extra = request_prediction_section(analysis)  # per-request intervals, reliability (law.predict)
+    yield title, frame
+    notes.extend(extra)
+    title, frame, extra = glance_section(analysis)  # GLANCE's law beside ours, LOCO per round (plots.glance)
+    yield title, frame
+    notes.extend(extra)
     for arm in analysis.arms:
         for depths in ("training", "oracle"):
             loco = analysis.attempt("loco", arm, depths)
@@ -272,6 +373,15 @@ def _sections(analysis: TraceAnalysis):
     check = analysis.attempt("speedup_validation")
     if check.ok:
         yield "Predicted vs measured speedup (same requests)", check.value
+        notes.extend(check.value.attrs.get("notes", []))
+    crossing = analysis.attempt("crossing_table")
+    if crossing.ok:
+        yield ("Break-even entropy vs where measured per-request speedups cross 1 (logistic fit on the request's "
+               "mean entropy)"), crossing.value
+    else:
+        notes.append(crossing.error)
+    for arm in analysis.arms:
+        notes.extend(analysis.machine_warnings(arm))
     speed = analysis.attempt("measured_speedups")
     if speed.ok:  # why the arms without a speedup have none (no AR run of their model and machine, ...)
         notes.extend(speed.value.attrs.get("notes", []))
@@ -347,7 +457,9 @@ def terminal_summary(analysis: TraceAnalysis, measured: pd.DataFrame | None = No
     costing at least one forward can give) is shown as "above bound", never as a number."""
     table = analysis.results_table()
     reference = set(analysis.ar_arms)
-    lines = []
+    lines = ["When drafting pays (measured: paired with AR on the same prompts; predicted: the fitted law and the "
+             "cost model):"]
+    lines += [f"  {line}" for line in answer_lines(analysis, measured)] + [""]
     for arm, part in table.groupby("arm", sort=False):
         lines.append(f"{arm}:")
         lines.append(f"  {'category':<16}{'mean H (nats)':>14}{'tokens/round':>14}   speedup vs AR")
@@ -370,7 +482,7 @@ def _speedup_cell(row, measured: pd.DataFrame | None) -> str:
         if match.empty:
             return "not measured"
         return format_speedup(match.iloc[0])
-    return _fmt(trace_speedup(row.speedup_vs_ar, row.committed_per_round, getattr(row, "speedup_requests", np.nan)))
+    return _fmt(trace_speedup(row.speedup_vs_ar, getattr(row, "speedup_verdict", None)))
 
 
 def _requests(n) -> str:

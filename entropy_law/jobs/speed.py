@@ -16,7 +16,11 @@ bootstrap. Two checks decide whether it is printed as a result:
 - the physical bound: one round commits ``tokens/round`` tokens and costs at least one target forward over
   the verified tree, ``c(N + 1) >= c(1) = 1`` one-token forwards, so speedup <= tokens/round x c(1)/c(N+1);
   a speedup above it (by more than ``BOUND_SLACK``) is flagged, never reported as a result;
-- precision: an interval wider than +-``RELIABLE_HALF_WIDTH`` of the estimate is "not measured reliably".
+- precision: an interval wider than +-``RELIABLE_HALF_WIDTH`` of the estimate, or fewer than
+  ``MIN_PAIRED_REQUESTS`` paired requests, is "not measured reliably".
+
+The rule is ``law.cost.speed_verdict``: ``TraceAnalysis.speedup`` applies the same one to the speedups
+measured from the traces (figures, notebooks and the report), so both sources give the same verdict.
 
 Not known here: how arms decode (``decoding``), traces, the law.
 """
@@ -31,8 +35,9 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-RELIABLE_HALF_WIDTH = 0.15
-BOUND_SLACK = 0.05  # timing noise allowed above the physical bound before a speedup is flagged
+from entropy_law.law.cost import (ABOVE_BOUND, BOUND_SLACK, MEASURED, MIN_PAIRED_REQUESTS,  # noqa: F401
+                                   RELIABLE_HALF_WIDTH, speed_verdict)
+
 ALL = "all"
 
 
@@ -140,10 +145,8 @@ def paired_speedups(timings: pd.DataFrame, *, reference: str, clock: str = "cpu"
             tokens_per_round = (a_n - 1).sum() / rounds if rounds else math.nan  # the prefill's token excluded
             cost = mine.loc[ids, "verify_cost"].sum()
             bound = tokens_per_round * rounds / cost if rounds and cost else tokens_per_round
-            within = bool(not (bound == bound) or speedup <= bound * (1 + BOUND_SLACK))
-            reliable = bool(lo == lo and max(speedup - lo, hi - speedup) <= RELIABLE_HALF_WIDTH * speedup)
-            verdict = ("above the physical bound" if not within
-                       else "measured" if reliable else "not measured reliably")
+            verdict = speed_verdict(speedup, lo, hi, bound, len(ids))
+            within, reliable = verdict != ABOVE_BOUND, verdict == MEASURED
             rows.append(dict(arm=arm, category=category, requests=len(ids), speedup=float(speedup), lo=float(lo),
                              hi=float(hi),
                              tokens_per_round=tokens_per_round, bound=bound, within_bound=within,
@@ -154,9 +157,9 @@ def paired_speedups(timings: pd.DataFrame, *, reference: str, clock: str = "cpu"
 
 def format_speedup(row) -> str:
     """The speedup as it may be printed: a number with its interval only when it is a result."""
-    if row["verdict"] == "above the physical bound":
+    if row["verdict"] == ABOVE_BOUND:
         return f"above the physical bound ({row['speedup']:.2f}x > {row['bound']:.2f}x): not a result"
-    if row["verdict"] != "measured":
+    if row["verdict"] != MEASURED:
         interval = "" if row["lo"] != row["lo"] else f" [{row['lo']:.2f}, {row['hi']:.2f}]"
         return f"not measured reliably ({row['speedup']:.2f}x{interval}, {row['requests']} requests)"
     return f"{row['speedup']:.2f}x [{row['lo']:.2f}, {row['hi']:.2f}] ({row['requests']} requests)"

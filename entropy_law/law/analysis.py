@@ -7,7 +7,14 @@ models, are different arms, each fitted apart), which runs are the autoregressiv
 (``drafter_id`` "none" / "ar" or ``tree_policy`` "none", one AR arm per model), which runs carry real
 timings (replayed runs report 0 ms and never enter a cost model), the per-category results table
 (requests counted per run and request), and measured decode speedups over an AR run of the same model
-and machine on the same requests (none where no such AR run exists, and the reason says so). Each
+and machine on the same requests (none where no such AR run exists, and the reason says so): on the CPU
+clock (``requests.decode_cpu_ms``) where every paired request has it, else the wall clock, with a
+request-bootstrap interval and the verdict of ``cost.speed_verdict`` (physical bound, +-15%, 5 paired
+prompts; the rule ``jobs.speed`` applies too), so figures, notebooks and the report say the same. The
+prediction is checked against them (``speedup_validation``; "no timings: predicted only", "no AR arm:
+predicted only"), and the break-even entropy against where measured per-request speedups cross 1
+(``speedup_crossing``: a logistic fit on the request's mean entropy); ``machine_warnings`` names the
+``device`` / ``cpu_count`` of arm and AR runs that differ. Each
 analysis of the law layer (``fit_law``, ``block_prediction``, ``loco_transfer``, ``compare_laws``,
 ``when_drafting_pays``) is computed per arm on first use and cached; ``attempt`` runs one and turns a
 ``ValueError`` (too little data, ...) into a readable note instead of a crash, so a report on a small
@@ -27,6 +34,7 @@ machine (decode time / tokens decoded after the prefill) when there are some.
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -36,15 +44,17 @@ import pandas as pd
 from entropy_law.law import atrisk
 from entropy_law.law.arms import AR_LABEL, run_arms
 from entropy_law.law.compare import compare_laws
-from entropy_law.law.cost import when_drafting_pays
-from entropy_law.law.fit import fit_law, get_family
+from entropy_law.law.cost import speed_verdict, when_drafting_pays
+from entropy_law.law.fit import PRIMARY_FAMILY, fit_law, get_family
 from entropy_law.law.hypotheses import universality_test
 from entropy_law.law.transfer import block_prediction, loco_transfer
 
 AR_ARM = AR_LABEL  # label of the autoregressive baseline in tables (one per model where there are several)
-DEFAULT_FAMILY = "law_exp"
+DEFAULT_FAMILY = PRIMARY_FAMILY
 PAYS_ENTROPIES = tuple(float(h) for h in np.round(np.geomspace(0.01, 5.0, 13), 4))  # nats, speedup curve grid
-SPEEDUP_COLUMNS = ["arm", "category", "requests", "ar_ms_per_token", "arm_ms_per_token", "speedup"]
+SPEEDUP_COLUMNS = ["arm", "category", "requests", "ar_ms_per_token", "arm_ms_per_token", "speedup", "lo", "hi",
+                   "clock", "tokens_per_round", "bound", "verdict"]
+SPEEDUP_BOOT = 2000  # request-bootstrap replicates of a measured speedup's interval (cheap: sums of arrays)
 LOCO_REPORTED = ("training", "oracle")  # LOCO drafted-depth modes shown: leak-free first, then the oracle
 COMPARE_FAMILIES = ("law0_cat", "law_logit", "law_exp", "law_exp0", "law_power", "law_renyi2", "law_spline",
                     "law_iso")
@@ -341,43 +351,149 @@ class TraceAnalysis:
         view.rounds = view.rounds.loc[~prefill].reset_index(drop=True)
         return view
 
+    def ar_requests(self, arm: str) -> pd.DataFrame | None:
+        """The timed AR requests on ``arm``'s model and machine (``request_id``, ``decode_ms``: wall, the clock
+        of the round timings the cost model is fitted on, ``decoded``), for ``when_drafting_pays`` to resample
+        with the law; None where t_AR is given (``ar_ms_per_token``) or there is no such AR run."""
+        if self._given_ar_ms is not None:
+            return None
+        machines = self._timed_machines(arm)
+        req = self.view.requests.merge(self.runs[["run_id", "is_ar", "timed", "machine"]], on="run_id")
+        ar = req.loc[req["is_ar"] & req["timed"] & req["machine"].isin(machines)]
+        if ar.empty:
+            return None
+        return ar.assign(decoded=(ar["new_tokens"] - 1).clip(lower=0))[["request_id", "decode_ms", "decoded"]]
+
+    def machine_warnings(self, arm: str) -> list[str]:
+        """Where the runs that price ``arm`` (its timed runs and the AR runs of its model and machine) record
+        different ``device`` or ``cpu_count`` in run.json: one warning naming both (a cost measured on another
+        machine prices nothing here). Empty when they agree or do not say."""
+        runs = self.runs
+        try:
+            machines = self._timed_machines(arm)
+        except ValueError:
+            return []
+        mine = runs.loc[(runs["arm"] == arm) & runs["timed"]]
+        ar = runs.loc[runs["is_ar"] & runs["timed"] & runs["machine"].isin(machines)]
+        out = []
+        for key in ("device", "cpu_count"):
+            if key not in runs:
+                continue
+            a = sorted({str(v) for v in mine[key] if _truthy(v)})
+            b = sorted({str(v) for v in ar[key] if _truthy(v)})
+            if a and b and a != b:
+                out.append(f"{arm}: cost measurements from another machine: the arm's runs record {key} "
+                           f"{', '.join(a)}, the AR runs {', '.join(b)}; predictions mix the two")
+        return out
+
     def pays(self, arm: str):
-        """``when_drafting_pays`` for one timed arm: speedup vs entropy, break-even, best shapes."""
+        """``when_drafting_pays`` for one timed arm: speedup vs entropy, break-even, best shapes; its bootstrap
+        resamples the law, the arm's cost measurements and the AR requests together (``ar_requests``)."""
         def compute():
             view = self.cost_view(arm)
-            return when_drafting_pays(view, drafter=arm, family=self.family, ar_ms_per_token=self.ar_ms_per_token(arm),
-                                      entropies=PAYS_ENTROPIES, n_boot=self.n_boot, seed=self.seed)
+            ar_requests = self.ar_requests(arm)
+            for message in self.machine_warnings(arm):
+                warnings.warn(message, stacklevel=2)
+            return when_drafting_pays(view, drafter=arm, family=self.family,
+                                      ar_ms_per_token=None if ar_requests is not None else self.ar_ms_per_token(arm),
+                                      ar_requests=ar_requests, entropies=PAYS_ENTROPIES, n_boot=self.n_boot,
+                                      seed=self.seed)
 
         return self._cached(("pays", arm), compute)
 
-    def speedup(self, arm: str) -> pd.DataFrame:
-        """Measured decode speedup of one arm over AR per category: each timed run of the arm is paired,
-        request by request, with the timed AR runs of the same model and machine; (AR decode ms per token) /
-        (arm decode ms per token), tokens counted after the prefill; ``requests``: the arm's paired (run,
-        request) pairs. Raises (saying why) where no AR run of the same model and machine decoded its prompts."""
+    def paired_requests(self, arm: str) -> pd.DataFrame:
+        """The arm's timed requests paired with the timed AR requests of the same model and machine, one row
+        per (run of the arm, request): ``category``, ``decoded`` / ``ar_decoded`` (tokens after the prefill),
+        ``ms`` / ``ar_ms`` (decode time of the rounds, on ``attrs["clock"]``), ``rounds`` (verify rounds after
+        the prefill), ``verify_cost`` (their summed verify cost c(nodes + 1) in one-token forwards, from the
+        run's verify-cost curve; c = 1 without one), ``mean_entropy_nats`` (of the request's output).
+
+        The clock is the CPU clock (``requests.decode_cpu_ms``) where every paired request of both sides has
+        it, else the wall clock (``decode_ms``); ``attrs["clock"]`` says which. Raises (saying why) where the
+        arm has no timed run or no AR run of the same model and machine decoded its prompts."""
         def compute():
             req = self.view.requests.merge(self.runs[["run_id", "arm", "is_ar", "timed", "machine"]], on="run_id")
             req = req.loc[req["timed"]].assign(decoded=(req["new_tokens"] - 1).clip(lower=0))
+            if "decode_cpu_ms" not in req:
+                req["decode_cpu_ms"] = np.nan
             mine = req.loc[(req["arm"] == arm) & ~req["is_ar"]]
             if mine.empty:
-                raise ValueError(f"arm {arm!r} has no timed run (replayed offline, 0 ms): no measured speedup")
-            ar = req.loc[req["is_ar"]]
+                raise ValueError(f"arm {arm!r} has no timed run (replayed offline, 0 ms): no timings, no measured "
+                                 "speedup")
             keys = ["machine", "request_id"]
-            paired = mine.merge(ar[keys].drop_duplicates(), on=keys)
-            base = ar.merge(mine[keys].drop_duplicates(), on=keys)
+            ar = req.loc[req["is_ar"]].groupby(keys, as_index=False).agg(
+                ar_decoded=("decoded", "sum"), ar_wall=("decode_ms", "sum"),
+                ar_cpu=("decode_cpu_ms", lambda v: v.sum() if v.notna().all() else np.nan))
+            paired = mine.drop(columns=["rounds"], errors="ignore").merge(ar, on=keys)  # rounds: counted below
             if paired.empty:
-                here = "; ".join(sorted(set(ar["machine"]))) or "none"
+                here = "; ".join(sorted(set(req.loc[req["is_ar"], "machine"]))) or "none"
                 raise ValueError(f"arm {arm!r}: no timed AR run of the same model and machine "
                                  f"({'; '.join(sorted(set(mine['machine'])))}) decoded its prompts, so its speedup is "
                                  f"not computed (timed AR runs here: {here}); record AR with that model on that "
                                  "machine (entropy-law record --drafter ar)")
+            cpu = bool(paired["decode_cpu_ms"].notna().all() and paired["ar_cpu"].notna().all())
+            rounds = self.view.rounds.loc[self.view.rounds["run_id"].isin(set(paired["run_id"]))
+                                          & (self.view.rounds["round_index"] > 0)]
+            curves = dict(zip(self.runs["run_id"], self.runs["verify_cost"])) if "verify_cost" in self.runs else {}
+            rounds = rounds.assign(cost=[_verify_cost(curves.get(r), n + 1)
+                                         for r, n in zip(rounds["run_id"], rounds["tree_nodes"])])
+            per_round = rounds.groupby(["run_id", "request_id"], as_index=False).agg(
+                rounds=("round_index", "size"), verify_cost=("cost", "sum"))
+            entropy = self.view.tokens.groupby(["run_id", "request_id"], as_index=False, observed=True).agg(
+                mean_entropy_nats=("target_entropy_nats", "mean"))
+            out = paired.merge(per_round, on=["run_id", "request_id"], how="left").merge(
+                entropy, on=["run_id", "request_id"], how="left")
+            out = out.assign(ms=out["decode_cpu_ms"] if cpu else out["decode_ms"],
+                             ar_ms=out["ar_cpu"] if cpu else out["ar_wall"])
+            out = out[["run_id", "request_id", "category", "machine", "decoded", "ms", "ar_decoded", "ar_ms",
+                       "rounds", "verify_cost", "mean_entropy_nats"]].reset_index(drop=True)
+            out.attrs["clock"] = "cpu" if cpu else "wall"
+            return out
+
+        return self._cached(("paired", arm), compute)
+
+    def request_speedups(self, arm: str) -> pd.DataFrame:
+        """Per paired request of ``arm``: its measured speedup (AR ms per token / the arm's, on
+        ``attrs["clock"]``) and its output's mean target entropy (``paired_requests``)."""
+        paired = self.paired_requests(arm)
+        ok = (paired["decoded"] > 0) & (paired["ar_decoded"] > 0) & (paired["ms"] > 0)
+        out = paired.loc[ok].assign(speedup=(paired["ar_ms"] / paired["ar_decoded"])
+                                    / (paired["ms"] / paired["decoded"]))
+        out.attrs["clock"] = paired.attrs["clock"]
+        return out.reset_index(drop=True)
+
+    def speedup(self, arm: str) -> pd.DataFrame:
+        """Measured decode speedup of one arm over AR per category, paired request by request with the timed AR
+        runs of the same model and machine (``paired_requests``): (AR ms per token) / (arm ms per token) over
+        the category's paired requests, tokens counted after the prefill, on the CPU clock where the traces
+        carry it (``clock``: "cpu" or "wall"); ``lo`` / ``hi``: a request-bootstrap 95% interval;
+        ``tokens_per_round`` and ``bound`` = tokens per round x c(1) / c(N + 1) (the physical bound: a round
+        costs at least one forward over its verified tree; c from the run's verify-cost curve, else 1);
+        ``verdict`` (``cost.speed_verdict``): "measured", "not measured reliably" (interval wider than +-15%
+        or fewer than 5 paired requests) or "above the physical bound" — only "measured" is a result.
+        ``requests``: the arm's paired (run, request) pairs."""
+        def compute():
+            paired = self.paired_requests(arm)
+            rng = np.random.default_rng(self.seed)
             rows = []
             for cat, part in paired.groupby("category"):
-                ar_part = base.loc[base["category"] == cat]
-                arm_ms = part["decode_ms"].sum() / max(part["decoded"].sum(), 1)
-                ar_ms = ar_part["decode_ms"].sum() / max(ar_part["decoded"].sum(), 1)
+                a_ms, a_n = part["ms"].to_numpy(float), part["decoded"].to_numpy(float)
+                r_ms, r_n = part["ar_ms"].to_numpy(float), part["ar_decoded"].to_numpy(float)
+                arm_ms = a_ms.sum() / max(a_n.sum(), 1)
+                ar_ms = r_ms.sum() / max(r_n.sum(), 1)
+                speedup = ar_ms / arm_ms if arm_ms > 0 else np.nan
+                lo = hi = np.nan
+                if len(part) >= 2 and arm_ms > 0:
+                    draws = rng.integers(0, len(part), size=(SPEEDUP_BOOT, len(part)))
+                    boot = (r_ms[draws].sum(1) / r_n[draws].sum(1)) / (a_ms[draws].sum(1) / a_n[draws].sum(1))
+                    lo, hi = np.nanpercentile(boot, [2.5, 97.5])
+                n_rounds, cost = part["rounds"].sum(), part["verify_cost"].sum()
+                per_round = a_n.sum() / n_rounds if n_rounds else np.nan
+                bound = per_round * n_rounds / cost if n_rounds and cost else per_round
                 rows.append(dict(arm=arm, category=cat, requests=len(part), ar_ms_per_token=ar_ms,
-                                 arm_ms_per_token=arm_ms, speedup=ar_ms / arm_ms if arm_ms > 0 else np.nan))
+                                 arm_ms_per_token=arm_ms, speedup=speedup, lo=float(lo), hi=float(hi),
+                                 clock=paired.attrs["clock"], tokens_per_round=per_round, bound=bound,
+                                 verdict=speed_verdict(speedup, lo, hi, bound, len(part))))
             return pd.DataFrame(rows, columns=SPEEDUP_COLUMNS)
 
         return self._cached(("speedup", arm), compute)
@@ -401,37 +517,130 @@ class TraceAnalysis:
         return self._cached("speedups", compute)
 
     def speedup_validation(self) -> pd.DataFrame:
-        """The prediction checked against the measurement, per timed arm and category, on the same requests:
-        ``measured`` (``speedup``) next to ``predicted`` = the law's DP tokens per round on these requests'
-        entropy sequences x t_AR / t_round(N), with t_AR and the round cost line from the arm's cost model
-        (``pays(arm).cost``) at the mean verified nodes N of the category's rounds (the line is linear in N, so
-        this is the mean predicted round cost), and ``relative_error`` = predicted / measured - 1. Arms without
-        a measured speedup or a cost model are left out (``attrs["notes"]`` says why)."""
+        """The prediction checked against the measurement, per drafting arm and category, on the same requests.
+
+        ``predicted`` = the law's DP tokens per round on these requests' entropy sequences
+        (``predicted_tokens_per_round``) x t_AR / t_round(N), with t_AR and the round cost line from the arm's
+        cost model (``pays(arm).cost``) at the mean verified nodes N of the category's rounds (the line is
+        linear in N, so this is the mean predicted round cost); ``measured`` (``speedup``: paired, CPU clock
+        where the traces carry it; ``lo`` / ``hi`` its interval, ``verdict`` whether it is a result);
+        ``relative_error`` = predicted / measured - 1, ``within_10pct`` and ``inside_interval``. ``status``:
+        "compared", "no timings: predicted only" (replayed arm: no cost model either, so only tokens per round
+        are predicted), or "no AR arm: predicted only" (the prediction needs t_AR: given, else NaN). Raises
+        only where no arm has even a law prediction; ``attrs["notes"]`` holds the reasons."""
         def compute():
             results = self.results_table().set_index(["arm", "category"])
             rows, notes = [], []
             for arm in self.arms:
-                try:
-                    measured, cost, view = self.speedup(arm), self.pays(arm).cost, self.cost_view(arm)
-                except ValueError as err:
-                    notes.append(str(err))
-                    continue
-                rounds = view.rounds.merge(view.runs[["run_id", "arm"]], on="run_id").merge(
-                    view.requests[["run_id", "request_id", "category"]], on=["run_id", "request_id"])
-                rounds = rounds.loc[rounds["arm"] == arm]
-                for r in measured.itertuples():
-                    nodes = rounds.loc[rounds["category"] == r.category, "tree_nodes"].mean()
-                    per_round = results.loc[(arm, r.category), "law_tokens_per_round"]
-                    predicted = per_round * cost.ar_ms_per_token / float(cost.round_ms(nodes))
-                    rows.append(dict(arm=arm, category=r.category, requests=r.requests, measured=r.speedup,
-                                     predicted=predicted, relative_error=predicted / r.speedup - 1))
+                timed = bool(self.runs.loc[self.runs["arm"] == arm, "timed"].any())
+                measured = self.attempt("speedup", arm)
+                pays = self.attempt("pays", arm) if timed else Attempt(error="no timings")
+                if not measured.ok and measured.error not in notes:
+                    notes.append(measured.error)
+                if timed and not pays.ok:
+                    notes.append(pays.error)
+                status = ("compared" if measured.ok and pays.ok else "no timings: predicted only" if not timed
+                          else "no AR arm: predicted only" if not self.has_ar else "measured only" if measured.ok
+                          else "predicted only")
+                nodes_of = {}
+                if pays.ok:
+                    view = self.cost_view(arm)
+                    rounds = view.rounds.merge(view.runs[["run_id", "arm"]], on="run_id").merge(
+                        view.requests[["run_id", "request_id", "category"]], on=["run_id", "request_id"])
+                    nodes_of = rounds.loc[rounds["arm"] == arm].groupby("category")["tree_nodes"].mean().to_dict()
+                m = measured.value.set_index("category") if measured.ok else None
+                for cat in self.categories:
+                    if (arm, cat) not in results.index:
+                        continue
+                    per_round = float(results.loc[(arm, cat), "law_tokens_per_round"])
+                    predicted = np.nan
+                    if pays.ok and cat in nodes_of:
+                        cost = pays.value.cost
+                        predicted = per_round * cost.ar_ms_per_token / float(cost.round_ms(nodes_of[cat]))
+                    row = dict(arm=arm, category=cat, status=status, predicted_tokens_per_round=per_round,
+                               predicted=predicted, requests=0, measured=np.nan, lo=np.nan, hi=np.nan, clock=None,
+                               verdict=None)
+                    if m is not None and cat in m.index:
+                        r = m.loc[cat]
+                        row.update(requests=int(r["requests"]), measured=float(r["speedup"]), lo=float(r["lo"]),
+                                   hi=float(r["hi"]), clock=r["clock"], verdict=r["verdict"])
+                    rows.append(row)
             if not rows:
-                raise ValueError("no arm has both a measured speedup and a cost model: " + "; ".join(notes))
+                raise ValueError("no arm has a law prediction: " + "; ".join(notes))
             out = pd.DataFrame(rows)
+            out["relative_error"] = out["predicted"] / out["measured"] - 1
+            out["within_10pct"] = out["relative_error"].abs() <= 0.10
+            out["inside_interval"] = (out["predicted"] >= out["lo"]) & (out["predicted"] <= out["hi"])
+            unknown = out["measured"].isna() | out["predicted"].isna()
+            out["within_10pct"] = out["within_10pct"].astype(object).where(~unknown, None)
+            out["inside_interval"] = out["inside_interval"].astype(object).where(~unknown, None)
             out.attrs["notes"] = notes
             return out
 
         return self._cached("speedup_validation", compute)
+
+    def speedup_crossing(self, arm: str) -> dict:
+        """Where the measured per-request speedups of ``arm`` cross 1, against the predicted break-even entropy.
+
+        A logistic regression (statsmodels ``Logit``) of "measured speedup > 1" on the request's mean target
+        entropy (``request_speedups``); ``crossing_nats`` = the entropy where its probability is 0.5 (-b0 /
+        b1), NaN where the fit cannot place it (all requests on one side, perfect separation, or a slope of the
+        wrong sign: ``reason`` says which). ``breakeven`` / ``breakeven_low`` / ``breakeven_high``: the break-even
+        entropy and its bootstrap interval (``pays``); ``inside``: whether the crossing lies in that interval
+        (None where either is missing)."""
+        def compute():
+            import statsmodels.api as sm
+
+            req = self.request_speedups(arm)
+            y = (req["speedup"] > 1).to_numpy(int)
+            h = req["mean_entropy_nats"].to_numpy(float)
+            out = dict(arm=arm, requests=len(req), clock=req.attrs["clock"], share_above_1=float(y.mean()),
+                       crossing_nats=np.nan, slope=np.nan, reason="", breakeven=np.nan, breakeven_low=np.nan,
+                       breakeven_high=np.nan, inside=None)
+            if y.min() == y.max():
+                out["reason"] = f"every request {'above' if y[0] else 'below'} 1: no crossing in the observed entropies"
+            else:
+                try:
+                    with warnings.catch_warnings():  # separation shows as huge coefficients: checked below
+                        warnings.simplefilter("ignore")
+                        fit = sm.Logit(y, sm.add_constant(h)).fit(disp=0, maxiter=200)
+                    b0, b1 = (float(v) for v in fit.params)
+                    lo_h, hi_h = float(h.min()), float(h.max())
+                    if not (np.isfinite(b0) and np.isfinite(b1)) or b1 == 0:
+                        out["reason"] = "the logistic fit did not converge"
+                    elif b1 > 0:
+                        out["reason"] = "speedup > 1 grows more likely with entropy: no break-even crossing"
+                    else:
+                        out.update(crossing_nats=-b0 / b1, slope=b1)
+                        if not lo_h <= -b0 / b1 <= hi_h:
+                            out["reason"] = f"crossing outside the observed mean entropies [{lo_h:.2f}, {hi_h:.2f}]"
+                except Exception as err:  # perfect separation and other degenerate fits
+                    out["reason"] = f"logistic fit failed: {type(err).__name__}: {err}"
+            pays = self.attempt("pays", arm)
+            if pays.ok:
+                r = pays.value.summary.loc["breakeven_entropy_nats"]
+                out.update(breakeven=float(r["estimate"]), breakeven_low=float(r["ci_low"]),
+                           breakeven_high=float(r["ci_high"]))
+                if np.isfinite(out["crossing_nats"]) and np.isfinite(out["breakeven_low"]):
+                    out["inside"] = bool(out["breakeven_low"] <= out["crossing_nats"] <= out["breakeven_high"])
+            else:
+                out["reason"] = "; ".join(x for x in (out["reason"], pays.error) if x)
+            return out
+
+        return self._cached(("crossing", arm), compute)
+
+    def crossing_table(self) -> pd.DataFrame:
+        """``speedup_crossing`` of every arm with a measured speedup (raises where none has one)."""
+        rows, errors = [], []
+        for arm in self.arms:
+            got = self.attempt("speedup_crossing", arm)
+            if got.ok:
+                rows.append(got.value)
+            else:
+                errors.append(got.error)
+        if not rows:
+            raise ValueError("no arm has measured per-request speedups: " + "; ".join(errors))
+        return pd.DataFrame(rows)
 
     # ------------------------------------------------------------------ tables
     def results_table(self) -> pd.DataFrame:
@@ -439,7 +648,8 @@ class TraceAnalysis:
         (nats, of the arm's model), mean accepted length per drafting round (tau), committed tokens per
         round, the law's DP prediction of tokens per round (in-sample; acceptance capped at each round's
         drafted depth), the LOCO predictions of tokens per round and of the mean accepted length per
-        drafting round, and the measured decode speedup over AR of the same model and machine (if timed)."""
+        drafting round, and the measured decode speedup over AR of the same model and machine (if timed), with
+        its verdict (``speedup_verdict``: only "measured" is a result; ``speedup``)."""
         def compute():
             ent = self.entropy_tokens()
             h = ent.groupby(["model_id", "category"])["target_entropy_nats"].agg(mean_entropy_nats="mean",
@@ -472,13 +682,16 @@ class TraceAnalysis:
                     row["loco_mean_accepted"] = (float(loco.value.summary.loc[cat, "predicted_mean_accepted"])
                                                  if loco.ok and cat in loco.value.summary.index else np.nan)
                     row["speedup_requests"] = 0
+                    row["speedup_verdict"] = None
                     if is_ar and sp is not None:
                         row["speedup_vs_ar"] = 1.0
                         row["speedup_requests"] = int(row["requests"])
+                        row["speedup_verdict"] = "the reference"
                     elif sp is not None and len(sp):
                         hit = sp.loc[(sp["arm"] == arm) & (sp["category"] == cat)]
                         row["speedup_vs_ar"] = float(hit["speedup"].iloc[0]) if len(hit) else np.nan
                         row["speedup_requests"] = int(hit["requests"].iloc[0]) if len(hit) else 0
+                        row["speedup_verdict"] = hit["verdict"].iloc[0] if len(hit) else None
                     else:
                         row["speedup_vs_ar"] = np.nan
                     rows.append(row)
@@ -527,3 +740,15 @@ def format_interval(estimate: float, low: float, high: float, digits: int = 3) -
     if low is None or high is None or np.isnan(low) or np.isnan(high):
         return one(estimate)
     return f"{one(estimate)} [{one(low)}, {one(high)}]"
+
+
+def _verify_cost(curve, n_tokens: int) -> float:
+    """c(n) of a run's stored verify-cost curve (``{"sizes": [...], "costs": [...]}``, in one-token forwards;
+    piecewise linear, extended by its end segments as ``decoding.gate.VerifyCost``); 1 without a curve."""
+    if not isinstance(curve, dict) or not curve.get("sizes"):
+        return 1.0
+    sizes, costs = np.asarray(curve["sizes"], float), np.asarray(curve["costs"], float)
+    if len(sizes) == 1:
+        return float(costs[0])
+    i = int(np.clip(np.searchsorted(sizes, n_tokens), 1, len(sizes) - 1))
+    return float(costs[i - 1] + (costs[i] - costs[i - 1]) * (n_tokens - sizes[i - 1]) / (sizes[i] - sizes[i - 1]))

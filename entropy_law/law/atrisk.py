@@ -33,6 +33,16 @@ COVARIATES = ("target_entropy_nats", "target_renyi2_nats", "target_top1_prob", "
 NONNEGATIVE = ("target_entropy_nats", "target_renyi2_nats", "target_logit_gap")
 # derived columns (means within an aggregated cell are taken of these directly)
 DERIVED = ("log_entropy", "log_renyi2", "log_logit_gap", "cum_entropy_nats", "log1p_cum_entropy", "log_drafted_depth")
+# decode-time covariates of the row-level table; an aggregate keeps their cell means only when asked
+# (``aggregate_at_risk(extra_means=...)``, what a family that uses them passes), so aggregates of the other
+# families keep their columns (and the out-of-core aggregation its column set)
+DECODE_TIME = ("lag_entropy_nats", "log_lag_entropy", "run_mean_entropy_nats", "log_run_mean_entropy",
+               "log1p_position", "draft_entropy_nats", "log_draft_entropy")
+# decode-time covariates (issue #18): each known before the round's verification, or a function of the greedy
+# output's entropy sequence the law already conditions on; never the outcome (draft_prob / draft_rank are the
+# drafter's probability / rank of the COMMITTED token, which is the target's correction after a rejection:
+# rank 0 <=> accepted, so they are not covariates here)
+SEQUENCE_COVARIATES = ("lag_entropy_nats", "run_mean_entropy_nats", "position")
 KIND_ROWS = "at_risk_rows"
 KIND_AGGREGATED = "at_risk_aggregated"
 
@@ -91,7 +101,10 @@ def at_risk_table(
     ``covariates`` and the derived ``log_entropy = log(H + eps)``, ``log_renyi2``, ``log_logit_gap``,
     ``cum_entropy_nats`` (sum of H over the round's earlier depths) and ``log1p_cum_entropy``; with a
     ``traces.rounds`` table also ``drafted_depth`` (the round's ``tree_depth``, known before
-    verification) and ``log_drafted_depth``. ``drafters``: keep only these drafter ids. NaN or
+    verification) and ``log_drafted_depth``; with target entropies the decode-time covariates
+    (``sequence_covariates``: ``lag_entropy_nats``, ``run_mean_entropy_nats``, ``log1p_position`` and their
+    logs) and, where the tokens table has it, ``draft_entropy_nats`` (NaN where null) and
+    ``log_draft_entropy``. ``drafters``: keep only these drafter ids. NaN or
     negative covariates raise (or are dropped with ``on_invalid="drop"``). Rows that hold two arms under
     one drafter id raise, naming the arms and how to select one (``arms.check_one_arm_per_drafter``).
     """
@@ -114,6 +127,13 @@ def at_risk_table(
     if drafters is not None:
         table = table.loc[table["drafter_id"].isin(list(drafters))]
     arms.check_one_arm_per_drafter(runs, table["run_id"].unique())
+    if "target_stats_scope" in runs:  # imported GLANCE logs: target statistics at each round's root only
+        root_only = runs.loc[runs["run_id"].isin(table["run_id"].unique()) & (runs["target_stats_scope"] == "round_root"),
+                             "run_id"].astype(str).tolist()
+        if root_only:
+            raise ValueError(f"run(s) {root_only} hold the target entropy at each round's root only (an imported "
+                             "GLANCE round log), not per position: this law cannot be fitted on them. Fit GLANCE's "
+                             "law instead (fit_law(traces, family=\"glance\")), or compute per-position statistics")
     table = validate_covariates(table.reset_index(drop=True), covariates, on_invalid=on_invalid)
     table["accepted"] = (table["role"] == "accepted").astype(np.int8)
     table["rejected"] = (1 - table["accepted"]).astype(np.int8)
@@ -130,6 +150,14 @@ def at_risk_table(
     if "target_logit_gap" in covariates:
         table["log_logit_gap"] = np.log(table["target_logit_gap"].to_numpy(dtype=float) + eps)
     table = table.drop(columns="role")
+    if "target_entropy_nats" in covariates:
+        table = _add_sequence_covariates(table, tokens, eps)
+    if "draft_entropy_nats" in tokens.columns:
+        # the drafter's entropy at this depth (its own distribution, computed while drafting, before
+        # verification); null where the drafter logs none (the n-gram drafter): families using it refuse then
+        draft_h = risk_draft_entropy(tokens, table)
+        table["draft_entropy_nats"] = draft_h
+        table["log_draft_entropy"] = np.log(np.maximum(draft_h, 0.0) + eps)
     rounds = getattr(traces, "rounds", None)
     round_keys = ["run_id", "request_id", "round_index"]
     if isinstance(rounds, pd.DataFrame) and set(round_keys + ["tree_depth"]) <= set(rounds.columns):
@@ -144,6 +172,65 @@ def at_risk_table(
         table["log_drafted_depth"] = np.log(np.maximum(table["drafted_depth"].to_numpy(dtype=float), 1.0))
     table.attrs.update(kind=KIND_ROWS, eps=eps)
     return table
+
+
+def sequence_covariates(entropy: np.ndarray, position: np.ndarray) -> dict:
+    """Decode-time covariates at output ``position`` of one request whose target entropies at positions
+    0..T-1 are ``entropy``: ``lag_entropy_nats`` = H at position - 1 (the previous committed position; at
+    position 0, where there is none, H at 0 itself), ``run_mean_entropy_nats`` = mean of H over positions
+    0..position (the output's entropy so far), ``log1p_position``. Used for the at-risk rows and by the
+    DP of a fitted law alike, so both see the same values."""
+    h = np.asarray(entropy, dtype=float)
+    p = np.asarray(position, dtype=np.int64)
+    if h.size == 0:
+        raise ValueError("sequence_covariates needs a non-empty entropy sequence")
+    if p.size and (p.min() < 0 or p.max() >= h.size):
+        raise ValueError(f"positions must lie in 0..{h.size - 1}")
+    csum = np.cumsum(h)
+    return {"lag_entropy_nats": h[np.maximum(p - 1, 0)], "run_mean_entropy_nats": csum[p] / (p + 1.0),
+            "log1p_position": np.log1p(p.astype(float))}
+
+
+def add_log_covariates(frame: pd.DataFrame, eps: float = EPS_NATS) -> pd.DataFrame:
+    """The log columns of the decode-time covariates present in ``frame`` (in place; returns it)."""
+    for raw, log in (("lag_entropy_nats", "log_lag_entropy"), ("run_mean_entropy_nats", "log_run_mean_entropy"),
+                     ("draft_entropy_nats", "log_draft_entropy")):
+        if raw in frame:
+            frame[log] = np.log(np.maximum(frame[raw].to_numpy(dtype=float), 0.0) + eps)
+    if "position" in frame and "log1p_position" not in frame:
+        frame["log1p_position"] = np.log1p(frame["position"].to_numpy(dtype=float))
+    return frame
+
+
+def _add_sequence_covariates(table: pd.DataFrame, tokens: pd.DataFrame, eps: float) -> pd.DataFrame:
+    """``sequence_covariates`` for every at-risk row, from each request's full entropy sequence (all its
+    committed positions, bonus tokens included)."""
+    seq = tokens[["run_id", "request_id", "position", "target_entropy_nats"]]
+    seq = seq.assign(_h=np.maximum(seq["target_entropy_nats"].to_numpy(dtype=float, na_value=np.nan), 0.0))
+    seq = seq.sort_values(["run_id", "request_id", "position"], kind="stable")
+    keys = ["run_id", "request_id"]
+    grouped = seq.groupby(keys, sort=False, observed=True)["_h"]
+    seq = seq.assign(_prev=grouped.shift(1), _csum=grouped.cumsum(),
+                     _n=seq.groupby(keys, sort=False, observed=True).cumcount() + 1.0)
+    seq["_prev"] = seq["_prev"].fillna(seq["_h"])  # position 0: no previous position, its own H
+    look = seq[[*keys, "position", "_prev", "_csum", "_n"]].astype({"run_id": str, "request_id": str})
+    left = table[[*keys, "position"]].astype({"run_id": str, "request_id": str})
+    merged = left.merge(look, on=[*keys, "position"], how="left", validate="many_to_one")
+    table["lag_entropy_nats"] = merged["_prev"].to_numpy(dtype=float)
+    table["run_mean_entropy_nats"] = (merged["_csum"] / merged["_n"]).to_numpy(dtype=float)
+    table["log1p_position"] = np.log1p(table["position"].to_numpy(dtype=float))
+    return add_log_covariates(table, eps)
+
+
+def risk_draft_entropy(tokens: pd.DataFrame, table: pd.DataFrame) -> np.ndarray:
+    """``draft_entropy_nats`` of each at-risk row (NaN where null)."""
+    keys = ["run_id", "request_id", "round_index", "depth"]
+    look = tokens[[*keys, "draft_entropy_nats"]].astype({"run_id": str, "request_id": str})
+    look = look.drop_duplicates(keys)
+    left = table[keys].astype({"run_id": str, "request_id": str})
+    left["depth"] = left["depth"].astype(look["depth"].dtype)
+    merged = left.merge(look, on=keys, how="left", validate="many_to_one")
+    return merged["draft_entropy_nats"].to_numpy(dtype=float, na_value=np.nan)
 
 
 def log_bin(values: np.ndarray, *, eps: float = EPS_NATS, width_log10: float = 0.05) -> np.ndarray:
@@ -172,9 +259,16 @@ def _group_sums(frame: pd.DataFrame, keys: Sequence[str], values: Sequence[str])
     return pd.DataFrame(out)
 
 
-def mean_columns(table: pd.DataFrame) -> list[str]:
-    """Covariate columns whose within-cell means an aggregate keeps."""
-    return [c for c in (*COVARIATES, *DERIVED) if c in table.columns]
+def mean_columns(table: pd.DataFrame, extra: Sequence[str] = ()) -> list[str]:
+    """Covariate columns whose within-cell means an aggregate keeps (``extra``: decode-time ones too)."""
+    unknown = sorted(set(extra) - set(DECODE_TIME))
+    if unknown:
+        raise ValueError(f"unknown extra covariate means {unknown}; known: {list(DECODE_TIME)}")
+    missing = [c for c in extra if c not in table.columns]
+    if missing:
+        raise ValueError(f"the at-risk table lacks {missing}: build it with at_risk_table from traces (target "
+                         "entropies and positions; draft_entropy_nats needs a drafter that logs its entropy)")
+    return [c for c in (*COVARIATES, *DERIVED, *extra) if c in table.columns]
 
 
 def aggregate_at_risk(
@@ -184,6 +278,7 @@ def aggregate_at_risk(
     width_log10: float = 0.05,
     eps: float = EPS_NATS,
     keys: Sequence[str] = KEY_COLUMNS,
+    extra_means: Sequence[str] = (),
 ) -> pd.DataFrame:
     """Counts per ``keys`` x log-spaced bins of ``bin_columns``: ``n_acc``, ``n_rej``, ``n`` and the
     within-cell mean of every covariate (``mean_columns``).
@@ -193,7 +288,8 @@ def aggregate_at_risk(
     cell's means (``binned_rows``). Keep ``request_id`` in ``keys`` for clustered errors.
     """
     _require_columns(table, (*keys, "accepted", *bin_columns), "the at-risk table")
-    frame = table[[*keys, "accepted", *mean_columns(table)]].copy()
+    means = mean_columns(table, extra_means)
+    frame = table[[*keys, "accepted", *means]].copy()
     bin_names = []
     for col in bin_columns:
         name = f"bin_{col}"
@@ -201,7 +297,6 @@ def aggregate_at_risk(
         bin_names.append(name)
     frame["n_acc"] = frame.pop("accepted").astype(np.int64)
     frame["n"] = 1
-    means = mean_columns(table)
     out = _group_sums(frame, [*keys, *bin_names], ["n_acc", "n", *means])
     for col in ("n_acc", "n"):
         out[col] = np.rint(out[col]).astype(np.int64)
@@ -210,6 +305,8 @@ def aggregate_at_risk(
     out["n_rej"] = out["n"] - out["n_acc"]
     out.attrs.update(kind=KIND_AGGREGATED, eps=eps, width_log10=width_log10, bin_columns=tuple(bin_columns),
                      keys=tuple(keys))
+    if extra_means:
+        out.attrs["extra_means"] = tuple(extra_means)
     return out
 
 
@@ -219,7 +316,7 @@ def combine_aggregates(parts: Sequence[pd.DataFrame]) -> pd.DataFrame:
         raise ValueError("no aggregates to combine")
     attrs = dict(parts[0].attrs)
     keys = [*attrs["keys"], *[f"bin_{c}" for c in attrs["bin_columns"]]]
-    means = mean_columns(parts[0])
+    means = mean_columns(parts[0], attrs.get("extra_means", ()))
     frame = pd.concat(parts, ignore_index=True)
     for col in means:
         frame[col] = frame[col] * frame["n"]
@@ -241,7 +338,7 @@ def binned_rows(table: pd.DataFrame, aggregate: pd.DataFrame) -> pd.DataFrame:
     for col in attrs["bin_columns"]:
         frame[f"bin_{col}"] = log_bin(frame[col].to_numpy(), eps=attrs["eps"], width_log10=attrs["width_log10"])
         bin_names.append(f"bin_{col}")
-    means = mean_columns(aggregate)
+    means = mean_columns(aggregate, attrs.get("extra_means", ()))
     merged = frame.drop(columns=means).merge(aggregate[[*keys, *bin_names, *means]], on=[*keys, *bin_names],
                                              how="left", validate="many_to_one")
     merged.attrs.update(table.attrs)

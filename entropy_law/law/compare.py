@@ -61,9 +61,12 @@ class Comparison(Result):
     n_folds: int
     seed: int
     notes: list = field(default_factory=list)
+    folds: str = "requests"
 
     @property
     def title(self) -> str:
+        if self.folds == "category":
+            return f"law comparison, leave-one-category-out CV ({self.n_folds} categories)"
         return f"law comparison, {self.n_folds}-fold CV grouped by request (seed {self.seed})"
 
     @property
@@ -137,6 +140,7 @@ def compare_laws(
     eps: float = atrisk.EPS_NATS,
     width_log10: float = 0.05,
     on_invalid: str = "raise",
+    folds: str = "requests",
     **fit_options,
 ) -> Comparison:
     """Grouped K-fold CV log-loss, AIC, BIC and held-out calibration for each family.
@@ -144,7 +148,10 @@ def compare_laws(
     ``traces``: traces or a row-level at-risk table of ONE drafter (select with ``at_risk_table(...,
     drafters=[...])``). ``DEPTH_ONLY`` (``"depth_only"``) may be named among ``families``: the entropy-free,
     category-free baseline, acceptance per depth estimated on the training folds (the MLE of a binomial
-    with a depth factor only); the CV gain of a law is measured against it (``universality_test``). Extra keyword arguments go to ``fit_law``. The comparison shows no interval of its
+    with a depth factor only); the CV gain of a law is measured against it (``universality_test``).
+    ``folds``: ``"requests"`` (default: ``n_folds`` random sets of requests) or ``"category"``
+    (leave-one-category-out: one fold per category, ``n_folds`` ignored; families with category terms
+    cannot predict an unseen category and are left out with a note). Extra keyword arguments go to ``fit_law``. The comparison shows no interval of its
     fits (fold fits predict, the full fit gives AIC / BIC), so they are fitted with
     ``cov_type="nonrobust"`` (the same estimates, and no ``SmallSampleWarning`` per fold).
     """
@@ -156,13 +163,27 @@ def compare_laws(
     if len(drafters) > 1:
         raise ValueError(f"compare_laws scores one drafter at a time; the traces hold {sorted(drafters)}. "
                          "Use at_risk_table(traces, drafters=[...]).")
-    folds = request_folds(rows["request_id"].to_numpy(), n_folds, seed)
+    if folds not in ("requests", "category"):
+        raise ValueError(f"folds must be 'requests' or 'category', got {folds!r}")
+    by_category = folds == "category"
+    if by_category:
+        cats = rows.drop_duplicates("request_id").set_index("request_id")["category"]
+        levels = sorted(cats.unique())
+        if len(levels) < 2:
+            raise ValueError(f"leave-one-category-out CV needs at least 2 categories; the traces hold {levels}")
+        folds = {rid: levels.index(c) for rid, c in cats.items()}
+        n_folds = len(levels)
+    else:
+        folds = request_folds(rows["request_id"].to_numpy(), n_folds, seed)
     smallest_training = len(folds) - int(np.bincount(list(folds.values()), minlength=n_folds).max())
     if smallest_training < 2:  # a law fitted on one request predicts its own cells, not a held-out request
         raise ValueError(f"{len(folds)} requests in {n_folds} folds leave {smallest_training} in a training fold: "
                          "every training fold needs at least 2 requests; record more requests or lower n_folds")
     summary_rows, per_cat, per_req, notes = [], [], [], []
     for name in families:
+        if by_category and name != DEPTH_ONLY and get_family(name).uses_category:
+            notes.append(f"{name} not scored: it has category terms and cannot predict a held-out category")
+            continue
         if name == DEPTH_ONLY:  # per-depth acceptance of the training folds: the MLE of a depth-factor binomial
             counts = prepare_counts(rows, get_family("law_exp"), eps=eps, width_log10=width_log10)
             fold_of = counts["request_id"].map(folds).to_numpy()
@@ -172,12 +193,17 @@ def compare_laws(
             full, failure = _DepthOnlyFit(counts), None
         else:
             fam = get_family(name)
+            name = fam.name  # a LawFamily object (e.g. with_category_terms(...)) is labelled by its name
             counts = prepare_counts(rows, fam, eps=eps, width_log10=width_log10)
             fold_of = counts["request_id"].map(folds).to_numpy()
             held = np.empty(len(counts))
             failure = None
         for k in range(n_folds if name != DEPTH_ONLY else 0):
-            law = fit_law(counts.loc[fold_of != k], fam, **fit_options)
+            try:
+                law = fit_law(counts.loc[fold_of != k], fam, **fit_options)
+            except (ValueError, np.linalg.LinAlgError) as err:  # e.g. IRLS weights went NaN (log link at mu = 1)
+                failure = f"the fit failed in fold {k}: {err}"
+                break
             failure = _fit_failure(law, f"fold {k}")
             if failure:
                 break
@@ -212,7 +238,8 @@ def compare_laws(
         raise ValueError(f"no family could be scored: {'; '.join(notes)}")
     summary = pd.DataFrame(summary_rows).set_index("family")
     result = Comparison(summary=summary, per_category=pd.concat(per_cat, ignore_index=True),
-                        per_request=pd.concat(per_req, ignore_index=True), n_folds=n_folds, seed=seed, notes=notes)
+                        per_request=pd.concat(per_req, ignore_index=True), n_folds=n_folds, seed=seed, notes=notes,
+                        folds="category" if by_category else "requests")
     best = result.best
     diffs = [result.paired_difference(f, best) if f != best else (0.0, 0.0) for f in summary.index]
     summary["delta_vs_best"] = [d for d, _ in diffs]
@@ -221,3 +248,67 @@ def compare_laws(
         summary["gain_vs_law0"] = summary.loc["law0_cat", "cv_log_loss"] - summary["cv_log_loss"]
     result.notes.append(f"best by CV log-loss: {best}; delta_se is the SE over requests of the paired difference")
     return result
+
+
+# the candidates of the primary-law rule (docs/law.md, "Choosing the primary law"): parametric GLM families
+# without category or drafter names whose DP runs on a request's entropy sequence, position and drafted depth
+PRIMARY_CANDIDATES = ("law_logit", "law_exp", "law_exp0", "law_power", "law_exp_cum", "law_exp_drafted", "law_exp_lag",
+                      "law_exp_runmean", "law_exp_pos", "law_exp_ceil", "law_exp_obs", "law_exp_obs_ceil")
+
+
+def choose_primary(comparisons: dict, candidates: Sequence[str] = PRIMARY_CANDIDATES) -> tuple[str, pd.DataFrame]:
+    """The rule of docs/law.md applied to leave-one-category-out comparisons, one per arm
+    (``compare_laws(..., folds="category")``): (winner, table). Table per candidate: the CV log-loss per
+    arm, its mean over arms, the mean difference to the best and its SE (sqrt(sum SE_arm^2) / n_arms),
+    ``tied`` (difference <= 1 SE), ``n_params`` (+ 1 where an offset c is fitted) and ``eligible`` (scored
+    on every arm). Among the best and its ties the fewest parameters win, then the lowest mean."""
+    if not comparisons:
+        raise ValueError("choose_primary needs one comparison per arm")
+    arms_ = list(comparisons)
+    scored = [f for f in candidates if all(f in c.summary.index for c in comparisons.values())]
+    if not scored:
+        raise ValueError(f"no candidate of {list(candidates)} was scored on every arm")
+    table = pd.DataFrame({arm: comparisons[arm].summary["cv_log_loss"].reindex(list(candidates)) for arm in arms_})
+    table["mean_cv_log_loss"] = table[arms_].mean(axis=1)
+    table["eligible"] = table.index.isin(scored)
+    best = table.loc[scored, "mean_cv_log_loss"].idxmin()
+    diffs, ses = [], []
+    for fam in table.index:
+        if fam not in scored:
+            diffs.append(np.nan)
+            ses.append(np.nan)
+            continue
+        pairs = [comparisons[a].paired_difference(fam, best) if fam != best else (0.0, 0.0) for a in arms_]
+        diffs.append(float(np.mean([d for d, _ in pairs])))
+        ses.append(float(np.sqrt(sum(s**2 for _, s in pairs)) / len(arms_)))
+    table["delta_vs_best"] = diffs
+    table["delta_se"] = ses
+    table["tied"] = table["eligible"] & (table["delta_vs_best"] <= table["delta_se"])
+    first = comparisons[arms_[0]].summary
+    table["n_params"] = [(first.loc[f, "n_params"] + (1 if get_family(f).profile_eps else 0)) if f in first.index
+                         else np.nan for f in table.index]
+    contenders = table.loc[table["tied"]].sort_values(["n_params", "mean_cv_log_loss"])
+    winner = str(contenders.index[0])
+    table["primary"] = table.index == winner
+    return winner, table
+
+
+def category_share_of_gain(rows: pd.DataFrame, family, *, n_folds: int = 5, seed: int = 0) -> dict:
+    """The share of the CV gain over depth only that category terms add to ``family`` (docs/law.md): grouped
+    ``n_folds``-fold CV log-loss (random request folds, the same for all three models) of ``depth_only``,
+    ``family`` and ``with_category_terms(family)`` (category rates and exponents);
+    share = (LL(family) - LL(family+cat)) / (LL(depth_only) - LL(family+cat)) in loss per trial."""
+    from entropy_law.law.fit import with_category_terms
+
+    fam = get_family(family)
+    with_cat = with_category_terms(fam)
+    comp = compare_laws(rows, (DEPTH_ONLY, fam.name, with_cat), n_folds=n_folds, seed=seed)
+    s = comp.summary["cv_log_loss"]
+    missing = [m for m in (DEPTH_ONLY, fam.name, with_cat.name) if m not in s.index]
+    if missing:
+        raise ValueError(f"category share of {fam.name}: {missing} not scored ({'; '.join(comp.notes)})")
+    total = s[DEPTH_ONLY] - s[with_cat.name]
+    gain_cat = s[fam.name] - s[with_cat.name]
+    return dict(family=fam.name, cv_log_loss_depth_only=float(s[DEPTH_ONLY]), cv_log_loss_law=float(s[fam.name]),
+                cv_log_loss_law_cat=float(s[with_cat.name]), cv_gain_law_vs_depth_only=float(s[DEPTH_ONLY] - s[fam.name]),
+                cv_gain_cat_vs_law=float(gain_cat), cv_category_share=float(gain_cat / total) if total > 0 else np.nan)

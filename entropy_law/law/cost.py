@@ -15,8 +15,11 @@ the largest the arm verified; never the acceptance of D drafts at the price of f
 
 From it: the speedup curve, the break-even entropy (S = 1), the best block size (chains, N = D) and
 the best tree budget (the drafter's own nodes-per-depth ratio, N = round(w D)), each with a
-request-bootstrap interval (law and costs refitted on the same replicate) and the number of requests it
-resamples; below ``stats.FEW_REQUESTS`` requests a ``SmallSampleWarning`` and a note (the law itself is
+request-bootstrap interval and the number of requests it resamples. One replicate draws one Poisson weight
+per request id and refits, with those weights, the law, every cost measurement (the verify line c(N), the
+drafter's cost per round, the overhead) and, given ``ar_requests`` (the AR run's decode time and tokens per
+request), the AR cost per token: the AR run's prompts are the arm's, so both are resampled together and the
+interval carries the cost measurements' noise as well as the law's; below ``stats.FEW_REQUESTS`` requests a ``SmallSampleWarning`` and a note (the law itself is
 fitted for its predictions only, non-robust: the intervals shown are the bootstrap's).
 
 Assumptions stated, not checked: constant-H sequences (real sequences: use ``FittedLaw.predict_rounds``);
@@ -40,6 +43,26 @@ from entropy_law.law.results import Result
 from entropy_law.law.stats import warn_if_few_requests
 
 DEFAULT_ENTROPIES = (0.01, 0.03, 0.1, 0.3, 0.5, 1.0, 2.0, 3.0)
+
+# when a measured speedup is a result (``jobs.speed`` and ``TraceAnalysis.speedup`` apply the same rule)
+RELIABLE_HALF_WIDTH = 0.15  # an interval wider than +-15% of the estimate: "not measured reliably"
+BOUND_SLACK = 0.05  # timing noise allowed above the physical bound before a speedup is flagged
+MIN_PAIRED_REQUESTS = 5  # fewer paired prompts: "not measured reliably" whatever the interval
+MEASURED, UNRELIABLE, ABOVE_BOUND = "measured", "not measured reliably", "above the physical bound"
+
+
+def speed_verdict(speedup: float, low: float, high: float, bound: float, requests: int,
+                  min_requests: int = MIN_PAIRED_REQUESTS) -> str:
+    """Whether a measured speedup may be printed as a result: ``ABOVE_BOUND`` when it exceeds the physical
+    bound (tokens per round x c(1) / c(N + 1): a round costs at least one forward over the verified tree) by
+    more than ``BOUND_SLACK``; ``UNRELIABLE`` when its 95% interval is missing or wider than
+    +-``RELIABLE_HALF_WIDTH`` of the estimate, or it rests on fewer than ``min_requests`` paired requests;
+    else ``MEASURED``. NaN bound: not checked."""
+    if np.isfinite(bound) and speedup > bound * (1 + BOUND_SLACK):
+        return ABOVE_BOUND
+    if not (np.isfinite(low) and np.isfinite(high)) or requests < min_requests:
+        return UNRELIABLE
+    return MEASURED if max(speedup - low, high - speedup) <= RELIABLE_HALF_WIDTH * speedup else UNRELIABLE
 
 
 @dataclass
@@ -247,6 +270,7 @@ def when_drafting_pays(
     family: str = "law_exp",
     entropies: Sequence[float] = DEFAULT_ENTROPIES,
     ar_ms_per_token: float | None = None,
+    ar_requests: pd.DataFrame | None = None,
     n_boot: int = 100,
     seed: int = 0,
     level: float = 0.95,
@@ -257,10 +281,18 @@ def when_drafting_pays(
 
     The bootstrap draws one Poisson weight per request id (the law's clusters; the AR rounds of the
     same prompts take the same weight), so its intervals rest on that many requests: fewer than
-    ``stats.FEW_REQUESTS`` warns (``SmallSampleWarning``) and adds a note."""
+    ``stats.FEW_REQUESTS`` warns (``SmallSampleWarning``) and adds a note. ``ar_requests``: the AR baseline's
+    timed requests (columns ``request_id``, ``decode_ms``, ``decoded``: tokens decoded after the prefill);
+    t_AR is then their total time over their total tokens, and each replicate recomputes it with the
+    replicate's request weights (the cost of AR resampled with the law and the drafter's costs). Without it,
+    ``ar_ms_per_token`` (or the AR rounds in ``traces``) is the estimate and, when given, a constant."""
     fam = get_family(family)
     if fam.needs_categories or fam.needs_drafters:
         raise ValueError(f"{family} needs a category/drafter argument; use a one-drafter, category-free law")
+    ar_table = _ar_table(ar_requests)
+    ar_source_given = ar_ms_per_token is not None
+    if ar_table is not None:
+        ar_ms_per_token = _ar_ms(ar_table, None)
     cost = fit_cost_model(traces, drafter=drafter, ar_ms_per_token=ar_ms_per_token)
     drafter = cost.drafter_id
     rows = atrisk.at_risk_table(traces, eps=eps, drafters=[drafter])
@@ -280,26 +312,62 @@ def when_drafting_pays(
     rng = np.random.default_rng(seed)
     reps, failed = [], 0
     start = law.result.params.to_numpy() if law.result is not None else None
+    # one weight per request of the arm and of the AR run (the same prompts: paired), drawn together
+    ids = list(counts["request_id"]) + ([] if ar_table is None else list(ar_table["request_id"]))
     for _ in range(n_boot):
-        weights = poisson_weights(counts["request_id"], rng)
+        weights = poisson_weights(ids, rng)
         try:
             law_b = fit_law(reweight_counts(counts, weights), fam, cov_type="nonrobust", start_params=start)
-            cost_b = fit_cost_model(traces, drafter=drafter, ar_ms_per_token=ar_ms_per_token, request_weights=weights)
+            ar_b = ar_ms_per_token if ar_table is None else _ar_ms(ar_table, weights)
+            cost_b = fit_cost_model(traces, drafter=drafter, ar_ms_per_token=ar_b, request_weights=weights)
             reps.append(_statistics(law_b, cost_b, entropies, shapes, label))
         except ValueError:
             failed += 1
     replicates = pd.DataFrame(reps)
     lo, hi = (1 - level) / 2, 1 - (1 - level) / 2
-    summary = pd.DataFrame({"estimate": pd.Series(estimate, dtype=float), "ci_low": replicates.quantile(lo),
-                            "ci_high": replicates.quantile(hi), "n_requests": n_requests})
+    with np.errstate(invalid="ignore"):  # inf - inf where replicates' break-even is inf (pays everywhere): nan
+        ci_low, ci_high = replicates.quantile(lo), replicates.quantile(hi)
+    for q, ci in ((lo, ci_low), (hi, ci_high)):  # there, the nearest replicate instead (inf: pays up to 20 nats)
+        redo = ci.isna() & np.isinf(replicates).any() if len(replicates) else ci.isna() & False
+        if redo.any():
+            ci[redo] = replicates.loc[:, redo].quantile(q, interpolation="nearest")
+    summary = pd.DataFrame({"estimate": pd.Series(estimate, dtype=float), "ci_low": ci_low,
+                            "ci_high": ci_high, "n_requests": n_requests})
     observed = rows["target_entropy_nats"].to_numpy(float)
     observed_range = (float(np.quantile(observed, 0.01)), float(np.quantile(observed, 0.99)))
     notes = [*cost.notes, *([few] if few else []),
              f"{level:.0%} percentile intervals from {len(reps)} request-bootstrap replicates over {n_requests} "
-             f"requests (seed {seed}, {failed} failed)",
+             f"requests (seed {seed}, {failed} failed); each replicate refits the law and the cost measurements "
+             + ("(verify line, draft, overhead, AR cost per token from the AR run's requests)"
+                if ar_table is not None else
+                "(verify line, draft, overhead; the AR cost per token " + ("held fixed: given)" if ar_source_given
+                                                                         else "from the weighted AR rounds)")),
              f"speedups at constant entropy; best shapes searched up to the observed depth {cost.depth}; breakeven "
              "0 = never pays, inf = always pays in [1e-4, 20] nats"]
     if is_tree:
         notes.append(f"tree budgets keep the observed nodes-per-depth ratio {cost.nodes / cost.depth:.2f}")
     return DraftingPays(summary=summary, law=law, cost=cost, replicates=replicates, notes=notes,
                         observed_entropy=observed_range)
+
+
+def _ar_table(ar_requests: pd.DataFrame | None) -> pd.DataFrame | None:
+    """The AR requests' (request_id, decode_ms, decoded), checked; None when not given."""
+    if ar_requests is None:
+        return None
+    missing = {"request_id", "decode_ms", "decoded"} - set(ar_requests.columns)
+    if missing:
+        raise ValueError(f"ar_requests needs columns request_id, decode_ms, decoded; missing {sorted(missing)}")
+    table = ar_requests[["request_id", "decode_ms", "decoded"]].reset_index(drop=True)
+    ms, n = table["decode_ms"].to_numpy(float), table["decoded"].to_numpy(float)
+    if not len(table) or not np.all(np.isfinite(ms)) or np.any(ms < 0) or n.sum() <= 0:
+        raise ValueError("ar_requests must hold timed AR requests (finite decode_ms >= 0, tokens decoded > 0)")
+    return table
+
+
+def _ar_ms(table: pd.DataFrame, weights: pd.Series | None) -> float:
+    """AR ms per token of ``table`` (total time / total tokens), each request weighted by ``weights``."""
+    w = np.ones(len(table)) if weights is None else table["request_id"].map(weights).fillna(0).to_numpy(float)
+    tokens = float(np.sum(w * table["decoded"].to_numpy(float)))
+    if tokens <= 0:
+        raise ValueError("the replicate holds no AR tokens")
+    return float(np.sum(w * table["decode_ms"].to_numpy(float)) / tokens)

@@ -20,7 +20,7 @@ comparison, tests and costs (``compare``, ``hypotheses``, ``cost``). Never impor
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
 
 import warnings
@@ -56,10 +56,22 @@ class LawFamily:
     needs_drafters: bool = False
     slope: str | None = None  # the covariate whose coefficient is the law's exponent / slope
     extra_keys: tuple = ()  # at-risk columns kept as aggregation keys (exact, not binned), e.g. drafted_depth
+    means: tuple = ()  # decode-time covariates (atrisk.DECODE_TIME) whose cell means the aggregate keeps
+    profile_eps: bool = False  # the offset c of log(H + c) is fitted (profile likelihood over EPS_GRID)
 
     @property
     def needs_drafted_depth(self) -> bool:
         return "drafted_depth" in self.extra_keys
+
+    @property
+    def needs_draft_entropy(self) -> bool:
+        """Uses the drafter's own entropy at the depth: known only where the drafter drafted and logged it,
+        so such a law scores trials but cannot run the DP over a whole output (``predict_rounds``)."""
+        return "draft_entropy_nats" in self.means
+
+    @property
+    def uses_category(self) -> bool:
+        return self.needs_categories or "category" in self.terms
 
 
 FAMILIES: dict[str, LawFamily] = {
@@ -94,8 +106,70 @@ FAMILIES: dict[str, LawFamily] = {
         LawFamily("law_exp_mundlak", "LAW-E split into within- and between-category entropy (Mundlak)", "cloglog",
                   "rejection", "log_entropy_within + log_entropy_category_mean", needs_categories=True,
                   slope="log_entropy_within"),
+        # decode-time covariates (issue #18; docs/law.md, "Covariate laws"): each known before verification
+        # or a function of the output's entropy sequence; none is the category's name
+        LawFamily("law_exp_lag", "LAW-E + log(H_prev + eps), H_prev = the previous output position's entropy",
+                  "cloglog", "rejection", "log_entropy + log_lag_entropy",
+                  bin_columns=("target_entropy_nats", "lag_entropy_nats"), slope="log_entropy",
+                  means=("lag_entropy_nats", "log_lag_entropy")),
+        LawFamily("law_exp_runmean", "LAW-E + log(mean H of the output so far + eps)", "cloglog", "rejection",
+                  "log_entropy + log_run_mean_entropy", bin_columns=("target_entropy_nats", "run_mean_entropy_nats"),
+                  slope="log_entropy", means=("run_mean_entropy_nats", "log_run_mean_entropy")),
+        LawFamily("law_exp_pos", "LAW-E + log(1 + output position)", "cloglog", "rejection",
+                  "log_entropy + log1p_position", bin_columns=("target_entropy_nats", "position"),
+                  slope="log_entropy", means=("log1p_position",)),
+        LawFamily("law_exp_draftent", "LAW-E + log(drafter entropy at the depth + eps) (drafter confidence)",
+                  "cloglog", "rejection", "log_entropy + log_draft_entropy",
+                  bin_columns=("target_entropy_nats", "draft_entropy_nats"), slope="log_entropy",
+                  means=("draft_entropy_nats", "log_draft_entropy")),
+        LawFamily("law_exp_ceil", "a = exp(-lambda_d (H + c)^k), c fitted: ceiling exp(-lambda_1 c^k) < 1 at H = 0",
+                  "cloglog", "rejection", "log_entropy", slope="log_entropy", profile_eps=True),
+        LawFamily("law_exp_obs", "LAW-E + lagged H + running mean H + log(1 + position) + log D (decode time)",
+                  "cloglog", "rejection",
+                  "log_entropy + log_lag_entropy + log_run_mean_entropy + log1p_position + log_drafted_depth",
+                  bin_columns=("target_entropy_nats", "lag_entropy_nats", "run_mean_entropy_nats", "position"),
+                  slope="log_entropy", extra_keys=("drafted_depth",),
+                  means=("lag_entropy_nats", "log_lag_entropy", "run_mean_entropy_nats", "log_run_mean_entropy",
+                         "log1p_position")),
+        LawFamily("law_exp_obs_ceil", "law_exp_obs with the offset c of log(H + c) fitted (ceiling < 1)",
+                  "cloglog", "rejection",
+                  "log_entropy + log_lag_entropy + log_run_mean_entropy + log1p_position + log_drafted_depth",
+                  bin_columns=("target_entropy_nats", "lag_entropy_nats", "run_mean_entropy_nats", "position"),
+                  slope="log_entropy", extra_keys=("drafted_depth",),
+                  means=("lag_entropy_nats", "log_lag_entropy", "run_mean_entropy_nats", "log_run_mean_entropy",
+                         "log1p_position"), profile_eps=True),
     ]
 }
+
+# the offsets c of log(H + c) a ``profile_eps`` family tries (nats, log-spaced over 3 decades, fixed a priori);
+# the one with the largest training log-likelihood is the estimate
+EPS_GRID = (1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1.0)
+
+# the primary law, chosen by the rule in docs/law.md ("Choosing the primary law") from bench/law_categories.py
+PRIMARY_FAMILY = "law_exp_obs_ceil"
+
+
+def without_drafted_depth(family) -> LawFamily:
+    """``family`` without its log D term (same name): the law of a drafter that always drafts one depth."""
+    fam = get_family(family)
+    terms = " + ".join(t.strip() for t in fam.terms.split("+") if t.strip() != "log_drafted_depth")
+    return LawFamily(fam.name, fam.description + " (without log D: one drafted depth)", fam.link, fam.outcome, terms,
+                     bin_columns=fam.bin_columns, needs_categories=fam.needs_categories,
+                     needs_drafters=fam.needs_drafters, slope=fam.slope, means=fam.means, profile_eps=fam.profile_eps)
+
+
+def with_category_terms(family) -> LawFamily:
+    """``family`` plus category rates and category x log(H + eps) exponents (the P1 alternative of any
+    category-free family; ``law_exp`` -> the terms of ``law_exp_cat``)."""
+    fam = get_family(family)
+    if fam.uses_category:
+        raise ValueError(f"{fam.name} already has category terms")
+    if fam.link == "isotonic":
+        raise ValueError("law_iso has no GLM terms to add category terms to")
+    terms = "C(category) + C(category):log_entropy" + (f" + {fam.terms}" if fam.terms else "")
+    return LawFamily(f"{fam.name}+cat", f"{fam.name} with category rates and exponents", fam.link, fam.outcome, terms,
+                     bin_columns=fam.bin_columns, needs_categories=True, needs_drafters=fam.needs_drafters,
+                     slope=fam.slope, extra_keys=fam.extra_keys, means=fam.means, profile_eps=fam.profile_eps)
 
 DEPTH_TERMS = {"factor": "C(depth)", "linear": "depth", "none": ""}
 
@@ -136,9 +210,14 @@ def prepare_counts(traces, family: LawFamily, *, eps=atrisk.EPS_NATS, width_log1
     if missing:
         raise ValueError(f"{family.name} needs at-risk columns {missing}: pass traces with a .rounds table (the "
                          "round's drafted depth), or an at-risk table / aggregate that has them")
+    if family.needs_draft_entropy and ("draft_entropy_nats" not in table
+                                       or table["draft_entropy_nats"].isna().any()):
+        raise ValueError(f"{family.name} uses the drafter's entropy at each depth (draft_entropy_nats), which these "
+                         "traces do not hold at every at-risk trial (the n-gram drafter logs none): use a family "
+                         "without it, such as 'law_exp_obs'")
     if table.attrs.get("kind") == atrisk.KIND_ROWS and aggregate:
         table = atrisk.aggregate_at_risk(table, bin_columns=family.bin_columns, eps=eps, width_log10=width_log10,
-                                         keys=(*atrisk.KEY_COLUMNS, *family.extra_keys))
+                                         keys=(*atrisk.KEY_COLUMNS, *family.extra_keys), extra_means=family.means)
     return atrisk.as_counts(table)
 
 
@@ -162,7 +241,7 @@ def check_counts(counts: pd.DataFrame, family: LawFamily, *, min_requests_per_ca
                          "them. Pass by='drafter_id', select one drafter, or use family='law_exp_drafter'.")
     if family.needs_drafters and len(drafters) < 2:
         raise ValueError(f"{family.name} compares drafters but the traces hold only {list(drafters)}")
-    if family.needs_drafted_depth and counts["drafted_depth"].nunique() < 2:
+    if family.needs_drafted_depth and counts["drafted_depth"].nunique() < 2 and not family.means:
         raise ValueError(f"every at-risk round drafted the same depth {sorted(counts['drafted_depth'].unique())}: the "
                          f"drafted-depth term of {family.name} is not identified. Use 'law_exp'.")
     if family.needs_categories:
@@ -217,6 +296,8 @@ class FittedLaw(Result):
     iso_curves: dict = field(default_factory=dict)
     category_means: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
+    counts: object = field(default=None, repr=False, compare=False)  # the fitted count table (P1 in print_summary)
+    _p1: object = field(default=None, repr=False, compare=False)
 
     @property
     def title(self) -> str:
@@ -235,6 +316,50 @@ class FittedLaw(Result):
         """The two-sided ``1 - alpha`` quantile the intervals use: t(``df_inference``) or the normal."""
         df = self.df_inference
         return float(stats.norm.ppf(1 - self.alpha / 2) if df is None else stats.t.ppf(1 - self.alpha / 2, df))
+
+    def universality(self) -> dict | None:
+        """P1 for this law (category-free GLM families fitted on two or more categories with at least 5
+        requests each): the cluster-robust score test of category rates and exponents added to the law
+        (``with_category_terms``; for ``law_exp`` the test of ``hypotheses.universality_test``), with the
+        robust Wald statistic beside it. ``None`` where it does not apply; computed once (it refits)."""
+        if self._p1 is not None:
+            return self._p1 or None
+        self._p1 = {}
+        if (self.result is None or self.counts is None or self.family.uses_category or self.family.needs_drafters
+                or len(self.categories) < 2):
+            return None
+        per_cat = self.counts.groupby("category")["request_id"].nunique()
+        if (per_cat < 5).any():
+            return None
+        family, counts = self.family, self.counts
+        if family.profile_eps:  # both models at this law's fitted offset c: the score test needs one design
+            family = replace(family, profile_eps=False)
+            h = np.maximum(counts["target_entropy_nats"].to_numpy(dtype=float), 0.0)
+            counts = counts.assign(log_entropy=np.log(h + self.eps))
+        full_family = with_category_terms(family)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            full = fit_law(counts, full_family, eps=self.eps, depth=self.depth_model, cov_type="cluster")
+            restricted = fit_law(counts, family, eps=self.eps, depth=self.depth_model, cov_type="nonrobust")
+        terms = [n for n in full.result.params.index if "C(category)" in n]
+        score = cluster_score_test(restricted.result, full.result, terms)
+        wald = cluster_wald_test(full.result, terms)
+        self._p1 = dict(score_statistic=score[0], df=len(terms), p_value=score[1], wald_statistic=wald[0],
+                        p_wald_chi2=wald[1], categories=len(self.categories))
+        return self._p1
+
+    def _text(self, decimals: int = 4) -> str:
+        text = super()._text(decimals)
+        try:
+            p1 = self.universality()
+        except Exception as err:  # P1 is an addition to the summary, never the reason it cannot be shown
+            return text + f"\nP1 (universality across categories): not computed ({err})"
+        if p1:
+            text += (f"\nP1 (one law across {p1['categories']} categories; category rates and exponents added, "
+                     f"cluster-robust score test): chi2({p1['df']}) = {p1['score_statistic']:.1f}, "
+                     f"p = {p1['p_value']:.2g} ({'rejected' if p1['p_value'] < 0.05 else 'not rejected'} at 5%); "
+                     f"robust Wald chi2 = {p1['wald_statistic']:.1f}, p = {p1['p_wald_chi2']:.2g}")
+        return text
 
     def _notes(self) -> list:
         notes = list(self.notes)
@@ -325,6 +450,12 @@ class FittedLaw(Result):
             out["log_renyi2"] = np.log(out["target_renyi2_nats"].to_numpy(dtype=float) + eps)
         if "cum_entropy_nats" in out:
             out["log1p_cum_entropy"] = np.log1p(out["cum_entropy_nats"].to_numpy(dtype=float))
+        if self.family.means:
+            missing = [c for c in _raw_means(self.family)
+                       if c not in out and not (c == "position" and "log1p_position" in out)]
+            if missing:
+                raise ValueError(f"{self.family.name} predicts from {missing}: pass them (see atrisk.sequence_covariates)")
+            atrisk.add_log_covariates(out)
         if self.family.needs_drafted_depth:
             if "drafted_depth" not in out:
                 raise ValueError(f"{self.family.name} predicts from the round's drafted depth: pass drafted_depth=...")
@@ -388,15 +519,47 @@ class FittedLaw(Result):
         frame = pd.DataFrame({"target_entropy_nats": arrays[0].ravel(), "depth": arrays[1].ravel().astype(int)})
         for name, arr in zip(covariates, arrays[2:]):
             frame[name] = arr.ravel()
+        if self.family.means:  # decode-time covariates not given: the constant-entropy steady state
+            for name, value in self.steady_state(arrays[0].ravel()).items():
+                if name not in frame:
+                    frame[name] = value
         needed = {"law_renyi2": "target_renyi2_nats", "law_margin": "target_logit_gap",
-                  "law_exp_cum": "cum_entropy_nats", "law_exp_drafted": "drafted_depth"}.get(self.family.name)
-        if needed and needed not in frame:
-            raise ValueError(f"{self.family.name} predicts from {needed}: pass {needed}=...")
+                  "law_exp_cum": "cum_entropy_nats"}.get(self.family.name)
+        needed = [needed] if needed else []
+        needed += [c for c in (*_raw_means(self.family), *self.family.extra_keys) if c not in needed]
+        missing = [c for c in needed if c not in frame]
+        if missing:
+            raise ValueError(f"{self.family.name} predicts from {missing}: pass " + ", ".join(f"{c}=..." for c in missing))
         if category is not None:
             frame["category"] = category
         if drafter is not None:
             frame["drafter_id"] = drafter
         return self.predict_frame(frame).reshape(shape)
+
+    def steady_state(self, h) -> dict:
+        """Decode-time covariates of a family that uses them, where a caller gives only H (the cost model,
+        plots: "acceptance at entropy H"): the previous position's entropy equals H; the output's running-mean
+        entropy, the output position and the drafted depth are their training means (geometric: exp of the mean
+        of their logs over the fitted trials). Documented in docs/law.md."""
+        h = np.asarray(h, dtype=float)
+        out = {}
+        if "lag_entropy_nats" in self.family.means:
+            out["lag_entropy_nats"] = h
+        if self.counts is None:
+            if "run_mean_entropy_nats" in self.family.means:
+                out["run_mean_entropy_nats"] = h
+            return out
+        weights = self.counts["n"].to_numpy(dtype=float)
+        if "run_mean_entropy_nats" in self.family.means and "log_run_mean_entropy" in self.counts:
+            # the output's entropy level is a slow variable: its training (geometric) mean, not H itself (a
+            # whole output at H = 0.01 nats lies far outside any data)
+            level = np.average(self.counts["log_run_mean_entropy"], weights=weights)
+            out["run_mean_entropy_nats"] = float(max(np.exp(level) - atrisk.EPS_NATS, 0.0))
+        if "log1p_position" in self.family.means and "log1p_position" in self.counts:
+            out["position"] = float(np.expm1(np.average(self.counts["log1p_position"], weights=weights)))
+        if self.family.needs_drafted_depth and "log_drafted_depth" in self.counts:
+            out["drafted_depth"] = float(np.exp(np.average(self.counts["log_drafted_depth"], weights=weights)))
+        return out
 
     def predict_block_length(self, entropies, B: int, *, category=None, drafter=None) -> np.ndarray:
         """Expected accepted drafts E[tau] of a block of ``B - 1`` drafts; ``entropies[..., d-1]`` is the
@@ -420,6 +583,9 @@ class FittedLaw(Result):
         """Rows to predict for the DP over entropy sequence ``h`` and the shape to put them into:
         ``[T, drafts]`` (acceptance of depth j + 1 of a round at t), or ``[drafts, T, drafts]`` per drafted
         depth D for a law in D (``law_exp_drafted``; rows only for j < D, the rest stays 1)."""
+        if self.family.needs_draft_entropy:
+            raise ValueError(f"{self.family.name} needs the drafter's entropy at every position and depth, known only "
+                             "where the drafter drafted: it scores trials but cannot predict rounds")
         if self.family.needs_drafted_depth:
             position, depth, drafted, flat = acceptance_tensor_positions(h.size, drafts)
             frame = pd.DataFrame({"target_entropy_nats": h[position], "depth": depth, "drafted_depth": drafted})
@@ -430,6 +596,9 @@ class FittedLaw(Result):
             shape = ((h.size, drafts), None)
         if self.family.name == "law_exp_cum":
             frame["cum_entropy_nats"] = self._sequence_cum(h, position, depth)
+        if self.family.means:  # the decode-time covariates of each (round start, depth)'s output position
+            for name, values in atrisk.sequence_covariates(h, position).items():
+                frame[name] = values
         return frame, shape
 
     @staticmethod
@@ -501,8 +670,13 @@ class FittedLaw(Result):
             raise ValueError("law_margin is a law in the logit gap, not in H; plot predict_acceptance yourself")
         if self.family.name == "law_exp_cum":
             extra["cum_entropy_nats"] = np.zeros_like(h)
-        if self.family.needs_drafted_depth:
+        if self.family.needs_drafted_depth and not self.family.means:
             extra["drafted_depth"] = np.full_like(h, max(self.depths))  # the deepest drafts seen
+        if self.family.needs_draft_entropy:
+            raise ValueError(f"{self.family.name} is a law in H and the drafter's entropy; plot predict_acceptance "
+                             "yourself with draft_entropy_nats=...")
+        if self.family.means:  # the constant-entropy steady state (``steady_state``)
+            extra.update(self.steady_state(h))
         for d in depths:
             ax.plot(h, self.predict_acceptance(h, d, category, drafter=drafter, **extra), label=f"depth {d}")
         ax.set_xscale("log")
@@ -550,6 +724,59 @@ def _fit_glm(counts: pd.DataFrame, family: LawFamily, depth_model: str, cov_type
     # the non-convergence note.
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
         return model.fit(start_params=start_params, maxiter=200, **kwargs)
+
+
+def cluster_score_test(restricted, full, terms: Sequence[str]) -> tuple[float, float]:
+    """(LM, p): cluster-robust score test of ``terms`` (in the GLM result ``full``, not in ``restricted``) at the
+    restricted estimates, clusters = the full model's ``request_id``; chi-square with len(terms) df. The same
+    statistic as ``hypotheses.robust_score_test`` (which P1 of ``law_exp`` uses; kept here so that a fitted law
+    can show its own P1 without importing the hypotheses layer; equality tested)."""
+    model = full.model
+    names = list(model.exog_names)
+    theta = np.array([restricted.params[n] if n in restricted.params.index else 0.0 for n in names])
+    unknown = [n for n in names if n not in restricted.params.index and n not in terms]
+    if unknown:
+        raise ValueError(f"{unknown} are neither restricted nor tested")
+    extra = np.array([n in terms for n in names])
+    per_group = pd.DataFrame(model.score_obs(theta)).groupby(model.data.frame["request_id"].to_numpy()).sum().to_numpy()
+    info = -model.hessian(theta)
+    proj = info[np.ix_(extra, ~extra)] @ np.linalg.inv(info[np.ix_(~extra, ~extra)])
+    u = per_group[:, extra] - per_group[:, ~extra] @ proj.T
+    total, g = u.sum(axis=0), len(u)
+    lm = float(total @ np.linalg.solve(u.T @ u * g / (g - 1), total))
+    return lm, float(stats.chi2.sf(lm, int(extra.sum())))
+
+
+def cluster_wald_test(full, terms: Sequence[str]) -> tuple[float, float]:
+    """(W, p): Wald chi-square of ``terms`` = 0 with the fit's (cluster-robust) covariance."""
+    beta = full.params[list(terms)].to_numpy()
+    v = full.cov_params().loc[list(terms), list(terms)].to_numpy()
+    w = float(beta @ np.linalg.solve(v, beta))
+    return w, float(stats.chi2.sf(w, len(terms)))
+
+
+def _raw_means(family: LawFamily) -> list[str]:
+    """The raw decode-time columns a family's predictions need (their logs are derived)."""
+    derived = {"log_lag_entropy", "log_run_mean_entropy", "log_draft_entropy"}
+    raw = [c for c in family.means if c not in derived]
+    return ["position" if c == "log1p_position" else c for c in raw]
+
+
+def _fit_profile_eps(counts: pd.DataFrame, family: LawFamily, depth_model: str, cov_type: str, start_params=None):
+    """(GLM result, c): the fit of log(H + c) with the largest log-likelihood over ``EPS_GRID``, H the cells'
+    mean entropy (the value predictions use)."""
+    h = np.maximum(counts["target_entropy_nats"].to_numpy(dtype=float), 0.0)
+    fits = []
+    for c in EPS_GRID:
+        trial = counts.assign(log_entropy=np.log(h + c))
+        result = _fit_glm(trial, family, depth_model, cov_type, start_params=start_params)
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):  # a runaway fit's llf: -inf / NaN
+            llf = float(result.llf)
+        fits.append((bool(result.converged) and np.isfinite(llf), llf if np.isfinite(llf) else -np.inf, result, float(c)))
+    # the largest log-likelihood among converged fits; none converged: among all (fit_law then notes the
+    # non-convergence, as for any family)
+    _, _, result, c = max(fits, key=lambda f: (f[0], f[1]))
+    return result, c
 
 
 def _fit_iso(counts: pd.DataFrame) -> dict:
@@ -616,6 +843,12 @@ def fit_law(
         return LawSet(by=by, laws=laws)
     counts, notes = check_counts(counts, fam, min_requests_per_category=min_requests_per_category,
                                  drop_small_categories=drop_small_categories, cov_type=cov_type)
+    if fam.means and fam.needs_drafted_depth and counts["drafted_depth"].nunique() < 2:
+        # a drafter that always drafts the same depth (a full-block chain): log D is the intercept; the law
+        # without it is the same law for that drafter, and its predictions need no drafted depth
+        notes.append(f"every at-risk round drafted depth {int(counts['drafted_depth'].iloc[0])}: the log D term is "
+                     "not identified and is left out")
+        fam = without_drafted_depth(fam)
     category_means = {}
     if fam.name == "law_exp_mundlak":
         counts, category_means = _add_mundlak(counts)
@@ -631,10 +864,17 @@ def fit_law(
                                    f"t with {common['n_requests'] - 1} df)")
         if few:
             notes.append(few)
-    result = _fit_glm(counts, fam, depth, cov_type, start_params=start_params)
+    if fam.means:  # fit on the same function of the cells' covariate means that predictions use
+        counts = atrisk.add_log_covariates(counts.copy())
+    if fam.profile_eps:
+        result, common["eps"] = _fit_profile_eps(counts, fam, depth, cov_type, start_params=start_params)
+        notes.append(f"offset c of log(H + c) fitted over {EPS_GRID} by profile likelihood: c = {common['eps']:g} "
+                     "(its uncertainty is not in the intervals)")
+    else:
+        result = _fit_glm(counts, fam, depth, cov_type, start_params=start_params)
     if not result.converged:
         notes.append("the GLM did not converge; treat the estimates with suspicion")
-    law = FittedLaw(result=result, **common)
+    law = FittedLaw(result=result, counts=counts, **common)
     if law.separated:
         notes.append("perfect separation: a fitted probability is exactly 0 or 1, so some terms are not identified "
                      "(their estimates run off towards infinity, cluster-robust errors are NaN); record more "

@@ -37,7 +37,8 @@ Known here:
 
 Not known here: the GLM families (``fit``; this module never imports it, so ``fit_law(family="glance")``
 dispatches here without an import cycle: a fitted law is used only through its ``predict_frame``), the
-LOCO loop of our law (``bench/glance_law.py``), figures of the gallery. No torch.
+LOCO loop of our law, the gallery figure and the report section (``entropy_law.plots.glance``), trace runs
+of imported round logs (``entropy_law.importers.glance``). No torch.
 """
 
 from __future__ import annotations
@@ -624,7 +625,9 @@ def law_round_expectations(law, traces, rounds: pd.DataFrame | None = None, *, r
     DP does). ``root_only``: the root entropy H_t at every depth (GLANCE's information only).
 
     ``law``: a fitted law of ``fit`` (used only through ``predict_frame``: columns ``target_entropy_nats``,
-    ``depth``, ``drafted_depth``, ``cum_entropy_nats``, ``category`` and, with ``drafter``, ``drafter_id``).
+    ``depth``, ``drafted_depth``, ``cum_entropy_nats``, ``category``, the decode-time covariates of the row's
+    position (``lag_entropy_nats``, ``run_mean_entropy_nats``, ``position``, ``log1p_position``, as
+    ``atrisk.sequence_covariates``) and, with ``drafter``, ``drafter_id``).
     """
     rounds = glance_rounds(traces) if rounds is None else rounds
     if rounds.empty:
@@ -647,6 +650,14 @@ def law_round_expectations(law, traces, rounds: pd.DataFrame | None = None, *, r
     cum = pd.Series(h).groupby(which).cumsum().to_numpy() - h  # entropy of the round's earlier depths
     frame = pd.DataFrame({"target_entropy_nats": h, "depth": depth, "drafted_depth": drafted[which],
                           "cum_entropy_nats": cum, "category": rounds["category"].astype(str).to_numpy()[which]})
+    # the decode-time covariates of the row's output position, as atrisk.sequence_covariates computes them
+    csum = np.cumsum(entropy)
+    first = offset[which]
+    before = np.where(first > 0, csum[np.maximum(first - 1, 0)], 0.0)
+    frame["lag_entropy_nats"] = entropy[first + np.maximum(position - 1, 0)]
+    frame["run_mean_entropy_nats"] = (csum[first + position] - before) / (position + 1.0)
+    frame["position"] = position
+    frame["log1p_position"] = np.log1p(position.astype(float))
     if drafter is not None:
         frame["drafter_id"] = drafter
     accept = np.asarray(law.predict_frame(frame), dtype=float)

@@ -9,25 +9,32 @@ group's tables views over its files, so memory holds one group's rows and the gr
 all the rows. A request, hence a round, lies in one shard, so every window of the query (the cumulative
 entropy of a round) lies in one group, and groups give the same cells as one query over all files; cells of
 two groups that share a key (one drafter's runs reusing a request id, which the in-memory path pools too)
-are merged by ``atrisk.combine_aggregates``. ``fit_law_out_of_core`` fits a law family on the result.
+are merged by ``atrisk.combine_aggregates``. ``fit_law_out_of_core`` fits a law family without ever holding the
+cells (about half as many as the token rows): each group's cells go to a temporary Parquet file, and
+statsmodels' IRLS and CR1 sandwich run in passes over them, a batch at a time (X'WX and X'Wz summed per
+pass; the observed Hessian and the per-request score sums at the estimate), so memory grows with the number
+of requests, never with rows or cells; the result is ``fit_law``'s ``FittedLaw``, equal to it within 1e-6.
 
 The arm rule of ``arms`` holds here as in ``atrisk.at_risk_table``: the runs selected by ``drafter_id``
 must be one arm each (``arms.check_one_arm_per_drafter``), else the query is not run. Which rows are at risk,
 the covariates and their checks are those of ``atrisk`` (a test compares both paths cell by cell).
 
-Not known here: how traces are written, model fits (``fit``). No torch; DuckDB is imported when a query runs.
+Not known here: how traces are written, the law families and their checks (``fit``: the streamed fit reuses
+its formulas, ``check_counts`` and ``FittedLaw``). No torch; DuckDB is imported when a query runs.
 """
 
 from __future__ import annotations
 
 import re
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import pandas as pd
+from statsmodels.tools.sm_exceptions import DomainWarning
 
 from entropy_law.law import arms, atrisk
 from entropy_law.law.fit import get_family
@@ -355,19 +362,428 @@ def finish_cells(result, family: str | None = None, *, bin_columns: Sequence[str
     return _finish([table], bins, keys, columns, eps=eps, width_log10=width_log10, on_invalid=on_invalid)
 
 
-def fit_law_out_of_core(traces, family: str = "law_exp", by: str | None = None, *, width_log10: float = 0.05,
-                        eps: float = atrisk.EPS_NATS, drafters: Sequence[str] | None = None, on_invalid: str = "raise",
-                        chunk_bytes: int = DEFAULT_CHUNK_BYTES, threads: int | None = None,
-                        memory_limit: str | None = None, temp_directory: str | None = None, **fit_options):
-    """``fit_law`` on runs larger than memory: ``aggregate_at_risk_sql`` (the family's covariate means
-    only), then ``fit_law`` on the cells. ``fit_options`` go to ``fit_law`` (``depth``, ``cov_type``, ...);
-    the estimates equal ``fit_law(load_traces(path), family)`` (``tests/test_outofcore.py``)."""
-    from entropy_law.law.fit import fit_law
+# ------------------------------------------------------------------------------ the out-of-core fit
 
-    counts = aggregate_at_risk_sql(traces, family, width_log10=width_log10, eps=eps, means="family",
-                                   drafters=drafters, on_invalid=on_invalid, chunk_bytes=chunk_bytes,
-                                   threads=threads, memory_limit=memory_limit, temp_directory=temp_directory)
-    return fit_law(counts, family, by=by, eps=eps, width_log10=width_log10, **fit_options)
+STREAM_BATCH_CELLS = 1 << 18  # cells per batch of the streamed fit (memory: ~ batch x (K + 3) x 8 bytes, a few copies)
+
+
+class OutOfCoreError(ValueError):
+    """A family or option the streamed fit cannot do; the message says what to use instead."""
+
+
+def _streamable(fam) -> None:
+    """Refuse families the streamed fit cannot reproduce exactly (their cells or estimator need more than the
+    GLM sums of the cells the query computes)."""
+    if fam.link == "isotonic":
+        raise OutOfCoreError("law_iso is not a GLM: fit it in memory on the cells, fit_law(aggregate_at_risk_sql(path, "
+                             "'law_iso'), 'law_iso') (its cells number about half the token rows)")
+    if getattr(fam, "profile_eps", False):
+        raise OutOfCoreError(f"{fam.name} profiles the offset of log(H + c) over a grid of fits: fit it in memory, "
+                             f"fit_law(load_traces(path), {fam.name!r})")
+    known = {*atrisk.COVARIATES, *atrisk.DERIVED}
+    missing = [m for m in getattr(fam, "means", ()) if m not in known]
+    if missing:
+        raise OutOfCoreError(f"{fam.name} uses decode-time covariates {missing} that the out-of-core query does not "
+                             f"compute: fit it in memory, fit_law(load_traces(path), {fam.name!r})")
+
+
+def _sql_str(value) -> str:
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def _write_cells(con, traces, bins, keys, means, *, width_log10, eps, drafters, chunk_bytes, folder: Path) -> list:
+    """The query's cells of every group of shards written to ``folder`` (one Parquet file per group)."""
+    sql = at_risk_sql(bin_columns=bins, width_log10=width_log10, eps=eps, means=means,
+                      drafted_depth_key="drafted_depth" in keys)
+    shards = _shards(traces, drafters)
+    if not shards.dirs:
+        raise ValueError("no finished shards under the given path: nothing to fit")
+    con.register("runs", shards.runs)
+    files = []
+    for i, group in enumerate(_chunks(shards.dirs, chunk_bytes)):
+        con.read_parquet([str(s / "tokens.parquet") for s in group]).create_view("tokens", replace=True)
+        con.read_parquet([str(s / "rounds.parquet") for s in group]).create_view("rounds", replace=True)
+        path = folder / f"cells-{i:05d}.parquet"
+        con.execute(f"COPY ({sql}) TO {_sql_str(path)} (FORMAT PARQUET)")
+        files.append(path)
+    return files
+
+
+def _cell_source(con, files, bins, keys, means, on_invalid) -> tuple[str, list]:
+    """SQL selecting the valid cells of ``files`` (pooled where two groups hold one cell key), and notes."""
+    listing = "[" + ", ".join(_sql_str(f) for f in files) + "]"
+    con.execute(f"CREATE OR REPLACE VIEW cells_raw AS SELECT * FROM read_parquet({listing}, filename = true)")
+    bin_names = [f"bin_{c}" for c in bins]
+    notes = []
+    if bin_names:
+        null = " OR ".join(f"{b} IS NULL" for b in bin_names)
+        bad_rows = con.sql(f"SELECT CAST(COALESCE(SUM(n), 0) AS BIGINT) FROM cells_raw WHERE {null}").fetchall()[0][0]
+        if bad_rows:
+            if on_invalid == "raise":
+                examples = [r[0] for r in con.sql(f"SELECT DISTINCT request_id FROM cells_raw WHERE {null} "
+                                                   "ORDER BY 1 LIMIT 3").fetchall()]
+                raise ValueError(f"invalid covariates at at-risk positions: {bad_rows} rows with NaN, infinite or "
+                                 f"negative values (e.g. requests {examples}). Fix the traces, or pass "
+                                 "on_invalid='drop' to drop those rows (their rounds stay in).")
+            notes.append(f"dropped {bad_rows} at-risk rows with invalid covariates")
+        where = "WHERE NOT (" + null + ") AND n > 0"
+    else:
+        where = "WHERE n > 0"
+    cell = [*keys, *bin_names]
+    cast = {"drafter_id": "VARCHAR", "category": "VARCHAR", "request_id": "VARCHAR"}
+    # one drafter's runs reusing a request id in two groups: their cells are pooled, as in memory
+    shared = con.sql("SELECT 1 FROM (SELECT drafter_id, request_id FROM cells_raw GROUP BY drafter_id, request_id "
+                     "HAVING COUNT(DISTINCT filename) > 1) LIMIT 1").fetchall()
+    if shared:
+        cols = [f"CAST({c} AS {cast.get(c, 'BIGINT')}) AS {c}" for c in cell]
+        cols += [f"CAST(SUM({c}) AS BIGINT) AS {c}" for c in ("n_acc", "n", "n_rej")]
+        cols += [f"SUM({m} * n) / SUM(n) AS {m}" for m in means]
+        source = f"SELECT {', '.join(cols)} FROM cells_raw {where} GROUP BY {', '.join(cell)}"
+    else:
+        cols = [f"CAST({c} AS {cast.get(c, 'BIGINT')}) AS {c}" for c in cell]
+        cols += [f"CAST({c} AS BIGINT) AS {c}" for c in ("n_acc", "n", "n_rej")]
+        cols += [f"CAST({m} AS DOUBLE) AS {m}" for m in means]
+        source = f"SELECT {', '.join(cols)} FROM cells_raw {where}"
+    return source, notes
+
+
+def _batches(con, sql: str, batch_cells: int):
+    """The rows of ``sql`` as pandas frames of at most ``batch_cells`` rows (DuckDB streams them, on a cursor of
+    their own, so that a reader left early blocks no other query)."""
+    cursor = con.cursor()
+    try:
+        for batch in cursor.sql(sql).to_arrow_reader(batch_cells):
+            if batch.num_rows:
+                yield batch.to_pandas()
+    finally:
+        cursor.close()
+
+
+class _Cache:
+    """The design matrix, outcomes, trials and cluster codes of every cell, in batches, in one binary file read
+    back batch by batch (the page cache holds it, not this process)."""
+
+    def __init__(self, path: Path, k: int):
+        self.path, self.k, self.sizes = path, k, []
+        self._file = open(path, "wb")
+
+    def write(self, x: np.ndarray, y: np.ndarray, n: np.ndarray, g: np.ndarray) -> None:
+        self.sizes.append(len(y))
+        for a, dtype in ((x, np.float64), (y, np.float64), (n, np.float64), (g, np.int32)):
+            self._file.write(np.ascontiguousarray(a, dtype=dtype).tobytes())
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __iter__(self):
+        with open(self.path, "rb") as f:
+            for size in self.sizes:
+                x = np.fromfile(f, np.float64, size * self.k).reshape(size, self.k)
+                y = np.fromfile(f, np.float64, size)
+                n = np.fromfile(f, np.float64, size)
+                g = np.fromfile(f, np.int32, size)
+                yield x, y, n, g
+
+
+def _irls_pass(cache: _Cache, fam_obj, beta):
+    """One pass of statsmodels' IRLS (``GLM._fit_irls``) over the cells: the binomial deviance at ``beta``
+    (``None``: at the start ``family.starting_mu``), as ``Binomial.deviance`` computes it, and the normal
+    equations of the next weighted least squares (weights n w(mu), working response eta + g'(mu) (y/n - mu))."""
+    k = cache.k
+    tiny = np.finfo(float).eps
+    xtwx, xtwz, dev = np.zeros((k, k)), np.zeros(k), 0.0
+    for x, y, n, _ in cache:
+        p = y / n
+        if beta is None:
+            mu = fam_obj.starting_mu(p)
+            eta = fam_obj.predict(mu)
+        else:
+            eta = x @ beta
+            mu = fam_obj.fitted(eta)
+        ratio = np.clip(p / (mu + 1e-20), tiny, np.inf)
+        ratio_rej = np.clip((1.0 - p) / (1.0 - mu + 1e-20), tiny, np.inf)
+        dev += float(np.sum(2 * n * (p * np.log(ratio) + (1 - p) * np.log(ratio_rej))))
+        w = n * fam_obj.weights(mu)
+        z = eta + fam_obj.link.deriv(mu) * (p - mu)
+        xw = x * w[:, None]
+        xtwx += xw.T @ x
+        xtwz += xw.T @ z
+    return dev, xtwx, xtwz
+
+
+def _sandwich_pass(cache: _Cache, link: str, beta, n_groups: int):
+    """At the estimate, through statsmodels' own GLM on each batch: the observed Hessian (the bread of
+    ``cov_cluster``), the scores summed per request (the meat), the expected information, llf and deviance."""
+    import statsmodels.api as sm
+
+    from entropy_law.law.fit import _family_obj
+
+    k = cache.k
+    hessian, information = np.zeros((k, k)), np.zeros((k, k))
+    scores = np.zeros((n_groups, k))
+    llf = deviance = 0.0
+    finite = True
+    for x, y, n, g in cache:
+        family = _family_obj(link)  # statsmodels keeps the trials on the family instance
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DomainWarning)  # the log link, as in fit._fit_glm
+            model = sm.GLM(np.column_stack([y, n - y]), x, family=family)
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+            score = model.score_obs(beta)
+            h = model.hessian(beta, observed=True)
+            information += model.hessian(beta, observed=False)
+            mu = model.predict(beta)
+            llf += float(model.loglike(beta))
+            deviance += float(family.deviance(model.endog, mu, model.var_weights, model.freq_weights, 1.0))
+        finite = finite and bool(np.all(np.isfinite(h)))
+        hessian += h
+        for j in range(k):
+            scores[:, j] += np.bincount(g, weights=score[:, j], minlength=n_groups)
+    return dict(hessian=hessian, information=-information, scores=scores, llf=llf, deviance=deviance, finite=finite)
+
+
+def _C(data, contrast=None, levels=None):
+    """patsy's ``C``, except that a column that already is a pandas Categorical (its levels set up front) is
+    passed on as it is: patsy then takes its codes at once (for ``C(x)`` it converts value by value in Python,
+    seconds per million cells). Same levels, contrasts and column names."""
+    from patsy.categorical import C
+
+    if contrast is None and levels is None and isinstance(getattr(data, "dtype", None), pd.CategoricalDtype):
+        return data
+    return C(data, contrast, levels)
+
+
+def _needed_columns(rhs: str, fam, available) -> list:
+    used = [c for c in available if re.search(rf"\b{re.escape(c)}\b", rhs)]
+    if fam.name == "law_exp_mundlak":
+        used += [c for c in ("log_entropy", "category") if c not in used]
+    return used
+
+
+def _fit_streamed(con, source: str, fam, *, depth: str, cov_type: str, alpha: float, eps: float,
+                  min_requests_per_category: int, drop_small_categories: bool, batch_cells: int, tol: float,
+                  max_iter: int, folder: Path, notes: list, start_params=None):
+    """``fit_law`` on the cells selected by ``source``, in passes over them; memory holds one batch of cells,
+    the per-request score sums (requests x parameters) and the request ids."""
+    import patsy
+    import statsmodels.api as sm
+    from statsmodels.genmod.generalized_linear_model import GLMResults, GLMResultsWrapper
+
+    from entropy_law.law import fit as fitmod
+    from entropy_law.law.stats import warn_if_few_requests
+
+    extra = [c for c in ("drafted_depth",) if c in con.sql(f"SELECT * FROM ({source}) LIMIT 0").columns]
+    keys = ["drafter_id", "category", "request_id", *extra]
+    summary = con.sql(f"SELECT {', '.join(keys)}, CAST(SUM(n_acc) AS BIGINT) AS n_acc, CAST(SUM(n_rej) AS BIGINT) "
+                      f"AS n_rej, CAST(SUM(n) AS BIGINT) AS n FROM ({source}) GROUP BY {', '.join(keys)}").df()
+    # the checks of fit_law, on one row per request (and drafted depth): the same sums, counts and levels
+    summary, check_notes = fitmod.check_counts(summary, fam, min_requests_per_category=min_requests_per_category,
+                                              drop_small_categories=drop_small_categories, cov_type=cov_type)
+    notes = [*notes, *check_notes]
+    categories = sorted(summary["category"].unique())
+    if check_notes and fam.needs_categories:  # small categories dropped
+        source = f"SELECT * FROM ({source}) WHERE category IN ({', '.join(_sql_str(c) for c in categories)})"
+    request_ids = np.sort(summary["request_id"].unique().astype(str))
+    depths = [int(r[0]) for r in con.sql(f"SELECT DISTINCT depth FROM ({source}) ORDER BY 1").fetchall()]
+    n_requests = len(request_ids)
+    common = dict(family=fam, depths=tuple(depths), categories=tuple(categories),
+                  drafters=tuple(sorted(summary["drafter_id"].unique())), n_rows=int(summary["n"].sum()),
+                  n_requests=n_requests, eps=float(eps), alpha=alpha, depth_model=depth, notes=notes)
+    if cov_type == "cluster":
+        few = warn_if_few_requests(n_requests, f"the cluster-robust intervals of {fam.name} (widened: t with "
+                                   f"{n_requests - 1} df)")
+        if few:
+            notes.append(few)
+    category_means = {}
+    if fam.name == "law_exp_mundlak":
+        rows = con.sql(f"SELECT category, SUM(log_entropy * n) / SUM(n) FROM ({source}) GROUP BY category").fetchall()
+        category_means = {c: float(m) for c, m in sorted(rows)}
+    common["category_means"] = category_means
+
+    depth_term = fitmod.DEPTH_TERMS[depth]
+    rhs = " + ".join(t for t in (depth_term, fam.terms) if t) or "1"
+    lhs = "n_rej + n_acc" if fam.outcome == "rejection" else "n_acc + n_rej"
+    available = con.sql(f"SELECT * FROM ({source}) LIMIT 0").columns
+    columns = _needed_columns(rhs, fam, available)
+    factors = set(re.findall(r"C\((\w+)\)", rhs))
+    levels = {"depth": depths, "category": categories, "drafter_id": list(common["drafters"])}
+
+    def frames(with_counts: bool):
+        cols = [*columns, *(["n_acc", "n_rej", "n", "request_id"] if with_counts else [])]
+        for frame in _batches(con, f"SELECT {', '.join(dict.fromkeys(cols))} FROM ({source})", batch_cells):
+            for name in factors & set(frame.columns):  # every level known up front: patsy needs no pass to find them
+                frame[name] = pd.Categorical(frame[name], categories=levels[name])
+            if category_means:
+                frame, _ = fitmod._add_mundlak(frame, category_means)
+            yield frame
+
+    design = patsy.incr_dbuilder(rhs, lambda: frames(False), eval_env=patsy.EvalEnvironment([{"C": _C}, vars(fitmod)]),
+                                 NA_action="raise")
+    names = design.column_names
+    k = len(names)
+    cache = _Cache(folder / f"design-{id(design)}.bin", k)
+    skeleton = None
+    n_cells = 0
+    try:
+        for frame in frames(True):
+            x = np.asarray(patsy.build_design_matrices([design], frame, NA_action="raise")[0], dtype=np.float64)
+            if not np.all(np.isfinite(x)):
+                raise ValueError("a cell's covariates are not finite: check the traces (validate_traces)")
+            outcome = frame["n_rej" if fam.outcome == "rejection" else "n_acc"].to_numpy(np.float64)
+            codes = pd.Categorical(frame["request_id"].astype(str), categories=request_ids).codes
+            if (codes < 0).any():
+                raise RuntimeError("a cell's request is not among the requests counted: report this as a bug")
+            cache.write(x, outcome, frame["n"].to_numpy(np.float64), codes)
+            n_cells += len(frame)
+            if skeleton is None:
+                skeleton = (x[:200], outcome[:200], frame["n"].to_numpy(np.float64)[:200])
+    finally:
+        cache.close()
+    try:
+        fam_obj = fitmod._family_obj(fam.link)
+        beta = None
+        if start_params is not None:
+            beta = np.asarray(start_params, dtype=float)
+        elif fam.link == "log":  # as _fit_glm: log-binomial starts with mu < 1 (a0 = 0.9, slope -0.5 per nat)
+            beta = np.zeros(k)
+            beta[names.index("Intercept")] = np.log(0.9)
+            beta[names.index(fam.slope)] = -0.5
+        # statsmodels' rule (tol 1e-8 on the deviance, absolute), so that the estimate is the iterate fit_law
+        # stops at; on many cells that change can sit below the deviance's round-off, so the fit also stops
+        # once the largest relative step is below ``tol`` (the iterates have then reached the maximum)
+        history, converged, iteration = [], False, 0
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+            for iteration in range(max_iter + 1):
+                dev, xtwx, xtwz = _irls_pass(cache, fam_obj, beta)
+                history.append(dev)
+                if iteration and (abs(history[-1] - history[-2]) <= 1e-8 or step <= tol):
+                    converged = True
+                    break
+                if iteration == max_iter:
+                    break
+                try:
+                    new = np.linalg.solve(xtwx, xtwz)
+                except np.linalg.LinAlgError:
+                    raise ValueError(f"{fam.name}: the design is singular on these cells (a term without variation, "
+                                     "e.g. one drafted depth or one category); fit a simpler family") from None
+                step = np.inf if beta is None else float(np.max(np.abs(new - beta) / (1.0 + np.abs(beta))))
+                beta = new
+        if not converged:
+            notes.append("the GLM did not converge; treat the estimates with suspicion")
+        parts = _sandwich_pass(cache, fam.link, beta, n_requests)
+    finally:
+        cache.path.unlink(missing_ok=True)
+
+    # the CR1 sandwich of statsmodels' cov_cluster: H^-1 (sum_g s_g s_g') H^-1 G/(G-1) (N-1)/(N-K)
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        try:
+            bread = np.linalg.inv(parts["hessian"])
+            normalized = np.linalg.inv(parts["information"])
+        except np.linalg.LinAlgError:
+            bread = normalized = np.full((k, k), np.nan)
+        meat = parts["scores"].T @ parts["scores"]
+        cluster = bread @ meat @ bread * (n_requests / (n_requests - 1.0)) * ((n_cells - 1.0) / (n_cells - k))
+    x0, y0, n0 = skeleton
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DomainWarning)
+        model = sm.GLM(np.column_stack([y0, n0 - y0]), pd.DataFrame(x0, columns=names),
+                       family=fitmod._family_obj(fam.link))
+    model.formula = f"{lhs} ~ {rhs}"  # predict(frame) builds the design from the full data's design info
+    model.data.model_spec = design
+    result = GLMResults(model, beta, normalized_cov_params=normalized, scale=1.0)
+    result.nobs, result.df_model, result.df_resid = n_cells, k - 1, n_cells - k
+    result.converged, result.fit_history = converged, {"iteration": iteration, "deviance": history}
+    result._cache.update(llf=parts["llf"], deviance=parts["deviance"])
+    if cov_type == "cluster":
+        result.cov_type = "cluster"
+        result.cov_kwds = {"groups": "request_id", "use_correction": True, "df_correction": True,
+                           "description": "CR1 by request, streamed out of core"}
+        result.cov_params_default = cluster
+        result.use_t = True
+        result.df_resid_inference = n_requests - 1
+    result = GLMResultsWrapper(result)
+    notes.append(f"fitted out of core: {n_cells:,} cells streamed, {iteration} IRLS passes (statsmodels' IRLS and "
+                 "CR1 sandwich on the same cells; the cells themselves are not kept)")
+    if not parts["finite"]:
+        notes.append("perfect separation: a fitted probability is exactly 0 or 1, so some terms are not identified "
+                     "(their estimates run off towards infinity, cluster-robust errors are NaN); record more "
+                     "requests or fit a simpler family")
+    return fitmod.FittedLaw(result=result, counts=None, **common)
+
+
+def fit_law_out_of_core(traces, family: str = "law_exp", by: str | None = None, *, depth: str = "factor",
+                        width_log10: float = 0.05, eps: float = atrisk.EPS_NATS, cov_type: str = "cluster",
+                        alpha: float = 0.05, min_requests_per_category: int = 5, drop_small_categories: bool = False,
+                        drafters: Sequence[str] | None = None, on_invalid: str = "raise",
+                        chunk_bytes: int = DEFAULT_CHUNK_BYTES, threads: int | None = None,
+                        memory_limit: str | None = None, temp_directory: str | None = None,
+                        batch_cells: int = STREAM_BATCH_CELLS, tol: float = 1e-10, max_iter: int = 100,
+                        start_params=None):
+    """``fit_law(load_traces(traces), family, by)`` for runs larger than memory, with memory bounded by a batch
+    of cells and the number of requests, never by the number of token rows or cells.
+
+    1. the at-risk cells: the query of ``at_risk_sql`` run by DuckDB over groups of shards, each group's cells
+       written to a Parquet file in a temporary folder (``temp_directory``), pooled where two groups share a
+       cell key (as ``aggregate_at_risk_sql``);
+    2. ``fit_law``'s checks on one row per request (the same sums, request and category counts);
+    3. the design matrix built batch by batch by patsy from the family's formula (``incr_dbuilder``: every
+       level known up front) and kept on disk with the counts and request codes;
+    4. statsmodels' IRLS (``GLM._fit_irls``: the same start, weights and working response), one pass over the
+       cells per iteration accumulating X'WX and X'Wz, until the largest relative step is below ``tol``;
+    5. one pass at the estimate through statsmodels' own ``GLM.score_obs`` / ``hessian`` on each batch: the
+       observed Hessian, the scores summed per request, and the CR1 covariance of ``cov_cluster``
+       (``H^-1 S H^-1 G/(G-1) (N-1)/(N-K)``, S the sum over requests of the outer products of their score
+       sums), t(G - 1) inference.
+
+    Returns the ``FittedLaw`` (``LawSet`` with ``by``) of ``fit_law``: the same summary, predictions and printout;
+    estimates and standard errors equal within 1e-6 (``tests/test_outofcore.py``, ``bench/fleet.py``). Its
+    ``result`` is a statsmodels ``GLMResults`` whose params, covariance, llf, deviance and nobs are those of the
+    whole fit; its ``model`` holds the design info and the first cells only (observation-level attributes such
+    as ``resid`` are not available out of core), and the law keeps no count table (``counts`` is None, so the
+    P1 line of the printout, which refits with category terms, is left out: run ``fit_law_out_of_core`` with
+    ``with_category_terms(family)`` for it). Families: every GLM family whose covariates the query computes
+    (``law_iso``, profiled offsets and decode-time covariates are refused with what to use instead).
+    ``batch_cells``: cells per batch; ``chunk_bytes``, ``threads``, ``memory_limit``, ``temp_directory``: DuckDB
+    (as ``aggregate_at_risk_sql``).
+    """
+    from entropy_law.law.fit import DEPTH_TERMS, LawSet
+
+    fam = get_family(family)
+    _streamable(fam)
+    if on_invalid not in ("raise", "drop"):
+        raise ValueError("on_invalid must be 'raise' or 'drop'")
+    if depth not in DEPTH_TERMS:
+        raise ValueError(f"depth must be one of {list(DEPTH_TERMS)}")
+    if cov_type not in ("cluster", "nonrobust"):
+        raise ValueError("cov_type must be 'cluster' or 'nonrobust'")
+    if by is not None:
+        by = {"drafter": "drafter_id"}.get(by, by)
+        if by not in ("drafter_id", "category"):
+            raise ValueError(f"by={by!r}: out of core a law is fitted per 'drafter_id' or per 'category'")
+    bins = tuple(fam.bin_columns)
+    keys = (*_KEYS, *fam.extra_keys)
+    means = _means_for(fam, "family", with_rounds=True)
+    for m in ("log_entropy",) if fam.name == "law_exp_mundlak" else ():
+        if m not in means:
+            means.append(m)
+    options = dict(depth=depth, cov_type=cov_type, alpha=alpha, eps=eps,
+                   min_requests_per_category=min_requests_per_category, drop_small_categories=drop_small_categories,
+                   batch_cells=batch_cells, tol=tol, max_iter=max_iter, start_params=start_params)
+    with tempfile.TemporaryDirectory(prefix="entropy-law-cells-", dir=temp_directory) as tmp:
+        folder = Path(tmp)
+        con = _connect(threads, memory_limit, temp_directory)
+        try:
+            files = _write_cells(con, traces, bins, keys, means, width_log10=width_log10, eps=eps, drafters=drafters,
+                                 chunk_bytes=chunk_bytes, folder=folder)
+            source, notes = _cell_source(con, files, bins, keys, means, on_invalid)
+            if by is None:
+                return _fit_streamed(con, source, fam, folder=folder, notes=notes, **options)
+            values = [r[0] for r in con.sql(f"SELECT DISTINCT {by} FROM ({source}) ORDER BY 1").fetchall()]
+            laws = {v: _fit_streamed(con, f"SELECT * FROM ({source}) WHERE {by} = {_sql_str(v)}", fam, folder=folder,
+                                     notes=list(notes), **options) for v in values}
+            return LawSet(by=by, laws=laws)
+        finally:
+            con.close()
 
 
 __all__ = ["aggregate_at_risk_sql", "at_risk_sql", "finish_cells", "fit_law_out_of_core"]

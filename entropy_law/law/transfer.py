@@ -246,6 +246,9 @@ def predict_requests(law: FittedLaw, sequences: pd.DataFrame, B: int, *, drafter
             first["cum_entropy_nats"] = 0.0
         if "drafted_depth" in frame:
             first["drafted_depth"] = drafts
+        if law.family.means:  # decode-time covariates of each output position (atrisk.sequence_covariates)
+            for name, values in atrisk.sequence_covariates(h, np.arange(h.size)).items():
+                first[name] = values
         frame = pd.concat([frame, first], ignore_index=True)
         frame["category"] = rec.category
         frames.append(frame)

@@ -25,7 +25,10 @@ from entropy_law.law import atrisk
 from entropy_law.law.analysis import TraceAnalysis
 from entropy_law.law.sample_traces import resolve_traces
 from entropy_law.plots import figures as F
-from entropy_law.plots.style import palette, save_figure, style
+from entropy_law.plots.glance import fig_glance
+from entropy_law.plots.reliability import fig_reliability
+from entropy_law.plots.speed import fig_speed_validation
+from entropy_law.plots.style import palette, save_figure, short_message, style, unavailable
 from entropy_law.traces.reader import load_traces
 
 
@@ -46,16 +49,8 @@ def _panels(n: int, *, width: float = 4.6, height: float = 3.4, ncols: int | Non
     return fig, flat[:max(n, 1)]
 
 
-def _unavailable(ax, message: str):
-    ax.text(0.5, 0.5, "not available:\n" + message, ha="center", va="center", fontsize=7, wrap=True,
-            transform=ax.transAxes)
-    ax.set_xticks([])
-    ax.set_yticks([])
-    return ax
-
-
-def _short(err: str, n: int = 160) -> str:
-    return err if len(err) <= n else err[: n - 1] + "…"
+_unavailable = unavailable
+_short = short_message
 
 
 def fig_entropy_distributions(an):
@@ -238,6 +233,11 @@ FIGURES: dict[str, FigureSpec] = {s.name: s for s in [
     FigureSpec("fig7_law_comparison", "Law comparison: cross-validated log-loss", fig_law_comparison),
     FigureSpec("fig8_speedup", "Predicted speedup vs entropy with the break-even point", fig_speedup),
     FigureSpec("fig9_example_response", "One response: per-position entropy, accepted blocks shaded", fig_example_response),
+    FigureSpec("fig10_reliability", "Reliability per category: predicted vs observed acceptance, leave-one-category-out",
+               fig_reliability),
+    FigureSpec("fig11_glance", "GLANCE's decile curve (95% bootstrap) with GLANCE's law and ours", fig_glance),
+    FigureSpec("fig12_speed_validation", "Predicted vs measured speedup; where measured speedups cross 1 vs the "
+               "break-even entropy", fig_speed_validation),
 ]}
 
 
@@ -246,7 +246,11 @@ def build_figure(analysis, name: str):
     if name not in FIGURES:
         raise ValueError(f"unknown figure {name!r}; known: {list(FIGURES)}")
     with style():
-        fig = FIGURES[name].build(analysis)
+        try:
+            fig = FIGURES[name].build(analysis)
+        except ValueError as err:  # the traces cannot support it (e.g. an imported GLANCE log): a panel saying why
+            fig, (ax,) = _panels(1)
+            _unavailable(ax, _short(str(err), 300))
         fig.suptitle(FIGURES[name].title, fontsize=10)
         fig.tight_layout()
     return fig

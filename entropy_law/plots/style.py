@@ -75,3 +75,17 @@ def save_figure(fig, out_dir, name: str, *, formats: Sequence[str] = ("png", "pd
             fig.savefig(path, format=fmt, metadata=metadata)
         paths.append(path)
     return paths
+
+
+def unavailable(ax, message: str):
+    """Mark ``ax`` as a panel that cannot be drawn, with the reason (no ticks)."""
+    ax.text(0.5, 0.5, "not available:\n" + message, ha="center", va="center", fontsize=7, wrap=True,
+            transform=ax.transAxes)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    return ax
+
+
+def short_message(text: str, n: int = 160) -> str:
+    """``text`` cut to ``n`` characters (an ellipsis marks the cut), for a panel or a table cell."""
+    return text if len(text) <= n else text[: n - 1] + "…"

@@ -196,11 +196,15 @@ def _describe_conflicts(stored: dict, given: dict, absent_means: Mapping) -> lis
     return lines
 
 
+POLICY_COLUMNS = ("policy_entropy_nats", "policy_window_entropy_nats", "policy_draft_confidence",
+                  "policy_expected_accepted", "policy_budget", "policy_drafted")
+
+
 class _OpenRequest:
     """Buffered rounds of one request that has begun and not yet ended."""
 
     __slots__ = ("request_id", "info", "rounds", "token_ids", "stats", "draft", "roles",
-                 "last_round", "next_position", "n_tokens", "row")
+                 "last_round", "next_position", "n_tokens", "row", "policy")
 
     def __init__(self, request_id: str, info: dict):
         self.request_id = request_id
@@ -210,6 +214,7 @@ class _OpenRequest:
         self.stats: list[np.ndarray] = []  # each [5, committed] float32 in TARGET_STAT_KEYS order
         self.draft: list[np.ndarray | None] = []  # each [3, committed] float64 (prob, rank, entropy) or None
         self.roles: list[np.ndarray] = []
+        self.policy: list[dict | None] = []  # per round: the policy columns of the rounds table, or None
         self.last_round = -1
         self.next_position = 0
         self.n_tokens = 0
@@ -496,7 +501,7 @@ class TraceRecorder:
     def log_round(self, request_id, *, round_index, start_position, context_len, block_size, tree_nodes,
                   tree_depth, accepted, token_ids, ends_at_leaf, target_logits=None, target_stats=None,
                   draft_logits=None, draft_candidates=None, draft_logprobs=None, draft_stats=None,
-                  draft_ms=0.0, verify_ms=0.0, overhead_ms=0.0) -> None:
+                  draft_ms=0.0, verify_ms=0.0, overhead_ms=0.0, policy=None) -> None:
         """Buffer one verify round. ``token_ids``: the committed tokens (depths 1..committed).
 
         Give exactly one of ``target_logits`` (``[committed, V]``, row j produced the token at depth
@@ -504,7 +509,8 @@ class TraceRecorder:
         committed with keys ``entropy_nats, renyi2_nats, top1_prob, top2_prob, logit_gap``). Drafter
         statistics come from ``draft_stats`` (dict ``prob, rank, entropy_nats``; NaN = null), or are
         computed from ``draft_logits`` ``[depth, V]`` or ``draft_candidates``/``draft_logprobs``
-        ``[depth, K]``; none of them: null.
+        ``[depth, K]``; none of them: null. ``policy``: the round's policy columns (``POLICY_COLUMNS``,
+        ``rounds`` table; missing keys and ``None``: null).
         """
         self._check_live()
         req = self._request(request_id)
@@ -591,6 +597,11 @@ class TraceRecorder:
         req.stats.append(stats)
         req.draft.append(draft)
         req.roles.append(roles)
+        if policy is not None:
+            unknown = set(policy) - set(POLICY_COLUMNS)
+            if unknown:
+                raise ValueError(f"{where}: unknown policy column(s) {sorted(unknown)}; known: {list(POLICY_COLUMNS)}")
+        req.policy.append(policy)
         req.last_round = round_index
         req.next_position = start_position + committed
         req.n_tokens += committed
@@ -617,8 +628,10 @@ class TraceRecorder:
             raise ValueError(f"{where}: draft_stats['entropy_nats'] must be finite and >= 0; got {ent.tolist()}")
         return out
 
-    def end_request(self, request_id, *, new_tokens, stop_reason, prefill_ms=0.0, decode_ms=0.0) -> None:
-        """Close a request; its rows are written at the next flush."""
+    def end_request(self, request_id, *, new_tokens, stop_reason, prefill_ms=0.0, decode_ms=0.0,
+                    decode_cpu_ms=None) -> None:
+        """Close a request; its rows are written at the next flush. ``decode_cpu_ms``: this process's CPU-clock
+        time of the request's rounds (None: not measured, written as null)."""
         self._check_live()
         req = self._request(request_id)
         where = f"end_request({request_id!r})"
@@ -627,11 +640,13 @@ class TraceRecorder:
         if int(new_tokens) < req.next_position:
             raise ValueError(f"{where}: new_tokens {new_tokens} < {req.next_position}, the end of the last "
                              "logged round (positions count new tokens from 0)")
-        for name, value in (("prefill_ms", prefill_ms), ("decode_ms", decode_ms)):
+        timed = (("prefill_ms", prefill_ms), ("decode_ms", decode_ms))
+        for name, value in timed + ((("decode_cpu_ms", decode_cpu_ms),) if decode_cpu_ms is not None else ()):
             if not value >= 0 or value == float("inf"):
                 raise ValueError(f"{where}: {name} must be finite and >= 0; got {value}")
         req.row = dict(req.info, new_tokens=int(new_tokens), rounds=len(req.rounds), stop_reason=stop_reason,
-                       prefill_ms=float(prefill_ms), decode_ms=float(decode_ms))
+                       prefill_ms=float(prefill_ms), decode_ms=float(decode_ms),
+                       decode_cpu_ms=None if decode_cpu_ms is None else float(decode_cpu_ms))
         del self._open[request_id]
         self._pending.append(req)
         self._pending_rounds += len(req.rounds)
@@ -665,6 +680,10 @@ class TraceRecorder:
         for name, values in zip(names, cols):
             rounds[name] = np.asarray(values, dtype=SCHEMAS["rounds"].field(name).type.to_pandas_dtype())
         committed = rounds["committed"].astype(np.int64)
+        policies = [x for r in pending for x in r.policy]
+        for name in POLICY_COLUMNS:  # the round's policy columns; null for rounds without a policy
+            values = [None if x is None else x.get(name) for x in policies]
+            rounds[name] = pa.array(values, type=SCHEMAS["rounds"].field(name).type)
 
         n_tok = int(committed.sum())
         round_of_token = np.repeat(np.arange(n_rounds), committed)

@@ -38,13 +38,15 @@ TOKENS_SCHEMA = pa.schema(
         pa.field("round_index", pa.int32(), nullable=False),
         pa.field("position", pa.int32(), nullable=False),  # 0-based index among the request's new tokens
         pa.field("depth", pa.int16(), nullable=False),  # 1-based depth within the round
-        pa.field("token_id", pa.int32(), nullable=False),
+        # token_id and the target statistics: null only where a run's source does not hold them (an imported
+        # GLANCE round log: no token ids, the entropy at each round's root only); recorded runs fill them all
+        pa.field("token_id", pa.int32(), nullable=True),
         pa.field("role", pa.string(), nullable=False),  # one of ROLES
-        pa.field("target_entropy_nats", pa.float32(), nullable=False),  # Shannon H of the target
-        pa.field("target_renyi2_nats", pa.float32(), nullable=False),  # -log sum p^2
-        pa.field("target_top1_prob", pa.float32(), nullable=False),
-        pa.field("target_top2_prob", pa.float32(), nullable=False),
-        pa.field("target_logit_gap", pa.float32(), nullable=False),  # z_(1) - z_(2)
+        pa.field("target_entropy_nats", pa.float32(), nullable=True),  # Shannon H of the target
+        pa.field("target_renyi2_nats", pa.float32(), nullable=True),  # -log sum p^2
+        pa.field("target_top1_prob", pa.float32(), nullable=True),
+        pa.field("target_top2_prob", pa.float32(), nullable=True),
+        pa.field("target_logit_gap", pa.float32(), nullable=True),  # z_(1) - z_(2)
         pa.field("draft_prob", pa.float32(), nullable=True),  # drafter prob of the committed token
         pa.field("draft_rank", pa.int32(), nullable=True),  # 0-based; -1: not among candidates
         pa.field("draft_entropy_nats", pa.float32(), nullable=True),
@@ -66,6 +68,13 @@ ROUNDS_SCHEMA = pa.schema(
         pa.field("draft_ms", pa.float32(), nullable=False),
         pa.field("verify_ms", pa.float32(), nullable=False),
         pa.field("overhead_ms", pa.float32(), nullable=False),
+        # added: the per-round policy's inputs and decision (null for rounds without a policy)
+        pa.field("policy_entropy_nats", pa.float32(), nullable=True),  # target H at the last committed position
+        pa.field("policy_window_entropy_nats", pa.float32(), nullable=True),  # mean H over the policy's window
+        pa.field("policy_draft_confidence", pa.float32(), nullable=True),  # drafter's own E[accepted] of its tree
+        pa.field("policy_expected_accepted", pa.float32(), nullable=True),  # policy's E[accepted] of verified tree
+        pa.field("policy_budget", pa.int32(), nullable=True),  # draft nodes the policy chose to verify (0: none)
+        pa.field("policy_drafted", pa.bool_(), nullable=True),  # False: the policy did not call the drafter
     ]
 )
 
@@ -83,6 +92,7 @@ REQUESTS_SCHEMA = pa.schema(
         pa.field("stop_reason", pa.string(), nullable=False),  # one of STOP_REASONS
         pa.field("prefill_ms", pa.float32(), nullable=False),
         pa.field("decode_ms", pa.float32(), nullable=False),  # wall time of all rounds of the request
+        pa.field("decode_cpu_ms", pa.float32(), nullable=True),  # CPU-clock time of those rounds (added; null: unknown)
     ]
 )
 
@@ -91,7 +101,12 @@ SCHEMAS = {"tokens": TOKENS_SCHEMA, "rounds": ROUNDS_SCHEMA, "requests": REQUEST
 # Columns added to v1 after its first release. Each is nullable; a file written before it existed lacks it,
 # and readers and writers fill it with nulls, so old runs stay readable and resumable (format v1 is kept).
 # Document every entry in docs/trace-schema.md under "Added columns".
-ADDED_COLUMNS: dict[str, tuple[str, ...]] = {"tokens": (), "rounds": (), "requests": ()}
+ADDED_COLUMNS: dict[str, tuple[str, ...]] = {
+    "tokens": (),
+    "rounds": ("policy_entropy_nats", "policy_window_entropy_nats", "policy_draft_confidence",
+               "policy_expected_accepted", "policy_budget", "policy_drafted"),
+    "requests": ("decode_cpu_ms",),
+}
 
 
 def added_columns(table: str) -> tuple[str, ...]:

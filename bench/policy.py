@@ -1,0 +1,275 @@
+"""The law policy against fixed trees, the cost gate, AR and the replay oracle: tokens per CPU-second.
+
+Arms (every arm on the same prompts, interleaved per prompt in a rotating order, after one warm-up, timed by
+this process's CPU clock with one torch thread, through the one speed routine ``entropy_law.jobs.speed``):
+
+- ``AR``: our autoregressive decoder (the reference);
+- for the n-gram drafter: a fixed chain and fixed DDTrees with N in {4, 8, 16, 32} (no gate: every drafted node
+  is verified), the current cost gate (DDTree16, the measured verify-cost curve), and the law policy (DDTree
+  drafted with up to 32 nodes; the policy decides per round whether to draft and how many nodes to verify);
+- with ``--block``: the block drafter (shipped checkpoint): fixed chain, fixed DDTree16, cost gate, law policy;
+- the replay oracle (n-gram drafter, tokens per round and modelled rate only: it is not a decoder): for each
+  round in hindsight the budget in {0, 1, 2, 4, 8, 16, 32} with the most committed tokens per unit of modelled
+  cost ``c(N + 1) + c_draft``, replayed on AR's greedy output of the same prompt.
+
+The law policy's parameters are fitted here (``entropy_law.law.policy.fit_policy``) from the reference traces
+in ``data/traces/<drafter>`` (Spec-Bench, chain runs), leaving out every Spec-Bench question this bench decodes
+(held-out prompts; the open-ended set is never in the traces). The drafter's own cost: from the traces' timings
+(n-gram), or measured here on the warm-up prompt (block drafter: its traces are replayed, without timings).
+
+Prompts: ``--limit`` per category of Spec-Bench and of the open-ended set (``data/open_ended``), a seeded sample
+of each whole set. Reports per category the paired speedup over AR with its 95% request-bootstrap interval,
+tokens per round and the modelled rate (tokens per round over the measured verify cost of the trees verified);
+then the goals, and ONE JSON line.
+
+    OMP_NUM_THREADS=1 python bench/policy.py --limit 2 --max-new-tokens 128        # small
+    OMP_NUM_THREADS=1 python bench/policy.py --limit 5 --max-new-tokens 256 --block # the issue's setting
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+from entropy_law.decoding.adapter import TargetAdapter  # noqa: E402
+from entropy_law.decoding.decoder import ARDecoder, SpeculativeDecoder  # noqa: E402
+from entropy_law.decoding.gate import measure_verify_cost  # noqa: E402
+from entropy_law.decoding.loading import load_target  # noqa: E402
+from entropy_law.decoding.replay import oracle_rounds  # noqa: E402
+from entropy_law.drafters.block import BlockDrafter, default_drafter_path  # noqa: E402
+from entropy_law.drafters.ngram import NgramDrafter  # noqa: E402
+from entropy_law.jobs.speed import ALL, format_speedup, paired_speedups, time_arms  # noqa: E402
+from entropy_law.law.policy import fit_policy  # noqa: E402
+from entropy_law.prompts.paths import data_dir  # noqa: E402
+from entropy_law.prompts.text import load_tasks, sample_per_category  # noqa: E402
+from entropy_law.traces.reader import load_traces  # noqa: E402
+
+AR = "AR"
+FIXED_BUDGETS = (4, 8, 16, 32)
+ORACLE_BUDGETS = (0, 1, 2, 4, 8, 16, 32)
+POLICY_MAX_NODES = 32
+
+
+def fitted_policy(drafter: str, exclude_question_ids: set[str], draft_cost: float | None) -> dict:
+    """Policy parameters from the reference traces of ``drafter``, without the requests this bench decodes."""
+    traces = load_traces(data_dir() / "traces" / drafter)
+    requests = traces.requests
+    keep = requests.loc[~requests["question_id"].astype(str).isin(exclude_question_ids), "request_id"]
+    from types import SimpleNamespace
+    held_out = SimpleNamespace(tokens=traces.tokens.loc[traces.tokens["request_id"].isin(keep)],
+                               rounds=traces.rounds.loc[traces.rounds["request_id"].isin(keep)],
+                               runs=traces.runs, requests=requests.loc[requests["request_id"].isin(keep)])
+    return fit_policy(held_out, draft_cost=draft_cost)
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--limit", type=int, default=2, help="prompts per category (default 2)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--block", action="store_true", help="also the block drafter's arms (cost gate, law policy)")
+    parser.add_argument("--block-fixed", action="store_true", help="with --block, also its fixed chain and DDTree16")
+    parser.add_argument("--hybrid", action="store_true",
+                        help="with --block, also the hybrid drafter (n-gram + block in one tree): cost gate and law "
+                             "policy (the block drafter's fitted law: no hybrid traces exist to fit its own)")
+    parser.add_argument("--only", nargs="+", default=None, metavar="ARM", help="run only these arms (and AR)")
+    parser.add_argument("--sets", nargs="+", default=["spec_bench", "open_ended"])
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+
+    target = load_target(args.model)
+    tasks = [t for name in args.sets for t in sample_per_category(load_tasks(name), args.limit, seed=args.seed)]
+    encoder = ARDecoder(target)
+    prompt_of = {t.request_id: encoder.encode_prompt(t.messages()) for t in tasks}
+    decoded_ids = {str(t.question_id) for t in tasks if t.dataset == "spec_bench"}
+
+    verify_cost = measure_verify_cost(TargetAdapter(target.model))
+    print("verify cost c(n) (one-token forward = 1): "
+          + ", ".join(f"{n}: {c:.2f}" for n, c in zip(verify_cost.sizes, verify_cost.costs)), flush=True)
+    laws = {"ngram": fitted_policy("ngram", decoded_ids, None)}
+    block_path = default_drafter_path()
+    if args.block:  # its traces are replayed (no timings): time its forward here, against a one-token step
+        warm = prompt_of[tasks[0].request_id]
+        ar_run = ARDecoder(target).generate(warm, max_new_tokens=32)
+        probe = SpeculativeDecoder(target, BlockDrafter.load(block_path, target), tree="chain",
+                                   min_expected_accepted=0.0)
+        probe.generate(warm, max_new_tokens=8)  # warm-up
+        rounds = [r for r in probe.generate(warm, max_new_tokens=32).rounds if r.round_index > 0]
+        step_ms = ar_run.decode_ms / max(len(ar_run.rounds) - 1, 1)
+        block_cost = float(np.median([r.draft_ms for r in rounds])) / step_ms
+        print(f"block drafter cost: {block_cost:.3f} one-token forwards per round (measured here)", flush=True)
+        laws["block"] = fitted_policy("block", decoded_ids, block_cost)
+    for name, law in laws.items():
+        print(f"{name} policy: fitted on {law['fitted_on']['requests']} held-out requests "
+              f"({law['fitted_on']['at_risk_trials']} trials), draft cost {law['draft_cost']:.4f}; "
+              f"a(H_w, d=1) at H_w = 0.1 / 1 / 3 nats: "
+              + " / ".join(f"{np.interp(np.log(h + 1e-3), np.log(np.array(law['entropy_grid']) + 1e-3), np.array(law['acceptance'])[:, 0]):.2f}"
+                           for h in (0.1, 1.0, 3.0)), flush=True)
+
+    def ours(make):
+        decoder = make()
+
+        def run(prompt_ids, max_new_tokens):
+            result = decoder.generate(prompt_ids, max_new_tokens=max_new_tokens)
+            return result.token_ids, result.rounds
+        return run
+
+    def ngram():
+        return NgramDrafter()
+
+    fixed = dict(min_expected_accepted=0.0)
+    arms = {AR: ours(lambda: ARDecoder(target)),
+            "ngram chain": ours(lambda: SpeculativeDecoder(target, ngram(), tree="chain", **fixed))}
+    for n in FIXED_BUDGETS:
+        arms[f"ngram ddtree{n}"] = ours(lambda n=n: SpeculativeDecoder(target, ngram(), tree="ddtree", budget=n,
+                                                                       **fixed))
+    arms["ngram ddtree16 cost gate"] = ours(lambda: SpeculativeDecoder(target, ngram(), tree="ddtree", budget=16,
+                                                                       verify_cost=verify_cost))
+    arms["ngram law"] = ours(lambda: SpeculativeDecoder(target, ngram(), tree="ddtree", budget=POLICY_MAX_NODES,
+                                                        verify_cost=verify_cost, policy=laws["ngram"]))
+    if args.block:
+        def block():
+            return BlockDrafter.load(block_path, target)
+        if args.block_fixed:
+            arms["block chain"] = ours(lambda: SpeculativeDecoder(target, block(), tree="chain", **fixed))
+            arms["block ddtree16"] = ours(lambda: SpeculativeDecoder(target, block(), tree="ddtree", budget=16,
+                                                                     **fixed))
+        arms["block ddtree16 cost gate"] = ours(lambda: SpeculativeDecoder(target, block(), tree="ddtree", budget=16,
+                                                                           verify_cost=verify_cost))
+        arms["block law"] = ours(lambda: SpeculativeDecoder(target, block(), tree="ddtree", budget=POLICY_MAX_NODES,
+                                                            verify_cost=verify_cost, policy=laws["block"]))
+
+    if args.hybrid:
+        from entropy_law.drafters.hybrid import HybridDrafter
+
+        def hybrid():
+            return HybridDrafter(NgramDrafter(), BlockDrafter.load(block_path, target))
+        arms["hybrid ddtree16 cost gate"] = ours(lambda: SpeculativeDecoder(target, hybrid(), tree="ddtree", budget=16,
+                                                                            verify_cost=verify_cost))
+        arms["hybrid law"] = ours(lambda: SpeculativeDecoder(target, hybrid(), tree="ddtree", budget=POLICY_MAX_NODES,
+                                                             verify_cost=verify_cost, policy=laws["block"]))
+    if args.only:
+        unknown = sorted(set(args.only) - set(arms))
+        if unknown:
+            raise SystemExit(f"unknown arm(s) {unknown}; arms: {sorted(arms)}")
+        arms = {name: run for name, run in arms.items() if name in args.only or name == AR}
+
+    def progress(items):
+        for index, task in enumerate(items):
+            print(f"[{index + 1}/{len(items)}] {task.category:<16} {task.question_id}", file=sys.stderr, flush=True)
+            yield task
+
+    timings = time_arms(tasks, arms, lambda task: prompt_of[task.request_id], max_new_tokens=args.max_new_tokens,
+                        reference=AR, warm_up_tokens=16, verify_cost=verify_cost, progress=progress)
+    speed = paired_speedups(timings, reference=AR, clock="cpu", seed=args.seed)
+
+    # the replay oracle on AR's greedy outputs (decode the AR arm's tokens again: time_arms keeps no outputs)
+    oracle_rows = []
+    for task in tasks:
+        prompt = prompt_of[task.request_id]
+        output = ARDecoder(target).generate(prompt, max_new_tokens=args.max_new_tokens).token_ids
+        result = oracle_rounds(prompt, output, NgramDrafter(), budgets=ORACLE_BUDGETS, verify_cost=verify_cost,
+                               draft_cost=laws["ngram"]["draft_cost"],
+                               eos_token_ids=target.model.generation_config.eos_token_id,
+                               max_new_tokens=args.max_new_tokens, max_context=None)
+        oracle_rows.append(dict(category=task.category, committed=sum(result.committed), rounds=len(result.committed),
+                                cost=sum(result.cost)))
+    import pandas as pd
+    oracle = pd.DataFrame(oracle_rows)
+
+    categories = list(dict.fromkeys(task.category for task in tasks))
+    names = [n for n in arms if n != AR]
+
+    def cell(name, category):
+        row = speed.loc[(speed["arm"] == name) & (speed["category"] == category)]
+        return None if row.empty else row.iloc[0]
+
+    def oracle_of(category):
+        part = oracle if category == ALL else oracle.loc[oracle["category"] == category]
+        return part["committed"].sum() / part["rounds"].sum(), part["committed"].sum() / part["cost"].sum()
+
+    print(f"\nSpeedup over {AR} by CPU time (one torch thread; a shared machine, load average "
+          f"{os.getloadavg()[0]:.1f}), paired per request, 95% request-bootstrap interval; {args.limit} prompts per "
+          f"category (seed {args.seed}), {args.max_new_tokens} new tokens. SMALL RUN: intervals are wide.")
+    for name in names:
+        print(name)
+        for category in [*categories, ALL]:
+            row = cell(name, category)
+            if row is not None:
+                print(f"    {category:<16} {format_speedup(row)}   tokens/round {row['tokens_per_round']:.2f}, "
+                      f"modelled {row['bound']:.2f}x")
+    print("replay oracle (ngram, best N per round in hindsight; modelled, not timed)")
+    for category in [*categories, ALL]:
+        tpr, rate = oracle_of(category)
+        print(f"    {category:<16} tokens/round {tpr:.2f}, modelled {rate:.2f}x")
+
+    print(f"\n{'speedup (point)':<26}" + "".join(f"{c[:11]:>12}" for c in categories) + f"{'all':>12}")
+    for name in names:
+        print(f"{name:<26}" + "".join(f"{cell(name, c)['speedup']:>12.2f}" for c in [*categories, ALL]))
+    print(f"{'oracle (modelled)':<26}" + "".join(f"{oracle_of(c)[1]:>12.2f}" for c in [*categories, ALL]))
+    mismatches = {name: int((~timings.loc[timings["arm"] == name, "matches_reference"]).sum()) for name in arms}
+    print("Outputs different from AR: " + ", ".join(f"{n}: {m}" for n, m in mismatches.items()))
+
+    goals, detail = {}, {}
+    for drafter in laws:
+        law = f"{drafter} law"
+        if law not in names or f"{drafter} ddtree16 cost gate" not in names:
+            continue
+        fixed_arms = [n for n in names if n.startswith(drafter) and "law" not in n and "gate" not in n]
+        gate = f"{drafter} ddtree16 cost gate"
+        goals[f"{law} >= the cost gate in every category (point estimates)"] = all(
+            cell(law, c)["speedup"] >= cell(gate, c)["speedup"] for c in categories)
+        goals[f"{law} >= 1.00x AR in every category (point estimates)"] = all(
+            cell(law, c)["speedup"] >= 1.0 for c in categories)
+        goals[f"{law} >= 1.00x AR in every category (interval's lower end)"] = all(
+            cell(law, c)["lo"] >= 1.0 for c in categories)
+        if not fixed_arms:  # the block drafter's fixed arms run only with --block-fixed
+            continue
+        best_fixed = {c: max(cell(n, c)["speedup"] for n in fixed_arms) for c in [*categories, ALL]}
+        best_overall = max(fixed_arms, key=lambda n: cell(n, ALL)["speedup"])
+        goals[f"{law} >= best fixed {drafter} policy in every category (point estimates)"] = all(
+            cell(law, c)["speedup"] >= best_fixed[c] for c in categories)
+        goals[f"{law} >= 1.05x the best fixed {drafter} policy overall ({best_overall})"] = (
+            cell(law, ALL)["speedup"] >= 1.05 * cell(best_overall, ALL)["speedup"])
+        detail[drafter] = {"best_fixed": {c: round(float(v), 4) for c, v in best_fixed.items()},
+                           "best_fixed_overall_arm": best_overall}
+    if "ngram law" in names:
+        goals["ngram law within 10% of the oracle's modelled rate (overall)"] = (
+            cell("ngram law", ALL)["speedup"] >= 0.9 * oracle_of(ALL)[1])
+    for name in ("hybrid ddtree16 cost gate", "hybrid law"):
+        others = [n for n in ("ngram ddtree16 cost gate", "ngram law", "block ddtree16 cost gate", "block law")
+                  if n in names]
+        if name in names and others:
+            goals[f"{name} >= max(n-gram, block arms run) in every category (point estimates)"] = all(
+                cell(name, c)["speedup"] >= max(cell(n, c)["speedup"] for n in others) for c in categories)
+    print("Goals: " + "; ".join(f"{k}: {'yes' if v else 'NO'}" for k, v in goals.items()))
+    summary = {
+        "bench": "policy", "model": target.model_id, "prompts_per_category": args.limit, "seed": args.seed,
+        "max_new_tokens": args.max_new_tokens, "torch_threads": torch.get_num_threads(), "clock": "cpu",
+        "load_average_end": os.getloadavg()[0], "question_ids": sorted(str(t.question_id) for t in tasks),
+        "verify_cost": verify_cost.to_config(),
+        "policies": {k: {"draft_cost": v["draft_cost"], "fitted_on": v["fitted_on"], "window": v["window"]}
+                     for k, v in laws.items()},
+        "speedup_vs_ar": {name: {row["category"]: {k: (None if row[k] != row[k] else round(float(row[k]), 4))
+                                                   for k in ("speedup", "lo", "hi", "tokens_per_round", "bound")}
+                                 | {"verdict": row["verdict"]}
+                                 for _, row in speed.loc[speed["arm"] == name].iterrows()} for name in names},
+        "oracle": {c: {"tokens_per_round": round(float(oracle_of(c)[0]), 4),
+                       "modelled_speedup": round(float(oracle_of(c)[1]), 4)} for c in [*categories, ALL]},
+        "mismatches_vs_ar": mismatches, "goals": {k: bool(v) for k, v in goals.items()}, "detail": detail,
+    }
+    print(json.dumps(summary))
+    return summary
+
+
+if __name__ == "__main__":
+    main()

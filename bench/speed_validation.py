@@ -1,0 +1,171 @@
+"""Predicted vs measured decode speedup, and the break-even entropy vs where measured speedups cross 1.
+
+Two steps (``--record`` first, once; then the check, as often as wanted):
+
+- ``--record OUT``: decode a seeded sample of ``--per-category`` Spec-Bench prompts per category (not the
+  first ones) with the AR baseline, the n-gram chain, n-gram DDTree16 and block DDTree16 arms through the
+  one recording loop (``jobs.record.record_arms``: warm-up, arms interleaved per prompt in rotating order,
+  every ``generate`` call timed by the CPU and the wall clock), one trace run per arm under ``OUT`` (each
+  request's CPU-clock decode time is in the trace: ``requests.decode_cpu_ms``), and the per-call timings in
+  ``OUT/timings.csv``. Set ``OMP_NUM_THREADS=1``: the CPU clock then counts one core's work.
+- the check (``TRACES``): ``TraceAnalysis.speedup_validation()`` per arm x category: the predicted speedup
+  (the law and the cost model fitted on these traces, applied to each request's own entropies) next to the
+  measured paired speedup (CPU clock where the trace has it), whether the prediction lies within +-10% of
+  the measurement and inside its interval; then per arm the break-even entropy (interval) against the entropy
+  where a logistic fit of "measured per-request speedup > 1" on the request's mean entropy crosses 0.5.
+
+Prints tables and ends with ONE JSON line. The timings come from the machine the traces were recorded on
+(run.json: device, cpu count); say whether it was shared.
+
+    OMP_NUM_THREADS=1 python bench/speed_validation.py --record data/traces_timed --per-category 5 --within 8
+    python bench/speed_validation.py data/traces_timed | tee bench/results/speed_validation.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+RECORD_ARMS = ("ar", "ngram", "ngram-ddtree16", "block-ddtree16")
+
+
+def record(out: Path, per_category: int, max_new_tokens: int, seed: int, within: int | None = None,
+           break_lock: bool = False) -> None:
+    import torch
+
+    from entropy_law.decoding.loading import load_target
+    from entropy_law.jobs.arms import available_arms
+    from entropy_law.jobs.record import record_arms
+    from entropy_law.prompts.text import load_tasks, sample_per_category
+
+    torch.set_num_threads(1)
+    tasks = load_tasks("spec_bench")
+    if within is not None:  # a seeded subsample of a seeded sample of `within` per category: still random
+        tasks = sample_per_category(tasks, within, seed=seed)
+    tasks = sample_per_category(tasks, per_category, seed=seed)
+    specs, messages = available_arms(RECORD_ARMS)
+    for m in messages:
+        print(m)
+    target = load_target("smollm2-135m")
+    print(f"{len(tasks)} prompts ({per_category} per category, seed {seed}), arms {[s.name for s in specs]}, "
+          f"{max_new_tokens} new tokens, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, "
+          f"load average {os.getloadavg()}", flush=True)
+    result = record_arms(tasks, specs, out, target, max_new_tokens=max_new_tokens, resume=True, warm_up_tokens=16,
+                         break_lock=break_lock,
+                         progress=False,
+                         run_metadata=lambda spec: {"seed": seed, "replayed": False, "arm": spec.name,
+                                                    "tasks": "spec_bench",
+                                                    # the seeded sample drawn from (a resumed, shortened recording
+                                                    # keeps its first value)
+                                                    "per_category": within or per_category,
+                                                    "cpu_count": os.cpu_count(),
+                                                    "omp_num_threads": os.environ.get("OMP_NUM_THREADS")})
+    timings = result.timings("ar")
+    path = out / "timings.csv"
+    if path.exists():  # a resumed recording: keep the calls timed before
+        import pandas as pd
+
+        timings = pd.concat([pd.read_csv(path), timings], ignore_index=True)
+    timings.to_csv(path, index=False)
+    print(f"recorded into {out} (decode {result.decode_s:.0f} s wall); load average {os.getloadavg()}")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("traces", nargs="?", default="data/traces_timed", help="trace folder with an AR arm")
+    p.add_argument("--record", metavar="OUT", default=None, help="record the timed trace set into OUT first")
+    p.add_argument("--per-category", type=int, default=8)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--within", type=int, default=None, metavar="K",
+                   help="draw --per-category prompts from a seeded sample of K per category (a resumed, shortened "
+                        "recording keeps the prompts it has)")
+    p.add_argument("--n-boot", type=int, default=100)
+    p.add_argument("--break-lock", action="store_true", help="--record: take over runs a killed recording left locked")
+    args = p.parse_args(argv)
+    if args.record:
+        record(Path(args.record), args.per_category, args.max_new_tokens, args.seed, args.within, args.break_lock)
+        return 0
+    return validate(Path(args.traces), n_boot=args.n_boot, seed=args.seed)
+
+
+def validate(path: Path, *, n_boot: int, seed: int) -> int:
+    import numpy as np
+    import pandas as pd
+
+    from entropy_law.jobs.report import answer_lines, crossing_sentence
+    from entropy_law.jobs.speed import format_speedup, paired_speedups
+    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.traces.reader import load_traces
+
+    pd.set_option("display.width", 200)
+    pd.set_option("display.max_columns", 30)
+    traces = load_traces(path)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        analysis = TraceAnalysis(traces, n_boot=n_boot, seed=seed)
+        check = analysis.speedup_validation()
+        crossing = analysis.attempt("crossing_table")
+        answer = answer_lines(analysis)
+    runs = analysis.runs
+    meta = [f"{r['arm']}: device {r.get('device')}, cpu_count {r.get('cpu_count')}, OMP_NUM_THREADS "
+            f"{r.get('omp_num_threads')}, timed {r['timed']}, status {r.get('status')}" for _, r in runs.iterrows()]
+    print(f"traces: {path}; {traces.requests['request_id'].nunique()} prompts; load average now {os.getloadavg()} "
+          "(a shared machine: timings by the CPU clock of one thread)")
+    print("\n".join(meta))
+    print("\nthe answer:")
+    print("\n".join(f"  {line}" for line in answer))
+    print("\npredicted vs measured per arm x category (TraceAnalysis.speedup_validation; measured: paired, "
+          f"{', '.join(sorted(set(check['clock'].dropna())))} clock of the rounds):")
+    cols = ["arm", "category", "status", "requests", "measured", "lo", "hi", "verdict", "predicted",
+            "relative_error", "within_10pct", "inside_interval"]
+    print(check[cols].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    rated = check.loc[check["measured"].notna() & check["predicted"].notna() & (check["requests"] >= 5)]
+    within = int(rated["within_10pct"].astype(bool).sum())
+    inside = int(rated["inside_interval"].astype(bool).sum())
+    print(f"\n>= 5 prompts: predicted within +-10% of measured in {within} of {len(rated)} arm x category cells; "
+          f"inside the measured 95% interval in {inside} of {len(rated)}; median |relative error| "
+          f"{float(rated['relative_error'].abs().median()) if len(rated) else float('nan'):.3f}")
+    cross_rows = []
+    if crossing.ok:
+        print("\nbreak-even vs the crossing of measured per-request speedups (logistic fit on mean entropy):")
+        for r in crossing.value.to_dict("records"):
+            print(f"  {r['arm']}: {crossing_sentence(r)}")
+            cross_rows.append({k: (None if isinstance(v, float) and not np.isfinite(v) else v)
+                               for k, v in r.items() if k in ("arm", "crossing_nats", "breakeven", "breakeven_low",
+                                                               "breakeven_high", "inside", "requests",
+                                                               "share_above_1", "reason")})
+    else:
+        print(f"\ncrossing: {crossing.error}")
+    timings_file = path / "timings.csv"
+    whole = None
+    if timings_file.is_file():  # the one speed routine on whole generate calls (prefill included), CPU clock
+        timings = pd.read_csv(timings_file)
+        whole = paired_speedups(timings, reference="ar", clock="cpu", seed=seed)
+        print("\njobs.speed.paired_speedups on the recorded generate calls (CPU clock, prefill included):")
+        for r in whole.to_dict("records"):
+            print(f"  {r['arm']:<16}{r['category']:<16}{format_speedup(r)}; tokens/round {r['tokens_per_round']:.2f}, "
+                  f"mismatches {r['mismatches']}")
+    notes = sorted({str(w.message) for w in caught if "another machine" in str(w.message)})
+    for n in notes:
+        print(f"WARNING: {n}")
+    print(json.dumps({
+        "bench": "speed_validation", "traces": str(path), "prompts": int(traces.requests["request_id"].nunique()),
+        "clock": sorted(set(check["clock"].dropna())), "cells_rated": len(rated), "within_10pct": within,
+        "inside_measured_interval": inside,
+        "median_abs_relative_error": float(rated["relative_error"].abs().median()) if len(rated) else None,
+        "cells": [{k: (v if not isinstance(v, float) or np.isfinite(v) else None) for k, v in r.items()}
+                  for r in check[cols].to_dict("records")],
+        "crossing": cross_rows, "machine_warnings": notes,
+        "load_average": os.getloadavg()}, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

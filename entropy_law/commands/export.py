@@ -1,0 +1,51 @@
+"""``entropy-law export --format glance RUN [RUN ...] > rounds.jsonl``: a trace run as another tool's input.
+
+Known here: the command-line options and where the rows go (standard output, or ``--out``). One format:
+``glance``, GLANCE's round log (``experiments/main_table.py --round-log``: one JSON object per drafting
+round with ``round, entropy, accepted, tau, tree_size, extended, task, prompt``), which GLANCE's
+``experiments/fit_law.py`` reads unchanged. The rows are ``entropy_law.importers.glance.export_glance_rounds``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+FORMATS = ("glance",)
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "export",
+        help="write a trace run in another tool's format (glance: GLANCE's round log, JSONL)",
+        description="Write the drafting rounds of one drafting arm (one or more runs) as GLANCE's round log: one JSON "
+                    "line per round with the round-root target entropy (nats) and the accepted drafts, which "
+                    "GLANCE's experiments/fit_law.py reads unchanged. Rows go to standard output unless --out.")
+    p.add_argument("traces", nargs="+", help="trace run folder(s) of one drafting arm")
+    p.add_argument("--format", required=True, choices=FORMATS, help="output format")
+    p.add_argument("--out", default=None, help="file to write (default: standard output)")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    # lazy: `entropy-law --help` imports every command module; pandas and pyarrow load only here
+    from entropy_law.importers.glance import export_glance_rounds
+    from entropy_law.traces.reader import load_traces
+
+    missing = [p for p in args.traces if not Path(p).exists()]
+    if missing:
+        raise FileNotFoundError(f"trace path(s) not found: {', '.join(missing)}")
+    traces = load_traces(args.traces if len(args.traces) > 1 else args.traces[0])
+    try:
+        if args.out is None:
+            n = export_glance_rounds(traces, sys.stdout)
+        else:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            n = export_glance_rounds(traces, args.out)
+    except ValueError as err:
+        if "several drafting arms" not in str(err):
+            raise
+        raise ValueError(f"{err}. On the command line: pass the run folder(s) of one drafting arm") from None
+    print(f"exported {n} round(s) in GLANCE's round-log format" + (f" to {args.out}" if args.out else ""),
+          file=sys.stderr)
+    return 0

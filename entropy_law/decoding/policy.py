@@ -1,0 +1,224 @@
+"""The per-round drafting policy: whether to draft, and how many nodes to verify, from the entropy law.
+
+Known here: ``LawPolicy``, which the round consults twice (``round.play_round``):
+
+1. before drafting (``before_draft``): from the target entropy at the last committed position and the mean
+   over a short window of them (``H_w``), the fitted law's per-depth acceptance ``a(H_w, d)`` gives the
+   best rate any chain of depth ``D`` can reach, ``(1 + sum_{k<=D} prod_{d<=k} a(H_w, d)) / (c(D + 1) +
+   c_draft)``; when no depth beats a plain step (rate 1) the drafter is not called at all (its own cost
+   ``c_draft`` is saved);
+2. after drafting (``plan``): each drafted node gets a conditional acceptance ``p = a(H_w, d)^(1 - w) *
+   q^w``, a geometric blend of the law's prediction and the drafter's own conditional probability ``q``
+   of the node (its confidence, known before verification; ``w`` = ``confidence_weight``); path
+   probabilities are products along the path. Nodes are ranked by path probability (a child never
+   outranks its parent, so every prefix of the ranking is a tree), and the policy verifies the prefix
+   of ``k`` nodes with the most expected committed tokens per unit of verify cost, ``(1 + sum_{i<=k}
+   P_i) / c(k + 1)``, or nothing when no prefix beats 1. ``k`` is the round's chain depth / tree budget.
+
+The law's numbers arrive as plain parameters (a JSON-able dict, fitted by ``entropy_law.law.policy`` and
+stored in the run's metadata): this module never imports the law layer. ``c(n)`` is the measured verify-cost
+curve (``gate.VerifyCost``). The policy picks which drafted nodes are verified; the acceptance rule is the
+round's, so the output is the greedy output whatever it decides.
+
+Not known here: how the law is fitted (``entropy_law.law.policy``), how trees are built (``tree``).
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import numbers
+from typing import Sequence
+
+import torch
+
+from entropy_law.decoding.gate import VerifyCost
+from entropy_law.decoding.interface import DraftProposal
+from entropy_law.decoding.tree import Tree
+
+POLICY_KIND = "entropy_law_policy"
+POLICY_VERSION = 1
+REQUIRED_KEYS = ("kind", "version", "window", "entropy_grid", "depths", "acceptance", "confidence_weight",
+                 "draft_cost", "default_entropy")
+
+
+def row_entropies(logits: torch.Tensor) -> list[float]:
+    """Shannon entropy (nats, fp32 softmax over the full vocabulary) of each row of ``[rows, V]`` logits."""
+    z = logits.float()
+    if z.dim() == 1:
+        z = z.unsqueeze(0)
+    logp = torch.log_softmax(z, dim=-1)
+    return (-(logp.exp() * logp).nan_to_num(nan=0.0).sum(dim=-1)).tolist()
+
+
+def _number(params: dict, key: str, *, low: float = -math.inf) -> float:
+    value = params[key]
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < low:
+        raise ValueError(f"policy parameter {key!r} must be a finite number >= {low}, got {value!r}")
+    return float(value)
+
+
+class LawPolicy:
+    """A per-round policy from plain parameters (``entropy_law.law.policy.fit_policy`` makes them).
+
+    ``params``: the dict of ``fit_policy`` (keys ``REQUIRED_KEYS``; ``verify_cost`` optional).
+    ``verify_cost``: the measured cost curve of this machine; default: the one stored in ``params``.
+    """
+
+    def __init__(self, params: dict, verify_cost: VerifyCost | None = None):
+        if not isinstance(params, dict):
+            raise TypeError(f"policy parameters must be a dict (fit_policy's output), got {type(params).__name__}")
+        missing = [key for key in REQUIRED_KEYS if key not in params]
+        if missing:
+            raise ValueError(f"policy parameters lack {missing}; make them with entropy_law.law.policy.fit_policy "
+                             "(and save_policy) from traces of this drafter")
+        if params["kind"] != POLICY_KIND or params["version"] != POLICY_VERSION:
+            raise ValueError(f"not policy parameters of kind {POLICY_KIND!r} version {POLICY_VERSION}: "
+                             f"got {params['kind']!r} version {params['version']!r}")
+        self.params = dict(params)
+        window = params["window"]
+        if isinstance(window, bool) or not isinstance(window, numbers.Integral) or window < 1:
+            raise ValueError(f"policy parameter 'window' must be an int >= 1, got {window!r}")
+        self.window = int(window)
+        self.grid = [float(h) for h in params["entropy_grid"]]
+        self.depths = [int(d) for d in params["depths"]]
+        self.acceptance = [[float(a) for a in row] for row in params["acceptance"]]
+        if len(self.grid) < 2 or any(b <= a for a, b in zip(self.grid, self.grid[1:])):
+            raise ValueError("policy parameter 'entropy_grid' must hold >= 2 increasing entropies (nats)")
+        if self.depths != list(range(1, len(self.depths) + 1)):
+            raise ValueError(f"policy parameter 'depths' must be 1..D, got {self.depths}")
+        if len(self.acceptance) != len(self.grid) or any(len(row) != len(self.depths) for row in self.acceptance):
+            raise ValueError(f"policy parameter 'acceptance' must be [{len(self.grid)} entropies x "
+                             f"{len(self.depths)} depths]")
+        if any(not 0.0 <= a <= 1.0 for row in self.acceptance for a in row):
+            raise ValueError("policy parameter 'acceptance' must hold probabilities in [0, 1]")
+        self.confidence_weight = _number(params, "confidence_weight", low=0.0)
+        if self.confidence_weight > 1.0:
+            raise ValueError(f"policy parameter 'confidence_weight' must lie in [0, 1], got {self.confidence_weight}")
+        self.draft_cost = _number(params, "draft_cost", low=0.0)
+        self.default_entropy = _number(params, "default_entropy", low=0.0)
+        if verify_cost is None:
+            if params.get("verify_cost") is None:
+                raise ValueError("the policy needs a verify-cost curve: pass verify_cost (e.g. verify_cost='measure' "
+                                 "to the decoder) or store one in the parameters")
+            verify_cost = VerifyCost.from_config(params["verify_cost"])
+        if not isinstance(verify_cost, VerifyCost):
+            raise TypeError(f"verify_cost must be a VerifyCost, got {type(verify_cost).__name__}")
+        self.verify_cost = verify_cost
+        self._log_grid = [math.log(h + 1e-3) for h in self.grid]
+
+    # --- the law from its table ---------------------------------------------------------------------
+
+    def law_acceptance(self, entropy: float) -> list[float]:
+        """``a(H, d)`` for d = 1..D: linear interpolation in ``log(H + 1e-3)`` on the fitted grid (clamped at
+        its ends)."""
+        x = math.log(max(float(entropy), 0.0) + 1e-3)
+        grid = self._log_grid
+        if x <= grid[0]:
+            return list(self.acceptance[0])
+        if x >= grid[-1]:
+            return list(self.acceptance[-1])
+        i = bisect.bisect_right(grid, x)
+        t = (x - grid[i - 1]) / (grid[i] - grid[i - 1])
+        return [(1 - t) * a + t * b for a, b in zip(self.acceptance[i - 1], self.acceptance[i])]
+
+    def _at_depth(self, acceptance: list[float], depth: int) -> float:
+        return acceptance[min(depth, len(acceptance)) - 1]  # deeper than fitted: the deepest fitted depth
+
+    def inputs(self, entropies: Sequence[float], n_output: int) -> dict:
+        """The entropy inputs known before the round: at the last committed position and the window mean
+        (the parameters' ``default_entropy`` where none is known, e.g. in a replay without target logits)."""
+        known = [h for h in list(entropies[:n_output])[-self.window:] if h == h]
+        last = entropies[n_output - 1] if 0 < n_output <= len(entropies) else float("nan")
+        window = sum(known) / len(known) if known else self.default_entropy
+        return {"entropy": float(last) if last == last else None, "window_entropy": float(window)}
+
+    # --- decisions ------------------------------------------------------------------------------------
+
+    def best_chain_rate(self, acceptance: list[float], max_depth: int) -> float:
+        """The law's best expected tokens per unit cost of a chain of depth 1..max_depth, drafter cost included."""
+        best, reach, expected = 1.0, 1.0, 0.0
+        for depth in range(1, max_depth + 1):
+            reach *= self._at_depth(acceptance, depth)
+            expected += reach
+            best = max(best, (1.0 + expected) / (self.verify_cost(depth + 1) + self.draft_cost))
+        return best
+
+    def before_draft(self, entropies: Sequence[float], n_output: int, max_depth: int) -> dict:
+        """Whether to call the drafter this round (``"draft"``) and the inputs it was decided from."""
+        inputs = self.inputs(entropies, n_output)
+        acceptance = self.law_acceptance(inputs["window_entropy"])
+        rate = self.best_chain_rate(acceptance, max(int(max_depth), 0))
+        return {**inputs, "draft": rate > 1.0, "law_rate": rate, "acceptance": acceptance}
+
+    def plan(self, proposal: DraftProposal, tree: Tree, decision: dict) -> tuple[Tree, float]:
+        """The nodes of ``tree`` to verify (an ancestor-closed subtree, possibly empty) and its expected
+        accepted drafts under the blended probabilities. Fills ``decision`` with the drafter's confidence
+        (its surrogate expected accepted drafts of the whole drafted tree), the budget and the expectation."""
+        if tree.n_nodes == 0:
+            decision.update(confidence=0.0, budget=0, expected=0.0)
+            return Tree.empty(), 0.0
+        lookup = [dict(zip(toks, lps)) for toks, lps in zip(proposal.tokens.tolist(),
+                                                             proposal.logprobs.to(torch.float64).tolist())]
+        acceptance, w = decision["acceptance"], self.confidence_weight
+        path_prob, surrogate = [], []
+        for token, parent, depth in zip(tree.tokens, tree.parents, tree.depths):
+            logq = lookup[depth - 1].get(token, -math.inf) if depth <= len(lookup) else -math.inf
+            q = math.exp(logq)
+            a = self._at_depth(acceptance, depth)
+            p = (a ** (1.0 - w)) * (q ** w) if q > 0 else 0.0
+            above = 1.0 if parent == 0 else path_prob[parent - 1]
+            path_prob.append(above * p)
+            surrogate.append((1.0 if parent == 0 else surrogate[parent - 1]) * q)
+        # rank by path probability; p <= 1, so a parent ranks before its children (ties: creation order)
+        order = sorted(range(tree.n_nodes), key=lambda i: (-path_prob[i], i))
+        best_k, best_rate, cumulative = 0, 1.0, 0.0
+        for k, i in enumerate(order, start=1):
+            cumulative += path_prob[i]
+            rate = (1.0 + cumulative) / self.verify_cost(k + 1)
+            if rate > best_rate:
+                best_k, best_rate = k, rate
+        chosen = order[:best_k]
+        expected = float(sum(path_prob[i] for i in chosen))
+        decision.update(confidence=float(sum(surrogate)), budget=best_k, expected=expected)
+        if best_k == 0:
+            return Tree.empty(), 0.0
+        new_index = {}
+        tokens, parents, depths = [], [], []
+        for i in sorted(chosen, key=lambda i: (tree.depths[i], order.index(i))):  # parents first
+            parent = tree.parents[i]
+            new_index[i + 1] = len(tokens) + 1
+            tokens.append(tree.tokens[i])
+            parents.append(0 if parent == 0 else new_index[parent])
+            depths.append(tree.depths[i])
+        return Tree(tuple(tokens), tuple(parents), tuple(depths)), expected
+
+    def observe(self, entropies: list[float], n_output: int, target_logits: torch.Tensor | None) -> None:
+        """Append the entropies of the newly committed positions (only the last ``window`` rows are computed;
+        earlier ones are NaN, never read). ``target_logits``: their logit rows (None: unknown, nothing
+        appended; a replay gives the entropies up front)."""
+        if target_logits is None or len(entropies) >= n_output:
+            return
+        rows = int(target_logits.shape[0])
+        new = n_output - len(entropies)
+        if new != rows:
+            return  # the rows do not line up with the new positions: leave them unknown
+        computed = row_entropies(target_logits[max(0, rows - self.window):])
+        entropies.extend([float("nan")] * (rows - len(computed)) + computed)
+
+    def to_config(self) -> dict:
+        """The parameters as stored with the run (the verify-cost curve in use included)."""
+        return {**self.params, "verify_cost": self.verify_cost.to_config()}
+
+
+def round_columns(decision: dict | None) -> dict:
+    """The round's policy columns of the trace (``traces.schema.ADDED_COLUMNS["rounds"]``); nulls without a
+    policy."""
+    if decision is None:
+        return {}
+    return {"policy_entropy_nats": decision.get("entropy"),
+            "policy_window_entropy_nats": decision.get("window_entropy"),
+            "policy_draft_confidence": decision.get("confidence"),
+            "policy_expected_accepted": decision.get("expected"),
+            "policy_budget": decision.get("budget", 0),
+            "policy_drafted": bool(decision.get("draft"))}

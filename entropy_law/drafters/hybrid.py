@@ -1,0 +1,121 @@
+"""One proposal from two drafters: the n-gram drafter's matches and the block drafter's candidates.
+
+Known here: ``HybridDrafter``, a ``Drafter`` that asks the n-gram drafter first (prompt lookup, almost free)
+and the block drafter (one forward over fused target states) only when the n-gram proposal is not confident
+enough on its own: its expected accepted drafts under its own calibrated probabilities, ``sum_k prod_{d<=k}
+q_d`` along its top-1 chain, below ``skip_block_at``. Otherwise the two proposals are merged per depth into
+one: candidates deduplicated (a token both propose is one candidate), scored by one probability surrogate,
+the mixture ``p = w q_ngram + (1 - w) q_block`` (``w`` = ``ngram_weight``; a drafter that proposes nothing at a
+depth contributes 0 there), best first, at most ``top_k`` per depth. The tree policy (DDTree) then builds one
+prefix-closed tree from the merged marginals, verified in one target pass.
+
+When the block forward is skipped, the target features of the positions committed meanwhile are kept and
+handed to the block drafter at its next call (the ``Drafter`` contract: features of committed positions not
+yet given), so its context stays complete.
+
+Not known here: how trees are built or verified (``decoding``).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+
+from entropy_law.decoding.interface import DraftProposal, drafter_run_config
+
+
+def chain_confidence(proposal: DraftProposal) -> float:
+    """Expected accepted drafts of the proposal's top-1 chain under its own probabilities."""
+    if proposal.depth == 0:
+        return 0.0
+    top = proposal.logprobs[:, 0].to(torch.float64).exp()
+    return float(torch.cumprod(top, dim=0).sum())
+
+
+def merge_proposals(first: DraftProposal, second: DraftProposal, *, weight: float, top_k: int) -> DraftProposal:
+    """Per depth: the union of both proposals' candidates scored by ``weight p_first + (1 - weight) p_second``,
+    best first (ties: ``first``'s order), at most ``top_k``; ``-inf`` pads unused slots."""
+    depth = max(first.depth, second.depth)
+    rows: list[list[tuple[float, int]]] = []
+    for d in range(depth):
+        scores: dict[int, float] = {}
+        order: list[int] = []
+        for proposal, w in ((first, weight), (second, 1.0 - weight)):
+            if d >= proposal.depth:
+                continue
+            for token, logprob in zip(proposal.tokens[d].tolist(), proposal.logprobs[d].tolist()):
+                if logprob == -math.inf:
+                    continue
+                if token not in scores:
+                    scores[token] = 0.0
+                    order.append(token)
+                scores[token] += w * math.exp(logprob)
+        ranked = sorted(((scores[t], i, t) for i, t in enumerate(order) if scores[t] > 0), key=lambda x: (-x[0], x[1]))
+        rows.append([(p, t) for p, _, t in ranked[:top_k]])
+    kept = 0
+    while kept < len(rows) and rows[kept]:
+        kept += 1  # a depth without candidates ends the proposal (nothing deeper can be reached)
+    rows = rows[:kept]
+    if not rows:
+        return DraftProposal.empty()
+    width = max(len(row) for row in rows)
+    tokens = torch.zeros((kept, width), dtype=torch.long)
+    logprobs = torch.full((kept, width), -math.inf, dtype=torch.float32)
+    for d, row in enumerate(rows):
+        used = {t for _, t in row}
+        fillers = (t for t in range(width + len(row) + 1) if t not in used)  # distinct ids for the padding
+        for j in range(width):
+            if j < len(row):
+                tokens[d, j], logprobs[d, j] = row[j][1], math.log(min(row[j][0], 1.0))
+            else:
+                tokens[d, j] = next(fillers)
+    return DraftProposal(tokens=tokens, logprobs=logprobs)
+
+
+class HybridDrafter:
+    """The n-gram drafter and the block drafter behind one ``Drafter`` (module docstring).
+
+    ``ngram``: an ``NgramDrafter``; ``block``: a ``BlockDrafter`` (or any feature-reading drafter).
+    ``skip_block_at``: the n-gram chain confidence (expected accepted drafts) at which the block forward is
+    skipped (``math.inf``: never skipped). ``block_calls`` / ``block_skips`` count the decisions.
+    """
+
+    drafter_id = "hybrid"
+
+    def __init__(self, ngram, block, *, ngram_weight: float = 0.5, skip_block_at: float = 2.0, top_k: int = 8):
+        if not 0.0 <= ngram_weight <= 1.0:
+            raise ValueError(f"ngram_weight must lie in [0, 1], got {ngram_weight}")
+        if not skip_block_at >= 0:
+            raise ValueError(f"skip_block_at must be >= 0 (math.inf: never skip), got {skip_block_at}")
+        if top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {top_k}")
+        self.ngram, self.block = ngram, block
+        self.ngram_weight, self.skip_block_at, self.top_k = float(ngram_weight), float(skip_block_at), int(top_k)
+        self.feature_layers = tuple(getattr(block, "feature_layers", ()))
+        self.block_size = max(int(ngram.block_size), int(block.block_size))
+        self.pending: torch.Tensor | None = None
+        self.block_calls = self.block_skips = 0
+
+    @property
+    def config(self) -> dict:
+        return {"ngram": drafter_run_config(self.ngram), "block": drafter_run_config(self.block),
+                "ngram_weight": self.ngram_weight, "skip_block_at": self.skip_block_at, "top_k": self.top_k}
+
+    def begin(self, prompt_ids: Sequence[int], prompt_features: torch.Tensor | None) -> None:
+        self.ngram.begin(prompt_ids, None)
+        self.block.begin(prompt_ids, prompt_features)
+        self.pending = None
+
+    def propose(self, tokens: Sequence[int], new_features: torch.Tensor | None) -> DraftProposal:
+        if new_features is not None:
+            self.pending = new_features if self.pending is None else torch.cat([self.pending, new_features])
+        ngram = self.ngram.propose(tokens, None)
+        if ngram.depth > 0 and chain_confidence(ngram) >= self.skip_block_at:
+            self.block_skips += 1
+            return ngram
+        block = self.block.propose(tokens, self.pending)
+        self.pending = None
+        self.block_calls += 1
+        return merge_proposals(ngram, block, weight=self.ngram_weight, top_k=self.top_k)

@@ -1,0 +1,263 @@
+"""GLANCE's round log into a trace run (``entropy-law import glance ROUNDS.jsonl --out RUN``), and back.
+
+GLANCE (github ``js-lee-AI/GLANCE``, ``experiments/main_table.py --round-log``) logs one JSON object per
+verify round: ``round, entropy, accepted, tau, tree_size, extended, task, prompt``. The log is read and
+checked by ``law.glance.read_glance_rounds`` (errors name ``file:line`` and the field); this module writes
+what the log holds as trace rows, through ``TraceRecorder.log_columns``, and nothing more:
+
+- one request per (task, prompt) (request id ``<task>/<prompt>``; the task is the category, so the rows
+  of several tasks become categories), one round per logged round (``round_index`` = GLANCE's ``round``);
+- positions rebuilt from tau: a round commits tau = accepted + 1 tokens, and its ``start_position`` is the
+  sum of the tau of the prompt's earlier logged rounds (the prefill's token is not in the log; position 0
+  is the first token of the first logged round);
+- token ids null (GLANCE saves none); target statistics null except ``target_entropy_nats`` at depth 1 of
+  each round (the log's ``entropy``: the round root's distribution, which predicted depth 1);
+- no timings: the round and request times are written as 0 ms, the precedent of the engine importers
+  (``importers.writer``: "round times 0 (not reported)"); ``TraceAnalysis`` counts such a run as untimed,
+  so no speedup is computed from it;
+- what the log does not hold and how the non-null columns were filled is in ``run.json`` (``glance_import``:
+  ``missing`` and ``filled``), with ``imported_from: "glance"`` and ``target_stats_scope: "round_root"``,
+  which the at-risk table (``law.atrisk``) reads to refuse laws that need per-position entropies.
+
+``export_glance_rounds`` writes any run's rounds (recorded or imported) as GLANCE's round log.
+
+Not known here: GLANCE's law and its checks (``law.glance``). No torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from entropy_law.importers.writer import SkippedLine
+from entropy_law.law import glance
+from entropy_law.traces.layout import file_sha256
+from entropy_law.traces.recorder import TraceRecorder
+
+ENGINE = "glance"
+METADATA_KEY = "glance_import"
+TARGET_STATS_SCOPE = "round_root"  # run.json target_stats_scope: target statistics only at each round's depth-1 row
+MISSING = {
+    "token_id": "null: GLANCE's round log saves no token ids",
+    "target statistics": ("only target_entropy_nats at depth 1 of each round (the log's 'entropy', the round "
+                          "root's distribution); every other target statistic and depth is null"),
+    "timings": ("none in GLANCE's round log: draft_ms, verify_ms, overhead_ms, prefill_ms and decode_ms are 0 "
+                "(not reported, as the engine importers write them); no speedup can be computed"),
+    "prompt": "GLANCE's 'prompt' is an index, not text: prompt_tokens is 0 (unknown), context_len = start_position",
+    "tree_depth": "not logged: the deepest draft a round could hold, see filled.tree_depth",
+}
+
+
+@dataclass
+class GlanceImportSummary:
+    run_dir: Path
+    run_id: str
+    lines: int
+    rounds: int
+    requests: int
+    categories: list
+    skipped: list = field(default_factory=list)
+
+    def lines_to_print(self) -> list[str]:
+        return [f"imported {self.rounds} round(s) of {self.requests} prompt(s) from GLANCE's round log into "
+                f"{self.run_dir} (run {self.run_id})",
+                f"  categories (GLANCE tasks):       {', '.join(self.categories)}",
+                f"  malformed lines skipped:         {len(self.skipped)}",
+                "target statistics: the root entropy of each round only (depth 1); token ids null; no timings. "
+                "Fit GLANCE's law (fit_law(traces, family=\"glance\")); laws of per-position entropy cannot be "
+                "fitted on this run"]
+
+
+def read_rounds(path, *, skip_bad: bool = False) -> tuple[pd.DataFrame, list[SkippedLine], int]:
+    """``read_glance_rounds`` with ``skip_bad``: a line that fails its checks is dropped and listed (its
+    ``file:line: field ...`` error), and the remaining lines are read again. Returns (rounds, skipped, lines)."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file (GLANCE's round log: JSONL, one round per line)")
+    text = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    n_lines = sum(1 for t in text if t.strip())
+    skipped: list[SkippedLine] = []
+    while True:
+        try:
+            if not skipped:
+                return glance.read_glance_rounds(path), skipped, n_lines
+            kept = [t if i + 1 not in {s.line for s in skipped} else "\n" for i, t in enumerate(text)]
+            tmp = path.with_name(f".skip-bad-{path.name}")
+            try:
+                tmp.write_text("".join(kept), encoding="utf-8")
+                rounds = glance.read_glance_rounds(tmp)
+            finally:
+                tmp.unlink(missing_ok=True)
+            return rounds, skipped, n_lines
+        except ValueError as err:
+            message = str(err)
+            line, fieldname = _where(message, path)
+            if not skip_bad or line is None:
+                hint = " (entropy-law import glance --skip-bad skips such lines and lists them in run.json)" \
+                    if line is not None else ""
+                raise ValueError(message.replace(f".skip-bad-{path.name}", path.name) + hint) from None
+            skipped.append(SkippedLine(line, fieldname, message.split(": ", 2)[-1]))
+
+
+def _where(message: str, path: Path) -> tuple[int | None, str]:
+    """(line, field) of a ``read_glance_rounds`` error ``<file>:<line>: ... field '<name>' ...``."""
+    head = message.split(": ", 1)[0]
+    number = head.rsplit(":", 1)[-1]
+    if not number.isdigit():
+        return None, ""
+    fieldname = message.split("field '", 1)[1].split("'", 1)[0] if "field '" in message else "(line)"
+    return int(number), fieldname
+
+
+def _tables(rounds: pd.DataFrame, block_size: int) -> dict:
+    """The three trace tables of the round log (columns as numpy / Arrow arrays)."""
+    rounds = rounds.sort_values(["category", "prompt", "round"], kind="stable", ignore_index=True)
+    tau = rounds["tau"].to_numpy(dtype=np.int64)
+    accepted = rounds["accepted"].to_numpy(dtype=np.int64)
+    request = rounds["request_id"].to_numpy(dtype=object)
+    start = rounds.groupby("request_id", sort=False)["tau"].cumsum().to_numpy(dtype=np.int64) - tau
+    has_size = rounds["tree_size"].notna().to_numpy()
+    nodes_logged = np.where(has_size, rounds["tree_size"].fillna(1).to_numpy(dtype=float) - 1, np.nan)
+    depth = np.full(len(rounds), block_size - 1, dtype=np.int64)  # the deepest draft a round could hold
+    depth = np.where(has_size, np.minimum(depth, np.nan_to_num(nodes_logged, nan=0).astype(np.int64)), depth)
+    depth = np.maximum(depth, accepted)  # a round accepted at least this deep
+    nodes = np.where(has_size, np.maximum(np.nan_to_num(nodes_logged, nan=0), depth), depth).astype(np.int64)
+    rounds_table = {
+        "request_id": request, "round_index": rounds["round"].to_numpy(dtype=np.int32),
+        "start_position": start.astype(np.int32), "context_len": start.astype(np.int32),
+        "block_size": np.full(len(rounds), block_size, dtype=np.int16), "tree_nodes": nodes.astype(np.int32),
+        "tree_depth": depth.astype(np.int16), "accepted": accepted.astype(np.int16),
+        "committed": tau.astype(np.int16), "draft_ms": np.zeros(len(rounds), np.float32),
+        "verify_ms": np.zeros(len(rounds), np.float32), "overhead_ms": np.zeros(len(rounds), np.float32),
+    }
+    which = np.repeat(np.arange(len(rounds)), tau)  # one token row per committed token
+    token_depth = np.arange(which.size) - np.repeat(np.cumsum(tau) - tau, tau) + 1
+    n = which.size
+    role = np.where(token_depth <= accepted[which], "accepted",
+                    np.where(accepted[which] == depth[which], "bonus", "correction"))
+    root = token_depth == 1
+    entropy = rounds["entropy"].to_numpy(dtype=np.float32)[which]
+    null_f32 = pa.nulls(n, type=pa.float32())
+    tokens = {
+        "request_id": request[which], "category": rounds["category"].to_numpy(dtype=object)[which],
+        "round_index": rounds["round"].to_numpy(dtype=np.int32)[which],
+        "position": (start[which] + token_depth - 1).astype(np.int32), "depth": token_depth.astype(np.int16),
+        "token_id": pa.nulls(n, type=pa.int32()), "role": role,
+        "target_entropy_nats": pa.array(np.where(root, entropy, 0).astype(np.float32), mask=~root),
+        "target_renyi2_nats": null_f32, "target_top1_prob": null_f32, "target_top2_prob": null_f32,
+        "target_logit_gap": null_f32, "draft_prob": null_f32, "draft_rank": pa.nulls(n, type=pa.int32()),
+        "draft_entropy_nats": null_f32,
+    }
+    per_request = rounds.groupby("request_id", sort=False).agg(category=("category", "first"), rounds=("tau", "size"),
+                                                               new_tokens=("tau", "sum"), task=("task", "first"),
+                                                               prompt=("prompt", "first"))
+    m = len(per_request)
+    requests = {
+        "request_id": per_request.index.to_numpy(dtype=object), "category": per_request["category"].to_numpy(object),
+        "dataset": np.full(m, "glance", dtype=object),
+        "question_id": per_request["prompt"].astype(str).to_numpy(dtype=object),
+        "prompt_tokens": np.zeros(m, np.int32), "image_tokens": np.zeros(m, np.int32),
+        "new_tokens": per_request["new_tokens"].to_numpy(dtype=np.int32),
+        "rounds": per_request["rounds"].to_numpy(dtype=np.int32),
+        "stop_reason": np.full(m, "max_new_tokens", dtype=object),
+        "prefill_ms": np.zeros(m, np.float32), "decode_ms": np.zeros(m, np.float32),
+    }
+    return {"tokens": tokens, "rounds": rounds_table, "requests": requests}
+
+
+def import_glance(path, out, *, skip_bad: bool = False, model_id: str | None = None, drafter_id: str | None = None,
+                  cap: int = glance.CAP, overwrite: bool = False) -> GlanceImportSummary:
+    """Write GLANCE's round log ``path`` as a trace run in ``out`` (module docstring); ``cap``: GLANCE's
+    reachable accepted length (15), so block_size = max(cap, the largest accepted in the log) + 1."""
+    path = Path(path)
+    rounds, skipped, n_lines = read_rounds(path, skip_bad=skip_bad)
+    block_size = int(max(cap, int(rounds["accepted"].max()))) + 1
+    tables = _tables(rounds, block_size)
+    sizes = rounds["tree_size"].dropna()
+    meta = {
+        "model_id": model_id,
+        "drafter_id": drafter_id if drafter_id is not None else f"glance:{path.stem}",
+        "drafter_config": {"tree_size": int(sizes.max())} if len(sizes) and sizes.nunique() == 1 else {},
+        "tree_policy": "glance-tree" if len(sizes) and sizes.max() > block_size else "unknown",
+        "imported_from": ENGINE,
+        "target_stats_scope": TARGET_STATS_SCOPE,
+        METADATA_KEY: {
+            "source": str(path), "source_sha256": file_sha256(path), "lines_read": n_lines,
+            "rounds": len(rounds), "requests": int(rounds["request_id"].nunique()),
+            "skipped_bad": len(skipped), "skipped_lines": [vars(s) for s in skipped],
+            "positions": ("rebuilt from tau: the sum of tau of the prompt's earlier logged rounds"
+                          + ("; a skipped line's round is absent, so the later positions of its prompt are short "
+                             "by its (unknown) tau" if skipped else "")),
+            "missing": MISSING,
+            "filled": {
+                "block_size": f"{block_size}: max(cap {cap}, largest accepted in the log) + 1",
+                "tree_depth": ("not logged: min(block_size - 1, tree_size - 1), at least accepted; an upper bound "
+                               "on the round's drafted depth, not a measurement"),
+                "tree_nodes": "tree_size - 1 (the root excluded), at least tree_depth; tree_depth where tree_size is absent",
+                "role": ("depths 1..accepted 'accepted'; the last token 'bonus' when accepted = tree_depth, else "
+                         "'correction'"),
+                "stop_reason": "max_new_tokens (GLANCE logs no stop reason)",
+                "extended": ("GLANCE's 'extended' flag has no trace column: the rounds logged true are listed in "
+                             "extended_rounds ([request_id, round]); export writes them back"),
+            },
+            "timings": MISSING["timings"],
+            "tree_size_logged": bool(len(sizes)),
+            "extended_rounds": [[str(r), int(k)] for r, k in
+                                rounds.loc[rounds["extended"], ["request_id", "round"]].itertuples(index=False)],
+        },
+    }
+    with TraceRecorder(out, overwrite=overwrite, **meta) as recorder:
+        recorder.log_columns(**tables)
+        run_id = recorder.run_id
+    return GlanceImportSummary(run_dir=Path(out), run_id=run_id, lines=n_lines, rounds=len(rounds),
+                               requests=int(rounds["request_id"].nunique()),
+                               categories=sorted(rounds["category"].unique()), skipped=skipped)
+
+
+def export_glance_rounds(traces, out) -> int:
+    """Write the drafting rounds of ``traces`` (one drafting arm; recorded or imported) as GLANCE's round
+    log to ``out`` (a path or an open text file): ``glance.glance_rounds`` then ``glance.write_glance_rounds``.
+    An imported GLANCE run exports its own rows: its logged ``round`` and ``prompt`` indices and its
+    ``tree_size``. Returns the number of rows."""
+    rounds = glance.glance_rounds(traces)
+    imported = _imported_runs(traces)
+    if imported:
+        rounds = _as_logged(traces, rounds, imported)
+    return glance.write_glance_rounds(rounds, out)
+
+
+def _imported_runs(traces) -> set:
+    runs = traces.runs
+    if "imported_from" not in runs:
+        return set()
+    return set(runs.loc[runs["imported_from"] == ENGINE, "run_id"].astype(str))
+
+
+def _as_logged(traces, rounds: pd.DataFrame, imported: set) -> pd.DataFrame:
+    """Rows of imported GLANCE runs as the log had them: ``round`` (the round index), ``prompt`` (from the
+    request id ``<task>/<prompt>``), ``tree_size`` (tree nodes + 1; null where the log had none) and
+    ``extended`` (run.json ``extended_rounds``)."""
+    out = rounds.copy()
+    mine = out["run_id"].isin(imported).to_numpy()
+    out.loc[mine, "round"] = out.loc[mine, "round_index"]
+    prompt = out.loc[mine, "request_id"].str.rsplit("/", n=1).str[-1]
+    out.loc[mine, "prompt"] = prompt.astype(np.int64)
+    out["tree_size"] = out["tree_size"].astype(object)
+    for run_id, meta in traces.metadata.items():
+        if str(run_id) not in imported:
+            continue
+        info = meta.get(METADATA_KEY) or {}
+        rows = mine & (out["run_id"] == str(run_id)).to_numpy()
+        if not info.get("tree_size_logged", True):
+            out.loc[rows, "tree_size"] = None
+        extended = {(str(r), int(k)) for r, k in info.get("extended_rounds", [])}
+        out.loc[rows, "extended"] = [(r, int(k)) in extended
+                                     for r, k in zip(out.loc[rows, "request_id"], out.loc[rows, "round"])]
+    return out
+
+
+__all__ = ["ENGINE", "GlanceImportSummary", "export_glance_rounds", "import_glance", "read_rounds"]

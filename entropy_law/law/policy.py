@@ -1,0 +1,146 @@
+"""The law behind the per-round drafting policy: fitted from traces, exported as plain parameters.
+
+Known here: ``fit_policy``, which fits the acceptance law on what a decoder knows BEFORE a round (the mean
+target entropy over the last ``window`` committed positions, ``H_w``, in place of the entropy at the drafted
+position, which is known only after verification) with the existing ``fit.fit_law`` (family ``law_exp``
+by default: cloglog on rejection, log(H + eps) and a depth factor), and tabulates ``a(H_w, d)`` on a
+log-spaced entropy grid for d = 1..D. The drafter's own cost (in one-token forwards) comes from the
+measured round timings through ``cost.fit_cost_model`` where the traces hold them, or is given. The result
+is a JSON-able dict: the decoder (``entropy_law.decoding.policy.LawPolicy``) reads it without importing
+this layer, and it is stored in the run's metadata with the run.
+
+``confidence_weight`` (the weight of the drafter's own probability against the law in the decoder's
+geometric blend) is a stated choice (default 0.5: equal weight), not fitted: the traces record the
+drafter's probability of the committed token, not of the rejected candidate, so its calibration against
+acceptance is not identified from them.
+
+Not known here: torch, decoding, how rounds are played. No torch.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+
+from entropy_law.law.cost import fit_cost_model
+from entropy_law.law.fit import fit_law
+
+POLICY_KIND = "entropy_law_policy"  # the decoder's LawPolicy checks these two
+POLICY_VERSION = 1
+DEFAULT_GRID = tuple(float(h) for h in np.geomspace(1e-3, 8.0, 40))
+
+
+def window_entropy(tokens: pd.DataFrame, window: int) -> np.ndarray:
+    """For every token row, the mean target entropy over the ``window`` output positions before its round's
+    first committed position (what the decoder knows before drafting that round); NaN for the prefill round
+    (no earlier position). ``tokens``: trace format v1 (``run_id``, ``request_id``, ``position``, ``depth``,
+    ``target_entropy_nats``), every position of each request present."""
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    out = np.full(len(tokens), np.nan)
+    keys = tokens["run_id"].astype(str) + "\x1f" + tokens["request_id"].astype(str)
+    for _, index in tokens.groupby(keys, sort=False).indices.items():
+        part = tokens.iloc[index]
+        positions = part["position"].to_numpy(np.int64)
+        n = int(positions.max()) + 1
+        if len(np.unique(positions)) != n:
+            raise ValueError("tokens of a request do not cover positions 0..n-1 once each; the traces are incomplete")
+        h = np.empty(n)
+        h[positions] = part["target_entropy_nats"].to_numpy(float)
+        cumulative = np.concatenate([[0.0], np.cumsum(h)])
+        start = positions - part["depth"].to_numpy(np.int64) + 1
+        lo = np.maximum(start - window, 0)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out[index] = np.where(start > 0, (cumulative[start] - cumulative[lo]) / (start - lo), np.nan)
+    return out
+
+
+def fit_policy(traces, *, window: int = 4, family: str = "law_exp", drafter: str | None = None,
+               draft_cost: float | None = None, confidence_weight: float = 0.5,
+               entropy_grid=DEFAULT_GRID, max_depth: int | None = None) -> dict:
+    """Policy parameters from traces of one drafter arm (a ``TraceSet`` or anything with ``.tokens``,
+    ``.rounds``, ``.runs``).
+
+    ``window``: positions averaged into ``H_w``. ``draft_cost``: the drafter's cost per drafting round in
+    one-token forwards; ``None``: ``draft_ms / ar_ms_per_token`` of ``cost.fit_cost_model`` (needs timed
+    rounds and autoregressive rounds on the same machine; replayed runs have no timings: then pass it).
+    ``max_depth``: tabulate depths 1..max_depth (default: the deepest fitted depth; deeper depths use it).
+    Returns a JSON-able dict (``save_policy`` writes it; ``LawPolicy`` reads it).
+    """
+    if not 0.0 <= confidence_weight <= 1.0:
+        raise ValueError(f"confidence_weight must lie in [0, 1], got {confidence_weight}")
+    runs = traces.runs
+    if drafter is not None:
+        keep = runs.loc[runs["drafter_id"] == drafter, "run_id"]
+        if keep.empty:
+            raise ValueError(f"no runs of drafter {drafter!r}; drafters: {sorted(runs['drafter_id'].unique())}")
+        traces = traces.filter(run_id=list(keep)) if hasattr(traces, "filter") else SimpleNamespace(
+            tokens=traces.tokens.loc[traces.tokens["run_id"].isin(keep)],
+            rounds=traces.rounds.loc[traces.rounds["run_id"].isin(keep)], runs=runs.loc[runs["run_id"].isin(keep)])
+        runs = traces.runs
+    drafters = sorted(runs["drafter_id"].unique())
+    if len(drafters) != 1:
+        raise ValueError(f"the traces hold drafters {drafters}: a policy is for one drafter; pass drafter=")
+    tokens = traces.tokens.copy()
+    tokens["target_entropy_nats"] = window_entropy(tokens, window)
+    at_risk = tokens["role"].isin(("accepted", "correction"))
+    if not at_risk.any():
+        raise ValueError("the traces hold no drafted token at risk: record a drafting run of this drafter first")
+    tokens = tokens.loc[at_risk | tokens["target_entropy_nats"].notna()]
+    lagged = SimpleNamespace(tokens=tokens, rounds=traces.rounds, runs=runs)
+    law = fit_law(lagged, family, depth="factor", cov_type="nonrobust", min_requests_per_category=1)
+    depths = list(range(1, int(max(law.depths)) + 1 if max_depth is None else int(max_depth) + 1))
+    fitted = [d for d in depths if d in law.depths]
+    grid = np.asarray(entropy_grid, dtype=float)
+    table = np.column_stack([law.predict_acceptance(grid, depth=min(d, max(fitted)) if d not in law.depths
+                                                    else d) for d in depths])
+    table = np.clip(np.nan_to_num(table, nan=0.0), 0.0, 1.0)
+    h_w = tokens.loc[at_risk[tokens.index], "target_entropy_nats"].to_numpy(float)
+    notes = []
+    if draft_cost is None:
+        try:
+            cost = fit_cost_model(traces, drafter=drafters[0])
+        except ValueError as err:
+            raise ValueError(f"the drafter's cost cannot be estimated from these traces ({err}); pass draft_cost= "
+                             "(drafter time per round over one one-token target forward)") from err
+        draft_cost = cost.draft_ms / cost.ar_ms_per_token
+        notes.append(f"draft_cost = draft_ms / ar_ms_per_token = {cost.draft_ms:.3g} / {cost.ar_ms_per_token:.3g} "
+                     f"({cost.ar_source})")
+    if not draft_cost >= 0:
+        raise ValueError(f"draft_cost must be >= 0, got {draft_cost}")
+    return {
+        "kind": POLICY_KIND, "version": POLICY_VERSION, "drafter_id": drafters[0],
+        "model_id": sorted(runs["model_id"].astype(str).unique()) if "model_id" in runs else None,
+        "family": law.family.name, "window": int(window),
+        "entropy_grid": [round(float(h), 6) for h in grid], "depths": depths,
+        "acceptance": [[round(float(a), 6) for a in row] for row in table],
+        "confidence_weight": float(confidence_weight), "draft_cost": float(draft_cost),
+        "default_entropy": float(np.nanmedian(h_w)) if np.isfinite(h_w).any() else 1.0,
+        "fitted_on": {"runs": sorted(runs["run_id"].astype(str)), "requests": int(law.n_requests),
+                      "at_risk_trials": int(law.n_rows), "fitted_depths": fitted},
+        "coefficients": {str(k): float(v) for k, v in law.coefficients["estimate"].items()}
+        if "estimate" in getattr(law, "coefficients", pd.DataFrame()) else {},
+        "notes": notes,
+    }
+
+
+def save_policy(params: dict, path) -> Path:
+    path = Path(path)
+    path.write_text(json.dumps(params, indent=1))
+    return path
+
+
+def load_policy(path) -> dict:
+    """Policy parameters written by ``save_policy``; a clear error for any other file."""
+    path = Path(path)
+    try:
+        params = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise ValueError(f"cannot read policy parameters from {path}: {err}; make them with fit_policy") from err
+    if not isinstance(params, dict) or params.get("kind") != POLICY_KIND:
+        raise ValueError(f"{path} holds no policy parameters (kind {POLICY_KIND!r}); make them with fit_policy")
+    return params

@@ -1,0 +1,342 @@
+"""Per-request prediction of tokens per round with a prediction interval, and per-category reliability.
+
+Known here: the first two moments of a request's number of rounds under a fitted law (the DP of
+``blocks`` extended to E[N^2]: the round-to-round sampling variation given the request's length and
+entropy sequence), the law's parameter uncertainty (draws of the GLM coefficients from their
+cluster-robust normal approximation, the same draws for every request), the between-request and
+between-category overdispersion of log tokens per round estimated on the training categories only (method
+of moments on their in-sample residuals), and the leave-one-category-out use of all three
+(``loco_predictions``): a 90% interval per held-out request, its coverage against the observed tokens per
+round, and the reliability of the held-out trials' predicted acceptance per category.
+
+Intervals are on log(tokens per round): centre log(T / E[N]) + b, b the mean training residual;
+variance = Var(N) / E[N]^2 (sampling, delta method) + the parameter draws' variance of log E[N] +
+sigma2_request + sigma2_category + Var(b). Not known here: how laws are fitted (``fit``), the depth model
+(``transfer.TrainingDepthModel``), plots. No torch.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from entropy_law.law import atrisk
+from entropy_law.law.blocks import tau_distribution
+from entropy_law.law.fit import FittedLaw, fit_law, get_family, prepare_counts
+from entropy_law.law.results import Result
+from entropy_law.law.stats import FEW_REQUESTS, SmallSampleWarning
+from entropy_law.law.transfer import (TrainingDepthModel, _block_size, _observed_rounds, drafted_depths,
+                                      entropy_sequences, single_drafter, with_start_entropy)
+
+LEVEL = 0.90
+N_DRAWS = 20  # parameter draws per held-out category
+RELIABILITY_BINS = 10  # equal-width bins of the predicted acceptance
+
+
+def round_count_moments(acceptance: np.ndarray, depth_probs: np.ndarray | None = None) -> tuple[float, float]:
+    """(E[N], Var[N]) of the number of rounds N to commit T tokens: N(t) = 1 + N(t + tau + 1), tau ~
+    ``blocks.tau_distribution`` (acceptance capped at the drafted depth), N(t >= T) = 0, rounds
+    independent given their start (the law's assumption). E[N^2](t) = sum_k P(k) (1 + 2 E[N'] + E[N'^2])."""
+    p_tau = tau_distribution(acceptance, depth_probs)
+    length, width = p_tau.shape
+    m1 = np.zeros(length + width + 1)
+    m2 = np.zeros(length + width + 1)
+    for t in range(length - 1, -1, -1):
+        nxt1, nxt2 = m1[t + 1 : t + width + 1], m2[t + 1 : t + width + 1]
+        m1[t] = 1.0 + p_tau[t] @ nxt1
+        m2[t] = p_tau[t] @ (1.0 + 2.0 * nxt1 + nxt2)
+    return float(m1[0]), float(max(m2[0] - m1[0] ** 2, 0.0))
+
+
+def _design(law: FittedLaw, frame: pd.DataFrame) -> np.ndarray:
+    """The GLM design matrix of ``frame``'s rows (what ``law.predict_frame`` multiplies the coefficients by)."""
+    data = law._frame(frame)
+    # statsmodels' own formula transform (the one ``result.predict`` uses), so the columns match the coefficients
+    x, _ = law.result._transform_predict_exog(data)
+    return np.asarray(x, dtype=float)
+
+
+def _acceptance(law: FittedLaw, x: np.ndarray, params: np.ndarray) -> np.ndarray:
+    with np.errstate(over="ignore"):
+        mu = law.result.model.family.link.inverse(x @ params)
+    accept = 1.0 - mu if law.family.outcome == "rejection" else mu
+    return np.clip(accept, 1e-12, 1 - 1e-12)
+
+
+def parameter_draws(law: FittedLaw, n_draws: int, seed: int) -> np.ndarray:
+    """``[n_draws, K]`` coefficient draws from N(estimate, covariance of the fit)."""
+    if law.result is None:
+        raise ValueError(f"{law.family.name} has no GLM coefficients to draw")
+    cov = np.asarray(law.result.cov_params(), dtype=float)
+    if not np.all(np.isfinite(cov)):
+        raise ValueError(f"{law.family.name}: the coefficient covariance is not finite (separated fit?)")
+    rng = np.random.default_rng(seed)
+    return rng.multivariate_normal(np.asarray(law.result.params, dtype=float), cov, size=n_draws, method="eigh")
+
+
+def request_moments(law: FittedLaw, sequences: pd.DataFrame, B: int, depth_model: TrainingDepthModel, *,
+                    draws: np.ndarray | None = None) -> pd.DataFrame:
+    """Per request of ``sequences`` (``transfer.entropy_sequences`` rows): ``tokens``, the law's E[N] and
+    Var[N] (``round_count_moments`` with the drafted depths of ``depth_model``), ``predicted_tokens_per_round``
+    = T / E[N], ``var_log_sampling`` = Var[N] / E[N]^2 and, with ``draws`` (coefficient draws),
+    ``var_log_parameters``: the variance of log E[N] over the draws."""
+    drafts = int(B) - 1
+    rows = []
+    for rec in sequences.itertuples():
+        h = np.asarray(rec.entropy, dtype=float)
+        frame, shape = law.sequence_frame(h, drafts)
+        probs = depth_model.probabilities(h)
+        x = _design(law, frame)
+        a = law.shape_acceptance(_acceptance(law, x, np.asarray(law.result.params, dtype=float)), shape)
+        mean, var = round_count_moments(a, probs)
+        row = dict(run_id=rec.run_id, request_id=rec.request_id, category=rec.category, tokens=h.size,
+                   predicted_rounds=mean, var_rounds=var, predicted_tokens_per_round=h.size / mean,
+                   var_log_sampling=var / mean**2)
+        if draws is not None:
+            logs = [np.log(round_count_moments(law.shape_acceptance(_acceptance(law, x, theta), shape), probs)[0])
+                    for theta in draws]
+            row["var_log_parameters"] = float(np.var(logs, ddof=1)) if len(logs) > 1 else 0.0
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+@dataclass(frozen=True)
+class Overdispersion:
+    """Residual variance of log tokens per round beyond the law's sampling variation, from training requests:
+    ``bias`` (mean of the category-mean residuals), ``sigma2_request`` (within a category),
+    ``sigma2_category`` (between categories) and ``var_bias``, the variance of ``bias``."""
+
+    bias: float
+    sigma2_request: float
+    sigma2_category: float
+    var_bias: float
+    categories: int
+    requests: int
+
+    @classmethod
+    def estimate(cls, residual: pd.DataFrame) -> "Overdispersion":
+        """``residual``: per training request ``category``, ``residual`` (log observed - log predicted tokens
+        per round) and ``var_log_sampling``. Method of moments, each variance floored at 0."""
+        if residual.empty:
+            raise ValueError("no training requests to estimate the overdispersion from")
+        groups = residual.groupby("category")
+        means = groups["residual"].mean()
+        within = []
+        for _, g in groups:
+            n = len(g)
+            if n > 1:
+                dev2 = (g["residual"] - g["residual"].mean()) ** 2 * n / (n - 1)
+                within.append((dev2 - g["var_log_sampling"]).to_numpy())
+        sigma2_request = float(max(np.mean(np.concatenate(within)), 0.0)) if within else 0.0
+        k = len(means)
+        if k > 1:
+            per_request = sigma2_request + groups["var_log_sampling"].mean()
+            expected_noise = float((per_request / groups.size()).mean())
+            sigma2_category = float(max(means.var(ddof=1) - expected_noise, 0.0))
+            var_bias = float(means.var(ddof=1) / k)
+        else:
+            sigma2_category, var_bias = 0.0, 0.0
+        return cls(bias=float(means.mean()), sigma2_request=sigma2_request, sigma2_category=sigma2_category,
+                   var_bias=var_bias, categories=k, requests=len(residual))
+
+
+def prediction_interval(moments: pd.DataFrame, over: Overdispersion, level: float = LEVEL) -> pd.DataFrame:
+    """``moments`` (``request_moments``) with the interval columns: ``center`` (T / E[N] x e^bias), ``lower``,
+    ``upper`` at ``level`` (normal on the log scale) and ``sd_log`` with its parts."""
+    if not 0 < level < 1:
+        raise ValueError("level must lie in (0, 1)")
+    out = moments.copy()
+    param = out["var_log_parameters"] if "var_log_parameters" in out else 0.0
+    var = out["var_log_sampling"] + param + over.sigma2_request + over.sigma2_category + over.var_bias
+    z = stats.norm.ppf(0.5 + level / 2)
+    log_center = np.log(out["predicted_tokens_per_round"]) + over.bias
+    out["center"] = np.exp(log_center)
+    out["sd_log"] = np.sqrt(var)
+    out["lower"] = np.exp(log_center - z * out["sd_log"])
+    out["upper"] = np.exp(log_center + z * out["sd_log"])
+    return out
+
+
+@dataclass
+class RequestPredictions(Result):
+    """LOCO per-request predictions. ``requests``: per held-out request the observed and predicted tokens
+    per round, the interval and ``covered``; ``summary``: per category the coverage, mean interval width
+    (relative to the centre), the variance parts; ``reliability``: per category x bin of predicted
+    acceptance, the held-out trials' mean predicted and observed acceptance (Wilson 95% CI)."""
+
+    summary: pd.DataFrame
+    requests: pd.DataFrame
+    reliability: pd.DataFrame
+    family: str
+    level: float
+    notes: list = field(default_factory=list)
+
+    @property
+    def title(self) -> str:
+        return (f"per-request tokens per round, leave-one-category-out, {self.family}: {self.level:.0%} prediction "
+                f"intervals (coverage {self.coverage:.1%} of {len(self.requests)} requests)")
+
+    @property
+    def coverage(self) -> float:
+        return float(self.requests["covered"].mean())
+
+    def coverage_interval(self, alpha: float = 0.05) -> tuple[float, float]:
+        """Wilson interval of the pooled coverage (requests treated as independent)."""
+        from statsmodels.stats.proportion import proportion_confint
+
+        low, high = proportion_confint(int(self.requests["covered"].sum()), len(self.requests), alpha, "wilson")
+        return float(low), float(high)
+
+
+def reliability_table(predicted: np.ndarray, n_acc: np.ndarray, n: np.ndarray, categories: np.ndarray,
+                      bins: int = RELIABILITY_BINS) -> pd.DataFrame:
+    """Per category x equal-width bin of predicted acceptance: trials, mean predicted, observed acceptance and
+    its Wilson 95% interval; ``ece`` per category (trial-weighted mean |observed - predicted|) on every row."""
+    from statsmodels.stats.proportion import proportion_confint
+
+    frame = pd.DataFrame({"category": categories, "p": np.asarray(predicted, dtype=float),
+                          "n_acc": np.asarray(n_acc, dtype=float), "n": np.asarray(n, dtype=float)})
+    frame["bin"] = np.minimum((frame["p"] * bins).astype(int), bins - 1)
+    frame["pw"] = frame["p"] * frame["n"]
+    cells = frame.groupby(["category", "bin"], as_index=False)[["pw", "n_acc", "n"]].sum()
+    cells = cells.loc[cells["n"] > 0]
+    cells["predicted"] = cells["pw"] / cells["n"]
+    cells["observed"] = cells["n_acc"] / cells["n"]
+    low, high = proportion_confint(cells["n_acc"].round().astype(int), cells["n"].round().astype(int), 0.05, "wilson")
+    cells["observed_low"], cells["observed_high"] = np.asarray(low), np.asarray(high)
+    cells["bin_low"] = cells["bin"] / bins
+    gap = (cells["observed"] - cells["predicted"]).abs() * cells["n"]
+    ece = gap.groupby(cells["category"]).sum() / cells["n"].groupby(cells["category"]).sum()
+    cells["ece"] = cells["category"].map(ece)
+    return cells.drop(columns="pw").rename(columns={"n": "trials", "n_acc": "accepted"}).reset_index(drop=True)
+
+
+def loco_predictions(traces, family: str = "law_exp", *, drafter: str | None = None, B: int | None = None,
+                     level: float = LEVEL, n_draws: int = N_DRAWS, seed: int = 0, eps: float = atrisk.EPS_NATS,
+                     bins: int = RELIABILITY_BINS, min_categories: int = 3) -> RequestPredictions:
+    """Leave-one-category-out per-request prediction with ``level`` intervals, and reliability per category.
+
+    For each category: fit ``family`` (category-free) on the others with request-clustered errors; the drafted
+    depths of every request come from a ``TrainingDepthModel`` fitted on the training categories' rounds
+    (leak-free, as ``loco_transfer(depths="training")``); the overdispersion (``Overdispersion``) from the
+    training requests' in-sample residuals; then each held-out request's centre, interval (sampling given its
+    length + ``n_draws`` coefficient draws + overdispersion) and whether it covers the observed tokens per
+    round (committed tokens / rounds). Nothing of the held-out category enters but its entropy sequences.
+    Reliability: the held-out category's at-risk trials under the LOCO law, by bin of predicted acceptance.
+    """
+    fam = get_family(family)
+    if fam.uses_category:
+        raise ValueError(f"{fam.name} has category terms and cannot predict an unseen category")
+    if n_draws == 1:
+        raise ValueError("n_draws must be 0 (no parameter uncertainty) or at least 2")
+    drafter, rounds = single_drafter(traces, drafter)
+    B = B or _block_size(rounds)
+    drafts = B - 1
+    rows = atrisk.at_risk_table(traces, eps=eps, drafters=[drafter])
+    counts = prepare_counts(rows, fam, eps=eps)
+    categories = sorted(counts["category"].unique())
+    if len(categories) < min_categories:
+        raise ValueError(f"LOCO prediction needs at least {min_categories} categories; the traces hold {categories}")
+    seqs = entropy_sequences(traces, drafter)
+    drafted_h = with_start_entropy(drafted_depths(traces, drafter), seqs)
+    observed = _observed_rounds(rounds)
+    observed["observed_tokens_per_round"] = observed["observed_tokens"] / observed["observed_rounds"]
+    observed = observed[["run_id", "request_id", "observed_tokens_per_round"]]
+    held_out, reliability, notes = [], [], []
+    for i, cat in enumerate(categories):
+        train = counts.loc[counts["category"] != cat]
+        with warnings.catch_warnings():  # few requests: said once in the notes, not once per held-out category
+            warnings.simplefilter("ignore", SmallSampleWarning)
+            law = fit_law(train, fam, cov_type="cluster")
+        model = TrainingDepthModel.fit(drafted_h.loc[drafted_h["category"] != cat], drafts)
+        train_seqs = seqs.loc[seqs["category"] != cat]
+        fitted = request_moments(law, train_seqs, B, model).merge(observed, on=["run_id", "request_id"])
+        fitted["residual"] = np.log(fitted["observed_tokens_per_round"] / fitted["predicted_tokens_per_round"])
+        over = Overdispersion.estimate(fitted)
+        draws = parameter_draws(law, n_draws, seed + i) if n_draws else None
+        pred = request_moments(law, seqs.loc[seqs["category"] == cat], B, model, draws=draws)
+        pred = prediction_interval(pred.merge(observed, on=["run_id", "request_id"]), over, level)
+        pred = pred.assign(bias=over.bias, sigma2_request=over.sigma2_request, sigma2_category=over.sigma2_category,
+                           var_bias=over.var_bias)
+        held_out.append(pred)
+        test_rows = rows.loc[rows["category"] == cat]
+        reliability.append(reliability_table(law.predict_frame(test_rows), test_rows["accepted"].to_numpy(),
+                                             np.ones(len(test_rows)), test_rows["category"].to_numpy(), bins))
+    requests = pd.concat(held_out, ignore_index=True)
+    requests["covered"] = ((requests["observed_tokens_per_round"] >= requests["lower"])
+                           & (requests["observed_tokens_per_round"] <= requests["upper"]))
+    requests["relative_error"] = requests["center"] / requests["observed_tokens_per_round"] - 1
+    g = requests.groupby("category")
+    summary = pd.DataFrame({
+        "requests": g.size(), "coverage": g["covered"].mean(),
+        "below": g.apply(lambda d: float((d["observed_tokens_per_round"] < d["lower"]).mean()), include_groups=False),
+        "above": g.apply(lambda d: float((d["observed_tokens_per_round"] > d["upper"]).mean()), include_groups=False),
+        "mean_relative_width": ((requests["upper"] - requests["lower"]) / requests["center"]).groupby(
+            requests["category"]).mean(),
+        "mean_abs_relative_error": requests["relative_error"].abs().groupby(requests["category"]).mean(),
+        "sd_log_sampling": np.sqrt(g["var_log_sampling"].mean()),
+        "sd_log_parameters": np.sqrt(g["var_log_parameters"].mean()) if n_draws else 0.0,
+        "sd_log_request": np.sqrt(g["sigma2_request"].first()),
+        "sd_log_category": np.sqrt(g["sigma2_category"].first()),
+        "bias": g["bias"].first(),
+    })
+    n_requests = int(counts["request_id"].nunique())
+    if n_requests < FEW_REQUESTS:
+        notes.append(f"{n_requests} requests (fewer than {FEW_REQUESTS}): the coefficient draws' cluster-robust covariance "
+                     "and the overdispersion are not measured reliably; record more requests")
+    notes.insert(0, f"interval: normal on log(tokens/round); sampling variance from the DP's Var[N] given the request's "
+                 f"entropy sequence and the training depth model, {n_draws} coefficient draws (cluster-robust), "
+                 "request and category overdispersion and the bias b from the training categories' in-sample "
+                 "residuals (method of moments)")
+    return RequestPredictions(summary=summary, requests=requests, reliability=pd.concat(reliability, ignore_index=True),
+                              family=fam.name, level=level, notes=notes)
+
+
+def report_section(predictions: dict) -> tuple[str, pd.DataFrame]:
+    """(title, table) for the report: per arm and category the coverage of the LOCO per-request intervals,
+    their mean relative width and the reliability (ECE) of the held-out trials; ``predictions``: arm ->
+    ``RequestPredictions``."""
+    frames = []
+    for arm, pred in predictions.items():
+        ece = pred.reliability.drop_duplicates("category").set_index("category")["ece"]
+        frame = pred.summary[["requests", "coverage", "mean_relative_width", "mean_abs_relative_error"]].assign(
+            ece=ece).reset_index()
+        frame.insert(0, "arm", arm)
+        frames.append(frame)
+    level = next(iter(predictions.values())).level if predictions else LEVEL
+    return (f"Per-request prediction, leave-one-category-out: {level:.0%} interval coverage and reliability (ECE)",
+            pd.concat(frames, ignore_index=True) if frames else pd.DataFrame())
+
+
+REPORT_DRAWS = 10  # coefficient draws per held-out category in the report (the bench uses N_DRAWS)
+
+
+def analysis_predictions(analysis, arm: str, *, n_draws: int = REPORT_DRAWS) -> RequestPredictions:
+    """``loco_predictions`` of one arm of a ``TraceAnalysis`` with its law family and seed, computed once
+    per analysis (shared by the report section and the reliability figure)."""
+    return analysis._cached(("request_predictions", arm, n_draws),
+                            lambda: loco_predictions(analysis.arm_view(arm), analysis.family, drafter=arm,
+                                                     n_draws=n_draws, seed=analysis.seed))
+
+
+def request_prediction_section(analysis) -> tuple[str, pd.DataFrame, list]:
+    """(title, table, notes) of the report's per-request prediction section: per arm and category the
+    coverage of the LOCO 90% intervals, their mean relative width, the mean |relative error| of the centre
+    and the held-out trials' reliability (ECE); arms where it cannot run are named in the notes."""
+    predictions, notes = {}, []
+    for arm in analysis.arms:
+        try:
+            predictions[arm] = analysis_predictions(analysis, arm)
+        except ValueError as err:  # the law layer's "too little / wrong data" errors
+            notes.append(f"per-request prediction, {arm}: not available: {err}")
+        except Exception as err:  # numerical failures on degenerate data, as TraceAnalysis.attempt reports them
+            notes.append(f"per-request prediction, {arm}: failed: {type(err).__name__}: {err}")
+    title, frame = report_section(predictions)
+    if predictions:
+        notes.append("per-request prediction: " + next(iter(predictions.values())).notes[0]
+                     + "; coverage = share of held-out requests whose observed tokens per round lies in the interval")
+    return title, frame, notes

@@ -1,0 +1,219 @@
+"""GLANCE's law beside ours: the side-by-side scores (LOCO, per round), the decile figure and the report section.
+
+Known here: how our primary law (the report's family; ``primary_family()`` reads
+``entropy_law.law.analysis.DEFAULT_FAMILY`` at call time) is scored round by round against GLANCE's law
+(``law.glance``): leave-one-category-out, each law fitted without a category predicts the accepted drafts of
+each of its rounds (ours: ``glance.law_round_expectations``, along the greedy output's entropies and the
+round's drafted depth; GLANCE's: ``glance.loco_glance``, from the root entropy alone), scored by
+``glance.round_scores``; the gallery figure (GLANCE's decile curve with its bootstrap intervals, GLANCE's
+fitted E[a | H], and the decile means of our law's per-round expectations); the report section (one row per
+arm and law, and notes saying where GLANCE's law does at least as well). Runs that hold only the round-root
+entropy (an imported GLANCE log) get GLANCE's law alone, with the reason ours cannot be fitted.
+
+Not known here: either law's fit (``law.glance``, ``law.fit``), decoding, torch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from entropy_law.law import glance
+from entropy_law.law.atrisk import at_risk_table
+from entropy_law.law.fit import fit_law
+from entropy_law.plots.style import short_message, unavailable
+
+SCORE_COLUMNS = ("mse", "category_mean_mae", "r2_curve", "r2_round", "r2_ceiling", "frac_of_ceiling", "holds")
+
+
+def primary_family() -> str:
+    """Our primary law's family, read at call time (another module may change it)."""
+    from entropy_law.law import analysis
+
+    return getattr(analysis, "PRIMARY_FAMILY", analysis.DEFAULT_FAMILY)
+
+
+def law_slope(law) -> float:
+    """The fitted law's entropy exponent ``k`` (or slope): the first derived parameter; NaN where none."""
+    derived = law.derived
+    return float(derived["estimate"].iloc[0]) if len(derived) else float("nan")
+
+
+def loco_ours(view, arm: str, rounds: pd.DataFrame, family: str, *, root_only=False,
+              rows: pd.DataFrame | None = None):
+    """Leave-one-category-out per-round predictions of our law ``family`` for ``rounds``
+    (``glance.glance_rounds(view)``) and each fold's slope: for each category, the law fitted on the other
+    categories' at-risk rows predicts its rounds (``glance.law_round_expectations``). ``root_only``: True
+    (the root entropy at every depth: what is known before the round), False, or ``(False, True)`` for both
+    from the same fits (then the predictions are a tuple). ``rows``: the arm's at-risk table where already
+    computed (``at_risk_table(view, drafters=[arm])``)."""
+    rows = at_risk_table(view, drafters=[arm]) if rows is None else rows
+    variants = tuple(root_only) if isinstance(root_only, (tuple, list)) else (bool(root_only),)
+    predicted = [np.full(len(rounds), np.nan) for _ in variants]
+    slopes = []
+    category = rounds["category"].astype(str).to_numpy()
+    for held_out in sorted(set(category)):
+        test = category == held_out
+        law = fit_law(rows.loc[rows["category"].astype(str) != held_out], family, cov_type="nonrobust")
+        slopes.append(law_slope(law))
+        for out, root in zip(predicted, variants):
+            out[test] = glance.law_round_expectations(law, view, rounds.loc[test], root_only=root)
+    return (tuple(predicted) if len(variants) > 1 else predicted[0]), slopes
+
+
+def side_by_side(view, arm: str, family: str | None = None, *, forms=("code",), rows_fn=None) -> dict:
+    """Both laws on one arm, LOCO per round: ``{"rounds", "scores": {name: round_scores}, "errors": {name:
+    why it could not be scored}}``; names ``glance`` (code form), ``glance_readme`` if asked, ``family`` (its
+    per-round expectation along the entropies of the round's positions, which describe the round but are not
+    all known before it) and ``"<family> (root entropy only)"`` (the root entropy at every depth, plus the
+    drafted depth D: what a prediction made before the round can use).
+    ``rows_fn``: returns the arm's at-risk table (a cached one), else it is computed."""
+    family = family or primary_family()
+    rounds = glance.glance_rounds(view)
+    out = {"rounds": rounds, "scores": {}, "errors": {}, "family": family}
+    if rounds["category"].nunique() < 2:
+        out["errors"]["loco"] = "leave-one-category-out needs at least two categories"
+        return out
+    for form in forms:
+        name = "glance" if form == "code" else f"glance_{form}"
+        try:
+            predicted, fits = glance.loco_glance(rounds, form=form)
+            out["scores"][name] = glance.round_scores(rounds, predicted, slope=[f.b1_fitted for f in fits.values()])
+        except ValueError as err:
+            out["errors"][name] = str(err)
+    try:
+        (full, root), slopes = loco_ours(view, arm, rounds, family, root_only=(False, True),
+                                         rows=rows_fn() if rows_fn else None)
+        out["scores"][family] = glance.round_scores(rounds, full, slope=slopes, slope_max=np.inf)
+        out["scores"][f"{family} (root entropy only)"] = glance.round_scores(rounds, root, slope=slopes,
+                                                                            slope_max=np.inf)
+    except ValueError as err:
+        out["errors"][family] = str(err)
+    return out
+
+
+def glance_wins(arm: str, scores: dict, ours: str) -> list[str]:
+    """Every metric where a GLANCE form does at least as well as our law ``ours`` (and every category whose
+    mean it predicts more closely)."""
+    if ours not in scores:
+        return []
+    mine, wins = scores[ours], []
+    for name, theirs in scores.items():
+        if not name.startswith("glance"):
+            continue
+        for metric, lower in (("mse", True), ("category_mean_mae", True), ("r2_curve", False),
+                              ("frac_of_ceiling", False)):
+            a, b = theirs[metric], mine[metric]
+            if np.isfinite(a) and np.isfinite(b) and ((a <= b) if lower else (a >= b)):
+                wins.append(f"{arm}: {name} {metric} {a:.4g} vs {ours} {b:.4g}")
+        if theirs["holds"] and not mine["holds"]:
+            wins.append(f"{arm}: {name} holds() and {ours} does not")
+        for category, (observed, predicted) in theirs["category_means"].items():
+            other = mine["category_means"][category][1]
+            if abs(predicted - observed) < abs(other - observed):
+                wins.append(f"{arm}: {name} is closer on the mean accepted drafts of {category} "
+                            f"(|error| {abs(predicted - observed):.3f} vs {abs(other - observed):.3f})")
+    return wins
+
+
+def _side_by_side_cached(an, arm: str) -> dict:
+    def rows():  # the gallery's cached at-risk table of the arm (same key), computed once per report
+        return an._cached(("atrisk", arm), lambda: at_risk_table(an.arm_view(arm), drafters=[arm]))
+
+    return an._cached(("glance_side_by_side", arm),
+                      lambda: side_by_side(an.arm_view(arm), arm, an.family, rows_fn=rows))
+
+
+def glance_section(an) -> tuple[str, pd.DataFrame, list[str]]:
+    """The report section: (title, one row per arm and law with the LOCO per-round scores and GLANCE's
+    in-sample holds(), notes). Arms whose laws cannot be scored get a note with the reason."""
+    title = "GLANCE's law beside ours: leave-one-category-out, per drafting round"
+    rows, notes = [], []
+    for arm in an.arms:
+        try:
+            result = _side_by_side_cached(an, arm)
+            in_sample = an._cached(("glance_law", arm), lambda: glance.fit_glance(result["rounds"], n_boot=0))
+        except ValueError as err:
+            notes.append(f"GLANCE side by side, {arm}: not available: {err}")
+            continue
+        for name, why in result["errors"].items():
+            notes.append(f"GLANCE side by side, {arm}: {name} not scored: {why}")
+        for name, score in result["scores"].items():
+            rows.append({"arm": arm, "law": name, "rounds": score["n_rounds"], "mean accepted": score["mean_accepted"],
+                         **{c: score[c] for c in SCORE_COLUMNS}})
+        rows.append({"arm": arm, "law": "glance (in sample, as GLANCE reports it)", "rounds": in_sample.n_rounds,
+                     "mean accepted": in_sample.mean_accepted, "mse": np.nan, "category_mean_mae": np.nan,
+                     "r2_curve": in_sample.r2_curve, "r2_round": in_sample.r2_round, "r2_ceiling": in_sample.r2_ceiling,
+                     "frac_of_ceiling": in_sample.frac_of_ceiling, "holds": in_sample.holds()})
+        wins = glance_wins(arm, result["scores"], result["family"])
+        if result["family"] in result["scores"]:
+            notes.append(f"GLANCE side by side, {arm}: where GLANCE's law does at least as well as "
+                         f"{result['family']}: " + ("; ".join(w.split(': ', 1)[1] for w in wins) if wins else "nowhere"))
+    notes.append("GLANCE side by side: our law's per-round expectation uses the target entropies at the round's "
+                 "positions (they describe the round; they are not all known before it); '(root entropy only)' uses "
+                 "the root entropy at every depth and the drafted depth D, what is known before the round. "
+                 "frac_of_ceiling above 1: more than any function of the root entropy alone can explain")
+    notes.append("GLANCE side by side: mse = mean squared error of the accepted drafts per round; category_mean_mae = "
+                 "|mean predicted - mean observed| per category, averaged; r2_curve = R^2 of the mean prediction "
+                 "against the mean accepted drafts in 10 root-entropy quantile bins; r2_round / r2_ceiling = "
+                 "frac_of_ceiling; holds = GLANCE's four conditions (slope: every LOCO fold's b1 or k)")
+    columns = ["arm", "law", "rounds", "mean accepted", *SCORE_COLUMNS]
+    return title, pd.DataFrame(rows, columns=columns), notes
+
+
+def decile_plot(rounds: pd.DataFrame, law: "glance.GlanceLaw", ours=None, *, ours_label: str = "our law",
+                ax=None):
+    """GLANCE's decile curve of ``rounds`` (mean accepted drafts per root-entropy decile, 95% bootstrap
+    interval: ``law.curve``), GLANCE's fitted E[a | H] (``law``) and, with ``ours`` (one prediction per
+    round), the decile means of our law's per-round expectations. Returns ``ax``."""
+    import matplotlib.pyplot as plt  # lazy: the scores above need no matplotlib
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(5, 3.5))
+    law.plot(ax=ax, color="0.2", label=f"GLANCE E[a|H] ({law.form}): b0 {law.b0:.2f}, b1 {law.b1:.2f}")
+    if ours is not None:
+        curve = glance.decile_curve(rounds["entropy"], rounds["accepted"], n_boot=0, predicted=ours)
+        ax.plot(curve["entropy"], curve["predicted"], "s--", ms=4, color="C3", label=ours_label)
+    ax.legend(frameon=False, fontsize=7)
+    return ax
+
+
+_short = short_message
+_unavailable = unavailable
+
+
+def fig_glance(an):
+    """Gallery figure: per drafting arm, GLANCE's decile curve with both laws' curves (in sample: GLANCE's
+    E[a | H] at the bin's entropy; ours, the mean of its per-round expectations in the bin)."""
+    import matplotlib.pyplot as plt
+
+    arms = an.arms
+    ncols = min(max(len(arms), 1), 3)
+    nrows = int(np.ceil(max(len(arms), 1) / ncols))
+    fig, grid = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.4 * nrows), squeeze=False)
+    axes = grid.ravel()
+    for ax in axes[max(len(arms), 1):]:
+        ax.set_visible(False)
+    if not arms:
+        _unavailable(axes[0], "no drafting arm")
+        return fig
+    for ax, arm in zip(axes, arms):
+        try:
+            view = an.arm_view(arm)
+            rounds = glance.glance_rounds(view)
+            law = an._cached(("glance_law_boot", arm), lambda: glance.fit_glance(rounds, per_category=False,
+                                                                                   seed=an.seed))
+        except ValueError as err:
+            _unavailable(ax, _short(f"{arm}: {err}"))
+            continue
+        ours, label = None, f"{an.family}: decile mean of E[a] per round"
+        try:
+            ours = glance.law_round_expectations(an.law(arm), view, rounds)
+        except ValueError as err:
+            label = None
+            why = "this run holds the round-root entropy only" if "round's root only" in str(err) else str(err)
+            ax.text(0.02, 0.02, _short(f"{an.family} not shown: {why}", 90), transform=ax.transAxes, fontsize=6,
+                    va="bottom", wrap=True)
+        decile_plot(rounds, law, ours, ours_label=label or "", ax=ax)
+        ax.set_title(f"{arm}: r2_curve GLANCE {law.r2_curve:.2f}", fontsize=8)
+    return fig

@@ -1,0 +1,113 @@
+"""Speed validation figure: predicted vs measured speedup per arm and category, and where measured
+per-request speedups cross 1 against the predicted break-even entropy.
+
+Known here: how to draw ``TraceAnalysis.speedup_validation`` (one point per arm x category: the measured
+paired speedup with its request-bootstrap 95% interval on the x axis, the law + cost model's prediction on the
+y axis, the diagonal with a +-10% band; hollow markers: measurements that are not a result) and
+``TraceAnalysis.request_speedups`` / ``speedup_crossing`` (per request: measured speedup vs the request's mean
+entropy, the logistic fit's crossing of 1 as a dashed line, the break-even interval shaded). Panels say why
+when their analysis is not available. Not known here: statistics (``entropy_law.law.analysis``), torch,
+decoding.
+"""
+
+from __future__ import annotations
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+from entropy_law.plots.style import palette
+
+BAND = 0.10  # the goal: predicted within +-10% of measured
+
+
+def _unavailable(ax, message: str):
+    """A panel that says why its analysis is not available (the gallery's convention)."""
+    message = message if len(message) <= 160 else message[:159] + "…"
+    ax.text(0.5, 0.5, "not available:\n" + message, ha="center", va="center", fontsize=7, wrap=True,
+            transform=ax.transAxes)
+    ax.set_xticks([])
+    ax.set_yticks([])
+    return ax
+
+
+def predicted_vs_measured(table: pd.DataFrame, *, ax, colours: dict):
+    """One point per row of a ``speedup_validation`` frame with a measurement and a prediction; returns ``ax``."""
+    part = table.loc[table["measured"].notna() & table["predicted"].notna()]
+    if part.empty:
+        raise ValueError("no arm x category has both a measured and a predicted speedup")
+    values = np.concatenate([part["measured"], part["predicted"], part["lo"].dropna(), part["hi"].dropna()])
+    lo, hi = float(np.nanmin(values)) * 0.9, float(np.nanmax(values)) * 1.1
+    line = np.linspace(lo, hi, 50)
+    ax.plot(line, line, color="0.4", lw=0.8, ls="--", label="predicted = measured")
+    ax.fill_between(line, line * (1 - BAND), line * (1 + BAND), color="0.85", label=f"±{BAND:.0%}")
+    for arm, rows in part.groupby("arm", sort=False):
+        result = rows["verdict"] == "measured"
+        xerr = np.vstack([rows["measured"] - rows["lo"], rows["hi"] - rows["measured"]]).clip(min=0)
+        ax.errorbar(rows["measured"], rows["predicted"], xerr=np.nan_to_num(xerr), fmt="none", ecolor=colours[arm],
+                    lw=0.8, capsize=1.5)
+        ax.scatter(rows.loc[result, "measured"], rows.loc[result, "predicted"], color=colours[arm], s=22, zorder=3,
+                   label=arm if result.any() else None)
+        ax.scatter(rows.loc[~result, "measured"], rows.loc[~result, "predicted"], facecolor="white",
+                   edgecolor=colours[arm], s=22, zorder=3, label=f"{arm} (not a result)" if (~result).any() else None)
+        for r in rows.itertuples():
+            ax.annotate(r.category, (r.measured, r.predicted), fontsize=6, xytext=(3, 2), textcoords="offset points")
+    ax.axhline(1.0, color="k", lw=0.5)
+    ax.axvline(1.0, color="k", lw=0.5)
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    clock = ", ".join(sorted({str(c) for c in part["clock"].dropna()}))
+    ax.set_xlabel(f"measured speedup vs AR (paired, {clock} clock; 95% CI)")
+    ax.set_ylabel("predicted speedup (law + cost model)")
+    ax.legend(fontsize=6, loc="upper left")
+    return ax
+
+
+def crossing_panel(requests: pd.DataFrame, crossing: dict, *, ax, colour):
+    """Per-request measured speedup vs mean entropy for one arm, the crossing and the break-even interval."""
+    ax.scatter(requests["mean_entropy_nats"], requests["speedup"], s=10, color=colour, alpha=0.7)
+    ax.axhline(1.0, color="k", lw=0.6)
+    if np.isfinite(crossing["breakeven_low"]) and np.isfinite(crossing["breakeven_high"]):
+        ax.axvspan(crossing["breakeven_low"], min(crossing["breakeven_high"], ax.get_xlim()[1] * 2), color=colour,
+                   alpha=0.15, label=f"break-even {crossing['breakeven']:.2f} nats (95% CI)")
+    if np.isfinite(crossing["crossing_nats"]):
+        ax.axvline(crossing["crossing_nats"], color=colour, ls="--", lw=1,
+                   label=f"measured > 1 crosses 0.5 at {crossing['crossing_nats']:.2f} nats")
+    else:
+        ax.text(0.02, 0.02, crossing["reason"][:90], transform=ax.transAxes, fontsize=6)
+    ax.set_xlabel("request mean target entropy (nats)")
+    ax.set_ylabel(f"measured speedup ({requests.attrs.get('clock', '?')} clock)")
+    ax.set_title(crossing["arm"], fontsize=8)
+    ax.legend(fontsize=6)
+    return ax
+
+
+def fig_speed_validation(an):
+    """The gallery figure: predicted vs measured (all arms), then one crossing panel per arm with requests."""
+    arms = an.arms
+    n = 1 + len(arms)
+    ncols = min(n, 3)
+    nrows = int(np.ceil(n / ncols))
+    fig, grid = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.4 * nrows), squeeze=False)
+    axes = grid.ravel()
+    for ax in axes[n:]:
+        ax.set_visible(False)
+    colours = palette(arms)
+    check = an.attempt("speedup_validation")
+    if check.ok:
+        try:
+            predicted_vs_measured(check.value, ax=axes[0], colours=colours)
+        except ValueError as err:
+            statuses = ", ".join(sorted(set(check.value["status"])))
+            _unavailable(axes[0], f"{err} ({statuses})")
+    else:
+        _unavailable(axes[0], check.error)
+    axes[0].set_title("predicted vs measured speedup per arm x category", fontsize=8)
+    for ax, arm in zip(axes[1:], arms):
+        req, crossing = an.attempt("request_speedups", arm), an.attempt("speedup_crossing", arm)
+        if req.ok and crossing.ok:
+            crossing_panel(req.value, crossing.value, ax=ax, colour=colours[arm])
+        else:
+            _unavailable(ax, req.error or crossing.error)
+            ax.set_title(arm, fontsize=8)
+    return fig

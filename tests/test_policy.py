@@ -1,0 +1,391 @@
+"""The per-round law policy (decoding/policy.py), its fit (law/policy.py), its trace columns and the replay oracle.
+
+Exactness: whatever the policy decides, speculative output == our AR output (tiny random Llama targets,
+oracle and n-gram drafters, chain and DDTree). Decisions: a law that predicts no acceptance never calls the
+drafter; one that predicts full acceptance verifies the drafted tree up to where the cost curve stops paying.
+Recording: the policy columns are written and read back; a run without a policy reads them as null.
+"""
+
+import json
+import math
+from functools import lru_cache
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from conftest import OracleDrafter, tiny_llama
+from entropy_law.decoding.decoder import ARDecoder, SpeculativeDecoder
+from entropy_law.decoding.gate import VerifyCost
+from entropy_law.decoding.interface import DraftProposal
+from entropy_law.decoding.observers import RecorderObserver
+from entropy_law.decoding.policy import LawPolicy, row_entropies
+from entropy_law.decoding.replay import oracle_rounds, replay_rounds
+from entropy_law.decoding.tree import build_tree
+from entropy_law.drafters.ngram import NgramDrafter
+from entropy_law.law.policy import fit_policy, load_policy, save_policy, window_entropy
+from entropy_law.traces.reader import load_traces
+from entropy_law.traces.recorder import TraceRecorder
+from tests.tiny_models import random_prompt
+
+pytestmark = pytest.mark.usefixtures("single_thread")
+
+COST = VerifyCost((1, 2, 4, 8, 16, 32), (1.0, 1.3, 1.6, 2.2, 3.4, 6.0))
+
+
+def params(acceptance: float | list, *, depths: int = 8, weight: float = 0.5, draft_cost: float = 0.0,
+           slope: bool = False) -> dict:
+    """Policy parameters with a flat (or, with ``slope``, entropy-decreasing) acceptance table."""
+    grid = [0.001, 0.01, 0.1, 1.0, 4.0]
+    rows = []
+    for h in grid:
+        a = acceptance if not slope else acceptance * math.exp(-h)
+        rows.append([float(a)] * depths)
+    return {"kind": "entropy_law_policy", "version": 1, "window": 3, "entropy_grid": grid,
+            "depths": list(range(1, depths + 1)), "acceptance": rows, "confidence_weight": weight,
+            "draft_cost": draft_cost, "default_entropy": 0.5, "verify_cost": COST.to_config()}
+
+
+@lru_cache(maxsize=None)
+def model(seed: int = 0):
+    return tiny_llama(seed, vocab=96, layers=2, kv_heads=2)
+
+
+def greedy(m, prompt, n):
+    return ARDecoder(m).generate(prompt, max_new_tokens=n).token_ids
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_policy_output_equals_greedy(seed):
+    m = model(seed % 2)
+    g = torch.Generator().manual_seed(seed)
+    prompt = random_prompt(g, 96, 5 + seed)
+    n = 24
+    reference = greedy(m, prompt, n)
+    law = params([0.0, 0.3, 0.7, 1.0][seed % 4], slope=seed % 2 == 1, weight=[0.0, 0.5, 1.0][seed % 3])
+    for drafter, tree, budget in ((OracleDrafter(reference, block_size=6, k=2, p_correct=0.7, seed=seed, vocab=96), "ddtree", 12),
+                                  (OracleDrafter(reference, block_size=5, p_correct=0.6, seed=seed, vocab=96), "chain", None),
+                                  (NgramDrafter(block_size=6), "ddtree", 16),
+                                  (NgramDrafter(block_size=6), "chain", None)):
+        out = SpeculativeDecoder(m, drafter, tree=tree, budget=budget, policy=law).generate(prompt, max_new_tokens=n)
+        assert out.token_ids == reference, (type(drafter).__name__, tree, law["acceptance"][0][0])
+
+
+def test_no_acceptance_never_calls_the_drafter():
+    m = model()
+    prompt = random_prompt(torch.Generator().manual_seed(1), 96, 8)
+    reference = greedy(m, prompt, 16)
+    drafter = OracleDrafter(reference, block_size=6)
+    out = SpeculativeDecoder(m, drafter, tree="chain", policy=params(0.0)).generate(prompt, max_new_tokens=16)
+    assert out.token_ids == reference
+    assert drafter.calls == []  # declined before drafting: the drafter's cost is saved
+    decode = [r for r in out.rounds if r.round_index > 0]
+    assert all(r.tree_nodes == 0 and r.policy["draft"] is False and r.policy["budget"] == 0 for r in decode)
+
+
+def test_full_acceptance_verifies_up_to_the_cost_curve():
+    m = model()
+    prompt = random_prompt(torch.Generator().manual_seed(2), 96, 8)
+    reference = greedy(m, prompt, 30)
+    drafter = OracleDrafter(reference, block_size=9, stated_prob=1.0)  # always right, and says so
+    out = SpeculativeDecoder(m, drafter, tree="chain", policy=params(1.0)).generate(prompt, max_new_tokens=30)
+    assert out.token_ids == reference
+    # with p = 1 at every depth, (1 + k) / c(k + 1) grows up to k = 8 drafts under COST (9 / 2.2 > 8 / 2.05)
+    first = out.rounds[1]
+    assert first.policy["budget"] == 8 and first.tree_nodes == 8 and first.accepted == 8
+    assert first.policy["expected"] == pytest.approx(8.0)
+
+
+def test_policy_picks_an_ancestor_closed_prefix_by_blended_probability():
+    proposal = DraftProposal(tokens=torch.tensor([[5, 6], [7, 8], [9, 10]]),
+                             logprobs=torch.log(torch.tensor([[0.9, 0.1], [0.5, 0.5], [0.99, 0.01]])))
+    tree = build_tree(proposal, "ddtree", 12)
+    policy = LawPolicy(params(0.8, depths=3), VerifyCost((1, 2, 40), (1.0, 1.01, 1.4)))  # nearly free verify
+    decision = policy.before_draft([0.5] * 4, 4, 3)
+    chosen, expected = policy.plan(proposal, tree, decision)
+    assert decision["budget"] == chosen.n_nodes > 0
+    for parent, depth in zip(chosen.parents, chosen.depths):  # Tree checks parents come first; depths agree
+        assert depth == (1 if parent == 0 else chosen.depths[parent - 1] + 1)
+    # the expectation is the sum of blended path probabilities sqrt(a q) along each path
+    lookup = [dict(zip(t, p)) for t, p in zip(proposal.tokens.tolist(), proposal.logprobs.exp().tolist())]
+    total = 0.0
+    for i, (token, parent, depth) in enumerate(zip(chosen.tokens, chosen.parents, chosen.depths)):
+        path = chosen.path_to(i + 1)
+        total += math.prod(math.sqrt(0.8 * lookup[chosen.depths[j - 1] - 1][chosen.tokens[j - 1]]) for j in path)
+    assert expected == pytest.approx(total)
+
+
+def test_policy_columns_recorded_and_null_without_policy(tmp_path):
+    m = model()
+    prompt = random_prompt(torch.Generator().manual_seed(3), 96, 8)
+    reference = greedy(m, prompt, 20)
+    for name, policy in (("with", params(0.6)), ("without", None)):
+        with TraceRecorder(tmp_path / name, model_id="tiny", drafter_id="ngram", tree_policy="ddtree") as rec:
+            drafter = OracleDrafter(reference, block_size=6, k=2, p_correct=0.8, vocab=96, seed=3)
+            dec = SpeculativeDecoder(m, drafter, tree="ddtree", budget=8, policy=policy,
+                                     observers=[RecorderObserver(rec)])
+            out = dec.generate(prompt, max_new_tokens=20, request_id="r0", category="c")
+        assert out.token_ids == reference
+    with_policy = load_traces(tmp_path / "with").rounds
+    decode = with_policy.loc[with_policy["round_index"] > 0]
+    assert decode["policy_budget"].notna().all() and decode["policy_drafted"].notna().all()
+    assert (decode["policy_budget"] == decode["tree_nodes"]).all()
+    assert decode["policy_window_entropy_nats"].notna().all()
+    assert (decode["committed"] > 1).sum() >= 3  # rounds that commit several tokens: the entropy is the last one's
+    # the entropy input is the target entropy at the last committed position before the round
+    tokens = load_traces(tmp_path / "with").tokens.set_index("position")["target_entropy_nats"]
+    for _, r in decode.iterrows():
+        assert r["policy_entropy_nats"] == pytest.approx(tokens[r["start_position"] - 1], abs=1e-4)
+    without = load_traces(tmp_path / "without").rounds
+    assert without["policy_budget"].isna().all() and without["policy_entropy_nats"].isna().all()
+
+
+def test_row_entropies_match_scipy():
+    from scipy.stats import entropy
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0)) * 3
+    expected = [entropy(torch.softmax(row.double(), -1).numpy()) for row in logits]
+    assert row_entropies(logits) == pytest.approx(expected, abs=1e-5)
+
+
+def test_bad_parameters_say_what_to_do():
+    with pytest.raises(ValueError, match="fit_policy"):
+        LawPolicy({"kind": "entropy_law_policy"}, COST)
+    bad = params(0.5)
+    bad["acceptance"][0][0] = 1.5
+    with pytest.raises(ValueError, match="probabilities"):
+        LawPolicy(bad, COST)
+    no_cost = params(0.5)
+    del no_cost["verify_cost"]
+    with pytest.raises(ValueError, match="verify-cost curve"):
+        LawPolicy(no_cost)
+
+
+# --- the law layer --------------------------------------------------------------------------------------------
+
+def test_window_entropy_by_hand():
+    tokens = pd.DataFrame({"run_id": "r", "request_id": "q", "position": [0, 1, 2, 3, 4, 5],
+                           "depth": [1, 1, 2, 3, 1, 2], "target_entropy_nats": [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]})
+    got = window_entropy(tokens, 2)
+    # rounds start at positions 0 (prefill), 1, 1, 1, 4, 4
+    assert np.isnan(got[0])
+    assert got[1:4].tolist() == [1.0, 1.0, 1.0]
+    assert got[4:].tolist() == [3.5, 3.5]
+
+
+def simulated_traces(rng, n_requests=40, slope=1.2):
+    """Chain rounds whose acceptance falls with the pre-round window entropy: a(H_w) = exp(-0.3 H_w^slope)."""
+    tokens, rounds = [], []
+    for q in range(n_requests):
+        h = rng.gamma(0.6, 1.5, size=400)
+        pos, r = 1, 1
+        tokens.append(dict(request_id=f"q{q}", round_index=0, position=0, depth=1, role="bonus",
+                           target_entropy_nats=h[0]))
+        rounds.append(dict(request_id=f"q{q}", round_index=0, tree_depth=0))
+        while pos < 300:
+            hw = h[max(0, pos - 3):pos].mean()
+            a = math.exp(-0.3 * hw ** slope)
+            depth = 1
+            while depth <= 5 and rng.random() < a:
+                tokens.append(dict(request_id=f"q{q}", round_index=r, position=pos, depth=depth, role="accepted",
+                                   target_entropy_nats=h[pos]))
+                pos, depth = pos + 1, depth + 1
+            role = "bonus" if depth > 5 else "correction"
+            tokens.append(dict(request_id=f"q{q}", round_index=r, position=pos, depth=depth, role=role,
+                               target_entropy_nats=h[pos]))
+            rounds.append(dict(request_id=f"q{q}", round_index=r, tree_depth=5))
+            pos, r = pos + 1, r + 1
+    tokens = pd.DataFrame(tokens).assign(run_id="run", category="c", target_top1_prob=0.5, target_logit_gap=1.0)
+    tokens["target_renyi2_nats"] = tokens["target_entropy_nats"]
+    rounds = pd.DataFrame(rounds).assign(run_id="run")
+    runs = pd.DataFrame({"run_id": ["run"], "drafter_id": ["sim"], "model_id": ["m"], "tree_policy": ["chain"]})
+    from types import SimpleNamespace
+    return SimpleNamespace(tokens=tokens, rounds=rounds, runs=runs)
+
+
+def test_fit_policy_recovers_a_falling_law_and_round_trips(tmp_path):
+    traces = simulated_traces(np.random.default_rng(0))
+    fitted = fit_policy(traces, window=3, draft_cost=0.01)
+    table = np.array(fitted["acceptance"])
+    grid = np.array(fitted["entropy_grid"])
+    truth = np.exp(-0.3 * grid ** 1.2)
+    at = (grid > 0.05) & (grid < 3.0)  # where the simulated window entropies lie
+    assert np.abs(table[at, 0] - truth[at]).max() < 0.08
+    assert (np.diff(table[:, 0]) <= 1e-9).all()  # acceptance falls with entropy
+    path = save_policy(fitted, tmp_path / "policy.json")
+    loaded = load_policy(path)
+    assert loaded == json.loads(json.dumps(fitted))
+    policy = LawPolicy(loaded, COST)
+    assert policy.law_acceptance(1.0)[0] == pytest.approx(float(np.interp(np.log(1.001), np.log(grid + 1e-3),
+                                                                          table[:, 0])), abs=1e-6)
+
+
+def test_load_policy_refuses_other_files(tmp_path):
+    (tmp_path / "x.json").write_text("{\"a\": 1}")
+    with pytest.raises(ValueError, match="fit_policy"):
+        load_policy(tmp_path / "x.json")
+
+
+# --- replay and the oracle -------------------------------------------------------------------------------------
+
+def test_replay_with_policy_matches_online():
+    m = model()
+    prompt = random_prompt(torch.Generator().manual_seed(4), 96, 10)
+    law = params(0.7, slope=True)
+    online = SpeculativeDecoder(m, NgramDrafter(block_size=6), tree="ddtree", budget=12, policy=law)
+    result = online.generate(prompt, max_new_tokens=28)
+    from entropy_law.decoding.replay import teacher_forced_target_stats
+    entropies = teacher_forced_target_stats(m, prompt, result.token_ids)["target_entropy_nats"].tolist()
+    replay = replay_rounds(prompt, result.token_ids, NgramDrafter(block_size=6), "ddtree", 12, policy=law,
+                           verify_cost=COST, max_new_tokens=28)
+    replay_h = replay_rounds(prompt, result.token_ids, NgramDrafter(block_size=6), "ddtree", 12, policy=law,
+                             verify_cost=COST, max_new_tokens=28, entropies=entropies)
+    assert [r.committed for r in replay_h.rounds] == [r.committed for r in result.rounds]
+    assert [r.tree_nodes for r in replay_h.rounds] == [r.tree_nodes for r in result.rounds]
+    assert len(replay.rounds) >= 2  # without entropies: the default entropy, still a complete replay
+
+
+def test_oracle_with_flat_cost_is_the_largest_tree():
+    m = model(1)
+    prompt = random_prompt(torch.Generator().manual_seed(5), 96, 12)
+    output = greedy(m, prompt, 40)
+    flat = VerifyCost((1, 2), (1.0, 1.0))
+    oracle = oracle_rounds(prompt, output, NgramDrafter(block_size=6), budgets=(0, 4, 16), verify_cost=flat)
+    biggest = replay_rounds(prompt, output, NgramDrafter(block_size=6), "ddtree", 16, min_expected_accepted=0.0)
+    assert oracle.committed == [r.committed for r in biggest.rounds[1:]]
+    assert sum(oracle.committed) == len(output) - 1
+
+
+def test_oracle_never_below_a_plain_step_and_at_least_every_fixed_budget_per_round():
+    m = model(0)
+    prompt = random_prompt(torch.Generator().manual_seed(6), 96, 12)
+    output = greedy(m, prompt, 40)
+    oracle = oracle_rounds(prompt, output, NgramDrafter(block_size=6), budgets=(0, 2, 8), verify_cost=COST,
+                           draft_cost=0.05)
+    rates = [c / k for c, k in zip(oracle.committed, oracle.cost)]
+    assert min(rates) >= 1.0  # a plain step (1 token for cost 1) is always among the choices
+    assert oracle.modelled_speedup >= 1.0
+    assert sum(oracle.committed) == len(output) - 1
+
+
+# --- the command line ------------------------------------------------------------------------------------------
+
+def test_record_with_the_law_policy(tmp_path, capsys):
+    from test_cli_record import greedy_reference, make_tiny_model_folder, read_table
+    from entropy_law.cli import main
+
+    folder = make_tiny_model_folder(tmp_path / "model")
+    tasks = tmp_path / "tasks.jsonl"
+    prompts = {1: "the cat sat on the mat the cat sat on the mat", 2: "red blue green red blue green red"}
+    tasks.write_text("".join(json.dumps({"question_id": q, "category": "alpha", "turns": [t]}) + "\n"
+                             for q, t in prompts.items()))
+    law = save_policy(params(0.8, slope=True), tmp_path / "law.json")
+    out = tmp_path / "run"
+    args = ["record", "--model", str(folder), "--tasks", str(tasks), "--out", str(out), "--max-new-tokens", "12",
+            "--block-size", "4", "--no-progress", "--tree", "ddtree", "--budget", "6"]
+    assert main(args + ["--policy", "law", "--policy-law", str(law)]) == 0
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["policy"]["acceptance"] == params(0.8, slope=True)["acceptance"] and meta["gate"] == "cost"
+    tokens, rounds = read_table(out, "tokens"), read_table(out, "rounds")
+    for request_id, group in tokens.groupby("request_id"):
+        expected = greedy_reference(folder, prompts[int(request_id.split(":")[1])], 12)
+        assert group.sort_values("position")["token_id"].tolist() == expected
+    decode = rounds.loc[rounds["round_index"] > 0]
+    assert decode["policy_budget"].notna().all() and (decode["policy_budget"] == decode["tree_nodes"]).all()
+    # --policy law without its parameters: refused, with what to do, before the model is loaded
+    bad = ["record", "--model", str(tmp_path / "nowhere"), "--tasks", str(tasks), "--out", str(tmp_path / "x")]
+    assert main(bad + ["--policy", "law"]) == 2
+    assert "--policy-law" in capsys.readouterr().err
+    assert main(bad + ["--policy", "law", "--policy-law", str(tasks)]) == 2  # not a policy file
+    assert "fit_policy" in capsys.readouterr().err
+
+
+def test_oracle_with_a_prohibitive_cost_never_drafts():
+    m = model(1)
+    prompt = random_prompt(torch.Generator().manual_seed(7), 96, 12)
+    output = greedy(m, prompt, 30)
+    steep = VerifyCost((1, 2), (1.0, 12.0))  # a round commits at most 6 tokens (block size 6): never pays
+    oracle = oracle_rounds(prompt, output, NgramDrafter(block_size=6), budgets=(0, 4, 16), verify_cost=steep)
+    assert set(oracle.budgets) == {0} and set(oracle.committed) == {1}
+    assert oracle.modelled_speedup == pytest.approx(1.0)
+
+
+# --- the hybrid drafter ----------------------------------------------------------------------------------------
+
+def test_merge_deduplicates_and_mixes():
+    from entropy_law.drafters.hybrid import merge_proposals
+    ngram = DraftProposal(tokens=torch.tensor([[5, 6], [7, 1]]), logprobs=torch.log(torch.tensor([[0.8, 0.1],
+                                                                                              [0.6, 0.0]])))
+    block = DraftProposal(tokens=torch.tensor([[6, 5, 9], [2, 3, 4], [8, 0, 1]]),
+                          logprobs=torch.log(torch.tensor([[0.5, 0.3, 0.2], [0.4, 0.3, 0.3], [0.9, 0.05, 0.05]])))
+    merged = merge_proposals(ngram, block, weight=0.5, top_k=8)
+    assert merged.depth == 3
+    first = dict(zip(merged.tokens[0].tolist(), merged.logprobs[0].exp().tolist()))
+    assert first[5] == pytest.approx(0.55) and first[6] == pytest.approx(0.3) and first[9] == pytest.approx(0.1)
+    assert merged.tokens[0, 0] == 5 and len(set(merged.tokens[0].tolist())) == merged.tokens.shape[1]
+    second = dict(zip(merged.tokens[1].tolist(), merged.logprobs[1].exp().tolist()))
+    assert second[7] == pytest.approx(0.3) and second[2] == pytest.approx(0.2) and 1 not in second or second[1] == 0
+    third = dict(zip(merged.tokens[2].tolist(), merged.logprobs[2].exp().tolist()))
+    assert third[8] == pytest.approx(0.45)  # the n-gram drafter proposes nothing this deep: it contributes 0
+
+
+@pytest.mark.parametrize("skip_at", [0.0, 1.5, math.inf])
+def test_hybrid_output_equals_greedy_and_skips_the_block_forward_when_confident(skip_at):
+    from entropy_law.drafters.block import BlockDrafter
+    from entropy_law.drafters.hybrid import HybridDrafter
+    m = model()
+    prompt = random_prompt(torch.Generator().manual_seed(8), 96, 6) * 3  # repeats: the n-gram drafter matches
+    reference = greedy(m, prompt, 30)
+    for tree, budget, policy in (("ddtree", 12, None), ("chain", None, params(0.7)), ("ddtree", 16, params(0.9))):
+        block = BlockDrafter(m, seed=0, block_size=5, num_layers=1)
+        hybrid = HybridDrafter(NgramDrafter(block_size=6), block, skip_block_at=skip_at)
+        dec = SpeculativeDecoder(m, hybrid, tree=tree, budget=budget, policy=policy, min_expected_accepted=0.0)
+        assert dec.generate(prompt, max_new_tokens=30).token_ids == reference, (skip_at, tree)
+        if skip_at == math.inf:
+            assert hybrid.block_skips == 0 and hybrid.block_calls > 0
+        if skip_at == 0.0:  # any n-gram proposal is "confident": the block drafter runs only without one
+            assert hybrid.block_skips > 0
+
+
+class CountingBlock:
+    """A feature-reading drafter that proposes nothing and checks it has seen every committed position."""
+
+    drafter_id = "counting"
+    block_size = 5
+
+    def __init__(self):
+        self.feature_layers = (0,)
+        self.calls = 0
+
+    def begin(self, prompt_ids, prompt_features):
+        self.rows = int(prompt_features.shape[0])
+
+    def propose(self, tokens, new_features):
+        self.rows += 0 if new_features is None else int(new_features.shape[0])
+        assert self.rows == len(tokens) - 1, (self.rows, len(tokens))  # features of every position before the root
+        self.calls += 1
+        return DraftProposal.empty()
+
+
+def test_hybrid_hands_the_block_drafter_every_position_it_skipped():
+    from entropy_law.drafters.hybrid import HybridDrafter
+    m = model()
+    prompt = random_prompt(torch.Generator().manual_seed(9), 96, 5) * 4
+    reference = greedy(m, prompt, 30)
+    block = CountingBlock()
+    hybrid = HybridDrafter(NgramDrafter(block_size=6), block, skip_block_at=0.5)
+    out = SpeculativeDecoder(m, hybrid, tree="ddtree", budget=8, min_expected_accepted=0.0).generate(
+        prompt, max_new_tokens=30)
+    assert out.token_ids == reference
+    assert hybrid.block_skips > 0 and block.calls > 0
+    # and a law policy that declines to draft: the decoder keeps the features for the next drafting round
+    seen = SpeculativeDecoder(m, CountingBlock(), tree="chain", policy=params(1.0)).generate(prompt, max_new_tokens=30)
+    middle = float(np.median([r.policy["window_entropy"] for r in seen.rounds[1:]]))
+    policy = params(1.0, depths=4)  # drafting pays below the median window entropy, never above it
+    policy["entropy_grid"] = [0.0, middle, middle * 1.0001 + 1e-6, 50.0]
+    policy["acceptance"] = [[1.0] * 4, [1.0] * 4, [0.0] * 4, [0.0] * 4]
+    block = CountingBlock()
+    out = SpeculativeDecoder(m, block, tree="chain", policy=policy).generate(prompt, max_new_tokens=30)
+    assert out.token_ids == reference
+    drafted = [r.policy["draft"] for r in out.rounds[1:]]
+    assert block.calls == sum(drafted) and 0 < sum(drafted) < len(drafted), drafted
