@@ -28,6 +28,7 @@ import numpy as np
 import pandas as pd
 
 from entropy_law.law.atrisk import EPS_NATS
+from entropy_law.traces.schema import added_columns
 
 
 @dataclass(frozen=True)
@@ -471,6 +472,11 @@ def simulate_traces(
             "decode_ms": per_round["decode_ms"].astype(np.float32),
         }
     )
+    # columns added to format v1 later (policy decisions, CPU clock) are not simulated: null, as in older runs
+    for name, frame in (("tokens", tokens), ("rounds", rounds), ("requests", requests)):
+        for column in added_columns(name):
+            if column not in frame.columns:
+                frame[column] = np.nan
     truth = dict(
         k=k, lambda_d=lam, category_effects=category_effects, eps=eps, seed=seed,
         block_drafter_id="sim-block" if include_block else next(iter(drafters)),
