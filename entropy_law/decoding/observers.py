@@ -19,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from entropy_law.decoding.policy import round_columns
 from entropy_law.decoding.round import Round
+from entropy_law.traces.schema import POLICY_COLUMNS
 from entropy_law.traces.stats import TARGET_STAT_KEYS
 
 
@@ -58,6 +58,14 @@ def distribution_stats(logits: torch.Tensor) -> dict[str, torch.Tensor]:
         "logit_gap": top_logits[:, 0] - top_logits[:, 1],
     }
     return {key: stats[key] for key in TARGET_STAT_KEYS}  # the trace schema's keys, in its order
+
+
+def row_entropies(logits: torch.Tensor) -> list[float]:
+    """Shannon entropy (nats, fp32 softmax over the full vocabulary) of each row of ``[rows, V]`` logits."""
+    z = logits.float()
+    if z.dim() == 1:
+        z = z.unsqueeze(0)
+    return _softmax_and_entropy(z, z.amax(dim=-1, keepdim=True))[1].tolist()
 
 
 @torch.inference_mode()
@@ -145,3 +153,13 @@ class RecorderObserver:
             decode_ms=float(info["decode_ms"]),
             decode_cpu_ms=info.get("decode_cpu_ms"),
         )
+
+
+def round_columns(decision: dict | None) -> dict:
+    """The round's policy columns of the trace (``traces.schema.ADDED_COLUMNS["rounds"]``); nulls without a
+    policy."""
+    if decision is None:
+        return {}
+    values = (decision.get("entropy"), decision.get("window_entropy"), decision.get("confidence"),
+              decision.get("expected"), decision.get("budget", 0), bool(decision.get("draft")))
+    return dict(zip(POLICY_COLUMNS, values))

@@ -34,21 +34,13 @@ import torch
 
 from entropy_law.decoding.gate import VerifyCost
 from entropy_law.decoding.interface import DraftProposal
+from entropy_law.decoding.observers import row_entropies
 from entropy_law.decoding.tree import Tree
 
 POLICY_KIND = "entropy_law_policy"
 POLICY_VERSION = 1
 REQUIRED_KEYS = ("kind", "version", "window", "entropy_grid", "depths", "acceptance", "confidence_weight",
                  "draft_cost", "default_entropy")
-
-
-def row_entropies(logits: torch.Tensor) -> list[float]:
-    """Shannon entropy (nats, fp32 softmax over the full vocabulary) of each row of ``[rows, V]`` logits."""
-    z = logits.float()
-    if z.dim() == 1:
-        z = z.unsqueeze(0)
-    logp = torch.log_softmax(z, dim=-1)
-    return (-(logp.exp() * logp).nan_to_num(nan=0.0).sum(dim=-1)).tolist()
 
 
 def _number(params: dict, key: str, *, low: float = -math.inf) -> float:
@@ -209,16 +201,3 @@ class LawPolicy:
     def to_config(self) -> dict:
         """The parameters as stored with the run (the verify-cost curve in use included)."""
         return {**self.params, "verify_cost": self.verify_cost.to_config()}
-
-
-def round_columns(decision: dict | None) -> dict:
-    """The round's policy columns of the trace (``traces.schema.ADDED_COLUMNS["rounds"]``); nulls without a
-    policy."""
-    if decision is None:
-        return {}
-    return {"policy_entropy_nats": decision.get("entropy"),
-            "policy_window_entropy_nats": decision.get("window_entropy"),
-            "policy_draft_confidence": decision.get("confidence"),
-            "policy_expected_accepted": decision.get("expected"),
-            "policy_budget": decision.get("budget", 0),
-            "policy_drafted": bool(decision.get("draft"))}

@@ -74,6 +74,13 @@ class LawFamily:
         return self.needs_categories or "category" in self.terms
 
 
+_LAW_EXP_OBS = LawFamily(
+    "law_exp_obs", "LAW-E + lagged H + running mean H + log(1 + position) + log D (decode time)", "cloglog",
+    "rejection", "log_entropy + log_lag_entropy + log_run_mean_entropy + log1p_position + log_drafted_depth",
+    bin_columns=("target_entropy_nats", "lag_entropy_nats", "run_mean_entropy_nats", "position"),
+    slope="log_entropy", extra_keys=("drafted_depth",),
+    means=("lag_entropy_nats", "log_lag_entropy", "run_mean_entropy_nats", "log_run_mean_entropy", "log1p_position"))
+
 FAMILIES: dict[str, LawFamily] = {
     f.name: f
     for f in [
@@ -124,20 +131,9 @@ FAMILIES: dict[str, LawFamily] = {
                   means=("draft_entropy_nats", "log_draft_entropy")),
         LawFamily("law_exp_ceil", "a = exp(-lambda_d (H + c)^k), c fitted: ceiling exp(-lambda_1 c^k) < 1 at H = 0",
                   "cloglog", "rejection", "log_entropy", slope="log_entropy", profile_eps=True),
-        LawFamily("law_exp_obs", "LAW-E + lagged H + running mean H + log(1 + position) + log D (decode time)",
-                  "cloglog", "rejection",
-                  "log_entropy + log_lag_entropy + log_run_mean_entropy + log1p_position + log_drafted_depth",
-                  bin_columns=("target_entropy_nats", "lag_entropy_nats", "run_mean_entropy_nats", "position"),
-                  slope="log_entropy", extra_keys=("drafted_depth",),
-                  means=("lag_entropy_nats", "log_lag_entropy", "run_mean_entropy_nats", "log_run_mean_entropy",
-                         "log1p_position")),
-        LawFamily("law_exp_obs_ceil", "law_exp_obs with the offset c of log(H + c) fitted (ceiling < 1)",
-                  "cloglog", "rejection",
-                  "log_entropy + log_lag_entropy + log_run_mean_entropy + log1p_position + log_drafted_depth",
-                  bin_columns=("target_entropy_nats", "lag_entropy_nats", "run_mean_entropy_nats", "position"),
-                  slope="log_entropy", extra_keys=("drafted_depth",),
-                  means=("lag_entropy_nats", "log_lag_entropy", "run_mean_entropy_nats", "log_run_mean_entropy",
-                         "log1p_position"), profile_eps=True),
+        _LAW_EXP_OBS,
+        replace(_LAW_EXP_OBS, name="law_exp_obs_ceil", profile_eps=True,
+                description="law_exp_obs with the offset c of log(H + c) fitted (ceiling < 1)"),
     ]
 }
 

@@ -26,11 +26,11 @@ from scipy import stats
 
 from entropy_law.law import atrisk
 from entropy_law.law.blocks import tau_distribution
-from entropy_law.law.fit import FittedLaw, fit_law, get_family, prepare_counts
+from entropy_law.law.fit import FittedLaw, fit_law
 from entropy_law.law.results import Result
 from entropy_law.law.stats import FEW_REQUESTS, SmallSampleWarning
-from entropy_law.law.transfer import (TrainingDepthModel, _block_size, _observed_rounds, drafted_depths,
-                                      entropy_sequences, single_drafter, with_start_entropy)
+from entropy_law.law.transfer import (TrainingDepthModel, _observed_rounds, drafted_depths, loco_inputs,
+                                      with_start_entropy)
 
 LEVEL = 0.90
 N_DRAWS = 20  # parameter draws per held-out category
@@ -228,20 +228,11 @@ def loco_predictions(traces, family: str = "law_exp", *, drafter: str | None = N
     round (committed tokens / rounds). Nothing of the held-out category enters but its entropy sequences.
     Reliability: the held-out category's at-risk trials under the LOCO law, by bin of predicted acceptance.
     """
-    fam = get_family(family)
-    if fam.uses_category:
-        raise ValueError(f"{fam.name} has category terms and cannot predict an unseen category")
     if n_draws == 1:
         raise ValueError("n_draws must be 0 (no parameter uncertainty) or at least 2")
-    drafter, rounds = single_drafter(traces, drafter)
-    B = B or _block_size(rounds)
+    fam, drafter, rounds, B, rows, counts, categories, seqs = loco_inputs(
+        traces, family, drafter=drafter, B=B, eps=eps, min_categories=min_categories, what="LOCO prediction")
     drafts = B - 1
-    rows = atrisk.at_risk_table(traces, eps=eps, drafters=[drafter])
-    counts = prepare_counts(rows, fam, eps=eps)
-    categories = sorted(counts["category"].unique())
-    if len(categories) < min_categories:
-        raise ValueError(f"LOCO prediction needs at least {min_categories} categories; the traces hold {categories}")
-    seqs = entropy_sequences(traces, drafter)
     drafted_h = with_start_entropy(drafted_depths(traces, drafter), seqs)
     observed = _observed_rounds(rounds)
     observed["observed_tokens_per_round"] = observed["observed_tokens"] / observed["observed_rounds"]

@@ -23,6 +23,7 @@ the statistics of the category ranking (``hypotheses``). No torch.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -30,7 +31,7 @@ from scipy import stats
 
 from entropy_law.law import arms, atrisk
 from entropy_law.law.blocks import expected_round_counts, iid_tokens_per_round
-from entropy_law.law.fit import FittedLaw, fit_law, get_family, prepare_counts
+from entropy_law.law.fit import FittedLaw, LawFamily, fit_law, get_family, prepare_counts
 from entropy_law.law.results import Result
 from entropy_law.law.stats import exact_spearman_p
 
@@ -446,6 +447,35 @@ class LocoTransfer(Result):
         return super()._text(decimals) + extra
 
 
+class LocoInputs(NamedTuple):
+    family: LawFamily
+    drafter: str
+    rounds: pd.DataFrame
+    B: int
+    rows: pd.DataFrame  # at-risk rows of the drafter
+    counts: pd.DataFrame  # the family's count table of those rows
+    categories: list
+    seqs: pd.DataFrame  # entropy sequences of the drafter's requests
+
+
+def loco_inputs(traces, family, *, drafter: str | None, B: int | None, eps: float, min_categories: int,
+                what: str = "LOCO transfer"):
+    """What every leave-one-category-out analysis starts from: the (category-free) family, the one drafter and
+    its rounds, the block size B, the at-risk counts, their categories (at least ``min_categories``) and the
+    entropy sequences of the drafter's requests."""
+    fam = get_family(family)
+    if fam.uses_category:
+        raise ValueError(f"{fam.name} has category terms and cannot predict an unseen category; use a category-free law")
+    drafter, rounds = single_drafter(traces, drafter)
+    B = B or _block_size(rounds)
+    rows = atrisk.at_risk_table(traces, eps=eps, drafters=[drafter])
+    counts = prepare_counts(rows, fam, eps=eps)
+    categories = sorted(counts["category"].unique())
+    if len(categories) < min_categories:
+        raise ValueError(f"{what} needs at least {min_categories} categories; the traces hold {categories}")
+    return LocoInputs(fam, drafter, rounds, B, rows, counts, categories, entropy_sequences(traces, drafter))
+
+
 def loco_transfer(traces, family: str = "law_exp", *, drafter: str | None = None, B: int | None = None,
                   eps: float = atrisk.EPS_NATS, min_categories: int = 3, depths: str = "training",
                   depth_edges=DEPTH_ENTROPY_EDGES, **fit_options) -> LocoTransfer:
@@ -476,18 +506,9 @@ def loco_transfer(traces, family: str = "law_exp", *, drafter: str | None = None
         raise ValueError(f"depths must be one of {LOCO_DEPTH_MODELS}, got {depths!r}")
     dp_depths = "observed" if depths == "oracle" else depths
     fit_options = {"cov_type": "nonrobust", **fit_options}
-    fam = get_family(family)
-    if fam.needs_categories:
-        raise ValueError(f"{family} has category terms and cannot predict an unseen category; use a category-free law")
-    drafter, rounds = single_drafter(traces, drafter)
-    B = B or _block_size(rounds)
+    fam, drafter, rounds, B, _, counts, categories, seqs = loco_inputs(traces, family, drafter=drafter, B=B,
+                                                                       eps=eps, min_categories=min_categories)
     drafts = B - 1
-    rows = atrisk.at_risk_table(traces, eps=eps, drafters=[drafter])
-    counts = prepare_counts(rows, fam, eps=eps)
-    categories = sorted(counts["category"].unique())
-    if len(categories) < min_categories:
-        raise ValueError(f"LOCO transfer needs at least {min_categories} categories; the traces hold {categories}")
-    seqs = entropy_sequences(traces, drafter)
     drafted = drafted_depths(traces, drafter) if depths != "full" else None
     drafted_h = with_start_entropy(drafted, seqs) if depths == "training" else None
     observed = _observed_rounds(rounds)

@@ -56,6 +56,7 @@ from entropy_law.traces.layout import (
 from entropy_law.traces.schema import (
     FORMAT_NAME,
     FORMAT_VERSION,
+    POLICY_COLUMNS,
     ROLES,
     RUN_METADATA_KEYS,
     SCHEMAS,
@@ -194,10 +195,6 @@ def _describe_conflicts(stored: dict, given: dict, absent_means: Mapping) -> lis
         else:
             lines.append(f"{key}: not recorded in the run (cannot be checked), given {value!r}")
     return lines
-
-
-POLICY_COLUMNS = ("policy_entropy_nats", "policy_window_entropy_nats", "policy_draft_confidence",
-                  "policy_expected_accepted", "policy_budget", "policy_drafted")
 
 
 class _OpenRequest:

@@ -98,13 +98,16 @@ REQUESTS_SCHEMA = pa.schema(
 
 SCHEMAS = {"tokens": TOKENS_SCHEMA, "rounds": ROUNDS_SCHEMA, "requests": REQUESTS_SCHEMA}
 
+# The per-round policy's inputs and decision (rounds table), in the order of ROUNDS_SCHEMA.
+POLICY_COLUMNS = ("policy_entropy_nats", "policy_window_entropy_nats", "policy_draft_confidence",
+                  "policy_expected_accepted", "policy_budget", "policy_drafted")
+
 # Columns added to v1 after its first release. Each is nullable; a file written before it existed lacks it,
 # and readers and writers fill it with nulls, so old runs stay readable and resumable (format v1 is kept).
 # Document every entry in docs/trace-schema.md under "Added columns".
 ADDED_COLUMNS: dict[str, tuple[str, ...]] = {
     "tokens": (),
-    "rounds": ("policy_entropy_nats", "policy_window_entropy_nats", "policy_draft_confidence",
-               "policy_expected_accepted", "policy_budget", "policy_drafted"),
+    "rounds": POLICY_COLUMNS,
     "requests": ("decode_cpu_ms",),
 }
 
