@@ -17,8 +17,12 @@ Two steps (``--record`` first, once; then the check, as often as wanted):
 Prints tables and ends with ONE JSON line. The timings come from the machine the traces were recorded on
 (run.json: device, cpu count); say whether it was shared.
 
-    OMP_NUM_THREADS=1 python bench/speed_validation.py --record data/traces_timed --per-category 5 --within 8
+    OMP_NUM_THREADS=1 python bench/speed_validation.py --record data/traces_timed --per-category 8 --seed 1   # ~25 min
     python bench/speed_validation.py data/traces_timed | tee bench/results/speed_validation.txt
+
+``--record`` only records (then run the check). Record on an otherwise idle machine: the predicted speedup prices
+rounds by the CPU clock (``law.cost.cpu_scaled_timings``), which a busy machine inflates unevenly
+(``bench/results/speed_validation_shared.txt``: the same check on a recording made at load 4-10).
 """
 
 from __future__ import annotations
@@ -124,7 +128,7 @@ def validate(path: Path, *, n_boot: int, seed: int) -> int:
     print("\npredicted vs measured per arm x category (TraceAnalysis.speedup_validation; measured: paired, "
           f"{', '.join(sorted(set(check['clock'].dropna())))} clock of the rounds):")
     cols = ["arm", "category", "status", "requests", "measured", "lo", "hi", "verdict", "predicted",
-            "relative_error", "within_10pct", "inside_interval"]
+            "relative_error", "within_10pct", "inside_interval", "cost_only_error"]
     print(check[cols].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     rated = check.loc[check["measured"].notna() & check["predicted"].notna() & (check["requests"] >= 5)]
     within = int(rated["within_10pct"].astype(bool).sum())
@@ -132,6 +136,9 @@ def validate(path: Path, *, n_boot: int, seed: int) -> int:
     print(f"\n>= 5 prompts: predicted within +-10% of measured in {within} of {len(rated)} arm x category cells; "
           f"inside the measured 95% interval in {inside} of {len(rated)}; median |relative error| "
           f"{float(rated['relative_error'].abs().median()) if len(rated) else float('nan'):.3f}")
+    cost_err = rated["cost_only_error"].abs()
+    print(f"the cost model alone (observed tokens per round x predicted cost): max |error| {cost_err.max():.3f}, "
+          f"within +-10% in {int((cost_err <= 0.10).sum())} of {len(rated)} cells: the rest of the error is the law's")
     cross_rows = []
     if crossing.ok:
         print("\nbreak-even vs the crossing of measured per-request speedups (logistic fit on mean entropy):")
@@ -160,6 +167,7 @@ def validate(path: Path, *, n_boot: int, seed: int) -> int:
         "clock": sorted(set(check["clock"].dropna())), "cells_rated": len(rated), "within_10pct": within,
         "inside_measured_interval": inside,
         "median_abs_relative_error": float(rated["relative_error"].abs().median()) if len(rated) else None,
+        "cost_only_max_abs_error": float(cost_err.max()) if len(rated) else None,
         "cells": [{k: (v if not isinstance(v, float) or np.isfinite(v) else None) for k, v in r.items()}
                   for r in check[cols].to_dict("records")],
         "crossing": cross_rows, "machine_warnings": notes,

@@ -3,6 +3,7 @@
 import dataclasses
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from entropy_law.law.bootstrap import bootstrap_law, poisson_weights, reweight_counts
@@ -203,3 +204,58 @@ def test_the_speedup_interval_stays_calibrated_under_cost_noise():
                                    ar_requests=_ar_requests(small), n_boot=30, seed=seed).summary.loc["speedup[H=0.3]"]
             covered.append(s["ci_low"] <= truth <= s["ci_high"])
     assert sum(covered) >= 8, covered  # nominal 95%: 8 or more of 10 (P >= 0.98 when calibrated)
+
+
+def _loaded(traces, seed=0):
+    """The traces as a shared machine logs them: each request's rounds run 1-4x slower on the wall clock (the
+    load while it ran), its ``decode_cpu_ms`` the CPU time of those rounds (the simulated costs)."""
+    rng = np.random.default_rng(seed)
+    requests = traces.requests.copy()
+    rounds = traces.rounds.copy()
+    cols = ["draft_ms", "verify_ms", "overhead_ms"]
+    cpu = rounds.groupby(["run_id", "request_id"])[cols].sum().sum(axis=1).rename("cpu").reset_index()
+    requests = requests.drop(columns="decode_cpu_ms").merge(cpu, on=["run_id", "request_id"], how="left")
+    requests = requests.rename(columns={"cpu": "decode_cpu_ms"})
+    slow = pd.Series(rng.uniform(1.0, 4.0, len(requests)), index=pd.MultiIndex.from_frame(
+        requests[["run_id", "request_id"]]))
+    factor = slow.reindex(pd.MultiIndex.from_frame(rounds[["run_id", "request_id"]])).to_numpy()
+    for col in cols:
+        rounds[col] = rounds[col] * factor
+    requests["decode_ms"] = requests["decode_cpu_ms"] * slow.to_numpy()
+    return SimulatedTraces(tokens=traces.tokens, rounds=rounds, requests=requests, runs=traces.runs)
+
+
+def test_cost_model_prices_rounds_by_the_cpu_clock_on_a_loaded_machine(traces):
+    loaded = _loaded(traces)
+    cpu = fit_cost_model(loaded, drafter="sim-block")
+    assert cpu.clock == "cpu" and "cpu clock" in cpu.title
+    assert cpu.ar_ms_per_token == pytest.approx(40.0, rel=0.01)
+    assert cpu.draft_ms == pytest.approx(6.0, rel=0.01)
+    assert cpu.overhead_ms == pytest.approx(1.5, rel=0.01)
+    wall = fit_cost_model(loaded, drafter="sim-block", clock="wall")
+    assert wall.clock == "wall" and wall.ar_ms_per_token > 1.5 * 40.0  # the load priced in, by the wall clock
+    # one request without its CPU time: the wall clock for all (never a mix), and clock="cpu" refuses
+    partial = loaded.requests.copy()
+    partial.loc[partial.index[0], "decode_cpu_ms"] = np.nan
+    mixed = SimulatedTraces(tokens=loaded.tokens, rounds=loaded.rounds, requests=partial, runs=loaded.runs)
+    assert fit_cost_model(mixed, drafter="sim-block").clock == "wall"
+    with pytest.raises(ValueError, match="decode_cpu_ms"):
+        fit_cost_model(mixed, drafter="sim-block", clock="cpu")
+    with pytest.raises(ValueError, match="clock must be"):
+        fit_cost_model(loaded, drafter="sim-block", clock="gpu")
+    assert fit_cost_model(traces, drafter="sim-block").clock == "wall"  # simulated: no CPU clock logged
+
+
+def test_when_drafting_pays_takes_the_ar_cost_on_the_cost_models_clock(traces):
+    loaded = _loaded(traces, seed=1)
+    ar_runs = loaded.runs.loc[loaded.runs["drafter_id"] == "ar", "run_id"]
+    ar = loaded.requests.loc[loaded.requests["run_id"].isin(ar_runs)]
+    ar = ar.assign(decoded=ar["new_tokens"] - 1)[["request_id", "decode_ms", "decode_cpu_ms", "decoded"]]
+    block = SimulatedTraces(tokens=loaded.tokens, rounds=loaded.rounds, requests=loaded.requests,
+                            runs=loaded.runs)
+    res = when_drafting_pays(block, drafter="sim-block", ar_requests=ar, entropies=(0.05, 2.0), n_boot=5, seed=2)
+    assert res.cost.clock == "cpu" and "cpu clock" in res.cost.ar_source
+    expected = float(ar["decode_cpu_ms"].sum() / ar["decoded"].sum())
+    assert res.cost.ar_ms_per_token == pytest.approx(expected, rel=1e-6)  # float32 sums
+    with pytest.raises(ValueError, match="decode_cpu_ms"):
+        when_drafting_pays(block, drafter="sim-block", ar_requests=ar.drop(columns="decode_cpu_ms"), n_boot=2)

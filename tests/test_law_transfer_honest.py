@@ -129,7 +129,28 @@ def test_report_text_shows_p1_the_category_share_and_both_loco_modes_with_the_co
     an = TraceAnalysis(sim.filter(drafter_id=["sim-block"]) if hasattr(sim, "filter") else sim, n_boot=2,
                        compare_families=("law_exp",), n_folds=3)
     text = results_markdown(an)
-    for needle in ("P1 score χ²", "P1 p", "category share of the CV gain", "leak-free (depths from training categories)",
+    for needle in ("P1 score χ²", "P1 p", "category share of the CV gain", f"{an.family}: P1 p",
+                   f"{an.family}: category share of the CV gain", "leak-free (depths from training categories)",
                    "oracle depths (held-out's own)", "depth-only control: tokens / round: mean |rel. error|",
                    "tokens / round: max |rel. error|"):
         assert needle in text, needle
+
+
+def test_universality_table_gives_p1_and_the_category_share_of_the_analysis_law_too(sim):
+    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.law.compare import category_share_of_gain
+    from entropy_law.law.fit import PRIMARY_FAMILY
+
+    an = TraceAnalysis(sim, n_boot=2, compare_families=("law_exp",), n_folds=3)
+    assert an.family == PRIMARY_FAMILY != "law_exp"
+    arm = an.arms[0]
+    row = an.universality_table().set_index("arm").loc[arm]
+    assert row["law_family"] == PRIMARY_FAMILY
+    p1 = an.law(arm).universality()
+    assert row["law_p_value"] == p1["p_value"] and row["law_df"] == p1["df"]
+    rows = atrisk.at_risk_table(an.arm_view(arm), drafters=[arm])
+    share = category_share_of_gain(rows, PRIMARY_FAMILY, n_folds=3, seed=0)
+    assert row["law_cv_category_share"] == pytest.approx(share["cv_category_share"], rel=1e-12)
+    assert row["law_cv_gain_vs_depth_only"] > 0  # the law beats acceptance by depth only
+    plain = TraceAnalysis(sim, family="law_exp", n_boot=2, compare_families=("law_exp",), n_folds=3)
+    assert "law_family" not in plain.universality_table()  # law_exp: its P1 is the table's own

@@ -216,6 +216,20 @@ def test_the_crossing_of_measured_speedups_is_found_where_it_is():
     an.request_speedups = lambda arm: fake.assign(speedup=2.0)
     got = an.speedup_crossing("sim-block chain")
     assert np.isnan(got["crossing_nats"]) and "every request above 1" in got["reason"] and got["inside"] is None
+    # a crossing the fit places beyond every request's mean entropy is said to be extrapolated
+    from entropy_law.jobs.report import crossing_sentence
+
+    an._cache.clear()
+    h2 = rng.uniform(0.2, 2.0, 1000)  # P(speedup > 1) = 0.5 at 3.5 nats: beyond every request's entropy
+    above = rng.uniform(size=1000) < 1 / (1 + np.exp(-1.5 * (3.5 - h2)))
+    mostly_above = pd.DataFrame({"mean_entropy_nats": h2, "speedup": np.where(above, 1.2, 0.9)})
+    mostly_above.attrs["clock"] = "cpu"
+    an.request_speedups = lambda arm: mostly_above
+    got = an.speedup_crossing("sim-block chain")
+    assert got["crossing_nats"] > h2.max() and "outside the observed mean entropies" in got["reason"]
+    assert "extrapolated" in crossing_sentence(got)
+    inside = dict(got, crossing_nats=1.1, reason="")
+    assert "extrapolated" not in crossing_sentence(inside)
 
 
 def test_bad_input_no_timings_no_ar_and_another_machine():

@@ -13,7 +13,9 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("law", help="fit the entropy law to traces and print summaries")
     p.add_argument("traces", nargs="?", help="a run directory, or a folder searched for runs (load_traces)")
     p.add_argument("--simulate", type=int, metavar="SEED", help="use simulated traces with this seed instead")
-    p.add_argument("--family", default="law_exp", help="law family (default: %(default)s)")
+    p.add_argument("--family", default=None,
+                   help="law family (default: the primary law, entropy_law.law.fit.PRIMARY_FAMILY; with "
+                        "--out-of-core, law_exp: a fitted offset or decode-time covariates are not streamed yet)")
     p.add_argument("--drafter", help="only this arm, e.g. 'ngram chain' (default: every arm)")
     p.add_argument("--loco", action="store_true", help="leave-one-category-out transfer")
     p.add_argument("--tests", action="store_true", help="pre-registered tests P1-P3 with Holm correction")
@@ -38,6 +40,10 @@ def run(args) -> int:
     from entropy_law.law.transfer import block_prediction, loco_transfer
     from entropy_law.traces.reader import load_traces
 
+    from entropy_law.law.fit import PRIMARY_FAMILY
+
+    if args.family is None:
+        args.family = "law_exp" if getattr(args, "out_of_core", False) else PRIMARY_FAMILY
     if getattr(args, "out_of_core", False):  # larger than memory: the laws only (the rest needs the rows)
         if args.simulate is not None or args.loco or args.tests or not args.traces:
             raise ValueError("--out-of-core fits a trace folder (not --simulate) and prints the laws only: drop "

@@ -16,7 +16,8 @@ def register(subparsers) -> None:
     p.add_argument("--out", required=True, help="folder for the report (created)")
     p.add_argument("--format", choices=("html", "md"), default="html",
                    help="html: one self-contained page; md: report.md with PNG figures (default: %(default)s)")
-    p.add_argument("--family", default="law_exp", help="law family fitted per arm (default: %(default)s)")
+    p.add_argument("--family", default=None,
+                   help="law family fitted per arm (default: the primary law, entropy_law.law.fit.PRIMARY_FAMILY)")
     p.add_argument("--n-boot", type=int, default=100,
                    help="request-bootstrap replicates for the speedup / break-even intervals (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed of the CV folds and the bootstrap (default: %(default)s)")
@@ -47,7 +48,9 @@ def run(args) -> int:
         raise FileNotFoundError(f"trace path(s) not found: {', '.join(missing)}")
     traces = load_traces(args.traces if len(args.traces) > 1 else args.traces[0])
     options = {} if args.compare_families is None else {"compare_families": tuple(args.compare_families)}
-    analysis = TraceAnalysis(traces, family=args.family, n_boot=args.n_boot, seed=args.seed,
+    from entropy_law.law.fit import PRIMARY_FAMILY
+
+    analysis = TraceAnalysis(traces, family=args.family or PRIMARY_FAMILY, n_boot=args.n_boot, seed=args.seed,
                              ar_ms_per_token=args.ar_ms_per_token, **options)
     source = " ".join(args.traces)
     path = write_report(traces, args.out, fmt=args.format, analysis=analysis, source=source,

@@ -26,6 +26,7 @@ import pandas as pd
 
 from entropy_law.jobs.speed import format_speedup
 from entropy_law.law.analysis import TraceAnalysis, format_interval
+from entropy_law.law.fit import get_family
 from entropy_law.law.cost import ABOVE_BOUND, MEASURED, MIN_PAIRED_REQUESTS, RELIABLE_HALF_WIDTH
 from entropy_law.law.predict import request_prediction_section
 from entropy_law.plots.glance import glance_section
@@ -164,8 +165,9 @@ def answer_lines(analysis: TraceAnalysis, measured: pd.DataFrame | None = None) 
 def crossing_sentence(r: dict) -> str:
     """The measured per-request speedups' crossing of 1 (logistic fit on the request's mean entropy) next to
     the break-even interval, in words."""
+    extrapolated = f", extrapolated: {r['reason']}" if r.get("reason") else ""  # beyond every request's mean H
     where = (f"measured per-request speedups cross 1 at {r['crossing_nats']:.2f} nats (logistic fit, "
-             f"{r['requests']} requests, {r['clock']} clock)" if np.isfinite(r["crossing_nats"])
+             f"{r['requests']} requests, {r['clock']} clock{extrapolated})" if np.isfinite(r["crossing_nats"])
              else f"measured per-request speedups: no crossing placed ({r['reason']}; "
                   f"{r['share_above_1']:.0%} of {r['requests']} requests above 1)")
     if np.isfinite(r["breakeven_low"]) and np.isfinite(r["crossing_nats"]):
@@ -246,19 +248,29 @@ def universality_frame(analysis: TraceAnalysis) -> pd.DataFrame:
     K-fold): the law over acceptance by depth only, category terms over the law, and the category share
     (category gain / gain of the category-aware law over depth only; docs/law.md)."""
     t = analysis.universality_table()
-    return pd.DataFrame({
+    out = pd.DataFrame({
         "arm": t["arm"], "P1 score χ²": t["score_statistic"], "df": t["df"], "P1 p": t["p_value"],
         "Wald χ²": t["wald_statistic"], "Wald p": t["p_wald_chi2"],
         "CV gain of the law over depth only (nats / trial)": t["cv_gain_law_vs_depth_only"],
         "CV gain of category terms (nats / trial)": t["cv_gain_cat_vs_law"],
         "category share of the CV gain": t["cv_category_share"], "requests": t["requests"]})
+    if "law_family" in t:  # the analysis' own law (the primary law by default) beside law_exp
+        name = str(t["law_family"].iloc[0])
+        out[f"{name}: P1 score χ² (df)"] = [f"{x:.1f} ({int(d)})" if np.isfinite(x) and np.isfinite(d) else "–"
+                                             for x, d in zip(t["law_score_statistic"], t["law_df"])]
+        out[f"{name}: P1 p"] = t["law_p_value"]
+        out[f"{name}: CV gain over depth only"] = t["law_cv_gain_vs_depth_only"]
+        out[f"{name}: category share of the CV gain"] = t["law_cv_category_share"]
+    return out
 
 
 P1_TEXT = ("Universality (P1): does one category-free law hold in every category? Cluster-robust score test of the "
            "category rates and exponents of `law_exp_cat` against `law_exp` (χ² with 2(K − 1) df; small p: the "
            "categories differ beyond entropy), reported whether or not it rejects; category share of the CV gain = "
            "(CV log-loss of `law_exp` − of `law_exp_cat`) / (CV log-loss of acceptance by depth only − of "
-           "`law_exp_cat`), grouped K-fold CV by request.")
+           "`law_exp_cat`), grouped K-fold CV by request. The last columns: the same for the report's own law (the "
+           "primary law unless chosen otherwise), category rates and exponents added to it (`with_category_terms`, "
+           "at its fitted offset c where it profiles one).")
 LOCO_TEXT = ("Leave-one-category-out accuracy across categories (the law fitted without each category predicts it): "
              "relative error of predicted vs observed (mean signed, mean and max |error|), Spearman ρ of predicted vs "
              "observed over the categories with its exact one-sided permutation p. Leak-free: the held-out category's "
@@ -293,7 +305,8 @@ def results_markdown(analysis: TraceAnalysis, *, source: str = "") -> str:
              f"{MIN_PAIRED_REQUESTS} paired prompts or with an interval wider than ±{RELIABLE_HALF_WIDTH:.0%}; never "
              "above the physical bound, tokens per round × c(1)/c(N+1)); paired requests: how many prompts both "
              "decoded.", "",
-             f"Fitted law `{analysis.family}`: a = exp(−λ_d (H + ε)^k), 95% intervals clustered by request (CR1 "
+             f"Fitted law `{analysis.family}` ({get_family(analysis.family).description}; k and λ at depth 1 "
+             "as `FittedLaw.derived` gives them, docs/law.md), 95% intervals clustered by request (CR1 "
              "sandwich, t with requests − 1 degrees of freedom); break-even entropy where the predicted decode "
              "speedup is 1 (request bootstrap); requests: how many requests each interval rests on (fewer than "
              f"{FEW_REQUESTS}: not measured reliably).", "",
@@ -467,7 +480,7 @@ def terminal_summary(analysis: TraceAnalysis, measured: pd.DataFrame | None = No
             lines.append(f"  {r.category:<16}{_fmt(r.mean_entropy_nats):>14}{_fmt(r.committed_per_round):>14}"
                          f"   {'(the reference)' if arm in reference else _speedup_cell(r, measured)}")
     lines.append("")
-    lines.append(f"fitted law {analysis.family}: a = exp(-lambda_d (H + eps)^k), 95% intervals")
+    lines.append(f"fitted law {analysis.family} ({get_family(analysis.family).description}), 95% intervals")
     for r in law_frame(analysis).to_dict("records"):
         lines.append(f"  {r['arm']}: k = {r['k (95% CI)']}, lambda[d=1] = {r['λ at depth 1 (95% CI)']}"
                      f"{_requests(r['requests'])}; drafting {r['drafting pays']}"

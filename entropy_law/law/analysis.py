@@ -43,7 +43,7 @@ import pandas as pd
 
 from entropy_law.law import atrisk
 from entropy_law.law.arms import AR_LABEL, run_arms
-from entropy_law.law.compare import compare_laws
+from entropy_law.law.compare import category_share_of_gain, compare_laws
 from entropy_law.law.cost import speed_verdict, when_drafting_pays
 from entropy_law.law.fit import PRIMARY_FAMILY, fit_law, get_family
 from entropy_law.law.hypotheses import universality_test
@@ -226,10 +226,27 @@ class TraceAnalysis:
         return self._cached(("p1", arm), lambda: universality_test(self.arm_view(arm), drafter=arm, cv=True,
                                                                    n_folds=self.n_folds, seed=self.seed))
 
+    def category_share(self, arm: str) -> dict:
+        """P1 and the category share of the CV gain for this analysis' law (``self.family``, the primary law by
+        default): ``FittedLaw.universality`` (category rates and exponents added to the law; cluster-robust score
+        test) and ``compare.category_share_of_gain`` (grouped ``n_folds``-fold CV by request)."""
+        def compute():
+            p1 = self.law(arm).universality()
+            if not p1:
+                raise ValueError(f"P1 does not apply to {self.family} on arm {arm!r} (a GLM family without category "
+                                 "terms, fitted on 2+ categories of 5+ requests each)")
+            rows = atrisk.at_risk_table(self.arm_view(arm), drafters=[arm])
+            share = category_share_of_gain(rows, self.family, n_folds=self.n_folds, seed=self.seed)
+            return {**p1, **share}
+
+        return self._cached(("category_share", arm), compute)
+
     def universality_table(self) -> pd.DataFrame:
         """Per arm: P1 (score statistic, df, p; robust Wald chi-square and its p) and the CV gains per trial:
-        the law over depth only, category terms over the law, and the category share of the total gain;
-        arms where P1 cannot run are left out (raises if none can)."""
+        the law over depth only, category terms over the law, and the category share of the total gain, for
+        ``law_exp`` (``hypotheses.universality_test``) and, where this analysis' law is another family, for it too
+        (``law_*`` columns, ``category_share``; NaN where it cannot run, the reason in ``attrs["notes"]``); arms
+        where P1 cannot run are left out (raises if none can)."""
         rows, errors = [], []
         for arm in self.arms:
             p1 = self.attempt("universality", arm)
@@ -237,15 +254,28 @@ class TraceAnalysis:
                 errors.append(p1.error)
                 continue
             v = p1.value.summary["value"]
-            rows.append(dict(arm=arm, score_statistic=v["score_statistic"], df=int(v["df"]), p_value=v["p_value"],
-                             wald_statistic=v["wald_statistic"], p_wald_chi2=v["p_wald_chi2"],
-                             cv_gain_law_vs_depth_only=v.get("cv_gain_law_vs_depth_only", np.nan),
-                             cv_gain_cat_vs_law=v.get("cv_gain_cat_vs_law", np.nan),
-                             cv_category_share=v.get("cv_category_share", np.nan),
-                             requests=int(v["requests"]), categories=int(v["categories"])))
+            row = dict(arm=arm, score_statistic=v["score_statistic"], df=int(v["df"]), p_value=v["p_value"],
+                       wald_statistic=v["wald_statistic"], p_wald_chi2=v["p_wald_chi2"],
+                       cv_gain_law_vs_depth_only=v.get("cv_gain_law_vs_depth_only", np.nan),
+                       cv_gain_cat_vs_law=v.get("cv_gain_cat_vs_law", np.nan),
+                       cv_category_share=v.get("cv_category_share", np.nan),
+                       requests=int(v["requests"]), categories=int(v["categories"]))
+            if self.family != "law_exp":
+                mine = self.attempt("category_share", arm)
+                value = mine.value if mine.ok else {}
+                if not mine.ok:
+                    errors.append(mine.error)
+                row.update(law_family=self.family, law_score_statistic=value.get("score_statistic", np.nan),
+                           law_df=value.get("df", np.nan), law_p_value=value.get("p_value", np.nan),
+                           law_cv_gain_vs_depth_only=value.get("cv_gain_law_vs_depth_only", np.nan),
+                           law_cv_gain_cat=value.get("cv_gain_cat_vs_law", np.nan),
+                           law_cv_category_share=value.get("cv_category_share", np.nan))
+            rows.append(row)
         if not rows:
             raise ValueError("P1 could not run for any arm: " + "; ".join(errors))
-        return pd.DataFrame(rows)
+        out = pd.DataFrame(rows)
+        out.attrs["notes"] = errors
+        return out
 
     def loco_accuracy(self) -> pd.DataFrame:
         """LOCO accuracy across categories per arm, drafted-depth mode (``depths``: ``training``, leak-free,
@@ -352,9 +382,10 @@ class TraceAnalysis:
         return view
 
     def ar_requests(self, arm: str) -> pd.DataFrame | None:
-        """The timed AR requests on ``arm``'s model and machine (``request_id``, ``decode_ms``: wall, the clock
-        of the round timings the cost model is fitted on, ``decoded``), for ``when_drafting_pays`` to resample
-        with the law; None where t_AR is given (``ar_ms_per_token``) or there is no such AR run."""
+        """The timed AR requests on ``arm``'s model and machine (``request_id``, ``decode_ms`` (wall),
+        ``decode_cpu_ms`` (CPU, NaN where not logged), ``decoded``), for ``when_drafting_pays`` to resample with
+        the law on the cost model's clock; None where t_AR is given (``ar_ms_per_token``) or there is no such AR
+        run."""
         if self._given_ar_ms is not None:
             return None
         machines = self._timed_machines(arm)
@@ -362,7 +393,10 @@ class TraceAnalysis:
         ar = req.loc[req["is_ar"] & req["timed"] & req["machine"].isin(machines)]
         if ar.empty:
             return None
-        return ar.assign(decoded=(ar["new_tokens"] - 1).clip(lower=0))[["request_id", "decode_ms", "decoded"]]
+        if "decode_cpu_ms" not in ar:
+            ar = ar.assign(decode_cpu_ms=np.nan)
+        return ar.assign(decoded=(ar["new_tokens"] - 1).clip(lower=0))[
+            ["request_id", "decode_ms", "decode_cpu_ms", "decoded"]]
 
     def machine_warnings(self, arm: str) -> list[str]:
         """Where the runs that price ``arm`` (its timed runs and the AR runs of its model and machine) record
@@ -524,7 +558,9 @@ class TraceAnalysis:
         cost model (``pays(arm).cost``) at the mean verified nodes N of the category's rounds (the line is
         linear in N, so this is the mean predicted round cost); ``measured`` (``speedup``: paired, CPU clock
         where the traces carry it; ``lo`` / ``hi`` its interval, ``verdict`` whether it is a result);
-        ``relative_error`` = predicted / measured - 1, ``within_10pct`` and ``inside_interval``. ``status``:
+        ``relative_error`` = predicted / measured - 1, ``within_10pct`` and ``inside_interval``;
+        ``cost_only_predicted`` / ``cost_only_error``: the cost model alone, applied to the observed tokens per round
+        (``observed_tokens_per_round``): what is left of the error when the law's is taken out. ``status``:
         "compared", "no timings: predicted only" (replayed arm: no cost model either, so only tokens per round
         are predicted), or "no AR arm: predicted only" (the prediction needs t_AR: given, else NaN). Raises
         only where no arm has even a law prediction; ``attrs["notes"]`` holds the reasons."""
@@ -553,13 +589,16 @@ class TraceAnalysis:
                     if (arm, cat) not in results.index:
                         continue
                     per_round = float(results.loc[(arm, cat), "law_tokens_per_round"])
-                    predicted = np.nan
+                    observed = float(results.loc[(arm, cat), "committed_per_round"])
+                    predicted = cost_only = np.nan
                     if pays.ok and cat in nodes_of:
                         cost = pays.value.cost
-                        predicted = per_round * cost.ar_ms_per_token / float(cost.round_ms(nodes_of[cat]))
+                        per_ms = cost.ar_ms_per_token / float(cost.round_ms(nodes_of[cat]))
+                        predicted, cost_only = per_round * per_ms, observed * per_ms
                     row = dict(arm=arm, category=cat, status=status, predicted_tokens_per_round=per_round,
-                               predicted=predicted, requests=0, measured=np.nan, lo=np.nan, hi=np.nan, clock=None,
-                               verdict=None)
+                               observed_tokens_per_round=observed, predicted=predicted,
+                               cost_only_predicted=cost_only, requests=0, measured=np.nan, lo=np.nan, hi=np.nan,
+                               clock=None, verdict=None)
                     if m is not None and cat in m.index:
                         r = m.loc[cat]
                         row.update(requests=int(r["requests"]), measured=float(r["speedup"]), lo=float(r["lo"]),
@@ -569,6 +608,7 @@ class TraceAnalysis:
                 raise ValueError("no arm has a law prediction: " + "; ".join(notes))
             out = pd.DataFrame(rows)
             out["relative_error"] = out["predicted"] / out["measured"] - 1
+            out["cost_only_error"] = out["cost_only_predicted"] / out["measured"] - 1
             out["within_10pct"] = out["relative_error"].abs() <= 0.10
             out["inside_interval"] = (out["predicted"] >= out["lo"]) & (out["predicted"] <= out["hi"])
             unknown = out["measured"].isna() | out["predicted"].isna()

@@ -4,7 +4,8 @@ Known here (research notes 4.1, 8.2): per round t_round(N) = t_draft + t_verify(
 t_draft and t_overhead the drafter's mean measured costs and t_verify(N) = v0 + v1 N a least-squares
 line in the number of draft nodes N over every round of the runs on the drafter's machine (verify cost
 belongs to the target and the hardware, not to the drafter; autoregressive rounds, N = 0, are included
-when present; runs of another model or machine never are). The drafter's runs must be one arm
+when present; runs of another model or machine never are), all on the CPU clock where every request logs
+it (``cpu_scaled_timings``; else the wall clock). The drafter's runs must be one arm
 (``arms``: model, checkpoint, tree policy, budget, gate). The autoregressive cost per token t_AR is given,
 or estimated from rounds with ``tree_nodes == 0`` on that machine. At a
 constant target entropy H the decode speedup of a round shape (depth D, N nodes) is priced for that
@@ -79,10 +80,11 @@ class CostModel(Result):
     nodes: int  # most draft nodes verified in one round: D for a chain, the tree budget N for a tree
     ar_source: str
     notes: list = field(default_factory=list)
+    clock: str = "wall"  # "cpu": round timings priced by the CPU clock (``cpu_scaled_timings``); "wall": as logged
 
     @property
     def title(self) -> str:
-        return f"cost model for {self.drafter_id} (t_AR {self.ar_source})"
+        return f"cost model for {self.drafter_id} ({self.clock} clock; t_AR {self.ar_source})"
 
     @property
     def summary(self) -> pd.DataFrame:
@@ -99,13 +101,50 @@ def _weighted_mean(values: np.ndarray, w: np.ndarray) -> float:
     return float(np.sum(values * w) / np.sum(w))
 
 
+TIMING_COLUMNS = ("draft_ms", "verify_ms", "overhead_ms")
+
+
+def cpu_scaled_timings(rounds: pd.DataFrame, requests: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """The rounds' timings (``TIMING_COLUMNS``) on the CPU clock, and the clock they are on.
+
+    The rounds log wall-clock milliseconds; a request's ``decode_cpu_ms`` is the CPU time of those same rounds
+    (the decoder's ``time.process_time`` around them, prefill excluded). On a shared machine the wall clock
+    runs 1-5x faster than the process's CPU time, and by a factor that changes with the load from one request to
+    the next, so wall timings price a round by the load at the moment it ran. Each round's timings are scaled
+    by its request's CPU / wall ratio (``decode_cpu_ms`` / the sum of its rounds' timings): within one request
+    the load is taken as even. Where any request of ``rounds`` lacks ``decode_cpu_ms`` (older traces, engines,
+    replays) the timings are returned as logged and the clock is ``"wall"``: never a mix of clocks."""
+    keys = ["run_id", "request_id"]
+    out = rounds.copy()
+    if "decode_cpu_ms" not in requests.columns or out.empty:
+        return out, "wall"
+    cpu = requests[[*keys, "decode_cpu_ms"]].astype({"run_id": str, "request_id": str})
+    total = out[list(TIMING_COLUMNS)].sum(axis=1).groupby(
+        [out["run_id"].astype(str), out["request_id"].astype(str)]).sum().rename("wall_total").reset_index()
+    total = total.merge(cpu, on=keys, how="left")
+    cpu_ms = total["decode_cpu_ms"].to_numpy(dtype=float, na_value=np.nan)
+    wall = total["wall_total"].to_numpy(float)
+    if not (np.isfinite(cpu_ms).all() and (cpu_ms > 0).all() and (wall > 0).all()):
+        return out, "wall"
+    total["factor"] = cpu_ms / wall
+    factor = out[keys].astype(str).merge(total[[*keys, "factor"]], on=keys, how="left")["factor"].to_numpy(float)
+    for col in TIMING_COLUMNS:
+        out[col] = out[col].to_numpy(float) * factor
+    return out, "cpu"
+
+
 def fit_cost_model(traces, *, drafter: str | None = None, ar_ms_per_token: float | None = None,
-                   request_weights: pd.Series | None = None) -> CostModel:
+                   request_weights: pd.Series | None = None, clock: str = "auto") -> CostModel:
     """Costs from the rounds table (``draft_ms``, ``verify_ms``, ``overhead_ms`` vs ``tree_nodes``).
 
     The drafter's runs must be one arm (``arms``) timed on one machine (model, device, host); the verify
     line and the AR cost use only the rounds of runs on that machine (another model's or machine's timings
-    are no baseline). ``request_weights``: a bootstrap weight per request id (paired across runs)."""
+    are no baseline). ``request_weights``: a bootstrap weight per request id (paired across runs).
+    ``clock``: ``"auto"`` (default) prices rounds by the CPU clock where every request on that machine has
+    ``decode_cpu_ms`` (``cpu_scaled_timings``: the clock the measured speedups use), else by the wall clock;
+    ``"wall"``: the logged wall timings; ``"cpu"``: the CPU clock or an error."""
+    if clock not in ("auto", "cpu", "wall"):
+        raise ValueError(f"clock must be 'auto', 'cpu' or 'wall', got {clock!r}")
     runs = traces.runs
     rounds = traces.rounds.merge(runs[["run_id", "drafter_id"]], on="run_id", how="left")
     drafting = rounds["tree_nodes"] > 0
@@ -125,12 +164,18 @@ def fit_cost_model(traces, *, drafter: str | None = None, ar_ms_per_token: float
                          "cost model would pool them. Select one machine's runs with traces.filter(run_id=[...])")
     same_machine = rounds["run_id"].astype(str).map(machine_of).eq(machines[0]).to_numpy()
     rounds = rounds.loc[same_machine].reset_index(drop=True)
+    used_clock = "wall"
+    if clock != "wall":
+        rounds, used_clock = cpu_scaled_timings(rounds, traces.requests)
+        if clock == "cpu" and used_clock != "cpu":
+            raise ValueError(f"clock='cpu': some requests on {machines[0]} have no decode_cpu_ms (traces recorded "
+                             "before the CPU clock was logged, or imported); use clock='wall' or re-record")
     drafting = rounds["tree_nodes"] > 0
     w_all = (np.ones(len(rounds)) if request_weights is None
              else rounds["request_id"].map(request_weights).fillna(0).to_numpy(float))
     mine = (drafting & (rounds["drafter_id"] == drafter)).to_numpy()
     notes = []
-    for col in ("draft_ms", "verify_ms", "overhead_ms"):
+    for col in TIMING_COLUMNS:
         v = rounds[col].to_numpy(float)
         if np.any(~np.isfinite(v)) or np.any(v < 0):
             raise ValueError(f"rounds.{col} has NaN or negative timings; fix the traces")
@@ -164,7 +209,8 @@ def fit_cost_model(traces, *, drafter: str | None = None, ar_ms_per_token: float
     return CostModel(drafter_id=drafter, ar_ms_per_token=ar_ms, draft_ms=draft, overhead_ms=overhead,
                      verify_intercept_ms=v0, verify_per_node_ms=v1,
                      depth=int(rounds.loc[mine, "tree_depth"].max()),
-                     nodes=int(rounds.loc[mine, "tree_nodes"].max()), ar_source=source, notes=notes)
+                     nodes=int(rounds.loc[mine, "tree_nodes"].max()), ar_source=source, notes=notes,
+                     clock=used_clock)
 
 
 def speedup_at_entropy(law: FittedLaw, cost: CostModel, entropy_nats, *, depth: int | None = None,
@@ -271,6 +317,7 @@ def when_drafting_pays(
     entropies: Sequence[float] = DEFAULT_ENTROPIES,
     ar_ms_per_token: float | None = None,
     ar_requests: pd.DataFrame | None = None,
+    clock: str = "auto",
     n_boot: int = 100,
     seed: int = 0,
     level: float = 0.95,
@@ -285,15 +332,21 @@ def when_drafting_pays(
     timed requests (columns ``request_id``, ``decode_ms``, ``decoded``: tokens decoded after the prefill);
     t_AR is then their total time over their total tokens, and each replicate recomputes it with the
     replicate's request weights (the cost of AR resampled with the law and the drafter's costs). Without it,
-    ``ar_ms_per_token`` (or the AR rounds in ``traces``) is the estimate and, when given, a constant."""
+    ``ar_ms_per_token`` (or the AR rounds in ``traces``) is the estimate and, when given, a constant.
+    ``clock``: as ``fit_cost_model`` (``"auto"``: the CPU clock where every request has ``decode_cpu_ms``); the AR
+    requests are then timed by the same clock (their ``decode_cpu_ms`` column), never one side by each."""
     fam = get_family(family)
     if fam.needs_categories or fam.needs_drafters:
         raise ValueError(f"{family} needs a category/drafter argument; use a one-drafter, category-free law")
-    ar_table = _ar_table(ar_requests)
     ar_source_given = ar_ms_per_token is not None
+    # with ar_requests, t_AR comes from them (below, on the cost model's clock): 1.0 holds its place meanwhile
+    cost = fit_cost_model(traces, drafter=drafter, ar_ms_per_token=1.0 if ar_requests is not None else ar_ms_per_token,
+                          clock=clock)
+    clock = cost.clock  # the bootstrap's refits and the AR requests stay on this clock
+    ar_table = _ar_table(ar_requests, clock)
     if ar_table is not None:
-        ar_ms_per_token = _ar_ms(ar_table, None)
-    cost = fit_cost_model(traces, drafter=drafter, ar_ms_per_token=ar_ms_per_token)
+        cost.ar_ms_per_token = _ar_ms(ar_table, None)
+        cost.ar_source = f"{len(ar_table)} timed AR requests, {clock} clock"
     drafter = cost.drafter_id
     rows = atrisk.at_risk_table(traces, eps=eps, drafters=[drafter])
     counts = prepare_counts(rows, fam, eps=eps)
@@ -319,7 +372,8 @@ def when_drafting_pays(
         try:
             law_b = fit_law(reweight_counts(counts, weights), fam, cov_type="nonrobust", start_params=start)
             ar_b = ar_ms_per_token if ar_table is None else _ar_ms(ar_table, weights)
-            cost_b = fit_cost_model(traces, drafter=drafter, ar_ms_per_token=ar_b, request_weights=weights)
+            cost_b = fit_cost_model(traces, drafter=drafter, ar_ms_per_token=ar_b, request_weights=weights,
+                                    clock=clock)
             reps.append(_statistics(law_b, cost_b, entropies, shapes, label))
         except ValueError:
             failed += 1
@@ -350,14 +404,17 @@ def when_drafting_pays(
                         observed_entropy=observed_range)
 
 
-def _ar_table(ar_requests: pd.DataFrame | None) -> pd.DataFrame | None:
-    """The AR requests' (request_id, decode_ms, decoded), checked; None when not given."""
+def _ar_table(ar_requests: pd.DataFrame | None, clock: str = "wall") -> pd.DataFrame | None:
+    """The AR requests' (request_id, decode_ms, decoded), checked, their time on ``clock`` (``"cpu"``: the
+    ``decode_cpu_ms`` column, required then); None when not given."""
     if ar_requests is None:
         return None
-    missing = {"request_id", "decode_ms", "decoded"} - set(ar_requests.columns)
+    column = "decode_cpu_ms" if clock == "cpu" else "decode_ms"
+    missing = {"request_id", column, "decoded"} - set(ar_requests.columns)
     if missing:
-        raise ValueError(f"ar_requests needs columns request_id, decode_ms, decoded; missing {sorted(missing)}")
-    table = ar_requests[["request_id", "decode_ms", "decoded"]].reset_index(drop=True)
+        raise ValueError(f"ar_requests needs columns request_id, {column}, decoded (the cost model is on the {clock} "
+                         f"clock); missing {sorted(missing)}")
+    table = ar_requests[["request_id", column, "decoded"]].rename(columns={column: "decode_ms"}).reset_index(drop=True)
     ms, n = table["decode_ms"].to_numpy(float), table["decoded"].to_numpy(float)
     if not len(table) or not np.all(np.isfinite(ms)) or np.any(ms < 0) or n.sum() <= 0:
         raise ValueError("ar_requests must hold timed AR requests (finite decode_ms >= 0, tokens decoded > 0)")

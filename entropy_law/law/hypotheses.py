@@ -135,6 +135,14 @@ def universality_test(traces, *, drafter: str | None = None, eps: float = atrisk
         comp = compare_laws(rows_kept, (DEPTH_ONLY, "law0_cat", "law_exp", "law_exp_cat"), n_folds=n_folds,
                             seed=seed, eps=eps)
         s = comp.summary["cv_log_loss"]
+        missing = [m for m in (DEPTH_ONLY, "law_exp", "law_exp_cat") if m not in s.index]
+        if missing:
+            raise ValueError(f"P1's CV check: {missing} not scored ({'; '.join(comp.notes)})")
+        if "law0_cat" not in s.index:  # per-category rates need 5+ requests per category in every fold
+            s = s.copy()
+            s["law0_cat"] = np.nan
+            notes.append("law0_cat not scored (" + "; ".join(comp.notes) + "): cv_gain_law_vs_law0 and "
+                         "cv_equivalence_ratio are NaN")
         gain_law = s["law0_cat"] - s["law_exp"]
         gain_cat = s["law_exp"] - s["law_exp_cat"]
         gain_depth = s[DEPTH_ONLY] - s["law_exp"]
@@ -142,7 +150,8 @@ def universality_test(traces, *, drafter: str | None = None, eps: float = atrisk
                      cv_log_loss_law_cat=s["law_exp_cat"], cv_gain_law_vs_depth_only=gain_depth,
                      cv_gain_cat_vs_law=gain_cat, cv_category_share=gain_cat / (gain_depth + gain_cat),
                      cv_gain_law_vs_law0=gain_law,
-                     cv_equivalence_ratio=gain_cat / gain_law, cv_equivalent=float(gain_cat < 0.01 * gain_law))
+                     cv_equivalence_ratio=gain_cat / gain_law,
+                     cv_equivalent=float(gain_cat < 0.01 * gain_law) if np.isfinite(gain_law) else np.nan)
         notes.append("cv_category_share = (CV log-loss of law_exp - of law_exp_cat) / (CV log-loss of the depth-only "
                      "baseline - of law_exp_cat): the share of the category-aware law's CV gain over acceptance-by-"
                      "depth that the category terms add (docs/law.md)")
