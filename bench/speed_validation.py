@@ -12,7 +12,9 @@ Two steps (``--record`` first, once; then the check, as often as wanted):
   (the law and the cost model fitted on these traces, applied to each request's own entropies) next to the
   measured paired speedup (CPU clock where the trace has it), whether the prediction lies within +-10% of
   the measurement and inside its interval; then per arm the break-even entropy (interval) against the entropy
-  where a logistic fit of "measured per-request speedup > 1" on the request's mean entropy crosses 0.5.
+  where a logistic fit of "measured per-request speedup > 1" on the request's mean entropy crosses 0.5, and on
+  one scale the workload break-even (each request priced on its own entropy sequence: ``law.workload``) against
+  the same log-speedup line through the measured per-request speedups, with paired bootstrap intervals.
 
 Prints tables and ends with ONE JSON line. The timings come from the machine the traces were recorded on
 (run.json: device, cpu count); say whether it was shared.
@@ -141,13 +143,28 @@ def validate(path: Path, *, n_boot: int, seed: int) -> int:
           f"within +-10% in {int((cost_err <= 0.10).sum())} of {len(rated)} cells: the rest of the error is the law's")
     cross_rows = []
     if crossing.ok:
-        print("\nbreak-even vs the crossing of measured per-request speedups (logistic fit on mean entropy):")
+        print("\nbreak-even vs the crossing of measured per-request speedups (logistic fit on mean entropy; the "
+              "workload break-even and the measured log-speedup line on one scale):")
         for r in crossing.value.to_dict("records"):
             print(f"  {r['arm']}: {crossing_sentence(r)}")
             cross_rows.append({k: (None if isinstance(v, float) and not np.isfinite(v) else v)
                                for k, v in r.items() if k in ("arm", "crossing_nats", "breakeven", "breakeven_low",
                                                                "breakeven_high", "inside", "requests",
-                                                               "share_above_1", "reason")})
+                                                               "share_above_1", "reason", "workload_breakeven",
+                                                               "workload_low", "workload_high", "measured_line",
+                                                               "measured_line_low", "measured_line_high",
+                                                               "workload_inside", "workload_agree")})
+        print("\nper arm, the log-speedup lines on the request's mean entropy (TraceAnalysis.workload):")
+        for arm in analysis.arms:
+            work = analysis.attempt("workload", arm)
+            if work.ok:
+                s = work.value.summary
+                print(f"  {arm}: predicted slope {s.loc['predicted_slope', 'estimate']:.3f} "
+                      f"[{s.loc['predicted_slope', 'ci_low']:.3f}, {s.loc['predicted_slope', 'ci_high']:.3f}]"
+                      + (f", measured {s.loc['measured_slope', 'estimate']:.3f} [{s.loc['measured_slope', 'ci_low']:.3f}, "
+                         f"{s.loc['measured_slope', 'ci_high']:.3f}]; requests above 1: predicted "
+                         f"{s.loc['predicted_share_paying', 'estimate']:.0%}, measured "
+                         f"{s.loc['measured_share_paying', 'estimate']:.0%}" if "measured_slope" in s.index else ""))
     else:
         print(f"\ncrossing: {crossing.error}")
     timings_file = path / "timings.csv"

@@ -36,6 +36,7 @@ _EXPORTS = {
     "compare_laws": "entropy_law.law.compare",
     "loco_transfer": "entropy_law.law.transfer",
     "when_drafting_pays": "entropy_law.law.cost",
+    "workload_breakeven": "entropy_law.law.workload",
     "simulate_traces": "entropy_law.law.simulate",
     "TraceAnalysis": "entropy_law.law.analysis",
     # show

@@ -133,8 +133,10 @@ def test_report_shows_the_requests_beside_every_interval():
     assert frame.loc[arm, "requests"] == 2 and frame.loc[arm, "break-even: requests"] == 2
     assert summary.count("(n = 2 requests)") == 2  # the law's intervals and the break-even interval
     assert "not measured reliably" in summary
-    pays = sections[f"When drafting pays: {arm}"]
+    pays = sections[f"When drafting pays at constant entropy: {arm}"]
     assert {"ci_low", "ci_high", "requests"} <= set(pays.columns) and (pays["requests"] == 2).all()
+    workload = next(v for k, v in sections.items() if k.startswith(f"When drafting pays on a workload: {arm}"))
+    assert {"ci_low", "ci_high", "requests"} <= set(workload.columns) and (workload["requests"] == 2).all()
     assert any("rest on 2 requests" in n for n in sections["Notes"])
     md = report.results_markdown(an)
     assert "break-even: requests" in md and "not measured reliably" in md
@@ -172,15 +174,17 @@ def test_a_report_on_few_requests_warns_once_per_interval_shown(tmp_path):
         write_report(traces, tmp_path, fmt="md", analysis=an, figure_formats=("png",))
     arm = an.arms[0]
     assert len(an.arms) == 1
-    for what in ("law", "loco", "comparison", "pays"):  # everything that fits ran, on 6 requests
+    for what in ("law", "loco", "comparison", "pays", "workload"):  # everything that fits ran, on 6 requests
         assert an.attempt(what, arm).ok, what
     found = _small_sample_warnings(record)
     messages = sorted(str(w.message) for w in found)
-    # one for the law's intervals, one for the break-even / speedup bootstrap; with cluster-robust CV,
-    # LOCO fits it is 20 here (48 with the report's default families and folds, the probes cluster-robust too)
-    assert len(messages) == 2, messages
+    # one for the law's intervals, one for the constant-entropy break-even / speedup bootstrap, one for the workload
+    # break-even's; with cluster-robust CV, LOCO fits it is 20 here (48 with the report's default families and
+    # folds, the probes cluster-robust too)
+    assert len(messages) == 3, messages
     assert messages[0].startswith("the cluster-robust intervals of law_exp") and "rest on 6 requests" in messages[0]
     assert messages[1].startswith("the request-bootstrap intervals rest on 6 requests")
+    assert messages[2].startswith("the workload break-even intervals rest on 6 requests")
     assert all(m.endswith("not measured reliably; record more requests") for m in messages)  # what to do
     assert not [w for w in found if w.filename.endswith(("compare.py", "transfer.py", "cost.py"))]
     # and no floating-point noise from the fits (separated spline folds, extreme linear predictors)

@@ -100,7 +100,9 @@ def test_markdown_report_links_existing_pngs_and_results_section(sim, tmp_path):
     assert "Universality (P1)" in md
     assert "Spearman ρ" in md and "Leave-one-category-out accuracy" in md
     summary = terminal_summary(an)
-    assert "drafting pays below" in summary and "nats (observed" in summary and "sim-tree ddtree16" in summary
+    # the workload verdict first (request mean entropy), the constant-entropy one named as such
+    assert "drafting pays on" in summary and "at constant entropy pays below" in summary
+    assert "nats (observed" in summary and "sim-tree ddtree16" in summary
 
 
 def test_the_report_leads_with_the_answer_and_checks_it(sim, tmp_path):
@@ -115,7 +117,10 @@ def test_the_report_leads_with_the_answer_and_checks_it(sim, tmp_path):
         assert f"- {arm}: drafting " in answer and "in these categories it pays for" in answer
     assert "measured" in answer and "predicted" in answer
     assert "## Predicted vs measured speedup (same requests)" in text
-    assert "## Break-even entropy vs where measured per-request speedups cross 1" in text
+    assert "## Break-even vs where measured per-request speedups cross 1" in text
+    for arm in an.arms:
+        assert f"## When drafting pays on a workload: {arm}" in text
+        assert f"## When drafting pays at constant entropy: {arm}" in text
     summary = terminal_summary(an)
     assert summary.startswith("When drafting pays") and summary.index("in these categories") < summary.index("\nfitted law")
 

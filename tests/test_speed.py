@@ -232,6 +232,36 @@ def test_the_crossing_of_measured_speedups_is_found_where_it_is():
     assert "extrapolated" not in crossing_sentence(inside)
 
 
+def test_an_arm_timed_apart_from_its_ar_run_has_no_measured_speedup():
+    """Runs recorded hours apart (or one resumed over a day while the other took minutes) were timed under
+    different loads: their ratio is "not measured reliably", whatever its interval, and the notes say why."""
+    traces = _sim(per_category=6)
+    assert _analysis(traces).timed_together("sim-block chain")[0] is None  # simulations do not say when they ran
+    is_ar = traces.runs["drafter_id"].astype(str).isin(["none", "ar"]) | (traces.runs["tree_policy"] == "none")
+    assert is_ar.sum() == 1
+    together = traces.runs.assign(start_time="2026-11-29T20:00:00+00:00", end_time="2026-11-29T20:30:00+00:00")
+    traces.runs = together
+    an = _analysis(traces)
+    assert an.timed_together("sim-block chain")[0] is True
+    fair = an.speedup("sim-block chain")
+    assert (fair["timed_together"] == True).all() and "measured" in set(fair["verdict"])  # noqa: E712
+    apart = together.copy()
+    apart.loc[is_ar.to_numpy(), ["start_time", "end_time"]] = ["2026-11-29T22:19:00+00:00", "2026-11-29T22:21:00+00:00"]
+    apart.loc[~is_ar.to_numpy(), "end_time"] = "2026-11-30T14:20:00+00:00"  # resumed the next day
+    traces.runs = apart
+    an = _analysis(traces)
+    together_flag, why = an.timed_together("sim-block chain")
+    assert together_flag is False and "timed apart" in why
+    got = an.speedup("sim-block chain")
+    assert (got["timed_together"] == False).all() and set(got["verdict"]) == {"not measured reliably"}  # noqa: E712
+    assert np.allclose(got["speedup"], fair["speedup"])  # the number is kept, its verdict is not a result
+    assert any("timed apart" in n for n in an.measured_speedups().attrs["notes"])
+    from entropy_law.jobs.report import answer_lines
+
+    head = next(line for line in answer_lines(an) if line.startswith("sim-block chain: drafting"))
+    assert "priced with an AR cost timed apart from this arm: not measured reliably" in head
+
+
 def test_bad_input_no_timings_no_ar_and_another_machine():
     import warnings
 

@@ -128,8 +128,14 @@ def answer_lines(analysis: TraceAnalysis, measured: pd.DataFrame | None = None) 
     frame = answer_frame(analysis, measured)
     lines = []
     for arm in analysis.arms:
-        pays = analysis.attempt("pays", arm)
-        head = f"{arm}: drafting {pays.value.breakeven_verdict}" if pays.ok else f"{arm}: break-even not computed"
+        pays, work = analysis.attempt("pays", arm), analysis.attempt("workload", arm)
+        # the answer on the scale of a workload (each request priced on its own entropy sequence) first; the
+        # constant-entropy break-even is a different quantity (a sequence at H everywhere), named as such
+        head = f"{arm}: drafting {work.value.verdict}" if work.ok else f"{arm}: workload break-even not computed"
+        if pays.ok:
+            head += f" (at constant entropy: {pays.value.breakeven_verdict})"
+        if (work.ok or pays.ok) and analysis.timed_together(arm)[0] is False:  # t_AR from a run timed apart
+            head += " [priced with an AR cost timed apart from this arm: not measured reliably]"
         part = frame.loc[frame["arm"] == arm] if len(frame) else frame
         if len(part):
             yes = part.loc[part["pays"] == "pays", "category"]
@@ -155,6 +161,8 @@ def answer_lines(analysis: TraceAnalysis, measured: pd.DataFrame | None = None) 
                          f"({r.pays_from})")
         if not pays.ok:
             lines.append(f"    ({pays.error})")
+        if not work.ok:
+            lines.append(f"    ({work.error})")
     crossing = analysis.attempt("crossing_table")
     if crossing.ok:
         for r in crossing.value.to_dict("records"):
@@ -172,9 +180,23 @@ def crossing_sentence(r: dict) -> str:
                   f"{r['share_above_1']:.0%} of {r['requests']} requests above 1)")
     if np.isfinite(r["breakeven_low"]) and np.isfinite(r["crossing_nats"]):
         inside = "inside" if r["inside"] else "outside"
-        where += (f"; {inside} the break-even interval [{r['breakeven_low']:.2f}, {r['breakeven_high']:.2f}] "
-                  f"(estimate {r['breakeven']:.2f})")
+        where += (f"; {inside} the constant-entropy break-even interval [{r['breakeven_low']:.2f}, "
+                  f"{r['breakeven_high']:.2f}] (estimate {r['breakeven']:.2f}; not the same scale)")
+    if r.get("workload_ok"):
+        line = (f"the measured log-speedup line crosses 1 at {_nats(r['measured_line'])} "
+                f"[{_nats(r['measured_line_low'])}, {_nats(r['measured_line_high'])}]"
+                if not np.isnan(r["measured_line"]) else "no falling measured line")
+        agree = {True: "agree", False: "disagree", None: "cannot be compared"}[r["workload_agree"]]
+        where += (f". On one scale (request mean entropy): predicted workload break-even "
+                  f"{_nats(r['workload_breakeven'])} [{_nats(r['workload_low'])}, {_nats(r['workload_high'])}], "
+                  f"{line}; the verdicts {agree} (predicted: {r['workload_verdict']}; measured: "
+                  f"{r['measured_line_verdict']})")
     return where
+
+
+def _nats(value) -> str:
+    value = float(value)
+    return "∞" if np.isinf(value) else "–" if np.isnan(value) else f"{value:.2f}"
 
 
 def pays_requests(analysis: TraceAnalysis, arm: str) -> float:
@@ -186,7 +208,8 @@ def pays_requests(analysis: TraceAnalysis, arm: str) -> float:
 
 def law_frame(analysis: TraceAnalysis) -> pd.DataFrame:
     """Per arm: k, lambda at depth 1 (95% CI), trials, the requests those intervals rest on, break-even
-    entropy (bootstrap 95%) and the requests its bootstrap resampled."""
+    entropy at constant H (bootstrap 95%), the requests its bootstrap resampled, and both verdicts in words: on
+    the workload (``TraceAnalysis.workload``) and at constant entropy."""
     law = analysis.law_table()
     rows = []
     for r in law.to_dict("records"):
@@ -197,9 +220,16 @@ def law_frame(analysis: TraceAnalysis) -> pd.DataFrame:
                      "at-risk trials": r.get("trials", np.nan), "requests": r.get("requests", np.nan),
                      "break-even H, nats (95% CI)": format_interval(r.get("breakeven_nats", np.nan),
                                                                     r.get("breakeven_low"), r.get("breakeven_high")),
-                     "drafting pays": r.get("drafting_pays") if isinstance(r.get("drafting_pays"), str) else "n/a",
+                     "drafting pays (workload)": _workload_verdict(analysis, r["arm"]),
+                     "drafting pays (constant H)": (r.get("drafting_pays") if isinstance(r.get("drafting_pays"), str)
+                                                    else "n/a"),
                      "break-even: requests": pays_requests(analysis, r["arm"])})
     return pd.DataFrame(rows)
+
+
+def _workload_verdict(analysis: TraceAnalysis, arm: str) -> str:
+    work = analysis.attempt("workload", arm)
+    return work.value.verdict if work.ok else "n/a"
 
 
 def few_requests_notes(analysis: TraceAnalysis) -> list[str]:
@@ -300,7 +330,8 @@ def results_markdown(analysis: TraceAnalysis, *, source: str = "") -> str:
              "each round's drafted depth (observed where a round started, else the category's depth distribution at "
              "that entropy; LOCO: law fitted without that category); LOCO mean accepted τ: predicted (tokens − rounds) "
              "/ drafting rounds; speedup: decode time per token of our AR baseline over the arm's, "
-             "on the same prompts, timed in the same run, on the CPU clock where the traces carry it (– where the arm was "
+             "on the same prompts, on the CPU clock where the traces carry it (\"not measured reliably\" where the arm and the "
+             "AR run were timed apart: time windows overlapping less than half their union; – where the arm was "
              "replayed or no AR run exists; \"not measured reliably\" from fewer than "
              f"{MIN_PAIRED_REQUESTS} paired prompts or with an interval wider than ±{RELIABLE_HALF_WIDTH:.0%}; never "
              "above the physical bound, tokens per round × c(1)/c(N+1)); paired requests: how many prompts both "
@@ -376,10 +407,18 @@ def _sections(analysis: TraceAnalysis):
             notes.extend(f"{arm}: {n}" for n in comp.value.notes)
         else:
             notes.append(comp.error)
+        work = analysis.attempt("workload", arm)
+        if work.ok:
+            yield (f"When drafting pays on a workload: {arm} (each request priced on its own entropy sequence; "
+                   f"{work.value.verdict})", work.value.summary.reset_index()
+                   .rename(columns={"index": "quantity", "n_requests": "requests"}))
+            notes.extend(f"{arm}, workload: {n}" for n in work.value.notes)
+        else:
+            notes.append(work.error)
         pays = analysis.attempt("pays", arm)
         if pays.ok:
             # the requests the bootstrap resampled, in the column after its interval
-            yield (f"When drafting pays: {arm}", pays.value.summary.reset_index()
+            yield (f"When drafting pays at constant entropy: {arm}", pays.value.summary.reset_index()
                    .rename(columns={"index": "quantity", "n_requests": "requests"}))
         else:
             notes.append(pays.error)
@@ -389,8 +428,9 @@ def _sections(analysis: TraceAnalysis):
         notes.extend(check.value.attrs.get("notes", []))
     crossing = analysis.attempt("crossing_table")
     if crossing.ok:
-        yield ("Break-even entropy vs where measured per-request speedups cross 1 (logistic fit on the request's "
-               "mean entropy)"), crossing.value
+        yield ("Break-even vs where measured per-request speedups cross 1: the workload break-even and the measured "
+               "log-speedup line on the request's mean entropy (one scale); the logistic crossing and the "
+               "constant-entropy break-even beside them"), crossing.value
     else:
         notes.append(crossing.error)
     for arm in analysis.arms:
@@ -483,8 +523,8 @@ def terminal_summary(analysis: TraceAnalysis, measured: pd.DataFrame | None = No
     lines.append(f"fitted law {analysis.family} ({get_family(analysis.family).description}), 95% intervals")
     for r in law_frame(analysis).to_dict("records"):
         lines.append(f"  {r['arm']}: k = {r['k (95% CI)']}, lambda[d=1] = {r['λ at depth 1 (95% CI)']}"
-                     f"{_requests(r['requests'])}; drafting {r['drafting pays']}"
-                     f"{_requests(r['break-even: requests'])}")
+                     f"{_requests(r['requests'])}; drafting {r['drafting pays (workload)']}; at constant entropy "
+                     f"{r['drafting pays (constant H)']}{_requests(r['break-even: requests'])}")
     lines += [f"  note: {n}" for n in few_requests_notes(analysis)]
     return "\n".join(lines)
 

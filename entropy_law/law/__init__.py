@@ -8,7 +8,8 @@ round logs; ``fit_law(family="glance")``), ``blocks`` (block-level arithmetic: E
 programming), ``compare`` (grouped CV, AIC/BIC, calibration), ``transfer`` (block prediction,
 leave-one-category-out), ``outofcore`` (the aggregate as one SQL query, run by DuckDB over the Parquet
 shards of runs larger than memory, and ``fit_law_out_of_core``), ``hypotheses`` (pre-registered tests,
-Holm), ``bootstrap`` (request bootstrap), ``cost`` (when drafting pays), ``simulate`` (traces from a known
+Holm), ``bootstrap`` (request bootstrap), ``cost`` (when drafting pays, at constant entropy), ``workload`` (when
+drafting pays on a workload: each request priced on its own entropy sequence), ``simulate`` (traces from a known
 law), ``stats`` (small
 shared statistics: exact Spearman permutation p, Wilson interval, and the rule for intervals on fewer
 than ``FEW_REQUESTS`` requests: a ``SmallSampleWarning``), ``results`` (the result base
@@ -35,6 +36,7 @@ from entropy_law.law.outofcore import aggregate_at_risk_sql, at_risk_sql, fit_la
 from entropy_law.law.simulate import simulate_traces
 from entropy_law.law.stats import FEW_REQUESTS, SmallSampleWarning, exact_spearman_p, wilson_interval
 from entropy_law.law.transfer import block_prediction, loco_transfer
+from entropy_law.law.workload import workload_breakeven
 
 __all__ = [
     "FEW_REQUESTS",
@@ -66,5 +68,6 @@ __all__ = [
     "universality_test",
     "when_drafting_pays",
     "wilson_interval",
+    "workload_breakeven",
     "write_glance_rounds",
 ]

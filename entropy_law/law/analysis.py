@@ -44,16 +44,18 @@ import pandas as pd
 from entropy_law.law import atrisk
 from entropy_law.law.arms import AR_LABEL, run_arms
 from entropy_law.law.compare import category_share_of_gain, compare_laws
-from entropy_law.law.cost import speed_verdict, when_drafting_pays
+from entropy_law.law.cost import UNRELIABLE, speed_verdict, when_drafting_pays
 from entropy_law.law.fit import PRIMARY_FAMILY, fit_law, get_family
 from entropy_law.law.hypotheses import universality_test
 from entropy_law.law.transfer import block_prediction, loco_transfer
+from entropy_law.law.workload import workload_breakeven
 
 AR_ARM = AR_LABEL  # label of the autoregressive baseline in tables (one per model where there are several)
 DEFAULT_FAMILY = PRIMARY_FAMILY
 PAYS_ENTROPIES = tuple(float(h) for h in np.round(np.geomspace(0.01, 5.0, 13), 4))  # nats, speedup curve grid
 SPEEDUP_COLUMNS = ["arm", "category", "requests", "ar_ms_per_token", "arm_ms_per_token", "speedup", "lo", "hi",
-                   "clock", "tokens_per_round", "bound", "verdict"]
+                   "clock", "tokens_per_round", "bound", "verdict", "timed_together"]
+TOGETHER_OVERLAP = 0.5  # time windows of an arm's run and its AR run: overlap / union at least this: timed together
 SPEEDUP_BOOT = 2000  # request-bootstrap replicates of a measured speedup's interval (cheap: sums of arrays)
 LOCO_REPORTED = ("training", "oracle")  # LOCO drafted-depth modes shown: leak-free first, then the oracle
 COMPARE_FAMILIES = ("law0_cat", "law_logit", "law_exp", "law_exp0", "law_power", "law_renyi2", "law_spline",
@@ -435,6 +437,22 @@ class TraceAnalysis:
 
         return self._cached(("pays", arm), compute)
 
+    def workload(self, arm: str):
+        """``workload.workload_breakeven`` for one timed arm: each of its requests priced on its own entropy
+        sequence by the law (``law(arm)``, cluster-robust) and the cost model, the workload break-even on the
+        request-mean-entropy scale, and, where the arm has paired AR requests, the same line through the measured
+        per-request speedups (``request_speedups``) with the same bootstrap weights."""
+        def compute():
+            view = self.cost_view(arm)
+            ar_requests = self.ar_requests(arm)
+            measured = self.attempt("request_speedups", arm)
+            return workload_breakeven(view, drafter=arm, law=self.law(arm),
+                                      ar_ms_per_token=None if ar_requests is not None else self.ar_ms_per_token(arm),
+                                      ar_requests=ar_requests, measured=measured.value if measured.ok else None,
+                                      n_boot=self.n_boot, seed=self.seed)
+
+        return self._cached(("workload", arm), compute)
+
     def paired_requests(self, arm: str) -> pd.DataFrame:
         """The arm's timed requests paired with the timed AR requests of the same model and machine, one row
         per (run of the arm, request): ``category``, ``decoded`` / ``ar_decoded`` (tokens after the prefill),
@@ -496,6 +514,46 @@ class TraceAnalysis:
         out.attrs["clock"] = paired.attrs["clock"]
         return out.reset_index(drop=True)
 
+    def timed_together(self, arm: str) -> tuple[bool | None, str]:
+        """Whether ``arm``'s timed runs and the AR runs they are paired with were timed together: for every run
+        of the arm, some timed AR run on its machine whose [start_time, end_time] window overlaps it by at least
+        ``TOGETHER_OVERLAP`` of their union (``jobs.record.record_arms`` interleaves the arms of one recording:
+        about 1). Runs recorded hours or days apart, or one resumed over a day while the other took minutes, are
+        timed under different loads, and their ratio is no speedup. (None, why) where the runs do not say when
+        they ran (imports, simulations): not checked."""
+        runs = self.runs
+        if "start_time" not in runs or "end_time" not in runs:
+            return None, "the runs do not record start_time / end_time: not checked"
+        mine = runs.loc[(runs["arm"] == arm) & runs["timed"] & ~runs["is_ar"]]
+        ar = runs.loc[runs["is_ar"] & runs["timed"] & runs["machine"].isin(set(mine["machine"]))]
+
+        def window(r):
+            start, end = pd.to_datetime(r["start_time"], utc=True, errors="coerce"), pd.to_datetime(
+                r["end_time"], utc=True, errors="coerce")
+            return (start, end) if pd.notna(start) and pd.notna(end) and end >= start else None
+
+        worst = None
+        for _, r in mine.iterrows():
+            w = window(r)
+            if w is None:
+                return None, f"run {r['run_id']} does not record when it ran: not checked"
+            best = 0.0
+            for _, a in ar.loc[ar["machine"] == r["machine"]].iterrows():
+                v = window(a)
+                if v is None:
+                    return None, f"AR run {a['run_id']} does not record when it ran: not checked"
+                overlap = (min(w[1], v[1]) - max(w[0], v[0])).total_seconds()
+                union = (max(w[1], v[1]) - min(w[0], v[0])).total_seconds()
+                best = max(best, max(overlap, 0.0) / union if union > 0 else 1.0)
+            worst = best if worst is None else min(worst, best)
+        if worst is None:
+            return None, "no timed run pairs with an AR run: not checked"
+        if worst >= TOGETHER_OVERLAP:
+            return True, f"timed together (time windows overlap {worst:.0%} of their union)"
+        return False, (f"{arm}: timed apart from its AR run (their time windows overlap {worst:.1%} of their union; "
+                       f"record both in one run, interleaved: entropy-law record with several arms): its speedups are "
+                       "not measured reliably")
+
     def speedup(self, arm: str) -> pd.DataFrame:
         """Measured decode speedup of one arm over AR per category, paired request by request with the timed AR
         runs of the same model and machine (``paired_requests``): (AR ms per token) / (arm ms per token) over
@@ -504,10 +562,12 @@ class TraceAnalysis:
         ``tokens_per_round`` and ``bound`` = tokens per round x c(1) / c(N + 1) (the physical bound: a round
         costs at least one forward over its verified tree; c from the run's verify-cost curve, else 1);
         ``verdict`` (``cost.speed_verdict``): "measured", "not measured reliably" (interval wider than +-15%
-        or fewer than 5 paired requests) or "above the physical bound" — only "measured" is a result.
+        or fewer than 5 paired requests, or the arm and its AR run timed apart: ``timed_together``) or "above the
+        physical bound" — only "measured" is a result.
         ``requests``: the arm's paired (run, request) pairs."""
         def compute():
             paired = self.paired_requests(arm)
+            together, _ = self.timed_together(arm)
             rng = np.random.default_rng(self.seed)
             rows = []
             for cat, part in paired.groupby("category"):
@@ -527,7 +587,8 @@ class TraceAnalysis:
                 rows.append(dict(arm=arm, category=cat, requests=len(part), ar_ms_per_token=ar_ms,
                                  arm_ms_per_token=arm_ms, speedup=speedup, lo=float(lo), hi=float(hi),
                                  clock=paired.attrs["clock"], tokens_per_round=per_round, bound=bound,
-                                 verdict=speed_verdict(speedup, lo, hi, bound, len(part))))
+                                 verdict=(speed_verdict(speedup, lo, hi, bound, len(part)) if together is not False
+                                          else UNRELIABLE), timed_together=together))
             return pd.DataFrame(rows, columns=SPEEDUP_COLUMNS)
 
         return self._cached(("speedup", arm), compute)
@@ -542,6 +603,10 @@ class TraceAnalysis:
                     frames.append(self.speedup(arm))
                 except ValueError as err:
                     reasons.append(str(err))
+                    continue
+                together, why = self.timed_together(arm)
+                if together is False:
+                    reasons.append(why)
             if not frames:
                 raise ValueError("no measured speedup: " + ("; ".join(reasons) or "no drafting arm"))
             out = pd.concat(frames, ignore_index=True)
@@ -627,7 +692,13 @@ class TraceAnalysis:
         b1), NaN where the fit cannot place it (all requests on one side, perfect separation, or a slope of the
         wrong sign: ``reason`` says which). ``breakeven`` / ``breakeven_low`` / ``breakeven_high``: the break-even
         entropy and its bootstrap interval (``pays``); ``inside``: whether the crossing lies in that interval
-        (None where either is missing)."""
+        (None where either is missing). The comparison on one scale: ``workload_breakeven`` / ``workload_low`` /
+        ``workload_high`` (``workload``: the prediction on each request's own entropy sequence, where its
+        log-speedup line on the mean entropy crosses 1), ``measured_line`` (the same line through the measured
+        speedups, same bootstrap: ``measured_line_low`` / ``_high``), ``workload_inside`` (the measured line's
+        crossing inside the workload break-even's interval) and both verdicts in words. The constant-entropy
+        break-even is not on that scale: real requests of mean entropy H accept far shorter blocks than a
+        sequence at H everywhere (``workload`` module doc)."""
         def compute():
             import statsmodels.api as sm
 
@@ -665,6 +736,25 @@ class TraceAnalysis:
                     out["inside"] = bool(out["breakeven_low"] <= out["crossing_nats"] <= out["breakeven_high"])
             else:
                 out["reason"] = "; ".join(x for x in (out["reason"], pays.error) if x)
+            out.update(workload_breakeven=np.nan, workload_low=np.nan, workload_high=np.nan, measured_line=np.nan,
+                       measured_line_low=np.nan, measured_line_high=np.nan, workload_ok=False, workload_inside=None,
+                       workload_agree=None,
+                       workload_verdict="not computed", measured_line_verdict="not computed")
+            work = self.attempt("workload", arm)
+            if work.ok:
+                w = work.value.summary
+                out.update(workload_ok=True, workload_breakeven=float(w.loc["workload_breakeven_nats", "estimate"]),
+                           workload_low=float(w.loc["workload_breakeven_nats", "ci_low"]),
+                           workload_high=float(w.loc["workload_breakeven_nats", "ci_high"]),
+                           workload_inside=work.value.inside, workload_agree=work.value.agree,
+                           workload_verdict=work.value.verdict,
+                           measured_line_verdict=work.value.measured_verdict)
+                if "measured_crossing_nats" in w.index:
+                    out.update(measured_line=float(w.loc["measured_crossing_nats", "estimate"]),
+                               measured_line_low=float(w.loc["measured_crossing_nats", "ci_low"]),
+                               measured_line_high=float(w.loc["measured_crossing_nats", "ci_high"]))
+            else:
+                out["workload_verdict"] = work.error
             return out
 
         return self._cached(("crossing", arm), compute)

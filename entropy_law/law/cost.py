@@ -81,6 +81,9 @@ class CostModel(Result):
     ar_source: str
     notes: list = field(default_factory=list)
     clock: str = "wall"  # "cpu": round timings priced by the CPU clock (``cpu_scaled_timings``); "wall": as logged
+    # draft + overhead of the drafter's rounds that drafted nothing (an n-gram drafter without a match): NaN where
+    # every round drafted; ``round_ms`` prices drafting rounds, ``workload`` prices these apart
+    no_draft_ms: float = float("nan")
 
     @property
     def title(self) -> str:
@@ -89,7 +92,7 @@ class CostModel(Result):
     @property
     def summary(self) -> pd.DataFrame:
         values = {k: getattr(self, k) for k in ("ar_ms_per_token", "draft_ms", "overhead_ms", "verify_intercept_ms",
-                                                 "verify_per_node_ms", "depth", "nodes")}
+                                                 "verify_per_node_ms", "depth", "nodes", "no_draft_ms")}
         values["round_ms_at_observed_nodes"] = self.round_ms(self.nodes)
         return pd.DataFrame({"value": pd.Series(values, dtype=float)})
 
@@ -180,6 +183,10 @@ def fit_cost_model(traces, *, drafter: str | None = None, ar_ms_per_token: float
         if np.any(~np.isfinite(v)) or np.any(v < 0):
             raise ValueError(f"rounds.{col} has NaN or negative timings; fix the traces")
     w = w_all[mine]
+    prefill = ((rounds["round_index"] == 0) & (rounds["verify_ms"] == 0)).to_numpy()
+    idle = ((rounds["tree_nodes"] == 0) & (rounds["drafter_id"] == drafter)).to_numpy() & (w_all > 0) & ~prefill
+    no_draft = (_weighted_mean((rounds.loc[idle, "draft_ms"] + rounds.loc[idle, "overhead_ms"]).to_numpy(float),
+                               w_all[idle]) if idle.any() else float("nan"))
     draft = _weighted_mean(rounds.loc[mine, "draft_ms"].to_numpy(float), w)
     overhead = _weighted_mean(rounds.loc[mine, "overhead_ms"].to_numpy(float), w)
     nodes_all = rounds["tree_nodes"].to_numpy(float)
@@ -210,7 +217,7 @@ def fit_cost_model(traces, *, drafter: str | None = None, ar_ms_per_token: float
                      verify_intercept_ms=v0, verify_per_node_ms=v1,
                      depth=int(rounds.loc[mine, "tree_depth"].max()),
                      nodes=int(rounds.loc[mine, "tree_nodes"].max()), ar_source=source, notes=notes,
-                     clock=used_clock)
+                     clock=used_clock, no_draft_ms=no_draft)
 
 
 def speedup_at_entropy(law: FittedLaw, cost: CostModel, entropy_nats, *, depth: int | None = None,
@@ -339,14 +346,9 @@ def when_drafting_pays(
     if fam.needs_categories or fam.needs_drafters:
         raise ValueError(f"{family} needs a category/drafter argument; use a one-drafter, category-free law")
     ar_source_given = ar_ms_per_token is not None
-    # with ar_requests, t_AR comes from them (below, on the cost model's clock): 1.0 holds its place meanwhile
-    cost = fit_cost_model(traces, drafter=drafter, ar_ms_per_token=1.0 if ar_requests is not None else ar_ms_per_token,
-                          clock=clock)
+    cost, ar_table = priced_cost_model(traces, drafter=drafter, ar_ms_per_token=ar_ms_per_token,
+                                       ar_requests=ar_requests, clock=clock)
     clock = cost.clock  # the bootstrap's refits and the AR requests stay on this clock
-    ar_table = _ar_table(ar_requests, clock)
-    if ar_table is not None:
-        cost.ar_ms_per_token = _ar_ms(ar_table, None)
-        cost.ar_source = f"{len(ar_table)} timed AR requests, {clock} clock"
     drafter = cost.drafter_id
     rows = atrisk.at_risk_table(traces, eps=eps, drafters=[drafter])
     counts = prepare_counts(rows, fam, eps=eps)
@@ -402,6 +404,21 @@ def when_drafting_pays(
         notes.append(f"tree budgets keep the observed nodes-per-depth ratio {cost.nodes / cost.depth:.2f}")
     return DraftingPays(summary=summary, law=law, cost=cost, replicates=replicates, notes=notes,
                         observed_entropy=observed_range)
+
+
+def priced_cost_model(traces, *, drafter: str | None, ar_ms_per_token: float | None,
+                      ar_requests: pd.DataFrame | None, clock: str) -> tuple[CostModel, pd.DataFrame | None]:
+    """The cost model of ``drafter`` with t_AR from the timed AR requests where given (on the cost model's clock:
+    ``_ar_table``), else ``ar_ms_per_token`` or the AR rounds; and that AR table (None without it), for a
+    bootstrap to reweigh."""
+    # with ar_requests, t_AR comes from them (below, on the cost model's clock): 1.0 holds its place meanwhile
+    cost = fit_cost_model(traces, drafter=drafter, ar_ms_per_token=1.0 if ar_requests is not None else ar_ms_per_token,
+                          clock=clock)
+    ar_table = _ar_table(ar_requests, cost.clock)
+    if ar_table is not None:
+        cost.ar_ms_per_token = _ar_ms(ar_table, None)
+        cost.ar_source = f"{len(ar_table)} timed AR requests, {cost.clock} clock"
+    return cost, ar_table
 
 
 def _ar_table(ar_requests: pd.DataFrame | None, clock: str = "wall") -> pd.DataFrame | None:

@@ -4,8 +4,9 @@ per-request speedups cross 1 against the predicted break-even entropy.
 Known here: how to draw ``TraceAnalysis.speedup_validation`` (one point per arm x category: the measured
 paired speedup with its request-bootstrap 95% interval on the x axis, the law + cost model's prediction on the
 y axis, the diagonal with a +-10% band; hollow markers: measurements that are not a result) and
-``TraceAnalysis.request_speedups`` / ``speedup_crossing`` (per request: measured speedup vs the request's mean
-entropy, the logistic fit's crossing of 1 as a dashed line, the break-even interval shaded). Panels say why
+``TraceAnalysis.request_speedups`` / ``speedup_crossing`` / ``workload`` (per request: measured and predicted
+speedup vs the request's mean entropy, both log-speedup lines, the workload break-even interval shaded, the
+logistic fit's crossing dotted). Panels say why
 when their analysis is not available. Not known here: statistics (``entropy_law.law.analysis``), torch,
 decoding.
 """
@@ -63,22 +64,38 @@ def predicted_vs_measured(table: pd.DataFrame, *, ax, colours: dict):
     return ax
 
 
-def crossing_panel(requests: pd.DataFrame, crossing: dict, *, ax, colour):
-    """Per-request measured speedup vs mean entropy for one arm, the crossing and the break-even interval."""
-    ax.scatter(requests["mean_entropy_nats"], requests["speedup"], s=10, color=colour, alpha=0.7)
+def crossing_panel(requests: pd.DataFrame, crossing: dict, *, ax, colour, workload=None):
+    """Per-request measured speedup vs mean entropy for one arm and where it crosses 1: the measured
+    log-speedup line (solid) and, given ``workload`` (``WorkloadBreakeven``), the predicted per-request speedups
+    (crosses), their line (dashed) and the workload break-even interval (shaded): one scale for both. The
+    logistic crossing is a dotted line; the constant-entropy break-even is left out (another scale)."""
+    ax.scatter(requests["mean_entropy_nats"], requests["speedup"], s=10, color=colour, alpha=0.7, label="measured")
     ax.axhline(1.0, color="k", lw=0.6)
-    if np.isfinite(crossing["breakeven_low"]) and np.isfinite(crossing["breakeven_high"]):
-        ax.axvspan(crossing["breakeven_low"], min(crossing["breakeven_high"], ax.get_xlim()[1] * 2), color=colour,
-                   alpha=0.15, label=f"break-even {crossing['breakeven']:.2f} nats (95% CI)")
+    h = requests["mean_entropy_nats"].to_numpy(float)
+    grid = np.linspace(float(np.nanmin(h)), float(np.nanmax(h)), 50) if len(h) else np.array([])
+    if workload is not None:
+        pred = workload.requests
+        ax.scatter(pred["mean_entropy_nats"], pred["predicted_speedup"], s=12, marker="x", color="0.3",
+                   label="predicted (own entropy sequence)")
+        attrs, summary = workload.replicates.attrs, workload.summary
+        for kind, row, style in (("measured", "measured_slope", "-"), ("predicted", "predicted_slope", "--")):
+            b0 = attrs.get(f"{kind}_intercept", np.nan)
+            if row in summary.index and np.isfinite(b0) and len(grid):
+                ax.plot(grid, np.exp(b0 + float(summary.loc[row, "estimate"]) * grid), style, color="0.2", lw=1,
+                        label=f"{kind} log-speedup line")
+        low, high = crossing.get("workload_low", np.nan), crossing.get("workload_high", np.nan)
+        if np.isfinite(low) and len(grid):
+            ax.axvspan(low, min(high, grid[-1] * 1.5) if np.isfinite(high) else grid[-1] * 1.5, color=colour,
+                       alpha=0.15, label=f"workload break-even {crossing['workload_breakeven']:.2f} nats (95% CI)")
     if np.isfinite(crossing["crossing_nats"]):
-        ax.axvline(crossing["crossing_nats"], color=colour, ls="--", lw=1,
-                   label=f"measured > 1 crosses 0.5 at {crossing['crossing_nats']:.2f} nats")
+        ax.axvline(crossing["crossing_nats"], color=colour, ls=":", lw=1,
+                   label=f"logistic: measured > 1 crosses 0.5 at {crossing['crossing_nats']:.2f} nats")
     else:
         ax.text(0.02, 0.02, crossing["reason"][:90], transform=ax.transAxes, fontsize=6)
     ax.set_xlabel("request mean target entropy (nats)")
-    ax.set_ylabel(f"measured speedup ({requests.attrs.get('clock', '?')} clock)")
+    ax.set_ylabel(f"speedup vs AR ({requests.attrs.get('clock', '?')} clock)")
     ax.set_title(crossing["arm"], fontsize=8)
-    ax.legend(fontsize=6)
+    ax.legend(fontsize=5)
     return ax
 
 
@@ -106,7 +123,9 @@ def fig_speed_validation(an):
     for ax, arm in zip(axes[1:], arms):
         req, crossing = an.attempt("request_speedups", arm), an.attempt("speedup_crossing", arm)
         if req.ok and crossing.ok:
-            crossing_panel(req.value, crossing.value, ax=ax, colour=colours[arm])
+            work = an.attempt("workload", arm)
+            crossing_panel(req.value, crossing.value, ax=ax, colour=colours[arm],
+                           workload=work.value if work.ok else None)
         else:
             _unavailable(ax, req.error or crossing.error)
             ax.set_title(arm, fontsize=8)

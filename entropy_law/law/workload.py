@@ -1,0 +1,364 @@
+"""When drafting pays on a workload: the break-even on the scale of a request's mean target entropy.
+
+The constant-entropy break-even (``cost.breakeven_entropy``) prices a sequence in which every position has
+entropy H. Real requests mix long low-entropy stretches with short high-entropy ones, and at the same mean
+entropy they accept far shorter blocks: on ``data/traces_timed`` block DDTree16 at a request mean of 0.64 nats
+commits 2.58 tokens per round at constant H against 1.09 observed. So the constant-H break-even is not the
+entropy where a workload's measured per-request speedups cross 1, and the two should not be compared.
+
+Here each request is priced on its own entropy sequence h_0..h_{T-1}. Decoding starts after the prefill's
+token (position 0, as the measured speedups count it). With P(D | t) the probability that a round starting at
+t drafts D tokens (``transfer.TrainingDepthModel``, fitted on the arm's own rounds), P(tau = k | t) from the
+law (``blocks.tau_distribution``), and n(D) the mean draft nodes of the arm's rounds that drafted D tokens:
+
+    R(t) = 1 + sum_k P(tau = k | t) R(t + k + 1)                      (expected rounds)
+    M(t) = sum_D P(D | t) n(D) + sum_k P(tau = k | t) M(t + k + 1)     (expected draft nodes verified)
+    G(t) = P(D > 0 | t) + sum_k P(tau = k | t) G(t + k + 1)             (expected drafting rounds)
+
+and, as the cost model is linear in the nodes (a drafting round costs draft + overhead + v0 + v1 N, one that
+drafted nothing its own measured draft + overhead + v0: ``cost.CostModel.no_draft_ms``),
+E[decode cost] = v0 R(1) + (draft + overhead) G(1) + no_draft (R(1) - G(1)) + v1 M(1), and the predicted
+speedup of the request is (T - 1) t_AR / E[decode cost].
+
+The workload break-even is where the token-weighted least-squares line of log(predicted speedup) on the
+request's mean entropy crosses 0; the measured crossing is the same line through the measured per-request
+speedups (``TraceAnalysis.request_speedups``), so the two are on one scale and from one estimator. Both come
+with request-bootstrap intervals from the same replicates: each replicate draws one Poisson weight per request
+id (the AR run's prompts take the same weights), refits the cost model and t_AR with them, draws one set of the
+law's coefficients from their cluster-robust normal approximation (``predict.parameter_draws``: the law's
+uncertainty without refitting it per replicate) and refits both lines. Not resampled: the drafted-depth model
+and n(D) (in-sample, from the arm's rounds).
+
+Not known here: prefill (decode speedup only), a workload whose entropy sequences are not recorded. No torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from entropy_law.law import atrisk
+from entropy_law.law.blocks import tau_distribution
+from entropy_law.law.bootstrap import poisson_weights
+from entropy_law.law.cost import CostModel, _ar_ms, fit_cost_model, priced_cost_model
+from entropy_law.law.fit import FittedLaw, fit_law, get_family
+from entropy_law.law.predict import _acceptance, _design, parameter_draws
+from entropy_law.law.results import Result
+from entropy_law.law.stats import FEW_REQUESTS, warn_if_few_requests
+from entropy_law.law.transfer import (TrainingDepthModel, drafted_depths, entropy_sequences, single_drafter,
+                                      with_start_entropy)
+
+
+def decode_moments(p_tau: np.ndarray, round_rewards: np.ndarray, start: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """(expected rounds, expected rewards) to decode positions ``start``..T-1, for K laws at once.
+
+    ``p_tau``: ``[K, T, W]``, P(tau = k | round starts at t) for each of K acceptance draws (``tau_distribution``);
+    ``round_rewards``: ``[T, J]``, J expected quantities of one round starting at t (its draft nodes
+    sum_D P(D | t) n(D); whether it drafts, 1 - P(D = 0 | t)); each is summed over the rounds,
+    V(t) = r(t) + sum_k P(tau = k | t) V(t + k + 1). Returns ``[K]`` rounds and ``[K, J]`` sums (zeros when
+    ``start >= T``)."""
+    p = np.asarray(p_tau, dtype=float)
+    k, length, width = p.shape
+    rewards = np.asarray(round_rewards, dtype=float).reshape(length, -1)
+    j = rewards.shape[1]
+    rounds = np.zeros((k, length + width + 1))
+    sums = np.zeros((k, length + width + 1, j))
+    for t in range(length - 1, start - 1, -1):
+        pt = p[:, t, :]
+        rounds[:, t] = 1.0 + np.einsum("kw,kw->k", pt, rounds[:, t + 1 : t + width + 1])
+        sums[:, t] = rewards[t] + np.einsum("kw,kwj->kj", pt, sums[:, t + 1 : t + width + 1])
+    if start >= length:
+        return np.zeros(k), np.zeros((k, j))
+    return rounds[:, start], sums[:, start]
+
+
+def log_speedup_crossing(mean_entropy: np.ndarray, speedup: np.ndarray, weights: np.ndarray) -> tuple[float, float, float]:
+    """(crossing, intercept, slope) of the weighted least-squares line log(speedup) = b0 + b1 H: the entropy where
+    it crosses 0 (speedup 1). ``inf``: it pays at every entropy (b1 >= 0, b0 > 0); 0: it pays at none
+    (the line is below 0 from H = 0 on); NaN: fewer than two distinct entropies with weight, or a line rising
+    from below 0 (speedup grows with entropy: no break-even)."""
+    h = np.asarray(mean_entropy, dtype=float)
+    y = np.log(np.asarray(speedup, dtype=float))
+    w = np.asarray(weights, dtype=float)
+    keep = (w > 0) & np.isfinite(h) & np.isfinite(y)
+    if len(np.unique(h[keep])) < 2:
+        return float("nan"), float("nan"), float("nan")
+    sw = np.sqrt(w[keep])
+    x = np.column_stack([np.ones(keep.sum()), h[keep]])
+    (b0, b1), *_ = np.linalg.lstsq(x * sw[:, None], y[keep] * sw, rcond=None)
+    if b1 < 0:
+        return float(max(-b0 / b1, 0.0)), float(b0), float(b1)
+    return (float("inf") if b0 > 0 else float("nan")), float(b0), float(b1)
+
+
+SUMMARY_ROWS = ("workload_breakeven_nats", "measured_crossing_nats", "predicted_slope", "measured_slope",
+                "predicted_share_paying", "measured_share_paying")
+
+
+@dataclass
+class WorkloadBreakeven(Result):
+    """Per request the predicted (and, where measured, the measured) decode speedup against its mean entropy,
+    and where the two log-speedup lines cross 1. ``summary``: per quantity (``SUMMARY_ROWS``) the estimate, the
+    bootstrap percentile interval and the requests resampled; ``requests``: per request ``tokens`` (decoded after
+    the prefill), ``mean_entropy_nats``, ``predicted_rounds``, ``predicted_speedup``, ``measured_speedup`` (NaN
+    where not measured); ``replicates``: one row per bootstrap replicate."""
+
+    drafter_id: str
+    summary: pd.DataFrame
+    requests: pd.DataFrame
+    replicates: pd.DataFrame
+    cost: CostModel
+    family: str
+    notes: list = field(default_factory=list)
+
+    @property
+    def title(self) -> str:
+        return f"when drafting pays on a workload: {self.drafter_id} ({self.family}, request mean entropy)"
+
+    @property
+    def observed_entropy(self) -> tuple[float, float]:
+        """The lowest and highest request mean entropy (nats)."""
+        h = self.requests["mean_entropy_nats"].to_numpy(float)
+        return float(h.min()), float(h.max())
+
+    def _verdict(self, row: str, what: str) -> str:
+        r = self.summary.loc[row]
+        lo_h, hi_h = self.observed_entropy
+        estimate, low, high = float(r["estimate"]), float(r["ci_low"]), float(r["ci_high"])
+        if np.isnan(estimate):
+            return f"no break-even: the {what} speedup does not fall with the request's mean entropy"
+        if estimate >= hi_h:
+            return f"pays on every observed workload (request mean entropy up to {hi_h:.2f} nats)"
+        if estimate <= lo_h:
+            return f"never pays on an observed workload (request mean entropy from {lo_h:.2f} nats)"
+        interval = f" [{low:.2f}, {high:.2f}]" if np.isfinite(low) and np.isfinite(high) else ""
+        return (f"pays on requests of mean entropy below {estimate:.2f}{interval} nats (observed {lo_h:.2f} to "
+                f"{hi_h:.2f})")
+
+    @property
+    def verdict(self) -> str:
+        """The predicted answer in words, on the request-mean-entropy scale (only inside the observed range)."""
+        return self._verdict("workload_breakeven_nats", "predicted")
+
+    @property
+    def measured_verdict(self) -> str:
+        if "measured_crossing_nats" not in self.summary.index:
+            return "not measured"
+        n = int(self.summary.loc["measured_crossing_nats", "n_requests"])
+        if n < FEW_REQUESTS:
+            return f"not measured reliably ({n} paired requests, fewer than {FEW_REQUESTS})"
+        return self._verdict("measured_crossing_nats", "measured")
+
+    @property
+    def inside(self) -> bool | None:
+        """Whether the measured crossing lies inside the workload break-even's interval (None where either is
+        missing or the measured line rests on fewer than ``FEW_REQUESTS`` paired requests). ``agree`` compares the
+        verdicts in words instead."""
+        s = self.summary
+        if "measured_crossing_nats" not in s.index or s.loc["measured_crossing_nats", "n_requests"] < FEW_REQUESTS:
+            return None
+        m, low, high = (float(s.loc["measured_crossing_nats", "estimate"]),
+                        float(s.loc["workload_breakeven_nats", "ci_low"]),
+                        float(s.loc["workload_breakeven_nats", "ci_high"]))
+        if np.isnan(m) or np.isnan(low) or np.isnan(high):
+            return None
+        return bool(low <= m <= high)
+
+    @property
+    def agree(self) -> bool | None:
+        """Whether the predicted and the measured verdict say the same on the observed workloads: both place the
+        crossing beyond the highest request mean entropy ("pays on every observed workload"), both below the
+        lowest, or the measured crossing lies inside the predicted interval. None where not measured."""
+        if "measured_crossing_nats" not in self.summary.index or self.summary.loc[
+                "measured_crossing_nats", "n_requests"] < FEW_REQUESTS:
+            return None
+        lo_h, hi_h = self.observed_entropy
+        p = float(self.summary.loc["workload_breakeven_nats", "estimate"])
+        m = float(self.summary.loc["measured_crossing_nats", "estimate"])
+        if np.isnan(p) or np.isnan(m):
+            return bool(np.isnan(p) and np.isnan(m))
+        if (p >= hi_h and m >= hi_h) or (p <= lo_h and m <= lo_h):
+            return True
+        return bool(self.inside)
+
+
+def _tau_by_draw(acceptance: np.ndarray, shape: tuple, probs: np.ndarray) -> np.ndarray:
+    """``[K, T, W]`` P(tau = k | t) for the K columns of ``acceptance`` (``sequence_frame`` rows x draws), in one
+    ``tau_distribution`` call: its rows (round starts) are independent, so the K draws are stacked along them."""
+    dims, flat = shape
+    k = acceptance.shape[1]
+    if flat is None:  # [T, D] per draw
+        length, depth = dims
+        stacked = acceptance.T.reshape(k * length, depth)
+    else:  # [D, T, D] per draw, rows only at ``flat``
+        depth, length, _ = dims
+        full = np.ones((k, int(np.prod(dims))))
+        full[:, flat] = acceptance.T
+        stacked = full.reshape(k, depth, length, depth).transpose(1, 0, 2, 3).reshape(depth, k * length, depth)
+    p_tau = tau_distribution(stacked, np.tile(probs, (k, 1)))
+    return p_tau.reshape(k, length, -1)
+
+
+def _nodes_by_depth(traces, drafted: pd.DataFrame, drafts: int) -> np.ndarray:
+    """n(D), D = 0..drafts: the mean draft nodes of the drafter's rounds whose drafted depth is D (0 for D = 0;
+    the mean over every drafting round where no round drafted D)."""
+    rounds = traces.rounds[["run_id", "request_id", "round_index", "tree_nodes"]]
+    joined = drafted.merge(rounds, on=["run_id", "request_id", "round_index"], how="inner")
+    drafting = joined.loc[joined["drafted_depth"] > 0]
+    fill = float(drafting["tree_nodes"].mean()) if len(drafting) else 0.0
+    per_depth = drafting.groupby("drafted_depth")["tree_nodes"].mean()
+    out = np.array([0.0] + [float(per_depth.get(d, fill)) for d in range(1, drafts + 1)])
+    return out
+
+
+def workload_breakeven(
+    traces,
+    *,
+    drafter: str | None = None,
+    family: str = "law_exp",
+    law: FittedLaw | None = None,
+    ar_ms_per_token: float | None = None,
+    ar_requests: pd.DataFrame | None = None,
+    measured: pd.DataFrame | None = None,
+    clock: str = "auto",
+    n_boot: int = 100,
+    seed: int = 0,
+    level: float = 0.95,
+    eps: float = atrisk.EPS_NATS,
+) -> WorkloadBreakeven:
+    """Predicted decode speedup of every request of ``drafter`` in ``traces`` on its own entropy sequence, and
+    the workload break-even: where the log-speedup line on the request's mean entropy crosses 1 (module doc).
+
+    ``law``: a fitted one-drafter, category-free law with cluster-robust covariance (default: ``family`` fitted
+    here). ``ar_ms_per_token`` / ``ar_requests`` / ``clock``: the AR cost, as ``cost.when_drafting_pays``.
+    ``measured``: per request ``run_id``, ``request_id``, ``speedup`` (and ``decoded``, the tokens it weighs
+    with; default the predicted side's), e.g. ``TraceAnalysis.request_speedups``; their crossing is then computed
+    with the same estimator and the same bootstrap weights."""
+    fam = get_family(family if law is None else law.family.name)
+    if fam.needs_categories or fam.needs_drafters or fam.uses_category:
+        raise ValueError(f"{fam.name} needs a category/drafter argument; use a one-drafter, category-free law")
+    drafter, rounds = single_drafter(traces, drafter)
+    cost, ar_table = priced_cost_model(traces, drafter=drafter, ar_ms_per_token=ar_ms_per_token,
+                                       ar_requests=ar_requests, clock=clock)
+    clock = cost.clock
+    if law is None:
+        law = _fit(traces, fam.name, drafter, eps)
+    drafts = int(rounds["tree_depth"].max())
+    if drafts < 1:
+        raise ValueError(f"drafter {drafter!r} never drafted: no workload break-even")
+    seqs = entropy_sequences(traces, drafter)
+    seqs = seqs.loc[[len(e) >= 2 for e in seqs["entropy"]]].reset_index(drop=True)
+    if seqs.empty:
+        raise ValueError(f"drafter {drafter!r}: no request decoded a token after the prefill")
+    depth_rows = with_start_entropy(drafted_depths(traces, drafter), seqs)
+    depth_model = TrainingDepthModel.fit(depth_rows, drafts)
+    n_of_depth = _nodes_by_depth(traces, depth_rows, drafts)
+    draws = parameter_draws(law, n_boot, seed) if n_boot else np.empty((0, len(law.result.params)))
+    thetas = np.vstack([np.asarray(law.result.params, dtype=float)[None, :], draws])  # row 0: the estimate
+    rounds_k, nodes_k, drafting_k = [], [], []
+    for rec in seqs.itertuples():
+        h = np.asarray(rec.entropy, dtype=float)
+        frame, shape = law.sequence_frame(h, drafts)
+        x = _design(law, frame)
+        probs = depth_model.probabilities(h)
+        p_tau = _tau_by_draw(_acceptance(law, x, thetas.T), shape, probs)
+        r, sums = decode_moments(p_tau, np.column_stack([probs @ n_of_depth, 1.0 - probs[:, 0]]))
+        rounds_k.append(r)
+        nodes_k.append(sums[:, 0])
+        drafting_k.append(sums[:, 1])
+    # [requests, K]: expected rounds, draft nodes verified, drafting rounds
+    rounds_k, nodes_k, drafting_k = np.array(rounds_k), np.array(nodes_k), np.array(drafting_k)
+    tokens = np.array([len(e) - 1 for e in seqs["entropy"]], dtype=float)
+    mean_h = np.array([float(np.mean(e)) for e in seqs["entropy"]])
+
+    def speedups(c: CostModel, j: int) -> np.ndarray:
+        # a drafting round: draft + overhead + v0 + v1 N; a round that drafted nothing: its own measured draft +
+        # overhead (the drafting rounds' where the arm has none) + v0
+        idle = c.no_draft_ms if np.isfinite(c.no_draft_ms) else c.draft_ms + c.overhead_ms
+        total = (c.verify_intercept_ms * rounds_k[:, j] + (c.draft_ms + c.overhead_ms) * drafting_k[:, j]
+                 + idle * (rounds_k[:, j] - drafting_k[:, j]) + c.verify_per_node_ms * nodes_k[:, j])
+        return tokens * c.ar_ms_per_token / total
+
+    requests = seqs[["run_id", "request_id", "category"]].assign(tokens=tokens.astype(int), mean_entropy_nats=mean_h,
+                                                                 predicted_rounds=rounds_k[:, 0],
+                                                                 predicted_speedup=speedups(cost, 0))
+    m_speed = m_weight = None
+    if measured is not None:
+        need = {"run_id", "request_id", "speedup"} - set(measured.columns)
+        if need:
+            raise ValueError(f"measured needs columns run_id, request_id, speedup; missing {sorted(need)}")
+        cols = ["run_id", "request_id", "speedup"] + (["decoded"] if "decoded" in measured else [])
+        joined = requests[["run_id", "request_id"]].merge(measured[cols], on=["run_id", "request_id"], how="left")
+        m_speed = joined["speedup"].to_numpy(float)
+        m_weight = joined["decoded"].to_numpy(float) if "decoded" in joined else tokens
+        requests["measured_speedup"] = m_speed
+        if not np.isfinite(m_speed).any():
+            m_speed = None
+    else:
+        requests["measured_speedup"] = np.nan
+
+    def statistics(c: CostModel, j: int, w: np.ndarray) -> dict:
+        s = speedups(c, j)
+        out = {}
+        out["workload_breakeven_nats"], b0, out["predicted_slope"] = log_speedup_crossing(mean_h, s, w * tokens)
+        out["predicted_intercept"] = b0
+        out["predicted_share_paying"] = float(np.sum(w * (s > 1)) / np.sum(w)) if np.sum(w) > 0 else np.nan
+        if m_speed is not None:
+            ok = np.isfinite(m_speed)
+            wm = np.where(ok, w * m_weight, 0.0)
+            out["measured_crossing_nats"], b0, out["measured_slope"] = log_speedup_crossing(
+                mean_h, np.where(ok, m_speed, 1.0), wm)
+            out["measured_intercept"] = b0
+            out["measured_share_paying"] = (float(np.sum((w * ok) * (m_speed > 1)) / np.sum(w * ok))
+                                            if np.sum(w * ok) > 0 else np.nan)
+        return out
+
+    n_measured = 0 if m_speed is None else int(requests.loc[np.isfinite(m_speed), "request_id"].nunique())
+    ids = requests["request_id"].to_numpy()
+    n_requests = int(pd.Series(ids).nunique())
+    few = warn_if_few_requests(n_requests, "the workload break-even intervals")
+    estimate = statistics(cost, 0, np.ones(len(requests)))
+    rng = np.random.default_rng(seed)
+    reps, failed = [], 0
+    all_ids = list(ids) + ([] if ar_table is None else list(ar_table["request_id"]))
+    for j in range(1, thetas.shape[0]):
+        weights = poisson_weights(all_ids, rng)
+        try:
+            ar_b = ar_ms_per_token if ar_table is None else _ar_ms(ar_table, weights)
+            cost_b = fit_cost_model(traces, drafter=drafter, ar_ms_per_token=ar_b, request_weights=weights, clock=clock)
+            reps.append(statistics(cost_b, j, pd.Series(ids).map(weights).fillna(0).to_numpy(float)))
+        except ValueError:
+            failed += 1
+    replicates = pd.DataFrame(reps)
+    lo_q, hi_q = (1 - level) / 2, 1 - (1 - level) / 2
+    rows = [r for r in SUMMARY_ROWS if r in estimate]
+    summary = pd.DataFrame(index=pd.Index(rows), columns=["estimate", "ci_low", "ci_high", "n_requests"], dtype=float)
+    for r in rows:
+        values = replicates[r].to_numpy(float) if r in replicates else np.array([])
+        values = values[~np.isnan(values)]  # NaN: no break-even in that replicate (counted in the notes)
+        low, high = ((float(np.quantile(values, lo_q, method="inverted_cdf")),
+                      float(np.quantile(values, hi_q, method="inverted_cdf"))) if len(values) else (np.nan, np.nan))
+        summary.loc[r] = [estimate[r], low, high, n_measured if r.startswith("measured") else n_requests]
+    replicates.attrs.update({k: v for k, v in estimate.items() if k.endswith("_intercept")})
+    no_line = int(replicates["workload_breakeven_nats"].isna().sum()) if len(replicates) else 0
+    notes = [*([few] if few else []),
+             f"{level:.0%} percentile intervals from {len(reps)} replicates over {n_requests} requests (seed {seed}, "
+             f"{failed} failed, {no_line} without a falling predicted line): each draws Poisson request weights "
+             "(refitting the cost model, t_AR and both lines) and one set of the law's coefficients from their "
+             "cluster-robust normal approximation",
+             f"per request: the law's DP over its own entropy sequence, drafted depths from the arm's rounds "
+             f"(entropy-binned, in-sample), nodes per drafted depth {np.round(n_of_depth, 1).tolist()}; "
+             f"{cost.clock} clock, t_AR {cost.ar_ms_per_token:.1f} ms ({cost.ar_source})",
+             "crossing = where the token-weighted least-squares line of log speedup on the request's mean entropy "
+             "crosses 0; inf = above 1 at every entropy"]
+    return WorkloadBreakeven(drafter_id=drafter, summary=summary, requests=requests, replicates=replicates, cost=cost,
+                             family=law.family.name, notes=notes)
+
+
+def _fit(traces, family: str, drafter: str, eps: float) -> FittedLaw:
+    from entropy_law.law.fit import prepare_counts
+
+    rows = atrisk.at_risk_table(traces, eps=eps, drafters=[drafter])
+    return fit_law(prepare_counts(rows, get_family(family), eps=eps), family, cov_type="cluster")

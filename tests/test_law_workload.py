@@ -1,0 +1,190 @@
+"""The workload break-even (``law.workload``): each request priced on its own entropy sequence, and where the
+log-speedup line on the request's mean entropy crosses 1, predicted and measured on one scale."""
+
+import warnings
+
+import numpy as np
+import pytest
+
+from entropy_law.law.blocks import expected_round_counts, tau_distribution
+from entropy_law.law.workload import decode_moments, log_speedup_crossing, workload_breakeven
+
+
+def test_decode_moments_match_the_round_dp_and_a_monte_carlo_of_nodes():
+    rng = np.random.default_rng(0)
+    length, drafts = 30, 4
+    a = rng.uniform(0.2, 0.95, size=(length, drafts))
+    probs = rng.dirichlet(np.ones(drafts + 1), size=length)
+    n_of_depth = np.array([0.0, 3.0, 5.0, 9.0, 16.0])  # nodes verified by a round drafting D tokens
+    p_tau = tau_distribution(a, probs)
+    rounds, sums = decode_moments(np.stack([p_tau, p_tau]), np.column_stack([probs @ n_of_depth, 1 - probs[:, 0]]),
+                                  start=1)
+    nodes, drafting = sums[:, 0], sums[:, 1]
+    assert rounds[0] == rounds[1]
+    # rounds from position 1 on: the round DP of blocks on the rows from 1 on (a round at t uses row t only)
+    assert (rounds[0], drafting[0]) == pytest.approx(expected_round_counts(a[1:], probs[1:]), rel=1e-12)
+    r0, _ = decode_moments(p_tau[None], probs @ n_of_depth, start=0)
+    assert r0[0] == pytest.approx(expected_round_counts(a, probs)[0], rel=1e-12)
+    # nodes: simulate rounds (D ~ probs[t], accept depth j with a[t, j] up to D) from position 1
+    sims, total_rounds, total_nodes = 4000, 0, 0.0
+    for _ in range(sims):
+        t = 1
+        while t < length:
+            d = rng.choice(drafts + 1, p=probs[t])
+            tau = 0
+            while tau < d and rng.uniform() < a[t, tau]:
+                tau += 1
+            total_rounds += 1
+            total_nodes += n_of_depth[d]
+            t += tau + 1
+    assert total_rounds / sims == pytest.approx(rounds[0], rel=0.02)
+    assert total_nodes / sims == pytest.approx(nodes[0], rel=0.03)
+
+
+def test_log_speedup_crossing_places_the_line_and_names_the_ends():
+    h = np.linspace(0.1, 2.0, 40)
+    crossing, b0, b1 = log_speedup_crossing(h, np.exp(0.5 - 0.4 * h), np.ones_like(h))
+    assert crossing == pytest.approx(1.25) and b0 == pytest.approx(0.5) and b1 == pytest.approx(-0.4)
+    assert log_speedup_crossing(h, np.exp(0.2 + 0.1 * h), np.ones_like(h))[0] == np.inf  # pays everywhere
+    assert np.isnan(log_speedup_crossing(h, np.exp(-0.2 + 0.1 * h), np.ones_like(h))[0])  # rises from below 1
+    assert log_speedup_crossing(h, np.exp(-0.2 - 0.1 * h), np.ones_like(h))[0] == 0.0  # below 1 from H = 0 on
+    # weights: a zero weight drops the request
+    y = np.exp(0.5 - 0.4 * h)
+    y[0] = 50.0
+    w = np.ones_like(h)
+    w[0] = 0.0
+    assert log_speedup_crossing(h, y, w)[0] == pytest.approx(1.25)
+    assert np.isnan(log_speedup_crossing(np.ones(5), np.ones(5), np.ones(5))[0])  # one entropy: no line
+
+
+VARIABLE_DEPTHS = dict(probs=(0.15, 0.2, 0.2, 0.2, 0.25), entropy_coupling=1.0, rate_exponent=-0.3)
+
+
+def _sim(**kw):
+    from entropy_law.law.simulate import SimCosts, simulate_traces
+
+    # a draft cost that puts the break-even inside the requests' mean entropies (0.12 to 1.05 nats)
+    return simulate_traces(seed=3, n_requests_per_category=8, block_size=5, include_ar=True,
+                           tokens_per_request=(60, 90), costs=SimCosts(draft_ms=kw.pop("draft_ms", 40.0)), **kw)
+
+
+def _workload(traces, family="law_exp", **kw):
+    from entropy_law.law.analysis import TraceAnalysis
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # few requests: SmallSampleWarning (tested elsewhere)
+        an = TraceAnalysis(traces, n_boot=20, seed=1, family=family)
+        arm = an.arms[0]
+        if not kw:
+            return an, an.workload(arm)
+        return an, workload_breakeven(an.cost_view(arm), drafter=arm, law=an.law(arm), measured=an.request_speedups(arm),
+                                      n_boot=20, seed=1, **kw)
+
+
+@pytest.mark.parametrize("depths", ["fixed", "variable"])
+def test_the_workload_breakeven_lands_where_the_measured_speedups_cross_1(depths):
+    """Traces drawn from a known law with timings from a known cost model: the speedups predicted from each
+    request's entropy sequence cross 1 where the measured ones do, and the verdicts agree. ``variable``: a chain
+    that drafts 0-4 tokens per round, more where the entropy is low, and accepts long drafts more (an n-gram
+    drafter's shape): the drafted-depth model, the nodes per depth and a law in D (``law_exp_drafted``) at work."""
+    if depths == "fixed":
+        an, got = _workload(_sim())
+    else:
+        an, got = _workload(_sim(block_depths=VARIABLE_DEPTHS, draft_ms=60.0), family="law_exp_drafted")
+    s = got.summary
+    lo_h, hi_h = got.observed_entropy
+    predicted, measured = s.loc["workload_breakeven_nats", "estimate"], s.loc["measured_crossing_nats", "estimate"]
+    assert lo_h < predicted < hi_h and lo_h < measured < hi_h
+    assert abs(predicted - measured) < 0.1
+    assert got.inside is True and got.agree is True
+    assert s.loc["workload_breakeven_nats", "ci_low"] < predicted < s.loc["workload_breakeven_nats", "ci_high"]
+    assert got.verdict.startswith(f"pays on requests of mean entropy below {predicted:.2f}")
+    per_request = got.requests.dropna(subset=["measured_speedup"])
+    assert len(per_request) == len(got.requests) == 40
+    ratio = per_request["predicted_speedup"] / per_request["measured_speedup"]
+    assert abs(np.median(ratio) - 1) < 0.05  # request by request, not only the line
+    # the report's crossing row carries both, on one scale
+    row = an.speedup_crossing(an.arms[0])
+    assert row["workload_ok"] and row["workload_breakeven"] == pytest.approx(predicted)
+    assert row["measured_line"] == pytest.approx(measured) and row["workload_agree"] is True
+    from entropy_law.jobs.report import crossing_sentence
+
+    assert "the verdicts agree" in crossing_sentence(row)
+
+
+def test_a_wrong_cost_model_moves_the_workload_breakeven_off_the_measured_crossing():
+    """The check can fail: with the AR cost per token understated by 30% the predicted speedups are too low
+    and the measured crossing falls outside the predicted interval."""
+    traces = _sim()
+    an, right = _workload(traces)
+    true_ar = right.cost.ar_ms_per_token
+    _, wrong = _workload(traces, ar_ms_per_token=0.7 * true_ar)
+    assert wrong.summary.loc["workload_breakeven_nats", "estimate"] < right.summary.loc[
+        "workload_breakeven_nats", "estimate"] - 0.2
+    assert wrong.inside is False and wrong.agree is False
+    # the measured side does not depend on the cost model
+    assert wrong.summary.loc["measured_crossing_nats", "estimate"] == pytest.approx(
+        right.summary.loc["measured_crossing_nats", "estimate"])
+
+
+def test_bad_input_is_refused_with_what_to_do():
+    traces = _sim()
+    an, _ = _workload(traces)
+    arm = an.arms[0]
+    with pytest.raises(ValueError, match="missing"):
+        workload_breakeven(an.cost_view(arm), drafter=arm, law=an.law(arm), measured=an.request_speedups(arm)[
+            ["run_id", "request_id"]], n_boot=2)
+    with pytest.raises(ValueError, match="category"):
+        workload_breakeven(an.cost_view(arm), drafter=arm, family="law_exp_cat", n_boot=2)
+
+
+def test_the_fast_design_matrix_equals_patsys_row_by_row_one():
+    """``predict._design`` hands patsy the depth factor as a Categorical of the fitted levels (its vectorised
+    path); the matrix must be the one patsy builds from the plain column, and an unknown level still raises."""
+    from entropy_law.law.predict import _design
+
+    an, _ = _workload(_sim())
+    law = an.law(an.arms[0])
+    h = np.random.default_rng(2).gamma(0.5, 1.0, size=40)
+    frame, _ = law.sequence_frame(h, 4)
+    slow, _ = law.result._transform_predict_exog(law._frame(frame))
+    fast = _design(law, frame)
+    assert fast.shape == np.asarray(slow).shape and np.array_equal(fast, np.asarray(slow, dtype=float))
+    assert "C(depth)" in " ".join(law.result.params.index)  # the path under test is taken
+
+
+@pytest.mark.parametrize("family", ["law_exp", "law_exp_drafted"])
+def test_the_draws_stacked_in_one_tau_call_equal_one_call_per_draw(family):
+    from entropy_law.law.fit import fit_law
+    from entropy_law.law.predict import _acceptance, _design
+    from entropy_law.law.workload import _tau_by_draw
+
+    traces = _sim(block_depths=VARIABLE_DEPTHS)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        law = fit_law(traces, family)
+    rng = np.random.default_rng(4)
+    h = rng.gamma(0.5, 1.0, size=25)
+    frame, shape = law.sequence_frame(h, 4)
+    x = _design(law, frame)
+    thetas = np.asarray(law.result.params)[:, None] + 0.05 * rng.standard_normal((len(law.result.params), 3))
+    probs = rng.dirichlet(np.ones(5), size=25)
+    acc = _acceptance(law, x, thetas)
+    got = _tau_by_draw(acc, shape, probs)
+    for j in range(3):
+        one = tau_distribution(law.shape_acceptance(acc[:, j], shape), probs)
+        assert np.allclose(got[j], one, rtol=0, atol=1e-14)
+
+
+def test_a_measured_line_on_few_paired_requests_is_not_a_result():
+    an, _ = _workload(_sim())
+    arm = an.arms[0]
+    few = an.request_speedups(arm).iloc[:6]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = workload_breakeven(an.cost_view(arm), drafter=arm, law=an.law(arm), measured=few, n_boot=5, seed=0)
+    assert got.summary.loc["measured_crossing_nats", "n_requests"] == 6
+    assert got.summary.loc["workload_breakeven_nats", "n_requests"] == 40
+    assert got.measured_verdict.startswith("not measured reliably (6 paired requests")
+    assert got.agree is None and got.inside is None
+    assert got.requests["measured_speedup"].notna().sum() == 6
