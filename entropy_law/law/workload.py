@@ -94,7 +94,7 @@ def log_speedup_crossing(mean_entropy: np.ndarray, speedup: np.ndarray, weights:
 
 
 SUMMARY_ROWS = ("workload_breakeven_nats", "measured_crossing_nats", "predicted_slope", "measured_slope",
-                "predicted_share_paying", "measured_share_paying")
+                "predicted_intercept", "measured_intercept", "predicted_share_paying", "measured_share_paying")
 
 
 @dataclass
@@ -152,12 +152,18 @@ class WorkloadBreakeven(Result):
         return self._verdict("measured_crossing_nats", "measured")
 
     @property
+    def _measured_line_ok(self) -> bool:
+        """A measured line exists and rests on at least ``FEW_REQUESTS`` paired requests."""
+        s = self.summary
+        return "measured_crossing_nats" in s.index and s.loc["measured_crossing_nats", "n_requests"] >= FEW_REQUESTS
+
+    @property
     def inside(self) -> bool | None:
         """Whether the measured crossing lies inside the workload break-even's interval (None where either is
         missing or the measured line rests on fewer than ``FEW_REQUESTS`` paired requests). ``agree`` compares the
         verdicts in words instead."""
         s = self.summary
-        if "measured_crossing_nats" not in s.index or s.loc["measured_crossing_nats", "n_requests"] < FEW_REQUESTS:
+        if not self._measured_line_ok:
             return None
         m, low, high = (float(s.loc["measured_crossing_nats", "estimate"]),
                         float(s.loc["workload_breakeven_nats", "ci_low"]),
@@ -171,8 +177,7 @@ class WorkloadBreakeven(Result):
         """Whether the predicted and the measured verdict say the same on the observed workloads: both place the
         crossing beyond the highest request mean entropy ("pays on every observed workload"), both below the
         lowest, or the measured crossing lies inside the predicted interval. None where not measured."""
-        if "measured_crossing_nats" not in self.summary.index or self.summary.loc[
-                "measured_crossing_nats", "n_requests"] < FEW_REQUESTS:
+        if not self._measured_line_ok:
             return None
         lo_h, hi_h = self.observed_entropy
         p = float(self.summary.loc["workload_breakeven_nats", "estimate"])
@@ -341,7 +346,6 @@ def workload_breakeven(
         low, high = ((float(np.quantile(values, lo_q, method="inverted_cdf")),
                       float(np.quantile(values, hi_q, method="inverted_cdf"))) if len(values) else (np.nan, np.nan))
         summary.loc[r] = [estimate[r], low, high, n_measured if r.startswith("measured") else n_requests]
-    replicates.attrs.update({k: v for k, v in estimate.items() if k.endswith("_intercept")})
     no_line = int(replicates["workload_breakeven_nats"].isna().sum()) if len(replicates) else 0
     notes = [*([few] if few else []),
              f"{level:.0%} percentile intervals from {len(reps)} replicates over {n_requests} requests (seed {seed}, "

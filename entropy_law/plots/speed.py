@@ -77,12 +77,13 @@ def crossing_panel(requests: pd.DataFrame, crossing: dict, *, ax, colour, worklo
         pred = workload.requests
         ax.scatter(pred["mean_entropy_nats"], pred["predicted_speedup"], s=12, marker="x", color="0.3",
                    label="predicted (own entropy sequence)")
-        attrs, summary = workload.replicates.attrs, workload.summary
-        for kind, row, style in (("measured", "measured_slope", "-"), ("predicted", "predicted_slope", "--")):
-            b0 = attrs.get(f"{kind}_intercept", np.nan)
-            if row in summary.index and np.isfinite(b0) and len(grid):
-                ax.plot(grid, np.exp(b0 + float(summary.loc[row, "estimate"]) * grid), style, color="0.2", lw=1,
-                        label=f"{kind} log-speedup line")
+        summary = workload.summary
+        for kind, style in (("measured", "-"), ("predicted", "--")):
+            if f"{kind}_slope" not in summary.index or not len(grid):
+                continue
+            b0, b1 = (float(summary.loc[f"{kind}_{part}", "estimate"]) for part in ("intercept", "slope"))
+            if np.isfinite(b0) and np.isfinite(b1):
+                ax.plot(grid, np.exp(b0 + b1 * grid), style, color="0.2", lw=1, label=f"{kind} log-speedup line")
         low, high = crossing.get("workload_low", np.nan), crossing.get("workload_high", np.nan)
         if np.isfinite(low) and len(grid):
             ax.axvspan(low, min(high, grid[-1] * 1.5) if np.isfinite(high) else grid[-1] * 1.5, color=colour,
