@@ -19,8 +19,11 @@ $(STAMP): pyproject.toml Makefile
 
 setup: $(STAMP)
 
+# two workers (one per core on the 2-core CI machine), whole files to a worker so module fixtures load once;
+# one OpenMP thread each, so the workers do not wait on each other's threads
+TEST_WORKERS ?= 2
 test: setup
-	$(PY) -m pytest -q
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 demo: setup
 	$(VENV)/bin/entropy-law info

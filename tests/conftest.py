@@ -13,6 +13,17 @@ import math
 import pytest
 
 
+# the slowest files first, so that under `make test` (pytest-xdist, whole files to a worker) they start at
+# once and the short files fill the other worker around them, instead of one worker finishing them alone
+_SLOW_FILES = ("test_exactness_real.py", "test_second_model_real.py", "test_replay_real.py", "test_report.py",
+               "test_block_drafter_real.py", "test_notebooks.py", "test_law_cost.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {name: i for i, name in enumerate(_SLOW_FILES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: the rest keep their order
+
+
 @pytest.fixture(scope="module", autouse=False)
 def single_thread():
     """Run a module's tiny-model tests on one torch thread (restored afterwards): tiny ops gain nothing

@@ -1,5 +1,7 @@
-"""Execute the three notebooks with nbclient: on the reference traces (data/traces/) when present, else on
-small simulated traces written through TraceRecorder; notebook 01 uses a tiny random model."""
+"""Execute the three notebooks with nbclient on small simulated traces written through TraceRecorder (notebook
+01 uses a tiny random model). The reference traces (data/traces/, 400 requests) would take notebook 02 more
+than 5 min of CPU even with ENTROPY_LAW_QUICK; the same analysis code runs on them in the report and law
+tests, and the notebooks' cells are what is under test here."""
 
 from __future__ import annotations
 
@@ -10,8 +12,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from entropy_law.law.sample_traces import has_runs, reference_traces_dir
-from tests.report_helpers import small_traces
+from entropy_law.law.sample_traces import write_simulated_traces
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 NAMES = ("01_logging_traces.ipynb", "02_fitting_the_law.ipynb", "03_when_drafting_pays.ipynb")
@@ -19,8 +20,9 @@ NAMES = ("01_logging_traces.ipynb", "02_fitting_the_law.ipynb", "03_when_draftin
 
 @pytest.fixture(scope="module")
 def trace_env(tmp_path_factory):
-    ref = reference_traces_dir()
-    path = ref if has_runs(ref) else small_traces(tmp_path_factory.mktemp("nb-traces"), seed=5)
+    # 12 requests per category: 3-fold CV with category terms needs at least 5 per category in each fold
+    path = write_simulated_traces(tmp_path_factory.mktemp("nb-traces"), seed=5, n_requests_per_category=12,
+                                  tokens_per_request=(40, 60))
     env = {"ENTROPY_LAW_TRACES": str(path), "ENTROPY_LAW_QUICK": "1", "ENTROPY_LAW_NOTEBOOK_TINY": "1",
            "MPLBACKEND": "Agg"}
     old = {k: os.environ.get(k) for k in env}
