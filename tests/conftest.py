@@ -12,11 +12,10 @@ import math
 
 import pytest
 
-
 # the slowest files first, so that under `make test` (pytest-xdist, whole files to a worker) they start at
 # once and the short files fill the other worker around them, instead of one worker finishing them alone
 _SLOW_FILES = ("test_exactness_real.py", "test_second_model_real.py", "test_replay_real.py", "test_report.py",
-               "test_block_drafter_real.py", "test_notebooks.py", "test_law_cost.py")
+               "test_block_drafter_real.py", "test_notebooks.py", "test_law_cost.py", "test_loading_cache.py")
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -7,7 +7,8 @@ Spec-Bench text tokenized as is (``raw_prompt``, ``--no-chat-template``). On thr
 of them (summarization, 688 tokens) longer than the window, 32 new tokens: n-gram drafting with chain and
 DDTree gives Hugging Face ``generate``'s greedy tokens (a divergence is tolerated only at a near-tie), and
 the recorded target entropy equals that of one teacher-forced forward. About 1.5 min on one thread, most
-of it loading (the GGUF is dequantised and its tokenizer converted).
+of it loading (the GGUF is dequantised and its tokenizer converted) when the converted model is not yet
+in the cache (``loading.converted_cache_path``).
 
 The joining and checking of chunked files, and the install command named when a package is missing, are
 tested without the model.

