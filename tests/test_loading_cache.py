@@ -118,3 +118,17 @@ def test_the_cached_smollm2_is_the_converted_one_bitwise(tmp_path, monkeypatch):
             assert torch.equal(converted.model(x).logits, cached.model(x).logits)
     finally:
         torch.set_num_threads(threads)
+
+
+def test_a_cache_that_cannot_be_written_warns_and_leaves_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("ENTROPY_LAW_CACHE", str(tmp_path / "cache"))
+    folder = tmp_path / "cache" / "converted" / "key"
+
+    class Unsaveable(torch.nn.Linear):
+        @property
+        def generation_config(self):
+            raise ValueError("this tokenizer or config cannot be saved")
+
+    with pytest.warns(RuntimeWarning, match="could not keep the converted model"):
+        loading._save_converted(Unsaveable(1, 1), object(), folder, "m.gguf")
+    assert not folder.exists() and list(folder.parent.iterdir()) == []  # no partial folder left

@@ -243,7 +243,8 @@ def _from_folder(folder, dtype, attn_implementation, kwargs):
 
 def _save_converted(model, tokenizer, folder: Path, source: str) -> None:
     """Write the converted model into ``folder`` (a temporary sibling, then renamed). A failure to write it
-    (a full or read-only disk) warns and leaves nothing behind: the model is loaded either way."""
+    (a full or read-only disk, a tokenizer that cannot be saved) warns and leaves nothing behind: the model
+    is loaded either way."""
     from safetensors.torch import save_model
 
     partial = folder.with_name(f"{folder.name}.{os.getpid()}.partial")
@@ -261,7 +262,7 @@ def _save_converted(model, tokenizer, folder: Path, source: str) -> None:
             os.replace(partial, folder)
         except OSError:  # another process wrote it first: keep theirs
             shutil.rmtree(partial, ignore_errors=True)
-    except OSError as err:
+    except Exception as err:  # noqa: BLE001 - the cache is an optimisation; the loaded model is returned anyway
         shutil.rmtree(partial, ignore_errors=True)
         warnings.warn(f"could not keep the converted model in {folder} ({err}); the next load converts "
                       f"{source} again", RuntimeWarning, stacklevel=3)
