@@ -18,6 +18,9 @@ def test_the_key_follows_the_bytes_and_the_dtype(tmp_path, monkeypatch):
     first = loading.converted_cache_path(gguf, torch.float32)
     assert first.parent == tmp_path / "cache" / "converted" and "float32" in first.name
     assert loading.converted_cache_path(gguf, torch.bfloat16) != first
+    from entropy_law.traces.layout import file_sha256
+
+    assert loading.converted_cache_path(gguf, torch.float32, sha256=file_sha256(gguf)) == first  # a checked digest
     gguf.write_bytes(b"GGUF two")
     assert loading.converted_cache_path(gguf, torch.float32) != first
 

@@ -197,7 +197,10 @@ def load_target(
     source = str(Path(folder) / gguf_file) if gguf_file else str(folder)
     if cache_converted is None:
         cache_converted = os.environ.get(NO_CONVERTED_CACHE_ENV, "") in ("", "0")
-    converted = converted_cache_path(Path(source), dtype) if gguf_file is not None and cache_converted else None
+    # an embedded chunked file's SHA-256 was just checked against the published one: no need to hash it again
+    known = EMBEDDED_TARGETS[spec_str].sha256 if spec_str in EMBEDDED_TARGETS else ""
+    converted = (converted_cache_path(Path(source), dtype, sha256=known or None)
+                 if gguf_file is not None and cache_converted else None)
     if converted is not None and (converted / _COMPLETE).is_file():
         try:
             tokenizer, model = _from_folder(converted, dtype, attn_implementation, {"local_files_only": True})
@@ -225,12 +228,13 @@ def load_target(
 _COMPLETE = "entropy-law-converted.json"
 
 
-def converted_cache_path(gguf: Path, dtype: torch.dtype) -> Path:
-    """Where the converted model of the GGUF file ``gguf`` is kept: keyed on the file's SHA-256, the dtype
-    and the transformers version (see the module docstring)."""
+def converted_cache_path(gguf: Path, dtype: torch.dtype, *, sha256: str | None = None) -> Path:
+    """Where the converted model of the GGUF file ``gguf`` is kept: keyed on the file's SHA-256 (``sha256``
+    when the caller has already checked it, else computed here), the dtype and the transformers version (see
+    the module docstring)."""
     import transformers
 
-    key = f"{file_sha256(gguf)}-{str(dtype).removeprefix('torch.')}-transformers{transformers.__version__}"
+    key = f"{sha256 or file_sha256(gguf)}-{str(dtype).removeprefix('torch.')}-transformers{transformers.__version__}"
     return cache_dir() / "converted" / key
 
 
