@@ -6,8 +6,10 @@ this process's CPU clock with one torch thread, through the one speed routine ``
 - ``AR``: our autoregressive decoder (the reference);
 - for the n-gram drafter: a fixed chain and fixed DDTrees with N in {4, 8, 16, 32} (no gate: every drafted node
   is verified), the current cost gate (DDTree16, the measured verify-cost curve), and the law policy (DDTree
-  drafted with up to 32 nodes; the policy decides per round whether to draft and how many nodes to verify);
-- with ``--block``: the block drafter (shipped checkpoint): fixed chain, fixed DDTree16, cost gate, law policy;
+  drafted with up to 32 nodes; the policy decides per round whether to draft and how many nodes to verify),
+  and the law policy without its in-request calibration (``ngram law uncalibrated``);
+- with ``--block``: the block drafter (shipped checkpoint): cost gate, law policy (with and without the
+  calibration); fixed chain and DDTree16 with ``--block-fixed``;
 - the replay oracle (n-gram drafter, tokens per round and modelled rate only: it is not a decoder): for each
   round in hindsight the budget in {0, 1, 2, 4, 8, 16, 32} with the most committed tokens per unit of modelled
   cost ``c(N + 1) + c_draft``, replayed on AR's greedy output of the same prompt.
@@ -56,6 +58,7 @@ AR = "AR"
 FIXED_BUDGETS = (4, 8, 16, 32)
 ORACLE_BUDGETS = (0, 1, 2, 4, 8, 16, 32)
 POLICY_MAX_NODES = 32
+UNCALIBRATED = "uncalibrated"  # the law policy without its in-request calibration (as before it existed)
 
 
 def fitted_policy(drafter: str, exclude_question_ids: set[str], draft_cost: float | None) -> dict:
@@ -136,6 +139,9 @@ def main(argv=None) -> dict:
                                                                        verify_cost=verify_cost))
     arms["ngram law"] = ours(lambda: SpeculativeDecoder(target, ngram(), tree="ddtree", budget=POLICY_MAX_NODES,
                                                         verify_cost=verify_cost, policy=laws["ngram"]))
+    arms[f"ngram law {UNCALIBRATED}"] = ours(lambda: SpeculativeDecoder(
+        target, ngram(), tree="ddtree", budget=POLICY_MAX_NODES, verify_cost=verify_cost,
+        policy={**laws["ngram"], "calibration_prior": None}))
     if args.block:
         def block():
             return BlockDrafter.load(block_path, target)
@@ -147,6 +153,9 @@ def main(argv=None) -> dict:
                                                                            verify_cost=verify_cost))
         arms["block law"] = ours(lambda: SpeculativeDecoder(target, block(), tree="ddtree", budget=POLICY_MAX_NODES,
                                                             verify_cost=verify_cost, policy=laws["block"]))
+        arms[f"block law {UNCALIBRATED}"] = ours(lambda: SpeculativeDecoder(
+            target, block(), tree="ddtree", budget=POLICY_MAX_NODES, verify_cost=verify_cost,
+            policy={**laws["block"], "calibration_prior": None}))
 
     if args.hybrid:
         from entropy_law.drafters.hybrid import HybridDrafter

@@ -35,8 +35,9 @@ COST = VerifyCost((1, 2, 4, 8, 16, 32), (1.0, 1.3, 1.6, 2.2, 3.4, 6.0))
 
 
 def params(acceptance: float | list, *, depths: int = 8, weight: float = 0.5, draft_cost: float = 0.0,
-           slope: bool = False) -> dict:
-    """Policy parameters with a flat (or, with ``slope``, entropy-decreasing) acceptance table."""
+           slope: bool = False, calibration: float | None = None) -> dict:
+    """Policy parameters with a flat (or, with ``slope``, entropy-decreasing) acceptance table; ``calibration``:
+    the in-request calibration's pseudo-drafts (None: off, as in parameters written before it existed)."""
     grid = [0.001, 0.01, 0.1, 1.0, 4.0]
     rows = []
     for h in grid:
@@ -44,7 +45,8 @@ def params(acceptance: float | list, *, depths: int = 8, weight: float = 0.5, dr
         rows.append([float(a)] * depths)
     return {"kind": "entropy_law_policy", "version": 1, "window": 3, "entropy_grid": grid,
             "depths": list(range(1, depths + 1)), "acceptance": rows, "confidence_weight": weight,
-            "draft_cost": draft_cost, "default_entropy": 0.5, "verify_cost": COST.to_config()}
+            "draft_cost": draft_cost, "default_entropy": 0.5, "verify_cost": COST.to_config(),
+            **({} if calibration is None else {"calibration_prior": calibration})}
 
 
 @lru_cache(maxsize=None)
@@ -120,13 +122,15 @@ def test_policy_columns_recorded_and_null_without_policy(tmp_path):
     m = model()
     prompt = random_prompt(torch.Generator().manual_seed(3), 96, 8)
     reference = greedy(m, prompt, 20)
-    for name, policy in (("with", params(0.6)), ("without", None)):
+    for name, policy in (("with", params(0.6, calibration=4.0)), ("uncalibrated", params(0.6)), ("without", None)):
         with TraceRecorder(tmp_path / name, model_id="tiny", drafter_id="ngram", tree_policy="ddtree") as rec:
             drafter = OracleDrafter(reference, block_size=6, k=2, p_correct=0.8, vocab=96, seed=3)
             dec = SpeculativeDecoder(m, drafter, tree="ddtree", budget=8, policy=policy,
                                      observers=[RecorderObserver(rec)])
             out = dec.generate(prompt, max_new_tokens=20, request_id="r0", category="c")
         assert out.token_ids == reference
+        if name == "with":
+            online = [r.policy for r in out.rounds if r.round_index > 0]
     with_policy = load_traces(tmp_path / "with").rounds
     decode = with_policy.loc[with_policy["round_index"] > 0]
     assert decode["policy_budget"].notna().all() and decode["policy_drafted"].notna().all()
@@ -137,8 +141,82 @@ def test_policy_columns_recorded_and_null_without_policy(tmp_path):
     tokens = load_traces(tmp_path / "with").tokens.set_index("position")["target_entropy_nats"]
     for _, r in decode.iterrows():
         assert r["policy_entropy_nats"] == pytest.approx(tokens[r["start_position"] - 1], abs=1e-4)
+    # the calibration factors: 1 before any verified round, then (A + m) / (E + m) of the rounds before
+    factors = decode["policy_calibration"].to_numpy(float)
+    assert factors[0] == 1.0 and decode["policy_plan_calibration"].iloc[0] == 1.0
+    drafted = decode["policy_budget"].to_numpy() > 0
+    accepted = np.concatenate([[0], np.cumsum(np.where(drafted, decode["accepted"], 0))[:-1]])
+    def before(key):  # the uncalibrated expectations of the rounds before each one
+        return np.concatenate([[0], np.cumsum([d[key] if d["budget"] else 0.0 for d in online])[:-1]])
+    law, blend = before("law_expected_raw"), before("expected_raw")
+    assert accepted[-1] > 0 and law[-1] > 0
+    assert factors == pytest.approx((accepted + 4.0) / (law + 4.0), rel=1e-5)
+    plan = decode["policy_plan_calibration"].to_numpy(float)
+    assert plan == pytest.approx((accepted + 4.0) / (blend + 4.0), rel=1e-5)
+    uncalibrated = load_traces(tmp_path / "uncalibrated").rounds
+    assert uncalibrated["policy_calibration"].isna().all() and uncalibrated["policy_budget"].notna().any()
     without = load_traces(tmp_path / "without").rounds
     assert without["policy_budget"].isna().all() and without["policy_entropy_nats"].isna().all()
+    assert without["policy_calibration"].isna().all()
+
+
+def test_calibration_factors_by_hand():
+    from types import SimpleNamespace as Round
+    policy = LawPolicy(params(0.5, calibration=4.0), COST)
+    assert policy.calibration([]) == (1.0, 1.0)  # no evidence: the law's word
+    history = [Round(accepted=0, policy=None),  # prefill: no decision
+               Round(accepted=2, policy={"budget": 3, "law_expected_raw": 1.5, "expected_raw": 1.0}),
+               Round(accepted=5, policy={"budget": 0, "law_expected_raw": 0.0, "expected_raw": 0.0}),  # not drafted
+               Round(accepted=0, policy={"budget": 4, "law_expected_raw": 2.5, "expected_raw": 3.0})]
+    s_law, s_plan = policy.calibration(history)
+    assert s_law == pytest.approx((2 + 4) / (1.5 + 2.5 + 4))
+    assert s_plan == pytest.approx((2 + 4) / (1.0 + 3.0 + 4))
+    assert LawPolicy(params(0.5), COST).calibration(history) == (1.0, 1.0)  # off without the parameter
+    # the factor scales each reach probability of the chain, capped at 1
+    acceptance = [0.5] * 8
+    scaled = policy.best_chain_rate(acceptance, 2, scale=3.0)
+    assert scaled == pytest.approx(max(1.0, (1 + 1.0) / COST(2), (1 + 1.0 + 0.75) / COST(3)))
+    for bad in (0, -1.0, "4"):
+        with pytest.raises(ValueError, match="calibration_prior"):
+            LawPolicy(params(0.5, calibration=bad), COST)
+
+
+def calibrated_and_not(seed: int, n: int, law: float, **drafter) -> dict:
+    """Chain decoding of one prompt under a flat law, without (None) and with (4.0) the in-request calibration:
+    {prior: (result, drafter)}; both outputs are checked against greedy."""
+    m = model()
+    prompt = random_prompt(torch.Generator().manual_seed(seed), 96, 8)
+    reference = greedy(m, prompt, n)
+    runs = {}
+    for prior in (None, 4.0):
+        oracle = OracleDrafter(reference, vocab=96, seed=seed, **drafter)
+        out = SpeculativeDecoder(m, oracle, tree="chain", policy=params(law, calibration=prior)).generate(
+            prompt, max_new_tokens=n)
+        assert out.token_ids == reference
+        runs[prior] = (out, oracle)
+    return runs
+
+
+def test_calibration_stops_drafting_when_drafts_keep_failing():
+    # the law and the drafter both say 0.9, and the drafts are always wrong (the true token never proposed)
+    runs = calibrated_and_not(5, 40, 0.9, block_size=6, p_correct=0.0, stated_prob=0.9)
+    law_only = [r for r in runs[None][0].rounds if r.round_index > 0]
+    # the law alone drafts in every round with room for a draft (the last one has none)
+    assert all(r.policy["draft"] for r in law_only[:-1]) and "calibration" not in law_only[0].policy
+    assert len(runs[None][1].calls) == len(law_only) - 1
+    calibrated = [r for r in runs[4.0][0].rounds if r.round_index > 0]
+    factors = [r.policy["calibration"] for r in calibrated]
+    assert factors[0] == 1.0 and all(b <= a for a, b in zip(factors, factors[1:]))
+    assert not any(r.policy["draft"] for r in calibrated[-10:])  # it stopped, and stays stopped
+    assert len(runs[4.0][1].calls) < 12
+
+
+def test_calibration_drafts_deeper_when_drafts_beat_the_law():
+    # the law says 0.4, the drafter says 0.3, and every draft is right
+    runs = calibrated_and_not(6, 60, 0.4, block_size=9, stated_prob=0.3)
+    budgets = {prior: [r.policy["budget"] for r in out.rounds if r.round_index > 0] for prior, (out, _) in runs.items()}
+    assert max(budgets[None]) == 1  # the law alone: a single draft per round
+    assert max(budgets[4.0]) >= 2 and len(budgets[4.0]) < 0.8 * len(budgets[None])  # more drafts, fewer rounds
 
 
 def test_row_entropies_match_scipy():
@@ -228,20 +306,25 @@ def test_load_policy_refuses_other_files(tmp_path):
 
 # --- replay and the oracle -------------------------------------------------------------------------------------
 
-def test_replay_with_policy_matches_online():
+@pytest.mark.parametrize("law", [params(0.7, slope=True), params(0.9, calibration=4.0)],
+                         ids=["falling-law", "flat-law-calibrated"])
+def test_replay_with_policy_matches_online(law):
     m = model()
     prompt = random_prompt(torch.Generator().manual_seed(4), 96, 10)
-    law = params(0.7, slope=True)
     online = SpeculativeDecoder(m, NgramDrafter(block_size=6), tree="ddtree", budget=12, policy=law)
-    result = online.generate(prompt, max_new_tokens=28)
+    result = online.generate(prompt, max_new_tokens=40)
     from entropy_law.decoding.replay import teacher_forced_target_stats
     entropies = teacher_forced_target_stats(m, prompt, result.token_ids)["target_entropy_nats"].tolist()
     replay = replay_rounds(prompt, result.token_ids, NgramDrafter(block_size=6), "ddtree", 12, policy=law,
-                           verify_cost=COST, max_new_tokens=28)
+                           verify_cost=COST, max_new_tokens=40)
     replay_h = replay_rounds(prompt, result.token_ids, NgramDrafter(block_size=6), "ddtree", 12, policy=law,
-                             verify_cost=COST, max_new_tokens=28, entropies=entropies)
+                             verify_cost=COST, max_new_tokens=40, entropies=entropies)
     assert [r.committed for r in replay_h.rounds] == [r.committed for r in result.rounds]
     assert [r.tree_nodes for r in replay_h.rounds] == [r.tree_nodes for r in result.rounds]
+    assert [(r.policy or {}).get("calibration") for r in replay_h.rounds] == pytest.approx(
+        [(r.policy or {}).get("calibration") for r in result.rounds])
+    if "calibration_prior" in law:  # drafts were verified and moved the calibration
+        assert min(r.policy["calibration"] for r in result.rounds[1:]) < 0.9
     assert len(replay.rounds) >= 2  # without entropies: the default entropy, still a complete replay
 
 

@@ -161,5 +161,6 @@ def round_columns(decision: dict | None) -> dict:
     if decision is None:
         return {}
     values = (decision.get("entropy"), decision.get("window_entropy"), decision.get("confidence"),
-              decision.get("expected"), decision.get("budget", 0), bool(decision.get("draft")))
+              decision.get("expected"), decision.get("budget", 0), bool(decision.get("draft")),
+              decision.get("calibration"), decision.get("plan_calibration"))
     return dict(zip(POLICY_COLUMNS, values))

@@ -15,6 +15,16 @@ Known here: ``LawPolicy``, which the round consults twice (``round.play_round``)
    of ``k`` nodes with the most expected committed tokens per unit of verify cost, ``(1 + sum_{i<=k}
    P_i) / c(k + 1)``, or nothing when no prefix beats 1. ``k`` is the round's chain depth / tree budget.
 
+3. in-request calibration (``calibration_prior`` = m in the parameters; absent: off, as in policies fitted
+   before it existed): the law is fitted on other requests, often of other tasks, and a drafter can do much
+   worse (or better) on this one than the law says (the block drafter on code: it was trained without code).
+   Over this request's verified rounds so far, with ``A`` accepted drafts and the uncalibrated expectations
+   ``E`` of the trees verified, the factor ``s = (A + m) / (E + m)`` (m pseudo-drafts at the law's word:
+   ``s = 1`` before any evidence) scales the law's expected accepted drafts (each path probability, capped
+   at 1) before the decision; one factor against the law-only expectation (``before_draft``) and one against
+   the blended one (``plan``). A request where drafts keep failing stops drafting; one where they succeed
+   drafts more. Only earlier rounds of the same request are used: what is known before the round.
+
 The law's numbers arrive as plain parameters (a JSON-able dict, fitted by ``entropy_law.law.policy`` and
 stored in the run's metadata): this module never imports the law layer. ``c(n)`` is the measured verify-cost
 curve (``gate.VerifyCost``). The policy picks which drafted nodes are verified; the acceptance rule is the
@@ -89,6 +99,11 @@ class LawPolicy:
             raise ValueError(f"policy parameter 'confidence_weight' must lie in [0, 1], got {self.confidence_weight}")
         self.draft_cost = _number(params, "draft_cost", low=0.0)
         self.default_entropy = _number(params, "default_entropy", low=0.0)
+        prior = params.get("calibration_prior")
+        if prior is not None and (_number(params, "calibration_prior", low=0.0) <= 0.0):
+            raise ValueError(f"policy parameter 'calibration_prior' must be > 0 (pseudo-drafts) or null (off), "
+                             f"got {prior!r}")
+        self.calibration_prior = None if prior is None else float(prior)
         if verify_cost is None:
             if params.get("verify_cost") is None:
                 raise ValueError("the policy needs a verify-cost curve: pass verify_cost (e.g. verify_cost='measure' "
@@ -127,21 +142,43 @@ class LawPolicy:
 
     # --- decisions ------------------------------------------------------------------------------------
 
-    def best_chain_rate(self, acceptance: list[float], max_depth: int) -> float:
-        """The law's best expected tokens per unit cost of a chain of depth 1..max_depth, drafter cost included."""
+    def calibration(self, history: Sequence = ()) -> tuple[float, float]:
+        """The in-request factors ``(s_law, s_plan)`` from this request's earlier rounds (``Round`` records with
+        their ``policy`` decisions): ``(A + m) / (E + m)`` over the rounds that verified drafts, ``A`` their
+        accepted drafts, ``E`` the uncalibrated law-only (``s_law``) or blended (``s_plan``) expectation of the
+        verified trees. ``(1, 1)`` when calibration is off or before any verified round."""
+        m = self.calibration_prior
+        if m is None:
+            return 1.0, 1.0
+        accepted = law = blended = 0.0
+        for record in history:
+            decision = getattr(record, "policy", None)
+            if not decision or not decision.get("budget"):
+                continue
+            accepted += record.accepted
+            law += decision.get("law_expected_raw", 0.0)
+            blended += decision.get("expected_raw", 0.0)
+        return (accepted + m) / (law + m), (accepted + m) / (blended + m)
+
+    def best_chain_rate(self, acceptance: list[float], max_depth: int, scale: float = 1.0) -> float:
+        """The law's best expected tokens per unit cost of a chain of depth 1..max_depth, drafter cost included;
+        ``scale``: the calibration factor on each reach probability (capped at 1)."""
         best, reach, expected = 1.0, 1.0, 0.0
         for depth in range(1, max_depth + 1):
             reach *= self._at_depth(acceptance, depth)
-            expected += reach
+            expected += min(1.0, scale * reach)
             best = max(best, (1.0 + expected) / (self.verify_cost(depth + 1) + self.draft_cost))
         return best
 
-    def before_draft(self, entropies: Sequence[float], n_output: int, max_depth: int) -> dict:
-        """Whether to call the drafter this round (``"draft"``) and the inputs it was decided from."""
+    def before_draft(self, entropies: Sequence[float], n_output: int, max_depth: int, history: Sequence = ()) -> dict:
+        """Whether to call the drafter this round (``"draft"``) and the inputs it was decided from.
+        ``history``: this request's earlier rounds (for the in-request calibration; empty: none)."""
         inputs = self.inputs(entropies, n_output)
         acceptance = self.law_acceptance(inputs["window_entropy"])
-        rate = self.best_chain_rate(acceptance, max(int(max_depth), 0))
-        return {**inputs, "draft": rate > 1.0, "law_rate": rate, "acceptance": acceptance}
+        s_law, s_plan = self.calibration(history)
+        rate = self.best_chain_rate(acceptance, max(int(max_depth), 0), s_law)
+        calibrated = {} if self.calibration_prior is None else {"calibration": s_law, "plan_calibration": s_plan}
+        return {**inputs, "draft": rate > 1.0, "law_rate": rate, "acceptance": acceptance, **calibrated}
 
     def plan(self, proposal: DraftProposal, tree: Tree, decision: dict) -> tuple[Tree, float]:
         """The nodes of ``tree`` to verify (an ancestor-closed subtree, possibly empty) and its expected
@@ -153,7 +190,8 @@ class LawPolicy:
         lookup = [dict(zip(toks, lps)) for toks, lps in zip(proposal.tokens.tolist(),
                                                              proposal.logprobs.to(torch.float64).tolist())]
         acceptance, w = decision["acceptance"], self.confidence_weight
-        path_prob, surrogate = [], []
+        scale = decision.get("plan_calibration", 1.0)
+        path_prob, law_prob, surrogate = [], [], []
         for token, parent, depth in zip(tree.tokens, tree.parents, tree.depths):
             logq = lookup[depth - 1].get(token, -math.inf) if depth <= len(lookup) else -math.inf
             q = math.exp(logq)
@@ -161,18 +199,22 @@ class LawPolicy:
             p = (a ** (1.0 - w)) * (q ** w) if q > 0 else 0.0
             above = 1.0 if parent == 0 else path_prob[parent - 1]
             path_prob.append(above * p)
+            law_prob.append((1.0 if parent == 0 else law_prob[parent - 1]) * a)
             surrogate.append((1.0 if parent == 0 else surrogate[parent - 1]) * q)
-        # rank by path probability; p <= 1, so a parent ranks before its children (ties: creation order)
+        # rank by path probability; p <= 1, so a parent ranks before its children (ties: creation order); the
+        # calibration factor is the same for every node, so it changes where the prefix stops, not the ranking
         order = sorted(range(tree.n_nodes), key=lambda i: (-path_prob[i], i))
         best_k, best_rate, cumulative = 0, 1.0, 0.0
         for k, i in enumerate(order, start=1):
-            cumulative += path_prob[i]
+            cumulative += min(1.0, scale * path_prob[i])
             rate = (1.0 + cumulative) / self.verify_cost(k + 1)
             if rate > best_rate:
                 best_k, best_rate = k, rate
         chosen = order[:best_k]
-        expected = float(sum(path_prob[i] for i in chosen))
-        decision.update(confidence=float(sum(surrogate)), budget=best_k, expected=expected)
+        expected = float(sum(min(1.0, scale * path_prob[i]) for i in chosen))
+        decision.update(confidence=float(sum(surrogate)), budget=best_k, expected=expected,
+                        expected_raw=float(sum(path_prob[i] for i in chosen)),
+                        law_expected_raw=float(sum(law_prob[i] for i in chosen)))
         if best_k == 0:
             return Tree.empty(), 0.0
         new_index = {}

@@ -80,8 +80,9 @@ class RoundPolicy(Protocol):
     """Decides per round whether to draft and which drafted nodes to verify (``policy.LawPolicy``). It only
     chooses the verified tree; the acceptance rule stays the round's, so the output is unchanged."""
 
-    def before_draft(self, entropies: Sequence[float], n_output: int, max_depth: int) -> dict:
-        """The decision before drafting: a dict with ``"draft"`` (call the drafter?) and its inputs."""
+    def before_draft(self, entropies: Sequence[float], n_output: int, max_depth: int, history: Sequence = ()) -> dict:
+        """The decision before drafting: a dict with ``"draft"`` (call the drafter?) and its inputs.
+        ``history``: the request's earlier rounds (``Round`` records, their decisions in ``.policy``)."""
 
     def plan(self, proposal: DraftProposal, tree: Tree, decision: dict) -> tuple[Tree, float]:
         """The subtree of ``tree`` to verify and its expected accepted drafts; records its choice in ``decision``."""
@@ -278,7 +279,7 @@ def play_round(state: RequestState, rules: RoundRules, propose: Callable[[list[i
     decision = None  # a policy may decline to draft before the drafter runs (its cost saved)
     if rules.policy is not None:
         decision = rules.policy.before_draft(state.entropies, len(state.output),
-                                             rules.usable_depth(state.start, remaining))
+                                             rules.usable_depth(state.start, remaining), state.rounds)
     proposal = propose(state.prompt_ids + state.output) if decision is None or decision["draft"] else None
     t1 = clock()
     tree, proposal, expected = rules.plan_tree(proposal, state.start, remaining, decision)

@@ -14,6 +14,11 @@ geometric blend) is a stated choice (default 0.5: equal weight), not fitted: the
 drafter's probability of the committed token, not of the rejected candidate, so its calibration against
 acceptance is not identified from them.
 
+``calibration_prior`` (default 4 pseudo-drafts) sets how fast the decoder's in-request calibration moves
+the law's expectation toward what this request's verified rounds accepted (``s = (A + m) / (E + m)``; see
+``entropy_law.decoding.policy``); ``None`` turns it off. It is a stated choice (about three rounds of the law's
+word against the request's own evidence), not fitted: the traces' requests ran without a policy.
+
 Not known here: torch, decoding, how rounds are played. No torch.
 """
 
@@ -61,7 +66,8 @@ def window_entropy(tokens: pd.DataFrame, window: int) -> np.ndarray:
 
 def fit_policy(traces, *, window: int = 4, family: str = "law_exp", drafter: str | None = None,
                draft_cost: float | None = None, confidence_weight: float = 0.5,
-               entropy_grid=DEFAULT_GRID, max_depth: int | None = None) -> dict:
+               entropy_grid=DEFAULT_GRID, max_depth: int | None = None,
+               calibration_prior: float | None = 4.0) -> dict:
     """Policy parameters from traces of one drafter arm (a ``TraceSet`` or anything with ``.tokens``,
     ``.rounds``, ``.runs``).
 
@@ -69,10 +75,14 @@ def fit_policy(traces, *, window: int = 4, family: str = "law_exp", drafter: str
     one-token forwards; ``None``: ``draft_ms / ar_ms_per_token`` of ``cost.fit_cost_model`` (needs timed
     rounds and autoregressive rounds on the same machine; replayed runs have no timings: then pass it).
     ``max_depth``: tabulate depths 1..max_depth (default: the deepest fitted depth; deeper depths use it).
+    ``calibration_prior``: pseudo-drafts ``m`` of the decoder's in-request calibration (> 0), or ``None`` (off).
     Returns a JSON-able dict (``save_policy`` writes it; ``LawPolicy`` reads it).
     """
     if not 0.0 <= confidence_weight <= 1.0:
         raise ValueError(f"confidence_weight must lie in [0, 1], got {confidence_weight}")
+    if calibration_prior is not None and not calibration_prior > 0:
+        raise ValueError(f"calibration_prior must be > 0 (pseudo-drafts) or None (no in-request calibration), "
+                         f"got {calibration_prior}")
     runs = traces.runs
     if drafter is not None:
         keep = runs.loc[runs["drafter_id"] == drafter, "run_id"]
@@ -119,6 +129,7 @@ def fit_policy(traces, *, window: int = 4, family: str = "law_exp", drafter: str
         "entropy_grid": [round(float(h), 6) for h in grid], "depths": depths,
         "acceptance": [[round(float(a), 6) for a in row] for row in table],
         "confidence_weight": float(confidence_weight), "draft_cost": float(draft_cost),
+        "calibration_prior": None if calibration_prior is None else float(calibration_prior),
         "default_entropy": float(np.nanmedian(h_w)) if np.isfinite(h_w).any() else 1.0,
         "fitted_on": {"runs": sorted(runs["run_id"].astype(str)), "requests": int(law.n_requests),
                       "at_risk_trials": int(law.n_rows), "fitted_depths": fitted},
