@@ -140,7 +140,8 @@ def child_fit(mode: str, path: str, family: str, threads: int | None, memory_lim
     return {"mode": mode, "seconds": seconds, "cpu_seconds": cpu,
             "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,  # Linux: kB
             "n_rows": law.n_rows, "n_requests": law.n_requests, "cells": int(result.nobs),
-            "converged": bool(result.converged), "params": result.params.to_dict(), "bse": result.bse.to_dict()}
+            "converged": bool(result.converged), "params": result.params.to_dict(), "bse": result.bse.to_dict(),
+            "llf": float(result.llf), "eps": float(law.eps)}
 
 
 def run_child(args, mode: str, path: Path) -> dict:
@@ -228,8 +229,11 @@ def main(argv=None) -> int:
                           (f"out of core, the same {len(subset)} runs", small, size)):
         print(f"{label:<36}{n:>14,}{res['seconds']:>10.1f}{res['cpu_seconds']:>8.0f}{n / res['seconds']:>14,.0f}"
               f"{res['peak_rss_bytes'] / 2**30:>10.2f} GB")
-    print(f"out of core vs in memory on {size:,} rows: max |d estimate| = {d_params:.1e}, max relative d SE = "
-          f"{d_bse:.1e} ({'equal within 1e-6' if max(d_params, d_bse) <= 1e-6 else 'NOT equal within 1e-6'})")
+    d_llf = abs(small["llf"] - memory["llf"]) / abs(memory["llf"])
+    same = max(d_params, d_bse, d_llf) <= 1e-6 and small["eps"] == memory["eps"]
+    print(f"out of core vs in memory on {size:,} rows ({args.family}): max |d estimate| = {d_params:.1e}, max "
+          f"relative d SE = {d_bse:.1e}, relative d llf = {d_llf:.1e}, offset c {small['eps']:g} vs {memory['eps']:g} "
+          f"({'equal within 1e-6' if same else 'NOT equal within 1e-6'})")
     met = fleet["seconds"] <= 300 and fleet["peak_rss_bytes"] <= 4e9
     print(f"issue goal (1e8 rows in >= 100 runs, <= 300 s, <= 4 GB): {total:,} rows in {len(run_dirs)} runs, "
           f"{fleet['seconds']:.0f} s, {fleet['peak_rss_bytes'] / 1e9:.2f} GB: "
@@ -242,7 +246,8 @@ def main(argv=None) -> int:
                       "rows_per_s": total / fleet["seconds"], "subset_rows": size,
                       "in_memory": {k: memory[k] for k in ("seconds", "cpu_seconds", "peak_rss_bytes", "converged")},
                       "subset_out_of_core": {k: small[k] for k in ("seconds", "cpu_seconds", "peak_rss_bytes")},
-                      "max_abs_param_diff": d_params, "max_rel_se_diff": d_bse}))
+                      "max_abs_param_diff": d_params, "max_rel_se_diff": d_bse, "rel_llf_diff": d_llf,
+                      "eps": {"out_of_core": small["eps"], "in_memory": memory["eps"]}}))
     return 0
 
 

@@ -19,7 +19,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from entropy_law.law import atrisk
-from entropy_law.law.fit import fit_law, get_family
+from entropy_law.law import fit as fitmod
+from entropy_law.law.fit import EPS_GRID, PRIMARY_FAMILY, fit_law, get_family
 from entropy_law.law.outofcore import aggregate_at_risk_sql, at_risk_sql, fit_law_out_of_core
 from entropy_law.law.simulate import TreeSpec, simulate_traces
 from entropy_law.traces.reader import load_traces
@@ -59,7 +60,8 @@ def fleet(tmp_path_factory):
 def pandas_aggregate(path, family="law_exp", on_invalid="raise", validate=True):
     fam = get_family(family)
     table = atrisk.at_risk_table(load_traces(path, validate=validate), on_invalid=on_invalid)
-    return atrisk.aggregate_at_risk(table, bin_columns=fam.bin_columns, keys=(*atrisk.KEY_COLUMNS, *fam.extra_keys))
+    return atrisk.aggregate_at_risk(table, bin_columns=fam.bin_columns, keys=(*atrisk.KEY_COLUMNS, *fam.extra_keys),
+                                    extra_means=fam.means)
 
 
 def assert_same_cells(sql: pd.DataFrame, ref: pd.DataFrame, *, atol: float = 1e-9):
@@ -74,8 +76,11 @@ def assert_same_cells(sql: pd.DataFrame, ref: pd.DataFrame, *, atol: float = 1e-
     np.testing.assert_allclose(sql[means].to_numpy(float), ref[means].to_numpy(float), rtol=0, atol=atol)
 
 
-@pytest.mark.parametrize("family", ["law_exp", "law_exp_cum", "law_exp_drafted", "law_renyi2", "law_margin"])
+@pytest.mark.parametrize("family", ["law_exp", "law_exp_cum", "law_exp_drafted", "law_renyi2", "law_margin",
+                                    "law_exp_obs", "law_exp_lag"])
 def test_sql_aggregate_equals_the_pandas_path(fleet, family):
+    """Decode-time covariates too (``law_exp_obs``: bins of the previous position's entropy, the output's running
+    mean entropy and the position, their cell means): windows over each request's whole output, all roles."""
     path, _ = fleet
     ref = pandas_aggregate(path, family)
     # one query per shard group (a few hundred kB): the groups split runs, the result must not change
@@ -93,6 +98,8 @@ def assert_same_law(out, memory, rtol=1e-6):
     assert b.cov_type == a.cov_type and b.use_t == a.use_t and out.df_inference == memory.df_inference
     assert (out.n_rows, out.n_requests, out.depths, out.categories) == (memory.n_rows, memory.n_requests,
                                                                         memory.depths, memory.categories)
+    assert out.eps == memory.eps  # a profiled offset: the same c chosen from EPS_GRID
+    assert out.family.terms == memory.family.terms  # e.g. log D left out where one depth was drafted
     assert b.nobs == a.nobs
     np.testing.assert_allclose(b.llf, a.llf, rtol=1e-9)
     ref, got = memory.summary, out.summary
@@ -104,15 +111,27 @@ def assert_same_law(out, memory, rtol=1e-6):
     extra = {"law_exp_cum": {"cum_entropy_nats": 0.7 * h}, "law_renyi2": {"target_renyi2_nats": 0.8 * h}}
     for d in memory.depths[:3]:
         kwargs = extra.get(memory.family.name, {})
+        # decode-time families: their steady state at H (training means of the output's level and position)
         np.testing.assert_allclose(out.predict_acceptance(h, d, category, **kwargs),
                                    memory.predict_acceptance(h, d, category, **kwargs), rtol=rtol)
+    if memory.family.means:
+        steady = memory.steady_state(h)
+        assert set(out.steady_state(h)) == set(steady)
+        for name, value in out.steady_state(h).items():
+            np.testing.assert_allclose(value, steady[name], rtol=1e-9)
+        sequence = np.random.default_rng(0).gamma(0.6, 1.0, size=40)  # the DP over an output
+        np.testing.assert_allclose(out.predict_tokens_per_round(sequence, 5),
+                                   memory.predict_tokens_per_round(sequence, 5), rtol=rtol)
 
 
 @pytest.mark.parametrize("family", ["law_exp", "law_exp_cat", "law_exp0", "law_exp_cum", "law_spline",
-                                    "law_exp_mundlak", "law_renyi2"])
+                                    "law_exp_mundlak", "law_renyi2", PRIMARY_FAMILY, "law_exp_obs", "law_exp_ceil",
+                                    "law_exp_lag", "law_exp_runmean", "law_exp_pos"])
 def test_out_of_core_fit_equals_the_in_memory_fit(fleet, family):
     """The streamed IRLS and CR1 sandwich (small batches and shard groups, so that every pass crosses many
-    of them) give fit_law's law: the same iterate, standard errors, summary and predictions."""
+    of them) give fit_law's law: the same iterate, standard errors, summary and predictions. The primary law
+    (``law_exp_obs_ceil``: decode-time covariates and a profiled offset) included; on this fleet the tree
+    drafter always drafts depth 4, so its law leaves log D out, in both paths."""
     path, _ = fleet
     memory = fit_law(load_traces(path), family, by="drafter_id")
     out = fit_law_out_of_core(path, family, by="drafter_id", chunk_bytes=50_000, threads=1, batch_cells=97)
@@ -138,11 +157,61 @@ def test_out_of_core_nonrobust_and_refused_families(fleet):
     out = fit_law_out_of_core(path / "sim-block", "law_exp", cov_type="nonrobust", batch_cells=500)
     np.testing.assert_allclose(out.result.params, memory.result.params, rtol=1e-6)
     np.testing.assert_allclose(out.result.bse, memory.result.bse, rtol=1e-6)
-    for family, hint in (("law_iso", "not a GLM"), ("law_exp_ceil", "profiles the offset")):
+    for family, hint in (("law_iso", "not a GLM"), ("law_exp_draftent", "draft_entropy_nats.*law_exp_obs_ceil")):
         with pytest.raises(ValueError, match=hint):
             fit_law_out_of_core(path, family)
     with pytest.raises(ValueError, match="drafters"):  # two drafters pooled: refused as fit_law refuses
         fit_law_out_of_core(path, "law_exp")
+
+
+@pytest.fixture(scope="module")
+def ceiling_run(tmp_path_factory):
+    """One chain drafter whose acceptance follows exp(-lambda (H + 0.3)^k): a ceiling below 1 at H = 0, so the
+    profile likelihood picks an offset well inside EPS_GRID, not its first value."""
+    sim = simulate_traces(seed=11, n_requests_per_category=5, tokens_per_request=(60, 120), block_size=6,
+                          eps=0.3, k=1.2, block_depths={"probs": [0.1, 0.1, 0.2, 0.2, 0.2, 0.2]})
+    return write_runs(tmp_path_factory.mktemp("ceiling"), sim, shards=2) / "sim-block"
+
+
+@pytest.mark.parametrize("family", ["law_exp_ceil", PRIMARY_FAMILY])
+def test_the_profiled_offset_is_the_in_memory_choice(ceiling_run, family):
+    memory = fit_law(load_traces(ceiling_run), family)
+    out = fit_law_out_of_core(ceiling_run, family, chunk_bytes=30_000, batch_cells=211)
+    assert memory.eps in EPS_GRID and memory.eps > EPS_GRID[1]  # the fixture's point: not the grid's start
+    assert out.eps == memory.eps
+    assert_same_law(out, memory)
+    note = f"c = {memory.eps:g}"
+    assert any(note in n for n in memory.notes) and any(note in n for n in out.notes)
+
+
+def test_the_profile_likelihood_agrees_at_every_offset(ceiling_run, monkeypatch):
+    """Each offset's fit alone (a one-point grid, in both paths): the same law, hence the same log-likelihood
+    profile over EPS_GRID, so the maximum is the same offset for the same reason."""
+    profile = {}
+    for c in EPS_GRID[::2]:
+        monkeypatch.setattr(fitmod, "EPS_GRID", (c,))
+        memory = fit_law(load_traces(ceiling_run), "law_exp_ceil")
+        out = fit_law_out_of_core(ceiling_run, "law_exp_ceil", batch_cells=500)
+        assert out.eps == memory.eps == c
+        assert_same_law(out, memory)
+        profile[c] = memory.result.llf
+    assert len(set(profile.values())) == len(profile)  # the offsets do give different fits
+
+
+def test_a_profiled_offset_inside_an_interaction_builds_each_offsets_design(ceiling_run):
+    """log(H + c) read by more than one design column (category rates and exponents added): no column to swap,
+    so each offset builds its own design; the same law as in memory either way."""
+    from entropy_law.law.fit import with_category_terms
+    from entropy_law.law.outofcore import _plain_column
+
+    family = with_category_terms("law_exp_ceil")
+    memory = fit_law(load_traces(ceiling_run), family)
+    out = fit_law_out_of_core(ceiling_run, family, batch_cells=300)
+    assert _plain_column(list(out.result.params.index), "log_entropy") is None
+    assert out.eps == memory.eps
+    assert_same_law(out, memory)
+    plain = fit_law_out_of_core(ceiling_run, "law_exp_ceil", batch_cells=300)
+    assert _plain_column(list(plain.result.params.index), "log_entropy") is not None
 
 
 def test_runs_of_one_arm_sharing_request_ids_are_pooled_as_in_memory(tmp_path):
@@ -199,6 +268,27 @@ def test_invalid_covariates_are_refused_or_dropped_as_in_memory(tmp_path):
     assert_same_cells(aggregate_at_risk_sql(root / "sim-block", on_invalid="drop"), ref)
 
 
+def test_a_nan_entropy_off_the_risk_set_enters_the_sequence_covariates_as_in_memory(tmp_path):
+    """A bonus token (never at risk) with a NaN entropy: the in-memory path skips it in the running sum (still
+    counting the position) and the next position takes its own H as the previous one; so does the query."""
+    sim = simulate_traces(seed=8, n_requests_per_category=3, tokens_per_request=(40, 60), block_size=5)
+    root = write_runs(tmp_path / "fleet", sim, shards=2)
+    shard = sorted((root / "sim-block" / "shards").iterdir())[0] / "tokens.parquet"
+    table = pq.read_table(shard)
+    roles = table.column("role").to_numpy(zero_copy_only=False)
+    bonus = np.flatnonzero(roles == "bonus")
+    entropy = table.column("target_entropy_nats").to_numpy().copy()
+    entropy[bonus[[1, 4]]] = np.nan
+    i = table.schema.get_field_index("target_entropy_nats")
+    table = table.set_column(i, table.schema.field(i), pa.array(entropy, type=pa.float32(), from_pandas=False))
+    pq.write_table(table, shard)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for family in ("law_exp_lag", "law_exp_runmean"):
+            ref = pandas_aggregate(root / "sim-block", family, validate=False)
+            assert_same_cells(aggregate_at_risk_sql(root / "sim-block", family), ref)
+
+
 def test_the_documented_query_is_the_one_the_driver_runs():
     """docs/out-of-core.md shows the query for law_exp with every covariate mean: the same text as
     at_risk_sql() returns, so the page cannot drift from the code."""
@@ -208,7 +298,8 @@ def test_the_documented_query_is_the_one_the_driver_runs():
     assert blocks[0].strip() == at_risk_sql().strip()
 
 
-def test_the_query_over_all_files_at_once_gives_the_same_cells(fleet):
+@pytest.mark.parametrize("family", ["law_exp_cum", "law_exp_obs"])
+def test_the_query_over_all_files_at_once_gives_the_same_cells(fleet, family):
     """As a cluster engine would run it: one query over every shard file (no groups), its raw rows made
     into the aggregate by finish_cells."""
     import duckdb
@@ -221,20 +312,27 @@ def test_the_query_over_all_files_at_once_gives_the_same_cells(fleet):
     con.read_parquet(traces.dataset("tokens").files).create_view("tokens")
     con.read_parquet(traces.dataset("rounds").files).create_view("rounds")
     con.register("runs", traces.runs[["run_id", "drafter_id"]].astype(str))
-    cells = finish_cells(con.sql(at_risk_sql(bin_columns=("target_entropy_nats", "cum_entropy_nats"))).df(),
-                         "law_exp_cum")
-    assert_same_cells(cells, pandas_aggregate(path, "law_exp_cum"))
+    fam = get_family(family)
+    means = [*atrisk.COVARIATES, *atrisk.DERIVED, *fam.means]
+    query = at_risk_sql(bin_columns=fam.bin_columns, means=means, drafted_depth_key=bool(fam.extra_keys))
+    cells = finish_cells(con.sql(query).df(), family)
+    assert_same_cells(cells, pandas_aggregate(path, family))
 
 
 def test_the_law_command_fits_out_of_core(fleet, capsys):
     from entropy_law.cli import main
 
     path, _ = fleet
-    assert main(["law", str(path), "--out-of-core"]) == 0
+    assert main(["law", str(path), "--out-of-core"]) == 0  # the primary law by default, as without --out-of-core
     text = capsys.readouterr().out
     assert "=== sim-block ===" in text and "=== sim-tree ===" in text and "fitted out of core" in text
-    memory = fit_law(load_traces(path), "law_exp", by="drafter_id")
-    slope = memory["sim-block"].result.params["log_entropy"]
-    assert f"{slope:.4f}" in text  # the printed estimate is fit_law's
+    assert PRIMARY_FAMILY in text
+    memory = fit_law(load_traces(path), PRIMARY_FAMILY, by="drafter_id")
+    for drafter in ("sim-block", "sim-tree"):
+        slope = memory[drafter].result.params["log_entropy"]
+        assert f"{slope:.4f}" in text  # the printed estimate is fit_law's
+    assert main(["law", str(path), "--out-of-core", "--family", "law_exp"]) == 0
+    slope = fit_law(load_traces(path), "law_exp", by="drafter_id")["sim-block"].result.params["log_entropy"]
+    assert f"{slope:.4f}" in capsys.readouterr().out
     assert main(["law", str(path), "--out-of-core", "--loco"]) != 0
     assert "drop --loco / --tests" in capsys.readouterr().err

@@ -1,7 +1,7 @@
 """``entropy-law law``: fit the entropy law to traces (or simulated traces) and print the results.
 
-Fits ``--family`` per arm (drafter and tree policy), prints its summary and the observed vs DP-predicted tokens per round
-(``--depths``: the drafted-depth model); ``--loco`` adds leave-one-category-out transfer with its
+Fits ``--family`` per arm (drafter and tree policy), prints its summary and the observed vs DP-predicted tokens per
+round (``--depths``: the drafted-depth model); ``--loco`` adds leave-one-category-out transfer with its
 accuracy across categories (relative errors, Spearman rho), ``--tests`` the pre-registered tests (Holm).
 Reads traces with ``entropy_law.load_traces``; ``--simulate SEED`` uses ``simulate_traces`` instead.
 """
@@ -14,8 +14,8 @@ def register(subparsers) -> None:
     p.add_argument("traces", nargs="?", help="a run directory, or a folder searched for runs (load_traces)")
     p.add_argument("--simulate", type=int, metavar="SEED", help="use simulated traces with this seed instead")
     p.add_argument("--family", default=None,
-                   help="law family (default: the primary law, entropy_law.law.fit.PRIMARY_FAMILY; with "
-                        "--out-of-core, law_exp: a fitted offset or decode-time covariates are not streamed yet)")
+                   help="law family (default: the primary law, entropy_law.law.fit.PRIMARY_FAMILY, also with "
+                        "--out-of-core)")
     p.add_argument("--drafter", help="only this arm, e.g. 'ngram chain' (default: every arm)")
     p.add_argument("--loco", action="store_true", help="leave-one-category-out transfer")
     p.add_argument("--tests", action="store_true", help="pre-registered tests P1-P3 with Holm correction")
@@ -34,16 +34,14 @@ def register(subparsers) -> None:
 def run(args) -> int:
     # lazy: `entropy-law --help` imports every command module; the law layer (pandas, scipy) loads only here
     from entropy_law.law.analysis import make_view
-    from entropy_law.law.fit import fit_law
+    from entropy_law.law.fit import PRIMARY_FAMILY, fit_law
     from entropy_law.law.hypotheses import preregistered_tests
     from entropy_law.law.simulate import TreeSpec, simulate_traces
     from entropy_law.law.transfer import block_prediction, loco_transfer
     from entropy_law.traces.reader import load_traces
 
-    from entropy_law.law.fit import PRIMARY_FAMILY
-
     if args.family is None:
-        args.family = "law_exp" if getattr(args, "out_of_core", False) else PRIMARY_FAMILY
+        args.family = PRIMARY_FAMILY
     if getattr(args, "out_of_core", False):  # larger than memory: the laws only (the rest needs the rows)
         if args.simulate is not None or args.loco or args.tests or not args.traces:
             raise ValueError("--out-of-core fits a trace folder (not --simulate) and prints the laws only: drop "

@@ -20,22 +20,25 @@ comparison, tests and costs (``compare``, ``hypotheses``, ``cost``). Never impor
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
-
-import warnings
 
 import numpy as np
 import pandas as pd
 import statsmodels.api as sm
 import statsmodels.formula.api as smf
 from scipy import stats
-from statsmodels.tools.sm_exceptions import DomainWarning
 from scipy.optimize import isotonic_regression
+from statsmodels.tools.sm_exceptions import DomainWarning
 
 from entropy_law.law import atrisk
-from entropy_law.law.blocks import (acceptance_matrix_positions, acceptance_tensor_positions, expected_accepted,
-                                    expected_rounds)
+from entropy_law.law.blocks import (
+    acceptance_matrix_positions,
+    acceptance_tensor_positions,
+    expected_accepted,
+    expected_rounds,
+)
 from entropy_law.law.results import Result
 from entropy_law.law.stats import warn_if_few_requests
 
@@ -88,8 +91,10 @@ FAMILIES: dict[str, LawFamily] = {
                   needs_categories=True),
         LawFamily("law_logit", "logit a = delta_d + beta H (LAW-L)", "logit", "acceptance", "target_entropy_nats",
                   slope="target_entropy_nats"),
-        LawFamily("law_exp", "a = exp(-lambda_d (H + eps)^k), cloglog on rejection (LAW-E; the primary law until law_exp_obs_ceil)", "cloglog",
-                  "rejection", "log_entropy", slope="log_entropy"),
+        LawFamily("law_exp",
+                  "a = exp(-lambda_d (H + eps)^k), cloglog on rejection "
+                  "(LAW-E; the primary law until law_exp_obs_ceil)",
+                  "cloglog", "rejection", "log_entropy", slope="log_entropy"),
         LawFamily("law_exp0", "a = a0_d exp(-lambda H), log link on acceptance (LAW-E0)", "log", "acceptance",
                   "target_entropy_nats", slope="target_entropy_nats"),
         LawFamily("law_power", "a = 1 / (1 + c_d (H + eps)^k), logit on rejection (LAW-P)", "logit", "rejection",
@@ -233,8 +238,8 @@ def check_counts(counts: pd.DataFrame, family: LawFamily, *, min_requests_per_ca
         raise ValueError("request-clustered errors need at least 2 requests; record more or pass cov_type='nonrobust'")
     drafters = counts["drafter_id"].unique()
     if len(drafters) > 1 and not family.needs_drafters:
-        raise ValueError(f"the traces hold {len(drafters)} drafters {sorted(drafters)}: a law for one drafter would pool "
-                         "them. Pass by='drafter_id', select one drafter, or use family='law_exp_drafter'.")
+        raise ValueError(f"the traces hold {len(drafters)} drafters {sorted(drafters)}: a law for one drafter would "
+                         "pool them. Pass by='drafter_id', select one drafter, or use family='law_exp_drafter'.")
     if family.needs_drafters and len(drafters) < 2:
         raise ValueError(f"{family.name} compares drafters but the traces hold only {list(drafters)}")
     if family.needs_drafted_depth and counts["drafted_depth"].nunique() < 2 and not family.means:
@@ -293,11 +298,15 @@ class FittedLaw(Result):
     category_means: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
     counts: object = field(default=None, repr=False, compare=False)  # the fitted count table (P1 in print_summary)
+    # without a count table (an out-of-core fit): the count-weighted means over the fitted cells of the log
+    # covariates ``steady_state`` reads (log_run_mean_entropy, log1p_position, log_drafted_depth)
+    covariate_means: dict = field(default_factory=dict, repr=False, compare=False)
     _p1: object = field(default=None, repr=False, compare=False)
 
     @property
     def title(self) -> str:
-        return f"{self.family.name}: {self.family.description} ({self.n_rows} at-risk trials, {self.n_requests} requests)"
+        return (f"{self.family.name}: {self.family.description} ({self.n_rows} at-risk trials, "
+                f"{self.n_requests} requests)")
 
     @property
     def df_inference(self) -> float | None:
@@ -450,7 +459,8 @@ class FittedLaw(Result):
             missing = [c for c in _raw_means(self.family)
                        if c not in out and not (c == "position" and "log1p_position" in out)]
             if missing:
-                raise ValueError(f"{self.family.name} predicts from {missing}: pass them (see atrisk.sequence_covariates)")
+                raise ValueError(f"{self.family.name} predicts from {missing}: pass them "
+                                 "(see atrisk.sequence_covariates)")
             atrisk.add_log_covariates(out)
         if self.family.needs_drafted_depth:
             if "drafted_depth" not in out:
@@ -510,7 +520,8 @@ class FittedLaw(Result):
         Families on other covariates need them by name: ``target_renyi2_nats=...``,
         ``target_logit_gap=...``, ``cum_entropy_nats=...``.
         """
-        arrays = np.broadcast_arrays(np.asarray(H, dtype=float), np.asarray(depth), *[np.asarray(v) for v in covariates.values()])
+        arrays = np.broadcast_arrays(np.asarray(H, dtype=float), np.asarray(depth),
+                                     *[np.asarray(v) for v in covariates.values()])
         shape = arrays[0].shape
         frame = pd.DataFrame({"target_entropy_nats": arrays[0].ravel(), "depth": arrays[1].ravel().astype(int)})
         for name, arr in zip(covariates, arrays[2:]):
@@ -525,7 +536,8 @@ class FittedLaw(Result):
         needed += [c for c in (*_raw_means(self.family), *self.family.extra_keys) if c not in needed]
         missing = [c for c in needed if c not in frame]
         if missing:
-            raise ValueError(f"{self.family.name} predicts from {missing}: pass " + ", ".join(f"{c}=..." for c in missing))
+            raise ValueError(f"{self.family.name} predicts from {missing}: pass "
+                             + ", ".join(f"{c}=..." for c in missing))
         if category is not None:
             frame["category"] = category
         if drafter is not None:
@@ -541,20 +553,25 @@ class FittedLaw(Result):
         out = {}
         if "lag_entropy_nats" in self.family.means:
             out["lag_entropy_nats"] = h
-        if self.counts is None:
+        if self.counts is None and not self.covariate_means:
             if "run_mean_entropy_nats" in self.family.means:
                 out["run_mean_entropy_nats"] = h
             return out
-        weights = self.counts["n"].to_numpy(dtype=float)
-        if "run_mean_entropy_nats" in self.family.means and "log_run_mean_entropy" in self.counts:
+        if self.counts is not None:
+            weights = self.counts["n"].to_numpy(dtype=float)
+            means = {c: np.average(self.counts[c], weights=weights)
+                     for c in ("log_run_mean_entropy", "log1p_position", "log_drafted_depth") if c in self.counts}
+        else:  # an out-of-core fit: the same means, summed over the cells as they streamed by
+            means = self.covariate_means
+        if "run_mean_entropy_nats" in self.family.means and "log_run_mean_entropy" in means:
             # the output's entropy level is a slow variable: its training (geometric) mean, not H itself (a
             # whole output at H = 0.01 nats lies far outside any data)
-            level = np.average(self.counts["log_run_mean_entropy"], weights=weights)
+            level = means["log_run_mean_entropy"]
             out["run_mean_entropy_nats"] = float(max(np.exp(level) - atrisk.EPS_NATS, 0.0))
-        if "log1p_position" in self.family.means and "log1p_position" in self.counts:
-            out["position"] = float(np.expm1(np.average(self.counts["log1p_position"], weights=weights)))
-        if self.family.needs_drafted_depth and "log_drafted_depth" in self.counts:
-            out["drafted_depth"] = float(np.exp(np.average(self.counts["log_drafted_depth"], weights=weights)))
+        if "log1p_position" in self.family.means and "log1p_position" in means:
+            out["position"] = float(np.expm1(means["log1p_position"]))
+        if self.family.needs_drafted_depth and "log_drafted_depth" in means:
+            out["drafted_depth"] = float(np.exp(means["log_drafted_depth"]))
         return out
 
     def predict_block_length(self, entropies, B: int, *, category=None, drafter=None) -> np.ndarray:
@@ -768,7 +785,8 @@ def _fit_profile_eps(counts: pd.DataFrame, family: LawFamily, depth_model: str, 
         result = _fit_glm(trial, family, depth_model, cov_type, start_params=start_params)
         with np.errstate(over="ignore", divide="ignore", invalid="ignore"):  # a runaway fit's llf: -inf / NaN
             llf = float(result.llf)
-        fits.append((bool(result.converged) and np.isfinite(llf), llf if np.isfinite(llf) else -np.inf, result, float(c)))
+        fits.append((bool(result.converged) and np.isfinite(llf), llf if np.isfinite(llf) else -np.inf, result,
+                     float(c)))
     # the largest log-likelihood among converged fits; none converged: among all (fit_law then notes the
     # non-convergence, as for any family)
     _, _, result, c = max(fits, key=lambda f: (f[0], f[1]))

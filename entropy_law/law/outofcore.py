@@ -7,13 +7,17 @@ x log-spaced covariate bin, with within-cell covariate means) written down as ON
 its embedded driver (``aggregate_at_risk_sql``): DuckDB runs the query over groups of finished shards, each
 group's tables views over its files, so memory holds one group's rows and the growing table of cells, never
 all the rows. A request, hence a round, lies in one shard, so every window of the query (the cumulative
-entropy of a round) lies in one group, and groups give the same cells as one query over all files; cells of
+entropy of a round; the decode-time covariates of ``atrisk.sequence_covariates`` over a request's whole output:
+the previous position's entropy, the running-mean entropy, the position) lies in one group, and groups give the
+same cells as one query over all files; cells of
 two groups that share a key (one drafter's runs reusing a request id, which the in-memory path pools too)
 are merged by ``atrisk.combine_aggregates``. ``fit_law_out_of_core`` fits a law family without ever holding the
 cells (about half as many as the token rows): each group's cells go to a temporary Parquet file, and
 statsmodels' IRLS and CR1 sandwich run in passes over them, a batch at a time (X'WX and X'Wz summed per
 pass; the observed Hessian and the per-request score sums at the estimate), so memory grows with the number
-of requests, never with rows or cells; the result is ``fit_law``'s ``FittedLaw``, equal to it within 1e-6.
+of requests, never with rows or cells; the result is ``fit_law``'s ``FittedLaw``, equal to it within 1e-6, for
+the primary law ``law_exp_obs_ceil`` too (decode-time covariates; its offset c of log(H + c) profiled over
+``fit.EPS_GRID`` by one streamed fit per offset).
 
 The arm rule of ``arms`` holds here as in ``atrisk.at_risk_table``: the runs selected by ``drafter_id``
 must be one arm each (``arms.check_one_arm_per_drafter``), else the query is not run. Which rows are at risk,
@@ -44,6 +48,12 @@ _TRACE_COLUMNS = {"target_entropy_nats": "h", "target_renyi2_nats": "h2", "targe
                   "target_logit_gap": "gap"}
 _LOG_OF = {"log_entropy": "h", "log_renyi2": "h2", "log_logit_gap": "gap"}
 _KEYS = tuple(atrisk.KEY_COLUMNS)  # drafter_id, category, request_id, depth
+# the decode-time covariates of ``atrisk.sequence_covariates`` the query computes (windows over each request's
+# whole output, every role), the columns binned among them, and the raw column a fitted log is taken of
+_SEQUENCE_MEANS = ("lag_entropy_nats", "log_lag_entropy", "run_mean_entropy_nats", "log_run_mean_entropy",
+                   "log1p_position")
+_SEQUENCE_BINS = ("lag_entropy_nats", "run_mean_entropy_nats", "position")
+_RAW_OF_LOG = {"log_lag_entropy": "lag_entropy_nats", "log_run_mean_entropy": "run_mean_entropy_nats"}
 DEFAULT_CHUNK_BYTES = 256 << 20  # token files per DuckDB query (compressed Parquet on disk)
 
 
@@ -54,20 +64,27 @@ def _literal(value: float) -> str:
 
 
 def _means_for(family, means: str, with_rounds: bool) -> list[str]:
-    """Covariate means the aggregate keeps: all of ``atrisk.mean_columns`` (``"all"``, what the pandas path
-    keeps) or only those the family's formula reads (``"family"``: fewer columns, the same fit)."""
+    """Covariate means the aggregate keeps: all of ``atrisk.mean_columns`` with the family's decode-time means
+    (``"all"``, what the pandas path keeps) or only those the family's fit reads (``"family"``: fewer columns, the
+    same fit). The fit reads the log of a decode-time covariate as the log of its cell mean
+    (``atrisk.add_log_covariates``) and a profiled offset's log(H + c) as that of the cells' mean entropy, so
+    ``"family"`` keeps those raw means instead of the means of the logs."""
     every = [*atrisk.COVARIATES, *atrisk.DERIVED]
     if not with_rounds:
         every.remove("log_drafted_depth")
+    sequence = [m for m in getattr(family, "means", ()) if m in _SEQUENCE_MEANS]
     if means == "all":
-        return every
+        return [*every, *sequence]
     if means != "family":
         raise ValueError("means must be 'all' (every covariate mean, as aggregate_at_risk) or 'family'")
     terms = family.terms or "log_entropy"  # law_iso: isotonic in the cells' mean log entropy
     used = [c for c in every if re.search(rf"\b{c}\b", terms)]
     if family.name == "law_exp_mundlak":
         used.append("log_entropy")
-    return sorted(set(used), key=every.index)
+    if getattr(family, "profile_eps", False):
+        used.append("target_entropy_nats")
+    raw = {_RAW_OF_LOG.get(m, m) for m in sequence if re.search(rf"\b{m}\b", terms)}
+    return [*sorted(set(used), key=every.index), *[m for m in sequence if m in raw]]
 
 
 def at_risk_sql(*, bin_columns: Sequence[str] = ("target_entropy_nats",), width_log10: float = 0.05,
@@ -79,24 +96,64 @@ def at_risk_sql(*, bin_columns: Sequence[str] = ("target_entropy_nats",), width_
     ``drafted_depth_key``), one ``bin_<column>`` per ``bin_columns`` (``floor((log10(x + eps) - log10(eps)) /
     width_log10)``, NULL for rows whose covariates fail the checks of ``atrisk.validate_covariates``: the
     driver refuses or drops those cells), ``n_acc``, ``n`` and ``n_rej`` and the mean of every column of
-    ``means`` (default: all of ``atrisk.COVARIATES`` and ``atrisk.DERIVED``). It uses only what DuckDB and
-    Spark SQL both read the same way (CTEs, CASE, CAST, GREATEST, LN, LOG10, FLOOR, a ROWS window); the
-    ``rounds`` join is there only when ``log_drafted_depth`` or the ``drafted_depth`` key is asked for.
+    ``means`` (default: all of ``atrisk.COVARIATES`` and ``atrisk.DERIVED``; also the decode-time covariates
+    of ``atrisk.sequence_covariates``: ``lag_entropy_nats``, ``run_mean_entropy_nats``, ``log1p_position`` and
+    the logs ``log_lag_entropy``, ``log_run_mean_entropy``). It uses only what DuckDB and Spark SQL both read
+    the same way (CTEs, CASE, CAST, GREATEST, COALESCE, ISNAN, LN, LOG10, FLOOR, ROWS windows, LAG); the
+    ``rounds`` join is there only when ``log_drafted_depth`` or the ``drafted_depth`` key is asked for, and the
+    windows over each request's output (``sequence_windows``: every token row, all roles, ordered by position)
+    only when a decode-time covariate is asked for or binned (``lag_entropy_nats``, ``run_mean_entropy_nats``,
+    ``position``).
     """
     means = list(means) if means is not None else [*atrisk.COVARIATES, *atrisk.DERIVED]
-    unknown = sorted(set(means) - set(atrisk.COVARIATES) - set(atrisk.DERIVED))
+    known = [*atrisk.COVARIATES, *atrisk.DERIVED, *_SEQUENCE_MEANS]
+    unknown = sorted(set(means) - set(known))
     if unknown:
-        raise ValueError(f"unknown covariate means {unknown}; known: {[*atrisk.COVARIATES, *atrisk.DERIVED]}")
-    bad_bins = sorted(set(bin_columns) - set(atrisk.COVARIATES) - {"cum_entropy_nats"})
+        raise ValueError(f"unknown covariate means {unknown}; known: {known}")
+    bad_bins = sorted(set(bin_columns) - set(atrisk.COVARIATES) - {"cum_entropy_nats", *_SEQUENCE_BINS})
     if bad_bins:
-        raise ValueError(f"cannot bin {bad_bins}; bin columns are covariates or cum_entropy_nats")
+        raise ValueError(f"cannot bin {bad_bins}; bin columns are covariates, cum_entropy_nats or "
+                         f"{list(_SEQUENCE_BINS)}")
     with_rounds = drafted_depth_key or "log_drafted_depth" in means
     needs_cum = "cum_entropy_nats" in bin_columns or {"cum_entropy_nats", "log1p_cum_entropy"} & set(means)
+    needs_lag = "lag_entropy_nats" in bin_columns or {"lag_entropy_nats", "log_lag_entropy"} & set(means)
+    needs_run = "run_mean_entropy_nats" in bin_columns or {"run_mean_entropy_nats", "log_run_mean_entropy"} & set(means)
+    needs_pos = "position" in bin_columns or "log1p_position" in means
+    needs_sequence = needs_lag or needs_run or needs_pos
     lo, hi, inf = _literal(-atrisk.NEGATIVE_TOLERANCE), "CAST('Infinity' AS DOUBLE)", "CAST('-Infinity' AS DOUBLE)"
     e = _literal(eps)
 
+    # 0. the decode-time covariates of atrisk.sequence_covariates, from each request's whole output (every
+    # token row, all roles, ordered by position): H at the previous position (at the first: its own H),
+    # the running mean of H (sum / count of rows so far), the position. As atrisk._add_sequence_covariates,
+    # H is max(H, 0); a NaN or NULL H is NULL here (pandas' NaN): skipped by the running sum, replaced by the
+    # row's own H as the previous entropy
+    ctes = []
+    source = "tokens"
+    if needs_sequence:
+        h_seq = "CAST(target_entropy_nats AS DOUBLE)"
+        window = ("OVER (PARTITION BY run_id, request_id ORDER BY position\n"
+                  "            ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)")
+        ctes.append(f"""entropy_sequence AS (
+    SELECT run_id, request_id, category, round_index, position, depth, role, target_entropy_nats,
+        target_renyi2_nats, target_top1_prob, target_logit_gap,
+        CASE WHEN {h_seq} IS NULL OR ISNAN({h_seq}) THEN NULL ELSE GREATEST({h_seq}, 0.0E0) END AS h_seq
+    FROM tokens
+)""")
+        ctes.append(f"""sequence_windows AS (
+    SELECT *,
+        COALESCE(LAG(h_seq) OVER (PARTITION BY run_id, request_id ORDER BY position), h_seq) AS lag_h,
+        SUM(h_seq) {window} AS sum_h,
+        COUNT(*) {window} AS n_h
+    FROM entropy_sequence
+)""")
+        source = "sequence_windows"
+
     # 1. the at-risk rows with the round's drafted depth where needed, and the row check of validate_covariates
     drafted = ",\n        d.tree_depth AS drafted_depth" if with_rounds else ""
+    if needs_sequence:
+        drafted += (",\n        CAST(t.position AS DOUBLE) AS pos,\n        t.lag_h,\n"
+                    "        t.sum_h / CAST(t.n_h AS DOUBLE) AS run_mean_h")
     join_rounds = ("\n    JOIN rounds AS d\n      ON d.run_id = t.run_id AND d.request_id = t.request_id"
                    " AND d.round_index = t.round_index" if with_rounds else "")
     at_risk = f"""at_risk AS (
@@ -106,17 +163,22 @@ def at_risk_sql(*, bin_columns: Sequence[str] = ("target_entropy_nats",), width_
         CAST(t.target_renyi2_nats AS DOUBLE) AS h2,
         CAST(t.target_top1_prob AS DOUBLE) AS p1,
         CAST(t.target_logit_gap AS DOUBLE) AS gap{drafted}
-    FROM tokens AS t
+    FROM {source} AS t
     JOIN runs AS r ON r.run_id = t.run_id{join_rounds}
     WHERE t.role IN ('accepted', 'correction')
 )"""
-    # NaN fails every comparison in both engines, so the range checks also refuse NaN (and NULL)
+    # NaN fails every comparison in both engines, so the range checks also refuse NaN (and NULL); a decode-time
+    # covariate that is not finite (an infinite entropy earlier in the output) makes the row invalid too
+    sequence_check = ""
+    if needs_sequence:
+        sequence_check = (f"\n         AND lag_h >= 0.0E0 AND lag_h < {hi}"
+                          f"\n         AND run_mean_h >= 0.0E0 AND run_mean_h < {hi}")
     checked = f"""checked AS (
     SELECT *,
         (h >= {lo} AND h < {hi}
          AND h2 >= {lo} AND h2 < {hi}
          AND gap >= {lo} AND gap < {hi}
-         AND p1 > {inf} AND p1 < {hi}) AS valid
+         AND p1 > {inf} AND p1 < {hi}{sequence_check}) AS valid
     FROM at_risk
 )"""
     # 2. covariates: entropies and gaps in [-1e-5, 0) are fp32 round-off, set to 0 (as validate_covariates)
@@ -132,6 +194,12 @@ def at_risk_sql(*, bin_columns: Sequence[str] = ("target_entropy_nats",), width_
                     "            PARTITION BY run_id, request_id, round_index ORDER BY depth\n"
                     "            ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) - GREATEST(h, 0.0E0) END"
                     " AS cum_entropy_nats")
+    if needs_lag:
+        cols.append("CASE WHEN valid THEN lag_h END AS lag_entropy_nats")
+    if needs_run:
+        cols.append("CASE WHEN valid THEN run_mean_h END AS run_mean_entropy_nats")
+    if needs_pos:
+        cols.append("CASE WHEN valid THEN pos END AS position")
     covariates = "covariates AS (\n    SELECT " + ",\n        ".join(cols) + "\n    FROM checked\n)"
 
     # 3. derived columns and bins
@@ -146,6 +214,11 @@ def at_risk_sql(*, bin_columns: Sequence[str] = ("target_entropy_nats",), width_
         derived.append("LN(1.0E0 + GREATEST(cum_entropy_nats, 0.0E0)) AS log1p_cum_entropy")
     if "log_drafted_depth" in means:
         derived.append("LN(GREATEST(CAST(drafted_depth AS DOUBLE), 1.0E0)) AS log_drafted_depth")
+    for name, raw in _RAW_OF_LOG.items():  # atrisk.add_log_covariates: log(max(x, 0) + eps)
+        if name in means:
+            derived.append(f"LN(GREATEST({raw}, 0.0E0) + {e}) AS {name}")
+    if "log1p_position" in means:
+        derived.append("LN(1.0E0 + position) AS log1p_position")
     for column in bin_columns:
         derived.append(f"CAST(FLOOR((LOG10({column} + {e}) - ({log10_eps})) / {width}) AS BIGINT) AS bin_{column}")
     binned = "binned AS (\n    SELECT " + ",\n        ".join(derived) + "\n    FROM covariates\n)"
@@ -156,7 +229,7 @@ def at_risk_sql(*, bin_columns: Sequence[str] = ("target_entropy_nats",), width_
     out += [f"AVG({m}) AS {m}" for m in means]
     out.append("COUNT(*) - SUM(accepted) AS n_rej")
     select = ("SELECT " + ",\n       ".join(out) + "\nFROM binned\nGROUP BY " + ", ".join(keys))
-    return "WITH " + ",\n".join([at_risk, checked, covariates, binned]) + "\n" + select
+    return "WITH " + ",\n".join([*ctes, at_risk, checked, covariates, binned]) + "\n" + select
 
 
 # ------------------------------------------------------------------------------------- the DuckDB driver
@@ -333,6 +406,9 @@ def _finish(parts, bins, keys, means, *, eps, width_log10, on_invalid) -> pd.Dat
         frame[name] = frame[name].astype(object)
     attrs = dict(kind=atrisk.KIND_AGGREGATED, eps=eps, width_log10=width_log10, bin_columns=tuple(bins),
                  keys=tuple(keys))
+    decode_time = tuple(m for m in means if m in atrisk.DECODE_TIME)
+    if decode_time:  # as aggregate_at_risk(extra_means=...): combine_aggregates pools them too
+        attrs["extra_means"] = decode_time
     if len(frame) > 1:  # one drafter's runs share a request id: their cells pooled, as the pandas path does
         same = np.ones(len(frame) - 1, dtype=bool)
         for name in cell:
@@ -373,18 +449,20 @@ class OutOfCoreError(ValueError):
 
 def _streamable(fam) -> None:
     """Refuse families the streamed fit cannot reproduce exactly (their cells or estimator need more than the
-    GLM sums of the cells the query computes)."""
+    GLM sums of the cells the query computes). Profiled offsets (``profile_eps``: one streamed fit per offset)
+    and the decode-time covariates of ``atrisk.sequence_covariates`` (windows over each request's output) are
+    done; the drafter's own entropy (``draft_entropy_nats``) is not computed by the query."""
     if fam.link == "isotonic":
         raise OutOfCoreError("law_iso is not a GLM: fit it in memory on the cells, fit_law(aggregate_at_risk_sql(path, "
                              "'law_iso'), 'law_iso') (its cells number about half the token rows)")
-    if getattr(fam, "profile_eps", False):
-        raise OutOfCoreError(f"{fam.name} profiles the offset of log(H + c) over a grid of fits: fit it in memory, "
-                             f"fit_law(load_traces(path), {fam.name!r})")
-    known = {*atrisk.COVARIATES, *atrisk.DERIVED}
+    known = {*atrisk.COVARIATES, *atrisk.DERIVED, *_SEQUENCE_MEANS}
     missing = [m for m in getattr(fam, "means", ()) if m not in known]
-    if missing:
-        raise OutOfCoreError(f"{fam.name} uses decode-time covariates {missing} that the out-of-core query does not "
-                             f"compute: fit it in memory, fit_law(load_traces(path), {fam.name!r})")
+    bins = [b for b in fam.bin_columns if b not in {*atrisk.COVARIATES, "cum_entropy_nats", *_SEQUENCE_BINS}]
+    if missing or bins:
+        raise OutOfCoreError(f"{fam.name} uses covariates {sorted(set(missing + bins))} that the out-of-core query "
+                             f"does not compute (the drafter's own entropy at each depth): fit it in memory, "
+                             f"fit_law(load_traces(path), {fam.name!r}), or fit a family on the target's entropy "
+                             "sequence out of core, such as 'law_exp_obs_ceil' (the primary law) or 'law_exp_obs'")
 
 
 def _sql_str(value) -> str:
@@ -463,17 +541,30 @@ class _Cache:
     """The design matrix, outcomes, trials and cluster codes of every cell, in batches, in one binary file read
     back batch by batch (the page cache holds it, not this process)."""
 
-    def __init__(self, path: Path, k: int):
+    def __init__(self, path: Path, k: int, *, entropy: bool = False):
         self.path, self.k, self.sizes = path, k, []
         self._file = open(path, "wb")
+        # with ``entropy``: the cells' mean entropy beside the design, for ``_OffsetCache``
+        self.entropy_path = path.with_suffix(".entropy") if entropy else None
+        self._entropy = open(self.entropy_path, "wb") if entropy else None
 
-    def write(self, x: np.ndarray, y: np.ndarray, n: np.ndarray, g: np.ndarray) -> None:
+    def write(self, x: np.ndarray, y: np.ndarray, n: np.ndarray, g: np.ndarray, h: np.ndarray | None = None) -> None:
         self.sizes.append(len(y))
         for a, dtype in ((x, np.float64), (y, np.float64), (n, np.float64), (g, np.int32)):
             self._file.write(np.ascontiguousarray(a, dtype=dtype).tobytes())
+        if self._entropy is not None:
+            self._entropy.write(np.ascontiguousarray(h, dtype=np.float64).tobytes())
 
     def close(self) -> None:
         self._file.close()
+        if self._entropy is not None:
+            self._entropy.close()
+
+    def unlink(self) -> None:
+        self.close()
+        for path in (self.path, self.entropy_path):
+            if path is not None:
+                path.unlink(missing_ok=True)
 
     def __iter__(self):
         with open(self.path, "rb") as f:
@@ -483,6 +574,36 @@ class _Cache:
                 n = np.fromfile(f, np.float64, size)
                 g = np.fromfile(f, np.int32, size)
                 yield x, y, n, g
+
+
+class _OffsetCache:
+    """The cells of a ``_Cache`` built with log(H + c0) (and ``entropy``) seen with another offset c: design
+    column ``j`` (``log_entropy``, a plain column of the design) replaced batch by batch by
+    log(max(H, 0) + c) of the cells' mean entropy, the very values patsy would put there; so a profiled offset
+    builds its design once, not once per offset."""
+
+    def __init__(self, base: _Cache, j: int, offset: float):
+        self.base, self.j, self.offset = base, j, float(offset)
+        self.k, self.sizes, self.path = base.k, base.sizes, None
+
+    def column(self, h: np.ndarray) -> np.ndarray:
+        return np.log(np.maximum(h, 0.0) + self.offset)  # as fit._fit_profile_eps
+
+    def __iter__(self):
+        with open(self.base.entropy_path, "rb") as f:
+            for (x, y, n, g), size in zip(self.base, self.sizes):
+                x[:, self.j] = self.column(np.fromfile(f, np.float64, size))
+                yield x, y, n, g
+
+    def unlink(self) -> None:  # the base is removed by its owner
+        pass
+
+
+def _plain_column(names: Sequence[str], name: str) -> int | None:
+    """The index of design column ``name`` where it is the only column that reads ``name`` (a main effect:
+    no interaction, spline or other transform of it), else None."""
+    reading = [i for i, column in enumerate(names) if re.search(rf"\b{re.escape(name)}\b", column)]
+    return reading[0] if len(reading) == 1 and names[reading[0]] == name else None
 
 
 def _irls_pass(cache: _Cache, fam_obj, beta):
@@ -503,8 +624,9 @@ def _irls_pass(cache: _Cache, fam_obj, beta):
         ratio = np.clip(p / (mu + 1e-20), tiny, np.inf)
         ratio_rej = np.clip((1.0 - p) / (1.0 - mu + 1e-20), tiny, np.inf)
         dev += float(np.sum(2 * n * (p * np.log(ratio) + (1 - p) * np.log(ratio_rej))))
-        w = n * fam_obj.weights(mu)
-        z = eta + fam_obj.link.deriv(mu) * (p - mu)
+        deriv = fam_obj.link.deriv(mu)  # once: Family.weights is 1 / (g'(mu)^2 Var(mu)), the same numbers
+        w = n * (1.0 / (deriv ** 2 * fam_obj.variance(mu)))
+        z = eta + deriv * (p - mu)
         xw = x * w[:, None]
         xtwx += xw.T @ x
         xtwz += xw.T @ z
@@ -553,18 +675,49 @@ def _C(data, contrast=None, levels=None):
     return C(data, contrast, levels)
 
 
+def _llf_pass(cache: _Cache, link: str, beta) -> float:
+    """The log-likelihood at ``beta`` as statsmodels' ``GLM.loglike`` computes it (the binomial family's
+    ``loglike`` at the inverse link of X beta, the trials on the family instance), without building a GLM per
+    batch."""
+    from entropy_law.law.fit import _family_obj
+
+    llf = 0.0
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        for x, y, n, _ in cache:
+            family = _family_obj(link)
+            family.n = n
+            llf += float(family.loglike(y / n, family.link.inverse(x @ beta)))
+    return llf
+
+
 def _needed_columns(rhs: str, fam, available) -> list:
+    """The cell columns the design of ``rhs`` reads: those it names, the raw means whose logs the fit takes
+    (``atrisk.add_log_covariates``), and for a profiled offset the mean entropy instead of its log."""
     used = [c for c in available if re.search(rf"\b{re.escape(c)}\b", rhs)]
     if fam.name == "law_exp_mundlak":
         used += [c for c in ("log_entropy", "category") if c not in used]
-    return used
+    if fam.means:
+        used += [raw for log, raw in _RAW_OF_LOG.items() if re.search(rf"\b{log}\b", rhs) and raw not in used]
+    if fam.profile_eps:
+        used = [c for c in used if c != "log_entropy"] + ["target_entropy_nats"]
+    missing = [c for c in used if c not in available]
+    if missing:
+        raise RuntimeError(f"the cells lack {missing} for {fam.name}: report this as a bug")
+    return list(dict.fromkeys(used))
+
+
+# the log covariates whose count-weighted means over the fitted cells ``FittedLaw.steady_state`` reads
+_STEADY_STATE = ("log_run_mean_entropy", "log1p_position", "log_drafted_depth")
 
 
 def _fit_streamed(con, source: str, fam, *, depth: str, cov_type: str, alpha: float, eps: float,
                   min_requests_per_category: int, drop_small_categories: bool, batch_cells: int, tol: float,
                   max_iter: int, folder: Path, notes: list, start_params=None):
     """``fit_law`` on the cells selected by ``source``, in passes over them; memory holds one batch of cells,
-    the per-request score sums (requests x parameters) and the request ids."""
+    the per-request score sums (requests x parameters) and the request ids. A family with decode-time
+    covariates is fitted on the logs of their cell means, and a ``profile_eps`` family once per offset c of
+    ``fit.EPS_GRID`` on log(H + c) of the cells' mean entropy, keeping the fit of largest log-likelihood, as
+    ``fit_law`` (``atrisk.add_log_covariates``, ``fit._fit_profile_eps``)."""
     import patsy
     import statsmodels.api as sm
     from statsmodels.genmod.generalized_linear_model import GLMResults, GLMResultsWrapper
@@ -580,6 +733,11 @@ def _fit_streamed(con, source: str, fam, *, depth: str, cov_type: str, alpha: fl
     summary, check_notes = fitmod.check_counts(summary, fam, min_requests_per_category=min_requests_per_category,
                                               drop_small_categories=drop_small_categories, cov_type=cov_type)
     notes = [*notes, *check_notes]
+    if fam.means and fam.needs_drafted_depth and summary["drafted_depth"].nunique() < 2:
+        # as fit_law: a drafter that always drafts one depth (a full-block chain) has no log D term
+        notes.append(f"every at-risk round drafted depth {int(summary['drafted_depth'].iloc[0])}: the log D term is "
+                     "not identified and is left out")
+        fam = fitmod.without_drafted_depth(fam)
     categories = sorted(summary["category"].unique())
     if check_notes and fam.needs_categories:  # small categories dropped
         source = f"SELECT * FROM ({source}) WHERE category IN ({', '.join(_sql_str(c) for c in categories)})"
@@ -608,50 +766,65 @@ def _fit_streamed(con, source: str, fam, *, depth: str, cov_type: str, alpha: fl
     factors = set(re.findall(r"C\((\w+)\)", rhs))
     levels = {"depth": depths, "category": categories, "drafter_id": list(common["drafters"])}
 
-    def frames(with_counts: bool):
+    def frames(with_counts: bool, offset):
         cols = [*columns, *(["n_acc", "n_rej", "n", "request_id"] if with_counts else [])]
         for frame in _batches(con, f"SELECT {', '.join(dict.fromkeys(cols))} FROM ({source})", batch_cells):
             for name in factors & set(frame.columns):  # every level known up front: patsy needs no pass to find them
                 frame[name] = pd.Categorical(frame[name], categories=levels[name])
+            if fam.means:  # fit_law: the logs of the cells' covariate means, as predictions take them
+                atrisk.add_log_covariates(frame)
+            if offset is not None:  # fit._fit_profile_eps: log(H + c) of the cells' mean entropy
+                frame["log_entropy"] = np.log(np.maximum(frame["target_entropy_nats"].to_numpy(dtype=float), 0.0)
+                                              + offset)
             if category_means:
                 frame, _ = fitmod._add_mundlak(frame, category_means)
             yield frame
 
-    design = patsy.incr_dbuilder(rhs, lambda: frames(False), eval_env=patsy.EvalEnvironment([{"C": _C}, vars(fitmod)]),
-                                 NA_action="raise")
-    names = design.column_names
-    k = len(names)
-    cache = _Cache(folder / f"design-{id(design)}.bin", k)
-    skeleton = None
-    n_cells = 0
-    try:
-        for frame in frames(True):
-            x = np.asarray(patsy.build_design_matrices([design], frame, NA_action="raise")[0], dtype=np.float64)
-            if not np.all(np.isfinite(x)):
-                raise ValueError("a cell's covariates are not finite: check the traces (validate_traces)")
-            outcome = frame["n_rej" if fam.outcome == "rejection" else "n_acc"].to_numpy(np.float64)
-            codes = pd.Categorical(frame["request_id"].astype(str), categories=request_ids).codes
-            if (codes < 0).any():
-                raise RuntimeError("a cell's request is not among the requests counted: report this as a bug")
-            cache.write(x, outcome, frame["n"].to_numpy(np.float64), codes)
-            n_cells += len(frame)
-            if skeleton is None:
-                skeleton = (x[:200], outcome[:200], frame["n"].to_numpy(np.float64)[:200])
-    finally:
+    def build(offset, index: int):
+        """The design of the cells (on disk), its info, the first cells, and the count-weighted sums of the
+        steady-state covariates."""
+        design = patsy.incr_dbuilder(rhs, lambda: frames(False, offset),
+                                     eval_env=patsy.EvalEnvironment([{"C": _C}, vars(fitmod)]), NA_action="raise")
+        cache = _Cache(folder / f"design-{id(design)}-{index}.bin", len(design.column_names),
+                       entropy=offset is not None)
+        skeleton, sums = None, {}
+        try:
+            for frame in frames(True, offset):
+                x = np.asarray(patsy.build_design_matrices([design], frame, NA_action="raise")[0], dtype=np.float64)
+                if not np.all(np.isfinite(x)):
+                    raise ValueError("a cell's covariates are not finite: check the traces (validate_traces)")
+                outcome = frame["n_rej" if fam.outcome == "rejection" else "n_acc"].to_numpy(np.float64)
+                codes = pd.Categorical(frame["request_id"].astype(str), categories=request_ids).codes
+                if (codes < 0).any():
+                    raise RuntimeError("a cell's request is not among the requests counted: report this as a bug")
+                trials = frame["n"].to_numpy(np.float64)
+                cache.write(x, outcome, trials, codes,
+                            None if offset is None else frame["target_entropy_nats"].to_numpy(np.float64))
+                sums["n"] = sums.get("n", 0.0) + float(np.sum(trials))
+                for name in [c for c in _STEADY_STATE if c in frame.columns]:
+                    sums[name] = sums.get(name, 0.0) + float(np.sum(frame[name].to_numpy(np.float64) * trials))
+                if skeleton is None:
+                    h = None if offset is None else frame["target_entropy_nats"].to_numpy(np.float64)[:200]
+                    skeleton = (x[:200], outcome[:200], trials[:200], h)
+        except BaseException:
+            cache.unlink()
+            raise
         cache.close()
-    try:
+        return design, cache, skeleton, sums
+
+    def irls(cache: _Cache, names: list):
         fam_obj = fitmod._family_obj(fam.link)
         beta = None
         if start_params is not None:
             beta = np.asarray(start_params, dtype=float)
         elif fam.link == "log":  # as _fit_glm: log-binomial starts with mu < 1 (a0 = 0.9, slope -0.5 per nat)
-            beta = np.zeros(k)
+            beta = np.zeros(len(names))
             beta[names.index("Intercept")] = np.log(0.9)
             beta[names.index(fam.slope)] = -0.5
         # statsmodels' rule (tol 1e-8 on the deviance, absolute), so that the estimate is the iterate fit_law
         # stops at; on many cells that change can sit below the deviance's round-off, so the fit also stops
         # once the largest relative step is below ``tol`` (the iterates have then reached the maximum)
-        history, converged, iteration = [], False, 0
+        history, converged, iteration, step = [], False, 0, np.inf
         with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
             for iteration in range(max_iter + 1):
                 dev, xtwx, xtwz = _irls_pass(cache, fam_obj, beta)
@@ -668,11 +841,65 @@ def _fit_streamed(con, source: str, fam, *, depth: str, cov_type: str, alpha: fl
                                      "e.g. one drafted depth or one category); fit a simpler family") from None
                 step = np.inf if beta is None else float(np.max(np.abs(new - beta) / (1.0 + np.abs(beta))))
                 beta = new
+        return beta, converged, iteration, history
+
+    # one fit, or one per offset c of a profiled log(H + c): the largest log-likelihood among converged fits
+    # (none converged: among all), the first of equals, as fit._fit_profile_eps. Where log(H + c) is a plain
+    # column of the design, the design is built once and the other offsets replace that column as the cells
+    # stream by (``_OffsetCache``); else each offset builds its own and only the best one is kept on disk
+    offsets = fitmod.EPS_GRID if fam.profile_eps else (None,)
+    best, base = None, None
+
+    def drop(cache) -> None:  # a design no longer needed (the base design stays until the end)
+        if base is None or cache is not base[1]:
+            cache.unlink()
+
+    try:
+        for index, offset in enumerate(offsets):
+            if base is None:
+                design, cache, skeleton, sums = build(offset, index)
+                j = _plain_column(design.column_names, "log_entropy") if fam.profile_eps else None
+                if j is not None:
+                    base = (design, cache, skeleton, sums, j)
+            else:
+                design, root, (x0, y0, n0, h0), sums, j = base
+                cache = _OffsetCache(root, j, offset)
+                x0 = x0.copy()
+                x0[:, j] = cache.column(h0)
+                skeleton = (x0, y0, n0, h0)
+            try:
+                beta, converged, iteration, history = irls(cache, design.column_names)
+                rank = None
+                if fam.profile_eps:
+                    llf = _llf_pass(cache, fam.link, beta)
+                    rank = (converged and bool(np.isfinite(llf)), llf if np.isfinite(llf) else -np.inf)
+            except BaseException:
+                drop(cache)
+                raise
+            if best is None or rank > best["rank"]:
+                if best is not None:
+                    drop(best["cache"])
+                best = dict(rank=rank, offset=offset, design=design, cache=cache, skeleton=skeleton, sums=sums,
+                            beta=beta, converged=converged, iteration=iteration, history=history)
+            else:
+                drop(cache)
+        design, cache, beta = best["design"], best["cache"], best["beta"]
+        converged, iteration, history = best["converged"], best["iteration"], best["history"]
+        names, k, n_cells = design.column_names, len(design.column_names), int(sum(best["cache"].sizes))
+        if fam.profile_eps:
+            common["eps"] = float(best["offset"])
+            notes.append(f"offset c of log(H + c) fitted over {fitmod.EPS_GRID} by profile likelihood: "
+                         f"c = {common['eps']:g} (its uncertainty is not in the intervals)")
         if not converged:
             notes.append("the GLM did not converge; treat the estimates with suspicion")
         parts = _sandwich_pass(cache, fam.link, beta, n_requests)
     finally:
-        cache.path.unlink(missing_ok=True)
+        if best is not None:
+            best["cache"].unlink()
+        if base is not None:
+            base[1].unlink()
+    sums = best["sums"]
+    covariate_means = {c: sums[c] / sums["n"] for c in _STEADY_STATE if c in sums} if fam.means else {}
 
     # the CR1 sandwich of statsmodels' cov_cluster: H^-1 (sum_g s_g s_g') H^-1 G/(G-1) (N-1)/(N-K)
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
@@ -683,7 +910,7 @@ def _fit_streamed(con, source: str, fam, *, depth: str, cov_type: str, alpha: fl
             bread = normalized = np.full((k, k), np.nan)
         meat = parts["scores"].T @ parts["scores"]
         cluster = bread @ meat @ bread * (n_requests / (n_requests - 1.0)) * ((n_cells - 1.0) / (n_cells - k))
-    x0, y0, n0 = skeleton
+    x0, y0, n0, _ = best["skeleton"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DomainWarning)
         model = sm.GLM(np.column_stack([y0, n0 - y0]), pd.DataFrame(x0, columns=names),
@@ -702,13 +929,14 @@ def _fit_streamed(con, source: str, fam, *, depth: str, cov_type: str, alpha: fl
         result.use_t = True
         result.df_resid_inference = n_requests - 1
     result = GLMResultsWrapper(result)
-    notes.append(f"fitted out of core: {n_cells:,} cells streamed, {iteration} IRLS passes (statsmodels' IRLS and "
-                 "CR1 sandwich on the same cells; the cells themselves are not kept)")
+    fits = f"{len(offsets)} fits (one per offset c), " if fam.profile_eps else ""
+    notes.append(f"fitted out of core: {n_cells:,} cells streamed, {fits}{iteration} IRLS passes (statsmodels' IRLS "
+                 "and CR1 sandwich on the same cells; the cells themselves are not kept)")
     if not parts["finite"]:
         notes.append("perfect separation: a fitted probability is exactly 0 or 1, so some terms are not identified "
                      "(their estimates run off towards infinity, cluster-robust errors are NaN); record more "
                      "requests or fit a simpler family")
-    return fitmod.FittedLaw(result=result, counts=None, **common)
+    return fitmod.FittedLaw(result=result, counts=None, covariate_means=covariate_means, **common)
 
 
 def fit_law_out_of_core(traces, family: str = "law_exp", by: str | None = None, *, depth: str = "factor",
@@ -741,8 +969,15 @@ def fit_law_out_of_core(traces, family: str = "law_exp", by: str | None = None, 
     whole fit; its ``model`` holds the design info and the first cells only (observation-level attributes such
     as ``resid`` are not available out of core), and the law keeps no count table (``counts`` is None, so the
     P1 line of the printout, which refits with category terms, is left out: run ``fit_law_out_of_core`` with
-    ``with_category_terms(family)`` for it). Families: every GLM family whose covariates the query computes
-    (``law_iso``, profiled offsets and decode-time covariates are refused with what to use instead).
+    ``with_category_terms(family)`` for it). Families: every GLM family whose covariates the query computes,
+    the primary ``law_exp_obs_ceil`` included: decode-time covariates (``law_exp_obs``, ``law_exp_lag``,
+    ``law_exp_runmean``, ``law_exp_pos``: their cell means from windows over each request's output, their logs
+    taken of the cell means as ``fit_law`` does, log D left out where one depth was drafted; the training means
+    that ``steady_state`` reads are kept in ``covariate_means``) and a profiled offset (``profile_eps``:
+    ``law_exp_ceil``, ``law_exp_obs_ceil``: steps 3-4 once per offset c of ``fit.EPS_GRID`` on log(H + c) of the
+    cells' mean entropy, plus a log-likelihood pass; the largest log-likelihood among converged fits wins, as
+    ``fit._fit_profile_eps``, and step 5 runs for it; the law's ``eps`` is that c). ``law_iso`` and
+    ``law_exp_draftent`` (the drafter's entropy, not in the query) are refused with what to use instead.
     ``batch_cells``: cells per batch; ``chunk_bytes``, ``threads``, ``memory_limit``, ``temp_directory``: DuckDB
     (as ``aggregate_at_risk_sql``).
     """
