@@ -7,9 +7,10 @@ this process's CPU clock with one torch thread, through the one speed routine ``
 - for the n-gram drafter: a fixed chain and fixed DDTrees with N in {4, 8, 16, 32} (no gate: every drafted node
   is verified), the current cost gate (DDTree16, the measured verify-cost curve), and the law policy (DDTree
   drafted with up to 32 nodes; the policy decides per round whether to draft and how many nodes to verify),
-  and the law policy without its in-request calibration (``ngram law uncalibrated``);
-- with ``--block``: the block drafter (shipped checkpoint): cost gate, law policy (with and without the
-  calibration); fixed chain and DDTree16 with ``--block-fixed``;
+  and the law policy without its in-request calibration (``ngram law uncalibrated``) and with a calibration
+  whose evidence never fades (``ngram law no forgetting``);
+- with ``--block``: the block drafter (shipped checkpoint): cost gate, law policy (the same three variants);
+  fixed chain and DDTree16 with ``--block-fixed``;
 - the replay oracle (n-gram drafter, tokens per round and modelled rate only: it is not a decoder): for each
   round in hindsight the budget in {0, 1, 2, 4, 8, 16, 32} with the most committed tokens per unit of modelled
   cost ``c(N + 1) + c_draft``, replayed on AR's greedy output of the same prompt.
@@ -59,6 +60,7 @@ FIXED_BUDGETS = (4, 8, 16, 32)
 ORACLE_BUDGETS = (0, 1, 2, 4, 8, 16, 32)
 POLICY_MAX_NODES = 32
 UNCALIBRATED = "uncalibrated"  # the law policy without its in-request calibration (as before it existed)
+NO_FORGETTING = "no forgetting"  # the calibration without its half-life (evidence never fades)
 
 
 def fitted_policy(drafter: str, exclude_question_ids: set[str], draft_cost: float | None) -> dict:
@@ -139,6 +141,9 @@ def main(argv=None) -> dict:
                                                                        verify_cost=verify_cost))
     arms["ngram law"] = ours(lambda: SpeculativeDecoder(target, ngram(), tree="ddtree", budget=POLICY_MAX_NODES,
                                                         verify_cost=verify_cost, policy=laws["ngram"]))
+    arms[f"ngram law {NO_FORGETTING}"] = ours(lambda: SpeculativeDecoder(
+        target, ngram(), tree="ddtree", budget=POLICY_MAX_NODES, verify_cost=verify_cost,
+        policy={**laws["ngram"], "calibration_half_life": None}))
     arms[f"ngram law {UNCALIBRATED}"] = ours(lambda: SpeculativeDecoder(
         target, ngram(), tree="ddtree", budget=POLICY_MAX_NODES, verify_cost=verify_cost,
         policy={**laws["ngram"], "calibration_prior": None}))
@@ -153,6 +158,9 @@ def main(argv=None) -> dict:
                                                                            verify_cost=verify_cost))
         arms["block law"] = ours(lambda: SpeculativeDecoder(target, block(), tree="ddtree", budget=POLICY_MAX_NODES,
                                                             verify_cost=verify_cost, policy=laws["block"]))
+        arms[f"block law {NO_FORGETTING}"] = ours(lambda: SpeculativeDecoder(
+            target, block(), tree="ddtree", budget=POLICY_MAX_NODES, verify_cost=verify_cost,
+            policy={**laws["block"], "calibration_half_life": None}))
         arms[f"block law {UNCALIBRATED}"] = ours(lambda: SpeculativeDecoder(
             target, block(), tree="ddtree", budget=POLICY_MAX_NODES, verify_cost=verify_cost,
             policy={**laws["block"], "calibration_prior": None}))

@@ -172,6 +172,15 @@ def test_calibration_factors_by_hand():
     assert s_law == pytest.approx((2 + 4) / (1.5 + 2.5 + 4))
     assert s_plan == pytest.approx((2 + 4) / (1.0 + 3.0 + 4))
     assert LawPolicy(params(0.5), COST).calibration(history) == (1.0, 1.0)  # off without the parameter
+    # with a half-life of 1 round, the round 2 rounds back weighs 1/4 and the last one 1
+    fading = LawPolicy({**params(0.5, calibration=4.0), "calibration_half_life": 1.0}, COST)
+    s_law, s_plan = fading.calibration(history)
+    assert s_law == pytest.approx((2 / 4 + 4) / (1.5 / 4 + 2.5 + 4))
+    assert s_plan == pytest.approx((2 / 4 + 4) / (1.0 / 4 + 3.0 + 4))
+    later = history + [Round(accepted=0, policy={"budget": 0})] * 40  # 40 rounds without drafting
+    assert fading.calibration(later) == pytest.approx((1.0, 1.0), abs=1e-9)  # the evidence has faded
+    with pytest.raises(ValueError, match="calibration_half_life"):
+        LawPolicy({**params(0.5, calibration=4.0), "calibration_half_life": 0}, COST)
     # the factor scales each reach probability of the chain, capped at 1
     acceptance = [0.5] * 8
     scaled = policy.best_chain_rate(acceptance, 2, scale=3.0)
@@ -284,6 +293,7 @@ def simulated_traces(rng, n_requests=40, slope=1.2):
 def test_fit_policy_recovers_a_falling_law_and_round_trips(tmp_path):
     traces = simulated_traces(np.random.default_rng(0))
     fitted = fit_policy(traces, window=3, draft_cost=0.01)
+    assert (fitted["calibration_prior"], fitted["calibration_half_life"]) == (4.0, 16.0)  # the stated defaults
     table = np.array(fitted["acceptance"])
     grid = np.array(fitted["entropy_grid"])
     truth = np.exp(-0.3 * grid ** 1.2)

@@ -23,7 +23,11 @@ Known here: ``LawPolicy``, which the round consults twice (``round.play_round``)
    ``s = 1`` before any evidence) scales the law's expected accepted drafts (each path probability, capped
    at 1) before the decision; one factor against the law-only expectation (``before_draft``) and one against
    the blended one (``plan``). A request where drafts keep failing stops drafting; one where they succeed
-   drafts more. Only earlier rounds of the same request are used: what is known before the round.
+   drafts more. Only earlier rounds of the same request are used: what is known before the round. With
+   ``calibration_half_life`` (rounds; absent: no forgetting) a round ``k`` rounds back weighs ``2^(-k / half
+   life)`` in ``A`` and ``E``: the drafter's fit to the text changes along an output (a copied passage, a code
+   block), and a request that stopped drafting gathers no new evidence, so its factor drifts back towards 1
+   and it tries again.
 
 The law's numbers arrive as plain parameters (a JSON-able dict, fitted by ``entropy_law.law.policy`` and
 stored in the run's metadata): this module never imports the law layer. ``c(n)`` is the measured verify-cost
@@ -104,6 +108,11 @@ class LawPolicy:
             raise ValueError(f"policy parameter 'calibration_prior' must be > 0 (pseudo-drafts) or null (off), "
                              f"got {prior!r}")
         self.calibration_prior = None if prior is None else float(prior)
+        half_life = params.get("calibration_half_life")
+        if half_life is not None and _number(params, "calibration_half_life", low=0.0) <= 0.0:
+            raise ValueError(f"policy parameter 'calibration_half_life' must be > 0 (rounds) or null (no forgetting), "
+                             f"got {half_life!r}")
+        self.calibration_decay = 1.0 if half_life is None else 2.0 ** (-1.0 / float(half_life))
         if verify_cost is None:
             if params.get("verify_cost") is None:
                 raise ValueError("the policy needs a verify-cost curve: pass verify_cost (e.g. verify_cost='measure' "
@@ -146,12 +155,15 @@ class LawPolicy:
         """The in-request factors ``(s_law, s_plan)`` from this request's earlier rounds (``Round`` records with
         their ``policy`` decisions): ``(A + m) / (E + m)`` over the rounds that verified drafts, ``A`` their
         accepted drafts, ``E`` the uncalibrated law-only (``s_law``) or blended (``s_plan``) expectation of the
-        verified trees. ``(1, 1)`` when calibration is off or before any verified round."""
+        verified trees, each round weighted ``decay^k`` (``k`` rounds back; 1 without a half-life). ``(1, 1)``
+        when calibration is off or before any verified round."""
         m = self.calibration_prior
         if m is None:
             return 1.0, 1.0
         accepted = law = blended = 0.0
-        for record in history:
+        decay = self.calibration_decay
+        for record in history:  # oldest first: every later round shrinks what came before
+            accepted, law, blended = accepted * decay, law * decay, blended * decay
             decision = getattr(record, "policy", None)
             if not decision or not decision.get("budget"):
                 continue

@@ -16,8 +16,10 @@ acceptance is not identified from them.
 
 ``calibration_prior`` (default 4 pseudo-drafts) sets how fast the decoder's in-request calibration moves
 the law's expectation toward what this request's verified rounds accepted (``s = (A + m) / (E + m)``; see
-``entropy_law.decoding.policy``); ``None`` turns it off. It is a stated choice (about three rounds of the law's
-word against the request's own evidence), not fitted: the traces' requests ran without a policy.
+``entropy_law.decoding.policy``); ``None`` turns it off. ``calibration_half_life`` (default 16 rounds) is how
+fast that evidence fades, so that a request that stopped drafting tries again (``None``: never). Both are
+stated choices (about three rounds of the law's word against the request's own evidence; a half-life of a few
+sentences of a 60-110-round answer), not fitted: the traces' requests ran without a policy.
 
 Not known here: torch, decoding, how rounds are played. No torch.
 """
@@ -67,7 +69,7 @@ def window_entropy(tokens: pd.DataFrame, window: int) -> np.ndarray:
 def fit_policy(traces, *, window: int = 4, family: str = "law_exp", drafter: str | None = None,
                draft_cost: float | None = None, confidence_weight: float = 0.5,
                entropy_grid=DEFAULT_GRID, max_depth: int | None = None,
-               calibration_prior: float | None = 4.0) -> dict:
+               calibration_prior: float | None = 4.0, calibration_half_life: float | None = 16.0) -> dict:
     """Policy parameters from traces of one drafter arm (a ``TraceSet`` or anything with ``.tokens``,
     ``.rounds``, ``.runs``).
 
@@ -76,6 +78,7 @@ def fit_policy(traces, *, window: int = 4, family: str = "law_exp", drafter: str
     rounds and autoregressive rounds on the same machine; replayed runs have no timings: then pass it).
     ``max_depth``: tabulate depths 1..max_depth (default: the deepest fitted depth; deeper depths use it).
     ``calibration_prior``: pseudo-drafts ``m`` of the decoder's in-request calibration (> 0), or ``None`` (off).
+    ``calibration_half_life``: rounds after which its evidence weighs half (> 0), or ``None`` (never fades).
     Returns a JSON-able dict (``save_policy`` writes it; ``LawPolicy`` reads it).
     """
     if not 0.0 <= confidence_weight <= 1.0:
@@ -83,6 +86,9 @@ def fit_policy(traces, *, window: int = 4, family: str = "law_exp", drafter: str
     if calibration_prior is not None and not calibration_prior > 0:
         raise ValueError(f"calibration_prior must be > 0 (pseudo-drafts) or None (no in-request calibration), "
                          f"got {calibration_prior}")
+    if calibration_half_life is not None and not calibration_half_life > 0:
+        raise ValueError(f"calibration_half_life must be > 0 (rounds) or None (evidence never fades), "
+                         f"got {calibration_half_life}")
     runs = traces.runs
     if drafter is not None:
         keep = runs.loc[runs["drafter_id"] == drafter, "run_id"]
@@ -130,6 +136,7 @@ def fit_policy(traces, *, window: int = 4, family: str = "law_exp", drafter: str
         "acceptance": [[round(float(a), 6) for a in row] for row in table],
         "confidence_weight": float(confidence_weight), "draft_cost": float(draft_cost),
         "calibration_prior": None if calibration_prior is None else float(calibration_prior),
+        "calibration_half_life": None if calibration_half_life is None else float(calibration_half_life),
         "default_entropy": float(np.nanmedian(h_w)) if np.isfinite(h_w).any() else 1.0,
         "fitted_on": {"runs": sorted(runs["run_id"].astype(str)), "requests": int(law.n_requests),
                       "at_risk_trials": int(law.n_rows), "fitted_depths": fitted},
