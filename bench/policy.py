@@ -139,14 +139,15 @@ def main(argv=None) -> dict:
                                                                        **fixed))
     arms["ngram ddtree16 cost gate"] = ours(lambda: SpeculativeDecoder(target, ngram(), tree="ddtree", budget=16,
                                                                        verify_cost=verify_cost))
-    arms["ngram law"] = ours(lambda: SpeculativeDecoder(target, ngram(), tree="ddtree", budget=POLICY_MAX_NODES,
-                                                        verify_cost=verify_cost, policy=laws["ngram"]))
-    arms[f"ngram law {NO_FORGETTING}"] = ours(lambda: SpeculativeDecoder(
-        target, ngram(), tree="ddtree", budget=POLICY_MAX_NODES, verify_cost=verify_cost,
-        policy={**laws["ngram"], "calibration_half_life": None}))
-    arms[f"ngram law {UNCALIBRATED}"] = ours(lambda: SpeculativeDecoder(
-        target, ngram(), tree="ddtree", budget=POLICY_MAX_NODES, verify_cost=verify_cost,
-        policy={**laws["ngram"], "calibration_prior": None}))
+
+    def law_variants(name, drafter):
+        """The law policy of ``name`` as fitted, with its calibration never fading, and without calibration."""
+        for arm, change in ((f"{name} law", {}), (f"{name} law {NO_FORGETTING}", {"calibration_half_life": None}),
+                            (f"{name} law {UNCALIBRATED}", {"calibration_prior": None})):
+            arms[arm] = ours(lambda change=change: SpeculativeDecoder(
+                target, drafter(), tree="ddtree", budget=POLICY_MAX_NODES, verify_cost=verify_cost,
+                policy={**laws[name], **change}))
+    law_variants("ngram", ngram)
     if args.block:
         def block():
             return BlockDrafter.load(block_path, target)
@@ -156,14 +157,7 @@ def main(argv=None) -> dict:
                                                                      **fixed))
         arms["block ddtree16 cost gate"] = ours(lambda: SpeculativeDecoder(target, block(), tree="ddtree", budget=16,
                                                                            verify_cost=verify_cost))
-        arms["block law"] = ours(lambda: SpeculativeDecoder(target, block(), tree="ddtree", budget=POLICY_MAX_NODES,
-                                                            verify_cost=verify_cost, policy=laws["block"]))
-        arms[f"block law {NO_FORGETTING}"] = ours(lambda: SpeculativeDecoder(
-            target, block(), tree="ddtree", budget=POLICY_MAX_NODES, verify_cost=verify_cost,
-            policy={**laws["block"], "calibration_half_life": None}))
-        arms[f"block law {UNCALIBRATED}"] = ours(lambda: SpeculativeDecoder(
-            target, block(), tree="ddtree", budget=POLICY_MAX_NODES, verify_cost=verify_cost,
-            policy={**laws["block"], "calibration_prior": None}))
+        law_variants("block", block)
 
     if args.hybrid:
         from entropy_law.drafters.hybrid import HybridDrafter

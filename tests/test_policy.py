@@ -9,6 +9,7 @@ Recording: the policy columns are written and read back; a run without a policy 
 import json
 import math
 from functools import lru_cache
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -217,6 +218,13 @@ def test_calibration_stops_drafting_when_drafts_keep_failing():
     factors = [r.policy["calibration"] for r in calibrated]
     assert factors[0] == 1.0 and all(b <= a for a, b in zip(factors, factors[1:]))
     assert not any(r.policy["draft"] for r in calibrated[-10:])  # it stopped, and stays stopped
+    # the sums each decision keeps (O(1) per round) equal the whole history folded again without them
+    policy = LawPolicy(params(0.9, calibration=4.0), COST)
+    bare = [SimpleNamespace(accepted=r.accepted, policy=r.policy and {k: v for k, v in r.policy.items()
+                                                                     if k != "calibration_sums"})
+            for r in runs[4.0][0].rounds]
+    assert policy.calibration(bare) == pytest.approx(policy.calibration(runs[4.0][0].rounds))
+    assert [policy.calibration(bare[:i])[0] for i in range(1, len(bare))] == pytest.approx(factors)
     assert len(runs[4.0][1].calls) < 12
 
 

@@ -151,25 +151,34 @@ class LawPolicy:
 
     # --- decisions ------------------------------------------------------------------------------------
 
-    def calibration(self, history: Sequence = ()) -> tuple[float, float]:
-        """The in-request factors ``(s_law, s_plan)`` from this request's earlier rounds (``Round`` records with
-        their ``policy`` decisions): ``(A + m) / (E + m)`` over the rounds that verified drafts, ``A`` their
-        accepted drafts, ``E`` the uncalibrated law-only (``s_law``) or blended (``s_plan``) expectation of the
-        verified trees, each round weighted ``decay^k`` (``k`` rounds back; 1 without a half-life). ``(1, 1)``
-        when calibration is off or before any verified round."""
-        m = self.calibration_prior
-        if m is None:
-            return 1.0, 1.0
-        accepted = law = blended = 0.0
+    def calibration_sums(self, history: Sequence = ()) -> tuple[float, float, float]:
+        """``(A, E_law, E_blend)`` over this request's earlier rounds (``Round`` records with their ``policy``
+        decisions): the accepted drafts of the rounds that verified drafts and the uncalibrated law-only and
+        blended expectations of the trees they verified, the round ``k`` rounds back weighted ``decay^k`` (1
+        without a half-life). O(1) per round: each decision keeps the sums it was made from
+        (``calibration_sums``), so only the last round is added; a history without them is folded whole."""
+        if not history:
+            return 0.0, 0.0, 0.0
+        last = history[-1]
+        decision = getattr(last, "policy", None) or {}
+        before = decision.get("calibration_sums")
+        if before is None:
+            before = self.calibration_sums(history[:-1])
         decay = self.calibration_decay
-        for record in history:  # oldest first: every later round shrinks what came before
-            accepted, law, blended = accepted * decay, law * decay, blended * decay
-            decision = getattr(record, "policy", None)
-            if not decision or not decision.get("budget"):
-                continue
-            accepted += record.accepted
+        accepted, law, blended = (v * decay for v in before)
+        if decision.get("budget"):
+            accepted += last.accepted
             law += decision.get("law_expected_raw", 0.0)
             blended += decision.get("expected_raw", 0.0)
+        return accepted, law, blended
+
+    def calibration(self, history: Sequence = ()) -> tuple[float, float]:
+        """The in-request factors ``(s_law, s_plan) = ((A + m) / (E_law + m), (A + m) / (E_blend + m))`` of
+        ``calibration_sums``; ``(1, 1)`` when calibration is off or before any verified round."""
+        return (1.0, 1.0) if self.calibration_prior is None else self._factors(self.calibration_sums(history))
+
+    def _factors(self, sums: tuple[float, float, float]) -> tuple[float, float]:
+        m, (accepted, law, blended) = self.calibration_prior, sums
         return (accepted + m) / (law + m), (accepted + m) / (blended + m)
 
     def best_chain_rate(self, acceptance: list[float], max_depth: int, scale: float = 1.0) -> float:
@@ -187,9 +196,12 @@ class LawPolicy:
         ``history``: this request's earlier rounds (for the in-request calibration; empty: none)."""
         inputs = self.inputs(entropies, n_output)
         acceptance = self.law_acceptance(inputs["window_entropy"])
-        s_law, s_plan = self.calibration(history)
+        calibrated, s_law = {}, 1.0
+        if self.calibration_prior is not None:
+            sums = self.calibration_sums(history)
+            s_law, s_plan = self._factors(sums)
+            calibrated = {"calibration": s_law, "plan_calibration": s_plan, "calibration_sums": sums}
         rate = self.best_chain_rate(acceptance, max(int(max_depth), 0), s_law)
-        calibrated = {} if self.calibration_prior is None else {"calibration": s_law, "plan_calibration": s_plan}
         return {**inputs, "draft": rate > 1.0, "law_rate": rate, "acceptance": acceptance, **calibrated}
 
     def plan(self, proposal: DraftProposal, tree: Tree, decision: dict) -> tuple[Tree, float]:
@@ -216,14 +228,13 @@ class LawPolicy:
         # rank by path probability; p <= 1, so a parent ranks before its children (ties: creation order); the
         # calibration factor is the same for every node, so it changes where the prefix stops, not the ranking
         order = sorted(range(tree.n_nodes), key=lambda i: (-path_prob[i], i))
-        best_k, best_rate, cumulative = 0, 1.0, 0.0
+        best_k, best_rate, cumulative, expected = 0, 1.0, 0.0, 0.0
         for k, i in enumerate(order, start=1):
             cumulative += min(1.0, scale * path_prob[i])
             rate = (1.0 + cumulative) / self.verify_cost(k + 1)
             if rate > best_rate:
-                best_k, best_rate = k, rate
+                best_k, best_rate, expected = k, rate, cumulative
         chosen = order[:best_k]
-        expected = float(sum(min(1.0, scale * path_prob[i]) for i in chosen))
         decision.update(confidence=float(sum(surrogate)), budget=best_k, expected=expected,
                         expected_raw=float(sum(path_prob[i] for i in chosen)),
                         law_expected_raw=float(sum(law_prob[i] for i in chosen)))
