@@ -157,19 +157,18 @@ class LawPolicy:
         blended expectations of the trees they verified, the round ``k`` rounds back weighted ``decay^k`` (1
         without a half-life). O(1) per round: each decision keeps the sums it was made from
         (``calibration_sums``), so only the last round is added; a history without them is folded whole."""
-        if not history:
-            return 0.0, 0.0, 0.0
-        last = history[-1]
-        decision = getattr(last, "policy", None) or {}
-        before = decision.get("calibration_sums")
-        if before is None:
-            before = self.calibration_sums(history[:-1])
+        i = len(history) - 1  # the last round whose decision kept the sums it was made from (online: the last)
+        while i >= 0 and (getattr(history[i], "policy", None) or {}).get("calibration_sums") is None:
+            i -= 1
+        accepted, law, blended = (0.0, 0.0, 0.0) if i < 0 else history[i].policy["calibration_sums"]
         decay = self.calibration_decay
-        accepted, law, blended = (v * decay for v in before)
-        if decision.get("budget"):
-            accepted += last.accepted
-            law += decision.get("law_expected_raw", 0.0)
-            blended += decision.get("expected_raw", 0.0)
+        for record in history[max(i, 0):]:  # add that round and any later one, each shrinking what came before
+            accepted, law, blended = accepted * decay, law * decay, blended * decay
+            decision = getattr(record, "policy", None) or {}
+            if decision.get("budget"):
+                accepted += record.accepted
+                law += decision.get("law_expected_raw", 0.0)
+                blended += decision.get("expected_raw", 0.0)
         return accepted, law, blended
 
     def calibration(self, history: Sequence = ()) -> tuple[float, float]:
