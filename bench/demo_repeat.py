@@ -3,8 +3,9 @@
 Runs the demo's measurement twice on the same prompts (its defaults: ``--limit`` prompts per category drawn with
 ``--seed`` from the whole Spec-Bench set, 128 new tokens, arms AR, n-gram chain, block DDTree16), each through
 the one recording loop (``jobs.record.record_arms``: warm-up, arms interleaved per prompt in rotating order) and
-the one speed routine (``jobs.speed.paired_speedups``: CPU clock, paired per request, request-bootstrap 95%
-interval, physical bound, verdict), then per arm x category (and all prompts together):
+the one speed routine (``jobs.speed.paired_speedups``: CPU clock, paired per request, 95% interval from the
+request bootstrap widened to Student t with few requests, physical bound, verdict), then per arm x category (and
+all prompts together):
 
 - the two speedups and intervals, whether the intervals overlap and whether each run's estimate lies inside the
   other run's interval;
@@ -37,7 +38,8 @@ def measure(tasks, specs, target, out: Path, max_new_tokens: int, seed: int):
                            progress=False, run_metadata=lambda spec: {"seed": seed, "replayed": False,
                                                                       "arm": spec.name})
     ar = next(spec.name for spec in specs if not spec.drafts)
-    return paired_speedups(recorded.timings(ar), reference=ar, clock="cpu", seed=seed)
+    timings = recorded.timings(ar)
+    return paired_speedups(timings, reference=ar, clock="cpu", seed=seed), timings
 
 
 def main(argv=None) -> int:
@@ -56,6 +58,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--timings-out", help="CSV of every run's per-request timings (to re-derive intervals later)")
     args = p.parse_args(argv)
     if args.repeats < 2:
         raise ValueError("--repeats must be at least 2 to compare runs")
@@ -68,14 +71,17 @@ def main(argv=None) -> int:
     print(f"{len(tasks)} prompts ({args.limit} per category, seed {args.seed}), arms {[s.name for s in specs]}, "
           f"{args.max_new_tokens} new tokens, {args.repeats} runs, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, "
           f"load average {os.getloadavg()}", flush=True)
-    runs = []
+    runs, timings = [], []
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.repeats):
             t0 = time.perf_counter()
-            runs.append(measure(tasks, specs, target, Path(tmp) / f"run{i}", args.max_new_tokens, args.seed)
-                        .assign(run=i))
+            speed, timed = measure(tasks, specs, target, Path(tmp) / f"run{i}", args.max_new_tokens, args.seed)
+            runs.append(speed.assign(run=i))
+            timings.append(timed.assign(run=i))
             print(f"run {i}: {time.perf_counter() - t0:.0f} s wall, load average {os.getloadavg()}", flush=True)
     table = pd.concat(runs, ignore_index=True)
+    if args.timings_out:
+        pd.concat(timings, ignore_index=True).to_csv(args.timings_out, index=False)
     rows = []
     for (arm, category), part in table.groupby(["arm", "category"], sort=False):
         part = part.sort_values("run")

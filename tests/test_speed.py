@@ -293,3 +293,56 @@ def test_bad_input_no_timings_no_ar_and_another_machine():
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)
         assert _analysis(traces).machine_warnings("sim-block chain") == []
+
+
+def test_the_interval_of_few_requests_is_widened_to_student_t_and_covers():
+    """Two requests: the percentile bootstrap's ends are the two single-request ratios (the demo's two runs on
+    the same prompts gave disjoint intervals, bench/demo_repeat.py); the interval is the t interval, computed here
+    by hand: jackknife SE of log S over the requests, t with 1 degree of freedom."""
+    from scipy import stats
+
+    from entropy_law.law.cost import paired_speedup_interval
+
+    rng = np.random.default_rng(0)
+    ref_t, arm_t = np.array([2.0, 3.0]), np.array([1.6, 2.7])
+    ref_n = arm_n = np.array([64.0, 64.0])
+    lo, hi = paired_speedup_interval(ref_t, ref_n, arm_t, arm_n, rng=rng)
+    estimate = 5.0 / 4.3
+    jack = np.log([3.0 / 2.7, 2.0 / 1.6])  # leave request 0 out, leave request 1 out
+    se = np.sqrt(0.5 * np.sum((jack - jack.mean()) ** 2))
+    half = stats.t.ppf(0.975, 1) * se
+    assert (lo, hi) == pytest.approx((estimate * np.exp(-half), estimate * np.exp(half)))
+    assert lo < 2.0 / 1.6 * 0.5 and hi > 3.0 / 2.7 * 1.5  # far wider than the two single-request ratios
+    assert paired_speedup_interval(ref_t[:1], ref_n[:1], arm_t[:1], arm_n[:1], rng=rng) == pytest.approx(
+        (np.nan, np.nan), nan_ok=True)
+
+    # coverage of the true ratio over many simulated small samples (the bootstrap alone misses it far more often)
+    truth, covered, boot_covered, trials = 1.25, 0, 0, 300
+    for n in (2, 3, 5):
+        for _ in range(trials):
+            base = rng.uniform(2.0, 4.0, n)
+            ref = base * (1 + rng.normal(0, 0.08, n))
+            arm = base / truth * (1 + rng.normal(0, 0.08, n))
+            tokens = np.full(n, 64.0)
+            lo, hi = paired_speedup_interval(ref, tokens, arm, tokens, rng=rng, n_boot=400)
+            covered += lo <= truth <= hi
+            draws = rng.integers(0, n, size=(400, n))
+            boot = ref[draws].sum(1) / arm[draws].sum(1)
+            b_lo, b_hi = np.percentile(boot, [2.5, 97.5])
+            boot_covered += b_lo <= truth <= b_hi
+    assert covered / (3 * trials) >= 0.92
+    assert boot_covered / (3 * trials) < 0.85
+
+
+def test_with_many_requests_the_interval_is_the_bootstrap_s():
+    from entropy_law.law.cost import paired_speedup_interval
+
+    rng = np.random.default_rng(3)
+    base = rng.uniform(2.0, 4.0, 200)
+    ref, arm, tokens = base * (1 + rng.normal(0, 0.05, 200)), base / 1.3 * (1 + rng.normal(0, 0.05, 200)), np.full(
+        200, 64.0)
+    lo, hi = paired_speedup_interval(ref, tokens, arm, tokens, rng=np.random.default_rng(1))
+    draws = np.random.default_rng(1).integers(0, 200, size=(2000, 200))
+    b_lo, b_hi = np.percentile(ref[draws].sum(1) / arm[draws].sum(1), [2.5, 97.5])
+    assert (lo, hi) == pytest.approx((b_lo, b_hi), rel=0.02)
+    assert lo < 1.3 < hi

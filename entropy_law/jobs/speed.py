@@ -11,7 +11,8 @@ mismatch is reported, never hidden).
 
 A speedup is paired: per category, the reference's time over the arm's time on the same requests, whose
 token counts are equal when decoding is lossless (time per token otherwise); its 95% interval is a request
-bootstrap. Two checks decide whether it is printed as a result:
+bootstrap, widened to the Student-t interval where that is wider (few requests: ``law.cost.paired_speedup_interval``).
+Two checks decide whether it is printed as a result:
 
 - the physical bound: one round commits ``tokens/round`` tokens and costs at least one target forward over
   the verified tree, ``c(N + 1) >= c(1) = 1`` one-token forwards, so speedup <= tokens/round x c(1)/c(N+1);
@@ -35,8 +36,15 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from entropy_law.law.cost import (ABOVE_BOUND, BOUND_SLACK, MEASURED, MIN_PAIRED_REQUESTS,  # noqa: F401
-                                   RELIABLE_HALF_WIDTH, speed_verdict)
+from entropy_law.law.cost import (  # noqa: F401
+    ABOVE_BOUND,
+    BOUND_SLACK,
+    MEASURED,
+    MIN_PAIRED_REQUESTS,
+    RELIABLE_HALF_WIDTH,
+    paired_speedup_interval,
+    speed_verdict,
+)
 
 ALL = "all"
 
@@ -111,8 +119,9 @@ def _ratio(ref_time: np.ndarray, ref_tokens: np.ndarray, arm_time: np.ndarray, a
 
 def paired_speedups(timings: pd.DataFrame, *, reference: str, clock: str = "cpu", n_boot: int = 2000,
                     seed: int = 0) -> pd.DataFrame:
-    """Per arm and category (and ``"all"``): the paired speedup over ``reference`` with a request-bootstrap
-    95% interval, tokens per round, the physical bound, and whether the number is a result.
+    """Per arm and category (and ``"all"``): the paired speedup over ``reference`` with a 95% interval
+    (``law.cost.paired_speedup_interval``: request bootstrap, widened to Student t with few requests), tokens
+    per round, the physical bound, and whether the number is a result.
 
     Columns: ``arm``, ``category``, ``requests``, ``speedup``, ``lo``, ``hi``, ``tokens_per_round``,
     ``bound``, ``within_bound``, ``reliable``, ``mismatches``, ``verdict`` (``"measured"``, ``"not measured
@@ -135,12 +144,7 @@ def paired_speedups(timings: pd.DataFrame, *, reference: str, clock: str = "cpu"
             a_t, a_n = mine.loc[ids, column].to_numpy(float), mine.loc[ids, "new_tokens"].to_numpy(float)
             r_t, r_n = ref.loc[ids, column].to_numpy(float), ref.loc[ids, "new_tokens"].to_numpy(float)
             speedup = _ratio(r_t, r_n, a_t, a_n)
-            if len(ids) >= 2:
-                draws = rng.integers(0, len(ids), size=(n_boot, len(ids)))
-                boot = np.array([_ratio(r_t[d], r_n[d], a_t[d], a_n[d]) for d in draws])
-                lo, hi = np.percentile(boot, [2.5, 97.5])
-            else:
-                lo = hi = math.nan  # one request: no interval
+            lo, hi = paired_speedup_interval(r_t, r_n, a_t, a_n, rng=rng, n_boot=n_boot)  # NaN for one request
             rounds = mine.loc[ids, "rounds"].sum()
             tokens_per_round = (a_n - 1).sum() / rounds if rounds else math.nan  # the prefill's token excluded
             cost = mine.loc[ids, "verify_cost"].sum()

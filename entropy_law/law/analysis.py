@@ -44,7 +44,7 @@ import pandas as pd
 from entropy_law.law import atrisk
 from entropy_law.law.arms import AR_LABEL, run_arms
 from entropy_law.law.compare import category_share_of_gain, compare_laws
-from entropy_law.law.cost import UNRELIABLE, speed_verdict, when_drafting_pays
+from entropy_law.law.cost import UNRELIABLE, paired_speedup_interval, speed_verdict, when_drafting_pays
 from entropy_law.law.fit import PRIMARY_FAMILY, fit_law, get_family
 from entropy_law.law.hypotheses import universality_test
 from entropy_law.law.transfer import block_prediction, loco_transfer
@@ -558,7 +558,8 @@ class TraceAnalysis:
         """Measured decode speedup of one arm over AR per category, paired request by request with the timed AR
         runs of the same model and machine (``paired_requests``): (AR ms per token) / (arm ms per token) over
         the category's paired requests, tokens counted after the prefill, on the CPU clock where the traces
-        carry it (``clock``: "cpu" or "wall"); ``lo`` / ``hi``: a request-bootstrap 95% interval;
+        carry it (``clock``: "cpu" or "wall"); ``lo`` / ``hi``: a 95% interval (``cost.paired_speedup_interval``:
+        request bootstrap, widened to Student t with few requests);
         ``tokens_per_round`` and ``bound`` = tokens per round x c(1) / c(N + 1) (the physical bound: a round
         costs at least one forward over its verified tree; c from the run's verify-cost curve, else 1);
         ``verdict`` (``cost.speed_verdict``): "measured", "not measured reliably" (interval wider than +-15%
@@ -577,10 +578,8 @@ class TraceAnalysis:
                 ar_ms = r_ms.sum() / max(r_n.sum(), 1)
                 speedup = ar_ms / arm_ms if arm_ms > 0 else np.nan
                 lo = hi = np.nan
-                if len(part) >= 2 and arm_ms > 0:
-                    draws = rng.integers(0, len(part), size=(SPEEDUP_BOOT, len(part)))
-                    boot = (r_ms[draws].sum(1) / r_n[draws].sum(1)) / (a_ms[draws].sum(1) / a_n[draws].sum(1))
-                    lo, hi = np.nanpercentile(boot, [2.5, 97.5])
+                if arm_ms > 0:
+                    lo, hi = paired_speedup_interval(r_ms, r_n, a_ms, a_n, rng=rng, n_boot=SPEEDUP_BOOT)
                 n_rounds, cost = part["rounds"].sum(), part["verify_cost"].sum()
                 per_round = a_n.sum() / n_rounds if n_rounds else np.nan
                 bound = per_round * n_rounds / cost if n_rounds and cost else per_round
