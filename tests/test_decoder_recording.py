@@ -93,10 +93,20 @@ def test_recorded_traces_agree_with_the_engine_api_and_with_ar(tmp_path):
     for column in ("request_id", "round_index", "position", "depth", "token_id", "role"):
         assert a[column].astype(str).tolist() == b[column].astype(str).tolist(), column
     for column in ("target_entropy_nats", "target_renyi2_nats", "target_top1_prob", "target_top2_prob",
-                   "target_logit_gap", "draft_prob", "draft_rank", "draft_entropy_nats"):
+                   "target_logit_gap", "draft_prob", "draft_rank", "draft_entropy_nats", "draft_top1_prob"):
         np.testing.assert_allclose(a[column].to_numpy(float), b[column].to_numpy(float), atol=1e-5, rtol=0,
                                    err_msg=column)
     assert a["draft_entropy_nats"].notna().any() and a["draft_rank"].notna().any()
+    # the drafter's confidence in its own top proposal: on every drafted depth (rejected ones too), the largest
+    # probability of the row, so never below the committed token's and equal to it where that token ranked first
+    drafted = a["draft_rank"].notna()
+    assert (a["draft_top1_prob"].notna() == drafted).all()
+    assert (drafted & (a["role"] == "correction") & (a["draft_rank"] == -1)).any()  # known where the draft failed
+    both = a["draft_prob"].notna()
+    assert (a.loc[both, "draft_top1_prob"] >= a.loc[both, "draft_prob"] - 1e-6).all()
+    first = both & (a["draft_rank"] == 0) & a["request_id"].isin(["r0", "r2"])  # candidates, best first
+    assert first.any()
+    np.testing.assert_allclose(a.loc[first, "draft_top1_prob"], a.loc[first, "draft_prob"], atol=1e-6)
     rounds_a = ours.rounds.sort_values(["request_id", "round_index"]).reset_index(drop=True)
     rounds_b = theirs.rounds.sort_values(["request_id", "round_index"]).reset_index(drop=True)
     for column in ("round_index", "start_position", "context_len", "tree_nodes", "tree_depth", "accepted",

@@ -251,3 +251,46 @@ def test_own_p1_equals_the_hypotheses_score_test(rows):
     assert mine["score_statistic"] == pytest.approx(theirs["score_statistic"], rel=1e-6)
     assert mine["p_value"] == pytest.approx(theirs["p_value"], rel=1e-6)
     assert mine["wald_statistic"] == pytest.approx(theirs["wald_statistic"], rel=1e-6)
+
+
+def test_drafter_top1_probability_is_carried_and_a_known_effect_recovered(sim):
+    """``draft_top1_prob`` (the drafter's probability of its own top proposal, known before verification) goes from
+    the tokens table to each at-risk trial, with log(1 - p + 1e-3); outcomes redrawn with a known exponent m on
+    that miss probability: law_exp_drafttop recovers m (95% interval), CV prefers it to law_exp, and like every
+    family on the drafter's own statistics it refuses missing values and cannot run the DP."""
+    tokens = sim.tokens.copy()
+    rng = np.random.default_rng(1)
+    drafted = tokens["draft_rank"].notna()
+    tokens["draft_top1_prob"] = pd.array(np.where(drafted, rng.uniform(0.05, 0.999, len(tokens)), np.nan),
+                                         dtype="Float32")
+    with_top1 = type(sim)(tokens=tokens, rounds=sim.rounds, requests=sim.requests, runs=sim.runs)
+    table = _one_drafter(atrisk.at_risk_table(with_top1))
+    look = tokens.set_index(["request_id", "round_index", "depth"])["draft_top1_prob"].astype(float)
+    expected = look.loc[list(zip(table["request_id"], table["round_index"], table["depth"]))].to_numpy()
+    np.testing.assert_allclose(table["draft_top1_prob"], expected)
+    np.testing.assert_allclose(table["log_draft_miss"], np.log(1 - expected + 1e-3))
+
+    k, m = 0.7, 0.5
+    hazard = 0.8 * (table["target_entropy_nats"] + 1e-3) ** k * np.exp(m * table["log_draft_miss"])
+    accepted = (rng.random(len(table)) < np.exp(-hazard)).astype(np.int8)
+    redrawn = table.assign(accepted=accepted, rejected=1 - accepted)
+    redrawn.attrs.update(table.attrs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        law = fit_law(redrawn, "law_exp_drafttop")
+        comp = compare_laws(redrawn, ("law_exp", "law_exp_drafttop"), n_folds=4)
+    coef = law.coefficients.loc["log_draft_miss"]
+    assert coef["ci_low"] < m < coef["ci_high"]
+    assert comp.best == "law_exp_drafttop"
+    with pytest.raises(ValueError, match="cannot predict rounds"):
+        law.predict_rounds(np.ones(20), 4)
+    assert get_family("law_exp_obs_ceil_drafttop").draft_stats == ("draft_top1_prob",)
+
+    missing = redrawn.copy()
+    missing.loc[missing.index[:3], "draft_top1_prob"] = np.nan
+    with pytest.raises(ValueError, match="draft_top1_prob"):
+        fit_law(missing, "law_exp_obs_ceil_drafttop")
+    older = atrisk.at_risk_table(sim)  # traces without the column (recorded before it existed): read as null
+    assert older["draft_top1_prob"].isna().all()
+    with pytest.raises(ValueError, match="draft_top1_prob"):
+        fit_law(_one_drafter(older), "law_exp_drafttop")

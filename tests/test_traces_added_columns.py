@@ -60,3 +60,15 @@ def test_a_missing_original_column_is_still_an_error(tmp_path):
     pq.write_table(pq.read_table(file).drop_columns(["verify_ms"]), file)
     with pytest.raises(TraceValidationError, match="verify_ms"):
         load_traces(tmp_path / "run")
+
+
+def test_a_tokens_file_from_before_draft_top1_prob_reads_it_as_null(tmp_path):
+    import pyarrow.parquet as pq
+
+    with TraceRecorder(tmp_path / "run", model_id="m") as rec:
+        log_requests(rec, synthetic_requests(seed=6, n_requests=2))
+    assert "draft_top1_prob" in schema.ADDED_COLUMNS["tokens"]
+    file = next((tmp_path / "run").rglob("tokens.parquet"))
+    pq.write_table(pq.read_table(file).drop_columns(["draft_top1_prob"]), file)
+    traces = load_traces(tmp_path / "run")
+    assert traces.tokens["draft_top1_prob"].isna().all() and len(traces.tokens) > 0

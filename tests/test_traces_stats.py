@@ -89,7 +89,9 @@ def test_draft_stats_full_logits_match_float64():
         assert abs(got["prob"][d] - p[d, tok]) < 1e-6
         assert got["rank"][d] == np.sum(p[d] > p[d, tok])  # independent: count of more likely tokens
         assert abs(got["entropy_nats"][d] - scipy.stats.entropy(p[d])) < 1e-5
+        assert abs(got["top1_prob"][d] - p[d].max()) < 1e-6
     assert np.isnan(got["prob"][3]) and np.isnan(got["rank"][3]) and np.isnan(got["entropy_nats"][3])
+    assert np.isnan(got["top1_prob"][3])
 
 
 def test_draft_stats_candidates():
@@ -101,8 +103,11 @@ def test_draft_stats_candidates():
     assert got["rank"][1] == -1 and np.isnan(got["prob"][1])
     assert np.isnan(got["rank"][2])  # beyond the draft's depth: null
     assert np.all(np.isnan(got["entropy_nats"]))
+    # the top proposal's probability is known whatever was committed: rows 0 and 1 of the draft, null beyond
+    np.testing.assert_allclose(got["top1_prob"][:2], np.exp([-0.1, -0.7]), rtol=1e-6)
+    assert np.isnan(got["top1_prob"][2])
     no_lp = draft_stats(committed_ids=[5, 4], candidates=cands)
-    assert no_lp["rank"].tolist() == [0, 1] and np.all(np.isnan(no_lp["prob"]))
+    assert no_lp["rank"].tolist() == [0, 1] and np.all(np.isnan(no_lp["prob"])) and np.all(np.isnan(no_lp["top1_prob"]))
     none = draft_stats(committed_ids=[1, 2])
     assert np.all(np.isnan(none["rank"]))
     with pytest.raises(ValueError, match="shape"):

@@ -72,12 +72,13 @@ def row_entropies(logits: torch.Tensor) -> list[float]:
 def committed_token_draft_stats(draft_logits: torch.Tensor, committed_ids) -> dict[str, torch.Tensor]:
     """Drafter statistics of each committed token: row ``d`` of ``draft_logits`` ``[depth, V]`` scores the
     committed token ``d`` (depth ``d + 1``). ``prob`` = its softmax probability, ``rank`` = the number
-    of tokens with a strictly larger logit (0-based), ``entropy_nats`` = the row's Shannon entropy;
-    NaN (null) for committed tokens deeper than the draft.
+    of tokens with a strictly larger logit (0-based), ``entropy_nats`` = the row's Shannon entropy,
+    ``top1_prob`` = the row's largest probability (the drafter's confidence in its own top proposal, known
+    before verification); NaN (null) for committed tokens deeper than the draft.
     """
     ids = torch.as_tensor(list(committed_ids), dtype=torch.long)
     n, rows = len(ids), min(len(ids), int(draft_logits.shape[0]))
-    out = {key: torch.full((n,), float("nan")) for key in ("prob", "rank", "entropy_nats")}
+    out = {key: torch.full((n,), float("nan")) for key in ("prob", "rank", "entropy_nats", "top1_prob")}
     if rows:
         z = draft_logits[:rows].float()
         chosen = z.gather(-1, ids[:rows, None])
@@ -85,6 +86,7 @@ def committed_token_draft_stats(draft_logits: torch.Tensor, committed_ids) -> di
         p, entropy = _softmax_and_entropy(z, z.amax(dim=-1, keepdim=True))
         out["prob"][:rows] = p.gather(-1, ids[:rows, None])[:, 0]
         out["entropy_nats"][:rows] = entropy
+        out["top1_prob"][:rows] = p.amax(dim=-1)
     return out
 
 

@@ -26,6 +26,7 @@ import pandas as pd
 from entropy_law.law import arms
 
 EPS_NATS = 1e-3
+EPS_PROB = 1e-3  # offset of log(1 - p + eps) for the drafter's top-1 probability (p = 1 would be log 0)
 NEGATIVE_TOLERANCE = 1e-5  # fp32 round-off: entropies in [-1e-5, 0) are set to 0, below that is an error
 
 KEY_COLUMNS = ("drafter_id", "category", "request_id", "depth")
@@ -37,11 +38,14 @@ DERIVED = ("log_entropy", "log_renyi2", "log_logit_gap", "cum_entropy_nats", "lo
 # (``aggregate_at_risk(extra_means=...)``, what a family that uses them passes), so aggregates of the other
 # families keep their columns (and the out-of-core aggregation its column set)
 DECODE_TIME = ("lag_entropy_nats", "log_lag_entropy", "run_mean_entropy_nats", "log_run_mean_entropy",
-               "log1p_position", "draft_entropy_nats", "log_draft_entropy")
+               "log1p_position", "draft_entropy_nats", "log_draft_entropy", "draft_top1_prob", "log_draft_miss")
+# the drafter's own statistics at the depth: known only where the drafter drafted and logged them
+DRAFT_STATS = ("draft_entropy_nats", "draft_top1_prob")
 # decode-time covariates (issue #18): each known before the round's verification, or a function of the greedy
 # output's entropy sequence the law already conditions on; never the outcome (draft_prob / draft_rank are the
 # drafter's probability / rank of the COMMITTED token, which is the target's correction after a rejection:
-# rank 0 <=> accepted, so they are not covariates here)
+# rank 0 <=> accepted, so they are not covariates here; draft_top1_prob, the drafter's probability of its OWN top
+# proposal, is known before verification and is one)
 SEQUENCE_COVARIATES = ("lag_entropy_nats", "run_mean_entropy_nats", "position")
 KIND_ROWS = "at_risk_rows"
 KIND_AGGREGATED = "at_risk_aggregated"
@@ -155,9 +159,14 @@ def at_risk_table(
     if "draft_entropy_nats" in tokens.columns:
         # the drafter's entropy at this depth (its own distribution, computed while drafting, before
         # verification); null where the drafter logs none (the n-gram drafter): families using it refuse then
-        draft_h = risk_draft_entropy(tokens, table)
+        draft_h = risk_draft_column(tokens, table, "draft_entropy_nats")
         table["draft_entropy_nats"] = draft_h
         table["log_draft_entropy"] = np.log(np.maximum(draft_h, 0.0) + eps)
+    if "draft_top1_prob" in tokens.columns:
+        # the drafter's probability of its own top proposal at this depth (before verification); null where the
+        # drafter gave none or the run was recorded before the column existed
+        table["draft_top1_prob"] = risk_draft_column(tokens, table, "draft_top1_prob")
+        add_log_covariates(table, eps)
     rounds = getattr(traces, "rounds", None)
     round_keys = ["run_id", "request_id", "round_index"]
     if isinstance(rounds, pd.DataFrame) and set(round_keys + ["tree_depth"]) <= set(rounds.columns):
@@ -197,6 +206,9 @@ def add_log_covariates(frame: pd.DataFrame, eps: float = EPS_NATS) -> pd.DataFra
                      ("draft_entropy_nats", "log_draft_entropy")):
         if raw in frame:
             frame[log] = np.log(np.maximum(frame[raw].to_numpy(dtype=float), 0.0) + eps)
+    if "draft_top1_prob" in frame:  # log of the drafter's own miss probability, 1 - p (offset EPS_PROB)
+        frame["log_draft_miss"] = np.log(np.clip(1.0 - frame["draft_top1_prob"].to_numpy(dtype=float), 0.0, 1.0)
+                                         + EPS_PROB)
     if "position" in frame and "log1p_position" not in frame:
         frame["log1p_position"] = np.log1p(frame["position"].to_numpy(dtype=float))
     return frame
@@ -222,15 +234,15 @@ def _add_sequence_covariates(table: pd.DataFrame, tokens: pd.DataFrame, eps: flo
     return add_log_covariates(table, eps)
 
 
-def risk_draft_entropy(tokens: pd.DataFrame, table: pd.DataFrame) -> np.ndarray:
-    """``draft_entropy_nats`` of each at-risk row (NaN where null)."""
+def risk_draft_column(tokens: pd.DataFrame, table: pd.DataFrame, column: str) -> np.ndarray:
+    """The tokens table's ``column`` (a drafter statistic, ``DRAFT_STATS``) of each at-risk row (NaN where null)."""
     keys = ["run_id", "request_id", "round_index", "depth"]
-    look = tokens[[*keys, "draft_entropy_nats"]].astype({"run_id": str, "request_id": str})
+    look = tokens[[*keys, column]].astype({"run_id": str, "request_id": str})
     look = look.drop_duplicates(keys)
     left = table[keys].astype({"run_id": str, "request_id": str})
     left["depth"] = left["depth"].astype(look["depth"].dtype)
     merged = left.merge(look, on=keys, how="left", validate="many_to_one")
-    return merged["draft_entropy_nats"].to_numpy(dtype=float, na_value=np.nan)
+    return merged[column].to_numpy(dtype=float, na_value=np.nan)
 
 
 def log_bin(values: np.ndarray, *, eps: float = EPS_NATS, width_log10: float = 0.05) -> np.ndarray:
@@ -267,7 +279,7 @@ def mean_columns(table: pd.DataFrame, extra: Sequence[str] = ()) -> list[str]:
     missing = [c for c in extra if c not in table.columns]
     if missing:
         raise ValueError(f"the at-risk table lacks {missing}: build it with at_risk_table from traces (target "
-                         "entropies and positions; draft_entropy_nats needs a drafter that logs its entropy)")
+                         "entropies and positions; draft_entropy_nats / draft_top1_prob need a drafter that logs them)")
     return [c for c in (*COVARIATES, *DERIVED, *extra) if c in table.columns]
 
 

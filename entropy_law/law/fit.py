@@ -67,10 +67,15 @@ class LawFamily:
         return "drafted_depth" in self.extra_keys
 
     @property
-    def needs_draft_entropy(self) -> bool:
-        """Uses the drafter's own entropy at the depth: known only where the drafter drafted and logged it,
-        so such a law scores trials but cannot run the DP over a whole output (``predict_rounds``)."""
-        return "draft_entropy_nats" in self.means
+    def draft_stats(self) -> tuple:
+        """The drafter's own statistics at the depth the law uses (``atrisk.DRAFT_STATS``: its entropy, its top-1
+        probability): known only where the drafter drafted and logged them, so such a law scores trials but
+        cannot run the DP over a whole output (``predict_rounds``)."""
+        return tuple(c for c in atrisk.DRAFT_STATS if c in self.means)
+
+    @property
+    def needs_draft_stats(self) -> bool:
+        return bool(self.draft_stats)
 
     @property
     def uses_category(self) -> bool:
@@ -139,6 +144,16 @@ FAMILIES: dict[str, LawFamily] = {
         _LAW_EXP_OBS,
         replace(_LAW_EXP_OBS, name="law_exp_obs_ceil", profile_eps=True,
                 description="law_exp_obs with the offset c of log(H + c) fitted (ceiling < 1)"),
+        # the drafter's confidence in its own top proposal at the depth (draft_top1_prob p, known before
+        # verification): log(1 - p + 1e-3), its own miss probability
+        LawFamily("law_exp_drafttop", "LAW-E + log(1 - drafter's top-1 probability at the depth + 1e-3)", "cloglog",
+                  "rejection", "log_entropy + log_draft_miss", bin_columns=("target_entropy_nats", "draft_top1_prob"),
+                  slope="log_entropy", means=("draft_top1_prob", "log_draft_miss")),
+        replace(_LAW_EXP_OBS, name="law_exp_obs_ceil_drafttop", profile_eps=True,
+                description="law_exp_obs_ceil + log(1 - drafter's top-1 probability at the depth + 1e-3)",
+                terms=_LAW_EXP_OBS.terms + " + log_draft_miss",
+                bin_columns=(*_LAW_EXP_OBS.bin_columns, "draft_top1_prob"),
+                means=(*_LAW_EXP_OBS.means, "draft_top1_prob", "log_draft_miss")),
     ]
 }
 
@@ -211,11 +226,12 @@ def prepare_counts(traces, family: LawFamily, *, eps=atrisk.EPS_NATS, width_log1
     if missing:
         raise ValueError(f"{family.name} needs at-risk columns {missing}: pass traces with a .rounds table (the "
                          "round's drafted depth), or an at-risk table / aggregate that has them")
-    if family.needs_draft_entropy and ("draft_entropy_nats" not in table
-                                       or table["draft_entropy_nats"].isna().any()):
-        raise ValueError(f"{family.name} uses the drafter's entropy at each depth (draft_entropy_nats), which these "
-                         "traces do not hold at every at-risk trial (the n-gram drafter logs none): use a family "
-                         "without it, such as 'law_exp_obs'")
+    for column in family.draft_stats:
+        if column not in table or table[column].isna().any():
+            raise ValueError(f"{family.name} uses the drafter's {column} at each depth, which these traces do not hold "
+                             "at every at-risk trial (drafter entropy: the n-gram drafter logs none; draft_top1_prob: "
+                             "runs recorded before it existed lack it): use a family without it, such as "
+                             "'law_exp_obs'")
     if table.attrs.get("kind") == atrisk.KIND_ROWS and aggregate:
         table = atrisk.aggregate_at_risk(table, bin_columns=family.bin_columns, eps=eps, width_log10=width_log10,
                                          keys=(*atrisk.KEY_COLUMNS, *family.extra_keys), extra_means=family.means)
@@ -596,9 +612,10 @@ class FittedLaw(Result):
         """Rows to predict for the DP over entropy sequence ``h`` and the shape to put them into:
         ``[T, drafts]`` (acceptance of depth j + 1 of a round at t), or ``[drafts, T, drafts]`` per drafted
         depth D for a law in D (``law_exp_drafted``; rows only for j < D, the rest stays 1)."""
-        if self.family.needs_draft_entropy:
-            raise ValueError(f"{self.family.name} needs the drafter's entropy at every position and depth, known only "
-                             "where the drafter drafted: it scores trials but cannot predict rounds")
+        if self.family.needs_draft_stats:
+            raise ValueError(f"{self.family.name} needs the drafter's {', '.join(self.family.draft_stats)} at every "
+                             "position and depth, known only where the drafter drafted: it scores trials but cannot "
+                             "predict rounds")
         if self.family.needs_drafted_depth:
             position, depth, drafted, flat = acceptance_tensor_positions(h.size, drafts)
             frame = pd.DataFrame({"target_entropy_nats": h[position], "depth": depth, "drafted_depth": drafted})
@@ -685,9 +702,9 @@ class FittedLaw(Result):
             extra["cum_entropy_nats"] = np.zeros_like(h)
         if self.family.needs_drafted_depth and not self.family.means:
             extra["drafted_depth"] = np.full_like(h, max(self.depths))  # the deepest drafts seen
-        if self.family.needs_draft_entropy:
-            raise ValueError(f"{self.family.name} is a law in H and the drafter's entropy; plot predict_acceptance "
-                             "yourself with draft_entropy_nats=...")
+        if self.family.needs_draft_stats:
+            raise ValueError(f"{self.family.name} is a law in H and the drafter's own statistics; plot "
+                             f"predict_acceptance yourself with {'=..., '.join(self.family.draft_stats)}=...")
         if self.family.means:  # the constant-entropy steady state (``steady_state``)
             extra.update(self.steady_state(h))
         for d in depths:
@@ -770,7 +787,7 @@ def cluster_wald_test(full, terms: Sequence[str]) -> tuple[float, float]:
 
 def _raw_means(family: LawFamily) -> list[str]:
     """The raw decode-time columns a family's predictions need (their logs are derived)."""
-    derived = {"log_lag_entropy", "log_run_mean_entropy", "log_draft_entropy"}
+    derived = {"log_lag_entropy", "log_run_mean_entropy", "log_draft_entropy", "log_draft_miss"}
     raw = [c for c in family.means if c not in derived]
     return ["position" if c == "log1p_position" else c for c in raw]
 

@@ -63,7 +63,7 @@ from entropy_law.traces.schema import (
     STOP_REASONS,
     added_columns,
 )
-from entropy_law.traces.stats import TARGET_STAT_KEYS, target_stats_from_logits
+from entropy_law.traces.stats import DRAFT_STAT_KEYS, TARGET_STAT_KEYS, target_stats_from_logits
 from entropy_law.traces.stats import draft_stats as _draft_stats
 from entropy_law.traces.validation import check_run, check_values
 
@@ -504,7 +504,7 @@ class TraceRecorder:
         Give exactly one of ``target_logits`` (``[committed, V]``, row j produced the token at depth
         j + 1; statistics computed here in fp32) and ``target_stats`` (dict of arrays of length
         committed with keys ``entropy_nats, renyi2_nats, top1_prob, top2_prob, logit_gap``). Drafter
-        statistics come from ``draft_stats`` (dict ``prob, rank, entropy_nats``; NaN = null), or are
+        statistics come from ``draft_stats`` (dict ``prob, rank, entropy_nats, top1_prob``; NaN = null), or are
         computed from ``draft_logits`` ``[depth, V]`` or ``draft_candidates``/``draft_logprobs``
         ``[depth, K]``; none of them: null. ``policy``: the round's policy columns (``POLICY_COLUMNS``,
         ``rounds`` table; missing keys and ``None``: null).
@@ -581,7 +581,7 @@ class TraceRecorder:
             draft = self._draft_from_dict(draft_stats, committed, where)
         elif draft_logits is not None or draft_candidates is not None:
             d = _draft_stats(draft_logits, ids, draft_candidates, draft_logprobs)
-            draft = np.array([d["prob"], d["rank"], d["entropy_nats"]], dtype=np.float64)
+            draft = np.array([d[key] for key in DRAFT_STAT_KEYS], dtype=np.float64)
         elif draft_logprobs is not None:
             raise ValueError(f"{where}: draft_logprobs given without draft_candidates")
 
@@ -605,10 +605,10 @@ class TraceRecorder:
 
     @staticmethod
     def _draft_from_dict(stats: dict, committed: int, where: str) -> np.ndarray:
-        if not isinstance(stats, dict) or set(stats) - {"prob", "rank", "entropy_nats"}:
-            raise ValueError(f"{where}: draft_stats must be a dict with keys 'prob', 'rank', 'entropy_nats'")
-        out = np.full((3, committed), np.nan)
-        for row, key in enumerate(("prob", "rank", "entropy_nats")):
+        if not isinstance(stats, dict) or set(stats) - set(DRAFT_STAT_KEYS):
+            raise ValueError(f"{where}: draft_stats must be a dict with keys among {list(DRAFT_STAT_KEYS)}")
+        out = np.full((len(DRAFT_STAT_KEYS), committed), np.nan)
+        for row, key in enumerate(DRAFT_STAT_KEYS):
             if key in stats and stats[key] is not None:
                 values = np.asarray([np.nan if v is None else v for v in stats[key]]
                                     if isinstance(stats[key], (list, tuple)) else stats[key], dtype=np.float64)
@@ -616,9 +616,11 @@ class TraceRecorder:
                     raise ValueError(f"{where}: draft_stats[{key!r}] must have length committed={committed}; "
                                      f"got shape {values.shape}")
                 out[row] = values
-        prob, rank, ent = out
+        prob, rank, ent, top1 = out
         if ((prob < 0) | (prob > 1)).any():
             raise ValueError(f"{where}: draft_stats['prob'] must lie in [0, 1]; got {prob.tolist()}")
+        if ((top1 < 0) | (top1 > 1)).any():
+            raise ValueError(f"{where}: draft_stats['top1_prob'] must lie in [0, 1]; got {top1.tolist()}")
         if (rank < -1).any() or (np.nan_to_num(rank) % 1 != 0).any():
             raise ValueError(f"{where}: draft_stats['rank'] must be integers >= -1 (NaN = null); got {rank.tolist()}")
         if (ent < 0).any() or np.isinf(ent).any():
@@ -687,9 +689,9 @@ class TraceRecorder:
         first_of_round = np.cumsum(committed) - committed
         depth = np.arange(n_tok, dtype=np.int64) - first_of_round[round_of_token] + 1
         stats = np.concatenate([s for r in pending for s in r.stats], axis=1) if n_tok else np.zeros((5, 0), np.float32)
-        drafts = [d if d is not None else np.full((3, len(t)), np.nan)
+        drafts = [d if d is not None else np.full((len(DRAFT_STAT_KEYS), len(t)), np.nan)
                   for r in pending for d, t in zip(r.draft, r.token_ids)]
-        draft = np.concatenate(drafts, axis=1) if n_tok else np.zeros((3, 0))
+        draft = np.concatenate(drafts, axis=1) if n_tok else np.zeros((len(DRAFT_STAT_KEYS), 0))
         roles = np.concatenate([x for r in pending for x in r.roles]) if n_tok else np.zeros(0, np.int8)
         token_ids = np.concatenate([x for r in pending for x in r.token_ids]) if n_tok else np.zeros(0, np.int64)
         req_of_token = req_of_round[round_of_token]
@@ -709,6 +711,7 @@ class TraceRecorder:
         tokens["draft_prob"] = pa.array(draft[0].astype(np.float32), mask=np.isnan(draft[0]))
         tokens["draft_rank"] = pa.array(np.where(rank_null, 0, draft[1]).astype(np.int32), mask=rank_null)
         tokens["draft_entropy_nats"] = pa.array(draft[2].astype(np.float32), mask=np.isnan(draft[2]))
+        tokens["draft_top1_prob"] = pa.array(draft[3].astype(np.float32), mask=np.isnan(draft[3]))
         return {"tokens": _to_schema(tokens, "tokens"), "rounds": _to_schema(rounds, "rounds"),
                 "requests": _to_schema(requests, "requests")}
 

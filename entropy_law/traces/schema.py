@@ -50,6 +50,8 @@ TOKENS_SCHEMA = pa.schema(
         pa.field("draft_prob", pa.float32(), nullable=True),  # drafter prob of the committed token
         pa.field("draft_rank", pa.int32(), nullable=True),  # 0-based; -1: not among candidates
         pa.field("draft_entropy_nats", pa.float32(), nullable=True),
+        # added: the drafter's probability of its own top proposal at this depth (known before verification)
+        pa.field("draft_top1_prob", pa.float32(), nullable=True),
     ]
 )
 
@@ -109,7 +111,7 @@ POLICY_COLUMNS = ("policy_entropy_nats", "policy_window_entropy_nats", "policy_d
 # and readers and writers fill it with nulls, so old runs stay readable and resumable (format v1 is kept).
 # Document every entry in docs/trace-schema.md under "Added columns".
 ADDED_COLUMNS: dict[str, tuple[str, ...]] = {
-    "tokens": (),
+    "tokens": ("draft_top1_prob",),
     "rounds": POLICY_COLUMNS,
     "requests": ("decode_cpu_ms",),
 }

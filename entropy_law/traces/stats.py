@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 TARGET_STAT_KEYS = ("entropy_nats", "renyi2_nats", "top1_prob", "top2_prob", "logit_gap")
-DRAFT_STAT_KEYS = ("prob", "rank", "entropy_nats")
+DRAFT_STAT_KEYS = ("prob", "rank", "entropy_nats", "top1_prob")
 
 # Rows processed at once; bounds the temporary [rows, V] arrays (64 x 152k x 4 B = 39 MB).
 _CHUNK_ROWS = 64
@@ -95,15 +95,19 @@ def draft_stats(
     ``[depth, K]`` (best first) and optionally ``candidate_logprobs`` ``[depth, K]`` (``-inf`` marks
     an unused slot), ``rank`` is the index of the committed token among the candidates (-1 if absent),
     ``prob = exp(logprob)`` when present (else null) and ``entropy_nats`` is null.
+    ``top1_prob``: the drafter's probability of its own most probable proposal at that depth (the largest
+    softmax probability of the row, or of the row's candidate log-probabilities; null without them): known
+    before verification, unlike ``prob``, which scores the token the target committed.
 
-    Returns ``prob`` and ``entropy_nats`` as float32 and ``rank`` as float64 arrays of length
-    ``len(committed_ids)``; **null is NaN** in all three (rows beyond the draft's depth, or no draft).
+    Returns ``prob``, ``entropy_nats`` and ``top1_prob`` as float32 and ``rank`` as float64 arrays of length
+    ``len(committed_ids)``; **null is NaN** in all of them (rows beyond the draft's depth, or no draft).
     """
     ids = np.asarray(committed_ids, dtype=np.int64).reshape(-1)
     n = len(ids)
     prob = np.full(n, np.nan, dtype=np.float32)
     rank = np.full(n, np.nan, dtype=np.float64)
     entropy = np.full(n, np.nan, dtype=np.float32)
+    top1 = np.full(n, np.nan, dtype=np.float32)
     if draft_logits is not None:
         array = _as_float32_2d(draft_logits, "draft logits")
         rows = min(n, array.shape[0])
@@ -118,11 +122,12 @@ def draft_stats(
             prob[:rows] = np.exp(chosen - lse[:, 0])
             rank[:rows] = (shifted > chosen[:, None]).sum(axis=1)
             entropy[:rows] = _entropy_from_logprobs(logp)
-        return {"prob": prob, "rank": rank, "entropy_nats": entropy}
+            top1[:rows] = np.exp(-lse[:, 0])  # the largest shifted logit is 0
+        return {"prob": prob, "rank": rank, "entropy_nats": entropy, "top1_prob": top1}
     if candidates is None:
         if candidate_logprobs is not None:
             raise ValueError("candidate_logprobs given without candidates; pass both (or draft_logits)")
-        return {"prob": prob, "rank": rank, "entropy_nats": entropy}
+        return {"prob": prob, "rank": rank, "entropy_nats": entropy, "top1_prob": top1}
     if hasattr(candidates, "detach"):
         candidates = candidates.detach().cpu().numpy()
     cand = np.asarray(candidates, dtype=np.int64)
@@ -150,4 +155,6 @@ def draft_stats(
         if logprobs is not None:
             picked = logprobs[np.arange(rows), first]
             prob[:rows] = np.where(found, np.exp(np.minimum(picked, 0)), np.nan)
-    return {"prob": prob, "rank": rank, "entropy_nats": entropy}
+            best = np.where(valid[:rows], logprobs[:rows], -np.inf).max(axis=1)
+            top1[:rows] = np.where(np.isfinite(best), np.exp(np.minimum(best, 0)), np.nan)
+    return {"prob": prob, "rank": rank, "entropy_nats": entropy, "top1_prob": top1}

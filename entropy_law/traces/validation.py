@@ -122,6 +122,8 @@ def _check_tokens(tbl: pa.Table, where: str) -> None:
         ("target_logit_gap", lambda c: pc.invert(pc.greater_equal(c, 0)), "target_logit_gap negative or NaN"),
         ("draft_prob", pc.is_nan, "NaN draft_prob (write null for a missing value)"),
         ("draft_prob", lambda c: pc.or_(pc.less(c, 0), pc.greater(c, 1)), "draft_prob outside [0, 1]"),
+        ("draft_top1_prob", pc.is_nan, "NaN draft_top1_prob (write null for a missing value)"),
+        ("draft_top1_prob", lambda c: pc.or_(pc.less(c, 0), pc.greater(c, 1)), "draft_top1_prob outside [0, 1]"),
         ("draft_entropy_nats", pc.is_nan, "NaN draft_entropy_nats (write null for a missing value)"),
         ("draft_entropy_nats", lambda c: pc.or_(pc.less(c, 0), pc.is_inf(c)),
          "draft_entropy_nats negative or infinite"),
