@@ -66,8 +66,7 @@ def replay_top1(run: Path, plain, target, tasks) -> tuple[pd.DataFrame, int, int
     if block and block_drafter.drafter_id != meta["drafter_id"]:
         raise ValueError(f"{run}: recorded with {meta['drafter_id']}, the shipped checkpoint is "
                          f"{block_drafter.drafter_id}")
-    recorded_entropy = tokens.set_index(["request_id", "round_index", "depth"])["draft_entropy_nats"]
-    rows, checked, worst_entropy = [], 0, 0.0
+    rows, checked = [], 0
     for rid, part in tokens.groupby("request_id", observed=True, sort=False):
         rid = str(rid)
         if rid not in tasks:
@@ -106,19 +105,21 @@ def replay_top1(run: Path, plain, target, tasks) -> tuple[pd.DataFrame, int, int
             else:
                 stats = draft_stats(committed_ids=committed, candidates=proposal.tokens[:depth],
                                     candidate_logprobs=proposal.logprobs[:depth])
-            for d in range(depth):
-                rows.append((rid, record.round_index, d + 1, float(stats["top1_prob"][d])))
-                if block:
-                    worst_entropy = max(worst_entropy, abs(float(stats["entropy_nats"][d])
-                                                           - float(recorded_entropy.loc[(rid, record.round_index,
-                                                                                         d + 1)])))
-    if worst_entropy > 1e-3:
+            rows += [(rid, record.round_index, d + 1, float(stats["top1_prob"][d]), float(stats["entropy_nats"][d]))
+                     for d in range(depth)]
+    keys = ["request_id", "round_index", "depth"]
+    frame = pd.DataFrame(rows, columns=[*keys, "draft_top1_prob", "replayed_entropy"])
+    worst_entropy = 0.0
+    if block:  # the replayed drafter's entropies against the recorded ones, on the same rows
+        recorded = tokens[[*keys, "draft_entropy_nats"]].astype({"request_id": str})
+        both = frame.merge(recorded, on=keys, how="left", validate="one_to_one")
+        worst_entropy = float((both["replayed_entropy"] - both["draft_entropy_nats"].astype(float)).abs().max())
+    if not worst_entropy <= 1e-3:  # NaN (a recorded entropy missing) fails too
         raise ValueError(f"{run}: the replayed drafter entropy differs from the recorded one by up to "
                          f"{worst_entropy:.2e} nats: not the drafter that recorded the run")
     if block:
         print(f"  {run.name}: replayed drafter entropy within {worst_entropy:.1e} nats of the recorded", flush=True)
-    frame = pd.DataFrame(rows, columns=["request_id", "round_index", "depth", "draft_top1_prob"])
-    return frame.assign(run_id=meta["run_id"]), tokens["request_id"].nunique(), checked
+    return frame.drop(columns="replayed_entropy").assign(run_id=meta["run_id"]), tokens["request_id"].nunique(), checked
 
 
 def write_column(run: Path, top1: pd.DataFrame, checked: int, drafter: str) -> int:
@@ -141,10 +142,9 @@ def write_column(run: Path, top1: pd.DataFrame, checked: int, drafter: str) -> i
         tmp = path.with_suffix(".parquet.tmp")
         strings = [f.name for f in TOKENS_SCHEMA if pa.types.is_string(f.type)]
         pq.write_table(new, tmp, compression="zstd", use_dictionary=strings)  # as the recorder writes shards
-        back = pq.read_table(tmp)
-        if not back.drop(["draft_top1_prob"]).equals(table.select([n for n in TOKENS_SCHEMA.names
-                                                                    if n != "draft_top1_prob"]).cast(
-                back.drop(["draft_top1_prob"]).schema)):
+        recorded = [name for name in TOKENS_SCHEMA.names if name != "draft_top1_prob"]
+        back = pq.read_table(tmp).select(recorded)
+        if not back.equals(table.select(recorded).cast(back.schema)):
             tmp.unlink()
             raise RuntimeError(f"{path}: the rewritten recorded columns differ; nothing replaced")
         os.replace(tmp, path)

@@ -89,6 +89,14 @@ def _one_drafter(rows):
     return out
 
 
+def _redrawn(rows, hazard, rng):
+    """``rows`` with outcomes redrawn from a cloglog law of the given hazard (acceptance exp(-hazard))."""
+    accepted = (rng.random(len(rows)) < np.exp(-hazard)).astype(np.int8)
+    redrawn = rows.assign(accepted=accepted, rejected=1 - accepted)
+    redrawn.attrs.update(rows.attrs)
+    return redrawn
+
+
 def test_a_known_lag_effect_is_recovered(rows):
     """Outcomes redrawn from a cloglog law with a known lagged-entropy exponent g = 0.4: law_exp_lag recovers it
     (95% interval), law_exp (no lag term) cannot, and CV prefers law_exp_lag."""
@@ -96,9 +104,7 @@ def test_a_known_lag_effect_is_recovered(rows):
     rng = np.random.default_rng(0)
     k, g = 0.7, 0.4
     hazard = 0.8 * (one["target_entropy_nats"] + 1e-3) ** k * (one["lag_entropy_nats"] + 1e-3) ** g
-    accepted = (rng.random(len(one)) < np.exp(-hazard)).astype(np.int8)
-    redrawn = one.assign(accepted=accepted, rejected=1 - accepted)
-    redrawn.attrs.update(one.attrs)
+    redrawn = _redrawn(one, hazard, rng)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         law = fit_law(redrawn, "law_exp_lag")
@@ -272,9 +278,7 @@ def test_drafter_top1_probability_is_carried_and_a_known_effect_recovered(sim):
 
     k, m = 0.7, 0.5
     hazard = 0.8 * (table["target_entropy_nats"] + 1e-3) ** k * np.exp(m * table["log_draft_miss"])
-    accepted = (rng.random(len(table)) < np.exp(-hazard)).astype(np.int8)
-    redrawn = table.assign(accepted=accepted, rejected=1 - accepted)
-    redrawn.attrs.update(table.attrs)
+    redrawn = _redrawn(table, hazard, rng)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         law = fit_law(redrawn, "law_exp_drafttop")

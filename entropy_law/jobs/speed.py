@@ -42,6 +42,7 @@ from entropy_law.law.cost import (  # noqa: F401
     MEASURED,
     MIN_PAIRED_REQUESTS,
     RELIABLE_HALF_WIDTH,
+    paired_speedup,
     paired_speedup_interval,
     speed_verdict,
 )
@@ -112,11 +113,6 @@ def time_arms(tasks: Sequence, arms: Mapping[str, Callable], encode: Callable, *
     return pd.DataFrame([row.__dict__ for row in rows])
 
 
-def _ratio(ref_time: np.ndarray, ref_tokens: np.ndarray, arm_time: np.ndarray, arm_tokens: np.ndarray) -> float:
-    """Speedup = reference time per token / arm time per token, over the requests given (totals)."""
-    return (ref_time.sum() / ref_tokens.sum()) / (arm_time.sum() / arm_tokens.sum())
-
-
 def paired_speedups(timings: pd.DataFrame, *, reference: str, clock: str = "cpu", n_boot: int = 2000,
                     seed: int = 0) -> pd.DataFrame:
     """Per arm and category (and ``"all"``): the paired speedup over ``reference`` with a 95% interval
@@ -143,7 +139,7 @@ def paired_speedups(timings: pd.DataFrame, *, reference: str, clock: str = "cpu"
                 continue
             a_t, a_n = mine.loc[ids, column].to_numpy(float), mine.loc[ids, "new_tokens"].to_numpy(float)
             r_t, r_n = ref.loc[ids, column].to_numpy(float), ref.loc[ids, "new_tokens"].to_numpy(float)
-            speedup = _ratio(r_t, r_n, a_t, a_n)
+            speedup = paired_speedup(r_t, r_n, a_t, a_n)
             lo, hi = paired_speedup_interval(r_t, r_n, a_t, a_n, rng=rng, n_boot=n_boot)  # NaN for one request
             rounds = mine.loc[ids, "rounds"].sum()
             tokens_per_round = (a_n - 1).sum() / rounds if rounds else math.nan  # the prefill's token excluded

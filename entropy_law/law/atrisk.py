@@ -156,17 +156,13 @@ def at_risk_table(
     table = table.drop(columns="role")
     if "target_entropy_nats" in covariates:
         table = _add_sequence_covariates(table, tokens, eps)
-    if "draft_entropy_nats" in tokens.columns:
-        # the drafter's entropy at this depth (its own distribution, computed while drafting, before
-        # verification); null where the drafter logs none (the n-gram drafter): families using it refuse then
-        draft_h = risk_draft_column(tokens, table, "draft_entropy_nats")
-        table["draft_entropy_nats"] = draft_h
-        table["log_draft_entropy"] = np.log(np.maximum(draft_h, 0.0) + eps)
-    if "draft_top1_prob" in tokens.columns:
-        # the drafter's probability of its own top proposal at this depth (before verification); null where the
-        # drafter gave none or the run was recorded before the column existed
-        table["draft_top1_prob"] = risk_draft_column(tokens, table, "draft_top1_prob")
-        add_log_covariates(table, eps)
+    # the drafter's own statistics at this depth (its entropy, its top proposal's probability: computed while
+    # drafting, before verification); null where the drafter logs none (the n-gram drafter has no entropy) or the
+    # run was recorded before the column existed: families using them refuse then
+    for column in DRAFT_STATS:
+        if column in tokens.columns:
+            table[column] = risk_draft_column(tokens, table, column)
+    _add_draft_logs(table, eps)
     rounds = getattr(traces, "rounds", None)
     round_keys = ["run_id", "request_id", "round_index"]
     if isinstance(rounds, pd.DataFrame) and set(round_keys + ["tree_depth"]) <= set(rounds.columns):
@@ -202,16 +198,23 @@ def sequence_covariates(entropy: np.ndarray, position: np.ndarray) -> dict:
 
 def add_log_covariates(frame: pd.DataFrame, eps: float = EPS_NATS) -> pd.DataFrame:
     """The log columns of the decode-time covariates present in ``frame`` (in place; returns it)."""
-    for raw, log in (("lag_entropy_nats", "log_lag_entropy"), ("run_mean_entropy_nats", "log_run_mean_entropy"),
-                     ("draft_entropy_nats", "log_draft_entropy")):
+    for raw, log in (("lag_entropy_nats", "log_lag_entropy"), ("run_mean_entropy_nats", "log_run_mean_entropy")):
         if raw in frame:
             frame[log] = np.log(np.maximum(frame[raw].to_numpy(dtype=float), 0.0) + eps)
-    if "draft_top1_prob" in frame:  # log of the drafter's own miss probability, 1 - p (offset EPS_PROB)
-        frame["log_draft_miss"] = np.log(np.clip(1.0 - frame["draft_top1_prob"].to_numpy(dtype=float), 0.0, 1.0)
-                                         + EPS_PROB)
+    _add_draft_logs(frame, eps)
     if "position" in frame and "log1p_position" not in frame:
         frame["log1p_position"] = np.log1p(frame["position"].to_numpy(dtype=float))
     return frame
+
+
+def _add_draft_logs(frame: pd.DataFrame, eps: float) -> None:
+    """``log_draft_entropy`` = log(drafter entropy + eps) and ``log_draft_miss`` = log(1 - draft_top1_prob +
+    EPS_PROB) (the drafter's own miss probability) where ``frame`` has the raw columns (in place)."""
+    if "draft_entropy_nats" in frame:
+        frame["log_draft_entropy"] = np.log(np.maximum(frame["draft_entropy_nats"].to_numpy(dtype=float), 0.0) + eps)
+    if "draft_top1_prob" in frame:
+        miss = np.clip(1.0 - frame["draft_top1_prob"].to_numpy(dtype=float), 0.0, 1.0)
+        frame["log_draft_miss"] = np.log(miss + EPS_PROB)
 
 
 def _add_sequence_covariates(table: pd.DataFrame, tokens: pd.DataFrame, eps: float) -> pd.DataFrame:

@@ -68,10 +68,16 @@ def speed_verdict(speedup: float, low: float, high: float, bound: float, request
     return MEASURED if max(speedup - low, high - speedup) <= RELIABLE_HALF_WIDTH * speedup else UNRELIABLE
 
 
+def paired_speedup(ref_time, ref_tokens, arm_time, arm_tokens):
+    """S = (sum ref_time / sum ref_tokens) / (sum arm_time / sum arm_tokens), the sums over the last axis (one entry
+    per request, paired by position; leading axes: resamples)."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return (ref_time.sum(-1) / ref_tokens.sum(-1)) / (arm_time.sum(-1) / arm_tokens.sum(-1))
+
+
 def paired_speedup_interval(ref_time, ref_tokens, arm_time, arm_tokens, *, rng: np.random.Generator,
                             n_boot: int = 2000, level: float = 0.95) -> tuple[float, float]:
-    """``level`` interval of a paired speedup S = (sum ref_time / sum ref_tokens) / (sum arm_time / sum arm_tokens)
-    over requests (one entry per request in each array, paired by position); (NaN, NaN) below 2 requests.
+    """``level`` interval of the paired speedup S (``paired_speedup``) over requests; (NaN, NaN) below 2 requests.
 
     The request bootstrap's percentile interval (``n_boot`` resamples of the requests, ``rng``), widened where
     it is narrower than the studentized interval exp(log S +- t(n - 1) x SE): SE the jackknife standard error of
@@ -87,23 +93,17 @@ def paired_speedup_interval(ref_time, ref_tokens, arm_time, arm_tokens, *, rng: 
     if n < 2:
         return float("nan"), float("nan")
 
-    def ratio(rt, rn, at, an):
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return (rt.sum(-1) / rn.sum(-1)) / (at.sum(-1) / an.sum(-1))
-
     draws = rng.integers(0, n, size=(int(n_boot), n))
-    boot = ratio(ref_time[draws], ref_tokens[draws], arm_time[draws], arm_tokens[draws])
+    boot = paired_speedup(ref_time[draws], ref_tokens[draws], arm_time[draws], arm_tokens[draws])
     tail = 100 * (1 - level) / 2
     lo, hi = (np.nanpercentile(boot, [tail, 100 - tail]) if np.isfinite(boot).any() else (np.nan, np.nan))
     keep = ~np.eye(n, dtype=bool)  # row i: every request but i
-    jack = np.log(ratio(np.where(keep, ref_time, 0), np.where(keep, ref_tokens, 0),
-                        np.where(keep, arm_time, 0), np.where(keep, arm_tokens, 0)))
-    estimate = ratio(ref_time, ref_tokens, arm_time, arm_tokens)
+    jack = np.log(paired_speedup(*(np.where(keep, x, 0.0) for x in (ref_time, ref_tokens, arm_time, arm_tokens))))
+    estimate = paired_speedup(ref_time, ref_tokens, arm_time, arm_tokens)
     if np.isfinite(jack).all() and np.isfinite(estimate) and estimate > 0:
         se = math.sqrt((n - 1) / n * np.sum((jack - jack.mean()) ** 2))
         half = float(scipy_stats.t.ppf(1 - (1 - level) / 2, n - 1)) * se
-        lo = min(lo, estimate * math.exp(-half)) if np.isfinite(lo) else estimate * math.exp(-half)
-        hi = max(hi, estimate * math.exp(half)) if np.isfinite(hi) else estimate * math.exp(half)
+        lo, hi = np.fmin(lo, estimate * math.exp(-half)), np.fmax(hi, estimate * math.exp(half))  # fmin: NaN-blind
     return float(lo), float(hi)
 
 
