@@ -22,9 +22,11 @@ def register(subparsers) -> None:
     p.add_argument("--depths", default="observed", choices=("observed", "category", "full"),
                    help="drafted-depth model of the tokens-per-round DP (default: %(default)s; full: every round "
                         "drafts a full block)")
-    p.add_argument("--loco-depths", default="training", choices=("training", "oracle"),
+    p.add_argument("--loco-depths", default="training", choices=("training", "replayed", "oracle"),
                    help="drafted depths of the held-out category in --loco: 'training' (default; a depth model "
-                        "fitted on the other categories, leak-free) or 'oracle' (the held-out category's own)")
+                        "fitted on the other categories, leak-free), 'replayed' (the drafter's own proposal at every "
+                        "position, from the runs' proposals.parquet: bench/replayed_proposals.py --write; leak-free) "
+                        "or 'oracle' (the held-out category's own)")
     p.add_argument("--out-of-core", action="store_true",
                    help="fit with fit_law_out_of_core (DuckDB over the shards, IRLS streamed over the cells: trace "
                         "folders larger than memory); prints the law per drafter id only (docs/out-of-core.md)")
@@ -62,6 +64,14 @@ def run(args) -> int:
             raise ValueError("pass a trace folder, or --simulate SEED")
         # one law per arm (drafter + tree policy: "ngram chain", "ngram ddtree16"), not pooled by drafter
         traces = make_view(load_traces(args.traces))
+    proposals = None
+    if args.loco and args.loco_depths == "replayed":
+        from entropy_law.traces.proposals import read_proposals
+
+        proposals = read_proposals(args.traces) if args.traces and args.simulate is None else None
+        if proposals is None:
+            raise ValueError("--loco-depths replayed needs the runs' replayed proposals (proposals.parquet beside "
+                             "run.json): make them with bench/replayed_proposals.py --write")
     laws = fit_law(traces, args.family, by="drafter_id")
     drafters = [args.drafter] if args.drafter else list(laws.laws)
     for drafter in drafters:
@@ -72,7 +82,8 @@ def run(args) -> int:
         block_prediction(law, traces, drafter=drafter, depths=args.depths).print_summary()
         print()
         if args.loco:
-            loco_transfer(traces, args.family, drafter=drafter, depths=args.loco_depths).print_summary()
+            loco_transfer(traces, args.family, drafter=drafter, depths=args.loco_depths,
+                          proposals=proposals).print_summary()
             print()
     if args.tests:
         pre = preregistered_tests(traces, drafter=drafters[0])

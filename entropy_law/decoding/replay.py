@@ -298,6 +298,65 @@ def oracle_rounds(prompt_ids: Sequence[int], output_ids: Sequence[int], drafter:
     return result
 
 
+PROPOSAL_COLUMNS = ("start_position", "proposal_depth", "depth", "top1_prob")
+
+
+def replay_proposals(prompt_ids: Sequence[int], output_ids: Sequence[int], drafter: Drafter,
+                     tree: str | Callable = "chain", budget: int | None = None, *, eos_token_ids=None,
+                     max_new_tokens: int | None = None, max_context: int | None = None) -> pd.DataFrame:
+    """The drafter's proposal for a round starting at EVERY output position of a known greedy output.
+
+    For each start position ``s`` = 1 .. T-1 (a round whose pending root is output token ``s - 1``; position 0
+    is the prefill's), the drafter proposes after prompt + output[:s], the tree policy (``tree``, ``budget``;
+    every drafted node verified, as a run with gate threshold 0) picks the tree within the usable depth, and
+    a row per drafted depth ``d`` = 1 .. ``proposal_depth`` (the tree's depth) gives ``top1_prob``, the
+    drafter's probability of its own most probable proposal at ``d`` (the trace column ``draft_top1_prob``'s
+    definition); a start with nothing drafted gets one row with ``proposal_depth`` = ``depth`` = 0 and a
+    null ``top1_prob``. The output must be complete greedy decoding (EOS only as its last token).
+
+    What a law needs to predict rounds that never happened (``entropy_law.law.transfer``, depths
+    ``"replayed"``): the rounds a decoder makes depend on where earlier rounds ended, so their starts are only
+    some of these. Nothing of a round's outcome enters: only the context, which greedy decoding fixes.
+    Context-only drafters (the n-gram drafter; ``PrecomputedBlockDrafter``). A drafter that calibrates from
+    its own record (the n-gram drafter) is consulted at every position here, not only at round starts, so
+    its probabilities rest on more evidence than online; its proposals at the recorded rounds' starts are
+    mostly, not always, the recorded ones (the bench that writes them reports the agreement).
+    """
+    prompt_ids, output_ids = [int(t) for t in prompt_ids], [int(t) for t in output_ids]
+    if not prompt_ids or not output_ids:
+        raise ValueError("replay_proposals needs a prompt and a non-empty greedy output")
+    rules = RoundRules.make(tree, budget, eos_token_ids=eos_token_ids, max_context=max_context,
+                            min_expected_accepted=0.0)
+    max_new = len(output_ids) if max_new_tokens is None else int(max_new_tokens)
+    early_eos = [i for i, t in enumerate(output_ids[:-1]) if t in rules.eos_token_ids]
+    if early_eos:
+        raise ValueError(f"output has EOS at position {early_eos[0]} before its end; greedy decoding stops there")
+    drafter.begin(prompt_ids, None)
+    columns = {name: [] for name in PROPOSAL_COLUMNS}
+
+    def add(start: int, depth_of: int, depth: int, prob: float) -> None:
+        for name, value in zip(PROPOSAL_COLUMNS, (start, depth_of, depth, prob)):
+            columns[name].append(value)
+
+    for s in range(1, min(len(output_ids), max_new)):
+        state_start = len(prompt_ids) + s - 1  # cache length with the root pending
+        proposal = drafter.propose(prompt_ids + output_ids[:s], None)
+        verified, proposal, _ = rules.plan_tree(proposal, state_start, max_new - s)
+        if proposal is None or verified.n_nodes == 0:
+            add(s, 0, 0, float("nan"))
+            continue
+        depth = verified.max_depth
+        if proposal.logits is not None:
+            top1 = torch.softmax(proposal.logits[:depth].float(), dim=-1).amax(dim=-1)
+        else:
+            top1 = proposal.logprobs[:depth].float().amax(dim=-1).exp()
+        for d, p in enumerate(top1.tolist(), start=1):
+            add(s, depth, d, float(p))
+    frame = pd.DataFrame(columns)
+    return frame.astype({"start_position": "int32", "proposal_depth": "int16", "depth": "int16",
+                         "top1_prob": "float32"})
+
+
 def replay_request(
     target,
     prompt_ids: Sequence[int],

@@ -608,27 +608,43 @@ class FittedLaw(Result):
         start = np.maximum(t - j + 1, 0)
         return csum[t] - csum[start]
 
-    def sequence_frame(self, h: np.ndarray, drafts: int) -> tuple[pd.DataFrame, tuple]:
+    def sequence_frame(self, h: np.ndarray, drafts: int, *, draft_top1: np.ndarray | None = None
+                       ) -> tuple[pd.DataFrame, tuple]:
         """Rows to predict for the DP over entropy sequence ``h`` and the shape to put them into:
         ``[T, drafts]`` (acceptance of depth j + 1 of a round at t), or ``[drafts, T, drafts]`` per drafted
-        depth D for a law in D (``law_exp_drafted``; rows only for j < D, the rest stays 1)."""
-        if self.family.needs_draft_stats:
-            raise ValueError(f"{self.family.name} needs the drafter's {', '.join(self.family.draft_stats)} at every "
-                             "position and depth, known only where the drafter drafted: it scores trials but cannot "
-                             "predict rounds")
+        depth D for a law in D (``law_exp_drafted``; rows only for j < D, the rest stays 1).
+
+        ``draft_top1`` (``[T, drafts]``): the drafter's top-1 probability at depth j + 1 of a round starting at
+        t (``transfer.proposal_arrays`` from replayed proposals; NaN where it drafts nothing there, whose
+        acceptance the DP never uses). A family in the drafter's ``draft_top1_prob`` needs it; the drafter's
+        entropy (``draft_entropy_nats``) cannot be given this way."""
+        stats = self.family.draft_stats
+        if stats and (draft_top1 is None or set(stats) != {"draft_top1_prob"}):
+            raise ValueError(f"{self.family.name} needs the drafter's {', '.join(stats)} at every position and "
+                             "depth, known only where the drafter drafted: it scores trials but cannot predict "
+                             "rounds" + ("" if set(stats) != {"draft_top1_prob"} else
+                                         " unless given the replayed proposals' top-1 probabilities (draft_top1="
+                                         "transfer.proposal_arrays(...), depths='replayed')"))
         if self.family.needs_drafted_depth:
             position, depth, drafted, flat = acceptance_tensor_positions(h.size, drafts)
             frame = pd.DataFrame({"target_entropy_nats": h[position], "depth": depth, "drafted_depth": drafted})
             shape = ((drafts, h.size, drafts), flat)
+            start = np.unravel_index(flat, (drafts, h.size, drafts))[1]
         else:
             position, depth = acceptance_matrix_positions(h.size, drafts)
             frame = pd.DataFrame({"target_entropy_nats": h[position], "depth": depth})
             shape = ((h.size, drafts), None)
+            start = np.repeat(np.arange(h.size), drafts)
         if self.family.name == "law_exp_cum":
             frame["cum_entropy_nats"] = self._sequence_cum(h, position, depth)
         if self.family.means:  # the decode-time covariates of each (round start, depth)'s output position
             for name, values in atrisk.sequence_covariates(h, position).items():
                 frame[name] = values
+        if stats:
+            top1 = np.asarray(draft_top1, dtype=float)
+            if top1.shape != (h.size, drafts):
+                raise ValueError(f"draft_top1 must be [T, drafts] = [{h.size}, {drafts}], got {top1.shape}")
+            frame["draft_top1_prob"] = np.nan_to_num(top1[start, depth - 1], nan=0.0)  # NaN: never drafted there
         return frame, shape
 
     @staticmethod

@@ -30,7 +30,7 @@ from entropy_law.law.fit import FittedLaw, fit_law
 from entropy_law.law.results import Result
 from entropy_law.law.stats import FEW_REQUESTS, SmallSampleWarning
 from entropy_law.law.transfer import (TrainingDepthModel, _observed_rounds, drafted_depths, loco_inputs,
-                                      with_start_entropy)
+                                      proposal_arrays, with_start_entropy)
 
 LEVEL = 0.90
 N_DRAWS = 20  # parameter draws per held-out category
@@ -102,18 +102,34 @@ def parameter_draws(law: FittedLaw, n_draws: int, seed: int) -> np.ndarray:
     return rng.multivariate_normal(np.asarray(law.result.params, dtype=float), cov, size=n_draws, method="eigh")
 
 
-def request_moments(law: FittedLaw, sequences: pd.DataFrame, B: int, depth_model: TrainingDepthModel, *,
-                    draws: np.ndarray | None = None) -> pd.DataFrame:
+def request_moments(law: FittedLaw, sequences: pd.DataFrame, B: int, depth_model: TrainingDepthModel | None, *,
+                    draws: np.ndarray | None = None, proposals: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per request of ``sequences`` (``transfer.entropy_sequences`` rows): ``tokens``, the law's E[N] and
-    Var[N] (``round_count_moments`` with the drafted depths of ``depth_model``), ``predicted_tokens_per_round``
-    = T / E[N], ``var_log_sampling`` = Var[N] / E[N]^2 and, with ``draws`` (coefficient draws),
-    ``var_log_parameters``: the variance of log E[N] over the draws."""
+    Var[N] (``round_count_moments`` with the drafted depths of ``depth_model``, or with ``proposals``, the
+    drafter's replayed proposals: the depth it drafts at each round start and its top-1 probabilities,
+    ``transfer.proposal_arrays``), ``predicted_tokens_per_round`` = T / E[N], ``var_log_sampling`` =
+    Var[N] / E[N]^2 and, with ``draws`` (coefficient draws), ``var_log_parameters``: the variance of log E[N]
+    over the draws."""
     drafts = int(B) - 1
+    if (depth_model is None) == (proposals is None):
+        raise ValueError("give exactly one of depth_model (a TrainingDepthModel) and proposals (replayed proposals)")
+    groups = (proposals.astype({"run_id": str, "request_id": str}).groupby(["run_id", "request_id"], sort=False)
+              if proposals is not None else None)
     rows = []
     for rec in sequences.itertuples():
         h = np.asarray(rec.entropy, dtype=float)
-        frame, shape = law.sequence_frame(h, drafts)
-        probs = depth_model.probabilities(h)
+        if groups is not None:
+            key = (str(rec.run_id), str(rec.request_id))
+            if key not in groups.groups:
+                raise ValueError(f"no replayed proposals for request {key[1]!r} of run {key[0]!r}; replay them "
+                                 "(bench/replayed_proposals.py --write)")
+            depth, top1 = proposal_arrays(groups.get_group(key), h.size, drafts, where=f" of request {key[1]!r}")
+            probs = np.zeros((h.size, drafts + 1))
+            probs[np.arange(h.size), depth] = 1.0
+            frame, shape = law.sequence_frame(h, drafts, draft_top1=top1 if law.family.needs_draft_stats else None)
+        else:
+            frame, shape = law.sequence_frame(h, drafts)
+            probs = depth_model.probabilities(h)
         x = _design(law, frame)
         a = law.shape_acceptance(_acceptance(law, x, np.asarray(law.result.params, dtype=float)), shape)
         mean, var = round_count_moments(a, probs)
@@ -208,6 +224,41 @@ class RequestPredictions(Result):
     def coverage(self) -> float:
         return float(self.requests["covered"].mean())
 
+    def category_predictions(self) -> pd.DataFrame:
+        """Per held-out category: observed tokens per round (its committed tokens over its rounds) and the
+        prediction from the requests' centres (the same ratio with each request's rounds at T / centre), the
+        raw DP's (T / E[N], no training bias) beside it, and their relative errors."""
+        r = self.requests
+        tokens = r.groupby("category")["tokens"].sum()
+
+        def ratio(column: str) -> pd.Series:
+            return tokens / (r["tokens"] / r[column]).groupby(r["category"]).sum()
+
+        out = pd.DataFrame({"observed_tokens_per_round": ratio("observed_tokens_per_round"),
+                            "predicted_tokens_per_round": ratio("center"),
+                            "predicted_tokens_per_round_raw": ratio("predicted_tokens_per_round")})
+        out["relative_error"] = out["predicted_tokens_per_round"] / out["observed_tokens_per_round"] - 1
+        out["relative_error_raw"] = out["predicted_tokens_per_round_raw"] / out["observed_tokens_per_round"] - 1
+        return out
+
+    def category_accuracy(self) -> dict:
+        """Across held-out categories (``category_predictions``): mean and max |relative error| and the mean
+        signed error of the centres, the raw DP's mean |relative error|, and Spearman rho of the centres'
+        ranking with its exact permutation p."""
+        from entropy_law.law.stats import exact_spearman_p
+
+        cat = self.category_predictions()
+        observed, predicted = cat["observed_tokens_per_round"].to_numpy(), cat["predicted_tokens_per_round"].to_numpy()
+        if len(cat) <= 9:
+            rho, p = exact_spearman_p(observed, predicted)
+        else:  # the exact permutation p is limited to 9 categories
+            rho, p = float(stats.spearmanr(observed, predicted).statistic), float("nan")
+        return dict(categories=len(cat), mean_abs_relative_error=float(cat["relative_error"].abs().mean()),
+                    max_abs_relative_error=float(cat["relative_error"].abs().max()),
+                    mean_relative_error=float(cat["relative_error"].mean()),
+                    raw_mean_abs_relative_error=float(cat["relative_error_raw"].abs().mean()),
+                    spearman_rho=float(rho), p_permutation=float(p))
+
     def coverage_interval(self, alpha: float = 0.05) -> tuple[float, float]:
         """Wilson interval of the pooled coverage (requests treated as independent)."""
         from statsmodels.stats.proportion import proportion_confint
@@ -241,7 +292,8 @@ def reliability_table(predicted: np.ndarray, n_acc: np.ndarray, n: np.ndarray, c
 
 def loco_predictions(traces, family: str = "law_exp", *, drafter: str | None = None, B: int | None = None,
                      level: float = LEVEL, n_draws: int = N_DRAWS, seed: int = 0, eps: float = atrisk.EPS_NATS,
-                     bins: int = RELIABILITY_BINS, min_categories: int = 3) -> RequestPredictions:
+                     bins: int = RELIABILITY_BINS, min_categories: int = 3,
+                     proposals: pd.DataFrame | None = None) -> RequestPredictions:
     """Leave-one-category-out per-request prediction with ``level`` intervals, and reliability per category.
 
     For each category: fit ``family`` (category-free) on the others with request-clustered errors; the drafted
@@ -250,6 +302,9 @@ def loco_predictions(traces, family: str = "law_exp", *, drafter: str | None = N
     training requests' in-sample residuals; then each held-out request's centre, interval (sampling given its
     length + ``n_draws`` coefficient draws + overdispersion) and whether it covers the observed tokens per
     round (committed tokens / rounds). Nothing of the held-out category enters but its entropy sequences.
+    ``proposals`` (replayed proposals, ``traces.proposals``): the drafted depths (and a law's top-1
+    probabilities) come from the drafter's own proposals replayed at every position instead (leak-free too,
+    as ``loco_transfer(depths="replayed")``); then its training residuals set the bias and overdispersion.
     Reliability: the held-out category's at-risk trials under the LOCO law, by bin of predicted acceptance.
     """
     if n_draws == 1:
@@ -257,7 +312,7 @@ def loco_predictions(traces, family: str = "law_exp", *, drafter: str | None = N
     fam, drafter, rounds, B, rows, counts, categories, seqs = loco_inputs(
         traces, family, drafter=drafter, B=B, eps=eps, min_categories=min_categories, what="LOCO prediction")
     drafts = B - 1
-    drafted_h = with_start_entropy(drafted_depths(traces, drafter), seqs)
+    drafted_h = with_start_entropy(drafted_depths(traces, drafter), seqs) if proposals is None else None
     observed = _observed_rounds(rounds)
     observed["observed_tokens_per_round"] = observed["observed_tokens"] / observed["observed_rounds"]
     observed = observed[["run_id", "request_id", "observed_tokens_per_round"]]
@@ -267,13 +322,15 @@ def loco_predictions(traces, family: str = "law_exp", *, drafter: str | None = N
         with warnings.catch_warnings():  # few requests: said once in the notes, not once per held-out category
             warnings.simplefilter("ignore", SmallSampleWarning)
             law = fit_law(train, fam, cov_type="cluster")
-        model = TrainingDepthModel.fit(drafted_h.loc[drafted_h["category"] != cat], drafts)
+        model = (TrainingDepthModel.fit(drafted_h.loc[drafted_h["category"] != cat], drafts) if proposals is None
+                 else None)
         train_seqs = seqs.loc[seqs["category"] != cat]
-        fitted = request_moments(law, train_seqs, B, model).merge(observed, on=["run_id", "request_id"])
+        fitted = request_moments(law, train_seqs, B, model, proposals=proposals).merge(
+            observed, on=["run_id", "request_id"])
         fitted["residual"] = np.log(fitted["observed_tokens_per_round"] / fitted["predicted_tokens_per_round"])
         over = Overdispersion.estimate(fitted)
         draws = parameter_draws(law, n_draws, seed + i) if n_draws else None
-        pred = request_moments(law, seqs.loc[seqs["category"] == cat], B, model, draws=draws)
+        pred = request_moments(law, seqs.loc[seqs["category"] == cat], B, model, draws=draws, proposals=proposals)
         pred = prediction_interval(pred.merge(observed, on=["run_id", "request_id"]), over, level)
         pred = pred.assign(bias=over.bias, sigma2_request=over.sigma2_request, sigma2_category=over.sigma2_category,
                            var_bias=over.var_bias)
@@ -303,8 +360,9 @@ def loco_predictions(traces, family: str = "law_exp", *, drafter: str | None = N
     if n_requests < FEW_REQUESTS:
         notes.append(f"{n_requests} requests (fewer than {FEW_REQUESTS}): the coefficient draws' cluster-robust covariance "
                      "and the overdispersion are not measured reliably; record more requests")
+    depth_source = "the training depth model" if proposals is None else "the drafter's replayed proposals"
     notes.insert(0, f"interval: normal on log(tokens/round); sampling variance from the DP's Var[N] given the request's "
-                 f"entropy sequence and the training depth model, {n_draws} coefficient draws (cluster-robust), "
+                 f"entropy sequence and {depth_source}, {n_draws} coefficient draws (cluster-robust), "
                  "request and category overdispersion and the bias b from the training categories' in-sample "
                  "residuals (method of moments)")
     return RequestPredictions(summary=summary, requests=requests, reliability=pd.concat(reliability, ignore_index=True),

@@ -217,31 +217,77 @@ def with_start_entropy(drafted: pd.DataFrame, sequences: pd.DataFrame) -> pd.Dat
     return joined
 
 
+
+def proposal_arrays(proposals: pd.DataFrame, length: int, drafts: int, *,
+                    where: str = "") -> tuple[np.ndarray, np.ndarray]:
+    """``(depth [T], top1 [T, drafts])`` of one request from its replayed proposals (``traces.proposals`` rows:
+    ``start_position``, ``proposal_depth``, ``depth``, ``top1_prob``): the depth the drafter drafts in a round
+    starting at each output position (capped at ``drafts``; 0 at position 0, the prefill) and its top-1
+    probability per depth (NaN where it drafts nothing). Every start 1..T-1 must be there; position 0 is the
+    prefill's (nothing drafted) unless the proposals have a row there (an engine whose first round drafts)."""
+    depth = np.zeros(length, dtype=np.int64)
+    top1 = np.full((length, drafts), np.nan)
+    start = proposals["start_position"].to_numpy(np.int64)
+    inside = start < length
+    start = start[inside]
+    of = proposals["proposal_depth"].to_numpy(np.int64)[inside]
+    d = proposals["depth"].to_numpy(np.int64)[inside]
+    missing = np.setdiff1d(np.arange(1, length), start)
+    if missing.size:
+        raise ValueError(f"replayed proposals{where} lack {missing.size} of the {length - 1} round starts (first: "
+                         f"position {missing[0]}); replay them for this run (bench/replayed_proposals.py --write)")
+    depth[start] = np.minimum(of, drafts)
+    keep = (d >= 1) & (d <= drafts)
+    top1[start[keep], d[keep] - 1] = proposals["top1_prob"].to_numpy(float)[inside][keep]
+    return depth, top1
+
+
 def predict_requests(law: FittedLaw, sequences: pd.DataFrame, B: int, *, drafter=None, depths: str = "full",
                      drafted: pd.DataFrame | None = None, depth_edges=DEPTH_ENTROPY_EDGES,
                      depth_model: TrainingDepthModel | None = None,
-                     depth_only_acceptance: np.ndarray | None = None) -> pd.DataFrame:
+                     depth_only_acceptance: np.ndarray | None = None,
+                     proposals: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per request: T, DP-expected rounds and drafting rounds under the depth model ``depths``
     (``depth_probabilities``; ``drafted``: ``drafted_depths`` rows of these requests, needed for
     ``"observed"`` / ``"category"``; ``depth_edges``: entropy bins of the category's depth distribution,
     ``()`` for none; ``"training"``: ``depth_model``, a ``TrainingDepthModel`` fitted elsewhere, and
-    nothing of these requests but their entropies), the full-depth DP's rounds, and the law's summed
+    nothing of these requests but their entropies; ``"replayed"``: ``proposals``, the drafter's replayed
+    proposal at every output position of these requests (``traces.proposals``; ``proposal_arrays``): the
+    depth it drafts there, and its top-1 probabilities for a law in them), the full-depth DP's rounds, and
+    the law's summed
     depth-1 acceptance over its positions. ``depth_only_acceptance`` (``[drafts]``, acceptance per depth,
     no entropy): the same DP with the same depth model for this control too (``*_depth_only`` columns).
 
     All requests' (position, depth) acceptances come from one prediction call, then one DP each.
     """
-    if depths not in DEPTH_MODELS + ("training",):
-        raise ValueError(f"depths must be one of {DEPTH_MODELS + ('training',)}, got {depths!r}")
+    if depths not in DEPTH_MODELS + ("training", "replayed"):
+        raise ValueError(f"depths must be one of {DEPTH_MODELS + ('training', 'replayed')}, got {depths!r}")
     if depths in ("observed", "category") and drafted is None:
         raise ValueError(f"depths={depths!r} needs the drafted depths of the requests' rounds (drafted_depths)")
     if depths == "training" and depth_model is None:
         raise ValueError("depths='training' needs a depth_model (TrainingDepthModel.fit on other requests' rounds)")
+    if depths == "replayed" and proposals is None:
+        raise ValueError("depths='replayed' needs the drafter's replayed proposals (traces.proposals.read_proposals; "
+                         "bench/replayed_proposals.py --write makes them)")
+    if law.family.needs_draft_stats and depths != "replayed":
+        raise ValueError(f"{law.family.name} predicts from the drafter's top-1 probability at every round start: "
+                         "use depths='replayed' with replayed proposals")
     drafts = int(B) - 1
+    replayed = {}
+    if depths == "replayed":
+        groups = proposals.astype({"run_id": str, "request_id": str}).groupby(["run_id", "request_id"], sort=False)
+        for rec in sequences.itertuples():
+            key = (str(rec.run_id), str(rec.request_id))
+            if key not in groups.groups:
+                raise ValueError(f"no replayed proposals for request {key[1]!r} of run {key[0]!r}; replay them "
+                                 "(bench/replayed_proposals.py --write)")
+            replayed[key] = proposal_arrays(groups.get_group(key), len(rec.entropy), drafts,
+                                            where=f" of request {key[1]!r}")
     frames, shapes = [], []
     for rec in sequences.itertuples():
         h = np.asarray(rec.entropy, dtype=float)
-        frame, shape = law.sequence_frame(h, drafts)
+        top1 = replayed[(str(rec.run_id), str(rec.request_id))][1] if replayed else None
+        frame, shape = law.sequence_frame(h, drafts, draft_top1=top1 if law.family.needs_draft_stats else None)
         first = pd.DataFrame({"target_entropy_nats": h, "depth": 1})  # depth-1 acceptance at every position
         if "cum_entropy_nats" in frame:
             first["cum_entropy_nats"] = 0.0
@@ -250,6 +296,8 @@ def predict_requests(law: FittedLaw, sequences: pd.DataFrame, B: int, *, drafter
         if law.family.means:  # decode-time covariates of each output position (atrisk.sequence_covariates)
             for name, values in atrisk.sequence_covariates(h, np.arange(h.size)).items():
                 first[name] = values
+        if law.family.needs_draft_stats:
+            first["draft_top1_prob"] = np.nan_to_num(top1[:, 0], nan=0.0)
         frame = pd.concat([frame, first], ignore_index=True)
         frame["category"] = rec.category
         frames.append(frame)
@@ -280,6 +328,9 @@ def predict_requests(law: FittedLaw, sequences: pd.DataFrame, B: int, *, drafter
         else:
             if depths == "training":
                 probs = depth_model.probabilities(rec.entropy)
+            elif depths == "replayed":
+                probs = np.zeros((n, drafts + 1))
+                probs[np.arange(n), replayed[(str(rec.run_id), str(rec.request_id))][0]] = 1.0
             else:
                 probs = depth_probabilities(n, drafts, depths, observed=by_request.get((rec.run_id, rec.request_id)),
                                             distribution=by_category[rec.category], entropy=rec.entropy,
@@ -366,12 +417,15 @@ DEPTH_NOTES = {
     "training": "drafted depths (leak-free): predicted by a depth model fitted on the training categories only, "
                 "P(D | entropy bin at the round start, first round or later), pooled over their rounds; nothing of "
                 "the held-out category is used but its entropy sequences (not its drafted depths, not its tau)",
+    "replayed": "drafted depths (leak-free): the drafter's own proposal replayed offline at every output position of "
+                "the held-out requests (their prompt and greedy output only: no round's outcome, not tau); a law in "
+                "the drafter's top-1 probability takes it from the same replay",
     "oracle": "drafted depths (oracle, NOT leak-free): the held-out category's own observed depth where a round "
               "started (for trees tau where a round ended at a leaf), elsewhere its own entropy-binned depth "
               "distribution",
 }
 
-LOCO_DEPTH_MODELS = ("training", "oracle", "category", "full")  # "observed" is accepted as "oracle"
+LOCO_DEPTH_MODELS = ("training", "replayed", "oracle", "category", "full")  # "observed" is accepted as "oracle"
 
 
 def block_prediction(law: FittedLaw, traces, *, drafter: str | None = None, B: int | None = None,
@@ -387,7 +441,7 @@ def block_prediction(law: FittedLaw, traces, *, drafter: str | None = None, B: i
     drafter, rounds = single_drafter(traces, drafter)
     B = B or _block_size(rounds)
     seqs = entropy_sequences(traces, drafter)
-    drafted = drafted_depths(traces, drafter) if depths != "full" else None
+    drafted = drafted_depths(traces, drafter) if depths not in ("full", "replayed") else None
     pred = predict_requests(law, seqs, B, drafter=drafter if law.family.needs_drafters else None, depths=depths,
                             drafted=drafted, depth_edges=depth_edges)
     summary, per_req = _block_summary(pred, _observed_rounds(rounds), B - 1)
@@ -478,7 +532,8 @@ def loco_inputs(traces, family, *, drafter: str | None, B: int | None, eps: floa
 
 def loco_transfer(traces, family: str = "law_exp", *, drafter: str | None = None, B: int | None = None,
                   eps: float = atrisk.EPS_NATS, min_categories: int = 3, depths: str = "training",
-                  depth_edges=DEPTH_ENTROPY_EDGES, **fit_options) -> LocoTransfer:
+                  depth_edges=DEPTH_ENTROPY_EDGES, proposals: pd.DataFrame | None = None,
+                  **fit_options) -> LocoTransfer:
     """Fit ``family`` (category-free) without each category in turn and predict that category.
 
     Columns: observed and LOCO-predicted tokens per round (DP with the drafted-depth model ``depths``)
@@ -492,7 +547,10 @@ def loco_transfer(traces, family: str = "law_exp", *, drafter: str | None = None
     ``depths``: ``"training"`` (default, leak-free): the held-out category's drafted depths are predicted
     by a ``TrainingDepthModel`` fitted on the training categories' rounds; of the held-out category only
     its entropy sequences enter the prediction (its drafted depths and tau nowhere, the tree-leaf rule
-    included). ``"oracle"`` (``"observed"`` is the same): the held-out category's own observed depths
+    included). ``"replayed"`` (leak-free, needs ``proposals``: ``traces.proposals.read_proposals`` of the
+    runs): the drafter's own proposal replayed at every output position of the held-out requests gives the
+    depth drafted in a round starting there (and, for a law in it, the drafter's top-1 probability); nothing of
+    any round's outcome enters. ``"oracle"`` (``"observed"`` is the same): the held-out category's own observed depths
     where its rounds started and its own entropy-binned depth distribution elsewhere (the mode before
     leak-free transfer; it uses the held-out outcome, an upper bound on what depth modelling can give).
     ``"category"``, ``"full"``: as in ``block_prediction``.
@@ -524,8 +582,8 @@ def loco_transfer(traces, family: str = "law_exp", *, drafter: str | None = None
         model = (TrainingDepthModel.fit(drafted_h.loc[drafted_h["category"] != cat], drafts, edges=depth_edges)
                  if depths == "training" else None)
         pred = predict_requests(loco, seqs.loc[seqs["category"] == cat], B, depths=dp_depths,
-                                drafted=None if depths == "training" else drafted,
-                                depth_edges=depth_edges, depth_model=model,
+                                drafted=None if depths in ("training", "replayed") else drafted,
+                                depth_edges=depth_edges, depth_model=model, proposals=proposals,
                                 depth_only_acceptance=depth_only_acceptance(train, drafts))
         summary, _ = _block_summary(pred, observed, drafts)
         first = summary.iloc[0]
