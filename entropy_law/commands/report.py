@@ -48,10 +48,15 @@ def run(args) -> int:
         raise FileNotFoundError(f"trace path(s) not found: {', '.join(missing)}")
     traces = load_traces(args.traces if len(args.traces) > 1 else args.traces[0])
     options = {} if args.compare_families is None else {"compare_families": tuple(args.compare_families)}
-    from entropy_law.law.fit import PRIMARY_FAMILY
+    import pandas as pd
 
+    from entropy_law.law.fit import PRIMARY_FAMILY
+    from entropy_law.traces.proposals import read_proposals
+
+    proposals = [p for p in (read_proposals(path) for path in paths) if p is not None]  # LOCO depths "replayed"
     analysis = TraceAnalysis(traces, family=args.family or PRIMARY_FAMILY, n_boot=args.n_boot, seed=args.seed,
-                             ar_ms_per_token=args.ar_ms_per_token, **options)
+                             ar_ms_per_token=args.ar_ms_per_token,
+                             proposals=pd.concat(proposals, ignore_index=True) if proposals else None, **options)
     source = " ".join(args.traces)
     path = write_report(traces, args.out, fmt=args.format, analysis=analysis, source=source,
                         progress=not args.no_progress)

@@ -245,6 +245,7 @@ def few_requests_notes(analysis: TraceAnalysis) -> list[str]:
 
 
 LOCO_DEPTH_LABELS = {"training": "leak-free (depths from training categories)",
+                     "replayed": "leak-free (the drafter's replayed proposals)",
                      "oracle": "oracle depths (held-out's own)"}
 
 
@@ -305,7 +306,9 @@ LOCO_TEXT = ("Leave-one-category-out accuracy across categories (the law fitted 
              "relative error of predicted vs observed (mean signed, mean and max |error|), Spearman ρ of predicted vs "
              "observed over the categories with its exact one-sided permutation p. Leak-free: the held-out category's "
              "drafted depths are predicted by a depth model fitted on the training categories (entropy at the round "
-             "start, first round or later); oracle depths: its own observed depths (uses the held-out outcome, not a "
+             "start, first round or later); replayed (where the runs hold proposals.parquet): the drafter's own "
+             "proposal at every position, replayed from the prompt and the greedy output, no round's outcome; "
+             "oracle depths: its own observed depths (uses the held-out outcome, not a "
              "transfer result). Depth-only control: acceptance per depth pooled over the training categories, no "
              "entropy, the same depth inputs and DP: what entropy adds is the gap to it. Last column: the old DP that "
              "assumes a full block every round.")
@@ -394,7 +397,7 @@ def _sections(analysis: TraceAnalysis):
     yield title, frame
     notes.extend(extra)
     for arm in analysis.arms:
-        for depths in ("training", "oracle"):
+        for depths in analysis.loco_depths:
             loco = analysis.attempt("loco", arm, depths)
             if loco.ok:
                 yield (f"Leave-one-category-out transfer, {LOCO_DEPTH_LABELS[depths]}: {arm}",

@@ -135,8 +135,10 @@ class TraceAnalysis:
     """
 
     def __init__(self, traces, *, family: str = DEFAULT_FAMILY, n_boot: int = 50, seed: int = 0,
-                 ar_ms_per_token: float | None = None, compare_families=COMPARE_FAMILIES, n_folds: int = 5):
+                 ar_ms_per_token: float | None = None, compare_families=COMPARE_FAMILIES, n_folds: int = 5,
+                 proposals: pd.DataFrame | None = None):
         self.traces = traces
+        self.proposals = proposals  # replayed proposals (traces.proposals.read_proposals): LOCO depths "replayed"
         self.view = make_view(traces)
         self.family = family
         self.n_boot = int(n_boot)
@@ -215,12 +217,29 @@ class TraceAnalysis:
         """Observed vs DP-predicted tokens per round per category (in-sample law)."""
         return self._cached(("block", arm), lambda: block_prediction(self.law(arm), self.arm_view(arm), drafter=arm))
 
+    @property
+    def loco_depths(self) -> tuple:
+        """The LOCO drafted-depth modes this analysis reports: leak-free first, the replayed proposals where they
+        were given, then the oracle."""
+        return LOCO_REPORTED if self.proposals is None else ("training", "replayed", "oracle")
+
     def loco(self, arm: str, depths: str = "training"):
         """Leave-one-category-out transfer of the category-free law; ``depths="training"`` (leak-free: the
-        held-out drafted depths predicted from the training categories) or ``"oracle"`` (its own observed
+        held-out drafted depths predicted from the training categories), ``"replayed"`` (leak-free: the
+        drafter's own proposal at every position, from ``proposals``) or ``"oracle"`` (its own observed
         depths), each with the depth-only control (``transfer.loco_transfer``)."""
-        return self._cached(("loco", arm, depths),
-                            lambda: loco_transfer(self.arm_view(arm), self.family, drafter=arm, depths=depths))
+        def compute():
+            proposals = None
+            if depths == "replayed":
+                runs = set(self.arm_view(arm).runs["run_id"].astype(str))
+                proposals = (None if self.proposals is None
+                             else self.proposals.loc[self.proposals["run_id"].astype(str).isin(runs)])
+                if proposals is None or set(proposals["run_id"].astype(str)) != runs:
+                    raise ValueError(f"no replayed proposals for every run of arm {arm!r} (proposals.parquet beside "
+                                     "run.json: bench/replayed_proposals.py --write)")
+            return loco_transfer(self.arm_view(arm), self.family, drafter=arm, depths=depths, proposals=proposals)
+
+        return self._cached(("loco", arm, depths), compute)
 
     def universality(self, arm: str):
         """P1 for one arm (``hypotheses.universality_test`` with ``cv=True``): the score and Wald statistics,
@@ -281,13 +300,13 @@ class TraceAnalysis:
 
     def loco_accuracy(self) -> pd.DataFrame:
         """LOCO accuracy across categories per arm, drafted-depth mode (``depths``: ``training``, leak-free,
-        and ``oracle``) and quantity (``LocoTransfer.accuracy``): mean accepted length per drafting round and
-        tokens per round (depth-aware DP), the depth-only control's (same depths, no entropy) and the
-        full-depth DP's; arms whose LOCO cannot run are left out."""
+        ``replayed`` where proposals were given, and ``oracle``) and quantity (``LocoTransfer.accuracy``): mean
+        accepted length per drafting round and tokens per round (depth-aware DP), the depth-only control's (same
+        depths, no entropy) and the full-depth DP's; arms whose LOCO cannot run are left out."""
         def compute():
             frames = []
             for arm in self.arms:
-                for depths in LOCO_REPORTED:
+                for depths in self.loco_depths:
                     loco = self.attempt("loco", arm, depths)
                     if loco.ok:
                         frames.append(loco.value.accuracy.rename_axis("quantity").reset_index()
