@@ -13,7 +13,8 @@ from entropy_law.drafters.ngram import NgramDrafter
 from entropy_law.law.fit import fit_law, get_family
 from entropy_law.law.predict import loco_predictions
 from entropy_law.law.simulate import simulate_traces
-from entropy_law.law.transfer import entropy_sequences, loco_transfer, predict_requests, proposal_arrays
+from entropy_law.law.transfer import (block_prediction, entropy_sequences, loco_transfer, predict_requests,
+                                      proposal_arrays)
 from entropy_law.traces.proposals import PROPOSALS_FILE, read_proposals, write_proposals
 from entropy_law.traces.recorder import TraceRecorder
 from entropy_law.traces.validation import TraceValidationError
@@ -168,6 +169,11 @@ def test_replayed_full_depth_proposals_give_the_full_depth_prediction(sim):
         assert replayed.summary[column].to_numpy() == pytest.approx(full.summary[column].to_numpy(), rel=1e-10)
     with pytest.raises(ValueError, match="needs the drafter's replayed proposals"):
         loco_transfer(sim, "law_exp", drafter="sim-block", depths="replayed")
+    law = fit_law(sim, "law_exp")
+    in_sample = block_prediction(law, sim, drafter="sim-block", depths="replayed", proposals=_full_proposals(sim))
+    assert in_sample.summary["dp_tokens_per_round"].to_numpy() == pytest.approx(
+        block_prediction(law, sim, drafter="sim-block", depths="full").summary["dp_tokens_per_round"].to_numpy(),
+        rel=1e-10)
 
 
 def test_replayed_prediction_reads_nothing_of_the_held_out_rounds(sim):

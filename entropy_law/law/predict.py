@@ -30,7 +30,7 @@ from entropy_law.law.fit import FittedLaw, fit_law
 from entropy_law.law.results import Result
 from entropy_law.law.stats import FEW_REQUESTS, SmallSampleWarning
 from entropy_law.law.transfer import (TrainingDepthModel, _observed_rounds, drafted_depths, loco_inputs,
-                                      proposal_arrays, with_start_entropy)
+                                      replayed_arrays, with_start_entropy)
 
 LEVEL = 0.90
 N_DRAWS = 20  # parameter draws per held-out category
@@ -113,17 +113,12 @@ def request_moments(law: FittedLaw, sequences: pd.DataFrame, B: int, depth_model
     drafts = int(B) - 1
     if (depth_model is None) == (proposals is None):
         raise ValueError("give exactly one of depth_model (a TrainingDepthModel) and proposals (replayed proposals)")
-    groups = (proposals.astype({"run_id": str, "request_id": str}).groupby(["run_id", "request_id"], sort=False)
-              if proposals is not None else None)
+    replayed = replayed_arrays(proposals, sequences, drafts) if proposals is not None else None
     rows = []
     for rec in sequences.itertuples():
         h = np.asarray(rec.entropy, dtype=float)
-        if groups is not None:
-            key = (str(rec.run_id), str(rec.request_id))
-            if key not in groups.groups:
-                raise ValueError(f"no replayed proposals for request {key[1]!r} of run {key[0]!r}; replay them "
-                                 "(bench/replayed_proposals.py --write)")
-            depth, top1 = proposal_arrays(groups.get_group(key), h.size, drafts, where=f" of request {key[1]!r}")
+        if replayed is not None:
+            depth, top1 = replayed[(str(rec.run_id), str(rec.request_id))]
             probs = np.zeros((h.size, drafts + 1))
             probs[np.arange(h.size), depth] = 1.0
             frame, shape = law.sequence_frame(h, drafts, draft_top1=top1 if law.family.needs_draft_stats else None)

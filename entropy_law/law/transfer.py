@@ -217,7 +217,6 @@ def with_start_entropy(drafted: pd.DataFrame, sequences: pd.DataFrame) -> pd.Dat
     return joined
 
 
-
 def proposal_arrays(proposals: pd.DataFrame, length: int, drafts: int, *,
                     where: str = "") -> tuple[np.ndarray, np.ndarray]:
     """``(depth [T], top1 [T, drafts])`` of one request from its replayed proposals (``traces.proposals`` rows:
@@ -242,6 +241,20 @@ def proposal_arrays(proposals: pd.DataFrame, length: int, drafts: int, *,
     return depth, top1
 
 
+def replayed_arrays(proposals: pd.DataFrame, sequences: pd.DataFrame, drafts: int) -> dict:
+    """``{(run_id, request_id): proposal_arrays(...)}`` for every request of ``sequences`` (``entropy_sequences``
+    rows); a request without replayed proposals is an error that says how to make them."""
+    groups = proposals.astype({"run_id": str, "request_id": str}).groupby(["run_id", "request_id"], sort=False)
+    out = {}
+    for rec in sequences.itertuples():
+        key = (str(rec.run_id), str(rec.request_id))
+        if key not in groups.groups:
+            raise ValueError(f"no replayed proposals for request {key[1]!r} of run {key[0]!r}; replay them "
+                             "(bench/replayed_proposals.py --write)")
+        out[key] = proposal_arrays(groups.get_group(key), len(rec.entropy), drafts, where=f" of request {key[1]!r}")
+    return out
+
+
 def predict_requests(law: FittedLaw, sequences: pd.DataFrame, B: int, *, drafter=None, depths: str = "full",
                      drafted: pd.DataFrame | None = None, depth_edges=DEPTH_ENTROPY_EDGES,
                      depth_model: TrainingDepthModel | None = None,
@@ -254,8 +267,7 @@ def predict_requests(law: FittedLaw, sequences: pd.DataFrame, B: int, *, drafter
     nothing of these requests but their entropies; ``"replayed"``: ``proposals``, the drafter's replayed
     proposal at every output position of these requests (``traces.proposals``; ``proposal_arrays``): the
     depth it drafts there, and its top-1 probabilities for a law in them), the full-depth DP's rounds, and
-    the law's summed
-    depth-1 acceptance over its positions. ``depth_only_acceptance`` (``[drafts]``, acceptance per depth,
+    the law's summed depth-1 acceptance over its positions. ``depth_only_acceptance`` (``[drafts]``, acceptance per depth,
     no entropy): the same DP with the same depth model for this control too (``*_depth_only`` columns).
 
     All requests' (position, depth) acceptances come from one prediction call, then one DP each.
@@ -273,16 +285,7 @@ def predict_requests(law: FittedLaw, sequences: pd.DataFrame, B: int, *, drafter
         raise ValueError(f"{law.family.name} predicts from the drafter's top-1 probability at every round start: "
                          "use depths='replayed' with replayed proposals")
     drafts = int(B) - 1
-    replayed = {}
-    if depths == "replayed":
-        groups = proposals.astype({"run_id": str, "request_id": str}).groupby(["run_id", "request_id"], sort=False)
-        for rec in sequences.itertuples():
-            key = (str(rec.run_id), str(rec.request_id))
-            if key not in groups.groups:
-                raise ValueError(f"no replayed proposals for request {key[1]!r} of run {key[0]!r}; replay them "
-                                 "(bench/replayed_proposals.py --write)")
-            replayed[key] = proposal_arrays(groups.get_group(key), len(rec.entropy), drafts,
-                                            where=f" of request {key[1]!r}")
+    replayed = replayed_arrays(proposals, sequences, drafts) if depths == "replayed" else {}
     frames, shapes = [], []
     for rec in sequences.itertuples():
         h = np.asarray(rec.entropy, dtype=float)
@@ -429,11 +432,13 @@ LOCO_DEPTH_MODELS = ("training", "replayed", "oracle", "category", "full")  # "o
 
 
 def block_prediction(law: FittedLaw, traces, *, drafter: str | None = None, B: int | None = None,
-                     depths: str = "observed", depth_edges=DEPTH_ENTROPY_EDGES) -> BlockPrediction:
+                     depths: str = "observed", depth_edges=DEPTH_ENTROPY_EDGES,
+                     proposals: pd.DataFrame | None = None) -> BlockPrediction:
     """Observed vs predicted tokens per round per category for ``drafter``'s runs (in-sample law).
 
     ``depths``: the drafted-depth model of the DP (``depth_probabilities``): ``"observed"`` (default),
-    ``"category"`` or ``"full"`` (every round drafts B - 1, right for a drafter that always does);
+    ``"category"``, ``"full"`` (every round drafts B - 1, right for a drafter that always does) or
+    ``"replayed"`` (the drafter's replayed proposals ``proposals``, ``traces.proposals``);
     ``depth_edges``: entropy bins (nats, at a round's first position) of the category's depth
     distribution, ``()`` for one distribution per category. The full-depth DP is always reported too
     (``dp_full_depth_*``).
@@ -443,7 +448,7 @@ def block_prediction(law: FittedLaw, traces, *, drafter: str | None = None, B: i
     seqs = entropy_sequences(traces, drafter)
     drafted = drafted_depths(traces, drafter) if depths not in ("full", "replayed") else None
     pred = predict_requests(law, seqs, B, drafter=drafter if law.family.needs_drafters else None, depths=depths,
-                            drafted=drafted, depth_edges=depth_edges)
+                            drafted=drafted, depth_edges=depth_edges, proposals=proposals)
     summary, per_req = _block_summary(pred, _observed_rounds(rounds), B - 1)
     return BlockPrediction(summary=summary, per_request=per_req, block_size=B, depths=depths,
                            notes=[DEPTH_NOTES[depths],
