@@ -13,8 +13,13 @@ from entropy_law.drafters.ngram import NgramDrafter
 from entropy_law.law.fit import fit_law, get_family
 from entropy_law.law.predict import loco_predictions
 from entropy_law.law.simulate import simulate_traces
-from entropy_law.law.transfer import (block_prediction, entropy_sequences, loco_transfer, predict_requests,
-                                      proposal_arrays)
+from entropy_law.law.transfer import (
+    block_prediction,
+    entropy_sequences,
+    loco_transfer,
+    predict_requests,
+    proposal_arrays,
+)
 from entropy_law.traces.proposals import PROPOSALS_FILE, read_proposals, write_proposals
 from entropy_law.traces.recorder import TraceRecorder
 from entropy_law.traces.validation import TraceValidationError
