@@ -286,22 +286,3 @@ def test_trace_analysis_reports_the_replayed_mode_where_proposals_are_given(sim)
         full.summary["predicted_tokens_per_round"].to_numpy(), rel=1e-10)
     assert set(an.loco_accuracy()["depths"]) == {"training", "replayed", "oracle"}
 
-
-def test_report_command_reads_the_proposals_beside_the_runs(tmp_path):
-    """``entropy-law report`` finds proposals.parquet beside a run and adds the replayed LOCO sections."""
-    from report_helpers import small_traces
-
-    from entropy_law.cli import main
-    from entropy_law.traces.reader import load_traces
-
-    path = small_traces(tmp_path / "traces")
-    for run in sorted(path.rglob("run.json")):
-        mine = load_traces(run.parent)
-        if mine.runs["drafter_id"].iloc[0] != "sim-block":
-            continue
-        write_proposals(run.parent, _full_proposals(mine), {"by": "test"})
-    out = tmp_path / "report"
-    assert main(["report", str(path), "--out", str(out), "--format", "md", "--n-boot", "2", "--compare-families",
-                 "law_exp", "--no-progress"]) == 0
-    text = (out / "report.md").read_text()
-    assert "Leave-one-category-out transfer, leak-free (the drafter's replayed proposals)" in text

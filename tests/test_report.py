@@ -126,13 +126,24 @@ def test_the_report_leads_with_the_answer_and_checks_it(sim, tmp_path):
 
 
 def test_report_command_and_its_errors(sim, tmp_path, capsys):
+    """Also: the command finds proposals.parquet beside a run (``traces.proposals``) and adds the LOCO sections
+    with the drafter's replayed proposals (here a full block at every position, as the simulated drafter drafts)."""
+    from entropy_law.traces.proposals import write_proposals
+    from tests.test_replayed_proposals import _full_proposals
+
     path, _, _ = sim
+    for run in sorted(path.rglob("run.json")):
+        mine = load_traces(run.parent)
+        if mine.runs["drafter_id"].iloc[0] == "sim-block":
+            write_proposals(run.parent, _full_proposals(mine), {"by": "test"})
     out = tmp_path / "cli"
     code = main(["report", str(path), "--out", str(out), "--format", "md", "--n-boot", "2",
                  "--compare-families", "law_exp", "law_logit", "--results-md", str(out / "results.md"),
                  "--no-progress"])
     assert code == 0
     assert (out / "report.md").is_file() and (out / "results.md").read_text().startswith("## Results")
+    assert "Leave-one-category-out transfer, leak-free (the drafter's replayed proposals)" in (
+        out / "report.md").read_text()
     assert main(["report", str(tmp_path / "nope"), "--out", str(out)]) == 2
     assert "not found" in capsys.readouterr().err
 
