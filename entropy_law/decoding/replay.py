@@ -332,27 +332,21 @@ def replay_proposals(prompt_ids: Sequence[int], output_ids: Sequence[int], draft
     if early_eos:
         raise ValueError(f"output has EOS at position {early_eos[0]} before its end; greedy decoding stops there")
     drafter.begin(prompt_ids, None)
-    columns = {name: [] for name in PROPOSAL_COLUMNS}
-
-    def add(start: int, depth_of: int, depth: int, prob: float) -> None:
-        for name, value in zip(PROPOSAL_COLUMNS, (start, depth_of, depth, prob)):
-            columns[name].append(value)
-
+    rows = []
     for s in range(1, min(len(output_ids), max_new)):
         state_start = len(prompt_ids) + s - 1  # cache length with the root pending
         proposal = drafter.propose(prompt_ids + output_ids[:s], None)
         verified, proposal, _ = rules.plan_tree(proposal, state_start, max_new - s)
         if proposal is None or verified.n_nodes == 0:
-            add(s, 0, 0, float("nan"))
+            rows.append((s, 0, 0, float("nan")))
             continue
         depth = verified.max_depth
         if proposal.logits is not None:
             top1 = torch.softmax(proposal.logits[:depth].float(), dim=-1).amax(dim=-1)
         else:
             top1 = proposal.logprobs[:depth].float().amax(dim=-1).exp()
-        for d, p in enumerate(top1.tolist(), start=1):
-            add(s, depth, d, float(p))
-    frame = pd.DataFrame(columns)
+        rows += [(s, depth, d, float(p)) for d, p in enumerate(top1.tolist(), start=1)]
+    frame = pd.DataFrame(rows, columns=list(PROPOSAL_COLUMNS))
     return frame.astype({"start_position": "int32", "proposal_depth": "int16", "depth": "int16",
                          "top1_prob": "float32"})
 

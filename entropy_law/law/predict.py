@@ -28,7 +28,7 @@ from entropy_law.law import atrisk
 from entropy_law.law.blocks import tau_distribution
 from entropy_law.law.fit import FittedLaw, fit_law
 from entropy_law.law.results import Result
-from entropy_law.law.stats import FEW_REQUESTS, SmallSampleWarning
+from entropy_law.law.stats import FEW_REQUESTS, SmallSampleWarning, exact_spearman_p
 from entropy_law.law.transfer import (TrainingDepthModel, _observed_rounds, drafted_depths, loco_inputs,
                                       replayed_arrays, with_start_entropy)
 
@@ -118,9 +118,7 @@ def request_moments(law: FittedLaw, sequences: pd.DataFrame, B: int, depth_model
     for rec in sequences.itertuples():
         h = np.asarray(rec.entropy, dtype=float)
         if replayed is not None:
-            depth, top1 = replayed[(str(rec.run_id), str(rec.request_id))]
-            probs = np.zeros((h.size, drafts + 1))
-            probs[np.arange(h.size), depth] = 1.0
+            probs, top1 = replayed[(str(rec.run_id), str(rec.request_id))]
             frame, shape = law.sequence_frame(h, drafts, draft_top1=top1 if law.family.needs_draft_stats else None)
         else:
             frame, shape = law.sequence_frame(h, drafts)
@@ -240,14 +238,8 @@ class RequestPredictions(Result):
         """Across held-out categories (``category_predictions``): mean and max |relative error| and the mean
         signed error of the centres, the raw DP's mean |relative error|, and Spearman rho of the centres'
         ranking with its exact permutation p."""
-        from entropy_law.law.stats import exact_spearman_p
-
         cat = self.category_predictions()
-        observed, predicted = cat["observed_tokens_per_round"].to_numpy(), cat["predicted_tokens_per_round"].to_numpy()
-        if len(cat) <= 9:
-            rho, p = exact_spearman_p(observed, predicted)
-        else:  # the exact permutation p is limited to 9 categories
-            rho, p = float(stats.spearmanr(observed, predicted).statistic), float("nan")
+        rho, p = exact_spearman_p(cat["observed_tokens_per_round"], cat["predicted_tokens_per_round"])
         return dict(categories=len(cat), mean_abs_relative_error=float(cat["relative_error"].abs().mean()),
                     max_abs_relative_error=float(cat["relative_error"].abs().max()),
                     mean_relative_error=float(cat["relative_error"].mean()),

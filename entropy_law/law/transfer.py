@@ -242,8 +242,9 @@ def proposal_arrays(proposals: pd.DataFrame, length: int, drafts: int, *,
 
 
 def replayed_arrays(proposals: pd.DataFrame, sequences: pd.DataFrame, drafts: int) -> dict:
-    """``{(run_id, request_id): proposal_arrays(...)}`` for every request of ``sequences`` (``entropy_sequences``
-    rows); a request without replayed proposals is an error that says how to make them."""
+    """``{(run_id, request_id): (depth probabilities [T, drafts + 1], top1 [T, drafts])}`` for every request of
+    ``sequences`` (``entropy_sequences`` rows): the DP's inputs from ``proposal_arrays``, the drafted depth as a
+    point mass; a request without replayed proposals is an error that says how to make them."""
     groups = proposals.astype({"run_id": str, "request_id": str}).groupby(["run_id", "request_id"], sort=False)
     out = {}
     for rec in sequences.itertuples():
@@ -251,7 +252,8 @@ def replayed_arrays(proposals: pd.DataFrame, sequences: pd.DataFrame, drafts: in
         if key not in groups.groups:
             raise ValueError(f"no replayed proposals for request {key[1]!r} of run {key[0]!r}; replay them "
                              "(bench/replayed_proposals.py --write)")
-        out[key] = proposal_arrays(groups.get_group(key), len(rec.entropy), drafts, where=f" of request {key[1]!r}")
+        depth, top1 = proposal_arrays(groups.get_group(key), len(rec.entropy), drafts, where=f" of request {key[1]!r}")
+        out[key] = (np.eye(drafts + 1)[depth], top1)
     return out
 
 
@@ -332,8 +334,7 @@ def predict_requests(law: FittedLaw, sequences: pd.DataFrame, B: int, *, drafter
             if depths == "training":
                 probs = depth_model.probabilities(rec.entropy)
             elif depths == "replayed":
-                probs = np.zeros((n, drafts + 1))
-                probs[np.arange(n), replayed[(str(rec.run_id), str(rec.request_id))][0]] = 1.0
+                probs = replayed[(str(rec.run_id), str(rec.request_id))][0]
             else:
                 probs = depth_probabilities(n, drafts, depths, observed=by_request.get((rec.run_id, rec.request_id)),
                                             distribution=by_category[rec.category], entropy=rec.entropy,
