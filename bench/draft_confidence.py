@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
-import os
 import sys
 import time
 import warnings
@@ -35,7 +34,6 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -46,11 +44,10 @@ def replay_top1(run: Path, plain, target, tasks) -> tuple[pd.DataFrame, int, int
     """(rows run_id, request_id, round_index, depth, draft_top1_prob; requests replayed; rounds checked) of one
     n-gram or block-drafter run. Raises if any replayed round differs from the recorded one, or (block drafter) if
     the replayed drafter entropy differs from the recorded ``draft_entropy_nats``."""
-    from entropy_law.decoding.features import capture_features
-    from entropy_law.decoding.loading import model_of
-    from entropy_law.decoding.replay import PrecomputedBlockDrafter, replay_rounds, teacher_forced_logits
+    from entropy_law.decoding.replay import replay_rounds
     from entropy_law.drafters.ngram import NgramDrafter
     from entropy_law.jobs.arms import arm_spec, make_drafter
+    from entropy_law.jobs.reference import recorded_prompts, replay_drafter
     from entropy_law.traces.reader import load_traces
     from entropy_law.traces.stats import draft_stats
 
@@ -58,7 +55,7 @@ def replay_top1(run: Path, plain, target, tasks) -> tuple[pd.DataFrame, int, int
     traces = load_traces(run)
     tokens = traces.tokens.sort_values(["request_id", "position"])
     rounds = traces.rounds.sort_values(["request_id", "round_index"])
-    requests = traces.requests.set_index("request_id")
+    prompts = recorded_prompts(run, lambda task: plain.encode_prompt(task.messages()), tasks)
     eos, max_context = plain.config["eos_token_ids"], plain.adapter.max_context
     fields = ["round_index", "start_position", "tree_nodes", "tree_depth", "accepted", "committed"]
     block = meta["drafter_id"] != "ngram"
@@ -69,19 +66,9 @@ def replay_top1(run: Path, plain, target, tasks) -> tuple[pd.DataFrame, int, int
     rows, checked = [], 0
     for rid, part in tokens.groupby("request_id", observed=True, sort=False):
         rid = str(rid)
-        if rid not in tasks:
-            raise ValueError(f"{run}: request {rid} is not a Spec-Bench task: cannot rebuild its prompt")
-        prompt = plain.encode_prompt(tasks[rid].messages())
-        if len(prompt) != int(requests.loc[rid, "prompt_tokens"]):
-            raise ValueError(f"{run}: request {rid}: the re-encoded prompt has {len(prompt)} tokens, the trace "
-                             f"{int(requests.loc[rid, 'prompt_tokens'])}")
-        output = part["token_id"].astype(int).tolist()
-        if block:
-            with torch.inference_mode(), capture_features(model_of(target), block_drafter.feature_layers) as cap:
-                teacher_forced_logits(target, prompt, output)
-                drafter = PrecomputedBlockDrafter(block_drafter, prompt, output, cap.features()[0])
-        else:
-            drafter = NgramDrafter(**meta["drafter_config"])
+        prompt, output = prompts[rid], part["token_id"].astype(int).tolist()
+        drafter = replay_drafter(block_drafter if block else NgramDrafter(**meta["drafter_config"]), target, prompt,
+                                 output)
         result = replay_rounds(prompt, output, drafter,
                                meta["tree_policy"], meta.get("tree_budget"), eos_token_ids=eos,
                                max_new_tokens=meta["max_new_tokens"], max_context=max_context,
@@ -124,6 +111,7 @@ def replay_top1(run: Path, plain, target, tasks) -> tuple[pd.DataFrame, int, int
 
 def write_column(run: Path, top1: pd.DataFrame, checked: int, drafter: str) -> int:
     """Add ``draft_top1_prob`` to every tokens.parquet of ``run`` (rows without a value: null); returns rows filled."""
+    from entropy_law.traces.layout import write_json_atomic, write_parquet_atomic
     from entropy_law.traces.schema import TOKENS_SCHEMA
 
     look = top1.set_index(["request_id", "round_index", "depth"])["draft_top1_prob"]
@@ -139,15 +127,16 @@ def write_column(run: Path, top1: pd.DataFrame, checked: int, drafter: str) -> i
             table = table.drop(["draft_top1_prob"])
         new = table.append_column(TOKENS_SCHEMA.field("draft_top1_prob"), column).select(TOKENS_SCHEMA.names)
         new = new.cast(TOKENS_SCHEMA)
-        tmp = path.with_suffix(".parquet.tmp")
         strings = [f.name for f in TOKENS_SCHEMA if pa.types.is_string(f.type)]
-        pq.write_table(new, tmp, compression="zstd", use_dictionary=strings)  # as the recorder writes shards
         recorded = [name for name in TOKENS_SCHEMA.names if name != "draft_top1_prob"]
-        back = pq.read_table(tmp).select(recorded)
-        if not back.equals(table.select(recorded).cast(back.schema)):
-            tmp.unlink()
-            raise RuntimeError(f"{path}: the rewritten recorded columns differ; nothing replaced")
-        os.replace(tmp, path)
+
+        def unchanged(tmp, table=table, path=path):  # the recorded columns read back equal: else nothing replaced
+            back = pq.read_table(tmp).select(recorded)
+            if not back.equals(table.select(recorded).cast(back.schema)):
+                raise RuntimeError(f"{path}: the rewritten recorded columns differ; nothing replaced")
+
+        # as the recorder writes shards: zstd, dictionary strings
+        write_parquet_atomic(path, new, check=unchanged, compression="zstd", use_dictionary=strings)
         filled += int((~np.isnan(values)).sum())
     meta_path = run / "run.json"
     meta = json.loads(meta_path.read_text())
@@ -158,9 +147,7 @@ def write_column(run: Path, top1: pd.DataFrame, checked: int, drafter: str) -> i
         + ("" if drafter == "ngram" else ", and every drafter entropy the recorded draft_entropy_nats within 1e-3"),
         "rounds_checked": checked, "rows_filled": filled, "by": "bench/draft_confidence.py",
         "time": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds")})
-    tmp = meta_path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(meta, indent=2) + "\n")
-    os.replace(tmp, meta_path)
+    write_json_atomic(meta_path, meta)
     return filled
 
 

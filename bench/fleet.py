@@ -10,7 +10,9 @@ its peak RSS is its own:
   by DuckDB over groups of shards, the cells to temporary Parquet files, then statsmodels' IRLS and CR1 sandwich
   streamed over the cells in batches); rows/s = token rows on disk / wall seconds;
 - **in memory** on a subset of whole runs of at most ``--subset-rows`` rows: ``fit_law(load_traces(...))``,
-  and the same subset out of core; their estimates and standard errors must agree within 1e-6.
+  and the same subset out of core; their estimates and standard errors must agree within 1e-6;
+- with ``--report``: the out-of-core report of the whole fleet (``jobs.report.write_report_out_of_core``, what
+  ``entropy-law report --out-of-core`` writes: per-category summaries by DuckDB, the law, the acceptance figure).
 
 The issue's goal: 10^8 token rows in >= 100 runs fitted in <= 5 min with <= 4 GB peak RSS, equal to the
 in-memory fit on a 10^7-row subset within 1e-6:
@@ -131,6 +133,19 @@ def child_fit(mode: str, path: str, family: str, threads: int | None, memory_lim
 
     warnings.simplefilter("ignore")  # SmallSampleWarning etc.: not what is measured here
     start, cpu = time.perf_counter(), time.process_time()
+    if mode == "report":  # the whole out-of-core report: summaries, the law per arm, the figure, the page
+        import matplotlib
+
+        matplotlib.use("Agg")
+        from entropy_law.jobs.report import write_report_out_of_core
+
+        with tempfile.TemporaryDirectory(prefix="fleet-report-") as folder:
+            page = write_report_out_of_core(path, folder, fmt="md", family=family, threads=threads,
+                                            memory_limit=memory_limit)
+            text = page.read_text()
+        return {"mode": mode, "seconds": time.perf_counter() - start, "cpu_seconds": time.process_time() - cpu,
+                "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                "law_rows": [line for line in text.splitlines() if f"| {family} |" in line]}
     if mode == "out-of-core":
         law = fit_law_out_of_core(path, family, threads=threads, memory_limit=memory_limit)
     else:
@@ -170,6 +185,8 @@ def main(argv=None) -> int:
     parser.add_argument("--simulated-runs", type=int, default=None,
                         help="simulate only this many runs (of the same size) and fill the fleet up to --runs with "
                              "copies under new run and request ids (clone_runs; default: simulate every run)")
+    parser.add_argument("--report", action="store_true",
+                        help="also time the out-of-core report (entropy-law report --out-of-core) of the whole fleet")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("path", nargs="?", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -209,6 +226,7 @@ def main(argv=None) -> int:
         fleet = run_child(args, "out-of-core", out)
         memory = run_child(args, "in-memory", out / "subset")
         small = run_child(args, "out-of-core", out / "subset")
+        report = run_child(args, "report", out) if args.report else None
     finally:
         if not args.keep:
             shutil.rmtree(out, ignore_errors=True)
@@ -238,6 +256,12 @@ def main(argv=None) -> int:
     print(f"issue goal (1e8 rows in >= 100 runs, <= 300 s, <= 4 GB): {total:,} rows in {len(run_dirs)} runs, "
           f"{fleet['seconds']:.0f} s, {fleet['peak_rss_bytes'] / 1e9:.2f} GB: "
           f"{'met' if met and total >= 1e8 and len(run_dirs) >= 100 else 'NOT met'} at this size")
+    if report is not None:
+        print(f"out-of-core report of all {len(run_dirs)} runs (write_report_out_of_core: per-category summaries, the "
+              f"law, the acceptance figure): {report['seconds']:.1f} s wall, {report['cpu_seconds']:.0f} CPU s, "
+              f"peak RSS {report['peak_rss_bytes'] / 2**30:.2f} GB; {total / report['seconds']:,.0f} rows/s")
+        for line in report["law_rows"]:
+            print(f"  its law row: {line}")
     print(json.dumps({"bench": "fleet", "runs": len(run_dirs), "token_rows": total, "at_risk_rows": fleet["n_rows"],
                       "requests": fleet["n_requests"], "cells": fleet["cells"], "parquet_bytes": disk,
                       "family": args.family, "generate_s": generate_s, "load_average_before": load_before,
@@ -247,7 +271,8 @@ def main(argv=None) -> int:
                       "in_memory": {k: memory[k] for k in ("seconds", "cpu_seconds", "peak_rss_bytes", "converged")},
                       "subset_out_of_core": {k: small[k] for k in ("seconds", "cpu_seconds", "peak_rss_bytes")},
                       "max_abs_param_diff": d_params, "max_rel_se_diff": d_bse, "rel_llf_diff": d_llf,
-                      "eps": {"out_of_core": small["eps"], "in_memory": memory["eps"]}}))
+                      "eps": {"out_of_core": small["eps"], "in_memory": memory["eps"]},
+                      "report": report and {k: report[k] for k in ("seconds", "cpu_seconds", "peak_rss_bytes")}}))
     return 0
 
 

@@ -71,11 +71,11 @@ def main(argv=None) -> dict:
     clock = time.process_time()
 
     from entropy_law.decoding.decoder import SpeculativeDecoder
-    from entropy_law.decoding.features import capture_features
-    from entropy_law.decoding.loading import load_target, model_of
-    from entropy_law.decoding.replay import PrecomputedBlockDrafter, replay_proposals, teacher_forced_logits
+    from entropy_law.decoding.loading import load_target
+    from entropy_law.decoding.replay import replay_proposals
     from entropy_law.drafters.ngram import NgramDrafter
     from entropy_law.jobs.arms import arm_spec, make_drafter
+    from entropy_law.jobs.reference import recorded_prompts, replay_drafter
     from entropy_law.prompts.text import load_tasks
     from entropy_law.traces.proposals import write_proposals
     from entropy_law.traces.reader import load_traces
@@ -94,19 +94,10 @@ def main(argv=None) -> dict:
     tasks = {t.request_id: t for t in load_tasks("spec_bench")}
     outputs, prompts = {}, {}
     for run in runs:
-        traces = load_traces(run)
-        tokens = traces.tokens.sort_values(["request_id", "position"])
-        requests = traces.requests.set_index("request_id")
+        prompts.update(recorded_prompts(run, lambda task: plain.encode_prompt(task.messages()), tasks))
+        tokens = load_traces(run).tokens.sort_values(["request_id", "position"])
         for rid, part in tokens.groupby("request_id", observed=True, sort=False):
-            rid = str(rid)
-            if rid not in tasks:
-                raise SystemExit(f"{run}: request {rid} is not a Spec-Bench task: cannot rebuild its prompt")
-            if rid not in prompts:
-                prompts[rid] = plain.encode_prompt(tasks[rid].messages())
-            if len(prompts[rid]) != int(requests.loc[rid, "prompt_tokens"]):
-                raise SystemExit(f"{run}: request {rid}: the re-encoded prompt has {len(prompts[rid])} tokens, the "
-                                 f"trace {int(requests.loc[rid, 'prompt_tokens'])}")
-            outputs[(run, rid)] = part["token_id"].astype(int).tolist()
+            outputs[(run, str(rid))] = part["token_id"].astype(int).tolist()
 
     frames = {run: [] for run in runs}
     block_runs = [r for r in runs if metas[r]["drafter_id"] != "ngram"]
@@ -127,10 +118,7 @@ def main(argv=None) -> dict:
             else:
                 key = tuple(output)
                 if key not in cache:
-                    layers = block_drafter.feature_layers
-                    with torch.inference_mode(), capture_features(model_of(target), layers) as cap:
-                        teacher_forced_logits(target, prompts[rid], output)
-                        cache[key] = PrecomputedBlockDrafter(block_drafter, prompts[rid], output, cap.features()[0])
+                    cache[key] = replay_drafter(block_drafter, target, prompts[rid], output)
                 drafter = cache[key]
             frame = replay_proposals(prompts[rid], output, drafter, meta["tree_policy"], meta.get("tree_budget"),
                                      eos_token_ids=eos, max_new_tokens=meta["max_new_tokens"], max_context=max_context)

@@ -20,8 +20,15 @@ import pytest
 
 from entropy_law.law import atrisk
 from entropy_law.law import fit as fitmod
+from entropy_law.law.analysis import make_view
 from entropy_law.law.fit import EPS_GRID, PRIMARY_FAMILY, fit_law, get_family
-from entropy_law.law.outofcore import aggregate_at_risk_sql, at_risk_sql, fit_law_out_of_core
+from entropy_law.law.outofcore import (
+    acceptance_curve_sql,
+    aggregate_at_risk_sql,
+    at_risk_sql,
+    category_summary_sql,
+    fit_law_out_of_core,
+)
 from entropy_law.law.simulate import TreeSpec, simulate_traces
 from entropy_law.traces.reader import load_traces
 from entropy_law.traces.recorder import TraceRecorder
@@ -232,14 +239,22 @@ def test_runs_of_one_arm_sharing_request_ids_are_pooled_as_in_memory(tmp_path):
         assert_same_law(out[drafter], memory[drafter])
 
 
-def test_two_arms_under_one_drafter_id_are_refused(tmp_path):
-    sim = simulate_traces(seed=6, n_requests_per_category=2, tokens_per_request=(30, 50), block_size=5)
-    write_runs(tmp_path / "fleet", sim, shards=1)
-    other = tmp_path / "fleet" / "sim-block-other"
-    with TraceRecorder(other, run_id="other", model_id="another-model", drafter_id="sim-block",
-                       drafter_config={"block_size": 5}, tree_policy="chain", dtype="float32", device="none") as rec:
-        part = {name: getattr(sim, name).assign(run_id="other") for name in ("tokens", "rounds", "requests")}
+def two_arms_of_one_drafter_id(root: Path, *, requests: int, tokens: tuple, shards: int) -> Path:
+    """The simulated sim-block run under ``root/fleet``, and its requests again as a run of another model under the
+    same drafter id: two arms, one drafter id."""
+    sim = simulate_traces(seed=6, n_requests_per_category=requests, tokens_per_request=tokens, block_size=5)
+    write_runs(root / "fleet", sim, shards=shards)
+    with TraceRecorder(root / "fleet" / "sim-block-other", run_id="other", model_id="another-model",
+                       drafter_id="sim-block", drafter_config={"block_size": 5}, tree_policy="chain", dtype="float32",
+                       device="none") as rec:
+        part = {name: getattr(sim, name).loc[getattr(sim, name)["run_id"] == "sim-block"].assign(run_id="other")
+                for name in ("tokens", "rounds", "requests")}
         rec.log_columns(**{name: {c: f[c].to_numpy() for c in f.columns} for name, f in part.items()})
+    return root / "fleet"
+
+
+def test_two_arms_under_one_drafter_id_are_refused(tmp_path):
+    two_arms_of_one_drafter_id(tmp_path, requests=2, tokens=(30, 50), shards=1)
     with pytest.raises(ValueError, match="mix arms"):
         aggregate_at_risk_sql(tmp_path / "fleet")
     # one arm's runs alone are fine
@@ -325,14 +340,98 @@ def test_the_law_command_fits_out_of_core(fleet, capsys):
     path, _ = fleet
     assert main(["law", str(path), "--out-of-core"]) == 0  # the primary law by default, as without --out-of-core
     text = capsys.readouterr().out
-    assert "=== sim-block ===" in text and "=== sim-tree ===" in text and "fitted out of core" in text
-    assert PRIMARY_FAMILY in text
-    memory = fit_law(load_traces(path), PRIMARY_FAMILY, by="drafter_id")
-    for drafter in ("sim-block", "sim-tree"):
-        slope = memory[drafter].result.params["log_entropy"]
-        assert f"{slope:.4f}" in text  # the printed estimate is fit_law's
+    memory = fit_law(make_view(load_traces(path)), PRIMARY_FAMILY, by="drafter_id")  # one law per arm label
+    assert len(memory.laws) == 2 and "fitted out of core" in text and PRIMARY_FAMILY in text
+    for arm, law in memory.laws.items():
+        assert f"=== {arm} ===" in text
+        assert f"{law.result.params['log_entropy']:.4f}" in text  # the printed estimate is fit_law's
     assert main(["law", str(path), "--out-of-core", "--family", "law_exp"]) == 0
     slope = fit_law(load_traces(path), "law_exp", by="drafter_id")["sim-block"].result.params["log_entropy"]
     assert f"{slope:.4f}" in capsys.readouterr().out
     assert main(["law", str(path), "--out-of-core", "--loco"]) != 0
     assert "drop --loco / --tests" in capsys.readouterr().err
+
+
+# --- the out-of-core report: its summaries against the pandas path, the arms kept apart, the command
+
+
+def test_category_summary_equals_the_pandas_numbers(fleet):
+    path, _ = fleet
+    sql = category_summary_sql(path, chunk_bytes=1, threads=1).set_index(["drafter_id", "category"])  # per shard
+    traces = load_traces(path)
+    req = traces.requests.merge(traces.runs[["run_id", "drafter_id"]], on="run_id")[
+        ["run_id", "request_id", "category", "drafter_id"]]
+    rounds = traces.rounds.merge(req, on=["run_id", "request_id"])
+    rounds = rounds.loc[rounds["round_index"] > 0]
+    tokens = traces.tokens.drop(columns="category").merge(req, on=["run_id", "request_id"])
+    for (drafter, cat), part in rounds.groupby(["drafter_id", "category"]):
+        row = sql.loc[(drafter, cat)]
+        drafting = part.loc[part["tree_nodes"] > 0]
+        mine = tokens.loc[(tokens["drafter_id"] == drafter) & (tokens["category"] == cat)]
+        first = mine.loc[(mine["depth"] == 1) & mine["role"].isin(["accepted", "correction"])]
+        assert row["requests"] == len(req.loc[(req["drafter_id"] == drafter) & (req["category"] == cat)])
+        assert (row["rounds"], row["tokens"], row["drafting_rounds"]) == (len(part), part["committed"].sum(),
+                                                                           len(drafting))
+        assert row["tokens_per_round"] == pytest.approx(part["committed"].sum() / len(part))
+        assert row["mean_accepted"] == pytest.approx(drafting["accepted"].mean())
+        assert row["mean_entropy_nats"] == pytest.approx(mine["target_entropy_nats"].mean())
+        assert row["d1_trials"] == len(first)
+        assert row["d1_acceptance"] == pytest.approx((first["role"] == "accepted").mean())
+    assert len(sql) == rounds.groupby(["drafter_id", "category"]).ngroups
+
+
+def test_acceptance_curve_equals_the_binned_at_risk_rows(fleet):
+    path, _ = fleet
+    width, eps = 0.25, atrisk.EPS_NATS
+    curve = acceptance_curve_sql(path, width_log10=width, chunk_bytes=1, threads=1)
+    rows = atrisk.at_risk_table(load_traces(path))
+    rows = rows.loc[rows["depth"] == 1]
+    h = rows["target_entropy_nats"].to_numpy(float)
+    rows = rows.assign(bin=np.floor((np.log10(h + eps) - np.log10(eps)) / width).astype(int))
+    ref = rows.groupby(["drafter_id", "category", "bin"]).agg(n=("accepted", "size"), accepted=("accepted", "sum"),
+                                                               entropy_nats=("target_entropy_nats", "mean"))
+    got = curve.set_index(["drafter_id", "category", "bin"]).loc[ref.index]
+    assert len(curve) == len(ref)
+    np.testing.assert_array_equal(got["n"].to_numpy(), ref["n"].to_numpy())
+    np.testing.assert_array_equal(got["accepted"].to_numpy(), ref["accepted"].to_numpy())
+    np.testing.assert_allclose(got["entropy_nats"].to_numpy(), ref["entropy_nats"].to_numpy(), rtol=1e-12)
+    assert ((got["ci_low"] <= got["rate"] + 1e-12) & (got["rate"] <= got["ci_high"] + 1e-12)).all()
+    with pytest.raises(ValueError, match="width_log10"):
+        acceptance_curve_sql(path, width_log10=0)
+
+
+def test_by_arm_keeps_two_arms_of_one_drafter_id_apart_as_make_view(tmp_path):
+    two_arms_of_one_drafter_id(tmp_path, requests=5, tokens=(40, 70), shards=2)
+    with pytest.raises(ValueError, match="mix arms"):
+        category_summary_sql(tmp_path / "fleet")
+    view = make_view(load_traces(tmp_path / "fleet"))
+    labels = set(view.runs["arm"])
+    summary = category_summary_sql(tmp_path / "fleet", by_arm=True)
+    assert set(summary["drafter_id"]) == labels and len(labels) == 2  # the two sim-block arms stay apart
+    memory = fit_law(view, "law_exp", by="drafter_id")
+    out = fit_law_out_of_core(tmp_path / "fleet", "law_exp", by="drafter_id", by_arm=True)
+    assert set(out.laws) == set(memory.laws)
+    for arm in memory.laws:
+        assert_same_law(out[arm], memory[arm])
+
+
+def test_the_report_command_out_of_core(fleet, tmp_path, capsys):
+    from entropy_law.cli import main
+
+    path, _ = fleet
+    out = tmp_path / "report"
+    assert main(["report", str(path), "--out", str(out), "--out-of-core", "--format", "md", "--family", "law_exp"]) == 0
+    text = (out / "report.md").read_text()
+    assert "Results per category (out of core)" in text and "Fitted law per arm (out of core, law_exp)" in text
+    assert (out / "figures" / "acceptance_out_of_core.png").exists()
+    memory = fit_law(make_view(load_traces(path)), "law_exp", by="drafter_id")  # keyed by arm, as the report
+    assert len(memory.laws) == 2
+    for arm, law in memory.laws.items():
+        k = law.derived.loc["k"]
+        assert f"| {arm} | law_exp | {k['estimate']:.3g} [{k['ci_low']:.3g}, {k['ci_high']:.3g}]" in text
+    assert "need the rows in memory" in text
+    capsys.readouterr()
+    assert main(["report", str(path), "--out", str(out), "--out-of-core", "--results-md", "x.md"]) != 0
+    assert "--results-md: not with --out-of-core" in capsys.readouterr().err
+    assert main(["report", str(path), "--out", str(out), "--memory-limit", "1GB"]) != 0
+    assert "add --out-of-core" in capsys.readouterr().err

@@ -134,6 +134,29 @@ def test_proposals_file_round_trip_and_rules(tmp_path):
     assert (run / PROPOSALS_FILE).is_file()
 
 
+def test_write_parquet_atomic_replaces_whole_or_not_at_all(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from entropy_law.traces.layout import write_parquet_atomic
+
+    path = tmp_path / "t.parquet"
+    write_parquet_atomic(path, pa.table({"x": [1, 2]}))
+    seen = []
+
+    def refuse(tmp):  # the check sees the written temp file, beside the target
+        seen.append(pq.read_table(tmp).column("x").to_pylist())
+        raise RuntimeError("no")
+
+    with pytest.raises(RuntimeError, match="no"):
+        write_parquet_atomic(path, pa.table({"x": [3]}), check=refuse)
+    assert seen == [[3]]
+    assert pq.read_table(path).column("x").to_pylist() == [1, 2]  # the old file, untouched
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["t.parquet"]  # no temp file left
+    write_parquet_atomic(path, pa.table({"x": [4]}), check=lambda tmp: None)
+    assert pq.read_table(path).column("x").to_pylist() == [4]
+
+
 # --- the law's DP over them -------------------------------------------------------------------------
 
 
@@ -252,6 +275,36 @@ def test_loco_predictions_with_replayed_proposals_and_category_predictions(sim):
     acc = pred.category_accuracy()
     assert acc["mean_abs_relative_error"] == pytest.approx(cat["relative_error"].abs().mean())
     assert "replayed proposals" in pred.notes[0]
+    # the mean accepted length: observed and raw DP as loco_transfer computes them on its own path
+    loco = loco_transfer(sim, "law_exp", drafter="sim-block", depths="replayed", proposals=_full_proposals(sim))
+    for column in ("observed_mean_accepted", "predicted_mean_accepted"):
+        source = column if column.startswith("observed") else column + "_raw"
+        np.testing.assert_allclose(cat[source].to_numpy(), loco.summary.loc[cat.index, column].to_numpy(), rtol=1e-9)
+    # the centres': the DP's drafting share in each request applied to its rounds at T / centre
+    rounds = qa["tokens"] / qa["center"]
+    drafting = rounds * qa["predicted_drafting_rounds"] / qa["predicted_rounds"]
+    assert cat.loc["qa", "predicted_mean_accepted"] == pytest.approx(
+        (qa["tokens"].sum() - rounds.sum()) / drafting.sum())
+    assert acc["mean_accepted_mean_abs_relative_error"] == pytest.approx(
+        cat["mean_accepted_relative_error"].abs().mean())
+
+
+def test_category_mean_accepted_of_the_centres_by_hand():
+    from entropy_law.law.predict import RequestPredictions
+
+    # two requests of 10 tokens: centre 2 (5 rounds each), the raw DP 4 rounds of which 3 draft (share 3/4);
+    # observed 4 rounds of which 2 draft
+    requests = pd.DataFrame({"category": ["qa", "qa"], "tokens": [10, 10], "center": [2.0, 2.0],
+                             "predicted_tokens_per_round": [2.5, 2.5], "predicted_rounds": [4.0, 4.0],
+                             "predicted_drafting_rounds": [3.0, 3.0], "observed_tokens_per_round": [2.5, 2.5],
+                             "observed_drafting_rounds": [2, 2]})
+    pred = RequestPredictions(summary=pd.DataFrame(), requests=requests, reliability=pd.DataFrame(),
+                              family="law_exp", level=0.9)
+    cat = pred.category_predictions().loc["qa"]
+    assert cat["observed_mean_accepted"] == pytest.approx((20 - 8) / 4)  # 3.0
+    assert cat["predicted_mean_accepted_raw"] == pytest.approx((20 - 8) / 6)  # 2.0
+    assert cat["predicted_mean_accepted"] == pytest.approx((20 - 10) / 7.5)  # 10 rounds, 7.5 drafting
+    assert cat["mean_accepted_relative_error"] == pytest.approx((10 / 7.5) / 3.0 - 1)
 
 
 def test_law_command_asks_for_the_replayed_proposals(capsys):

@@ -29,7 +29,7 @@ def register(subparsers) -> None:
                         "or 'oracle' (the held-out category's own)")
     p.add_argument("--out-of-core", action="store_true",
                    help="fit with fit_law_out_of_core (DuckDB over the shards, IRLS streamed over the cells: trace "
-                        "folders larger than memory); prints the law per drafter id only (docs/out-of-core.md)")
+                        "folders larger than memory); prints the law per arm only (docs/out-of-core.md)")
     p.set_defaults(func=run)
 
 
@@ -50,7 +50,8 @@ def run(args) -> int:
                              "--loco / --tests, which need the rows in memory")
         from entropy_law.law.outofcore import fit_law_out_of_core
 
-        laws = fit_law_out_of_core(args.traces, args.family, by="drafter_id")
+        # one law per arm (its label, as make_view gives it below): a drafter's chain and DDTree runs apart
+        laws = fit_law_out_of_core(args.traces, args.family, by="drafter_id", by_arm=True)
         for drafter in [args.drafter] if args.drafter else list(laws.laws):
             print(f"=== {drafter} ===")
             laws[drafter].print_summary()

@@ -28,6 +28,11 @@ def register(subparsers) -> None:
     p.add_argument("--results-md", default=None, metavar="FILE",
                    help="also write the README results section (Markdown table) to FILE")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--out-of-core", action="store_true",
+                   help="runs larger than memory: DuckDB over the shards, the law by streamed IRLS; per-category "
+                        "results, the law per arm and an acceptance figure only (docs/out-of-core.md)")
+    p.add_argument("--memory-limit", default=None, metavar="SIZE",
+                   help="with --out-of-core: DuckDB's memory limit, e.g. 2GB (default: DuckDB's)")
     p.set_defaults(func=run)
 
 
@@ -46,6 +51,10 @@ def run(args) -> int:
     missing = [str(p) for p in paths if not p.exists()]
     if missing:
         raise FileNotFoundError(f"trace path(s) not found: {', '.join(missing)}")
+    if args.memory_limit is not None and not args.out_of_core:
+        raise ValueError("--memory-limit is a setting of --out-of-core: add --out-of-core, or drop it")
+    if args.out_of_core:
+        return _run_out_of_core(args)
     traces = load_traces(args.traces if len(args.traces) > 1 else args.traces[0])
     options = {} if args.compare_families is None else {"compare_families": tuple(args.compare_families)}
     import pandas as pd
@@ -66,4 +75,22 @@ def run(args) -> int:
         out.parent.mkdir(parents=True, exist_ok=True)
         out.write_text(results_markdown(analysis, source=source), encoding="utf-8")
         print(f"results section: {out}")
+    return 0
+
+
+def _run_out_of_core(args) -> int:
+    from entropy_law.jobs.report import write_report_out_of_core
+    from entropy_law.traces.reader import load_traces
+
+    given = [flag for flag, value in (("--results-md", args.results_md), ("--compare-families", args.compare_families),
+                                      ("--ar-ms-per-token", args.ar_ms_per_token)) if value is not None]
+    if given:
+        raise ValueError(f"{', '.join(given)}: not with --out-of-core, which fits the law and summarises the "
+                         "categories only (speed, LOCO and the law comparison need the rows in memory): drop them, "
+                         "or run without --out-of-core on a subset of the runs")
+    # the runs' metadata and file lists only: the rows stay on disk
+    traces = load_traces(args.traces if len(args.traces) > 1 else args.traces[0], validate=False)
+    path = write_report_out_of_core(traces, args.out, fmt=args.format, family=args.family,
+                                    source=" ".join(args.traces), memory_limit=args.memory_limit)
+    print(f"report: {path}")
     return 0

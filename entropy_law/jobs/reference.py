@@ -62,6 +62,36 @@ def greedy_outputs(run_dir: Path) -> dict:
     return out
 
 
+def recorded_prompts(run_dir: Path, encode: Callable, tasks: dict) -> dict:
+    """request_id -> prompt token ids of every request of a recorded run, rebuilt by ``encode`` (task -> ids,
+    e.g. ``lambda t: decoder.encode_prompt(t.messages())``) from its task (``tasks``: request id -> task) and
+    checked against the recorded ``prompt_tokens``. Raises ``ValueError`` naming the run and the request where
+    the task is unknown or the length differs (the rebuilt prompt would not be the one decoded)."""
+    requests = load_traces(run_dir).requests
+    out = {}
+    for rid, recorded in zip(requests["request_id"].astype(str), requests["prompt_tokens"].astype(int)):
+        if rid not in tasks:
+            raise ValueError(f"{run_dir}: request {rid} is not among the tasks: cannot rebuild its prompt")
+        ids = list(encode(tasks[rid]))
+        if len(ids) != recorded:
+            raise ValueError(f"{run_dir}: request {rid}: the re-encoded prompt has {len(ids)} tokens, the trace "
+                             f"{recorded}")
+        out[rid] = ids
+    return out
+
+
+def replay_drafter(drafter, target, prompt_ids: Sequence[int], output_ids: Sequence[int]):
+    """``drafter`` ready to replay rounds or proposals on ``prompt_ids`` + ``output_ids`` offline: the drafter
+    itself where it reads no target features (the n-gram drafter), else the block drafter's stand-in from one
+    teacher-forced target pass over the sequence (``PrecomputedBlockDrafter``)."""
+    layers = tuple(getattr(drafter, "feature_layers", ()) or ())
+    if not layers:
+        return drafter
+    with torch.inference_mode(), capture_features(model_of(target), layers) as cap:
+        teacher_forced_logits(target, prompt_ids, output_ids)
+        return PrecomputedBlockDrafter(drafter, prompt_ids, output_ids, cap.features()[0])
+
+
 def first_per_category(tasks: Sequence, limit: int) -> list:
     """The first ``limit`` tasks of each category, in the order given."""
     per_cat: dict[str, int] = {}

@@ -460,16 +460,25 @@ def write_report(traces, out_dir, *, fmt: str = "html", analysis: TraceAnalysis 
     fig_dir = out_dir / "figures"
     written = make_figures(analysis, fig_dir, formats=figure_formats, progress=progress)
     sections = list(_sections(analysis))
+    figures = [(FIGURES[name].title, name, paths) for name, paths in written.items()]
+    return _write_page(out_dir, fmt, f"entropy-law report: {source or out_dir.name}",
+                       f"law family {analysis.family}, seed {analysis.seed}, {analysis.n_boot} bootstrap replicates",
+                       sections, figures)
+
+
+def _write_page(out_dir: Path, fmt: str, title: str, header: str, sections, figures) -> Path:
+    """``report.html`` (self-contained: figures embedded) or ``report.md`` (figures as PNG beside it) in
+    ``out_dir``: ``title``, a line "generated <time>; ``header``", the ``sections`` ((name, DataFrame or list of
+    lines) pairs) and the ``figures`` ((title, name, paths) triples, a PNG among the paths)."""
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    title = f"entropy-law report: {source or out_dir.name}"
+    out_dir.mkdir(parents=True, exist_ok=True)
     if fmt == "html":
         path = out_dir / "report.html"
         parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>",
                  "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em}"
                  "table{border-collapse:collapse;font-size:12px}td,th{border:1px solid #ccc;padding:2px 6px;"
                  "text-align:right}th{background:#f3f3f3}img{max-width:100%}</style></head><body>",
-                 f"<h1>{html.escape(title)}</h1><p>generated {stamp}; law family <code>{analysis.family}</code>, "
-                 f"seed {analysis.seed}, {analysis.n_boot} bootstrap replicates</p>"]
+                 f"<h1>{html.escape(title)}</h1><p>generated {stamp}; {html.escape(header)}</p>"]
         for name, body in sections:
             parts.append(f"<h2>{html.escape(name)}</h2>")
             if isinstance(body, pd.DataFrame):
@@ -478,16 +487,15 @@ def write_report(traces, out_dir, *, fmt: str = "html", analysis: TraceAnalysis 
                 parts.append("<ul>" + "".join(f"<li>{html.escape(str(n))}</li>" for n in body) + "</ul>"
                              if body else "<p>none</p>")
         parts.append("<h2>Figures</h2>")
-        for name, paths in written.items():
+        for fig_title, name, paths in figures:
             png = next(p for p in paths if p.suffix == ".png")
             data = base64.b64encode(png.read_bytes()).decode("ascii")
-            parts.append(f"<h3>{html.escape(FIGURES[name].title)}</h3><img alt='{name}' src='data:image/png;base64,{data}'>")
+            parts.append(f"<h3>{html.escape(fig_title)}</h3><img alt='{name}' src='data:image/png;base64,{data}'>")
         parts.append("</body></html>")
         path.write_text("\n".join(parts), encoding="utf-8")
     else:
         path = out_dir / "report.md"
-        parts = [f"# {title}", "", f"generated {stamp}; law family `{analysis.family}`, seed {analysis.seed}, "
-                 f"{analysis.n_boot} bootstrap replicates", ""]
+        parts = [f"# {title}", "", f"generated {stamp}; {header}", ""]
         for name, body in sections:
             parts += [f"## {name}", ""]
             if isinstance(body, pd.DataFrame):
@@ -496,12 +504,117 @@ def write_report(traces, out_dir, *, fmt: str = "html", analysis: TraceAnalysis 
                 parts += [f"- {n}" for n in body] if body else ["none"]
             parts.append("")
         parts += ["## Figures", ""]
-        for name, paths in written.items():
+        for fig_title, name, paths in figures:
             png = next(p for p in paths if p.suffix == ".png")
-            parts += [f"### {FIGURES[name].title}", "", f"![{name}]({png.relative_to(out_dir).as_posix()})", ""]
+            parts += [f"### {fig_title}", "", f"![{name}]({png.relative_to(out_dir).as_posix()})", ""]
         path.write_text("\n".join(parts), encoding="utf-8")
     return path
 
+
+OUT_OF_CORE_COLUMNS = {
+    "drafter_id": "arm", "category": "category", "requests": "requests", "tokens": "tokens",
+    "mean_entropy_nats": "mean H (nats)", "mean_accepted": "mean accepted τ", "tokens_per_round": "tokens / round",
+    "d1_acceptance": "depth-1 acceptance", "d1_trials": "depth-1 trials",
+}
+NOT_OUT_OF_CORE = ("not in an out-of-core report, because they need the rows in memory: the measured speedup and the "
+                   "cost model (when drafting pays, the break-even entropy), leave-one-category-out transfer, the CV "
+                   "law comparison, universality (P1), per-request prediction intervals, GLANCE's law beside ours, "
+                   "the median entropy and the gallery's other figures. Run `entropy-law report` without "
+                   "--out-of-core on a subset of the runs that fits in memory for them")
+
+
+def out_of_core_law_frame(laws: dict) -> pd.DataFrame:
+    """Per arm of ``laws`` (arm -> ``FittedLaw``, or the error text where its fit failed): the family, k and the
+    depth-1 rate lambda with their 95% intervals, the at-risk trials and the requests they rest on."""
+    rows = []
+    for arm, law in laws.items():
+        if isinstance(law, str):
+            rows.append({"arm": arm, "family": "n/a", "k (95% CI)": "n/a", "λ at depth 1 (95% CI)": "n/a",
+                         "at-risk trials": np.nan, "requests": np.nan, "note": law})
+            continue
+        d = law.derived
+
+        def interval(key):
+            if key not in d.index:
+                return "n/a"
+            return format_interval(float(d.loc[key, "estimate"]), float(d.loc[key, "ci_low"]),
+                                   float(d.loc[key, "ci_high"]))
+
+        rows.append({"arm": arm, "family": law.family.name, "k (95% CI)": interval("k"),
+                     "λ at depth 1 (95% CI)": interval(f"lambda[d={law.depths[0]}]"), "at-risk trials": law.n_rows,
+                     "requests": law.n_requests, "note": ""})
+    return pd.DataFrame(rows)
+
+
+def write_report_out_of_core(traces, out_dir, *, fmt: str = "html", family: str | None = None, source: str = "",
+                             figure_formats=("png", "pdf"), threads: int | None = None,
+                             memory_limit: str | None = None, temp_directory: str | None = None) -> Path:
+    """The report of runs larger than memory: what can be computed from every row without holding the rows.
+
+    Per arm (``arms.run_arms`` label) and category the requests, tokens, mean target entropy, mean accepted
+    length, tokens per round and depth-1 acceptance (``outofcore.category_summary_sql``); the law ``family``
+    (default ``fit.PRIMARY_FAMILY``) fitted per arm by ``fit_law_out_of_core`` (request-clustered intervals); a
+    figure of the depth-1 acceptance per log-spaced entropy bin and category with each arm's fitted law
+    (``outofcore.acceptance_curve_sql``); and notes: the fits' own notes and what an out-of-core report leaves
+    out (``NOT_OUT_OF_CORE``). DuckDB runs every query over groups of shards (``threads``, ``memory_limit``,
+    ``temp_directory``: its settings). ``traces``: a run directory, a folder of runs, or a ``TraceSet``."""
+    import matplotlib.pyplot as plt
+
+    from entropy_law.law.fit import PRIMARY_FAMILY
+    from entropy_law.law.outofcore import acceptance_curve_sql, category_summary_sql, fit_law_out_of_core
+    from entropy_law.plots.figures import binned_acceptance
+    from entropy_law.plots.style import save_figure, unavailable
+
+    if fmt not in ("html", "md", "markdown"):
+        raise ValueError(f"fmt must be 'html' or 'md', got {fmt!r}")
+    family = family or PRIMARY_FAMILY
+    duck = dict(by_arm=True, threads=threads, memory_limit=memory_limit, temp_directory=temp_directory)
+    out_dir = Path(out_dir)
+    summary = category_summary_sql(traces, **duck)
+    drafting = [a for a, part in summary.groupby("drafter_id", sort=False) if part["drafting_rounds"].sum() > 0]
+    laws, notes = {}, [f"out of core: every number here comes from all {int(summary['tokens'].sum()):,} committed "
+                       f"tokens of {int(summary['requests'].sum()):,} requests, aggregated by DuckDB over the Parquet "
+                       "shards a group at a time; the laws fitted by streamed IRLS with request-clustered (CR1) "
+                       "errors (docs/out-of-core.md)"]
+    for arm in drafting:
+        try:
+            law = fit_law_out_of_core(traces, family, drafters=[arm], **duck)
+            laws[arm] = law
+            notes.extend(f"{arm}: {n}" for n in law.notes)
+        except ValueError as err:  # too few requests, invalid covariates: said, not raised
+            laws[arm] = f"not fitted: {err}"
+    curve = acceptance_curve_sql(traces, drafters=drafting, **duck)
+    fig, axes = plt.subplots(1, max(len(drafting), 1), figsize=(4.6 * max(len(drafting), 1), 3.6), squeeze=False)
+    for ax, arm in zip(axes.ravel(), drafting or [None]):
+        part = curve.loc[curve["drafter_id"] == arm] if arm is not None else curve.iloc[:0]
+        law = laws.get(arm)
+        if part.empty:
+            unavailable(ax, "no depth-1 trials with a finite target entropy (an imported run: entropy-law "
+                            "entropy fills it in)")
+            continue
+        h_range = (float(part["entropy_nats"].min()), float(part["entropy_nats"].max()))
+        binned_acceptance(part, law=law if not isinstance(law, str) else None, h_range=h_range, ax=ax)
+        ax.set_title(arm)
+    labelled = {}
+    for ax in axes.ravel():  # one legend for the figure, below the panels, instead of one over each panel's data
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            labelled.setdefault(label, handle)
+        if ax.get_legend() is not None:
+            ax.get_legend().remove()
+    if labelled:
+        fig.legend(list(labelled.values()), list(labelled), loc="lower center", ncol=min(len(labelled), 6),
+                   frameon=False, fontsize=8)
+        fig.tight_layout(rect=(0, 0.1, 1, 1))
+    written = save_figure(fig, out_dir / "figures", "acceptance_out_of_core", formats=figure_formats)
+    plt.close(fig)
+    table = summary.loc[:, list(OUT_OF_CORE_COLUMNS)].rename(columns=OUT_OF_CORE_COLUMNS)
+    notes.append(NOT_OUT_OF_CORE)
+    sections = [("Results per category (out of core)", table),
+                (f"Fitted law per arm (out of core, {family})", out_of_core_law_frame(laws)), ("Notes", notes)]
+    figures = [("Depth-1 acceptance vs target entropy per category (log-spaced bins, Wilson 95%), fitted law",
+                "acceptance_out_of_core", written)]
+    return _write_page(out_dir, fmt, f"entropy-law report (out of core): {source or out_dir.name}",
+                       f"law family {family}; out of core (DuckDB over the shards)", sections, figures)
 
 def terminal_summary(analysis: TraceAnalysis, measured: pd.DataFrame | None = None) -> str:
     """The demo's closing summary: per category mean entropy, tokens per round and speedup per arm;

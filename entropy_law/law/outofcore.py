@@ -243,7 +243,10 @@ class _Shards:
     runs: pd.DataFrame  # run_id, drafter_id (the arms checked)
 
 
-def _shards(traces_or_path, drafters: Sequence[str] | None) -> _Shards:
+def _shards(traces_or_path, drafters: Sequence[str] | None, by_arm: bool = False) -> _Shards:
+    """``by_arm``: the runs table's ``drafter_id`` is each run's arm label (``arms.run_arms``: model, drafter,
+    tree policy, budget, gate), so arms that share a drafter id stay apart, as in ``analysis.make_view``;
+    ``drafters`` then selects arm labels. Otherwise a drafter id that holds two arms is refused."""
     from entropy_law.traces.reader import load_traces
 
     traces = traces_or_path if hasattr(traces_or_path, "dataset") else load_traces(traces_or_path, validate=False)
@@ -251,10 +254,13 @@ def _shards(traces_or_path, drafters: Sequence[str] | None) -> _Shards:
     for column in ("run_id", "drafter_id"):
         if column not in runs:
             raise ValueError(f"the runs lack {column!r}: every run.json of format v1 has it")
+    if by_arm:
+        runs = runs.assign(drafter_id=arms.run_arms(runs)["arm"].to_numpy())
     if drafters is not None:
         runs = runs.loc[runs["drafter_id"].astype(str).isin([str(d) for d in drafters])]
     runs = runs.reset_index(drop=True)
-    arms.check_one_arm_per_drafter(runs)  # never pool two arms under one drafter id
+    if not by_arm:
+        arms.check_one_arm_per_drafter(runs)  # never pool two arms under one drafter id
     keep = set(runs["run_id"].astype(str))
     tokens = [Path(f) for f in traces.dataset("tokens").files]
     rounds = {Path(f).parent for f in traces.dataset("rounds").files}
@@ -321,6 +327,7 @@ def aggregate_at_risk_sql(
     eps: float = atrisk.EPS_NATS,
     means: str = "all",
     drafters: Sequence[str] | None = None,
+    by_arm: bool = False,
     on_invalid: str = "raise",
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
     threads: int | None = None,
@@ -336,7 +343,8 @@ def aggregate_at_risk_sql(
     family (default: ``law_exp``: bins of the target entropy, keys drafter x category x request x depth);
     ``bin_columns`` / ``keys`` override them. ``means``: ``"all"`` keeps every covariate mean (the pandas
     path's columns), ``"family"`` only those the family's formula reads (less memory, the same fit).
-    ``drafters``: only these drafter ids. ``on_invalid``: ``"raise"`` (default) or ``"drop"`` rows with NaN,
+    ``drafters``: only these drafter ids (arm labels with ``by_arm``: the cells keyed by arm, see
+    ``fit_law_out_of_core``). ``on_invalid``: ``"raise"`` (default) or ``"drop"`` rows with NaN,
     infinite or negative covariates, as ``at_risk_table``. ``chunk_bytes``: token files per query (memory
     holds one group of shards' rows); ``threads``, ``memory_limit`` (e.g. ``"2GB"``) and ``temp_directory``
     (where DuckDB spills) are DuckDB settings.
@@ -346,7 +354,7 @@ def aggregate_at_risk_sql(
     bins, keys, columns = _query_spec(family, bin_columns, keys, means)
     sql = at_risk_sql(bin_columns=bins, width_log10=width_log10, eps=eps, means=columns,
                       drafted_depth_key="drafted_depth" in keys)
-    shards = _shards(traces, drafters)
+    shards = _shards(traces, drafters, by_arm)
     con = _connect(threads, memory_limit, temp_directory)
     try:
         con.register("runs", shards.runs)
@@ -469,11 +477,12 @@ def _sql_str(value) -> str:
     return "'" + str(value).replace("'", "''") + "'"
 
 
-def _write_cells(con, traces, bins, keys, means, *, width_log10, eps, drafters, chunk_bytes, folder: Path) -> list:
+def _write_cells(con, traces, bins, keys, means, *, width_log10, eps, drafters, chunk_bytes, folder: Path,
+                 by_arm: bool = False) -> list:
     """The query's cells of every group of shards written to ``folder`` (one Parquet file per group)."""
     sql = at_risk_sql(bin_columns=bins, width_log10=width_log10, eps=eps, means=means,
                       drafted_depth_key="drafted_depth" in keys)
-    shards = _shards(traces, drafters)
+    shards = _shards(traces, drafters, by_arm)
     if not shards.dirs:
         raise ValueError("no finished shards under the given path: nothing to fit")
     con.register("runs", shards.runs)
@@ -942,7 +951,7 @@ def _fit_streamed(con, source: str, fam, *, depth: str, cov_type: str, alpha: fl
 def fit_law_out_of_core(traces, family: str = "law_exp", by: str | None = None, *, depth: str = "factor",
                         width_log10: float = 0.05, eps: float = atrisk.EPS_NATS, cov_type: str = "cluster",
                         alpha: float = 0.05, min_requests_per_category: int = 5, drop_small_categories: bool = False,
-                        drafters: Sequence[str] | None = None, on_invalid: str = "raise",
+                        drafters: Sequence[str] | None = None, by_arm: bool = False, on_invalid: str = "raise",
                         chunk_bytes: int = DEFAULT_CHUNK_BYTES, threads: int | None = None,
                         memory_limit: str | None = None, temp_directory: str | None = None,
                         batch_cells: int = STREAM_BATCH_CELLS, tol: float = 1e-10, max_iter: int = 100,
@@ -979,7 +988,9 @@ def fit_law_out_of_core(traces, family: str = "law_exp", by: str | None = None, 
     ``fit._fit_profile_eps``, and step 5 runs for it; the law's ``eps`` is that c). ``law_iso`` and
     ``law_exp_draftent`` (the drafter's entropy, not in the query) are refused with what to use instead.
     ``batch_cells``: cells per batch; ``chunk_bytes``, ``threads``, ``memory_limit``, ``temp_directory``: DuckDB
-    (as ``aggregate_at_risk_sql``).
+    (as ``aggregate_at_risk_sql``). ``by_arm``: the cells' ``drafter_id`` is the run's arm label (as
+    ``analysis.make_view``: two arms of one drafter id, e.g. its chain and DDTree runs, stay apart, and
+    ``by="drafter_id"`` fits one law per arm); otherwise such a mix is refused.
     """
     from entropy_law.law.fit import DEPTH_TERMS, LawSet
 
@@ -1009,7 +1020,7 @@ def fit_law_out_of_core(traces, family: str = "law_exp", by: str | None = None, 
         con = _connect(threads, memory_limit, temp_directory)
         try:
             files = _write_cells(con, traces, bins, keys, means, width_log10=width_log10, eps=eps, drafters=drafters,
-                                 chunk_bytes=chunk_bytes, folder=folder)
+                                 chunk_bytes=chunk_bytes, folder=folder, by_arm=by_arm)
             source, notes = _cell_source(con, files, bins, keys, means, on_invalid)
             if by is None:
                 return _fit_streamed(con, source, fam, folder=folder, notes=notes, **options)
@@ -1021,4 +1032,142 @@ def fit_law_out_of_core(traces, family: str = "law_exp", by: str | None = None, 
             con.close()
 
 
-__all__ = ["aggregate_at_risk_sql", "at_risk_sql", "finish_cells", "fit_law_out_of_core"]
+# ------------------------------------------------------------------------ summaries for the out-of-core report
+
+# per drafter id x category of one group of shards: sums only (added over the groups by ``category_summary_sql``);
+# the decode rounds (round_index > 0) as ``TraceAnalysis.results_table`` counts them; the requests table gives the
+# category of each request and its count (a request lies in one shard)
+SUMMARY_SQL = """
+WITH req AS (
+  SELECT q.run_id, q.request_id, q.category, runs.drafter_id
+  FROM requests AS q JOIN runs ON q.run_id = runs.run_id
+),
+n AS (
+  SELECT drafter_id, category, COUNT(*) AS requests FROM req GROUP BY drafter_id, category
+),
+rnd AS (
+  SELECT req.drafter_id, req.category, COUNT(*) AS rounds, SUM(r.committed) AS tokens,
+         SUM(CASE WHEN r.tree_nodes > 0 THEN 1 ELSE 0 END) AS drafting_rounds,
+         SUM(CASE WHEN r.tree_nodes > 0 THEN r.accepted ELSE 0 END) AS accepted
+  FROM rounds AS r JOIN req ON r.run_id = req.run_id AND r.request_id = req.request_id
+  WHERE r.round_index > 0
+  GROUP BY req.drafter_id, req.category
+),
+tok AS (
+  SELECT req.drafter_id, req.category,
+         SUM(CASE WHEN isfinite(t.target_entropy_nats) THEN 1 ELSE 0 END) AS entropy_tokens,
+         SUM(CASE WHEN isfinite(t.target_entropy_nats) THEN t.target_entropy_nats ELSE 0 END) AS entropy_sum,
+         SUM(CASE WHEN t.depth = 1 AND t.role IN ('accepted', 'correction') THEN 1 ELSE 0 END) AS d1_trials,
+         SUM(CASE WHEN t.depth = 1 AND t.role = 'accepted' THEN 1 ELSE 0 END) AS d1_accepted
+  FROM tokens AS t JOIN req ON t.run_id = req.run_id AND t.request_id = req.request_id
+  GROUP BY req.drafter_id, req.category
+)
+SELECT n.drafter_id, n.category, n.requests, rnd.rounds, rnd.tokens, rnd.drafting_rounds, rnd.accepted,
+       tok.entropy_tokens, tok.entropy_sum, tok.d1_trials, tok.d1_accepted
+FROM n
+LEFT JOIN rnd ON n.drafter_id = rnd.drafter_id AND n.category = rnd.category
+LEFT JOIN tok ON n.drafter_id = tok.drafter_id AND n.category = tok.category
+"""
+
+# depth-1 at-risk trials per drafter id x category x log-spaced entropy bin of one group of shards (sums only)
+CURVE_SQL = """
+SELECT runs.drafter_id, q.category,
+       CAST(FLOOR((LOG10(GREATEST(t.target_entropy_nats, 0) + {eps}) - LOG10({eps})) / {width}) AS BIGINT) AS bin,
+       COUNT(*) AS n, SUM(CASE WHEN t.role = 'accepted' THEN 1 ELSE 0 END) AS accepted,
+       SUM(GREATEST(t.target_entropy_nats, 0)) AS entropy_sum
+FROM tokens AS t
+JOIN requests AS q ON t.run_id = q.run_id AND t.request_id = q.request_id
+JOIN runs ON t.run_id = runs.run_id
+WHERE t.depth = 1 AND t.role IN ('accepted', 'correction') AND isfinite(t.target_entropy_nats)
+      AND t.target_entropy_nats >= {negative}
+GROUP BY runs.drafter_id, q.category, bin
+"""
+
+
+def _run_groups(traces, drafters, by_arm, chunk_bytes, threads, memory_limit, temp_directory, queries: dict) -> dict:
+    """Each query of ``queries`` (name -> SQL over ``tokens``, ``rounds``, ``requests``, ``runs``) run on every
+    group of shards; name -> the groups' result rows stacked (pandas)."""
+    import pyarrow as pa
+
+    shards = _shards(traces, drafters, by_arm)
+    con = _connect(threads, memory_limit, temp_directory)
+    out = {name: [] for name in queries}
+    try:
+        con.register("runs", shards.runs)
+        for group in _chunks(shards.dirs, chunk_bytes):
+            for table in ("tokens", "rounds", "requests"):
+                con.read_parquet([str(s / f"{table}.parquet") for s in group]).create_view(table, replace=True)
+            for name, sql in queries.items():
+                out[name].append(_fetch_arrow(con.sql(sql)))
+    finally:
+        con.close()
+    def plain(table):  # DuckDB's SUM of integers is a HUGEINT (Arrow decimal128): as float64 for pandas
+        return table.cast(pa.schema([pa.field(f.name, pa.float64()) if pa.types.is_decimal(f.type) else f
+                                     for f in table.schema]))
+
+    return {name: pa.concat_tables([plain(t) for t in parts]).to_pandas() if parts else pd.DataFrame()
+            for name, parts in out.items()}
+
+
+def category_summary_sql(traces, *, drafters: Sequence[str] | None = None, by_arm: bool = False,
+                         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                         threads: int | None = None, memory_limit: str | None = None,
+                         temp_directory: str | None = None) -> pd.DataFrame:
+    """Per drafter id x category, out of core (DuckDB over groups of shards, sums added over the groups):
+    ``requests``, decode ``rounds`` (round index > 0, as ``TraceAnalysis.results_table``), committed
+    ``tokens``, ``drafting_rounds`` (tree_nodes > 0), ``tokens_per_round``, ``mean_accepted`` (accepted drafts
+    per drafting round), ``mean_entropy_nats`` (over the arm's output tokens with a finite entropy; NaN where
+    none has one, e.g. an imported run before ``entropy-law entropy``), ``entropy_tokens``, and the depth-1
+    at-risk ``d1_trials`` and ``d1_acceptance``. ``traces``: a run directory, a folder of runs or a ``TraceSet``
+    (its runs); ``by_arm``: keyed by arm label instead of drafter id (see ``fit_law_out_of_core``), else the
+    arms are checked as in ``aggregate_at_risk_sql``."""
+    frame = _run_groups(traces, drafters, by_arm, chunk_bytes, threads, memory_limit, temp_directory,
+                        {"summary": SUMMARY_SQL})["summary"]
+    columns = ["requests", "rounds", "tokens", "drafting_rounds", "accepted", "entropy_tokens", "entropy_sum",
+               "d1_trials", "d1_accepted"]
+    if frame.empty:
+        raise ValueError("no requests in these traces")
+    frame = frame.groupby(["drafter_id", "category"], as_index=False)[columns].sum(min_count=1)
+    frame[columns] = frame[columns].fillna(0)
+    counts = [c for c in columns if c != "entropy_sum"]
+    frame[counts] = frame[counts].round().astype("int64")
+    with np.errstate(divide="ignore", invalid="ignore"):
+        frame["tokens_per_round"] = frame["tokens"] / frame["rounds"].where(frame["rounds"] > 0)
+        frame["mean_accepted"] = frame["accepted"] / frame["drafting_rounds"].where(frame["drafting_rounds"] > 0)
+        frame["mean_entropy_nats"] = frame["entropy_sum"] / frame["entropy_tokens"].where(frame["entropy_tokens"] > 0)
+        frame["d1_acceptance"] = frame["d1_accepted"] / frame["d1_trials"].where(frame["d1_trials"] > 0)
+    order = ["drafter_id", "category", "requests", "rounds", "tokens", "drafting_rounds", "tokens_per_round",
+             "mean_accepted", "mean_entropy_nats", "entropy_tokens", "d1_trials", "d1_acceptance"]
+    return frame[order].sort_values(["drafter_id", "category"]).reset_index(drop=True)
+
+
+def acceptance_curve_sql(traces, *, width_log10: float = 0.25, eps: float = atrisk.EPS_NATS,
+                         drafters: Sequence[str] | None = None, by_arm: bool = False,
+                         chunk_bytes: int = DEFAULT_CHUNK_BYTES, threads: int | None = None,
+                         memory_limit: str | None = None, temp_directory: str | None = None) -> pd.DataFrame:
+    """Depth-1 acceptance per drafter id x category x log-spaced bin of the target entropy, out of core: the
+    bin floor((log10(H + eps) - log10(eps)) / width_log10) of every at-risk depth-1 trial (role accepted or
+    correction; H finite, fp32 round-off below 0 counted as 0, as ``atrisk``), with ``n``, ``accepted``,
+    ``rate``, its Wilson 95% ``ci_low`` / ``ci_high`` and the bin's mean ``entropy_nats`` (the columns of
+    ``plots.figures.binned_acceptance_table``, whose bins are quantiles instead)."""
+    from entropy_law.law.stats import wilson_interval
+
+    if not width_log10 > 0:
+        raise ValueError(f"width_log10 must be > 0, got {width_log10}")
+    sql = CURVE_SQL.format(eps=_literal(eps), width=_literal(width_log10),
+                           negative=_literal(-atrisk.NEGATIVE_TOLERANCE))
+    frame = _run_groups(traces, drafters, by_arm, chunk_bytes, threads, memory_limit, temp_directory,
+                        {"curve": sql})["curve"]
+    columns = ["drafter_id", "category", "bin", "n", "accepted", "rate", "ci_low", "ci_high", "entropy_nats"]
+    if frame.empty:
+        return pd.DataFrame(columns=columns)
+    frame = frame.groupby(["drafter_id", "category", "bin"], as_index=False)[["n", "accepted", "entropy_sum"]].sum()
+    frame[["n", "accepted"]] = frame[["n", "accepted"]].round().astype("int64")
+    frame["rate"] = frame["accepted"] / frame["n"]
+    frame["ci_low"], frame["ci_high"] = wilson_interval(frame["accepted"], frame["n"])
+    frame["entropy_nats"] = frame["entropy_sum"] / frame["n"]
+    return frame[columns].sort_values(["drafter_id", "category", "bin"]).reset_index(drop=True)
+
+
+__all__ = ["acceptance_curve_sql", "aggregate_at_risk_sql", "at_risk_sql", "category_summary_sql", "finish_cells",
+           "fit_law_out_of_core"]

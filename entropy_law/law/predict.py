@@ -25,7 +25,7 @@ import pandas as pd
 from scipy import stats
 
 from entropy_law.law import atrisk
-from entropy_law.law.blocks import tau_distribution
+from entropy_law.law.blocks import expected_round_counts, tau_distribution
 from entropy_law.law.fit import FittedLaw, fit_law
 from entropy_law.law.results import Result
 from entropy_law.law.stats import FEW_REQUESTS, SmallSampleWarning, exact_spearman_p
@@ -107,7 +107,8 @@ def request_moments(law: FittedLaw, sequences: pd.DataFrame, B: int, depth_model
     """Per request of ``sequences`` (``transfer.entropy_sequences`` rows): ``tokens``, the law's E[N] and
     Var[N] (``round_count_moments`` with the drafted depths of ``depth_model``, or with ``proposals``, the
     drafter's replayed proposals: the depth it drafts at each round start and its top-1 probabilities,
-    ``transfer.proposal_arrays``), ``predicted_tokens_per_round`` = T / E[N], ``var_log_sampling`` =
+    ``transfer.proposal_arrays``), ``predicted_drafting_rounds`` (the expected rounds that draft, depth > 0,
+    ``blocks.expected_round_counts``), ``predicted_tokens_per_round`` = T / E[N], ``var_log_sampling`` =
     Var[N] / E[N]^2 and, with ``draws`` (coefficient draws), ``var_log_parameters``: the variance of log E[N]
     over the draws."""
     drafts = int(B) - 1
@@ -127,7 +128,9 @@ def request_moments(law: FittedLaw, sequences: pd.DataFrame, B: int, depth_model
         a = law.shape_acceptance(_acceptance(law, x, np.asarray(law.result.params, dtype=float)), shape)
         mean, var = round_count_moments(a, probs)
         row = dict(run_id=rec.run_id, request_id=rec.request_id, category=rec.category, tokens=h.size,
-                   predicted_rounds=mean, var_rounds=var, predicted_tokens_per_round=h.size / mean,
+                   predicted_rounds=mean, var_rounds=var,
+                   predicted_drafting_rounds=expected_round_counts(a, probs)[1],
+                   predicted_tokens_per_round=h.size / mean,
                    var_log_sampling=var / mean**2)
         if draws is not None:
             logs = [np.log(round_count_moments(law.shape_acceptance(_acceptance(law, x, theta), shape), probs)[0])
@@ -220,31 +223,62 @@ class RequestPredictions(Result):
     def category_predictions(self) -> pd.DataFrame:
         """Per held-out category: observed tokens per round (its committed tokens over its rounds) and the
         prediction from the requests' centres (the same ratio with each request's rounds at T / centre), the
-        raw DP's (T / E[N], no training bias) beside it, and their relative errors."""
+        raw DP's (T / E[N], no training bias) beside it, and their relative errors.
+
+        With the drafting rounds (``request_moments``' ``predicted_drafting_rounds``, the observed
+        ``observed_drafting_rounds``): the mean accepted drafts per drafting round, (T - rounds) / drafting
+        rounds summed over the category, observed, from the centres and raw. The centres' drafting rounds are
+        the DP's share of drafting rounds in each request applied to its rounds at T / centre, so the mean
+        accepted length and the tokens per round come from one round count (the raw DP's mean accepted length
+        is ``loco_transfer``'s)."""
         r = self.requests
         tokens = r.groupby("category")["tokens"].sum()
+        rounds = {"observed": r["tokens"] / r["observed_tokens_per_round"], "centre": r["tokens"] / r["center"],
+                  "raw": r["tokens"] / r["predicted_tokens_per_round"]}
 
-        def ratio(column: str) -> pd.Series:
-            return tokens / (r["tokens"] / r[column]).groupby(r["category"]).sum()
+        def ratio(kind: str) -> pd.Series:
+            return tokens / rounds[kind].groupby(r["category"]).sum()
 
-        out = pd.DataFrame({"observed_tokens_per_round": ratio("observed_tokens_per_round"),
-                            "predicted_tokens_per_round": ratio("center"),
-                            "predicted_tokens_per_round_raw": ratio("predicted_tokens_per_round")})
+        out = pd.DataFrame({"observed_tokens_per_round": ratio("observed"),
+                            "predicted_tokens_per_round": ratio("centre"),
+                            "predicted_tokens_per_round_raw": ratio("raw")})
         out["relative_error"] = out["predicted_tokens_per_round"] / out["observed_tokens_per_round"] - 1
         out["relative_error_raw"] = out["predicted_tokens_per_round_raw"] / out["observed_tokens_per_round"] - 1
+        if {"observed_drafting_rounds", "predicted_drafting_rounds"} <= set(r.columns):
+            share = r["predicted_drafting_rounds"] / r["predicted_rounds"]
+            drafting = {"observed": r["observed_drafting_rounds"], "centre": rounds["centre"] * share,
+                        "raw": r["predicted_drafting_rounds"]}
+
+            def accepted(kind: str) -> pd.Series:
+                return ((tokens - rounds[kind].groupby(r["category"]).sum())
+                        / drafting[kind].groupby(r["category"]).sum())
+
+            out["observed_mean_accepted"] = accepted("observed")
+            out["predicted_mean_accepted"] = accepted("centre")
+            out["predicted_mean_accepted_raw"] = accepted("raw")
+            out["mean_accepted_relative_error"] = out["predicted_mean_accepted"] / out["observed_mean_accepted"] - 1
+            out["mean_accepted_relative_error_raw"] = (out["predicted_mean_accepted_raw"]
+                                                       / out["observed_mean_accepted"] - 1)
         return out
 
     def category_accuracy(self) -> dict:
         """Across held-out categories (``category_predictions``): mean and max |relative error| and the mean
         signed error of the centres, the raw DP's mean |relative error|, and Spearman rho of the centres'
-        ranking with its exact permutation p."""
+        ranking with its exact permutation p; where the drafting rounds are known, the same mean and max for
+        the mean accepted length (``mean_accepted_*``, centres and raw)."""
         cat = self.category_predictions()
         rho, p = exact_spearman_p(cat["observed_tokens_per_round"], cat["predicted_tokens_per_round"])
-        return dict(categories=len(cat), mean_abs_relative_error=float(cat["relative_error"].abs().mean()),
-                    max_abs_relative_error=float(cat["relative_error"].abs().max()),
-                    mean_relative_error=float(cat["relative_error"].mean()),
-                    raw_mean_abs_relative_error=float(cat["relative_error_raw"].abs().mean()),
-                    spearman_rho=float(rho), p_permutation=float(p))
+        out = dict(categories=len(cat), mean_abs_relative_error=float(cat["relative_error"].abs().mean()),
+                   max_abs_relative_error=float(cat["relative_error"].abs().max()),
+                   mean_relative_error=float(cat["relative_error"].mean()),
+                   raw_mean_abs_relative_error=float(cat["relative_error_raw"].abs().mean()),
+                   spearman_rho=float(rho), p_permutation=float(p))
+        if "mean_accepted_relative_error" in cat:
+            out.update(mean_accepted_mean_abs_relative_error=float(cat["mean_accepted_relative_error"].abs().mean()),
+                       mean_accepted_max_abs_relative_error=float(cat["mean_accepted_relative_error"].abs().max()),
+                       mean_accepted_raw_mean_abs_relative_error=float(
+                           cat["mean_accepted_relative_error_raw"].abs().mean()))
+        return out
 
     def coverage_interval(self, alpha: float = 0.05) -> tuple[float, float]:
         """Wilson interval of the pooled coverage (requests treated as independent)."""
@@ -302,7 +336,7 @@ def loco_predictions(traces, family: str = "law_exp", *, drafter: str | None = N
     drafted_h = with_start_entropy(drafted_depths(traces, drafter), seqs) if proposals is None else None
     observed = _observed_rounds(rounds)
     observed["observed_tokens_per_round"] = observed["observed_tokens"] / observed["observed_rounds"]
-    observed = observed[["run_id", "request_id", "observed_tokens_per_round"]]
+    observed = observed[["run_id", "request_id", "observed_tokens_per_round", "observed_drafting_rounds"]]
     held_out, reliability, notes = [], [], []
     for i, cat in enumerate(categories):
         train = counts.loc[counts["category"] != cat]

@@ -78,16 +78,29 @@ def acceptance_vs_entropy(at_risk: pd.DataFrame, *, law=None, depth: int | str =
                           min_trials: int = 5, eps: float = EPS_NATS, ax=None):
     """Acceptance at ``depth`` (or ``"2+"``) vs target entropy: quantile-binned data with Wilson 95%
     intervals, one colour per category, and the fitted law (black) when ``law`` is given."""
-    ax = new_axes(ax)
     table = binned_acceptance_table(at_risk, depth=depth, n_bins=n_bins)
+    h = at_risk["target_entropy_nats"]
+    h_range = (float(h.min()), float(h.max())) if len(at_risk) else None
+    return binned_acceptance(table, law=law, depth=depth, h_range=h_range, min_trials=min_trials, eps=eps, ax=ax)
+
+
+def binned_acceptance(table: pd.DataFrame, *, law=None, depth: int | str = 1, h_range: tuple | None = None,
+                      min_trials: int = 5, eps: float = EPS_NATS, ax=None):
+    """Plot a table of acceptance per entropy bin and category (the columns of ``binned_acceptance_table``;
+    ``law.outofcore.acceptance_curve_sql`` gives them out of core): bins of at least ``min_trials`` trials with
+    their Wilson 95% intervals, one colour per category, and the fitted law over ``h_range`` (black) when
+    ``law`` and ``h_range`` are given."""
+    ax = new_axes(ax)
+    colours = palette(table["category"].astype(str).unique())
     table = table.loc[table["n"] >= min_trials]
-    colours = palette(at_risk["category"].astype(str).unique())
     for cat, part in table.groupby("category"):
-        x = part["entropy_nats"].to_numpy() + eps
-        ax.errorbar(x, part["rate"], yerr=_yerr(part["rate"], part["ci_low"], part["ci_high"]),
-                    fmt="o", ms=3.5, lw=0.8, capsize=0, color=colours[cat], label=cat, alpha=0.85)
-    if law is not None and len(at_risk):
-        h = np.geomspace(max(float(at_risk["target_entropy_nats"].min()), 1e-4), max(float(at_risk["target_entropy_nats"].max()), 1e-2), 200)
+        x = part["entropy_nats"].to_numpy(dtype=float) + eps
+        rate = part["rate"].to_numpy(dtype=float)
+        ax.errorbar(x, rate, yerr=_yerr(rate, part["ci_low"].to_numpy(dtype=float),
+                                        part["ci_high"].to_numpy(dtype=float)),
+                    fmt="o", ms=3.5, lw=0.8, capsize=0, color=colours[str(cat)], label=str(cat), alpha=0.85)
+    if law is not None and h_range is not None:
+        h = np.geomspace(max(h_range[0], 1e-4), max(h_range[1], 1e-2), 200)
         d = 2 if depth == "2+" else int(depth)
         ax.plot(h + eps, law.predict_acceptance(h, d), color="k", lw=1.8, label=f"fitted {law.family.name} (d={d})")
     ax.set_xscale("log")

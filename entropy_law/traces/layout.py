@@ -125,6 +125,28 @@ def write_json_atomic(path: Path, payload: dict) -> None:
     fsync_path(path.parent)
 
 
+def write_parquet_atomic(path: Path, table, *, check=None, **options) -> Path:
+    """Write the Arrow ``table`` to ``path`` (``pyarrow.parquet.write_table`` with ``options``) so that readers see
+    the old or the new file, never a partial one: a ``.tmp-*`` file beside it, flushed, then ``os.replace``.
+    ``check(tmp_path)``, if given, runs on the written temp file before the replace; if it raises, the temp file
+    is removed and ``path`` is left as it was."""
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    tmp = path.with_name(f"{TMP_PREFIX}{path.name}.{uuid.uuid4().hex[:8]}")
+    try:
+        pq.write_table(table, tmp, **options)
+        fsync_path(tmp)
+        if check is not None:
+            check(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    fsync_path(path.parent)
+    return path
+
+
 def read_run_json(path: Path) -> dict:
     """The metadata in a run's ``run.json``; ValueError if it is not JSON or not an entropy-law run."""
     try:

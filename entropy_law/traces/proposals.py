@@ -1,8 +1,8 @@
 """Replayed proposals: the drafter's proposal for a round starting at every output position of a run.
 
-Known here: the file beside a run's ``run.json`` that holds them (``proposals.parquet``, written atomically:
-temp file + ``os.replace``), its columns and the rules they obey, and how a trace set's files are found and
-read back. One row per (request, start position, drafted depth): ``run_id``, ``request_id``,
+Known here: the file beside a run's ``run.json`` that holds them (``proposals.parquet``, written atomically by
+``layout.write_parquet_atomic``: temp file + ``os.replace``), its columns and the rules they obey, and how a trace
+set's files are found and read back. One row per (request, start position, drafted depth): ``run_id``, ``request_id``,
 ``start_position`` (the round's first output position; its pending root is output token ``start - 1``; the
 decoder's position 0 is the prefill's, which drafts nothing, and a replay writes no row there),
 ``proposal_depth`` (the depth of the tree the drafter's proposal gives there; 0: nothing drafted, then one
@@ -18,8 +18,6 @@ schema metadata says how they were made. Not known here: how proposals are made,
 from __future__ import annotations
 
 import json
-import os
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -27,7 +25,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from entropy_law.traces.layout import RUN_FILE, TMP_PREFIX, read_run_json
+from entropy_law.traces.layout import RUN_FILE, read_run_json, write_parquet_atomic
 from entropy_law.traces.validation import TraceValidationError
 
 PROPOSALS_FILE = "proposals.parquet"
@@ -85,11 +83,7 @@ def write_proposals(run_dir, frame: pd.DataFrame, how: dict) -> Path:
         raise TraceValidationError(f"{run_dir}: proposals of run(s) {sorted(other)} in run {meta['run_id']!r}")
     table = pa.Table.from_pandas(frame[SCHEMA.names], schema=SCHEMA, preserve_index=False)
     table = table.replace_schema_metadata({METADATA_KEY: json.dumps(how).encode()})
-    path = run_dir / PROPOSALS_FILE
-    tmp = run_dir / f"{TMP_PREFIX}{PROPOSALS_FILE}.{uuid.uuid4().hex[:8]}"
-    pq.write_table(table, tmp)
-    os.replace(tmp, path)
-    return path
+    return write_parquet_atomic(run_dir / PROPOSALS_FILE, table)
 
 
 def read_proposals(path) -> pd.DataFrame | None:
