@@ -435,3 +435,21 @@ def test_the_report_command_out_of_core(fleet, tmp_path, capsys):
     assert "--results-md: not with --out-of-core" in capsys.readouterr().err
     assert main(["report", str(path), "--out", str(out), "--memory-limit", "1GB"]) != 0
     assert "add --out-of-core" in capsys.readouterr().err
+
+
+def test_an_in_memory_analysis_too_large_for_memory_is_refused_before_reading(fleet, tmp_path, monkeypatch, capsys):
+    from entropy_law.cli import main
+    from entropy_law.law import outofcore
+
+    path, _ = fleet
+    rows = outofcore.check_fits_in_memory(path, "the law", available=10**15)
+    assert rows == len(load_traces(path).tokens)
+    with pytest.raises(ValueError, match="--out-of-core"):
+        outofcore.check_fits_in_memory(path, "the law", available=rows * outofcore.IN_MEMORY_BYTES_PER_TOKEN_ROW - 1)
+    monkeypatch.setattr(outofcore, "available_memory", lambda: 1024)  # 1 KiB free: nothing fits
+    assert main(["report", str(path), "--out", str(tmp_path / "r")]) != 0
+    assert "the report in memory" in capsys.readouterr().err and not (tmp_path / "r").exists()
+    assert main(["law", str(path)]) != 0
+    assert "--no-memory-check runs it anyway" in capsys.readouterr().err
+    assert main(["law", str(path), "--no-memory-check", "--family", "law_exp"]) == 0
+    assert main(["report", str(path), "--out", str(tmp_path / "r"), "--out-of-core", "--format", "md"]) == 0

@@ -207,6 +207,26 @@ def test_finish_with_open_request_is_an_error(tmp_path):
         rec.finish()
 
 
+def test_load_traces_of_several_paths_and_row_counts_from_the_footers(tmp_path):
+    for name, seed in (("r1", 3), ("r2", 4)):
+        with TraceRecorder(tmp_path / "all" / name, run_id=name) as rec:
+            log_requests(rec, synthetic_requests(seed=seed, n_requests=6))
+    both = load_traces([tmp_path / "all" / "r1", str(tmp_path / "all" / "r2")])
+    assert sorted(both.runs["run_id"]) == ["r1", "r2"]
+    # a run reached through two paths is read once
+    again = load_traces([tmp_path / "all", tmp_path / "all" / "r1"])
+    assert sorted(again.runs["run_id"]) == ["r1", "r2"] and len(again.tokens) == len(both.tokens)
+    counts = load_traces(tmp_path / "all", validate=False).row_counts()
+    assert counts == {"tokens": len(both.tokens), "rounds": len(both.rounds), "requests": len(both.requests)}
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        load_traces([tmp_path / "all" / "r1", tmp_path / "nowhere"])
+    import shutil
+
+    shutil.copytree(tmp_path / "all" / "r1", tmp_path / "copy" / "r1")  # a second folder with run id r1
+    with pytest.raises(TraceValidationError, match="appears twice"):
+        load_traces([tmp_path / "all", tmp_path / "copy"])
+
+
 def test_summary_counts(tmp_path):
     requests = synthetic_requests(seed=10, n_requests=5)
     with TraceRecorder(tmp_path / "run") as rec:

@@ -30,6 +30,9 @@ def register(subparsers) -> None:
     p.add_argument("--out-of-core", action="store_true",
                    help="fit with fit_law_out_of_core (DuckDB over the shards, IRLS streamed over the cells: trace "
                         "folders larger than memory); prints the law per arm only (docs/out-of-core.md)")
+    p.add_argument("--no-memory-check", action="store_true",
+                   help="skip the check that refuses an in-memory fit of runs whose rows need more memory than is "
+                        "available (it suggests --out-of-core)")
     p.set_defaults(func=run)
 
 
@@ -63,6 +66,10 @@ def run(args) -> int:
     else:
         if not args.traces:
             raise ValueError("pass a trace folder, or --simulate SEED")
+        if not args.no_memory_check:  # refuse before reading, rather than be killed for memory half way
+            from entropy_law.law.outofcore import check_fits_in_memory
+
+            check_fits_in_memory(args.traces, "the law")
         # one law per arm (drafter + tree policy: "ngram chain", "ngram ddtree16"), not pooled by drafter
         traces = make_view(load_traces(args.traces))
     proposals = None

@@ -33,6 +33,9 @@ def register(subparsers) -> None:
                         "results, the law per arm and an acceptance figure only (docs/out-of-core.md)")
     p.add_argument("--memory-limit", default=None, metavar="SIZE",
                    help="with --out-of-core: DuckDB's memory limit, e.g. 2GB (default: DuckDB's)")
+    p.add_argument("--no-memory-check", action="store_true",
+                   help="skip the check that refuses an in-memory report on runs whose rows need more memory than "
+                        "is available (it suggests --out-of-core)")
     p.set_defaults(func=run)
 
 
@@ -55,6 +58,11 @@ def run(args) -> int:
         raise ValueError("--memory-limit is a setting of --out-of-core: add --out-of-core, or drop it")
     if args.out_of_core:
         return _run_out_of_core(args)
+    if not args.no_memory_check:  # refuse before reading, rather than be killed for memory half way
+        from entropy_law.law.outofcore import check_fits_in_memory
+
+        check_fits_in_memory(load_traces(args.traces if len(args.traces) > 1 else args.traces[0], validate=False),
+                             "the report")
     traces = load_traces(args.traces if len(args.traces) > 1 else args.traces[0])
     options = {} if args.compare_families is None else {"compare_families": tuple(args.compare_families)}
     import pandas as pd

@@ -147,6 +147,12 @@ class TraceSet:
     def metadata(self) -> dict[str, dict]:
         return {r.run_id: dict(r.metadata) for r in self._runs}
 
+    def row_counts(self) -> dict[str, int]:
+        """Rows per table (tokens, rounds, requests) of the selected runs, from the Parquet footers: no data is
+        read (a category selection is not applied: an upper bound then)."""
+        return {name: sum(pq.ParquetFile(f).metadata.num_rows for r in self._runs for f in r.files[name])
+                for name in TABLES}
+
     @property
     def runs(self) -> pd.DataFrame:
         rows = []
@@ -301,7 +307,9 @@ def _read_checked_shard(files: tuple[Path, ...]) -> list[pa.Table]:
 
 
 def load_traces(path, *, run_id=None, category=None, validate: bool = True) -> TraceSet:
-    """Load trace runs from ``path``: one run directory, or a folder searched recursively for runs.
+    """Load trace runs from ``path``: one run directory, or a folder searched recursively for runs, or a list
+    of such paths (their runs together; a run folder reached through two of them is read once, two folders
+    holding one run id are an error).
 
     With ``validate=True`` (default) every file is read and checked now: schema (missing column,
     wrong type), format version, values (NaN or negative entropy, tau larger than the block, ...)
@@ -312,13 +320,21 @@ def load_traces(path, *, run_id=None, category=None, validate: bool = True) -> T
     writer's lock, if one is left), and so does a run whose folder holds unfinished shards of a crashed
     writer or quarantined leftovers (never read as part of the run).
     """
-    root = Path(path)
-    if not root.exists():
-        raise FileNotFoundError(f"trace path {root} does not exist")
-    run_dirs = _find_run_dirs(root) if root.is_dir() else []
-    if not run_dirs:
-        raise FileNotFoundError(f"no trace run under {root}: a run is a directory with {RUN_FILE} "
-                                "(written by entropy_law.TraceRecorder)")
+    roots = [Path(p) for p in ([path] if isinstance(path, (str, os.PathLike)) else path)]
+    if not roots:
+        raise ValueError("no trace path given")
+    run_dirs, resolved = [], set()
+    for root in roots:
+        if not root.exists():
+            raise FileNotFoundError(f"trace path {root} does not exist")
+        found = _find_run_dirs(root) if root.is_dir() else []
+        if not found:
+            raise FileNotFoundError(f"no trace run under {root}: a run is a directory with {RUN_FILE} "
+                                    "(written by entropy_law.TraceRecorder)")
+        for d in found:
+            if d.resolve() not in resolved:
+                resolved.add(d.resolve())
+                run_dirs.append(d)
     runs = []
     seen: dict[str, Path] = {}
     for run_dir in run_dirs:
