@@ -423,6 +423,7 @@ def test_the_report_command_out_of_core(fleet, tmp_path, capsys):
     assert main(["report", str(path), "--out", str(out), "--out-of-core", "--format", "md", "--family", "law_exp"]) == 0
     text = (out / "report.md").read_text()
     assert "Results per category (out of core)" in text and "Fitted law per arm (out of core, law_exp)" in text
+    assert "## Runs" in text and all(run_id in text for run_id in load_traces(path).runs["run_id"])
     assert (out / "figures" / "acceptance_out_of_core.png").exists()
     memory = fit_law(make_view(load_traces(path)), "law_exp", by="drafter_id")  # keyed by arm, as the report
     assert len(memory.laws) == 2

@@ -546,6 +546,17 @@ def out_of_core_law_frame(laws: dict) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def _runs_out_of_core(traces) -> pd.DataFrame:
+    """One row per run from its ``run.json`` only: id, arm label (``arms.run_arms``), model, tree policy, status and
+    finished shards."""
+    from entropy_law.law.arms import run_arms
+    from entropy_law.traces.reader import load_traces
+
+    runs = (traces if hasattr(traces, "runs") else load_traces(traces, validate=False)).runs
+    out = runs.assign(arm=run_arms(runs)["arm"].to_numpy())
+    return out[[c for c in ("run_id", "arm", "model_id", "tree_policy", "status", "shards") if c in out]]
+
+
 def write_report_out_of_core(traces, out_dir, *, fmt: str = "html", family: str | None = None, source: str = "",
                              figure_formats=("png", "pdf"), threads: int | None = None,
                              memory_limit: str | None = None, temp_directory: str | None = None) -> Path:
@@ -584,7 +595,11 @@ def write_report_out_of_core(traces, out_dir, *, fmt: str = "html", family: str 
         except ValueError as err:  # too few requests, invalid covariates: said, not raised
             laws[arm] = f"not fitted: {err}"
     curve = acceptance_curve_sql(traces, drafters=drafting, **duck)
-    fig, axes = plt.subplots(1, max(len(drafting), 1), figsize=(4.6 * max(len(drafting), 1), 3.6), squeeze=False)
+    ncols = min(max(len(drafting), 1), 3)
+    nrows = -(-max(len(drafting), 1) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.6 * nrows + 0.4), squeeze=False)
+    for ax in axes.ravel()[max(len(drafting), 1):]:
+        ax.set_visible(False)
     for ax, arm in zip(axes.ravel(), drafting or [None]):
         part = curve.loc[curve["drafter_id"] == arm] if arm is not None else curve.iloc[:0]
         law = laws.get(arm)
@@ -604,12 +619,12 @@ def write_report_out_of_core(traces, out_dir, *, fmt: str = "html", family: str 
     if labelled:
         fig.legend(list(labelled.values()), list(labelled), loc="lower center", ncol=min(len(labelled), 6),
                    frameon=False, fontsize=8)
-        fig.tight_layout(rect=(0, 0.1, 1, 1))
+        fig.tight_layout(rect=(0, 0.4 / fig.get_figheight(), 1, 1))
     written = save_figure(fig, out_dir / "figures", "acceptance_out_of_core", formats=figure_formats)
     plt.close(fig)
     table = summary.loc[:, list(OUT_OF_CORE_COLUMNS)].rename(columns=OUT_OF_CORE_COLUMNS)
     notes.append(NOT_OUT_OF_CORE)
-    sections = [("Results per category (out of core)", table),
+    sections = [("Runs", _runs_out_of_core(traces)), ("Results per category (out of core)", table),
                 (f"Fitted law per arm (out of core, {family})", out_of_core_law_frame(laws)), ("Notes", notes)]
     figures = [("Depth-1 acceptance vs target entropy per category (log-spaced bins, Wilson 95%), fitted law",
                 "acceptance_out_of_core", written)]
