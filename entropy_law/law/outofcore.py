@@ -295,6 +295,16 @@ def _chunks(dirs: Sequence[Path], chunk_bytes: int) -> list[list[Path]]:
     return groups
 
 
+def _views_per_group(con, shards: _Shards, chunk_bytes: int, tables=("tokens", "rounds")):
+    """Register ``runs`` on ``con``, then for each group of shards (``_chunks``) make ``tables`` views over its
+    files and yield the group's index: the one loop of every query here (memory holds one group's rows)."""
+    con.register("runs", shards.runs)
+    for i, group in enumerate(_chunks(shards.dirs, chunk_bytes)):
+        for table in tables:
+            con.read_parquet([str(s / f"{table}.parquet") for s in group]).create_view(table, replace=True)
+        yield i
+
+
 def _connect(threads: int | None, memory_limit: str | None, temp_directory: str | None):
     import duckdb
 
@@ -358,12 +368,7 @@ def aggregate_at_risk_sql(
     shards = _shards(traces, drafters, by_arm)
     con = _connect(threads, memory_limit, temp_directory)
     try:
-        con.register("runs", shards.runs)
-        parts = []
-        for group in _chunks(shards.dirs, chunk_bytes):
-            con.read_parquet([str(s / "tokens.parquet") for s in group]).create_view("tokens", replace=True)
-            con.read_parquet([str(s / "rounds.parquet") for s in group]).create_view("rounds", replace=True)
-            parts.append(_fetch_arrow(con.sql(sql)))
+        parts = [_fetch_arrow(con.sql(sql)) for _ in _views_per_group(con, shards, chunk_bytes)]
     finally:
         con.close()
     return _finish(parts, bins, keys, columns, eps=eps, width_log10=width_log10, on_invalid=on_invalid)
@@ -486,11 +491,8 @@ def _write_cells(con, traces, bins, keys, means, *, width_log10, eps, drafters, 
     shards = _shards(traces, drafters, by_arm)
     if not shards.dirs:
         raise ValueError("no finished shards under the given path: nothing to fit")
-    con.register("runs", shards.runs)
     files = []
-    for i, group in enumerate(_chunks(shards.dirs, chunk_bytes)):
-        con.read_parquet([str(s / "tokens.parquet") for s in group]).create_view("tokens", replace=True)
-        con.read_parquet([str(s / "rounds.parquet") for s in group]).create_view("rounds", replace=True)
+    for i in _views_per_group(con, shards, chunk_bytes):
         path = folder / f"cells-{i:05d}.parquet"
         con.execute(f"COPY ({sql}) TO {_sql_str(path)} (FORMAT PARQUET)")
         files.append(path)
@@ -1136,10 +1138,7 @@ def _run_groups(traces, drafters, by_arm, chunk_bytes, threads, memory_limit, te
     con = _connect(threads, memory_limit, temp_directory)
     out = {name: [] for name in queries}
     try:
-        con.register("runs", shards.runs)
-        for group in _chunks(shards.dirs, chunk_bytes):
-            for table in ("tokens", "rounds", "requests"):
-                con.read_parquet([str(s / f"{table}.parquet") for s in group]).create_view(table, replace=True)
+        for _ in _views_per_group(con, shards, chunk_bytes, ("tokens", "rounds", "requests")):
             for name, sql in queries.items():
                 out[name].append(_fetch_arrow(con.sql(sql)))
     finally:
