@@ -28,6 +28,7 @@ from entropy_law.law.outofcore import (
     at_risk_sql,
     category_summary_sql,
     fit_law_out_of_core,
+    report_summaries_sql,
 )
 from entropy_law.law.simulate import TreeSpec, simulate_traces
 from entropy_law.traces.reader import load_traces
@@ -398,6 +399,16 @@ def test_acceptance_curve_equals_the_binned_at_risk_rows(fleet):
     assert ((got["ci_low"] <= got["rate"] + 1e-12) & (got["rate"] <= got["ci_high"] + 1e-12)).all()
     with pytest.raises(ValueError, match="width_log10"):
         acceptance_curve_sql(path, width_log10=0)
+
+
+def test_report_summaries_in_one_read_equal_the_two_queries(fleet):
+    path, _ = fleet
+    summary, curve = report_summaries_sql(path, width_log10=0.2, chunk_bytes=1, threads=1)
+    pd.testing.assert_frame_equal(summary, category_summary_sql(path, chunk_bytes=1, threads=1))
+    pd.testing.assert_frame_equal(curve, acceptance_curve_sql(path, width_log10=0.2, chunk_bytes=1, threads=1))
+    assert len(summary) and len(curve)
+    with pytest.raises(ValueError, match="width_log10"):
+        report_summaries_sql(path, width_log10=-1)
 
 
 def test_by_arm_keeps_two_arms_of_one_drafter_id_apart_as_make_view(tmp_path):

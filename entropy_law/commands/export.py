@@ -35,7 +35,7 @@ def run(args) -> int:
     missing = [p for p in args.traces if not Path(p).exists()]
     if missing:
         raise FileNotFoundError(f"trace path(s) not found: {', '.join(missing)}")
-    traces = load_traces(args.traces if len(args.traces) > 1 else args.traces[0])
+    traces = load_traces(args.traces)
     try:
         if args.out is None:
             n = export_glance_rounds(traces, sys.stdout)

@@ -61,9 +61,9 @@ def run(args) -> int:
     if not args.no_memory_check:  # refuse before reading, rather than be killed for memory half way
         from entropy_law.law.outofcore import check_fits_in_memory
 
-        check_fits_in_memory(load_traces(args.traces if len(args.traces) > 1 else args.traces[0], validate=False),
+        check_fits_in_memory(load_traces(args.traces, validate=False),
                              "the report")
-    traces = load_traces(args.traces if len(args.traces) > 1 else args.traces[0])
+    traces = load_traces(args.traces)
     options = {} if args.compare_families is None else {"compare_families": tuple(args.compare_families)}
     import pandas as pd
 
@@ -97,7 +97,7 @@ def _run_out_of_core(args) -> int:
                          "categories only (speed, LOCO and the law comparison need the rows in memory): drop them, "
                          "or run without --out-of-core on a subset of the runs")
     # the runs' metadata and file lists only: the rows stay on disk
-    traces = load_traces(args.traces if len(args.traces) > 1 else args.traces[0], validate=False)
+    traces = load_traces(args.traces, validate=False)
     path = write_report_out_of_core(traces, args.out, fmt=args.format, family=args.family,
                                     source=" ".join(args.traces), memory_limit=args.memory_limit)
     print(f"report: {path}")

@@ -566,13 +566,14 @@ def write_report_out_of_core(traces, out_dir, *, fmt: str = "html", family: str 
     length, tokens per round and depth-1 acceptance (``outofcore.category_summary_sql``); the law ``family``
     (default ``fit.PRIMARY_FAMILY``) fitted per arm by ``fit_law_out_of_core`` (request-clustered intervals); a
     figure of the depth-1 acceptance per log-spaced entropy bin and category with each arm's fitted law
-    (``outofcore.acceptance_curve_sql``); and notes: the fits' own notes and what an out-of-core report leaves
+    (``outofcore.acceptance_curve_sql``; it and the summaries from one read of the shards:
+    ``outofcore.report_summaries_sql``); and notes: the fits' own notes and what an out-of-core report leaves
     out (``NOT_OUT_OF_CORE``). DuckDB runs every query over groups of shards (``threads``, ``memory_limit``,
     ``temp_directory``: its settings). ``traces``: a run directory, a folder of runs, or a ``TraceSet``."""
     import matplotlib.pyplot as plt
 
     from entropy_law.law.fit import PRIMARY_FAMILY
-    from entropy_law.law.outofcore import acceptance_curve_sql, category_summary_sql, fit_law_out_of_core
+    from entropy_law.law.outofcore import fit_law_out_of_core, report_summaries_sql
     from entropy_law.plots.figures import binned_acceptance
     from entropy_law.plots.style import save_figure, unavailable
 
@@ -581,7 +582,7 @@ def write_report_out_of_core(traces, out_dir, *, fmt: str = "html", family: str 
     family = family or PRIMARY_FAMILY
     duck = dict(by_arm=True, threads=threads, memory_limit=memory_limit, temp_directory=temp_directory)
     out_dir = Path(out_dir)
-    summary = category_summary_sql(traces, **duck)
+    summary, curve = report_summaries_sql(traces, **duck)  # one read of the shards for both
     drafting = [a for a, part in summary.groupby("drafter_id", sort=False) if part["drafting_rounds"].sum() > 0]
     laws, notes = {}, [f"out of core: every number here comes from all {int(summary['tokens'].sum()):,} committed "
                        f"tokens of {int(summary['requests'].sum()):,} requests, aggregated by DuckDB over the Parquet "
@@ -594,7 +595,6 @@ def write_report_out_of_core(traces, out_dir, *, fmt: str = "html", family: str 
             notes.extend(f"{arm}: {n}" for n in law.notes)
         except ValueError as err:  # too few requests, invalid covariates: said, not raised
             laws[arm] = f"not fitted: {err}"
-    curve = acceptance_curve_sql(traces, drafters=drafting, **duck)
     ncols = min(max(len(drafting), 1), 3)
     nrows = -(-max(len(drafting), 1) // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.6 * nrows + 0.4), squeeze=False)

@@ -88,6 +88,12 @@ def _means_for(family, means: str, with_rounds: bool) -> list[str]:
     return [*sorted(set(used), key=every.index), *[m for m in sequence if m in raw]]
 
 
+def _log_bin(column: str, eps: float, width_log10: float) -> str:
+    """The log-spaced bin of ``column`` in SQL: floor((log10(x + eps) - log10(eps)) / width_log10)."""
+    return (f"CAST(FLOOR((LOG10({column} + {_literal(eps)}) - ({_literal(np.log10(eps))})) / "
+            f"{_literal(width_log10)}) AS BIGINT)")
+
+
 def at_risk_sql(*, bin_columns: Sequence[str] = ("target_entropy_nats",), width_log10: float = 0.05,
                 eps: float = atrisk.EPS_NATS, means: Sequence[str] | None = None,
                 drafted_depth_key: bool = False) -> str:
@@ -204,8 +210,6 @@ def at_risk_sql(*, bin_columns: Sequence[str] = ("target_entropy_nats",), width_
     covariates = "covariates AS (\n    SELECT " + ",\n        ".join(cols) + "\n    FROM checked\n)"
 
     # 3. derived columns and bins
-    log10_eps = _literal(np.log10(eps))
-    width = _literal(width_log10)
     derived = ["*"]
     for name, source in _LOG_OF.items():
         if name in means:
@@ -221,7 +225,7 @@ def at_risk_sql(*, bin_columns: Sequence[str] = ("target_entropy_nats",), width_
     if "log1p_position" in means:
         derived.append("LN(1.0E0 + position) AS log1p_position")
     for column in bin_columns:
-        derived.append(f"CAST(FLOOR((LOG10({column} + {e}) - ({log10_eps})) / {width}) AS BIGINT) AS bin_{column}")
+        derived.append(f"{_log_bin(column, eps, width_log10)} AS bin_{column}")
     binned = "binned AS (\n    SELECT " + ",\n        ".join(derived) + "\n    FROM covariates\n)"
 
     # 4. one row per cell
@@ -1117,7 +1121,7 @@ LEFT JOIN tok ON n.drafter_id = tok.drafter_id AND n.category = tok.category
 # depth-1 at-risk trials per drafter id x category x log-spaced entropy bin of one group of shards (sums only)
 CURVE_SQL = """
 SELECT runs.drafter_id, q.category,
-       CAST(FLOOR((LOG10(GREATEST(t.target_entropy_nats, 0) + {eps}) - LOG10({eps})) / {width}) AS BIGINT) AS bin,
+       {bin} AS bin,
        COUNT(*) AS n, SUM(CASE WHEN t.role = 'accepted' THEN 1 ELSE 0 END) AS accepted,
        SUM(GREATEST(t.target_entropy_nats, 0)) AS entropy_sum
 FROM tokens AS t
@@ -1165,6 +1169,11 @@ def category_summary_sql(traces, *, drafters: Sequence[str] | None = None, by_ar
     arms are checked as in ``aggregate_at_risk_sql``."""
     frame = _run_groups(traces, drafters, by_arm, chunk_bytes, threads, memory_limit, temp_directory,
                         {"summary": SUMMARY_SQL})["summary"]
+    return _summary_frame(frame)
+
+
+def _summary_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """``category_summary_sql``'s table from the stacked per-group rows of ``SUMMARY_SQL``."""
     columns = ["requests", "rounds", "tokens", "drafting_rounds", "accepted", "entropy_tokens", "entropy_sum",
                "d1_trials", "d1_accepted"]
     if frame.empty:
@@ -1192,14 +1201,22 @@ def acceptance_curve_sql(traces, *, width_log10: float = 0.25, eps: float = atri
     correction; H finite, fp32 round-off below 0 counted as 0, as ``atrisk``), with ``n``, ``accepted``,
     ``rate``, its Wilson 95% ``ci_low`` / ``ci_high`` and the bin's mean ``entropy_nats`` (the columns of
     ``plots.figures.binned_acceptance_table``, whose bins are quantiles instead)."""
-    from entropy_law.law.stats import wilson_interval
+    frame = _run_groups(traces, drafters, by_arm, chunk_bytes, threads, memory_limit, temp_directory,
+                        {"curve": _curve_sql(width_log10, eps)})["curve"]
+    return _curve_frame(frame)
 
+
+def _curve_sql(width_log10: float, eps: float) -> str:
     if not width_log10 > 0:
         raise ValueError(f"width_log10 must be > 0, got {width_log10}")
-    sql = CURVE_SQL.format(eps=_literal(eps), width=_literal(width_log10),
-                           negative=_literal(-atrisk.NEGATIVE_TOLERANCE))
-    frame = _run_groups(traces, drafters, by_arm, chunk_bytes, threads, memory_limit, temp_directory,
-                        {"curve": sql})["curve"]
+    return CURVE_SQL.format(bin=_log_bin("GREATEST(t.target_entropy_nats, 0)", eps, width_log10),
+                            negative=_literal(-atrisk.NEGATIVE_TOLERANCE))
+
+
+def _curve_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """``acceptance_curve_sql``'s table from the stacked per-group rows of ``CURVE_SQL``."""
+    from entropy_law.law.stats import wilson_interval
+
     columns = ["drafter_id", "category", "bin", "n", "accepted", "rate", "ci_low", "ci_high", "entropy_nats"]
     if frame.empty:
         return pd.DataFrame(columns=columns)
@@ -1211,5 +1228,18 @@ def acceptance_curve_sql(traces, *, width_log10: float = 0.25, eps: float = atri
     return frame[columns].sort_values(["drafter_id", "category", "bin"]).reset_index(drop=True)
 
 
+def report_summaries_sql(traces, *, width_log10: float = 0.25, eps: float = atrisk.EPS_NATS,
+                         drafters: Sequence[str] | None = None, by_arm: bool = False,
+                         chunk_bytes: int = DEFAULT_CHUNK_BYTES, threads: int | None = None,
+                         memory_limit: str | None = None,
+                         temp_directory: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``(category_summary_sql(...), acceptance_curve_sql(...))`` from one pass over the shards: both queries
+    run on each group while its views are open (what the out-of-core report needs, one read of the fleet)."""
+    parts = _run_groups(traces, drafters, by_arm, chunk_bytes, threads, memory_limit, temp_directory,
+                        {"summary": SUMMARY_SQL, "curve": _curve_sql(width_log10, eps)})
+    return _summary_frame(parts["summary"]), _curve_frame(parts["curve"])
+
+
 __all__ = ["acceptance_curve_sql", "aggregate_at_risk_sql", "at_risk_sql", "category_summary_sql",
-           "check_fits_in_memory", "finish_cells", "fit_law_out_of_core"]
+           "check_fits_in_memory", "finish_cells", "fit_law_out_of_core",
+           "report_summaries_sql"]
