@@ -9,6 +9,9 @@ import argparse
 import importlib
 import pkgutil
 import sys
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
 
 from entropy_law import __version__, commands
 
@@ -26,6 +29,37 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+_PACKAGE = str(Path(__file__).resolve().parent)
+
+
+@contextmanager
+def _one_line_warnings(command: str):
+    """While a command runs, the package's own warnings (a ``UserWarning`` raised in ``entropy_law``: few
+    requests, an incomplete run, a broken lock) are printed as one line each, ``entropy-law COMMAND: warning:
+    ...`` (above any progress bar), and a message already printed is not printed again; other warnings keep
+    Python's format. Only the format changes (``warnings.formatwarning``): filters, and whoever records
+    warnings (``pytest.warns``), see every warning as before."""
+    default, seen = warnings.formatwarning, set()
+
+    def formatwarning(message, category, filename, lineno, line=None):
+        if not (issubclass(category, UserWarning) and str(Path(filename).resolve()).startswith(_PACKAGE)):
+            return default(message, category, filename, lineno, line)
+        text = str(message)
+        if text in seen:
+            return ""
+        seen.add(text)
+        # written here, past any progress bar on the terminal (tqdm clears and redraws it), not by the caller
+        from tqdm import tqdm
+        tqdm.write(f"entropy-law {command}: warning: {text}", file=sys.stderr)
+        return ""
+
+    warnings.formatwarning = formatwarning
+    try:
+        yield
+    finally:
+        warnings.formatwarning = default
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -33,7 +67,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help()
         return 2
     try:
-        return int(args.func(args) or 0)
+        with _one_line_warnings(args.command):
+            return int(args.func(args) or 0)
     except (FileNotFoundError, ValueError, ModuleNotFoundError) as err:
         print(f"entropy-law {args.command}: error: {err}", file=sys.stderr)
         return 2

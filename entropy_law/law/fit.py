@@ -30,7 +30,7 @@ import statsmodels.api as sm
 import statsmodels.formula.api as smf
 from scipy import stats
 from scipy.optimize import isotonic_regression
-from statsmodels.tools.sm_exceptions import DomainWarning
+from statsmodels.tools.sm_exceptions import DomainWarning, PerfectSeparationWarning
 
 from entropy_law.law import atrisk
 from entropy_law.law.blocks import (
@@ -768,8 +768,20 @@ def _fit_glm(counts: pd.DataFrame, family: LawFamily, depth_model: str, cov_type
     # link's weight at mu = 1) the result is an inf or NaN, which is reported instead of the warnings:
     # ``FittedLaw.separated`` (a note of fit_law; compare does not score such a fit), NaN standard errors,
     # the non-convergence note.
-    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
-        return model.fit(start_params=start_params, maxiter=200, **kwargs)
+    #
+    # statsmodels' PerfectSeparationWarning (an IRLS iteration at which the fitted probabilities match every
+    # cell's observed rate) is caught the same way: it comes from fits on few requests (LOCO's refit on the
+    # held-out category alone; the trial offsets of a profiled c, of which one is kept), one line per IRLS
+    # call, dozens per report. It is kept on the result instead (``perfect_prediction``), and fit_law notes it
+    # for the fit it returns.
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", PerfectSeparationWarning)
+        result = model.fit(start_params=start_params, maxiter=200, **kwargs)
+    for w in caught:  # anything else is shown as it would have been
+        if not issubclass(w.category, PerfectSeparationWarning):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    result.perfect_prediction = any(issubclass(w.category, PerfectSeparationWarning) for w in caught)
+    return result
 
 
 def cluster_score_test(restricted, full, terms: Sequence[str]) -> tuple[float, float]:
@@ -926,6 +938,10 @@ def fit_law(
         notes.append("perfect separation: a fitted probability is exactly 0 or 1, so some terms are not identified "
                      "(their estimates run off towards infinity, cluster-robust errors are NaN); record more "
                      "requests or fit a simpler family")
+    elif getattr(result, "perfect_prediction", False):
+        notes.append("statsmodels warned of perfect separation or prediction during the fit (PerfectSeparationWarning: "
+                     "at some IRLS iteration the fitted acceptance matched every cell), as happens with few requests; "
+                     "some terms may not be identified; record more requests or fit a simpler family")
     return law
 
 
