@@ -197,3 +197,15 @@ def test_bad_inputs_get_clear_errors(traces):
         fit_law(traces, "law_nope")
     with pytest.raises(ValueError, match="category"):
         fit_law(traces, "law_exp_cat").predict_acceptance(0.1, 1)
+
+
+def test_a_hand_made_count_table_without_the_derived_columns_is_told_what_it_lacks():
+    """A table with the counts and H but not log(H + eps) used to fail inside patsy (NameError)."""
+    counts = pd.DataFrame(dict(drafter_id="d", category="c", request_id=["r1", "r2", "r2"], depth=1,
+                               target_entropy_nats=[0.1, 2.0, 0.5], n_acc=[3, 1, 2], n=[4, 4, 4]))
+    counts["n_rej"] = counts["n"] - counts["n_acc"]
+    with pytest.raises(ValueError, match=r"law_exp needs the at-risk column\(s\) \['log_entropy'\].*at_risk_table"):
+        fit_law(counts, "law_exp", cov_type="nonrobust")
+    fitted = fit_law(counts.assign(log_entropy=np.log(counts["target_entropy_nats"] + 1e-3)), "law_exp",
+                     cov_type="nonrobust")
+    assert np.isfinite(fitted.result.params).all()

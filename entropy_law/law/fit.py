@@ -20,6 +20,7 @@ comparison, tests and costs (``compare``, ``hypotheses``, ``cost``). Never impor
 
 from __future__ import annotations
 
+import re
 import warnings
 from dataclasses import dataclass, field, replace
 from typing import Mapping, Sequence
@@ -745,7 +746,15 @@ def _fit_glm(counts: pd.DataFrame, family: LawFamily, depth_model: str, cov_type
     with warnings.catch_warnings():
         # the log link is outside the binomial's canonical domain; start values keep mu < 1
         warnings.simplefilter("ignore", DomainWarning)
-        model = smf.glm(f"{lhs} ~ {rhs}", data, family=_family_obj(family.link))
+        try:
+            model = smf.glm(f"{lhs} ~ {rhs}", data, family=_family_obj(family.link))
+        except Exception as err:  # patsy's PatsyError wrapping a NameError: a column the formula names is absent
+            absent = re.findall(r"name '(\w+)' is not defined", str(err))
+            if not absent:
+                raise
+            raise ValueError(f"{family.name} needs the at-risk column(s) {absent}, which this table lacks: fit the "
+                             "traces themselves, or a table made by atrisk.at_risk_table / aggregate_at_risk (they "
+                             "add log_entropy = log(H + eps) and the other derived columns)") from None
     kwargs = {}
     if cov_type == "cluster":
         groups = data["request_id"].astype("category").cat.codes.to_numpy()
