@@ -213,3 +213,16 @@ def test_report_and_figures_accept_the_run(imported, tmp_path):
     lines = [line.strip("|").split("|") for line in results.strip().splitlines() if line.startswith("|")]
     header, rows = [c.strip() for c in lines[0]], lines[2:]
     assert len(rows) == 2 and all(row[header.index("speedup vs AR")].strip() == "–" for row in rows)  # no number
+
+
+def test_an_ar_run_is_refused_by_the_export_and_by_the_law(tmp_path, capsys):
+    """An AR run has no drafting round: the export used to write an empty log (exit 0) and `entropy-law law`
+    printed nothing (exit 0); both now say why and exit 2, and no file is written."""
+    from entropy_law.cli import main
+
+    ar = Path(__file__).resolve().parents[1] / "data" / "traces" / "ar"
+    out = tmp_path / "rounds.jsonl"
+    assert main(["export", "--format", "glance", str(ar), "--out", str(out)]) == 2
+    assert "hold no drafting round" in capsys.readouterr().err and not out.exists()
+    assert main(["law", str(ar)]) == 2
+    assert "no at-risk draft in these traces" in capsys.readouterr().err

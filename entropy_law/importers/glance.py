@@ -224,6 +224,9 @@ def export_glance_rounds(traces, out) -> int:
     An imported GLANCE run exports its own rows: its logged ``round`` and ``prompt`` indices and its
     ``tree_size``. Returns the number of rows."""
     rounds = glance.glance_rounds(traces)
+    if rounds.empty:  # refused before anything is written (an empty file would read as a log of nothing)
+        raise ValueError("these traces hold no drafting round (an AR run, or a drafter that never drafted): GLANCE's "
+                         "round log would be empty; pass the run of a drafting arm")
     imported = _imported_runs(traces)
     if imported:
         rounds = _as_logged(traces, rounds, imported)

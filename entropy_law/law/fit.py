@@ -899,6 +899,9 @@ def fit_law(
     if cov_type not in ("cluster", "nonrobust"):
         raise ValueError("cov_type must be 'cluster' or 'nonrobust'")
     counts = prepare_counts(traces, fam, eps=eps, width_log10=width_log10, aggregate=aggregate, on_invalid=on_invalid)
+    if counts.empty:
+        raise ValueError("no at-risk draft in these traces: they hold no drafting round (AR runs only, or a drafter "
+                         "that never drafted), so there is no acceptance to fit; pass the runs of a drafting arm")
     if by is not None:
         by = {"drafter": "drafter_id", "request": "request_id"}.get(by, by)
         if by not in counts:
