@@ -115,3 +115,18 @@ def test_bad_input_is_refused(tmp_path):
         run_demo(tasks, model, out=tmp_path, arms=("ar",), encode=encode, progress=False)
     with pytest.raises(ValueError, match="unknown arm"):
         run_demo(tasks, model, out=tmp_path, arms=("ar", "eagle"), encode=encode, progress=False)
+
+
+def test_the_demo_command_refuses_bad_numbers_before_loading_the_model(monkeypatch, capsys):
+    """`entropy-law demo --max-new-tokens 1` loaded the model (seconds to minutes) and only then refused."""
+    from entropy_law.cli import main
+    from entropy_law.decoding import loading
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the arguments were checked")
+
+    monkeypatch.setattr(loading, "load_target", no_load)
+    assert main(["demo", "--max-new-tokens", "1"]) == 2
+    assert "--max-new-tokens must be >= 2" in capsys.readouterr().err
+    assert main(["demo", "--limit", "0"]) == 2
+    assert "--limit must be >= 1" in capsys.readouterr().err

@@ -52,6 +52,8 @@ def run(args) -> int:
     t0 = time.perf_counter()
     if args.limit < 1:
         raise ValueError(f"--limit must be >= 1 prompt per category, got {args.limit}")
+    if args.max_new_tokens < 2:  # said before the model loads (run_demo checks it too)
+        raise ValueError(f"--max-new-tokens must be >= 2 (one token after the prefill), got {args.max_new_tokens}")
     categories = None if args.categories is None else [c.strip() for v in args.categories for c in v.split(",") if c.strip()]
     tasks = sample_per_category(load_tasks(args.tasks, categories=categories), args.limit, seed=args.seed)
     print(f"entropy-law demo: {len(tasks)} prompts ({args.limit} per category), {args.max_new_tokens} new tokens, "

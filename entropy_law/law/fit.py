@@ -202,7 +202,8 @@ def get_family(name: str) -> LawFamily:
     if isinstance(name, LawFamily):
         return name
     if name not in FAMILIES:
-        raise ValueError(f"unknown law family {name!r}; known: {sorted(FAMILIES)}")
+        raise ValueError(f"unknown law family {name!r}; known: {sorted(FAMILIES)}, and GLANCE's round-level law "
+                         "'glance' / 'glance_readme' (fit_law only)")
     return FAMILIES[name]
 
 
