@@ -7,7 +7,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pytest
 
 from entropy_law.cli import main
