@@ -179,9 +179,11 @@ def crossing_sentence(r: dict) -> str:
              else f"measured per-request speedups: no crossing placed ({r['reason']}; "
                   f"{r['share_above_1']:.0%} of {r['requests']} requests above 1)")
     if np.isfinite(r["breakeven_low"]) and np.isfinite(r["crossing_nats"]):
-        inside = "inside" if r["inside"] else "outside"
-        where += (f"; {inside} the constant-entropy break-even interval [{r['breakeven_low']:.2f}, "
-                  f"{r['breakeven_high']:.2f}] (estimate {r['breakeven']:.2f}; not the same scale)")
+        # the crossing is on a request's MEAN entropy, the constant-entropy break-even on one H held everywhere:
+        # shown for reference, not judged against it (the comparison on one scale follows)
+        where += (f"; for reference, the constant-entropy break-even is {r['breakeven']:.2f} "
+                  f"[{r['breakeven_low']:.2f}, {_nats(r['breakeven_high'])}] nats (one H everywhere: another scale "
+                  "than a request's mean, not compared)")
     if r.get("workload_ok"):
         line = (f"the measured log-speedup line crosses 1 at {_nats(r['measured_line'])} "
                 f"[{_nats(r['measured_line_low'])}, {_nats(r['measured_line_high'])}]"
