@@ -130,3 +130,50 @@ def test_the_demo_command_refuses_bad_numbers_before_loading_the_model(monkeypat
     assert "--max-new-tokens must be >= 2" in capsys.readouterr().err
     assert main(["demo", "--limit", "0"]) == 2
     assert "--limit must be >= 1" in capsys.readouterr().err
+
+
+def test_a_block_drafter_made_for_another_target_is_left_out_with_the_reason(monkeypatch):
+    """`entropy-law demo --model gemma3-270m` stopped with the shipped (SmolLM2) drafter's mismatch error; the
+    block arms are now left out with the reason and the other arms run, as when the checkpoint is missing."""
+    from entropy_law.jobs.arms import BLOCK_DRAFTER_ENV, available_arms, block_drafter_checkpoint
+
+    monkeypatch.delenv(BLOCK_DRAFTER_ENV, raising=False)
+    if block_drafter_checkpoint() is None:
+        pytest.skip("no shipped block drafter checkpoint in data/drafters")
+    model = tiny_llama(seed=3, vocab=VOCAB)
+    specs, messages = available_arms(["ar", "ngram", "block-ddtree16"], model)
+    assert [s.name for s in specs] == ["ar", "ngram"]
+    assert len(messages) == 1 and messages[0].startswith("block drafter unavailable for this target: ")
+    assert "vocabulary" in messages[0] and "train-drafter" in messages[0]
+    specs, messages = available_arms(["ar", "ngram", "block-ddtree16"])  # without a target: not checked
+    assert [s.name for s in specs] == ["ar", "ngram", "block-ddtree16"] and not messages
+
+
+def test_the_demo_command_on_a_base_model_without_a_chat_template(monkeypatch, capsys):
+    """`entropy-law demo --model gemma3-270m` (a base model) failed inside the tokenizer's apply_chat_template;
+    it now says to pass --no-chat-template, which decodes the prompt text as is (as `record` does) and records
+    chat_template: false in run.json."""
+    from types import SimpleNamespace
+
+    import entropy_law.commands.demo as demo_command
+    from entropy_law.cli import main
+    from entropy_law.decoding import loading
+
+    def tokenizer(text):  # a tokenizer without a chat template (its attribute None, as transformers has it)
+        return {"input_ids": [len(text), 7]}
+
+    tokenizer.chat_template = None
+    calls, target = [], SimpleNamespace(tokenizer=tokenizer)
+    monkeypatch.setattr(loading, "load_target", lambda model: target)
+
+    def fake_run_demo(tasks, target, **kwargs):
+        calls.append((tasks, kwargs))
+        raise ValueError("stop here")  # the decode itself is tested above
+
+    monkeypatch.setattr(demo_command, "run_demo", fake_run_demo)
+    assert main(["demo", "--model", "base", "--limit", "1"]) == 2
+    assert "has no chat template (a base model); pass --no-chat-template" in capsys.readouterr().err and not calls
+    assert main(["demo", "--model", "base", "--limit", "1", "--no-chat-template"]) == 2
+    tasks, kwargs = calls[0]
+    assert kwargs["run_metadata"] == {"chat_template": False}
+    assert kwargs["encode"](tasks[0]) == [len(tasks[0].prompt), 7]  # the text as is, not the chat messages

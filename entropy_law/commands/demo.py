@@ -35,6 +35,9 @@ def register(subparsers) -> None:
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's choice; 1 helps on a busy shared machine)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
+    p.add_argument("--no-chat-template", action="store_true",
+                   help="tokenize the prompt text as is instead of applying the model's chat template (a base model "
+                        "without one, e.g. gemma3-270m)")
     p.set_defaults(func=run)
 
 
@@ -60,9 +63,17 @@ def run(args) -> int:
           f"arms {' '.join(args.arms)}; loading {args.model} ...", flush=True)
     target = load_target(args.model)
     print(f"model loaded in {time.perf_counter() - t0:.0f} s", flush=True)
+    encode = None  # the chat template (run_demo's default)
+    if args.no_chat_template:
+        def encode(task):  # as `entropy-law record --no-chat-template`: the prompt text tokenized as is
+            return list(target.tokenizer(task.prompt)["input_ids"])
+    elif not getattr(getattr(target, "tokenizer", None), "chat_template", None):
+        raise ValueError(f"the tokenizer of {args.model} has no chat template (a base model); pass --no-chat-template "
+                         "to decode the prompt text as is")
     result = run_demo(tasks, target, out=args.out, run_id=args.run_id, arms=args.arms,
-                      max_new_tokens=args.max_new_tokens, n_boot=args.n_boot, seed=args.seed,
-                      report_format=args.format, progress=not args.no_progress)
+                      max_new_tokens=args.max_new_tokens, n_boot=args.n_boot, seed=args.seed, encode=encode,
+                      report_format=args.format, progress=not args.no_progress,
+                      run_metadata={"chat_template": not args.no_chat_template})
     print()
     print(result.summary_text)
     print()

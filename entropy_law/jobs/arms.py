@@ -103,10 +103,19 @@ def make_drafter(spec: ArmSpec, target=None, *, ngram_options: dict | None = Non
     raise ValueError(f"unknown drafter {spec.drafter!r}")
 
 
-def available_arms(names) -> tuple[list[ArmSpec], list[str]]:
-    """(specs that can run here, messages about the ones left out)."""
+def available_arms(names, target=None) -> tuple[list[ArmSpec], list[str]]:
+    """(specs that can run here, messages about the ones left out). With ``target``, the block drafter's
+    checkpoint is also checked against it (``BlockDrafter.load``): the shipped one was trained for SmolLM2-135M,
+    and another target (``--model``) leaves the block arms out with the reason, instead of stopping the run."""
     specs, messages = [], []
     block_ok, block_message = block_drafter_status()
+    if block_ok and target is not None and any(arm_spec(n).drafter == "block" for n in names):
+        try:
+            BlockDrafter.load(block_drafter_checkpoint(), target)
+        except ValueError as err:
+            block_ok, block_message = False, (
+                f"block drafter unavailable for this target: {err}; carrying on with the other arms (train one for "
+                "it with entropy-law train-drafter, and point ENTROPY_LAW_BLOCK_DRAFTER at it)")
     for name in names:
         spec = arm_spec(name)
         if spec.drafter == "block" and not block_ok:

@@ -75,6 +75,7 @@ def run_demo(
     ngram_options: dict | None = None,
     analysis_options: dict | None = None,
     log: Callable[[str], None] = print,
+    run_metadata: dict | None = None,
 ) -> DemoResult:
     """Decode ``tasks`` (``entropy_law.prompts.text.Task``) with each arm, record, analyse and report.
 
@@ -83,6 +84,7 @@ def run_demo(
     ``entropy_law.jobs.arms.ARMS``; block-drafter arms are dropped with a message when the
     checkpoint is missing. ``n_boot``: bootstrap replicates for the break-even intervals.
     ``analysis_options``: more keyword arguments of ``TraceAnalysis`` (e.g. ``compare_families``).
+    ``run_metadata``: more keys for every arm's run.json (the command line: ``chat_template``).
     """
     # lazy: `entropy-law --help` imports this module for the defaults above; the decoder (torch) and the
     # analysis (pandas, matplotlib) load only when the demo runs
@@ -99,7 +101,7 @@ def run_demo(
         raise ValueError(f"max_new_tokens must be >= 2 (one token after the prefill), got {max_new_tokens}")
     if not tasks:
         raise ValueError("no prompts to decode: check --limit / --categories")
-    specs, messages = available_arms(arms)
+    specs, messages = available_arms(arms, target)
     for m in messages:
         log(m)
     if not any(s.drafts for s in specs):
@@ -116,8 +118,8 @@ def run_demo(
     recorded = record_arms(tasks, specs, trace_dir, target, max_new_tokens=max_new_tokens,
                            encode=None if encode is None else (lambda task, decoder: (list(encode(task)), {})),
                            warm_up_tokens=16, ngram_options=ngram_options, progress=progress, desc="decode",
-                           run_metadata=lambda spec: {"seed": seed, "replayed": False, "demo_run_id": run_id,
-                                                      "arm": spec.name},
+                           run_metadata=lambda spec: {**(run_metadata or {}), "seed": seed, "replayed": False,
+                                                      "demo_run_id": run_id, "arm": spec.name},
                            log=log)
     timings["setup_s"] = recorded.setup_s
     timings["decode_s"] = recorded.decode_s

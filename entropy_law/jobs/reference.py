@@ -154,7 +154,7 @@ def make_reference_traces(
         runs[AR] = out / AR
 
     # 3. offline replay of the other arms from the recorded greedy outputs
-    specs, messages = available_arms(replay_arms)
+    specs, messages = available_arms(replay_arms, target)
     for m in messages:
         log(m)
     if specs:
