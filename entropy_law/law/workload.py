@@ -128,7 +128,7 @@ class WorkloadBreakeven(Result):
         lo_h, hi_h = self.observed_entropy
         estimate, low, high = float(r["estimate"]), float(r["ci_low"]), float(r["ci_high"])
         if np.isnan(estimate):
-            return f"no break-even: the {what} speedup does not fall with the request's mean entropy"
+            return f"has no break-even: the {what} speedup does not fall with the request's mean entropy"
         if estimate >= hi_h:
             return f"pays on every observed workload (request mean entropy up to {hi_h:.2f} nats)"
         if estimate <= lo_h:
