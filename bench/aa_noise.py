@@ -127,7 +127,7 @@ def main(argv=None) -> dict:
 
     per_category = [r for r in rows if r["category"] != ALL]
     below = {f"{t:.2f}": sum(r["speedup"] < t for r in per_category) for t in THRESHOLDS}
-    print(f"\ncategories whose A/A point estimate falls below: "
+    print("\ncategories whose A/A point estimate falls below: "
           + ", ".join(f"{t}: {n} of {len(per_category)}" for t, n in below.items()))
     k = len(per_category)
     print(f"so a goal 'at least 1.00x in every one of {k} categories' on point estimates fails for an arm identical "
