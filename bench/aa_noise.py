@@ -45,7 +45,9 @@ def log_ratios(timings, column: str) -> np.ndarray:
     """Per request: log(AR's time per token / AR again's time per token) on ``column`` (cpu_s or wall_s)."""
     ref = timings.loc[timings["arm"] == AR].set_index("request_id")
     other = timings.loc[timings["arm"] == AGAIN].set_index("request_id").loc[ref.index]
-    return np.log((ref[column] / ref["new_tokens"]).to_numpy(float) / (other[column] / other["new_tokens"]).to_numpy(float))
+    mine = (ref[column] / ref["new_tokens"]).to_numpy(float)
+    again = (other[column] / other["new_tokens"]).to_numpy(float)
+    return np.log(mine / again)
 
 
 def half_width(sd: float, n: int) -> float:

@@ -346,3 +346,22 @@ def test_with_many_requests_the_interval_is_the_bootstrap_s():
     b_lo, b_hi = np.percentile(ref[draws].sum(1) / arm[draws].sum(1), [2.5, 97.5])
     assert (lo, hi) == pytest.approx((b_lo, b_hi), rel=0.02)
     assert lo < 1.3 < hi
+
+
+def test_the_aa_noise_bench_helpers():
+    """bench/aa_noise.py: the per-request log ratio pairs each request with itself, and the half-width of a
+    category mean is the t interval's."""
+    import importlib.util
+    from pathlib import Path
+
+    from scipy import stats
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "aa_noise.py"
+    spec = importlib.util.spec_from_file_location("aa_noise", path)
+    aa = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(aa)
+    timings = pd.DataFrame({"arm": ["AR", "AR", "AR again", "AR again"], "request_id": ["a", "b", "b", "a"],
+                            "cpu_s": [2.0, 3.0, 3.3, 1.0], "new_tokens": [10, 10, 11, 10]})
+    got = aa.log_ratios(timings, "cpu_s")  # a: (2/10)/(1/10), b: (3/10)/(3.3/11)
+    np.testing.assert_allclose(got, [np.log(2.0), np.log(0.3 / 0.3)], atol=1e-12)
+    assert aa.half_width(0.1, 5) == pytest.approx(np.expm1(stats.t.ppf(0.975, 4) * 0.1 / np.sqrt(5)))
