@@ -365,3 +365,49 @@ def test_the_aa_noise_bench_helpers():
     got = aa.log_ratios(timings, "cpu_s")  # a: (2/10)/(1/10), b: (3/10)/(3.3/11)
     np.testing.assert_allclose(got, [np.log(2.0), np.log(0.3 / 0.3)], atol=1e-12)
     assert aa.half_width(0.1, 5) == pytest.approx(np.expm1(stats.t.ppf(0.975, 4) * 0.1 / np.sqrt(5)))
+
+
+def test_a_small_category_whose_requests_happen_to_agree_gets_the_pooled_spread():
+    """Two requests of one category with nearly the same ratio gave an interval of a few percent (a 1-df
+    estimate of the spread); below 5 requests the interval is widened to the spread of the arm's per-request
+    ratios pooled over its categories (law.cost.pooled_log_speedup_sd); from 5 requests on it is the
+    category's own."""
+    from scipy import stats
+
+    from entropy_law.law.cost import paired_speedup_interval, pooled_log_speedup_sd
+
+    ref_t = np.array([1.00, 1.01, 1.0, 1.3, 0.8, 1.1, 0.9])
+    arm_t = np.array([0.80, 0.81, 0.8, 0.8, 0.8, 0.8, 0.8])
+    tokens = np.full(7, 100.0)
+    groups = ["a", "a", "b", "b", "b", "b", "b"]
+    x = np.log(ref_t / arm_t)
+    resid = np.r_[x[:2] - x[:2].mean(), x[2:] - x[2:].mean()]
+    sd, df = pooled_log_speedup_sd(ref_t, tokens, arm_t, tokens, groups)
+    assert df == 5 and sd == pytest.approx(np.sqrt((resid ** 2).sum() / 5))
+    rng = np.random.default_rng(0)
+    own = paired_speedup_interval(ref_t[:2], tokens[:2], arm_t[:2], tokens[:2], rng=rng)
+    wide = paired_speedup_interval(ref_t[:2], tokens[:2], arm_t[:2], tokens[:2], rng=rng, pooled=(sd, df))
+    s = ref_t[:2].sum() / arm_t[:2].sum()
+    half = stats.t.ppf(0.975, 5) * sd / np.sqrt(2)
+    assert wide == pytest.approx((s * np.exp(-half), s * np.exp(half)))
+    assert wide[0] < own[0] and wide[1] > own[1]
+    # five requests: the category's own interval, the pooled spread not used
+    b = slice(2, 7)
+    own5 = paired_speedup_interval(ref_t[b], tokens[b], arm_t[b], tokens[b], rng=np.random.default_rng(1))
+    with5 = paired_speedup_interval(ref_t[b], tokens[b], arm_t[b], tokens[b], rng=np.random.default_rng(1),
+                                    pooled=(1.0, 5))
+    assert with5 == own5
+    assert pooled_log_speedup_sd(ref_t[:2], tokens[:2], arm_t[:2], tokens[:2], ["a", "b"]) == (pytest.approx(np.nan,
+                                                                                              nan_ok=True), 0)
+
+
+def test_paired_speedups_widen_a_two_request_category_to_the_pooled_spread():
+    timings = _timings(np.random.default_rng(3), 0.8, n_requests=12, noise=0.08)
+    extra = timings.iloc[:4].copy()  # a third category of two requests whose ratios agree to 0.1%
+    extra["request_id"] = ["x0", "x0", "x1", "x1"]
+    extra["category"] = "tiny"
+    extra["cpu_s"] = [1.0, 0.8, 1.0, 0.8008]
+    speed = paired_speedups(pd.concat([timings, extra], ignore_index=True), reference="ar", seed=0)
+    tiny = speed.loc[speed["category"] == "tiny"].iloc[0]
+    assert tiny["hi"] / tiny["lo"] > 1.05  # not the 0.1% its two requests alone would claim
+    assert tiny["verdict"] == "not measured reliably"

@@ -44,6 +44,7 @@ from entropy_law.law.cost import (  # noqa: F401
     RELIABLE_HALF_WIDTH,
     paired_speedup,
     paired_speedup_interval,
+    pooled_log_speedup_sd,
     speed_verdict,
 )
 
@@ -116,7 +117,8 @@ def time_arms(tasks: Sequence, arms: Mapping[str, Callable], encode: Callable, *
 def paired_speedups(timings: pd.DataFrame, *, reference: str, clock: str = "cpu", n_boot: int = 2000,
                     seed: int = 0) -> pd.DataFrame:
     """Per arm and category (and ``"all"``): the paired speedup over ``reference`` with a 95% interval
-    (``law.cost.paired_speedup_interval``: request bootstrap, widened to Student t with few requests), tokens
+    (``law.cost.paired_speedup_interval``: request bootstrap, widened to Student t with few requests and to the
+    spread of the arm's per-request ratios pooled over its categories, ``law.cost.pooled_log_speedup_sd``), tokens
     per round, the physical bound, and whether the number is a result.
 
     Columns: ``arm``, ``category``, ``requests``, ``speedup``, ``lo``, ``hi``, ``tokens_per_round``,
@@ -132,6 +134,9 @@ def paired_speedups(timings: pd.DataFrame, *, reference: str, clock: str = "cpu"
     rows = []
     for arm, part in timings.loc[timings["arm"] != reference].groupby("arm", sort=False):
         part = part.set_index("request_id")
+        both = [r for r in part.index if r in ref.index]
+        pooled = pooled_log_speedup_sd(ref.loc[both, column], ref.loc[both, "new_tokens"], part.loc[both, column],
+                                       part.loc[both, "new_tokens"], part.loc[both, "category"])
         for category in [*sorted(part["category"].unique()), ALL]:
             mine = part if category == ALL else part.loc[part["category"] == category]
             ids = [r for r in mine.index if r in ref.index]
@@ -140,7 +145,8 @@ def paired_speedups(timings: pd.DataFrame, *, reference: str, clock: str = "cpu"
             a_t, a_n = mine.loc[ids, column].to_numpy(float), mine.loc[ids, "new_tokens"].to_numpy(float)
             r_t, r_n = ref.loc[ids, column].to_numpy(float), ref.loc[ids, "new_tokens"].to_numpy(float)
             speedup = paired_speedup(r_t, r_n, a_t, a_n)
-            lo, hi = paired_speedup_interval(r_t, r_n, a_t, a_n, rng=rng, n_boot=n_boot)  # NaN for one request
+            lo, hi = paired_speedup_interval(r_t, r_n, a_t, a_n, rng=rng, n_boot=n_boot,  # NaN for one request
+                                             pooled=pooled)
             rounds = mine.loc[ids, "rounds"].sum()
             tokens_per_round = (a_n - 1).sum() / rounds if rounds else math.nan  # the prefill's token excluded
             cost = mine.loc[ids, "verify_cost"].sum()

@@ -44,7 +44,8 @@ import pandas as pd
 from entropy_law.law import atrisk
 from entropy_law.law.arms import AR_LABEL, run_arms
 from entropy_law.law.compare import category_share_of_gain, compare_laws
-from entropy_law.law.cost import UNRELIABLE, paired_speedup_interval, speed_verdict, when_drafting_pays
+from entropy_law.law.cost import (UNRELIABLE, paired_speedup_interval, pooled_log_speedup_sd, speed_verdict,
+                                  when_drafting_pays)
 from entropy_law.law.fit import PRIMARY_FAMILY, fit_law, get_family
 from entropy_law.law.hypotheses import universality_test
 from entropy_law.law.transfer import block_prediction, loco_transfer
@@ -578,7 +579,8 @@ class TraceAnalysis:
         runs of the same model and machine (``paired_requests``): (AR ms per token) / (arm ms per token) over
         the category's paired requests, tokens counted after the prefill, on the CPU clock where the traces
         carry it (``clock``: "cpu" or "wall"); ``lo`` / ``hi``: a 95% interval (``cost.paired_speedup_interval``:
-        request bootstrap, widened to Student t with few requests);
+        request bootstrap, widened to Student t with few requests and to the per-request spread pooled over the
+        arm's categories);
         ``tokens_per_round`` and ``bound`` = tokens per round x c(1) / c(N + 1) (the physical bound: a round
         costs at least one forward over its verified tree; c from the run's verify-cost curve, else 1);
         ``verdict`` (``cost.speed_verdict``): "measured", "not measured reliably" (interval wider than +-15%
@@ -590,6 +592,8 @@ class TraceAnalysis:
             together, _ = self.timed_together(arm)
             rng = np.random.default_rng(self.seed)
             rows = []
+            pooled = pooled_log_speedup_sd(paired["ar_ms"], paired["ar_decoded"], paired["ms"], paired["decoded"],
+                                           paired["category"])
             for cat, part in paired.groupby("category"):
                 a_ms, a_n = part["ms"].to_numpy(float), part["decoded"].to_numpy(float)
                 r_ms, r_n = part["ar_ms"].to_numpy(float), part["ar_decoded"].to_numpy(float)
@@ -598,7 +602,8 @@ class TraceAnalysis:
                 speedup = ar_ms / arm_ms if arm_ms > 0 else np.nan
                 lo = hi = np.nan
                 if arm_ms > 0:
-                    lo, hi = paired_speedup_interval(r_ms, r_n, a_ms, a_n, rng=rng, n_boot=SPEEDUP_BOOT)
+                    lo, hi = paired_speedup_interval(r_ms, r_n, a_ms, a_n, rng=rng, n_boot=SPEEDUP_BOOT,
+                                                     pooled=pooled)
                 n_rounds, cost = part["rounds"].sum(), part["verify_cost"].sum()
                 per_round = a_n.sum() / n_rounds if n_rounds else np.nan
                 bound = per_round * n_rounds / cost if n_rounds and cost else per_round

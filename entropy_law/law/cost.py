@@ -75,8 +75,30 @@ def paired_speedup(ref_time, ref_tokens, arm_time, arm_tokens):
         return (ref_time.sum(-1) / ref_tokens.sum(-1)) / (arm_time.sum(-1) / arm_tokens.sum(-1))
 
 
+def pooled_log_speedup_sd(ref_time, ref_tokens, arm_time, arm_tokens, groups) -> tuple[float, int]:
+    """``(SD, df)``: the spread of the per-request log speedups log((ref_time / ref_tokens) / (arm_time /
+    arm_tokens)) around their group's mean, pooled over ``groups`` (one label per request: the category), as a
+    one-way analysis of variance pools it; ``df`` = requests - groups. ``(nan, 0)`` where ``df < 1``.
+
+    The noise of a CPU-clock ratio is much the same in every category of one run (bench/aa_noise.py: our AR
+    against itself, SD 6.4% per request on an idle machine), while a category of 2 requests estimates it
+    from one degree of freedom: two requests that happen to agree give an interval far narrower than the
+    noise allows. The pooled SD, on every request of the arm, is what ``paired_speedup_interval`` widens to."""
+    ref_time, ref_tokens, arm_time, arm_tokens = (np.asarray(x, dtype=float) for x in
+                                                  (ref_time, ref_tokens, arm_time, arm_tokens))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        x = np.log((ref_time / ref_tokens) / (arm_time / arm_tokens))
+    frame = pd.DataFrame({"x": x, "group": np.asarray(groups)}).loc[np.isfinite(x)]
+    df = len(frame) - frame["group"].nunique()
+    if df < 1:
+        return float("nan"), 0
+    residual = frame["x"] - frame.groupby("group")["x"].transform("mean")
+    return float(np.sqrt((residual ** 2).sum() / df)), int(df)
+
+
 def paired_speedup_interval(ref_time, ref_tokens, arm_time, arm_tokens, *, rng: np.random.Generator,
-                            n_boot: int = 2000, level: float = 0.95) -> tuple[float, float]:
+                            n_boot: int = 2000, level: float = 0.95,
+                            pooled: tuple[float, int] | None = None) -> tuple[float, float]:
     """``level`` interval of the paired speedup S (``paired_speedup``) over requests; (NaN, NaN) below 2 requests.
 
     The request bootstrap's percentile interval (``n_boot`` resamples of the requests, ``rng``), widened where
@@ -85,8 +107,13 @@ def paired_speedup_interval(ref_time, ref_tokens, arm_time, arm_tokens, *, rng: 
     bootstrap covers far less than ``level``: with 2 requests its ends are the two single-request ratios, and two
     runs of the demo on the same two prompts gave disjoint intervals (bench/demo_repeat.py); the t quantile
     (12.7 at 2 requests, 2.8 at 5, 2.0 at 40) gives such a sample the width it needs. With many requests the
-    two agree and the bootstrap's shape (skew) is kept. Both are used by ``jobs.speed.paired_speedups`` and
-    ``TraceAnalysis.speedup``."""
+    two agree and the bootstrap's shape (skew) is kept. ``pooled``: ``(SD, df)`` of ``pooled_log_speedup_sd`` over
+    all the arm's requests; below ``MIN_PAIRED_REQUESTS`` requests (too few for a result anyway: the interval is
+    shown, not used) the interval is widened further where it is narrower than exp(log S +- t(df) x SD /
+    sqrt(n_eff)), n_eff = (sum w)^2 / sum w^2 with w the arm's tokens per request (n for requests of one
+    length): two requests that happen to agree no longer look precise. From 5 requests on, a category's own
+    spread is used (the pooled one assumes every category spreads alike, which a drafter's speedups need not).
+    Each widening only widens. Used by ``jobs.speed.paired_speedups`` and ``TraceAnalysis.speedup``."""
     ref_time, ref_tokens, arm_time, arm_tokens = (np.asarray(x, dtype=float) for x in
                                                   (ref_time, ref_tokens, arm_time, arm_tokens))
     n = len(ref_time)
@@ -104,6 +131,12 @@ def paired_speedup_interval(ref_time, ref_tokens, arm_time, arm_tokens, *, rng: 
         se = math.sqrt((n - 1) / n * np.sum((jack - jack.mean()) ** 2))
         half = float(scipy_stats.t.ppf(1 - (1 - level) / 2, n - 1)) * se
         lo, hi = np.fmin(lo, estimate * math.exp(-half)), np.fmax(hi, estimate * math.exp(half))  # fmin: NaN-blind
+    if (pooled is not None and n < MIN_PAIRED_REQUESTS and pooled[1] >= 1 and np.isfinite(pooled[0])
+            and np.isfinite(estimate) and estimate > 0):
+        w = arm_tokens
+        n_eff = float(w.sum() ** 2 / np.sum(w ** 2)) if np.sum(w ** 2) > 0 else float(n)
+        half = float(scipy_stats.t.ppf(1 - (1 - level) / 2, pooled[1])) * pooled[0] / math.sqrt(n_eff)
+        lo, hi = np.fmin(lo, estimate * math.exp(-half)), np.fmax(hi, estimate * math.exp(half))
     return float(lo), float(hi)
 
 
