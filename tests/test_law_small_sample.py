@@ -279,3 +279,23 @@ def test_other_warnings_of_the_glm_fit_still_show(two_requests, monkeypatch):
         "made-up convergence trouble"]
     assert not [w for w in record if issubclass(w.category, PerfectSeparationWarning)]
     assert law.result.perfect_prediction and any("PerfectSeparationWarning" in n for n in law.notes)
+    assert not law.result.rank_deficient and not any("rank-deficient" in n for n in law.notes)
+
+
+def test_a_rank_deficient_design_is_a_note_not_a_warning_line(two_requests):
+    """The report's law comparison printed statsmodels' SingularMatrixWarning with its source line (a term
+    constant in a fold); it is now kept on the result and in the fit's notes. Here: a term that duplicates
+    another (the entropy slope twice), a design that is rank-deficient by construction."""
+    from dataclasses import replace
+
+    from statsmodels.tools.sm_exceptions import SingularMatrixWarning
+
+    fam = get_family("law_exp")
+    twice = replace(fam, name="law_exp_twice", terms=f"{fam.terms} + I(2 * {fam.slope})")
+    with warnings.catch_warnings(record=True) as record:
+        warnings.simplefilter("always")
+        law = fit_law(two_requests, twice, cov_type="nonrobust")
+    assert not [w for w in record if issubclass(w.category, SingularMatrixWarning)]
+    assert law.result.rank_deficient and any("rank-deficient" in n for n in law.notes)
+    plain = fit_law(two_requests, "law_exp", cov_type="nonrobust")
+    np.testing.assert_allclose(law.result.fittedvalues, plain.result.fittedvalues, rtol=1e-3, atol=1e-4)  # unique

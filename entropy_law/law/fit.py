@@ -31,7 +31,7 @@ import statsmodels.api as sm
 import statsmodels.formula.api as smf
 from scipy import stats
 from scipy.optimize import isotonic_regression
-from statsmodels.tools.sm_exceptions import DomainWarning, PerfectSeparationWarning
+from statsmodels.tools.sm_exceptions import DomainWarning, PerfectSeparationWarning, SingularMatrixWarning
 
 from entropy_law.law import atrisk
 from entropy_law.law.blocks import (
@@ -783,14 +783,18 @@ def _fit_glm(counts: pd.DataFrame, family: LawFamily, depth_model: str, cov_type
     # cell's observed rate) is caught the same way: it comes from fits on few requests (LOCO's refit on the
     # held-out category alone; the trial offsets of a profiled c, of which one is kept), one line per IRLS
     # call, dozens per report. It is kept on the result instead (``perfect_prediction``), and fit_law notes it
-    # for the fit it returns.
+    # for the fit it returns. So is statsmodels' SingularMatrixWarning (``rank_deficient``: a term constant or
+    # collinear in these requests, as in a comparison fold; the predictions stay unique, the estimates do not).
+    kept = (PerfectSeparationWarning, SingularMatrixWarning)
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"), warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", PerfectSeparationWarning)
+        for category in kept:
+            warnings.simplefilter("always", category)
         result = model.fit(start_params=start_params, maxiter=200, **kwargs)
     for w in caught:  # anything else is shown as it would have been
-        if not issubclass(w.category, PerfectSeparationWarning):
+        if not issubclass(w.category, kept):
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     result.perfect_prediction = any(issubclass(w.category, PerfectSeparationWarning) for w in caught)
+    result.rank_deficient = any(issubclass(w.category, SingularMatrixWarning) for w in caught)
     return result
 
 
@@ -955,6 +959,10 @@ def fit_law(
         notes.append("statsmodels warned of perfect separation or prediction during the fit (PerfectSeparationWarning: "
                      "at some IRLS iteration the fitted acceptance matched every cell), as happens with few requests; "
                      "some terms may not be identified; record more requests or fit a simpler family")
+    if getattr(result, "rank_deficient", False):
+        notes.append("the design matrix is rank-deficient (statsmodels' SingularMatrixWarning): a term is constant or "
+                     "collinear in these requests, so its estimate is not unique (predictions are); fit a family "
+                     "without it or record requests where it varies")
     return law
 
 
