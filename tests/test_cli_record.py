@@ -375,7 +375,7 @@ def test_a_base_model_without_chat_template_records_with_no_chat_template_then_l
     assert not getattr(tokenizer, "chat_template", None)
 
     assert record(folder, task_file, tmp_path / "refused") == 2
-    assert "has no chat template; pass --no-chat-template" in capsys.readouterr().err
+    assert "has no chat template (a base model); pass --no-chat-template" in capsys.readouterr().err
 
     out = tmp_path / "run"
     assert record(folder, task_file, out, "--no-chat-template", "--tree", "ddtree", "--budget", "6") == 0

@@ -46,6 +46,7 @@ def run(args) -> int:
     import torch
 
     from entropy_law.decoding.loading import load_target
+    from entropy_law.jobs.record import prompt_encoder
 
     if args.threads is not None:
         if args.threads < 1:
@@ -63,13 +64,8 @@ def run(args) -> int:
           f"arms {' '.join(args.arms)}; loading {args.model} ...", flush=True)
     target = load_target(args.model)
     print(f"model loaded in {time.perf_counter() - t0:.0f} s", flush=True)
-    encode = None  # the chat template (run_demo's default)
-    if args.no_chat_template:
-        def encode(task):  # as `entropy-law record --no-chat-template`: the prompt text tokenized as is
-            return list(target.tokenizer(task.prompt)["input_ids"])
-    elif not getattr(getattr(target, "tokenizer", None), "chat_template", None):
-        raise ValueError(f"the tokenizer of {args.model} has no chat template (a base model); pass --no-chat-template "
-                         "to decode the prompt text as is")
+    # None: the chat template (run_demo's default); --no-chat-template: the prompt text as is (as `record`)
+    encode = prompt_encoder(target, chat_template=not args.no_chat_template, model=args.model)
     result = run_demo(tasks, target, out=args.out, run_id=args.run_id, arms=args.arms,
                       max_new_tokens=args.max_new_tokens, n_boot=args.n_boot, seed=args.seed, encode=encode,
                       report_format=args.format, progress=not args.no_progress,

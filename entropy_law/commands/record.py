@@ -116,7 +116,7 @@ def run(args) -> int:
     from entropy_law.decoding.loading import load_target
     from entropy_law.decoding.vlm import ImageRequests
     from entropy_law.jobs.arms import ArmSpec
-    from entropy_law.jobs.record import check_run_dir, logger, record_arms
+    from entropy_law.jobs.record import chat_prompt, check_run_dir, logger, prompt_encoder, record_arms
     from entropy_law.prompts.image import is_image_task_file, load_image_tasks
     from entropy_law.prompts.text import load_tasks
 
@@ -149,15 +149,13 @@ def run(args) -> int:
         target = images.target
     else:
         target = load_target(args.model)
-    if images is None and not args.no_chat_template and not getattr(target.tokenizer, "chat_template", None):
-        raise ValueError(f"the tokenizer of {args.model} has no chat template; pass --no-chat-template to "
-                         "tokenize the prompt text as is")
+    text_ids = None if images is not None else prompt_encoder(target, chat_template=not args.no_chat_template,
+                                                              model=args.model)
 
     def encode(task, decoder):
         if images is not None:  # encodes the image and first turn, attaches the pixels
             return images.prepare(task)
-        prompt = task.prompt if args.no_chat_template else task.messages()
-        return decoder.encode_prompt(prompt, raw_prompt=args.no_chat_template), {}
+        return (text_ids(task), {}) if text_ids is not None else chat_prompt(task, decoder)
 
     drafting = args.drafter != "ar"
     budget = args.budget

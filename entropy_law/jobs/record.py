@@ -114,6 +114,22 @@ def chat_prompt(task, decoder: SpeculativeDecoder) -> tuple[list[int], dict]:
     return decoder.encode_prompt(task.messages()), {}
 
 
+def prompt_encoder(target, *, chat_template: bool = True, model: str = "the target") -> Callable | None:
+    """The command line's prompt encoding (``--no-chat-template``), for ``record`` and ``demo`` alike.
+
+    ``chat_template=True``: ``None``, i.e. the default (``chat_prompt``), after checking that the tokenizer
+    has a chat template; a base model without one is refused with the option to pass. ``chat_template=False``:
+    ``encode(task) -> token ids``, the prompt text tokenized as is (no template, the tokenizer's own special
+    tokens)."""
+    tokenizer = getattr(target, "tokenizer", None)
+    if not chat_template:
+        return lambda task: list(tokenizer(task.prompt)["input_ids"])
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"the tokenizer of {model} has no chat template (a base model); pass --no-chat-template "
+                         "to tokenize the prompt text as is")
+    return None
+
+
 def record_arms(
     tasks: Sequence,
     arms: Sequence[ArmSpec],
