@@ -103,6 +103,7 @@ def run(args) -> int:
     from entropy_law.drafters.block import default_feature_layers
     from entropy_law.drafters.training.data import DataPlan, generate_dataset, gsm8k_path
     from entropy_law.drafters.training.loop import TrainConfig, train_from_folder
+    from entropy_law.jobs.record import prompt_encoder
 
     torch.set_num_threads(args.threads)
     out = Path(args.out)
@@ -111,9 +112,7 @@ def run(args) -> int:
     if args.only != "train":
         gsm8k_path(args.gsm8k)  # fail before the slow model load
         target = load_target(args.model, attn_implementation=args.attn)
-        if not args.no_chat_template and not getattr(target.tokenizer, "chat_template", None):
-            raise ValueError(f"the tokenizer of {args.model} has no chat template; pass --no-chat-template to "
-                             "tokenize the prompts as is")
+        prompt_encoder(target, chat_template=not args.no_chat_template, model=args.model)  # a base model: refused
         layers = default_feature_layers(text_config(target.model).num_hidden_layers)
         print(f"feature layers {list(layers)} of {text_config(target.model).num_hidden_layers}", flush=True)
         plan = DataPlan(seed=args.seed, n_gsm8k=args.n_gsm8k, n_passages=args.n_passages, n_open=args.n_open,
