@@ -169,6 +169,29 @@ def test_save_load_roundtrip_and_mismatch_errors(tmp_path, setup):
         BlockDrafter.load(tmp_path / "missing.safetensors", model)
 
 
+def test_checking_a_checkpoint_reads_its_header_only_and_finds_what_load_finds(tmp_path, setup, monkeypatch):
+    """``check_checkpoint`` (the demo's arm choice) raises the mismatch errors of ``BlockDrafter.load`` without
+    reading the weights (the shipped checkpoint is 16 MB and was read twice)."""
+    import entropy_law.drafters.block as block
+
+    model, drafter, _, _ = setup
+    path = drafter.save(tmp_path / "d.safetensors")
+    others = [tiny_target(vocab=80), tiny_target(hidden=32), tiny_target(layers=3), tiny_target(seed=1)]
+    errors = []
+    for other in others:
+        with pytest.raises(ValueError) as err:
+            BlockDrafter.load(path, other)
+        errors.append(str(err.value))
+    monkeypatch.setattr(block, "load_file", lambda *a, **k: pytest.fail("weights read"))
+    block.check_checkpoint(path, model)  # a match: no error
+    for other, error in zip(others, errors):
+        with pytest.raises(ValueError) as err:
+            block.check_checkpoint(path, other)
+        assert str(err.value) == error
+    with pytest.raises(FileNotFoundError):
+        block.check_checkpoint(tmp_path / "missing.safetensors", model)
+
+
 def test_trace_runs_record_which_checkpoint_was_loaded(tmp_path, setup):
     """Two checkpoints of one architecture have equal configs; the run metadata tells them apart by the file's
     SHA-256 (computed here independently), and a run recorded with one is not resumed with the other."""

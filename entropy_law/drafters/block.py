@@ -742,7 +742,13 @@ class BlockDrafter(nn.Module):
 
 def read_checkpoint(path: str | Path) -> tuple[BlockDrafterConfig, dict[str, torch.Tensor], dict]:
     """A checkpoint's config, its weights (floating point upcast to fp32) and its safetensors metadata."""
+    cfg, meta = read_checkpoint_config(path)
+    state = {k: v.float() if v.is_floating_point() else v for k, v in load_file(str(path)).items()}
+    return cfg, state, meta
 
+
+def read_checkpoint_config(path: str | Path) -> tuple[BlockDrafterConfig, dict]:
+    """A checkpoint's config and safetensors metadata, from its header only (no weights read)."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"block drafter checkpoint not found: {path}")
@@ -750,8 +756,14 @@ def read_checkpoint(path: str | Path) -> tuple[BlockDrafterConfig, dict[str, tor
         meta = fh.metadata() or {}
     if meta.get("format") != FORMAT:
         raise ValueError(f"{path} is not a block drafter checkpoint (format {meta.get('format')!r})")
-    state = {k: v.float() if v.is_floating_point() else v for k, v in load_file(str(path)).items()}
-    return BlockDrafterConfig.from_json(meta["config"]), state, meta
+    return BlockDrafterConfig.from_json(meta["config"]), meta
+
+
+def check_checkpoint(path: str | Path, target) -> None:
+    """Raise ``ValueError`` naming every way the checkpoint at ``path`` disagrees with ``target`` (the checks of
+    ``BlockDrafter.load``), reading only its header: for choosing arms before any drafter is built."""
+    cfg, _ = read_checkpoint_config(path)
+    _check_matches(cfg, _target_model(target))
 
 
 

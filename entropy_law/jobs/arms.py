@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from entropy_law.drafters.block import BlockDrafter
+from entropy_law.drafters.block import BlockDrafter, check_checkpoint
 from entropy_law.drafters.ngram import NgramDrafter
 
 BLOCK_DRAFTER_ENV = "ENTROPY_LAW_BLOCK_DRAFTER"
@@ -105,13 +105,14 @@ def make_drafter(spec: ArmSpec, target=None, *, ngram_options: dict | None = Non
 
 def available_arms(names, target=None) -> tuple[list[ArmSpec], list[str]]:
     """(specs that can run here, messages about the ones left out). With ``target``, the block drafter's
-    checkpoint is also checked against it (``BlockDrafter.load``): the shipped one was trained for SmolLM2-135M,
-    and another target (``--model``) leaves the block arms out with the reason, instead of stopping the run."""
+    checkpoint's header is also checked against it (``check_checkpoint``, no weights read): the shipped one was
+    trained for SmolLM2-135M, and another target (``--model``) leaves the block arms out with the reason, instead
+    of stopping the run."""
     specs, messages = [], []
     block_ok, block_message = block_drafter_status()
     if block_ok and target is not None and any(arm_spec(n).drafter == "block" for n in names):
         try:
-            BlockDrafter.load(block_drafter_checkpoint(), target)
+            check_checkpoint(block_drafter_checkpoint(), target)
         except ValueError as err:
             block_ok, block_message = False, (
                 f"block drafter unavailable for this target: {err}; carrying on with the other arms (train one for "
