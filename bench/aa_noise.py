@@ -70,7 +70,7 @@ def main(argv=None) -> dict:
 
     from entropy_law.decoding.decoder import ARDecoder
     from entropy_law.decoding.loading import load_target
-    from entropy_law.jobs.speed import ALL, paired_speedups, time_arms
+    from entropy_law.jobs.speed import ALL, decoder_arm, paired_speedups, print_progress, time_arms
     from entropy_law.prompts.text import load_tasks, sample_per_category
 
     torch.set_num_threads(1)
@@ -80,22 +80,10 @@ def main(argv=None) -> dict:
     encoder = ARDecoder(target)
     prompt_of = {t.request_id: encoder.encode_prompt(t.messages()) for t in tasks}
 
-    def ours():
-        decoder = ARDecoder(target)
-
-        def run(prompt_ids, max_new_tokens):
-            result = decoder.generate(prompt_ids, max_new_tokens=max_new_tokens)
-            return result.token_ids, result.rounds
-        return run
-
-    def progress(items):
-        for index, task in enumerate(items):
-            print(f"[{index + 1}/{len(items)}] {task.category:<16} {task.question_id}", file=sys.stderr, flush=True)
-            yield task
-
     t0 = time.perf_counter()
-    timings = time_arms(tasks, {AR: ours(), AGAIN: ours()}, lambda task: prompt_of[task.request_id],
-                        max_new_tokens=args.max_new_tokens, reference=AR, warm_up_tokens=16, progress=progress)
+    arms = {AR: decoder_arm(ARDecoder(target)), AGAIN: decoder_arm(ARDecoder(target))}
+    timings = time_arms(tasks, arms, lambda task: prompt_of[task.request_id], max_new_tokens=args.max_new_tokens,
+                        reference=AR, warm_up_tokens=16, progress=print_progress)
     elapsed = time.perf_counter() - t0
     speed = paired_speedups(timings, reference=AR, clock="cpu", seed=args.seed)
     mismatches = int((~timings.loc[timings["arm"] == AGAIN, "matches_reference"]).sum())

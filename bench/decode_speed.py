@@ -55,7 +55,7 @@ from entropy_law.decoding.gate import measure_verify_cost  # noqa: E402
 from entropy_law.decoding.loading import load_target  # noqa: E402
 from entropy_law.drafters.ngram import NgramDrafter  # noqa: E402
 from entropy_law.decoding.observers import RecorderObserver  # noqa: E402
-from entropy_law.jobs.speed import ALL, format_speedup, paired_speedups, time_arms  # noqa: E402
+from entropy_law.jobs.speed import ALL, format_speedup, paired_speedups, print_progress, time_arms  # noqa: E402
 from entropy_law.prompts.text import load_tasks, sample_per_category  # noqa: E402
 from entropy_law.traces.recorder import TraceRecorder  # noqa: E402
 
@@ -220,16 +220,10 @@ def main(argv=None) -> dict:
                 return new_ids, result.rounds
             return run
 
-        def progress(items):
-            for index, task in enumerate(items):
-                print(f"[{index + 1}/{len(items)}] {task.category:<16} {task.question_id:>6}", file=sys.stderr,
-                      flush=True)
-                yield task
-
         names = list(built)
         timings = time_arms(tasks, {name: timed_arm(name) for name in names}, lambda task: prompt_of[task.request_id],
                             max_new_tokens=args.max_new_tokens, reference=AR_ARM, warm_up_tokens=16,
-                            verify_cost=verify_cost, progress=progress)
+                            verify_cost=verify_cost, progress=print_progress)
         recorded = "ours ngram chain + recorder"
         observer_share = (timed_observer.seconds / decode_s[recorded] if decode_s.get(recorded)
                           else float("nan"))

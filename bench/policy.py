@@ -49,7 +49,7 @@ from entropy_law.decoding.loading import load_target  # noqa: E402
 from entropy_law.decoding.replay import oracle_rounds  # noqa: E402
 from entropy_law.drafters.block import BlockDrafter, default_drafter_path  # noqa: E402
 from entropy_law.drafters.ngram import NgramDrafter  # noqa: E402
-from entropy_law.jobs.speed import ALL, format_speedup, paired_speedups, time_arms  # noqa: E402
+from entropy_law.jobs.speed import ALL, decoder_arm, format_speedup, paired_speedups, print_progress, time_arms  # noqa: E402
 from entropy_law.law.policy import fit_policy  # noqa: E402
 from entropy_law.prompts.paths import data_dir  # noqa: E402
 from entropy_law.prompts.text import load_tasks, sample_per_category  # noqa: E402
@@ -120,13 +120,8 @@ def main(argv=None) -> dict:
               + " / ".join(f"{np.interp(np.log(h + 1e-3), np.log(np.array(law['entropy_grid']) + 1e-3), np.array(law['acceptance'])[:, 0]):.2f}"
                            for h in (0.1, 1.0, 3.0)), flush=True)
 
-    def ours(make):
-        decoder = make()
-
-        def run(prompt_ids, max_new_tokens):
-            result = decoder.generate(prompt_ids, max_new_tokens=max_new_tokens)
-            return result.token_ids, result.rounds
-        return run
+    def ours(make):  # built when listed
+        return decoder_arm(make())
 
     def ngram():
         return NgramDrafter()
@@ -174,13 +169,8 @@ def main(argv=None) -> dict:
             raise SystemExit(f"unknown arm(s) {unknown}; arms: {sorted(arms)}")
         arms = {name: run for name, run in arms.items() if name in args.only or name == AR}
 
-    def progress(items):
-        for index, task in enumerate(items):
-            print(f"[{index + 1}/{len(items)}] {task.category:<16} {task.question_id}", file=sys.stderr, flush=True)
-            yield task
-
     timings = time_arms(tasks, arms, lambda task: prompt_of[task.request_id], max_new_tokens=args.max_new_tokens,
-                        reference=AR, warm_up_tokens=16, verify_cost=verify_cost, progress=progress)
+                        reference=AR, warm_up_tokens=16, verify_cost=verify_cost, progress=print_progress)
     speed = paired_speedups(timings, reference=AR, clock="cpu", seed=args.seed)
 
     # the replay oracle on AR's greedy outputs (decode the AR arm's tokens again: time_arms keeps no outputs)

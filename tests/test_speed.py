@@ -48,6 +48,28 @@ def test_time_arms_warms_up_rotates_the_order_and_checks_outputs():
         time_arms(tasks, {"x": arms["x"]}, lambda task: [0], max_new_tokens=2, reference="ar")
 
 
+def test_decoder_arms_and_the_bench_progress_lines(capsys):
+    """``decoder_arm`` (the benches' arms) times our decoders through ``time_arms``: their tokens and round
+    records; ``print_progress`` writes one line per prompt on stderr and yields every task."""
+    from conftest import tiny_llama
+
+    from entropy_law.decoding.decoder import ARDecoder
+    from entropy_law.jobs.speed import decoder_arm, print_progress
+
+    model = tiny_llama(seed=0, vocab=50)
+    tokens, rounds = decoder_arm(ARDecoder(model))([3, 4, 5], 6)
+    assert tokens == ARDecoder(model).generate([3, 4, 5], max_new_tokens=6).token_ids and len(tokens) == 6
+    assert len(rounds) == 6  # the prefill round, then one per token
+    tasks = [FakeTask("q1", "qa"), FakeTask("q2", "rag")]
+    for task in tasks:
+        task.question_id = task.request_id[1:]
+    timings = time_arms(tasks, {"ar": decoder_arm(ARDecoder(model)), "again": decoder_arm(ARDecoder(model))},
+                        lambda task: [3, int(task.question_id)], max_new_tokens=4, reference="ar",
+                        progress=print_progress)
+    assert timings["matches_reference"].all() and (timings["rounds"] == 3).all()
+    assert capsys.readouterr().err.splitlines() == ["[1/2] qa                    1", "[2/2] rag                   2"]
+
+
 def _timings(rng, arm_time, n_requests=12, tokens=64, rounds=30, cost_per_round=1.5, noise=0.02):
     rows = []
     for i in range(n_requests):

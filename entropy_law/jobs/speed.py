@@ -29,6 +29,7 @@ Not known here: how arms decode (``decoding``), traces, the law.
 from __future__ import annotations
 
 import math
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -74,6 +75,22 @@ def round_cost(rounds, cost_of: Callable[[int], float] | None = None) -> tuple[i
         return 0, 0.0
     decode = [r for r in rounds if r.round_index > 0]
     return len(decode), float(sum(cost_of(r.tree_nodes + 1) for r in decode))
+
+
+def decoder_arm(decoder) -> Callable:
+    """A ``time_arms`` arm for one of our decoders (``ARDecoder``, ``SpeculativeDecoder``): its token ids and
+    round records."""
+    def run(prompt_ids, max_new_tokens):
+        result = decoder.generate(prompt_ids, max_new_tokens=max_new_tokens)
+        return result.token_ids, result.rounds
+    return run
+
+
+def print_progress(tasks: Sequence):
+    """A ``time_arms`` progress for benches: one line per prompt on stderr (``[i/n] category question``)."""
+    for index, task in enumerate(tasks):
+        print(f"[{index + 1}/{len(tasks)}] {task.category:<16} {task.question_id:>6}", file=sys.stderr, flush=True)
+        yield task
 
 
 def time_arms(tasks: Sequence, arms: Mapping[str, Callable], encode: Callable, *, max_new_tokens: int,
