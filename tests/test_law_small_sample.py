@@ -299,3 +299,23 @@ def test_a_rank_deficient_design_is_a_note_not_a_warning_line(two_requests):
     assert law.result.rank_deficient and any("rank-deficient" in n for n in law.notes)
     plain = fit_law(two_requests, "law_exp", cov_type="nonrobust")
     np.testing.assert_allclose(law.result.fittedvalues, plain.result.fittedvalues, rtol=1e-3, atol=1e-4)  # unique
+
+
+def test_one_percentile_rule_for_every_bootstrap_interval():
+    """``bootstrap.percentile_interval`` (the law's, the cost model's and the workload's intervals): NaN skipped,
+    linear interpolation, the nearest replicate where interpolation would meet inf (a break-even that pays at
+    every entropy), NaN for no replicates."""
+    import numpy as np
+    import pandas as pd
+
+    from entropy_law.law.bootstrap import percentile_interval
+
+    reps = pd.DataFrame({"a": [float(v) for v in range(1, 101)] + [np.nan],
+                         "b": [1.0] * 90 + [np.inf] * 11, "c": [np.nan] * 101})
+    lo, hi = percentile_interval(reps, 0.95)
+    # by hand: position 0.025 x 99 = 2.475 between the 3rd and 4th values (3, 4): 3.475; 97.525 likewise
+    assert lo["a"] == pytest.approx(3.475, abs=1e-12) and hi["a"] == pytest.approx(97.525, abs=1e-12)
+    assert lo["b"] == 1.0 and hi["b"] == np.inf  # not NaN (inf - inf)
+    assert np.isnan(lo["c"]) and np.isnan(hi["c"])
+    lo, hi = percentile_interval(reps.iloc[:0], 0.9)
+    assert lo.isna().all() and hi.isna().all() and list(lo.index) == ["a", "b", "c"]

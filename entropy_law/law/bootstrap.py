@@ -30,6 +30,26 @@ def poisson_weights(request_ids, rng: np.random.Generator) -> pd.Series:
     return pd.Series(rng.poisson(1.0, size=len(unique)), index=unique)
 
 
+def percentile_interval(replicates: pd.DataFrame, level: float = 0.95) -> tuple[pd.Series, pd.Series]:
+    """Per column, the ``level`` percentile interval of bootstrap replicates, the package's one rule: NaN
+    replicates skipped (counted by the caller), linear interpolation between the order statistics (numpy's
+    default), and the nearest replicate where interpolating would meet an infinite one (a break-even that is
+    ``inf`` where drafting pays at every entropy: inf - inf would give NaN)."""
+    lo, hi = (1 - level) / 2, 1 - (1 - level) / 2
+    if replicates.empty:
+        nan = pd.Series(np.nan, index=replicates.columns, dtype=float)
+        return nan, nan.copy()
+    ends = []
+    for q in (lo, hi):
+        with np.errstate(invalid="ignore"):
+            ci = replicates.quantile(q)
+        redo = ci.isna() & np.isinf(replicates).any()
+        if redo.any():
+            ci[redo] = replicates.loc[:, redo].quantile(q, interpolation="nearest")
+        ends.append(ci.astype(float))
+    return ends[0], ends[1]
+
+
 def reweight_counts(counts: pd.DataFrame, weights: pd.Series) -> pd.DataFrame:
     """Counts with each request's cells multiplied by its weight; zero-weight cells dropped."""
     w = counts["request_id"].map(weights).to_numpy()
@@ -110,9 +130,8 @@ def bootstrap_law(
     if failed > 0.1 * n_boot:
         notes.append(f"{failed} of {n_boot} replicates failed: intervals may be unreliable")
     replicates = pd.DataFrame(rows)
-    lo, hi = (1 - level) / 2, 1 - (1 - level) / 2
+    ci_low, ci_high = percentile_interval(replicates, level)
     summary = pd.DataFrame({"estimate": estimate, "boot_mean": replicates.mean(), "boot_se": replicates.std(ddof=1),
-                            "ci_low": replicates.quantile(lo), "ci_high": replicates.quantile(hi),
-                            "n_requests": n_requests})
+                            "ci_low": ci_low, "ci_high": ci_high, "n_requests": n_requests})
     return BootstrapResult(summary=summary, replicates=replicates, n_boot=n_boot, n_failed=failed, seed=seed,
                            level=level, n_requests=n_requests, notes=notes)

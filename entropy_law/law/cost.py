@@ -40,7 +40,7 @@ from scipy import stats as scipy_stats
 from scipy.optimize import brentq
 
 from entropy_law.law import arms, atrisk
-from entropy_law.law.bootstrap import poisson_weights, reweight_counts
+from entropy_law.law.bootstrap import percentile_interval, poisson_weights, reweight_counts
 from entropy_law.law.fit import FittedLaw, fit_law, get_family, prepare_counts
 from entropy_law.law.results import Result
 from entropy_law.law.stats import warn_if_few_requests
@@ -308,7 +308,9 @@ def speedup_at_entropy(law: FittedLaw, cost: CostModel, entropy_nats, *, depth: 
 def breakeven_entropy(law: FittedLaw, cost: CostModel, *, depth=None, nodes=None, bounds=(1e-4, 20.0)) -> float:
     """Entropy (nats) where the predicted speedup is 1; 0 if drafting never pays, inf if it always pays
     inside ``bounds``."""
-    f = lambda x: float(speedup_at_entropy(law, cost, np.exp(x), depth=depth, nodes=nodes)[0]) - 1.0
+    def f(x):
+        return float(speedup_at_entropy(law, cost, np.exp(x), depth=depth, nodes=nodes)[0]) - 1.0
+
     lo, hi = np.log(bounds[0]), np.log(bounds[1])
     f_lo, f_hi = f(lo), f(hi)
     if f_lo < 0:
@@ -454,13 +456,7 @@ def when_drafting_pays(
         except ValueError:
             failed += 1
     replicates = pd.DataFrame(reps)
-    lo, hi = (1 - level) / 2, 1 - (1 - level) / 2
-    with np.errstate(invalid="ignore"):  # inf - inf where replicates' break-even is inf (pays everywhere): nan
-        ci_low, ci_high = replicates.quantile(lo), replicates.quantile(hi)
-    for q, ci in ((lo, ci_low), (hi, ci_high)):  # there, the nearest replicate instead (inf: pays up to 20 nats)
-        redo = ci.isna() & np.isinf(replicates).any() if len(replicates) else ci.isna() & False
-        if redo.any():
-            ci[redo] = replicates.loc[:, redo].quantile(q, interpolation="nearest")
+    ci_low, ci_high = percentile_interval(replicates, level)  # inf (pays up to 20 nats): the nearest replicate
     summary = pd.DataFrame({"estimate": pd.Series(estimate, dtype=float), "ci_low": ci_low,
                             "ci_high": ci_high, "n_requests": n_requests})
     observed = rows["target_entropy_nats"].to_numpy(float)

@@ -41,7 +41,7 @@ import pandas as pd
 
 from entropy_law.law import atrisk
 from entropy_law.law.blocks import tau_distribution
-from entropy_law.law.bootstrap import poisson_weights
+from entropy_law.law.bootstrap import percentile_interval, poisson_weights
 from entropy_law.law.cost import CostModel, _ar_ms, fit_cost_model, priced_cost_model
 from entropy_law.law.fit import FittedLaw, fit_law, get_family
 from entropy_law.law.predict import _acceptance, _design, parameter_draws
@@ -337,15 +337,12 @@ def workload_breakeven(
         except ValueError:
             failed += 1
     replicates = pd.DataFrame(reps)
-    lo_q, hi_q = (1 - level) / 2, 1 - (1 - level) / 2
     rows = [r for r in SUMMARY_ROWS if r in estimate]
+    # NaN: no break-even in that replicate (skipped; counted in the notes)
+    ci_low, ci_high = percentile_interval(replicates.reindex(columns=rows).astype(float), level)
     summary = pd.DataFrame(index=pd.Index(rows), columns=["estimate", "ci_low", "ci_high", "n_requests"], dtype=float)
     for r in rows:
-        values = replicates[r].to_numpy(float) if r in replicates else np.array([])
-        values = values[~np.isnan(values)]  # NaN: no break-even in that replicate (counted in the notes)
-        low, high = ((float(np.quantile(values, lo_q, method="inverted_cdf")),
-                      float(np.quantile(values, hi_q, method="inverted_cdf"))) if len(values) else (np.nan, np.nan))
-        summary.loc[r] = [estimate[r], low, high, n_measured if r.startswith("measured") else n_requests]
+        summary.loc[r] = [estimate[r], ci_low[r], ci_high[r], n_measured if r.startswith("measured") else n_requests]
     no_line = int(replicates["workload_breakeven_nats"].isna().sum()) if len(replicates) else 0
     notes = [*([few] if few else []),
              f"{level:.0%} percentile intervals from {len(reps)} replicates over {n_requests} requests (seed {seed}, "
