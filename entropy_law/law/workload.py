@@ -218,6 +218,40 @@ def _nodes_by_depth(traces, drafted: pd.DataFrame, drafts: int) -> np.ndarray:
     return out
 
 
+def _law_draws(law: FittedLaw, n_boot: int, seed: int) -> np.ndarray:
+    """``[1 + n_boot, parameters]``: row 0 the law's estimate, then draws from its cluster-robust normal
+    approximation (``predict.parameter_draws``)."""
+    draws = parameter_draws(law, n_boot, seed) if n_boot else np.empty((0, len(law.result.params)))
+    return np.vstack([np.asarray(law.result.params, dtype=float)[None, :], draws])
+
+
+def _price_sequences(law: FittedLaw, entropies, drafts: int, depth_model: TrainingDepthModel,
+                     n_of_depth: np.ndarray, thetas: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The module doc's DP over each entropy sequence, for each row of ``thetas``: ``[requests, K]`` arrays of
+    expected rounds, draft nodes verified and drafting rounds."""
+    rounds_k, nodes_k, drafting_k = [], [], []
+    for h in entropies:
+        h = np.asarray(h, dtype=float)
+        frame, shape = law.sequence_frame(h, drafts)
+        x = _design(law, frame)
+        probs = depth_model.probabilities(h)
+        p_tau = _tau_by_draw(_acceptance(law, x, thetas.T), shape, probs)
+        r, sums = decode_moments(p_tau, np.column_stack([probs @ n_of_depth, 1.0 - probs[:, 0]]))
+        rounds_k.append(r)
+        nodes_k.append(sums[:, 0])
+        drafting_k.append(sums[:, 1])
+    return np.array(rounds_k), np.array(nodes_k), np.array(drafting_k)
+
+
+def decode_cost_ms(c: CostModel, rounds, drafting, nodes):
+    """Expected decode cost (ms) of a request with these expected rounds, drafting rounds and draft nodes: a
+    drafting round costs draft + overhead + v0 + v1 N, a round that drafted nothing its own measured draft +
+    overhead (the drafting rounds' where the arm has none) + v0."""
+    idle = c.no_draft_ms if np.isfinite(c.no_draft_ms) else c.draft_ms + c.overhead_ms
+    return (c.verify_intercept_ms * rounds + (c.draft_ms + c.overhead_ms) * drafting
+            + idle * (np.asarray(rounds) - np.asarray(drafting)) + c.verify_per_node_ms * nodes)
+
+
 def workload_breakeven(
     traces,
     *,
@@ -260,31 +294,13 @@ def workload_breakeven(
     depth_rows = with_start_entropy(drafted_depths(traces, drafter), seqs)
     depth_model = TrainingDepthModel.fit(depth_rows, drafts)
     n_of_depth = _nodes_by_depth(traces, depth_rows, drafts)
-    draws = parameter_draws(law, n_boot, seed) if n_boot else np.empty((0, len(law.result.params)))
-    thetas = np.vstack([np.asarray(law.result.params, dtype=float)[None, :], draws])  # row 0: the estimate
-    rounds_k, nodes_k, drafting_k = [], [], []
-    for rec in seqs.itertuples():
-        h = np.asarray(rec.entropy, dtype=float)
-        frame, shape = law.sequence_frame(h, drafts)
-        x = _design(law, frame)
-        probs = depth_model.probabilities(h)
-        p_tau = _tau_by_draw(_acceptance(law, x, thetas.T), shape, probs)
-        r, sums = decode_moments(p_tau, np.column_stack([probs @ n_of_depth, 1.0 - probs[:, 0]]))
-        rounds_k.append(r)
-        nodes_k.append(sums[:, 0])
-        drafting_k.append(sums[:, 1])
-    # [requests, K]: expected rounds, draft nodes verified, drafting rounds
-    rounds_k, nodes_k, drafting_k = np.array(rounds_k), np.array(nodes_k), np.array(drafting_k)
+    thetas = _law_draws(law, n_boot, seed)
+    rounds_k, nodes_k, drafting_k = _price_sequences(law, seqs["entropy"], drafts, depth_model, n_of_depth, thetas)
     tokens = np.array([len(e) - 1 for e in seqs["entropy"]], dtype=float)
     mean_h = np.array([float(np.mean(e)) for e in seqs["entropy"]])
 
     def speedups(c: CostModel, j: int) -> np.ndarray:
-        # a drafting round: draft + overhead + v0 + v1 N; a round that drafted nothing: its own measured draft +
-        # overhead (the drafting rounds' where the arm has none) + v0
-        idle = c.no_draft_ms if np.isfinite(c.no_draft_ms) else c.draft_ms + c.overhead_ms
-        total = (c.verify_intercept_ms * rounds_k[:, j] + (c.draft_ms + c.overhead_ms) * drafting_k[:, j]
-                 + idle * (rounds_k[:, j] - drafting_k[:, j]) + c.verify_per_node_ms * nodes_k[:, j])
-        return tokens * c.ar_ms_per_token / total
+        return tokens * c.ar_ms_per_token / decode_cost_ms(c, rounds_k[:, j], drafting_k[:, j], nodes_k[:, j])
 
     requests = seqs[["run_id", "request_id", "category"]].assign(tokens=tokens.astype(int), mean_entropy_nats=mean_h,
                                                                  predicted_rounds=rounds_k[:, 0],
