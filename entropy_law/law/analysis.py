@@ -48,8 +48,8 @@ from entropy_law.law.cost import (UNRELIABLE, paired_speedup_interval, pooled_lo
                                   when_drafting_pays)
 from entropy_law.law.fit import PRIMARY_FAMILY, fit_law, get_family
 from entropy_law.law.hypotheses import universality_test
-from entropy_law.law.transfer import block_prediction, loco_transfer
-from entropy_law.law.workload import workload_breakeven
+from entropy_law.law.transfer import block_prediction, loco_transfer, sequences_of
+from entropy_law.law.workload import predict_workload, workload_breakeven
 
 AR_ARM = AR_LABEL  # label of the autoregressive baseline in tables (one per model where there are several)
 DEFAULT_FAMILY = PRIMARY_FAMILY
@@ -472,6 +472,54 @@ class TraceAnalysis:
                                       n_boot=self.n_boot, seed=self.seed)
 
         return self._cached(("workload", arm), compute)
+
+    def predict(self, arm: str, workload, *, transfer_error: float | None = None):
+        """Will drafting pay on ``workload`` (a trace set this arm never decoded: e.g. an AR run of new prompts,
+        ``entropy-law record --drafter ar``)? ``workload.predict_workload`` with this arm's law (``law(arm)``),
+        drafted depths and cost model, on the workload's target entropies (its requests on the arm's model; each
+        request from the first run that holds it). ``transfer_error``: the law's relative error on a category it
+        was not fitted on, which widens the verdict's interval; default the largest leave-one-category-out
+        |relative error| of tokens per round on this arm's own categories (``loco(arm)``, leak-free depths); NaN
+        where that cannot be measured (said in the notes). Requests this arm also decoded are named in the notes
+        (in-sample)."""
+        model = self.model_of(arm)
+        w_runs = workload.runs
+        models = {_model_name(m) for m in w_runs["model_id"]} if "model_id" in w_runs else {"unknown-model"}
+        if model not in models:
+            raise ValueError(f"the workload was decoded by {', '.join(sorted(models))}, arm {arm!r} by {model}: a law "
+                             "of one target predicts nothing for another; record the workload with that target")
+        keep = w_runs.loc[w_runs["model_id"].map(_model_name) == model, "run_id"]
+        tokens = workload.tokens.loc[workload.tokens["run_id"].isin(keep)]
+        first = tokens.drop_duplicates("request_id")[["request_id", "run_id"]]
+        tokens = tokens.merge(first, on=["request_id", "run_id"])
+        if tokens.empty:
+            raise ValueError("the workload holds no tokens on this model: record it first")
+        sequences = sequences_of(tokens)
+        notes = []
+        if transfer_error is None:
+            loco = self.attempt("loco", arm, "training")
+            if loco.ok:
+                acc = loco.value.accuracy.loc["tokens_per_round"]
+                transfer_error = float(acc["max_abs_relative_error"])
+                notes.append(f"transfer error: the largest leave-one-category-out |relative error| of tokens per "
+                             f"round on the arm's {int(acc['categories'])} categories, {transfer_error:.1%} (mean "
+                             f"{float(acc['mean_abs_relative_error']):.1%}; law {self.family}, leak-free depths)")
+            else:
+                transfer_error = float("nan")
+                notes.append(f"transfer error not measured: {loco.error}")
+        mine = set(self.arm_view(arm).requests["request_id"].astype(str))
+        shared = sorted(set(sequences["request_id"].astype(str)) & mine)
+        if shared:
+            notes.append(f"{len(shared)} of the workload's {len(sequences)} requests were decoded by the arm itself "
+                         f"(in-sample for its law and cost), e.g. {', '.join(shared[:3])}")
+        view = self.cost_view(arm)
+        ar_requests = self.ar_requests(arm)
+        result = predict_workload(view, sequences, drafter=arm, law=self.law(arm),
+                                  ar_ms_per_token=None if ar_requests is not None else self.ar_ms_per_token(arm),
+                                  ar_requests=ar_requests, transfer_error=transfer_error, n_boot=self.n_boot,
+                                  seed=self.seed)
+        result.notes = notes + result.notes
+        return result
 
     def paired_requests(self, arm: str) -> pd.DataFrame:
         """The arm's timed requests paired with the timed AR requests of the same model and machine, one row

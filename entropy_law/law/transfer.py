@@ -57,8 +57,12 @@ def entropy_sequences(traces, drafter: str) -> pd.DataFrame:
     """One row per request of the drafter's runs: ``request_id``, ``category``, ``run_id`` and
     ``entropy`` (array over output positions 0..T-1). Raises on gaps, NaN or negative entropies."""
     runs = traces.runs.loc[traces.runs["drafter_id"] == drafter, "run_id"]
-    tokens = traces.tokens.loc[traces.tokens["run_id"].isin(runs),
-                               ["run_id", "request_id", "category", "position", "target_entropy_nats"]]
+    return sequences_of(traces.tokens.loc[traces.tokens["run_id"].isin(runs)])
+
+
+def sequences_of(tokens: pd.DataFrame) -> pd.DataFrame:
+    """``entropy_sequences`` of these token rows (any runs: a workload recorded by AR, or an imported one)."""
+    tokens = tokens[["run_id", "request_id", "category", "position", "target_entropy_nats"]]
     tokens = atrisk.validate_covariates(tokens, ["target_entropy_nats"])
     tokens = tokens.sort_values(["run_id", "request_id", "position"])
     out = []

@@ -379,3 +379,171 @@ def _fit(traces, family: str, drafter: str, eps: float) -> FittedLaw:
 
     rows = atrisk.at_risk_table(traces, eps=eps, drafters=[drafter])
     return fit_law(prepare_counts(rows, get_family(family), eps=eps), family, cov_type="cluster")
+
+
+# a predicted verdict, per category of a workload (``WorkloadPrediction``)
+PAYS, DOES_NOT_PAY, UNCLEAR = "pays", "does not pay", "unclear"
+
+
+@dataclass
+class WorkloadPrediction(Result):
+    """Will drafting pay on a workload the arm never decoded? Per category of the workload (and ``all``):
+    ``requests``, ``tokens`` (decoded after the prefill), ``mean_entropy_nats``, ``predicted_tokens_per_round``,
+    ``predicted_speedup`` with its ``ci_low`` / ``ci_high`` (the law's coefficients and the arm's cost
+    measurements), ``low`` / ``high`` (that interval widened by ``transfer_error``, the law's error on a category
+    it was not fitted on) and ``verdict``: ``PAYS`` where ``low`` > 1, ``DOES_NOT_PAY`` where ``high`` < 1, else
+    ``UNCLEAR``. ``requests_table``: the same per request."""
+
+    drafter_id: str
+    summary: pd.DataFrame
+    requests_table: pd.DataFrame
+    cost: CostModel
+    family: str
+    transfer_error: float
+    notes: list = field(default_factory=list)
+
+    @property
+    def title(self) -> str:
+        return f"will drafting pay on this workload? {self.drafter_id} ({self.family}), from its target entropies"
+
+    def answer(self) -> str:
+        """One line per category, the verdict first."""
+        lines = []
+        for category, r in self.summary.iterrows():
+            band = (f"; with the transfer error [{r['low']:.2f}, {r['high']:.2f}]" if np.isfinite(self.transfer_error)
+                    else "")
+            lines.append(f"{category:<16} {r['verdict']:<13} predicted {r['predicted_speedup']:.2f}x "
+                         f"[{r['ci_low']:.2f}, {r['ci_high']:.2f}]{band}; tokens/round "
+                         f"{r['predicted_tokens_per_round']:.2f}, {int(r['requests'])} requests, mean entropy "
+                         f"{r['mean_entropy_nats']:.2f} nats")
+        return "\n".join(lines)
+
+
+def predicted_verdict(low: float, high: float) -> str:
+    """``PAYS`` where the whole interval lies above 1, ``DOES_NOT_PAY`` where it lies below, else ``UNCLEAR``."""
+    if np.isfinite(low) and low > 1.0:
+        return PAYS
+    if np.isfinite(high) and high < 1.0:
+        return DOES_NOT_PAY
+    return UNCLEAR
+
+
+def predict_workload(
+    traces,
+    sequences: pd.DataFrame,
+    *,
+    drafter: str | None = None,
+    family: str = "law_exp",
+    law: FittedLaw | None = None,
+    ar_ms_per_token: float | None = None,
+    ar_requests: pd.DataFrame | None = None,
+    clock: str = "auto",
+    transfer_error: float = float("nan"),
+    n_boot: int = 100,
+    seed: int = 0,
+    level: float = 0.95,
+    eps: float = atrisk.EPS_NATS,
+) -> WorkloadPrediction:
+    """Predicted decode speedup of ``drafter`` (its law, drafted depths and cost model, all from ``traces``) on
+    a workload it never decoded, from nothing but the workload's target entropies: ``sequences``, one row per
+    request with ``run_id``, ``request_id``, ``category`` and ``entropy`` (output positions 0..T-1,
+    ``transfer.sequences_of``), e.g. from an AR run of the workload (greedy decoding is lossless, so the drafter
+    would decode the same tokens with the same entropies).
+
+    Each request is priced as in ``workload_breakeven`` (module doc): the law's DP over its entropy sequence,
+    drafted depths from the arm's rounds (``TrainingDepthModel``: entropy-binned, fitted on the arm's own
+    categories), nodes per drafted depth and the cost model from the arm. A category's speedup is its tokens
+    times t_AR over its summed expected decode cost. The interval (``level``) comes from ``n_boot`` replicates,
+    each drawing Poisson weights for the arm's requests and the AR requests (refitting the cost model and t_AR)
+    and one set of the law's coefficients; the workload's requests are not resampled (the prediction is for
+    these requests). It does not hold the law's error on a category it was not fitted on: ``transfer_error``
+    (e.g. the largest LOCO |relative error| of tokens per round on the arm's own categories,
+    ``TraceAnalysis.loco``) widens it multiplicatively for the verdict (``low``, ``high``); NaN: not measured,
+    and the verdict rests on the interval alone (said in the notes)."""
+    fam = get_family(family if law is None else law.family.name)
+    if fam.needs_categories or fam.needs_drafters or fam.uses_category or fam.needs_draft_stats:
+        raise ValueError(f"{fam.name} needs a category, drafter or the drafter's own proposals at every position; "
+                         "use a one-drafter, category-free law of the target entropy")
+    need = {"run_id", "request_id", "category", "entropy"} - set(getattr(sequences, "columns", ()))
+    if need:
+        raise ValueError(f"sequences needs columns run_id, request_id, category, entropy; missing {sorted(need)}")
+    if not (np.isnan(transfer_error) or transfer_error >= 0):
+        raise ValueError(f"transfer_error must be >= 0 (a relative error) or NaN, got {transfer_error}")
+    drafter, rounds = single_drafter(traces, drafter)
+    cost, ar_table = priced_cost_model(traces, drafter=drafter, ar_ms_per_token=ar_ms_per_token,
+                                       ar_requests=ar_requests, clock=clock)
+    if law is None:
+        law = _fit(traces, fam.name, drafter, eps)
+    drafts = int(rounds["tree_depth"].max())
+    if drafts < 1:
+        raise ValueError(f"drafter {drafter!r} never drafted: nothing to predict")
+    seqs = sequences.reset_index(drop=True)
+    short = np.array([len(e) < 2 for e in seqs["entropy"]], dtype=bool)
+    seqs = seqs.loc[~short].reset_index(drop=True)
+    if seqs.empty:
+        raise ValueError("the workload has no request with a token decoded after the prefill: nothing to predict")
+    for rec in seqs.itertuples():
+        h = np.asarray(rec.entropy, dtype=float)
+        if not np.all(np.isfinite(h)) or np.any(h < 0):
+            raise ValueError(f"request {rec.request_id} of the workload: target entropies must be finite and >= 0")
+    arm_seqs = entropy_sequences(traces, drafter)
+    arm_seqs = arm_seqs.loc[[len(e) >= 2 for e in arm_seqs["entropy"]]].reset_index(drop=True)
+    depth_rows = with_start_entropy(drafted_depths(traces, drafter), arm_seqs)
+    depth_model = TrainingDepthModel.fit(depth_rows, drafts)
+    n_of_depth = _nodes_by_depth(traces, depth_rows, drafts)
+    thetas = _law_draws(law, n_boot, seed)
+    rounds_k, nodes_k, drafting_k = _price_sequences(law, seqs["entropy"], drafts, depth_model, n_of_depth, thetas)
+    tokens = np.array([len(e) - 1 for e in seqs["entropy"]], dtype=float)
+    mean_h = np.array([float(np.mean(e)) for e in seqs["entropy"]])
+    groups = [(str(c), (seqs["category"].astype(str) == c).to_numpy()) for c in sorted(seqs["category"].astype(str).unique())]
+    groups.append(("all", np.ones(len(seqs), dtype=bool)))
+
+    def category_speedups(c: CostModel, j: int) -> list[float]:
+        ms = decode_cost_ms(c, rounds_k[:, j], drafting_k[:, j], nodes_k[:, j])
+        return [float(tokens[m].sum() * c.ar_ms_per_token / ms[m].sum()) for _, m in groups]
+
+    estimate = category_speedups(cost, 0)
+    rng = np.random.default_rng(seed)
+    arm_ids = list(arm_seqs["request_id"]) + ([] if ar_table is None else list(ar_table["request_id"]))
+    reps, failed = [], 0
+    for j in range(1, thetas.shape[0]):
+        weights = poisson_weights(arm_ids, rng)
+        try:
+            ar_b = ar_ms_per_token if ar_table is None else _ar_ms(ar_table, weights)
+            cost_b = fit_cost_model(traces, drafter=drafter, ar_ms_per_token=ar_b, request_weights=weights,
+                                    clock=cost.clock)
+            reps.append(category_speedups(cost_b, j))
+        except ValueError:
+            failed += 1
+    names = [name for name, _ in groups]
+    ci_low, ci_high = percentile_interval(pd.DataFrame(reps, columns=names, dtype=float), level)
+    band = 0.0 if np.isnan(transfer_error) else float(transfer_error)
+    rows = []
+    for k, (name, m) in enumerate(groups):
+        low, high = float(ci_low[name]) * (1 - band), float(ci_high[name]) * (1 + band)
+        rows.append(dict(category=name, requests=int(m.sum()), tokens=int(tokens[m].sum()),
+                         mean_entropy_nats=float(np.average(mean_h[m], weights=tokens[m])),
+                         predicted_tokens_per_round=float(tokens[m].sum() / rounds_k[m, 0].sum()),
+                         predicted_speedup=estimate[k], ci_low=float(ci_low[name]), ci_high=float(ci_high[name]),
+                         low=low, high=high, verdict=predicted_verdict(low, high)))
+    summary = pd.DataFrame(rows).set_index("category")
+    requests = seqs[["run_id", "request_id", "category"]].assign(
+        tokens=tokens.astype(int), mean_entropy_nats=mean_h, predicted_rounds=rounds_k[:, 0],
+        predicted_tokens_per_round=tokens / rounds_k[:, 0],
+        predicted_speedup=tokens * cost.ar_ms_per_token / decode_cost_ms(cost, rounds_k[:, 0], drafting_k[:, 0],
+                                                                         nodes_k[:, 0]))
+    notes = [f"{level:.0%} percentile intervals from {len(reps)} replicates ({failed} failed; seed {seed}): each "
+             f"draws Poisson weights for the arm's {len(arm_seqs)} requests and the AR requests (refitting the cost "
+             "model and t_AR) and one set of the law's coefficients; the workload's requests are not resampled",
+             (f"low / high: that interval widened by the law's transfer error {band:.1%} (a category the law was not "
+              "fitted on); the verdict needs all of it on one side of 1" if not np.isnan(transfer_error) else
+              "the law's error on a category it was not fitted on is not measured here (transfer_error NaN): the "
+              "verdict rests on the interval of its coefficients and the cost alone, which is too narrow for a new "
+              "category; measure it with leave-one-category-out on the arm (TraceAnalysis.loco)"),
+             f"per request: the law's DP over its target entropies, drafted depths from the arm's rounds "
+             f"(entropy-binned), nodes per drafted depth {np.round(n_of_depth, 1).tolist()}; {cost.clock} clock, "
+             f"t_AR {cost.ar_ms_per_token:.1f} ms ({cost.ar_source}); decode only (no prefill)"]
+    if short.any():
+        notes.append(f"{int(short.sum())} request(s) of the workload decoded no token after the prefill: left out")
+    return WorkloadPrediction(drafter_id=drafter, summary=summary, requests_table=requests, cost=cost,
+                              family=law.family.name, transfer_error=float(transfer_error), notes=notes)

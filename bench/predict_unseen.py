@@ -1,0 +1,132 @@
+"""Will drafting pay on a category the tool never saw? Predicted from target entropies alone, against measured.
+
+For every drafting arm of a timed trace set (``data/traces_timed``: AR, n-gram chain, n-gram DDTree16 and block
+DDTree16 decoding the same 40 Spec-Bench prompts, interleaved, CPU clock) and every category c:
+
+1. hold c out of every run (the arm's and AR's): the law, the drafted-depth model, the cost model and t_AR are
+   fitted on the other categories only;
+2. predict the arm's speedup on c from the AR run's target entropies of c (``TraceAnalysis.predict``: what a
+   researcher has before drafting: an AR run of the new workload). Its verdict interval is widened by the
+   transfer error, the largest leave-one-category-out |error| of tokens per round among the other categories;
+3. compare with the arm's measured paired speedup on c (all runs, CPU clock; ``TraceAnalysis.speedup``).
+
+Reports per arm x category the predicted speedup, its interval and verdict, the measured speedup and interval,
+the relative error, and whether the verdict was right: "pays" is right where the measured interval lies above 1
+(wrong where it lies below), "does not pay" the reverse; "unclear" is never wrong, and is counted as no answer.
+Ends with ONE JSON line.
+
+    OMP_NUM_THREADS=1 python bench/predict_unseen.py data/traces_timed | tee bench/results/predict_unseen.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from entropy_law.law.analysis import TraceAnalysis  # noqa: E402
+from entropy_law.law.workload import DOES_NOT_PAY, PAYS  # noqa: E402
+from entropy_law.traces.reader import load_traces  # noqa: E402
+
+
+def subset(traces, keep) -> SimpleNamespace:
+    """The four tables restricted to the requests whose category ``keep(category)`` accepts (runs kept)."""
+    out = {}
+    for name in ("tokens", "rounds", "requests"):
+        table = getattr(traces, name)
+        if name == "rounds":  # rounds carry no category: by request
+            ids = set(traces.requests.loc[keep(traces.requests["category"].astype(str)), "request_id"].astype(str))
+            out[name] = table.loc[table["request_id"].astype(str).isin(ids)].reset_index(drop=True)
+        else:
+            out[name] = table.loc[keep(table["category"].astype(str))].reset_index(drop=True)
+    return SimpleNamespace(runs=traces.runs, **out)
+
+
+def right(verdict: str, lo: float, hi: float) -> bool | None:
+    """Whether a predicted verdict agrees with the measured interval (None: no answer, or nothing measured)."""
+    if verdict not in (PAYS, DOES_NOT_PAY) or not (np.isfinite(lo) and np.isfinite(hi)):
+        return None
+    if lo > 1.0:
+        return verdict == PAYS
+    if hi < 1.0:
+        return verdict == DOES_NOT_PAY
+    return None  # the measurement itself cannot tell
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("traces", nargs="?", default="data/traces_timed")
+    parser.add_argument("--n-boot", type=int, default=100)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    warnings.simplefilter("ignore")  # SmallSampleWarning et al.: the notes and the table say it
+    t0 = time.process_time()
+    traces = load_traces(args.traces)
+    full = TraceAnalysis(traces, n_boot=args.n_boot, seed=args.seed)
+    ar_runs = set(full.runs.loc[full.runs["is_ar"], "run_id"])
+    if not ar_runs:
+        raise SystemExit(f"{args.traces} has no AR run: the workload's entropies come from one")
+    print(f"traces {args.traces}: arms {full.arms}; categories {full.categories}; law {full.family}; "
+          f"{args.n_boot} replicates (seed {args.seed})")
+    rows = []
+    for arm in full.arms:
+        measured = full.speedup(arm).set_index("category")
+        for category in full.categories:
+            train = TraceAnalysis(subset(traces, lambda c, held=category: c != held), n_boot=args.n_boot,
+                                  seed=args.seed)
+            held = subset(traces, lambda c, held=category: c == held)
+            workload = SimpleNamespace(runs=held.runs.loc[held.runs["run_id"].isin(ar_runs)],
+                                       tokens=held.tokens.loc[held.tokens["run_id"].isin(ar_runs)],
+                                       rounds=held.rounds, requests=held.requests)
+            pred = train.predict(arm, workload)
+            p = pred.summary.loc[category]
+            m = measured.loc[category] if category in measured.index else None
+            m_speed, m_lo, m_hi = ((float(m["speedup"]), float(m["lo"]), float(m["hi"])) if m is not None
+                                   else (np.nan, np.nan, np.nan))
+            rows.append(dict(arm=arm, category=category, predicted=float(p["predicted_speedup"]),
+                             ci_low=float(p["ci_low"]), ci_high=float(p["ci_high"]), low=float(p["low"]),
+                             high=float(p["high"]), transfer_error=pred.transfer_error, verdict=p["verdict"],
+                             predicted_tokens_per_round=float(p["predicted_tokens_per_round"]),
+                             measured=m_speed, measured_lo=m_lo, measured_hi=m_hi,
+                             measured_tokens_per_round=float(m["tokens_per_round"]) if m is not None else np.nan,
+                             relative_error=float(p["predicted_speedup"]) / m_speed - 1,
+                             inside_widened=bool(p["low"] <= m_speed <= p["high"]),
+                             right=right(p["verdict"], m_lo, m_hi)))
+            print(f"  {arm:<36} {category:<15} predicted {p['predicted_speedup']:.2f}x [{p['low']:.2f}, "
+                  f"{p['high']:.2f}] {p['verdict']:<12} measured {m_speed:.2f}x [{m_lo:.2f}, {m_hi:.2f}]", flush=True)
+    table = pd.DataFrame(rows)
+    with pd.option_context("display.width", 220, "display.max_columns", 30):
+        print()
+        print(table.round(3).to_string(index=False))
+    out = {"bench": "predict_unseen", "traces": str(args.traces), "family": full.family, "n_boot": args.n_boot,
+           "seed": args.seed, "cpu_s": round(time.process_time() - t0, 1), "arms": {}}
+    print()
+    for arm, g in table.groupby("arm", sort=False):
+        answered = g["verdict"].isin([PAYS, DOES_NOT_PAY])
+        judged = g["right"].notna()
+        summary = {"categories": len(g), "speedup_mean_abs_error": float(g["relative_error"].abs().mean()),
+                   "speedup_max_abs_error": float(g["relative_error"].abs().max()),
+                   "inside_widened": int(g["inside_widened"].sum()), "answered": int(answered.sum()),
+                   "right": int((g["right"] == True).sum()), "wrong": int((g["right"] == False).sum()),  # noqa: E712
+                   "judged": int(judged.sum()), "transfer_error_mean": float(g["transfer_error"].mean())}
+        out["arms"][arm] = summary
+        print(f"{arm}: speedup |error| mean {summary['speedup_mean_abs_error']:.1%} (max "
+              f"{summary['speedup_max_abs_error']:.1%}); measured inside the widened interval in "
+              f"{summary['inside_widened']} of {len(g)}; verdicts given {summary['answered']} of {len(g)}, right "
+              f"{summary['right']}, wrong {summary['wrong']} (judged where the measured interval excludes 1); "
+              f"transfer error used {summary['transfer_error_mean']:.1%} on average")
+    print(json.dumps(out))
+    return out
+
+
+if __name__ == "__main__":
+    main()
