@@ -10,6 +10,11 @@ DDTree16 decoding the same 40 Spec-Bench prompts, interleaved, CPU clock) and ev
    transfer error, the largest leave-one-category-out |error| of tokens per round among the other categories;
 3. compare with the arm's measured paired speedup on c (all runs, CPU clock; ``TraceAnalysis.speedup``).
 
+With ``--replayed`` (the runs' ``proposals.parquet``: ``bench/replayed_proposals.py --traces TRACES --write``) each
+prediction is made a second way: the drafter's own proposal at every output position of the held-out category,
+replayed offline over its (AR = greedy) output, gives the drafted depths and, through
+``law_exp_obs_ceil_drafttop``, the drafter's confidence; the transfer error is then LOCO with replayed depths.
+
 Reports per arm x category the predicted speedup, its interval and verdict, the measured speedup and interval,
 the relative error, and whether the verdict was right: "pays" is right where the measured interval lies above 1
 (wrong where it lies below), "does not pay" the reverse; "unclear" is never wrong, and is counted as no answer.
@@ -36,6 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from entropy_law.law.analysis import TraceAnalysis  # noqa: E402
 from entropy_law.law.workload import DOES_NOT_PAY, PAYS  # noqa: E402
 from entropy_law.traces.reader import load_traces  # noqa: E402
+
+REPLAYED_FAMILY = "law_exp_obs_ceil_drafttop"  # the law in the drafter's confidence (README, issue #18)
 
 
 def subset(traces, keep) -> SimpleNamespace:
@@ -67,6 +74,11 @@ def main(argv=None) -> dict:
     parser.add_argument("traces", nargs="?", default="data/traces_timed")
     parser.add_argument("--n-boot", type=int, default=100)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--replayed", action="store_true",
+                        help="also predict with the drafter's replayed proposals and law_exp_obs_ceil_drafttop")
+    parser.add_argument("--law-traces", default="data/traces",
+                        help="with --replayed: traces of the same arms with recorded draft_top1_prob and replayed "
+                             "proposals, for the law in the drafter's confidence (default data/traces)")
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore")  # SmallSampleWarning et al.: the notes and the table say it
     t0 = time.process_time()
@@ -77,22 +89,52 @@ def main(argv=None) -> dict:
         raise SystemExit(f"{args.traces} has no AR run: the workload's entropies come from one")
     print(f"traces {args.traces}: arms {full.arms}; categories {full.categories}; law {full.family}; "
           f"{args.n_boot} replicates (seed {args.seed})")
+    proposals = None
+    if args.replayed:
+        from entropy_law.traces.proposals import read_proposals
+
+        proposals = read_proposals(args.traces)
+        if proposals is None:
+            raise SystemExit(f"--replayed: no proposals.parquet in {args.traces} (bench/replayed_proposals.py "
+                             f"--traces {args.traces} --write)")
+        proposals = proposals.astype({"run_id": str, "request_id": str})
+        law_traces, law_proposals = load_traces(args.law_traces), read_proposals(args.law_traces)
+        if law_proposals is None:
+            raise SystemExit(f"--replayed: no proposals.parquet in {args.law_traces}")
+    modes = ["entropy"] + (["replayed"] if args.replayed else [])
+    (ar_run,) = sorted(ar_runs) if len(ar_runs) == 1 else (None,)
+    if args.replayed and ar_run is None:
+        raise SystemExit("--replayed maps the arm's proposals onto one AR run: the traces hold several")
     rows = []
-    for arm in full.arms:
+    for mode, arm in [(m, a) for m in modes for a in full.arms]:
         measured = full.speedup(arm).set_index("category")
+        arm_runs = set(full.runs.loc[full.runs["arm"] == arm, "run_id"].astype(str))
         for category in full.categories:
-            train = TraceAnalysis(subset(traces, lambda c, held=category: c != held), n_boot=args.n_boot,
-                                  seed=args.seed)
+            train_traces = subset(traces, lambda c, held=category: c != held)
             held = subset(traces, lambda c, held=category: c == held)
             workload = SimpleNamespace(runs=held.runs.loc[held.runs["run_id"].isin(ar_runs)],
                                        tokens=held.tokens.loc[held.tokens["run_id"].isin(ar_runs)],
                                        rounds=held.rounds, requests=held.requests)
-            pred = train.predict(arm, workload)
+            if mode == "entropy":
+                train = TraceAnalysis(train_traces, n_boot=args.n_boot, seed=args.seed)
+                pred = train.predict(arm, workload)
+            else:  # the arm's proposals over the held-out outputs, which are the AR run's (greedy is lossless)
+                mine = proposals.loc[proposals["run_id"].isin(arm_runs)]
+                held_ids = set(held.requests["request_id"].astype(str))
+                # the law in the drafter's confidence needs recorded draft_top1_prob: from the law traces (the
+                # same arm, without the held-out category), with its LOCO error there (replayed depths)
+                ref = TraceAnalysis(subset(law_traces, lambda c, held=category: c != held), n_boot=args.n_boot,
+                                    seed=args.seed, family=REPLAYED_FAMILY, proposals=law_proposals)
+                accuracy = ref.loco(arm, "replayed").accuracy.loc["tokens_per_round"]
+                train = TraceAnalysis(train_traces, n_boot=args.n_boot, seed=args.seed)
+                pred = train.predict(arm, workload, law=ref.law(arm),
+                                     transfer_error=float(accuracy["max_abs_relative_error"]),
+                                     proposals=mine.loc[mine["request_id"].isin(held_ids)].assign(run_id=str(ar_run)))
             p = pred.summary.loc[category]
             m = measured.loc[category] if category in measured.index else None
             m_speed, m_lo, m_hi = ((float(m["speedup"]), float(m["lo"]), float(m["hi"])) if m is not None
                                    else (np.nan, np.nan, np.nan))
-            rows.append(dict(arm=arm, category=category, predicted=float(p["predicted_speedup"]),
+            rows.append(dict(mode=mode, arm=arm, category=category, predicted=float(p["predicted_speedup"]),
                              ci_low=float(p["ci_low"]), ci_high=float(p["ci_high"]), low=float(p["low"]),
                              high=float(p["high"]), transfer_error=pred.transfer_error, verdict=p["verdict"],
                              predicted_tokens_per_round=float(p["predicted_tokens_per_round"]),
@@ -101,7 +143,7 @@ def main(argv=None) -> dict:
                              relative_error=float(p["predicted_speedup"]) / m_speed - 1,
                              inside_widened=bool(p["low"] <= m_speed <= p["high"]),
                              right=right(p["verdict"], m_lo, m_hi)))
-            print(f"  {arm:<36} {category:<15} predicted {p['predicted_speedup']:.2f}x [{p['low']:.2f}, "
+            print(f"  {mode:<8} {arm:<36} {category:<15} predicted {p['predicted_speedup']:.2f}x [{p['low']:.2f}, "
                   f"{p['high']:.2f}] {p['verdict']:<12} measured {m_speed:.2f}x [{m_lo:.2f}, {m_hi:.2f}]", flush=True)
     table = pd.DataFrame(rows)
     with pd.option_context("display.width", 220, "display.max_columns", 30):
@@ -110,7 +152,7 @@ def main(argv=None) -> dict:
     out = {"bench": "predict_unseen", "traces": str(args.traces), "family": full.family, "n_boot": args.n_boot,
            "seed": args.seed, "cpu_s": round(time.process_time() - t0, 1), "arms": {}}
     print()
-    for arm, g in table.groupby("arm", sort=False):
+    for (mode, arm), g in table.groupby(["mode", "arm"], sort=False):
         answered = g["verdict"].isin([PAYS, DOES_NOT_PAY])
         judged = g["right"].notna()
         summary = {"categories": len(g), "speedup_mean_abs_error": float(g["relative_error"].abs().mean()),
@@ -118,8 +160,8 @@ def main(argv=None) -> dict:
                    "inside_widened": int(g["inside_widened"].sum()), "answered": int(answered.sum()),
                    "right": int((g["right"] == True).sum()), "wrong": int((g["right"] == False).sum()),  # noqa: E712
                    "judged": int(judged.sum()), "transfer_error_mean": float(g["transfer_error"].mean())}
-        out["arms"][arm] = summary
-        print(f"{arm}: speedup |error| mean {summary['speedup_mean_abs_error']:.1%} (max "
+        out["arms"][arm if mode == "entropy" else f"{arm} (replayed)"] = summary
+        print(f"{arm} ({mode}): speedup |error| mean {summary['speedup_mean_abs_error']:.1%} (max "
               f"{summary['speedup_max_abs_error']:.1%}); measured inside the widened interval in "
               f"{summary['inside_widened']} of {len(g)}; verdicts given {summary['answered']} of {len(g)}, right "
               f"{summary['right']}, wrong {summary['wrong']} (judged where the measured interval excludes 1); "

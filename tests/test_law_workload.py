@@ -323,3 +323,45 @@ def test_the_predict_unseen_bench_judges_verdicts_only_where_the_measurement_can
     assert part.runs is traces.runs and category not in set(part.tokens["category"].astype(str))
     kept = set(part.requests["request_id"].astype(str))
     assert set(part.rounds["request_id"].astype(str)) <= kept and kept == set(part.tokens["request_id"].astype(str))
+
+
+def test_a_workload_priced_with_replayed_proposals_drafts_what_they_say():
+    """``proposals`` (the drafter replayed at every output position) replace the depth model: the expected rounds
+    equal ``transfer.predict_requests`` with replayed depths (the LOCO path, another code path) request by
+    request, and a proposal of nothing everywhere prices every round as a plain step (one token per round)."""
+    import pandas as pd
+
+    from entropy_law.law.transfer import entropy_sequences, predict_requests
+    from entropy_law.law.workload import predict_workload
+
+    an, _ = _workload(_sim())
+    arm = an.arms[0]
+    view, law = an.cost_view(arm), an.law(arm)
+    seqs = entropy_sequences(view, arm).head(6)
+    rng = np.random.default_rng(7)
+    drafts = int(view.rounds.loc[view.rounds["run_id"].isin(view.runs.loc[view.runs["drafter_id"] == arm, "run_id"]),
+                                 "tree_depth"].max())
+    rows = []
+    for rec in seqs.itertuples():
+        key = dict(run_id=rec.run_id, request_id=rec.request_id)
+        for start in range(1, len(rec.entropy)):
+            d = int(rng.integers(0, drafts + 1))
+            rows += ([dict(key, start_position=start, proposal_depth=0, depth=0, top1_prob=np.nan)] if d == 0 else
+                     [dict(key, start_position=start, proposal_depth=d, depth=j, top1_prob=0.5)
+                      for j in range(1, d + 1)])
+    proposals = pd.DataFrame(rows)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = predict_workload(view, seqs, drafter=arm, law=law, proposals=proposals, n_boot=3)
+        other = predict_requests(law, seqs, drafts + 1, depths="replayed", proposals=proposals)
+        none = predict_workload(view, seqs, drafter=arm, law=law, n_boot=3,
+                                proposals=proposals.drop_duplicates(["run_id", "request_id", "start_position"]).assign(
+                                    proposal_depth=0, depth=0, top1_prob=np.nan))
+    both = got.requests_table.merge(other, on=["run_id", "request_id"])
+    assert len(both) == 6
+    # the workload counts rounds after the prefill's token; predict_requests counts the prefill round too
+    np.testing.assert_allclose(both["predicted_rounds_x"], both["predicted_rounds_y"] - 1, rtol=1e-9)
+    assert any("replayed proposal" in n for n in got.notes)
+    np.testing.assert_allclose(none.requests_table["predicted_tokens_per_round"], 1.0, rtol=1e-12)
+    with pytest.raises(ValueError, match="replayed proposals"):
+        predict_workload(view, seqs, drafter=arm, family="law_exp_obs_ceil_drafttop", n_boot=2)

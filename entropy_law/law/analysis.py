@@ -473,7 +473,8 @@ class TraceAnalysis:
 
         return self._cached(("workload", arm), compute)
 
-    def predict(self, arm: str, workload, *, transfer_error: float | None = None):
+    def predict(self, arm: str, workload, *, transfer_error: float | None = None,
+                proposals: pd.DataFrame | None = None, law=None):
         """Will drafting pay on ``workload`` (a trace set this arm never decoded: e.g. an AR run of new prompts,
         ``entropy-law record --drafter ar``)? ``workload.predict_workload`` with this arm's law (``law(arm)``),
         drafted depths and cost model, on the workload's target entropies (its requests on the arm's model; each
@@ -481,7 +482,11 @@ class TraceAnalysis:
         was not fitted on, which widens the verdict's interval; default the largest leave-one-category-out
         |relative error| of tokens per round on this arm's own categories (``loco(arm)``, leak-free depths); NaN
         where that cannot be measured (said in the notes). Requests this arm also decoded are named in the notes
-        (in-sample)."""
+        (in-sample). ``proposals``: the arm's drafter replayed over the workload's outputs (``predict_workload``);
+        the transfer error is then the leave-one-category-out error with replayed depths (``loco(arm,
+        "replayed")``, which needs this analysis' ``proposals`` for the arm's own runs). ``law``: a law of this arm
+        fitted elsewhere (e.g. on larger reference traces of the same drafter and target; then pass
+        ``transfer_error`` measured there too), instead of ``law(arm)``."""
         model = self.model_of(arm)
         w_runs = workload.runs
         models = {_model_name(m) for m in w_runs["model_id"]} if "model_id" in w_runs else {"unknown-model"}
@@ -497,13 +502,15 @@ class TraceAnalysis:
         sequences = sequences_of(tokens)
         notes = []
         if transfer_error is None:
-            loco = self.attempt("loco", arm, "training")
+            mode = "training" if proposals is None else "replayed"
+            loco = self.attempt("loco", arm, mode)
             if loco.ok:
                 acc = loco.value.accuracy.loc["tokens_per_round"]
                 transfer_error = float(acc["max_abs_relative_error"])
                 notes.append(f"transfer error: the largest leave-one-category-out |relative error| of tokens per "
                              f"round on the arm's {int(acc['categories'])} categories, {transfer_error:.1%} (mean "
-                             f"{float(acc['mean_abs_relative_error']):.1%}; law {self.family}, leak-free depths)")
+                             f"{float(acc['mean_abs_relative_error']):.1%}; law {self.family}, leak-free depths"
+                             + (", replayed proposals)" if proposals is not None else ")"))
             else:
                 transfer_error = float("nan")
                 notes.append(f"transfer error not measured: {loco.error}")
@@ -514,10 +521,10 @@ class TraceAnalysis:
                          f"(in-sample for its law and cost), e.g. {', '.join(shared[:3])}")
         view = self.cost_view(arm)
         ar_requests = self.ar_requests(arm)
-        result = predict_workload(view, sequences, drafter=arm, law=self.law(arm),
+        result = predict_workload(view, sequences, drafter=arm, law=self.law(arm) if law is None else law,
                                   ar_ms_per_token=None if ar_requests is not None else self.ar_ms_per_token(arm),
-                                  ar_requests=ar_requests, transfer_error=transfer_error, n_boot=self.n_boot,
-                                  seed=self.seed)
+                                  ar_requests=ar_requests, transfer_error=transfer_error, proposals=proposals,
+                                  n_boot=self.n_boot, seed=self.seed)
         result.notes = notes + result.notes
         return result
 

@@ -47,8 +47,8 @@ from entropy_law.law.fit import FittedLaw, fit_law, get_family
 from entropy_law.law.predict import _acceptance, _design, parameter_draws
 from entropy_law.law.results import Result
 from entropy_law.law.stats import FEW_REQUESTS, warn_if_few_requests
-from entropy_law.law.transfer import (TrainingDepthModel, drafted_depths, entropy_sequences, single_drafter,
-                                      with_start_entropy)
+from entropy_law.law.transfer import (TrainingDepthModel, drafted_depths, entropy_sequences, replayed_arrays,
+                                      single_drafter, with_start_entropy)
 
 
 def decode_moments(p_tau: np.ndarray, round_rewards: np.ndarray, start: int = 1) -> tuple[np.ndarray, np.ndarray]:
@@ -225,16 +225,19 @@ def _law_draws(law: FittedLaw, n_boot: int, seed: int) -> np.ndarray:
     return np.vstack([np.asarray(law.result.params, dtype=float)[None, :], draws])
 
 
-def _price_sequences(law: FittedLaw, entropies, drafts: int, depth_model: TrainingDepthModel,
-                     n_of_depth: np.ndarray, thetas: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _price_sequences(law: FittedLaw, entropies, drafts: int, depth_model: TrainingDepthModel | None,
+                     n_of_depth: np.ndarray, thetas: np.ndarray,
+                     replayed: list | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The module doc's DP over each entropy sequence, for each row of ``thetas``: ``[requests, K]`` arrays of
-    expected rounds, draft nodes verified and drafting rounds."""
+    expected rounds, draft nodes verified and drafting rounds. ``replayed``: per sequence ``(depth probabilities,
+    top-1 probabilities)`` of the drafter's replayed proposals (``transfer.replayed_arrays``) instead of
+    ``depth_model``; the top-1 probabilities enter a law in them (``needs_draft_stats``)."""
     rounds_k, nodes_k, drafting_k = [], [], []
-    for h in entropies:
+    for i, h in enumerate(entropies):
         h = np.asarray(h, dtype=float)
-        frame, shape = law.sequence_frame(h, drafts)
+        probs, top1 = replayed[i] if replayed is not None else (depth_model.probabilities(h), None)
+        frame, shape = law.sequence_frame(h, drafts, draft_top1=top1 if law.family.needs_draft_stats else None)
         x = _design(law, frame)
-        probs = depth_model.probabilities(h)
         p_tau = _tau_by_draw(_acceptance(law, x, thetas.T), shape, probs)
         r, sums = decode_moments(p_tau, np.column_stack([probs @ n_of_depth, 1.0 - probs[:, 0]]))
         rounds_k.append(r)
@@ -439,6 +442,7 @@ def predict_workload(
     ar_requests: pd.DataFrame | None = None,
     clock: str = "auto",
     transfer_error: float = float("nan"),
+    proposals: pd.DataFrame | None = None,
     n_boot: int = 100,
     seed: int = 0,
     level: float = 0.95,
@@ -459,11 +463,19 @@ def predict_workload(
     these requests). It does not hold the law's error on a category it was not fitted on: ``transfer_error``
     (e.g. the largest LOCO |relative error| of tokens per round on the arm's own categories,
     ``TraceAnalysis.loco``) widens it multiplicatively for the verdict (``low``, ``high``); NaN: not measured,
-    and the verdict rests on the interval alone (said in the notes)."""
+    and the verdict rests on the interval alone (said in the notes).
+
+    ``proposals``: the drafter's replayed proposal at every output position of the workload's requests
+    (``traces.proposals`` rows keyed by the workload's ``run_id`` and ``request_id``: the depth it drafts there
+    and its top-1 probabilities, a function of the context only, e.g. ``decoding.replay.replay_proposals`` over
+    the AR output): the drafted depths are then those, not the depth model's, and a law in the drafter's
+    confidence (``law_exp_obs_ceil_drafttop``) can be used."""
     fam = get_family(family if law is None else law.family.name)
-    if fam.needs_categories or fam.needs_drafters or fam.uses_category or fam.needs_draft_stats:
-        raise ValueError(f"{fam.name} needs a category, drafter or the drafter's own proposals at every position; "
-                         "use a one-drafter, category-free law of the target entropy")
+    if fam.needs_categories or fam.needs_drafters or fam.uses_category:
+        raise ValueError(f"{fam.name} needs a category or drafter argument; use a one-drafter, category-free law")
+    if fam.needs_draft_stats and proposals is None:
+        raise ValueError(f"{fam.name} predicts from the drafter's top-1 probability at every position: pass the "
+                         "workload's replayed proposals (proposals=)")
     need = {"run_id", "request_id", "category", "entropy"} - set(getattr(sequences, "columns", ()))
     if need:
         raise ValueError(f"sequences needs columns run_id, request_id, category, entropy; missing {sorted(need)}")
@@ -492,7 +504,12 @@ def predict_workload(
     depth_model = TrainingDepthModel.fit(depth_rows, drafts)
     n_of_depth = _nodes_by_depth(traces, depth_rows, drafts)
     thetas = _law_draws(law, n_boot, seed)
-    rounds_k, nodes_k, drafting_k = _price_sequences(law, seqs["entropy"], drafts, depth_model, n_of_depth, thetas)
+    replayed = None
+    if proposals is not None:
+        arrays = replayed_arrays(proposals, seqs, drafts)
+        replayed = [arrays[(str(r.run_id), str(r.request_id))] for r in seqs.itertuples()]
+    rounds_k, nodes_k, drafting_k = _price_sequences(law, seqs["entropy"], drafts, depth_model, n_of_depth, thetas,
+                                                     replayed)
     tokens = np.array([len(e) - 1 for e in seqs["entropy"]], dtype=float)
     mean_h = np.array([float(np.mean(e)) for e in seqs["entropy"]])
     groups = [(str(c), (seqs["category"].astype(str) == c).to_numpy()) for c in sorted(seqs["category"].astype(str).unique())]
@@ -540,8 +557,10 @@ def predict_workload(
               "the law's error on a category it was not fitted on is not measured here (transfer_error NaN): the "
               "verdict rests on the interval of its coefficients and the cost alone, which is too narrow for a new "
               "category; measure it with leave-one-category-out on the arm (TraceAnalysis.loco)"),
-             f"per request: the law's DP over its target entropies, drafted depths from the arm's rounds "
-             f"(entropy-binned), nodes per drafted depth {np.round(n_of_depth, 1).tolist()}; {cost.clock} clock, "
+             "per request: the law's DP over its target entropies, drafted depths "
+             + ("from the drafter's replayed proposal at every position" if replayed is not None else
+                "from the arm's rounds (entropy-binned)")
+             + f", nodes per drafted depth {np.round(n_of_depth, 1).tolist()}; {cost.clock} clock, "
              f"t_AR {cost.ar_ms_per_token:.1f} ms ({cost.ar_source}); decode only (no prefill)"]
     if short.any():
         notes.append(f"{int(short.sum())} request(s) of the workload decoded no token after the prefill: left out")
