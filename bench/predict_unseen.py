@@ -39,10 +39,8 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from entropy_law.law.analysis import TraceAnalysis  # noqa: E402
-from entropy_law.law.workload import DOES_NOT_PAY, PAYS  # noqa: E402
+from entropy_law.law.workload import DOES_NOT_PAY, PAYS, REPLAYED_FAMILY  # noqa: E402
 from entropy_law.traces.reader import load_traces  # noqa: E402
-
-REPLAYED_FAMILY = "law_exp_obs_ceil_drafttop"  # the law in the drafter's confidence (README, issue #18)
 
 
 def subset(traces, keep) -> SimpleNamespace:
@@ -159,13 +157,16 @@ def main(argv=None) -> dict:
                    "speedup_max_abs_error": float(g["relative_error"].abs().max()),
                    "inside_widened": int(g["inside_widened"].sum()), "answered": int(answered.sum()),
                    "right": int((g["right"] == True).sum()), "wrong": int((g["right"] == False).sum()),  # noqa: E712
-                   "judged": int(judged.sum()), "transfer_error_mean": float(g["transfer_error"].mean())}
+                   "judged": int(judged.sum()), "transfer_error_mean": float(g["transfer_error"].mean()),
+                   "tokens_per_round_mean_error": float((g["predicted_tokens_per_round"]
+                                                         / g["measured_tokens_per_round"] - 1).mean())}
         out["arms"][arm if mode == "entropy" else f"{arm} (replayed)"] = summary
         print(f"{arm} ({mode}): speedup |error| mean {summary['speedup_mean_abs_error']:.1%} (max "
               f"{summary['speedup_max_abs_error']:.1%}); measured inside the widened interval in "
               f"{summary['inside_widened']} of {len(g)}; verdicts given {summary['answered']} of {len(g)}, right "
               f"{summary['right']}, wrong {summary['wrong']} (judged where the measured interval excludes 1); "
-              f"transfer error used {summary['transfer_error_mean']:.1%} on average")
+              f"transfer error used {summary['transfer_error_mean']:.1%} on average; tokens/round predicted "
+              f"{summary['tokens_per_round_mean_error']:+.1%} against the timed run on average")
     print(json.dumps(out))
     return out
 

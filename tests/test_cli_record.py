@@ -395,3 +395,33 @@ def test_a_base_model_without_chat_template_records_with_no_chat_template_then_l
     report = tmp_path / "report"
     assert main(["report", str(out), "--out", str(report), "--format", "md", "--n-boot", "2", "--no-progress"]) == 0
     assert (report / "report.md").is_file()
+
+
+def test_an_arms_drafter_replayed_over_an_ar_workload_proposes_what_it_proposes_over_its_own_run(
+        model_folder, task_file, tmp_path):
+    """``jobs.reference.workload_proposals``: the n-gram arm's drafter replayed over an AR run of the same prompts
+    (prompts rebuilt from the run's task file, checked against the recorded lengths) gives, request by request,
+    the proposals replayed over the arm's own run: greedy output does not depend on the drafter. The replay of a
+    raw-prompt run (``--no-chat-template``) rebuilds raw prompts; an AR run as the arm is refused."""
+    import pandas as pd
+
+    from entropy_law.decoding.loading import load_target
+    from entropy_law.jobs.reference import workload_proposals
+
+    ar, ngram = tmp_path / "ar", tmp_path / "ngram"
+    assert record(model_folder, task_file, ar, "--drafter", "ar", "--categories", "alpha,gamma") == 0
+    assert record(model_folder, task_file, ngram, "--tree", "ddtree", "--budget", "6", "--categories",
+                  "alpha,gamma") == 0
+    target = load_target(str(model_folder))
+    meta = json.loads((ngram / "run.json").read_text())
+    over_ar = workload_proposals(ar, meta, target)
+    over_own = workload_proposals(ngram, meta, target)
+    assert set(over_ar["run_id"]) == {json.loads((ar / "run.json").read_text())["run_id"]}
+    assert over_ar["request_id"].nunique() == 4 and (over_ar["proposal_depth"] > 0).any()  # alpha 3, gamma 1
+    keys = ["request_id", "start_position", "depth"]
+    pd.testing.assert_frame_equal(over_ar.drop(columns="run_id").sort_values(keys).reset_index(drop=True),
+                                  over_own.drop(columns="run_id").sort_values(keys).reset_index(drop=True))
+    with pytest.raises(ValueError, match="AR run's"):
+        workload_proposals(ar, json.loads((ar / "run.json").read_text()), target)
+    with pytest.raises(ValueError, match="not a trace run"):
+        workload_proposals(tmp_path, meta, target)

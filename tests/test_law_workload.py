@@ -365,3 +365,31 @@ def test_a_workload_priced_with_replayed_proposals_drafts_what_they_say():
     np.testing.assert_allclose(none.requests_table["predicted_tokens_per_round"], 1.0, rtol=1e-12)
     with pytest.raises(ValueError, match="replayed proposals"):
         predict_workload(view, seqs, drafter=arm, family="law_exp_obs_ceil_drafttop", n_boot=2)
+
+
+def test_the_predict_command_with_the_drafters_replayed_proposals(capsys):
+    """``entropy-law predict --replay``: the arm's drafter replayed over the workload (the shipped timed AR run,
+    the default target loaded), priced with the law in the drafter's confidence fitted on ``--law-from``; the
+    verdict lines and notes say so. Options that cannot be used together, or a folder where one run is needed,
+    exit 2 with the reason."""
+    from pathlib import Path
+
+    from entropy_law.cli import main
+
+    data = Path(__file__).resolve().parents[1] / "data"
+    timed, ar = data / "traces_timed", data / "traces_timed" / "ar"
+    argv = ["predict", str(ar), "--from", str(timed), "--drafter", "ngram ddtree16", "--n-boot", "5"]
+    assert main([*argv, "--replay", "--law-from", str(data / "traces"), "--transfer-error", "0.2"]) == 0
+    out = capsys.readouterr().out
+    assert out.splitlines()[0] == ("will drafting pay on this workload? ngram ddtree16 (law_exp_obs_ceil_drafttop), "
+                                   "from its target entropies and the drafter's replayed proposals")
+    assert "its proposals replayed at every output position of the workload (40 requests)" in out
+    assert "transfer error 20.0% (--transfer-error)" in out
+    translation = next(x for x in out.splitlines() if x.startswith("translation"))
+    assert float(translation.split("predicted ")[1].split("x")[0]) > 1.5  # the copying category: the entropy-only
+    assert main([*argv, "--law-from", str(data / "traces")]) == 2  # law misses it (README)
+    assert "--law-from is for --replay" in capsys.readouterr().err
+    assert main(["predict", str(timed), "--from", str(timed), "--replay"]) == 2
+    assert "is not a run" in capsys.readouterr().err
+    assert main([*argv, "--replay", "--law-from", str(ar)]) == 2
+    assert "needs the arms' replayed proposals" in capsys.readouterr().err

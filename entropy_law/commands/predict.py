@@ -6,6 +6,13 @@ drafter on the same target, timed with an AR run on the same machine), prices ea
 law, drafted depths and cost model (``TraceAnalysis.predict``). Prints per category the verdict first, the
 predicted speedup with its interval, and that interval widened by the law's transfer error (its largest
 leave-one-category-out error on the arm's own categories), which the verdict needs on one side of 1.
+
+``--replay`` (the workload one run): each arm's drafter is replayed over the workload's outputs (the depth it would
+draft at every position and its confidence in its own proposal; ``jobs.reference.workload_proposals``, which loads
+the target) and the law in that confidence (``law_exp_obs_ceil_drafttop``) prices them, fitted on ``--law-from``
+(runs of the arm with the drafter's ``draft_top1_prob`` recorded and their replayed proposals beside run.json,
+e.g. ``data/traces``; default ``--from``), with its transfer error from leave-one-category-out on replayed depths
+there. On ``data/traces_timed`` this halves the error on a held-out category (``bench/predict_unseen.py``).
 """
 
 from __future__ import annotations
@@ -23,6 +30,13 @@ def register(subparsers) -> None:
     p.add_argument("--transfer-error", type=float, default=None, metavar="X",
                    help="the law's relative error on a new category, e.g. 0.2 (default: measured by "
                         "leave-one-category-out on the arm's categories)")
+    p.add_argument("--replay", action="store_true",
+                   help="replay each arm's drafter over the workload (one run) and price with the law in its confidence")
+    p.add_argument("--law-from", metavar="TRACES",
+                   help="with --replay: runs of the arms with draft_top1_prob recorded and proposals.parquet beside "
+                        "run.json, for the law and its transfer error (default: --from)")
+    p.add_argument("--model", help="with --replay: the target to load (default: the workload's model)")
+    p.add_argument("--tasks", help="with --replay: the prompts the workload decoded (default: its run.json's tasks)")
     p.add_argument("--n-boot", type=int, default=100, help="replicates for the intervals (default 100)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=run)
@@ -46,11 +60,66 @@ def run(args) -> int:
     if unknown:
         raise ValueError(f"no drafting arm {', '.join(map(repr, unknown))} in {args.arm_traces}; arms: "
                          f"{', '.join(analysis.arms)}")
+    if args.law_from and not args.replay:
+        raise ValueError("--law-from is for --replay (the law in the drafter's confidence); drop it, or add --replay")
+    replayed = _replayed(args, analysis, arms) if args.replay else {}
     for arm in arms:
-        result = analysis.predict(arm, workload, transfer_error=args.transfer_error)
+        if arm in replayed:
+            law, transfer_error, proposals, notes = replayed[arm]
+            result = analysis.predict(arm, workload, law=law, transfer_error=transfer_error, proposals=proposals)
+            result.notes = notes + result.notes
+        else:
+            result = analysis.predict(arm, workload, transfer_error=args.transfer_error)
         print(result.title)
         print(result.answer())
         for note in result.notes:
             print(f"  note: {note}")
         print()
     return 0
+
+
+def _replayed(args, analysis, arms) -> dict:
+    """arm -> (law in the drafter's confidence, transfer error, the workload's replayed proposals, notes)."""
+    from pathlib import Path
+
+    from entropy_law.decoding.loading import load_target
+    from entropy_law.jobs.reference import workload_proposals
+    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.law.workload import REPLAYED_FAMILY
+    from entropy_law.traces.layout import RUN_FILE, read_run_json
+    from entropy_law.traces.proposals import read_proposals
+    from entropy_law.traces.reader import load_traces
+
+    if not (Path(args.workload) / RUN_FILE).is_file():
+        raise ValueError(f"--replay replays the drafter over one run: {args.workload} is not a run (no {RUN_FILE})")
+    law_from = args.law_from or args.arm_traces
+    proposals = read_proposals(law_from)
+    if proposals is None:
+        raise ValueError(f"--replay needs the arms' replayed proposals in {law_from} (proposals.parquet beside run.json: "
+                         f"bench/replayed_proposals.py --traces {law_from} --write), or --law-from traces that have them")
+    reference = TraceAnalysis(load_traces(law_from), family=REPLAYED_FAMILY, proposals=proposals,
+                              n_boot=args.n_boot, seed=args.seed)
+    missing = [a for a in arms if a not in reference.arms]
+    if missing:
+        raise ValueError(f"--law-from {law_from} has no arm {', '.join(map(repr, missing))}; arms: "
+                         f"{', '.join(reference.arms)}")
+    model = args.model or read_run_json(Path(args.workload) / RUN_FILE).get("model_id")
+    target = load_target(model)
+    out = {}
+    for arm in arms:
+        law = reference.law(arm)
+        if args.transfer_error is not None:
+            error, notes = args.transfer_error, [f"transfer error {args.transfer_error:.1%} (--transfer-error)"]
+        else:
+            acc = reference.loco(arm, "replayed").accuracy.loc["tokens_per_round"]
+            error = float(acc["max_abs_relative_error"])
+            notes = [f"transfer error: the largest leave-one-category-out |relative error| of tokens per round on the "
+                     f"{int(acc['categories'])} categories of {law_from}, {error:.1%} (mean "
+                     f"{float(acc['mean_abs_relative_error']):.1%}; {REPLAYED_FAMILY}, replayed depths)"]
+        path = analysis.runs.loc[analysis.runs["arm"] == arm, "path"].iloc[0]
+        replay = workload_proposals(args.workload, read_run_json(Path(path) / RUN_FILE), target, tasks=args.tasks)
+        notes.append(f"drafted depths and the drafter's confidence: its proposals replayed at every output position of "
+                     f"the workload ({replay['request_id'].nunique()} requests); law {REPLAYED_FAMILY} fitted on "
+                     f"{law_from}")
+        out[arm] = (law, error, replay, notes)
+    return out

@@ -29,6 +29,7 @@ import shutil
 from pathlib import Path
 from typing import Callable, Sequence
 
+import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
@@ -239,3 +240,59 @@ def _adopt_online_run(source: Path, dest: Path, tasks: Sequence, log: Callable[[
         shutil.copytree(source, dest)
         log(f"online ngram: adopted {source} (run {meta['run_id']}) as the greedy source")
     return json.loads((dest / "run.json").read_text())["run_id"]
+
+
+def workload_proposals(workload_dir: str | Path, arm_meta: dict, target, *, tasks: str | Path | None = None,
+                       checkpoint: str | Path | None = None) -> pd.DataFrame:
+    """The drafter of an arm replayed at every output position of each request of a workload run (any arm, AR
+    included): ``decoding.replay.replay_proposals`` rows (``traces.proposals``) keyed by the workload's
+    ``run_id`` and ``request_id``, for ``law.workload.predict_workload(proposals=)``. Greedy output does not depend
+    on the drafter, so these are the proposals the arm would see decoding the workload; nothing of a round's
+    outcome enters.
+
+    ``arm_meta``: the arm's ``run.json`` (``drafter_id``, ``drafter_config``, ``tree_policy``, ``tree_budget``,
+    ``arm``); the n-gram drafter is rebuilt from its configuration, the block drafter loaded (``checkpoint``,
+    default the shipped one, which must be the arm's). Prompts are rebuilt from ``tasks`` (default the workload
+    run's ``tasks``) with the chat template unless the run says ``chat_template: false``, and checked against the
+    recorded prompt lengths (``recorded_prompts``)."""
+    from entropy_law.decoding.replay import replay_proposals
+    from entropy_law.drafters.ngram import NgramDrafter
+    from entropy_law.prompts.text import load_tasks
+    from entropy_law.traces.layout import RUN_FILE, read_run_json
+
+    workload_dir = Path(workload_dir)
+    if not (workload_dir / RUN_FILE).is_file():
+        raise ValueError(f"{workload_dir} is not a trace run (no {RUN_FILE}): give one run of the workload")
+    meta = read_run_json(workload_dir / RUN_FILE)
+    source = tasks if tasks is not None else meta.get("tasks")
+    if not source:
+        raise ValueError(f"{workload_dir}: run.json names no task file; pass the prompts it decoded (tasks=)")
+    drafter_id = arm_meta.get("drafter_id")
+    if drafter_id in (None, "none", "ar"):
+        raise ValueError("arm_meta is an AR run's: give the run.json of a drafting arm")
+    if drafter_id == "ngram":
+        drafter = NgramDrafter(**(arm_meta.get("drafter_config") or {}))
+    else:
+        drafter = make_drafter(arm_spec("block"), target, checkpoint=checkpoint)
+        if drafter.drafter_id != drafter_id:
+            raise ValueError(f"the arm was recorded with {drafter_id}, the block drafter loaded is {drafter.drafter_id}; "
+                             "pass the arm's checkpoint")
+    plain = SpeculativeDecoder(target)
+    raw = meta.get("chat_template") is False
+    by_id = {t.request_id: t for t in load_tasks(source)}
+    prompts = recorded_prompts(workload_dir, (lambda t: plain.encode_prompt(t.prompt, raw_prompt=True)) if raw
+                               else (lambda t: plain.encode_prompt(t.messages())), by_id)
+    outputs = greedy_outputs(workload_dir)
+    frames = []
+    for rid in sorted(outputs):
+        output = outputs[rid][2]
+        if len(output) < 2:
+            continue  # nothing decoded after the prefill: no round to propose for
+        frame = replay_proposals(prompts[rid], output, replay_drafter(drafter, target, prompts[rid], output),
+                                 arm_meta.get("tree_policy", "chain"), arm_meta.get("tree_budget"),
+                                 eos_token_ids=plain.config["eos_token_ids"], max_new_tokens=meta.get("max_new_tokens"),
+                                 max_context=plain.adapter.max_context)
+        frames.append(frame.assign(run_id=str(meta["run_id"]), request_id=rid))
+    if not frames:
+        raise ValueError(f"{workload_dir}: no request decoded a token after the prefill: nothing to replay")
+    return pd.concat(frames, ignore_index=True)

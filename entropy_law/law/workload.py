@@ -384,6 +384,9 @@ def _fit(traces, family: str, drafter: str, eps: float) -> FittedLaw:
     return fit_law(prepare_counts(rows, get_family(family), eps=eps), family, cov_type="cluster")
 
 
+# the law in the drafter's confidence, for a workload priced with the drafter's replayed proposals (README, #18)
+REPLAYED_FAMILY = "law_exp_obs_ceil_drafttop"
+
 # a predicted verdict, per category of a workload (``WorkloadPrediction``)
 PAYS, DOES_NOT_PAY, UNCLEAR = "pays", "does not pay", "unclear"
 
@@ -404,10 +407,12 @@ class WorkloadPrediction(Result):
     family: str
     transfer_error: float
     notes: list = field(default_factory=list)
+    replayed: bool = False  # priced with the drafter's replayed proposals
 
     @property
     def title(self) -> str:
-        return f"will drafting pay on this workload? {self.drafter_id} ({self.family}), from its target entropies"
+        return (f"will drafting pay on this workload? {self.drafter_id} ({self.family}), from its target entropies"
+                + (" and the drafter's replayed proposals" if self.replayed else ""))
 
     def answer(self) -> str:
         """One line per category, the verdict first."""
@@ -565,4 +570,5 @@ def predict_workload(
     if short.any():
         notes.append(f"{int(short.sum())} request(s) of the workload decoded no token after the prefill: left out")
     return WorkloadPrediction(drafter_id=drafter, summary=summary, requests_table=requests, cost=cost,
-                              family=law.family.name, transfer_error=float(transfer_error), notes=notes)
+                              family=law.family.name, transfer_error=float(transfer_error), notes=notes,
+                              replayed=replayed is not None)
