@@ -10,10 +10,12 @@ DDTree16 decoding the same 40 Spec-Bench prompts, interleaved, CPU clock) and ev
    transfer error, the largest leave-one-category-out |error| of tokens per round among the other categories;
 3. compare with the arm's measured paired speedup on c (all runs, CPU clock; ``TraceAnalysis.speedup``).
 
-With ``--replayed`` (the runs' ``proposals.parquet``: ``bench/replayed_proposals.py --traces TRACES --write``) each
-prediction is made a second way: the drafter's own proposal at every output position of the held-out category,
-replayed offline over its (AR = greedy) output, gives the drafted depths and, through
-``law_exp_obs_ceil_drafttop``, the drafter's confidence; the transfer error is then LOCO with replayed depths.
+With ``--replayed`` each prediction is made a second way, as ``entropy-law predict --replay`` makes it: the arm's
+drafter replayed over the AR run's outputs of the held-out category with the arm's ratio gate
+(``jobs.reference.workload_proposals``; loads the default target) gives the drafted depth at every position and,
+through ``law_exp_obs_ceil_drafttop``, the drafter's confidence; that law is fitted on ``--law-traces`` (recorded
+``draft_top1_prob`` and replayed proposals; default ``data/traces``) without the held-out category, and the transfer
+error is its LOCO error with replayed depths there.
 
 Reports per arm x category the predicted speedup, its interval and verdict, the measured speedup and interval,
 the relative error, and whether the verdict was right: "pays" is right where the measured interval lies above 1
@@ -87,26 +89,30 @@ def main(argv=None) -> dict:
         raise SystemExit(f"{args.traces} has no AR run: the workload's entropies come from one")
     print(f"traces {args.traces}: arms {full.arms}; categories {full.categories}; law {full.family}; "
           f"{args.n_boot} replicates (seed {args.seed})")
-    proposals = None
+    replays = {}
     if args.replayed:
+        import torch
+
+        from entropy_law.decoding.loading import load_target
+        from entropy_law.jobs.reference import workload_proposals
         from entropy_law.traces.proposals import read_proposals
 
-        proposals = read_proposals(args.traces)
-        if proposals is None:
-            raise SystemExit(f"--replayed: no proposals.parquet in {args.traces} (bench/replayed_proposals.py "
-                             f"--traces {args.traces} --write)")
-        proposals = proposals.astype({"run_id": str, "request_id": str})
+        torch.set_num_threads(1)
         law_traces, law_proposals = load_traces(args.law_traces), read_proposals(args.law_traces)
         if law_proposals is None:
             raise SystemExit(f"--replayed: no proposals.parquet in {args.law_traces}")
+        target = load_target("smollm2-135m")
+        ar_path = full.runs.loc[full.runs["is_ar"], "path"].iloc[0]
+        for arm in full.arms:  # the arm's drafter over the AR run's outputs, with the arm's gate
+            arm_path = Path(full.runs.loc[full.runs["arm"] == arm, "path"].iloc[0])
+            replays[arm] = workload_proposals(ar_path, json.loads((arm_path / "run.json").read_text()), target)
+            print(f"  {arm}: replayed over {ar_path} with {replays[arm].attrs['gate']}", flush=True)
     modes = ["entropy"] + (["replayed"] if args.replayed else [])
-    (ar_run,) = sorted(ar_runs) if len(ar_runs) == 1 else (None,)
-    if args.replayed and ar_run is None:
-        raise SystemExit("--replayed maps the arm's proposals onto one AR run: the traces hold several")
+    if args.replayed and len(ar_runs) != 1:
+        raise SystemExit("--replayed replays the drafters over one AR run: the traces hold several")
     rows = []
     for mode, arm in [(m, a) for m in modes for a in full.arms]:
         measured = full.speedup(arm).set_index("category")
-        arm_runs = set(full.runs.loc[full.runs["arm"] == arm, "run_id"].astype(str))
         for category in full.categories:
             train_traces = subset(traces, lambda c, held=category: c != held)
             held = subset(traces, lambda c, held=category: c == held)
@@ -116,8 +122,7 @@ def main(argv=None) -> dict:
             if mode == "entropy":
                 train = TraceAnalysis(train_traces, n_boot=args.n_boot, seed=args.seed)
                 pred = train.predict(arm, workload)
-            else:  # the arm's proposals over the held-out outputs, which are the AR run's (greedy is lossless)
-                mine = proposals.loc[proposals["run_id"].isin(arm_runs)]
+            else:  # the arm's drafter replayed over the held-out AR outputs
                 held_ids = set(held.requests["request_id"].astype(str))
                 # the law in the drafter's confidence needs recorded draft_top1_prob: from the law traces (the
                 # same arm, without the held-out category), with its LOCO error there (replayed depths)
@@ -127,7 +132,7 @@ def main(argv=None) -> dict:
                 train = TraceAnalysis(train_traces, n_boot=args.n_boot, seed=args.seed)
                 pred = train.predict(arm, workload, law=ref.law(arm),
                                      transfer_error=float(accuracy["max_abs_relative_error"]),
-                                     proposals=mine.loc[mine["request_id"].isin(held_ids)].assign(run_id=str(ar_run)))
+                                     proposals=replays[arm].loc[replays[arm]["request_id"].isin(held_ids)])
             p = pred.summary.loc[category]
             m = measured.loc[category] if category in measured.index else None
             m_speed, m_lo, m_hi = ((float(m["speedup"]), float(m["lo"]), float(m["hi"])) if m is not None

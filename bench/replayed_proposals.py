@@ -9,6 +9,10 @@ against the recorded prompt length; the drafter configuration and tree of the ru
 ``--write``, stores them as ``<run>/proposals.parquet`` (``traces.proposals``), which ``bench/law_categories.py``
 reads for its "replayed" depth mode.
 
+The run's ratio gate is applied (``decoding.replay.run_gate_threshold``: a start where the run would have declined
+to draft proposes nothing; ``verify_cost_ratio`` 1 in ``data/traces``, so nothing is declined there; the default 2
+in ``data/traces_timed``); a cost gate or law policy is not reproduced (every proposal kept).
+
 It reports, at the starts of the recorded rounds, how often the replayed depth equals the recorded drafted depth
 and how close the replayed ``top1_prob`` is to the recorded ``draft_top1_prob``: the n-gram drafter is consulted at
 every position here (its self-calibration then rests on more evidence than online), so they need not be equal.
@@ -72,7 +76,7 @@ def main(argv=None) -> dict:
 
     from entropy_law.decoding.decoder import SpeculativeDecoder
     from entropy_law.decoding.loading import load_target
-    from entropy_law.decoding.replay import replay_proposals
+    from entropy_law.decoding.replay import replay_proposals, run_gate_threshold
     from entropy_law.drafters.ngram import NgramDrafter
     from entropy_law.jobs.arms import arm_spec, make_drafter
     from entropy_law.jobs.reference import recorded_prompts, replay_drafter
@@ -120,8 +124,10 @@ def main(argv=None) -> dict:
                 if key not in cache:
                     cache[key] = replay_drafter(block_drafter, target, prompts[rid], output)
                 drafter = cache[key]
+            threshold = run_gate_threshold(meta)  # the run's ratio gate (None: cost gate / policy, not replayed)
             frame = replay_proposals(prompts[rid], output, drafter, meta["tree_policy"], meta.get("tree_budget"),
-                                     eos_token_ids=eos, max_new_tokens=meta["max_new_tokens"], max_context=max_context)
+                                     eos_token_ids=eos, max_new_tokens=meta["max_new_tokens"], max_context=max_context,
+                                     min_expected_accepted=threshold if threshold is not None else 0.0)
             frames[run].append(frame.assign(run_id=meta["run_id"], request_id=rid))
         done += 1
         if done % 50 == 0:
@@ -140,8 +146,9 @@ def main(argv=None) -> dict:
                  f"{agree['top1_mean_abs_diff']:.4f}, correlation {agree['top1_corr']:.3f} ({agree['top1_rows']} rows)"
                  if "top1_rows" in agree else ""), flush=True)
         if args.write:
-            how = {"by": "bench/replayed_proposals.py", "how": "decoding.replay.replay_proposals on the recorded "
-                   "greedy outputs" + ("" if metas[run]["drafter_id"] == "ngram" else
+            threshold = run_gate_threshold(metas[run])
+            how = {"by": "bench/replayed_proposals.py", "gate_threshold": threshold,
+                   "how": "decoding.replay.replay_proposals on the recorded greedy outputs, with the run's ratio gate" + ("" if metas[run]["drafter_id"] == "ngram" else
                                        " through PrecomputedBlockDrafter on a teacher-forced target pass"),
                    "drafter_id": metas[run]["drafter_id"], "tree_policy": metas[run]["tree_policy"],
                    "tree_budget": metas[run].get("tree_budget"), **agree,

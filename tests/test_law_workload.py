@@ -383,7 +383,8 @@ def test_the_predict_command_with_the_drafters_replayed_proposals(capsys):
     out = capsys.readouterr().out
     assert out.splitlines()[0] == ("will drafting pay on this workload? ngram ddtree16 (law_exp_obs_ceil_drafttop), "
                                    "from its target entropies and the drafter's replayed proposals")
-    assert "its proposals replayed at every output position of the workload (40 requests)" in out
+    assert ("its proposals replayed at every output position of the workload (40 requests), with the arm's ratio "
+            "gate (drafts where the expected accepted drafts >= 1)") in out  # the timed runs' default ratio 2
     assert "transfer error 20.0% (--transfer-error)" in out
     translation = next(x for x in out.splitlines() if x.startswith("translation"))
     assert float(translation.split("predicted ")[1].split("x")[0]) > 1.5  # the copying category: the entropy-only

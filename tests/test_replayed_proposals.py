@@ -95,6 +95,31 @@ def test_replayed_depths_equal_the_rounds_of_a_replay_at_their_starts(seed):
     assert sum(d > 0 for _, d in decoded) > 0
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_gated_replay_declines_where_the_gated_decoder_declines(seed):
+    """``min_expected_accepted`` (the ratio gate's threshold, ``run_gate_threshold`` of a run): at every start of
+    a gated ``replay_rounds`` (the decoder's rounds under that gate) the gated replayed proposal drafts what the
+    round drafted, nothing where the gate declined; ungated it drafts there."""
+    from entropy_law.decoding.replay import run_gate_threshold
+
+    rng = np.random.default_rng(seed)
+    vocab = rng.integers(5, 25, size=6)
+    prompt = [int(t) for t in rng.choice(vocab, size=30)]
+    output = [int(t) for t in rng.choice(vocab, size=60)]
+    config = dict(max_ngram=3, block_size=6, max_matches=1, min_path_prob=0.0)
+    gated = replay_proposals(prompt, output, NgramDrafter(**config), "chain", min_expected_accepted=1.0)
+    open_ = replay_proposals(prompt, output, NgramDrafter(**config), "chain")
+    rounds = replay_rounds(prompt, output, NgramDrafter(**config), "chain", min_expected_accepted=1.0).rounds
+    depth_at = gated.drop_duplicates("start_position").set_index("start_position")["proposal_depth"]
+    decoded = [(r.start_position, r.tree_depth) for r in rounds if r.round_index > 0]
+    assert all(int(depth_at[s]) == d for s, d in decoded)
+    assert (depth_at > 0).sum() < (open_.drop_duplicates("start_position")["proposal_depth"] > 0).sum()
+    assert run_gate_threshold({"verify_cost_ratio": 1.0}) == 0.0
+    assert run_gate_threshold({}) == 1.0  # recorded before the ratio was written down: the default, 2
+    assert run_gate_threshold({"min_expected_accepted": 0.4, "verify_cost_ratio": 3.0}) == 0.4
+    assert run_gate_threshold({"gate": "cost"}) is None and run_gate_threshold({"verify_cost": {"sizes": [1]}}) is None
+
+
 # --- the file beside a run ------------------------------------------------------------------------
 
 

@@ -12,7 +12,8 @@ draft at every position and its confidence in its own proposal; ``jobs.reference
 the target) and the law in that confidence (``law_exp_obs_ceil_drafttop``) prices them, fitted on ``--law-from``
 (runs of the arm with the drafter's ``draft_top1_prob`` recorded and their replayed proposals beside run.json,
 e.g. ``data/traces``; default ``--from``), with its transfer error from leave-one-category-out on replayed depths
-there. On ``data/traces_timed`` this halves the error on a held-out category (``bench/predict_unseen.py``).
+there. The arm's ratio gate is replayed too. On ``data/traces_timed`` the speedup error on a held-out category falls
+from 11-21% to 7.5-8.4% (``bench/predict_unseen.py``).
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ def _replayed(args, analysis, arms) -> dict:
         path = analysis.runs.loc[analysis.runs["arm"] == arm, "path"].iloc[0]
         replay = workload_proposals(args.workload, read_run_json(Path(path) / RUN_FILE), target, tasks=args.tasks)
         notes.append(f"drafted depths and the drafter's confidence: its proposals replayed at every output position of "
-                     f"the workload ({replay['request_id'].nunique()} requests); law {REPLAYED_FAMILY} fitted on "
-                     f"{law_from}")
+                     f"the workload ({replay['request_id'].nunique()} requests), with {replay.attrs['gate']}; law "
+                     f"{REPLAYED_FAMILY} fitted on {law_from}")
         out[arm] = (law, error, replay, notes)
     return out

@@ -303,7 +303,8 @@ PROPOSAL_COLUMNS = ("start_position", "proposal_depth", "depth", "top1_prob")
 
 def replay_proposals(prompt_ids: Sequence[int], output_ids: Sequence[int], drafter: Drafter,
                      tree: str | Callable = "chain", budget: int | None = None, *, eos_token_ids=None,
-                     max_new_tokens: int | None = None, max_context: int | None = None) -> pd.DataFrame:
+                     max_new_tokens: int | None = None, max_context: int | None = None,
+                     min_expected_accepted: float = 0.0) -> pd.DataFrame:
     """The drafter's proposal for a round starting at EVERY output position of a known greedy output.
 
     For each start position ``s`` = 1 .. T-1 (a round whose pending root is output token ``s - 1``; position 0
@@ -321,12 +322,16 @@ def replay_proposals(prompt_ids: Sequence[int], output_ids: Sequence[int], draft
     its own record (the n-gram drafter) is consulted at every position here, not only at round starts, so
     its probabilities rest on more evidence than online; its proposals at the recorded rounds' starts are
     mostly, not always, the recorded ones (the bench that writes them reports the agreement).
+
+    ``min_expected_accepted``: the ratio gate's threshold (``run_gate_threshold`` of a run): a start whose
+    surrogate expected acceptance is below it drafts nothing, as in a gated run; 0 (default) verifies every
+    proposal.
     """
     prompt_ids, output_ids = [int(t) for t in prompt_ids], [int(t) for t in output_ids]
     if not prompt_ids or not output_ids:
         raise ValueError("replay_proposals needs a prompt and a non-empty greedy output")
     rules = RoundRules.make(tree, budget, eos_token_ids=eos_token_ids, max_context=max_context,
-                            min_expected_accepted=0.0)
+                            min_expected_accepted=float(min_expected_accepted))
     max_new = len(output_ids) if max_new_tokens is None else int(max_new_tokens)
     early_eos = [i for i, t in enumerate(output_ids[:-1]) if t in rules.eos_token_ids]
     if early_eos:
@@ -498,3 +503,15 @@ def replay_chain(drafter, input_ids: torch.Tensor, features: torch.Tensor, promp
                        accepted_at_anchor=source.chain_accepted(),
                        round_anchors=[prompt_len + r.start_position - 1 for r in rounds],
                        round_accepted=[r.accepted for r in rounds], round_committed=[r.committed for r in rounds])
+
+
+def run_gate_threshold(meta: dict) -> float | None:
+    """The ratio gate's threshold (``min_expected_accepted``) a run was decoded with, from its ``run.json``: as
+    stored, else ``verify_cost_ratio - 1`` (a run recorded before the threshold was written down:
+    ``verify_cost_ratio`` as stored, else the default, ``DEFAULT_VERIFY_COST_RATIO``); ``None`` for the cost gate
+    (a best-value prefix under a measured curve, not a threshold) and for a law policy."""
+    if meta.get("gate") == "cost" or meta.get("verify_cost") or meta.get("policy"):
+        return None
+    if meta.get("min_expected_accepted") is not None:
+        return float(meta["min_expected_accepted"])
+    return max(0.0, float(meta.get("verify_cost_ratio", DEFAULT_VERIFY_COST_RATIO)) - 1.0)

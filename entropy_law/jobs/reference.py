@@ -252,10 +252,12 @@ def workload_proposals(workload_dir: str | Path, arm_meta: dict, target, *, task
 
     ``arm_meta``: the arm's ``run.json`` (``drafter_id``, ``drafter_config``, ``tree_policy``, ``tree_budget``,
     ``arm``); the n-gram drafter is rebuilt from its configuration, the block drafter loaded (``checkpoint``,
-    default the shipped one, which must be the arm's). Prompts are rebuilt from ``tasks`` (default the workload
+    default the shipped one, which must be the arm's). The arm's ratio gate is applied (``run_gate_threshold``:
+    a position where the arm would have declined to draft proposes nothing); the cost gate and a law policy are
+    not reproduced: every proposal is kept there, and ``attrs["gate"]`` says which. Prompts are rebuilt from ``tasks`` (default the workload
     run's ``tasks``) with the chat template unless the run says ``chat_template: false``, and checked against the
     recorded prompt lengths (``recorded_prompts``)."""
-    from entropy_law.decoding.replay import replay_proposals
+    from entropy_law.decoding.replay import replay_proposals, run_gate_threshold
     from entropy_law.drafters.ngram import NgramDrafter
     from entropy_law.prompts.text import load_tasks
     from entropy_law.traces.layout import RUN_FILE, read_run_json
@@ -283,6 +285,9 @@ def workload_proposals(workload_dir: str | Path, arm_meta: dict, target, *, task
     prompts = recorded_prompts(workload_dir, (lambda t: plain.encode_prompt(t.prompt, raw_prompt=True)) if raw
                                else (lambda t: plain.encode_prompt(t.messages())), by_id)
     outputs = greedy_outputs(workload_dir)
+    threshold = run_gate_threshold(arm_meta)
+    gate = (f"the arm's ratio gate (drafts where the expected accepted drafts >= {threshold:g})" if threshold is not None
+            else "no gate: the arm's cost gate or policy is not reproduced by a replay; every proposal kept")
     frames = []
     for rid in sorted(outputs):
         output = outputs[rid][2]
@@ -291,8 +296,11 @@ def workload_proposals(workload_dir: str | Path, arm_meta: dict, target, *, task
         frame = replay_proposals(prompts[rid], output, replay_drafter(drafter, target, prompts[rid], output),
                                  arm_meta.get("tree_policy", "chain"), arm_meta.get("tree_budget"),
                                  eos_token_ids=plain.config["eos_token_ids"], max_new_tokens=meta.get("max_new_tokens"),
-                                 max_context=plain.adapter.max_context)
+                                 max_context=plain.adapter.max_context,
+                                 min_expected_accepted=threshold if threshold is not None else 0.0)
         frames.append(frame.assign(run_id=str(meta["run_id"]), request_id=rid))
     if not frames:
         raise ValueError(f"{workload_dir}: no request decoded a token after the prefill: nothing to replay")
-    return pd.concat(frames, ignore_index=True)
+    out = pd.concat(frames, ignore_index=True)
+    out.attrs["gate"] = gate
+    return out
