@@ -521,6 +521,7 @@ class TraceAnalysis:
                          f"(in-sample for its law and cost), e.g. {', '.join(shared[:3])}")
         view = self.cost_view(arm)
         ar_requests = self.ar_requests(arm)
+        notes += self.machine_warnings(arm)  # costs measured on two machines price nothing here
         result = predict_workload(view, sequences, drafter=arm, law=self.law(arm) if law is None else law,
                                   ar_ms_per_token=None if ar_requests is not None else self.ar_ms_per_token(arm),
                                   ar_requests=ar_requests, transfer_error=transfer_error, proposals=proposals,
