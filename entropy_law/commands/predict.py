@@ -105,7 +105,10 @@ def _replayed(args, analysis, arms) -> dict:
         raise ValueError(f"--law-from {law_from} has no arm {', '.join(map(repr, missing))}; arms: "
                          f"{', '.join(reference.arms)}")
     model = args.model or read_run_json(Path(args.workload) / RUN_FILE).get("model_id")
-    target = load_target(model)
+    try:
+        target = load_target(model)
+    except FileNotFoundError as err:  # a folder-loaded target's run.json keeps a short name, not the folder
+        raise ValueError(f"--replay loads the workload's target, {model!r}: {err}; pass --model FOLDER") from err
     out = {}
     for arm in arms:
         law = reference.law(arm)
