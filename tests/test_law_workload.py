@@ -367,7 +367,7 @@ def test_a_workload_priced_with_replayed_proposals_drafts_what_they_say():
         predict_workload(view, seqs, drafter=arm, family="law_exp_obs_ceil_drafttop", n_boot=2)
 
 
-def test_the_predict_command_with_the_drafters_replayed_proposals(capsys):
+def test_the_predict_command_with_the_drafters_replayed_proposals(capsys, tmp_path):
     """``entropy-law predict --replay``: the arm's drafter replayed over the workload (the shipped timed AR run,
     the default target loaded), priced with the law in the drafter's confidence fitted on ``--law-from``; the
     verdict lines and notes say so. Options that cannot be used together, or a folder where one run is needed,
@@ -394,3 +394,12 @@ def test_the_predict_command_with_the_drafters_replayed_proposals(capsys):
     assert "is not a run" in capsys.readouterr().err
     assert main([*argv, "--replay", "--law-from", str(ar)]) == 2
     assert "needs the arms' replayed proposals" in capsys.readouterr().err
+    import json
+    import shutil
+
+    moved = tmp_path / "ar"  # a workload whose recorded model name is not loadable (a folder-loaded target)
+    shutil.copytree(ar, moved)
+    meta = json.loads((moved / "run.json").read_text())
+    (moved / "run.json").write_text(json.dumps({**meta, "model_id": "my-local-model"}))
+    assert main(["predict", str(moved), *argv[2:], "--replay", "--law-from", str(data / "traces")]) == 2
+    assert "pass --model FOLDER" in capsys.readouterr().err
