@@ -80,4 +80,6 @@ def run(args) -> int:
           f"total {time.perf_counter() - t0:.0f} s (incl. model load)")
     print(f"report: {result.report_path}")
     print(f"figures: {result.run_dir / 'figures'}   traces: {result.trace_dir}")
+    print("your own prompts, before drafting them: entropy-law record --drafter ar --tasks FILE --out RUN, then "
+          f"entropy-law predict RUN --from {result.trace_dir} [--replay --law-from data/traces]")
     return 1 if result.mismatches else 0
