@@ -403,3 +403,10 @@ def test_the_predict_command_with_the_drafters_replayed_proposals(capsys, tmp_pa
     (moved / "run.json").write_text(json.dumps({**meta, "model_id": "my-local-model"}))
     assert main(["predict", str(moved), *argv[2:], "--replay", "--law-from", str(data / "traces")]) == 2
     assert "pass --model FOLDER" in capsys.readouterr().err
+    other = tmp_path / "timed-other-model"  # the arms and the workload of another target, the law of this one
+    shutil.copytree(timed, other)
+    for run_json in other.glob("*/run.json"):
+        run_json.write_text(json.dumps({**json.loads(run_json.read_text()), "model_id": "another-model"}))
+    assert main(["predict", str(other / "ar"), "--from", str(other), "--drafter", "ngram ddtree16", "--n-boot", "5",
+                 "--replay", "--law-from", str(data / "traces")]) == 2
+    assert "decoded by smollm2-135m, --from by another-model" in capsys.readouterr().err

@@ -104,6 +104,11 @@ def _replayed(args, analysis, arms) -> dict:
     if missing:
         raise ValueError(f"--law-from {law_from} has no arm {', '.join(map(repr, missing))}; arms: "
                          f"{', '.join(reference.arms)}")
+    for arm in arms:  # the law in the drafter's confidence must be of the target whose costs and workload it prices
+        if reference.model_of(arm) != analysis.model_of(arm):
+            raise ValueError(f"--law-from {law_from} holds arm {arm!r} decoded by {reference.model_of(arm)}, --from by "
+                             f"{analysis.model_of(arm)}: a law of one target predicts nothing for another; give "
+                             "--law-from runs of the same target")
     model = args.model or read_run_json(Path(args.workload) / RUN_FILE).get("model_id")
     try:
         target = load_target(model)
