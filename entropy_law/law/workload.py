@@ -246,6 +246,19 @@ def _price_sequences(law: FittedLaw, entropies, drafts: int, depth_model: Traini
     return np.array(rounds_k), np.array(nodes_k), np.array(drafting_k)
 
 
+def _reweighted_costs(traces, drafter: str, ids, ar_table, ar_ms_per_token, clock: str, replicates: int, rng):
+    """Per bootstrap replicate j = 1..``replicates``: (j, Poisson weights of ``ids`` (the arm's and the AR
+    requests), the cost model and t_AR refitted with them, or None where the refit fails)."""
+    for j in range(1, replicates + 1):
+        weights = poisson_weights(ids, rng)
+        try:
+            ar_b = ar_ms_per_token if ar_table is None else _ar_ms(ar_table, weights)
+            yield j, weights, fit_cost_model(traces, drafter=drafter, ar_ms_per_token=ar_b, request_weights=weights,
+                                             clock=clock)
+        except ValueError:
+            yield j, weights, None
+
+
 def decode_cost_ms(c: CostModel, rounds, drafting, nodes):
     """Expected decode cost (ms) of a request with these expected rounds, drafting rounds and draft nodes: a
     drafting round costs draft + overhead + v0 + v1 N, a round that drafted nothing its own measured draft +
@@ -347,11 +360,11 @@ def workload_breakeven(
     rng = np.random.default_rng(seed)
     reps, failed = [], 0
     all_ids = list(ids) + ([] if ar_table is None else list(ar_table["request_id"]))
-    for j in range(1, thetas.shape[0]):
-        weights = poisson_weights(all_ids, rng)
+    for j, weights, cost_b in _reweighted_costs(traces, drafter, all_ids, ar_table, ar_ms_per_token, clock,
+                                                 thetas.shape[0] - 1, rng):
         try:
-            ar_b = ar_ms_per_token if ar_table is None else _ar_ms(ar_table, weights)
-            cost_b = fit_cost_model(traces, drafter=drafter, ar_ms_per_token=ar_b, request_weights=weights, clock=clock)
+            if cost_b is None:
+                raise ValueError("the cost model could not be refitted")
             reps.append(statistics(cost_b, j, pd.Series(ids).map(weights).fillna(0).to_numpy(float)))
         except ValueError:
             failed += 1
@@ -528,15 +541,12 @@ def predict_workload(
     rng = np.random.default_rng(seed)
     arm_ids = list(arm_seqs["request_id"]) + ([] if ar_table is None else list(ar_table["request_id"]))
     reps, failed = [], 0
-    for j in range(1, thetas.shape[0]):
-        weights = poisson_weights(arm_ids, rng)
-        try:
-            ar_b = ar_ms_per_token if ar_table is None else _ar_ms(ar_table, weights)
-            cost_b = fit_cost_model(traces, drafter=drafter, ar_ms_per_token=ar_b, request_weights=weights,
-                                    clock=cost.clock)
-            reps.append(category_speedups(cost_b, j))
-        except ValueError:
+    for j, _, cost_b in _reweighted_costs(traces, drafter, arm_ids, ar_table, ar_ms_per_token, cost.clock,
+                                          thetas.shape[0] - 1, rng):
+        if cost_b is None:
             failed += 1
+        else:
+            reps.append(category_speedups(cost_b, j))
     names = [name for name, _ in groups]
     ci_low, ci_high = percentile_interval(pd.DataFrame(reps, columns=names, dtype=float), level)
     band = 0.0 if np.isnan(transfer_error) else float(transfer_error)
