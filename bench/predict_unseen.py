@@ -17,6 +17,12 @@ through ``law_exp_obs_ceil_drafttop``, the drafter's confidence; that law is fit
 ``draft_top1_prob`` and replayed proposals; default ``data/traces``) without the held-out category, and the transfer
 error is its LOCO error with replayed depths there.
 
+With ``--rounds`` a third way, as ``entropy-law predict --replay-rounds`` makes it: the arm's rounds replayed
+exactly over the AR run's outputs of the held-out category (``jobs.reference.workload_rounds``: its tree, budget and
+gate; a drafter that proposes from the context decodes the same rounds on the same greedy output), priced by the
+cost model and t_AR fitted on the other categories, no law; the verdict's interval is widened by the cost model's
+largest error on the other categories given their recorded rounds (``TraceAnalysis.cost_error``).
+
 Reports per arm x category the predicted speedup, its interval and verdict, the measured speedup and interval,
 the relative error, and whether the verdict was right: "pays" is right where the measured interval lies above 1
 (wrong where it lies below), "does not pay" the reverse; "unclear" is never wrong, and is counted as no answer.
@@ -79,6 +85,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--law-traces", default="data/traces",
                         help="with --replayed: traces of the same arms with recorded draft_top1_prob and replayed "
                              "proposals, for the law in the drafter's confidence (default data/traces)")
+    parser.add_argument("--rounds", action="store_true",
+                        help="also predict from the arm's rounds replayed exactly over the AR outputs (no law)")
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore")  # SmallSampleWarning et al.: the notes and the table say it
     t0 = time.process_time()
@@ -89,27 +97,33 @@ def main(argv=None) -> dict:
         raise SystemExit(f"{args.traces} has no AR run: the workload's entropies come from one")
     print(f"traces {args.traces}: arms {full.arms}; categories {full.categories}; law {full.family}; "
           f"{args.n_boot} replicates (seed {args.seed})")
-    replays = {}
-    if args.replayed:
+    replays, replayed_rounds = {}, {}
+    if (args.replayed or args.rounds) and len(ar_runs) != 1:
+        raise SystemExit("--replayed / --rounds replay the drafters over one AR run: the traces hold several")
+    if args.replayed or args.rounds:
         import torch
 
         from entropy_law.decoding.loading import load_target
-        from entropy_law.jobs.reference import workload_proposals
+        from entropy_law.jobs.reference import workload_proposals, workload_rounds
         from entropy_law.traces.proposals import read_proposals
 
         torch.set_num_threads(1)
-        law_traces, law_proposals = load_traces(args.law_traces), read_proposals(args.law_traces)
-        if law_proposals is None:
-            raise SystemExit(f"--replayed: no proposals.parquet in {args.law_traces}")
         target = load_target("smollm2-135m")
         ar_path = full.runs.loc[full.runs["is_ar"], "path"].iloc[0]
+        if args.replayed:
+            law_traces, law_proposals = load_traces(args.law_traces), read_proposals(args.law_traces)
+            if law_proposals is None:
+                raise SystemExit(f"--replayed: no proposals.parquet in {args.law_traces}")
         for arm in full.arms:  # the arm's drafter over the AR run's outputs, with the arm's gate
-            arm_path = Path(full.runs.loc[full.runs["arm"] == arm, "path"].iloc[0])
-            replays[arm] = workload_proposals(ar_path, json.loads((arm_path / "run.json").read_text()), target)
-            print(f"  {arm}: replayed over {ar_path} with {replays[arm].attrs['gate']}", flush=True)
-    modes = ["entropy"] + (["replayed"] if args.replayed else [])
-    if args.replayed and len(ar_runs) != 1:
-        raise SystemExit("--replayed replays the drafters over one AR run: the traces hold several")
+            arm_meta = json.loads((Path(full.runs.loc[full.runs["arm"] == arm, "path"].iloc[0]) / "run.json")
+                                  .read_text())
+            if args.replayed:
+                replays[arm] = workload_proposals(ar_path, arm_meta, target)
+                print(f"  {arm}: proposals replayed over {ar_path} with {replays[arm].attrs['gate']}", flush=True)
+            if args.rounds:
+                replayed_rounds[arm] = workload_rounds(ar_path, arm_meta, target)
+                print(f"  {arm}: rounds replayed over {ar_path} with {replayed_rounds[arm].attrs['gate']}", flush=True)
+    modes = ["entropy"] + (["replayed"] if args.replayed else []) + (["rounds"] if args.rounds else [])
     rows = []
     for mode, arm in [(m, a) for m in modes for a in full.arms]:
         measured = full.speedup(arm).set_index("category")
@@ -119,11 +133,15 @@ def main(argv=None) -> dict:
             workload = SimpleNamespace(runs=held.runs.loc[held.runs["run_id"].isin(ar_runs)],
                                        tokens=held.tokens.loc[held.tokens["run_id"].isin(ar_runs)],
                                        rounds=held.rounds, requests=held.requests)
+            held_ids = set(held.requests["request_id"].astype(str))
             if mode == "entropy":
                 train = TraceAnalysis(train_traces, n_boot=args.n_boot, seed=args.seed)
                 pred = train.predict(arm, workload)
+            elif mode == "rounds":  # the arm's rounds replayed over the held-out AR outputs, priced without a law
+                train = TraceAnalysis(train_traces, n_boot=args.n_boot, seed=args.seed)
+                table = replayed_rounds[arm]
+                pred = train.predict(arm, workload, rounds=table.loc[table["request_id"].astype(str).isin(held_ids)])
             else:  # the arm's drafter replayed over the held-out AR outputs
-                held_ids = set(held.requests["request_id"].astype(str))
                 # the law in the drafter's confidence needs recorded draft_top1_prob: from the law traces (the
                 # same arm, without the held-out category), with its LOCO error there (replayed depths)
                 ref = TraceAnalysis(subset(law_traces, lambda c, held=category: c != held), n_boot=args.n_boot,
@@ -145,6 +163,7 @@ def main(argv=None) -> dict:
                              measured_tokens_per_round=float(m["tokens_per_round"]) if m is not None else np.nan,
                              relative_error=float(p["predicted_speedup"]) / m_speed - 1,
                              inside_widened=bool(p["low"] <= m_speed <= p["high"]),
+                             inside_measured=bool(m_lo <= p["predicted_speedup"] <= m_hi),
                              right=right(p["verdict"], m_lo, m_hi)))
             print(f"  {mode:<8} {arm:<36} {category:<15} predicted {p['predicted_speedup']:.2f}x [{p['low']:.2f}, "
                   f"{p['high']:.2f}] {p['verdict']:<12} measured {m_speed:.2f}x [{m_lo:.2f}, {m_hi:.2f}]", flush=True)
@@ -160,15 +179,17 @@ def main(argv=None) -> dict:
         judged = g["right"].notna()
         summary = {"categories": len(g), "speedup_mean_abs_error": float(g["relative_error"].abs().mean()),
                    "speedup_max_abs_error": float(g["relative_error"].abs().max()),
-                   "inside_widened": int(g["inside_widened"].sum()), "answered": int(answered.sum()),
+                   "inside_widened": int(g["inside_widened"].sum()), "inside_measured": int(g["inside_measured"].sum()),
+                   "answered": int(answered.sum()),
                    "right": int((g["right"] == True).sum()), "wrong": int((g["right"] == False).sum()),  # noqa: E712
                    "judged": int(judged.sum()), "transfer_error_mean": float(g["transfer_error"].mean()),
                    "tokens_per_round_mean_error": float((g["predicted_tokens_per_round"]
                                                          / g["measured_tokens_per_round"] - 1).mean())}
-        out["arms"][arm if mode == "entropy" else f"{arm} (replayed)"] = summary
+        out["arms"][arm if mode == "entropy" else f"{arm} ({mode})"] = summary
         print(f"{arm} ({mode}): speedup |error| mean {summary['speedup_mean_abs_error']:.1%} (max "
               f"{summary['speedup_max_abs_error']:.1%}); measured inside the widened interval in "
-              f"{summary['inside_widened']} of {len(g)}; verdicts given {summary['answered']} of {len(g)}, right "
+              f"{summary['inside_widened']} of {len(g)}, predicted inside the measured interval in "
+              f"{summary['inside_measured']} of {len(g)}; verdicts given {summary['answered']} of {len(g)}, right "
               f"{summary['right']}, wrong {summary['wrong']} (judged where the measured interval excludes 1); "
               f"transfer error used {summary['transfer_error_mean']:.1%} on average; tokens/round predicted "
               f"{summary['tokens_per_round_mean_error']:+.1%} against the timed run on average")

@@ -94,14 +94,102 @@ def main(argv=None) -> int:
                         "recording keeps the prompts it has)")
     p.add_argument("--n-boot", type=int, default=100)
     p.add_argument("--break-lock", action="store_true", help="--record: take over runs a killed recording left locked")
+    p.add_argument("--replayed", action="store_true",
+                   help="also predict with each arm's drafter replayed over its own outputs (proposals.parquet beside "
+                        "the arm's run.json) and law_exp_obs_ceil_drafttop fitted on --law-traces")
+    p.add_argument("--law-traces", default="data/traces",
+                   help="with --replayed: traces of the same arms and target that recorded draft_top1_prob, with "
+                        "replayed proposals (default data/traces)")
     args = p.parse_args(argv)
     if args.record:
         record(Path(args.record), args.per_category, args.max_new_tokens, args.seed, args.within, args.break_lock)
         return 0
-    return validate(Path(args.traces), n_boot=args.n_boot, seed=args.seed)
+    return validate(Path(args.traces), n_boot=args.n_boot, seed=args.seed,
+                    law_traces=Path(args.law_traces) if args.replayed else None)
 
 
-def validate(path: Path, *, n_boot: int, seed: int) -> int:
+def replayed_validation(analysis, path: Path, law_traces: Path, *, n_boot: int, seed: int) -> dict:
+    """Per timed arm, the prediction made from the drafter's replayed proposals over the arm's own outputs and the
+    law in its confidence (``law_exp_obs_ceil_drafttop``, fitted on ``law_traces``: the arm's runs there recorded
+    ``draft_top1_prob``): per category the predicted speedup (``TraceAnalysis.predict`` on the arm's own requests,
+    in-sample) against the measured one, and the workload break-even priced the same way
+    (``TraceAnalysis.workload(arm, law=, proposals=)``) against the measured crossing."""
+    import numpy as np
+    import pandas as pd
+
+    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.law.workload import REPLAYED_FAMILY
+    from entropy_law.traces.proposals import read_proposals
+    from entropy_law.traces.reader import load_traces
+
+    proposals, law_proposals = read_proposals(path), read_proposals(law_traces)
+    if proposals is None or law_proposals is None:
+        raise SystemExit(f"--replayed needs proposals.parquet in {path} and in {law_traces} "
+                         "(bench/replayed_proposals.py --write)")
+    ref = TraceAnalysis(load_traces(law_traces), n_boot=n_boot, seed=seed, family=REPLAYED_FAMILY,
+                        proposals=law_proposals)
+    print(f"\nreplayed: each arm's drafter replayed over its own outputs ({path}/*/proposals.parquet), priced by "
+          f"{REPLAYED_FAMILY} fitted on {law_traces} (all its categories; the same prompts may be among them)")
+    cells, crossings = [], []
+    for arm in analysis.arms:
+        if arm not in ref.arms or not bool(analysis.runs.loc[analysis.runs["arm"] == arm, "timed"].any()):
+            print(f"  {arm}: skipped (not in {law_traces}, or no timings)")
+            continue
+        law = ref.law(arm)
+        runs = set(analysis.runs.loc[analysis.runs["arm"] == arm, "run_id"].astype(str))
+        own = proposals.loc[proposals["run_id"].astype(str).isin(runs)]
+        pred = analysis.predict(arm, analysis.arm_view(arm), law=law, proposals=own, transfer_error=float("nan"))
+        measured = analysis.speedup(arm).set_index("category")
+        for cat in analysis.categories:
+            if cat not in pred.summary.index or cat not in measured.index:
+                continue
+            p, m = pred.summary.loc[cat], measured.loc[cat]
+            err = float(p["predicted_speedup"]) / float(m["speedup"]) - 1
+            cells.append(dict(arm=arm, category=cat, requests=int(m["requests"]), measured=float(m["speedup"]),
+                              lo=float(m["lo"]), hi=float(m["hi"]), predicted=float(p["predicted_speedup"]),
+                              predicted_lo=float(p["ci_low"]), predicted_hi=float(p["ci_high"]),
+                              relative_error=err, within_10pct=bool(abs(err) <= 0.10),
+                              inside_interval=bool(m["lo"] <= p["predicted_speedup"] <= m["hi"]),
+                              predicted_tokens_per_round=float(p["predicted_tokens_per_round"]),
+                              observed_tokens_per_round=float(m["tokens_per_round"])))
+        work = analysis.workload(arm, law=law, proposals=own).summary
+        crossings.append(dict(arm=arm, workload_breakeven=float(work.loc["workload_breakeven_nats", "estimate"]),
+                              workload_low=float(work.loc["workload_breakeven_nats", "ci_low"]),
+                              workload_high=float(work.loc["workload_breakeven_nats", "ci_high"]),
+                              measured_line=float(work.loc["measured_crossing_nats", "estimate"]),
+                              measured_line_low=float(work.loc["measured_crossing_nats", "ci_low"]),
+                              measured_line_high=float(work.loc["measured_crossing_nats", "ci_high"]),
+                              predicted_slope=float(work.loc["predicted_slope", "estimate"]),
+                              measured_slope=float(work.loc["measured_slope", "estimate"])))
+
+    table = pd.DataFrame(cells)
+    print(table.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    rated = table.loc[table["requests"] >= 5]
+    tokens_error = rated["predicted_tokens_per_round"] / rated["observed_tokens_per_round"] - 1
+    print(f"\nreplayed, >= 5 prompts: predicted within +-10% of measured in {int(rated['within_10pct'].sum())} of "
+          f"{len(rated)} cells; inside the measured 95% interval in {int(rated['inside_interval'].sum())} of "
+          f"{len(rated)}; median |relative error| {float(rated['relative_error'].abs().median()):.3f}; tokens per "
+          f"round predicted {float(tokens_error.mean()):+.1%} against observed on average")
+    for c in crossings:
+        c["inside"] = bool(c["workload_low"] <= c["measured_line"] <= c["workload_high"])
+        print(f"  {c['arm']}: predicted workload break-even {c['workload_breakeven']:.2f} [{c['workload_low']:.2f}, "
+              f"{c['workload_high']:.2f}], measured line crosses 1 at {c['measured_line']:.2f} "
+              f"[{c['measured_line_low']:.2f}, {c['measured_line_high']:.2f}]: "
+              f"{'inside' if c['inside'] else 'outside'} the predicted interval; slope of log speedup per nat "
+              f"predicted {c['predicted_slope']:.3f}, measured {c['measured_slope']:.3f}")
+
+    def clean(v):  # JSON: no NaN / inf
+        return v if not isinstance(v, float) or np.isfinite(v) else None
+
+    return {"law_traces": str(law_traces), "family": REPLAYED_FAMILY, "cells_rated": len(rated),
+            "within_10pct": int(rated["within_10pct"].sum()),
+            "inside_measured_interval": int(rated["inside_interval"].sum()),
+            "median_abs_relative_error": float(rated["relative_error"].abs().median()),
+            "cells": [{k: clean(v) for k, v in r.items()} for r in cells],
+            "crossing": [{k: clean(v) for k, v in r.items()} for r in crossings]}
+
+
+def validate(path: Path, *, n_boot: int, seed: int, law_traces: Path | None = None) -> int:
     import numpy as np
     import pandas as pd
 
@@ -176,6 +264,11 @@ def validate(path: Path, *, n_boot: int, seed: int) -> int:
         for r in whole.to_dict("records"):
             print(f"  {r['arm']:<16}{r['category']:<16}{format_speedup(r)}; tokens/round {r['tokens_per_round']:.2f}, "
                   f"mismatches {r['mismatches']}")
+    replayed = None
+    if law_traces is not None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # SmallSampleWarning et al.: the tables say it
+            replayed = replayed_validation(analysis, path, law_traces, n_boot=n_boot, seed=seed)
     notes = sorted({str(w.message) for w in caught if "another machine" in str(w.message)})
     for n in notes:
         print(f"WARNING: {n}")
@@ -187,7 +280,7 @@ def validate(path: Path, *, n_boot: int, seed: int) -> int:
         "cost_only_max_abs_error": float(cost_err.max()) if len(rated) else None,
         "cells": [{k: (v if not isinstance(v, float) or np.isfinite(v) else None) for k, v in r.items()}
                   for r in check[cols].to_dict("records")],
-        "crossing": cross_rows, "machine_warnings": notes,
+        "crossing": cross_rows, "machine_warnings": notes, "replayed": replayed,
         "load_average": os.getloadavg()}, default=str))
     return 0
 

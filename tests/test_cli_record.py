@@ -397,6 +397,43 @@ def test_a_base_model_without_chat_template_records_with_no_chat_template_then_l
     assert (report / "report.md").is_file()
 
 
+@pytest.mark.parametrize("gate", ["ratio", "cost"])
+def test_an_arms_rounds_replayed_over_an_ar_workload_are_the_rounds_it_decoded_online(model_folder, task_file,
+                                                                                      tmp_path, gate):
+    """``jobs.reference.workload_rounds``: the n-gram DDTree arm's rounds replayed over an AR run of the same
+    prompts are, request by request, the rounds it decoded online (tokens, rounds, drafting rounds, draft nodes,
+    accepted drafts: ``law.workload.round_counts`` of its own run), under its ratio gate or its cost gate with the
+    curve its run stored; so ``law.workload.price_rounds`` prices the rounds the arm would decode, with no law."""
+    import pandas as pd
+
+    from entropy_law.decoding.loading import load_target
+    from entropy_law.jobs.reference import workload_rounds
+    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.law.workload import round_counts
+    from entropy_law.traces.reader import load_traces
+
+    ar, ngram = tmp_path / "ar", tmp_path / "ngram"
+    assert record(model_folder, task_file, ar, "--drafter", "ar", "--categories", "alpha,gamma") == 0
+    assert record(model_folder, task_file, ngram, "--tree", "ddtree", "--budget", "6", "--gate", gate,
+                  "--categories", "alpha,gamma") == 0
+    target = load_target(str(model_folder))
+    meta = json.loads((ngram / "run.json").read_text())
+    replayed = workload_rounds(ar, meta, target)
+    analysis = TraceAnalysis(load_traces(ngram), n_boot=0)
+    online = round_counts(analysis.view, analysis.arms[0])
+    assert replayed.attrs["gate"].startswith(f"the arm's {gate} gate")
+    assert set(replayed["run_id"]) == {json.loads((ar / "run.json").read_text())["run_id"]}
+    assert len(replayed) == len(online) == 4 and (replayed["drafting_rounds"] > 0).any()
+    columns = ["request_id", "category", "tokens", "rounds", "drafting_rounds", "nodes", "accepted"]
+    pd.testing.assert_frame_equal(replayed[columns].sort_values("request_id").reset_index(drop=True),
+                                  online[columns].sort_values("request_id").reset_index(drop=True), check_dtype=False)
+    assert (replayed["tokens"] == 11).all()  # 12 new tokens, the first from the prefill
+    with pytest.raises(ValueError, match="AR run's"):
+        workload_rounds(ar, json.loads((ar / "run.json").read_text()), target)
+    with pytest.raises(ValueError, match="no verify_cost curve"):
+        workload_rounds(ar, {**meta, "gate": "cost", "verify_cost": None}, target)
+
+
 def test_an_arms_drafter_replayed_over_an_ar_workload_proposes_what_it_proposes_over_its_own_run(
         model_folder, task_file, tmp_path):
     """``jobs.reference.workload_proposals``: the n-gram arm's drafter replayed over an AR run of the same prompts

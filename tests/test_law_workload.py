@@ -410,3 +410,106 @@ def test_the_predict_command_with_the_drafters_replayed_proposals(capsys, tmp_pa
     assert main(["predict", str(other / "ar"), "--from", str(other), "--drafter", "ngram ddtree16", "--n-boot", "5",
                  "--replay", "--law-from", str(data / "traces")]) == 2
     assert "decoded by smollm2-135m, --from by another-model" in capsys.readouterr().err
+
+
+def test_replayed_rounds_are_priced_by_the_cost_model_alone_and_land_on_the_measured_speedup():
+    """A workload whose rounds are known (``price_rounds``: what ``jobs.reference.workload_rounds`` replays) is
+    priced by the cost model alone. On simulated traces timed by a known cost model: the arm's recorded rounds of a
+    category held out of the cost model and t_AR price to within 3% of its measured paired speedup; the same rounds
+    with t_AR understated by 30% miss by more than 20% (the check can fail); the default widening is the cost
+    model's own largest error on the arm's measured categories (``TraceAnalysis.cost_error``)."""
+    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.law.workload import EXACT_REPLAY, round_counts
+
+    traces = _sim()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        full = TraceAnalysis(traces, n_boot=20, seed=1)
+        arm = full.arms[0]
+        measured = full.speedup(arm).set_index("category")
+        counts = round_counts(full.cost_view(arm), arm)
+        category = sorted(measured.index)[1]
+        train, workload = _held_out(traces, category)
+        an = TraceAnalysis(train, n_boot=20, seed=1)
+        held = counts.loc[counts["category"] == category]
+        got = an.predict(arm, workload, rounds=held)
+        wrong = TraceAnalysis(train, n_boot=20, seed=1,
+                              ar_ms_per_token=0.7 * an.pays(arm).cost.ar_ms_per_token).predict(
+                                  arm, workload, rounds=held, transfer_error=0.0)
+        error = an.cost_error(arm)
+    # the counts are the recorded rounds after round 0, each committing tau + 1
+    view = full.cost_view(arm)
+    rounds = view.rounds.loc[view.rounds["run_id"].isin(view.runs.loc[view.runs["drafter_id"] == arm, "run_id"])
+                             & (view.rounds["round_index"] > 0)]
+    per_request = rounds.groupby("request_id").agg(tokens=("committed", "sum"), rounds=("round_index", "size"),
+                                                   accepted=("accepted", "sum"))
+    assert len(per_request) == len(counts) == 40
+    mine = counts.set_index("request_id").sort_index()
+    for column in ("tokens", "rounds", "accepted"):
+        assert np.array_equal(mine[column].to_numpy(), per_request.sort_index()[column].to_numpy())
+    assert (per_request["tokens"] <= per_request["rounds"] + per_request["accepted"]).all()  # the last is cut
+    assert (counts["rounds"] >= counts["drafting_rounds"]).all() and (counts["nodes"] >= counts["drafting_rounds"]).all()
+    row, m = got.summary.loc[category], measured.loc[category]
+    assert got.family == EXACT_REPLAY and got.title.endswith("from its rounds replayed over the workload")
+    assert row["predicted_tokens_per_round"] == pytest.approx(held["tokens"].sum() / held["rounds"].sum(), rel=1e-12)
+    assert row["predicted_speedup"] == pytest.approx(m["speedup"], rel=0.03)
+    assert wrong.summary.loc[category, "predicted_speedup"] < 0.8 * m["speedup"]
+    assert set(error["category"]) == set(train.requests["category"].astype(str))
+    assert got.transfer_error == pytest.approx(error.attrs["max_abs_error"]) and error.attrs["max_abs_error"] < 0.05
+    assert row["low"] == pytest.approx(row["ci_low"] * (1 - got.transfer_error))
+    assert any("the cost model's own error" in n for n in got.notes)
+    assert not any("decoded by the arm itself" in n for n in got.notes)
+
+
+def test_price_rounds_refuses_counts_that_cannot_be_rounds():
+    from entropy_law.law.workload import price_rounds, round_counts
+
+    an, _ = _workload(_sim())
+    arm = an.arms[0]
+    view = an.cost_view(arm)
+    counts = round_counts(view, arm)
+    with pytest.raises(ValueError, match="missing"):
+        price_rounds(view, counts.drop(columns="nodes"), drafter=arm, n_boot=2)
+    with pytest.raises(ValueError, match="drafting rounds are rounds"):
+        price_rounds(view, counts.assign(drafting_rounds=counts["rounds"] + 1), drafter=arm, n_boot=2)
+    with pytest.raises(ValueError, match="finite and >= 0"):
+        price_rounds(view, counts.assign(nodes=-1), drafter=arm, n_boot=2)
+    with pytest.raises(ValueError, match="transfer_error"):
+        price_rounds(view, counts, drafter=arm, n_boot=2, transfer_error=-0.5)
+    with pytest.raises(ValueError, match="no law"):
+        an.predict(arm, an.traces, rounds=counts, law=an.law(arm))
+    plain = price_rounds(view, counts.assign(drafting_rounds=0, nodes=0, rounds=counts["tokens"]), drafter=arm,
+                         n_boot=2)  # a drafter that never drafts: one token per round, every round a plain step
+    assert plain.summary["predicted_tokens_per_round"].eq(1.0).all()
+
+
+def test_the_predict_command_with_the_arms_rounds_replayed(capsys):
+    """``entropy-law predict --replay-rounds``: the n-gram chain arm's rounds replayed over the shipped timed AR run
+    (the default target loaded) are the rounds the arm decoded online, so the tokens per round printed per category
+    equal the arm's measured ones; the speedup is priced by the cost model alone, its own error named. With
+    ``--replay`` as well it exits 2."""
+    from pathlib import Path
+
+    from entropy_law.cli import main
+    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.traces.reader import load_traces
+
+    timed = Path(__file__).resolve().parents[1] / "data" / "traces_timed"
+    argv = ["predict", str(timed / "ar"), "--from", str(timed), "--drafter", "ngram chain", "--n-boot", "5"]
+    assert main([*argv, "--replay-rounds"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0] == "will drafting pay on this workload? ngram chain, from its rounds replayed over the workload"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        measured = TraceAnalysis(load_traces(timed), n_boot=5).speedup("ngram chain").set_index("category")
+    for category, row in measured.iterrows():
+        line = next(x for x in lines if x.startswith(category))
+        assert f"tokens/round {row['tokens_per_round']:.2f}," in line
+        predicted = float(line.split("predicted ")[1].split("x")[0])
+        assert predicted == pytest.approx(row["speedup"], rel=0.06)  # the cost model's own error (README: <= 4.5%)
+    assert ("rounds replayed over the workload (40 requests) with the arm's ratio gate (drafts where the expected "
+            "accepted drafts >= 1)") in out
+    assert "the cost model's own error: its largest |relative error| on the arm's 5 measured categories" in out
+    assert main([*argv, "--replay-rounds", "--replay"]) == 2
+    assert "choose one" in capsys.readouterr().err

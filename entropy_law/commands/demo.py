@@ -81,5 +81,6 @@ def run(args) -> int:
     print(f"report: {result.report_path}")
     print(f"figures: {result.run_dir / 'figures'}   traces: {result.trace_dir}")
     print("your own prompts, before drafting them: entropy-law record --drafter ar --tasks FILE --out RUN, then "
-          f"entropy-law predict RUN --from {result.trace_dir} [--replay --law-from data/traces]")
+          f"entropy-law predict RUN --from {result.trace_dir} --replay-rounds (each arm's rounds replayed over your "
+          "outputs, priced by its cost model; or --replay --law-from data/traces: the law in the drafter's confidence)")
     return 1 if result.mismatches else 0

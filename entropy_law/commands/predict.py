@@ -14,6 +14,12 @@ the target) and the law in that confidence (``law_exp_obs_ceil_drafttop``) price
 e.g. ``data/traces``; default ``--from``), with its transfer error from leave-one-category-out on replayed depths
 there. The arm's ratio gate is replayed too. On ``data/traces_timed`` the speedup error on a held-out category falls
 from 11-21% to 7.5-8.4% (``bench/predict_unseen.py``).
+
+``--replay-rounds`` (the workload one run): each arm's rounds are replayed exactly over the workload's outputs (its
+tree, budget and gate or policy; ``jobs.reference.workload_rounds``, which loads the target): a drafter that proposes
+from the context decodes the same rounds on the same greedy output, so no law is needed, and the cost model alone
+prices them (``law.workload.price_rounds``). The verdict's interval is widened by the cost model's own largest error
+on the arm's measured categories given their recorded rounds (``TraceAnalysis.cost_error``), or ``--transfer-error``.
 """
 
 from __future__ import annotations
@@ -30,14 +36,20 @@ def register(subparsers) -> None:
                    help="only this arm, e.g. 'ngram ddtree16' (repeatable; default: every drafting arm)")
     p.add_argument("--transfer-error", type=float, default=None, metavar="X",
                    help="the law's relative error on a new category, e.g. 0.2 (default: measured by "
-                        "leave-one-category-out on the arm's categories)")
+                        "leave-one-category-out on the arm's categories); with --replay-rounds the cost model's "
+                        "(default: its largest error on the arm's measured categories)")
     p.add_argument("--replay", action="store_true",
                    help="replay each arm's drafter over the workload (one run) and price with the law in its confidence")
     p.add_argument("--law-from", metavar="TRACES",
                    help="with --replay: runs of the arms with draft_top1_prob recorded and proposals.parquet beside "
                         "run.json, for the law and its transfer error (default: --from)")
-    p.add_argument("--model", help="with --replay: the target to load (default: the workload's model)")
-    p.add_argument("--tasks", help="with --replay: the prompts the workload decoded (default: its run.json's tasks)")
+    p.add_argument("--replay-rounds", action="store_true",
+                   help="replay each arm's rounds exactly over the workload (one run) and price them with its cost "
+                        "model: no law")
+    p.add_argument("--model", help="with --replay / --replay-rounds: the target to load (default: the workload's "
+                                   "model)")
+    p.add_argument("--tasks", help="with --replay / --replay-rounds: the prompts the workload decoded (default: its "
+                                   "run.json's tasks)")
     p.add_argument("--n-boot", type=int, default=100, help="replicates for the intervals (default 100)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=run)
@@ -63,9 +75,17 @@ def run(args) -> int:
                          f"{', '.join(analysis.arms)}")
     if args.law_from and not args.replay:
         raise ValueError("--law-from is for --replay (the law in the drafter's confidence); drop it, or add --replay")
+    if args.replay and args.replay_rounds:
+        raise ValueError("--replay prices replayed proposals with a law, --replay-rounds replayed rounds without one: "
+                         "choose one")
     replayed = _replayed(args, analysis, arms) if args.replay else {}
+    replayed_rounds = _replayed_rounds(args, analysis, arms) if args.replay_rounds else {}
     for arm in arms:
-        if arm in replayed:
+        if arm in replayed_rounds:
+            rounds, notes = replayed_rounds[arm]
+            result = analysis.predict(arm, workload, rounds=rounds, transfer_error=args.transfer_error)
+            result.notes = notes + result.notes
+        elif arm in replayed:
             law, transfer_error, proposals, notes = replayed[arm]
             result = analysis.predict(arm, workload, law=law, transfer_error=transfer_error, proposals=proposals)
             result.notes = notes + result.notes
@@ -83,7 +103,6 @@ def _replayed(args, analysis, arms) -> dict:
     """arm -> (law in the drafter's confidence, transfer error, the workload's replayed proposals, notes)."""
     from pathlib import Path
 
-    from entropy_law.decoding.loading import load_target
     from entropy_law.jobs.reference import workload_proposals
     from entropy_law.law.analysis import TraceAnalysis
     from entropy_law.law.workload import REPLAYED_FAMILY
@@ -91,8 +110,7 @@ def _replayed(args, analysis, arms) -> dict:
     from entropy_law.traces.proposals import read_proposals
     from entropy_law.traces.reader import load_traces
 
-    if not (Path(args.workload) / RUN_FILE).is_file():
-        raise ValueError(f"--replay replays the drafter over one run: {args.workload} is not a run (no {RUN_FILE})")
+    _one_run(args.workload, "--replay")
     law_from = args.law_from or args.arm_traces
     proposals = read_proposals(law_from)
     if proposals is None:
@@ -109,11 +127,7 @@ def _replayed(args, analysis, arms) -> dict:
             raise ValueError(f"--law-from {law_from} holds arm {arm!r} decoded by {reference.model_of(arm)}, --from by "
                              f"{analysis.model_of(arm)}: a law of one target predicts nothing for another; give "
                              "--law-from runs of the same target")
-    model = args.model or read_run_json(Path(args.workload) / RUN_FILE).get("model_id")
-    try:
-        target = load_target(model)
-    except FileNotFoundError as err:  # a folder-loaded target's run.json keeps a short name, not the folder
-        raise ValueError(f"--replay loads the workload's target, {model!r}: {err}; pass --model FOLDER") from err
+    target = _workload_target(args, "--replay")
     out = {}
     for arm in arms:
         law = reference.law(arm)
@@ -131,4 +145,48 @@ def _replayed(args, analysis, arms) -> dict:
                      f"the workload ({replay['request_id'].nunique()} requests), with {replay.attrs['gate']}; law "
                      f"{REPLAYED_FAMILY} fitted on {law_from}")
         out[arm] = (law, error, replay, notes)
+    return out
+
+
+def _one_run(workload, flag: str) -> None:
+    from pathlib import Path
+
+    from entropy_law.traces.layout import RUN_FILE
+
+    if not (Path(workload) / RUN_FILE).is_file():
+        raise ValueError(f"{flag} replays the drafter over one run: {workload} is not a run (no {RUN_FILE})")
+
+
+def _workload_target(args, flag: str):
+    """The workload's target, loaded (``--model`` or the name its run.json records)."""
+    from pathlib import Path
+
+    from entropy_law.decoding.loading import load_target
+    from entropy_law.traces.layout import RUN_FILE, read_run_json
+
+    model = args.model or read_run_json(Path(args.workload) / RUN_FILE).get("model_id")
+    try:
+        return load_target(model)
+    except FileNotFoundError as err:  # a folder-loaded target's run.json keeps a short name, not the folder
+        raise ValueError(f"{flag} loads the workload's target, {model!r}: {err}; pass --model FOLDER") from err
+
+
+def _replayed_rounds(args, analysis, arms) -> dict:
+    """arm -> (its rounds replayed over the workload, notes)."""
+    from pathlib import Path
+
+    from entropy_law.jobs.reference import workload_rounds
+    from entropy_law.traces.layout import RUN_FILE, read_run_json
+
+    _one_run(args.workload, "--replay-rounds")
+    target = _workload_target(args, "--replay-rounds")
+    out = {}
+    for arm in arms:
+        path = analysis.runs.loc[analysis.runs["arm"] == arm, "path"].iloc[0]
+        rounds = workload_rounds(args.workload, read_run_json(Path(path) / RUN_FILE), target, tasks=args.tasks)
+        notes = [f"the arm's rounds replayed over the workload ({len(rounds)} requests) with {rounds.attrs['gate']}: "
+                 "the rounds it decodes there, priced by its cost model (no law)"]
+        if args.transfer_error is not None:
+            notes.append(f"the cost model's error taken as {args.transfer_error:.1%} (--transfer-error)")
+        out[arm] = (rounds, notes)
     return out

@@ -242,22 +242,9 @@ def _adopt_online_run(source: Path, dest: Path, tasks: Sequence, log: Callable[[
     return json.loads((dest / "run.json").read_text())["run_id"]
 
 
-def workload_proposals(workload_dir: str | Path, arm_meta: dict, target, *, tasks: str | Path | None = None,
-                       checkpoint: str | Path | None = None) -> pd.DataFrame:
-    """The drafter of an arm replayed at every output position of each request of a workload run (any arm, AR
-    included): ``decoding.replay.replay_proposals`` rows (``traces.proposals``) keyed by the workload's
-    ``run_id`` and ``request_id``, for ``law.workload.predict_workload(proposals=)``. Greedy output does not depend
-    on the drafter, so these are the proposals the arm would see decoding the workload; nothing of a round's
-    outcome enters.
-
-    ``arm_meta``: the arm's ``run.json`` (``drafter_id``, ``drafter_config``, ``tree_policy``, ``tree_budget``,
-    ``arm``); the n-gram drafter is rebuilt from its configuration, the block drafter loaded (``checkpoint``,
-    default the shipped one, which must be the arm's). The arm's ratio gate is applied (``run_gate_threshold``:
-    a position where the arm would have declined to draft proposes nothing); the cost gate and a law policy are
-    not reproduced: every proposal is kept there, and ``attrs["gate"]`` says which. Prompts are rebuilt from ``tasks`` (default the workload
-    run's ``tasks``) with the chat template unless the run says ``chat_template: false``, and checked against the
-    recorded prompt lengths (``recorded_prompts``)."""
-    from entropy_law.decoding.replay import replay_proposals, run_gate_threshold
+def _workload_inputs(workload_dir: str | Path, arm_meta: dict, target, tasks, checkpoint):
+    """What replaying an arm over a workload run needs: (the workload's run.json, the arm's drafter, a plain
+    decoder of the target, prompt ids and greedy outputs by request id)."""
     from entropy_law.drafters.ngram import NgramDrafter
     from entropy_law.prompts.text import load_tasks
     from entropy_law.traces.layout import RUN_FILE, read_run_json
@@ -284,7 +271,27 @@ def workload_proposals(workload_dir: str | Path, arm_meta: dict, target, *, task
     by_id = {t.request_id: t for t in load_tasks(source)}
     prompts = recorded_prompts(workload_dir, (lambda t: plain.encode_prompt(t.prompt, raw_prompt=True)) if raw
                                else (lambda t: plain.encode_prompt(t.messages())), by_id)
-    outputs = greedy_outputs(workload_dir)
+    return meta, drafter, plain, prompts, greedy_outputs(workload_dir)
+
+
+def workload_proposals(workload_dir: str | Path, arm_meta: dict, target, *, tasks: str | Path | None = None,
+                       checkpoint: str | Path | None = None) -> pd.DataFrame:
+    """The drafter of an arm replayed at every output position of each request of a workload run (any arm, AR
+    included): ``decoding.replay.replay_proposals`` rows (``traces.proposals``) keyed by the workload's
+    ``run_id`` and ``request_id``, for ``law.workload.predict_workload(proposals=)``. Greedy output does not depend
+    on the drafter, so these are the proposals the arm would see decoding the workload; nothing of a round's
+    outcome enters.
+
+    ``arm_meta``: the arm's ``run.json`` (``drafter_id``, ``drafter_config``, ``tree_policy``, ``tree_budget``,
+    ``arm``); the n-gram drafter is rebuilt from its configuration, the block drafter loaded (``checkpoint``,
+    default the shipped one, which must be the arm's). The arm's ratio gate is applied (``run_gate_threshold``:
+    a position where the arm would have declined to draft proposes nothing); the cost gate and a law policy are
+    not reproduced: every proposal is kept there, and ``attrs["gate"]`` says which. Prompts are rebuilt from
+    ``tasks`` (default the workload run's ``tasks``) with the chat template unless the run says
+    ``chat_template: false``, and checked against the recorded prompt lengths (``recorded_prompts``)."""
+    from entropy_law.decoding.replay import replay_proposals, run_gate_threshold
+
+    meta, drafter, plain, prompts, outputs = _workload_inputs(workload_dir, arm_meta, target, tasks, checkpoint)
     threshold = run_gate_threshold(arm_meta)
     gate = (f"the arm's ratio gate (drafts where the expected accepted drafts >= {threshold:g})" if threshold is not None
             else "no gate: the arm's cost gate or policy is not reproduced by a replay; every proposal kept")
@@ -302,5 +309,74 @@ def workload_proposals(workload_dir: str | Path, arm_meta: dict, target, *, task
     if not frames:
         raise ValueError(f"{workload_dir}: no request decoded a token after the prefill: nothing to replay")
     out = pd.concat(frames, ignore_index=True)
+    out.attrs["gate"] = gate
+    return out
+
+
+def arm_round_options(arm_meta: dict) -> tuple[dict, str]:
+    """``replay_rounds`` options that reproduce an arm's gate or policy from its ``run.json``, and a phrase for
+    it: the ratio gate (``run_gate_threshold``), the cost gate with the curve the arm stored (``verify_cost``), or
+    its law policy (``policy``, which also reads the target entropies: ``workload_rounds`` passes them)."""
+    from entropy_law.decoding.gate import VerifyCost
+    from entropy_law.decoding.replay import run_gate_threshold
+
+    options: dict = {}
+    stored = arm_meta.get("verify_cost")
+    if stored is not None:
+        if not isinstance(stored, dict):
+            raise ValueError(f"the arm's run.json holds verify_cost {stored!r}, not a measured curve: its cost gate "
+                             "cannot be replayed")
+        options["verify_cost"] = VerifyCost.from_config(stored)
+    elif arm_meta.get("gate") == "cost":
+        raise ValueError("the arm's run.json says gate 'cost' but holds no verify_cost curve: its gate cannot be "
+                         "replayed")
+    if isinstance(arm_meta.get("policy"), dict):
+        options["policy"] = arm_meta["policy"]
+        return options, "the arm's law policy (its stored parameters and cost curve)"
+    threshold = run_gate_threshold(arm_meta)
+    if threshold is not None:
+        options["min_expected_accepted"] = threshold
+        return options, f"the arm's ratio gate (drafts where the expected accepted drafts >= {threshold:g})"
+    if arm_meta.get("min_expected_accepted") is not None:
+        options["min_expected_accepted"] = float(arm_meta["min_expected_accepted"])
+    return options, "the arm's cost gate (its stored verify-cost curve)"
+
+
+def workload_rounds(workload_dir: str | Path, arm_meta: dict, target, *, tasks: str | Path | None = None,
+                    checkpoint: str | Path | None = None) -> pd.DataFrame:
+    """The rounds an arm would decode on a workload run (any arm, AR included), replayed exactly: greedy output
+    does not depend on the drafter, and the drafters here propose from the context alone (the block drafter from
+    the target's features of that context, one teacher-forced pass per request), so ``decoding.replay.replay_rounds``
+    under the arm's tree, budget, gate or policy (``arm_round_options``) yields the rounds the arm decodes online
+    (``tests/test_replay_online.py``). One row per request (``law.workload.ROUND_COUNT_COLUMNS``): ``run_id``,
+    ``request_id``, ``category``, ``tokens`` (decoded after the prefill), ``rounds`` (verify rounds after the
+    prefill), ``drafting_rounds`` (those that verified a draft), ``nodes`` (draft nodes verified) and
+    ``accepted`` (drafts accepted), for ``law.workload.price_rounds``. Arguments as ``workload_proposals``;
+    ``attrs["gate"]`` names the gate or policy replayed."""
+    from entropy_law.decoding.replay import replay_rounds
+
+    meta, drafter, plain, prompts, outputs = _workload_inputs(workload_dir, arm_meta, target, tasks, checkpoint)
+    options, gate = arm_round_options(arm_meta)
+    entropies = {}
+    if "policy" in options:  # the policy reads the target entropy at each output position: the workload's own
+        tokens = load_traces(workload_dir).tokens.sort_values(["request_id", "position"])
+        entropies = {str(rid): g["target_entropy_nats"].to_numpy(float) for rid, g in tokens.groupby("request_id")}
+    rows = []
+    for rid in sorted(outputs):
+        category, _, output, _ = outputs[rid]
+        if len(output) < 2:
+            continue  # nothing decoded after the prefill: no round to replay
+        result = replay_rounds(prompts[rid], output, replay_drafter(drafter, target, prompts[rid], output),
+                               arm_meta.get("tree_policy", "chain"), arm_meta.get("tree_budget"),
+                               eos_token_ids=plain.config["eos_token_ids"], max_new_tokens=meta.get("max_new_tokens"),
+                               max_context=plain.adapter.max_context, entropies=entropies.get(str(rid)), **options)
+        decoded = [r for r in result.rounds if not r.prefill]
+        rows.append(dict(run_id=str(meta["run_id"]), request_id=rid, category=category,
+                         tokens=sum(r.committed for r in decoded), rounds=len(decoded),
+                         drafting_rounds=sum(r.tree_nodes > 0 for r in decoded),
+                         nodes=sum(r.tree_nodes for r in decoded), accepted=sum(r.accepted for r in decoded)))
+    if not rows:
+        raise ValueError(f"{workload_dir}: no request decoded a token after the prefill: nothing to replay")
+    out = pd.DataFrame(rows)
     out.attrs["gate"] = gate
     return out

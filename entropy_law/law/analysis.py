@@ -44,12 +44,12 @@ import pandas as pd
 from entropy_law.law import atrisk
 from entropy_law.law.arms import AR_LABEL, run_arms
 from entropy_law.law.compare import category_share_of_gain, compare_laws
-from entropy_law.law.cost import (UNRELIABLE, paired_speedup_interval, pooled_log_speedup_sd, speed_verdict,
-                                  when_drafting_pays)
+from entropy_law.law.cost import (MIN_PAIRED_REQUESTS, UNRELIABLE, paired_speedup_interval, pooled_log_speedup_sd,
+                                  speed_verdict, when_drafting_pays)
 from entropy_law.law.fit import PRIMARY_FAMILY, fit_law, get_family
 from entropy_law.law.hypotheses import universality_test
 from entropy_law.law.transfer import block_prediction, loco_transfer, sequences_of
-from entropy_law.law.workload import predict_workload, workload_breakeven
+from entropy_law.law.workload import predict_workload, price_rounds, round_counts, workload_breakeven
 
 AR_ARM = AR_LABEL  # label of the autoregressive baseline in tables (one per model where there are several)
 DEFAULT_FAMILY = PRIMARY_FAMILY
@@ -457,24 +457,59 @@ class TraceAnalysis:
 
         return self._cached(("pays", arm), compute)
 
-    def workload(self, arm: str):
+    def workload(self, arm: str, *, law=None, proposals: pd.DataFrame | None = None):
         """``workload.workload_breakeven`` for one timed arm: each of its requests priced on its own entropy
         sequence by the law (``law(arm)``, cluster-robust) and the cost model, the workload break-even on the
         request-mean-entropy scale, and, where the arm has paired AR requests, the same line through the measured
-        per-request speedups (``request_speedups``) with the same bootstrap weights."""
+        per-request speedups (``request_speedups``) with the same bootstrap weights. ``law`` / ``proposals``: a
+        law of this arm fitted elsewhere (e.g. ``law_exp_obs_ceil_drafttop`` on traces that recorded the drafter's
+        confidence) and the drafter's replayed proposals over the arm's own requests (``proposals.parquet``), as
+        ``workload_breakeven`` takes them (computed anew on every call: not cached)."""
         def compute():
             view = self.cost_view(arm)
             ar_requests = self.ar_requests(arm)
             measured = self.attempt("request_speedups", arm)
-            return workload_breakeven(view, drafter=arm, law=self.law(arm),
+            mine = None
+            if proposals is not None:
+                runs = set(view.runs.loc[view.runs["arm"] == arm, "run_id"].astype(str))
+                mine = proposals.loc[proposals["run_id"].astype(str).isin(runs)]
+            return workload_breakeven(view, drafter=arm, law=self.law(arm) if law is None else law,
                                       ar_ms_per_token=None if ar_requests is not None else self.ar_ms_per_token(arm),
                                       ar_requests=ar_requests, measured=measured.value if measured.ok else None,
-                                      n_boot=self.n_boot, seed=self.seed)
+                                      proposals=mine, n_boot=self.n_boot, seed=self.seed)
 
+        if law is not None or proposals is not None:
+            return compute()
         return self._cached(("workload", arm), compute)
 
+    def cost_error(self, arm: str) -> pd.DataFrame:
+        """The cost model's own error on this arm, with no law in between: each category's recorded rounds priced
+        by the arm's cost model (``workload.price_rounds`` on ``round_counts``) against its measured paired speedup
+        (``speedup``). Per category: ``requests`` (paired), ``measured``, ``priced``, ``relative_error``;
+        ``attrs["max_abs_error"]``: the largest |relative error| among categories with at least
+        ``MIN_PAIRED_REQUESTS`` paired requests (NaN where none), the default error of a prediction from replayed
+        rounds (``predict(rounds=)``)."""
+        def compute():
+            measured = self.speedup(arm).set_index("category")
+            view = self.cost_view(arm)
+            ar_requests = self.ar_requests(arm)
+            priced = price_rounds(view, round_counts(view, arm), drafter=arm, ar_requests=ar_requests,
+                                  ar_ms_per_token=None if ar_requests is not None else self.ar_ms_per_token(arm),
+                                  n_boot=0, seed=self.seed).summary
+            rows = [dict(category=c, requests=int(measured.loc[c, "requests"]),
+                         measured=float(measured.loc[c, "speedup"]), priced=float(priced.loc[c, "predicted_speedup"]))
+                    for c in measured.index if c in priced.index]
+            out = pd.DataFrame(rows, columns=["category", "requests", "measured", "priced"])
+            out["relative_error"] = out["priced"] / out["measured"] - 1
+            rated = out.loc[(out["requests"] >= MIN_PAIRED_REQUESTS) & out["relative_error"].notna()]
+            out.attrs["max_abs_error"] = float(rated["relative_error"].abs().max()) if len(rated) else float("nan")
+            out.attrs["rated"] = len(rated)
+            return out
+
+        return self._cached(("cost_error", arm), compute)
+
     def predict(self, arm: str, workload, *, transfer_error: float | None = None,
-                proposals: pd.DataFrame | None = None, law=None):
+                proposals: pd.DataFrame | None = None, law=None, rounds: pd.DataFrame | None = None):
         """Will drafting pay on ``workload`` (a trace set this arm never decoded: e.g. an AR run of new prompts,
         ``entropy-law record --drafter ar``)? ``workload.predict_workload`` with this arm's law (``law(arm)``),
         drafted depths and cost model, on the workload's target entropies (its requests on the arm's model; each
@@ -486,7 +521,12 @@ class TraceAnalysis:
         the transfer error is then the leave-one-category-out error with replayed depths (``loco(arm,
         "replayed")``, which needs this analysis' ``proposals`` for the arm's own runs). ``law``: a law of this arm
         fitted elsewhere (e.g. on larger reference traces of the same drafter and target; then pass
-        ``transfer_error`` measured there too), instead of ``law(arm)``."""
+        ``transfer_error`` measured there too), instead of ``law(arm)``. ``rounds``: the arm's rounds replayed
+        over the workload (``jobs.reference.workload_rounds``, one row per request): they are priced by the cost
+        model alone (``workload.price_rounds``, no law), and the default ``transfer_error`` is the cost model's
+        own largest error on the arm's measured categories (``cost_error``)."""
+        if rounds is not None and (proposals is not None or law is not None):
+            raise ValueError("rounds= prices the replayed rounds with no law: drop proposals= and law=")
         model = self.model_of(arm)
         w_runs = workload.runs
         models = {_model_name(m) for m in w_runs["model_id"]} if "model_id" in w_runs else {"unknown-model"}
@@ -501,6 +541,16 @@ class TraceAnalysis:
             raise ValueError("the workload holds no tokens on this model: record it first")
         sequences = sequences_of(tokens)
         notes = []
+        if rounds is not None and transfer_error is None:
+            err = self.attempt("cost_error", arm)
+            transfer_error = err.value.attrs["max_abs_error"] if err.ok else float("nan")
+            if np.isfinite(transfer_error):
+                notes.append(f"the cost model's own error: its largest |relative error| on the arm's "
+                             f"{err.value.attrs['rated']} measured categories priced from their recorded rounds, "
+                             f"{transfer_error:.1%}")
+            else:
+                notes.append("the cost model's own error not measured: " + (
+                    err.error if not err.ok else f"no category of the arm has {MIN_PAIRED_REQUESTS} paired requests"))
         if transfer_error is None:
             mode = "training" if proposals is None else "replayed"
             loco = self.attempt("loco", arm, mode)
@@ -522,6 +572,21 @@ class TraceAnalysis:
         view = self.cost_view(arm)
         ar_requests = self.ar_requests(arm)
         notes += self.machine_warnings(arm)  # costs measured on two machines price nothing here
+        if rounds is not None:
+            need = {"request_id"} - set(rounds.columns)
+            if need:
+                raise ValueError("rounds needs one row per request (jobs.reference.workload_rounds)")
+            means = pd.DataFrame({"request_id": sequences["request_id"].astype(str),
+                                  "mean_entropy_nats": [float(np.mean(e[1:])) if len(e) > 1 else np.nan
+                                                        for e in sequences["entropy"]]})
+            table = rounds.drop(columns=["mean_entropy_nats"], errors="ignore").astype({"request_id": str})
+            table = table.merge(means, on="request_id", how="left")
+            result = price_rounds(view, table, drafter=arm,
+                                  ar_ms_per_token=None if ar_requests is not None else self.ar_ms_per_token(arm),
+                                  ar_requests=ar_requests, transfer_error=transfer_error, n_boot=self.n_boot,
+                                  seed=self.seed)
+            result.notes = notes + result.notes
+            return result
         result = predict_workload(view, sequences, drafter=arm, law=self.law(arm) if law is None else law,
                                   ar_ms_per_token=None if ar_requests is not None else self.ar_ms_per_token(arm),
                                   ar_requests=ar_requests, transfer_error=transfer_error, proposals=proposals,

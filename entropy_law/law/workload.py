@@ -246,6 +246,26 @@ def _price_sequences(law: FittedLaw, entropies, drafts: int, depth_model: Traini
     return np.array(rounds_k), np.array(nodes_k), np.array(drafting_k)
 
 
+def _priced_requests(traces, drafter: str, law: FittedLaw, arm_seqs: pd.DataFrame, seqs: pd.DataFrame, drafts: int,
+                     proposals: pd.DataFrame | None, n_boot: int, seed: int):
+    """The DP's inputs and outputs for the requests ``seqs``: n(D) and the drafted-depth model from the arm's rounds
+    (its requests ``arm_seqs``), the law's coefficient draws, the replayed proposals' arrays (None without
+    ``proposals``), the ``[requests, 1 + n_boot]`` expected (rounds, nodes, drafting rounds), and per request the
+    tokens decoded after the prefill and the mean entropy."""
+    depth_rows = with_start_entropy(drafted_depths(traces, drafter), arm_seqs)
+    depth_model = TrainingDepthModel.fit(depth_rows, drafts)
+    n_of_depth = _nodes_by_depth(traces, depth_rows, drafts)
+    thetas = _law_draws(law, n_boot, seed)
+    replayed = None
+    if proposals is not None:
+        arrays = replayed_arrays(proposals, seqs, drafts)
+        replayed = [arrays[(str(r.run_id), str(r.request_id))] for r in seqs.itertuples()]
+    priced = _price_sequences(law, seqs["entropy"], drafts, depth_model, n_of_depth, thetas, replayed)
+    tokens = np.array([len(e) - 1 for e in seqs["entropy"]], dtype=float)
+    mean_h = np.array([float(np.mean(e)) for e in seqs["entropy"]])
+    return n_of_depth, thetas, replayed, priced, tokens, mean_h
+
+
 def _reweighted_costs(traces, drafter: str, ids, ar_table, ar_ms_per_token, clock: str, replicates: int, rng):
     """Per bootstrap replicate j = 1..``replicates``: (j, Poisson weights of ``ids`` (the arm's and the AR
     requests), the cost model and t_AR refitted with them, or None where the refit fails)."""
@@ -278,6 +298,7 @@ def workload_breakeven(
     ar_requests: pd.DataFrame | None = None,
     measured: pd.DataFrame | None = None,
     clock: str = "auto",
+    proposals: pd.DataFrame | None = None,
     n_boot: int = 100,
     seed: int = 0,
     level: float = 0.95,
@@ -290,10 +311,18 @@ def workload_breakeven(
     here). ``ar_ms_per_token`` / ``ar_requests`` / ``clock``: the AR cost, as ``cost.when_drafting_pays``.
     ``measured``: per request ``run_id``, ``request_id``, ``speedup`` (and ``decoded``, the tokens it weighs
     with; default the predicted side's), e.g. ``TraceAnalysis.request_speedups``; their crossing is then computed
-    with the same estimator and the same bootstrap weights."""
+    with the same estimator and the same bootstrap weights.
+
+    ``proposals``: the drafter's replayed proposal at every output position of the arm's requests
+    (``traces.proposals`` rows keyed by their ``run_id`` and ``request_id``, e.g. ``proposals.parquet`` beside the
+    arm's run.json): the drafted depths are then those instead of the in-sample depth model's, and a law in the
+    drafter's confidence (``law_exp_obs_ceil_drafttop``, fitted on traces that recorded it) can be used."""
     fam = get_family(family if law is None else law.family.name)
     if fam.needs_categories or fam.needs_drafters or fam.uses_category:
         raise ValueError(f"{fam.name} needs a category/drafter argument; use a one-drafter, category-free law")
+    if fam.needs_draft_stats and proposals is None:
+        raise ValueError(f"{fam.name} predicts from the drafter's top-1 probability at every position: pass the "
+                         "arm's replayed proposals (proposals=)")
     drafter, rounds = single_drafter(traces, drafter)
     cost, ar_table = priced_cost_model(traces, drafter=drafter, ar_ms_per_token=ar_ms_per_token,
                                        ar_requests=ar_requests, clock=clock)
@@ -307,13 +336,8 @@ def workload_breakeven(
     seqs = seqs.loc[[len(e) >= 2 for e in seqs["entropy"]]].reset_index(drop=True)
     if seqs.empty:
         raise ValueError(f"drafter {drafter!r}: no request decoded a token after the prefill")
-    depth_rows = with_start_entropy(drafted_depths(traces, drafter), seqs)
-    depth_model = TrainingDepthModel.fit(depth_rows, drafts)
-    n_of_depth = _nodes_by_depth(traces, depth_rows, drafts)
-    thetas = _law_draws(law, n_boot, seed)
-    rounds_k, nodes_k, drafting_k = _price_sequences(law, seqs["entropy"], drafts, depth_model, n_of_depth, thetas)
-    tokens = np.array([len(e) - 1 for e in seqs["entropy"]], dtype=float)
-    mean_h = np.array([float(np.mean(e)) for e in seqs["entropy"]])
+    n_of_depth, thetas, replayed, (rounds_k, nodes_k, drafting_k), tokens, mean_h = _priced_requests(
+        traces, drafter, law, seqs, seqs, drafts, proposals, n_boot, seed)
 
     def speedups(c: CostModel, j: int) -> np.ndarray:
         return tokens * c.ar_ms_per_token / decode_cost_ms(c, rounds_k[:, j], drafting_k[:, j], nodes_k[:, j])
@@ -381,8 +405,10 @@ def workload_breakeven(
              f"{failed} failed, {no_line} without a falling predicted line): each draws Poisson request weights "
              "(refitting the cost model, t_AR and both lines) and one set of the law's coefficients from their "
              "cluster-robust normal approximation",
-             f"per request: the law's DP over its own entropy sequence, drafted depths from the arm's rounds "
-             f"(entropy-binned, in-sample), nodes per drafted depth {np.round(n_of_depth, 1).tolist()}; "
+             "per request: the law's DP over its own entropy sequence, drafted depths "
+             + ("from the drafter's replayed proposal at every position" if replayed is not None else
+                "from the arm's rounds (entropy-binned, in-sample)")
+             + f", nodes per drafted depth {np.round(n_of_depth, 1).tolist()}; "
              f"{cost.clock} clock, t_AR {cost.ar_ms_per_token:.1f} ms ({cost.ar_source})",
              "crossing = where the token-weighted least-squares line of log speedup on the request's mean entropy "
              "crosses 0; inf = above 1 at every entropy"]
@@ -424,6 +450,8 @@ class WorkloadPrediction(Result):
 
     @property
     def title(self) -> str:
+        if self.family == EXACT_REPLAY:
+            return f"will drafting pay on this workload? {self.drafter_id}, from its rounds replayed over the workload"
         return (f"will drafting pay on this workload? {self.drafter_id} ({self.family}), from its target entropies"
                 + (" and the drafter's replayed proposals" if self.replayed else ""))
 
@@ -431,13 +459,57 @@ class WorkloadPrediction(Result):
         """One line per category, the verdict first."""
         lines = []
         for category, r in self.summary.iterrows():
-            band = (f"; with the transfer error [{r['low']:.2f}, {r['high']:.2f}]" if np.isfinite(self.transfer_error)
-                    else "")
+            what = "the cost model's error" if self.family == EXACT_REPLAY else "the transfer error"
+            band = (f"; with {what} [{r['low']:.2f}, {r['high']:.2f}]" if np.isfinite(self.transfer_error) else "")
             lines.append(f"{category:<16} {r['verdict']:<13} predicted {r['predicted_speedup']:.2f}x "
                          f"[{r['ci_low']:.2f}, {r['ci_high']:.2f}]{band}; tokens/round "
                          f"{r['predicted_tokens_per_round']:.2f}, {int(r['requests'])} requests, mean entropy "
                          f"{r['mean_entropy_nats']:.2f} nats")
         return "\n".join(lines)
+
+
+def _priced_summary(traces, drafter: str, cost: CostModel, ar_table, ar_ms_per_token, arm_ids, seqs: pd.DataFrame,
+                    tokens: np.ndarray, mean_h: np.ndarray, rounds_k: np.ndarray, nodes_k: np.ndarray,
+                    drafting_k: np.ndarray, transfer_error: float, seed: int, level: float):
+    """A workload's verdicts from its requests' expected rounds, draft nodes and drafting rounds (``[requests, K]``:
+    column 0 the estimate, column j the j-th replicate's): per category of ``seqs`` (and ``all``) the speedup
+    (its tokens x t_AR over its summed expected decode cost), its ``level`` interval over K - 1 replicates of
+    the cost model and t_AR refitted with Poisson weights of ``arm_ids``, that interval widened by
+    ``transfer_error`` and the verdict; the same per request. Returns (summary, requests, (replicates, failed))."""
+    groups = [(str(c), (seqs["category"].astype(str) == c).to_numpy()) for c in sorted(seqs["category"].astype(str).unique())]
+    groups.append(("all", np.ones(len(seqs), dtype=bool)))
+
+    def category_speedups(c: CostModel, j: int) -> list[float]:
+        ms = decode_cost_ms(c, rounds_k[:, j], drafting_k[:, j], nodes_k[:, j])
+        return [float(tokens[m].sum() * c.ar_ms_per_token / ms[m].sum()) for _, m in groups]
+
+    estimate = category_speedups(cost, 0)
+    rng = np.random.default_rng(seed)
+    reps, failed = [], 0
+    for j, _, cost_b in _reweighted_costs(traces, drafter, arm_ids, ar_table, ar_ms_per_token, cost.clock,
+                                          rounds_k.shape[1] - 1, rng):
+        if cost_b is None:
+            failed += 1
+        else:
+            reps.append(category_speedups(cost_b, j))
+    names = [name for name, _ in groups]
+    ci_low, ci_high = percentile_interval(pd.DataFrame(reps, columns=names, dtype=float), level)
+    band = 0.0 if np.isnan(transfer_error) else float(transfer_error)
+    rows = []
+    for k, (name, m) in enumerate(groups):
+        low, high = float(ci_low[name]) * (1 - band), float(ci_high[name]) * (1 + band)
+        rows.append(dict(category=name, requests=int(m.sum()), tokens=int(tokens[m].sum()),
+                         mean_entropy_nats=float(np.average(mean_h[m], weights=tokens[m])),
+                         predicted_tokens_per_round=float(tokens[m].sum() / rounds_k[m, 0].sum()),
+                         predicted_speedup=estimate[k], ci_low=float(ci_low[name]), ci_high=float(ci_high[name]),
+                         low=low, high=high, verdict=predicted_verdict(low, high)))
+    summary = pd.DataFrame(rows).set_index("category")
+    requests = seqs[["run_id", "request_id", "category"]].assign(
+        tokens=tokens.astype(int), mean_entropy_nats=mean_h, predicted_rounds=rounds_k[:, 0],
+        predicted_tokens_per_round=tokens / rounds_k[:, 0],
+        predicted_speedup=tokens * cost.ar_ms_per_token / decode_cost_ms(cost, rounds_k[:, 0], drafting_k[:, 0],
+                                                                         nodes_k[:, 0]))
+    return summary, requests, (len(reps), failed)
 
 
 def predicted_verdict(low: float, high: float) -> str:
@@ -518,53 +590,14 @@ def predict_workload(
             raise ValueError(f"request {rec.request_id} of the workload: target entropies must be finite and >= 0")
     arm_seqs = entropy_sequences(traces, drafter)
     arm_seqs = arm_seqs.loc[[len(e) >= 2 for e in arm_seqs["entropy"]]].reset_index(drop=True)
-    depth_rows = with_start_entropy(drafted_depths(traces, drafter), arm_seqs)
-    depth_model = TrainingDepthModel.fit(depth_rows, drafts)
-    n_of_depth = _nodes_by_depth(traces, depth_rows, drafts)
-    thetas = _law_draws(law, n_boot, seed)
-    replayed = None
-    if proposals is not None:
-        arrays = replayed_arrays(proposals, seqs, drafts)
-        replayed = [arrays[(str(r.run_id), str(r.request_id))] for r in seqs.itertuples()]
-    rounds_k, nodes_k, drafting_k = _price_sequences(law, seqs["entropy"], drafts, depth_model, n_of_depth, thetas,
-                                                     replayed)
-    tokens = np.array([len(e) - 1 for e in seqs["entropy"]], dtype=float)
-    mean_h = np.array([float(np.mean(e)) for e in seqs["entropy"]])
-    groups = [(str(c), (seqs["category"].astype(str) == c).to_numpy()) for c in sorted(seqs["category"].astype(str).unique())]
-    groups.append(("all", np.ones(len(seqs), dtype=bool)))
-
-    def category_speedups(c: CostModel, j: int) -> list[float]:
-        ms = decode_cost_ms(c, rounds_k[:, j], drafting_k[:, j], nodes_k[:, j])
-        return [float(tokens[m].sum() * c.ar_ms_per_token / ms[m].sum()) for _, m in groups]
-
-    estimate = category_speedups(cost, 0)
-    rng = np.random.default_rng(seed)
+    n_of_depth, _, replayed, (rounds_k, nodes_k, drafting_k), tokens, mean_h = _priced_requests(
+        traces, drafter, law, arm_seqs, seqs, drafts, proposals, n_boot, seed)
     arm_ids = list(arm_seqs["request_id"]) + ([] if ar_table is None else list(ar_table["request_id"]))
-    reps, failed = [], 0
-    for j, _, cost_b in _reweighted_costs(traces, drafter, arm_ids, ar_table, ar_ms_per_token, cost.clock,
-                                          thetas.shape[0] - 1, rng):
-        if cost_b is None:
-            failed += 1
-        else:
-            reps.append(category_speedups(cost_b, j))
-    names = [name for name, _ in groups]
-    ci_low, ci_high = percentile_interval(pd.DataFrame(reps, columns=names, dtype=float), level)
+    summary, requests, (n_reps, failed) = _priced_summary(
+        traces, drafter, cost, ar_table, ar_ms_per_token, arm_ids, seqs, tokens, mean_h, rounds_k, nodes_k,
+        drafting_k, transfer_error, seed, level)
     band = 0.0 if np.isnan(transfer_error) else float(transfer_error)
-    rows = []
-    for k, (name, m) in enumerate(groups):
-        low, high = float(ci_low[name]) * (1 - band), float(ci_high[name]) * (1 + band)
-        rows.append(dict(category=name, requests=int(m.sum()), tokens=int(tokens[m].sum()),
-                         mean_entropy_nats=float(np.average(mean_h[m], weights=tokens[m])),
-                         predicted_tokens_per_round=float(tokens[m].sum() / rounds_k[m, 0].sum()),
-                         predicted_speedup=estimate[k], ci_low=float(ci_low[name]), ci_high=float(ci_high[name]),
-                         low=low, high=high, verdict=predicted_verdict(low, high)))
-    summary = pd.DataFrame(rows).set_index("category")
-    requests = seqs[["run_id", "request_id", "category"]].assign(
-        tokens=tokens.astype(int), mean_entropy_nats=mean_h, predicted_rounds=rounds_k[:, 0],
-        predicted_tokens_per_round=tokens / rounds_k[:, 0],
-        predicted_speedup=tokens * cost.ar_ms_per_token / decode_cost_ms(cost, rounds_k[:, 0], drafting_k[:, 0],
-                                                                         nodes_k[:, 0]))
-    notes = [f"{level:.0%} percentile intervals from {len(reps)} replicates ({failed} failed; seed {seed}): each "
+    notes = [f"{level:.0%} percentile intervals from {n_reps} replicates ({failed} failed; seed {seed}): each "
              f"draws Poisson weights for the arm's {len(arm_seqs)} requests and the AR requests (refitting the cost "
              "model and t_AR) and one set of the law's coefficients; the workload's requests are not resampled",
              (f"low / high: that interval widened by the law's transfer error {band:.1%} (a category the law was not "
@@ -582,3 +615,102 @@ def predict_workload(
     return WorkloadPrediction(drafter_id=drafter, summary=summary, requests_table=requests, cost=cost,
                               family=law.family.name, transfer_error=float(transfer_error), notes=notes,
                               replayed=replayed is not None)
+
+
+# WorkloadPrediction.family of a workload priced from its replayed rounds (no law)
+EXACT_REPLAY = "replayed rounds (no law)"
+ROUND_COUNT_COLUMNS = ("run_id", "request_id", "category", "tokens", "rounds", "drafting_rounds", "nodes")
+
+
+def price_rounds(
+    traces,
+    rounds: pd.DataFrame,
+    *,
+    drafter: str | None = None,
+    ar_ms_per_token: float | None = None,
+    ar_requests: pd.DataFrame | None = None,
+    clock: str = "auto",
+    transfer_error: float = float("nan"),
+    n_boot: int = 100,
+    seed: int = 0,
+    level: float = 0.95,
+) -> WorkloadPrediction:
+    """Predicted decode speedup of ``drafter`` on a workload whose rounds are known: the arm's rounds replayed
+    over the workload's greedy outputs (``jobs.reference.workload_rounds``: a drafter whose proposal depends on
+    the context only decodes the same rounds on the same output, so tokens per round, drafting rounds and draft
+    nodes are those of the arm, with no law in between), priced by the arm's cost model from ``traces``.
+
+    ``rounds``: one row per request with ``run_id``, ``request_id``, ``category``, ``tokens`` (decoded after the
+    prefill), ``rounds`` (verify rounds after the prefill), ``drafting_rounds`` (of them, those that verified a
+    draft) and ``nodes`` (draft nodes verified in all), optionally ``mean_entropy_nats``. The interval comes from
+    ``n_boot`` replicates of the cost model and t_AR (Poisson weights of the arm's and the AR requests, as
+    ``predict_workload``); ``transfer_error`` (the cost model's own relative error, e.g. its largest error on the
+    arm's measured categories given their observed rounds: ``TraceAnalysis.speedup_validation``'s
+    ``cost_only_error``) widens it for the verdict."""
+    need = set(ROUND_COUNT_COLUMNS) - set(getattr(rounds, "columns", ()))
+    if need:
+        raise ValueError(f"rounds needs one row per request with columns {', '.join(ROUND_COUNT_COLUMNS)}; missing "
+                         f"{sorted(need)}")
+    if not (np.isnan(transfer_error) or transfer_error >= 0):
+        raise ValueError(f"transfer_error must be >= 0 (a relative error) or NaN, got {transfer_error}")
+    table = rounds.reset_index(drop=True)
+    counts = table[["tokens", "rounds", "drafting_rounds", "nodes"]].to_numpy(float)
+    if not np.all(np.isfinite(counts)) or np.any(counts < 0):
+        raise ValueError("rounds: tokens, rounds, drafting_rounds and nodes must be finite and >= 0")
+    bad = (table["drafting_rounds"] > table["rounds"]) | (table["rounds"] > table["tokens"])
+    if bad.any():
+        r = table.loc[bad].iloc[0]
+        raise ValueError(f"request {r['request_id']}: {int(r['drafting_rounds'])} drafting rounds of "
+                         f"{int(r['rounds'])} rounds for {int(r['tokens'])} tokens: every round commits a token and "
+                         "drafting rounds are rounds")
+    short = (table["tokens"] < 1).to_numpy()
+    table = table.loc[~short].reset_index(drop=True)
+    if table.empty:
+        raise ValueError("the workload has no request with a token decoded after the prefill: nothing to predict")
+    drafter, _ = single_drafter(traces, drafter)
+    cost, ar_table = priced_cost_model(traces, drafter=drafter, ar_ms_per_token=ar_ms_per_token,
+                                       ar_requests=ar_requests, clock=clock)
+    arm_seqs = entropy_sequences(traces, drafter)
+    arm_ids = list(arm_seqs["request_id"]) + ([] if ar_table is None else list(ar_table["request_id"]))
+    k = int(n_boot) + 1  # the counts are known: every replicate prices the same rounds with another cost model
+    rounds_k, drafting_k, nodes_k = (np.repeat(table[c].to_numpy(float)[:, None], k, axis=1)
+                                     for c in ("rounds", "drafting_rounds", "nodes"))
+    mean_h = (table["mean_entropy_nats"].to_numpy(float) if "mean_entropy_nats" in table
+              else np.full(len(table), np.nan))
+    summary, requests, (n_reps, failed) = _priced_summary(
+        traces, drafter, cost, ar_table, ar_ms_per_token, arm_ids, table, table["tokens"].to_numpy(float), mean_h,
+        rounds_k, nodes_k, drafting_k, transfer_error, seed, level)
+    band = 0.0 if np.isnan(transfer_error) else float(transfer_error)
+    notes = [f"{level:.0%} percentile intervals from {n_reps} replicates ({failed} failed; seed {seed}) of the cost "
+             f"model and t_AR (Poisson weights for the arm's {len(arm_seqs)} requests and the AR requests); the "
+             "workload's rounds are known, not resampled",
+             (f"low / high: that interval widened by the cost model's own error {band:.1%}; the verdict needs all of "
+              "it on one side of 1" if not np.isnan(transfer_error) else
+              "the cost model's own error is not measured here (transfer_error NaN): the verdict rests on the "
+              "interval of its measurements alone"),
+             f"per request: its replayed rounds (no law), {cost.clock} clock, t_AR {cost.ar_ms_per_token:.1f} ms "
+             f"({cost.ar_source}); decode only (no prefill)"]
+    if short.any():
+        notes.append(f"{int(short.sum())} request(s) of the workload decoded no token after the prefill: left out")
+    return WorkloadPrediction(drafter_id=drafter, summary=summary, requests_table=requests, cost=cost,
+                              family=EXACT_REPLAY, transfer_error=float(transfer_error), notes=notes, replayed=True)
+
+
+def round_counts(traces, drafter: str | None = None) -> pd.DataFrame:
+    """One row per request of ``drafter``'s runs in ``traces`` (``ROUND_COUNT_COLUMNS``, with
+    ``mean_entropy_nats`` over its decoded positions where the tokens carry it): the counts ``price_rounds``
+    prices, from the recorded rounds after the prefill (round 0), as the measured speedup counts them
+    (``TraceAnalysis.paired_requests``)."""
+    drafter, _ = single_drafter(traces, drafter)
+    runs = traces.runs.loc[traces.runs["drafter_id"] == drafter, "run_id"]
+    rounds = traces.rounds.loc[traces.rounds["run_id"].isin(runs) & (traces.rounds["round_index"] > 0)]
+    counts = rounds.assign(_drafting=(rounds["tree_nodes"] > 0).astype(int)).groupby(
+        ["run_id", "request_id"], sort=False).agg(tokens=("committed", "sum"), rounds=("round_index", "size"),
+                                                  drafting_rounds=("_drafting", "sum"), nodes=("tree_nodes", "sum"),
+                                                  accepted=("accepted", "sum"))
+    tokens = traces.tokens.loc[traces.tokens["run_id"].isin(runs) & (traces.tokens["position"] > 0)]
+    entropy = tokens.groupby(["run_id", "request_id"], sort=False)["target_entropy_nats"].mean()
+    out = counts.join(entropy.rename("mean_entropy_nats"), how="left").reset_index()
+    categories = traces.requests[["run_id", "request_id", "category"]].drop_duplicates(["run_id", "request_id"])
+    out = out.merge(categories, on=["run_id", "request_id"], how="left")
+    return out[list(ROUND_COUNT_COLUMNS) + ["accepted", "mean_entropy_nats"]]
