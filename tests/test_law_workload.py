@@ -513,3 +513,5 @@ def test_the_predict_command_with_the_arms_rounds_replayed(capsys):
     assert "the cost model's own error: its largest |relative error| on the arm's 5 measured categories" in out
     assert main([*argv, "--replay-rounds", "--replay"]) == 2
     assert "choose one" in capsys.readouterr().err
+    assert main(["predict", str(timed), "--from", str(timed), "--replay-rounds"]) == 2
+    assert "--replay-rounds replays the drafter over one run" in capsys.readouterr().err

@@ -3,7 +3,8 @@ per-request speedups cross 1 against the predicted break-even entropy.
 
 Known here: how to draw ``TraceAnalysis.speedup_validation`` (one point per arm x category: the measured
 paired speedup with its request-bootstrap 95% interval on the x axis, the law + cost model's prediction on the
-y axis, the diagonal with a +-10% band; hollow markers: measurements that are not a result) and
+y axis, the diagonal with a +-10% band; hollow markers: measurements that are not a result; crosses: the same
+recorded rounds priced by the cost model alone, ``cost_only_predicted``) and
 ``TraceAnalysis.request_speedups`` / ``speedup_crossing`` / ``workload`` (per request: measured and predicted
 speedup vs the request's mean entropy, both log-speedup lines, the workload break-even interval shaded, the
 logistic fit's crossing dotted). Panels say why
@@ -53,6 +54,13 @@ def predicted_vs_measured(table: pd.DataFrame, *, ax, colours: dict):
                    edgecolor=colours[arm], s=22, zorder=3, label=f"{arm} (not a result)" if (~result).any() else None)
         for r in rows.itertuples():
             ax.annotate(r.category, (r.measured, r.predicted), fontsize=6, xytext=(3, 2), textcoords="offset points")
+    if "cost_only_predicted" in part and part["cost_only_predicted"].notna().any():
+        # the same rounds as measured, priced by the cost model alone: what is left when the law's error is taken
+        # out (what `entropy-law predict --replay-rounds` predicts for a workload)
+        for arm, rows in part.groupby("arm", sort=False):
+            ax.scatter(rows["measured"], rows["cost_only_predicted"], marker="x", color=colours[arm], s=18, lw=0.8,
+                       zorder=3)
+        ax.scatter([], [], marker="x", color="0.3", s=18, lw=0.8, label="its rounds priced by the cost model (no law)")
     ax.axhline(1.0, color="k", lw=0.5)
     ax.axvline(1.0, color="k", lw=0.5)
     ax.set_xlim(lo, hi)

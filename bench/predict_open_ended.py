@@ -1,0 +1,181 @@
+"""Will drafting pay on categories never seen? Predicted from an AR run alone, then measured on the same prompts.
+
+Two steps (``--record`` first, once; then the check, as often as wanted):
+
+- ``--record OUT``: decode ``--per-category`` seeded open-ended prompts per category (``data/open_ended``: writing,
+  role-play, opinion, brainstorming, coding, explanations; none of them in the Spec-Bench traces the costs come from)
+  with AR, the n-gram chain, n-gram DDTree16 and block DDTree16 through the one recording loop
+  (``jobs.record.record_arms``: warm-up, arms interleaved per prompt in rotating order, CPU and wall clock), one run
+  per arm under ``OUT``, per-call timings in ``OUT/timings.csv``. Set ``OMP_NUM_THREADS=1`` and record on an idle
+  machine.
+- the check (``TRACES``, default ``data/traces_open_timed``): for every drafting arm of ``--from`` (default
+  ``data/traces_timed``: its costs measured on other prompts, another day), the arm's rounds replayed over the AR run
+  of ``TRACES`` (``jobs.reference.workload_rounds``; loads the default target) and priced by that arm's cost model
+  (``TraceAnalysis.predict(rounds=)``, as ``entropy-law predict --replay-rounds``), per category and overall; next
+  to it the speedup the same arm measured on the same prompts in ``TRACES`` (paired with AR, CPU clock), and its
+  tokens per round. A verdict is judged right or wrong only where the measured interval excludes 1.
+
+Prints a table and ends with ONE JSON line.
+
+    OMP_NUM_THREADS=1 python bench/predict_open_ended.py --record data/traces_open_timed --per-category 3 --seed 7
+    OMP_NUM_THREADS=1 python bench/predict_open_ended.py | tee bench/results/predict_open_ended.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+RECORD_ARMS = ("ar", "ngram", "ngram-ddtree16", "block-ddtree16")
+
+
+def record(out: Path, per_category: int, seed: int, max_new_tokens: int) -> None:
+    import torch
+
+    from entropy_law.decoding.loading import load_target
+    from entropy_law.jobs.arms import available_arms
+    from entropy_law.jobs.record import record_arms
+    from entropy_law.prompts.text import load_tasks, sample_per_category
+
+    torch.set_num_threads(1)
+    tasks = sample_per_category(load_tasks("open_ended"), per_category, seed=seed)
+    specs, messages = available_arms(RECORD_ARMS)
+    for m in messages:
+        print(m)
+    print(f"{len(tasks)} prompts ({per_category} per category, seed {seed}), arms {[s.name for s in specs]}, "
+          f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, load average {os.getloadavg()}", flush=True)
+    result = record_arms(tasks, specs, out, load_target("smollm2-135m"), max_new_tokens=max_new_tokens, resume=True,
+                         warm_up_tokens=16, progress=False,
+                         run_metadata=lambda spec: {"seed": seed, "replayed": False, "arm": spec.name,
+                                                    "tasks": "open_ended", "cpu_count": os.cpu_count(),
+                                                    "omp_num_threads": os.environ.get("OMP_NUM_THREADS")})
+    result.timings("ar").to_csv(out / "timings.csv", index=False)
+    print(f"recorded into {out} (decode {result.decode_s:.0f} s wall); load average {os.getloadavg()}")
+
+
+def right(verdict: str, lo: float, hi: float):
+    """Whether a verdict agrees with the measured interval (None: no answer, or the measurement cannot tell)."""
+    from entropy_law.law.workload import DOES_NOT_PAY, PAYS
+
+    if lo > 1.0:
+        return verdict == PAYS if verdict in (PAYS, DOES_NOT_PAY) else None
+    if hi < 1.0:
+        return verdict == DOES_NOT_PAY if verdict in (PAYS, DOES_NOT_PAY) else None
+    return None
+
+
+def check(path: Path, arm_traces: Path, n_boot: int, seed: int) -> dict:
+    import numpy as np
+    import pandas as pd
+    import torch
+
+    from entropy_law.decoding.loading import load_target
+    from entropy_law.jobs.reference import workload_rounds
+    from entropy_law.jobs.speed import paired_speedups
+    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.traces.layout import RUN_FILE, read_run_json
+    from entropy_law.traces.reader import load_traces
+
+    torch.set_num_threads(1)
+    warnings.simplefilter("ignore")  # SmallSampleWarning: 3 prompts per category; the table says it
+    t0 = time.process_time()
+    traces = load_traces(path)
+    measured = TraceAnalysis(traces, n_boot=n_boot, seed=seed)
+    source = TraceAnalysis(load_traces(arm_traces), n_boot=n_boot, seed=seed)
+    ar_runs = measured.runs.loc[measured.runs["is_ar"], "path"]
+    if len(ar_runs) != 1:
+        raise SystemExit(f"{path} needs exactly one AR run (the workload the prediction reads)")
+    ar_path = Path(ar_runs.iloc[0])
+    workload = load_traces(ar_path)
+    target = load_target("smollm2-135m")
+    timings = pd.read_csv(path / "timings.csv") if (path / "timings.csv").is_file() else None
+    whole = paired_speedups(timings, reference="ar", clock="cpu", seed=seed) if timings is not None else None
+    print(f"workload: the AR run {ar_path} ({workload.requests['request_id'].nunique()} prompts, categories "
+          f"{sorted(set(workload.requests['category']))}); arms and costs from {arm_traces}")
+    rows = []
+    for arm in source.arms:
+        if arm not in measured.arms:
+            print(f"  {arm}: not decoded in {path}, skipped")
+            continue
+        meta = read_run_json(Path(source.runs.loc[source.runs["arm"] == arm, "path"].iloc[0]) / RUN_FILE)
+        rounds = workload_rounds(ar_path, meta, target)
+        pred = source.predict(arm, workload, rounds=rounds).summary
+        got = measured.speedup(arm).set_index("category")
+        paired = measured.paired_requests(arm)
+        pooled = ((paired["ar_ms"].sum() / paired["ar_decoded"].sum()) / (paired["ms"].sum() / paired["decoded"].sum()))
+        label = str(meta.get("arm", arm))
+        w = whole.loc[(whole["arm"] == label) & (whole["category"] == "all")] if whole is not None else pd.DataFrame()
+        for category, p in pred.iterrows():
+            if category == "all":
+                m = dict(speedup=pooled, lo=float(w["lo"].iloc[0]) if len(w) else np.nan,
+                         hi=float(w["hi"].iloc[0]) if len(w) else np.nan, requests=len(paired),
+                         tokens_per_round=float(paired["decoded"].sum() / paired["rounds"].sum()))
+            elif category in got.index:
+                m = got.loc[category]
+            else:
+                continue
+            rows.append(dict(arm=arm, category=category, requests=int(m["requests"]),
+                             predicted=float(p["predicted_speedup"]), low=float(p["low"]), high=float(p["high"]),
+                             verdict=p["verdict"], measured=float(m["speedup"]), measured_lo=float(m["lo"]),
+                             measured_hi=float(m["hi"]),
+                             predicted_tokens_per_round=float(p["predicted_tokens_per_round"]),
+                             measured_tokens_per_round=float(m["tokens_per_round"])))
+    table = pd.DataFrame(rows)
+    table["relative_error"] = table["predicted"] / table["measured"] - 1
+    table["predicted_inside_measured"] = (table["predicted"] >= table["measured_lo"]) & (
+        table["predicted"] <= table["measured_hi"])
+    table["measured_inside_predicted"] = (table["measured"] >= table["low"]) & (table["measured"] <= table["high"])
+    table["right"] = [right(v, lo, hi)
+                      for v, lo, hi in zip(table["verdict"], table["measured_lo"], table["measured_hi"])]
+    with pd.option_context("display.width", 220, "display.max_columns", 30):
+        print(table.round(3).to_string(index=False))
+    cats = table.loc[table["category"] != "all"]
+    overall = table.loc[table["category"] == "all"]
+    out = {"bench": "predict_open_ended", "traces": str(path), "from": str(arm_traces), "n_boot": n_boot, "seed": seed,
+           "cpu_s": round(time.process_time() - t0, 1), "cells": len(cats),
+           "mean_abs_error": float(cats["relative_error"].abs().mean()),
+           "max_abs_error": float(cats["relative_error"].abs().max()),
+           "predicted_inside_measured": int(cats["predicted_inside_measured"].sum()),
+           "measured_inside_predicted": int(cats["measured_inside_predicted"].sum()),
+           "tokens_per_round_max_abs_error": float((cats["predicted_tokens_per_round"]
+                                                    / cats["measured_tokens_per_round"] - 1).abs().max()),
+           "overall": {r["arm"]: {k: r[k] for k in ("predicted", "low", "high", "verdict", "measured", "measured_lo",
+                                                     "measured_hi", "right")} for r in overall.to_dict("records")},
+           "right": int((table["right"] == True).sum()), "wrong": int((table["right"] == False).sum())}  # noqa: E712
+    print(f"\nper category: speedup |error| mean {out['mean_abs_error']:.1%} (max {out['max_abs_error']:.1%}); "
+          f"predicted inside the measured interval in {out['predicted_inside_measured']} of {len(cats)}, measured "
+          f"inside the predicted one in {out['measured_inside_predicted']} of {len(cats)}; tokens per round off by at "
+          "most "
+          f"{out['tokens_per_round_max_abs_error']:.1%}; verdicts judged right {out['right']}, wrong {out['wrong']} "
+          "(per category and overall, where the measured interval excludes 1)")
+    print(json.dumps(out, default=lambda v: None if v is None else bool(v) if isinstance(v, np.bool_) else float(v)))
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("traces", nargs="?", default="data/traces_open_timed", help="the timed open-ended recording")
+    p.add_argument("--from", dest="arm_traces", default="data/traces_timed",
+                   help="the arms whose costs price the prediction (timed with AR on this machine)")
+    p.add_argument("--record", metavar="OUT", default=None, help="record the open-ended set into OUT first")
+    p.add_argument("--per-category", type=int, default=3)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--n-boot", type=int, default=100)
+    args = p.parse_args(argv)
+    if args.record:
+        record(Path(args.record), args.per_category, args.seed, args.max_new_tokens)
+        return 0
+    check(Path(args.traces), Path(args.arm_traces), args.n_boot, args.seed)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
