@@ -490,3 +490,39 @@ def test_hybrid_hands_the_block_drafter_every_position_it_skipped():
     assert out.token_ids == reference
     drafted = [r.policy["draft"] for r in out.rounds[1:]]
     assert block.calls == sum(drafted) and 0 < sum(drafted) < len(drafted), drafted
+
+
+def test_a_law_policy_arm_replayed_over_an_ar_run_decodes_its_online_rounds(tmp_path):
+    """``jobs.reference.workload_rounds`` with a law-policy arm: its stored parameters and cost curve, and the AR
+    run's target entropies, reproduce the rounds the policy decoded online, request by request."""
+    import pandas as pd
+    from test_cli_record import make_tiny_model_folder
+
+    from entropy_law.cli import main
+    from entropy_law.decoding.loading import load_target
+    from entropy_law.jobs.reference import workload_rounds
+    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.law.workload import round_counts
+    from entropy_law.traces.reader import load_traces
+
+    folder = make_tiny_model_folder(tmp_path / "model")
+    tasks = tmp_path / "tasks.jsonl"
+    prompts = {1: "the cat sat on the mat the cat sat on the mat", 2: "red blue green red blue green red",
+               3: "one two three one two three one two"}
+    tasks.write_text("".join(json.dumps({"question_id": q, "category": "alpha", "turns": [t]}) + "\n"
+                             for q, t in prompts.items()))
+    law = save_policy(params(0.8, slope=True), tmp_path / "law.json")
+    base = ["record", "--model", str(folder), "--tasks", str(tasks), "--max-new-tokens", "12", "--block-size", "4",
+            "--no-progress"]
+    assert main([*base, "--out", str(tmp_path / "ar"), "--drafter", "ar"]) == 0
+    assert main([*base, "--out", str(tmp_path / "law"), "--tree", "ddtree", "--budget", "6", "--policy", "law",
+                 "--policy-law", str(law)]) == 0
+    meta = json.loads((tmp_path / "law" / "run.json").read_text())
+    replayed = workload_rounds(tmp_path / "ar", meta, load_target(str(folder)))
+    analysis = TraceAnalysis(load_traces(tmp_path / "law"), n_boot=0)
+    online = round_counts(analysis.view, analysis.arms[0])
+    assert replayed.attrs["gate"].startswith("the arm's law policy")
+    columns = ["request_id", "tokens", "rounds", "drafting_rounds", "nodes", "accepted"]
+    assert len(online) == 3 and online["drafting_rounds"].sum() > 0
+    pd.testing.assert_frame_equal(replayed[columns].sort_values("request_id").reset_index(drop=True),
+                                  online[columns].sort_values("request_id").reset_index(drop=True), check_dtype=False)
