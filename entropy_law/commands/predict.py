@@ -50,6 +50,8 @@ def register(subparsers) -> None:
                                    "model)")
     p.add_argument("--tasks", help="with --replay / --replay-rounds: the prompts the workload decoded (default: its "
                                    "run.json's tasks)")
+    p.add_argument("--checkpoint", help="with --replay / --replay-rounds: the block drafter's checkpoint the arm was "
+                                        "recorded with (default: the shipped one)")
     p.add_argument("--n-boot", type=int, default=100, help="replicates for the intervals (default 100)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=run)
@@ -140,7 +142,8 @@ def _replayed(args, analysis, arms) -> dict:
                      f"{int(acc['categories'])} categories of {law_from}, {error:.1%} (mean "
                      f"{float(acc['mean_abs_relative_error']):.1%}; {REPLAYED_FAMILY}, replayed depths)"]
         path = analysis.runs.loc[analysis.runs["arm"] == arm, "path"].iloc[0]
-        replay = workload_proposals(args.workload, read_run_json(Path(path) / RUN_FILE), target, tasks=args.tasks)
+        replay = workload_proposals(args.workload, read_run_json(Path(path) / RUN_FILE), target, tasks=args.tasks,
+                                    checkpoint=args.checkpoint)
         notes.append(f"drafted depths and the drafter's confidence: its proposals replayed at every output position of "
                      f"the workload ({replay['request_id'].nunique()} requests), with {replay.attrs['gate']}; law "
                      f"{REPLAYED_FAMILY} fitted on {law_from}")
@@ -183,7 +186,8 @@ def _replayed_rounds(args, analysis, arms) -> dict:
     out = {}
     for arm in arms:
         path = analysis.runs.loc[analysis.runs["arm"] == arm, "path"].iloc[0]
-        rounds = workload_rounds(args.workload, read_run_json(Path(path) / RUN_FILE), target, tasks=args.tasks)
+        rounds = workload_rounds(args.workload, read_run_json(Path(path) / RUN_FILE), target, tasks=args.tasks,
+                                 checkpoint=args.checkpoint)
         notes = [f"the arm's rounds replayed over the workload ({len(rounds)} requests) with {rounds.attrs['gate']}: "
                  "the rounds it decodes there, priced by its cost model (no law)"]
         if args.transfer_error is not None:

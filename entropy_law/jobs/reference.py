@@ -265,7 +265,7 @@ def _workload_inputs(workload_dir: str | Path, arm_meta: dict, target, tasks, ch
         drafter = make_drafter(arm_spec("block"), target, checkpoint=checkpoint)
         if drafter.drafter_id != drafter_id:
             raise ValueError(f"the arm was recorded with {drafter_id}, the block drafter loaded is {drafter.drafter_id}; "
-                             "pass the arm's checkpoint")
+                             "pass the arm's checkpoint (checkpoint=; entropy-law predict --checkpoint FILE)")
     plain = SpeculativeDecoder(target)
     raw = meta.get("chat_template") is False
     by_id = {t.request_id: t for t in load_tasks(source)}
