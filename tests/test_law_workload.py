@@ -511,7 +511,42 @@ def test_the_predict_command_with_the_arms_rounds_replayed(capsys):
     assert ("rounds replayed over the workload (40 requests) with the arm's ratio gate (drafts where the expected "
             "accepted drafts >= 1)") in out
     assert "the cost model's own error: its largest |relative error| on the arm's 5 measured categories" in out
+    both = ["predict", str(timed / "ar"), "--from", str(timed), "--drafter", "ngram chain", "--drafter",
+            "ngram ddtree16", "--n-boot", "5", "--replay-rounds"]
+    assert main(both) == 0  # two arms: what to run per category ends the answer
+    lines = capsys.readouterr().out.splitlines()
+    start = lines.index("what to run, per category (the paying arm with the highest predicted speedup, else AR):")
+    chosen = {x.split()[0]: x for x in lines[start + 1:]}
+    assert set(chosen) == {"math_reasoning", "qa", "rag", "summarization", "translation", "all"}
+    assert all(" ngram " in x or " AR " in x for x in chosen.values())
     assert main([*argv, "--replay-rounds", "--replay"]) == 2
     assert "choose one" in capsys.readouterr().err
     assert main(["predict", str(timed), "--from", str(timed), "--replay-rounds"]) == 2
     assert "--replay-rounds replays the drafter over one run" in capsys.readouterr().err
+
+
+def test_choose_arms_runs_the_best_paying_arm_else_ar():
+    """``choose_arms``: per category the paying arm with the highest predicted speedup; AR where no arm pays,
+    saying whether every arm is predicted below 1 or some are unclear."""
+    import pandas as pd
+
+    from entropy_law.law.workload import DOES_NOT_PAY, PAYS, UNCLEAR, WorkloadPrediction, choose_arms
+
+    def prediction(rows):
+        summary = pd.DataFrame([dict(category=c, predicted_speedup=p, low=lo, high=hi, verdict=v)
+                                for c, p, lo, hi, v in rows]).set_index("category")
+        return WorkloadPrediction(drafter_id="x", summary=summary, requests_table=pd.DataFrame(), cost=None,
+                                  family="f", transfer_error=0.1)
+
+    a = prediction([("code", 1.2, 1.1, 1.3, PAYS), ("chat", 0.9, 0.8, 0.95, DOES_NOT_PAY),
+                    ("math", 1.05, 0.97, 1.1, UNCLEAR)])
+    b = prediction([("code", 1.4, 1.02, 1.6, PAYS), ("chat", 0.8, 0.7, 0.9, DOES_NOT_PAY),
+                    ("math", 0.9, 0.85, 0.95, DOES_NOT_PAY)])
+    got = choose_arms({"a": a, "b": b}).set_index("category")
+    assert got.loc["code", "choice"] == "b" and got.loc["code", "predicted_speedup"] == 1.4
+    assert "also pays: a" in got.loc["code", "why"]
+    assert got.loc["chat", "choice"] == "AR" and got.loc["chat", "why"].startswith("no arm pays")
+    assert got.loc["math", "choice"] == "AR" and "unclear: a" in got.loc["math", "why"]
+    assert (got.loc[["chat", "math"], "predicted_speedup"] == 1.0).all()
+    with pytest.raises(ValueError, match="at least one"):
+        choose_arms({})

@@ -5,7 +5,9 @@ an imported engine log with ``entropy-law entropy``) and, per drafting arm of ``
 drafter on the same target, timed with an AR run on the same machine), prices each workload request with the arm's
 law, drafted depths and cost model (``TraceAnalysis.predict``). Prints per category the verdict first, the
 predicted speedup with its interval, and that interval widened by the law's transfer error (its largest
-leave-one-category-out error on the arm's own categories), which the verdict needs on one side of 1.
+leave-one-category-out error on the arm's own categories), which the verdict needs on one side of 1. With several
+arms it ends with what to run per category (``law.workload.choose_arms``): the paying arm with the highest predicted
+speedup, else AR, which cannot lose.
 
 ``--replay`` (the workload one run): each arm's drafter is replayed over the workload's outputs (the depth it would
 draft at every position and its confidence in its own proposal; ``jobs.reference.workload_proposals``, which loads
@@ -82,6 +84,7 @@ def run(args) -> int:
                          "choose one")
     replayed = _replayed(args, analysis, arms) if args.replay else {}
     replayed_rounds = _replayed_rounds(args, analysis, arms) if args.replay_rounds else {}
+    results = {}
     for arm in arms:
         if arm in replayed_rounds:
             rounds, notes = replayed_rounds[arm]
@@ -93,11 +96,19 @@ def run(args) -> int:
             result.notes = notes + result.notes
         else:
             result = analysis.predict(arm, workload, transfer_error=args.transfer_error)
+        results[arm] = result
         print(result.title)
         print(result.answer())
         for note in result.notes:
             print(f"  note: {note}")
         print()
+    if len(results) > 1:
+        from entropy_law.law.workload import choose_arms
+
+        print("what to run, per category (the paying arm with the highest predicted speedup, else AR):")
+        for r in choose_arms(results).to_dict("records"):
+            band = f" [{r['low']:.2f}, {r['high']:.2f}]" if r["choice"] != "AR" else ""
+            print(f"{r['category']:<16} {r['choice']:<36} {r['predicted_speedup']:.2f}x{band}: {r['why']}")
     return 0
 
 

@@ -714,3 +714,31 @@ def round_counts(traces, drafter: str | None = None) -> pd.DataFrame:
     categories = traces.requests[["run_id", "request_id", "category"]].drop_duplicates(["run_id", "request_id"])
     out = out.merge(categories, on=["run_id", "request_id"], how="left")
     return out[list(ROUND_COUNT_COLUMNS) + ["accepted", "mean_entropy_nats"]]
+
+
+def choose_arms(predictions: dict) -> pd.DataFrame:
+    """Per category of the workload (and ``all``), what to run, from ``WorkloadPrediction``s of several arms
+    (``{arm: prediction}``, e.g. ``TraceAnalysis.predict`` for each): the arm whose verdict is ``PAYS`` with the
+    highest predicted speedup, else AR (no drafting: the choice that cannot lose), with why: every arm "does not
+    pay", or the ones whose interval straddles 1 (``UNCLEAR``). Columns ``category``, ``choice`` (an arm, or
+    ``"AR"``), ``predicted_speedup`` / ``low`` / ``high`` of the chosen arm (1 for AR), ``why``."""
+    if not predictions:
+        raise ValueError("choose_arms needs at least one arm's WorkloadPrediction")
+    categories = list(dict.fromkeys(c for p in predictions.values() for c in p.summary.index))
+    rows = []
+    for category in categories:
+        rows_of = {arm: p.summary.loc[category] for arm, p in predictions.items() if category in p.summary.index}
+        paying = {arm: r for arm, r in rows_of.items() if r["verdict"] == PAYS}
+        if paying:
+            arm, r = max(paying.items(), key=lambda kv: float(kv[1]["predicted_speedup"]))
+            others = sorted(set(paying) - {arm})
+            rows.append(dict(category=category, choice=arm, predicted_speedup=float(r["predicted_speedup"]),
+                             low=float(r["low"]), high=float(r["high"]),
+                             why="pays, the highest predicted speedup" + (f" (also pays: {', '.join(others)})"
+                                                                          if others else "")))
+            continue
+        unclear = sorted(arm for arm, r in rows_of.items() if r["verdict"] == UNCLEAR)
+        why = ("no arm pays: every one is predicted below 1" if not unclear else
+               f"no arm is predicted to pay for sure (unclear: {', '.join(unclear)}): AR cannot lose")
+        rows.append(dict(category=category, choice="AR", predicted_speedup=1.0, low=1.0, high=1.0, why=why))
+    return pd.DataFrame(rows)
