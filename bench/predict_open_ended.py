@@ -12,7 +12,8 @@ Two steps (``--record`` first, once; then the check, as often as wanted):
   ``data/traces_timed``: its costs measured on other prompts, another day), the arm's rounds replayed over the AR run
   of ``TRACES`` (``jobs.reference.workload_rounds``; loads the default target) and priced by that arm's cost model
   (``TraceAnalysis.predict(rounds=)``, as ``entropy-law predict --replay-rounds``), per category and overall; next
-  to it the speedup the same arm measured on the same prompts in ``TRACES`` (paired with AR, CPU clock), and its
+  to it the speedup the same arm measured on the same prompts in ``TRACES`` (paired with AR, decode time on the CPU
+  clock, ``TraceAnalysis.speedup``; overall: the same estimator and interval over all its requests), and its
   tokens per round. A verdict is judged right or wrong only where the measured interval excludes 1.
 
 Prints a table and ends with ONE JSON line.
@@ -60,17 +61,6 @@ def record(out: Path, per_category: int, seed: int, max_new_tokens: int) -> None
     print(f"recorded into {out} (decode {result.decode_s:.0f} s wall); load average {os.getloadavg()}")
 
 
-def right(verdict: str, lo: float, hi: float):
-    """Whether a verdict agrees with the measured interval (None: no answer, or the measurement cannot tell)."""
-    from entropy_law.law.workload import DOES_NOT_PAY, PAYS
-
-    if lo > 1.0:
-        return verdict == PAYS if verdict in (PAYS, DOES_NOT_PAY) else None
-    if hi < 1.0:
-        return verdict == DOES_NOT_PAY if verdict in (PAYS, DOES_NOT_PAY) else None
-    return None
-
-
 def check(path: Path, arm_traces: Path, n_boot: int, seed: int) -> dict:
     import numpy as np
     import pandas as pd
@@ -78,8 +68,9 @@ def check(path: Path, arm_traces: Path, n_boot: int, seed: int) -> dict:
 
     from entropy_law.decoding.loading import load_target
     from entropy_law.jobs.reference import workload_rounds
-    from entropy_law.jobs.speed import paired_speedups
-    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.law.analysis import SPEEDUP_BOOT, TraceAnalysis
+    from entropy_law.law.cost import paired_speedup, paired_speedup_interval
+    from entropy_law.law.workload import verdict_right
     from entropy_law.traces.layout import RUN_FILE, read_run_json
     from entropy_law.traces.reader import load_traces
 
@@ -95,8 +86,6 @@ def check(path: Path, arm_traces: Path, n_boot: int, seed: int) -> dict:
     ar_path = Path(ar_runs.iloc[0])
     workload = load_traces(ar_path)
     target = load_target("smollm2-135m")
-    timings = pd.read_csv(path / "timings.csv") if (path / "timings.csv").is_file() else None
-    whole = paired_speedups(timings, reference="ar", clock="cpu", seed=seed) if timings is not None else None
     print(f"workload: the AR run {ar_path} ({workload.requests['request_id'].nunique()} prompts, categories "
           f"{sorted(set(workload.requests['category']))}); arms and costs from {arm_traces}")
     rows = []
@@ -108,15 +97,15 @@ def check(path: Path, arm_traces: Path, n_boot: int, seed: int) -> dict:
         rounds = workload_rounds(ar_path, meta, target)
         pred = source.predict(arm, workload, rounds=rounds).summary
         got = measured.speedup(arm).set_index("category")
-        paired = measured.paired_requests(arm)
-        pooled = ((paired["ar_ms"].sum() / paired["ar_decoded"].sum()) / (paired["ms"].sum() / paired["decoded"].sum()))
-        label = str(meta.get("arm", arm))
-        w = whole.loc[(whole["arm"] == label) & (whole["category"] == "all")] if whole is not None else pd.DataFrame()
+        paired = measured.paired_requests(arm)  # all its requests: the per-category cells' estimator, pooled
+        times = (paired["ar_ms"].to_numpy(float), paired["ar_decoded"].to_numpy(float), paired["ms"].to_numpy(float),
+                 paired["decoded"].to_numpy(float))
+        lo, hi = paired_speedup_interval(*times, rng=np.random.default_rng(seed), n_boot=SPEEDUP_BOOT)
+        overall = dict(speedup=float(paired_speedup(*times)), lo=float(lo), hi=float(hi), requests=len(paired),
+                       tokens_per_round=float(paired["decoded"].sum() / paired["rounds"].sum()))
         for category, p in pred.iterrows():
             if category == "all":
-                m = dict(speedup=pooled, lo=float(w["lo"].iloc[0]) if len(w) else np.nan,
-                         hi=float(w["hi"].iloc[0]) if len(w) else np.nan, requests=len(paired),
-                         tokens_per_round=float(paired["decoded"].sum() / paired["rounds"].sum()))
+                m = overall
             elif category in got.index:
                 m = got.loc[category]
             else:
@@ -132,7 +121,7 @@ def check(path: Path, arm_traces: Path, n_boot: int, seed: int) -> dict:
     table["predicted_inside_measured"] = (table["predicted"] >= table["measured_lo"]) & (
         table["predicted"] <= table["measured_hi"])
     table["measured_inside_predicted"] = (table["measured"] >= table["low"]) & (table["measured"] <= table["high"])
-    table["right"] = [right(v, lo, hi)
+    table["right"] = [verdict_right(v, lo, hi)
                       for v, lo, hi in zip(table["verdict"], table["measured_lo"], table["measured_hi"])]
     with pd.option_context("display.width", 220, "display.max_columns", 30):
         print(table.round(3).to_string(index=False))

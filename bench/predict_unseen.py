@@ -47,8 +47,11 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from entropy_law.law.analysis import TraceAnalysis  # noqa: E402
-from entropy_law.law.workload import DOES_NOT_PAY, PAYS, REPLAYED_FAMILY  # noqa: E402
+from entropy_law.law.workload import DOES_NOT_PAY, PAYS, REPLAYED_FAMILY, verdict_right  # noqa: E402
 from entropy_law.traces.reader import load_traces  # noqa: E402
+
+
+right = verdict_right  # whether a verdict agrees with the measured interval (law.workload, shared with other benches)
 
 
 def subset(traces, keep) -> SimpleNamespace:
@@ -62,17 +65,6 @@ def subset(traces, keep) -> SimpleNamespace:
         else:
             out[name] = table.loc[keep(table["category"].astype(str))].reset_index(drop=True)
     return SimpleNamespace(runs=traces.runs, **out)
-
-
-def right(verdict: str, lo: float, hi: float) -> bool | None:
-    """Whether a predicted verdict agrees with the measured interval (None: no answer, or nothing measured)."""
-    if verdict not in (PAYS, DOES_NOT_PAY) or not (np.isfinite(lo) and np.isfinite(hi)):
-        return None
-    if lo > 1.0:
-        return verdict == PAYS
-    if hi < 1.0:
-        return verdict == DOES_NOT_PAY
-    return None  # the measurement itself cannot tell
 
 
 def main(argv=None) -> dict:

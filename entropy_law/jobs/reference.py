@@ -354,6 +354,7 @@ def workload_rounds(workload_dir: str | Path, arm_meta: dict, target, *, tasks: 
     ``accepted`` (drafts accepted), for ``law.workload.price_rounds``. Arguments as ``workload_proposals``;
     ``attrs["gate"]`` names the gate or policy replayed."""
     from entropy_law.decoding.replay import replay_rounds
+    from entropy_law.law.workload import ROUND_COUNT_COLUMNS, count_rounds
 
     meta, drafter, plain, prompts, outputs = _workload_inputs(workload_dir, arm_meta, target, tasks, checkpoint)
     options, gate = arm_round_options(arm_meta)
@@ -370,13 +371,13 @@ def workload_rounds(workload_dir: str | Path, arm_meta: dict, target, *, tasks: 
                                arm_meta.get("tree_policy", "chain"), arm_meta.get("tree_budget"),
                                eos_token_ids=plain.config["eos_token_ids"], max_new_tokens=meta.get("max_new_tokens"),
                                max_context=plain.adapter.max_context, entropies=entropies.get(str(rid)), **options)
-        decoded = [r for r in result.rounds if not r.prefill]
-        rows.append(dict(run_id=str(meta["run_id"]), request_id=rid, category=category,
-                         tokens=sum(r.committed for r in decoded), rounds=len(decoded),
-                         drafting_rounds=sum(r.tree_nodes > 0 for r in decoded),
-                         nodes=sum(r.tree_nodes for r in decoded), accepted=sum(r.accepted for r in decoded)))
+        rows += [dict(run_id=str(meta["run_id"]), request_id=rid, category=category, round_index=r.round_index,
+                      committed=r.committed, tree_nodes=r.tree_nodes, accepted=r.accepted) for r in result.rounds]
     if not rows:
         raise ValueError(f"{workload_dir}: no request decoded a token after the prefill: nothing to replay")
-    out = pd.DataFrame(rows)
+    rounds = pd.DataFrame(rows)
+    categories = rounds[["run_id", "request_id", "category"]].drop_duplicates()
+    out = count_rounds(rounds).merge(categories, on=["run_id", "request_id"])
+    out = out[[*ROUND_COUNT_COLUMNS, "accepted"]]
     out.attrs["gate"] = gate
     return out

@@ -577,8 +577,7 @@ class TraceAnalysis:
             if need:
                 raise ValueError("rounds needs one row per request (jobs.reference.workload_rounds)")
             means = pd.DataFrame({"request_id": sequences["request_id"].astype(str),
-                                  "mean_entropy_nats": [float(np.mean(e[1:])) if len(e) > 1 else np.nan
-                                                        for e in sequences["entropy"]]})
+                                  "mean_entropy_nats": [float(np.mean(e)) for e in sequences["entropy"]]})
             table = rounds.drop(columns=["mean_entropy_nats"], errors="ignore").astype({"request_id": str})
             table = table.merge(means, on="request_id", how="left")
             result = price_rounds(view, table, drafter=arm,

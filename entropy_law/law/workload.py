@@ -250,8 +250,9 @@ def _priced_requests(traces, drafter: str, law: FittedLaw, arm_seqs: pd.DataFram
                      proposals: pd.DataFrame | None, n_boot: int, seed: int):
     """The DP's inputs and outputs for the requests ``seqs``: n(D) and the drafted-depth model from the arm's rounds
     (its requests ``arm_seqs``), the law's coefficient draws, the replayed proposals' arrays (None without
-    ``proposals``), the ``[requests, 1 + n_boot]`` expected (rounds, nodes, drafting rounds), and per request the
-    tokens decoded after the prefill and the mean entropy."""
+    ``proposals``), the ``[requests, 1 + n_boot]`` expected (rounds, nodes, drafting rounds: column 0 the law's
+    estimate, then one column per coefficient draw), and per request the tokens decoded after the prefill and the
+    mean entropy."""
     depth_rows = with_start_entropy(drafted_depths(traces, drafter), arm_seqs)
     depth_model = TrainingDepthModel.fit(depth_rows, drafts)
     n_of_depth = _nodes_by_depth(traces, depth_rows, drafts)
@@ -263,7 +264,7 @@ def _priced_requests(traces, drafter: str, law: FittedLaw, arm_seqs: pd.DataFram
     priced = _price_sequences(law, seqs["entropy"], drafts, depth_model, n_of_depth, thetas, replayed)
     tokens = np.array([len(e) - 1 for e in seqs["entropy"]], dtype=float)
     mean_h = np.array([float(np.mean(e)) for e in seqs["entropy"]])
-    return n_of_depth, thetas, replayed, priced, tokens, mean_h
+    return n_of_depth, replayed, priced, tokens, mean_h
 
 
 def _reweighted_costs(traces, drafter: str, ids, ar_table, ar_ms_per_token, clock: str, replicates: int, rng):
@@ -336,7 +337,7 @@ def workload_breakeven(
     seqs = seqs.loc[[len(e) >= 2 for e in seqs["entropy"]]].reset_index(drop=True)
     if seqs.empty:
         raise ValueError(f"drafter {drafter!r}: no request decoded a token after the prefill")
-    n_of_depth, thetas, replayed, (rounds_k, nodes_k, drafting_k), tokens, mean_h = _priced_requests(
+    n_of_depth, replayed, (rounds_k, nodes_k, drafting_k), tokens, mean_h = _priced_requests(
         traces, drafter, law, seqs, seqs, drafts, proposals, n_boot, seed)
 
     def speedups(c: CostModel, j: int) -> np.ndarray:
@@ -385,7 +386,7 @@ def workload_breakeven(
     reps, failed = [], 0
     all_ids = list(ids) + ([] if ar_table is None else list(ar_table["request_id"]))
     for j, weights, cost_b in _reweighted_costs(traces, drafter, all_ids, ar_table, ar_ms_per_token, clock,
-                                                 thetas.shape[0] - 1, rng):
+                                                 rounds_k.shape[1] - 1, rng):
         try:
             if cost_b is None:
                 raise ValueError("the cost model could not be refitted")
@@ -512,6 +513,19 @@ def _priced_summary(traces, drafter: str, cost: CostModel, ar_table, ar_ms_per_t
     return summary, requests, (len(reps), failed)
 
 
+def verdict_right(verdict: str, lo: float, hi: float) -> bool | None:
+    """Whether a predicted verdict agrees with a measured speedup's interval [``lo``, ``hi``]: ``PAYS`` is right
+    where the interval lies above 1 and wrong where it lies below, ``DOES_NOT_PAY`` the reverse; None where the
+    verdict is ``UNCLEAR`` (no answer) or the measurement cannot tell (its interval covers 1, or is missing)."""
+    if verdict not in (PAYS, DOES_NOT_PAY) or not (np.isfinite(lo) and np.isfinite(hi)):
+        return None
+    if lo > 1.0:
+        return verdict == PAYS
+    if hi < 1.0:
+        return verdict == DOES_NOT_PAY
+    return None
+
+
 def predicted_verdict(low: float, high: float) -> str:
     """``PAYS`` where the whole interval lies above 1, ``DOES_NOT_PAY`` where it lies below, else ``UNCLEAR``."""
     if np.isfinite(low) and low > 1.0:
@@ -590,7 +604,7 @@ def predict_workload(
             raise ValueError(f"request {rec.request_id} of the workload: target entropies must be finite and >= 0")
     arm_seqs = entropy_sequences(traces, drafter)
     arm_seqs = arm_seqs.loc[[len(e) >= 2 for e in arm_seqs["entropy"]]].reset_index(drop=True)
-    n_of_depth, _, replayed, (rounds_k, nodes_k, drafting_k), tokens, mean_h = _priced_requests(
+    n_of_depth, replayed, (rounds_k, nodes_k, drafting_k), tokens, mean_h = _priced_requests(
         traces, drafter, law, arm_seqs, seqs, drafts, proposals, n_boot, seed)
     arm_ids = list(arm_seqs["request_id"]) + ([] if ar_table is None else list(ar_table["request_id"]))
     summary, requests, (n_reps, failed) = _priced_summary(
@@ -696,21 +710,27 @@ def price_rounds(
                               family=EXACT_REPLAY, transfer_error=float(transfer_error), notes=notes, replayed=True)
 
 
-def round_counts(traces, drafter: str | None = None) -> pd.DataFrame:
-    """One row per request of ``drafter``'s runs in ``traces`` (``ROUND_COUNT_COLUMNS``, with
-    ``mean_entropy_nats`` over its decoded positions where the tokens carry it): the counts ``price_rounds``
-    prices, from the recorded rounds after the prefill (round 0), as the measured speedup counts them
-    (``TraceAnalysis.paired_requests``)."""
-    drafter, _ = single_drafter(traces, drafter)
-    runs = traces.runs.loc[traces.runs["drafter_id"] == drafter, "run_id"]
-    rounds = traces.rounds.loc[traces.rounds["run_id"].isin(runs) & (traces.rounds["round_index"] > 0)]
-    counts = rounds.assign(_drafting=(rounds["tree_nodes"] > 0).astype(int)).groupby(
+def count_rounds(rounds: pd.DataFrame) -> pd.DataFrame:
+    """Per (``run_id``, ``request_id``) of a rounds table (the trace's columns ``round_index``, ``committed``,
+    ``tree_nodes``, ``accepted``): ``tokens``, ``rounds``, ``drafting_rounds``, ``nodes`` and ``accepted`` after the
+    prefill (round 0), as the measured speedup counts them (``TraceAnalysis.paired_requests``)."""
+    rounds = rounds.loc[rounds["round_index"] > 0]
+    return rounds.assign(_drafting=(rounds["tree_nodes"] > 0).astype(int)).groupby(
         ["run_id", "request_id"], sort=False).agg(tokens=("committed", "sum"), rounds=("round_index", "size"),
                                                   drafting_rounds=("_drafting", "sum"), nodes=("tree_nodes", "sum"),
-                                                  accepted=("accepted", "sum"))
-    tokens = traces.tokens.loc[traces.tokens["run_id"].isin(runs) & (traces.tokens["position"] > 0)]
+                                                  accepted=("accepted", "sum")).reset_index()
+
+
+def round_counts(traces, drafter: str | None = None) -> pd.DataFrame:
+    """One row per request of ``drafter``'s runs in ``traces`` (``ROUND_COUNT_COLUMNS``, with ``accepted`` and
+    ``mean_entropy_nats`` over its output positions where the tokens carry it): the counts ``price_rounds`` prices,
+    from the recorded rounds (``count_rounds``)."""
+    drafter, _ = single_drafter(traces, drafter)
+    runs = traces.runs.loc[traces.runs["drafter_id"] == drafter, "run_id"]
+    counts = count_rounds(traces.rounds.loc[traces.rounds["run_id"].isin(runs)])
+    tokens = traces.tokens.loc[traces.tokens["run_id"].isin(runs)]
     entropy = tokens.groupby(["run_id", "request_id"], sort=False)["target_entropy_nats"].mean()
-    out = counts.join(entropy.rename("mean_entropy_nats"), how="left").reset_index()
+    out = counts.merge(entropy.rename("mean_entropy_nats").reset_index(), on=["run_id", "request_id"], how="left")
     categories = traces.requests[["run_id", "request_id", "category"]].drop_duplicates(["run_id", "request_id"])
     out = out.merge(categories, on=["run_id", "request_id"], how="left")
     return out[list(ROUND_COUNT_COLUMNS) + ["accepted", "mean_entropy_nats"]]
