@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 import warnings
@@ -41,24 +40,14 @@ def record(out: Path, per_category: int, seed: int, max_new_tokens: int) -> None
     import torch
 
     from entropy_law.decoding.loading import load_target
-    from entropy_law.jobs.arms import available_arms
-    from entropy_law.jobs.record import record_arms
+    from entropy_law.jobs.record import record_timed
     from entropy_law.prompts.text import load_tasks, sample_per_category
 
     torch.set_num_threads(1)
     tasks = sample_per_category(load_tasks("open_ended"), per_category, seed=seed)
-    specs, messages = available_arms(RECORD_ARMS)
-    for m in messages:
-        print(m)
-    print(f"{len(tasks)} prompts ({per_category} per category, seed {seed}), arms {[s.name for s in specs]}, "
-          f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, load average {os.getloadavg()}", flush=True)
-    result = record_arms(tasks, specs, out, load_target("smollm2-135m"), max_new_tokens=max_new_tokens, resume=True,
-                         warm_up_tokens=16, progress=False,
-                         run_metadata=lambda spec: {"seed": seed, "replayed": False, "arm": spec.name,
-                                                    "tasks": "open_ended", "cpu_count": os.cpu_count(),
-                                                    "omp_num_threads": os.environ.get("OMP_NUM_THREADS")})
-    result.timings("ar").to_csv(out / "timings.csv", index=False)
-    print(f"recorded into {out} (decode {result.decode_s:.0f} s wall); load average {os.getloadavg()}")
+    print(f"{per_category} per category, seed {seed}", flush=True)
+    record_timed(tasks, RECORD_ARMS, out, load_target("smollm2-135m"), max_new_tokens=max_new_tokens,
+                 log=lambda m: print(m, flush=True), metadata={"seed": seed, "tasks": "open_ended"})
 
 
 def check(path: Path, arm_traces: Path, n_boot: int, seed: int) -> dict:

@@ -46,8 +46,7 @@ def record(out: Path, per_category: int, max_new_tokens: int, seed: int, within:
     import torch
 
     from entropy_law.decoding.loading import load_target
-    from entropy_law.jobs.arms import available_arms
-    from entropy_law.jobs.record import record_arms
+    from entropy_law.jobs.record import record_timed
     from entropy_law.prompts.text import load_tasks, sample_per_category
 
     torch.set_num_threads(1)
@@ -55,31 +54,11 @@ def record(out: Path, per_category: int, max_new_tokens: int, seed: int, within:
     if within is not None:  # a seeded subsample of a seeded sample of `within` per category: still random
         tasks = sample_per_category(tasks, within, seed=seed)
     tasks = sample_per_category(tasks, per_category, seed=seed)
-    specs, messages = available_arms(RECORD_ARMS)
-    for m in messages:
-        print(m)
-    target = load_target("smollm2-135m")
-    print(f"{len(tasks)} prompts ({per_category} per category, seed {seed}), arms {[s.name for s in specs]}, "
-          f"{max_new_tokens} new tokens, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, "
-          f"load average {os.getloadavg()}", flush=True)
-    result = record_arms(tasks, specs, out, target, max_new_tokens=max_new_tokens, resume=True, warm_up_tokens=16,
-                         break_lock=break_lock,
-                         progress=False,
-                         run_metadata=lambda spec: {"seed": seed, "replayed": False, "arm": spec.name,
-                                                    "tasks": "spec_bench",
-                                                    # the seeded sample drawn from (a resumed, shortened recording
-                                                    # keeps its first value)
-                                                    "per_category": within or per_category,
-                                                    "cpu_count": os.cpu_count(),
-                                                    "omp_num_threads": os.environ.get("OMP_NUM_THREADS")})
-    timings = result.timings("ar")
-    path = out / "timings.csv"
-    if path.exists():  # a resumed recording: keep the calls timed before
-        import pandas as pd
-
-        timings = pd.concat([pd.read_csv(path), timings], ignore_index=True)
-    timings.to_csv(path, index=False)
-    print(f"recorded into {out} (decode {result.decode_s:.0f} s wall); load average {os.getloadavg()}")
+    print(f"{per_category} per category, seed {seed}", flush=True)
+    # per_category: the seeded sample drawn from (a resumed, shortened recording keeps its first value)
+    record_timed(tasks, RECORD_ARMS, out, load_target("smollm2-135m"), max_new_tokens=max_new_tokens,
+                 break_lock=break_lock, log=lambda m: print(m, flush=True),
+                 metadata={"seed": seed, "tasks": "spec_bench", "per_category": within or per_category})
 
 
 def main(argv=None) -> int:
@@ -227,7 +206,8 @@ def validate(path: Path, *, n_boot: int, seed: int, law_traces: Path | None = No
           f"inside the measured 95% interval in {inside} of {len(rated)}; median |relative error| "
           f"{float(rated['relative_error'].abs().median()) if len(rated) else float('nan'):.3f}")
     cost_err = rated["cost_only_error"].abs()
-    print(f"the cost model alone (observed tokens per round x predicted cost): max |error| {cost_err.max():.3f}, "
+    print(f"the cost model alone (each request's recorded rounds priced: TraceAnalysis.cost_error): max |error| "
+          f"{cost_err.max():.3f}, "
           f"within +-10% in {int((cost_err <= 0.10).sum())} of {len(rated)} cells: the rest of the error is the law's")
     cross_rows = []
     if crossing.ok:

@@ -462,3 +462,28 @@ def test_an_arms_drafter_replayed_over_an_ar_workload_proposes_what_it_proposes_
         workload_proposals(ar, json.loads((ar / "run.json").read_text()), target)
     with pytest.raises(ValueError, match="not a trace run"):
         workload_proposals(tmp_path, meta, target)
+
+
+def test_a_timed_recording_resumed_keeps_the_calls_timed_before(model_folder, task_file, tmp_path):
+    """``jobs.record.record_timed`` (the speed benches' recorder): AR and the n-gram arm decode the prompts into
+    ``out/<arm>``, their run.json holds the metadata, and ``timings.csv`` one timed call per arm and prompt; a
+    resumed recording with more prompts appends its calls, never replacing the earlier ones."""
+    import pandas as pd
+
+    from entropy_law.decoding.loading import load_target
+    from entropy_law.jobs.record import record_timed
+    from entropy_law.prompts.text import load_tasks
+
+    tasks = [t for t in load_tasks(task_file) if t.category in ("alpha", "gamma")]
+    target, out, lines = load_target(str(model_folder)), tmp_path / "timed", []
+    record_timed(tasks[:2], ("ar", "ngram"), out, target, max_new_tokens=6, warm_up_tokens=0,
+                 metadata={"seed": 3, "tasks": str(task_file)}, log=lines.append)
+    first = pd.read_csv(out / "timings.csv")
+    assert sorted(first["arm"]) == ["ar", "ar", "ngram", "ngram"] and first["matches_reference"].all()
+    meta = json.loads((out / "ngram" / "run.json").read_text())
+    assert (meta["arm"], meta["seed"], meta["replayed"], meta["tasks"]) == ("ngram", 3, False, str(task_file))
+    record_timed(tasks, ("ar", "ngram"), out, target, max_new_tokens=6, warm_up_tokens=0, log=lines.append)
+    both = pd.read_csv(out / "timings.csv")
+    assert len(both) == 2 * len(tasks) and both["request_id"].nunique() == len(tasks) > 2
+    pd.testing.assert_frame_equal(both.iloc[:len(first)], first)
+    assert any(line.startswith("recorded into") for line in lines)

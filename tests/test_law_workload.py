@@ -437,6 +437,12 @@ def test_replayed_rounds_are_priced_by_the_cost_model_alone_and_land_on_the_meas
                               ar_ms_per_token=0.7 * an.pays(arm).cost.ar_ms_per_token).predict(
                                   arm, workload, rounds=held, transfer_error=0.0)
         error = an.cost_error(arm)
+        check = full.speedup_validation()
+    # the speed check's cost-only column is the same pricing of the recorded rounds
+    mine = check.loc[check["arm"] == arm].set_index("category")
+    priced = full.cost_error(arm).set_index("category")
+    assert len(priced) == len(mine) and np.allclose(mine.loc[priced.index, "cost_only_predicted"], priced["priced"])
+    assert np.allclose(mine["cost_only_error"], mine["cost_only_predicted"] / mine["measured"] - 1)
     # the counts are the recorded rounds after round 0, each committing tau + 1
     view = full.cost_view(arm)
     rounds = view.rounds.loc[view.rounds["run_id"].isin(view.runs.loc[view.runs["drafter_id"] == arm, "run_id"])

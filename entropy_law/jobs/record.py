@@ -375,3 +375,37 @@ def _decode(arm: _Arm, task, prompt_ids: list, extra: dict, max_new_tokens: int,
     result.new_tokens += generated.new_tokens
     result.outputs[task.request_id] = generated.token_ids
     result.committed_per_round[task.category].append(generated.mean_committed_per_round)
+
+
+def record_timed(tasks: Sequence, arm_names: Sequence[str], out: str | Path, target, *, max_new_tokens: int,
+                 reference: str = "ar", metadata: Mapping | None = None, warm_up_tokens: int = 16,
+                 break_lock: bool = False, log: Callable[[str], None] = print) -> RecordResult:
+    """A timed trace set for a speed check (the ``bench/`` scripts that time arms against AR): every arm of
+    ``arm_names`` that can run here (``jobs.arms.available_arms``; the others are named through ``log``) decodes
+    ``tasks`` into ``out/<arm>`` with ``record_arms`` (resumable, an unrecorded warm-up of ``warm_up_tokens``, no
+    progress bar), each run's ``run.json`` holding ``arm``, ``replayed`` false, ``cpu_count``,
+    ``omp_num_threads`` and ``metadata``. Every timed ``generate`` call, compared with ``reference``'s output,
+    goes to ``out/timings.csv``; a resumed recording keeps the calls timed before (appended, never replaced).
+    Set the thread count before calling (``torch.set_num_threads``)."""
+    import os
+
+    from entropy_law.jobs.arms import available_arms
+
+    out = Path(out)
+    specs, messages = available_arms(arm_names)
+    for m in messages:
+        log(m)
+    log(f"{len(tasks)} prompts, arms {[s.name for s in specs]}, {max_new_tokens} new tokens, OMP_NUM_THREADS="
+        f"{os.environ.get('OMP_NUM_THREADS')}, load average {os.getloadavg()}")
+    result = record_arms(tasks, specs, out, target, max_new_tokens=max_new_tokens, resume=True,
+                         warm_up_tokens=warm_up_tokens, break_lock=break_lock, progress=False,
+                         run_metadata=lambda spec: {"replayed": False, "arm": spec.name, "cpu_count": os.cpu_count(),
+                                                    "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+                                                    **dict(metadata or {})})
+    timings = result.timings(reference)
+    path = out / "timings.csv"
+    if path.exists():  # a resumed recording: keep the calls timed before
+        timings = pd.concat([pd.read_csv(path), timings], ignore_index=True)
+    timings.to_csv(path, index=False)
+    log(f"recorded into {out} (decode {result.decode_s:.0f} s wall); load average {os.getloadavg()}")
+    return result

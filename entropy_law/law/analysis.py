@@ -767,8 +767,9 @@ class TraceAnalysis:
         linear in N, so this is the mean predicted round cost); ``measured`` (``speedup``: paired, CPU clock
         where the traces carry it; ``lo`` / ``hi`` its interval, ``verdict`` whether it is a result);
         ``relative_error`` = predicted / measured - 1, ``within_10pct`` and ``inside_interval``;
-        ``cost_only_predicted`` / ``cost_only_error``: the cost model alone, applied to the observed tokens per round
-        (``observed_tokens_per_round``): what is left of the error when the law's is taken out. ``status``:
+        ``cost_only_predicted`` / ``cost_only_error``: the cost model alone, pricing the category's recorded rounds
+        request by request (``cost_error``: ``workload.price_rounds``, the pricing of ``predict(rounds=)``): what
+        is left of the error when the law's is taken out. ``status``:
         "compared", "no timings: predicted only" (replayed arm: no cost model either, so only tokens per round
         are predicted), or "no AR arm: predicted only" (the prediction needs t_AR: given, else NaN). Raises
         only where no arm has even a law prediction; ``attrs["notes"]`` holds the reasons."""
@@ -786,23 +787,28 @@ class TraceAnalysis:
                 status = ("compared" if measured.ok and pays.ok else "no timings: predicted only" if not timed
                           else "no AR arm: predicted only" if not self.has_ar else "measured only" if measured.ok
                           else "predicted only")
-                nodes_of = {}
+                nodes_of, priced = {}, {}
                 if pays.ok:
                     view = self.cost_view(arm)
                     rounds = view.rounds.merge(view.runs[["run_id", "arm"]], on="run_id").merge(
                         view.requests[["run_id", "request_id", "category"]], on=["run_id", "request_id"])
                     nodes_of = rounds.loc[rounds["arm"] == arm].groupby("category")["tree_nodes"].mean().to_dict()
+                    cost_only = self.attempt("cost_error", arm)  # the recorded rounds, priced per request
+                    if cost_only.ok:
+                        priced = cost_only.value.set_index("category")["priced"].to_dict()
+                    elif cost_only.error not in notes:
+                        notes.append(cost_only.error)
                 m = measured.value.set_index("category") if measured.ok else None
                 for cat in self.categories:
                     if (arm, cat) not in results.index:
                         continue
                     per_round = float(results.loc[(arm, cat), "law_tokens_per_round"])
                     observed = float(results.loc[(arm, cat), "committed_per_round"])
-                    predicted = cost_only = np.nan
+                    predicted = np.nan
                     if pays.ok and cat in nodes_of:
                         cost = pays.value.cost
-                        per_ms = cost.ar_ms_per_token / float(cost.round_ms(nodes_of[cat]))
-                        predicted, cost_only = per_round * per_ms, observed * per_ms
+                        predicted = per_round * cost.ar_ms_per_token / float(cost.round_ms(nodes_of[cat]))
+                    cost_only = priced.get(cat, np.nan)
                     row = dict(arm=arm, category=cat, status=status, predicted_tokens_per_round=per_round,
                                observed_tokens_per_round=observed, predicted=predicted,
                                cost_only_predicted=cost_only, requests=0, measured=np.nan, lo=np.nan, hi=np.nan,
