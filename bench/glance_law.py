@@ -56,6 +56,7 @@ from entropy_law.traces.reader import load_traces  # noqa: E402
 GOAL_MSE_REDUCTION = 0.15  # the primary law's per-round MSE at least this far below GLANCE's
 GOAL_CATEGORY_RATIO = 0.5  # the primary law's category-mean error at most this share of GLANCE's
 GLANCE_FORMS = {"glance": "code", "glance_readme": "readme"}
+DRAFTER_AWARE = "law_exp_obs_ceil_drafttop"  # + the drafter's confidence in its own proposal (--drafter-aware)
 COLUMNS = ["mse", "cat_mae", "cat_max", "r2_curve", "r2_round", "r2_ceiling", "frac_of_ceiling", "holds"]
 
 
@@ -69,8 +70,9 @@ def our_laws() -> dict:
     return laws
 
 
-def score_arm(view, arm: str):
-    """(scores by law, category means, GLANCE's in-sample law, the rounds, LOCO predictions by law)."""
+def score_arm(view, arm: str, drafts: pd.DataFrame | None = None):
+    """(scores by law, category means, GLANCE's in-sample law, the rounds, LOCO predictions by law). With
+    ``drafts`` (the arm's round proposals), also the drafter-aware law ``DRAFTER_AWARE``."""
     rounds = glance_rounds(view)
     in_sample = fit_glance(rounds)
     scores, predictions = {}, {}
@@ -86,6 +88,9 @@ def score_arm(view, arm: str):
         for name, values in zip(names, predicted if len(names) > 1 else (predicted,)):
             predictions[name] = values
             scores[name] = round_scores(rounds, values, slope=slopes, slope_max=np.inf)
+    if drafts is not None:
+        predictions[DRAFTER_AWARE], slopes = loco_ours(view, arm, rounds, DRAFTER_AWARE, rows=rows, drafts=drafts)
+        scores[DRAFTER_AWARE] = round_scores(rounds, predictions[DRAFTER_AWARE], slope=slopes, slope_max=np.inf)
     return scores, category_frame(scores), in_sample, rounds, predictions
 
 
@@ -117,6 +122,51 @@ def ratio_intervals(rounds: pd.DataFrame, ours: np.ndarray, theirs: np.ndarray, 
     return {"mse_reduction_ci": q(reduction), "category_mean_error_ratio_ci": q(ratio)}
 
 
+def goal_lines(entry: dict, ours: str, scores: dict, predictions: dict, rounds: pd.DataFrame, *,
+               indent: str = "") -> bool:
+    """Print law ``ours`` against both GLANCE forms (the issue's goals, with request-bootstrap intervals), fill
+    ``entry["vs_<form>"]``; whether both goals are met against both forms."""
+    goal = True
+    for name in GLANCE_FORMS:
+        reduction = 1.0 - scores[ours]["mse"] / scores[name]["mse"]
+        ratio = scores[ours]["category_mean_mae"] / scores[name]["category_mean_mae"]
+        met = bool(reduction >= GOAL_MSE_REDUCTION and ratio <= GOAL_CATEGORY_RATIO)
+        goal &= met
+        ci = ratio_intervals(rounds, predictions[ours], predictions[name])
+        entry[f"vs_{name}"] = {"mse_reduction": reduction, "category_mean_error_ratio": ratio, "goal_met": met, **ci}
+        lo, hi = ci["mse_reduction_ci"]
+        rlo, rhi = ci["category_mean_error_ratio_ci"]
+        print(f"{indent}{ours} vs {name}: per-round MSE {reduction:+.1%} lower [{lo:+.1%}, {hi:+.1%}] "
+              f"(goal >= {GOAL_MSE_REDUCTION:.0%}), category-mean error x{ratio:.2f} [{rlo:.2f}, {rhi:.2f}] "
+              f"(goal <= {GOAL_CATEGORY_RATIO}): {'goal met' if met else 'GOAL NOT MET'}")
+    return goal
+
+
+def round_drafts(analysis, arm: str, tasks: str, cache: Path | None) -> pd.DataFrame:
+    """The arm's round proposals (``jobs.reference.round_proposals`` over each of its runs: every recorded round
+    replayed and checked equal first; the block drafter needs a teacher-forced target pass per request), read from
+    ``cache/<arm>.parquet`` where an earlier run wrote them, else computed (and written there)."""
+    path = cache / f"{arm.replace(' ', '_')}.parquet" if cache is not None else None
+    if path is not None and path.is_file():
+        return pd.read_parquet(path)
+    import torch
+
+    from entropy_law.decoding.loading import load_target
+    from entropy_law.jobs.reference import round_proposals
+
+    torch.set_num_threads(1)
+    target = load_target("smollm2-135m")
+    t0 = time.process_time()
+    paths = analysis.runs.loc[analysis.runs["arm"] == arm, "path"]
+    frame = pd.concat([round_proposals(Path(p), target, tasks=tasks) for p in paths], ignore_index=True)
+    print(f"{arm}: {len(frame)} drafted depths of {frame.groupby(['run_id', 'request_id', 'round_index']).ngroups} "
+          f"rounds replayed, every round equal to the recorded one [{time.process_time() - t0:.0f} s CPU]", flush=True)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        frame.to_parquet(path, index=False)
+    return frame
+
+
 def table(scores: dict) -> pd.DataFrame:
     return pd.DataFrame({name: {"mse": s["mse"], "cat_mae": s["category_mean_mae"], "cat_max": s["category_mean_max_abs"],
                                 "r2_curve": s["r2_curve"], "r2_round": s["r2_round"], "r2_ceiling": s["r2_ceiling"],
@@ -128,16 +178,26 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--traces", default="data/traces", help="trace folder (default: the shipped reference traces)")
     parser.add_argument("--glance-log", default=None, help="also fit GLANCE's law to this GLANCE round log (JSONL)")
+    parser.add_argument("--drafter-aware", action="store_true",
+                        help=f"also score {DRAFTER_AWARE}: replays every arm's rounds for the drafter's confidence at "
+                             "each verified depth (loads the default target; the block arms take a teacher-forced pass "
+                             "per request, about half an hour for data/traces)")
+    parser.add_argument("--tasks", default="spec_bench", help="--drafter-aware: the prompts the runs decoded, for runs "
+                        "whose run.json names none (default spec_bench)")
+    parser.add_argument("--drafts-cache", default=None, metavar="DIR",
+                        help="--drafter-aware: read the replayed round proposals from DIR/<arm>.parquet, or write them")
     args = parser.parse_args()
     started = time.time()
     primary = primary_family()
     analysis = TraceAnalysis(load_traces(args.traces))
-    report, all_wins = {}, []
+    report, all_wins, aware_wins = {}, [], []
     pd.set_option("display.width", 160)
     pd.set_option("display.max_columns", 20)
     for arm in analysis.arms:
         view = analysis.arm_view(arm)
-        scores, categories, in_sample, rounds, predictions = score_arm(view, arm)
+        drafts = (round_drafts(analysis, arm, args.tasks, Path(args.drafts_cache) if args.drafts_cache else None)
+                  if args.drafter_aware else None)
+        scores, categories, in_sample, rounds, predictions = score_arm(view, arm, drafts)
         print(f"\n=== {arm}: GLANCE's law in sample (code form, as GLANCE's experiments/fit_law.py reports it)")
         print(in_sample.summary[["n_rounds", "mean_accepted", "b0", "b1", "r2_curve", "r2_round", "r2_ceiling",
                                  "frac_of_ceiling", "spearman_rho", "holds"]].round(4).to_string())
@@ -147,19 +207,13 @@ def main() -> None:
         print(categories.round(3).to_string())
         ours = scores[primary]
         entry = {"rounds": ours["n_rounds"], "mean_accepted": ours["mean_accepted"]}
-        goal = True
-        for name in GLANCE_FORMS:
-            reduction = 1.0 - ours["mse"] / scores[name]["mse"]
-            ratio = ours["category_mean_mae"] / scores[name]["category_mean_mae"]
-            met = bool(reduction >= GOAL_MSE_REDUCTION and ratio <= GOAL_CATEGORY_RATIO)
-            goal &= met
-            ci = ratio_intervals(rounds, predictions[primary], predictions[name])
-            entry[f"vs_{name}"] = {"mse_reduction": reduction, "category_mean_error_ratio": ratio, "goal_met": met, **ci}
-            lo, hi = ci["mse_reduction_ci"]
-            rlo, rhi = ci["category_mean_error_ratio_ci"]
-            print(f"{primary} vs {name}: per-round MSE {reduction:+.1%} lower [{lo:+.1%}, {hi:+.1%}] "
-                  f"(goal >= {GOAL_MSE_REDUCTION:.0%}), category-mean error x{ratio:.2f} [{rlo:.2f}, {rhi:.2f}] "
-                  f"(goal <= {GOAL_CATEGORY_RATIO}): {'goal met' if met else 'GOAL NOT MET'}")
+        goal = goal_lines(entry, primary, scores, predictions, rounds)
+        if DRAFTER_AWARE in scores:
+            print(f"  the drafter-aware law ({DRAFTER_AWARE}: + the drafter's confidence in its own proposal at each "
+                  "depth, known before verification, from the rounds replayed):")
+            aware = {}
+            entry["drafter_aware"] = aware
+            aware["goal_met"] = goal_lines(aware, DRAFTER_AWARE, scores, predictions, rounds, indent="  ")
         root = scores[f"{primary}_root"]  # before the round: the root entropy and D only, GLANCE's information + D
         for name in GLANCE_FORMS:
             reduction = 1.0 - root["mse"] / scores[name]["mse"]
@@ -174,11 +228,17 @@ def main() -> None:
                                      "frac_of_ceiling": in_sample.frac_of_ceiling, "holds": in_sample.holds()}
         wins = glance_wins(arm, {k: v for k, v in scores.items() if k in (primary, *GLANCE_FORMS)}, primary)
         all_wins += wins
+        if DRAFTER_AWARE in scores:
+            aware_wins += glance_wins(arm, {k: v for k, v in scores.items() if k in (DRAFTER_AWARE, *GLANCE_FORMS)},
+                                      DRAFTER_AWARE)
         report[arm] = entry
     skipped = analysis.ar_arms
     print(f"\nskipped (no drafting rounds): {', '.join(skipped) or 'none'}")
     print(f"\nwhere GLANCE's law does at least as well as {primary} (LOCO):")
     print("\n".join(f"  {w}" for w in all_wins) if all_wins else "  nowhere")
+    if args.drafter_aware:
+        print(f"\nwhere GLANCE's law does at least as well as {DRAFTER_AWARE} (LOCO):")
+        print("\n".join(f"  {w}" for w in aware_wins) if aware_wins else "  nowhere")
     imported = None
     if args.glance_log:
         log_rounds = read_glance_rounds(args.glance_log)
@@ -189,8 +249,13 @@ def main() -> None:
                     "r2_curve": law.r2_curve, "holds": law.holds()}
     every = all(entry["goal_met"] for entry in report.values())
     print(f"\ngoals ({primary} vs both GLANCE forms, every arm): {'met' if every else 'NOT met'}")
+    if args.drafter_aware:
+        met = [arm for arm, entry in report.items() if entry["drafter_aware"]["goal_met"]]
+        print(f"goals ({DRAFTER_AWARE} vs both GLANCE forms): met on {', '.join(met) or 'no arm'}; not met on "
+              f"{', '.join(a for a in report if a not in met) or 'none'}")
     print(json.dumps({"bench": "glance_law", "traces": args.traces, "primary_family": primary, "goal_met_every_arm": every, "arms": report,
-                      "skipped_arms": skipped, "glance_wins": all_wins, "glance_log": imported,
+                      "skipped_arms": skipped, "glance_wins": all_wins,
+                      "glance_wins_drafter_aware": aware_wins if args.drafter_aware else None, "glance_log": imported,
                       "seconds": round(time.time() - started, 1)}, default=float))
 
 

@@ -8,11 +8,13 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
 
 from entropy_law.cli import main
+from entropy_law.decoding.gate import VerifyCost
 
 WORDS = ("the cat dog sat on a mat and ran to red blue green house tree big small one two three "
          "four five is was very happy sad day night sun moon").split()
@@ -66,6 +68,11 @@ def task_file(tmp_path):
     path = tmp_path / "tasks.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
+
+
+# the tiny model's verify-cost curve as timed on an idle machine (flat: verifying a few more tokens costs nothing);
+# tests that need drafting under the cost gate fix it, since a loaded machine's timing can make every draft too dear
+FLAT_COST = VerifyCost((1, 2, 4, 8, 16, 32), (1.0, 1.0, 1.0, 1.0, 1.04, 1.12))
 
 
 def read_table(run: Path, name: str):
@@ -399,7 +406,7 @@ def test_a_base_model_without_chat_template_records_with_no_chat_template_then_l
 
 @pytest.mark.parametrize("gate", ["ratio", "cost"])
 def test_an_arms_rounds_replayed_over_an_ar_workload_are_the_rounds_it_decoded_online(model_folder, task_file,
-                                                                                      tmp_path, gate):
+                                                                                      tmp_path, gate, monkeypatch):
     """``jobs.reference.workload_rounds``: the n-gram DDTree arm's rounds replayed over an AR run of the same
     prompts are, request by request, the rounds it decoded online (tokens, rounds, drafting rounds, draft nodes,
     accepted drafts: ``law.workload.round_counts`` of its own run), under its ratio gate or its cost gate with the
@@ -413,6 +420,8 @@ def test_an_arms_rounds_replayed_over_an_ar_workload_are_the_rounds_it_decoded_o
     from entropy_law.traces.reader import load_traces
 
     ar, ngram = tmp_path / "ar", tmp_path / "ngram"
+    # the cost gate's curve fixed at the tiny model's idle-machine timing: a loaded machine's can forbid every draft
+    monkeypatch.setattr("entropy_law.jobs.record.measure_verify_cost", lambda adapter: FLAT_COST)
     assert record(model_folder, task_file, ar, "--drafter", "ar", "--categories", "alpha,gamma") == 0
     assert record(model_folder, task_file, ngram, "--tree", "ddtree", "--budget", "6", "--gate", gate,
                   "--categories", "alpha,gamma") == 0
@@ -487,3 +496,37 @@ def test_a_timed_recording_resumed_keeps_the_calls_timed_before(model_folder, ta
     assert len(both) == 2 * len(tasks) and both["request_id"].nunique() == len(tasks) > 2
     pd.testing.assert_frame_equal(both.iloc[:len(first)], first)
     assert any(line.startswith("recorded into") for line in lines)
+
+
+def test_a_runs_round_proposals_are_its_drafters_own_at_every_verified_depth(model_folder, task_file, tmp_path):
+    """``jobs.reference.round_proposals``: the n-gram DDTree run's rounds replayed over its own outputs equal the
+    recorded ones, and each drafting round gets the drafter's confidence at depths 1 .. its verified depth; where the
+    round reached a depth, that is the ``draft_top1_prob`` the decoder logged there. Replaying with another tree
+    budget than the one recorded is refused, naming the request."""
+    from entropy_law.decoding.loading import load_target
+    from entropy_law.jobs.reference import round_proposals
+    from entropy_law.traces.reader import load_traces
+
+    run = tmp_path / "ngram"
+    assert record(model_folder, task_file, run, "--tree", "ddtree", "--budget", "6", "--categories", "alpha") == 0
+    target = load_target(str(model_folder))
+    got = round_proposals(run, target)
+    traces = load_traces(run)
+    rounds = traces.rounds.astype({"request_id": str})
+    drafting = rounds.loc[rounds["tree_depth"] > 0].set_index(["request_id", "round_index"])
+    per_round = got.groupby(["request_id", "round_index"]).agg(n=("depth", "size"), top=("depth", "max"),
+                                                              start=("start_position", "first"))
+    assert len(per_round) == len(drafting) > 0
+    both = per_round.join(drafting[["tree_depth", "start_position"]], how="inner")
+    assert len(both) == len(drafting) and (both["n"] == both["tree_depth"]).all()
+    assert (both["top"] == both["tree_depth"]).all() and (both["start"] == both["start_position"]).all()
+    tokens = traces.tokens.astype({"request_id": str})
+    logged = tokens.loc[tokens["draft_top1_prob"].notna(), ["request_id", "round_index", "depth", "draft_top1_prob"]]
+    assert len(logged) > 0
+    same = logged.merge(got, on=["request_id", "round_index", "depth"], how="left", validate="one_to_one")
+    assert np.allclose(same["top1_prob"], same["draft_top1_prob"], atol=1e-6)
+    assert len(got) > len(logged) or (rounds["accepted"] + 1 >= rounds["tree_depth"]).all()
+    meta = json.loads((run / "run.json").read_text())
+    (run / "run.json").write_text(json.dumps({**meta, "tree_budget": 2}))
+    with pytest.raises(ValueError, match="request .*: replayed round .* differs from the recorded one"):
+        round_proposals(run, target)

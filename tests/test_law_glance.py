@@ -396,3 +396,38 @@ def test_side_by_side_section_and_figure_on_simulated_traces(traces):
     assert any(label.startswith("GLANCE E[a|H]") for label in labels)
     assert any(label.startswith(analysis.family) for label in labels)  # our law's curve is drawn
     matplotlib.pyplot.close(fig)
+
+
+def test_law_round_expectations_with_the_drafters_confidence_by_hand(traces):
+    """``drafts=``: a law in the drafter's confidence (``law_exp_drafttop``) reads ``top1_prob`` at every verified
+    depth of each round, the depths never reached included; by hand, the sum over k of the product of the law's
+    acceptance at depths 1..k with that depth's confidence. A (round, depth) without one is refused."""
+    from entropy_law.law.atrisk import add_log_covariates, at_risk_table
+
+    rng = np.random.default_rng(3)
+    rows = at_risk_table(traces)
+    rows["draft_top1_prob"] = np.clip(0.9 - 0.15 * rows["target_entropy_nats"] + rng.normal(0, 0.1, len(rows)),
+                                      0.01, 0.99)
+    add_log_covariates(rows)
+    law = fit_law(rows, "law_exp_drafttop", cov_type="nonrobust")
+    rounds = glance_rounds(traces)
+    drafts = pd.DataFrame([(r.run_id, r.request_id, r.round_index, d, rng.uniform(0.05, 0.95))
+                           for r in rounds.itertuples() for d in range(1, int(r.tree_depth) + 1)],
+                          columns=["run_id", "request_id", "round_index", "depth", "top1_prob"])
+    expected = law_round_expectations(law, traces, rounds, drafts=drafts)
+    confident = law_round_expectations(law, traces, rounds, drafts=drafts.assign(top1_prob=0.99))
+    tokens = traces.tokens.astype({"run_id": str, "request_id": str}).sort_values("position")
+    for i in [0, 7, len(rounds) // 2, len(rounds) - 1]:
+        rec = rounds.iloc[i]
+        h = tokens.loc[(tokens["run_id"] == rec.run_id) & (tokens["request_id"] == rec.request_id),
+                       "target_entropy_nats"].to_numpy(dtype=float)
+        t, d = int(rec.start_position), int(rec.tree_depth)
+        mine = drafts.loc[(drafts["run_id"] == rec.run_id) & (drafts["request_id"] == rec.request_id)
+                          & (drafts["round_index"] == rec.round_index)].sort_values("depth")
+        assert len(mine) == d
+        accept = law.predict_acceptance(h[np.minimum(t + np.arange(d), len(h) - 1)], np.arange(1, d + 1),
+                                        draft_top1_prob=mine["top1_prob"].to_numpy())
+        assert expected[i] == pytest.approx(np.cumprod(accept).sum(), rel=1e-12)
+    assert np.abs(confident - expected).max() > 1e-3  # the confidence enters
+    with pytest.raises(ValueError, match="no drafter confidence for depth 1 of round"):
+        law_round_expectations(law, traces, rounds, drafts=drafts.loc[drafts["depth"] > 1])

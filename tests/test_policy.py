@@ -492,9 +492,14 @@ def test_hybrid_hands_the_block_drafter_every_position_it_skipped():
     assert block.calls == sum(drafted) and 0 < sum(drafted) < len(drafted), drafted
 
 
-def test_a_law_policy_arm_replayed_over_an_ar_run_decodes_its_online_rounds(tmp_path):
+def test_a_law_policy_arm_replayed_over_an_ar_run_decodes_its_online_rounds(tmp_path, monkeypatch):
     """``jobs.reference.workload_rounds`` with a law-policy arm: its stored parameters and cost curve, and the AR
-    run's target entropies, reproduce the rounds the policy decoded online, request by request."""
+    run's target entropies, reproduce the rounds the policy decoded online, request by request. The recording's
+    verify-cost curve is fixed (the tiny model's, ``FLAT_COST``), not timed: on a loaded machine a
+    timed curve can make every draft look too dear, and then the policy never drafts and there is nothing to compare."""
+    from test_cli_record import FLAT_COST
+
+    monkeypatch.setattr("entropy_law.jobs.record.measure_verify_cost", lambda adapter: FLAT_COST)
     import pandas as pd
     from test_cli_record import make_tiny_model_folder
 

@@ -124,6 +124,23 @@ class ReplayResult:
         decode_rounds = [r for r in self.rounds if r.round_index > 0]
         return sum(r.committed for r in decode_rounds) / len(decode_rounds) if decode_rounds else float("nan")
 
+    def round_proposals(self) -> pd.DataFrame:
+        """The proposal of every round that verified a draft, as ``replay_proposals`` gives it at one position:
+        a row per verified depth ``d`` = 1 .. ``proposal_depth`` (the verified tree's depth) with ``top1_prob``
+        (``proposal_top1``), plus ``round_index``. Unlike ``replay_proposals`` (every position, the drafter
+        consulted there), these are the proposals of the rounds decoded, with the drafter's own history
+        (a drafter that calibrates from its record, the n-gram drafter, proposes here what it proposed online)."""
+        rows = []
+        for record, proposal, tree in zip(self.rounds, self.proposals, self.trees):
+            if proposal is None or tree.n_nodes == 0:
+                continue
+            depth = tree.max_depth
+            rows += [(record.round_index, record.start_position, depth, d, p)
+                     for d, p in enumerate(proposal_top1(proposal, depth), start=1)]
+        frame = pd.DataFrame(rows, columns=["round_index", *PROPOSAL_COLUMNS])
+        return frame.astype({"round_index": "int32", "start_position": "int32", "proposal_depth": "int16",
+                             "depth": "int16", "top1_prob": "float32"})
+
     @property
     def summary(self) -> pd.DataFrame:
         """One row per round."""
@@ -301,6 +318,15 @@ def oracle_rounds(prompt_ids: Sequence[int], output_ids: Sequence[int], drafter:
 PROPOSAL_COLUMNS = ("start_position", "proposal_depth", "depth", "top1_prob")
 
 
+def proposal_top1(proposal: DraftProposal, depth: int) -> list[float]:
+    """The drafter's probability of its own most probable proposal at depths 1 .. ``depth`` (the trace column
+    ``draft_top1_prob``'s definition): the largest softmax probability of each row of its logits, else the largest
+    of its candidates' probabilities."""
+    if proposal.logits is not None:
+        return torch.softmax(proposal.logits[:depth].float(), dim=-1).amax(dim=-1).tolist()
+    return proposal.logprobs[:depth].float().amax(dim=-1).exp().tolist()
+
+
 def replay_proposals(prompt_ids: Sequence[int], output_ids: Sequence[int], drafter: Drafter,
                      tree: str | Callable = "chain", budget: int | None = None, *, eos_token_ids=None,
                      max_new_tokens: int | None = None, max_context: int | None = None,
@@ -346,11 +372,7 @@ def replay_proposals(prompt_ids: Sequence[int], output_ids: Sequence[int], draft
             rows.append((s, 0, 0, float("nan")))
             continue
         depth = verified.max_depth
-        if proposal.logits is not None:
-            top1 = torch.softmax(proposal.logits[:depth].float(), dim=-1).amax(dim=-1)
-        else:
-            top1 = proposal.logprobs[:depth].float().amax(dim=-1).exp()
-        rows += [(s, depth, d, float(p)) for d, p in enumerate(top1.tolist(), start=1)]
+        rows += [(s, depth, d, float(p)) for d, p in enumerate(proposal_top1(proposal, depth), start=1)]
     frame = pd.DataFrame(rows, columns=list(PROPOSAL_COLUMNS))
     return frame.astype({"start_position": "int32", "proposal_depth": "int16", "depth": "int16",
                          "top1_prob": "float32"})

@@ -342,6 +342,72 @@ def arm_round_options(arm_meta: dict) -> tuple[dict, str]:
     return options, "the arm's cost gate (its stored verify-cost curve)"
 
 
+def _replayed_requests(workload_dir, arm_meta: dict, target, tasks, checkpoint):
+    """Yields the name of the gate or policy replayed, then (run_id, request_id, category,
+    ``decoding.replay.ReplayResult``) for each request of a workload run that decoded a token after the prefill: the
+    arm's rounds replayed exactly over its greedy output (``workload_rounds``)."""
+    from entropy_law.decoding.replay import replay_rounds
+
+    meta, drafter, plain, prompts, outputs = _workload_inputs(workload_dir, arm_meta, target, tasks, checkpoint)
+    options, gate = arm_round_options(arm_meta)
+    yield gate
+    entropies = {}
+    if "policy" in options:  # the policy reads the target entropy at each output position: the workload's own
+        tokens = load_traces(workload_dir).tokens.sort_values(["request_id", "position"])
+        entropies = {str(rid): g["target_entropy_nats"].to_numpy(float) for rid, g in tokens.groupby("request_id")}
+    for rid in sorted(outputs):
+        category, _, output, _ = outputs[rid]
+        if len(output) < 2:
+            continue  # nothing decoded after the prefill: no round to replay
+        yield str(meta["run_id"]), rid, category, replay_rounds(
+            prompts[rid], output, replay_drafter(drafter, target, prompts[rid], output),
+            arm_meta.get("tree_policy", "chain"), arm_meta.get("tree_budget"),
+            eos_token_ids=plain.config["eos_token_ids"], max_new_tokens=meta.get("max_new_tokens"),
+            max_context=plain.adapter.max_context, entropies=entropies.get(str(rid)), **options)
+
+
+ROUND_FIELDS = ("round_index", "start_position", "tree_nodes", "tree_depth", "accepted", "committed")
+
+
+def round_proposals(run_dir: str | Path, target, *, tasks: str | Path | None = None,
+                    checkpoint: str | Path | None = None) -> pd.DataFrame:
+    """The drafter's proposal of every drafting round of a recorded run, rebuilt offline: its rounds replayed
+    over its own outputs (``workload_rounds`` with the run as workload and arm), each replayed round checked
+    equal to the recorded one (``ROUND_FIELDS``; a difference raises ``ValueError`` naming the request and the
+    round), then ``ReplayResult.round_proposals``: one row per (``run_id``, ``request_id``, ``round_index``,
+    ``depth``) for depths 1 .. the verified tree's depth, with ``top1_prob``, the drafter's confidence in its own
+    proposal there, known before verification, also at the depths the round never reached (the recorded
+    ``draft_top1_prob`` stops at the rejected one). For a law in that confidence to predict whole recorded rounds
+    (``law.glance.law_round_expectations(drafts=)``). ``tasks`` / ``checkpoint`` as ``workload_rounds``."""
+    from entropy_law.traces.layout import RUN_FILE, read_run_json
+
+    run_dir = Path(run_dir)
+    if not (run_dir / RUN_FILE).is_file():
+        raise ValueError(f"{run_dir} is not a trace run (no {RUN_FILE}): give one drafting run")
+    replayed = _replayed_requests(run_dir, read_run_json(run_dir / RUN_FILE), target, tasks, checkpoint)
+    next(replayed)  # checks the run and loads its drafter before anything is replayed
+    recorded = load_traces(run_dir).rounds
+    by_request = {str(rid): part.sort_values("round_index")
+                  for rid, part in recorded.groupby("request_id", observed=True)}
+    frames = []
+    for run_id, rid, _, result in replayed:
+        mine = [tuple(int(getattr(r, f)) for f in ROUND_FIELDS) for r in result.rounds]
+        part = by_request.get(rid)
+        theirs = [] if part is None else [tuple(int(v) for v in row) for row in
+                                          part[list(ROUND_FIELDS)].itertuples(index=False, name=None)]
+        if mine != theirs:
+            first = next(i for i, (a, b) in enumerate(zip(mine + [None], theirs + [None])) if a != b)
+            raise ValueError(f"{run_dir}: request {rid}: replayed round {first} differs from the recorded one "
+                             f"({mine[first] if first < len(mine) else None} against "
+                             f"{theirs[first] if first < len(theirs) else None}; fields {list(ROUND_FIELDS)}): "
+                             "not the drafter, tree or gate that recorded the run")
+        frames.append(result.round_proposals().assign(run_id=run_id, request_id=rid))
+    if not frames:
+        raise ValueError(f"{run_dir}: no request decoded a token after the prefill: nothing to replay")
+    out = pd.concat(frames, ignore_index=True)
+    return out[["run_id", "request_id", "round_index", "start_position", "proposal_depth", "depth", "top1_prob"]]
+
+
 def workload_rounds(workload_dir: str | Path, arm_meta: dict, target, *, tasks: str | Path | None = None,
                     checkpoint: str | Path | None = None) -> pd.DataFrame:
     """The rounds an arm would decode on a workload run (any arm, AR included), replayed exactly: greedy output
@@ -353,26 +419,13 @@ def workload_rounds(workload_dir: str | Path, arm_meta: dict, target, *, tasks: 
     prefill), ``drafting_rounds`` (those that verified a draft), ``nodes`` (draft nodes verified) and
     ``accepted`` (drafts accepted), for ``law.workload.price_rounds``. Arguments as ``workload_proposals``;
     ``attrs["gate"]`` names the gate or policy replayed."""
-    from entropy_law.decoding.replay import replay_rounds
     from entropy_law.law.workload import ROUND_COUNT_COLUMNS, count_rounds
 
-    meta, drafter, plain, prompts, outputs = _workload_inputs(workload_dir, arm_meta, target, tasks, checkpoint)
-    options, gate = arm_round_options(arm_meta)
-    entropies = {}
-    if "policy" in options:  # the policy reads the target entropy at each output position: the workload's own
-        tokens = load_traces(workload_dir).tokens.sort_values(["request_id", "position"])
-        entropies = {str(rid): g["target_entropy_nats"].to_numpy(float) for rid, g in tokens.groupby("request_id")}
-    rows = []
-    for rid in sorted(outputs):
-        category, _, output, _ = outputs[rid]
-        if len(output) < 2:
-            continue  # nothing decoded after the prefill: no round to replay
-        result = replay_rounds(prompts[rid], output, replay_drafter(drafter, target, prompts[rid], output),
-                               arm_meta.get("tree_policy", "chain"), arm_meta.get("tree_budget"),
-                               eos_token_ids=plain.config["eos_token_ids"], max_new_tokens=meta.get("max_new_tokens"),
-                               max_context=plain.adapter.max_context, entropies=entropies.get(str(rid)), **options)
-        rows += [dict(run_id=str(meta["run_id"]), request_id=rid, category=category, round_index=r.round_index,
-                      committed=r.committed, tree_nodes=r.tree_nodes, accepted=r.accepted) for r in result.rounds]
+    replayed = _replayed_requests(workload_dir, arm_meta, target, tasks, checkpoint)
+    gate = next(replayed)
+    rows = [dict(run_id=run_id, request_id=rid, category=category, round_index=r.round_index, committed=r.committed,
+                 tree_nodes=r.tree_nodes, accepted=r.accepted)
+            for run_id, rid, category, result in replayed for r in result.rounds]
     if not rows:
         raise ValueError(f"{workload_dir}: no request decoded a token after the prefill: nothing to replay")
     rounds = pd.DataFrame(rows)

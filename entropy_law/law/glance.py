@@ -617,7 +617,7 @@ def _entropy_by_request(traces, run_ids) -> tuple[dict, np.ndarray]:
 
 
 def law_round_expectations(law, traces, rounds: pd.DataFrame | None = None, *, root_only: bool = False,
-                           drafter: str | None = None) -> np.ndarray:
+                           drafter: str | None = None, drafts: pd.DataFrame | None = None) -> np.ndarray:
     """Our law's expected accepted drafts of each recorded round (``rounds``: rows of
     ``glance_rounds(traces)``, default all): E[tau] = sum_{k=1}^{D} prod_{j=1}^{k} a(H_{t+j-1}, j), t the
     round's start position, D its drafted depth (``tree_depth``, known before verification) and H the
@@ -628,6 +628,11 @@ def law_round_expectations(law, traces, rounds: pd.DataFrame | None = None, *, r
     ``depth``, ``drafted_depth``, ``cum_entropy_nats``, ``category``, the decode-time covariates of the row's
     position (``lag_entropy_nats``, ``run_mean_entropy_nats``, ``position``, ``log1p_position``, as
     ``atrisk.sequence_covariates``) and, with ``drafter``, ``drafter_id``).
+
+    ``drafts``: the drafter's confidence in its own proposal at every verified depth of each round (rows
+    ``run_id``, ``request_id``, ``round_index``, ``depth``, ``top1_prob``: ``jobs.reference.round_proposals``),
+    given to the law as ``draft_top1_prob``, for a law in that confidence (``law_exp_obs_ceil_drafttop``); a
+    (round, depth) it lacks raises ``ValueError``.
     """
     rounds = glance_rounds(traces) if rounds is None else rounds
     if rounds.empty:
@@ -660,9 +665,31 @@ def law_round_expectations(law, traces, rounds: pd.DataFrame | None = None, *, r
     frame["log1p_position"] = np.log1p(position.astype(float))
     if drafter is not None:
         frame["drafter_id"] = drafter
+    if drafts is not None:
+        frame["draft_top1_prob"] = _round_drafts(rounds, drafts, which, depth)
     accept = np.asarray(law.predict_frame(frame), dtype=float)
     reach = pd.Series(accept).groupby(which).cumprod().to_numpy()  # P(depth k accepted and all before)
     return np.bincount(which, weights=reach, minlength=len(rounds))
+
+
+def _round_drafts(rounds: pd.DataFrame, drafts: pd.DataFrame, which: np.ndarray, depth: np.ndarray) -> np.ndarray:
+    """``top1_prob`` of ``drafts`` at each (round ``which``, ``depth``) row of ``law_round_expectations``."""
+    keys = ["run_id", "request_id", "round_index", "depth"]
+    missing = [c for c in [*keys, "top1_prob"] if c not in drafts]
+    if missing:
+        raise ValueError(f"drafts lacks columns {missing} (jobs.reference.round_proposals gives them)")
+    lookup = drafts.astype({"run_id": str, "request_id": str}).set_index(keys)["top1_prob"]
+    if not lookup.index.is_unique:
+        raise ValueError("drafts has more than one row for a (run_id, request_id, round_index, depth)")
+    want = pd.MultiIndex.from_arrays([rounds["run_id"].astype(str).to_numpy()[which],
+                                      rounds["request_id"].astype(str).to_numpy()[which],
+                                      rounds["round_index"].to_numpy(dtype=np.int64)[which], depth], names=keys)
+    values = lookup.reindex(want).to_numpy(dtype=float)
+    if np.isnan(values).any():
+        bad = want[int(np.flatnonzero(np.isnan(values))[0])]
+        raise ValueError(f"drafts has no drafter confidence for depth {bad[3]} of round {bad[2]} of request {bad[1]} "
+                         f"(run {bad[0]}): replay the run's rounds (jobs.reference.round_proposals)")
+    return values
 
 
 def round_scores(rounds: pd.DataFrame, predicted, *, slope, slope_max: float = B1_MAX,

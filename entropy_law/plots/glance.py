@@ -40,13 +40,14 @@ def law_slope(law) -> float:
 
 
 def loco_ours(view, arm: str, rounds: pd.DataFrame, family: str, *, root_only=False,
-              rows: pd.DataFrame | None = None):
+              rows: pd.DataFrame | None = None, drafts: pd.DataFrame | None = None):
     """Leave-one-category-out per-round predictions of our law ``family`` for ``rounds``
     (``glance.glance_rounds(view)``) and each fold's slope: for each category, the law fitted on the other
     categories' at-risk rows predicts its rounds (``glance.law_round_expectations``). ``root_only``: True
     (the root entropy at every depth: what is known before the round), False, or ``(False, True)`` for both
     from the same fits (then the predictions are a tuple). ``rows``: the arm's at-risk table where already
-    computed (``at_risk_table(view, drafters=[arm])``)."""
+    computed (``at_risk_table(view, drafters=[arm])``). ``drafts``: the drafter's confidence at every verified
+    depth of each round (``jobs.reference.round_proposals``), for a family in it (``law_exp_obs_ceil_drafttop``)."""
     rows = at_risk_table(view, drafters=[arm]) if rows is None else rows
     variants = tuple(root_only) if isinstance(root_only, (tuple, list)) else (bool(root_only),)
     predicted = [np.full(len(rounds), np.nan) for _ in variants]
@@ -57,7 +58,7 @@ def loco_ours(view, arm: str, rounds: pd.DataFrame, family: str, *, root_only=Fa
         law = fit_law(rows.loc[rows["category"].astype(str) != held_out], family, cov_type="nonrobust")
         slopes.append(law_slope(law))
         for out, root in zip(predicted, variants):
-            out[test] = glance.law_round_expectations(law, view, rounds.loc[test], root_only=root)
+            out[test] = glance.law_round_expectations(law, view, rounds.loc[test], root_only=root, drafts=drafts)
     return (tuple(predicted) if len(variants) > 1 else predicted[0]), slopes
 
 
