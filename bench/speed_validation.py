@@ -209,6 +209,22 @@ def validate(path: Path, *, n_boot: int, seed: int, law_traces: Path | None = No
     print(f"the cost model alone (each request's recorded rounds priced: TraceAnalysis.cost_error): max |error| "
           f"{cost_err.max():.3f}, "
           f"within +-10% in {int((cost_err <= 0.10).sum())} of {len(rated)} cells: the rest of the error is the law's")
+    across = []  # one arm's cost model pricing another arm of the same drafter (entropy-law predict --budgets)
+    drafter_of = dict(zip(runs["arm"], runs["recorded_drafter_id"]))
+    for arm in analysis.arms:
+        for other in analysis.arms:
+            if other != arm and drafter_of.get(arm) == drafter_of.get(other):
+                got = analysis.attempt("cost_error", arm, other)
+                if got.ok:
+                    across.append({"cost_model": arm, "rounds_of": other,
+                                   "max_abs_error": got.value.attrs["max_abs_error"],
+                                   "mean_abs_error": float(got.value["relative_error"].abs().mean())})
+    if across:
+        print("\none arm's cost model pricing the recorded rounds of another arm of the same drafter (per category, "
+              "against that arm's measured speedup; TraceAnalysis.cost_error(arm, rounds_of=)):")
+        for r in across:
+            print(f"  {r['rounds_of']} priced by {r['cost_model']}'s model: mean |error| {r['mean_abs_error']:.3f}, "
+                  f"max {r['max_abs_error']:.3f}")
     cross_rows = []
     if crossing.ok:
         print("\nbreak-even vs the crossing of measured per-request speedups (logistic fit on mean entropy; the "
@@ -260,7 +276,7 @@ def validate(path: Path, *, n_boot: int, seed: int, law_traces: Path | None = No
         "cost_only_max_abs_error": float(cost_err.max()) if len(rated) else None,
         "cells": [{k: (v if not isinstance(v, float) or np.isfinite(v) else None) for k, v in r.items()}
                   for r in check[cols].to_dict("records")],
-        "crossing": cross_rows, "machine_warnings": notes, "replayed": replayed,
+        "crossing": cross_rows, "machine_warnings": notes, "replayed": replayed, "cost_model_across_arms": across,
         "load_average": os.getloadavg()}, default=str))
     return 0
 

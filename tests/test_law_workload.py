@@ -527,8 +527,44 @@ def test_the_predict_command_with_the_arms_rounds_replayed(capsys):
     assert all(" ngram " in x or " AR " in x for x in chosen.values())
     assert main([*argv, "--replay-rounds", "--replay"]) == 2
     assert "choose one" in capsys.readouterr().err
+    assert main([*argv, "--budgets", "8"]) == 2 and "needs --replay-rounds" in capsys.readouterr().err
+    assert main([*argv, "--replay-rounds", "--budgets", "4,x"]) == 2 and "e.g. 4,8,32" in capsys.readouterr().err
     assert main(["predict", str(timed), "--from", str(timed), "--replay-rounds"]) == 2
     assert "--replay-rounds replays the drafter over one run" in capsys.readouterr().err
+
+
+def test_the_predict_command_prices_other_budgets_of_a_ddtree_arm(capsys):
+    """``entropy-law predict --replay-rounds --budgets``: the n-gram DDTree16 arm replayed at budget 8 (never timed)
+    is priced by DDTree16's cost model, widened by the larger of that model's own error and its error pricing the
+    n-gram chain's recorded rounds (``TraceAnalysis.cost_error(arm, rounds_of=)``), and joins what to run; budget 16
+    is the recorded arm itself; a budget past the most nodes timed is called an extrapolation."""
+    from pathlib import Path
+
+    from entropy_law.cli import main
+    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.traces.reader import load_traces
+
+    timed = Path(__file__).resolve().parents[1] / "data" / "traces_timed"
+    arm = "ngram ddtree16"
+    assert main(["predict", str(timed / "ar"), "--from", str(timed), "--drafter", arm, "--n-boot", "5",
+                 "--replay-rounds", "--budgets", "8,16,40"]) == 0
+    out = capsys.readouterr().out
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        an = TraceAnalysis(load_traces(timed), n_boot=5)
+        own, cross = an.cost_error(arm), an.cost_error(arm, "ngram chain")
+    titles = [x for x in out.splitlines() if x.startswith("will drafting pay")]
+    assert titles == [f"will drafting pay on this workload? {arm}, from its rounds replayed over the workload",
+                      *(f"will drafting pay on this workload? ngram ddtree{b} (never timed: priced by the cost "
+                        f"model of {arm}), from its rounds replayed over the workload" for b in (8, 40))]
+    worst = max(own.attrs["max_abs_error"], cross.attrs["max_abs_error"])
+    assert (f"its own arm's {own.attrs['max_abs_error']:.1%}, ngram chain's {cross.attrs['max_abs_error']:.1%} "
+            f"(max {worst:.1%})") in out
+    assert cross.attrs["rated"] == 5 and not np.isclose(cross["priced"], own["priced"]).all()
+    assert out.count("an extrapolation: budget") == 1 and "budget 40 verifies more nodes" in out
+    table = out[out.index("what to run, per category"):].splitlines()[1:]
+    assert [x.split()[0] for x in table] == ["math_reasoning", "qa", "rag", "summarization", "translation", "all"]
+    assert all(x[17:53].strip() in (arm, "ngram ddtree8", "ngram ddtree40", "AR") for x in table)  # choice column
 
 
 def test_choose_arms_runs_the_best_paying_arm_else_ar():

@@ -22,6 +22,11 @@ tree, budget and gate or policy; ``jobs.reference.workload_rounds``, which loads
 from the context decodes the same rounds on the same greedy output, so no law is needed, and the cost model alone
 prices them (``law.workload.price_rounds``). The verdict's interval is widened by the cost model's own largest error
 on the arm's measured categories given their recorded rounds (``TraceAnalysis.cost_error``), or ``--transfer-error``.
+``--budgets 4,8,32`` also replays every DDTree arm at those tree budgets (configurations never timed), priced by the
+recorded arm's cost model: one drafter's verify costs depend on the nodes verified, not on the tree that chose them.
+Their widening is the larger of that model's own error and its error pricing the drafter's other timed arms' recorded
+rounds (on ``data/traces_timed``, n-gram chain by n-gram DDTree16's model and the reverse: within 8%); a budget past
+the most nodes the model's rounds verified is an extrapolation, said in the notes. They join what to run per category.
 """
 
 from __future__ import annotations
@@ -48,6 +53,9 @@ def register(subparsers) -> None:
     p.add_argument("--replay-rounds", action="store_true",
                    help="replay each arm's rounds exactly over the workload (one run) and price them with its cost "
                         "model: no law")
+    p.add_argument("--budgets", metavar="N,N,...",
+                   help="with --replay-rounds: also replay every DDTree arm at these tree budgets (e.g. 4,8,32), each "
+                        "priced by the recorded arm's cost model")
     p.add_argument("--model", help="with --replay / --replay-rounds: the target to load (default: the workload's "
                                    "model)")
     p.add_argument("--tasks", help="with --replay / --replay-rounds: the prompts the workload decoded (default: its "
@@ -79,16 +87,22 @@ def run(args) -> int:
                          f"{', '.join(analysis.arms)}")
     if args.law_from and not args.replay:
         raise ValueError("--law-from is for --replay (the law in the drafter's confidence); drop it, or add --replay")
+    budgets = _budgets(args.budgets) if args.budgets else []
+    if budgets and not args.replay_rounds:
+        raise ValueError("--budgets replays DDTree arms at other budgets: it needs --replay-rounds")
     if args.replay and args.replay_rounds:
         raise ValueError("--replay prices replayed proposals with a law, --replay-rounds replayed rounds without one: "
                          "choose one")
     replayed = _replayed(args, analysis, arms) if args.replay else {}
-    replayed_rounds = _replayed_rounds(args, analysis, arms) if args.replay_rounds else {}
+    replayed_rounds = _replayed_rounds(args, analysis, arms, budgets) if args.replay_rounds else {}
     results = {}
-    for arm in arms:
+    for arm in [*arms, *(name for name in replayed_rounds if name not in arms)]:
         if arm in replayed_rounds:
-            rounds, notes = replayed_rounds[arm]
-            result = analysis.predict(arm, workload, rounds=rounds, transfer_error=args.transfer_error)
+            rounds, notes, priced_by, error = replayed_rounds[arm]
+            result = analysis.predict(priced_by, workload, rounds=rounds,
+                                      transfer_error=args.transfer_error if error is None else error)
+            if priced_by != arm:
+                result.drafter_id = f"{arm} (never timed: priced by the cost model of {priced_by})"
             result.notes = notes + result.notes
         elif arm in replayed:
             law, transfer_error, proposals, notes = replayed[arm]
@@ -185,8 +199,20 @@ def _workload_target(args, flag: str):
         raise ValueError(f"{flag} loads the workload's target, {model!r}: {err}; pass --model FOLDER") from err
 
 
-def _replayed_rounds(args, analysis, arms) -> dict:
-    """arm -> (its rounds replayed over the workload, notes)."""
+def _budgets(text: str) -> list[int]:
+    try:
+        budgets = sorted({int(b) for b in text.split(",") if b.strip()})
+    except ValueError:
+        raise ValueError(f"--budgets takes tree budgets separated by commas, e.g. 4,8,32; got {text!r}") from None
+    if not budgets or budgets[0] < 1:
+        raise ValueError(f"--budgets: each budget must be a whole number of draft nodes >= 1; got {text!r}")
+    return budgets
+
+
+def _replayed_rounds(args, analysis, arms, budgets=()) -> dict:
+    """name -> (its rounds replayed over the workload, notes, the arm whose cost model prices them, its error or
+    None for the default): every arm, then each DDTree arm at each other budget of ``budgets``."""
+    import re
     from pathlib import Path
 
     from entropy_law.jobs.reference import workload_rounds
@@ -197,11 +223,58 @@ def _replayed_rounds(args, analysis, arms) -> dict:
     out = {}
     for arm in arms:
         path = analysis.runs.loc[analysis.runs["arm"] == arm, "path"].iloc[0]
-        rounds = workload_rounds(args.workload, read_run_json(Path(path) / RUN_FILE), target, tasks=args.tasks,
-                                 checkpoint=args.checkpoint)
+        meta = read_run_json(Path(path) / RUN_FILE)
+        rounds = workload_rounds(args.workload, meta, target, tasks=args.tasks, checkpoint=args.checkpoint)
         notes = [f"the arm's rounds replayed over the workload ({len(rounds)} requests) with {rounds.attrs['gate']}: "
                  "the rounds it decodes there, priced by its cost model (no law)"]
         if args.transfer_error is not None:
             notes.append(f"the cost model's error taken as {args.transfer_error:.1%} (--transfer-error)")
-        out[arm] = (rounds, notes)
+        out[arm] = (rounds, notes, arm, None)
+        if meta.get("tree_policy") != "ddtree" or not budgets:
+            continue
+        error, error_notes = _variant_error(args, analysis, arm)
+        most = int(analysis.cost_view(arm).rounds["tree_nodes"].max())
+        for budget in budgets:
+            name = re.sub(r"ddtree\d*$", f"ddtree{budget}", arm)
+            if budget == meta.get("tree_budget") or name in out or name in analysis.arms:
+                continue  # recorded (and timed) already: priced as itself
+            variant = workload_rounds(args.workload, {**meta, "tree_budget": budget}, target, tasks=args.tasks,
+                                      checkpoint=args.checkpoint)
+            notes = [f"{arm} with tree budget {budget}: its rounds replayed over the workload ({len(variant)} "
+                     f"requests) with {variant.attrs['gate']}, priced by {arm}'s cost model (no law)", *error_notes]
+            if budget > most:
+                notes.append(f"an extrapolation: budget {budget} verifies more nodes than any round {arm}'s cost model "
+                             f"was timed on (at most {most})")
+            out[name] = (variant, notes, arm, error)
     return out
+
+
+def _variant_error(args, analysis, arm) -> tuple[float | None, list[str]]:
+    """The widening of a budget ``arm`` never ran, priced by its cost model: ``--transfer-error`` if given, else
+    the larger of the model's own error and its error pricing the drafter's other timed arms' recorded rounds."""
+    import numpy as np
+
+    if args.transfer_error is not None:
+        return None, [f"the cost model's error taken as {args.transfer_error:.1%} (--transfer-error)"]
+    own = analysis.attempt("cost_error", arm)
+    errors = {arm: own.value.attrs["max_abs_error"]} if own.ok else {}
+    drafter = analysis.runs.loc[analysis.runs["arm"] == arm, "recorded_drafter_id"].iloc[0]
+    siblings = [a for a in analysis.arms if a != arm and
+                analysis.runs.loc[analysis.runs["arm"] == a, "recorded_drafter_id"].iloc[0] == drafter]
+    for other in siblings:
+        got = analysis.attempt("cost_error", arm, other)
+        if got.ok:
+            errors[other] = got.value.attrs["max_abs_error"]
+    cross = {a: e for a, e in errors.items() if a != arm and np.isfinite(e)}
+    finite = [e for e in errors.values() if np.isfinite(e)]
+    if not finite:
+        return float("nan"), ["the cost model's error on other budgets not measured: no timed arm of this drafter "
+                              "with enough paired requests"]
+    if not cross:
+        return max(finite), [f"the cost model's error on another tree or budget not measured (no other timed arm of "
+                             f"this drafter in --from): widened by its own error only, {max(finite):.1%}"]
+    worst = max(finite)
+    mine = f"its own arm's {errors[arm]:.1%}, " if arm in errors and np.isfinite(errors[arm]) else ""
+    return worst, [f"widened by the largest |relative error| of {arm}'s cost model pricing recorded rounds per "
+                   f"category: {mine}" + ", ".join(f"{a}'s {e:.1%}" for a, e in sorted(cross.items()))
+                   + f" (max {worst:.1%})"]

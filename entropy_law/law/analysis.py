@@ -482,18 +482,23 @@ class TraceAnalysis:
             return compute()
         return self._cached(("workload", arm), compute)
 
-    def cost_error(self, arm: str) -> pd.DataFrame:
+    def cost_error(self, arm: str, rounds_of: str | None = None) -> pd.DataFrame:
         """The cost model's own error on this arm, with no law in between: each category's recorded rounds priced
         by the arm's cost model (``workload.price_rounds`` on ``round_counts``) against its measured paired speedup
         (``speedup``). Per category: ``requests`` (paired), ``measured``, ``priced``, ``relative_error``;
         ``attrs["max_abs_error"]``: the largest |relative error| among categories with at least
         ``MIN_PAIRED_REQUESTS`` paired requests (NaN where none), the default error of a prediction from replayed
-        rounds (``predict(rounds=)``)."""
+        rounds (``predict(rounds=)``). ``rounds_of``: another timed arm, whose recorded rounds (and measured
+        speedups) are priced by ``arm``'s cost model instead: how well one arm's cost model prices another tree or
+        budget of the drafter (``entropy-law predict --budgets``)."""
+        source = arm if rounds_of is None else rounds_of
+
         def compute():
-            measured = self.speedup(arm).set_index("category")
+            measured = self.speedup(source).set_index("category")
             view = self.cost_view(arm)
             ar_requests = self.ar_requests(arm)
-            priced = price_rounds(view, round_counts(view, arm), drafter=arm, ar_requests=ar_requests,
+            counts = round_counts(self.cost_view(source), source)
+            priced = price_rounds(view, counts, drafter=arm, ar_requests=ar_requests,
                                   ar_ms_per_token=None if ar_requests is not None else self.ar_ms_per_token(arm),
                                   n_boot=0, seed=self.seed).summary
             rows = [dict(category=c, requests=int(measured.loc[c, "requests"]),
@@ -506,7 +511,7 @@ class TraceAnalysis:
             out.attrs["rated"] = len(rated)
             return out
 
-        return self._cached(("cost_error", arm), compute)
+        return self._cached(("cost_error", arm, source), compute)
 
     def predict(self, arm: str, workload, *, transfer_error: float | None = None,
                 proposals: pd.DataFrame | None = None, law=None, rounds: pd.DataFrame | None = None):
