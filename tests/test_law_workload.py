@@ -586,7 +586,11 @@ def test_choose_arms_runs_the_best_paying_arm_else_ar():
                     ("math", 0.9, 0.85, 0.95, DOES_NOT_PAY)])
     got = choose_arms({"a": a, "b": b}).set_index("category")
     assert got.loc["code", "choice"] == "b" and got.loc["code", "predicted_speedup"] == 1.4
-    assert "also pays: a" in got.loc["code", "why"]
+    assert "also pays: a" in got.loc["code", "why"] and "not told apart from a" in got.loc["code", "why"]
+    c = prediction([("code", 1.0, 0.9, 1.1, UNCLEAR)])
+    b_far = prediction([("code", 1.5, 1.3, 1.7, PAYS)])
+    sure = choose_arms({"a": a, "b": b_far, "c": c}).set_index("category")
+    assert sure.loc["code", "choice"] == "b" and "not told apart" not in sure.loc["code", "why"]  # a: 1.2 < 1.3
     assert got.loc["chat", "choice"] == "AR" and got.loc["chat", "why"].startswith("no arm pays")
     assert got.loc["math", "choice"] == "AR" and "unclear: a" in got.loc["math", "why"]
     assert (got.loc[["chat", "math"], "predicted_speedup"] == 1.0).all()

@@ -740,7 +740,8 @@ def choose_arms(predictions: dict) -> pd.DataFrame:
     """Per category of the workload (and ``all``), what to run, from ``WorkloadPrediction``s of several arms
     (``{arm: prediction}``, e.g. ``TraceAnalysis.predict`` for each): the arm whose verdict is ``PAYS`` with the
     highest predicted speedup, else AR (no drafting: the choice that cannot lose), with why: every arm "does not
-    pay", or the ones whose interval straddles 1 (``UNCLEAR``). Columns ``category``, ``choice`` (an arm, or
+    pay", or the ones whose interval straddles 1 (``UNCLEAR``); a paying arm predicted inside the chosen arm's
+    interval is named as not told apart from it. Columns ``category``, ``choice`` (an arm, or
     ``"AR"``), ``predicted_speedup`` / ``low`` / ``high`` of the chosen arm (1 for AR), ``why``."""
     if not predictions:
         raise ValueError("choose_arms needs at least one arm's WorkloadPrediction")
@@ -752,10 +753,13 @@ def choose_arms(predictions: dict) -> pd.DataFrame:
         if paying:
             arm, r = max(paying.items(), key=lambda kv: float(kv[1]["predicted_speedup"]))
             others = sorted(set(paying) - {arm})
+            # a paying arm predicted inside the chosen one's widened interval: the predictions cannot rank the two
+            close = [a for a in others if float(paying[a]["predicted_speedup"]) >= float(r["low"])]
+            why = "pays, the highest predicted speedup" + (f" (also pays: {', '.join(others)})" if others else "")
+            if close:
+                why += f"; not told apart from {', '.join(close)} (predicted inside its interval): any of them will do"
             rows.append(dict(category=category, choice=arm, predicted_speedup=float(r["predicted_speedup"]),
-                             low=float(r["low"]), high=float(r["high"]),
-                             why="pays, the highest predicted speedup" + (f" (also pays: {', '.join(others)})"
-                                                                          if others else "")))
+                             low=float(r["low"]), high=float(r["high"]), why=why))
             continue
         unclear = sorted(arm for arm, r in rows_of.items() if r["verdict"] == UNCLEAR)
         why = ("no arm pays: every one is predicted below 1" if not unclear else
