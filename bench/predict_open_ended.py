@@ -14,7 +14,10 @@ Two steps (``--record`` first, once; then the check, as often as wanted):
   (``TraceAnalysis.predict(rounds=)``, as ``entropy-law predict --replay-rounds``), per category and overall; next
   to it the speedup the same arm measured on the same prompts in ``TRACES`` (paired with AR, decode time on the CPU
   clock, ``TraceAnalysis.speedup``; overall: the same estimator and interval over all its requests), and its
-  tokens per round. A verdict is judged right or wrong only where the measured interval excludes 1.
+  tokens per round. A verdict is judged right or wrong only where the measured interval excludes 1. An arm of
+  ``TRACES`` that ``--from`` lacks but that is a DDTree of the same drafter at another budget (``--arms
+  ar,ngram-ddtree4,ngram-ddtree8``) is replayed at its budget and priced by ``--from``'s DDTree arm, widened by
+  ``TraceAnalysis.variant_error``: the check of ``entropy-law predict --budgets``.
 
 Prints a table and ends with ONE JSON line.
 
@@ -36,7 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 RECORD_ARMS = ("ar", "ngram", "ngram-ddtree16", "block-ddtree16")
 
 
-def record(out: Path, per_category: int, seed: int, max_new_tokens: int) -> None:
+def record(out: Path, per_category: int, seed: int, max_new_tokens: int, arms=RECORD_ARMS) -> None:
     import torch
 
     from entropy_law.decoding.loading import load_target
@@ -46,7 +49,7 @@ def record(out: Path, per_category: int, seed: int, max_new_tokens: int) -> None
     torch.set_num_threads(1)
     tasks = sample_per_category(load_tasks("open_ended"), per_category, seed=seed)
     print(f"{per_category} per category, seed {seed}", flush=True)
-    record_timed(tasks, RECORD_ARMS, out, load_target("smollm2-135m"), max_new_tokens=max_new_tokens,
+    record_timed(tasks, arms, out, load_target("smollm2-135m"), max_new_tokens=max_new_tokens,
                  log=lambda m: print(m, flush=True), metadata={"seed": seed, "tasks": "open_ended"})
 
 
@@ -78,13 +81,28 @@ def check(path: Path, arm_traces: Path, n_boot: int, seed: int) -> dict:
     print(f"workload: the AR run {ar_path} ({workload.requests['request_id'].nunique()} prompts, categories "
           f"{sorted(set(workload.requests['category']))}); arms and costs from {arm_traces}")
     rows = []
+    meta_of = {a: read_run_json(Path(source.runs.loc[source.runs["arm"] == a, "path"].iloc[0]) / RUN_FILE)
+               for a in source.arms}
+    plans = []  # (arm measured in TRACES, the source arm whose cost model prices it, its run.json for the replay)
+    for arm in measured.arms:
+        mine = read_run_json(Path(measured.runs.loc[measured.runs["arm"] == arm, "path"].iloc[0]) / RUN_FILE)
+        if arm in source.arms:
+            plans.append((arm, arm, meta_of[arm]))
+            continue
+        # another budget of a DDTree arm of --from (entropy-law predict --budgets): replayed at the budget it ran
+        same = [a for a, m in meta_of.items() if m.get("drafter_id") == mine.get("drafter_id")
+                and m.get("tree_policy") == "ddtree" == mine.get("tree_policy")]
+        if same:
+            plans.append((arm, same[0], {**meta_of[same[0]], "tree_budget": mine.get("tree_budget")}))
+        else:
+            print(f"  {arm}: no arm of its drafter and tree in {arm_traces} to price it, skipped")
     for arm in source.arms:
         if arm not in measured.arms:
             print(f"  {arm}: not decoded in {path}, skipped")
-            continue
-        meta = read_run_json(Path(source.runs.loc[source.runs["arm"] == arm, "path"].iloc[0]) / RUN_FILE)
+    for arm, priced_by, meta in plans:
         rounds = workload_rounds(ar_path, meta, target)
-        pred = source.predict(arm, workload, rounds=rounds).summary
+        error = None if priced_by == arm else source.variant_error(priced_by)[0]
+        pred = source.predict(priced_by, workload, rounds=rounds, transfer_error=error).summary
         got = measured.speedup(arm).set_index("category")
         paired = measured.paired_requests(arm)  # all its requests: the per-category cells' estimator, pooled
         times = (paired["ar_ms"].to_numpy(float), paired["ar_decoded"].to_numpy(float), paired["ms"].to_numpy(float),
@@ -99,7 +117,7 @@ def check(path: Path, arm_traces: Path, n_boot: int, seed: int) -> dict:
                 m = got.loc[category]
             else:
                 continue
-            rows.append(dict(arm=arm, category=category, requests=int(m["requests"]),
+            rows.append(dict(arm=arm, priced_by=priced_by, category=category, requests=int(m["requests"]),
                              predicted=float(p["predicted_speedup"]), low=float(p["low"]), high=float(p["high"]),
                              verdict=p["verdict"], measured=float(m["speedup"]), measured_lo=float(m["lo"]),
                              measured_hi=float(m["hi"]),
@@ -147,9 +165,13 @@ def main(argv=None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--n-boot", type=int, default=100)
+    p.add_argument("--arms", default=",".join(RECORD_ARMS),
+                   help="--record: the arms to record (default %(default)s); an n-gram DDTree arm at another budget "
+                        "(ngram-ddtree4, ngram-ddtree8) is then priced by --from's DDTree arm of that drafter, as "
+                        "entropy-law predict --budgets prices it")
     args = p.parse_args(argv)
     if args.record:
-        record(Path(args.record), args.per_category, args.seed, args.max_new_tokens)
+        record(Path(args.record), args.per_category, args.seed, args.max_new_tokens, tuple(args.arms.split(",")))
         return 0
     check(Path(args.traces), Path(args.arm_traces), args.n_boot, args.seed)
     return 0

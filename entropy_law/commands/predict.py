@@ -250,31 +250,8 @@ def _replayed_rounds(args, analysis, arms, budgets=()) -> dict:
 
 
 def _variant_error(args, analysis, arm) -> tuple[float | None, list[str]]:
-    """The widening of a budget ``arm`` never ran, priced by its cost model: ``--transfer-error`` if given, else
-    the larger of the model's own error and its error pricing the drafter's other timed arms' recorded rounds."""
-    import numpy as np
-
+    """The widening of a budget ``arm`` never ran: ``--transfer-error`` if given, else
+    ``TraceAnalysis.variant_error``."""
     if args.transfer_error is not None:
         return None, [f"the cost model's error taken as {args.transfer_error:.1%} (--transfer-error)"]
-    own = analysis.attempt("cost_error", arm)
-    errors = {arm: own.value.attrs["max_abs_error"]} if own.ok else {}
-    drafter = analysis.runs.loc[analysis.runs["arm"] == arm, "recorded_drafter_id"].iloc[0]
-    siblings = [a for a in analysis.arms if a != arm and
-                analysis.runs.loc[analysis.runs["arm"] == a, "recorded_drafter_id"].iloc[0] == drafter]
-    for other in siblings:
-        got = analysis.attempt("cost_error", arm, other)
-        if got.ok:
-            errors[other] = got.value.attrs["max_abs_error"]
-    cross = {a: e for a, e in errors.items() if a != arm and np.isfinite(e)}
-    finite = [e for e in errors.values() if np.isfinite(e)]
-    if not finite:
-        return float("nan"), ["the cost model's error on other budgets not measured: no timed arm of this drafter "
-                              "with enough paired requests"]
-    if not cross:
-        return max(finite), [f"the cost model's error on another tree or budget not measured (no other timed arm of "
-                             f"this drafter in --from): widened by its own error only, {max(finite):.1%}"]
-    worst = max(finite)
-    mine = f"its own arm's {errors[arm]:.1%}, " if arm in errors and np.isfinite(errors[arm]) else ""
-    return worst, [f"widened by the largest |relative error| of {arm}'s cost model pricing recorded rounds per "
-                   f"category: {mine}" + ", ".join(f"{a}'s {e:.1%}" for a, e in sorted(cross.items()))
-                   + f" (max {worst:.1%})"]
+    return analysis.variant_error(arm)

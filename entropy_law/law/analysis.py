@@ -513,6 +513,33 @@ class TraceAnalysis:
 
         return self._cached(("cost_error", arm, source), compute)
 
+    def variant_error(self, arm: str) -> tuple[float, list[str]]:
+        """How far ``arm``'s cost model can be trusted to price another tree or budget of its drafter, never timed
+        (``entropy-law predict --budgets``): the larger of its own error (``cost_error(arm)``) and its errors pricing
+        the recorded rounds of the drafter's other timed arms (``cost_error(arm, rounds_of=other)``), with a note
+        saying which; NaN where none can be measured."""
+        own = self.attempt("cost_error", arm)
+        errors = {arm: own.value.attrs["max_abs_error"]} if own.ok else {}
+        drafter_of = dict(zip(self.runs["arm"], self.runs["recorded_drafter_id"]))
+        for other in self.arms:
+            if other != arm and drafter_of.get(other) == drafter_of.get(arm):
+                got = self.attempt("cost_error", arm, other)
+                if got.ok:
+                    errors[other] = got.value.attrs["max_abs_error"]
+        errors = {a: e for a, e in errors.items() if np.isfinite(e)}
+        cross = {a: e for a, e in errors.items() if a != arm}
+        if not errors:
+            return float("nan"), ["the cost model's error on other budgets not measured: no timed arm of this drafter "
+                                  "with enough paired requests"]
+        worst = max(errors.values())
+        if not cross:
+            return worst, [f"the cost model's error on another tree or budget not measured (no other timed arm of this "
+                           f"drafter): widened by its own error only, {worst:.1%}"]
+        mine = f"its own arm's {errors[arm]:.1%}, " if arm in errors else ""
+        return worst, [f"widened by the largest |relative error| of {arm}'s cost model pricing recorded rounds per "
+                       f"category: {mine}" + ", ".join(f"{a}'s {e:.1%}" for a, e in sorted(cross.items()))
+                       + f" (max {worst:.1%})"]
+
     def predict(self, arm: str, workload, *, transfer_error: float | None = None,
                 proposals: pd.DataFrame | None = None, law=None, rounds: pd.DataFrame | None = None):
         """Will drafting pay on ``workload`` (a trace set this arm never decoded: e.g. an AR run of new prompts,
