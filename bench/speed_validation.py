@@ -210,15 +210,12 @@ def validate(path: Path, *, n_boot: int, seed: int, law_traces: Path | None = No
           f"{cost_err.max():.3f}, "
           f"within +-10% in {int((cost_err <= 0.10).sum())} of {len(rated)} cells: the rest of the error is the law's")
     across = []  # one arm's cost model pricing another arm of the same drafter (entropy-law predict --budgets)
-    drafter_of = dict(zip(runs["arm"], runs["recorded_drafter_id"]))
     for arm in analysis.arms:
-        for other in analysis.arms:
-            if other != arm and drafter_of.get(arm) == drafter_of.get(other):
-                got = analysis.attempt("cost_error", arm, other)
-                if got.ok:
-                    across.append({"cost_model": arm, "rounds_of": other,
-                                   "max_abs_error": got.value.attrs["max_abs_error"],
-                                   "mean_abs_error": float(got.value["relative_error"].abs().mean())})
+        for other in analysis.same_drafter_arms(arm):
+            got = analysis.attempt("cost_error", arm, other)
+            if got.ok:
+                across.append({"cost_model": arm, "rounds_of": other, "max_abs_error": got.value.attrs["max_abs_error"],
+                               "mean_abs_error": float(got.value["relative_error"].abs().mean())})
     if across:
         print("\none arm's cost model pricing the recorded rounds of another arm of the same drafter (per category, "
               "against that arm's measured speedup; TraceAnalysis.cost_error(arm, rounds_of=)):")

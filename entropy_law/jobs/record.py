@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field, replace
@@ -387,8 +388,6 @@ def record_timed(tasks: Sequence, arm_names: Sequence[str], out: str | Path, tar
     ``omp_num_threads`` and ``metadata``. Every timed ``generate`` call, compared with ``reference``'s output,
     goes to ``out/timings.csv``; a resumed recording keeps the calls timed before (appended, never replaced).
     Set the thread count before calling (``torch.set_num_threads``)."""
-    import os
-
     from entropy_law.jobs.arms import available_arms
 
     out = Path(out)

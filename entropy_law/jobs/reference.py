@@ -343,27 +343,31 @@ def arm_round_options(arm_meta: dict) -> tuple[dict, str]:
 
 
 def _replayed_requests(workload_dir, arm_meta: dict, target, tasks, checkpoint):
-    """Yields the name of the gate or policy replayed, then (run_id, request_id, category,
-    ``decoding.replay.ReplayResult``) for each request of a workload run that decoded a token after the prefill: the
-    arm's rounds replayed exactly over its greedy output (``workload_rounds``)."""
+    """(the name of the gate or policy replayed, an iterator of (run_id, request_id, category,
+    ``decoding.replay.ReplayResult``) for each request of a workload run that decoded a token after the prefill):
+    the arm's rounds replayed exactly over its greedy output (``workload_rounds``). The run and the drafter are
+    checked and loaded here, before anything is replayed."""
     from entropy_law.decoding.replay import replay_rounds
 
     meta, drafter, plain, prompts, outputs = _workload_inputs(workload_dir, arm_meta, target, tasks, checkpoint)
     options, gate = arm_round_options(arm_meta)
-    yield gate
     entropies = {}
     if "policy" in options:  # the policy reads the target entropy at each output position: the workload's own
         tokens = load_traces(workload_dir).tokens.sort_values(["request_id", "position"])
         entropies = {str(rid): g["target_entropy_nats"].to_numpy(float) for rid, g in tokens.groupby("request_id")}
-    for rid in sorted(outputs):
-        category, _, output, _ = outputs[rid]
-        if len(output) < 2:
-            continue  # nothing decoded after the prefill: no round to replay
-        yield str(meta["run_id"]), rid, category, replay_rounds(
-            prompts[rid], output, replay_drafter(drafter, target, prompts[rid], output),
-            arm_meta.get("tree_policy", "chain"), arm_meta.get("tree_budget"),
-            eos_token_ids=plain.config["eos_token_ids"], max_new_tokens=meta.get("max_new_tokens"),
-            max_context=plain.adapter.max_context, entropies=entropies.get(str(rid)), **options)
+
+    def replayed():
+        for rid in sorted(outputs):
+            category, _, output, _ = outputs[rid]
+            if len(output) < 2:
+                continue  # nothing decoded after the prefill: no round to replay
+            yield str(meta["run_id"]), rid, category, replay_rounds(
+                prompts[rid], output, replay_drafter(drafter, target, prompts[rid], output),
+                arm_meta.get("tree_policy", "chain"), arm_meta.get("tree_budget"),
+                eos_token_ids=plain.config["eos_token_ids"], max_new_tokens=meta.get("max_new_tokens"),
+                max_context=plain.adapter.max_context, entropies=entropies.get(str(rid)), **options)
+
+    return gate, replayed()
 
 
 ROUND_FIELDS = ("round_index", "start_position", "tree_nodes", "tree_depth", "accepted", "committed")
@@ -384,8 +388,7 @@ def round_proposals(run_dir: str | Path, target, *, tasks: str | Path | None = N
     run_dir = Path(run_dir)
     if not (run_dir / RUN_FILE).is_file():
         raise ValueError(f"{run_dir} is not a trace run (no {RUN_FILE}): give one drafting run")
-    replayed = _replayed_requests(run_dir, read_run_json(run_dir / RUN_FILE), target, tasks, checkpoint)
-    next(replayed)  # checks the run and loads its drafter before anything is replayed
+    _, replayed = _replayed_requests(run_dir, read_run_json(run_dir / RUN_FILE), target, tasks, checkpoint)
     recorded = load_traces(run_dir).rounds
     by_request = {str(rid): part.sort_values("round_index")
                   for rid, part in recorded.groupby("request_id", observed=True)}
@@ -421,8 +424,7 @@ def workload_rounds(workload_dir: str | Path, arm_meta: dict, target, *, tasks: 
     ``attrs["gate"]`` names the gate or policy replayed."""
     from entropy_law.law.workload import ROUND_COUNT_COLUMNS, count_rounds
 
-    replayed = _replayed_requests(workload_dir, arm_meta, target, tasks, checkpoint)
-    gate = next(replayed)
+    gate, replayed = _replayed_requests(workload_dir, arm_meta, target, tasks, checkpoint)
     rows = [dict(run_id=run_id, request_id=rid, category=category, round_index=r.round_index, committed=r.committed,
                  tree_nodes=r.tree_nodes, accepted=r.accepted)
             for run_id, rid, category, result in replayed for r in result.rounds]

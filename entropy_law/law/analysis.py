@@ -513,6 +513,11 @@ class TraceAnalysis:
 
         return self._cached(("cost_error", arm, source), compute)
 
+    def same_drafter_arms(self, arm: str) -> list[str]:
+        """The other drafting arms of ``arm``'s drafter (the recorded drafter id: another tree, budget or gate)."""
+        drafter_of = dict(zip(self.runs["arm"], self.runs["recorded_drafter_id"]))
+        return [a for a in self.arms if a != arm and drafter_of.get(a) == drafter_of.get(arm)]
+
     def variant_error(self, arm: str) -> tuple[float, list[str]]:
         """How far ``arm``'s cost model can be trusted to price another tree or budget of its drafter, never timed
         (``entropy-law predict --budgets``): the larger of its own error (``cost_error(arm)``) and its errors pricing
@@ -520,12 +525,10 @@ class TraceAnalysis:
         saying which; NaN where none can be measured."""
         own = self.attempt("cost_error", arm)
         errors = {arm: own.value.attrs["max_abs_error"]} if own.ok else {}
-        drafter_of = dict(zip(self.runs["arm"], self.runs["recorded_drafter_id"]))
-        for other in self.arms:
-            if other != arm and drafter_of.get(other) == drafter_of.get(arm):
-                got = self.attempt("cost_error", arm, other)
-                if got.ok:
-                    errors[other] = got.value.attrs["max_abs_error"]
+        for other in self.same_drafter_arms(arm):
+            got = self.attempt("cost_error", arm, other)
+            if got.ok:
+                errors[other] = got.value.attrs["max_abs_error"]
         errors = {a: e for a, e in errors.items() if np.isfinite(e)}
         cross = {a: e for a, e in errors.items() if a != arm}
         if not errors:
