@@ -17,12 +17,21 @@ Two steps (``--record`` first, once; then the check, as often as wanted):
   tokens per round. A verdict is judged right or wrong only where the measured interval excludes 1. An arm of
   ``TRACES`` that ``--from`` lacks but that is a DDTree of the same drafter at another budget (``--arms
   ar,ngram-ddtree4,ngram-ddtree8``) is replayed at its budget and priced by ``--from``'s DDTree arm, widened by
-  ``TraceAnalysis.variant_error``: the check of ``entropy-law predict --budgets``.
+  ``TraceAnalysis.variant_error``: the check of ``entropy-law predict --budgets``. An arm of ``TRACES`` recorded with
+  a law policy (``--record ... --policy ngram=FITTED.json``: its parameters in its run.json) is replayed with those
+  parameters over the AR run in place of the gate of ``--from``'s arm of the same drafter, tree and budget, with the
+  verify-cost curve measured here (as the online run measured its own), and priced by that arm's cost model
+  (``law.policy.policy_arm_meta``), as ``entropy-law predict --policy`` prices it: the check of a policy priced before
+  it ever ran (its skipped rounds without the drafter's time).
 
 Prints a table and ends with ONE JSON line.
 
     OMP_NUM_THREADS=1 python bench/predict_open_ended.py --record data/traces_open_timed --per-category 3 --seed 7
     OMP_NUM_THREADS=1 python bench/predict_open_ended.py | tee bench/results/predict_open_ended.txt
+    python bench/predict_open_ended.py --fit-policy ngram --out /tmp/ngram-policy.json   # from data/traces
+    OMP_NUM_THREADS=1 python bench/predict_open_ended.py --record data/traces_open_policy --per-category 3 \
+        --seed 13 --arms ar,ngram-ddtree16,block-ddtree16 --policy ngram=/tmp/ngram-policy.json \
+        --policy block=/tmp/block-policy.json
 """
 
 from __future__ import annotations
@@ -39,7 +48,34 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 RECORD_ARMS = ("ar", "ngram", "ngram-ddtree16", "block-ddtree16")
 
 
-def record(out: Path, per_category: int, seed: int, max_new_tokens: int, arms=RECORD_ARMS) -> None:
+def fit_reference_policy(drafter: str, out: Path, arm_traces: Path) -> None:
+    """Law policy parameters for ``drafter`` ("ngram" or "block") from its runs in ``data/traces`` (Spec-Bench, none
+    of the open-ended prompts), its draft cost (one-token forwards per round) from ``arm_traces``' timed DDTree16 arm
+    of the drafter: ``entropy_law.law.policy.fit_policy`` with its defaults."""
+    import warnings
+
+    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.law.policy import fit_policy, save_policy
+    from entropy_law.traces.reader import load_traces
+
+    warnings.simplefilter("ignore")
+    timed = TraceAnalysis(load_traces(arm_traces), n_boot=0)
+    arm = next(a for a in timed.arms if a.startswith(drafter) and a.endswith("ddtree16"))
+    cost = timed.cost_model(arm)
+    draft_cost = cost.draft_ms / cost.ar_ms_per_token
+    traces = load_traces(Path(__file__).resolve().parents[1] / "data" / "traces")
+    runs = traces.runs
+    ids = list(runs.loc[runs["drafter_id"].astype(str).str.startswith(drafter) & (runs["tree_policy"] == "ddtree"),
+                        "run_id"])
+    params = fit_policy(traces.filter(run_id=ids), draft_cost=draft_cost)
+    params["notes"].append(f"draft_cost {draft_cost:.4f}: {arm}'s draft_ms / t_AR in {arm_traces} ({cost.clock} clock)")
+    save_policy(params, out)
+    print(f"{drafter} policy from {len(ids)} run(s) of data/traces ({params['fitted_on']['requests']} requests), "
+          f"draft cost {draft_cost:.4f} forwards: {out}")
+
+
+def record(out: Path, per_category: int, seed: int, max_new_tokens: int, arms=RECORD_ARMS,
+           policies: dict | None = None) -> None:
     import torch
 
     from entropy_law.decoding.loading import load_target
@@ -49,8 +85,15 @@ def record(out: Path, per_category: int, seed: int, max_new_tokens: int, arms=RE
     torch.set_num_threads(1)
     tasks = sample_per_category(load_tasks("open_ended"), per_category, seed=seed)
     print(f"{per_category} per category, seed {seed}", flush=True)
+    policy = None
+    if policies:
+        from entropy_law.law.policy import load_policy
+        loaded = {drafter: load_policy(path) for drafter, path in policies.items()}
+
+        def policy(spec):  # the drafter's law policy, None for AR
+            return loaded.get(spec.drafter)
     record_timed(tasks, arms, out, load_target("smollm2-135m"), max_new_tokens=max_new_tokens,
-                 log=lambda m: print(m, flush=True), metadata={"seed": seed, "tasks": "open_ended"})
+                 log=lambda m: print(m, flush=True), metadata={"seed": seed, "tasks": "open_ended"}, policy=policy)
 
 
 def check(path: Path, arm_traces: Path, n_boot: int, seed: int) -> dict:
@@ -62,6 +105,9 @@ def check(path: Path, arm_traces: Path, n_boot: int, seed: int) -> dict:
     from entropy_law.jobs.reference import workload_rounds
     from entropy_law.law.analysis import SPEEDUP_BOOT, TraceAnalysis
     from entropy_law.law.cost import paired_speedup, paired_speedup_interval
+    from entropy_law.decoding.adapter import TargetAdapter
+    from entropy_law.decoding.gate import measure_verify_cost
+    from entropy_law.law.policy import policy_arm_meta
     from entropy_law.law.workload import verdict_right
     from entropy_law.traces.layout import RUN_FILE, read_run_json
     from entropy_law.traces.reader import load_traces
@@ -84,8 +130,24 @@ def check(path: Path, arm_traces: Path, n_boot: int, seed: int) -> dict:
     meta_of = {a: read_run_json(Path(source.runs.loc[source.runs["arm"] == a, "path"].iloc[0]) / RUN_FILE)
                for a in source.arms}
     plans = []  # (arm measured in TRACES, the source arm whose cost model prices it, its run.json for the replay)
+    measured_curve = None  # this machine's verify-cost curve, for a law policy's replay
     for arm in measured.arms:
         mine = read_run_json(Path(measured.runs.loc[measured.runs["arm"] == arm, "path"].iloc[0]) / RUN_FILE)
+        if mine.get("policy"):  # a law policy: priced by --from's arm of its drafter, tree and budget
+            same = [a for a, m in meta_of.items() if not m.get("policy") and all(
+                m.get(k) == mine.get(k) for k in ("drafter_id", "tree_policy", "tree_budget"))]
+            if not same:
+                print(f"  {arm}: no arm of its drafter, tree and budget in {arm_traces} to price its policy, skipped")
+                continue
+            params = {k: v for k, v in mine["policy"].items() if k != "verify_cost"}  # what the user had before
+            if measured_curve is None:  # once, as the online run measured its own when it started
+                measured_curve = measure_verify_cost(TargetAdapter(target.model)).to_config()
+            variant, whence = policy_arm_meta(meta_of[same[0]], params, measured=measured_curve,
+                                              cost=source.cost_model(same[0]), arm=same[0])
+            print(f"  {arm}: its law policy replayed over the AR run in place of {same[0]}'s gate, priced by "
+                  f"{same[0]}'s cost model; the policy's curve: {whence}")
+            plans.append((arm, same[0], variant))
+            continue
         if arm in source.arms:
             plans.append((arm, arm, meta_of[arm]))
             continue
@@ -101,7 +163,7 @@ def check(path: Path, arm_traces: Path, n_boot: int, seed: int) -> dict:
             print(f"  {arm}: not decoded in {path}, skipped")
     for arm, priced_by, meta in plans:
         rounds = workload_rounds(ar_path, meta, target)
-        error = None if priced_by == arm else source.variant_error(priced_by)[0]
+        error = None if priced_by == arm and not meta.get("policy") else source.variant_error(priced_by)[0]
         pred = source.predict(priced_by, workload, rounds=rounds, transfer_error=error).summary
         got = measured.speedup(arm).set_index("category")
         paired = measured.paired_requests(arm)  # all its requests: the per-category cells' estimator, pooled
@@ -169,9 +231,26 @@ def main(argv=None) -> int:
                    help="--record: the arms to record (default %(default)s); an n-gram DDTree arm at another budget "
                         "(ngram-ddtree4, ngram-ddtree8) is then priced by --from's DDTree arm of that drafter, as "
                         "entropy-law predict --budgets prices it")
+    p.add_argument("--policy", action="append", default=[], metavar="DRAFTER=FITTED.json",
+                   help="--record: run the drafter's arms (ngram, block) with this law policy in place of the gate")
+    p.add_argument("--fit-policy", choices=("ngram", "block"), default=None,
+                   help="write the drafter's law policy, fitted on data/traces, to --out and stop")
+    p.add_argument("--out", default=None, help="--fit-policy: the parameters' file")
     args = p.parse_args(argv)
+    if args.fit_policy:
+        if not args.out:
+            raise SystemExit("--fit-policy needs --out FITTED.json")
+        fit_reference_policy(args.fit_policy, Path(args.out), Path(args.arm_traces))
+        return 0
+    policies = {}
+    for item in args.policy:
+        drafter, _, path = item.partition("=")
+        if drafter not in ("ngram", "block") or not path:
+            raise SystemExit(f"--policy takes ngram=FITTED.json or block=FITTED.json, got {item!r}")
+        policies[drafter] = path
     if args.record:
-        record(Path(args.record), args.per_category, args.seed, args.max_new_tokens, tuple(args.arms.split(",")))
+        record(Path(args.record), args.per_category, args.seed, args.max_new_tokens, tuple(args.arms.split(",")),
+               policies)
         return 0
     check(Path(args.traces), Path(args.arm_traces), args.n_boot, args.seed)
     return 0

@@ -252,6 +252,31 @@ def test_arm_keys_and_labels():
     assert [keys[r].gate for r in ("named-cost", "curve", "named-ratio", "old")] == ["cost", "cost", "ratio", "ratio"]
 
 
+def test_a_law_policy_run_is_its_own_arm_one_per_policy_file():
+    """A law-policy run (gate "cost" and a ``policy`` in its metadata) is not pooled with the cost-gate run of the
+    same drafter, tree and budget; two runs of one policy file are one arm whatever curve each machine measured;
+    another policy file is another arm."""
+    from entropy_law.law.arms import policy_gate, run_arms
+
+    law = {"kind": "entropy_law_policy", "drafter_id": "ngram", "acceptance": [[0.5]], "draft_cost": 0.01}
+    other = {**law, "acceptance": [[0.6]]}
+    runs = pd.DataFrame([
+        dict(run_id="gate", gate="cost", verify_cost={"sizes": [1], "costs": [1.0]}),
+        dict(run_id="law-1", gate="cost", verify_cost={"sizes": [1], "costs": [1.0]}, policy=law),
+        dict(run_id="law-2", gate="cost", verify_cost={"sizes": [1, 2], "costs": [1.0, 1.5]},
+             policy={**law, "verify_cost": {"sizes": [1, 2], "costs": [1.0, 1.5]}}),
+        dict(run_id="other", gate="cost", verify_cost=None, policy=other),
+    ]).assign(model_id=MODEL_A, drafter_id="ngram", tree_policy="ddtree", tree_budget=16)
+    arms = run_arms(runs).set_index("run_id")
+    keys = arms["arm_key"]
+    assert keys["law-1"] == keys["law-2"] != keys["gate"] and keys["other"] not in (keys["law-1"], keys["gate"])
+    assert keys["law-1"].gate == policy_gate(law) and policy_gate(law).startswith("law-policy:")
+    assert policy_gate(None) is None and policy_gate(float("nan")) is None
+    labels = arms["arm"].to_dict()
+    assert labels["gate"] == "ngram ddtree16 cost-gate" and labels["law-1"] == f"ngram ddtree16 {policy_gate(law)}"
+    assert len(set(labels.values())) == 3
+
+
 def test_simulated_traces_are_one_arm_per_drafter():
     sim = simulate_traces(seed=0, n_requests_per_category=4, categories=list(CATEGORIES), tokens_per_request=(30, 40),
                           tree=TreeSpec(depth=4, nodes=8), include_ar=True)

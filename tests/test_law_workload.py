@@ -489,6 +489,63 @@ def test_price_rounds_refuses_counts_that_cannot_be_rounds():
     assert plain.summary["predicted_tokens_per_round"].eq(1.0).all()
 
 
+def test_rounds_where_a_law_policy_skipped_the_drafter_are_priced_without_the_drafters_time():
+    """``skipped_rounds`` (a law policy did not call the drafter) cost an AR step, t_AR, where the arm never skipped
+    (``CostModel.skip_round_ms``), checked by hand per request; an arm whose rounds carry
+    ``policy_drafted`` False has them measured apart (``skip_ms``), not in ``no_draft_ms``; bad counts refused."""
+    from entropy_law.law.cost import fit_cost_model, verify_curve
+    from entropy_law.law.workload import decode_cost_ms, price_rounds, round_counts
+
+    an, _ = _workload(_sim())
+    arm = an.arms[0]
+    view = an.cost_view(arm)
+    cost = an.cost_model(arm)
+    assert np.isnan(cost.skip_ms) and cost.verify_intercept_ms + cost.skip_round_ms == pytest.approx(
+        cost.ar_ms_per_token)
+    counts = round_counts(view, arm)
+    assert counts["skipped_rounds"].eq(0).all()
+    # half of every request's rounds are turned into skipped rounds that drafted nothing
+    skip = counts.assign(drafting_rounds=counts["drafting_rounds"] // 2,
+                         nodes=(counts["nodes"] * 0.5).round(), skipped_rounds=counts["drafting_rounds"]
+                         - counts["drafting_rounds"] // 2)
+    priced = price_rounds(view, skip, drafter=arm, n_boot=0, ar_requests=an.ar_requests(arm))
+    idle = cost.no_draft_ms if np.isfinite(cost.no_draft_ms) else cost.draft_ms + cost.overhead_ms
+    for r in skip.head(3).itertuples():
+        by_hand = (cost.verify_intercept_ms * r.rounds + (cost.draft_ms + cost.overhead_ms) * r.drafting_rounds
+                   + idle * (r.rounds - r.drafting_rounds - r.skipped_rounds)
+                   + (cost.ar_ms_per_token - cost.verify_intercept_ms) * r.skipped_rounds
+                   + cost.verify_per_node_ms * r.nodes)
+        assert decode_cost_ms(cost, r.rounds, r.drafting_rounds, r.nodes, r.skipped_rounds) == pytest.approx(by_hand)
+        got = priced.requests_table.set_index("request_id").loc[r.request_id, "predicted_speedup"]
+        assert got == pytest.approx(r.tokens * cost.ar_ms_per_token / by_hand)
+    assert any("the law policy did not call the drafter" in n for n in priced.notes)
+    unskipped = price_rounds(view, skip.assign(skipped_rounds=0), drafter=arm, n_boot=0,
+                             ar_requests=an.ar_requests(arm))
+    assert (priced.summary["predicted_speedup"] > unskipped.summary["predicted_speedup"]).all()  # drafter saved
+    with pytest.raises(ValueError, match="skipped_rounds"):
+        price_rounds(view, skip.assign(skipped_rounds=skip["rounds"] + 1), drafter=arm, n_boot=2)
+    # rounds logged as skipped by a policy: measured apart from the rounds that drafted nothing
+    import pandas as pd
+
+    base = fit_cost_model(view, drafter=arm)
+    rounds = view.rounds.copy()
+    drafting = rounds["tree_nodes"] > 0
+    mine = rounds["run_id"].isin(view.runs.loc[view.runs["drafter_id"] == arm, "run_id"])
+    flip = (mine & drafting).to_numpy() & (np.arange(len(rounds)) % 3 == 0)
+    rounds.loc[flip, ["tree_nodes", "tree_depth", "accepted"]] = 0
+    rounds.loc[flip, "draft_ms"] = 0.0
+    rounds.loc[flip, "overhead_ms"] = 0.25
+    rounds["policy_drafted"] = pd.array(np.where(flip, False, None), dtype="boolean")
+    view.rounds = rounds
+    skipping = fit_cost_model(view, drafter=arm)
+    assert skipping.skip_ms == pytest.approx(0.25) and skipping.skip_round_ms == pytest.approx(0.25)
+    assert np.isnan(base.skip_ms) and np.allclose(skipping.no_draft_ms, base.no_draft_ms, equal_nan=True)
+    assert round_counts(view, arm)["skipped_rounds"].sum() == int((flip & (rounds["round_index"] > 0)).sum())
+    curve = verify_curve(cost, sizes=(1, 5))
+    assert curve["costs"] == [1.0, round((cost.verify_intercept_ms + 4 * cost.verify_per_node_ms)
+                                         / cost.verify_intercept_ms, 6)]
+
+
 def test_the_predict_command_with_the_arms_rounds_replayed(capsys):
     """``entropy-law predict --replay-rounds``: the n-gram chain arm's rounds replayed over the shipped timed AR run
     (the default target loaded) are the rounds the arm decoded online, so the tokens per round printed per category
@@ -565,6 +622,75 @@ def test_the_predict_command_prices_other_budgets_of_a_ddtree_arm(capsys):
     table = out[out.index("what to run, per category"):].splitlines()[1:]
     assert [x.split()[0] for x in table] == ["math_reasoning", "qa", "rag", "summarization", "translation", "all"]
     assert all(x[17:53].strip() in (arm, "ngram ddtree8", "ngram ddtree40", "AR") for x in table)  # choice column
+
+
+def test_the_predict_command_prices_a_law_policy_before_it_ever_ran(capsys, tmp_path, monkeypatch):
+    """``entropy-law predict --replay-rounds --policy FITTED.json``: the n-gram DDTree16 arm with a law policy in
+    place of its ratio gate (never timed) is replayed over the workload (``law.policy.policy_arm_meta``: the
+    policy's curve measured on this machine, as an online run measures it; fixed here) and priced by the arm's cost
+    model, its skipped rounds without the drafter's time, widened as ``--budgets``; the printed tokens per round
+    are those of the same replay run directly. The curve's precedence. Bad input: --policy without
+    --replay-rounds, a policy of a drafter --from has no arm of, an arm that already ran a policy."""
+    import json
+    from pathlib import Path
+
+    from entropy_law.decoding.gate import VerifyCost
+
+    stepped = VerifyCost((1, 2, 3, 16, 32), (1.0, 1.5, 1.95, 2.0, 3.0))  # this CPU's shape (README)
+    monkeypatch.setattr("entropy_law.decoding.gate.measure_verify_cost", lambda adapter: stepped)
+
+    from entropy_law.cli import main
+    from entropy_law.decoding.loading import load_target
+    from entropy_law.jobs.reference import workload_rounds
+    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.law.policy import fit_policy, policy_arm_meta, save_policy
+    from entropy_law.traces.layout import read_run_json
+    from entropy_law.traces.reader import load_traces
+
+    timed = Path(__file__).resolve().parents[1] / "data" / "traces_timed"
+    arm = "ngram ddtree16"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        traces = load_traces(timed)
+        an = TraceAnalysis(traces, n_boot=5)
+        ids = list(an.runs.loc[(an.runs["arm"] == arm) | an.runs["is_ar"], "run_id"])
+        params = fit_policy(traces.filter(run_id=ids), drafter="ngram", draft_cost=0.3)  # dear: some rounds skip it
+    path = save_policy(params, tmp_path / "law.json")
+    assert main(["predict", str(timed / "ar"), "--from", str(timed), "--drafter", arm, "--n-boot", "5",
+                 "--replay-rounds", "--policy", str(path)]) == 0
+    out = capsys.readouterr().out
+    titles = [x for x in out.splitlines() if x.startswith("will drafting pay")]
+    assert titles[1] == (f"will drafting pay on this workload? {arm} law policy (never timed: priced by the cost model "
+                         f"of {arm}), from its rounds replayed over the workload")
+    meta = read_run_json(timed / "ngram-ddtree16" / "run.json")
+    variant, whence = policy_arm_meta(meta, params, measured=stepped.to_config(), cost=an.cost_model(arm), arm=arm)
+    assert whence.startswith("this machine's verify-cost curve, measured now") and variant["policy"][
+        "verify_cost"] == variant["verify_cost"] == stepped.to_config() and variant["gate"] == "cost"
+    assert f"the policy priced trees with {whence}" in out
+    own, how = policy_arm_meta(meta, {**params, "verify_cost": {"sizes": [1], "costs": [1.0]}},
+                               measured=stepped.to_config(), arm=arm)
+    assert own["verify_cost"] == {"sizes": [1], "costs": [1.0]} and how == "the curve its parameters hold"
+    line, how = policy_arm_meta(meta, params, cost=an.cost_model(arm), arm=arm)
+    assert how.endswith("verify line (cost.verify_curve)") and line["verify_cost"]["costs"][0] == 1.0
+    with pytest.raises(ValueError, match="no verify-cost curve"):
+        policy_arm_meta(meta, params, arm=arm)
+    rounds = workload_rounds(timed / "ar", variant, load_target("smollm2-135m"))
+    skipped, total = int(rounds["skipped_rounds"].sum()), int(rounds["rounds"].sum())
+    assert 0 < skipped < total
+    section = out[out.index(titles[1]):]
+    all_row = next(x for x in section.splitlines() if x.startswith("all "))
+    assert f"tokens/round {rounds['tokens'].sum() / total:.2f}," in all_row
+    assert f"in {skipped} of {total} rounds the policy did not call the drafter" in section
+    assert f"{skipped} of {total} rounds: the law policy did not call the drafter" in section
+    assert f"widened by the largest |relative error| of {arm}'s cost model" in section
+    assert main(["predict", str(timed / "ar"), "--from", str(timed), "--policy", str(path)]) == 2
+    assert "needs --replay-rounds" in capsys.readouterr().err
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({**params, "drafter_id": "someone-else"}))
+    assert main(["predict", str(timed / "ar"), "--from", str(timed), "--replay-rounds", "--policy", str(other)]) == 2
+    assert "for drafter 'someone-else'" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="already ran a law policy"):
+        policy_arm_meta(variant, params, measured=stepped.to_config(), arm=arm)
 
 
 def test_choose_arms_runs_the_best_paying_arm_else_ar():

@@ -527,7 +527,8 @@ def test_a_law_policy_arm_replayed_over_an_ar_run_decodes_its_online_rounds(tmp_
     analysis = TraceAnalysis(load_traces(tmp_path / "law"), n_boot=0)
     online = round_counts(analysis.view, analysis.arms[0])
     assert replayed.attrs["gate"].startswith("the arm's law policy")
-    columns = ["request_id", "tokens", "rounds", "drafting_rounds", "nodes", "accepted"]
+    columns = ["request_id", "tokens", "rounds", "drafting_rounds", "nodes", "accepted", "skipped_rounds"]
     assert len(online) == 3 and online["drafting_rounds"].sum() > 0
+    assert online["skipped_rounds"].sum() > 0  # rounds where the policy did not call the drafter, counted alike
     pd.testing.assert_frame_equal(replayed[columns].sort_values("request_id").reset_index(drop=True),
                                   online[columns].sort_values("request_id").reset_index(drop=True), check_dtype=False)

@@ -27,6 +27,12 @@ recorded arm's cost model: one drafter's verify costs depend on the nodes verifi
 Their widening is the larger of that model's own error and its error pricing the drafter's other timed arms' recorded
 rounds (on ``data/traces_timed``, n-gram chain by n-gram DDTree16's model and the reverse: within 8%); a budget past
 the most nodes the model's rounds verified is an extrapolation, said in the notes. They join what to run per category.
+``--policy FITTED.json`` (law policy parameters, ``entropy_law.law.policy.save_policy``) also replays every arm of the
+policy's drafter with that per-round law policy in place of its gate (``<arm> law policy``), priced by the arm's cost
+model: a round where the policy does not call the drafter costs an AR step, t_AR, without the drafter's time
+(``cost.CostModel.skip_round_ms``). The policy prices trees with the curve its
+parameters hold, else this machine's verify-cost curve measured once here, as an online run measures it when it starts
+(``law.policy.policy_arm_meta``); widened as ``--budgets``. They join what to run per category.
 """
 
 from __future__ import annotations
@@ -56,6 +62,10 @@ def register(subparsers) -> None:
     p.add_argument("--budgets", metavar="N,N,...",
                    help="with --replay-rounds: also replay every DDTree arm at these tree budgets (e.g. 4,8,32), each "
                         "priced by the recorded arm's cost model")
+    p.add_argument("--policy", metavar="FITTED.json",
+                   help="with --replay-rounds: also replay every arm of this law policy's drafter with the policy in "
+                        "place of its gate (parameters from entropy_law.law.policy.save_policy), priced by the arm's "
+                        "cost model")
     p.add_argument("--model", help="with --replay / --replay-rounds: the target to load (default: the workload's "
                                    "model)")
     p.add_argument("--tasks", help="with --replay / --replay-rounds: the prompts the workload decoded (default: its "
@@ -90,11 +100,22 @@ def run(args) -> int:
     budgets = _budgets(args.budgets) if args.budgets else []
     if budgets and not args.replay_rounds:
         raise ValueError("--budgets replays DDTree arms at other budgets: it needs --replay-rounds")
+    policy = None
+    if args.policy:
+        if not args.replay_rounds:
+            raise ValueError("--policy replays the arms' rounds under a law policy: it needs --replay-rounds")
+        from entropy_law.law.policy import load_policy
+        policy = load_policy(args.policy)  # before the target loads: a bad file fails fast
+        drafters = sorted({str(d) for d in analysis.runs.loc[analysis.runs["arm"].isin(arms), "recorded_drafter_id"]})
+        if policy.get("drafter_id") not in drafters:
+            raise ValueError(f"--policy {args.policy}: the policy is for drafter {policy.get('drafter_id')!r}, and "
+                             f"{args.arm_traces} has no timed arm of it among {', '.join(arms)} (drafters: "
+                             f"{', '.join(drafters)}): its rounds need that drafter's cost model")
     if args.replay and args.replay_rounds:
         raise ValueError("--replay prices replayed proposals with a law, --replay-rounds replayed rounds without one: "
                          "choose one")
     replayed = _replayed(args, analysis, arms) if args.replay else {}
-    replayed_rounds = _replayed_rounds(args, analysis, arms, budgets) if args.replay_rounds else {}
+    replayed_rounds = _replayed_rounds(args, analysis, arms, budgets, policy) if args.replay_rounds else {}
     results = {}
     for arm in [*arms, *(name for name in replayed_rounds if name not in arms)]:
         if arm in replayed_rounds:
@@ -209,9 +230,10 @@ def _budgets(text: str) -> list[int]:
     return budgets
 
 
-def _replayed_rounds(args, analysis, arms, budgets=()) -> dict:
+def _replayed_rounds(args, analysis, arms, budgets=(), policy=None) -> dict:
     """name -> (its rounds replayed over the workload, notes, the arm whose cost model prices them, its error or
-    None for the default): every arm, then each DDTree arm at each other budget of ``budgets``."""
+    None for the default): every arm, then each DDTree arm at each other budget of ``budgets``, then each arm of
+    ``policy``'s drafter under that law policy."""
     import re
     from pathlib import Path
 
@@ -220,6 +242,12 @@ def _replayed_rounds(args, analysis, arms, budgets=()) -> dict:
 
     _one_run(args.workload, "--replay-rounds")
     target = _workload_target(args, "--replay-rounds")
+    measured = None
+    if policy is not None and policy.get("verify_cost") is None:  # once, as an online run measures it at start
+        from entropy_law.decoding.adapter import TargetAdapter
+        from entropy_law.decoding.gate import measure_verify_cost
+        from entropy_law.decoding.loading import model_of
+        measured = measure_verify_cost(TargetAdapter(model_of(target))).to_config()
     out = {}
     for arm in arms:
         path = analysis.runs.loc[analysis.runs["arm"] == arm, "path"].iloc[0]
@@ -230,6 +258,8 @@ def _replayed_rounds(args, analysis, arms, budgets=()) -> dict:
         if args.transfer_error is not None:
             notes.append(f"the cost model's error taken as {args.transfer_error:.1%} (--transfer-error)")
         out[arm] = (rounds, notes, arm, None)
+        if policy is not None and meta.get("drafter_id") == policy.get("drafter_id") and not meta.get("policy"):
+            out[f"{arm} law policy"] = _policy_variant(args, analysis, arm, meta, policy, target, measured)
         if meta.get("tree_policy") != "ddtree" or not budgets:
             continue
         error, error_notes = _variant_error(args, analysis, arm)
@@ -247,6 +277,26 @@ def _replayed_rounds(args, analysis, arms, budgets=()) -> dict:
                              f"was timed on (at most {most})")
             out[name] = (variant, notes, arm, error)
     return out
+
+
+def _policy_variant(args, analysis, arm, meta, policy, target, measured) -> tuple:
+    """``arm`` with the law policy ``policy`` in place of its gate, replayed over the workload and priced by the
+    arm's cost model (``_replayed_rounds``' tuple); ``measured``: this machine's verify-cost curve (config)."""
+    from entropy_law.jobs.reference import workload_rounds
+    from entropy_law.law.policy import policy_arm_meta
+
+    variant, whence = policy_arm_meta(meta, policy, measured=measured, cost=analysis.cost_model(arm), arm=arm)
+    rounds = workload_rounds(args.workload, variant, target, tasks=args.tasks, checkpoint=args.checkpoint)
+    skipped = int(rounds["skipped_rounds"].sum())
+    notes = [f"{arm} with the law policy of {args.policy} in place of its gate: its rounds replayed over the workload "
+             f"({len(rounds)} requests; in {skipped} of {int(rounds['rounds'].sum())} rounds the policy did not call "
+             f"the drafter), priced by {arm}'s cost model (no law); the policy priced trees with {whence}"]
+    models = policy.get("model_id")
+    if isinstance(models, list) and meta.get("model_id") is not None and str(meta["model_id"]) not in models:
+        notes.append(f"the policy was fitted on traces of {', '.join(models)}, the arm ran {meta['model_id']}: its "
+                     "law describes another target")
+    error, error_notes = _variant_error(args, analysis, arm)
+    return rounds, notes + error_notes, arm, error
 
 
 def _variant_error(args, analysis, arm) -> tuple[float | None, list[str]]:

@@ -154,7 +154,7 @@ def record_arms(
     progress: bool = True,
     desc: str = "decode",
     log: Callable[[str], None] = logger.info,
-    policy: dict | None = None,
+    policy: dict | Callable[[ArmSpec], dict | None] | None = None,
 ) -> RecordResult:
     """Decode ``tasks`` (``entropy_law.prompts.text.Task``) with every arm and record one trace run per arm.
 
@@ -179,7 +179,8 @@ def record_arms(
     tree, budget, dtype, device, max_new_tokens; the verify-cost curve when measured); a mapping, or a
     function of the arm for per-arm keys. ``log``: one line per resumed run (prompts already recorded).
     ``policy``: per-round policy parameters (``entropy_law.law.policy.fit_policy``) for the drafting arms, in
-    place of the gate (``SpeculativeDecoder(policy=)``; stored in the run metadata with the decoder's config).
+    place of the gate (``SpeculativeDecoder(policy=)``; stored in the run metadata, ``policy``: a run with a
+    policy is its own arm), or a function of the arm giving its parameters or None (one policy per drafter).
     """
     if not arms:
         raise ValueError("no arms to record")
@@ -198,7 +199,7 @@ def record_arms(
                           verify_cost_ratio=verify_cost_ratio, max_new_tokens=max_new_tokens, resume=resume,
                           overwrite=overwrite, break_lock=break_lock, flush_every=flush_every,
                           ngram_options=ngram_options, checkpoint=checkpoint, run_metadata=run_metadata,
-                          log=log, policy=policy)
+                          log=log, policy=policy(spec) if callable(policy) else policy)
                 for spec in arms]
         todo = [task for task in tasks if any(task.request_id not in arm.recorder.completed_requests for arm in live)]
         for arm in live:
@@ -279,6 +280,8 @@ def _open_arm(spec: ArmSpec, run_dir: Path, target, stack: contextlib.ExitStack,
 
     plain = decoder()  # no observers: its config names the run, and it runs the unrecorded warm-up
     metadata = _arm_metadata(plain, drafter, target, max_new_tokens, spec, run_metadata, gate)
+    if policy is not None and spec.drafts:  # the parameters as given: a policy run is its own arm (law.arms)
+        metadata["policy"] = policy
     try:
         recorder = stack.enter_context(TraceRecorder(
             run_dir, resume=resume, overwrite=overwrite, break_lock=break_lock, flush_every_requests=flush_every,
@@ -380,14 +383,18 @@ def _decode(arm: _Arm, task, prompt_ids: list, extra: dict, max_new_tokens: int,
 
 def record_timed(tasks: Sequence, arm_names: Sequence[str], out: str | Path, target, *, max_new_tokens: int,
                  reference: str = "ar", metadata: Mapping | None = None, warm_up_tokens: int = 16,
-                 break_lock: bool = False, log: Callable[[str], None] = print) -> RecordResult:
+                 break_lock: bool = False, log: Callable[[str], None] = print,
+                 policy: dict | Callable | None = None) -> RecordResult:
     """A timed trace set for a speed check (the ``bench/`` scripts that time arms against AR): every arm of
     ``arm_names`` that can run here (``jobs.arms.available_arms``; the others are named through ``log``) decodes
     ``tasks`` into ``out/<arm>`` with ``record_arms`` (resumable, an unrecorded warm-up of ``warm_up_tokens``, no
     progress bar), each run's ``run.json`` holding ``arm``, ``replayed`` false, ``cpu_count``,
     ``omp_num_threads`` and ``metadata``. Every timed ``generate`` call, compared with ``reference``'s output,
     goes to ``out/timings.csv``; a resumed recording keeps the calls timed before (appended, never replaced).
-    Set the thread count before calling (``torch.set_num_threads``)."""
+    ``policy``: per-round law policy parameters for the drafting arms, or a function of the arm giving its
+    parameters or None (``record_arms``; with a policy every drafting arm runs the cost gate, those without one
+    included: the policy prices trees with this machine's verify-cost curve, measured here). Set the thread
+    count before calling (``torch.set_num_threads``)."""
     from entropy_law.jobs.arms import available_arms
 
     out = Path(out)
@@ -397,7 +404,8 @@ def record_timed(tasks: Sequence, arm_names: Sequence[str], out: str | Path, tar
     log(f"{len(tasks)} prompts, arms {[s.name for s in specs]}, {max_new_tokens} new tokens, OMP_NUM_THREADS="
         f"{os.environ.get('OMP_NUM_THREADS')}, load average {os.getloadavg()}")
     result = record_arms(tasks, specs, out, target, max_new_tokens=max_new_tokens, resume=True,
-                         warm_up_tokens=warm_up_tokens, break_lock=break_lock, progress=False,
+                         warm_up_tokens=warm_up_tokens, break_lock=break_lock, progress=False, policy=policy,
+                         gate="ratio" if policy is None else "cost",
                          run_metadata=lambda spec: {"replayed": False, "arm": spec.name, "cpu_count": os.cpu_count(),
                                                     "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
                                                     **dict(metadata or {})})

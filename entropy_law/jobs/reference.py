@@ -420,19 +420,21 @@ def workload_rounds(workload_dir: str | Path, arm_meta: dict, target, *, tasks: 
     (``tests/test_replay_online.py``). One row per request (``law.workload.ROUND_COUNT_COLUMNS``): ``run_id``,
     ``request_id``, ``category``, ``tokens`` (decoded after the prefill), ``rounds`` (verify rounds after the
     prefill), ``drafting_rounds`` (those that verified a draft), ``nodes`` (draft nodes verified) and
-    ``accepted`` (drafts accepted), for ``law.workload.price_rounds``. Arguments as ``workload_proposals``;
+    ``accepted`` (drafts accepted), ``skipped_rounds`` (rounds in which a law policy did not call the drafter), for
+    ``law.workload.price_rounds``. Arguments as ``workload_proposals``;
     ``attrs["gate"]`` names the gate or policy replayed."""
     from entropy_law.law.workload import ROUND_COUNT_COLUMNS, count_rounds
 
     gate, replayed = _replayed_requests(workload_dir, arm_meta, target, tasks, checkpoint)
     rows = [dict(run_id=run_id, request_id=rid, category=category, round_index=r.round_index, committed=r.committed,
-                 tree_nodes=r.tree_nodes, accepted=r.accepted)
+                 tree_nodes=r.tree_nodes, accepted=r.accepted,
+                 policy_drafted=None if r.policy is None else bool(r.policy.get("draft")))
             for run_id, rid, category, result in replayed for r in result.rounds]
     if not rows:
         raise ValueError(f"{workload_dir}: no request decoded a token after the prefill: nothing to replay")
     rounds = pd.DataFrame(rows)
     categories = rounds[["run_id", "request_id", "category"]].drop_duplicates()
     out = count_rounds(rounds).merge(categories, on=["run_id", "request_id"])
-    out = out[[*ROUND_COUNT_COLUMNS, "accepted"]]
+    out = out[[*ROUND_COUNT_COLUMNS, "accepted", "skipped_rounds"]]
     out.attrs["gate"] = gate
     return out

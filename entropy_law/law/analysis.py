@@ -45,7 +45,7 @@ from entropy_law.law import atrisk
 from entropy_law.law.arms import AR_LABEL, run_arms
 from entropy_law.law.compare import category_share_of_gain, compare_laws
 from entropy_law.law.cost import (MIN_PAIRED_REQUESTS, UNRELIABLE, paired_speedup_interval, pooled_log_speedup_sd,
-                                  speed_verdict, when_drafting_pays)
+                                  priced_cost_model, speed_verdict, when_drafting_pays)
 from entropy_law.law.fit import PRIMARY_FAMILY, fit_law, get_family
 from entropy_law.law.hypotheses import universality_test
 from entropy_law.law.transfer import block_prediction, loco_transfer, sequences_of
@@ -402,6 +402,16 @@ class TraceAnalysis:
         prefill = (view.rounds["round_index"] == 0) & (view.rounds["tree_nodes"] == 0) & (view.rounds["verify_ms"] == 0)
         view.rounds = view.rounds.loc[~prefill].reset_index(drop=True)
         return view
+
+    def cost_model(self, arm: str):
+        """``arm``'s cost model (``cost.CostModel``) as ``predict`` prices with it: its timed runs and t_AR from the
+        timed AR requests of its model and machine."""
+        def compute():
+            ar_requests = self.ar_requests(arm)
+            return priced_cost_model(self.cost_view(arm), drafter=arm, ar_requests=ar_requests, clock="auto",
+                                     ar_ms_per_token=None if ar_requests is not None else self.ar_ms_per_token(arm))[0]
+
+        return self._cached(("cost_model", arm), compute)
 
     def ar_requests(self, arm: str) -> pd.DataFrame | None:
         """The timed AR requests on ``arm``'s model and machine (``request_id``, ``decode_ms`` (wall),

@@ -7,7 +7,9 @@ Known here, from a trace set's ``runs`` table (run metadata, ``docs/trace-schema
   drafter was loaded from a checkpoint: two checkpoints of one architecture are two drafters), the
   tree policy and budget (``tree_policy``, ``tree_budget``) and the drafting gate (``gate`` as written,
   "ratio" or "cost"; runs recorded before that key: a ``verify_cost`` curve = the measured verify-cost
-  gate, none = the ratio gate; the ratio gate with its ``verify_cost_ratio`` where one is recorded).
+  gate, none = the ratio gate; the ratio gate with its ``verify_cost_ratio`` where one is recorded; a run
+  with a per-round law policy (``policy``, its parameters) is ``"law-policy:<sha256 of the parameters>"``,
+  the machine's measured cost curve left out: one policy file is one arm, on any machine).
   Autoregressive (AR) runs (``drafter_id`` "none" / "ar" or ``tree_policy`` "none") form one arm per model;
 - the arm's readable **label**: ``arm_label`` (``"ngram chain"``, ``"ngram ddtree16"``, ``"AR"``), and only
   where two arms of the trace set would share it, the parts that tell them apart: the model as a
@@ -24,6 +26,8 @@ Not known here: the trace tables themselves, fits, timings. No torch.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from typing import NamedTuple, Sequence
 
@@ -35,6 +39,7 @@ AR_DRAFTER_IDS = ("none", "ar")
 AR_TREE_POLICY = "none"
 GATE_COST = "cost"
 GATE_RATIO = "ratio"
+GATE_POLICY = "law-policy"
 
 
 class ArmKey(NamedTuple):
@@ -111,6 +116,18 @@ def _gate(gate, verify_cost, ratio) -> str:
     return f"{GATE_RATIO} {float(ratio):g}"
 
 
+def policy_gate(policy) -> str | None:
+    """The gate of a run with a per-round law policy: ``"law-policy:<8 hex>"``, the SHA-256 of its parameters
+    (canonical JSON, without ``verify_cost``: the curve a run measured on its machine); None without one."""
+    if _missing(policy) or policy is False:
+        return None
+    if not isinstance(policy, dict):
+        return f"{GATE_POLICY}:{hashlib.sha256(str(policy).encode()).hexdigest()[:8]}"
+    params = {k: v for k, v in policy.items() if k != "verify_cost"}
+    text = json.dumps(params, sort_keys=True, default=str)
+    return f"{GATE_POLICY}:{hashlib.sha256(text.encode()).hexdigest()[:8]}"
+
+
 def _checkpoint(config) -> str | None:
     return _text(config.get("checkpoint_sha256")) if isinstance(config, dict) else None
 
@@ -118,15 +135,15 @@ def _checkpoint(config) -> str | None:
 def arm_keys(runs: pd.DataFrame) -> list[ArmKey]:
     """One ``ArmKey`` per row of ``runs`` (missing metadata columns read as not recorded)."""
     keys = []
-    for model, drafter, config, policy, budget, gate, cost, ratio in zip(
+    for model, drafter, config, policy, budget, gate, cost, ratio, law_policy in zip(
             _column(runs, "model_id"), _column(runs, "drafter_id"), _column(runs, "drafter_config"),
             _column(runs, "tree_policy"), _column(runs, "tree_budget"), _column(runs, "gate"),
-            _column(runs, "verify_cost"), _column(runs, "verify_cost_ratio")):
+            _column(runs, "verify_cost"), _column(runs, "verify_cost_ratio"), _column(runs, "policy")):
         if is_ar_run(drafter, policy):
             keys.append(ArmKey(_text(model), AR_LABEL, None, AR_TREE_POLICY, None, None))
         else:
             keys.append(ArmKey(_text(model), str(drafter), _checkpoint(config), _text(policy), _integer(budget),
-                               _gate(gate, cost, ratio)))
+                               policy_gate(law_policy) or _gate(gate, cost, ratio)))
     return keys
 
 
@@ -146,6 +163,8 @@ def _checkpoint_part(key: ArmKey) -> str:
 
 
 def _gate_part(key: ArmKey) -> str:
+    if (key.gate or "").startswith(GATE_POLICY):
+        return key.gate
     return key.gate.replace(" ", "-gate") if " " in (key.gate or "") else f"{key.gate}-gate"
 
 

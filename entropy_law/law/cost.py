@@ -158,6 +158,9 @@ class CostModel(Result):
     # draft + overhead of the drafter's rounds that drafted nothing (an n-gram drafter without a match): NaN where
     # every round drafted; ``round_ms`` prices drafting rounds, ``workload`` prices these apart
     no_draft_ms: float = float("nan")
+    # draft + overhead of the rounds in which a law policy did not call the drafter (``policy_drafted`` False): NaN
+    # where there are none; ``skip_round_ms`` prices such a round (this, else an AR step's cost less v0)
+    skip_ms: float = float("nan")
 
     @property
     def title(self) -> str:
@@ -166,12 +169,31 @@ class CostModel(Result):
     @property
     def summary(self) -> pd.DataFrame:
         values = {k: getattr(self, k) for k in ("ar_ms_per_token", "draft_ms", "overhead_ms", "verify_intercept_ms",
-                                                 "verify_per_node_ms", "depth", "nodes", "no_draft_ms")}
+                                                 "verify_per_node_ms", "depth", "nodes", "no_draft_ms", "skip_ms")}
         values["round_ms_at_observed_nodes"] = self.round_ms(self.nodes)
         return pd.DataFrame({"value": pd.Series(values, dtype=float)})
 
     def round_ms(self, nodes) -> np.ndarray:
         return self.draft_ms + self.overhead_ms + self.verify_intercept_ms + self.verify_per_node_ms * np.asarray(nodes)
+
+    @property
+    def skip_round_ms(self) -> float:
+        """Draft + overhead (ms) of a round in which a law policy did not call the drafter: as measured on such
+        rounds, else (a drafter's fixed arm, which never skips, pricing the policy's rounds) what makes the round
+        cost an AR step, t_AR - v0: one one-token forward and its commit, which is what such a round runs."""
+        return self.skip_ms if np.isfinite(self.skip_ms) else self.ar_ms_per_token - self.verify_intercept_ms
+
+
+def verify_curve(cost: CostModel, sizes=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32)) -> dict:
+    """The cost model's verify line as a verify-cost curve (``decoding.gate.VerifyCost.from_config`` reads it):
+    c(n) = (v0 + v1 (n - 1)) / v0 for a forward over n tokens (the root and n - 1 draft nodes), c(1) = 1. For a
+    per-round policy priced with the same model that prices its rounds."""
+    v0, v1 = cost.verify_intercept_ms, cost.verify_per_node_ms
+    if not (v0 > 0 and np.isfinite(v1)):
+        raise ValueError(f"{cost.title}: verify line v0 = {v0:.3g} ms, v1 = {v1:.3g} ms/node gives no cost curve "
+                         "(v0 must be > 0): measure one (decoding.gate.measure_verify_cost)")
+    costs = [max((v0 + v1 * (int(n) - 1)) / v0, 1e-6) for n in sizes]
+    return {"sizes": [int(n) for n in sizes], "costs": [round(c, 6) for c in costs]}
 
 
 def _weighted_mean(values: np.ndarray, w: np.ndarray) -> float:
@@ -208,6 +230,14 @@ def cpu_scaled_timings(rounds: pd.DataFrame, requests: pd.DataFrame) -> tuple[pd
     for col in TIMING_COLUMNS:
         out[col] = out[col].to_numpy(float) * factor
     return out, "cpu"
+
+
+def policy_skipped(rounds: pd.DataFrame) -> np.ndarray:
+    """Per round: True where a law policy decided not to call the drafter (``policy_drafted`` False; null, or no
+    such column, for rounds without a policy: False)."""
+    if "policy_drafted" not in rounds.columns:
+        return np.zeros(len(rounds), dtype=bool)
+    return rounds["policy_drafted"].eq(False).fillna(False).to_numpy(bool)
 
 
 def fit_cost_model(traces, *, drafter: str | None = None, ar_ms_per_token: float | None = None,
@@ -258,9 +288,14 @@ def fit_cost_model(traces, *, drafter: str | None = None, ar_ms_per_token: float
             raise ValueError(f"rounds.{col} has NaN or negative timings; fix the traces")
     w = w_all[mine]
     prefill = ((rounds["round_index"] == 0) & (rounds["verify_ms"] == 0)).to_numpy()
+    skipped = policy_skipped(rounds) & (rounds["drafter_id"] == drafter).to_numpy() & (w_all > 0) & ~prefill
     idle = ((rounds["tree_nodes"] == 0) & (rounds["drafter_id"] == drafter)).to_numpy() & (w_all > 0) & ~prefill
-    no_draft = (_weighted_mean((rounds.loc[idle, "draft_ms"] + rounds.loc[idle, "overhead_ms"]).to_numpy(float),
-                               w_all[idle]) if idle.any() else float("nan"))
+    idle &= ~skipped
+
+    def idle_mean(rows):
+        return (_weighted_mean((rounds.loc[rows, "draft_ms"] + rounds.loc[rows, "overhead_ms"]).to_numpy(float),
+                               w_all[rows]) if rows.any() else float("nan"))
+    no_draft, skip = idle_mean(idle), idle_mean(skipped)
     draft = _weighted_mean(rounds.loc[mine, "draft_ms"].to_numpy(float), w)
     overhead = _weighted_mean(rounds.loc[mine, "overhead_ms"].to_numpy(float), w)
     nodes_all = rounds["tree_nodes"].to_numpy(float)
@@ -291,7 +326,7 @@ def fit_cost_model(traces, *, drafter: str | None = None, ar_ms_per_token: float
                      verify_intercept_ms=v0, verify_per_node_ms=v1,
                      depth=int(rounds.loc[mine, "tree_depth"].max()),
                      nodes=int(rounds.loc[mine, "tree_nodes"].max()), ar_source=source, notes=notes,
-                     clock=used_clock, no_draft_ms=no_draft)
+                     clock=used_clock, no_draft_ms=no_draft, skip_ms=skip)
 
 
 def speedup_at_entropy(law: FittedLaw, cost: CostModel, entropy_nats, *, depth: int | None = None,

@@ -33,7 +33,7 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 
-from entropy_law.law.cost import fit_cost_model
+from entropy_law.law.cost import fit_cost_model, verify_curve
 from entropy_law.law.fit import fit_law
 
 POLICY_KIND = "entropy_law_policy"  # the decoder's LawPolicy checks these two
@@ -162,3 +162,34 @@ def load_policy(path) -> dict:
     if not isinstance(params, dict) or params.get("kind") != POLICY_KIND:
         raise ValueError(f"{path} holds no policy parameters (kind {POLICY_KIND!r}); make them with fit_policy")
     return params
+
+
+def policy_arm_meta(arm_meta: dict, policy: dict, *, measured: dict | None = None, cost=None,
+                    arm: str = "the arm") -> tuple[dict, str]:
+    """A recorded arm's ``run.json`` with the law policy ``policy`` in place of its gate (same drafter, tree and
+    budget), for ``jobs.reference.workload_rounds`` to replay (``entropy-law predict --policy``), and where the
+    policy's verify-cost curve came from. An online run prices trees with the curve its parameters hold, else with
+    the curve it measures on its machine when it starts; the replay takes, in that order: the parameters' curve,
+    ``measured`` (a curve measured here and now, ``decoding.gate.measure_verify_cost(...).to_config()``: what the
+    online run would measure), the arm's stored cost-gate curve, the verify line of ``cost``, the arm's
+    ``cost.CostModel`` (``cost.verify_curve``; linear, so it prices one- and two-node trees lower than a measured
+    curve and the decisions differ more)."""
+    if not isinstance(policy, dict) or policy.get("kind") != POLICY_KIND:
+        raise ValueError(f"not policy parameters (kind {POLICY_KIND!r}); make them with fit_policy")
+    if arm_meta.get("policy"):
+        raise ValueError(f"{arm} already ran a law policy: replay it as recorded")
+    if policy.get("drafter_id") != arm_meta.get("drafter_id"):
+        raise ValueError(f"the policy is for drafter {policy.get('drafter_id')!r}, {arm} ran "
+                         f"{arm_meta.get('drafter_id')!r}")
+    if policy.get("verify_cost") is not None:
+        curve, whence = policy["verify_cost"], "the curve its parameters hold"
+    elif measured is not None:
+        curve, whence = measured, "this machine's verify-cost curve, measured now (as an online run measures it)"
+    elif isinstance(arm_meta.get("verify_cost"), dict):
+        curve, whence = arm_meta["verify_cost"], f"{arm}'s stored cost-gate curve"
+    elif cost is not None:
+        curve, whence = verify_curve(cost), f"{arm}'s verify line (cost.verify_curve)"
+    else:
+        raise ValueError(f"no verify-cost curve for the policy: its parameters and {arm} hold none; pass measured= "
+                         "or the arm's cost model")
+    return {**arm_meta, "gate": "cost", "verify_cost": curve, "policy": {**policy, "verify_cost": curve}}, whence

@@ -42,7 +42,7 @@ import pandas as pd
 from entropy_law.law import atrisk
 from entropy_law.law.blocks import tau_distribution
 from entropy_law.law.bootstrap import percentile_interval, poisson_weights
-from entropy_law.law.cost import CostModel, _ar_ms, fit_cost_model, priced_cost_model
+from entropy_law.law.cost import CostModel, _ar_ms, fit_cost_model, policy_skipped, priced_cost_model
 from entropy_law.law.fit import FittedLaw, fit_law, get_family
 from entropy_law.law.predict import _acceptance, _design, parameter_draws
 from entropy_law.law.results import Result
@@ -280,13 +280,16 @@ def _reweighted_costs(traces, drafter: str, ids, ar_table, ar_ms_per_token, cloc
             yield j, weights, None
 
 
-def decode_cost_ms(c: CostModel, rounds, drafting, nodes):
+def decode_cost_ms(c: CostModel, rounds, drafting, nodes, skipped=0.0):
     """Expected decode cost (ms) of a request with these expected rounds, drafting rounds and draft nodes: a
     drafting round costs draft + overhead + v0 + v1 N, a round that drafted nothing its own measured draft +
-    overhead (the drafting rounds' where the arm has none) + v0."""
+    overhead (the drafting rounds' where the arm has none) + v0, and of those the ``skipped`` rounds, where a law
+    policy did not call the drafter, ``c.skip_round_ms`` + v0."""
     idle = c.no_draft_ms if np.isfinite(c.no_draft_ms) else c.draft_ms + c.overhead_ms
+    skipped = np.asarray(skipped, dtype=float)
     return (c.verify_intercept_ms * rounds + (c.draft_ms + c.overhead_ms) * drafting
-            + idle * (np.asarray(rounds) - np.asarray(drafting)) + c.verify_per_node_ms * nodes)
+            + idle * (np.asarray(rounds) - np.asarray(drafting) - skipped) + c.skip_round_ms * skipped
+            + c.verify_per_node_ms * nodes)
 
 
 def workload_breakeven(
@@ -471,17 +474,19 @@ class WorkloadPrediction(Result):
 
 def _priced_summary(traces, drafter: str, cost: CostModel, ar_table, ar_ms_per_token, arm_ids, seqs: pd.DataFrame,
                     tokens: np.ndarray, mean_h: np.ndarray, rounds_k: np.ndarray, nodes_k: np.ndarray,
-                    drafting_k: np.ndarray, transfer_error: float, seed: int, level: float):
+                    drafting_k: np.ndarray, transfer_error: float, seed: int, level: float, skipped=0.0):
     """A workload's verdicts from its requests' expected rounds, draft nodes and drafting rounds (``[requests, K]``:
     column 0 the estimate, column j the j-th replicate's): per category of ``seqs`` (and ``all``) the speedup
     (its tokens x t_AR over its summed expected decode cost), its ``level`` interval over K - 1 replicates of
     the cost model and t_AR refitted with Poisson weights of ``arm_ids``, that interval widened by
-    ``transfer_error`` and the verdict; the same per request. Returns (summary, requests, (replicates, failed))."""
+    ``transfer_error`` and the verdict; the same per request. ``skipped``: per request, its rounds in which a law
+    policy did not call the drafter (known counts, ``decode_cost_ms``). Returns (summary, requests, (replicates,
+    failed))."""
     groups = [(str(c), (seqs["category"].astype(str) == c).to_numpy()) for c in sorted(seqs["category"].astype(str).unique())]
     groups.append(("all", np.ones(len(seqs), dtype=bool)))
 
     def category_speedups(c: CostModel, j: int) -> list[float]:
-        ms = decode_cost_ms(c, rounds_k[:, j], drafting_k[:, j], nodes_k[:, j])
+        ms = decode_cost_ms(c, rounds_k[:, j], drafting_k[:, j], nodes_k[:, j], skipped)
         return [float(tokens[m].sum() * c.ar_ms_per_token / ms[m].sum()) for _, m in groups]
 
     estimate = category_speedups(cost, 0)
@@ -509,7 +514,7 @@ def _priced_summary(traces, drafter: str, cost: CostModel, ar_table, ar_ms_per_t
         tokens=tokens.astype(int), mean_entropy_nats=mean_h, predicted_rounds=rounds_k[:, 0],
         predicted_tokens_per_round=tokens / rounds_k[:, 0],
         predicted_speedup=tokens * cost.ar_ms_per_token / decode_cost_ms(cost, rounds_k[:, 0], drafting_k[:, 0],
-                                                                         nodes_k[:, 0]))
+                                                                         nodes_k[:, 0], skipped))
     return summary, requests, (len(reps), failed)
 
 
@@ -660,7 +665,8 @@ def price_rounds(
     ``n_boot`` replicates of the cost model and t_AR (Poisson weights of the arm's and the AR requests, as
     ``predict_workload``); ``transfer_error`` (the cost model's own relative error, e.g. its largest error on the
     arm's measured categories given their observed rounds: ``TraceAnalysis.speedup_validation``'s
-    ``cost_only_error``) widens it for the verdict."""
+    ``cost_only_error``) widens it for the verdict. An optional ``skipped_rounds`` column counts the rounds in
+    which a law policy did not call the drafter (priced without the drafter's time: ``decode_cost_ms``)."""
     need = set(ROUND_COUNT_COLUMNS) - set(getattr(rounds, "columns", ()))
     if need:
         raise ValueError(f"rounds needs one row per request with columns {', '.join(ROUND_COUNT_COLUMNS)}; missing "
@@ -677,8 +683,14 @@ def price_rounds(
         raise ValueError(f"request {r['request_id']}: {int(r['drafting_rounds'])} drafting rounds of "
                          f"{int(r['rounds'])} rounds for {int(r['tokens'])} tokens: every round commits a token and "
                          "drafting rounds are rounds")
+    skipped = (table["skipped_rounds"].to_numpy(float) if "skipped_rounds" in table
+               else np.zeros(len(table)))
+    if not np.all(np.isfinite(skipped)) or np.any(skipped < 0) or np.any(
+            skipped > table["rounds"].to_numpy(float) - table["drafting_rounds"].to_numpy(float)):
+        raise ValueError("rounds: skipped_rounds must be finite, >= 0 and at most the rounds that drafted nothing "
+                         "(rounds - drafting_rounds)")
     short = (table["tokens"] < 1).to_numpy()
-    table = table.loc[~short].reset_index(drop=True)
+    table, skipped = table.loc[~short].reset_index(drop=True), skipped[~short]
     if table.empty:
         raise ValueError("the workload has no request with a token decoded after the prefill: nothing to predict")
     drafter, _ = single_drafter(traces, drafter)
@@ -693,7 +705,7 @@ def price_rounds(
               else np.full(len(table), np.nan))
     summary, requests, (n_reps, failed) = _priced_summary(
         traces, drafter, cost, ar_table, ar_ms_per_token, arm_ids, table, table["tokens"].to_numpy(float), mean_h,
-        rounds_k, nodes_k, drafting_k, transfer_error, seed, level)
+        rounds_k, nodes_k, drafting_k, transfer_error, seed, level, skipped)
     band = 0.0 if np.isnan(transfer_error) else float(transfer_error)
     notes = [f"{level:.0%} percentile intervals from {n_reps} replicates ({failed} failed; seed {seed}) of the cost "
              f"model and t_AR (Poisson weights for the arm's {len(arm_seqs)} requests and the AR requests); the "
@@ -704,6 +716,11 @@ def price_rounds(
               "interval of its measurements alone"),
              f"per request: its replayed rounds (no law), {cost.clock} clock, t_AR {cost.ar_ms_per_token:.1f} ms "
              f"({cost.ar_source}); decode only (no prefill)"]
+    if skipped.any():
+        how = ("as measured on the arm's own skipped rounds" if np.isfinite(cost.skip_ms)
+               else "an AR step, t_AR: the arm never skipped a round")
+        notes.append(f"{int(skipped.sum())} of {int(table['rounds'].sum())} rounds: the law policy did not call the "
+                     f"drafter; each priced at {cost.verify_intercept_ms + cost.skip_round_ms:.1f} ms ({how})")
     if short.any():
         notes.append(f"{int(short.sum())} request(s) of the workload decoded no token after the prefill: left out")
     return WorkloadPrediction(drafter_id=drafter, summary=summary, requests_table=requests, cost=cost,
@@ -712,13 +729,14 @@ def price_rounds(
 
 def count_rounds(rounds: pd.DataFrame) -> pd.DataFrame:
     """Per (``run_id``, ``request_id``) of a rounds table (the trace's columns ``round_index``, ``committed``,
-    ``tree_nodes``, ``accepted``): ``tokens``, ``rounds``, ``drafting_rounds``, ``nodes`` and ``accepted`` after the
-    prefill (round 0), as the measured speedup counts them (``TraceAnalysis.paired_requests``)."""
+    ``tree_nodes``, ``accepted``; ``policy_drafted`` where a law policy decided): ``tokens``, ``rounds``,
+    ``drafting_rounds``, ``nodes``, ``accepted`` and ``skipped_rounds`` (a law policy did not call the drafter)
+    after the prefill (round 0), as the measured speedup counts them (``TraceAnalysis.paired_requests``)."""
     rounds = rounds.loc[rounds["round_index"] > 0]
-    return rounds.assign(_drafting=(rounds["tree_nodes"] > 0).astype(int)).groupby(
-        ["run_id", "request_id"], sort=False).agg(tokens=("committed", "sum"), rounds=("round_index", "size"),
-                                                  drafting_rounds=("_drafting", "sum"), nodes=("tree_nodes", "sum"),
-                                                  accepted=("accepted", "sum")).reset_index()
+    return rounds.assign(_drafting=(rounds["tree_nodes"] > 0).astype(int), _skipped=policy_skipped(rounds).astype(int)
+                         ).groupby(["run_id", "request_id"], sort=False).agg(
+        tokens=("committed", "sum"), rounds=("round_index", "size"), drafting_rounds=("_drafting", "sum"),
+        nodes=("tree_nodes", "sum"), accepted=("accepted", "sum"), skipped_rounds=("_skipped", "sum")).reset_index()
 
 
 def round_counts(traces, drafter: str | None = None) -> pd.DataFrame:
@@ -733,7 +751,7 @@ def round_counts(traces, drafter: str | None = None) -> pd.DataFrame:
     out = counts.merge(entropy.rename("mean_entropy_nats").reset_index(), on=["run_id", "request_id"], how="left")
     categories = traces.requests[["run_id", "request_id", "category"]].drop_duplicates(["run_id", "request_id"])
     out = out.merge(categories, on=["run_id", "request_id"], how="left")
-    return out[list(ROUND_COUNT_COLUMNS) + ["accepted", "mean_entropy_nats"]]
+    return out[list(ROUND_COUNT_COLUMNS) + ["accepted", "skipped_rounds", "mean_entropy_nats"]]
 
 
 def choose_arms(predictions: dict) -> pd.DataFrame:
