@@ -63,6 +63,21 @@ UNCALIBRATED = "uncalibrated"  # the law policy without its in-request calibrati
 NO_FORGETTING = "no forgetting"  # the calibration without its half-life (evidence never fades)
 
 
+def timed_draft_cost(drafter: str) -> float:
+    """The drafter's time per drafting round in one-token forwards (draft_ms / t_AR) of its DDTree16 arm in
+    ``data/traces_timed`` (timed with AR on this machine; ``data/traces`` holds no AR run beside each drafter)."""
+    import warnings
+
+    from entropy_law.law.analysis import TraceAnalysis
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        timed = TraceAnalysis(load_traces(data_dir() / "traces_timed"), n_boot=0)
+        arm = next(a for a in timed.arms if a.startswith(drafter) and a.endswith("ddtree16"))
+        cost = timed.cost_model(arm)
+    return cost.draft_ms / cost.ar_ms_per_token
+
+
 def fitted_policy(drafter: str, exclude_question_ids: set[str], draft_cost: float | None) -> dict:
     """Policy parameters from the reference traces of ``drafter``, without the requests this bench decodes."""
     traces = load_traces(data_dir() / "traces" / drafter)
@@ -100,7 +115,7 @@ def main(argv=None) -> dict:
     verify_cost = measure_verify_cost(TargetAdapter(target.model))
     print("verify cost c(n) (one-token forward = 1): "
           + ", ".join(f"{n}: {c:.2f}" for n, c in zip(verify_cost.sizes, verify_cost.costs)), flush=True)
-    laws = {"ngram": fitted_policy("ngram", decoded_ids, None)}
+    laws = {"ngram": fitted_policy("ngram", decoded_ids, timed_draft_cost("ngram"))}
     block_path = default_drafter_path()
     if args.block:  # its traces are replayed (no timings): time its forward here, against a one-token step
         warm = prompt_of[tasks[0].request_id]

@@ -532,3 +532,47 @@ def test_a_law_policy_arm_replayed_over_an_ar_run_decodes_its_online_rounds(tmp_
     assert online["skipped_rounds"].sum() > 0  # rounds where the policy did not call the drafter, counted alike
     pd.testing.assert_frame_equal(replayed[columns].sort_values("request_id").reset_index(drop=True),
                                   online[columns].sort_values("request_id").reset_index(drop=True), check_dtype=False)
+
+
+def test_the_policy_command_fits_and_saves_an_arms_law_policy(tmp_path, capsys):
+    """``entropy-law policy TRACES --drafter ARM --out FITTED.json``: the arm's runs (with the AR run beside them)
+    give the same parameters as ``fit_policy`` on them, its draft cost timed against the AR run's rounds (t_AR from
+    the AR run, not from the drafter's own rounds without a draft); the file loads with ``load_policy``. Bad input:
+    an existing --out without --overwrite, several arms without --drafter, an unknown arm, a negative cost."""
+    from pathlib import Path
+
+    from entropy_law.cli import main
+    from entropy_law.law.analysis import TraceAnalysis
+
+    timed = Path(__file__).resolve().parents[1] / "data" / "traces_timed"
+    out = tmp_path / "law.json"
+    assert main(["policy", str(timed), "--drafter", "ngram ddtree16", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    got = load_policy(out)
+    traces = load_traces(timed)
+    an = TraceAnalysis(traces, n_boot=0)
+    ids = list(an.runs.loc[(an.runs["arm"] == "ngram ddtree16") | an.runs["is_ar"], "run_id"])
+    direct = fit_policy(traces.filter(run_id=ids), drafter="ngram")
+    assert got["acceptance"] == direct["acceptance"] and got["draft_cost"] == pytest.approx(direct["draft_cost"])
+    assert got["fitted_on"]["requests"] == 40 and got["drafter_id"] == "ngram"
+    import re
+
+    printed_t_ar = float(re.search(r"draft_ms / ar_ms_per_token = [\d.]+ / ([\d.]+) \(estimated from (\d+) auto",
+                                   printed).group(1))
+    assert printed_t_ar == pytest.approx(an.ar_ms_per_token(), rel=0.03)  # the AR run's decode ms per token
+    # the block drafter's rounds without a draft still run its forward (13 ms): not AR steps
+    assert main(["policy", str(timed), "--drafter", "block-drafter-b8-l2-copy ddtree16", "--out",
+                 str(tmp_path / "block.json")]) == 0
+    block_t_ar = float(re.search(r"ar_ms_per_token = [\d.]+ / ([\d.]+) \(", capsys.readouterr().out).group(1))
+    assert block_t_ar == pytest.approx(an.ar_ms_per_token(), rel=0.03)
+    assert f"written to {out}" in printed and f"--policy {out}" in printed
+    assert main(["policy", str(timed), "--drafter", "ngram ddtree16", "--out", str(out)]) == 2
+    assert "--overwrite" in capsys.readouterr().err
+    assert main(["policy", str(timed), "--out", str(tmp_path / "b.json")]) == 2
+    assert "pass --drafter" in capsys.readouterr().err
+    assert main(["policy", str(timed), "--drafter", "nope", "--out", str(tmp_path / "c.json")]) == 2
+    assert "no drafting arm 'nope'" in capsys.readouterr().err
+    assert main(["policy", str(timed), "--drafter", "ngram chain", "--draft-cost", "-1",
+                 "--out", str(tmp_path / "d.json")]) == 2
+    assert "--draft-cost must be >= 0" in capsys.readouterr().err
+    assert not (tmp_path / "b.json").exists() and not (tmp_path / "d.json").exists()

@@ -309,8 +309,11 @@ def fit_cost_model(traces, *, drafter: str | None = None, ar_ms_per_token: float
     else:
         v0, v1 = _weighted_mean(verify_all[keep], w_all[keep]), 0.0
         notes.append(f"one node count observed ({nodes_all[keep][0]:.0f}): verify cost taken as constant in N")
-    if ar_ms_per_token is None:
-        ar = (rounds["tree_nodes"] == 0).to_numpy() & keep
+    if ar_ms_per_token is None:  # the AR runs' rounds: a drafting arm's rounds without a draft carry its draft time
+        tree = rounds["run_id"].map(dict(zip(runs["run_id"], runs["tree_policy"]))) if "tree_policy" in runs else None
+        ar_run = np.array([arms.is_ar_run(d, t) for d, t in zip(
+            rounds["drafter_id"], tree if tree is not None else [None] * len(rounds))], dtype=bool)
+        ar = (rounds["tree_nodes"] == 0).to_numpy() & keep & ar_run
         if not ar.any():
             raise ValueError(f"no autoregressive rounds (tree_nodes == 0) of {machines[0]} to estimate the AR cost "
                              "per token (AR runs of another model or machine are no baseline): pass "

@@ -74,8 +74,9 @@ def fit_policy(traces, *, window: int = 4, family: str = "law_exp", drafter: str
     ``.rounds``, ``.runs``).
 
     ``window``: positions averaged into ``H_w``. ``draft_cost``: the drafter's cost per drafting round in
-    one-token forwards; ``None``: ``draft_ms / ar_ms_per_token`` of ``cost.fit_cost_model`` (needs timed
-    rounds and autoregressive rounds on the same machine; replayed runs have no timings: then pass it).
+    one-token forwards; ``None``: ``draft_ms / ar_ms_per_token`` of ``cost.fit_cost_model`` on ``traces`` (needs
+    the drafter's timed rounds and a timed AR run on the same machine in ``traces``, which ``drafter=`` keeps for
+    this; replayed runs have no timings: then pass it).
     ``max_depth``: tabulate depths 1..max_depth (default: the deepest fitted depth; deeper depths use it).
     ``calibration_prior``: pseudo-drafts ``m`` of the decoder's in-request calibration (> 0), or ``None`` (off).
     ``calibration_half_life``: rounds after which its evidence weighs half (> 0), or ``None`` (never fades).
@@ -89,6 +90,7 @@ def fit_policy(traces, *, window: int = 4, family: str = "law_exp", drafter: str
     if calibration_half_life is not None and not calibration_half_life > 0:
         raise ValueError(f"calibration_half_life must be > 0 (rounds) or None (evidence never fades), "
                          f"got {calibration_half_life}")
+    source = traces  # the drafter's runs and the AR runs beside them: the draft cost's t_AR
     runs = traces.runs
     if drafter is not None:
         keep = runs.loc[runs["drafter_id"] == drafter, "run_id"]
@@ -119,7 +121,7 @@ def fit_policy(traces, *, window: int = 4, family: str = "law_exp", drafter: str
     notes = []
     if draft_cost is None:
         try:
-            cost = fit_cost_model(traces, drafter=drafters[0])
+            cost = fit_cost_model(source, drafter=drafters[0])
         except ValueError as err:
             raise ValueError(f"the drafter's cost cannot be estimated from these traces ({err}); pass draft_cost= "
                              "(drafter time per round over one one-token target forward)") from err
