@@ -498,6 +498,36 @@ def test_a_timed_recording_resumed_keeps_the_calls_timed_before(model_folder, ta
     assert any(line.startswith("recorded into") for line in lines)
 
 
+def test_a_timed_recording_with_a_law_policy_per_drafter_stores_it_and_is_its_own_arm(model_folder, task_file,
+                                                                                     tmp_path, monkeypatch):
+    """``record_timed(policy=)`` with a function of the arm (one policy per drafter, the open-ended check's
+    recorder): the n-gram arm runs its law policy (the cost gate, the curve measured: fixed here) and its run.json
+    holds the parameters as given; the AR run holds none; the analysis labels the run as a law-policy arm."""
+    from test_policy import params
+
+    from entropy_law.decoding.loading import load_target
+    from entropy_law.jobs.record import record_timed
+    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.law.arms import policy_gate
+    from entropy_law.prompts.text import load_tasks
+    from entropy_law.traces.reader import load_traces
+
+    monkeypatch.setattr("entropy_law.jobs.record.measure_verify_cost", lambda adapter: FLAT_COST)
+    law = {**params(0.8, slope=True), "drafter_id": "ngram"}
+    tasks = [t for t in load_tasks(task_file) if t.category in ("alpha", "gamma")][:2]
+    out = tmp_path / "timed"
+    record_timed(tasks, ("ar", "ngram"), out, load_target(str(model_folder)), max_new_tokens=6, warm_up_tokens=0,
+                 log=lambda m: None, policy=lambda spec: law if spec.drafter == "ngram" else None)
+    ngram, ar = (json.loads((out / name / "run.json").read_text()) for name in ("ngram", "ar"))
+    assert ngram["policy"] == law and ngram["gate"] == "cost" and ngram["verify_cost"] == FLAT_COST.to_config()
+    assert "policy" not in ar
+    rounds = load_traces(out / "ngram").rounds
+    assert rounds["policy_drafted"].notna().any()  # the policy decided each round
+    an = TraceAnalysis(load_traces(out), n_boot=0)
+    key = an.runs.loc[~an.runs["is_ar"], "arm_key"].iloc[0]
+    assert key.gate == policy_gate(law)
+
+
 def test_a_runs_round_proposals_are_its_drafters_own_at_every_verified_depth(model_folder, task_file, tmp_path):
     """``jobs.reference.round_proposals``: the n-gram DDTree run's rounds replayed over its own outputs equal the
     recorded ones, and each drafting round gets the drafter's confidence at depths 1 .. its verified depth; where the

@@ -78,6 +78,8 @@ def register(subparsers) -> None:
 
 
 def run(args) -> int:
+    from dataclasses import replace
+
     # lazy: `entropy-law --help` imports every command module; the law layer loads only here
     from entropy_law.law.analysis import TraceAnalysis
     from entropy_law.traces.reader import load_traces
@@ -122,13 +124,12 @@ def run(args) -> int:
             rounds, notes, priced_by, error = replayed_rounds[arm]
             result = analysis.predict(priced_by, workload, rounds=rounds,
                                       transfer_error=args.transfer_error if error is None else error)
-            if priced_by != arm:
-                result.drafter_id = f"{arm} (never timed: priced by the cost model of {priced_by})"
-            result.notes = notes + result.notes
+            label = arm if priced_by == arm else f"{arm} (never timed: priced by the cost model of {priced_by})"
+            result = replace(result, drafter_id=label, notes=notes + result.notes)
         elif arm in replayed:
             law, transfer_error, proposals, notes = replayed[arm]
             result = analysis.predict(arm, workload, law=law, transfer_error=transfer_error, proposals=proposals)
-            result.notes = notes + result.notes
+            result = replace(result, notes=notes + result.notes)
         else:
             result = analysis.predict(arm, workload, transfer_error=args.transfer_error)
         results[arm] = result
