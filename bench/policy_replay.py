@@ -1,0 +1,124 @@
+"""Which n-gram drafting policy pays most on prompts it was never fitted on? Modelled by replay, not timed.
+
+Every configuration's rounds are replayed over the AR runs of the timed open-ended recordings (``data/traces_open_*``:
+seeds 7, 11, 13 and 17, 3 prompts per category each; the same prompt may appear in several) and priced by the cost
+model of ``data/traces_timed``'s n-gram arm of that tree (``entropy-law predict --replay-rounds`` / ``--budgets`` /
+``--policy``; on the timed open-ended checks these predictions landed within 2.2-3.1% of the measured speedups on
+average per category, ``bench/results/predict_policy.txt`` and ``predict_budgets.txt``). Configurations:
+
+- the fixed arms: n-gram chain, DDTree16 and DDTree4 under their ratio gate;
+- the law policy (``--policy``: fitted on ``data/traces``, Spec-Bench; the verify-cost curve measured here once), on
+  DDTree16, with ``confidence_weight`` 0 (the law alone), 0.5 (the default blend) and 1 (the drafter's own confidence
+  alone: no law), each with the in-request calibration on (the default) and off.
+
+Prints per configuration the modelled speedup over AR per category (pooled over the recordings) and overall, and ends
+with ONE JSON line.
+
+    OMP_NUM_THREADS=1 python bench/predict_open_ended.py --fit-policy ngram --out /tmp/ngram-policy.json
+    OMP_NUM_THREADS=1 python bench/policy_replay.py --policy /tmp/ngram-policy.json \
+        | tee bench/results/policy_replay.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+WORKLOADS = ("traces_open_timed", "traces_open_budgets", "traces_open_policy", "traces_open_policy2")
+WEIGHTS = (0.0, 0.5, 1.0)
+
+
+def main(argv=None) -> dict:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--policy", required=True, help="the n-gram law policy's parameters (FITTED.json)")
+    p.add_argument("--from", dest="arm_traces", default="data/traces_timed", help="the timed arms whose costs price")
+    args = p.parse_args(argv)
+
+    import numpy as np
+    import pandas as pd
+    import torch
+
+    from entropy_law.decoding.adapter import TargetAdapter
+    from entropy_law.decoding.gate import measure_verify_cost
+    from entropy_law.decoding.loading import load_target
+    from entropy_law.jobs.reference import workload_rounds
+    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.law.policy import load_policy, policy_arm_meta
+    from entropy_law.traces.layout import RUN_FILE, read_run_json
+    from entropy_law.traces.reader import load_traces
+
+    torch.set_num_threads(1)
+    warnings.simplefilter("ignore")
+    t0 = time.process_time()
+    data = Path(__file__).resolve().parents[1] / "data"
+    source = TraceAnalysis(load_traces(args.arm_traces), n_boot=0)
+    path_of = dict(zip(source.runs["arm"], source.runs["path"]))
+    meta = {arm: read_run_json(Path(path_of[arm]) / RUN_FILE) for arm in ("ngram chain", "ngram ddtree16")}
+    policy = load_policy(args.policy)
+    target = load_target("smollm2-135m")
+    curve = measure_verify_cost(TargetAdapter(target.model)).to_config()
+    tree = meta["ngram ddtree16"]
+    configs = {"chain (ratio gate)": (meta["ngram chain"], "ngram chain"),
+               "ddtree16 (ratio gate)": (tree, "ngram ddtree16"),
+               "ddtree4 (ratio gate)": ({**tree, "tree_budget": 4}, "ngram ddtree16")}
+    for weight in WEIGHTS:
+        for calibrated in (True, False):
+            params = {**policy, "confidence_weight": weight,
+                      **({} if calibrated else {"calibration_prior": None})}
+            name = f"law policy, weight {weight:g}" + ("" if calibrated else ", no calibration")
+            configs[name] = (policy_arm_meta(tree, params, measured=curve, arm="ngram ddtree16")[0], "ngram ddtree16")
+    frames = []
+    for workload in WORKLOADS:
+        ar = data / workload / "ar"
+        runs = load_traces(ar)
+        for name, (arm_meta, priced_by) in configs.items():
+            rounds = workload_rounds(ar, arm_meta, target)
+            frames.append(rounds.assign(config=name, priced_by=priced_by, workload=workload))
+        print(f"replayed over {ar} ({runs.requests['request_id'].nunique()} prompts)", flush=True)
+    table = pd.concat(frames, ignore_index=True)
+    # pooled over the recordings: each (config, category) priced once by its arm's cost model
+    ar_runs = [load_traces(data / w / "ar") for w in WORKLOADS]  # one workload: request ids made unique
+    entropies = pd.concat([t.tokens.assign(request_id=w + ":" + t.tokens["request_id"].astype(str))
+                           for w, t in zip(WORKLOADS, ar_runs)], ignore_index=True)
+    workload = _Workload(entropies, pd.concat([t.runs for t in ar_runs], ignore_index=True).drop_duplicates("run_id"))
+    rows = []
+    for name, part in table.groupby("config", sort=False):
+        work = part.assign(request_id=part["workload"] + ":" + part["request_id"].astype(str))
+        summary = source.predict(part["priced_by"].iloc[0], workload, rounds=work, transfer_error=0.0).summary
+        rows.append({"config": name, **summary["predicted_speedup"].round(3).to_dict(),
+                     "tokens_per_round": round(float(summary.loc["all", "predicted_tokens_per_round"]), 3)})
+    out = pd.DataFrame(rows).set_index("config")
+    with pd.option_context("display.width", 220, "display.max_columns", 20):
+        print("\nmodelled speedup over AR (replayed rounds priced by data/traces_timed's cost models; not timed), "
+              f"{len(set(table['workload'] + table['request_id'].astype(str)))} prompt runs")
+        print(out.to_string())
+    fixed = out.loc[[c for c in out.index if "ratio gate" in c], "all"]
+    best_fixed = float(fixed.max())
+    laws = out.loc[[c for c in out.index if c.startswith("law policy")], "all"]
+    result = {"bench": "policy_replay", "from": args.arm_traces, "workloads": list(WORKLOADS),
+              "cpu_s": round(time.process_time() - t0, 1), "verify_cost_curve": curve,
+              "overall": {c: float(v) for c, v in out["all"].items()}, "best_fixed": fixed.idxmax(),
+              "best_law_policy": laws.idxmax(),
+              "best_law_policy_over_best_fixed": float(laws.max() / best_fixed - 1)}
+    print(f"\nbest fixed: {fixed.idxmax()} {best_fixed:.3f}x; best law policy: {laws.idxmax()} {laws.max():.3f}x "
+          f"({laws.max() / best_fixed - 1:+.1%}); the law alone (weight 0): "
+          f"{out.loc['law policy, weight 0', 'all']:.3f}x")
+    print(json.dumps(result, default=lambda v: float(v) if isinstance(v, np.floating) else str(v)))
+    return result
+
+
+class _Workload:
+    """The pooled AR runs as ``TraceAnalysis.predict`` reads a workload: ``tokens`` and ``runs``."""
+
+    def __init__(self, tokens, runs):
+        self.tokens, self.runs = tokens, runs
+
+
+if __name__ == "__main__":
+    main()
