@@ -1,4 +1,4 @@
-"""Which n-gram drafting policy pays most on prompts it was never fitted on? Modelled by replay, not timed.
+"""Which drafting policy pays most on prompts it was never fitted on? Modelled by replay, not timed.
 
 Every configuration's rounds are replayed over the AR runs of the timed open-ended recordings (``data/traces_open_*``:
 seeds 7, 11, 13 and 17, 3 prompts per category each; the same prompt may appear in several) and priced by the cost
@@ -11,12 +11,15 @@ average per category, ``bench/results/predict_policy.txt`` and ``predict_budgets
   DDTree16, with ``confidence_weight`` 0 (the law alone), 0.5 (the default blend) and 1 (the drafter's own confidence
   alone: no law), each with the in-request calibration on (the default) and off.
 
-Prints per configuration the modelled speedup over AR per category (pooled over the recordings) and overall, and ends
-with ONE JSON line.
+``--drafter block``: the block drafter's DDTree16 and DDTree4 and its law policy at the three weights (its replay needs
+one teacher-forced pass per request: give fewer ``--workloads``). Prints per configuration the modelled speedup over
+AR per category (pooled over the recordings) and overall, and ends with ONE JSON line.
 
     OMP_NUM_THREADS=1 python bench/predict_open_ended.py --fit-policy ngram --out /tmp/ngram-policy.json
     OMP_NUM_THREADS=1 python bench/policy_replay.py --policy /tmp/ngram-policy.json \
         | tee bench/results/policy_replay.txt
+    OMP_NUM_THREADS=1 python bench/policy_replay.py --drafter block --policy /tmp/block-policy.json \
+        --workloads traces_open_policy2
 """
 
 from __future__ import annotations
@@ -36,8 +39,13 @@ WEIGHTS = (0.0, 0.5, 1.0)
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--policy", required=True, help="the n-gram law policy's parameters (FITTED.json)")
+    p.add_argument("--policy", required=True, help="the drafter's law policy parameters (FITTED.json)")
     p.add_argument("--from", dest="arm_traces", default="data/traces_timed", help="the timed arms whose costs price")
+    p.add_argument("--drafter", choices=("ngram", "block"), default="ngram",
+                   help="ngram (default): chain, DDTree16, DDTree4 and six law policies; block: DDTree16, DDTree4 and "
+                        "the law policy at weights 0, 0.5, 1 (its replay needs a teacher-forced pass per request)")
+    p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS, metavar="NAME",
+                   help=f"recordings under data/ whose AR runs are replayed over (default: {' '.join(WORKLOADS)})")
     args = p.parse_args(argv)
 
     import numpy as np
@@ -59,22 +67,28 @@ def main(argv=None) -> dict:
     data = Path(__file__).resolve().parents[1] / "data"
     source = TraceAnalysis(load_traces(args.arm_traces), n_boot=0)
     path_of = dict(zip(source.runs["arm"], source.runs["path"]))
-    meta = {arm: read_run_json(Path(path_of[arm]) / RUN_FILE) for arm in ("ngram chain", "ngram ddtree16")}
+    meta = {arm: read_run_json(Path(path_of[arm]) / RUN_FILE) for arm in source.arms}
+    tree_arm = next(a for a in source.arms if a.startswith(args.drafter) and a.endswith("ddtree16"))
     policy = load_policy(args.policy)
+    if policy.get("drafter_id") != meta[tree_arm].get("drafter_id"):
+        raise SystemExit(f"--policy is for drafter {policy.get('drafter_id')!r}, --drafter {args.drafter} is "
+                         f"{meta[tree_arm].get('drafter_id')!r}")
     target = load_target("smollm2-135m")
     curve = measure_verify_cost(TargetAdapter(target.model)).to_config()
-    tree = meta["ngram ddtree16"]
-    configs = {"chain (ratio gate)": (meta["ngram chain"], "ngram chain"),
-               "ddtree16 (ratio gate)": (tree, "ngram ddtree16"),
-               "ddtree4 (ratio gate)": ({**tree, "tree_budget": 4}, "ngram ddtree16")}
+    tree = meta[tree_arm]
+    configs = {}
+    if args.drafter == "ngram":
+        configs["chain (ratio gate)"] = (meta["ngram chain"], "ngram chain")
+    configs["ddtree16 (ratio gate)"] = (tree, tree_arm)
+    configs["ddtree4 (ratio gate)"] = ({**tree, "tree_budget": 4}, tree_arm)
     for weight in WEIGHTS:
-        for calibrated in (True, False):
+        for calibrated in (True, False) if args.drafter == "ngram" else (True,):
             params = {**policy, "confidence_weight": weight,
                       **({} if calibrated else {"calibration_prior": None})}
             name = f"law policy, weight {weight:g}" + ("" if calibrated else ", no calibration")
-            configs[name] = (policy_arm_meta(tree, params, measured=curve, arm="ngram ddtree16")[0], "ngram ddtree16")
+            configs[name] = (policy_arm_meta(tree, params, measured=curve, arm=tree_arm)[0], tree_arm)
     frames = []
-    for workload in WORKLOADS:
+    for workload in args.workloads:
         ar = data / workload / "ar"
         runs = load_traces(ar)
         for name, (arm_meta, priced_by) in configs.items():
@@ -83,9 +97,9 @@ def main(argv=None) -> dict:
         print(f"replayed over {ar} ({runs.requests['request_id'].nunique()} prompts)", flush=True)
     table = pd.concat(frames, ignore_index=True)
     # pooled over the recordings: each (config, category) priced once by its arm's cost model
-    ar_runs = [load_traces(data / w / "ar") for w in WORKLOADS]  # one workload: request ids made unique
+    ar_runs = [load_traces(data / w / "ar") for w in args.workloads]  # one workload: request ids made unique
     entropies = pd.concat([t.tokens.assign(request_id=w + ":" + t.tokens["request_id"].astype(str))
-                           for w, t in zip(WORKLOADS, ar_runs)], ignore_index=True)
+                           for w, t in zip(args.workloads, ar_runs)], ignore_index=True)
     workload = _Workload(entropies, pd.concat([t.runs for t in ar_runs], ignore_index=True).drop_duplicates("run_id"))
     rows = []
     for name, part in table.groupby("config", sort=False):
@@ -101,7 +115,8 @@ def main(argv=None) -> dict:
     fixed = out.loc[[c for c in out.index if "ratio gate" in c], "all"]
     best_fixed = float(fixed.max())
     laws = out.loc[[c for c in out.index if c.startswith("law policy")], "all"]
-    result = {"bench": "policy_replay", "from": args.arm_traces, "workloads": list(WORKLOADS),
+    result = {"bench": "policy_replay", "drafter": args.drafter, "from": args.arm_traces,
+              "workloads": list(args.workloads),
               "cpu_s": round(time.process_time() - t0, 1), "verify_cost_curve": curve,
               "overall": {c: float(v) for c, v in out["all"].items()}, "best_fixed": fixed.idxmax(),
               "best_law_policy": laws.idxmax(),
