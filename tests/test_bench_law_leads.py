@@ -1,0 +1,57 @@
+"""bench/law_leads.py: the token classes it reads off a tokenizer and the candidate covariates it adds to the
+package's at-risk table (the running acceptance uses the request's EARLIER rounds only)."""
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+
+def _bench():
+    path = Path(__file__).resolve().parents[1] / "bench" / "law_leads.py"
+    spec = importlib.util.spec_from_file_location("law_leads", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+class _Tokenizer:
+    """The two calls the bench makes of a Hugging Face tokenizer, over a fixed vocabulary of pieces."""
+
+    pieces = ["<eos>", "Ġthe", "ation", "Ġ42", "7", ",", "Ċ", "▁Haus", "<0x0A>", "Ġ!", "é"]
+    all_special_ids = [0]
+
+    def __len__(self):
+        return len(self.pieces)
+
+    def convert_ids_to_tokens(self, ids):
+        return [self.pieces[i] for i in ids]
+
+
+def test_token_classes_follow_the_pieces_of_either_bpe_convention():
+    classes = _bench().token_classes(_Tokenizer())
+    assert classes == ["special", "word_start", "word_cont", "digit", "digit", "punct", "newline", "word_start",
+                       "newline", "punct", "word_cont"]
+
+
+def test_the_running_acceptance_counts_only_earlier_rounds_of_the_same_request():
+    bench = _bench()
+    # request a: round 1 accepts 2 of 3 at risk, round 2 rejects its only one; request b: one round, one accept
+    table = pd.DataFrame({
+        "run_id": ["r"] * 5, "request_id": ["a", "a", "a", "a", "b"], "round_index": [1, 1, 1, 2, 1],
+        "position": [1, 2, 3, 4, 1], "depth": [1, 2, 3, 1, 1], "accepted": [1, 1, 0, 0, 1]})
+    tokens = pd.DataFrame({"run_id": ["r"] * 7, "request_id": ["a"] * 5 + ["b"] * 2,
+                           "position": [0, 1, 2, 3, 4, 0, 1], "token_id": [1, 2, 3, 4, 5, 6, 1]})
+    out = bench.add_candidates(table, tokens, _bench().token_classes(_Tokenizer()))
+    m = bench.PRIOR_TRIALS
+    prior = np.log(0.5 / 0.5)
+    after_round_1 = (2 + m / 2) / (3 + m)
+    expected = [prior, prior, prior, np.log(after_round_1 / (1 - after_round_1)), prior]
+    assert out["logit_running_acceptance"].to_numpy() == pytest.approx(expected)
+    assert out["token_class"].tolist() == ["word_cont", "digit", "digit", "punct", "word_start"]
+    assert out["prev_token_class"].tolist() == ["word_start", "word_cont", "digit", "digit", "newline"]
+    assert out["depth_factor"].tolist() == ["1", "2", "3", "1", "1"]
+    with pytest.raises(ValueError, match="without a committed token"):
+        bench.add_candidates(table, tokens.iloc[:3], _bench().token_classes(_Tokenizer()))
