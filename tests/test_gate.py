@@ -94,6 +94,37 @@ def test_measure_verify_cost_on_a_tiny_model():
     assert short.sizes == (1, 4, 12)  # sizes up to half the context, at a context that fits
 
 
+def test_the_cpu_clock_ignores_time_the_process_does_not_run(monkeypatch):
+    """Time another process holds the core is not the forward's cost: a one-token verify that waits (sleeps,
+    using no CPU) inflates c(1) on the wall clock, so every larger verify looks free, and not on the CPU clock."""
+    import time
+
+    adapter = TargetAdapter(tiny_llama(0, vocab=64, max_positions=512))
+    verify = adapter.verify
+
+    def delayed(root, tree, context_len):
+        if tree.n_nodes == 0:
+            time.sleep(0.2)  # another process runs meanwhile: wall time passes, this process's CPU time does not
+        return verify(root, tree, context_len)
+
+    monkeypatch.setattr(adapter, "verify", delayed)
+    options = dict(sizes=(1, 2, 384), context_len=64, repeats=1)  # 384 tokens: compute, not call overhead
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # idle OpenMP workers spin (and use CPU) while the main thread sleeps
+    try:
+        wall = measure_verify_cost(adapter, clock="wall", **options)
+        cpu = measure_verify_cost(adapter, clock="cpu", **options)
+    finally:
+        torch.set_num_threads(threads)
+    assert wall.clock == "wall" and cpu.clock == "cpu"
+    assert wall.costs == (1.0, 1.0, 1.0)  # every tree looks as cheap as a step
+    assert cpu(384) > 2.0  # a 384-token forward of the tiny model costs several one-token ones on its CPU clock
+    assert measure_verify_cost(adapter, **options).clock == "cpu"  # auto: a model on the CPU
+    assert VerifyCost.from_config(cpu.to_config()).clock == "cpu" and "clock" not in VerifyCost((1,), (1.0,)).to_config()
+    with pytest.raises(ValueError, match="clock must be one of"):
+        measure_verify_cost(adapter, clock="gpu", **options)
+
+
 def test_decoder_measures_when_asked_and_records_the_curve():
     from entropy_law.decoding.decoder import SpeculativeDecoder
     from entropy_law.drafters.ngram import NgramDrafter

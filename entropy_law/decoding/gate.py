@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import torch
@@ -39,11 +39,14 @@ class VerifyCost:
 
     Piecewise linear through ``(sizes, costs)``, extended past the last point with the slope of the last
     segment (flat when there is one point). ``sizes`` must start at 1 and increase; ``costs`` are
-    normalised so that ``c(1) = 1``.
+    normalised so that ``c(1) = 1``. ``clock``: the clock ``measure_verify_cost`` timed it by (``"cpu"`` /
+    ``"wall"``), kept with the run for provenance; ``None`` for a curve given by hand. Two curves with the same
+    points are equal whatever their clock.
     """
 
     sizes: tuple[int, ...]
     costs: tuple[float, ...]
+    clock: str | None = field(default=None, compare=False)
 
     def __post_init__(self):
         sizes = tuple(int(s) for s in self.sizes)
@@ -72,22 +75,47 @@ class VerifyCost:
 
     def to_config(self) -> dict:
         """JSON-ready form (run metadata); ``VerifyCost.from_config`` reads it back."""
-        return {"sizes": list(self.sizes), "costs": [round(c, 6) for c in self.costs]}
+        config = {"sizes": list(self.sizes), "costs": [round(c, 6) for c in self.costs]}
+        return config if self.clock is None else {**config, "clock": self.clock}
 
     @classmethod
     def from_config(cls, config: dict) -> "VerifyCost":
         try:
-            return cls(tuple(config["sizes"]), tuple(config["costs"]))
+            return cls(tuple(config["sizes"]), tuple(config["costs"]), clock=config.get("clock"))
         except (KeyError, TypeError) as err:
             raise ValueError(f"a verify-cost config needs 'sizes' and 'costs' lists, got {config!r}") from err
 
 
+CLOCKS = ("auto", "cpu", "wall")
+
+
+def _timer(adapter, clock: str):
+    """The clock ``measure_verify_cost`` times by and its name: the process's CPU clock for a model on the CPU
+    (``auto``, ``cpu``), the wall clock for one on an accelerator (``auto``, ``wall``), whose forward the host
+    waits on rather than computes."""
+    if clock not in CLOCKS:
+        raise ValueError(f"clock must be one of {CLOCKS}, got {clock!r}")
+    if clock == "auto":
+        device = next((p.device.type for p in adapter.model.parameters()), "cpu")
+        clock = "cpu" if device == "cpu" else "wall"
+    return (time.process_time if clock == "cpu" else time.perf_counter), clock
+
+
 @torch.inference_mode()
 def measure_verify_cost(adapter, *, sizes: Sequence[int] = DEFAULT_COST_SIZES, context_len: int = 384,
-                        repeats: int = 5, seed: int = 0) -> VerifyCost:
+                        repeats: int = 5, seed: int = 0, clock: str = "auto") -> VerifyCost:
     """Time chain verifies of ``n`` tokens (root + ``n - 1`` nodes) at a ``context_len`` cache, relative to
     a one-token step, on this machine and thread count: the fastest of ``repeats`` passes over all sizes
     (after one warm-up pass; the minimum is the least disturbed by other load on the machine).
+
+    ``clock`` (``CLOCKS``): ``"auto"`` (default) times a model on the CPU by this process's CPU clock and one
+    on an accelerator by the wall clock; ``"cpu"`` / ``"wall"`` force one. On a shared CPU the wall clock also
+    counts the time other processes hold the core, so every repeat of a 40-80 ms forward is disturbed and the
+    minimum does not help: with two busy loops beside SmolLM2-135M (one thread) it gave c(3) = 1.45 and
+    c(16) = 2.08 where the idle machine gives 2.05-2.18 and 2.2-2.5 (either clock), while the CPU clock gave
+    2.04-2.12 and 2.40-2.48 under that load. A policy or cost gate that trusts a deflated curve verifies trees
+    that do not pay. With several torch threads the CPU clock sums them all (their OpenMP spin-waits included):
+    a ratio of CPU work; on an idle machine ``clock="wall"`` times elapsed time instead.
 
     Uses random token ids (the cost of a forward does not depend on which tokens). The costs are made
     non-decreasing in ``n`` (a cumulative maximum; timing noise must not make a bigger tree look cheaper).
@@ -114,21 +142,25 @@ def measure_verify_cost(adapter, *, sizes: Sequence[int] = DEFAULT_COST_SIZES, c
         drafts = torch.tensor(ids[context_len:context_len + n - 1], dtype=torch.long).reshape(-1, 1)
         trees.append(chain_tree(DraftProposal(tokens=drafts, logprobs=torch.zeros(n - 1, 1))) if n > 1
                      else Tree.empty())
+    now, clock = _timer(adapter, clock)
     best = [math.inf] * len(sizes)
     for rep in range(repeats + 1):  # sizes interleaved, so that a burst of load hits every size alike
         for i, tree in enumerate(trees):
-            t0 = time.perf_counter()
+            t0 = now()
             adapter.verify(ids[context_len - 1], tree, context_len)
-            elapsed = time.perf_counter() - t0
+            elapsed = now() - t0
             adapter.truncate(context_len)
             if rep:  # the first pass warms up
                 best[i] = min(best[i], elapsed)
     adapter.cache = None
+    if not best[0] > 0:
+        raise RuntimeError(f"a one-token verify took no measurable time on the {clock} clock; time by "
+                           "clock='wall'")
     costs, running = [], 0.0
     for t in best:
         running = max(running, t / best[0])
         costs.append(running)
-    return VerifyCost(sizes, tuple(costs))
+    return VerifyCost(sizes, tuple(costs), clock=clock)
 
 
 def truncate_proposal(proposal: DraftProposal, depth: int) -> DraftProposal:
