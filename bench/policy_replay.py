@@ -9,7 +9,11 @@ average per category, ``bench/results/predict_policy.txt`` and ``predict_budgets
 - the fixed arms: n-gram chain, DDTree16 and DDTree4 under their ratio gate;
 - the law policy (``--policy``: fitted on ``data/traces``, Spec-Bench; the verify-cost curve measured here once), on
   DDTree16, with ``confidence_weight`` 0 (the law alone), 0.5 (the default blend) and 1 (the drafter's own confidence
-  alone: no law), each with the in-request calibration on (the default) and off.
+  alone: no law), each with the in-request calibration on (the default) and off;
+- the replay oracle (``jobs.reference.workload_oracle_rounds``): the drafter's DDTree with, each round in hindsight,
+  the budget N in {0, 1, 2, 4, 8, 16} that commits the most tokens per unit of that measured curve (+ the policy's
+  draft cost when it drafts); a ceiling for any per-round policy, not a decoder, priced as the others are. Issue
+  #19's "distance to the oracle" is the best law policy's shortfall against it.
 
 ``--drafter block``: the block drafter's DDTree16 and DDTree4 and its law policy at the three weights (its replay needs
 one teacher-forced pass per request: give fewer ``--workloads``). Prints per configuration the modelled speedup over
@@ -35,6 +39,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 WORKLOADS = ("traces_open_timed", "traces_open_budgets", "traces_open_policy", "traces_open_policy2")
 WEIGHTS = (0.0, 0.5, 1.0)
+ORACLE = "replay oracle (DDTree, best N per round in hindsight)"
+ORACLE_BUDGETS = (0, 1, 2, 4, 8, 16)
 
 
 def main(argv=None) -> dict:
@@ -55,7 +61,8 @@ def main(argv=None) -> dict:
     from entropy_law.decoding.adapter import TargetAdapter
     from entropy_law.decoding.gate import measure_verify_cost
     from entropy_law.decoding.loading import load_target
-    from entropy_law.jobs.reference import workload_rounds
+    from entropy_law.decoding.gate import VerifyCost
+    from entropy_law.jobs.reference import workload_oracle_rounds, workload_rounds
     from entropy_law.law.analysis import TraceAnalysis
     from entropy_law.law.policy import load_policy, policy_arm_meta
     from entropy_law.traces.layout import RUN_FILE, read_run_json
@@ -94,6 +101,9 @@ def main(argv=None) -> dict:
         for name, (arm_meta, priced_by) in configs.items():
             rounds = workload_rounds(ar, arm_meta, target)
             frames.append(rounds.assign(config=name, priced_by=priced_by, workload=workload))
+        oracle = workload_oracle_rounds(ar, tree, target, verify_cost=VerifyCost.from_config(curve),
+                                        draft_cost=float(policy["draft_cost"]), budgets=ORACLE_BUDGETS)
+        frames.append(oracle.assign(config=ORACLE, priced_by=tree_arm, workload=workload))
         print(f"replayed over {ar} ({runs.requests['request_id'].nunique()} prompts)", flush=True)
     table = pd.concat(frames, ignore_index=True)
     # pooled over the recordings: each (config, category) priced once by its arm's cost model
@@ -115,15 +125,20 @@ def main(argv=None) -> dict:
     fixed = out.loc[[c for c in out.index if "ratio gate" in c], "all"]
     best_fixed = float(fixed.max())
     laws = out.loc[[c for c in out.index if c.startswith("law policy")], "all"]
+    ceiling = float(out.loc[ORACLE, "all"])
     result = {"bench": "policy_replay", "drafter": args.drafter, "from": args.arm_traces,
               "workloads": list(args.workloads),
               "cpu_s": round(time.process_time() - t0, 1), "verify_cost_curve": curve,
               "overall": {c: float(v) for c, v in out["all"].items()}, "best_fixed": fixed.idxmax(),
               "best_law_policy": laws.idxmax(),
-              "best_law_policy_over_best_fixed": float(laws.max() / best_fixed - 1)}
+              "best_law_policy_over_best_fixed": float(laws.max() / best_fixed - 1),
+              "oracle": ceiling, "best_law_policy_below_oracle": float(1 - laws.max() / ceiling),
+              "best_fixed_below_oracle": float(1 - best_fixed / ceiling)}
     print(f"\nbest fixed: {fixed.idxmax()} {best_fixed:.3f}x; best law policy: {laws.idxmax()} {laws.max():.3f}x "
           f"({laws.max() / best_fixed - 1:+.1%}); the law alone (weight 0): "
-          f"{out.loc['law policy, weight 0', 'all']:.3f}x")
+          f"{out.loc['law policy, weight 0', 'all']:.3f}x; the replay oracle (a ceiling: it knows each round's "
+          f"outcome) {ceiling:.3f}x: the best law policy {1 - laws.max() / ceiling:.1%} below it, the best fixed arm "
+          f"{1 - best_fixed / ceiling:.1%}")
     print(json.dumps(result, default=lambda v: float(v) if isinstance(v, np.floating) else str(v)))
     return result
 

@@ -443,6 +443,38 @@ def test_an_arms_rounds_replayed_over_an_ar_workload_are_the_rounds_it_decoded_o
         workload_rounds(ar, {**meta, "gate": "cost", "verify_cost": None}, target)
 
 
+def test_the_replay_oracle_over_an_ar_workload_counts_its_rounds_as_the_arm_replay_does(model_folder, task_file,
+                                                                                        tmp_path):
+    """``jobs.reference.workload_oracle_rounds``: with a flat verify cost the hindsight-best round commits what the
+    largest tree commits (a failed draft ties with a plain step, which the oracle keeps), so its tokens, rounds and
+    accepted drafts equal the arm's rounds replayed always drafting that tree (``workload_rounds``, threshold 0),
+    with no more drafting rounds; with a prohibitive cost it never drafts (every round a skipped plain step)."""
+    import pandas as pd
+
+    from entropy_law.decoding.gate import VerifyCost
+    from entropy_law.decoding.loading import load_target
+    from entropy_law.jobs.reference import workload_oracle_rounds, workload_rounds
+
+    ar, ngram = tmp_path / "ar", tmp_path / "ngram"
+    assert record(model_folder, task_file, ar, "--drafter", "ar", "--categories", "alpha,gamma") == 0
+    assert record(model_folder, task_file, ngram, "--tree", "ddtree", "--budget", "6", "--categories", "alpha") == 0
+    target = load_target(str(model_folder))
+    meta = {**json.loads((ngram / "run.json").read_text()), "min_expected_accepted": 0.0}
+    flat = workload_oracle_rounds(ar, meta, target, verify_cost=VerifyCost((1, 2), (1.0, 1.0)), budgets=(0, 6))
+    always = workload_rounds(ar, meta, target)
+    always = always.sort_values("request_id").reset_index(drop=True)
+    columns = ["request_id", "category", "tokens", "rounds", "accepted"]
+    pd.testing.assert_frame_equal(flat[columns], always[columns], check_dtype=False)
+    assert (flat["drafting_rounds"] <= always["drafting_rounds"]).all() and (flat["nodes"] <= always["nodes"]).all()
+    assert (flat["drafting_rounds"] > 0).any() and (flat["tokens"] == 11).all()
+    assert (flat["skipped_rounds"] == flat["rounds"] - flat["drafting_rounds"]).all()
+    steep = workload_oracle_rounds(ar, meta, target, verify_cost=VerifyCost((1, 2), (1.0, 12.0)), draft_cost=0.1)
+    assert (steep["drafting_rounds"] == 0).all() and (steep["rounds"] == steep["tokens"]).all()
+    assert (steep["skipped_rounds"] == steep["rounds"]).all() and (steep["accepted"] == 0).all()
+    with pytest.raises(ValueError, match="AR run's"):
+        workload_oracle_rounds(ar, json.loads((ar / "run.json").read_text()), target, verify_cost=VerifyCost((1,), (1,)))
+
+
 def test_an_arms_drafter_replayed_over_an_ar_workload_proposes_what_it_proposes_over_its_own_run(
         model_folder, task_file, tmp_path):
     """``jobs.reference.workload_proposals``: the n-gram arm's drafter replayed over an AR run of the same prompts

@@ -370,6 +370,39 @@ def _replayed_requests(workload_dir, arm_meta: dict, target, tasks, checkpoint):
     return gate, replayed()
 
 
+def workload_oracle_rounds(workload_dir: str | Path, arm_meta: dict, target, *, verify_cost, draft_cost: float = 0.0,
+                           budgets: Sequence[int] = (0, 1, 2, 4, 8, 16), tasks: str | Path | None = None,
+                           checkpoint: str | Path | None = None) -> pd.DataFrame:
+    """The replay oracle of an arm's drafter over a workload run: per round, in hindsight, the budget of
+    ``budgets`` (0: a plain step) that commits the most tokens per unit of modelled cost ``c(N + 1)`` (+
+    ``draft_cost`` one-token forwards when it drafts) under ``verify_cost`` (a ``decoding.gate.VerifyCost``), the
+    arm's tree shape (``decoding.replay.oracle_rounds``). A ceiling for any per-round policy of this drafter and
+    tree, not a decoder: it knows each round's outcome. Same rows as ``workload_rounds`` (``accepted`` = tokens -
+    rounds, the bonus tokens left out; ``skipped_rounds`` = the rounds it did not draft), for
+    ``law.workload.price_rounds``; arguments as ``workload_rounds``."""
+    from entropy_law.decoding.replay import oracle_rounds
+    from entropy_law.law.workload import ROUND_COUNT_COLUMNS
+
+    meta, drafter, plain, prompts, outputs = _workload_inputs(workload_dir, arm_meta, target, tasks, checkpoint)
+    rows = []
+    for rid in sorted(outputs):
+        category, _, output, _ = outputs[rid]
+        if len(output) < 2:
+            continue  # nothing decoded after the prefill
+        result = oracle_rounds(prompts[rid], output, replay_drafter(drafter, target, prompts[rid], output),
+                               budgets=budgets, tree=arm_meta.get("tree_policy", "chain"), verify_cost=verify_cost,
+                               draft_cost=draft_cost, eos_token_ids=plain.config["eos_token_ids"],
+                               max_new_tokens=meta.get("max_new_tokens"), max_context=plain.adapter.max_context)
+        drafting = sum(1 for n in result.budgets if n > 0)
+        rows.append(dict(run_id=str(meta["run_id"]), request_id=rid, category=category,
+                         tokens=sum(result.committed), rounds=len(result.committed), drafting_rounds=drafting,
+                         nodes=sum(result.budgets), accepted=sum(result.committed) - len(result.committed),
+                         skipped_rounds=len(result.committed) - drafting))
+    if not rows:
+        raise ValueError(f"{workload_dir}: no request decoded a token after the prefill: nothing to replay")
+    return pd.DataFrame(rows)[[*ROUND_COUNT_COLUMNS, "accepted", "skipped_rounds"]]
+
+
 ROUND_FIELDS = ("round_index", "start_position", "tree_nodes", "tree_depth", "accepted", "committed")
 
 
