@@ -125,6 +125,21 @@ def test_the_cpu_clock_ignores_time_the_process_does_not_run(monkeypatch):
         measure_verify_cost(adapter, clock="gpu", **options)
 
 
+def test_the_automatic_clock_is_the_wall_clock_for_a_model_off_the_cpu():
+    """A model on an accelerator is waited on, not computed by this process: ``clock="auto"`` times it by the wall
+    clock (a model on the meta device stands in for one off the CPU)."""
+    import time
+    from types import SimpleNamespace
+
+    from entropy_law.decoding.gate import _timer
+
+    on_cpu = SimpleNamespace(model=torch.nn.Linear(2, 2))
+    off_cpu = SimpleNamespace(model=torch.nn.Linear(2, 2, device="meta"))
+    assert _timer(on_cpu, "auto") == (time.process_time, "cpu")
+    assert _timer(off_cpu, "auto") == (time.perf_counter, "wall")
+    assert _timer(off_cpu, "cpu") == (time.process_time, "cpu")
+
+
 def test_decoder_measures_when_asked_and_records_the_curve():
     from entropy_law.decoding.decoder import SpeculativeDecoder
     from entropy_law.drafters.ngram import NgramDrafter
