@@ -90,15 +90,17 @@ CLOCKS = ("auto", "cpu", "wall")
 
 
 def _timer(adapter, clock: str):
-    """The clock ``measure_verify_cost`` times by and its name: the process's CPU clock for a model on the CPU
-    (``auto``, ``cpu``), the wall clock for one on an accelerator (``auto``, ``wall``), whose forward the host
-    waits on rather than computes."""
+    """The clock ``measure_verify_cost`` times by and its name. ``cpu``: the calling thread's CPU clock
+    (``time.thread_time``), which neither other processes nor the process's other threads move; ``wall``:
+    ``time.perf_counter``. ``auto``: ``cpu`` where the forward runs on this thread alone (a model on the CPU with
+    one torch thread), else ``wall``: a model on an accelerator is waited on, not computed here, and with several
+    torch threads this thread's CPU time is only its share of the work."""
     if clock not in CLOCKS:
         raise ValueError(f"clock must be one of {CLOCKS}, got {clock!r}")
     if clock == "auto":
         device = next((p.device.type for p in adapter.model.parameters()), "cpu")
-        clock = "cpu" if device == "cpu" else "wall"
-    return (time.process_time if clock == "cpu" else time.perf_counter), clock
+        clock = "cpu" if device == "cpu" and torch.get_num_threads() == 1 else "wall"
+    return (time.thread_time if clock == "cpu" else time.perf_counter), clock
 
 
 @torch.inference_mode()
@@ -108,14 +110,14 @@ def measure_verify_cost(adapter, *, sizes: Sequence[int] = DEFAULT_COST_SIZES, c
     a one-token step, on this machine and thread count: the fastest of ``repeats`` passes over all sizes
     (after one warm-up pass; the minimum is the least disturbed by other load on the machine).
 
-    ``clock`` (``CLOCKS``): ``"auto"`` (default) times a model on the CPU by this process's CPU clock and one
-    on an accelerator by the wall clock; ``"cpu"`` / ``"wall"`` force one. On a shared CPU the wall clock also
-    counts the time other processes hold the core, so every repeat of a 40-80 ms forward is disturbed and the
-    minimum does not help: with two busy loops beside SmolLM2-135M (one thread) it gave c(3) = 1.45 and
-    c(16) = 2.08 where the idle machine gives 2.05-2.18 and 2.2-2.5 (either clock), while the CPU clock gave
-    2.04-2.12 and 2.40-2.48 under that load. A policy or cost gate that trusts a deflated curve verifies trees
-    that do not pay. With several torch threads the CPU clock sums them all (their OpenMP spin-waits included):
-    a ratio of CPU work; on an idle machine ``clock="wall"`` times elapsed time instead.
+    ``clock`` (``CLOCKS``, ``_timer``): ``"auto"`` (default) times a model on the CPU with one torch thread (the
+    setting for a shared machine) by the calling thread's CPU clock, anything else by the wall clock; ``"cpu"`` /
+    ``"wall"`` force one. On a shared CPU the wall clock also counts the time other processes hold the core, so
+    every repeat of a 40-80 ms forward is disturbed and the minimum does not help. SmolLM2-135M, one thread, two
+    measurements each (2026-12-03): idle, c(3) = 2.13 / 2.35 and c(16) = 2.35 / 2.51 by the wall clock, 1.88 / 1.96
+    and 2.13 / 2.16 by the CPU clock; with two busy loops on the two cores, 1.83 / 3.68 and 2.39 / 3.68 by the wall
+    clock (an earlier run: 1.45 and 2.08), 1.86 / 2.25 and 2.30 / 2.72 by the CPU clock. A cost gate or policy that
+    trusts a deflated curve verifies trees that do not pay, and an inflated one stops drafting where it pays.
 
     Uses random token ids (the cost of a forward does not depend on which tokens). The costs are made
     non-decreasing in ``n`` (a cumulative maximum; timing noise must not make a bigger tree look cheaper).
