@@ -114,11 +114,12 @@ def screen(table, models: dict) -> dict:
     import numpy as np
 
     n = len(table)
-    base_llf = _fit(f"rejected ~ {next(iter(models.values()))}", table).llf
+    llfs = {name: _fit(f"rejected ~ {terms}", table).llf for name, terms in models.items()}
+    base_llf = next(iter(llfs.values()))  # the first model is the base
     categories = sorted(table["category"].unique())
     out = {}
     for name, terms in models.items():
-        llf = _fit(f"rejected ~ {terms}", table).llf
+        llf = llfs[name]
         llf_cat = _fit(f"rejected ~ {terms} + C(category)", table).llf
         errors = {}
         for held in categories:

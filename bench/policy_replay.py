@@ -61,7 +61,6 @@ def main(argv=None) -> dict:
     from entropy_law.decoding.adapter import TargetAdapter
     from entropy_law.decoding.gate import measure_verify_cost
     from entropy_law.decoding.loading import load_target
-    from entropy_law.decoding.gate import VerifyCost
     from entropy_law.jobs.reference import workload_oracle_rounds, workload_rounds
     from entropy_law.law.analysis import TraceAnalysis
     from entropy_law.law.policy import load_policy, policy_arm_meta
@@ -81,7 +80,8 @@ def main(argv=None) -> dict:
         raise SystemExit(f"--policy is for drafter {policy.get('drafter_id')!r}, --drafter {args.drafter} is "
                          f"{meta[tree_arm].get('drafter_id')!r}")
     target = load_target("smollm2-135m")
-    curve = measure_verify_cost(TargetAdapter(target.model)).to_config()
+    measured = measure_verify_cost(TargetAdapter(target.model))
+    curve = measured.to_config()
     tree = meta[tree_arm]
     configs = {}
     if args.drafter == "ngram":
@@ -101,7 +101,7 @@ def main(argv=None) -> dict:
         for name, (arm_meta, priced_by) in configs.items():
             rounds = workload_rounds(ar, arm_meta, target)
             frames.append(rounds.assign(config=name, priced_by=priced_by, workload=workload))
-        oracle = workload_oracle_rounds(ar, tree, target, verify_cost=VerifyCost.from_config(curve),
+        oracle = workload_oracle_rounds(ar, tree, target, verify_cost=measured,
                                         draft_cost=float(policy["draft_cost"]), budgets=ORACLE_BUDGETS)
         frames.append(oracle.assign(config=ORACLE, priced_by=tree_arm, workload=workload))
         print(f"replayed over {ar} ({runs.requests['request_id'].nunique()} prompts)", flush=True)

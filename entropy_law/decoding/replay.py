@@ -258,6 +258,7 @@ class OracleResult:
     budgets: list[int]  # the verified budget of each decode round (0: a plain step)
     committed: list[int]  # tokens committed by each decode round
     cost: list[float]  # its modelled cost in one-token forwards: c(N + 1), plus the drafter's cost when it drafted
+    accepted: list[int] = field(default_factory=list)  # drafts accepted by each decode round
 
     @property
     def tokens_per_round(self) -> float:
@@ -312,6 +313,7 @@ def oracle_rounds(prompt_ids: Sequence[int], output_ids: Sequence[int], drafter:
         result.budgets.append(record.tree_nodes)
         result.committed.append(record.committed)
         result.cost.append(cost)
+        result.accepted.append(record.accepted)
     return result
 
 

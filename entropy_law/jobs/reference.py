@@ -377,11 +377,10 @@ def workload_oracle_rounds(workload_dir: str | Path, arm_meta: dict, target, *, 
     ``budgets`` (0: a plain step) that commits the most tokens per unit of modelled cost ``c(N + 1)`` (+
     ``draft_cost`` one-token forwards when it drafts) under ``verify_cost`` (a ``decoding.gate.VerifyCost``), the
     arm's tree shape (``decoding.replay.oracle_rounds``). A ceiling for any per-round policy of this drafter and
-    tree, not a decoder: it knows each round's outcome. Same rows as ``workload_rounds`` (``accepted`` = tokens -
-    rounds, the bonus tokens left out; ``skipped_rounds`` = the rounds it did not draft), for
-    ``law.workload.price_rounds``; arguments as ``workload_rounds``."""
+    tree, not a decoder: it knows each round's outcome. Same rows as ``workload_rounds`` (``law.workload.
+    count_rounds``; a round it verifies nothing in counts as skipped: it decides before drafting, as a law policy
+    does), for ``law.workload.price_rounds``; arguments as ``workload_rounds``."""
     from entropy_law.decoding.replay import oracle_rounds
-    from entropy_law.law.workload import ROUND_COUNT_COLUMNS
 
     meta, drafter, plain, prompts, outputs = _workload_inputs(workload_dir, arm_meta, target, tasks, checkpoint)
     rows = []
@@ -393,14 +392,23 @@ def workload_oracle_rounds(workload_dir: str | Path, arm_meta: dict, target, *, 
                                budgets=budgets, tree=arm_meta.get("tree_policy", "chain"), verify_cost=verify_cost,
                                draft_cost=draft_cost, eos_token_ids=plain.config["eos_token_ids"],
                                max_new_tokens=meta.get("max_new_tokens"), max_context=plain.adapter.max_context)
-        drafting = sum(1 for n in result.budgets if n > 0)
-        rows.append(dict(run_id=str(meta["run_id"]), request_id=rid, category=category,
-                         tokens=sum(result.committed), rounds=len(result.committed), drafting_rounds=drafting,
-                         nodes=sum(result.budgets), accepted=sum(result.committed) - len(result.committed),
-                         skipped_rounds=len(result.committed) - drafting))
+        rows += [dict(run_id=str(meta["run_id"]), request_id=rid, category=category, round_index=i, committed=c,
+                      tree_nodes=n, accepted=a, policy_drafted=n > 0)  # decode rounds are 1.. (0: the prefill)
+                 for i, (n, c, a) in enumerate(zip(result.budgets, result.committed, result.accepted), start=1)]
+    return _request_counts(rows, workload_dir)
+
+
+def _request_counts(rows: list[dict], workload_dir) -> pd.DataFrame:
+    """Per request, the counts ``law.workload.price_rounds`` prices (``count_rounds``, with its category) of replayed
+    decode rounds (``rows``: ``run_id``, ``request_id``, ``category`` and the rounds columns ``count_rounds`` reads)."""
+    from entropy_law.law.workload import ROUND_COUNT_COLUMNS, count_rounds
+
     if not rows:
         raise ValueError(f"{workload_dir}: no request decoded a token after the prefill: nothing to replay")
-    return pd.DataFrame(rows)[[*ROUND_COUNT_COLUMNS, "accepted", "skipped_rounds"]]
+    rounds = pd.DataFrame(rows)
+    categories = rounds[["run_id", "request_id", "category"]].drop_duplicates()
+    out = count_rounds(rounds).merge(categories, on=["run_id", "request_id"])
+    return out[[*ROUND_COUNT_COLUMNS, "accepted", "skipped_rounds"]]
 
 
 ROUND_FIELDS = ("round_index", "start_position", "tree_nodes", "tree_depth", "accepted", "committed")
@@ -456,18 +464,11 @@ def workload_rounds(workload_dir: str | Path, arm_meta: dict, target, *, tasks: 
     ``accepted`` (drafts accepted), ``skipped_rounds`` (rounds in which a law policy did not call the drafter), for
     ``law.workload.price_rounds``. Arguments as ``workload_proposals``;
     ``attrs["gate"]`` names the gate or policy replayed."""
-    from entropy_law.law.workload import ROUND_COUNT_COLUMNS, count_rounds
-
     gate, replayed = _replayed_requests(workload_dir, arm_meta, target, tasks, checkpoint)
     rows = [dict(run_id=run_id, request_id=rid, category=category, round_index=r.round_index, committed=r.committed,
                  tree_nodes=r.tree_nodes, accepted=r.accepted,
                  policy_drafted=None if r.policy is None else bool(r.policy.get("draft")))
             for run_id, rid, category, result in replayed for r in result.rounds]
-    if not rows:
-        raise ValueError(f"{workload_dir}: no request decoded a token after the prefill: nothing to replay")
-    rounds = pd.DataFrame(rows)
-    categories = rounds[["run_id", "request_id", "category"]].drop_duplicates()
-    out = count_rounds(rounds).merge(categories, on=["run_id", "request_id"])
-    out = out[[*ROUND_COUNT_COLUMNS, "accepted", "skipped_rounds"]]
+    out = _request_counts(rows, workload_dir)
     out.attrs["gate"] = gate
     return out
