@@ -45,7 +45,9 @@ ORACLE_BUDGETS = (0, 1, 2, 4, 8, 16)
 
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--policy", required=True, help="the drafter's law policy parameters (FITTED.json)")
+    p.add_argument("--policy", required=True, nargs="+", metavar="FITTED.json",
+                   help="the drafter's law policy parameters; several files: each at the three weights, labelled by "
+                        "its file name, all under the same measured verify-cost curve")
     p.add_argument("--from", dest="arm_traces", default="data/traces_timed", help="the timed arms whose costs price")
     p.add_argument("--drafter", choices=("ngram", "block"), default="ngram",
                    help="ngram (default): chain, DDTree16, DDTree4 and six law policies; block: DDTree16, DDTree4 and "
@@ -75,10 +77,13 @@ def main(argv=None) -> dict:
     path_of = dict(zip(source.runs["arm"], source.runs["path"]))
     meta = {arm: read_run_json(Path(path_of[arm]) / RUN_FILE) for arm in source.arms}
     tree_arm = next(a for a in source.arms if a.startswith(args.drafter) and a.endswith("ddtree16"))
-    policy = load_policy(args.policy)
-    if policy.get("drafter_id") != meta[tree_arm].get("drafter_id"):
-        raise SystemExit(f"--policy is for drafter {policy.get('drafter_id')!r}, --drafter {args.drafter} is "
-                         f"{meta[tree_arm].get('drafter_id')!r}")
+    policies = {Path(path).stem: load_policy(path) for path in args.policy}
+    for name, policy in policies.items():
+        if policy.get("drafter_id") != meta[tree_arm].get("drafter_id"):
+            raise SystemExit(f"--policy {name} is for drafter {policy.get('drafter_id')!r}, --drafter {args.drafter} "
+                             f"is {meta[tree_arm].get('drafter_id')!r}")
+    if len(policies) != len(args.policy):
+        raise SystemExit("--policy: give files of distinct names (they label the configurations)")
     target = load_target("smollm2-135m")
     measured = measure_verify_cost(TargetAdapter(target.model))
     curve = measured.to_config()
@@ -88,12 +93,14 @@ def main(argv=None) -> dict:
         configs["chain (ratio gate)"] = (meta["ngram chain"], "ngram chain")
     configs["ddtree16 (ratio gate)"] = (tree, tree_arm)
     configs["ddtree4 (ratio gate)"] = ({**tree, "tree_budget": 4}, tree_arm)
-    for weight in WEIGHTS:
-        for calibrated in (True, False) if args.drafter == "ngram" else (True,):
-            params = {**policy, "confidence_weight": weight,
-                      **({} if calibrated else {"calibration_prior": None})}
-            name = f"law policy, weight {weight:g}" + ("" if calibrated else ", no calibration")
-            configs[name] = (policy_arm_meta(tree, params, measured=curve, arm=tree_arm)[0], tree_arm)
+    for label, policy in policies.items():
+        for weight in WEIGHTS:
+            for calibrated in (True, False) if args.drafter == "ngram" else (True,):
+                params = {**policy, "confidence_weight": weight,
+                          **({} if calibrated else {"calibration_prior": None})}
+                name = ("law policy" + (f" {label}" if len(policies) > 1 else "") + f", weight {weight:g}"
+                        + ("" if calibrated else ", no calibration"))
+                configs[name] = (policy_arm_meta(tree, params, measured=curve, arm=tree_arm)[0], tree_arm)
     frames = []
     for workload in args.workloads:
         ar = data / workload / "ar"
@@ -102,7 +109,8 @@ def main(argv=None) -> dict:
             rounds = workload_rounds(ar, arm_meta, target)
             frames.append(rounds.assign(config=name, priced_by=priced_by, workload=workload))
         oracle = workload_oracle_rounds(ar, tree, target, verify_cost=measured,
-                                        draft_cost=float(policy["draft_cost"]), budgets=ORACLE_BUDGETS)
+                                        draft_cost=float(next(iter(policies.values()))["draft_cost"]),
+                                        budgets=ORACLE_BUDGETS)
         frames.append(oracle.assign(config=ORACLE, priced_by=tree_arm, workload=workload))
         print(f"replayed over {ar} ({runs.requests['request_id'].nunique()} prompts)", flush=True)
     table = pd.concat(frames, ignore_index=True)
@@ -134,9 +142,12 @@ def main(argv=None) -> dict:
               "best_law_policy_over_best_fixed": float(laws.max() / best_fixed - 1),
               "oracle": ceiling, "best_law_policy_below_oracle": float(1 - laws.max() / ceiling),
               "best_fixed_below_oracle": float(1 - best_fixed / ceiling)}
+    alone = ", ".join(f"{out.loc[c, 'all']:.3f}x" for c in out.index
+                      if c.startswith("law policy") and c.endswith("weight 0"))
     print(f"\nbest fixed: {fixed.idxmax()} {best_fixed:.3f}x; best law policy: {laws.idxmax()} {laws.max():.3f}x "
           f"({laws.max() / best_fixed - 1:+.1%}); the law alone (weight 0): "
-          f"{out.loc['law policy, weight 0', 'all']:.3f}x; the replay oracle (a ceiling: it knows each round's "
+          f"{alone}; the replay oracle "
+          f"(a ceiling: it knows each round's "
           f"outcome) {ceiling:.3f}x: the best law policy {1 - laws.max() / ceiling:.1%} below it, the best fixed arm "
           f"{1 - best_fixed / ceiling:.1%}")
     print(json.dumps(result, default=lambda v: float(v) if isinstance(v, np.floating) else str(v)))

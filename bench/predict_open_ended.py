@@ -29,6 +29,7 @@ Prints a table and ends with ONE JSON line.
     OMP_NUM_THREADS=1 python bench/predict_open_ended.py --record data/traces_open_timed --per-category 3 --seed 7
     OMP_NUM_THREADS=1 python bench/predict_open_ended.py | tee bench/results/predict_open_ended.txt
     python bench/predict_open_ended.py --fit-policy ngram --out /tmp/ngram-policy.json   # from data/traces
+    python bench/predict_open_ended.py --fit-policy block --context-match --out /tmp/block-context.json
     OMP_NUM_THREADS=1 python bench/predict_open_ended.py --record data/traces_open_policy --per-category 3 \
         --seed 13 --arms ar,ngram-ddtree16,block-ddtree16 --policy ngram=/tmp/ngram-policy.json \
         --policy block=/tmp/block-policy.json
@@ -48,10 +49,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 RECORD_ARMS = ("ar", "ngram", "ngram-ddtree16", "block-ddtree16")
 
 
-def fit_reference_policy(drafter: str, out: Path, arm_traces: Path) -> None:
+def fit_reference_policy(drafter: str, out: Path, arm_traces: Path, context_match: bool = False) -> None:
     """Law policy parameters for ``drafter`` ("ngram" or "block") from its runs in ``data/traces`` (Spec-Bench, none
     of the open-ended prompts), its draft cost (one-token forwards per round) from ``arm_traces``' timed DDTree16 arm
-    of the drafter: ``entropy_law.law.policy.fit_policy`` with its defaults."""
+    of the drafter: ``entropy_law.law.policy.fit_policy`` with its defaults; ``context_match``: with the copyability
+    input (``jobs.reference.context_matches`` of each run, the prompts rebuilt from Spec-Bench)."""
     import warnings
 
     from entropy_law.law.analysis import TraceAnalysis
@@ -67,7 +69,17 @@ def fit_reference_policy(drafter: str, out: Path, arm_traces: Path) -> None:
     runs = traces.runs
     ids = list(runs.loc[runs["drafter_id"].astype(str).str.startswith(drafter) & (runs["tree_policy"] == "ddtree"),
                         "run_id"])
-    params = fit_policy(traces.filter(run_id=ids), draft_cost=draft_cost)
+    lengths = None
+    if context_match:
+        import pandas as pd
+
+        from entropy_law.decoding.loading import load_target
+        from entropy_law.jobs.reference import context_matches
+
+        target = load_target("smollm2-135m")
+        paths = runs.loc[runs["run_id"].isin(ids), "path"]
+        lengths = pd.concat([context_matches(path, target, tasks="spec_bench") for path in paths], ignore_index=True)
+    params = fit_policy(traces.filter(run_id=ids), draft_cost=draft_cost, context_match=lengths)
     params["notes"].append(f"draft_cost {draft_cost:.4f}: {arm}'s draft_ms / t_AR in {arm_traces} ({cost.clock} clock)")
     save_policy(params, out)
     print(f"{drafter} policy from {len(ids)} run(s) of data/traces ({params['fitted_on']['requests']} requests), "
@@ -236,11 +248,13 @@ def main(argv=None) -> int:
     p.add_argument("--fit-policy", choices=("ngram", "block"), default=None,
                    help="write the drafter's law policy, fitted on data/traces, to --out and stop")
     p.add_argument("--out", default=None, help="--fit-policy: the parameters' file")
+    p.add_argument("--context-match", action="store_true",
+                   help="--fit-policy: with the copyability input (the law per level of the context's suffix match)")
     args = p.parse_args(argv)
     if args.fit_policy:
         if not args.out:
             raise SystemExit("--fit-policy needs --out FITTED.json")
-        fit_reference_policy(args.fit_policy, Path(args.out), Path(args.arm_traces))
+        fit_reference_policy(args.fit_policy, Path(args.out), Path(args.arm_traces), args.context_match)
         return 0
     policies = {}
     for item in args.policy:

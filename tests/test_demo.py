@@ -177,3 +177,17 @@ def test_the_demo_command_on_a_base_model_without_a_chat_template(monkeypatch, c
     tasks, kwargs = calls[0]
     assert kwargs["run_metadata"] == {"chat_template": False}
     assert kwargs["encode"](tasks[0]) == [len(tasks[0].prompt), 7]  # the text as is, not the chat messages
+
+
+def test_the_demos_next_steps_name_its_target_and_encoding():
+    """The demo's last line says how to ask the same question of one's own prompts. For another target than the
+    reference traces' it must name that target and its prompt encoding (a default-target AR run would be refused
+    by `predict --from` the demo's traces), and it must not point at data/traces' law (decoded by SmolLM2)."""
+    from entropy_law.commands.demo import next_steps
+
+    default = next_steps("smollm2-135m", "runs/x/traces")
+    assert "entropy-law record --drafter ar --tasks FILE --out RUN" in default
+    assert "--from runs/x/traces --replay-rounds" in default and "--law-from data/traces" in default
+    other = next_steps("gemma3-270m", "runs/g/traces", chat_template=False)
+    assert "entropy-law record --model gemma3-270m --no-chat-template --drafter ar" in other
+    assert "data/traces" not in other

@@ -11,6 +11,8 @@ import time
 from entropy_law.jobs.demo import DEFAULT_ARMS, DEFAULT_LIMIT, DEFAULT_MAX_NEW_TOKENS, run_demo
 from entropy_law.prompts.text import load_tasks, sample_per_category
 
+REFERENCE_MODEL = "smollm2-135m"  # the target of data/traces, the reference traces
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
@@ -22,7 +24,7 @@ def register(subparsers) -> None:
                    help="new tokens per prompt (default: %(default)s)")
     p.add_argument("--out", default="runs", help="parent folder of the run folder (default: %(default)s)")
     p.add_argument("--run-id", default=None, help="name of the run folder (default: UTC time)")
-    p.add_argument("--model", default="smollm2-135m", help="target (default: %(default)s)")
+    p.add_argument("--model", default=REFERENCE_MODEL, help="target (default: %(default)s)")
     p.add_argument("--arms", nargs="+", default=list(DEFAULT_ARMS),
                    help="arms to decode with: ar, ngram, ngram-ddtree16, block, block-ddtree16 (default: %(default)s)")
     p.add_argument("--categories", nargs="+", default=None, help="only these categories (default: all)")
@@ -80,7 +82,16 @@ def run(args) -> int:
           f"total {time.perf_counter() - t0:.0f} s (incl. model load)")
     print(f"report: {result.report_path}")
     print(f"figures: {result.run_dir / 'figures'}   traces: {result.trace_dir}")
-    print("your own prompts, before drafting them: entropy-law record --drafter ar --tasks FILE --out RUN, then "
-          f"entropy-law predict RUN --from {result.trace_dir} --replay-rounds (each arm's rounds replayed over your "
-          "outputs, priced by its cost model; or --replay --law-from data/traces: the law in the drafter's confidence)")
+    print(next_steps(args.model, result.trace_dir, chat_template=not args.no_chat_template))
     return 1 if result.mismatches else 0
+
+
+def next_steps(model: str, trace_dir, *, chat_template: bool = True) -> str:
+    """The demo's last line: how to ask the same question of the user's own prompts, with this demo's target
+    and prompt encoding (a run of another target or encoding would be refused or not comparable); the reference
+    traces' law in the drafter's confidence only where they were decoded by this target."""
+    flags = ("" if model == REFERENCE_MODEL else f" --model {model}") + ("" if chat_template else " --no-chat-template")
+    law = "; or --replay --law-from data/traces: the law in the drafter's confidence" if model == REFERENCE_MODEL else ""
+    return (f"your own prompts, before drafting them: entropy-law record{flags} --drafter ar --tasks FILE --out RUN, "
+            f"then entropy-law predict RUN --from {trace_dir} --replay-rounds (each arm's rounds replayed over your "
+            f"outputs, priced by its cost model{law})")

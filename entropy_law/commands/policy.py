@@ -26,6 +26,18 @@ def register(subparsers) -> None:
                                                           "(default %(default)s)")
     p.add_argument("--no-calibration", action="store_true",
                    help="turn off the in-request calibration of the law (default: on, 4 pseudo-drafts, half-life 16)")
+    p.add_argument("--context-match", action="store_true",
+                   help="also fit the law per level of the context's copyability (the longest suffix of the prompt and "
+                        "output so far that occurred earlier in them, looked up before each round): loads the target "
+                        "(--model) to rebuild the runs' prompts (--tasks)")
+    p.add_argument("--max-context-match", type=int, default=None, metavar="K",
+                   help="--context-match: longer suffix matches count as K (default: 8)")
+    p.add_argument("--min-level-trials", type=int, default=None, metavar="N",
+                   help="--context-match: at-risk trials a level needs to be fitted on its own (default: 200)")
+    p.add_argument("--model", default=None,
+                   help="--context-match: the target that decoded the runs (default: their model_id)")
+    p.add_argument("--tasks", default=None,
+                   help="--context-match: the prompts' task file, where a run's run.json names none (replayed runs)")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     p.set_defaults(func=run)
 
@@ -63,10 +75,16 @@ def run(args) -> int:
     runs = analysis.runs
     ids = list(runs.loc[(runs["arm"] == arm) | runs["is_ar"], "run_id"])
     drafter = str(runs.loc[runs["arm"] == arm, "recorded_drafter_id"].iloc[0])
+    options = {"calibration_prior": None} if args.no_calibration else {}
+    if args.context_match:
+        options.update(context_match=_context_matches(runs.loc[runs["arm"] == arm], args),
+                       **({} if args.max_context_match is None else {"max_context_match": args.max_context_match}),
+                       **({} if args.min_level_trials is None else {"min_level_trials": args.min_level_trials}))
+    elif (args.max_context_match, args.min_level_trials, args.model, args.tasks) != (None, None, None, None):
+        raise ValueError("--max-context-match, --min-level-trials, --model and --tasks go with --context-match")
     try:
         params = fit_policy(traces.filter(run_id=ids), drafter=drafter, window=args.window,
-                            draft_cost=args.draft_cost,
-                            **({"calibration_prior": None} if args.no_calibration else {}))
+                            draft_cost=args.draft_cost, **options)
     except ValueError as err:
         if args.draft_cost is None and "draft_cost" in str(err):
             raise ValueError(f"{err} (on the command line: --draft-cost X)") from err
@@ -81,9 +99,37 @@ def run(args) -> int:
     print(f"first-depth acceptance at H_w = {' / '.join(f'{h:g}' for h in ENTROPIES)} nats: {shown}")
     print(f"draft cost {params['draft_cost']:.4f} one-token forwards per drafting round"
           + (" (given)" if args.draft_cost is not None else ""))
+    if "context_match" in params:
+        spec = params["context_match"]
+        cell = int(np.argmin(np.abs(np.asarray(params["entropy_grid"]) - 1.0)))
+        shown = ", ".join(f"{level}: {table[cell][0]:.2f}" for level, table in zip(spec["levels"], spec["acceptance"]))
+        print(f"copyability (suffix-match length at the round start) levels {spec['levels']}; first-depth acceptance "
+              f"at H_w = {params['entropy_grid'][cell]:.2g} nats by level: {shown}")
     for note in params["notes"]:
         print(f"  note: {note}")
     print(f"written to {out}")
     print(f"price it before running it: entropy-law predict WORKLOAD --from TIMED --replay-rounds --policy {out}")
     print(f"decode with it: entropy-law record --drafter ... --policy law --policy-law {out} ...")
     return 0
+
+
+def _context_matches(arm_runs, args):
+    """The copyability lengths at every output position of the arm's runs (``jobs.reference.context_matches``),
+    their prompts rebuilt with the target that decoded them."""
+    import pandas as pd
+
+    from entropy_law.decoding.loading import load_target
+    from entropy_law.jobs.reference import context_matches
+
+    models = sorted(arm_runs["model_id"].astype(str).unique()) if "model_id" in arm_runs else []
+    name = args.model or (models[0] if len(models) == 1 else None)
+    if name is None:
+        raise ValueError(f"the arm's runs name targets {models or 'none'}: pass --model, the target that decoded them")
+    try:
+        target = load_target(name)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"cannot load the target {name!r} that decoded the runs ({err}); pass --model (an embedded "
+                         "name, a local folder or a .gguf file)") from err
+    frames = [context_matches(path, target, tasks=args.tasks,
+                              max_length=args.max_context_match) for path in arm_runs["path"]]
+    return pd.concat(frames, ignore_index=True)

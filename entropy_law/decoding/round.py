@@ -80,9 +80,11 @@ class RoundPolicy(Protocol):
     """Decides per round whether to draft and which drafted nodes to verify (``policy.LawPolicy``). It only
     chooses the verified tree; the acceptance rule stays the round's, so the output is unchanged."""
 
-    def before_draft(self, entropies: Sequence[float], n_output: int, max_depth: int, history: Sequence = ()) -> dict:
+    def before_draft(self, entropies: Sequence[float], n_output: int, max_depth: int, history: Sequence = (),
+                     context: Sequence[int] | None = None) -> dict:
         """The decision before drafting: a dict with ``"draft"`` (call the drafter?) and its inputs.
-        ``history``: the request's earlier rounds (``Round`` records, their decisions in ``.policy``)."""
+        ``history``: the request's earlier rounds (``Round`` records, their decisions in ``.policy``);
+        ``context``: the prompt and the committed output, ending with the pending root."""
 
     def plan(self, proposal: DraftProposal, tree: Tree, decision: dict) -> tuple[Tree, float]:
         """The subtree of ``tree`` to verify and its expected accepted drafts; records its choice in ``decision``."""
@@ -276,11 +278,13 @@ def play_round(state: RequestState, rules: RoundRules, propose: Callable[[list[i
     clock = now_ms if timed else _no_clock
     t0 = clock()
     remaining = state.max_new_tokens - len(state.output)  # tokens this request may still commit
+    context = state.prompt_ids + state.output
     decision = None  # a policy may decline to draft before the drafter runs (its cost saved)
     if rules.policy is not None:
         decision = rules.policy.before_draft(state.entropies, len(state.output),
-                                             rules.usable_depth(state.start, remaining), state.rounds)
-    proposal = propose(state.prompt_ids + state.output) if decision is None or decision["draft"] else None
+                                             rules.usable_depth(state.start, remaining), state.rounds,
+                                             context=context)
+    proposal = propose(context) if decision is None or decision["draft"] else None
     t1 = clock()
     tree, proposal, expected = rules.plan_tree(proposal, state.start, remaining, decision)
     t2 = clock()

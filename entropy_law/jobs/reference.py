@@ -242,20 +242,59 @@ def _adopt_online_run(source: Path, dest: Path, tasks: Sequence, log: Callable[[
     return json.loads((dest / "run.json").read_text())["run_id"]
 
 
+def _run_prompts(run_dir: str | Path, target, tasks):
+    """A recorded run's (run.json, a plain decoder of the target, prompt ids and greedy outputs by request id);
+    the prompts rebuilt from ``tasks`` or the task file its run.json names (``recorded_prompts``)."""
+    from entropy_law.prompts.text import load_tasks
+    from entropy_law.traces.layout import RUN_FILE, read_run_json
+
+    run_dir = Path(run_dir)
+    if not (run_dir / RUN_FILE).is_file():
+        raise ValueError(f"{run_dir} is not a trace run (no {RUN_FILE}): give one run of the workload")
+    meta = read_run_json(run_dir / RUN_FILE)
+    source = tasks if tasks is not None else meta.get("tasks")
+    if not source:
+        raise ValueError(f"{run_dir}: run.json names no task file; pass the prompts it decoded (tasks=)")
+    plain = SpeculativeDecoder(target)
+    raw = meta.get("chat_template") is False
+    by_id = {t.request_id: t for t in load_tasks(source)}
+    prompts = recorded_prompts(run_dir, (lambda t: plain.encode_prompt(t.prompt, raw_prompt=True)) if raw
+                               else (lambda t: plain.encode_prompt(t.messages())), by_id)
+    return meta, plain, prompts, greedy_outputs(run_dir)
+
+
+def context_matches(run_dir: str | Path, target, *, tasks: str | Path | None = None,
+                    max_length: int | None = None) -> pd.DataFrame:
+    """The copyability input of the law policy at every output position of a recorded run: one row per
+    (``run_id``, ``request_id``, ``position``) with ``context_match``, the ``decoding.policy.context_match_length``
+    of the prompt and the output before that position (what the policy computes before a round starting there),
+    up to ``max_length`` (default ``law.policy.CONTEXT_MATCH_MAX``). For ``law.policy.fit_policy(...,
+    context_match=)``. ``tasks``: the prompts' task file where run.json names none (replayed runs)."""
+    from entropy_law.decoding.policy import context_match_length
+    from entropy_law.law.policy import CONTEXT_MATCH_MAX
+
+    max_length = CONTEXT_MATCH_MAX if max_length is None else int(max_length)
+    meta, _, prompts, outputs = _run_prompts(run_dir, target, tasks)
+    frames = []
+    for rid in sorted(outputs):
+        output = outputs[rid][2]
+        context = list(prompts[rid]) + list(output)
+        n_prompt = len(prompts[rid])
+        frames.append(pd.DataFrame({"run_id": str(meta["run_id"]), "request_id": rid,
+                                    "position": range(len(output)),
+                                    "context_match": [context_match_length(context, max_length, end=n_prompt + p)
+                                                      for p in range(len(output))]}))
+    if not frames:
+        raise ValueError(f"{run_dir}: no request to compute the context's copyability of")
+    return pd.concat(frames, ignore_index=True)
+
+
 def _workload_inputs(workload_dir: str | Path, arm_meta: dict, target, tasks, checkpoint):
     """What replaying an arm over a workload run needs: (the workload's run.json, the arm's drafter, a plain
     decoder of the target, prompt ids and greedy outputs by request id)."""
     from entropy_law.drafters.ngram import NgramDrafter
-    from entropy_law.prompts.text import load_tasks
-    from entropy_law.traces.layout import RUN_FILE, read_run_json
 
-    workload_dir = Path(workload_dir)
-    if not (workload_dir / RUN_FILE).is_file():
-        raise ValueError(f"{workload_dir} is not a trace run (no {RUN_FILE}): give one run of the workload")
-    meta = read_run_json(workload_dir / RUN_FILE)
-    source = tasks if tasks is not None else meta.get("tasks")
-    if not source:
-        raise ValueError(f"{workload_dir}: run.json names no task file; pass the prompts it decoded (tasks=)")
+    meta, plain, prompts, outputs = _run_prompts(workload_dir, target, tasks)
     drafter_id = arm_meta.get("drafter_id")
     if drafter_id in (None, "none", "ar"):
         raise ValueError("arm_meta is an AR run's: give the run.json of a drafting arm")
@@ -266,12 +305,7 @@ def _workload_inputs(workload_dir: str | Path, arm_meta: dict, target, tasks, ch
         if drafter.drafter_id != drafter_id:
             raise ValueError(f"the arm was recorded with {drafter_id}, the block drafter loaded is {drafter.drafter_id}; "
                              "pass the arm's checkpoint (checkpoint=; entropy-law predict --checkpoint FILE)")
-    plain = SpeculativeDecoder(target)
-    raw = meta.get("chat_template") is False
-    by_id = {t.request_id: t for t in load_tasks(source)}
-    prompts = recorded_prompts(workload_dir, (lambda t: plain.encode_prompt(t.prompt, raw_prompt=True)) if raw
-                               else (lambda t: plain.encode_prompt(t.messages())), by_id)
-    return meta, drafter, plain, prompts, greedy_outputs(workload_dir)
+    return meta, drafter, plain, prompts, outputs
 
 
 def workload_proposals(workload_dir: str | Path, arm_meta: dict, target, *, tasks: str | Path | None = None,

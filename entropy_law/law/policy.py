@@ -21,6 +21,16 @@ fast that evidence fades, so that a request that stopped drafting tries again (`
 stated choices (about three rounds of the law's word against the request's own evidence; a half-life of a few
 sentences of a 60-110-round answer), not fitted: the traces' requests ran without a policy.
 
+``context_match`` (optional): the length of the longest suffix of the context before each output position that
+occurred earlier in it (the prompt and the output so far; ``decoding.policy.context_match_length``, computed for a
+recorded run by ``jobs.reference.context_matches``, which rebuilds its prompts). With it the law gains a factor in
+that length at each round's start (``log(H_w + eps) + C(context_match)`` on the cloglog scale, the depth factor
+shared), fitted on the same at-risk trials, and the parameters hold one acceptance table per level
+(``context_match``: ``max_length``, ``levels``, ``acceptance``); the decoder computes the length before drafting
+and reads the table of its level. Lengths above ``max_length`` count as ``max_length``; a level with fewer than
+``min_level_trials`` at-risk trials joins the level below it (level 0 always stands), so a level is never fitted on
+a handful of rounds. The plain ``acceptance`` table (no copyability) stays beside it.
+
 Not known here: torch, decoding, how rounds are played. No torch.
 """
 
@@ -33,12 +43,15 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 
+from entropy_law.law.atrisk import at_risk_table
 from entropy_law.law.cost import fit_cost_model, verify_curve
-from entropy_law.law.fit import fit_law
+from entropy_law.law.fit import LawFamily, fit_law, get_family
 
 POLICY_KIND = "entropy_law_policy"  # the decoder's LawPolicy checks these two
 POLICY_VERSION = 1
 DEFAULT_GRID = tuple(float(h) for h in np.geomspace(1e-3, 8.0, 40))
+CONTEXT_MATCH_MAX = 8  # the longest suffix match the copyability input tells apart (longer ones count as this)
+MIN_LEVEL_TRIALS = 200  # at-risk trials a copyability level needs to be fitted on its own
 
 
 def window_entropy(tokens: pd.DataFrame, window: int) -> np.ndarray:
@@ -69,7 +82,9 @@ def window_entropy(tokens: pd.DataFrame, window: int) -> np.ndarray:
 def fit_policy(traces, *, window: int = 4, family: str = "law_exp", drafter: str | None = None,
                draft_cost: float | None = None, confidence_weight: float = 0.5,
                entropy_grid=DEFAULT_GRID, max_depth: int | None = None,
-               calibration_prior: float | None = 4.0, calibration_half_life: float | None = 16.0) -> dict:
+               calibration_prior: float | None = 4.0, calibration_half_life: float | None = 16.0,
+               context_match: pd.DataFrame | None = None, max_context_match: int = CONTEXT_MATCH_MAX,
+               min_level_trials: int = MIN_LEVEL_TRIALS) -> dict:
     """Policy parameters from traces of one drafter arm (a ``TraceSet`` or anything with ``.tokens``,
     ``.rounds``, ``.runs``).
 
@@ -80,6 +95,10 @@ def fit_policy(traces, *, window: int = 4, family: str = "law_exp", drafter: str
     ``max_depth``: tabulate depths 1..max_depth (default: the deepest fitted depth; deeper depths use it).
     ``calibration_prior``: pseudo-drafts ``m`` of the decoder's in-request calibration (> 0), or ``None`` (off).
     ``calibration_half_life``: rounds after which its evidence weighs half (> 0), or ``None`` (never fades).
+    ``context_match``: the copyability input, one row per output position of every request of the drafter's runs
+    (``run_id``, ``request_id``, ``position``, ``context_match``: the suffix-match length of the context before
+    that position; ``jobs.reference.context_matches``), or ``None`` (no copyability input). ``max_context_match``
+    / ``min_level_trials``: its levels (module docstring).
     Returns a JSON-able dict (``save_policy`` writes it; ``LawPolicy`` reads it).
     """
     if not 0.0 <= confidence_weight <= 1.0:
@@ -130,6 +149,13 @@ def fit_policy(traces, *, window: int = 4, family: str = "law_exp", drafter: str
                      f"({cost.ar_source})")
     if not draft_cost >= 0:
         raise ValueError(f"draft_cost must be >= 0, got {draft_cost}")
+    copyability = None
+    if context_match is not None:
+        copyability = _context_match_tables(lagged, context_match, family, grid, depths, max_context_match,
+                                            min_level_trials)
+        notes.append(f"copyability levels {copyability['levels']} (suffix-match length at the round start, longer "
+                     f"than {max_context_match} counted as {max_context_match}; at-risk trials per level "
+                     f"{copyability['trials']})")
     return {
         "kind": POLICY_KIND, "version": POLICY_VERSION, "drafter_id": drafters[0],
         "model_id": sorted(runs["model_id"].astype(str).unique()) if "model_id" in runs else None,
@@ -144,8 +170,85 @@ def fit_policy(traces, *, window: int = 4, family: str = "law_exp", drafter: str
                       "at_risk_trials": int(law.n_rows), "fitted_depths": fitted},
         "coefficients": {str(k): float(v) for k, v in law.coefficients["estimate"].items()}
         if "estimate" in getattr(law, "coefficients", pd.DataFrame()) else {},
+        **({"context_match": copyability} if copyability is not None else {}),
         "notes": notes,
     }
+
+
+def context_levels(lengths: np.ndarray, min_trials: int) -> list[int]:
+    """The copyability levels fitted on their own: the lengths observed at at-risk trials, each with at least
+    ``min_trials`` of them; a sparser length joins the level below it, and a sparse lowest level the one above."""
+    values, counts = np.unique(np.asarray(lengths, dtype=int), return_counts=True)
+    if not len(values):
+        raise ValueError("no at-risk trial to fit the copyability levels on")
+    by_value = dict(zip(values.tolist(), counts.tolist()))
+    levels = [int(values[0])] + [int(v) for v in values[1:] if by_value[int(v)] >= min_trials]
+    while len(levels) > 1 and sum(c for v, c in by_value.items() if v < levels[1]) < min_trials:
+        levels.pop(0)  # too few trials below the second level: the second one serves them too
+    return levels
+
+
+def level_index(levels: list[int], lengths) -> np.ndarray:
+    """The index into ``levels`` of each suffix-match length: the largest level not above it (the first level
+    for a length below every level), as ``decoding.policy.LawPolicy`` reads its tables."""
+    return np.maximum(np.searchsorted(levels, np.asarray(lengths), side="right") - 1, 0)
+
+
+def _context_match_tables(lagged, context_match: pd.DataFrame, family: str, grid: np.ndarray, depths: list,
+                          max_length: int, min_level_trials: int) -> dict:
+    """The ``context_match`` parameters: ``family`` with a factor in the copyability level at each round's start,
+    fitted on the at-risk trials of ``lagged`` (the window entropy in place of H), tabulated per level."""
+    if isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer)) or max_length < 1:
+        raise ValueError(f"max_context_match must be an int >= 1, got {max_length!r}")
+    needed = ("run_id", "request_id", "position", "context_match")
+    if not isinstance(context_match, pd.DataFrame) or any(c not in context_match for c in needed):
+        raise ValueError(f"context_match must be a DataFrame with columns {list(needed)} (one row per output "
+                         "position; jobs.reference.context_matches makes it from a recorded run)")
+    lengths = context_match[list(needed)].copy()
+    lengths["run_id"] = lengths["run_id"].astype(str)
+    lengths["request_id"] = lengths["request_id"].astype(str)
+    if lengths.duplicated(["run_id", "request_id", "position"]).any():
+        raise ValueError("context_match has several rows for one (run_id, request_id, position)")
+    if lengths["context_match"].isna().any() or (lengths["context_match"] < 0).any():
+        raise ValueError("context_match holds missing or negative lengths")
+    table = at_risk_table(lagged)
+    table = table.loc[table["target_entropy_nats"].notna()].copy()  # the prefill round has no window
+    table["start"] = table["position"] - table["depth"] + 1
+    keyed = lengths.rename(columns={"position": "start"})
+    merged = table.assign(run_id=table["run_id"].astype(str), request_id=table["request_id"].astype(str)).merge(
+        keyed, on=["run_id", "request_id", "start"], how="left", validate="many_to_one")
+    missing = merged["context_match"].isna()
+    if missing.any():
+        example = merged.loc[missing, ["run_id", "request_id", "start"]].iloc[0].to_dict()
+        raise ValueError(f"context_match lacks the start of {int(missing.sum())} at-risk trials (e.g. {example}): "
+                         "give the lengths of every output position of the drafter's runs")
+    level = merged["context_match"].clip(upper=max_length).astype(int).to_numpy()
+    levels = context_levels(level, min_level_trials)
+    merged["context_match"] = np.asarray(levels)[level_index(levels, level)]
+    base = get_family(family)
+    if base.link != "cloglog" and base.link != "logit":
+        raise ValueError(f"the copyability factor needs a GLM family, not {base.name}")
+    with_context = LawFamily(f"{base.name}+context_match", f"{base.name} + a factor in the context's suffix-match "
+                             "length at the round start", base.link, base.outcome,
+                             f"{base.terms} + C(context_match)" if base.terms else "C(context_match)",
+                             bin_columns=base.bin_columns, slope=base.slope,
+                             extra_keys=(*base.extra_keys, "context_match"), means=base.means,
+                             profile_eps=base.profile_eps)
+    rows = merged.drop(columns=["start"])
+    rows.attrs.update(table.attrs)  # the at-risk table's kind: fit_law aggregates it
+    law = fit_law(rows, with_context, depth="factor", cov_type="nonrobust", min_requests_per_category=1)
+    deepest = max(law.depths)
+    tables = []
+    for value in levels:
+        columns = [law.predict_acceptance(grid, depth=d if d in law.depths else min(d, deepest),
+                                          context_match=np.full(len(grid), value)) for d in depths]
+        tables.append(np.clip(np.nan_to_num(np.column_stack(columns), nan=0.0), 0.0, 1.0))
+    trials = merged["context_match"].value_counts()
+    return {"max_length": int(max_length), "levels": [int(v) for v in levels],
+            "acceptance": [[[round(float(a), 6) for a in row] for row in t] for t in tables],
+            "trials": {str(v): int(trials.get(v, 0)) for v in levels}, "family": with_context.name,
+            "coefficients": {str(k): float(v) for k, v in law.coefficients["estimate"].items()}
+            if "estimate" in getattr(law, "coefficients", pd.DataFrame()) else {}}
 
 
 def save_policy(params: dict, path) -> Path:
