@@ -1,4 +1,4 @@
-"""Two candidate covariates for the category gap (issue #18 item 3, #20): do they explain what category terms add?
+"""Three candidate covariates for the category gap (issue #18 item 3, #20): do they explain what category terms add?
 
 The primary law conditions on the target's entropy at the drafted position and on decode-time functions of the
 output's entropy sequence; the drafter-aware law adds the drafter's confidence in its own proposal. Category terms
@@ -10,6 +10,11 @@ no category's name and asks how much of the category terms' gain each leaves:
   leading-space marker ``Ġ`` / ``▁`` and its characters). Like the entropy at the drafted position it is a
   property of the target's greedy output, so an AR run of a workload gives it at every position and the law's DP
   could use it;
+- **the context's copyability** at the drafted position: the length of the longest suffix of the prompt and the
+  output before it that occurred earlier in them (``decoding.policy.context_match_length``, up to 8, as a factor;
+  ``jobs.reference.context_matches``). Known before the draft there is checked (at depth d > 1 its context holds the
+  accepted drafts), a property of the greedy output and the prompt like the entropy, so an AR run gives it at every
+  position; the law policy reads it at each round's start (``fit_policy(context_match=)``);
 - **the request's running acceptance**: the share of drafted tokens accepted in the request's earlier rounds,
   ``(hits + m / 2) / (trials + m)`` with ``m = 8`` pseudo-trials, as a logit. Known before each round online and
   computable from any engine's round log; but it depends on the path, so the DP that prices a workload from its
@@ -39,6 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 BASE = "C(depth_factor) + log_entropy + log_lag_entropy + log_run_mean_entropy + log1p_position + log_drafted_depth"
 CLASS_TERMS = "C(token_class) + C(prev_token_class)"
+COPY_TERMS = "C(copy_level)"
+COPY_MAX = 8  # suffix matches longer than this share its level
 HISTORY_TERMS = "logit_running_acceptance"
 PRIOR_TRIALS = 8.0
 MAX_DEPTH_FACTOR = 7  # deeper depths share the depth-7 level (few trials)
@@ -70,9 +77,11 @@ def token_classes(tokenizer) -> list[str]:
     return out
 
 
-def add_candidates(table, tokens, classes):
+def add_candidates(table, tokens, classes, lengths=None):
     """The at-risk ``table`` with ``token_class`` / ``prev_token_class`` (of the committed tokens at the drafted
-    position and the one before, from ``tokens``) and ``logit_running_acceptance`` (earlier rounds of the request)."""
+    position and the one before, from ``tokens``), ``logit_running_acceptance`` (earlier rounds of the request) and,
+    given ``lengths`` (``jobs.reference.context_matches`` rows), ``copy_level``: the context's suffix-match length
+    before the drafted position, up to ``COPY_MAX``."""
     import numpy as np
     import pandas as pd
 
@@ -94,8 +103,32 @@ def add_candidates(table, tokens, classes):
     out = out.merge(per_round[["run_id", "request_id", "round_index", "running"]],
                     on=["run_id", "request_id", "round_index"], how="left", validate="many_to_one")
     out["logit_running_acceptance"] = np.log(out["running"] / (1 - out["running"]))
+    if lengths is not None:
+        keyed = lengths[["run_id", "request_id", "position", "context_match"]].assign(
+            run_id=lengths["run_id"].astype(str), request_id=lengths["request_id"].astype(str))
+        out = out.assign(run_id=out["run_id"].astype(str), request_id=out["request_id"].astype(str)).merge(
+            keyed, on=["run_id", "request_id", "position"], how="left", validate="many_to_one")
+        if out["context_match"].isna().any():
+            raise ValueError("at-risk rows without a context length at their position: give every run's lengths")
+        out["copy_level"] = out["context_match"].clip(upper=COPY_MAX).astype(int).astype(str)
     out["depth_factor"] = out["depth"].clip(upper=MAX_DEPTH_FACTOR).astype(str)
     return pd.DataFrame(out)
+
+
+def copy_levels_of_rounds(table):
+    """Per copyability level at a round's start (its depth-1 row's ``copy_level``): the drafting rounds' mean accepted
+    drafts and their number, and that mean per category (from the at-risk ``table`` of ``add_candidates``)."""
+    import pandas as pd
+
+    rounds = table.groupby(["run_id", "request_id", "round_index"], sort=False).agg(
+        accepted=("accepted", "sum"), category=("category", "first"))
+    first = table.loc[table["depth"] == 1].set_index(["run_id", "request_id", "round_index"])["copy_level"]
+    rounds = rounds.join(first, how="inner")
+    rounds["copy_level"] = rounds["copy_level"].astype(int)
+    out = rounds.groupby("copy_level")["accepted"].agg(["mean", "size"]).rename(
+        columns={"mean": "mean_accepted", "size": "rounds"})
+    per_category = rounds.pivot_table(index="copy_level", columns="category", values="accepted", aggfunc="mean")
+    return pd.concat([out.round(3), per_category.round(2)], axis=1)
 
 
 def _fit(formula, frame):
@@ -125,7 +158,8 @@ def screen(table, models: dict) -> dict:
         for held in categories:
             train, test = table.loc[table["category"] != held], table.loc[table["category"] == held]
             test = test.loc[test["token_class"].isin(train["token_class"].unique())
-                            & test["prev_token_class"].isin(train["prev_token_class"].unique())]
+                            & test["prev_token_class"].isin(train["prev_token_class"].unique())
+                            & test["copy_level"].isin(train["copy_level"].unique())]
             predicted = float(np.mean(_fit(f"rejected ~ {terms}", train).predict(test)))
             errors[held] = {"observed": float(test["rejected"].mean()), "predicted": predicted}
         out[name] = {"gain": (llf - base_llf) / n, "category_gain": (llf_cat - llf) / n,
@@ -138,11 +172,13 @@ def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("traces", nargs="?", default="data/traces", help="trace runs (default %(default)s)")
     p.add_argument("--model", default="smollm2-135m", help="the target whose tokenizer classes the tokens")
+    p.add_argument("--tasks", default="spec_bench", help="the prompts' task file (the copyability reads the prompts)")
     args = p.parse_args(argv)
 
     import pandas as pd
 
     from entropy_law.decoding.loading import load_target
+    from entropy_law.jobs.reference import context_matches
     from entropy_law.law.analysis import TraceAnalysis
     from entropy_law.law.atrisk import at_risk_table
     from entropy_law.traces.reader import load_traces
@@ -150,23 +186,31 @@ def main(argv=None) -> dict:
     t0 = time.process_time()
     traces = load_traces(args.traces)
     analysis = TraceAnalysis(traces, n_boot=0)
-    classes = token_classes(load_target(args.model).tokenizer)
+    target = load_target(args.model)
+    classes = token_classes(target.tokenizer)
     models = {"base (primary law's terms)": BASE, "+ token class": f"{BASE} + {CLASS_TERMS}",
+              "+ copyability": f"{BASE} + {COPY_TERMS}",
               "+ running acceptance": f"{BASE} + {HISTORY_TERMS}",
               "+ both": f"{BASE} + {CLASS_TERMS} + {HISTORY_TERMS}"}
     drafter_aware = {"base + drafter's confidence": f"{BASE} + log_draft_miss",
                      "+ token class": f"{BASE} + log_draft_miss + {CLASS_TERMS}",
+                     "+ copyability": f"{BASE} + log_draft_miss + {COPY_TERMS}",
                      "+ running acceptance": f"{BASE} + log_draft_miss + {HISTORY_TERMS}",
                      "+ both": f"{BASE} + log_draft_miss + {CLASS_TERMS} + {HISTORY_TERMS}"}
     result = {"bench": "law_leads", "traces": args.traces, "arms": {}}
     for arm in analysis.arms:
         ids = list(analysis.runs.loc[analysis.runs["arm"] == arm, "run_id"])
         part = traces.filter(run_id=ids)
-        table = add_candidates(at_risk_table(part), part.tokens, classes)
+        lengths = pd.concat([context_matches(path, target, tasks=args.tasks, max_length=COPY_MAX)
+                             for path in part.runs["path"]], ignore_index=True)
+        table = add_candidates(at_risk_table(part), part.tokens, classes, lengths)
         print(f"\n== {arm}: {len(table)} at-risk trials, {table['request_id'].nunique()} requests ==", flush=True)
         share = pd.crosstab(table["category"], table["token_class"], normalize="index").round(3)
         print("token classes of the at-risk positions, share per category:\n" + share.to_string())
-        arm_result = {}
+        by_level = copy_levels_of_rounds(table)
+        print("drafting rounds by the copyability at their start (what the law policy reads before drafting): "
+              "mean accepted drafts, rounds\n" + by_level.to_string())
+        arm_result = {"rounds_by_copy_level": by_level.reset_index().to_dict(orient="list")}
         sets = [("entropy law", models)]
         if table["log_draft_miss"].notna().all():
             sets.append(("drafter-aware", drafter_aware))

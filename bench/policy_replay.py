@@ -1,7 +1,7 @@
 """Which drafting policy pays most on prompts it was never fitted on? Modelled by replay, not timed.
 
 Every configuration's rounds are replayed over the AR runs of the timed open-ended recordings (``data/traces_open_*``:
-seeds 7, 11, 13 and 17, 3 prompts per category each; the same prompt may appear in several) and priced by the cost
+seeds 7, 11, 13 and 17, 3 prompts per category each, and 19, 4 per category; the same prompt may appear in several) and priced by the cost
 model of ``data/traces_timed``'s n-gram arm of that tree (``entropy-law predict --replay-rounds`` / ``--budgets`` /
 ``--policy``; on the timed open-ended checks these predictions landed within 2.2-3.1% of the measured speedups on
 average per category, ``bench/results/predict_policy.txt`` and ``predict_budgets.txt``). Configurations:
@@ -37,7 +37,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-WORKLOADS = ("traces_open_timed", "traces_open_budgets", "traces_open_policy", "traces_open_policy2")
+WORKLOADS = ("traces_open_timed", "traces_open_budgets", "traces_open_policy", "traces_open_policy2",
+             "traces_open_context")
 WEIGHTS = (0.0, 0.5, 1.0)
 ORACLE = "replay oracle (DDTree, best N per round in hindsight)"
 ORACLE_BUDGETS = (0, 1, 2, 4, 8, 16)

@@ -44,7 +44,9 @@ def test_the_running_acceptance_counts_only_earlier_rounds_of_the_same_request()
         "position": [1, 2, 3, 4, 1], "depth": [1, 2, 3, 1, 1], "accepted": [1, 1, 0, 0, 1]})
     tokens = pd.DataFrame({"run_id": ["r"] * 7, "request_id": ["a"] * 5 + ["b"] * 2,
                            "position": [0, 1, 2, 3, 4, 0, 1], "token_id": [1, 2, 3, 4, 5, 6, 1]})
-    out = bench.add_candidates(table, tokens, _bench().token_classes(_Tokenizer()))
+    lengths = pd.DataFrame({"run_id": ["r"] * 7, "request_id": ["a"] * 5 + ["b"] * 2,
+                            "position": [0, 1, 2, 3, 4, 0, 1], "context_match": [0, 1, 12, 3, 0, 0, 9]})
+    out = bench.add_candidates(table, tokens, _bench().token_classes(_Tokenizer()), lengths)
     m = bench.PRIOR_TRIALS
     prior = np.log(0.5 / 0.5)
     after_round_1 = (2 + m / 2) / (3 + m)
@@ -53,5 +55,21 @@ def test_the_running_acceptance_counts_only_earlier_rounds_of_the_same_request()
     assert out["token_class"].tolist() == ["word_cont", "digit", "digit", "punct", "word_start"]
     assert out["prev_token_class"].tolist() == ["word_start", "word_cont", "digit", "digit", "newline"]
     assert out["depth_factor"].tolist() == ["1", "2", "3", "1", "1"]
+    assert out["copy_level"].tolist() == ["1", "8", "3", "0", "8"]  # the length before each position, capped at 8
+    with pytest.raises(ValueError, match="without a context length"):
+        bench.add_candidates(table, tokens, _bench().token_classes(_Tokenizer()), lengths.iloc[:4])
     with pytest.raises(ValueError, match="without a committed token"):
         bench.add_candidates(table, tokens.iloc[:3], _bench().token_classes(_Tokenizer()))
+
+
+def test_rounds_are_counted_by_the_copyability_at_their_start():
+    bench = _bench()
+    # request a: round 1 starts at copy level 1 and accepts 2, round 2 starts at level 8 and accepts 0; b: level 8, 1
+    table = pd.DataFrame({
+        "run_id": ["r"] * 5, "request_id": ["a", "a", "a", "a", "b"], "round_index": [1, 1, 1, 2, 1],
+        "depth": [1, 2, 3, 1, 1], "accepted": [1, 1, 0, 0, 1], "category": ["x"] * 4 + ["y"],
+        "copy_level": ["1", "3", "4", "8", "8"]})
+    out = bench.copy_levels_of_rounds(table)
+    assert out.loc[1, "mean_accepted"] == 2 and out.loc[1, "rounds"] == 1
+    assert out.loc[8, "mean_accepted"] == 0.5 and out.loc[8, "rounds"] == 2
+    assert out.loc[8, "x"] == 0 and out.loc[8, "y"] == 1
