@@ -28,8 +28,8 @@ that length at each round's start (``log(H_w + eps) + C(context_match)`` on the 
 shared), fitted on the same at-risk trials, and the parameters hold one acceptance table per level
 (``context_match``: ``max_length``, ``levels``, ``acceptance``); the decoder computes the length before drafting
 and reads the table of its level. Lengths above ``max_length`` count as ``max_length``; a level with fewer than
-``min_level_trials`` at-risk trials joins the level below it (level 0 always stands), so a level is never fitted on
-a handful of rounds. The plain ``acceptance`` table (no copyability) stays beside it.
+``min_level_trials`` at-risk trials joins the level below it (a sparse lowest level the one above; a length below
+the lowest level reads its table), so a level is never fitted on a handful of rounds. The plain ``acceptance`` table (no copyability) stays beside it.
 
 Not known here: torch, decoding, how rounds are played. No torch.
 """
@@ -212,7 +212,6 @@ def _context_match_tables(lagged, context_match: pd.DataFrame, family: str, grid
     if lengths["context_match"].isna().any() or (lengths["context_match"] < 0).any():
         raise ValueError("context_match holds missing or negative lengths")
     table = at_risk_table(lagged)
-    table = table.loc[table["target_entropy_nats"].notna()].copy()  # the prefill round has no window
     table["start"] = table["position"] - table["depth"] + 1
     keyed = lengths.rename(columns={"position": "start"})
     merged = table.assign(run_id=table["run_id"].astype(str), request_id=table["request_id"].astype(str)).merge(
@@ -226,7 +225,7 @@ def _context_match_tables(lagged, context_match: pd.DataFrame, family: str, grid
     levels = context_levels(level, min_level_trials)
     merged["context_match"] = np.asarray(levels)[level_index(levels, level)]
     base = get_family(family)
-    if base.link != "cloglog" and base.link != "logit":
+    if base.link == "isotonic":
         raise ValueError(f"the copyability factor needs a GLM family, not {base.name}")
     with_context = LawFamily(f"{base.name}+context_match", f"{base.name} + a factor in the context's suffix-match "
                              "length at the round start", base.link, base.outcome,
