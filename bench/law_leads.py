@@ -201,8 +201,7 @@ def main(argv=None) -> dict:
     for arm in analysis.arms:
         ids = list(analysis.runs.loc[analysis.runs["arm"] == arm, "run_id"])
         part = traces.filter(run_id=ids)
-        lengths = pd.concat([context_matches(path, target, tasks=args.tasks, max_length=COPY_MAX)
-                             for path in part.runs["path"]], ignore_index=True)
+        lengths = context_matches(list(part.runs["path"]), target, tasks=args.tasks, max_length=COPY_MAX)
         table = add_candidates(at_risk_table(part), part.tokens, classes, lengths)
         print(f"\n== {arm}: {len(table)} at-risk trials, {table['request_id'].nunique()} requests ==", flush=True)
         share = pd.crosstab(table["category"], table["token_class"], normalize="index").round(3)

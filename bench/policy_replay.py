@@ -147,9 +147,7 @@ def main(argv=None) -> dict:
                       if c.startswith("law policy") and c.endswith("weight 0"))
     print(f"\nbest fixed: {fixed.idxmax()} {best_fixed:.3f}x; best law policy: {laws.idxmax()} {laws.max():.3f}x "
           f"({laws.max() / best_fixed - 1:+.1%}); the law alone (weight 0): "
-          f"{alone}; the replay oracle "
-          f"(a ceiling: it knows each round's "
-          f"outcome) {ceiling:.3f}x: the best law policy {1 - laws.max() / ceiling:.1%} below it, the best fixed arm "
+          f"{alone}; the replay oracle (a ceiling: it knows each round's outcome) {ceiling:.3f}x: the best law policy {1 - laws.max() / ceiling:.1%} below it, the best fixed arm "
           f"{1 - best_fixed / ceiling:.1%}")
     print(json.dumps(result, default=lambda v: float(v) if isinstance(v, np.floating) else str(v)))
     return result

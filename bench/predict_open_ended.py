@@ -71,14 +71,11 @@ def fit_reference_policy(drafter: str, out: Path, arm_traces: Path, context_matc
                         "run_id"])
     lengths = None
     if context_match:
-        import pandas as pd
-
         from entropy_law.decoding.loading import load_target
         from entropy_law.jobs.reference import context_matches
 
-        target = load_target("smollm2-135m")
-        paths = runs.loc[runs["run_id"].isin(ids), "path"]
-        lengths = pd.concat([context_matches(path, target, tasks="spec_bench") for path in paths], ignore_index=True)
+        lengths = context_matches(list(runs.loc[runs["run_id"].isin(ids), "path"]), load_target("smollm2-135m"),
+                                  tasks="spec_bench")
     params = fit_policy(traces.filter(run_id=ids), draft_cost=draft_cost, context_match=lengths)
     params["notes"].append(f"draft_cost {draft_cost:.4f}: {arm}'s draft_ms / t_AR in {arm_traces} ({cost.clock} clock)")
     save_policy(params, out)

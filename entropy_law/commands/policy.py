@@ -116,8 +116,6 @@ def run(args) -> int:
 def _context_matches(arm_runs, args):
     """The copyability lengths at every output position of the arm's runs (``jobs.reference.context_matches``),
     their prompts rebuilt with the target that decoded them."""
-    import pandas as pd
-
     from entropy_law.decoding.loading import load_target
     from entropy_law.jobs.reference import context_matches
 
@@ -130,6 +128,4 @@ def _context_matches(arm_runs, args):
     except (OSError, ValueError) as err:
         raise ValueError(f"cannot load the target {name!r} that decoded the runs ({err}); pass --model (an embedded "
                          "name, a local folder or a .gguf file)") from err
-    frames = [context_matches(path, target, tasks=args.tasks,
-                              max_length=args.max_context_match) for path in arm_runs["path"]]
-    return pd.concat(frames, ignore_index=True)
+    return context_matches(list(arm_runs["path"]), target, tasks=args.tasks, max_length=args.max_context_match)

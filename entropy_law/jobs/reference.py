@@ -263,29 +263,30 @@ def _run_prompts(run_dir: str | Path, target, tasks):
     return meta, plain, prompts, greedy_outputs(run_dir)
 
 
-def context_matches(run_dir: str | Path, target, *, tasks: str | Path | None = None,
+def context_matches(run_dirs: str | Path | Sequence[str | Path], target, *, tasks: str | Path | None = None,
                     max_length: int | None = None) -> pd.DataFrame:
-    """The copyability input of the law policy at every output position of a recorded run: one row per
-    (``run_id``, ``request_id``, ``position``) with ``context_match``, the ``decoding.policy.context_match_length``
-    of the prompt and the output before that position (what the policy computes before a round starting there),
-    up to ``max_length`` (default ``law.policy.CONTEXT_MATCH_MAX``). For ``law.policy.fit_policy(...,
-    context_match=)``. ``tasks``: the prompts' task file where run.json names none (replayed runs)."""
+    """The copyability input of the law policy at every output position of one recorded run or several: one row
+    per (``run_id``, ``request_id``, ``position``) with ``context_match``, the
+    ``decoding.policy.context_match_length`` of the prompt and the output before that position (what the policy
+    computes before a round starting there), up to ``max_length`` (default ``law.policy.CONTEXT_MATCH_MAX``). For
+    ``law.policy.fit_policy(..., context_match=)``. ``tasks``: the prompts' task file where run.json names none
+    (replayed runs)."""
     from entropy_law.decoding.policy import context_match_length
     from entropy_law.law.policy import CONTEXT_MATCH_MAX
 
     max_length = CONTEXT_MATCH_MAX if max_length is None else int(max_length)
-    meta, _, prompts, outputs = _run_prompts(run_dir, target, tasks)
     frames = []
-    for rid in sorted(outputs):
-        output = outputs[rid][2]
-        context = list(prompts[rid]) + list(output)
-        n_prompt = len(prompts[rid])
-        frames.append(pd.DataFrame({"run_id": str(meta["run_id"]), "request_id": rid,
-                                    "position": range(len(output)),
-                                    "context_match": [context_match_length(context, max_length, end=n_prompt + p)
-                                                      for p in range(len(output))]}))
+    for run_dir in [run_dirs] if isinstance(run_dirs, (str, Path)) else list(run_dirs):
+        meta, _, prompts, outputs = _run_prompts(run_dir, target, tasks)
+        for rid in sorted(outputs):
+            output, n_prompt = outputs[rid][2], len(prompts[rid])
+            context = list(prompts[rid]) + list(output)
+            frames.append(pd.DataFrame({"run_id": str(meta["run_id"]), "request_id": rid,
+                                        "position": range(len(output)),
+                                        "context_match": [context_match_length(context, max_length, end=n_prompt + p)
+                                                          for p in range(len(output))]}))
     if not frames:
-        raise ValueError(f"{run_dir}: no request to compute the context's copyability of")
+        raise ValueError(f"{run_dirs}: no request to compute the context's copyability of")
     return pd.concat(frames, ignore_index=True)
 
 

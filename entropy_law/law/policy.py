@@ -29,7 +29,8 @@ shared), fitted on the same at-risk trials, and the parameters hold one acceptan
 (``context_match``: ``max_length``, ``levels``, ``acceptance``); the decoder computes the length before drafting
 and reads the table of its level. Lengths above ``max_length`` count as ``max_length``; a level with fewer than
 ``min_level_trials`` at-risk trials joins the level below it (a sparse lowest level the one above; a length below
-the lowest level reads its table), so a level is never fitted on a handful of rounds. The plain ``acceptance`` table (no copyability) stays beside it.
+the lowest level reads its table), so a level is never fitted on a handful of rounds. The plain ``acceptance``
+table (no copyability) stays beside it.
 
 Not known here: torch, decoding, how rounds are played. No torch.
 """
@@ -133,9 +134,7 @@ def fit_policy(traces, *, window: int = 4, family: str = "law_exp", drafter: str
     depths = list(range(1, int(max(law.depths)) + 1 if max_depth is None else int(max_depth) + 1))
     fitted = [d for d in depths if d in law.depths]
     grid = np.asarray(entropy_grid, dtype=float)
-    table = np.column_stack([law.predict_acceptance(grid, depth=min(d, max(fitted)) if d not in law.depths
-                                                    else d) for d in depths])
-    table = np.clip(np.nan_to_num(table, nan=0.0), 0.0, 1.0)
+    table = _tabulate(law, grid, depths)
     h_w = tokens.loc[at_risk[tokens.index], "target_entropy_nats"].to_numpy(float)
     notes = []
     if draft_cost is None:
@@ -161,15 +160,14 @@ def fit_policy(traces, *, window: int = 4, family: str = "law_exp", drafter: str
         "model_id": sorted(runs["model_id"].astype(str).unique()) if "model_id" in runs else None,
         "family": law.family.name, "window": int(window),
         "entropy_grid": [round(float(h), 6) for h in grid], "depths": depths,
-        "acceptance": [[round(float(a), 6) for a in row] for row in table],
+        "acceptance": _rounded(table),
         "confidence_weight": float(confidence_weight), "draft_cost": float(draft_cost),
         "calibration_prior": None if calibration_prior is None else float(calibration_prior),
         "calibration_half_life": None if calibration_half_life is None else float(calibration_half_life),
         "default_entropy": float(np.nanmedian(h_w)) if np.isfinite(h_w).any() else 1.0,
         "fitted_on": {"runs": sorted(runs["run_id"].astype(str)), "requests": int(law.n_requests),
                       "at_risk_trials": int(law.n_rows), "fitted_depths": fitted},
-        "coefficients": {str(k): float(v) for k, v in law.coefficients["estimate"].items()}
-        if "estimate" in getattr(law, "coefficients", pd.DataFrame()) else {},
+        "coefficients": _coefficients(law),
         **({"context_match": copyability} if copyability is not None else {}),
         "notes": notes,
     }
@@ -236,18 +234,29 @@ def _context_match_tables(lagged, context_match: pd.DataFrame, family: str, grid
     rows = merged.drop(columns=["start"])
     rows.attrs.update(table.attrs)  # the at-risk table's kind: fit_law aggregates it
     law = fit_law(rows, with_context, depth="factor", cov_type="nonrobust", min_requests_per_category=1)
-    deepest = max(law.depths)
-    tables = []
-    for value in levels:
-        columns = [law.predict_acceptance(grid, depth=d if d in law.depths else min(d, deepest),
-                                          context_match=np.full(len(grid), value)) for d in depths]
-        tables.append(np.clip(np.nan_to_num(np.column_stack(columns), nan=0.0), 0.0, 1.0))
     trials = merged["context_match"].value_counts()
     return {"max_length": int(max_length), "levels": [int(v) for v in levels],
-            "acceptance": [[[round(float(a), 6) for a in row] for row in t] for t in tables],
+            "acceptance": [_rounded(_tabulate(law, grid, depths, context_match=np.full(len(grid), v))) for v in levels],
             "trials": {str(v): int(trials.get(v, 0)) for v in levels}, "family": with_context.name,
-            "coefficients": {str(k): float(v) for k, v in law.coefficients["estimate"].items()}
-            if "estimate" in getattr(law, "coefficients", pd.DataFrame()) else {}}
+            "coefficients": _coefficients(law)}
+
+
+def _tabulate(law, grid: np.ndarray, depths: list, **covariates) -> np.ndarray:
+    """``law``'s acceptance [entropies x depths] on ``grid`` for ``depths`` (a depth deeper than any fitted one
+    reads the deepest), clipped to [0, 1]; ``covariates``: the other inputs of its family."""
+    deepest = max(law.depths)
+    columns = [law.predict_acceptance(grid, depth=d if d in law.depths else min(d, deepest), **covariates)
+               for d in depths]
+    return np.clip(np.nan_to_num(np.column_stack(columns), nan=0.0), 0.0, 1.0)
+
+
+def _rounded(table: np.ndarray) -> list:
+    return [[round(float(a), 6) for a in row] for row in table]
+
+
+def _coefficients(law) -> dict:
+    return ({str(k): float(v) for k, v in law.coefficients["estimate"].items()}
+            if "estimate" in getattr(law, "coefficients", pd.DataFrame()) else {})
 
 
 def save_policy(params: dict, path) -> Path:
