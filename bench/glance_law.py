@@ -17,7 +17,10 @@ of the traces (default ``data/traces``; the AR arm drafts nothing and is skipped
      round (as the law does), they are not all known before it;
    - PRIMARY_root: the same law with the root entropy at every depth (GLANCE's information, plus D): what a
      prediction made before the round can use (printed beside the goals, not a goal);
-   - ``law_exp``: the first primary law, for reference (not a goal).
+   - ``law_exp``: the first primary law, for reference (not a goal);
+   - ``law_exp_obs_ceil_copy`` (and ``_root``): the primary law + the context's copyability before each position
+     (tokens column ``context_match``, attached from the prompts to runs recorded without it; ``--no-context-match``
+     leaves it out), with its goal lines; with ``--drafter-aware`` also ``law_exp_obs_ceil_drafttop_copy``.
    Scores (``glance.round_scores``): per-round MSE, |mean predicted - mean observed| per category (mean
    over categories: ``cat_mae``), r2_curve (bin means of the predictions against bin means of a, 10
    root-entropy quantile bins), r2_round / r2_ceiling and GLANCE's holds() (slope: every fold's b1 or k).
@@ -57,22 +60,29 @@ GOAL_MSE_REDUCTION = 0.15  # the primary law's per-round MSE at least this far b
 GOAL_CATEGORY_RATIO = 0.5  # the primary law's category-mean error at most this share of GLANCE's
 GLANCE_FORMS = {"glance": "code", "glance_readme": "readme"}
 DRAFTER_AWARE = "law_exp_obs_ceil_drafttop"  # + the drafter's confidence in its own proposal (--drafter-aware)
+COPY_AWARE = "law_exp_obs_ceil_copy"  # + the context's copyability before each position (tokens column context_match)
+DRAFTER_AWARE_COPY = "law_exp_obs_ceil_drafttop_copy"  # both (--drafter-aware, with the copyability)
 COLUMNS = ["mse", "cat_mae", "cat_max", "r2_curve", "r2_round", "r2_ceiling", "frac_of_ceiling", "holds"]
 
 
-def our_laws() -> dict:
+def our_laws(copy: bool = False) -> dict:
     """name -> (family, root entropy only): the primary law (read at call time), the same with the root
-    entropy at every depth (GLANCE's information, plus D), and law_exp (the first primary law), for reference."""
+    entropy at every depth (GLANCE's information, plus D), and law_exp (the first primary law), for reference;
+    with ``copy`` (the traces hold the context's copyability) also ``COPY_AWARE`` and its root variant (the root's
+    entropy and copyability at every depth: known before the round)."""
     primary = primary_family()
     laws = {primary: (primary, False), f"{primary}_root": (primary, True)}
     if primary != "law_exp":
         laws["law_exp"] = ("law_exp", False)
+    if copy and primary != COPY_AWARE:
+        laws.update({COPY_AWARE: (COPY_AWARE, False), f"{COPY_AWARE}_root": (COPY_AWARE, True)})
     return laws
 
 
-def score_arm(view, arm: str, drafts: pd.DataFrame | None = None):
+def score_arm(view, arm: str, drafts: pd.DataFrame | None = None, copy: bool = False):
     """(scores by law, category means, GLANCE's in-sample law, the rounds, LOCO predictions by law). With
-    ``drafts`` (the arm's round proposals), also the drafter-aware law ``DRAFTER_AWARE``."""
+    ``drafts`` (the arm's round proposals), also the drafter-aware law ``DRAFTER_AWARE``; with ``copy`` (the
+    traces hold the context's copyability) also ``COPY_AWARE`` (and with ``drafts`` ``DRAFTER_AWARE_COPY``)."""
     rounds = glance_rounds(view)
     in_sample = fit_glance(rounds)
     scores, predictions = {}, {}
@@ -80,7 +90,7 @@ def score_arm(view, arm: str, drafts: pd.DataFrame | None = None):
         predictions[name], fits = loco_glance(rounds, form=form)
         scores[name] = round_scores(rounds, predictions[name], slope=[f.b1_fitted for f in fits.values()])
     rows = at_risk_table(view, drafters=[arm])
-    laws = our_laws()
+    laws = our_laws(copy)
     for family in dict.fromkeys(family for family, _ in laws.values()):  # each family fitted once per fold
         names = [name for name, (f, _) in laws.items() if f == family]
         predicted, slopes = loco_ours(view, arm, rounds, family, rows=rows,
@@ -89,8 +99,9 @@ def score_arm(view, arm: str, drafts: pd.DataFrame | None = None):
             predictions[name] = values
             scores[name] = round_scores(rounds, values, slope=slopes, slope_max=np.inf)
     if drafts is not None:
-        predictions[DRAFTER_AWARE], slopes = loco_ours(view, arm, rounds, DRAFTER_AWARE, rows=rows, drafts=drafts)
-        scores[DRAFTER_AWARE] = round_scores(rounds, predictions[DRAFTER_AWARE], slope=slopes, slope_max=np.inf)
+        for family in (DRAFTER_AWARE, DRAFTER_AWARE_COPY) if copy else (DRAFTER_AWARE,):
+            predictions[family], slopes = loco_ours(view, arm, rounds, family, rows=rows, drafts=drafts)
+            scores[family] = round_scores(rounds, predictions[family], slope=slopes, slope_max=np.inf)
     return scores, category_frame(scores), in_sample, rounds, predictions
 
 
@@ -186,18 +197,29 @@ def main() -> None:
                         "whose run.json names none (default spec_bench)")
     parser.add_argument("--drafts-cache", default=None, metavar="DIR",
                         help="--drafter-aware: read the replayed round proposals from DIR/<arm>.parquet, or write them")
+    parser.add_argument("--no-context-match", action="store_true",
+                        help=f"leave out {COPY_AWARE} (by default the context's copyability is attached from the "
+                             "prompts to runs recorded without it, with the default target's tokenizer)")
     args = parser.parse_args()
     started = time.time()
     primary = primary_family()
-    analysis = TraceAnalysis(load_traces(args.traces))
-    report, all_wins, aware_wins = {}, [], []
+    traces = load_traces(args.traces)
+    copy = not args.no_context_match
+    if copy and traces.tokens["context_match"].isna().any():
+        from entropy_law.decoding.loading import load_target
+        from entropy_law.jobs.reference import attach_context_matches
+
+        traces = attach_context_matches(traces, load_target("smollm2-135m"), tasks=args.tasks)
+        print(f"context's copyability attached from the prompts (smollm2-135m's tokenizer, {args.tasks})", flush=True)
+    analysis = TraceAnalysis(traces)
+    report, all_wins, aware_wins, copy_wins = {}, [], [], {}
     pd.set_option("display.width", 160)
     pd.set_option("display.max_columns", 20)
     for arm in analysis.arms:
         view = analysis.arm_view(arm)
         drafts = (round_drafts(analysis, arm, args.tasks, Path(args.drafts_cache) if args.drafts_cache else None)
                   if args.drafter_aware else None)
-        scores, categories, in_sample, rounds, predictions = score_arm(view, arm, drafts)
+        scores, categories, in_sample, rounds, predictions = score_arm(view, arm, drafts, copy)
         print(f"\n=== {arm}: GLANCE's law in sample (code form, as GLANCE's experiments/fit_law.py reports it)")
         print(in_sample.summary[["n_rounds", "mean_accepted", "b0", "b1", "r2_curve", "r2_round", "r2_ceiling",
                                  "frac_of_ceiling", "spearman_rho", "holds"]].round(4).to_string())
@@ -214,6 +236,13 @@ def main() -> None:
             aware = {}
             entry["drafter_aware"] = aware
             aware["goal_met"] = goal_lines(aware, DRAFTER_AWARE, scores, predictions, rounds, indent="  ")
+        for name, key, what in ((COPY_AWARE, "copy_aware", "+ the context's copyability before each position"),
+                                (DRAFTER_AWARE_COPY, "drafter_aware_copy", "+ the drafter's confidence and the "
+                                 "context's copyability")):
+            if name in scores:
+                print(f"  the copy-aware law ({name}: {what}, known before the position is drafted):")
+                entry[key] = {}
+                entry[key]["goal_met"] = goal_lines(entry[key], name, scores, predictions, rounds, indent="  ")
         root = scores[f"{primary}_root"]  # before the round: the root entropy and D only, GLANCE's information + D
         for name in GLANCE_FORMS:
             reduction = 1.0 - root["mse"] / scores[name]["mse"]
@@ -231,6 +260,10 @@ def main() -> None:
         if DRAFTER_AWARE in scores:
             aware_wins += glance_wins(arm, {k: v for k, v in scores.items() if k in (DRAFTER_AWARE, *GLANCE_FORMS)},
                                       DRAFTER_AWARE)
+        for name in (COPY_AWARE, DRAFTER_AWARE_COPY):
+            if name in scores:
+                copy_wins.setdefault(name, []).extend(
+                    glance_wins(arm, {k: v for k, v in scores.items() if k in (name, *GLANCE_FORMS)}, name))
         report[arm] = entry
     skipped = analysis.ar_arms
     print(f"\nskipped (no drafting rounds): {', '.join(skipped) or 'none'}")
@@ -239,6 +272,9 @@ def main() -> None:
     if args.drafter_aware:
         print(f"\nwhere GLANCE's law does at least as well as {DRAFTER_AWARE} (LOCO):")
         print("\n".join(f"  {w}" for w in aware_wins) if aware_wins else "  nowhere")
+    for name, wins in copy_wins.items():
+        print(f"\nwhere GLANCE's law does at least as well as {name} (LOCO):")
+        print("\n".join(f"  {w}" for w in wins) if wins else "  nowhere")
     imported = None
     if args.glance_log:
         log_rounds = read_glance_rounds(args.glance_log)
@@ -253,9 +289,15 @@ def main() -> None:
         met = [arm for arm, entry in report.items() if entry["drafter_aware"]["goal_met"]]
         print(f"goals ({DRAFTER_AWARE} vs both GLANCE forms): met on {', '.join(met) or 'no arm'}; not met on "
               f"{', '.join(a for a in report if a not in met) or 'none'}")
+    for name, key in ((COPY_AWARE, "copy_aware"), (DRAFTER_AWARE_COPY, "drafter_aware_copy")):
+        if all(key in entry for entry in report.values()) and report:
+            met = [arm for arm, entry in report.items() if entry[key]["goal_met"]]
+            print(f"goals ({name} vs both GLANCE forms): met on {', '.join(met) or 'no arm'}; not met on "
+                  f"{', '.join(a for a in report if a not in met) or 'none'}")
     print(json.dumps({"bench": "glance_law", "traces": args.traces, "primary_family": primary, "goal_met_every_arm": every, "arms": report,
                       "skipped_arms": skipped, "glance_wins": all_wins,
-                      "glance_wins_drafter_aware": aware_wins if args.drafter_aware else None, "glance_log": imported,
+                      "glance_wins_drafter_aware": aware_wins if args.drafter_aware else None,
+                      "glance_wins_copy_aware": copy_wins, "glance_log": imported,
                       "seconds": round(time.time() - started, 1)}, default=float))
 
 

@@ -23,6 +23,14 @@ For every drafting arm of the traces (default ``data/traces``; the AR arm drafts
    predictions of their centres (the DP's T / E[N] times e^b, b the mean residual of the TRAINING categories'
    requests: ``RequestPredictions.category_predictions``), and the drafter-aware law's category share.
 
+The context's copyability (tokens column ``context_match``: the longest suffix of the prompt and the output before a
+position that occurred earlier, up to 8) is attached from the prompts to runs recorded without it (``--model``'s
+tokenizer, ``--tasks``; ``jobs.reference.attach_context_matches``; ``--no-context-match`` leaves it out). Where every
+arm's trials hold it, ``law_exp_obs_ceil_copy`` (the primary law + the copyability) is a candidate of the rule in
+section 1 and, if it wins, sections 2-5 evaluate it in the primary law's place (``PRIMARY_FAMILY`` is the law for
+traces without the copyability); section 5's drafter-aware law is chosen by the same rule between
+``law_exp_obs_ceil_drafttop`` and ``law_exp_obs_ceil_drafttop_copy``.
+
 Goals (issue #18): tokens/round mean |rel. error| <= 10% and mean tau <= 15% on every arm; category share
 <= 5% on every arm; rho = 1.0 on block DDTree16 and n-gram chain; coverage in [85%, 95%] on every arm.
 They are evaluated for the training depth model (section 2-4) and, separately, for the replayed proposals
@@ -53,7 +61,7 @@ from entropy_law.law import atrisk  # noqa: E402
 from entropy_law.law.analysis import TraceAnalysis  # noqa: E402
 from entropy_law.law.compare import (PRIMARY_CANDIDATES, category_share_of_gain, choose_primary,  # noqa: E402
                                      compare_laws)
-from entropy_law.law.fit import PRIMARY_FAMILY  # noqa: E402
+from entropy_law.law.fit import PRIMARY_FAMILY, get_family  # noqa: E402
 from entropy_law.law.predict import loco_predictions  # noqa: E402
 from entropy_law.law.transfer import loco_transfer  # noqa: E402
 from entropy_law.traces.proposals import read_proposals  # noqa: E402
@@ -62,14 +70,20 @@ from entropy_law.traces.reader import load_traces  # noqa: E402
 GOALS = dict(tokens_per_round_mae=0.10, mean_tau_mae=0.15, category_share=0.05, rho=1.0, coverage=(0.85, 0.95))
 RHO_ARMS = ("block-drafter-b8-l2-copy ddtree16", "ngram chain")  # the issue's ranking goal names these two arms
 DRAFTER_AWARE = "law_exp_obs_ceil_drafttop"  # the primary law + the drafter's top-1 probability (replayed DP)
+COPY_FAMILY = "law_exp_obs_ceil_copy"  # the primary law + the context's copyability (tokens column context_match)
+DRAFTER_AWARE_COPY = "law_exp_obs_ceil_drafttop_copy"  # both
+
+
+def has_values(rows: pd.DataFrame, column: str) -> bool:
+    return column in rows and bool(rows[column].notna().all())
 
 
 def replayed_section(view, arm: str, rows: pd.DataFrame, proposals: pd.DataFrame, primary: str, draws: int,
-                     seed: int) -> dict:
-    """Section 5 for one arm: LOCO with the replayed proposals, the drafter-aware law and the primary law."""
-    laws = [primary]
-    if "draft_top1_prob" in rows and rows["draft_top1_prob"].notna().all():
-        laws.insert(0, DRAFTER_AWARE)
+                     seed: int, drafter_aware: tuple = (DRAFTER_AWARE,)) -> dict:
+    """Section 5 for one arm: LOCO with the replayed proposals, the drafter-aware laws (those whose inputs the
+    at-risk rows hold) and the primary law."""
+    laws = [f for f in drafter_aware if has_values(rows, "draft_top1_prob")
+            and (not get_family(f).needs_context_match or has_values(rows, "context_match"))] + [primary]
     out = {}
     for family in laws:
         loco = loco_transfer(view, family, drafter=arm, depths="replayed", proposals=proposals)
@@ -93,7 +107,7 @@ def replayed_section(view, arm: str, rows: pd.DataFrame, proposals: pd.DataFrame
                    coverage_min_category=float(pred.summary["coverage"].min()),
                    mean_relative_width=float(((pred.requests["upper"] - pred.requests["lower"])
                                               / pred.requests["center"]).mean()))
-        if family == DRAFTER_AWARE:
+        if family != primary:
             share = category_share_of_gain(rows, family, seed=seed)
             res.update(category_share=share["cv_category_share"], cv_gain_law=share["cv_gain_law_vs_depth_only"],
                        cv_gain_cat=share["cv_gain_cat_vs_law"])
@@ -117,12 +131,26 @@ def main(argv=None) -> dict:
     parser.add_argument("--traces", default="data/traces")
     parser.add_argument("--draws", type=int, default=20, help="coefficient draws per held-out category")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--model", default="smollm2-135m",
+                        help="the target whose tokenizer rebuilds the prompts (the context's copyability)")
+    parser.add_argument("--tasks", default="spec_bench", help="the prompts' task file where run.json names none")
+    parser.add_argument("--no-context-match", action="store_true",
+                        help="do not attach the context's copyability to runs recorded without it (the copy laws "
+                             "are then left out)")
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore")  # few-request warnings etc.: the fits here only predict
     pd.set_option("display.width", 200)
     pd.set_option("display.max_columns", 30)
     clock = time.process_time()
-    an = TraceAnalysis(load_traces(args.traces))
+    traces = load_traces(args.traces)
+    if not args.no_context_match and traces.tokens["context_match"].isna().any():
+        from entropy_law.decoding.loading import load_target
+        from entropy_law.jobs.reference import attach_context_matches
+
+        traces = attach_context_matches(traces, load_target(args.model), tasks=args.tasks)
+        print(f"context's copyability attached from the prompts ({args.model}'s tokenizer, {args.tasks}): "
+              f"{int(traces.tokens['context_match'].notna().sum())} positions", flush=True)
+    an = TraceAnalysis(traces)
     arms = an.arms
     print(f"traces {args.traces}: arms {arms}; categories {an.categories}")
 
@@ -131,14 +159,31 @@ def main(argv=None) -> dict:
         views[arm] = an.arm_view(arm)
         rows_of[arm] = atrisk.at_risk_table(views[arm], drafters=[arm])
         families = list(PRIMARY_CANDIDATES)
-        if rows_of[arm]["draft_entropy_nats"].notna().all() if "draft_entropy_nats" in rows_of[arm] else False:
+        if has_values(rows_of[arm], "context_match"):
+            families.append(COPY_FAMILY)
+        if has_values(rows_of[arm], "draft_entropy_nats"):
             families.append("law_exp_draftent")
+        if has_values(rows_of[arm], "draft_top1_prob"):  # the drafter-aware laws (section 5), not candidates
+            families += [DRAFTER_AWARE] + ([DRAFTER_AWARE_COPY] if COPY_FAMILY in families else [])
         comparisons[arm] = compare_laws(rows_of[arm], families, folds="category", seed=args.seed)
         for note in comparisons[arm].notes:
             print(f"  {arm}: {note}")
-    winner, table = choose_primary(comparisons)
+    copy = all(COPY_FAMILY in c.summary.index for c in comparisons.values())
+    candidates = tuple(PRIMARY_CANDIDATES) + ((COPY_FAMILY,) if copy else ())
+    winner, table = choose_primary(comparisons, candidates)
     print("\n== 1. leave-one-category-out CV log-loss per at-risk trial (rule: docs/law.md) ==")
     print(table.round(4).to_string())
+    if copy:
+        print(f"{COPY_FAMILY} is a candidate: every arm's at-risk trials hold the context's copyability")
+    aware = tuple(f for f in (DRAFTER_AWARE, DRAFTER_AWARE_COPY)
+                  if all(f in c.summary.index for c in comparisons.values()))
+    aware_winner = None
+    if aware:
+        aware_winner, aware_table = choose_primary(comparisons, aware)
+        print("drafter-aware laws (section 5; not candidates: their DP needs the replayed proposals), same rule:")
+        print(aware_table[[*arms, "mean_cv_log_loss", "delta_vs_best", "delta_se", "tied", "n_params"]].round(4)
+              .to_string())
+        print(f"drafter-aware law by the rule: {aware_winner}")
     info = {arm: float(c.summary.loc["law_exp_draftent", "cv_log_loss"]) for arm, c in comparisons.items()
             if "law_exp_draftent" in c.summary.index}
     if info:
@@ -146,7 +191,10 @@ def main(argv=None) -> dict:
               + ", ".join(f"{a}: {v:.4f}" for a, v in info.items()))
     print(f"rule's winner: {winner}; PRIMARY_FAMILY = {PRIMARY_FAMILY} ({'same' if winner == PRIMARY_FAMILY else 'DIFFERENT'})")
 
-    primary = PRIMARY_FAMILY
+    primary = winner if winner in (PRIMARY_FAMILY, COPY_FAMILY) else PRIMARY_FAMILY
+    if primary != PRIMARY_FAMILY:
+        print(f"sections 2-5 evaluate the rule's winner {primary} (PRIMARY_FAMILY {PRIMARY_FAMILY} on traces "
+              "without the copyability); its goals below are the ones that count here")
     results, lines = {}, []
     for arm in arms:
         view = views[arm]
@@ -203,7 +251,8 @@ def main(argv=None) -> dict:
             if set(mine["run_id"]) != run_ids:
                 print(f"{arm}: no replayed proposals for every run (bench/replayed_proposals.py --write); skipped")
                 continue
-            replayed[arm] = replayed_section(views[arm], arm, rows_of[arm], mine, primary, args.draws, args.seed)
+            replayed[arm] = replayed_section(views[arm], arm, rows_of[arm], mine, primary, args.draws, args.seed,
+                                             drafter_aware=aware)
             print(f"[cumulative CPU {time.process_time() - clock:.0f} s]", flush=True)
 
     print("\n== goals (issue #18), LOCO over the categories, leak-free depths ==")
@@ -232,7 +281,7 @@ def main(argv=None) -> dict:
         print("\n== goals (issue #18) with the replayed proposals: drafter-aware law where it can be fitted ==")
         table_rows = []
         for arm, by_family in replayed.items():
-            family = DRAFTER_AWARE if DRAFTER_AWARE in by_family else primary
+            family = aware_winner if aware_winner in by_family else primary
             r = by_family[family]
             goals = dict(tokens_per_round=r["tokens_per_round_mae"] <= GOALS["tokens_per_round_mae"],
                          mean_tau=r["mean_tau_mae"] <= GOALS["mean_tau_mae"],
@@ -255,7 +304,7 @@ def main(argv=None) -> dict:
                                                 "mean τ |err| (≤15%)", "raw DP", "ρ (1.0)", "cat. share (≤5%)",
                                                 "90% PI coverage (85–95%)", "goals met"]).to_string(index=False))
         replayed_goals = {goal: all(r[f]["goals"][goal] for r in replayed.values()
-                                    for f in [DRAFTER_AWARE if DRAFTER_AWARE in r else primary] if goal in r[f]["goals"])
+                                    for f in [aware_winner if aware_winner in r else primary] if goal in r[f]["goals"])
                           for goal in ("tokens_per_round", "mean_tau", "category_share", "rho", "coverage")}
         for goal, ok in replayed_goals.items():
             print(f"goal {goal} (replayed proposals): {'met on every arm' if ok else 'NOT met'}")
@@ -263,6 +312,7 @@ def main(argv=None) -> dict:
               "categories, mean tau from the same rounds with the DP's share of drafting rounds; raw DP: without b)")
     print(f"CPU time {time.process_time() - clock:.0f} s, OMP_NUM_THREADS=1, shared machine")
     out = {"bench": "law_categories", "traces": args.traces, "primary": primary, "rule_winner": winner,
+           "drafter_aware": aware_winner, "context_match": copy,
            "goals_met": every, "arms": results, "replayed_goals_met": replayed_goals, "replayed": replayed}
     print(json.dumps(out, default=lambda v: bool(v) if isinstance(v, np.bool_) else float(v)))
     return out

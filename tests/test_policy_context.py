@@ -210,3 +210,14 @@ def test_a_copyability_policy_decodes_greedily_and_replays_its_online_rounds(tmp
     direct = fit_policy(load_traces(ngram), draft_cost=0.1, context_match=context_matches(ngram, target),
                         min_level_trials=1)
     assert json.loads(out.read_text())["context_match"] == json.loads(json.dumps(direct["context_match"]))
+
+    # the recorded runs hold the copyability (the recorder's tokens column context_match, from the prompt ids the
+    # decoder passes): it equals the lengths rebuilt from the prompts, and the command reads it without --model
+    recorded = load_traces(ngram).tokens.astype({"run_id": str, "request_id": str})
+    both = recorded.merge(context_matches(ngram, target), on=["run_id", "request_id", "position"])
+    assert len(both) == len(recorded) > 0 and (both["context_match_x"] == both["context_match_y"]).all()
+    again = tmp_path / "fitted-recorded.json"
+    assert main(["policy", str(ngram), "--out", str(again), "--draft-cost", "0.1", "--context-match",
+                 "--min-level-trials", "1"]) == 0
+    assert "recorded context_match column" in capsys.readouterr().out
+    assert json.loads(again.read_text())["context_match"] == json.loads(out.read_text())["context_match"]

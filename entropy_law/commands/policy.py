@@ -77,7 +77,7 @@ def run(args) -> int:
     drafter = str(runs.loc[runs["arm"] == arm, "recorded_drafter_id"].iloc[0])
     options = {"calibration_prior": None} if args.no_calibration else {}
     if args.context_match:
-        options.update(context_match=_context_matches(runs.loc[runs["arm"] == arm], args),
+        options.update(context_match=_context_matches(traces, runs.loc[runs["arm"] == arm], args),
                        **({} if args.max_context_match is None else {"max_context_match": args.max_context_match}),
                        **({} if args.min_level_trials is None else {"min_level_trials": args.min_level_trials}))
     elif (args.max_context_match, args.min_level_trials, args.model, args.tasks) != (None, None, None, None):
@@ -113,9 +113,19 @@ def run(args) -> int:
     return 0
 
 
-def _context_matches(arm_runs, args):
-    """The copyability lengths at every output position of the arm's runs (``jobs.reference.context_matches``),
-    their prompts rebuilt with the target that decoded them."""
+def _context_matches(traces, arm_runs, args):
+    """The copyability lengths at every output position of the arm's runs: their recorded tokens column
+    ``context_match`` where every position has it (runs recorded with the prompts' ids, up to
+    ``CONTEXT_MATCH_MAX``), else ``jobs.reference.context_matches`` with their prompts rebuilt by the target that
+    decoded them (also when --model or --tasks is given, or a longer --max-context-match)."""
+    from entropy_law.traces.stats import CONTEXT_MATCH_MAX
+
+    tokens = traces.filter(run_id=list(arm_runs["run_id"])).tokens
+    recorded = tokens[["run_id", "request_id", "position", "context_match"]]
+    if (recorded["context_match"].notna().all() and len(recorded) and args.model is None and args.tasks is None
+            and (args.max_context_match is None or args.max_context_match <= CONTEXT_MATCH_MAX)):
+        print(f"copyability: the runs' recorded context_match column ({len(recorded)} positions)")
+        return recorded.astype({"run_id": str, "request_id": str, "context_match": int})
     from entropy_law.decoding.loading import load_target
     from entropy_law.jobs.reference import context_matches
 

@@ -113,7 +113,8 @@ class AssistedRecorder(BaseStreamer):
         rounds = self._plan(output, stop_reason, drafted_argmax)
 
         rec = self.recorder
-        rec.begin_request(self.request_id, prompt_tokens=len(self.prompt_ids), **self.info)
+        rec.begin_request(self.request_id, prompt_tokens=len(self.prompt_ids),
+                          prompt_ids=[int(t) for t in self.prompt_ids], **self.info)
         for rnd in rounds:
             start, committed = rnd["start_position"], len(rnd["token_ids"])
             drafted_rows = min(committed, rnd["tree_depth"])

@@ -237,6 +237,7 @@ class SpeculativeDecoder:
         for obs in self.observers:
             obs.on_request_start(request_id, {"category": category, "dataset": dataset,
                                               "question_id": question_id, "prompt_tokens": len(prompt_ids),
+                                              "prompt_ids": [int(t) for t in prompt_ids],
                                               "image_tokens": image_tokens, "config": self.config})
 
         logged = 0  # new tokens of the rounds every observer has received

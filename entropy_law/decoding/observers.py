@@ -114,6 +114,7 @@ class RecorderObserver:
             question_id=info.get("question_id", ""),
             prompt_tokens=int(info["prompt_tokens"]),
             image_tokens=int(info.get("image_tokens", 0)),
+            prompt_ids=info.get("prompt_ids"),
         )
 
     def on_round(self, record: Round) -> None:

@@ -57,34 +57,13 @@ import torch
 from entropy_law.decoding.gate import VerifyCost
 from entropy_law.decoding.interface import DraftProposal
 from entropy_law.decoding.observers import row_entropies
+from entropy_law.traces.stats import context_match_length
 from entropy_law.decoding.tree import Tree
 
 POLICY_KIND = "entropy_law_policy"
 POLICY_VERSION = 1
 REQUIRED_KEYS = ("kind", "version", "window", "entropy_grid", "depths", "acceptance", "confidence_weight",
                  "draft_cost", "default_entropy")
-
-
-def context_match_length(tokens: Sequence[int], max_length: int, end: int | None = None) -> int:
-    """The length ``m`` (0..``max_length``) of the longest suffix of ``tokens[:end]`` (default: all of them) that
-    also occurs earlier in it, ending before its last token: 0 when its last token never occurred before, ``k``
-    when its last ``k`` tokens occurred together before. What a prompt-lookup drafter looks up, known before any
-    drafter runs; the law policy's copyability input."""
-    n = len(tokens) if end is None else int(end)
-    if max_length < 1 or n < 2:
-        return 0
-    last, best = tokens[n - 1], 0
-    for i in range(n - 2, -1, -1):  # earlier occurrences of the last token, nearest first
-        if tokens[i] != last:
-            continue
-        k = 1
-        while k < max_length and k <= i and tokens[i - k] == tokens[n - 1 - k]:
-            k += 1
-        if k > best:
-            best = k
-            if best >= max_length:
-                break
-    return best
 
 
 def _number(params: dict, key: str, *, low: float = -math.inf) -> float:

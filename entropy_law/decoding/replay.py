@@ -410,7 +410,8 @@ def replay_request(
     if logits.shape[0] != len(result.output_ids):
         raise ValueError(f"logits have {logits.shape[0]} rows for {len(result.output_ids)} output tokens")
     info = {"category": category, "dataset": dataset, "question_id": question_id,
-            "prompt_tokens": len(result.prompt_ids), "image_tokens": image_tokens, "config": result.config}
+            "prompt_tokens": len(result.prompt_ids), "prompt_ids": [int(t) for t in result.prompt_ids],
+            "image_tokens": image_tokens, "config": result.config}
     for obs in observers:
         obs.on_request_start(request_id, info)
     for r, proposal in zip(result.rounds, result.proposals):

@@ -244,7 +244,8 @@ def log_request(recorder: TraceRecorder, record: ImportedRequest, *, stats: Mapp
     len(output ids)}`` for the keys of ``TARGET_STAT_KEYS``) its rounds and token rows. ``stats`` only for an
     aligned per-step request."""
     recorder.begin_request(record.request_id, category=record.category, dataset=record.dataset,
-                           question_id=record.question_id, prompt_tokens=record.prompt_tokens)
+                           question_id=record.question_id, prompt_tokens=record.prompt_tokens,
+                           prompt_ids=record.prompt_token_ids)
     if stats is not None:
         _log_rounds(recorder, record, stats, block_size)
     recorder.end_request(record.request_id, new_tokens=record.new_tokens, stop_reason=record.stop_reason,

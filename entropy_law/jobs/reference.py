@@ -267,27 +267,38 @@ def context_matches(run_dirs: str | Path | Sequence[str | Path], target, *, task
                     max_length: int | None = None) -> pd.DataFrame:
     """The copyability input of the law policy at every output position of one recorded run or several: one row
     per (``run_id``, ``request_id``, ``position``) with ``context_match``, the
-    ``decoding.policy.context_match_length`` of the prompt and the output before that position (what the policy
-    computes before a round starting there), up to ``max_length`` (default ``law.policy.CONTEXT_MATCH_MAX``). For
+    ``traces.stats.context_match_length`` of the prompt and the output before that position (what the policy
+    computes before a round starting there), up to ``max_length`` (default ``traces.stats.CONTEXT_MATCH_MAX``). For
     ``law.policy.fit_policy(..., context_match=)``. ``tasks``: the prompts' task file where run.json names none
     (replayed runs)."""
-    from entropy_law.decoding.policy import context_match_length
-    from entropy_law.law.policy import CONTEXT_MATCH_MAX
+    from entropy_law.traces.stats import CONTEXT_MATCH_MAX, context_matches_of_output
 
     max_length = CONTEXT_MATCH_MAX if max_length is None else int(max_length)
     frames = []
     for run_dir in [run_dirs] if isinstance(run_dirs, (str, Path)) else list(run_dirs):
         meta, _, prompts, outputs = _run_prompts(run_dir, target, tasks)
         for rid in sorted(outputs):
-            output, n_prompt = outputs[rid][2], len(prompts[rid])
-            context = list(prompts[rid]) + list(output)
+            output = outputs[rid][2]
             frames.append(pd.DataFrame({"run_id": str(meta["run_id"]), "request_id": rid,
                                         "position": range(len(output)),
-                                        "context_match": [context_match_length(context, max_length, end=n_prompt + p)
-                                                          for p in range(len(output))]}))
+                                        "context_match": context_matches_of_output(prompts[rid], output,
+                                                                                   max_length)}))
     if not frames:
         raise ValueError(f"{run_dirs}: no request to compute the context's copyability of")
     return pd.concat(frames, ignore_index=True)
+
+
+def attach_context_matches(traces, target, *, tasks: str | Path | None = None):
+    """``traces`` (a ``TraceSet``) with the tokens column ``context_match`` filled for every run, from its prompts
+    (rebuilt with ``target``'s tokenizer, ``context_matches``) and its recorded output: for runs recorded without
+    the prompts' token ids (before the column existed, or by another engine), for a law in the copyability
+    (``law_exp_obs_ceil_copy``). ``tasks``: the prompts' task file where run.json names none."""
+    from entropy_law.traces.stats import CONTEXT_MATCH_MAX
+
+    paths = list(traces.runs["path"])
+    if not paths:
+        raise ValueError("no runs to attach the context's copyability to")
+    return traces.with_context_match(context_matches(paths, target, tasks=tasks, max_length=CONTEXT_MATCH_MAX))
 
 
 def _workload_inputs(workload_dir: str | Path, arm_meta: dict, target, tasks, checkpoint):

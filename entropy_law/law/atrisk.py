@@ -24,6 +24,7 @@ import numpy as np
 import pandas as pd
 
 from entropy_law.law import arms
+from entropy_law.traces.stats import CONTEXT_MATCH_MAX
 
 EPS_NATS = 1e-3
 EPS_PROB = 1e-3  # offset of log(1 - p + eps) for the drafter's top-1 probability (p = 1 would be log 0)
@@ -38,7 +39,8 @@ DERIVED = ("log_entropy", "log_renyi2", "log_logit_gap", "cum_entropy_nats", "lo
 # (``aggregate_at_risk(extra_means=...)``, what a family that uses them passes), so aggregates of the other
 # families keep their columns (and the out-of-core aggregation its column set)
 DECODE_TIME = ("lag_entropy_nats", "log_lag_entropy", "run_mean_entropy_nats", "log_run_mean_entropy",
-               "log1p_position", "draft_entropy_nats", "log_draft_entropy", "draft_top1_prob", "log_draft_miss")
+               "log1p_position", "draft_entropy_nats", "log_draft_entropy", "draft_top1_prob", "log_draft_miss",
+               "context_match", "log1p_copy", "copy_full")
 # the drafter's own statistics at the depth: known only where the drafter drafted and logged them
 DRAFT_STATS = ("draft_entropy_nats", "draft_top1_prob")
 # decode-time covariates (issue #18): each known before the round's verification, or a function of the greedy
@@ -47,6 +49,10 @@ DRAFT_STATS = ("draft_entropy_nats", "draft_top1_prob")
 # rank 0 <=> accepted, so they are not covariates here; draft_top1_prob, the drafter's probability of its OWN top
 # proposal, is known before verification and is one)
 SEQUENCE_COVARIATES = ("lag_entropy_nats", "run_mean_entropy_nats", "position")
+# the context's copyability before an output position (tokens column ``context_match``: the length of the longest
+# suffix of the prompt and the output before the position that occurred earlier in them, known before the
+# position is drafted; ``traces.stats.context_match_length``): lengths of COPY_MAX or more are one level
+COPY_MAX = CONTEXT_MATCH_MAX
 KIND_ROWS = "at_risk_rows"
 KIND_AGGREGATED = "at_risk_aggregated"
 
@@ -107,8 +113,9 @@ def at_risk_table(
     ``traces.rounds`` table also ``drafted_depth`` (the round's ``tree_depth``, known before
     verification) and ``log_drafted_depth``; with target entropies the decode-time covariates
     (``sequence_covariates``: ``lag_entropy_nats``, ``run_mean_entropy_nats``, ``log1p_position`` and their
-    logs) and, where the tokens table has it, ``draft_entropy_nats`` (NaN where null) and
-    ``log_draft_entropy``. ``drafters``: keep only these drafter ids. NaN or
+    logs) and, where the tokens table has them, ``draft_entropy_nats`` / ``draft_top1_prob`` (NaN where null)
+    with ``log_draft_entropy`` / ``log_draft_miss``, and ``context_match`` (the context's copyability before the
+    position) with ``log1p_copy`` and ``copy_full``. ``drafters``: keep only these drafter ids. NaN or
     negative covariates raise (or are dropped with ``on_invalid="drop"``). Rows that hold two arms under
     one drafter id raise, naming the arms and how to select one (``arms.check_one_arm_per_drafter``).
     """
@@ -163,6 +170,9 @@ def at_risk_table(
         if column in tokens.columns:
             table[column] = risk_draft_column(tokens, table, column)
     _add_draft_logs(table, eps)
+    if "context_match" in tokens.columns:  # the context's copyability before the position (NaN where null)
+        table["context_match"] = risk_draft_column(tokens, table, "context_match")
+        _add_copy_logs(table)
     rounds = getattr(traces, "rounds", None)
     round_keys = ["run_id", "request_id", "round_index"]
     if isinstance(rounds, pd.DataFrame) and set(round_keys + ["tree_depth"]) <= set(rounds.columns):
@@ -202,6 +212,8 @@ def add_log_covariates(frame: pd.DataFrame, eps: float = EPS_NATS) -> pd.DataFra
         if raw in frame:
             frame[log] = np.log(np.maximum(frame[raw].to_numpy(dtype=float), 0.0) + eps)
     _add_draft_logs(frame, eps)
+    if "context_match" in frame:
+        _add_copy_logs(frame)
     if "position" in frame and "log1p_position" not in frame:
         frame["log1p_position"] = np.log1p(frame["position"].to_numpy(dtype=float))
     return frame
@@ -215,6 +227,17 @@ def _add_draft_logs(frame: pd.DataFrame, eps: float) -> None:
     if "draft_top1_prob" in frame:
         miss = np.clip(1.0 - frame["draft_top1_prob"].to_numpy(dtype=float), 0.0, 1.0)
         frame["log_draft_miss"] = np.log(miss + EPS_PROB)
+
+
+def _add_copy_logs(frame: pd.DataFrame) -> None:
+    """``log1p_copy`` = log(1 + min(context_match, COPY_MAX)) and ``copy_full`` = 1 where the context's suffix
+    match reaches COPY_MAX (a long repeat; 0 below) where ``frame`` has ``context_match`` (in place; NaN stays
+    NaN)."""
+    length = frame["context_match"].to_numpy(dtype=float, na_value=np.nan)
+    if np.any(length < 0):
+        raise ValueError("context_match holds negative lengths")
+    frame["log1p_copy"] = np.log1p(np.minimum(length, COPY_MAX))
+    frame["copy_full"] = np.where(np.isnan(length), np.nan, (length >= COPY_MAX).astype(float))
 
 
 def _add_sequence_covariates(table: pd.DataFrame, tokens: pd.DataFrame, eps: float) -> pd.DataFrame:
@@ -238,7 +261,8 @@ def _add_sequence_covariates(table: pd.DataFrame, tokens: pd.DataFrame, eps: flo
 
 
 def risk_draft_column(tokens: pd.DataFrame, table: pd.DataFrame, column: str) -> np.ndarray:
-    """The tokens table's ``column`` (a drafter statistic, ``DRAFT_STATS``) of each at-risk row (NaN where null)."""
+    """The tokens table's ``column`` (a drafter statistic, ``DRAFT_STATS``, or ``context_match``) of each at-risk
+    row (NaN where null)."""
     keys = ["run_id", "request_id", "round_index", "depth"]
     look = tokens[[*keys, column]].astype({"run_id": str, "request_id": str})
     look = look.drop_duplicates(keys)

@@ -79,6 +79,12 @@ class LawFamily:
         return bool(self.draft_stats)
 
     @property
+    def needs_context_match(self) -> bool:
+        """A law in the context's copyability before each position (tokens column ``context_match``, recorded with
+        the prompt's token ids or attached from the prompts: ``jobs.reference.attach_context_matches``)."""
+        return "context_match" in self.means
+
+    @property
     def uses_category(self) -> bool:
         return self.needs_categories or "category" in self.terms
 
@@ -155,6 +161,19 @@ FAMILIES: dict[str, LawFamily] = {
                 terms=_LAW_EXP_OBS.terms + " + log_draft_miss",
                 bin_columns=(*_LAW_EXP_OBS.bin_columns, "draft_top1_prob"),
                 means=(*_LAW_EXP_OBS.means, "draft_top1_prob", "log_draft_miss")),
+        # the context's copyability before the position (atrisk.COPY_MAX; known before drafting, from the prompt
+        # and the output so far): log(1 + min(L, 8)) and a step where the suffix match reaches 8 (a long repeat)
+        replace(_LAW_EXP_OBS, name="law_exp_obs_ceil_copy", profile_eps=True,
+                description="law_exp_obs_ceil + log(1 + context's suffix-match length, up to 8) + [length >= 8]",
+                terms=_LAW_EXP_OBS.terms + " + log1p_copy + copy_full",
+                bin_columns=(*_LAW_EXP_OBS.bin_columns, "context_match"),
+                means=(*_LAW_EXP_OBS.means, "context_match", "log1p_copy", "copy_full")),
+        replace(_LAW_EXP_OBS, name="law_exp_obs_ceil_drafttop_copy", profile_eps=True,
+                description="law_exp_obs_ceil_drafttop + the context's copyability (law_exp_obs_ceil_copy's terms)",
+                terms=_LAW_EXP_OBS.terms + " + log_draft_miss + log1p_copy + copy_full",
+                bin_columns=(*_LAW_EXP_OBS.bin_columns, "draft_top1_prob", "context_match"),
+                means=(*_LAW_EXP_OBS.means, "draft_top1_prob", "log_draft_miss", "context_match", "log1p_copy",
+                       "copy_full")),
     ]
 }
 
@@ -228,6 +247,11 @@ def prepare_counts(traces, family: LawFamily, *, eps=atrisk.EPS_NATS, width_log1
     if missing:
         raise ValueError(f"{family.name} needs at-risk columns {missing}: pass traces with a .rounds table (the "
                          "round's drafted depth), or an at-risk table / aggregate that has them")
+    if family.needs_context_match and ("context_match" not in table or table["context_match"].isna().any()):
+        raise ValueError(f"{family.name} uses the context's copyability before each position (tokens column "
+                         "context_match), which these traces do not hold at every at-risk trial: record with the "
+                         "prompts' token ids, attach it from the prompts (jobs.reference.attach_context_matches), "
+                         "or use a family without it, such as 'law_exp_obs_ceil'")
     for column in family.draft_stats:
         if column not in table or table[column].isna().any():
             raise ValueError(f"{family.name} uses the drafter's {column} at each depth, which these traces do not hold "
@@ -474,8 +498,7 @@ class FittedLaw(Result):
         if "cum_entropy_nats" in out:
             out["log1p_cum_entropy"] = np.log1p(out["cum_entropy_nats"].to_numpy(dtype=float))
         if self.family.means:
-            missing = [c for c in _raw_means(self.family)
-                       if c not in out and not (c == "position" and "log1p_position" in out)]
+            missing = [c for c in _raw_means(self.family) if c not in out and not _derived_given(c, out)]
             if missing:
                 raise ValueError(f"{self.family.name} predicts from {missing}: pass them "
                                  "(see atrisk.sequence_covariates)")
@@ -552,7 +575,7 @@ class FittedLaw(Result):
                   "law_exp_cum": "cum_entropy_nats"}.get(self.family.name)
         needed = [needed] if needed else []
         needed += [c for c in (*_raw_means(self.family), *self.family.extra_keys) if c not in needed]
-        missing = [c for c in needed if c not in frame]
+        missing = [c for c in needed if c not in frame and not _derived_given(c, frame)]
         if missing:
             raise ValueError(f"{self.family.name} predicts from {missing}: pass "
                              + ", ".join(f"{c}=..." for c in missing))
@@ -578,7 +601,8 @@ class FittedLaw(Result):
         if self.counts is not None:
             weights = self.counts["n"].to_numpy(dtype=float)
             means = {c: np.average(self.counts[c], weights=weights)
-                     for c in ("log_run_mean_entropy", "log1p_position", "log_drafted_depth") if c in self.counts}
+                     for c in ("log_run_mean_entropy", "log1p_position", "log_drafted_depth", "log1p_copy",
+                               "copy_full") if c in self.counts}
         else:  # an out-of-core fit: the same means, summed over the cells as they streamed by
             means = self.covariate_means
         if "run_mean_entropy_nats" in self.family.means and "log_run_mean_entropy" in means:
@@ -590,6 +614,11 @@ class FittedLaw(Result):
             out["position"] = float(np.expm1(means["log1p_position"]))
         if self.family.needs_drafted_depth and "log_drafted_depth" in means:
             out["drafted_depth"] = float(np.exp(means["log_drafted_depth"]))
+        if self.family.needs_context_match and {"log1p_copy", "copy_full"} <= set(means):
+            # the context's copyability: its two terms at their training means (the trials' mix of short
+            # matches and long repeats), not one length, whose step term would be 0 or 1
+            out["log1p_copy"] = float(means["log1p_copy"])
+            out["copy_full"] = float(means["copy_full"])
         return out
 
     def predict_block_length(self, entropies, B: int, *, category=None, drafter=None) -> np.ndarray:
@@ -610,8 +639,8 @@ class FittedLaw(Result):
         start = np.maximum(t - j + 1, 0)
         return csum[t] - csum[start]
 
-    def sequence_frame(self, h: np.ndarray, drafts: int, *, draft_top1: np.ndarray | None = None
-                       ) -> tuple[pd.DataFrame, tuple]:
+    def sequence_frame(self, h: np.ndarray, drafts: int, *, draft_top1: np.ndarray | None = None,
+                       context_match: np.ndarray | None = None) -> tuple[pd.DataFrame, tuple]:
         """Rows to predict for the DP over entropy sequence ``h`` and the shape to put them into:
         ``[T, drafts]`` (acceptance of depth j + 1 of a round at t), or ``[drafts, T, drafts]`` per drafted
         depth D for a law in D (``law_exp_drafted``; rows only for j < D, the rest stays 1).
@@ -619,7 +648,8 @@ class FittedLaw(Result):
         ``draft_top1`` (``[T, drafts]``): the drafter's top-1 probability at depth j + 1 of a round starting at
         t (``transfer.proposal_arrays`` from replayed proposals; NaN where it drafts nothing there, whose
         acceptance the DP never uses). A family in the drafter's ``draft_top1_prob`` needs it; the drafter's
-        entropy (``draft_entropy_nats``) cannot be given this way."""
+        entropy (``draft_entropy_nats``) cannot be given this way. ``context_match`` (``[T]``): the context's
+        copyability before each output position (tokens column ``context_match``), for a family in it."""
         stats = self.family.draft_stats
         if stats and (draft_top1 is None or set(stats) != {"draft_top1_prob"}):
             raise ValueError(f"{self.family.name} needs the drafter's {', '.join(stats)} at every position and "
@@ -647,7 +677,22 @@ class FittedLaw(Result):
             if top1.shape != (h.size, drafts):
                 raise ValueError(f"draft_top1 must be [T, drafts] = [{h.size}, {drafts}], got {top1.shape}")
             frame["draft_top1_prob"] = np.nan_to_num(top1[start, depth - 1], nan=0.0)  # NaN: never drafted there
+        if self.family.needs_context_match:
+            frame["context_match"] = self.context_of(context_match, h.size)[position]
         return frame, shape
+
+    def context_of(self, context_match, length: int) -> np.ndarray:
+        """``context_match`` checked as the ``[length]`` copyability of one output (``sequence_frame``)."""
+        if context_match is None:
+            raise ValueError(f"{self.family.name} predicts from the context's copyability before every output "
+                             "position (tokens column context_match): record the runs with the prompts' token ids "
+                             "or attach it from the prompts (jobs.reference.attach_context_matches)")
+        values = np.asarray(context_match, dtype=float)
+        if values.shape != (length,) or np.isnan(values).any() or (values < 0).any():
+            raise ValueError(f"context_match must be {length} lengths >= 0 (one per output position), got shape "
+                             f"{values.shape}" + (" with missing or negative values" if values.shape == (length,)
+                                                  else ""))
+        return values
 
     @staticmethod
     def shape_acceptance(values: np.ndarray, shape: tuple) -> np.ndarray:
@@ -827,9 +872,18 @@ def cluster_wald_test(full, terms: Sequence[str]) -> tuple[float, float]:
     return w, float(stats.chi2.sf(w, len(terms)))
 
 
+def _derived_given(column: str, frame) -> bool:
+    """Whether ``frame`` gives what a raw decode-time ``column`` is needed for: the position's log, or the two
+    copyability terms (``steady_state``'s training means) in place of ``context_match``."""
+    if column == "position":
+        return "log1p_position" in frame
+    return column == "context_match" and "log1p_copy" in frame and "copy_full" in frame
+
+
 def _raw_means(family: LawFamily) -> list[str]:
     """The raw decode-time columns a family's predictions need (their logs are derived)."""
-    derived = {"log_lag_entropy", "log_run_mean_entropy", "log_draft_entropy", "log_draft_miss"}
+    derived = {"log_lag_entropy", "log_run_mean_entropy", "log_draft_entropy", "log_draft_miss", "log1p_copy",
+               "copy_full"}
     raw = [c for c in family.means if c not in derived]
     return ["position" if c == "log1p_position" else c for c in raw]
 

@@ -598,11 +598,13 @@ def loco_glance(rounds: pd.DataFrame, *, form: str = "code", cap: float = CAP) -
     return predicted, fits
 
 
-def _entropy_by_request(traces, run_ids) -> tuple[dict, np.ndarray]:
-    """(run_id, request_id) -> (offset, T) into one flat array of entropies at output positions 0..T-1."""
+def _entropy_by_request(traces, run_ids, *, context: bool = False) -> tuple:
+    """(run_id, request_id) -> (offset, T) into one flat array of entropies at output positions 0..T-1; with
+    ``context``, also the tokens' ``context_match`` in the same order (None where the traces lack any)."""
     tokens = traces.tokens
+    copy = context and "context_match" in tokens.columns
     tokens = tokens.loc[tokens["run_id"].astype(str).isin(set(run_ids)),
-                        ["run_id", "request_id", "position", "target_entropy_nats"]]
+                        ["run_id", "request_id", "position", "target_entropy_nats"] + (["context_match"] if copy else [])]
     tokens = tokens.astype({"run_id": str, "request_id": str}).sort_values(["run_id", "request_id", "position"],
                                                                             kind="stable")
     tokens = atrisk.validate_covariates(tokens, ["target_entropy_nats"])
@@ -613,7 +615,11 @@ def _entropy_by_request(traces, run_ids) -> tuple[dict, np.ndarray]:
             raise ValueError(f"request {key[1]} of run {key[0]}: output positions are not 0..T-1 without gaps")
         where[key] = (offset, n)
         offset += n
-    return where, tokens["target_entropy_nats"].to_numpy(dtype=float)
+    entropy = tokens["target_entropy_nats"].to_numpy(dtype=float)
+    if not context:
+        return where, entropy
+    match = tokens["context_match"].to_numpy(dtype=float, na_value=np.nan) if copy else None
+    return where, entropy, (None if match is None or np.isnan(match).any() else match)
 
 
 def law_round_expectations(law, traces, rounds: pd.DataFrame | None = None, *, root_only: bool = False,
@@ -632,12 +638,17 @@ def law_round_expectations(law, traces, rounds: pd.DataFrame | None = None, *, r
     ``drafts``: the drafter's confidence in its own proposal at every verified depth of each round (rows
     ``run_id``, ``request_id``, ``round_index``, ``depth``, ``top1_prob``: ``jobs.reference.round_proposals``),
     given to the law as ``draft_top1_prob``, for a law in that confidence (``law_exp_obs_ceil_drafttop``); a
-    (round, depth) it lacks raises ``ValueError``.
+    (round, depth) it lacks raises ``ValueError``. A law in the context's copyability (``law_exp_obs_ceil_copy``)
+    reads the tokens' ``context_match`` at the row's position.
     """
     rounds = glance_rounds(traces) if rounds is None else rounds
     if rounds.empty:
         return np.zeros(0)
-    where, entropy = _entropy_by_request(traces, rounds["run_id"].unique())
+    copy = law.family.needs_context_match
+    where, entropy, *match = _entropy_by_request(traces, rounds["run_id"].unique(), context=copy)
+    if copy and match[0] is None:
+        raise ValueError(f"{law.family.name} reads the context's copyability (tokens column context_match), which "
+                         "these traces lack at some position: attach it (jobs.reference.attach_context_matches)")
     keys = list(zip(rounds["run_id"].astype(str), rounds["request_id"].astype(str)))
     missing = [k for k in keys if k not in where]
     if missing:
@@ -663,6 +674,8 @@ def law_round_expectations(law, traces, rounds: pd.DataFrame | None = None, *, r
     frame["run_mean_entropy_nats"] = (csum[first + position] - before) / (position + 1.0)
     frame["position"] = position
     frame["log1p_position"] = np.log1p(position.astype(float))
+    if copy:  # the context's copyability before the row's position (the root's, with root_only)
+        frame["context_match"] = match[0][first + position]
     if drafter is not None:
         frame["drafter_id"] = drafter
     if drafts is not None:

@@ -469,7 +469,8 @@ def _streamable(fam) -> None:
     """Refuse families the streamed fit cannot reproduce exactly (their cells or estimator need more than the
     GLM sums of the cells the query computes). Profiled offsets (``profile_eps``: one streamed fit per offset)
     and the decode-time covariates of ``atrisk.sequence_covariates`` (windows over each request's output) are
-    done; the drafter's own statistics (``draft_entropy_nats``, ``draft_top1_prob``) are not computed by the query."""
+    done; the drafter's own statistics (``draft_entropy_nats``, ``draft_top1_prob``) and the context's copyability
+    (``context_match``) are not computed by the query."""
     if fam.link == "isotonic":
         raise OutOfCoreError("law_iso is not a GLM: fit it in memory on the cells, fit_law(aggregate_at_risk_sql(path, "
                              "'law_iso'), 'law_iso') (its cells number about half the token rows)")
@@ -478,8 +479,9 @@ def _streamable(fam) -> None:
     bins = [b for b in fam.bin_columns if b not in {*atrisk.COVARIATES, "cum_entropy_nats", *_SEQUENCE_BINS}]
     if missing or bins:
         raise OutOfCoreError(f"{fam.name} uses covariates {sorted(set(missing + bins))} that the out-of-core query "
-                             f"does not compute (the drafter's own statistics at each depth): fit it in memory, "
-                             f"fit_law(load_traces(path), {fam.name!r}), or fit a family on the target's entropy "
+                             "does not compute (the drafter's own statistics at each depth, the context's "
+                             f"copyability): fit it in memory, fit_law(load_traces(path), {fam.name!r}), or fit a "
+                             "family on the target's entropy "
                              "sequence out of core, such as 'law_exp_obs_ceil' (the primary law) or 'law_exp_obs'")
 
 

@@ -47,11 +47,12 @@ import pandas as pd
 from entropy_law.law.atrisk import at_risk_table
 from entropy_law.law.cost import fit_cost_model, verify_curve
 from entropy_law.law.fit import LawFamily, fit_law, get_family
+# the longest suffix match the copyability input tells apart (longer ones count as this): the traces' cap
+from entropy_law.traces.stats import CONTEXT_MATCH_MAX
 
 POLICY_KIND = "entropy_law_policy"  # the decoder's LawPolicy checks these two
 POLICY_VERSION = 1
 DEFAULT_GRID = tuple(float(h) for h in np.geomspace(1e-3, 8.0, 40))
-CONTEXT_MATCH_MAX = 8  # the longest suffix match the copyability input tells apart (longer ones count as this)
 MIN_LEVEL_TRIALS = 200  # at-risk trials a copyability level needs to be fitted on its own
 
 
@@ -209,7 +210,9 @@ def _context_match_tables(lagged, context_match: pd.DataFrame, family: str, grid
         raise ValueError("context_match has several rows for one (run_id, request_id, position)")
     if lengths["context_match"].isna().any() or (lengths["context_match"] < 0).any():
         raise ValueError("context_match holds missing or negative lengths")
-    table = at_risk_table(lagged)
+    # the at-risk rows' own copyability (per position, where the traces record it) is not the policy's input:
+    # the policy reads the length at the round's start
+    table = at_risk_table(lagged).drop(columns=["context_match", "log1p_copy", "copy_full"], errors="ignore")
     table["start"] = table["position"] - table["depth"] + 1
     keyed = lengths.rename(columns={"position": "start"})
     merged = table.assign(run_id=table["run_id"].astype(str), request_id=table["request_id"].astype(str)).merge(

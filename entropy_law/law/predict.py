@@ -30,7 +30,7 @@ from entropy_law.law.fit import FittedLaw, fit_law
 from entropy_law.law.results import Result
 from entropy_law.law.stats import FEW_REQUESTS, SmallSampleWarning, exact_spearman_p
 from entropy_law.law.transfer import (TrainingDepthModel, _observed_rounds, drafted_depths, loco_inputs,
-                                      replayed_arrays, with_start_entropy)
+                                      replayed_arrays, sequence_context, with_start_entropy)
 
 LEVEL = 0.90
 N_DRAWS = 20  # parameter draws per held-out category
@@ -120,9 +120,10 @@ def request_moments(law: FittedLaw, sequences: pd.DataFrame, B: int, depth_model
         h = np.asarray(rec.entropy, dtype=float)
         if replayed is not None:
             probs, top1 = replayed[(str(rec.run_id), str(rec.request_id))]
-            frame, shape = law.sequence_frame(h, drafts, draft_top1=top1 if law.family.needs_draft_stats else None)
+            frame, shape = law.sequence_frame(h, drafts, draft_top1=top1 if law.family.needs_draft_stats else None,
+                                              context_match=sequence_context(law, rec))
         else:
-            frame, shape = law.sequence_frame(h, drafts)
+            frame, shape = law.sequence_frame(h, drafts, context_match=sequence_context(law, rec))
             probs = depth_model.probabilities(h)
         x = _design(law, frame)
         a = law.shape_acceptance(_acceptance(law, x, np.asarray(law.result.params, dtype=float)), shape)

@@ -61,8 +61,11 @@ def entropy_sequences(traces, drafter: str) -> pd.DataFrame:
 
 
 def sequences_of(tokens: pd.DataFrame) -> pd.DataFrame:
-    """``entropy_sequences`` of these token rows (any runs: a workload recorded by AR, or an imported one)."""
-    tokens = tokens[["run_id", "request_id", "category", "position", "target_entropy_nats"]]
+    """``entropy_sequences`` of these token rows (any runs: a workload recorded by AR, or an imported one); with a
+    ``context_match`` column also each request's copyability array (None where it has a null)."""
+    copy = "context_match" in tokens.columns
+    tokens = tokens[["run_id", "request_id", "category", "position", "target_entropy_nats"]
+                    + (["context_match"] if copy else [])]
     tokens = atrisk.validate_covariates(tokens, ["target_entropy_nats"])
     tokens = tokens.sort_values(["run_id", "request_id", "position"])
     out = []
@@ -70,9 +73,21 @@ def sequences_of(tokens: pd.DataFrame) -> pd.DataFrame:
         pos = group["position"].to_numpy()
         if not np.array_equal(pos, np.arange(len(pos))):
             raise ValueError(f"request {request_id} of run {run_id}: output positions are not 0..T-1 without gaps")
-        out.append(dict(run_id=run_id, request_id=request_id, category=group["category"].iloc[0],
-                        entropy=group["target_entropy_nats"].to_numpy(dtype=float)))
+        row = dict(run_id=run_id, request_id=request_id, category=group["category"].iloc[0],
+                   entropy=group["target_entropy_nats"].to_numpy(dtype=float))
+        if copy:
+            match = group["context_match"].to_numpy(dtype=float, na_value=np.nan)
+            row["context_match"] = None if np.isnan(match).any() else match
+        out.append(row)
     return pd.DataFrame(out)
+
+
+def sequence_context(law, rec) -> np.ndarray | None:
+    """The copyability array of one ``sequences_of`` row for a law in it (``LawFamily.needs_context_match``; a
+    clear error where the row has none), else None."""
+    if not law.family.needs_context_match:
+        return None
+    return law.context_of(getattr(rec, "context_match", None), len(rec.entropy))
 
 
 DEPTH_MODELS = ("observed", "category", "full")
@@ -296,7 +311,9 @@ def predict_requests(law: FittedLaw, sequences: pd.DataFrame, B: int, *, drafter
     for rec in sequences.itertuples():
         h = np.asarray(rec.entropy, dtype=float)
         top1 = replayed[(str(rec.run_id), str(rec.request_id))][1] if replayed else None
-        frame, shape = law.sequence_frame(h, drafts, draft_top1=top1 if law.family.needs_draft_stats else None)
+        match = sequence_context(law, rec)
+        frame, shape = law.sequence_frame(h, drafts, draft_top1=top1 if law.family.needs_draft_stats else None,
+                                          context_match=match)
         first = pd.DataFrame({"target_entropy_nats": h, "depth": 1})  # depth-1 acceptance at every position
         if "cum_entropy_nats" in frame:
             first["cum_entropy_nats"] = 0.0
@@ -307,6 +324,8 @@ def predict_requests(law: FittedLaw, sequences: pd.DataFrame, B: int, *, drafter
                 first[name] = values
         if law.family.needs_draft_stats:
             first["draft_top1_prob"] = np.nan_to_num(top1[:, 0], nan=0.0)
+        if match is not None:
+            first["context_match"] = match
         frame = pd.concat([frame, first], ignore_index=True)
         frame["category"] = rec.category
         frames.append(frame)

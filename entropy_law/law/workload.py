@@ -48,7 +48,7 @@ from entropy_law.law.predict import _acceptance, _design, parameter_draws
 from entropy_law.law.results import Result
 from entropy_law.law.stats import FEW_REQUESTS, warn_if_few_requests
 from entropy_law.law.transfer import (TrainingDepthModel, drafted_depths, entropy_sequences, replayed_arrays,
-                                      single_drafter, with_start_entropy)
+                                      sequence_context, single_drafter, with_start_entropy)
 
 
 def decode_moments(p_tau: np.ndarray, round_rewards: np.ndarray, start: int = 1) -> tuple[np.ndarray, np.ndarray]:
@@ -226,17 +226,19 @@ def _law_draws(law: FittedLaw, n_boot: int, seed: int) -> np.ndarray:
 
 
 def _price_sequences(law: FittedLaw, entropies, drafts: int, depth_model: TrainingDepthModel | None,
-                     n_of_depth: np.ndarray, thetas: np.ndarray,
-                     replayed: list | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                     n_of_depth: np.ndarray, thetas: np.ndarray, replayed: list | None = None,
+                     contexts: list | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The module doc's DP over each entropy sequence, for each row of ``thetas``: ``[requests, K]`` arrays of
     expected rounds, draft nodes verified and drafting rounds. ``replayed``: per sequence ``(depth probabilities,
     top-1 probabilities)`` of the drafter's replayed proposals (``transfer.replayed_arrays``) instead of
-    ``depth_model``; the top-1 probabilities enter a law in them (``needs_draft_stats``)."""
+    ``depth_model``; the top-1 probabilities enter a law in them (``needs_draft_stats``). ``contexts``: per sequence
+    its copyability array (``transfer.sequence_context``) for a law in it (``needs_context_match``)."""
     rounds_k, nodes_k, drafting_k = [], [], []
     for i, h in enumerate(entropies):
         h = np.asarray(h, dtype=float)
         probs, top1 = replayed[i] if replayed is not None else (depth_model.probabilities(h), None)
-        frame, shape = law.sequence_frame(h, drafts, draft_top1=top1 if law.family.needs_draft_stats else None)
+        frame, shape = law.sequence_frame(h, drafts, draft_top1=top1 if law.family.needs_draft_stats else None,
+                                          context_match=None if contexts is None else contexts[i])
         x = _design(law, frame)
         p_tau = _tau_by_draw(_acceptance(law, x, thetas.T), shape, probs)
         r, sums = decode_moments(p_tau, np.column_stack([probs @ n_of_depth, 1.0 - probs[:, 0]]))
@@ -261,7 +263,8 @@ def _priced_requests(traces, drafter: str, law: FittedLaw, arm_seqs: pd.DataFram
     if proposals is not None:
         arrays = replayed_arrays(proposals, seqs, drafts)
         replayed = [arrays[(str(r.run_id), str(r.request_id))] for r in seqs.itertuples()]
-    priced = _price_sequences(law, seqs["entropy"], drafts, depth_model, n_of_depth, thetas, replayed)
+    contexts = [sequence_context(law, r) for r in seqs.itertuples()]
+    priced = _price_sequences(law, seqs["entropy"], drafts, depth_model, n_of_depth, thetas, replayed, contexts)
     tokens = np.array([len(e) - 1 for e in seqs["entropy"]], dtype=float)
     mean_h = np.array([float(np.mean(e)) for e in seqs["entropy"]])
     return n_of_depth, replayed, priced, tokens, mean_h

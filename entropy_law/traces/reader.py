@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -273,6 +274,47 @@ class TraceSet:
             categories = wanted_cats if categories is None else tuple(c for c in categories if c in wanted_cats)
         return TraceSet(runs, categories=categories, validate=self._validate)
 
+    def with_context_match(self, lengths: pd.DataFrame) -> "TraceSet":
+        """This TraceSet with the tokens column ``context_match`` (the context's copyability before each output
+        position) filled from ``lengths``: rows ``run_id``, ``request_id``, ``position``, ``context_match`` (what
+        ``jobs.reference.context_matches`` computes from the prompts of runs recorded without it). Positions it
+        does not give keep what their files hold; a given length that differs from a recorded one, a run not in
+        this set, duplicate or negative rows are errors. Nothing is written to disk."""
+        needed = ("run_id", "request_id", "position", "context_match")
+        if not isinstance(lengths, pd.DataFrame) or any(c not in lengths for c in needed):
+            raise ValueError(f"lengths must be a DataFrame with columns {list(needed)}")
+        given = lengths[list(needed)].astype({"run_id": str, "request_id": str})
+        if given["context_match"].isna().any() or (given["context_match"] < 0).any():
+            raise ValueError("lengths holds missing or negative context_match values")
+        if given.duplicated(["run_id", "request_id", "position"]).any():
+            raise ValueError("lengths holds several rows for one (run_id, request_id, position)")
+        known = {r.run_id for r in self._runs}
+        unknown = sorted(set(given["run_id"]) - known)
+        if unknown:
+            raise ValueError(f"lengths names runs {unknown} that this TraceSet does not hold: {sorted(known)}")
+        runs = []
+        for run in self._runs:
+            part = given.loc[given["run_id"] == run.run_id]
+            if part.empty:
+                runs.append(run)
+                continue
+            tokens = self._load(run, "tokens")
+            keys = pd.DataFrame({"request_id": _strings(tokens.column("request_id")),
+                                 "position": tokens.column("position").to_numpy()})
+            merged = keys.merge(part.drop(columns="run_id"), on=["request_id", "position"], how="left",
+                                validate="many_to_one")["context_match"].to_numpy(dtype=float)
+            recorded = tokens.column("context_match").to_numpy(zero_copy_only=False).astype(float)
+            clash = ~np.isnan(merged) & ~np.isnan(recorded) & (merged != recorded)
+            if clash.any():
+                raise ValueError(f"run {run.run_id!r}: {int(clash.sum())} given context_match values differ from "
+                                 "the recorded ones")
+            value = np.where(np.isnan(recorded), merged, recorded)
+            column = pa.array(np.nan_to_num(value).astype(np.int16), mask=np.isnan(value))
+            index = tokens.schema.get_field_index("context_match")
+            filled = tokens.set_column(index, tokens.schema.field(index), column)
+            runs.append(_Run(run.run_id, run.path, run.metadata, run.files, {**run.tables, "tokens": filled}))
+        return TraceSet(runs, categories=self._categories, validate=self._validate)
+
     def validate(self) -> None:
         """Read and check every shard of every run (raises TraceValidationError on the first problem).
 
@@ -294,6 +336,14 @@ class TraceSet:
                     f"run {run.run_id!r} at {run.path}: request id {repeated[0]['values'].as_py()!r} appears in "
                     "more than one shard (a request is written once; was a run resumed without skipping "
                     "completed_requests?)")
+
+
+def _strings(column) -> np.ndarray:
+    """A (possibly dictionary-encoded) Arrow string column as a numpy array of str."""
+    column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
+    if pa.types.is_dictionary(column.type):
+        column = column.dictionary_decode()
+    return np.asarray(column.to_pylist(), dtype=object).astype(str)
 
 
 def _read_checked_shard(files: tuple[Path, ...]) -> list[pa.Table]:

@@ -63,7 +63,7 @@ from entropy_law.traces.schema import (
     STOP_REASONS,
     added_columns,
 )
-from entropy_law.traces.stats import DRAFT_STAT_KEYS, TARGET_STAT_KEYS, target_stats_from_logits
+from entropy_law.traces.stats import DRAFT_STAT_KEYS, TARGET_STAT_KEYS, context_matches_of_output, target_stats_from_logits
 from entropy_law.traces.stats import draft_stats as _draft_stats
 from entropy_law.traces.validation import check_run, check_values
 
@@ -201,11 +201,12 @@ class _OpenRequest:
     """Buffered rounds of one request that has begun and not yet ended."""
 
     __slots__ = ("request_id", "info", "rounds", "token_ids", "stats", "draft", "roles",
-                 "last_round", "next_position", "n_tokens", "row", "policy")
+                 "last_round", "next_position", "n_tokens", "row", "policy", "prompt_ids")
 
-    def __init__(self, request_id: str, info: dict):
+    def __init__(self, request_id: str, info: dict, prompt_ids: np.ndarray | None = None):
         self.request_id = request_id
         self.info = info
+        self.prompt_ids = prompt_ids  # the prompt's token ids (the context's copyability), or None
         self.rounds: list[tuple] = []
         self.token_ids: list[np.ndarray] = []
         self.stats: list[np.ndarray] = []  # each [5, committed] float32 in TARGET_STAT_KEYS order
@@ -468,8 +469,10 @@ class TraceRecorder:
 
     # -- per-request logging --------------------------------------------------------------------------
     def begin_request(self, request_id, *, category, dataset="", question_id="", prompt_tokens=0,
-                      image_tokens=0) -> None:
-        """Open a request; its rows are buffered until ``end_request``."""
+                      image_tokens=0, prompt_ids=None) -> None:
+        """Open a request; its rows are buffered until ``end_request``. ``prompt_ids``: the prompt's token ids, from
+        which the tokens column ``context_match`` (the context's copyability before each output position) is
+        computed when the request is written; without them it stays null."""
         self._check_live()
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty string; got {request_id!r}")
@@ -483,9 +486,15 @@ class TraceRecorder:
         for name, value in (("prompt_tokens", prompt_tokens), ("image_tokens", image_tokens)):
             if int(value) < 0:
                 raise ValueError(f"{name} of request {request_id!r} must be >= 0; got {value}")
+        ids = None
+        if prompt_ids is not None:
+            ids = np.asarray(prompt_ids)
+            if ids.ndim != 1 or not (ids.size == 0 or np.issubdtype(ids.dtype, np.integer)) or (ids < 0).any():
+                raise ValueError(f"prompt_ids of request {request_id!r} must be a flat sequence of token ids >= 0")
+            ids = ids.astype(np.int64)
         self._open[request_id] = _OpenRequest(request_id, {
             "category": category, "dataset": str(dataset), "question_id": str(question_id),
-            "prompt_tokens": int(prompt_tokens), "image_tokens": int(image_tokens)})
+            "prompt_tokens": int(prompt_tokens), "image_tokens": int(image_tokens)}, ids)
 
     def _request(self, request_id) -> _OpenRequest:
         req = self._open.get(request_id)
@@ -712,6 +721,7 @@ class TraceRecorder:
         tokens["draft_rank"] = pa.array(np.where(rank_null, 0, draft[1]).astype(np.int32), mask=rank_null)
         tokens["draft_entropy_nats"] = pa.array(draft[2].astype(np.float32), mask=np.isnan(draft[2]))
         tokens["draft_top1_prob"] = pa.array(draft[3].astype(np.float32), mask=np.isnan(draft[3]))
+        tokens["context_match"] = _context_column(pending, n_tok)
         return {"tokens": _to_schema(tokens, "tokens"), "rounds": _to_schema(rounds, "rounds"),
                 "requests": _to_schema(requests, "requests")}
 
@@ -852,6 +862,23 @@ class TraceRecorder:
             if pc.any(bad).as_py():
                 raise ValueError(f"{where}: run_id column differs from this run's id {self.run_id!r}")
         return table
+
+
+def _context_column(pending: list[_OpenRequest], n_tok: int) -> pa.Array:
+    """The tokens column ``context_match`` of these requests in row order: each output position's copyability
+    (``traces.stats.context_matches_of_output``) where the request's prompt ids were given and its rounds cover
+    positions 0.. without a gap (the output is then known), else null."""
+    parts = []
+    for r in pending:
+        output = np.concatenate(r.token_ids) if r.token_ids else np.zeros(0, np.int64)
+        if r.prompt_ids is None or r.next_position != output.size:
+            parts.append(np.full(output.size, -1, np.int16))
+        else:
+            parts.append(context_matches_of_output(r.prompt_ids.tolist(), output.tolist()))
+    values = np.concatenate(parts) if parts else np.zeros(0, np.int16)
+    if values.size != n_tok:
+        raise AssertionError(f"context_match has {values.size} values for {n_tok} token rows")
+    return pa.array(np.maximum(values, 0), type=pa.int16(), mask=values < 0)
 
 
 def _to_schema(columns: dict, name: str) -> pa.Table:

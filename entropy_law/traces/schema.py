@@ -52,6 +52,9 @@ TOKENS_SCHEMA = pa.schema(
         pa.field("draft_entropy_nats", pa.float32(), nullable=True),
         # added: the drafter's probability of its own top proposal at this depth (known before verification)
         pa.field("draft_top1_prob", pa.float32(), nullable=True),
+        # added: the context's copyability before this position (longest suffix of the prompt and the output
+        # before it that occurred earlier in them, up to CONTEXT_MATCH_MAX; null where the prompt's ids are unknown)
+        pa.field("context_match", pa.int16(), nullable=True),
     ]
 )
 
@@ -112,7 +115,7 @@ POLICY_COLUMNS = ("policy_entropy_nats", "policy_window_entropy_nats", "policy_d
 # and readers and writers fill it with nulls, so old runs stay readable and resumable (format v1 is kept).
 # Document every entry in docs/trace-schema.md under "Added columns".
 ADDED_COLUMNS: dict[str, tuple[str, ...]] = {
-    "tokens": ("draft_top1_prob",),
+    "tokens": ("draft_top1_prob", "context_match"),
     "rounds": POLICY_COLUMNS,
     "requests": ("decode_cpu_ms",),
 }

@@ -10,6 +10,8 @@ require grad are detached through ``.detach()``); torch is never imported.
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 
 TARGET_STAT_KEYS = ("entropy_nats", "renyi2_nats", "top1_prob", "top2_prob", "logit_gap")
@@ -158,3 +160,39 @@ def draft_stats(
             best = np.where(valid[:rows], logprobs[:rows], -np.inf).max(axis=1)
             top1[:rows] = np.where(np.isfinite(best), np.exp(np.minimum(best, 0)), np.nan)
     return {"prob": prob, "rank": rank, "entropy_nats": entropy, "top1_prob": top1}
+
+
+# the longest suffix match the copyability tells apart (``context_match``; longer ones are recorded as this)
+CONTEXT_MATCH_MAX = 8
+
+
+def context_match_length(tokens: Sequence[int], max_length: int, end: int | None = None) -> int:
+    """The length ``m`` (0..``max_length``) of the longest suffix of ``tokens[:end]`` (default: all of them) that
+    also occurs earlier in it, ending before its last token: 0 when its last token never occurred before, ``k``
+    when its last ``k`` tokens occurred together before. What a prompt-lookup drafter looks up, known before any
+    drafter runs: the context's copyability (the law policy's input, the tokens column ``context_match``)."""
+    n = len(tokens) if end is None else int(end)
+    if max_length < 1 or n < 2:
+        return 0
+    last, best = tokens[n - 1], 0
+    for i in range(n - 2, -1, -1):  # earlier occurrences of the last token, nearest first
+        if tokens[i] != last:
+            continue
+        k = 1
+        while k < max_length and k <= i and tokens[i - k] == tokens[n - 1 - k]:
+            k += 1
+        if k > best:
+            best = k
+            if best >= max_length:
+                break
+    return best
+
+
+def context_matches_of_output(prompt_ids: Sequence[int], output_ids: Sequence[int],
+                              max_length: int = CONTEXT_MATCH_MAX) -> np.ndarray:
+    """``context_match_length`` before every output position: ``[len(output_ids)]`` int16, entry ``p`` for the
+    prompt and ``output_ids[:p]`` (what a round starting at ``p`` sees before drafting)."""
+    context = [int(t) for t in prompt_ids] + [int(t) for t in output_ids]
+    n_prompt = len(prompt_ids)
+    return np.array([context_match_length(context, max_length, end=n_prompt + p) for p in range(len(output_ids))],
+                    dtype=np.int16)

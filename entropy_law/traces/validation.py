@@ -128,6 +128,7 @@ def _check_tokens(tbl: pa.Table, where: str) -> None:
         ("draft_entropy_nats", lambda c: pc.or_(pc.less(c, 0), pc.is_inf(c)),
          "draft_entropy_nats negative or infinite"),
         ("draft_rank", lambda c: pc.less(c, -1), "draft_rank < -1 (-1 means: not among the candidates)"),
+        ("context_match", lambda c: pc.less(c, 0), "negative context_match (a suffix-match length)"),
     ]
     for name, condition, problem in checks:
         mask = _bad(tbl.column(name), condition)
