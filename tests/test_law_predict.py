@@ -7,6 +7,7 @@ import matplotlib
 import numpy as np
 import pandas as pd
 import pytest
+from scipy import stats
 
 matplotlib.use("Agg")
 
@@ -77,6 +78,25 @@ def test_interval_is_centred_and_scaled():
     assert np.log(out["upper"] / out["center"]) == pytest.approx(1.6448536 * 0.2, rel=1e-6)
     with pytest.raises(ValueError, match="level"):
         prediction_interval(moments, over, 1.5)
+
+
+def test_interval_widens_with_few_training_categories():
+    """The between-category variance rests on k - 1 df: a t quantile with the Welch-Satterthwaite df, by hand."""
+    moments = pd.DataFrame({"predicted_tokens_per_round": [2.0], "var_log_sampling": [0.01], "var_log_parameters": [0.0]})
+    over = Overdispersion(bias=0.0, sigma2_request=0.02, sigma2_category=0.05, var_bias=0.01, categories=4,
+                          requests=10)
+    out = prediction_interval(moments, over, 0.9).iloc[0]
+    var = 0.01 + 0.02 + 0.05 + 0.01
+    df = var ** 2 / (0.06 ** 2 / 3)  # = 6.75
+    assert out["df"] == pytest.approx(6.75)
+    assert out["sd_log"] == pytest.approx(np.sqrt(var))
+    assert np.log(out["upper"] / 2.0) == pytest.approx(stats.t.ppf(0.95, df) * np.sqrt(var), rel=1e-9)
+    assert np.log(2.0 / out["lower"]) == pytest.approx(stats.t.ppf(0.95, df) * np.sqrt(var), rel=1e-9)
+    # many categories: the normal again
+    many = Overdispersion(bias=0.0, sigma2_request=0.02, sigma2_category=0.05, var_bias=0.01, categories=10_000,
+                          requests=10)
+    wide = prediction_interval(moments, many, 0.9).iloc[0]
+    assert np.log(wide["upper"] / 2.0) == pytest.approx(1.6448536 * np.sqrt(var), rel=1e-3)
 
 
 def test_reliability_table_by_hand():

@@ -221,3 +221,20 @@ def test_a_copyability_policy_decodes_greedily_and_replays_its_online_rounds(tmp
                  "--min-level-trials", "1"]) == 0
     assert "recorded context_match column" in capsys.readouterr().out
     assert json.loads(again.read_text())["context_match"] == json.loads(out.read_text())["context_match"]
+
+    # entropy-law law --context-match: the recorded column is read as is; with --model the lengths are rebuilt from
+    # the prompts and must agree with the recorded ones (with_context_match refuses a clash). The copy law itself
+    # needs more than these 39 positions (tests/test_law_copy.py fits it); the command runs with law_exp here
+    from types import SimpleNamespace
+
+    from entropy_law.commands.law import _with_context_match
+
+    ngram_traces = load_traces(ngram)
+    assert _with_context_match(ngram_traces, SimpleNamespace(model=None, tasks=None)) is ngram_traces
+    rebuilt = _with_context_match(ngram_traces, SimpleNamespace(model=str(folder), tasks=None)).tokens
+    pd.testing.assert_series_equal(rebuilt["context_match"], ngram_traces.tokens["context_match"])
+    for extra, said in (([], "recorded context_match column"), (["--model", str(folder)], "rebuilt from the prompts")):
+        assert main(["law", str(ngram), "--family", "law_exp", "--context-match", *extra]) == 0
+        assert said in capsys.readouterr().out
+    assert main(["law", str(ngram), "--model", str(folder)]) == 2
+    assert "--model and --tasks go with --context-match" in capsys.readouterr().err

@@ -27,6 +27,15 @@ def register(subparsers) -> None:
                         "fitted on the other categories, leak-free), 'replayed' (the drafter's own proposal at every "
                         "position, from the runs' proposals.parquet: bench/replayed_proposals.py --write; leak-free) "
                         "or 'oracle' (the held-out category's own)")
+    p.add_argument("--context-match", action="store_true",
+                   help="give the law the context's copyability (tokens column context_match, for the families "
+                        "law_exp_obs_ceil_copy and law_exp_obs_ceil_drafttop_copy): read where the runs recorded "
+                        "it, else rebuilt from the prompts with the target that decoded them (loads its tokenizer "
+                        "and weights; --model, --tasks)")
+    p.add_argument("--model", default=None,
+                   help="--context-match: the target that decoded the runs (default: their model_id)")
+    p.add_argument("--tasks", default=None,
+                   help="--context-match: the prompts' task file, where a run's run.json names none")
     p.add_argument("--out-of-core", action="store_true",
                    help="fit with fit_law_out_of_core (DuckDB over the shards, IRLS streamed over the cells: trace "
                         "folders larger than memory); prints the law per arm only (docs/out-of-core.md)")
@@ -47,6 +56,10 @@ def run(args) -> int:
 
     if args.family is None:
         args.family = PRIMARY_FAMILY
+    if (args.model or args.tasks) and not getattr(args, "context_match", False):
+        raise ValueError("--model and --tasks go with --context-match")
+    if getattr(args, "context_match", False) and (args.simulate is not None or getattr(args, "out_of_core", False)):
+        raise ValueError("--context-match reads a trace folder into memory: drop --simulate / --out-of-core")
     if getattr(args, "out_of_core", False):  # larger than memory: the laws only (the rest needs the rows)
         if args.simulate is not None or args.loco or args.tests or not args.traces:
             raise ValueError("--out-of-core fits a trace folder (not --simulate) and prints the laws only: drop "
@@ -70,8 +83,11 @@ def run(args) -> int:
             from entropy_law.law.outofcore import check_fits_in_memory
 
             check_fits_in_memory(args.traces, "the law")
+        loaded = load_traces(args.traces)
+        if getattr(args, "context_match", False):
+            loaded = _with_context_match(loaded, args)
         # one law per arm (drafter + tree policy: "ngram chain", "ngram ddtree16"), not pooled by drafter
-        traces = make_view(load_traces(args.traces))
+        traces = make_view(loaded)
     proposals = None
     if args.loco and args.loco_depths == "replayed":
         from entropy_law.traces.proposals import read_proposals
@@ -100,3 +116,35 @@ def run(args) -> int:
             print()
             test.print_summary()
     return 0
+
+
+def _with_context_match(traces, args):
+    """``traces`` with the tokens column ``context_match`` at every position: as recorded where every run holds
+    it, else rebuilt from the prompts (``jobs.reference.attach_context_matches``) with the target that decoded
+    them, which fills only the positions recorded without it (a rebuilt length that differs from a recorded one
+    is an error)."""
+    tokens = traces.tokens
+    if len(tokens) and tokens["context_match"].notna().all() and args.model is None and args.tasks is None:
+        print(f"copyability: the runs' recorded context_match column ({len(tokens)} positions)")
+        return traces
+    from entropy_law.decoding.loading import load_target
+    from entropy_law.jobs.reference import attach_context_matches
+
+    runs = traces.runs
+    models = sorted(runs["model_id"].astype(str).unique()) if "model_id" in runs else []
+    name = args.model or (models[0] if len(models) == 1 else None)
+    if name is None:
+        raise ValueError(f"the runs name targets {models or 'none'}: pass --model, the target that decoded them")
+    try:
+        target = load_target(name)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"cannot load the target {name!r} that decoded the runs ({err}); pass --model (an embedded "
+                         "name, a local folder or a .gguf file)") from err
+    try:
+        filled = attach_context_matches(traces, target, tasks=args.tasks)
+    except ValueError as err:
+        if args.tasks is None and "task file" in str(err):
+            raise ValueError(f"{err} (--tasks FILE or a built-in name such as spec_bench)") from err
+        raise
+    print(f"copyability: rebuilt from the prompts with {name}'s tokenizer ({len(tokens)} positions)")
+    return filled

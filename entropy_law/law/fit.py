@@ -250,7 +250,8 @@ def prepare_counts(traces, family: LawFamily, *, eps=atrisk.EPS_NATS, width_log1
     if family.needs_context_match and ("context_match" not in table or table["context_match"].isna().any()):
         raise ValueError(f"{family.name} uses the context's copyability before each position (tokens column "
                          "context_match), which these traces do not hold at every at-risk trial: record with the "
-                         "prompts' token ids, attach it from the prompts (jobs.reference.attach_context_matches), "
+                         "prompts' token ids, attach it from the prompts (jobs.reference.attach_context_matches; "
+                         "entropy-law law --context-match), "
                          "or use a family without it, such as 'law_exp_obs_ceil'")
     for column in family.draft_stats:
         if column not in table or table[column].isna().any():

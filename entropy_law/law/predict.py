@@ -183,18 +183,29 @@ class Overdispersion:
 
 def prediction_interval(moments: pd.DataFrame, over: Overdispersion, level: float = LEVEL) -> pd.DataFrame:
     """``moments`` (``request_moments``) with the interval columns: ``center`` (T / E[N] x e^bias), ``lower``,
-    ``upper`` at ``level`` (normal on the log scale) and ``sd_log`` with its parts."""
+    ``upper`` at ``level`` and ``sd_log`` with its parts, on the log scale: Student t with ``df`` degrees of
+    freedom (Welch-Satterthwaite: the between-category variance rests on the training categories' means,
+    ``over.categories`` - 1 df; the normal where it is 0 or estimated from one category)."""
     if not 0 < level < 1:
         raise ValueError("level must lie in (0, 1)")
     out = moments.copy()
     param = out["var_log_parameters"] if "var_log_parameters" in out else 0.0
-    var = out["var_log_sampling"] + param + over.sigma2_request + over.sigma2_category + over.var_bias
-    z = stats.norm.ppf(0.5 + level / 2)
+    between = over.sigma2_category + over.var_bias
+    var = out["var_log_sampling"] + param + over.sigma2_request + between
     log_center = np.log(out["predicted_tokens_per_round"]) + over.bias
     out["center"] = np.exp(log_center)
     out["sd_log"] = np.sqrt(var)
-    out["lower"] = np.exp(log_center - z * out["sd_log"])
-    out["upper"] = np.exp(log_center + z * out["sd_log"])
+    # the between-category part rests on the k training categories' means (k - 1 df); the others on many
+    # requests. Welch-Satterthwaite: t with df = var^2 / (between^2 / (k - 1)), the normal as k grows
+    if between > 0 and over.categories > 1:
+        df = np.asarray(var, dtype=float) ** 2 / (between ** 2 / (over.categories - 1))
+        quantile = stats.t.ppf(0.5 + level / 2, df)
+    else:
+        df = np.full(len(out), np.inf)
+        quantile = np.full(len(out), stats.norm.ppf(0.5 + level / 2))
+    out["df"] = df
+    out["lower"] = np.exp(log_center - quantile * out["sd_log"])
+    out["upper"] = np.exp(log_center + quantile * out["sd_log"])
     return out
 
 
