@@ -238,3 +238,16 @@ def test_a_copyability_policy_decodes_greedily_and_replays_its_online_rounds(tmp
         assert said in capsys.readouterr().out
     assert main(["law", str(ngram), "--model", str(folder)]) == 2
     assert "--model and --tasks go with --context-match" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("models, model, message", [
+    (["smollm2-135m", "other-model"], None, r"name targets \['other-model', 'smollm2-135m'\]: pass --model"),
+    ([], None, r"name targets none: pass --model"),
+    (["smollm2-135m"], "/nonexistent/target-folder", r"cannot load the target '/nonexistent/target-folder'.*pass --model"),
+])
+def test_the_runs_target_names_what_to_pass_when_it_cannot_be_chosen_or_loaded(models, model, message):
+    from entropy_law.jobs.reference import runs_target
+
+    runs = pd.DataFrame({"run_id": [f"r{i}" for i in range(len(models))], "model_id": models})
+    with pytest.raises(ValueError, match=message):
+        runs_target(runs, model)

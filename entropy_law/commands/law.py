@@ -127,24 +127,14 @@ def _with_context_match(traces, args):
     if len(tokens) and tokens["context_match"].notna().all() and args.model is None and args.tasks is None:
         print(f"copyability: the runs' recorded context_match column ({len(tokens)} positions)")
         return traces
-    from entropy_law.decoding.loading import load_target
-    from entropy_law.jobs.reference import attach_context_matches
+    from entropy_law.jobs.reference import attach_context_matches, runs_target
 
-    runs = traces.runs
-    models = sorted(runs["model_id"].astype(str).unique()) if "model_id" in runs else []
-    name = args.model or (models[0] if len(models) == 1 else None)
-    if name is None:
-        raise ValueError(f"the runs name targets {models or 'none'}: pass --model, the target that decoded them")
-    try:
-        target = load_target(name)
-    except (OSError, ValueError) as err:
-        raise ValueError(f"cannot load the target {name!r} that decoded the runs ({err}); pass --model (an embedded "
-                         "name, a local folder or a .gguf file)") from err
+    target = runs_target(traces.runs, args.model)
     try:
         filled = attach_context_matches(traces, target, tasks=args.tasks)
     except ValueError as err:
         if args.tasks is None and "task file" in str(err):
             raise ValueError(f"{err} (--tasks FILE or a built-in name such as spec_bench)") from err
         raise
-    print(f"copyability: rebuilt from the prompts with {name}'s tokenizer ({len(tokens)} positions)")
+    print(f"copyability: rebuilt from the prompts with {target.model_id}'s tokenizer ({len(tokens)} positions)")
     return filled

@@ -126,16 +126,7 @@ def _context_matches(traces, arm_runs, args):
             and (args.max_context_match is None or args.max_context_match <= CONTEXT_MATCH_MAX)):
         print(f"copyability: the runs' recorded context_match column ({len(recorded)} positions)")
         return recorded.astype({"run_id": str, "request_id": str, "context_match": int})
-    from entropy_law.decoding.loading import load_target
-    from entropy_law.jobs.reference import context_matches
+    from entropy_law.jobs.reference import context_matches, runs_target
 
-    models = sorted(arm_runs["model_id"].astype(str).unique()) if "model_id" in arm_runs else []
-    name = args.model or (models[0] if len(models) == 1 else None)
-    if name is None:
-        raise ValueError(f"the arm's runs name targets {models or 'none'}: pass --model, the target that decoded them")
-    try:
-        target = load_target(name)
-    except (OSError, ValueError) as err:
-        raise ValueError(f"cannot load the target {name!r} that decoded the runs ({err}); pass --model (an embedded "
-                         "name, a local folder or a .gguf file)") from err
+    target = runs_target(arm_runs, args.model)
     return context_matches(list(arm_runs["path"]), target, tasks=args.tasks, max_length=args.max_context_match)

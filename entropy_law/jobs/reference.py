@@ -288,6 +288,23 @@ def context_matches(run_dirs: str | Path | Sequence[str | Path], target, *, task
     return pd.concat(frames, ignore_index=True)
 
 
+def runs_target(runs: pd.DataFrame, model: str | None = None):
+    """The target that decoded ``runs`` (a ``TraceSet.runs`` table), loaded: ``model`` if given, else the one
+    ``model_id`` the runs record; a clear error naming ``--model`` where they record none or several, or where it
+    does not load (a folder-loaded target's run.json keeps a short name)."""
+    from entropy_law.decoding.loading import load_target
+
+    models = sorted(runs["model_id"].astype(str).unique()) if "model_id" in runs else []
+    name = model or (models[0] if len(models) == 1 else None)
+    if name is None:
+        raise ValueError(f"the runs name targets {models or 'none'}: pass --model, the target that decoded them")
+    try:
+        return load_target(name)
+    except (OSError, ValueError) as err:
+        raise ValueError(f"cannot load the target {name!r} that decoded the runs ({err}); pass --model (an embedded "
+                         "name, a local folder or a .gguf file)") from err
+
+
 def attach_context_matches(traces, target, *, tasks: str | Path | None = None):
     """``traces`` (a ``TraceSet``) with the tokens column ``context_match`` filled for every run, from its prompts
     (rebuilt with ``target``'s tokenizer, ``context_matches``) and its recorded output: for runs recorded without
