@@ -45,6 +45,16 @@ def test_context_matches_of_output_equal_a_brute_force_at_every_position(seed):
     assert context_matches_of_output([], []).size == 0
 
 
+@pytest.mark.parametrize("n_prompt, max_length", [(0, 8), (1, 3), (12, 1), (5, 0), (25, 2)])
+def test_context_matches_of_output_at_short_prompts_and_caps(n_prompt, max_length):
+    """The one-pass k-gram index against the brute force where the prompt is empty or one token long and the cap
+    is 0, 1 or short (long repeats in a 2-token vocabulary)."""
+    rng = np.random.default_rng(n_prompt * 10 + max_length)
+    prompt, output = rng.integers(0, 2, n_prompt).tolist(), rng.integers(0, 2, 30).tolist()
+    got = context_matches_of_output(prompt, output, max_length)
+    assert got.tolist() == [brute_force(prompt + output[:p], max_length) for p in range(30)]
+
+
 def _requests_from_zero(seed: int):
     """synthetic_requests whose logged rounds start at output position 0 (no unlogged prefill token)."""
     out = []

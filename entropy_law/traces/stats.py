@@ -193,6 +193,19 @@ def context_matches_of_output(prompt_ids: Sequence[int], output_ids: Sequence[in
     """``context_match_length`` before every output position: ``[len(output_ids)]`` int16, entry ``p`` for the
     prompt and ``output_ids[:p]`` (what a round starting at ``p`` sees before drafting)."""
     context = [int(t) for t in prompt_ids] + [int(t) for t in output_ids]
-    n_prompt = len(prompt_ids)
-    return np.array([context_match_length(context, max_length, end=n_prompt + p) for p in range(len(output_ids))],
-                    dtype=np.int16)
+    n_prompt, out = len(prompt_ids), np.zeros(len(output_ids), dtype=np.int16)
+    if max_length < 1:
+        return out
+    # seen[k - 1]: the k-grams of the context ending before its last token; one pass, O(max_length) per position
+    # (a suffix that occurred earlier has every shorter suffix occurred earlier too, so the first miss ends it)
+    seen = [set() for _ in range(max_length)]
+    for end in range(2, len(context)):  # the context before output position end - n_prompt is context[:end]
+        j = end - 2  # the k-grams ending before its last token: those seen so far and the ones ending at j
+        for k in range(1, min(max_length, j + 1) + 1):
+            seen[k - 1].add(tuple(context[j - k + 1:j + 1]))
+        if end >= n_prompt:
+            m = 0
+            while m < max_length and m < end - 1 and tuple(context[end - 1 - m:end]) in seen[m]:
+                m += 1
+            out[end - n_prompt] = m
+    return out
