@@ -199,18 +199,18 @@ def main() -> None:
                         help="--drafter-aware: read the replayed round proposals from DIR/<arm>.parquet, or write them")
     parser.add_argument("--no-context-match", action="store_true",
                         help=f"leave out {COPY_AWARE} (by default the context's copyability is attached from the "
-                             "prompts to runs recorded without it, with the default target's tokenizer)")
+                             "prompts to runs recorded without it, with the tokenizer of the target they name)")
     args = parser.parse_args()
     started = time.time()
     primary = primary_family()
     traces = load_traces(args.traces)
     copy = not args.no_context_match
-    if copy and traces.tokens["context_match"].isna().any():
-        from entropy_law.decoding.loading import load_target
-        from entropy_law.jobs.reference import attach_context_matches
+    if copy:
+        from entropy_law.jobs.reference import ensure_context_matches
 
-        traces = attach_context_matches(traces, load_target("smollm2-135m"), tasks=args.tasks)
-        print(f"context's copyability attached from the prompts (smollm2-135m's tokenizer, {args.tasks})", flush=True)
+        traces, rebuilt = ensure_context_matches(traces, tasks=args.tasks)
+        if rebuilt:
+            print(f"context's copyability attached from the prompts ({rebuilt}'s tokenizer, {args.tasks})", flush=True)
     analysis = TraceAnalysis(traces)
     report, all_wins, aware_wins, copy_wins = {}, [], [], {}
     pd.set_option("display.width", 160)

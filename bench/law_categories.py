@@ -131,8 +131,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--traces", default="data/traces")
     parser.add_argument("--draws", type=int, default=20, help="coefficient draws per held-out category")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--model", default="smollm2-135m",
-                        help="the target whose tokenizer rebuilds the prompts (the context's copyability)")
+    parser.add_argument("--model", default=None,
+                        help="the target whose tokenizer rebuilds the prompts (the context's copyability; default: "
+                             "the one the runs name)")
     parser.add_argument("--tasks", default="spec_bench", help="the prompts' task file where run.json names none")
     parser.add_argument("--no-context-match", action="store_true",
                         help="do not attach the context's copyability to runs recorded without it (the copy laws "
@@ -143,13 +144,13 @@ def main(argv=None) -> dict:
     pd.set_option("display.max_columns", 30)
     clock = time.process_time()
     traces = load_traces(args.traces)
-    if not args.no_context_match and traces.tokens["context_match"].isna().any():
-        from entropy_law.decoding.loading import load_target
-        from entropy_law.jobs.reference import attach_context_matches
+    if not args.no_context_match:
+        from entropy_law.jobs.reference import ensure_context_matches
 
-        traces = attach_context_matches(traces, load_target(args.model), tasks=args.tasks)
-        print(f"context's copyability attached from the prompts ({args.model}'s tokenizer, {args.tasks}): "
-              f"{int(traces.tokens['context_match'].notna().sum())} positions", flush=True)
+        traces, rebuilt = ensure_context_matches(traces, args.model, tasks=args.tasks)
+        if rebuilt:
+            print(f"context's copyability attached from the prompts ({rebuilt}'s tokenizer, {args.tasks}): "
+                  f"{int(traces.tokens['context_match'].notna().sum())} positions", flush=True)
     an = TraceAnalysis(traces)
     arms = an.arms
     print(f"traces {args.traces}: arms {arms}; categories {an.categories}")

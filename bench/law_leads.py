@@ -42,10 +42,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+# suffix matches longer than this share its level: the traces' cap of the tokens column context_match
+from entropy_law.traces.stats import CONTEXT_MATCH_MAX as COPY_MAX  # noqa: E402
+
 BASE = "C(depth_factor) + log_entropy + log_lag_entropy + log_run_mean_entropy + log1p_position + log_drafted_depth"
 CLASS_TERMS = "C(token_class) + C(prev_token_class)"
 COPY_TERMS = "C(copy_level)"
-COPY_MAX = 8  # suffix matches longer than this share its level
 HISTORY_TERMS = "logit_running_acceptance"
 PRIOR_TRIALS = 8.0
 MAX_DEPTH_FACTOR = 7  # deeper depths share the depth-7 level (few trials)

@@ -119,22 +119,19 @@ def run(args) -> int:
 
 
 def _with_context_match(traces, args):
-    """``traces`` with the tokens column ``context_match`` at every position: as recorded where every run holds
-    it, else rebuilt from the prompts (``jobs.reference.attach_context_matches``) with the target that decoded
-    them, which fills only the positions recorded without it (a rebuilt length that differs from a recorded one
-    is an error)."""
-    tokens = traces.tokens
-    if len(tokens) and tokens["context_match"].notna().all() and args.model is None and args.tasks is None:
-        print(f"copyability: the runs' recorded context_match column ({len(tokens)} positions)")
-        return traces
-    from entropy_law.jobs.reference import attach_context_matches, runs_target
+    """``traces`` with the tokens column ``context_match`` at every position (``jobs.reference.
+    ensure_context_matches``): as recorded, else rebuilt from the prompts with the target that decoded them
+    (always with --model or --tasks; a rebuilt length that differs from a recorded one is an error)."""
+    from entropy_law.jobs.reference import ensure_context_matches
 
-    target = runs_target(traces.runs, args.model)
     try:
-        filled = attach_context_matches(traces, target, tasks=args.tasks)
+        filled, rebuilt = ensure_context_matches(traces, args.model, tasks=args.tasks,
+                                                 rebuild=args.model is not None or args.tasks is not None)
     except ValueError as err:
         if args.tasks is None and "task file" in str(err):
             raise ValueError(f"{err} (--tasks FILE or a built-in name such as spec_bench)") from err
         raise
-    print(f"copyability: rebuilt from the prompts with {target.model_id}'s tokenizer ({len(tokens)} positions)")
+    positions = len(filled.tokens)
+    print(f"copyability: the runs' recorded context_match column ({positions} positions)" if rebuilt is None else
+          f"copyability: rebuilt from the prompts with {rebuilt}'s tokenizer ({positions} positions)")
     return filled

@@ -288,6 +288,20 @@ def context_matches(run_dirs: str | Path | Sequence[str | Path], target, *, task
     return pd.concat(frames, ignore_index=True)
 
 
+def ensure_context_matches(traces, model: str | None = None, *, tasks: str | Path | None = None,
+                           rebuild: bool = False):
+    """``(traces, rebuilt_with)``: ``traces`` with the tokens column ``context_match`` at every position, as the
+    runs recorded it (``rebuilt_with`` None) where every position holds it and not ``rebuild``, else filled from the
+    prompts (``attach_context_matches``, positions recorded without it only) with the target that decoded the
+    runs (``runs_target``: ``model`` or their ``model_id``; ``rebuilt_with`` its model id). For the copy
+    families (``law_exp_obs_ceil_copy``) on runs recorded before the column existed."""
+    tokens = traces.tokens
+    if not rebuild and len(tokens) and tokens["context_match"].notna().all():
+        return traces, None
+    target = runs_target(traces.runs, model)
+    return attach_context_matches(traces, target, tasks=tasks), target.model_id
+
+
 def runs_target(runs: pd.DataFrame, model: str | None = None):
     """The target that decoded ``runs`` (a ``TraceSet.runs`` table), loaded: ``model`` if given, else the one
     ``model_id`` the runs record; a clear error naming ``--model`` where they record none or several, or where it

@@ -51,8 +51,7 @@ DRAFT_STATS = ("draft_entropy_nats", "draft_top1_prob")
 SEQUENCE_COVARIATES = ("lag_entropy_nats", "run_mean_entropy_nats", "position")
 # the context's copyability before an output position (tokens column ``context_match``: the length of the longest
 # suffix of the prompt and the output before the position that occurred earlier in them, known before the
-# position is drafted; ``traces.stats.context_match_length``): lengths of COPY_MAX or more are one level
-COPY_MAX = CONTEXT_MATCH_MAX
+# position is drafted; ``traces.stats.context_match_length``): lengths of CONTEXT_MATCH_MAX or more are one level
 KIND_ROWS = "at_risk_rows"
 KIND_AGGREGATED = "at_risk_aggregated"
 
@@ -230,14 +229,14 @@ def _add_draft_logs(frame: pd.DataFrame, eps: float) -> None:
 
 
 def _add_copy_logs(frame: pd.DataFrame) -> None:
-    """``log1p_copy`` = log(1 + min(context_match, COPY_MAX)) and ``copy_full`` = 1 where the context's suffix
-    match reaches COPY_MAX (a long repeat; 0 below) where ``frame`` has ``context_match`` (in place; NaN stays
-    NaN)."""
+    """``log1p_copy`` = log(1 + min(context_match, CONTEXT_MATCH_MAX)) and ``copy_full`` = 1 where the context's
+    suffix match reaches CONTEXT_MATCH_MAX (a long repeat; 0 below), where ``frame`` has ``context_match`` (in
+    place; NaN stays NaN)."""
     length = frame["context_match"].to_numpy(dtype=float, na_value=np.nan)
     if np.any(length < 0):
         raise ValueError("context_match holds negative lengths")
-    frame["log1p_copy"] = np.log1p(np.minimum(length, COPY_MAX))
-    frame["copy_full"] = np.where(np.isnan(length), np.nan, (length >= COPY_MAX).astype(float))
+    frame["log1p_copy"] = np.log1p(np.minimum(length, CONTEXT_MATCH_MAX))
+    frame["copy_full"] = np.where(np.isnan(length), np.nan, (length >= CONTEXT_MATCH_MAX).astype(float))
 
 
 def _add_sequence_covariates(table: pd.DataFrame, tokens: pd.DataFrame, eps: float) -> pd.DataFrame:

@@ -161,8 +161,8 @@ FAMILIES: dict[str, LawFamily] = {
                 terms=_LAW_EXP_OBS.terms + " + log_draft_miss",
                 bin_columns=(*_LAW_EXP_OBS.bin_columns, "draft_top1_prob"),
                 means=(*_LAW_EXP_OBS.means, "draft_top1_prob", "log_draft_miss")),
-        # the context's copyability before the position (atrisk.COPY_MAX; known before drafting, from the prompt
-        # and the output so far): log(1 + min(L, 8)) and a step where the suffix match reaches 8 (a long repeat)
+        # the context's copyability before the position (known before drafting, from the prompt and the output so
+        # far): log(1 + min(L, 8)) and a step where the suffix match reaches 8 (traces.stats.CONTEXT_MATCH_MAX)
         replace(_LAW_EXP_OBS, name="law_exp_obs_ceil_copy", profile_eps=True,
                 description="law_exp_obs_ceil + log(1 + context's suffix-match length, up to 8) + [length >= 8]",
                 terms=_LAW_EXP_OBS.terms + " + log1p_copy + copy_full",
@@ -679,10 +679,10 @@ class FittedLaw(Result):
                 raise ValueError(f"draft_top1 must be [T, drafts] = [{h.size}, {drafts}], got {top1.shape}")
             frame["draft_top1_prob"] = np.nan_to_num(top1[start, depth - 1], nan=0.0)  # NaN: never drafted there
         if self.family.needs_context_match:
-            frame["context_match"] = self.context_of(context_match, h.size)[position]
+            frame["context_match"] = self._context_of(context_match, h.size)[position]
         return frame, shape
 
-    def context_of(self, context_match, length: int) -> np.ndarray:
+    def _context_of(self, context_match, length: int) -> np.ndarray:
         """``context_match`` checked as the ``[length]`` copyability of one output (``sequence_frame``)."""
         if context_match is None:
             raise ValueError(f"{self.family.name} predicts from the context's copyability before every output "

@@ -598,13 +598,14 @@ def loco_glance(rounds: pd.DataFrame, *, form: str = "code", cap: float = CAP) -
     return predicted, fits
 
 
-def _entropy_by_request(traces, run_ids, *, context: bool = False) -> tuple:
-    """(run_id, request_id) -> (offset, T) into one flat array of entropies at output positions 0..T-1; with
-    ``context``, also the tokens' ``context_match`` in the same order (None where the traces lack any)."""
+def _entropy_by_request(traces, run_ids, *, context: bool = False) -> tuple[dict, np.ndarray, np.ndarray | None]:
+    """(run_id, request_id) -> (offset, T) into one flat array of entropies at output positions 0..T-1, and with
+    ``context`` the tokens' ``context_match`` in the same order (None without ``context`` or where the traces lack
+    it at some position)."""
     tokens = traces.tokens
     copy = context and "context_match" in tokens.columns
-    tokens = tokens.loc[tokens["run_id"].astype(str).isin(set(run_ids)),
-                        ["run_id", "request_id", "position", "target_entropy_nats"] + (["context_match"] if copy else [])]
+    columns = ["run_id", "request_id", "position", "target_entropy_nats"] + (["context_match"] if copy else [])
+    tokens = tokens.loc[tokens["run_id"].astype(str).isin(set(run_ids)), columns]
     tokens = tokens.astype({"run_id": str, "request_id": str}).sort_values(["run_id", "request_id", "position"],
                                                                             kind="stable")
     tokens = atrisk.validate_covariates(tokens, ["target_entropy_nats"])
@@ -615,11 +616,9 @@ def _entropy_by_request(traces, run_ids, *, context: bool = False) -> tuple:
             raise ValueError(f"request {key[1]} of run {key[0]}: output positions are not 0..T-1 without gaps")
         where[key] = (offset, n)
         offset += n
-    entropy = tokens["target_entropy_nats"].to_numpy(dtype=float)
-    if not context:
-        return where, entropy
     match = tokens["context_match"].to_numpy(dtype=float, na_value=np.nan) if copy else None
-    return where, entropy, (None if match is None or np.isnan(match).any() else match)
+    return (where, tokens["target_entropy_nats"].to_numpy(dtype=float),
+            None if match is None or np.isnan(match).any() else match)
 
 
 def law_round_expectations(law, traces, rounds: pd.DataFrame | None = None, *, root_only: bool = False,
@@ -645,8 +644,8 @@ def law_round_expectations(law, traces, rounds: pd.DataFrame | None = None, *, r
     if rounds.empty:
         return np.zeros(0)
     copy = law.family.needs_context_match
-    where, entropy, *match = _entropy_by_request(traces, rounds["run_id"].unique(), context=copy)
-    if copy and match[0] is None:
+    where, entropy, match = _entropy_by_request(traces, rounds["run_id"].unique(), context=copy)
+    if copy and match is None:
         raise ValueError(f"{law.family.name} reads the context's copyability (tokens column context_match), which "
                          "these traces lack at some position: attach it (jobs.reference.attach_context_matches)")
     keys = list(zip(rounds["run_id"].astype(str), rounds["request_id"].astype(str)))
@@ -675,7 +674,7 @@ def law_round_expectations(law, traces, rounds: pd.DataFrame | None = None, *, r
     frame["position"] = position
     frame["log1p_position"] = np.log1p(position.astype(float))
     if copy:  # the context's copyability before the row's position (the root's, with root_only)
-        frame["context_match"] = match[0][first + position]
+        frame["context_match"] = match[first + position]
     if drafter is not None:
         frame["drafter_id"] = drafter
     if drafts is not None:

@@ -83,11 +83,9 @@ def sequences_of(tokens: pd.DataFrame) -> pd.DataFrame:
 
 
 def sequence_context(law, rec) -> np.ndarray | None:
-    """The copyability array of one ``sequences_of`` row for a law in it (``LawFamily.needs_context_match``; a
-    clear error where the row has none), else None."""
-    if not law.family.needs_context_match:
-        return None
-    return law.context_of(getattr(rec, "context_match", None), len(rec.entropy))
+    """The copyability array of one ``sequences_of`` row for a law in it (``LawFamily.needs_context_match``; None
+    where the row has none, which ``FittedLaw.sequence_frame`` refuses with the hint), else None."""
+    return getattr(rec, "context_match", None) if law.family.needs_context_match else None
 
 
 DEPTH_MODELS = ("observed", "category", "full")

@@ -299,7 +299,7 @@ class TraceSet:
                 runs.append(run)
                 continue
             tokens = self._load(run, "tokens")
-            keys = pd.DataFrame({"request_id": _strings(tokens.column("request_id")),
+            keys = pd.DataFrame({"request_id": tokens.column("request_id").cast(pa.string()).to_numpy(),
                                  "position": tokens.column("position").to_numpy()})
             merged = keys.merge(part.drop(columns="run_id"), on=["request_id", "position"], how="left",
                                 validate="many_to_one")["context_match"].to_numpy(dtype=float)
@@ -336,14 +336,6 @@ class TraceSet:
                     f"run {run.run_id!r} at {run.path}: request id {repeated[0]['values'].as_py()!r} appears in "
                     "more than one shard (a request is written once; was a run resumed without skipping "
                     "completed_requests?)")
-
-
-def _strings(column) -> np.ndarray:
-    """A (possibly dictionary-encoded) Arrow string column as a numpy array of str."""
-    column = column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column
-    if pa.types.is_dictionary(column.type):
-        column = column.dictionary_decode()
-    return np.asarray(column.to_pylist(), dtype=object).astype(str)
 
 
 def _read_checked_shard(files: tuple[Path, ...]) -> list[pa.Table]:
