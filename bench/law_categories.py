@@ -62,7 +62,7 @@ from entropy_law.law.analysis import TraceAnalysis  # noqa: E402
 from entropy_law.law.compare import (PRIMARY_CANDIDATES, category_share_of_gain, choose_primary,  # noqa: E402
                                      compare_laws)
 from entropy_law.law.fit import PRIMARY_FAMILY, get_family  # noqa: E402
-from entropy_law.law.predict import loco_predictions  # noqa: E402
+from entropy_law.law.predict import OVERDISPERSION_SOURCES, loco_predictions  # noqa: E402
 from entropy_law.law.transfer import loco_transfer  # noqa: E402
 from entropy_law.traces.proposals import read_proposals  # noqa: E402
 from entropy_law.traces.reader import load_traces  # noqa: E402
@@ -79,7 +79,7 @@ def has_values(rows: pd.DataFrame, column: str) -> bool:
 
 
 def replayed_section(view, arm: str, rows: pd.DataFrame, proposals: pd.DataFrame, primary: str, draws: int,
-                     seed: int, drafter_aware: tuple = (DRAFTER_AWARE,)) -> dict:
+                     seed: int, drafter_aware: tuple = (DRAFTER_AWARE,), overdispersion: str = "nested") -> dict:
     """Section 5 for one arm: LOCO with the replayed proposals, the drafter-aware laws (those whose inputs the
     at-risk rows hold) and the primary law."""
     laws = [f for f in drafter_aware if has_values(rows, "draft_top1_prob")
@@ -88,7 +88,8 @@ def replayed_section(view, arm: str, rows: pd.DataFrame, proposals: pd.DataFrame
     for family in laws:
         loco = loco_transfer(view, family, drafter=arm, depths="replayed", proposals=proposals)
         acc = loco.accuracy
-        pred = loco_predictions(view, family, drafter=arm, n_draws=draws, seed=seed, proposals=proposals)
+        pred = loco_predictions(view, family, drafter=arm, n_draws=draws, seed=seed, proposals=proposals,
+                                overdispersion=overdispersion)
         centre = pred.category_accuracy()
         low, high = pred.coverage_interval()
         res = dict(tokens_per_round_mae=centre["mean_abs_relative_error"],
@@ -131,6 +132,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--traces", default="data/traces")
     parser.add_argument("--draws", type=int, default=20, help="coefficient draws per held-out category")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--overdispersion", choices=OVERDISPERSION_SOURCES, default="nested",
+                        help="where the intervals' bias and overdispersion come from: the training categories' "
+                             "residuals out of sample (nested LOCO, default) or in sample (law/predict.py)")
     parser.add_argument("--model", default=None,
                         help="the target whose tokenizer rebuilds the prompts (the context's copyability; default: "
                              "the one the runs name)")
@@ -153,7 +157,7 @@ def main(argv=None) -> dict:
                   f"{int(traces.tokens['context_match'].notna().sum())} positions", flush=True)
     an = TraceAnalysis(traces)
     arms = an.arms
-    print(f"traces {args.traces}: arms {arms}; categories {an.categories}")
+    print(f"traces {args.traces}: arms {arms}; categories {an.categories}; interval overdispersion: {args.overdispersion}")
 
     comparisons, views, rows_of = {}, {}, {}
     for arm in arms:
@@ -203,7 +207,8 @@ def main(argv=None) -> dict:
         acc = loco[primary].accuracy
         old = loco["law_exp"].accuracy
         share = category_share_of_gain(rows_of[arm], primary, seed=args.seed)
-        pred = loco_predictions(view, primary, drafter=arm, n_draws=args.draws, seed=args.seed)
+        pred = loco_predictions(view, primary, drafter=arm, n_draws=args.draws, seed=args.seed,
+                                overdispersion=args.overdispersion)
         low, high = pred.coverage_interval()
         res = dict(
             tokens_per_round_mae=float(acc.loc["tokens_per_round", "mean_abs_relative_error"]),
@@ -253,7 +258,7 @@ def main(argv=None) -> dict:
                 print(f"{arm}: no replayed proposals for every run (bench/replayed_proposals.py --write); skipped")
                 continue
             replayed[arm] = replayed_section(views[arm], arm, rows_of[arm], mine, primary, args.draws, args.seed,
-                                             drafter_aware=aware)
+                                             drafter_aware=aware, overdispersion=args.overdispersion)
             print(f"[cumulative CPU {time.process_time() - clock:.0f} s]", flush=True)
 
     print("\n== goals (issue #18), LOCO over the categories, leak-free depths ==")

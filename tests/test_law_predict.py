@@ -179,6 +179,28 @@ def test_held_out_outcomes_do_not_move_the_prediction(sim, predictions):
     assert not np.allclose(other, again.requests.loc[again.requests["category"] == "rag", "center"].to_numpy())
 
 
+def test_nested_overdispersion_widens_for_unseen_categories():
+    """Categories with their own rate (log-rate shifts drawn with SD 0.5) that the category-free law cannot
+    know: estimated from the training categories' in-sample residuals the between-category variance comes out
+    smaller (the law was fitted to those categories) than from residuals of each training category predicted
+    by a law fitted without it, and the in-sample intervals cover the held-out categories less often."""
+    rng = np.random.default_rng(3)
+    cats = ["translation", "summarization", "qa", "math_reasoning", "rag", "other"]
+    effects = {c: float(rng.normal(0, 0.5)) for c in cats}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sim = simulate_traces(seed=3, n_requests_per_category=12, tokens_per_request=(60, 100), categories=cats,
+                              category_effects=effects)
+        nested = loco_predictions(sim, "law_exp", n_draws=0)  # the default
+        in_sample = loco_predictions(sim, "law_exp", n_draws=0, overdispersion="in-sample")
+    assert (nested.summary["sd_log_category"] > in_sample.summary["sd_log_category"] + 0.02).all()
+    assert nested.coverage > in_sample.coverage + 0.05
+    assert 0.85 <= nested.coverage <= 0.97
+    assert "out-of-sample residuals" in nested.notes[0] and "in-sample residuals" in in_sample.notes[0]
+    with pytest.raises(ValueError, match="overdispersion must be one of"):
+        loco_predictions(sim, "law_exp", n_draws=0, overdispersion="pooled")
+
+
 def test_category_law_refused(sim):
     with pytest.raises(ValueError, match="category terms"):
         loco_predictions(sim, "law_exp_cat")

@@ -154,3 +154,53 @@ def test_universality_table_gives_p1_and_the_category_share_of_the_analysis_law_
     assert row["law_cv_gain_vs_depth_only"] > 0  # the law beats acceptance by depth only
     plain = TraceAnalysis(sim, family="law_exp", n_boot=2, compare_families=("law_exp",), n_folds=3)
     assert "law_family" not in plain.universality_table()  # law_exp: its P1 is the table's own
+
+
+def test_training_depth_model_by_copyability_by_hand():
+    """``TrainingDepthModel``'s copyability levels: each (level, entropy bin) cell is its rounds' depth shares
+    shrunk towards the entropy bin's distribution by DEPTH_PRIOR_ROUNDS pseudo-rounds; a request without the
+    copyability gets the entropy-only distribution; a level without rounds gets the entropy bin's."""
+    from entropy_law.law.transfer import DEPTH_PRIOR_ROUNDS, TrainingDepthModel
+
+    # entropy 0.5 (one bin); no match -> no draft, a 1-token match -> 2 drafts, a >= 4-token match -> 5 drafts
+    match = np.array([0] * 30 + [1] * 20 + [5] * 10 + [8] * 10)
+    depth = np.where(match == 0, 0, np.where(match == 1, 2, 5))
+    rows = pd.DataFrame({"start_position": np.arange(1, match.size + 1), "drafted_depth": depth,
+                         "start_entropy": 0.5, "start_context_match": match.astype(float)})
+    model = TrainingDepthModel.fit(rows, drafts=7)
+    rest = np.bincount(depth, minlength=8) / depth.size  # the entropy bin's (one bin holds every round)
+    assert model.copy.shape == (5, 6, 8)
+    e = 3  # 0.5 nats lies in the bin [0.3, 1.0)
+    np.testing.assert_allclose(model.later[e], rest)
+    expect = (np.eye(8)[0] * 30 + DEPTH_PRIOR_ROUNDS * rest) / (30 + DEPTH_PRIOR_ROUNDS)
+    np.testing.assert_allclose(model.copy[0, e], expect)
+    expect = (np.eye(8)[5] * 10 + DEPTH_PRIOR_ROUNDS * rest) / (10 + DEPTH_PRIOR_ROUNDS)
+    np.testing.assert_allclose(model.copy[3, e], expect)  # level 4-7 holds the 5-token matches
+    np.testing.assert_allclose(model.copy[2, e], rest)  # level 2-3: no rounds
+    h = np.full(4, 0.5)
+    probs = model.probabilities(h, np.array([0, 0, 1, 8]))
+    np.testing.assert_allclose(probs[0], model.first[e])  # the first round keeps its own distribution
+    assert probs[1].argmax() == 0 and probs[2].argmax() == 2 and probs[3].argmax() == 5
+    np.testing.assert_allclose(model.probabilities(h), np.tile(rest, (4, 1)))  # without the copyability
+    assert TrainingDepthModel.fit(rows, 7, copy_edges=()).copy is None
+    assert TrainingDepthModel.fit(rows.drop(columns="start_context_match"), 7).copy is None
+    with pytest.raises(ValueError, match="one value per output position"):
+        model.probabilities(h, np.array([0, 1, np.nan, 2]))
+
+
+def test_loco_depths_read_the_copyability_and_stay_leak_free():
+    """A drafter that drafts long where the context repeats (the simulated copyability, ``copy_coupling``): the
+    training depth model by copyability predicts the held-out categories' tokens per round better than the
+    entropy-only one; and still nothing of the held-out category but its entropy and copyability sequences
+    enters: claiming full blocks in its rounds table moves nothing."""
+    copy = simulate_traces(seed=31, n_requests_per_category=20, k=0.8, lambda_d=LAMBDA, block_size=8,
+                           tokens_per_request=(80, 140), block_depths=DepthSpec(copy_coupling=6.0))
+    assert copy.tokens["context_match"].notna().all()
+    by_copy = loco_transfer(copy, drafter="sim-block")
+    entropy_only = loco_transfer(copy, drafter="sim-block", depth_copy_edges=())
+    err = lambda t: t.accuracy.loc["tokens_per_round", "mean_abs_relative_error"]  # noqa: E731
+    assert err(by_copy) < 0.5 * err(entropy_only), (err(by_copy), err(entropy_only))
+    assert "copyability" in by_copy.notes[0]
+    moved = loco_transfer(_deepen_drafts(copy, HELD_OUT), drafter="sim-block")
+    col = "predicted_tokens_per_round"
+    assert moved.summary.loc[HELD_OUT, col] == pytest.approx(by_copy.summary.loc[HELD_OUT, col], rel=1e-12)

@@ -5,9 +5,10 @@ Known here: the first two moments of a request's number of rounds under a fitted
 entropy sequence), the law's parameter uncertainty (draws of the GLM coefficients from their
 cluster-robust normal approximation, the same draws for every request), the between-request and
 between-category overdispersion of log tokens per round estimated on the training categories only (method
-of moments on their in-sample residuals), and the leave-one-category-out use of all three
-(``loco_predictions``): a 90% interval per held-out request, its coverage against the observed tokens per
-round, and the reliability of the held-out trials' predicted acceptance per category.
+of moments on their residuals, each training category predicted by a law fitted without it), and the
+leave-one-category-out use of all three (``loco_predictions``): a 90% interval per held-out request, its
+coverage against the observed tokens per round, and the reliability of the held-out trials' predicted
+acceptance per category.
 
 Intervals are on log(tokens per round): centre log(T / E[N]) + b, b the mean training residual;
 variance = Var(N) / E[N]^2 (sampling, delta method) + the parameter draws' variance of log E[N] +
@@ -35,6 +36,9 @@ from entropy_law.law.transfer import (TrainingDepthModel, _observed_rounds, draf
 LEVEL = 0.90
 N_DRAWS = 20  # parameter draws per held-out category
 RELIABILITY_BINS = 10  # equal-width bins of the predicted acceptance
+# where the bias and overdispersion come from: residuals of the training categories predicted out of sample
+# (each by a law fitted without it: "nested") or in sample (by the law fitted on all of them)
+OVERDISPERSION_SOURCES = ("nested", "in-sample")
 
 
 def round_count_moments(acceptance: np.ndarray, depth_probs: np.ndarray | None = None) -> tuple[float, float]:
@@ -124,7 +128,7 @@ def request_moments(law: FittedLaw, sequences: pd.DataFrame, B: int, depth_model
                                               context_match=sequence_context(law, rec))
         else:
             frame, shape = law.sequence_frame(h, drafts, context_match=sequence_context(law, rec))
-            probs = depth_model.probabilities(h)
+            probs = depth_model.probabilities(h, getattr(rec, "context_match", None))
         x = _design(law, frame)
         a = law.shape_acceptance(_acceptance(law, x, np.asarray(law.result.params, dtype=float)), shape)
         mean, var = round_count_moments(a, probs)
@@ -326,18 +330,25 @@ def reliability_table(predicted: np.ndarray, n_acc: np.ndarray, n: np.ndarray, c
 def loco_predictions(traces, family: str = "law_exp", *, drafter: str | None = None, B: int | None = None,
                      level: float = LEVEL, n_draws: int = N_DRAWS, seed: int = 0, eps: float = atrisk.EPS_NATS,
                      bins: int = RELIABILITY_BINS, min_categories: int = 3,
-                     proposals: pd.DataFrame | None = None) -> RequestPredictions:
+                     proposals: pd.DataFrame | None = None, overdispersion: str = "nested") -> RequestPredictions:
     """Leave-one-category-out per-request prediction with ``level`` intervals, and reliability per category.
 
     For each category: fit ``family`` (category-free) on the others with request-clustered errors; the drafted
     depths of every request come from a ``TrainingDepthModel`` fitted on the training categories' rounds
-    (leak-free, as ``loco_transfer(depths="training")``); the overdispersion (``Overdispersion``) from the
-    training requests' in-sample residuals; then each held-out request's centre, interval (sampling given its
+    (leak-free, as ``loco_transfer(depths="training")``); the bias and overdispersion (``Overdispersion``) from the
+    training requests' residuals (``overdispersion``, below); then each held-out request's centre, interval (sampling given its
     length + ``n_draws`` coefficient draws + overdispersion) and whether it covers the observed tokens per
     round (committed tokens / rounds). Nothing of the held-out category enters but its entropy sequences.
     ``proposals`` (replayed proposals, ``traces.proposals``): the drafted depths (and a law's top-1
     probabilities) come from the drafter's own proposals replayed at every position instead (leak-free too,
     as ``loco_transfer(depths="replayed")``); then its training residuals set the bias and overdispersion.
+    ``overdispersion``: where the bias b and the request and category overdispersion come from.
+    ``"nested"`` (default): each training category's requests predicted by a law (and depth model) fitted on
+    the other training categories, a leave-one-category-out inside the training set, so b and sigma2_category
+    measure how far a category the law has not seen lands, which is what the held-out category is (about k
+    times the fits). ``"in-sample"``: the training requests' residuals under the law fitted on all of them;
+    the law was fitted to those categories, so their means lie closer to it than an unseen category's do
+    and the between-category variance comes out too small.
     Reliability: the held-out category's at-risk trials under the LOCO law, by bin of predicted acceptance.
     """
     if n_draws == 1:
@@ -349,18 +360,34 @@ def loco_predictions(traces, family: str = "law_exp", *, drafter: str | None = N
     observed = _observed_rounds(rounds)
     observed["observed_tokens_per_round"] = observed["observed_tokens"] / observed["observed_rounds"]
     observed = observed[["run_id", "request_id", "observed_tokens_per_round", "observed_drafting_rounds"]]
-    held_out, reliability, notes = [], [], []
-    for i, cat in enumerate(categories):
-        train = counts.loc[counts["category"] != cat]
+    if overdispersion not in OVERDISPERSION_SOURCES:
+        raise ValueError(f"overdispersion must be one of {OVERDISPERSION_SOURCES}, not {overdispersion!r}")
+    if overdispersion == "nested" and len(categories) < 3:
+        raise ValueError("overdispersion='nested' needs at least 3 categories (2 training categories per held-out "
+                         "one, each predicted from the others); use overdispersion='in-sample'")
+
+    def fitted_law(exclude: list):
         with warnings.catch_warnings():  # few requests: said once in the notes, not once per held-out category
             warnings.simplefilter("ignore", SmallSampleWarning)
-            law = fit_law(train, fam, cov_type="cluster")
-        model = (TrainingDepthModel.fit(drafted_h.loc[drafted_h["category"] != cat], drafts) if proposals is None
-                 else None)
-        train_seqs = seqs.loc[seqs["category"] != cat]
-        fitted = request_moments(law, train_seqs, B, model, proposals=proposals).merge(
+            law = fit_law(counts.loc[~counts["category"].isin(exclude)], fam, cov_type="cluster")
+        model = (TrainingDepthModel.fit(drafted_h.loc[~drafted_h["category"].isin(exclude)], drafts)
+                 if proposals is None else None)
+        return law, model
+
+    def residuals(law, model, predicted: pd.Series) -> pd.DataFrame:
+        out = request_moments(law, seqs.loc[predicted], B, model, proposals=proposals).merge(
             observed, on=["run_id", "request_id"])
-        fitted["residual"] = np.log(fitted["observed_tokens_per_round"] / fitted["predicted_tokens_per_round"])
+        out["residual"] = np.log(out["observed_tokens_per_round"] / out["predicted_tokens_per_round"])
+        return out
+
+    held_out, reliability, notes = [], [], []
+    for i, cat in enumerate(categories):
+        law, model = fitted_law([cat])
+        if overdispersion == "in-sample":
+            fitted = residuals(law, model, seqs["category"] != cat)
+        else:  # each training category predicted by a law and depth model fitted without it (and without cat)
+            fitted = pd.concat([residuals(*fitted_law([cat, inner]), seqs["category"] == inner)
+                                for inner in categories if inner != cat], ignore_index=True)
         over = Overdispersion.estimate(fitted)
         draws = parameter_draws(law, n_draws, seed + i) if n_draws else None
         pred = request_moments(law, seqs.loc[seqs["category"] == cat], B, model, draws=draws, proposals=proposals)
@@ -394,10 +421,12 @@ def loco_predictions(traces, family: str = "law_exp", *, drafter: str | None = N
         notes.append(f"{n_requests} requests (fewer than {FEW_REQUESTS}): the coefficient draws' cluster-robust covariance "
                      "and the overdispersion are not measured reliably; record more requests")
     depth_source = "the training depth model" if proposals is None else "the drafter's replayed proposals"
-    notes.insert(0, f"interval: normal on log(tokens/round); sampling variance from the DP's Var[N] given the request's "
-                 f"entropy sequence and {depth_source}, {n_draws} coefficient draws (cluster-robust), "
-                 "request and category overdispersion and the bias b from the training categories' in-sample "
-                 "residuals (method of moments)")
+    residual_source = ("out-of-sample residuals (each training category predicted by a law fitted without it)"
+                       if overdispersion == "nested" else "in-sample residuals")
+    notes.insert(0, f"interval: Student t on log(tokens/round) (Welch-Satterthwaite df); sampling variance from the "
+                 f"DP's Var[N] given the request's entropy sequence and {depth_source}, {n_draws} coefficient draws "
+                 "(cluster-robust), request and category overdispersion and the bias b from the training "
+                 f"categories' {residual_source} (method of moments)")
     return RequestPredictions(summary=summary, requests=requests, reliability=pd.concat(reliability, ignore_index=True),
                               family=fam.name, level=level, notes=notes)
 

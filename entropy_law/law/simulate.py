@@ -84,22 +84,50 @@ class DepthSpec:
     round's first position is low when ``entropy_coupling > 0``. ``rate_exponent`` gamma: the law's
     rejection rate of a round that drafted D tokens is multiplied by D^gamma (gamma < 0: long drafts are
     accepted more, as an n-gram drafter's long matches; 0: acceptance does not depend on D, the default).
+    ``copy_coupling`` c: the weights are also multiplied by ``exp(c * j * (m_t / 8 - 1/2))``, m_t in 0..8 the
+    context's copyability before position t (a per-request sequence the simulation draws and records as the
+    tokens column ``context_match``: stretches of one level, as copied passages make): long drafts where
+    the context repeats, as a prompt-lookup drafter drafts (0: no copyability is simulated, the default).
     """
 
     probs: tuple = (0.25, 0.15, 0.15, 0.1, 0.1, 0.05, 0.05, 0.15)
     entropy_coupling: float = 0.0
     rate_exponent: float = 0.0
+    copy_coupling: float = 0.0
 
-    def sample(self, h_first: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """One drafted depth per round; ``h_first``: entropy at each round's first position."""
+    def sample(self, h_first: np.ndarray, rng: np.random.Generator, m_first: np.ndarray | None = None) -> np.ndarray:
+        """One drafted depth per round; ``h_first``: entropy at each round's first position; ``m_first``: the
+        copyability there (needed where ``copy_coupling`` is not 0)."""
         base = np.asarray(self.probs, dtype=float)
         if base.ndim != 1 or np.any(base < 0) or base.sum() <= 0:
             raise ValueError("DepthSpec.probs must be non-negative weights for D = 0..B-1")
         j = np.arange(base.size)
-        w = base[None, :] * np.exp(-self.entropy_coupling * j[None, :] * np.asarray(h_first, float)[:, None])
+        tilt = -self.entropy_coupling * np.asarray(h_first, float)[:, None]
+        if self.copy_coupling:
+            if m_first is None:
+                raise ValueError("DepthSpec.copy_coupling needs the copyability at each round's first position")
+            tilt = tilt + self.copy_coupling * (np.asarray(m_first, float)[:, None] / COPY_LEVELS - 0.5)
+        w = base[None, :] * np.exp(tilt * j[None, :])
         cdf = np.cumsum(w, axis=1)
         u = rng.random(len(cdf)) * cdf[:, -1]
         return np.minimum((cdf < u[:, None]).sum(axis=1), base.size - 1).astype(np.int64)
+
+
+COPY_LEVELS = 8  # the simulated copyability's levels 0..8 (the traces' cap, traces.stats.CONTEXT_MATCH_MAX)
+COPY_STAY = 0.85  # the chance the simulated copyability keeps its level from one position to the next
+
+
+def simulate_copyability(shape: tuple, rng: np.random.Generator) -> np.ndarray:
+    """``[requests, positions]`` int: a context's copyability before each position, levels 0..COPY_LEVELS, in
+    stretches: each position keeps the previous level with probability COPY_STAY, else draws a new uniform one."""
+    n, length = shape
+    fresh = rng.integers(0, COPY_LEVELS + 1, size=(n, length))
+    keep = rng.random((n, length)) < COPY_STAY
+    keep[:, 0] = False
+    out = fresh.copy()
+    for t in range(1, length):
+        out[:, t] = np.where(keep[:, t], out[:, t - 1], fresh[:, t])
+    return out
 
 
 @dataclass(frozen=True)
@@ -234,11 +262,12 @@ def simulate_entropy_sequences(
 
 
 def _simulate_run(*, run_id, entropy, lengths, categories_of, request_ids, accept_fn, depth, nodes, block_size, costs, rng,
-                  depth_spec: DepthSpec | None = None):
+                  depth_spec: DepthSpec | None = None, copyability: np.ndarray | None = None):
     """Greedy rounds for every request at once; returns (tokens, rounds) DataFrames for one run.
 
     ``depth_spec``: the chain's drafted depth varies per round (at most ``depth``); else every round
-    drafts ``depth`` tokens."""
+    drafts ``depth`` tokens. ``copyability`` (``[requests, positions]``, as ``entropy``): the context's
+    copyability before each position, for ``depth_spec.copy_coupling`` and the tokens column ``context_match``."""
     n_req, total_len = entropy.shape
     pos = np.zeros(n_req, dtype=np.int64)
     round_index = np.zeros(n_req, dtype=np.int64)
@@ -251,7 +280,8 @@ def _simulate_run(*, run_id, entropy, lengths, categories_of, request_ids, accep
         p = pos[active]
         variable = depth_spec is not None and depth > 0
         if variable:
-            drafted = np.minimum(depth_spec.sample(entropy[active, p], rng), depth)
+            drafted = np.minimum(depth_spec.sample(entropy[active, p], rng,
+                                                   None if copyability is None else copyability[active, p]), depth)
             round_nodes = drafted
         else:
             drafted = np.full(active.size, depth, dtype=np.int64)
@@ -319,6 +349,8 @@ def _simulate_run(*, run_id, entropy, lengths, categories_of, request_ids, accep
     h = entropy[rows, tokens["position"].to_numpy()]
     tokens["token_id"] = rng.integers(3, 49152, size=len(tokens)).astype(np.int32)
     tokens["target_entropy_nats"] = h.astype(np.float32)
+    if copyability is not None:
+        tokens["context_match"] = pd.array(copyability[rows, tokens["position"].to_numpy()], dtype="Int16")
     summary = distribution_summary(h, rng)
     for col in summary:
         tokens[col] = summary[col].to_numpy(dtype=np.float32)
@@ -422,6 +454,8 @@ def simulate_traces(
     categories_of = np.array(cats, dtype=object)
     request_ids = np.array(req_ids, dtype=object)
     cat_shift = np.exp(np.array([category_effects.get(c, 0.0) for c in cats]))
+    copyability = (simulate_copyability(entropy.shape, rng)
+                   if block_depths is not None and block_depths.copy_coupling else None)
 
     tokens_parts, rounds_parts, run_rows = [], [], []
     for drafter_id, spec in drafters.items():
@@ -432,7 +466,7 @@ def simulate_traces(
         tok, rnd = _simulate_run(run_id=spec["run_id"], entropy=entropy, lengths=lengths, categories_of=categories_of,
                                  request_ids=request_ids, accept_fn=accept_fn, depth=spec["depth"], nodes=spec["nodes"],
                                  block_size=spec["block_size"], costs=costs, rng=rng,
-                                 depth_spec=spec.get("depth_spec"))
+                                 depth_spec=spec.get("depth_spec"), copyability=copyability)
         tokens_parts.append(tok)
         rounds_parts.append(rnd)
         run_rows.append(dict(run_id=spec["run_id"], drafter_id=drafter_id, tree_policy=spec["tree_policy"],
@@ -440,7 +474,7 @@ def simulate_traces(
     if include_ar:
         tok, rnd = _simulate_run(run_id="sim-ar", entropy=entropy, lengths=lengths, categories_of=categories_of,
                                  request_ids=request_ids, accept_fn=None, depth=0, nodes=0, block_size=1,
-                                 costs=costs, rng=rng)
+                                 costs=costs, rng=rng, copyability=copyability)
         tokens_parts.append(tok)
         rounds_parts.append(rnd)
         run_rows.append(dict(run_id="sim-ar", drafter_id="ar", tree_policy="none", model_id="simulated",

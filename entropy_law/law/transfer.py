@@ -114,6 +114,9 @@ def drafted_depths(traces, drafter: str) -> pd.DataFrame:
 
 DEPTH_ENTROPY_EDGES = (0.01, 0.1, 0.3, 1.0, 3.0)  # nats: bins of H at a round's first position
 DEPTH_PRIOR_ROUNDS = 10.0  # a bin's depth distribution is shrunk towards the category's by this many rounds
+# levels of the context's copyability at a round's first position (``context_match``, 0..CONTEXT_MATCH_MAX):
+# 0, 1, 2-3, 4-7, 8 (the cap). What a prompt-lookup drafter reads before it drafts; known before the round
+DEPTH_COPY_EDGES = (1, 2, 4, 8)
 
 
 def entropy_bin(entropy, edges=DEPTH_ENTROPY_EDGES) -> np.ndarray:
@@ -156,20 +159,29 @@ def depth_distribution(depths: pd.DataFrame, drafts: int, *, edges=DEPTH_ENTROPY
 
 @dataclass(frozen=True)
 class TrainingDepthModel:
-    """The drafted depth D of a round predicted from entropy and position only, fitted on other categories'
+    """The drafted depth D of a round predicted from what is known before it, fitted on other categories'
     rounds (leak-free LOCO, ``depths="training"``): ``first`` for the round at position 0, ``later`` for a
     round starting after position 0, each ``[len(edges) + 1, drafts + 1]`` over bins of the target entropy
-    at the round's first position (``binned_depth_distribution``). Nothing of the predicted request is used
-    but its entropy sequence."""
+    at the round's first position (``binned_depth_distribution``); and, where the training rounds hold the
+    context's copyability at their first position (``start_context_match``), ``copy``: ``[len(copy_edges) + 1,
+    len(edges) + 1, drafts + 1]`` over its levels and the entropy bins, each cell shrunk towards ``later``'s
+    entropy bin by ``DEPTH_PRIOR_ROUNDS`` (a drafter that drafts only after a match, as prompt lookup does,
+    drafts by the copyability, not by the entropy). Nothing of the predicted request is used but its entropy
+    sequence and, for ``copy``, its copyability sequence (its prompt and greedy output: no round's outcome)."""
 
     first: np.ndarray
     later: np.ndarray
     edges: tuple = DEPTH_ENTROPY_EDGES
+    copy: np.ndarray | None = None
+    copy_edges: tuple = DEPTH_COPY_EDGES
 
     @classmethod
-    def fit(cls, depths: pd.DataFrame, drafts: int, *, edges=DEPTH_ENTROPY_EDGES,
+    def fit(cls, depths: pd.DataFrame, drafts: int, *, edges=DEPTH_ENTROPY_EDGES, copy_edges=DEPTH_COPY_EDGES,
             prior_rounds: float = DEPTH_PRIOR_ROUNDS) -> "TrainingDepthModel":
-        """From ``drafted_depths`` rows with ``start_entropy`` (the training categories' rounds)."""
+        """From ``drafted_depths`` rows with ``start_entropy`` (the training categories' rounds) and, for the
+        copyability levels, ``start_context_match`` (``with_start_entropy`` adds it where the sequences hold
+        it; rounds without it are left out of ``copy``, which is None where no round has it or
+        ``copy_edges=()``)."""
         at0 = depths.loc[depths["start_position"] == 0]
         later = depths.loc[depths["start_position"] > 0]
         later = depths if later.empty else later
@@ -177,15 +189,39 @@ class TrainingDepthModel:
                                            prior_rounds=prior_rounds) if len(at0) else None)
         rest = binned_depth_distribution(later["start_entropy"], later["drafted_depth"], drafts, edges=edges,
                                          prior_rounds=prior_rounds)
-        return cls(first=rest if first is None else first, later=rest, edges=tuple(edges))
+        copy = None
+        if copy_edges and "start_context_match" in later:
+            known = later.loc[later["start_context_match"].notna()]
+            if len(known):
+                c = copy_bin(known["start_context_match"].to_numpy(dtype=float), copy_edges)
+                e = np.minimum(entropy_bin(known["start_entropy"].to_numpy(dtype=float), edges), rest.shape[0] - 1)
+                counts = np.zeros((len(copy_edges) + 1, rest.shape[0], drafts + 1))
+                np.add.at(counts, (c, e, known["drafted_depth"].to_numpy(dtype=np.int64)), 1.0)
+                copy = (counts + prior_rounds * rest[None]) / (counts.sum(axis=2, keepdims=True) + prior_rounds)
+        return cls(first=rest if first is None else first, later=rest, edges=tuple(edges), copy=copy,
+                   copy_edges=tuple(copy_edges))
 
-    def probabilities(self, entropy) -> np.ndarray:
-        """``[T, drafts + 1]``: P(D | entropy bin at t), the first-round distribution at t = 0."""
+    def probabilities(self, entropy, context_match=None) -> np.ndarray:
+        """``[T, drafts + 1]``: P(D | entropy bin at t), and with ``context_match`` (the request's copyability
+        before every position) and a ``copy`` table P(D | copyability level, entropy bin at t); the
+        first-round distribution at t = 0."""
         h = np.asarray(entropy, dtype=float)
-        probs = self.later[np.minimum(entropy_bin(h, self.edges), self.later.shape[0] - 1)].copy()
+        e = np.minimum(entropy_bin(h, self.edges), self.later.shape[0] - 1)
+        if self.copy is not None and context_match is not None:
+            m = np.asarray(context_match, dtype=float)
+            if m.shape != h.shape or np.isnan(m).any():
+                raise ValueError(f"context_match must hold one value per output position ({h.size}) without nulls")
+            probs = self.copy[copy_bin(m, self.copy_edges), e].copy()
+        else:
+            probs = self.later[e].copy()
         if h.size:
-            probs[0] = self.first[min(int(entropy_bin(h[:1], self.edges)[0]), self.first.shape[0] - 1)]
+            probs[0] = self.first[min(int(e[0]), self.first.shape[0] - 1)]
         return probs
+
+
+def copy_bin(context_match, edges=DEPTH_COPY_EDGES) -> np.ndarray:
+    """Index of the level of ``edges`` each copyability value falls in (0 .. len(edges))."""
+    return np.searchsorted(np.asarray(edges, dtype=float), np.asarray(context_match, dtype=float), side="right")
 
 
 def depth_probabilities(length: int, drafts: int, mode: str, *, observed: pd.DataFrame | None = None,
@@ -229,8 +265,12 @@ def with_start_entropy(drafted: pd.DataFrame, sequences: pd.DataFrame) -> pd.Dat
     (the target entropy at the round's first position; the last one for a round starting at T)."""
     entropy_of = {(r.run_id, r.request_id): np.asarray(r.entropy, dtype=float) for r in sequences.itertuples()}
     joined = drafted.merge(sequences[["run_id", "request_id", "category"]], on=["run_id", "request_id"], how="inner")
-    joined["start_entropy"] = [entropy_of[key][min(pos, len(entropy_of[key]) - 1)] for key, pos in
-                               zip(zip(joined["run_id"], joined["request_id"]), joined["start_position"])]
+    keys = list(zip(zip(joined["run_id"], joined["request_id"]), joined["start_position"]))
+    joined["start_entropy"] = [entropy_of[key][min(pos, len(entropy_of[key]) - 1)] for key, pos in keys]
+    if "context_match" in sequences:  # the copyability before the round's first position (NaN: not recorded)
+        match_of = {(r.run_id, r.request_id): r.context_match for r in sequences.itertuples()}
+        joined["start_context_match"] = [np.nan if match_of[key] is None else
+                                         float(match_of[key][min(pos, len(match_of[key]) - 1)]) for key, pos in keys]
     return joined
 
 
@@ -353,7 +393,7 @@ def predict_requests(law: FittedLaw, sequences: pd.DataFrame, B: int, *, drafter
             rounds, drafting = full_rounds, full_rounds
         else:
             if depths == "training":
-                probs = depth_model.probabilities(rec.entropy)
+                probs = depth_model.probabilities(rec.entropy, getattr(rec, "context_match", None))
             elif depths == "replayed":
                 probs = replayed[(str(rec.run_id), str(rec.request_id))][0]
             else:
@@ -440,8 +480,9 @@ DEPTH_NOTES = {
                 "after position 0) at every round start but the first (observed); acceptance capped at the drafted depth",
     "full": "drafted depths: every round drafts the full block (B - 1)",
     "training": "drafted depths (leak-free): predicted by a depth model fitted on the training categories only, "
-                "P(D | entropy bin at the round start, first round or later), pooled over their rounds; nothing of "
-                "the held-out category is used but its entropy sequences (not its drafted depths, not its tau)",
+                "P(D | entropy bin at the round start, first round or later, and the context's copyability there "
+                "where the traces hold it), pooled over their rounds; nothing of the held-out category is used but "
+                "its entropy and copyability sequences (not its drafted depths, not its tau)",
     "replayed": "drafted depths (leak-free): the drafter's own proposal replayed offline at every output position of "
                 "the held-out requests (their prompt and greedy output only: no round's outcome, not tau); a law in "
                 "the drafter's top-1 probability takes it from the same replay",
@@ -559,7 +600,8 @@ def loco_inputs(traces, family, *, drafter: str | None, B: int | None, eps: floa
 
 def loco_transfer(traces, family: str = "law_exp", *, drafter: str | None = None, B: int | None = None,
                   eps: float = atrisk.EPS_NATS, min_categories: int = 3, depths: str = "training",
-                  depth_edges=DEPTH_ENTROPY_EDGES, proposals: pd.DataFrame | None = None,
+                  depth_edges=DEPTH_ENTROPY_EDGES, depth_copy_edges=DEPTH_COPY_EDGES,
+                  proposals: pd.DataFrame | None = None,
                   **fit_options) -> LocoTransfer:
     """Fit ``family`` (category-free) without each category in turn and predict that category.
 
@@ -572,9 +614,10 @@ def loco_transfer(traces, family: str = "law_exp", *, drafter: str | None = None
     ``transfer_ratio`` = (LL_null - LL_loco) / (LL_null - LL_refit).
 
     ``depths``: ``"training"`` (default, leak-free): the held-out category's drafted depths are predicted
-    by a ``TrainingDepthModel`` fitted on the training categories' rounds; of the held-out category only
-    its entropy sequences enter the prediction (its drafted depths and tau nowhere, the tree-leaf rule
-    included). ``"replayed"`` (leak-free, needs ``proposals``: ``traces.proposals.read_proposals`` of the
+    by a ``TrainingDepthModel`` fitted on the training categories' rounds, by the entropy bins ``depth_edges``
+    and, where the traces hold the context's copyability, its levels ``depth_copy_edges`` (``()``: entropy
+    only); of the held-out category only its entropy and copyability sequences enter the prediction (its
+    drafted depths and tau nowhere, the tree-leaf rule included). ``"replayed"`` (leak-free, needs ``proposals``: ``traces.proposals.read_proposals`` of the
     runs): the drafter's own proposal replayed at every output position of the held-out requests gives the
     depth drafted in a round starting there (and, for a law in it, the drafter's top-1 probability); nothing of
     any round's outcome enters. ``"oracle"`` (``"observed"`` is the same): the held-out category's own observed depths
@@ -606,8 +649,8 @@ def loco_transfer(traces, family: str = "law_exp", *, drafter: str | None = None
         p_null = test["depth"].map(null["n_acc"] / null["n"]).to_numpy().clip(1e-12, 1 - 1e-12)
         ll_null = float((test["n_acc"] * np.log(p_null) + test["n_rej"] * np.log1p(-p_null)).sum())
         ll_loco, ll_refit = float(loco.log_likelihood(test).sum()), float(refit.log_likelihood(test).sum())
-        model = (TrainingDepthModel.fit(drafted_h.loc[drafted_h["category"] != cat], drafts, edges=depth_edges)
-                 if depths == "training" else None)
+        model = (TrainingDepthModel.fit(drafted_h.loc[drafted_h["category"] != cat], drafts, edges=depth_edges,
+                                        copy_edges=depth_copy_edges) if depths == "training" else None)
         pred = predict_requests(loco, seqs.loc[seqs["category"] == cat], B, depths=dp_depths,
                                 drafted=None if depths in ("training", "replayed") else drafted,
                                 depth_edges=depth_edges, depth_model=model, proposals=proposals,
