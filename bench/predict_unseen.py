@@ -79,10 +79,19 @@ def main(argv=None) -> dict:
                              "proposals, for the law in the drafter's confidence (default data/traces)")
     parser.add_argument("--rounds", action="store_true",
                         help="also predict from the arm's rounds replayed exactly over the AR outputs (no law)")
+    parser.add_argument("--context-match", action="store_true",
+                        help="attach the context's copyability (rebuilt from the prompts with the runs' target's "
+                             "tokenizer where not recorded): the drafted-depth model then reads it")
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore")  # SmallSampleWarning et al.: the notes and the table say it
     t0 = time.process_time()
     traces = load_traces(args.traces)
+    if args.context_match:
+        from entropy_law.jobs.reference import ensure_context_matches
+
+        traces, rebuilt = ensure_context_matches(traces)
+        source = f"rebuilt from the prompts with {rebuilt}'s tokenizer" if rebuilt else "as recorded"
+        print(f"context's copyability {source}: the drafted-depth model reads it", flush=True)
     full = TraceAnalysis(traces, n_boot=args.n_boot, seed=args.seed)
     ar_runs = set(full.runs.loc[full.runs["is_ar"], "run_id"])
     if not ar_runs:

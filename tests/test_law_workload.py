@@ -722,3 +722,36 @@ def test_choose_arms_runs_the_best_paying_arm_else_ar():
     assert (got.loc[["chat", "math"], "predicted_speedup"] == 1.0).all()
     with pytest.raises(ValueError, match="at least one"):
         choose_arms({})
+
+
+def test_a_workload_prediction_reads_the_copyability_where_both_hold_it():
+    """A drafter that drafts long where the context repeats (simulated copyability, ``copy_coupling``): predicted
+    from the held-out category's AR run, the drafted-depth model by copyability lands closer to the arm's
+    observed tokens per round there than the same prediction from a workload without the copyability
+    (entropy-only depths), which the arm's rounds alone cannot tell apart."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.law.simulate import DepthSpec
+
+    traces = _sim(block_depths=DepthSpec(probs=(0.3, 0.2, 0.2, 0.1, 0.2), copy_coupling=8.0), draft_ms=10.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        full = TraceAnalysis(traces, n_boot=0, seed=1)
+        arm = full.arms[0]
+        errors = []
+        for category in sorted(traces.requests["category"].unique()):
+            train, workload = _held_out(traces, category)
+            an = TraceAnalysis(train, n_boot=0, seed=1)
+            blind = SimpleNamespace(**{**workload.__dict__,
+                                       "tokens": workload.tokens.assign(context_match=pd.NA)})
+            rounds = traces.rounds.loc[(traces.rounds["run_id"] == "sim-block")
+                                       & traces.rounds["request_id"].astype(str).str.startswith(category)]
+            observed = rounds["committed"].sum() / len(rounds)
+            got = [an.predict(arm, w, transfer_error=0.0).summary.loc[category, "predicted_tokens_per_round"]
+                   for w in (workload, blind)]
+            errors.append([abs(g / observed - 1) for g in got])
+    by_copy, entropy_only = np.mean(errors, axis=0)
+    assert by_copy < 0.6 * entropy_only, errors

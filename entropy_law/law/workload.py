@@ -8,7 +8,8 @@ entropy where a workload's measured per-request speedups cross 1, and the two sh
 
 Here each request is priced on its own entropy sequence h_0..h_{T-1}. Decoding starts after the prefill's
 token (position 0, as the measured speedups count it). With P(D | t) the probability that a round starting at
-t drafts D tokens (``transfer.TrainingDepthModel``, fitted on the arm's own rounds), P(tau = k | t) from the
+t drafts D tokens (``transfer.TrainingDepthModel``, fitted on the arm's own rounds; by the entropy at t and, where
+both the arm's runs and the workload hold it, the context's copyability before t), P(tau = k | t) from the
 law (``blocks.tau_distribution``), and n(D) the mean draft nodes of the arm's rounds that drafted D tokens:
 
     R(t) = 1 + sum_k P(tau = k | t) R(t + k + 1)                      (expected rounds)
@@ -227,16 +228,19 @@ def _law_draws(law: FittedLaw, n_boot: int, seed: int) -> np.ndarray:
 
 def _price_sequences(law: FittedLaw, entropies, drafts: int, depth_model: TrainingDepthModel | None,
                      n_of_depth: np.ndarray, thetas: np.ndarray, replayed: list | None = None,
-                     contexts: list | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                     contexts: list | None = None,
+                     copyability: list | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The module doc's DP over each entropy sequence, for each row of ``thetas``: ``[requests, K]`` arrays of
     expected rounds, draft nodes verified and drafting rounds. ``replayed``: per sequence ``(depth probabilities,
     top-1 probabilities)`` of the drafter's replayed proposals (``transfer.replayed_arrays``) instead of
     ``depth_model``; the top-1 probabilities enter a law in them (``needs_draft_stats``). ``contexts``: per sequence
-    its copyability array (``transfer.sequence_context``) for a law in it (``needs_context_match``)."""
+    its copyability array (``transfer.sequence_context``) for a law in it (``needs_context_match``); ``copyability``:
+    per sequence its copyability array or None, for ``depth_model``'s copyability levels."""
     rounds_k, nodes_k, drafting_k = [], [], []
     for i, h in enumerate(entropies):
         h = np.asarray(h, dtype=float)
-        probs, top1 = replayed[i] if replayed is not None else (depth_model.probabilities(h), None)
+        probs, top1 = replayed[i] if replayed is not None else (
+            depth_model.probabilities(h, None if copyability is None else copyability[i]), None)
         frame, shape = law.sequence_frame(h, drafts, draft_top1=top1 if law.family.needs_draft_stats else None,
                                           context_match=None if contexts is None else contexts[i])
         x = _design(law, frame)
@@ -264,7 +268,9 @@ def _priced_requests(traces, drafter: str, law: FittedLaw, arm_seqs: pd.DataFram
         arrays = replayed_arrays(proposals, seqs, drafts)
         replayed = [arrays[(str(r.run_id), str(r.request_id))] for r in seqs.itertuples()]
     contexts = [sequence_context(law, r) for r in seqs.itertuples()]
-    priced = _price_sequences(law, seqs["entropy"], drafts, depth_model, n_of_depth, thetas, replayed, contexts)
+    copyability = [getattr(r, "context_match", None) for r in seqs.itertuples()]
+    priced = _price_sequences(law, seqs["entropy"], drafts, depth_model, n_of_depth, thetas, replayed, contexts,
+                              copyability)
     tokens = np.array([len(e) - 1 for e in seqs["entropy"]], dtype=float)
     mean_h = np.array([float(np.mean(e)) for e in seqs["entropy"]])
     return n_of_depth, replayed, priced, tokens, mean_h
