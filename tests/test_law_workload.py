@@ -295,6 +295,15 @@ def test_the_predict_command_answers_per_category_and_refuses_what_it_cannot_use
         assert line.split()[1] in ("pays", "does", "unclear") and "predicted" in line and "tokens/round" in line
     assert "transfer error: the largest leave-one-category-out |relative error| of tokens per round" in out
     assert "40 of the workload's 40 requests were decoded by the arm itself" in out
+    assert "entropy-binned only: the arm's runs hold no context's copyability" in out  # recorded before the column
+    # --context-match: the copyability rebuilt from both sets' prompts with their target; the depths then read it
+    assert main(["predict", str(timed / "ar"), "--from", str(timed), "--drafter", "ngram chain", "--n-boot", "5",
+                 "--context-match"]) == 0
+    out = capsys.readouterr().out
+    assert f"copyability of the workload {timed / 'ar'}: rebuilt from the prompts with smollm2-135m's tokenizer" in out
+    assert f"copyability of --from {timed}: rebuilt from the prompts" in out
+    assert "by the context's copyability at the round start for 40 of 40 requests" in out
+    assert next(x for x in out.splitlines() if x.startswith("translation")).split()[1] in ("pays", "does", "unclear")
     assert main(["predict", str(timed / "ar"), "--from", str(timed), "--drafter", "nope"]) == 2
     assert "no drafting arm 'nope'" in capsys.readouterr().err
     assert main(["predict", str(timed / "ar"), "--from", str(timed / "ar")]) == 2
@@ -750,8 +759,13 @@ def test_a_workload_prediction_reads_the_copyability_where_both_hold_it():
             rounds = traces.rounds.loc[(traces.rounds["run_id"] == "sim-block")
                                        & traces.rounds["request_id"].astype(str).str.startswith(category)]
             observed = rounds["committed"].sum() / len(rounds)
-            got = [an.predict(arm, w, transfer_error=0.0).summary.loc[category, "predicted_tokens_per_round"]
-                   for w in (workload, blind)]
+            preds = [an.predict(arm, w, transfer_error=0.0) for w in (workload, blind)]
+            got = [p.summary.loc[category, "predicted_tokens_per_round"] for p in preds]
             errors.append([abs(g / observed - 1) for g in got])
+            n = int((workload.requests["category"] == category).sum())
+            # the notes say which depths priced the workload
+            assert any(f"by the context's copyability at the round start for {n} of {n} requests" in x
+                       for x in preds[0].notes), preds[0].notes
+            assert any("entropy-binned only: the workload holds no context's copyability" in x for x in preds[1].notes)
     by_copy, entropy_only = np.mean(errors, axis=0)
     assert by_copy < 0.6 * entropy_only, errors

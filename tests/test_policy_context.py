@@ -225,13 +225,11 @@ def test_a_copyability_policy_decodes_greedily_and_replays_its_online_rounds(tmp
     # entropy-law law --context-match: the recorded column is read as is; with --model the lengths are rebuilt from
     # the prompts and must agree with the recorded ones (with_context_match refuses a clash). The copy law itself
     # needs more than these 39 positions (tests/test_law_copy.py fits it); the command runs with law_exp here
-    from types import SimpleNamespace
-
-    from entropy_law.commands.law import _with_context_match
+    from entropy_law.commands.law import with_context_match
 
     ngram_traces = load_traces(ngram)
-    assert _with_context_match(ngram_traces, SimpleNamespace(model=None, tasks=None)) is ngram_traces
-    rebuilt = _with_context_match(ngram_traces, SimpleNamespace(model=str(folder), tasks=None)).tokens
+    assert with_context_match(ngram_traces) is ngram_traces
+    rebuilt = with_context_match(ngram_traces, str(folder)).tokens
     pd.testing.assert_series_equal(rebuilt["context_match"], ngram_traces.tokens["context_match"])
     for extra, said in (([], "recorded context_match column"), (["--model", str(folder)], "rebuilt from the prompts")):
         assert main(["law", str(ngram), "--family", "law_exp", "--context-match", *extra]) == 0

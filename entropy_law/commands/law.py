@@ -85,7 +85,7 @@ def run(args) -> int:
             check_fits_in_memory(args.traces, "the law")
         loaded = load_traces(args.traces)
         if getattr(args, "context_match", False):
-            loaded = _with_context_match(loaded, args)
+            loaded = with_context_match(loaded, args.model, args.tasks)
         # one law per arm (drafter + tree policy: "ngram chain", "ngram ddtree16"), not pooled by drafter
         traces = make_view(loaded)
     proposals = None
@@ -118,20 +118,21 @@ def run(args) -> int:
     return 0
 
 
-def _with_context_match(traces, args):
+def with_context_match(traces, model: str | None = None, tasks: str | None = None, *, what: str = "the runs"):
     """``traces`` with the tokens column ``context_match`` at every position (``jobs.reference.
     ensure_context_matches``): as recorded, else rebuilt from the prompts with the target that decoded them
-    (always with --model or --tasks; a rebuilt length that differs from a recorded one is an error)."""
+    (always with ``model`` or ``tasks``, the commands' --model / --tasks; a rebuilt length that differs from a
+    recorded one is an error). Says which on stdout, naming ``what``. Shared by ``law`` and ``predict``."""
     from entropy_law.jobs.reference import ensure_context_matches
 
     try:
-        filled, rebuilt = ensure_context_matches(traces, args.model, tasks=args.tasks,
-                                                 rebuild=args.model is not None or args.tasks is not None)
+        filled, rebuilt = ensure_context_matches(traces, model, tasks=tasks,
+                                                 rebuild=model is not None or tasks is not None)
     except ValueError as err:
-        if args.tasks is None and "task file" in str(err):
+        if tasks is None and "task file" in str(err):
             raise ValueError(f"{err} (--tasks FILE or a built-in name such as spec_bench)") from err
         raise
     positions = len(filled.tokens)
-    print(f"copyability: the runs' recorded context_match column ({positions} positions)" if rebuilt is None else
-          f"copyability: rebuilt from the prompts with {rebuilt}'s tokenizer ({positions} positions)")
+    print(f"copyability of {what}: their recorded context_match column ({positions} positions)" if rebuilt is None
+          else f"copyability of {what}: rebuilt from the prompts with {rebuilt}'s tokenizer ({positions} positions)")
     return filled

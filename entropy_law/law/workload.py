@@ -257,8 +257,8 @@ def _priced_requests(traces, drafter: str, law: FittedLaw, arm_seqs: pd.DataFram
     """The DP's inputs and outputs for the requests ``seqs``: n(D) and the drafted-depth model from the arm's rounds
     (its requests ``arm_seqs``), the law's coefficient draws, the replayed proposals' arrays (None without
     ``proposals``), the ``[requests, 1 + n_boot]`` expected (rounds, nodes, drafting rounds: column 0 the law's
-    estimate, then one column per coefficient draw), and per request the tokens decoded after the prefill and the
-    mean entropy."""
+    estimate, then one column per coefficient draw), per request the tokens decoded after the prefill and the
+    mean entropy, and where the drafted depths came from (``_depth_source``, for the notes)."""
     depth_rows = with_start_entropy(drafted_depths(traces, drafter), arm_seqs)
     depth_model = TrainingDepthModel.fit(depth_rows, drafts)
     n_of_depth = _nodes_by_depth(traces, depth_rows, drafts)
@@ -273,7 +273,25 @@ def _priced_requests(traces, drafter: str, law: FittedLaw, arm_seqs: pd.DataFram
                               copyability)
     tokens = np.array([len(e) - 1 for e in seqs["entropy"]], dtype=float)
     mean_h = np.array([float(np.mean(e)) for e in seqs["entropy"]])
-    return n_of_depth, replayed, priced, tokens, mean_h
+    source = ("from the drafter's replayed proposal at every position" if replayed is not None else
+              _depth_source(depth_model, copyability))
+    return n_of_depth, replayed, priced, tokens, mean_h, source
+
+
+def _depth_source(depth_model: TrainingDepthModel, copyability: list) -> str:
+    """The notes' words for where a DP's drafted depths came from: the arm's rounds by the entropy at a round's
+    start and, where both the arm's runs and the workload's requests hold it, by the context's copyability there;
+    says which side lacks it (a prompt-lookup drafter drafts by the copyability, so entropy alone misses it)."""
+    known = sum(c is not None for c in copyability)
+    hint = ("record with the prompts' token ids, or attach it from the prompts: entropy-law predict --context-match, "
+            "jobs.reference.attach_context_matches")
+    if depth_model.copy is None:
+        return f"from the arm's rounds (entropy-binned only: the arm's runs hold no context's copyability; {hint})"
+    if known == 0:
+        return f"from the arm's rounds (entropy-binned only: the workload holds no context's copyability; {hint})"
+    return (f"from the arm's rounds (entropy-binned, and by the context's copyability at the round start for {known} "
+            f"of {len(copyability)} requests" + ("" if known == len(copyability) else "; entropy only for the rest")
+            + ")")
 
 
 def _reweighted_costs(traces, drafter: str, ids, ar_table, ar_ms_per_token, clock: str, replicates: int, rng):
@@ -349,7 +367,7 @@ def workload_breakeven(
     seqs = seqs.loc[[len(e) >= 2 for e in seqs["entropy"]]].reset_index(drop=True)
     if seqs.empty:
         raise ValueError(f"drafter {drafter!r}: no request decoded a token after the prefill")
-    n_of_depth, replayed, (rounds_k, nodes_k, drafting_k), tokens, mean_h = _priced_requests(
+    n_of_depth, replayed, (rounds_k, nodes_k, drafting_k), tokens, mean_h, depth_source = _priced_requests(
         traces, drafter, law, seqs, seqs, drafts, proposals, n_boot, seed)
 
     def speedups(c: CostModel, j: int) -> np.ndarray:
@@ -418,9 +436,7 @@ def workload_breakeven(
              f"{failed} failed, {no_line} without a falling predicted line): each draws Poisson request weights "
              "(refitting the cost model, t_AR and both lines) and one set of the law's coefficients from their "
              "cluster-robust normal approximation",
-             "per request: the law's DP over its own entropy sequence, drafted depths "
-             + ("from the drafter's replayed proposal at every position" if replayed is not None else
-                "from the arm's rounds (entropy-binned, in-sample)")
+             f"per request: the law's DP over its own entropy sequence, drafted depths {depth_source} (in-sample)"
              + f", nodes per drafted depth {np.round(n_of_depth, 1).tolist()}; "
              f"{cost.clock} clock, t_AR {cost.ar_ms_per_token:.1f} ms ({cost.ar_source})",
              "crossing = where the token-weighted least-squares line of log speedup on the request's mean entropy "
@@ -574,7 +590,8 @@ def predict_workload(
 
     Each request is priced as in ``workload_breakeven`` (module doc): the law's DP over its entropy sequence,
     drafted depths from the arm's rounds (``TrainingDepthModel``: entropy-binned, fitted on the arm's own
-    categories), nodes per drafted depth and the cost model from the arm. A category's speedup is its tokens
+    categories; also by the context's copyability at a round's start where both the arm's runs and the workload's
+    requests hold the tokens column ``context_match``, said in the notes), nodes per drafted depth and the cost model from the arm. A category's speedup is its tokens
     times t_AR over its summed expected decode cost. The interval (``level``) comes from ``n_boot`` replicates,
     each drawing Poisson weights for the arm's requests and the AR requests (refitting the cost model and t_AR)
     and one set of the law's coefficients; the workload's requests are not resampled (the prediction is for
@@ -618,7 +635,7 @@ def predict_workload(
             raise ValueError(f"request {rec.request_id} of the workload: target entropies must be finite and >= 0")
     arm_seqs = entropy_sequences(traces, drafter)
     arm_seqs = arm_seqs.loc[[len(e) >= 2 for e in arm_seqs["entropy"]]].reset_index(drop=True)
-    n_of_depth, replayed, (rounds_k, nodes_k, drafting_k), tokens, mean_h = _priced_requests(
+    n_of_depth, replayed, (rounds_k, nodes_k, drafting_k), tokens, mean_h, depth_source = _priced_requests(
         traces, drafter, law, arm_seqs, seqs, drafts, proposals, n_boot, seed)
     arm_ids = list(arm_seqs["request_id"]) + ([] if ar_table is None else list(ar_table["request_id"]))
     summary, requests, (n_reps, failed) = _priced_summary(
@@ -633,9 +650,7 @@ def predict_workload(
               "the law's error on a category it was not fitted on is not measured here (transfer_error NaN): the "
               "verdict rests on the interval of its coefficients and the cost alone, which is too narrow for a new "
               "category; measure it with leave-one-category-out on the arm (TraceAnalysis.loco)"),
-             "per request: the law's DP over its target entropies, drafted depths "
-             + ("from the drafter's replayed proposal at every position" if replayed is not None else
-                "from the arm's rounds (entropy-binned)")
+             f"per request: the law's DP over its target entropies, drafted depths {depth_source}"
              + f", nodes per drafted depth {np.round(n_of_depth, 1).tolist()}; {cost.clock} clock, "
              f"t_AR {cost.ar_ms_per_token:.1f} ms ({cost.ar_source}); decode only (no prefill)"]
     if short.any():
