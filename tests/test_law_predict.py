@@ -68,6 +68,23 @@ def test_overdispersion_recovers_known_variances():
     assert over.sigma2_request < 0.001 and over.sigma2_category < 0.001
 
 
+def test_out_of_sample_category_means_spread_with_divisor_k_by_hand():
+    """Four categories of two requests whose residuals are their category means exactly (no within-category
+    noise, no sampling variance): the between-category variance is the category means' variance about their
+    mean, with divisor k - 1 for in-sample residuals and k for residuals of categories each predicted by a law
+    fitted without it; Var(b) is that variance over k in both."""
+    means = np.array([0.3, -0.1, 0.2, -0.2])
+    rows = pd.DataFrame([dict(category=f"c{j}", residual=m, var_log_sampling=0.0)
+                         for j, m in enumerate(means) for _ in range(2)])
+    dev2 = float(((means - means.mean()) ** 2).sum())  # 0.13
+    in_sample = Overdispersion.estimate(rows)
+    nested = Overdispersion.estimate(rows, out_of_sample=True)
+    assert in_sample.sigma2_category == pytest.approx(dev2 / 3) and in_sample.var_bias == pytest.approx(dev2 / 3 / 4)
+    assert nested.sigma2_category == pytest.approx(dev2 / 4) and nested.var_bias == pytest.approx(dev2 / 4 / 4)
+    assert nested.bias == in_sample.bias == pytest.approx(0.05)
+    assert nested.sigma2_request == in_sample.sigma2_request == 0.0
+
+
 def test_interval_is_centred_and_scaled():
     moments = pd.DataFrame({"predicted_tokens_per_round": [2.0], "var_log_sampling": [0.01], "var_log_parameters": [0.0]})
     over = Overdispersion(bias=np.log(1.5), sigma2_request=0.03, sigma2_category=0.0, var_bias=0.0, categories=4,
@@ -148,7 +165,7 @@ def test_sampling_variance_alone_is_nominal_on_the_true_law(sim, monkeypatch):
     import entropy_law.law.predict as P
 
     zero = P.Overdispersion(bias=0.0, sigma2_request=0.0, sigma2_category=0.0, var_bias=0.0, categories=0, requests=0)
-    monkeypatch.setattr(P.Overdispersion, "estimate", classmethod(lambda cls, residual: zero))
+    monkeypatch.setattr(P.Overdispersion, "estimate", classmethod(lambda cls, residual, out_of_sample=False: zero))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         sampling_only = loco_predictions(sim, "law_exp", n_draws=0)
@@ -213,3 +230,33 @@ def test_reliability_figure(predictions):
     assert len(ax.get_legend().get_texts()) == 1 + predictions.reliability["category"].nunique()
     with pytest.raises(ValueError, match="reliability_table"):
         reliability_diagram(pd.DataFrame({"category": ["a"]}))
+
+
+def test_the_calibration_bench_compares_the_divisors_and_restores_the_package():
+    """bench/interval_calibration.py: under its in-sample divisor the nested intervals are at least as wide
+    (variance k / (k - 1) times larger between categories), so they cover no fewer requests; the package's
+    estimator is back afterwards."""
+    import importlib.util
+    from pathlib import Path
+
+    import entropy_law.law.predict as P
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "interval_calibration.py"
+    spec = importlib.util.spec_from_file_location("interval_calibration", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    rng = np.random.default_rng(5)
+    effects = {c: float(rng.normal(0, 0.4)) for c in bench.CATEGORIES}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sim = simulate_traces(seed=5, n_requests_per_category=10, tokens_per_request=(60, 90),
+                              categories=list(bench.CATEGORIES), category_effects=effects)
+        before = P.Overdispersion.estimate
+        k_divisor = bench.coverage(sim, "nested", 0)
+        with bench.in_sample_divisor():
+            wide = P.loco_predictions(sim, "law_exp", n_draws=0)
+        assert P.Overdispersion.estimate == before
+        assert bench.coverage(sim, "nested", 0) == k_divisor
+    narrow = P.loco_predictions(sim, "law_exp", n_draws=0)
+    assert (wide.summary["sd_log_category"] >= narrow.summary["sd_log_category"] - 1e-12).all()
+    assert wide.coverage >= narrow.coverage
