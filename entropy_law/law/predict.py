@@ -384,13 +384,17 @@ def loco_predictions(traces, family: str = "law_exp", *, drafter: str | None = N
         raise ValueError("overdispersion='nested' needs at least 3 categories (2 training categories per held-out "
                          "one, each predicted from the others); use overdispersion='in-sample'")
 
+    fits = {}  # the law and depth model without a set of categories: nested mode needs each pair twice
+
     def fitted_law(exclude: list):
-        with warnings.catch_warnings():  # few requests: said once in the notes, not once per held-out category
-            warnings.simplefilter("ignore", SmallSampleWarning)
-            law = fit_law(counts.loc[~counts["category"].isin(exclude)], fam, cov_type="cluster")
-        model = (TrainingDepthModel.fit(drafted_h.loc[~drafted_h["category"].isin(exclude)], drafts)
-                 if proposals is None else None)
-        return law, model
+        key = frozenset(exclude)
+        if key not in fits:
+            with warnings.catch_warnings():  # few requests: said once in the notes, not once per held-out category
+                warnings.simplefilter("ignore", SmallSampleWarning)
+                law = fit_law(counts.loc[~counts["category"].isin(exclude)], fam, cov_type="cluster")
+            fits[key] = law, (TrainingDepthModel.fit(drafted_h.loc[~drafted_h["category"].isin(exclude)], drafts)
+                              if proposals is None else None)
+        return fits[key]
 
     def residuals(law, model, predicted: pd.Series) -> pd.DataFrame:
         out = request_moments(law, seqs.loc[predicted], B, model, proposals=proposals).merge(

@@ -29,6 +29,7 @@ import pandas as pd
 
 from entropy_law.law.atrisk import EPS_NATS
 from entropy_law.traces.schema import added_columns
+from entropy_law.traces.stats import CONTEXT_MATCH_MAX
 
 
 @dataclass(frozen=True)
@@ -106,22 +107,21 @@ class DepthSpec:
         if self.copy_coupling:
             if m_first is None:
                 raise ValueError("DepthSpec.copy_coupling needs the copyability at each round's first position")
-            tilt = tilt + self.copy_coupling * (np.asarray(m_first, float)[:, None] / COPY_LEVELS - 0.5)
+            tilt = tilt + self.copy_coupling * (np.asarray(m_first, float)[:, None] / CONTEXT_MATCH_MAX - 0.5)
         w = base[None, :] * np.exp(tilt * j[None, :])
         cdf = np.cumsum(w, axis=1)
         u = rng.random(len(cdf)) * cdf[:, -1]
         return np.minimum((cdf < u[:, None]).sum(axis=1), base.size - 1).astype(np.int64)
 
 
-COPY_LEVELS = 8  # the simulated copyability's levels 0..8 (the traces' cap, traces.stats.CONTEXT_MATCH_MAX)
 COPY_STAY = 0.85  # the chance the simulated copyability keeps its level from one position to the next
 
 
 def simulate_copyability(shape: tuple, rng: np.random.Generator) -> np.ndarray:
-    """``[requests, positions]`` int: a context's copyability before each position, levels 0..COPY_LEVELS, in
+    """``[requests, positions]`` int: a context's copyability before each position, levels 0..CONTEXT_MATCH_MAX, in
     stretches: each position keeps the previous level with probability COPY_STAY, else draws a new uniform one."""
     n, length = shape
-    fresh = rng.integers(0, COPY_LEVELS + 1, size=(n, length))
+    fresh = rng.integers(0, CONTEXT_MATCH_MAX + 1, size=(n, length))
     keep = rng.random((n, length)) < COPY_STAY
     keep[:, 0] = False
     out = fresh.copy()

@@ -34,6 +34,7 @@ from entropy_law.law.blocks import expected_round_counts, iid_tokens_per_round
 from entropy_law.law.fit import FittedLaw, LawFamily, fit_law, get_family, prepare_counts
 from entropy_law.law.results import Result
 from entropy_law.law.stats import exact_spearman_p
+from entropy_law.traces.stats import CONTEXT_MATCH_MAX
 
 
 def single_drafter(traces, drafter: str | None) -> tuple[str, pd.DataFrame]:
@@ -116,11 +117,12 @@ DEPTH_ENTROPY_EDGES = (0.01, 0.1, 0.3, 1.0, 3.0)  # nats: bins of H at a round's
 DEPTH_PRIOR_ROUNDS = 10.0  # a bin's depth distribution is shrunk towards the category's by this many rounds
 # levels of the context's copyability at a round's first position (``context_match``, 0..CONTEXT_MATCH_MAX):
 # 0, 1, 2-3, 4-7, 8 (the cap). What a prompt-lookup drafter reads before it drafts; known before the round
-DEPTH_COPY_EDGES = (1, 2, 4, 8)
+DEPTH_COPY_EDGES = (1, 2, 4, CONTEXT_MATCH_MAX)
 
 
 def entropy_bin(entropy, edges=DEPTH_ENTROPY_EDGES) -> np.ndarray:
-    """Index of the bin of ``edges`` (nats) each entropy falls in (0 .. len(edges))."""
+    """Index of the bin of ``edges`` each value falls in (0 .. len(edges)): entropies in nats by default, the
+    context's copyability with ``DEPTH_COPY_EDGES``."""
     return np.searchsorted(np.asarray(edges, dtype=float), np.asarray(entropy, dtype=float), side="right")
 
 
@@ -193,7 +195,7 @@ class TrainingDepthModel:
         if copy_edges and "start_context_match" in later:
             known = later.loc[later["start_context_match"].notna()]
             if len(known):
-                c = copy_bin(known["start_context_match"].to_numpy(dtype=float), copy_edges)
+                c = entropy_bin(known["start_context_match"].to_numpy(dtype=float), copy_edges)
                 e = np.minimum(entropy_bin(known["start_entropy"].to_numpy(dtype=float), edges), rest.shape[0] - 1)
                 counts = np.zeros((len(copy_edges) + 1, rest.shape[0], drafts + 1))
                 np.add.at(counts, (c, e, known["drafted_depth"].to_numpy(dtype=np.int64)), 1.0)
@@ -211,17 +213,12 @@ class TrainingDepthModel:
             m = np.asarray(context_match, dtype=float)
             if m.shape != h.shape or np.isnan(m).any():
                 raise ValueError(f"context_match must hold one value per output position ({h.size}) without nulls")
-            probs = self.copy[copy_bin(m, self.copy_edges), e].copy()
+            probs = self.copy[entropy_bin(m, self.copy_edges), e].copy()
         else:
             probs = self.later[e].copy()
         if h.size:
             probs[0] = self.first[min(int(e[0]), self.first.shape[0] - 1)]
         return probs
-
-
-def copy_bin(context_match, edges=DEPTH_COPY_EDGES) -> np.ndarray:
-    """Index of the level of ``edges`` each copyability value falls in (0 .. len(edges))."""
-    return np.searchsorted(np.asarray(edges, dtype=float), np.asarray(context_match, dtype=float), side="right")
 
 
 def depth_probabilities(length: int, drafts: int, mode: str, *, observed: pd.DataFrame | None = None,
