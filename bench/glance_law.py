@@ -20,7 +20,10 @@ of the traces (default ``data/traces``; the AR arm drafts nothing and is skipped
    - ``law_exp``: the first primary law, for reference (not a goal);
    - ``law_exp_obs_ceil_copy`` (and ``_root``): the primary law + the context's copyability before each position
      (tokens column ``context_match``, attached from the prompts to runs recorded without it; ``--no-context-match``
-     leaves it out), with its goal lines; with ``--drafter-aware`` also ``law_exp_obs_ceil_drafttop_copy``.
+     leaves it out), with its goal lines; with ``--drafter-aware`` also ``law_exp_obs_ceil_drafttop_copy``;
+   - ``law_exp_obs_ceil_top1`` and ``law_exp_obs_ceil_top1_copy`` (and ``_root``): the primary law + the target's
+     own top-1 probability at each position (tokens column ``target_top1_prob``), without and with the
+     copyability; with ``--drafter-aware`` also ``law_exp_obs_ceil_drafttop_top1_copy`` (``COVARIATE_LAWS``).
    Scores (``glance.round_scores``): per-round MSE, |mean predicted - mean observed| per category (mean
    over categories: ``cat_mae``), r2_curve (bin means of the predictions against bin means of a, 10
    root-entropy quantile bins), r2_round / r2_ceiling and GLANCE's holds() (slope: every fold's b1 or k).
@@ -62,27 +65,48 @@ GLANCE_FORMS = {"glance": "code", "glance_readme": "readme"}
 DRAFTER_AWARE = "law_exp_obs_ceil_drafttop"  # + the drafter's confidence in its own proposal (--drafter-aware)
 COPY_AWARE = "law_exp_obs_ceil_copy"  # + the context's copyability before each position (tokens column context_match)
 DRAFTER_AWARE_COPY = "law_exp_obs_ceil_drafttop_copy"  # both (--drafter-aware, with the copyability)
+TOP1_AWARE = "law_exp_obs_ceil_top1"  # + the target's own top-1 probability at each position (target_top1_prob)
+TOP1_COPY = "law_exp_obs_ceil_top1_copy"  # + the target's top-1 probability and the copyability
+DRAFTER_AWARE_TOP1_COPY = "law_exp_obs_ceil_drafttop_top1_copy"  # all three (--drafter-aware)
+# the covariate laws beside the primary: (family, report key, what it adds, needs the copyability, needs drafts)
+COVARIATE_LAWS = (
+    (COPY_AWARE, "copy_aware", "+ the context's copyability before each position", True, False),
+    (TOP1_AWARE, "top1_aware", "+ the target's own top-1 probability at each position", False, False),
+    (TOP1_COPY, "top1_copy_aware", "+ the target's top-1 probability and the context's copyability", True, False),
+    (DRAFTER_AWARE_COPY, "drafter_aware_copy", "+ the drafter's confidence and the context's copyability", True, True),
+    (DRAFTER_AWARE_TOP1_COPY, "drafter_aware_top1_copy", "+ the drafter's confidence, the target's top-1 probability "
+     "and the context's copyability", True, True),
+)
 COLUMNS = ["mse", "cat_mae", "cat_max", "r2_curve", "r2_round", "r2_ceiling", "frac_of_ceiling", "holds"]
 
 
-def our_laws(copy: bool = False) -> dict:
+def covariate_laws(copy: bool, top1: bool, drafts: bool) -> list:
+    """The rows of ``COVARIATE_LAWS`` whose inputs are there: ``copy`` (the traces hold the context's
+    copyability), ``top1`` (the target's top-1 probability at every position), ``drafts`` (the round proposals)."""
+    return [row for row in COVARIATE_LAWS if (copy or not row[3]) and (drafts or not row[4])
+            and (top1 or "top1" not in row[0])]
+
+
+def our_laws(copy: bool = False, top1: bool = False) -> dict:
     """name -> (family, root entropy only): the primary law (read at call time), the same with the root
     entropy at every depth (GLANCE's information, plus D), and law_exp (the first primary law), for reference;
-    with ``copy`` (the traces hold the context's copyability) also ``COPY_AWARE`` and its root variant (the root's
-    entropy and copyability at every depth: known before the round)."""
+    and the covariate laws without the drafter whose inputs are there (``covariate_laws``), each with its root
+    variant (the root's entropy and covariates at every depth: known before the round)."""
     primary = primary_family()
     laws = {primary: (primary, False), f"{primary}_root": (primary, True)}
     if primary != "law_exp":
         laws["law_exp"] = ("law_exp", False)
-    if copy and primary != COPY_AWARE:
-        laws.update({COPY_AWARE: (COPY_AWARE, False), f"{COPY_AWARE}_root": (COPY_AWARE, True)})
+    for family, *_ in covariate_laws(copy, top1, drafts=False):
+        if family != primary:
+            laws.update({family: (family, False), f"{family}_root": (family, True)})
     return laws
 
 
-def score_arm(view, arm: str, drafts: pd.DataFrame | None = None, copy: bool = False):
+def score_arm(view, arm: str, drafts: pd.DataFrame | None = None, copy: bool = False, top1: bool = False):
     """(scores by law, category means, GLANCE's in-sample law, the rounds, LOCO predictions by law). With
-    ``drafts`` (the arm's round proposals), also the drafter-aware law ``DRAFTER_AWARE``; with ``copy`` (the
-    traces hold the context's copyability) also ``COPY_AWARE`` (and with ``drafts`` ``DRAFTER_AWARE_COPY``)."""
+    ``drafts`` (the arm's round proposals), also the drafter-aware law ``DRAFTER_AWARE``; and the covariate laws
+    whose inputs are there (``covariate_laws``: ``copy``, the context's copyability; ``top1``, the target's top-1
+    probability)."""
     rounds = glance_rounds(view)
     in_sample = fit_glance(rounds)
     scores, predictions = {}, {}
@@ -90,7 +114,7 @@ def score_arm(view, arm: str, drafts: pd.DataFrame | None = None, copy: bool = F
         predictions[name], fits = loco_glance(rounds, form=form)
         scores[name] = round_scores(rounds, predictions[name], slope=[f.b1_fitted for f in fits.values()])
     rows = at_risk_table(view, drafters=[arm])
-    laws = our_laws(copy)
+    laws = our_laws(copy, top1)
     for family in dict.fromkeys(family for family, _ in laws.values()):  # each family fitted once per fold
         names = [name for name, (f, _) in laws.items() if f == family]
         predicted, slopes = loco_ours(view, arm, rounds, family, rows=rows,
@@ -99,7 +123,7 @@ def score_arm(view, arm: str, drafts: pd.DataFrame | None = None, copy: bool = F
             predictions[name] = values
             scores[name] = round_scores(rounds, values, slope=slopes, slope_max=np.inf)
     if drafts is not None:
-        for family in (DRAFTER_AWARE, DRAFTER_AWARE_COPY) if copy else (DRAFTER_AWARE,):
+        for family in (DRAFTER_AWARE, *[row[0] for row in covariate_laws(copy, top1, drafts=True) if row[4]]):
             predictions[family], slopes = loco_ours(view, arm, rounds, family, rows=rows, drafts=drafts)
             scores[family] = round_scores(rounds, predictions[family], slope=slopes, slope_max=np.inf)
     return scores, category_frame(scores), in_sample, rounds, predictions
@@ -211,15 +235,16 @@ def main() -> None:
         traces, rebuilt = ensure_context_matches(traces, tasks=args.tasks)
         if rebuilt:
             print(f"context's copyability attached from the prompts ({rebuilt}'s tokenizer, {args.tasks})", flush=True)
+    top1 = "target_top1_prob" in traces.tokens and bool(traces.tokens["target_top1_prob"].notna().all())
     analysis = TraceAnalysis(traces)
-    report, all_wins, aware_wins, copy_wins = {}, [], [], {}
+    report, all_wins, aware_wins, covariate_wins = {}, [], [], {}
     pd.set_option("display.width", 160)
     pd.set_option("display.max_columns", 20)
     for arm in analysis.arms:
         view = analysis.arm_view(arm)
         drafts = (round_drafts(analysis, arm, args.tasks, Path(args.drafts_cache) if args.drafts_cache else None)
                   if args.drafter_aware else None)
-        scores, categories, in_sample, rounds, predictions = score_arm(view, arm, drafts, copy)
+        scores, categories, in_sample, rounds, predictions = score_arm(view, arm, drafts, copy, top1)
         print(f"\n=== {arm}: GLANCE's law in sample (code form, as GLANCE's experiments/fit_law.py reports it)")
         print(in_sample.summary[["n_rounds", "mean_accepted", "b0", "b1", "r2_curve", "r2_round", "r2_ceiling",
                                  "frac_of_ceiling", "spearman_rho", "holds"]].round(4).to_string())
@@ -236,11 +261,9 @@ def main() -> None:
             aware = {}
             entry["drafter_aware"] = aware
             aware["goal_met"] = goal_lines(aware, DRAFTER_AWARE, scores, predictions, rounds, indent="  ")
-        for name, key, what in ((COPY_AWARE, "copy_aware", "+ the context's copyability before each position"),
-                                (DRAFTER_AWARE_COPY, "drafter_aware_copy", "+ the drafter's confidence and the "
-                                 "context's copyability")):
+        for name, key, what, *_ in COVARIATE_LAWS:
             if name in scores:
-                print(f"  the copy-aware law ({name}: {what}, known before the position is drafted):")
+                print(f"  the covariate law {name} ({what}):")
                 entry[key] = {}
                 entry[key]["goal_met"] = goal_lines(entry[key], name, scores, predictions, rounds, indent="  ")
         root = scores[f"{primary}_root"]  # before the round: the root entropy and D only, GLANCE's information + D
@@ -260,9 +283,9 @@ def main() -> None:
         if DRAFTER_AWARE in scores:
             aware_wins += glance_wins(arm, {k: v for k, v in scores.items() if k in (DRAFTER_AWARE, *GLANCE_FORMS)},
                                       DRAFTER_AWARE)
-        for name in (COPY_AWARE, DRAFTER_AWARE_COPY):
+        for name, *_ in COVARIATE_LAWS:
             if name in scores:
-                copy_wins.setdefault(name, []).extend(
+                covariate_wins.setdefault(name, []).extend(
                     glance_wins(arm, {k: v for k, v in scores.items() if k in (name, *GLANCE_FORMS)}, name))
         report[arm] = entry
     skipped = analysis.ar_arms
@@ -272,7 +295,7 @@ def main() -> None:
     if args.drafter_aware:
         print(f"\nwhere GLANCE's law does at least as well as {DRAFTER_AWARE} (LOCO):")
         print("\n".join(f"  {w}" for w in aware_wins) if aware_wins else "  nowhere")
-    for name, wins in copy_wins.items():
+    for name, wins in covariate_wins.items():
         print(f"\nwhere GLANCE's law does at least as well as {name} (LOCO):")
         print("\n".join(f"  {w}" for w in wins) if wins else "  nowhere")
     imported = None
@@ -289,7 +312,7 @@ def main() -> None:
         met = [arm for arm, entry in report.items() if entry["drafter_aware"]["goal_met"]]
         print(f"goals ({DRAFTER_AWARE} vs both GLANCE forms): met on {', '.join(met) or 'no arm'}; not met on "
               f"{', '.join(a for a in report if a not in met) or 'none'}")
-    for name, key in ((COPY_AWARE, "copy_aware"), (DRAFTER_AWARE_COPY, "drafter_aware_copy")):
+    for name, key, *_ in COVARIATE_LAWS:
         if all(key in entry for entry in report.values()) and report:
             met = [arm for arm, entry in report.items() if entry[key]["goal_met"]]
             print(f"goals ({name} vs both GLANCE forms): met on {', '.join(met) or 'no arm'}; not met on "
@@ -297,7 +320,7 @@ def main() -> None:
     print(json.dumps({"bench": "glance_law", "traces": args.traces, "primary_family": primary, "goal_met_every_arm": every, "arms": report,
                       "skipped_arms": skipped, "glance_wins": all_wins,
                       "glance_wins_drafter_aware": aware_wins if args.drafter_aware else None,
-                      "glance_wins_copy_aware": copy_wins, "glance_log": imported,
+                      "glance_wins_covariate_laws": covariate_wins, "glance_log": imported,
                       "seconds": round(time.time() - started, 1)}, default=float))
 
 

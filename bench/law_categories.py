@@ -27,9 +27,12 @@ The context's copyability (tokens column ``context_match``: the longest suffix o
 position that occurred earlier, up to 8) is attached from the prompts to runs recorded without it (``--model``'s
 tokenizer, ``--tasks``; ``jobs.reference.attach_context_matches``; ``--no-context-match`` leaves it out). Where every
 arm's trials hold it, ``law_exp_obs_ceil_copy`` (the primary law + the copyability) is a candidate of the rule in
-section 1 and, if it wins, sections 2-5 evaluate it in the primary law's place (``PRIMARY_FAMILY`` is the law for
-traces without the copyability); section 5's drafter-aware law is chosen by the same rule between
-``law_exp_obs_ceil_drafttop`` and ``law_exp_obs_ceil_drafttop_copy``.
+section 1; so are ``law_exp_obs_ceil_top1`` (the primary law + the target's own top-1 probability at the position,
+tokens column ``target_top1_prob``) and ``law_exp_obs_ceil_top1_copy`` (both) wherever every arm's trials hold their
+columns (docs/law.md, addendum of 2026-12-05). Sections 2-5 evaluate the rule's winner in the primary law's place
+(``PRIMARY_FAMILY`` is the law for traces without those columns); section 5's drafter-aware law is chosen by the
+same rule among ``law_exp_obs_ceil_drafttop``, ``law_exp_obs_ceil_drafttop_copy`` and
+``law_exp_obs_ceil_drafttop_top1_copy``.
 
 Goals (issue #18): tokens/round mean |rel. error| <= 10% and mean tau <= 15% on every arm; category share
 <= 5% on every arm; rho = 1.0 on block DDTree16 and n-gram chain; coverage in [85%, 95%] on every arm.
@@ -72,6 +75,9 @@ RHO_ARMS = ("block-drafter-b8-l2-copy ddtree16", "ngram chain")  # the issue's r
 DRAFTER_AWARE = "law_exp_obs_ceil_drafttop"  # the primary law + the drafter's top-1 probability (replayed DP)
 COPY_FAMILY = "law_exp_obs_ceil_copy"  # the primary law + the context's copyability (tokens column context_match)
 DRAFTER_AWARE_COPY = "law_exp_obs_ceil_drafttop_copy"  # both
+TOP1_FAMILY = "law_exp_obs_ceil_top1"  # the primary law + the target's top-1 probability (tokens column target_top1_prob)
+TOP1_COPY = "law_exp_obs_ceil_top1_copy"  # the target's top-1 probability and the copyability
+DRAFTER_AWARE_TOP1_COPY = "law_exp_obs_ceil_drafttop_top1_copy"  # the drafter's confidence, the target's, the copyability
 
 
 def has_values(rows: pd.DataFrame, column: str) -> bool:
@@ -83,7 +89,7 @@ def replayed_section(view, arm: str, rows: pd.DataFrame, proposals: pd.DataFrame
     """Section 5 for one arm: LOCO with the replayed proposals, the drafter-aware laws (those whose inputs the
     at-risk rows hold) and the primary law."""
     laws = [f for f in drafter_aware if has_values(rows, "draft_top1_prob")
-            and (not get_family(f).needs_context_match or has_values(rows, "context_match"))] + [primary]
+            and all(has_values(rows, c) for c in get_family(f).position_columns)] + [primary]
     out = {}
     for family in laws:
         loco = loco_transfer(view, family, drafter=arm, depths="replayed", proposals=proposals)
@@ -164,23 +170,30 @@ def main(argv=None) -> dict:
         views[arm] = an.arm_view(arm)
         rows_of[arm] = atrisk.at_risk_table(views[arm], drafters=[arm])
         families = list(PRIMARY_CANDIDATES)
-        if has_values(rows_of[arm], "context_match"):
-            families.append(COPY_FAMILY)
+        copy_here, top1_here = has_values(rows_of[arm], "context_match"), has_values(rows_of[arm], "target_top1_prob")
+        families += [f for f, ok in ((COPY_FAMILY, copy_here), (TOP1_FAMILY, top1_here),
+                                     (TOP1_COPY, copy_here and top1_here)) if ok]
         if has_values(rows_of[arm], "draft_entropy_nats"):
             families.append("law_exp_draftent")
         if has_values(rows_of[arm], "draft_top1_prob"):  # the drafter-aware laws (section 5), not candidates
-            families += [DRAFTER_AWARE] + ([DRAFTER_AWARE_COPY] if COPY_FAMILY in families else [])
+            families += [DRAFTER_AWARE] + [f for f, ok in ((DRAFTER_AWARE_COPY, copy_here),
+                                                           (DRAFTER_AWARE_TOP1_COPY, copy_here and top1_here)) if ok]
         comparisons[arm] = compare_laws(rows_of[arm], families, folds="category", seed=args.seed)
         for note in comparisons[arm].notes:
             print(f"  {arm}: {note}")
     copy = all(COPY_FAMILY in c.summary.index for c in comparisons.values())
-    candidates = tuple(PRIMARY_CANDIDATES) + ((COPY_FAMILY,) if copy else ())
+    # the covariate laws are candidates of the rule (docs/law.md, addenda of 2026-12-03 and 2026-12-05) wherever
+    # every arm's at-risk trials hold their columns
+    added = tuple(f for f in (COPY_FAMILY, TOP1_FAMILY, TOP1_COPY)
+                  if all(f in c.summary.index for c in comparisons.values()))
+    candidates = tuple(PRIMARY_CANDIDATES) + added
     winner, table = choose_primary(comparisons, candidates)
     print("\n== 1. leave-one-category-out CV log-loss per at-risk trial (rule: docs/law.md) ==")
     print(table.round(4).to_string())
-    if copy:
-        print(f"{COPY_FAMILY} is a candidate: every arm's at-risk trials hold the context's copyability")
-    aware = tuple(f for f in (DRAFTER_AWARE, DRAFTER_AWARE_COPY)
+    for family in added:
+        print(f"{family} is a candidate: every arm's at-risk trials hold its columns "
+              f"{list(get_family(family).position_columns)}")
+    aware = tuple(f for f in (DRAFTER_AWARE, DRAFTER_AWARE_COPY, DRAFTER_AWARE_TOP1_COPY)
                   if all(f in c.summary.index for c in comparisons.values()))
     aware_winner = None
     if aware:
@@ -196,10 +209,11 @@ def main(argv=None) -> dict:
               + ", ".join(f"{a}: {v:.4f}" for a, v in info.items()))
     print(f"rule's winner: {winner}; PRIMARY_FAMILY = {PRIMARY_FAMILY} ({'same' if winner == PRIMARY_FAMILY else 'DIFFERENT'})")
 
-    primary = winner if winner in (PRIMARY_FAMILY, COPY_FAMILY) else PRIMARY_FAMILY
+    primary = winner
     if primary != PRIMARY_FAMILY:
         print(f"sections 2-5 evaluate the rule's winner {primary} (PRIMARY_FAMILY {PRIMARY_FAMILY} on traces "
-              "without the copyability); its goals below are the ones that count here")
+              f"without its columns {list(get_family(primary).position_columns)}); its goals below are the ones "
+              "that count here")
     results, lines = {}, []
     for arm in arms:
         view = views[arm]
@@ -318,7 +332,7 @@ def main(argv=None) -> dict:
               "categories, mean tau from the same rounds with the DP's share of drafting rounds; raw DP: without b)")
     print(f"CPU time {time.process_time() - clock:.0f} s, OMP_NUM_THREADS=1, shared machine")
     out = {"bench": "law_categories", "traces": args.traces, "primary": primary, "rule_winner": winner,
-           "drafter_aware": aware_winner, "context_match": copy,
+           "drafter_aware": aware_winner, "context_match": copy, "covariate_candidates": list(added),
            "goals_met": every, "arms": results, "replayed_goals_met": replayed_goals, "replayed": replayed}
     print(json.dumps(out, default=lambda v: bool(v) if isinstance(v, np.bool_) else float(v)))
     return out

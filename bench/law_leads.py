@@ -1,4 +1,4 @@
-"""Three candidate covariates for the category gap (issue #18 item 3, #20): do they explain what category terms add?
+"""Four candidate covariates for the category gap (issue #18 item 3, #20): do they explain what category terms add?
 
 The primary law conditions on the target's entropy at the drafted position and on decode-time functions of the
 output's entropy sequence; the drafter-aware law adds the drafter's confidence in its own proposal. Category terms
@@ -15,6 +15,11 @@ no category's name and asks how much of the category terms' gain each leaves:
   ``jobs.reference.context_matches``). Known before the draft there is checked (at depth d > 1 its context holds the
   accepted drafts), a property of the greedy output and the prompt like the entropy, so an AR run gives it at every
   position; the law policy reads it at each round's start (``fit_policy(context_match=)``);
+- **the target's own top-1 probability** p1 at the drafted position, as log(1 - p1 + 1e-3) (``log_target_miss``):
+  a greedy draft is accepted exactly when it is the target's argmax, and 1 - p1 is the target's mass off it, where
+  the entropy also counts how that mass spreads. A tokens column of every run our decoder records (and of imported
+  runs after ``entropy-law entropy``), so an AR run gives it like H. A second set of models compares the two
+  statistics alone (depth + one of them);
 - **the request's running acceptance**: the share of drafted tokens accepted in the request's earlier rounds,
   ``(hits + m / 2) / (trials + m)`` with ``m = 8`` pseudo-trials, as a logit. Known before each round online and
   computable from any engine's round log; but it depends on the path, so the DP that prices a workload from its
@@ -49,6 +54,9 @@ BASE = "C(depth_factor) + log_entropy + log_lag_entropy + log_run_mean_entropy +
 CLASS_TERMS = "C(token_class) + C(prev_token_class)"
 COPY_TERMS = "C(copy_level)"
 HISTORY_TERMS = "logit_running_acceptance"
+TARGET_MISS_TERMS = "log_target_miss"  # log(1 - the target's top-1 probability + 1e-3) at the drafted position
+SINGLE = {"depth + log(H + 1e-3)": "C(depth_factor) + log_entropy",  # one target statistic each, nothing else
+          "depth + log(1 - p1 + 1e-3)": f"C(depth_factor) + {TARGET_MISS_TERMS}"}
 PRIOR_TRIALS = 8.0
 MAX_DEPTH_FACTOR = 7  # deeper depths share the depth-7 level (few trials)
 
@@ -106,6 +114,9 @@ def add_candidates(table, tokens, classes, lengths=None):
                     on=["run_id", "request_id", "round_index"], how="left", validate="many_to_one")
     out["logit_running_acceptance"] = np.log(out["running"] / (1 - out["running"]))
     if lengths is not None:
+        # the given lengths replace a copyability column the at-risk table already carries (at_risk_table adds one,
+        # null where the traces were recorded without it)
+        out = out.drop(columns=["context_match", "log1p_copy", "copy_full"], errors="ignore")
         keyed = lengths[["run_id", "request_id", "position", "context_match"]].assign(
             run_id=lengths["run_id"].astype(str), request_id=lengths["request_id"].astype(str))
         out = out.assign(run_id=out["run_id"].astype(str), request_id=out["request_id"].astype(str)).merge(
@@ -192,6 +203,7 @@ def main(argv=None) -> dict:
     classes = token_classes(target.tokenizer)
     models = {"base (primary law's terms)": BASE, "+ token class": f"{BASE} + {CLASS_TERMS}",
               "+ copyability": f"{BASE} + {COPY_TERMS}",
+              "+ target's top-1 miss": f"{BASE} + {TARGET_MISS_TERMS}",
               "+ running acceptance": f"{BASE} + {HISTORY_TERMS}",
               "+ both": f"{BASE} + {CLASS_TERMS} + {HISTORY_TERMS}"}
     drafter_aware = {"base + drafter's confidence": f"{BASE} + log_draft_miss",
@@ -212,7 +224,7 @@ def main(argv=None) -> dict:
         print("drafting rounds by the copyability at their start (what the law policy reads before drafting): "
               "mean accepted drafts, rounds\n" + by_level.to_string())
         arm_result = {"rounds_by_copy_level": by_level.reset_index().to_dict(orient="list")}
-        sets = [("entropy law", models)]
+        sets = [("entropy law", models), ("one target statistic", SINGLE)]
         if table["log_draft_miss"].notna().all():
             sets.append(("drafter-aware", drafter_aware))
         for label, group in sets:

@@ -73,3 +73,19 @@ def test_rounds_are_counted_by_the_copyability_at_their_start():
     assert out.loc[1, "mean_accepted"] == 2 and out.loc[1, "rounds"] == 1
     assert out.loc[8, "mean_accepted"] == 0.5 and out.loc[8, "rounds"] == 2
     assert out.loc[8, "x"] == 0 and out.loc[8, "y"] == 1
+
+
+def test_given_lengths_replace_the_null_copyability_an_at_risk_table_carries():
+    """at_risk_table adds a context_match column (null for runs recorded without it); the bench's lengths replace
+    it rather than colliding with it in the merge (the bench failed with KeyError 'context_match' before)."""
+    bench = _bench()
+    table = pd.DataFrame({"run_id": ["r"] * 2, "request_id": ["a"] * 2, "round_index": [1, 1], "position": [1, 2],
+                          "depth": [1, 2], "accepted": [1, 0], "context_match": [np.nan, np.nan],
+                          "log1p_copy": [np.nan, np.nan], "copy_full": [np.nan, np.nan]})
+    tokens = pd.DataFrame({"run_id": ["r"] * 3, "request_id": ["a"] * 3, "position": [0, 1, 2], "token_id": [1, 2, 3]})
+    lengths = pd.DataFrame({"run_id": ["r"] * 3, "request_id": ["a"] * 3, "position": [0, 1, 2],
+                            "context_match": [0, 2, 9]})
+    out = bench.add_candidates(table, tokens, bench.token_classes(_Tokenizer()), lengths)
+    assert out["context_match"].tolist() == [2, 9]
+    assert out["copy_level"].tolist() == ["2", "8"]
+    assert "log1p_copy" not in out and "context_match_x" not in out

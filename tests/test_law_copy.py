@@ -16,7 +16,7 @@ from entropy_law.law.fit import fit_law, get_family
 from entropy_law.law.simulate import simulate_traces
 from entropy_law.law.transfer import sequences_of
 from entropy_law.traces.stats import CONTEXT_MATCH_MAX, context_match_length, context_matches_of_output
-from tests.traces_helpers import log_requests, synthetic_requests
+from tests.traces_helpers import log_requests, one_drafter, synthetic_requests
 
 
 def brute_force(context: list, max_length: int) -> int:
@@ -147,14 +147,8 @@ def copy_sim():
     return type(sim)(tokens=tokens, rounds=sim.rounds, requests=sim.requests, runs=sim.runs)
 
 
-def _one_drafter(rows):
-    out = rows.loc[rows["drafter_id"] == sorted(rows["drafter_id"].unique())[0]].reset_index(drop=True)
-    out.attrs.update(rows.attrs)
-    return out
-
-
 def test_copy_terms_reach_the_trials_and_a_known_effect_is_recovered(copy_sim):
-    table = _one_drafter(atrisk.at_risk_table(copy_sim))
+    table = one_drafter(atrisk.at_risk_table(copy_sim))
     look = copy_sim.tokens.set_index(["run_id", "request_id", "position"])["context_match"].astype(float)
     expected = look.loc[list(zip(table["run_id"], table["request_id"], table["position"]))].to_numpy()
     np.testing.assert_array_equal(table["context_match"], expected)
@@ -184,7 +178,7 @@ def test_copy_terms_reach_the_trials_and_a_known_effect_is_recovered(copy_sim):
 
 
 def test_the_dp_reads_the_same_copyability_as_the_trials(copy_sim):
-    table = _one_drafter(atrisk.at_risk_table(copy_sim))
+    table = one_drafter(atrisk.at_risk_table(copy_sim))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         law = fit_law(table, "law_exp_obs_ceil_copy", cov_type="nonrobust")
@@ -209,7 +203,7 @@ def test_copy_families_refuse_traces_without_the_column():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         sim = simulate_traces(seed=3, n_requests_per_category=4, tokens_per_request=(30, 40))
-    rows = _one_drafter(atrisk.at_risk_table(sim))
+    rows = one_drafter(atrisk.at_risk_table(sim))
     assert rows["context_match"].isna().all()  # simulated / older traces: the added column reads as null
     for family in ("law_exp_obs_ceil_copy", "law_exp_obs_ceil_drafttop_copy"):
         assert get_family(family).needs_context_match

@@ -12,6 +12,8 @@ from entropy_law.law import atrisk
 from entropy_law.law.compare import (DEPTH_ONLY, Comparison, category_share_of_gain, choose_primary, compare_laws)
 from entropy_law.law.fit import FAMILIES, PRIMARY_FAMILY, fit_law, get_family, with_category_terms
 from entropy_law.law.simulate import simulate_traces
+from tests.traces_helpers import one_drafter
+from tests.traces_helpers import redrawn as redraw
 
 
 @pytest.fixture(scope="module")
@@ -83,28 +85,14 @@ def test_dp_covariates_equal_the_at_risk_table(sim, rows):
         assert frame["target_entropy_nats"].iloc[i] == pytest.approx(r.target_entropy_nats)
 
 
-def _one_drafter(rows):
-    out = rows.loc[rows["drafter_id"] == sorted(rows["drafter_id"].unique())[0]].reset_index(drop=True)
-    out.attrs.update(rows.attrs)
-    return out
-
-
-def _redrawn(rows, hazard, rng):
-    """``rows`` with outcomes redrawn from a cloglog law of the given hazard (acceptance exp(-hazard))."""
-    accepted = (rng.random(len(rows)) < np.exp(-hazard)).astype(np.int8)
-    redrawn = rows.assign(accepted=accepted, rejected=1 - accepted)
-    redrawn.attrs.update(rows.attrs)
-    return redrawn
-
-
 def test_a_known_lag_effect_is_recovered(rows):
     """Outcomes redrawn from a cloglog law with a known lagged-entropy exponent g = 0.4: law_exp_lag recovers it
     (95% interval), law_exp (no lag term) cannot, and CV prefers law_exp_lag."""
-    one = _one_drafter(rows)
+    one = one_drafter(rows)
     rng = np.random.default_rng(0)
     k, g = 0.7, 0.4
     hazard = 0.8 * (one["target_entropy_nats"] + 1e-3) ** k * (one["lag_entropy_nats"] + 1e-3) ** g
-    redrawn = _redrawn(one, hazard, rng)
+    redrawn = redraw(one, hazard, rng)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         law = fit_law(redrawn, "law_exp_lag")
@@ -119,7 +107,7 @@ def test_no_spurious_covariate_effect_on_law_exp_traces(rows):
     """simulate_traces draws from law_exp: the decode-time terms of law_exp_obs are ~0 (within 4 SE)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        law = fit_law(_one_drafter(rows), "law_exp_obs")
+        law = fit_law(one_drafter(rows), "law_exp_obs")
     coef = law.coefficients
     for name in ("log_lag_entropy", "log_run_mean_entropy", "log1p_position"):
         assert abs(coef.loc[name, "estimate"]) < 4 * coef.loc[name, "std_err"], name
@@ -133,7 +121,7 @@ def test_fitted_offset_recovers_a_ceiling_below_one():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         sim = simulate_traces(seed=5, n_requests_per_category=8, tokens_per_request=(60, 90), eps=0.3, k=0.8)
-        rows = _one_drafter(atrisk.at_risk_table(sim))
+        rows = one_drafter(atrisk.at_risk_table(sim))
         law = fit_law(rows, "law_exp_ceil", cov_type="nonrobust")
         plain = fit_law(rows, "law_exp", cov_type="nonrobust")
     assert law.eps == pytest.approx(0.3)
@@ -143,13 +131,13 @@ def test_fitted_offset_recovers_a_ceiling_below_one():
 
 
 def test_drafter_entropy_family_refuses_missing_values(rows):
-    one = _one_drafter(rows).copy()
+    one = one_drafter(rows).copy()
     one.loc[one.index[:3], "draft_entropy_nats"] = np.nan
     with pytest.raises(ValueError, match="draft_entropy_nats"):
         fit_law(one, "law_exp_draftent")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        law = fit_law(_one_drafter(rows), "law_exp_draftent", cov_type="nonrobust")
+        law = fit_law(one_drafter(rows), "law_exp_draftent", cov_type="nonrobust")
     with pytest.raises(ValueError, match="cannot predict rounds"):
         law.predict_rounds(np.ones(20), 4)
 
@@ -157,7 +145,7 @@ def test_drafter_entropy_family_refuses_missing_values(rows):
 def test_steady_state_predictions_need_only_entropy(rows):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        law = fit_law(_one_drafter(rows), "law_exp_obs_ceil", cov_type="nonrobust")
+        law = fit_law(one_drafter(rows), "law_exp_obs_ceil", cov_type="nonrobust")
     h = np.array([0.01, 0.5, 2.0])
     state = law.steady_state(h)
     assert set(state) == {"lag_entropy_nats", "run_mean_entropy_nats", "position"}  # one drafted depth: no log D
@@ -170,7 +158,7 @@ def test_steady_state_predictions_need_only_entropy(rows):
 
 
 def test_leave_one_category_out_cv_equals_a_manual_refit(rows):
-    one = _one_drafter(rows)
+    one = one_drafter(rows)
     comp = compare_laws(one, ("law_exp", "law_exp_cat", DEPTH_ONLY), folds="category")
     assert comp.folds == "category" and comp.n_folds == one["category"].nunique()
     assert "law_exp_cat" not in comp.summary.index and any("law_exp_cat not scored" in n for n in comp.notes)
@@ -224,8 +212,8 @@ def test_category_share_small_without_and_large_with_category_effects():
         null = simulate_traces(seed=11, n_requests_per_category=12, tokens_per_request=(60, 90))
         effect = simulate_traces(seed=11, n_requests_per_category=12, tokens_per_request=(60, 90),
                                  category_effects={"math_reasoning": 1.0, "translation": -0.8})
-        share_null = category_share_of_gain(_one_drafter(atrisk.at_risk_table(null)), "law_exp_lag")
-        share_effect = category_share_of_gain(_one_drafter(atrisk.at_risk_table(effect)), "law_exp_lag")
+        share_null = category_share_of_gain(one_drafter(atrisk.at_risk_table(null)), "law_exp_lag")
+        share_effect = category_share_of_gain(one_drafter(atrisk.at_risk_table(effect)), "law_exp_lag")
     assert share_null["cv_category_share"] < 0.02
     assert share_effect["cv_category_share"] > 0.05
     assert with_category_terms("law_exp_lag").terms.startswith("C(category)")
@@ -236,7 +224,7 @@ def test_print_summary_shows_p1(capsys):
         warnings.simplefilter("ignore")
         sim = simulate_traces(seed=2, n_requests_per_category=10, tokens_per_request=(60, 90),
                               category_effects={"math_reasoning": 1.5, "qa": -1.0})
-        law = fit_law(_one_drafter(atrisk.at_risk_table(sim)), "law_exp_pos")
+        law = fit_law(one_drafter(atrisk.at_risk_table(sim)), "law_exp_pos")
         law.print_summary()
     out = capsys.readouterr().out
     assert "P1 (one law across 5 categories" in out and "(rejected at 5%)" in out
@@ -249,7 +237,7 @@ def test_own_p1_equals_the_hypotheses_score_test(rows):
     give the same P1 for law_exp: two implementations of the same statistic."""
     from entropy_law.law.hypotheses import universality_test
 
-    one = _one_drafter(rows)
+    one = one_drafter(rows)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         mine = fit_law(one, "law_exp").universality()
@@ -270,7 +258,7 @@ def test_drafter_top1_probability_is_carried_and_a_known_effect_recovered(sim):
     tokens["draft_top1_prob"] = pd.array(np.where(drafted, rng.uniform(0.05, 0.999, len(tokens)), np.nan),
                                          dtype="Float32")
     with_top1 = type(sim)(tokens=tokens, rounds=sim.rounds, requests=sim.requests, runs=sim.runs)
-    table = _one_drafter(atrisk.at_risk_table(with_top1))
+    table = one_drafter(atrisk.at_risk_table(with_top1))
     look = tokens.set_index(["request_id", "round_index", "depth"])["draft_top1_prob"].astype(float)
     expected = look.loc[list(zip(table["request_id"], table["round_index"], table["depth"]))].to_numpy()
     np.testing.assert_allclose(table["draft_top1_prob"], expected)
@@ -278,7 +266,7 @@ def test_drafter_top1_probability_is_carried_and_a_known_effect_recovered(sim):
 
     k, m = 0.7, 0.5
     hazard = 0.8 * (table["target_entropy_nats"] + 1e-3) ** k * np.exp(m * table["log_draft_miss"])
-    redrawn = _redrawn(table, hazard, rng)
+    redrawn = redraw(table, hazard, rng)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         law = fit_law(redrawn, "law_exp_drafttop")
@@ -297,4 +285,4 @@ def test_drafter_top1_probability_is_carried_and_a_known_effect_recovered(sim):
     older = atrisk.at_risk_table(sim)  # traces without the column (recorded before it existed): read as null
     assert older["draft_top1_prob"].isna().all()
     with pytest.raises(ValueError, match="draft_top1_prob"):
-        fit_law(_one_drafter(older), "law_exp_drafttop")
+        fit_law(one_drafter(older), "law_exp_drafttop")

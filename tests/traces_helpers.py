@@ -93,3 +93,18 @@ def expected_tokens(requests) -> list[dict]:
                                              else float(np.float32(d["entropy_nats"][j])))
                 rows.append(row)
     return rows
+
+
+def one_drafter(rows):
+    """The at-risk ``rows`` of their first drafter id (sorted), index reset, the table's attrs kept."""
+    out = rows.loc[rows["drafter_id"] == sorted(rows["drafter_id"].unique())[0]].reset_index(drop=True)
+    out.attrs.update(rows.attrs)
+    return out
+
+
+def redrawn(rows, hazard, rng):
+    """``rows`` with outcomes redrawn from a cloglog law of the given hazard (acceptance exp(-hazard))."""
+    accepted = (rng.random(len(rows)) < np.exp(-hazard)).astype(np.int8)
+    out = rows.assign(accepted=accepted, rejected=1 - accepted)
+    out.attrs.update(rows.attrs)
+    return out

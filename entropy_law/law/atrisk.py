@@ -27,7 +27,7 @@ from entropy_law.law import arms
 from entropy_law.traces.stats import CONTEXT_MATCH_MAX
 
 EPS_NATS = 1e-3
-EPS_PROB = 1e-3  # offset of log(1 - p + eps) for the drafter's top-1 probability (p = 1 would be log 0)
+EPS_PROB = 1e-3  # offset of log(1 - p + eps) for a top-1 probability, the drafter's or the target's (p = 1: log 0)
 NEGATIVE_TOLERANCE = 1e-5  # fp32 round-off: entropies in [-1e-5, 0) are set to 0, below that is an error
 
 KEY_COLUMNS = ("drafter_id", "category", "request_id", "depth")
@@ -40,7 +40,7 @@ DERIVED = ("log_entropy", "log_renyi2", "log_logit_gap", "cum_entropy_nats", "lo
 # families keep their columns (and the out-of-core aggregation its column set)
 DECODE_TIME = ("lag_entropy_nats", "log_lag_entropy", "run_mean_entropy_nats", "log_run_mean_entropy",
                "log1p_position", "draft_entropy_nats", "log_draft_entropy", "draft_top1_prob", "log_draft_miss",
-               "context_match", "log1p_copy", "copy_full")
+               "context_match", "log1p_copy", "copy_full", "log_target_miss")
 # the drafter's own statistics at the depth: known only where the drafter drafted and logged them
 DRAFT_STATS = ("draft_entropy_nats", "draft_top1_prob")
 # decode-time covariates (issue #18): each known before the round's verification, or a function of the greedy
@@ -159,6 +159,8 @@ def at_risk_table(
         table["log_renyi2"] = np.log(table["target_renyi2_nats"].to_numpy(dtype=float) + eps)
     if "target_logit_gap" in covariates:
         table["log_logit_gap"] = np.log(table["target_logit_gap"].to_numpy(dtype=float) + eps)
+    if "target_top1_prob" in covariates:
+        _add_target_miss(table)
     table = table.drop(columns="role")
     if "target_entropy_nats" in covariates:
         table = _add_sequence_covariates(table, tokens, eps)
@@ -211,6 +213,8 @@ def add_log_covariates(frame: pd.DataFrame, eps: float = EPS_NATS) -> pd.DataFra
         if raw in frame:
             frame[log] = np.log(np.maximum(frame[raw].to_numpy(dtype=float), 0.0) + eps)
     _add_draft_logs(frame, eps)
+    if "target_top1_prob" in frame:
+        _add_target_miss(frame)
     if "context_match" in frame:
         _add_copy_logs(frame)
     if "position" in frame and "log1p_position" not in frame:
@@ -226,6 +230,15 @@ def _add_draft_logs(frame: pd.DataFrame, eps: float) -> None:
     if "draft_top1_prob" in frame:
         miss = np.clip(1.0 - frame["draft_top1_prob"].to_numpy(dtype=float), 0.0, 1.0)
         frame["log_draft_miss"] = np.log(miss + EPS_PROB)
+
+
+def _add_target_miss(frame: pd.DataFrame) -> None:
+    """``target_miss_prob`` = 1 - target_top1_prob (the probability mass off the target's greedy token; a
+    log-spaced bin column for it resolves p near 1) and ``log_target_miss`` = log(1 - p + EPS_PROB), where
+    ``frame`` has ``target_top1_prob`` (in place)."""
+    miss = np.clip(1.0 - frame["target_top1_prob"].to_numpy(dtype=float), 0.0, 1.0)
+    frame["target_miss_prob"] = miss
+    frame["log_target_miss"] = np.log(miss + EPS_PROB)
 
 
 def _add_copy_logs(frame: pd.DataFrame) -> None:

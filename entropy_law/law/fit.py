@@ -85,6 +85,20 @@ class LawFamily:
         return "context_match" in self.means
 
     @property
+    def needs_target_top1(self) -> bool:
+        """A law in the target's own top-1 probability at each position (tokens column ``target_top1_prob``, logged
+        with the entropy by our decoder and by ``entropy-law entropy``): log(1 - p + 1e-3), the target's mass off
+        its greedy token."""
+        return "log_target_miss" in self.means
+
+    @property
+    def position_columns(self) -> tuple:
+        """The tokens columns besides the entropy that the law's DP reads at every output position
+        (``transfer.POSITION_COLUMNS``: the context's copyability, the target's top-1 probability)."""
+        return tuple(c for c, needed in (("context_match", self.needs_context_match),
+                                         ("target_top1_prob", self.needs_target_top1)) if needed)
+
+    @property
     def uses_category(self) -> bool:
         return self.needs_categories or "category" in self.terms
 
@@ -168,6 +182,26 @@ FAMILIES: dict[str, LawFamily] = {
                 terms=_LAW_EXP_OBS.terms + " + log1p_copy + copy_full",
                 bin_columns=(*_LAW_EXP_OBS.bin_columns, "context_match"),
                 means=(*_LAW_EXP_OBS.means, "context_match", "log1p_copy", "copy_full")),
+        # the target's own top-1 probability p at the position (known wherever H is: an AR run of a workload gives
+        # both): log(1 - p + 1e-3), the target's mass off its greedy token. A greedy draft is accepted when it is
+        # the target's argmax; H mixes that mass with how the rest of the distribution spreads
+        replace(_LAW_EXP_OBS, name="law_exp_obs_ceil_top1", profile_eps=True,
+                description="law_exp_obs_ceil + log(1 - target's top-1 probability + 1e-3)",
+                terms=_LAW_EXP_OBS.terms + " + log_target_miss",
+                bin_columns=(*_LAW_EXP_OBS.bin_columns, "target_miss_prob"),
+                means=(*_LAW_EXP_OBS.means, "log_target_miss")),
+        replace(_LAW_EXP_OBS, name="law_exp_obs_ceil_top1_copy", profile_eps=True,
+                description="law_exp_obs_ceil_top1 + the context's copyability (law_exp_obs_ceil_copy's terms)",
+                terms=_LAW_EXP_OBS.terms + " + log_target_miss + log1p_copy + copy_full",
+                bin_columns=(*_LAW_EXP_OBS.bin_columns, "target_miss_prob", "context_match"),
+                means=(*_LAW_EXP_OBS.means, "log_target_miss", "context_match", "log1p_copy", "copy_full")),
+        replace(_LAW_EXP_OBS, name="law_exp_obs_ceil_drafttop_top1_copy", profile_eps=True,
+                description="law_exp_obs_ceil_drafttop_copy + the target's top-1 probability (law_exp_obs_ceil_top1's "
+                            "term)",
+                terms=_LAW_EXP_OBS.terms + " + log_draft_miss + log_target_miss + log1p_copy + copy_full",
+                bin_columns=(*_LAW_EXP_OBS.bin_columns, "draft_top1_prob", "target_miss_prob", "context_match"),
+                means=(*_LAW_EXP_OBS.means, "draft_top1_prob", "log_draft_miss", "log_target_miss", "context_match",
+                       "log1p_copy", "copy_full")),
         replace(_LAW_EXP_OBS, name="law_exp_obs_ceil_drafttop_copy", profile_eps=True,
                 description="law_exp_obs_ceil_drafttop + the context's copyability (law_exp_obs_ceil_copy's terms)",
                 terms=_LAW_EXP_OBS.terms + " + log_draft_miss + log1p_copy + copy_full",
@@ -253,6 +287,11 @@ def prepare_counts(traces, family: LawFamily, *, eps=atrisk.EPS_NATS, width_log1
                          "prompts' token ids, attach it from the prompts (jobs.reference.attach_context_matches; "
                          "entropy-law law --context-match), "
                          "or use a family without it, such as 'law_exp_obs_ceil'")
+    if family.needs_target_top1 and ("target_top1_prob" not in table or table["target_top1_prob"].isna().any()):
+        raise ValueError(f"{family.name} uses the target's top-1 probability at each position (tokens column "
+                         "target_top1_prob), which these traces do not hold at every at-risk trial: compute it for "
+                         "imported runs (`entropy-law entropy RUN --model M`), or use a family without it, such as "
+                         "'law_exp_obs_ceil'")
     for column in family.draft_stats:
         if column not in table or table[column].isna().any():
             raise ValueError(f"{family.name} uses the drafter's {column} at each depth, which these traces do not hold "
@@ -615,12 +654,34 @@ class FittedLaw(Result):
             out["position"] = float(np.expm1(means["log1p_position"]))
         if self.family.needs_drafted_depth and "log_drafted_depth" in means:
             out["drafted_depth"] = float(np.exp(means["log_drafted_depth"]))
+        if self.family.needs_target_top1 and self.counts is not None:
+            # the target's top-1 miss is not a function of H: the training trials' mean log-miss at this entropy
+            out["log_target_miss"] = self._target_miss_at(h)
         if self.family.needs_context_match and {"log1p_copy", "copy_full"} <= set(means):
             # the context's copyability: its two terms at their training means (the trials' mix of short
             # matches and long repeats), not one length, whose step term would be 0 or 1
             out["log1p_copy"] = float(means["log1p_copy"])
             out["copy_full"] = float(means["copy_full"])
         return out
+
+    def _target_miss_at(self, h: np.ndarray, n_bins: int = 20) -> np.ndarray:
+        """The fitted cells' count-weighted mean ``log_target_miss`` at target entropy ``h``: ``n_bins`` bins of
+        log(H + eps) holding equal shares of the trials, linear between their centres, flat beyond them."""
+        c = self.counts
+        x = np.log(np.maximum(c["target_entropy_nats"].to_numpy(dtype=float), 0.0) + atrisk.EPS_NATS)
+        y = c["log_target_miss"].to_numpy(dtype=float)
+        w = c["n"].to_numpy(dtype=float)
+        order = np.argsort(x, kind="stable")
+        x, y, w = x[order], y[order], w[order]
+        share = np.cumsum(w) / w.sum()
+        group = np.minimum((share * n_bins - 1e-12).astype(int), n_bins - 1)
+        centres, values = [], []
+        for g in np.unique(group):
+            m = group == g
+            if w[m].sum() > 0:
+                centres.append(np.average(x[m], weights=w[m]))
+                values.append(np.average(y[m], weights=w[m]))
+        return np.interp(np.log(np.maximum(np.asarray(h, dtype=float), 0.0) + atrisk.EPS_NATS), centres, values)
 
     def predict_block_length(self, entropies, B: int, *, category=None, drafter=None) -> np.ndarray:
         """Expected accepted drafts E[tau] of a block of ``B - 1`` drafts; ``entropies[..., d-1]`` is the
@@ -641,7 +702,8 @@ class FittedLaw(Result):
         return csum[t] - csum[start]
 
     def sequence_frame(self, h: np.ndarray, drafts: int, *, draft_top1: np.ndarray | None = None,
-                       context_match: np.ndarray | None = None) -> tuple[pd.DataFrame, tuple]:
+                       context_match: np.ndarray | None = None,
+                       target_top1_prob: np.ndarray | None = None) -> tuple[pd.DataFrame, tuple]:
         """Rows to predict for the DP over entropy sequence ``h`` and the shape to put them into:
         ``[T, drafts]`` (acceptance of depth j + 1 of a round at t), or ``[drafts, T, drafts]`` per drafted
         depth D for a law in D (``law_exp_drafted``; rows only for j < D, the rest stays 1).
@@ -650,7 +712,9 @@ class FittedLaw(Result):
         t (``transfer.proposal_arrays`` from replayed proposals; NaN where it drafts nothing there, whose
         acceptance the DP never uses). A family in the drafter's ``draft_top1_prob`` needs it; the drafter's
         entropy (``draft_entropy_nats``) cannot be given this way. ``context_match`` (``[T]``): the context's
-        copyability before each output position (tokens column ``context_match``), for a family in it."""
+        copyability before each output position (tokens column ``context_match``), and ``target_top1_prob``
+        (``[T]``): the target's top-1 probability at each output position, for a family in them
+        (``LawFamily.position_columns``; ``transfer.sequence_context`` gives both by name)."""
         stats = self.family.draft_stats
         if stats and (draft_top1 is None or set(stats) != {"draft_top1_prob"}):
             raise ValueError(f"{self.family.name} needs the drafter's {', '.join(stats)} at every position and "
@@ -678,22 +742,30 @@ class FittedLaw(Result):
             if top1.shape != (h.size, drafts):
                 raise ValueError(f"draft_top1 must be [T, drafts] = [{h.size}, {drafts}], got {top1.shape}")
             frame["draft_top1_prob"] = np.nan_to_num(top1[start, depth - 1], nan=0.0)  # NaN: never drafted there
-        if self.family.needs_context_match:
-            frame["context_match"] = self._context_of(context_match, h.size)[position]
+        given = {"context_match": context_match, "target_top1_prob": target_top1_prob}
+        for column in self.family.position_columns:
+            frame[column] = self._position_values(column, given[column], h.size)[position]
         return frame, shape
 
-    def _context_of(self, context_match, length: int) -> np.ndarray:
-        """``context_match`` checked as the ``[length]`` copyability of one output (``sequence_frame``)."""
-        if context_match is None:
-            raise ValueError(f"{self.family.name} predicts from the context's copyability before every output "
-                             "position (tokens column context_match): record the runs with the prompts' token ids "
-                             "or attach it from the prompts (jobs.reference.attach_context_matches)")
-        values = np.asarray(context_match, dtype=float)
-        if values.shape != (length,) or np.isnan(values).any() or (values < 0).any():
-            raise ValueError(f"context_match must be {length} lengths >= 0 (one per output position), got shape "
-                             f"{values.shape}" + (" with missing or negative values" if values.shape == (length,)
-                                                  else ""))
-        return values
+    def _position_values(self, column: str, values, length: int) -> np.ndarray:
+        """``values`` checked as the ``[length]`` per-position ``column`` of one output (``sequence_frame``):
+        ``context_match`` lengths >= 0, ``target_top1_prob`` probabilities in [0, 1]."""
+        what, hint = {
+            "context_match": ("lengths >= 0", "the context's copyability before every output position (tokens column "
+                              "context_match): record the runs with the prompts' token ids or attach it from the "
+                              "prompts (jobs.reference.attach_context_matches)"),
+            "target_top1_prob": ("probabilities in [0, 1]", "the target's top-1 probability at every output position "
+                                 "(tokens column target_top1_prob): runs our decoder records hold it; for imported "
+                                 "runs compute it with `entropy-law entropy RUN --model M`")}[column]
+        if values is None:
+            raise ValueError(f"{self.family.name} predicts from {hint}")
+        out = np.asarray(values, dtype=float)
+        bad = out.shape == (length,) and (np.isnan(out).any() or (out < 0).any()
+                                          or (column == "target_top1_prob" and (out > 1).any()))
+        if out.shape != (length,) or bad:
+            raise ValueError(f"{column} must be {length} {what} (one per output position), got shape {out.shape}"
+                             + (" with missing or out-of-range values" if bad else ""))
+        return out
 
     @staticmethod
     def shape_acceptance(values: np.ndarray, shape: tuple) -> np.ndarray:
@@ -878,6 +950,8 @@ def _derived_given(column: str, frame) -> bool:
     copyability terms (``steady_state``'s training means) in place of ``context_match``."""
     if column == "position":
         return "log1p_position" in frame
+    if column == "target_top1_prob":
+        return "log_target_miss" in frame
     return column == "context_match" and "log1p_copy" in frame and "copy_full" in frame
 
 
@@ -886,7 +960,7 @@ def _raw_means(family: LawFamily) -> list[str]:
     derived = {"log_lag_entropy", "log_run_mean_entropy", "log_draft_entropy", "log_draft_miss", "log1p_copy",
                "copy_full"}
     raw = [c for c in family.means if c not in derived]
-    return ["position" if c == "log1p_position" else c for c in raw]
+    return [{"log1p_position": "position", "log_target_miss": "target_top1_prob"}.get(c, c) for c in raw]
 
 
 def _fit_profile_eps(counts: pd.DataFrame, family: LawFamily, depth_model: str, cov_type: str, start_params=None):

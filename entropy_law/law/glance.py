@@ -598,14 +598,14 @@ def loco_glance(rounds: pd.DataFrame, *, form: str = "code", cap: float = CAP) -
     return predicted, fits
 
 
-def _entropy_by_request(traces, run_ids, *, context: bool = False) -> tuple[dict, np.ndarray, np.ndarray | None]:
-    """(run_id, request_id) -> (offset, T) into one flat array of entropies at output positions 0..T-1, and with
-    ``context`` the tokens' ``context_match`` in the same order (None without ``context`` or where the traces lack
-    it at some position)."""
+def _entropy_by_request(traces, run_ids, *, columns: tuple = ()) -> tuple[dict, np.ndarray, dict]:
+    """(run_id, request_id) -> (offset, T) into one flat array of entropies at output positions 0..T-1, and the
+    tokens' per-position ``columns`` (of ``transfer.POSITION_COLUMNS``) in the same order, by name (None where the
+    traces lack one at some position)."""
     tokens = traces.tokens
-    copy = context and "context_match" in tokens.columns
-    columns = ["run_id", "request_id", "position", "target_entropy_nats"] + (["context_match"] if copy else [])
-    tokens = tokens.loc[tokens["run_id"].astype(str).isin(set(run_ids)), columns]
+    present = [c for c in columns if c in tokens.columns]
+    tokens = tokens.loc[tokens["run_id"].astype(str).isin(set(run_ids)),
+                        ["run_id", "request_id", "position", "target_entropy_nats", *present]]
     tokens = tokens.astype({"run_id": str, "request_id": str}).sort_values(["run_id", "request_id", "position"],
                                                                             kind="stable")
     tokens = atrisk.validate_covariates(tokens, ["target_entropy_nats"])
@@ -616,9 +616,11 @@ def _entropy_by_request(traces, run_ids, *, context: bool = False) -> tuple[dict
             raise ValueError(f"request {key[1]} of run {key[0]}: output positions are not 0..T-1 without gaps")
         where[key] = (offset, n)
         offset += n
-    match = tokens["context_match"].to_numpy(dtype=float, na_value=np.nan) if copy else None
-    return (where, tokens["target_entropy_nats"].to_numpy(dtype=float),
-            None if match is None or np.isnan(match).any() else match)
+    values = {}
+    for column in columns:
+        v = tokens[column].to_numpy(dtype=float, na_value=np.nan) if column in present else None
+        values[column] = None if v is None or np.isnan(v).any() else v
+    return where, tokens["target_entropy_nats"].to_numpy(dtype=float), values
 
 
 def law_round_expectations(law, traces, rounds: pd.DataFrame | None = None, *, root_only: bool = False,
@@ -638,16 +640,20 @@ def law_round_expectations(law, traces, rounds: pd.DataFrame | None = None, *, r
     ``run_id``, ``request_id``, ``round_index``, ``depth``, ``top1_prob``: ``jobs.reference.round_proposals``),
     given to the law as ``draft_top1_prob``, for a law in that confidence (``law_exp_obs_ceil_drafttop``); a
     (round, depth) it lacks raises ``ValueError``. A law in the context's copyability (``law_exp_obs_ceil_copy``)
-    reads the tokens' ``context_match`` at the row's position.
+    or in the target's top-1 probability (``law_exp_obs_ceil_top1``) reads the tokens' ``context_match`` /
+    ``target_top1_prob`` at the row's position.
     """
     rounds = glance_rounds(traces) if rounds is None else rounds
     if rounds.empty:
         return np.zeros(0)
-    copy = law.family.needs_context_match
-    where, entropy, match = _entropy_by_request(traces, rounds["run_id"].unique(), context=copy)
-    if copy and match is None:
-        raise ValueError(f"{law.family.name} reads the context's copyability (tokens column context_match), which "
-                         "these traces lack at some position: attach it (jobs.reference.attach_context_matches)")
+    columns = law.family.position_columns
+    where, entropy, values = _entropy_by_request(traces, rounds["run_id"].unique(), columns=columns)
+    lacking = [c for c in columns if values[c] is None]
+    if lacking:
+        raise ValueError(f"{law.family.name} reads the tokens column(s) {lacking} at every position, which these "
+                         "traces lack at some position: attach the copyability (jobs.reference."
+                         "attach_context_matches); compute the target's statistics of imported runs "
+                         "(`entropy-law entropy RUN --model M`)")
     keys = list(zip(rounds["run_id"].astype(str), rounds["request_id"].astype(str)))
     missing = [k for k in keys if k not in where]
     if missing:
@@ -673,8 +679,8 @@ def law_round_expectations(law, traces, rounds: pd.DataFrame | None = None, *, r
     frame["run_mean_entropy_nats"] = (csum[first + position] - before) / (position + 1.0)
     frame["position"] = position
     frame["log1p_position"] = np.log1p(position.astype(float))
-    if copy:  # the context's copyability before the row's position (the root's, with root_only)
-        frame["context_match"] = match[first + position]
+    for column in columns:  # the copyability / the target's top-1 probability at the row's position (root_only: root's)
+        frame[column] = values[column][first + position]
     if drafter is not None:
         frame["drafter_id"] = drafter
     if drafts is not None:

@@ -480,7 +480,7 @@ def _streamable(fam) -> None:
     if missing or bins:
         raise OutOfCoreError(f"{fam.name} uses covariates {sorted(set(missing + bins))} that the out-of-core query "
                              "does not compute (the drafter's own statistics at each depth, the context's "
-                             f"copyability): fit it in memory, fit_law(load_traces(path), {fam.name!r}), or fit a "
+                             f"copyability, the target's top-1 miss): fit it in memory, fit_law(load_traces(path), {fam.name!r}), or fit a "
                              "family on the target's entropy "
                              "sequence out of core, such as 'law_exp_obs_ceil' (the primary law) or 'law_exp_obs'")
 

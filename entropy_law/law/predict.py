@@ -125,9 +125,9 @@ def request_moments(law: FittedLaw, sequences: pd.DataFrame, B: int, depth_model
         if replayed is not None:
             probs, top1 = replayed[(str(rec.run_id), str(rec.request_id))]
             frame, shape = law.sequence_frame(h, drafts, draft_top1=top1 if law.family.needs_draft_stats else None,
-                                              context_match=sequence_context(law, rec))
+                                              **sequence_context(law, rec))
         else:
-            frame, shape = law.sequence_frame(h, drafts, context_match=sequence_context(law, rec))
+            frame, shape = law.sequence_frame(h, drafts, **sequence_context(law, rec))
             probs = depth_model.probabilities(h, getattr(rec, "context_match", None))
         x = _design(law, frame)
         a = law.shape_acceptance(_acceptance(law, x, np.asarray(law.result.params, dtype=float)), shape)

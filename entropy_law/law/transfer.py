@@ -61,12 +61,16 @@ def entropy_sequences(traces, drafter: str) -> pd.DataFrame:
     return sequences_of(traces.tokens.loc[traces.tokens["run_id"].isin(runs)])
 
 
+# tokens columns a law's DP may read at every output position besides the entropy (``LawFamily.position_columns``)
+POSITION_COLUMNS = ("context_match", "target_top1_prob")
+
+
 def sequences_of(tokens: pd.DataFrame) -> pd.DataFrame:
     """``entropy_sequences`` of these token rows (any runs: a workload recorded by AR, or an imported one); with a
-    ``context_match`` column also each request's copyability array (None where it has a null)."""
-    copy = "context_match" in tokens.columns
-    tokens = tokens[["run_id", "request_id", "category", "position", "target_entropy_nats"]
-                    + (["context_match"] if copy else [])]
+    ``context_match`` (the context's copyability) or ``target_top1_prob`` column also each request's array of it
+    (``POSITION_COLUMNS``; None where the request has a null)."""
+    present = [c for c in POSITION_COLUMNS if c in tokens.columns]
+    tokens = tokens[["run_id", "request_id", "category", "position", "target_entropy_nats", *present]]
     tokens = atrisk.validate_covariates(tokens, ["target_entropy_nats"])
     tokens = tokens.sort_values(["run_id", "request_id", "position"])
     out = []
@@ -76,17 +80,18 @@ def sequences_of(tokens: pd.DataFrame) -> pd.DataFrame:
             raise ValueError(f"request {request_id} of run {run_id}: output positions are not 0..T-1 without gaps")
         row = dict(run_id=run_id, request_id=request_id, category=group["category"].iloc[0],
                    entropy=group["target_entropy_nats"].to_numpy(dtype=float))
-        if copy:
-            match = group["context_match"].to_numpy(dtype=float, na_value=np.nan)
-            row["context_match"] = None if np.isnan(match).any() else match
+        for column in present:
+            values = group[column].to_numpy(dtype=float, na_value=np.nan)
+            row[column] = None if np.isnan(values).any() else values
         out.append(row)
     return pd.DataFrame(out)
 
 
-def sequence_context(law, rec) -> np.ndarray | None:
-    """The copyability array of one ``sequences_of`` row for a law in it (``LawFamily.needs_context_match``; None
-    where the row has none, which ``FittedLaw.sequence_frame`` refuses with the hint), else None."""
-    return getattr(rec, "context_match", None) if law.family.needs_context_match else None
+def sequence_context(law, rec) -> dict:
+    """The per-position arrays of one ``sequences_of`` row that ``law``'s DP reads besides the entropy, by the
+    name ``FittedLaw.sequence_frame`` takes them (``LawFamily.position_columns``: the copyability, the target's
+    top-1 probability); None where the row has none, which ``sequence_frame`` refuses with the hint."""
+    return {column: getattr(rec, column, None) for column in law.family.position_columns}
 
 
 DEPTH_MODELS = ("observed", "category", "full")
@@ -346,9 +351,9 @@ def predict_requests(law: FittedLaw, sequences: pd.DataFrame, B: int, *, drafter
     for rec in sequences.itertuples():
         h = np.asarray(rec.entropy, dtype=float)
         top1 = replayed[(str(rec.run_id), str(rec.request_id))][1] if replayed else None
-        match = sequence_context(law, rec)
+        position_values = sequence_context(law, rec)
         frame, shape = law.sequence_frame(h, drafts, draft_top1=top1 if law.family.needs_draft_stats else None,
-                                          context_match=match)
+                                          **position_values)
         first = pd.DataFrame({"target_entropy_nats": h, "depth": 1})  # depth-1 acceptance at every position
         if "cum_entropy_nats" in frame:
             first["cum_entropy_nats"] = 0.0
@@ -359,8 +364,8 @@ def predict_requests(law: FittedLaw, sequences: pd.DataFrame, B: int, *, drafter
                 first[name] = values
         if law.family.needs_draft_stats:
             first["draft_top1_prob"] = np.nan_to_num(top1[:, 0], nan=0.0)
-        if match is not None:
-            first["context_match"] = match
+        for column, values in position_values.items():
+            first[column] = values
         frame = pd.concat([frame, first], ignore_index=True)
         frame["category"] = rec.category
         frames.append(frame)

@@ -234,7 +234,8 @@ def _price_sequences(law: FittedLaw, entropies, drafts: int, depth_model: Traini
     expected rounds, draft nodes verified and drafting rounds. ``replayed``: per sequence ``(depth probabilities,
     top-1 probabilities)`` of the drafter's replayed proposals (``transfer.replayed_arrays``) instead of
     ``depth_model``; the top-1 probabilities enter a law in them (``needs_draft_stats``). ``contexts``: per sequence
-    its copyability array (``transfer.sequence_context``) for a law in it (``needs_context_match``); ``copyability``:
+    the per-position arrays a law reads besides the entropy (``transfer.sequence_context``: the copyability, the
+    target's top-1 probability; ``LawFamily.position_columns``); ``copyability``:
     per sequence its copyability array or None, for ``depth_model``'s copyability levels."""
     rounds_k, nodes_k, drafting_k = [], [], []
     for i, h in enumerate(entropies):
@@ -242,7 +243,7 @@ def _price_sequences(law: FittedLaw, entropies, drafts: int, depth_model: Traini
         probs, top1 = replayed[i] if replayed is not None else (
             depth_model.probabilities(h, None if copyability is None else copyability[i]), None)
         frame, shape = law.sequence_frame(h, drafts, draft_top1=top1 if law.family.needs_draft_stats else None,
-                                          context_match=None if contexts is None else contexts[i])
+                                          **({} if contexts is None else contexts[i]))
         x = _design(law, frame)
         p_tau = _tau_by_draw(_acceptance(law, x, thetas.T), shape, probs)
         r, sums = decode_moments(p_tau, np.column_stack([probs @ n_of_depth, 1.0 - probs[:, 0]]))

@@ -1,0 +1,150 @@
+"""The target's own top-1 probability as a covariate of the law (issue #18 item 3): the at-risk trials' miss terms
+(``target_miss_prob`` = 1 - p1, ``log_target_miss`` = log(1 - p1 + 1e-3)), the families ``law_exp_obs_ceil_top1`` /
+``law_exp_obs_ceil_top1_copy`` (a known effect recovered, the DP given the same values as the trials, the steady
+state where only H is given, clear errors where the column is missing or out of range)."""
+
+import warnings
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from entropy_law.law import atrisk
+from entropy_law.law.compare import compare_laws
+from entropy_law.law.fit import fit_law, get_family
+from entropy_law.law.glance import glance_rounds, law_round_expectations
+from entropy_law.law.outofcore import OutOfCoreError, _streamable
+from entropy_law.law.simulate import simulate_traces
+from entropy_law.law.transfer import sequence_context, sequences_of
+from tests.traces_helpers import one_drafter
+from tests.traces_helpers import redrawn as redrawn_rows
+
+TRUE_W = 0.6  # the rejection hazard's exponent of the target's miss probability in the redrawn trials
+
+
+@pytest.fixture(scope="module")
+def sim():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return simulate_traces(seed=11, n_requests_per_category=8, tokens_per_request=(60, 90))
+
+
+@pytest.fixture(scope="module")
+def redrawn(sim):
+    """One drafter's at-risk trials with p1 perturbed per position (so that it is not a function of H) and the
+    outcome redrawn from a hazard in H and in the miss probability with the known exponent ``TRUE_W``."""
+    table = one_drafter(atrisk.at_risk_table(sim))
+    rng = np.random.default_rng(1)
+    p1 = np.clip(table["target_top1_prob"].to_numpy() * rng.uniform(0.6, 1.0, len(table)), 0.0, 1.0)
+    table = table.assign(target_top1_prob=p1)
+    atrisk.add_log_covariates(table)
+    hazard = 0.8 * (table["target_entropy_nats"] + 1e-3) ** 0.5 * np.exp(TRUE_W * table["log_target_miss"])
+    return redrawn_rows(table, hazard, rng)
+
+
+def test_the_trials_carry_the_targets_miss_probability(sim):
+    table = one_drafter(atrisk.at_risk_table(sim))
+    look = sim.tokens.set_index(["run_id", "request_id", "position"])["target_top1_prob"].astype(float)
+    p1 = look.loc[list(zip(table["run_id"], table["request_id"], table["position"]))].to_numpy()
+    np.testing.assert_allclose(table["target_miss_prob"], 1.0 - p1, atol=1e-7)
+    np.testing.assert_allclose(table["log_target_miss"], np.log(1.0 - p1 + 1e-3), atol=1e-6)
+
+
+def test_a_known_miss_effect_is_recovered_and_wins_the_comparison(redrawn):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        law = fit_law(redrawn, "law_exp_obs_ceil_top1")
+        comp = compare_laws(redrawn, ("law_exp_obs_ceil", "law_exp_obs_ceil_top1"), n_folds=4)
+    coef = law.coefficients.loc["log_target_miss"]
+    assert coef["ci_low"] < TRUE_W < coef["ci_high"]
+    assert comp.best == "law_exp_obs_ceil_top1"
+    # given p1, a larger miss probability lowers the acceptance at the same H
+    high = law.predict_acceptance(0.5, depth=1, target_top1_prob=0.95)
+    low = law.predict_acceptance(0.5, depth=1, target_top1_prob=0.4)
+    assert high > low
+
+
+def test_without_p1_the_law_reads_the_training_mean_miss_at_that_entropy(redrawn):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        law = fit_law(redrawn, "law_exp_obs_ceil_top1", cov_type="nonrobust")
+    # the steady state at H: the trials' mean log-miss near that H, computed here from the rows, not the cells
+    x = np.log(redrawn["target_entropy_nats"].to_numpy() + 1e-3)
+    y = redrawn["log_target_miss"].to_numpy()
+    for h in (0.05, 0.5, 2.0):
+        near = np.abs(x - np.log(h + 1e-3)) < 0.25
+        assert near.sum() > 30
+        got = float(law.steady_state(np.array([h]))["log_target_miss"][0])
+        assert abs(got - y[near].mean()) < 0.35, h
+    a = law.predict_acceptance(np.array([0.05, 0.5, 2.0]), depth=1)
+    assert np.all((a > 0) & (a < 1)) and a[0] > a[2]
+    # p1 given by the caller replaces the steady state
+    given = law.predict_acceptance(0.5, depth=1, target_top1_prob=0.99)
+    assert given != pytest.approx(float(a[1]))
+
+
+def test_the_dp_reads_the_same_p1_as_the_trials(sim, redrawn):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        law = fit_law(redrawn, "law_exp_obs_ceil_top1", cov_type="nonrobust")
+    tokens = sim.tokens.loc[sim.tokens["run_id"] == redrawn["run_id"].iloc[0]]
+    seqs = sequences_of(tokens)
+    rec = seqs.iloc[0]
+    assert set(sequence_context(law, rec)) == {"target_top1_prob"}
+    frame, _ = law.sequence_frame(rec["entropy"], 3, **sequence_context(law, rec))
+    table = one_drafter(atrisk.at_risk_table(sim))
+    mine = table.loc[table["request_id"] == rec["request_id"]]
+    checked = 0
+    for r in mine.itertuples():
+        if r.depth > 3:
+            continue
+        i = (int(r.position) - int(r.depth) + 1) * 3 + int(r.depth) - 1  # (round start, depth) row of the DP
+        assert frame["target_top1_prob"].iloc[i] == pytest.approx(r.target_top1_prob)
+        checked += 1
+    assert checked > 10
+    with pytest.raises(ValueError, match="top-1 probability"):
+        law.predict_rounds(rec["entropy"], 4)  # the DP over H alone cannot run a law in p1
+    with pytest.raises(ValueError, match="top-1 probability"):
+        law.sequence_frame(rec["entropy"], 3)
+    with pytest.raises(ValueError, match=r"probabilities in \[0, 1\]"):
+        law.sequence_frame(rec["entropy"], 3, target_top1_prob=rec["target_top1_prob"] + 1.0)
+    with pytest.raises(ValueError, match="one per output position"):
+        law.sequence_frame(rec["entropy"], 3, target_top1_prob=rec["target_top1_prob"][:-1])
+
+
+def test_a_rounds_expectation_reads_p1_at_the_rounds_positions(sim, redrawn):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        law = fit_law(redrawn, "law_exp_obs_ceil_top1", cov_type="nonrobust")
+    drafter = sorted(sim.runs["drafter_id"].unique())[0]
+    view = type(sim)(tokens=sim.tokens, rounds=sim.rounds, requests=sim.requests,
+                     runs=sim.runs.loc[sim.runs["drafter_id"] == drafter])
+    rounds = glance_rounds(view).head(40)
+    got = law_round_expectations(law, view, rounds)
+    assert got.shape == (40,) and np.all(np.isfinite(got)) and np.all(got >= 0)
+    # p1 pushed to 1 everywhere: the target's miss vanishes, every round is expected to accept more
+    sure = type(sim)(tokens=sim.tokens.assign(target_top1_prob=1.0), rounds=sim.rounds, requests=sim.requests,
+                     runs=view.runs)
+    assert np.all(law_round_expectations(law, sure, rounds) >= got - 1e-12)
+    lacking = type(sim)(tokens=sim.tokens.assign(target_top1_prob=np.nan), rounds=sim.rounds, requests=sim.requests,
+                        runs=view.runs)
+    with pytest.raises(ValueError, match="target_top1_prob"):
+        law_round_expectations(law, lacking, rounds)
+
+
+def test_top1_families_refuse_traces_without_the_column_and_out_of_core(sim):
+    rows = one_drafter(atrisk.at_risk_table(sim))
+    # every other input of the three families there, the target's top-1 probability missing
+    missing = rows.assign(target_top1_prob=np.nan, context_match=0.0, draft_top1_prob=0.5)
+    atrisk.add_log_covariates(missing)
+    missing.attrs.update(rows.attrs)
+    for family in ("law_exp_obs_ceil_top1", "law_exp_obs_ceil_top1_copy", "law_exp_obs_ceil_drafttop_top1_copy"):
+        fam = get_family(family)
+        assert fam.needs_target_top1 and "target_top1_prob" in fam.position_columns
+        with pytest.raises(ValueError, match="entropy-law entropy"):
+            fit_law(missing, family)
+        with pytest.raises(OutOfCoreError, match="top-1 miss"):
+            _streamable(fam)
+    assert get_family("law_exp_obs_ceil_top1_copy").position_columns == ("context_match", "target_top1_prob")
+    assert get_family("law_exp_obs_ceil").position_columns == ()
+    assert pd.isna(missing["target_top1_prob"]).all()
