@@ -82,8 +82,13 @@ def main(argv=None) -> dict:
     parser.add_argument("--context-match", action="store_true",
                         help="attach the context's copyability (rebuilt from the prompts with the runs' target's "
                              "tokenizer where not recorded): the drafted-depth model then reads it")
+    parser.add_argument("--family", default=None,
+                        help="the law that prices the workloads (default: the primary law, law.analysis."
+                             "DEFAULT_FAMILY); e.g. law_exp_obs_ceil_top1, whose DP reads the target's top-1 "
+                             "probability at every position of the AR run")
     args = parser.parse_args(argv)
     warnings.simplefilter("ignore")  # SmallSampleWarning et al.: the notes and the table say it
+    family = {} if args.family is None else {"family": args.family}
     t0 = time.process_time()
     traces = load_traces(args.traces)
     if args.context_match:
@@ -92,7 +97,7 @@ def main(argv=None) -> dict:
         traces, rebuilt = ensure_context_matches(traces)
         source = f"rebuilt from the prompts with {rebuilt}'s tokenizer" if rebuilt else "as recorded"
         print(f"context's copyability {source}: the drafted-depth model reads it", flush=True)
-    full = TraceAnalysis(traces, n_boot=args.n_boot, seed=args.seed)
+    full = TraceAnalysis(traces, n_boot=args.n_boot, seed=args.seed, **family)
     ar_runs = set(full.runs.loc[full.runs["is_ar"], "run_id"])
     if not ar_runs:
         raise SystemExit(f"{args.traces} has no AR run: the workload's entropies come from one")
@@ -136,10 +141,10 @@ def main(argv=None) -> dict:
                                        rounds=held.rounds, requests=held.requests)
             held_ids = set(held.requests["request_id"].astype(str))
             if mode == "entropy":
-                train = TraceAnalysis(train_traces, n_boot=args.n_boot, seed=args.seed)
+                train = TraceAnalysis(train_traces, n_boot=args.n_boot, seed=args.seed, **family)
                 pred = train.predict(arm, workload)
             elif mode == "rounds":  # the arm's rounds replayed over the held-out AR outputs, priced without a law
-                train = TraceAnalysis(train_traces, n_boot=args.n_boot, seed=args.seed)
+                train = TraceAnalysis(train_traces, n_boot=args.n_boot, seed=args.seed, **family)
                 table = replayed_rounds[arm]
                 pred = train.predict(arm, workload, rounds=table.loc[table["request_id"].astype(str).isin(held_ids)])
             else:  # the arm's drafter replayed over the held-out AR outputs
@@ -148,7 +153,7 @@ def main(argv=None) -> dict:
                 ref = TraceAnalysis(subset(law_traces, lambda c, held=category: c != held), n_boot=args.n_boot,
                                     seed=args.seed, family=REPLAYED_FAMILY, proposals=law_proposals)
                 accuracy = ref.loco(arm, "replayed").accuracy.loc["tokens_per_round"]
-                train = TraceAnalysis(train_traces, n_boot=args.n_boot, seed=args.seed)
+                train = TraceAnalysis(train_traces, n_boot=args.n_boot, seed=args.seed, **family)
                 pred = train.predict(arm, workload, law=ref.law(arm),
                                      transfer_error=float(accuracy["max_abs_relative_error"]),
                                      proposals=replays[arm].loc[replays[arm]["request_id"].isin(held_ids)])

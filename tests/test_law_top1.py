@@ -132,7 +132,7 @@ def test_a_rounds_expectation_reads_p1_at_the_rounds_positions(sim, redrawn):
         law_round_expectations(law, lacking, rounds)
 
 
-def test_top1_families_refuse_traces_without_the_column_and_out_of_core(sim):
+def test_top1_families_refuse_traces_without_the_column(sim):
     rows = one_drafter(atrisk.at_risk_table(sim))
     # every other input of the three families there, the target's top-1 probability missing
     missing = rows.assign(target_top1_prob=np.nan, context_match=0.0, draft_top1_prob=0.5)
@@ -143,7 +143,10 @@ def test_top1_families_refuse_traces_without_the_column_and_out_of_core(sim):
         assert fam.needs_target_top1 and "target_top1_prob" in fam.position_columns
         with pytest.raises(ValueError, match="entropy-law entropy"):
             fit_law(missing, family)
-        with pytest.raises(OutOfCoreError, match="top-1 miss"):
+        if fam.needs_context_match:  # the query computes 1 - p1 (law_exp_obs_ceil_top1), not the copyability
+            with pytest.raises(OutOfCoreError, match="copyability"):
+                _streamable(fam)
+        else:
             _streamable(fam)
     assert get_family("law_exp_obs_ceil_top1_copy").position_columns == ("context_match", "target_top1_prob")
     assert get_family("law_exp_obs_ceil").position_columns == ()

@@ -128,8 +128,13 @@ def assert_same_law(out, memory, rtol=1e-6):
         for name, value in out.steady_state(h).items():
             np.testing.assert_allclose(value, steady[name], rtol=1e-9)
         sequence = np.random.default_rng(0).gamma(0.6, 1.0, size=40)  # the DP over an output
-        np.testing.assert_allclose(out.predict_tokens_per_round(sequence, 5),
-                                   memory.predict_tokens_per_round(sequence, 5), rtol=rtol)
+        if memory.family.position_columns:  # a law in p1: the DP's acceptances, given p1 at every position
+            top1 = np.random.default_rng(1).uniform(0.2, 1.0, size=40)
+            frames = [law.sequence_frame(sequence, 4, target_top1_prob=top1)[0] for law in (out, memory)]
+            np.testing.assert_allclose(out.predict_frame(frames[0]), memory.predict_frame(frames[1]), rtol=rtol)
+        else:
+            np.testing.assert_allclose(out.predict_tokens_per_round(sequence, 5),
+                                       memory.predict_tokens_per_round(sequence, 5), rtol=rtol)
 
 
 @pytest.mark.parametrize("family", ["law_exp", "law_exp_cat", "law_exp0", "law_exp_cum", "law_spline",
@@ -147,6 +152,26 @@ def test_out_of_core_fit_equals_the_in_memory_fit(fleet, family):
     for drafter in memory.laws:
         assert_same_law(out[drafter], memory[drafter])
         assert any("fitted out of core" in note for note in out[drafter].notes)
+
+
+def test_a_law_in_the_targets_top1_probability_fits_out_of_core_as_in_memory(tmp_path):
+    """law_exp_obs_ceil_top1: 1 - p1 binned and its log taken of the cells' mean p1 by the query, as atrisk does; the
+    steady state's target-miss curve from the same per-entropy-bin sums. p1 is perturbed per position (in the
+    simulator it follows H), so that its term is identified."""
+    sim = simulate_traces(seed=5, n_requests_per_category=5, tokens_per_request=(60, 120), block_size=6,
+                          block_depths={"probs": [0.1, 0.1, 0.2, 0.2, 0.2, 0.2]})
+    rng = np.random.default_rng(2)
+    p1 = sim.tokens["target_top1_prob"].to_numpy(dtype=float)  # moved towards 1: still >= p2 and <= 1
+    tokens = sim.tokens.assign(target_top1_prob=(p1 + (1.0 - p1) * rng.uniform(0.0, 0.6, len(p1))).astype(np.float32))
+    sim = type(sim)(tokens=tokens, rounds=sim.rounds, requests=sim.requests, runs=sim.runs)
+    path = write_runs(tmp_path, sim, shards=2) / "sim-block"
+    family = "law_exp_obs_ceil_top1"
+    assert_same_cells(aggregate_at_risk_sql(path, family, chunk_bytes=30_000, threads=1), pandas_aggregate(path, family))
+    memory = fit_law(load_traces(path), family)
+    out = fit_law_out_of_core(path, family, chunk_bytes=30_000, batch_cells=211)
+    assert_same_law(out, memory)
+    assert memory.miss_curve is not None and len(memory.miss_curve[0]) > 5
+    np.testing.assert_allclose(out.miss_curve, memory.miss_curve, rtol=1e-12)
 
 
 def test_out_of_core_fit_of_one_arm_prints_like_fit_law(fleet, capsys):

@@ -383,6 +383,9 @@ class FittedLaw(Result):
     # without a count table (an out-of-core fit): the count-weighted means over the fitted cells of the log
     # covariates ``steady_state`` reads (log_run_mean_entropy, log1p_position, log_drafted_depth)
     covariate_means: dict = field(default_factory=dict, repr=False, compare=False)
+    # a law in the target's top-1 probability: (centres of log(H + eps), mean log(1 - p1 + 1e-3)) of the fitted
+    # trials (``target_miss_curve``), what ``steady_state`` reads where a caller gives H only
+    miss_curve: object = field(default=None, repr=False, compare=False)
     _p1: object = field(default=None, repr=False, compare=False)
 
     @property
@@ -654,34 +657,16 @@ class FittedLaw(Result):
             out["position"] = float(np.expm1(means["log1p_position"]))
         if self.family.needs_drafted_depth and "log_drafted_depth" in means:
             out["drafted_depth"] = float(np.exp(means["log_drafted_depth"]))
-        if self.family.needs_target_top1 and self.counts is not None:
+        if self.family.needs_target_top1 and self.miss_curve is not None:
             # the target's top-1 miss is not a function of H: the training trials' mean log-miss at this entropy
-            out["log_target_miss"] = self._target_miss_at(h)
+            centres, values = self.miss_curve
+            out["log_target_miss"] = np.interp(np.log(np.maximum(h, 0.0) + atrisk.EPS_NATS), centres, values)
         if self.family.needs_context_match and {"log1p_copy", "copy_full"} <= set(means):
             # the context's copyability: its two terms at their training means (the trials' mix of short
             # matches and long repeats), not one length, whose step term would be 0 or 1
             out["log1p_copy"] = float(means["log1p_copy"])
             out["copy_full"] = float(means["copy_full"])
         return out
-
-    def _target_miss_at(self, h: np.ndarray, n_bins: int = 20) -> np.ndarray:
-        """The fitted cells' count-weighted mean ``log_target_miss`` at target entropy ``h``: ``n_bins`` bins of
-        log(H + eps) holding equal shares of the trials, linear between their centres, flat beyond them."""
-        c = self.counts
-        x = np.log(np.maximum(c["target_entropy_nats"].to_numpy(dtype=float), 0.0) + atrisk.EPS_NATS)
-        y = c["log_target_miss"].to_numpy(dtype=float)
-        w = c["n"].to_numpy(dtype=float)
-        order = np.argsort(x, kind="stable")
-        x, y, w = x[order], y[order], w[order]
-        share = np.cumsum(w) / w.sum()
-        group = np.minimum((share * n_bins - 1e-12).astype(int), n_bins - 1)
-        centres, values = [], []
-        for g in np.unique(group):
-            m = group == g
-            if w[m].sum() > 0:
-                centres.append(np.average(x[m], weights=w[m]))
-                values.append(np.average(y[m], weights=w[m]))
-        return np.interp(np.log(np.maximum(np.asarray(h, dtype=float), 0.0) + atrisk.EPS_NATS), centres, values)
 
     def predict_block_length(self, entropies, B: int, *, category=None, drafter=None) -> np.ndarray:
         """Expected accepted drafts E[tau] of a block of ``B - 1`` drafts; ``entropies[..., d-1]`` is the
@@ -955,6 +940,40 @@ def _derived_given(column: str, frame) -> bool:
     return column == "context_match" and "log1p_copy" in frame and "copy_full" in frame
 
 
+MISS_CURVE_BINS = 20  # equal-share bins of log(H + eps) of the target-miss curve (``target_miss_curve``)
+
+
+def entropy_bin_sums(frame: pd.DataFrame) -> pd.DataFrame:
+    """Per log-spaced bin of the target entropy (``atrisk.log_bin``, the aggregate's default bins): the trials
+    ``n``, the sums ``sum_h`` of n x H and ``sum_miss`` of n x log(1 - p1 + 1e-3), from at-risk rows or cells
+    (``n`` per row, H and p1 the row's or the cell's mean; a cell's mean H lies in its bin)."""
+    h = np.maximum(frame["target_entropy_nats"].to_numpy(dtype=float), 0.0)
+    miss = np.log(np.clip(1.0 - frame["target_top1_prob"].to_numpy(dtype=float), 0.0, 1.0) + atrisk.EPS_PROB)
+    n = frame["n"].to_numpy(dtype=float) if "n" in frame else np.ones(len(frame))
+    bins = pd.DataFrame({"bin": atrisk.log_bin(h), "n": n, "sum_h": n * h, "sum_miss": n * miss})
+    return bins.groupby("bin", sort=True).sum()
+
+
+def target_miss_curve(sums: pd.DataFrame, n_bins: int = MISS_CURVE_BINS) -> tuple:
+    """(centres, values): from ``entropy_bin_sums`` rows (``n``, ``sum_h``, ``sum_miss``), ``n_bins`` groups of
+    consecutive entropy bins holding about equal shares of the trials; per group the mean log(H + eps) (of the bins'
+    mean entropies) and the mean log(1 - p1 + 1e-3). ``np.interp`` over them is linear between the centres and flat
+    beyond them. The in-memory and the out-of-core fit both build it from the same per-bin sums."""
+    sums = sums.loc[sums["n"] > 0].sort_index()
+    if sums.empty:
+        raise ValueError("no trials to build the target-miss curve from")
+    n = sums["n"].to_numpy(dtype=float)
+    x = np.log(sums["sum_h"].to_numpy(dtype=float) / n + atrisk.EPS_NATS)
+    y = sums["sum_miss"].to_numpy(dtype=float) / n
+    group = np.minimum((np.cumsum(n) / n.sum() * n_bins - 1e-12).astype(int), n_bins - 1)
+    centres, values = [], []
+    for g in np.unique(group):
+        m = group == g
+        centres.append(float(np.average(x[m], weights=n[m])))
+        values.append(float(np.average(y[m], weights=n[m])))
+    return np.array(centres), np.array(values)
+
+
 def _raw_means(family: LawFamily) -> list[str]:
     """The raw decode-time columns a family's predictions need (their logs are derived)."""
     derived = {"log_lag_entropy", "log_run_mean_entropy", "log_draft_entropy", "log_draft_miss", "log1p_copy",
@@ -1079,6 +1098,8 @@ def fit_law(
         result = _fit_glm(counts, fam, depth, cov_type, start_params=start_params)
     if not result.converged:
         notes.append("the GLM did not converge; treat the estimates with suspicion")
+    if fam.needs_target_top1:
+        common["miss_curve"] = target_miss_curve(entropy_bin_sums(counts))
     law = FittedLaw(result=result, counts=counts, **common)
     if law.separated:
         notes.append("perfect separation: a fitted probability is exactly 0 or 1, so some terms are not identified "

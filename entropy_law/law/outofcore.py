@@ -55,6 +55,10 @@ _SEQUENCE_MEANS = ("lag_entropy_nats", "log_lag_entropy", "run_mean_entropy_nats
                    "log1p_position")
 _SEQUENCE_BINS = ("lag_entropy_nats", "run_mean_entropy_nats", "position")
 _RAW_OF_LOG = {"log_lag_entropy": "lag_entropy_nats", "log_run_mean_entropy": "run_mean_entropy_nats"}
+# the target's top-1 miss: 1 - p1 (a bin column) and log(1 - p1 + 1e-3) (``atrisk._add_target_miss``); a fit takes
+# the log of the cells' mean miss, so the raw mean it reads is that of target_top1_prob
+_MISS_BIN = "target_miss_prob"
+_MISS_LOG = "log_target_miss"
 DEFAULT_CHUNK_BYTES = 256 << 20  # token files per DuckDB query (compressed Parquet on disk)
 
 
@@ -73,7 +77,7 @@ def _means_for(family, means: str, with_rounds: bool) -> list[str]:
     every = [*atrisk.COVARIATES, *atrisk.DERIVED]
     if not with_rounds:
         every.remove("log_drafted_depth")
-    sequence = [m for m in getattr(family, "means", ()) if m in _SEQUENCE_MEANS]
+    sequence = [m for m in getattr(family, "means", ()) if m in (*_SEQUENCE_MEANS, _MISS_LOG)]
     if means == "all":
         return [*every, *sequence]
     if means != "family":
@@ -84,6 +88,9 @@ def _means_for(family, means: str, with_rounds: bool) -> list[str]:
         used.append("log_entropy")
     if getattr(family, "profile_eps", False):
         used.append("target_entropy_nats")
+    if _MISS_LOG in sequence and re.search(rf"\b{_MISS_LOG}\b", terms):
+        used.append("target_top1_prob")  # the fit's log(1 - p1 + 1e-3) is taken of the cells' mean p1
+    sequence = [m for m in sequence if m != _MISS_LOG]
     raw = {_RAW_OF_LOG.get(m, m) for m in sequence if re.search(rf"\b{m}\b", terms)}
     return [*sorted(set(used), key=every.index), *[m for m in sequence if m in raw]]
 
@@ -113,14 +120,15 @@ def at_risk_sql(*, bin_columns: Sequence[str] = ("target_entropy_nats",), width_
     ``position``).
     """
     means = list(means) if means is not None else [*atrisk.COVARIATES, *atrisk.DERIVED]
-    known = [*atrisk.COVARIATES, *atrisk.DERIVED, *_SEQUENCE_MEANS]
+    known = [*atrisk.COVARIATES, *atrisk.DERIVED, *_SEQUENCE_MEANS, _MISS_LOG]
     unknown = sorted(set(means) - set(known))
     if unknown:
         raise ValueError(f"unknown covariate means {unknown}; known: {known}")
-    bad_bins = sorted(set(bin_columns) - set(atrisk.COVARIATES) - {"cum_entropy_nats", *_SEQUENCE_BINS})
+    bad_bins = sorted(set(bin_columns) - set(atrisk.COVARIATES) - {"cum_entropy_nats", *_SEQUENCE_BINS, _MISS_BIN})
     if bad_bins:
-        raise ValueError(f"cannot bin {bad_bins}; bin columns are covariates, cum_entropy_nats or "
+        raise ValueError(f"cannot bin {bad_bins}; bin columns are covariates, cum_entropy_nats, {_MISS_BIN} or "
                          f"{list(_SEQUENCE_BINS)}")
+    needs_miss = _MISS_BIN in bin_columns or _MISS_LOG in means
     with_rounds = drafted_depth_key or "log_drafted_depth" in means
     needs_cum = "cum_entropy_nats" in bin_columns or {"cum_entropy_nats", "log1p_cum_entropy"} & set(means)
     needs_lag = "lag_entropy_nats" in bin_columns or {"lag_entropy_nats", "log_lag_entropy"} & set(means)
@@ -207,6 +215,8 @@ def at_risk_sql(*, bin_columns: Sequence[str] = ("target_entropy_nats",), width_
         cols.append("CASE WHEN valid THEN run_mean_h END AS run_mean_entropy_nats")
     if needs_pos:
         cols.append("CASE WHEN valid THEN pos END AS position")
+    if needs_miss:  # the target's mass off its greedy token, 1 - p1 in [0, 1] (atrisk._add_target_miss)
+        cols.append(f"CASE WHEN valid THEN LEAST(GREATEST(1.0E0 - p1, 0.0E0), 1.0E0) END AS {_MISS_BIN}")
     covariates = "covariates AS (\n    SELECT " + ",\n        ".join(cols) + "\n    FROM checked\n)"
 
     # 3. derived columns and bins
@@ -224,6 +234,8 @@ def at_risk_sql(*, bin_columns: Sequence[str] = ("target_entropy_nats",), width_
             derived.append(f"LN(GREATEST({raw}, 0.0E0) + {e}) AS {name}")
     if "log1p_position" in means:
         derived.append("LN(1.0E0 + position) AS log1p_position")
+    if _MISS_LOG in means:
+        derived.append(f"LN({_MISS_BIN} + {_literal(atrisk.EPS_PROB)}) AS {_MISS_LOG}")
     for column in bin_columns:
         derived.append(f"{_log_bin(column, eps, width_log10)} AS bin_{column}")
     binned = "binned AS (\n    SELECT " + ",\n        ".join(derived) + "\n    FROM covariates\n)"
@@ -474,13 +486,14 @@ def _streamable(fam) -> None:
     if fam.link == "isotonic":
         raise OutOfCoreError("law_iso is not a GLM: fit it in memory on the cells, fit_law(aggregate_at_risk_sql(path, "
                              "'law_iso'), 'law_iso') (its cells number about half the token rows)")
-    known = {*atrisk.COVARIATES, *atrisk.DERIVED, *_SEQUENCE_MEANS}
+    known = {*atrisk.COVARIATES, *atrisk.DERIVED, *_SEQUENCE_MEANS, _MISS_LOG}
     missing = [m for m in getattr(fam, "means", ()) if m not in known]
-    bins = [b for b in fam.bin_columns if b not in {*atrisk.COVARIATES, "cum_entropy_nats", *_SEQUENCE_BINS}]
+    bins = [b for b in fam.bin_columns if b not in {*atrisk.COVARIATES, "cum_entropy_nats", *_SEQUENCE_BINS,
+                                                    _MISS_BIN}]
     if missing or bins:
         raise OutOfCoreError(f"{fam.name} uses covariates {sorted(set(missing + bins))} that the out-of-core query "
                              "does not compute (the drafter's own statistics at each depth, the context's "
-                             f"copyability, the target's top-1 miss): fit it in memory, fit_law(load_traces(path), {fam.name!r}), or fit a "
+                             f"copyability): fit it in memory, fit_law(load_traces(path), {fam.name!r}), or fit a "
                              "family on the target's entropy "
                              "sequence out of core, such as 'law_exp_obs_ceil' (the primary law) or 'law_exp_obs'")
 
@@ -715,7 +728,8 @@ def _needed_columns(rhs: str, fam, available) -> list:
     if fam.name == "law_exp_mundlak":
         used += [c for c in ("log_entropy", "category") if c not in used]
     if fam.means:
-        used += [raw for log, raw in _RAW_OF_LOG.items() if re.search(rf"\b{log}\b", rhs) and raw not in used]
+        raw_of = {**_RAW_OF_LOG, _MISS_LOG: "target_top1_prob"}
+        used += [raw for log, raw in raw_of.items() if re.search(rf"\b{log}\b", rhs) and raw not in used]
     if fam.profile_eps:
         used = [c for c in used if c != "log_entropy"] + ["target_entropy_nats"]
     missing = [c for c in used if c not in available]
@@ -918,6 +932,12 @@ def _fit_streamed(con, source: str, fam, *, depth: str, cov_type: str, alpha: fl
             base[1].unlink()
     sums = best["sums"]
     covariate_means = {c: sums[c] / sums["n"] for c in _STEADY_STATE if c in sums} if fam.means else {}
+    if fam.needs_target_top1:  # the steady state's target-miss curve, from the same per-entropy-bin sums as in memory
+        bin_sums = con.sql(
+            f"SELECT bin_target_entropy_nats AS bin, SUM(n) AS n, SUM(n * GREATEST(target_entropy_nats, 0.0E0)) AS "
+            f"sum_h, SUM(n * LN(LEAST(GREATEST(1.0E0 - target_top1_prob, 0.0E0), 1.0E0) + "
+            f"{_literal(atrisk.EPS_PROB)})) AS sum_miss FROM ({source}) GROUP BY 1").df().set_index("bin")
+        common["miss_curve"] = fitmod.target_miss_curve(bin_sums)
 
     # the CR1 sandwich of statsmodels' cov_cluster: H^-1 (sum_g s_g s_g') H^-1 G/(G-1) (N-1)/(N-K)
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
