@@ -104,6 +104,12 @@ def test_the_dp_reads_the_same_p1_as_the_trials(sim, redrawn):
     assert checked > 10
     with pytest.raises(ValueError, match="top-1 probability"):
         law.predict_rounds(rec["entropy"], 4)  # the DP over H alone cannot run a law in p1
+    # given p1, the public DP runs on the same acceptance array as sequence_frame's rows
+    a = law.acceptance_for_sequence(rec["entropy"], 3, target_top1_prob=rec["target_top1_prob"])
+    np.testing.assert_allclose(a.ravel(), law.predict_frame(frame))
+    tpr = law.predict_tokens_per_round(rec["entropy"], 4, target_top1_prob=rec["target_top1_prob"])
+    sure = law.predict_tokens_per_round(rec["entropy"], 4, target_top1_prob=np.ones(len(rec["entropy"])))
+    assert 1.0 <= tpr < sure <= 4.0  # the target certain everywhere: more accepted drafts per round
     with pytest.raises(ValueError, match="top-1 probability"):
         law.sequence_frame(rec["entropy"], 3)
     with pytest.raises(ValueError, match=r"probabilities in \[0, 1\]"):

@@ -762,29 +762,33 @@ class FittedLaw(Result):
         out[flat] = values
         return out.reshape(dims)
 
-    def acceptance_for_sequence(self, h, drafts: int, *, category=None, drafter=None) -> np.ndarray:
-        """The DP's acceptance array for one entropy sequence (``sequence_frame``)."""
-        frame, shape = self.sequence_frame(np.asarray(h, dtype=float), drafts)
+    def acceptance_for_sequence(self, h, drafts: int, *, category=None, drafter=None, **position) -> np.ndarray:
+        """The DP's acceptance array for one entropy sequence (``sequence_frame``); ``position``: the per-position
+        arrays a law in them reads (``context_match=``, ``target_top1_prob=``; ``LawFamily.position_columns``)."""
+        frame, shape = self.sequence_frame(np.asarray(h, dtype=float), drafts, **position)
         if category is not None:
             frame["category"] = category
         if drafter is not None:
             frame["drafter_id"] = drafter
         return self.shape_acceptance(self.predict_frame(frame), shape)
 
-    def predict_rounds(self, entropy_sequence, B: int, *, category=None, drafter=None, depth_probs=None) -> float:
+    def predict_rounds(self, entropy_sequence, B: int, *, category=None, drafter=None, depth_probs=None,
+                       **position) -> float:
         """Exact law-implied expected number of rounds for a request whose target entropy at output
         positions 0..T-1 is ``entropy_sequence`` (dynamic programming, research notes 5.2).
 
         ``depth_probs``: how many tokens a round drafts, acceptance capped there: ``None`` (every round
         drafts B - 1), a distribution over D = 0..B-1 (length B, the same at every round start), or one
-        per output position (``[T, B]``, see ``transfer.depth_probabilities``)."""
+        per output position (``[T, B]``, see ``transfer.depth_probabilities``). ``position``: the request's
+        per-position arrays for a law in them (``context_match=``, ``target_top1_prob=``, one value per output
+        position)."""
         h = np.asarray(entropy_sequence, dtype=float)
         if h.ndim != 1 or h.size == 0:
             raise ValueError("entropy_sequence must be a non-empty 1-D array (one value per output position)")
         drafts = int(B) - 1
         if drafts < 1:
             raise ValueError("B must be >= 2")
-        a = self.acceptance_for_sequence(h, drafts, category=category, drafter=drafter)
+        a = self.acceptance_for_sequence(h, drafts, category=category, drafter=drafter, **position)
         if depth_probs is not None:
             depth_probs = np.asarray(depth_probs, dtype=float)
             if depth_probs.ndim == 1:
@@ -792,10 +796,11 @@ class FittedLaw(Result):
         return expected_rounds(a, depth_probs)
 
     def predict_tokens_per_round(self, entropy_sequence, B: int, *, category=None, drafter=None,
-                                 depth_probs=None) -> float:
-        """T / E[rounds]: the law-implied committed tokens per round of one request."""
+                                 depth_probs=None, **position) -> float:
+        """T / E[rounds]: the law-implied committed tokens per round of one request (``position``: as
+        ``predict_rounds``)."""
         return len(entropy_sequence) / self.predict_rounds(entropy_sequence, B, category=category, drafter=drafter,
-                                                           depth_probs=depth_probs)
+                                                           depth_probs=depth_probs, **position)
 
     def log_likelihood(self, counts: pd.DataFrame) -> np.ndarray:
         """Bernoulli log-likelihood of each row of a count table (``n_acc``, ``n_rej``)."""
