@@ -259,3 +259,25 @@ def test_when_drafting_pays_takes_the_ar_cost_on_the_cost_models_clock(traces):
     assert res.cost.ar_ms_per_token == pytest.approx(expected, rel=1e-6)  # float32 sums
     with pytest.raises(ValueError, match="decode_cpu_ms"):
         when_drafting_pays(block, drafter="sim-block", ar_requests=ar.drop(columns="decode_cpu_ms"), n_boot=2)
+
+
+def test_a_speedup_that_crosses_1_twice_has_no_single_break_even(traces):
+    """A law whose predicted speedup rises back above 1 (acceptance not monotone in H) is reported as such: the
+    crossings found on the grid, and a verdict that names them instead of one threshold."""
+    from types import SimpleNamespace
+
+    from entropy_law.law.cost import speedup_crossings
+
+    class Bump:  # tau high at low H, low in the middle, high again near 5 nats
+        def predict_block_length(self, blocks, B):
+            h = blocks[..., 0]
+            return np.where((h > 0.1) & (h < 2.0), 0.1, 3.0)
+
+    cost = SimpleNamespace(depth=4, nodes=4, ar_ms_per_token=10.0, round_ms=lambda n: 20.0)
+    crossings = speedup_crossings(Bump(), cost)
+    assert len(crossings) == 2
+    assert 0.08 < crossings[0] < 0.13 and 1.6 < crossings[1] < 2.5
+    pays = when_drafting_pays(traces, drafter="sim-block", n_boot=5, seed=1)
+    assert len(pays.crossings) <= 1  # a law from traces of a known monotone law: one threshold
+    two = dataclasses.replace(pays, crossings=crossings)
+    assert two.breakeven_verdict.startswith("no single break-even entropy: the predicted speedup crosses 1 near 0.1")

@@ -343,9 +343,13 @@ def speedup_at_entropy(law: FittedLaw, cost: CostModel, entropy_nats, *, depth: 
     return (1.0 + tau) * cost.ar_ms_per_token / cost.round_ms(nodes)
 
 
-def breakeven_entropy(law: FittedLaw, cost: CostModel, *, depth=None, nodes=None, bounds=(1e-4, 20.0)) -> float:
+BREAKEVEN_BOUNDS = (1e-4, 20.0)  # nats: where breakeven_entropy searches
+CROSSING_GRID = 97  # log-spaced entropies at which speedup_crossings looks for the speedup crossing 1
+
+
+def breakeven_entropy(law: FittedLaw, cost: CostModel, *, depth=None, nodes=None, bounds=BREAKEVEN_BOUNDS) -> float:
     """Entropy (nats) where the predicted speedup is 1; 0 if drafting never pays, inf if it always pays
-    inside ``bounds``."""
+    inside ``bounds`` (judged at the ends: ``speedup_crossings`` says whether the speedup crosses 1 once)."""
     def f(x):
         return float(speedup_at_entropy(law, cost, np.exp(x), depth=depth, nodes=nodes)[0]) - 1.0
 
@@ -356,6 +360,18 @@ def breakeven_entropy(law: FittedLaw, cost: CostModel, *, depth=None, nodes=None
     if f_hi > 0:
         return float("inf")
     return float(np.exp(brentq(f, lo, hi, xtol=1e-6)))
+
+
+def speedup_crossings(law: FittedLaw, cost: CostModel, *, bounds=BREAKEVEN_BOUNDS, n: int = CROSSING_GRID,
+                      depth=None, nodes=None) -> tuple:
+    """The entropies (nats; geometric midpoints of ``n`` log-spaced points in ``bounds``) at which the predicted
+    speedup at constant entropy crosses 1. One crossing: ``breakeven_entropy`` is the threshold, drafting pays below
+    it. Several (a law whose acceptance is not monotone in H over the range, as a law in decode-time covariates at
+    their steady state can be): no single threshold describes where drafting pays."""
+    h = np.geomspace(bounds[0], bounds[1], n)
+    above = speedup_at_entropy(law, cost, h, depth=depth, nodes=nodes) > 1.0
+    change = np.flatnonzero(above[:-1] != above[1:])
+    return tuple(float(np.sqrt(h[i] * h[i + 1])) for i in change)
 
 
 def best_shape(law: FittedLaw, cost: CostModel, entropy_nats: float, shapes: Sequence[tuple[int, int]]) -> tuple:
@@ -377,6 +393,7 @@ class DraftingPays(Result):
     replicates: pd.DataFrame
     notes: list = field(default_factory=list)
     observed_entropy: tuple = (float("nan"), float("nan"))  # 1% and 99% quantiles of the at-risk entropies
+    crossings: tuple = ()  # entropies where the estimate's speedup crosses 1 (``speedup_crossings``); () = unchecked
 
     @property
     def breakeven_verdict(self) -> str:
@@ -384,6 +401,10 @@ class DraftingPays(Result):
         entropies; else "pays at every observed entropy" / "never pays at an observed entropy"."""
         row = self.summary.loc["breakeven_entropy_nats"]
         lo_h, hi_h = self.observed_entropy
+        if len(self.crossings) > 1:
+            near = ", ".join(f"{h:.2g}" for h in self.crossings)
+            return (f"no single break-even entropy: the predicted speedup crosses 1 near {near} nats (observed "
+                    f"{lo_h:.2g} to {hi_h:.2f}); see the speedup per entropy")
         estimate, low, high = float(row["estimate"]), float(row["ci_low"]), float(row["ci_high"])
         if estimate >= hi_h:
             return f"pays at every observed entropy (up to {hi_h:.2f} nats)"
@@ -510,8 +531,12 @@ def when_drafting_pays(
              "0 = never pays, inf = always pays in [1e-4, 20] nats"]
     if is_tree:
         notes.append(f"tree budgets keep the observed nodes-per-depth ratio {cost.nodes / cost.depth:.2f}")
+    crossings = speedup_crossings(law, cost)
+    if len(crossings) > 1:
+        notes.append(f"the estimate's speedup crosses 1 at {len(crossings)} entropies in [1e-4, 20] nats (near "
+                     + ", ".join(f"{h:.2g}" for h in crossings) + "): the break-even entropy is only one of them")
     return DraftingPays(summary=summary, law=law, cost=cost, replicates=replicates, notes=notes,
-                        observed_entropy=observed_range)
+                        observed_entropy=observed_range, crossings=crossings)
 
 
 def priced_cost_model(traces, *, drafter: str | None, ar_ms_per_token: float | None,
