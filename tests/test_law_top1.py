@@ -157,3 +157,18 @@ def test_top1_families_refuse_traces_without_the_column(sim):
     assert get_family("law_exp_obs_ceil_top1_copy").position_columns == ("context_match", "target_top1_prob")
     assert get_family("law_exp_obs_ceil").position_columns == ()
     assert pd.isna(missing["target_top1_prob"]).all()
+
+
+def test_the_target_miss_curve_rises_with_the_entropy_and_keeps_the_mean():
+    """Group means that dip (few requests) are pooled so that the H-only miss never falls as H rises; the
+    trial-weighted mean log-miss is unchanged (isotonic regression preserves it)."""
+    from entropy_law.law.fit import target_miss_curve
+
+    n = np.array([10.0, 10.0, 10.0, 10.0])
+    h = np.array([0.01, 0.1, 1.0, 3.0])
+    miss = np.array([-5.0, -2.0, -3.0, -1.0])  # the third group dips below the second
+    sums = pd.DataFrame({"n": n, "sum_h": n * h, "sum_miss": n * miss}, index=[0, 1, 2, 3])
+    centres, values = target_miss_curve(sums, n_bins=4)
+    np.testing.assert_allclose(centres, np.log(h + 1e-3))
+    np.testing.assert_allclose(values, [-5.0, -2.5, -2.5, -1.0])  # the dip pooled with its neighbour
+    assert np.average(values, weights=n) == pytest.approx(np.average(miss, weights=n))

@@ -962,8 +962,10 @@ def entropy_bin_sums(frame: pd.DataFrame) -> pd.DataFrame:
 def target_miss_curve(sums: pd.DataFrame, n_bins: int = MISS_CURVE_BINS) -> tuple:
     """(centres, values): from ``entropy_bin_sums`` rows (``n``, ``sum_h``, ``sum_miss``), ``n_bins`` groups of
     consecutive entropy bins holding about equal shares of the trials; per group the mean log(H + eps) (of the bins'
-    mean entropies) and the mean log(1 - p1 + 1e-3). ``np.interp`` over them is linear between the centres and flat
-    beyond them. The in-memory and the out-of-core fit both build it from the same per-bin sums."""
+    mean entropies) and the mean log(1 - p1 + 1e-3), made nondecreasing in H by a weighted isotonic regression (the
+    target's mass off its argmax rises with its entropy: 1 - p1 <= 1 - exp(-H); few requests make the group means
+    jitter). ``np.interp`` over them is linear between the centres and flat beyond them. The in-memory and the
+    out-of-core fit both build it from the same per-bin sums."""
     sums = sums.loc[sums["n"] > 0].sort_index()
     if sums.empty:
         raise ValueError("no trials to build the target-miss curve from")
@@ -971,12 +973,14 @@ def target_miss_curve(sums: pd.DataFrame, n_bins: int = MISS_CURVE_BINS) -> tupl
     x = np.log(sums["sum_h"].to_numpy(dtype=float) / n + atrisk.EPS_NATS)
     y = sums["sum_miss"].to_numpy(dtype=float) / n
     group = np.minimum((np.cumsum(n) / n.sum() * n_bins - 1e-12).astype(int), n_bins - 1)
-    centres, values = [], []
+    centres, values, weights = [], [], []
     for g in np.unique(group):
         m = group == g
         centres.append(float(np.average(x[m], weights=n[m])))
         values.append(float(np.average(y[m], weights=n[m])))
-    return np.array(centres), np.array(values)
+        weights.append(float(n[m].sum()))
+    values = isotonic_regression(np.array(values), weights=np.array(weights), increasing=True).x
+    return np.array(centres), np.asarray(values, dtype=float)
 
 
 def _raw_means(family: LawFamily) -> list[str]:
