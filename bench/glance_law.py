@@ -54,6 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from entropy_law.law.analysis import TraceAnalysis  # noqa: E402
 from entropy_law.law.atrisk import at_risk_table  # noqa: E402
+from entropy_law.law.fit import get_family  # noqa: E402
 from entropy_law.law.glance import (category_frame, fit_glance, glance_rounds, loco_glance,  # noqa: E402
                                     read_glance_rounds, round_scores)
 from entropy_law.plots.glance import glance_wins, loco_ours, primary_family  # noqa: E402
@@ -68,14 +69,14 @@ DRAFTER_AWARE_COPY = "law_exp_obs_ceil_drafttop_copy"  # both (--drafter-aware, 
 TOP1_AWARE = "law_exp_obs_ceil_top1"  # + the target's own top-1 probability at each position (target_top1_prob)
 TOP1_COPY = "law_exp_obs_ceil_top1_copy"  # + the target's top-1 probability and the copyability
 DRAFTER_AWARE_TOP1_COPY = "law_exp_obs_ceil_drafttop_top1_copy"  # all three (--drafter-aware)
-# the covariate laws beside the primary: (family, report key, what it adds, needs the copyability, needs drafts)
+# the covariate laws beside the primary: (family, report key, what it adds); what each needs is its family's
 COVARIATE_LAWS = (
-    (COPY_AWARE, "copy_aware", "+ the context's copyability before each position", True, False),
-    (TOP1_AWARE, "top1_aware", "+ the target's own top-1 probability at each position", False, False),
-    (TOP1_COPY, "top1_copy_aware", "+ the target's top-1 probability and the context's copyability", True, False),
-    (DRAFTER_AWARE_COPY, "drafter_aware_copy", "+ the drafter's confidence and the context's copyability", True, True),
+    (COPY_AWARE, "copy_aware", "+ the context's copyability before each position"),
+    (TOP1_AWARE, "top1_aware", "+ the target's own top-1 probability at each position"),
+    (TOP1_COPY, "top1_copy_aware", "+ the target's top-1 probability and the context's copyability"),
+    (DRAFTER_AWARE_COPY, "drafter_aware_copy", "+ the drafter's confidence and the context's copyability"),
     (DRAFTER_AWARE_TOP1_COPY, "drafter_aware_top1_copy", "+ the drafter's confidence, the target's top-1 probability "
-     "and the context's copyability", True, True),
+     "and the context's copyability"),
 )
 COLUMNS = ["mse", "cat_mae", "cat_max", "r2_curve", "r2_round", "r2_ceiling", "frac_of_ceiling", "holds"]
 
@@ -83,8 +84,10 @@ COLUMNS = ["mse", "cat_mae", "cat_max", "r2_curve", "r2_round", "r2_ceiling", "f
 def covariate_laws(copy: bool, top1: bool, drafts: bool) -> list:
     """The rows of ``COVARIATE_LAWS`` whose inputs are there: ``copy`` (the traces hold the context's
     copyability), ``top1`` (the target's top-1 probability at every position), ``drafts`` (the round proposals)."""
-    return [row for row in COVARIATE_LAWS if (copy or not row[3]) and (drafts or not row[4])
-            and (top1 or "top1" not in row[0])]
+    families = {row[0]: get_family(row[0]) for row in COVARIATE_LAWS}
+    return [row for row in COVARIATE_LAWS
+            if (copy or not families[row[0]].needs_context_match) and (top1 or not families[row[0]].needs_target_top1)
+            and (drafts or not families[row[0]].needs_draft_stats)]
 
 
 def our_laws(copy: bool = False, top1: bool = False) -> dict:
@@ -96,7 +99,7 @@ def our_laws(copy: bool = False, top1: bool = False) -> dict:
     laws = {primary: (primary, False), f"{primary}_root": (primary, True)}
     if primary != "law_exp":
         laws["law_exp"] = ("law_exp", False)
-    for family, *_ in covariate_laws(copy, top1, drafts=False):
+    for family, *_ in covariate_laws(copy, top1, drafts=False):  # without the drafter's confidence
         if family != primary:
             laws.update({family: (family, False), f"{family}_root": (family, True)})
     return laws
@@ -123,7 +126,8 @@ def score_arm(view, arm: str, drafts: pd.DataFrame | None = None, copy: bool = F
             predictions[name] = values
             scores[name] = round_scores(rounds, values, slope=slopes, slope_max=np.inf)
     if drafts is not None:
-        for family in (DRAFTER_AWARE, *[row[0] for row in covariate_laws(copy, top1, drafts=True) if row[4]]):
+        for family in (DRAFTER_AWARE, *[row[0] for row in covariate_laws(copy, top1, drafts=True)
+                                        if get_family(row[0]).needs_draft_stats]):
             predictions[family], slopes = loco_ours(view, arm, rounds, family, rows=rows, drafts=drafts)
             scores[family] = round_scores(rounds, predictions[family], slope=slopes, slope_max=np.inf)
     return scores, category_frame(scores), in_sample, rounds, predictions

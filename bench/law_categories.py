@@ -75,9 +75,9 @@ RHO_ARMS = ("block-drafter-b8-l2-copy ddtree16", "ngram chain")  # the issue's r
 DRAFTER_AWARE = "law_exp_obs_ceil_drafttop"  # the primary law + the drafter's top-1 probability (replayed DP)
 COPY_FAMILY = "law_exp_obs_ceil_copy"  # the primary law + the context's copyability (tokens column context_match)
 DRAFTER_AWARE_COPY = "law_exp_obs_ceil_drafttop_copy"  # both
-TOP1_FAMILY = "law_exp_obs_ceil_top1"  # the primary law + the target's top-1 probability (tokens column target_top1_prob)
+TOP1_FAMILY = "law_exp_obs_ceil_top1"  # the primary law + the target's top-1 probability (target_top1_prob)
 TOP1_COPY = "law_exp_obs_ceil_top1_copy"  # the target's top-1 probability and the copyability
-DRAFTER_AWARE_TOP1_COPY = "law_exp_obs_ceil_drafttop_top1_copy"  # the drafter's confidence, the target's, the copyability
+DRAFTER_AWARE_TOP1_COPY = "law_exp_obs_ceil_drafttop_top1_copy"  # the drafter's and the target's top-1, copyability
 
 
 def has_values(rows: pd.DataFrame, column: str) -> bool:
@@ -169,15 +169,14 @@ def main(argv=None) -> dict:
     for arm in arms:
         views[arm] = an.arm_view(arm)
         rows_of[arm] = atrisk.at_risk_table(views[arm], drafters=[arm])
-        families = list(PRIMARY_CANDIDATES)
-        copy_here, top1_here = has_values(rows_of[arm], "context_match"), has_values(rows_of[arm], "target_top1_prob")
-        families += [f for f, ok in ((COPY_FAMILY, copy_here), (TOP1_FAMILY, top1_here),
-                                     (TOP1_COPY, copy_here and top1_here)) if ok]
+        def holds_columns(family):  # the at-risk rows hold every per-position column the law reads
+            return all(has_values(rows_of[arm], c) for c in get_family(family).position_columns)
+
+        families = list(PRIMARY_CANDIDATES) + [f for f in (COPY_FAMILY, TOP1_FAMILY, TOP1_COPY) if holds_columns(f)]
         if has_values(rows_of[arm], "draft_entropy_nats"):
             families.append("law_exp_draftent")
         if has_values(rows_of[arm], "draft_top1_prob"):  # the drafter-aware laws (section 5), not candidates
-            families += [DRAFTER_AWARE] + [f for f, ok in ((DRAFTER_AWARE_COPY, copy_here),
-                                                           (DRAFTER_AWARE_TOP1_COPY, copy_here and top1_here)) if ok]
+            families += [f for f in (DRAFTER_AWARE, DRAFTER_AWARE_COPY, DRAFTER_AWARE_TOP1_COPY) if holds_columns(f)]
         comparisons[arm] = compare_laws(rows_of[arm], families, folds="category", seed=args.seed)
         for note in comparisons[arm].notes:
             print(f"  {arm}: {note}")

@@ -159,11 +159,11 @@ def at_risk_table(
         table["log_renyi2"] = np.log(table["target_renyi2_nats"].to_numpy(dtype=float) + eps)
     if "target_logit_gap" in covariates:
         table["log_logit_gap"] = np.log(table["target_logit_gap"].to_numpy(dtype=float) + eps)
-    if "target_top1_prob" in covariates:
-        _add_target_miss(table)
     table = table.drop(columns="role")
-    if "target_entropy_nats" in covariates:
+    if "target_entropy_nats" in covariates:  # its add_log_covariates also gives the target's miss (top-1 prob)
         table = _add_sequence_covariates(table, tokens, eps)
+    elif "target_top1_prob" in covariates:
+        _add_target_miss(table)
     # the drafter's own statistics at this depth (its entropy, its top proposal's probability: computed while
     # drafting, before verification); null where the drafter logs none (the n-gram drafter has no entropy) or the
     # run was recorded before the column existed: families using them refuse then

@@ -533,8 +533,9 @@ def when_drafting_pays(
         notes.append(f"tree budgets keep the observed nodes-per-depth ratio {cost.nodes / cost.depth:.2f}")
     crossings = speedup_crossings(law, cost)
     if len(crossings) > 1:
-        notes.append(f"the estimate's speedup crosses 1 at {len(crossings)} entropies in [1e-4, 20] nats (near "
-                     + ", ".join(f"{h:.2g}" for h in crossings) + "): the break-even entropy is only one of them")
+        notes.append(f"the estimate's speedup crosses 1 at {len(crossings)} entropies in {list(BREAKEVEN_BOUNDS)} "
+                     "nats (near " + ", ".join(f"{h:.2g}" for h in crossings)
+                     + "): the break-even entropy is only one of them")
     return DraftingPays(summary=summary, law=law, cost=cost, replicates=replicates, notes=notes,
                         observed_entropy=observed_range, crossings=crossings)
 

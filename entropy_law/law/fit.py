@@ -46,6 +46,11 @@ from entropy_law.law.stats import warn_if_few_requests
 SPLINE_BOUNDS = (np.log(atrisk.EPS_NATS) - 1e-9, np.log(20.0))  # log(H + eps) range the spline covers
 
 
+# the tokens columns a law's DP may read at every output position besides the entropy -> the ``LawFamily.means``
+# entry that marks a law in it (``needs_context_match``, ``needs_target_top1``)
+POSITION_COLUMNS = {"context_match": "context_match", "target_top1_prob": "log_target_miss"}
+
+
 @dataclass(frozen=True)
 class LawFamily:
     """One law: GLM ``link`` on ``outcome`` ("rejection" or "acceptance") with ``terms`` (patsy)."""
@@ -82,21 +87,20 @@ class LawFamily:
     def needs_context_match(self) -> bool:
         """A law in the context's copyability before each position (tokens column ``context_match``, recorded with
         the prompt's token ids or attached from the prompts: ``jobs.reference.attach_context_matches``)."""
-        return "context_match" in self.means
+        return POSITION_COLUMNS["context_match"] in self.means
 
     @property
     def needs_target_top1(self) -> bool:
         """A law in the target's own top-1 probability at each position (tokens column ``target_top1_prob``, logged
         with the entropy by our decoder and by ``entropy-law entropy``): log(1 - p + 1e-3), the target's mass off
         its greedy token."""
-        return "log_target_miss" in self.means
+        return POSITION_COLUMNS["target_top1_prob"] in self.means
 
     @property
     def position_columns(self) -> tuple:
         """The tokens columns besides the entropy that the law's DP reads at every output position
-        (``transfer.POSITION_COLUMNS``: the context's copyability, the target's top-1 probability)."""
-        return tuple(c for c, needed in (("context_match", self.needs_context_match),
-                                         ("target_top1_prob", self.needs_target_top1)) if needed)
+        (``POSITION_COLUMNS``: the context's copyability, the target's top-1 probability)."""
+        return tuple(column for column, mark in POSITION_COLUMNS.items() if mark in self.means)
 
     @property
     def uses_category(self) -> bool:

@@ -600,7 +600,7 @@ def loco_glance(rounds: pd.DataFrame, *, form: str = "code", cap: float = CAP) -
 
 def _entropy_by_request(traces, run_ids, *, columns: tuple = ()) -> tuple[dict, np.ndarray, dict]:
     """(run_id, request_id) -> (offset, T) into one flat array of entropies at output positions 0..T-1, and the
-    tokens' per-position ``columns`` (of ``transfer.POSITION_COLUMNS``) in the same order, by name (None where the
+    tokens' per-position ``columns`` (of ``fit.POSITION_COLUMNS``) in the same order, by name (None where the
     traces lack one at some position)."""
     tokens = traces.tokens
     present = [c for c in columns if c in tokens.columns]

@@ -59,6 +59,7 @@ _RAW_OF_LOG = {"log_lag_entropy": "lag_entropy_nats", "log_run_mean_entropy": "r
 # the log of the cells' mean miss, so the raw mean it reads is that of target_top1_prob
 _MISS_BIN = "target_miss_prob"
 _MISS_LOG = "log_target_miss"
+_MISS_RAW = "target_top1_prob"
 DEFAULT_CHUNK_BYTES = 256 << 20  # token files per DuckDB query (compressed Parquet on disk)
 
 
@@ -77,9 +78,11 @@ def _means_for(family, means: str, with_rounds: bool) -> list[str]:
     every = [*atrisk.COVARIATES, *atrisk.DERIVED]
     if not with_rounds:
         every.remove("log_drafted_depth")
-    sequence = [m for m in getattr(family, "means", ()) if m in (*_SEQUENCE_MEANS, _MISS_LOG)]
+    family_means = getattr(family, "means", ())
+    sequence = [m for m in family_means if m in _SEQUENCE_MEANS]
+    miss = [_MISS_LOG] if _MISS_LOG in family_means else []  # after the sequence means, as in LawFamily.means
     if means == "all":
-        return [*every, *sequence]
+        return [*every, *sequence, *miss]
     if means != "family":
         raise ValueError("means must be 'all' (every covariate mean, as aggregate_at_risk) or 'family'")
     terms = family.terms or "log_entropy"  # law_iso: isotonic in the cells' mean log entropy
@@ -88,11 +91,16 @@ def _means_for(family, means: str, with_rounds: bool) -> list[str]:
         used.append("log_entropy")
     if getattr(family, "profile_eps", False):
         used.append("target_entropy_nats")
-    if _MISS_LOG in sequence and re.search(rf"\b{_MISS_LOG}\b", terms):
-        used.append("target_top1_prob")  # the fit's log(1 - p1 + 1e-3) is taken of the cells' mean p1
-    sequence = [m for m in sequence if m != _MISS_LOG]
+    if miss and re.search(rf"\b{_MISS_LOG}\b", terms):
+        used.append(_MISS_RAW)  # the fit's log(1 - p1 + 1e-3) is taken of the cells' mean p1
     raw = {_RAW_OF_LOG.get(m, m) for m in sequence if re.search(rf"\b{m}\b", terms)}
     return [*sorted(set(used), key=every.index), *[m for m in sequence if m in raw]]
+
+
+def _miss_sql(p1: str) -> str:
+    """The target's miss probability 1 - p1, clipped to [0, 1], of the SQL expression ``p1``
+    (``atrisk._add_target_miss``)."""
+    return f"LEAST(GREATEST(1.0E0 - {p1}, 0.0E0), 1.0E0)"
 
 
 def _log_bin(column: str, eps: float, width_log10: float) -> str:
@@ -216,7 +224,7 @@ def at_risk_sql(*, bin_columns: Sequence[str] = ("target_entropy_nats",), width_
     if needs_pos:
         cols.append("CASE WHEN valid THEN pos END AS position")
     if needs_miss:  # the target's mass off its greedy token, 1 - p1 in [0, 1] (atrisk._add_target_miss)
-        cols.append(f"CASE WHEN valid THEN LEAST(GREATEST(1.0E0 - p1, 0.0E0), 1.0E0) END AS {_MISS_BIN}")
+        cols.append(f"CASE WHEN valid THEN {_miss_sql('p1')} END AS {_MISS_BIN}")
     covariates = "covariates AS (\n    SELECT " + ",\n        ".join(cols) + "\n    FROM checked\n)"
 
     # 3. derived columns and bins
@@ -728,7 +736,7 @@ def _needed_columns(rhs: str, fam, available) -> list:
     if fam.name == "law_exp_mundlak":
         used += [c for c in ("log_entropy", "category") if c not in used]
     if fam.means:
-        raw_of = {**_RAW_OF_LOG, _MISS_LOG: "target_top1_prob"}
+        raw_of = {**_RAW_OF_LOG, _MISS_LOG: _MISS_RAW}
         used += [raw for log, raw in raw_of.items() if re.search(rf"\b{log}\b", rhs) and raw not in used]
     if fam.profile_eps:
         used = [c for c in used if c != "log_entropy"] + ["target_entropy_nats"]
@@ -935,8 +943,8 @@ def _fit_streamed(con, source: str, fam, *, depth: str, cov_type: str, alpha: fl
     if fam.needs_target_top1:  # the steady state's target-miss curve, from the same per-entropy-bin sums as in memory
         bin_sums = con.sql(
             f"SELECT bin_target_entropy_nats AS bin, SUM(n) AS n, SUM(n * GREATEST(target_entropy_nats, 0.0E0)) AS "
-            f"sum_h, SUM(n * LN(LEAST(GREATEST(1.0E0 - target_top1_prob, 0.0E0), 1.0E0) + "
-            f"{_literal(atrisk.EPS_PROB)})) AS sum_miss FROM ({source}) GROUP BY 1").df().set_index("bin")
+            f"sum_h, SUM(n * LN({_miss_sql(_MISS_RAW)} + {_literal(atrisk.EPS_PROB)})) AS sum_miss "
+            f"FROM ({source}) GROUP BY 1").df().set_index("bin")
         common["miss_curve"] = fitmod.target_miss_curve(bin_sums)
 
     # the CR1 sandwich of statsmodels' cov_cluster: H^-1 (sum_g s_g s_g') H^-1 G/(G-1) (N-1)/(N-K)

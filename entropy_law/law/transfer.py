@@ -31,7 +31,7 @@ from scipy import stats
 
 from entropy_law.law import arms, atrisk
 from entropy_law.law.blocks import expected_round_counts, iid_tokens_per_round
-from entropy_law.law.fit import FittedLaw, LawFamily, fit_law, get_family, prepare_counts
+from entropy_law.law.fit import POSITION_COLUMNS, FittedLaw, LawFamily, fit_law, get_family, prepare_counts
 from entropy_law.law.results import Result
 from entropy_law.law.stats import exact_spearman_p
 from entropy_law.traces.stats import CONTEXT_MATCH_MAX
@@ -61,14 +61,10 @@ def entropy_sequences(traces, drafter: str) -> pd.DataFrame:
     return sequences_of(traces.tokens.loc[traces.tokens["run_id"].isin(runs)])
 
 
-# tokens columns a law's DP may read at every output position besides the entropy (``LawFamily.position_columns``)
-POSITION_COLUMNS = ("context_match", "target_top1_prob")
-
-
 def sequences_of(tokens: pd.DataFrame) -> pd.DataFrame:
     """``entropy_sequences`` of these token rows (any runs: a workload recorded by AR, or an imported one); with a
     ``context_match`` (the context's copyability) or ``target_top1_prob`` column also each request's array of it
-    (``POSITION_COLUMNS``; None where the request has a null)."""
+    (``fit.POSITION_COLUMNS``; None where the request has a null)."""
     present = [c for c in POSITION_COLUMNS if c in tokens.columns]
     tokens = tokens[["run_id", "request_id", "category", "position", "target_entropy_nats", *present]]
     tokens = atrisk.validate_covariates(tokens, ["target_entropy_nats"])
