@@ -18,10 +18,10 @@ of the traces (default ``data/traces``; the AR arm drafts nothing and is skipped
    - PRIMARY_root: the same law with the root entropy at every depth (GLANCE's information, plus D): what a
      prediction made before the round can use (printed beside the goals, not a goal);
    - ``law_exp``: the first primary law, for reference (not a goal);
-   - ``law_exp_obs_ceil_copy`` (and ``_root``): the primary law + the context's copyability before each position
+   - ``law_exp_obs_ceil_copy`` (and ``_root``): law_exp_obs_ceil + the context's copyability before each position
      (tokens column ``context_match``, attached from the prompts to runs recorded without it; ``--no-context-match``
      leaves it out), with its goal lines; with ``--drafter-aware`` also ``law_exp_obs_ceil_drafttop_copy``;
-   - ``law_exp_obs_ceil_top1`` and ``law_exp_obs_ceil_top1_copy`` (and ``_root``): the primary law + the target's
+   - ``law_exp_obs_ceil_top1`` and ``law_exp_obs_ceil_top1_copy`` (and ``_root``): law_exp_obs_ceil + the target's
      own top-1 probability at each position (tokens column ``target_top1_prob``), without and with the
      copyability; with ``--drafter-aware`` also ``law_exp_obs_ceil_drafttop_top1_copy`` (``COVARIATE_LAWS``).
    Scores (``glance.round_scores``): per-round MSE, |mean predicted - mean observed| per category (mean

@@ -18,7 +18,7 @@ For every drafting arm of the traces (default ``data/traces``; the AR arm drafts
 5. Where the runs hold replayed proposals (``<run>/proposals.parquet``, written by ``bench/replayed_proposals.py
    --write``: the drafter's own proposal at every output position, rebuilt offline from the prompt and the
    greedy output, no round's outcome): the same LOCO with depths ``"replayed"`` for the drafter-aware law
-   ``law_exp_obs_ceil_drafttop`` (the primary law + the drafter's top-1 probability, whose DP needs them) and
+   ``law_exp_obs_ceil_drafttop`` (law_exp_obs_ceil + the drafter's top-1 probability, whose DP needs them) and
    for the primary law, its per-request intervals (``loco_predictions(proposals=...)``), the category
    predictions of their centres (the DP's T / E[N] times e^b, b the mean residual of the TRAINING categories'
    requests: ``RequestPredictions.category_predictions``), and the drafter-aware law's category share.
@@ -26,8 +26,8 @@ For every drafting arm of the traces (default ``data/traces``; the AR arm drafts
 The context's copyability (tokens column ``context_match``: the longest suffix of the prompt and the output before a
 position that occurred earlier, up to 8) is attached from the prompts to runs recorded without it (``--model``'s
 tokenizer, ``--tasks``; ``jobs.reference.attach_context_matches``; ``--no-context-match`` leaves it out). Where every
-arm's trials hold it, ``law_exp_obs_ceil_copy`` (the primary law + the copyability) is a candidate of the rule in
-section 1; so are ``law_exp_obs_ceil_top1`` (the primary law + the target's own top-1 probability at the position,
+arm's trials hold it, ``law_exp_obs_ceil_copy`` (law_exp_obs_ceil + the copyability) is a candidate of the rule in
+section 1; so are ``law_exp_obs_ceil_top1`` (law_exp_obs_ceil + the target's own top-1 probability at the position,
 tokens column ``target_top1_prob``) and ``law_exp_obs_ceil_top1_copy`` (both) wherever every arm's trials hold their
 columns (docs/law.md, addendum of 2026-12-05). Sections 2-5 evaluate the rule's winner in the primary law's place
 (``PRIMARY_FAMILY`` is the law for traces without those columns); section 5's drafter-aware law is chosen by the
@@ -62,8 +62,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from entropy_law.law import atrisk  # noqa: E402
 from entropy_law.law.analysis import TraceAnalysis  # noqa: E402
-from entropy_law.law.compare import (PRIMARY_CANDIDATES, category_share_of_gain, choose_primary,  # noqa: E402
-                                     compare_laws)
+from entropy_law.law.compare import (COVARIATE_CANDIDATES, PRIMARY_CANDIDATES,  # noqa: E402
+                                     category_share_of_gain, choose_primary, compare_laws)
 from entropy_law.law.fit import PRIMARY_FAMILY, get_family  # noqa: E402
 from entropy_law.law.predict import OVERDISPERSION_SOURCES, loco_predictions  # noqa: E402
 from entropy_law.law.transfer import loco_transfer  # noqa: E402
@@ -72,10 +72,9 @@ from entropy_law.traces.reader import load_traces  # noqa: E402
 
 GOALS = dict(tokens_per_round_mae=0.10, mean_tau_mae=0.15, category_share=0.05, rho=1.0, coverage=(0.85, 0.95))
 RHO_ARMS = ("block-drafter-b8-l2-copy ddtree16", "ngram chain")  # the issue's ranking goal names these two arms
-DRAFTER_AWARE = "law_exp_obs_ceil_drafttop"  # the primary law + the drafter's top-1 probability (replayed DP)
-COPY_FAMILY = "law_exp_obs_ceil_copy"  # the primary law + the context's copyability (tokens column context_match)
+DRAFTER_AWARE = "law_exp_obs_ceil_drafttop"  # law_exp_obs_ceil + the drafter's top-1 probability (replayed DP)
+COPY_FAMILY = "law_exp_obs_ceil_copy"  # law_exp_obs_ceil + the context's copyability (tokens column context_match)
 DRAFTER_AWARE_COPY = "law_exp_obs_ceil_drafttop_copy"  # both
-TOP1_FAMILY = "law_exp_obs_ceil_top1"  # the primary law + the target's top-1 probability (target_top1_prob)
 TOP1_COPY = "law_exp_obs_ceil_top1_copy"  # the target's top-1 probability and the copyability
 DRAFTER_AWARE_TOP1_COPY = "law_exp_obs_ceil_drafttop_top1_copy"  # the drafter's and the target's top-1, copyability
 
@@ -172,7 +171,7 @@ def main(argv=None) -> dict:
         def holds_columns(family):  # the at-risk rows hold every per-position column the law reads
             return all(has_values(rows_of[arm], c) for c in get_family(family).position_columns)
 
-        families = list(PRIMARY_CANDIDATES) + [f for f in (COPY_FAMILY, TOP1_FAMILY, TOP1_COPY) if holds_columns(f)]
+        families = list(PRIMARY_CANDIDATES) + [f for f in COVARIATE_CANDIDATES if holds_columns(f)]
         if has_values(rows_of[arm], "draft_entropy_nats"):
             families.append("law_exp_draftent")
         if has_values(rows_of[arm], "draft_top1_prob"):  # the drafter-aware laws (section 5), not candidates
@@ -183,7 +182,7 @@ def main(argv=None) -> dict:
     copy = all(COPY_FAMILY in c.summary.index for c in comparisons.values())
     # the covariate laws are candidates of the rule (docs/law.md, addenda of 2026-12-03 and 2026-12-05) wherever
     # every arm's at-risk trials hold their columns
-    added = tuple(f for f in (COPY_FAMILY, TOP1_FAMILY, TOP1_COPY)
+    added = tuple(f for f in COVARIATE_CANDIDATES
                   if all(f in c.summary.index for c in comparisons.values()))
     candidates = tuple(PRIMARY_CANDIDATES) + added
     winner, table = choose_primary(comparisons, candidates)

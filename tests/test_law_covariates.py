@@ -200,10 +200,17 @@ def test_primary_rule_prefers_fewer_parameters_within_one_se():
 
 def test_primary_family_is_a_category_free_candidate():
     from entropy_law.law.analysis import DEFAULT_FAMILY
-    from entropy_law.law.compare import PRIMARY_CANDIDATES
+    from entropy_law.law.compare import COVARIATE_CANDIDATES, PRIMARY_CANDIDATES
+    from entropy_law.law.fit import PRIMARY_FALLBACK, primary_family
 
-    assert PRIMARY_FAMILY in PRIMARY_CANDIDATES and not get_family(PRIMARY_FAMILY).uses_category
-    assert DEFAULT_FAMILY == PRIMARY_FAMILY
+    assert PRIMARY_FAMILY in PRIMARY_CANDIDATES + COVARIATE_CANDIDATES and not get_family(PRIMARY_FAMILY).uses_category
+    # the fallback (traces without the target's top-1 probability) is a law every trace supports
+    assert PRIMARY_FALLBACK in PRIMARY_CANDIDATES and not get_family(PRIMARY_FALLBACK).position_columns
+    assert DEFAULT_FAMILY == PRIMARY_FAMILY == primary_family()
+    tokens = pd.DataFrame({"target_top1_prob": [0.9, 0.5]})
+    assert primary_family(tokens) == PRIMARY_FAMILY
+    assert primary_family(tokens.assign(target_top1_prob=[0.9, None])) == PRIMARY_FALLBACK  # one token without it
+    assert primary_family(tokens.drop(columns="target_top1_prob")) == PRIMARY_FALLBACK
 
 
 def test_category_share_small_without_and_large_with_category_effects():

@@ -344,8 +344,8 @@ def test_round_scores_and_loco(fixture_rounds):
 
 
 def test_law_round_expectations_match_the_dp_of_the_primary_law(traces):
-    """The primary law predicts from decode-time covariates of each position (lag, running mean, position):
-    the per-round expectation must equal the DP's own acceptance array (``acceptance_for_sequence``)."""
+    """The primary law predicts from decode-time covariates of each position (lag, running mean, position, the
+    target's top-1 probability): the per-round expectation must equal the DP's own acceptance array (``acceptance_for_sequence``)."""
     from entropy_law.law.analysis import DEFAULT_FAMILY
 
     view = traces.filter(run_id=["sim-block"]) if hasattr(traces, "filter") else traces
@@ -357,8 +357,11 @@ def test_law_round_expectations_match_the_dp_of_the_primary_law(traces):
     checked = 0
     for i in np.linspace(0, len(rounds) - 1, 7).astype(int):
         rec = rounds.iloc[i]
-        h = tokens.loc[tokens["request_id"] == rec.request_id, "target_entropy_nats"].to_numpy(dtype=float)
-        table = law.acceptance_for_sequence(h, drafts)
+        mine = tokens.loc[tokens["request_id"] == rec.request_id]
+        h = mine["target_entropy_nats"].to_numpy(dtype=float)
+        # a law in per-position columns (the primary reads the target's top-1 probability) gets them by name
+        position = {c: mine[c].to_numpy(dtype=float) for c in law.family.position_columns}
+        table = law.acceptance_for_sequence(h, drafts, **position)
         t, d = int(rec.start_position), int(rec.tree_depth)
         row = table[d - 1, t, :d] if table.ndim == 3 else table[t, :d]
         assert expected[i] == pytest.approx(np.cumprod(row).sum(), rel=1e-10)

@@ -172,3 +172,45 @@ def test_the_target_miss_curve_rises_with_the_entropy_and_keeps_the_mean():
     np.testing.assert_allclose(centres, np.log(h + 1e-3))
     np.testing.assert_allclose(values, [-5.0, -2.5, -2.5, -1.0])  # the dip pooled with its neighbour
     assert np.average(values, weights=n) == pytest.approx(np.average(miss, weights=n))
+
+
+def test_the_h_only_curve_never_rises_with_the_entropy():
+    """Three requests: the fit trades H for p1 (negative H exponent, positive miss exponent), and the law's
+    H-only steady state rose again beyond the trials' largest entropy (0.35 at 2 nats, 0.51 at 8). The steady
+    state's envelope keeps it nonincreasing; given p1, and along a sequence (the DP), the law is unchanged."""
+    from entropy_law.law.fit import STEADY_GRID_MAX_NATS
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        traces = simulate_traces(seed=0, n_requests_per_category=1, categories=["qa", "rag", "math_reasoning"],
+                                 include_ar=True, tokens_per_request=(40, 60))
+        rows = one_drafter(atrisk.at_risk_table(traces))
+        law = fit_law(rows, "law_exp_obs_ceil_top1", cov_type="nonrobust")
+    assert law.result.params["log_entropy"] < 0 < law.result.params["log_target_miss"]  # the trade, as seen
+    h = np.geomspace(1e-3, 30.0, 400)
+    for depth in (1, 3):
+        a = law.predict_acceptance(h, depth)
+        assert np.all(np.diff(a) <= 0) and np.all((a > 0) & (a < 1))
+        # the law itself, with the steady state's covariates given by the caller, does rise: the envelope binds
+        raw = law.predict_acceptance(h, depth, **law.steady_state(h))
+        assert np.any(np.diff(raw) > 0) and np.all(a <= raw + 1e-15)
+        inside = h < 1.0  # where it already falls, nothing changes
+        np.testing.assert_allclose(a[inside], raw[inside], rtol=0, atol=0)
+    assert h.max() > STEADY_GRID_MAX_NATS  # a query beyond the grid extends it
+    # per position: the law's own value (no envelope), as the DP reads it
+    # given p1 (as the DP gives it), the law's own value at that H and p1: no envelope from the H-only curve
+    frame = pd.DataFrame({"target_entropy_nats": h, "depth": 1, "target_top1_prob": 0.2, "lag_entropy_nats": h,
+                          **{k: v for k, v in law.steady_state(h).items() if k not in ("lag_entropy_nats",
+                                                                                        "log_target_miss")}})
+    np.testing.assert_array_equal(law.predict_acceptance(h, 1, target_top1_prob=0.2), law.predict_frame(frame))
+    assert np.any(np.diff(law.predict_frame(frame)) > 0)  # rising in H at this p1: the law's own shape, kept
+
+
+def test_a_law_that_falls_with_the_entropy_is_not_changed_by_the_envelope(redrawn):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        law = fit_law(redrawn, "law_exp_obs_ceil_top1", cov_type="nonrobust")
+    h = np.geomspace(1e-3, 20.0, 300)
+    raw = law.predict_acceptance(h, 2, **law.steady_state(h))
+    assert np.all(np.diff(raw) <= 0)
+    np.testing.assert_array_equal(law.predict_acceptance(h, 2), raw)

@@ -6,6 +6,7 @@ import warnings
 import numpy as np
 import pytest
 
+from entropy_law.law.fit import PRIMARY_FAMILY
 from entropy_law.law.blocks import expected_round_counts, tau_distribution
 from entropy_law.law.workload import decode_moments, log_speedup_crossing, workload_breakeven
 
@@ -289,7 +290,7 @@ def test_the_predict_command_answers_per_category_and_refuses_what_it_cannot_use
     assert main(["predict", str(timed / "ar"), "--from", str(timed), "--drafter", "ngram chain", "--n-boot", "5"]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
-    assert lines[0] == "will drafting pay on this workload? ngram chain (law_exp_obs_ceil), from its target entropies"
+    assert lines[0] == f"will drafting pay on this workload? ngram chain ({PRIMARY_FAMILY}), from its target entropies"
     for category in ("math_reasoning", "qa", "rag", "summarization", "translation", "all"):
         line = next(x for x in lines if x.startswith(category))
         assert line.split()[1] in ("pays", "does", "unclear") and "predicted" in line and "tokens/round" in line

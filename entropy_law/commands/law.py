@@ -15,7 +15,8 @@ def register(subparsers) -> None:
     p.add_argument("--simulate", type=int, metavar="SEED", help="use simulated traces with this seed instead")
     p.add_argument("--family", default=None,
                    help="law family (default: the primary law, entropy_law.law.fit.PRIMARY_FAMILY, also with "
-                        "--out-of-core)")
+                        "--out-of-core; PRIMARY_FALLBACK, said, on traces without the target's top-1 "
+                        "probability)")
     p.add_argument("--drafter", help="only this arm, e.g. 'ngram chain' (default: every arm)")
     p.add_argument("--loco", action="store_true", help="leave-one-category-out transfer")
     p.add_argument("--tests", action="store_true", help="pre-registered tests P1-P3 with Holm correction")
@@ -48,13 +49,14 @@ def register(subparsers) -> None:
 def run(args) -> int:
     # lazy: `entropy-law --help` imports every command module; the law layer (pandas, scipy) loads only here
     from entropy_law.law.analysis import make_view
-    from entropy_law.law.fit import PRIMARY_FAMILY, fit_law
+    from entropy_law.law.fit import PRIMARY_FAMILY, fit_law, primary_family
     from entropy_law.law.hypotheses import preregistered_tests
     from entropy_law.law.simulate import TreeSpec, simulate_traces
     from entropy_law.law.transfer import block_prediction, loco_transfer
     from entropy_law.traces.reader import load_traces
 
-    if args.family is None:
+    defaulted = args.family is None
+    if defaulted:
         args.family = PRIMARY_FAMILY
     if (args.model or args.tasks) and not getattr(args, "context_match", False):
         raise ValueError("--model and --tasks go with --context-match")
@@ -67,7 +69,15 @@ def run(args) -> int:
         from entropy_law.law.outofcore import fit_law_out_of_core
 
         # one law per arm (its label, as make_view gives it below): a drafter's chain and DDTree runs apart
-        laws = fit_law_out_of_core(args.traces, args.family, by="drafter_id", by_arm=True)
+        try:
+            laws = fit_law_out_of_core(args.traces, args.family, by="drafter_id", by_arm=True)
+        except ValueError as err:
+            if not defaulted:
+                raise
+            from entropy_law.law.fit import PRIMARY_FALLBACK
+
+            print(f"law: {PRIMARY_FALLBACK}, not the primary {PRIMARY_FAMILY} ({err})")
+            laws = fit_law_out_of_core(args.traces, PRIMARY_FALLBACK, by="drafter_id", by_arm=True)
         for drafter in [args.drafter] if args.drafter else list(laws.laws):
             print(f"=== {drafter} ===")
             laws[drafter].print_summary()
@@ -88,6 +98,10 @@ def run(args) -> int:
             loaded = with_context_match(loaded, args.model, args.tasks)
         # one law per arm (drafter + tree policy: "ngram chain", "ngram ddtree16"), not pooled by drafter
         traces = make_view(loaded)
+    if defaulted and primary_family(traces.tokens) != PRIMARY_FAMILY:
+        args.family = primary_family(traces.tokens)
+        print(f"law: {args.family}, not the primary {PRIMARY_FAMILY}: these traces do not hold the target's top-1 "
+              "probability at every token (compute it for imported runs: `entropy-law entropy RUN --model M`)")
     proposals = None
     if args.loco and args.loco_depths == "replayed":
         from entropy_law.traces.proposals import read_proposals

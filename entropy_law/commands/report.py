@@ -17,7 +17,8 @@ def register(subparsers) -> None:
     p.add_argument("--format", choices=("html", "md"), default="html",
                    help="html: one self-contained page; md: report.md with PNG figures (default: %(default)s)")
     p.add_argument("--family", default=None,
-                   help="law family fitted per arm (default: the primary law, entropy_law.law.fit.PRIMARY_FAMILY)")
+                   help="law family fitted per arm (default: the primary law, entropy_law.law.fit.PRIMARY_FAMILY; "
+                        "PRIMARY_FALLBACK, noted, on traces without the target's top-1 probability)")
     p.add_argument("--n-boot", type=int, default=100,
                    help="request-bootstrap replicates for the speedup / break-even intervals (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed of the CV folds and the bootstrap (default: %(default)s)")
@@ -67,11 +68,10 @@ def run(args) -> int:
     options = {} if args.compare_families is None else {"compare_families": tuple(args.compare_families)}
     import pandas as pd
 
-    from entropy_law.law.fit import PRIMARY_FAMILY
     from entropy_law.traces.proposals import read_proposals
 
     proposals = [p for p in (read_proposals(path) for path in paths) if p is not None]  # LOCO depths "replayed"
-    analysis = TraceAnalysis(traces, family=args.family or PRIMARY_FAMILY, n_boot=args.n_boot, seed=args.seed,
+    analysis = TraceAnalysis(traces, family=args.family, n_boot=args.n_boot, seed=args.seed,
                              ar_ms_per_token=args.ar_ms_per_token,
                              proposals=pd.concat(proposals, ignore_index=True) if proposals else None, **options)
     source = " ".join(args.traces)

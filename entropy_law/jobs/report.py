@@ -235,8 +235,9 @@ def _workload_verdict(analysis: TraceAnalysis, arm: str) -> str:
 
 
 def few_requests_notes(analysis: TraceAnalysis) -> list[str]:
-    """One note per arm whose law or break-even intervals rest on fewer than ``FEW_REQUESTS`` requests."""
-    notes = []
+    """The analysis' own notes (``TraceAnalysis.notes``: a law other than the primary, and why), then one note per
+    arm whose law or break-even intervals rest on fewer than ``FEW_REQUESTS`` requests."""
+    notes = list(analysis.notes)
     for r in law_frame(analysis).to_dict("records"):
         for what, n in (("law intervals", r["requests"]),
                         ("break-even / speedup intervals", r["break-even: requests"])):
@@ -566,7 +567,7 @@ def write_report_out_of_core(traces, out_dir, *, fmt: str = "html", family: str 
 
     Per arm (``arms.run_arms`` label) and category the requests, tokens, mean target entropy, mean accepted
     length, tokens per round and depth-1 acceptance (``outofcore.category_summary_sql``); the law ``family``
-    (default ``fit.PRIMARY_FAMILY``) fitted per arm by ``fit_law_out_of_core`` (request-clustered intervals); a
+    (default ``fit.PRIMARY_FAMILY``; ``fit.PRIMARY_FALLBACK`` for an arm it cannot fit, noted) fitted per arm by ``fit_law_out_of_core`` (request-clustered intervals); a
     figure of the depth-1 acceptance per log-spaced entropy bin and category with each arm's fitted law
     (``outofcore.acceptance_curve_sql``; it and the summaries from one read of the shards:
     ``outofcore.report_summaries_sql``); and notes: the fits' own notes and what an out-of-core report leaves
@@ -574,14 +575,14 @@ def write_report_out_of_core(traces, out_dir, *, fmt: str = "html", family: str 
     ``temp_directory``: its settings). ``traces``: a run directory, a folder of runs, or a ``TraceSet``."""
     import matplotlib.pyplot as plt
 
-    from entropy_law.law.fit import PRIMARY_FAMILY
+    from entropy_law.law.fit import PRIMARY_FALLBACK, PRIMARY_FAMILY
     from entropy_law.law.outofcore import fit_law_out_of_core, report_summaries_sql
     from entropy_law.plots.figures import binned_acceptance
     from entropy_law.plots.style import save_figure, unavailable
 
     if fmt not in ("html", "md", "markdown"):
         raise ValueError(f"fmt must be 'html' or 'md', got {fmt!r}")
-    family = family or PRIMARY_FAMILY
+    defaulted, family = family is None, family or PRIMARY_FAMILY
     duck = dict(by_arm=True, threads=threads, memory_limit=memory_limit, temp_directory=temp_directory)
     out_dir = Path(out_dir)
     summary, curve = report_summaries_sql(traces, **duck)  # one read of the shards for both
@@ -592,7 +593,14 @@ def write_report_out_of_core(traces, out_dir, *, fmt: str = "html", family: str 
                        "errors (docs/out-of-core.md)"]
     for arm in drafting:
         try:
-            law = fit_law_out_of_core(traces, family, drafters=[arm], **duck)
+            try:
+                law = fit_law_out_of_core(traces, family, drafters=[arm], **duck)
+            except ValueError as err:
+                if not defaulted:
+                    raise
+                # the primary reads the target's top-1 probability, which imported logs lack: the fallback law
+                law = fit_law_out_of_core(traces, PRIMARY_FALLBACK, drafters=[arm], **duck)
+                notes.append(f"{arm}: law {PRIMARY_FALLBACK}, not the primary {PRIMARY_FAMILY} ({err})")
             laws[arm] = law
             notes.extend(f"{arm}: {n}" for n in law.notes)
         except ValueError as err:  # too few requests, invalid covariates: said, not raised

@@ -46,7 +46,7 @@ from entropy_law.law.arms import AR_LABEL, run_arms
 from entropy_law.law.compare import category_share_of_gain, compare_laws
 from entropy_law.law.cost import (MIN_PAIRED_REQUESTS, UNRELIABLE, paired_speedup_interval, pooled_log_speedup_sd,
                                   priced_cost_model, speed_verdict, when_drafting_pays)
-from entropy_law.law.fit import PRIMARY_FAMILY, fit_law, get_family
+from entropy_law.law.fit import PRIMARY_FAMILY, fit_law, get_family, primary_family
 from entropy_law.law.hypotheses import universality_test
 from entropy_law.law.transfer import block_prediction, loco_transfer, sequences_of
 from entropy_law.law.workload import predict_workload, price_rounds, round_counts, workload_breakeven
@@ -130,17 +130,25 @@ class Attempt:
 class TraceAnalysis:
     """Analyses of one trace set, computed on first use and cached.
 
-    ``family``: the law fitted per arm (default ``law_exp``). ``n_boot``: request-bootstrap replicates
+    ``family``: the law fitted per arm (default: ``fit.primary_family`` of these traces, noted in ``notes`` where
+    it is not ``fit.PRIMARY_FAMILY``). ``n_boot``: request-bootstrap replicates
     for the speedup / break-even intervals. ``seed``: every random choice (CV folds, bootstrap).
     ``ar_ms_per_token``: AR cost per token when the traces have no AR run (a documented calibration).
     """
 
-    def __init__(self, traces, *, family: str = DEFAULT_FAMILY, n_boot: int = 50, seed: int = 0,
+    def __init__(self, traces, *, family: str | None = None, n_boot: int = 50, seed: int = 0,
                  ar_ms_per_token: float | None = None, compare_families=COMPARE_FAMILIES, n_folds: int = 5,
                  proposals: pd.DataFrame | None = None):
         self.traces = traces
         self.proposals = proposals  # replayed proposals (traces.proposals.read_proposals): LOCO depths "replayed"
         self.view = make_view(traces)
+        self.notes: list[str] = []
+        if family is None:  # the primary law these traces support (fit.primary_family)
+            family = primary_family(self.view.tokens)
+            if family != PRIMARY_FAMILY:
+                self.notes.append(f"law: {family}, not the primary {PRIMARY_FAMILY}: these traces do not hold the "
+                                  "target's top-1 probability at every token (compute it for imported runs: "
+                                  "`entropy-law entropy RUN --model M`)")
         self.family = family
         self.n_boot = int(n_boot)
         self.seed = int(seed)
@@ -148,7 +156,6 @@ class TraceAnalysis:
         self.n_folds = int(n_folds)
         self._given_ar_ms = ar_ms_per_token
         self._cache: dict = {}
-        self.notes: list[str] = []
         if self.view.tokens.empty:
             raise ValueError("the traces hold no tokens: record some requests first")
 

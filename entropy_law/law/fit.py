@@ -219,8 +219,30 @@ FAMILIES: dict[str, LawFamily] = {
 # the one with the largest training log-likelihood is the estimate
 EPS_GRID = (1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1.0)
 
+# covariates ``FittedLaw.steady_state`` sets as functions of H (the steady state's envelope watches them), and
+# the grid its running minimum is taken on (nats; the break-even search reaches BREAKEVEN_BOUNDS' 20)
+STEADY_H_COLUMNS = ("lag_entropy_nats", "log_target_miss")
+_derived_of = {"target_top1_prob": "log_target_miss", "target_miss_prob": "log_target_miss"}  # raw -> its term
+STEADY_GRID_MAX_NATS = 25.0
+STEADY_GRID_POINTS = 256
+
 # the primary law, chosen by the rule in docs/law.md ("Choosing the primary law") from bench/law_categories.py
-PRIMARY_FAMILY = "law_exp_obs_ceil"
+# among the laws every trace our decoder records supports (2026-12-05 addendum); it reads the target's top-1
+# probability, which imported engine logs and GLANCE's round logs lack: there the primary is PRIMARY_FALLBACK
+# (the rule's winner among the laws in H and decode-time covariates only). ``primary_family`` chooses.
+PRIMARY_FAMILY = "law_exp_obs_ceil_top1"
+PRIMARY_FALLBACK = "law_exp_obs_ceil"
+
+
+def primary_family(tokens=None) -> str:
+    """The primary law for traces whose tokens table is ``tokens``: ``PRIMARY_FAMILY`` where every token holds
+    the target's top-1 probability (``target_top1_prob``), else ``PRIMARY_FALLBACK``; no table:
+    ``PRIMARY_FAMILY``."""
+    if tokens is None:
+        return PRIMARY_FAMILY
+    if "target_top1_prob" in tokens and len(tokens) and not tokens["target_top1_prob"].isna().any():
+        return PRIMARY_FAMILY
+    return PRIMARY_FALLBACK
 
 
 def without_drafted_depth(family) -> LawFamily:
@@ -391,6 +413,9 @@ class FittedLaw(Result):
     # trials (``target_miss_curve``), what ``steady_state`` reads where a caller gives H only
     miss_curve: object = field(default=None, repr=False, compare=False)
     _p1: object = field(default=None, repr=False, compare=False)
+    # per (depth, category, drafter, other inputs): the steady state's nonincreasing envelope on a grid of H,
+    # or None where the law's own curve already falls with H there (``_steady_envelope``)
+    _envelopes: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def title(self) -> str:
@@ -630,7 +655,49 @@ class FittedLaw(Result):
             frame["category"] = category
         if drafter is not None:
             frame["drafter_id"] = drafter
-        return self.predict_frame(frame).reshape(shape)
+        accept = self.predict_frame(frame)
+        # the envelope applies where H alone was given: none of the inputs that move with H came from the caller
+        given = {name for name in covariates} | {_derived_of.get(name, name) for name in covariates}
+        filled = [n for n in STEADY_H_COLUMNS if n in frame and n not in given]
+        if filled and not given & set(STEADY_H_COLUMNS) and self.family.link != "isotonic":
+            accept = self._steady_envelope(frame, accept, filled)
+        return accept.reshape(shape)
+
+    def _steady_envelope(self, frame: pd.DataFrame, accept: np.ndarray, filled: list) -> np.ndarray:
+        """Where the caller gave H only and the steady state sets covariates that move with H (the previous
+        position's entropy = H; the target's top-1 miss from ``miss_curve``), acceptance at entropy H is kept
+        nonincreasing in H: the lowest acceptance at any entropy in [0, H] (its running minimum on a grid).
+        A law in H and p1 can trade one for the other (few requests: the H coefficient negative, the p1 one
+        positive) and then its H-only curve rises again where the miss curve stops (beyond the trials' largest
+        entropy). On a law whose curve already falls with H (every arm of data/traces) nothing changes; the
+        per-position predictions (DP, trials) never pass here."""
+        h = frame["target_entropy_nats"].to_numpy(dtype=float)
+        keys = [c for c in frame.columns if c not in ("target_entropy_nats", *filled)]
+        out = accept.copy()
+        groups = frame.groupby(keys, dropna=False, sort=False).indices if keys else {(): np.arange(len(frame))}
+        top = float(max(STEADY_GRID_MAX_NATS, np.max(h, initial=0.0)))
+        for key, rows in groups.items():
+            cache_key = (key if isinstance(key, tuple) else (key,), top)
+            if cache_key not in self._envelopes:
+                grid = np.concatenate([[0.0], np.geomspace(1e-4, top, STEADY_GRID_POINTS)])
+                base = frame.iloc[[rows[0]]].drop(columns=["target_entropy_nats", *filled])
+                probe = base.loc[base.index.repeat(len(grid))].reset_index(drop=True)
+                probe["target_entropy_nats"] = grid
+                for name, value in self.steady_state(grid).items():
+                    if name in filled:
+                        probe[name] = value
+                curve = self.predict_frame(probe)
+                self._envelopes[cache_key] = None if np.all(np.diff(curve) <= 0) else (grid, curve)
+            envelope = self._envelopes[cache_key]
+            if envelope is not None:
+                # the running minimum over the grid and the queried entropies together, in order of H
+                grid, curve = envelope
+                x = np.concatenate([grid, h[rows]])
+                order = np.argsort(x, kind="stable")
+                floor = np.empty(len(x))
+                floor[order] = np.minimum.accumulate(np.concatenate([curve, out[rows]])[order])
+                out[rows] = floor[len(grid):]
+        return out
 
     def steady_state(self, h) -> dict:
         """Decode-time covariates of a family that uses them, where a caller gives only H (the cost model,

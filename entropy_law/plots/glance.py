@@ -1,7 +1,7 @@
 """GLANCE's law beside ours: the side-by-side scores (LOCO, per round), the decile figure and the report section.
 
-Known here: how our primary law (the report's family; ``primary_family()`` reads
-``entropy_law.law.analysis.DEFAULT_FAMILY`` at call time) is scored round by round against GLANCE's law
+Known here: how our primary law (the report's family; ``primary_family(view)``: ``fit.primary_family`` of
+the view's tokens, at call time) is scored round by round against GLANCE's law
 (``law.glance``): leave-one-category-out, each law fitted without a category predicts the accepted drafts of
 each of its rounds (ours: ``glance.law_round_expectations``, along the greedy output's entropies and the
 round's drafted depth; GLANCE's: ``glance.loco_glance``, from the root entropy alone), scored by
@@ -26,11 +26,13 @@ from entropy_law.plots.style import short_message, unavailable
 SCORE_COLUMNS = ("mse", "category_mean_mae", "r2_curve", "r2_round", "r2_ceiling", "frac_of_ceiling", "holds")
 
 
-def primary_family() -> str:
-    """Our primary law's family, read at call time (another module may change it)."""
-    from entropy_law.law import analysis
+def primary_family(view=None) -> str:
+    """Our primary law's family for ``view``'s traces (``fit.primary_family`` of its tokens: the fallback law where
+    they lack the target's top-1 probability, as an imported GLANCE log does); no view: ``fit.PRIMARY_FAMILY``.
+    Read at call time."""
+    from entropy_law.law import fit
 
-    return getattr(analysis, "PRIMARY_FAMILY", analysis.DEFAULT_FAMILY)
+    return fit.primary_family(None if view is None else view.tokens)
 
 
 def law_slope(law) -> float:
@@ -69,7 +71,7 @@ def side_by_side(view, arm: str, family: str | None = None, *, forms=("code",), 
     all known before it) and ``"<family> (root entropy only)"`` (the root entropy at every depth, plus the
     drafted depth D: what a prediction made before the round can use).
     ``rows_fn``: returns the arm's at-risk table (a cached one), else it is computed."""
-    family = family or primary_family()
+    family = family or primary_family(view)
     rounds = glance.glance_rounds(view)
     out = {"rounds": rounds, "scores": {}, "errors": {}, "family": family}
     if rounds["category"].nunique() < 2:
