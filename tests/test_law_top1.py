@@ -214,3 +214,33 @@ def test_a_law_that_falls_with_the_entropy_is_not_changed_by_the_envelope(redraw
     raw = law.predict_acceptance(h, 2, **law.steady_state(h))
     assert np.all(np.diff(raw) <= 0)
     np.testing.assert_array_equal(law.predict_acceptance(h, 2), raw)
+
+
+def test_traces_without_p1_get_the_fallback_primary_and_say_so(sim):
+    """A log with the target entropy alone (no top-1 probability): the analysis and the report's notes use
+    PRIMARY_FALLBACK instead of failing, and say why; families that read a statistic it lacks refuse."""
+    from types import SimpleNamespace
+
+    from entropy_law.jobs.report import few_requests_notes
+    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.law.fit import PRIMARY_FALLBACK, PRIMARY_FAMILY
+
+    assert TraceAnalysis(sim, n_boot=0).family == PRIMARY_FAMILY
+    tokens = sim.tokens.copy()
+    # an engine that logs the entropy alone: its other target statistics null at every token
+    for column in ("target_renyi2_nats", "target_top1_prob", "target_top2_prob", "target_logit_gap"):
+        tokens[column] = np.nan
+    imported = SimpleNamespace(tokens=tokens, rounds=sim.rounds, requests=sim.requests, runs=sim.runs)
+    an = TraceAnalysis(imported, n_boot=0)
+    assert an.family == PRIMARY_FALLBACK and an.law(an.arms[0]).family.name == PRIMARY_FALLBACK
+    assert any(PRIMARY_FALLBACK in n and "entropy-law entropy" in n for n in few_requests_notes(an))
+    # a family asked for by name is kept, and a family that reads an unlogged statistic refuses with the hint
+    for family in (PRIMARY_FAMILY, "law_renyi2", "law_margin"):
+        asked = TraceAnalysis(imported, n_boot=0, family=family)
+        with pytest.raises(ValueError, match="did not log .*entropy-law entropy"):
+            asked.law(asked.arms[0])
+    # the statistic null at only some positions is not "unlogged": it is invalid, as any NaN
+    partly = SimpleNamespace(tokens=sim.tokens.assign(target_top1_prob=sim.tokens["target_top1_prob"].where(
+        sim.tokens.index % 7 != 0)), rounds=sim.rounds, requests=sim.requests, runs=sim.runs)
+    with pytest.raises(ValueError, match="invalid covariates"):
+        atrisk.at_risk_table(partly)

@@ -115,7 +115,9 @@ def at_risk_table(
     logs) and, where the tokens table has them, ``draft_entropy_nats`` / ``draft_top1_prob`` (NaN where null)
     with ``log_draft_entropy`` / ``log_draft_miss``, and ``context_match`` (the context's copyability before the
     position) with ``log1p_copy`` and ``copy_full``. ``drafters``: keep only these drafter ids. NaN or
-    negative covariates raise (or are dropped with ``on_invalid="drop"``). Rows that hold two arms under
+    negative covariates raise (or are dropped with ``on_invalid="drop"``); a target statistic other than the
+    entropy that is null at every at-risk position was not logged: it stays null, named in
+    ``attrs["unlogged"]``, and the families that read it refuse (``fit.prepare_counts``). Rows that hold two arms under
     one drafter id raise, naming the arms and how to select one (``arms.check_one_arm_per_drafter``).
     """
     tokens, runs = traces.tokens, traces.runs
@@ -144,7 +146,12 @@ def at_risk_table(
             raise ValueError(f"run(s) {root_only} hold the target entropy at each round's root only (an imported "
                              "GLANCE round log), not per position: this law cannot be fitted on them. Fit GLANCE's "
                              "law instead (fit_law(traces, family=\"glance\")), or compute per-position statistics")
-    table = validate_covariates(table.reset_index(drop=True), covariates, on_invalid=on_invalid)
+    # a target statistic null at every at-risk position was not logged (an engine that logs the entropy alone):
+    # it is left null and named in ``attrs["unlogged"]`` (families that read it refuse); one null among values is
+    # invalid like any NaN. The entropy itself is always checked
+    unlogged = tuple(c for c in covariates if c != "target_entropy_nats" and len(table) and table[c].isna().all())
+    table = validate_covariates(table.reset_index(drop=True), [c for c in covariates if c not in unlogged],
+                                on_invalid=on_invalid)
     table["accepted"] = (table["role"] == "accepted").astype(np.int8)
     table["rejected"] = (1 - table["accepted"]).astype(np.int8)
     table["depth"] = table["depth"].astype(np.int64)
@@ -186,7 +193,7 @@ def at_risk_table(
             raise ValueError("token rows at risk in rounds missing from traces.rounds; the traces are inconsistent")
         table["drafted_depth"] = merged["drafted_depth"].to_numpy(dtype=np.int64)
         table["log_drafted_depth"] = np.log(np.maximum(table["drafted_depth"].to_numpy(dtype=float), 1.0))
-    table.attrs.update(kind=KIND_ROWS, eps=eps)
+    table.attrs.update(kind=KIND_ROWS, eps=eps, unlogged=unlogged)
     return table
 
 

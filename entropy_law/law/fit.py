@@ -303,6 +303,11 @@ def prepare_counts(traces, family: LawFamily, *, eps=atrisk.EPS_NATS, width_log1
         table = traces
     else:
         table = atrisk.at_risk_table(traces, eps=eps, on_invalid=on_invalid)
+    unlogged = [c for c in table.attrs.get("unlogged", ()) if c in _statistics_read(family)]
+    if unlogged:
+        raise ValueError(f"{family.name} reads {unlogged}, which these traces did not log (null at every at-risk "
+                         "position): compute the target's statistics for imported runs (`entropy-law entropy RUN "
+                         f"--model M`), or use a family in the entropy alone, such as '{PRIMARY_FALLBACK}'")
     missing = [c for c in family.extra_keys if c not in table.columns]
     if missing:
         raise ValueError(f"{family.name} needs at-risk columns {missing}: pass traces with a .rounds table (the "
@@ -328,6 +333,17 @@ def prepare_counts(traces, family: LawFamily, *, eps=atrisk.EPS_NATS, width_log1
         table = atrisk.aggregate_at_risk(table, bin_columns=family.bin_columns, eps=eps, width_log10=width_log10,
                                          keys=(*atrisk.KEY_COLUMNS, *family.extra_keys), extra_means=family.means)
     return atrisk.as_counts(table)
+
+
+def _statistics_read(family: LawFamily) -> set:
+    """The target statistics (tokens columns, ``atrisk.COVARIATES``) a family's fit reads."""
+    read = set(family.bin_columns) | set(family.means) | set(family.position_columns)
+    if family.needs_target_top1:
+        read.add("target_top1_prob")
+    terms = family.terms
+    read |= {c for c, term in (("target_renyi2_nats", "renyi2"), ("target_logit_gap", "logit_gap"),
+                               ("target_top1_prob", "target_miss")) if term in terms}
+    return read & set(atrisk.COVARIATES)
 
 
 def check_counts(counts: pd.DataFrame, family: LawFamily, *, min_requests_per_category: int = 5,
