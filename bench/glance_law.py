@@ -54,7 +54,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from entropy_law.law.analysis import TraceAnalysis  # noqa: E402
 from entropy_law.law.atrisk import at_risk_table  # noqa: E402
-from entropy_law.law.fit import get_family  # noqa: E402
+from entropy_law.law.fit import PRIMARY_FALLBACK, get_family  # noqa: E402
 from entropy_law.law.glance import (category_frame, fit_glance, glance_rounds, loco_glance,  # noqa: E402
                                     read_glance_rounds, round_scores)
 from entropy_law.plots.glance import glance_wins, loco_ours, primary_family  # noqa: E402
@@ -92,11 +92,14 @@ def covariate_laws(copy: bool, top1: bool, drafts: bool) -> list:
 
 def our_laws(copy: bool = False, top1: bool = False) -> dict:
     """name -> (family, root entropy only): the primary law (read at call time), the same with the root
-    entropy at every depth (GLANCE's information, plus D), and law_exp (the first primary law), for reference;
+    entropy at every depth (GLANCE's information, plus D), ``fit.PRIMARY_FALLBACK`` (the primary law of traces
+    without the target's top-1 probability) and law_exp (the first primary law), for reference;
     and the covariate laws without the drafter whose inputs are there (``covariate_laws``), each with its root
     variant (the root's entropy and covariates at every depth: known before the round)."""
     primary = primary_family()
     laws = {primary: (primary, False), f"{primary}_root": (primary, True)}
+    if primary != PRIMARY_FALLBACK:  # the primary of traces without the target's top-1 probability
+        laws[PRIMARY_FALLBACK] = (PRIMARY_FALLBACK, False)
     if primary != "law_exp":
         laws["law_exp"] = ("law_exp", False)
     for family, *_ in covariate_laws(copy, top1, drafts=False):  # without the drafter's confidence

@@ -196,3 +196,17 @@ def test_several_ar_models_are_listed_and_an_arm_without_speedup_says_why(tmp_pa
     assert set(an.measured_speedups()["arm"]) == {f"{MODEL_B}/ngram chain"}
     assert any(n.startswith(f"arm '{MODEL_A}/ngram chain': no timed AR run of the same model and machine")
                for n in sections["Notes"])
+
+
+def test_markdown_table_escapes_pipes_inside_cells():
+    """The LOCO table's header "mean |rel. error|" split one column into three (36 columns for 20)."""
+    import re
+
+    import pandas as pd
+
+    from entropy_law.jobs.report import markdown_table
+
+    table = markdown_table(pd.DataFrame({"arm": ["a|b"], "mean |rel. error|": [0.1234]}))
+    for line in table.splitlines():
+        assert len(re.split(r"(?<!\\)\|", line)) - 2 == 2  # two cells per row, whatever the cells hold
+    assert "mean \\|rel. error\\|" in table and "a\\|b" in table

@@ -53,12 +53,17 @@ def _fmt(value, digits: int = 3) -> str:
 
 
 def markdown_table(frame: pd.DataFrame, *, digits: int = 3, index: bool = False) -> str:
-    """A GitHub-flavoured Markdown table (numbers to ``digits`` significant digits, NaN as "–")."""
+    """A GitHub-flavoured Markdown table (numbers to ``digits`` significant digits, NaN as "–"; pipes in cells
+    escaped)."""
     if index:
         frame = frame.reset_index()
-    header = "| " + " | ".join(str(c) for c in frame.columns) + " |"
+
+    def cell(text) -> str:  # a pipe inside a cell ("|rel. error|") would end it: escaped
+        return str(text).replace("|", "\\|")
+
+    header = "| " + " | ".join(cell(c) for c in frame.columns) + " |"
     rule = "|" + "|".join("---" for _ in frame.columns) + "|"
-    body = ["| " + " | ".join(_fmt(v, digits) for v in row) + " |" for row in frame.itertuples(index=False)]
+    body = ["| " + " | ".join(cell(_fmt(v, digits)) for v in row) + " |" for row in frame.itertuples(index=False)]
     return "\n".join([header, rule, *body])
 
 
