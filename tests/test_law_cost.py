@@ -281,3 +281,17 @@ def test_a_speedup_that_crosses_1_twice_has_no_single_break_even(traces):
     assert len(pays.crossings) <= 1  # a law from traces of a known monotone law: one threshold
     two = dataclasses.replace(pays, crossings=crossings)
     assert two.breakeven_verdict.startswith("no single break-even entropy: the predicted speedup crosses 1 near 0.1")
+
+
+def test_an_infinite_end_of_the_break_even_interval_is_shown(traces):
+    """Replicates that pay at every entropy searched give an interval [low, inf]: it used to vanish from the
+    verdict ("pays below 2.65 nats", as if the estimate were exact); NaN ends (no replicate) still show none."""
+    pays = when_drafting_pays(traces, drafter="sim-block", n_boot=4, seed=1)
+    estimate = 1.0
+    summary = pays.summary.copy()
+    summary.loc["breakeven_entropy_nats", ["estimate", "ci_low", "ci_high"]] = [estimate, 0.8, np.inf]
+    shown = dataclasses.replace(pays, summary=summary, observed_entropy=(0.01, 3.0), crossings=[estimate])
+    assert shown.breakeven_verdict == "pays below 1.00 [0.80, ∞] nats (observed 0.01 to 3.00)"
+    summary.loc["breakeven_entropy_nats", ["ci_low", "ci_high"]] = [np.nan, np.nan]
+    none = dataclasses.replace(shown, summary=summary)
+    assert none.breakeven_verdict == "pays below 1.00 nats (observed 0.01 to 3.00)"

@@ -410,7 +410,9 @@ class DraftingPays(Result):
             return f"pays at every observed entropy (up to {hi_h:.2f} nats)"
         if estimate <= lo_h:
             return f"never pays at an observed entropy (from {lo_h:.2g} nats)"
-        interval = f" [{low:.2f}, {high:.2f}]" if np.isfinite(low) and np.isfinite(high) else ""
+        # an infinite end is shown (some replicates pay at every entropy searched), not dropped; NaN: no interval
+        interval = (f" [{low:.2f}, {'∞' if high == np.inf else f'{high:.2f}'}]"
+                    if not (np.isnan(low) or np.isnan(high)) else "")
         return f"pays below {estimate:.2f}{interval} nats (observed {lo_h:.2g} to {hi_h:.2f})"
 
     @property
