@@ -270,3 +270,23 @@ def test_on_the_shipped_timed_traces_the_primary_h_only_curve_falls():
     # inside the data it only flattens small rises (where the isotonic miss curve is flat and k < 0 lifts the curve)
     inside = (h > 0.1) & (h < 3.0)  # past the bump below 0.01 nats (0.970 -> 0.985) and before the rise
     assert np.max(raw[inside] - a[inside]) < 0.01 and np.mean(a[inside] == raw[inside]) > 0.5
+
+
+def test_a_law_in_p1_reports_w_beside_k(sim):
+    """k of a law in p1 is H's exponent at fixed p1 (negative on few requests): the law's derived parameters,
+    the analysis' law table and the report's law frame show w, the exponent of 1 - p1, beside it."""
+    from entropy_law.jobs.report import law_frame
+    from entropy_law.law.analysis import TraceAnalysis
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        an = TraceAnalysis(sim, n_boot=0)
+        law = an.law(an.arms[0])
+        d = law.derived
+        assert list(d.index[:2]) == ["k", "w"]
+        assert d.loc["w", "estimate"] == pytest.approx(law.result.params["log_target_miss"])
+        assert d.loc["w", "ci_low"] < d.loc["w", "estimate"] < d.loc["w", "ci_high"]
+        frame = law_frame(an)
+        assert "w: exponent of 1 − p₁ (95% CI)" in frame.columns
+        plain = law_frame(TraceAnalysis(sim, n_boot=0, family="law_exp_obs_ceil"))
+        assert not any(c.startswith("w:") for c in plain.columns)

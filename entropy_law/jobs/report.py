@@ -214,14 +214,17 @@ def pays_requests(analysis: TraceAnalysis, arm: str) -> float:
 
 
 def law_frame(analysis: TraceAnalysis) -> pd.DataFrame:
-    """Per arm: k, lambda at depth 1 (95% CI), trials, the requests those intervals rest on, break-even
+    """Per arm: k (and w, for a law in the target's top-1 probability), lambda at depth 1 (95% CI), trials, the
+    requests those intervals rest on, break-even
     entropy at constant H (bootstrap 95%), the requests its bootstrap resampled, and both verdicts in words: on
     the workload (``TraceAnalysis.workload``) and at constant entropy."""
     law = analysis.law_table()
     rows = []
     for r in law.to_dict("records"):
+        w = ({"w: exponent of 1 − p₁ (95% CI)": format_interval(r.get("w", np.nan), r.get("w_low"), r.get("w_high"))}
+             if "w" in law else {})  # a law in the target's top-1 probability p1 (k is then H's at fixed p1)
         rows.append({"arm": r["arm"],
-                     "k (95% CI)": format_interval(r.get("k", np.nan), r.get("k_low"), r.get("k_high")),
+                     "k (95% CI)": format_interval(r.get("k", np.nan), r.get("k_low"), r.get("k_high")), **w,
                      "λ at depth 1 (95% CI)": format_interval(r.get("lambda_d1", np.nan), r.get("lambda_d1_low"),
                                                               r.get("lambda_d1_high")),
                      "at-risk trials": r.get("trials", np.nan), "requests": r.get("requests", np.nan),
@@ -348,7 +351,11 @@ def results_markdown(analysis: TraceAnalysis, *, source: str = "") -> str:
              "above the physical bound, tokens per round × c(1)/c(N+1)); paired requests: how many prompts both "
              "decoded.", "",
              f"Fitted law `{analysis.family}` ({get_family(analysis.family).description}; k and λ at depth 1 "
-             "as `FittedLaw.derived` gives them, docs/law.md), 95% intervals clustered by request (CR1 "
+             "as `FittedLaw.derived` gives them, docs/law.md" + (
+                 "; k is the exponent of H at fixed p₁ and w that of 1 − p₁, so a negative k does not make the "
+                 "acceptance at entropy H alone rise: that answer is the steady state's, nonincreasing in H"
+                 if get_family(analysis.family).needs_target_top1 else "")
+             + "), 95% intervals clustered by request (CR1 "
              "sandwich, t with requests − 1 degrees of freedom); break-even entropy where the predicted decode "
              "speedup is 1 (request bootstrap); requests: how many requests each interval rests on (fewer than "
              f"{FEW_REQUESTS}: not measured reliably).", "",
@@ -548,7 +555,8 @@ def out_of_core_law_frame(laws: dict) -> pd.DataFrame:
             return format_interval(float(d.loc[key, "estimate"]), float(d.loc[key, "ci_low"]),
                                    float(d.loc[key, "ci_high"]))
 
-        rows.append({"arm": arm, "family": law.family.name, "k (95% CI)": interval("k"),
+        w = {"w: exponent of 1 − p₁ (95% CI)": interval("w")} if "w" in d.index else {}
+        rows.append({"arm": arm, "family": law.family.name, "k (95% CI)": interval("k"), **w,
                      "λ at depth 1 (95% CI)": interval(f"lambda[d={law.depths[0]}]"), "at-risk trials": law.n_rows,
                      "requests": law.n_requests, "note": ""})
     return pd.DataFrame(rows)
@@ -668,7 +676,9 @@ def terminal_summary(analysis: TraceAnalysis, measured: pd.DataFrame | None = No
     lines.append("")
     lines.append(f"fitted law {analysis.family} ({get_family(analysis.family).description}), 95% intervals")
     for r in law_frame(analysis).to_dict("records"):
-        lines.append(f"  {r['arm']}: k = {r['k (95% CI)']}, lambda[d=1] = {r['λ at depth 1 (95% CI)']}"
+        at_p1 = (f" at fixed p1, w = {r['w: exponent of 1 − p₁ (95% CI)']}" if "w: exponent of 1 − p₁ (95% CI)" in r
+                 else "")
+        lines.append(f"  {r['arm']}: k = {r['k (95% CI)']}{at_p1}, lambda[d=1] = {r['λ at depth 1 (95% CI)']}"
                      f"{_requests(r['requests'])}; drafting {r['drafting pays (workload)']}; at constant entropy "
                      f"{r['drafting pays (constant H)']}{_requests(r['break-even: requests'])}")
     lines += [f"  note: {n}" for n in few_requests_notes(analysis)]

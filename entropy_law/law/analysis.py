@@ -1031,15 +1031,16 @@ class TraceAnalysis:
         return self._cached("results", compute)
 
     def law_table(self) -> pd.DataFrame:
-        """Per arm: the law's exponent k and depth-1 rate lambda with their 95% intervals, the break-even
-        entropy (bootstrap interval) where the arm is timed."""
+        """Per arm: the law's exponent k (and w, the exponent of 1 - p1, for a law in the target's top-1
+        probability) and depth-1 rate lambda with their 95% intervals, the break-even entropy (bootstrap interval)
+        where the arm is timed."""
         rows = []
         for arm in self.arms:
             law = self.attempt("law", arm)
             row = dict(arm=arm)
             if law.ok:
                 d = law.value.derived
-                for name, key in (("k", "k"), ("lambda_d1", f"lambda[d={law.value.depths[0]}]")):
+                for name, key in (("k", "k"), ("w", "w"), ("lambda_d1", f"lambda[d={law.value.depths[0]}]")):
                     if key in d.index:
                         row[name], row[f"{name}_low"], row[f"{name}_high"] = (float(d.loc[key, "estimate"]),
                                                                               float(d.loc[key, "ci_low"]),

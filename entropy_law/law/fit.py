@@ -537,13 +537,18 @@ class FittedLaw(Result):
     @property
     def derived(self) -> pd.DataFrame:
         """Interpretable parameters: exponent ``k`` and rates ``lambda[d=j]`` (cloglog / power laws), with
-        intervals on the same t(G - 1) (or normal) quantile as the coefficients."""
+        intervals on the same t(G - 1) (or normal) quantile as the coefficients; for a law in the target's top-1
+        probability p1 also ``w``, the exponent of 1 - p1 + 1e-3 (``k`` is then H's exponent at fixed p1)."""
         if self.result is None or self.family.slope is None:
             return pd.DataFrame()
         q = self.critical_value
         rows = {}
         est, se = self.linear_combination({self.family.slope: 1.0})
         rows["k" if self.family.slope.startswith("log_") else "slope"] = (est, se, est - q * se, est + q * se)
+        if "log_target_miss" in self.result.params.index:
+            # a law in the target's top-1 probability: k is H's exponent at fixed p1, w that of 1 - p1
+            est, se = self.linear_combination({"log_target_miss": 1.0})
+            rows["w"] = (est, se, est - q * se, est + q * se)
         if self.family.outcome == "rejection" and "Intercept" in self.result.params.index:
             rate = "lambda" if self.family.link == "cloglog" else "c"
             for d in self.depths:
