@@ -770,3 +770,32 @@ def test_a_workload_prediction_reads_the_copyability_where_both_hold_it():
             assert any("entropy-binned only: the workload holds no context's copyability" in x for x in preds[1].notes)
     by_copy, entropy_only = np.mean(errors, axis=0)
     assert by_copy < 0.6 * entropy_only, errors
+
+
+def test_a_workload_without_the_targets_top1_probability_is_priced_by_the_fallback_law(capsys, tmp_path):
+    """An AR run that logs the target entropy alone (another engine): the primary law reads p1 at every position,
+    so `entropy-law predict` prices it with PRIMARY_FALLBACK and says so, instead of failing."""
+    import shutil
+    from pathlib import Path
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from entropy_law.cli import main
+    from entropy_law.law.fit import PRIMARY_FALLBACK
+
+    timed = Path(__file__).resolve().parents[1] / "data" / "traces_timed"
+    workload = tmp_path / "ar"
+    shutil.copytree(timed / "ar", workload)
+    for path in workload.glob("shards/*/tokens.parquet"):
+        table = pq.read_table(path)
+        for name in ("target_renyi2_nats", "target_top1_prob", "target_top2_prob", "target_logit_gap"):
+            field = table.schema.field(name)
+            table = table.set_column(table.schema.get_field_index(name), field, pa.nulls(table.num_rows, field.type))
+        pq.write_table(table, path)
+    assert main(["predict", str(workload), "--from", str(timed), "--drafter", "ngram chain", "--n-boot", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith(f"law: {PRIMARY_FALLBACK}, not the primary {PRIMARY_FAMILY}")
+    assert "entropy-law entropy" in lines[0]
+    assert lines[1] == f"will drafting pay on this workload? ngram chain ({PRIMARY_FALLBACK}), from its target entropies"
+    assert next(x for x in lines if x.startswith("all")).split()[1] in ("pays", "does", "unclear")
