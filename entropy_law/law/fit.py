@@ -222,7 +222,8 @@ EPS_GRID = (1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1.0)
 # covariates ``FittedLaw.steady_state`` sets as functions of H (the steady state's envelope watches them), and
 # the grid its running minimum is taken on (nats; the break-even search reaches BREAKEVEN_BOUNDS' 20)
 STEADY_H_COLUMNS = ("lag_entropy_nats", "log_target_miss")
-_derived_of = {"target_top1_prob": "log_target_miss", "target_miss_prob": "log_target_miss"}  # raw -> its term
+# a caller's raw input -> the steady-state term it replaces
+_RAW_TERM = {"target_top1_prob": "log_target_miss", "target_miss_prob": "log_target_miss"}
 STEADY_GRID_MAX_NATS = 25.0
 STEADY_GRID_POINTS = 256
 
@@ -678,8 +679,8 @@ class FittedLaw(Result):
             frame["drafter_id"] = drafter
         accept = self.predict_frame(frame)
         # the envelope applies where H alone was given: none of the inputs that move with H came from the caller
-        given = {name for name in covariates} | {_derived_of.get(name, name) for name in covariates}
-        filled = [n for n in STEADY_H_COLUMNS if n in frame and n not in given]
+        given = set(covariates) | {_RAW_TERM.get(name, name) for name in covariates}
+        filled = [n for n in STEADY_H_COLUMNS if n in frame]
         if filled and not given & set(STEADY_H_COLUMNS) and self.family.link != "isotonic":
             accept = self._steady_envelope(frame, accept, filled)
         return accept.reshape(shape)
@@ -690,8 +691,9 @@ class FittedLaw(Result):
         nonincreasing in H: the lowest acceptance at any entropy in [0, H] (its running minimum on a grid).
         A law in H and p1 can trade one for the other (few requests: the H coefficient negative, the p1 one
         positive) and then its H-only curve rises again where the miss curve stops (beyond the trials' largest
-        entropy). On a law whose curve already falls with H (every arm of data/traces) nothing changes; the
-        per-position predictions (DP, trials) never pass here."""
+        entropy; the n-gram arms of data/traces_timed) or where the isotonic miss curve is flat. On a law whose
+        curve falls with H on the grid nothing changes (the block arms of data/traces); the per-position
+        predictions (DP, trials, a caller that gives p1 or H_prev) never pass here."""
         h = frame["target_entropy_nats"].to_numpy(dtype=float)
         keys = [c for c in frame.columns if c not in ("target_entropy_nats", *filled)]
         out = accept.copy()
