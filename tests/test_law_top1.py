@@ -290,3 +290,25 @@ def test_a_law_in_p1_reports_w_beside_k(sim):
         assert "w: exponent of 1 − p₁ (95% CI)" in frame.columns
         plain = law_frame(TraceAnalysis(sim, n_boot=0, family="law_exp_obs_ceil"))
         assert not any(c.startswith("w:") for c in plain.columns)
+
+
+def test_glances_slope_condition_reads_the_total_effect_of_entropy():
+    """GLANCE's holds() asks every LOCO fold's slope to be positive. For a law in H and p1, k is H's exponent at
+    fixed p1 and turns negative where the two trade (3 requests here; two block-chain folds of data/traces);
+    ``law_slope`` is the exponent of the law's H-only curve over the fitted entropies, k itself for law_exp."""
+    from entropy_law.plots.glance import law_slope
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        traces = simulate_traces(seed=0, n_requests_per_category=1, categories=["qa", "rag", "math_reasoning"],
+                                 include_ar=True, tokens_per_request=(40, 60))
+        rows = one_drafter(atrisk.at_risk_table(traces))
+        top1 = fit_law(rows, "law_exp_obs_ceil_top1", cov_type="nonrobust")
+        plain = fit_law(rows, "law_exp", cov_type="nonrobust")
+    assert law_slope(plain) == plain.derived.loc["k", "estimate"]  # a law in H alone: k
+    k = top1.derived.loc["k", "estimate"]
+    assert k < 0 < law_slope(top1)  # the simulated acceptance falls with H; k alone says the opposite
+    # what law_slope measures: the H-only curve's cloglog slope over the fitted range, recomputed by hand
+    h = np.geomspace(0.05, 2.0, 30)
+    a = top1.predict_acceptance(h, 1, **top1.steady_state(h))
+    assert np.polyfit(np.log(h + top1.eps), np.log(-np.log(a)), 1)[0] > 0

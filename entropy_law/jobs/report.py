@@ -221,8 +221,9 @@ def law_frame(analysis: TraceAnalysis) -> pd.DataFrame:
     law = analysis.law_table()
     rows = []
     for r in law.to_dict("records"):
-        w = ({"w: exponent of 1 − p₁ (95% CI)": format_interval(r.get("w", np.nan), r.get("w_low"), r.get("w_high"))}
-             if "w" in law else {})  # a law in the target's top-1 probability p1 (k is then H's at fixed p1)
+        # a law in the target's top-1 probability p1 (k is then H's exponent at fixed p1)
+        w = ({"w: exponent of 1 − p₁ (95% CI)": format_interval(r.get("w", np.nan), r.get("w_low"),
+                                                                r.get("w_high"))} if "w" in law else {})
         rows.append({"arm": r["arm"],
                      "k (95% CI)": format_interval(r.get("k", np.nan), r.get("k_low"), r.get("k_high")), **w,
                      "λ at depth 1 (95% CI)": format_interval(r.get("lambda_d1", np.nan), r.get("lambda_d1_low"),

@@ -719,8 +719,8 @@ def round_scores(rounds: pd.DataFrame, predicted, *, slope, slope_max: float = B
     against the mean of a in each of ``bins`` root-entropy quantile bins of >= 5 rounds: for GLANCE's law
     this is near, not equal to, its own ``r2_curve``, which evaluates the law at the bin's mean entropy),
     ``r2_round``, ``r2_ceiling``, ``frac_of_ceiling``, Spearman rho of (H, a) and ``holds`` with the four
-    ``checks`` (``slope``: the law's entropy slope, b1 for GLANCE's law, k for ours, one value or one per
-    LOCO fold; ``slope_max``: its bound, ``inf`` for a law without one)."""
+    ``checks`` (``slope``: the law's entropy slope, b1 for GLANCE's law, ``plots.glance.law_slope`` for ours, one
+    value or one per LOCO fold; ``slope_max``: its bound, ``inf`` for a law without one)."""
     h = rounds["entropy"].to_numpy(dtype=float)
     a = rounds["accepted"].to_numpy(dtype=float)
     pred = np.asarray(predicted, dtype=float)

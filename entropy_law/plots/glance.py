@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from entropy_law.law import glance
+from entropy_law.law import fit, glance
 from entropy_law.law.atrisk import at_risk_table
 from entropy_law.law.fit import fit_law
 from entropy_law.plots.style import short_message, unavailable
@@ -36,9 +36,27 @@ def primary_family(view=None) -> str:
 
 
 def law_slope(law) -> float:
-    """The fitted law's entropy exponent ``k`` (or slope): the first derived parameter; NaN where none."""
+    """The fitted law's exponent of entropy, the slope GLANCE's ``holds()`` asks to be positive: ``k`` (the first
+    derived parameter) for a law in H alone. For a cloglog law whose H-only answer moves other inputs with H (the
+    previous position's entropy = H, the target's top-1 miss at that entropy: ``fit.STEADY_H_COLUMNS``), the
+    least-squares slope of log(-log a) on log(H + c) along its H-only curve at depth 1 (the steady state, before
+    its envelope) over the fitted trials' 5-95% entropy range: k itself for ``law_exp``, and for a law in H and p1
+    the total effect of entropy, where k alone is H's at fixed p1 (negative in folds where the two trade). NaN
+    where none."""
     derived = law.derived
-    return float(derived["estimate"].iloc[0]) if len(derived) else float("nan")
+    k = float(derived["estimate"].iloc[0]) if len(derived) else float("nan")
+    steady = [c for c in fit.STEADY_H_COLUMNS if c in law.family.means]
+    if not steady or law.family.link != "cloglog" or law.counts is None or not np.isfinite(k):
+        return k
+    h, n = law.counts["target_entropy_nats"].to_numpy(float), law.counts["n"].to_numpy(float)
+    order = np.argsort(h)
+    share = np.cumsum(n[order]) / n.sum()
+    low, high = h[order][np.searchsorted(share, 0.05)], h[order][min(np.searchsorted(share, 0.95), len(h) - 1)]
+    if not high > low:
+        return k
+    grid = np.geomspace(max(low, 1e-4), high, 50)
+    accept = law.predict_acceptance(grid, 1, **law.steady_state(grid))  # given: the envelope does not apply
+    return float(np.polyfit(np.log(grid + law.eps), np.log(-np.log(accept)), 1)[0])
 
 
 def loco_ours(view, arm: str, rounds: pd.DataFrame, family: str, *, root_only=False,
@@ -159,7 +177,8 @@ def glance_section(an) -> tuple[str, pd.DataFrame, list[str]]:
     notes.append("GLANCE side by side: mse = mean squared error of the accepted drafts per round; category_mean_mae = "
                  "|mean predicted - mean observed| per category, averaged; r2_curve = R^2 of the mean prediction "
                  "against the mean accepted drafts in 10 root-entropy quantile bins; r2_round / r2_ceiling = "
-                 "frac_of_ceiling; holds = GLANCE's four conditions (slope: every LOCO fold's b1 or k)")
+                 "frac_of_ceiling; holds = GLANCE's four conditions (slope: every LOCO fold's b1, or our law's "
+                 "exponent of entropy along its H-only curve, plots.glance.law_slope: k for a law in H alone)")
     columns = ["arm", "law", "rounds", "mean accepted", *SCORE_COLUMNS]
     return title, pd.DataFrame(rows, columns=columns), notes
 
