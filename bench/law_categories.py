@@ -220,9 +220,10 @@ def main(argv=None) -> dict:
 
     primary = winner
     if primary != PRIMARY_FAMILY:
+        read = get_family(PRIMARY_FAMILY).position_columns
+        extra = [c for c in get_family(primary).position_columns if c not in read]
         print(f"sections 2-5 evaluate the rule's winner {primary} (PRIMARY_FAMILY {PRIMARY_FAMILY} on traces "
-              f"without its columns {list(get_family(primary).position_columns)}); its goals below are the ones "
-              "that count here")
+              f"without its columns {extra}); its goals below are the ones that count here")
     results, lines = {}, []
     for arm in arms:
         view = views[arm]
