@@ -312,3 +312,11 @@ def test_glances_slope_condition_reads_the_total_effect_of_entropy():
     h = np.geomspace(0.05, 2.0, 30)
     a = top1.predict_acceptance(h, 1, **top1.steady_state(h))
     assert np.polyfit(np.log(h + top1.eps), np.log(-np.log(a)), 1)[0] > 0
+    # a drafter-aware law: its own statistics at their training means (the bench crashed on it without them)
+    confident = rows.assign(draft_top1_prob=np.random.default_rng(0).uniform(0.2, 0.99, len(rows)))
+    atrisk.add_log_covariates(confident)
+    confident.attrs.update(rows.attrs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        aware = fit_law(confident, "law_exp_obs_ceil_drafttop", cov_type="nonrobust")
+    assert np.isfinite(aware.result.params["log_draft_miss"]) and np.isfinite(law_slope(aware))

@@ -40,9 +40,9 @@ def law_slope(law) -> float:
     derived parameter) for a law in H alone. For a cloglog law whose H-only answer moves other inputs with H (the
     previous position's entropy = H, the target's top-1 miss at that entropy: ``fit.STEADY_H_COLUMNS``), the
     least-squares slope of log(-log a) on log(H + c) along its H-only curve at depth 1 (the steady state, before
-    its envelope) over the fitted trials' 5-95% entropy range: k itself for ``law_exp``, and for a law in H and p1
-    the total effect of entropy, where k alone is H's at fixed p1 (negative in folds where the two trade). NaN
-    where none."""
+    its envelope; a drafter-aware law's own statistics at their training means) over the fitted trials' 5-95%
+    entropy range: k itself for ``law_exp``, and for a law in H and p1 the total effect of entropy, where k alone
+    is H's at fixed p1 (negative in folds where the two trade). NaN where none."""
     derived = law.derived
     k = float(derived["estimate"].iloc[0]) if len(derived) else float("nan")
     steady = [c for c in fit.STEADY_H_COLUMNS if c in law.family.means]
@@ -55,7 +55,12 @@ def law_slope(law) -> float:
     if not high > low:
         return k
     grid = np.geomspace(max(low, 1e-4), high, 50)
-    accept = law.predict_acceptance(grid, 1, **law.steady_state(grid))  # given: the envelope does not apply
+    # the drafter's own statistics (a drafter-aware law) at their training means, as the steady state holds
+    # the other slow inputs; given covariates: the envelope does not apply
+    drafter = {c: float(np.average(law.counts[c], weights=n)) for c in law.family.draft_stats if c in law.counts}
+    if len(drafter) < len(law.family.draft_stats):
+        return k
+    accept = law.predict_acceptance(grid, 1, **law.steady_state(grid), **drafter)
     return float(np.polyfit(np.log(grid + law.eps), np.log(-np.log(accept)), 1)[0])
 
 
