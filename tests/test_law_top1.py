@@ -30,6 +30,17 @@ def sim():
 
 
 @pytest.fixture(scope="module")
+def traded():
+    """At-risk trials of 3 simulated requests whose acceptance depends on H alone: the law in H and p1 fitted on
+    them trades one for the other (k < 0 < w)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        traces = simulate_traces(seed=0, n_requests_per_category=1, categories=["qa", "rag", "math_reasoning"],
+                                 include_ar=True, tokens_per_request=(40, 60))
+        return one_drafter(atrisk.at_risk_table(traces))
+
+
+@pytest.fixture(scope="module")
 def redrawn(sim):
     """One drafter's at-risk trials with p1 perturbed per position (so that it is not a function of H) and the
     outcome redrawn from a hazard in H and in the miss probability with the known exponent ``TRUE_W``."""
@@ -174,17 +185,15 @@ def test_the_target_miss_curve_rises_with_the_entropy_and_keeps_the_mean():
     assert np.average(values, weights=n) == pytest.approx(np.average(miss, weights=n))
 
 
-def test_the_h_only_curve_never_rises_with_the_entropy():
+def test_the_h_only_curve_never_rises_with_the_entropy(traded):
     """Three requests: the fit trades H for p1 (negative H exponent, positive miss exponent), and the law's
     H-only steady state rose again beyond the trials' largest entropy (0.35 at 2 nats, 0.51 at 8). The steady
     state's envelope keeps it nonincreasing; given p1, and along a sequence (the DP), the law is unchanged."""
     from entropy_law.law.fit import STEADY_GRID_MAX_NATS
 
+    rows = traded
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        traces = simulate_traces(seed=0, n_requests_per_category=1, categories=["qa", "rag", "math_reasoning"],
-                                 include_ar=True, tokens_per_request=(40, 60))
-        rows = one_drafter(atrisk.at_risk_table(traces))
         law = fit_law(rows, "law_exp_obs_ceil_top1", cov_type="nonrobust")
     assert law.result.params["log_entropy"] < 0 < law.result.params["log_target_miss"]  # the trade, as seen
     h = np.geomspace(1e-3, 30.0, 400)
@@ -292,17 +301,15 @@ def test_a_law_in_p1_reports_w_beside_k(sim):
         assert not any(c.startswith("w:") for c in plain.columns)
 
 
-def test_glances_slope_condition_reads_the_total_effect_of_entropy():
+def test_glances_slope_condition_reads_the_total_effect_of_entropy(traded):
     """GLANCE's holds() asks every LOCO fold's slope to be positive. For a law in H and p1, k is H's exponent at
     fixed p1 and turns negative where the two trade (3 requests here; two block-chain folds of data/traces);
     ``law_slope`` is the exponent of the law's H-only curve over the fitted entropies, k itself for law_exp."""
     from entropy_law.plots.glance import law_slope
 
+    rows = traded
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        traces = simulate_traces(seed=0, n_requests_per_category=1, categories=["qa", "rag", "math_reasoning"],
-                                 include_ar=True, tokens_per_request=(40, 60))
-        rows = one_drafter(atrisk.at_risk_table(traces))
         top1 = fit_law(rows, "law_exp_obs_ceil_top1", cov_type="nonrobust")
         plain = fit_law(rows, "law_exp", cov_type="nonrobust")
     assert law_slope(plain) == plain.derived.loc["k", "estimate"]  # a law in H alone: k
