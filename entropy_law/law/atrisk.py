@@ -31,6 +31,9 @@ EPS_PROB = 1e-3  # offset of log(1 - p + eps) for a top-1 probability, the draft
 NEGATIVE_TOLERANCE = 1e-5  # fp32 round-off: entropies in [-1e-5, 0) are set to 0, below that is an error
 
 KEY_COLUMNS = ("drafter_id", "category", "request_id", "depth")
+# the tokens columns a law's DP may read at every output position besides the entropy -> the ``LawFamily.means``
+# entry that marks a law in it (``needs_context_match``, ``needs_target_top1``); ``sequences_of`` reads them
+POSITION_COLUMNS = {"context_match": "context_match", "target_top1_prob": "log_target_miss"}
 COVARIATES = ("target_entropy_nats", "target_renyi2_nats", "target_top1_prob", "target_logit_gap")
 NONNEGATIVE = ("target_entropy_nats", "target_renyi2_nats", "target_logit_gap")
 # derived columns (means within an aggregated cell are taken of these directly)
@@ -93,6 +96,28 @@ def validate_covariates(frame: pd.DataFrame, columns: Sequence[str], *, on_inval
             )
         frame = frame.loc[~bad].reset_index(drop=True)
     return frame
+
+
+def sequences_of(tokens: pd.DataFrame) -> pd.DataFrame:
+    """``transfer.entropy_sequences`` of these token rows (any runs: a workload recorded by AR, or an imported one); with a
+    ``context_match`` (the context's copyability) or ``target_top1_prob`` column also each request's array of it
+    (``POSITION_COLUMNS``; None where the request has a null)."""
+    present = [c for c in POSITION_COLUMNS if c in tokens.columns]
+    tokens = tokens[["run_id", "request_id", "category", "position", "target_entropy_nats", *present]]
+    tokens = validate_covariates(tokens, ["target_entropy_nats"])
+    tokens = tokens.sort_values(["run_id", "request_id", "position"])
+    out = []
+    for (run_id, request_id), group in tokens.groupby(["run_id", "request_id"], sort=False):
+        pos = group["position"].to_numpy()
+        if not np.array_equal(pos, np.arange(len(pos))):
+            raise ValueError(f"request {request_id} of run {run_id}: output positions are not 0..T-1 without gaps")
+        row = dict(run_id=run_id, request_id=request_id, category=group["category"].iloc[0],
+                   entropy=group["target_entropy_nats"].to_numpy(dtype=float))
+        for column in present:
+            values = group[column].to_numpy(dtype=float, na_value=np.nan)
+            row[column] = None if np.isnan(values).any() else values
+        out.append(row)
+    return pd.DataFrame(out)
 
 
 def at_risk_table(

@@ -46,9 +46,9 @@ from entropy_law.law.stats import warn_if_few_requests
 SPLINE_BOUNDS = (np.log(atrisk.EPS_NATS) - 1e-9, np.log(20.0))  # log(H + eps) range the spline covers
 
 
-# the tokens columns a law's DP may read at every output position besides the entropy -> the ``LawFamily.means``
-# entry that marks a law in it (``needs_context_match``, ``needs_target_top1``)
-POSITION_COLUMNS = {"context_match": "context_match", "target_top1_prob": "log_target_miss"}
+# the tokens columns a law's DP may read at every output position besides the entropy (``atrisk``, where the
+# sequences are read)
+POSITION_COLUMNS = atrisk.POSITION_COLUMNS
 
 
 @dataclass(frozen=True)

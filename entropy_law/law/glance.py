@@ -600,27 +600,21 @@ def loco_glance(rounds: pd.DataFrame, *, form: str = "code", cap: float = CAP) -
 
 def _entropy_by_request(traces, run_ids, *, columns: tuple = ()) -> tuple[dict, np.ndarray, dict]:
     """(run_id, request_id) -> (offset, T) into one flat array of entropies at output positions 0..T-1, and the
-    tokens' per-position ``columns`` (of ``fit.POSITION_COLUMNS``) in the same order, by name (None where the
-    traces lack one at some position)."""
+    tokens' per-position ``columns`` (of ``atrisk.POSITION_COLUMNS``) in the same order, by name (None where the
+    traces lack one at some position): ``atrisk.sequences_of`` (its checks) laid end to end."""
     tokens = traces.tokens
-    present = [c for c in columns if c in tokens.columns]
-    tokens = tokens.loc[tokens["run_id"].astype(str).isin(set(run_ids)),
-                        ["run_id", "request_id", "position", "target_entropy_nats", *present]]
-    tokens = tokens.astype({"run_id": str, "request_id": str}).sort_values(["run_id", "request_id", "position"],
-                                                                            kind="stable")
-    tokens = atrisk.validate_covariates(tokens, ["target_entropy_nats"])
-    where, offset = {}, 0
-    for key, part in tokens.groupby(["run_id", "request_id"], sort=False):
-        n = len(part)
-        if not np.array_equal(part["position"].to_numpy(), np.arange(n)):
-            raise ValueError(f"request {key[1]} of run {key[0]}: output positions are not 0..T-1 without gaps")
-        where[key] = (offset, n)
-        offset += n
+    sequences = atrisk.sequences_of(tokens.loc[tokens["run_id"].astype(str).isin(set(run_ids))])
+    if sequences.empty:
+        return {}, np.zeros(0), dict.fromkeys(columns)
+    lengths = [len(e) for e in sequences["entropy"]]
+    offsets = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    where = {(str(run), str(request)): (int(offset), n) for run, request, offset, n in
+             zip(sequences["run_id"], sequences["request_id"], offsets, lengths)}
     values = {}
     for column in columns:
-        v = tokens[column].to_numpy(dtype=float, na_value=np.nan) if column in present else None
-        values[column] = None if v is None or np.isnan(v).any() else v
-    return where, tokens["target_entropy_nats"].to_numpy(dtype=float), values
+        arrays = list(sequences[column]) if column in sequences else [None]
+        values[column] = None if any(a is None for a in arrays) else np.concatenate(arrays).astype(float)
+    return where, np.concatenate(list(sequences["entropy"])), values
 
 
 def law_round_expectations(law, traces, rounds: pd.DataFrame | None = None, *, root_only: bool = False,

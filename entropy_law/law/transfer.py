@@ -31,7 +31,8 @@ from scipy import stats
 
 from entropy_law.law import arms, atrisk
 from entropy_law.law.blocks import expected_round_counts, iid_tokens_per_round
-from entropy_law.law.fit import POSITION_COLUMNS, FittedLaw, LawFamily, fit_law, get_family, prepare_counts
+from entropy_law.law.atrisk import sequences_of  # noqa: F401  (transfer.sequences_of: its public name)
+from entropy_law.law.fit import FittedLaw, LawFamily, fit_law, get_family, prepare_counts
 from entropy_law.law.results import Result
 from entropy_law.law.stats import exact_spearman_p
 from entropy_law.traces.stats import CONTEXT_MATCH_MAX
@@ -59,28 +60,6 @@ def entropy_sequences(traces, drafter: str) -> pd.DataFrame:
     ``entropy`` (array over output positions 0..T-1). Raises on gaps, NaN or negative entropies."""
     runs = traces.runs.loc[traces.runs["drafter_id"] == drafter, "run_id"]
     return sequences_of(traces.tokens.loc[traces.tokens["run_id"].isin(runs)])
-
-
-def sequences_of(tokens: pd.DataFrame) -> pd.DataFrame:
-    """``entropy_sequences`` of these token rows (any runs: a workload recorded by AR, or an imported one); with a
-    ``context_match`` (the context's copyability) or ``target_top1_prob`` column also each request's array of it
-    (``fit.POSITION_COLUMNS``; None where the request has a null)."""
-    present = [c for c in POSITION_COLUMNS if c in tokens.columns]
-    tokens = tokens[["run_id", "request_id", "category", "position", "target_entropy_nats", *present]]
-    tokens = atrisk.validate_covariates(tokens, ["target_entropy_nats"])
-    tokens = tokens.sort_values(["run_id", "request_id", "position"])
-    out = []
-    for (run_id, request_id), group in tokens.groupby(["run_id", "request_id"], sort=False):
-        pos = group["position"].to_numpy()
-        if not np.array_equal(pos, np.arange(len(pos))):
-            raise ValueError(f"request {request_id} of run {run_id}: output positions are not 0..T-1 without gaps")
-        row = dict(run_id=run_id, request_id=request_id, category=group["category"].iloc[0],
-                   entropy=group["target_entropy_nats"].to_numpy(dtype=float))
-        for column in present:
-            values = group[column].to_numpy(dtype=float, na_value=np.nan)
-            row[column] = None if np.isnan(values).any() else values
-        out.append(row)
-    return pd.DataFrame(out)
 
 
 def sequence_context(law, rec) -> dict:
