@@ -49,7 +49,7 @@ def register(subparsers) -> None:
 def run(args) -> int:
     # lazy: `entropy-law --help` imports every command module; the law layer (pandas, scipy) loads only here
     from entropy_law.law.analysis import make_view
-    from entropy_law.law.fit import PRIMARY_FAMILY, fit_law, primary_family
+    from entropy_law.law.fit import PRIMARY_FAMILY, fallback_note, fit_law, primary_family
     from entropy_law.law.hypotheses import preregistered_tests
     from entropy_law.law.simulate import TreeSpec, simulate_traces
     from entropy_law.law.transfer import block_prediction, loco_transfer
@@ -100,8 +100,7 @@ def run(args) -> int:
         traces = make_view(loaded)
     if defaulted and primary_family(traces.tokens) != PRIMARY_FAMILY:
         args.family = primary_family(traces.tokens)
-        print(f"law: {args.family}, not the primary {PRIMARY_FAMILY}: these traces do not hold the target's top-1 "
-              "probability at every token (compute it for imported runs: `entropy-law entropy RUN --model M`)")
+        print(fallback_note(args.family))
     proposals = None
     if args.loco and args.loco_depths == "replayed":
         from entropy_law.traces.proposals import read_proposals

@@ -107,7 +107,7 @@ def run(args) -> int:
 
         workload = with_context_match(workload, args.model, args.tasks, what=f"the workload {args.workload}")
         arm_traces = with_context_match(arm_traces, args.model, what=f"--from {args.arm_traces}")
-    from entropy_law.law.fit import PRIMARY_FAMILY, primary_family
+    from entropy_law.law.fit import PRIMARY_FAMILY, fallback_note, primary_family
 
     # the law prices the workload's own sequences: a workload without the target's top-1 probability at every token
     # (an AR run recorded by another engine) is priced by the primary law of such traces, said in the notes
@@ -115,8 +115,7 @@ def run(args) -> int:
     analysis = TraceAnalysis(arm_traces, n_boot=args.n_boot, seed=args.seed,
                              **({} if family == PRIMARY_FAMILY else {"family": family}))
     if family != PRIMARY_FAMILY:
-        print(f"law: {family}, not the primary {PRIMARY_FAMILY}: the workload {args.workload} does not hold the "
-              "target's top-1 probability at every token (compute it: `entropy-law entropy RUN --model M`)")
+        print(fallback_note(family, f"the workload {args.workload}"))
     arms = args.drafter or analysis.arms
     if not arms:
         raise ValueError(f"{args.arm_traces} holds no drafting arm: --from needs trace runs of a drafter (and AR)")

@@ -46,7 +46,7 @@ from entropy_law.law.arms import AR_LABEL, run_arms
 from entropy_law.law.compare import category_share_of_gain, compare_laws
 from entropy_law.law.cost import (MIN_PAIRED_REQUESTS, UNRELIABLE, paired_speedup_interval, pooled_log_speedup_sd,
                                   priced_cost_model, speed_verdict, when_drafting_pays)
-from entropy_law.law.fit import PRIMARY_FAMILY, fit_law, get_family, primary_family
+from entropy_law.law.fit import PRIMARY_FAMILY, fallback_note, fit_law, get_family, primary_family
 from entropy_law.law.hypotheses import universality_test
 from entropy_law.law.transfer import block_prediction, loco_transfer, sequences_of
 from entropy_law.law.workload import predict_workload, price_rounds, round_counts, workload_breakeven
@@ -145,10 +145,7 @@ class TraceAnalysis:
         self.notes: list[str] = []
         if family is None:  # the primary law these traces support (fit.primary_family)
             family = primary_family(self.view.tokens)
-            if family != PRIMARY_FAMILY:
-                self.notes.append(f"law: {family}, not the primary {PRIMARY_FAMILY}: these traces do not hold the "
-                                  "target's top-1 probability at every token (compute it for imported runs: "
-                                  "`entropy-law entropy RUN --model M`)")
+            self.notes += [n for n in (fallback_note(family),) if n]
         self.family = family
         self.n_boot = int(n_boot)
         self.seed = int(seed)

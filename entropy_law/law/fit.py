@@ -235,6 +235,14 @@ PRIMARY_FAMILY = "law_exp_obs_ceil_top1"
 PRIMARY_FALLBACK = "law_exp_obs_ceil"
 
 
+def fallback_note(family: str, what: str = "these traces") -> str | None:
+    """Why ``family`` (``primary_family``'s choice) is not ``PRIMARY_FAMILY``, with what to do; None where it is."""
+    if family == PRIMARY_FAMILY:
+        return None
+    return (f"law: {family}, not the primary {PRIMARY_FAMILY}: the target's top-1 probability is missing at some "
+            f"token of {what} (compute it for imported runs: `entropy-law entropy RUN --model M`)")
+
+
 def primary_family(tokens=None) -> str:
     """The primary law for traces whose tokens table is ``tokens``: ``PRIMARY_FAMILY`` where every token holds
     the target's top-1 probability (``target_top1_prob``), else ``PRIMARY_FALLBACK``; no table:
@@ -337,14 +345,9 @@ def prepare_counts(traces, family: LawFamily, *, eps=atrisk.EPS_NATS, width_log1
 
 
 def _statistics_read(family: LawFamily) -> set:
-    """The target statistics (tokens columns, ``atrisk.COVARIATES``) a family's fit reads."""
-    read = set(family.bin_columns) | set(family.means) | set(family.position_columns)
-    if family.needs_target_top1:
-        read.add("target_top1_prob")
-    terms = family.terms
-    read |= {c for c, term in (("target_renyi2_nats", "renyi2"), ("target_logit_gap", "logit_gap"),
-                               ("target_top1_prob", "target_miss")) if term in terms}
-    return read & set(atrisk.COVARIATES)
+    """The target statistics (tokens columns, ``atrisk.COVARIATES``) a family's fit reads: those it bins on
+    (``bin_columns``: Renyi-2, the logit gap) and those it reads per position (``position_columns``: p1)."""
+    return (set(family.bin_columns) | set(family.position_columns)) & set(atrisk.COVARIATES)
 
 
 def check_counts(counts: pd.DataFrame, family: LawFamily, *, min_requests_per_category: int = 5,

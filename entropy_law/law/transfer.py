@@ -31,7 +31,7 @@ from scipy import stats
 
 from entropy_law.law import arms, atrisk
 from entropy_law.law.blocks import expected_round_counts, iid_tokens_per_round
-from entropy_law.law.atrisk import sequences_of  # noqa: F401  (transfer.sequences_of: its public name)
+from entropy_law.law.atrisk import sequences_of
 from entropy_law.law.fit import FittedLaw, LawFamily, fit_law, get_family, prepare_counts
 from entropy_law.law.results import Result
 from entropy_law.law.stats import exact_spearman_p
