@@ -12,15 +12,13 @@ from entropy_law.law import atrisk
 from entropy_law.law.compare import (DEPTH_ONLY, Comparison, category_share_of_gain, choose_primary, compare_laws)
 from entropy_law.law.fit import FAMILIES, PRIMARY_FAMILY, fit_law, get_family, with_category_terms
 from entropy_law.law.simulate import simulate_traces
-from tests.traces_helpers import one_drafter
+from tests.traces_helpers import assert_recovered, one_drafter, quiet_simulation
 from tests.traces_helpers import redrawn as redraw
 
 
 @pytest.fixture(scope="module")
 def sim():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return simulate_traces(seed=3, n_requests_per_category=8, tokens_per_request=(60, 90))
+    return quiet_simulation(seed=3, n_requests_per_category=8, tokens_per_request=(60, 90))
 
 
 @pytest.fixture(scope="module")
@@ -274,13 +272,7 @@ def test_drafter_top1_probability_is_carried_and_a_known_effect_recovered(sim):
     k, m = 0.7, 0.5
     hazard = 0.8 * (table["target_entropy_nats"] + 1e-3) ** k * np.exp(m * table["log_draft_miss"])
     redrawn = redraw(table, hazard, rng)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        law = fit_law(redrawn, "law_exp_drafttop")
-        comp = compare_laws(redrawn, ("law_exp", "law_exp_drafttop"), n_folds=4)
-    coef = law.coefficients.loc["log_draft_miss"]
-    assert coef["ci_low"] < m < coef["ci_high"]
-    assert comp.best == "law_exp_drafttop"
+    law = assert_recovered(redrawn, "law_exp", "law_exp_drafttop", "log_draft_miss", m)
     with pytest.raises(ValueError, match="cannot predict rounds"):
         law.predict_rounds(np.ones(20), 4)
     assert get_family("law_exp_obs_ceil_drafttop").draft_stats == ("draft_top1_prob",)

@@ -15,6 +15,7 @@ from entropy_law.law.blocks import expected_rounds  # noqa: E402
 from entropy_law.law.predict import (Overdispersion, loco_predictions, prediction_interval,  # noqa: E402
                                      reliability_table, round_count_moments)
 from entropy_law.law.simulate import simulate_traces  # noqa: E402
+from tests.traces_helpers import quiet_simulation  # noqa: E402
 
 
 def _simulate_rounds(a: np.ndarray, depth_probs: np.ndarray, n: int, rng) -> np.ndarray:
@@ -130,9 +131,7 @@ def test_reliability_table_by_hand():
 
 @pytest.fixture(scope="module")
 def sim():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return simulate_traces(seed=7, n_requests_per_category=24, tokens_per_request=(80, 140))
+    return quiet_simulation(seed=7, n_requests_per_category=24, tokens_per_request=(80, 140))
 
 
 @pytest.fixture(scope="module")

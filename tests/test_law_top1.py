@@ -10,13 +10,11 @@ import pandas as pd
 import pytest
 
 from entropy_law.law import atrisk
-from entropy_law.law.compare import compare_laws
 from entropy_law.law.fit import fit_law, get_family
 from entropy_law.law.glance import glance_rounds, law_round_expectations
 from entropy_law.law.outofcore import OutOfCoreError, _streamable
-from entropy_law.law.simulate import simulate_traces
 from entropy_law.law.transfer import sequence_context, sequences_of
-from tests.traces_helpers import one_drafter
+from tests.traces_helpers import assert_recovered, one_drafter, quiet_simulation
 from tests.traces_helpers import redrawn as redrawn_rows
 
 TRUE_W = 0.6  # the rejection hazard's exponent of the target's miss probability in the redrawn trials
@@ -24,20 +22,16 @@ TRUE_W = 0.6  # the rejection hazard's exponent of the target's miss probability
 
 @pytest.fixture(scope="module")
 def sim():
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return simulate_traces(seed=11, n_requests_per_category=8, tokens_per_request=(60, 90))
+    return quiet_simulation(seed=11, n_requests_per_category=8, tokens_per_request=(60, 90))
 
 
 @pytest.fixture(scope="module")
 def traded():
     """At-risk trials of 3 simulated requests whose acceptance depends on H alone: the law in H and p1 fitted on
     them trades one for the other (k < 0 < w)."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        traces = simulate_traces(seed=0, n_requests_per_category=1, categories=["qa", "rag", "math_reasoning"],
-                                 include_ar=True, tokens_per_request=(40, 60))
-        return one_drafter(atrisk.at_risk_table(traces))
+    traces = quiet_simulation(seed=0, n_requests_per_category=1, categories=["qa", "rag", "math_reasoning"],
+                              include_ar=True, tokens_per_request=(40, 60))
+    return one_drafter(atrisk.at_risk_table(traces))
 
 
 @pytest.fixture(scope="module")
@@ -62,13 +56,7 @@ def test_the_trials_carry_the_targets_miss_probability(sim):
 
 
 def test_a_known_miss_effect_is_recovered_and_wins_the_comparison(redrawn):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        law = fit_law(redrawn, "law_exp_obs_ceil_top1")
-        comp = compare_laws(redrawn, ("law_exp_obs_ceil", "law_exp_obs_ceil_top1"), n_folds=4)
-    coef = law.coefficients.loc["log_target_miss"]
-    assert coef["ci_low"] < TRUE_W < coef["ci_high"]
-    assert comp.best == "law_exp_obs_ceil_top1"
+    law = assert_recovered(redrawn, "law_exp_obs_ceil", "law_exp_obs_ceil_top1", "log_target_miss", TRUE_W)
     # given p1, a larger miss probability lowers the acceptance at the same H
     high = law.predict_acceptance(0.5, depth=1, target_top1_prob=0.95)
     low = law.predict_acceptance(0.5, depth=1, target_top1_prob=0.4)

@@ -108,3 +108,33 @@ def redrawn(rows, hazard, rng):
     out = rows.assign(accepted=accepted, rejected=1 - accepted)
     out.attrs.update(rows.attrs)
     return out
+
+
+def quiet_simulation(**kwargs):
+    """``law.simulate.simulate_traces(**kwargs)`` with its warnings (few requests, small-sample notes) silenced:
+    the module fixtures of the law tests."""
+    import warnings
+
+    from entropy_law.law.simulate import simulate_traces
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return simulate_traces(**kwargs)
+
+
+def assert_recovered(rows, baseline: str, family: str, term: str, truth: float):
+    """``family`` fitted on ``rows`` (outcomes redrawn with coefficient ``truth`` on ``term``): the term's 95%
+    interval holds the truth and ``family`` beats ``baseline`` in 4-fold CV; returns the fitted law."""
+    import warnings
+
+    from entropy_law.law.compare import compare_laws
+    from entropy_law.law.fit import fit_law
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        law = fit_law(rows, family)
+        comp = compare_laws(rows, (baseline, family), n_folds=4)
+    coef = law.coefficients.loc[term]
+    assert coef["ci_low"] < truth < coef["ci_high"]
+    assert comp.best == family
+    return law
