@@ -7,13 +7,23 @@ model of ``data/traces_timed``'s n-gram arm of that tree (``entropy-law predict 
 average per category, ``bench/results/predict_policy.txt`` and ``predict_budgets.txt``). Configurations:
 
 - the fixed arms: n-gram chain, DDTree16 and DDTree4 under their ratio gate;
-- the law policy (``--policy``: fitted on ``data/traces``, Spec-Bench; the verify-cost curve measured here once), on
-  DDTree16, with ``confidence_weight`` 0 (the law alone), 0.5 (the default blend) and 1 (the drafter's own confidence
-  alone: no law), each with the in-request calibration on (the default) and off;
+- the law policy (``--policy``: fitted on ``data/traces``, Spec-Bench), on DDTree16, with ``confidence_weight`` 0
+  (the law alone), 0.5 (the default blend) and 1 (the drafter's own confidence alone: no law), each with the
+  in-request calibration on (the default) and off;
 - the replay oracle (``jobs.reference.workload_oracle_rounds``): the drafter's DDTree with, each round in hindsight,
-  the budget N in {0, 1, 2, 4, 8, 16} that commits the most tokens per unit of that measured curve (+ the policy's
+  the budget N in {0, 1, 2, 4, 8, 16} that commits the most tokens per unit of the verify-cost curve (+ the policy's
   draft cost when it drafts); a ceiling for any per-round policy, not a decoder, priced as the others are. Issue
   #19's "distance to the oracle" is the best law policy's shortfall against it.
+
+The verify-cost curve the policies and the oracle decide by (``--curve``): by default the verify line of the cost
+model that prices every configuration (``cost.verify_curve`` of the tree arm of ``--from``), so that each decision
+is judged by the cost it was made with. ``--curve measured`` decides by this machine's curve measured now, as an
+online run here would; it is priced by the recording machine's timings all the same, so where the two machines
+differ the comparison mixes two cost models (2026-12-05: this machine c(2) = 1.01, c(4) = 1.50; the recording
+machine's measured curve had c(2) = 1.65, c(4) = 2.02; the priced line c(2) = 1.08, c(4) = 1.25: the law policy's
+verdict against the best fixed arm moved from -0.7% to +3.3% with the curve alone). The priced line is fitted on the
+timed rounds of the tree arm (mostly large trees: the run printed their range), so the small trees a policy verifies
+are priced by extrapolation; the timed bench (``bench/policy.py``) is the measurement.
 
 ``--drafter block``: the block drafter's DDTree16 and DDTree4 and its law policy at the three weights (its replay needs
 one teacher-forced pass per request: give fewer ``--workloads``). Prints per configuration the modelled speedup over
@@ -55,6 +65,11 @@ def main(argv=None) -> dict:
                         "the law policy at weights 0, 0.5, 1 (its replay needs a teacher-forced pass per request)")
     p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS, metavar="NAME",
                    help=f"recordings under data/ whose AR runs are replayed over (default: {' '.join(WORKLOADS)})")
+    p.add_argument("--curve", choices=CURVES, default="priced",
+                   help="the verify-cost curve the law policies and the oracle decide by: 'priced' (default), the verify "
+                        "line of the cost model that prices every configuration (decisions judged by the cost they "
+                        "were made with); 'measured', this machine's curve measured now (what an online run here "
+                        "would decide by, priced by the recording machine's timings)")
     args = p.parse_args(argv)
 
     import numpy as np
@@ -62,7 +77,8 @@ def main(argv=None) -> dict:
     import torch
 
     from entropy_law.decoding.adapter import TargetAdapter
-    from entropy_law.decoding.gate import measure_verify_cost
+    from entropy_law.decoding.gate import VerifyCost, measure_verify_cost
+    from entropy_law.law.cost import verify_curve
     from entropy_law.decoding.loading import load_target
     from entropy_law.jobs.reference import workload_oracle_rounds, workload_rounds
     from entropy_law.law.analysis import TraceAnalysis
@@ -87,7 +103,14 @@ def main(argv=None) -> dict:
         raise SystemExit("--policy: give files of distinct names (they label the configurations)")
     target = load_target("smollm2-135m")
     measured = measure_verify_cost(TargetAdapter(target.model))
-    curve = measured.to_config()
+    priced = {**verify_curve(source.cost_model(tree_arm)), "clock": measured.clock}
+    curve = priced if args.curve == "priced" else measured.to_config()
+    print(f"this machine's measured verify cost c(n): {_curve_text(measured.to_config())}\n"
+          f"{tree_arm}'s priced verify line c(n):      {_curve_text(priced)}\n"
+          f"the policies and the oracle decide by the {args.curve} curve", flush=True)
+    sizes = _timed_tree_sizes(source, tree_arm)
+    print(f"the priced line is fitted on {tree_arm}'s timed rounds, which verified {sizes}: smaller trees are priced "
+          "by extrapolation", flush=True)
     tree = meta[tree_arm]
     configs = {}
     if args.drafter == "ngram":
@@ -109,7 +132,7 @@ def main(argv=None) -> dict:
         for name, (arm_meta, priced_by) in configs.items():
             rounds = workload_rounds(ar, arm_meta, target)
             frames.append(rounds.assign(config=name, priced_by=priced_by, workload=workload))
-        oracle = workload_oracle_rounds(ar, tree, target, verify_cost=measured,
+        oracle = workload_oracle_rounds(ar, tree, target, verify_cost=VerifyCost.from_config(curve),
                                         draft_cost=float(next(iter(policies.values()))["draft_cost"]),
                                         budgets=ORACLE_BUDGETS)
         frames.append(oracle.assign(config=ORACLE, priced_by=tree_arm, workload=workload))
@@ -125,7 +148,8 @@ def main(argv=None) -> dict:
         work = part.assign(request_id=part["workload"] + ":" + part["request_id"].astype(str))
         summary = source.predict(part["priced_by"].iloc[0], workload, rounds=work, transfer_error=0.0).summary
         rows.append({"config": name, **summary["predicted_speedup"].round(3).to_dict(),
-                     "tokens_per_round": round(float(summary.loc["all", "predicted_tokens_per_round"]), 3)})
+                     "tokens_per_round": round(float(summary.loc["all", "predicted_tokens_per_round"]), 3),
+                     "nodes_per_verify": round(float(part["nodes"].sum() / max(part["drafting_rounds"].sum(), 1)), 2)})
     out = pd.DataFrame(rows).set_index("config")
     with pd.option_context("display.width", 220, "display.max_columns", 20):
         print("\nmodelled speedup over AR (replayed rounds priced by data/traces_timed's cost models; not timed), "
@@ -137,7 +161,8 @@ def main(argv=None) -> dict:
     ceiling = float(out.loc[ORACLE, "all"])
     result = {"bench": "policy_replay", "drafter": args.drafter, "from": args.arm_traces,
               "workloads": list(args.workloads),
-              "cpu_s": round(time.process_time() - t0, 1), "verify_cost_curve": curve,
+              "cpu_s": round(time.process_time() - t0, 1), "curve": args.curve, "verify_cost_curve": curve,
+              "measured_curve": measured.to_config(),
               "overall": {c: float(v) for c, v in out["all"].items()}, "best_fixed": fixed.idxmax(),
               "best_law_policy": laws.idxmax(),
               "best_law_policy_over_best_fixed": float(laws.max() / best_fixed - 1),
@@ -151,6 +176,22 @@ def main(argv=None) -> dict:
           f"{1 - best_fixed / ceiling:.1%}")
     print(json.dumps(result, default=lambda v: float(v) if isinstance(v, np.floating) else str(v)))
     return result
+
+
+CURVES = ("priced", "measured")
+
+
+def _curve_text(curve: dict) -> str:
+    return ", ".join(f"{n}: {c:.2f}" for n, c in zip(curve["sizes"], curve["costs"]))
+
+
+def _timed_tree_sizes(source, arm: str) -> str:
+    """The draft nodes of the arm's timed drafting rounds: the range its cost model's verify line is fitted on."""
+    view = source.arm_view(arm)
+    nodes = view.rounds.loc[view.rounds["tree_nodes"] > 0, "tree_nodes"]
+    share = (nodes <= 2).mean()
+    return (f"{int(nodes.min())}-{int(nodes.max())} draft nodes (median {int(nodes.median())}; {share:.1%} of them "
+            "<= 2 nodes)")
 
 
 class _Workload:
