@@ -15,6 +15,9 @@ this process's CPU clock with one torch thread, through the one speed routine ``
   round in hindsight the budget in {0, 1, 2, 4, 8, 16, 32} with the most committed tokens per unit of modelled
   cost ``c(N + 1) + c_draft``, replayed on AR's greedy output of the same prompt.
 
+With ``--context-match`` the law policies also read the context's copyability before each round (the law per
+level of the longest suffix of the context that occurred earlier in it; ``fit_policy(context_match=)``).
+
 The law policy's parameters are fitted here (``entropy_law.law.policy.fit_policy``) from the reference traces
 in ``data/traces/<drafter>`` (Spec-Bench, chain runs), leaving out every Spec-Bench question this bench decodes
 (held-out prompts; the open-ended set is never in the traces). The drafter's own cost: from the traces' timings
@@ -78,16 +81,25 @@ def timed_draft_cost(drafter: str) -> float:
     return cost.draft_ms / cost.ar_ms_per_token
 
 
-def fitted_policy(drafter: str, exclude_question_ids: set[str], draft_cost: float | None) -> dict:
-    """Policy parameters from the reference traces of ``drafter``, without the requests this bench decodes."""
-    traces = load_traces(data_dir() / "traces" / drafter)
+def fitted_policy(drafter: str, exclude_question_ids: set[str], draft_cost: float | None, target=None) -> dict:
+    """Policy parameters from the reference traces of ``drafter``, without the requests this bench decodes; with
+    ``target``, with the copyability input (``jobs.reference.context_matches`` of the traces' run, the prompts rebuilt
+    from Spec-Bench with the target's tokenizer)."""
+    run_dir = data_dir() / "traces" / drafter
+    traces = load_traces(run_dir)
     requests = traces.requests
     keep = requests.loc[~requests["question_id"].astype(str).isin(exclude_question_ids), "request_id"]
     from types import SimpleNamespace
     held_out = SimpleNamespace(tokens=traces.tokens.loc[traces.tokens["request_id"].isin(keep)],
                                rounds=traces.rounds.loc[traces.rounds["request_id"].isin(keep)],
                                runs=traces.runs, requests=requests.loc[requests["request_id"].isin(keep)])
-    return fit_policy(held_out, draft_cost=draft_cost)
+    lengths = None
+    if target is not None:
+        from entropy_law.jobs.reference import context_matches
+
+        lengths = context_matches(run_dir, target, tasks="spec_bench")
+        lengths = lengths.loc[lengths["request_id"].isin(set(keep.astype(str)))]
+    return fit_policy(held_out, draft_cost=draft_cost, context_match=lengths)
 
 
 def main(argv=None) -> dict:
@@ -101,6 +113,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--hybrid", action="store_true",
                         help="with --block, also the hybrid drafter (n-gram + block in one tree): cost gate and law "
                              "policy (the block drafter's fitted law: no hybrid traces exist to fit its own)")
+    parser.add_argument("--context-match", action="store_true",
+                        help="the law policies read the context's copyability before each round (fit_policy("
+                             "context_match=): the law per level of the longest repeated suffix of the context)")
     parser.add_argument("--only", nargs="+", default=None, metavar="ARM", help="run only these arms (and AR)")
     parser.add_argument("--sets", nargs="+", default=["spec_bench", "open_ended"])
     args = parser.parse_args(argv)
@@ -115,7 +130,8 @@ def main(argv=None) -> dict:
     verify_cost = measure_verify_cost(TargetAdapter(target.model))
     print("verify cost c(n) (one-token forward = 1): "
           + ", ".join(f"{n}: {c:.2f}" for n, c in zip(verify_cost.sizes, verify_cost.costs)), flush=True)
-    laws = {"ngram": fitted_policy("ngram", decoded_ids, timed_draft_cost("ngram"))}
+    copy_target = target if args.context_match else None
+    laws = {"ngram": fitted_policy("ngram", decoded_ids, timed_draft_cost("ngram"), copy_target)}
     block_path = default_drafter_path()
     if args.block:  # its traces are replayed (no timings): time its forward here, against a one-token step
         warm = prompt_of[tasks[0].request_id]
@@ -127,13 +143,14 @@ def main(argv=None) -> dict:
         step_ms = ar_run.decode_ms / max(len(ar_run.rounds) - 1, 1)
         block_cost = float(np.median([r.draft_ms for r in rounds])) / step_ms
         print(f"block drafter cost: {block_cost:.3f} one-token forwards per round (measured here)", flush=True)
-        laws["block"] = fitted_policy("block", decoded_ids, block_cost)
+        laws["block"] = fitted_policy("block", decoded_ids, block_cost, copy_target)
     for name, law in laws.items():
         print(f"{name} policy: fitted on {law['fitted_on']['requests']} held-out requests "
               f"({law['fitted_on']['at_risk_trials']} trials), draft cost {law['draft_cost']:.4f}; "
               f"a(H_w, d=1) at H_w = 0.1 / 1 / 3 nats: "
               + " / ".join(f"{np.interp(np.log(h + 1e-3), np.log(np.array(law['entropy_grid']) + 1e-3), np.array(law['acceptance'])[:, 0]):.2f}"
-                           for h in (0.1, 1.0, 3.0)), flush=True)
+                           for h in (0.1, 1.0, 3.0))
+              + (f"; copyability levels {law['context_match']['levels']}" if law.get("context_match") else ""), flush=True)
 
     def ours(make):  # built when listed
         return decoder_arm(make())
@@ -278,7 +295,8 @@ def main(argv=None) -> dict:
         "max_new_tokens": args.max_new_tokens, "torch_threads": torch.get_num_threads(), "clock": "cpu",
         "load_average_end": os.getloadavg()[0], "question_ids": sorted(str(t.question_id) for t in tasks),
         "verify_cost": verify_cost.to_config(),
-        "policies": {k: {"draft_cost": v["draft_cost"], "fitted_on": v["fitted_on"], "window": v["window"]}
+        "policies": {k: {"draft_cost": v["draft_cost"], "fitted_on": v["fitted_on"], "window": v["window"],
+                         "context_match": (v.get("context_match") or {}).get("levels")}
                      for k, v in laws.items()},
         "speedup_vs_ar": {name: {row["category"]: {k: (None if row[k] != row[k] else round(float(row[k]), 4))
                                                    for k in ("speedup", "lo", "hi", "tokens_per_round", "bound")}
