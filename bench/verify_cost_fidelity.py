@@ -9,8 +9,9 @@ forwards). This bench compares it with what real decoding rounds cost on the sam
   budgets ``--budgets`` and every drafted node verified (no gate), so that trees of many sizes occur; for each tree
   size n (root + draft nodes) with at least ``--min-rounds`` rounds, the median of the rounds' verify times over the
   median plain step (rounds without a draft) of the same runs, with its 95% bootstrap interval (rounds resampled);
-- measured: ``measure_verify_cost`` ``--repeats`` times (its default settings and clock, as an online run measures
-  it), interpolated at n as the decoder reads it; the median of the measurements and their range.
+- measured: ``measure_verify_cost`` ``--repeats`` times before decoding (its default settings and clock, as an online
+  run measures it when it starts), interpolated at n as the decoder reads it; the median of the measurements and their
+  range.
 
 Round timings are wall-clock milliseconds (``Round.verify_ms``) with one torch thread; on a shared machine run it
 while the other core is quiet. Prints a table per tree size and ends with ONE JSON line (the median and largest
@@ -68,16 +69,14 @@ def main(argv=None) -> dict:
     tasks = [t for name in args.sets for t in sample_per_category(load_tasks(name), args.limit, seed=args.seed)]
     encoder = ARDecoder(target)
     prompts = [encoder.encode_prompt(t.messages()) for t in tasks]
-    curves = []
+    # measured before any decoding, as an online run measures it when it starts
+    curves = [measure_verify_cost(TargetAdapter(target.model), seed=i) for i in range(args.repeats)]
     rows = []
-    for i, budget in enumerate(args.budgets):  # a measurement between the decoding passes: the same load
-        if i < args.repeats:
-            curves.append(measure_verify_cost(TargetAdapter(target.model), seed=i))
+    for budget in args.budgets:
         decoder = SpeculativeDecoder(target, NgramDrafter(), tree="ddtree", budget=budget, min_expected_accepted=0.0)
         for ids in prompts:
             result = decoder.generate(ids, max_new_tokens=args.max_new_tokens)
             rows += [(budget, r.tree_nodes + 1, r.verify_ms) for r in result.rounds if r.round_index > 0]
-    curves += [measure_verify_cost(TargetAdapter(target.model), seed=i) for i in range(len(curves), args.repeats)]
     rounds = pd.DataFrame(rows, columns=["budget", "tokens", "verify_ms"])
     plain = rounds.loc[rounds["tokens"] == 1, "verify_ms"].to_numpy(float)
     if len(plain) < args.min_rounds:

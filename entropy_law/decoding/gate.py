@@ -118,6 +118,9 @@ def measure_verify_cost(adapter, *, sizes: Sequence[int] = DEFAULT_COST_SIZES, c
     and 2.13 / 2.16 by the CPU clock; with two busy loops on the two cores, 1.83 / 3.68 and 2.39 / 3.68 by the wall
     clock (an earlier run: 1.45 and 2.08), 1.86 / 2.25 and 2.30 / 2.72 by the CPU clock. A cost gate or policy that
     trusts a deflated curve verifies trees that do not pay, and an inflated one stops drafting where it pays.
+    Against what the decoder's own rounds cost on the same machine (``bench/verify_cost_fidelity.py``, 2026-12-05, an
+    idle machine): measurements within about 2% of each other, 3-7% below the rounds' cost for 2-11 tokens, and off by
+    11-14% at sizes it does not time where this CPU's kernels jump (7 and 13 tokens).
 
     Uses random token ids (the cost of a forward does not depend on which tokens). The costs are made
     non-decreasing in ``n`` (a cumulative maximum; timing noise must not make a bigger tree look cheaper).
