@@ -204,8 +204,7 @@ def main(argv=None) -> dict:
         verify_cost = None
         if args.gate == "cost":
             verify_cost = measure_verify_cost(TargetAdapter(target.model))
-            print("verify cost c(n) (one-token forward = 1): "
-                  + ", ".join(f"{n}: {c:.2f}" for n, c in zip(verify_cost.sizes, verify_cost.costs)), flush=True)
+            print(f"verify cost c(n) (one-token forward = 1): {verify_cost.describe()}", flush=True)
         built = make_arms(target, args, timed_observer, verify_cost)
         decode_s = {name: 0.0 for name in built}  # our arms' decode time (observers included), for the share
 

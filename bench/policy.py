@@ -128,8 +128,7 @@ def main(argv=None) -> dict:
     decoded_ids = {str(t.question_id) for t in tasks if t.dataset == "spec_bench"}
 
     verify_cost = measure_verify_cost(TargetAdapter(target.model))
-    print("verify cost c(n) (one-token forward = 1): "
-          + ", ".join(f"{n}: {c:.2f}" for n, c in zip(verify_cost.sizes, verify_cost.costs)), flush=True)
+    print(f"verify cost c(n) (one-token forward = 1): {verify_cost.describe()}", flush=True)
     copy_target = target if args.context_match else None
     laws = {"ngram": fitted_policy("ngram", decoded_ids, timed_draft_cost("ngram"), copy_target)}
     block_path = default_drafter_path()

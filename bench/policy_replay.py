@@ -105,8 +105,8 @@ def main(argv=None) -> dict:
     measured = measure_verify_cost(TargetAdapter(target.model))
     priced = {**verify_curve(source.cost_model(tree_arm)), "clock": measured.clock}
     curve = priced if args.curve == "priced" else measured.to_config()
-    print(f"this machine's measured verify cost c(n): {_curve_text(measured.to_config())}\n"
-          f"{tree_arm}'s priced verify line c(n):      {_curve_text(priced)}\n"
+    print(f"this machine's measured verify cost c(n): {measured.describe()}\n"
+          f"{tree_arm}'s priced verify line c(n):      {VerifyCost.from_config(priced).describe()}\n"
           f"the policies and the oracle decide by the {args.curve} curve", flush=True)
     sizes = _timed_tree_sizes(source, tree_arm)
     print(f"the priced line is fitted on {tree_arm}'s timed rounds, which verified {sizes}: smaller trees are priced "
@@ -179,10 +179,6 @@ def main(argv=None) -> dict:
 
 
 CURVES = ("priced", "measured")
-
-
-def _curve_text(curve: dict) -> str:
-    return ", ".join(f"{n}: {c:.2f}" for n, c in zip(curve["sizes"], curve["costs"]))
 
 
 def _timed_tree_sizes(source, arm: str) -> str:

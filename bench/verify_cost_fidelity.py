@@ -98,7 +98,7 @@ def main(argv=None) -> dict:
           f"{args.max_new_tokens} new tokens, n-gram DDTree budgets {args.budgets} with every node verified; "
           f"plain step median {np.median(plain):.1f} ms over {len(plain)} rounds (wall clock, one thread)")
     for i, c in enumerate(curves):
-        print(f"measured curve {i + 1} ({c.clock} clock): " + ", ".join(f"{s}: {v:.2f}" for s, v in zip(c.sizes, c.costs)))
+        print(f"measured curve {i + 1} ({c.clock} clock): {c.describe()}")
     with pd.option_context("display.width", 200):
         print("\ncost of a verify over n tokens in one-token forwards: real rounds (median ratio, 95% bootstrap) "
               "against the measured curve (median of the measurements, range)")

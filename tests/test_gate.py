@@ -163,3 +163,9 @@ def test_decoder_measures_when_asked_and_records_the_curve():
     assert decoder.min_expected_accepted == 0.0
     with pytest.raises(ValueError, match="'measure' or None"):
         SpeculativeDecoder(model, NgramDrafter(), verify_cost="fast")
+
+
+def test_a_curve_describes_its_measured_points():
+    from entropy_law.decoding.gate import VerifyCost
+
+    assert VerifyCost((1, 2, 16), (2.0, 3.0, 4.9)).describe() == "1: 1.00, 2: 1.50, 16: 2.45"

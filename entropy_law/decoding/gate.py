@@ -73,6 +73,10 @@ class VerifyCost:
                 return costs[i - 1] + (costs[i] - costs[i - 1]) * (n - lo) / (hi - lo)
         raise AssertionError("unreachable")
 
+    def describe(self) -> str:
+        """The measured points as one line, ``"1: 1.00, 2: 1.48, ..."`` (one-token forwards)."""
+        return ", ".join(f"{n}: {c:.2f}" for n, c in zip(self.sizes, self.costs))
+
     def to_config(self) -> dict:
         """JSON-ready form (run metadata); ``VerifyCost.from_config`` reads it back."""
         config = {"sizes": list(self.sizes), "costs": [round(c, 6) for c in self.costs]}
