@@ -145,7 +145,9 @@ class TraceAnalysis:
         self.notes: list[str] = []
         if family is None:  # the primary law these traces support (fit.primary_family)
             family = primary_family(self.view.tokens)
-            self.notes += [n for n in (fallback_note(family),) if n]
+            note = fallback_note(family)
+            if note:
+                self.notes.append(note)
         self.family = family
         self.n_boot = int(n_boot)
         self.seed = int(seed)
