@@ -1,7 +1,9 @@
 """Block drafter vs n-gram drafter on Spec-Bench: committed tokens per round by replay, optional online speed.
 
-1. Greedy outputs of the default target for the first ``--per-category`` prompts of each Spec-Bench
-   category, after skipping the first ``--offset`` ones (a second, unseen set): either read from the
+1. Greedy outputs of the default target for the first ``--per-category`` prompts of each category of
+   ``--tasks`` (Spec-Bench by default; ``open_ended`` or any task file), after skipping the first ``--offset``
+   ones (a second, unseen set), or with ``--seed S`` a seeded sample of ``--per-category`` prompts from the
+   whole of each category: either read from the
    traces of an ``entropy-law record`` run (``--greedy-from-traces``: lossless batch-1 decoding, so
    exact greedy outputs; features from one teacher-forced forward), or
    generated here (chat template as the decoder; fp32, eager attention; in batches with left padding,
@@ -17,6 +19,8 @@
 
     python bench/block_drafter_specbench.py --per-category 10 --max-new-tokens 256 --cache runs/specbench.st
     python bench/block_drafter_specbench.py --offset 10 --per-category 20 --arms block --cache runs/sb-11-30.st
+    python bench/block_drafter_specbench.py --tasks open_ended --per-category 10 --arms block --cache runs/oe.st \
+        --drafter runs/new/drafter.safetensors
 
 Prints a table and ends with one JSON line.
 """
@@ -54,7 +58,9 @@ def read_cache(args) -> list[dict] | None:
         return None
     meta = json.loads(meta_path.read_text())
     if (meta["max_new_tokens"] != args.max_new_tokens or meta["per_category"] < args.per_category
-            or meta.get("greedy_from_traces") != args.greedy_from_traces or meta.get("offset", 0) != args.offset):
+            or meta.get("greedy_from_traces") != args.greedy_from_traces or meta.get("offset", 0) != args.offset
+            or meta.get("tasks", "spec_bench") != args.tasks or meta.get("seed") != args.seed
+            or (args.seed is not None and meta["per_category"] != args.per_category)):
         return None
     tensors = load_file(str(cache))
     return [{**r, "features": tensors[f"{i}.features"]} for i, r in enumerate(meta["requests"])
@@ -71,18 +77,30 @@ def write_cache(args, reqs: list[dict]) -> None:
     save_file({f"{i}.features": r["features"].contiguous() for i, r in enumerate(reqs)}, str(cache))
     cache.with_suffix(".json").write_text(json.dumps(
         {"max_new_tokens": args.max_new_tokens, "per_category": args.per_category, "offset": args.offset,
-         "greedy_from_traces": args.greedy_from_traces,
+         "greedy_from_traces": args.greedy_from_traces, "tasks": args.tasks, "seed": args.seed,
          "requests": [{k: v for k, v in r.items() if k != "features"} for r in reqs]}))
+
+
+def chosen_ids(args, tasks) -> dict[str, list[str]]:
+    """Request ids per category, in order: ``--offset``/``--per-category`` of the file order, or (``--seed``) a
+    seeded sample of ``--per-category`` from the whole category (fewer where the category has fewer)."""
+    by_cat: dict[str, list[str]] = {}
+    for t in tasks:
+        by_cat.setdefault(t.category, []).append(t.request_id)
+    if args.seed is None:
+        return {c: ids[args.offset: args.offset + args.per_category] for c, ids in by_cat.items()}
+    import random
+
+    rng = random.Random(args.seed)
+    return {c: sorted(rng.sample(ids, min(args.per_category, len(ids))), key=ids.index) for c, ids in by_cat.items()}
 
 
 def greedy_generated(args, target, layers) -> list[dict]:
     tok = target.tokenizer
     eos = int(target.config.eos_token_id)
-    tasks = load_tasks("spec_bench", limit=args.offset + args.per_category)
-    by_cat: dict[str, list] = {}
-    for t in tasks:
-        by_cat.setdefault(t.category, []).append(t)
-    by_cat = {c: items[args.offset:] for c, items in by_cat.items()}
+    tasks = load_tasks(args.tasks)
+    by_id = {t.request_id: t for t in tasks}
+    by_cat = {c: [by_id[i] for i in ids] for c, ids in chosen_ids(args, tasks).items()}
     reqs = []
     for cat, items in by_cat.items():
         t0 = time.time()
@@ -114,11 +132,18 @@ def greedy_from_traces(args, target, layers) -> list[dict]:
     import pandas as pd
 
     requests, tokens = pd.concat(reqs_t), pd.concat(toks_t)
-    tasks = {t.request_id: t for t in load_tasks("spec_bench")}
+    all_tasks = load_tasks(args.tasks)
+    tasks = {t.request_id: t for t in all_tasks}
+    if args.seed is not None:  # a seeded sample of each category's requests that the run holds complete
+        complete = set(requests.request_id)
+        chosen = {i for ids in chosen_ids(args, [t for t in all_tasks if t.request_id in complete]).values()
+                  for i in ids}
+        requests = requests[requests.request_id.isin(chosen)]
     eos = int(target.config.eos_token_id)
     out, rank = [], {}  # rank: among the complete requests of a category, after the first --offset ones
-    for row in requests.sort_values("request_id", key=lambda c: c.map(lambda x: int(x.split(":")[1]))).itertuples():
-        r = rank.setdefault(row.category, -args.offset)
+    order = {t.request_id: i for i, t in enumerate(all_tasks)}
+    for row in requests.sort_values("request_id", key=lambda c: c.map(order)).itertuples():
+        r = rank.setdefault(row.category, -args.offset if args.seed is None else 0)
         if r >= args.per_category:
             continue
         out_ids = tokens[tokens.request_id == row.request_id].sort_values("position").token_id.astype(int).tolist()
@@ -192,6 +217,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--drafter", default=None, help="checkpoint (default: the shipped one)")
+    parser.add_argument("--tasks", default="spec_bench",
+                        help="task file: spec_bench, open_ended or a JSONL path (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="a seeded sample of --per-category prompts from each whole category (not the first ones)")
     parser.add_argument("--per-category", type=int, default=10)
     parser.add_argument("--offset", type=int, default=0,
                         help="skip the first N prompts of each category (e.g. 10: an unseen second set)")
@@ -232,8 +261,9 @@ def main() -> None:
         drafter.reset()
     results = replay_table(args, drafter, reqs)
     cats = sorted({r["category"] for r in reqs})
-    print(f"\nreplayed tau+1 (mean committed tokens per round), {args.per_category} prompts/category "
-          f"(after the first {args.offset}), "
+    chosen = (f"seeded sample (seed {args.seed})" if args.seed is not None else f"after the first {args.offset}")
+    print(f"\nreplayed tau+1 (mean committed tokens per round), {args.tasks}, {args.per_category} prompts/category "
+          f"({chosen}), "
           f"{args.max_new_tokens} new tokens, always drafting")
     print(f"{'arm':<16}" + "".join(f"{c[:13]:>14}" for c in cats + ["all"]) + f"{'nodes':>8}")
     for label, res in results.items():
@@ -246,7 +276,8 @@ def main() -> None:
             print(f"{name:<16} {row['tokens_per_s']:8.2f} tok/s  {row['tokens_per_forward']:6.2f} tok/forward  "
                   f"x{row['speedup_vs_ar']:.2f} vs AR")
     print(json.dumps({"bench": "block_drafter_specbench", "drafter": str(path), "per_category": args.per_category,
-                      "offset": args.offset,
+                      "offset": args.offset, "tasks": args.tasks, "seed": args.seed,
+                      "requests": [r["request_id"] for r in reqs],
                       "context_vocab": bool(drafter.config.context_vocab),
                       "max_new_tokens": args.max_new_tokens, "replay": results, "online": online}))
 

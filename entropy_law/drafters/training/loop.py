@@ -100,6 +100,20 @@ class TrainConfig:
     init_from: str | None = None  # a drafter checkpoint whose weights start the run (``init_from_checkpoint``)
 
 
+def run_draft_vocabulary(cfg: "TrainConfig", samples: Sequence[dict], vocab_size: int) -> list[int] | None:
+    """The fixed draft vocabulary of a training run: ``draft_vocabulary`` of its samples, or, when it fine-tunes
+    a checkpoint (``cfg.init_from``), that checkpoint's fixed ids, so that new data (another corpus) leaves the
+    model's shape as it was; ids of the new data outside them stay draftable where the context holds them
+    (``context_vocab``)."""
+    if cfg.draft_vocab_base is None:
+        return None
+    if cfg.init_from:
+        _, state, _ = read_checkpoint(Path(cfg.init_from))
+        if "draft_vocab" in state:
+            return [int(i) for i in state["draft_vocab"].tolist()]
+    return draft_vocabulary(samples, cfg.draft_vocab_base, vocab_size)
+
+
 def draft_vocabulary(samples: Sequence[dict], base: int, vocab_size: int) -> list[int]:
     """Token ids the drafter may propose: ids ``< base`` (BPE merges: the common ones) plus every token of
     the training prompts and responses (grounded answers copy from the prompt)."""
@@ -618,8 +632,7 @@ def train_from_folder(model_spec: str, data_dir: str | Path, out_dir: str | Path
     if repeats:
         print(f"left out {len(repeats)} samples whose prompt repeats an earlier one: {repeats}", flush=True)
     train_s, held_s = split_heldout(samples, cfg.heldout, cfg.seed)
-    vocab = (None if cfg.draft_vocab_base is None else
-             draft_vocabulary(train_s, cfg.draft_vocab_base, int(target.config.vocab_size)))
+    vocab = run_draft_vocabulary(cfg, train_s, int(target.config.vocab_size))
     drafter = BlockDrafter(target, seed=cfg.seed, block_size=cfg.block_size, num_layers=cfg.num_layers,
                            draft_vocab=vocab, context_vocab=cfg.context_vocab, copy_head=cfg.copy_head,
                            copy_match=cfg.copy_match, copy_distance=cfg.copy_distance, feature_layers=layers)
