@@ -40,12 +40,14 @@ import torch  # noqa: E402
 from entropy_law.drafters.block import BlockDrafter, default_drafter_path  # noqa: E402
 from entropy_law.drafters.training.data import chat_ids, greedy_generate_with_features  # noqa: E402
 from entropy_law.decoding.replay import PrecomputedBlockDrafter  # noqa: E402
+from entropy_law.drafters.hybrid import HybridDrafter  # noqa: E402
 from entropy_law.drafters.ngram import NgramDrafter  # noqa: E402
 from entropy_law.decoding.replay import replay_rounds  # noqa: E402
 from entropy_law.prompts.text import load_tasks  # noqa: E402
 
 ARMS = [("block chain", "block", "chain", None), ("block ddtree16", "block", "ddtree", 16),
-        ("ngram chain", "ngram", "chain", None), ("ngram ddtree16", "ngram", "ddtree", 16)]
+        ("ngram chain", "ngram", "chain", None), ("ngram ddtree16", "ngram", "ddtree", 16),
+        ("hybrid ddtree16", "hybrid", "ddtree", 16)]
 
 
 def read_cache(args) -> list[dict] | None:
@@ -168,24 +170,33 @@ def replay_table(args, drafter, reqs) -> dict:
     cats = sorted({r["category"] for r in reqs})
     results: dict[str, dict] = {}
     for label, kind, tree, budget in ARMS:
-        if args.arms != "all" and kind != args.arms:
+        if "all" not in args.arms and kind not in args.arms:
             continue
         committed: dict[str, list[int]] = {c: [] for c in cats}
         nodes: dict[str, list[int]] = {c: [] for c in cats}
+        calls = skips = 0
         for r in reqs:
             if kind == "block":
                 d = PrecomputedBlockDrafter(drafter, r["prompt_ids"], r["output_ids"], r["features"])
+            elif kind == "hybrid":  # the n-gram first; the block drafter's forward only where it is not confident
+                d = HybridDrafter(NgramDrafter(), PrecomputedBlockDrafter(drafter, r["prompt_ids"], r["output_ids"],
+                                                                          r["features"]))
             else:
                 d = NgramDrafter()
-            rep = replay_rounds(r["prompt_ids"], r["output_ids"], d, tree, budget, eos_token_ids=r["eos"],
-                                max_new_tokens=args.max_new_tokens, min_expected_accepted=0.0)
+            n = min(args.replay_tokens or args.max_new_tokens, args.max_new_tokens)
+            rep = replay_rounds(r["prompt_ids"], r["output_ids"][:n], d, tree, budget, eos_token_ids=r["eos"],
+                                max_new_tokens=n, min_expected_accepted=0.0)
             committed[r["category"]] += [x.committed for x in rep.rounds[1:]]
             nodes[r["category"]] += [x.tree_nodes for x in rep.rounds[1:]]
+            if kind == "hybrid":
+                calls, skips = calls + d.block_calls, skips + d.block_skips
         row = {c: sum(v) / max(len(v), 1) for c, v in committed.items()}
         allv = [x for v in committed.values() for x in v]
         row["all"] = sum(allv) / max(len(allv), 1)
         results[label] = {"tau_plus_1": row, "rounds": len(allv),
                           "mean_tree_nodes": sum(sum(v) for v in nodes.values()) / max(len(allv), 1)}
+        if kind == "hybrid":
+            results[label]["block_forward_share"] = calls / max(calls + skips, 1)
     return results
 
 
@@ -224,9 +235,12 @@ def main() -> None:
     parser.add_argument("--per-category", type=int, default=10)
     parser.add_argument("--offset", type=int, default=0,
                         help="skip the first N prompts of each category (e.g. 10: an unseen second set)")
-    parser.add_argument("--arms", choices=("all", "block", "ngram"), default="all",
-                        help="replay only the block or only the n-gram arms (default: all)")
+    parser.add_argument("--arms", nargs="+", choices=("all", "block", "ngram", "hybrid"), default=["all"],
+                        help="the drafters whose arms are replayed (default: all)")
     parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--replay-tokens", type=int, default=None,
+                        help="replay only the first N new tokens of each output (default: all --max-new-tokens; "
+                             "the greedy prefix is the same, so a 256-token cache gives the 128-token rounds)")
     parser.add_argument("--cache", default=None,
                         help="safetensors file for greedy outputs + features (reused by later runs with the same "
                              "settings, also with --greedy-from-traces)")
@@ -264,11 +278,12 @@ def main() -> None:
     chosen = (f"seeded sample (seed {args.seed})" if args.seed is not None else f"after the first {args.offset}")
     print(f"\nreplayed tau+1 (mean committed tokens per round), {args.tasks}, {args.per_category} prompts/category "
           f"({chosen}), "
-          f"{args.max_new_tokens} new tokens, always drafting")
+          f"{min(args.replay_tokens or args.max_new_tokens, args.max_new_tokens)} new tokens, always drafting")
     print(f"{'arm':<16}" + "".join(f"{c[:13]:>14}" for c in cats + ["all"]) + f"{'nodes':>8}")
     for label, res in results.items():
         print(f"{label:<16}" + "".join(f"{res['tau_plus_1'][c]:14.3f}" for c in cats + ["all"])
-              + f"{res['mean_tree_nodes']:8.1f}")
+              + f"{res['mean_tree_nodes']:8.1f}"
+              + (f"  block forward in {res['block_forward_share']:.0%} of rounds" if "block_forward_share" in res else ""))
     online = online_table(args, target, drafter, reqs) if args.online else None
     if online:
         print(f"\nonline, {args.online} prompt(s)/category")
@@ -279,7 +294,8 @@ def main() -> None:
                       "offset": args.offset, "tasks": args.tasks, "seed": args.seed,
                       "requests": [r["request_id"] for r in reqs],
                       "context_vocab": bool(drafter.config.context_vocab),
-                      "max_new_tokens": args.max_new_tokens, "replay": results, "online": online}))
+                      "max_new_tokens": args.max_new_tokens, "replay_tokens": args.replay_tokens,
+                      "replay": results, "online": online}))
 
 
 if __name__ == "__main__":
