@@ -110,6 +110,9 @@ def main(argv=None) -> dict:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--block", action="store_true", help="also the block drafter's arms (cost gate, law policy)")
     parser.add_argument("--block-fixed", action="store_true", help="with --block, also its fixed chain and DDTree16")
+    parser.add_argument("--checkpoint", default=None,
+                        help="with --block: this block drafter checkpoint instead of the default one (e.g. "
+                             "data/drafters/smollm2-135m-block-b8-broad.safetensors)")
     parser.add_argument("--hybrid", action="store_true",
                         help="with --block, also the hybrid drafter (n-gram + block in one tree): cost gate and law "
                              "policy (the block drafter's fitted law: no hybrid traces exist to fit its own)")
@@ -131,7 +134,10 @@ def main(argv=None) -> dict:
     print(f"verify cost c(n) (one-token forward = 1): {verify_cost.describe()}", flush=True)
     copy_target = target if args.context_match else None
     laws = {"ngram": fitted_policy("ngram", decoded_ids, timed_draft_cost("ngram"), copy_target)}
-    block_path = default_drafter_path()
+    block_path = Path(args.checkpoint) if args.checkpoint else default_drafter_path()
+    if args.checkpoint and args.block:
+        print(f"block drafter: {block_path}; its law policy is fitted on data/traces, decoded by the default "
+              f"checkpoint ({default_drafter_path().name}): the fixed arms and the cost gate need no fit", flush=True)
     if args.block:  # its traces are replayed (no timings): time its forward here, against a one-token step
         warm = prompt_of[tasks[0].request_id]
         ar_run = ARDecoder(target).generate(warm, max_new_tokens=32)
@@ -290,7 +296,8 @@ def main(argv=None) -> dict:
                 cell(name, c)["speedup"] >= max(cell(n, c)["speedup"] for n in others) for c in categories)
     print("Goals: " + "; ".join(f"{k}: {'yes' if v else 'NO'}" for k, v in goals.items()))
     summary = {
-        "bench": "policy", "model": target.model_id, "prompts_per_category": args.limit, "seed": args.seed,
+        "bench": "policy", "model": target.model_id, "block_checkpoint": block_path.name if args.block else None,
+        "prompts_per_category": args.limit, "seed": args.seed,
         "max_new_tokens": args.max_new_tokens, "torch_threads": torch.get_num_threads(), "clock": "cpu",
         "load_average_end": os.getloadavg()[0], "question_ids": sorted(str(t.question_id) for t in tasks),
         "verify_cost": verify_cost.to_config(),

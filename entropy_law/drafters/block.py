@@ -65,6 +65,10 @@ COPY_GATE_BIAS = -2.0  # initial bias of the copy gate
 
 
 DEFAULT_CHECKPOINT = "smollm2-135m-block-b8.safetensors"  # inside data/drafters/
+# the default checkpoint fine-tuned on a broader corpus (code and chat prompts; data/drafters/README.md, "A broader
+# corpus"): not the default, since the reference traces, laws and timings describe DEFAULT_CHECKPOINT; use it with
+# `entropy-law record --drafter block --checkpoint data/drafters/smollm2-135m-block-b8-broad.safetensors`
+BROAD_CHECKPOINT = "smollm2-135m-block-b8-broad.safetensors"
 
 
 def default_drafter_path() -> Path:

