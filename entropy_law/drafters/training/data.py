@@ -282,8 +282,8 @@ def broad_prompts(plan: DataPlan, code_problems: Sequence[tuple[str, str]],
     ``SHINGLE_WORDS`` words with an evaluation prompt (``evaluation_texts``)."""
     if plan.n_code <= 0 and plan.n_chat <= 0:
         return []
-    banned = set().union(*(word_shingles(t) for t in evaluation_texts()))
     evaluation = evaluation_texts()
+    banned = set().union(*(word_shingles(t) for t in evaluation))
 
     def pool(items: Sequence[tuple[str, str]], make, keep) -> list[tuple[str, str]]:
         seen: set[str] = set()
