@@ -43,7 +43,7 @@ from entropy_law.decoding.replay import PrecomputedBlockDrafter  # noqa: E402
 from entropy_law.drafters.hybrid import HybridDrafter  # noqa: E402
 from entropy_law.drafters.ngram import NgramDrafter  # noqa: E402
 from entropy_law.decoding.replay import replay_rounds  # noqa: E402
-from entropy_law.prompts.text import load_tasks  # noqa: E402
+from entropy_law.prompts.text import load_tasks, sample_per_category  # noqa: E402
 
 ARMS = [("block chain", "block", "chain", None), ("block ddtree16", "block", "ddtree", 16),
         ("ngram chain", "ngram", "chain", None), ("ngram ddtree16", "ngram", "ddtree", 16),
@@ -85,16 +85,15 @@ def write_cache(args, reqs: list[dict]) -> None:
 
 def chosen_ids(args, tasks) -> dict[str, list[str]]:
     """Request ids per category, in order: ``--offset``/``--per-category`` of the file order, or (``--seed``) a
-    seeded sample of ``--per-category`` from the whole category (fewer where the category has fewer)."""
+    seeded sample of ``--per-category`` from the whole category (``sample_per_category``)."""
+    if args.seed is not None:
+        tasks = sample_per_category(tasks, args.per_category, seed=args.seed)
     by_cat: dict[str, list[str]] = {}
     for t in tasks:
         by_cat.setdefault(t.category, []).append(t.request_id)
     if args.seed is None:
         return {c: ids[args.offset: args.offset + args.per_category] for c, ids in by_cat.items()}
-    import random
-
-    rng = random.Random(args.seed)
-    return {c: sorted(rng.sample(ids, min(args.per_category, len(ids))), key=ids.index) for c, ids in by_cat.items()}
+    return by_cat
 
 
 def greedy_generated(args, target, layers) -> list[dict]:
@@ -183,9 +182,8 @@ def replay_table(args, drafter, reqs) -> dict:
                                                                           r["features"]))
             else:
                 d = NgramDrafter()
-            n = min(args.replay_tokens or args.max_new_tokens, args.max_new_tokens)
-            rep = replay_rounds(r["prompt_ids"], r["output_ids"][:n], d, tree, budget, eos_token_ids=r["eos"],
-                                max_new_tokens=n, min_expected_accepted=0.0)
+            rep = replay_rounds(r["prompt_ids"], r["output_ids"][:args.replay_tokens], d, tree, budget,
+                                eos_token_ids=r["eos"], max_new_tokens=args.replay_tokens, min_expected_accepted=0.0)
             committed[r["category"]] += [x.committed for x in rep.rounds[1:]]
             nodes[r["category"]] += [x.tree_nodes for x in rep.rounds[1:]]
             if kind == "hybrid":
@@ -253,6 +251,7 @@ def main() -> None:
     parser.add_argument("--context-vocab", choices=("on", "off"), default=None,
                         help="override the checkpoint's context vocabulary (also draft ids already in the context)")
     args = parser.parse_args()
+    args.replay_tokens = min(args.replay_tokens or args.max_new_tokens, args.max_new_tokens)
     if args.threads:
         torch.set_num_threads(args.threads)
     from entropy_law.decoding.loading import load_target
@@ -278,7 +277,7 @@ def main() -> None:
     chosen = (f"seeded sample (seed {args.seed})" if args.seed is not None else f"after the first {args.offset}")
     print(f"\nreplayed tau+1 (mean committed tokens per round), {args.tasks}, {args.per_category} prompts/category "
           f"({chosen}), "
-          f"{min(args.replay_tokens or args.max_new_tokens, args.max_new_tokens)} new tokens, always drafting")
+          f"{args.replay_tokens} new tokens, always drafting")
     print(f"{'arm':<16}" + "".join(f"{c[:13]:>14}" for c in cats + ["all"]) + f"{'nodes':>8}")
     for label, res in results.items():
         print(f"{label:<16}" + "".join(f"{res['tau_plus_1'][c]:14.3f}" for c in cats + ["all"])

@@ -38,6 +38,7 @@ from transformers import DynamicCache
 from entropy_law.decoding.adapter import cache_keyword
 from entropy_law.decoding.features import capture_features
 from entropy_law.prompts.paths import data_dir
+from entropy_law.prompts.text import OPEN_ENDED, SPEC_BENCH, load_tasks
 
 GSM8K_ENV = "ENTROPY_LAW_GSM8K"
 GSM8K_DEFAULT = Path("..") / "shared" / "data" / "gsm8k" / "train.jsonl"  # relative to the repo root
@@ -182,11 +183,7 @@ def spec_bench_texts() -> set[str]:
 
 def evaluation_texts() -> set[str]:
     """Every turn of the shipped evaluation prompts: Spec-Bench and the open-ended set (never trained on)."""
-    texts: set[str] = set()
-    for path in (data_dir() / "spec_bench" / "question.jsonl", data_dir() / "open_ended" / "open_ended.jsonl"):
-        with open(path, encoding="utf-8") as fh:
-            texts |= {t.strip() for line in fh if line.strip() for t in json.loads(line)["turns"]}
-    return texts
+    return {turn.strip() for name in (SPEC_BENCH, OPEN_ENDED) for task in load_tasks(name) for turn in task.turns}
 
 
 SHINGLE_WORDS = 8
@@ -297,15 +294,15 @@ def broad_prompts(plan: DataPlan, code_problems: Sequence[tuple[str, str]],
         return out
 
     prompts: list[PromptSpec] = []
-    for n, items, make, keep, source, stream in (
-            (plan.n_code, code_problems, code_prompt, lambda raw: True, "code", "code"),
+    for n, items, make, keep, source in (
+            (plan.n_code, code_problems, code_prompt, lambda raw: True, "code"),
             (plan.n_chat, chat_turns, lambda raw: raw.strip(),
-             lambda raw: 16 <= len(raw.strip()) <= plan.chat_max_chars, "chat", "chat")):
+             lambda raw: 16 <= len(raw.strip()) <= plan.chat_max_chars, "chat")):
         if n <= 0:
             continue
         kept = pool(items, make, keep)
         order = list(range(len(kept)))
-        random.Random(f"{plan.seed}-{stream}").shuffle(order)
+        random.Random(f"{plan.seed}-{source}").shuffle(order)
         for i in _part_slice(plan, n, len(order), f"{source} prompts"):
             key, text = kept[order[i]]
             prompts.append(PromptSpec(f"{source}-{key}", source, text))

@@ -108,9 +108,11 @@ def run_draft_vocabulary(cfg: "TrainConfig", samples: Sequence[dict], vocab_size
     if cfg.draft_vocab_base is None:
         return None
     if cfg.init_from:
-        _, state, _ = read_checkpoint(Path(cfg.init_from))
-        if "draft_vocab" in state:
-            return [int(i) for i in state["draft_vocab"].tolist()]
+        from safetensors import safe_open
+
+        with safe_open(str(cfg.init_from), framework="pt") as fh:  # that one tensor, not the weights
+            if "draft_vocab" in fh.keys():
+                return [int(i) for i in fh.get_tensor("draft_vocab").tolist()]
     return draft_vocabulary(samples, cfg.draft_vocab_base, vocab_size)
 
 
