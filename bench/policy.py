@@ -10,7 +10,8 @@ this process's CPU clock with one torch thread, through the one speed routine ``
   and the law policy without its in-request calibration (``ngram law uncalibrated``) and with a calibration
   whose evidence never fades (``ngram law no forgetting``);
 - with ``--block``: the block drafter (shipped checkpoint): cost gate, law policy (the same three variants);
-  fixed chain and DDTree16 with ``--block-fixed``;
+  fixed chain and DDTree16 with ``--block-fixed``; with ``--also-checkpoint PATH`` a second checkpoint's cost gate
+  (and fixed DDTree16) in the same interleaved run, to compare two drafters by CPU time on the same prompts;
 - the replay oracle (n-gram drafter, tokens per round and modelled rate only: it is not a decoder): for each
   round in hindsight the budget in {0, 1, 2, 4, 8, 16, 32} with the most committed tokens per unit of modelled
   cost ``c(N + 1) + c_draft``, replayed on AR's greedy output of the same prompt.
@@ -113,6 +114,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--checkpoint", default=None,
                         help="with --block: this block drafter checkpoint instead of the default one (e.g. "
                              "data/drafters/smollm2-135m-block-b8-broad.safetensors)")
+    parser.add_argument("--also-checkpoint", default=None, metavar="PATH",
+                        help="with --block: a second block drafter checkpoint timed beside the first, in the same "
+                             "interleaved run: its DDTree16 cost gate (and fixed DDTree16 with --block-fixed), as arms "
+                             "named 'ckpt:<last part of its name> ...' (no law policy: its law is not fitted)")
     parser.add_argument("--hybrid", action="store_true",
                         help="with --block, also the hybrid drafter (n-gram + block in one tree): cost gate and law "
                              "policy (the block drafter's fitted law: no hybrid traces exist to fit its own)")
@@ -190,6 +195,19 @@ def main(argv=None) -> dict:
         arms["block ddtree16 cost gate"] = ours(lambda: SpeculativeDecoder(target, block(), tree="ddtree", budget=16,
                                                                            verify_cost=verify_cost))
         law_variants("block", block)
+        if args.also_checkpoint:
+            other_path = Path(args.also_checkpoint)
+            if not other_path.is_file():
+                raise SystemExit(f"--also-checkpoint {other_path}: no such file")
+            label = "ckpt:" + other_path.name.removesuffix(".safetensors").rsplit("-", 1)[-1]
+
+            def other():
+                return BlockDrafter.load(other_path, target)
+            if args.block_fixed:
+                arms[f"{label} ddtree16"] = ours(lambda: SpeculativeDecoder(target, other(), tree="ddtree", budget=16,
+                                                                            **fixed))
+            arms[f"{label} ddtree16 cost gate"] = ours(lambda: SpeculativeDecoder(
+                target, other(), tree="ddtree", budget=16, verify_cost=verify_cost))
 
     if args.hybrid:
         from entropy_law.drafters.hybrid import HybridDrafter
@@ -297,6 +315,7 @@ def main(argv=None) -> dict:
     print("Goals: " + "; ".join(f"{k}: {'yes' if v else 'NO'}" for k, v in goals.items()))
     summary = {
         "bench": "policy", "model": target.model_id, "block_checkpoint": block_path.name if args.block else None,
+        "also_checkpoint": Path(args.also_checkpoint).name if args.block and args.also_checkpoint else None,
         "prompts_per_category": args.limit, "seed": args.seed,
         "max_new_tokens": args.max_new_tokens, "torch_threads": torch.get_num_threads(), "clock": "cpu",
         "load_average_end": os.getloadavg()[0], "question_ids": sorted(str(t.question_id) for t in tasks),
