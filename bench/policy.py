@@ -26,7 +26,10 @@ in ``data/traces/<drafter>`` (Spec-Bench, chain runs), leaving out every Spec-Be
 
 Prompts: ``--limit`` per category of Spec-Bench and of the open-ended set (``data/open_ended``), a seeded sample
 of each whole set. Reports per category the paired speedup over AR with its 95% request-bootstrap interval,
-tokens per round and the modelled rate (tokens per round over the measured verify cost of the trees verified);
+tokens per round and the verify-only bound (tokens per round over the measured verify cost of the trees verified:
+the drafter's own cost and the round's overhead are not in it, so it is an upper bound, far above the block
+drafter's measured speedups; the oracle's modelled rate does count the drafter's cost); with ``--also-checkpoint``
+the second checkpoint's arms paired against the first's on the same requests;
 then the goals, and ONE JSON line.
 
     OMP_NUM_THREADS=1 python bench/policy.py --limit 2 --max-new-tokens 128        # small
@@ -262,7 +265,22 @@ def main(argv=None) -> dict:
             row = cell(name, category)
             if row is not None:
                 print(f"    {category:<16} {format_speedup(row)}   tokens/round {row['tokens_per_round']:.2f}, "
-                      f"modelled {row['bound']:.2f}x")
+                      f"verify-only bound {row['bound']:.2f}x")
+    head_to_head = {}
+    if args.block and args.also_checkpoint:  # the two checkpoints paired on the same requests, not through AR
+        for suffix in ("ddtree16 cost gate", "ddtree16"):
+            first, second = f"block {suffix}", f"{label} {suffix}"
+            if first not in arms or second not in arms:
+                continue
+            pair = paired_speedups(timings.loc[timings["arm"].isin([first, second])], reference=first, clock="cpu",
+                                   seed=args.seed)
+            print(f"{second} over {first} (paired per request, 95% request-bootstrap interval)")
+            for _, row in pair.iterrows():
+                print(f"    {row['category']:<16} {format_speedup(row)}")
+            head_to_head[f"{second} / {first}"] = {
+                row["category"]: {k: (None if row[k] != row[k] else round(float(row[k]), 4))
+                                  for k in ("speedup", "lo", "hi")} | {"verdict": row["verdict"]}
+                for _, row in pair.iterrows()}
     print("replay oracle (ngram, best N per round in hindsight; modelled, not timed)")
     for category in [*categories, ALL]:
         tpr, rate = oracle_of(category)
@@ -329,7 +347,7 @@ def main(argv=None) -> dict:
                                  for _, row in speed.loc[speed["arm"] == name].iterrows()} for name in names},
         "oracle": {c: {"tokens_per_round": round(float(oracle_of(c)[0]), 4),
                        "modelled_speedup": round(float(oracle_of(c)[1]), 4)} for c in [*categories, ALL]},
-        "mismatches_vs_ar": mismatches, "goals": {k: bool(v) for k, v in goals.items()}, "detail": detail,
+        "checkpoints_head_to_head": head_to_head, "mismatches_vs_ar": mismatches, "goals": {k: bool(v) for k, v in goals.items()}, "detail": detail,
     }
     print(json.dumps(summary))
     return summary
