@@ -12,6 +12,8 @@ this process's CPU clock with one torch thread, through the one speed routine ``
 - with ``--block``: the block drafter (shipped checkpoint): cost gate, law policy (the same three variants);
   fixed chain and DDTree16 with ``--block-fixed``; with ``--also-checkpoint PATH`` a second checkpoint's cost gate
   (and fixed DDTree16) in the same interleaved run, to compare two drafters by CPU time on the same prompts;
+  ``--compute-dtype`` / ``--also-compute-dtype bfloat16`` run a block drafter's layers in bf16 (the same file
+  twice: the two dtypes compared);
 - the replay oracle (n-gram drafter, tokens per round and modelled rate only: it is not a decoder): for each
   round in hindsight the budget in {0, 1, 2, 4, 8, 16, 32} with the most committed tokens per unit of modelled
   cost ``c(N + 1) + c_draft``, replayed on AR's greedy output of the same prompt.
@@ -121,6 +123,12 @@ def main(argv=None) -> dict:
                         help="with --block: a second block drafter checkpoint timed beside the first, in the same "
                              "interleaved run: its DDTree16 cost gate (and fixed DDTree16 with --block-fixed), as arms "
                              "named 'ckpt:<last part of its name> ...' (no law policy: its law is not fitted)")
+    parser.add_argument("--compute-dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="with --block: the block drafter's compute dtype (BlockDrafter.set_compute_dtype; the "
+                             "target stays fp32, the output greedy) (default: %(default)s)")
+    parser.add_argument("--also-compute-dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="the --also-checkpoint drafter's compute dtype (the same file in another dtype: a "
+                             "paired comparison of the two dtypes) (default: %(default)s)")
     parser.add_argument("--hybrid", action="store_true",
                         help="with --block, also the hybrid drafter (n-gram + block in one tree): cost gate and law "
                              "policy (the block drafter's fitted law: no hybrid traces exist to fit its own)")
@@ -149,7 +157,8 @@ def main(argv=None) -> dict:
     if args.block:  # its traces are replayed (no timings): time its forward here, against a one-token step
         warm = prompt_of[tasks[0].request_id]
         ar_run = ARDecoder(target).generate(warm, max_new_tokens=32)
-        probe = SpeculativeDecoder(target, BlockDrafter.load(block_path, target), tree="chain",
+        probe = SpeculativeDecoder(target, BlockDrafter.load(block_path, target, compute_dtype=args.compute_dtype),
+                                   tree="chain",
                                    min_expected_accepted=0.0)
         probe.generate(warm, max_new_tokens=8)  # warm-up
         rounds = [r for r in probe.generate(warm, max_new_tokens=32).rounds if r.round_index > 0]
@@ -190,7 +199,7 @@ def main(argv=None) -> dict:
     law_variants("ngram", ngram)
     if args.block:
         def block():
-            return BlockDrafter.load(block_path, target)
+            return BlockDrafter.load(block_path, target, compute_dtype=args.compute_dtype)
         if args.block_fixed:
             arms["block chain"] = ours(lambda: SpeculativeDecoder(target, block(), tree="chain", **fixed))
             arms["block ddtree16"] = ours(lambda: SpeculativeDecoder(target, block(), tree="ddtree", budget=16,
@@ -203,9 +212,10 @@ def main(argv=None) -> dict:
             if not other_path.is_file():
                 raise SystemExit(f"--also-checkpoint {other_path}: no such file")
             label = "ckpt:" + other_path.name.removesuffix(".safetensors").rsplit("-", 1)[-1]
+            label += "-bf16" if args.also_compute_dtype == "bfloat16" else ""
 
             def other():
-                return BlockDrafter.load(other_path, target)
+                return BlockDrafter.load(other_path, target, compute_dtype=args.also_compute_dtype)
             if args.block_fixed:
                 arms[f"{label} ddtree16"] = ours(lambda: SpeculativeDecoder(target, other(), tree="ddtree", budget=16,
                                                                             **fixed))
@@ -216,7 +226,8 @@ def main(argv=None) -> dict:
         from entropy_law.drafters.hybrid import HybridDrafter
 
         def hybrid():
-            return HybridDrafter(NgramDrafter(), BlockDrafter.load(block_path, target))
+            return HybridDrafter(NgramDrafter(), BlockDrafter.load(block_path, target,
+                                                                   compute_dtype=args.compute_dtype))
         arms["hybrid ddtree16 cost gate"] = ours(lambda: SpeculativeDecoder(target, hybrid(), tree="ddtree", budget=16,
                                                                             verify_cost=verify_cost))
         arms["hybrid law"] = ours(lambda: SpeculativeDecoder(target, hybrid(), tree="ddtree", budget=POLICY_MAX_NODES,
@@ -334,6 +345,7 @@ def main(argv=None) -> dict:
     summary = {
         "bench": "policy", "model": target.model_id, "block_checkpoint": block_path.name if args.block else None,
         "also_checkpoint": Path(args.also_checkpoint).name if args.block and args.also_checkpoint else None,
+        "compute_dtype": args.compute_dtype, "also_compute_dtype": args.also_compute_dtype,
         "prompts_per_category": args.limit, "seed": args.seed,
         "max_new_tokens": args.max_new_tokens, "torch_threads": torch.get_num_threads(), "clock": "cpu",
         "load_average_end": os.getloadavg()[0], "question_ids": sorted(str(t.question_id) for t in tasks),

@@ -560,3 +560,41 @@ def test_copy_head_survives_save_load_and_init_from_checks_the_shape(tmp_path):
                                           context_vocab=True, copy_head=True), path)
     with pytest.raises(ValueError, match="copy_head copies tokens of the context"):
         BlockDrafter(model, draft_vocab=range(0, 96, 2), copy_head=True)
+
+
+def test_bfloat16_compute_keeps_the_output_greedy_the_target_fp32_and_is_recorded(tmp_path, copying):
+    """``set_compute_dtype("bfloat16")`` runs the drafter's layers, fc and head rows in bf16: the decoder's
+    output stays the target's greedy output, no parameter of the target changes dtype, the proposals stay
+    close to the fp32 ones (log-probabilities within bf16 rounding), the dtype goes into the trace run's
+    drafter config (so runs in two dtypes are never pooled), and a bad dtype is refused."""
+    from entropy_law.decoding.decoder import SpeculativeDecoder
+    from entropy_law.decoding.interface import drafter_run_config
+
+    model, drafter, kw, ids, feats = copying
+    path = drafter.save(tmp_path / "d.safetensors", dtype=torch.float32)
+    fp32 = BlockDrafter.load(path, model)
+    bf16 = BlockDrafter.load(path, model, compute_dtype="bfloat16")
+    target_dtypes = {n: p.dtype for n, p in model.named_parameters()}
+    assert set(target_dtypes.values()) == {torch.float32}
+    assert bf16.layers[0].q_proj.weight.dtype == torch.bfloat16 and bf16.fc.weight.dtype == torch.bfloat16
+    assert bf16.norm.weight.dtype == torch.float32  # norms, copy head and logits stay fp32
+    n = 20
+    for d in (fp32, bf16):
+        d.begin(ids[:n], feats[:n])
+    a, b = fp32.propose(ids[:n + 1], None), bf16.propose(ids[:n + 1], None)
+    assert a.logprobs.dtype == b.logprobs.dtype == torch.float32
+    assert torch.allclose(a.logprobs[:, 0], b.logprobs[:, 0], atol=0.1), (a.logprobs[:, 0], b.logprobs[:, 0])
+    assert not torch.equal(a.logprobs, b.logprobs)  # it did run in another precision
+    assert "compute_dtype" not in drafter_run_config(fp32)
+    assert drafter_run_config(bf16)["compute_dtype"] == "bfloat16"
+    prompt = ids[:12]
+    want = greedy(model, prompt, 24)[len(prompt):]
+    for tree, budget in (("chain", None), ("ddtree", 8)):
+        out = SpeculativeDecoder(model, bf16, tree=tree, budget=budget, min_expected_accepted=0.0).generate(
+            prompt, max_new_tokens=24)
+        assert out.token_ids == want
+    assert {n: p.dtype for n, p in model.named_parameters()} == target_dtypes
+    bf16.set_compute_dtype("float32")
+    assert "compute_dtype" not in drafter_run_config(bf16) and bf16.layers[0].q_proj.weight.dtype == torch.float32
+    with pytest.raises(ValueError, match="compute dtype must be one of"):
+        bf16.set_compute_dtype("float16")
