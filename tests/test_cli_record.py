@@ -259,9 +259,43 @@ def test_record_with_a_block_drafter_checkpoint_and_the_cost_gate(model_folder, 
     assert (rounds["block_size"] == 4).all() and (rounds["tree_nodes"] <= 5).all()
 
 
+def test_record_with_a_bfloat16_block_drafter_stays_greedy_and_says_so(model_folder, task_file, tmp_path):
+    """`--drafter-dtype bfloat16`: the drafter's layers in bf16, the output still the target's greedy output,
+    the dtype in the run's drafter config; a run in the other dtype is not resumed into it."""
+    from transformers import AutoModelForCausalLM
+
+    from entropy_law.drafters.block import BlockDrafter
+
+    model = AutoModelForCausalLM.from_pretrained(model_folder, dtype=torch.float32).eval()
+    checkpoint = BlockDrafter(model, seed=0, block_size=4, num_layers=1, feature_layers=(0, 1)).save(
+        tmp_path / "drafter.safetensors")
+    out = tmp_path / "run"
+    assert record(model_folder, task_file, out, "--drafter", "block", "--checkpoint", str(checkpoint),
+                  "--drafter-dtype", "bfloat16", "--tree", "ddtree", "--budget", "5", "--categories", "alpha") == 0
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["drafter_config"]["compute_dtype"] == "bfloat16"
+    prompts = {json.loads(line)["question_id"]: json.loads(line)["turns"][0]
+               for line in task_file.read_text().splitlines()}
+    tokens = read_table(out, "tokens")
+    for request_id, group in tokens.groupby("request_id"):
+        expected = greedy_reference(model_folder, prompts[int(request_id.split(":")[1])], 12)
+        assert group.sort_values("position")["token_id"].tolist() == expected
+    assert record(model_folder, task_file, out, "--drafter", "block", "--checkpoint", str(checkpoint),
+                  "--tree", "ddtree", "--budget", "5", "--categories", "alpha", "--resume") == 2
+    # a replay of the arm (entropy-law predict --replay) loads its drafter in the dtype it ran in
+    from entropy_law.decoding.loading import load_target
+    from entropy_law.jobs.reference import _workload_inputs
+
+    drafter = _workload_inputs(out, meta, load_target(str(model_folder)), None, checkpoint)[1]
+    assert drafter.compute_dtype == torch.bfloat16
+
+
 def test_block_drafter_options_are_checked_before_loading(task_file, tmp_path, capsys):
     assert main(["record", "--model", str(tmp_path / "nowhere"), "--tasks", str(task_file), "--drafter", "ngram",
                  "--checkpoint", "x.safetensors", "--out", str(tmp_path / "x")]) == 2
+    assert "use it with --drafter block" in capsys.readouterr().err
+    assert main(["record", "--model", str(tmp_path / "nowhere"), "--tasks", str(task_file), "--drafter", "ngram",
+                 "--drafter-dtype", "bfloat16", "--out", str(tmp_path / "x")]) == 2
     assert "use it with --drafter block" in capsys.readouterr().err
     assert main(["record", "--model", str(tmp_path / "nowhere"), "--tasks", "vlm_tasks", "--drafter", "block",
                  "--out", str(tmp_path / "x")]) == 2

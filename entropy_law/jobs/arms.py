@@ -93,16 +93,17 @@ def load_block_drafter(target):
 
 
 def make_drafter(spec: ArmSpec, target=None, *, ngram_options: dict | None = None,
-                 checkpoint: str | Path | None = None):
+                 checkpoint: str | Path | None = None, compute_dtype: str = "float32"):
     """A fresh drafter for ``spec`` (``None`` for AR). The n-gram drafter keeps no state across
     requests beyond ``begin``; the block drafter needs ``target`` and loads ``checkpoint`` (default:
-    the shipped one)."""
+    the shipped one), its layers run in ``compute_dtype`` (``BlockDrafter.set_compute_dtype``)."""
     if spec.drafter == AR:
         return None
     if spec.drafter == "ngram":
         return NgramDrafter(**(ngram_options or {}))
     if spec.drafter == "block":
-        return BlockDrafter.load(checkpoint, target) if checkpoint is not None else load_block_drafter(target)
+        drafter = BlockDrafter.load(checkpoint, target) if checkpoint is not None else load_block_drafter(target)
+        return drafter.set_compute_dtype(compute_dtype) if compute_dtype != "float32" else drafter
     raise ValueError(f"unknown drafter {spec.drafter!r}")
 
 

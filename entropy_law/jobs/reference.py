@@ -344,7 +344,9 @@ def _workload_inputs(workload_dir: str | Path, arm_meta: dict, target, tasks, ch
     if drafter_id == "ngram":
         drafter = NgramDrafter(**(arm_meta.get("drafter_config") or {}))
     else:
-        drafter = make_drafter(arm_spec("block"), target, checkpoint=checkpoint)
+        # the dtype the arm's drafter ran in (absent: fp32), so that the replayed proposals are the recorded ones
+        dtype = (arm_meta.get("drafter_config") or {}).get("compute_dtype", "float32")
+        drafter = make_drafter(arm_spec("block"), target, checkpoint=checkpoint, compute_dtype=dtype)
         if drafter.drafter_id != drafter_id:
             raise ValueError(f"the arm was recorded with {drafter_id}, the block drafter loaded is {drafter.drafter_id}; "
                              "pass the arm's checkpoint (checkpoint=; entropy-law predict --checkpoint FILE)")
