@@ -232,29 +232,39 @@ def test_bad_options_fail_before_loading_the_model(task_file, tmp_path, capsys):
     assert "target model not found" in capsys.readouterr().err
 
 
-def test_record_with_a_block_drafter_checkpoint_and_the_cost_gate(model_folder, task_file, tmp_path):
-    """`--drafter block --checkpoint` decodes losslessly with a (random) block drafter for this target;
-    `--gate cost` stores the measured verify-cost curve in the run metadata."""
+def random_block_checkpoint(model_folder, path):
+    """A randomly initialised block drafter for the tiny target, saved at ``path``."""
     from transformers import AutoModelForCausalLM
 
     from entropy_law.drafters.block import BlockDrafter
 
     model = AutoModelForCausalLM.from_pretrained(model_folder, dtype=torch.float32).eval()
-    checkpoint = BlockDrafter(model, seed=0, block_size=4, num_layers=1, feature_layers=(0, 1)).save(
-        tmp_path / "drafter.safetensors")
+    return BlockDrafter(model, seed=0, block_size=4, num_layers=1, feature_layers=(0, 1)).save(path)
+
+
+def assert_greedy_outputs(run, model_folder, task_file, new_tokens=12):
+    """Every request of ``run`` holds the target's greedy continuation of its prompt; returns the tokens table."""
+    tokens = read_table(run, "tokens")
+    prompts = {json.loads(line)["question_id"]: json.loads(line)["turns"][0]
+               for line in task_file.read_text().splitlines()}
+    for request_id, group in tokens.groupby("request_id"):
+        expected = greedy_reference(model_folder, prompts[int(request_id.split(":")[1])], new_tokens)
+        assert group.sort_values("position")["token_id"].tolist() == expected
+    return tokens
+
+
+def test_record_with_a_block_drafter_checkpoint_and_the_cost_gate(model_folder, task_file, tmp_path):
+    """`--drafter block --checkpoint` decodes losslessly with a (random) block drafter for this target;
+    `--gate cost` stores the measured verify-cost curve in the run metadata."""
+    checkpoint = random_block_checkpoint(model_folder, tmp_path / "drafter.safetensors")
     out = tmp_path / "run"
     assert record(model_folder, task_file, out, "--drafter", "block", "--checkpoint", str(checkpoint),
                   "--tree", "ddtree", "--budget", "5", "--gate", "cost", "--categories", "alpha") == 0
     meta = json.loads((out / "run.json").read_text())
     assert meta["drafter_id"].startswith("block") and meta["tree_budget"] == 5
     assert meta["verify_cost"]["sizes"][0] == 1 and meta["verify_cost"]["costs"][0] == 1.0
-    tokens = read_table(out, "tokens")
-    prompts = {json.loads(line)["question_id"]: json.loads(line)["turns"][0]
-               for line in task_file.read_text().splitlines()}
+    tokens = assert_greedy_outputs(out, model_folder, task_file)
     assert set(tokens["request_id"]) == {"tasks:1", "tasks:2", "tasks:7"}
-    for request_id, group in tokens.groupby("request_id"):
-        expected = greedy_reference(model_folder, prompts[int(request_id.split(":")[1])], 12)
-        assert group.sort_values("position")["token_id"].tolist() == expected
     rounds = read_table(out, "rounds")
     assert (rounds["block_size"] == 4).all() and (rounds["tree_nodes"] <= 5).all()
 
@@ -262,24 +272,13 @@ def test_record_with_a_block_drafter_checkpoint_and_the_cost_gate(model_folder, 
 def test_record_with_a_bfloat16_block_drafter_stays_greedy_and_says_so(model_folder, task_file, tmp_path):
     """`--drafter-dtype bfloat16`: the drafter's layers in bf16, the output still the target's greedy output,
     the dtype in the run's drafter config; a run in the other dtype is not resumed into it."""
-    from transformers import AutoModelForCausalLM
-
-    from entropy_law.drafters.block import BlockDrafter
-
-    model = AutoModelForCausalLM.from_pretrained(model_folder, dtype=torch.float32).eval()
-    checkpoint = BlockDrafter(model, seed=0, block_size=4, num_layers=1, feature_layers=(0, 1)).save(
-        tmp_path / "drafter.safetensors")
+    checkpoint = random_block_checkpoint(model_folder, tmp_path / "drafter.safetensors")
     out = tmp_path / "run"
     assert record(model_folder, task_file, out, "--drafter", "block", "--checkpoint", str(checkpoint),
                   "--drafter-dtype", "bfloat16", "--tree", "ddtree", "--budget", "5", "--categories", "alpha") == 0
     meta = json.loads((out / "run.json").read_text())
     assert meta["drafter_config"]["compute_dtype"] == "bfloat16"
-    prompts = {json.loads(line)["question_id"]: json.loads(line)["turns"][0]
-               for line in task_file.read_text().splitlines()}
-    tokens = read_table(out, "tokens")
-    for request_id, group in tokens.groupby("request_id"):
-        expected = greedy_reference(model_folder, prompts[int(request_id.split(":")[1])], 12)
-        assert group.sort_values("position")["token_id"].tolist() == expected
+    assert set(assert_greedy_outputs(out, model_folder, task_file)["request_id"]) == {"tasks:1", "tasks:2", "tasks:7"}
     assert record(model_folder, task_file, out, "--drafter", "block", "--checkpoint", str(checkpoint),
                   "--tree", "ddtree", "--budget", "5", "--categories", "alpha", "--resume") == 2
     # a replay of the arm (entropy-law predict --replay) loads its drafter in the dtype it ran in
