@@ -132,6 +132,10 @@ def main(argv=None) -> dict:
     parser.add_argument("--hybrid", action="store_true",
                         help="with --block, also the hybrid drafter (n-gram + block in one tree): cost gate and law "
                              "policy (the block drafter's fitted law: no hybrid traces exist to fit its own)")
+    parser.add_argument("--hybrid-skip", type=float, default=None, metavar="E",
+                        help="with --hybrid: HybridDrafter(skip_block_at=E), the n-gram chain confidence at which the "
+                             "block forward is skipped (0: whenever the n-gram proposes anything) (default: the "
+                             "drafter's own default)")
     parser.add_argument("--context-match", action="store_true",
                         help="the law policies read the context's copyability before each round (fit_policy("
                              "context_match=): the law per level of the longest repeated suffix of the context)")
@@ -226,8 +230,9 @@ def main(argv=None) -> dict:
         from entropy_law.drafters.hybrid import HybridDrafter
 
         def hybrid():
+            skip = {} if args.hybrid_skip is None else {"skip_block_at": args.hybrid_skip}
             return HybridDrafter(NgramDrafter(), BlockDrafter.load(block_path, target,
-                                                                   compute_dtype=args.compute_dtype))
+                                                                   compute_dtype=args.compute_dtype), **skip)
         arms["hybrid ddtree16 cost gate"] = ours(lambda: SpeculativeDecoder(target, hybrid(), tree="ddtree", budget=16,
                                                                             verify_cost=verify_cost))
         arms["hybrid law"] = ours(lambda: SpeculativeDecoder(target, hybrid(), tree="ddtree", budget=POLICY_MAX_NODES,
@@ -346,6 +351,7 @@ def main(argv=None) -> dict:
         "bench": "policy", "model": target.model_id, "block_checkpoint": block_path.name if args.block else None,
         "also_checkpoint": Path(args.also_checkpoint).name if args.block and args.also_checkpoint else None,
         "compute_dtype": args.compute_dtype, "also_compute_dtype": args.also_compute_dtype,
+        "hybrid_skip_block_at": args.hybrid_skip,
         "prompts_per_category": args.limit, "seed": args.seed,
         "max_new_tokens": args.max_new_tokens, "torch_threads": torch.get_num_threads(), "clock": "cpu",
         "load_average_end": os.getloadavg()[0], "question_ids": sorted(str(t.question_id) for t in tasks),
