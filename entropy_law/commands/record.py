@@ -175,7 +175,8 @@ def run(args) -> int:
             resume=args.resume, overwrite=args.overwrite, break_lock=args.break_lock, flush_every=args.flush_every,
             encode=encode, keep_going=True,
             ngram_options=dict(max_ngram=args.max_ngram, block_size=args.block_size, max_matches=args.max_matches),
-            checkpoint=args.checkpoint, drafter_dtype=args.drafter_dtype, progress=not args.no_progress, desc="record", policy=policy,
+            checkpoint=args.checkpoint, drafter_dtype=args.drafter_dtype, progress=not args.no_progress,
+            desc="record", policy=policy,
             run_metadata={"verify_cost_ratio": args.verify_cost_ratio, "chat_template": not args.no_chat_template,
                           "tasks": str(args.tasks), **({"policy": policy} if policy is not None else {})})
     except ValueError as err:  # the recorder's advice (resume=True, ...) in this command's options
