@@ -108,6 +108,11 @@ def fitted_policy(drafter: str, exclude_question_ids: set[str], draft_cost: floa
     return fit_policy(held_out, draft_cost=draft_cost, context_match=lengths)
 
 
+def json_row(row, keys) -> dict:
+    """A speed row's numbers for the JSON line (NaN -> null, 4 decimals) with its verdict."""
+    return {k: (None if row[k] != row[k] else round(float(row[k]), 4)) for k in keys} | {"verdict": row["verdict"]}
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
@@ -142,6 +147,13 @@ def main(argv=None) -> dict:
     parser.add_argument("--only", nargs="+", default=None, metavar="ARM", help="run only these arms (and AR)")
     parser.add_argument("--sets", nargs="+", default=["spec_bench", "open_ended"])
     args = parser.parse_args(argv)
+    if not args.block and (args.checkpoint or args.also_checkpoint or args.block_fixed or args.hybrid
+                           or args.compute_dtype != "float32"):
+        parser.error("--checkpoint, --also-checkpoint, --block-fixed, --hybrid and --compute-dtype need --block")
+    if args.also_compute_dtype != "float32" and not args.also_checkpoint:
+        parser.error("--also-compute-dtype sets the --also-checkpoint drafter's dtype: give --also-checkpoint")
+    if args.hybrid_skip is not None and not args.hybrid:
+        parser.error("--hybrid-skip needs --hybrid")
     torch.set_num_threads(1)
 
     target = load_target(args.model)
@@ -162,8 +174,7 @@ def main(argv=None) -> dict:
         warm = prompt_of[tasks[0].request_id]
         ar_run = ARDecoder(target).generate(warm, max_new_tokens=32)
         probe = SpeculativeDecoder(target, BlockDrafter.load(block_path, target, compute_dtype=args.compute_dtype),
-                                   tree="chain",
-                                   min_expected_accepted=0.0)
+                                   tree="chain", min_expected_accepted=0.0)
         probe.generate(warm, max_new_tokens=8)  # warm-up
         rounds = [r for r in probe.generate(warm, max_new_tokens=32).rounds if r.round_index > 0]
         step_ms = ar_run.decode_ms / max(len(ar_run.rounds) - 1, 1)
@@ -293,10 +304,8 @@ def main(argv=None) -> dict:
             print(f"{second} over {first} (paired per request, 95% request-bootstrap interval)")
             for _, row in pair.iterrows():
                 print(f"    {row['category']:<16} {format_speedup(row)}")
-            head_to_head[f"{second} / {first}"] = {
-                row["category"]: {k: (None if row[k] != row[k] else round(float(row[k]), 4))
-                                  for k in ("speedup", "lo", "hi")} | {"verdict": row["verdict"]}
-                for _, row in pair.iterrows()}
+            head_to_head[f"{second} / {first}"] = {row["category"]: json_row(row, ("speedup", "lo", "hi"))
+                                                   for _, row in pair.iterrows()}
     print("replay oracle (ngram, best N per round in hindsight; modelled, not timed)")
     for category in [*categories, ALL]:
         tpr, rate = oracle_of(category)
@@ -359,13 +368,12 @@ def main(argv=None) -> dict:
         "policies": {k: {"draft_cost": v["draft_cost"], "fitted_on": v["fitted_on"], "window": v["window"],
                          "context_match": (v.get("context_match") or {}).get("levels")}
                      for k, v in laws.items()},
-        "speedup_vs_ar": {name: {row["category"]: {k: (None if row[k] != row[k] else round(float(row[k]), 4))
-                                                   for k in ("speedup", "lo", "hi", "tokens_per_round", "bound")}
-                                 | {"verdict": row["verdict"]}
+        "speedup_vs_ar": {name: {row["category"]: json_row(row, ("speedup", "lo", "hi", "tokens_per_round", "bound"))
                                  for _, row in speed.loc[speed["arm"] == name].iterrows()} for name in names},
         "oracle": {c: {"tokens_per_round": round(float(oracle_of(c)[0]), 4),
                        "modelled_speedup": round(float(oracle_of(c)[1]), 4)} for c in [*categories, ALL]},
-        "checkpoints_head_to_head": head_to_head, "mismatches_vs_ar": mismatches, "goals": {k: bool(v) for k, v in goals.items()}, "detail": detail,
+        "checkpoints_head_to_head": head_to_head, "mismatches_vs_ar": mismatches,
+        "goals": {k: bool(v) for k, v in goals.items()}, "detail": detail,
     }
     print(json.dumps(summary))
     return summary

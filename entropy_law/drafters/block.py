@@ -774,8 +774,7 @@ class BlockDrafter(nn.Module):
         drafter.info = json.loads(meta["info"]) if "info" in meta else {}
         # recorded with every trace run (``drafter_run_config``): two checkpoints of one architecture differ here
         drafter.provenance = {"checkpoint": path.name, "checkpoint_sha256": file_sha256(path)}
-        drafter.eval()
-        return drafter.set_compute_dtype(compute_dtype) if compute_dtype != "float32" else drafter
+        return drafter.eval().set_compute_dtype(compute_dtype)
 
 
 def read_checkpoint(path: str | Path) -> tuple[BlockDrafterConfig, dict[str, torch.Tensor], dict]:

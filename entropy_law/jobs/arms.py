@@ -84,12 +84,12 @@ def block_drafter_status() -> tuple[bool, str]:
     return True, f"block drafter checkpoint: {path}"
 
 
-def load_block_drafter(target):
+def load_block_drafter(target, compute_dtype: str = "float32"):
     """The shipped block drafter for ``target`` (raises ``FileNotFoundError`` / ``ValueError`` with the reason)."""
     ok, message = block_drafter_status()
     if not ok:
         raise FileNotFoundError(message)
-    return BlockDrafter.load(block_drafter_checkpoint(), target)
+    return BlockDrafter.load(block_drafter_checkpoint(), target, compute_dtype=compute_dtype)
 
 
 def make_drafter(spec: ArmSpec, target=None, *, ngram_options: dict | None = None,
@@ -102,8 +102,9 @@ def make_drafter(spec: ArmSpec, target=None, *, ngram_options: dict | None = Non
     if spec.drafter == "ngram":
         return NgramDrafter(**(ngram_options or {}))
     if spec.drafter == "block":
-        drafter = BlockDrafter.load(checkpoint, target) if checkpoint is not None else load_block_drafter(target)
-        return drafter.set_compute_dtype(compute_dtype) if compute_dtype != "float32" else drafter
+        if checkpoint is None:
+            return load_block_drafter(target, compute_dtype)
+        return BlockDrafter.load(checkpoint, target, compute_dtype=compute_dtype)
     raise ValueError(f"unknown drafter {spec.drafter!r}")
 
 

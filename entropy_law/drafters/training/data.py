@@ -37,7 +37,6 @@ from transformers import DynamicCache
 
 from entropy_law.decoding.adapter import cache_keyword
 from entropy_law.decoding.features import capture_features
-from entropy_law.prompts.paths import data_dir
 from entropy_law.prompts.text import OPEN_ENDED, SPEC_BENCH, load_tasks
 
 GSM8K_ENV = "ENTROPY_LAW_GSM8K"
@@ -175,10 +174,7 @@ def read_gsm8k_questions(path: Path) -> list[str]:
 
 def spec_bench_texts() -> set[str]:
     """First-turn texts of the shipped Spec-Bench questions (evaluation only; never trained on)."""
-
-    path = data_dir() / "spec_bench" / "question.jsonl"
-    with open(path, encoding="utf-8") as fh:
-        return {json.loads(line)["turns"][0].strip() for line in fh if line.strip()}
+    return {task.turns[0].strip() for task in load_tasks(SPEC_BENCH)}
 
 
 def evaluation_texts() -> set[str]:
