@@ -232,14 +232,14 @@ def test_bad_options_fail_before_loading_the_model(task_file, tmp_path, capsys):
     assert "target model not found" in capsys.readouterr().err
 
 
-def random_block_checkpoint(model_folder, path):
+def random_block_checkpoint(model_folder, path, seed=0):
     """A randomly initialised block drafter for the tiny target, saved at ``path``."""
     from transformers import AutoModelForCausalLM
 
     from entropy_law.drafters.block import BlockDrafter
 
     model = AutoModelForCausalLM.from_pretrained(model_folder, dtype=torch.float32).eval()
-    return BlockDrafter(model, seed=0, block_size=4, num_layers=1, feature_layers=(0, 1)).save(path)
+    return BlockDrafter(model, seed=seed, block_size=4, num_layers=1, feature_layers=(0, 1)).save(path)
 
 
 def assert_greedy_outputs(run, model_folder, task_file, new_tokens=12):
@@ -287,6 +287,49 @@ def test_record_with_a_bfloat16_block_drafter_stays_greedy_and_says_so(model_fol
 
     drafter = _workload_inputs(out, meta, load_target(str(model_folder)), None, checkpoint)[1]
     assert drafter.compute_dtype == torch.bfloat16
+
+
+def test_a_replayed_block_arm_loads_the_checkpoint_it_ran_with(model_folder, task_file, tmp_path, monkeypatch):
+    """A replay (entropy-law predict --replay) takes the checkpoint whose SHA-256 the arm recorded: found under
+    $ENTROPY_LAW_BLOCK_DRAFTER (or data/drafters/) when none is given, refused when another file is given, and
+    an error that says what to pass when it is nowhere; never silently another drafter of the same shape."""
+    from entropy_law.decoding.loading import load_target
+    from entropy_law.jobs.arms import BLOCK_DRAFTER_ENV
+    from entropy_law.jobs.reference import _workload_inputs
+    from entropy_law.traces.layout import file_sha256
+
+    checkpoint = random_block_checkpoint(model_folder, tmp_path / "drafter.safetensors")
+    other = random_block_checkpoint(model_folder, tmp_path / "other.safetensors", seed=1)
+    out = tmp_path / "run"
+    assert record(model_folder, task_file, out, "--drafter", "block", "--checkpoint", str(checkpoint),
+                  "--tree", "ddtree", "--budget", "5", "--categories", "alpha", "--limit", "1") == 0
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["drafter_config"]["checkpoint_sha256"] == file_sha256(checkpoint) != file_sha256(other)
+    target = load_target(str(model_folder))
+    with pytest.raises(ValueError, match=r"recorded with the block drafter checkpoint sha256:\w{12}, .*other"):
+        _workload_inputs(out, meta, target, None, other)
+    monkeypatch.setenv(BLOCK_DRAFTER_ENV, str(other))
+    with pytest.raises(ValueError, match="is not under data/drafters/: pass it"):
+        _workload_inputs(out, meta, target, None, None)
+    monkeypatch.setenv(BLOCK_DRAFTER_ENV, str(checkpoint))
+    drafter = _workload_inputs(out, meta, target, None, None)[1]
+    assert drafter.provenance["checkpoint_sha256"] == file_sha256(checkpoint)
+
+
+def test_the_default_block_checkpoint_is_chosen_by_name_not_by_sort_order(monkeypatch):
+    """data/drafters/ holds the default checkpoint and the broad one, whose name sorts first: runs that name no
+    checkpoint took the broad one while the docs, the reference traces and the model card describe the default."""
+    from entropy_law.drafters.block import BROAD_CHECKPOINT, DEFAULT_CHECKPOINT, default_drafter_path
+    from entropy_law.jobs.arms import BLOCK_DRAFTER_ENV, block_drafter_checkpoint
+
+    monkeypatch.delenv(BLOCK_DRAFTER_ENV, raising=False)
+    assert sorted([BROAD_CHECKPOINT, DEFAULT_CHECKPOINT])[0] == BROAD_CHECKPOINT  # why the old rule failed
+    if not default_drafter_path().is_file():
+        assert block_drafter_checkpoint() is None
+    else:
+        assert block_drafter_checkpoint() == default_drafter_path()
+    monkeypatch.setenv(BLOCK_DRAFTER_ENV, "/elsewhere/mine.safetensors")
+    assert str(block_drafter_checkpoint()) == "/elsewhere/mine.safetensors"
 
 
 def test_block_drafter_options_are_checked_before_loading(task_file, tmp_path, capsys):

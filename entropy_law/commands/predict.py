@@ -84,7 +84,8 @@ def register(subparsers) -> None:
     p.add_argument("--tasks", help="with --replay / --replay-rounds / --context-match: the prompts the workload "
                                    "decoded (default: its run.json's tasks)")
     p.add_argument("--checkpoint", help="with --replay / --replay-rounds: the block drafter's checkpoint the arm was "
-                                        "recorded with (default: the shipped one)")
+                                        "recorded with (default: the file under data/drafters/ or $ENTROPY_LAW_BLOCK_DRAFTER "
+                                        "whose SHA-256 the arm recorded)")
     p.add_argument("--n-boot", type=int, default=100, help="replicates for the intervals (default 100)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=run)

@@ -4,7 +4,8 @@ Known here: the arms the demo, the reference traces and ``entropy-law record`` d
 chain, ``ngram`` DDTree, ``block`` chain / DDTree N=16, and ``ar``, the autoregressive baseline), what
 an AR run writes as its drafter and tree policy in trace metadata (``"none"`` for both: the analysis
 recognises AR runs by them), where the shipped block drafter checkpoint is looked for
-(``$ENTROPY_LAW_BLOCK_DRAFTER``, else the first ``*.safetensors`` under ``data/drafters/``), and how to
+(``$ENTROPY_LAW_BLOCK_DRAFTER``, else the shipped default ``data/drafters/smollm2-135m-block-b8.safetensors``;
+``find_block_checkpoint`` finds a recorded arm's checkpoint by its SHA-256), and how to
 say that it is unavailable without failing: ``block_drafter_status`` returns the reason, callers print it
 and carry on with the other arms.
 
@@ -17,8 +18,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from entropy_law.drafters.block import BlockDrafter, check_checkpoint
+from entropy_law.drafters.block import BlockDrafter, check_checkpoint, default_drafter_path
 from entropy_law.drafters.ngram import NgramDrafter
+from entropy_law.traces.layout import file_sha256
 
 BLOCK_DRAFTER_ENV = "ENTROPY_LAW_BLOCK_DRAFTER"
 DDTREE_BUDGET = 16
@@ -63,14 +65,29 @@ def arm_spec(name: str) -> ArmSpec:
 
 
 def block_drafter_checkpoint() -> Path | None:
-    """The block drafter checkpoint: ``$ENTROPY_LAW_BLOCK_DRAFTER``, else the first (sorted)
-    ``*.safetensors`` under ``data/drafters/`` of the checkout; ``None`` if there is none."""
+    """The block drafter checkpoint a run uses when none is named: ``$ENTROPY_LAW_BLOCK_DRAFTER``, else the
+    shipped default (``drafters.block.default_drafter_path``); ``None`` if that is absent. Chosen by name, never
+    as "the first file under ``data/drafters/``": that folder holds more than one checkpoint (the broad one
+    sorts first), and which drafter a run uses must not follow the sort order of file names."""
     env = os.environ.get(BLOCK_DRAFTER_ENV)
     if env:
         return Path(env)
-    folder = Path(__file__).resolve().parents[2] / "data" / "drafters"
-    found = sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
-    return found[0] if found else None
+    path = default_drafter_path()
+    return path if path.is_file() else None
+
+
+def find_block_checkpoint(sha256: str) -> Path | None:
+    """The checkpoint whose bytes have SHA-256 ``sha256`` (as a run records it in
+    ``drafter_config.checkpoint_sha256``), among ``$ENTROPY_LAW_BLOCK_DRAFTER`` and the ``*.safetensors`` under
+    ``data/drafters/``; ``None`` if none has it."""
+    candidates = []
+    env = os.environ.get(BLOCK_DRAFTER_ENV)
+    if env and Path(env).is_file():
+        candidates.append(Path(env))
+    folder = default_drafter_path().parent
+    if folder.is_dir():
+        candidates.extend(sorted(folder.glob("*.safetensors")))
+    return next((path for path in candidates if file_sha256(path) == sha256), None)
 
 
 def block_drafter_status() -> tuple[bool, str]:

@@ -40,8 +40,9 @@ from entropy_law.decoding.observers import RecorderObserver
 from entropy_law.decoding.replay import (PrecomputedBlockDrafter, replay_request, replay_run_metadata,
                                          teacher_forced_logits)
 from entropy_law.decoding.round import DEFAULT_VERIFY_COST_RATIO
-from entropy_law.jobs.arms import AR, ArmSpec, arm_spec, available_arms, make_drafter
+from entropy_law.jobs.arms import AR, ArmSpec, arm_spec, available_arms, find_block_checkpoint, make_drafter
 from entropy_law.jobs.record import record_arms
+from entropy_law.traces.layout import file_sha256
 from entropy_law.traces.reader import load_traces
 from entropy_law.traces.recorder import TraceRecorder
 
@@ -332,6 +333,26 @@ def attach_context_matches(traces, target, *, tasks: str | Path | None = None):
     return traces.with_context_match(context_matches(paths, target, tasks=tasks, max_length=CONTEXT_MATCH_MAX))
 
 
+def _arm_checkpoint(recorded_sha256: str | None, checkpoint: str | Path | None) -> str | Path | None:
+    """The block drafter checkpoint to replay an arm with: ``checkpoint`` if given, else the one under
+    ``data/drafters/`` (or ``$ENTROPY_LAW_BLOCK_DRAFTER``) whose SHA-256 the arm recorded; an error if the
+    given file is not the recorded one, or if none is found. Arms recorded without a SHA-256 get ``checkpoint``
+    (``None``: the default one)."""
+    if not recorded_sha256:
+        return checkpoint
+    if checkpoint is not None:
+        found = file_sha256(checkpoint)
+        if found != recorded_sha256:
+            raise ValueError(f"the arm was recorded with the block drafter checkpoint sha256:{recorded_sha256[:12]}, "
+                             f"{checkpoint} is sha256:{found[:12]}: pass the checkpoint the arm ran with")
+        return checkpoint
+    found = find_block_checkpoint(recorded_sha256)
+    if found is None:
+        raise ValueError(f"the arm was recorded with the block drafter checkpoint sha256:{recorded_sha256[:12]}, which "
+                         "is not under data/drafters/: pass it (checkpoint=; entropy-law predict --checkpoint FILE)")
+    return found
+
+
 def _workload_inputs(workload_dir: str | Path, arm_meta: dict, target, tasks, checkpoint):
     """What replaying an arm over a workload run needs: (the workload's run.json, the arm's drafter, a plain
     decoder of the target, prompt ids and greedy outputs by request id)."""
@@ -345,7 +366,9 @@ def _workload_inputs(workload_dir: str | Path, arm_meta: dict, target, tasks, ch
         drafter = NgramDrafter(**(arm_meta.get("drafter_config") or {}))
     else:
         # the dtype the arm's drafter ran in (absent: fp32), so that the replayed proposals are the recorded ones
-        dtype = (arm_meta.get("drafter_config") or {}).get("compute_dtype", "float32")
+        config = arm_meta.get("drafter_config") or {}
+        dtype = config.get("compute_dtype", "float32")
+        checkpoint = _arm_checkpoint(config.get("checkpoint_sha256"), checkpoint)
         drafter = make_drafter(arm_spec("block"), target, checkpoint=checkpoint, compute_dtype=dtype)
         if drafter.drafter_id != drafter_id:
             raise ValueError(f"the arm was recorded with {drafter_id}, the block drafter loaded is {drafter.drafter_id}; "
