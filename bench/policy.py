@@ -59,9 +59,10 @@ from entropy_law.decoding.replay import oracle_rounds  # noqa: E402
 from entropy_law.drafters.block import BlockDrafter, default_drafter_path  # noqa: E402
 from entropy_law.drafters.ngram import NgramDrafter  # noqa: E402
 from entropy_law.jobs.speed import ALL, decoder_arm, format_speedup, paired_speedups, print_progress, time_arms  # noqa: E402
-from entropy_law.law.policy import fit_policy  # noqa: E402
+from entropy_law.law.policy import borrow_policy, fit_policy  # noqa: E402
 from entropy_law.prompts.paths import data_dir  # noqa: E402
 from entropy_law.prompts.text import load_tasks, sample_per_category  # noqa: E402
+from entropy_law.traces.layout import file_sha256  # noqa: E402
 from entropy_law.traces.reader import load_traces  # noqa: E402
 
 AR = "AR"
@@ -181,6 +182,8 @@ def main(argv=None) -> dict:
         block_cost = float(np.median([r.draft_ms for r in rounds])) / step_ms
         print(f"block drafter cost: {block_cost:.3f} one-token forwards per round (measured here)", flush=True)
         laws["block"] = fitted_policy("block", decoded_ids, block_cost, copy_target)
+        if laws["block"].get("checkpoint_sha256") != file_sha256(block_path):  # --checkpoint: applied knowingly
+            laws["block"] = borrow_policy(laws["block"], laws["block"]["drafter_id"], file_sha256(block_path))
     for name, law in laws.items():
         print(f"{name} policy: fitted on {law['fitted_on']['requests']} held-out requests "
               f"({law['fitted_on']['at_risk_trials']} trials), draft cost {law['draft_cost']:.4f}; "
@@ -247,7 +250,8 @@ def main(argv=None) -> dict:
         arms["hybrid ddtree16 cost gate"] = ours(lambda: SpeculativeDecoder(target, hybrid(), tree="ddtree", budget=16,
                                                                             verify_cost=verify_cost))
         arms["hybrid law"] = ours(lambda: SpeculativeDecoder(target, hybrid(), tree="ddtree", budget=POLICY_MAX_NODES,
-                                                             verify_cost=verify_cost, policy=laws["block"]))
+                                                             verify_cost=verify_cost,
+                                                             policy=borrow_policy(laws["block"], "hybrid")))
     if args.only:
         unknown = sorted(set(args.only) - set(arms))
         if unknown:

@@ -9,6 +9,7 @@ Recording: the policy columns are written and read back; a run without a policy 
 import json
 import math
 from functools import lru_cache
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -399,6 +400,18 @@ def test_record_with_the_law_policy(tmp_path, capsys):
     assert "--policy-law" in capsys.readouterr().err
     assert main(bad + ["--policy", "law", "--policy-law", str(tasks)]) == 2  # not a policy file
     assert "fit_policy" in capsys.readouterr().err
+    # a policy fitted for another drafter: refused (before the verify cost is measured); --policy-borrow applies it
+    block_law = save_policy({**params(0.8), "drafter_id": "block-drafter-b8-l2-copy"}, tmp_path / "block.json")
+    borrowed = tmp_path / "borrowed"
+    args = [a if a != str(out) else str(borrowed) for a in args]
+    assert main(args + ["--policy", "law", "--policy-law", str(block_law)]) == 2
+    assert "fitted for drafter 'block-drafter-b8-l2-copy', the decoder's drafter is 'ngram'" in capsys.readouterr().err
+    assert main(args + ["--policy", "law", "--policy-law", str(block_law), "--policy-borrow", "--overwrite"]) == 0
+    meta = json.loads((borrowed / "run.json").read_text())
+    assert meta["policy"]["borrowed_from"]["drafter_id"] == "block-drafter-b8-l2-copy"
+    assert meta["policy"]["drafter_id"] is None
+    assert main(bad + ["--policy-borrow"]) == 2
+    assert "use it with --policy law" in capsys.readouterr().err
 
 
 def test_oracle_with_a_prohibitive_cost_never_drafts():
@@ -564,6 +577,9 @@ def test_the_policy_command_fits_and_saves_an_arms_law_policy(tmp_path, capsys):
     assert main(["policy", str(timed), "--drafter", "block-drafter-b8-l2-copy ddtree16", "--out",
                  str(tmp_path / "block.json")]) == 0
     block_t_ar = float(re.search(r"ar_ms_per_token = [\d.]+ / ([\d.]+) \(", capsys.readouterr().out).group(1))
+    block_runs = an.runs.loc[an.runs["arm"] == "block-drafter-b8-l2-copy ddtree16", "drafter_config"]
+    assert load_policy(tmp_path / "block.json")["checkpoint_sha256"] == block_runs.iloc[0]["checkpoint_sha256"]
+    assert got["checkpoint_sha256"] is None  # the n-gram drafter has no checkpoint
     assert block_t_ar == pytest.approx(an.ar_ms_per_token(), rel=0.03)
     assert f"written to {out}" in printed and f"--policy {out}" in printed
     assert main(["policy", str(timed), "--drafter", "ngram ddtree16", "--out", str(out)]) == 2
@@ -576,3 +592,55 @@ def test_the_policy_command_fits_and_saves_an_arms_law_policy(tmp_path, capsys):
                  "--out", str(tmp_path / "d.json")]) == 2
     assert "--draft-cost must be >= 0" in capsys.readouterr().err
     assert not (tmp_path / "b.json").exists() and not (tmp_path / "d.json").exists()
+
+
+class NamedDrafter(NgramDrafter):
+    """An n-gram drafter under another id, as if loaded from a checkpoint with SHA-256 ``sha``."""
+
+    def __init__(self, drafter_id, sha=None):
+        super().__init__(block_size=6)
+        self.drafter_id = drafter_id
+        self.provenance = {"checkpoint_sha256": sha} if sha else {}
+
+
+def test_a_policy_fitted_for_another_drafter_or_checkpoint_is_refused_unless_borrowed():
+    """`record --policy law --policy-law ngram.json --drafter block` applied the n-gram drafter's law to the block
+    drafter without a word, and a policy fitted on one block checkpoint to another; both are refused now, before
+    anything is measured, online and in a replay, and ``borrow_policy`` applies one knowingly (kept in the run)."""
+    from entropy_law.law.policy import borrow_policy
+
+    m = model()
+    prompt = random_prompt(torch.Generator().manual_seed(4), 96, 8)
+    reference = greedy(m, prompt, 12)
+    law = {**params(0.8), "drafter_id": "block-a", "checkpoint_sha256": "a" * 64}
+    for drafter, match in ((NamedDrafter("ngram"), "fitted for drafter 'block-a', the decoder's drafter is 'ngram'"),
+                           (NamedDrafter("block-a", "b" * 64), r"checkpoint sha256:aaaaaaaaaaaa, this one is "
+                                                              r"sha256:bbbbbbbbbbbb")):
+        with pytest.raises(ValueError, match=match):
+            SpeculativeDecoder(m, drafter, tree="chain", policy=law)
+        with pytest.raises(ValueError, match="borrow_policy"):
+            replay_rounds(prompt, reference, drafter, "chain", None, policy=law)
+        borrowed = borrow_policy(law, drafter.drafter_id, drafter.provenance.get("checkpoint_sha256"))
+        assert borrowed["borrowed_from"] == {"drafter_id": "block-a", "checkpoint_sha256": "a" * 64}
+        out = SpeculativeDecoder(m, drafter, tree="chain", policy=borrowed).generate(prompt, max_new_tokens=12)
+        assert out.token_ids == reference
+        assert out.config["policy"]["borrowed_from"]["drafter_id"] == "block-a"
+    # the same drafter and checkpoint, or parameters that name neither (made by hand, or older ones): accepted
+    SpeculativeDecoder(m, NamedDrafter("block-a", "a" * 64), tree="chain", policy=law)
+    SpeculativeDecoder(m, NamedDrafter("ngram"), tree="chain", policy=params(0.8))
+    SpeculativeDecoder(m, NamedDrafter("ngram"), tree="chain", policy=borrow_policy(law, None))
+
+
+def test_fit_policy_keeps_the_checkpoint_and_refuses_runs_of_several():
+    """A policy names the checkpoint its runs were decoded with; runs of one drafter id with two checkpoints (the
+    default and the broad block drafter share an architecture and an id) are not pooled into one law."""
+    reference = load_traces(Path(__file__).resolve().parents[1] / "data" / "traces")  # block chain and DDTree16
+    runs = reference.runs
+    block = runs.loc[runs["drafter_id"].str.startswith("block")]
+    assert len(block) >= 2 and block["drafter_config"].map(lambda c: c["checkpoint_sha256"]).nunique() == 1
+    other = runs.copy()
+    first = other.index[other["drafter_id"].str.startswith("block")][0]
+    other.at[first, "drafter_config"] = {**other.at[first, "drafter_config"], "checkpoint_sha256": "f" * 64}
+    mixed = SimpleNamespace(tokens=reference.tokens, rounds=reference.rounds, runs=other)
+    with pytest.raises(ValueError, match=r"hold 2 checkpoints \(sha256 .*ffffffffffff\): a policy is for one"):
+        fit_policy(mixed, drafter=block["drafter_id"].iloc[0], draft_cost=0.2)

@@ -64,6 +64,10 @@ def register(subparsers) -> None:
     p.add_argument("--policy-law", default=None, metavar="FITTED.json",
                    help="policy parameters for --policy law, written by entropy_law.law.policy.save_policy(fit_policy("
                         "traces of this drafter))")
+    p.add_argument("--policy-borrow", action="store_true",
+                   help="apply --policy-law to this drafter even though it was fitted for another drafter or "
+                        "checkpoint (refused otherwise); what it was fitted for is stored with the run "
+                        "(borrowed_from)")
     p.add_argument("--tasks", default="spec_bench",
                    help="'spec_bench', 'open_ended' or a JSONL file with question_id, category, turns (default: %(default)s)")
     p.add_argument("--categories", nargs="+", default=None, metavar="CATEGORY",
@@ -111,6 +115,8 @@ def _check_args(args) -> None:
         raise ValueError("--drafter-dtype sets the block drafter's dtype: use it with --drafter block")
     if (args.policy == "law") != (args.policy_law is not None):
         raise ValueError("--policy law needs --policy-law FITTED.json (and --policy-law needs --policy law)")
+    if args.policy_borrow and args.policy != "law":
+        raise ValueError("--policy-borrow relabels the parameters of --policy law: use it with --policy law")
     if args.policy == "law" and args.drafter == "ar":
         raise ValueError("--policy law decides when to draft: use it with a drafter, not --drafter ar")
     if args.drafter == "ar" and (args.tree != "chain" or args.budget is not None):
@@ -137,8 +143,10 @@ def run(args) -> int:
     loader = load_image_tasks if image_tasks else load_tasks
     policy = None
     if args.policy == "law":  # before the model: a bad file fails fast
-        from entropy_law.law.policy import load_policy
+        from entropy_law.law.policy import borrow_policy, load_policy
         policy = load_policy(args.policy_law)
+        if args.policy_borrow:  # for whichever drafter this run builds
+            policy = borrow_policy(policy, None)
         args.gate = "cost"  # the policy prices trees with this machine's measured verify cost
     tasks = loader(args.tasks, categories=_categories(args.categories), limit=args.limit)
     if not tasks:

@@ -55,7 +55,7 @@ from typing import Sequence
 import torch
 
 from entropy_law.decoding.gate import VerifyCost
-from entropy_law.decoding.interface import DraftProposal
+from entropy_law.decoding.interface import DraftProposal, drafter_run_config
 from entropy_law.decoding.observers import row_entropies
 from entropy_law.traces.stats import context_match_length
 from entropy_law.decoding.tree import Tree
@@ -71,6 +71,26 @@ def _number(params: dict, key: str, *, low: float = -math.inf) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < low:
         raise ValueError(f"policy parameter {key!r} must be a finite number >= {low}, got {value!r}")
     return float(value)
+
+
+def check_policy_drafter(params: dict, drafter) -> None:
+    """Raise ``ValueError`` when policy parameters were fitted for another drafter (``drafter_id``) or another
+    checkpoint of it (``checkpoint_sha256``, where both sides have one): a law of one drafter's acceptance says
+    little about another's. Parameters without these keys (made by hand, or before they were kept) are not
+    checked. ``entropy_law.law.policy.borrow_policy`` relabels parameters to apply them knowingly."""
+    fitted_id, fitted_sha = params.get("drafter_id"), params.get("checkpoint_sha256")
+    drafter_id = getattr(drafter, "drafter_id", None)
+    sha = drafter_run_config(drafter).get("checkpoint_sha256")
+    if fitted_id is not None and drafter_id is not None and fitted_id != drafter_id:
+        problem = f"fitted for drafter {fitted_id!r}, the decoder's drafter is {drafter_id!r}"
+    elif fitted_sha and sha and fitted_sha != sha:
+        problem = (f"fitted for drafter {fitted_id!r} loaded from checkpoint sha256:{fitted_sha[:12]}, this one is "
+                   f"sha256:{sha[:12]}")
+    else:
+        return
+    raise ValueError(f"the policy was {problem}: fit one on this drafter's runs (entropy-law policy TRACES --drafter "
+                     "ARM), or apply it knowingly with entropy_law.law.policy.borrow_policy (entropy-law record "
+                     "--policy-borrow)")
 
 
 class LawPolicy:
@@ -132,6 +152,10 @@ class LawPolicy:
         self.verify_cost = verify_cost
         self._log_grid = [math.log(h + 1e-3) for h in self.grid]
         self.context_levels, self.context_tables, self.context_max = self._context_tables(params.get("context_match"))
+
+    def check_drafter(self, drafter) -> None:
+        """``check_policy_drafter`` of these parameters."""
+        check_policy_drafter(self.params, drafter)
 
     def _context_tables(self, spec) -> tuple[list[int], list[list[list[float]]], int]:
         """The optional per-level tables of the copyability input (``context_match``): ``max_length``, the

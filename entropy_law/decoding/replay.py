@@ -190,6 +190,8 @@ def replay_rounds(
         raise ValueError("empty output: the prefill always commits one token")
     if isinstance(policy, dict):
         policy = LawPolicy(policy, verify_cost)
+    if isinstance(policy, LawPolicy):
+        policy.check_drafter(drafter)
     rules = RoundRules.make(tree, budget, eos_token_ids=eos_token_ids, max_context=max_context,
                             verify_cost_ratio=verify_cost_ratio, min_expected_accepted=min_expected_accepted,
                             verify_cost=verify_cost, should_draft=should_draft, policy=policy)
@@ -454,6 +456,7 @@ class PrecomputedBlockDrafter:
         self.drafter_id = drafter.drafter_id
         self.block_size = drafter.block_size
         self.config = dict(drafter.config)
+        self.provenance = dict(getattr(drafter, "provenance", {}) or {})  # its checkpoint, as the live one's
         self.sequence = [int(t) for t in prompt_ids] + [int(t) for t in output_ids]
         self.prompt_len = len(prompt_ids)
         s = len(self.sequence)

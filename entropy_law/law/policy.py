@@ -124,6 +124,11 @@ def fit_policy(traces, *, window: int = 4, family: str = "law_exp", drafter: str
     drafters = sorted(runs["drafter_id"].unique())
     if len(drafters) != 1:
         raise ValueError(f"the traces hold drafters {drafters}: a policy is for one drafter; pass drafter=")
+    checkpoints = _checkpoints(runs)
+    if len(checkpoints) > 1:
+        raise ValueError(f"the runs of drafter {drafters[0]!r} hold {len(checkpoints)} checkpoints (sha256 "
+                         f"{', '.join(c[:12] for c in checkpoints)}): a policy is for one checkpoint; keep the runs of "
+                         "one (traces.filter(run_id=...)), the law differs between them")
     tokens = traces.tokens.copy()
     tokens["target_entropy_nats"] = window_entropy(tokens, window)
     at_risk = tokens["role"].isin(("accepted", "correction"))
@@ -158,6 +163,7 @@ def fit_policy(traces, *, window: int = 4, family: str = "law_exp", drafter: str
                      f"{copyability['trials']})")
     return {
         "kind": POLICY_KIND, "version": POLICY_VERSION, "drafter_id": drafters[0],
+        "checkpoint_sha256": checkpoints[0] if checkpoints else None,
         "model_id": sorted(runs["model_id"].astype(str).unique()) if "model_id" in runs else None,
         "family": law.family.name, "window": int(window),
         "entropy_grid": [round(float(h), 6) for h in grid], "depths": depths,
@@ -172,6 +178,29 @@ def fit_policy(traces, *, window: int = 4, family: str = "law_exp", drafter: str
         **({"context_match": copyability} if copyability is not None else {}),
         "notes": notes,
     }
+
+
+def _checkpoints(runs: pd.DataFrame) -> list[str]:
+    """The distinct checkpoint SHA-256s the runs' drafters were loaded from (``drafter_config``; none for a
+    drafter without a checkpoint, e.g. the n-gram one)."""
+    if "drafter_config" not in runs:
+        return []
+    found = {config.get("checkpoint_sha256") for config in runs["drafter_config"] if isinstance(config, dict)}
+    return sorted(str(sha) for sha in found if sha)
+
+
+def borrow_policy(params: dict, drafter_id: str | None, checkpoint_sha256: str | None = None) -> dict:
+    """``params`` relabelled for another drafter (or another checkpoint of the same one), so that a decoder
+    accepts them: a policy is fitted for one drafter and checkpoint, and the decoder refuses it for another
+    (``decoding.policy.check_policy_drafter``). ``drafter_id`` / ``checkpoint_sha256`` ``None``: any. What it was fitted for is kept under ``borrowed_from`` and
+    stored with the run, so a run that applied a borrowed law says so. For when no traces of the drafter exist
+    to fit its own (a new checkpoint, the hybrid drafter); its in-request calibration then corrects the law's
+    level per request, not its shape."""
+    if not isinstance(params, dict) or params.get("kind") != POLICY_KIND:
+        raise ValueError(f"not policy parameters (kind {POLICY_KIND!r}); make them with fit_policy")
+    origin = {"drafter_id": params.get("drafter_id"), "checkpoint_sha256": params.get("checkpoint_sha256")}
+    return {**params, "drafter_id": drafter_id, "checkpoint_sha256": checkpoint_sha256,
+            "borrowed_from": params.get("borrowed_from") or origin}
 
 
 def context_levels(lengths: np.ndarray, min_trials: int) -> list[int]:
@@ -297,6 +326,11 @@ def policy_arm_meta(arm_meta: dict, policy: dict, *, measured: dict | None = Non
     if policy.get("drafter_id") != arm_meta.get("drafter_id"):
         raise ValueError(f"the policy is for drafter {policy.get('drafter_id')!r}, {arm} ran "
                          f"{arm_meta.get('drafter_id')!r}")
+    arm_sha = (arm_meta.get("drafter_config") or {}).get("checkpoint_sha256")
+    if policy.get("checkpoint_sha256") and arm_sha and policy["checkpoint_sha256"] != arm_sha:
+        raise ValueError(f"the policy is for the checkpoint sha256:{policy['checkpoint_sha256'][:12]} of drafter "
+                         f"{policy.get('drafter_id')!r}, {arm} ran sha256:{arm_sha[:12]}: fit one on runs of that "
+                         "checkpoint, or relabel it knowingly (borrow_policy)")
     if policy.get("verify_cost") is not None:
         curve, whence = policy["verify_cost"], "the curve its parameters hold"
     elif measured is not None:
