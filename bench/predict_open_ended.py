@@ -27,6 +27,7 @@ Two steps (``--record`` first, once; then the check, as often as wanted):
 Prints a table and ends with ONE JSON line.
 
     OMP_NUM_THREADS=1 python bench/predict_open_ended.py --record data/traces_open_timed --per-category 3 --seed 7
+    OMP_NUM_THREADS=1 python bench/predict_open_ended.py --record data/traces_probe --tasks data/probe/probe.jsonl
     OMP_NUM_THREADS=1 python bench/predict_open_ended.py | tee bench/results/predict_open_ended.txt
     python bench/predict_open_ended.py --fit-policy ngram --out /tmp/ngram-policy.json   # from data/traces
     python bench/predict_open_ended.py --fit-policy block --context-match --out /tmp/block-context.json
@@ -84,7 +85,7 @@ def fit_reference_policy(drafter: str, out: Path, arm_traces: Path, context_matc
 
 
 def record(out: Path, per_category: int, seed: int, max_new_tokens: int, arms=RECORD_ARMS,
-           policies: dict | None = None) -> None:
+           policies: dict | None = None, tasks_name: str = "open_ended") -> None:
     import torch
 
     from entropy_law.decoding.loading import load_target
@@ -92,7 +93,7 @@ def record(out: Path, per_category: int, seed: int, max_new_tokens: int, arms=RE
     from entropy_law.prompts.text import load_tasks, sample_per_category
 
     torch.set_num_threads(1)
-    tasks = sample_per_category(load_tasks("open_ended"), per_category, seed=seed)
+    tasks = sample_per_category(load_tasks(tasks_name), per_category, seed=seed)
     print(f"{per_category} per category, seed {seed}", flush=True)
     policy = None
     if policies:
@@ -102,7 +103,7 @@ def record(out: Path, per_category: int, seed: int, max_new_tokens: int, arms=RE
         def policy(spec):  # the drafter's law policy, None for AR
             return loaded.get(spec.drafter)
     record_timed(tasks, arms, out, load_target("smollm2-135m"), max_new_tokens=max_new_tokens,
-                 log=lambda m: print(m, flush=True), metadata={"seed": seed, "tasks": "open_ended"}, policy=policy)
+                 log=lambda m: print(m, flush=True), metadata={"seed": seed, "tasks": tasks_name}, policy=policy)
 
 
 def check(path: Path, arm_traces: Path, n_boot: int, seed: int) -> dict:
@@ -233,6 +234,9 @@ def main(argv=None) -> int:
                    help="the arms whose costs price the prediction (timed with AR on this machine)")
     p.add_argument("--record", metavar="OUT", default=None, help="record the open-ended set into OUT first")
     p.add_argument("--per-category", type=int, default=3)
+    p.add_argument("--tasks", default="open_ended",
+                   help="--record: the prompts, 'open_ended' (default) or a JSONL file of other categories (e.g. "
+                        "data/probe/probe.jsonl)")
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--n-boot", type=int, default=100)
@@ -261,7 +265,7 @@ def main(argv=None) -> int:
         policies[drafter] = path
     if args.record:
         record(Path(args.record), args.per_category, args.seed, args.max_new_tokens, tuple(args.arms.split(",")),
-               policies)
+               policies, args.tasks)
         return 0
     check(Path(args.traces), Path(args.arm_traces), args.n_boot, args.seed)
     return 0
