@@ -28,6 +28,7 @@ Prints a table and ends with ONE JSON line.
 
     OMP_NUM_THREADS=1 python bench/predict_open_ended.py --record data/traces_open_timed --per-category 3 --seed 7
     OMP_NUM_THREADS=1 python bench/predict_open_ended.py --record data/traces_probe --tasks data/probe/probe.jsonl
+    OMP_NUM_THREADS=1 python bench/predict_open_ended.py data/traces_probe --law-from data/traces --law-tasks spec_bench
     OMP_NUM_THREADS=1 python bench/predict_open_ended.py | tee bench/results/predict_open_ended.txt
     python bench/predict_open_ended.py --fit-policy ngram --out /tmp/ngram-policy.json   # from data/traces
     python bench/predict_open_ended.py --fit-policy block --context-match --out /tmp/block-context.json
@@ -106,7 +107,76 @@ def record(out: Path, per_category: int, seed: int, max_new_tokens: int, arms=RE
                  log=lambda m: print(m, flush=True), metadata={"seed": seed, "tasks": tasks_name}, policy=policy)
 
 
-def check(path: Path, arm_traces: Path, n_boot: int, seed: int) -> dict:
+def law_check(path: Path, arm_traces: Path, ar_path: Path, source, measured, table, law_from: str, law_tasks: str | None,
+              tasks: str | None, n_boot: int, seed: int) -> dict:
+    """The law's answer (``entropy-law predict --replay --law-from LAW_FROM``: the drafter's proposals replayed, the
+    acceptance from a law fitted on ``law_from``) against the measured speedups of ``table``, twice: with the law in
+    the drafter's confidence alone (``REPLAYED_FAMILY``) and with the one the command now picks
+    (``replayed_family``: + the context's copyability and the target's top-1 probability)."""
+    from types import SimpleNamespace
+
+    import numpy as np
+    import pandas as pd
+
+    from entropy_law.commands.predict import replayed_laws
+    from entropy_law.law.workload import REPLAYED_FAMILY
+    from entropy_law.traces.reader import load_traces
+
+    args = SimpleNamespace(workload=str(ar_path), arm_traces=str(arm_traces), law_from=law_from, law_tasks=law_tasks,
+                           tasks=tasks, model=None, checkpoint=None, transfer_error=None, n_boot=n_boot, seed=seed)
+    arms = [a for a in source.arms if a in set(table["arm"])]
+    rows, families = [], {}
+    for forced in (REPLAYED_FAMILY, None):
+        laws, workload = replayed_laws(args, source, arms, load_traces(ar_path), family=forced)
+        for arm, (law, error, proposals, notes) in laws.items():
+            families[forced or "picked"] = law.family.name
+            pred = source.predict(arm, workload, law=law, transfer_error=error, proposals=proposals).summary
+            for category, p in pred.iterrows():
+                m = table.loc[(table["arm"] == arm) & (table["category"] == category)]
+                if m.empty:
+                    continue
+                m = m.iloc[0]
+                rows.append(dict(law=law.family.name, arm=arm, category=category, predicted=float(p["predicted_speedup"]),
+                                 low=float(p["low"]), high=float(p["high"]), verdict=p["verdict"],
+                                 measured=float(m["measured"]), measured_lo=float(m["measured_lo"]),
+                                 measured_hi=float(m["measured_hi"]), transfer_error=error,
+                                 predicted_tokens_per_round=float(p["predicted_tokens_per_round"]),
+                                 measured_tokens_per_round=float(m["measured_tokens_per_round"])))
+    law_table = pd.DataFrame(rows)
+    law_table["relative_error"] = law_table["predicted"] / law_table["measured"] - 1
+    law_table["tokens_per_round_error"] = (law_table["predicted_tokens_per_round"]
+                                           / law_table["measured_tokens_per_round"] - 1)
+    law_table["measured_inside_predicted"] = (law_table["measured"] >= law_table["low"]) & (
+        law_table["measured"] <= law_table["high"])
+    from entropy_law.law.workload import verdict_right
+
+    law_table["right"] = [verdict_right(v, lo, hi) for v, lo, hi in
+                          zip(law_table["verdict"], law_table["measured_lo"], law_table["measured_hi"])]
+    print(f"\nthe law's answer (entropy-law predict --replay --law-from {law_from}"
+          + (f" --law-tasks {law_tasks}" if law_tasks else "") + "), against the same measured speedups:")
+    with pd.option_context("display.width", 240, "display.max_columns", 30):
+        print(law_table.drop(columns=["measured_lo", "measured_hi"]).round(3).to_string(index=False))
+    out = {}
+    for family, part in law_table.groupby("law", sort=False):
+        cats = part.loc[part["category"] != "all"]
+        out[family] = {"mean_abs_error": float(cats["relative_error"].abs().mean()),
+                       "max_abs_error": float(cats["relative_error"].abs().max()),
+                       "mean_signed_error": float(cats["relative_error"].mean()),
+                       "tokens_per_round_mean_abs_error": float(cats["tokens_per_round_error"].abs().mean()),
+                       "measured_inside_predicted": int(part["measured_inside_predicted"].sum()), "cells": len(part),
+                       "right": int((part["right"] == True).sum()),  # noqa: E712
+                       "wrong": int((part["right"] == False).sum())}  # noqa: E712
+        o = out[family]
+        print(f"{family}: per category speedup |error| mean {o['mean_abs_error']:.1%} (max {o['max_abs_error']:.1%}, "
+              f"signed mean {o['mean_signed_error']:+.1%}), tokens per round |error| mean "
+              f"{o['tokens_per_round_mean_abs_error']:.1%}; measured inside the widened interval in "
+              f"{o['measured_inside_predicted']} of {o['cells']} cells (categories and overall); verdicts judged right "
+              f"{o['right']}, wrong {o['wrong']}")
+    return {"families": families, **out}
+
+
+def check(path: Path, arm_traces: Path, n_boot: int, seed: int, law_from: str | None = None,
+          law_tasks: str | None = None, tasks: str | None = None) -> dict:
     import numpy as np
     import pandas as pd
     import torch
@@ -223,6 +293,9 @@ def check(path: Path, arm_traces: Path, n_boot: int, seed: int) -> dict:
           "most "
           f"{out['tokens_per_round_max_abs_error']:.1%}; verdicts judged right {out['right']}, wrong {out['wrong']} "
           "(per category and overall, where the measured interval excludes 1)")
+    if law_from:
+        out["law"] = law_check(path, arm_traces, ar_path, source, measured, table, law_from, law_tasks, tasks, n_boot,
+                               seed)
     print(json.dumps(out, default=lambda v: None if v is None else bool(v) if isinstance(v, np.bool_) else float(v)))
     return out
 
@@ -246,6 +319,11 @@ def main(argv=None) -> int:
                         "entropy-law predict --budgets prices it")
     p.add_argument("--policy", action="append", default=[], metavar="DRAFTER=FITTED.json",
                    help="--record: run the drafter's arms (ngram, block) with this law policy in place of the gate")
+    p.add_argument("--law-from", default=None, metavar="TRACES",
+                   help="the check: also the law's answer (entropy-law predict --replay --law-from TRACES), with the law "
+                        "in the drafter's confidence alone and with the one the command picks (+ the copyability)")
+    p.add_argument("--law-tasks", default=None, help="with --law-from: the prompts its runs decoded (spec_bench for "
+                                                      "data/traces, whose run.json names none)")
     p.add_argument("--fit-policy", choices=("ngram", "block"), default=None,
                    help="write the drafter's law policy, fitted on data/traces, to --out and stop")
     p.add_argument("--out", default=None, help="--fit-policy: the parameters' file")
@@ -267,7 +345,8 @@ def main(argv=None) -> int:
         record(Path(args.record), args.per_category, args.seed, args.max_new_tokens, tuple(args.arms.split(",")),
                policies, args.tasks)
         return 0
-    check(Path(args.traces), Path(args.arm_traces), args.n_boot, args.seed)
+    check(Path(args.traces), Path(args.arm_traces), args.n_boot, args.seed, args.law_from, args.law_tasks,
+          None if args.tasks == "open_ended" else args.tasks)
     return 0
 
 

@@ -398,6 +398,21 @@ def test_the_predict_command_with_the_drafters_replayed_proposals(capsys, tmp_pa
     assert "transfer error 20.0% (--transfer-error)" in out
     translation = next(x for x in out.splitlines() if x.startswith("translation"))
     assert float(translation.split("predicted ")[1].split("x")[0]) > 1.5  # the copying category: the entropy-only
+    # data/traces' run.json names no task file: the law there cannot read the copyability, and the notes say what to
+    # pass; with --law-tasks it is rebuilt from the prompts and the drafter-aware law of the rule reads it
+    assert "law law_exp_obs_ceil_drafttop: without the context's copyability (" in out
+    assert "traces/ar: run.json names no task file" in out and "--law-tasks for --law-from's" in out
+    assert main([*argv, "--replay", "--law-from", str(data / "traces"), "--law-tasks", "spec_bench",
+                 "--transfer-error", "0.2"]) == 0
+    copy = capsys.readouterr().out
+    assert copy.splitlines()[0] == ("will drafting pay on this workload? ngram ddtree16 "
+                                    "(law_exp_obs_ceil_drafttop_top1_copy), from its target entropies and the drafter's "
+                                    "replayed proposals")
+    assert "the context's copyability at every position" in copy
+    with_copy = next(x for x in copy.splitlines() if x.startswith("translation"))
+    assert with_copy != translation and float(with_copy.split("predicted ")[1].split("x")[0]) > 1.5
+    assert main([*argv, "--law-tasks", "spec_bench"]) == 2
+    assert "--law-tasks names the prompts of --replay's law traces" in capsys.readouterr().err
     assert main([*argv, "--law-from", str(data / "traces")]) == 2  # law misses it (README)
     assert "--law-from is for --replay" in capsys.readouterr().err
     assert main(["predict", str(timed), "--from", str(timed), "--replay"]) == 2
@@ -805,3 +820,19 @@ def test_a_workload_without_the_targets_top1_probability_is_priced_by_the_fallba
     assert "entropy-law entropy" in lines[0]
     assert lines[1] == f"will drafting pay on this workload? ngram chain ({PRIMARY_FALLBACK}), from its target entropies"
     assert next(x for x in lines if x.startswith("all")).split()[1] in ("pays", "does", "unclear")
+
+
+def test_replayed_family_reads_the_copyability_where_every_table_holds_it():
+    """``replayed_family``: the rule's drafter-aware law (copyability and the target's top-1 probability) where the
+    workload's and the law's tokens hold both at every token; the copyability alone without top-1; the law in the
+    drafter's confidence alone where any table lacks the copyability or has a gap in it."""
+    import pandas as pd
+
+    from entropy_law.law.workload import REPLAYED_COPY_FALLBACK, REPLAYED_COPY_FAMILY, REPLAYED_FAMILY, replayed_family
+
+    full = pd.DataFrame({"context_match": [0, 3], "target_top1_prob": [0.9, 0.5]})
+    assert replayed_family(full, full) == REPLAYED_COPY_FAMILY
+    assert replayed_family(full, full.drop(columns="target_top1_prob")) == REPLAYED_COPY_FALLBACK
+    assert replayed_family(full, full.drop(columns="context_match")) == REPLAYED_FAMILY
+    assert replayed_family(full, full.assign(context_match=[0, None])) == REPLAYED_FAMILY
+    assert replayed_family(full, full.iloc[:0]) == REPLAYED_FAMILY

@@ -15,7 +15,12 @@ the target) and the law in that confidence (``law_exp_obs_ceil_drafttop``) price
 (runs of the arm with the drafter's ``draft_top1_prob`` recorded and their replayed proposals beside run.json,
 e.g. ``data/traces``; default ``--from``), with its transfer error from leave-one-category-out on replayed depths
 there. The arm's ratio gate is replayed too. On ``data/traces_timed`` the speedup error on a held-out category falls
-from 11-21% to 7.5-8.4% (``bench/predict_unseen.py``).
+from 11-21% to 7.5-8.4% (``bench/predict_unseen.py``). Where the context's copyability can be had for the workload and
+for ``--law-from`` (recorded, or rebuilt from their prompts: ``--tasks`` / ``--law-tasks`` where a run.json names
+none), the law also reads it and the target's top-1 probability (``law.workload.replayed_family``: the drafter-aware
+law by the rule of docs/law.md); on 42 prompts in twelve categories outside Spec-Bench it cut the speedup error of a
+law fitted on Spec-Bench from 11% to 7.5% and 9% to 5% (``bench/results/predict_probe.txt``). The notes say which law
+priced the workload, and why not the copy-aware one.
 
 ``--replay-rounds`` (the workload one run): each arm's rounds are replayed exactly over the workload's outputs (its
 tree, budget and gate or policy; ``jobs.reference.workload_rounds``, which loads the target): a drafter that proposes
@@ -83,6 +88,9 @@ def register(subparsers) -> None:
                                    "the workload's model)")
     p.add_argument("--tasks", help="with --replay / --replay-rounds / --context-match: the prompts the workload "
                                    "decoded (default: its run.json's tasks)")
+    p.add_argument("--law-tasks", help="with --replay: the prompts the --law-from runs decoded, where their run.json "
+                                       "names none (e.g. spec_bench for data/traces): the law then reads the context's "
+                                       "copyability, rebuilt from them")
     p.add_argument("--checkpoint", help="with --replay / --replay-rounds: the block drafter's checkpoint the arm was "
                                         "recorded with (default: the file under data/drafters/ or $ENTROPY_LAW_BLOCK_DRAFTER "
                                         "whose SHA-256 the arm recorded)")
@@ -124,6 +132,8 @@ def run(args) -> int:
     if unknown:
         raise ValueError(f"no drafting arm {', '.join(map(repr, unknown))} in {args.arm_traces}; arms: "
                          f"{', '.join(analysis.arms)}")
+    if args.law_tasks and not args.replay:
+        raise ValueError("--law-tasks names the prompts of --replay's law traces: add --replay")
     if args.law_from and not args.replay:
         raise ValueError("--law-from is for --replay (the law in the drafter's confidence); drop it, or add --replay")
     budgets = _budgets(args.budgets) if args.budgets else []
@@ -143,7 +153,9 @@ def run(args) -> int:
     if args.replay and args.replay_rounds:
         raise ValueError("--replay prices replayed proposals with a law, --replay-rounds replayed rounds without one: "
                          "choose one")
-    replayed = _replayed(args, analysis, arms) if args.replay else {}
+    replayed = {}
+    if args.replay:
+        replayed, workload = replayed_laws(args, analysis, arms, workload)
     replayed_rounds = _replayed_rounds(args, analysis, arms, budgets, policy) if args.replay_rounds else {}
     results = {}
     for arm in [*arms, *(name for name in replayed_rounds if name not in arms)]:
@@ -175,13 +187,33 @@ def run(args) -> int:
     return 0
 
 
-def _replayed(args, analysis, arms) -> dict:
-    """arm -> (law in the drafter's confidence, transfer error, the workload's replayed proposals, notes)."""
+def _with_copyability(traces, target, tasks=None):
+    """(``traces`` with the tokens column ``context_match`` at every position, None) as recorded or rebuilt from
+    their prompts with the loaded ``target`` (``jobs.reference.attach_context_matches``), else (``traces``, why
+    not)."""
+    from entropy_law.jobs.reference import attach_context_matches
+
+    tokens = traces.tokens
+    if "context_match" in tokens and len(tokens) and tokens["context_match"].notna().all():
+        return traces, None
+    try:
+        return attach_context_matches(traces, target, tasks=tasks), None
+    except (OSError, ValueError) as err:
+        return traces, str(err)
+
+
+def replayed_laws(args, analysis, arms, workload, family: str | None = None) -> tuple[dict, object]:
+    """``--replay``: per arm (its law, transfer error, replayed proposals, notes), and the workload with the context's
+    copyability where it could be attached. ``args``: the command's options (``workload``, ``arm_traces``,
+    ``law_from``, ``law_tasks``, ``tasks``, ``model``, ``checkpoint``, ``transfer_error``, ``n_boot``, ``seed``).
+    ``family``: the law (default: ``law.workload.replayed_family`` of what the traces hold; ``bench/
+    predict_open_ended.py`` compares it with ``REPLAYED_FAMILY``)."""
     from pathlib import Path
 
     from entropy_law.jobs.reference import workload_proposals
     from entropy_law.law.analysis import TraceAnalysis
-    from entropy_law.law.workload import REPLAYED_FAMILY
+    from entropy_law.law.fit import get_family
+    from entropy_law.law.workload import REPLAYED_FAMILY, replayed_family
     from entropy_law.traces.layout import RUN_FILE, read_run_json
     from entropy_law.traces.proposals import read_proposals
     from entropy_law.traces.reader import load_traces
@@ -192,18 +224,34 @@ def _replayed(args, analysis, arms) -> dict:
     if proposals is None:
         raise ValueError(f"--replay needs the arms' replayed proposals in {law_from} (proposals.parquet beside run.json: "
                          f"bench/replayed_proposals.py --traces {law_from} --write), or --law-from traces that have them")
-    reference = TraceAnalysis(load_traces(law_from), family=REPLAYED_FAMILY, proposals=proposals,
-                              n_boot=args.n_boot, seed=args.seed)
-    missing = [a for a in arms if a not in reference.arms]
+    law_traces = load_traces(law_from)
+    arms_of = TraceAnalysis(law_traces, family=REPLAYED_FAMILY, proposals=proposals, n_boot=0)  # checks, no fit
+    missing = [a for a in arms if a not in arms_of.arms]
     if missing:
         raise ValueError(f"--law-from {law_from} has no arm {', '.join(map(repr, missing))}; arms: "
-                         f"{', '.join(reference.arms)}")
+                         f"{', '.join(arms_of.arms)}")
     for arm in arms:  # the law in the drafter's confidence must be of the target whose costs and workload it prices
-        if reference.model_of(arm) != analysis.model_of(arm):
-            raise ValueError(f"--law-from {law_from} holds arm {arm!r} decoded by {reference.model_of(arm)}, --from by "
+        if arms_of.model_of(arm) != analysis.model_of(arm):
+            raise ValueError(f"--law-from {law_from} holds arm {arm!r} decoded by {arms_of.model_of(arm)}, --from by "
                              f"{analysis.model_of(arm)}: a law of one target predicts nothing for another; give "
                              "--law-from runs of the same target")
     target = _workload_target(args, "--replay")
+    # the context's copyability, for the law that reads it: from the workload's and the law's runs and prompts
+    workload, why_not = _with_copyability(workload, target, args.tasks)
+    if why_not is None:
+        law_traces, why_not = _with_copyability(law_traces, target, args.law_tasks)
+    if family is None:
+        family = REPLAYED_FAMILY if why_not else replayed_family(workload.tokens, law_traces.tokens)
+    if why_not:
+        copy_note = (f"law {family}: without the context's copyability ({why_not}); pass the prompts (--tasks for the "
+                     "workload's, --law-tasks for --law-from's) for the law that reads it")
+    elif "context_match" in get_family(family).position_columns:
+        copy_note = (f"law {family}: the drafter's confidence, the target's top-1 probability where the traces hold it "
+                     "and the context's copyability at every position (the longest suffix of prompt and output that "
+                     "occurred earlier, rebuilt from the prompts where the runs did not record it)")
+    else:
+        copy_note = f"law {family}, as asked (the traces hold the context's copyability; it does not read it)"
+    reference = TraceAnalysis(law_traces, family=family, proposals=proposals, n_boot=args.n_boot, seed=args.seed)
     out = {}
     for arm in arms:
         law = reference.law(arm)
@@ -214,15 +262,16 @@ def _replayed(args, analysis, arms) -> dict:
             error = float(acc["max_abs_relative_error"])
             notes = [f"transfer error: the largest leave-one-category-out |relative error| of tokens per round on the "
                      f"{int(acc['categories'])} categories of {law_from}, {error:.1%} (mean "
-                     f"{float(acc['mean_abs_relative_error']):.1%}; {REPLAYED_FAMILY}, replayed depths)"]
+                     f"{float(acc['mean_abs_relative_error']):.1%}; {family}, replayed depths)"]
         path = analysis.runs.loc[analysis.runs["arm"] == arm, "path"].iloc[0]
         replay = workload_proposals(args.workload, read_run_json(Path(path) / RUN_FILE), target, tasks=args.tasks,
                                     checkpoint=args.checkpoint)
         notes.append(f"drafted depths and the drafter's confidence: its proposals replayed at every output position of "
                      f"the workload ({replay['request_id'].nunique()} requests), with {replay.attrs['gate']}; law "
-                     f"{REPLAYED_FAMILY} fitted on {law_from}")
+                     f"{family} fitted on {law_from}")
+        notes.append(copy_note)
         out[arm] = (law, error, replay, notes)
-    return out
+    return out, workload
 
 
 def _one_run(workload, flag: str) -> None:
