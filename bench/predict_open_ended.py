@@ -110,9 +110,10 @@ def record(out: Path, per_category: int, seed: int, max_new_tokens: int, arms=RE
 def law_check(path: Path, arm_traces: Path, ar_path: Path, source, measured, table, law_from: str, law_tasks: str | None,
               tasks: str | None, n_boot: int, seed: int) -> dict:
     """The law's answer (``entropy-law predict --replay --law-from LAW_FROM``: the drafter's proposals replayed, the
-    acceptance from a law fitted on ``law_from``) against the measured speedups of ``table``, twice: with the law in
-    the drafter's confidence alone (``REPLAYED_FAMILY``) and with the one the command now picks
-    (``replayed_family``: + the context's copyability and the target's top-1 probability)."""
+    acceptance from a law fitted on ``law_from``) against the measured speedups of ``table``: with the law in the
+    drafter's confidence alone (``REPLAYED_FAMILY``) and with the one the command now picks (``replayed_family``: +
+    the context's copyability and the target's top-1 probability), each without and with the law's residual b on
+    ``law_from``'s categories (``law.transfer.calibrated_transfer``; the command applies it)."""
     from types import SimpleNamespace
 
     import numpy as np
@@ -128,20 +129,26 @@ def law_check(path: Path, arm_traces: Path, ar_path: Path, source, measured, tab
     rows, families = [], {}
     for forced in (REPLAYED_FAMILY, None):
         laws, workload = replayed_laws(args, source, arms, load_traces(ar_path), family=forced)
-        for arm, (law, error, proposals, notes) in laws.items():
+        for arm, (law, error, proposals, notes, calibration) in laws.items():
             families[forced or "picked"] = law.family.name
-            pred = source.predict(arm, workload, law=law, transfer_error=error, proposals=proposals).summary
-            for category, p in pred.iterrows():
-                m = table.loc[(table["arm"] == arm) & (table["category"] == category)]
-                if m.empty:
-                    continue
-                m = m.iloc[0]
-                rows.append(dict(law=law.family.name, arm=arm, category=category, predicted=float(p["predicted_speedup"]),
-                                 low=float(p["low"]), high=float(p["high"]), verdict=p["verdict"],
-                                 measured=float(m["measured"]), measured_lo=float(m["measured_lo"]),
-                                 measured_hi=float(m["measured_hi"]), transfer_error=error,
-                                 predicted_tokens_per_round=float(p["predicted_tokens_per_round"]),
-                                 measured_tokens_per_round=float(m["measured_tokens_per_round"])))
+            for calibrated in (False, True):  # without and with the law's residual b (predict --replay: with)
+                bias = calibration["bias"] if calibrated else 0.0
+                band = error if calibrated else calibration["uncalibrated_error"]
+                pred = source.predict(arm, workload, law=law, transfer_error=band, proposals=proposals,
+                                      bias=bias).summary
+                name = law.family.name + (" + b" if calibrated else "")
+                for category, p in pred.iterrows():
+                    m = table.loc[(table["arm"] == arm) & (table["category"] == category)]
+                    if m.empty:
+                        continue
+                    m = m.iloc[0]
+                    rows.append(dict(law=name, arm=arm, category=category, b=bias,
+                                     predicted=float(p["predicted_speedup"]), low=float(p["low"]),
+                                     high=float(p["high"]), verdict=p["verdict"], measured=float(m["measured"]),
+                                     measured_lo=float(m["measured_lo"]), measured_hi=float(m["measured_hi"]),
+                                     transfer_error=band,
+                                     predicted_tokens_per_round=float(p["predicted_tokens_per_round"]),
+                                     measured_tokens_per_round=float(m["measured_tokens_per_round"])))
     law_table = pd.DataFrame(rows)
     law_table["relative_error"] = law_table["predicted"] / law_table["measured"] - 1
     law_table["tokens_per_round_error"] = (law_table["predicted_tokens_per_round"]

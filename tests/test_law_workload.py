@@ -4,6 +4,7 @@ log-speedup line on the request's mean entropy crosses 1, predicted and measured
 import warnings
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from entropy_law.law.fit import PRIMARY_FAMILY
@@ -395,16 +396,24 @@ def test_the_predict_command_with_the_drafters_replayed_proposals(capsys, tmp_pa
                                    "from its target entropies and the drafter's replayed proposals")
     assert ("its proposals replayed at every output position of the workload (40 requests), with the arm's ratio "
             "gate (drafts where the expected accepted drafts >= 1)") in out  # the timed runs' default ratio 2
-    assert "transfer error 20.0% (--transfer-error)" in out
+    assert "transfer error 20.0% (--transfer-error); the law's residual b not applied" in out
     translation = next(x for x in out.splitlines() if x.startswith("translation"))
     assert float(translation.split("predicted ")[1].split("x")[0]) > 1.5  # the copying category: the entropy-only
     # data/traces' run.json names no task file: the law there cannot read the copyability, and the notes say what to
     # pass; with --law-tasks it is rebuilt from the prompts and the drafter-aware law of the rule reads it
     assert "law law_exp_obs_ceil_drafttop: without the context's copyability (" in out
     assert "traces/ar: run.json names no task file" in out and "--law-tasks for --law-from's" in out
-    assert main([*argv, "--replay", "--law-from", str(data / "traces"), "--law-tasks", "spec_bench",
-                 "--transfer-error", "0.2"]) == 0
+    assert main([*argv, "--replay", "--law-from", str(data / "traces"), "--law-tasks", "spec_bench"]) == 0
     copy = capsys.readouterr().out
+    # calibrated by the law's residual b on data/traces' categories, widened by its LOCO error and the cost model's
+    import re
+
+    b = float(re.search(r"scaled by e\^b = [\d.]+ \(b = ([-+][\d.]+)", copy).group(1))
+    assert -0.2 < b < 0  # the DP over-predicts (docs/law.md)
+    law_error, cost_error, both = (float(x) / 100 for x in re.search(
+        r"widened by both: \(1 \+ ([\d.]+)%\) x \(1 \+ ([\d.]+)%\) - 1 = ([\d.]+)%", copy).groups())
+    assert both == pytest.approx((1 + law_error) * (1 + cost_error) - 1, abs=2e-3) and law_error > 0 < cost_error
+    assert f"widened by the law's transfer error {both:.1%}" in copy
     assert copy.splitlines()[0] == ("will drafting pay on this workload? ngram ddtree16 "
                                     "(law_exp_obs_ceil_drafttop_top1_copy), from its target entropies and the drafter's "
                                     "replayed proposals")
@@ -826,8 +835,6 @@ def test_replayed_family_reads_the_copyability_where_every_table_holds_it():
     """``replayed_family``: the rule's drafter-aware law (copyability and the target's top-1 probability) where the
     workload's and the law's tokens hold both at every token; the copyability alone without top-1; the law in the
     drafter's confidence alone where any table lacks the copyability or has a gap in it."""
-    import pandas as pd
-
     from entropy_law.law.workload import REPLAYED_COPY_FALLBACK, REPLAYED_COPY_FAMILY, REPLAYED_FAMILY, replayed_family
 
     full = pd.DataFrame({"context_match": [0, 3], "target_top1_prob": [0.9, 0.5]})
@@ -836,3 +843,46 @@ def test_replayed_family_reads_the_copyability_where_every_table_holds_it():
     assert replayed_family(full, full.drop(columns="context_match")) == REPLAYED_FAMILY
     assert replayed_family(full, full.assign(context_match=[0, None])) == REPLAYED_FAMILY
     assert replayed_family(full, full.iloc[:0]) == REPLAYED_FAMILY
+
+
+def test_the_laws_residual_b_scales_tokens_per_round_and_nothing_else():
+    """``predict(bias=b)``: every request's predicted tokens per round times e^b exactly (fewer rounds of the same
+    make-up), the speedup moved with it, the note says so; a non-finite b and a bias on replayed rounds are refused."""
+    an, _ = _workload(_sim())
+    arm = an.arms[0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plain = an.predict(arm, an.traces, transfer_error=0.1)
+        scaled = an.predict(arm, an.traces, transfer_error=0.1, bias=np.log(0.9))
+    both = plain.requests_table.merge(scaled.requests_table, on=["run_id", "request_id"])
+    np.testing.assert_allclose(both["predicted_tokens_per_round_y"], 0.9 * both["predicted_tokens_per_round_x"],
+                               rtol=1e-10)
+    assert (both["predicted_speedup_y"] < both["predicted_speedup_x"]).all()
+    assert any("scaled by e^b = 0.900 (b = -0.105" in n for n in scaled.notes)
+    assert not any("scaled by e^b" in n for n in plain.notes)
+    with pytest.raises(ValueError, match="bias must be finite"):
+        an.predict(arm, an.traces, transfer_error=0.1, bias=float("nan"))
+    with pytest.raises(ValueError, match="drop proposals=, law= and bias="):
+        an.predict(arm, an.traces, rounds=pd.DataFrame(), bias=0.1)
+
+
+def test_calibrated_transfer_takes_b_from_the_other_categories_only():
+    """``calibrated_transfer``: b the mean log(observed / predicted) over the held-out categories; each category's
+    error after scaling by the b of the others (computed here by hand); with fewer than 3 categories no b."""
+    from types import SimpleNamespace
+
+    from entropy_law.law.transfer import calibrated_transfer
+
+    observed = np.array([2.0, 3.0, 1.5, 2.5])
+    predicted = np.array([2.2, 3.1, 1.8, 2.6])
+    summary = pd.DataFrame({"observed_tokens_per_round": observed, "predicted_tokens_per_round": predicted},
+                           index=pd.Index(["a", "b", "c", "d"], name="category"))
+    b, error, table = calibrated_transfer(SimpleNamespace(summary=summary))
+    logs = np.log(observed / predicted)
+    assert b == pytest.approx(logs.mean())
+    for i in range(4):
+        others = np.delete(logs, i).mean()
+        assert table["relative_error"].iloc[i] == pytest.approx(predicted[i] * np.exp(others) / observed[i] - 1)
+    assert error == pytest.approx(table["relative_error"].abs().max()) and list(table["category"]) == list("abcd")
+    b2, error2, _ = calibrated_transfer(SimpleNamespace(summary=summary.iloc[:2]))
+    assert b2 == 0.0 and error2 == pytest.approx(max(abs(2.2 / 2.0 - 1), abs(3.1 / 3.0 - 1)))

@@ -18,9 +18,13 @@ there. The arm's ratio gate is replayed too. On ``data/traces_timed`` the speedu
 from 11-21% to 7.5-8.4% (``bench/predict_unseen.py``). Where the context's copyability can be had for the workload and
 for ``--law-from`` (recorded, or rebuilt from their prompts: ``--tasks`` / ``--law-tasks`` where a run.json names
 none), the law also reads it and the target's top-1 probability (``law.workload.replayed_family``: the drafter-aware
-law by the rule of docs/law.md); on 42 prompts in twelve categories outside Spec-Bench it cut the speedup error of a
-law fitted on Spec-Bench from 11% to 7.5% and 9% to 5% (``bench/results/predict_probe.txt``). The notes say which law
-priced the workload, and why not the copy-aware one.
+law by the rule of docs/law.md). The law's tokens per round are scaled by e^b, b its mean log residual on the
+``--law-from`` categories, each predicted without it (``law.transfer.calibrated_transfer``), and the verdict's interval
+is widened by its leave-one-category-out error after b compounded with the cost model's own error (``cost_error``).
+On 42 prompts in twelve categories outside Spec-Bench the two cut the speedup error of a law fitted on Spec-Bench from
+11.0% / 8.2% to 4.6% / 6.2% (``bench/results/predict_probe.txt``, ``predict_open_ended.txt``). The notes say which law
+priced the workload (and why not the copy-aware one), b and both errors; ``--transfer-error`` skips the
+leave-one-category-out run, and b with it.
 
 ``--replay-rounds`` (the workload one run): each arm's rounds are replayed exactly over the workload's outputs (its
 tree, budget and gate or policy; ``jobs.reference.workload_rounds``, which loads the target): a drafter that proposes
@@ -166,8 +170,9 @@ def run(args) -> int:
             label = arm if priced_by == arm else f"{arm} (never timed: priced by the cost model of {priced_by})"
             result = replace(result, drafter_id=label, notes=notes + result.notes)
         elif arm in replayed:
-            law, transfer_error, proposals, notes = replayed[arm]
-            result = analysis.predict(arm, workload, law=law, transfer_error=transfer_error, proposals=proposals)
+            law, transfer_error, proposals, notes, calibration = replayed[arm]
+            result = analysis.predict(arm, workload, law=law, transfer_error=transfer_error, proposals=proposals,
+                                      bias=calibration["bias"])
             result = replace(result, notes=notes + result.notes)
         else:
             result = analysis.predict(arm, workload, transfer_error=args.transfer_error)
@@ -207,12 +212,17 @@ def replayed_laws(args, analysis, arms, workload, family: str | None = None) -> 
     copyability where it could be attached. ``args``: the command's options (``workload``, ``arm_traces``,
     ``law_from``, ``law_tasks``, ``tasks``, ``model``, ``checkpoint``, ``transfer_error``, ``n_boot``, ``seed``).
     ``family``: the law (default: ``law.workload.replayed_family`` of what the traces hold; ``bench/
-    predict_open_ended.py`` compares it with ``REPLAYED_FAMILY``)."""
+    predict_open_ended.py`` compares it with ``REPLAYED_FAMILY``). Each arm's law is calibrated by its residual b
+    on ``--law-from``'s categories (``law.transfer.calibrated_transfer``), unless ``--transfer-error`` is given:
+    the tuple's last item, ``{"bias": b, "uncalibrated_error": the transfer error without b}``."""
     from pathlib import Path
 
     from entropy_law.jobs.reference import workload_proposals
     from entropy_law.law.analysis import TraceAnalysis
+    import numpy as np
+
     from entropy_law.law.fit import get_family
+    from entropy_law.law.transfer import calibrated_transfer
     from entropy_law.law.workload import REPLAYED_FAMILY, replayed_family
     from entropy_law.traces.layout import RUN_FILE, read_run_json
     from entropy_law.traces.proposals import read_proposals
@@ -256,13 +266,32 @@ def replayed_laws(args, analysis, arms, workload, family: str | None = None) -> 
     for arm in arms:
         law = reference.law(arm)
         if args.transfer_error is not None:
-            error, notes = args.transfer_error, [f"transfer error {args.transfer_error:.1%} (--transfer-error)"]
+            error, calibration = args.transfer_error, {"bias": 0.0, "uncalibrated_error": args.transfer_error}
+            notes = [f"transfer error {args.transfer_error:.1%} (--transfer-error); the law's residual b not applied (it "
+                     "comes from the leave-one-category-out run that --transfer-error skips)"]
         else:
-            acc = reference.loco(arm, "replayed").accuracy.loc["tokens_per_round"]
-            error = float(acc["max_abs_relative_error"])
-            notes = [f"transfer error: the largest leave-one-category-out |relative error| of tokens per round on the "
-                     f"{int(acc['categories'])} categories of {law_from}, {error:.1%} (mean "
-                     f"{float(acc['mean_abs_relative_error']):.1%}; {family}, replayed depths)"]
+            loco = reference.loco(arm, "replayed")
+            raw = loco.accuracy.loc["tokens_per_round"]
+            bias, law_error, table = calibrated_transfer(loco)
+            calibration = {"bias": bias, "uncalibrated_error": float(raw["max_abs_relative_error"])}
+            notes = [f"transfer error of the law: the largest leave-one-category-out |relative error| of tokens per "
+                     f"round on the {int(raw['categories'])} categories of {law_from}, each scaled by the residual b of "
+                     f"the others, {law_error:.1%} (mean {table['relative_error'].abs().mean():.1%}; without b "
+                     f"{float(raw['max_abs_relative_error']):.1%}, mean {float(raw['mean_abs_relative_error']):.1%}; "
+                     f"{family}, replayed depths)"]
+            # a right tokens per round can still be priced wrong: compound the cost model's own error (as
+            # --replay-rounds widens by it), which the law's error on tokens per round does not hold
+            cost = analysis.attempt("cost_error", arm)
+            cost_error = cost.value.attrs["max_abs_error"] if cost.ok else float("nan")
+            if np.isfinite(cost_error):
+                error = (1 + law_error) * (1 + cost_error) - 1
+                notes.append(f"widened by both: (1 + {law_error:.1%}) x (1 + {cost_error:.1%}) - 1 = {error:.1%}, "
+                             f"the second the cost model's own largest error on {arm}'s measured categories priced "
+                             "from their recorded rounds")
+            else:
+                error = law_error
+                notes.append("the cost model's own error not measured (" + (cost.error if not cost.ok else
+                             "too few paired requests per category") + "): widened by the law's error alone")
         path = analysis.runs.loc[analysis.runs["arm"] == arm, "path"].iloc[0]
         replay = workload_proposals(args.workload, read_run_json(Path(path) / RUN_FILE), target, tasks=args.tasks,
                                     checkpoint=args.checkpoint)
@@ -270,7 +299,7 @@ def replayed_laws(args, analysis, arms, workload, family: str | None = None) -> 
                      f"the workload ({replay['request_id'].nunique()} requests), with {replay.attrs['gate']}; law "
                      f"{family} fitted on {law_from}")
         notes.append(copy_note)
-        out[arm] = (law, error, replay, notes)
+        out[arm] = (law, error, replay, notes, calibration)
     return out, workload
 
 

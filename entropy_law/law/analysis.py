@@ -560,7 +560,8 @@ class TraceAnalysis:
                        + f" (max {worst:.1%})"]
 
     def predict(self, arm: str, workload, *, transfer_error: float | None = None,
-                proposals: pd.DataFrame | None = None, law=None, rounds: pd.DataFrame | None = None):
+                proposals: pd.DataFrame | None = None, law=None, rounds: pd.DataFrame | None = None,
+                bias: float = 0.0):
         """Will drafting pay on ``workload`` (a trace set this arm never decoded: e.g. an AR run of new prompts,
         ``entropy-law record --drafter ar``)? ``workload.predict_workload`` with this arm's law (``law(arm)``),
         drafted depths and cost model, on the workload's target entropies (its requests on the arm's model; each
@@ -575,9 +576,10 @@ class TraceAnalysis:
         ``transfer_error`` measured there too), instead of ``law(arm)``. ``rounds``: the arm's rounds replayed
         over the workload (``jobs.reference.workload_rounds``, one row per request): they are priced by the cost
         model alone (``workload.price_rounds``, no law), and the default ``transfer_error`` is the cost model's
-        own largest error on the arm's measured categories (``cost_error``)."""
-        if rounds is not None and (proposals is not None or law is not None):
-            raise ValueError("rounds= prices the replayed rounds with no law: drop proposals= and law=")
+        own largest error on the arm's measured categories (``cost_error``). ``bias``: the law's log residual of
+        tokens per round (``workload.predict_workload``; e.g. ``transfer.calibrated_transfer``'s)."""
+        if rounds is not None and (proposals is not None or law is not None or bias):
+            raise ValueError("rounds= prices the replayed rounds with no law: drop proposals=, law= and bias=")
         model = self.model_of(arm)
         w_runs = workload.runs
         models = {_model_name(m) for m in w_runs["model_id"]} if "model_id" in w_runs else {"unknown-model"}
@@ -640,7 +642,7 @@ class TraceAnalysis:
         result = predict_workload(view, sequences, drafter=arm, law=self.law(arm) if law is None else law,
                                   ar_ms_per_token=None if ar_requests is not None else self.ar_ms_per_token(arm),
                                   ar_requests=ar_requests, transfer_error=transfer_error, proposals=proposals,
-                                  n_boot=self.n_boot, seed=self.seed)
+                                  n_boot=self.n_boot, seed=self.seed, bias=bias)
         result.notes = notes + result.notes
         return result
 

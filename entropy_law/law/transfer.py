@@ -575,6 +575,31 @@ def loco_inputs(traces, family, *, drafter: str | None, B: int | None, eps: floa
     return LocoInputs(fam, drafter, rounds, B, rows, counts, categories, entropy_sequences(traces, drafter))
 
 
+def calibrated_transfer(loco: "LocoTransfer") -> tuple[float, float, pd.DataFrame]:
+    """``(b, transfer_error, table)`` from a leave-one-category-out run: ``b`` the mean over its held-out
+    categories of log(observed / predicted tokens per round), each category predicted by a law fitted without it
+    (the law's residual where it was not fitted: the DP over-predicts, rounds not being independent given the
+    covariates); ``table`` per category the prediction scaled by e^b_-c, b_-c from the other categories only, and
+    its relative error; ``transfer_error`` the largest |error| there. A workload is then priced with its tokens
+    per round scaled by e^b and widened by ``transfer_error`` (``workload.predict_workload(bias=)``). Needs 3
+    categories (b_-c from at least 2); with fewer, ``b`` is 0 and the error the uncalibrated one."""
+    s = loco.summary
+    ratio = np.log(s["observed_tokens_per_round"].to_numpy(float) / s["predicted_tokens_per_round"].to_numpy(float))
+    categories = s["category"].to_numpy() if "category" in s else s.index.to_numpy()  # the summary is by category
+    table = pd.DataFrame({"category": categories, "observed_tokens_per_round":
+                          s["observed_tokens_per_round"].to_numpy(float), "predicted_tokens_per_round":
+                          s["predicted_tokens_per_round"].to_numpy(float)})
+    k = len(ratio)
+    if k < 3 or not np.all(np.isfinite(ratio)):
+        table["calibrated_tokens_per_round"] = table["predicted_tokens_per_round"]
+        table["relative_error"] = table["calibrated_tokens_per_round"] / table["observed_tokens_per_round"] - 1
+        return 0.0, float(table["relative_error"].abs().max()), table
+    others = (ratio.sum() - ratio) / (k - 1)  # b without each category
+    table["calibrated_tokens_per_round"] = table["predicted_tokens_per_round"] * np.exp(others)
+    table["relative_error"] = table["calibrated_tokens_per_round"] / table["observed_tokens_per_round"] - 1
+    return float(ratio.mean()), float(table["relative_error"].abs().max()), table
+
+
 def loco_transfer(traces, family: str = "law_exp", *, drafter: str | None = None, B: int | None = None,
                   eps: float = atrisk.EPS_NATS, min_categories: int = 3, depths: str = "training",
                   depth_edges=DEPTH_ENTROPY_EDGES, depth_copy_edges=DEPTH_COPY_EDGES,

@@ -601,6 +601,7 @@ def predict_workload(
     seed: int = 0,
     level: float = 0.95,
     eps: float = atrisk.EPS_NATS,
+    bias: float = 0.0,
 ) -> WorkloadPrediction:
     """Predicted decode speedup of ``drafter`` (its law, drafted depths and cost model, all from ``traces``) on
     a workload it never decoded, from nothing but the workload's target entropies: ``sequences``, one row per
@@ -657,6 +658,11 @@ def predict_workload(
     arm_seqs = arm_seqs.loc[[len(e) >= 2 for e in arm_seqs["entropy"]]].reset_index(drop=True)
     n_of_depth, replayed, (rounds_k, nodes_k, drafting_k), tokens, mean_h, depth_source = _priced_requests(
         traces, drafter, law, arm_seqs, seqs, drafts, proposals, n_boot, seed)
+    if not np.isfinite(bias):
+        raise ValueError(f"bias must be finite (log tokens per round), got {bias}")
+    if bias:  # tokens per round x e^bias: fewer rounds of the same make-up (drafting share, nodes per round)
+        shrink = float(np.exp(-bias))
+        rounds_k, nodes_k, drafting_k = rounds_k * shrink, nodes_k * shrink, drafting_k * shrink
     arm_ids = list(arm_seqs["request_id"]) + ([] if ar_table is None else list(ar_table["request_id"]))
     summary, requests, (n_reps, failed) = _priced_summary(
         traces, drafter, cost, ar_table, ar_ms_per_token, arm_ids, seqs, tokens, mean_h, rounds_k, nodes_k,
@@ -673,6 +679,10 @@ def predict_workload(
              f"per request: the law's DP over its target entropies, drafted depths {depth_source}"
              + f", nodes per drafted depth {np.round(n_of_depth, 1).tolist()}; {cost.clock} clock, "
              f"t_AR {cost.ar_ms_per_token:.1f} ms ({cost.ar_source}); decode only (no prefill)"]
+    if bias:
+        notes.append(f"the law's tokens per round scaled by e^b = {np.exp(bias):.3f} (b = {bias:+.3f}: its mean log "
+                     "residual on the categories it was fitted on, each predicted without it; the DP over-predicts: "
+                     "rounds are not independent given the covariates)")
     if short.any():
         notes.append(f"{int(short.sum())} request(s) of the workload decoded no token after the prefill: left out")
     return WorkloadPrediction(drafter_id=drafter, summary=summary, requests_table=requests, cost=cost,
