@@ -107,8 +107,8 @@ def record(out: Path, per_category: int, seed: int, max_new_tokens: int, arms=RE
                  log=lambda m: print(m, flush=True), metadata={"seed": seed, "tasks": tasks_name}, policy=policy)
 
 
-def law_check(path: Path, arm_traces: Path, ar_path: Path, source, measured, table, law_from: str, law_tasks: str | None,
-              tasks: str | None, n_boot: int, seed: int) -> dict:
+def law_check(arm_traces: Path, ar_path: Path, source, table, law_from: str, law_tasks: str | None, tasks: str | None,
+              n_boot: int, seed: int) -> dict:
     """The law's answer (``entropy-law predict --replay --law-from LAW_FROM``: the drafter's proposals replayed, the
     acceptance from a law fitted on ``law_from``) against the measured speedups of ``table``: with the law in the
     drafter's confidence alone (``REPLAYED_FAMILY``) and with the one the command now picks (``replayed_family``: +
@@ -116,11 +116,10 @@ def law_check(path: Path, arm_traces: Path, ar_path: Path, source, measured, tab
     ``law_from``'s categories (``law.transfer.calibrated_transfer``; the command applies it)."""
     from types import SimpleNamespace
 
-    import numpy as np
     import pandas as pd
 
     from entropy_law.commands.predict import replayed_laws
-    from entropy_law.law.workload import REPLAYED_FAMILY
+    from entropy_law.law.workload import REPLAYED_FAMILY, verdict_right
     from entropy_law.traces.reader import load_traces
 
     args = SimpleNamespace(workload=str(ar_path), arm_traces=str(arm_traces), law_from=law_from, law_tasks=law_tasks,
@@ -155,8 +154,6 @@ def law_check(path: Path, arm_traces: Path, ar_path: Path, source, measured, tab
                                            / law_table["measured_tokens_per_round"] - 1)
     law_table["measured_inside_predicted"] = (law_table["measured"] >= law_table["low"]) & (
         law_table["measured"] <= law_table["high"])
-    from entropy_law.law.workload import verdict_right
-
     law_table["right"] = [verdict_right(v, lo, hi) for v, lo, hi in
                           zip(law_table["verdict"], law_table["measured_lo"], law_table["measured_hi"])]
     print(f"\nthe law's answer (entropy-law predict --replay --law-from {law_from}"
@@ -301,8 +298,7 @@ def check(path: Path, arm_traces: Path, n_boot: int, seed: int, law_from: str | 
           f"{out['tokens_per_round_max_abs_error']:.1%}; verdicts judged right {out['right']}, wrong {out['wrong']} "
           "(per category and overall, where the measured interval excludes 1)")
     if law_from:
-        out["law"] = law_check(path, arm_traces, ar_path, source, measured, table, law_from, law_tasks, tasks, n_boot,
-                               seed)
+        out["law"] = law_check(arm_traces, ar_path, source, table, law_from, law_tasks, tasks, n_boot, seed)
     print(json.dumps(out, default=lambda v: None if v is None else bool(v) if isinstance(v, np.bool_) else float(v)))
     return out
 

@@ -217,10 +217,10 @@ def replayed_laws(args, analysis, arms, workload, family: str | None = None) -> 
     the tuple's last item, ``{"bias": b, "uncalibrated_error": the transfer error without b}``."""
     from pathlib import Path
 
-    from entropy_law.jobs.reference import workload_proposals
-    from entropy_law.law.analysis import TraceAnalysis
     import numpy as np
 
+    from entropy_law.jobs.reference import workload_proposals
+    from entropy_law.law.analysis import TraceAnalysis
     from entropy_law.law.fit import get_family
     from entropy_law.law.transfer import calibrated_transfer
     from entropy_law.law.workload import REPLAYED_FAMILY, replayed_family
