@@ -323,8 +323,9 @@ def main(argv=None) -> int:
     p.add_argument("--policy", action="append", default=[], metavar="DRAFTER=FITTED.json",
                    help="--record: run the drafter's arms (ngram, block) with this law policy in place of the gate")
     p.add_argument("--law-from", default=None, metavar="TRACES",
-                   help="the check: also the law's answer (entropy-law predict --replay --law-from TRACES), with the law "
-                        "in the drafter's confidence alone and with the one the command picks (+ the copyability)")
+                   help="the check: also the law's answer (entropy-law predict --replay --law-from TRACES), with "
+                        "the law in the drafter's confidence alone and with the one the command picks (+ the "
+                        "copyability), each without and with the law's residual b")
     p.add_argument("--law-tasks", default=None, help="with --law-from: the prompts its runs decoded (spec_bench for "
                                                       "data/traces, whose run.json names none)")
     p.add_argument("--fit-policy", choices=("ngram", "block"), default=None,

@@ -728,7 +728,8 @@ def test_the_predict_command_prices_a_law_policy_before_it_ever_ran(capsys, tmp_
     block = read_run_json(timed / "block-ddtree16" / "run.json")  # a policy for another checkpoint of its drafter
     sha = block["drafter_config"]["checkpoint_sha256"]
     own = {**params, "drafter_id": block["drafter_id"], "checkpoint_sha256": sha}
-    assert policy_arm_meta(block, own, measured=stepped.to_config(), arm="block")[0]["policy"]["checkpoint_sha256"] == sha
+    relabelled, _ = policy_arm_meta(block, own, measured=stepped.to_config(), arm="block")
+    assert relabelled["policy"]["checkpoint_sha256"] == sha
     with pytest.raises(ValueError, match=r"for the checkpoint sha256:000000000000 of drafter .* ran sha256:"):
         policy_arm_meta(block, {**own, "checkpoint_sha256": "0" * 64}, measured=stepped.to_config(), arm="block")
 

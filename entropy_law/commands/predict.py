@@ -96,8 +96,8 @@ def register(subparsers) -> None:
                                        "names none (e.g. spec_bench for data/traces): the law then reads the context's "
                                        "copyability, rebuilt from them")
     p.add_argument("--checkpoint", help="with --replay / --replay-rounds: the block drafter's checkpoint the arm was "
-                                        "recorded with (default: the file under data/drafters/ or $ENTROPY_LAW_BLOCK_DRAFTER "
-                                        "whose SHA-256 the arm recorded)")
+                                        "recorded with (default: the file under data/drafters/ or "
+                                        "$ENTROPY_LAW_BLOCK_DRAFTER whose SHA-256 the arm recorded)")
     p.add_argument("--n-boot", type=int, default=100, help="replicates for the intervals (default 100)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=run)
@@ -267,8 +267,8 @@ def replayed_laws(args, analysis, arms, workload, family: str | None = None) -> 
         law = reference.law(arm)
         if args.transfer_error is not None:
             error, calibration = args.transfer_error, {"bias": 0.0, "uncalibrated_error": args.transfer_error}
-            notes = [f"transfer error {args.transfer_error:.1%} (--transfer-error); the law's residual b not applied (it "
-                     "comes from the leave-one-category-out run that --transfer-error skips)"]
+            notes = [f"transfer error {args.transfer_error:.1%} (--transfer-error); the law's residual b not applied "
+                     "(it comes from the leave-one-category-out run that --transfer-error skips)"]
         else:
             loco = reference.loco(arm, "replayed")
             raw = loco.accuracy.loc["tokens_per_round"]

@@ -192,10 +192,10 @@ def _checkpoints(runs: pd.DataFrame) -> list[str]:
 def borrow_policy(params: dict, drafter_id: str | None, checkpoint_sha256: str | None = None) -> dict:
     """``params`` relabelled for another drafter (or another checkpoint of the same one), so that a decoder
     accepts them: a policy is fitted for one drafter and checkpoint, and the decoder refuses it for another
-    (``decoding.policy.check_policy_drafter``). ``drafter_id`` / ``checkpoint_sha256`` ``None``: any. What it was fitted for is kept under ``borrowed_from`` and
-    stored with the run, so a run that applied a borrowed law says so. For when no traces of the drafter exist
-    to fit its own (a new checkpoint, the hybrid drafter); its in-request calibration then corrects the law's
-    level per request, not its shape."""
+    (``decoding.policy.check_policy_drafter``). ``drafter_id`` / ``checkpoint_sha256`` ``None``: any. What it was
+    fitted for is kept under ``borrowed_from`` and stored with the run, so a run that applied a borrowed law says so.
+    For when no traces of the drafter exist to fit its own (a new checkpoint, the hybrid drafter); its in-request
+    calibration then corrects the law's level per request, not its shape."""
     if not isinstance(params, dict) or params.get("kind") != POLICY_KIND:
         raise ValueError(f"not policy parameters (kind {POLICY_KIND!r}); make them with fit_policy")
     origin = {"drafter_id": params.get("drafter_id"), "checkpoint_sha256": params.get("checkpoint_sha256")}
