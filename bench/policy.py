@@ -182,8 +182,9 @@ def main(argv=None) -> dict:
         block_cost = float(np.median([r.draft_ms for r in rounds])) / step_ms
         print(f"block drafter cost: {block_cost:.3f} one-token forwards per round (measured here)", flush=True)
         laws["block"] = fitted_policy("block", decoded_ids, block_cost, copy_target)
-        if laws["block"].get("checkpoint_sha256") != file_sha256(block_path):  # --checkpoint: applied knowingly
-            laws["block"] = borrow_policy(laws["block"], laws["block"]["drafter_id"], file_sha256(block_path))
+        block_sha = file_sha256(block_path)
+        if laws["block"].get("checkpoint_sha256") != block_sha:  # --checkpoint: the default's law, applied knowingly
+            laws["block"] = borrow_policy(laws["block"], laws["block"]["drafter_id"], block_sha)
     for name, law in laws.items():
         print(f"{name} policy: fitted on {law['fitted_on']['requests']} held-out requests "
               f"({law['fitted_on']['at_risk_trials']} trials), draft cost {law['draft_cost']:.4f}; "

@@ -193,16 +193,13 @@ def run(args) -> int:
 
 
 def _with_copyability(traces, target, tasks=None):
-    """(``traces`` with the tokens column ``context_match`` at every position, None) as recorded or rebuilt from
-    their prompts with the loaded ``target`` (``jobs.reference.attach_context_matches``), else (``traces``, why
+    """(``traces`` with the tokens column ``context_match`` at every position, None): as recorded or rebuilt from
+    their prompts with the loaded ``target`` (``jobs.reference.ensure_context_matches``); else (``traces``, why
     not)."""
-    from entropy_law.jobs.reference import attach_context_matches
+    from entropy_law.jobs.reference import ensure_context_matches
 
-    tokens = traces.tokens
-    if "context_match" in tokens and len(tokens) and tokens["context_match"].notna().all():
-        return traces, None
     try:
-        return attach_context_matches(traces, target, tasks=tasks), None
+        return ensure_context_matches(traces, tasks=tasks, target=target)[0], None
     except (OSError, ValueError) as err:
         return traces, str(err)
 
@@ -217,12 +214,9 @@ def replayed_laws(args, analysis, arms, workload, family: str | None = None) -> 
     the tuple's last item, ``{"bias": b, "uncalibrated_error": the transfer error without b}``."""
     from pathlib import Path
 
-    import numpy as np
-
     from entropy_law.jobs.reference import workload_proposals
     from entropy_law.law.analysis import TraceAnalysis
     from entropy_law.law.fit import get_family
-    from entropy_law.law.transfer import calibrated_transfer
     from entropy_law.law.workload import REPLAYED_FAMILY, replayed_family
     from entropy_law.traces.layout import RUN_FILE, read_run_json
     from entropy_law.traces.proposals import read_proposals
@@ -265,33 +259,7 @@ def replayed_laws(args, analysis, arms, workload, family: str | None = None) -> 
     out = {}
     for arm in arms:
         law = reference.law(arm)
-        if args.transfer_error is not None:
-            error, calibration = args.transfer_error, {"bias": 0.0, "uncalibrated_error": args.transfer_error}
-            notes = [f"transfer error {args.transfer_error:.1%} (--transfer-error); the law's residual b not applied "
-                     "(it comes from the leave-one-category-out run that --transfer-error skips)"]
-        else:
-            loco = reference.loco(arm, "replayed")
-            raw = loco.accuracy.loc["tokens_per_round"]
-            bias, law_error, table = calibrated_transfer(loco)
-            calibration = {"bias": bias, "uncalibrated_error": float(raw["max_abs_relative_error"])}
-            notes = [f"transfer error of the law: the largest leave-one-category-out |relative error| of tokens per "
-                     f"round on the {int(raw['categories'])} categories of {law_from}, each scaled by the residual b of "
-                     f"the others, {law_error:.1%} (mean {table['relative_error'].abs().mean():.1%}; without b "
-                     f"{float(raw['max_abs_relative_error']):.1%}, mean {float(raw['mean_abs_relative_error']):.1%}; "
-                     f"{family}, replayed depths)"]
-            # a right tokens per round can still be priced wrong: compound the cost model's own error (as
-            # --replay-rounds widens by it), which the law's error on tokens per round does not hold
-            cost = analysis.attempt("cost_error", arm)
-            cost_error = cost.value.attrs["max_abs_error"] if cost.ok else float("nan")
-            if np.isfinite(cost_error):
-                error = (1 + law_error) * (1 + cost_error) - 1
-                notes.append(f"widened by both: (1 + {law_error:.1%}) x (1 + {cost_error:.1%}) - 1 = {error:.1%}, "
-                             f"the second the cost model's own largest error on {arm}'s measured categories priced "
-                             "from their recorded rounds")
-            else:
-                error = law_error
-                notes.append("the cost model's own error not measured (" + (cost.error if not cost.ok else
-                             "too few paired requests per category") + "): widened by the law's error alone")
+        error, calibration, notes = _law_error(args, analysis, reference, arm, law_from, family)
         path = analysis.runs.loc[analysis.runs["arm"] == arm, "path"].iloc[0]
         replay = workload_proposals(args.workload, read_run_json(Path(path) / RUN_FILE), target, tasks=args.tasks,
                                     checkpoint=args.checkpoint)
@@ -301,6 +269,41 @@ def replayed_laws(args, analysis, arms, workload, family: str | None = None) -> 
         notes.append(copy_note)
         out[arm] = (law, error, replay, notes, calibration)
     return out, workload
+
+
+def _law_error(args, analysis, reference, arm: str, law_from: str, family: str) -> tuple[float, dict, list]:
+    """(the widening of the verdict, ``{"bias": b, "uncalibrated_error": ...}``, notes) for ``arm``'s law fitted on
+    ``reference``: ``--transfer-error`` as given (no b), else the law's leave-one-category-out error after its
+    residual b (``law.transfer.calibrated_transfer``) compounded with the cost model's own error on ``analysis``."""
+    import numpy as np
+
+    from entropy_law.law.transfer import calibrated_transfer
+
+    if args.transfer_error is not None:
+        return args.transfer_error, {"bias": 0.0, "uncalibrated_error": args.transfer_error}, [
+            f"transfer error {args.transfer_error:.1%} (--transfer-error); the law's residual b not applied (it comes "
+            "from the leave-one-category-out run that --transfer-error skips)"]
+    loco = reference.loco(arm, "replayed")
+    raw = loco.accuracy.loc["tokens_per_round"]
+    bias, law_error, table = calibrated_transfer(loco)
+    calibration = {"bias": bias, "uncalibrated_error": float(raw["max_abs_relative_error"])}
+    notes = [f"transfer error of the law: the largest leave-one-category-out |relative error| of tokens per round on "
+             f"the {int(raw['categories'])} categories of {law_from}, each scaled by the residual b of the others, "
+             f"{law_error:.1%} (mean {table['relative_error'].abs().mean():.1%}; without b "
+             f"{float(raw['max_abs_relative_error']):.1%}, mean {float(raw['mean_abs_relative_error']):.1%}; {family}, "
+             "replayed depths)"]
+    # a right tokens per round can still be priced wrong: compound the cost model's own error (as --replay-rounds
+    # widens by it), which the law's error on tokens per round does not hold
+    cost = analysis.attempt("cost_error", arm)
+    cost_error = cost.value.attrs["max_abs_error"] if cost.ok else float("nan")
+    if not np.isfinite(cost_error):
+        notes.append("the cost model's own error not measured (" + (cost.error if not cost.ok else
+                     "too few paired requests per category") + "): widened by the law's error alone")
+        return law_error, calibration, notes
+    error = (1 + law_error) * (1 + cost_error) - 1
+    notes.append(f"widened by both: (1 + {law_error:.1%}) x (1 + {cost_error:.1%}) - 1 = {error:.1%}, the second the "
+                 f"cost model's own largest error on {arm}'s measured categories priced from their recorded rounds")
+    return error, calibration, notes
 
 
 def _one_run(workload, flag: str) -> None:

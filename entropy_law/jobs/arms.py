@@ -80,14 +80,11 @@ def find_block_checkpoint(sha256: str) -> Path | None:
     """The checkpoint whose bytes have SHA-256 ``sha256`` (as a run records it in
     ``drafter_config.checkpoint_sha256``), among ``$ENTROPY_LAW_BLOCK_DRAFTER`` and the ``*.safetensors`` under
     ``data/drafters/``; ``None`` if none has it."""
-    candidates = []
-    env = os.environ.get(BLOCK_DRAFTER_ENV)
-    if env and Path(env).is_file():
-        candidates.append(Path(env))
     folder = default_drafter_path().parent
-    if folder.is_dir():
-        candidates.extend(sorted(folder.glob("*.safetensors")))
-    return next((path for path in candidates if file_sha256(path) == sha256), None)
+    candidates = dict.fromkeys([block_drafter_checkpoint(),  # each file hashed once
+                                *(sorted(folder.glob("*.safetensors")) if folder.is_dir() else [])])
+    return next((path for path in candidates if path is not None and path.is_file() and file_sha256(path) == sha256),
+                None)
 
 
 def block_drafter_status() -> tuple[bool, str]:

@@ -42,7 +42,6 @@ from entropy_law.decoding.replay import (PrecomputedBlockDrafter, replay_request
 from entropy_law.decoding.round import DEFAULT_VERIFY_COST_RATIO
 from entropy_law.jobs.arms import AR, ArmSpec, arm_spec, available_arms, find_block_checkpoint, make_drafter
 from entropy_law.jobs.record import record_arms
-from entropy_law.traces.layout import file_sha256
 from entropy_law.traces.reader import load_traces
 from entropy_law.traces.recorder import TraceRecorder
 
@@ -290,16 +289,17 @@ def context_matches(run_dirs: str | Path | Sequence[str | Path], target, *, task
 
 
 def ensure_context_matches(traces, model: str | None = None, *, tasks: str | Path | None = None,
-                           rebuild: bool = False):
+                           rebuild: bool = False, target=None):
     """``(traces, rebuilt_with)``: ``traces`` with the tokens column ``context_match`` at every position, as the
     runs recorded it (``rebuilt_with`` None) where every position holds it and not ``rebuild``, else filled from the
     prompts (``attach_context_matches``, positions recorded without it only) with the target that decoded the
     runs (``runs_target``: ``model`` or their ``model_id``; ``rebuilt_with`` its model id). For the copy
-    families (``law_exp_obs_ceil_copy``) on runs recorded before the column existed."""
+    families (``law_exp_obs_ceil_copy``) on runs recorded before the column existed. ``target``: that target,
+    already loaded (then ``model`` is not read)."""
     tokens = traces.tokens
-    if not rebuild and len(tokens) and tokens["context_match"].notna().all():
+    if not rebuild and len(tokens) and "context_match" in tokens and tokens["context_match"].notna().all():
         return traces, None
-    target = runs_target(traces.runs, model)
+    target = target if target is not None else runs_target(traces.runs, model)
     return attach_context_matches(traces, target, tasks=tasks), target.model_id
 
 
@@ -334,17 +334,11 @@ def attach_context_matches(traces, target, *, tasks: str | Path | None = None):
 
 
 def _arm_checkpoint(recorded_sha256: str | None, checkpoint: str | Path | None) -> str | Path | None:
-    """The block drafter checkpoint to replay an arm with: ``checkpoint`` if given, else the one under
-    ``data/drafters/`` (or ``$ENTROPY_LAW_BLOCK_DRAFTER``) whose SHA-256 the arm recorded; an error if the
-    given file is not the recorded one, or if none is found. Arms recorded without a SHA-256 get ``checkpoint``
-    (``None``: the default one)."""
-    if not recorded_sha256:
-        return checkpoint
-    if checkpoint is not None:
-        found = file_sha256(checkpoint)
-        if found != recorded_sha256:
-            raise ValueError(f"the arm was recorded with the block drafter checkpoint sha256:{recorded_sha256[:12]}, "
-                             f"{checkpoint} is sha256:{found[:12]}: pass the checkpoint the arm ran with")
+    """The block drafter checkpoint to replay an arm with: ``checkpoint`` if given (the loaded drafter's SHA-256 is
+    checked against the recorded one in ``_workload_inputs``), else the one under ``data/drafters/`` (or
+    ``$ENTROPY_LAW_BLOCK_DRAFTER``) whose SHA-256 the arm recorded, an error if none has it. Arms recorded without a
+    SHA-256 get ``checkpoint`` (``None``: the default one)."""
+    if not recorded_sha256 or checkpoint is not None:
         return checkpoint
     found = find_block_checkpoint(recorded_sha256)
     if found is None:
@@ -368,8 +362,13 @@ def _workload_inputs(workload_dir: str | Path, arm_meta: dict, target, tasks, ch
         # the dtype the arm's drafter ran in (absent: fp32), so that the replayed proposals are the recorded ones
         config = arm_meta.get("drafter_config") or {}
         dtype = config.get("compute_dtype", "float32")
-        checkpoint = _arm_checkpoint(config.get("checkpoint_sha256"), checkpoint)
+        recorded = config.get("checkpoint_sha256")
+        checkpoint = _arm_checkpoint(recorded, checkpoint)
         drafter = make_drafter(arm_spec("block"), target, checkpoint=checkpoint, compute_dtype=dtype)
+        loaded = drafter.provenance.get("checkpoint_sha256")  # BlockDrafter.load hashed the file it read
+        if recorded and loaded != recorded:
+            raise ValueError(f"the arm was recorded with the block drafter checkpoint sha256:{recorded[:12]}, "
+                             f"{checkpoint} is sha256:{loaded[:12]}: pass the checkpoint the arm ran with")
         if drafter.drafter_id != drafter_id:
             raise ValueError(f"the arm was recorded with {drafter_id}, the block drafter loaded is {drafter.drafter_id}; "
                              "pass the arm's checkpoint (checkpoint=; entropy-law predict --checkpoint FILE)")
