@@ -123,8 +123,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--block", action="store_true", help="also the block drafter's arms (cost gate, law policy)")
     parser.add_argument("--block-fixed", action="store_true", help="with --block, also its fixed chain and DDTree16")
     parser.add_argument("--checkpoint", default=None,
-                        help="with --block: this block drafter checkpoint instead of the default one (e.g. "
-                             "data/drafters/smollm2-135m-block-b8-broad.safetensors)")
+                        help="with --block: this block drafter checkpoint instead of the default one (e.g. the sixth, "
+                             "data/drafters/smollm2-135m-block-b8.safetensors, which data/traces was decoded with)")
     parser.add_argument("--also-checkpoint", default=None, metavar="PATH",
                         help="with --block: a second block drafter checkpoint timed beside the first, in the same "
                              "interleaved run: its DDTree16 cost gate (and fixed DDTree16 with --block-fixed), as arms "
@@ -168,9 +168,6 @@ def main(argv=None) -> dict:
     copy_target = target if args.context_match else None
     laws = {"ngram": fitted_policy("ngram", decoded_ids, timed_draft_cost("ngram"), copy_target)}
     block_path = Path(args.checkpoint) if args.checkpoint else default_drafter_path()
-    if args.checkpoint and args.block:
-        print(f"block drafter: {block_path}; its law policy is fitted on data/traces, decoded by the default "
-              f"checkpoint ({default_drafter_path().name}): the fixed arms and the cost gate need no fit", flush=True)
     if args.block:  # its traces are replayed (no timings): time its forward here, against a one-token step
         warm = prompt_of[tasks[0].request_id]
         ar_run = ARDecoder(target).generate(warm, max_new_tokens=32)
@@ -183,7 +180,10 @@ def main(argv=None) -> dict:
         print(f"block drafter cost: {block_cost:.3f} one-token forwards per round (measured here)", flush=True)
         laws["block"] = fitted_policy("block", decoded_ids, block_cost, copy_target)
         block_sha = file_sha256(block_path)
-        if laws["block"].get("checkpoint_sha256") != block_sha:  # --checkpoint: the default's law, applied knowingly
+        if laws["block"].get("checkpoint_sha256") != block_sha:  # data/traces' checkpoint's law, applied knowingly
+            print(f"block drafter: {block_path}; its law policy is fitted on data/traces, decoded by another "
+                  "checkpoint (the sixth, smollm2-135m-block-b8.safetensors), and borrowed: the fixed arms and the "
+                  "cost gate need no fit", flush=True)
             laws["block"] = borrow_policy(laws["block"], laws["block"]["drafter_id"], block_sha)
     for name, law in laws.items():
         print(f"{name} policy: fitted on {law['fitted_on']['requests']} held-out requests "

@@ -1,10 +1,11 @@
-"""The shipped block drafters (the default checkpoint and the one fine-tuned on a broader corpus) on the real
+"""The shipped block drafters (the default, fine-tuned on a broader corpus, and the sixth checkpoint it was fine-tuned
+from, which the reference traces' block arms were recorded with) on the real
 default target: each loads and checks out, its speculative output equals greedy (chain and DDTree N=16) on two
 short prompts, and it gets drafts accepted. Marked ``real_model`` (one model load, a few seconds of decoding)."""
 
 import pytest
 
-from entropy_law.drafters.block import BROAD_CHECKPOINT, BlockDrafter, default_drafter_path, load_default_drafter
+from entropy_law.drafters.block import REFERENCE_CHECKPOINT, BlockDrafter, default_drafter_path, load_default_drafter
 from entropy_law.decoding.decoder import ARDecoder, SpeculativeDecoder
 
 pytestmark = pytest.mark.real_model
@@ -29,19 +30,20 @@ def test_shipped_checkpoint_is_small_and_matches_the_target(target):
     assert drafter.config.vocab_size == 49152 and drafter.config.hidden_size == 576
 
 
-def test_the_broad_checkpoint_is_small_and_has_the_default_ones_shape(target):
-    path = default_drafter_path().with_name(BROAD_CHECKPOINT)
+def test_the_reference_checkpoint_is_small_and_has_the_default_ones_shape(target):
+    path = default_drafter_path().with_name(REFERENCE_CHECKPOINT)
     assert path.is_file() and path.stat().st_size <= 25 * 2**20
-    broad, default = BlockDrafter.load(path, target), load_default_drafter(target)
-    assert broad.config == default.config  # fine-tuned: same shape, same fixed draft vocabulary
-    assert broad.draft_vocab.tolist() == default.draft_vocab.tolist()
+    sixth, default = BlockDrafter.load(path, target), load_default_drafter(target)
+    assert sixth.config == default.config  # the default is the sixth fine-tuned: same shape, same draft vocabulary
+    assert sixth.draft_vocab.tolist() == default.draft_vocab.tolist()
+    assert sixth.provenance["checkpoint_sha256"] != default.provenance["checkpoint_sha256"]
 
 
-@pytest.mark.parametrize("checkpoint", ["default", "broad"])
+@pytest.mark.parametrize("checkpoint", ["default", "reference"])
 @pytest.mark.parametrize("tree,budget", [("chain", None), ("ddtree", 16)])
 def test_shipped_drafter_is_lossless_and_accepts(target, tree, budget, checkpoint):
     drafter = (load_default_drafter(target) if checkpoint == "default"
-               else BlockDrafter.load(default_drafter_path().with_name(BROAD_CHECKPOINT), target))
+               else BlockDrafter.load(default_drafter_path().with_name(REFERENCE_CHECKPOINT), target))
     accepted = 0
     for prompt in PROMPTS:
         reference = ARDecoder(target).generate(prompt, max_new_tokens=48).token_ids

@@ -316,18 +316,24 @@ def test_a_replayed_block_arm_loads_the_checkpoint_it_ran_with(model_folder, tas
     assert drafter.provenance["checkpoint_sha256"] == file_sha256(checkpoint)
 
 
-def test_the_default_block_checkpoint_is_chosen_by_name_not_by_sort_order(monkeypatch):
-    """data/drafters/ holds the default checkpoint and the broad one, whose name sorts first: runs that name no
-    checkpoint took the broad one while the docs, the reference traces and the model card describe the default."""
-    from entropy_law.drafters.block import BROAD_CHECKPOINT, DEFAULT_CHECKPOINT, default_drafter_path
+def test_the_default_block_checkpoint_is_chosen_by_name_not_by_sort_order(monkeypatch, tmp_path):
+    """data/drafters/ holds more than one checkpoint: a run that names none gets the default by its name, never the
+    first file in sort order (on 2026-12-05 09:24-13:45Z that rule gave the broad checkpoint while the docs and the
+    reference traces described the sixth)."""
+    from entropy_law.drafters.block import DEFAULT_CHECKPOINT, REFERENCE_CHECKPOINT, default_drafter_path
     from entropy_law.jobs.arms import BLOCK_DRAFTER_ENV, block_drafter_checkpoint
 
     monkeypatch.delenv(BLOCK_DRAFTER_ENV, raising=False)
-    assert sorted([BROAD_CHECKPOINT, DEFAULT_CHECKPOINT])[0] == BROAD_CHECKPOINT  # why the old rule failed
-    if not default_drafter_path().is_file():
-        assert block_drafter_checkpoint() is None
-    else:
-        assert block_drafter_checkpoint() == default_drafter_path()
+    assert DEFAULT_CHECKPOINT != REFERENCE_CHECKPOINT
+    drafters = tmp_path / "data" / "drafters"
+    drafters.mkdir(parents=True)
+    monkeypatch.setenv("ENTROPY_LAW_DATA", str(tmp_path / "data"))
+    assert block_drafter_checkpoint() is None  # no default here: none, not some other file
+    (drafters / "aaa-sorts-first.safetensors").write_bytes(b"x")
+    (drafters / REFERENCE_CHECKPOINT).write_bytes(b"y")
+    assert block_drafter_checkpoint() is None
+    (drafters / DEFAULT_CHECKPOINT).write_bytes(b"z")
+    assert block_drafter_checkpoint() == default_drafter_path() == drafters / DEFAULT_CHECKPOINT
     monkeypatch.setenv(BLOCK_DRAFTER_ENV, "/elsewhere/mine.safetensors")
     assert str(block_drafter_checkpoint()) == "/elsewhere/mine.safetensors"
 

@@ -187,7 +187,8 @@ def test_the_demos_next_steps_name_its_target_and_encoding():
 
     default = next_steps("smollm2-135m", "runs/x/traces")
     assert "entropy-law record --drafter ar --tasks FILE --out RUN" in default
-    assert "--from runs/x/traces --replay-rounds" in default and "--law-from data/traces" in default
+    assert "--from runs/x/traces --replay-rounds" in default
+    assert "--law-from data/traces --law-tasks spec_bench --law-borrow" in default
     other = next_steps("gemma3-270m", "runs/g/traces", chat_template=False)
     assert "entropy-law record --model gemma3-270m --no-chat-template --drafter ar" in other
     assert "data/traces" not in other

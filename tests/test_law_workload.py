@@ -2,6 +2,7 @@
 log-speedup line on the request's mean entropy crosses 1, predicted and measured on one scale."""
 
 import warnings
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -444,6 +445,27 @@ def test_the_predict_command_with_the_drafters_replayed_proposals(capsys, tmp_pa
     assert main(["predict", str(other / "ar"), "--from", str(other), "--drafter", "ngram ddtree16", "--n-boot", "5",
                  "--replay", "--law-from", str(data / "traces")]) == 2
     assert "decoded by smollm2-135m, --from by another-model" in capsys.readouterr().err
+    # the arms of another checkpoint of the drafter (the default's, where data/traces ran the sixth): the law in one
+    # checkpoint's confidence is refused for another, unless borrowed (checked before the target loads)
+    from entropy_law.drafters.block import default_drafter_path
+    from entropy_law.traces.layout import file_sha256
+
+    default_sha = file_sha256(default_drafter_path())
+    mine = tmp_path / "timed-default-checkpoint"
+    shutil.copytree(timed, mine)
+    run_json = mine / "block-ddtree16" / "run.json"
+    meta = json.loads(run_json.read_text())
+    assert meta["drafter_config"]["checkpoint_sha256"] != default_sha  # data/traces_timed ran the sixth
+    meta["drafter_config"]["checkpoint_sha256"] = default_sha
+    run_json.write_text(json.dumps(meta))
+    block = ["predict", str(mine / "ar"), "--from", str(mine), "--drafter", "block-drafter-b8-l2-copy ddtree16",
+             "--n-boot", "5", "--replay", "--law-from", str(data / "traces"), "--transfer-error", "0.2"]
+    assert main(block) == 2
+    err = capsys.readouterr().err
+    assert f"with the drafter checkpoint sha256:2cd5887f, --from {mine} with sha256:{default_sha[:8]}" in err
+    assert "or --law-borrow to apply it knowingly" in err
+    assert main([*argv, "--law-borrow"]) == 2
+    assert "--law-borrow borrows --replay's law" in capsys.readouterr().err
 
 
 def test_replayed_rounds_are_priced_by_the_cost_model_alone_and_land_on_the_measured_speedup():
@@ -887,3 +909,42 @@ def test_calibrated_transfer_takes_b_from_the_other_categories_only():
     assert error == pytest.approx(table["relative_error"].abs().max()) and list(table["category"]) == list("abcd")
     b2, error2, _ = calibrated_transfer(SimpleNamespace(summary=summary.iloc[:2]))
     assert b2 == 0.0 and error2 == pytest.approx(max(abs(2.2 / 2.0 - 1), abs(3.1 / 3.0 - 1)))
+
+
+def test_predict_says_when_a_block_arm_is_not_the_checkpoint_a_run_would_load_today(tmp_path, monkeypatch):
+    """A prediction prices the checkpoint an arm was recorded with: where that is not the one `record --drafter
+    block` loads when none is named, the notes say which is which (found by SHA-256) and what to run instead."""
+    from entropy_law.commands.predict import _CheckpointNote
+    from entropy_law.jobs.arms import BLOCK_DRAFTER_ENV
+    from entropy_law.law.arms import ArmKey
+    from entropy_law.traces.layout import file_sha256
+
+    old, new = tmp_path / "old.safetensors", tmp_path / "new.safetensors"
+    old.write_bytes(b"old weights")
+    new.write_bytes(b"new weights")
+
+    def key(sha):
+        return ArmKey("m", "block-drafter", sha, "ddtree", 16, "cost")
+
+    runs = pd.DataFrame({"arm": ["block ddtree16", "ngram chain", "mine ddtree16", "lost ddtree16"],
+                         "arm_key": [key(file_sha256(old)), key(None), key(file_sha256(new)), key("f" * 64)]})
+    monkeypatch.setenv(BLOCK_DRAFTER_ENV, str(new))
+    note = _CheckpointNote(SimpleNamespace(runs=runs))
+    assert note("ngram chain") == [] and note("mine ddtree16") == []
+    [text] = note("lost ddtree16")
+    assert "sha256:ffffffff (not found here), not new.safetensors" in text
+    monkeypatch.setenv(BLOCK_DRAFTER_ENV, str(old))  # found by its hash: the default itself when named so
+    assert _CheckpointNote(SimpleNamespace(runs=runs))("block ddtree16") == []
+    [text] = _CheckpointNote(SimpleNamespace(runs=runs))("mine ddtree16")
+    assert "recorded with the checkpoint sha256:" in text  # new.safetensors is not under data/drafters/ nor the env
+    assert "not old.safetensors" in text and "bench/speed_validation.py --record" in text
+    # the shipped files: the reference traces' block arms name the sixth checkpoint, found under data/drafters/
+    from entropy_law.drafters.block import DEFAULT_CHECKPOINT, REFERENCE_CHECKPOINT, default_drafter_path
+
+    monkeypatch.delenv(BLOCK_DRAFTER_ENV)
+    runs["arm_key"] = [key(file_sha256(default_drafter_path().with_name(REFERENCE_CHECKPOINT))), key(None),
+                       key(file_sha256(default_drafter_path())), key("f" * 64)]
+    note = _CheckpointNote(SimpleNamespace(runs=runs))
+    assert note("mine ddtree16") == []
+    [text] = note("block ddtree16")
+    assert f"recorded with the checkpoint {REFERENCE_CHECKPOINT}, not {DEFAULT_CHECKPOINT}" in text

@@ -26,6 +26,11 @@ On 42 prompts in twelve categories outside Spec-Bench the two cut the speedup er
 priced the workload (and why not the copy-aware one), b and both errors; ``--transfer-error`` skips the
 leave-one-category-out run, and b with it.
 
+An arm's law must be of the checkpoint the arm ran (the SHA-256 its runs record): ``--law-from`` runs of another
+checkpoint of the drafter are refused, or applied knowingly with ``--law-borrow`` (said in the notes). Wherever an
+arm's checkpoint is not the one ``entropy-law record --drafter block`` loads when none is named, the notes say so:
+the answer prices the recorded checkpoint.
+
 ``--replay-rounds`` (the workload one run): each arm's rounds are replayed exactly over the workload's outputs (its
 tree, budget and gate or policy; ``jobs.reference.workload_rounds``, which loads the target): a drafter that proposes
 from the context decodes the same rounds on the same greedy output, so no law is needed, and the cost model alone
@@ -95,6 +100,10 @@ def register(subparsers) -> None:
     p.add_argument("--law-tasks", help="with --replay: the prompts the --law-from runs decoded, where their run.json "
                                        "names none (e.g. spec_bench for data/traces): the law then reads the context's "
                                        "copyability, rebuilt from them")
+    p.add_argument("--law-borrow", action="store_true",
+                   help="with --replay: price an arm with the law of --law-from's arm of the same name although "
+                        "that ran another checkpoint of the drafter (e.g. data/traces' block arms, the sixth "
+                        "checkpoint, for runs of the default); said in the notes (default: refused)")
     p.add_argument("--checkpoint", help="with --replay / --replay-rounds: the block drafter's checkpoint the arm was "
                                         "recorded with (default: the file under data/drafters/ or "
                                         "$ENTROPY_LAW_BLOCK_DRAFTER whose SHA-256 the arm recorded)")
@@ -138,6 +147,8 @@ def run(args) -> int:
                          f"{', '.join(analysis.arms)}")
     if args.law_tasks and not args.replay:
         raise ValueError("--law-tasks names the prompts of --replay's law traces: add --replay")
+    if args.law_borrow and not args.replay:
+        raise ValueError("--law-borrow borrows --replay's law from another checkpoint: add --replay")
     if args.law_from and not args.replay:
         raise ValueError("--law-from is for --replay (the law in the drafter's confidence); drop it, or add --replay")
     budgets = _budgets(args.budgets) if args.budgets else []
@@ -162,6 +173,7 @@ def run(args) -> int:
         replayed, workload = replayed_laws(args, analysis, arms, workload)
     replayed_rounds = _replayed_rounds(args, analysis, arms, budgets, policy) if args.replay_rounds else {}
     results = {}
+    checkpoint_note = _CheckpointNote(analysis)
     for arm in [*arms, *(name for name in replayed_rounds if name not in arms)]:
         if arm in replayed_rounds:
             rounds, notes, priced_by, error = replayed_rounds[arm]
@@ -176,6 +188,7 @@ def run(args) -> int:
             result = replace(result, notes=notes + result.notes)
         else:
             result = analysis.predict(arm, workload, transfer_error=args.transfer_error)
+        result = replace(result, notes=result.notes + checkpoint_note(arm if arm in analysis.arms else priced_by))
         results[arm] = result
         print(result.title)
         print(result.answer())
@@ -190,6 +203,34 @@ def run(args) -> int:
             band = f" [{r['low']:.2f}, {r['high']:.2f}]" if r["choice"] != "AR" else ""
             print(f"{r['category']:<16} {r['choice']:<36} {r['predicted_speedup']:.2f}x{band}: {r['why']}")
     return 0
+
+
+class _CheckpointNote:
+    """``note(arm)``: ``[a note]`` where ``arm``'s drafter was loaded from a checkpoint other than the one a run that
+    names none uses today (``jobs.arms.block_drafter_checkpoint``), else ``[]``: the prediction prices the recorded
+    checkpoint (its law, costs and, replayed, its proposals), not the default a user would run."""
+
+    def __init__(self, analysis):
+        self.analysis, self._default = analysis, None
+
+    def __call__(self, arm: str) -> list[str]:
+        shas = _checkpoints(self.analysis, arm)
+        if not shas:
+            return []
+        from entropy_law.jobs.arms import block_drafter_checkpoint, find_block_checkpoint
+        from entropy_law.traces.layout import file_sha256
+
+        if self._default is None:
+            path = block_drafter_checkpoint()
+            self._default = (path, file_sha256(path)) if path is not None and path.is_file() else (None, None)
+        path, sha = self._default
+        if path is None or shas == [sha]:
+            return []
+        found = [find_block_checkpoint(s) for s in shas]
+        names = ", ".join(f.name if f is not None else f"sha256:{s[:8]} (not found here)" for f, s in zip(found, shas))
+        return [f"{arm} was recorded with the checkpoint {names}, not {path.name}, which `entropy-law record --drafter "
+                "block` loads when no --checkpoint is named: this answer is for the recorded one; for the default, "
+                "time it beside AR on this machine (bench/speed_validation.py --record) and pass those runs as --from"]
 
 
 def _with_copyability(traces, target, tasks=None):
@@ -234,11 +275,20 @@ def replayed_laws(args, analysis, arms, workload, family: str | None = None) -> 
     if missing:
         raise ValueError(f"--law-from {law_from} has no arm {', '.join(map(repr, missing))}; arms: "
                          f"{', '.join(arms_of.arms)}")
+    borrowed = {}
     for arm in arms:  # the law in the drafter's confidence must be of the target whose costs and workload it prices
         if arms_of.model_of(arm) != analysis.model_of(arm):
             raise ValueError(f"--law-from {law_from} holds arm {arm!r} decoded by {arms_of.model_of(arm)}, --from by "
                              f"{analysis.model_of(arm)}: a law of one target predicts nothing for another; give "
                              "--law-from runs of the same target")
+        theirs, ours = _checkpoints(arms_of, arm), _checkpoints(analysis, arm)
+        if theirs != ours:  # and of the drafter: one checkpoint's confidence is not another's
+            what = (f"--law-from {law_from} ran arm {arm!r} with the drafter checkpoint {_shas(theirs)}, --from "
+                    f"{args.arm_traces} with {_shas(ours)}")
+            if not getattr(args, "law_borrow", False):
+                raise ValueError(f"{what}: the law in one checkpoint's confidence is not another's; give --law-from "
+                                 "runs of the same checkpoint, or --law-borrow to apply it knowingly")
+            borrowed[arm] = f"law borrowed (--law-borrow): {what}"
     target = _workload_target(args, "--replay")
     # the context's copyability, for the law that reads it: from the workload's and the law's runs and prompts
     workload, why_not = _with_copyability(workload, target, args.tasks)
@@ -267,8 +317,20 @@ def replayed_laws(args, analysis, arms, workload, family: str | None = None) -> 
                      f"the workload ({replay['request_id'].nunique()} requests), with {replay.attrs['gate']}; law "
                      f"{family} fitted on {law_from}")
         notes.append(copy_note)
+        if arm in borrowed:
+            notes.append(borrowed[arm])
         out[arm] = (law, error, replay, notes, calibration)
     return out, workload
+
+
+def _checkpoints(analysis, arm: str) -> list[str]:
+    """The drafter checkpoints (SHA-256) ``arm``'s runs in ``analysis`` recorded; ``[]`` for a drafter without one."""
+    keys = analysis.runs.loc[analysis.runs["arm"] == arm, "arm_key"]
+    return sorted({k.checkpoint_sha256 for k in keys if k.checkpoint_sha256})
+
+
+def _shas(shas: list[str]) -> str:
+    return ", ".join(f"sha256:{s[:8]}" for s in shas) or "none"
 
 
 def _law_error(args, analysis, reference, arm: str, law_from: str, family: str) -> tuple[float, dict, list]:

@@ -64,15 +64,20 @@ MASKED_LOGIT = -1e4  # a draft logit meaning "not draftable here" (probability 0
 COPY_GATE_BIAS = -2.0  # initial bias of the copy gate
 
 
-DEFAULT_CHECKPOINT = "smollm2-135m-block-b8.safetensors"  # inside data/drafters/
-# the default checkpoint fine-tuned on a broader corpus (code and chat prompts; data/drafters/README.md, "A broader
-# corpus"): not the default, since the reference traces, laws and timings describe DEFAULT_CHECKPOINT; use it with
-# `entropy-law record --drafter block --checkpoint data/drafters/smollm2-135m-block-b8-broad.safetensors`
-BROAD_CHECKPOINT = "smollm2-135m-block-b8-broad.safetensors"
+# the default (inside data/drafters/): the seventh checkpoint, the sixth fine-tuned on a broader corpus with code and
+# chat prompts (data/drafters/README.md, "A broader corpus"); the default since 2026-12-05, when it drafted more
+# accepted tokens per round than the sixth on Spec-Bench, the open-ended set and the probe set written after it, and
+# ran faster timed
+DEFAULT_CHECKPOINT = "smollm2-135m-block-b8-broad.safetensors"
+# the sixth checkpoint, shipped beside it: the block arms of the reference traces (data/traces*) were recorded with it,
+# and a replay of such an arm loads it by the SHA-256 the run recorded (jobs.arms.find_block_checkpoint); use it with
+# `entropy-law record --drafter block --checkpoint data/drafters/smollm2-135m-block-b8.safetensors`
+REFERENCE_CHECKPOINT = "smollm2-135m-block-b8.safetensors"
 
 
 def default_drafter_path() -> Path:
-    """The shipped checkpoint for the default target: ``data/drafters/smollm2-135m-block-b8.safetensors``."""
+    """The shipped checkpoint a run of the default target uses when it names none:
+    ``data/drafters/smollm2-135m-block-b8-broad.safetensors`` (``DEFAULT_CHECKPOINT``)."""
 
     return data_dir() / "drafters" / DEFAULT_CHECKPOINT
 

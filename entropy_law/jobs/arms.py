@@ -4,8 +4,9 @@ Known here: the arms the demo, the reference traces and ``entropy-law record`` d
 chain, ``ngram`` DDTree, ``block`` chain / DDTree N=16, and ``ar``, the autoregressive baseline), what
 an AR run writes as its drafter and tree policy in trace metadata (``"none"`` for both: the analysis
 recognises AR runs by them), where the shipped block drafter checkpoint is looked for
-(``$ENTROPY_LAW_BLOCK_DRAFTER``, else the shipped default ``data/drafters/smollm2-135m-block-b8.safetensors``;
-``find_block_checkpoint`` finds a recorded arm's checkpoint by its SHA-256), and how to
+(``$ENTROPY_LAW_BLOCK_DRAFTER``, else the shipped default ``data/drafters/smollm2-135m-block-b8-broad.safetensors``;
+``find_block_checkpoint`` finds a recorded arm's checkpoint by its SHA-256: the reference traces' block arms were
+recorded with the sixth checkpoint beside it), and how to
 say that it is unavailable without failing: ``block_drafter_status`` returns the reason, callers print it
 and carry on with the other arms.
 
@@ -67,8 +68,8 @@ def arm_spec(name: str) -> ArmSpec:
 def block_drafter_checkpoint() -> Path | None:
     """The block drafter checkpoint a run uses when none is named: ``$ENTROPY_LAW_BLOCK_DRAFTER``, else the
     shipped default (``drafters.block.default_drafter_path``); ``None`` if that is absent. Chosen by name, never
-    as "the first file under ``data/drafters/``": that folder holds more than one checkpoint (the broad one
-    sorts first), and which drafter a run uses must not follow the sort order of file names."""
+    as "the first file under ``data/drafters/``": that folder holds more than one checkpoint, and which drafter a
+    run uses must not follow the sort order of file names."""
     env = os.environ.get(BLOCK_DRAFTER_ENV)
     if env:
         return Path(env)
