@@ -113,6 +113,17 @@ def test_the_workload_breakeven_lands_where_the_measured_speedups_cross_1(depths
     from entropy_law.jobs.report import crossing_sentence
 
     assert "the verdicts agree" in crossing_sentence(row)
+    # per category: its tokens over its requests' summed predicted decode time (each request's time is its tokens
+    # over its predicted speedup, in t_AR units), an interval around it and the verdict on that interval
+    cats = got.categories
+    req = got.requests.assign(time=got.requests["tokens"] / got.requests["predicted_speedup"])
+    for name, part in [*req.groupby(req["category"].astype(str)), ("all", req)]:
+        assert cats.loc[name, "requests"] == len(part)
+        assert cats.loc[name, "predicted_speedup"] == pytest.approx(part["tokens"].sum() / part["time"].sum(), rel=1e-9)
+        assert cats.loc[name, "ci_low"] <= cats.loc[name, "predicted_speedup"] <= cats.loc[name, "ci_high"]
+        expected = ("pays" if cats.loc[name, "ci_low"] > 1 else "does not pay" if cats.loc[name, "ci_high"] < 1
+                    else "unclear")
+        assert cats.loc[name, "verdict"] == expected
 
 
 def test_a_wrong_cost_model_moves_the_workload_breakeven_off_the_measured_crossing():

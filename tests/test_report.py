@@ -125,6 +125,30 @@ def test_the_report_leads_with_the_answer_and_checks_it(sim, tmp_path):
     assert summary.startswith("When drafting pays") and summary.index("in these categories") < summary.index("\nfitted law")
 
 
+def test_a_predicted_verdict_needs_both_forms_of_the_prediction_on_one_side_of_1(sim):
+    """Where the measured speedup is not a result, a category's verdict rests on the prediction only where the
+    category's point (the law at its drafted depths x the cost line) and the whole interval of its requests priced
+    one by one lie on one side of 1; a point alone (1.01x) is "unclear"."""
+    from entropy_law.jobs.report import _category_pays, answer_frame
+
+    nan = float("nan")
+    assert _category_pays(1.3, 1.1, 1.5, "measured", 0.9, 0.8, 0.95) == ("pays", "measured")
+    assert _category_pays(0.9, 0.8, 1.1, "measured", 1.5, 1.4, 1.6) == ("unclear", "measured")
+    assert _category_pays(1.3, 0.5, 3.0, "not measured reliably", 1.01, nan, nan) == ("unclear", "no predicted interval")
+    assert _category_pays(nan, nan, nan, None, 1.20, 1.07, 1.23) == ("pays", "predicted")
+    assert _category_pays(nan, nan, nan, None, 0.90, 0.85, 0.95) == ("does not pay", "predicted")
+    assert _category_pays(nan, nan, nan, None, 1.01, 1.00, 1.09) == ("unclear", "predicted")  # touches 1
+    assert _category_pays(nan, nan, nan, None, 0.99, 1.02, 1.10) == ("unclear", "predicted")  # the two disagree
+    assert _category_pays(nan, nan, nan, None, 0.93, 0.99, 1.07) == ("unclear", "predicted")
+    _, _, an = sim
+    frame = answer_frame(an)
+    for arm in frame["arm"].unique():
+        cats = an.workload(arm).categories
+        part = frame.loc[frame["arm"] == arm]
+        assert part["workload_predicted"].to_numpy() == pytest.approx(
+            cats.loc[part["category"].astype(str), "predicted_speedup"].to_numpy())
+
+
 def test_report_command_and_its_errors(sim, tmp_path, capsys):
     """Also: the command finds proposals.parquet beside a run (``traces.proposals``) and adds the LOCO sections
     with the drafter's replayed proposals (here a full block at every position, as the simulated drafter drafts)."""

@@ -113,6 +113,10 @@ class WorkloadBreakeven(Result):
     cost: CostModel
     family: str
     notes: list = field(default_factory=list)
+    # per category (and "all"): requests, predicted_speedup (its tokens x t_AR over its summed predicted decode
+    # cost), ci_low / ci_high over the replicates' law draws and refitted costs (the requests themselves fixed,
+    # as predict_workload prices a workload) and verdict (predicted_verdict on that interval)
+    categories: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
     def title(self) -> str:
@@ -408,6 +412,8 @@ def workload_breakeven(
                                             if np.sum(w * ok) > 0 else np.nan)
         return out
 
+    groups = category_groups(seqs)
+    category_reps = []
     n_measured = 0 if m_speed is None else int(requests.loc[np.isfinite(m_speed), "request_id"].nunique())
     ids = requests["request_id"].to_numpy()
     n_requests = int(pd.Series(ids).nunique())
@@ -422,9 +428,18 @@ def workload_breakeven(
             if cost_b is None:
                 raise ValueError("the cost model could not be refitted")
             reps.append(statistics(cost_b, j, pd.Series(ids).map(weights).fillna(0).to_numpy(float)))
+            category_reps.append(category_speedups(groups, cost_b, tokens, rounds_k[:, j], drafting_k[:, j],
+                                                   nodes_k[:, j]))
         except ValueError:
             failed += 1
     replicates = pd.DataFrame(reps)
+    names = [name for name, _ in groups]
+    cat_low, cat_high = percentile_interval(pd.DataFrame(category_reps, columns=names, dtype=float), level)
+    estimate_k = category_speedups(groups, cost, tokens, rounds_k[:, 0], drafting_k[:, 0], nodes_k[:, 0])
+    categories = pd.DataFrame([dict(category=name, requests=int(m.sum()), predicted_speedup=estimate_k[k],
+                                    ci_low=float(cat_low[name]), ci_high=float(cat_high[name]),
+                                    verdict=predicted_verdict(float(cat_low[name]), float(cat_high[name])))
+                               for k, (name, m) in enumerate(groups)]).set_index("category")
     rows = [r for r in SUMMARY_ROWS if r in estimate]
     # NaN: no break-even in that replicate (skipped; counted in the notes)
     ci_low, ci_high = percentile_interval(replicates.reindex(columns=rows).astype(float), level)
@@ -443,7 +458,7 @@ def workload_breakeven(
              "crossing = where the token-weighted least-squares line of log speedup on the request's mean entropy "
              "crosses 0; inf = above 1 at every entropy"]
     return WorkloadBreakeven(drafter_id=drafter, summary=summary, requests=requests, replicates=replicates, cost=cost,
-                             family=law.family.name, notes=notes)
+                             family=law.family.name, notes=notes, categories=categories)
 
 
 def _fit(traces, family: str, drafter: str, eps: float) -> FittedLaw:
@@ -517,6 +532,19 @@ class WorkloadPrediction(Result):
         return "\n".join(lines)
 
 
+def category_groups(seqs: pd.DataFrame) -> list[tuple[str, np.ndarray]]:
+    """``(name, mask)`` per category of ``seqs`` (sorted), then ``("all", every request)``."""
+    cats = seqs["category"].astype(str)
+    return [*((str(c), (cats == c).to_numpy()) for c in sorted(cats.unique())), ("all", np.ones(len(seqs), dtype=bool))]
+
+
+def category_speedups(groups, cost: CostModel, tokens: np.ndarray, rounds: np.ndarray, drafting: np.ndarray,
+                      nodes: np.ndarray, skipped=0.0) -> list[float]:
+    """Per group of ``category_groups``: its tokens x t_AR over its requests' summed expected decode cost."""
+    ms = decode_cost_ms(cost, rounds, drafting, nodes, skipped)
+    return [float(tokens[m].sum() * cost.ar_ms_per_token / ms[m].sum()) for _, m in groups]
+
+
 def _priced_summary(traces, drafter: str, cost: CostModel, ar_table, ar_ms_per_token, arm_ids, seqs: pd.DataFrame,
                     tokens: np.ndarray, mean_h: np.ndarray, rounds_k: np.ndarray, nodes_k: np.ndarray,
                     drafting_k: np.ndarray, transfer_error: float, seed: int, level: float, skipped=0.0):
@@ -527,14 +555,12 @@ def _priced_summary(traces, drafter: str, cost: CostModel, ar_table, ar_ms_per_t
     ``transfer_error`` and the verdict; the same per request. ``skipped``: per request, its rounds in which a law
     policy did not call the drafter (known counts, ``decode_cost_ms``). Returns (summary, requests, (replicates,
     failed))."""
-    groups = [(str(c), (seqs["category"].astype(str) == c).to_numpy()) for c in sorted(seqs["category"].astype(str).unique())]
-    groups.append(("all", np.ones(len(seqs), dtype=bool)))
+    groups = category_groups(seqs)
 
-    def category_speedups(c: CostModel, j: int) -> list[float]:
-        ms = decode_cost_ms(c, rounds_k[:, j], drafting_k[:, j], nodes_k[:, j], skipped)
-        return [float(tokens[m].sum() * c.ar_ms_per_token / ms[m].sum()) for _, m in groups]
+    def speedups_at(c: CostModel, j: int) -> list[float]:
+        return category_speedups(groups, c, tokens, rounds_k[:, j], drafting_k[:, j], nodes_k[:, j], skipped)
 
-    estimate = category_speedups(cost, 0)
+    estimate = speedups_at(cost, 0)
     rng = np.random.default_rng(seed)
     reps, failed = [], 0
     for j, _, cost_b in _reweighted_costs(traces, drafter, arm_ids, ar_table, ar_ms_per_token, cost.clock,
@@ -542,7 +568,7 @@ def _priced_summary(traces, drafter: str, cost: CostModel, ar_table, ar_ms_per_t
         if cost_b is None:
             failed += 1
         else:
-            reps.append(category_speedups(cost_b, j))
+            reps.append(speedups_at(cost_b, j))
     names = [name for name, _ in groups]
     ci_low, ci_high = percentile_interval(pd.DataFrame(reps, columns=names, dtype=float), level)
     band = 0.0 if np.isnan(transfer_error) else float(transfer_error)
