@@ -134,7 +134,8 @@ def test_a_predicted_verdict_needs_both_forms_of_the_prediction_on_one_side_of_1
     nan = float("nan")
     assert _category_pays(1.3, 1.1, 1.5, "measured", 0.9, 0.8, 0.95) == ("pays", "measured")
     assert _category_pays(0.9, 0.8, 1.1, "measured", 1.5, 1.4, 1.6) == ("unclear", "measured")
-    assert _category_pays(1.3, 0.5, 3.0, "not measured reliably", 1.01, nan, nan) == ("unclear", "no predicted interval")
+    no_interval = _category_pays(1.3, 0.5, 3.0, "not measured reliably", 1.01, nan, nan)
+    assert no_interval == ("unclear", "no predicted interval")
     assert _category_pays(nan, nan, nan, None, 1.20, 1.07, 1.23) == ("pays", "predicted")
     assert _category_pays(nan, nan, nan, None, 0.90, 0.85, 0.95) == ("does not pay", "predicted")
     assert _category_pays(nan, nan, nan, None, 1.01, 1.00, 1.09) == ("unclear", "predicted")  # touches 1
