@@ -187,7 +187,9 @@ def answer_lines(analysis: TraceAnalysis, measured: pd.DataFrame | None = None) 
                 got = "not measured"
             predicted = f"{r.predicted:.2f}x" if np.isfinite(r.predicted) else "–"
             if np.isfinite(r.workload_predicted):  # per request, with the interval the verdict also rests on
-                predicted += f", per request {r.workload_predicted:.2f}x [{r.workload_low:.2f}, {r.workload_high:.2f}]"
+                band = (f"[{r.workload_low:.2f}, {r.workload_high:.2f}]"
+                        if np.isfinite(r.workload_low) and np.isfinite(r.workload_high) else "(no interval)")
+                predicted += f", per request {r.workload_predicted:.2f}x {band}"
             lines.append(f"    {r.category:<16} measured {got:<44} predicted {predicted:<36} -> {r.pays} "
                          f"({r.pays_from})")
         if not pays.ok:
