@@ -534,6 +534,37 @@ def test_replayed_rounds_are_priced_by_the_cost_model_alone_and_land_on_the_meas
     assert not any("decoded by the arm itself" in n for n in got.notes)
 
 
+def test_a_cost_model_whose_own_error_cannot_be_measured_widens_by_the_largest_error_seen_not_by_nothing():
+    """Timed traces with fewer than MIN_PAIRED_REQUESTS paired requests per category (the demo's 2): the cost model's
+    own error cannot be measured there, and a verdict on the bootstrap interval alone would claim +-1-2%. It is
+    widened by cost.UNMEASURED_COST_ERROR instead (also where a NaN error is passed, as predict --budgets does), and
+    the notes say why and how to measure it."""
+    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.law.cost import MIN_PAIRED_REQUESTS, UNMEASURED_COST_ERROR
+    from entropy_law.law.simulate import SimCosts, simulate_traces
+    from entropy_law.law.workload import round_counts
+
+    traces = simulate_traces(seed=3, n_requests_per_category=MIN_PAIRED_REQUESTS - 3, block_size=5, include_ar=True,
+                             tokens_per_request=(60, 90), costs=SimCosts(draft_ms=40.0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        an = TraceAnalysis(traces, n_boot=20, seed=1)
+        arm = an.arms[0]
+        counts = round_counts(an.cost_view(arm), arm)
+        assert not np.isfinite(an.cost_error(arm).attrs["max_abs_error"])
+        got = an.predict(arm, traces, rounds=counts)
+        passed_nan = an.predict(arm, traces, rounds=counts, transfer_error=float("nan"))
+        given = an.predict(arm, traces, rounds=counts, transfer_error=0.02)
+    for result in (got, passed_nan):
+        assert result.transfer_error == UNMEASURED_COST_ERROR
+        row = result.summary.loc["all"]
+        assert row["low"] == pytest.approx(row["ci_low"] * (1 - UNMEASURED_COST_ERROR))
+        assert row["high"] == pytest.approx(row["ci_high"] * (1 + UNMEASURED_COST_ERROR))
+        assert any("own error not measured" in n and "UNMEASURED_COST_ERROR" in n for n in result.notes)
+    assert any(f"no category of the arm has {MIN_PAIRED_REQUESTS} paired requests" in n for n in got.notes)
+    assert given.transfer_error == 0.02  # a measured or given error is used as it is
+
+
 def test_price_rounds_refuses_counts_that_cannot_be_rounds():
     from entropy_law.law.workload import price_rounds, round_counts
 

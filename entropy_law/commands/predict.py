@@ -35,7 +35,10 @@ the answer prices the recorded checkpoint.
 tree, budget and gate or policy; ``jobs.reference.workload_rounds``, which loads the target): a drafter that proposes
 from the context decodes the same rounds on the same greedy output, so no law is needed, and the cost model alone
 prices them (``law.workload.price_rounds``). The verdict's interval is widened by the cost model's own largest error
-on the arm's measured categories given their recorded rounds (``TraceAnalysis.cost_error``), or ``--transfer-error``.
+on the arm's measured categories given their recorded rounds (``TraceAnalysis.cost_error``), or ``--transfer-error``;
+where too few requests per category were timed to measure it (the demo's 2), by ``law.cost.UNMEASURED_COST_ERROR``
+(10%, the largest such error in this project's checks), said in the notes: a bootstrap interval of 10 timed requests
+alone claimed +-1-2%.
 ``--budgets 4,8,32`` also replays every DDTree arm at those tree budgets (configurations never timed), priced by the
 recorded arm's cost model: one drafter's verify costs depend on the nodes verified, not on the tree that chose them.
 Their widening is the larger of that model's own error and its error pricing the drafter's other timed arms' recorded
@@ -358,13 +361,19 @@ def _law_error(args, analysis, reference, arm: str, law_from: str, family: str) 
     # widens by it), which the law's error on tokens per round does not hold
     cost = analysis.attempt("cost_error", arm)
     cost_error = cost.value.attrs["max_abs_error"] if cost.ok else float("nan")
-    if not np.isfinite(cost_error):
-        notes.append("the cost model's own error not measured (" + (cost.error if not cost.ok else
-                     "too few paired requests per category") + "): widened by the law's error alone")
-        return law_error, calibration, notes
+    if np.isfinite(cost_error):
+        which = f"the cost model's own largest error on {arm}'s measured categories priced from their recorded rounds"
+    else:  # too few timed requests per category to measure it (e.g. the demo's): the largest seen in our checks
+        from entropy_law.law.cost import UNMEASURED_COST_ERROR
+
+        cost_error = UNMEASURED_COST_ERROR
+        which = ("not the cost model's own error, which is not measured (" + (cost.error if not cost.ok else
+                 "too few paired requests per category") + "), but the largest error of a cost model pricing "
+                 "replayed rounds of categories it never timed in this project's checks (law.cost."
+                 "UNMEASURED_COST_ERROR)")
     error = (1 + law_error) * (1 + cost_error) - 1
-    notes.append(f"widened by both: (1 + {law_error:.1%}) x (1 + {cost_error:.1%}) - 1 = {error:.1%}, the second the "
-                 f"cost model's own largest error on {arm}'s measured categories priced from their recorded rounds")
+    notes.append(f"widened by both: (1 + {law_error:.1%}) x (1 + {cost_error:.1%}) - 1 = {error:.1%}, the second "
+                 + which)
     return error, calibration, notes
 
 

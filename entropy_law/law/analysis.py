@@ -44,8 +44,8 @@ import pandas as pd
 from entropy_law.law import atrisk
 from entropy_law.law.arms import AR_LABEL, run_arms
 from entropy_law.law.compare import category_share_of_gain, compare_laws
-from entropy_law.law.cost import (MIN_PAIRED_REQUESTS, UNRELIABLE, paired_speedup_interval, pooled_log_speedup_sd,
-                                  priced_cost_model, speed_verdict, when_drafting_pays)
+from entropy_law.law.cost import (MIN_PAIRED_REQUESTS, UNMEASURED_COST_ERROR, UNRELIABLE, paired_speedup_interval,
+                                  pooled_log_speedup_sd, priced_cost_model, speed_verdict, when_drafting_pays)
 from entropy_law.law.fit import PRIMARY_FAMILY, fallback_note, fit_law, get_family, primary_family
 from entropy_law.law.hypotheses import universality_test
 from entropy_law.law.transfer import block_prediction, loco_transfer, sequences_of
@@ -576,7 +576,8 @@ class TraceAnalysis:
         ``transfer_error`` measured there too), instead of ``law(arm)``. ``rounds``: the arm's rounds replayed
         over the workload (``jobs.reference.workload_rounds``, one row per request): they are priced by the cost
         model alone (``workload.price_rounds``, no law), and the default ``transfer_error`` is the cost model's
-        own largest error on the arm's measured categories (``cost_error``). ``bias``: the law's log residual of
+        own largest error on the arm's measured categories (``cost_error``), or where that cannot be measured
+        (or is passed as NaN) ``cost.UNMEASURED_COST_ERROR``, said in the notes. ``bias``: the law's log residual of
         tokens per round (``workload.predict_workload``; e.g. ``transfer.calibrated_transfer``'s)."""
         if rounds is not None and (proposals is not None or law is not None or bias):
             raise ValueError("rounds= prices the replayed rounds with no law: drop proposals=, law= and bias=")
@@ -594,16 +595,22 @@ class TraceAnalysis:
             raise ValueError("the workload holds no tokens on this model: record it first")
         sequences = sequences_of(tokens)
         notes = []
-        if rounds is not None and transfer_error is None:
-            err = self.attempt("cost_error", arm)
-            transfer_error = err.value.attrs["max_abs_error"] if err.ok else float("nan")
-            if np.isfinite(transfer_error):
+        if rounds is not None and (transfer_error is None or not np.isfinite(transfer_error)):
+            err = self.attempt("cost_error", arm) if transfer_error is None else None
+            measured = err.value.attrs["max_abs_error"] if err is not None and err.ok else float("nan")
+            if np.isfinite(measured):
+                transfer_error = measured
                 notes.append(f"the cost model's own error: its largest |relative error| on the arm's "
                              f"{err.value.attrs['rated']} measured categories priced from their recorded rounds, "
                              f"{transfer_error:.1%}")
-            else:
-                notes.append("the cost model's own error not measured: " + (
-                    err.error if not err.ok else f"no category of the arm has {MIN_PAIRED_REQUESTS} paired requests"))
+            else:  # a verdict on the bootstrap interval of a few timed requests alone would claim +-1-2%
+                transfer_error = UNMEASURED_COST_ERROR
+                why = ("" if err is None else " (" + (err.error if not err.ok else
+                       f"no category of the arm has {MIN_PAIRED_REQUESTS} paired requests") + ")")
+                notes.append(f"the cost model's own error not measured{why}: widened by {UNMEASURED_COST_ERROR:.0%}, "
+                             "the largest error of a cost model pricing replayed rounds of categories it never timed "
+                             "in this project's checks (law.cost.UNMEASURED_COST_ERROR); time at least "
+                             f"{MIN_PAIRED_REQUESTS} requests per category beside AR to measure it on your machine")
         if transfer_error is None:
             mode = "training" if proposals is None else "replayed"
             loco = self.attempt("loco", arm, mode)
