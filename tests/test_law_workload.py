@@ -565,6 +565,32 @@ def test_a_cost_model_whose_own_error_cannot_be_measured_widens_by_the_largest_e
     assert given.transfer_error == 0.02  # a measured or given error is used as it is
 
 
+def test_a_law_whose_transfer_error_cannot_be_measured_widens_by_the_largest_error_seen(tmp_path):
+    """An arm recorded on two categories: leave-one-category-out (3 needed) cannot measure how far its law lands on a
+    new one, and a verdict on the bootstrap interval alone would assume it transfers without error. The verdict is
+    widened by transfer.UNMEASURED_TRANSFER_ERROR instead, and the notes say why and what to record."""
+    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.law.simulate import DEFAULT_CATEGORIES, SimCosts, simulate_traces
+    from entropy_law.law.transfer import UNMEASURED_TRANSFER_ERROR
+
+    names = list(DEFAULT_CATEGORIES)
+    traces = simulate_traces(seed=3, n_requests_per_category=8, block_size=5, include_ar=True, categories=names[:2],
+                             tokens_per_request=(60, 90), costs=SimCosts(draft_ms=40.0))
+    workload = simulate_traces(seed=4, n_requests_per_category=4, block_size=5, include_ar=True,
+                               categories=names[2:3], tokens_per_request=(60, 90), costs=SimCosts(draft_ms=40.0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        an = TraceAnalysis(traces, n_boot=20, seed=1)
+        arm = an.arms[0]
+        got = an.predict(arm, workload)
+    assert got.transfer_error == UNMEASURED_TRANSFER_ERROR
+    row = got.summary.loc["all"]
+    assert row["low"] == pytest.approx(row["ci_low"] * (1 - UNMEASURED_TRANSFER_ERROR))
+    assert row["high"] == pytest.approx(row["ci_high"] * (1 + UNMEASURED_TRANSFER_ERROR))
+    assert any(n.startswith("transfer error not measured (") and "UNMEASURED_TRANSFER_ERROR" in n
+               and "at least 3 categories" in n for n in got.notes)
+
+
 def test_price_rounds_refuses_counts_that_cannot_be_rounds():
     from entropy_law.law.workload import price_rounds, round_counts
 

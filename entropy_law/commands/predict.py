@@ -5,7 +5,9 @@ an imported engine log with ``entropy-law entropy``) and, per drafting arm of ``
 drafter on the same target, timed with an AR run on the same machine), prices each workload request with the arm's
 law, drafted depths and cost model (``TraceAnalysis.predict``). Prints per category the verdict first, the
 predicted speedup with its interval, and that interval widened by the law's transfer error (its largest
-leave-one-category-out error on the arm's own categories), which the verdict needs on one side of 1. With several
+leave-one-category-out error on the arm's own categories; where they are fewer than 3, ``law.transfer.
+UNMEASURED_TRANSFER_ERROR``, 44%, the largest seen in this project's checks), which the verdict needs on one side
+of 1. With several
 arms it ends with what to run per category (``law.workload.choose_arms``): the paying arm with the highest predicted
 speedup, else AR, which cannot lose.
 

@@ -48,7 +48,7 @@ from entropy_law.law.cost import (MIN_PAIRED_REQUESTS, UNMEASURED_COST_ERROR, UN
                                   pooled_log_speedup_sd, priced_cost_model, speed_verdict, when_drafting_pays)
 from entropy_law.law.fit import PRIMARY_FAMILY, fallback_note, fit_law, get_family, primary_family
 from entropy_law.law.hypotheses import universality_test
-from entropy_law.law.transfer import block_prediction, loco_transfer, sequences_of
+from entropy_law.law.transfer import UNMEASURED_TRANSFER_ERROR, block_prediction, loco_transfer, sequences_of
 from entropy_law.law.workload import predict_workload, price_rounds, round_counts, workload_breakeven
 
 AR_ARM = AR_LABEL  # label of the autoregressive baseline in tables (one per model where there are several)
@@ -567,8 +567,8 @@ class TraceAnalysis:
         drafted depths and cost model, on the workload's target entropies (its requests on the arm's model; each
         request from the first run that holds it). ``transfer_error``: the law's relative error on a category it
         was not fitted on, which widens the verdict's interval; default the largest leave-one-category-out
-        |relative error| of tokens per round on this arm's own categories (``loco(arm)``, leak-free depths); NaN
-        where that cannot be measured (said in the notes). Requests this arm also decoded are named in the notes
+        |relative error| of tokens per round on this arm's own categories (``loco(arm)``, leak-free depths);
+        ``transfer.UNMEASURED_TRANSFER_ERROR`` where that cannot be measured (said in the notes). Requests this arm also decoded are named in the notes
         (in-sample). ``proposals``: the arm's drafter replayed over the workload's outputs (``predict_workload``);
         the transfer error is then the leave-one-category-out error with replayed depths (``loco(arm,
         "replayed")``, which needs this analysis' ``proposals`` for the arm's own runs). ``law``: a law of this arm
@@ -621,9 +621,12 @@ class TraceAnalysis:
                              f"round on the arm's {int(acc['categories'])} categories, {transfer_error:.1%} (mean "
                              f"{float(acc['mean_abs_relative_error']):.1%}; law {self.family}, leak-free depths"
                              + (", replayed proposals)" if proposals is not None else ")"))
-            else:
-                transfer_error = float("nan")
-                notes.append(f"transfer error not measured: {loco.error}")
+            else:  # a verdict on the bootstrap interval alone would assume the law transfers without error
+                transfer_error = UNMEASURED_TRANSFER_ERROR
+                notes.append(f"transfer error not measured ({loco.error}): widened by {transfer_error:.0%}, the "
+                             "largest leave-one-category-out error of tokens per round in this project's checks "
+                             "(law.transfer.UNMEASURED_TRANSFER_ERROR); record the arm on at least 3 categories to "
+                             "measure it")
         mine = set(self.arm_view(arm).requests["request_id"].astype(str))
         shared = sorted(set(sequences["request_id"].astype(str)) & mine)
         if shared:
