@@ -984,18 +984,17 @@ def test_predict_says_when_a_block_arm_is_not_the_checkpoint_a_run_would_load_to
     block` loads when none is named, the notes say which is which (found by SHA-256) and what to run instead."""
     from entropy_law.commands.predict import _CheckpointNote
     from entropy_law.jobs.arms import BLOCK_DRAFTER_ENV
-    from entropy_law.law.arms import ArmKey
     from entropy_law.traces.layout import file_sha256
 
     old, new = tmp_path / "old.safetensors", tmp_path / "new.safetensors"
     old.write_bytes(b"old weights")
     new.write_bytes(b"new weights")
 
-    def key(sha):
-        return ArmKey("m", "block-drafter", sha, "ddtree", 16, "cost")
+    def key(sha):  # a run's drafter config as recorded (the n-gram drafter's holds no checkpoint)
+        return {"checkpoint_sha256": sha} if sha else {"n": 3}
 
     runs = pd.DataFrame({"arm": ["block ddtree16", "ngram chain", "mine ddtree16", "lost ddtree16"],
-                         "arm_key": [key(file_sha256(old)), key(None), key(file_sha256(new)), key("f" * 64)]})
+                         "drafter_config": [key(file_sha256(old)), key(None), key(file_sha256(new)), key("f" * 64)]})
     monkeypatch.setenv(BLOCK_DRAFTER_ENV, str(new))
     note = _CheckpointNote(SimpleNamespace(runs=runs))
     assert note("ngram chain") == [] and note("mine ddtree16") == []
@@ -1010,8 +1009,8 @@ def test_predict_says_when_a_block_arm_is_not_the_checkpoint_a_run_would_load_to
     from entropy_law.drafters.block import DEFAULT_CHECKPOINT, REFERENCE_CHECKPOINT, default_drafter_path
 
     monkeypatch.delenv(BLOCK_DRAFTER_ENV)
-    runs["arm_key"] = [key(file_sha256(default_drafter_path().with_name(REFERENCE_CHECKPOINT))), key(None),
-                       key(file_sha256(default_drafter_path())), key("f" * 64)]
+    runs["drafter_config"] = [key(file_sha256(default_drafter_path().with_name(REFERENCE_CHECKPOINT))), key(None),
+                              key(file_sha256(default_drafter_path())), key("f" * 64)]
     note = _CheckpointNote(SimpleNamespace(runs=runs))
     assert note("mine ddtree16") == []
     [text] = note("block ddtree16")

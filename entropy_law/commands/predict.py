@@ -216,7 +216,7 @@ class _CheckpointNote:
     checkpoint (its law, costs and, replayed, its proposals), not the default a user would run."""
 
     def __init__(self, analysis):
-        self.analysis, self._default = analysis, None
+        self.analysis, self._default, self._found = analysis, None, {}  # each file hashed once per command
 
     def __call__(self, arm: str) -> list[str]:
         shas = _checkpoints(self.analysis, arm)
@@ -231,8 +231,11 @@ class _CheckpointNote:
         path, sha = self._default
         if path is None or shas == [sha]:
             return []
-        found = [find_block_checkpoint(s) for s in shas]
-        names = ", ".join(f.name if f is not None else f"sha256:{s[:8]} (not found here)" for f, s in zip(found, shas))
+        for s in shas:
+            if s not in self._found:
+                self._found[s] = find_block_checkpoint(s)
+        names = ", ".join(self._found[s].name if self._found[s] is not None else f"sha256:{s[:8]} (not found here)"
+                          for s in shas)
         return [f"{arm} was recorded with the checkpoint {names}, not {path.name}, which `entropy-law record --drafter "
                 "block` loads when no --checkpoint is named: this answer is for the recorded one; for the default, "
                 "time it beside AR on this machine (bench/speed_validation.py --record) and pass those runs as --from"]
@@ -330,8 +333,9 @@ def replayed_laws(args, analysis, arms, workload, family: str | None = None) -> 
 
 def _checkpoints(analysis, arm: str) -> list[str]:
     """The drafter checkpoints (SHA-256) ``arm``'s runs in ``analysis`` recorded; ``[]`` for a drafter without one."""
-    keys = analysis.runs.loc[analysis.runs["arm"] == arm, "arm_key"]
-    return sorted({k.checkpoint_sha256 for k in keys if k.checkpoint_sha256})
+    from entropy_law.law.arms import run_checkpoints
+
+    return run_checkpoints(analysis.runs.loc[analysis.runs["arm"] == arm])
 
 
 def _shas(shas: list[str]) -> str:

@@ -132,6 +132,14 @@ def _checkpoint(config) -> str | None:
     return _text(config.get("checkpoint_sha256")) if isinstance(config, dict) else None
 
 
+def run_checkpoints(runs: pd.DataFrame) -> list[str]:
+    """The distinct checkpoint SHA-256s the runs' drafters were loaded from (``drafter_config``), sorted; ``[]`` for
+    drafters without a checkpoint (e.g. the n-gram one) or runs that do not say."""
+    if "drafter_config" not in runs:
+        return []
+    return sorted({sha for sha in map(_checkpoint, runs["drafter_config"]) if sha})
+
+
 def arm_keys(runs: pd.DataFrame) -> list[ArmKey]:
     """One ``ArmKey`` per row of ``runs`` (missing metadata columns read as not recorded)."""
     keys = []

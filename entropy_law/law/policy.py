@@ -44,6 +44,7 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 
+from entropy_law.law.arms import run_checkpoints
 from entropy_law.law.atrisk import at_risk_table
 from entropy_law.law.cost import fit_cost_model, verify_curve
 from entropy_law.law.fit import LawFamily, fit_law, get_family
@@ -124,7 +125,7 @@ def fit_policy(traces, *, window: int = 4, family: str = "law_exp", drafter: str
     drafters = sorted(runs["drafter_id"].unique())
     if len(drafters) != 1:
         raise ValueError(f"the traces hold drafters {drafters}: a policy is for one drafter; pass drafter=")
-    checkpoints = _checkpoints(runs)
+    checkpoints = run_checkpoints(runs)
     if len(checkpoints) > 1:
         raise ValueError(f"the runs of drafter {drafters[0]!r} hold {len(checkpoints)} checkpoints (sha256 "
                          f"{', '.join(c[:12] for c in checkpoints)}): a policy is for one checkpoint; keep the runs of "
@@ -178,15 +179,6 @@ def fit_policy(traces, *, window: int = 4, family: str = "law_exp", drafter: str
         **({"context_match": copyability} if copyability is not None else {}),
         "notes": notes,
     }
-
-
-def _checkpoints(runs: pd.DataFrame) -> list[str]:
-    """The distinct checkpoint SHA-256s the runs' drafters were loaded from (``drafter_config``; none for a
-    drafter without a checkpoint, e.g. the n-gram one)."""
-    if "drafter_config" not in runs:
-        return []
-    found = {config.get("checkpoint_sha256") for config in runs["drafter_config"] if isinstance(config, dict)}
-    return sorted(str(sha) for sha in found if sha)
 
 
 def borrow_policy(params: dict, drafter_id: str | None, checkpoint_sha256: str | None = None) -> dict:
