@@ -123,7 +123,8 @@ def law_check(arm_traces: Path, ar_path: Path, source, table, law_from: str, law
     from entropy_law.traces.reader import load_traces
 
     args = SimpleNamespace(workload=str(ar_path), arm_traces=str(arm_traces), law_from=law_from, law_tasks=law_tasks,
-                           tasks=tasks, model=None, checkpoint=None, transfer_error=None, n_boot=n_boot, seed=seed)
+                           tasks=tasks, model=None, checkpoint=None, transfer_error=None, n_boot=n_boot, seed=seed,
+                           law_borrow=False)
     arms = [a for a in source.arms if a in set(table["arm"])]
     rows, families = [], {}
     for forced in (REPLAYED_FAMILY, None):

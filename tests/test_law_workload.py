@@ -982,7 +982,7 @@ def test_calibrated_transfer_takes_b_from_the_other_categories_only():
 def test_predict_says_when_a_block_arm_is_not_the_checkpoint_a_run_would_load_today(tmp_path, monkeypatch):
     """A prediction prices the checkpoint an arm was recorded with: where that is not the one `record --drafter
     block` loads when none is named, the notes say which is which (found by SHA-256) and what to run instead."""
-    from entropy_law.commands.predict import _CheckpointNote
+    from entropy_law.commands.predict import checkpoint_notes
     from entropy_law.jobs.arms import BLOCK_DRAFTER_ENV
     from entropy_law.traces.layout import file_sha256
 
@@ -995,14 +995,18 @@ def test_predict_says_when_a_block_arm_is_not_the_checkpoint_a_run_would_load_to
 
     runs = pd.DataFrame({"arm": ["block ddtree16", "ngram chain", "mine ddtree16", "lost ddtree16"],
                          "drafter_config": [key(file_sha256(old)), key(None), key(file_sha256(new)), key("f" * 64)]})
+    def notes_of(runs):  # the note per arm, [] where none
+        notes = checkpoint_notes(SimpleNamespace(runs=runs), list(runs["arm"]))
+        return lambda arm: notes.get(arm, [])
+
     monkeypatch.setenv(BLOCK_DRAFTER_ENV, str(new))
-    note = _CheckpointNote(SimpleNamespace(runs=runs))
+    note = notes_of(runs)
     assert note("ngram chain") == [] and note("mine ddtree16") == []
     [text] = note("lost ddtree16")
     assert "sha256:ffffffff (not found here), not new.safetensors" in text
     monkeypatch.setenv(BLOCK_DRAFTER_ENV, str(old))  # found by its hash: the default itself when named so
-    assert _CheckpointNote(SimpleNamespace(runs=runs))("block ddtree16") == []
-    [text] = _CheckpointNote(SimpleNamespace(runs=runs))("mine ddtree16")
+    assert notes_of(runs)("block ddtree16") == []
+    [text] = notes_of(runs)("mine ddtree16")
     assert "recorded with the checkpoint sha256:" in text  # new.safetensors is not under data/drafters/ nor the env
     assert "not old.safetensors" in text and "bench/speed_validation.py --record" in text
     # the shipped files: the reference traces' block arms name the sixth checkpoint, found under data/drafters/
@@ -1011,7 +1015,7 @@ def test_predict_says_when_a_block_arm_is_not_the_checkpoint_a_run_would_load_to
     monkeypatch.delenv(BLOCK_DRAFTER_ENV)
     runs["drafter_config"] = [key(file_sha256(default_drafter_path().with_name(REFERENCE_CHECKPOINT))), key(None),
                               key(file_sha256(default_drafter_path())), key("f" * 64)]
-    note = _CheckpointNote(SimpleNamespace(runs=runs))
+    note = notes_of(runs)
     assert note("mine ddtree16") == []
     [text] = note("block ddtree16")
     assert f"recorded with the checkpoint {REFERENCE_CHECKPOINT}, not {DEFAULT_CHECKPOINT}" in text

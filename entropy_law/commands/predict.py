@@ -178,7 +178,7 @@ def run(args) -> int:
         replayed, workload = replayed_laws(args, analysis, arms, workload)
     replayed_rounds = _replayed_rounds(args, analysis, arms, budgets, policy) if args.replay_rounds else {}
     results = {}
-    checkpoint_note = _CheckpointNote(analysis)
+    not_default = checkpoint_notes(analysis, analysis.arms)
     for arm in [*arms, *(name for name in replayed_rounds if name not in arms)]:
         if arm in replayed_rounds:
             rounds, notes, priced_by, error = replayed_rounds[arm]
@@ -193,7 +193,8 @@ def run(args) -> int:
             result = replace(result, notes=notes + result.notes)
         else:
             result = analysis.predict(arm, workload, transfer_error=args.transfer_error)
-        result = replace(result, notes=result.notes + checkpoint_note(arm if arm in analysis.arms else priced_by))
+        own = arm if arm in analysis.arms else priced_by  # a budget or policy variant: the arm that priced it
+        result = replace(result, notes=result.notes + not_default.get(own, []))
         results[arm] = result
         print(result.title)
         print(result.answer())
@@ -210,35 +211,28 @@ def run(args) -> int:
     return 0
 
 
-class _CheckpointNote:
-    """``note(arm)``: ``[a note]`` where ``arm``'s drafter was loaded from a checkpoint other than the one a run that
-    names none uses today (``jobs.arms.block_drafter_checkpoint``), else ``[]``: the prediction prices the recorded
-    checkpoint (its law, costs and, replayed, its proposals), not the default a user would run."""
+def checkpoint_notes(analysis, arms) -> dict[str, list[str]]:
+    """Per arm of ``arms`` whose drafter was loaded from a checkpoint other than the one a run that names none uses
+    today (``jobs.arms.block_drafter_checkpoint``): ``[a note]`` naming both (found by SHA-256); the prediction
+    prices the recorded checkpoint (its law, costs and, replayed, its proposals), not the default a user would run.
+    Arms without a checkpoint, or of the default, are absent. Hashes nothing where no arm has a checkpoint."""
+    recorded = {arm: shas for arm in arms if (shas := _checkpoints(analysis, arm))}
+    if not recorded:
+        return {}
+    from entropy_law.jobs.arms import block_drafter_checkpoint, find_block_checkpoint
+    from entropy_law.traces.layout import file_sha256
 
-    def __init__(self, analysis):
-        self.analysis, self._default, self._found = analysis, None, {}  # each file hashed once per command
-
-    def __call__(self, arm: str) -> list[str]:
-        shas = _checkpoints(self.analysis, arm)
-        if not shas:
-            return []
-        from entropy_law.jobs.arms import block_drafter_checkpoint, find_block_checkpoint
-        from entropy_law.traces.layout import file_sha256
-
-        if self._default is None:
-            path = block_drafter_checkpoint()
-            self._default = (path, file_sha256(path)) if path is not None and path.is_file() else (None, None)
-        path, sha = self._default
-        if path is None or shas == [sha]:
-            return []
-        for s in shas:
-            if s not in self._found:
-                self._found[s] = find_block_checkpoint(s)
-        names = ", ".join(self._found[s].name if self._found[s] is not None else f"sha256:{s[:8]} (not found here)"
-                          for s in shas)
-        return [f"{arm} was recorded with the checkpoint {names}, not {path.name}, which `entropy-law record --drafter "
-                "block` loads when no --checkpoint is named: this answer is for the recorded one; for the default, "
-                "time it beside AR on this machine (bench/speed_validation.py --record) and pass those runs as --from"]
+    default = block_drafter_checkpoint()
+    if default is None or not default.is_file():
+        return {}
+    sha = file_sha256(default)
+    others = {s: find_block_checkpoint(s) for shas in recorded.values() for s in shas if s != sha}
+    return {arm: [f"{arm} was recorded with the checkpoint "
+                  + ", ".join(others[s].name if others.get(s) else f"sha256:{s[:8]} (not found here)" for s in shas)
+                  + f", not {default.name}, which `entropy-law record --drafter block` loads when no --checkpoint is "
+                  "named: this answer is for the recorded one; for the default, time it beside AR on this machine "
+                  "(bench/speed_validation.py --record) and pass those runs as --from"]
+            for arm, shas in recorded.items() if shas != [sha]}
 
 
 def _with_copyability(traces, target, tasks=None):
@@ -293,7 +287,7 @@ def replayed_laws(args, analysis, arms, workload, family: str | None = None) -> 
         if theirs != ours:  # and of the drafter: one checkpoint's confidence is not another's
             what = (f"--law-from {law_from} ran arm {arm!r} with the drafter checkpoint {_shas(theirs)}, --from "
                     f"{args.arm_traces} with {_shas(ours)}")
-            if not getattr(args, "law_borrow", False):
+            if not args.law_borrow:
                 raise ValueError(f"{what}: the law in one checkpoint's confidence is not another's; give --law-from "
                                  "runs of the same checkpoint, or --law-borrow to apply it knowingly")
             borrowed[arm] = f"law borrowed (--law-borrow): {what}"
@@ -345,9 +339,8 @@ def _shas(shas: list[str]) -> str:
 def _law_error(args, analysis, reference, arm: str, law_from: str, family: str) -> tuple[float, dict, list]:
     """(the widening of the verdict, ``{"bias": b, "uncalibrated_error": ...}``, notes) for ``arm``'s law fitted on
     ``reference``: ``--transfer-error`` as given (no b), else the law's leave-one-category-out error after its
-    residual b (``law.transfer.calibrated_transfer``) compounded with the cost model's own error on ``analysis``."""
-    import numpy as np
-
+    residual b (``law.transfer.calibrated_transfer``) compounded with the cost model's own error on ``analysis``
+    (``TraceAnalysis.cost_model_error``)."""
     from entropy_law.law.transfer import calibrated_transfer
 
     if args.transfer_error is not None:
@@ -365,21 +358,10 @@ def _law_error(args, analysis, reference, arm: str, law_from: str, family: str) 
              "replayed depths)"]
     # a right tokens per round can still be priced wrong: compound the cost model's own error (as --replay-rounds
     # widens by it), which the law's error on tokens per round does not hold
-    cost = analysis.attempt("cost_error", arm)
-    cost_error = cost.value.attrs["max_abs_error"] if cost.ok else float("nan")
-    if np.isfinite(cost_error):
-        which = f"the cost model's own largest error on {arm}'s measured categories priced from their recorded rounds"
-    else:  # too few timed requests per category to measure it (e.g. the demo's): the largest seen in our checks
-        from entropy_law.law.cost import UNMEASURED_COST_ERROR
-
-        cost_error = UNMEASURED_COST_ERROR
-        which = ("not the cost model's own error, which is not measured (" + (cost.error if not cost.ok else
-                 "too few paired requests per category") + "), but the largest error of a cost model pricing "
-                 "replayed rounds of categories it never timed in this project's checks (law.cost."
-                 "UNMEASURED_COST_ERROR)")
+    cost_error, cost_note = analysis.cost_model_error(arm)
     error = (1 + law_error) * (1 + cost_error) - 1
     notes.append(f"widened by both: (1 + {law_error:.1%}) x (1 + {cost_error:.1%}) - 1 = {error:.1%}, the second "
-                 + which)
+                 f"for {arm}'s cost model; {cost_note}")
     return error, calibration, notes
 
 

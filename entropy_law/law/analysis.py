@@ -45,7 +45,8 @@ from entropy_law.law import atrisk
 from entropy_law.law.arms import AR_LABEL, run_arms
 from entropy_law.law.compare import category_share_of_gain, compare_laws
 from entropy_law.law.cost import (MIN_PAIRED_REQUESTS, UNMEASURED_COST_ERROR, UNRELIABLE, paired_speedup_interval,
-                                  pooled_log_speedup_sd, priced_cost_model, speed_verdict, when_drafting_pays)
+                                  pooled_log_speedup_sd, priced_cost_model, speed_verdict, unmeasured_cost_note,
+                                  when_drafting_pays)
 from entropy_law.law.fit import PRIMARY_FAMILY, fallback_note, fit_law, get_family, primary_family
 from entropy_law.law.hypotheses import universality_test
 from entropy_law.law.transfer import UNMEASURED_TRANSFER_ERROR, block_prediction, loco_transfer, sequences_of
@@ -534,6 +535,20 @@ class TraceAnalysis:
         drafter_of = dict(zip(self.runs["arm"], self.runs["recorded_drafter_id"]))
         return [a for a in self.arms if a != arm and drafter_of.get(a) == drafter_of.get(arm)]
 
+    def cost_model_error(self, arm: str) -> tuple[float, str]:
+        """``(error, note)``: how far ``arm``'s cost model is trusted, the widening of a verdict it prices: its own
+        largest error on the arm's measured categories (``cost_error``), else, where that cannot be measured (no
+        category with ``MIN_PAIRED_REQUESTS`` paired requests, e.g. the demo's 2), ``cost.UNMEASURED_COST_ERROR``:
+        a verdict on the bootstrap interval of a few timed requests alone would claim +-1-2%."""
+        err = self.attempt("cost_error", arm)
+        measured = err.value.attrs["max_abs_error"] if err.ok else float("nan")
+        if np.isfinite(measured):
+            return measured, (f"the cost model's own error: its largest |relative error| on the arm's "
+                              f"{err.value.attrs['rated']} measured categories priced from their recorded rounds, "
+                              f"{measured:.1%}")
+        why = err.error if not err.ok else f"no category of the arm has {MIN_PAIRED_REQUESTS} paired requests"
+        return UNMEASURED_COST_ERROR, unmeasured_cost_note(why)
+
     def variant_error(self, arm: str) -> tuple[float, list[str]]:
         """How far ``arm``'s cost model can be trusted to price another tree or budget of its drafter, never timed
         (``entropy-law predict --budgets``): the larger of its own error (``cost_error(arm)``) and its errors pricing
@@ -568,17 +583,17 @@ class TraceAnalysis:
         request from the first run that holds it). ``transfer_error``: the law's relative error on a category it
         was not fitted on, which widens the verdict's interval; default the largest leave-one-category-out
         |relative error| of tokens per round on this arm's own categories (``loco(arm)``, leak-free depths);
-        ``transfer.UNMEASURED_TRANSFER_ERROR`` where that cannot be measured (said in the notes). Requests this arm also decoded are named in the notes
-        (in-sample). ``proposals``: the arm's drafter replayed over the workload's outputs (``predict_workload``);
-        the transfer error is then the leave-one-category-out error with replayed depths (``loco(arm,
-        "replayed")``, which needs this analysis' ``proposals`` for the arm's own runs). ``law``: a law of this arm
-        fitted elsewhere (e.g. on larger reference traces of the same drafter and target; then pass
-        ``transfer_error`` measured there too), instead of ``law(arm)``. ``rounds``: the arm's rounds replayed
-        over the workload (``jobs.reference.workload_rounds``, one row per request): they are priced by the cost
-        model alone (``workload.price_rounds``, no law), and the default ``transfer_error`` is the cost model's
-        own largest error on the arm's measured categories (``cost_error``), or where that cannot be measured
-        (or is passed as NaN) ``cost.UNMEASURED_COST_ERROR``, said in the notes. ``bias``: the law's log residual of
-        tokens per round (``workload.predict_workload``; e.g. ``transfer.calibrated_transfer``'s)."""
+        ``transfer.UNMEASURED_TRANSFER_ERROR`` where that cannot be measured (said in the notes). Requests this arm
+        also decoded are named in the notes (in-sample). ``proposals``: the arm's drafter replayed over the
+        workload's outputs (``predict_workload``); the transfer error is then the leave-one-category-out error with
+        replayed depths (``loco(arm, "replayed")``, which needs this analysis' ``proposals`` for the arm's own runs).
+        ``law``: a law of this arm fitted elsewhere (e.g. on larger reference traces of the same drafter and
+        target; then pass ``transfer_error`` measured there too), instead of ``law(arm)``. ``rounds``: the arm's
+        rounds replayed over the workload (``jobs.reference.workload_rounds``, one row per request): they are priced
+        by the cost model alone (``workload.price_rounds``, no law), and the default ``transfer_error`` is the cost
+        model's own largest error on the arm's measured categories, or ``cost.UNMEASURED_COST_ERROR`` where that
+        cannot be measured or is passed as NaN (``cost_model_error``), said in the notes. ``bias``: the law's log
+        residual of tokens per round (``workload.predict_workload``; e.g. ``transfer.calibrated_transfer``'s)."""
         if rounds is not None and (proposals is not None or law is not None or bias):
             raise ValueError("rounds= prices the replayed rounds with no law: drop proposals=, law= and bias=")
         model = self.model_of(arm)
@@ -595,22 +610,12 @@ class TraceAnalysis:
             raise ValueError("the workload holds no tokens on this model: record it first")
         sequences = sequences_of(tokens)
         notes = []
-        if rounds is not None and (transfer_error is None or not np.isfinite(transfer_error)):
-            err = self.attempt("cost_error", arm) if transfer_error is None else None
-            measured = err.value.attrs["max_abs_error"] if err is not None and err.ok else float("nan")
-            if np.isfinite(measured):
-                transfer_error = measured
-                notes.append(f"the cost model's own error: its largest |relative error| on the arm's "
-                             f"{err.value.attrs['rated']} measured categories priced from their recorded rounds, "
-                             f"{transfer_error:.1%}")
-            else:  # a verdict on the bootstrap interval of a few timed requests alone would claim +-1-2%
-                transfer_error = UNMEASURED_COST_ERROR
-                why = ("" if err is None else " (" + (err.error if not err.ok else
-                       f"no category of the arm has {MIN_PAIRED_REQUESTS} paired requests") + ")")
-                notes.append(f"the cost model's own error not measured{why}: widened by {UNMEASURED_COST_ERROR:.0%}, "
-                             "the largest error of a cost model pricing replayed rounds of categories it never timed "
-                             "in this project's checks (law.cost.UNMEASURED_COST_ERROR); time at least "
-                             f"{MIN_PAIRED_REQUESTS} requests per category beside AR to measure it on your machine")
+        if rounds is not None and transfer_error is None:
+            transfer_error, note = self.cost_model_error(arm)
+            notes.append(note)
+        elif rounds is not None and not np.isfinite(transfer_error):  # e.g. variant_error's, where none was measured
+            transfer_error = UNMEASURED_COST_ERROR
+            notes.append(unmeasured_cost_note())
         if transfer_error is None:
             mode = "training" if proposals is None else "replayed"
             loco = self.attempt("loco", arm, mode)

@@ -591,8 +591,7 @@ def calibrated_transfer(loco: "LocoTransfer") -> tuple[float, float, pd.DataFram
     categories (b_-c from at least 2); with fewer, ``b`` is 0 and the error the uncalibrated one."""
     s = loco.summary
     ratio = np.log(s["observed_tokens_per_round"].to_numpy(float) / s["predicted_tokens_per_round"].to_numpy(float))
-    categories = s["category"].to_numpy() if "category" in s else s.index.to_numpy()  # the summary is by category
-    table = pd.DataFrame({"category": categories, "observed_tokens_per_round":
+    table = pd.DataFrame({"category": s.index.to_numpy(), "observed_tokens_per_round":
                           s["observed_tokens_per_round"].to_numpy(float), "predicted_tokens_per_round":
                           s["predicted_tokens_per_round"].to_numpy(float)})
     k = len(ratio)

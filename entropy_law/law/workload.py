@@ -113,9 +113,9 @@ class WorkloadBreakeven(Result):
     cost: CostModel
     family: str
     notes: list = field(default_factory=list)
-    # per category (and "all"): requests, predicted_speedup (its tokens x t_AR over its summed predicted decode
-    # cost), ci_low / ci_high over the replicates' law draws and refitted costs (the requests themselves fixed,
-    # as predict_workload prices a workload) and verdict (predicted_verdict on that interval)
+    # per category (and "all"), as WorkloadPrediction.summary (category_summary): predicted_speedup (its tokens x
+    # t_AR over its summed predicted decode cost), ci_low / ci_high over the replicates' law draws and refitted costs
+    # (the requests themselves fixed, as predict_workload prices a workload; not widened) and the verdict on them
     categories: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
@@ -433,13 +433,9 @@ def workload_breakeven(
         except ValueError:
             failed += 1
     replicates = pd.DataFrame(reps)
-    names = [name for name, _ in groups]
-    cat_low, cat_high = percentile_interval(pd.DataFrame(category_reps, columns=names, dtype=float), level)
-    estimate_k = category_speedups(groups, cost, tokens, rounds_k[:, 0], drafting_k[:, 0], nodes_k[:, 0])
-    categories = pd.DataFrame([dict(category=name, requests=int(m.sum()), predicted_speedup=estimate_k[k],
-                                    ci_low=float(cat_low[name]), ci_high=float(cat_high[name]),
-                                    verdict=predicted_verdict(float(cat_low[name]), float(cat_high[name])))
-                               for k, (name, m) in enumerate(groups)]).set_index("category")
+    categories = category_summary(
+        groups, category_speedups(groups, cost, tokens, rounds_k[:, 0], drafting_k[:, 0], nodes_k[:, 0]),
+        category_reps, tokens, mean_h, rounds_k[:, 0], float("nan"), level)
     rows = [r for r in SUMMARY_ROWS if r in estimate]
     # NaN: no break-even in that replicate (skipped; counted in the notes)
     ci_low, ci_high = percentile_interval(replicates.reindex(columns=rows).astype(float), level)
@@ -545,6 +541,26 @@ def category_speedups(groups, cost: CostModel, tokens: np.ndarray, rounds: np.nd
     return [float(tokens[m].sum() * cost.ar_ms_per_token / ms[m].sum()) for _, m in groups]
 
 
+def category_summary(groups, estimate: list[float], reps: list[list[float]], tokens: np.ndarray, mean_h: np.ndarray,
+                     rounds: np.ndarray, transfer_error: float, level: float) -> pd.DataFrame:
+    """Per group of ``category_groups`` (index ``category``): ``requests``, ``tokens``, ``mean_entropy_nats``,
+    ``predicted_tokens_per_round``, ``predicted_speedup`` (``estimate``), ``ci_low`` / ``ci_high`` (the ``level``
+    percentile interval of the replicates ``reps``), ``low`` / ``high`` (that interval widened by
+    ``transfer_error``; NaN: not widened) and the ``verdict`` on them (``predicted_verdict``)."""
+    names = [name for name, _ in groups]
+    ci_low, ci_high = percentile_interval(pd.DataFrame(reps, columns=names, dtype=float), level)
+    band = 0.0 if np.isnan(transfer_error) else float(transfer_error)
+    rows = []
+    for k, (name, m) in enumerate(groups):
+        low, high = float(ci_low[name]) * (1 - band), float(ci_high[name]) * (1 + band)
+        rows.append(dict(category=name, requests=int(m.sum()), tokens=int(tokens[m].sum()),
+                         mean_entropy_nats=float(np.average(mean_h[m], weights=tokens[m])),
+                         predicted_tokens_per_round=float(tokens[m].sum() / rounds[m].sum()),
+                         predicted_speedup=estimate[k], ci_low=float(ci_low[name]), ci_high=float(ci_high[name]),
+                         low=low, high=high, verdict=predicted_verdict(low, high)))
+    return pd.DataFrame(rows).set_index("category")
+
+
 def _priced_summary(traces, drafter: str, cost: CostModel, ar_table, ar_ms_per_token, arm_ids, seqs: pd.DataFrame,
                     tokens: np.ndarray, mean_h: np.ndarray, rounds_k: np.ndarray, nodes_k: np.ndarray,
                     drafting_k: np.ndarray, transfer_error: float, seed: int, level: float, skipped=0.0):
@@ -569,18 +585,7 @@ def _priced_summary(traces, drafter: str, cost: CostModel, ar_table, ar_ms_per_t
             failed += 1
         else:
             reps.append(speedups_at(cost_b, j))
-    names = [name for name, _ in groups]
-    ci_low, ci_high = percentile_interval(pd.DataFrame(reps, columns=names, dtype=float), level)
-    band = 0.0 if np.isnan(transfer_error) else float(transfer_error)
-    rows = []
-    for k, (name, m) in enumerate(groups):
-        low, high = float(ci_low[name]) * (1 - band), float(ci_high[name]) * (1 + band)
-        rows.append(dict(category=name, requests=int(m.sum()), tokens=int(tokens[m].sum()),
-                         mean_entropy_nats=float(np.average(mean_h[m], weights=tokens[m])),
-                         predicted_tokens_per_round=float(tokens[m].sum() / rounds_k[m, 0].sum()),
-                         predicted_speedup=estimate[k], ci_low=float(ci_low[name]), ci_high=float(ci_high[name]),
-                         low=low, high=high, verdict=predicted_verdict(low, high)))
-    summary = pd.DataFrame(rows).set_index("category")
+    summary = category_summary(groups, estimate, reps, tokens, mean_h, rounds_k[:, 0], transfer_error, level)
     requests = seqs[["run_id", "request_id", "category"]].assign(
         tokens=tokens.astype(int), mean_entropy_nats=mean_h, predicted_rounds=rounds_k[:, 0],
         predicted_tokens_per_round=tokens / rounds_k[:, 0],
