@@ -10,7 +10,9 @@ online n-gram drafter (recorded, timed) into OUT/ngram; the first --ar-limit pro
 also decoded by our AR baseline (OUT/ar, timed, for measured speedups); then the other arms (n-gram
 DDTree N=16, block drafter chain and DDTree N=16 if its checkpoint is present) are REPLAYED offline from
 the same greedy outputs into OUT/<arm> (run metadata: replayed = true, replayed_from = the online run id;
-0 ms timings). Stop it at any time and run the same command again to continue.
+0 ms timings). Stop it at any time and run the same command again to continue. Runs are written a shard per
+prompt (a stop loses nothing finished); once the job ends, every complete run is compacted into shards of ~1,000
+rounds (``entropy_law.traces.compact``: the same rows, about a quarter of the bytes; --no-compact to keep them).
 Traces are zstd-compressed Parquet (trace format v1); check the size before committing them.
 """
 
@@ -26,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from entropy_law.decoding.loading import load_target  # noqa: E402
 from entropy_law.jobs.reference import DEFAULT_REPLAY_ARMS, make_reference_traces  # noqa: E402
 from entropy_law.prompts.text import load_tasks  # noqa: E402
+from entropy_law.traces.compact import compact_run  # noqa: E402
 
 
 def main(argv=None) -> int:
@@ -47,6 +50,8 @@ def main(argv=None) -> int:
     p.add_argument("--model", default="smollm2-135m", help="target (default: %(default)s)")
     p.add_argument("--break-lock", action="store_true",
                    help="take over runs whose writer lock is stale (a killed earlier run of this job)")
+    p.add_argument("--no-compact", action="store_true",
+                   help="keep a shard per prompt (default: compact each complete run when the job ends)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
     if args.limit < 1 or args.max_new_tokens < 2 or args.ar_limit < 0:
@@ -59,6 +64,10 @@ def main(argv=None) -> int:
                                  replay_arms=args.replay, ar_limit=args.ar_limit,
                                  verify_cost_ratio=args.verify_cost_ratio, from_run=args.from_run,
                                  break_lock=args.break_lock, progress=not args.no_progress)
+    if not args.no_compact:
+        for arm, run in runs.items():
+            done = compact_run(run)
+            print(f"{arm}: {done['shards_before']} shards -> {done['shards_after']}")
     size = sum(f.stat().st_size for f in Path(args.out).rglob("*") if f.is_file())
     print(f"reference traces in {args.out} ({size / 1e6:.1f} MB): {', '.join(runs)}; "
           f"{time.perf_counter() - t0:.0f} s")

@@ -1,0 +1,104 @@
+"""Compaction of a finished trace run: its many small shards rewritten as a few larger ones, nothing else changed.
+
+Known here: why and how. A writer that must lose nothing when killed writes a shard per finished request
+(``TraceRecorder(flush_every_requests=1)``: the reference traces' replay, ``entropy-law record``), so a run of
+400 prompts holds 400 shards and 1,200 small Parquet files, most of whose bytes are per-file overhead (about
+4x the size of the same rows in shards of ~1,000 rounds). ``compact_run`` rewrites a COMPLETE run's rows, in
+their order, into shards of about ``rounds_per_shard`` rounds (whole requests; a shard is never split), through
+the writer's own checked bulk path (``TraceRecorder.log_columns``) into a sibling folder; checks that every
+table reads back equal to the original; then swaps the folders. The run keeps its ``run_id`` and every
+``run.json`` entry (``compacted`` is added: when, shards before and after); other files beside the shards
+(``proposals.parquet``, ``quarantine/``) are copied unchanged. A failure before the swap leaves the run as it
+was (the sibling is removed).
+
+Not known here: the columns (``schema``), the writer's life cycle (``recorder``), the reader (``reader``).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import shutil
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from entropy_law.traces.layout import (LOCK_FILE, RUN_FILE, SHARDS_DIR, read_lock, read_run_json, shard_dirs,
+                                       table_file, unfinished_shards, write_json_atomic)
+from entropy_law.traces.recorder import _AUTO_KEYS, TraceRecorder
+
+TABLES = ("tokens", "rounds", "requests")
+
+
+def _read_shards(shards: list[Path]) -> list[dict[str, pa.Table]]:
+    return [{name: pq.read_table(shard / table_file(name)) for name in TABLES} for shard in shards]
+
+
+def _concat(parts: list[dict[str, pa.Table]], name: str) -> pa.Table:
+    return pa.concat_tables([p[name] for p in parts], promote_options="default")
+
+
+def compact_run(run_dir: str | Path, *, rounds_per_shard: int = 1000) -> dict:
+    """Rewrite the complete run at ``run_dir`` in shards of about ``rounds_per_shard`` rounds; returns
+    ``{"shards_before", "shards_after", "rows"}`` (nothing is rewritten where no shards would merge). Refuses a run that is not complete, is held by a writer,
+    or has unfinished shard folders (resume it first, which quarantines them)."""
+    run = Path(run_dir)
+    if int(rounds_per_shard) < 1:
+        raise ValueError(f"rounds_per_shard must be >= 1; got {rounds_per_shard}")
+    meta = read_run_json(run / RUN_FILE)
+    if meta.get("status") != "complete":
+        raise ValueError(f"{run}: the run is {meta.get('status')!r}, not complete; finish or resume it before "
+                         "compacting (a writer may still add shards)")
+    if read_lock(run) is not None:
+        raise ValueError(f"{run}: a writer holds {LOCK_FILE}; compact the run once nobody writes to it")
+    if unfinished_shards(run):
+        raise ValueError(f"{run}: unfinished shard folders are there; resume the run once (they are "
+                         "quarantined) before compacting")
+    shards = shard_dirs(run)
+    parts = _read_shards(shards)
+    groups, group, rounds = [], [], 0
+    for part in parts:  # whole source shards, so a request is never split
+        group.append(part)
+        rounds += part["rounds"].num_rows
+        if rounds >= rounds_per_shard:
+            groups.append(group)
+            group, rounds = [], 0
+    if group:
+        groups.append(group)
+    if len(groups) == len(shards):  # nothing to merge (compacted already, or one shard per ~rounds_per_shard)
+        return {"shards_before": len(shards), "shards_after": len(shards),
+                "rows": {name: sum(p[name].num_rows for p in parts) for name in TABLES}}
+
+    tmp = run.with_name(f".{run.name}.compacting")
+    if tmp.exists():
+        shutil.rmtree(tmp)  # an earlier compaction that died before its swap: never the run itself
+    try:
+        given = {k: v for k, v in meta.items() if k not in _AUTO_KEYS}  # run.json is restored whole below
+        rec = TraceRecorder(tmp, flush_every_rounds=10 ** 12, **given)
+        for group in groups:
+            rec.log_columns(**{name: _concat(group, name) for name in TABLES})
+        rec.finish()
+        for name in TABLES:  # every row back, in order, with the same values
+            before = _concat(parts, name) if parts else None
+            after = _concat(_read_shards(shard_dirs(tmp)), name) if groups else None
+            if before is not None and not after.cast(before.schema).equals(before):
+                raise RuntimeError(f"{run}: the compacted {name} table differs from the original; nothing changed")
+        for entry in run.iterdir():
+            if entry.name in (RUN_FILE, SHARDS_DIR, LOCK_FILE):
+                continue
+            copy = shutil.copytree if entry.is_dir() else shutil.copy2
+            copy(entry, tmp / entry.name)
+        result = {"shards_before": len(shards), "shards_after": len(groups),
+                  "rows": {name: sum(p[name].num_rows for p in parts) for name in TABLES}}
+        stamp = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+        compacted = [*meta.get("compacted", []), {"time": stamp, "shards_before": len(shards),
+                                                   "shards_after": len(groups)}]
+        write_json_atomic(tmp / RUN_FILE, {**meta, "compacted": compacted})
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = run.with_name(f".{run.name}.before-compacting")
+    run.rename(old)
+    tmp.rename(run)
+    shutil.rmtree(old)
+    return result
