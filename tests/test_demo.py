@@ -188,7 +188,25 @@ def test_the_demos_next_steps_name_its_target_and_encoding():
     default = next_steps("smollm2-135m", "runs/x/traces")
     assert "entropy-law record --drafter ar --tasks FILE --out RUN" in default
     assert "--from runs/x/traces --replay-rounds" in default
-    assert "--law-from data/traces --law-tasks spec_bench --law-borrow" in default
+    assert "--law-from data/traces --law-tasks spec_bench:" in default and "--law-borrow" not in default
     other = next_steps("gemma3-270m", "runs/g/traces", chat_template=False)
     assert "entropy-law record --model gemma3-270m --no-chat-template --drafter ar" in other
     assert "data/traces" not in other
+
+
+def test_the_reference_traces_block_arms_ran_the_default_checkpoint():
+    """The demo's last line points at data/traces' law for its block arms without --law-borrow: that holds only
+    while the reference traces' block arms were decoded by the checkpoint a run loads today. Replacing the default
+    means replaying them again (scripts/make_reference_traces.py --from-run data/traces/ngram ...)."""
+    from pathlib import Path
+
+    from entropy_law.drafters.block import default_drafter_path
+    from entropy_law.traces.layout import file_sha256
+
+    runs = sorted((Path(__file__).resolve().parents[1] / "data" / "traces").glob("block*/run.json"))
+    if not runs:
+        pytest.skip("no reference traces in data/traces")
+    default = file_sha256(default_drafter_path())
+    for run in runs:
+        config = json.loads(run.read_text())["drafter_config"]
+        assert config["checkpoint_sha256"] == default, f"{run.parent.name} ran {config['checkpoint']}"

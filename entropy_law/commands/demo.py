@@ -91,10 +91,9 @@ def next_steps(model: str, trace_dir, *, chat_template: bool = True) -> str:
     and prompt encoding (a run of another target or encoding would be refused or not comparable); the reference
     traces' law in the drafter's confidence only where they were decoded by this target."""
     flags = ("" if model == REFERENCE_MODEL else f" --model {model}") + ("" if chat_template else " --no-chat-template")
-    # the reference traces' block arms ran the sixth checkpoint, the demo's the default: their law is borrowed, said
-    law = ("; or --replay --law-from data/traces --law-tasks spec_bench --law-borrow: the law in the drafter's "
-           "confidence, fitted on the reference traces, whose block arms ran another checkpoint"
-           if model == REFERENCE_MODEL else "")
+    # the reference traces' block arms ran the default checkpoint too (replayed again with it on 2026-12-05)
+    law = ("; or --replay --law-from data/traces --law-tasks spec_bench: the law in the drafter's confidence, "
+           "fitted on the reference traces" if model == REFERENCE_MODEL else "")
     return (f"your own prompts, before drafting them: entropy-law record{flags} --drafter ar --tasks FILE --out RUN, "
             f"then entropy-law predict RUN --from {trace_dir} --replay-rounds (each arm's rounds replayed over your "
             f"outputs, priced by its cost model{law})")

@@ -107,8 +107,8 @@ def register(subparsers) -> None:
                                        "copyability, rebuilt from them")
     p.add_argument("--law-borrow", action="store_true",
                    help="with --replay: price an arm with the law of --law-from's arm of the same name although "
-                        "that ran another checkpoint of the drafter (e.g. data/traces' block arms, the sixth "
-                        "checkpoint, for runs of the default); said in the notes (default: refused)")
+                        "that ran another checkpoint of the drafter (e.g. the sixth checkpoint's block arms "
+                        "of data/traces_timed, for runs of the default); said in the notes (default: refused)")
     p.add_argument("--checkpoint", help="with --replay / --replay-rounds: the block drafter's checkpoint the arm was "
                                         "recorded with (default: the file under data/drafters/ or "
                                         "$ENTROPY_LAW_BLOCK_DRAFTER whose SHA-256 the arm recorded)")

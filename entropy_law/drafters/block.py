@@ -69,8 +69,9 @@ COPY_GATE_BIAS = -2.0  # initial bias of the copy gate
 # accepted tokens per round than the sixth on Spec-Bench, the open-ended set and the probe set written after it, and
 # ran faster timed
 DEFAULT_CHECKPOINT = "smollm2-135m-block-b8-broad.safetensors"
-# the sixth checkpoint, shipped beside it: the block arms of the reference traces (data/traces*) were recorded with it,
-# and a replay of such an arm loads it by the SHA-256 the run recorded (jobs.arms.find_block_checkpoint); use it with
+# the sixth checkpoint, shipped beside it: the block arms of the timed and open-ended trace sets (data/traces_*) were
+# recorded with it (data/traces' were replayed again with the default on 2026-12-05), and a replay of such an arm
+# loads it by the SHA-256 the run recorded (jobs.arms.find_block_checkpoint); use it with
 # `entropy-law record --drafter block --checkpoint data/drafters/smollm2-135m-block-b8.safetensors`
 REFERENCE_CHECKPOINT = "smollm2-135m-block-b8.safetensors"
 

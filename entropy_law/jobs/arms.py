@@ -5,8 +5,8 @@ chain, ``ngram`` DDTree, ``block`` chain / DDTree N=16, and ``ar``, the autoregr
 an AR run writes as its drafter and tree policy in trace metadata (``"none"`` for both: the analysis
 recognises AR runs by them), where the shipped block drafter checkpoint is looked for
 (``$ENTROPY_LAW_BLOCK_DRAFTER``, else the shipped default ``data/drafters/smollm2-135m-block-b8-broad.safetensors``;
-``find_block_checkpoint`` finds a recorded arm's checkpoint by its SHA-256: the reference traces' block arms were
-recorded with the sixth checkpoint beside it), and how to
+``find_block_checkpoint`` finds a recorded arm's checkpoint by its SHA-256: the block arms of the timed and
+open-ended trace sets were recorded with the sixth checkpoint beside it), and how to
 say that it is unavailable without failing: ``block_drafter_status`` returns the reason, callers print it
 and carry on with the other arms.
 
