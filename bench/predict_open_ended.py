@@ -108,7 +108,7 @@ def record(out: Path, per_category: int, seed: int, max_new_tokens: int, arms=RE
 
 
 def law_check(arm_traces: Path, ar_path: Path, source, table, law_from: str, law_tasks: str | None, tasks: str | None,
-              n_boot: int, seed: int) -> dict:
+              n_boot: int, seed: int, law_borrow: bool = False) -> dict:
     """The law's answer (``entropy-law predict --replay --law-from LAW_FROM``: the drafter's proposals replayed, the
     acceptance from a law fitted on ``law_from``) against the measured speedups of ``table``: with the law in the
     drafter's confidence alone (``REPLAYED_FAMILY``) and with the one the command now picks (``replayed_family``: +
@@ -124,7 +124,7 @@ def law_check(arm_traces: Path, ar_path: Path, source, table, law_from: str, law
 
     args = SimpleNamespace(workload=str(ar_path), arm_traces=str(arm_traces), law_from=law_from, law_tasks=law_tasks,
                            tasks=tasks, model=None, checkpoint=None, transfer_error=None, n_boot=n_boot, seed=seed,
-                           law_borrow=False)
+                           law_borrow=law_borrow)
     arms = [a for a in source.arms if a in set(table["arm"])]
     rows, families = [], {}
     for forced in (REPLAYED_FAMILY, None):
@@ -181,7 +181,7 @@ def law_check(arm_traces: Path, ar_path: Path, source, table, law_from: str, law
 
 
 def check(path: Path, arm_traces: Path, n_boot: int, seed: int, law_from: str | None = None,
-          law_tasks: str | None = None, tasks: str | None = None) -> dict:
+          law_tasks: str | None = None, tasks: str | None = None, law_borrow: bool = False) -> dict:
     import numpy as np
     import pandas as pd
     import torch
@@ -299,7 +299,8 @@ def check(path: Path, arm_traces: Path, n_boot: int, seed: int, law_from: str | 
           f"{out['tokens_per_round_max_abs_error']:.1%}; verdicts judged right {out['right']}, wrong {out['wrong']} "
           "(per category and overall, where the measured interval excludes 1)")
     if law_from:
-        out["law"] = law_check(arm_traces, ar_path, source, table, law_from, law_tasks, tasks, n_boot, seed)
+        out["law"] = law_check(arm_traces, ar_path, source, table, law_from, law_tasks, tasks, n_boot, seed,
+                               law_borrow)
     print(json.dumps(out, default=lambda v: None if v is None else bool(v) if isinstance(v, np.bool_) else float(v)))
     return out
 
@@ -329,6 +330,10 @@ def main(argv=None) -> int:
                         "copyability), each without and with the law's residual b")
     p.add_argument("--law-tasks", default=None, help="with --law-from: the prompts its runs decoded (spec_bench for "
                                                       "data/traces, whose run.json names none)")
+    p.add_argument("--law-borrow", action="store_true",
+                   help="with --law-from: apply its law to arms of another drafter checkpoint (entropy-law predict "
+                        "--law-borrow; the open-ended sets' block arms ran the sixth checkpoint, data/traces' the "
+                        "default since 2026-12-05)")
     p.add_argument("--fit-policy", choices=("ngram", "block"), default=None,
                    help="write the drafter's law policy, fitted on data/traces, to --out and stop")
     p.add_argument("--out", default=None, help="--fit-policy: the parameters' file")
@@ -351,7 +356,7 @@ def main(argv=None) -> int:
                policies, args.tasks)
         return 0
     check(Path(args.traces), Path(args.arm_traces), args.n_boot, args.seed, args.law_from, args.law_tasks,
-          None if args.tasks == "open_ended" else args.tasks)
+          None if args.tasks == "open_ended" else args.tasks, args.law_borrow)
     return 0
 
 
