@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 
 import pandas as pd
+import pyarrow as pa
 import pytest
 
-from entropy_law.traces import TraceRecorder, load_traces
+from entropy_law.traces import TraceRecorder, load_traces, schema
 from entropy_law.traces.compact import compact_run
 from traces_helpers import log_requests, synthetic_requests
 
@@ -57,3 +58,25 @@ def test_compaction_refuses_a_run_that_is_not_complete_and_changes_nothing(tmp_p
     meta = (path / "run.json").read_text()
     assert compact_run(path) == {"shards_before": 1, "shards_after": 1, "rows": compact_run(path)["rows"]}
     assert (path / "run.json").read_text() == meta  # compacted already: nothing rewritten
+
+
+def test_compaction_of_a_run_older_than_a_column_keeps_it_null(tmp_path, monkeypatch):
+    """A run written before a column was added to the format (some shards, or all of them) compacts into shards
+    that hold the column, null where the old shards had none: what the reader showed before."""
+    old, mixed = tmp_path / "old", tmp_path / "mixed"
+    requests = synthetic_requests(seed=33, n_requests=4)
+    for path in (old, mixed):
+        with TraceRecorder(path, flush_every_requests=1, model_id="m") as rec:
+            log_requests(rec, requests[:2] if path == mixed else requests)
+    extended = schema.ROUNDS_SCHEMA.append(pa.field("probe", pa.float32(), nullable=True))
+    monkeypatch.setitem(schema.SCHEMAS, "rounds", extended)
+    monkeypatch.setitem(schema.ADDED_COLUMNS, "rounds", ("probe",))
+    with TraceRecorder(mixed, resume=True, flush_every_requests=1, model_id="m") as rec:
+        log_requests(rec, requests[2:])
+    for path in (old, mixed):
+        before = _frames(path)
+        assert compact_run(path)["shards_after"] == 1
+        after = _frames(path)
+        for name in before:
+            pd.testing.assert_frame_equal(after[name], before[name])
+        assert after["rounds"]["probe"].isna().all()
