@@ -9,7 +9,8 @@ the writer's own checked bulk path (``TraceRecorder.log_columns``) into a siblin
 table reads back equal to the original; then swaps the folders. The run keeps its ``run_id`` and every
 ``run.json`` entry (``compacted`` is added: when, shards before and after); other files beside the shards
 (``proposals.parquet``, ``quarantine/``) are copied unchanged. A failure before the swap leaves the run as it
-was (the sibling is removed).
+was (the sibling is removed); a process killed between the swap's two renames leaves the original, whole, at
+``.<name>.before-compacting`` beside it (rename it back), never a mix.
 
 Not known here: the columns (``schema``), the writer's life cycle (``recorder``), the reader (``reader``).
 """
@@ -66,9 +67,9 @@ def compact_run(run_dir: str | Path, *, rounds_per_shard: int = 1000) -> dict:
             group, rounds = [], 0
     if group:
         groups.append(group)
+    rows = {name: sum(p[name].num_rows for p in parts) for name in TABLES}
     if len(groups) == len(shards):  # nothing to merge (compacted already, or one shard per ~rounds_per_shard)
-        return {"shards_before": len(shards), "shards_after": len(shards),
-                "rows": {name: sum(p[name].num_rows for p in parts) for name in TABLES}}
+        return {"shards_before": len(shards), "shards_after": len(shards), "rows": rows}
 
     tmp = run.with_name(f".{run.name}.compacting")
     if tmp.exists():
@@ -94,8 +95,7 @@ def compact_run(run_dir: str | Path, *, rounds_per_shard: int = 1000) -> dict:
                 continue
             copy = shutil.copytree if entry.is_dir() else shutil.copy2
             copy(entry, tmp / entry.name)
-        result = {"shards_before": len(shards), "shards_after": len(groups),
-                  "rows": {name: sum(p[name].num_rows for p in parts) for name in TABLES}}
+        result = {"shards_before": len(shards), "shards_after": len(groups), "rows": rows}
         stamp = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         compacted = [*meta.get("compacted", []), {"time": stamp, "shards_before": len(shards),
                                                    "shards_after": len(groups)}]
