@@ -592,7 +592,7 @@ class TraceAnalysis:
         rounds replayed over the workload (``jobs.reference.workload_rounds``, one row per request): they are priced
         by the cost model alone (``workload.price_rounds``, no law), and the default ``transfer_error`` is the cost
         model's own largest error on the arm's measured categories, or ``cost.UNMEASURED_COST_ERROR`` where that
-        cannot be measured or is passed as NaN (``cost_model_error``), said in the notes. ``bias``: the law's log
+        cannot be measured (``cost_model_error``, also for a ``transfer_error`` passed as NaN), said in the notes. ``bias``: the law's log
         residual of tokens per round (``workload.predict_workload``; e.g. ``transfer.calibrated_transfer``'s)."""
         if rounds is not None and (proposals is not None or law is not None or bias):
             raise ValueError("rounds= prices the replayed rounds with no law: drop proposals=, law= and bias=")
@@ -610,12 +610,9 @@ class TraceAnalysis:
             raise ValueError("the workload holds no tokens on this model: record it first")
         sequences = sequences_of(tokens)
         notes = []
-        if rounds is not None and transfer_error is None:
-            transfer_error, note = self.cost_model_error(arm)
+        if rounds is not None and (transfer_error is None or not np.isfinite(transfer_error)):  # NaN: none measured
+            transfer_error, note = self.cost_model_error(arm)  # (variant_error's, predict --budgets)
             notes.append(note)
-        elif rounds is not None and not np.isfinite(transfer_error):  # e.g. variant_error's, where none was measured
-            transfer_error = UNMEASURED_COST_ERROR
-            notes.append(unmeasured_cost_note())
         if transfer_error is None:
             mode = "training" if proposals is None else "replayed"
             loco = self.attempt("loco", arm, mode)

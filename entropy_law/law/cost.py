@@ -59,6 +59,8 @@ MIN_PAIRED_REQUESTS = 5  # fewer paired prompts: "not measured reliably" whateve
 # 10 timed requests alone, +-1-2%: "does not pay" at 0.97x [0.95, 0.98]
 UNMEASURED_COST_ERROR = 0.10
 
+MEASURED, UNRELIABLE, ABOVE_BOUND = "measured", "not measured reliably", "above the physical bound"
+
 
 def unmeasured_cost_note(why: str | None = None) -> str:
     """The note of a verdict widened by ``UNMEASURED_COST_ERROR`` (``why``: why the cost model's own error was not
@@ -67,7 +69,6 @@ def unmeasured_cost_note(why: str | None = None) -> str:
             f"{UNMEASURED_COST_ERROR:.0%}, the largest error of a cost model pricing replayed rounds of categories it "
             "never timed in this project's checks (law.cost.UNMEASURED_COST_ERROR); time at least "
             f"{MIN_PAIRED_REQUESTS} requests per category beside AR to measure it on your machine")
-MEASURED, UNRELIABLE, ABOVE_BOUND = "measured", "not measured reliably", "above the physical bound"
 
 
 def speed_verdict(speedup: float, low: float, high: float, bound: float, requests: int,
