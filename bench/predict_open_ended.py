@@ -180,6 +180,26 @@ def law_check(arm_traces: Path, ar_path: Path, source, table, law_from: str, law
     return {"families": families, **out}
 
 
+def same_checkpoint(meta: dict, measured, arm: str, arm_traces: Path, priced_by: str) -> dict:
+    """``meta`` (the run.json of ``--from``'s arm that prices ``arm``) with the drafter checkpoint ``arm`` ran in
+    ``measured``: the rounds replayed must be the ones that were timed. Where the two checkpoints differ (since
+    2026-12-05 ``data/traces_timed``'s block arm runs the default, the open-ended sets' the sixth) the measured arm's
+    rounds are replayed and priced by ``priced_by``'s cost model (the same drafter shape: its forward costs the same;
+    the verify cost depends on the nodes verified), and this says so. An arm without a checkpoint is unchanged."""
+    from entropy_law.law.arms import run_checkpoints
+
+    theirs = run_checkpoints(measured.runs.loc[measured.runs["arm"] == arm])
+    ours = (meta.get("drafter_config") or {}).get("checkpoint_sha256")
+    if not theirs or theirs == [ours]:
+        return meta
+    if len(theirs) != 1:
+        raise SystemExit(f"{arm} ran several drafter checkpoints ({theirs}): replay one run at a time")
+    print(f"  {arm}: measured with the drafter checkpoint sha256:{theirs[0][:8]}, {priced_by} of {arm_traces} ran "
+          f"sha256:{str(ours)[:8]}: the measured checkpoint's rounds are replayed, priced by {priced_by}'s cost model "
+          "(the same drafter shape)")
+    return {**meta, "drafter_config": {**meta["drafter_config"], "checkpoint_sha256": theirs[0]}}
+
+
 def check(path: Path, arm_traces: Path, n_boot: int, seed: int, law_from: str | None = None,
           law_tasks: str | None = None, tasks: str | None = None, law_borrow: bool = False) -> dict:
     import numpy as np
@@ -247,6 +267,7 @@ def check(path: Path, arm_traces: Path, n_boot: int, seed: int, law_from: str | 
         if arm not in measured.arms:
             print(f"  {arm}: not decoded in {path}, skipped")
     for arm, priced_by, meta in plans:
+        meta = same_checkpoint(meta, measured, arm, arm_traces, priced_by)
         rounds = workload_rounds(ar_path, meta, target)
         error = None if priced_by == arm and not meta.get("policy") else source.variant_error(priced_by)[0]
         pred = source.predict(priced_by, workload, rounds=rounds, transfer_error=error).summary

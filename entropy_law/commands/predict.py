@@ -17,16 +17,16 @@ the target) and the law in that confidence (``law_exp_obs_ceil_drafttop``) price
 (runs of the arm with the drafter's ``draft_top1_prob`` recorded and their replayed proposals beside run.json,
 e.g. ``data/traces``; default ``--from``), with its transfer error from leave-one-category-out on replayed depths
 there. The arm's ratio gate is replayed too. On ``data/traces_timed`` the speedup error on a held-out category falls
-from 11-21% to 7.5-8.4% (``bench/predict_unseen.py``). Where the context's copyability can be had for the workload and
-for ``--law-from`` (recorded, or rebuilt from their prompts: ``--tasks`` / ``--law-tasks`` where a run.json names
-none), the law also reads it and the target's top-1 probability (``law.workload.replayed_family``: the drafter-aware
-law by the rule of docs/law.md). The law's tokens per round are scaled by e^b, b its mean log residual on the
-``--law-from`` categories, each predicted without it (``law.transfer.calibrated_transfer``), and the verdict's interval
-is widened by its leave-one-category-out error after b compounded with the cost model's own error (``cost_error``).
-On 42 prompts in twelve categories outside Spec-Bench the two cut the speedup error of a law fitted on Spec-Bench from
-11.0% / 8.2% to 4.6% / 6.2% (``bench/results/predict_probe.txt``, ``predict_open_ended.txt``). The notes say which law
-priced the workload (and why not the copy-aware one), b and both errors; ``--transfer-error`` skips the
-leave-one-category-out run, and b with it.
+from 9-13% to 5.8-7.9% (``bench/predict_unseen.py``; the first recording: 11-21% to 7.5-8.4%). Where the context's
+copyability can be had for the workload and for ``--law-from`` (recorded, or rebuilt from their prompts: ``--tasks`` /
+``--law-tasks`` where a run.json names none), the law also reads it and the target's top-1 probability
+(``law.workload.replayed_family``: the drafter-aware law by the rule of docs/law.md). The law's tokens per round are
+scaled by e^b, b its mean log residual on the ``--law-from`` categories, each predicted without it
+(``law.transfer.calibrated_transfer``), and the verdict's interval is widened by its leave-one-category-out error after
+b compounded with the cost model's own error (``cost_error``). On 42 prompts in twelve categories outside Spec-Bench the
+two cut the speedup error of a law fitted on Spec-Bench from 11.0% / 8.2% to 4.6% / 6.2%
+(``bench/results/predict_probe.txt``, ``predict_open_ended.txt``). The notes say which law priced the workload (and why
+not the copy-aware one), b and both errors; ``--transfer-error`` skips the leave-one-category-out run, and b with it.
 
 An arm's law must be of the checkpoint the arm ran (the SHA-256 its runs record): ``--law-from`` runs of another
 checkpoint of the drafter are refused, or applied knowingly with ``--law-borrow`` (said in the notes). Wherever an
@@ -53,14 +53,14 @@ model: a round where the policy does not call the drafter costs an AR step, t_AR
 parameters hold, else this machine's verify-cost curve measured once here, as an online run measures it when it starts
 (``law.policy.policy_arm_meta``); widened as ``--budgets``. They join what to run per category.
 
-``--context-match``: the context's copyability (tokens column ``context_match``: the longest suffix of prompt and
-output before a position that occurred earlier) for the workload and the ``--from`` runs, read where they recorded it,
-else rebuilt from their prompts with the target that decoded them (``commands.law.with_context_match``; ``--model``,
-and ``--tasks`` for the workload's prompts). The drafted-depth model then draws each round's depth by the copyability at
-its start as well as by the entropy (``transfer.TrainingDepthModel``): a prompt-lookup drafter drafts where the context
-repeats, whatever the entropy. On ``data/traces_timed`` the n-gram arms' speedup error on a held-out category falls
-from 19-21% to 17-18% (``bench/results/predict_unseen_context.txt``). Runs that record the column use it without the
-flag; the notes say which depths priced the workload.
+``--context-match``: the context's copyability (tokens column ``context_match``: the longest suffix of prompt and output
+before a position that occurred earlier) for the workload and the ``--from`` runs, read where they recorded it, else
+rebuilt from their prompts with the target that decoded them (``commands.law.with_context_match``; ``--model``, and
+``--tasks`` for the workload's prompts). The drafted-depth model then draws each round's depth by the copyability at its
+start as well as by the entropy (``transfer.TrainingDepthModel``): a prompt-lookup drafter drafts where the context
+repeats, whatever the entropy. On ``data/traces_timed`` (first recording) the n-gram arms' speedup error on a held-out
+category falls from 19-21% to 17-18% (``bench/results/predict_unseen_context.txt``). Runs that record the column use it
+without the flag; the notes say which depths priced the workload.
 """
 
 from __future__ import annotations
@@ -108,7 +108,8 @@ def register(subparsers) -> None:
     p.add_argument("--law-borrow", action="store_true",
                    help="with --replay: price an arm with the law of --law-from's arm of the same name although "
                         "that ran another checkpoint of the drafter (e.g. the sixth checkpoint's block arms "
-                        "of data/traces_timed, for runs of the default); said in the notes (default: refused)")
+                        "of data/traces_open_timed, with data/traces' law of the default); said in the notes "
+                        "(default: refused)")
     p.add_argument("--checkpoint", help="with --replay / --replay-rounds: the block drafter's checkpoint the arm was "
                                         "recorded with (default: the file under data/drafters/ or "
                                         "$ENTROPY_LAW_BLOCK_DRAFTER whose SHA-256 the arm recorded)")
