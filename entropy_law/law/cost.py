@@ -54,10 +54,11 @@ MIN_PAIRED_REQUESTS = 5  # fewer paired prompts: "not measured reliably" whateve
 # the widening of a verdict priced by a cost model whose own error cannot be measured on its traces (no category with
 # MIN_PAIRED_REQUESTS paired requests: e.g. the demo's 2 per category): the largest |error| per category of a cost
 # model pricing replayed rounds of categories it never timed, in this project's three checks (held-out Spec-Bench
-# categories max 4.8%, six open-ended ones 10.0%, the six of the probe set 7.9%: bench/results/predict_unseen.txt,
-# predict_open_ended.txt, predict_probe.txt; one CPU). Without it such a verdict rested on the bootstrap interval of
-# 10 timed requests alone, +-1-2%: "does not pay" at 0.97x [0.95, 0.98]
-UNMEASURED_COST_ERROR = 0.10
+# categories max 4.8% / 7.4%, six open-ended ones 10.0% / 11.7%, the six of the probe set 7.9% / 5.1%, with the costs
+# of data/traces_timed as recorded on 2026-12-01 / again on 2026-12-05, the open-ended set recorded between them:
+# bench/results/predict_unseen.txt, predict_open_ended.txt, predict_probe.txt; one CPU), rounded up. Without it such a
+# verdict rested on the bootstrap interval of 10 timed requests alone, +-1-2%: "does not pay" at 0.97x [0.95, 0.98]
+UNMEASURED_COST_ERROR = 0.12
 
 MEASURED, UNRELIABLE, ABOVE_BOUND = "measured", "not measured reliably", "above the physical bound"
 
