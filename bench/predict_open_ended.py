@@ -185,19 +185,31 @@ def same_checkpoint(meta: dict, measured, arm: str, arm_traces: Path, priced_by:
     ``measured``: the rounds replayed must be the ones that were timed. Where the two checkpoints differ (since
     2026-12-05 ``data/traces_timed``'s block arm runs the default, the open-ended sets' the sixth) the measured arm's
     rounds are replayed and priced by ``priced_by``'s cost model (the same drafter shape: its forward costs the same;
-    the verify cost depends on the nodes verified), and this says so. An arm without a checkpoint is unchanged."""
+    the verify cost depends on the nodes verified), and this says so; a drafter configured otherwise beyond its
+    checkpoint is refused (another shape costs otherwise). An arm without a checkpoint is unchanged."""
     from entropy_law.law.arms import run_checkpoints
 
-    theirs = run_checkpoints(measured.runs.loc[measured.runs["arm"] == arm])
+    runs = measured.runs.loc[measured.runs["arm"] == arm]
+    theirs = run_checkpoints(runs)
     ours = (meta.get("drafter_config") or {}).get("checkpoint_sha256")
     if not theirs or theirs == [ours]:
         return meta
     if len(theirs) != 1:
         raise SystemExit(f"{arm} ran several drafter checkpoints ({theirs}): replay one run at a time")
+    mine = next(c for c in runs["drafter_config"] if isinstance(c, dict) and c.get("checkpoint_sha256") == theirs[0])
+
+    def shape(config: dict) -> dict:
+        return {k: v for k, v in config.items() if k not in ("checkpoint", "checkpoint_sha256")}
+
+    if shape(mine) != shape(meta.get("drafter_config") or {}):
+        differ = sorted(k for k in set(shape(mine)) | set(shape(meta["drafter_config"]))
+                        if mine.get(k) != meta["drafter_config"].get(k))
+        raise SystemExit(f"{arm}: its drafter is configured otherwise than {priced_by} of {arm_traces} ({differ}), "
+                         "not only another checkpoint: that arm's cost model does not price it; time it with AR")
     print(f"  {arm}: measured with the drafter checkpoint sha256:{theirs[0][:8]}, {priced_by} of {arm_traces} ran "
           f"sha256:{str(ours)[:8]}: the measured checkpoint's rounds are replayed, priced by {priced_by}'s cost model "
           "(the same drafter shape)")
-    return {**meta, "drafter_config": {**meta["drafter_config"], "checkpoint_sha256": theirs[0]}}
+    return {**meta, "drafter_config": dict(mine)}
 
 
 def check(path: Path, arm_traces: Path, n_boot: int, seed: int, law_from: str | None = None,

@@ -339,7 +339,7 @@ def test_the_open_ended_bench_replays_the_checkpoint_that_was_timed(capsys):
     """bench/predict_open_ended.py prices a measured arm by ``--from``'s arm of the same name; where the two ran
     different checkpoints of the drafter (data/traces_timed's block arm the default, the open-ended sets' the sixth)
     the replay uses the measured arm's checkpoint, and says so; an arm without one, or of the same one, is unchanged.
-    A measured arm of several checkpoints is refused."""
+    A measured arm of several checkpoints, or of a drafter configured otherwise, is refused."""
     import importlib.util
     from pathlib import Path
 
@@ -347,20 +347,25 @@ def test_the_open_ended_bench_replays_the_checkpoint_that_was_timed(capsys):
     spec = importlib.util.spec_from_file_location("predict_open_ended", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    meta = {"drafter_id": "block", "drafter_config": {"checkpoint_sha256": "a" * 64, "block_size": 8}}
-    runs = pd.DataFrame({"arm": ["block ddtree16", "ngram chain", "mixed", "mixed"],
-                         "drafter_config": [{"checkpoint_sha256": "b" * 64}, {}, {"checkpoint_sha256": "b" * 64},
-                                            {"checkpoint_sha256": "c" * 64}]})
+    def config(sha, name, **shape):
+        return {"block_size": 8, "num_layers": 2, **shape, "checkpoint": name, "checkpoint_sha256": sha * 64}
+
+    meta = {"drafter_id": "block", "drafter_config": config("a", "default.safetensors")}
+    runs = pd.DataFrame({"arm": ["block ddtree16", "ngram chain", "mixed", "mixed", "wider"],
+                         "drafter_config": [config("b", "sixth.safetensors"), {}, config("b", "sixth.safetensors"),
+                                            config("c", "c.safetensors"), config("d", "d.safetensors", block_size=16)]})
     measured = SimpleNamespace(runs=runs)
     got = bench.same_checkpoint(meta, measured, "block ddtree16", Path("timed"), "block ddtree16")
-    assert got["drafter_config"] == {"checkpoint_sha256": "b" * 64, "block_size": 8} and got["drafter_id"] == "block"
+    assert got["drafter_config"] == config("b", "sixth.safetensors") and got["drafter_id"] == "block"
     assert meta["drafter_config"]["checkpoint_sha256"] == "a" * 64  # the caller's run.json is not changed
     assert "measured with the drafter checkpoint sha256:bbbbbbbb" in capsys.readouterr().out
     assert bench.same_checkpoint(meta, measured, "ngram chain", Path("timed"), "ngram chain") is meta
-    same = {**meta, "drafter_config": {"checkpoint_sha256": "b" * 64}}
+    same = {**meta, "drafter_config": config("b", "sixth.safetensors")}
     assert bench.same_checkpoint(same, measured, "block ddtree16", Path("timed"), "block ddtree16") is same
     with pytest.raises(SystemExit, match="several drafter checkpoints"):
         bench.same_checkpoint(meta, measured, "mixed", Path("timed"), "block ddtree16")
+    with pytest.raises(SystemExit, match=r"configured otherwise .*\['block_size'\]"):  # another shape costs otherwise
+        bench.same_checkpoint(meta, measured, "wider", Path("timed"), "block ddtree16")
 
 
 def test_the_predict_unseen_bench_judges_verdicts_only_where_the_measurement_can():
