@@ -1,10 +1,10 @@
 """When drafting pays on a workload: the break-even on the scale of a request's mean target entropy.
 
-The constant-entropy break-even (``cost.breakeven_entropy``) prices a sequence in which every position has
-entropy H. Real requests mix long low-entropy stretches with short high-entropy ones, and at the same mean
-entropy they accept far shorter blocks: on ``data/traces_timed`` block DDTree16 at a request mean of 0.64 nats
-commits 2.58 tokens per round at constant H against 1.09 observed. So the constant-H break-even is not the
-entropy where a workload's measured per-request speedups cross 1, and the two should not be compared.
+The constant-entropy break-even (``cost.breakeven_entropy``) prices a sequence in which every position has entropy H.
+Real requests mix long low-entropy stretches with short high-entropy ones, and at the same mean entropy they accept far
+shorter blocks: on ``data/traces_timed`` (first recording) block DDTree16 at a request mean of 0.64 nats commits 2.58
+tokens per round at constant H against 1.09 observed. So the constant-H break-even is not the entropy where a workload's
+measured per-request speedups cross 1, and the two should not be compared.
 
 Here each request is priced on its own entropy sequence h_0..h_{T-1}. Decoding starts after the prefill's
 token (position 0, as the measured speedups count it). With P(D | t) the probability that a round starting at
