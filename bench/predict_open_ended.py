@@ -191,19 +191,16 @@ def same_checkpoint(meta: dict, measured, arm: str, arm_traces: Path, priced_by:
 
     runs = measured.runs.loc[measured.runs["arm"] == arm]
     theirs = run_checkpoints(runs)
-    ours = (meta.get("drafter_config") or {}).get("checkpoint_sha256")
+    base = meta.get("drafter_config") or {}
+    ours = base.get("checkpoint_sha256")
     if not theirs or theirs == [ours]:
         return meta
     if len(theirs) != 1:
         raise SystemExit(f"{arm} ran several drafter checkpoints ({theirs}): replay one run at a time")
     mine = next(c for c in runs["drafter_config"] if isinstance(c, dict) and c.get("checkpoint_sha256") == theirs[0])
-
-    def shape(config: dict) -> dict:
-        return {k: v for k, v in config.items() if k not in ("checkpoint", "checkpoint_sha256")}
-
-    if shape(mine) != shape(meta.get("drafter_config") or {}):
-        differ = sorted(k for k in set(shape(mine)) | set(shape(meta["drafter_config"]))
-                        if mine.get(k) != meta["drafter_config"].get(k))
+    differ = sorted(k for k in set(mine) | set(base)
+                    if k not in ("checkpoint", "checkpoint_sha256") and mine.get(k) != base.get(k))
+    if differ:
         raise SystemExit(f"{arm}: its drafter is configured otherwise than {priced_by} of {arm_traces} ({differ}), "
                          "not only another checkpoint: that arm's cost model does not price it; time it with AR")
     print(f"  {arm}: measured with the drafter checkpoint sha256:{theirs[0][:8]}, {priced_by} of {arm_traces} ran "
