@@ -7,6 +7,8 @@ model of ``data/traces_timed``'s n-gram arm of that tree (``entropy-law predict 
 average per category, ``bench/results/predict_policy.txt`` and ``predict_budgets.txt``). Configurations:
 
 - the fixed arms: n-gram chain, DDTree16 and DDTree4 under their ratio gate;
+- the cost gate (DDTree16: every round drafts, the best-value prefix by the drafter's own probabilities under the
+  same verify-cost curve the policies decide by), as ``bench/policy.py`` times it; not a fixed arm;
 - the law policy (``--policy``: fitted on ``data/traces``, Spec-Bench), on DDTree16, with ``confidence_weight`` 0
   (the law alone), 0.5 (the default blend) and 1 (the drafter's own confidence alone: no law), each with the
   in-request calibration on (the default) and off;
@@ -52,6 +54,7 @@ WORKLOADS = ("traces_open_timed", "traces_open_budgets", "traces_open_policy", "
 WEIGHTS = (0.0, 0.5, 1.0)
 ORACLE = "replay oracle (DDTree, best N per round in hindsight)"
 ORACLE_BUDGETS = (0, 1, 2, 4, 8, 16)
+COST_GATE = "ddtree16 (cost gate)"
 
 
 def main(argv=None) -> dict:
@@ -117,6 +120,11 @@ def main(argv=None) -> dict:
         configs["chain (ratio gate)"] = (meta["ngram chain"], "ngram chain")
     configs["ddtree16 (ratio gate)"] = (tree, tree_arm)
     configs["ddtree4 (ratio gate)"] = ({**tree, "tree_budget": 4}, tree_arm)
+    # the cost gate as bench/policy.py times it: DDTree16, every round drafted, the best-value prefix of the tree by
+    # the drafter's own probabilities under the same curve the policies decide by
+    ratio_keys = ("min_expected_accepted", "verify_cost_ratio")
+    configs[COST_GATE] = ({**{k: v for k, v in tree.items() if k not in ratio_keys}, "gate": "cost",
+                           "verify_cost": curve}, tree_arm)
     for label, policy in policies.items():
         for weight in WEIGHTS:
             for calibrated in (True, False) if args.drafter == "ngram" else (True,):
@@ -159,6 +167,7 @@ def main(argv=None) -> dict:
     best_fixed = float(fixed.max())
     laws = out.loc[[c for c in out.index if c.startswith("law policy")], "all"]
     ceiling = float(out.loc[ORACLE, "all"])
+    gate = float(out.loc[COST_GATE, "all"])
     result = {"bench": "policy_replay", "drafter": args.drafter, "from": args.arm_traces,
               "workloads": list(args.workloads),
               "cpu_s": round(time.process_time() - t0, 1), "curve": args.curve, "verify_cost_curve": curve,
@@ -167,13 +176,15 @@ def main(argv=None) -> dict:
               "best_law_policy": laws.idxmax(),
               "best_law_policy_over_best_fixed": float(laws.max() / best_fixed - 1),
               "oracle": ceiling, "best_law_policy_below_oracle": float(1 - laws.max() / ceiling),
-              "best_fixed_below_oracle": float(1 - best_fixed / ceiling)}
+              "best_fixed_below_oracle": float(1 - best_fixed / ceiling),
+              "cost_gate": gate, "best_law_policy_over_cost_gate": float(laws.max() / gate - 1)}
     alone = ", ".join(f"{out.loc[c, 'all']:.3f}x" for c in out.index
                       if c.startswith("law policy") and c.endswith("weight 0"))
     print(f"\nbest fixed: {fixed.idxmax()} {best_fixed:.3f}x; best law policy: {laws.idxmax()} {laws.max():.3f}x "
           f"({laws.max() / best_fixed - 1:+.1%}); the law alone (weight 0): "
           f"{alone}; the replay oracle (a ceiling: it knows each round's outcome) {ceiling:.3f}x: the best law policy {1 - laws.max() / ceiling:.1%} below it, the best fixed arm "
-          f"{1 - best_fixed / ceiling:.1%}")
+          f"{1 - best_fixed / ceiling:.1%}; the cost gate (DDTree16) {gate:.3f}x: the best law policy "
+          f"{laws.max() / gate - 1:+.1%} against it")
     print(json.dumps(result, default=lambda v: float(v) if isinstance(v, np.floating) else str(v)))
     return result
 

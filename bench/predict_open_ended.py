@@ -86,7 +86,7 @@ def fit_reference_policy(drafter: str, out: Path, arm_traces: Path, context_matc
 
 
 def record(out: Path, per_category: int, seed: int, max_new_tokens: int, arms=RECORD_ARMS,
-           policies: dict | None = None, tasks_name: str = "open_ended") -> None:
+           policies: dict | None = None, tasks_name: str = "open_ended", gate: str = "ratio") -> None:
     import torch
 
     from entropy_law.decoding.loading import load_target
@@ -104,7 +104,27 @@ def record(out: Path, per_category: int, seed: int, max_new_tokens: int, arms=RE
         def policy(spec):  # the drafter's law policy, None for AR
             return loaded.get(spec.drafter)
     record_timed(tasks, arms, out, load_target("smollm2-135m"), max_new_tokens=max_new_tokens,
-                 log=lambda m: print(m, flush=True), metadata={"seed": seed, "tasks": tasks_name}, policy=policy)
+                 log=lambda m: print(m, flush=True), metadata={"seed": seed, "tasks": tasks_name}, policy=policy,
+                 gate="cost" if policies else gate)
+
+
+def own_gate(source_meta: dict, measured_meta: dict, arm: str) -> dict:
+    """``source_meta`` (the run.json of ``--from``'s arm that prices ``arm``) with the gate ``arm`` was measured with
+    (``measured_meta``, its run.json in ``TRACES``): a cost-gate arm is replayed with the curve it stored, a ratio-gate
+    arm with its threshold; the drafter and tree stay the source's (``same_checkpoint`` checks the drafter). Replaying
+    the source's gate over an arm that ran another one would price rounds it never played."""
+    if measured_meta.get("gate") == "cost" or measured_meta.get("verify_cost") is not None:
+        if not isinstance(measured_meta.get("verify_cost"), dict):
+            raise SystemExit(f"{arm}: recorded with the cost gate but its run.json holds no verify_cost curve")
+        print(f"  {arm}: ran the cost gate; its stored verify-cost curve replayed in place of the gate of --from's arm")
+        drop = ("min_expected_accepted", "verify_cost_ratio")
+        return {**{k: v for k, v in source_meta.items() if k not in drop}, "gate": "cost",
+                "verify_cost": measured_meta["verify_cost"],
+                **({"min_expected_accepted": measured_meta["min_expected_accepted"]}
+                   if measured_meta.get("min_expected_accepted") is not None else {})}
+    if source_meta.get("gate") == "cost" or source_meta.get("verify_cost") is not None:
+        raise SystemExit(f"{arm}: --from's arm ran the cost gate and {arm} did not: record them with one gate")
+    return source_meta
 
 
 def law_check(arm_traces: Path, ar_path: Path, source, table, law_from: str, law_tasks: str | None, tasks: str | None,
@@ -263,7 +283,7 @@ def check(path: Path, arm_traces: Path, n_boot: int, seed: int, law_from: str | 
             plans.append((arm, same[0], variant))
             continue
         if arm in source.arms:
-            plans.append((arm, arm, meta_of[arm]))
+            plans.append((arm, arm, own_gate(meta_of[arm], mine, arm)))
             continue
         # another budget of a DDTree arm of --from (entropy-law predict --budgets): replayed at the budget it ran
         same = [a for a, m in meta_of.items() if m.get("drafter_id") == mine.get("drafter_id")
@@ -364,6 +384,9 @@ def main(argv=None) -> int:
                    help="with --law-from: apply its law to arms of another drafter checkpoint (entropy-law predict "
                         "--law-borrow; the open-ended sets' block arms ran the sixth checkpoint, data/traces' the "
                         "default since 2026-12-05)")
+    p.add_argument("--gate", choices=("ratio", "cost"), default="ratio",
+                   help="--record: the drafting arms' gate (cost: this machine's verify-cost curve, measured at the "
+                        "start); a --policy replaces it for its drafter")
     p.add_argument("--fit-policy", choices=("ngram", "block"), default=None,
                    help="write the drafter's law policy, fitted on data/traces, to --out and stop")
     p.add_argument("--out", default=None, help="--fit-policy: the parameters' file")
@@ -383,7 +406,7 @@ def main(argv=None) -> int:
         policies[drafter] = path
     if args.record:
         record(Path(args.record), args.per_category, args.seed, args.max_new_tokens, tuple(args.arms.split(",")),
-               policies, args.tasks)
+               policies, args.tasks, args.gate)
         return 0
     check(Path(args.traces), Path(args.arm_traces), args.n_boot, args.seed, args.law_from, args.law_tasks,
           None if args.tasks == "open_ended" else args.tasks, args.law_borrow)

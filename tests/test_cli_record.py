@@ -642,6 +642,30 @@ def test_a_timed_recording_with_a_law_policy_per_drafter_stores_it_and_is_its_ow
     assert key.gate == policy_gate(law)
 
 
+def test_a_timed_recording_runs_the_gate_asked_for(model_folder, task_file, tmp_path, monkeypatch):
+    """``record_timed(gate="cost")`` without a policy: the drafting arm runs the cost gate with the curve measured
+    (fixed here) and says so in its run.json; AR has none. A law policy under the ratio gate is refused before
+    anything decodes (the policy prices trees with the curve)."""
+    from test_policy import params
+
+    from entropy_law.decoding.loading import load_target
+    from entropy_law.jobs.record import record_timed
+    from entropy_law.prompts.text import load_tasks
+
+    monkeypatch.setattr("entropy_law.jobs.record.measure_verify_cost", lambda adapter: FLAT_COST)
+    tasks = [t for t in load_tasks(task_file) if t.category == "alpha"][:1]
+    target, out = load_target(str(model_folder)), tmp_path / "timed"
+    record_timed(tasks, ("ar", "ngram"), out, target, max_new_tokens=6, warm_up_tokens=0, log=lambda m: None,
+                 gate="cost")
+    ngram, ar = (json.loads((out / name / "run.json").read_text()) for name in ("ngram", "ar"))
+    assert ngram["gate"] == "cost" and ngram["verify_cost"] == FLAT_COST.to_config() and "policy" not in ngram
+    assert ar.get("gate") is None and ar.get("verify_cost") is None
+    with pytest.raises(ValueError, match="gate='cost'"):
+        record_timed(tasks, ("ar", "ngram"), tmp_path / "other", target, max_new_tokens=6, warm_up_tokens=0,
+                     log=lambda m: None, gate="ratio", policy={**params(0.8), "drafter_id": "ngram"})
+    assert not (tmp_path / "other").exists()
+
+
 def test_a_runs_round_proposals_are_its_drafters_own_at_every_verified_depth(model_folder, task_file, tmp_path):
     """``jobs.reference.round_proposals``: the n-gram DDTree run's rounds replayed over its own outputs equal the
     recorded ones, and each drafting round gets the drafter's confidence at depths 1 .. its verified depth; where the

@@ -368,6 +368,36 @@ def test_the_open_ended_bench_replays_the_checkpoint_that_was_timed(capsys):
         bench.same_checkpoint(meta, measured, "wider", Path("timed"), "block ddtree16")
 
 
+def test_the_open_ended_bench_replays_the_gate_each_arm_ran(capsys):
+    """bench/predict_open_ended.py's ``own_gate``: a measured arm that ran the cost gate is replayed with the curve
+    it stored in place of the ratio gate of ``--from``'s arm (drafter and tree the source's; the source's run.json
+    unchanged); a ratio-gate arm keeps the source's gate; a cost-gate source over a ratio-gate arm, or a cost-gate
+    arm without its curve, is refused."""
+    import importlib.util
+    from pathlib import Path
+
+    from entropy_law.jobs.reference import arm_round_options
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "predict_open_ended.py"
+    spec = importlib.util.spec_from_file_location("predict_open_ended", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    curve = {"sizes": [1, 2, 4], "costs": [1.0, 1.2, 1.6], "clock": "cpu"}
+    source = {"drafter_id": "block", "tree_policy": "ddtree", "tree_budget": 16, "gate": "ratio",
+              "min_expected_accepted": 1.0, "verify_cost": None}
+    got = bench.own_gate(source, {"gate": "cost", "verify_cost": curve, "min_expected_accepted": None}, "block")
+    assert got["gate"] == "cost" and got["verify_cost"] == curve and got["tree_budget"] == 16
+    assert "min_expected_accepted" not in got and source["gate"] == "ratio"
+    options, phrase = arm_round_options(got)
+    assert "cost gate" in phrase and "min_expected_accepted" not in options  # what the replay then plays
+    assert "ran the cost gate" in capsys.readouterr().out
+    assert bench.own_gate(source, {"gate": "ratio", "min_expected_accepted": 1.0}, "block") is source
+    with pytest.raises(SystemExit, match="no verify_cost curve"):
+        bench.own_gate(source, {"gate": "cost", "verify_cost": None}, "block")
+    with pytest.raises(SystemExit, match="record them with one gate"):
+        bench.own_gate(got, {"gate": "ratio"}, "block")
+
+
 def test_the_predict_unseen_bench_judges_verdicts_only_where_the_measurement_can():
     """bench/predict_unseen.py: a verdict is right or wrong only where the measured interval excludes 1;
     "unclear" is no answer; the held-out subset keeps every run and only the other categories' rows."""
@@ -1060,3 +1090,36 @@ def test_predict_says_when_a_block_arm_is_not_the_checkpoint_a_run_would_load_to
     assert note("mine ddtree16") == []
     [text] = note("block ddtree16")
     assert f"recorded with the checkpoint {REFERENCE_CHECKPOINT}, not {DEFAULT_CHECKPOINT}" in text
+
+
+def test_the_gate_bench_compares_two_recordings_of_the_same_prompts(monkeypatch, tmp_path):
+    """bench/gate_vs_law.py on data/traces_open_gate and data/traces_open_law (the block drafter's cost gate and law
+    policy, each with its own AR): the overall ratio equals the two speedups computed here from timings.csv (AR
+    time per token over the arm's, each recording against its own AR) and lies inside its interval; recordings of
+    other prompts are refused."""
+    import importlib.util
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("gate_vs_law", root / "bench" / "gate_vs_law.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    monkeypatch.setattr(bench, "N_BOOT", 200)
+    gate, law = root / "data" / "traces_open_gate", root / "data" / "traces_open_law"
+    got = bench.main([str(gate), str(law)])
+
+    def speedup(folder):
+        t = pd.read_csv(folder / "timings.csv")
+        ar, arm = t.loc[t["arm"] == "ar"], t.loc[t["arm"] == "block-ddtree16"]
+        return (ar["cpu_s"].sum() / ar["new_tokens"].sum()) / (arm["cpu_s"].sum() / arm["new_tokens"].sum())
+
+    assert got["ratio"] == pytest.approx(speedup(law) / speedup(gate), rel=1e-12)
+    assert got["lo"] < got["ratio"] < got["hi"] and got["requests"] == 24
+    fewer = tmp_path / "fewer"
+    fewer.mkdir()
+    t = pd.read_csv(law / "timings.csv")
+    t.loc[t["request_id"] != t["request_id"].iloc[0]].to_csv(fewer / "timings.csv", index=False)
+    with pytest.raises(SystemExit, match="different prompts"):
+        bench.main([str(gate), str(fewer)])
+    with pytest.raises(SystemExit, match="exactly one drafting arm"):  # AR and two drafting arms
+        bench.main([str(gate), str(root / "data" / "traces_open_context")])

@@ -386,7 +386,7 @@ def _decode(arm: _Arm, task, prompt_ids: list, extra: dict, max_new_tokens: int,
 def record_timed(tasks: Sequence, arm_names: Sequence[str], out: str | Path, target, *, max_new_tokens: int,
                  reference: str = "ar", metadata: Mapping | None = None, warm_up_tokens: int = 16,
                  break_lock: bool = False, log: Callable[[str], None] = print,
-                 policy: dict | Callable | None = None) -> RecordResult:
+                 policy: dict | Callable | None = None, gate: str | None = None) -> RecordResult:
     """A timed trace set for a speed check (the ``bench/`` scripts that time arms against AR): every arm of
     ``arm_names`` that can run here (``jobs.arms.available_arms``; the others are named through ``log``) decodes
     ``tasks`` into ``out/<arm>`` with ``record_arms`` (resumable, an unrecorded warm-up of ``warm_up_tokens``, no
@@ -395,10 +395,16 @@ def record_timed(tasks: Sequence, arm_names: Sequence[str], out: str | Path, tar
     goes to ``out/timings.csv``; a resumed recording keeps the calls timed before (appended, never replaced).
     ``policy``: per-round law policy parameters for the drafting arms, or a function of the arm giving its
     parameters or None (``record_arms``; with a policy every drafting arm runs the cost gate, those without one
-    included: the policy prices trees with this machine's verify-cost curve, measured here). Set the thread
-    count before calling (``torch.set_num_threads``)."""
+    included: the policy prices trees with this machine's verify-cost curve, measured here). ``gate``: the
+    drafting arms' gate, ``"ratio"`` or ``"cost"`` (``record_arms``); default the ratio gate, the cost gate with a
+    policy (which needs its curve: ``"ratio"`` with a policy is refused). Set the thread count before calling
+    (``torch.set_num_threads``)."""
     from entropy_law.jobs.arms import available_arms
 
+    if gate is None:
+        gate = "ratio" if policy is None else "cost"
+    if policy is not None and gate != "cost":
+        raise ValueError("a law policy prices trees with the verify-cost curve: record it with gate='cost'")
     out = Path(out)
     specs, messages = available_arms(arm_names)
     for m in messages:
@@ -407,7 +413,7 @@ def record_timed(tasks: Sequence, arm_names: Sequence[str], out: str | Path, tar
         f"{os.environ.get('OMP_NUM_THREADS')}, load average {os.getloadavg()}")
     result = record_arms(tasks, specs, out, target, max_new_tokens=max_new_tokens, resume=True,
                          warm_up_tokens=warm_up_tokens, break_lock=break_lock, progress=False, policy=policy,
-                         gate="ratio" if policy is None else "cost",
+                         gate=gate,
                          run_metadata=lambda spec: {"replayed": False, "arm": spec.name, "cpu_count": os.cpu_count(),
                                                     "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
                                                     **dict(metadata or {})})
