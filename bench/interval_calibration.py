@@ -10,7 +10,8 @@ which every category's rejection rate is shifted by exp(u), u ~ N(0, SD) drawn p
 the held-out requests over all five LOCO folds: mean over the sets (nominal 0.90), its SD across sets, the 5% and
 95% quantiles, and the share of sets whose coverage lies in the 85-95% band of issue #18.
 
-Estimators: ``nested`` (the package's: out-of-sample residual means, their spread about the bias with divisor k),
+Estimators: ``nested`` (the package's: out-of-sample residual means, their sum of squares about the bias over k, times
+(k - 1) / k since 2026-12-06: each was predicted by a fit on k - 1 categories; before it, without the factor),
 ``nested, divisor k-1`` (the same residuals with the in-sample divisor: the estimator of 2026-12-04 19:05, which counts
 the fit's error twice) and ``in-sample``.
 

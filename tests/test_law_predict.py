@@ -72,8 +72,9 @@ def test_overdispersion_recovers_known_variances():
 def test_out_of_sample_category_means_spread_with_divisor_k_by_hand():
     """Four categories of two requests whose residuals are their category means exactly (no within-category
     noise, no sampling variance): the between-category variance is the category means' variance about their
-    mean, with divisor k - 1 for in-sample residuals and k for residuals of categories each predicted by a law
-    fitted without it; Var(b) is that variance over k in both."""
+    mean, with divisor k - 1 for in-sample residuals; for residuals of categories each predicted by a law fitted
+    without the other k - 1 (nested), the sum of squares over k, times (k - 1) / k; Var(b) is that variance over
+    k in both."""
     means = np.array([0.3, -0.1, 0.2, -0.2])
     rows = pd.DataFrame([dict(category=f"c{j}", residual=m, var_log_sampling=0.0)
                          for j, m in enumerate(means) for _ in range(2)])
@@ -81,9 +82,35 @@ def test_out_of_sample_category_means_spread_with_divisor_k_by_hand():
     in_sample = Overdispersion.estimate(rows)
     nested = Overdispersion.estimate(rows, out_of_sample=True)
     assert in_sample.sigma2_category == pytest.approx(dev2 / 3) and in_sample.var_bias == pytest.approx(dev2 / 3 / 4)
-    assert nested.sigma2_category == pytest.approx(dev2 / 4) and nested.var_bias == pytest.approx(dev2 / 4 / 4)
+    assert nested.sigma2_category == pytest.approx(dev2 * 3 / 16) and nested.var_bias == pytest.approx(dev2 * 3 / 64)
     assert nested.bias == in_sample.bias == pytest.approx(0.05)
     assert nested.sigma2_request == in_sample.sigma2_request == 0.0
+
+
+def test_the_nested_between_category_variance_is_unbiased_for_an_unseen_category():
+    """Category shifts u ~ N(0, s^2), k training categories and one held out; a law that learns only the mean
+    shift of what it is fitted on. Nested residual means r_j = u_j - mean of the other k - 1 training shifts; the
+    held-out category's error is u_0 - mean of the k training shifts, of variance s^2 (1 + 1/k). Averaged over
+    many draws, sigma2_category + var_bias of the nested estimate equals that variance (the divisor k with Var(b)
+    added, the estimator before 2026-12-06, gave (k + 1) / (k - 1) s^2: a third too much at k = 4), and the
+    in-sample estimate (r_j = u_j - mean of all k) equals it too."""
+    rng = np.random.default_rng(0)
+    s, k, sets = 0.4, 4, 2000
+    nested_total, in_sample_total, errors = [], [], []
+    for _ in range(sets):
+        u = rng.normal(0.0, s, k + 1)
+        train, held = u[1:], u[0]
+        nested = np.array([train[j] - np.delete(train, j).mean() for j in range(k)])
+        for total, r, oos in ((nested_total, nested, True), (in_sample_total, train - train.mean(), False)):
+            rows = pd.DataFrame({"category": [f"c{j}" for j in range(k)], "residual": r, "var_log_sampling": 0.0})
+            over = Overdispersion.estimate(rows, out_of_sample=oos)
+            total.append(over.sigma2_category + over.var_bias)
+        errors.append(held - train.mean())
+    want = s**2 * (1 + 1 / k)
+    # relative SEs about 0.02 (a k - 1 df variance per set): 0.08 is 4 of them; the old estimate is off by 0.33
+    assert np.var(errors) == pytest.approx(want, rel=0.08)  # the simulation itself
+    assert np.mean(nested_total) == pytest.approx(want, rel=0.08)
+    assert np.mean(in_sample_total) == pytest.approx(want, rel=0.08)
 
 
 def test_interval_is_centred_and_scaled():
@@ -195,11 +222,17 @@ def test_held_out_outcomes_do_not_move_the_prediction(sim, predictions):
     assert not np.allclose(other, again.requests.loc[again.requests["category"] == "rag", "center"].to_numpy())
 
 
-def test_nested_overdispersion_widens_for_unseen_categories():
+def test_nested_and_in_sample_overdispersion_agree_where_the_law_is_right_but_for_a_rate_shift():
     """Categories with their own rate (log-rate shifts drawn with SD 0.5) that the category-free law cannot
-    know: estimated from the training categories' in-sample residuals the between-category variance comes out
-    smaller (the law was fitted to those categories) than from residuals of each training category predicted
-    by a law fitted without it, and the in-sample intervals cover the held-out categories less often."""
+    know, and nothing else wrong with the law: the in-sample residual means (divisor k - 1) and the nested ones
+    (each training category predicted by a law fitted without it; sum of squares over k times (k - 1) / k) both
+    estimate the unseen category's spread without bias, so they agree here, within a tenth of each other in
+    every fold, and their intervals cover nearly the same held-out requests (82% on this one set of six
+    categories: one set's pooled coverage has an SD of about 5 points, bench/interval_calibration.py, whose 40
+    sets put both near 91% on average). (The sum over k without the factor, the
+    estimator before 2026-12-06, gave a between-category SD about 15% larger than the in-sample one.) Where the
+    law is wrong across categories in other ways the two part: on data/traces' n-gram arms the in-sample intervals
+    covered 84%."""
     rng = np.random.default_rng(3)
     cats = ["translation", "summarization", "qa", "math_reasoning", "rag", "other"]
     effects = {c: float(rng.normal(0, 0.5)) for c in cats}
@@ -209,9 +242,9 @@ def test_nested_overdispersion_widens_for_unseen_categories():
                               category_effects=effects)
         nested = loco_predictions(sim, "law_exp", n_draws=0)  # the default
         in_sample = loco_predictions(sim, "law_exp", n_draws=0, overdispersion="in-sample")
-    assert (nested.summary["sd_log_category"] > in_sample.summary["sd_log_category"] + 0.02).all()
-    assert nested.coverage > in_sample.coverage + 0.05
-    assert 0.85 <= nested.coverage <= 0.97
+    ratio = nested.summary["sd_log_category"] / in_sample.summary["sd_log_category"]
+    assert ((ratio > 0.9) & (ratio < 1.1)).all(), ratio
+    assert abs(nested.coverage - in_sample.coverage) <= 0.03 and 0.75 <= nested.coverage <= 0.99
     assert "out-of-sample residuals" in nested.notes[0] and "in-sample residuals" in in_sample.notes[0]
     with pytest.raises(ValueError, match="overdispersion must be one of"):
         loco_predictions(sim, "law_exp", n_draws=0, overdispersion="pooled")

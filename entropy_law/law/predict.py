@@ -164,16 +164,19 @@ class Overdispersion:
         per round) and ``var_log_sampling``. Method of moments, each variance floored at 0.
 
         ``out_of_sample``: each category's residuals come from a law fitted without it (``loco_predictions``'
-        nested mode). The spread of its mean residual about the bias then already holds the error of a fit that
-        never saw it (the PRESS argument: a left-out residual's mean square estimates the prediction error
-        variance), so ``sigma2_category`` is their variance about their mean with divisor k, not k - 1, which
-        would count the fit's error a second time (with k = 4 a variance too large by k / (k - 1) plus Var(b)).
-        In-sample residual means lie closer to the law that was fitted to them: there the divisor is k - 1.
+        nested mode). Its mean residual r_j then holds the error of a fit that never saw it, a fit on the other
+        k - 1 training categories: with category shifts of variance s^2 (plus the noise of a category mean),
+        r_j = u_j - mean of the other k - 1, so sum r_j^2 / k has mean k / (k - 1) s^2, while the held-out
+        category's error, against a law fitted on all k, has variance s^2 (1 + 1 / k). So ``sigma2_category`` is
+        sum r_j^2 / k x (k - 1) / k (less the noise) and ``var_bias`` that over k: together s^2 (1 + 1 / k) on
+        average (``tests/test_law_predict.py`` checks it by simulation). Until 2026-12-06 the sum of squares over
+        k was taken as it is, which counts the fit's error twice: (k + 1) / (k - 1) s^2 in all, a third too much at
+        k = 4. In-sample residual means lie closer to the law that was fitted to them: there the divisor is k - 1.
         Drawn from the law with category rate shifts it cannot know (``bench/interval_calibration.py``: 5
-        categories, log-rate SD 0.4, 40 sets) the nested 90% intervals covered 93.7% on average with divisor k,
-        95.7% with k - 1, the in-sample ones 90.9%: the nested estimate stays conservative where the law is right
-        but for the shift, and it is the one that sees a law misspecified across categories (the in-sample
-        intervals covered 84% on ``data/traces``' n-gram arms)."""
+        categories, log-rate SD 0.4, 40 sets) the nested 90% intervals covered 93.7% on average with the sum over
+        k, 95.7% with k - 1, the in-sample ones 90.9%, and the nested ones now 91.2% (without a shift: 91.0%); the
+        nested estimate is the one that sees a law misspecified across categories (the in-sample intervals covered
+        84% on ``data/traces``' n-gram arms)."""
         if residual.empty:
             raise ValueError("no training requests to estimate the overdispersion from")
         groups = residual.groupby("category")
@@ -189,7 +192,10 @@ class Overdispersion:
         if k > 1:
             per_request = sigma2_request + groups["var_log_sampling"].mean()
             expected_noise = float((per_request / groups.size()).mean())
-            spread = float(means.var(ddof=0 if out_of_sample else 1))
+            if out_of_sample:  # sum r_j^2 / k has mean k / (k - 1) (sigma2 + noise) for nested residual means
+                spread = float(means.var(ddof=0)) * (k - 1) / k
+            else:
+                spread = float(means.var(ddof=1))
             sigma2_category = float(max(spread - expected_noise, 0.0))
             var_bias = spread / k
         else:
@@ -363,7 +369,8 @@ def loco_predictions(traces, family: str = "law_exp", *, drafter: str | None = N
     ``"nested"`` (default): each training category's requests predicted by a law (and depth model) fitted on
     the other training categories, a leave-one-category-out inside the training set, so b and sigma2_category
     measure how far a category the law has not seen lands, which is what the held-out category is (about k
-    times the fits; sigma2_category their spread about b with divisor k, ``Overdispersion.estimate``).
+    times the fits; sigma2_category their sum of squares about b over k, times (k - 1) / k: each was predicted by
+    a fit on k - 1 categories, ``Overdispersion.estimate``).
     ``"in-sample"``: the training requests' residuals under the law fitted on all of them; the law was fitted
     to those categories, so their means lie closer to it than an unseen category's do and the between-category
     variance comes out too small where the law is wrong across categories.
