@@ -124,6 +124,12 @@ def own_gate(source_meta: dict, measured_meta: dict, arm: str) -> dict:
                    if measured_meta.get("min_expected_accepted") is not None else {})}
     if source_meta.get("gate") == "cost" or source_meta.get("verify_cost") is not None:
         raise SystemExit(f"{arm}: --from's arm ran the cost gate and {arm} did not: record them with one gate")
+    from entropy_law.decoding.replay import run_gate_threshold
+
+    threshold = run_gate_threshold(measured_meta)
+    if threshold is not None and threshold != run_gate_threshold(source_meta):
+        print(f"  {arm}: ran the ratio gate at {threshold:g} expected accepted drafts; replayed at it")
+        return {**source_meta, "min_expected_accepted": threshold}
     return source_meta
 
 

@@ -371,8 +371,8 @@ def test_the_open_ended_bench_replays_the_checkpoint_that_was_timed(capsys):
 def test_the_open_ended_bench_replays_the_gate_each_arm_ran(capsys):
     """bench/predict_open_ended.py's ``own_gate``: a measured arm that ran the cost gate is replayed with the curve
     it stored in place of the ratio gate of ``--from``'s arm (drafter and tree the source's; the source's run.json
-    unchanged); a ratio-gate arm keeps the source's gate; a cost-gate source over a ratio-gate arm, or a cost-gate
-    arm without its curve, is refused."""
+    unchanged); a ratio-gate arm keeps the source's gate, at its own threshold where that differs; a cost-gate
+    source over a ratio-gate arm, or a cost-gate arm without its curve, is refused."""
     import importlib.util
     from pathlib import Path
 
@@ -392,6 +392,9 @@ def test_the_open_ended_bench_replays_the_gate_each_arm_ran(capsys):
     assert "cost gate" in phrase and "min_expected_accepted" not in options  # what the replay then plays
     assert "ran the cost gate" in capsys.readouterr().out
     assert bench.own_gate(source, {"gate": "ratio", "min_expected_accepted": 1.0}, "block") is source
+    lower = bench.own_gate(source, {"gate": "ratio", "min_expected_accepted": 0.5}, "block")  # its own threshold
+    assert lower["min_expected_accepted"] == 0.5 and source["min_expected_accepted"] == 1.0
+    assert arm_round_options(lower)[0]["min_expected_accepted"] == 0.5
     with pytest.raises(SystemExit, match="no verify_cost curve"):
         bench.own_gate(source, {"gate": "cost", "verify_cost": None}, "block")
     with pytest.raises(SystemExit, match="record them with one gate"):
