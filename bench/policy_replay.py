@@ -83,7 +83,7 @@ def main(argv=None) -> dict:
     from entropy_law.decoding.gate import VerifyCost, measure_verify_cost
     from entropy_law.law.cost import verify_curve
     from entropy_law.decoding.loading import load_target
-    from entropy_law.jobs.reference import workload_oracle_rounds, workload_rounds
+    from entropy_law.jobs.reference import with_gate, workload_oracle_rounds, workload_rounds
     from entropy_law.law.analysis import TraceAnalysis
     from entropy_law.law.policy import load_policy, policy_arm_meta
     from entropy_law.traces.layout import RUN_FILE, read_run_json
@@ -122,9 +122,7 @@ def main(argv=None) -> dict:
     configs["ddtree4 (ratio gate)"] = ({**tree, "tree_budget": 4}, tree_arm)
     # the cost gate as bench/policy.py times it: DDTree16, every round drafted, the best-value prefix of the tree by
     # the drafter's own probabilities under the same curve the policies decide by
-    ratio_keys = ("min_expected_accepted", "verify_cost_ratio")
-    configs[COST_GATE] = ({**{k: v for k, v in tree.items() if k not in ratio_keys}, "gate": "cost",
-                           "verify_cost": curve}, tree_arm)
+    configs[COST_GATE] = (with_gate(tree, {"gate": "cost", "verify_cost": curve}), tree_arm)
     for label, policy in policies.items():
         for weight in WEIGHTS:
             for calibrated in (True, False) if args.drafter == "ngram" else (True,):

@@ -86,7 +86,7 @@ def fit_reference_policy(drafter: str, out: Path, arm_traces: Path, context_matc
 
 
 def record(out: Path, per_category: int, seed: int, max_new_tokens: int, arms=RECORD_ARMS,
-           policies: dict | None = None, tasks_name: str = "open_ended", gate: str = "ratio") -> None:
+           policies: dict | None = None, tasks_name: str = "open_ended", gate: str | None = None) -> None:
     import torch
 
     from entropy_law.decoding.loading import load_target
@@ -105,32 +105,33 @@ def record(out: Path, per_category: int, seed: int, max_new_tokens: int, arms=RE
             return loaded.get(spec.drafter)
     record_timed(tasks, arms, out, load_target("smollm2-135m"), max_new_tokens=max_new_tokens,
                  log=lambda m: print(m, flush=True), metadata={"seed": seed, "tasks": tasks_name}, policy=policy,
-                 gate="cost" if policies else gate)
+                 gate=gate)
 
 
 def own_gate(source_meta: dict, measured_meta: dict, arm: str) -> dict:
     """``source_meta`` (the run.json of ``--from``'s arm that prices ``arm``) with the gate ``arm`` was measured with
-    (``measured_meta``, its run.json in ``TRACES``): a cost-gate arm is replayed with the curve it stored, a ratio-gate
-    arm with its threshold; the drafter and tree stay the source's (``same_checkpoint`` checks the drafter). Replaying
-    the source's gate over an arm that ran another one would price rounds it never played."""
-    if measured_meta.get("gate") == "cost" or measured_meta.get("verify_cost") is not None:
-        if not isinstance(measured_meta.get("verify_cost"), dict):
-            raise SystemExit(f"{arm}: recorded with the cost gate but its run.json holds no verify_cost curve")
-        print(f"  {arm}: ran the cost gate; its stored verify-cost curve replayed in place of the gate of --from's arm")
-        drop = ("min_expected_accepted", "verify_cost_ratio")
-        return {**{k: v for k, v in source_meta.items() if k not in drop}, "gate": "cost",
-                "verify_cost": measured_meta["verify_cost"],
-                **({"min_expected_accepted": measured_meta["min_expected_accepted"]}
-                   if measured_meta.get("min_expected_accepted") is not None else {})}
-    if source_meta.get("gate") == "cost" or source_meta.get("verify_cost") is not None:
-        raise SystemExit(f"{arm}: --from's arm ran the cost gate and {arm} did not: record them with one gate")
+    (``measured_meta``, its run.json in ``TRACES``; ``jobs.reference.with_gate``): a cost-gate arm is replayed with the
+    curve it stored, a ratio-gate arm at its threshold; the drafter and tree stay the source's (``same_checkpoint``
+    checks the drafter). Replaying the source's gate over an arm that ran another one would price rounds it never
+    played. A cost-gate source over a ratio-gate arm is refused (record them with one gate)."""
     from entropy_law.decoding.replay import run_gate_threshold
+    from entropy_law.jobs.reference import with_gate
 
-    threshold = run_gate_threshold(measured_meta)
-    if threshold is not None and threshold != run_gate_threshold(source_meta):
-        print(f"  {arm}: ran the ratio gate at {threshold:g} expected accepted drafts; replayed at it")
-        return {**source_meta, "min_expected_accepted": threshold}
-    return source_meta
+    def gate(meta):  # what the replay decides by
+        cost = meta.get("gate") == "cost" or meta.get("verify_cost") is not None
+        return cost, meta.get("verify_cost"), run_gate_threshold(meta)
+
+    if gate(measured_meta) == gate(source_meta):
+        return source_meta
+    if gate(source_meta)[0] and not gate(measured_meta)[0]:
+        raise SystemExit(f"{arm}: --from's arm ran the cost gate and {arm} did not: record them with one gate")
+    try:
+        out = with_gate(source_meta, measured_meta)
+    except ValueError as e:
+        raise SystemExit(f"{arm}: {e}") from None
+    ran = "the cost gate" if gate(out)[0] else f"the ratio gate at {run_gate_threshold(out):g} expected accepted drafts"
+    print(f"  {arm}: ran {ran}; replayed so, in place of the gate of --from's arm")
+    return out
 
 
 def law_check(arm_traces: Path, ar_path: Path, source, table, law_from: str, law_tasks: str | None, tasks: str | None,
@@ -390,9 +391,9 @@ def main(argv=None) -> int:
                    help="with --law-from: apply its law to arms of another drafter checkpoint (entropy-law predict "
                         "--law-borrow; the open-ended sets' block arms ran the sixth checkpoint, data/traces' the "
                         "default since 2026-12-05)")
-    p.add_argument("--gate", choices=("ratio", "cost"), default="ratio",
+    p.add_argument("--gate", choices=("ratio", "cost"), default=None,
                    help="--record: the drafting arms' gate (cost: this machine's verify-cost curve, measured at the "
-                        "start); a --policy replaces it for its drafter")
+                        "start); default ratio, cost with a --policy (which needs the curve)")
     p.add_argument("--fit-policy", choices=("ngram", "block"), default=None,
                    help="write the drafter's law policy, fitted on data/traces, to --out and stop")
     p.add_argument("--out", default=None, help="--fit-policy: the parameters' file")

@@ -414,6 +414,20 @@ def workload_proposals(workload_dir: str | Path, arm_meta: dict, target, *, task
     return out
 
 
+GATE_KEYS = ("gate", "verify_cost", "min_expected_accepted", "verify_cost_ratio")  # what arm_round_options reads
+
+
+def with_gate(arm_meta: dict, gate_meta: dict) -> dict:
+    """``arm_meta`` (an arm's ``run.json``: its drafter and tree) with the gate of ``gate_meta`` (another run.json,
+    or just its gate keys, ``GATE_KEYS``) in place of its own; keys ``gate_meta`` leaves unset (None) are left out,
+    so the replay takes their defaults. Checked as ``workload_rounds`` will read it (``arm_round_options``: a cost
+    gate without its curve raises ``ValueError``). A law policy is set with ``law.policy.policy_arm_meta``."""
+    out = {k: v for k, v in arm_meta.items() if k not in GATE_KEYS}
+    out.update({k: gate_meta[k] for k in GATE_KEYS if gate_meta.get(k) is not None})
+    arm_round_options(out)
+    return out
+
+
 def arm_round_options(arm_meta: dict) -> tuple[dict, str]:
     """``replay_rounds`` options that reproduce an arm's gate or policy from its ``run.json``, and a phrase for
     it: the ratio gate (``run_gate_threshold``), the cost gate with the curve the arm stored (``verify_cost``), or
