@@ -14,9 +14,12 @@ this process's CPU clock with one torch thread, through the one speed routine ``
   (and fixed DDTree16) in the same interleaved run, to compare two drafters by CPU time on the same prompts;
   ``--compute-dtype`` / ``--also-compute-dtype bfloat16`` run a block drafter's layers in bf16 (the same file
   twice: the two dtypes compared);
-- the replay oracle (n-gram drafter, tokens per round and modelled rate only: it is not a decoder): for each
+- the replay oracle of each drafter run (tokens per round and modelled rate only: it is not a decoder): for each
   round in hindsight the budget in {0, 1, 2, 4, 8, 16, 32} with the most committed tokens per unit of modelled
-  cost ``c(N + 1) + c_draft``, replayed on AR's greedy output of the same prompt.
+  cost ``c(N + 1) + c_draft``, replayed on AR's greedy output of the same prompt; the n-gram drafter's always, the
+  block drafter's with ``--block`` (its proposals from one teacher-forced target pass per prompt,
+  ``jobs.reference.replay_drafter``; ``c_draft`` its forward's cost measured here). Each law policy's "within 10%
+  of the oracle" goal reads its own drafter's oracle.
 
 With ``--context-match`` the law policies also read the context's copyability before each round (the law per
 level of the longest suffix of the context that occurred earlier in it; ``fit_policy(context_match=)``).
@@ -263,17 +266,24 @@ def main(argv=None) -> dict:
                         reference=AR, warm_up_tokens=16, verify_cost=verify_cost, progress=print_progress)
     speed = paired_speedups(timings, reference=AR, clock="cpu", seed=args.seed)
 
-    # the replay oracle on AR's greedy outputs (decode the AR arm's tokens again: time_arms keeps no outputs)
+    # each drafter's replay oracle on AR's greedy outputs (decoded again: time_arms keeps no outputs)
+    from entropy_law.jobs.reference import replay_drafter
+
+    oracle_drafters = {"ngram": lambda prompt, output: NgramDrafter()}
+    if args.block:
+        block_once = block()
+        oracle_drafters["block"] = lambda prompt, output: replay_drafter(block_once, target, prompt, output)
     oracle_rows = []
     for task in tasks:
         prompt = prompt_of[task.request_id]
         output = ARDecoder(target).generate(prompt, max_new_tokens=args.max_new_tokens).token_ids
-        result = oracle_rounds(prompt, output, NgramDrafter(), budgets=ORACLE_BUDGETS, verify_cost=verify_cost,
-                               draft_cost=laws["ngram"]["draft_cost"],
-                               eos_token_ids=target.model.generation_config.eos_token_id,
-                               max_new_tokens=args.max_new_tokens, max_context=None)
-        oracle_rows.append(dict(category=task.category, committed=sum(result.committed), rounds=len(result.committed),
-                                cost=sum(result.cost)))
+        for drafter, make in oracle_drafters.items():
+            result = oracle_rounds(prompt, output, make(prompt, output), budgets=ORACLE_BUDGETS,
+                                   verify_cost=verify_cost, draft_cost=laws[drafter]["draft_cost"],
+                                   eos_token_ids=target.model.generation_config.eos_token_id,
+                                   max_new_tokens=args.max_new_tokens, max_context=None)
+            oracle_rows.append(dict(drafter=drafter, category=task.category, committed=sum(result.committed),
+                                    rounds=len(result.committed), cost=sum(result.cost)))
     import pandas as pd
     oracle = pd.DataFrame(oracle_rows)
 
@@ -284,8 +294,9 @@ def main(argv=None) -> dict:
         row = speed.loc[(speed["arm"] == name) & (speed["category"] == category)]
         return None if row.empty else row.iloc[0]
 
-    def oracle_of(category):
-        part = oracle if category == ALL else oracle.loc[oracle["category"] == category]
+    def oracle_of(category, drafter="ngram"):
+        part = oracle.loc[oracle["drafter"] == drafter]
+        part = part if category == ALL else part.loc[part["category"] == category]
         return part["committed"].sum() / part["rounds"].sum(), part["committed"].sum() / part["cost"].sum()
 
     print(f"\nSpeedup over {AR} by CPU time (one torch thread; a shared machine, load average "
@@ -311,15 +322,18 @@ def main(argv=None) -> dict:
                 print(f"    {row['category']:<16} {format_speedup(row)}")
             head_to_head[f"{second} / {first}"] = {row["category"]: json_row(row, ("speedup", "lo", "hi"))
                                                    for _, row in pair.iterrows()}
-    print("replay oracle (ngram, best N per round in hindsight; modelled, not timed)")
-    for category in [*categories, ALL]:
-        tpr, rate = oracle_of(category)
-        print(f"    {category:<16} tokens/round {tpr:.2f}, modelled {rate:.2f}x")
+    for drafter in oracle_drafters:
+        print(f"replay oracle ({drafter}, best N per round in hindsight; modelled, not timed)")
+        for category in [*categories, ALL]:
+            tpr, rate = oracle_of(category, drafter)
+            print(f"    {category:<16} tokens/round {tpr:.2f}, modelled {rate:.2f}x")
 
     print(f"\n{'speedup (point)':<26}" + "".join(f"{c[:11]:>12}" for c in categories) + f"{'all':>12}")
     for name in names:
         print(f"{name:<26}" + "".join(f"{cell(name, c)['speedup']:>12.2f}" for c in [*categories, ALL]))
-    print(f"{'oracle (modelled)':<26}" + "".join(f"{oracle_of(c)[1]:>12.2f}" for c in [*categories, ALL]))
+    for drafter in oracle_drafters:
+        print(f"{drafter + ' oracle (modelled)':<26}" + "".join(f"{oracle_of(c, drafter)[1]:>12.2f}"
+                                                               for c in [*categories, ALL]))
     mismatches = {name: int((~timings.loc[timings["arm"] == name, "matches_reference"]).sum()) for name in arms}
     print("Outputs different from AR: " + ", ".join(f"{n}: {m}" for n, m in mismatches.items()))
 
@@ -351,9 +365,10 @@ def main(argv=None) -> dict:
             cell(law, ALL)["speedup"] >= 1.05 * cell(best_overall, ALL)["speedup"])
         detail[drafter] = {"best_fixed": {c: round(float(v), 4) for c, v in best_fixed.items()},
                            "best_fixed_overall_arm": best_overall}
-    if "ngram law" in names:
-        goals["ngram law within 10% of the oracle's modelled rate (overall)"] = (
-            cell("ngram law", ALL)["speedup"] >= 0.9 * oracle_of(ALL)[1])
+    for drafter in oracle_drafters:
+        if f"{drafter} law" in names:
+            goals[f"{drafter} law within 10% of the {drafter} oracle's modelled rate (overall)"] = (
+                cell(f"{drafter} law", ALL)["speedup"] >= 0.9 * oracle_of(ALL, drafter)[1])
     for name in ("hybrid ddtree16 cost gate", "hybrid law"):
         others = [n for n in ("ngram ddtree16 cost gate", "ngram law", "block ddtree16 cost gate", "block law")
                   if n in names]
@@ -375,8 +390,9 @@ def main(argv=None) -> dict:
                      for k, v in laws.items()},
         "speedup_vs_ar": {name: {row["category"]: json_row(row, ("speedup", "lo", "hi", "tokens_per_round", "bound"))
                                  for _, row in speed.loc[speed["arm"] == name].iterrows()} for name in names},
-        "oracle": {c: {"tokens_per_round": round(float(oracle_of(c)[0]), 4),
-                       "modelled_speedup": round(float(oracle_of(c)[1]), 4)} for c in [*categories, ALL]},
+        "oracle": {drafter: {c: {"tokens_per_round": round(float(oracle_of(c, drafter)[0]), 4),
+                                 "modelled_speedup": round(float(oracle_of(c, drafter)[1]), 4)}
+                             for c in [*categories, ALL]} for drafter in oracle_drafters},
         "checkpoints_head_to_head": head_to_head, "mismatches_vs_ar": mismatches,
         "goals": {k: bool(v) for k, v in goals.items()}, "detail": detail,
     }
