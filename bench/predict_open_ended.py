@@ -9,8 +9,10 @@ Two steps (``--record`` first, once; then the check, as often as wanted):
   per arm under ``OUT``, per-call timings in ``OUT/timings.csv``. Set ``OMP_NUM_THREADS=1`` and record on an idle
   machine.
 - the check (``TRACES``, default ``data/traces_open_timed``): for every drafting arm of ``--from`` (default
-  ``data/traces_timed``: its costs measured on other prompts, another day), the arm's rounds replayed over the AR run
-  of ``TRACES`` (``jobs.reference.workload_rounds``; loads the default target) and priced by that arm's cost model
+  ``data/traces_timed``: its costs measured on other prompts, another day), the rounds of the arm as it was measured in
+  ``TRACES`` (its own run.json: drafter checkpoint, tree, budget and gate; ``replay_meta`` checks that ``--from``'s arm
+  can price it) replayed over the AR run of ``TRACES`` (``jobs.reference.workload_rounds``; loads the default target)
+  and priced by ``--from``'s arm's cost model
   (``TraceAnalysis.predict(rounds=)``, as ``entropy-law predict --replay-rounds``), per category and overall; next
   to it the speedup the same arm measured on the same prompts in ``TRACES`` (paired with AR, decode time on the CPU
   clock, ``TraceAnalysis.speedup``; overall: the same estimator and interval over all its requests), and its
@@ -19,8 +21,8 @@ Two steps (``--record`` first, once; then the check, as often as wanted):
   ar,ngram-ddtree4,ngram-ddtree8``) is replayed at its budget and priced by ``--from``'s DDTree arm, widened by
   ``TraceAnalysis.variant_error``: the check of ``entropy-law predict --budgets``. An arm of ``TRACES`` recorded with
   a law policy (``--record ... --policy ngram=FITTED.json``: its parameters in its run.json) is replayed with those
-  parameters over the AR run in place of the gate of ``--from``'s arm of the same drafter, tree and budget, with the
-  verify-cost curve measured here (as the online run measured its own), and priced by that arm's cost model
+  parameters over the AR run, with the verify-cost curve measured here (as the online run measured its own), and
+  priced by the cost model of ``--from``'s arm of the same drafter, tree and budget
   (``law.policy.policy_arm_meta``), as ``entropy-law predict --policy`` prices it: the check of a policy priced before
   it ever ran (its skipped rounds without the drafter's time).
 
@@ -108,32 +110,6 @@ def record(out: Path, per_category: int, seed: int, max_new_tokens: int, arms=RE
                  gate=gate)
 
 
-def own_gate(source_meta: dict, measured_meta: dict, arm: str) -> dict:
-    """``source_meta`` (the run.json of ``--from``'s arm that prices ``arm``) with the gate ``arm`` was measured with
-    (``measured_meta``, its run.json in ``TRACES``; ``jobs.reference.with_gate``): a cost-gate arm is replayed with the
-    curve it stored, a ratio-gate arm at its threshold; the drafter and tree stay the source's (``same_checkpoint``
-    checks the drafter). Replaying the source's gate over an arm that ran another one would price rounds it never
-    played. A cost-gate source over a ratio-gate arm is refused (record them with one gate)."""
-    from entropy_law.decoding.replay import run_gate_threshold
-    from entropy_law.jobs.reference import with_gate
-
-    def gate(meta):  # what the replay decides by
-        cost = meta.get("gate") == "cost" or meta.get("verify_cost") is not None
-        return cost, meta.get("verify_cost"), run_gate_threshold(meta)
-
-    if gate(measured_meta) == gate(source_meta):
-        return source_meta
-    if gate(source_meta)[0] and not gate(measured_meta)[0]:
-        raise SystemExit(f"{arm}: --from's arm ran the cost gate and {arm} did not: record them with one gate")
-    try:
-        out = with_gate(source_meta, measured_meta)
-    except ValueError as e:
-        raise SystemExit(f"{arm}: {e}") from None
-    ran = "the cost gate" if gate(out)[0] else f"the ratio gate at {run_gate_threshold(out):g} expected accepted drafts"
-    print(f"  {arm}: ran {ran}; replayed so, in place of the gate of --from's arm")
-    return out
-
-
 def law_check(arm_traces: Path, ar_path: Path, source, table, law_from: str, law_tasks: str | None, tasks: str | None,
               n_boot: int, seed: int, law_borrow: bool = False) -> dict:
     """The law's answer (``entropy-law predict --replay --law-from LAW_FROM``: the drafter's proposals replayed, the
@@ -207,33 +183,46 @@ def law_check(arm_traces: Path, ar_path: Path, source, table, law_from: str, law
     return {"families": families, **out}
 
 
-def same_checkpoint(meta: dict, measured, arm: str, arm_traces: Path, priced_by: str) -> dict:
-    """``meta`` (the run.json of ``--from``'s arm that prices ``arm``) with the drafter checkpoint ``arm`` ran in
-    ``measured``: the rounds replayed must be the ones that were timed. Where the two checkpoints differ (since
-    2026-12-05 ``data/traces_timed``'s block arm runs the default, the open-ended sets' the sixth) the measured arm's
-    rounds are replayed and priced by ``priced_by``'s cost model (the same drafter shape: its forward costs the same;
-    the verify cost depends on the nodes verified), and this says so; a drafter configured otherwise beyond its
-    checkpoint is refused (another shape costs otherwise). An arm without a checkpoint is unchanged."""
+def replay_meta(mine: dict, source_meta: dict, measured, arm: str, arm_traces: Path, priced_by: str) -> dict:
+    """The run.json whose rounds are replayed for the measured ``arm``: its own (``mine``: the drafter checkpoint,
+    tree, budget and gate it was timed with), once it is checked that ``priced_by``'s cost model (``source_meta``:
+    its run.json in ``arm_traces``) can price it: the same drafter configured alike but for its checkpoint (one
+    checkpoint costs what another of the same shape does, the verify cost depends on the nodes verified; another
+    shape costs otherwise), one checkpoint in the measured arm's runs, and a gate the replay can play (a cost gate
+    with its stored curve: ``jobs.reference.arm_round_options``). Says where the checkpoint or the gate differ from
+    ``priced_by``'s. Replaying ``priced_by``'s run.json instead would price rounds that were never timed."""
+    from entropy_law.decoding.replay import run_gate_threshold
+    from entropy_law.jobs.reference import arm_round_options
     from entropy_law.law.arms import run_checkpoints
 
-    runs = measured.runs.loc[measured.runs["arm"] == arm]
-    theirs = run_checkpoints(runs)
-    base = meta.get("drafter_config") or {}
-    ours = base.get("checkpoint_sha256")
-    if not theirs or theirs == [ours]:
-        return meta
-    if len(theirs) != 1:
+    if mine.get("drafter_id") != source_meta.get("drafter_id"):
+        raise SystemExit(f"{arm} ran drafter {mine.get('drafter_id')!r}, {priced_by} of {arm_traces} "
+                         f"{source_meta.get('drafter_id')!r}: that arm's cost model does not price it")
+    theirs = run_checkpoints(measured.runs.loc[measured.runs["arm"] == arm])
+    if len(theirs) > 1:
         raise SystemExit(f"{arm} ran several drafter checkpoints ({theirs}): replay one run at a time")
-    mine = next(c for c in runs["drafter_config"] if isinstance(c, dict) and c.get("checkpoint_sha256") == theirs[0])
-    differ = sorted(k for k in set(mine) | set(base)
-                    if k not in ("checkpoint", "checkpoint_sha256") and mine.get(k) != base.get(k))
+    config, base = mine.get("drafter_config") or {}, source_meta.get("drafter_config") or {}
+    differ = sorted(k for k in set(config) | set(base)
+                    if k not in ("checkpoint", "checkpoint_sha256") and config.get(k) != base.get(k))
     if differ:
         raise SystemExit(f"{arm}: its drafter is configured otherwise than {priced_by} of {arm_traces} ({differ}), "
                          "not only another checkpoint: that arm's cost model does not price it; time it with AR")
-    print(f"  {arm}: measured with the drafter checkpoint sha256:{theirs[0][:8]}, {priced_by} of {arm_traces} ran "
-          f"sha256:{str(ours)[:8]}: the measured checkpoint's rounds are replayed, priced by {priced_by}'s cost model "
-          "(the same drafter shape)")
-    return {**meta, "drafter_config": dict(mine)}
+    try:
+        arm_round_options(mine)
+    except ValueError as e:
+        raise SystemExit(f"{arm}: {e}") from None
+    if config.get("checkpoint_sha256") != base.get("checkpoint_sha256"):
+        print(f"  {arm}: measured with the drafter checkpoint sha256:{str(config.get('checkpoint_sha256'))[:8]}, "
+              f"{priced_by} of {arm_traces} ran sha256:{str(base.get('checkpoint_sha256'))[:8]}: the measured "
+              f"checkpoint's rounds are replayed, priced by {priced_by}'s cost model (the same drafter shape)")
+
+    def gate(meta):  # what the replay decides by
+        cost = meta.get("gate") == "cost" or meta.get("verify_cost") is not None
+        return "the cost gate" if cost else f"the ratio gate at {run_gate_threshold(meta)} expected accepted drafts"
+
+    if not mine.get("policy") and gate(mine) != gate(source_meta):
+        print(f"  {arm}: ran {gate(mine)}, {priced_by} {gate(source_meta)}: replayed with its own")
+    return mine
 
 
 def check(path: Path, arm_traces: Path, n_boot: int, seed: int, law_from: str | None = None,
@@ -280,30 +269,33 @@ def check(path: Path, arm_traces: Path, n_boot: int, seed: int, law_from: str | 
             if not same:
                 print(f"  {arm}: no arm of its drafter, tree and budget in {arm_traces} to price its policy, skipped")
                 continue
+            replay_meta(mine, meta_of[same[0]], measured, arm, arm_traces, same[0])
             params = {k: v for k, v in mine["policy"].items() if k != "verify_cost"}  # what the user had before
             if measured_curve is None:  # once, as the online run measured its own when it started
                 measured_curve = measure_verify_cost(TargetAdapter(target.model)).to_config()
-            variant, whence = policy_arm_meta(meta_of[same[0]], params, measured=measured_curve,
-                                              cost=source.cost_model(same[0]), arm=same[0])
+            # its drafter, tree and budget with the policy as a user had it before the run (its parameters, the
+            # curve measured now), not the run's own stored curve: the check is of a prediction made beforehand
+            base = {k: v for k, v in mine.items() if k != "policy"}
+            variant, whence = policy_arm_meta(base, params, measured=measured_curve,
+                                              cost=source.cost_model(same[0]), arm=arm)
             print(f"  {arm}: its law policy replayed over the AR run in place of {same[0]}'s gate, priced by "
                   f"{same[0]}'s cost model; the policy's curve: {whence}")
             plans.append((arm, same[0], variant))
             continue
         if arm in source.arms:
-            plans.append((arm, arm, own_gate(meta_of[arm], mine, arm)))
+            plans.append((arm, arm, replay_meta(mine, meta_of[arm], measured, arm, arm_traces, arm)))
             continue
         # another budget of a DDTree arm of --from (entropy-law predict --budgets): replayed at the budget it ran
         same = [a for a, m in meta_of.items() if m.get("drafter_id") == mine.get("drafter_id")
                 and m.get("tree_policy") == "ddtree" == mine.get("tree_policy")]
         if same:
-            plans.append((arm, same[0], {**meta_of[same[0]], "tree_budget": mine.get("tree_budget")}))
+            plans.append((arm, same[0], replay_meta(mine, meta_of[same[0]], measured, arm, arm_traces, same[0])))
         else:
             print(f"  {arm}: no arm of its drafter and tree in {arm_traces} to price it, skipped")
     for arm in source.arms:
         if arm not in measured.arms:
             print(f"  {arm}: not decoded in {path}, skipped")
     for arm, priced_by, meta in plans:
-        meta = same_checkpoint(meta, measured, arm, arm_traces, priced_by)
         rounds = workload_rounds(ar_path, meta, target)
         error = None if priced_by == arm and not meta.get("policy") else source.variant_error(priced_by)[0]
         pred = source.predict(priced_by, workload, rounds=rounds, transfer_error=error).summary

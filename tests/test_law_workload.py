@@ -335,11 +335,7 @@ def test_the_predict_command_answers_per_category_and_refuses_what_it_cannot_use
     assert "--transfer-error must be >= 0" in capsys.readouterr().err
 
 
-def test_the_open_ended_bench_replays_the_checkpoint_that_was_timed(capsys):
-    """bench/predict_open_ended.py prices a measured arm by ``--from``'s arm of the same name; where the two ran
-    different checkpoints of the drafter (data/traces_timed's block arm the default, the open-ended sets' the sixth)
-    the replay uses the measured arm's checkpoint, and says so; an arm without one, or of the same one, is unchanged.
-    A measured arm of several checkpoints, or of a drafter configured otherwise, is refused."""
+def open_ended_bench():
     import importlib.util
     from pathlib import Path
 
@@ -347,58 +343,75 @@ def test_the_open_ended_bench_replays_the_checkpoint_that_was_timed(capsys):
     spec = importlib.util.spec_from_file_location("predict_open_ended", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
+    return bench
+
+
+def test_the_open_ended_bench_replays_the_checkpoint_that_was_timed(capsys):
+    """bench/predict_open_ended.py replays a measured arm's own run.json, priced by ``--from``'s arm of the same
+    name: where the two ran different checkpoints of the drafter (data/traces_timed's block arm the default, the
+    open-ended sets' the sixth) the replay uses the measured arm's checkpoint, and says so; an arm without one, or of
+    the same one, is replayed as it is. A measured arm of several checkpoints, of a drafter configured otherwise, or
+    of another drafter, is refused."""
+    from pathlib import Path
+
+    bench = open_ended_bench()
+
     def config(sha, name, **shape):
         return {"block_size": 8, "num_layers": 2, **shape, "checkpoint": name, "checkpoint_sha256": sha * 64}
 
-    meta = {"drafter_id": "block", "drafter_config": config("a", "default.safetensors")}
+    source = {"drafter_id": "block", "drafter_config": config("a", "default.safetensors")}
     runs = pd.DataFrame({"arm": ["block ddtree16", "ngram chain", "mixed", "mixed", "wider"],
                          "drafter_config": [config("b", "sixth.safetensors"), {}, config("b", "sixth.safetensors"),
                                             config("c", "c.safetensors"), config("d", "d.safetensors", block_size=16)]})
     measured = SimpleNamespace(runs=runs)
-    got = bench.same_checkpoint(meta, measured, "block ddtree16", Path("timed"), "block ddtree16")
+    mine = {"drafter_id": "block", "drafter_config": config("b", "sixth.safetensors")}
+    got = bench.replay_meta(mine, source, measured, "block ddtree16", Path("timed"), "block ddtree16")
     assert got["drafter_config"] == config("b", "sixth.safetensors") and got["drafter_id"] == "block"
-    assert meta["drafter_config"]["checkpoint_sha256"] == "a" * 64  # the caller's run.json is not changed
+    assert source["drafter_config"]["checkpoint_sha256"] == "a" * 64  # the source's run.json is not changed
     assert "measured with the drafter checkpoint sha256:bbbbbbbb" in capsys.readouterr().out
-    assert bench.same_checkpoint(meta, measured, "ngram chain", Path("timed"), "ngram chain") is meta
-    same = {**meta, "drafter_config": config("b", "sixth.safetensors")}
-    assert bench.same_checkpoint(same, measured, "block ddtree16", Path("timed"), "block ddtree16") is same
+    ngram = {"drafter_id": "ngram", "drafter_config": {}}
+    assert bench.replay_meta(ngram, ngram, measured, "ngram chain", Path("timed"), "ngram chain") is ngram
+    assert capsys.readouterr().out == ""  # nothing differs: nothing said
+    same = {**source, "drafter_config": config("b", "sixth.safetensors")}
+    assert bench.replay_meta(mine, same, measured, "block ddtree16", Path("timed"), "block ddtree16") is mine
     with pytest.raises(SystemExit, match="several drafter checkpoints"):
-        bench.same_checkpoint(meta, measured, "mixed", Path("timed"), "block ddtree16")
+        bench.replay_meta(mine, source, measured, "mixed", Path("timed"), "block ddtree16")
+    wider = {"drafter_id": "block", "drafter_config": config("d", "d.safetensors", block_size=16)}
     with pytest.raises(SystemExit, match=r"configured otherwise .*\['block_size'\]"):  # another shape costs otherwise
-        bench.same_checkpoint(meta, measured, "wider", Path("timed"), "block ddtree16")
+        bench.replay_meta(wider, source, measured, "wider", Path("timed"), "block ddtree16")
+    with pytest.raises(SystemExit, match="ran drafter 'ngram'"):
+        bench.replay_meta(ngram, source, measured, "ngram chain", Path("timed"), "block ddtree16")
 
 
 def test_the_open_ended_bench_replays_the_gate_each_arm_ran(capsys):
-    """bench/predict_open_ended.py's ``own_gate``: a measured arm that ran the cost gate is replayed with the curve
-    it stored in place of the ratio gate of ``--from``'s arm (drafter and tree the source's; the source's run.json
-    unchanged); a ratio-gate arm keeps the source's gate, at its own threshold where that differs; a cost-gate
-    source over a ratio-gate arm, or a cost-gate arm without its curve, is refused."""
-    import importlib.util
+    """bench/predict_open_ended.py's ``replay_meta``: a measured arm is replayed with the gate it ran, whatever gate
+    ``--from``'s arm ran (a cost-gate arm with the curve it stored, a ratio-gate arm at its own threshold), and the
+    bench says where they differ; a cost-gate arm without its curve cannot be replayed and is refused."""
     from pathlib import Path
 
     from entropy_law.jobs.reference import arm_round_options
 
-    path = Path(__file__).resolve().parents[1] / "bench" / "predict_open_ended.py"
-    spec = importlib.util.spec_from_file_location("predict_open_ended", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = open_ended_bench()
+    measured = SimpleNamespace(runs=pd.DataFrame({"arm": ["block"], "drafter_config": [{}]}))
     curve = {"sizes": [1, 2, 4], "costs": [1.0, 1.2, 1.6], "clock": "cpu"}
     source = {"drafter_id": "block", "tree_policy": "ddtree", "tree_budget": 16, "gate": "ratio",
               "min_expected_accepted": 1.0, "verify_cost": None}
-    got = bench.own_gate(source, {"gate": "cost", "verify_cost": curve, "min_expected_accepted": None}, "block")
-    assert got["gate"] == "cost" and got["verify_cost"] == curve and got["tree_budget"] == 16
-    assert "min_expected_accepted" not in got and source["gate"] == "ratio"
+    cost = {**source, "gate": "cost", "verify_cost": curve, "min_expected_accepted": None}
+    got = bench.replay_meta(cost, source, measured, "block", Path("timed"), "block")
+    assert got is cost and source["gate"] == "ratio"
     options, phrase = arm_round_options(got)
     assert "cost gate" in phrase and "min_expected_accepted" not in options  # what the replay then plays
-    assert "ran the cost gate" in capsys.readouterr().out
-    assert bench.own_gate(source, {"gate": "ratio", "min_expected_accepted": 1.0}, "block") is source
-    lower = bench.own_gate(source, {"gate": "ratio", "min_expected_accepted": 0.5}, "block")  # its own threshold
-    assert lower["min_expected_accepted"] == 0.5 and source["min_expected_accepted"] == 1.0
-    assert arm_round_options(lower)[0]["min_expected_accepted"] == 0.5
+    assert "ran the cost gate, block the ratio gate at 1.0" in capsys.readouterr().out
+    assert bench.replay_meta(source, source, measured, "block", Path("timed"), "block") is source
+    lower = {**source, "min_expected_accepted": 0.5}  # its own threshold
+    assert arm_round_options(bench.replay_meta(lower, source, measured, "block", Path("timed"),
+                                               "block"))[0]["min_expected_accepted"] == 0.5
+    assert "ratio gate at 0.5" in capsys.readouterr().out
+    ratio_over_cost = bench.replay_meta(source, cost, measured, "block", Path("timed"), "block")  # priced by nodes
+    assert arm_round_options(ratio_over_cost)[0]["min_expected_accepted"] == 1.0
     with pytest.raises(SystemExit, match="no verify_cost curve"):
-        bench.own_gate(source, {"gate": "cost", "verify_cost": None}, "block")
-    with pytest.raises(SystemExit, match="record them with one gate"):
-        bench.own_gate(got, {"gate": "ratio"}, "block")
+        bench.replay_meta({**source, "gate": "cost", "verify_cost": None}, source, measured, "block", Path("timed"),
+                          "block")
 
 
 def test_the_predict_unseen_bench_judges_verdicts_only_where_the_measurement_can():
