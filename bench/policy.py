@@ -16,8 +16,8 @@ this process's CPU clock with one torch thread, through the one speed routine ``
   twice: the two dtypes compared);
 - the replay oracle of each drafter run (tokens per round and modelled rate only: it is not a decoder): for each
   round in hindsight the budget in {0, 1, 2, 4, 8, 16, 32} with the most committed tokens per unit of modelled
-  cost ``c(N + 1) + c_draft``, replayed on AR's greedy output of the same prompt; the n-gram drafter's always, the
-  block drafter's with ``--block`` (its proposals from one teacher-forced target pass per prompt,
+  cost ``c(N + 1) + c_draft``, replayed on AR's greedy output of the same prompt, for each drafter with an arm in the
+  run: the n-gram drafter's, and the block drafter's (its proposals from one teacher-forced target pass per prompt,
   ``jobs.reference.replay_drafter``; ``c_draft`` its forward's cost measured here). Each law policy's "within 10%
   of the oracle" goal reads its own drafter's oracle.
 
@@ -269,12 +269,14 @@ def main(argv=None) -> dict:
     # each drafter's replay oracle on AR's greedy outputs (decoded again: time_arms keeps no outputs)
     from entropy_law.jobs.reference import replay_drafter
 
-    oracle_drafters = {"ngram": lambda prompt, output: NgramDrafter()}
-    if args.block:
+    oracle_drafters = {}  # the oracle of each drafter whose arms run
+    if any(name.startswith("ngram") for name in arms):
+        oracle_drafters["ngram"] = lambda prompt, output: NgramDrafter()
+    if any(name.startswith("block") for name in arms):
         block_once = block()
         oracle_drafters["block"] = lambda prompt, output: replay_drafter(block_once, target, prompt, output)
     oracle_rows = []
-    for task in tasks:
+    for task in tasks if oracle_drafters else ():
         prompt = prompt_of[task.request_id]
         output = ARDecoder(target).generate(prompt, max_new_tokens=args.max_new_tokens).token_ids
         for drafter, make in oracle_drafters.items():

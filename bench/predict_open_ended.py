@@ -191,7 +191,6 @@ def replay_meta(mine: dict, source_meta: dict, measured, arm: str, arm_traces: P
     shape costs otherwise), one checkpoint in the measured arm's runs, and a gate the replay can play (a cost gate
     with its stored curve: ``jobs.reference.arm_round_options``). Says where the checkpoint or the gate differ from
     ``priced_by``'s. Replaying ``priced_by``'s run.json instead would price rounds that were never timed."""
-    from entropy_law.decoding.replay import run_gate_threshold
     from entropy_law.jobs.reference import arm_round_options
     from entropy_law.law.arms import run_checkpoints
 
@@ -216,9 +215,10 @@ def replay_meta(mine: dict, source_meta: dict, measured, arm: str, arm_traces: P
               f"{priced_by} of {arm_traces} ran sha256:{str(base.get('checkpoint_sha256'))[:8]}: the measured "
               f"checkpoint's rounds are replayed, priced by {priced_by}'s cost model (the same drafter shape)")
 
-    def gate(meta):  # what the replay decides by
-        cost = meta.get("gate") == "cost" or meta.get("verify_cost") is not None
-        return "the cost gate" if cost else f"the ratio gate at {run_gate_threshold(meta)} expected accepted drafts"
+    def gate(meta):  # what the replay decides by, as arm_round_options reads it from the run.json
+        options = arm_round_options(meta)[0]
+        return ("the cost gate" if "verify_cost" in options
+                else f"the ratio gate at {options['min_expected_accepted']} expected accepted drafts")
 
     if not mine.get("policy") and gate(mine) != gate(source_meta):
         print(f"  {arm}: ran {gate(mine)}, {priced_by} {gate(source_meta)}: replayed with its own")
