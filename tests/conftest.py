@@ -35,6 +35,18 @@ def single_thread():
     torch.set_num_threads(threads)
 
 
+def load_bench(name: str):
+    """A script of ``bench/`` imported as a module (the scripts are not a package), for tests of its functions."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
 def tiny_llama(seed: int = 0, *, vocab: int = 128, hidden: int = 64, layers: int = 2, heads: int = 4,
                kv_heads: int = 2, max_positions: int = 512, init_std: float = 0.2, tie_embeddings: bool = False,
                bos_token_id: int | None = None, eos_token_id: int | None = None, pad_token_id: int | None = None):

@@ -1,20 +1,15 @@
 """bench/law_leads.py: the token classes it reads off a tokenizer and the candidate covariates it adds to the
 package's at-risk table (the running acceptance uses the request's EARLIER rounds only)."""
 
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pandas as pd
 import pytest
 
+from conftest import load_bench
+
 
 def _bench():
-    path = Path(__file__).resolve().parents[1] / "bench" / "law_leads.py"
-    spec = importlib.util.spec_from_file_location("law_leads", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+    return load_bench("law_leads")
 
 
 class _Tokenizer:

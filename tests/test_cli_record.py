@@ -557,6 +557,49 @@ def test_the_replay_oracle_over_an_ar_workload_counts_its_rounds_as_the_arm_repl
         workload_oracle_rounds(ar, json.loads((ar / "run.json").read_text()), target, verify_cost=VerifyCost((1,), (1,)))
 
 
+def test_round_outcomes_and_round_records_over_an_ar_workload(model_folder, task_file, tmp_path):
+    """``jobs.reference.workload_round_records`` are the rounds ``workload_rounds`` counts (the same totals per
+    request); ``workload_round_outcomes`` has a row per (start, budget) of every request, a plain step committing one
+    token, and with a policy the inputs it reads before drafting: the window entropy is the mean of the recorded
+    entropies of the last ``window`` committed positions, the law's rate is at least a plain step's."""
+    import pandas as pd
+
+    from entropy_law.decoding.gate import VerifyCost
+    from entropy_law.decoding.loading import load_target
+    from entropy_law.jobs.reference import workload_round_outcomes, workload_round_records, workload_rounds
+    from entropy_law.traces.reader import load_traces
+    from test_policy import params
+
+    ar, ngram = tmp_path / "ar", tmp_path / "ngram"
+    assert record(model_folder, task_file, ar, "--drafter", "ar", "--categories", "alpha,gamma") == 0
+    assert record(model_folder, task_file, ngram, "--tree", "ddtree", "--budget", "6", "--categories", "alpha") == 0
+    target = load_target(str(model_folder))
+    meta = {**json.loads((ngram / "run.json").read_text()), "min_expected_accepted": 0.0}
+    records = workload_round_records(ar, meta, target)
+    counts = workload_rounds(ar, meta, target).set_index("request_id")
+    decode = records.loc[records["round_index"] > 0].groupby("request_id")
+    assert (decode["committed"].sum() == counts["tokens"]).all() and (decode.size() == counts["rounds"]).all()
+    assert (decode["tree_nodes"].sum() == counts["nodes"]).all() and records["policy_drafted"].isna().all()
+
+    policy = {**params(0.9), "drafter_id": "ngram"}
+    table = workload_round_outcomes(ar, meta, target, budgets=(0, 2, 6), policy=policy,
+                                    verify_cost=VerifyCost((1, 2, 8), (1.0, 1.2, 2.0)))
+    assert set(table["request_id"]) == set(counts.index) and set(table["budget"]) == {0, 2, 6}
+    per_start = table.groupby(["request_id", "start_position"]).size()
+    assert (per_start == 3).all()
+    plain = table.loc[table["budget"] == 0]
+    assert (plain["committed"] == 1).all() and (plain["tree_nodes"] == 0).all()
+    assert (table["law_rate"] >= 1.0).all() and (table["law_rate"] > 1.0).any()
+    tokens = load_traces(ar).tokens
+    for rid, part in plain.groupby("request_id"):
+        h = tokens.loc[tokens["request_id"] == rid].sort_values("position")["target_entropy_nats"].to_numpy()
+        expected = [h[max(0, s - policy["window"]):s].mean() for s in part["start_position"]]
+        assert part["window_entropy"].to_numpy() == pytest.approx(expected)
+        assert part["start_position"].tolist() == list(range(1, len(part) + 1))
+    with pytest.raises(ValueError, match="AR run's"):
+        workload_round_outcomes(ar, json.loads((ar / "run.json").read_text()), target)
+
+
 def test_an_arms_drafter_replayed_over_an_ar_workload_proposes_what_it_proposes_over_its_own_run(
         model_folder, task_file, tmp_path):
     """``jobs.reference.workload_proposals``: the n-gram arm's drafter replayed over an AR run of the same prompts

@@ -336,14 +336,9 @@ def test_the_predict_command_answers_per_category_and_refuses_what_it_cannot_use
 
 
 def open_ended_bench():
-    import importlib.util
-    from pathlib import Path
+    from conftest import load_bench
 
-    path = Path(__file__).resolve().parents[1] / "bench" / "predict_open_ended.py"
-    spec = importlib.util.spec_from_file_location("predict_open_ended", path)
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
+    return load_bench("predict_open_ended")
 
 
 def test_the_open_ended_bench_replays_the_checkpoint_that_was_timed(capsys):

@@ -23,7 +23,7 @@ from entropy_law.decoding.gate import VerifyCost
 from entropy_law.decoding.interface import DraftProposal
 from entropy_law.decoding.observers import RecorderObserver
 from entropy_law.decoding.policy import LawPolicy, row_entropies
-from entropy_law.decoding.replay import oracle_rounds, replay_rounds
+from entropy_law.decoding.replay import oracle_rounds, replay_rounds, round_outcomes, walk_outcomes
 from entropy_law.decoding.tree import build_tree
 from entropy_law.drafters.ngram import NgramDrafter
 from entropy_law.law.policy import fit_policy, load_policy, save_policy, window_entropy
@@ -368,6 +368,64 @@ def test_oracle_never_below_a_plain_step_and_at_least_every_fixed_budget_per_rou
     assert min(rates) >= 1.0  # a plain step (1 token for cost 1) is always among the choices
     assert oracle.modelled_speedup >= 1.0
     assert sum(oracle.committed) == len(output) - 1
+
+
+class LookupDrafter:
+    """A context-only drafter for the outcome table's tests: after the last occurrence of the pending root earlier in
+    the context, propose the 4 tokens that followed it (2 candidates a depth: those and their successor + 1), with
+    probabilities that fall with depth; nothing when the root never occurred before."""
+
+    drafter_id = "lookup"
+    block_size = 4
+    feature_layers = ()
+
+    def begin(self, prompt_ids, features):
+        return None
+
+    def propose(self, tokens, features):
+        root = tokens[-1]
+        earlier = [i for i in range(len(tokens) - 1) if tokens[i] == root]
+        if not earlier:
+            return DraftProposal.empty()
+        follow = tokens[earlier[-1] + 1:earlier[-1] + 5]
+        if not follow:
+            return DraftProposal.empty()
+        rows = [[t, (t + 1) % 96] for t in follow]
+        probs = [[0.6 ** (d + 1), 0.3 ** (d + 1)] for d in range(len(follow))]
+        return DraftProposal(tokens=torch.tensor(rows), logprobs=torch.tensor(probs).log())
+
+
+def test_round_outcomes_walked_by_the_best_rate_is_the_oracle():
+    """``walk_outcomes`` over ``round_outcomes`` with the oracle's rule gives ``oracle_rounds``' rounds; every row is
+    the round a fixed budget plays from that start (``replay_rounds`` with that budget and no gate: its rounds are
+    rows of the table)."""
+    m = model(1)
+    prompt = random_prompt(torch.Generator().manual_seed(11), 96, 16)
+    output = greedy(m, prompt, 48)
+    budgets, draft_cost = (0, 1, 2, 4, 8), 0.1
+    table = round_outcomes(prompt, output, LookupDrafter(), budgets=budgets)
+    assert set(table["budget"]) == set(budgets) and table["start_position"].min() == 1
+    assert (table.loc[table["budget"] == 0, ["tree_nodes", "accepted", "committed"]].to_numpy() == [0, 0, 1]).all()
+    assert (table["tree_nodes"] <= table["budget"]).all() and (table["committed"] == table["accepted"] + 1).all()
+    assert table.loc[table["budget"] > 0, "accepted"].sum() > 0  # the drafter does get drafts accepted here
+
+    def best_rate(rows):
+        cost = [COST(int(r.tree_nodes) + 1) + (draft_cost if n > 0 else 0.0) for n, r in rows.iterrows()]
+        rates = rows["committed"].to_numpy() / np.array(cost)
+        return rows.index[int(np.argmax(rates > rates.max() - 1e-12))]  # the first best, as the oracle keeps it
+
+    walked = walk_outcomes(table, best_rate)
+    oracle = oracle_rounds(prompt, output, LookupDrafter(), budgets=budgets, verify_cost=COST, draft_cost=draft_cost)
+    assert walked["committed"].tolist() == oracle.committed and walked["tree_nodes"].tolist() == oracle.budgets
+    assert walked["committed"].sum() == len(output) - 1 and len(set(oracle.budgets)) > 1  # it chose, not one budget
+    for budget in (2, 8):
+        fixed = replay_rounds(prompt, output, LookupDrafter(), "ddtree", budget, min_expected_accepted=0.0)
+        rows = walk_outcomes(table, lambda rows: budget)
+        assert rows["committed"].tolist() == [r.committed for r in fixed.rounds[1:]]
+        assert rows["tree_nodes"].tolist() == [r.tree_nodes for r in fixed.rounds[1:]]
+        assert rows["expected_accepted"].tolist() == pytest.approx([r.expected_accepted for r in fixed.rounds[1:]])
+    with pytest.raises(ValueError, match="not one of the table's"):
+        walk_outcomes(table, lambda rows: 3)
 
 
 # --- the command line ------------------------------------------------------------------------------------------

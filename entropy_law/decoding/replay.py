@@ -284,14 +284,8 @@ def oracle_rounds(prompt_ids: Sequence[int], output_ids: Sequence[int], drafter:
     prompt_ids, output_ids = [int(t) for t in prompt_ids], [int(t) for t in output_ids]
     if not prompt_ids or not output_ids:
         raise ValueError("the oracle needs a prompt and a non-empty greedy output")
-    budgets = sorted({int(b) for b in budgets})
-    if budgets[0] < 0:
-        raise ValueError(f"budgets must be >= 0, got {budgets}")
-    eos = eos_set(eos_token_ids)
+    budgets, rules, plain = _budget_rules(budgets, tree, eos_token_ids, max_context)
     max_new = len(output_ids) if max_new_tokens is None else int(max_new_tokens)
-    rules = {n: RoundRules.make(tree, n, eos_token_ids=eos, max_context=max_context, min_expected_accepted=0.0)
-             for n in budgets if n > 0}
-    plain = RoundRules.make("chain", None, drafting=False, eos_token_ids=eos, max_context=max_context)
     drafter.begin(prompt_ids, None)
     state = RequestState(prompt_ids=prompt_ids, max_new_tokens=max_new, output=output_ids[:1],
                          start=len(prompt_ids), block_size=int(getattr(drafter, "block_size", 1)))
@@ -300,13 +294,8 @@ def oracle_rounds(prompt_ids: Sequence[int], output_ids: Sequence[int], drafter:
     while plain.stop_reason(state) is None:
         if len(state.output) >= len(output_ids):
             raise ValueError("the output ends without EOS before max_new_tokens: not a complete greedy output")
-        proposal = drafter.propose(state.prompt_ids + state.output, None)
         best = None
-        for n in budgets:
-            trial = RequestState(prompt_ids=state.prompt_ids, max_new_tokens=max_new, output=list(state.output),
-                                 start=state.start, block_size=state.block_size)
-            record = play_round(trial, rules.get(n, plain), lambda tokens: proposal if n > 0 else None, recorded,
-                                timed=False)
+        for n, record, trial in _budget_trials(state, drafter, budgets, rules, plain, recorded):
             cost = verify_cost(record.tree_nodes + 1) + (draft_cost if n > 0 else 0.0)
             if best is None or record.committed / cost > best[0] + 1e-12:
                 best = (record.committed / cost, n, record, trial, cost)
@@ -317,6 +306,92 @@ def oracle_rounds(prompt_ids: Sequence[int], output_ids: Sequence[int], drafter:
         result.cost.append(cost)
         result.accepted.append(record.accepted)
     return result
+
+
+def _budget_rules(budgets: Sequence[int], tree: str, eos_token_ids, max_context: int | None):
+    """(the budgets sorted and checked, each drafting budget's ``RoundRules`` with every drafted node verified, the
+    plain step's ``RoundRules``): the rounds ``oracle_rounds`` and ``round_outcomes`` try from each start."""
+    budgets = sorted({int(b) for b in budgets})
+    if budgets[0] < 0:
+        raise ValueError(f"budgets must be >= 0, got {budgets}")
+    eos = eos_set(eos_token_ids)
+    rules = {n: RoundRules.make(tree, n, eos_token_ids=eos, max_context=max_context, min_expected_accepted=0.0)
+             for n in budgets if n > 0}
+    return budgets, rules, RoundRules.make("chain", None, drafting=False, eos_token_ids=eos, max_context=max_context)
+
+
+def _budget_trials(state: RequestState, drafter: Drafter, budgets: Sequence[int], rules: dict, plain: RoundRules,
+                   recorded: "_RecordedOutput") -> list[tuple[int, Round, RequestState]]:
+    """The round each budget of ``budgets`` plays from ``state`` (0: a plain step), on copies of the state, with
+    one proposal of the drafter after the committed context: ``[(budget, record, state after it)]``."""
+    proposal = drafter.propose(state.prompt_ids + state.output, None)
+    out = []
+    for n in budgets:
+        trial = RequestState(prompt_ids=state.prompt_ids, max_new_tokens=state.max_new_tokens,
+                             output=list(state.output), start=state.start, block_size=state.block_size)
+        record = play_round(trial, rules.get(n, plain), lambda tokens: proposal if n > 0 else None, recorded,
+                            timed=False)
+        out.append((n, record, trial))
+    return out
+
+
+OUTCOME_COLUMNS = ("start_position", "budget", "tree_nodes", "accepted", "committed", "expected_accepted")
+
+
+def round_outcomes(prompt_ids: Sequence[int], output_ids: Sequence[int], drafter: Drafter, *,
+                   budgets: Sequence[int] = (0, 1, 2, 4, 8, 16), tree: str = "ddtree", eos_token_ids=None,
+                   max_new_tokens: int | None = None, max_context: int | None = None) -> pd.DataFrame:
+    """What a round of each budget would do from EVERY output position of a known greedy output: the table a
+    per-round policy chooses from, and the oracle's (``oracle_rounds`` walks it by the best rate in hindsight).
+
+    One row per (start ``s``, budget ``N``): the round after output[:s] is committed (pending root output[s - 1];
+    ``s`` = 1 .. the last position a round starts from) under the ``tree`` shape with budget ``N`` (0: a plain
+    step), every drafted node verified (no gate): ``tree_nodes`` verified, ``accepted`` drafts, ``committed``
+    tokens (the next round starts at ``s + committed``) and ``expected_accepted``, the drafter's surrogate
+    expected accepted drafts of that tree (its own node probabilities, known before verification: its
+    confidence). Context-only drafters (as ``oracle_rounds``; the n-gram drafter is consulted at every
+    position, so its self-calibration rests on more evidence than online). ``walk_outcomes`` plays a policy
+    over the table."""
+    prompt_ids, output_ids = [int(t) for t in prompt_ids], [int(t) for t in output_ids]
+    if not prompt_ids or not output_ids:
+        raise ValueError("round_outcomes needs a prompt and a non-empty greedy output")
+    budgets, rules, plain = _budget_rules(budgets, tree, eos_token_ids, max_context)
+    max_new = len(output_ids) if max_new_tokens is None else int(max_new_tokens)
+    early_eos = [i for i, t in enumerate(output_ids[:-1]) if t in plain.eos_token_ids]
+    if early_eos:
+        raise ValueError(f"output has EOS at position {early_eos[0]} before its end; greedy decoding stops there")
+    drafter.begin(prompt_ids, None)
+    recorded = _RecordedOutput(output_ids)
+    rows = []
+    for s in range(1, len(output_ids) + 1):
+        state = RequestState(prompt_ids=prompt_ids, max_new_tokens=max_new, output=output_ids[:s],
+                             start=len(prompt_ids) + s - 1, block_size=int(getattr(drafter, "block_size", 1)))
+        if plain.stop_reason(state) is not None:
+            break
+        if s == len(output_ids):
+            raise ValueError("the output ends without EOS before max_new_tokens: not a complete greedy output")
+        rows += [(s, n, r.tree_nodes, r.accepted, r.committed, float(r.expected_accepted))
+                 for n, r, _ in _budget_trials(state, drafter, budgets, rules, plain, recorded)]
+    frame = pd.DataFrame(rows, columns=list(OUTCOME_COLUMNS))
+    return frame.astype({"start_position": "int32", "budget": "int16", "tree_nodes": "int16", "accepted": "int16",
+                         "committed": "int16", "expected_accepted": "float64"})
+
+
+def walk_outcomes(outcomes: pd.DataFrame, choose: Callable[[pd.DataFrame], int]) -> pd.DataFrame:
+    """The rounds a policy plays over one request's ``round_outcomes``: from start 1, ``choose(rows)`` (the rows
+    of that start, indexed by budget) names the budget, and the next round starts where that one ends. The
+    chosen rows, in order."""
+    by_start = {int(s): part.set_index("budget") for s, part in outcomes.groupby("start_position", sort=True)}
+    chosen, s = [], 1
+    while s in by_start:
+        rows = by_start[s]
+        n = int(choose(rows))
+        if n not in rows.index:
+            raise ValueError(f"choose named budget {n}, not one of the table's {sorted(rows.index.tolist())}")
+        row = rows.loc[n]
+        chosen.append({"start_position": s, "budget": n, **{c: row[c] for c in OUTCOME_COLUMNS[2:]}})
+        s += int(row["committed"])
+    return pd.DataFrame(chosen, columns=list(OUTCOME_COLUMNS))
 
 
 PROPOSAL_COLUMNS = ("start_position", "proposal_depth", "depth", "top1_prob")

@@ -39,7 +39,7 @@ from entropy_law.decoding.loading import model_of
 from entropy_law.decoding.observers import RecorderObserver
 from entropy_law.decoding.replay import (PrecomputedBlockDrafter, replay_request, replay_run_metadata,
                                          teacher_forced_logits)
-from entropy_law.decoding.round import DEFAULT_VERIFY_COST_RATIO
+from entropy_law.decoding.round import DEFAULT_VERIFY_COST_RATIO, RoundRules
 from entropy_law.jobs.arms import AR, ArmSpec, arm_spec, available_arms, find_block_checkpoint, make_drafter
 from entropy_law.jobs.record import record_arms
 from entropy_law.traces.reader import load_traces
@@ -375,6 +375,15 @@ def _workload_inputs(workload_dir: str | Path, arm_meta: dict, target, tasks, ch
     return meta, drafter, plain, prompts, outputs
 
 
+def _decoded_requests(outputs: dict):
+    """``(request_id, category, greedy output)`` of each request of ``_workload_inputs``' outputs, in request order,
+    that decoded a token after the prefill (a request with none has no round to replay)."""
+    for rid in sorted(outputs):
+        category, _, output, _ = outputs[rid]
+        if len(output) >= 2:
+            yield rid, category, output
+
+
 def workload_proposals(workload_dir: str | Path, arm_meta: dict, target, *, tasks: str | Path | None = None,
                        checkpoint: str | Path | None = None) -> pd.DataFrame:
     """The drafter of an arm replayed at every output position of each request of a workload run (any arm, AR
@@ -397,10 +406,7 @@ def workload_proposals(workload_dir: str | Path, arm_meta: dict, target, *, task
     gate = (f"the arm's ratio gate (drafts where the expected accepted drafts >= {threshold:g})" if threshold is not None
             else "no gate: the arm's cost gate or policy is not reproduced by a replay; every proposal kept")
     frames = []
-    for rid in sorted(outputs):
-        output = outputs[rid][2]
-        if len(output) < 2:
-            continue  # nothing decoded after the prefill: no round to propose for
+    for rid, _, output in _decoded_requests(outputs):
         frame = replay_proposals(prompts[rid], output, replay_drafter(drafter, target, prompts[rid], output),
                                  arm_meta.get("tree_policy", "chain"), arm_meta.get("tree_budget"),
                                  eos_token_ids=plain.config["eos_token_ids"], max_new_tokens=meta.get("max_new_tokens"),
@@ -472,10 +478,7 @@ def _replayed_requests(workload_dir, arm_meta: dict, target, tasks, checkpoint):
         entropies = {str(rid): g["target_entropy_nats"].to_numpy(float) for rid, g in tokens.groupby("request_id")}
 
     def replayed():
-        for rid in sorted(outputs):
-            category, _, output, _ = outputs[rid]
-            if len(output) < 2:
-                continue  # nothing decoded after the prefill: no round to replay
+        for rid, category, output in _decoded_requests(outputs):
             yield str(meta["run_id"]), rid, category, replay_rounds(
                 prompts[rid], output, replay_drafter(drafter, target, prompts[rid], output),
                 arm_meta.get("tree_policy", "chain"), arm_meta.get("tree_budget"),
@@ -483,6 +486,12 @@ def _replayed_requests(workload_dir, arm_meta: dict, target, tasks, checkpoint):
                 max_context=plain.adapter.max_context, entropies=entropies.get(str(rid)), **options)
 
     return gate, replayed()
+
+
+def _budget_replay_options(arm_meta: dict, workload_meta: dict, plain) -> dict:
+    """The arm's tree shape and the workload run's stopping rules, for ``oracle_rounds`` and ``round_outcomes``."""
+    return dict(tree=arm_meta.get("tree_policy", "chain"), eos_token_ids=plain.config["eos_token_ids"],
+                max_new_tokens=workload_meta.get("max_new_tokens"), max_context=plain.adapter.max_context)
 
 
 def workload_oracle_rounds(workload_dir: str | Path, arm_meta: dict, target, *, verify_cost, draft_cost: float = 0.0,
@@ -499,18 +508,59 @@ def workload_oracle_rounds(workload_dir: str | Path, arm_meta: dict, target, *, 
 
     meta, drafter, plain, prompts, outputs = _workload_inputs(workload_dir, arm_meta, target, tasks, checkpoint)
     rows = []
-    for rid in sorted(outputs):
-        category, _, output, _ = outputs[rid]
-        if len(output) < 2:
-            continue  # nothing decoded after the prefill
+    for rid, category, output in _decoded_requests(outputs):
         result = oracle_rounds(prompts[rid], output, replay_drafter(drafter, target, prompts[rid], output),
-                               budgets=budgets, tree=arm_meta.get("tree_policy", "chain"), verify_cost=verify_cost,
-                               draft_cost=draft_cost, eos_token_ids=plain.config["eos_token_ids"],
-                               max_new_tokens=meta.get("max_new_tokens"), max_context=plain.adapter.max_context)
+                               budgets=budgets, verify_cost=verify_cost, draft_cost=draft_cost,
+                               **_budget_replay_options(arm_meta, meta, plain))
         rows += [dict(run_id=str(meta["run_id"]), request_id=rid, category=category, round_index=i, committed=c,
                       tree_nodes=n, accepted=a, policy_drafted=n > 0)  # decode rounds are 1.. (0: the prefill)
                  for i, (n, c, a) in enumerate(zip(result.budgets, result.committed, result.accepted), start=1)]
     return _request_counts(rows, workload_dir)
+
+
+def workload_round_outcomes(workload_dir: str | Path, arm_meta: dict, target, *,
+                            budgets: Sequence[int] = (0, 1, 2, 4, 8, 16), policy: dict | None = None,
+                            verify_cost=None, tasks: str | Path | None = None,
+                            checkpoint: str | Path | None = None) -> pd.DataFrame:
+    """What a round of each budget of an arm's drafter and tree shape would do from every output position of each
+    request of a workload run (``decoding.replay.round_outcomes``: the table any per-round policy chooses from,
+    and the oracle's), keyed by ``run_id``, ``request_id`` and ``category``. With ``policy`` (law policy
+    parameters) each start also gets what that policy reads before drafting (``LawPolicy.inputs``: ``entropy``,
+    ``window_entropy`` and, for a policy that reads it, ``context_match``, from the workload's recorded entropies
+    and context) and ``law_rate``, its best chain rate before drafting without in-request calibration (an
+    uncalibrated decision drafts where it is above 1) under ``verify_cost`` (a ``decoding.gate.VerifyCost``; default:
+    the curve the parameters hold). Other arguments as ``workload_rounds``."""
+    from entropy_law.decoding.policy import LawPolicy
+    from entropy_law.decoding.replay import round_outcomes
+
+    meta, drafter, plain, prompts, outputs = _workload_inputs(workload_dir, arm_meta, target, tasks, checkpoint)
+    law = None if policy is None else LawPolicy(policy, verify_cost)
+    rules = RoundRules.make("chain", None, drafting=False, max_context=plain.adapter.max_context)
+    entropies = {}
+    if law is not None:
+        tokens = load_traces(workload_dir).tokens.sort_values(["request_id", "position"])
+        entropies = {str(rid): g["target_entropy_nats"].to_numpy(float) for rid, g in tokens.groupby("request_id")}
+    frames = []
+    for rid, category, output in _decoded_requests(outputs):
+        table = round_outcomes(prompts[rid], output, replay_drafter(drafter, target, prompts[rid], output),
+                               budgets=budgets, **_budget_replay_options(arm_meta, meta, plain))
+        if law is not None:
+            max_new = int(meta.get("max_new_tokens") or len(output))
+            if str(rid) not in entropies:
+                raise ValueError(f"{workload_dir}: request {rid} has no recorded target entropies for the policy")
+            inputs = []
+            for start in sorted(set(table["start_position"].tolist())):
+                context = prompts[rid] + output[:start]
+                found = law.inputs(entropies[str(rid)], start, context if law.uses_context else None)
+                depth = rules.usable_depth(len(prompts[rid]) + start - 1, max_new - start)
+                rate = law.best_chain_rate(law.law_acceptance(found["window_entropy"], found.get("context_match")),
+                                           depth)
+                inputs.append({"start_position": start, **found, "law_rate": rate})
+            table = table.merge(pd.DataFrame(inputs), on="start_position")
+        frames.append(table.assign(run_id=str(meta["run_id"]), request_id=rid, category=category))
+    if not frames:
+        raise ValueError(f"{workload_dir}: no request decoded a token after the prefill: nothing to replay")
+    return pd.concat(frames, ignore_index=True)
 
 
 def _request_counts(rows: list[dict], workload_dir) -> pd.DataFrame:
@@ -579,11 +629,24 @@ def workload_rounds(workload_dir: str | Path, arm_meta: dict, target, *, tasks: 
     ``accepted`` (drafts accepted), ``skipped_rounds`` (rounds in which a law policy did not call the drafter), for
     ``law.workload.price_rounds``. Arguments as ``workload_proposals``;
     ``attrs["gate"]`` names the gate or policy replayed."""
+    rounds = workload_round_records(workload_dir, arm_meta, target, tasks=tasks, checkpoint=checkpoint)
+    out = _request_counts(rounds.to_dict("records"), workload_dir)
+    out.attrs["gate"] = rounds.attrs["gate"]
+    return out
+
+
+def workload_round_records(workload_dir: str | Path, arm_meta: dict, target, *, tasks: str | Path | None = None,
+                           checkpoint: str | Path | None = None) -> pd.DataFrame:
+    """``workload_rounds``' replayed rounds one row each, before they are counted per request: ``run_id``,
+    ``request_id``, ``category``, ``round_index`` (0: the prefill), ``committed``, ``tree_nodes``, ``accepted`` and
+    ``policy_drafted`` (whether a law policy called the drafter; null without a policy). For pricing each round by
+    a verify-cost curve (``c(tree_nodes + 1)``) rather than per request. Arguments as ``workload_rounds``."""
     gate, replayed = _replayed_requests(workload_dir, arm_meta, target, tasks, checkpoint)
-    rows = [dict(run_id=run_id, request_id=rid, category=category, round_index=r.round_index, committed=r.committed,
-                 tree_nodes=r.tree_nodes, accepted=r.accepted,
-                 policy_drafted=None if r.policy is None else bool(r.policy.get("draft")))
-            for run_id, rid, category, result in replayed for r in result.rounds]
-    out = _request_counts(rows, workload_dir)
+    out = pd.DataFrame([dict(run_id=run_id, request_id=rid, category=category, round_index=r.round_index,
+                             committed=r.committed, tree_nodes=r.tree_nodes, accepted=r.accepted,
+                             policy_drafted=None if r.policy is None else bool(r.policy.get("draft")))
+                        for run_id, rid, category, result in replayed for r in result.rounds])
+    if out.empty:
+        raise ValueError(f"{workload_dir}: no request decoded a token after the prefill: nothing to replay")
     out.attrs["gate"] = gate
     return out

@@ -1,0 +1,77 @@
+"""bench/policy_ceiling.py: the oracles and the table policies it walks over a table of round outcomes.
+
+Synthetic tables whose best decisions are known: a table policy whose input says exactly when drafting pays reaches
+the oracle; one whose input says nothing is no better than the best fixed action; a cross-fitted table never
+reads the outcomes of the requests it is scored on; the renewal oracle is at least the ratio oracle."""
+
+import numpy as np
+import pandas as pd
+
+from conftest import load_bench
+
+from entropy_law.decoding.gate import VerifyCost
+
+BUDGETS = [0, 2, 8]
+CURVE = VerifyCost((1, 2, 3, 9), (1.0, 1.5, 1.8, 3.0))
+
+
+def _bench():
+    return load_bench("policy_ceiling")
+
+
+def table(requests: dict[str, list[int]], n_starts: int = 40) -> pd.DataFrame:
+    """Round outcomes where every start of request ``key`` is of a kind: kind 1 accepts 2 drafts at budget 2 and 5
+    at budget 8, kind 0 none; the kinds alternate along the request in the pattern given. The window entropy is the
+    kind (0.1 for kind 1, 2.0 for kind 0), the copyability 0, the confidence uninformative."""
+    rows = []
+    for key, pattern in requests.items():
+        for s in range(1, n_starts + 1):
+            kind = pattern[(s - 1) % len(pattern)]
+            accepted = {0: 0, 2: 2 * kind, 8: 5 * kind}
+            for b in BUDGETS:
+                rows.append({"key": key, "request_id": key, "category": "c", "start_position": s, "budget": b,
+                             "tree_nodes": b, "accepted": accepted[b], "committed": accepted[b] + 1,
+                             "expected_accepted": 1.0 if b else 0.0, "window_entropy": 0.1 if kind else 2.0,
+                             "context_match": 0})
+    return pd.DataFrame(rows)
+
+
+def test_oracles_walk_the_best_rounds_and_the_renewal_oracle_is_at_least_the_ratio_oracle():
+    bench = _bench()
+    actions = bench.Actions(table({"a": [1, 0, 0], "b": [0, 1]}), BUDGETS, CURVE, draft_cost=0.2)
+    assert actions.names == ["plain step", "draft, verify none", "N=2", "N=8"]
+    ratio = bench.ratio_oracle(actions)
+    rows, acts = actions.walk(ratio)
+    kinds = (actions.starts["window_entropy"].to_numpy()[rows] < 1).astype(int)
+    assert (acts[kinds == 0] == 0).all() and (acts[kinds == 1] > 1).all()  # drafts exactly where it pays
+    renewal = bench.renewal_oracle(actions)
+    assert actions.rate(renewal) >= actions.rate(ratio) - 1e-12
+    # kind 1 at this cost: budget 2 commits 3 for 1.8 + 0.2 (rate 1.5), budget 8 commits 6 for 3.0 + 0.2 (1.875)
+    assert set(acts[kinds == 1]) == {3}
+
+
+def test_a_table_on_an_input_that_tells_the_kinds_apart_reaches_the_oracle_and_one_on_nothing_does_not():
+    bench = _bench()
+    actions = bench.Actions(table({"a": [1, 0, 0], "b": [0, 1], "c": [1, 1, 0], "d": [0, 0, 1]}), BUDGETS, CURVE,
+                            draft_cost=0.2)
+    oracle = actions.rate(bench.renewal_oracle(actions))
+    told = bench.table_policy(actions, ("entropy",), bins=2, folds=2)
+    assert actions.rate(told["in sample"]) == oracle and actions.rate(told["cross-fitted"]) == oracle
+    blind = bench.table_policy(actions, ("copy",), bins=2, folds=2)["in sample"]
+    fixed = max(actions.rate(np.full(len(actions.starts), a)) for a in range(4))
+    assert actions.rate(blind) == fixed < oracle
+
+
+def test_a_cross_fitted_table_never_reads_the_outcomes_of_the_requests_it_scores():
+    """Two folds whose requests pay in opposite kinds: fitted on its own fold a table would draft where it pays;
+    cross-fitted, each fold gets the other fold's decisions, which draft where drafting does not pay."""
+    bench = _bench()
+    frame = table({"a": [1, 0], "b": [1, 0]})
+    other = frame["key"] == "b"  # request b (the second fold): its kinds' entropies swapped
+    frame.loc[other, "window_entropy"] = np.where(frame.loc[other, "window_entropy"] < 1, 2.0, 0.1)
+    actions = bench.Actions(frame, BUDGETS, CURVE, draft_cost=0.2)
+    policies = bench.table_policy(actions, ("entropy",), bins=2, folds=2)
+    oracle = actions.rate(bench.renewal_oracle(actions))
+    assert actions.rate(policies["cross-fitted"]) < 1.0 < oracle
+    # in sample, the pooled cells mix both requests: no better than its best fixed action, above the cross-fitted
+    assert actions.rate(policies["in sample"]) > actions.rate(policies["cross-fitted"])
