@@ -2,10 +2,12 @@
 
 Synthetic tables whose best decisions are known: a table policy whose input says exactly when drafting pays reaches
 the oracle; one whose input says nothing is no better than the best fixed action; a cross-fitted table never
-reads the outcomes of the requests it is scored on; the renewal oracle is at least the ratio oracle."""
+reads the outcomes of the requests it is scored on; the path oracle is the best walk there is (by brute force)
+and at least the replay oracle."""
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from conftest import load_bench
 
@@ -36,7 +38,7 @@ def table(requests: dict[str, list[int]], n_starts: int = 40) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def test_oracles_walk_the_best_rounds_and_the_renewal_oracle_is_at_least_the_ratio_oracle():
+def test_oracles_walk_the_best_rounds_and_the_path_oracle_is_at_least_the_ratio_oracle():
     bench = _bench()
     actions = bench.Actions(table({"a": [1, 0, 0], "b": [0, 1]}), BUDGETS, CURVE, draft_cost=0.2)
     assert actions.names == ["plain step", "draft, verify none", "N=2", "N=8"]
@@ -44,8 +46,7 @@ def test_oracles_walk_the_best_rounds_and_the_renewal_oracle_is_at_least_the_rat
     rows, acts = actions.walk(ratio)
     kinds = (actions.starts["window_entropy"].to_numpy()[rows] < 1).astype(int)
     assert (acts[kinds == 0] == 0).all() and (acts[kinds == 1] > 1).all()  # drafts exactly where it pays
-    renewal = bench.renewal_oracle(actions)
-    assert actions.rate(renewal) >= actions.rate(ratio) - 1e-12
+    assert actions.rate(bench.path_oracle(actions)) >= actions.rate(ratio) - 1e-12
     # kind 1 at this cost: budget 2 commits 3 for 1.8 + 0.2 (rate 1.5), budget 8 commits 6 for 3.0 + 0.2 (1.875)
     assert set(acts[kinds == 1]) == {3}
 
@@ -54,7 +55,7 @@ def test_a_table_on_an_input_that_tells_the_kinds_apart_reaches_the_oracle_and_o
     bench = _bench()
     actions = bench.Actions(table({"a": [1, 0, 0], "b": [0, 1], "c": [1, 1, 0], "d": [0, 0, 1]}), BUDGETS, CURVE,
                             draft_cost=0.2)
-    oracle = actions.rate(bench.renewal_oracle(actions))
+    oracle = actions.rate(bench.path_oracle(actions))
     told = bench.table_policy(actions, ("entropy",), bins=2, folds=2)
     assert actions.rate(told["in sample"]) == oracle and actions.rate(told["cross-fitted"]) == oracle
     blind = bench.table_policy(actions, ("copy",), bins=2, folds=2)["in sample"]
@@ -71,7 +72,33 @@ def test_a_cross_fitted_table_never_reads_the_outcomes_of_the_requests_it_scores
     frame.loc[other, "window_entropy"] = np.where(frame.loc[other, "window_entropy"] < 1, 2.0, 0.1)
     actions = bench.Actions(frame, BUDGETS, CURVE, draft_cost=0.2)
     policies = bench.table_policy(actions, ("entropy",), bins=2, folds=2)
-    oracle = actions.rate(bench.renewal_oracle(actions))
+    oracle = actions.rate(bench.path_oracle(actions))
     assert actions.rate(policies["cross-fitted"]) < 1.0 < oracle
     # in sample, the pooled cells mix both requests: no better than its best fixed action, above the cross-fitted
     assert actions.rate(policies["in sample"]) > actions.rate(policies["cross-fitted"])
+
+
+def test_the_path_oracle_is_the_best_walk_by_brute_force():
+    """One request of 8 starts with outcomes drawn at random: every walk enumerated; the path oracle's rate is the
+    highest of them all, and at least the replay oracle's."""
+    bench = _bench()
+    rng = np.random.default_rng(3)
+    rows = []
+    for s in range(1, 9):
+        accepted = {0: 0, 2: int(rng.integers(0, 3)), 8: int(rng.integers(0, 6))}
+        accepted[8] = max(accepted[8], accepted[2])
+        rows += [{"key": "a", "request_id": "a", "category": "c", "start_position": s, "budget": b,
+                  "tree_nodes": b, "accepted": min(accepted[b], 8 - s), "committed": min(accepted[b], 8 - s) + 1,
+                  "expected_accepted": 0.0, "window_entropy": 1.0, "context_match": 0} for b in BUDGETS]
+    actions = bench.Actions(pd.DataFrame(rows), BUDGETS, CURVE, draft_cost=0.3)
+
+    def walks(s):  # (committed, cost) of every walk from start s to the end
+        if ("a", s) not in actions.row_of:
+            return [(0.0, 0.0)]
+        i = actions.row_of[("a", s)]
+        return [(actions.committed[i, a] + c, actions.cost[i, a] + k)
+                for a in range(4) for c, k in walks(s + int(actions.committed[i, a]))]
+
+    best = max(c / k for c, k in walks(1))
+    assert actions.rate(bench.path_oracle(actions)) == pytest.approx(best, rel=1e-12)
+    assert best >= actions.rate(bench.ratio_oracle(actions))
