@@ -518,6 +518,10 @@ def workload_oracle_rounds(workload_dir: str | Path, arm_meta: dict, target, *, 
     return _request_counts(rows, workload_dir)
 
 
+# workload_round_outcomes' columns of what a law policy reads before drafting, and its rate then
+READ_BEFORE_DRAFT = ("entropy", "window_entropy", "context_match", "law_rate")
+
+
 def workload_round_outcomes(workload_dir: str | Path, arm_meta: dict, target, *,
                             budgets: Sequence[int] = (0, 1, 2, 4, 8, 16), policy: dict | None = None,
                             verify_cost=None, tasks: str | Path | None = None,
@@ -549,13 +553,11 @@ def workload_round_outcomes(workload_dir: str | Path, arm_meta: dict, target, *,
             if str(rid) not in entropies:
                 raise ValueError(f"{workload_dir}: request {rid} has no recorded target entropies for the policy")
             inputs = []
-            for start in sorted(set(table["start_position"].tolist())):
-                context = prompts[rid] + output[:start]
-                found = law.inputs(entropies[str(rid)], start, context if law.uses_context else None)
-                depth = rules.usable_depth(len(prompts[rid]) + start - 1, max_new - start)
-                rate = law.best_chain_rate(law.law_acceptance(found["window_entropy"], found.get("context_match")),
-                                           depth)
-                inputs.append({"start_position": start, **found, "law_rate": rate})
+            for start in sorted(set(table["start_position"].tolist())):  # the decision before drafting, no history
+                decision = law.before_draft(entropies[str(rid)], start,
+                                            rules.usable_depth(len(prompts[rid]) + start - 1, max_new - start),
+                                            context=prompts[rid] + output[:start])
+                inputs.append({"start_position": start, **{k: decision[k] for k in READ_BEFORE_DRAFT if k in decision}})
             table = table.merge(pd.DataFrame(inputs), on="start_position")
         frames.append(table.assign(run_id=str(meta["run_id"]), request_id=rid, category=category))
     if not frames:
