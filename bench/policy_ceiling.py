@@ -39,6 +39,7 @@ and ends with ONE JSON line.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 import time
@@ -230,6 +231,24 @@ def table_policy(actions: Actions, use: tuple[str, ...], *, bins: int, folds: in
     return {"in sample": in_sample, "cross-fitted": crossed}
 
 
+def open_cache(cache: Path, manifest: dict) -> None:
+    """Use ``cache`` for the replays of what ``manifest`` names (the policy file's hash, the arm, the budgets and a
+    given verify-cost curve), writing the manifest into an empty or new folder; a folder that holds another
+    configuration's replays is refused, never mixed in."""
+    path = cache / "manifest.json"
+    if path.is_file():
+        stored = json.loads(path.read_text())
+        if stored != manifest:
+            differ = sorted(k for k in set(stored) | set(manifest) if stored.get(k) != manifest.get(k))
+            raise SystemExit(f"--cache {cache} holds replays of another configuration ({', '.join(differ)} differ): "
+                             "give another --cache folder, or empty this one")
+        return
+    if cache.is_dir() and any(cache.iterdir()):
+        raise SystemExit(f"--cache {cache} is not empty and has no {path.name}: give an empty or new folder")
+    cache.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(manifest, indent=1))
+
+
 # --- the bench -----------------------------------------------------------------------------------------------------
 
 def main(argv=None) -> dict:
@@ -248,7 +267,8 @@ def main(argv=None) -> dict:
     p.add_argument("--folds", type=int, default=2, help="folds of requests for the cross-fitted tables")
     p.add_argument("--cache", default=None, metavar="DIR",
                    help="keep each workload's outcome table and replayed rounds here, with the verify-cost curve "
-                        "measured for them (all reused when present)")
+                        "measured for them (all reused when present; a folder of another policy, arm, budgets or "
+                        "--verify-cost is refused)")
     args = p.parse_args(argv)
     if args.bins < 1 or args.folds < 2:
         p.error("--bins must be >= 1 and --folds >= 2")
@@ -274,6 +294,10 @@ def main(argv=None) -> dict:
     arm_meta = read_run_json(arm_dir / RUN_FILE)
     target = load_target("smollm2-135m")
     cache = Path(args.cache) if args.cache else None
+    if cache is not None:
+        open_cache(cache, {"policy_sha256": hashlib.sha256(Path(args.policy).read_bytes()).hexdigest(),
+                           "arm": str(arm_dir.resolve()), "budgets": list(BUDGETS),
+                           "verify_cost": json.loads(Path(args.verify_cost).read_text()) if args.verify_cost else None})
     kept = cache / "verify_cost.json" if cache else None
     if args.verify_cost or (kept is not None and kept.is_file()):
         curve = VerifyCost.from_config(json.loads(Path(args.verify_cost or kept).read_text()))

@@ -102,3 +102,16 @@ def test_the_path_oracle_is_the_best_walk_by_brute_force():
     best = max(c / k for c, k in walks(1))
     assert actions.rate(bench.path_oracle(actions)) == pytest.approx(best, rel=1e-12)
     assert best >= actions.rate(bench.ratio_oracle(actions))
+
+
+def test_a_cache_of_another_configuration_is_refused_not_mixed_in(tmp_path):
+    bench = _bench()
+    manifest = {"policy_sha256": "a" * 64, "arm": "/data/traces/block-ddtree16", "budgets": [0, 2], "verify_cost": None}
+    bench.open_cache(tmp_path / "cache", manifest)
+    bench.open_cache(tmp_path / "cache", manifest)  # the same configuration: reused
+    with pytest.raises(SystemExit, match="policy_sha256 differ"):
+        bench.open_cache(tmp_path / "cache", {**manifest, "policy_sha256": "b" * 64})
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "traces_open_timed.law.parquet").write_bytes(b"")
+    with pytest.raises(SystemExit, match="not empty"):
+        bench.open_cache(tmp_path / "old", manifest)
