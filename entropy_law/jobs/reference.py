@@ -565,12 +565,13 @@ def workload_round_outcomes(workload_dir: str | Path, arm_meta: dict, target, *,
     return pd.concat(frames, ignore_index=True)
 
 
-def _request_counts(rows: list[dict], workload_dir) -> pd.DataFrame:
+def _request_counts(rows: list[dict] | pd.DataFrame, workload_dir) -> pd.DataFrame:
     """Per request, the counts ``law.workload.price_rounds`` prices (``count_rounds``, with its category) of replayed
-    decode rounds (``rows``: ``run_id``, ``request_id``, ``category`` and the rounds columns ``count_rounds`` reads)."""
+    decode rounds (``rows``, dicts or a frame: ``run_id``, ``request_id``, ``category`` and the rounds columns
+    ``count_rounds`` reads)."""
     from entropy_law.law.workload import ROUND_COUNT_COLUMNS, count_rounds
 
-    if not rows:
+    if len(rows) == 0:
         raise ValueError(f"{workload_dir}: no request decoded a token after the prefill: nothing to replay")
     rounds = pd.DataFrame(rows)
     categories = rounds[["run_id", "request_id", "category"]].drop_duplicates()
@@ -632,7 +633,7 @@ def workload_rounds(workload_dir: str | Path, arm_meta: dict, target, *, tasks: 
     ``law.workload.price_rounds``. Arguments as ``workload_proposals``;
     ``attrs["gate"]`` names the gate or policy replayed."""
     rounds = workload_round_records(workload_dir, arm_meta, target, tasks=tasks, checkpoint=checkpoint)
-    out = _request_counts(rounds.to_dict("records"), workload_dir)
+    out = _request_counts(rounds, workload_dir)
     out.attrs["gate"] = rounds.attrs["gate"]
     return out
 
