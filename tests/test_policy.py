@@ -229,6 +229,37 @@ def test_calibration_stops_drafting_when_drafts_keep_failing():
     assert len(runs[4.0][1].calls) < 12
 
 
+def test_the_law_expectation_of_a_tree_counts_each_depth_once():
+    # the law is fitted on the depth a round reached: siblings add nothing to its expectation of a tree
+    proposal = DraftProposal(tokens=torch.tensor([[5, 6, 7], [8, 9, 10], [11, 12, 13]]),
+                             logprobs=torch.log(torch.tensor([[0.4, 0.3, 0.3]] * 3)))
+    tree = build_tree(proposal, "ddtree", 12)
+    policy = LawPolicy(params(0.8, depths=3), VerifyCost((1, 2, 40), (1.0, 1.01, 1.02)))  # verify all but free
+    decision = policy.before_draft([0.5] * 4, 4, 3)
+    chosen, _ = policy.plan(proposal, tree, decision)
+    assert chosen.n_nodes == tree.n_nodes == 12 and max(chosen.depths) == 2  # 3 at depth 1, 9 at depth 2
+    assert decision["law_expected_raw"] == pytest.approx(0.8 + 0.8 ** 2)  # not 3 * 0.8 + 9 * 0.8 ** 2
+    assert policy.law_expected_depth([0.8, 0.5, 0.5], 2) == pytest.approx(0.8 + 0.4)
+    assert policy.law_expected_depth([0.8, 0.5], 0) == 0.0
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_calibration_stays_at_the_law_when_the_law_is_right_on_a_wide_tree(seed):
+    # a DDTree with three candidates per depth, the true token among them with probability 0.8: the depth
+    # acceptance the flat law of 0.8 states. The factor must stay near 1, not fall by the number of siblings.
+    m = model()
+    prompt = random_prompt(torch.Generator().manual_seed(seed), 96, 8)
+    reference = greedy(m, prompt, 60)
+    oracle = OracleDrafter(reference, block_size=7, k=3, p_correct=0.8, stated_prob=0.3, vocab=96, seed=seed)
+    out = SpeculativeDecoder(m, oracle, tree="ddtree", budget=12, policy=params(0.8, depths=6, calibration=4.0)
+                             ).generate(prompt, max_new_tokens=60)
+    assert out.token_ids == reference
+    decided = [r for r in out.rounds if r.round_index > 0]
+    verified = [r for r in decided if r.policy["budget"]]
+    assert len(verified) >= 20 and any(r.tree_nodes > max(r.tree_depth, 1) for r in verified)  # wide trees
+    assert 0.75 <= decided[-1].policy["calibration"] <= 1.33
+
+
 def test_calibration_drafts_deeper_when_drafts_beat_the_law():
     # the law says 0.4, the drafter says 0.3, and every draft is right
     runs = calibrated_and_not(6, 60, 0.4, block_size=9, stated_prob=0.3)

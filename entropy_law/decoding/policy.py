@@ -22,7 +22,11 @@ Known here: ``LawPolicy``, which the round consults twice (``round.play_round``)
    ``E`` of the trees verified, the factor ``s = (A + m) / (E + m)`` (m pseudo-drafts at the law's word:
    ``s = 1`` before any evidence) scales the law's expected accepted drafts (each path probability, capped
    at 1) before the decision; one factor against the law-only expectation (``before_draft``) and one against
-   the blended one (``plan``). A request where drafts keep failing stops drafting; one where they succeed
+   the blended one (``plan``). The law-only expectation of a verified tree is the law's expected accepted depth
+   down to the tree's deepest node, ``sum_{k<=D} prod_{d<=k} a(H_w, d)``: the law is fitted on the depth a round
+   reached (``a(H, d)``: depth d accepted given depth d - 1 was, whichever node carried it), so it gives siblings
+   no acceptance of their own, and a sum over every node's law path probability would count each depth once per
+   sibling (a 15-node DDTree "expected" up to 10 accepted drafts and the factor fell to a third after one round). A request where drafts keep failing stops drafting; one where they succeed
    drafts more. Only earlier rounds of the same request are used: what is known before the round. With
    ``calibration_half_life`` (rounds; absent: no forgetting) a round ``k`` rounds back weighs ``2^(-k / half
    life)`` in ``A`` and ``E``: the drafter's fit to the text changes along an output (a copied passage, a code
@@ -257,6 +261,16 @@ class LawPolicy:
         m, (accepted, law, blended) = self.calibration_prior, sums
         return (accepted + m) / (law + m), (accepted + m) / (blended + m)
 
+    def law_expected_depth(self, acceptance: list[float], depth: int) -> float:
+        """The law's expected accepted drafts of a tree whose deepest node is at ``depth``: ``sum_{k<=depth}
+        prod_{d<=k} a(d)`` (what a chain of that depth expects; the law is fitted on the depth a round reached,
+        so a tree's siblings add nothing to it). The before-draft calibration compares accepted drafts with it."""
+        reach, expected = 1.0, 0.0
+        for d in range(1, int(depth) + 1):
+            reach *= self._at_depth(acceptance, d)
+            expected += reach
+        return float(expected)
+
     def best_chain_rate(self, acceptance: list[float], max_depth: int, scale: float = 1.0) -> float:
         """The law's best expected tokens per unit cost of a chain of depth 1..max_depth, drafter cost included;
         ``scale``: the calibration factor on each reach probability (capped at 1)."""
@@ -293,7 +307,7 @@ class LawPolicy:
                                                              proposal.logprobs.to(torch.float64).tolist())]
         acceptance, w = decision["acceptance"], self.confidence_weight
         scale = decision.get("plan_calibration", 1.0)
-        path_prob, law_prob, surrogate = [], [], []
+        path_prob, surrogate = [], []
         for token, parent, depth in zip(tree.tokens, tree.parents, tree.depths):
             logq = lookup[depth - 1].get(token, -math.inf) if depth <= len(lookup) else -math.inf
             q = math.exp(logq)
@@ -301,7 +315,6 @@ class LawPolicy:
             p = (a ** (1.0 - w)) * (q ** w) if q > 0 else 0.0
             above = 1.0 if parent == 0 else path_prob[parent - 1]
             path_prob.append(above * p)
-            law_prob.append((1.0 if parent == 0 else law_prob[parent - 1]) * a)
             surrogate.append((1.0 if parent == 0 else surrogate[parent - 1]) * q)
         # rank by path probability; p <= 1, so a parent ranks before its children (ties: creation order); the
         # calibration factor is the same for every node, so it changes where the prefix stops, not the ranking
@@ -315,7 +328,8 @@ class LawPolicy:
         chosen = order[:best_k]
         decision.update(confidence=float(sum(surrogate)), budget=best_k, expected=expected,
                         expected_raw=float(sum(path_prob[i] for i in chosen)),
-                        law_expected_raw=float(sum(law_prob[i] for i in chosen)))
+                        law_expected_raw=self.law_expected_depth(acceptance, max((tree.depths[i] for i in chosen),
+                                                                                 default=0)))
         if best_k == 0:
             return Tree.empty(), 0.0
         new_index = {}
