@@ -111,13 +111,34 @@ def test_policy_picks_an_ancestor_closed_prefix_by_blended_probability():
     assert decision["budget"] == chosen.n_nodes > 0
     for parent, depth in zip(chosen.parents, chosen.depths):  # Tree checks parents come first; depths agree
         assert depth == (1 if parent == 0 else chosen.depths[parent - 1] + 1)
-    # the expectation is the sum of blended path probabilities sqrt(a q) along each path
+    # the expectation is the sum of blended path probabilities along each path: a node's p = q (a / Q)^(1/2), Q the
+    # drafter's probability of it and its siblings in the drafted tree (a chain node: sqrt(a q))
     lookup = [dict(zip(t, p)) for t, p in zip(proposal.tokens.tolist(), proposal.logprobs.exp().tolist())]
-    total = 0.0
-    for i, (token, parent, depth) in enumerate(zip(chosen.tokens, chosen.parents, chosen.depths)):
-        path = chosen.path_to(i + 1)
-        total += math.prod(math.sqrt(0.8 * lookup[chosen.depths[j - 1] - 1][chosen.tokens[j - 1]]) for j in path)
+    q = [lookup[d - 1][t] for t, d in zip(tree.tokens, tree.depths)]
+    mass = {}
+    for qi, parent in zip(q, tree.parents):
+        mass[parent] = mass.get(parent, 0.0) + qi
+    by_path = {}
+    for i in range(tree.n_nodes):
+        path = tuple(tree.tokens[j - 1] for j in tree.path_to(i + 1))
+        by_path[path] = math.prod(q[j - 1] * math.sqrt(0.8 / mass[tree.parents[j - 1]]) for j in tree.path_to(i + 1))
+    total = sum(by_path[tuple(chosen.tokens[j - 1] for j in chosen.path_to(i + 1))] for i in range(chosen.n_nodes))
     assert expected == pytest.approx(total)
+
+
+def test_siblings_share_the_blended_acceptance_of_their_depth():
+    # three candidates of q = 0.3 under a law of 0.8 (weight 1/2): together sqrt(0.8 * 0.9), shared by q; a node
+    # by node blend, sqrt(0.8 * 0.3) each, would expect 1.34 accepted drafts of one depth
+    policy = LawPolicy(params(0.8, depths=2), VerifyCost((1, 2, 40), (1.0, 1.0, 1.0)))  # verifying is free
+    wide = DraftProposal(tokens=torch.tensor([[5, 6, 7]]), logprobs=torch.log(torch.tensor([[0.3, 0.3, 0.3]])))
+    decision = policy.before_draft([0.5] * 4, 4, 1)
+    chosen, expected = policy.plan(wide, build_tree(wide, "ddtree", 3), decision)
+    assert chosen.n_nodes == 3 and expected == pytest.approx(math.sqrt(0.8 * 0.9))
+    chain = DraftProposal(tokens=torch.tensor([[5], [6]]), logprobs=torch.log(torch.tensor([[0.3], [0.5]])))
+    decision = policy.before_draft([0.5] * 4, 4, 2)
+    chosen, expected = policy.plan(chain, build_tree(chain, "chain", None), decision)
+    one = math.sqrt(0.8 * 0.3)  # a chain node: a^(1/2) q^(1/2), as before siblings were shared
+    assert chosen.n_nodes == 2 and expected == pytest.approx(one + one * math.sqrt(0.8 * 0.5))
 
 
 def test_policy_columns_recorded_and_null_without_policy(tmp_path):
@@ -256,8 +277,8 @@ def test_calibration_stays_at_the_law_when_the_law_is_right_on_a_wide_tree(seed)
     assert out.token_ids == reference
     decided = [r for r in out.rounds if r.round_index > 0]
     verified = [r for r in decided if r.policy["budget"]]
-    assert len(verified) >= 20 and any(r.tree_nodes > max(r.tree_depth, 1) for r in verified)  # wide trees
-    assert 0.75 <= decided[-1].policy["calibration"] <= 1.33
+    assert len(verified) >= 8 and any(r.tree_nodes > max(r.tree_depth, 1) for r in verified)  # wide trees
+    assert 0.6 <= decided[-1].policy["calibration"] <= 1.5  # counted per node: 0.3-0.45
 
 
 def test_calibration_drafts_deeper_when_drafts_beat_the_law():
@@ -333,7 +354,7 @@ def simulated_traces(rng, n_requests=40, slope=1.2):
 def test_fit_policy_recovers_a_falling_law_and_round_trips(tmp_path):
     traces = simulated_traces(np.random.default_rng(0))
     fitted = fit_policy(traces, window=3, draft_cost=0.01)
-    assert (fitted["calibration_prior"], fitted["calibration_half_life"]) == (4.0, 16.0)  # the stated defaults
+    assert (fitted["calibration_prior"], fitted["calibration_half_life"]) == (1.0, 16.0)  # the stated defaults
     table = np.array(fitted["acceptance"])
     grid = np.array(fitted["entropy_grid"])
     truth = np.exp(-0.3 * grid ** 1.2)

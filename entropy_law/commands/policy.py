@@ -25,7 +25,7 @@ def register(subparsers) -> None:
     p.add_argument("--window", type=int, default=4, help="committed positions averaged into the policy's entropy "
                                                           "(default %(default)s)")
     p.add_argument("--no-calibration", action="store_true",
-                   help="turn off the in-request calibration of the law (default: on, 4 pseudo-drafts, half-life 16)")
+                   help="turn off the in-request calibration of the law (default: on, 1 pseudo-draft, half-life 16)")
     p.add_argument("--context-match", action="store_true",
                    help="also fit the law per level of the context's copyability (the longest suffix of the prompt and "
                         "output so far that occurred earlier in them, looked up before each round): loads the target "

@@ -7,9 +7,13 @@ Known here: ``LawPolicy``, which the round consults twice (``round.play_round``)
    best rate any chain of depth ``D`` can reach, ``(1 + sum_{k<=D} prod_{d<=k} a(H_w, d)) / (c(D + 1) +
    c_draft)``; when no depth beats a plain step (rate 1) the drafter is not called at all (its own cost
    ``c_draft`` is saved);
-2. after drafting (``plan``): each drafted node gets a conditional acceptance ``p = a(H_w, d)^(1 - w) *
-   q^w``, a geometric blend of the law's prediction and the drafter's own conditional probability ``q``
-   of the node (its confidence, known before verification; ``w`` = ``confidence_weight``); path
+2. after drafting (``plan``): the children of a node get a conditional acceptance ``b = a(H_w, d)^(1 - w) *
+   Q^w`` together, a geometric blend of the law's prediction for depth d and the drafter's own probability
+   ``Q`` of those children (the sum of their ``q``: its confidence, known before verification; ``w`` =
+   ``confidence_weight``), shared among them in proportion to ``q``: ``p = q (a / Q)^(1 - w)``. For a chain
+   (one child) that is ``a^(1 - w) q^w``; siblings are mutually exclusive, so their ``p`` sum to ``b <= 1``
+   (a blend node by node, ``sqrt(a q)`` each, gave three siblings of q = 0.3 under a law of 0.8 a summed
+   acceptance of 1.5, and the policy verified wide trees for drafts that could not all be accepted). Path
    probabilities are products along the path. Nodes are ranked by path probability (a child never
    outranks its parent, so every prefix of the ranking is a tree), and the policy verifies the prefix
    of ``k`` nodes with the most expected committed tokens per unit of verify cost, ``(1 + sum_{i<=k}
@@ -308,11 +312,15 @@ class LawPolicy:
         acceptance, w = decision["acceptance"], self.confidence_weight
         scale = decision.get("plan_calibration", 1.0)
         path_prob, surrogate = [], []
-        for token, parent, depth in zip(tree.tokens, tree.parents, tree.depths):
-            logq = lookup[depth - 1].get(token, -math.inf) if depth <= len(lookup) else -math.inf
-            q = math.exp(logq)
+        qs = [math.exp(lookup[d - 1].get(t, -math.inf)) if d <= len(lookup) else 0.0
+              for t, d in zip(tree.tokens, tree.depths)]
+        sibling_mass: dict[int, float] = {}
+        for q, parent in zip(qs, tree.parents):
+            sibling_mass[parent] = sibling_mass.get(parent, 0.0) + q
+        for token, parent, depth, q in zip(tree.tokens, tree.parents, tree.depths, qs):
             a = self._at_depth(acceptance, depth)
-            p = (a ** (1.0 - w)) * (q ** w) if q > 0 else 0.0
+            mass = sibling_mass[parent]
+            p = q * (a / mass) ** (1.0 - w) if q > 0 else 0.0
             above = 1.0 if parent == 0 else path_prob[parent - 1]
             path_prob.append(above * p)
             surrogate.append((1.0 if parent == 0 else surrogate[parent - 1]) * q)

@@ -14,12 +14,14 @@ geometric blend) is a stated choice (default 0.5: equal weight), not fitted: the
 drafter's probability of the committed token, not of the rejected candidate, so its calibration against
 acceptance is not identified from them.
 
-``calibration_prior`` (default 4 pseudo-drafts) sets how fast the decoder's in-request calibration moves
+``calibration_prior`` (default 1 pseudo-draft) sets how fast the decoder's in-request calibration moves
 the law's expectation toward what this request's verified rounds accepted (``s = (A + m) / (E + m)``; see
 ``entropy_law.decoding.policy``); ``None`` turns it off. ``calibration_half_life`` (default 16 rounds) is how
 fast that evidence fades, so that a request that stopped drafting tries again (``None``: never). Both are
-stated choices (about three rounds of the law's word against the request's own evidence; a half-life of a few
-sentences of a 60-110-round answer), not fitted: the traces' requests ran without a policy.
+stated choices (the law is fitted on other requests, often of other tasks, so one round of this request's own
+evidence outweighs it; a half-life of a few sentences of a 60-110-round answer), not fitted: the traces' requests
+ran without a policy. The prior was 4 until 2026-12-06; replayed on held-out open-ended and probe recordings
+(modelled, priced by this machine's curve) 1 gave 1.6% more on both (README, issue #19).
 
 ``context_match`` (optional): the length of the longest suffix of the context before each output position that
 occurred earlier in it (the prompt and the output so far; ``decoding.policy.context_match_length``, computed for a
@@ -85,7 +87,7 @@ def window_entropy(tokens: pd.DataFrame, window: int) -> np.ndarray:
 def fit_policy(traces, *, window: int = 4, family: str = "law_exp", drafter: str | None = None,
                draft_cost: float | None = None, confidence_weight: float = 0.5,
                entropy_grid=DEFAULT_GRID, max_depth: int | None = None,
-               calibration_prior: float | None = 4.0, calibration_half_life: float | None = 16.0,
+               calibration_prior: float | None = 1.0, calibration_half_life: float | None = 16.0,
                context_match: pd.DataFrame | None = None, max_context_match: int = CONTEXT_MATCH_MAX,
                min_level_trials: int = MIN_LEVEL_TRIALS) -> dict:
     """Policy parameters from traces of one drafter arm (a ``TraceSet`` or anything with ``.tokens``,
