@@ -30,8 +30,9 @@ Known here: ``LawPolicy``, which the round consults twice (``round.play_round``)
    down to the tree's deepest node, ``sum_{k<=D} prod_{d<=k} a(H_w, d)``: the law is fitted on the depth a round
    reached (``a(H, d)``: depth d accepted given depth d - 1 was, whichever node carried it), so it gives siblings
    no acceptance of their own, and a sum over every node's law path probability would count each depth once per
-   sibling (a 15-node DDTree "expected" up to 10 accepted drafts and the factor fell to a third after one round). A request where drafts keep failing stops drafting; one where they succeed
-   drafts more. Only earlier rounds of the same request are used: what is known before the round. With
+   sibling (a 15-node DDTree "expected" up to 10 accepted drafts and the factor fell to a third after one
+   round). A request where drafts keep failing stops drafting; one where they succeed drafts more. Only
+   earlier rounds of the same request are used: what is known before the round. With
    ``calibration_half_life`` (rounds; absent: no forgetting) a round ``k`` rounds back weighs ``2^(-k / half
    life)`` in ``A`` and ``E``: the drafter's fit to the text changes along an output (a copied passage, a code
    block), and a request that stopped drafting gathers no new evidence, so its factor drifts back towards 1
