@@ -128,7 +128,7 @@ def test_policy_picks_an_ancestor_closed_prefix_by_blended_probability():
 
 def test_siblings_share_the_blended_acceptance_of_their_depth():
     # three candidates of q = 0.3 under a law of 0.8 (weight 1/2): together sqrt(0.8 * 0.9), shared by q; a node
-    # by node blend, sqrt(0.8 * 0.3) each, would expect 1.34 accepted drafts of one depth
+    # by node blend, sqrt(0.8 * 0.3) each, would expect 1.47 accepted drafts of one depth
     policy = LawPolicy(params(0.8, depths=2), VerifyCost((1, 2, 40), (1.0, 1.0, 1.0)))  # verifying is free
     wide = DraftProposal(tokens=torch.tensor([[5, 6, 7]]), logprobs=torch.log(torch.tensor([[0.3, 0.3, 0.3]])))
     decision = policy.before_draft([0.5] * 4, 4, 1)

@@ -13,7 +13,7 @@ Known here: ``LawPolicy``, which the round consults twice (``round.play_round``)
    ``confidence_weight``), shared among them in proportion to ``q``: ``p = q (a / Q)^(1 - w)``. For a chain
    (one child) that is ``a^(1 - w) q^w``; siblings are mutually exclusive, so their ``p`` sum to ``b <= 1``
    (a blend node by node, ``sqrt(a q)`` each, gave three siblings of q = 0.3 under a law of 0.8 a summed
-   acceptance of 1.5, and the policy verified wide trees for drafts that could not all be accepted). Path
+   acceptance of 1.47, and the policy verified wide trees for drafts that could not all be accepted). Path
    probabilities are products along the path. Nodes are ranked by path probability (a child never
    outranks its parent, so every prefix of the ranking is a tree), and the policy verifies the prefix
    of ``k`` nodes with the most expected committed tokens per unit of verify cost, ``(1 + sum_{i<=k}
