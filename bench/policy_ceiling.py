@@ -231,10 +231,21 @@ def table_policy(actions: Actions, use: tuple[str, ...], *, bins: int, folds: in
     return {"in sample": in_sample, "cross-fitted": crossed}
 
 
+def replay_code_sha256() -> str:
+    """SHA-256 of the code that replays and decides (``entropy_law/decoding/*.py``, ``entropy_law/jobs/reference.py``):
+    kept in the cache's manifest, so that replays made by other code (a policy's rule, the curve's measurement) are
+    refused, not reused."""
+    root = Path(__file__).resolve().parents[1] / "entropy_law"
+    digest = hashlib.sha256()
+    for path in sorted((root / "decoding").glob("*.py")) + [root / "jobs" / "reference.py"]:
+        digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
 def open_cache(cache: Path, manifest: dict) -> None:
-    """Use ``cache`` for the replays of what ``manifest`` names (the policy file's hash, the arm, the budgets and a
-    given verify-cost curve), writing the manifest into an empty or new folder; a folder that holds another
-    configuration's replays is refused, never mixed in."""
+    """Use ``cache`` for the replays of what ``manifest`` names (the policy file's hash, the arm, the budgets, a
+    given verify-cost curve and the replaying code's hash), writing the manifest into an empty or new folder; a
+    folder that holds another configuration's replays is refused, never mixed in."""
     path = cache / "manifest.json"
     if path.is_file():
         stored = json.loads(path.read_text())
@@ -267,8 +278,8 @@ def main(argv=None) -> dict:
     p.add_argument("--folds", type=int, default=2, help="folds of requests for the cross-fitted tables")
     p.add_argument("--cache", default=None, metavar="DIR",
                    help="keep each workload's outcome table and replayed rounds here, with the verify-cost curve "
-                        "measured for them (all reused when present; a folder of another policy, arm, budgets or "
-                        "--verify-cost is refused)")
+                        "measured for them (all reused when present; a folder of another policy, arm, budgets, "
+                        "--verify-cost or decoding code is refused)")
     args = p.parse_args(argv)
     if args.bins < 1 or args.folds < 2:
         p.error("--bins must be >= 1 and --folds >= 2")
@@ -297,7 +308,8 @@ def main(argv=None) -> dict:
     if cache is not None:
         open_cache(cache, {"policy_sha256": hashlib.sha256(Path(args.policy).read_bytes()).hexdigest(),
                            "arm": str(arm_dir.resolve()), "budgets": list(BUDGETS),
-                           "verify_cost": json.loads(Path(args.verify_cost).read_text()) if args.verify_cost else None})
+                           "verify_cost": json.loads(Path(args.verify_cost).read_text()) if args.verify_cost else None,
+                           "code_sha256": replay_code_sha256()})
     kept = cache / "verify_cost.json" if cache else None
     if args.verify_cost or (kept is not None and kept.is_file()):
         curve = VerifyCost.from_config(json.loads(Path(args.verify_cost or kept).read_text()))

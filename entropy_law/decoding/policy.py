@@ -266,22 +266,24 @@ class LawPolicy:
         m, (accepted, law, blended) = self.calibration_prior, sums
         return (accepted + m) / (law + m), (accepted + m) / (blended + m)
 
+    def _reach(self, acceptance: list[float], max_depth: int):
+        """``prod_{d<=k} a(d)`` for k = 1..max_depth: the law's probability that a round reaches depth k."""
+        reach = 1.0
+        for depth in range(1, int(max_depth) + 1):
+            reach *= self._at_depth(acceptance, depth)
+            yield reach
+
     def law_expected_depth(self, acceptance: list[float], depth: int) -> float:
         """The law's expected accepted drafts of a tree whose deepest node is at ``depth``: ``sum_{k<=depth}
         prod_{d<=k} a(d)`` (what a chain of that depth expects; the law is fitted on the depth a round reached,
         so a tree's siblings add nothing to it). The before-draft calibration compares accepted drafts with it."""
-        reach, expected = 1.0, 0.0
-        for d in range(1, int(depth) + 1):
-            reach *= self._at_depth(acceptance, d)
-            expected += reach
-        return float(expected)
+        return float(sum(self._reach(acceptance, depth)))
 
     def best_chain_rate(self, acceptance: list[float], max_depth: int, scale: float = 1.0) -> float:
         """The law's best expected tokens per unit cost of a chain of depth 1..max_depth, drafter cost included;
         ``scale``: the calibration factor on each reach probability (capped at 1)."""
-        best, reach, expected = 1.0, 1.0, 0.0
-        for depth in range(1, max_depth + 1):
-            reach *= self._at_depth(acceptance, depth)
+        best, expected = 1.0, 0.0
+        for depth, reach in enumerate(self._reach(acceptance, max_depth), start=1):
             expected += min(1.0, scale * reach)
             best = max(best, (1.0 + expected) / (self.verify_cost(depth + 1) + self.draft_cost))
         return best
