@@ -168,7 +168,13 @@ def main(argv=None) -> dict:
 
     verify_cost = measure_verify_cost(TargetAdapter(target.model))
     print(f"verify cost c(n) (one-token forward = 1): {verify_cost.describe()}", flush=True)
-    copy_target = target if args.context_match else None
+    traces_models = {str(m) for m in load_traces(data_dir() / "traces" / "ngram").runs["model_id"]}
+    foreign = str(target.model_id) not in traces_models  # the laws come from another target's traces
+    copy_target = None
+    if args.context_match:  # the traces' prompts rebuilt with the tokenizer of the target that decoded them
+        from entropy_law.jobs.reference import runs_target
+
+        copy_target = runs_target(load_traces(data_dir() / "traces" / "ngram").runs) if foreign else target
     laws = {"ngram": fitted_policy("ngram", decoded_ids, timed_draft_cost("ngram"), copy_target)}
     block_path = Path(args.checkpoint) if args.checkpoint else default_drafter_path()
     if args.block:  # its traces are replayed (no timings): time its forward here, against a one-token step
@@ -188,6 +194,13 @@ def main(argv=None) -> dict:
                   "checkpoint (the sixth, smollm2-135m-block-b8.safetensors), and borrowed: the fixed arms and the "
                   "cost gate need no fit", flush=True)
             laws["block"] = borrow_policy(laws["block"], laws["block"]["drafter_id"], block_sha)
+    if foreign:  # the decoder refuses a law of another target unless it is borrowed knowingly
+        print(f"target {target.model_id}: the reference traces (data/traces) were decoded by "
+              f"{', '.join(sorted(traces_models))}; the law policies fitted on them are BORROWED for this target (its "
+              "entropies may sit on another scale; the in-request calibration corrects the law's level, not its "
+              "shape): fit a policy on this target's own runs to test its law", flush=True)
+        laws = {name: borrow_policy(law, law["drafter_id"], law.get("checkpoint_sha256"), model_id=target.model_id)
+                for name, law in laws.items()}
     for name, law in laws.items():
         print(f"{name} policy: fitted on {law['fitted_on']['requests']} held-out requests "
               f"({law['fitted_on']['at_risk_trials']} trials), draft cost {law['draft_cost']:.4f}; "

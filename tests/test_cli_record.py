@@ -741,3 +741,23 @@ def test_a_runs_round_proposals_are_its_drafters_own_at_every_verified_depth(mod
     (run / "run.json").write_text(json.dumps({**meta, "tree_budget": 2}))
     with pytest.raises(ValueError, match="request .*: replayed round .* differs from the recorded one"):
         round_proposals(run, target)
+
+
+def test_record_refuses_a_law_policy_of_another_target_unless_borrowed(model_folder, task_file, tmp_path, capsys):
+    """`record --policy law` with parameters fitted on another target's traces (here smollm2-135m's, as the reference
+    traces' are) stops with what to do; `--policy-borrow` applies them knowingly and the run keeps their origin."""
+    from test_policy import params
+
+    from entropy_law.law.policy import save_policy
+
+    law = save_policy({**params(0.9), "drafter_id": "ngram", "model_id": ["smollm2-135m"]}, tmp_path / "law.json")
+    args = ("--policy", "law", "--policy-law", str(law), "--categories", "alpha")
+    assert record(model_folder, task_file, tmp_path / "refused", *args) == 2
+    err = capsys.readouterr().err
+    assert "fitted on traces of target smollm2-135m" in err and "--policy-borrow" in err
+    assert not (tmp_path / "refused").exists()  # refused before anything is written
+    out = tmp_path / "borrowed"
+    assert record(model_folder, task_file, out, *args, "--policy-borrow") == 0
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["policy"]["borrowed_from"]["model_id"] == ["smollm2-135m"] and meta["policy"]["model_id"] is None
+    assert read_table(out, "rounds")["policy_drafted"].notna().any()

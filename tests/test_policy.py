@@ -741,6 +741,38 @@ def test_a_policy_fitted_for_another_drafter_or_checkpoint_is_refused_unless_bor
     SpeculativeDecoder(m, NamedDrafter("ngram"), tree="chain", policy=borrow_policy(law, None))
 
 
+def test_a_policy_fitted_on_another_target_is_refused_unless_borrowed():
+    """A law maps one target's entropies to acceptance; `bench/policy.py --model other` and `record --policy law
+    --model other` applied the reference traces' law (smollm2-135m) to another target without a word. A decoder on
+    a loaded target now refuses parameters fitted on other targets' traces; ``borrow_policy(model_id=None)`` (or
+    the target's id) applies them knowingly and the run keeps where they came from."""
+    from entropy_law.decoding.loading import LoadedTarget
+    from entropy_law.law.policy import borrow_policy
+
+    m = model()
+    prompt = random_prompt(torch.Generator().manual_seed(5), 96, 8)
+    reference = greedy(m, prompt, 12)
+    law = {**params(0.8), "drafter_id": "ngram", "model_id": ["model-a"]}
+
+    def loaded(name):
+        return LoadedTarget(model=m, tokenizer=None, model_id=name, source="test", dtype=torch.float32)
+
+    with pytest.raises(ValueError, match=r"fitted on traces of target model-a, this decoder's target is 'model-b'.*"
+                                         r"model_id=None"):
+        SpeculativeDecoder(loaded("model-b"), NamedDrafter("ngram"), tree="chain", policy=law)
+    with pytest.raises(ValueError, match="model-a"):  # a borrow for another drafter keeps the target check
+        SpeculativeDecoder(loaded("model-b"), NamedDrafter("ngram"), tree="chain", policy=borrow_policy(law, None))
+    for borrowed in (borrow_policy(law, None, model_id=None), borrow_policy(law, "ngram", model_id="model-b")):
+        out = SpeculativeDecoder(loaded("model-b"), NamedDrafter("ngram"), tree="chain",
+                                 policy=borrowed).generate(prompt, max_new_tokens=12)
+        assert out.token_ids == reference
+        assert out.config["policy"]["borrowed_from"]["model_id"] == ["model-a"]
+    # its own target, a bare module (whose name is only its class) and parameters naming no target: accepted
+    SpeculativeDecoder(loaded("model-a"), NamedDrafter("ngram"), tree="chain", policy=law)
+    SpeculativeDecoder(m, NamedDrafter("ngram"), tree="chain", policy=law)
+    SpeculativeDecoder(loaded("model-b"), NamedDrafter("ngram"), tree="chain", policy=params(0.8))
+
+
 def test_fit_policy_keeps_the_checkpoint_and_refuses_runs_of_several():
     """A policy names the checkpoint its runs were decoded with; runs of one drafter id with two checkpoints (the
     default and the broad block drafter share an architecture and an id) are not pooled into one law."""

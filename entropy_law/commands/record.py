@@ -65,9 +65,9 @@ def register(subparsers) -> None:
                    help="policy parameters for --policy law, written by entropy_law.law.policy.save_policy(fit_policy("
                         "traces of this drafter))")
     p.add_argument("--policy-borrow", action="store_true",
-                   help="apply --policy-law to this drafter even though it was fitted for another drafter or "
-                        "checkpoint (refused otherwise); what it was fitted for is stored with the run "
-                        "(borrowed_from)")
+                   help="apply --policy-law to this drafter and target even though it was fitted for another "
+                        "drafter, checkpoint or target model (refused otherwise); what it was fitted for is stored "
+                        "with the run (borrowed_from)")
     p.add_argument("--tasks", default="spec_bench",
                    help="'spec_bench', 'open_ended' or a JSONL file with question_id, category, turns (default: %(default)s)")
     p.add_argument("--categories", nargs="+", default=None, metavar="CATEGORY",
@@ -145,8 +145,8 @@ def run(args) -> int:
     if args.policy == "law":  # before the model: a bad file fails fast
         from entropy_law.law.policy import borrow_policy, load_policy
         policy = load_policy(args.policy_law)
-        if args.policy_borrow:  # for whichever drafter this run builds
-            policy = borrow_policy(policy, None)
+        if args.policy_borrow:  # for whichever drafter and target this run builds
+            policy = borrow_policy(policy, None, model_id=None)
         args.gate = "cost"  # the policy prices trees with this machine's measured verify cost
     tasks = loader(args.tasks, categories=_categories(args.categories), limit=args.limit)
     if not tasks:

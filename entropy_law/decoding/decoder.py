@@ -30,7 +30,7 @@ from entropy_law.decoding.adapter import TargetAdapter
 from entropy_law.decoding.gate import VerifyCost, measure_verify_cost
 from entropy_law.decoding.interface import DraftProposal, Drafter
 from entropy_law.decoding.loading import model_of
-from entropy_law.decoding.policy import LawPolicy, check_policy_drafter
+from entropy_law.decoding.policy import LawPolicy, check_policy_drafter, check_policy_target
 from entropy_law.decoding.round import (DEFAULT_VERIFY_COST_RATIO, Observer, RequestState, Round, RoundRules, now_ms,
                                         play_round, prefill_round)
 from entropy_law.decoding.tree import Tree
@@ -128,6 +128,9 @@ class SpeculativeDecoder:
         RoundRules.check_tree(tree, budget, drafting=drafter is not None)  # before a verify-cost measurement
         if isinstance(policy, (dict, LawPolicy)) and drafter is not None:  # before a verify-cost measurement
             check_policy_drafter(policy.params if isinstance(policy, LawPolicy) else policy, drafter)
+            # a loaded target's short name (a bare module's class name says nothing about which model it is)
+            check_policy_target(policy.params if isinstance(policy, LawPolicy) else policy,
+                                getattr(target, "model_id", None))
         if isinstance(policy, dict) and verify_cost is None and policy.get("verify_cost") is None:
             verify_cost = "measure"  # the policy prices trees with this machine's cost curve
         if isinstance(verify_cost, str):

@@ -102,6 +102,21 @@ def check_policy_drafter(params: dict, drafter) -> None:
                      "--policy-borrow)")
 
 
+def check_policy_target(params: dict, model_id: str | None) -> None:
+    """Raise ``ValueError`` when policy parameters were fitted on traces of another target model (``model_id``, the
+    list ``fit_policy`` keeps) than ``model_id``: a law maps *this* target's entropies to acceptance, and another
+    target's entropies sit on another scale (its vocabulary, its training). Not checked where either side names no
+    model (parameters made by hand or before they were kept; a decoder built on a bare module or adapter, whose name
+    is only its class). ``entropy_law.law.policy.borrow_policy(..., model_id=None)`` applies one knowingly."""
+    fitted = params.get("model_id")
+    if model_id is None or not isinstance(fitted, list) or not fitted or str(model_id) in fitted:
+        return
+    raise ValueError(f"the policy was fitted on traces of target {', '.join(fitted)}, this decoder's target is "
+                     f"{model_id!r}: fit one on this target's runs (entropy-law policy TRACES --drafter ARM), or apply "
+                     "it knowingly with entropy_law.law.policy.borrow_policy(params, ..., model_id=None) (entropy-law "
+                     "record --policy-borrow)")
+
+
 class LawPolicy:
     """A per-round policy from plain parameters (``entropy_law.law.policy.fit_policy`` makes them).
 

@@ -183,17 +183,26 @@ def fit_policy(traces, *, window: int = 4, family: str = "law_exp", drafter: str
     }
 
 
-def borrow_policy(params: dict, drafter_id: str | None, checkpoint_sha256: str | None = None) -> dict:
+_SAME = object()  # borrow_policy: keep the target models the parameters were fitted on
+
+
+def borrow_policy(params: dict, drafter_id: str | None, checkpoint_sha256: str | None = None, *,
+                  model_id=_SAME) -> dict:
     """``params`` relabelled for another drafter (or another checkpoint of the same one), so that a decoder
     accepts them: a policy is fitted for one drafter and checkpoint, and the decoder refuses it for another
-    (``decoding.policy.check_policy_drafter``). ``drafter_id`` / ``checkpoint_sha256`` ``None``: any. What it was
-    fitted for is kept under ``borrowed_from`` and stored with the run, so a run that applied a borrowed law says so.
-    For when no traces of the drafter exist to fit its own (a new checkpoint, the hybrid drafter); its in-request
-    calibration then corrects the law's level per request, not its shape."""
+    (``decoding.policy.check_policy_drafter``). ``drafter_id`` / ``checkpoint_sha256`` ``None``: any. ``model_id``:
+    the target it may now be applied to (``None``: any target; by default the ones it was fitted on: a decoder on
+    another target refuses it, ``decoding.policy.check_policy_target``). What it was fitted for is kept under
+    ``borrowed_from`` and stored with the run, so a run that applied a borrowed law says so. For when no traces of
+    the drafter (or target) exist to fit its own (a new checkpoint, the hybrid drafter, a new target); its
+    in-request calibration then corrects the law's level per request, not its shape."""
     if not isinstance(params, dict) or params.get("kind") != POLICY_KIND:
         raise ValueError(f"not policy parameters (kind {POLICY_KIND!r}); make them with fit_policy")
     origin = {"drafter_id": params.get("drafter_id"), "checkpoint_sha256": params.get("checkpoint_sha256")}
-    return {**params, "drafter_id": drafter_id, "checkpoint_sha256": checkpoint_sha256,
+    if params.get("model_id") is not None:
+        origin["model_id"] = params["model_id"]
+    models = params.get("model_id") if model_id is _SAME else (None if model_id is None else [str(model_id)])
+    return {**params, "drafter_id": drafter_id, "checkpoint_sha256": checkpoint_sha256, "model_id": models,
             "borrowed_from": params.get("borrowed_from") or origin}
 
 
