@@ -35,6 +35,7 @@ tokens per round and the verify-only bound (tokens per round over the measured v
 the drafter's own cost and the round's overhead are not in it, so it is an upper bound, far above the block
 drafter's measured speedups; the oracle's modelled rate does count the drafter's cost); with ``--also-checkpoint``
 the second checkpoint's arms paired against the first's on the same requests;
+then each prompt set's overall row (Spec-Bench and the open-ended set apart: the hybrid's goal reads Spec-Bench's),
 then the goals, and ONE JSON line.
 
     OMP_NUM_THREADS=1 python bench/policy.py --limit 2 --max-new-tokens 128        # small
@@ -278,6 +279,11 @@ def main(argv=None) -> dict:
     timings = time_arms(tasks, arms, lambda task: prompt_of[task.request_id], max_new_tokens=args.max_new_tokens,
                         reference=AR, warm_up_tokens=16, verify_cost=verify_cost, progress=print_progress)
     speed = paired_speedups(timings, reference=AR, clock="cpu", seed=args.seed)
+    set_of = {t.request_id: t.dataset for t in tasks}  # each prompt set's own overall row (#19: "on Spec-Bench")
+    by_set = paired_speedups(timings.assign(category=timings["request_id"].map(set_of)), reference=AR, clock="cpu",
+                             seed=args.seed)
+    by_set = by_set.loc[by_set["category"] != ALL]
+    sets = list(dict.fromkeys(set_of.values()))
 
     # each drafter's replay oracle on AR's greedy outputs (decoded again: time_arms keeps no outputs)
     from entropy_law.jobs.reference import replay_drafter
@@ -297,7 +303,8 @@ def main(argv=None) -> dict:
                                    verify_cost=verify_cost, draft_cost=laws[drafter]["draft_cost"],
                                    eos_token_ids=target.model.generation_config.eos_token_id,
                                    max_new_tokens=args.max_new_tokens, max_context=None)
-            oracle_rows.append(dict(drafter=drafter, category=task.category, committed=sum(result.committed),
+            oracle_rows.append(dict(drafter=drafter, category=task.category, dataset=task.dataset,
+                                    committed=sum(result.committed),
                                     rounds=len(result.committed), cost=sum(result.cost)))
     import pandas as pd
     oracle = pd.DataFrame(oracle_rows)
@@ -309,9 +316,9 @@ def main(argv=None) -> dict:
         row = speed.loc[(speed["arm"] == name) & (speed["category"] == category)]
         return None if row.empty else row.iloc[0]
 
-    def oracle_of(category, drafter="ngram"):
+    def oracle_of(category, drafter="ngram", column="category"):
         part = oracle.loc[oracle["drafter"] == drafter]
-        part = part if category == ALL else part.loc[part["category"] == category]
+        part = part if category == ALL else part.loc[part[column] == category]
         return part["committed"].sum() / part["rounds"].sum(), part["committed"].sum() / part["cost"].sum()
 
     print(f"\nSpeedup over {AR} by CPU time (one torch thread; a shared machine, load average "
@@ -349,6 +356,16 @@ def main(argv=None) -> dict:
     for drafter in oracle_drafters:
         print(f"{drafter + ' oracle (modelled)':<26}" + "".join(f"{oracle_of(c, drafter)[1]:>12.2f}"
                                                                for c in [*categories, ALL]))
+    if len(sets) > 1:
+        def set_cell(name, dataset):
+            return by_set.loc[(by_set["arm"] == name) & (by_set["category"] == dataset)].iloc[0]
+
+        print("\nEach prompt set overall (paired per request, 95% request-bootstrap interval)")
+        for name in names:
+            print(f"{name:<26}" + "".join(f"  {d}: {format_speedup(set_cell(name, d))}" for d in sets))
+        for drafter in oracle_drafters:
+            print(f"{drafter + ' oracle (modelled)':<26}"
+                  + "".join(f"  {d}: {oracle_of(d, drafter, 'dataset')[1]:.2f}x" for d in sets))
     mismatches = {name: int((~timings.loc[timings["arm"] == name, "matches_reference"]).sum()) for name in arms}
     print("Outputs different from AR: " + ", ".join(f"{n}: {m}" for n, m in mismatches.items()))
 
@@ -390,6 +407,9 @@ def main(argv=None) -> dict:
         if name in names and others:
             goals[f"{name} >= max(n-gram, block arms run) in every category (point estimates)"] = all(
                 cell(name, c)["speedup"] >= max(cell(n, c)["speedup"] for n in others) for c in categories)
+        if name in names and "spec_bench" in sets:
+            spec = by_set.loc[(by_set["arm"] == name) & (by_set["category"] == "spec_bench"), "speedup"]
+            goals[f"{name} >= 1.70x AR overall on Spec-Bench (point estimate)"] = bool(spec.iloc[0] >= 1.7)
     print("Goals: " + "; ".join(f"{k}: {'yes' if v else 'NO'}" for k, v in goals.items()))
     summary = {
         "bench": "policy", "model": target.model_id, "block_checkpoint": block_path.name if args.block else None,
@@ -405,6 +425,10 @@ def main(argv=None) -> dict:
                      for k, v in laws.items()},
         "speedup_vs_ar": {name: {row["category"]: json_row(row, ("speedup", "lo", "hi", "tokens_per_round", "bound"))
                                  for _, row in speed.loc[speed["arm"] == name].iterrows()} for name in names},
+        "speedup_by_set": {name: {row["category"]: json_row(row, ("speedup", "lo", "hi", "tokens_per_round", "bound"))
+                                  for _, row in by_set.loc[by_set["arm"] == name].iterrows()} for name in names},
+        "oracle_by_set": {drafter: {d: round(float(oracle_of(d, drafter, "dataset")[1]), 4) for d in sets}
+                          for drafter in oracle_drafters},
         "oracle": {drafter: {c: {"tokens_per_round": round(float(oracle_of(c, drafter)[0]), 4),
                                  "modelled_speedup": round(float(oracle_of(c, drafter)[1]), 4)}
                              for c in [*categories, ALL]} for drafter in oracle_drafters},
