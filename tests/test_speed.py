@@ -20,6 +20,7 @@ class FakeTask:
 class FakeRound:
     round_index: int
     tree_nodes: int
+    policy: dict | None = None
 
 
 def test_time_arms_warms_up_rotates_the_order_and_checks_outputs():
@@ -42,10 +43,23 @@ def test_time_arms_warms_up_rotates_the_order_and_checks_outputs():
     assert [c[0] for c in calls[3:]] == ["ar", "x", "y", "x", "y", "ar", "y", "ar", "x"]  # rotating order
     assert len(timings) == 9 and (timings["new_tokens"] == 5).all() and (timings["rounds"] == 3).all()
     assert timings["verify_cost"].iloc[0] == pytest.approx(3 * 1.3)
+    assert (timings.loc[timings["arm"] != "ar", "draft_calls"] == 3).all()  # the drafter ran in every round
+    assert (timings.loc[timings["arm"] == "ar", "draft_calls"] == 0).all()  # the reference (AR) drafts nothing
     assert timings.loc[(timings["arm"] == "x") & (timings["request_id"] == "q2"), "matches_reference"].item() is False
     assert timings.loc[timings["arm"] != "x", "matches_reference"].all()
     with pytest.raises(ValueError, match="reference arm"):
         time_arms(tasks, {"x": arms["x"]}, lambda task: [0], max_new_tokens=2, reference="ar")
+
+
+def test_draft_calls_leave_out_the_prefill_and_the_rounds_a_policy_declined():
+    """What the oracle comparison of ``bench/policy.py`` prices a law policy's rounds with: the drafter's cost is
+    paid in every round after the prefill, except where the policy decided not to draft before the drafter ran."""
+    from entropy_law.jobs.speed import draft_calls
+
+    rounds = [FakeRound(0, 0), FakeRound(1, 3), FakeRound(2, 0, {"draft": False}), FakeRound(3, 5, {"draft": True}),
+              FakeRound(4, 0, {"draft": True})]  # the last: drafted, the plan verified nothing (the cost was paid)
+    assert draft_calls(rounds) == 3
+    assert draft_calls(None) == 0 and draft_calls([FakeRound(0, 0)]) == 0
 
 
 def test_decoder_arms_and_the_bench_progress_lines(capsys):

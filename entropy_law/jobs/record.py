@@ -47,7 +47,7 @@ from entropy_law.decoding.observers import RecorderObserver
 from entropy_law.decoding.policy import LawPolicy, check_policy_target
 from entropy_law.decoding.round import DEFAULT_VERIFY_COST_RATIO
 from entropy_law.jobs.arms import AR_DRAFTER_ID, AR_TREE_POLICY, ArmSpec, make_drafter
-from entropy_law.jobs.speed import Timing, round_cost
+from entropy_law.jobs.speed import Timing, draft_calls, round_cost
 from entropy_law.traces.layout import RUN_FILE, read_run_json
 from entropy_law.traces.recorder import TraceRecorder
 
@@ -380,7 +380,8 @@ def _decode(arm: _Arm, task, prompt_ids: list, extra: dict, max_new_tokens: int,
     rounds, cost = round_cost(generated.rounds, arm.decoder.verify_cost)
     result.timings.append(Timing(arm=result.spec.name, request_id=task.request_id, category=task.category,
                                  new_tokens=generated.new_tokens, cpu_s=cpu_s, wall_s=wall_s, rounds=rounds,
-                                 verify_cost=cost, matches_reference=True))
+                                 verify_cost=cost, matches_reference=True,
+                                 draft_calls=draft_calls(generated.rounds) if result.spec.drafts else 0))
     result.counts["recorded"] += 1
     result.new_tokens += generated.new_tokens
     result.outputs[task.request_id] = generated.token_ids

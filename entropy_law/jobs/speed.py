@@ -65,6 +65,7 @@ class Timing:
     rounds: int  # verify rounds after the prefill (0: unknown)
     verify_cost: float  # sum over those rounds of c(verified tokens) in one-token forwards (0: unknown)
     matches_reference: bool
+    draft_calls: int = 0  # those rounds in which the drafter ran (a policy's declined rounds not; 0: none, unknown)
 
 
 def round_cost(rounds, cost_of: Callable[[int], float] | None = None) -> tuple[int, float]:
@@ -75,6 +76,14 @@ def round_cost(rounds, cost_of: Callable[[int], float] | None = None) -> tuple[i
         return 0, 0.0
     decode = [r for r in rounds if r.round_index > 0]
     return len(decode), float(sum(cost_of(r.tree_nodes + 1) for r in decode))
+
+
+def draft_calls(rounds) -> int:
+    """Verify rounds after the prefill in which the drafter ran: every round of a drafting arm, less the rounds a
+    law policy declined before drafting (``Round.policy["draft"]``); 0 without round records. With the drafter's
+    cost per call this prices an arm's rounds as ``decoding.replay.oracle_rounds`` prices the oracle's."""
+    return sum(1 for r in rounds or () if r.round_index > 0
+               and (getattr(r, "policy", None) is None or bool(r.policy.get("draft"))))
 
 
 def decoder_arm(decoder) -> Callable:
@@ -127,7 +136,8 @@ def time_arms(tasks: Sequence, arms: Mapping[str, Callable], encode: Callable, *
             n_rounds, cost = round_cost(rounds, cost_of)
             rows.append(Timing(arm=name, request_id=task.request_id, category=task.category,
                                new_tokens=len(outputs[name]), cpu_s=cpu_s, wall_s=wall_s, rounds=n_rounds,
-                               verify_cost=cost, matches_reference=outputs[name] == outputs[reference]))
+                               verify_cost=cost, matches_reference=outputs[name] == outputs[reference],
+                               draft_calls=0 if name == reference else draft_calls(rounds)))
     return pd.DataFrame([row.__dict__ for row in rows])
 
 
