@@ -368,6 +368,7 @@ def main(argv=None) -> dict:
         for drafter in oracle_drafters:
             print(f"{drafter + ' oracle (modelled)':<26}"
                   + "".join(f"  {d}: {oracle_of(d, drafter, 'dataset')[1]:.2f}x" for d in sets))
+
     def modelled(name):
         """The arm's committed tokens per unit of modelled cost, priced as the oracle prices its rounds: c(N + 1)
         per verify plus the drafter's cost per round it ran (the hybrid priced at the block drafter's cost in
