@@ -35,10 +35,10 @@ tokens per round and the verify-only bound (tokens per round over the measured v
 the drafter's own cost and the round's overhead are not in it, so it is an upper bound, far above the block
 drafter's measured speedups; the oracle's modelled rate does count the drafter's cost); with ``--also-checkpoint``
 the second checkpoint's arms paired against the first's on the same requests;
+then each prompt set's overall row (Spec-Bench and the open-ended set apart: the hybrid's goal reads Spec-Bench's),
 then each law policy against its oracle twice: measured against modelled (the issue's reading) and modelled against
 modelled (the policy's own rounds priced as the oracle prices its rounds: ``c(N + 1)`` plus the drafter's cost per
-round it ran, no per-round overhead), then each prompt set's overall row (Spec-Bench and the open-ended set apart: the hybrid's goal reads Spec-Bench's),
-then the goals, and ONE JSON line.
+round it ran, no per-round overhead), then the goals, and ONE JSON line.
 
     OMP_NUM_THREADS=1 python bench/policy.py --limit 2 --max-new-tokens 128        # small
     OMP_NUM_THREADS=1 python bench/policy.py --limit 5 --max-new-tokens 256 --block # the issue's setting
@@ -171,13 +171,14 @@ def main(argv=None) -> dict:
 
     verify_cost = measure_verify_cost(TargetAdapter(target.model))
     print(f"verify cost c(n) (one-token forward = 1): {verify_cost.describe()}", flush=True)
-    traces_models = {str(m) for m in load_traces(data_dir() / "traces" / "ngram").runs["model_id"]}
+    traces_runs = load_traces(data_dir() / "traces" / "ngram").runs
+    traces_models = {str(m) for m in traces_runs["model_id"]}
     foreign = str(target.model_id) not in traces_models  # the laws come from another target's traces
     copy_target = None
     if args.context_match:  # the traces' prompts rebuilt with the tokenizer of the target that decoded them
         from entropy_law.jobs.reference import runs_target
 
-        copy_target = runs_target(load_traces(data_dir() / "traces" / "ngram").runs) if foreign else target
+        copy_target = runs_target(traces_runs) if foreign else target
     laws = {"ngram": fitted_policy("ngram", decoded_ids, timed_draft_cost("ngram"), copy_target)}
     block_path = Path(args.checkpoint) if args.checkpoint else default_drafter_path()
     if args.block:  # its traces are replayed (no timings): time its forward here, against a one-token step
@@ -369,27 +370,24 @@ def main(argv=None) -> dict:
             print(f"{drafter + ' oracle (modelled)':<26}"
                   + "".join(f"  {d}: {oracle_of(d, drafter, 'dataset')[1]:.2f}x" for d in sets))
 
-    def modelled(name):
-        """The arm's committed tokens per unit of modelled cost, priced as the oracle prices its rounds: c(N + 1)
-        per verify plus the drafter's cost per round it ran (the hybrid priced at the block drafter's cost in
-        every such round: an upper bound on its cost); None for an arm without a fitted drafter cost."""
-        drafter = name.split()[0]
-        c_draft = laws.get("block" if drafter == "hybrid" else drafter, {}).get("draft_cost")
+    def modelled(name, drafter):
+        """The arm's committed tokens after the prefill per unit of modelled cost, priced as the oracle prices its
+        rounds: c(N + 1) per verify plus ``drafter``'s cost per round it ran; None without a decode round."""
         part = timings.loc[timings["arm"] == name]
-        cost = part["verify_cost"].sum() + (c_draft or 0.0) * part["draft_calls"].sum()
-        return None if c_draft is None or not cost > 0 else float((part["new_tokens"] - 1).clip(lower=0).sum() / cost)
+        cost = part["verify_cost"].sum() + laws[drafter]["draft_cost"] * part["draft_calls"].sum()
+        return float((part["new_tokens"] - 1).clip(lower=0).sum() / cost) if cost > 0 else None
 
     law_vs_oracle = {}
     for drafter in oracle_drafters:
         law = f"{drafter} law"
         if law in names:
-            rate, ceiling = modelled(law), oracle_of(ALL, drafter)[1]
+            rate, ceiling = modelled(law, drafter), oracle_of(ALL, drafter)[1]
             law_vs_oracle[drafter] = {"measured": round(float(cell(law, ALL)["speedup"]), 4),
                                       "modelled": None if rate is None else round(rate, 4),
                                       "oracle_modelled": round(float(ceiling), 4)}
             print(f"{law} against the {drafter} oracle: measured {cell(law, ALL)['speedup']:.2f}x is "
                   f"{1 - cell(law, ALL)['speedup'] / ceiling:.1%} below the oracle's modelled {ceiling:.2f}x; "
-                  + ("its rounds cannot be priced (no drafter cost)" if rate is None else
+                  + ("it verified nothing to price" if rate is None else
                      f"its own rounds priced as the oracle's (c(N + 1) + the drafter's cost per call, no per-round "
                      f"overhead) {rate:.2f}x, {1 - rate / ceiling:.1%} below it (modelled against modelled)"))
     mismatches = {name: int((~timings.loc[timings["arm"] == name, "matches_reference"]).sum()) for name in arms}

@@ -127,10 +127,10 @@ class SpeculativeDecoder:
             self.adapter.feature_layers = wanted_layers
         RoundRules.check_tree(tree, budget, drafting=drafter is not None)  # before a verify-cost measurement
         if isinstance(policy, (dict, LawPolicy)) and drafter is not None:  # before a verify-cost measurement
-            check_policy_drafter(policy.params if isinstance(policy, LawPolicy) else policy, drafter)
+            params = policy.params if isinstance(policy, LawPolicy) else policy
+            check_policy_drafter(params, drafter)
             # a loaded target's short name (a bare module's class name says nothing about which model it is)
-            check_policy_target(policy.params if isinstance(policy, LawPolicy) else policy,
-                                getattr(target, "model_id", None))
+            check_policy_target(params, getattr(target, "model_id", None))
         if isinstance(policy, dict) and verify_cost is None and policy.get("verify_cost") is None:
             verify_cost = "measure"  # the policy prices trees with this machine's cost curve
         if isinstance(verify_cost, str):
