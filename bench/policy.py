@@ -14,6 +14,9 @@ this process's CPU clock with one torch thread, through the one speed routine ``
   (and fixed DDTree16) in the same interleaved run, to compare two drafters by CPU time on the same prompts;
   ``--compute-dtype`` / ``--also-compute-dtype bfloat16`` run a block drafter's layers in bf16 (the same file
   twice: the two dtypes compared);
+- with ``--block --hybrid``: the hybrid drafter (n-gram matches and block candidates in one tree): its cost gate
+  (DDTree16; ``--hybrid-skip`` sets when its n-gram proposal alone is used) and its law policy (each round the
+  drafter whose own fitted law promises the higher rate, its cost included, or none: ``law.policy.hybrid_policy``);
 - the replay oracle of each drafter run (tokens per round and modelled rate only: it is not a decoder): for each
   round in hindsight the budget in {0, 1, 2, 4, 8, 16, 32} with the most committed tokens per unit of modelled
   cost ``c(N + 1) + c_draft``, replayed on AR's greedy output of the same prompt, for each drafter with an arm in the
@@ -50,6 +53,7 @@ import argparse
 import json
 import os
 import sys
+from collections import Counter
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -65,7 +69,7 @@ from entropy_law.decoding.replay import oracle_rounds  # noqa: E402
 from entropy_law.drafters.block import BlockDrafter, default_drafter_path  # noqa: E402
 from entropy_law.drafters.ngram import NgramDrafter  # noqa: E402
 from entropy_law.jobs.speed import ALL, decoder_arm, format_speedup, paired_speedups, print_progress, time_arms  # noqa: E402
-from entropy_law.law.policy import borrow_policy, fit_policy  # noqa: E402
+from entropy_law.law.policy import borrow_policy, fit_policy, hybrid_policy  # noqa: E402
 from entropy_law.prompts.paths import data_dir  # noqa: E402
 from entropy_law.prompts.text import load_tasks, sample_per_category  # noqa: E402
 from entropy_law.traces.layout import file_sha256  # noqa: E402
@@ -143,7 +147,7 @@ def main(argv=None) -> dict:
                              "paired comparison of the two dtypes) (default: %(default)s)")
     parser.add_argument("--hybrid", action="store_true",
                         help="with --block, also the hybrid drafter (n-gram + block in one tree): cost gate and law "
-                             "policy (the block drafter's fitted law: no hybrid traces exist to fit its own)")
+                             "policy (each round the drafter whose own fitted law pays more: law.policy.hybrid_policy)")
     parser.add_argument("--hybrid-skip", type=float, default=None, metavar="E",
                         help="with --hybrid: HybridDrafter(skip_block_at=E), the n-gram chain confidence at which the "
                              "block forward is skipped (0: whenever the n-gram proposes anything) (default: the "
@@ -261,6 +265,7 @@ def main(argv=None) -> dict:
             arms[f"{label} ddtree16 cost gate"] = ours(lambda: SpeculativeDecoder(
                 target, other(), tree="ddtree", budget=16, verify_cost=verify_cost))
 
+    routes = Counter()  # the hybrid law's rounds by the drafter it ran ("none": declined)
     if args.hybrid:
         from entropy_law.drafters.hybrid import HybridDrafter
 
@@ -270,9 +275,15 @@ def main(argv=None) -> dict:
                                                                    compute_dtype=args.compute_dtype), **skip)
         arms["hybrid ddtree16 cost gate"] = ours(lambda: SpeculativeDecoder(target, hybrid(), tree="ddtree", budget=16,
                                                                             verify_cost=verify_cost))
-        arms["hybrid law"] = ours(lambda: SpeculativeDecoder(target, hybrid(), tree="ddtree", budget=POLICY_MAX_NODES,
-                                                             verify_cost=verify_cost,
-                                                             policy=borrow_policy(laws["block"], "hybrid")))
+        # each round the drafter whose own law pays more (prompt lookup nearly free, the block forward not)
+        routed = SpeculativeDecoder(target, hybrid(), tree="ddtree", budget=POLICY_MAX_NODES, verify_cost=verify_cost,
+                                    policy=hybrid_policy(laws["ngram"], laws["block"]))
+
+        def hybrid_law(prompt_ids, max_new_tokens):  # counts which drafter each decode round ran (warm-up included)
+            result = routed.generate(prompt_ids, max_new_tokens=max_new_tokens)
+            routes.update(r.policy["route"] if r.policy["draft"] else "none" for r in result.rounds if r.policy)
+            return result.token_ids, result.rounds
+        arms["hybrid law"] = hybrid_law
     if args.only:
         unknown = sorted(set(args.only) - set(arms))
         if unknown:
@@ -437,6 +448,10 @@ def main(argv=None) -> dict:
         if name in names and "spec_bench" in sets:
             spec = by_set.loc[(by_set["arm"] == name) & (by_set["category"] == "spec_bench"), "speedup"]
             goals[f"{name} >= 1.70x AR overall on Spec-Bench (point estimate)"] = bool(spec.iloc[0] >= 1.7)
+    if routes:
+        total = sum(routes.values())
+        print("hybrid law, decode rounds by the drafter it ran: " + ", ".join(
+            f"{k} {routes[k] / total:.1%}" for k in ("ngram", "block", "none")) + f" ({total} rounds)")
     print("Goals: " + "; ".join(f"{k}: {'yes' if v else 'NO'}" for k, v in goals.items()))
     summary = {
         "bench": "policy", "model": target.model_id, "block_checkpoint": block_path.name if args.block else None,
@@ -459,7 +474,8 @@ def main(argv=None) -> dict:
         "oracle": {drafter: {c: {"tokens_per_round": round(float(oracle_of(c, drafter)[0]), 4),
                                  "modelled_speedup": round(float(oracle_of(c, drafter)[1]), 4)}
                              for c in [*categories, ALL]} for drafter in oracle_drafters},
-        "law_vs_oracle": law_vs_oracle, "checkpoints_head_to_head": head_to_head, "mismatches_vs_ar": mismatches,
+        "hybrid_law_routes": dict(routes), "law_vs_oracle": law_vs_oracle, "checkpoints_head_to_head": head_to_head,
+        "mismatches_vs_ar": mismatches,
         "goals": {k: bool(v) for k, v in goals.items()}, "detail": detail,
     }
     print(json.dumps(summary))

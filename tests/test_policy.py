@@ -615,6 +615,107 @@ def test_hybrid_hands_the_block_drafter_every_position_it_skipped():
     assert block.calls == sum(drafted) and 0 < sum(drafted) < len(drafted), drafted
 
 
+def test_merge_leaves_a_lone_proposal_unscaled():
+    from entropy_law.drafters.hybrid import merge_proposals
+    block = DraftProposal(tokens=torch.tensor([[6, 5], [2, 3]]), logprobs=torch.log(torch.tensor([[0.5, 0.3],
+                                                                                               [0.4, 0.3]])))
+    for merged in (merge_proposals(DraftProposal.empty(), block, weight=0.5, top_k=8),
+                   merge_proposals(block, DraftProposal.empty(), weight=0.5, top_k=8)):
+        assert torch.equal(merged.tokens, block.tokens) and torch.equal(merged.logprobs, block.logprobs)
+
+
+def hybrid_params(ngram: dict, block: dict) -> dict:
+    from entropy_law.law.policy import hybrid_policy
+    return hybrid_policy(ngram, block)
+
+
+def split_law(middle: float, low: float, high: float, **kwargs) -> dict:
+    """A law of acceptance ``low`` below the window entropy ``middle`` and ``high`` above it."""
+    law = params(1.0, depths=4, **kwargs)
+    law["entropy_grid"] = [0.0, middle, middle * 1.0001 + 1e-6, 50.0]
+    law["acceptance"] = [[low] * 4, [low] * 4, [high] * 4, [high] * 4]
+    return law
+
+
+@pytest.mark.parametrize("tree,budget", [("chain", None), ("ddtree", 12)])
+def test_hybrid_policy_runs_the_drafter_whose_law_pays_more(tmp_path, tree, budget):
+    """Each round runs the drafter whose law gives the higher rate before drafting: the block forward only on
+    its rounds, the n-gram proposal alone on the others, none where neither pays; output equal to greedy; the
+    route is recorded; each law's calibration counts only the rounds it chose."""
+    from entropy_law.drafters.block import BlockDrafter
+    from entropy_law.drafters.hybrid import HybridDrafter
+    m = model()
+    prompt = random_prompt(torch.Generator().manual_seed(9), 96, 5) * 4  # repeats: the n-gram drafter matches
+    reference = greedy(m, prompt, 30)
+
+    def run(policy, name):
+        block = BlockDrafter(m, seed=0, block_size=5, num_layers=1)
+        hybrid = HybridDrafter(NgramDrafter(block_size=6), block, skip_block_at=0.0)
+        with TraceRecorder(tmp_path / name, model_id="tiny", drafter_id="hybrid", tree_policy=tree) as rec:
+            out = SpeculativeDecoder(m, hybrid, tree=tree, budget=budget, policy=policy, verify_cost=COST,
+                                     observers=[RecorderObserver(rec)]).generate(prompt, max_new_tokens=30,
+                                                                                 request_id="r0", category="c")
+        assert out.token_ids == reference, name
+        decode = [r for r in out.rounds if r.round_index > 0]
+        return hybrid, decode, load_traces(tmp_path / name).rounds
+
+    # the block law promises everything, the n-gram law nothing: every round runs the block forward
+    hybrid, decode, _ = run(hybrid_params(params(0.0), params(1.0)), "block")
+    decode = [r for r in decode if r.policy["block_law_rate"] > 1]  # not the last round: no room to draft there
+    assert {r.policy["route"] for r in decode} == {"block"} and all(r.policy["draft"] for r in decode)
+    assert hybrid.block_calls == len(decode) >= 3 and hybrid.block_skips == 0
+    # the reverse (the hybrid's own rule, skip_block_at = 0, would run the block drafter where prompt lookup
+    # finds nothing): the block forward never runs
+    hybrid, decode, _ = run(hybrid_params(params(1.0), params(0.0)), "ngram")
+    assert {r.policy["route"] for r in decode} == {"ngram"} and hybrid.block_calls == 0
+    # equal laws: the drafter's own cost decides (the block forward costs two one-token forwards here)
+    hybrid, decode, _ = run(hybrid_params(params(0.9), params(0.9, draft_cost=2.0)), "cost")
+    assert {r.policy["route"] for r in decode} == {"ngram"} and hybrid.block_calls == 0
+    paying = [r for r in decode if r.policy["ngram_law_rate"] > 1]
+    assert len(paying) >= 3 and all(r.policy["block_law_rate"] < r.policy["ngram_law_rate"] for r in paying)
+    # neither pays: no drafter runs
+    hybrid, decode, _ = run(hybrid_params(params(0.0), params(0.0)), "none")
+    assert not any(r.policy["draft"] for r in decode) and hybrid.block_calls == hybrid.block_skips == 0
+    # the n-gram law pays below the median window entropy, the block law above it: both routes, each law
+    # calibrated on its own rounds only
+    seen = SpeculativeDecoder(m, NgramDrafter(block_size=6), tree="chain", policy=params(1.0),
+                              verify_cost=COST).generate(prompt, max_new_tokens=30)
+    middle = float(np.median([r.policy["window_entropy"] for r in seen.rounds[1:]]))
+    policy = hybrid_params(split_law(middle, 1.0, 0.0, calibration=1.0), split_law(middle, 0.0, 1.0, calibration=1.0))
+    hybrid, decode, rounds = run(policy, "split")
+    routes = [r.policy["route"] for r in decode]
+    assert {"ngram", "block"} <= set(routes), routes
+    assert hybrid.block_calls == sum(r.policy["draft"] and route == "block" for r, route in zip(decode, routes))
+    for i, r in enumerate(decode):
+        own = [e for e in decode[:i] if e.policy["route"] == r.policy["route"] and e.policy["budget"]]
+        assert r.policy["calibration_sums"][0] == pytest.approx(sum(e.accepted for e in own))
+    recorded = rounds.loc[rounds["round_index"] > 0, "policy_route"].tolist()
+    assert recorded == routes
+
+
+def test_hybrid_policy_refuses_another_drafter_and_a_law_of_another_drafter():
+    from entropy_law.drafters.block import BlockDrafter
+    from entropy_law.drafters.hybrid import HybridDrafter
+    m = model()
+    block = BlockDrafter(m, seed=0, block_size=5, num_layers=1)
+    with pytest.raises(ValueError, match="routes a HybridDrafter"):
+        SpeculativeDecoder(m, NgramDrafter(), tree="chain", policy=hybrid_params(params(0.5), params(0.5)),
+                           verify_cost=COST)
+    wrong = {**params(0.5), "drafter_id": "block-drafter-b9-l3"}  # another block drafter's law
+    with pytest.raises(ValueError, match="fitted for drafter 'block-drafter-b9-l3'"):
+        SpeculativeDecoder(m, HybridDrafter(NgramDrafter(), block), tree="chain",
+                           policy=hybrid_params(params(0.5), wrong), verify_cost=COST)
+    with pytest.raises(ValueError, match="not a law policy"):
+        hybrid_params(params(0.5), {"kind": "something else"})
+    # what a run stores: both laws, priced by the one curve in use
+    dec = SpeculativeDecoder(m, HybridDrafter(NgramDrafter(), block), tree="chain",
+                             policy=hybrid_params(params(0.5), params(0.4, draft_cost=0.3)), verify_cost=COST)
+    stored = json.loads(json.dumps(dec.config["policy"]))
+    assert stored["kind"] == "entropy_law_hybrid_policy"
+    assert stored["block"]["draft_cost"] == 0.3 and stored["ngram"]["acceptance"][0][0] == 0.5
+    assert stored["ngram"]["verify_cost"] == stored["block"]["verify_cost"] == COST.to_config()
+
+
 def test_a_law_policy_arm_replayed_over_an_ar_run_decodes_its_online_rounds(tmp_path, monkeypatch):
     """``jobs.reference.workload_rounds`` with a law-policy arm: its stored parameters and cost curve, and the AR
     run's target entropies, reproduce the rounds the policy decoded online, request by request. The recording's

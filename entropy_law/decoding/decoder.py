@@ -30,7 +30,7 @@ from entropy_law.decoding.adapter import TargetAdapter
 from entropy_law.decoding.gate import VerifyCost, measure_verify_cost
 from entropy_law.decoding.interface import DraftProposal, Drafter
 from entropy_law.decoding.loading import model_of
-from entropy_law.decoding.policy import LawPolicy, check_policy_drafter, check_policy_target
+from entropy_law.decoding.policy import HybridLawPolicy, LawPolicy, check_policy, make_policy
 from entropy_law.decoding.round import (DEFAULT_VERIFY_COST_RATIO, Observer, RequestState, Round, RoundRules, now_ms,
                                         play_round, prefill_round)
 from entropy_law.decoding.tree import Tree
@@ -101,7 +101,9 @@ class SpeculativeDecoder:
     ``policy.LawPolicy``: before drafting it decides whether to draft, after drafting which nodes to verify
     (the chain depth / tree budget), from the target entropy, the drafter's confidence, the fitted law and
     the cost curve (``verify_cost``; ``None``: the curve stored in the parameters, else measured now). It
-    replaces the gate; ``budget`` is then the most nodes a round may verify. Output unchanged.
+    replaces the gate; ``budget`` is then the most nodes a round may verify. Output unchanged. For a
+    ``HybridDrafter``, parameters of ``entropy_law.law.policy.hybrid_policy`` (or a ``policy.HybridLawPolicy``)
+    also choose, each round, which of its two drafters runs, each from its own law.
     """
 
     def __init__(self, target, drafter: Drafter | None = None, *, tree: str | Callable = "chain",
@@ -109,7 +111,7 @@ class SpeculativeDecoder:
                  verify_cost_ratio: float = DEFAULT_VERIFY_COST_RATIO, min_expected_accepted: float | None = None,
                  verify_cost: VerifyCost | str | None = None, eos_token_ids: Sequence[int] | int | None = None,
                  tokenizer=None, should_draft: Callable[[DraftProposal, Tree], bool] | None = None,
-                 policy: dict | LawPolicy | None = None):
+                 policy: dict | LawPolicy | HybridLawPolicy | None = None):
         if isinstance(target, TargetAdapter):
             self.adapter = target
         else:
@@ -126,11 +128,9 @@ class SpeculativeDecoder:
         if not isinstance(target, TargetAdapter):
             self.adapter.feature_layers = wanted_layers
         RoundRules.check_tree(tree, budget, drafting=drafter is not None)  # before a verify-cost measurement
-        if isinstance(policy, (dict, LawPolicy)) and drafter is not None:  # before a verify-cost measurement
-            params = policy.params if isinstance(policy, LawPolicy) else policy
-            check_policy_drafter(params, drafter)
+        if isinstance(policy, (dict, LawPolicy, HybridLawPolicy)) and drafter is not None:  # before measuring costs
             # a loaded target's short name (a bare module's class name says nothing about which model it is)
-            check_policy_target(params, getattr(target, "model_id", None))
+            check_policy(policy, drafter, getattr(target, "model_id", None))
         if isinstance(policy, dict) and verify_cost is None and policy.get("verify_cost") is None:
             verify_cost = "measure"  # the policy prices trees with this machine's cost curve
         if isinstance(verify_cost, str):
@@ -142,20 +142,11 @@ class SpeculativeDecoder:
                                      max_context=self.adapter.max_context, verify_cost_ratio=verify_cost_ratio,
                                      min_expected_accepted=min_expected_accepted, verify_cost=verify_cost,
                                      should_draft=should_draft,
-                                     policy=self._make_policy(policy, verify_cost) if drafter is not None else None)
+                                     policy=make_policy(policy, verify_cost, drafter) if drafter is not None else None)
         self.verify_cost_ratio = float(verify_cost_ratio)
         self.observers = list(observers)
 
     # --- configuration --------------------------------------------------------------------------
-
-    @staticmethod
-    def _make_policy(policy, verify_cost):
-        if policy is None or isinstance(policy, LawPolicy):
-            return policy
-        if isinstance(policy, dict):
-            return LawPolicy(policy, verify_cost)
-        raise TypeError(f"policy must be policy parameters (a dict from fit_policy) or a LawPolicy, "
-                        f"got {type(policy).__name__}")
 
     def _default_eos(self, eos):
         """The EOS ids given, else the model's generation config's, else its config's."""

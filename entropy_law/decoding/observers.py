@@ -165,5 +165,6 @@ def round_columns(decision: dict | None) -> dict:
         return {}
     values = (decision.get("entropy"), decision.get("window_entropy"), decision.get("confidence"),
               decision.get("expected"), decision.get("budget", 0), bool(decision.get("draft")),
-              decision.get("calibration"), decision.get("plan_calibration"), decision.get("context_match"))
+              decision.get("calibration"), decision.get("plan_calibration"), decision.get("context_match"),
+              decision.get("route"))
     return dict(zip(POLICY_COLUMNS, values))

@@ -384,3 +384,118 @@ class LawPolicy:
     def to_config(self) -> dict:
         """The parameters as stored with the run (the verify-cost curve in use included)."""
         return {**self.params, "verify_cost": self.verify_cost.to_config()}
+
+
+HYBRID_POLICY_KIND = "entropy_law_hybrid_policy"
+HYBRID_ROUTES = ("ngram", "block")
+
+
+class HybridLawPolicy:
+    """Each round, which of the hybrid drafter's two drafters to run (or none), from each one's own law.
+
+    ``params``: ``{"kind": HYBRID_POLICY_KIND, "version": 1, "ngram": ..., "block": ...}``, the law policy
+    parameters of the n-gram drafter and of the block drafter, each fitted on that drafter's own traces with its
+    own cost (``entropy_law.law.policy.hybrid_policy`` makes them). Before drafting, each law gives its best
+    chain rate on the same inputs (entropy window and, where it reads it, the context's copyability), its draft
+    cost included: the n-gram drafter costs almost nothing, the block drafter a forward. The round runs the
+    drafter of the higher rate (``HybridDrafter.route``: the other's forward is not run), or none when neither
+    beats a plain step; the chosen law then plans the tree (``LawPolicy.plan``). Each law keeps its own
+    in-request calibration, over the rounds it chose (a drafter's record says nothing about the other's).
+    The decision records both rates and the ``route``. Greedy exactness is the round's, as for ``LawPolicy``.
+    ``drafter``: the ``HybridDrafter`` it routes (bound by the decoder).
+    """
+
+    def __init__(self, params: dict, verify_cost: VerifyCost | None = None, drafter=None):
+        if not isinstance(params, dict) or params.get("kind") != HYBRID_POLICY_KIND or params.get("version") != 1:
+            raise ValueError(f"not hybrid policy parameters (kind {HYBRID_POLICY_KIND!r} version 1): make them with "
+                             "entropy_law.law.policy.hybrid_policy(ngram_params, block_params)")
+        missing = [route for route in HYBRID_ROUTES if not isinstance(params.get(route), dict)]
+        if missing:
+            raise ValueError(f"hybrid policy parameters lack the law policy of {missing} (a dict from fit_policy each)")
+        self.params = dict(params)
+        self.laws = {route: LawPolicy(params[route], verify_cost) for route in HYBRID_ROUTES}
+        self.verify_cost = self.laws["ngram"].verify_cost
+        self.laws["block"].verify_cost = self.verify_cost  # one machine, one curve
+        self.window = max(law.window for law in self.laws.values())
+        self.drafter = None
+        if drafter is not None:
+            self.bind(drafter)
+
+    @staticmethod
+    def check(params: dict, drafter, model_id: str | None) -> None:
+        """Refuse a drafter that is not a hybrid one (``route``, ``ngram``, ``block``), and each law fitted for
+        another drafter, checkpoint (``check_policy_drafter``) or target (``check_policy_target``)."""
+        if not all(hasattr(drafter, name) for name in ("route", "ngram", "block")):
+            raise ValueError(f"a hybrid policy routes a HybridDrafter (entropy_law.drafters.hybrid); the drafter is "
+                             f"{type(drafter).__name__}: use a law policy of that drafter (fit_policy) instead")
+        for route in HYBRID_ROUTES:
+            check_policy_drafter(params[route], getattr(drafter, route))
+            check_policy_target(params[route], model_id)
+
+    def check_drafter(self, drafter) -> None:
+        self.check(self.params, drafter, None)
+
+    def bind(self, drafter) -> None:
+        self.check_drafter(drafter)
+        self.drafter = drafter
+
+    @property
+    def uses_context(self) -> bool:
+        return any(law.uses_context for law in self.laws.values())
+
+    def before_draft(self, entropies: Sequence[float], n_output: int, max_depth: int, history: Sequence = (),
+                     context: Sequence[int] | None = None) -> dict:
+        """Each law's ``before_draft`` over the rounds it chose before (its calibration's evidence); the one of
+        the higher ``law_rate`` decides, and the drafter is told which to run."""
+        if self.drafter is None:
+            raise RuntimeError("HybridLawPolicy: no drafter bound (SpeculativeDecoder binds its HybridDrafter)")
+        decisions = {route: law.before_draft(entropies, n_output, max_depth,
+                                             [r for r in history if (getattr(r, "policy", None) or {}).get("route")
+                                              == route], context)
+                     for route, law in self.laws.items()}
+        route = max(HYBRID_ROUTES, key=lambda r: decisions[r]["law_rate"])  # ties: the n-gram drafter (cheaper)
+        decision = {**decisions[route], "route": route,
+                    **{f"{r}_law_rate": decisions[r]["law_rate"] for r in HYBRID_ROUTES}}
+        if decision["draft"]:
+            self.drafter.route(route)
+        return decision
+
+    def plan(self, proposal: DraftProposal, tree: Tree, decision: dict) -> tuple[Tree, float]:
+        """The chosen law's ``LawPolicy.plan``."""
+        return self.laws[decision["route"]].plan(proposal, tree, decision)
+
+    def observe(self, entropies: list[float], n_output: int, target_logits: torch.Tensor | None) -> None:
+        """``LawPolicy.observe`` of the law with the wider window (both read the same entropies)."""
+        max(self.laws.values(), key=lambda law: law.window).observe(entropies, n_output, target_logits)
+
+    def to_config(self) -> dict:
+        """The parameters as stored with the run (each law with the verify-cost curve in use)."""
+        return {**self.params, **{route: law.to_config() for route, law in self.laws.items()}}
+
+
+def make_policy(policy, verify_cost: VerifyCost | None, drafter=None):
+    """A ``LawPolicy`` or ``HybridLawPolicy`` from parameters (by their ``kind``); one already built passes
+    through (a ``HybridLawPolicy`` is bound to ``drafter``)."""
+    if policy is None or isinstance(policy, LawPolicy):
+        return policy
+    if isinstance(policy, HybridLawPolicy):
+        if drafter is not None:
+            policy.bind(drafter)
+        return policy
+    if isinstance(policy, dict):
+        if policy.get("kind") == HYBRID_POLICY_KIND:
+            return HybridLawPolicy(policy, verify_cost, drafter)
+        return LawPolicy(policy, verify_cost)
+    raise TypeError(f"policy must be policy parameters (a dict from fit_policy or hybrid_policy), a LawPolicy or a "
+                    f"HybridLawPolicy, got {type(policy).__name__}")
+
+
+def check_policy(policy, drafter, model_id: str | None) -> None:
+    """``check_policy_drafter`` and ``check_policy_target`` of parameters, a ``LawPolicy`` or a
+    ``HybridLawPolicy`` (each of its two laws against its own drafter)."""
+    params = policy.params if isinstance(policy, (LawPolicy, HybridLawPolicy)) else policy
+    if isinstance(params, dict) and params.get("kind") == HYBRID_POLICY_KIND:
+        HybridLawPolicy.check(params, drafter, model_id)
+    elif isinstance(params, dict):
+        check_policy_drafter(params, drafter)
+        check_policy_target(params, model_id)

@@ -9,6 +9,11 @@ the mixture ``p = w q_ngram + (1 - w) q_block`` (``w`` = ``ngram_weight``; a dra
 depth contributes 0 there), best first, at most ``top_k`` per depth. The tree policy (DDTree) then builds one
 prefix-closed tree from the merged marginals, verified in one target pass.
 
+A per-round policy may choose instead (``route``, set before each ``propose``; ``decoding.policy.HybridLawPolicy``
+does it from each drafter's fitted law): ``"ngram"`` uses the n-gram proposal alone (no block forward),
+``"block"`` runs the block forward and merges. A drafter that proposes nothing at all leaves the other's
+proposal as it is (its own calibrated probabilities, not scaled by the mixture weight).
+
 When the block forward is skipped, the target features of the positions committed meanwhile are kept and
 handed to the block drafter at its next call (the ``Drafter`` contract: features of committed positions not
 yet given), so its context stays complete.
@@ -36,7 +41,10 @@ def chain_confidence(proposal: DraftProposal) -> float:
 
 def merge_proposals(first: DraftProposal, second: DraftProposal, *, weight: float, top_k: int) -> DraftProposal:
     """Per depth: the union of both proposals' candidates scored by ``weight p_first + (1 - weight) p_second``,
-    best first (ties: ``first``'s order), at most ``top_k``; ``-inf`` pads unused slots."""
+    best first (ties: ``first``'s order), at most ``top_k``; ``-inf`` pads unused slots. A proposal of depth 0
+    leaves the other unchanged."""
+    if first.depth == 0 or second.depth == 0:  # one drafter proposes nothing: the other's proposal as it is
+        return second if first.depth == 0 else first
     depth = max(first.depth, second.depth)
     rows: list[list[tuple[float, int]]] = []
     for d in range(depth):
@@ -79,8 +87,11 @@ class HybridDrafter:
 
     ``ngram``: an ``NgramDrafter``; ``block``: a ``BlockDrafter`` (or any feature-reading drafter).
     ``skip_block_at``: the n-gram chain confidence (expected accepted drafts) at which the block forward is
-    skipped (``math.inf``: never skipped). ``block_calls`` / ``block_skips`` count the decisions.
+    skipped (``math.inf``: never skipped), unless a policy chose the round's drafter (``route``).
+    ``block_calls`` / ``block_skips`` count the decisions.
     """
+
+    ROUTES = ("ngram", "block")
 
     drafter_id = "hybrid"
 
@@ -97,6 +108,7 @@ class HybridDrafter:
         self.block_size = max(int(ngram.block_size), int(block.block_size))
         self.pending: torch.Tensor | None = None
         self.block_calls = self.block_skips = 0
+        self._route: str | None = None
 
     @property
     def config(self) -> dict:
@@ -107,12 +119,25 @@ class HybridDrafter:
         self.ngram.begin(prompt_ids, None)
         self.block.begin(prompt_ids, prompt_features)
         self.pending = None
+        self._route = None
+
+    def route(self, which: str | None) -> None:
+        """The drafter of the next ``propose`` only: ``"ngram"`` (its proposal alone, the block forward skipped),
+        ``"block"`` (the block forward, merged with the n-gram proposal) or ``None`` (``skip_block_at`` decides)."""
+        if which is not None and which not in self.ROUTES:
+            raise ValueError(f"route must be one of {self.ROUTES} or None, got {which!r}")
+        self._route = which
 
     def propose(self, tokens: Sequence[int], new_features: torch.Tensor | None) -> DraftProposal:
         if new_features is not None:
             self.pending = new_features if self.pending is None else torch.cat([self.pending, new_features])
+        route, self._route = self._route, None
         ngram = self.ngram.propose(tokens, None)
-        if ngram.depth > 0 and chain_confidence(ngram) >= self.skip_block_at:
+        if route is None:
+            skip = ngram.depth > 0 and chain_confidence(ngram) >= self.skip_block_at
+        else:
+            skip = route == "ngram"
+        if skip:
             self.block_skips += 1
             return ngram
         block = self.block.propose(tokens, self.pending)

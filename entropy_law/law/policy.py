@@ -206,6 +206,21 @@ def borrow_policy(params: dict, drafter_id: str | None, checkpoint_sha256: str |
             "borrowed_from": params.get("borrowed_from") or origin}
 
 
+HYBRID_POLICY_KIND = "entropy_law_hybrid_policy"  # the decoder's HybridLawPolicy checks it
+
+
+def hybrid_policy(ngram: dict, block: dict) -> dict:
+    """The hybrid drafter's per-round policy (``decoding.policy.HybridLawPolicy``): the n-gram drafter's law
+    policy and the block drafter's, each fitted on its own drafter's traces (``fit_policy(..., drafter=ARM)``) with
+    its own draft cost. Each round runs the drafter whose law promises the higher rate before drafting (or none),
+    so the block forward is paid only where its law says it pays more than prompt lookup."""
+    for route, params in (("ngram", ngram), ("block", block)):
+        if not isinstance(params, dict) or params.get("kind") != POLICY_KIND:
+            raise ValueError(f"the {route} drafter's parameters are not a law policy (kind {POLICY_KIND!r}): make "
+                             "them with fit_policy on that drafter's traces")
+    return {"kind": HYBRID_POLICY_KIND, "version": 1, "drafter_id": "hybrid", "ngram": ngram, "block": block}
+
+
 def context_levels(lengths: np.ndarray, min_trials: int) -> list[int]:
     """The copyability levels fitted on their own: the lengths observed at at-risk trials, each with at least
     ``min_trials`` of them; a sparser length joins the level below it, and a sparse lowest level the one above."""

@@ -83,6 +83,7 @@ ROUNDS_SCHEMA = pa.schema(
         pa.field("policy_calibration", pa.float32(), nullable=True),  # in-request factor on the law (1: none yet)
         pa.field("policy_plan_calibration", pa.float32(), nullable=True),  # the same, on the blended expectation
         pa.field("policy_context_match", pa.int32(), nullable=True),  # the context's suffix-match length (copyability)
+        pa.field("policy_route", pa.string(), nullable=True),  # the hybrid drafter's drafter the policy chose
     ]
 )
 
@@ -109,7 +110,7 @@ SCHEMAS = {"tokens": TOKENS_SCHEMA, "rounds": ROUNDS_SCHEMA, "requests": REQUEST
 # The per-round policy's inputs and decision (rounds table), in the order of ROUNDS_SCHEMA.
 POLICY_COLUMNS = ("policy_entropy_nats", "policy_window_entropy_nats", "policy_draft_confidence",
                   "policy_expected_accepted", "policy_budget", "policy_drafted", "policy_calibration",
-                  "policy_plan_calibration", "policy_context_match")
+                  "policy_plan_calibration", "policy_context_match", "policy_route")
 
 # Columns added to v1 after its first release. Each is nullable; a file written before it existed lacks it,
 # and readers and writers fill it with nulls, so old runs stay readable and resumable (format v1 is kept).
