@@ -707,6 +707,8 @@ def test_hybrid_policy_refuses_another_drafter_and_a_law_of_another_drafter():
                            policy=hybrid_params(params(0.5), wrong), verify_cost=COST)
     with pytest.raises(ValueError, match="not a law policy"):
         hybrid_params(params(0.5), {"kind": "something else"})
+    with pytest.raises(ValueError, match="a hybrid drafter's policy parameters"):  # replays take one drafter's law
+        LawPolicy(hybrid_params(params(0.5), params(0.5)), COST)
     # what a run stores: both laws, priced by the one curve in use
     dec = SpeculativeDecoder(m, HybridDrafter(NgramDrafter(), block), tree="chain",
                              policy=hybrid_params(params(0.5), params(0.4, draft_cost=0.3)), verify_cost=COST)

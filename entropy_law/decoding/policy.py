@@ -127,6 +127,10 @@ class LawPolicy:
     def __init__(self, params: dict, verify_cost: VerifyCost | None = None):
         if not isinstance(params, dict):
             raise TypeError(f"policy parameters must be a dict (fit_policy's output), got {type(params).__name__}")
+        if params.get("kind") == "entropy_law_hybrid_policy":
+            raise ValueError("these are a hybrid drafter's policy parameters (two laws): they drive a HybridDrafter "
+                             "online (SpeculativeDecoder(target, HybridDrafter(...), policy=params)); a single "
+                             "drafter, or a replay, takes one drafter's law (params['ngram'] or params['block'])")
         missing = [key for key in REQUIRED_KEYS if key not in params]
         if missing:
             raise ValueError(f"policy parameters lack {missing}; make them with entropy_law.law.policy.fit_policy "
