@@ -668,11 +668,22 @@ def test_hybrid_policy_runs_the_drafter_whose_law_pays_more(tmp_path, tree, budg
     # finds nothing): the block forward never runs
     hybrid, decode, _ = run(hybrid_params(params(1.0), params(0.0)), "ngram")
     assert {r.policy["route"] for r in decode} == {"ngram"} and hybrid.block_calls == 0
-    # equal laws: the drafter's own cost decides (the block forward costs two one-token forwards here)
-    hybrid, decode, _ = run(hybrid_params(params(0.9), params(0.9, draft_cost=2.0)), "cost")
+    # equal laws: the drafter's own cost decides (the block forward costs ten one-token forwards here: it never
+    # pays, not even where prompt lookup finds nothing)
+    hybrid, decode, _ = run(hybrid_params(params(0.9), params(0.9, draft_cost=10.0)), "cost")
     assert {r.policy["route"] for r in decode} == {"ngram"} and hybrid.block_calls == 0
     paying = [r for r in decode if r.policy["ngram_law_rate"] > 1]
     assert len(paying) >= 3 and all(r.policy["block_law_rate"] < r.policy["ngram_law_rate"] for r in paying)
+    # prompt lookup finds nothing (4-grams of a prompt without repeats): the block drafter runs although the
+    # n-gram law promises more, and no round "drafts" an empty n-gram proposal
+    block = BlockDrafter(m, seed=0, block_size=5, num_layers=1)
+    lone = HybridDrafter(NgramDrafter(block_size=6, min_ngram=4), block, skip_block_at=0.0)
+    novel = list(range(3, 40))
+    out = SpeculativeDecoder(m, lone, tree=tree, budget=budget, verify_cost=COST,
+                             policy=hybrid_params(params(1.0), params(0.9))).generate(novel, max_new_tokens=20)
+    assert out.token_ids == greedy(m, novel, 20)
+    decode = [r for r in out.rounds if r.round_index > 0 and r.policy["draft"]]
+    assert lone.block_calls >= 1 and all(r.tree_nodes > 0 for r in decode if r.policy["route"] == "ngram")
     # neither pays: no drafter runs
     hybrid, decode, _ = run(hybrid_params(params(0.0), params(0.0)), "none")
     assert not any(r.policy["draft"] for r in decode) and hybrid.block_calls == hybrid.block_skips == 0

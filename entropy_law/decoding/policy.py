@@ -401,9 +401,11 @@ class HybridLawPolicy:
     parameters of the n-gram drafter and of the block drafter, each fitted on that drafter's own traces with its
     own cost (``entropy_law.law.policy.hybrid_policy`` makes them). Before drafting, each law gives its best
     chain rate on the same inputs (entropy window and, where it reads it, the context's copyability), its draft
-    cost included: the n-gram drafter costs almost nothing, the block drafter a forward. The round runs the
-    drafter of the higher rate (``HybridDrafter.route``: the other's forward is not run), or none when neither
-    beats a plain step; the chosen law then plans the tree (``LawPolicy.plan``). Each law keeps its own
+    cost included: the n-gram drafter costs almost nothing, the block drafter a forward. Prompt lookup is cheap
+    enough to run first (``HybridDrafter.ngram_proposal``, reused when it drafts): where it finds nothing, the
+    n-gram route is worth a plain step (rate 1) whatever its law says. The round runs the drafter of the
+    higher rate (``HybridDrafter.route``: the other's forward is not run), or none when neither beats a plain
+    step; the chosen law then plans the tree (``LawPolicy.plan``). Each law keeps its own
     in-request calibration, over the rounds it chose (a drafter's record says nothing about the other's).
     The decision records both rates and the ``route``. Greedy exactness is the round's, as for ``LawPolicy``.
     ``drafter``: the ``HybridDrafter`` it routes (bound by the decoder).
@@ -429,7 +431,7 @@ class HybridLawPolicy:
     def check(params: dict, drafter, model_id: str | None) -> None:
         """Refuse a drafter that is not a hybrid one (``route``, ``ngram``, ``block``), and each law fitted for
         another drafter, checkpoint (``check_policy_drafter``) or target (``check_policy_target``)."""
-        if not all(hasattr(drafter, name) for name in ("route", "ngram", "block")):
+        if not all(hasattr(drafter, name) for name in ("route", "ngram_proposal", "ngram", "block")):
             raise ValueError(f"a hybrid policy routes a HybridDrafter (entropy_law.drafters.hybrid); the drafter is "
                              f"{type(drafter).__name__}: use a law policy of that drafter (fit_policy) instead")
         for route in HYBRID_ROUTES:
@@ -457,6 +459,8 @@ class HybridLawPolicy:
                                              [r for r in history if (getattr(r, "policy", None) or {}).get("route")
                                               == route], context)
                      for route, law in self.laws.items()}
+        if context is not None and self.drafter.ngram_proposal(context).depth == 0:  # no match: nothing to verify
+            decisions["ngram"].update(law_rate=1.0, draft=False)
         route = max(HYBRID_ROUTES, key=lambda r: decisions[r]["law_rate"])  # ties: the n-gram drafter (cheaper)
         decision = {**decisions[route], "route": route,
                     **{f"{r}_law_rate": decisions[r]["law_rate"] for r in HYBRID_ROUTES}}

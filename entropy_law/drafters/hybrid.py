@@ -109,6 +109,7 @@ class HybridDrafter:
         self.pending: torch.Tensor | None = None
         self.block_calls = self.block_skips = 0
         self._route: str | None = None
+        self._peeked: tuple[int, DraftProposal] | None = None  # (context length, the n-gram proposal there)
 
     @property
     def config(self) -> dict:
@@ -120,6 +121,14 @@ class HybridDrafter:
         self.block.begin(prompt_ids, prompt_features)
         self.pending = None
         self._route = None
+        self._peeked = None
+
+    def ngram_proposal(self, tokens: Sequence[int]) -> DraftProposal:
+        """The n-gram drafter's proposal after ``tokens``, made once per round: a policy may look at it before
+        choosing the round's drafter (prompt lookup costs next to nothing), and ``propose`` reuses it."""
+        if self._peeked is None or self._peeked[0] != len(tokens):
+            self._peeked = (len(tokens), self.ngram.propose(tokens, None))
+        return self._peeked[1]
 
     def route(self, which: str | None) -> None:
         """The drafter of the next ``propose`` only: ``"ngram"`` (its proposal alone, the block forward skipped),
@@ -132,7 +141,7 @@ class HybridDrafter:
         if new_features is not None:
             self.pending = new_features if self.pending is None else torch.cat([self.pending, new_features])
         route, self._route = self._route, None
-        ngram = self.ngram.propose(tokens, None)
+        ngram, self._peeked = self.ngram_proposal(tokens), None
         if route is None:
             skip = ngram.depth > 0 and chain_confidence(ngram) >= self.skip_block_at
         else:
