@@ -402,8 +402,9 @@ class HybridLawPolicy:
     own cost (``entropy_law.law.policy.hybrid_policy`` makes them). Before drafting, each law gives its best
     chain rate on the same inputs (entropy window and, where it reads it, the context's copyability), its draft
     cost included: the n-gram drafter costs almost nothing, the block drafter a forward. Prompt lookup is cheap
-    enough to run first (``HybridDrafter.ngram_proposal``, reused when it drafts): where it finds nothing, the
-    n-gram route is worth a plain step (rate 1) whatever its law says. The round runs the drafter of the
+    enough to run first (``HybridDrafter.ngram_proposal``, reused when it drafts), so the n-gram law's chain goes
+    no deeper than its proposal (``ngram_depth``; where it finds nothing the route is worth a plain step, rate 1,
+    whatever its law says). The round runs the drafter of the
     higher rate (``HybridDrafter.route``: the other's forward is not run), or none when neither beats a plain
     step; the chosen law then plans the tree (``LawPolicy.plan``). Each law keeps its own
     in-request calibration, over the rounds it chose (a drafter's record says nothing about the other's).
@@ -455,14 +456,17 @@ class HybridLawPolicy:
         the higher ``law_rate`` decides, and the drafter is told which to run."""
         if self.drafter is None:
             raise RuntimeError("HybridLawPolicy: no drafter bound (SpeculativeDecoder binds its HybridDrafter)")
-        decisions = {route: law.before_draft(entropies, n_output, max_depth,
+        if context is None:
+            raise ValueError("a hybrid policy looks at the n-gram proposal before choosing: pass context= (the prompt "
+                             "and the committed output)")
+        # prompt lookup is known before choosing: no chain deeper than its proposal (none without a match)
+        depths = {"ngram": min(int(max_depth), self.drafter.ngram_proposal(context).depth), "block": int(max_depth)}
+        decisions = {route: law.before_draft(entropies, n_output, depths[route],
                                              [r for r in history if (getattr(r, "policy", None) or {}).get("route")
                                               == route], context)
                      for route, law in self.laws.items()}
-        if context is not None and self.drafter.ngram_proposal(context).depth == 0:  # no match: nothing to verify
-            decisions["ngram"].update(law_rate=1.0, draft=False)
         route = max(HYBRID_ROUTES, key=lambda r: decisions[r]["law_rate"])  # ties: the n-gram drafter (cheaper)
-        decision = {**decisions[route], "route": route,
+        decision = {**decisions[route], "route": route, "ngram_depth": depths["ngram"],
                     **{f"{r}_law_rate": decisions[r]["law_rate"] for r in HYBRID_ROUTES}}
         if decision["draft"]:
             self.drafter.route(route)
