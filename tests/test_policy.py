@@ -677,7 +677,7 @@ def test_hybrid_policy_runs_the_drafter_whose_law_pays_more(tmp_path, tree, budg
     # the n-gram law's chain goes no deeper than prompt lookup's proposal, known before choosing
     for r in decode:
         d = r.policy["ngram_depth"]
-        best = max([1.0] + [(1 + sum(0.9 ** j for j in range(1, k + 1))) / (COST(k + 1) + 0.0) for k in range(1, d + 1)])
+        best = max([1.0] + [(1 + sum(0.9 ** j for j in range(1, k + 1))) / COST(k + 1) for k in range(1, d + 1)])
         assert r.policy["ngram_law_rate"] == pytest.approx(best), d
     assert {r.policy["ngram_depth"] for r in decode} >= {1, 5}  # shallow matches and full ones
     # prompt lookup finds nothing (4-grams of a prompt without repeats): the block drafter runs although the
