@@ -71,6 +71,8 @@ from entropy_law.decoding.tree import Tree
 
 POLICY_KIND = "entropy_law_policy"
 POLICY_VERSION = 1
+HYBRID_POLICY_KIND = "entropy_law_hybrid_policy"  # two laws, one per drafter of a HybridDrafter (HybridLawPolicy)
+HYBRID_ROUTES = ("ngram", "block")
 REQUIRED_KEYS = ("kind", "version", "window", "entropy_grid", "depths", "acceptance", "confidence_weight",
                  "draft_cost", "default_entropy")
 
@@ -127,7 +129,7 @@ class LawPolicy:
     def __init__(self, params: dict, verify_cost: VerifyCost | None = None):
         if not isinstance(params, dict):
             raise TypeError(f"policy parameters must be a dict (fit_policy's output), got {type(params).__name__}")
-        if params.get("kind") == "entropy_law_hybrid_policy":
+        if params.get("kind") == HYBRID_POLICY_KIND:
             raise ValueError("these are a hybrid drafter's policy parameters (two laws): they drive a HybridDrafter "
                              "online (SpeculativeDecoder(target, HybridDrafter(...), policy=params)); a single "
                              "drafter, or a replay, takes one drafter's law (params['ngram'] or params['block'])")
@@ -390,10 +392,6 @@ class LawPolicy:
         return {**self.params, "verify_cost": self.verify_cost.to_config()}
 
 
-HYBRID_POLICY_KIND = "entropy_law_hybrid_policy"
-HYBRID_ROUTES = ("ngram", "block")
-
-
 class HybridLawPolicy:
     """Each round, which of the hybrid drafter's two drafters to run (or none), from each one's own law.
 
@@ -430,8 +428,8 @@ class HybridLawPolicy:
 
     @staticmethod
     def check(params: dict, drafter, model_id: str | None) -> None:
-        """Refuse a drafter that is not a hybrid one (``route``, ``ngram``, ``block``), and each law fitted for
-        another drafter, checkpoint (``check_policy_drafter``) or target (``check_policy_target``)."""
+        """Refuse a drafter that is not a hybrid one (``route``, ``ngram_proposal``, ``ngram``, ``block``), and each
+        law fitted for another drafter, checkpoint (``check_policy_drafter``) or target (``check_policy_target``)."""
         if not all(hasattr(drafter, name) for name in ("route", "ngram_proposal", "ngram", "block")):
             raise ValueError(f"a hybrid policy routes a HybridDrafter (entropy_law.drafters.hybrid); the drafter is "
                              f"{type(drafter).__name__}: use a law policy of that drafter (fit_policy) instead")

@@ -211,7 +211,7 @@ HYBRID_POLICY_KIND = "entropy_law_hybrid_policy"  # the decoder's HybridLawPolic
 
 def hybrid_policy(ngram: dict, block: dict) -> dict:
     """The hybrid drafter's per-round policy (``decoding.policy.HybridLawPolicy``): the n-gram drafter's law
-    policy and the block drafter's, each fitted on its own drafter's traces (``fit_policy(..., drafter=ARM)``) with
+    policy and the block drafter's, each fitted on its own drafter's traces (``fit_policy(..., drafter=ID)``) with
     its own draft cost. Each round runs the drafter whose law promises the higher rate before drafting (or none),
     so the block forward is paid only where its law says it pays more than prompt lookup."""
     for route, params in (("ngram", ngram), ("block", block)):
