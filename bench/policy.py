@@ -37,7 +37,8 @@ of each whole set. Reports per category the paired speedup over AR with its 95% 
 tokens per round and the verify-only bound (tokens per round over the measured verify cost of the trees verified:
 the drafter's own cost and the round's overhead are not in it, so it is an upper bound, far above the block
 drafter's measured speedups; the oracle's modelled rate does count the drafter's cost); with ``--also-checkpoint``
-the second checkpoint's arms paired against the first's on the same requests;
+the second checkpoint's arms paired against the first's on the same requests, and the hybrid law policy against each
+drafter's law policy (JSON ``head_to_head``);
 then each prompt set's overall row (Spec-Bench and the open-ended set apart: the hybrid's goal reads Spec-Bench's),
 then each law policy against its oracle twice: measured against modelled (the issue's reading) and modelled against
 modelled (the policy's own rounds priced as the oracle prices its rounds: ``c(N + 1)`` plus the drafter's cost per
@@ -346,18 +347,20 @@ def main(argv=None) -> dict:
                 print(f"    {category:<16} {format_speedup(row)}   tokens/round {row['tokens_per_round']:.2f}, "
                       f"verify-only bound {row['bound']:.2f}x")
     head_to_head = {}
-    if args.block and args.also_checkpoint:  # the two checkpoints paired on the same requests, not through AR
-        for suffix in ("ddtree16 cost gate", "ddtree16"):
-            first, second = f"block {suffix}", f"{label} {suffix}"
-            if first not in arms or second not in arms:
-                continue
-            pair = paired_speedups(timings.loc[timings["arm"].isin([first, second])], reference=first, clock="cpu",
-                                   seed=args.seed)
-            print(f"{second} over {first} (paired per request, 95% request-bootstrap interval)")
-            for _, row in pair.iterrows():
-                print(f"    {row['category']:<16} {format_speedup(row)}")
-            head_to_head[f"{second} / {first}"] = {row["category"]: json_row(row, ("speedup", "lo", "hi"))
-                                                   for _, row in pair.iterrows()}
+    pairs = []  # (reference, arm) paired on the same requests, not through AR
+    if args.block and args.also_checkpoint:  # the two checkpoints
+        pairs += [(f"block {suffix}", f"{label} {suffix}") for suffix in ("ddtree16 cost gate", "ddtree16")]
+    pairs += [(f"{drafter} law", "hybrid law") for drafter in ("ngram", "block")]  # the hybrid against each drafter's
+    for first, second in pairs:
+        if first not in arms or second not in arms:
+            continue
+        pair = paired_speedups(timings.loc[timings["arm"].isin([first, second])], reference=first, clock="cpu",
+                               seed=args.seed)
+        print(f"{second} over {first} (paired per request, 95% request-bootstrap interval)")
+        for _, row in pair.iterrows():
+            print(f"    {row['category']:<16} {format_speedup(row)}")
+        head_to_head[f"{second} / {first}"] = {row["category"]: json_row(row, ("speedup", "lo", "hi"))
+                                               for _, row in pair.iterrows()}
     for drafter in oracle_drafters:
         print(f"replay oracle ({drafter}, best N per round in hindsight; modelled, not timed)")
         for category in [*categories, ALL]:
@@ -474,7 +477,7 @@ def main(argv=None) -> dict:
         "oracle": {drafter: {c: {"tokens_per_round": round(float(oracle_of(c, drafter)[0]), 4),
                                  "modelled_speedup": round(float(oracle_of(c, drafter)[1]), 4)}
                              for c in [*categories, ALL]} for drafter in oracle_drafters},
-        "hybrid_law_routes": dict(routes), "law_vs_oracle": law_vs_oracle, "checkpoints_head_to_head": head_to_head,
+        "hybrid_law_routes": dict(routes), "law_vs_oracle": law_vs_oracle, "head_to_head": head_to_head,
         "mismatches_vs_ar": mismatches,
         "goals": {k: bool(v) for k, v in goals.items()}, "detail": detail,
     }
