@@ -277,13 +277,14 @@ def main(argv=None) -> dict:
         arms["hybrid ddtree16 cost gate"] = ours(lambda: SpeculativeDecoder(target, hybrid(), tree="ddtree", budget=16,
                                                                             verify_cost=verify_cost))
         # each round the drafter whose own law pays more (prompt lookup nearly free, the block forward not)
-        routed = SpeculativeDecoder(target, hybrid(), tree="ddtree", budget=POLICY_MAX_NODES, verify_cost=verify_cost,
-                                    policy=hybrid_policy(laws["ngram"], laws["block"]))
+        routed = ours(lambda: SpeculativeDecoder(target, hybrid(), tree="ddtree", budget=POLICY_MAX_NODES,
+                                                 verify_cost=verify_cost,
+                                                 policy=hybrid_policy(laws["ngram"], laws["block"])))
 
         def hybrid_law(prompt_ids, max_new_tokens):  # counts which drafter each decode round ran (warm-up included)
-            result = routed.generate(prompt_ids, max_new_tokens=max_new_tokens)
-            routes.update(r.policy["route"] if r.policy["draft"] else "none" for r in result.rounds if r.policy)
-            return result.token_ids, result.rounds
+            token_ids, rounds = routed(prompt_ids, max_new_tokens)
+            routes.update(r.policy["route"] if r.policy["draft"] else "none" for r in rounds if r.policy)
+            return token_ids, rounds
         arms["hybrid law"] = hybrid_law
     if args.only:
         unknown = sorted(set(args.only) - set(arms))

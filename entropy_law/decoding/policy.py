@@ -419,12 +419,9 @@ class HybridLawPolicy:
             raise ValueError(f"hybrid policy parameters lack the law policy of {missing} (a dict from fit_policy each)")
         self.params = dict(params)
         self.laws = {route: LawPolicy(params[route], verify_cost) for route in HYBRID_ROUTES}
-        self.verify_cost = self.laws["ngram"].verify_cost
-        self.laws["block"].verify_cost = self.verify_cost  # one machine, one curve
-        self.window = max(law.window for law in self.laws.values())
-        self.drafter = None
-        if drafter is not None:
-            self.bind(drafter)
+        self.laws["block"].verify_cost = self.laws["ngram"].verify_cost  # one machine, one curve
+        self._widest = max(self.laws.values(), key=lambda law: law.window)  # computes the entropies both read
+        self.drafter = drafter  # bound by the decoder, which checks it first (check_policy)
 
     @staticmethod
     def check(params: dict, drafter, model_id: str | None) -> None:
@@ -437,17 +434,6 @@ class HybridLawPolicy:
             check_policy_drafter(params[route], getattr(drafter, route))
             check_policy_target(params[route], model_id)
 
-    def check_drafter(self, drafter) -> None:
-        self.check(self.params, drafter, None)
-
-    def bind(self, drafter) -> None:
-        self.check_drafter(drafter)
-        self.drafter = drafter
-
-    @property
-    def uses_context(self) -> bool:
-        return any(law.uses_context for law in self.laws.values())
-
     def before_draft(self, entropies: Sequence[float], n_output: int, max_depth: int, history: Sequence = (),
                      context: Sequence[int] | None = None) -> dict:
         """Each law's ``before_draft`` over the rounds it chose before (its calibration's evidence); the one of
@@ -459,9 +445,8 @@ class HybridLawPolicy:
                              "and the committed output)")
         # prompt lookup is known before choosing: no chain deeper than its proposal (none without a match)
         depths = {"ngram": min(int(max_depth), self.drafter.ngram_proposal(context).depth), "block": int(max_depth)}
-        decisions = {route: law.before_draft(entropies, n_output, depths[route],
-                                             [r for r in history if (getattr(r, "policy", None) or {}).get("route")
-                                              == route], context)
+        decisions = {route: law.before_draft(entropies, n_output, depths[route], self._last_round(history, route),
+                                             context)
                      for route, law in self.laws.items()}
         route = max(HYBRID_ROUTES, key=lambda r: decisions[r]["law_rate"])  # ties: the n-gram drafter (cheaper)
         decision = {**decisions[route], "route": route, "ngram_depth": depths["ngram"],
@@ -470,13 +455,23 @@ class HybridLawPolicy:
             self.drafter.route(route)
         return decision
 
+    @staticmethod
+    def _last_round(history: Sequence, route: str) -> list:
+        """The request's last round of ``route``, or none: all a law's calibration reads of its own rounds (every
+        decision of a route keeps the sums it was made from, ``LawPolicy.calibration_sums``; that round adds its own
+        evidence), so the history is not filtered whole every round."""
+        for record in reversed(history):
+            if (getattr(record, "policy", None) or {}).get("route") == route:
+                return [record]
+        return []
+
     def plan(self, proposal: DraftProposal, tree: Tree, decision: dict) -> tuple[Tree, float]:
         """The chosen law's ``LawPolicy.plan``."""
         return self.laws[decision["route"]].plan(proposal, tree, decision)
 
     def observe(self, entropies: list[float], n_output: int, target_logits: torch.Tensor | None) -> None:
         """``LawPolicy.observe`` of the law with the wider window (both read the same entropies)."""
-        max(self.laws.values(), key=lambda law: law.window).observe(entropies, n_output, target_logits)
+        self._widest.observe(entropies, n_output, target_logits)
 
     def to_config(self) -> dict:
         """The parameters as stored with the run (each law with the verify-cost curve in use)."""
@@ -489,8 +484,7 @@ def make_policy(policy, verify_cost: VerifyCost | None, drafter=None):
     if policy is None or isinstance(policy, LawPolicy):
         return policy
     if isinstance(policy, HybridLawPolicy):
-        if drafter is not None:
-            policy.bind(drafter)
+        policy.drafter = drafter if drafter is not None else policy.drafter
         return policy
     if isinstance(policy, dict):
         if policy.get("kind") == HYBRID_POLICY_KIND:
