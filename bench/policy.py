@@ -30,7 +30,8 @@ level of the longest suffix of the context that occurred earlier in it; ``fit_po
 The law policy's parameters are fitted here (``entropy_law.law.policy.fit_policy``) from the reference traces
 in ``data/traces/<drafter>`` (Spec-Bench, chain runs), leaving out every Spec-Bench question this bench decodes
 (held-out prompts; the open-ended set is never in the traces). The drafter's own cost: from the traces' timings
-(n-gram), or measured here on the warm-up prompt (block drafter: its traces are replayed, without timings).
+(n-gram), or measured here on the warm-up prompt by the CPU clock (block drafter: its traces are replayed, without
+timings; ``decoding.decoder.measure_draft_cost``).
 
 Prompts: ``--limit`` per category of Spec-Bench and of the open-ended set (``data/open_ended``), a seeded sample
 of each whole set. Reports per category the paired speedup over AR with its 95% request-bootstrap interval,
@@ -63,7 +64,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from entropy_law.decoding.adapter import TargetAdapter  # noqa: E402
-from entropy_law.decoding.decoder import ARDecoder, SpeculativeDecoder  # noqa: E402
+from entropy_law.decoding.decoder import ARDecoder, SpeculativeDecoder, measure_draft_cost  # noqa: E402
 from entropy_law.decoding.gate import measure_verify_cost  # noqa: E402
 from entropy_law.decoding.loading import load_target  # noqa: E402
 from entropy_law.decoding.replay import oracle_rounds  # noqa: E402
@@ -187,15 +188,10 @@ def main(argv=None) -> dict:
     laws = {"ngram": fitted_policy("ngram", decoded_ids, timed_draft_cost("ngram"), copy_target)}
     block_path = Path(args.checkpoint) if args.checkpoint else default_drafter_path()
     if args.block:  # its traces are replayed (no timings): time its forward here, against a one-token step
-        warm = prompt_of[tasks[0].request_id]
-        ar_run = ARDecoder(target).generate(warm, max_new_tokens=32)
-        probe = SpeculativeDecoder(target, BlockDrafter.load(block_path, target, compute_dtype=args.compute_dtype),
-                                   tree="chain", min_expected_accepted=0.0)
-        probe.generate(warm, max_new_tokens=8)  # warm-up
-        rounds = [r for r in probe.generate(warm, max_new_tokens=32).rounds if r.round_index > 0]
-        step_ms = ar_run.decode_ms / max(len(ar_run.rounds) - 1, 1)
-        block_cost = float(np.median([r.draft_ms for r in rounds])) / step_ms
-        print(f"block drafter cost: {block_cost:.3f} one-token forwards per round (measured here)", flush=True)
+        block_cost = measure_draft_cost(target, BlockDrafter.load(block_path, target, compute_dtype=args.compute_dtype),
+                                        prompt_of[tasks[0].request_id])
+        print(f"block drafter cost: {block_cost:.3f} one-token forwards per round (measured here, the thread's CPU "
+              "clock)", flush=True)
         laws["block"] = fitted_policy("block", decoded_ids, block_cost, copy_target)
         block_sha = file_sha256(block_path)
         if laws["block"].get("checkpoint_sha256") != block_sha:  # data/traces' checkpoint's law, applied knowingly

@@ -158,20 +158,67 @@ def test_the_automatic_clock_is_the_wall_clock_for_a_model_off_the_cpu():
     import time
     from types import SimpleNamespace
 
-    from entropy_law.decoding.gate import _timer
+    from entropy_law.decoding.gate import timer_for
 
     on_cpu = SimpleNamespace(model=torch.nn.Linear(2, 2))
     off_cpu = SimpleNamespace(model=torch.nn.Linear(2, 2, device="meta"))
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        assert _timer(on_cpu, "auto") == (time.thread_time, "cpu")
-        assert _timer(off_cpu, "auto") == (time.perf_counter, "wall")
-        assert _timer(off_cpu, "cpu") == (time.thread_time, "cpu")
+        assert timer_for(on_cpu, "auto") == (time.thread_time, "cpu")
+        assert timer_for(off_cpu, "auto") == (time.perf_counter, "wall")
+        assert timer_for(off_cpu, "cpu") == (time.thread_time, "cpu")
         torch.set_num_threads(2)  # this thread's CPU time would be only its share of the forward
-        assert _timer(on_cpu, "auto") == (time.perf_counter, "wall")
+        assert timer_for(on_cpu, "auto") == (time.perf_counter, "wall")
     finally:
         torch.set_num_threads(threads)
+
+
+def test_a_drafters_cost_is_its_compute_per_call_in_target_steps():
+    """``measure_draft_cost``: a drafter that computes for a while per call costs several one-token steps of the
+    tiny target, one that only waits (sleeps, as while another process holds the core) costs next to nothing on
+    the CPU clock, and timing leaves the drafter and the output as they were (lossless)."""
+    import time
+
+    from entropy_law.decoding.decoder import ARDecoder, measure_draft_cost
+    from entropy_law.drafters.ngram import NgramDrafter
+
+    class Slow(NgramDrafter):
+        def __init__(self, work):
+            super().__init__()
+            self.work, self.calls = work, 0
+
+        def propose(self, tokens, new_features):
+            self.calls += 1
+            self.work()
+            return super().propose(tokens, new_features)
+
+    def compute():  # pure Python work: a few ms, all on this thread
+        sum(i * i for i in range(150_000))
+
+    target = tiny_llama(0, vocab=64, max_positions=256)
+    prompt = [5, 9, 2, 7, 5, 9, 2, 7, 5, 9]
+    options = dict(max_new_tokens=12, repeats=2, clock="cpu")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        busy, idle, plain = Slow(compute), Slow(lambda: time.sleep(0.01)), NgramDrafter()
+        busy_cost = measure_draft_cost(target, busy, prompt, **options)
+        idle_cost = measure_draft_cost(target, idle, prompt, **options)
+        plain_cost = measure_draft_cost(target, plain, prompt, **options)
+    finally:
+        torch.set_num_threads(threads)
+    # compute() costs about 8 one-token steps of the tiny model (3.1 at 60 000 squares, 2026-12-06), prompt lookup ~0.03
+    assert busy_cost > 2.0 and busy_cost > 10 * plain_cost, (busy_cost, plain_cost)
+    assert idle_cost < 0.5 * busy_cost, (idle_cost, busy_cost)  # 10 ms of sleep per call is not compute
+    assert busy.calls >= 3 and "propose" not in vars(busy)  # it drafted in every pass; the drafter untouched
+    from entropy_law.decoding.decoder import SpeculativeDecoder
+    assert (SpeculativeDecoder(target, busy).generate(prompt, max_new_tokens=12).token_ids
+            == ARDecoder(target).generate(prompt, max_new_tokens=12).token_ids)
+    with pytest.raises(ValueError, match="repeats must be >= 1"):
+        measure_draft_cost(target, plain, prompt, repeats=0)
+    with pytest.raises(ValueError, match="max_new_tokens must be >= 2"):
+        measure_draft_cost(target, plain, prompt, max_new_tokens=1)
 
 
 def test_decoder_measures_when_asked_and_records_the_curve():

@@ -12,7 +12,7 @@ trace files (``tests/test_layers.py``).
 
 from entropy_law.decoding.adapter import TargetAdapter, UnsupportedCacheLayout
 from entropy_law.decoding.assisted import AssistedRecorder
-from entropy_law.decoding.decoder import ARDecoder, GenerationResult, SpeculativeDecoder
+from entropy_law.decoding.decoder import ARDecoder, GenerationResult, SpeculativeDecoder, measure_draft_cost
 from entropy_law.decoding.gate import VerifyCost, measure_verify_cost
 from entropy_law.decoding.interface import DraftProposal, Drafter
 from entropy_law.decoding.loading import load_target
@@ -25,5 +25,5 @@ from entropy_law.decoding.tree import Tree, build_tree
 __all__ = ["ARDecoder", "AssistedRecorder", "DraftProposal", "Drafter", "GenerationResult", "Observer", "PrecomputedBlockDrafter",
            "RecorderObserver", "ReplayResult", "Round", "RoundRules", "SpeculativeDecoder", "TargetAdapter", "Tree",
            "UnsupportedCacheLayout", "VerifyCost",
-           "build_tree", "load_target", "measure_verify_cost", "play_round", "replay_chain", "replay_request",
+           "build_tree", "load_target", "measure_draft_cost", "measure_verify_cost", "play_round", "replay_chain", "replay_request",
            "replay_rounds", "teacher_forced_target_stats"]

@@ -95,8 +95,8 @@ class VerifyCost:
 CLOCKS = ("auto", "cpu", "wall")
 
 
-def _timer(adapter, clock: str):
-    """The clock ``measure_verify_cost`` times by and its name. ``cpu``: the calling thread's CPU clock
+def timer_for(adapter, clock: str):
+    """The clock ``measure_verify_cost`` and ``decoder.measure_draft_cost`` time by, and its name. ``cpu``: the calling thread's CPU clock
     (``time.thread_time``), which neither other processes nor the process's other threads move; ``wall``:
     ``time.perf_counter``. ``auto``: ``cpu`` where the forward runs on this thread alone (a model on the CPU with
     one torch thread), else ``wall``: a model on an accelerator is waited on, not computed here, and with several
@@ -116,7 +116,7 @@ def measure_verify_cost(adapter, *, sizes: Sequence[int] = DEFAULT_COST_SIZES, c
     a one-token step, on this machine and thread count: the fastest of ``repeats`` passes over all sizes
     (after one warm-up pass; the minimum is the least disturbed by other load on the machine).
 
-    ``clock`` (``CLOCKS``, ``_timer``): ``"auto"`` (default) times a model on the CPU with one torch thread (the
+    ``clock`` (``CLOCKS``, ``timer_for``): ``"auto"`` (default) times a model on the CPU with one torch thread (the
     setting for a shared machine) by the calling thread's CPU clock, anything else by the wall clock; ``"cpu"`` /
     ``"wall"`` force one. On a shared CPU the wall clock also counts the time other processes hold the core, so
     every repeat of a 40-80 ms forward is disturbed and the minimum does not help. SmolLM2-135M, one thread, two
@@ -158,7 +158,7 @@ def measure_verify_cost(adapter, *, sizes: Sequence[int] = DEFAULT_COST_SIZES, c
         drafts = torch.tensor(ids[context_len:context_len + n - 1], dtype=torch.long).reshape(-1, 1)
         trees.append(chain_tree(DraftProposal(tokens=drafts, logprobs=torch.zeros(n - 1, 1))) if n > 1
                      else Tree.empty())
-    now, clock = _timer(adapter, clock)
+    now, clock = timer_for(adapter, clock)
     best = [math.inf] * len(sizes)
     for rep in range(repeats + 1):  # sizes interleaved, so that a burst of load hits every size alike
         for i, tree in enumerate(trees):
