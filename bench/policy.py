@@ -28,10 +28,10 @@ With ``--context-match`` the law policies also read the context's copyability be
 level of the longest suffix of the context that occurred earlier in it; ``fit_policy(context_match=)``).
 
 The law policy's parameters are fitted here (``entropy_law.law.policy.fit_policy``) from the reference traces
-in ``data/traces/<drafter>`` (Spec-Bench, chain runs), leaving out every Spec-Bench question this bench decodes
-(held-out prompts; the open-ended set is never in the traces). The drafter's own cost: from the traces' timings
-(n-gram), or measured here on the warm-up prompt by the CPU clock (block drafter: its traces are replayed, without
-timings; ``decoding.decoder.measure_draft_cost``).
+in ``data/traces/<drafter>`` (Spec-Bench, chain runs; ``--traces DIR`` reads ``DIR/<drafter>`` instead, e.g. another
+target's own runs), leaving out every Spec-Bench question this bench decodes (held-out prompts; the open-ended set is
+never in the traces). Each drafter's own cost per round is measured here on the warm-up prompt by the thread's CPU
+clock, against the target's one-token step (``decoding.decoder.measure_draft_cost``).
 
 Prompts: ``--limit`` per category of Spec-Bench and of the open-ended set (``data/open_ended``), a seeded sample
 of each whole set. Reports per category the paired speedup over AR with its 95% request-bootstrap interval,
@@ -47,6 +47,7 @@ round it ran, no per-round overhead), then the goals, and ONE JSON line.
 
     OMP_NUM_THREADS=1 python bench/policy.py --limit 2 --max-new-tokens 128        # small
     OMP_NUM_THREADS=1 python bench/policy.py --limit 5 --max-new-tokens 256 --block # the issue's setting
+    OMP_NUM_THREADS=1 python bench/policy.py --model gemma3-270m --no-chat-template --traces runs/gemma  # its own law
 """
 
 from __future__ import annotations
@@ -70,6 +71,7 @@ from entropy_law.decoding.loading import load_target  # noqa: E402
 from entropy_law.decoding.replay import oracle_rounds  # noqa: E402
 from entropy_law.drafters.block import BlockDrafter, default_drafter_path  # noqa: E402
 from entropy_law.drafters.ngram import NgramDrafter  # noqa: E402
+from entropy_law.jobs.record import prompt_encoder  # noqa: E402
 from entropy_law.jobs.speed import ALL, decoder_arm, format_speedup, paired_speedups, print_progress, time_arms  # noqa: E402
 from entropy_law.law.policy import borrow_policy, fit_policy, hybrid_policy  # noqa: E402
 from entropy_law.prompts.paths import data_dir  # noqa: E402
@@ -85,26 +87,12 @@ UNCALIBRATED = "uncalibrated"  # the law policy without its in-request calibrati
 NO_FORGETTING = "no forgetting"  # the calibration without its half-life (evidence never fades)
 
 
-def timed_draft_cost(drafter: str) -> float:
-    """The drafter's time per drafting round in one-token forwards (draft_ms / t_AR) of its DDTree16 arm in
-    ``data/traces_timed`` (timed with AR on this machine; ``data/traces`` holds no AR run beside each drafter)."""
-    import warnings
-
-    from entropy_law.law.analysis import TraceAnalysis
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        timed = TraceAnalysis(load_traces(data_dir() / "traces_timed"), n_boot=0)
-        arm = next(a for a in timed.arms if a.startswith(drafter) and a.endswith("ddtree16"))
-        cost = timed.cost_model(arm)
-    return cost.draft_ms / cost.ar_ms_per_token
-
-
-def fitted_policy(drafter: str, exclude_question_ids: set[str], draft_cost: float | None, target=None) -> dict:
-    """Policy parameters from the reference traces of ``drafter``, without the requests this bench decodes; with
-    ``target``, with the copyability input (``jobs.reference.context_matches`` of the traces' run, the prompts rebuilt
-    from Spec-Bench with the target's tokenizer)."""
-    run_dir = data_dir() / "traces" / drafter
+def fitted_policy(traces_dir: Path, drafter: str, exclude_question_ids: set[str], draft_cost: float | None,
+                  target=None) -> dict:
+    """Policy parameters from the reference traces of ``drafter`` (``traces_dir / drafter``), without the requests
+    this bench decodes; with ``target``, with the copyability input (``jobs.reference.context_matches`` of the traces'
+    run, the prompts rebuilt from Spec-Bench with the target's tokenizer)."""
+    run_dir = traces_dir / drafter
     traces = load_traces(run_dir)
     requests = traces.requests
     keep = requests.loc[~requests["question_id"].astype(str).isin(exclude_question_ids), "request_id"]
@@ -129,6 +117,13 @@ def json_row(row, keys) -> dict:
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--no-chat-template", action="store_true",
+                        help="tokenize the prompt text as is (a base model without a chat template)")
+    parser.add_argument("--traces", default=None, metavar="DIR",
+                        help="reference traces the law policies are fitted on, one folder per drafter (DIR/ngram, "
+                             "DIR/block: chain runs of Spec-Bench, e.g. entropy-law record --drafter ngram --tree "
+                             "chain --verify-cost-ratio 1.0 --out DIR/ngram), decoded by --model to test its own law "
+                             "(default: data/traces, SmolLM2-135M's)")
     parser.add_argument("--limit", type=int, default=2, help="prompts per category (default 2)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-new-tokens", type=int, default=128)
@@ -171,13 +166,14 @@ def main(argv=None) -> dict:
 
     target = load_target(args.model)
     tasks = [t for name in args.sets for t in sample_per_category(load_tasks(name), args.limit, seed=args.seed)]
-    encoder = ARDecoder(target)
-    prompt_of = {t.request_id: encoder.encode_prompt(t.messages()) for t in tasks}
+    encoder, raw = ARDecoder(target), prompt_encoder(target, chat_template=not args.no_chat_template, model=args.model)
+    prompt_of = {t.request_id: encoder.encode_prompt(t.messages()) if raw is None else raw(t) for t in tasks}
+    traces_dir = Path(args.traces) if args.traces else data_dir() / "traces"
     decoded_ids = {str(t.question_id) for t in tasks if t.dataset == "spec_bench"}
 
     verify_cost = measure_verify_cost(TargetAdapter(target.model))
     print(f"verify cost c(n) (one-token forward = 1): {verify_cost.describe()}", flush=True)
-    traces_runs = load_traces(data_dir() / "traces" / "ngram").runs
+    traces_runs = load_traces(traces_dir / "ngram").runs
     traces_models = {str(m) for m in traces_runs["model_id"]}
     foreign = str(target.model_id) not in traces_models  # the laws come from another target's traces
     copy_target = None
@@ -185,14 +181,18 @@ def main(argv=None) -> dict:
         from entropy_law.jobs.reference import runs_target
 
         copy_target = runs_target(traces_runs) if foreign else target
-    laws = {"ngram": fitted_policy("ngram", decoded_ids, timed_draft_cost("ngram"), copy_target)}
+    warm = prompt_of[tasks[0].request_id]  # each drafter's cost per call, measured here (CPU clock) on this prompt
+    ngram_cost = measure_draft_cost(target, NgramDrafter(), warm)
+    print(f"n-gram drafter cost: {ngram_cost:.4f} one-token forwards per round (measured here, the thread's CPU "
+          "clock)", flush=True)
+    laws = {"ngram": fitted_policy(traces_dir, "ngram", decoded_ids, ngram_cost, copy_target)}
     block_path = Path(args.checkpoint) if args.checkpoint else default_drafter_path()
     if args.block:  # its traces are replayed (no timings): time its forward here, against a one-token step
         block_cost = measure_draft_cost(target, BlockDrafter.load(block_path, target, compute_dtype=args.compute_dtype),
-                                        prompt_of[tasks[0].request_id])
+                                        warm)
         print(f"block drafter cost: {block_cost:.3f} one-token forwards per round (measured here, the thread's CPU "
               "clock)", flush=True)
-        laws["block"] = fitted_policy("block", decoded_ids, block_cost, copy_target)
+        laws["block"] = fitted_policy(traces_dir, "block", decoded_ids, block_cost, copy_target)
         block_sha = file_sha256(block_path)
         if laws["block"].get("checkpoint_sha256") != block_sha:  # data/traces' checkpoint's law, applied knowingly
             print(f"block drafter: {block_path}; its law policy is fitted on data/traces, decoded by another "
@@ -454,7 +454,7 @@ def main(argv=None) -> dict:
             f"{k} {routes[k] / total:.1%}" for k in ("ngram", "block", "none")) + f" ({total} rounds)")
     print("Goals: " + "; ".join(f"{k}: {'yes' if v else 'NO'}" for k, v in goals.items()))
     summary = {
-        "bench": "policy", "model": target.model_id, "block_checkpoint": block_path.name if args.block else None,
+        "bench": "policy", "model": target.model_id, "traces": str(traces_dir), "block_checkpoint": block_path.name if args.block else None,
         "also_checkpoint": Path(args.also_checkpoint).name if args.block and args.also_checkpoint else None,
         "compute_dtype": args.compute_dtype, "also_compute_dtype": args.also_compute_dtype,
         "hybrid_skip_block_at": args.hybrid_skip,
