@@ -761,3 +761,47 @@ def test_record_refuses_a_law_policy_of_another_target_unless_borrowed(model_fol
     meta = json.loads((out / "run.json").read_text())
     assert meta["policy"]["borrowed_from"]["model_id"] == ["smollm2-135m"] and meta["policy"]["model_id"] is None
     assert read_table(out, "rounds")["policy_drafted"].notna().any()
+
+
+def test_record_with_the_hybrid_drafter_and_its_law_policy(model_folder, task_file, tmp_path, capsys, monkeypatch):
+    """`record --drafter hybrid` decodes losslessly with prompt lookup and a (random) block drafter in one tree;
+    `policy --hybrid NGRAM.json BLOCK.json` combines the two drafters' law policies, and `record --drafter hybrid
+    --policy law` decodes with it (each round's route recorded). Either policy on the other kind of drafter is
+    refused, saying what to give instead."""
+    from test_policy import params
+
+    from entropy_law.law.policy import HYBRID_POLICY_KIND, save_policy
+
+    monkeypatch.setattr("entropy_law.jobs.record.measure_verify_cost", lambda adapter: FLAT_COST)
+    checkpoint = random_block_checkpoint(model_folder, tmp_path / "drafter.safetensors")
+    hybrid = ("--drafter", "hybrid", "--checkpoint", str(checkpoint), "--tree", "ddtree", "--budget", "8",
+              "--categories", "alpha")
+    gate = tmp_path / "gate"
+    assert record(model_folder, task_file, gate, *hybrid) == 0
+    meta = json.loads((gate / "run.json").read_text())
+    assert meta["drafter_id"] == "hybrid" and meta["drafter_config"]["ngram"]["block_size"] == 4
+    assert meta["drafter_config"]["block"]["checkpoint"] == "drafter.safetensors"
+    assert_greedy_outputs(gate, model_folder, task_file)
+
+    ngram = save_policy({**params(0.9), "drafter_id": "ngram"}, tmp_path / "ngram.json")
+    block = save_policy({**params(0.9, draft_cost=0.1), "drafter_id": "block-drafter-b4-l1"}, tmp_path / "block.json")
+    combined = tmp_path / "hybrid.json"
+    assert main(["policy", "--hybrid", str(block), str(ngram), "--out", str(combined)]) == 2  # the order matters
+    assert "n-gram drafter's first" in capsys.readouterr().err and not combined.exists()
+    assert main(["policy", str(gate), "--hybrid", str(ngram), str(block), "--out", str(combined)]) == 2
+    assert "combines two fitted policies" in capsys.readouterr().err
+    assert main(["policy", "--hybrid", str(ngram), str(block), "--out", str(combined)]) == 0
+    assert "record --drafter hybrid" in capsys.readouterr().out
+    assert json.loads(combined.read_text())["kind"] == HYBRID_POLICY_KIND
+
+    out = tmp_path / "law"
+    assert record(model_folder, task_file, out, *hybrid, "--policy", "law", "--policy-law", str(combined)) == 0
+    assert json.loads((out / "run.json").read_text())["policy"]["kind"] == HYBRID_POLICY_KIND
+    routes = read_table(out, "rounds")["policy_route"]
+    assert routes.notna().any() and set(routes.dropna()) <= {"ngram", "block"}
+    assert_greedy_outputs(out, model_folder, task_file)
+
+    assert record(model_folder, task_file, tmp_path / "one", "--policy", "law", "--policy-law", str(combined)) == 2
+    assert "only a decoder of the hybrid drafter runs it" in capsys.readouterr().err  # --drafter ngram
+    assert record(model_folder, task_file, tmp_path / "two", *hybrid, "--policy", "law", "--policy-law", str(ngram)) == 2
+    assert "the decoder's drafter is 'hybrid'" in capsys.readouterr().err  # one drafter's law on the hybrid

@@ -735,6 +735,32 @@ def test_hybrid_policy_refuses_another_drafter_and_a_law_of_another_drafter():
     assert stored["ngram"]["verify_cost"] == stored["block"]["verify_cost"] == COST.to_config()
 
 
+def test_hybrid_parameters_are_saved_loaded_and_borrowed_side_by_side(tmp_path):
+    """A hybrid policy file loads only where a hybrid decoder is meant (``load_policy(hybrid=True)``: record --drafter
+    hybrid); borrowing relabels both laws (any drafter, the given checkpoint on the block side, any target) and keeps
+    what each was fitted for; another drafter's id is refused."""
+    from entropy_law.law.policy import borrow_policy, load_policy, save_policy
+
+    ngram = {**params(0.5), "drafter_id": "ngram", "model_id": ["smollm2-135m"]}
+    block = {**params(0.4), "drafter_id": "block-drafter-b8-l2", "checkpoint_sha256": "ab" * 32,
+             "model_id": ["smollm2-135m"]}
+    path = save_policy(hybrid_params(ngram, block), tmp_path / "hybrid.json")
+    with pytest.raises(ValueError, match="only a decoder of the hybrid drafter runs it"):
+        load_policy(path)
+    assert load_policy(path, hybrid=True) == hybrid_params(ngram, block)
+    broken = save_policy({**hybrid_params(ngram, block), "block": {"kind": "other"}}, tmp_path / "broken.json")
+    with pytest.raises(ValueError, match="block drafter's parameters are not a law policy"):
+        load_policy(broken, hybrid=True)
+    borrowed = borrow_policy(load_policy(path, hybrid=True), None, "cd" * 32, model_id=None)
+    assert borrowed["kind"] == "entropy_law_hybrid_policy"
+    assert borrowed["ngram"]["drafter_id"] is None and borrowed["block"]["drafter_id"] is None
+    assert borrowed["block"]["checkpoint_sha256"] == "cd" * 32 and borrowed["ngram"]["model_id"] is None
+    assert borrowed["block"]["borrowed_from"] == {"drafter_id": "block-drafter-b8-l2", "checkpoint_sha256": "ab" * 32,
+                                                  "model_id": ["smollm2-135m"]}
+    with pytest.raises(ValueError, match="drives the hybrid drafter"):
+        borrow_policy(hybrid_params(ngram, block), "ngram")
+
+
 def test_a_law_policy_arm_replayed_over_an_ar_run_decodes_its_online_rounds(tmp_path, monkeypatch):
     """``jobs.reference.workload_rounds`` with a law-policy arm: its stored parameters and cost curve, and the AR
     run's target entropies, reproduce the rounds the policy decoded online, request by request. The recording's

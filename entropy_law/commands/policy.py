@@ -1,4 +1,5 @@
-"""``entropy-law policy``: fit a per-round law policy for one drafting arm and write its parameters.
+"""``entropy-law policy``: fit a per-round law policy for one drafting arm and write its parameters (or, with
+``--hybrid``, combine the n-gram and block drafters' policies into the hybrid drafter's).
 
 ``entropy_law.law.policy.fit_policy`` on the arm's runs of TRACES (with the AR runs beside them, for the drafter's
 cost in one-token forwards where the runs are timed; else ``--draft-cost``), saved with ``save_policy``. The file is
@@ -15,7 +16,13 @@ ENTROPIES = (0.1, 1.0, 3.0)  # nats at which the summary shows the fitted first-
 
 def register(subparsers) -> None:
     p = subparsers.add_parser("policy", help="fit a per-round law policy for one drafting arm and save its parameters")
-    p.add_argument("traces", help="trace runs of the arm (and, for its draft cost, a timed AR run on the same machine)")
+    p.add_argument("traces", nargs="?", default=None,
+                   help="trace runs of the arm (and, for its draft cost, a timed AR run on the same machine)")
+    p.add_argument("--hybrid", nargs=2, default=None, metavar=("NGRAM.json", "BLOCK.json"),
+                   help="instead of fitting: combine the n-gram drafter's and the block drafter's law policies (each "
+                        "written by this command from its own drafter's traces, with its own draft cost) into the "
+                        "hybrid drafter's policy (each round the drafter whose law promises more, or none): what "
+                        "entropy-law record --drafter hybrid --policy law --policy-law decodes with")
     p.add_argument("--drafter", metavar="ARM",
                    help="the arm, e.g. 'ngram ddtree16' (default: the traces' only drafting arm)")
     p.add_argument("--out", required=True, metavar="FITTED.json", help="where to write the parameters")
@@ -55,6 +62,10 @@ def run(args) -> int:
     out = Path(args.out)
     if out.exists() and not args.overwrite:
         raise ValueError(f"{out} exists: pass --overwrite to replace it, or another --out")
+    if args.hybrid is not None:
+        return _combine(args, out)
+    if args.traces is None:
+        raise ValueError("give the TRACES to fit on (or --hybrid NGRAM.json BLOCK.json to combine two fitted policies)")
     if args.window < 1:
         raise ValueError(f"--window must be >= 1 committed positions, got {args.window}")
     if args.draft_cost is not None and not args.draft_cost >= 0:
@@ -110,6 +121,32 @@ def run(args) -> int:
     print(f"written to {out}")
     print(f"price it before running it: entropy-law predict WORKLOAD --from TIMED --replay-rounds --policy {out}")
     print(f"decode with it: entropy-law record --drafter ... --policy law --policy-law {out} ...")
+    return 0
+
+
+def _combine(args, out: Path) -> int:
+    """``--hybrid``: the two drafters' law policies as the hybrid drafter's (``law.policy.hybrid_policy``)."""
+    from entropy_law.law.policy import hybrid_policy, load_policy, save_policy
+
+    fitting = (args.traces, args.drafter, args.draft_cost, args.context_match, args.max_context_match,
+               args.min_level_trials, args.model, args.tasks)
+    if fitting != (None, None, None, False, None, None, None, None) or args.window != 4 or args.no_calibration:
+        raise ValueError("--hybrid combines two fitted policies: fit each with this command first (TRACES, --drafter, "
+                         "--draft-cost, --window, --context-match, ... go there)")
+    laws = [load_policy(path) for path in args.hybrid]
+    for route, law, path in zip(("ngram", "block"), laws, args.hybrid):
+        drafter = str(law.get("drafter_id"))
+        if not drafter.startswith(route):
+            raise ValueError(f"{path} is a law policy of drafter {drafter!r}; --hybrid takes the n-gram drafter's "
+                             "first, then the block drafter's")
+    params = hybrid_policy(*laws)
+    save_policy(params, out)
+    for route, law, path in zip(("n-gram", "block"), laws, args.hybrid):
+        print(f"{route} drafter: {path} (drafter {law['drafter_id']}, law {law.get('family', 'as given')}, draft cost "
+              f"{law['draft_cost']:.4f} one-token forwards per round)")
+    print(f"hybrid drafter's policy written to {out}")
+    print(f"decode with it: entropy-law record --drafter hybrid --tree ddtree --budget 32 --policy law --policy-law {out} "
+          "...")
     return 0
 
 

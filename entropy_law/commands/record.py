@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-DRAFTERS = ("ngram", "block", "ar")
+DRAFTERS = ("ngram", "block", "hybrid", "ar")
 DRAFTER_ALIASES = {"none": "ar"}  # the AR baseline's old name
 TREES = ("chain", "ddtree")
 DEFAULT_DDTREE_BUDGET = 16
@@ -33,10 +33,13 @@ def register(subparsers) -> None:
                    help="an embedded target ('smollm2-135m', 'gemma3-270m': see entropy-law info), a local Hugging "
                         "Face model folder or a .gguf file (default: %(default)s)")
     p.add_argument("--drafter", type=_drafter_name, choices=DRAFTERS, default="ngram",
-                   help="draft source; 'ar' is the autoregressive baseline ('none': its old name, still "
+                   help="draft source; 'hybrid': prompt lookup and the block drafter in one tree (with --policy law "
+                        "and the hybrid policy of 'entropy-law policy --hybrid', each round the drafter whose law "
+                        "promises more, or none); 'ar' is the autoregressive baseline ('none': its old name, still "
                         "accepted) (default: %(default)s)")
     p.add_argument("--checkpoint", default=None,
-                   help="block drafter: a checkpoint trained for --model (default: the shipped one in data/drafters/)")
+                   help="block (or hybrid) drafter: a checkpoint trained for --model (default: the shipped one in "
+                        "data/drafters/)")
     p.add_argument("--drafter-dtype", choices=("float32", "bfloat16"), default="float32",
                    help="block drafter: the dtype its layers run in (the target stays fp32 and the output greedy; "
                         "bfloat16 cut its cost per round by about a quarter on a CPU with bf16 matrix units, and can "
@@ -109,10 +112,10 @@ def _check_args(args) -> None:
         raise ValueError(f"--flush-every must be >= 1 (finished prompts per shard), got {args.flush_every}")
     if args.budget is not None and args.budget < 0:
         raise ValueError(f"--budget must be >= 0, got {args.budget}")
-    if args.checkpoint is not None and args.drafter != "block":
-        raise ValueError("--checkpoint is a block drafter checkpoint: use it with --drafter block")
-    if args.drafter_dtype != "float32" and args.drafter != "block":
-        raise ValueError("--drafter-dtype sets the block drafter's dtype: use it with --drafter block")
+    if args.checkpoint is not None and args.drafter not in ("block", "hybrid"):
+        raise ValueError("--checkpoint is a block drafter checkpoint: use it with --drafter block or hybrid")
+    if args.drafter_dtype != "float32" and args.drafter not in ("block", "hybrid"):
+        raise ValueError("--drafter-dtype sets the block drafter's dtype: use it with --drafter block or hybrid")
     if (args.policy == "law") != (args.policy_law is not None):
         raise ValueError("--policy law needs --policy-law FITTED.json (and --policy-law needs --policy law)")
     if args.policy_borrow and args.policy != "law":
@@ -137,14 +140,14 @@ def run(args) -> int:
     _check_args(args)
     # prompts first: a bad task file or category fails before the model is loaded
     image_tasks = is_image_task_file(args.tasks)  # JSONL lines with an "image" field, or "vlm_tasks"
-    if image_tasks and args.drafter == "block":
-        raise ValueError("--drafter block reads the hidden states of the text target it was trained for; image "
-                         "tasks need a drafter trained for that VLM (use --drafter ngram or ar)")
+    if image_tasks and args.drafter in ("block", "hybrid"):
+        raise ValueError(f"--drafter {args.drafter} reads the hidden states of the text target its block drafter was "
+                         "trained for; image tasks need a drafter trained for that VLM (use --drafter ngram or ar)")
     loader = load_image_tasks if image_tasks else load_tasks
     policy = None
     if args.policy == "law":  # before the model: a bad file fails fast
         from entropy_law.law.policy import borrow_policy, load_policy
-        policy = load_policy(args.policy_law)
+        policy = load_policy(args.policy_law, hybrid=args.drafter == "hybrid")
         if args.policy_borrow:  # for whichever drafter and target this run builds
             policy = borrow_policy(policy, None, model_id=None)
         args.gate = "cost"  # the policy prices trees with this machine's measured verify cost

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from entropy_law.drafters.block import BlockDrafter, check_checkpoint, default_drafter_path
+from entropy_law.drafters.hybrid import HybridDrafter
 from entropy_law.drafters.ngram import NgramDrafter
 from entropy_law.traces.layout import file_sha256
 
@@ -29,11 +30,13 @@ AR = "ar"
 # what an AR run writes to its trace metadata (existing traces have these; the analysis looks for them)
 AR_DRAFTER_ID = "none"
 AR_TREE_POLICY = "none"
+BLOCK_READERS = ("block", "hybrid")  # the drafters that load a block drafter checkpoint
 
 
 @dataclass(frozen=True)
 class ArmSpec:
-    """``name``: label used in folders and tables; ``drafter``: ``"ngram"``, ``"block"`` or ``"ar"``;
+    """``name``: label used in folders and tables; ``drafter``: ``"ngram"``, ``"block"``, ``"hybrid"`` (both in one
+    tree, ``drafters.hybrid``) or ``"ar"``;
     ``tree``: ``"chain"`` or ``"ddtree"`` (``"none"`` for AR); ``budget``: draft nodes per tree (DDTree)."""
 
     name: str
@@ -111,7 +114,8 @@ def make_drafter(spec: ArmSpec, target=None, *, ngram_options: dict | None = Non
                  checkpoint: str | Path | None = None, compute_dtype: str = "float32"):
     """A fresh drafter for ``spec`` (``None`` for AR). The n-gram drafter keeps no state across
     requests beyond ``begin``; the block drafter needs ``target`` and loads ``checkpoint`` (default:
-    the shipped one), its layers run in ``compute_dtype`` (``BlockDrafter.set_compute_dtype``)."""
+    the shipped one), its layers run in ``compute_dtype`` (``BlockDrafter.set_compute_dtype``); the hybrid drafter
+    is both (``ngram_options`` for its n-gram side)."""
     if spec.drafter == AR:
         return None
     if spec.drafter == "ngram":
@@ -120,6 +124,9 @@ def make_drafter(spec: ArmSpec, target=None, *, ngram_options: dict | None = Non
         if checkpoint is None:
             return load_block_drafter(target, compute_dtype)
         return BlockDrafter.load(checkpoint, target, compute_dtype=compute_dtype)
+    if spec.drafter == "hybrid":  # prompt lookup and the block drafter behind one drafter, its defaults
+        block = make_drafter(ArmSpec(spec.name, "block"), target, checkpoint=checkpoint, compute_dtype=compute_dtype)
+        return HybridDrafter(NgramDrafter(**(ngram_options or {})), block)
     raise ValueError(f"unknown drafter {spec.drafter!r}")
 
 
@@ -130,7 +137,7 @@ def available_arms(names, target=None) -> tuple[list[ArmSpec], list[str]]:
     of stopping the run."""
     specs, messages = [], []
     block_ok, block_message = block_drafter_status()
-    if block_ok and target is not None and any(arm_spec(n).drafter == "block" for n in names):
+    if block_ok and target is not None and any(arm_spec(n).drafter in BLOCK_READERS for n in names):
         try:
             check_checkpoint(block_drafter_checkpoint(), target)
         except ValueError as err:
@@ -139,7 +146,7 @@ def available_arms(names, target=None) -> tuple[list[ArmSpec], list[str]]:
                 "it with entropy-law train-drafter, and point ENTROPY_LAW_BLOCK_DRAFTER at it)")
     for name in names:
         spec = arm_spec(name)
-        if spec.drafter == "block" and not block_ok:
+        if spec.drafter in BLOCK_READERS and not block_ok:
             if block_message not in messages:
                 messages.append(block_message)
             continue

@@ -44,7 +44,7 @@ from entropy_law.decoding.gate import VerifyCost, measure_verify_cost
 from entropy_law.decoding.interface import drafter_run_config
 from entropy_law.decoding.loading import model_of
 from entropy_law.decoding.observers import RecorderObserver
-from entropy_law.decoding.policy import check_policy_target
+from entropy_law.decoding.policy import check_policy
 from entropy_law.decoding.round import DEFAULT_VERIFY_COST_RATIO
 from entropy_law.jobs.arms import AR_DRAFTER_ID, AR_TREE_POLICY, ArmSpec, make_drafter
 from entropy_law.jobs.speed import Timing, draft_calls, round_cost
@@ -282,7 +282,7 @@ def _open_arm(spec: ArmSpec, run_dir: Path, target, stack: contextlib.ExitStack,
                                   policy=policy if spec.drafts else None)
 
     if policy is not None and spec.drafts:  # the decoder runs on an adapter, which names no model: check here
-        check_policy_target(policy, getattr(target, "model_id", None))
+        check_policy(policy, drafter, getattr(target, "model_id", None))
     plain = decoder()  # no observers: its config names the run, and it runs the unrecorded warm-up
     metadata = _arm_metadata(plain, drafter, target, max_new_tokens, spec, run_metadata, gate)
     if policy is not None and spec.drafts:  # the parameters as given: a policy run is its own arm (law.arms)

@@ -195,7 +195,13 @@ def borrow_policy(params: dict, drafter_id: str | None, checkpoint_sha256: str |
     another target refuses it, ``decoding.policy.check_policy_target``). What it was fitted for is kept under
     ``borrowed_from`` and stored with the run, so a run that applied a borrowed law says so. For when no traces of
     the drafter (or target) exist to fit its own (a new checkpoint, the hybrid drafter, a new target); its
-    in-request calibration then corrects the law's level per request, not its shape."""
+    in-request calibration then corrects the law's level per request, not its shape. The hybrid drafter's parameters
+    (``hybrid_policy``): each of its two laws relabelled (any drafter; ``checkpoint_sha256`` the block side's)."""
+    if isinstance(params, dict) and params.get("kind") == HYBRID_POLICY_KIND:  # each of its two laws relabelled
+        if drafter_id not in (None, params.get("drafter_id")):
+            raise ValueError(f"the hybrid drafter's policy drives the hybrid drafter, not {drafter_id!r}: pass None")
+        return {**params, "ngram": borrow_policy(params["ngram"], None, model_id=model_id),
+                "block": borrow_policy(params["block"], None, checkpoint_sha256, model_id=model_id)}
     if not isinstance(params, dict) or params.get("kind") != POLICY_KIND:
         raise ValueError(f"not policy parameters (kind {POLICY_KIND!r}); make them with fit_policy")
     origin = {"drafter_id": params.get("drafter_id"), "checkpoint_sha256": params.get("checkpoint_sha256")}
@@ -315,14 +321,24 @@ def save_policy(params: dict, path) -> Path:
     return path
 
 
-def load_policy(path) -> dict:
-    """Policy parameters written by ``save_policy``; a clear error for any other file."""
+def load_policy(path, *, hybrid: bool = False) -> dict:
+    """Policy parameters written by ``save_policy``; a clear error for any other file. ``hybrid``: the hybrid
+    drafter's parameters (``hybrid_policy``) are accepted too (a decoder of the hybrid drafter runs them; nothing
+    else does)."""
     path = Path(path)
     try:
         params = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as err:
         raise ValueError(f"cannot read policy parameters from {path}: {err}; make them with fit_policy") from err
-    if not isinstance(params, dict) or params.get("kind") != POLICY_KIND:
+    kind = params.get("kind") if isinstance(params, dict) else None
+    if kind == HYBRID_POLICY_KIND:
+        if not hybrid:
+            raise ValueError(f"{path} holds the hybrid drafter's policy (two laws, kind {HYBRID_POLICY_KIND!r}): only "
+                             "a decoder of the hybrid drafter runs it (entropy-law record --drafter hybrid); give one "
+                             "drafter's law policy here (entropy-law policy TRACES --drafter ARM)")
+        hybrid_policy(params.get("ngram"), params.get("block"))  # both sides are law policies
+        return params
+    if kind != POLICY_KIND:
         raise ValueError(f"{path} holds no policy parameters (kind {POLICY_KIND!r}); make them with fit_policy")
     return params
 
