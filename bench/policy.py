@@ -454,7 +454,8 @@ def main(argv=None) -> dict:
             f"{k} {routes[k] / total:.1%}" for k in ("ngram", "block", "none")) + f" ({total} rounds)")
     print("Goals: " + "; ".join(f"{k}: {'yes' if v else 'NO'}" for k, v in goals.items()))
     summary = {
-        "bench": "policy", "model": target.model_id, "traces": str(traces_dir), "block_checkpoint": block_path.name if args.block else None,
+        "bench": "policy", "model": target.model_id, "traces": str(traces_dir),
+        "block_checkpoint": block_path.name if args.block else None,
         "also_checkpoint": Path(args.also_checkpoint).name if args.block and args.also_checkpoint else None,
         "compute_dtype": args.compute_dtype, "also_compute_dtype": args.also_compute_dtype,
         "hybrid_skip_block_at": args.hybrid_skip,

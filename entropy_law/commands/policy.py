@@ -145,8 +145,8 @@ def _combine(args, out: Path) -> int:
         print(f"{route} drafter: {path} (drafter {law['drafter_id']}, law {law.get('family', 'as given')}, draft cost "
               f"{law['draft_cost']:.4f} one-token forwards per round)")
     print(f"hybrid drafter's policy written to {out}")
-    print(f"decode with it: entropy-law record --drafter hybrid --tree ddtree --budget 32 --policy law --policy-law {out} "
-          "...")
+    print("decode with it: entropy-law record --drafter hybrid --tree ddtree --budget 32 --policy law "
+          f"--policy-law {out} ...")
     return 0
 
 

@@ -25,5 +25,5 @@ from entropy_law.decoding.tree import Tree, build_tree
 __all__ = ["ARDecoder", "AssistedRecorder", "DraftProposal", "Drafter", "GenerationResult", "Observer", "PrecomputedBlockDrafter",
            "RecorderObserver", "ReplayResult", "Round", "RoundRules", "SpeculativeDecoder", "TargetAdapter", "Tree",
            "UnsupportedCacheLayout", "VerifyCost",
-           "build_tree", "load_target", "measure_draft_cost", "measure_verify_cost", "play_round", "replay_chain", "replay_request",
-           "replay_rounds", "teacher_forced_target_stats"]
+           "build_tree", "load_target", "measure_draft_cost", "measure_verify_cost", "play_round", "replay_chain",
+           "replay_request", "replay_rounds", "teacher_forced_target_stats"]
