@@ -790,6 +790,8 @@ def test_record_with_the_hybrid_drafter_and_its_law_policy(model_folder, task_fi
     assert "n-gram drafter's first" in capsys.readouterr().err and not combined.exists()
     assert main(["policy", str(gate), "--hybrid", str(ngram), str(block), "--out", str(combined)]) == 2
     assert "combines two fitted policies" in capsys.readouterr().err
+    assert main(["policy", "--out", str(combined)]) == 2  # neither traces to fit nor policies to combine
+    assert "give the TRACES to fit on" in capsys.readouterr().err
     assert main(["policy", "--hybrid", str(ngram), str(block), "--out", str(combined)]) == 0
     assert "record --drafter hybrid" in capsys.readouterr().out
     assert json.loads(combined.read_text())["kind"] == HYBRID_POLICY_KIND
