@@ -12,6 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 ENTROPIES = (0.1, 1.0, 3.0)  # nats at which the summary shows the fitted first-depth acceptance
+WINDOW = 4  # --window's default
 
 
 def register(subparsers) -> None:
@@ -29,8 +30,8 @@ def register(subparsers) -> None:
     p.add_argument("--draft-cost", type=float, default=None, metavar="X",
                    help="the drafter's time per drafting round in one-token forwards (default: measured from the "
                         "arm's timed rounds against the AR run's)")
-    p.add_argument("--window", type=int, default=4, help="committed positions averaged into the policy's entropy "
-                                                          "(default %(default)s)")
+    p.add_argument("--window", type=int, default=None, help="committed positions averaged into the policy's entropy "
+                                                             f"(default {WINDOW})")
     p.add_argument("--no-calibration", action="store_true",
                    help="turn off the in-request calibration of the law (default: on, 1 pseudo-draft, half-life 16)")
     p.add_argument("--context-match", action="store_true",
@@ -66,8 +67,9 @@ def run(args) -> int:
         return _combine(args, out)
     if args.traces is None:
         raise ValueError("give the TRACES to fit on (or --hybrid NGRAM.json BLOCK.json to combine two fitted policies)")
-    if args.window < 1:
-        raise ValueError(f"--window must be >= 1 committed positions, got {args.window}")
+    window = WINDOW if args.window is None else args.window
+    if window < 1:
+        raise ValueError(f"--window must be >= 1 committed positions, got {window}")
     if args.draft_cost is not None and not args.draft_cost >= 0:
         raise ValueError(f"--draft-cost must be >= 0 one-token forwards, got {args.draft_cost}")
     traces = load_traces(args.traces)
@@ -94,7 +96,7 @@ def run(args) -> int:
     elif (args.max_context_match, args.min_level_trials, args.model, args.tasks) != (None, None, None, None):
         raise ValueError("--max-context-match, --min-level-trials, --model and --tasks go with --context-match")
     try:
-        params = fit_policy(traces.filter(run_id=ids), drafter=drafter, window=args.window,
+        params = fit_policy(traces.filter(run_id=ids), drafter=drafter, window=window,
                             draft_cost=args.draft_cost, **options)
     except ValueError as err:
         if args.draft_cost is None and "draft_cost" in str(err):
@@ -128,9 +130,9 @@ def _combine(args, out: Path) -> int:
     """``--hybrid``: the two drafters' law policies as the hybrid drafter's (``law.policy.hybrid_policy``)."""
     from entropy_law.law.policy import hybrid_policy, load_policy, save_policy
 
-    fitting = (args.traces, args.drafter, args.draft_cost, args.context_match, args.max_context_match,
-               args.min_level_trials, args.model, args.tasks)
-    if fitting != (None, None, None, False, None, None, None, None) or args.window != 4 or args.no_calibration:
+    fitting = (args.traces, args.drafter, args.draft_cost, args.window, args.max_context_match, args.min_level_trials,
+               args.model, args.tasks)
+    if any(value is not None for value in fitting) or args.context_match or args.no_calibration:
         raise ValueError("--hybrid combines two fitted policies: fit each with this command first (TRACES, --drafter, "
                          "--draft-cost, --window, --context-match, ... go there)")
     laws = [load_policy(path) for path in args.hybrid]

@@ -17,6 +17,7 @@ import logging
 from pathlib import Path
 
 DRAFTERS = ("ngram", "block", "hybrid", "ar")
+BLOCK_READERS = ("block", "hybrid")  # the drafters that load a block drafter checkpoint (jobs.arms.BLOCK_READERS)
 DRAFTER_ALIASES = {"none": "ar"}  # the AR baseline's old name
 TREES = ("chain", "ddtree")
 DEFAULT_DDTREE_BUDGET = 16
@@ -112,9 +113,9 @@ def _check_args(args) -> None:
         raise ValueError(f"--flush-every must be >= 1 (finished prompts per shard), got {args.flush_every}")
     if args.budget is not None and args.budget < 0:
         raise ValueError(f"--budget must be >= 0, got {args.budget}")
-    if args.checkpoint is not None and args.drafter not in ("block", "hybrid"):
+    if args.checkpoint is not None and args.drafter not in BLOCK_READERS:
         raise ValueError("--checkpoint is a block drafter checkpoint: use it with --drafter block or hybrid")
-    if args.drafter_dtype != "float32" and args.drafter not in ("block", "hybrid"):
+    if args.drafter_dtype != "float32" and args.drafter not in BLOCK_READERS:
         raise ValueError("--drafter-dtype sets the block drafter's dtype: use it with --drafter block or hybrid")
     if (args.policy == "law") != (args.policy_law is not None):
         raise ValueError("--policy law needs --policy-law FITTED.json (and --policy-law needs --policy law)")
@@ -140,7 +141,7 @@ def run(args) -> int:
     _check_args(args)
     # prompts first: a bad task file or category fails before the model is loaded
     image_tasks = is_image_task_file(args.tasks)  # JSONL lines with an "image" field, or "vlm_tasks"
-    if image_tasks and args.drafter in ("block", "hybrid"):
+    if image_tasks and args.drafter in BLOCK_READERS:
         raise ValueError(f"--drafter {args.drafter} reads the hidden states of the text target its block drafter was "
                          "trained for; image tasks need a drafter trained for that VLM (use --drafter ngram or ar)")
     loader = load_image_tasks if image_tasks else load_tasks
