@@ -195,9 +195,8 @@ def main(argv=None) -> dict:
         laws["block"] = fitted_policy(traces_dir, "block", decoded_ids, block_cost, copy_target)
         block_sha = file_sha256(block_path)
         if laws["block"].get("checkpoint_sha256") != block_sha:  # data/traces' checkpoint's law, applied knowingly
-            print(f"block drafter: {block_path}; its law policy is fitted on data/traces, decoded by another "
-                  "checkpoint (the sixth, smollm2-135m-block-b8.safetensors), and borrowed: the fixed arms and the "
-                  "cost gate need no fit", flush=True)
+            print(f"block drafter: {block_path}; its law policy is fitted on {traces_dir / 'block'}, decoded by "
+                  "another checkpoint, and borrowed: the fixed arms and the cost gate need no fit", flush=True)
             laws["block"] = borrow_policy(laws["block"], laws["block"]["drafter_id"], block_sha)
     if foreign:  # the decoder refuses a law of another target unless it is borrowed knowingly
         print(f"target {target.model_id}: the reference traces (data/traces) were decoded by "

@@ -805,5 +805,6 @@ def test_record_with_the_hybrid_drafter_and_its_law_policy(model_folder, task_fi
 
     assert record(model_folder, task_file, tmp_path / "one", "--policy", "law", "--policy-law", str(combined)) == 2
     assert "only a decoder of the hybrid drafter runs it" in capsys.readouterr().err  # --drafter ngram
-    assert record(model_folder, task_file, tmp_path / "two", *hybrid, "--policy", "law", "--policy-law", str(ngram)) == 2
+    one_law = ("--policy", "law", "--policy-law", str(ngram))
+    assert record(model_folder, task_file, tmp_path / "two", *hybrid, *one_law) == 2
     assert "the decoder's drafter is 'hybrid'" in capsys.readouterr().err  # one drafter's law on the hybrid

@@ -98,9 +98,9 @@ CLOCKS = ("auto", "cpu", "wall")
 def timer_for(adapter, clock: str):
     """The clock ``measure_verify_cost`` and ``decoder.measure_draft_cost`` time by, and its name. ``cpu``: the
     calling thread's CPU clock (``time.thread_time``), which neither other processes nor the process's other
-    threads move; ``wall``: ``time.perf_counter``. ``auto``: ``cpu`` where the forward runs on this thread alone (a model on the CPU with
-    one torch thread), else ``wall``: a model on an accelerator is waited on, not computed here, and with several
-    torch threads this thread's CPU time is only its share of the work."""
+    threads move; ``wall``: ``time.perf_counter``. ``auto``: ``cpu`` where the forward runs on this thread alone (a
+    model on the CPU with one torch thread), else ``wall``: a model on an accelerator is waited on, not computed
+    here, and with several torch threads this thread's CPU time is only its share of the work."""
     if clock not in CLOCKS:
         raise ValueError(f"clock must be one of {CLOCKS}, got {clock!r}")
     if clock == "auto":

@@ -484,7 +484,8 @@ def make_policy(policy, verify_cost: VerifyCost | None, drafter=None):
     if policy is None or isinstance(policy, LawPolicy):
         return policy
     if isinstance(policy, HybridLawPolicy):
-        policy.drafter = drafter if drafter is not None else policy.drafter
+        if drafter is not None:
+            policy.drafter = drafter
         return policy
     if isinstance(policy, dict):
         if policy.get("kind") == HYBRID_POLICY_KIND:
