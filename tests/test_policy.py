@@ -23,7 +23,7 @@ from entropy_law.decoding.gate import VerifyCost
 from entropy_law.decoding.interface import DraftProposal
 from entropy_law.decoding.observers import RecorderObserver
 from entropy_law.decoding.policy import LawPolicy, row_entropies
-from entropy_law.decoding.replay import oracle_rounds, replay_rounds, round_outcomes, walk_outcomes
+from entropy_law.decoding.replay import HindsightPolicy, oracle_rounds, replay_rounds, round_outcomes, walk_outcomes
 from entropy_law.decoding.tree import build_tree
 from entropy_law.drafters.ngram import NgramDrafter
 from entropy_law.law.policy import fit_policy, load_policy, save_policy, window_entropy
@@ -479,6 +479,36 @@ def test_round_outcomes_walked_by_the_best_rate_is_the_oracle():
     with pytest.raises(ValueError, match="not one of the table's"):
         walk_outcomes(table, lambda rows: 3)
 
+
+
+def test_the_oracle_as_a_policy_plays_the_replayed_oracle_rounds_on_the_target():
+    """``HindsightPolicy`` runs ``oracle_rounds``' rounds live (so a bench can time the oracle): the same budget and
+    tokens every round, the drafter skipped exactly where the oracle took a plain step, the output greedy; given
+    another request's output it still decodes greedily (it only picks trees)."""
+    m = model(1)
+    prompt = random_prompt(torch.Generator().manual_seed(11), 96, 16)
+    output = greedy(m, prompt, 48)
+    budgets, draft_cost = (0, 1, 2, 4, 8), 0.1
+    oracle = oracle_rounds(prompt, output, LookupDrafter(), budgets=budgets, verify_cost=COST, draft_cost=draft_cost)
+    assert len(set(oracle.budgets)) > 1 and 0 in oracle.budgets  # it chose, plain steps among its choices
+    policy = HindsightPolicy(output, oracle, verify_cost=COST, draft_cost=draft_cost, budgets=budgets)
+    decoder = SpeculativeDecoder(m, LookupDrafter(), tree="ddtree", budget=8, verify_cost=COST, policy=policy)
+    live = decoder.generate(prompt, max_new_tokens=48)
+    rounds = [r for r in live.rounds if r.round_index > 0]
+    assert live.token_ids == output
+    assert [r.committed for r in rounds] == oracle.committed and [r.tree_nodes for r in rounds] == oracle.budgets
+    assert [r.policy["draft"] for r in rounds] == [b > 0 for b in oracle.budgets]  # plain steps never draft
+    assert all(r.policy["scheduled"] == b for r, b in zip(rounds, oracle.budgets))
+    assert live.config["policy"]["kind"] == "hindsight oracle"
+    other = greedy(m, random_prompt(torch.Generator().manual_seed(12), 96, 16), 48)
+    wrong = HindsightPolicy(other, oracle_rounds(prompt, other, LookupDrafter(), budgets=budgets, verify_cost=COST),
+                            verify_cost=COST, budgets=budgets)
+    assert SpeculativeDecoder(m, LookupDrafter(), tree="ddtree", budget=8, verify_cost=COST,
+                              policy=wrong).generate(prompt, max_new_tokens=48).token_ids == output
+    with pytest.raises(ValueError, match="non-empty greedy output"):
+        HindsightPolicy([], oracle, verify_cost=COST)
+    with pytest.raises(TypeError, match="RoundPolicy"):
+        SpeculativeDecoder(m, LookupDrafter(), tree="ddtree", budget=8, verify_cost=COST, policy=object())
 
 # --- the command line ------------------------------------------------------------------------------------------
 

@@ -32,8 +32,8 @@ from entropy_law.decoding.gate import VerifyCost, measure_verify_cost, timer_for
 from entropy_law.decoding.interface import DraftProposal, Drafter
 from entropy_law.decoding.loading import model_of
 from entropy_law.decoding.policy import HybridLawPolicy, LawPolicy, check_policy, make_policy
-from entropy_law.decoding.round import (DEFAULT_VERIFY_COST_RATIO, Observer, RequestState, Round, RoundRules, now_ms,
-                                        play_round, prefill_round)
+from entropy_law.decoding.round import (DEFAULT_VERIFY_COST_RATIO, Observer, RequestState, Round, RoundPolicy,
+                                        RoundRules, now_ms, play_round, prefill_round)
 from entropy_law.decoding.tree import Tree
 
 
@@ -104,7 +104,8 @@ class SpeculativeDecoder:
     the cost curve (``verify_cost``; ``None``: the curve stored in the parameters, else measured now). It
     replaces the gate; ``budget`` is then the most nodes a round may verify. Output unchanged. For a
     ``HybridDrafter``, parameters of ``entropy_law.law.policy.hybrid_policy`` (or a ``policy.HybridLawPolicy``)
-    also choose, each round, which of its two drafters runs, each from its own law.
+    also choose, each round, which of its two drafters runs, each from its own law. Any other
+    ``round.RoundPolicy`` object is used as given (``replay.HindsightPolicy``: the replay oracle's rounds, timed).
     """
 
     def __init__(self, target, drafter: Drafter | None = None, *, tree: str | Callable = "chain",
@@ -112,7 +113,7 @@ class SpeculativeDecoder:
                  verify_cost_ratio: float = DEFAULT_VERIFY_COST_RATIO, min_expected_accepted: float | None = None,
                  verify_cost: VerifyCost | str | None = None, eos_token_ids: Sequence[int] | int | None = None,
                  tokenizer=None, should_draft: Callable[[DraftProposal, Tree], bool] | None = None,
-                 policy: dict | LawPolicy | HybridLawPolicy | None = None):
+                 policy: dict | LawPolicy | HybridLawPolicy | RoundPolicy | None = None):
         if isinstance(target, TargetAdapter):
             self.adapter = target
         else:

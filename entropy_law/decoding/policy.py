@@ -480,19 +480,22 @@ class HybridLawPolicy:
 
 def make_policy(policy, verify_cost: VerifyCost | None, drafter=None):
     """A ``LawPolicy`` or ``HybridLawPolicy`` from parameters (by their ``kind``); one already built passes
-    through (a ``HybridLawPolicy`` is bound to ``drafter``)."""
+    through (a ``HybridLawPolicy`` is bound to ``drafter``), as does any other ``round.RoundPolicy`` (an object
+    with ``before_draft``, ``plan`` and ``observe``: e.g. ``replay.HindsightPolicy``, the oracle as a policy)."""
     if policy is None or isinstance(policy, LawPolicy):
         return policy
     if isinstance(policy, HybridLawPolicy):
         if drafter is not None:
             policy.drafter = drafter
         return policy
+    if all(callable(getattr(policy, name, None)) for name in ("before_draft", "plan", "observe")):
+        return policy
     if isinstance(policy, dict):
         if policy.get("kind") == HYBRID_POLICY_KIND:
             return HybridLawPolicy(policy, verify_cost, drafter)
         return LawPolicy(policy, verify_cost)
-    raise TypeError(f"policy must be policy parameters (a dict from fit_policy or hybrid_policy), a LawPolicy or a "
-                    f"HybridLawPolicy, got {type(policy).__name__}")
+    raise TypeError(f"policy must be policy parameters (a dict from fit_policy or hybrid_policy), a LawPolicy, a "
+                    f"HybridLawPolicy or a RoundPolicy (before_draft, plan, observe), got {type(policy).__name__}")
 
 
 def check_policy(policy, drafter, model_id: str | None) -> None:

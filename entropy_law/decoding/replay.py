@@ -308,6 +308,76 @@ def oracle_rounds(prompt_ids: Sequence[int], output_ids: Sequence[int], drafter:
     return result
 
 
+class HindsightPolicy:
+    """The replay oracle of one request as a decoder's round policy (``round.RoundPolicy``), so that the oracle's
+    rounds run on the target and are timed like any policy's: ``oracle_rounds`` gives a modelled rate only, and
+    a modelled rate leaves out what the cost curve misses (a round's cost at the request's own context length,
+    the round's work around the forward), which every decoder pays.
+
+    Given the request's greedy ``output_ids`` and its replayed ``oracle`` (``oracle_rounds`` of the same prompt,
+    drafter, ``budgets``, costs and tree shape): before drafting, the drafter runs unless the oracle's round from
+    this output position was a plain step (its cost saved, as the oracle prices it); after drafting, the budget
+    in ``budgets`` whose tree (built from this proposal as ``oracle_rounds`` builds it) commits the most tokens
+    of ``output_ids`` per unit of ``c(N + 1) + draft_cost``, ties to the smaller budget (``oracle_rounds``' rule).
+    With a drafter whose proposals depend on the context only, the rounds are the oracle's
+    (``tests/test_policy.py``). A drafter whose live proposals differ from the replayed ones may reach positions the
+    oracle did not, and there it drafts and chooses by hindsight: the n-gram drafter, whose self-calibration learns
+    at every call and which the replay calls every round, plain steps included, and the block drafter, whose
+    features come from an incremental cache, not one teacher-forced pass.
+    ``decision["scheduled"]`` is the oracle's budget from this position (None where it had no round).
+    Only for the request whose output it was given: it reads that output, not the target's choice."""
+
+    def __init__(self, output_ids: Sequence[int], oracle: OracleResult, *, verify_cost: VerifyCost,
+                 draft_cost: float = 0.0, budgets: Sequence[int] = (0, 1, 2, 4, 8, 16, 32), tree: str = "ddtree",
+                 max_new_tokens: int | None = None):
+        self.output_ids = [int(t) for t in output_ids]
+        if not self.output_ids:
+            raise ValueError("the hindsight policy needs the request's non-empty greedy output")
+        self.budgets = sorted({int(b) for b in budgets})
+        if self.budgets[0] < 0:
+            raise ValueError(f"budgets must be >= 0, got {self.budgets}")
+        self.verify_cost, self.draft_cost, self.tree = verify_cost, float(draft_cost), tree
+        self.max_new_tokens = len(self.output_ids) if max_new_tokens is None else int(max_new_tokens)
+        self.schedule, position = {}, 1  # the oracle's budget from each output position a round of it started at
+        for budget, committed in zip(oracle.budgets, oracle.committed):
+            self.schedule[position] = int(budget)
+            position += int(committed)
+
+    def before_draft(self, entropies: Sequence[float], n_output: int, max_depth: int, history: Sequence = (),
+                     context: Sequence[int] | None = None) -> dict:
+        scheduled = self.schedule.get(int(n_output))
+        return {"draft": scheduled is None or scheduled > 0, "scheduled": scheduled, "position": int(n_output)}
+
+    def _committed(self, tree: Tree, position: int) -> int:
+        """Tokens a round verifying ``tree`` from ``position`` commits of the known output (the bonus included)."""
+        node, depth = 0, 0
+        while position + depth < len(self.output_ids) and self.output_ids[position + depth] in tree.children[node]:
+            node = tree.children[node][self.output_ids[position + depth]]
+            depth += 1
+        return max(0, min(depth + 1, len(self.output_ids) - position, self.max_new_tokens - position))
+
+    def plan(self, proposal: DraftProposal, tree: Tree, decision: dict) -> tuple[Tree, float]:
+        from entropy_law.decoding.tree import build_tree
+
+        position, best = decision["position"], None
+        for n in self.budgets:
+            candidate = build_tree(proposal, self.tree, n) if n > 0 else Tree.empty()
+            cost = self.verify_cost(candidate.n_nodes + 1) + (self.draft_cost if n > 0 else 0.0)
+            rate = self._committed(candidate, position) / cost
+            if best is None or rate > best[0] + 1e-12:
+                best = (rate, candidate)
+        chosen = best[1]
+        decision.update(budget=chosen.n_nodes, expected=float(self._committed(chosen, position) - 1))
+        return (chosen, decision["expected"]) if chosen.n_nodes else (Tree.empty(), 0.0)
+
+    def observe(self, entropies: list[float], n_output: int, target_logits: torch.Tensor | None) -> None:
+        """Nothing to track: the policy reads the known output, not the target's entropies."""
+
+    def to_config(self) -> dict:
+        return {"kind": "hindsight oracle", "budgets": list(self.budgets), "draft_cost": self.draft_cost,
+                "tree": self.tree, "verify_cost": self.verify_cost.to_config()}
+
+
 def _budget_rules(budgets: Sequence[int], tree: str, eos_token_ids, max_context: int | None):
     """(the budgets sorted and checked, each drafting budget's ``RoundRules`` with every drafted node verified, the
     plain step's ``RoundRules``): the rounds ``oracle_rounds`` and ``round_outcomes`` try from each start."""
