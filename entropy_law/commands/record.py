@@ -45,6 +45,11 @@ def register(subparsers) -> None:
                    help="block drafter: the dtype its layers run in (the target stays fp32 and the output greedy; "
                         "bfloat16 cut its cost per round by about a quarter on a CPU with bf16 matrix units, and can "
                         "be slower on one without; recorded in the run) (default: %(default)s)")
+    p.add_argument("--hybrid-skip", type=float, default=None, metavar="E",
+                   help="hybrid drafter: the n-gram chain confidence (expected accepted drafts) at which the block "
+                        "forward is skipped and the n-gram proposal alone is drafted (0: whenever prompt lookup "
+                        "proposes anything; inf: never; recorded in the run). Under --policy law the policy chooses "
+                        "the drafter each round instead (default: the drafter's own, 2.0)")
     p.add_argument("--tree", choices=TREES, default="chain", help="tree policy (default: %(default)s)")
     p.add_argument("--budget", type=int, default=None,
                    help=f"most draft nodes per tree (default: chain = the full block, ddtree = {DEFAULT_DDTREE_BUDGET})")
@@ -117,6 +122,11 @@ def _check_args(args) -> None:
         raise ValueError("--checkpoint is a block drafter checkpoint: use it with --drafter block or hybrid")
     if args.drafter_dtype != "float32" and args.drafter not in BLOCK_READERS:
         raise ValueError("--drafter-dtype sets the block drafter's dtype: use it with --drafter block or hybrid")
+    if args.hybrid_skip is not None and args.drafter != "hybrid":
+        raise ValueError("--hybrid-skip sets when the hybrid drafter skips its block forward: use it with --drafter "
+                         "hybrid")
+    if args.hybrid_skip is not None and not args.hybrid_skip >= 0:
+        raise ValueError(f"--hybrid-skip must be >= 0 (inf: never skip), got {args.hybrid_skip}")
     if (args.policy == "law") != (args.policy_law is not None):
         raise ValueError("--policy law needs --policy-law FITTED.json (and --policy-law needs --policy law)")
     if args.policy_borrow and args.policy != "law":
@@ -188,6 +198,7 @@ def run(args) -> int:
             encode=encode, keep_going=True,
             ngram_options=dict(max_ngram=args.max_ngram, block_size=args.block_size, max_matches=args.max_matches),
             checkpoint=args.checkpoint, drafter_dtype=args.drafter_dtype, progress=not args.no_progress,
+            hybrid_options=None if args.hybrid_skip is None else {"skip_block_at": args.hybrid_skip},
             desc="record", policy=policy,
             run_metadata={"verify_cost_ratio": args.verify_cost_ratio, "chat_template": not args.no_chat_template,
                           "tasks": str(args.tasks), **({"policy": policy} if policy is not None else {})})

@@ -111,11 +111,13 @@ def load_block_drafter(target, compute_dtype: str = "float32"):
 
 
 def make_drafter(spec: ArmSpec, target=None, *, ngram_options: dict | None = None,
-                 checkpoint: str | Path | None = None, compute_dtype: str = "float32"):
+                 checkpoint: str | Path | None = None, compute_dtype: str = "float32",
+                 hybrid_options: dict | None = None):
     """A fresh drafter for ``spec`` (``None`` for AR). The n-gram drafter keeps no state across
     requests beyond ``begin``; the block drafter needs ``target`` and loads ``checkpoint`` (default:
     the shipped one), its layers run in ``compute_dtype`` (``BlockDrafter.set_compute_dtype``); the hybrid drafter
-    is both (``ngram_options`` for its n-gram side)."""
+    is both (``ngram_options`` for its n-gram side, ``hybrid_options`` for ``HybridDrafter`` itself, e.g.
+    ``skip_block_at``)."""
     if spec.drafter == AR:
         return None
     if spec.drafter == "ngram":
@@ -124,9 +126,9 @@ def make_drafter(spec: ArmSpec, target=None, *, ngram_options: dict | None = Non
         if checkpoint is None:
             return load_block_drafter(target, compute_dtype)
         return BlockDrafter.load(checkpoint, target, compute_dtype=compute_dtype)
-    if spec.drafter == "hybrid":  # prompt lookup and the block drafter behind one drafter, its defaults
+    if spec.drafter == "hybrid":  # prompt lookup and the block drafter behind one drafter
         block = make_drafter(ArmSpec(spec.name, "block"), target, checkpoint=checkpoint, compute_dtype=compute_dtype)
-        return HybridDrafter(NgramDrafter(**(ngram_options or {})), block)
+        return HybridDrafter(NgramDrafter(**(ngram_options or {})), block, **(hybrid_options or {}))
     raise ValueError(f"unknown drafter {spec.drafter!r}")
 
 

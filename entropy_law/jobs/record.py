@@ -152,6 +152,7 @@ def record_arms(
     ngram_options: dict | None = None,
     checkpoint: str | Path | None = None,
     drafter_dtype: str = "float32",
+    hybrid_options: dict | None = None,
     run_metadata: Mapping | Callable[[ArmSpec], Mapping] | None = None,
     progress: bool = True,
     desc: str = "decode",
@@ -161,7 +162,8 @@ def record_arms(
     """Decode ``tasks`` (``entropy_law.prompts.text.Task``) with every arm and record one trace run per arm.
 
     ``arms``: ``entropy_law.jobs.arms.ArmSpec`` (drafters built by ``make_drafter`` with ``ngram_options``
-    and the block drafter ``checkpoint``, run in ``drafter_dtype``). ``out``: a folder that receives one run per arm
+    and the block drafter ``checkpoint``, run in ``drafter_dtype``; the hybrid drafter with ``hybrid_options``).
+    ``out``: a folder that receives one run per arm
     (``<out>/<arm name>``), or {arm name: run folder}. ``target``: a ``LoadedTarget`` or a causal LM; it
     names the model and brings the tokenizer. ``adapter``: decode through this adapter instead of one
     built over ``target`` per arm (image prompts: the VLM adapter that holds the pixels).
@@ -201,7 +203,8 @@ def record_arms(
                           verify_cost_ratio=verify_cost_ratio, max_new_tokens=max_new_tokens, resume=resume,
                           overwrite=overwrite, break_lock=break_lock, flush_every=flush_every,
                           ngram_options=ngram_options, checkpoint=checkpoint, drafter_dtype=drafter_dtype,
-                          run_metadata=run_metadata, log=log, policy=policy(spec) if callable(policy) else policy)
+                          hybrid_options=hybrid_options, run_metadata=run_metadata, log=log,
+                          policy=policy(spec) if callable(policy) else policy)
                 for spec in arms]
         todo = [task for task in tasks if any(task.request_id not in arm.recorder.completed_requests for arm in live)]
         for arm in live:
@@ -255,11 +258,11 @@ def _run_dir(out, spec: ArmSpec) -> Path:
 
 def _open_arm(spec: ArmSpec, run_dir: Path, target, stack: contextlib.ExitStack, *, adapter, gate,
               verify_cost_ratio, max_new_tokens, resume, overwrite, break_lock, flush_every, ngram_options,
-              checkpoint, run_metadata, log, policy=None, drafter_dtype="float32") -> _Arm:
+              checkpoint, run_metadata, log, policy=None, drafter_dtype="float32", hybrid_options=None) -> _Arm:
     """Drafter, adapter, verify cost, recorder, then the decoder with the recorder as its observer."""
     stored = _stored_metadata(run_dir) if resume else None
     drafter = make_drafter(spec, target, ngram_options=ngram_options, checkpoint=checkpoint,
-                           compute_dtype=drafter_dtype)
+                           compute_dtype=drafter_dtype, hybrid_options=hybrid_options)
     if adapter is None:
         adapter = TargetAdapter(model_of(target), feature_layers=getattr(drafter, "feature_layers", ()))
     verify_cost = None
