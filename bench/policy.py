@@ -297,12 +297,14 @@ def main(argv=None) -> dict:
     off_schedule = Counter()  # the timed oracle's decode rounds that left the replayed oracle's schedule
 
     def timed_oracle(drafter, make_drafter):
+        drafts = make_drafter()  # loaded once, as every arm's drafter (begin() starts each request afresh)
+
         def run(prompt_ids, max_new_tokens):
             output, result = references[drafter, tuple(prompt_ids)]
             policy = HindsightPolicy(output[:max_new_tokens], result, verify_cost=verify_cost,
                                      draft_cost=laws[drafter]["draft_cost"], budgets=ORACLE_BUDGETS,
                                      max_new_tokens=max_new_tokens)
-            token_ids, rounds = decoder_arm(SpeculativeDecoder(target, make_drafter(), tree="ddtree",
+            token_ids, rounds = decoder_arm(SpeculativeDecoder(target, drafts, tree="ddtree",
                                                                budget=POLICY_MAX_NODES, verify_cost=verify_cost,
                                                                policy=policy))(prompt_ids, max_new_tokens)
             if max_new_tokens == args.max_new_tokens:  # not the warm-up's short decode
