@@ -5,7 +5,6 @@ shards with pyarrow directly and checks the recorded tokens against ``model.gene
 """
 
 import json
-import math
 import os
 from pathlib import Path
 
@@ -785,13 +784,15 @@ def test_record_with_the_hybrid_drafter_and_its_law_policy(model_folder, task_fi
     assert meta["drafter_config"]["skip_block_at"] == 2.0  # the drafter's own default
     assert_greedy_outputs(gate, model_folder, task_file)
     never = tmp_path / "never_skips"  # the block forward every round, whatever prompt lookup proposes
-    assert record(model_folder, task_file, never, *hybrid, "--hybrid-skip", "inf") == 0
-    assert json.loads((never / "run.json").read_text())["drafter_config"]["skip_block_at"] == math.inf
+    assert record(model_folder, task_file, never, *hybrid, "--hybrid-skip", "99") == 0
+    assert json.loads((never / "run.json").read_text())["drafter_config"]["skip_block_at"] == 99.0
     assert_greedy_outputs(never, model_folder, task_file)
     assert record(model_folder, task_file, tmp_path / "bad", "--hybrid-skip", "1") == 2  # --drafter ngram
     assert "use it with --drafter hybrid" in capsys.readouterr().err
     assert record(model_folder, task_file, tmp_path / "bad", *hybrid, "--hybrid-skip", "-1") == 2
-    assert "--hybrid-skip must be >= 0" in capsys.readouterr().err
+    assert "--hybrid-skip must be a finite number >= 0" in capsys.readouterr().err
+    assert record(model_folder, task_file, tmp_path / "bad", *hybrid, "--hybrid-skip", "inf") == 2
+    assert "--hybrid-skip must be a finite number >= 0" in capsys.readouterr().err
 
     ngram = save_policy({**params(0.9), "drafter_id": "ngram"}, tmp_path / "ngram.json")
     block = save_policy({**params(0.9, draft_cost=0.1), "drafter_id": "block-drafter-b4-l1"}, tmp_path / "block.json")

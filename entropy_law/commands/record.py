@@ -14,6 +14,7 @@ prompt files (``entropy_law.prompts.text``).
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 
 DRAFTERS = ("ngram", "block", "hybrid", "ar")
@@ -48,8 +49,9 @@ def register(subparsers) -> None:
     p.add_argument("--hybrid-skip", type=float, default=None, metavar="E",
                    help="hybrid drafter: the n-gram chain confidence (expected accepted drafts) at which the block "
                         "forward is skipped and the n-gram proposal alone is drafted (0: whenever prompt lookup "
-                        "proposes anything; inf: never; recorded in the run). Under --policy law the policy chooses "
-                        "the drafter each round instead (default: the drafter's own, 2.0)")
+                        "proposes anything; above the n-gram block size, e.g. 99: never; recorded in the run). Under "
+                        "--policy law the policy chooses the drafter each round instead (default: the drafter's own, "
+                        "2.0)")
     p.add_argument("--tree", choices=TREES, default="chain", help="tree policy (default: %(default)s)")
     p.add_argument("--budget", type=int, default=None,
                    help=f"most draft nodes per tree (default: chain = the full block, ddtree = {DEFAULT_DDTREE_BUDGET})")
@@ -125,8 +127,9 @@ def _check_args(args) -> None:
     if args.hybrid_skip is not None and args.drafter != "hybrid":
         raise ValueError("--hybrid-skip sets when the hybrid drafter skips its block forward: use it with --drafter "
                          "hybrid")
-    if args.hybrid_skip is not None and not args.hybrid_skip >= 0:
-        raise ValueError(f"--hybrid-skip must be >= 0 (inf: never skip), got {args.hybrid_skip}")
+    if args.hybrid_skip is not None and not 0 <= args.hybrid_skip < math.inf:  # run.json holds finite numbers
+        raise ValueError(f"--hybrid-skip must be a finite number >= 0 (above the n-gram block size, e.g. 99: never "
+                         f"skip), got {args.hybrid_skip}")
     if (args.policy == "law") != (args.policy_law is not None):
         raise ValueError("--policy law needs --policy-law FITTED.json (and --policy-law needs --policy law)")
     if args.policy_borrow and args.policy != "law":
