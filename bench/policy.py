@@ -52,7 +52,8 @@ modelled (the policy's own rounds priced as the oracle prices its rounds: ``c(N 
 round it ran, no per-round overhead), measured against the oracle's modelled rate with the prefill priced in (each
 prompt's prefill in one-token steps, from AR's reference decode of it: a measured speedup counts the prefill, which
 every arm pays, and the decode-only model does not) and measured against the timed oracle (paired per request too),
-then the goals, and ONE JSON line.
+then the cost model against the measurement for every drafting arm (its own rounds priced, with and without the
+prefill, against its measured speedup: JSON ``cost_model``), then the goals, and ONE JSON line.
 
     OMP_NUM_THREADS=1 python bench/policy.py --limit 2 --max-new-tokens 128        # small
     OMP_NUM_THREADS=1 python bench/policy.py --limit 5 --max-new-tokens 256 --block # the issue's setting
@@ -329,7 +330,7 @@ def main(argv=None) -> dict:
     if any(name.startswith("block") for name in arms):
         block_once = block()
         oracle_drafters["block"] = lambda prompt, output: replay_drafter(block_once, target, prompt, output)
-    oracle_rows = []
+    oracle_rows, prefill_of = [], {}  # prefill_of: request id -> its prefill in one-token steps
     for task in tasks if oracle_drafters else ():
         prompt = prompt_of[task.request_id]
         reference = ARDecoder(target).generate(prompt, max_new_tokens=args.max_new_tokens)
@@ -338,6 +339,7 @@ def main(argv=None) -> dict:
         # measured speedup counts it, while the oracle's rounds do not
         prefill = (reference.prefill_ms / (reference.decode_ms / (len(output) - 1))
                    if len(output) > 1 and reference.decode_ms > 0 else 0.0)
+        prefill_of[task.request_id] = prefill
         for drafter, make in oracle_drafters.items():
             result = oracle_rounds(prompt, output, make(prompt, output), budgets=ORACLE_BUDGETS,
                                    verify_cost=verify_cost, draft_cost=laws[drafter]["draft_cost"],
@@ -428,12 +430,35 @@ def main(argv=None) -> dict:
             print(f"{drafter + ' oracle (modelled)':<26}"
                   + "".join(f"  {d}: {oracle_of(d, drafter, 'dataset')[1]:.2f}x" for d in sets))
 
-    def modelled(name, drafter):
+    def modelled(name, drafter, prefill=False):
         """The arm's committed tokens after the prefill per unit of modelled cost, priced as the oracle prices its
-        rounds: c(N + 1) per verify plus ``drafter``'s cost per round it ran; None without a decode round."""
+        rounds: c(N + 1) per verify plus ``drafter``'s cost per round it ran; None without a decode round. With
+        ``prefill``, each request's prefill (in one-token steps) is added to both AR's cost and the arm's."""
         part = timings.loc[timings["arm"] == name]
         cost = part["verify_cost"].sum() + laws[drafter]["draft_cost"] * part["draft_calls"].sum()
-        return float((part["new_tokens"] - 1).clip(lower=0).sum() / cost) if cost > 0 else None
+        tokens = (part["new_tokens"] - 1).clip(lower=0).sum()
+        if prefill and cost > 0:
+            steps = part["request_id"].map(prefill_of).fillna(0.0).sum()
+            tokens, cost = tokens + steps, cost + steps
+        return float(tokens / cost) if cost > 0 else None
+
+    cost_model = {}  # each drafting arm's modelled rate against its measured one: is the model a fair ceiling?
+    for name in names:
+        drafter = name.split()[0]
+        decode_only, with_steps = (modelled(name, drafter), modelled(name, drafter, prefill=True)) if (
+            drafter in laws and prefill_of) else (None, None)
+        if with_steps is not None:
+            measured = float(cell(name, ALL)["speedup"])
+            cost_model[name] = {"modelled": round(decode_only, 4), "modelled_with_prefill": round(with_steps, 4),
+                                "measured": round(measured, 4)}
+    if cost_model:
+        print("The cost model against the measurement, overall (each arm's own rounds priced c(N + 1) + the drafter's "
+              "cost per call; with the prefill: each prompt's prefill, from AR's reference decode, added to both "
+              "sides):")
+        for name, row in cost_model.items():
+            print(f"    {name:<24} modelled {row['modelled']:.2f}x, with the prefill "
+                  f"{row['modelled_with_prefill']:.2f}x, measured {row['measured']:.2f}x "
+                  f"({row['modelled_with_prefill'] / row['measured'] - 1:+.1%})")
 
     law_vs_oracle = {}
     for drafter in oracle_drafters:
@@ -548,7 +573,8 @@ def main(argv=None) -> dict:
                                  "modelled_speedup": round(float(oracle_of(c, drafter)[1]), 4),
                                  "modelled_with_prefill": round(float(oracle_of(c, drafter)[2]), 4)}
                              for c in [*categories, ALL]} for drafter in oracle_drafters},
-        "hybrid_law_routes": dict(routes), "law_vs_oracle": law_vs_oracle, "head_to_head": head_to_head,
+        "hybrid_law_routes": dict(routes), "law_vs_oracle": law_vs_oracle, "cost_model": cost_model,
+        "head_to_head": head_to_head,
         "mismatches_vs_ar": mismatches,
         "goals": {k: bool(v) for k, v in goals.items()}, "detail": detail,
     }
