@@ -361,7 +361,6 @@ def main(argv=None) -> dict:
     by_set = by_set.loc[by_set["category"] != ALL]
     sets = list(dict.fromkeys(set_of.values()))
 
-
     categories = list(dict.fromkeys(task.category for task in tasks))
     names = [n for n in arms if n != AR]
 

@@ -34,7 +34,7 @@ from entropy_law.decoding.observers import distribution_stats
 from entropy_law.decoding.policy import LawPolicy
 from entropy_law.decoding.round import (DEFAULT_VERIFY_COST_RATIO, Observer, RequestState, Round, RoundRules,
                                         eos_set, play_round, prefill_round)
-from entropy_law.decoding.tree import Tree
+from entropy_law.decoding.tree import Tree, build_tree
 from entropy_law.traces.stats import TARGET_STAT_KEYS
 
 TARGET_STAT_COLUMNS = tuple(f"target_{key}" for key in TARGET_STAT_KEYS)
@@ -357,8 +357,6 @@ class HindsightPolicy:
         return max(0, min(depth + 1, len(self.output_ids) - position, self.max_new_tokens - position))
 
     def plan(self, proposal: DraftProposal, tree: Tree, decision: dict) -> tuple[Tree, float]:
-        from entropy_law.decoding.tree import build_tree
-
         position, best = decision["position"], None
         for n in self.budgets:
             candidate = build_tree(proposal, self.tree, n) if n > 0 else Tree.empty()
