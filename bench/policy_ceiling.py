@@ -39,6 +39,7 @@ and ends with ONE JSON line.
 from __future__ import annotations
 
 import argparse
+import copy
 import hashlib
 import json
 import sys
@@ -53,9 +54,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 WORKLOADS = ("traces_open_timed", "traces_open_budgets", "traces_open_policy", "traces_open_policy2",
              "traces_open_context")
+ALL_WORKLOADS = (*WORKLOADS, "traces")
+TASKS = {"traces": "spec_bench"}  # a workload whose run.json names no task file: the prompts it decoded
 BUDGETS = (0, 1, 2, 4, 8, 16)
 ORACLE = "replay oracle (best rate of the round, in hindsight)"
 PATH = "path oracle (the best whole walk, in hindsight)"
+ROUTE = "route oracle (either drafter and its budget, per round in hindsight)"
+ROUTE_PATH = "route path oracle (the best whole walk over both drafters)"
+LAW = "law policy (shipped, calibrated)"
 
 
 # --- the action table of one set of requests ------------------------------------------------------------------
@@ -98,6 +104,22 @@ class Actions:
         return float(self.committed[rows, acts].sum() / self.cost[rows, acts].sum())
 
 
+def either_drafter(first: Actions, second: Actions, names: tuple[str, str]) -> Actions:
+    """The actions of both drafters at the same round starts (a hybrid that routes each round to one drafter): the
+    plain step, then ``first``'s drafting actions, then ``second``'s (each priced with its own drafter's cost)."""
+    same = (first.starts[["key", "start_position"]].reset_index(drop=True)
+            .equals(second.starts[["key", "start_position"]].reset_index(drop=True)))
+    if not same:
+        raise ValueError("the two drafters' outcome tables do not hold the same round starts")
+    both = copy.copy(first)
+    both.committed = np.hstack([first.committed, second.committed[:, 1:]])
+    both.cost = np.hstack([first.cost, second.cost[:, 1:]])
+    both.names = (["plain step"] + [f"{names[0]} {n}" for n in first.names[1:]]
+                  + [f"{names[1]} {n}" for n in second.names[1:]])
+    both.split = first.committed.shape[1]  # actions from this column on are the second drafter's
+    return both
+
+
 def path_oracle(actions: Actions, iterations: int = 30) -> np.ndarray:
     """The best walk in hindsight: per start, the action of the walk with the highest rate over all requests together
     (sum committed / sum cost). Dinkelbach's iteration: for a rate lambda, the walk with the most committed - lambda *
@@ -125,7 +147,7 @@ def ratio_oracle(actions: Actions) -> np.ndarray:
     """``oracle_rounds``' rule: the action with the best rate of the round itself (the plain step when none beats
     it; drafting then verifying nothing is never chosen, as the oracle never pays for a draft it does not use)."""
     rates = actions.committed / actions.cost
-    rates[:, 1] = -np.inf
+    rates[:, [i for i, name in enumerate(actions.names) if name.endswith("verify none")]] = -np.inf
     return np.argmax(rates > rates.max(axis=1, keepdims=True) - 1e-12, axis=1)
 
 
@@ -262,6 +284,34 @@ def open_cache(cache: Path, manifest: dict) -> None:
 
 # --- the bench -----------------------------------------------------------------------------------------------------
 
+def ddtree16_arm(data: Path, params: dict) -> Path:
+    """The DDTree16 arm of the policy's drafter among the reference traces (``data/traces``)."""
+    from entropy_law.traces.layout import RUN_FILE, read_run_json
+
+    for d in sorted((data / "traces").iterdir()):
+        if (d / RUN_FILE).is_file():
+            meta = read_run_json(d / RUN_FILE)
+            if meta.get("drafter_id") == params.get("drafter_id") and meta.get("tree_budget") == 16:
+                return d
+    raise SystemExit(f"no DDTree16 arm of drafter {params.get('drafter_id')!r} under {data / 'traces'}: give --arm")
+
+
+def sampled_requests(ar: Path, per_category: int | None, seed: int) -> list[str] | None:
+    """A seeded sample of ``per_category`` requests of each category of a workload's AR run (the whole run, not its
+    first requests); ``None``: all of them."""
+    from entropy_law.traces.reader import load_traces
+
+    if per_category is None:
+        return None
+    requests = load_traces(ar).requests[["request_id", "category"]].drop_duplicates()
+    rng = np.random.default_rng(seed)
+    chosen = []
+    for _, part in requests.sort_values("request_id").groupby("category", observed=True):
+        ids = part["request_id"].astype(str).to_numpy()
+        chosen += list(rng.choice(ids, size=min(per_category, len(ids)), replace=False))
+    return sorted(chosen)
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--policy", required=True, metavar="FITTED.json",
@@ -270,8 +320,17 @@ def main(argv=None) -> dict:
     p.add_argument("--arm", default=None, metavar="RUN",
                    help="the drafting run whose drafter and tree are replayed (default: the policy drafter's "
                         "DDTree16 arm of data/traces)")
-    p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOADS, metavar="NAME",
-                   help=f"recordings under data/ whose AR runs are replayed over (default: {' '.join(WORKLOADS)})")
+    p.add_argument("--route", default=None, metavar="OTHER.json",
+                   help="a second drafter's law policy (its DDTree16 arm of data/traces): both drafters' outcomes at the "
+                        "same round starts, each drafter's oracle and replayed law policy, and the route oracle (each "
+                        "round the better drafter and budget in hindsight: the ceiling of a hybrid that routes)")
+    p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=ALL_WORKLOADS, metavar="NAME",
+                   help=f"recordings under data/ whose AR runs are replayed over (default: {' '.join(WORKLOADS)}; "
+                        "'traces': Spec-Bench's reference AR run, 80 prompts a category, on which the shipped law "
+                        "policies were fitted)")
+    p.add_argument("--sample", type=int, default=None, metavar="K",
+                   help="K requests of each category of each workload, a seeded sample (default: every request)")
+    p.add_argument("--seed", type=int, default=0, help="the sample's seed")
     p.add_argument("--verify-cost", default=None, metavar="CURVE.json",
                    help="a verify-cost curve (VerifyCost.to_config) to decide and price by (default: measured now)")
     p.add_argument("--bins", type=int, default=6, help="quantile bins of the window entropy and the confidence")
@@ -279,10 +338,12 @@ def main(argv=None) -> dict:
     p.add_argument("--cache", default=None, metavar="DIR",
                    help="keep each workload's outcome table and replayed rounds here, with the verify-cost curve "
                         "measured for them (all reused when present; a folder of another policy, arm, budgets, "
-                        "--verify-cost or decoding code is refused)")
+                        "sample, --verify-cost or decoding code is refused)")
     args = p.parse_args(argv)
     if args.bins < 1 or args.folds < 2:
         p.error("--bins must be >= 1 and --folds >= 2")
+    if args.sample is not None and args.sample < 1:
+        p.error("--sample must be >= 1 requests a category")
 
     import torch
 
@@ -298,18 +359,23 @@ def main(argv=None) -> dict:
     t0 = time.process_time()
     data = Path(__file__).resolve().parents[1] / "data"
     params = load_policy(args.policy)
-    arm_dir = Path(args.arm) if args.arm else next(
-        d for d in sorted((data / "traces").iterdir()) if (d / RUN_FILE).is_file()
-        and read_run_json(d / RUN_FILE).get("drafter_id") == params.get("drafter_id")
-        and read_run_json(d / RUN_FILE).get("tree_budget") == 16)
+    arm_dir = Path(args.arm) if args.arm else ddtree16_arm(data, params)
     arm_meta = read_run_json(arm_dir / RUN_FILE)
+    other = load_policy(args.route) if args.route else None
+    if other is not None and other.get("drafter_id") == params.get("drafter_id"):
+        p.error("--route takes the OTHER drafter's law policy (it is the same drafter as --policy's)")
+    other_dir = ddtree16_arm(data, other) if other is not None else None
+    other_meta = read_run_json(other_dir / RUN_FILE) if other is not None else None
     target = load_target("smollm2-135m")
     cache = Path(args.cache) if args.cache else None
     if cache is not None:
         open_cache(cache, {"policy_sha256": hashlib.sha256(Path(args.policy).read_bytes()).hexdigest(),
                            "arm": str(arm_dir.resolve()), "budgets": list(BUDGETS),
                            "verify_cost": json.loads(Path(args.verify_cost).read_text()) if args.verify_cost else None,
-                           "code_sha256": replay_code_sha256()})
+                           "code_sha256": replay_code_sha256(),
+                           **({"route_policy_sha256": hashlib.sha256(Path(args.route).read_bytes()).hexdigest(),
+                               "route_arm": str(other_dir.resolve())} if other is not None else {}),
+                           **({"sample": args.sample, "seed": args.seed} if args.sample is not None else {})})
     kept = cache / "verify_cost.json" if cache else None
     if args.verify_cost or (kept is not None and kept.is_file()):
         curve = VerifyCost.from_config(json.loads(Path(args.verify_cost or kept).read_text()))
@@ -321,64 +387,91 @@ def main(argv=None) -> dict:
     draft_cost = float(params["draft_cost"])
     print(f"{arm_dir}: {arm_meta.get('drafter_id')} {arm_meta.get('tree_policy')}{arm_meta.get('tree_budget')}; "
           f"decided and priced by c(n): {curve.describe()}; draft cost {draft_cost:.3f} forwards", flush=True)
-    replayed = {"law policy (shipped, calibrated)": policy_arm_meta(arm_meta, params, measured=curve.to_config())[0],
-                "cost gate (DDTree16)": with_gate(arm_meta, {"gate": "cost", "verify_cost": curve.to_config()})}
-    tables, rounds = [], []
+    replayed = {LAW: (policy_arm_meta(arm_meta, params, measured=curve.to_config())[0], "law", draft_cost),
+                "cost gate (DDTree16)": (with_gate(arm_meta, {"gate": "cost", "verify_cost": curve.to_config()}),
+                                         "cost", draft_cost)}
+    drafters = [("", arm_meta, params)]
+    if other is not None:
+        name = other_meta.get("drafter_id")
+        print(f"route: {other_dir}: {name} {other_meta.get('tree_policy')}{other_meta.get('tree_budget')}; draft cost "
+              f"{float(other['draft_cost']):.3f} forwards", flush=True)
+        drafters.append(("route.", other_meta, other))
+        replayed[f"{name} {LAW}"] = (policy_arm_meta(other_meta, other, measured=curve.to_config())[0], "route.law",
+                                     float(other["draft_cost"]))
+    tables, rounds = {tag: [] for tag, _, _ in drafters}, []
     for workload in args.workloads:
         ar = data / workload / "ar"
-        stored = cache / f"{workload}.outcomes.parquet" if cache else None
-        if stored is not None and stored.is_file():
-            table = pd.read_parquet(stored)
-        else:
-            table = workload_round_outcomes(ar, arm_meta, target, budgets=BUDGETS, policy=params,
-                                            verify_cost=curve)
-            if stored is not None:
-                stored.parent.mkdir(parents=True, exist_ok=True)
-                table.to_parquet(stored)
-        tables.append(table.assign(key=workload + ":" + table["request_id"].astype(str), workload=workload))
-        for name, meta in replayed.items():
-            stored = cache / f"{workload}.{name.split(' ')[0]}.parquet" if cache else None
+        requests = sampled_requests(ar, args.sample, args.seed)
+        for tag, meta_of, params_of in drafters:
+            stored = cache / f"{workload}.{tag}outcomes.parquet" if cache else None
+            if stored is not None and stored.is_file():
+                table = pd.read_parquet(stored)
+            else:
+                table = workload_round_outcomes(ar, meta_of, target, budgets=BUDGETS, policy=params_of,
+                                                verify_cost=curve, requests=requests, tasks=TASKS.get(workload))
+                if stored is not None:
+                    stored.parent.mkdir(parents=True, exist_ok=True)
+                    table.to_parquet(stored)
+            tables[tag].append(table.assign(key=workload + ":" + table["request_id"].astype(str), workload=workload))
+        for name, (meta, stem, _) in replayed.items():
+            stored = cache / f"{workload}.{stem}.parquet" if cache else None
             if stored is not None and stored.is_file():
                 part = pd.read_parquet(stored)
             else:
-                part = workload_round_records(ar, meta, target)
+                part = workload_round_records(ar, meta, target, requests=requests, tasks=TASKS.get(workload))
                 if stored is not None:
                     part.to_parquet(stored)
             rounds.append(part.assign(config=name, key=workload + ":" + part["request_id"].astype(str)))
         print(f"replayed over {ar} ({table['request_id'].nunique()} prompts)", flush=True)
-    table = pd.concat(tables, ignore_index=True)
-    actions = Actions(table, list(BUDGETS), curve, draft_cost)
+    actions = Actions(pd.concat(tables[""], ignore_index=True), list(BUDGETS), curve, draft_cost)
     category = actions.starts.groupby("key")["category"].first()
 
-    choices = {f"fixed N={b}": np.full(len(actions.starts), 2 + i, dtype=int) for i, b in enumerate(BUDGETS[1:])}
-    choices[ORACLE] = ratio_oracle(actions)
-    choices[PATH] = path_oracle(actions)
+    choices = {f"fixed N={b}": (actions, np.full(len(actions.starts), 2 + i, dtype=int))
+               for i, b in enumerate(BUDGETS[1:])}
+    choices[ORACLE] = (actions, ratio_oracle(actions))
+    choices[PATH] = (actions, path_oracle(actions))
     inputs = {"entropy": ("entropy",), "entropy + copyability": ("entropy", "copy"),
               "confidence (after drafting)": ("confidence",),
               "entropy + copyability + confidence": ("entropy", "copy", "confidence")}
     for label, use in inputs.items():
         for how, choice in table_policy(actions, use, bins=args.bins, folds=args.folds).items():
-            choices[f"table: {label}, {how}"] = choice
+            choices[f"table: {label}, {how}"] = (actions, choice)
+    route = None
+    if other is not None:
+        name = other_meta.get("drafter_id")
+        second = Actions(pd.concat(tables["route."], ignore_index=True), list(BUDGETS), curve,
+                         float(other["draft_cost"]))
+        choices[f"{name} replay oracle"] = (second, ratio_oracle(second))
+        route = either_drafter(actions, second, (arm_meta.get("drafter_id"), name))
+        choices[ROUTE] = (route, ratio_oracle(route))
+        choices[ROUTE_PATH] = (route, path_oracle(route))
 
-    rows = []
-    for name, choice in choices.items():
-        visited, acts = actions.walk(choice)
-        frame = pd.DataFrame({"key": actions.starts["key"].to_numpy()[visited],
-                              "committed": actions.committed[visited, acts], "cost": actions.cost[visited, acts],
+    rows, shares = [], {}
+    for name, (acting, choice) in choices.items():
+        visited, acts = acting.walk(choice)
+        frame = pd.DataFrame({"key": acting.starts["key"].to_numpy()[visited],
+                              "committed": acting.committed[visited, acts], "cost": acting.cost[visited, acts],
                               "drafted": acts > 0})
         rows.append((name, frame))
+        if acting is route:  # the share of rounds each drafter drafted in
+            shares[name] = {"first": float(((acts > 0) & (acts < route.split)).mean()),
+                            "second": float((acts >= route.split).mean())}
+    costs = {name: cost for name, (_, _, cost) in replayed.items()}
     for name, part in pd.concat(rounds).groupby("config", sort=False):
         part = part.loc[part["round_index"] > 0]
-        called = part["policy_drafted"].fillna(True).astype(bool) if name.startswith("law") else \
+        called = part["policy_drafted"].fillna(True).astype(bool) if LAW in name else \
             pd.Series(True, index=part.index)
-        cost = np.array([curve(int(n) + 1) for n in part["tree_nodes"]]) + draft_cost * called.to_numpy()
+        cost = np.array([curve(int(n) + 1) for n in part["tree_nodes"]]) + costs[name] * called.to_numpy()
         rows.append((name, pd.DataFrame({"key": part["key"].to_numpy(), "committed": part["committed"].to_numpy(),
                                          "cost": cost, "drafted": called.to_numpy()})))
     summary = []
     for name, frame in rows:
         frame = frame.assign(category=frame["key"].map(category))
         by = frame.groupby("category")[["committed", "cost"]].sum()
+        sets = frame.groupby(frame["key"].str.split(":").str[0])[["committed", "cost"]].sum()
         summary.append({"config": name, **(by["committed"] / by["cost"]).round(3).to_dict(),
+                        **({f"all {w}": round(float(sets.loc[w, "committed"] / sets.loc[w, "cost"]), 3)
+                            for w in args.workloads} if len(args.workloads) > 1 else {}),
                         "all": round(float(frame["committed"].sum() / frame["cost"].sum()), 4),
                         "tokens_per_round": round(float(frame["committed"].mean()), 2),
                         "drafter_called": round(float(frame["drafted"].mean()), 2)})
@@ -388,7 +481,11 @@ def main(argv=None) -> dict:
     with pd.option_context("display.width", 240, "display.max_columns", 30):
         print(f"\nmodelled speedup over AR ({len(actions.keys)} prompt runs; every round priced by the curve above)")
         print(out.to_string())
-    law = float(out.loc["law policy (shipped, calibrated)", "all"])
+    if "traces" in args.workloads:
+        print("NOTE: the law policies' rows on Spec-Bench ('traces') are in sample when the policies were fitted on "
+              "data/traces (as entropy-law policy data/traces fits them): it holds these requests; the oracles and "
+              "fixed budgets fit nothing")
+    law = float(out.loc[LAW, "all"])
     best_in = out.loc[[c for c in out.index if c.endswith("in sample")], "all"]
     best_cross = out.loc[[c for c in out.index if c.endswith("cross-fitted")], "all"]
     print(f"\nthe replay oracle {oracle:.3f}x (the path oracle {out.loc[PATH, 'all']:.3f}x); the shipped law "
@@ -396,14 +493,32 @@ def main(argv=None) -> dict:
           f"{law:.3f}x ({1 - law / oracle:.1%} below the oracle); the best table policy in sample: {best_in.idxmax()} "
           f"{best_in.max():.3f}x ({1 - best_in.max() / oracle:.1%} below), cross-fitted: {best_cross.idxmax()} "
           f"{best_cross.max():.3f}x ({1 - best_cross.max() / oracle:.1%} below)")
+    routed = {}
+    if route is not None:
+        names = (arm_meta.get("drafter_id"), other_meta.get("drafter_id"))
+        second_oracle = float(out.loc[f"{names[1]} replay oracle", "all"])
+        routed = {"route_oracle": float(out.loc[ROUTE, "all"]), "route_path_oracle": float(out.loc[ROUTE_PATH, "all"]),
+                  "second_oracle": second_oracle, "second_drafter": names[1],
+                  "second_law_policy": float(out.loc[f"{names[1]} {LAW}", "all"]),
+                  "route_oracle_shares": shares[ROUTE],
+                  "per_workload": {c: {k: float(v) for k, v in out[c].items()} for c in out.columns
+                                   if c.startswith("all ")}}
+        share = shares[ROUTE]
+        print(f"the route oracle {routed['route_oracle']:.3f}x (path {routed['route_path_oracle']:.3f}x): "
+              f"{routed['route_oracle'] / max(oracle, second_oracle) - 1:+.1%} over the better drafter's own oracle "
+              f"({names[0]} {oracle:.3f}x, {names[1]} {second_oracle:.3f}x); it drafts with {names[0]} in "
+              f"{share['first']:.0%} of its rounds, with {names[1]} in {share['second']:.0%}, and takes a plain step in "
+              f"{1 - share['first'] - share['second']:.0%}. The better law policy reaches "
+              f"{max(law, routed['second_law_policy']) / routed['route_oracle']:.1%} of the route oracle")
     result = {"bench": "policy_ceiling", "policy": str(args.policy), "arm": str(arm_dir), "workloads": args.workloads,
+              "route_policy": args.route, "sample": args.sample, "seed": args.seed,
               "prompt_runs": len(actions.keys), "verify_cost_curve": curve.to_config(), "draft_cost": draft_cost,
               "bins": args.bins, "folds": args.folds, "cpu_s": round(time.process_time() - t0, 1),
               "overall": {c: float(v) for c, v in out["all"].items()}, "oracle": oracle,
               "path_oracle": float(out.loc[PATH, "all"]), "law_policy_below_oracle": 1 - law / oracle,
               "best_table_in_sample": best_in.idxmax(), "best_table_in_sample_below_oracle": 1 - best_in.max() / oracle,
               "best_table_cross_fitted": best_cross.idxmax(),
-              "best_table_cross_fitted_below_oracle": 1 - best_cross.max() / oracle}
+              "best_table_cross_fitted_below_oracle": 1 - best_cross.max() / oracle, **routed}
     print(json.dumps(result))
     return result
 

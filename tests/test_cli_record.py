@@ -598,6 +598,18 @@ def test_round_outcomes_and_round_records_over_an_ar_workload(model_folder, task
         assert part["start_position"].tolist() == list(range(1, len(part) + 1))
     with pytest.raises(ValueError, match="AR run's"):
         workload_round_outcomes(ar, json.loads((ar / "run.json").read_text()), target)
+    # a sample of the workload's requests: exactly their rows of the whole table and records; an unknown id refused
+    one = sorted(counts.index)[-1]
+    part = workload_round_outcomes(ar, meta, target, budgets=(0, 2, 6), policy=policy, requests=[one],
+                                   verify_cost=VerifyCost((1, 2, 8), (1.0, 1.2, 2.0)))
+    pd.testing.assert_frame_equal(part.reset_index(drop=True),
+                                  table.loc[table["request_id"] == one].reset_index(drop=True))
+    some = workload_round_records(ar, meta, target, requests=[one])
+    assert set(some["request_id"]) == {one}
+    pd.testing.assert_frame_equal(some.reset_index(drop=True),
+                                  records.loc[records["request_id"] == one].reset_index(drop=True))
+    with pytest.raises(ValueError, match="holds no request nope"):
+        workload_round_outcomes(ar, meta, target, requests=[one, "nope"])
 
 
 def test_an_arms_drafter_replayed_over_an_ar_workload_proposes_what_it_proposes_over_its_own_run(

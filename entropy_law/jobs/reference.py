@@ -27,7 +27,7 @@ import contextlib
 import json
 import shutil
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Collection, Sequence
 
 import pandas as pd
 import torch
@@ -375,9 +375,17 @@ def _workload_inputs(workload_dir: str | Path, arm_meta: dict, target, tasks, ch
     return meta, drafter, plain, prompts, outputs
 
 
-def _decoded_requests(outputs: dict):
+def _decoded_requests(outputs: dict, requests: Collection[str] | None = None):
     """``(request_id, category, greedy output)`` of each request of ``_workload_inputs``' outputs, in request order,
-    that decoded a token after the prefill (a request with none has no round to replay)."""
+    that decoded a token after the prefill (a request with none has no round to replay). ``requests``: only these
+    request ids (``None``: all); one the workload run does not hold raises ``ValueError`` naming it."""
+    if requests is not None:
+        unknown = sorted(set(map(str, requests)) - set(map(str, outputs)))
+        if unknown:
+            raise ValueError(f"the workload run holds no request {', '.join(unknown[:5])}"
+                             f"{' ...' if len(unknown) > 5 else ''}: give request ids of its traces")
+        keep = set(map(str, requests))
+        outputs = {rid: value for rid, value in outputs.items() if str(rid) in keep}
     for rid in sorted(outputs):
         category, _, output, _ = outputs[rid]
         if len(output) >= 2:
@@ -463,7 +471,7 @@ def arm_round_options(arm_meta: dict) -> tuple[dict, str]:
     return options, "the arm's cost gate (its stored verify-cost curve)"
 
 
-def _replayed_requests(workload_dir, arm_meta: dict, target, tasks, checkpoint):
+def _replayed_requests(workload_dir, arm_meta: dict, target, tasks, checkpoint, requests=None):
     """(the name of the gate or policy replayed, an iterator of (run_id, request_id, category,
     ``decoding.replay.ReplayResult``) for each request of a workload run that decoded a token after the prefill):
     the arm's rounds replayed exactly over its greedy output (``workload_rounds``). The run and the drafter are
@@ -478,7 +486,7 @@ def _replayed_requests(workload_dir, arm_meta: dict, target, tasks, checkpoint):
         entropies = {str(rid): g["target_entropy_nats"].to_numpy(float) for rid, g in tokens.groupby("request_id")}
 
     def replayed():
-        for rid, category, output in _decoded_requests(outputs):
+        for rid, category, output in _decoded_requests(outputs, requests):
             yield str(meta["run_id"]), rid, category, replay_rounds(
                 prompts[rid], output, replay_drafter(drafter, target, prompts[rid], output),
                 arm_meta.get("tree_policy", "chain"), arm_meta.get("tree_budget"),
@@ -525,7 +533,8 @@ READ_BEFORE_DRAFT = ("entropy", "window_entropy", "context_match", "law_rate")
 def workload_round_outcomes(workload_dir: str | Path, arm_meta: dict, target, *,
                             budgets: Sequence[int] = (0, 1, 2, 4, 8, 16), policy: dict | None = None,
                             verify_cost=None, tasks: str | Path | None = None,
-                            checkpoint: str | Path | None = None) -> pd.DataFrame:
+                            checkpoint: str | Path | None = None,
+                            requests: Collection[str] | None = None) -> pd.DataFrame:
     """What a round of each budget of an arm's drafter and tree shape would do from every output position of each
     request of a workload run (``decoding.replay.round_outcomes``: the table any per-round policy chooses from,
     and the oracle's), keyed by ``run_id``, ``request_id`` and ``category``. With ``policy`` (law policy
@@ -533,7 +542,8 @@ def workload_round_outcomes(workload_dir: str | Path, arm_meta: dict, target, *,
     ``window_entropy`` and, for a policy that reads it, ``context_match``, from the workload's recorded entropies
     and context) and ``law_rate``, its best chain rate before drafting without in-request calibration (an
     uncalibrated decision drafts where it is above 1) under ``verify_cost`` (a ``decoding.gate.VerifyCost``; default:
-    the curve the parameters hold). Other arguments as ``workload_rounds``."""
+    the curve the parameters hold). ``requests``: only these request ids of the workload run (``None``: all; e.g. a
+    seeded sample of a large run). Other arguments as ``workload_rounds``."""
     from entropy_law.decoding.policy import LawPolicy
     from entropy_law.decoding.replay import round_outcomes
 
@@ -545,7 +555,7 @@ def workload_round_outcomes(workload_dir: str | Path, arm_meta: dict, target, *,
         tokens = load_traces(workload_dir).tokens.sort_values(["request_id", "position"])
         entropies = {str(rid): g["target_entropy_nats"].to_numpy(float) for rid, g in tokens.groupby("request_id")}
     frames = []
-    for rid, category, output in _decoded_requests(outputs):
+    for rid, category, output in _decoded_requests(outputs, requests):
         table = round_outcomes(prompts[rid], output, replay_drafter(drafter, target, prompts[rid], output),
                                budgets=budgets, **_budget_replay_options(arm_meta, meta, plain))
         if law is not None:
@@ -639,12 +649,14 @@ def workload_rounds(workload_dir: str | Path, arm_meta: dict, target, *, tasks: 
 
 
 def workload_round_records(workload_dir: str | Path, arm_meta: dict, target, *, tasks: str | Path | None = None,
-                           checkpoint: str | Path | None = None) -> pd.DataFrame:
+                           checkpoint: str | Path | None = None,
+                           requests: Collection[str] | None = None) -> pd.DataFrame:
     """``workload_rounds``' replayed rounds one row each, before they are counted per request: ``run_id``,
     ``request_id``, ``category``, ``round_index`` (0: the prefill), ``committed``, ``tree_nodes``, ``accepted`` and
     ``policy_drafted`` (whether a law policy called the drafter; null without a policy). For pricing each round by
-    a verify-cost curve (``c(tree_nodes + 1)``) rather than per request. Arguments as ``workload_rounds``."""
-    gate, replayed = _replayed_requests(workload_dir, arm_meta, target, tasks, checkpoint)
+    a verify-cost curve (``c(tree_nodes + 1)``) rather than per request. ``requests``: as ``workload_round_outcomes``.
+    Other arguments as ``workload_rounds``."""
+    gate, replayed = _replayed_requests(workload_dir, arm_meta, target, tasks, checkpoint, requests)
     out = pd.DataFrame([dict(run_id=run_id, request_id=rid, category=category, round_index=r.round_index,
                              committed=r.committed, tree_nodes=r.tree_nodes, accepted=r.accepted,
                              policy_drafted=None if r.policy is None else bool(r.policy.get("draft")))
