@@ -29,8 +29,22 @@ starts where the chosen one ends) or replayed:
 If even the in-sample table stays more than 10% below the oracle, no policy deciding from those inputs at that
 resolution meets the issue's goal on these prompts: the rest is what the inputs do not say about a round.
 
+With ``--route OTHER.json`` (the other drafter's law policy; its DDTree16 arm of ``data/traces``) the bench also asks
+what the hybrid goal can reach when each round goes to one drafter (the hybrid drafter's law policy routes so, its
+merged trees are not modelled here): the second drafter's outcomes at the same round starts, its replay oracle and
+replayed law policy, the **route oracle** (each round, in hindsight, the drafter and budget with the best rate of the
+round, each drafter's own cost counted) and its path oracle, and a **route table** (before drafting a cell of window
+entropy and copyability chooses a plain step or one drafter; after drafting that drafter's budget per cell of its own
+confidence; in sample and cross-fitted). ``--workloads traces`` adds Spec-Bench (the reference AR run, where the hybrid
+goal's 1.7x is read: the greedy outputs of its 400 reference requests, in ``data/traces/ngram``; the shipped law
+policies were fitted on them, so their rows there are in sample) and ``--sample K
+--seed S`` replays a seeded sample of K requests per category of each workload; the table then has an overall column
+per workload.
+
     OMP_NUM_THREADS=1 python bench/policy_ceiling.py --policy BLOCK-POLICY.json --cache /tmp/ceiling \\
         | tee bench/results/policy_ceiling.txt
+    OMP_NUM_THREADS=1 python bench/policy_ceiling.py --policy BLOCK-POLICY.json --route NGRAM-POLICY.json \\
+        --workloads traces traces_open_context traces_open_timed --sample 12 --seed 11 --cache /tmp/route
 
 Prints a table (modelled speedup over AR per category and overall, tokens per round, the distance to the oracle)
 and ends with ONE JSON line.
@@ -56,6 +70,9 @@ WORKLOADS = ("traces_open_timed", "traces_open_budgets", "traces_open_policy", "
              "traces_open_context")
 ALL_WORKLOADS = (*WORKLOADS, "traces")
 TASKS = {"traces": "spec_bench"}  # a workload whose run.json names no task file: the prompts it decoded
+# the run of a workload replayed over (default its AR run): Spec-Bench's reference AR run holds 5 requests, its n-gram
+# chain run all 400, and every arm's output is the target's greedy one (recorded with its entropies at every position)
+RUN_OF = {"traces": "ngram"}
 BUDGETS = (0, 1, 2, 4, 8, 16)
 ORACLE = "replay oracle (best rate of the round, in hindsight)"
 PATH = "path oracle (the best whole walk, in hindsight)"
@@ -180,76 +197,115 @@ def cells(actions: Actions, edges: dict, use: tuple[str, ...]) -> tuple[np.ndarr
     return pre, post
 
 
-def fit_table(actions: Actions, rows: np.ndarray, pre: np.ndarray, post: np.ndarray, *, iterations: int = 12,
+def fit_table(actions: Actions, rows: np.ndarray, pre: np.ndarray, post, *, groups=None, iterations: int = 12,
               passes: int = 3):
-    """The best action per cell for the requests of the starts ``rows``: before drafting, draft or not per ``pre``
-    cell; after it, the budget per ``post`` cell (a post cell belongs to the pre cell ``post // 100``). Started from
-    the renewal rule over those starts (each weighed alike, lambda the walk's rate; the best table of the iterations
-    kept), then improved cell by cell on the rate of the walk itself (coordinate ascent: each cell takes the action
-    whose walk over those requests commits most per cost, the others held; at most ``passes`` sweeps), since a walk
-    visits only some starts, and which ones depends on the table. Returns a function from (pre, post) cells to
-    actions (an unseen cell: a plain step)."""
+    """The best action per cell for the requests of the starts ``rows``: before drafting, per ``pre`` cell, a plain
+    step or which drafter to call (``groups``: one list of action columns per drafter; default one drafter, every
+    column after the plain step); after it, that drafter's budget per cell of its own ``post`` array (one per group;
+    a bare array for one drafter; a post cell belongs to the pre cell ``post // 100``). Started from the renewal rule
+    over those starts (each weighed alike, lambda the walk's rate; the best table of the iterations kept), then
+    improved cell by cell on the rate of the walk itself (coordinate ascent: each cell takes the choice whose walk over
+    those requests commits most per cost, the others held; at most ``passes`` sweeps), since a walk visits only some
+    starts, and which ones depends on the table. Returns a function from (pre, post) cells to actions (an unseen cell:
+    a plain step)."""
+    groups = [list(range(1, actions.committed.shape[1]))] if groups is None else [list(g) for g in groups]
+    posts = [post] if isinstance(post, np.ndarray) else list(post)
     keys = list(dict.fromkeys(actions.starts["key"].to_numpy()[rows]))
-    pre_of_post = pd.Series(post // 100, index=post).groupby(level=0).first()
+    pre_of_post = [pd.Series(p // 100, index=p).groupby(level=0).first() for p in posts]
 
-    def choose(pre_cells, post_cells, draft, best):
-        drafted = np.isin(pre_cells, list(draft))
-        return np.where(drafted, pd.Series(post_cells).map(best).fillna(0).to_numpy(dtype=int), 0)
+    def choose(pre_cells, post_cells, route, best):
+        post_cells = [post_cells] if isinstance(post_cells, np.ndarray) else post_cells
+        taken = pd.Series(pre_cells).map(route).to_numpy()  # the drafter of each start's pre cell (NaN: plain)
+        out = np.zeros(len(pre_cells), dtype=int)
+        for g in range(len(groups)):
+            here = taken == g
+            out[here] = pd.Series(post_cells[g][here]).map(best[g]).fillna(0).to_numpy(dtype=int)
+        return out
 
-    def rate(draft, best):
-        return actions.rate(choose(pre, post, draft, best), keys)
+    def rate(route, best):
+        return actions.rate(choose(pre, posts, route, best), keys)
 
-    lam, found = 1.0, (-np.inf, set(), {})
+    lam, found = 1.0, (-np.inf, {}, [{} for _ in groups])
     for _ in range(iterations):
         value = actions.committed[rows] - lam * actions.cost[rows]
-        frame = pd.DataFrame(value[:, 1:], columns=range(1, value.shape[1])).assign(post=post[rows])
-        best = frame.groupby("post").sum().idxmax(axis=1).astype(int)
-        drafted = value[np.arange(len(rows)), best.loc[post[rows]].to_numpy()]
-        sums = pd.DataFrame({"pre": pre[rows], "drafted": drafted, "plain": value[:, 0]}).groupby("pre").sum()
-        draft, best = set(sums.index[sums["drafted"] > sums["plain"]]), best.to_dict()
-        new = rate(draft, best)
+        best, options = [], [value[:, 0]]
+        for g, columns in enumerate(groups):
+            frame = pd.DataFrame(value[:, columns], columns=columns).assign(post=posts[g][rows])
+            chosen = frame.groupby("post").sum().idxmax(axis=1).astype(int)
+            options.append(value[np.arange(len(rows)), chosen.loc[posts[g][rows]].to_numpy()])
+            best.append(chosen.to_dict())
+        sums = pd.DataFrame(np.column_stack(options)).groupby(pre[rows]).sum().to_numpy()
+        cells_seen = np.unique(pre[rows])  # groupby sorts its keys
+        # the drafter whose best budgets gain most in the cell, where that is strictly above a plain step
+        pick = np.where((sums[:, 1:] > sums[:, :1]).any(axis=1), np.argmax(sums[:, 1:], axis=1) + 1, 0)
+        route = {cell: int(k) - 1 for cell, k in zip(cells_seen, pick) if k > 0}
+        new = rate(route, best)
         if new > found[0]:
-            found = (new, draft, best)
+            found = (new, route, best)
         if abs(new - lam) < 1e-9:
             break
         lam = new
-    current, draft, best = found
-    drafting = range(1, actions.committed.shape[1])
+    current, route, best = found
     for _ in range(passes):
         before = current
         for cell in sorted(set(pre[rows])):
-            trial = draft ^ {cell}
-            if (r := rate(trial, best)) > current + 1e-12:
-                current, draft = r, trial
-        for cell in sorted(set(post[rows])):
-            if pre_of_post[cell] not in draft:
-                continue
-            for action in drafting:
-                if action != best.get(cell) and (r := rate(draft, {**best, cell: action})) > current + 1e-12:
-                    current, best = r, {**best, cell: action}
+            for option in [None, *range(len(groups))]:
+                if option == route.get(cell):
+                    continue
+                trial = {k: v for k, v in route.items() if k != cell}
+                if option is not None:
+                    trial[cell] = option
+                if (r := rate(trial, best)) > current + 1e-12:
+                    current, route = r, trial
+        for g, columns in enumerate(groups):
+            for cell in sorted(set(posts[g][rows])):
+                if route.get(pre_of_post[g][cell]) != g:
+                    continue
+                for action in columns:
+                    if action != best[g].get(cell):
+                        trial = [*best[:g], {**best[g], cell: action}, *best[g + 1:]]
+                        if (r := rate(route, trial)) > current + 1e-12:
+                            current, best = r, trial
         if current <= before + 1e-12:
             break
-    return lambda pre_cells, post_cells: choose(pre_cells, post_cells, draft, best)
+    return lambda pre_cells, post_cells: choose(pre_cells, post_cells, route, best)
 
 
-def table_policy(actions: Actions, use: tuple[str, ...], *, bins: int, folds: int) -> dict[str, np.ndarray]:
-    """Per start, the in-sample and the cross-fitted table policy's action."""
+def table_policy(actions: Actions, use: tuple[str, ...], *, bins: int, folds: int,
+                 drafters: list[Actions] | None = None) -> dict[str, np.ndarray]:
+    """Per start, the in-sample and the cross-fitted table policy's action. ``drafters``: for a route table over
+    ``either_drafter``'s actions, the two drafters' own actions (each drafter's budget is chosen per cell of its own
+    confidence; before drafting, a cell chooses a plain step or one drafter)."""
     starts = actions.starts
+    drafters = [actions] if drafters is None else drafters
+    groups = None if len(drafters) == 1 else [list(range(1, actions.split)),
+                                              list(range(actions.split, actions.committed.shape[1]))]
 
     def edges_of(rows):
         return {"entropy": quantile_edges(starts["window_entropy"].to_numpy()[rows], bins),
-                "confidence": quantile_edges(actions.confidence[rows], bins)}
+                "confidence": [quantile_edges(d.confidence[rows], bins) for d in drafters]}
+
+    def cells_of(edges):
+        pre, post = cells(drafters[0], {**edges, "confidence": edges["confidence"][0]}, use)
+        if groups is None:
+            return pre, post
+        posts = [post] + [pre * 100 + (np.searchsorted(e, d.confidence) if "confidence" in use else 0)
+                          for d, e in zip(drafters[1:], edges["confidence"][1:])]
+        return pre, posts
+
+    def part(posts, rows):
+        return posts[rows] if groups is None else [p[rows] for p in posts]
 
     everything = np.arange(len(starts))
-    pre, post = cells(actions, edges_of(everything), use)
-    in_sample = fit_table(actions, everything, pre, post)(pre, post)
+    pre, post = cells_of(edges_of(everything))
+    in_sample = fit_table(actions, everything, pre, post, groups=groups)(pre, post)
     fold_of = {key: i % folds for i, key in enumerate(actions.keys)}
     fold = starts["key"].map(fold_of).to_numpy()
     crossed = np.zeros(len(starts), dtype=int)
     for f in range(folds):
         train, test = np.flatnonzero(fold != f), np.flatnonzero(fold == f)
-        pre, post = cells(actions, edges_of(train), use)
-        crossed[test] = fit_table(actions, train, pre, post)(pre[test], post[test])
+        pre, post = cells_of(edges_of(train))
+        crossed[test] = fit_table(actions, train, pre, post, groups=groups)(pre[test], part(post, test))
     return {"in sample": in_sample, "cross-fitted": crossed}
 
 
@@ -321,13 +377,13 @@ def main(argv=None) -> dict:
                    help="the drafting run whose drafter and tree are replayed (default: the policy drafter's "
                         "DDTree16 arm of data/traces)")
     p.add_argument("--route", default=None, metavar="OTHER.json",
-                   help="a second drafter's law policy (its DDTree16 arm of data/traces): both drafters' outcomes at the "
-                        "same round starts, each drafter's oracle and replayed law policy, and the route oracle (each "
-                        "round the better drafter and budget in hindsight: the ceiling of a hybrid that routes)")
+                   help="a second drafter's law policy (its DDTree16 arm of data/traces): both drafters' outcomes at "
+                        "the same round starts, each drafter's oracle and replayed law policy, and the route oracle "
+                        "(each round the better drafter and budget in hindsight: the ceiling of a hybrid that routes)")
     p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=ALL_WORKLOADS, metavar="NAME",
                    help=f"recordings under data/ whose AR runs are replayed over (default: {' '.join(WORKLOADS)}; "
-                        "'traces': Spec-Bench's reference AR run, 80 prompts a category, on which the shipped law "
-                        "policies were fitted)")
+                        "'traces': Spec-Bench's 400 reference requests (the greedy outputs of data/traces/ngram), on "
+                        "which the shipped law policies were fitted)")
     p.add_argument("--sample", type=int, default=None, metavar="K",
                    help="K requests of each category of each workload, a seeded sample (default: every request)")
     p.add_argument("--seed", type=int, default=0, help="the sample's seed")
@@ -400,7 +456,7 @@ def main(argv=None) -> dict:
                                      float(other["draft_cost"]))
     tables, rounds = {tag: [] for tag, _, _ in drafters}, []
     for workload in args.workloads:
-        ar = data / workload / "ar"
+        ar = data / workload / RUN_OF.get(workload, "ar")
         requests = sampled_requests(ar, args.sample, args.seed)
         for tag, meta_of, params_of in drafters:
             stored = cache / f"{workload}.{tag}outcomes.parquet" if cache else None
@@ -445,6 +501,10 @@ def main(argv=None) -> dict:
         route = either_drafter(actions, second, (arm_meta.get("drafter_id"), name))
         choices[ROUTE] = (route, ratio_oracle(route))
         choices[ROUTE_PATH] = (route, path_oracle(route))
+        use = inputs["entropy + copyability + confidence"]
+        for how, choice in table_policy(route, use, bins=args.bins, folds=args.folds,
+                                        drafters=[actions, second]).items():
+            choices[f"route table: entropy + copyability + each drafter's confidence, {how}"] = (route, choice)
 
     rows, shares = [], {}
     for name, (acting, choice) in choices.items():
@@ -486,8 +546,8 @@ def main(argv=None) -> dict:
               "data/traces (as entropy-law policy data/traces fits them): it holds these requests; the oracles and "
               "fixed budgets fit nothing")
     law = float(out.loc[LAW, "all"])
-    best_in = out.loc[[c for c in out.index if c.endswith("in sample")], "all"]
-    best_cross = out.loc[[c for c in out.index if c.endswith("cross-fitted")], "all"]
+    best_in = out.loc[[c for c in out.index if c.startswith("table:") and c.endswith("in sample")], "all"]
+    best_cross = out.loc[[c for c in out.index if c.startswith("table:") and c.endswith("cross-fitted")], "all"]
     print(f"\nthe replay oracle {oracle:.3f}x (the path oracle {out.loc[PATH, 'all']:.3f}x); the shipped law "
           "policy "
           f"{law:.3f}x ({1 - law / oracle:.1%} below the oracle); the best table policy in sample: {best_in.idxmax()} "
@@ -501,15 +561,19 @@ def main(argv=None) -> dict:
                   "second_oracle": second_oracle, "second_drafter": names[1],
                   "second_law_policy": float(out.loc[f"{names[1]} {LAW}", "all"]),
                   "route_oracle_shares": shares[ROUTE],
+                  "route_table": {how: float(out.loc[c, "all"]) for c in out.index if c.startswith("route table")
+                                  for how in ("in sample", "cross-fitted") if c.endswith(how)},
                   "per_workload": {c: {k: float(v) for k, v in out[c].items()} for c in out.columns
                                    if c.startswith("all ")}}
         share = shares[ROUTE]
         print(f"the route oracle {routed['route_oracle']:.3f}x (path {routed['route_path_oracle']:.3f}x): "
               f"{routed['route_oracle'] / max(oracle, second_oracle) - 1:+.1%} over the better drafter's own oracle "
               f"({names[0]} {oracle:.3f}x, {names[1]} {second_oracle:.3f}x); it drafts with {names[0]} in "
-              f"{share['first']:.0%} of its rounds, with {names[1]} in {share['second']:.0%}, and takes a plain step in "
-              f"{1 - share['first'] - share['second']:.0%}. The better law policy reaches "
-              f"{max(law, routed['second_law_policy']) / routed['route_oracle']:.1%} of the route oracle")
+              f"{share['first']:.0%} of its rounds, with {names[1]} in {share['second']:.0%}, and takes a plain step "
+              f"in {1 - share['first'] - share['second']:.0%}. The better law policy reaches "
+              f"{max(law, routed['second_law_policy']) / routed['route_oracle']:.1%} of the route oracle, a route "
+              f"table on the inputs {routed['route_table']['cross-fitted'] / routed['route_oracle']:.1%} cross-fitted, "
+              f"{routed['route_table']['in sample'] / routed['route_oracle']:.1%} in sample")
     result = {"bench": "policy_ceiling", "policy": str(args.policy), "arm": str(arm_dir), "workloads": args.workloads,
               "route_policy": args.route, "sample": args.sample, "seed": args.seed,
               "prompt_runs": len(actions.keys), "verify_cost_curve": curve.to_config(), "draft_cost": draft_cost,

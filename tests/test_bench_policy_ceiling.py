@@ -115,3 +115,53 @@ def test_a_cache_of_another_configuration_is_refused_not_mixed_in(tmp_path):
     (tmp_path / "old" / "traces_open_timed.law.parquet").write_bytes(b"")
     with pytest.raises(SystemExit, match="not empty"):
         bench.open_cache(tmp_path / "old", manifest)
+
+
+def two_drafters(requests: dict[str, list[int]], n_starts: int = 30) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Round outcomes of two drafters at the same starts: at kind 1 the first drafter accepts 2 / 5 drafts at budget
+    2 / 8 and the second none, at kind 2 the reverse, at kind 0 neither; the window entropy tells the kinds apart
+    (0.1, 1.0, 2.0 for kinds 1, 2, 0)."""
+    frames = []
+    for drafter in (1, 2):
+        rows = []
+        for key, pattern in requests.items():
+            for s in range(1, n_starts + 1):
+                kind = pattern[(s - 1) % len(pattern)]
+                accepted = {0: 0, 2: 2 * (kind == drafter), 8: 5 * (kind == drafter)}
+                rows += [{"key": key, "request_id": key, "category": "c", "start_position": s, "budget": b,
+                          "tree_nodes": b, "accepted": accepted[b], "committed": accepted[b] + 1,
+                          "expected_accepted": 1.0 if b else 0.0, "window_entropy": {0: 2.0, 1: 0.1, 2: 1.0}[kind],
+                          "context_match": 0} for b in BUDGETS]
+        frames.append(pd.DataFrame(rows))
+    return frames[0], frames[1]
+
+
+def test_the_route_oracle_drafts_each_round_with_the_drafter_that_pays_and_a_route_table_can_learn_it():
+    """``either_drafter``: both drafters' actions at the same starts, each priced with its own drafter's cost. The route
+    oracle drafts with the first drafter exactly at its kind, with the second at the second's, and beats either
+    drafter's own oracle; a route table on an input that tells the kinds apart reaches it (in sample and cross-fitted),
+    one on nothing does not; tables of different starts are refused."""
+    bench = _bench()
+    # one kind per request (a walk stays in its kind), each kind in both folds of the cross-fitted table
+    first_table, second_table = two_drafters({"a": [1], "b": [1], "c": [2], "d": [2], "e": [0], "f": [0]})
+    first = bench.Actions(first_table, BUDGETS, CURVE, draft_cost=0.2)
+    second = bench.Actions(second_table, BUDGETS, CURVE, draft_cost=0.01)
+    route = bench.either_drafter(first, second, ("block", "ngram"))
+    assert route.names == ["plain step", "block draft, verify none", "block N=2", "block N=8",
+                           "ngram draft, verify none", "ngram N=2", "ngram N=8"] and route.split == 4
+    assert route.cost[0, 5] == pytest.approx(CURVE(3) + 0.01) and route.cost[0, 2] == pytest.approx(CURVE(3) + 0.2)
+    oracle = bench.ratio_oracle(route)
+    rows, acts = route.walk(oracle)
+    entropy = route.starts["window_entropy"].to_numpy()[rows]
+    assert set(acts[entropy == 0.1]) == {3} and set(acts[entropy == 1.0]) == {6} and set(acts[entropy == 2.0]) == {0}
+    best = route.rate(bench.path_oracle(route))
+    assert route.rate(oracle) > max(first.rate(bench.ratio_oracle(first)), second.rate(bench.ratio_oracle(second)))
+    assert best >= route.rate(oracle) - 1e-12
+    told = bench.table_policy(route, ("entropy",), bins=10, folds=2, drafters=[first, second])  # a bin per kind
+    for how in ("in sample", "cross-fitted"):  # a table decides per kind, as the route oracle does here
+        assert (told[how] == oracle).all()
+    blind = bench.table_policy(route, ("copy",), bins=3, folds=2, drafters=[first, second])["in sample"]
+    assert route.rate(blind) < route.rate(oracle)
+    shorter = bench.Actions(two_drafters({"a": [1]}, n_starts=5)[1], BUDGETS, CURVE, draft_cost=0.01)
+    with pytest.raises(ValueError, match="same round starts"):
+        bench.either_drafter(first, shorter, ("block", "ngram"))
