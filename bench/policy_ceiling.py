@@ -79,6 +79,7 @@ PATH = "path oracle (the best whole walk, in hindsight)"
 ROUTE = "route oracle (either drafter and its budget, per round in hindsight)"
 ROUTE_PATH = "route path oracle (the best whole walk over both drafters)"
 LAW = "law policy (shipped, calibrated)"
+HYBRID_LAW = "hybrid drafter's law policy (routes each round by the two laws; merged tree when it calls the block)"
 
 
 # --- the action table of one set of requests ------------------------------------------------------------------
@@ -407,7 +408,7 @@ def main(argv=None) -> dict:
     from entropy_law.decoding.gate import VerifyCost, measure_verify_cost
     from entropy_law.decoding.loading import load_target
     from entropy_law.jobs.reference import with_gate, workload_round_outcomes, workload_round_records
-    from entropy_law.law.policy import load_policy, policy_arm_meta
+    from entropy_law.law.policy import hybrid_policy, load_policy, policy_arm_meta
     from entropy_law.traces.layout import RUN_FILE, read_run_json
 
     torch.set_num_threads(1)
@@ -454,6 +455,16 @@ def main(argv=None) -> dict:
         drafters.append(("route.", other_meta, other))
         replayed[f"{name} {LAW}"] = (policy_arm_meta(other_meta, other, measured=curve.to_config())[0], "route.law",
                                      float(other["draft_cost"]))
+        by_id = {arm_meta.get("drafter_id"): (arm_meta, params), name: (other_meta, other)}
+        if "ngram" in by_id:  # the hybrid drafter's law policy: the two laws, each round the drafter of the higher rate
+            (ngram_meta, ngram_law), (block_meta, block_law) = by_id.pop("ngram"), by_id.popitem()[1]
+            hybrid = hybrid_policy(ngram_law, block_law)
+            replayed[HYBRID_LAW] = (
+                {**block_meta, "drafter_id": "hybrid", "arm": "hybrid law", "gate": "cost",
+                 "drafter_config": {"ngram": ngram_meta.get("drafter_config") or {},
+                                    "block": block_meta.get("drafter_config") or {}},
+                 "verify_cost": curve.to_config(), "policy": hybrid}, "hybrid.law",
+                {"ngram": float(ngram_law["draft_cost"]), "block": float(block_law["draft_cost"])})
     tables, rounds = {tag: [] for tag, _, _ in drafters}, []
     for workload in args.workloads:
         ar = data / workload / RUN_OF.get(workload, "ar")
@@ -519,9 +530,14 @@ def main(argv=None) -> dict:
     costs = {name: cost for name, (_, _, cost) in replayed.items()}
     for name, part in pd.concat(rounds).groupby("config", sort=False):
         part = part.loc[part["round_index"] > 0]
-        called = part["policy_drafted"].fillna(True).astype(bool) if LAW in name else \
+        called = part["policy_drafted"].fillna(True).astype(bool) if LAW in name or name == HYBRID_LAW else \
             pd.Series(True, index=part.index)
-        cost = np.array([curve(int(n) + 1) for n in part["tree_nodes"]]) + costs[name] * called.to_numpy()
+        if name == HYBRID_LAW:  # prompt lookup runs every round (the policy looks at it first); the block forward
+            # where the round was routed to it
+            spent = costs[name]["ngram"] + costs[name]["block"] * (called & (part["policy_route"] == "block"))
+        else:
+            spent = costs[name] * called
+        cost = np.array([curve(int(n) + 1) for n in part["tree_nodes"]]) + spent.to_numpy(dtype=float)
         rows.append((name, pd.DataFrame({"key": part["key"].to_numpy(), "committed": part["committed"].to_numpy(),
                                          "cost": cost, "drafted": called.to_numpy()})))
     summary = []
@@ -560,6 +576,7 @@ def main(argv=None) -> dict:
         routed = {"route_oracle": float(out.loc[ROUTE, "all"]), "route_path_oracle": float(out.loc[ROUTE_PATH, "all"]),
                   "second_oracle": second_oracle, "second_drafter": names[1],
                   "second_law_policy": float(out.loc[f"{names[1]} {LAW}", "all"]),
+                  **({"hybrid_law_policy": float(out.loc[HYBRID_LAW, "all"])} if HYBRID_LAW in out.index else {}),
                   "route_oracle_shares": shares[ROUTE],
                   "route_table": {how: float(out.loc[c, "all"]) for c in out.index if c.startswith("route table")
                                   for how in ("in sample", "cross-fitted") if c.endswith(how)},
@@ -573,7 +590,9 @@ def main(argv=None) -> dict:
               f"in {1 - share['first'] - share['second']:.0%}. The better law policy reaches "
               f"{max(law, routed['second_law_policy']) / routed['route_oracle']:.1%} of the route oracle, a route "
               f"table on the inputs {routed['route_table']['cross-fitted'] / routed['route_oracle']:.1%} cross-fitted, "
-              f"{routed['route_table']['in sample'] / routed['route_oracle']:.1%} in sample")
+              f"{routed['route_table']['in sample'] / routed['route_oracle']:.1%} in sample"
+              + (f", the hybrid drafter's law policy {routed['hybrid_law_policy'] / routed['route_oracle']:.1%}"
+                 if "hybrid_law_policy" in routed else ""))
     result = {"bench": "policy_ceiling", "policy": str(args.policy), "arm": str(arm_dir), "workloads": args.workloads,
               "route_policy": args.route, "sample": args.sample, "seed": args.seed,
               "prompt_runs": len(actions.keys), "verify_cost_curve": curve.to_config(), "draft_cost": draft_cost,

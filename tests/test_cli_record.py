@@ -825,6 +825,18 @@ def test_record_with_the_hybrid_drafter_and_its_law_policy(model_folder, task_fi
     routes = read_table(out, "rounds")["policy_route"]
     assert routes.notna().any() and set(routes.dropna()) <= {"ngram", "block"}
     assert_greedy_outputs(out, model_folder, task_file)
+    # the hybrid arms replay exactly over their own outputs (round_proposals raises on any round that differs), the
+    # law policy's routes included: what prices a hybrid arm on another workload before running it
+    from entropy_law.decoding.loading import load_target
+    from entropy_law.jobs.reference import round_proposals, workload_round_records
+
+    target = load_target(str(model_folder))
+    drafted = {run.name: round_proposals(run, target, checkpoint=checkpoint) for run in (gate, never, out)}
+    assert not drafted["gate"].empty and not drafted["law"].empty  # rounds that verified drafts were compared
+    replayed = workload_round_records(out, json.loads((out / "run.json").read_text()), target, checkpoint=checkpoint)
+    recorded = read_table(out, "rounds").sort_values(["request_id", "round_index"])
+    assert replayed["policy_route"].tolist() == recorded["policy_route"].tolist()
+    assert replayed["policy_route"].isin(["ngram", "block"]).any()
 
     assert record(model_folder, task_file, tmp_path / "one", "--policy", "law", "--policy-law", str(combined)) == 2
     assert "only a decoder of the hybrid drafter runs it" in capsys.readouterr().err  # --drafter ngram

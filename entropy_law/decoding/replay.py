@@ -31,7 +31,7 @@ from entropy_law.decoding.gate import VerifyCost
 from entropy_law.decoding.interface import DraftProposal, Drafter, drafter_run_config
 from entropy_law.decoding.loading import model_of
 from entropy_law.decoding.observers import distribution_stats
-from entropy_law.decoding.policy import LawPolicy
+from entropy_law.decoding.policy import HybridLawPolicy, LawPolicy, check_policy, make_policy
 from entropy_law.decoding.round import (DEFAULT_VERIFY_COST_RATIO, Observer, RequestState, Round, RoundRules,
                                         eos_set, play_round, prefill_round)
 from entropy_law.decoding.tree import Tree, build_tree
@@ -179,7 +179,8 @@ def replay_rounds(
     ``verify_cost`` is not re-measured: pass the curve the online run used, ``VerifyCost.from_config``); ``max_new_tokens``
     defaults to ``len(output_ids)``; ``max_context`` is the target's context length (``None``: no limit).
     ``should_draft(proposal, tree)`` replaces the expected-accepted gate when given. ``policy``: a
-    ``policy.LawPolicy`` (or its parameters, priced with ``verify_cost``) in place of the gate; it reads the
+    ``policy.LawPolicy`` (or its parameters, priced with ``verify_cost``; or the hybrid drafter's two laws,
+    ``policy.HybridLawPolicy``, with a ``HybridDrafter``) in place of the gate; it reads the
     target entropy at each output position from ``entropies`` (e.g. ``target_entropy_nats`` of the
     recorded tokens or of ``teacher_forced_target_stats``; ``None``: the policy's default entropy).
     """
@@ -188,10 +189,10 @@ def replay_rounds(
         raise ValueError("empty prompt")
     if not output_ids:
         raise ValueError("empty output: the prefill always commits one token")
-    if isinstance(policy, dict):
-        policy = LawPolicy(policy, verify_cost)
-    if isinstance(policy, LawPolicy):
-        policy.check_drafter(drafter)
+    if policy is not None:  # parameters of one drafter's law or of the hybrid drafter's two (bound to it)
+        policy = make_policy(policy, verify_cost, drafter)
+    if isinstance(policy, (LawPolicy, HybridLawPolicy)):
+        check_policy(policy, drafter, None)
     rules = RoundRules.make(tree, budget, eos_token_ids=eos_token_ids, max_context=max_context,
                             verify_cost_ratio=verify_cost_ratio, min_expected_accepted=min_expected_accepted,
                             verify_cost=verify_cost, should_draft=should_draft, policy=policy)

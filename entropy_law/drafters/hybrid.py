@@ -123,6 +123,12 @@ class HybridDrafter:
         self._route = None
         self._peeked = None
 
+    def with_block(self, block) -> "HybridDrafter":
+        """A hybrid drafter of the same settings and n-gram drafter around another block drafter (e.g. a replay's
+        stand-in, ``replay.PrecomputedBlockDrafter``)."""
+        return HybridDrafter(self.ngram, block, ngram_weight=self.ngram_weight, skip_block_at=self.skip_block_at,
+                             top_k=self.top_k)
+
     def ngram_proposal(self, tokens: Sequence[int]) -> DraftProposal:
         """The n-gram drafter's proposal after ``tokens``, made once per round: a policy may look at it before
         choosing the round's drafter (prompt lookup costs next to nothing), and ``propose`` reuses it."""

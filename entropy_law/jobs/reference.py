@@ -84,7 +84,10 @@ def recorded_prompts(run_dir: Path, encode: Callable, tasks: dict) -> dict:
 def replay_drafter(drafter, target, prompt_ids: Sequence[int], output_ids: Sequence[int]):
     """``drafter`` ready to replay rounds or proposals on ``prompt_ids`` + ``output_ids`` offline: the drafter
     itself where it reads no target features (the n-gram drafter), else the block drafter's stand-in from one
-    teacher-forced target pass over the sequence (``PrecomputedBlockDrafter``)."""
+    teacher-forced target pass over the sequence (``PrecomputedBlockDrafter``); the hybrid drafter around that
+    stand-in of its block drafter (``HybridDrafter.with_block``)."""
+    if callable(getattr(drafter, "with_block", None)):
+        return drafter.with_block(replay_drafter(drafter.block, target, prompt_ids, output_ids))
     layers = tuple(getattr(drafter, "feature_layers", ()) or ())
     if not layers:
         return drafter
@@ -350,29 +353,41 @@ def _arm_checkpoint(recorded_sha256: str | None, checkpoint: str | Path | None) 
 def _workload_inputs(workload_dir: str | Path, arm_meta: dict, target, tasks, checkpoint):
     """What replaying an arm over a workload run needs: (the workload's run.json, the arm's drafter, a plain
     decoder of the target, prompt ids and greedy outputs by request id)."""
+    from entropy_law.drafters.hybrid import HybridDrafter
     from entropy_law.drafters.ngram import NgramDrafter
 
     meta, plain, prompts, outputs = _run_prompts(workload_dir, target, tasks)
     drafter_id = arm_meta.get("drafter_id")
     if drafter_id in (None, "none", "ar"):
         raise ValueError("arm_meta is an AR run's: give the run.json of a drafting arm")
+    config = arm_meta.get("drafter_config") or {}
     if drafter_id == "ngram":
-        drafter = NgramDrafter(**(arm_meta.get("drafter_config") or {}))
+        drafter = NgramDrafter(**config)
+    elif drafter_id == "hybrid":  # prompt lookup and the block drafter behind one drafter, as the arm ran them
+        block = _arm_block_drafter(config.get("block") or {}, None, target, checkpoint)
+        drafter = HybridDrafter(NgramDrafter(**(config.get("ngram") or {})), block,
+                                **{k: config[k] for k in ("ngram_weight", "skip_block_at", "top_k") if k in config})
     else:
-        # the dtype the arm's drafter ran in (absent: fp32), so that the replayed proposals are the recorded ones
-        config = arm_meta.get("drafter_config") or {}
-        dtype = config.get("compute_dtype", "float32")
-        recorded = config.get("checkpoint_sha256")
-        checkpoint = _arm_checkpoint(recorded, checkpoint)
-        drafter = make_drafter(arm_spec("block"), target, checkpoint=checkpoint, compute_dtype=dtype)
-        loaded = drafter.provenance.get("checkpoint_sha256")  # BlockDrafter.load hashed the file it read
-        if recorded and loaded != recorded:
-            raise ValueError(f"the arm was recorded with the block drafter checkpoint sha256:{recorded[:12]}, "
-                             f"{checkpoint} is sha256:{loaded[:12]}: pass the checkpoint the arm ran with")
-        if drafter.drafter_id != drafter_id:
-            raise ValueError(f"the arm was recorded with {drafter_id}, the block drafter loaded is {drafter.drafter_id}; "
-                             "pass the arm's checkpoint (checkpoint=; entropy-law predict --checkpoint FILE)")
+        drafter = _arm_block_drafter(config, drafter_id, target, checkpoint)
     return meta, drafter, plain, prompts, outputs
+
+
+def _arm_block_drafter(config: dict, drafter_id: str | None, target, checkpoint):
+    """The block drafter an arm ran (``config``: its ``drafter_config``; ``drafter_id``: the id it recorded, or
+    ``None`` where the run names the hybrid drafter), loaded from ``checkpoint`` or the one whose SHA-256 it
+    recorded, in the dtype it ran in (absent: fp32), so that the replayed proposals are the recorded ones."""
+    dtype = config.get("compute_dtype", "float32")
+    recorded = config.get("checkpoint_sha256")
+    checkpoint = _arm_checkpoint(recorded, checkpoint)
+    drafter = make_drafter(arm_spec("block"), target, checkpoint=checkpoint, compute_dtype=dtype)
+    loaded = drafter.provenance.get("checkpoint_sha256")  # BlockDrafter.load hashed the file it read
+    if recorded and loaded != recorded:
+        raise ValueError(f"the arm was recorded with the block drafter checkpoint sha256:{recorded[:12]}, "
+                         f"{checkpoint} is sha256:{loaded[:12]}: pass the checkpoint the arm ran with")
+    if drafter_id is not None and drafter.drafter_id != drafter_id:
+        raise ValueError(f"the arm was recorded with {drafter_id}, the block drafter loaded is {drafter.drafter_id}; "
+                         "pass the arm's checkpoint (checkpoint=; entropy-law predict --checkpoint FILE)")
+    return drafter
 
 
 def _decoded_requests(outputs: dict, requests: Collection[str] | None = None):
@@ -653,13 +668,15 @@ def workload_round_records(workload_dir: str | Path, arm_meta: dict, target, *, 
                            requests: Collection[str] | None = None) -> pd.DataFrame:
     """``workload_rounds``' replayed rounds one row each, before they are counted per request: ``run_id``,
     ``request_id``, ``category``, ``round_index`` (0: the prefill), ``committed``, ``tree_nodes``, ``accepted`` and
-    ``policy_drafted`` (whether a law policy called the drafter; null without a policy). For pricing each round by
+    ``policy_drafted`` (whether a law policy called the drafter; null without a policy), ``policy_route`` (the hybrid
+    drafter's law policy: the drafter it chose, ``"ngram"`` or ``"block"``; null otherwise). For pricing each round by
     a verify-cost curve (``c(tree_nodes + 1)``) rather than per request. ``requests``: as ``workload_round_outcomes``.
     Other arguments as ``workload_rounds``."""
     gate, replayed = _replayed_requests(workload_dir, arm_meta, target, tasks, checkpoint, requests)
     out = pd.DataFrame([dict(run_id=run_id, request_id=rid, category=category, round_index=r.round_index,
                              committed=r.committed, tree_nodes=r.tree_nodes, accepted=r.accepted,
-                             policy_drafted=None if r.policy is None else bool(r.policy.get("draft")))
+                             policy_drafted=None if r.policy is None else bool(r.policy.get("draft")),
+                             policy_route=None if r.policy is None else r.policy.get("route"))
                         for run_id, rid, category, result in replayed for r in result.rounds])
     if out.empty:
         raise ValueError(f"{workload_dir}: no request decoded a token after the prefill: nothing to replay")
