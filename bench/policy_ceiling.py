@@ -79,6 +79,8 @@ PATH = "path oracle (the best whole walk, in hindsight)"
 ROUTE = "route oracle (either drafter and its budget, per round in hindsight)"
 ROUTE_PATH = "route path oracle (the best whole walk over both drafters)"
 LAW = "law policy (shipped, calibrated)"
+MERGED = "merged-tree replay oracle (the hybrid drafter calling both drafters every round)"
+ROUTE3 = "route oracle with the merged tree (either drafter or both merged, per round in hindsight)"
 HYBRID_LAW = "hybrid drafter's law policy (routes each round by the two laws; merged tree when it calls the block)"
 
 
@@ -122,19 +124,21 @@ class Actions:
         return float(self.committed[rows, acts].sum() / self.cost[rows, acts].sum())
 
 
-def either_drafter(first: Actions, second: Actions, names: tuple[str, str]) -> Actions:
-    """The actions of both drafters at the same round starts (a hybrid that routes each round to one drafter): the
-    plain step, then ``first``'s drafting actions, then ``second``'s (each priced with its own drafter's cost)."""
-    same = (first.starts[["key", "start_position"]].reset_index(drop=True)
-            .equals(second.starts[["key", "start_position"]].reset_index(drop=True)))
-    if not same:
-        raise ValueError("the two drafters' outcome tables do not hold the same round starts")
-    both = copy.copy(first)
-    both.committed = np.hstack([first.committed, second.committed[:, 1:]])
-    both.cost = np.hstack([first.cost, second.cost[:, 1:]])
-    both.names = (["plain step"] + [f"{names[0]} {n}" for n in first.names[1:]]
-                  + [f"{names[1]} {n}" for n in second.names[1:]])
-    both.split = first.committed.shape[1]  # actions from this column on are the second drafter's
+def either_drafter(parts: list[Actions], names: list[str]) -> Actions:
+    """The actions of several drafters at the same round starts (a hybrid that routes each round to one of them): the
+    plain step, then each drafter's drafting actions in turn (each priced with its own drafter's cost); ``groups``:
+    the columns of each drafter's."""
+    keys = [part.starts[["key", "start_position"]].reset_index(drop=True) for part in parts]
+    if any(not keys[0].equals(other) for other in keys[1:]):
+        raise ValueError("the drafters' outcome tables do not hold the same round starts")
+    both = copy.copy(parts[0])
+    both.committed = np.hstack([parts[0].committed[:, :1]] + [part.committed[:, 1:] for part in parts])
+    both.cost = np.hstack([parts[0].cost[:, :1]] + [part.cost[:, 1:] for part in parts])
+    both.names = ["plain step"] + [f"{name} {n}" for part, name in zip(parts, names) for n in part.names[1:]]
+    both.groups, start = [], 1
+    for part in parts:
+        both.groups.append(list(range(start, start + part.committed.shape[1] - 1)))
+        start += part.committed.shape[1] - 1
     return both
 
 
@@ -275,12 +279,11 @@ def fit_table(actions: Actions, rows: np.ndarray, pre: np.ndarray, post, *, grou
 def table_policy(actions: Actions, use: tuple[str, ...], *, bins: int, folds: int,
                  drafters: list[Actions] | None = None) -> dict[str, np.ndarray]:
     """Per start, the in-sample and the cross-fitted table policy's action. ``drafters``: for a route table over
-    ``either_drafter``'s actions, the two drafters' own actions (each drafter's budget is chosen per cell of its own
+    ``either_drafter``'s actions, the drafters' own actions (each drafter's budget is chosen per cell of its own
     confidence; before drafting, a cell chooses a plain step or one drafter)."""
     starts = actions.starts
     drafters = [actions] if drafters is None else drafters
-    groups = None if len(drafters) == 1 else [list(range(1, actions.split)),
-                                              list(range(actions.split, actions.committed.shape[1]))]
+    groups = None if len(drafters) == 1 else actions.groups
 
     def edges_of(rows):
         return {"entropy": quantile_edges(starts["window_entropy"].to_numpy()[rows], bins),
@@ -381,6 +384,10 @@ def main(argv=None) -> dict:
                    help="a second drafter's law policy (its DDTree16 arm of data/traces): both drafters' outcomes at "
                         "the same round starts, each drafter's oracle and replayed law policy, and the route oracle "
                         "(each round the better drafter and budget in hindsight: the ceiling of a hybrid that routes)")
+    p.add_argument("--merged", action="store_true",
+                   help="with --route over the n-gram and block drafters: also the hybrid drafter's merged tree (both "
+                        "drafters called every round, their candidates in one tree) as a third drafter of the route "
+                        "oracle and table")
     p.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=ALL_WORKLOADS, metavar="NAME",
                    help=f"recordings under data/ whose AR runs are replayed over (default: {' '.join(WORKLOADS)}; "
                         "'traces': Spec-Bench's 400 reference requests (the greedy outputs of data/traces/ngram), on "
@@ -401,6 +408,8 @@ def main(argv=None) -> dict:
         p.error("--bins must be >= 1 and --folds >= 2")
     if args.sample is not None and args.sample < 1:
         p.error("--sample must be >= 1 requests a category")
+    if args.merged and not args.route:
+        p.error("--merged goes with --route (the n-gram and the block drafter's law policies)")
 
     import torch
 
@@ -432,7 +441,8 @@ def main(argv=None) -> dict:
                            "code_sha256": replay_code_sha256(),
                            **({"route_policy_sha256": hashlib.sha256(Path(args.route).read_bytes()).hexdigest(),
                                "route_arm": str(other_dir.resolve())} if other is not None else {}),
-                           **({"sample": args.sample, "seed": args.seed} if args.sample is not None else {})})
+                           **({"sample": args.sample, "seed": args.seed} if args.sample is not None else {}),
+                           **({"merged": True} if args.merged else {})})
     kept = cache / "verify_cost.json" if cache else None
     if args.verify_cost or (kept is not None and kept.is_file()):
         curve = VerifyCost.from_config(json.loads(Path(args.verify_cost or kept).read_text()))
@@ -456,9 +466,18 @@ def main(argv=None) -> dict:
         replayed[f"{name} {LAW}"] = (policy_arm_meta(other_meta, other, measured=curve.to_config())[0], "route.law",
                                      float(other["draft_cost"]))
         by_id = {arm_meta.get("drafter_id"): (arm_meta, params), name: (other_meta, other)}
+        if args.merged and "ngram" not in by_id:
+            p.error("--merged needs the n-gram drafter's law policy as --policy or --route")
         if "ngram" in by_id:  # the hybrid drafter's law policy: the two laws, each round the drafter of the higher rate
             (ngram_meta, ngram_law), (block_meta, block_law) = by_id.pop("ngram"), by_id.popitem()[1]
             hybrid = hybrid_policy(ngram_law, block_law)
+            merged_meta = {**block_meta, "drafter_id": "hybrid", "arm": "hybrid merged", "gate": "cost",
+                           "drafter_config": {"ngram": ngram_meta.get("drafter_config") or {},
+                                              "block": block_meta.get("drafter_config") or {},
+                                              "skip_block_at": float("inf")}}  # both drafters every round
+            if args.merged:
+                drafters.append(("merged.", merged_meta, block_law))  # the block law: only its inputs are read
+                merged_cost = float(ngram_law["draft_cost"]) + float(block_law["draft_cost"])
             replayed[HYBRID_LAW] = (
                 {**block_meta, "drafter_id": "hybrid", "arm": "hybrid law", "gate": "cost",
                  "drafter_config": {"ngram": ngram_meta.get("drafter_config") or {},
@@ -509,13 +528,21 @@ def main(argv=None) -> dict:
         second = Actions(pd.concat(tables["route."], ignore_index=True), list(BUDGETS), curve,
                          float(other["draft_cost"]))
         choices[f"{name} replay oracle"] = (second, ratio_oracle(second))
-        route = either_drafter(actions, second, (arm_meta.get("drafter_id"), name))
+        route = either_drafter([actions, second], [arm_meta.get("drafter_id"), name])
         choices[ROUTE] = (route, ratio_oracle(route))
         choices[ROUTE_PATH] = (route, path_oracle(route))
         use = inputs["entropy + copyability + confidence"]
         for how, choice in table_policy(route, use, bins=args.bins, folds=args.folds,
                                         drafters=[actions, second]).items():
             choices[f"route table: entropy + copyability + each drafter's confidence, {how}"] = (route, choice)
+        if args.merged:
+            merged = Actions(pd.concat(tables["merged."], ignore_index=True), list(BUDGETS), curve, merged_cost)
+            choices[MERGED] = (merged, ratio_oracle(merged))
+            three = either_drafter([actions, second, merged], [arm_meta.get("drafter_id"), name, "merged"])
+            choices[ROUTE3] = (three, ratio_oracle(three))
+            for how, choice in table_policy(three, use, bins=args.bins, folds=args.folds,
+                                            drafters=[actions, second, merged]).items():
+                choices[f"route table with the merged tree, {how}"] = (three, choice)
 
     rows, shares = [], {}
     for name, (acting, choice) in choices.items():
@@ -524,9 +551,8 @@ def main(argv=None) -> dict:
                               "committed": acting.committed[visited, acts], "cost": acting.cost[visited, acts],
                               "drafted": acts > 0})
         rows.append((name, frame))
-        if acting is route:  # the share of rounds each drafter drafted in
-            shares[name] = {"first": float(((acts > 0) & (acts < route.split)).mean()),
-                            "second": float((acts >= route.split).mean())}
+        if getattr(acting, "groups", None) is not None:  # the share of rounds each drafter drafted in
+            shares[name] = [float(np.isin(acts, group).mean()) for group in acting.groups]
     costs = {name: cost for name, (_, _, cost) in replayed.items()}
     for name, part in pd.concat(rounds).groupby("config", sort=False):
         part = part.loc[part["round_index"] > 0]
@@ -577,7 +603,7 @@ def main(argv=None) -> dict:
                   "second_oracle": second_oracle, "second_drafter": names[1],
                   "second_law_policy": float(out.loc[f"{names[1]} {LAW}", "all"]),
                   **({"hybrid_law_policy": float(out.loc[HYBRID_LAW, "all"])} if HYBRID_LAW in out.index else {}),
-                  "route_oracle_shares": shares[ROUTE],
+                  "route_oracle_shares": dict(zip(names, shares[ROUTE])),
                   "route_table": {how: float(out.loc[c, "all"]) for c in out.index if c.startswith("route table")
                                   for how in ("in sample", "cross-fitted") if c.endswith(how)},
                   "per_workload": {c: {k: float(v) for k, v in out[c].items()} for c in out.columns
@@ -586,13 +612,20 @@ def main(argv=None) -> dict:
         print(f"the route oracle {routed['route_oracle']:.3f}x (path {routed['route_path_oracle']:.3f}x): "
               f"{routed['route_oracle'] / max(oracle, second_oracle) - 1:+.1%} over the better drafter's own oracle "
               f"({names[0]} {oracle:.3f}x, {names[1]} {second_oracle:.3f}x); it drafts with {names[0]} in "
-              f"{share['first']:.0%} of its rounds, with {names[1]} in {share['second']:.0%}, and takes a plain step "
-              f"in {1 - share['first'] - share['second']:.0%}. The better law policy reaches "
+              f"{share[0]:.0%} of its rounds, with {names[1]} in {share[1]:.0%}, and takes a plain step "
+              f"in {1 - sum(share):.0%}. The better law policy reaches "
               f"{max(law, routed['second_law_policy']) / routed['route_oracle']:.1%} of the route oracle, a route "
               f"table on the inputs {routed['route_table']['cross-fitted'] / routed['route_oracle']:.1%} cross-fitted, "
               f"{routed['route_table']['in sample'] / routed['route_oracle']:.1%} in sample"
               + (f", the hybrid drafter's law policy {routed['hybrid_law_policy'] / routed['route_oracle']:.1%}"
                  if "hybrid_law_policy" in routed else ""))
+    if args.merged:
+        three = {c: float(out.loc[c, "all"]) for c in out.index
+                 if c in (MERGED, ROUTE3) or c.startswith("route table with")}
+        routed["merged"] = {**three, "route3_oracle_shares": dict(zip(["first", "second", "merged"], shares[ROUTE3]))}
+        print(f"with the merged tree as a third drafter: its own oracle {three[MERGED]:.3f}x, the route oracle "
+              f"{three[ROUTE3]:.3f}x, a route table "
+              + ", ".join(f"{v:.3f}x {k.rsplit(', ', 1)[1]}" for k, v in three.items() if k.startswith("route table")))
     result = {"bench": "policy_ceiling", "policy": str(args.policy), "arm": str(arm_dir), "workloads": args.workloads,
               "route_policy": args.route, "sample": args.sample, "seed": args.seed,
               "prompt_runs": len(actions.keys), "verify_cost_curve": curve.to_config(), "draft_cost": draft_cost,

@@ -146,9 +146,10 @@ def test_the_route_oracle_drafts_each_round_with_the_drafter_that_pays_and_a_rou
     first_table, second_table = two_drafters({"a": [1], "b": [1], "c": [2], "d": [2], "e": [0], "f": [0]})
     first = bench.Actions(first_table, BUDGETS, CURVE, draft_cost=0.2)
     second = bench.Actions(second_table, BUDGETS, CURVE, draft_cost=0.01)
-    route = bench.either_drafter(first, second, ("block", "ngram"))
+    route = bench.either_drafter([first, second], ["block", "ngram"])
     assert route.names == ["plain step", "block draft, verify none", "block N=2", "block N=8",
-                           "ngram draft, verify none", "ngram N=2", "ngram N=8"] and route.split == 4
+                           "ngram draft, verify none", "ngram N=2", "ngram N=8"]
+    assert route.groups == [[1, 2, 3], [4, 5, 6]]
     assert route.cost[0, 5] == pytest.approx(CURVE(3) + 0.01) and route.cost[0, 2] == pytest.approx(CURVE(3) + 0.2)
     oracle = bench.ratio_oracle(route)
     rows, acts = route.walk(oracle)
@@ -164,4 +165,4 @@ def test_the_route_oracle_drafts_each_round_with_the_drafter_that_pays_and_a_rou
     assert route.rate(blind) < route.rate(oracle)
     shorter = bench.Actions(two_drafters({"a": [1]}, n_starts=5)[1], BUDGETS, CURVE, draft_cost=0.01)
     with pytest.raises(ValueError, match="same round starts"):
-        bench.either_drafter(first, shorter, ("block", "ngram"))
+        bench.either_drafter([first, shorter], ["block", "ngram"])
