@@ -188,38 +188,36 @@ def quantile_edges(values: np.ndarray, bins: int) -> np.ndarray:
     return np.unique(edges)
 
 
-def cells(actions: Actions, edges: dict, use: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """(before-drafting cell, after-drafting cell) of every start, from the inputs in ``use``: ``entropy`` (window
-    entropy bin), ``copy`` (copyability level), ``confidence`` (the drafter's surrogate bin, after drafting)."""
+def cells(actions: Actions, edges: dict, use: tuple[str, ...], drafters: list[Actions] | None = None
+          ) -> tuple[np.ndarray, list[np.ndarray]]:
+    """(before-drafting cell, after-drafting cells) of every start, from the inputs in ``use``: ``entropy`` (window
+    entropy bin), ``copy`` (copyability level), ``confidence`` (the drafter's surrogate bin, after drafting). One
+    array of after-drafting cells per drafter (``drafters``, default ``actions`` alone), each from its own confidence
+    (``edges["confidence"]``: one list of edges per drafter)."""
     pre = np.zeros(len(actions.starts), dtype=np.int64)
     if "entropy" in use:
         pre = pre * 100 + np.searchsorted(edges["entropy"], actions.starts["window_entropy"].to_numpy())
     if "copy" in use:
         pre = pre * 100 + actions.starts["context_match"].to_numpy(dtype=np.int64)
-    post = pre * 100
-    if "confidence" in use:
-        post = post + np.searchsorted(edges["confidence"], actions.confidence)
-    return pre, post
+    posts = [pre * 100 + (np.searchsorted(e, d.confidence) if "confidence" in use else 0)
+             for d, e in zip(drafters or [actions], edges["confidence"])]
+    return pre, posts
 
 
-def fit_table(actions: Actions, rows: np.ndarray, pre: np.ndarray, post, *, groups=None, iterations: int = 12,
-              passes: int = 3):
+def fit_table(actions: Actions, rows: np.ndarray, pre: np.ndarray, posts: list[np.ndarray], groups: list[list[int]], *,
+              iterations: int = 12, passes: int = 3):
     """The best action per cell for the requests of the starts ``rows``: before drafting, per ``pre`` cell, a plain
-    step or which drafter to call (``groups``: one list of action columns per drafter; default one drafter, every
-    column after the plain step); after it, that drafter's budget per cell of its own ``post`` array (one per group;
-    a bare array for one drafter; a post cell belongs to the pre cell ``post // 100``). Started from the renewal rule
-    over those starts (each weighed alike, lambda the walk's rate; the best table of the iterations kept), then
-    improved cell by cell on the rate of the walk itself (coordinate ascent: each cell takes the choice whose walk over
-    those requests commits most per cost, the others held; at most ``passes`` sweeps), since a walk visits only some
-    starts, and which ones depends on the table. Returns a function from (pre, post) cells to actions (an unseen cell:
-    a plain step)."""
-    groups = [list(range(1, actions.committed.shape[1]))] if groups is None else [list(g) for g in groups]
-    posts = [post] if isinstance(post, np.ndarray) else list(post)
+    step or which drafter to call (``groups``: one list of action columns per drafter); after it, that drafter's
+    budget per cell of its own array of ``posts`` (a post cell belongs to the pre cell ``post // 100``). Started from
+    the renewal rule over those starts (each weighed alike, lambda the walk's rate; the best table of the iterations
+    kept), then improved cell by cell on the rate of the walk itself (coordinate ascent: each cell takes the choice
+    whose walk over those requests commits most per cost, the others held; at most ``passes`` sweeps), since a walk
+    visits only some starts, and which ones depends on the table. Returns a function from (pre cells, one array of
+    post cells per drafter) to actions (an unseen cell: a plain step)."""
     keys = list(dict.fromkeys(actions.starts["key"].to_numpy()[rows]))
     pre_of_post = [pd.Series(p // 100, index=p).groupby(level=0).first() for p in posts]
 
     def choose(pre_cells, post_cells, route, best):
-        post_cells = [post_cells] if isinstance(post_cells, np.ndarray) else post_cells
         taken = pd.Series(pre_cells).map(route).to_numpy()  # the drafter of each start's pre cell (NaN: plain)
         out = np.zeros(len(pre_cells), dtype=int)
         for g in range(len(groups)):
@@ -283,33 +281,22 @@ def table_policy(actions: Actions, use: tuple[str, ...], *, bins: int, folds: in
     confidence; before drafting, a cell chooses a plain step or one drafter)."""
     starts = actions.starts
     drafters = [actions] if drafters is None else drafters
-    groups = None if len(drafters) == 1 else actions.groups
+    groups = getattr(actions, "groups", None) or [list(range(1, actions.committed.shape[1]))]
 
     def edges_of(rows):
         return {"entropy": quantile_edges(starts["window_entropy"].to_numpy()[rows], bins),
                 "confidence": [quantile_edges(d.confidence[rows], bins) for d in drafters]}
 
-    def cells_of(edges):
-        pre, post = cells(drafters[0], {**edges, "confidence": edges["confidence"][0]}, use)
-        if groups is None:
-            return pre, post
-        posts = [post] + [pre * 100 + (np.searchsorted(e, d.confidence) if "confidence" in use else 0)
-                          for d, e in zip(drafters[1:], edges["confidence"][1:])]
-        return pre, posts
-
-    def part(posts, rows):
-        return posts[rows] if groups is None else [p[rows] for p in posts]
-
     everything = np.arange(len(starts))
-    pre, post = cells_of(edges_of(everything))
-    in_sample = fit_table(actions, everything, pre, post, groups=groups)(pre, post)
+    pre, posts = cells(actions, edges_of(everything), use, drafters)
+    in_sample = fit_table(actions, everything, pre, posts, groups)(pre, posts)
     fold_of = {key: i % folds for i, key in enumerate(actions.keys)}
     fold = starts["key"].map(fold_of).to_numpy()
     crossed = np.zeros(len(starts), dtype=int)
     for f in range(folds):
         train, test = np.flatnonzero(fold != f), np.flatnonzero(fold == f)
-        pre, post = cells_of(edges_of(train))
-        crossed[test] = fit_table(actions, train, pre, post, groups=groups)(pre[test], part(post, test))
+        pre, posts = cells(actions, edges_of(train), use, drafters)
+        crossed[test] = fit_table(actions, train, pre, posts, groups)(pre[test], [p[test] for p in posts])
     return {"in sample": in_sample, "cross-fitted": crossed}
 
 
@@ -470,20 +457,16 @@ def main(argv=None) -> dict:
             p.error("--merged needs the n-gram drafter's law policy as --policy or --route")
         if "ngram" in by_id:  # the hybrid drafter's law policy: the two laws, each round the drafter of the higher rate
             (ngram_meta, ngram_law), (block_meta, block_law) = by_id.pop("ngram"), by_id.popitem()[1]
-            hybrid = hybrid_policy(ngram_law, block_law)
-            merged_meta = {**block_meta, "drafter_id": "hybrid", "arm": "hybrid merged", "gate": "cost",
+            hybrid_meta = {**block_meta, "drafter_id": "hybrid", "gate": "cost",
                            "drafter_config": {"ngram": ngram_meta.get("drafter_config") or {},
-                                              "block": block_meta.get("drafter_config") or {},
-                                              "skip_block_at": float("inf")}}  # both drafters every round
-            if args.merged:
-                drafters.append(("merged.", merged_meta, block_law))  # the block law: only its inputs are read
+                                              "block": block_meta.get("drafter_config") or {}}}
+            if args.merged:  # both drafters every round; the block law: only its inputs are read
+                drafters.append(("merged.", {**hybrid_meta, "drafter_config": {
+                    **hybrid_meta["drafter_config"], "skip_block_at": float("inf")}}, block_law))
                 merged_cost = float(ngram_law["draft_cost"]) + float(block_law["draft_cost"])
             replayed[HYBRID_LAW] = (
-                {**block_meta, "drafter_id": "hybrid", "arm": "hybrid law", "gate": "cost",
-                 "drafter_config": {"ngram": ngram_meta.get("drafter_config") or {},
-                                    "block": block_meta.get("drafter_config") or {}},
-                 "verify_cost": curve.to_config(), "policy": hybrid}, "hybrid.law",
-                {"ngram": float(ngram_law["draft_cost"]), "block": float(block_law["draft_cost"])})
+                {**hybrid_meta, "verify_cost": curve.to_config(), "policy": hybrid_policy(ngram_law, block_law)},
+                "hybrid.law", {"ngram": float(ngram_law["draft_cost"]), "block": float(block_law["draft_cost"])})
     tables, rounds = {tag: [] for tag, _, _ in drafters}, []
     for workload in args.workloads:
         ar = data / workload / RUN_OF.get(workload, "ar")
@@ -604,7 +587,7 @@ def main(argv=None) -> dict:
                   "second_law_policy": float(out.loc[f"{names[1]} {LAW}", "all"]),
                   **({"hybrid_law_policy": float(out.loc[HYBRID_LAW, "all"])} if HYBRID_LAW in out.index else {}),
                   "route_oracle_shares": dict(zip(names, shares[ROUTE])),
-                  "route_table": {how: float(out.loc[c, "all"]) for c in out.index if c.startswith("route table")
+                  "route_table": {how: float(out.loc[c, "all"]) for c in out.index if c.startswith("route table:")
                                   for how in ("in sample", "cross-fitted") if c.endswith(how)},
                   "per_workload": {c: {k: float(v) for k, v in out[c].items()} for c in out.columns
                                    if c.startswith("all ")}}
@@ -622,7 +605,7 @@ def main(argv=None) -> dict:
     if args.merged:
         three = {c: float(out.loc[c, "all"]) for c in out.index
                  if c in (MERGED, ROUTE3) or c.startswith("route table with")}
-        routed["merged"] = {**three, "route3_oracle_shares": dict(zip(["first", "second", "merged"], shares[ROUTE3]))}
+        routed["merged"] = {**three, "route3_oracle_shares": dict(zip([*names, "merged"], shares[ROUTE3]))}
         print(f"with the merged tree as a third drafter: its own oracle {three[MERGED]:.3f}x, the route oracle "
               f"{three[ROUTE3]:.3f}x, a route table "
               + ", ".join(f"{v:.3f}x {k.rsplit(', ', 1)[1]}" for k, v in three.items() if k.startswith("route table")))
