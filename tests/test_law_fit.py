@@ -209,3 +209,42 @@ def test_a_hand_made_count_table_without_the_derived_columns_is_told_what_it_lac
     fitted = fit_law(counts.assign(log_entropy=np.log(counts["target_entropy_nats"] + 1e-3)), "law_exp",
                      cov_type="nonrobust")
     assert np.isfinite(fitted.result.params).all()
+
+
+def test_categorical_columns_take_patsys_vectorised_path_to_the_same_fit(traces):
+    """The law's formulas code ``C(column)`` from a pandas Categorical passed as it is (``fit._categorical``): the
+    coefficients, their names and the predictions are those of patsy's own ``C`` on the plain columns, and patsy
+    no longer reads those columns one row at a time (the check can fail: a boxed column is read row by row)."""
+    from unittest import mock
+
+    import patsy.missing
+    import statsmodels.formula.api as smf
+
+    from entropy_law.law import fit as fitmod
+
+    fam = fitmod.get_family("law_exp_cat")
+    law = fit_law(traces, fam)
+    data = law.result.model.data.frame  # the fitted rows, with depth and category as Categoricals
+    assert isinstance(data["depth"].dtype, pd.CategoricalDtype) and isinstance(data["category"].dtype,
+                                                                               pd.CategoricalDtype)
+    plain = data.assign(depth=data["depth"].astype(int), category=data["category"].astype(str))
+    formula = law.result.model.formula
+    reference = smf.glm(formula, plain, family=law.result.model.family).fit()  # patsy's C, plain columns
+    assert list(reference.params.index) == list(law.result.params.index)
+    np.testing.assert_allclose(law.result.params, reference.params, rtol=1e-7, atol=1e-10)
+    h = np.linspace(0.05, 4.0, 9)
+    got = law.predict_acceptance(h, 3, law.categories[1])
+    frame = pd.DataFrame({"log_entropy": np.log(h + law.eps), "depth": 3, "category": law.categories[1]})
+    expected = reference.predict(frame)
+    expected = 1 - expected if fam.outcome == "rejection" else expected
+    np.testing.assert_allclose(got, expected, rtol=1e-7)
+    # the Categoricals skip patsy's row-by-row reading, at the fit and at the prediction
+    calls = []
+    original = patsy.missing.NAAction.is_categorical_NA
+    with mock.patch.object(patsy.missing.NAAction, "is_categorical_NA",
+                           lambda self, value: calls.append(value) or original(self, value)):
+        fit_law(traces, fam)
+        law.predict_acceptance(h, 3, law.categories[1])
+        assert not calls
+        smf.glm(formula, plain, family=law.result.model.family)
+        assert len(calls) >= len(plain)  # what it does with a plain column

@@ -27,7 +27,7 @@ from scipy import stats
 
 from entropy_law.law import atrisk
 from entropy_law.law.blocks import expected_round_counts, tau_distribution
-from entropy_law.law.fit import FittedLaw, fit_law
+from entropy_law.law.fit import FittedLaw, fit_law, fitted_categoricals
 from entropy_law.law.results import Result
 from entropy_law.law.stats import FEW_REQUESTS, SmallSampleWarning, exact_spearman_p
 from entropy_law.law.transfer import (TrainingDepthModel, _observed_rounds, drafted_depths, loco_inputs,
@@ -59,33 +59,13 @@ def round_count_moments(acceptance: np.ndarray, depth_probs: np.ndarray | None =
 def _design(law: FittedLaw, frame: pd.DataFrame) -> np.ndarray:
     """The GLM design matrix of ``frame``'s rows (what ``law.predict_frame`` multiplies the coefficients by)."""
     model = law.result.model
-    data = _fitted_categoricals(law._frame(frame), getattr(model, "model_spec", None)
-                                or getattr(model.data, "model_spec", None))
+    data = fitted_categoricals(law._frame(frame), model)
     # statsmodels' own formula transform (the one ``result.predict`` uses), so the columns match the coefficients
     x, _ = law.result._transform_predict_exog(data)
     x = np.asarray(x, dtype=float)
     if len(x) != len(frame):  # patsy drops rows with missing values: never silently
         raise ValueError(f"{len(frame) - len(x)} of {len(frame)} rows have missing covariates; fix the traces")
     return x
-
-
-def _fitted_categoricals(data: pd.DataFrame, spec) -> pd.DataFrame:
-    """``data`` with each column of a ``C(column)`` factor as a pandas Categorical with the fitted levels.
-
-    patsy codes a plain column one row at a time (about 8 us a row: most of the time of a DP over a few hundred
-    requests); a Categorical with exactly the fitted levels takes its vectorised path and gives the same matrix.
-    A column holding a value outside the fitted levels is left as it is (patsy's own path then names it)."""
-    for factor, info in (getattr(spec, "factor_infos", None) or {}).items():
-        code = getattr(factor, "code", "")
-        if info.type != "categorical" or not (code.startswith("C(") and code.endswith(")")):
-            continue
-        column = code[2:-1].split(",")[0].strip()
-        if column not in data.columns or isinstance(data[column].dtype, pd.CategoricalDtype):
-            continue
-        coded = pd.Categorical(data[column], categories=list(info.categories))
-        if not coded.isna().any():
-            data[column] = coded
-    return data
 
 
 def _acceptance(law: FittedLaw, x: np.ndarray, params: np.ndarray) -> np.ndarray:
