@@ -968,6 +968,14 @@ def _categorical(data, contrast=None, levels=None):
 _FORMULA_ENV = {"C": _categorical, "np": np}
 
 
+def formula_columns(data: pd.DataFrame, formula: str) -> pd.DataFrame:
+    """The columns of ``data`` that ``formula`` names, ``request_id`` (the clusters of the cluster-robust intervals
+    and score tests) and ``n`` (the trials): the fitted model's ``data.frame``. statsmodels copies the whole frame
+    it is given and converts every string column of it at each fit."""
+    names = set(re.findall(r"[A-Za-z_]\w*", formula)) | {"request_id", "n"}
+    return data[[c for c in data.columns if c in names]]
+
+
 def observed_categoricals(data: pd.DataFrame, rhs: str) -> pd.DataFrame:
     """A copy of ``data`` with the column of each ``C(column)`` term of the formula ``rhs`` as a pandas Categorical
     of its observed values, sorted: the levels patsy finds when it reads the plain column. With ``_categorical`` it
@@ -982,11 +990,14 @@ def observed_categoricals(data: pd.DataFrame, rhs: str) -> pd.DataFrame:
 
 
 def fitted_categoricals(data: pd.DataFrame, model) -> pd.DataFrame:
-    """``data`` (changed in place) with the column of each ``C(column)`` factor of the fitted formula ``model`` as
-    a pandas Categorical with the fitted levels, so that a model fitted through ``_FORMULA_ENV`` codes it vectorised
-    when it predicts (as ``observed_categoricals`` when it fits), to the same matrix. A column holding a value
-    outside the fitted levels is left as it is (patsy's own path then names it); a model without a formula is
-    left alone."""
+    """The columns of ``data`` that the fitted formula of ``model`` names (``formula_columns``), with the column of
+    each ``C(column)`` factor as a pandas Categorical with the fitted levels, so that a model fitted through
+    ``_FORMULA_ENV`` codes it vectorised when it predicts (as ``observed_categoricals`` when it fits), to the same
+    matrix. A column holding a value outside the fitted levels is left as it is (patsy's own path then names it);
+    with a model without a formula, ``data`` is returned as it is."""
+    formula = getattr(model, "formula", None)
+    if isinstance(formula, str):
+        data = formula_columns(data, formula)
     spec = getattr(model, "model_spec", None) or getattr(getattr(model, "data", None), "model_spec", None)
     for factor, info in (getattr(spec, "factor_infos", None) or {}).items():
         column = _factor_column(getattr(factor, "code", ""))
@@ -1004,7 +1015,7 @@ def _fit_glm(counts: pd.DataFrame, family: LawFamily, depth_model: str, cov_type
     depth_term = DEPTH_TERMS[depth_model]
     rhs = " + ".join(t for t in (depth_term, family.terms) if t) or "1"
     lhs = "n_rej + n_acc" if family.outcome == "rejection" else "n_acc + n_rej"
-    data = observed_categoricals(counts.loc[counts["n"] > 0], rhs)
+    data = observed_categoricals(formula_columns(counts.loc[counts["n"] > 0], f"{lhs} ~ {rhs}"), rhs)
     with warnings.catch_warnings():
         # the log link is outside the binomial's canonical domain; start values keep mu < 1
         warnings.simplefilter("ignore", DomainWarning)
