@@ -955,9 +955,10 @@ def _factor_column(code: str) -> str | None:
 def _categorical(data, contrast=None, levels=None):
     """patsy's ``C`` in our formulas, except that a pandas Categorical column with no contrast or levels of its own
     is passed as it is. patsy's ``C`` boxes every column, and a boxed column is coded one row at a time (about 2 us
-    a row, at each fit and each prediction: a third of a leave-one-category-out run); a Categorical passed as it is
-    takes patsy's vectorised path. The factor keeps its name ``C(column)``, so the design matrix and the coefficient
-    names are the same (``observed_categoricals`` and ``fitted_categoricals`` make the Categoricals)."""
+    a row, at each fit and each prediction: with the frame's copies below, half of a leave-one-category-out run on
+    data/traces); a Categorical passed as it is takes patsy's vectorised path. The factor keeps its name
+    ``C(column)``, so the design matrix and the coefficient names are the same (``observed_categoricals`` and
+    ``fitted_categoricals`` make the Categoricals)."""
     if contrast is None and levels is None and isinstance(getattr(data, "dtype", None), pd.CategoricalDtype):
         return data
     return patsy.builtins.C(data, contrast, levels)
