@@ -649,7 +649,7 @@ class FittedLaw(Result):
         # the probability is then exactly its float limit (cloglog 1 - exp(-inf) = 1, logit 1 / (1 + inf) = 0;
         # the log link's inf is clipped below), so the overflow is harmless and not worth a warning
         with np.errstate(over="ignore"):
-            mu = np.asarray(self.result.predict(fitted_categoricals(data, self.result.model)))
+            mu = np.asarray(self.result.predict(prediction_frame(data, self.result.model)))
         accept = 1.0 - mu if self.family.outcome == "rejection" else mu
         return np.clip(accept, 1e-12, 1 - 1e-12)
 
@@ -958,7 +958,7 @@ def _categorical(data, contrast=None, levels=None):
     a row, at each fit and each prediction: with the frame's copies below, half of a leave-one-category-out run on
     data/traces); a Categorical passed as it is takes patsy's vectorised path. The factor keeps its name
     ``C(column)``, so the design matrix and the coefficient names are the same (``observed_categoricals`` and
-    ``fitted_categoricals`` make the Categoricals)."""
+    ``prediction_frame`` make the Categoricals)."""
     if contrast is None and levels is None and isinstance(getattr(data, "dtype", None), pd.CategoricalDtype):
         return data
     return patsy.builtins.C(data, contrast, levels)
@@ -977,39 +977,40 @@ def formula_columns(data: pd.DataFrame, formula: str) -> pd.DataFrame:
     return data[[c for c in data.columns if c in names]]
 
 
-def observed_categoricals(data: pd.DataFrame, rhs: str) -> pd.DataFrame:
-    """A copy of ``data`` with the column of each ``C(column)`` term of the formula ``rhs`` as a pandas Categorical
-    of its observed values, sorted: the levels patsy finds when it reads the plain column. With ``_categorical`` it
-    is coded vectorised, to the same design. A column that is already Categorical or holds a missing value is left
-    as it is (patsy's own handling applies)."""
-    data = data.copy()
-    for column in dict.fromkeys(c for c in map(_factor_column, re.findall(r"C\([^()]*\)", rhs)) if c):
-        if column in data.columns and not isinstance(data[column].dtype, pd.CategoricalDtype) \
-                and not data[column].isna().any():
-            data[column] = pd.Categorical(data[column], categories=sorted(data[column].unique()))
-    return data
-
-
-def fitted_categoricals(data: pd.DataFrame, model) -> pd.DataFrame:
-    """The columns of ``data`` that the fitted formula of ``model`` names (``formula_columns``), with the column of
-    each ``C(column)`` factor as a pandas Categorical with the fitted levels, so that a model fitted through
-    ``_FORMULA_ENV`` codes it vectorised when it predicts (as ``observed_categoricals`` when it fits), to the same
-    matrix. A column holding a value outside the fitted levels is left as it is (patsy's own path then names it);
-    with a model without a formula, ``data`` is returned as it is."""
-    formula = getattr(model, "formula", None)
-    if isinstance(formula, str):
-        data = formula_columns(data, formula)
-    spec = getattr(model, "model_spec", None) or getattr(getattr(model, "data", None), "model_spec", None)
-    for factor, info in (getattr(spec, "factor_infos", None) or {}).items():
-        column = _factor_column(getattr(factor, "code", ""))
-        if info.type != "categorical" or column is None:
-            continue
+def _with_categoricals(data: pd.DataFrame, levels: dict) -> pd.DataFrame:
+    """``data`` (changed in place) with each column of ``levels`` as a pandas Categorical of those levels (None: its
+    observed values, sorted, the levels patsy finds when it reads the plain column). A column that is absent,
+    already Categorical, or holds a missing value or one outside the levels is left as it is (patsy's own handling
+    applies, and names a value it does not know)."""
+    for column, known in levels.items():
         if column not in data.columns or isinstance(data[column].dtype, pd.CategoricalDtype):
             continue
-        coded = pd.Categorical(data[column], categories=list(info.categories))
+        coded = pd.Categorical(data[column], categories=sorted(data[column].dropna().unique()) if known is None
+                               else list(known))
         if not coded.isna().any():
             data[column] = coded
     return data
+
+
+def observed_categoricals(data: pd.DataFrame, rhs: str) -> pd.DataFrame:
+    """A copy of ``data`` with the column of each ``C(column)`` term of the formula ``rhs`` as a pandas Categorical
+    of its observed levels (``_with_categoricals``), which ``_categorical`` codes vectorised, to the same design."""
+    return _with_categoricals(data.copy(), dict.fromkeys(re.findall(r"C\(\s*(\w+)\s*\)", rhs)))
+
+
+def prediction_frame(data: pd.DataFrame, model) -> pd.DataFrame:
+    """The columns of ``data`` that the fitted formula of ``model`` names (``formula_columns``), with the column of
+    each ``C(column)`` factor as a pandas Categorical of the fitted levels, so that a model fitted through
+    ``_FORMULA_ENV`` codes it vectorised when it predicts (as ``observed_categoricals`` when it fits), to the same
+    matrix; with a model without a formula, ``data`` as it is."""
+    formula = getattr(model, "formula", None)
+    if not isinstance(formula, str):
+        return data
+    spec = getattr(model, "model_spec", None) or getattr(getattr(model, "data", None), "model_spec", None)
+    levels = {_factor_column(getattr(factor, "code", "")): info.categories
+              for factor, info in (getattr(spec, "factor_infos", None) or {}).items() if info.type == "categorical"}
+    levels.pop(None, None)
+    return _with_categoricals(formula_columns(data, formula), levels)
 
 
 def _fit_glm(counts: pd.DataFrame, family: LawFamily, depth_model: str, cov_type: str, start_params=None):

@@ -27,7 +27,7 @@ from scipy import stats
 
 from entropy_law.law import atrisk
 from entropy_law.law.blocks import expected_round_counts, tau_distribution
-from entropy_law.law.fit import FittedLaw, fit_law, fitted_categoricals
+from entropy_law.law.fit import FittedLaw, fit_law, prediction_frame
 from entropy_law.law.results import Result
 from entropy_law.law.stats import FEW_REQUESTS, SmallSampleWarning, exact_spearman_p
 from entropy_law.law.transfer import (TrainingDepthModel, _observed_rounds, drafted_depths, loco_inputs,
@@ -59,7 +59,7 @@ def round_count_moments(acceptance: np.ndarray, depth_probs: np.ndarray | None =
 def _design(law: FittedLaw, frame: pd.DataFrame) -> np.ndarray:
     """The GLM design matrix of ``frame``'s rows (what ``law.predict_frame`` multiplies the coefficients by)."""
     model = law.result.model
-    data = fitted_categoricals(law._frame(frame), model)
+    data = prediction_frame(law._frame(frame), model)
     # statsmodels' own formula transform (the one ``result.predict`` uses), so the columns match the coefficients
     x, _ = law.result._transform_predict_exog(data)
     x = np.asarray(x, dtype=float)
