@@ -20,29 +20,24 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "entropy",
         help="compute the target statistics (entropy, ...) of an imported engine run, so that it fits like ours",
-        description="Teacher-force the target over each imported request's prompt + output and write the five "
-                    "target_* statistics of every output token, with the rounds the engine reported, into the run "
-                    "(in place, or into --out). Resumable: run the same command again after a crash "
-                    "(--break-lock if the killed job left its lock). See docs/importers.md.")
+        description="Teacher-force the target over an imported run and write the target_* statistics of every "
+                    "output token into it. Resumable; details in docs/cli.md and docs/importers.md.")
     p.add_argument("run", help="a run written by entropy-law import")
     p.add_argument("--model", default="smollm2-135m",
                    help="the target the engine served: an embedded name, a local Hugging Face folder or a .gguf "
                         "file (default: %(default)s)")
     p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, mps (default: %(default)s)")
     p.add_argument("--dtype", choices=DTYPES, default="float32",
-                   help="model weights and activations; statistics are always fp32 and the dtype is recorded in "
-                        "run.json (entropy.dtype). Default %(default)s, as the decoder records. bfloat16 is lossy: "
-                        "1.85x the tokens per CPU second on this CPU but entropies off by up to 0.37 nats (mean "
-                        "0.026) against fp32, argmax agreeing on 99.3%% of tokens (bench/results/entropy_speed.txt)")
+                   help="model weights and activations (statistics always fp32); bfloat16 is faster but lossy "
+                        "(docs/cli.md) (default: %(default)s)")
     p.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa",
-                   help="attention kernel of the target: torch's fused sdpa (14%% faster here, the same "
-                        "statistics to 1e-5 nats) or transformers' eager one, as the decoder runs it "
+                   help="attention kernel: torch's fused sdpa, or transformers' eager one as the decoder runs it "
                         "(default: %(default)s)")
     p.add_argument("--out", default=None,
                    help="write the run with statistics here and leave the import as it is (default: in place)")
     p.add_argument("--batch-tokens", type=int, default=None, metavar="N",
-                   help="most padded tokens per forward pass; 0: one pass per request (default: 0 on cpu, where "
-                        "padded batches were slower, 16384 elsewhere)")
+                   help="most padded tokens per forward pass; 0: one pass per request (default: 0 on cpu, 16384 "
+                        "elsewhere)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--flush-every", type=int, default=16, metavar="N",
                    help="write a shard every N scored requests (and at least once a minute); a killed job loses "

@@ -18,9 +18,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "export",
         help="write a trace run in another tool's format (glance: GLANCE's round log, JSONL)",
-        description="Write the drafting rounds of one drafting arm (one or more runs) as GLANCE's round log: one JSON "
-                    "line per round with the round-root target entropy (nats) and the accepted drafts, which "
-                    "GLANCE's experiments/fit_law.py reads unchanged. Rows go to standard output unless --out.")
+        description="Write the drafting rounds of one drafting arm as GLANCE's round log (JSONL, one round a line) "
+                    "to standard output or --out. Details: docs/cli.md.")
     p.add_argument("traces", nargs="+", help="trace run folder(s) of one drafting arm")
     p.add_argument("--format", required=True, choices=FORMATS, help="output format")
     p.add_argument("--out", default=None, help="file to write (default: standard output)")

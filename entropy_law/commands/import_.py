@@ -18,12 +18,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "import",
         help="import speculative-decoding statistics logged by vLLM, SGLang, llama.cpp or GLANCE into a trace run",
-        description="Read a JSONL of engine responses (one per line, each with the prompt text or its token ids "
-                    "and the output token ids) and write a trace run: a request row per response, the engine's "
-                    "per-step counts and acceptance histograms in engine_import.jsonl, and round rows once target "
-                    "statistics are computed. A malformed line stops the import, naming file:line and the field, "
-                    "unless --skip-bad; see docs/importers.md. 'glance' reads GLANCE's round log (main_table.py "
-                    "--round-log): one round per line, tasks as categories, the root entropy of each round only.")
+        description="Read a JSONL of engine responses (or GLANCE's round log) and write a trace run; a malformed "
+                    "line stops the import unless --skip-bad. Details: docs/cli.md, docs/importers.md.")
     p.add_argument("engine", choices=ENGINES, help="the engine that wrote the responses")
     p.add_argument("file", help="JSONL of engine responses, one per line")
     p.add_argument("--out", required=True, help="run directory to create")

@@ -12,7 +12,9 @@ WIDTH = 17  # the label column; a longer package name just pushes its version ri
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("info", help="print the resolved model, package versions, trace format")
+    p = subparsers.add_parser("info", help="print the resolved model, package versions, trace format",
+                              description="Print the resolved model, the embedded targets, package versions and "
+                                          "the trace-format version.")
     p.add_argument("--model", default="smollm2-135m",
                    help="model spec to resolve: an embedded target's name, a folder or a .gguf file "
                         "(default: %(default)s)")

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("law", help="fit the entropy law to traces and print summaries")
+    p = subparsers.add_parser(
+        "law", help="fit the entropy law to traces and print summaries",
+        description="Fit the entropy law per arm and print its summary and the tokens per round it predicts; "
+                    "--loco, --tests add transfer and hypothesis tests. Details: docs/cli.md.")
     p.add_argument("traces", nargs="?", help="a run directory, or a folder searched for runs (load_traces)")
     p.add_argument("--simulate", type=int, metavar="SEED", help="use simulated traces with this seed instead")
     p.add_argument("--family", default=None,
-                   help="law family (default: the primary law, entropy_law.law.fit.PRIMARY_FAMILY, also with "
-                        "--out-of-core; PRIMARY_FALLBACK, said, on traces without the target's top-1 "
-                        "probability)")
+                   help="law family (default: the primary law; its fallback, said, on traces without the "
+                        "target's top-1 probability)")
     p.add_argument("--drafter", help="only this arm, e.g. 'ngram chain' (default: every arm)")
     p.add_argument("--loco", action="store_true", help="leave-one-category-out transfer")
     p.add_argument("--tests", action="store_true", help="pre-registered tests P1-P3 with Holm correction")
@@ -24,25 +26,20 @@ def register(subparsers) -> None:
                    help="drafted-depth model of the tokens-per-round DP (default: %(default)s; full: every round "
                         "drafts a full block)")
     p.add_argument("--loco-depths", default="training", choices=("training", "replayed", "oracle"),
-                   help="drafted depths of the held-out category in --loco: 'training' (default; a depth model "
-                        "fitted on the other categories, leak-free), 'replayed' (the drafter's own proposal at every "
-                        "position, from the runs' proposals.parquet: bench/replayed_proposals.py --write; leak-free) "
-                        "or 'oracle' (the held-out category's own)")
+                   help="drafted depths of the held-out category in --loco (default: %(default)s; the three: "
+                        "docs/cli.md)")
     p.add_argument("--context-match", action="store_true",
-                   help="give the law the context's copyability (tokens column context_match, for the families "
-                        "law_exp_obs_ceil_copy and law_exp_obs_ceil_drafttop_copy): read where the runs recorded "
-                        "it, else rebuilt from the prompts with the target that decoded them (loads its tokenizer "
-                        "and weights; --model, --tasks)")
+                   help="give the law the context's copyability (context_match): recorded, else rebuilt from "
+                        "the prompts with the target (--model, --tasks; docs/cli.md)")
     p.add_argument("--model", default=None,
                    help="--context-match: the target that decoded the runs (default: their model_id)")
     p.add_argument("--tasks", default=None,
                    help="--context-match: the prompts' task file, where a run's run.json names none")
     p.add_argument("--out-of-core", action="store_true",
-                   help="fit with fit_law_out_of_core (DuckDB over the shards, IRLS streamed over the cells: trace "
-                        "folders larger than memory); prints the law per arm only (docs/out-of-core.md)")
+                   help="fit runs larger than memory (DuckDB over the shards); the law per arm only "
+                        "(docs/out-of-core.md)")
     p.add_argument("--no-memory-check", action="store_true",
-                   help="skip the check that refuses an in-memory fit of runs whose rows need more memory than is "
-                        "available (it suggests --out-of-core)")
+                   help="skip the check that refuses an in-memory fit of runs larger than the memory available")
     p.set_defaults(func=run)
 
 

@@ -16,14 +16,15 @@ WINDOW = 4  # --window's default
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("policy", help="fit a per-round law policy for one drafting arm and save its parameters")
+    p = subparsers.add_parser(
+        "policy", help="fit a per-round law policy for one drafting arm and save its parameters",
+        description="Fit a per-round law policy for one drafting arm (or combine two with --hybrid) and write its "
+                    "parameters for record --policy law and predict --policy. Details: docs/cli.md.")
     p.add_argument("traces", nargs="?", default=None,
                    help="trace runs of the arm (and, for its draft cost, a timed AR run on the same machine)")
     p.add_argument("--hybrid", nargs=2, default=None, metavar=("NGRAM.json", "BLOCK.json"),
-                   help="instead of fitting: combine the n-gram drafter's and the block drafter's law policies (each "
-                        "written by this command from its own drafter's traces, with its own draft cost) into the "
-                        "hybrid drafter's policy (each round the drafter whose law promises more, or none): what "
-                        "entropy-law record --drafter hybrid --policy law --policy-law decodes with")
+                   help="instead of fitting: combine the n-gram and block drafters' policies (each written by this "
+                        "command) into the hybrid drafter's (docs/cli.md)")
     p.add_argument("--drafter", metavar="ARM",
                    help="the arm, e.g. 'ngram ddtree16' (default: the traces' only drafting arm)")
     p.add_argument("--out", required=True, metavar="FITTED.json", help="where to write the parameters")
@@ -35,9 +36,8 @@ def register(subparsers) -> None:
     p.add_argument("--no-calibration", action="store_true",
                    help="turn off the in-request calibration of the law (default: on, 1 pseudo-draft, half-life 16)")
     p.add_argument("--context-match", action="store_true",
-                   help="also fit the law per level of the context's copyability (the longest suffix of the prompt and "
-                        "output so far that occurred earlier in them, looked up before each round): loads the target "
-                        "(--model) to rebuild the runs' prompts (--tasks)")
+                   help="also fit the law per level of the context's copyability; loads the target (--model) to "
+                        "rebuild the runs' prompts (--tasks; docs/cli.md)")
     p.add_argument("--max-context-match", type=int, default=None, metavar="K",
                    help="--context-match: longer suffix matches count as K (default: 8)")
     p.add_argument("--min-level-trials", type=int, default=None, metavar="N",

@@ -1,74 +1,34 @@
-"""``entropy-law predict``: will drafting pay on a workload no drafter has decoded yet?
+"""``entropy-law predict WORKLOAD --from TRACES``: will drafting pay on a workload no drafter has decoded yet?
 
-Reads the workload's target entropies (a trace set: e.g. ``entropy-law record --drafter ar`` on your prompts, or
-an imported engine log with ``entropy-law entropy``) and, per drafting arm of ``--from`` (trace runs of that
-drafter on the same target, timed with an AR run on the same machine), prices each workload request with the arm's
-law, drafted depths and cost model (``TraceAnalysis.predict``). Prints per category the verdict first, the
-predicted speedup with its interval, and that interval widened by the law's transfer error (its largest
-leave-one-category-out error on the arm's own categories; where they are fewer than 3, ``law.transfer.
-UNMEASURED_TRANSFER_ERROR``, 44%, the largest seen in this project's checks), which the verdict needs on one side
-of 1. With several
-arms it ends with what to run per category (``law.workload.choose_arms``): the paying arm with the highest predicted
-speedup, else AR, which cannot lose.
+Known here: the command-line options, which pricing each mode asks of the analysis, and what is printed.
+In: WORKLOAD, trace runs of any arm (AR is enough) that give the workload's target entropies; ``--from``, runs of
+the drafting arms with an AR run timed beside them on the same target and machine. Out, per arm and category:
+the verdict first, the predicted speedup with its interval, and that interval widened by the error the prediction
+is allowed (the law's transfer error, or the cost model's own); with several arms, what to run per category
+(``law.workload.choose_arms``: the paying arm with the highest predicted speedup, else AR). Modes:
 
-``--replay`` (the workload one run): each arm's drafter is replayed over the workload's outputs (the depth it would
-draft at every position and its confidence in its own proposal; ``jobs.reference.workload_proposals``, which loads
-the target) and the law in that confidence (``law_exp_obs_ceil_drafttop``) prices them, fitted on ``--law-from``
-(runs of the arm with the drafter's ``draft_top1_prob`` recorded and their replayed proposals beside run.json,
-e.g. ``data/traces``; default ``--from``), with its transfer error from leave-one-category-out on replayed depths
-there. The arm's ratio gate is replayed too. On ``data/traces_timed`` the speedup error on a held-out category falls
-from 9-13% to 5.8-7.9% (``bench/predict_unseen.py``; the first recording: 11-21% to 7.5-8.4%). Where the context's
-copyability can be had for the workload and for ``--law-from`` (recorded, or rebuilt from their prompts: ``--tasks`` /
-``--law-tasks`` where a run.json names none), the law also reads it and the target's top-1 probability
-(``law.workload.replayed_family``: the drafter-aware law by the rule of docs/law.md). The law's tokens per round are
-scaled by e^b, b its mean log residual on the ``--law-from`` categories, each predicted without it
-(``law.transfer.calibrated_transfer``), and the verdict's interval is widened by its leave-one-category-out error after
-b compounded with the cost model's own error (``cost_error``). On 42 prompts in twelve categories outside Spec-Bench the
-two cut the speedup error of a law fitted on Spec-Bench from 11.0% / 8.2% to 4.6% / 6.2%
-(``bench/results/predict_probe.txt``, ``predict_open_ended.txt``). The notes say which law priced the workload (and why
-not the copy-aware one), b and both errors; ``--transfer-error`` skips the leave-one-category-out run, and b with it.
+- default: each workload request priced with the arm's law, drafted depths and cost model (``TraceAnalysis.predict``);
+- ``--replay``: the arm's drafter replayed over the workload's outputs, priced by the law in its confidence,
+  fitted on ``--law-from`` (``jobs.reference.workload_proposals``; loads the target);
+- ``--replay-rounds``: the arm's rounds replayed exactly (tree, budget, gate or policy;
+  ``jobs.reference.workload_rounds``) and priced by its cost model alone (``law.workload.price_rounds``); with
+  ``--budgets`` and ``--policy`` also configurations never timed, priced by the recorded arm's cost model.
 
-An arm's law must be of the checkpoint the arm ran (the SHA-256 its runs record): ``--law-from`` runs of another
-checkpoint of the drafter are refused, or applied knowingly with ``--law-borrow`` (said in the notes). Wherever an
-arm's checkpoint is not the one ``entropy-law record --drafter block`` loads when none is named, the notes say so:
-the answer prices the recorded checkpoint.
-
-``--replay-rounds`` (the workload one run): each arm's rounds are replayed exactly over the workload's outputs (its
-tree, budget and gate or policy; ``jobs.reference.workload_rounds``, which loads the target): a drafter that proposes
-from the context decodes the same rounds on the same greedy output, so no law is needed, and the cost model alone
-prices them (``law.workload.price_rounds``). The verdict's interval is widened by the cost model's own largest error
-on the arm's measured categories given their recorded rounds (``TraceAnalysis.cost_error``), or ``--transfer-error``;
-where too few requests per category were timed to measure it (the demo's 2), by ``law.cost.UNMEASURED_COST_ERROR``
-(10%, the largest such error in this project's checks), said in the notes: a bootstrap interval of 10 timed requests
-alone claimed +-1-2%.
-``--budgets 4,8,32`` also replays every DDTree arm at those tree budgets (configurations never timed), priced by the
-recorded arm's cost model: one drafter's verify costs depend on the nodes verified, not on the tree that chose them.
-Their widening is the larger of that model's own error and its error pricing the drafter's other timed arms' recorded
-rounds (on ``data/traces_timed``, n-gram chain by n-gram DDTree16's model and the reverse: within 8%); a budget past
-the most nodes the model's rounds verified is an extrapolation, said in the notes. They join what to run per category.
-``--policy FITTED.json`` (law policy parameters, ``entropy_law.law.policy.save_policy``) also replays every arm of the
-policy's drafter with that per-round law policy in place of its gate (``<arm> law policy``), priced by the arm's cost
-model: a round where the policy does not call the drafter costs an AR step, t_AR, without the drafter's time
-(``cost.CostModel.skip_round_ms``). The policy prices trees with the curve its
-parameters hold, else this machine's verify-cost curve measured once here, as an online run measures it when it starts
-(``law.policy.policy_arm_meta``); widened as ``--budgets``. They join what to run per category.
-
-``--context-match``: the context's copyability (tokens column ``context_match``: the longest suffix of prompt and output
-before a position that occurred earlier) for the workload and the ``--from`` runs, read where they recorded it, else
-rebuilt from their prompts with the target that decoded them (``commands.law.with_context_match``; ``--model``, and
-``--tasks`` for the workload's prompts). The drafted-depth model then draws each round's depth by the copyability at its
-start as well as by the entropy (``transfer.TrainingDepthModel``): a prompt-lookup drafter drafts where the context
-repeats, whatever the entropy. On ``data/traces_timed`` (first recording) the n-gram arms' speedup error on a held-out
-category falls from 19-21% to 17-18% (``bench/results/predict_unseen_context.txt``). Runs that record the column use it
-without the flag; the notes say which depths priced the workload.
+An arm's law must be of the checkpoint the arm ran (the SHA-256 its runs record): another checkpoint's law is refused
+unless ``--law-borrow``, and the notes say which checkpoint, law, depths and errors priced the workload.
+Not known here: the law, the cost model, the replay (``entropy_law.law``, ``entropy_law.jobs.reference``).
+The long explanation is in ``docs/cli.md``; what the predictions achieved is in ``docs/results.md``.
 """
 
 from __future__ import annotations
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("predict", help="will drafting pay on a workload? predicted from its target entropies "
-                                              "with a drafting arm's law and costs")
+    p = subparsers.add_parser(
+        "predict", help="will drafting pay on a workload? predicted from its target entropies with a drafting arm's "
+                        "law and costs",
+        description="Price a workload's requests with each drafting arm's law and cost model (or replay its drafter or "
+                    "rounds over them) and say per category whether drafting pays. Details: docs/cli.md.")
     p.add_argument("workload", help="trace runs of the workload (any arm: AR is enough), a run or a folder of runs")
     p.add_argument("--from", dest="arm_traces", required=True, metavar="TRACES",
                    help="trace runs of the drafting arm(s) and an AR run, timed together on this target and machine "
@@ -76,14 +36,13 @@ def register(subparsers) -> None:
     p.add_argument("--drafter", action="append", metavar="ARM",
                    help="only this arm, e.g. 'ngram ddtree16' (repeatable; default: every drafting arm)")
     p.add_argument("--transfer-error", type=float, default=None, metavar="X",
-                   help="the law's relative error on a new category, e.g. 0.2 (default: measured by "
-                        "leave-one-category-out on the arm's categories); with --replay-rounds the cost model's "
-                        "(default: its largest error on the arm's measured categories)")
+                   help="the law's (with --replay-rounds: the cost model's) relative error on a new category, "
+                        "e.g. 0.2 (default: measured; docs/cli.md)")
     p.add_argument("--replay", action="store_true",
                    help="replay each arm's drafter over the workload (one run) and price with the law in its confidence")
     p.add_argument("--law-from", metavar="TRACES",
-                   help="with --replay: runs of the arms with draft_top1_prob recorded and proposals.parquet beside "
-                        "run.json, for the law and its transfer error (default: --from)")
+                   help="with --replay: runs of the arms with draft_top1_prob and proposals.parquet, for the law "
+                        "(default: --from)")
     p.add_argument("--replay-rounds", action="store_true",
                    help="replay each arm's rounds exactly over the workload (one run) and price them with its cost "
                         "model: no law")
@@ -91,30 +50,24 @@ def register(subparsers) -> None:
                    help="with --replay-rounds: also replay every DDTree arm at these tree budgets (e.g. 4,8,32), each "
                         "priced by the recorded arm's cost model")
     p.add_argument("--policy", metavar="FITTED.json",
-                   help="with --replay-rounds: also replay every arm of this law policy's drafter with the policy in "
-                        "place of its gate (parameters from entropy_law.law.policy.save_policy), priced by the arm's "
-                        "cost model")
+                   help="with --replay-rounds: also replay every arm of this policy's drafter with the policy in "
+                        "place of its gate (written by entropy-law policy)")
     p.add_argument("--context-match", action="store_true",
-                   help="draft depths by the context's copyability too: read where the workload and --from runs "
-                        "recorded it (tokens column context_match), else rebuilt from their prompts with the target "
-                        "that decoded them (loads it; --model, --tasks)")
+                   help="draft depths by the context's copyability too: recorded, else rebuilt from the prompts "
+                        "with the target (--model, --tasks; docs/cli.md)")
     p.add_argument("--model", help="with --replay / --replay-rounds / --context-match: the target to load (default: "
                                    "the workload's model)")
     p.add_argument("--tasks", help="with --replay / --replay-rounds / --context-match: the prompts the workload "
                                    "decoded (default: its run.json's tasks)")
-    p.add_argument("--law-tasks", help="with --replay: the prompts the --law-from runs decoded, where their run.json "
-                                       "names none (e.g. spec_bench for data/traces): the law then reads the context's "
-                                       "copyability, rebuilt from them")
+    p.add_argument("--law-tasks", help="with --replay: the prompts the --law-from runs decoded where their run.json "
+                                       "names none (e.g. spec_bench for data/traces)")
     p.add_argument("--law-borrow", action="store_true",
-                   help="with --replay: price an arm with the law of --law-from's arm of the same name although "
-                        "that ran another checkpoint of the drafter (e.g. the sixth checkpoint's block arms "
-                        "of data/traces_open_timed, with data/traces' law of the default); said in the notes "
-                        "(default: refused)")
-    p.add_argument("--checkpoint", help="with --replay / --replay-rounds: the block drafter's checkpoint the arm was "
-                                        "recorded with (default: the file under data/drafters/ or "
-                                        "$ENTROPY_LAW_BLOCK_DRAFTER whose SHA-256 the arm recorded)")
+                   help="with --replay: use --law-from's law of an arm of the same name that ran another "
+                        "checkpoint; said in the notes")
+    p.add_argument("--checkpoint", help="with --replay / --replay-rounds: the block drafter checkpoint the arm was "
+                                        "recorded with (default: found by the SHA-256 it recorded)")
     p.add_argument("--n-boot", type=int, default=100, help="replicates for the intervals (default 100)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="seed of the intervals' bootstrap (default: %(default)s)")
     p.set_defaults(func=run)
 
 

@@ -35,23 +35,17 @@ def register(subparsers) -> None:
                    help="an embedded target ('smollm2-135m', 'gemma3-270m': see entropy-law info), a local Hugging "
                         "Face model folder or a .gguf file (default: %(default)s)")
     p.add_argument("--drafter", type=_drafter_name, choices=DRAFTERS, default="ngram",
-                   help="draft source; 'hybrid': prompt lookup and the block drafter in one tree (with --policy law "
-                        "and the hybrid policy of 'entropy-law policy --hybrid', each round the drafter whose law "
-                        "promises more, or none); 'ar' is the autoregressive baseline ('none': its old name, still "
-                        "accepted) (default: %(default)s)")
+                   help="draft source; 'hybrid': prompt lookup and the block drafter in one tree; 'ar': the "
+                        "autoregressive baseline (docs/cli.md) (default: %(default)s)")
     p.add_argument("--checkpoint", default=None,
                    help="block (or hybrid) drafter: a checkpoint trained for --model (default: the shipped one in "
                         "data/drafters/)")
     p.add_argument("--drafter-dtype", choices=("float32", "bfloat16"), default="float32",
-                   help="block drafter: the dtype its layers run in (the target stays fp32 and the output greedy; "
-                        "bfloat16 cut its cost per round by about a quarter on a CPU with bf16 matrix units, and can "
-                        "be slower on one without; recorded in the run) (default: %(default)s)")
+                   help="block drafter: the dtype its layers run in; the target stays fp32 and the output greedy "
+                        "(docs/cli.md) (default: %(default)s)")
     p.add_argument("--hybrid-skip", type=float, default=None, metavar="E",
-                   help="hybrid drafter: the n-gram chain confidence (expected accepted drafts) at which the block "
-                        "forward is skipped and the n-gram proposal alone is drafted (0: whenever prompt lookup "
-                        "proposes anything; above the n-gram block size, e.g. 99: never; recorded in the run). Under "
-                        "--policy law the policy chooses the drafter each round instead (default: the drafter's own, "
-                        "2.0)")
+                   help="hybrid drafter: the n-gram confidence (expected accepted drafts) at which the block "
+                        "forward is skipped (docs/cli.md) (default: the drafter's own)")
     p.add_argument("--tree", choices=TREES, default="chain", help="tree policy (default: %(default)s)")
     p.add_argument("--budget", type=int, default=None,
                    help=f"most draft nodes per tree (default: chain = the full block, ddtree = {DEFAULT_DDTREE_BUDGET})")
@@ -64,21 +58,17 @@ def register(subparsers) -> None:
                    help="cost of a verify pass over a one-token forward; a round drafts only when the expected "
                         "accepted drafts reach this minus 1 (default: %(default)s)")
     p.add_argument("--gate", choices=("ratio", "cost"), default="ratio",
-                   help="drafting gate: 'ratio' uses --verify-cost-ratio; 'cost' times this machine's verify cost "
-                        "for 1..32 tokens once (~10 s) and verifies the prefix of each tree with the most expected "
-                        "tokens per unit cost (the curve is stored in the run metadata) (default: %(default)s)")
+                   help="drafting gate: 'ratio' uses --verify-cost-ratio; 'cost' times this machine's verify "
+                        "cost once (docs/cli.md) (default: %(default)s)")
     p.add_argument("--policy", choices=("gate", "law"), default="gate",
-                   help="per-round drafting decision: 'gate' (--gate) or 'law': before drafting, decide whether to "
-                        "draft and how many nodes to verify from the target entropy, the drafter's confidence, a "
-                        "fitted law (--policy-law) and this machine's verify-cost curve (implies --gate cost; the "
-                        "parameters are stored in the run metadata) (default: %(default)s)")
+                   help="per-round drafting decision: 'gate' (--gate) or 'law', a fitted law policy (--policy-law; "
+                        "implies --gate cost; docs/cli.md) (default: %(default)s)")
     p.add_argument("--policy-law", default=None, metavar="FITTED.json",
-                   help="policy parameters for --policy law, written by entropy_law.law.policy.save_policy(fit_policy("
-                        "traces of this drafter))")
+                   help="policy parameters for --policy law, written by entropy-law policy on this drafter's "
+                        "traces")
     p.add_argument("--policy-borrow", action="store_true",
-                   help="apply --policy-law to this drafter and target even though it was fitted for another "
-                        "drafter, checkpoint or target model (refused otherwise); what it was fitted for is stored "
-                        "with the run (borrowed_from)")
+                   help="apply --policy-law although it was fitted for another drafter, checkpoint or target "
+                        "(refused otherwise; recorded as borrowed_from)")
     p.add_argument("--tasks", default="spec_bench",
                    help="'spec_bench', 'open_ended' or a JSONL file with question_id, category, turns (default: %(default)s)")
     p.add_argument("--categories", nargs="+", default=None, metavar="CATEGORY",
@@ -91,14 +81,14 @@ def register(subparsers) -> None:
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--resume", action="store_true",
                       help="continue an existing run, skipping completed prompts; the options that shape decoding "
-                           "(model, drafter, tree, budget, gate, ...) must be those the run was recorded with")
+                           "must be those it was recorded with")
     mode.add_argument("--overwrite", action="store_true", help="replace an existing run")
     p.add_argument("--break-lock", action="store_true",
-                   help="take over a run whose writer's lock is stale (its process is gone, e.g. killed) or held "
-                        "by another host; never breaks the lock of a running process on this host")
+                   help="take over a run whose writer's lock is stale (its process is gone) or held by another "
+                        "host; never from a running process on this host")
     p.add_argument("--flush-every", type=int, default=1, metavar="N",
-                   help="write finished prompts to disk every N prompts; a crash loses at most the N - 1 finished "
-                        "prompts not yet written and the one in flight (default: %(default)s)")
+                   help="write finished prompts to disk every N prompts; a crash loses at most those and the one "
+                        "in flight (default: %(default)s)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 

@@ -17,8 +17,8 @@ def register(subparsers) -> None:
     p.add_argument("--format", choices=("html", "md"), default="html",
                    help="html: one self-contained page; md: report.md with PNG figures (default: %(default)s)")
     p.add_argument("--family", default=None,
-                   help="law family fitted per arm (default: the primary law, entropy_law.law.fit.PRIMARY_FAMILY; "
-                        "PRIMARY_FALLBACK, noted, on traces without the target's top-1 probability)")
+                   help="law family fitted per arm (default: the primary law; its fallback, noted, on traces "
+                        "without the target's top-1 probability)")
     p.add_argument("--n-boot", type=int, default=100,
                    help="request-bootstrap replicates for the speedup / break-even intervals (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed of the CV folds and the bootstrap (default: %(default)s)")
@@ -30,8 +30,8 @@ def register(subparsers) -> None:
                    help="also write the README results section (Markdown table) to FILE")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--out-of-core", action="store_true",
-                   help="runs larger than memory: DuckDB over the shards, the law by streamed IRLS; per-category "
-                        "results, the law per arm and an acceptance figure only (docs/out-of-core.md)")
+                   help="runs larger than memory (DuckDB over the shards): per-category results, the law per arm "
+                        "and one figure (docs/out-of-core.md)")
     p.add_argument("--memory-limit", default=None, metavar="SIZE",
                    help="with --out-of-core: DuckDB's memory limit, e.g. 2GB (default: DuckDB's)")
     p.add_argument("--no-memory-check", action="store_true",

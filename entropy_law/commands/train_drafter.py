@@ -18,7 +18,10 @@ from pathlib import Path
 
 
 def register(subparsers) -> None:
-    p = subparsers.add_parser("train-drafter", help="generate self-distilled data and train a block drafter")
+    p = subparsers.add_parser(
+        "train-drafter", help="generate self-distilled data and train a block drafter",
+        description="Generate self-distilled data from the target and train a block drafter for it; seeded and "
+                    "resumable. Details: docs/cli.md.")
     p.add_argument("--model", default="smollm2-135m", help="target model spec (default: %(default)s)")
     p.add_argument("--out", required=True, help="output folder (data, checkpoints, final drafter)")
     p.add_argument("--seed", type=int, default=0)
