@@ -210,3 +210,74 @@ def test_the_reference_traces_block_arms_ran_the_default_checkpoint():
     for run in runs:
         config = json.loads(run.read_text())["drafter_config"]
         assert config["checkpoint_sha256"] == default, f"{run.parent.name} ran {config['checkpoint']}"
+
+
+SCREEN_LINES = 30
+
+
+def test_the_printed_answer_fits_one_screen(demo, monkeypatch, capsys):
+    """What `entropy-law demo` prints when it is done: at most 30 lines of at most 100 columns, per drafting arm and
+    category the verdict (one prompt per category here: "not measured (1 request)"); the detail in summary.txt."""
+    from types import SimpleNamespace
+
+    import entropy_law.commands.demo as demo_command
+    from entropy_law.cli import main
+    from entropy_law.commands.demo import SCREEN_COLUMNS
+    from entropy_law.decoding import loading
+
+    _, tasks, result, _ = demo
+
+    def tokenizer(text):
+        return {"input_ids": [len(text), 7]}
+
+    tokenizer.chat_template = None
+    monkeypatch.setattr(loading, "load_target", lambda model: SimpleNamespace(tokenizer=tokenizer))
+    monkeypatch.setattr(demo_command, "run_demo", lambda tasks, target, **kwargs: result)  # decoded above
+    assert main(["demo", "--limit", "1", "--no-chat-template", "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    answer = out.split("\n\n", 1)[1].rstrip("\n").splitlines()  # after the loading lines and a blank line
+    assert len(answer) <= SCREEN_LINES and max(map(len, answer)) <= SCREEN_COLUMNS, "\n".join(answer)
+    assert answer[0].startswith("When drafting pays") and answer[1] == "ngram chain"
+    rows = answer[2:2 + len(tasks)]
+    assert sorted(row.split()[0] for row in rows) == sorted(task.category for task in tasks)
+    assert all(row.split()[1:] == ["not", "measured", "(1", "request)"] for row in rows)
+    assert any(line.startswith("note: block drafter unavailable") for line in answer)
+    assert answer[-2:] == ["  entropy-law record --no-chat-template --drafter ar --tasks FILE --out RUN",
+                           f"  entropy-law predict RUN --from {result.trace_dir} --replay-rounds"]
+    detail = (result.run_dir / "summary.txt").read_text()
+    assert "\n".join(result.answer_lines) in detail and "fitted law" in detail and "speedup vs AR" in detail
+    assert "total " in detail and "entropy-law record --no-chat-template --drafter ar" in detail  # the full next step
+    print("\n".join(answer))
+
+
+def test_the_answer_of_every_drafting_arm_on_every_category_fits_one_screen(monkeypatch):
+    """The widest case the demo decodes: all four drafting arms on Spec-Bench's five categories, with a note."""
+    from pathlib import Path
+
+    import pandas as pd
+
+    from entropy_law.commands.demo import SCREEN_COLUMNS, screen_lines
+    from entropy_law.jobs import report
+    from entropy_law.jobs.demo import DemoResult
+
+    arms = ["ngram chain", "ngram ddtree16", "block-drafter-b8-l2-copy chain", "block-drafter-b8-l2-copy ddtree16"]
+    categories = ["math_reasoning", "qa", "rag", "summarization", "translation"]
+    rows = [dict(arm=a, category=c, pays_from="measured", verdict="measured", verdict_requests=n,
+                 verdict_speedup=1.1, verdict_low=lo, verdict_high=hi, lo=lo, hi=hi, requests=n)
+            for a in arms for c, (n, lo, hi) in zip(categories, [(4, 1.0, 1.2), (5, 1.05, 1.2), (40, 0.8, 0.95),
+                                                                  (40, 0.95, 1.3), (40, 0.2, 3.0)])]
+    frame = pd.DataFrame(rows)
+    frame["pays"] = [report.category_verdict(r.verdict_requests, r.verdict_low, r.verdict_high)
+                     for r in frame.itertuples()]
+    monkeypatch.setattr(report, "answer_frame", lambda analysis, measured=None: frame)
+    run = Path("runs") / "20261207-123456"  # as the demo names it: --out runs, the UTC time
+    result = DemoResult(run_dir=run, trace_dir=run / "traces", report_path=run / "report.html", arms=["ar", *arms],
+                        messages=["WARNING: 2 outputs differ between arms (lossless decoding broken?): " + "x" * 200],
+                        timings_s={"decode_s": 147.0, "analysis_s": 31.0},
+                        answer_lines=report.verdict_lines(None))
+    lines = screen_lines(result, model="smollm2-135m", chat_template=True, total_s=190.0)
+    assert len(lines) <= SCREEN_LINES and max(map(len, lines)) <= SCREEN_COLUMNS, "\n".join(lines)
+    text = "\n".join(lines)
+    assert text.count("not measured (4 requests)") == 4 and text.count("not measured (40 requests)") == 4
+    assert text.count("pays          1.10x [1.05, 1.20]  measured, 5 requests") == 4
+    assert text.count("does not pay  1.10x [0.80, 0.95]") == 4 and text.count("unclear       1.10x [0.95, 1.30]") == 4

@@ -4,6 +4,7 @@ self-contained HTML, Markdown with images, the command line (and its errors)."""
 from __future__ import annotations
 
 import base64
+import re
 
 import matplotlib
 
@@ -125,22 +126,34 @@ def test_the_report_leads_with_the_answer_and_checks_it(sim, tmp_path):
     assert summary.startswith("When drafting pays") and summary.index("in these categories") < summary.index("\nfitted law")
 
 
-def test_a_predicted_verdict_needs_both_forms_of_the_prediction_on_one_side_of_1(sim):
-    """Where the measured speedup is not a result, a category's verdict rests on the prediction only where the
-    category's point (the law at its drafted depths x the cost line) and the whole interval of its requests priced
-    one by one lie on one side of 1; a point alone (1.01x) is "unclear"."""
-    from entropy_law.jobs.report import _category_pays, answer_frame
+def test_the_verdict_rule_at_its_edges():
+    """One rule (``category_verdict``): "pays" / "does not pay" / "unclear" on the interval, or "not measured (N
+    requests)" below 5 requests, where the upper end is more than twice the lower, or above the physical bound."""
+    from entropy_law.jobs.report import category_verdict
 
     nan = float("nan")
-    assert _category_pays(1.3, 1.1, 1.5, "measured", 0.9, 0.8, 0.95) == ("pays", "measured")
-    assert _category_pays(0.9, 0.8, 1.1, "measured", 1.5, 1.4, 1.6) == ("unclear", "measured")
-    no_interval = _category_pays(1.3, 0.5, 3.0, "not measured reliably", 1.01, nan, nan)
-    assert no_interval == ("unclear", "no predicted interval")
-    assert _category_pays(nan, nan, nan, None, 1.20, 1.07, 1.23) == ("pays", "predicted")
-    assert _category_pays(nan, nan, nan, None, 0.90, 0.85, 0.95) == ("does not pay", "predicted")
-    assert _category_pays(nan, nan, nan, None, 1.01, 1.00, 1.09) == ("unclear", "predicted")  # touches 1
-    assert _category_pays(nan, nan, nan, None, 0.99, 1.02, 1.10) == ("unclear", "predicted")  # the two disagree
-    assert _category_pays(nan, nan, nan, None, 0.93, 0.99, 1.07) == ("unclear", "predicted")
+    assert category_verdict(4, 1.10, 1.20) == "not measured (4 requests)"  # N = 4: too few, whatever the interval
+    assert category_verdict(5, 1.10, 1.20) == "pays"  # N = 5: enough
+    assert category_verdict(1, 1.10, 1.20) == "not measured (1 request)"
+    assert category_verdict(12, 0.50, 1.00) == "unclear"  # upper = 2x lower: still judged (touches 1)
+    assert category_verdict(12, 0.50, 1.0001) == "not measured (12 requests)"  # just above 2x lower
+    assert category_verdict(12, 1.01, 2.02) == "pays" and category_verdict(12, 1.01, 2.03).startswith("not measured")
+    assert category_verdict(12, 0.90, 1.10) == "unclear"  # straddles 1
+    assert category_verdict(12, 1.00, 1.10) == "unclear" and category_verdict(12, 0.90, 1.00) == "unclear"  # ends
+    assert category_verdict(12, 0.70, 0.95) == "does not pay"  # all below 1
+    assert category_verdict(12, 0.00, 18830.97) == "not measured (12 requests)"
+    assert category_verdict(12, nan, nan) == "not measured (12 requests)"
+    assert category_verdict(12, 1.10, 1.20, above_bound=True) == "not measured (12 requests)"
+    assert category_verdict(nan, 1.10, 1.20) == "not measured (0 requests)"
+
+
+def test_the_answer_rests_on_the_measurement_else_on_the_prediction(sim):
+    """Per arm and category the verdict rests on the paired measurement where the arm was measured there, else on
+    the prediction for its requests priced one by one (``TraceAnalysis.workload``), and says which."""
+    import pandas as pd
+
+    from entropy_law.jobs.report import answer_frame, category_verdict, verdict_lines
+
     _, _, an = sim
     frame = answer_frame(an)
     for arm in frame["arm"].unique():
@@ -148,6 +161,24 @@ def test_a_predicted_verdict_needs_both_forms_of_the_prediction_on_one_side_of_1
         part = frame.loc[frame["arm"] == arm]
         assert part["workload_predicted"].to_numpy() == pytest.approx(
             cats.loc[part["category"].astype(str), "predicted_speedup"].to_numpy())
+    for r in frame.itertuples():
+        assert r.pays == category_verdict(r.verdict_requests, r.verdict_low, r.verdict_high,
+                                          above_bound=r.verdict == "above the physical bound")
+        if r.pays_from == "measured":
+            assert (r.verdict_low, r.verdict_high, r.verdict_requests) == (r.lo, r.hi, r.requests)
+        else:
+            assert (r.verdict_low, r.verdict_high) == (r.workload_low, r.workload_high)
+    assert set(frame["pays_from"]) == {"measured"}  # the simulated set has an AR run timed with every arm
+    one = frame.iloc[0]
+    measured = pd.DataFrame([dict(arm=one["arm"], category=one["category"], requests=3, speedup=1.5, lo=1.2, hi=1.9,
+                                  verdict="not measured reliably")])
+    got = answer_frame(an, measured).iloc[0]
+    assert (got["pays"], got["pays_from"]) == ("not measured (3 requests)", "measured")
+    lines = verdict_lines(an, measured)
+    assert lines[0].startswith("When drafting pays") and lines[1] == one["arm"]
+    assert lines[2].split() == [one["category"], "not", "measured", "(3", "requests)"]
+    judged = [line for line in lines[3:] if line.startswith("  ") and "not measured" not in line]
+    assert all(re.search(r"\d\.\d\dx \[\d+\.\d\d, \d+\.\d\d\]  measured, \d+ requests$", line) for line in judged)
 
 
 def test_report_command_and_its_errors(sim, tmp_path, capsys):

@@ -1,12 +1,16 @@
 """``entropy-law demo``: the main job on the embedded default target, end to end, in minutes.
 
-Known here: the command-line options and their defaults (sized to finish within ~20 minutes on a
-2-core CPU, including model load), the final terminal summary. The work is ``entropy_law.jobs.demo.run_demo``.
+Known here: the command-line options and their defaults (sized to finish in minutes on a small CPU, model load
+included), and what is printed when it is done: one screen (``screen_lines``: at most ``SCREEN_COLUMNS`` wide; the
+verdict per arm and category, the notes, timings, where the detail is, the next commands). The detail goes to
+``summary.txt`` and the report. The work is ``entropy_law.jobs.demo.run_demo``.
 """
 
 from __future__ import annotations
 
+import textwrap
 import time
+from pathlib import Path
 
 from entropy_law.jobs.demo import DEFAULT_ARMS, DEFAULT_LIMIT, DEFAULT_MAX_NEW_TOKENS, run_demo
 from entropy_law.prompts.text import load_tasks, sample_per_category
@@ -17,8 +21,8 @@ REFERENCE_MODEL = "smollm2-135m"  # the target of data/traces, the reference tra
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "demo", help="decode a Spec-Bench subset with AR, n-gram and block drafters; record, fit the law, report",
-        description="Decode a few Spec-Bench prompts per category with our AR baseline and each drafter, record "
-                    "traces, fit the entropy law and write figures and a report into OUT/<run-id>/.")
+        description="Decode a few Spec-Bench prompts per category with AR and each drafter, fit the law, print "
+                    "per arm and category whether drafting pays; the detail goes to OUT/<run-id>/.")
     p.add_argument("--limit", type=int, default=DEFAULT_LIMIT, help="prompts per category (default: %(default)s)")
     p.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
                    help="new tokens per prompt (default: %(default)s)")
@@ -31,8 +35,7 @@ def register(subparsers) -> None:
     p.add_argument("--tasks", default="spec_bench", help="task file (default: %(default)s)")
     p.add_argument("--n-boot", type=int, default=30, help="bootstrap replicates (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0,
-                   help="seed of the prompt sample (LIMIT per category drawn from the whole set) and of the "
-                        "analysis (default: %(default)s)")
+                   help="seed of the prompt sample and of the analysis (default: %(default)s)")
     p.add_argument("--format", choices=("html", "md"), default="html", help="report format (default: %(default)s)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch CPU threads (default: torch's choice; 1 helps on a busy shared machine)")
@@ -72,26 +75,49 @@ def run(args) -> int:
                       max_new_tokens=args.max_new_tokens, n_boot=args.n_boot, seed=args.seed, encode=encode,
                       report_format=args.format, progress=not args.no_progress,
                       run_metadata={"chat_template": not args.no_chat_template})
+    total_s = time.perf_counter() - t0
     print()
-    print(result.summary_text)
-    print()
-    for message in result.messages:
-        print(f"note: {message}")
-    t = result.timings_s
-    print(f"decode {t['decode_s']:.0f} s, analysis + figures + report {t['analysis_s']:.0f} s, "
-          f"total {time.perf_counter() - t0:.0f} s (incl. model load)")
-    print(f"report: {result.report_path}")
-    print(f"figures: {result.run_dir / 'figures'}   traces: {result.trace_dir}")
-    print(next_steps(args.model, result.trace_dir, chat_template=not args.no_chat_template))
+    print("\n".join(screen_lines(result, model=args.model, chat_template=not args.no_chat_template,
+                                  total_s=total_s)))
+    with open(result.run_dir / "summary.txt", "a", encoding="utf-8") as summary:  # the detail's last lines
+        summary.write(f"total {total_s:.0f} s (incl. model load)\n"
+                      f"{next_steps(args.model, result.trace_dir, chat_template=not args.no_chat_template)}\n")
     return 1 if result.mismatches else 0
+
+
+SCREEN_COLUMNS = 100  # the printed answer's widest line (the detail goes to summary.txt)
+
+
+def screen_lines(result, *, model: str, chat_template: bool, total_s: float) -> list[str]:
+    """What the demo prints when it is done, at most ``SCREEN_COLUMNS`` wide: the verdict per arm and category
+    (``DemoResult.answer_lines``), each note on one line, the timings, where the detail and the report are, and the
+    two commands that ask the same question of the user's own prompts."""
+    t = result.timings_s
+    lines = [*result.answer_lines]
+    lines += [textwrap.shorten(f"note: {m}", SCREEN_COLUMNS, placeholder=" ... (summary.txt)")
+              for m in result.messages]
+    report = "" if result.report_path is None else f", {Path(result.report_path).name}"
+    where = [f"{result.run_dir}/: summary.txt (the detail){report}",
+             f"decode {t['decode_s']:.0f} s, total {total_s:.0f} s"]
+    lines += ["; ".join(where)] if len("; ".join(where)) <= SCREEN_COLUMNS else where
+    lines += ["next, on your own prompts (before drafting them; more in summary.txt):",
+              f"  entropy-law record{_target_flags(model, chat_template)} --drafter ar --tasks FILE --out RUN",
+              f"  entropy-law predict RUN --from {result.trace_dir} --replay-rounds"]
+    return lines
+
+
+def _target_flags(model: str, chat_template: bool) -> str:
+    """The flags that make a ``record`` run of the user's prompts comparable with this demo's traces."""
+    return ("" if model == REFERENCE_MODEL else f" --model {model}") + ("" if chat_template else " --no-chat-template")
 
 
 def next_steps(model: str, trace_dir, *, chat_template: bool = True) -> str:
     """The demo's last line: how to ask the same question of the user's own prompts, with this demo's target
     and prompt encoding (a run of another target or encoding would be refused or not comparable); the reference
     traces' law in the drafter's confidence only where they were decoded by this target."""
-    flags = ("" if model == REFERENCE_MODEL else f" --model {model}") + ("" if chat_template else " --no-chat-template")
-    # the reference traces' block arms ran the default checkpoint too (replayed again with it on 2026-12-05)
+    flags = _target_flags(model, chat_template)
+    # the reference traces' block arms ran the default checkpoint too
+    # (tests/test_demo.py::test_the_reference_traces_block_arms_ran_the_default_checkpoint keeps that so)
     law = ("; or --replay --law-from data/traces --law-tasks spec_bench: the law in the drafter's confidence, "
            "fitted on the reference traces" if model == REFERENCE_MODEL else "")
     return (f"your own prompts, before drafting them: entropy-law record{flags} --drafter ar --tasks FILE --out RUN, "

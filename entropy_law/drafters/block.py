@@ -65,12 +65,10 @@ COPY_GATE_BIAS = -2.0  # initial bias of the copy gate
 
 
 # the default (inside data/drafters/): the seventh checkpoint, the sixth fine-tuned on a broader corpus with code and
-# chat prompts (data/drafters/README.md, "A broader corpus"); the default since 2026-12-05, when it drafted more
-# accepted tokens per round than the sixth on Spec-Bench, the open-ended set and the probe set written after it, and
-# ran faster timed
+# chat prompts (data/drafters/README.md, "A broader corpus", says how it was made and why it is the default)
 DEFAULT_CHECKPOINT = "smollm2-135m-block-b8-broad.safetensors"
 # the sixth checkpoint, shipped beside it: the block arms of the timed and open-ended trace sets (data/traces_*) were
-# recorded with it (data/traces' were replayed again with the default on 2026-12-05), and a replay of such an arm
+# recorded with it (data/traces' block arms were replayed with the default), and a replay of such an arm
 # loads it by the SHA-256 the run recorded (jobs.arms.find_block_checkpoint); use it with
 # `entropy-law record --drafter block --checkpoint data/drafters/smollm2-135m-block-b8.safetensors`
 REFERENCE_CHECKPOINT = "smollm2-135m-block-b8.safetensors"
@@ -748,8 +746,8 @@ class BlockDrafter(nn.Module):
         """Run the drafter's layers, its fusion ``fc`` and its LM-head rows in ``dtype`` at inference
         (``"float32"``, the default, or ``"bfloat16"``; the target and its modules are never touched, norms,
         the copy head and the logits stay fp32). Only the proposals change (slightly): the target verifies
-        every draft, so the output is the greedy output in any dtype. On a CPU with bf16 matrix units (AMX,
-        AVX512-BF16) the drafter's matmuls run 2-3x faster in bfloat16; elsewhere bfloat16 can be slower.
+        every draft, so the output is the greedy output in any dtype. bfloat16 pays on a CPU with bf16 matrix
+        units (AMX, AVX512-BF16); elsewhere it can be slower.
         The dtype is recorded with every trace run (``provenance["compute_dtype"]``, absent for fp32), so runs
         of one checkpoint in two dtypes are never pooled. Forgets the injected context (``reset``)."""
         name = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")

@@ -4,10 +4,12 @@ Known here: the order of work (prompts, model, a short warm-up, then per prompt 
 AR baseline, n-gram drafter, block drafter if its checkpoint is present — so slow and fast moments of a
 shared machine hit all arms alike), one trace run per arm under ``<out>/<run-id>/traces/``, a check
 that every arm's output equals the AR output (lossless decoding; a mismatch is reported, never hidden),
-then ``TraceAnalysis`` + ``write_report`` into ``<out>/<run-id>/`` and a terminal summary.
+then ``TraceAnalysis`` + ``write_report`` into ``<out>/<run-id>/``, the answer (``jobs.report.verdict_lines``:
+per arm and category "pays" / "does not pay" / "unclear" with its interval, or "not measured (N requests)") and
+the detail behind it in ``summary.txt``.
 Speedups are measured by the one speed routine (``jobs.speed``): each ``generate`` call timed by the CPU
 clock, paired per request with the AR arm, with a request-bootstrap interval; a speedup above the physical
-bound, or with an interval wider than +-15%, is printed as such, never as a result.
+bound, or with too few requests or too wide an interval, is printed as such, never as a result.
 
 Not known here: decoding (``SpeculativeDecoder``), the trace format, statistics, plotting.
 """
@@ -38,7 +40,8 @@ class DemoResult:
     mismatches: list = field(default_factory=list)  # (arm, request_id) whose output differs from AR
     timings_s: dict = field(default_factory=dict)
     analysis: object = None
-    summary_text: str = ""
+    summary_text: str = ""  # the detail, as written to summary.txt
+    answer_lines: list = field(default_factory=list)  # the short answer (``jobs.report.verdict_lines``)
 
 
 def _measured_speedups(recorded, specs, analysis, seed: int):
@@ -93,7 +96,7 @@ def run_demo(
     matplotlib.use("Agg")
     from entropy_law.jobs.arms import available_arms
     from entropy_law.jobs.record import record_arms
-    from entropy_law.jobs.report import terminal_summary, write_report
+    from entropy_law.jobs.report import terminal_summary, verdict_lines, write_report
     from entropy_law.law.analysis import TraceAnalysis
     from entropy_law.traces.reader import load_traces
 
@@ -137,9 +140,14 @@ def run_demo(
     report = write_report(traces, run_dir, fmt=report_format, analysis=analysis, source=str(trace_dir),
                           progress=progress)
     measured = _measured_speedups(recorded, specs, analysis, seed)
-    summary = terminal_summary(analysis, measured)
+    answer = verdict_lines(analysis, measured)
     timings["analysis_s"] = time.perf_counter() - t_an
     timings["total_s"] = time.perf_counter() - t_start
+    # the detail behind the answer: the answer, the per-category table, the fitted law, the notes, the timings
+    summary = "\n".join([*answer, "", terminal_summary(analysis, measured), "", *(f"note: {m}" for m in messages),
+                          f"decode {timings['decode_s']:.0f} s, analysis + figures + report "
+                          f"{timings['analysis_s']:.0f} s", f"report: {report}",
+                          f"figures: {run_dir / 'figures'}   traces: {trace_dir}"])
     (run_dir / "summary.txt").write_text(summary + "\n", encoding="utf-8")
     (run_dir / "demo.json").write_text(json.dumps({
         "run_id": run_id, "model_id": model_id, "arms": [s.name for s in specs], "prompts": len(tasks),
@@ -148,4 +156,4 @@ def run_demo(
         "speedup_vs_ar": None if measured is None else measured.to_dict("records")}, indent=2), encoding="utf-8")
     return DemoResult(run_dir=run_dir, trace_dir=trace_dir, report_path=report, arms=[s.name for s in specs],
                       messages=messages, mismatches=mismatches, timings_s=timings, analysis=analysis,
-                      summary_text=summary)
+                      summary_text=summary, answer_lines=answer)

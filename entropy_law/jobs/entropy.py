@@ -61,11 +61,11 @@ from entropy_law.traces.layout import (LOCK_FILE, RUN_FILE, create_lock, describ
 from entropy_law.traces.recorder import TraceRecorder
 from entropy_law.traces.stats import TARGET_STAT_KEYS
 
-DEFAULT_BATCH_TOKENS = 0  # one forward per request: on a CPU 2.9x the tokens per CPU second of padded batches
-# of 4096 tokens (bench/results/entropy_speed.txt: 112 vs 38)
+DEFAULT_BATCH_TOKENS = 0  # one forward per request: on a CPU padded batches cost more than they save
+# (bench/results/entropy_speed.txt)
 DEFAULT_FLUSH_EVERY = 16
 DEFAULT_FLUSH_SECONDS = 60.0
-STATS_ROWS = 32  # logit rows per statistics call: [32, V] fp32 stays in cache; [256, V] at once is 1.5x slower
+STATS_ROWS = 32  # logit rows per statistics call: [32, V] fp32 stays in cache, where a few hundred rows do not
 MAX_LOGIT_BYTES = 512 << 20  # most bytes of logits one batched forward may return
 METADATA_KEY_ENTROPY = "entropy"
 # run.json keys the recorder writes itself (or that describe the import's own writer): not carried over

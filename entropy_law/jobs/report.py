@@ -88,33 +88,44 @@ def results_frame(analysis: TraceAnalysis) -> pd.DataFrame:
     return table[[c for c in RESULT_COLUMNS if c in table]].rename(columns=RESULT_COLUMNS)
 
 
-def _category_pays(measured: float, low: float, high: float, verdict, predicted: float, predicted_low: float,
-                   predicted_high: float) -> tuple[str, str]:
-    """(``"pays"`` / ``"does not pay"`` / ``"unclear"``, on what it rests) for one arm and category: the
-    measurement where it is a result (its interval above 1 / below 1 / across 1), else the prediction where its two
-    forms agree on the side of 1: the category's point (``predicted``: the law's tokens per round at the category's
-    drafted depths x the cost line, ``speedup_validation``) and the whole interval of its requests priced one by one
-    (``predicted_low`` / ``predicted_high``: ``TraceAnalysis.workload``, the law's coefficients and the cost
-    measurements). Never a predicted point alone: 1.01x without an interval says nothing about the side of 1, and
-    the per-request pricing's interval holds no error of its depth model (on data/traces_timed it missed the
-    measured speedup by 10% per category on average, the category point by 6%)."""
-    if verdict == MEASURED and np.isfinite(low) and np.isfinite(high):
-        return ("pays" if low > 1 else "does not pay" if high < 1 else "unclear"), "measured"
-    if not (np.isfinite(predicted_low) and np.isfinite(predicted_high)):
-        return "unclear", "no predicted interval"
-    if np.isfinite(predicted) and predicted > 1 and predicted_low > 1:
-        return "pays", "predicted"
-    if np.isfinite(predicted) and predicted < 1 and predicted_high < 1:
-        return "does not pay", "predicted"
-    return "unclear", "predicted"
+MAX_INTERVAL_RATIO = 2.0  # an interval whose upper end is more than this times its lower end: not measured
+PAYS, DOES_NOT_PAY, UNCLEAR = "pays", "does not pay", "unclear"
+
+
+def category_verdict(requests: int, low: float, high: float, *, above_bound: bool = False) -> str:
+    """Whether drafting pays in one category for one arm, from the speedup interval ``[low, high]`` over AR that
+    rests on ``requests`` requests: ``"pays"`` (``low > 1``), ``"does not pay"`` (``high < 1``), ``"unclear"``
+    (the interval holds 1, ends included), or ``"not measured (N requests)"`` with fewer than
+    ``MIN_PAIRED_REQUESTS`` requests, without a finite positive interval, where ``high`` is more than
+    ``MAX_INTERVAL_RATIO`` times ``low``, or for a speedup above the physical bound (``above_bound``)."""
+    n = int(requests) if requests == requests else 0  # NaN requests: none
+    if (n < MIN_PAIRED_REQUESTS or above_bound or not (np.isfinite(low) and np.isfinite(high)) or low <= 0
+            or high > MAX_INTERVAL_RATIO * low):
+        return f"not measured ({n} request{'' if n == 1 else 's'})"
+    return PAYS if low > 1 else DOES_NOT_PAY if high < 1 else UNCLEAR
+
+
+def _verdict_interval(row, category_requests: float) -> tuple[str, float, float, float, float]:
+    """(source, requests, point, low, high) a category's verdict rests on: the paired measurement where the arm was
+    measured there (``requests`` > 0), else the prediction for its requests priced one by one (``workload_*``:
+    ``TraceAnalysis.workload``, the law's coefficients and the cost measurements) over the category's requests."""
+    def number(value):
+        return float(value) if value is not None and value == value else np.nan
+
+    if number(row["requests"]) > 0:
+        return "measured", number(row["requests"]), number(row["measured"]), number(row["lo"]), number(row["hi"])
+    return ("predicted", number(category_requests), number(row["workload_predicted"]), number(row["workload_low"]),
+            number(row["workload_high"]))
 
 
 def answer_frame(analysis: TraceAnalysis, measured: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per drafting arm and category: the measured speedup (``measured``: ``jobs.speed.paired_speedups`` rows
     with the analysis's arm labels; else ``TraceAnalysis.speedup``) and the predicted one side by side, and
-    whether drafting pays there (``_category_pays``: the measurement where it is a result, else the prediction,
-    with ``workload_predicted`` / ``workload_low`` / ``workload_high``: the category of ``TraceAnalysis.workload``,
-    NaN where it is not computed). Empty where no arm can be predicted or measured."""
+    whether drafting pays there: ``pays`` (``category_verdict``) on the interval of ``pays_from`` ("measured" where
+    the arm was paired with AR in the category, else "predicted": ``workload_predicted`` / ``workload_low`` /
+    ``workload_high``, the category of ``TraceAnalysis.workload``, NaN where it is not computed), with
+    ``verdict_requests`` / ``verdict_speedup`` / ``verdict_low`` / ``verdict_high``: what it rests on. Empty where
+    no arm can be predicted or measured."""
     check = analysis.attempt("speedup_validation")
     if not check.ok:
         return pd.DataFrame()
@@ -138,10 +149,35 @@ def answer_frame(analysis: TraceAnalysis, measured: pd.DataFrame | None = None) 
         got = cats.loc[frame.loc[rows, "category"].astype(str)]
         frame.loc[rows, ["workload_predicted", "workload_low", "workload_high"]] = got[
             ["predicted_speedup", "ci_low", "ci_high"]].to_numpy(float)
-    pays = [_category_pays(*(float(r[c]) if r[c] is not None else np.nan for c in ("measured", "lo", "hi")),
-                           r["verdict"], float(r["predicted"]), float(r["workload_low"]), float(r["workload_high"]))
-            for _, r in frame.iterrows()]
-    return frame.assign(pays=[p[0] for p in pays], pays_from=[p[1] for p in pays])
+    requests = analysis.results_table().set_index(["arm", "category"])["requests"]
+    rows = [_verdict_interval(r, requests.get((r["arm"], r["category"]), np.nan)) for _, r in frame.iterrows()]
+    frame = frame.assign(pays_from=[r[0] for r in rows], verdict_requests=[r[1] for r in rows],
+                         verdict_speedup=[r[2] for r in rows], verdict_low=[r[3] for r in rows],
+                         verdict_high=[r[4] for r in rows])
+    return frame.assign(pays=[category_verdict(n, lo, hi, above_bound=v == ABOVE_BOUND) for n, lo, hi, v in zip(
+        frame["verdict_requests"], frame["verdict_low"], frame["verdict_high"], frame["verdict"])])
+
+
+def verdict_lines(analysis: TraceAnalysis, measured: pd.DataFrame | None = None) -> list[str]:
+    """The short answer, one screen: a title, then per drafting arm a line with its name and one line per category
+    with its verdict (``answer_frame``'s ``pays``, ``category_verdict``), the speedup over AR and the interval it
+    rests on, "measured" or "predicted" and the requests; "not measured (N requests)" stands alone."""
+    frame = answer_frame(analysis, measured)
+    if frame.empty:
+        return ["When drafting pays: no drafting arm could be measured or predicted (see summary.txt)"]
+    lines = ["When drafting pays: speedup over AR per category, 95% interval (rule: docs/demo.md)"]
+    width = max(len(str(c)) for c in frame["category"]) + 2
+    for arm, part in frame.groupby("arm", sort=False):
+        lines.append(str(arm))
+        for r in part.itertuples():
+            head = f"  {str(r.category):<{width}}"
+            if r.pays.startswith("not measured"):
+                lines.append(f"{head}{r.pays}")
+                continue
+            point = f"{r.verdict_speedup:.2f}x" if np.isfinite(r.verdict_speedup) else "–"
+            lines.append(f"{head}{r.pays:<14}{point} [{r.verdict_low:.2f}, {r.verdict_high:.2f}]  {r.pays_from}, "
+                         f"{int(r.verdict_requests)} requests")
+    return lines
 
 
 def _join(names) -> str:
@@ -170,9 +206,11 @@ def answer_lines(analysis: TraceAnalysis, measured: pd.DataFrame | None = None) 
             yes = part.loc[part["pays"] == "pays", "category"]
             no = part.loc[part["pays"] == "does not pay", "category"]
             unclear = part.loc[part["pays"] == "unclear", "category"]
+            unmeasured = part.loc[part["pays"].str.startswith("not measured"), "category"]
             words = [f"it pays for {_join(yes)}" if len(yes) else "it pays for none",
                      *([f"not for {_join(no)}"] if len(no) else []),
-                     *([f"unclear for {_join(unclear)}"] if len(unclear) else [])]
+                     *([f"unclear for {_join(unclear)}"] if len(unclear) else []),
+                     *([f"not measured for {_join(unmeasured)}"] if len(unmeasured) else [])]
             head += "; in these categories " + ", ".join(words)
             status = part["status"].iloc[0]
             if status != "compared":

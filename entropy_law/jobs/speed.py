@@ -2,8 +2,8 @@
 
 Known here: how a speedup over the autoregressive (AR) baseline is measured so that the number can be
 defended. Every arm is a callable ``(prompt ids, max_new_tokens) -> (new token ids, rounds or None)``.
-Each arm first decodes one short warm-up (first forwards allocate and tune kernels; a cold first request
-ran at 342 ms per token against about 50 afterwards). Then prompt by prompt every arm decodes in turn, in an
+Each arm first decodes one short warm-up (first forwards allocate and tune kernels: a cold first request
+is several times slower than the next). Then prompt by prompt every arm decodes in turn, in an
 order that rotates with the prompt, so slow and fast moments of a shared machine hit all arms alike. Each
 call is timed by this process's CPU clock (default; the honest clock on a shared machine, with one torch
 thread) and by the wall clock. Outputs are compared with the reference arm's (lossless decoding: a

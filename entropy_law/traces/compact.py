@@ -2,8 +2,8 @@
 
 Known here: why and how. A writer that must lose nothing when killed writes a shard per finished request
 (``TraceRecorder(flush_every_requests=1)``: the reference traces' replay, ``entropy-law record``), so a run of
-400 prompts holds 400 shards and 1,200 small Parquet files, most of whose bytes are per-file overhead (about
-4x the size of the same rows in shards of ~1,000 rounds). ``compact_run`` rewrites a COMPLETE run's rows, in
+400 prompts holds 400 shards and 1,200 small Parquet files, most of whose bytes are per-file overhead (several
+times the size of the same rows in shards of ~1,000 rounds). ``compact_run`` rewrites a COMPLETE run's rows, in
 their order, into shards of about ``rounds_per_shard`` rounds (whole requests; a shard is never split), through
 the writer's own checked bulk path (``TraceRecorder.log_columns``) into a sibling folder; checks that every
 table reads back equal to the original; then swaps the folders. The run keeps its ``run_id`` and every
