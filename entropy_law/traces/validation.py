@@ -129,11 +129,22 @@ def _check_tokens(tbl: pa.Table, where: str) -> None:
          "draft_entropy_nats negative or infinite"),
         ("draft_rank", lambda c: pc.less(c, -1), "draft_rank < -1 (-1 means: not among the candidates)"),
         ("context_match", lambda c: pc.less(c, 0), "negative context_match (a suffix-match length)"),
+        ("target_topk", lambda c: pc.less(c, 1), "target_topk < 1 (the top-k entries read)"),
     ]
+    for name in ("target_entropy_lower_nats", "target_entropy_upper_nats", "target_entropy_estimate_nats"):
+        checks += [(name, pc.is_nan, f"NaN {name} (write null for a missing value)"),
+                   (name, lambda c: pc.or_(pc.less(c, 0), pc.is_inf(c)), f"{name} negative or infinite")]
     for name, condition, problem in checks:
         mask = _bad(tbl.column(name), condition)
         if mask is not None:
             _fail_first(mask, tbl, t, where, problem)
+    lower, upper = tbl.column("target_entropy_lower_nats"), tbl.column("target_entropy_upper_nats")
+    estimate = tbl.column("target_entropy_estimate_nats")
+    for low, high, problem in ((lower, upper, "target_entropy_lower_nats > target_entropy_upper_nats"),
+                               (lower, estimate, "target_entropy_estimate_nats below target_entropy_lower_nats"),
+                               (estimate, upper, "target_entropy_estimate_nats above target_entropy_upper_nats")):
+        if pc.any(pc.greater(low, high)).as_py():
+            _fail_first(pc.greater(low, high).fill_null(False).to_numpy(zero_copy_only=False), tbl, t, where, problem)
     top1, top2 = tbl.column("target_top1_prob"), tbl.column("target_top2_prob")
     if pc.any(pc.greater(top2, top1)).as_py():
         _fail_first(pc.greater(top2, top1).to_numpy(zero_copy_only=False), tbl, t, where,
