@@ -81,11 +81,12 @@ def _as_rows(logprobs) -> np.ndarray:
     return array
 
 
-def topk_problems(logprobs, vocab_size: int) -> list[tuple[int, str]]:
+def topk_problems(logprobs, vocab_size: int | None) -> list[tuple[int, str]]:
     """Every position whose entries no distribution over ``vocab_size`` tokens has: ``[(row, problem), ...]``.
     Refused: a NaN or +inf, a log-probability above 0 (beyond ``LOGPROB_TOLERANCE``), no entry, more entries than
     the vocabulary, probabilities summing above ``1 + SUM_TOLERANCE``, and a tail that cannot fit on the other
-    ``V - k`` tokens at most ``p_k`` each. ``-inf`` marks an absent entry (a position with fewer)."""
+    ``V - k`` tokens at most ``p_k`` each (these two only with ``vocab_size``; None: the checks that need no V).
+    ``-inf`` marks an absent entry (a position with fewer)."""
     array = _as_rows(logprobs)
     problems: dict[int, str] = {}
 
@@ -98,21 +99,33 @@ def topk_problems(logprobs, vocab_size: int) -> list[tuple[int, str]]:
     above = np.where(np.isfinite(array), array, -np.inf).max(axis=1) if array.shape[1] else np.full(len(array), -np.inf)
     flag(above > LOGPROB_TOLERANCE, lambda r: f"a log-probability is above 0 ({above[r]:.6g}); log-probabilities "
                                               "are <= 0")
-    present = np.isfinite(array)
+    present = _present(array)
     k = present.sum(axis=1)
     flag(k == 0, lambda r: "no log-probability (an empty top-k list)")
-    flag(k > vocab_size, lambda r: f"{k[r]} entries, more than the vocabulary of {vocab_size}")
+    if vocab_size is None:
+        vocab_size = np.iinfo(np.int64).max
+        k_check = False
+    else:
+        k_check = True
+    flag(k_check & (k > vocab_size), lambda r: f"{k[r]} entries, more than the vocabulary of {vocab_size}")
     p = np.where(present, np.exp(np.minimum(np.where(present, array, 0.0), 0.0)), 0.0)
     total = p.sum(axis=1)
     flag(total > 1 + SUM_TOLERANCE, lambda r: f"the probabilities sum to {total[r]:.6g} > 1 + {SUM_TOLERANCE:g}")
     pk = np.where(present, p, np.inf).min(axis=1)
     tail = np.maximum(1.0 - total, 0.0)
     room = np.maximum(vocab_size - k, 0) * np.where(np.isfinite(pk), pk, 0.0)
-    flag(tail > room * (1 + 1e-9) + 1e-12,
+    flag(k_check & (tail > room * (1 + 1e-9) + 1e-12),
          lambda r: (f"a tail mass of {tail[r]:.6g} cannot lie on the other {vocab_size - k[r]} tokens at most "
                     f"p_k = {pk[r]:.6g} each: the vocabulary size {vocab_size} is too small, or the entries are "
                     "not the top k"))
     return sorted(problems.items())
+
+
+def _present(array: np.ndarray) -> np.ndarray:
+    """Entries that carry probability: finite, and not so small that exp underflows to 0 (vLLM writes -9999.0
+    for a masked token; such an entry holds no mass and reads as absent)."""
+    with np.errstate(invalid="ignore"):
+        return np.isfinite(array) & (np.exp(np.where(np.isfinite(array), np.minimum(array, 0.0), 0.0)) > 0)
 
 
 def _neg_xlogx(x: np.ndarray) -> np.ndarray:
@@ -124,7 +137,8 @@ def topk_entropy(logprobs, vocab_size: int, *, point: str = "geometric") -> Topk
     """Bounds and a point estimate of the entropy (nats) at each position from its top-k log-probabilities.
 
     ``logprobs``: ``[positions, k]`` (a 1-D list is one position), in any order, ``-inf`` for an absent entry
-    (a position with fewer entries than requested: duplicates an engine merged); ``vocab_size``: V of the
+    (a position with fewer entries than requested: duplicates an engine merged; an entry whose probability
+    underflows to 0 reads as absent); ``vocab_size``: V of the
     target. ``point``: ``"geometric"`` or ``"midpoint"`` (module docstring). Raises ``TopkInputError`` for the
     first position ``topk_problems`` refuses.
     """
@@ -137,7 +151,7 @@ def topk_entropy(logprobs, vocab_size: int, *, point: str = "geometric") -> Topk
     problems = topk_problems(array, vocab_size)
     if problems:
         raise TopkInputError(*problems[0])
-    present = np.isfinite(array)
+    present = _present(array)
     lp = np.where(present, np.minimum(array, 0.0), -np.inf)
     lp = -np.sort(-lp, axis=1)  # descending; absent entries last
     p = np.exp(lp)
