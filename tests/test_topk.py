@@ -106,3 +106,99 @@ def test_bad_input_names_the_position_and_the_problem(row, match):
 def test_rounding_above_one_within_the_tolerance_is_accepted():
     est = topk_entropy(np.log([0.6, 0.4004]), 2)
     assert est.tail_mass[0] == 0 and est.lower_nats[0] == est.upper_nats[0]
+
+
+# -- imported engine responses with top-k log-probabilities ----------------------------------------------------
+import json  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+from entropy_law import load_traces  # noqa: E402
+from entropy_law.importers import import_jsonl, read_import  # noqa: E402
+from entropy_law.importers.records import MalformedResponseError  # noqa: E402
+
+DATA = Path(__file__).parent / "data" / "engines"
+EXACT = json.loads((DATA / "topk_exact_entropy.json").read_text())
+
+
+@pytest.mark.parametrize("name, engine", [("vllm_topk_logprobs", "vllm"), ("sglang_topk_logprobs", "sglang")])
+def test_engine_top_k_becomes_bounds_around_the_exact_entropy(tmp_path, name, engine):
+    summary = import_jsonl(DATA / f"{name}.jsonl", engine, tmp_path / "run", vocab_size=1000)
+    assert summary.rounds_in_tables >= 1 and summary.target_stats.startswith("top-k log-probabilities")
+    traces = load_traces(tmp_path / "run")
+    tokens = traces.tokens
+    assert len(tokens) and tokens["target_entropy_nats"].isna().all() and tokens["target_renyi2_nats"].isna().all()
+    for request_id, group in tokens.groupby("request_id", observed=True):
+        exact = np.asarray(EXACT[str(request_id)])[group["position"].to_numpy()]
+        lower = group["target_entropy_lower_nats"].to_numpy(float)
+        upper = group["target_entropy_upper_nats"].to_numpy(float)
+        point = group["target_entropy_estimate_nats"].to_numpy(float)
+        assert (lower <= exact + 1e-4).all() and (exact <= upper + 1e-4).all()  # float32 columns
+        assert ((lower <= point) & (point <= upper)).all()
+    topk = next(iter(traces.metadata.values()))["engine_import"]["topk"]
+    assert topk["vocab_size"] == 1000 and topk["estimator"] == "geometric" and topk["renormalised"] == []
+    if engine == "vllm":  # position 3 of the first request holds 4 entries (a merged duplicate): read, not refused
+        assert topk["positions_fewer_entries"] == 1
+        assert tokens.loc[tokens["position"] == 3, "target_topk"].min() == 4
+
+
+def test_llamacpp_top_k_is_kept_in_the_record_without_per_step_data(tmp_path):
+    summary = import_jsonl(DATA / "llamacpp_topk_logprobs.jsonl", "llamacpp", tmp_path / "run", vocab_size=1000)
+    assert summary.rounds_in_tables == 0
+    run = read_import(tmp_path / "run")
+    for i, record in enumerate(run.requests):
+        est = topk_entropy(pad_topk(record.topk_logprobs), 1000)
+        exact = np.asarray(EXACT[f"llamacpp-{i}"])
+        assert (est.lower_nats <= exact + 1e-9).all() and (exact <= est.upper_nats + 1e-9).all()
+
+
+def test_top_k_without_a_vocabulary_size_is_refused_with_what_to_add(tmp_path):
+    with pytest.raises(ValueError, match="--vocab-size"):
+        import_jsonl(DATA / "vllm_topk_logprobs.jsonl", "vllm", tmp_path / "run")
+    with pytest.raises(ValueError, match=r"vllm_topk_logprobs.jsonl:1: .*too small"):
+        import_jsonl(DATA / "vllm_topk_logprobs.jsonl", "vllm", tmp_path / "run2", vocab_size=6)
+
+
+def _edit_first(tmp_path, edit):
+    lines = (DATA / "vllm_topk_logprobs.jsonl").read_text().splitlines()
+    obj = json.loads(lines[1])
+    edit(obj["choices"][0]["logprobs"]["content"])
+    lines[1] = json.dumps(obj)
+    path = tmp_path / "bad.jsonl"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("edit, problem", [
+    (lambda c: c[2]["top_logprobs"][1].update(logprob=0.25), "above 0"),
+    (lambda c: c[2]["top_logprobs"][1].update(logprob=float("nan")), "NaN"),
+    (lambda c: [e.update(logprob=-0.1) for e in c[2]["top_logprobs"]], "sum to"),
+    (lambda c: c[2].update(top_logprobs=[]), "request top_logprobs"),
+])
+def test_bad_log_probabilities_name_file_line_and_position_or_are_skipped(tmp_path, edit, problem):
+    path = _edit_first(tmp_path, edit)
+    with pytest.raises(MalformedResponseError, match=rf"bad.jsonl:2: choices\[0\]\.logprobs\.content.*2.*{problem}"):
+        import_jsonl(path, "vllm", tmp_path / "run", vocab_size=1000)
+    summary = import_jsonl(path, "vllm", tmp_path / "skipped", vocab_size=1000, skip_bad=True)
+    meta = next(iter(load_traces(tmp_path / "skipped").metadata.values()))["engine_import"]
+    assert summary.imported == 2 and meta["skipped_bad"] == 1 and meta["skipped_lines"][0]["line"] == 2
+
+
+def test_a_renormalised_top_k_is_flagged_and_its_bounds_not_given(tmp_path):
+    lines = (DATA / "vllm_topk_logprobs.jsonl").read_text().splitlines()
+    obj = json.loads(lines[0])
+    for item in obj["choices"][0]["logprobs"]["content"]:  # what an engine that renormalises the list returns
+        lp = np.array([e["logprob"] for e in item["top_logprobs"]])
+        lp -= np.log(np.exp(lp).sum())
+        for e, v in zip(item["top_logprobs"], lp):
+            e["logprob"] = float(v)
+    path = tmp_path / "renormalised.jsonl"
+    path.write_text(json.dumps(obj) + "\n" + lines[1] + "\n")
+    import_jsonl(path, "vllm", tmp_path / "run", vocab_size=1000)
+    traces = load_traces(tmp_path / "run")
+    flagged = next(iter(traces.metadata.values()))["engine_import"]["topk"]["renormalised"]
+    assert [f["request_id"] for f in flagged] == [obj["id"]]
+    tokens = traces.tokens
+    mine = tokens["request_id"] == obj["id"]
+    assert tokens.loc[mine, "target_entropy_lower_nats"].isna().all()
+    assert tokens.loc[mine, "target_entropy_estimate_nats"].notna().all()
+    assert tokens.loc[~mine, "target_entropy_lower_nats"].notna().all()

@@ -25,6 +25,7 @@ import pandas as pd
 
 from entropy_law.law import arms
 from entropy_law.traces.stats import CONTEXT_MATCH_MAX
+from entropy_law.traces.topk import entropy_or_bound  # the top-k estimate where no exact entropy exists
 
 EPS_NATS = 1e-3
 EPS_PROB = 1e-3  # offset of log(1 - p + eps) for a top-1 probability, the drafter's or the target's (p = 1: log 0)
@@ -102,6 +103,7 @@ def sequences_of(tokens: pd.DataFrame) -> pd.DataFrame:
     """``transfer.entropy_sequences`` of these token rows (any runs: a workload recorded by AR, or an imported one); with a
     ``context_match`` (the context's copyability) or ``target_top1_prob`` column also each request's array of it
     (``POSITION_COLUMNS``; None where the request has a null)."""
+    tokens = entropy_or_bound(tokens)
     present = [c for c in POSITION_COLUMNS if c in tokens.columns]
     tokens = tokens[["run_id", "request_id", "category", "position", "target_entropy_nats", *present]]
     tokens = validate_covariates(tokens, ["target_entropy_nats"])
@@ -145,7 +147,7 @@ def at_risk_table(
     ``attrs["unlogged"]``, and the families that read it refuse (``fit.prepare_counts``). Rows that hold two arms under
     one drafter id raise, naming the arms and how to select one (``arms.check_one_arm_per_drafter``).
     """
-    tokens, runs = traces.tokens, traces.runs
+    tokens, runs = entropy_or_bound(traces.tokens), traces.runs
     _require_columns(tokens, ("run_id", "request_id", "category", "round_index", "position", "depth", "role", *covariates),
                      "traces.tokens")
     _require_columns(runs, ("run_id", "drafter_id"), "traces.runs")

@@ -183,6 +183,22 @@ def topk_entropy(logprobs, vocab_size: int, *, point: str = "geometric") -> Topk
                        top1_prob=p[:, 0], top2_prob=top2, logit_gap=gap)
 
 
+def entropy_or_bound(tokens, column: str = "target_entropy_estimate_nats"):
+    """A tokens DataFrame whose ``target_entropy_nats`` is, where null, filled from ``column`` (the point estimate
+    by default; ``target_entropy_lower_nats`` / ``target_entropy_upper_nats`` for a sensitivity fit): what the law
+    fits as the entropy. Rows with an exact entropy keep it; ``tokens`` itself is not changed (a copy is returned
+    when anything is filled)."""
+    if column not in tokens.columns or "target_entropy_nats" not in tokens.columns:
+        return tokens
+    exact, bound = tokens["target_entropy_nats"], tokens[column]
+    fill = exact.isna() & bound.notna()
+    if not fill.any():
+        return tokens
+    tokens = tokens.copy()
+    tokens["target_entropy_nats"] = exact.where(~fill, bound)
+    return tokens
+
+
 def pad_topk(rows) -> np.ndarray:
     """Ragged lists of log-probabilities (one per position) as ``[positions, max k]``, ``-inf`` padded."""
     width = max((len(r) for r in rows), default=0)
@@ -192,5 +208,5 @@ def pad_topk(rows) -> np.ndarray:
     return out
 
 
-__all__ = ["LOGPROB_TOLERANCE", "POINT_ESTIMATES", "RENORMALISED_TAIL", "SUM_TOLERANCE", "TopkEntropy",
+__all__ = ["LOGPROB_TOLERANCE", "entropy_or_bound", "POINT_ESTIMATES", "RENORMALISED_TAIL", "SUM_TOLERANCE", "TopkEntropy",
            "TopkInputError", "pad_topk", "topk_entropy", "topk_problems"]
