@@ -202,3 +202,67 @@ def test_a_renormalised_top_k_is_flagged_and_its_bounds_not_given(tmp_path):
     assert tokens.loc[mine, "target_entropy_lower_nats"].isna().all()
     assert tokens.loc[mine, "target_entropy_estimate_nats"].notna().all()
     assert tokens.loc[~mine, "target_entropy_lower_nats"].notna().all()
+
+
+def law_file(path: Path, *, vocab: int, k: int, seed: int = 0, n_requests: int = 30, slope: float = 1.2) -> dict:
+    """A vLLM chat JSONL (detailed per-step metrics, top-k log-probabilities) drawn from a known law: a draft at
+    a position whose target entropy is H is accepted with probability exp(-slope H). Returns the exact entropies."""
+    rng = np.random.default_rng(seed)
+    exact, lines = {}, []
+    for r in range(n_requests):
+        dists = []
+
+        def entropy_at(p):
+            while len(dists) <= p:
+                dists.append(np.sort(rng.dirichlet(np.full(vocab, rng.choice([0.002, 0.02, 0.3]))))[::-1])
+            return exact_entropy(dists[p])
+
+        position, accepted, drafted = 1, [], []
+        while position < 24:
+            a = 0
+            while a < 4 and rng.random() < np.exp(-slope * entropy_at(position + a)):
+                a += 1
+            entropy_at(position + a)
+            accepted.append(a)
+            drafted.append(4)
+            position += a + 1
+        dists = dists[:position]
+        content = [{"token": "x", "logprob": float(np.log(p[0])),
+                    "top_logprobs": [{"token": f"t{i}", "logprob": float(np.log(max(p[i], 1e-300)))} for i in range(k)]}
+                   for p in dists]
+        hist = np.bincount(accepted, minlength=5).tolist()
+        lines.append({"id": f"req-{r}", "model": "m", "category": ["math", "code"][r % 2], "prompt": "p",
+                      "prompt_token_ids": [1, 2, 3],
+                      "choices": [{"index": 0, "finish_reason": "length", "token_ids": list(range(10, 10 + position)),
+                                   "logprobs": {"content": content}}],
+                      "metrics": {"speculative_decoding": {
+                          "num_spec_steps": len(accepted), "num_accepted_draft_tokens": int(sum(accepted)),
+                          "num_draft_tokens": int(sum(drafted)), "num_spec_tokens": 4, "acceptance_histogram": hist,
+                          "per_step_accepted": accepted, "per_step_drafted": drafted}}})
+        exact[f"req-{r}"] = [exact_entropy(p) for p in dists]
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return exact
+
+
+def test_an_imported_top_k_run_fits_the_law_and_its_sensitivity_spans_the_bounds(tmp_path):
+    from entropy_law.law.fit import fit_law
+    from entropy_law.law.topk import entropy_sensitivity
+
+    law_file(tmp_path / "log.jsonl", vocab=400, k=5)
+    import_jsonl(tmp_path / "log.jsonl", "vllm", tmp_path / "run", vocab_size=400)
+    traces = load_traces(tmp_path / "run")
+    law = fit_law(traces, "law_logit", depth="none", cov_type="nonrobust")
+    assert law.coefficients.loc["target_entropy_nats", "estimate"] < 0  # acceptance falls with the entropy
+    table = entropy_sensitivity(traces, "law_logit", depth="none", cov_type="nonrobust")
+    assert set(table.index) == set(law.coefficients.index)
+    assert np.allclose(table["estimate"], law.coefficients["estimate"])  # the default fit is the estimate's
+    assert (table["max_shift"] > 0).all() and np.isfinite(table[["lower", "upper"]].to_numpy()).all()
+
+
+def test_with_the_whole_vocabulary_the_bounds_meet_and_the_coefficients_do_not_move(tmp_path):
+    from entropy_law.law.topk import entropy_sensitivity
+
+    law_file(tmp_path / "log.jsonl", vocab=5, k=5, slope=0.8)
+    import_jsonl(tmp_path / "log.jsonl", "vllm", tmp_path / "run", vocab_size=5)
+    table = entropy_sensitivity(load_traces(tmp_path / "run"), "law_logit", depth="none", cov_type="nonrobust")
+    assert np.allclose(table["max_shift"], 0, atol=1e-6) and table["within_ci"].all()
