@@ -266,3 +266,22 @@ def test_with_the_whole_vocabulary_the_bounds_meet_and_the_coefficients_do_not_m
     import_jsonl(tmp_path / "log.jsonl", "vllm", tmp_path / "run", vocab_size=5)
     table = entropy_sensitivity(load_traces(tmp_path / "run"), "law_logit", depth="none", cov_type="nonrobust")
     assert np.allclose(table["max_shift"], 0, atol=1e-6) and table["within_ci"].all()
+
+
+def test_cli_imports_top_k_and_a_run_without_it_is_refused_for_a_law_saying_what_to_add(tmp_path, capsys):
+    from entropy_law.cli import main
+    from entropy_law.law.fit import fit_law
+
+    exact = law_file(tmp_path / "log.jsonl", vocab=300, k=5, n_requests=12)
+    assert main(["import", "vllm", str(tmp_path / "log.jsonl"), "--out", str(tmp_path / "run"),
+                 "--vocab-size", "300"]) == 0
+    assert "top-k log-probabilities" in capsys.readouterr().out
+    fit_law(load_traces(tmp_path / "run"), "law_logit", depth="none", cov_type="nonrobust")
+    assert len(exact) == 12
+    bare = [json.loads(t) for t in (tmp_path / "log.jsonl").read_text().splitlines()]
+    for obj in bare:
+        obj["choices"][0]["logprobs"] = None
+    (tmp_path / "bare.jsonl").write_text("".join(json.dumps(o) + "\n" for o in bare))
+    assert main(["import", "vllm", str(tmp_path / "bare.jsonl"), "--out", str(tmp_path / "bare")]) == 0
+    with pytest.raises(ValueError, match=r"hold no target entropies.*top_logprobs: 20.*--vocab-size"):
+        fit_law(load_traces(tmp_path / "bare"), "law_logit")

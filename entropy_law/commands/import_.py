@@ -35,6 +35,9 @@ def register(subparsers) -> None:
     p.add_argument("--drafter-id", default=None,
                    help="drafter id for run.json, e.g. eagle3 or ngram (default: ENGINE:FILE-STEM, so runs of two "
                         "files are never one arm)")
+    p.add_argument("--vocab-size", type=int, default=None,
+                   help="the target's vocabulary size V (config.json vocab_size): responses with top-k "
+                        "log-probabilities then get entropy bounds and an estimate per token (docs/trace-schema.md)")
     p.add_argument("--overwrite", action="store_true", help="replace a run already in --out")
     p.set_defaults(func=run)
 
@@ -57,7 +60,8 @@ def run(args) -> int:
         print("\n".join(summary.lines_to_print()))
         return 0
     summary = import_jsonl(args.file, args.engine, args.out, category=args.category, skip_bad=args.skip_bad,
-                           model_id=args.model_id, drafter_id=args.drafter_id, overwrite=args.overwrite)
+                           model_id=args.model_id, drafter_id=args.drafter_id, overwrite=args.overwrite,
+                           vocab_size=args.vocab_size)
     for skipped in summary.skipped:
         print(f"skipped {args.file}:{skipped.line}: {skipped.field}: {skipped.problem}", file=sys.stderr)
     print("\n".join(summary.lines_to_print()))

@@ -53,7 +53,10 @@ RECORD_FILE = "engine_import.jsonl"
 METADATA_KEY = "engine_import"
 TARGET_STATS_MISSING = ("missing: no engine records target entropies; token and round rows are written once they "
                         "are computed from engine_import.jsonl (entropy-law entropy RUN --model M; in "
-                        "Python: write_run(..., target_stats=...))")
+                        "Python: write_run(..., target_stats=...)), or from the engine's top-k log-probabilities: "
+                        "ask for them (vLLM / OpenAI-compatible logprobs: true with top_logprobs: 20; SGLang "
+                        "return_logprob with top_logprobs_num; llama.cpp n_probs) and import again with "
+                        "--vocab-size V")
 
 TOPK_NEEDS_VOCAB = ("the responses carry top-k log-probabilities: give the target's vocabulary size (entropy-law "
                     "import --vocab-size V; vocab_size in the model's config.json) to turn them into entropy bounds")
