@@ -11,13 +11,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-FORMATS = ("glance",)
+FORMATS = ("glance", "specbench")  # specbench: Spec-Bench's answer file (entropy_law.importers.specbench)
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "export",
-        help="write a trace run in another tool's format (glance: GLANCE's round log, JSONL)",
+        help="write a trace run in another tool's format (glance: GLANCE's round log; specbench: Spec-Bench's "
+             "answer file; JSONL)",
         description="Write the drafting rounds of one drafting arm (one or more runs) as GLANCE's round log: one JSON "
                     "line per round with the round-root target entropy (nats) and the accepted drafts, which "
                     "GLANCE's experiments/fit_law.py reads unchanged. Rows go to standard output unless --out.")
@@ -36,6 +37,15 @@ def run(args) -> int:
     if missing:
         raise FileNotFoundError(f"trace path(s) not found: {', '.join(missing)}")
     traces = load_traces(args.traces)
+    if args.format == "specbench":
+        from entropy_law.importers.specbench import export_specbench
+
+        if args.out is not None:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        n = export_specbench(traces, sys.stdout if args.out is None else args.out)
+        print(f"exported {n} question(s) in Spec-Bench's answer format" + (f" to {args.out}" if args.out else ""),
+              file=sys.stderr)
+        return 0
     try:
         if args.out is None:
             n = export_glance_rounds(traces, sys.stdout)

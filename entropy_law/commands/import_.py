@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import sys
 
-ENGINES = ("vllm", "sglang", "llamacpp", "glance")  # glance: GLANCE's round log (entropy_law.importers.glance)
+ENGINES = ("vllm", "sglang", "llamacpp", "glance", "specbench")  # glance: GLANCE's round log (importers.glance);
+# specbench: Spec-Bench's answer file (entropy_law.importers.specbench)
 
 
 def register(subparsers) -> None:
@@ -23,7 +24,8 @@ def register(subparsers) -> None:
                     "per-step counts and acceptance histograms in engine_import.jsonl, and round rows once target "
                     "statistics are computed. A malformed line stops the import, naming file:line and the field, "
                     "unless --skip-bad; see docs/importers.md. 'glance' reads GLANCE's round log (main_table.py "
-                    "--round-log): one round per line, tasks as categories, the root entropy of each round only.")
+                    "--round-log): one round per line, tasks as categories, the root entropy of each round only. 'specbench' "
+                    "reads a Spec-Bench answer file (evaluation/eval.py): rounds from accept_lengths, no entropy.")
     p.add_argument("engine", choices=ENGINES, help="the engine that wrote the responses")
     p.add_argument("file", help="JSONL of engine responses, one per line")
     p.add_argument("--out", required=True, help="run directory to create")
@@ -52,6 +54,15 @@ def run(args) -> int:
         TraceRecorder.check_path(args.out, overwrite=args.overwrite)
     except (FileExistsError, NotADirectoryError) as err:  # a run there, another writer holding it
         raise ValueError(f"{err} (entropy-law import never resumes: --overwrite replaces the run)") from err
+    if args.engine == "specbench":
+        from entropy_law.importers.specbench import import_specbench
+
+        summary = import_specbench(args.file, args.out, skip_bad=args.skip_bad, model_id=args.model_id,
+                                   drafter_id=args.drafter_id, overwrite=args.overwrite)
+        for skipped in summary.skipped:
+            print(f"skipped {args.file}:{skipped.line}: {skipped.field}: {skipped.problem}", file=sys.stderr)
+        print("\n".join(summary.lines_to_print()))
+        return 0
     if args.engine == "glance":
         summary = import_glance(args.file, args.out, skip_bad=args.skip_bad, model_id=args.model_id,
                                 drafter_id=args.drafter_id, overwrite=args.overwrite)

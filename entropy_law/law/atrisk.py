@@ -175,7 +175,7 @@ def at_risk_table(
                              "law instead (fit_law(traces, family=\"glance\")), or compute per-position statistics")
     bare = [str(r) for r, info in zip(runs["run_id"], runs.get("engine_import", [None] * len(runs)))
             if isinstance(info, dict) and str(info.get("target_stats", "")).startswith("missing")]
-    if bare and not len(table):  # engine imports with requests only: say what would give them entropies
+    if bare and (not len(table) or table["run_id"].astype(str).isin(bare).any()):  # imports without entropies
         raise ValueError(f"run(s) {bare} hold no target entropies (engine imports); the import says: "
                          f"{runs.loc[runs['run_id'].astype(str) == bare[0], 'engine_import'].iloc[0]['target_stats']}")
     # a target statistic null at every at-risk position was not logged (an engine that logs the entropy alone):
