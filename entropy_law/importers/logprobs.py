@@ -33,6 +33,16 @@ def entry_value(value, where: str, *, probability: bool = False) -> float:
     return math.log(value) if value > 0 else -math.inf
 
 
+def fast_values(entries, key: str) -> list[float] | None:
+    """``[e[key] for e in entries]`` when every entry is an object with a number there (the common case, read
+    without per-entry calls); None otherwise, and the caller reads the entries one by one for its message."""
+    try:
+        values = [e[key] for e in entries]
+    except (KeyError, TypeError, IndexError):
+        return None
+    return values if all(type(v) is float or type(v) is int for v in values) else None
+
+
 def checked_rows(rows: list[list[float]], field: str, n_output: int) -> list[list[float]]:
     """``rows`` (one list of log-probabilities per output position) after the checks that need no vocabulary
     size; one row per output token."""
@@ -54,4 +64,4 @@ def as_list(value, where: str) -> list:
     return value
 
 
-__all__ = ["as_list", "checked_rows", "entry_value"]
+__all__ = ["as_list", "checked_rows", "entry_value", "fast_values"]

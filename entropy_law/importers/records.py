@@ -15,7 +15,7 @@ tables (``writer``). No torch.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from entropy_law.traces.schema import STOP_REASONS
@@ -250,7 +250,8 @@ class ImportedRequest:
         return rounds
 
     def to_json(self) -> dict:
-        return asdict(self)
+        # a shallow dict: the values are JSON already, and asdict's deep copy of the top-k lists dominated an import
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
     def from_json(cls, payload: dict) -> "ImportedRequest":

@@ -17,7 +17,7 @@ Without the detailed lists only aggregates are known. Top-k log-probabilities (`
 
 from __future__ import annotations
 
-from entropy_law.importers.logprobs import as_list, checked_rows, entry_value
+from entropy_law.importers.logprobs import as_list, checked_rows, entry_value, fast_values
 from entropy_law.importers.records import (MISSING, FieldError, ImportedRequest, as_histogram, as_int,
                                            as_int_list, common_fields, lookup, prompt_fields, require)
 
@@ -98,8 +98,10 @@ def topk_logprobs(meta: dict, n_output: int) -> tuple[list[list[float]] | None, 
     for j, position in enumerate(as_list(block, field)):
         if not position:
             raise FieldError(f"{field}[{j}]", "missing or empty: request top_logprobs_num >= 1")
-        rows.append([entry_value(e[0] if isinstance(e, (list, tuple)) and e else e, f"{field}[{j}][{i}][0]")
-                     for i, e in enumerate(as_list(position, f"{field}[{j}]"))])
+        values = fast_values(as_list(position, f"{field}[{j}]"), 0)
+        rows.append(values if values is not None else
+                    [entry_value(e[0] if isinstance(e, (list, tuple)) and e else e, f"{field}[{j}][{i}][0]")
+                     for i, e in enumerate(position)])
     return checked_rows(rows, field, n_output), field
 
 

@@ -18,7 +18,7 @@ construction in vLLM); a line where they do not is malformed. Not known here: fi
 
 from __future__ import annotations
 
-from entropy_law.importers.logprobs import as_list, checked_rows, entry_value
+from entropy_law.importers.logprobs import as_list, checked_rows, entry_value, fast_values
 from entropy_law.importers.records import (MISSING, FieldError, ImportedRequest, as_histogram, as_int,
                                            as_int_list, common_fields, lookup, prompt_fields, require)
 
@@ -157,7 +157,9 @@ def topk_logprobs(choice: dict, key: str, n_output: int) -> tuple[list[list[floa
             if not top:
                 raise FieldError(f"{field}[{j}].top_logprobs", "missing or empty: request top_logprobs >= 1 (with "
                                                                "logprobs: true) so each token's top-k comes back")
-            rows.append([entry_value(e.get("logprob") if isinstance(e, dict) else e,
+            values = fast_values(top, "logprob")
+            rows.append(values if values is not None else
+                        [entry_value(e.get("logprob") if isinstance(e, dict) else e,
                                      f"{field}[{j}].top_logprobs[{i}].logprob") for i, e in enumerate(top)])
         return checked_rows(rows, f"{field}[].top_logprobs", n_output), f"{field}[].top_logprobs"
     if block.get("top_logprobs") is not None:  # completions: one map token string -> logprob per position

@@ -312,7 +312,7 @@ def topk_tables(records: list[ImportedRequest], estimates: dict, block_size: int
     """The tokens, rounds and requests columns of aligned requests whose entropy comes from their top-k
     (``TraceRecorder.log_columns``): rounds as ``ImportedRequest.rounds``; token roles from each round (depths
     ``1..accepted`` accepted, the last token a bonus after a full chain, else a correction)."""
-    tok, rnd, req = {}, {}, {}
+    rnd, req, parts = {}, {}, []
 
     def add(table, **values):
         for key, value in values.items():
@@ -320,37 +320,52 @@ def topk_tables(records: list[ImportedRequest], estimates: dict, block_size: int
 
     for record in records:
         est = estimates[record.request_id]
-        output = record.output_token_ids
         rounds = record.rounds(block_size)
-        context = (context_matches_of_output(record.prompt_token_ids, output)
-                   if record.prompt_token_ids is not None else None)
         for r in rounds:
-            add(rnd, request_id=record.request_id, round_index=r["round_index"], start_position=r["start_position"],
-                context_len=r["context_len"], block_size=r["block_size"], tree_nodes=r["tree_nodes"],
-                tree_depth=r["tree_depth"], accepted=r["accepted"], committed=r["committed"], draft_ms=0.0,
-                verify_ms=0.0, overhead_ms=0.0)
-            for depth in range(1, r["committed"] + 1):
-                p = r["start_position"] + depth - 1
-                role = ("accepted" if depth <= r["accepted"] else "bonus" if r["ends_at_leaf"] else "correction")
-                add(tok, request_id=record.request_id, category=record.category, round_index=r["round_index"],
-                    position=p, depth=depth, token_id=output[p], role=role,
-                    target_entropy_nats=np.nan, target_renyi2_nats=np.nan, target_top1_prob=est.top1_prob[p],
-                    target_top2_prob=est.top2_prob[p], target_logit_gap=est.logit_gap[p], draft_prob=np.nan,
-                    draft_rank=None, draft_entropy_nats=np.nan,
-                    context_match=None if context is None else int(context[p]),
-                    target_entropy_lower_nats=est.lower_nats[p], target_entropy_upper_nats=est.upper_nats[p],
-                    target_entropy_estimate_nats=est.estimate_nats[p], target_topk=int(est.k[p]))
+            add(rnd, request_id=record.request_id, **{k: r[k] for k in (
+                "round_index", "start_position", "context_len", "block_size", "tree_nodes", "tree_depth", "accepted",
+                "committed")})
+        start = np.array([r["start_position"] for r in rounds], dtype=np.int64)
+        committed = np.array([r["committed"] for r in rounds], dtype=np.int64)
+        accepted = np.array([r["accepted"] for r in rounds], dtype=np.int64)
+        leaf = np.array([r["ends_at_leaf"] for r in rounds], dtype=bool)
+        which = np.repeat(np.arange(len(rounds)), committed)  # the round of each committed token, in order
+        depth = np.arange(which.size) - np.repeat(np.cumsum(committed) - committed, committed) + 1
+        position = start[which] + depth - 1
+        context = (context_matches_of_output(record.prompt_token_ids, record.output_token_ids)
+                   if record.prompt_token_ids is not None else None)
+        parts.append({
+            "request_id": np.full(which.size, record.request_id, dtype=object),
+            "category": np.full(which.size, record.category, dtype=object),
+            "round_index": np.array([r["round_index"] for r in rounds], dtype=np.int32)[which],
+            "position": position.astype(np.int32), "depth": depth.astype(np.int16),
+            "token_id": np.asarray(record.output_token_ids, dtype=np.int64)[position],
+            "role": np.where(depth <= accepted[which], "accepted",
+                             np.where(leaf[which], "bonus", "correction")).astype(object),
+            "target_top1_prob": est.top1_prob[position], "target_top2_prob": est.top2_prob[position],
+            "target_logit_gap": est.logit_gap[position], "target_entropy_lower_nats": est.lower_nats[position],
+            "target_entropy_upper_nats": est.upper_nats[position],
+            "target_entropy_estimate_nats": est.estimate_nats[position], "target_topk": est.k[position],
+            "context_match": (np.full(which.size, -1) if context is None else context[position].astype(np.int64)),
+        })
         add(req, request_id=record.request_id, category=record.category, dataset=record.dataset,
             question_id=record.question_id, prompt_tokens=record.prompt_tokens, image_tokens=0,
             new_tokens=record.new_tokens, rounds=len(rounds), stop_reason=record.stop_reason,
             prefill_ms=record.prefill_ms or 0.0, decode_ms=record.decode_ms or 0.0)
-    floats = {"target_entropy_nats", "target_renyi2_nats", "target_top1_prob", "target_top2_prob", "target_logit_gap",
-              "draft_prob", "draft_entropy_nats", "target_entropy_lower_nats", "target_entropy_upper_nats",
-              "target_entropy_estimate_nats"}
-    tokens = {k: (np.asarray(v, dtype=np.float32) if k in floats else v) for k, v in tok.items()}
-    for key, kind in (("draft_rank", pa.int32()), ("context_match", pa.int16()), ("token_id", pa.int32()),
-                      ("target_topk", pa.int16())):
-        tokens[key] = pa.array(tok[key], type=kind)
+    tokens = {key: np.concatenate([part[key] for part in parts]) for key in parts[0]}
+    n = len(tokens["position"])
+    for key in ("target_top1_prob", "target_top2_prob", "target_logit_gap", "target_entropy_lower_nats",
+                "target_entropy_upper_nats", "target_entropy_estimate_nats"):
+        tokens[key] = tokens[key].astype(np.float32)  # NaN: null
+    null_f32 = pa.nulls(n, type=pa.float32())
+    tokens.update({"target_entropy_nats": null_f32, "target_renyi2_nats": null_f32, "draft_prob": null_f32,
+                   "draft_entropy_nats": null_f32, "draft_rank": pa.nulls(n, type=pa.int32()),
+                   "token_id": pa.array(tokens["token_id"], type=pa.int32()),
+                   "target_topk": pa.array(tokens["target_topk"], type=pa.int16()),
+                   "context_match": pa.array(np.maximum(tokens["context_match"], 0), type=pa.int16(),
+                                             mask=tokens["context_match"] < 0)})
+    zeros = np.zeros(len(rnd["request_id"]), np.float32)
+    rnd.update({"draft_ms": zeros, "verify_ms": zeros, "overhead_ms": zeros})
     return {"tokens": tokens, "rounds": rnd, "requests": req}
 
 
