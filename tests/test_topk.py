@@ -285,3 +285,18 @@ def test_cli_imports_top_k_and_a_run_without_it_is_refused_for_a_law_saying_what
     assert main(["import", "vllm", str(tmp_path / "bare.jsonl"), "--out", str(tmp_path / "bare")]) == 0
     with pytest.raises(ValueError, match=r"hold no target entropies.*top_logprobs: 20.*--vocab-size"):
         fit_law(load_traces(tmp_path / "bare"), "law_logit")
+
+
+def test_top_k_from_logits_bounds_the_recorded_entropy():
+    from entropy_law.traces.stats import target_stats_from_logits
+    from entropy_law.traces.topk import topk_logprobs_from_logits
+
+    rng = np.random.default_rng(5)
+    logits = (rng.standard_normal((40, 500)) * rng.choice([0.5, 3.0, 8.0], size=(40, 1))).astype(np.float32)
+    exact = target_stats_from_logits(logits)["entropy_nats"].astype(np.float64)
+    widths = []
+    for k in (1, 5, 10, 20, 500):
+        est = topk_entropy(topk_logprobs_from_logits(logits, k), 500)
+        assert (est.lower_nats <= exact + 1e-4).all() and (exact <= est.upper_nats + 1e-4).all()  # fp32 logits
+        widths.append(float(np.mean(est.upper_nats - est.lower_nats)))
+    assert widths == sorted(widths, reverse=True) and widths[-1] < 1e-4

@@ -43,6 +43,7 @@ import numpy as np
 
 SUM_TOLERANCE = 1e-3  # probabilities of one position may sum to at most 1 + this (engines' rounding)
 LOGPROB_TOLERANCE = 1e-6  # a log-probability in (0, this] is rounding and read as 0; above it is refused
+FIT_TOLERANCE = 1e-5  # a tail mass up to this beyond what the other V - k tokens hold is rounding (clipped to fit)
 RENORMALISED_TAIL = 1e-6  # a tail mass at or below this (with k < V) reads as a top-k the engine renormalised
 POINT_ESTIMATES = ("geometric", "midpoint")
 
@@ -85,7 +86,8 @@ def topk_problems(logprobs, vocab_size: int | None) -> list[tuple[int, str]]:
     """Every position whose entries no distribution over ``vocab_size`` tokens has: ``[(row, problem), ...]``.
     Refused: a NaN or +inf, a log-probability above 0 (beyond ``LOGPROB_TOLERANCE``), no entry, more entries than
     the vocabulary, probabilities summing above ``1 + SUM_TOLERANCE``, and a tail that cannot fit on the other
-    ``V - k`` tokens at most ``p_k`` each (these two only with ``vocab_size``; None: the checks that need no V).
+    ``V - k`` tokens at most ``p_k`` each, by more than ``FIT_TOLERANCE`` (rounding: such a tail is clipped to fit)
+    (these two only with ``vocab_size``; None: the checks that need no V).
     ``-inf`` marks an absent entry (a position with fewer)."""
     array = _as_rows(logprobs)
     problems: dict[int, str] = {}
@@ -114,7 +116,7 @@ def topk_problems(logprobs, vocab_size: int | None) -> list[tuple[int, str]]:
     pk = np.where(present, p, np.inf).min(axis=1)
     tail = np.maximum(1.0 - total, 0.0)
     room = np.maximum(vocab_size - k, 0) * np.where(np.isfinite(pk), pk, 0.0)
-    flag(k_check & (tail > room * (1 + 1e-9) + 1e-12),
+    flag(k_check & (tail > room + FIT_TOLERANCE),
          lambda r: (f"a tail mass of {tail[r]:.6g} cannot lie on the other {vocab_size - k[r]} tokens at most "
                     f"p_k = {pk[r]:.6g} each: the vocabulary size {vocab_size} is too small, or the entries are "
                     "not the top k"))
@@ -161,7 +163,7 @@ def topk_entropy(logprobs, vocab_size: int, *, point: str = "geometric") -> Topk
     h_top = _neg_xlogx(p).sum(axis=1)
     tail = np.maximum(1.0 - p.sum(axis=1), 0.0)
     m = (vocab_size - k).astype(np.float64)
-    tail = np.where(m > 0, tail, 0.0)  # k = V: the list is the distribution (its sum off 1 by rounding only)
+    tail = np.minimum(tail, m * pk)  # k = V: the list is the distribution; a tail beyond FIT_TOLERANCE is refused
     n = np.floor(tail / pk * (1 + 1e-12))  # tokens at p_k when the tail is packed (1e-12: T an exact multiple)
     n = np.minimum(n, m)
     rest = np.maximum(tail - n * pk, 0.0)
@@ -181,6 +183,19 @@ def topk_entropy(logprobs, vocab_size: int, *, point: str = "geometric") -> Topk
         gap = np.where(k >= 2, lp[:, 0] - (lp[:, 1] if lp.shape[1] > 1 else np.nan), np.nan)
     return TopkEntropy(lower_nats=lower, upper_nats=upper, estimate_nats=estimate, k=k, tail_mass=tail,
                        top1_prob=p[:, 0], top2_prob=top2, logit_gap=gap)
+
+
+def topk_logprobs_from_logits(logits, k: int) -> np.ndarray:
+    """The top ``k`` log-probabilities (fp32 log-softmax over the full vocabulary, best first) of each row of
+    ``logits`` ``[rows, V]``: what an engine asked for ``top_logprobs = k`` returns, for measuring the estimator on
+    runs whose exact entropy is known."""
+    array = np.asarray(logits, dtype=np.float32)
+    if array.ndim != 2 or not 1 <= k <= array.shape[1]:
+        raise ValueError(f"logits must be [rows, V] with 1 <= k <= V; got shape {array.shape} and k = {k}")
+    shifted = array - array.max(axis=1, keepdims=True)
+    logp = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True, dtype=np.float32))
+    top = -np.partition(-logp, k - 1, axis=1)[:, :k]
+    return -np.sort(-top, axis=1)
 
 
 def entropy_or_bound(tokens, column: str = "target_entropy_estimate_nats"):
@@ -208,5 +223,5 @@ def pad_topk(rows) -> np.ndarray:
     return out
 
 
-__all__ = ["LOGPROB_TOLERANCE", "entropy_or_bound", "POINT_ESTIMATES", "RENORMALISED_TAIL", "SUM_TOLERANCE", "TopkEntropy",
-           "TopkInputError", "pad_topk", "topk_entropy", "topk_problems"]
+__all__ = ["FIT_TOLERANCE", "LOGPROB_TOLERANCE", "entropy_or_bound", "POINT_ESTIMATES", "RENORMALISED_TAIL", "SUM_TOLERANCE", "TopkEntropy",
+           "TopkInputError", "pad_topk", "topk_entropy", "topk_logprobs_from_logits", "topk_problems"]
