@@ -1,4 +1,4 @@
-"""``load_traces``: read trace runs (format v1) into pandas / Arrow, validating on the way.
+"""``load_traces``: read trace runs (format v2, and v1) into pandas / Arrow, validating on the way.
 
 Known here: how to find runs (directories with ``run.json``), which shards to read (finished ones;
 leftover ``shards/.tmp-*`` directories of a crashed writer and the ``quarantine`` folder are not read),

@@ -1,4 +1,4 @@
-"""Checks of trace tables against format v1, shared by the writer (``log_columns``) and the reader.
+"""Checks of trace tables against the trace format (v2), shared by the writer (``log_columns``) and the reader.
 
 Known here: the rules a valid v1 table obeys (columns and types, value ranges, roles, and the
 consistency between tokens, rounds and requests of one run). Every failure raises
@@ -39,7 +39,7 @@ def check_schema(schema: pa.Schema, table: str, where: str) -> None:
             actual = actual.value_type
         if actual != f.type and not (pa.types.is_large_string(actual) and f.type == pa.string()):
             raise TraceValidationError(
-                f"{where}: {table} column {f.name!r} has type {actual}, format v1 requires {f.type}"
+                f"{where}: {table} column {f.name!r} has type {actual}, the trace format requires {f.type}"
             )
 
 
