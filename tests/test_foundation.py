@@ -8,7 +8,7 @@ from entropy_law.cli import main
 def test_info_prints_versions_and_format(capsys):
     assert main(["info"]) == 0
     out = capsys.readouterr().out
-    assert "trace format      entropy-law-trace v1" in out
+    assert "trace format      entropy-law-trace v2" in out
     assert "torch" in out and "transformers" in out
 
 

@@ -72,3 +72,66 @@ def test_a_tokens_file_from_before_draft_top1_prob_reads_it_as_null(tmp_path):
     pq.write_table(pq.read_table(file).drop_columns(["draft_top1_prob"]), file)
     traces = load_traces(tmp_path / "run")
     assert traces.tokens["draft_top1_prob"].isna().all() and len(traces.tokens) > 0
+
+
+def _as_v1_run(path):
+    """Rewrite a run as a version-1 writer left it: run.json says 1, the tokens files lack the v2 top-k columns."""
+    import json
+
+    import pyarrow.parquet as pq
+
+    meta = json.loads((path / "run.json").read_text())
+    meta["format_version"] = 1
+    (path / "run.json").write_text(json.dumps(meta))
+    for file in path.rglob("tokens.parquet"):
+        pq.write_table(pq.read_table(file).drop_columns(list(schema.TOPK_COLUMNS)), file)
+
+
+def test_a_version_1_run_loads_with_the_topk_columns_null_and_resumes(tmp_path):
+    requests = synthetic_requests(seed=7, n_requests=4)
+    path = tmp_path / "run"
+    with TraceRecorder(path, model_id="m") as rec:
+        log_requests(rec, requests[:2])
+    assert load_traces(path).metadata[next(iter(load_traces(path).metadata))]["format_version"] == 2
+    _as_v1_run(path)
+    old = load_traces(path)
+    assert len(old.tokens) > 0 and old.tokens[list(schema.TOPK_COLUMNS)].isna().all().all()
+    with TraceRecorder(path, resume=True, model_id="m") as rec:  # an older run is continued in its own version
+        log_requests(rec, requests[2:])
+    both = load_traces(path)
+    assert len(both.requests) == 4 and next(iter(both.metadata.values()))["format_version"] == 1
+
+
+def test_a_reader_older_than_the_topk_columns_refuses_a_new_run(tmp_path, monkeypatch):
+    """A v1 reader compares format_version with the one version it knows: a run written now says 2."""
+    from entropy_law.traces import reader
+
+    with TraceRecorder(tmp_path / "run", model_id="m") as rec:
+        log_requests(rec, synthetic_requests(seed=8, n_requests=1))
+    monkeypatch.setattr(reader, "READABLE_FORMAT_VERSIONS", (1,))  # what this package read before v2
+    with pytest.raises(TraceValidationError, match=r"unknown format version 2; this package reads v1 \(upgrade "
+                                                   r"entropy-law to read newer runs\)"):
+        load_traces(tmp_path / "run")
+
+
+def test_topk_columns_are_checked(tmp_path):
+    import numpy as np
+
+    with TraceRecorder(tmp_path / "run", model_id="m") as rec:
+        log_requests(rec, synthetic_requests(seed=9, n_requests=1))
+    tokens = load_traces(tmp_path / "run").table("tokens")
+    n = tokens.num_rows
+
+    def with_bounds(lower, upper, estimate):
+        t = tokens
+        for name, value in zip(schema.TOPK_COLUMNS[:3], (lower, upper, estimate)):
+            t = t.set_column(t.schema.get_field_index(name), name, pa.array(np.full(n, value, np.float32)))
+        return t
+
+    from entropy_law.traces.validation import check_values
+
+    check_values(with_bounds(1.0, 2.0, 1.5), "tokens", "t")
+    for bad, match in (((2.0, 1.0, 1.5), "lower_nats > target_entropy_upper"), ((1.0, 2.0, 2.5), "above"),
+                       ((1.0, 2.0, 0.5), "below"), ((-1.0, 2.0, 1.0), "negative")):
+        with pytest.raises(TraceValidationError, match=match):
+            check_values(with_bounds(*bad), "tokens", "t")

@@ -11,15 +11,16 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-FORMATS = ("glance",)
+FORMATS = ("glance", "specbench")  # specbench: Spec-Bench's answer file (entropy_law.importers.specbench)
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "export",
-        help="write a trace run in another tool's format (glance: GLANCE's round log, JSONL)",
-        description="Write the drafting rounds of one drafting arm as GLANCE's round log (JSONL, one round a line) "
-                    "to standard output or --out. Details: docs/cli.md.")
+        help="write a trace run in another tool's format (glance: GLANCE's round log; specbench: Spec-Bench's "
+             "answer file; JSONL)",
+        description="Write the drafting rounds of one drafting arm as GLANCE's round log or as Spec-Bench's answer "
+                    "file (JSONL) to standard output or --out. Details: docs/cli.md.")
     p.add_argument("traces", nargs="+", help="trace run folder(s) of one drafting arm")
     p.add_argument("--format", required=True, choices=FORMATS, help="output format")
     p.add_argument("--out", default=None, help="file to write (default: standard output)")
@@ -35,6 +36,15 @@ def run(args) -> int:
     if missing:
         raise FileNotFoundError(f"trace path(s) not found: {', '.join(missing)}")
     traces = load_traces(args.traces)
+    if args.format == "specbench":
+        from entropy_law.importers.specbench import export_specbench
+
+        if args.out is not None:
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        n = export_specbench(traces, sys.stdout if args.out is None else args.out)
+        print(f"exported {n} question(s) in Spec-Bench's answer format" + (f" to {args.out}" if args.out else ""),
+              file=sys.stderr)
+        return 0
     try:
         if args.out is None:
             n = export_glance_rounds(traces, sys.stdout)

@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import sys
 
-ENGINES = ("vllm", "sglang", "llamacpp", "glance")  # glance: GLANCE's round log (entropy_law.importers.glance)
+ENGINES = ("vllm", "sglang", "llamacpp", "glance", "specbench")  # glance: GLANCE's round log (importers.glance);
+# specbench: Spec-Bench's answer file (entropy_law.importers.specbench)
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "import",
         help="import speculative-decoding statistics logged by vLLM, SGLang, llama.cpp or GLANCE into a trace run",
-        description="Read a JSONL of engine responses (or GLANCE's round log) and write a trace run; a malformed "
-                    "line stops the import unless --skip-bad. Details: docs/cli.md, docs/importers.md.")
+        description="Read a JSONL of engine responses (GLANCE's round log, a Spec-Bench answer file) and write a "
+                    "trace run; a malformed line stops the import unless --skip-bad. Details: docs/importers.md.")
     p.add_argument("engine", choices=ENGINES, help="the engine that wrote the responses")
     p.add_argument("file", help="JSONL of engine responses, one per line")
     p.add_argument("--out", required=True, help="run directory to create")
@@ -31,6 +32,9 @@ def register(subparsers) -> None:
     p.add_argument("--drafter-id", default=None,
                    help="drafter id for run.json, e.g. eagle3 or ngram (default: ENGINE:FILE-STEM, so runs of two "
                         "files are never one arm)")
+    p.add_argument("--vocab-size", type=int, default=None,
+                   help="the target's vocabulary size V (config.json vocab_size): responses with top-k "
+                        "log-probabilities then get entropy bounds and an estimate per token (docs/trace-schema.md)")
     p.add_argument("--overwrite", action="store_true", help="replace a run already in --out")
     p.set_defaults(func=run)
 
@@ -45,6 +49,15 @@ def run(args) -> int:
         TraceRecorder.check_path(args.out, overwrite=args.overwrite)
     except (FileExistsError, NotADirectoryError) as err:  # a run there, another writer holding it
         raise ValueError(f"{err} (entropy-law import never resumes: --overwrite replaces the run)") from err
+    if args.engine == "specbench":
+        from entropy_law.importers.specbench import import_specbench
+
+        summary = import_specbench(args.file, args.out, skip_bad=args.skip_bad, model_id=args.model_id,
+                                   drafter_id=args.drafter_id, overwrite=args.overwrite)
+        for skipped in summary.skipped:
+            print(f"skipped {args.file}:{skipped.line}: {skipped.field}: {skipped.problem}", file=sys.stderr)
+        print("\n".join(summary.lines_to_print()))
+        return 0
     if args.engine == "glance":
         summary = import_glance(args.file, args.out, skip_bad=args.skip_bad, model_id=args.model_id,
                                 drafter_id=args.drafter_id, overwrite=args.overwrite)
@@ -53,7 +66,8 @@ def run(args) -> int:
         print("\n".join(summary.lines_to_print()))
         return 0
     summary = import_jsonl(args.file, args.engine, args.out, category=args.category, skip_bad=args.skip_bad,
-                           model_id=args.model_id, drafter_id=args.drafter_id, overwrite=args.overwrite)
+                           model_id=args.model_id, drafter_id=args.drafter_id, overwrite=args.overwrite,
+                           vocab_size=args.vocab_size)
     for skipped in summary.skipped:
         print(f"skipped {args.file}:{skipped.line}: {skipped.field}: {skipped.problem}", file=sys.stderr)
     print("\n".join(summary.lines_to_print()))

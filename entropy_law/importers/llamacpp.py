@@ -6,11 +6,15 @@ gives no per-step list and no histogram (per-step lines exist only in ``llama-sp
 log). Output token ids come with ``"return_tokens": true`` (``tokens``); the prompt text is echoed in
 ``prompt``, its length is ``tokens_evaluated``; ``stop_type`` (``eos``, ``word``, ``limit``; older servers:
 ``stopped_eos`` / ``stopped_word`` / ``stopped_limit``) says why it stopped; ``timings.prompt_ms`` and
-``timings.predicted_ms`` time the prefill and the decode. Not known here: files or trace tables.
+``timings.predicted_ms`` time the prefill and the decode. Top-k log-probabilities (``n_probs``):
+``completion_probabilities``, one object per output token with ``top_logprobs`` (``logprob`` entries), or,
+with ``post_sampling_probs`` and on older servers, ``top_probs`` / ``probs`` (``prob`` entries). No per-step
+data, so they stay in the import's record: no rounds, no token rows. Not known here: files or trace tables.
 """
 
 from __future__ import annotations
 
+from entropy_law.importers.logprobs import as_list, checked_rows, entry_value
 from entropy_law.importers.records import (FieldError, ImportedRequest, as_int, as_int_list, as_number,
                                            common_fields, prompt_fields, require)
 
@@ -67,6 +71,7 @@ def parse(obj, *, line: int, category: str) -> ImportedRequest:
     prompt = prompt_fields(obj, ("prompt_token_ids",), ("tokens_evaluated", obj.get("tokens_evaluated")))
     model = obj.get("model")
     aggregates = {"timings": {"draft_n": draft_n, "draft_n_accepted": draft_accepted}}
+    topk, topk_field = topk_logprobs(obj, len(output_ids))
     settings = obj.get("generation_settings")
     if isinstance(settings, dict):
         spec_settings = {k: v for k, v in settings.items() if k.startswith("speculative")}
@@ -76,7 +81,29 @@ def parse(obj, *, line: int, category: str) -> ImportedRequest:
         engine=ENGINE, shape="llamacpp /completion timings", line=line, **common, **prompt,
         output_token_ids=output_ids, stop_reason=STOP_TYPES[stop_type], finish_reason=stop_type,
         model=model if isinstance(model, str) else None, num_spec_tokens=None, aggregates=aggregates,
-        prefill_ms=times["prompt_ms"], decode_ms=times["predicted_ms"])
+        prefill_ms=times["prompt_ms"], decode_ms=times["predicted_ms"], topk_logprobs=topk, topk_field=topk_field)
 
 
-__all__ = ["ENGINE", "STOP_TYPES", "parse"]
+def topk_logprobs(obj: dict, n_output: int) -> tuple[list[list[float]] | None, str | None]:
+    """``completion_probabilities`` as one list of log-probabilities per output token, or (None, None)."""
+    block = obj.get("completion_probabilities")
+    if block is None:
+        return None, None
+    field = "completion_probabilities"
+    rows = []
+    for j, item in enumerate(as_list(block, field)):
+        if not isinstance(item, dict):
+            raise FieldError(f"{field}[{j}]", f"expected an object, got {type(item).__name__}")
+        for name, value_key, probability in (("top_logprobs", "logprob", False), ("top_probs", "prob", True),
+                                             ("probs", "prob", True)):
+            if item.get(name):
+                rows.append([entry_value(e.get(value_key) if isinstance(e, dict) else e,
+                                         f"{field}[{j}].{name}[{i}].{value_key}", probability=probability)
+                             for i, e in enumerate(as_list(item[name], f"{field}[{j}].{name}"))])
+                break
+        else:
+            raise FieldError(f"{field}[{j}]", "no top_logprobs / top_probs / probs: request n_probs >= 1")
+    return checked_rows(rows, field, n_output), field
+
+
+__all__ = ["ENGINE", "STOP_TYPES", "parse", "topk_logprobs"]

@@ -15,7 +15,7 @@ tables (``writer``). No torch.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from entropy_law.traces.schema import STOP_REASONS
@@ -140,7 +140,8 @@ class ImportedRequest:
     only). ``histogram``: dense step counts by accepted drafts (bonus excluded), as the engine reported it
     or, failing that, counted from the steps (``histogram_field`` says which). ``aggregates``: the engine's
     speculation fields verbatim. ``finish_reason``: the engine's own stop value; ``stop_reason`` its trace
-    name. ``prefill_ms`` / ``decode_ms``: None where the engine does not time them.
+    name. ``prefill_ms`` / ``decode_ms``: None where the engine does not time them. ``topk_logprobs``: the
+    top-k log-probabilities of each output token where the response carries them (checked, one list per token).
     """
 
     engine: str
@@ -165,6 +166,10 @@ class ImportedRequest:
     aggregates: dict = field(default_factory=dict)
     prefill_ms: float | None = None
     decode_ms: float | None = None
+    # the engine's top-k log-probabilities, one list per output token (None: the response carries none), and
+    # the field they came from (``importers.logprobs``; the entropy bounds are ``traces.topk``)
+    topk_logprobs: list[list[float]] | None = None
+    topk_field: str | None = None
 
     def __post_init__(self):
         if self.stop_reason not in STOP_REASONS:
@@ -245,7 +250,8 @@ class ImportedRequest:
         return rounds
 
     def to_json(self) -> dict:
-        return asdict(self)
+        # a shallow dict: the values are JSON already, and asdict's deep copy of the top-k lists dominated an import
+        return {f.name: getattr(self, f.name) for f in fields(self)}
 
     @classmethod
     def from_json(cls, payload: dict) -> "ImportedRequest":

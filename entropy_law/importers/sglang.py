@@ -10,11 +10,14 @@ with ``accept_lengths`` and ``verify_lengths``; both count the root/bonus token 
 values before stop trimming; read from ``meta_info`` directly too). ``accept_length - 1`` drafts were
 accepted and ``verify_length - 1`` verified in a step; widths are read as a chain (EAGLE ``topk = 1``):
 with ``topk > 1`` a verify width counts tree nodes, and the depth is not in the response.
-Without the detailed lists only aggregates are known. Not known here: files or trace tables.
+Without the detailed lists only aggregates are known. Top-k log-probabilities (``return_logprob: true`` with
+``top_logprobs_num``): ``meta_info.output_top_logprobs``, one list per output token of
+``[logprob, token_id, text]`` entries. Not known here: files or trace tables.
 """
 
 from __future__ import annotations
 
+from entropy_law.importers.logprobs import as_list, checked_rows, entry_value, fast_values
 from entropy_law.importers.records import (MISSING, FieldError, ImportedRequest, as_histogram, as_int,
                                            as_int_list, common_fields, lookup, prompt_fields, require)
 
@@ -72,6 +75,7 @@ def parse(obj, *, line: int, category: str) -> ImportedRequest:
                                               f"{meta[correct_name]}")
 
     accepted, drafted = _detailed_steps(meta)
+    topk, topk_field = topk_logprobs(meta, len(output_ids))
     common = common_fields(obj, default_request_id=meta.get("id") or f"line-{line}", default_category=category)
     prompt = prompt_fields(obj, ("prompt_token_ids", "input_ids"),
                            ("meta_info.prompt_tokens", lookup(obj, "meta_info.prompt_tokens")))
@@ -81,7 +85,24 @@ def parse(obj, *, line: int, category: str) -> ImportedRequest:
         engine=ENGINE, shape=shape, line=line, **common, **prompt, output_token_ids=output_ids,
         stop_reason=FINISH_TYPES[finish["type"]], finish_reason=finish, model=model if isinstance(model, str) else None,
         num_spec_tokens=None, steps_accepted=accepted, steps_drafted=drafted, histogram=histogram,
-        histogram_field=histogram_field, aggregates={"meta_info": spec})
+        histogram_field=histogram_field, aggregates={"meta_info": spec}, topk_logprobs=topk, topk_field=topk_field)
+
+
+def topk_logprobs(meta: dict, n_output: int) -> tuple[list[list[float]] | None, str | None]:
+    """``meta_info.output_top_logprobs`` as one list of log-probabilities per output token, or (None, None)."""
+    block = meta.get("output_top_logprobs")
+    if block is None:
+        return None, None
+    field = "meta_info.output_top_logprobs"
+    rows = []
+    for j, position in enumerate(as_list(block, field)):
+        if not position:
+            raise FieldError(f"{field}[{j}]", "missing or empty: request top_logprobs_num >= 1")
+        values = fast_values(as_list(position, f"{field}[{j}]"), 0)
+        rows.append(values if values is not None else
+                    [entry_value(e[0] if isinstance(e, (list, tuple)) and e else e, f"{field}[{j}][{i}][0]")
+                     for i, e in enumerate(position)])
+    return checked_rows(rows, field, n_output), field
 
 
 def _detailed_steps(meta: dict) -> tuple[list[int] | None, list[int] | None]:

@@ -9,12 +9,16 @@ Known here: where vLLM puts its per-request statistics (``docs/importers.md`` ha
 - offline: ``RequestOutput`` dumped as JSON, ``outputs[0].spec_decode_metrics``.
 ``detailed`` adds the ordered ``per_step_accepted`` / ``per_step_drafted`` (bonus excluded; steps with no
 draft are omitted). Token ids come with ``return_token_ids: true`` (``choices[0].token_ids``, root
-``prompt_token_ids``). The aggregates must agree with each other and with the per-step lists (they do by
+``prompt_token_ids``). Top-k log-probabilities, where asked for (OpenAI-compatible, up to 20): chat
+``choices[0].logprobs.content[j].top_logprobs[i].logprob``; completions ``choices[0].logprobs.top_logprobs[j]``,
+a map token string -> log-probability (tokens with one string merge, so a position may hold fewer entries);
+offline ``outputs[0].logprobs[j]``, a map token id -> ``{"logprob": ...}`` (or the number). The aggregates must agree with each other and with the per-step lists (they do by
 construction in vLLM); a line where they do not is malformed. Not known here: files or trace tables.
 """
 
 from __future__ import annotations
 
+from entropy_law.importers.logprobs import as_list, checked_rows, entry_value, fast_values
 from entropy_law.importers.records import (MISSING, FieldError, ImportedRequest, as_histogram, as_int,
                                            as_int_list, common_fields, lookup, prompt_fields, require)
 
@@ -111,6 +115,7 @@ def parse(obj, *, line: int, category: str) -> ImportedRequest:
             if sum(values) != total:
                 raise FieldError(f"{where}.{name}", f"sums to {sum(values)}, the aggregate says {total}")
 
+    topk, topk_field = topk_logprobs(choice, key, len(output_ids))
     common = common_fields(obj, default_request_id=obj.get("id") or obj.get("request_id") or f"line-{line}",
                            default_category=category)
     prompt = prompt_fields(obj, ("prompt_token_ids", f"{key}.0.prompt_token_ids"),
@@ -120,10 +125,53 @@ def parse(obj, *, line: int, category: str) -> ImportedRequest:
             engine=ENGINE, shape=f"vllm {shape}", line=line, **common, **prompt, output_token_ids=output_ids,
             stop_reason=FINISH_REASONS[finish], finish_reason=finish, model=model if isinstance(model, str) else None,
             num_spec_tokens=k, steps_accepted=per_accepted, steps_drafted=per_drafted, histogram=histogram,
-            histogram_field=f"{where}.acceptance_histogram", aggregates={where: stats})
+            histogram_field=f"{where}.acceptance_histogram", aggregates={where: stats}, topk_logprobs=topk,
+            topk_field=topk_field)
     except FieldError as err:  # the per-step checks of ImportedRequest, named under the block they came from
         name = err.field if err.field.startswith(where) else f"{where}.{err.field}"
         raise FieldError(name, err.problem) from None
 
 
-__all__ = ["ENGINE", "FINISH_REASONS", "STATS_LOCATIONS", "parse"]
+def topk_logprobs(choice: dict, key: str, n_output: int) -> tuple[list[list[float]] | None, str | None]:
+    """The top-k log-probabilities of each output token of ``choice`` (chat, completions or offline shape), or
+    (None, None) where the response has none."""
+    block = choice.get("logprobs")
+    if block is None:
+        return None, None
+    if key == "outputs":  # offline RequestOutput: [{token_id: {"logprob": x, ...} or x}, ...]
+        field = "outputs[0].logprobs"
+        rows = []
+        for j, position in enumerate(as_list(block, field)):
+            if not isinstance(position, dict):
+                raise FieldError(f"{field}[{j}]", f"expected a map token id -> log-probability, got {position!r}")
+            rows.append([entry_value(v.get("logprob") if isinstance(v, dict) else v, f"{field}[{j}][{t!r}]")
+                         for t, v in position.items()])
+        return checked_rows(rows, field, n_output), field
+    if not isinstance(block, dict):
+        raise FieldError("choices[0].logprobs", f"expected an object, got {type(block).__name__}")
+    if block.get("content") is not None:  # chat completions
+        field = "choices[0].logprobs.content"
+        rows = []
+        for j, item in enumerate(as_list(block["content"], field)):
+            top = item.get("top_logprobs") if isinstance(item, dict) else None
+            if not top:
+                raise FieldError(f"{field}[{j}].top_logprobs", "missing or empty: request top_logprobs >= 1 (with "
+                                                               "logprobs: true) so each token's top-k comes back")
+            values = fast_values(top, "logprob")
+            rows.append(values if values is not None else
+                        [entry_value(e.get("logprob") if isinstance(e, dict) else e,
+                                     f"{field}[{j}].top_logprobs[{i}].logprob") for i, e in enumerate(top)])
+        return checked_rows(rows, f"{field}[].top_logprobs", n_output), f"{field}[].top_logprobs"
+    if block.get("top_logprobs") is not None:  # completions: one map token string -> logprob per position
+        field = "choices[0].logprobs.top_logprobs"
+        rows = []
+        for j, position in enumerate(as_list(block["top_logprobs"], field)):
+            if not isinstance(position, dict) or not position:
+                raise FieldError(f"{field}[{j}]", "expected a non-empty map token -> log-probability: request "
+                                                  "logprobs >= 1")
+            rows.append([entry_value(v, f"{field}[{j}][{t!r}]") for t, v in position.items()])
+        return checked_rows(rows, field, n_output), field
+    return None, None
+
+
+__all__ = ["ENGINE", "FINISH_REASONS", "STATS_LOCATIONS", "parse", "topk_logprobs"]

@@ -16,7 +16,11 @@ that mixes configurations (two models or two draft lengths in one run), and writ
   and ``read_import`` reads them back;
 - the trace tables: a ``requests`` row for every imported request; ``rounds`` and ``tokens`` rows only for
   aligned per-step requests, and only when target statistics are given (``target_stats``), because every
-  v1 token row carries them and no engine records them. ``entropy-law entropy RUN --model M``
+  v1 token row carries them and no engine records them; where the responses carry top-k
+  log-probabilities and the vocabulary size is given, the aligned requests get their rows with the entropy
+  as bounds and a point estimate (``topk``: ``traces.topk``; ``run.json`` ``engine_import.topk`` says what was
+  read, the positions with fewer entries, and the requests whose top-k the engine renormalised, whose bounds
+  do not hold and are null). ``entropy-law entropy RUN --model M``
   (``entropy_law.jobs.entropy``) computes them offline from ``engine_import.jsonl`` and writes the run again
   through ``log_request``, the one place an imported request becomes trace rows.
 
@@ -34,12 +38,14 @@ from typing import Callable, Mapping
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from entropy_law.importers import llamacpp, sglang, vllm
 from entropy_law.importers.records import (DEFAULT_CATEGORY, FieldError, ImportedRequest,
                                            MalformedResponseError)
 from entropy_law.traces.recorder import TraceRecorder
-from entropy_law.traces.stats import TARGET_STAT_KEYS
+from entropy_law.traces.stats import TARGET_STAT_KEYS, context_matches_of_output
+from entropy_law.traces.topk import RENORMALISED_TAIL, TopkInputError, pad_topk, topk_entropy
 from entropy_law.traces.layout import file_sha256
 
 PARSERS = {vllm.ENGINE: vllm.parse, sglang.ENGINE: sglang.parse, llamacpp.ENGINE: llamacpp.parse}
@@ -47,7 +53,14 @@ RECORD_FILE = "engine_import.jsonl"
 METADATA_KEY = "engine_import"
 TARGET_STATS_MISSING = ("missing: no engine records target entropies; token and round rows are written once they "
                         "are computed from engine_import.jsonl (entropy-law entropy RUN --model M; in "
-                        "Python: write_run(..., target_stats=...))")
+                        "Python: write_run(..., target_stats=...)), or from the engine's top-k log-probabilities: "
+                        "ask for them (vLLM / OpenAI-compatible logprobs: true with top_logprobs: 20; SGLang "
+                        "return_logprob with top_logprobs_num; llama.cpp n_probs) and import again with "
+                        "--vocab-size V")
+
+TOPK_NEEDS_VOCAB = ("the responses carry top-k log-probabilities: give the target's vocabulary size (entropy-law "
+                    "import --vocab-size V; vocab_size in the model's config.json) to turn them into entropy bounds")
+TOPK_ROWS_PER_SHARD = 50_000  # token rows of top-k requests written together (one log_columns call)
 
 TargetStatsFn = Callable[[ImportedRequest], Mapping[str, object]]
 
@@ -165,16 +178,22 @@ class ImportSummary:
 
 def write_run(parsed: ParsedFile, out, *, model_id: str | None = None, drafter_id: str | None = None,
               overwrite: bool = False, target_stats: TargetStatsFn | None = None,
-              target_stats_source: str | None = None) -> ImportSummary:
+              target_stats_source: str | None = None, vocab_size: int | None = None,
+              topk_point: str = "geometric") -> ImportSummary:
     """Write ``parsed`` as a trace run in ``out`` (refused if a run is there, unless ``overwrite``).
 
     ``target_stats``: a function of an ``ImportedRequest`` returning ``{key: array of len(output ids)}`` for
     the keys of ``TARGET_STAT_KEYS`` (position ``p``: the target distribution that produced output token
     ``p``); with it, aligned per-step requests get their rounds and tokens, and ``target_stats_source`` must
-    say where the statistics came from (it goes into ``run.json``).
+    say where the statistics came from (it goes into ``run.json``). Without them, aligned requests whose
+    responses carry top-k log-probabilities get their rows with the entropy's bounds and ``topk_point`` estimate
+    (``traces.topk``), which needs ``vocab_size`` (V of the target).
     """
     if (target_stats is None) != (target_stats_source is None):
         raise ValueError("give target_stats together with target_stats_source (what computed them), or neither")
+    with_topk = [r for r in parsed.records if r.topk_logprobs is not None]
+    if with_topk and target_stats is None and vocab_size is None:
+        raise ValueError(f"{parsed.path}: {TOPK_NEEDS_VOCAB}")
     models = {r.model for r in parsed.records if r.model is not None}
     ks = {r.num_spec_tokens for r in parsed.records if r.num_spec_tokens is not None}
     flagged, aligned, aggregate_only = [], [], 0
@@ -188,6 +207,10 @@ def write_run(parsed: ParsedFile, out, *, model_id: str | None = None, drafter_i
             flagged.append({"request_id": record.request_id, "line": record.line, "reason": check.reason,
                             "from_steps": check.from_steps, "completion_tokens": check.completion_tokens})
     written = set(aligned) if target_stats is not None else set()
+    topk = None
+    if target_stats is None and with_topk:
+        topk = _topk_estimates(parsed, with_topk, set(aligned), vocab_size, topk_point)
+        written = set(topk["written"])
     block_size = run_block_size(parsed.records)
     shapes = Counter(r.shape for r in parsed.records)
     meta = {
@@ -210,7 +233,8 @@ def write_run(parsed: ParsedFile, out, *, model_id: str | None = None, drafter_i
             "record_file": RECORD_FILE,
             "histograms": (f"{RECORD_FILE}: 'histogram' per request (dense step counts, index = drafts accepted "
                            "in a step, bonus excluded; 'histogram_field' says where it came from)"),
-            "target_stats": target_stats_source if target_stats is not None else TARGET_STATS_MISSING,
+            "target_stats": (target_stats_source if target_stats is not None else topk["source"] if topk
+                             else TARGET_STATS_MISSING),
             "rounds_in_tables": len(written),
             "block_size": (f"{block_size}: " + ("num_spec_tokens + 1" if ks else "the largest drafted count in "
                                                 "the file + 1 (the engine does not state its draft length)")),
@@ -218,16 +242,131 @@ def write_run(parsed: ParsedFile, out, *, model_id: str | None = None, drafter_i
                         "round times 0 (not reported)"),
         },
     }
+    if topk:
+        meta[METADATA_KEY]["topk"] = topk["metadata"]
     with TraceRecorder(out, overwrite=overwrite, **meta) as recorder:
+        batch = []
         for record in parsed.records:
+            if topk and record.request_id in written:
+                batch.append(record)
+                if sum(r.new_tokens for r in batch) >= TOPK_ROWS_PER_SHARD:
+                    recorder.log_columns(**topk_tables(batch, topk["estimates"], block_size))
+                    batch = []
+                continue
             stats = target_stats(record) if record.request_id in written else None
             log_request(recorder, record, stats=stats, block_size=block_size)
+        if batch:
+            recorder.log_columns(**topk_tables(batch, topk["estimates"], block_size))
         write_record(Path(out), parsed.records, written, flagged)
         run_id = recorder.run_id
     return ImportSummary(run_dir=Path(out), run_id=run_id, engine=parsed.engine, lines=parsed.lines,
                          imported=len(parsed.records), per_step=len(aligned), flagged=flagged,
                          aggregate_only=aggregate_only, skipped=parsed.skipped, rounds_in_tables=len(written),
                          target_stats=meta[METADATA_KEY]["target_stats"])
+
+
+def _topk_estimates(parsed: ParsedFile, records: list[ImportedRequest], aligned: set[str], vocab_size: int,
+                    point: str) -> dict:
+    """The entropy bounds and estimate of every request with top-k log-probabilities (``traces.topk``), the
+    requests whose rows are written (aligned ones), and what ``run.json`` says about them."""
+    estimates, renormalised, fewer, positions = {}, [], 0, 0
+    for record in records:
+        padded = pad_topk(record.topk_logprobs)
+        try:
+            est = topk_entropy(padded, vocab_size, point=point)
+        except TopkInputError as err:
+            raise ValueError(f"{parsed.path}:{record.line}: {record.topk_field}[{err.row}]: {err.problem} (is "
+                             f"--vocab-size {vocab_size} the target's vocabulary size?)") from None
+        partial = est.k < vocab_size
+        if partial.any() and (est.tail_mass[partial] <= RENORMALISED_TAIL).all():
+            renormalised.append({"request_id": record.request_id, "line": record.line,
+                                 "positions": int(partial.sum())})
+            est.lower_nats[:] = np.nan
+            est.upper_nats[:] = np.nan
+        fewer += int((est.k < est.k.max()).sum())
+        positions += len(est.k)
+        estimates[record.request_id] = est
+    written = [r.request_id for r in records if r.request_id in aligned]
+    fields = sorted({r.topk_field for r in records})
+    source = (f"top-k log-probabilities ({', '.join(fields)}; V = {vocab_size}): target_entropy_nats null, its "
+              f"bounds and {point} estimate in target_entropy_lower/upper/estimate_nats (traces.topk); "
+              "target_top1_prob, target_top2_prob, target_logit_gap exact from the list; target_renyi2_nats null")
+    metadata = {
+        "vocab_size": int(vocab_size), "estimator": point, "fields": fields,
+        "requests": len(records), "positions": positions, "requests_in_tables": len(written),
+        "not_in_tables": ("requests without aligned per-step data keep their top-k in engine_import.jsonl only"
+                          if len(written) < len(records) else None),
+        "max_k": int(max((len(row) for r in records for row in r.topk_logprobs), default=0)),
+        "positions_fewer_entries": fewer,
+        "fewer_entries": ("positions holding fewer entries than the request's most (an engine merged duplicates, "
+                          "e.g. vLLM's completions endpoint keys them by token string): read with the k they hold"),
+        "renormalised": renormalised,
+        "renormalised_rule": (f"a request whose tail mass is at most {RENORMALISED_TAIL:g} at every position with "
+                              "k < V reads as a top-k the engine renormalised: its bounds do not hold and are "
+                              "written null; its estimate is the list's own entropy"),
+    }
+    return {"estimates": estimates, "written": written, "source": source, "metadata": metadata}
+
+
+def topk_tables(records: list[ImportedRequest], estimates: dict, block_size: int) -> dict:
+    """The tokens, rounds and requests columns of aligned requests whose entropy comes from their top-k
+    (``TraceRecorder.log_columns``): rounds as ``ImportedRequest.rounds``; token roles from each round (depths
+    ``1..accepted`` accepted, the last token a bonus after a full chain, else a correction)."""
+    rnd, req, parts = {}, {}, []
+
+    def add(table, **values):
+        for key, value in values.items():
+            table.setdefault(key, []).append(value)
+
+    for record in records:
+        est = estimates[record.request_id]
+        rounds = record.rounds(block_size)
+        for r in rounds:
+            add(rnd, request_id=record.request_id, **{k: r[k] for k in (
+                "round_index", "start_position", "context_len", "block_size", "tree_nodes", "tree_depth", "accepted",
+                "committed")})
+        start = np.array([r["start_position"] for r in rounds], dtype=np.int64)
+        committed = np.array([r["committed"] for r in rounds], dtype=np.int64)
+        accepted = np.array([r["accepted"] for r in rounds], dtype=np.int64)
+        leaf = np.array([r["ends_at_leaf"] for r in rounds], dtype=bool)
+        which = np.repeat(np.arange(len(rounds)), committed)  # the round of each committed token, in order
+        depth = np.arange(which.size) - np.repeat(np.cumsum(committed) - committed, committed) + 1
+        position = start[which] + depth - 1
+        context = (context_matches_of_output(record.prompt_token_ids, record.output_token_ids)
+                   if record.prompt_token_ids is not None else None)
+        parts.append({
+            "request_id": np.full(which.size, record.request_id, dtype=object),
+            "category": np.full(which.size, record.category, dtype=object),
+            "round_index": np.array([r["round_index"] for r in rounds], dtype=np.int32)[which],
+            "position": position.astype(np.int32), "depth": depth.astype(np.int16),
+            "token_id": np.asarray(record.output_token_ids, dtype=np.int64)[position],
+            "role": np.where(depth <= accepted[which], "accepted",
+                             np.where(leaf[which], "bonus", "correction")).astype(object),
+            "target_top1_prob": est.top1_prob[position], "target_top2_prob": est.top2_prob[position],
+            "target_logit_gap": est.logit_gap[position], "target_entropy_lower_nats": est.lower_nats[position],
+            "target_entropy_upper_nats": est.upper_nats[position],
+            "target_entropy_estimate_nats": est.estimate_nats[position], "target_topk": est.k[position],
+            "context_match": (np.full(which.size, -1) if context is None else context[position].astype(np.int64)),
+        })
+        add(req, request_id=record.request_id, category=record.category, dataset=record.dataset,
+            question_id=record.question_id, prompt_tokens=record.prompt_tokens, image_tokens=0,
+            new_tokens=record.new_tokens, rounds=len(rounds), stop_reason=record.stop_reason,
+            prefill_ms=record.prefill_ms or 0.0, decode_ms=record.decode_ms or 0.0)
+    tokens = {key: np.concatenate([part[key] for part in parts]) for key in parts[0]}
+    n = len(tokens["position"])
+    for key in ("target_top1_prob", "target_top2_prob", "target_logit_gap", "target_entropy_lower_nats",
+                "target_entropy_upper_nats", "target_entropy_estimate_nats"):
+        tokens[key] = tokens[key].astype(np.float32)  # NaN: null
+    null_f32 = pa.nulls(n, type=pa.float32())
+    tokens.update({"target_entropy_nats": null_f32, "target_renyi2_nats": null_f32, "draft_prob": null_f32,
+                   "draft_entropy_nats": null_f32, "draft_rank": pa.nulls(n, type=pa.int32()),
+                   "token_id": pa.array(tokens["token_id"], type=pa.int32()),
+                   "target_topk": pa.array(tokens["target_topk"], type=pa.int16()),
+                   "context_match": pa.array(np.maximum(tokens["context_match"], 0), type=pa.int16(),
+                                             mask=tokens["context_match"] < 0)})
+    zeros = np.zeros(len(rnd["request_id"]), np.float32)
+    rnd.update({"draft_ms": zeros, "verify_ms": zeros, "overhead_ms": zeros})
+    return {"tokens": tokens, "rounds": rnd, "requests": req}
 
 
 def run_block_size(records) -> int:
@@ -290,11 +429,13 @@ def write_record(run_dir: Path, records: list[ImportedRequest], written: set[str
 
 def import_jsonl(path, engine: str, out, *, category: str = DEFAULT_CATEGORY, skip_bad: bool = False,
                  model_id: str | None = None, drafter_id: str | None = None, overwrite: bool = False,
-                 target_stats: TargetStatsFn | None = None, target_stats_source: str | None = None) -> ImportSummary:
+                 target_stats: TargetStatsFn | None = None, target_stats_source: str | None = None,
+                 vocab_size: int | None = None, topk_point: str = "geometric") -> ImportSummary:
     """``parse_jsonl`` then ``write_run``: the whole import of one engine JSONL into the run directory ``out``."""
     parsed = parse_jsonl(path, engine, category=category, skip_bad=skip_bad)
     return write_run(parsed, out, model_id=model_id, drafter_id=drafter_id, overwrite=overwrite,
-                     target_stats=target_stats, target_stats_source=target_stats_source)
+                     target_stats=target_stats, target_stats_source=target_stats_source, vocab_size=vocab_size,
+                     topk_point=topk_point)
 
 
 @dataclass
@@ -355,4 +496,4 @@ def read_import(run_dir) -> ImportedRun:
 
 
 __all__ = ["ImportSummary", "ImportedRun", "ParsedFile", "SkippedLine", "import_jsonl", "log_request", "parse_jsonl",
-           "read_import", "run_block_size", "write_record", "write_run"]
+           "read_import", "run_block_size", "topk_tables", "write_record", "write_run"]

@@ -25,6 +25,7 @@ import pandas as pd
 
 from entropy_law.law import arms
 from entropy_law.traces.stats import CONTEXT_MATCH_MAX
+from entropy_law.traces.topk import entropy_or_bound  # the top-k estimate where no exact entropy exists
 
 EPS_NATS = 1e-3
 EPS_PROB = 1e-3  # offset of log(1 - p + eps) for a top-1 probability, the drafter's or the target's (p = 1: log 0)
@@ -102,6 +103,7 @@ def sequences_of(tokens: pd.DataFrame) -> pd.DataFrame:
     """``transfer.entropy_sequences`` of these token rows (any runs: a workload recorded by AR, or an imported one); with a
     ``context_match`` (the context's copyability) or ``target_top1_prob`` column also each request's array of it
     (``POSITION_COLUMNS``; None where the request has a null)."""
+    tokens = entropy_or_bound(tokens)
     present = [c for c in POSITION_COLUMNS if c in tokens.columns]
     tokens = tokens[["run_id", "request_id", "category", "position", "target_entropy_nats", *present]]
     tokens = validate_covariates(tokens, ["target_entropy_nats"])
@@ -145,7 +147,7 @@ def at_risk_table(
     ``attrs["unlogged"]``, and the families that read it refuse (``fit.prepare_counts``). Rows that hold two arms under
     one drafter id raise, naming the arms and how to select one (``arms.check_one_arm_per_drafter``).
     """
-    tokens, runs = traces.tokens, traces.runs
+    tokens, runs = entropy_or_bound(traces.tokens), traces.runs
     _require_columns(tokens, ("run_id", "request_id", "category", "round_index", "position", "depth", "role", *covariates),
                      "traces.tokens")
     _require_columns(runs, ("run_id", "drafter_id"), "traces.runs")
@@ -171,6 +173,11 @@ def at_risk_table(
             raise ValueError(f"run(s) {root_only} hold the target entropy at each round's root only (an imported "
                              "GLANCE round log), not per position: this law cannot be fitted on them. Fit GLANCE's "
                              "law instead (fit_law(traces, family=\"glance\")), or compute per-position statistics")
+    bare = [str(r) for r, info in zip(runs["run_id"], runs.get("engine_import", [None] * len(runs)))
+            if isinstance(info, dict) and str(info.get("target_stats", "")).startswith("missing")]
+    if bare and (not len(table) or table["run_id"].astype(str).isin(bare).any()):  # imports without entropies
+        raise ValueError(f"run(s) {bare} hold no target entropies (engine imports); the import says: "
+                         f"{runs.loc[runs['run_id'].astype(str) == bare[0], 'engine_import'].iloc[0]['target_stats']}")
     # a target statistic null at every at-risk position was not logged (an engine that logs the entropy alone):
     # it is left null and named in ``attrs["unlogged"]`` (families that read it refuse); one null among values is
     # invalid like any NaN. The entropy itself is always checked

@@ -1,4 +1,4 @@
-"""The trace format (v1): the one written contract between decoding and analysis.
+"""The trace format (v2; v1 runs read too): the one written contract between decoding and analysis.
 
 Known here, one module each: the format (``schema``: tables, columns, types, version), the
 on-disk layout of a run (``layout``: file names, shards, atomic ``run.json``), the writer

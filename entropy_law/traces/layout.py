@@ -1,4 +1,4 @@
-"""The on-disk layout of one trace run (format v1), shared by the writer and the reader.
+"""The on-disk layout of one trace run (format v2), shared by the writer and the reader.
 
 Known here: the names of a run's files and folders, how shards are named and ordered, how
 ``run.json`` is written atomically and read back, which entries are leftovers of a writer that

@@ -1,4 +1,4 @@
-"""``load_traces``: read trace runs (format v1) into pandas / Arrow, validating on the way.
+"""``load_traces``: read trace runs (format v2, and v1) into pandas / Arrow, validating on the way.
 
 Known here: how to find runs (directories with ``run.json``), which shards to read (finished ones;
 leftover ``shards/.tmp-*`` directories of a crashed writer and the ``quarantine`` folder are not read),
@@ -40,7 +40,8 @@ from entropy_law.traces.layout import (
     table_file,
     unfinished_shards,
 )
-from entropy_law.traces.schema import FORMAT_VERSION, RUN_METADATA_KEYS, SCHEMAS, TABLES, added_columns
+from entropy_law.traces.schema import (FORMAT_VERSION, READABLE_FORMAT_VERSIONS, RUN_METADATA_KEYS, SCHEMAS, TABLES,
+                                      added_columns)
 from entropy_law.traces.validation import TraceValidationError, check_run, check_schema, check_values
 
 _DICTIONARY_COLUMNS = ("run_id", "request_id", "category", "role", "dataset", "stop_reason")
@@ -65,10 +66,10 @@ def _find_run_dirs(path: Path) -> list[Path]:
 def _open_run(run_dir: Path) -> _Run:
     meta = read_run_json(run_dir / RUN_FILE)
     version = meta.get("format_version")
-    if version != FORMAT_VERSION:
+    if version not in READABLE_FORMAT_VERSIONS:
         raise TraceValidationError(
             f"{run_dir / RUN_FILE}: unknown format version {version!r}; this package reads "
-            f"v{FORMAT_VERSION} (upgrade entropy-law to read newer runs)"
+            f"{', '.join(f'v{v}' for v in READABLE_FORMAT_VERSIONS)} (upgrade entropy-law to read newer runs)"
         )
     missing = [k for k in RUN_METADATA_KEYS if k not in meta]
     if missing:

@@ -56,6 +56,7 @@ from entropy_law.traces.layout import (
 from entropy_law.traces.schema import (
     FORMAT_NAME,
     FORMAT_VERSION,
+    READABLE_FORMAT_VERSIONS,
     POLICY_COLUMNS,
     ROLES,
     RUN_METADATA_KEYS,
@@ -133,7 +134,7 @@ def _check_target(path: Path, *, resume: bool, overwrite: bool) -> dict | None:
     if overwrite:
         return existing
     version = existing.get("format_version")
-    if version != FORMAT_VERSION:
+    if version != FORMAT_VERSION and not (version in READABLE_FORMAT_VERSIONS and resume):  # an older run resumes
         raise ValueError(f"{run_file}: run has format version {version!r}; this package writes "
                          f"v{FORMAT_VERSION} and will not append to it. Use a new directory "
                          "(or overwrite=True to replace the run)")

@@ -1,4 +1,4 @@
-"""Trace format v1: the one written contract between decoding and analysis.
+"""Trace format v2: the one written contract between decoding and analysis.
 
 This module knows the names, Arrow types and meaning of every column of the three tables
 (``tokens``, ``rounds``, ``requests``) and of the run metadata, and the format version. It knows
@@ -19,7 +19,12 @@ from __future__ import annotations
 import pyarrow as pa
 
 FORMAT_NAME = "entropy-law-trace"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+# Versions this package reads. v2 = v1 + the top-k entropy columns of the tokens table, with the convention that a
+# row's entropy may be known only as bounds (``target_entropy_nats`` null, ``target_entropy_estimate_nats`` set):
+# a v1 reader would ignore those columns and take such a row for one without an entropy, so it must refuse v2
+# (it does: "unknown format version"). Every v1 file reads as v2 with those columns null.
+READABLE_FORMAT_VERSIONS = (1, 2)
 
 TABLES = ("tokens", "rounds", "requests")
 
@@ -55,6 +60,13 @@ TOKENS_SCHEMA = pa.schema(
         # added: the context's copyability before this position (longest suffix of the prompt and the output
         # before it that occurred earlier in them, up to CONTEXT_MATCH_MAX; null where the prompt's ids are unknown)
         pa.field("context_match", pa.int16(), nullable=True),
+        # v2: the target entropy from the top-k log-probabilities an engine returned (``traces.topk``), where the
+        # exact entropy is unknown: bounds over every distribution with those top k, a point estimate between
+        # them, and k (the entries read); null where the exact statistics were recorded or nothing was logged
+        pa.field("target_entropy_lower_nats", pa.float32(), nullable=True),
+        pa.field("target_entropy_upper_nats", pa.float32(), nullable=True),
+        pa.field("target_entropy_estimate_nats", pa.float32(), nullable=True),
+        pa.field("target_topk", pa.int16(), nullable=True),
     ]
 )
 
@@ -112,11 +124,16 @@ POLICY_COLUMNS = ("policy_entropy_nats", "policy_window_entropy_nats", "policy_d
                   "policy_expected_accepted", "policy_budget", "policy_drafted", "policy_calibration",
                   "policy_plan_calibration", "policy_context_match", "policy_route")
 
-# Columns added to v1 after its first release. Each is nullable; a file written before it existed lacks it,
-# and readers and writers fill it with nulls, so old runs stay readable and resumable (format v1 is kept).
+# The tokens columns of the target entropy from top-k log-probabilities (v2; ``traces.topk``), in schema order.
+TOPK_COLUMNS = ("target_entropy_lower_nats", "target_entropy_upper_nats", "target_entropy_estimate_nats",
+                "target_topk")
+
+# Columns added after v1's first release. Each is nullable; a file written before it existed lacks it,
+# and readers and writers fill it with nulls, so old runs stay readable and resumable. The top-k columns
+# (TOPK_COLUMNS) came with v2: a v1 file lacks them and reads with them null.
 # Document every entry in docs/trace-schema.md under "Added columns".
 ADDED_COLUMNS: dict[str, tuple[str, ...]] = {
-    "tokens": ("draft_top1_prob", "context_match"),
+    "tokens": ("draft_top1_prob", "context_match", *TOPK_COLUMNS),
     "rounds": POLICY_COLUMNS,
     "requests": ("decode_cpu_ms",),
 }

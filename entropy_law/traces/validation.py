@@ -1,4 +1,4 @@
-"""Checks of trace tables against format v1, shared by the writer (``log_columns``) and the reader.
+"""Checks of trace tables against the trace format (v2), shared by the writer (``log_columns``) and the reader.
 
 Known here: the rules a valid v1 table obeys (columns and types, value ranges, roles, and the
 consistency between tokens, rounds and requests of one run). Every failure raises
@@ -39,7 +39,7 @@ def check_schema(schema: pa.Schema, table: str, where: str) -> None:
             actual = actual.value_type
         if actual != f.type and not (pa.types.is_large_string(actual) and f.type == pa.string()):
             raise TraceValidationError(
-                f"{where}: {table} column {f.name!r} has type {actual}, format v1 requires {f.type}"
+                f"{where}: {table} column {f.name!r} has type {actual}, the trace format requires {f.type}"
             )
 
 
@@ -129,11 +129,22 @@ def _check_tokens(tbl: pa.Table, where: str) -> None:
          "draft_entropy_nats negative or infinite"),
         ("draft_rank", lambda c: pc.less(c, -1), "draft_rank < -1 (-1 means: not among the candidates)"),
         ("context_match", lambda c: pc.less(c, 0), "negative context_match (a suffix-match length)"),
+        ("target_topk", lambda c: pc.less(c, 1), "target_topk < 1 (the top-k entries read)"),
     ]
+    for name in ("target_entropy_lower_nats", "target_entropy_upper_nats", "target_entropy_estimate_nats"):
+        checks += [(name, pc.is_nan, f"NaN {name} (write null for a missing value)"),
+                   (name, lambda c: pc.or_(pc.less(c, 0), pc.is_inf(c)), f"{name} negative or infinite")]
     for name, condition, problem in checks:
         mask = _bad(tbl.column(name), condition)
         if mask is not None:
             _fail_first(mask, tbl, t, where, problem)
+    lower, upper = tbl.column("target_entropy_lower_nats"), tbl.column("target_entropy_upper_nats")
+    estimate = tbl.column("target_entropy_estimate_nats")
+    for low, high, problem in ((lower, upper, "target_entropy_lower_nats > target_entropy_upper_nats"),
+                               (lower, estimate, "target_entropy_estimate_nats below target_entropy_lower_nats"),
+                               (estimate, upper, "target_entropy_estimate_nats above target_entropy_upper_nats")):
+        if pc.any(pc.greater(low, high)).as_py():
+            _fail_first(pc.greater(low, high).fill_null(False).to_numpy(zero_copy_only=False), tbl, t, where, problem)
     top1, top2 = tbl.column("target_top1_prob"), tbl.column("target_top2_prob")
     if pc.any(pc.greater(top2, top1)).as_py():
         _fail_first(pc.greater(top2, top1).to_numpy(zero_copy_only=False), tbl, t, where,

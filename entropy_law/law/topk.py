@@ -1,0 +1,66 @@
+"""How far a law fitted on top-k entropy estimates can move: refits on the entropy's lower and upper bounds.
+
+Known here: the sensitivity fit of traces whose entropy came from top-k log-probabilities (the tokens columns
+``target_entropy_{lower,upper,estimate}_nats``, ``traces.topk``): the law is fitted three times, with the point
+estimate (what ``at_risk_table`` fits by default where no exact entropy exists), the lower bound and the upper
+bound in its place, and each coefficient's move is set beside its own standard error and interval. Rows with an
+exact entropy keep it in all three. Not known here: how the bounds are derived, or engines. No torch.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from entropy_law.traces.topk import entropy_or_bound
+
+BOUND_COLUMNS = {"estimate": "target_entropy_estimate_nats", "lower": "target_entropy_lower_nats",
+                 "upper": "target_entropy_upper_nats"}
+
+
+class _EntropyFrom:
+    """``traces`` with ``target_entropy_nats`` filled from one bound column where it is null."""
+
+    def __init__(self, traces, column: str):
+        self._traces, self.tokens = traces, entropy_or_bound(traces.tokens, column)
+
+    def __getattr__(self, name):
+        return getattr(self._traces, name)
+
+
+def entropy_sensitivity(traces, family: str = "law_exp", **fit_kwargs) -> pd.DataFrame:
+    """Fit ``family`` (``law.fit.fit_law``, with ``fit_kwargs``) on the estimate, the lower and the upper bound.
+
+    Returns one row per parameter: ``estimate`` (the fit on the point estimate), its ``std_err``, ``ci_low`` and
+    ``ci_high``, the coefficients fitted on the ``lower`` and ``upper`` bounds, ``max_shift`` (the larger move
+    from ``estimate``), ``shift_in_se`` (that move in standard errors) and ``within_ci`` (both bound fits inside
+    the estimate fit's interval). Refuses traces with no top-k rows, and rows whose bounds are null (a top-k the
+    engine renormalised: its bounds do not hold).
+    """
+    from entropy_law.law.fit import fit_law  # lazy, as the other analysis modules do
+
+    tokens = traces.tokens
+    if "target_entropy_estimate_nats" not in tokens.columns or not tokens["target_entropy_estimate_nats"].notna().any():
+        raise ValueError("these traces hold no entropy from top-k log-probabilities (target_entropy_estimate_nats is "
+                         "null everywhere): a sensitivity fit has no bounds to move between")
+    from_topk = tokens["target_entropy_nats"].isna() & tokens["target_entropy_estimate_nats"].notna()
+    unbounded = from_topk & (tokens["target_entropy_lower_nats"].isna() | tokens["target_entropy_upper_nats"].isna())
+    if unbounded.any():
+        requests = tokens.loc[unbounded, "request_id"].astype(str).unique()[:3].tolist()
+        raise ValueError(f"{int(unbounded.sum())} token rows hold an estimate without bounds (a top-k the engine "
+                         f"renormalised, e.g. requests {requests}; run.json engine_import.topk.renormalised): leave "
+                         "those requests out (traces.filter) for a sensitivity fit")
+    fits = {name: fit_law(_EntropyFrom(traces, column), family, **fit_kwargs) for name, column in BOUND_COLUMNS.items()}
+    base = fits["estimate"].coefficients
+    out = base[["estimate", "std_err", "ci_low", "ci_high"]].copy()
+    for name in ("lower", "upper"):
+        out[name] = fits[name].coefficients["estimate"].reindex(out.index)
+    shift = np.maximum((out["lower"] - out["estimate"]).abs(), (out["upper"] - out["estimate"]).abs())
+    out["max_shift"] = shift
+    out["shift_in_se"] = shift / out["std_err"]
+    out["within_ci"] = out[["lower", "upper"]].ge(out["ci_low"], axis=0).all(axis=1) & \
+        out[["lower", "upper"]].le(out["ci_high"], axis=0).all(axis=1)
+    return out
+
+
+__all__ = ["BOUND_COLUMNS", "entropy_sensitivity"]

@@ -1,0 +1,227 @@
+"""Target entropy from the top-k log-probabilities an engine returns: exact bounds and a point estimate.
+
+Known here: what the top ``k`` log-probabilities of a next-token distribution over ``V`` tokens say about its
+Shannon entropy (nats), vectorised over positions, and the checks such input must pass. The tokens columns
+``target_entropy_lower_nats``, ``target_entropy_upper_nats``, ``target_entropy_estimate_nats`` and
+``target_topk`` (``docs/trace-schema.md``) are defined here, as ``stats`` defines the exact ``target_*``
+columns. Not known here: any engine's field names (``entropy_law.importers``), files, or tables. numpy only.
+
+The bounds. Let ``p_1 >= ... >= p_k`` be the known probabilities, ``H_k = -sum p_i log p_i`` their part of the
+entropy, ``T = 1 - sum p_i`` the tail mass and ``m = V - k`` the tail tokens. Every tail token is no more likely
+than the k-th (the list is the top k), so the tail is a vector ``q`` in the polytope
+``Q = {q in [0, p_k]^m : sum q = T}``, which is non-empty exactly when ``T <= m p_k`` (else the input is
+inconsistent: ``V`` too small, or the list not the top k). ``H = H_k + h(q)`` with ``h(q) = -sum q_j log q_j``,
+and ``h`` is concave and symmetric, so:
+
+- upper bound, ``H_k + T log(m / T)``: the uniform tail ``q_j = T / m`` maximises ``h`` over the simplex of mass
+  ``T`` (Jensen, or Gibbs: ``h(q) = T H(q / T) + T log(1 / T)`` and ``H(q / T) <= log m``), and it lies in ``Q``
+  (``T / m <= p_k`` is the non-emptiness condition), so the cap "no tail token above ``p_k``" never binds: the
+  bound is attained and cannot be improved;
+- lower bound, ``H_k + n p_k log(1 / p_k) + r log(1 / r)`` with ``n = floor(T / p_k)``, ``r = T - n p_k``: a
+  concave function attains its minimum over a polytope at a vertex, and a vertex of ``Q`` has at most one
+  coordinate strictly between 0 and ``p_k`` (two such could move by ``+-e`` in opposite directions and stay in
+  ``Q``), so every vertex is, up to order, ``n`` tokens at ``p_k``, one at ``r`` and the rest at 0: the tail
+  packed into as few tokens as possible. It is attained (``n + 1 <= m`` when ``r > 0``), and it is at least
+  ``H_k + T log(1 / p_k)`` (``r <= p_k``);
+- both are the minimum and the maximum of ``H`` over every distribution whose top k are the given ones, so a
+  longer list (its distributions a subset) never loosens them, and ``k = V`` (``T = 0``, ``m = 0``) makes
+  them equal to the exact entropy.
+
+The point estimate (``POINT_ESTIMATES``; ``"geometric"`` by default): the tail continues the top k's decay
+geometrically, ``q_j = p_k rho^j`` for ``j >= 1``, with ``rho = T / (T + p_k)`` so that the tail holds ``T``
+(every ``q_j < p_k``); its entropy has the closed form ``T log(1 / p_k) + T (1 + T / p_k) log(1 + p_k / T)``,
+which is at least the packed lower bound (a tail with cap ``p_k``) and is clipped to the upper bound where the
+vocabulary is too small for it. ``"midpoint"``: the mean of the two bounds. How close either comes to the exact
+entropy is measured on recorded runs, not assumed here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+SUM_TOLERANCE = 1e-3  # probabilities of one position may sum to at most 1 + this (engines' rounding)
+LOGPROB_TOLERANCE = 1e-6  # a log-probability in (0, this] is rounding and read as 0; above it is refused
+FIT_TOLERANCE = 1e-5  # a tail mass up to this beyond what the other V - k tokens hold is rounding (clipped to fit)
+RENORMALISED_TAIL = 1e-6  # a tail mass at or below this (with k < V) reads as a top-k the engine renormalised
+POINT_ESTIMATES = ("geometric", "midpoint")
+
+
+class TopkInputError(ValueError):
+    """Top-k log-probabilities of one position that no distribution has (``row``: the position's index)."""
+
+    def __init__(self, row: int, problem: str):
+        super().__init__(f"position {row}: {problem}")
+        self.row, self.problem = int(row), problem
+
+
+@dataclass
+class TopkEntropy:
+    """Per position (float64 arrays): ``lower_nats`` <= H <= ``upper_nats`` and ``estimate_nats`` between them;
+    ``k`` (entries read), ``tail_mass`` (1 - their sum, >= 0), ``top1_prob``, ``top2_prob`` and ``logit_gap``
+    (log p1 - log p2), exact; NaN where k = 1 for the last two."""
+
+    lower_nats: np.ndarray
+    upper_nats: np.ndarray
+    estimate_nats: np.ndarray
+    k: np.ndarray
+    tail_mass: np.ndarray
+    top1_prob: np.ndarray
+    top2_prob: np.ndarray
+    logit_gap: np.ndarray
+
+
+def _as_rows(logprobs) -> np.ndarray:
+    array = np.asarray(logprobs, dtype=np.float64)
+    if array.ndim == 1:
+        array = array[None, :]
+    if array.ndim != 2:
+        raise ValueError(f"logprobs must be [positions, k] (-inf pads a position with fewer entries); "
+                         f"got shape {array.shape}")
+    return array
+
+
+def topk_problems(logprobs, vocab_size: int | None) -> list[tuple[int, str]]:
+    """Every position whose entries no distribution over ``vocab_size`` tokens has: ``[(row, problem), ...]``.
+    Refused: a NaN or +inf, a log-probability above 0 (beyond ``LOGPROB_TOLERANCE``), no entry, more entries than
+    the vocabulary, probabilities summing above ``1 + SUM_TOLERANCE``, and a tail that cannot fit on the other
+    ``V - k`` tokens at most ``p_k`` each, by more than ``FIT_TOLERANCE`` (rounding: such a tail is clipped to fit)
+    (these two only with ``vocab_size``; None: the checks that need no V).
+    ``-inf`` marks an absent entry (a position with fewer)."""
+    array = _as_rows(logprobs)
+    problems: dict[int, str] = {}
+
+    def flag(mask, text):
+        for row in np.flatnonzero(mask):
+            problems.setdefault(int(row), text(int(row)))
+
+    flag(np.isnan(array).any(axis=1), lambda r: "a log-probability is NaN")
+    flag(np.isposinf(array).any(axis=1), lambda r: "a log-probability is +inf")
+    above = np.where(np.isfinite(array), array, -np.inf).max(axis=1) if array.shape[1] else np.full(len(array), -np.inf)
+    flag(above > LOGPROB_TOLERANCE, lambda r: f"a log-probability is above 0 ({above[r]:.6g}); log-probabilities "
+                                              "are <= 0")
+    present = _present(array)
+    k = present.sum(axis=1)
+    flag(k == 0, lambda r: "no log-probability (an empty top-k list)")
+    if vocab_size is None:
+        vocab_size = np.iinfo(np.int64).max
+        k_check = False
+    else:
+        k_check = True
+    flag(k_check & (k > vocab_size), lambda r: f"{k[r]} entries, more than the vocabulary of {vocab_size}")
+    p = np.where(present, np.exp(np.minimum(np.where(present, array, 0.0), 0.0)), 0.0)
+    total = p.sum(axis=1)
+    flag(total > 1 + SUM_TOLERANCE, lambda r: f"the probabilities sum to {total[r]:.6g} > 1 + {SUM_TOLERANCE:g}")
+    pk = np.where(present, p, np.inf).min(axis=1)
+    tail = np.maximum(1.0 - total, 0.0)
+    room = np.maximum(vocab_size - k, 0) * np.where(np.isfinite(pk), pk, 0.0)
+    flag(k_check & (tail > room + FIT_TOLERANCE),
+         lambda r: (f"a tail mass of {tail[r]:.6g} cannot lie on the other {vocab_size - k[r]} tokens at most "
+                    f"p_k = {pk[r]:.6g} each: the vocabulary size {vocab_size} is too small, or the entries are "
+                    "not the top k"))
+    return sorted(problems.items())
+
+
+def _present(array: np.ndarray) -> np.ndarray:
+    """Entries that carry probability: finite, and not so small that exp underflows to 0 (vLLM writes -9999.0
+    for a masked token; such an entry holds no mass and reads as absent)."""
+    with np.errstate(invalid="ignore"):
+        return np.isfinite(array) & (np.exp(np.where(np.isfinite(array), np.minimum(array, 0.0), 0.0)) > 0)
+
+
+def _neg_xlogx(x: np.ndarray) -> np.ndarray:
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(x > 0, -x * np.log(np.where(x > 0, x, 1.0)), 0.0)
+
+
+def topk_entropy(logprobs, vocab_size: int, *, point: str = "geometric") -> TopkEntropy:
+    """Bounds and a point estimate of the entropy (nats) at each position from its top-k log-probabilities.
+
+    ``logprobs``: ``[positions, k]`` (a 1-D list is one position), in any order, ``-inf`` for an absent entry
+    (a position with fewer entries than requested: duplicates an engine merged; an entry whose probability
+    underflows to 0 reads as absent); ``vocab_size``: V of the
+    target. ``point``: ``"geometric"`` or ``"midpoint"`` (module docstring). Raises ``TopkInputError`` for the
+    first position ``topk_problems`` refuses.
+    """
+    if point not in POINT_ESTIMATES:
+        raise ValueError(f"point must be one of {POINT_ESTIMATES}; got {point!r}")
+    vocab_size = int(vocab_size)
+    if vocab_size < 1:
+        raise ValueError(f"vocab_size must be >= 1; got {vocab_size}")
+    array = _as_rows(logprobs)
+    problems = topk_problems(array, vocab_size)
+    if problems:
+        raise TopkInputError(*problems[0])
+    present = _present(array)
+    lp = np.where(present, np.minimum(array, 0.0), -np.inf)
+    lp = -np.sort(-lp, axis=1)  # descending; absent entries last
+    p = np.exp(lp)
+    k = present.sum(axis=1)
+    rows = np.arange(len(lp))
+    pk = p[rows, k - 1]
+    h_top = _neg_xlogx(p).sum(axis=1)
+    tail = np.maximum(1.0 - p.sum(axis=1), 0.0)
+    m = (vocab_size - k).astype(np.float64)
+    tail = np.minimum(tail, m * pk)  # k = V: the list is the distribution; a tail beyond FIT_TOLERANCE is refused
+    n = np.floor(tail / pk * (1 + 1e-12))  # tokens at p_k when the tail is packed (1e-12: T an exact multiple)
+    n = np.minimum(n, m)
+    rest = np.maximum(tail - n * pk, 0.0)
+    lower = h_top + n * _neg_xlogx(pk) + _neg_xlogx(rest)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        spread = np.where(tail > 0, tail * np.log(np.where(tail > 0, m / np.where(tail > 0, tail, 1.0), 1.0)), 0.0)
+    upper = np.maximum(h_top + spread, lower)
+    if point == "geometric":
+        with np.errstate(divide="ignore", invalid="ignore"):
+            safe = np.where(tail > 0, tail, 1.0)
+            geometric = np.where(tail > 0, tail * np.log(1.0 / pk) + tail * (1 + tail / pk) * np.log1p(pk / safe), 0.0)
+        estimate = np.clip(h_top + geometric, lower, upper)
+    else:
+        estimate = (lower + upper) / 2
+    top2 = np.where(k >= 2, p[:, 1] if p.shape[1] > 1 else np.nan, np.nan)
+    with np.errstate(invalid="ignore"):
+        gap = np.where(k >= 2, lp[:, 0] - (lp[:, 1] if lp.shape[1] > 1 else np.nan), np.nan)
+    return TopkEntropy(lower_nats=lower, upper_nats=upper, estimate_nats=estimate, k=k, tail_mass=tail,
+                       top1_prob=p[:, 0], top2_prob=top2, logit_gap=gap)
+
+
+def topk_logprobs_from_logits(logits, k: int) -> np.ndarray:
+    """The top ``k`` log-probabilities (fp32 log-softmax over the full vocabulary, best first) of each row of
+    ``logits`` ``[rows, V]``: what an engine asked for ``top_logprobs = k`` returns, for measuring the estimator on
+    runs whose exact entropy is known."""
+    array = np.asarray(logits, dtype=np.float32)
+    if array.ndim != 2 or not 1 <= k <= array.shape[1]:
+        raise ValueError(f"logits must be [rows, V] with 1 <= k <= V; got shape {array.shape} and k = {k}")
+    shifted = array - array.max(axis=1, keepdims=True)
+    logp = shifted - np.log(np.exp(shifted).sum(axis=1, keepdims=True, dtype=np.float32))
+    top = -np.partition(-logp, k - 1, axis=1)[:, :k]
+    return -np.sort(-top, axis=1)
+
+
+def entropy_or_bound(tokens, column: str = "target_entropy_estimate_nats"):
+    """A tokens DataFrame whose ``target_entropy_nats`` is, where null, filled from ``column`` (the point estimate
+    by default; ``target_entropy_lower_nats`` / ``target_entropy_upper_nats`` for a sensitivity fit): what the law
+    fits as the entropy. Rows with an exact entropy keep it; ``tokens`` itself is not changed (a copy is returned
+    when anything is filled)."""
+    if column not in tokens.columns or "target_entropy_nats" not in tokens.columns:
+        return tokens
+    exact, bound = tokens["target_entropy_nats"], tokens[column]
+    fill = exact.isna() & bound.notna()
+    if not fill.any():
+        return tokens
+    tokens = tokens.copy()
+    tokens["target_entropy_nats"] = exact.where(~fill, bound)
+    return tokens
+
+
+def pad_topk(rows) -> np.ndarray:
+    """Ragged lists of log-probabilities (one per position) as ``[positions, max k]``, ``-inf`` padded."""
+    width = max((len(r) for r in rows), default=0)
+    out = np.full((len(rows), max(width, 1)), -np.inf)
+    for i, r in enumerate(rows):
+        out[i, :len(r)] = r
+    return out
+
+
+__all__ = ["FIT_TOLERANCE", "LOGPROB_TOLERANCE", "entropy_or_bound", "POINT_ESTIMATES", "RENORMALISED_TAIL", "SUM_TOLERANCE", "TopkEntropy",
+           "TopkInputError", "pad_topk", "topk_entropy", "topk_logprobs_from_logits", "topk_problems"]
