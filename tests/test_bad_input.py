@@ -446,3 +446,23 @@ def test_a_writer_whose_lock_file_is_removed_stops_at_once_in_one_line(tiny_mode
     monkeypatch.undo()
     assert _record(tiny_model, five_prompts, out, "--resume") == 0
     assert len(_recorded(out)) == 5
+
+
+def test_a_lock_removed_mid_request_stops_the_writer_at_its_next_round(tmp_path, monkeypatch):
+    import entropy_law.traces.recorder as recorder
+
+    monkeypatch.setattr(recorder, "_LOCK_CHECK_EVERY_S", 0.0)  # a writer paused for longer than the check interval
+    run = tmp_path / "run"
+    with pytest.raises(recorder.RunLockLostError) as stopped:
+        with TraceRecorder(run, model_id="m", flush_every_requests=1) as rec:
+            log_requests(rec, synthetic_requests(seed=6, n_requests=1))
+            rec.begin_request("q", category="math")
+            rec.log_round("q", **_round())
+            (run / "writer.lock").unlink()  # removed by hand
+            rec.log_round("q", **_round(round_index=1, start_position=2))  # before: logged, lost at the flush
+    message = str(stopped.value)
+    assert "was removed while this writer held the run" in message and "stopped at round 1 of request 'q'" in message
+    assert "the 1 request(s) already written are kept; not written: 1 request(s) ['q']" in message
+    with pytest.raises(recorder.RunLockLostError):  # and stays stopped
+        rec.begin_request("r", category="math")
+    assert _recorded(run) == ["req-6-0"] and not (run / "writer.lock").exists()

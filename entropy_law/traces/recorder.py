@@ -22,6 +22,7 @@ import operator
 import os
 import shutil
 import subprocess
+import time
 import uuid
 import warnings
 from pathlib import Path
@@ -70,6 +71,7 @@ from entropy_law.traces.stats import draft_stats as _draft_stats
 from entropy_law.traces.validation import check_run, check_values
 
 _AUTO_KEYS = ("format", "format_version", "status", "package_version", "start_time", "end_time", "quarantined")
+_LOCK_CHECK_EVERY_S = 1.0  # during a request, the writer looks at its lock file at most this often
 _MAX_NAME_TRIES = 1000  # shard numbers tried when others are taken (only another writer could take them)
 _ROLE_ACCEPTED, _ROLE_CORRECTION, _ROLE_BONUS = 0, 1, 2  # indices into ROLES
 _ROLE_DICTIONARY = pa.array(ROLES, type=pa.string())
@@ -173,15 +175,26 @@ def _token_ids(token_ids, where: str) -> np.ndarray:
     return ids.astype(np.int64)
 
 
-def _policy_value_ok(value, kind: pa.DataType) -> bool:
-    """Whether ``value`` (not None) can be stored in a policy column of type ``kind`` as it is."""
+def _policy_kind(kind: pa.DataType) -> str:
     if pa.types.is_boolean(kind):
+        return "bool"
+    if pa.types.is_integer(kind):
+        return "int"
+    return "float" if pa.types.is_floating(kind) else "str"
+
+
+_POLICY_KINDS = {name: _policy_kind(SCHEMAS["rounds"].field(name).type) for name in POLICY_COLUMNS}
+
+
+def _policy_value_ok(value, kind: str) -> bool:
+    """Whether ``value`` (not None) can be stored as it is in a policy column of ``kind`` (``_POLICY_KINDS``)."""
+    if kind == "bool":
         return isinstance(value, (bool, np.bool_))
     if isinstance(value, (bool, np.bool_)):
         return False
-    if pa.types.is_integer(kind):
+    if kind == "int":
         return isinstance(value, numbers.Integral) and -_INT32_MAX - 1 <= int(value) <= _INT32_MAX
-    if pa.types.is_floating(kind):
+    if kind == "float":
         return isinstance(value, numbers.Real) and not abs(float(value)) > _FLOAT32_MAX
     return isinstance(value, str)
 
@@ -193,13 +206,13 @@ def _checked_policy(policy, where: str) -> dict | None:
     if not isinstance(policy, Mapping):
         raise ValueError(f"{where}: policy must be a dict of policy columns {list(POLICY_COLUMNS)}; "
                          f"got {type(policy).__name__}")
-    unknown = set(policy) - set(POLICY_COLUMNS)
+    unknown = [key for key in policy if key not in _POLICY_KINDS]
     if unknown:
         raise ValueError(f"{where}: unknown policy column(s) {sorted(unknown, key=str)}; known: {list(POLICY_COLUMNS)}")
     for key, value in policy.items():
-        kind = SCHEMAS["rounds"].field(key).type
-        if value is not None and not _policy_value_ok(value, kind):
-            raise ValueError(f"{where}: policy[{key!r}] must be a {kind} value (or None: null); got {value!r}")
+        if value is not None and not _policy_value_ok(value, _POLICY_KINDS[key]):
+            raise ValueError(f"{where}: policy[{key!r}] must be a {SCHEMAS['rounds'].field(key).type} value (or None: "
+                             f"null); got {value!r}")
     return dict(policy)
 
 
@@ -342,6 +355,7 @@ class TraceRecorder:
         self._lock: dict | None = None  # set once this writer holds writer.lock
         self._lock_seen: tuple | None = None  # (inode, mtime, size) of that lock file, for the per-call check
         self._lost: str | None = None  # why this writer stopped, once its lock was removed or taken
+        self._lock_checked_at = 0.0  # time.monotonic() of the last per-call lock check
         self._pending: list[_OpenRequest] = []
         self._finished = False
         if overwrite and resume:
@@ -351,6 +365,7 @@ class TraceRecorder:
         if flush_every_requests is not None and int(flush_every_requests) < 1:
             raise ValueError(f"flush_every_requests must be >= 1 (or None: by rounds only); got {flush_every_requests}")
         self.path = Path(path)
+        self._lock_file = os.fspath(self.path / LOCK_FILE)
         self.flush_every_rounds = int(flush_every_rounds)
         self.flush_every_requests = None if flush_every_requests is None else int(flush_every_requests)
         reserved = sorted(set(run_metadata) & set(_AUTO_KEYS))
@@ -538,17 +553,23 @@ class TraceRecorder:
     def _lock_file_identity(self) -> tuple | None:
         """(inode, mtime, size) of ``writer.lock``, or None where it is gone: what the per-call check compares."""
         try:
-            info = os.stat(self.path / LOCK_FILE)
+            info = os.stat(self._lock_file)
         except OSError:
             return None
         return info.st_ino, info.st_mtime_ns, info.st_size
 
-    def _check_lock_quickly(self, when: str) -> None:
-        """Before each request and round: one ``stat`` of ``writer.lock``; where the file changed, the full check
-        (``_check_lock_held``), so that a writer whose lock was removed or taken stops at once, not at its next
-        shard (it would decode for nothing, and never write what it decoded)."""
-        if self._lost is None and self._lock is not None and self._lock_file_identity() == self._lock_seen:
-            return
+    def _check_lock_quickly(self, when: str, *, every_s: float = 0.0) -> None:
+        """One ``stat`` of ``writer.lock`` (at most once per ``every_s`` seconds); where the file changed, the full
+        check (``_check_lock_held``). Before each request and (each second) during one, so that a writer whose lock
+        was removed or taken stops at once, not at its next shard (it would decode for nothing, and never write
+        what it decoded)."""
+        if self._lost is None and self._lock is not None:
+            now = time.monotonic()
+            if now - self._lock_checked_at < every_s:
+                return
+            if self._lock_file_identity() == self._lock_seen:
+                self._lock_checked_at = now
+                return
         self._check_lock_held(when)
 
     def _check_lock_held(self, when: str = "before writing a shard") -> None:
@@ -643,7 +664,7 @@ class TraceRecorder:
         ``rounds`` table; missing keys and ``None``: null).
         """
         self._check_live()
-        self._check_lock_quickly(f"at round {round_index} of request {request_id!r}")
+        self._check_lock_quickly(f"at round {round_index} of request {request_id!r}", every_s=_LOCK_CHECK_EVERY_S)
         req = self._request(request_id)
         # Every check comes before the request's buffers change: a refused round leaves the recorder as it was.
         where = f"log_round(request {request_id!r}, round {round_index})"
