@@ -597,7 +597,8 @@ class TraceRecorder:
         self._lock = None
         self._lost = (f"trace run {self.path}: {what}. This writer stopped {when} so that two writers never share "
                       f"a run: the {len(self._completed)} request(s) already written are kept; not written: "
-                      f"{len(pending)} request(s) {pending[:10]}{' ...' if len(pending) > 10 else ''}. {advice}")
+                      + (f"{len(pending)} request(s) {pending[:10]}{' ...' if len(pending) > 10 else ''}" if pending
+                         else "none") + f". {advice}")
         raise RunLockLostError(self._lost)
 
     @property
