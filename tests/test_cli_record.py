@@ -125,7 +125,7 @@ def test_record_writes_greedy_traces_and_skips_bad_prompts(model_folder, task_fi
     assert (rounds["tree_nodes"] <= 6).all()
 
 
-def test_resume_after_an_interruption_and_refusals(model_folder, task_file, tmp_path, monkeypatch):
+def test_resume_after_an_interruption_and_refusals(model_folder, task_file, tmp_path, monkeypatch, capsys):
     from entropy_law.decoding import decoder as decoder_module
 
     out = tmp_path / "run"
@@ -139,8 +139,12 @@ def test_resume_after_an_interruption_and_refusals(model_folder, task_file, tmp_
         return original(self, prompt, **kwargs)
 
     monkeypatch.setattr(decoder_module.SpeculativeDecoder, "generate", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        record(model_folder, task_file, out, "--drafter", "ar")
+    capsys.readouterr()
+    assert record(model_folder, task_file, out, "--drafter", "ar") == 130  # Ctrl-C: one line, no traceback
+    err = capsys.readouterr().err
+    assert err.endswith(f"entropy-law record: interrupted; {out} keeps 2 finished prompt(s), the prompt being "
+                        "decoded was not recorded; to go on, run the same command with --resume (it skips the "
+                        "prompts already recorded)\n") and "Traceback" not in err
     monkeypatch.setattr(decoder_module.SpeculativeDecoder, "generate", original)
     meta = json.loads((out / "run.json").read_text())
     assert meta["status"] != "complete"

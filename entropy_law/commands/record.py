@@ -138,6 +138,7 @@ def run(args) -> int:
     from entropy_law.jobs.record import chat_prompt, check_run_dir, logger, prompt_encoder, record_arms
     from entropy_law.prompts.image import is_image_task_file, load_image_tasks
     from entropy_law.prompts.text import load_tasks
+    from entropy_law.traces.recorder import RunLockLostError
 
     if not logging.getLogger().handlers and not logger.handlers:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
@@ -195,11 +196,31 @@ def run(args) -> int:
             desc="record", policy=policy,
             run_metadata={"verify_cost_ratio": args.verify_cost_ratio, "chat_template": not args.no_chat_template,
                           "tasks": str(args.tasks), **({"policy": policy} if policy is not None else {})})
-    except ValueError as err:  # the recorder's advice (resume=True, ...) in this command's options
+    except (ValueError, RunLockLostError) as err:  # the recorder's advice (resume=True, ...) in our options
         raise ValueError(_cli_words(str(err))) from err
+    except KeyboardInterrupt:  # the recorder has written every finished prompt and let the run go
+        raise KeyboardInterrupt(_interrupted(out, args)) from None
     arm = recorded[spec.name]
     _print_summary(args.out, arm)
     return 1 if arm.counts["failed"] else 0
+
+
+def _interrupted(out: Path, args) -> str:
+    """What an interrupted ``record`` kept (the finished prompts in the run's shards) and how to go on."""
+    import pyarrow.parquet as pq
+
+    from entropy_law.traces.layout import RUN_FILE, shard_dirs, table_file
+
+    if not (out / RUN_FILE).exists():
+        return f"nothing was recorded into {out}; run the same command again"
+    try:
+        kept = str(sum(pq.read_metadata(shard / table_file("requests")).num_rows for shard in shard_dirs(out)))
+    except (OSError, ValueError):  # an unreadable shard: the next --resume says which
+        kept = "the"
+    how = "the same command" + ("" if args.resume else " with --resume" if not args.overwrite
+                               else " with --resume in place of --overwrite")
+    return (f"{out} keeps {kept} finished prompt(s), the prompt being decoded was not recorded; to go on, run "
+            f"{how} (it skips the prompts already recorded)")
 
 
 def _cli_words(message: str) -> str:

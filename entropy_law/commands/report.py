@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+REPORT_OUTPUTS = ("report.html", "report.md", "figures")  # what a report writes into --out (jobs.report)
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
@@ -29,6 +31,7 @@ def register(subparsers) -> None:
     p.add_argument("--results-md", default=None, metavar="FILE",
                    help="also write the README results section (Markdown table) to FILE")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--overwrite", action="store_true", help="replace a report already in --out (and --results-md)")
     p.add_argument("--out-of-core", action="store_true",
                    help="runs larger than memory (DuckDB over the shards): per-category results, the law per arm "
                         "and one figure (docs/out-of-core.md)")
@@ -59,6 +62,7 @@ def run(args) -> int:
         raise ValueError("--memory-limit is a setting of --out-of-core: add --out-of-core, or drop it")
     if args.out_of_core:
         return _run_out_of_core(args)
+    _check_outputs(args)
     if not args.no_memory_check:  # refuse before reading, rather than be killed for memory half way
         from entropy_law.law.outofcore import check_fits_in_memory
 
@@ -96,9 +100,20 @@ def _run_out_of_core(args) -> int:
         raise ValueError(f"{', '.join(given)}: not with --out-of-core, which fits the law and summarises the "
                          "categories only (speed, LOCO and the law comparison need the rows in memory): drop them, "
                          "or run without --out-of-core on a subset of the runs")
+    _check_outputs(args)
     # the runs' metadata and file lists only: the rows stay on disk
     traces = load_traces(args.traces, validate=False)
     path = write_report_out_of_core(traces, args.out, fmt=args.format, family=args.family,
                                     source=" ".join(args.traces), memory_limit=args.memory_limit)
     print(f"report: {path}")
     return 0
+
+
+def _check_outputs(args) -> None:
+    """Before any reading or fitting: ``--out`` must be a folder (or not exist yet) without a report in it, and
+    ``--results-md`` a file that does not exist, unless ``--overwrite``."""
+    from entropy_law.cli import check_output_file, check_output_folder
+
+    check_output_folder(args.out, REPORT_OUTPUTS, overwrite=args.overwrite)
+    if args.results_md:
+        check_output_file(args.results_md, overwrite=args.overwrite, option="--results-md")

@@ -49,7 +49,7 @@ from entropy_law.decoding.round import DEFAULT_VERIFY_COST_RATIO
 from entropy_law.jobs.arms import AR_DRAFTER_ID, AR_TREE_POLICY, ArmSpec, make_drafter
 from entropy_law.jobs.speed import Timing, draft_calls, round_cost
 from entropy_law.traces.layout import RUN_FILE, read_run_json
-from entropy_law.traces.recorder import TraceRecorder
+from entropy_law.traces.recorder import RunLockLostError, TraceRecorder
 
 logger = logging.getLogger("entropy_law.record")
 
@@ -371,6 +371,8 @@ def _decode(arm: _Arm, task, prompt_ids: list, extra: dict, max_new_tokens: int,
         generated = arm.decoder.generate(prompt_ids, max_new_tokens=max_new_tokens, category=task.category,
                                          request_id=task.request_id, dataset=task.dataset,
                                          question_id=task.question_id, **extra)
+    except RunLockLostError:  # the run's, not the request's: stop at once
+        raise
     except Exception as err:  # with keep_going, never abort the run for one request
         if not keep_going:
             raise

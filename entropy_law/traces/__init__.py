@@ -12,13 +12,14 @@ Depends on numpy, pyarrow and pandas only; never imports torch, so any engine ca
 
 from entropy_law.traces.reader import TraceSet, load_traces
 from entropy_law.traces.recorder import TraceRecorder
-from entropy_law.traces.recorder import RunLockedError
+from entropy_law.traces.recorder import RunLockedError, RunLockLostError
 from entropy_law.traces.schema import FORMAT_VERSION
 from entropy_law.traces.stats import TARGET_STAT_KEYS, draft_stats, target_stats_from_logits
 from entropy_law.traces.validation import TraceValidationError
 
 __all__ = [
     "FORMAT_VERSION",
+    "RunLockLostError",
     "RunLockedError",
     "TARGET_STAT_KEYS",
     "TraceRecorder",

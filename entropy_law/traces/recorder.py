@@ -17,9 +17,12 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import math
+import numbers
+import operator
 import os
 import shutil
 import subprocess
+import time
 import uuid
 import warnings
 from pathlib import Path
@@ -69,6 +72,7 @@ from entropy_law.traces.stats import draft_stats as _draft_stats
 from entropy_law.traces.validation import check_run, check_values
 
 _AUTO_KEYS = ("format", "format_version", "status", "package_version", "start_time", "end_time", "quarantined")
+_LOCK_CHECK_EVERY_S = 1.0  # during a request, the writer looks at its lock file at most this often
 _MAX_NAME_TRIES = 1000  # shard numbers tried when others are taken (only another writer could take them)
 _ROLE_ACCEPTED, _ROLE_CORRECTION, _ROLE_BONUS = 0, 1, 2  # indices into ROLES
 _ROLE_DICTIONARY = pa.array(ROLES, type=pa.string())
@@ -116,6 +120,101 @@ def _explain_target_stats(stats: np.ndarray, where: str) -> None:
 
 class RunLockedError(FileExistsError):
     """Another writer holds the run (``writer.lock`` names it), or a stale lock is there and was not broken."""
+
+
+class RunLockLostError(RuntimeError):
+    """This writer's ``writer.lock`` was removed or replaced while it wrote: it stops rather than share the run."""
+
+
+_INT32_MAX = int(np.iinfo(np.int32).max)
+_INT16_MAX = int(np.iinfo(np.int16).max)
+_FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _integer(value, name: str, where: str, *, low: int = 0, high: int = _INT32_MAX) -> int:
+    """``value`` as an int in ``[low, high]`` (the column's range), or the ValueError that says why not: a
+    non-integral number (1.5) is refused, never truncated; an integral float (3.0) is taken."""
+    if isinstance(value, (bool, np.bool_)):
+        raise ValueError(f"{where}: {name} must be an integer; got {value!r}")
+    try:
+        number = operator.index(value)
+    except TypeError:
+        try:
+            as_float = float(value)
+        except (TypeError, ValueError):
+            raise ValueError(f"{where}: {name} must be an integer; got {value!r}") from None
+        if not as_float.is_integer():
+            raise ValueError(f"{where}: {name} must be an integer; got {value!r}") from None
+        number = int(as_float)
+    if not low <= number <= high:
+        raise ValueError(f"{where}: {name} must lie in [{low}, {high}]; got {number}")
+    return number
+
+
+def _milliseconds(value, name: str, where: str) -> float:
+    """``value`` as a time in ms that the float32 column holds: finite and >= 0 (else the ValueError)."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{where}: {name} must be a number of ms; got {value!r}") from None
+    if not 0 <= number <= _FLOAT32_MAX:
+        raise ValueError(f"{where}: {name} must be finite and >= 0; got {value}")
+    return number
+
+
+def _token_ids(token_ids, where: str) -> np.ndarray:
+    """The committed token ids as a flat int64 array, refused unless they are integers in [0, int32 max]: a float
+    array is refused, not truncated (token ids are vocabulary indices; floats are logits or probabilities)."""
+    ids = np.asarray(token_ids)
+    if ids.size and ids.dtype.kind not in "iu":
+        shown = ids.reshape(-1)[:8].tolist()
+        raise ValueError(f"{where}: token_ids must be integers (vocabulary indices); got {ids.dtype} values "
+                         f"{shown}{' ...' if ids.size > 8 else ''}")
+    ids = ids.reshape(-1)
+    if ids.size and (ids.min() < 0 or ids.max() > _INT32_MAX):
+        raise ValueError(f"{where}: token ids must lie in [0, {_INT32_MAX}]; got {ids.tolist()}")
+    return ids.astype(np.int64)
+
+
+def _policy_kind(kind: pa.DataType) -> str:
+    if pa.types.is_boolean(kind):
+        return "bool"
+    if pa.types.is_integer(kind):
+        return "int"
+    return "float" if pa.types.is_floating(kind) else "str"
+
+
+_POLICY_KINDS = {name: _policy_kind(SCHEMAS["rounds"].field(name).type) for name in POLICY_COLUMNS}
+
+
+def _policy_value_ok(value, kind: str) -> bool:
+    """Whether ``value`` (not None) can be stored as it is in a policy column of ``kind`` (``_POLICY_KINDS``)."""
+    if kind == "bool":
+        return isinstance(value, (bool, np.bool_))
+    if isinstance(value, (bool, np.bool_)):
+        return False
+    if kind == "int":
+        return isinstance(value, numbers.Integral) and -_INT32_MAX - 1 <= int(value) <= _INT32_MAX
+    if kind == "float":
+        return isinstance(value, numbers.Real) and not abs(float(value)) > _FLOAT32_MAX
+    return isinstance(value, str)
+
+
+def _checked_policy(policy, where: str) -> dict | None:
+    """The round's policy columns as a dict (a copy), or the ValueError naming the key that cannot be stored."""
+    if policy is None:
+        return None
+    if not isinstance(policy, Mapping):
+        raise ValueError(f"{where}: policy must be a dict of policy columns {list(POLICY_COLUMNS)}; "
+                         f"got {type(policy).__name__}")
+    unknown = [key for key in policy if key not in _POLICY_KINDS]
+    if unknown:
+        raise ValueError(f"{where}: unknown policy column(s) {sorted(unknown, key=str)}; known: {list(POLICY_COLUMNS)}")
+    for key, value in policy.items():
+        if value is not None and not _policy_value_ok(value, _POLICY_KINDS[key]):
+            raise ValueError(f"{where}: policy[{key!r}] must be a {SCHEMAS['rounds'].field(key).type} value (or None: "
+                             f"null); got {value!r}")
+    return dict(policy)
 
 
 def _check_target(path: Path, *, resume: bool, overwrite: bool) -> dict | None:
@@ -255,6 +354,9 @@ class TraceRecorder:
                  flush_every_rounds: int = 1000, flush_every_requests: int | None = None,
                  break_lock: bool = False, absent_means: Mapping | None = None, **run_metadata):
         self._lock: dict | None = None  # set once this writer holds writer.lock
+        self._lock_seen: tuple | None = None  # (inode, mtime, size) of that lock file, for the per-call check
+        self._lost: str | None = None  # why this writer stopped, once its lock was removed or taken
+        self._lock_checked_at = 0.0  # time.monotonic() of the last per-call lock check
         self._pending: list[_OpenRequest] = []
         self._finished = False
         if overwrite and resume:
@@ -264,6 +366,7 @@ class TraceRecorder:
         if flush_every_requests is not None and int(flush_every_requests) < 1:
             raise ValueError(f"flush_every_requests must be >= 1 (or None: by rounds only); got {flush_every_requests}")
         self.path = Path(path)
+        self._lock_file = os.fspath(self.path / LOCK_FILE)
         self.flush_every_rounds = int(flush_every_rounds)
         self.flush_every_requests = None if flush_every_requests is None else int(flush_every_requests)
         reserved = sorted(set(run_metadata) & set(_AUTO_KEYS))
@@ -292,6 +395,7 @@ class TraceRecorder:
             (self.path / LOCK_FILE).unlink(missing_ok=True)
         try:
             self._lock = create_lock(self.path)
+            self._lock_seen = self._lock_file_identity()
         except FileExistsError:
             holder = read_lock(self.path)
             raise RunLockedError(f"{self.path}: another writer took the run just now "
@@ -416,6 +520,8 @@ class TraceRecorder:
         if exc_type is None:
             self.finish()
             return False
+        if self._lost is not None:  # it cannot write (its error names what was not written)
+            return False
         try:
             self.flush()
         except Exception as flush_err:  # never hide the original error behind a flush failure
@@ -445,19 +551,56 @@ class TraceRecorder:
                 pass
             self._lock = None
 
-    def _check_lock_held(self) -> None:
-        """Refuse to write once this writer no longer holds the run's lock (it was broken and taken)."""
+    def _lock_file_identity(self) -> tuple | None:
+        """(inode, mtime, size) of ``writer.lock``, or None where it is gone: what the per-call check compares."""
+        try:
+            info = os.stat(self._lock_file)
+        except OSError:
+            return None
+        return info.st_ino, info.st_mtime_ns, info.st_size
+
+    def _check_lock_quickly(self, when: str, *, every_s: float = 0.0) -> None:
+        """One ``stat`` of ``writer.lock`` (at most once per ``every_s`` seconds); where the file changed, the full
+        check (``_check_lock_held``). Before each request and (each second) during one, so that a writer whose lock
+        was removed or taken stops at once, not at its next shard (it would decode for nothing, and never write
+        what it decoded)."""
+        if self._lost is None and self._lock is not None:
+            now = time.monotonic()
+            if now - self._lock_checked_at < every_s:
+                return
+            if self._lock_file_identity() == self._lock_seen:
+                self._lock_checked_at = now
+                return
+        self._check_lock_held(when)
+
+    def _check_lock_held(self, when: str = "before writing a shard") -> None:
+        """Refuse to write once this writer no longer holds the run's lock (removed, or broken and taken):
+        ``RunLockLostError``, saying what happened, what was kept and not written, and what to do."""
+        if self._lost is not None:
+            raise RunLockLostError(self._lost)
         if self._lock is None:
             raise RuntimeError(f"trace run {self.path}: this recorder no longer holds the run (its lock was "
                                "released); open a new TraceRecorder (resume=True) to add to it")
         current = read_lock(self.path)
-        if current is None or current.get("token") != self._lock["token"]:
-            pending = sorted(r.request_id for r in self._pending)
-            who = describe_holder(current) if current else "nobody (the lock file was deleted)"
-            self._lock = None
-            raise RuntimeError(f"trace run {self.path}: this writer's lock was broken; the run is now held by "
-                               f"{who}. Stopping so that two writers never share a run; ended requests not "
-                               f"written: {pending[:10]}{' ...' if len(pending) > 10 else ''}")
+        if current is not None and current.get("token") == self._lock["token"]:
+            self._lock_seen = self._lock_file_identity()  # the same holder (the file was touched, not taken)
+            return
+        pending = sorted(r.request_id for r in self._pending) + sorted(self._open)
+        lock = self.path / LOCK_FILE
+        if current is None:
+            what = (f"its lock file {lock} was removed while this writer held the run (by hand or by a cleanup "
+                    "script)")
+            advice = (f"Check that no other writer records into {self.path} now, then resume the run "
+                      "(resume=True)")
+        else:
+            what = f"this writer's lock was broken; the run is now held by {describe_holder(current)} ({lock})"
+            advice = f"Let that writer finish, or stop it and resume the run (resume=True, break_lock=True)"
+        self._lock = None
+        self._lost = (f"trace run {self.path}: {what}. This writer stopped {when} so that two writers never share "
+                      f"a run: the {len(self._completed)} request(s) already written are kept; not written: "
+                      + (f"{len(pending)} request(s) {pending[:10]}{' ...' if len(pending) > 10 else ''}" if pending
+                         else "none") + f". {advice}")
+        raise RunLockLostError(self._lost)
 
     @property
     def completed_requests(self) -> frozenset[str]:
@@ -465,6 +608,8 @@ class TraceRecorder:
         return frozenset(self._completed)
 
     def _check_live(self) -> None:
+        if self._lost is not None:
+            raise RunLockLostError(self._lost)
         if self._finished:
             raise RuntimeError(f"trace run {self.path} is finished; open a new TraceRecorder (resume=True) to add to it")
 
@@ -477,6 +622,7 @@ class TraceRecorder:
         self._check_live()
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty string; got {request_id!r}")
+        self._check_lock_quickly(f"before request {request_id!r}")
         if request_id in self._completed:
             raise ValueError(f"request {request_id!r} is already complete in run {self.run_id}; "
                              "skip ids in recorder.completed_requests when resuming")
@@ -484,9 +630,9 @@ class TraceRecorder:
             raise ValueError(f"duplicate request id {request_id!r}: it was already begun in this run")
         if not isinstance(category, str) or not category:
             raise ValueError(f"category of request {request_id!r} must be a non-empty string; got {category!r}")
-        for name, value in (("prompt_tokens", prompt_tokens), ("image_tokens", image_tokens)):
-            if int(value) < 0:
-                raise ValueError(f"{name} of request {request_id!r} must be >= 0; got {value}")
+        where = f"begin_request({request_id!r})"
+        prompt_tokens = _integer(prompt_tokens, "prompt_tokens", where)
+        image_tokens = _integer(image_tokens, "image_tokens", where)
         ids = None
         if prompt_ids is not None:
             ids = np.asarray(prompt_ids)
@@ -495,7 +641,7 @@ class TraceRecorder:
             ids = ids.astype(np.int64)
         self._open[request_id] = _OpenRequest(request_id, {
             "category": category, "dataset": str(dataset), "question_id": str(question_id),
-            "prompt_tokens": int(prompt_tokens), "image_tokens": int(image_tokens)}, ids)
+            "prompt_tokens": prompt_tokens, "image_tokens": image_tokens}, ids)
 
     def _request(self, request_id) -> _OpenRequest:
         req = self._open.get(request_id)
@@ -520,23 +666,26 @@ class TraceRecorder:
         ``rounds`` table; missing keys and ``None``: null).
         """
         self._check_live()
+        self._check_lock_quickly(f"at round {round_index} of request {request_id!r}", every_s=_LOCK_CHECK_EVERY_S)
         req = self._request(request_id)
+        # Every check comes before the request's buffers change: a refused round leaves the recorder as it was.
         where = f"log_round(request {request_id!r}, round {round_index})"
-        round_index = int(round_index)
-        start_position, context_len = int(start_position), int(context_len)
-        block_size, tree_nodes, tree_depth = int(block_size), int(tree_nodes), int(tree_depth)
-        accepted = int(accepted)
-        ids = np.asarray(token_ids, dtype=np.int64).reshape(-1)
+        round_index = _integer(round_index, "round_index", where)
+        start_position = _integer(start_position, "start_position", where)
+        context_len = _integer(context_len, "context_len", where)
+        block_size = _integer(block_size, "block_size", where, low=1, high=_INT16_MAX)
+        tree_nodes = _integer(tree_nodes, "tree_nodes", where)
+        tree_depth = _integer(tree_depth, "tree_depth", where, high=_INT16_MAX)
+        accepted = _integer(accepted, "accepted", where, high=_INT16_MAX)
+        ids = _token_ids(token_ids, where)
         committed = len(ids)
         if round_index <= req.last_round:
             raise ValueError(f"{where}: round_index must increase within a request (last was {req.last_round})")
         if start_position < req.next_position:
             raise ValueError(f"{where}: start_position {start_position} overlaps tokens already logged "
                              f"(next free output position is {req.next_position})")
-        if context_len < 0:
-            raise ValueError(f"{where}: context_len must be >= 0; got {context_len}")
-        if block_size < 1:
-            raise ValueError(f"{where}: block_size must be >= 1; got {block_size}")
+        if start_position + committed > _INT32_MAX:
+            raise ValueError(f"{where}: output positions up to {start_position + committed} exceed {_INT32_MAX}")
         if not 0 <= tree_depth <= block_size - 1:
             raise ValueError(f"{where}: tree_depth {tree_depth} must lie in [0, block_size - 1 = {block_size - 1}]")
         if tree_nodes < tree_depth:
@@ -549,11 +698,9 @@ class TraceRecorder:
         if committed == accepted + 1 and accepted == tree_depth and not ends_at_leaf:
             raise ValueError(f"{where}: accepted == tree_depth == {tree_depth}, so the path ends at a leaf; "
                              "ends_at_leaf must be True (the last token is a bonus)")
-        if committed and ids.min() < 0:
-            raise ValueError(f"{where}: negative token id in {ids.tolist()}")
-        for name, value in (("draft_ms", draft_ms), ("verify_ms", verify_ms), ("overhead_ms", overhead_ms)):
-            if not value >= 0 or value == float("inf"):
-                raise ValueError(f"{where}: {name} must be finite and >= 0; got {value}")
+        times = tuple(_milliseconds(value, name, where) for name, value in
+                      (("draft_ms", draft_ms), ("verify_ms", verify_ms), ("overhead_ms", overhead_ms)))
+        policy = _checked_policy(policy, where)
 
         if (target_logits is None) == (target_stats is None):
             raise ValueError(f"{where}: give exactly one of target_logits ([committed, V]) or target_stats (dict)")
@@ -563,6 +710,8 @@ class TraceRecorder:
                 raise ValueError(f"{where}: target_logits must have shape [committed={committed}, V]; got {shape}")
             computed = target_stats_from_logits(target_logits)
             stats = np.stack([computed[k] for k in TARGET_STAT_KEYS])
+            if not _target_stats_ok(stats):
+                _explain_target_stats(stats, where)
         else:
             if not isinstance(target_stats, dict):
                 raise TypeError(f"{where}: target_stats must be a dict with keys {list(TARGET_STAT_KEYS)}")
@@ -599,15 +748,11 @@ class TraceRecorder:
         if committed == accepted + 1:
             roles[-1] = _ROLE_BONUS if ends_at_leaf else _ROLE_CORRECTION
         req.rounds.append((round_index, start_position, context_len, block_size, tree_nodes, tree_depth,
-                           accepted, committed, float(draft_ms), float(verify_ms), float(overhead_ms)))
+                           accepted, committed, *times))
         req.token_ids.append(ids)
         req.stats.append(stats)
         req.draft.append(draft)
         req.roles.append(roles)
-        if policy is not None:
-            unknown = set(policy) - set(POLICY_COLUMNS)
-            if unknown:
-                raise ValueError(f"{where}: unknown policy column(s) {sorted(unknown)}; known: {list(POLICY_COLUMNS)}")
         req.policy.append(policy)
         req.last_round = round_index
         req.next_position = start_position + committed
@@ -646,16 +791,16 @@ class TraceRecorder:
         where = f"end_request({request_id!r})"
         if stop_reason not in STOP_REASONS:
             raise ValueError(f"{where}: stop_reason must be one of {list(STOP_REASONS)}; got {stop_reason!r}")
-        if int(new_tokens) < req.next_position:
+        new_tokens = _integer(new_tokens, "new_tokens", where)
+        if new_tokens < req.next_position:
             raise ValueError(f"{where}: new_tokens {new_tokens} < {req.next_position}, the end of the last "
                              "logged round (positions count new tokens from 0)")
-        timed = (("prefill_ms", prefill_ms), ("decode_ms", decode_ms))
-        for name, value in timed + ((("decode_cpu_ms", decode_cpu_ms),) if decode_cpu_ms is not None else ()):
-            if not value >= 0 or value == float("inf"):
-                raise ValueError(f"{where}: {name} must be finite and >= 0; got {value}")
-        req.row = dict(req.info, new_tokens=int(new_tokens), rounds=len(req.rounds), stop_reason=stop_reason,
-                       prefill_ms=float(prefill_ms), decode_ms=float(decode_ms),
-                       decode_cpu_ms=None if decode_cpu_ms is None else float(decode_cpu_ms))
+        prefill_ms = _milliseconds(prefill_ms, "prefill_ms", where)
+        decode_ms = _milliseconds(decode_ms, "decode_ms", where)
+        if decode_cpu_ms is not None:
+            decode_cpu_ms = _milliseconds(decode_cpu_ms, "decode_cpu_ms", where)
+        req.row = dict(req.info, new_tokens=new_tokens, rounds=len(req.rounds), stop_reason=stop_reason,
+                       prefill_ms=prefill_ms, decode_ms=decode_ms, decode_cpu_ms=decode_cpu_ms)
         del self._open[request_id]
         self._pending.append(req)
         self._pending_rounds += len(req.rounds)
