@@ -1,26 +1,10 @@
-"""Throughput of ``entropy-law entropy`` (output tokens per second) on this machine, per batching arm.
+"""The target's entropy: its speed and cost as an input to the law.
 
-The engine run is real: requests of the n-gram reference traces (``data/traces/ngram``: Spec-Bench prompts
-through the default target's chat template, its greedy outputs, the rounds it verified) written as vLLM
-``detailed`` responses (prompt ids, output ids, per-step accepted / drafted counts) and imported with
-``entropy-law import``. Each arm computes the target statistics of that import into its own run through
-the one job (``entropy_law.jobs.entropy.compute_target_stats``), so every arm goes through the same loading,
-timing (the job's own clock: forward passes and statistics, not the import or the writing) and counting
-(output tokens scored). Arms: one forward per request (``batch_tokens=0``) and left-padded batches of
-``--batch-tokens``; with ``--sdpa`` also the per-request arm on torch's fused attention (the target is
-loaded with transformers' eager attention by default), with ``--bf16`` also the per-request arm in bfloat16 (weights and activations; the statistics stay fp32: its entropy error against the fp32 arm is printed). One warm-up request first, then
-the arms run interleaved ``--repeats`` times in a rotating order (load drifts on a shared machine hit all
-alike); the table shows the median and the range.
+Subcommands (each prints a table and ends with one JSON line):
 
-Checks printed beside the speed: that the entropies equal the decoder's recorded ones (the reference
-traces' ``target_entropy_nats``, recorded online with a KV cache; teacher forcing must agree to fp32
-round-off), that the target's argmax is the output token everywhere (greedy outputs), and the physical
-bound: FLOPs per output token (2 x body parameters x (prompt + output) / output + 2 x LM-head parameters)
-against the fp32 GEMM rate this machine reaches now.
+    python bench/entropy.py speed [ARGS]
 
-    python bench/entropy_speed.py                        # 8 requests, 3 repeats, torch's threads
-    python bench/entropy_speed.py --requests 24 --threads 1 --bf16
-Ends with ONE JSON line.
+``python bench/entropy.py SUBCOMMAND --help`` lists a subcommand's arguments.
 """
 
 from __future__ import annotations
@@ -34,10 +18,13 @@ import time
 import warnings
 from pathlib import Path
 
+import numpy as np
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
+
+# --- speed -----------------------------------------------------------------------------------------------------------
 
 REFERENCE = Path(__file__).resolve().parents[1] / "data" / "traces" / "ngram"
 
@@ -90,8 +77,8 @@ def gemm_gflops(hidden: int, inner: int, seconds: float = 1.0, dtype=torch.float
     return flop / (time.perf_counter() - start), flop / max(time.process_time() - cpu, 1e-9)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def speed_arguments(parser) -> None:
+    """The arguments of ``speed``."""
     parser.add_argument("--requests", type=int, default=8, help="requests of the reference run (default: %(default)s)")
     parser.add_argument("--repeats", type=int, default=3,
                         help="interleaved repeats of every arm (default: %(default)s)")
@@ -101,7 +88,33 @@ def main(argv=None) -> int:
     parser.add_argument("--bf16", action="store_true", help="also the per-request arm in bfloat16")
     parser.add_argument("--sdpa", action="store_true", help="also the per-request arm on torch's sdpa attention")
     parser.add_argument("--seed", type=int, default=0, help="which requests (default: %(default)s)")
-    args = parser.parse_args(argv)
+
+
+def run_speed(args, parser) -> int:
+    """Throughput of ``entropy-law entropy`` (output tokens per second) on this machine, per batching arm.
+
+    The engine run is real: requests of the n-gram reference traces (``data/traces/ngram``: Spec-Bench prompts
+    through the default target's chat template, its greedy outputs, the rounds it verified) written as vLLM
+    ``detailed`` responses (prompt ids, output ids, per-step accepted / drafted counts) and imported with
+    ``entropy-law import``. Each arm computes the target statistics of that import into its own run through
+    the one job (``entropy_law.jobs.entropy.compute_target_stats``), so every arm goes through the same loading,
+    timing (the job's own clock: forward passes and statistics, not the import or the writing) and counting
+    (output tokens scored). Arms: one forward per request (``batch_tokens=0``) and left-padded batches of
+    ``--batch-tokens``; with ``--sdpa`` also the per-request arm on torch's fused attention (the target is
+    loaded with transformers' eager attention by default), with ``--bf16`` also the per-request arm in bfloat16 (weights and activations; the statistics stay fp32: its entropy error against the fp32 arm is printed). One warm-up request first, then
+    the arms run interleaved ``--repeats`` times in a rotating order (load drifts on a shared machine hit all
+    alike); the table shows the median and the range.
+
+    Checks printed beside the speed: that the entropies equal the decoder's recorded ones (the reference
+    traces' ``target_entropy_nats``, recorded online with a KV cache; teacher forcing must agree to fp32
+    round-off), that the target's argmax is the output token everywhere (greedy outputs), and the physical
+    bound: FLOPs per output token (2 x body parameters x (prompt + output) / output + 2 x LM-head parameters)
+    against the fp32 GEMM rate this machine reaches now.
+
+        python bench/entropy.py speed                        # 8 requests, 3 repeats, torch's threads
+        python bench/entropy.py speed --requests 24 --threads 1 --bf16
+    Ends with ONE JSON line.
+    """
     if not (REFERENCE / "run.json").is_file():
         print(f"no reference traces at {REFERENCE}; this bench needs them", file=sys.stderr)
         return 2
@@ -207,5 +220,24 @@ def main(argv=None) -> int:
     return 0
 
 
+COMMANDS = {  # subcommand: (adds its arguments, runs it)
+    "speed": (speed_arguments, run_speed),
+}
+
+
+def main(argv=None):
+    """Runs one subcommand with its arguments; returns what it returns."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    subcommands = parser.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
+    parsers = {}
+    for name, (arguments, run) in COMMANDS.items():
+        parsers[name] = subcommands.add_parser(name, help=run.__doc__.splitlines()[0].replace("%", "%%"),
+                                               description=run.__doc__.split("\n\n")[0])
+        arguments(parsers[name])
+    args = parser.parse_args(argv)
+    return COMMANDS[args.subcommand][1](args, parsers[args.subcommand])
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    result = main()
+    sys.exit(result if isinstance(result, int) else 0)

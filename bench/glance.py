@@ -1,42 +1,10 @@
-"""GLANCE's draftability law against our primary law, round by round, leave-one-category-out (#20).
+"""GLANCE's law beside ours, per arm, held out by category.
 
-The primary law is ``entropy_law.law.analysis.DEFAULT_FAMILY`` (read at run time through
-``entropy_law.plots.glance.primary_family``; ``law_exp_obs_ceil`` when this was written). For every drafting arm
-of the traces (default ``data/traces``; the AR arm drafts nothing and is skipped):
+Subcommands (each prints a table and ends with one JSON line):
 
-1. GLANCE's law as GLANCE fits it (code form, per category and pooled, in sample): b0, b1, r2_curve,
-   r2_round / r2_ceiling, Spearman rho and holds().
-2. Leave-one-category-out, per drafting round (H = the root entropy, a = accepted drafts): for each category,
-   each law is fitted without it and predicts the accepted drafts of every one of its rounds:
-   - ``glance``: GLANCE's law, code form, E[a | H] = min(exp(b0 - b1 H), 15);
-   - ``glance_readme``: GLANCE's law, README form, p + ... + p^15;
-   - PRIMARY: our primary law, E[tau] = sum_k prod_{j<=k} a(x_{t+j-1}, j) over the round's drafted depth D
-     (``tree_depth``, known before verification), along the entropies of the greedy output
-     (``glance.law_round_expectations``);
-     The entropies at depths 2..D are those of positions the round has not reached yet: they describe the
-     round (as the law does), they are not all known before it;
-   - PRIMARY_root: the same law with the root entropy at every depth (GLANCE's information, plus D): what a
-     prediction made before the round can use (printed beside the goals, not a goal);
-   - ``law_exp``: the first primary law, for reference (not a goal);
-   - ``law_exp_obs_ceil_copy`` (and ``_root``): law_exp_obs_ceil + the context's copyability before each position
-     (tokens column ``context_match``, attached from the prompts to runs recorded without it; ``--no-context-match``
-     leaves it out), with its goal lines; with ``--drafter-aware`` also ``law_exp_obs_ceil_drafttop_copy``;
-   - ``law_exp_obs_ceil_top1`` and ``law_exp_obs_ceil_top1_copy`` (and ``_root``): law_exp_obs_ceil + the target's
-     own top-1 probability at each position (tokens column ``target_top1_prob``), without and with the
-     copyability; with ``--drafter-aware`` also ``law_exp_obs_ceil_drafttop_top1_copy`` (``COVARIATE_LAWS``).
-   Scores (``glance.round_scores``): per-round MSE, |mean predicted - mean observed| per category (mean
-   over categories: ``cat_mae``), r2_curve (bin means of the predictions against bin means of a, 10
-   root-entropy quantile bins), r2_round / r2_ceiling and GLANCE's holds() (slope: every fold's b1 or k).
-   Ratios come with 95% intervals from 1000 request-bootstrap replicates (requests resampled within each
-   category, seeded).
-3. The issue's goals, per arm: the primary law's per-round MSE at least 15% below GLANCE's (both forms) and
-   its category-mean error at most half of GLANCE's; and every place where a GLANCE form does at least as well.
+    python bench/glance.py law [ARGS]
 
-``--glance-log FILE.jsonl`` also fits GLANCE's law to one of GLANCE's round logs (our law needs per-depth
-entropies, which those logs do not hold). Prints tables and ends with one JSON line; a few minutes on one core
-(shared machine).
-
-    OMP_NUM_THREADS=1 python bench/glance_law.py [--traces data/traces] [--glance-log rounds.jsonl]
+``python bench/glance.py SUBCOMMAND --help`` lists a subcommand's arguments.
 """
 
 from __future__ import annotations
@@ -59,6 +27,9 @@ from entropy_law.law.glance import (category_frame, fit_glance, glance_rounds, l
                                     read_glance_rounds, round_scores)
 from entropy_law.plots.glance import glance_wins, loco_ours, primary_family  # noqa: E402
 from entropy_law.traces.reader import load_traces  # noqa: E402
+
+
+# --- law -------------------------------------------------------------------------------------------------------------
 
 GOAL_MSE_REDUCTION = 0.15  # the primary law's per-round MSE at least this far below GLANCE's
 GOAL_CATEGORY_RATIO = 0.5  # the primary law's category-mean error at most this share of GLANCE's
@@ -166,7 +137,7 @@ def ratio_intervals(rounds: pd.DataFrame, ours: np.ndarray, theirs: np.ndarray, 
 
 def goal_lines(entry: dict, ours: str, scores: dict, predictions: dict, rounds: pd.DataFrame, *,
                indent: str = "") -> bool:
-    """Print law ``ours`` against both GLANCE forms (the issue's goals, with request-bootstrap intervals), fill
+    """Print law ``ours`` against both GLANCE forms (the goals, with request-bootstrap intervals), fill
     ``entry["vs_<form>"]``; whether both goals are met against both forms."""
     goal = True
     for name in GLANCE_FORMS:
@@ -216,8 +187,8 @@ def table(scores: dict) -> pd.DataFrame:
                          for name, s in scores.items()}).T[COLUMNS]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def law_arguments(parser) -> None:
+    """The arguments of ``law``."""
     parser.add_argument("--traces", default="data/traces", help="trace folder (default: the shipped reference traces)")
     parser.add_argument("--glance-log", default=None, help="also fit GLANCE's law to this GLANCE round log (JSONL)")
     parser.add_argument("--drafter-aware", action="store_true",
@@ -231,7 +202,49 @@ def main() -> None:
     parser.add_argument("--no-context-match", action="store_true",
                         help=f"leave out {COPY_AWARE} (by default the context's copyability is attached from the "
                              "prompts to runs recorded without it, with the tokenizer of the target they name)")
-    args = parser.parse_args()
+
+
+def run_law(args, parser) -> None:
+    """GLANCE's draftability law against our primary law, round by round, leave-one-category-out.
+
+    The primary law is ``entropy_law.law.analysis.DEFAULT_FAMILY`` (read at run time through
+    ``entropy_law.plots.glance.primary_family``; ``law_exp_obs_ceil`` when this was written). For every drafting arm
+    of the traces (default ``data/traces``; the AR arm drafts nothing and is skipped):
+
+    1. GLANCE's law as GLANCE fits it (code form, per category and pooled, in sample): b0, b1, r2_curve,
+       r2_round / r2_ceiling, Spearman rho and holds().
+    2. Leave-one-category-out, per drafting round (H = the root entropy, a = accepted drafts): for each category,
+       each law is fitted without it and predicts the accepted drafts of every one of its rounds:
+       - ``glance``: GLANCE's law, code form, E[a | H] = min(exp(b0 - b1 H), 15);
+       - ``glance_readme``: GLANCE's law, README form, p + ... + p^15;
+       - PRIMARY: our primary law, E[tau] = sum_k prod_{j<=k} a(x_{t+j-1}, j) over the round's drafted depth D
+         (``tree_depth``, known before verification), along the entropies of the greedy output
+         (``glance.law_round_expectations``);
+         The entropies at depths 2..D are those of positions the round has not reached yet: they describe the
+         round (as the law does), they are not all known before it;
+       - PRIMARY_root: the same law with the root entropy at every depth (GLANCE's information, plus D): what a
+         prediction made before the round can use (printed beside the goals, not a goal);
+       - ``law_exp``: the first primary law, for reference (not a goal);
+       - ``law_exp_obs_ceil_copy`` (and ``_root``): law_exp_obs_ceil + the context's copyability before each position
+         (tokens column ``context_match``, attached from the prompts to runs recorded without it; ``--no-context-match``
+         leaves it out), with its goal lines; with ``--drafter-aware`` also ``law_exp_obs_ceil_drafttop_copy``;
+       - ``law_exp_obs_ceil_top1`` and ``law_exp_obs_ceil_top1_copy`` (and ``_root``): law_exp_obs_ceil + the target's
+         own top-1 probability at each position (tokens column ``target_top1_prob``), without and with the
+         copyability; with ``--drafter-aware`` also ``law_exp_obs_ceil_drafttop_top1_copy`` (``COVARIATE_LAWS``).
+       Scores (``glance.round_scores``): per-round MSE, |mean predicted - mean observed| per category (mean
+       over categories: ``cat_mae``), r2_curve (bin means of the predictions against bin means of a, 10
+       root-entropy quantile bins), r2_round / r2_ceiling and GLANCE's holds() (slope: every fold's b1 or k).
+       Ratios come with 95% intervals from 1000 request-bootstrap replicates (requests resampled within each
+       category, seeded).
+    3. The goals, per arm: the primary law's per-round MSE at least 15% below GLANCE's (both forms) and
+       its category-mean error at most half of GLANCE's; and every place where a GLANCE form does at least as well.
+
+    ``--glance-log FILE.jsonl`` also fits GLANCE's law to one of GLANCE's round logs (our law needs per-depth
+    entropies, which those logs do not hold). Prints tables and ends with one JSON line; a few minutes on one core
+    (shared machine).
+
+        OMP_NUM_THREADS=1 python bench/glance.py law [--traces data/traces] [--glance-log rounds.jsonl]
+    """
     started = time.time()
     primary = primary_family()
     traces = load_traces(args.traces)
@@ -331,5 +344,24 @@ def main() -> None:
                       "seconds": round(time.time() - started, 1)}, default=float))
 
 
+COMMANDS = {  # subcommand: (adds its arguments, runs it)
+    "law": (law_arguments, run_law),
+}
+
+
+def main(argv=None):
+    """Runs one subcommand with its arguments; returns what it returns."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    subcommands = parser.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
+    parsers = {}
+    for name, (arguments, run) in COMMANDS.items():
+        parsers[name] = subcommands.add_parser(name, help=run.__doc__.splitlines()[0].replace("%", "%%"),
+                                               description=run.__doc__.split("\n\n")[0])
+        arguments(parsers[name])
+    args = parser.parse_args(argv)
+    return COMMANDS[args.subcommand][1](args, parsers[args.subcommand])
+
+
 if __name__ == "__main__":
-    main()
+    result = main()
+    sys.exit(result if isinstance(result, int) else 0)

@@ -1,28 +1,11 @@
-"""Block drafter vs n-gram drafter on Spec-Bench: committed tokens per round by replay, optional online speed.
+"""Drafters compared by replay: the block drafter against the n-gram drafter, the n-gram drafter's settings.
 
-1. Greedy outputs of the default target for the first ``--per-category`` prompts of each category of
-   ``--tasks`` (Spec-Bench by default; ``open_ended`` or any task file), after skipping the first ``--offset``
-   ones (a second, unseen set), or with ``--seed S`` a seeded sample of ``--per-category`` prompts from the
-   whole of each category: either read from the
-   traces of an ``entropy-law record`` run (``--greedy-from-traces``: lossless batch-1 decoding, so
-   exact greedy outputs; features from one teacher-forced forward), or
-   generated here (chat template as the decoder; fp32, eager attention; in batches with left padding,
-   features captured on the way; cached in ``--cache``; batched fp32 greedy can differ from batch-1
-   greedy at rare near-ties, the replayed texts are then still greedy texts of the target).
-2. Replay (``entropy_law.decoding.replay.replay_rounds``), always drafting (no gate): the block drafter
-   through ``PrecomputedBlockDrafter`` (its marginals at every anchor from one pass; replay == online is
-   tested in ``tests/test_block_drafter_decoding.py``), chain and DDTree N=16; the n-gram drafter, chain
-   and DDTree N=16. Reports tau+1 (mean committed tokens per round) per category.
-3. ``--online K``: K prompts per category decoded for real (AR, block chain, block DDTree N=16, n-gram
-   DDTree N=16) with the same decoder, timers and warm-up; tokens/s and speed-up over AR. On a shared,
-   busy CPU these wall-clock numbers are noisy: read them next to the replayed tau+1.
+Subcommands (each prints a table and ends with one JSON line):
 
-    python bench/block_drafter_specbench.py --per-category 10 --max-new-tokens 256 --cache runs/specbench.st
-    python bench/block_drafter_specbench.py --offset 10 --per-category 20 --arms block --cache runs/sb-11-30.st
-    python bench/block_drafter_specbench.py --tasks open_ended --per-category 10 --arms block --cache runs/oe.st \
-        --drafter runs/new/drafter.safetensors
+    python bench/drafter.py block-vs-ngram [ARGS]
+    python bench/drafter.py ngram-replay [ARGS]
 
-Prints a table and ends with one JSON line.
+``python bench/drafter.py SUBCOMMAND --help`` lists a subcommand's arguments.
 """
 
 from __future__ import annotations
@@ -33,17 +16,20 @@ import sys
 import time
 from pathlib import Path
 
+import torch
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
-
-from entropy_law.drafters.block import BlockDrafter, default_drafter_path  # noqa: E402
-from entropy_law.drafters.training.data import chat_ids, greedy_generate_with_features  # noqa: E402
 from entropy_law.decoding.replay import PrecomputedBlockDrafter  # noqa: E402
+from entropy_law.decoding.replay import replay_rounds  # noqa: E402
+from entropy_law.drafters.block import BlockDrafter, default_drafter_path  # noqa: E402
 from entropy_law.drafters.hybrid import HybridDrafter  # noqa: E402
 from entropy_law.drafters.ngram import NgramDrafter  # noqa: E402
-from entropy_law.decoding.replay import replay_rounds  # noqa: E402
+from entropy_law.drafters.training.data import chat_ids, greedy_generate_with_features  # noqa: E402
 from entropy_law.prompts.text import load_tasks, sample_per_category  # noqa: E402
+
+
+# --- block-vs-ngram --------------------------------------------------------------------------------------------------
 
 ARMS = [("block chain", "block", "chain", None), ("block ddtree16", "block", "ddtree", 16),
         ("ngram chain", "ngram", "chain", None), ("ngram ddtree16", "ngram", "ddtree", 16),
@@ -222,8 +208,8 @@ def online_table(args, target, drafter, reqs) -> dict:
     return out
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def block_vs_ngram_arguments(parser) -> None:
+    """The arguments of ``block-vs-ngram``."""
     parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--drafter", default=None, help="checkpoint (default: the shipped one)")
     parser.add_argument("--tasks", default="spec_bench",
@@ -250,7 +236,34 @@ def main() -> None:
                              "exact greedy outputs instead of generating")
     parser.add_argument("--context-vocab", choices=("on", "off"), default=None,
                         help="override the checkpoint's context vocabulary (also draft ids already in the context)")
-    args = parser.parse_args()
+
+
+def run_block_vs_ngram(args, parser) -> None:
+    """Block drafter vs n-gram drafter on Spec-Bench: committed tokens per round by replay, optional online speed.
+
+    1. Greedy outputs of the default target for the first ``--per-category`` prompts of each category of
+       ``--tasks`` (Spec-Bench by default; ``open_ended`` or any task file), after skipping the first ``--offset``
+       ones (a second, unseen set), or with ``--seed S`` a seeded sample of ``--per-category`` prompts from the
+       whole of each category: either read from the
+       traces of an ``entropy-law record`` run (``--greedy-from-traces``: lossless batch-1 decoding, so
+       exact greedy outputs; features from one teacher-forced forward), or
+       generated here (chat template as the decoder; fp32, eager attention; in batches with left padding,
+       features captured on the way; cached in ``--cache``; batched fp32 greedy can differ from batch-1
+       greedy at rare near-ties, the replayed texts are then still greedy texts of the target).
+    2. Replay (``entropy_law.decoding.replay.replay_rounds``), always drafting (no gate): the block drafter
+       through ``PrecomputedBlockDrafter`` (its marginals at every anchor from one pass; replay == online is
+       tested in ``tests/test_block_drafter_decoding.py``), chain and DDTree N=16; the n-gram drafter, chain
+       and DDTree N=16. Reports tau+1 (mean committed tokens per round) per category.
+    3. ``--online K``: K prompts per category decoded for real (AR, block chain, block DDTree N=16, n-gram
+       DDTree N=16) with the same decoder, timers and warm-up; tokens/s and speed-up over AR. On a shared,
+       busy CPU these wall-clock numbers are noisy: read them next to the replayed tau+1.
+
+        python bench/drafter.py block-vs-ngram --per-category 10 --max-new-tokens 256 --cache runs/specbench.st
+        python bench/drafter.py block-vs-ngram --offset 10 --per-category 20 --arms block --cache runs/sb-11-30.st
+        python bench/drafter.py block-vs-ngram --tasks open_ended --per-category 10 --arms block --cache runs/oe.st         --drafter runs/new/drafter.safetensors
+
+    Prints a table and ends with one JSON line.
+    """
     args.replay_tokens = min(args.replay_tokens or args.max_new_tokens, args.max_new_tokens)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -297,5 +310,125 @@ def main() -> None:
                       "replay": results, "online": online}))
 
 
+# --- ngram-replay ----------------------------------------------------------------------------------------------------
+
+CONFIGS = [  # (label, drafter kwargs, tree, budget)
+    ("chain B6", dict(block_size=6), "chain", None),
+    ("chain B11", dict(block_size=11), "chain", None),
+    ("chain B16", dict(block_size=16), "chain", None),
+    ("chain B11 m1", dict(block_size=11, max_matches=1), "chain", None),
+    ("chain B11 p0", dict(block_size=11, min_path_prob=0.0), "chain", None),
+    ("ddtree B11 N8", dict(block_size=11), "ddtree", 8),
+    ("ddtree B11 N16", dict(block_size=11), "ddtree", 16),
+    ("ddtree B16 N16", dict(block_size=16), "ddtree", 16),
+]
+
+
+def greedy_outputs(args) -> list[dict]:
+    cache = Path(args.cache) if args.cache else None
+    if cache is not None and cache.is_file():
+        data = json.loads(cache.read_text())
+        if data.get("max_new_tokens") == args.max_new_tokens and data.get("per_category") == args.per_category:
+            return data["requests"]
+    from entropy_law.decoding.decoder import SpeculativeDecoder
+    from entropy_law.decoding.loading import load_target
+
+    target = load_target(args.model)
+    decoder = SpeculativeDecoder(target, None)
+    eos = sorted(decoder.eos_token_ids)
+    requests = []
+    for task in load_tasks("spec_bench", limit=args.per_category):
+        t0 = time.perf_counter()
+        result = decoder.generate(task.messages(), max_new_tokens=args.max_new_tokens, category=task.category,
+                                  request_id=task.request_id)
+        seconds = time.perf_counter() - t0
+        requests.append({"request_id": task.request_id, "category": task.category, "prompt_ids": result.prompt_ids,
+                         "output_ids": result.token_ids, "stop_reason": result.stop_reason, "eos": eos,
+                         "max_context": decoder.adapter.max_context, "ar_seconds": seconds})
+        print(f"decoded {task.request_id:<18} {task.category:<15} {len(result.token_ids):>4} tokens "
+              f"in {seconds:5.1f} s", file=sys.stderr)
+    if cache is not None:
+        cache.write_text(json.dumps({"max_new_tokens": args.max_new_tokens, "per_category": args.per_category,
+                                     "requests": requests}))
+    return requests
+
+
+def ngram_replay_arguments(parser) -> None:
+    """The arguments of ``ngram-replay``."""
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--per-category", type=int, default=3)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--slope", type=float, default=0.067, help="extra verify cost per token, in forwards")
+    parser.add_argument("--cache", default=None, help="JSON file to keep/reuse the greedy outputs")
+    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+
+
+def run_ngram_replay(args, parser) -> None:
+    """N-gram drafter configurations compared by offline replay on real greedy outputs (Spec-Bench).
+
+    Decodes each prompt once with the autoregressive baseline (real default model, chat template), then
+    replays the n-gram drafter under several configurations and tree policies without touching the target
+    again (``entropy_law.decoding.replay``). Reports, per category: mean committed tokens per round, the
+    share of rounds that drafted, target forwards per token, and an estimated speed-up over AR from a linear
+    verify-cost model ``cost(n tokens) = 1 + slope * (n - 1)`` one-token forwards (``--slope``; the default
+    0.067 is this machine's 16-token verify at ~2x a 1-token forward). The estimate ignores drafting and
+    tree-building time (both well under 1 ms per round for the n-gram drafter). Ends with one JSON line.
+
+        python bench/drafter.py ngram-replay --per-category 3 --max-new-tokens 128 [--cache outputs.json]
+    """
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    requests = greedy_outputs(args)
+    categories = sorted({r["category"] for r in requests})
+    results = {}
+    print(f"\n{'config':<16} {'category':<15} {'tok/round':>9} {'drafted':>8} {'fwd/tok':>8} {'est. x AR':>9}")
+    for label, kwargs, tree, budget in CONFIGS:
+        per_cat = {}
+        for category in categories + ["all"]:
+            tokens = rounds = drafted = 0
+            cost = 0.0
+            for req in requests:
+                if category != "all" and req["category"] != category:
+                    continue
+                replay = replay_rounds(req["prompt_ids"], req["output_ids"], NgramDrafter(**kwargs), tree, budget,
+                                       eos_token_ids=req["eos"], max_new_tokens=args.max_new_tokens,
+                                       max_context=req["max_context"])
+                decode_rounds = replay.rounds[1:]
+                tokens += sum(r.committed for r in decode_rounds)
+                rounds += len(decode_rounds)
+                drafted += sum(r.drafted for r in decode_rounds)
+                cost += sum(1.0 + args.slope * r.tree_nodes for r in decode_rounds)
+            per_cat[category] = {"tokens_per_round": tokens / rounds, "drafted_share": drafted / rounds,
+                                 "forwards_per_token": rounds / tokens, "estimated_speedup": tokens / cost}
+            row = per_cat[category]
+            print(f"{label:<16} {category:<15} {row['tokens_per_round']:9.2f} {row['drafted_share']:8.2f} "
+                  f"{row['forwards_per_token']:8.3f} {row['estimated_speedup']:9.2f}")
+        results[label] = per_cat
+    print(json.dumps({"bench": "ngram_replay", "model": args.model, "per_category": args.per_category,
+                      "max_new_tokens": args.max_new_tokens, "slope": args.slope, "results": results}))
+
+
+COMMANDS = {  # subcommand: (adds its arguments, runs it)
+    "block-vs-ngram": (block_vs_ngram_arguments, run_block_vs_ngram),
+    "ngram-replay": (ngram_replay_arguments, run_ngram_replay),
+}
+
+
+def main(argv=None):
+    """Runs one subcommand with its arguments; returns what it returns."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    subcommands = parser.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
+    parsers = {}
+    for name, (arguments, run) in COMMANDS.items():
+        parsers[name] = subcommands.add_parser(name, help=run.__doc__.splitlines()[0].replace("%", "%%"),
+                                               description=run.__doc__.split("\n\n")[0])
+        arguments(parsers[name])
+    args = parser.parse_args(argv)
+    return COMMANDS[args.subcommand][1](args, parsers[args.subcommand])
+
+
 if __name__ == "__main__":
-    main()
+    result = main()
+    sys.exit(result if isinstance(result, int) else 0)
