@@ -186,7 +186,7 @@ def run_categories(args, parser) -> dict:
     A goal not met is printed as not met. Nothing here is tuned to the categories of the traces. Ends with one
     JSON line. CPU time with OMP_NUM_THREADS=1 on a shared machine: several minutes.
 
-        OMP_NUM_THREADS=1 python bench/law.py categories [--traces data/traces] [--draws 20] | tee bench/results/law_categories.txt
+        OMP_NUM_THREADS=1 python bench/law.py categories [--traces data/traces] [--draws 20]
     """
     warnings.simplefilter("ignore")  # few-request warnings etc.: the fits here only predict
     pd.set_option("display.width", 200)
@@ -559,7 +559,7 @@ def run_leads(args, parser) -> dict:
     categories, against the observed rate (mean |error| over categories; the per-trial mean, not the law's DP over
     rounds). Ends with ONE JSON line.
 
-        OMP_NUM_THREADS=1 python bench/law.py leads | tee bench/results/law_leads.txt
+        OMP_NUM_THREADS=1 python bench/law.py leads
     """
 
     import pandas as pd
@@ -832,7 +832,7 @@ def run_intervals(args, parser) -> dict:
 
     Prints a table and ends with ONE JSON line.
 
-        OMP_NUM_THREADS=1 python bench/law.py intervals [--sets 40] [--sds 0 0.4] | tee bench/results/interval_calibration.txt
+        OMP_NUM_THREADS=1 python bench/law.py intervals [--sets 40] [--sds 0 0.4]
     """
     if args.sets < 2:
         raise SystemExit("--sets must be at least 2")
@@ -1015,7 +1015,7 @@ def run_confidence(args, parser) -> dict:
     terms add (``compare.category_share_of_gain``; the goal is <= 5%). The families with the drafter's confidence need
     it at every trial, so they score trials but cannot run the DP over whole outputs (no tokens-per-round LOCO).
 
-        OMP_NUM_THREADS=1 python bench/law.py confidence [--traces data/traces] [--write]         | tee bench/results/draft_confidence.txt
+        OMP_NUM_THREADS=1 python bench/law.py confidence [--traces data/traces] [--write]
     """
     warnings.simplefilter("ignore")  # few-request warnings etc.: the fits here only score
     pd.set_option("display.width", 200)
@@ -1154,7 +1154,7 @@ def run_proposals(args, parser) -> dict:
     and how close the replayed ``top1_prob`` is to the recorded ``draft_top1_prob``: the n-gram drafter is consulted at
     every position here (its self-calibration then rests on more evidence than online), so they need not be equal.
 
-        OMP_NUM_THREADS=1 python bench/law.py proposals --write [--drafters ngram,block]         | tee bench/results/replayed_proposals.txt
+        OMP_NUM_THREADS=1 python bench/law.py proposals --write [--drafters ngram,block]
     """
     warnings.simplefilter("ignore")
     torch.set_num_threads(1)

@@ -971,7 +971,6 @@ def run_ceiling(args, parser) -> dict:
     per workload.
 
         OMP_NUM_THREADS=1 python bench/policy.py ceiling --policy BLOCK-POLICY.json --cache /tmp/ceiling \\
-            | tee bench/results/policy_ceiling.txt
         OMP_NUM_THREADS=1 python bench/policy.py ceiling --policy BLOCK-POLICY.json --route NGRAM-POLICY.json \\
             --workloads traces traces_open_context traces_open_timed --sample 12 --seed 11 --cache /tmp/route
 
@@ -1242,7 +1241,7 @@ def run_replay(args, parser) -> dict:
     seeds 7, 11, 13 and 17, 3 prompts per category each, and 19, 4 per category; the same prompt may appear in several) and priced by the cost
     model of ``data/traces_timed``'s n-gram arm of that tree (``entropy-law predict --replay-rounds`` / ``--budgets`` /
     ``--policy``; on the timed open-ended checks these predictions landed within 2.2-3.1% of the measured speedups on
-    average per category, ``bench/results/predict_policy.txt`` and ``predict_budgets.txt``). Configurations:
+    average per category, ``bench/results/predict-open-ended.txt``). Configurations:
 
     - the fixed arms: n-gram chain, DDTree16 and DDTree4 under their ratio gate;
     - the cost gate (DDTree16: every round drafts, the best-value prefix by the drafter's own probabilities under the
@@ -1268,7 +1267,7 @@ def run_replay(args, parser) -> dict:
     AR per category (pooled over the recordings) and overall, and ends with ONE JSON line.
 
         OMP_NUM_THREADS=1 python bench/predict.py open-ended --fit-policy ngram --out /tmp/ngram-policy.json
-        OMP_NUM_THREADS=1 python bench/policy.py replay --policy /tmp/ngram-policy.json         | tee bench/results/policy_replay.txt
+        OMP_NUM_THREADS=1 python bench/policy.py replay --policy /tmp/ngram-policy.json
         OMP_NUM_THREADS=1 python bench/policy.py replay --drafter block --policy /tmp/block-policy.json         --workloads traces_open_policy2
     """
 

@@ -110,11 +110,11 @@ def run_speed_validation(args, parser) -> int:
     (run.json: device, cpu count); say whether it was shared.
 
         OMP_NUM_THREADS=1 python bench/predict.py speed-validation --record data/traces_timed --per-category 8 --seed 1   # ~25 min
-        python bench/predict.py speed-validation data/traces_timed | tee bench/results/speed_validation.txt
+        python bench/predict.py speed-validation data/traces_timed
 
     ``--record`` only records (then run the check). Record on an otherwise idle machine: the predicted speedup prices
     rounds by the CPU clock (``law.cost.cpu_scaled_timings``), which a busy machine inflates unevenly
-    (``bench/results/speed_validation_shared.txt``: the same check on a recording made at load 4-10).
+    (``bench/results/predict-speed-validation.txt``: the same check on a recording made at load 4-10).
     """
     if args.record:
         # per_category: the seeded sample drawn from (a resumed, shortened recording keeps its first value)
@@ -387,7 +387,7 @@ def run_unseen(args, parser) -> dict:
     (wrong where it lies below), "does not pay" the reverse; "unclear" is never wrong, and is counted as no answer.
     Ends with ONE JSON line.
 
-        OMP_NUM_THREADS=1 python bench/predict.py unseen data/traces_timed | tee bench/results/predict_unseen.txt
+        OMP_NUM_THREADS=1 python bench/predict.py unseen data/traces_timed
     """
     warnings.simplefilter("ignore")  # SmallSampleWarning et al.: the notes and the table say it
     family = {} if args.family is None else {"family": args.family}
@@ -858,7 +858,7 @@ def run_open_ended(args, parser) -> int:
         OMP_NUM_THREADS=1 python bench/predict.py open-ended --record data/traces_open_timed --per-category 3 --seed 7
         OMP_NUM_THREADS=1 python bench/predict.py open-ended --record data/traces_probe --tasks data/probe/probe.jsonl
         OMP_NUM_THREADS=1 python bench/predict.py open-ended data/traces_probe --law-from data/traces --law-tasks spec_bench
-        OMP_NUM_THREADS=1 python bench/predict.py open-ended | tee bench/results/predict_open_ended.txt
+        OMP_NUM_THREADS=1 python bench/predict.py open-ended
         python bench/predict.py open-ended --fit-policy ngram --out /tmp/ngram-policy.json   # from data/traces
         python bench/predict.py open-ended --fit-policy block --context-match --out /tmp/block-context.json
         OMP_NUM_THREADS=1 python bench/predict.py open-ended --record data/traces_open_policy --per-category 3         --seed 13 --arms ar,ngram-ddtree16,block-ddtree16 --policy ngram=/tmp/ngram-policy.json         --policy block=/tmp/block-policy.json
@@ -925,7 +925,7 @@ def run_verify_cost(args, parser) -> dict:
     while the other core is quiet. Prints a table per tree size and ends with ONE JSON line (the median and largest
     relative difference over the sizes with enough rounds).
 
-        OMP_NUM_THREADS=1 python bench/predict.py verify-cost | tee bench/results/verify_cost_fidelity.txt
+        OMP_NUM_THREADS=1 python bench/predict.py verify-cost
     """
 
     import torch

@@ -381,7 +381,7 @@ def run_aa_noise(args, parser) -> dict:
     Prompts: ``--limit`` per category of each set in ``--sets`` (a seeded sample of the whole set, not the first
     ones). Prints a table and ends with ONE JSON line.
 
-        OMP_NUM_THREADS=1 python bench/speed.py aa-noise --limit 3 --max-new-tokens 128 | tee bench/results/aa_noise.txt
+        OMP_NUM_THREADS=1 python bench/speed.py aa-noise --limit 3 --max-new-tokens 128
     """
     if args.limit < 2:
         raise SystemExit("--limit must be >= 2 (a spread needs two requests per category)")
@@ -494,7 +494,7 @@ def run_demo_repeat(args, parser) -> int:
     Prints a table and ends with ONE JSON line. The report and the law fit of the demo are left out (they do not
     change a measured speedup). Set ``OMP_NUM_THREADS=1`` on a shared machine.
 
-        OMP_NUM_THREADS=1 python bench/speed.py demo-repeat | tee bench/results/demo_repeat.txt     # ~8 min
+        OMP_NUM_THREADS=1 python bench/speed.py demo-repeat     # ~8 min
     """
     import numpy as np
     import pandas as pd
