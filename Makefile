@@ -39,6 +39,7 @@ bench: setup
 	OMP_NUM_THREADS=1 $(PY) bench/predict.py open-ended
 	OMP_NUM_THREADS=1 $(PY) bench/law.py leads
 	OMP_NUM_THREADS=1 $(PY) bench/law.py recovery
+	OMP_NUM_THREADS=1 $(PY) bench/fleet.py fit-scale
 	OMP_NUM_THREADS=1 $(PY) bench/fleet.py trace-io
 
 clean-venv:
