@@ -32,5 +32,15 @@ demo: setup
 figures: setup
 	$(PY) figures/make_all.py
 
+# the benches that finish within 10 minutes on 2 cores from committed data (bench/README.md); each prints a table
+# and one JSON line; none records or times a model
+bench: setup
+	OMP_NUM_THREADS=1 $(PY) bench/policy.py gate-vs-law data/traces_open_gate data/traces_open_law
+	OMP_NUM_THREADS=1 $(PY) bench/predict.py open-ended
+	OMP_NUM_THREADS=1 $(PY) bench/law.py leads
+	OMP_NUM_THREADS=1 $(PY) bench/law.py recovery
+	OMP_NUM_THREADS=1 $(PY) bench/fleet.py fit-scale
+	OMP_NUM_THREADS=1 $(PY) bench/fleet.py trace-io
+
 clean-venv:
 	rm -rf $(VENV)

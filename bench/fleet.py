@@ -1,29 +1,12 @@
-"""Fitting the law on a fleet of runs out of core: many runs on disk, DuckDB over their shards, one fit.
+"""Scale: the out-of-core fit over a fleet of trace shards, the in-memory fit by size, trace input and output.
 
-Generates ``--runs`` trace runs holding ``--rows`` token rows in all (simulated from a known law,
-``entropy_law.law.simulate.simulate_traces``: one chain drafter, five categories, ``--tokens`` output tokens
-per request; written through ``TraceRecorder.log_columns`` in shards of ``--requests-per-shard`` requests,
-request ids unique across the fleet; all runs one arm), then times, each in a fresh child process so that
-its peak RSS is its own:
+Subcommands (each prints a table and ends with one JSON line):
 
-- **out of core**: ``entropy_law.law.outofcore.fit_law_out_of_core`` (the SQL of ``docs/out-of-core.md`` run
-  by DuckDB over groups of shards, the cells to temporary Parquet files, then statsmodels' IRLS and CR1 sandwich
-  streamed over the cells in batches); rows/s = token rows on disk / wall seconds;
-- **in memory** on a subset of whole runs of at most ``--subset-rows`` rows: ``fit_law(load_traces(...))``,
-  and the same subset out of core; their estimates and standard errors must agree within 1e-6;
-- with ``--report``: the out-of-core report of the whole fleet (``jobs.report.write_report_out_of_core``, what
-  ``entropy-law report --out-of-core`` writes: per-category summaries by DuckDB, the law, the acceptance figure).
+    python bench/fleet.py fleet fleet [ARGS]
+    python bench/fleet.py fleet fit-scale [ARGS]
+    python bench/fleet.py fleet trace-io [ARGS]
 
-The issue's goal: 10^8 token rows in >= 100 runs fitted in <= 5 min with <= 4 GB peak RSS, equal to the
-in-memory fit on a 10^7-row subset within 1e-6:
-
-    python bench/fleet.py --runs 100 --rows 100000000 --subset-rows 10000000 --out /data/fleet   # ~4 GB disk
-    python bench/fleet.py --runs 100 --rows 2000000                                               # a quick look
-
-The fleet goes to ``--out`` (default: a temporary folder, removed at the end unless ``--keep``); the free
-disk is checked first (about 40 bytes per token row for the fleet; the out-of-core fit writes its cells and
-design to the temporary folder too, about 60 bytes per token row more). Wall and CPU seconds (CPU: every
-thread of the child process) and the load average are printed: the machine is shared. Ends with ONE JSON line.
+``python bench/fleet.py fleet SUBCOMMAND --help`` lists a subcommand's arguments.
 """
 
 from __future__ import annotations
@@ -39,7 +22,14 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import numpy as np
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+# --- fleet -----------------------------------------------------------------------------------------------------------
 
 BYTES_PER_ROW = 40  # tokens + rounds + requests files per token row, zstd (measured: ~35)
 
@@ -160,7 +150,7 @@ def child_fit(mode: str, path: str, family: str, threads: int | None, memory_lim
 
 
 def run_child(args, mode: str, path: Path) -> dict:
-    cmd = [sys.executable, __file__, "--child", mode, "--family", args.family, *(["--threads", str(args.threads)]
+    cmd = [sys.executable, __file__, "fleet", "--child", mode, "--family", args.family, *(["--threads", str(args.threads)]
            if args.threads else []), *(["--memory-limit", args.memory_limit] if args.memory_limit else []), "--",
            str(path)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
@@ -169,8 +159,8 @@ def run_child(args, mode: str, path: Path) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def fleet_arguments(parser) -> None:
+    """The arguments of ``fleet``."""
     parser.add_argument("--runs", type=int, default=100)
     parser.add_argument("--rows", type=float, default=2e6, help="token rows in all (default: %(default)g)")
     parser.add_argument("--tokens", type=int, nargs=2, default=(300, 700), help="output tokens per request")
@@ -189,7 +179,36 @@ def main(argv=None) -> int:
                         help="also time the out-of-core report (entropy-law report --out-of-core) of the whole fleet")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("path", nargs="?", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+
+
+def run_fleet(args, parser) -> int:
+    """Fitting the law on a fleet of runs out of core: many runs on disk, DuckDB over their shards, one fit.
+
+    Generates ``--runs`` trace runs holding ``--rows`` token rows in all (simulated from a known law,
+    ``entropy_law.law.simulate.simulate_traces``: one chain drafter, five categories, ``--tokens`` output tokens
+    per request; written through ``TraceRecorder.log_columns`` in shards of ``--requests-per-shard`` requests,
+    request ids unique across the fleet; all runs one arm), then times, each in a fresh child process so that
+    its peak RSS is its own:
+
+    - **out of core**: ``entropy_law.law.outofcore.fit_law_out_of_core`` (the SQL of ``docs/out-of-core.md`` run
+      by DuckDB over groups of shards, the cells to temporary Parquet files, then statsmodels' IRLS and CR1 sandwich
+      streamed over the cells in batches); rows/s = token rows on disk / wall seconds;
+    - **in memory** on a subset of whole runs of at most ``--subset-rows`` rows: ``fit_law(load_traces(...))``,
+      and the same subset out of core; their estimates and standard errors must agree within 1e-6;
+    - with ``--report``: the out-of-core report of the whole fleet (``jobs.report.write_report_out_of_core``, what
+      ``entropy-law report --out-of-core`` writes: per-category summaries by DuckDB, the law, the acceptance figure).
+
+    The goal: 10^8 token rows in >= 100 runs fitted in <= 5 min with <= 4 GB peak RSS, equal to the
+    in-memory fit on a 10^7-row subset within 1e-6:
+
+        python bench/fleet.py fleet --runs 100 --rows 100000000 --subset-rows 10000000 --out /data/fleet   # ~4 GB disk
+        python bench/fleet.py fleet --runs 100 --rows 2000000                                               # a quick look
+
+    The fleet goes to ``--out`` (default: a temporary folder, removed at the end unless ``--keep``); the free
+    disk is checked first (about 40 bytes per token row for the fleet; the out-of-core fit writes its cells and
+    design to the temporary folder too, about 60 bytes per token row more). Wall and CPU seconds (CPU: every
+    thread of the child process) and the load average are printed: the machine is shared. Ends with ONE JSON line.
+    """
     if args.child:
         print(json.dumps(child_fit(args.child, args.path, args.family, args.threads, args.memory_limit)))
         return 0
@@ -253,7 +272,7 @@ def main(argv=None) -> int:
           f"relative d SE = {d_bse:.1e}, relative d llf = {d_llf:.1e}, offset c {small['eps']:g} vs {memory['eps']:g} "
           f"({'equal within 1e-6' if same else 'NOT equal within 1e-6'})")
     met = fleet["seconds"] <= 300 and fleet["peak_rss_bytes"] <= 4e9
-    print(f"issue goal (1e8 rows in >= 100 runs, <= 300 s, <= 4 GB): {total:,} rows in {len(run_dirs)} runs, "
+    print(f"goal (1e8 rows in >= 100 runs, <= 300 s, <= 4 GB): {total:,} rows in {len(run_dirs)} runs, "
           f"{fleet['seconds']:.0f} s, {fleet['peak_rss_bytes'] / 1e9:.2f} GB: "
           f"{'met' if met and total >= 1e8 and len(run_dirs) >= 100 else 'NOT met'} at this size")
     if report is not None:
@@ -276,5 +295,354 @@ def main(argv=None) -> int:
     return 0
 
 
+# --- fit-scale -------------------------------------------------------------------------------------------------------
+
+
+K_TRUE = 0.8
+LAMBDA_TRUE = np.array([1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6])
+CHUNK = 1_000_000
+
+
+def one_size(n_rows: int, seed: int) -> dict:
+    from entropy_law.law import atrisk
+    from entropy_law.law.fit import fit_law
+
+    rng = np.random.default_rng(seed)
+    cpu0 = time.process_time()
+    n_requests = max(200, n_rows // 5000)
+    t_gen = t_agg = 0.0
+    parts = []
+    done = 0
+    while done < n_rows:
+        m = min(CHUNK, n_rows - done)
+        t0 = time.perf_counter()
+        request = rng.integers(0, n_requests, m)
+        depth = np.minimum(rng.geometric(0.35, m), len(LAMBDA_TRUE))
+        low = rng.random(m) < 0.55
+        h = np.where(low, 0.01 * np.exp(1.2 * rng.standard_normal(m)), np.exp(0.7 * rng.standard_normal(m)))
+        accept = rng.random(m) < np.exp(-LAMBDA_TRUE[depth - 1] * (h + 1e-3) ** K_TRUE)
+        rows = pd.DataFrame({"drafter_id": 0, "category": request % 5, "request_id": request, "depth": depth,
+                             "accepted": accept.astype(np.int8), "target_entropy_nats": h,
+                             "log_entropy": np.log(h + 1e-3)})
+        t1 = time.perf_counter()
+        parts.append(atrisk.aggregate_at_risk(rows))
+        if len(parts) > 1:  # keep memory flat: fold each chunk into the running aggregate
+            parts = [atrisk.combine_aggregates(parts)]
+        t2 = time.perf_counter()
+        t_gen += t1 - t0
+        t_agg += t2 - t1
+        done += m
+        del rows
+    agg = parts[0]
+    t3 = time.perf_counter()
+    law = fit_law(agg, "law_exp")
+    t_fit = time.perf_counter() - t3
+    cpu = time.process_time() - cpu0
+    s = law.summary
+    return dict(rows=n_rows, requests=n_requests, cells=len(agg), generate_s=round(t_gen, 2),
+                aggregate_s=round(t_agg, 2), fit_s=round(t_fit, 2), aggregate_plus_fit_s=round(t_agg + t_fit, 2),
+                cpu_s_all=round(cpu, 2),
+                peak_rss_gb=round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 3),
+                k=round(float(s.loc["k", "estimate"]), 4), k_se=round(float(s.loc["k", "std_err"]), 5),
+                lambda_1=round(float(s.loc["lambda[d=1]", "estimate"]), 4))
+
+
+def fit_scale_arguments(parser) -> None:
+    """The arguments of ``fit-scale``."""
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000, 10_000_000])
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
+
+
+def run_fit_scale(args, parser) -> None:
+    """Fit the primary law (law_exp) on 1e5, 1e6 and 1e7 at-risk rows via streaming aggregation.
+
+    Rows are drawn directly from the known law a = exp(-lambda_d (H + eps)^k) in chunks of 1e6 (bursty
+    per-request entropy is irrelevant to the cost of fitting, so each row's H is drawn from a two-state
+    lognormal mixture); each chunk is aggregated (request x depth x log-spaced H bin), the aggregates are
+    combined and the law is fitted with request-clustered errors. Each size runs in its own process so
+    that its peak memory (ru_maxrss) is its own. ``cpu_s_all`` is the process CPU time of everything
+    (generation included): on a shared machine wall times overstate the cost, CPU time does not. Prints a table and ends with one JSON line.
+
+        python bench/fleet.py fit-scale [--sizes 100000 1000000 10000000] [--seed 0]
+    """
+    if args.one:
+        print(json.dumps(one_size(args.one, args.seed)))
+        return
+    results = []
+    for n in args.sizes:
+        out = subprocess.run([sys.executable, __file__, "fit-scale", "--one", str(n), "--seed", str(args.seed)], check=True,
+                             capture_output=True, text=True)
+        results.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    table = pd.DataFrame(results)
+    print(f"law_exp on simulated at-risk rows (true k = {K_TRUE}, lambda_1 = {LAMBDA_TRUE[0]}), chunk {CHUNK:,} rows")
+    print(table.to_string(index=False))
+    big = table.iloc[-1]
+    print(json.dumps({"bench": "fit_scale", "results": results,
+                      "goal_met": bool(big["aggregate_plus_fit_s"] <= 60 and big["peak_rss_gb"] <= 4)}))
+
+
+# --- trace-io --------------------------------------------------------------------------------------------------------
+
+GOALS = {"write_s": 20.0, "read_s": 5.0, "peak_rss_gb": 2.0, "log_round_ms": 0.2}
+BLOCK_SIZE = 8
+ROUNDS_PER_REQUEST = 64
+CATEGORIES = np.array(["writing", "roleplay", "reasoning", "math", "coding"])
+
+
+def _cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)  # all threads of this process
+    return usage.ru_utime + usage.ru_stime
+
+
+def _peak_rss_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024**2  # Linux: KiB
+
+
+def synthetic_shard(rows: int, first_request: int, seed: int):
+    """Consistent columns for about ``rows`` token rows (whole rounds and requests)."""
+    import pyarrow as pa
+
+    rng = np.random.default_rng(seed)
+    n_rounds = int(rows / ((BLOCK_SIZE + 1) / 2)) // ROUNDS_PER_REQUEST * ROUNDS_PER_REQUEST
+    committed = rng.integers(1, BLOCK_SIZE + 1, size=n_rounds).astype(np.int16)
+    n_tok = int(committed.sum())
+    n_req = n_rounds // ROUNDS_PER_REQUEST
+    req_of_round = np.repeat(np.arange(n_req, dtype=np.int32), ROUNDS_PER_REQUEST)
+    round_index = np.tile(np.arange(ROUNDS_PER_REQUEST, dtype=np.int32), n_req)
+    ends = np.cumsum(committed.astype(np.int64))
+    starts_global = ends - committed
+    req_first_token = starts_global[::ROUNDS_PER_REQUEST]
+    start_position = (starts_global - np.repeat(req_first_token, ROUNDS_PER_REQUEST)).astype(np.int32)
+    ids = pa.array([f"req-{first_request + i:07d}" for i in range(n_req)])
+    cats = pa.array(CATEGORIES[(first_request + np.arange(n_req)) % len(CATEGORIES)])
+    round_of_token = np.repeat(np.arange(n_rounds), committed)
+    depth = (np.arange(n_tok) - starts_global[round_of_token] + 1).astype(np.int16)
+    accepted = (committed - 1).astype(np.int16)
+    tree_depth = np.full(n_rounds, BLOCK_SIZE - 1, np.int16)
+    role_codes = np.zeros(n_tok, np.int8)
+    last = ends - 1
+    role_codes[last] = np.where(accepted == tree_depth, 2, 1)
+    entropy = rng.exponential(0.8, n_tok).astype(np.float32)
+    top1 = np.exp(-entropy).astype(np.float32)
+    req_of_token = req_of_round[round_of_token]
+    draft_prob = rng.random(n_tok).astype(np.float32)
+    draft_prob[depth >= BLOCK_SIZE] = np.nan  # no draft row for a bonus after a full block
+    tokens = {
+        "request_id": pa.DictionaryArray.from_arrays(req_of_token, ids),
+        "category": pa.DictionaryArray.from_arrays(req_of_token, cats),
+        "round_index": round_index[round_of_token],
+        "position": (start_position[round_of_token] + depth - 1).astype(np.int32),
+        "depth": depth,
+        "token_id": rng.integers(0, 49152, n_tok, dtype=np.int32),
+        "role": pa.DictionaryArray.from_arrays(role_codes, pa.array(["accepted", "correction", "bonus"])),
+        "target_entropy_nats": entropy,
+        "target_renyi2_nats": (entropy * 0.8).astype(np.float32),
+        "target_top1_prob": top1,
+        "target_top2_prob": (top1 * (1 - top1)).astype(np.float32),
+        "target_logit_gap": rng.exponential(2.0, n_tok).astype(np.float32),
+        "draft_prob": draft_prob,
+        "draft_rank": np.where(np.isnan(draft_prob), np.nan, rng.integers(-1, 10, n_tok)),
+        "draft_entropy_nats": np.where(np.isnan(draft_prob), np.nan, entropy * 1.1).astype(np.float32),
+    }
+    rounds = {
+        "request_id": pa.DictionaryArray.from_arrays(req_of_round, ids),
+        "round_index": round_index, "start_position": start_position,
+        "context_len": (start_position + 100).astype(np.int32),
+        "block_size": np.full(n_rounds, BLOCK_SIZE, np.int16),
+        "tree_nodes": np.full(n_rounds, 32, np.int32), "tree_depth": tree_depth,
+        "accepted": accepted, "committed": committed,
+        "draft_ms": rng.random(n_rounds).astype(np.float32),
+        "verify_ms": rng.random(n_rounds).astype(np.float32),
+        "overhead_ms": rng.random(n_rounds).astype(np.float32),
+    }
+    new_tokens = np.diff(np.append(req_first_token, n_tok)).astype(np.int32)
+    requests = {
+        "request_id": ids, "category": cats, "dataset": "spec_bench",
+        "question_id": ids, "prompt_tokens": np.full(n_req, 100, np.int32),
+        "image_tokens": np.zeros(n_req, np.int32), "new_tokens": new_tokens,
+        "rounds": np.full(n_req, ROUNDS_PER_REQUEST, np.int32), "stop_reason": "max_new_tokens",
+        "prefill_ms": np.ones(n_req, np.float32), "decode_ms": np.ones(n_req, np.float32),
+    }
+    return tokens, rounds, requests, n_tok, n_req
+
+
+def phase_write(path: Path, rows: int, shards: int) -> dict:
+    from entropy_law import TraceRecorder
+
+    seconds = cpu = 0.0
+    total = 0
+    first_request = 0
+    with TraceRecorder(path, overwrite=True, model_id="synthetic", drafter_id="bench", seed=0) as rec:
+        for shard in range(shards):
+            tokens, rounds, requests, n_tok, n_req = synthetic_shard(rows // shards, first_request, seed=shard)
+            t0, c0 = time.perf_counter(), _cpu_s()
+            rec.log_columns(tokens=tokens, rounds=rounds, requests=requests)
+            seconds += time.perf_counter() - t0
+            cpu += _cpu_s() - c0
+            total += n_tok
+            first_request += n_req
+            del tokens, rounds, requests
+        t0, c0 = time.perf_counter(), _cpu_s()
+    seconds += time.perf_counter() - t0  # finish()
+    cpu += _cpu_s() - c0
+    size = sum(f.stat().st_size for f in path.rglob("*.parquet"))
+    return {"rows": total, "seconds": seconds, "cpu_s": cpu, "peak_rss_gb": _peak_rss_gb(), "bytes_on_disk": size}
+
+
+def phase_read(path: Path, validate: bool = True) -> dict:
+    from entropy_law import load_traces
+
+    t0, c0 = time.perf_counter(), _cpu_s()
+    traces = load_traces(path, validate=validate)
+    tokens = traces.tokens
+    seconds = time.perf_counter() - t0
+    return {"rows": len(tokens), "seconds": seconds, "cpu_s": _cpu_s() - c0, "peak_rss_gb": _peak_rss_gb(),
+            "pandas_bytes": int(tokens.memory_usage(deep=True).sum())}
+
+
+def phase_round(path: Path, n_rounds: int) -> dict:
+    from entropy_law import TraceRecorder
+
+    rng = np.random.default_rng(1)
+    committed = rng.integers(1, BLOCK_SIZE + 1, size=n_rounds)
+    stats = []
+    for c in committed:  # precomputed, as an engine would pass them (not timed)
+        h = rng.exponential(0.8, c).astype(np.float32)
+        p1 = np.exp(-h)
+        stats.append({"entropy_nats": h, "renyi2_nats": h * 0.8, "top1_prob": p1,
+                      "top2_prob": p1 * (1 - p1), "logit_gap": np.ones(c, np.float32)})
+    token_ids = [rng.integers(0, 49152, c) for c in committed]
+    per_request = 64
+    log_s = other_s = 0.0
+    with TraceRecorder(path, overwrite=True, model_id="synthetic", drafter_id="bench") as rec:
+        pos = 0
+        for i in range(n_rounds):
+            r = i % per_request
+            request_id = f"req-{i // per_request}"
+            if r == 0:
+                t0 = time.perf_counter()
+                rec.begin_request(request_id, category="math")
+                other_s += time.perf_counter() - t0
+                pos = 0
+            c = int(committed[i])
+            t0 = time.perf_counter()
+            rec.log_round(request_id, round_index=r, start_position=pos, context_len=100 + pos,
+                          block_size=BLOCK_SIZE, tree_nodes=32, tree_depth=BLOCK_SIZE - 1, accepted=c - 1,
+                          token_ids=token_ids[i], ends_at_leaf=c == BLOCK_SIZE, target_stats=stats[i],
+                          draft_ms=0.1, verify_ms=1.0)
+            log_s += time.perf_counter() - t0
+            pos += c
+            if r == per_request - 1 or i == n_rounds - 1:
+                t0 = time.perf_counter()
+                rec.end_request(request_id, new_tokens=pos, stop_reason="max_new_tokens")  # may flush
+                other_s += time.perf_counter() - t0
+        t0 = time.perf_counter()
+    other_s += time.perf_counter() - t0
+    return {"rounds": n_rounds, "log_round_ms": 1e3 * log_s / n_rounds,
+            "with_flush_ms": 1e3 * (log_s + other_s) / n_rounds, "peak_rss_gb": _peak_rss_gb()}
+
+
+def _child(phase: str, args) -> dict:
+    cmd = [sys.executable, __file__, "trace-io", "--phase", phase, "--dir", str(args.dir), "--rows", str(args.rows),
+           "--shards", str(args.shards), "--rounds", str(args.rounds)]
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=ROOT)
+    if out.returncode != 0:
+        raise SystemExit(f"phase {phase} failed:\n{out.stderr}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def trace_io_arguments(parser) -> None:
+    """The arguments of ``trace-io``."""
+    parser.add_argument("--rows", type=int, default=10_000_000)
+    parser.add_argument("--shards", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=20_000)
+    parser.add_argument("--dir", type=Path, default=None, help="scratch directory (default: a temp dir)")
+    parser.add_argument("--phase", choices=["write", "read", "read_unvalidated", "round"], help=argparse.SUPPRESS)
+
+
+def run_trace_io(args, parser) -> None:
+    """Benchmark of the trace layer: write and read 10 million token rows, and the per-round logging cost.
+
+    Phases run in separate child processes so that each one's peak memory (ru_maxrss) is its own:
+      write  synthetic, self-consistent tables (tokens, rounds, requests) via TraceRecorder.log_columns,
+             in a few big shards (generation time excluded, validation + Parquet writing included);
+      read   load_traces(path) (validates every table and the cross-table rules) then .tokens (pandas);
+             also once with validate=False, for reference;
+      round  log_round with precomputed target statistics on many small rounds (no entropy computation),
+             plus the amortised cost of end_request and shard flushes.
+    Prints a table and ends with one JSON line holding the numbers, the goals and whether each was met.
+
+        python bench/fleet.py trace-io [--rows 10000000] [--shards 4] [--rounds 20000] [--dir DIR]
+    """
+    sys.path.insert(0, str(ROOT))
+    if args.phase:
+        run_dir = args.dir / ("bulk" if args.phase != "round" else "rounds")
+        result = {"write": lambda: phase_write(run_dir, args.rows, args.shards),
+                  "read": lambda: phase_read(run_dir),
+                  "read_unvalidated": lambda: phase_read(run_dir, validate=False),
+                  "round": lambda: phase_round(run_dir, args.rounds)}[args.phase]()
+        print(json.dumps(result))
+        return
+    load_before = os.getloadavg()[0]
+    own_dir = args.dir is None
+    args.dir = Path(tempfile.mkdtemp(prefix="trace-io-")) if own_dir else args.dir
+    try:
+        write = _child("write", args)
+        read = _child("read", args)
+        read_raw = _child("read_unvalidated", args)
+        per_round = _child("round", args)
+    finally:
+        if own_dir:
+            shutil.rmtree(args.dir, ignore_errors=True)
+    peak = max(write["peak_rss_gb"], read["peak_rss_gb"], read_raw["peak_rss_gb"], per_round["peak_rss_gb"])
+    load_after = os.getloadavg()[0]
+    print(f"{'phase':<10}{'rows':>12}{'wall s':>10}{'CPU s':>10}{'rows/s':>14}{'peak RSS GB':>13}")
+    for name, r in (("write", write), ("read", read), ("read*", read_raw)):
+        print(f"{name:<10}{r['rows']:>12,}{r['seconds']:>10.2f}{r['cpu_s']:>10.2f}"
+              f"{r['rows'] / r['seconds']:>14,.0f}{r['peak_rss_gb']:>13.2f}")
+    print(f"machine: {os.cpu_count()} CPUs, load average {load_before:.1f} before / {load_after:.1f} after "
+          "(wall times grow with other processes; CPU s counts this process's threads only)")
+    print("read* = load_traces(validate=False).tokens (no value or cross-table checks), for reference")
+    print(f"on disk: {write['bytes_on_disk'] / 1e6:.0f} MB; pandas tokens frame: {read['pandas_bytes'] / 1e6:.0f} MB")
+    print(f"log_round: {per_round['log_round_ms']:.4f} ms/round over {per_round['rounds']:,} rounds "
+          f"({per_round['with_flush_ms']:.4f} ms with begin/end_request and flushes amortised)")
+    result = {
+        "rows": write["rows"], "write_s": round(write["seconds"], 3), "read_s": round(read["seconds"], 3),
+        "write_cpu_s": round(write["cpu_s"], 3), "read_cpu_s": round(read["cpu_s"], 3),
+        "read_unvalidated_s": round(read_raw["seconds"], 3), "read_unvalidated_cpu_s": round(read_raw["cpu_s"], 3),
+        "load_average": [round(load_before, 2), round(load_after, 2)],
+        "write_rows_per_s": round(write["rows"] / write["seconds"]),
+        "read_rows_per_s": round(read["rows"] / read["seconds"]),
+        "peak_rss_gb": round(peak, 3), "log_round_ms": round(per_round["log_round_ms"], 5),
+        "log_round_with_flush_ms": round(per_round["with_flush_ms"], 5), "goals": GOALS,
+        "met": {"write_s": write["seconds"] <= GOALS["write_s"], "read_s": read["seconds"] <= GOALS["read_s"],
+                "peak_rss_gb": peak <= GOALS["peak_rss_gb"],
+                "log_round_ms": per_round["log_round_ms"] <= GOALS["log_round_ms"]},
+    }
+    print(json.dumps(result))
+
+
+COMMANDS = {  # subcommand: (adds its arguments, runs it)
+    "fleet": (fleet_arguments, run_fleet),
+    "fit-scale": (fit_scale_arguments, run_fit_scale),
+    "trace-io": (trace_io_arguments, run_trace_io),
+}
+
+
+def main(argv=None):
+    """Runs one subcommand with its arguments; returns what it returns."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    subcommands = parser.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
+    parsers = {}
+    for name, (arguments, run) in COMMANDS.items():
+        parsers[name] = subcommands.add_parser(name, help=run.__doc__.splitlines()[0].replace("%", "%%"),
+                                               description=run.__doc__.split("\n\n")[0])
+        arguments(parsers[name])
+    args = parser.parse_args(argv)
+    return COMMANDS[args.subcommand][1](args, parsers[args.subcommand])
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    result = main()
+    sys.exit(result if isinstance(result, int) else 0)

@@ -1,4 +1,4 @@
-"""bench/law_leads.py: the token classes it reads off a tokenizer and the candidate covariates it adds to the
+"""bench/law.py leads: the token classes it reads off a tokenizer and the candidate covariates it adds to the
 package's at-risk table (the running acceptance uses the request's EARLIER rounds only)."""
 
 import numpy as np
@@ -9,7 +9,7 @@ from conftest import load_bench
 
 
 def _bench():
-    return load_bench("law_leads")
+    return load_bench("law")
 
 
 class _Tokenizer:

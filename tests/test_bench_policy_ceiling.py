@@ -1,4 +1,4 @@
-"""bench/policy_ceiling.py: the oracles and the table policies it walks over a table of round outcomes.
+"""bench/policy.py ceiling: the oracles and the table policies it walks over a table of round outcomes.
 
 Synthetic tables whose best decisions are known: a table policy whose input says exactly when drafting pays reaches
 the oracle; one whose input says nothing is no better than the best fixed action; a cross-fitted table never
@@ -18,7 +18,7 @@ CURVE = VerifyCost((1, 2, 3, 9), (1.0, 1.5, 1.8, 3.0))
 
 
 def _bench():
-    return load_bench("policy_ceiling")
+    return load_bench("policy")
 
 
 def table(requests: dict[str, list[int]], n_starts: int = 40) -> pd.DataFrame:

@@ -27,7 +27,7 @@ def law(traces):
 
 
 def test_recovery_coverage_small_study():
-    """A small version of bench/law_recovery.py: k and lambda_1 inside their 95% CIs, and the
+    """A small version of bench/law.py recovery: k and lambda_1 inside their 95% CIs, and the
     standardised errors of k behave like N(0, 1) draws."""
     hits_k = hits_l = 0
     z = []

@@ -228,7 +228,7 @@ def test_nested_and_in_sample_overdispersion_agree_where_the_law_is_right_but_fo
     (each training category predicted by a law fitted without it; sum of squares over k times (k - 1) / k) both
     estimate the unseen category's spread without bias, so they agree here, within a tenth of each other in
     every fold, and their intervals cover nearly the same held-out requests (82% on this one set of six
-    categories: one set's pooled coverage has an SD of about 5 points, bench/interval_calibration.py, whose 40
+    categories: one set's pooled coverage has an SD of about 5 points, bench/law.py intervals, whose 40
     sets put both near 91% on average). (The sum over k without the factor, the
     estimator before 2026-12-06, gave a between-category SD about 15% larger than the in-sample one.) Where the
     law is wrong across categories in other ways the two part: on data/traces' n-gram arms the in-sample intervals
@@ -265,7 +265,7 @@ def test_reliability_figure(predictions):
 
 
 def test_the_calibration_bench_compares_the_divisors_and_restores_the_package():
-    """bench/interval_calibration.py: under its in-sample divisor the nested intervals are at least as wide
+    """bench/law.py intervals: under its in-sample divisor the nested intervals are at least as wide
     (variance k / (k - 1) times larger between categories), so they cover no fewer requests; the package's
     estimator is back afterwards."""
     import importlib.util
@@ -273,7 +273,7 @@ def test_the_calibration_bench_compares_the_divisors_and_restores_the_package():
 
     import entropy_law.law.predict as P
 
-    path = Path(__file__).resolve().parents[1] / "bench" / "interval_calibration.py"
+    path = Path(__file__).resolve().parents[1] / "bench" / "law.py"
     spec = importlib.util.spec_from_file_location("interval_calibration", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)

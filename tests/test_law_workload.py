@@ -338,11 +338,11 @@ def test_the_predict_command_answers_per_category_and_refuses_what_it_cannot_use
 def open_ended_bench():
     from conftest import load_bench
 
-    return load_bench("predict_open_ended")
+    return load_bench("predict")
 
 
 def test_the_open_ended_bench_replays_the_checkpoint_that_was_timed(capsys):
-    """bench/predict_open_ended.py replays a measured arm's own run.json, priced by ``--from``'s arm of the same
+    """bench/predict.py open-ended replays a measured arm's own run.json, priced by ``--from``'s arm of the same
     name: where the two ran different checkpoints of the drafter (data/traces_timed's block arm the default, the
     open-ended sets' the sixth) the replay uses the measured arm's checkpoint, and says so; an arm without one, or of
     the same one, is replayed as it is. A measured arm of several checkpoints, of a drafter configured otherwise, or
@@ -379,7 +379,7 @@ def test_the_open_ended_bench_replays_the_checkpoint_that_was_timed(capsys):
 
 
 def test_the_open_ended_bench_replays_the_gate_each_arm_ran(capsys):
-    """bench/predict_open_ended.py's ``replay_meta``: a measured arm is replayed with the gate it ran, whatever gate
+    """bench/predict.py open-ended's ``replay_meta``: a measured arm is replayed with the gate it ran, whatever gate
     ``--from``'s arm ran (a cost-gate arm with the curve it stored, a ratio-gate arm at its own threshold), and the
     bench says where they differ; a cost-gate arm without its curve cannot be replayed and is refused."""
     from pathlib import Path
@@ -410,12 +410,12 @@ def test_the_open_ended_bench_replays_the_gate_each_arm_ran(capsys):
 
 
 def test_the_predict_unseen_bench_judges_verdicts_only_where_the_measurement_can():
-    """bench/predict_unseen.py: a verdict is right or wrong only where the measured interval excludes 1;
+    """bench/predict.py unseen: a verdict is right or wrong only where the measured interval excludes 1;
     "unclear" is no answer; the held-out subset keeps every run and only the other categories' rows."""
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "bench" / "predict_unseen.py"
+    path = Path(__file__).resolve().parents[1] / "bench" / "predict.py"
     spec = importlib.util.spec_from_file_location("predict_unseen", path)
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
@@ -1104,7 +1104,7 @@ def test_predict_says_when_a_block_arm_is_not_the_checkpoint_a_run_would_load_to
 
 
 def test_the_gate_bench_compares_two_recordings_of_the_same_prompts(monkeypatch, tmp_path):
-    """bench/gate_vs_law.py on data/traces_open_gate and data/traces_open_law (the block drafter's cost gate and law
+    """bench/policy.py gate-vs-law on data/traces_open_gate and data/traces_open_law (the block drafter's cost gate and law
     policy, each with its own AR): the overall ratio equals the two speedups computed here from timings.csv (AR
     time per token over the arm's, each recording against its own AR) and lies inside its interval; recordings of
     other prompts are refused."""
@@ -1112,12 +1112,12 @@ def test_the_gate_bench_compares_two_recordings_of_the_same_prompts(monkeypatch,
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1]
-    spec = importlib.util.spec_from_file_location("gate_vs_law", root / "bench" / "gate_vs_law.py")
+    spec = importlib.util.spec_from_file_location("gate_vs_law", root / "bench" / "policy.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     monkeypatch.setattr(bench, "N_BOOT", 200)
     gate, law = root / "data" / "traces_open_gate", root / "data" / "traces_open_law"
-    got = bench.main([str(gate), str(law)])
+    got = bench.main(["gate-vs-law", str(gate), str(law)])
 
     def speedup(folder):
         t = pd.read_csv(folder / "timings.csv")
@@ -1131,6 +1131,6 @@ def test_the_gate_bench_compares_two_recordings_of_the_same_prompts(monkeypatch,
     t = pd.read_csv(law / "timings.csv")
     t.loc[t["request_id"] != t["request_id"].iloc[0]].to_csv(fewer / "timings.csv", index=False)
     with pytest.raises(SystemExit, match="different prompts"):
-        bench.main([str(gate), str(fewer)])
+        bench.main(["gate-vs-law", str(gate), str(fewer)])
     with pytest.raises(SystemExit, match="exactly one drafting arm"):  # AR and two drafting arms
-        bench.main([str(gate), str(root / "data" / "traces_open_context")])
+        bench.main(["gate-vs-law", str(gate), str(root / "data" / "traces_open_context")])

@@ -918,7 +918,7 @@ def test_a_policy_fitted_for_another_drafter_or_checkpoint_is_refused_unless_bor
 
 
 def test_a_policy_fitted_on_another_target_is_refused_unless_borrowed():
-    """A law maps one target's entropies to acceptance; `bench/policy.py --model other` and `record --policy law
+    """A law maps one target's entropies to acceptance; `bench/policy.py policy --model other` and `record --policy law
     --model other` applied the reference traces' law (smollm2-135m) to another target without a word. A decoder on
     a loaded target now refuses parameters fitted on other targets' traces; ``borrow_policy(model_id=None)`` (or
     the target's id) applies them knowingly and the run keeps where they came from."""

@@ -52,7 +52,7 @@ def test_time_arms_warms_up_rotates_the_order_and_checks_outputs():
 
 
 def test_draft_calls_leave_out_the_prefill_and_the_rounds_a_policy_declined():
-    """What the oracle comparison of ``bench/policy.py`` prices a law policy's rounds with: the drafter's cost is
+    """What the oracle comparison of ``bench/policy.py policy`` prices a law policy's rounds with: the drafter's cost is
     paid in every round after the prefill, except where the policy decided not to draft before the drafter ran."""
     from entropy_law.jobs.speed import draft_calls
 
@@ -333,7 +333,7 @@ def test_bad_input_no_timings_no_ar_and_another_machine():
 
 def test_the_interval_of_few_requests_is_widened_to_student_t_and_covers():
     """Two requests: the percentile bootstrap's ends are the two single-request ratios (the demo's two runs on
-    the same prompts gave disjoint intervals, bench/demo_repeat.py); the interval is the t interval, computed here
+    the same prompts gave disjoint intervals, bench/speed.py demo-repeat); the interval is the t interval, computed here
     by hand: jackknife SE of log S over the requests, t with 1 degree of freedom."""
     from scipy import stats
 
@@ -385,14 +385,14 @@ def test_with_many_requests_the_interval_is_the_bootstrap_s():
 
 
 def test_the_aa_noise_bench_helpers():
-    """bench/aa_noise.py: the per-request log ratio pairs each request with itself, and the half-width of a
+    """bench/speed.py aa-noise: the per-request log ratio pairs each request with itself, and the half-width of a
     category mean is the t interval's."""
     import importlib.util
     from pathlib import Path
 
     from scipy import stats
 
-    path = Path(__file__).resolve().parents[1] / "bench" / "aa_noise.py"
+    path = Path(__file__).resolve().parents[1] / "bench" / "speed.py"
     spec = importlib.util.spec_from_file_location("aa_noise", path)
     aa = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(aa)

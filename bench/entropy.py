@@ -1,0 +1,243 @@
+"""The target's entropy: its speed and cost as an input to the law.
+
+Subcommands (each prints a table and ends with one JSON line):
+
+    python bench/entropy.py speed [ARGS]
+
+``python bench/entropy.py SUBCOMMAND --help`` lists a subcommand's arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+# --- speed -----------------------------------------------------------------------------------------------------------
+
+REFERENCE = Path(__file__).resolve().parents[1] / "data" / "traces" / "ngram"
+
+
+def engine_lines(traces, tokenizer, request_ids, num_spec_tokens: int) -> list[dict]:
+    """vLLM ``detailed`` responses for these requests of the reference run (a round cut at EOS or the token
+    budget reports the drafts it kept, as an engine that trims does)."""
+    from entropy_law.prompts.text import load_tasks
+
+    tasks = {t.request_id: t for t in load_tasks("spec_bench")}
+    tokens, rounds = traces.tokens, traces.rounds
+    lines = []
+    for request_id in request_ids:
+        task = tasks[request_id]
+        text = tokenizer.apply_chat_template(task.messages(), add_generation_prompt=True, tokenize=False)
+        prompt = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        rows = tokens.loc[tokens["request_id"] == request_id].sort_values("position")
+        steps = rounds.loc[(rounds["request_id"] == request_id) & (rounds["round_index"] > 0)]
+        steps = steps.sort_values("round_index")
+        accepted = [int(min(a, c - 1)) for a, c in zip(steps["accepted"], steps["committed"])]
+        drafted = [int(d) for d in steps["tree_depth"]]
+        histogram = [0] * (num_spec_tokens + 1)
+        for a in accepted:
+            histogram[a] += 1
+        output = [int(t) for t in rows["token_id"]]
+        lines.append({
+            "id": request_id, "object": "chat.completion", "model": "smollm2-135m",
+            "choices": [{"index": 0, "finish_reason": "length", "token_ids": output}],
+            "usage": {"prompt_tokens": len(prompt), "completion_tokens": len(output)},
+            "prompt_token_ids": prompt, "category": task.category,
+            "metrics": {"speculative_decoding": {
+                "num_spec_tokens": num_spec_tokens, "per_step_accepted": accepted, "per_step_drafted": drafted,
+                "acceptance_histogram": histogram, "num_spec_steps": len(accepted),
+                "num_accepted_draft_tokens": sum(accepted), "num_draft_tokens": sum(drafted)}},
+        })
+    return lines
+
+
+def gemm_gflops(hidden: int, inner: int, seconds: float = 1.0, dtype=torch.float32) -> tuple[float, float]:
+    """GEMM rate now on the shape of the model's MLP ([512, hidden] x [hidden, inner]) in ``dtype``: GFLOP per
+    wall second, and GFLOP per CPU second of the process (what one busy core does, whatever the load)."""
+    a, b = torch.randn(512, hidden).to(dtype), torch.randn(hidden, inner).to(dtype)
+    for _ in range(3):
+        a @ b
+    n, start, cpu = 0, time.perf_counter(), time.process_time()
+    while time.perf_counter() - start < seconds:
+        a @ b
+        n += 1
+    flop = 2 * 512 * hidden * inner * n / 1e9
+    return flop / (time.perf_counter() - start), flop / max(time.process_time() - cpu, 1e-9)
+
+
+def speed_arguments(parser) -> None:
+    """The arguments of ``speed``."""
+    parser.add_argument("--requests", type=int, default=8, help="requests of the reference run (default: %(default)s)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="interleaved repeats of every arm (default: %(default)s)")
+    parser.add_argument("--batch-tokens", type=int, default=4096,
+                        help="the batched arm's budget (default: %(default)s)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--bf16", action="store_true", help="also the per-request arm in bfloat16")
+    parser.add_argument("--sdpa", action="store_true", help="also the per-request arm on torch's sdpa attention")
+    parser.add_argument("--seed", type=int, default=0, help="which requests (default: %(default)s)")
+
+
+def run_speed(args, parser) -> int:
+    """Throughput of ``entropy-law entropy`` (output tokens per second) on this machine, per batching arm.
+
+    The engine run is real: requests of the n-gram reference traces (``data/traces/ngram``: Spec-Bench prompts
+    through the default target's chat template, its greedy outputs, the rounds it verified) written as vLLM
+    ``detailed`` responses (prompt ids, output ids, per-step accepted / drafted counts) and imported with
+    ``entropy-law import``. Each arm computes the target statistics of that import into its own run through
+    the one job (``entropy_law.jobs.entropy.compute_target_stats``), so every arm goes through the same loading,
+    timing (the job's own clock: forward passes and statistics, not the import or the writing) and counting
+    (output tokens scored). Arms: one forward per request (``batch_tokens=0``) and left-padded batches of
+    ``--batch-tokens``; with ``--sdpa`` also the per-request arm on torch's fused attention (the target is
+    loaded with transformers' eager attention by default), with ``--bf16`` also the per-request arm in bfloat16 (weights and activations; the statistics stay fp32: its entropy error against the fp32 arm is printed). One warm-up request first, then
+    the arms run interleaved ``--repeats`` times in a rotating order (load drifts on a shared machine hit all
+    alike); the table shows the median and the range.
+
+    Checks printed beside the speed: that the entropies equal the decoder's recorded ones (the reference
+    traces' ``target_entropy_nats``, recorded online with a KV cache; teacher forcing must agree to fp32
+    round-off), that the target's argmax is the output token everywhere (greedy outputs), and the physical
+    bound: FLOPs per output token (2 x body parameters x (prompt + output) / output + 2 x LM-head parameters)
+    against the fp32 GEMM rate this machine reaches now.
+
+        python bench/entropy.py speed                        # 8 requests, 3 repeats, torch's threads
+        python bench/entropy.py speed --requests 24 --threads 1 --bf16
+    Ends with ONE JSON line.
+    """
+    if not (REFERENCE / "run.json").is_file():
+        print(f"no reference traces at {REFERENCE}; this bench needs them", file=sys.stderr)
+        return 2
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+
+    from entropy_law.decoding.loading import load_target
+    from entropy_law.importers import import_jsonl
+    from entropy_law.jobs.entropy import compute_target_stats
+    from entropy_law.traces.reader import load_traces
+
+    reference = load_traces(REFERENCE)
+    block = int(reference.runs["drafter_config"][0]["block_size"])
+    target = load_target()
+    requests = reference.requests
+    rng = np.random.default_rng(args.seed)
+    chosen = sorted(rng.choice(requests["request_id"].astype(str).to_numpy(), size=args.requests + 1, replace=False))
+    warmup, chosen = chosen[:1], chosen[1:]
+    arms = {"per request": (target, 0), f"batched {args.batch_tokens}": (target, args.batch_tokens)}
+    if args.sdpa:
+        arms["per request, sdpa"] = (load_target(attn_implementation="sdpa"), 0)
+    if args.bf16:
+        arms["per request, bf16"] = (load_target(dtype=torch.bfloat16), 0)
+
+    with tempfile.TemporaryDirectory(prefix="entropy-speed-") as tmp:
+        tmp = Path(tmp)
+        lines = engine_lines(reference, target.tokenizer, warmup + chosen, block - 1)
+        for name, part in (("warmup", lines[:1]), ("bench", lines[1:])):
+            (tmp / f"{name}.jsonl").write_text("".join(json.dumps(line) + "\n" for line in part))
+            import_jsonl(tmp / f"{name}.jsonl", "vllm", tmp / name)
+        for arm, (model, batch) in arms.items():  # the same warm-up for every arm
+            compute_target_stats(tmp / "warmup", model, out=tmp / f"warmup-{len(arm)}-{batch}", batch_tokens=batch)
+        runs: dict[str, list] = {arm: [] for arm in arms}
+        names = list(arms)
+        for repeat in range(args.repeats):
+            for i in range(len(names)):
+                arm = names[(i + repeat) % len(names)]
+                model, batch = arms[arm]
+                out = tmp / f"run-{repeat}-{names.index(arm)}"
+                summary = compute_target_stats(tmp / "bench", model, out=out, batch_tokens=batch)
+                runs[arm].append((summary, out))
+        # the statistics against the decoder's recorded entropies, and the arms against each other
+        recorded = reference.tokens.set_index(["request_id", "position"])["target_entropy_nats"]
+        errors, versus_fp32, entropies = {}, {}, {}
+        for arm in arms:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                ours = load_traces(runs[arm][0][1]).tokens
+            ours = ours.assign(request_id=ours["request_id"].astype(str)).set_index(["request_id", "position"])
+            entropies[arm] = ours["target_entropy_nats"].astype(float)
+            diff = (entropies[arm] - recorded.reindex(ours.index).astype(float)).abs()
+            errors[arm] = float(diff.max())
+        for arm in arms:  # every arm against the fp32 per-request arm, token by token
+            d = (entropies[arm] - entropies[names[0]].reindex(entropies[arm].index)).abs()
+            versus_fp32[arm] = {"max_abs_nats": float(d.max()), "mean_abs_nats": float(d.mean()),
+                                "max_rel": float((d / entropies[names[0]].reindex(d.index).clip(lower=1e-3)).max())}
+    tokens = runs[names[0]][0][0].tokens_now
+    prompt_tokens = int(requests.set_index("request_id").loc[chosen, "prompt_tokens"].sum())
+    config = target.model.config
+    body = sum(p.numel() for p in target.model.model.layers.parameters())
+    head = config.vocab_size * config.hidden_size
+    flops = 2 * body * (prompt_tokens + tokens) / tokens + 2 * head
+    gflops, gflops_cpu = gemm_gflops(config.hidden_size, config.intermediate_size)
+    bf16_gflops, bf16_gflops_cpu = gemm_gflops(config.hidden_size, config.intermediate_size, dtype=torch.bfloat16)
+    import os
+
+    load = os.getloadavg()
+
+    print(f"entropy-law entropy on {len(chosen)} Spec-Bench requests of the n-gram reference run: {prompt_tokens} "
+          f"prompt + {tokens} output tokens; torch threads {torch.get_num_threads()}; shared machine (load average "
+          f"{load[0]:.1f} on {os.cpu_count()} cores at the end): wall rates move with its load, rates per CPU second "
+          "much less")
+    print(f"{'arm':<24}{'tokens/s (median)':>19}{'range':>18}{'tokens/CPU-s':>14}{'argmax = token':>16}"
+          f"{'max |dH| vs decoder':>21}{'vs fp32 arm: max |dH|, mean':>30}")
+    result = {}
+    for arm in arms:
+        rates = [s.tokens_per_s for s, _ in runs[arm]]
+        per_cpu = statistics.median(s.tokens_now / s.cpu_seconds for s, _ in runs[arm])
+        agree = runs[arm][0][0].argmax_agree / tokens
+        v = versus_fp32[arm]
+        versus = f"{v['max_abs_nats']:.2e}, {v['mean_abs_nats']:.2e}"
+        result[arm] = {"tokens_per_s": statistics.median(rates), "min": min(rates), "max": max(rates),
+                       "tokens_per_cpu_s": per_cpu, "argmax_agree": agree, "max_abs_entropy_error_nats": errors[arm],
+                       "entropy_vs_fp32_arm": v}
+        print(f"{arm:<24}{statistics.median(rates):>19,.0f}{f'{min(rates):,.0f} - {max(rates):,.0f}':>18}"
+              f"{per_cpu:>14,.0f}{agree:>16.2%}{errors[arm]:>21.2e}"
+              f"{versus:>30}")
+    bound = gflops * 1e9 / flops
+    cores = os.cpu_count() or 1
+    idle_fp32, idle_bf16 = cores * gflops_cpu * 1e9 / flops, cores * bf16_gflops_cpu * 1e9 / flops
+    print(f"physical bound: {flops / 1e9:.2f} GFLOP per output token (prompt:output = {prompt_tokens / tokens:.2f}); "
+          f"GEMM now: fp32 {gflops:.0f} GFLOP/s wall ({gflops_cpu:.0f} per CPU second), bf16 {bf16_gflops:.0f} "
+          f"({bf16_gflops_cpu:.0f} per CPU second); so at most ~{bound:,.0f} output tokens/s in fp32 at this load, and "
+          f"on {cores} idle cores at the full GEMM rate with nothing else costing anything ~{idle_fp32:,.0f} (fp32) "
+          f"/ ~{idle_bf16:,.0f} (bf16) tokens/s; 1,000 tokens/s needs {flops * 1000 / 1e9:.0f} GFLOP/s")
+    best = max(result, key=lambda a: result[a]["tokens_per_s"])
+    print(json.dumps({"bench": "entropy_speed", "requests": len(chosen), "prompt_tokens": prompt_tokens,
+                      "output_tokens": tokens, "threads": torch.get_num_threads(), "arms": result, "best_arm": best,
+                      "gemm_gflops": gflops, "gemm_gflops_per_cpu_s": gflops_cpu, "bf16_gemm_gflops": bf16_gflops,
+                      "bf16_gemm_gflops_per_cpu_s": bf16_gflops_cpu, "gflop_per_output_token": flops / 1e9,
+                      "bound_tokens_per_s": bound, "idle_bound_fp32_tokens_per_s": idle_fp32,
+                      "idle_bound_bf16_tokens_per_s": idle_bf16, "load_average": load, "goal_tokens_per_s": 1000}))
+    return 0
+
+
+COMMANDS = {  # subcommand: (adds its arguments, runs it)
+    "speed": (speed_arguments, run_speed),
+}
+
+
+def main(argv=None):
+    """Runs one subcommand with its arguments; returns what it returns."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    subcommands = parser.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
+    parsers = {}
+    for name, (arguments, run) in COMMANDS.items():
+        parsers[name] = subcommands.add_parser(name, help=run.__doc__.splitlines()[0].replace("%", "%%"),
+                                               description=run.__doc__.split("\n\n")[0])
+        arguments(parsers[name])
+    args = parser.parse_args(argv)
+    return COMMANDS[args.subcommand][1](args, parsers[args.subcommand])
+
+
+if __name__ == "__main__":
+    result = main()
+    sys.exit(result if isinstance(result, int) else 0)

@@ -1,0 +1,367 @@
+"""GLANCE's law beside ours, per arm, held out by category.
+
+Subcommands (each prints a table and ends with one JSON line):
+
+    python bench/glance.py law [ARGS]
+
+``python bench/glance.py SUBCOMMAND --help`` lists a subcommand's arguments.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from entropy_law.law.analysis import TraceAnalysis  # noqa: E402
+from entropy_law.law.atrisk import at_risk_table  # noqa: E402
+from entropy_law.law.fit import PRIMARY_FALLBACK, get_family  # noqa: E402
+from entropy_law.law.glance import (category_frame, fit_glance, glance_rounds, loco_glance,  # noqa: E402
+                                    read_glance_rounds, round_scores)
+from entropy_law.plots.glance import glance_wins, loco_ours, primary_family  # noqa: E402
+from entropy_law.traces.reader import load_traces  # noqa: E402
+
+
+# --- law -------------------------------------------------------------------------------------------------------------
+
+GOAL_MSE_REDUCTION = 0.15  # the primary law's per-round MSE at least this far below GLANCE's
+GOAL_CATEGORY_RATIO = 0.5  # the primary law's category-mean error at most this share of GLANCE's
+GLANCE_FORMS = {"glance": "code", "glance_readme": "readme"}
+DRAFTER_AWARE = "law_exp_obs_ceil_drafttop"  # + the drafter's confidence in its own proposal (--drafter-aware)
+COPY_AWARE = "law_exp_obs_ceil_copy"  # + the context's copyability before each position (tokens column context_match)
+DRAFTER_AWARE_COPY = "law_exp_obs_ceil_drafttop_copy"  # both (--drafter-aware, with the copyability)
+TOP1_AWARE = "law_exp_obs_ceil_top1"  # + the target's own top-1 probability at each position (target_top1_prob)
+TOP1_COPY = "law_exp_obs_ceil_top1_copy"  # + the target's top-1 probability and the copyability
+DRAFTER_AWARE_TOP1_COPY = "law_exp_obs_ceil_drafttop_top1_copy"  # all three (--drafter-aware)
+# the covariate laws beside the primary: (family, report key, what it adds); what each needs is its family's
+COVARIATE_LAWS = (
+    (COPY_AWARE, "copy_aware", "+ the context's copyability before each position"),
+    (TOP1_AWARE, "top1_aware", "+ the target's own top-1 probability at each position"),
+    (TOP1_COPY, "top1_copy_aware", "+ the target's top-1 probability and the context's copyability"),
+    (DRAFTER_AWARE_COPY, "drafter_aware_copy", "+ the drafter's confidence and the context's copyability"),
+    (DRAFTER_AWARE_TOP1_COPY, "drafter_aware_top1_copy", "+ the drafter's confidence, the target's top-1 probability "
+     "and the context's copyability"),
+)
+COLUMNS = ["mse", "cat_mae", "cat_max", "r2_curve", "r2_round", "r2_ceiling", "frac_of_ceiling", "holds"]
+
+
+def covariate_laws(copy: bool, top1: bool, drafts: bool) -> list:
+    """The rows of ``COVARIATE_LAWS`` whose inputs are there: ``copy`` (the traces hold the context's
+    copyability), ``top1`` (the target's top-1 probability at every position), ``drafts`` (the round proposals)."""
+    families = {row[0]: get_family(row[0]) for row in COVARIATE_LAWS}
+    return [row for row in COVARIATE_LAWS
+            if (copy or not families[row[0]].needs_context_match) and (top1 or not families[row[0]].needs_target_top1)
+            and (drafts or not families[row[0]].needs_draft_stats)]
+
+
+def our_laws(copy: bool = False, top1: bool = False) -> dict:
+    """name -> (family, root entropy only): the primary law (read at call time), the same with the root
+    entropy at every depth (GLANCE's information, plus D), ``fit.PRIMARY_FALLBACK`` (the primary law of traces
+    without the target's top-1 probability) and law_exp (the first primary law), for reference;
+    and the covariate laws without the drafter whose inputs are there (``covariate_laws``), each with its root
+    variant (the root's entropy and covariates at every depth: known before the round)."""
+    primary = primary_family()
+    laws = {primary: (primary, False), f"{primary}_root": (primary, True)}
+    if primary != PRIMARY_FALLBACK:  # the primary of traces without the target's top-1 probability
+        laws[PRIMARY_FALLBACK] = (PRIMARY_FALLBACK, False)
+    if primary != "law_exp":
+        laws["law_exp"] = ("law_exp", False)
+    for family, *_ in covariate_laws(copy, top1, drafts=False):  # without the drafter's confidence
+        if family != primary:
+            laws.update({family: (family, False), f"{family}_root": (family, True)})
+    return laws
+
+
+def score_arm(view, arm: str, drafts: pd.DataFrame | None = None, copy: bool = False, top1: bool = False):
+    """(scores by law, category means, GLANCE's in-sample law, the rounds, LOCO predictions by law). With
+    ``drafts`` (the arm's round proposals), also the drafter-aware law ``DRAFTER_AWARE``; and the covariate laws
+    whose inputs are there (``covariate_laws``: ``copy``, the context's copyability; ``top1``, the target's top-1
+    probability)."""
+    rounds = glance_rounds(view)
+    in_sample = fit_glance(rounds)
+    scores, predictions = {}, {}
+    for name, form in GLANCE_FORMS.items():
+        predictions[name], fits = loco_glance(rounds, form=form)
+        scores[name] = round_scores(rounds, predictions[name], slope=[f.b1_fitted for f in fits.values()])
+    rows = at_risk_table(view, drafters=[arm])
+    laws = our_laws(copy, top1)
+    for family in dict.fromkeys(family for family, _ in laws.values()):  # each family fitted once per fold
+        names = [name for name, (f, _) in laws.items() if f == family]
+        predicted, slopes = loco_ours(view, arm, rounds, family, rows=rows,
+                                      root_only=tuple(laws[name][1] for name in names))
+        for name, values in zip(names, predicted if len(names) > 1 else (predicted,)):
+            predictions[name] = values
+            scores[name] = round_scores(rounds, values, slope=slopes, slope_max=np.inf)
+    if drafts is not None:
+        for family in (DRAFTER_AWARE, *[row[0] for row in covariate_laws(copy, top1, drafts=True)
+                                        if get_family(row[0]).needs_draft_stats]):
+            predictions[family], slopes = loco_ours(view, arm, rounds, family, rows=rows, drafts=drafts)
+            scores[family] = round_scores(rounds, predictions[family], slope=slopes, slope_max=np.inf)
+    return scores, category_frame(scores), in_sample, rounds, predictions
+
+
+N_BOOT = 1000  # request-bootstrap replicates of the ratios (seeded)
+
+
+def ratio_intervals(rounds: pd.DataFrame, ours: np.ndarray, theirs: np.ndarray, *, n_boot: int = N_BOOT,
+                    seed: int = 0) -> dict:
+    """95% percentile intervals of 1 - MSE(ours) / MSE(theirs) and of the category-mean error ratio, resampling
+    requests within each category (the rounds of a request stay together; multinomial weights, seeded)."""
+    a = rounds["accepted"].to_numpy(dtype=float)
+    keys = rounds["run_id"].astype(str) + "\0" + rounds["request_id"].astype(str)
+    per = pd.DataFrame({"key": keys, "category": rounds["category"].astype(str), "n": 1.0, "obs": a,
+                        "ours": ours, "theirs": theirs, "se_ours": (ours - a) ** 2, "se_theirs": (theirs - a) ** 2})
+    per = per.groupby(["category", "key"], sort=True).sum(numeric_only=True)
+    rng = np.random.default_rng(seed)
+    total = {c: np.zeros(n_boot) for c in ("n", "se_ours", "se_theirs")}
+    err_ours, err_theirs = [], []
+    for _, part in per.groupby(level="category", sort=True):
+        w = rng.multinomial(len(part), np.full(len(part), 1.0 / len(part)), size=n_boot).astype(float)
+        sums = {c: w @ part[c].to_numpy() for c in ("n", "obs", "ours", "theirs", "se_ours", "se_theirs")}
+        for c in total:
+            total[c] += sums[c]
+        err_ours.append(np.abs(sums["ours"] - sums["obs"]) / sums["n"])
+        err_theirs.append(np.abs(sums["theirs"] - sums["obs"]) / sums["n"])
+    reduction = 1.0 - total["se_ours"] / total["se_theirs"]
+    ratio = np.mean(err_ours, axis=0) / np.mean(err_theirs, axis=0)
+    q = lambda x: [float(v) for v in np.percentile(x, [2.5, 97.5])]  # noqa: E731
+    return {"mse_reduction_ci": q(reduction), "category_mean_error_ratio_ci": q(ratio)}
+
+
+def goal_lines(entry: dict, ours: str, scores: dict, predictions: dict, rounds: pd.DataFrame, *,
+               indent: str = "") -> bool:
+    """Print law ``ours`` against both GLANCE forms (the goals, with request-bootstrap intervals), fill
+    ``entry["vs_<form>"]``; whether both goals are met against both forms."""
+    goal = True
+    for name in GLANCE_FORMS:
+        reduction = 1.0 - scores[ours]["mse"] / scores[name]["mse"]
+        ratio = scores[ours]["category_mean_mae"] / scores[name]["category_mean_mae"]
+        met = bool(reduction >= GOAL_MSE_REDUCTION and ratio <= GOAL_CATEGORY_RATIO)
+        goal &= met
+        ci = ratio_intervals(rounds, predictions[ours], predictions[name])
+        entry[f"vs_{name}"] = {"mse_reduction": reduction, "category_mean_error_ratio": ratio, "goal_met": met, **ci}
+        lo, hi = ci["mse_reduction_ci"]
+        rlo, rhi = ci["category_mean_error_ratio_ci"]
+        print(f"{indent}{ours} vs {name}: per-round MSE {reduction:+.1%} lower [{lo:+.1%}, {hi:+.1%}] "
+              f"(goal >= {GOAL_MSE_REDUCTION:.0%}), category-mean error x{ratio:.2f} [{rlo:.2f}, {rhi:.2f}] "
+              f"(goal <= {GOAL_CATEGORY_RATIO}): {'goal met' if met else 'GOAL NOT MET'}")
+    return goal
+
+
+def round_drafts(analysis, arm: str, tasks: str, cache: Path | None) -> pd.DataFrame:
+    """The arm's round proposals (``jobs.reference.round_proposals`` over each of its runs: every recorded round
+    replayed and checked equal first; the block drafter needs a teacher-forced target pass per request), read from
+    ``cache/<arm>.parquet`` where an earlier run wrote them, else computed (and written there)."""
+    path = cache / f"{arm.replace(' ', '_')}.parquet" if cache is not None else None
+    if path is not None and path.is_file():
+        return pd.read_parquet(path)
+    import torch
+
+    from entropy_law.decoding.loading import load_target
+    from entropy_law.jobs.reference import round_proposals
+
+    torch.set_num_threads(1)
+    target = load_target("smollm2-135m")
+    t0 = time.process_time()
+    paths = analysis.runs.loc[analysis.runs["arm"] == arm, "path"]
+    frame = pd.concat([round_proposals(Path(p), target, tasks=tasks) for p in paths], ignore_index=True)
+    print(f"{arm}: {len(frame)} drafted depths of {frame.groupby(['run_id', 'request_id', 'round_index']).ngroups} "
+          f"rounds replayed, every round equal to the recorded one [{time.process_time() - t0:.0f} s CPU]", flush=True)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        frame.to_parquet(path, index=False)
+    return frame
+
+
+def table(scores: dict) -> pd.DataFrame:
+    return pd.DataFrame({name: {"mse": s["mse"], "cat_mae": s["category_mean_mae"], "cat_max": s["category_mean_max_abs"],
+                                "r2_curve": s["r2_curve"], "r2_round": s["r2_round"], "r2_ceiling": s["r2_ceiling"],
+                                "frac_of_ceiling": s["frac_of_ceiling"], "holds": s["holds"]}
+                         for name, s in scores.items()}).T[COLUMNS]
+
+
+def law_arguments(parser) -> None:
+    """The arguments of ``law``."""
+    parser.add_argument("--traces", default="data/traces", help="trace folder (default: the shipped reference traces)")
+    parser.add_argument("--glance-log", default=None, help="also fit GLANCE's law to this GLANCE round log (JSONL)")
+    parser.add_argument("--drafter-aware", action="store_true",
+                        help=f"also score {DRAFTER_AWARE}: replays every arm's rounds for the drafter's confidence at "
+                             "each verified depth (loads the default target; the block arms take a teacher-forced pass "
+                             "per request, about half an hour for data/traces)")
+    parser.add_argument("--tasks", default="spec_bench", help="--drafter-aware: the prompts the runs decoded, for runs "
+                        "whose run.json names none (default spec_bench)")
+    parser.add_argument("--drafts-cache", default=None, metavar="DIR",
+                        help="--drafter-aware: read the replayed round proposals from DIR/<arm>.parquet, or write them")
+    parser.add_argument("--no-context-match", action="store_true",
+                        help=f"leave out {COPY_AWARE} (by default the context's copyability is attached from the "
+                             "prompts to runs recorded without it, with the tokenizer of the target they name)")
+
+
+def run_law(args, parser) -> None:
+    """GLANCE's draftability law against our primary law, round by round, leave-one-category-out.
+
+    The primary law is ``entropy_law.law.analysis.DEFAULT_FAMILY`` (read at run time through
+    ``entropy_law.plots.glance.primary_family``; ``law_exp_obs_ceil`` when this was written). For every drafting arm
+    of the traces (default ``data/traces``; the AR arm drafts nothing and is skipped):
+
+    1. GLANCE's law as GLANCE fits it (code form, per category and pooled, in sample): b0, b1, r2_curve,
+       r2_round / r2_ceiling, Spearman rho and holds().
+    2. Leave-one-category-out, per drafting round (H = the root entropy, a = accepted drafts): for each category,
+       each law is fitted without it and predicts the accepted drafts of every one of its rounds:
+       - ``glance``: GLANCE's law, code form, E[a | H] = min(exp(b0 - b1 H), 15);
+       - ``glance_readme``: GLANCE's law, README form, p + ... + p^15;
+       - PRIMARY: our primary law, E[tau] = sum_k prod_{j<=k} a(x_{t+j-1}, j) over the round's drafted depth D
+         (``tree_depth``, known before verification), along the entropies of the greedy output
+         (``glance.law_round_expectations``);
+         The entropies at depths 2..D are those of positions the round has not reached yet: they describe the
+         round (as the law does), they are not all known before it;
+       - PRIMARY_root: the same law with the root entropy at every depth (GLANCE's information, plus D): what a
+         prediction made before the round can use (printed beside the goals, not a goal);
+       - ``law_exp``: the first primary law, for reference (not a goal);
+       - ``law_exp_obs_ceil_copy`` (and ``_root``): law_exp_obs_ceil + the context's copyability before each position
+         (tokens column ``context_match``, attached from the prompts to runs recorded without it; ``--no-context-match``
+         leaves it out), with its goal lines; with ``--drafter-aware`` also ``law_exp_obs_ceil_drafttop_copy``;
+       - ``law_exp_obs_ceil_top1`` and ``law_exp_obs_ceil_top1_copy`` (and ``_root``): law_exp_obs_ceil + the target's
+         own top-1 probability at each position (tokens column ``target_top1_prob``), without and with the
+         copyability; with ``--drafter-aware`` also ``law_exp_obs_ceil_drafttop_top1_copy`` (``COVARIATE_LAWS``).
+       Scores (``glance.round_scores``): per-round MSE, |mean predicted - mean observed| per category (mean
+       over categories: ``cat_mae``), r2_curve (bin means of the predictions against bin means of a, 10
+       root-entropy quantile bins), r2_round / r2_ceiling and GLANCE's holds() (slope: every fold's b1 or k).
+       Ratios come with 95% intervals from 1000 request-bootstrap replicates (requests resampled within each
+       category, seeded).
+    3. The goals, per arm: the primary law's per-round MSE at least 15% below GLANCE's (both forms) and
+       its category-mean error at most half of GLANCE's; and every place where a GLANCE form does at least as well.
+
+    ``--glance-log FILE.jsonl`` also fits GLANCE's law to one of GLANCE's round logs (our law needs per-depth
+    entropies, which those logs do not hold). Prints tables and ends with one JSON line; a few minutes on one core
+    (shared machine).
+
+        OMP_NUM_THREADS=1 python bench/glance.py law [--traces data/traces] [--glance-log rounds.jsonl]
+    """
+    started = time.time()
+    primary = primary_family()
+    traces = load_traces(args.traces)
+    copy = not args.no_context_match
+    if copy:
+        from entropy_law.jobs.reference import ensure_context_matches
+
+        traces, rebuilt = ensure_context_matches(traces, tasks=args.tasks)
+        if rebuilt:
+            print(f"context's copyability attached from the prompts ({rebuilt}'s tokenizer, {args.tasks})", flush=True)
+    top1 = "target_top1_prob" in traces.tokens and bool(traces.tokens["target_top1_prob"].notna().all())
+    analysis = TraceAnalysis(traces)
+    report, all_wins, aware_wins, covariate_wins = {}, [], [], {}
+    pd.set_option("display.width", 160)
+    pd.set_option("display.max_columns", 20)
+    for arm in analysis.arms:
+        view = analysis.arm_view(arm)
+        drafts = (round_drafts(analysis, arm, args.tasks, Path(args.drafts_cache) if args.drafts_cache else None)
+                  if args.drafter_aware else None)
+        scores, categories, in_sample, rounds, predictions = score_arm(view, arm, drafts, copy, top1)
+        print(f"\n=== {arm}: GLANCE's law in sample (code form, as GLANCE's experiments/fit_law.py reports it)")
+        print(in_sample.summary[["n_rounds", "mean_accepted", "b0", "b1", "r2_curve", "r2_round", "r2_ceiling",
+                                 "frac_of_ceiling", "spearman_rho", "holds"]].round(4).to_string())
+        print(f"\n--- {arm}: leave-one-category-out, per drafting round ({scores[primary]['n_rounds']} rounds)")
+        print(table(scores).to_string(float_format=lambda v: f"{v:.4f}"))
+        print("mean accepted drafts per category, observed and LOCO-predicted:")
+        print(categories.round(3).to_string())
+        ours = scores[primary]
+        entry = {"rounds": ours["n_rounds"], "mean_accepted": ours["mean_accepted"]}
+        goal = goal_lines(entry, primary, scores, predictions, rounds)
+        if DRAFTER_AWARE in scores:
+            print(f"  the drafter-aware law ({DRAFTER_AWARE}: + the drafter's confidence in its own proposal at each "
+                  "depth, known before verification, from the rounds replayed):")
+            aware = {}
+            entry["drafter_aware"] = aware
+            aware["goal_met"] = goal_lines(aware, DRAFTER_AWARE, scores, predictions, rounds, indent="  ")
+        for name, key, what, *_ in COVARIATE_LAWS:
+            if name in scores:
+                print(f"  the covariate law {name} ({what}):")
+                entry[key] = {}
+                entry[key]["goal_met"] = goal_lines(entry[key], name, scores, predictions, rounds, indent="  ")
+        root = scores[f"{primary}_root"]  # before the round: the root entropy and D only, GLANCE's information + D
+        for name in GLANCE_FORMS:
+            reduction = 1.0 - root["mse"] / scores[name]["mse"]
+            ratio = root["category_mean_mae"] / scores[name]["category_mean_mae"]
+            entry[f"root_only_vs_{name}"] = {"mse_reduction": reduction, "category_mean_error_ratio": ratio}
+            print(f"  {primary}_root (pre-round information only) vs {name}: per-round MSE {reduction:+.1%} lower, "
+                  f"category-mean error x{ratio:.2f} (not a goal)")
+        entry["goal_met"] = goal
+        entry["laws"] = {name: {k: s[k] for k in ("mse", "category_mean_mae", "r2_curve", "r2_round", "r2_ceiling",
+                                                  "frac_of_ceiling", "holds")} for name, s in scores.items()}
+        entry["glance_in_sample"] = {"b0": in_sample.b0, "b1": in_sample.b1, "r2_curve": in_sample.r2_curve,
+                                     "frac_of_ceiling": in_sample.frac_of_ceiling, "holds": in_sample.holds()}
+        wins = glance_wins(arm, {k: v for k, v in scores.items() if k in (primary, *GLANCE_FORMS)}, primary)
+        all_wins += wins
+        if DRAFTER_AWARE in scores:
+            aware_wins += glance_wins(arm, {k: v for k, v in scores.items() if k in (DRAFTER_AWARE, *GLANCE_FORMS)},
+                                      DRAFTER_AWARE)
+        for name, *_ in COVARIATE_LAWS:
+            if name in scores:
+                covariate_wins.setdefault(name, []).extend(
+                    glance_wins(arm, {k: v for k, v in scores.items() if k in (name, *GLANCE_FORMS)}, name))
+        report[arm] = entry
+    skipped = analysis.ar_arms
+    print(f"\nskipped (no drafting rounds): {', '.join(skipped) or 'none'}")
+    print(f"\nwhere GLANCE's law does at least as well as {primary} (LOCO):")
+    print("\n".join(f"  {w}" for w in all_wins) if all_wins else "  nowhere")
+    if args.drafter_aware:
+        print(f"\nwhere GLANCE's law does at least as well as {DRAFTER_AWARE} (LOCO):")
+        print("\n".join(f"  {w}" for w in aware_wins) if aware_wins else "  nowhere")
+    for name, wins in covariate_wins.items():
+        print(f"\nwhere GLANCE's law does at least as well as {name} (LOCO):")
+        print("\n".join(f"  {w}" for w in wins) if wins else "  nowhere")
+    imported = None
+    if args.glance_log:
+        log_rounds = read_glance_rounds(args.glance_log)
+        law = fit_glance(log_rounds)
+        print(f"\n=== GLANCE round log {args.glance_log}")
+        law.print_summary()
+        imported = {"path": args.glance_log, "rounds": law.n_rounds, "b0": law.b0, "b1": law.b1,
+                    "r2_curve": law.r2_curve, "holds": law.holds()}
+    every = all(entry["goal_met"] for entry in report.values())
+    print(f"\ngoals ({primary} vs both GLANCE forms, every arm): {'met' if every else 'NOT met'}")
+    if args.drafter_aware:
+        met = [arm for arm, entry in report.items() if entry["drafter_aware"]["goal_met"]]
+        print(f"goals ({DRAFTER_AWARE} vs both GLANCE forms): met on {', '.join(met) or 'no arm'}; not met on "
+              f"{', '.join(a for a in report if a not in met) or 'none'}")
+    for name, key, *_ in COVARIATE_LAWS:
+        if all(key in entry for entry in report.values()) and report:
+            met = [arm for arm, entry in report.items() if entry[key]["goal_met"]]
+            print(f"goals ({name} vs both GLANCE forms): met on {', '.join(met) or 'no arm'}; not met on "
+                  f"{', '.join(a for a in report if a not in met) or 'none'}")
+    print(json.dumps({"bench": "glance_law", "traces": args.traces, "primary_family": primary, "goal_met_every_arm": every, "arms": report,
+                      "skipped_arms": skipped, "glance_wins": all_wins,
+                      "glance_wins_drafter_aware": aware_wins if args.drafter_aware else None,
+                      "glance_wins_covariate_laws": covariate_wins, "glance_log": imported,
+                      "seconds": round(time.time() - started, 1)}, default=float))
+
+
+COMMANDS = {  # subcommand: (adds its arguments, runs it)
+    "law": (law_arguments, run_law),
+}
+
+
+def main(argv=None):
+    """Runs one subcommand with its arguments; returns what it returns."""
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    subcommands = parser.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
+    parsers = {}
+    for name, (arguments, run) in COMMANDS.items():
+        parsers[name] = subcommands.add_parser(name, help=run.__doc__.splitlines()[0].replace("%", "%%"),
+                                               description=run.__doc__.split("\n\n")[0])
+        arguments(parsers[name])
+    args = parser.parse_args(argv)
+    return COMMANDS[args.subcommand][1](args, parsers[args.subcommand])
+
+
+if __name__ == "__main__":
+    result = main()
+    sys.exit(result if isinstance(result, int) else 0)
