@@ -9,6 +9,7 @@ import torch
 
 from conftest import tiny_llama
 from entropy_law.decoding.decoder import SpeculativeDecoder
+from entropy_law.decoding.gate import PredicateGate, RatioGate
 from entropy_law.decoding.interface import DraftProposal
 from entropy_law.decoding.observers import distribution_stats
 from entropy_law.decoding.replay import replay_rounds
@@ -42,7 +43,7 @@ def test_round_walks_the_tree_commits_the_correction_and_counts_accepted():
     # output so far [10] (pending root); the target continues 11, 12, 99, ...; the chain drafts 11, 12, 13
     state = RequestState(prompt_ids=[1, 2, 3], max_new_tokens=20, output=[10], start=3)
     target = ScriptedTarget([10, 11, 12, 99, 5, 6])
-    rules = RoundRules.make("chain", min_expected_accepted=0.0)
+    rules = RoundRules.make("chain", policy=RatioGate(min_expected_accepted=0.0))
     record = play_round(state, rules, lambda tokens: chain([11, 12, 13]), target, timed=False)
     assert record.committed_ids == [11, 12, 99] and record.accepted == 2 and not record.ends_at_leaf
     assert (record.start_position, record.context_len, record.tree_nodes, record.tree_depth) == (1, 3, 3, 3)
@@ -53,7 +54,7 @@ def test_round_walks_the_tree_commits_the_correction_and_counts_accepted():
 
 
 def test_round_takes_the_bonus_token_at_a_leaf_and_stops_at_eos_and_budget():
-    rules = RoundRules.make("chain", eos_token_ids=[12], min_expected_accepted=0.0)
+    rules = RoundRules.make("chain", eos_token_ids=[12], policy=RatioGate(min_expected_accepted=0.0))
     state = RequestState(prompt_ids=[1], max_new_tokens=20, output=[10], start=1)
     record = play_round(state, rules, lambda tokens: chain([11, 12]), ScriptedTarget([10, 11, 12, 13]),
                         timed=False)
@@ -64,7 +65,7 @@ def test_round_takes_the_bonus_token_at_a_leaf_and_stops_at_eos_and_budget():
     record = play_round(state, rules, lambda tokens: chain([12, 13]), ScriptedTarget([10, 12, 13, 14]), timed=False)
     assert record.committed_ids == [12] and record.accepted == 1 and not record.ends_at_leaf
 
-    rules = RoundRules.make("chain", min_expected_accepted=0.0)
+    rules = RoundRules.make("chain", policy=RatioGate(min_expected_accepted=0.0))
     state = RequestState(prompt_ids=[1], max_new_tokens=20, output=[10], start=1)
     record = play_round(state, rules, lambda tokens: chain([11, 12]), ScriptedTarget([10, 11, 12, 13]),
                         timed=False)
@@ -79,7 +80,7 @@ def test_round_takes_the_bonus_token_at_a_leaf_and_stops_at_eos_and_budget():
 
 
 def test_gate_declines_a_weak_draft_and_the_round_is_a_plain_step():
-    rules = RoundRules.make("chain", verify_cost_ratio=2.0)  # drafts only if E >= 1
+    rules = RoundRules.make("chain", policy=RatioGate(2.0))  # drafts only if E >= 1
     state = RequestState(prompt_ids=[1], max_new_tokens=20, output=[10], start=1)
     record = play_round(state, rules, lambda tokens: chain([11, 12], prob=0.3), ScriptedTarget([10, 11, 12]),
                         timed=False)
@@ -112,11 +113,10 @@ def test_should_draft_works_online_and_in_replay_alike():
     model = tiny_llama(1, vocab=48, init_std=0.05)
     prompt = [5, 6, 7, 5, 6, 7, 5, 6]
     never = lambda proposal, tree: False  # noqa: E731
-    ungated = SpeculativeDecoder(model, NgramDrafter(block_size=4), min_expected_accepted=0.0,
-                                 eos_token_ids=[]).generate(prompt, max_new_tokens=24)
+    ungated = SpeculativeDecoder(model, NgramDrafter(block_size=4), eos_token_ids=[],
+                                 policy=RatioGate(min_expected_accepted=0.0)).generate(prompt, max_new_tokens=24)
     assert any(r.drafted for r in ungated.rounds), "the case must draft for the option to matter"
-    gated = SpeculativeDecoder(model, NgramDrafter(block_size=4), should_draft=never,
-                               eos_token_ids=[]).generate(prompt, max_new_tokens=24)
+    gated = SpeculativeDecoder(model, NgramDrafter(block_size=4), eos_token_ids=[], policy=PredicateGate(never)).generate(prompt, max_new_tokens=24)
     assert gated.token_ids == ungated.token_ids and not any(r.drafted for r in gated.rounds)
     replayed = replay_rounds(prompt, gated.token_ids, NgramDrafter(block_size=4), should_draft=never,
                              max_new_tokens=24)
