@@ -55,7 +55,8 @@ def test_speculative_output_equals_greedy_and_replay_equals_online(trained, tree
     accepted_total = 0
     for prompt in PROMPTS:
         reference = hf_greedy(model, prompt, 30)
-        decoder = SpeculativeDecoder(model, drafter, tree=tree, budget=budget, policy=RatioGate(min_expected_accepted=0.0))
+        decoder = SpeculativeDecoder(model, drafter, tree=tree, budget=budget,
+                                     policy=RatioGate(min_expected_accepted=0.0))
         result = decoder.generate(prompt, max_new_tokens=30)
         assert result.token_ids == reference
         online = [r.accepted for r in result.rounds]

@@ -47,7 +47,8 @@ def test_a_drafter_that_proposes_the_greedy_tokens_gets_everything_accepted(mode
     reference = hf_greedy(model, prompt, 60)
     block = 6
     drafter = OracleDrafter(reference + [0] * block, block_size=block)
-    result = SpeculativeDecoder(model, drafter, policy=RatioGate(min_expected_accepted=0)).generate(prompt, max_new_tokens=43)
+    result = SpeculativeDecoder(model, drafter, policy=RatioGate(min_expected_accepted=0)).generate(
+        prompt, max_new_tokens=43)
     assert result.token_ids == reference[:43]
     decode_rounds = result.rounds[1:]  # round 0 is the prefill
     # 1 (prefill) + 7 full rounds of 6 = 43: every draft accepted, every round a full block
@@ -60,7 +61,8 @@ def test_stop_at_the_token_budget_inside_a_round(model):
     prompt = _prompt(2)
     reference = hf_greedy(model, prompt, 40)
     drafter = OracleDrafter(reference + [0] * 8, block_size=8)
-    result = SpeculativeDecoder(model, drafter, policy=RatioGate(min_expected_accepted=0)).generate(prompt, max_new_tokens=12)
+    result = SpeculativeDecoder(model, drafter, policy=RatioGate(min_expected_accepted=0)).generate(
+        prompt, max_new_tokens=12)
     assert result.token_ids == reference[:12] and result.stop_reason == "max_new_tokens"
     # the last round may only draft what the budget can still take: 1 + 8 + 3
     assert [r.committed for r in result.rounds] == [1, 8, 3]
@@ -165,7 +167,8 @@ def test_recorder_observer_sees_every_output_position_once(model):
     reference = hf_greedy(model, prompt, 25)
     recorder = FakeRecorder()
     drafter = OracleDrafter(reference + [0] * 5, block_size=5, k=2, p_correct=0.6, seed=1)
-    decoder = SpeculativeDecoder(model, drafter, observers=[RecorderObserver(recorder)], policy=RatioGate(min_expected_accepted=0))
+    decoder = SpeculativeDecoder(model, drafter, observers=[RecorderObserver(recorder)],
+                                 policy=RatioGate(min_expected_accepted=0))
     result = decoder.generate(prompt, max_new_tokens=25, category="coding", request_id="r1", question_id="q1")
     assert recorder.requests["r1"]["category"] == "coding"
     assert recorder.requests["r1"]["prompt_tokens"] == len(prompt)

@@ -126,7 +126,8 @@ def test_recorded_target_entropy_does_not_depend_on_the_drafter(model_seed):
     for name, drafter, tree, budget in drafters:
         recorder = FakeRecorder()
         result = SpeculativeDecoder(model, drafter, tree=tree, budget=budget, observers=[RecorderObserver(recorder)],
-                                    policy=RatioGate(min_expected_accepted=0.0)).generate(prompt, max_new_tokens=max_new)
+                                    policy=RatioGate(min_expected_accepted=0.0)).generate(prompt,
+                                                                                          max_new_tokens=max_new)
         assert result.token_ids == reference, name
         np.testing.assert_allclose(_recorded_entropy(recorder), ar_entropy, atol=1e-4, rtol=0, err_msg=name)
         if name == "oracle-chain":  # the drafter really changed the rounds

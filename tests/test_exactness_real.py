@@ -66,7 +66,8 @@ def test_ngram_chain_and_ddtree_equal_hf_generate_on_spec_bench(target):
     eos = model.generation_config.eos_token_id
     ar = ARDecoder(target)
     chain = SpeculativeDecoder(target, NgramDrafter(), tree="chain", policy=RatioGate(min_expected_accepted=0.0))
-    ddtree = SpeculativeDecoder(target, NgramDrafter(), tree="ddtree", budget=16, policy=RatioGate(min_expected_accepted=0.0))
+    ddtree = SpeculativeDecoder(target, NgramDrafter(), tree="ddtree", budget=16,
+                                policy=RatioGate(min_expected_accepted=0.0))
     drafted_rounds = 0
     for category, items in questions.items():
         assert len(items) == PER_CATEGORY, category

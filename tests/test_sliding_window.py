@@ -193,7 +193,8 @@ def test_speculative_equals_hf_greedy_and_ar(family):
     for tree, budget in (("chain", None), ("ddtree", 8)):
         for name, make in drafters.items():
             result = SpeculativeDecoder(model, make(), tree=tree, budget=budget,
-                                        policy=RatioGate(min_expected_accepted=0.0)).generate(prompt, max_new_tokens=MAX_NEW)
+                                        policy=RatioGate(min_expected_accepted=0.0)).generate(
+                prompt, max_new_tokens=MAX_NEW)
             assert result.token_ids == reference, (family, tree, name)
             if name == "oracle":
                 assert accepted_beyond_window(result) >= 30, (tree, [r.accepted for r in result.rounds])
@@ -209,7 +210,8 @@ def test_rounds_that_fill_the_window_are_exact(family):
     reference = list(greedy(family, 2, 3))
     for tree, budget in (("chain", None), ("ddtree", 8)):
         result = SpeculativeDecoder(model, OracleDrafter(reference + [0] * 8, block_size=8, vocab=VOCAB), tree=tree,
-                                    budget=budget, policy=RatioGate(min_expected_accepted=0.0)).generate(prompt, max_new_tokens=MAX_NEW)
+                                    budget=budget, policy=RatioGate(min_expected_accepted=0.0)).generate(
+            prompt, max_new_tokens=MAX_NEW)
         assert result.token_ids == reference, (family, tree)
         straddling = [r for r in result.rounds if r.context_len < WINDOW <= r.context_len + r.accepted]
         assert straddling, [(r.context_len, r.accepted) for r in result.rounds]
@@ -221,11 +223,10 @@ def test_recorded_target_entropy_equals_a_plain_forward(family):
     prompt = prompt_for(1)
     reference = list(greedy(family, 1))
     recorder = FakeRecorder()
-    result = SpeculativeDecoder(model,
-                                OracleDrafter(reference + [0] * 6, block_size=6, k=2, p_correct=0.8,
+    result = SpeculativeDecoder(model, OracleDrafter(reference + [0] * 6, block_size=6, k=2, p_correct=0.8,
                                                      vocab=VOCAB, seed=4),
-                                tree="ddtree", budget=8, observers=[RecorderObserver(recorder)],
-                                policy=RatioGate(min_expected_accepted=0.0)).generate(prompt, max_new_tokens=MAX_NEW)
+                                tree="ddtree", budget=8, policy=RatioGate(min_expected_accepted=0.0),
+                                observers=[RecorderObserver(recorder)]).generate(prompt, max_new_tokens=MAX_NEW)
     assert result.token_ids == reference and accepted_beyond_window(result) > 0
     recorded = np.concatenate([row["target_stats"]["entropy_nats"] for row in recorder.rounds])
     frame = teacher_forced_target_stats(model, prompt, reference)  # one forward, HF's own sliding masks

@@ -128,22 +128,15 @@ def measure_verify_cost(adapter, *, sizes: Sequence[int] = DEFAULT_COST_SIZES, c
     ``clock`` (``CLOCKS``, ``timer_for``): ``"auto"`` (default) times a model on the CPU with one torch thread (the
     setting for a shared machine) by the calling thread's CPU clock, anything else by the wall clock; ``"cpu"`` /
     ``"wall"`` force one. On a shared CPU the wall clock also counts the time other processes hold the core, so
-    every repeat of a 40-80 ms forward is disturbed and the minimum does not help. SmolLM2-135M, one thread, two
-    measurements each (2026-12-03): idle, c(3) = 2.13 / 2.35 and c(16) = 2.35 / 2.51 by the wall clock, 1.88 / 1.96
-    and 2.13 / 2.16 by the CPU clock; with two busy loops on the two cores, 1.83 / 3.68 and 2.39 / 3.68 by the wall
-    clock (an earlier run: 1.45 and 2.08), 1.86 / 2.25 and 2.30 / 2.72 by the CPU clock. A cost gate or policy that
-    trusts a deflated curve verifies trees that do not pay, and an inflated one stops drafting where it pays.
-    Against what the decoder's own rounds cost on the same machine (``bench/verify_cost_fidelity.py``, 2026-12-05, an
-    idle machine): measurements within about 2% of each other, 3-7% below the rounds' cost for 2-11 tokens, and off by
-    11-14% at sizes it does not time where this CPU's kernels jump (7 and 13 tokens).
+    every repeat of a forward is disturbed and the minimum does not help; the CPU clock is not moved by them. A
+    cost gate or policy that trusts a deflated curve verifies trees that do not pay, and an inflated one stops
+    drafting where it pays.
 
     Uses random token ids (the cost of a forward does not depend on which tokens). The costs are kept as
     timed, not made non-decreasing: on a CPU a bigger verify can really cost less than a smaller one (kernel
-    shapes), and the gate and the law policy scan every prefix size, so they pick the cheaper one. On the machine
-    of 2026-12-06 (SmolLM2-135M, one thread, CPU clock) a 3-token verify cost 2.0 one-token forwards and a 4-token
-    one 1.4, in the decoder's own rounds as in this timing; the cumulative maximum this function used to take
-    (against timing noise) and sizes interpolated between 4, 6, 8 and 12 overstated 4-9 tokens by 7-37% and
-    understated 17 by 13% (``bench/verify_cost_fidelity.py``). Hence every size up to 17 tokens by default.
+    shapes), and the gate and the law policy scan every prefix size, so they pick the cheaper one. For the same
+    reason every size up to 17 tokens (a chain or a DDTree16 with its root) is timed by default, none
+    interpolated: a CPU's cost is not monotone in between.
     A model with a short context is timed at a shorter ``context_len`` and sizes up to half its context.
     Leaves the adapter's cache empty (call ``prefill`` before decoding, as ``generate`` does).
     """

@@ -12,8 +12,8 @@ Known here: ``LawPolicy``, which the round consults twice (``round.play_round``)
    ``Q`` of those children (the sum of their ``q``: its confidence, known before verification; ``w`` =
    ``confidence_weight``), shared among them in proportion to ``q``: ``p = q (a / Q)^(1 - w)``. For a chain
    (one child) that is ``a^(1 - w) q^w``; siblings are mutually exclusive, so their ``p`` sum to ``b <= 1``
-   (a blend node by node, ``sqrt(a q)`` each, gave three siblings of q = 0.3 under a law of 0.8 a summed
-   acceptance of 1.47, and the policy verified wide trees for drafts that could not all be accepted). Path
+   (a blend node by node, ``sqrt(a q)`` each, would give three siblings of q = 0.3 under a law of 0.8 a summed
+   acceptance of 1.47 > 1, and wide trees verified for drafts that cannot all be accepted). Path
    probabilities are products along the path. Nodes are ranked by path probability (a child never
    outranks its parent, so every prefix of the ranking is a tree), and the policy verifies the prefix
    of ``k`` nodes with the most expected committed tokens per unit of verify cost, ``(1 + sum_{i<=k}
@@ -30,8 +30,8 @@ Known here: ``LawPolicy``, which the round consults twice (``round.play_round``)
    down to the tree's deepest node, ``sum_{k<=D} prod_{d<=k} a(H_w, d)``: the law is fitted on the depth a round
    reached (``a(H, d)``: depth d accepted given depth d - 1 was, whichever node carried it), so it gives siblings
    no acceptance of their own, and a sum over every node's law path probability would count each depth once per
-   sibling, and deflate the factor). A request where drafts keep failing stops drafting; one where they succeed drafts more. Only
-   earlier rounds of the same request are used: what is known before the round. With
+   sibling and deflate the factor). A request where drafts keep failing stops drafting; one where they succeed
+   drafts more. Only earlier rounds of the same request are used: what is known before the round. With
    ``calibration_half_life`` (rounds; absent: no forgetting) a round ``k`` rounds back weighs ``2^(-k / half
    life)`` in ``A`` and ``E``: the drafter's fit to the text changes along an output (a copied passage, a code
    block), and a request that stopped drafting gathers no new evidence, so its factor drifts back towards 1

@@ -177,9 +177,10 @@ def replay_rounds(
     ``output_ids``: the greedy continuation of ``prompt_ids`` as the decoder produced it (new tokens
     only, ending with EOS or at the token budget). ``drafter``: a context-only drafter (its features
     are ``None`` here); it is restarted with ``begin``. ``tree`` / ``budget`` / ``verify_cost_ratio`` /
-    ``min_expected_accepted`` / ``verify_cost`` / ``eos_token_ids`` have the decoder's meaning (a measured
-    ``verify_cost`` is not re-measured: pass the curve the online run used, ``VerifyCost.from_config``); ``max_new_tokens``
-    defaults to ``len(output_ids)``; ``max_context`` is the target's context length (``None``: no limit).
+    ``min_expected_accepted`` / ``verify_cost`` / ``eos_token_ids`` have the meaning of the gates' settings and the
+    decoder's (a measured ``verify_cost`` is not re-measured: pass the curve the online run used,
+    ``VerifyCost.from_config``); ``max_new_tokens`` defaults to ``len(output_ids)``; ``max_context`` is the
+    target's context length (``None``: no limit).
     ``should_draft(proposal, tree)`` replaces the expected-accepted gate when given. These settings build the
     run's gate (``gate.make_gate``, the settings of a run's ``run.json``). ``policy``: any ``round.RoundPolicy`` (a
     gate of ``gate``; a ``policy.LawPolicy``, or its parameters, priced with ``verify_cost``; the hybrid
