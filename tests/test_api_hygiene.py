@@ -7,6 +7,7 @@ import pytest
 
 from conftest import tiny_llama
 from entropy_law.decoding.decoder import SpeculativeDecoder
+from entropy_law.decoding.gate import RatioGate
 from entropy_law.decoding.loading import default_gguf_path, load_target
 from entropy_law.decoding.observers import RecorderObserver
 from entropy_law.drafters.ngram import NgramDrafter
@@ -27,7 +28,7 @@ def test_argument_types_are_checked_at_construction(model):
     with pytest.raises(TypeError, match="tree must be one of"):
         SpeculativeDecoder(model, NgramDrafter(), tree=None)
     with pytest.raises(TypeError, match="verify_cost_ratio must be a number"):
-        SpeculativeDecoder(model, NgramDrafter(), verify_cost_ratio="2")
+        SpeculativeDecoder(model, NgramDrafter(), policy=RatioGate("2"))
     decoder = SpeculativeDecoder(model, NgramDrafter())
     with pytest.raises(TypeError, match="max_new_tokens must be an int"):
         decoder.generate(PROMPT, max_new_tokens=2.5)
@@ -55,8 +56,8 @@ class FailingDrafter(NgramDrafter):
 def test_a_failing_request_is_ended_with_error_and_the_run_completes(tmp_path, model):
     prompts = {"a": [9, 10] + PROMPT, "b": [11, 12] + PROMPT, "c": [13, 14] + PROMPT}
     with TraceRecorder(tmp_path / "run", model_id="tiny", drafter_id="ngram") as recorder:
-        decoder = SpeculativeDecoder(model, FailingDrafter([11, 12]), min_expected_accepted=0.0,
-                                     observers=[RecorderObserver(recorder)], eos_token_ids=[])
+        decoder = SpeculativeDecoder(model, FailingDrafter([11, 12]), observers=[RecorderObserver(recorder)],
+                                     eos_token_ids=[], policy=RatioGate(min_expected_accepted=0.0))
         for request_id, prompt in prompts.items():
             try:
                 decoder.generate(prompt, max_new_tokens=12, category="qa", request_id=request_id)

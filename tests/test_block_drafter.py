@@ -10,6 +10,7 @@ import torch
 
 from entropy_law.drafters.block import BlockDrafter, default_feature_layers
 from entropy_law.decoding.features import capture_features
+from entropy_law.decoding.gate import RatioGate
 from entropy_law.decoding.interface import Drafter
 from conftest import tiny_llama
 
@@ -590,8 +591,8 @@ def test_bfloat16_compute_keeps_the_output_greedy_the_target_fp32_and_is_recorde
     prompt = ids[:12]
     want = greedy(model, prompt, 24)[len(prompt):]
     for tree, budget in (("chain", None), ("ddtree", 8)):
-        out = SpeculativeDecoder(model, bf16, tree=tree, budget=budget, min_expected_accepted=0.0).generate(
-            prompt, max_new_tokens=24)
+        out = SpeculativeDecoder(model, bf16, tree=tree, budget=budget,
+                                 policy=RatioGate(min_expected_accepted=0.0)).generate(prompt, max_new_tokens=24)
         assert out.token_ids == want
     assert {n: p.dtype for n, p in model.named_parameters()} == target_dtypes
     bf16.set_compute_dtype("float32")

@@ -10,6 +10,7 @@ from entropy_law.decoding.decoder import SpeculativeDecoder
 from entropy_law.decoding.replay import PrecomputedBlockDrafter
 from entropy_law.drafters.training.loop import collate, forward_train
 from entropy_law.decoding.features import capture_features
+from entropy_law.decoding.gate import RatioGate
 from entropy_law.decoding.replay import replay_rounds
 from conftest import tiny_llama
 from tests.tiny_models import hf_greedy
@@ -54,7 +55,8 @@ def test_speculative_output_equals_greedy_and_replay_equals_online(trained, tree
     accepted_total = 0
     for prompt in PROMPTS:
         reference = hf_greedy(model, prompt, 30)
-        decoder = SpeculativeDecoder(model, drafter, tree=tree, budget=budget, min_expected_accepted=0.0)
+        decoder = SpeculativeDecoder(model, drafter, tree=tree, budget=budget,
+                                     policy=RatioGate(min_expected_accepted=0.0))
         result = decoder.generate(prompt, max_new_tokens=30)
         assert result.token_ids == reference
         online = [r.accepted for r in result.rounds]

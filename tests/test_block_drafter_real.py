@@ -7,6 +7,7 @@ import pytest
 
 from entropy_law.drafters.block import REFERENCE_CHECKPOINT, BlockDrafter, default_drafter_path, load_default_drafter
 from entropy_law.decoding.decoder import ARDecoder, SpeculativeDecoder
+from entropy_law.decoding.gate import RatioGate
 
 pytestmark = pytest.mark.real_model
 
@@ -48,7 +49,7 @@ def test_shipped_drafter_is_lossless_and_accepts(target, tree, budget, checkpoin
     for prompt in PROMPTS:
         reference = ARDecoder(target).generate(prompt, max_new_tokens=48).token_ids
         result = SpeculativeDecoder(target, drafter, tree=tree, budget=budget,
-                                    min_expected_accepted=0.0).generate(prompt, max_new_tokens=48)
+                                    policy=RatioGate(min_expected_accepted=0.0)).generate(prompt, max_new_tokens=48)
         assert result.token_ids == reference
         accepted += sum(r.accepted for r in result.rounds)
     assert accepted > 0

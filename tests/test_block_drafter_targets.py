@@ -20,6 +20,7 @@ import torch
 from entropy_law.cli import main
 from entropy_law.decoding.decoder import SpeculativeDecoder
 from entropy_law.decoding.features import capture_features
+from entropy_law.decoding.gate import RatioGate
 from entropy_law.decoding.loading import load_target
 from entropy_law.drafters.block import BlockDrafter, config_for_target, default_feature_layers
 from entropy_law.drafters.training.loop import llama_shape_problem
@@ -137,7 +138,7 @@ def test_train_drafter_on_a_sliding_window_target_then_decode_exactly(family, gs
     generator = torch.Generator().manual_seed(3)
     for tree, budget in (("chain", None), ("ddtree", 8)):
         prompt = torch.randint(len(SPECIALS), target.config.vocab_size, (20,), generator=generator).tolist()
-        decoder = SpeculativeDecoder(target, log, tree=tree, budget=budget, min_expected_accepted=0.0)
+        decoder = SpeculativeDecoder(target, log, tree=tree, budget=budget, policy=RatioGate(min_expected_accepted=0.0))
         out = decoder.generate(prompt, max_new_tokens=MAX_NEW)
         reference = hf_greedy(target.model, prompt, MAX_NEW, eos_token_id=EOS)
         assert out.token_ids == reference, (family, tree)  # speculative == greedy across the window

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from entropy_law.decoding.decoder import ARDecoder, SpeculativeDecoder
+from entropy_law.decoding.gate import RatioGate
 from entropy_law.decoding.tree import expected_accepted
 from entropy_law.decoding.interface import DraftProposal
 from entropy_law.decoding.observers import RecorderObserver
@@ -46,7 +47,8 @@ def test_a_drafter_that_proposes_the_greedy_tokens_gets_everything_accepted(mode
     reference = hf_greedy(model, prompt, 60)
     block = 6
     drafter = OracleDrafter(reference + [0] * block, block_size=block)
-    result = SpeculativeDecoder(model, drafter, min_expected_accepted=0).generate(prompt, max_new_tokens=43)
+    result = SpeculativeDecoder(model, drafter, policy=RatioGate(min_expected_accepted=0)).generate(
+        prompt, max_new_tokens=43)
     assert result.token_ids == reference[:43]
     decode_rounds = result.rounds[1:]  # round 0 is the prefill
     # 1 (prefill) + 7 full rounds of 6 = 43: every draft accepted, every round a full block
@@ -59,7 +61,8 @@ def test_stop_at_the_token_budget_inside_a_round(model):
     prompt = _prompt(2)
     reference = hf_greedy(model, prompt, 40)
     drafter = OracleDrafter(reference + [0] * 8, block_size=8)
-    result = SpeculativeDecoder(model, drafter, min_expected_accepted=0).generate(prompt, max_new_tokens=12)
+    result = SpeculativeDecoder(model, drafter, policy=RatioGate(min_expected_accepted=0)).generate(
+        prompt, max_new_tokens=12)
     assert result.token_ids == reference[:12] and result.stop_reason == "max_new_tokens"
     # the last round may only draft what the budget can still take: 1 + 8 + 3
     assert [r.committed for r in result.rounds] == [1, 8, 3]
@@ -75,7 +78,7 @@ def test_stop_at_eos_inside_a_round_exactly_like_greedy(model):
     expected = hf_greedy(model, prompt, 40, eos_token_id=eos)
     assert expected == long_reference[: position + 1]
     drafter = OracleDrafter(long_reference + [0] * 8, block_size=8)
-    decoder = SpeculativeDecoder(model, drafter, min_expected_accepted=0, eos_token_ids=[eos])
+    decoder = SpeculativeDecoder(model, drafter, eos_token_ids=[eos], policy=RatioGate(min_expected_accepted=0))
     result = decoder.generate(prompt, max_new_tokens=40)
     assert result.token_ids == expected and result.stop_reason == "eos"
     assert ARDecoder(model, eos_token_ids=eos).generate(prompt, max_new_tokens=40).token_ids == expected
@@ -95,7 +98,7 @@ def test_stop_when_the_context_is_full():
     model = tiny_llama(6, max_positions=24)
     prompt = _prompt(5, length=20)
     drafter = OracleDrafter(hf_greedy(model, prompt, 4) + [0] * 8, block_size=8)
-    for decoder in (ARDecoder(model), SpeculativeDecoder(model, drafter, min_expected_accepted=0)):
+    for decoder in (ARDecoder(model), SpeculativeDecoder(model, drafter, policy=RatioGate(min_expected_accepted=0))):
         result = decoder.generate(prompt, max_new_tokens=50)
         # the last pending token sits at position 24 = the context: it is output but cannot be processed
         assert result.stop_reason == "context_full" and result.new_tokens == 24 - 20 + 1
@@ -121,13 +124,13 @@ def test_the_gate_skips_drafts_that_do_not_pay_and_never_changes_the_output(mode
             proposal = super().propose(tokens, new_features)
             return DraftProposal(tokens=proposal.tokens, logprobs=torch.full_like(proposal.logprobs, -5.0))
 
-    gated = SpeculativeDecoder(model, Unlikely(reference + [0] * 6), verify_cost_ratio=2.0).generate(
+    gated = SpeculativeDecoder(model, Unlikely(reference + [0] * 6), policy=RatioGate(2.0)).generate(
         prompt, max_new_tokens=20)
     assert gated.token_ids == reference
     assert not any(r.drafted for r in gated.rounds) and all(r.tree_nodes == 0 for r in gated.rounds)
     # E = sum exp(-5 k) < threshold 1 (the last round has no room to draft: E = 0)
     assert all(0 < r.expected_accepted < 1 for r in gated.rounds[1:-1]) and gated.rounds[-1].expected_accepted == 0
-    ungated = SpeculativeDecoder(model, Unlikely(reference + [0] * 6), verify_cost_ratio=1.0).generate(
+    ungated = SpeculativeDecoder(model, Unlikely(reference + [0] * 6), policy=RatioGate(1.0)).generate(
         prompt, max_new_tokens=20)
     assert ungated.token_ids == reference and all(r.drafted for r in ungated.rounds[1:-1])
 
@@ -137,7 +140,7 @@ def test_drafter_receives_prompt_features_then_the_accepted_paths_features():
     prompt = _prompt(7)
     reference = hf_greedy(model, prompt, 30)
     drafter = OracleDrafter(reference + [0] * 6, block_size=6, k=2, p_correct=0.7, seed=3, feature_layers=(1, 0))
-    result = SpeculativeDecoder(model, drafter, tree="chain", min_expected_accepted=0).generate(
+    result = SpeculativeDecoder(model, drafter, tree="chain", policy=RatioGate(min_expected_accepted=0)).generate(
         prompt, max_new_tokens=30)
     assert result.token_ids == reference
     with torch.inference_mode():
@@ -164,7 +167,8 @@ def test_recorder_observer_sees_every_output_position_once(model):
     reference = hf_greedy(model, prompt, 25)
     recorder = FakeRecorder()
     drafter = OracleDrafter(reference + [0] * 5, block_size=5, k=2, p_correct=0.6, seed=1)
-    decoder = SpeculativeDecoder(model, drafter, observers=[RecorderObserver(recorder)], min_expected_accepted=0)
+    decoder = SpeculativeDecoder(model, drafter, observers=[RecorderObserver(recorder)],
+                                 policy=RatioGate(min_expected_accepted=0))
     result = decoder.generate(prompt, max_new_tokens=25, category="coding", request_id="r1", question_id="q1")
     assert recorder.requests["r1"]["category"] == "coding"
     assert recorder.requests["r1"]["prompt_tokens"] == len(prompt)

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from entropy_law.decoding.decoder import ARDecoder, SpeculativeDecoder
+from entropy_law.decoding.gate import RatioGate
 from entropy_law.decoding.interface import DraftProposal
 from entropy_law.decoding.observers import RecorderObserver
 from entropy_law.traces.reader import load_traces
@@ -70,8 +71,8 @@ def _record(path, model, prompts, references, observer_kind):
         for index, (prompt, reference) in enumerate(zip(prompts, references)):
             drafter_class = LogitsOracle if index % 2 else OracleDrafter
             drafter = drafter_class(reference + [0] * 6, block_size=6, k=3, p_correct=0.7, seed=index)
-            decoder = SpeculativeDecoder(model, drafter, tree="ddtree", budget=8, min_expected_accepted=0.0,
-                                         observers=[observer])
+            decoder = SpeculativeDecoder(model, drafter, tree="ddtree", budget=8, observers=[observer],
+                                         policy=RatioGate(min_expected_accepted=0.0))
             result = decoder.generate(prompt, max_new_tokens=len(reference), category="qa",
                                       request_id=f"r{index}", question_id=str(index))
             assert result.token_ids == reference

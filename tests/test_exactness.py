@@ -20,6 +20,7 @@ from scipy.special import softmax
 from scipy.stats import entropy as scipy_entropy
 
 from entropy_law.decoding.decoder import ARDecoder, SpeculativeDecoder
+from entropy_law.decoding.gate import RatioGate
 from entropy_law.drafters.ngram import NgramDrafter
 from entropy_law.decoding.observers import RecorderObserver, committed_token_draft_stats, distribution_stats
 from conftest import OracleDrafter, tiny_llama
@@ -84,7 +85,7 @@ def test_speculative_equals_ar_equals_hf_generate(model_seed, prompt_seed, promp
         budget = block_size
     policy = RandomTreePolicy(prompt_seed) if tree == "random" else tree
     decoder = SpeculativeDecoder(model, drafter, tree=policy, budget=budget, eos_token_ids=eos,
-                                 min_expected_accepted=None if gated else 0.0)
+                                 policy=RatioGate(min_expected_accepted=None if gated else 0.0))
     result = decoder.generate(prompt, max_new_tokens=max_new_tokens)
     ar = ARDecoder(model, eos_token_ids=eos).generate(prompt, max_new_tokens=max_new_tokens)
     assert_same_or_near_tie(model, prompt, ar.token_ids, reference, "AR vs HF generate")
@@ -124,8 +125,9 @@ def test_recorded_target_entropy_does_not_depend_on_the_drafter(model_seed):
     ]
     for name, drafter, tree, budget in drafters:
         recorder = FakeRecorder()
-        result = SpeculativeDecoder(model, drafter, tree=tree, budget=budget, min_expected_accepted=0.0,
-                                    observers=[RecorderObserver(recorder)]).generate(prompt, max_new_tokens=max_new)
+        result = SpeculativeDecoder(model, drafter, tree=tree, budget=budget, observers=[RecorderObserver(recorder)],
+                                    policy=RatioGate(min_expected_accepted=0.0)).generate(prompt,
+                                                                                          max_new_tokens=max_new)
         assert result.token_ids == reference, name
         np.testing.assert_allclose(_recorded_entropy(recorder), ar_entropy, atol=1e-4, rtol=0, err_msg=name)
         if name == "oracle-chain":  # the drafter really changed the rounds

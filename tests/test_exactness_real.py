@@ -17,6 +17,7 @@ import pytest
 import torch
 
 from entropy_law.decoding.decoder import ARDecoder, SpeculativeDecoder
+from entropy_law.decoding.gate import RatioGate
 from entropy_law.drafters.ngram import NgramDrafter
 from tests.tiny_models import first_divergence_margin
 
@@ -64,8 +65,9 @@ def test_ngram_chain_and_ddtree_equal_hf_generate_on_spec_bench(target):
     model = target.model
     eos = model.generation_config.eos_token_id
     ar = ARDecoder(target)
-    chain = SpeculativeDecoder(target, NgramDrafter(), tree="chain", min_expected_accepted=0.0)
-    ddtree = SpeculativeDecoder(target, NgramDrafter(), tree="ddtree", budget=16, min_expected_accepted=0.0)
+    chain = SpeculativeDecoder(target, NgramDrafter(), tree="chain", policy=RatioGate(min_expected_accepted=0.0))
+    ddtree = SpeculativeDecoder(target, NgramDrafter(), tree="ddtree", budget=16,
+                                policy=RatioGate(min_expected_accepted=0.0))
     drafted_rounds = 0
     for category, items in questions.items():
         assert len(items) == PER_CATEGORY, category

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from entropy_law.decoding.adapter import TargetAdapter
-from entropy_law.decoding.gate import DEFAULT_COST_SIZES, VerifyCost, measure_verify_cost, plan_verification
+from entropy_law.decoding.gate import DEFAULT_COST_SIZES, CostGate, VerifyCost, measure_verify_cost, plan_verification
 from entropy_law.decoding.interface import DraftProposal
 from entropy_law.decoding.tree import build_tree, expected_accepted, node_logprobs
 from conftest import tiny_llama
@@ -226,12 +226,12 @@ def test_decoder_measures_when_asked_and_records_the_curve():
     from entropy_law.drafters.ngram import NgramDrafter
 
     model = tiny_llama(0, vocab=64, max_positions=512)
-    decoder = SpeculativeDecoder(model, NgramDrafter(), verify_cost="measure")
+    decoder = SpeculativeDecoder(model, NgramDrafter(), policy=CostGate("measure"))
     assert isinstance(decoder.verify_cost, VerifyCost)
     assert decoder.config["verify_cost"]["sizes"][0] == 1
     assert decoder.min_expected_accepted == 0.0
     with pytest.raises(ValueError, match="'measure' or None"):
-        SpeculativeDecoder(model, NgramDrafter(), verify_cost="fast")
+        SpeculativeDecoder(model, NgramDrafter(), policy=CostGate("fast"))
 
 
 def test_a_curve_describes_its_measured_points():

@@ -19,10 +19,10 @@ import torch
 
 from conftest import OracleDrafter, tiny_llama
 from entropy_law.decoding.decoder import ARDecoder, SpeculativeDecoder
-from entropy_law.decoding.gate import VerifyCost
+from entropy_law.decoding.gate import RatioGate, VerifyCost
 from entropy_law.decoding.interface import DraftProposal
 from entropy_law.decoding.observers import RecorderObserver
-from entropy_law.decoding.policy import LawPolicy, row_entropies
+from entropy_law.decoding.policy import LawPolicy, make_policy, row_entropies
 from entropy_law.decoding.replay import HindsightPolicy, oracle_rounds, replay_rounds, round_outcomes, walk_outcomes
 from entropy_law.decoding.tree import build_tree
 from entropy_law.drafters.ngram import NgramDrafter
@@ -492,7 +492,7 @@ def test_the_oracle_as_a_policy_plays_the_replayed_oracle_rounds_on_the_target()
     oracle = oracle_rounds(prompt, output, LookupDrafter(), budgets=budgets, verify_cost=COST, draft_cost=draft_cost)
     assert len(set(oracle.budgets)) > 1 and 0 in oracle.budgets  # it chose, plain steps among its choices
     policy = HindsightPolicy(output, oracle, verify_cost=COST, draft_cost=draft_cost, budgets=budgets)
-    decoder = SpeculativeDecoder(m, LookupDrafter(), tree="ddtree", budget=8, verify_cost=COST, policy=policy)
+    decoder = SpeculativeDecoder(m, LookupDrafter(), tree="ddtree", budget=8, policy=policy)
     live = decoder.generate(prompt, max_new_tokens=48)
     rounds = [r for r in live.rounds if r.round_index > 0]
     assert live.token_ids == output
@@ -503,12 +503,12 @@ def test_the_oracle_as_a_policy_plays_the_replayed_oracle_rounds_on_the_target()
     other = greedy(m, random_prompt(torch.Generator().manual_seed(12), 96, 16), 48)
     wrong = HindsightPolicy(other, oracle_rounds(prompt, other, LookupDrafter(), budgets=budgets, verify_cost=COST),
                             verify_cost=COST, budgets=budgets)
-    assert SpeculativeDecoder(m, LookupDrafter(), tree="ddtree", budget=8, verify_cost=COST,
+    assert SpeculativeDecoder(m, LookupDrafter(), tree="ddtree", budget=8,
                               policy=wrong).generate(prompt, max_new_tokens=48).token_ids == output
     with pytest.raises(ValueError, match="non-empty greedy output"):
         HindsightPolicy([], oracle, verify_cost=COST)
     with pytest.raises(TypeError, match="RoundPolicy"):
-        SpeculativeDecoder(m, LookupDrafter(), tree="ddtree", budget=8, verify_cost=COST, policy=object())
+        SpeculativeDecoder(m, LookupDrafter(), tree="ddtree", budget=8, policy=object())
 
 # --- the command line ------------------------------------------------------------------------------------------
 
@@ -593,7 +593,8 @@ def test_hybrid_output_equals_greedy_and_skips_the_block_forward_when_confident(
     for tree, budget, policy in (("ddtree", 12, None), ("chain", None, params(0.7)), ("ddtree", 16, params(0.9))):
         block = BlockDrafter(m, seed=0, block_size=5, num_layers=1)
         hybrid = HybridDrafter(NgramDrafter(block_size=6), block, skip_block_at=skip_at)
-        dec = SpeculativeDecoder(m, hybrid, tree=tree, budget=budget, policy=policy, min_expected_accepted=0.0)
+        dec = SpeculativeDecoder(m, hybrid, tree=tree, budget=budget,
+                                 policy=policy or RatioGate(min_expected_accepted=0.0))
         assert dec.generate(prompt, max_new_tokens=30).token_ids == reference, (skip_at, tree)
         if skip_at == math.inf:
             assert hybrid.block_skips == 0 and hybrid.block_calls > 0
@@ -628,7 +629,8 @@ def test_hybrid_hands_the_block_drafter_every_position_it_skipped():
     reference = greedy(m, prompt, 30)
     block = CountingBlock()
     hybrid = HybridDrafter(NgramDrafter(block_size=6), block, skip_block_at=0.5)
-    out = SpeculativeDecoder(m, hybrid, tree="ddtree", budget=8, min_expected_accepted=0.0).generate(
+    out = SpeculativeDecoder(m, hybrid, tree="ddtree", budget=8,
+                             policy=RatioGate(min_expected_accepted=0.0)).generate(
         prompt, max_new_tokens=30)
     assert out.token_ids == reference
     assert hybrid.block_skips > 0 and block.calls > 0
@@ -682,7 +684,7 @@ def test_hybrid_policy_runs_the_drafter_whose_law_pays_more(tmp_path, tree, budg
         block = BlockDrafter(m, seed=0, block_size=5, num_layers=1)
         hybrid = HybridDrafter(NgramDrafter(block_size=6), block, skip_block_at=0.0)
         with TraceRecorder(tmp_path / name, model_id="tiny", drafter_id="hybrid", tree_policy=tree) as rec:
-            out = SpeculativeDecoder(m, hybrid, tree=tree, budget=budget, policy=policy, verify_cost=COST,
+            out = SpeculativeDecoder(m, hybrid, tree=tree, budget=budget, policy=make_policy(policy, COST),
                                      observers=[RecorderObserver(rec)]).generate(prompt, max_new_tokens=30,
                                                                                  request_id="r0", category="c")
         assert out.token_ids == reference, name
@@ -715,8 +717,9 @@ def test_hybrid_policy_runs_the_drafter_whose_law_pays_more(tmp_path, tree, budg
     block = BlockDrafter(m, seed=0, block_size=5, num_layers=1)
     lone = HybridDrafter(NgramDrafter(block_size=6, min_ngram=4), block, skip_block_at=0.0)
     novel = list(range(3, 40))
-    out = SpeculativeDecoder(m, lone, tree=tree, budget=budget, verify_cost=COST,
-                             policy=hybrid_params(params(1.0), params(0.9))).generate(novel, max_new_tokens=20)
+    out = SpeculativeDecoder(m, lone, tree=tree, budget=budget,
+                             policy=make_policy(hybrid_params(params(1.0), params(0.9)), COST)).generate(
+        novel, max_new_tokens=20)
     assert out.token_ids == greedy(m, novel, 20)
     decode = [r for r in out.rounds if r.round_index > 0 and r.policy["draft"]]
     assert lone.block_calls >= 1 and all(r.tree_nodes > 0 for r in decode if r.policy["route"] == "ngram")
@@ -725,8 +728,8 @@ def test_hybrid_policy_runs_the_drafter_whose_law_pays_more(tmp_path, tree, budg
     assert not any(r.policy["draft"] for r in decode) and hybrid.block_calls == hybrid.block_skips == 0
     # the n-gram law pays below the median window entropy, the block law above it: both routes, each law
     # calibrated on its own rounds only
-    seen = SpeculativeDecoder(m, NgramDrafter(block_size=6), tree="chain", policy=params(1.0),
-                              verify_cost=COST).generate(prompt, max_new_tokens=30)
+    seen = SpeculativeDecoder(m, NgramDrafter(block_size=6), tree="chain",
+                              policy=make_policy(params(1.0), COST)).generate(prompt, max_new_tokens=30)
     middle = float(np.median([r.policy["window_entropy"] for r in seen.rounds[1:]]))
     policy = hybrid_params(split_law(middle, 1.0, 0.0, calibration=1.0), split_law(middle, 0.0, 1.0, calibration=1.0))
     hybrid, decode, rounds = run(policy, "split")
@@ -746,19 +749,19 @@ def test_hybrid_policy_refuses_another_drafter_and_a_law_of_another_drafter():
     m = model()
     block = BlockDrafter(m, seed=0, block_size=5, num_layers=1)
     with pytest.raises(ValueError, match="routes a HybridDrafter"):
-        SpeculativeDecoder(m, NgramDrafter(), tree="chain", policy=hybrid_params(params(0.5), params(0.5)),
-                           verify_cost=COST)
+        SpeculativeDecoder(m, NgramDrafter(), tree="chain",
+                           policy=make_policy(hybrid_params(params(0.5), params(0.5)), COST))
     wrong = {**params(0.5), "drafter_id": "block-drafter-b9-l3"}  # another block drafter's law
     with pytest.raises(ValueError, match="fitted for drafter 'block-drafter-b9-l3'"):
         SpeculativeDecoder(m, HybridDrafter(NgramDrafter(), block), tree="chain",
-                           policy=hybrid_params(params(0.5), wrong), verify_cost=COST)
+                           policy=make_policy(hybrid_params(params(0.5), wrong), COST))
     with pytest.raises(ValueError, match="not a law policy"):
         hybrid_params(params(0.5), {"kind": "something else"})
     with pytest.raises(ValueError, match="a hybrid drafter's policy parameters"):  # replays take one drafter's law
         LawPolicy(hybrid_params(params(0.5), params(0.5)), COST)
     # what a run stores: both laws, priced by the one curve in use
     dec = SpeculativeDecoder(m, HybridDrafter(NgramDrafter(), block), tree="chain",
-                             policy=hybrid_params(params(0.5), params(0.4, draft_cost=0.3)), verify_cost=COST)
+                             policy=make_policy(hybrid_params(params(0.5), params(0.4, draft_cost=0.3)), COST))
     stored = json.loads(json.dumps(dec.config["policy"]))
     assert stored["kind"] == "entropy_law_hybrid_policy"
     assert stored["block"]["draft_cost"] == 0.3 and stored["ngram"]["acceptance"][0][0] == 0.5

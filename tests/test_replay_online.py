@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from entropy_law.decoding.decoder import SpeculativeDecoder
-from entropy_law.decoding.gate import VerifyCost
+from entropy_law.decoding.gate import CostGate, VerifyCost, make_gate
 from entropy_law.drafters.ngram import NgramDrafter
 from entropy_law.decoding.observers import distribution_stats
 from entropy_law.decoding.replay import replay_rounds, teacher_forced_target_stats
@@ -50,8 +50,8 @@ def test_replay_equals_online_rounds(case):
     make_drafter = lambda: NgramDrafter(max_ngram=3, block_size=5, max_matches=3)  # noqa: E731
     observer = ListObserver()
     decoder = SpeculativeDecoder(model, make_drafter(), tree=policy, budget=budget, observers=[observer],
-                                 min_expected_accepted=gate, verify_cost=cost,
-                                 eos_token_ids=eos_ids if eos_ids else [])
+                                 eos_token_ids=eos_ids if eos_ids else [],
+                                 policy=make_gate(min_expected_accepted=gate, verify_cost=cost))
     online = decoder.generate(prompt, max_new_tokens=max_new)
     replayed = replay_rounds(prompt, online.token_ids, make_drafter(), policy, budget, max_new_tokens=max_new,
                              eos_token_ids=eos_ids, max_context=max_positions, min_expected_accepted=gate,
@@ -100,7 +100,7 @@ def test_cost_gate_cases_verify_strict_prefixes():
     proposed_depths = []
     original = drafter.propose
     drafter.propose = lambda tokens, features=None: proposed_depths.append(p := original(tokens, features)) or p
-    SpeculativeDecoder(model, drafter, verify_cost=STEEP, observers=[observer]).generate(prompt, max_new_tokens=50)
+    SpeculativeDecoder(model, drafter, observers=[observer], policy=CostGate(STEEP)).generate(prompt, max_new_tokens=50)
     drafted = [r for r in observer.records if r.draft is not None]
     assert drafted, "the cost gate never drafted"
     shorter = sum(1 for r, p in zip(observer.records[1:], proposed_depths) if 0 < r.tree_depth < p.depth)

@@ -9,6 +9,7 @@ import torch
 
 from conftest import tiny_llama
 from entropy_law.decoding.decoder import SpeculativeDecoder
+from entropy_law.decoding.gate import PredicateGate, RatioGate
 from entropy_law.decoding.interface import DraftProposal
 from entropy_law.decoding.observers import distribution_stats
 from entropy_law.decoding.replay import replay_rounds
@@ -42,7 +43,7 @@ def test_round_walks_the_tree_commits_the_correction_and_counts_accepted():
     # output so far [10] (pending root); the target continues 11, 12, 99, ...; the chain drafts 11, 12, 13
     state = RequestState(prompt_ids=[1, 2, 3], max_new_tokens=20, output=[10], start=3)
     target = ScriptedTarget([10, 11, 12, 99, 5, 6])
-    rules = RoundRules.make("chain", min_expected_accepted=0.0)
+    rules = RoundRules.make("chain", policy=RatioGate(min_expected_accepted=0.0))
     record = play_round(state, rules, lambda tokens: chain([11, 12, 13]), target, timed=False)
     assert record.committed_ids == [11, 12, 99] and record.accepted == 2 and not record.ends_at_leaf
     assert (record.start_position, record.context_len, record.tree_nodes, record.tree_depth) == (1, 3, 3, 3)
@@ -53,7 +54,7 @@ def test_round_walks_the_tree_commits_the_correction_and_counts_accepted():
 
 
 def test_round_takes_the_bonus_token_at_a_leaf_and_stops_at_eos_and_budget():
-    rules = RoundRules.make("chain", eos_token_ids=[12], min_expected_accepted=0.0)
+    rules = RoundRules.make("chain", eos_token_ids=[12], policy=RatioGate(min_expected_accepted=0.0))
     state = RequestState(prompt_ids=[1], max_new_tokens=20, output=[10], start=1)
     record = play_round(state, rules, lambda tokens: chain([11, 12]), ScriptedTarget([10, 11, 12, 13]),
                         timed=False)
@@ -64,7 +65,7 @@ def test_round_takes_the_bonus_token_at_a_leaf_and_stops_at_eos_and_budget():
     record = play_round(state, rules, lambda tokens: chain([12, 13]), ScriptedTarget([10, 12, 13, 14]), timed=False)
     assert record.committed_ids == [12] and record.accepted == 1 and not record.ends_at_leaf
 
-    rules = RoundRules.make("chain", min_expected_accepted=0.0)
+    rules = RoundRules.make("chain", policy=RatioGate(min_expected_accepted=0.0))
     state = RequestState(prompt_ids=[1], max_new_tokens=20, output=[10], start=1)
     record = play_round(state, rules, lambda tokens: chain([11, 12]), ScriptedTarget([10, 11, 12, 13]),
                         timed=False)
@@ -79,7 +80,7 @@ def test_round_takes_the_bonus_token_at_a_leaf_and_stops_at_eos_and_budget():
 
 
 def test_gate_declines_a_weak_draft_and_the_round_is_a_plain_step():
-    rules = RoundRules.make("chain", verify_cost_ratio=2.0)  # drafts only if E >= 1
+    rules = RoundRules.make("chain", policy=RatioGate(2.0))  # drafts only if E >= 1
     state = RequestState(prompt_ids=[1], max_new_tokens=20, output=[10], start=1)
     record = play_round(state, rules, lambda tokens: chain([11, 12], prob=0.3), ScriptedTarget([10, 11, 12]),
                         timed=False)
@@ -112,15 +113,87 @@ def test_should_draft_works_online_and_in_replay_alike():
     model = tiny_llama(1, vocab=48, init_std=0.05)
     prompt = [5, 6, 7, 5, 6, 7, 5, 6]
     never = lambda proposal, tree: False  # noqa: E731
-    ungated = SpeculativeDecoder(model, NgramDrafter(block_size=4), min_expected_accepted=0.0,
-                                 eos_token_ids=[]).generate(prompt, max_new_tokens=24)
+    ungated = SpeculativeDecoder(model, NgramDrafter(block_size=4), eos_token_ids=[],
+                                 policy=RatioGate(min_expected_accepted=0.0)).generate(prompt, max_new_tokens=24)
     assert any(r.drafted for r in ungated.rounds), "the case must draft for the option to matter"
-    gated = SpeculativeDecoder(model, NgramDrafter(block_size=4), should_draft=never,
-                               eos_token_ids=[]).generate(prompt, max_new_tokens=24)
+    gated = SpeculativeDecoder(model, NgramDrafter(block_size=4), eos_token_ids=[],
+                               policy=PredicateGate(never)).generate(prompt, max_new_tokens=24)
     assert gated.token_ids == ungated.token_ids and not any(r.drafted for r in gated.rounds)
     replayed = replay_rounds(prompt, gated.token_ids, NgramDrafter(block_size=4), should_draft=never,
                              max_new_tokens=24)
     assert [r.committed_ids for r in replayed.rounds] == [r.committed_ids for r in gated.rounds]
+
+
+def test_the_decoder_takes_one_policy_and_rules_ask_only_it():
+    """One decision interface: the gates are round policies, the decoder's constructor has one ``policy`` (no gate
+    settings of its own) and at most 8 parameters, and anything that is not a ``RoundPolicy`` is refused."""
+    import inspect
+
+    from entropy_law.decoding.gate import CostGate, VerifyCost, make_gate
+    from entropy_law.decoding.round import RoundPolicy
+
+    params = [name for name in inspect.signature(SpeculativeDecoder.__init__).parameters if name != "self"]
+    assert len(params) <= 8 and "policy" in params
+    assert not {"verify_cost_ratio", "min_expected_accepted", "verify_cost", "should_draft"} & set(params)
+    fields = {f.name for f in dataclasses.fields(RoundRules)}
+    assert fields == {"tree", "budget", "eos_token_ids", "max_context", "policy"}
+    curve = VerifyCost((1, 2), (1.0, 1.5))
+    assert isinstance(make_gate(), RatioGate) and make_gate().min_expected_accepted == 1.0
+    assert isinstance(make_gate(verify_cost=curve), CostGate) and make_gate(verify_cost=curve).min_expected_accepted == 0
+    assert isinstance(make_gate(should_draft=lambda p, t: True), PredicateGate)
+    members = [name for name in vars(RoundPolicy) if not name.startswith("_")]
+    for gate in (RatioGate(), CostGate(curve), PredicateGate(lambda p, t: True)):
+        assert all(callable(getattr(gate, name)) for name in members), (gate, members)
+    with pytest.raises(TypeError, match="RoundPolicy"):
+        RoundRules.make("chain", policy=lambda proposal, tree: True)
+    with pytest.raises(ValueError, match="curve the run used"):
+        CostGate().bind(None, NgramDrafter())  # replay has no target to time
+
+
+class SpyPolicy(RatioGate):
+    """A ratio gate that keeps a decision per round and logs what the protocol gave it: the workload at the request's
+    start, the request's earlier rounds (with this policy's decisions) before drafting, the drafter's confidences
+    after."""
+
+    def __init__(self):
+        super().__init__(min_expected_accepted=0.0)
+        self.log = []
+
+    def begin_request(self, state):
+        self.log.append(("begin", state.category, state.dataset, len(state.prompt_ids), state.max_new_tokens))
+
+    def before_draft(self, entropies, n_output, max_depth, history=(), context=None):
+        kept = [r.policy["n"] for r in history if r.policy is not None]
+        self.log.append(("before", n_output, len(history), kept, list(context[-2:])))
+        return {"draft": n_output % 3 != 0, "n": n_output}
+
+    def plan(self, proposal, tree, decision):
+        self.log.append(("plan", tuple(proposal.logprobs.shape), tree.n_nodes, decision["n"]))
+        return super().plan(proposal, tree, decision)
+
+
+def test_a_policy_gets_the_workload_history_and_confidences_alike_online_and_in_replay():
+    """What the controllers of the field need, given the same way by both drivers: a replayed policy makes its online
+    rounds and sees the same inputs."""
+    model = tiny_llama(1, vocab=48, init_std=0.05)
+    prompt = [5, 6, 7, 5, 6, 7, 5, 6]
+    online_spy, replay_spy = SpyPolicy(), SpyPolicy()
+    online = SpeculativeDecoder(model, NgramDrafter(block_size=4), eos_token_ids=[], policy=online_spy).generate(
+        prompt, max_new_tokens=24, category="qa", dataset="spec_bench")
+    replayed = replay_rounds(prompt, online.token_ids, NgramDrafter(block_size=4), policy=replay_spy,
+                             max_new_tokens=24, category="qa", dataset="spec_bench")
+    untimed = dict(draft_ms=0.0, verify_ms=0.0, overhead_ms=0.0, request_id="", replayed=False)
+    assert [dataclasses.replace(r, **untimed) for r in online.rounds] == \
+        [dataclasses.replace(r, **untimed) for r in replayed.rounds]
+    assert [r.policy for r in online.rounds] == [r.policy for r in replayed.rounds]
+    assert online_spy.log == replay_spy.log
+    assert online_spy.log[0] == ("begin", "qa", "spec_bench", len(prompt), 24)
+    befores = [entry for entry in online_spy.log if entry[0] == "before"]
+    assert [entry[2] for entry in befores] == list(range(1, len(online.rounds)))  # every earlier round, prefill too
+    assert all(entry[3] == [n for _, n, *_ in befores[:i]] for i, entry in enumerate(befores))
+    plans = [entry for entry in online_spy.log if entry[0] == "plan"]
+    assert plans and all(entry[3] % 3 != 0 and entry[1][0] >= 1 for entry in plans)  # declined rounds never plan
+    assert any(not r.drafted for r in online.rounds[1:]) and any(r.drafted for r in online.rounds[1:])
 
 
 def test_torch_and_numpy_target_statistics_agree_in_the_schema_order():

@@ -27,6 +27,7 @@ import pytest
 import torch
 
 from entropy_law.decoding import loading
+from entropy_law.decoding.gate import RatioGate
 from tests.tiny_models import FakeRecorder, first_divergence_margin
 
 QUESTIONS = Path(__file__).resolve().parents[1] / "data" / "spec_bench" / "question.jsonl"
@@ -140,8 +141,9 @@ def test_ngram_chain_and_ddtree_equal_greedy_and_entropies_equal_a_teacher_force
                                        do_sample=False, eos_token_id=eos)[0, len(prompt):].tolist()
         for tree, budget in (("chain", None), ("ddtree", 16)):
             recorder = FakeRecorder()
-            decoder = SpeculativeDecoder(target, NgramDrafter(), tree=tree, budget=budget, min_expected_accepted=0.0,
-                                         observers=[RecorderObserver(recorder)])
+            decoder = SpeculativeDecoder(target, NgramDrafter(), tree=tree, budget=budget,
+                                         observers=[RecorderObserver(recorder)],
+                                         policy=RatioGate(min_expected_accepted=0.0))
             result = decoder.generate(prompt, max_new_tokens=MAX_NEW_TOKENS, category=category)
             _check(model, prompt, result.token_ids, reference, f"{category} {tree}")
             drafted += sum(r.drafted for r in result.rounds)

@@ -20,7 +20,7 @@ import torch
 from entropy_law.decoding.adapter import CacheLayout, TargetAdapter, UnsupportedCacheLayout
 from entropy_law.decoding.attention import gqa_eager_attention
 from entropy_law.decoding.decoder import SpeculativeDecoder
-from entropy_law.decoding.gate import measure_verify_cost
+from entropy_law.decoding.gate import CostGate, RatioGate, measure_verify_cost
 from entropy_law.decoding.observers import RecorderObserver
 from entropy_law.decoding.replay import teacher_forced_target_stats
 from entropy_law.decoding.tree import Tree
@@ -193,7 +193,8 @@ def test_speculative_equals_hf_greedy_and_ar(family):
     for tree, budget in (("chain", None), ("ddtree", 8)):
         for name, make in drafters.items():
             result = SpeculativeDecoder(model, make(), tree=tree, budget=budget,
-                                        min_expected_accepted=0.0).generate(prompt, max_new_tokens=MAX_NEW)
+                                        policy=RatioGate(min_expected_accepted=0.0)).generate(
+                prompt, max_new_tokens=MAX_NEW)
             assert result.token_ids == reference, (family, tree, name)
             if name == "oracle":
                 assert accepted_beyond_window(result) >= 30, (tree, [r.accepted for r in result.rounds])
@@ -208,9 +209,9 @@ def test_rounds_that_fill_the_window_are_exact(family):
     prompt = prompt_for(2, 3)
     reference = list(greedy(family, 2, 3))
     for tree, budget in (("chain", None), ("ddtree", 8)):
-        result = SpeculativeDecoder(model, OracleDrafter(reference + [0] * 8, block_size=8, vocab=VOCAB),
-                                    tree=tree, budget=budget,
-                                    min_expected_accepted=0.0).generate(prompt, max_new_tokens=MAX_NEW)
+        result = SpeculativeDecoder(model, OracleDrafter(reference + [0] * 8, block_size=8, vocab=VOCAB), tree=tree,
+                                    budget=budget, policy=RatioGate(min_expected_accepted=0.0)).generate(
+            prompt, max_new_tokens=MAX_NEW)
         assert result.token_ids == reference, (family, tree)
         straddling = [r for r in result.rounds if r.context_len < WINDOW <= r.context_len + r.accepted]
         assert straddling, [(r.context_len, r.accepted) for r in result.rounds]
@@ -224,7 +225,7 @@ def test_recorded_target_entropy_equals_a_plain_forward(family):
     recorder = FakeRecorder()
     result = SpeculativeDecoder(model, OracleDrafter(reference + [0] * 6, block_size=6, k=2, p_correct=0.8,
                                                      vocab=VOCAB, seed=4),
-                                tree="ddtree", budget=8, min_expected_accepted=0.0,
+                                tree="ddtree", budget=8, policy=RatioGate(min_expected_accepted=0.0),
                                 observers=[RecorderObserver(recorder)]).generate(prompt, max_new_tokens=MAX_NEW)
     assert result.token_ids == reference and accepted_beyond_window(result) > 0
     recorded = np.concatenate([row["target_stats"]["entropy_nats"] for row in recorder.rounds])
@@ -241,7 +242,7 @@ def test_a_measured_verify_cost_leaves_decoding_exact():
     assert cost.sizes[0] == 1
     reference = list(greedy("gemma2", 1))
     result = SpeculativeDecoder(adapter, OracleDrafter(reference + [0] * 6, block_size=6, vocab=VOCAB),
-                                verify_cost=cost).generate(prompt_for(1), max_new_tokens=MAX_NEW)
+                                policy=CostGate(cost)).generate(prompt_for(1), max_new_tokens=MAX_NEW)
     assert result.token_ids == reference
 
 

@@ -16,6 +16,7 @@ from scipy.stats import entropy as scipy_entropy
 
 from entropy_law.decoding.adapter import TargetAdapter
 from entropy_law.decoding.decoder import ARDecoder, SpeculativeDecoder
+from entropy_law.decoding.gate import RatioGate
 from entropy_law.decoding.interface import DraftProposal
 from entropy_law.drafters.ngram import NgramDrafter
 from entropy_law.decoding.observers import RecorderObserver
@@ -154,7 +155,7 @@ def exactness_error(adapter, case: Case, drafter, tree: str, budget: int | None)
     the result). This is the exactness check."""
     collector = LogitCollector()
     decoder = SpeculativeDecoder(adapter, drafter, tree=tree, budget=budget, observers=[collector],
-                                 min_expected_accepted=0.0)
+                                 policy=RatioGate(min_expected_accepted=0.0))
     result = generate_with_image(decoder, case.prompt, max_new_tokens=MAX_NEW)
     got = collector.logits()
     ref = case.reference.logits
@@ -273,7 +274,7 @@ def test_recorded_entropies_equal_ar_entropies_and_requests_carry_image_tokens(c
     recorder = MemoryRecorder()
     drafter = ScriptedDrafter(case.reference.token_ids, case.model.config.get_text_config().vocab_size)
     decoder = SpeculativeDecoder(vlm_adapter(case.model), drafter, tree="ddtree", budget=10,
-                                 observers=[RecorderObserver(recorder)], min_expected_accepted=0.0)
+                                 observers=[RecorderObserver(recorder)], policy=RatioGate(min_expected_accepted=0.0))
     result = generate_with_image(decoder, case.prompt, max_new_tokens=MAX_NEW, request_id="img-0",
                                  category="chart", question_id="q0", dataset="tiny")
     assert result.token_ids == case.reference.token_ids
@@ -361,7 +362,7 @@ def test_block_style_drafter_receives_one_feature_row_per_committed_position(qwe
     drafter = ScriptedDrafter(qwen.reference.token_ids, qwen.model.config.get_text_config().vocab_size,
                               feature_layers=(1,))
     decoder = SpeculativeDecoder(vlm_adapter(qwen.model, feature_layers=(1,)), drafter, tree="ddtree", budget=10,
-                                 min_expected_accepted=0.0)
+                                 policy=RatioGate(min_expected_accepted=0.0))
     result = generate_with_image(decoder, qwen.prompt, max_new_tokens=MAX_NEW)
     assert result.token_ids == qwen.reference.token_ids
     # prompt rows (image included) + one row per committed position up to the last root
@@ -441,9 +442,9 @@ def test_recording_loop_over_shipped_image_tasks(tmp_path):
     references = {}
     with TraceRecorder(tmp_path / "run", model_id="tiny-qwen2-vl", drafter_id="ngram", tree_policy="ddtree",
                        drafter_config={}, dtype="float32", device="cpu", seed=0) as recorder:
-        decoder = SpeculativeDecoder(requests.adapter, NgramDrafter(block_size=6, min_path_prob=0.0),
-                                     tree="ddtree", budget=8, observers=[RecorderObserver(recorder)],
-                                     min_expected_accepted=0.0)
+        decoder = SpeculativeDecoder(requests.adapter, NgramDrafter(block_size=6, min_path_prob=0.0), tree="ddtree",
+                                     budget=8, observers=[RecorderObserver(recorder)],
+                                     policy=RatioGate(min_expected_accepted=0.0))
         for task in tasks:
             prompt_ids, extra = requests.prepare(task)
             result = decoder.generate(prompt_ids, max_new_tokens=12, category=task.category,

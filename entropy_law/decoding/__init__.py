@@ -2,9 +2,10 @@
 
 ``loading`` (targets, never from a hub), ``adapter`` / ``attention`` / ``features`` (one target forward over a
 tree, KV compaction, hidden-state capture), ``interface`` (the ``Drafter`` contract and its ``DraftProposal``),
-``tree`` (chain and DDTree), ``gate`` (what to verify, the verify-cost curve), ``round`` (the round, its
-record and its rules, written once), ``decoder`` (the online driver), ``replay`` (the offline driver and the
-teacher-forced target pass), ``observers`` (``RecorderObserver``: rounds to traces), ``vlm`` (image targets).
+``tree`` (chain and DDTree), ``gate`` (the gates as round policies, the verify-cost curve), ``policy`` (the law
+policy), ``round`` (the round, its record, its rules and the ``RoundPolicy`` interface, written once),
+``decoder`` (the online driver), ``replay`` (the offline driver and the teacher-forced target pass),
+``observers`` (``RecorderObserver``: rounds to traces), ``vlm`` (image targets).
 
 Never imports ``entropy_law.law``, ``plots``, ``jobs`` or ``drafters``; it talks to the analysis only through
 trace files (``tests/test_layers.py``).
@@ -13,17 +14,18 @@ trace files (``tests/test_layers.py``).
 from entropy_law.decoding.adapter import TargetAdapter, UnsupportedCacheLayout
 from entropy_law.decoding.assisted import AssistedRecorder
 from entropy_law.decoding.decoder import ARDecoder, GenerationResult, SpeculativeDecoder, measure_draft_cost
-from entropy_law.decoding.gate import VerifyCost, measure_verify_cost
+from entropy_law.decoding.gate import CostGate, PredicateGate, RatioGate, VerifyCost, measure_verify_cost
 from entropy_law.decoding.interface import DraftProposal, Drafter
 from entropy_law.decoding.loading import load_target
 from entropy_law.decoding.observers import RecorderObserver
 from entropy_law.decoding.replay import (PrecomputedBlockDrafter, ReplayResult, replay_chain, replay_request,
                                          replay_rounds, teacher_forced_target_stats)
-from entropy_law.decoding.round import Observer, Round, RoundRules, play_round
+from entropy_law.decoding.round import Observer, Round, RoundPolicy, RoundRules, play_round
 from entropy_law.decoding.tree import Tree, build_tree
 
-__all__ = ["ARDecoder", "AssistedRecorder", "DraftProposal", "Drafter", "GenerationResult", "Observer", "PrecomputedBlockDrafter",
-           "RecorderObserver", "ReplayResult", "Round", "RoundRules", "SpeculativeDecoder", "TargetAdapter", "Tree",
+__all__ = ["ARDecoder", "AssistedRecorder", "CostGate", "DraftProposal", "Drafter", "GenerationResult", "Observer",
+           "PrecomputedBlockDrafter", "PredicateGate", "RatioGate", "RecorderObserver", "ReplayResult", "Round",
+           "RoundPolicy", "RoundRules", "SpeculativeDecoder", "TargetAdapter", "Tree",
            "UnsupportedCacheLayout", "VerifyCost",
            "build_tree", "load_target", "measure_draft_cost", "measure_verify_cost", "play_round", "replay_chain",
            "replay_request", "replay_rounds", "teacher_forced_target_stats"]

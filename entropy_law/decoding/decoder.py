@@ -7,7 +7,8 @@ request's timers (prefill, decode), its result object, and handing every round t
 ids equal greedy decoding of the target, whatever the drafter proposes: every committed token is the
 target's argmax after its committed prefix.
 
-Not known here: the round itself, the gate and the stop rules (``round``), how drafters draft
+Not known here: the round itself and the stop rules (``round``), what to draft and verify (the round policy:
+``gate``, ``policy``, ``round.RoundPolicy``), how drafters draft
 (``Drafter``), how trees are shaped (``tree``), how rounds are written to disk (``observers``,
 ``entropy_law.traces``).
 
@@ -28,13 +29,12 @@ from typing import Callable, Sequence
 import torch
 
 from entropy_law.decoding.adapter import TargetAdapter
-from entropy_law.decoding.gate import VerifyCost, measure_verify_cost, timer_for
+from entropy_law.decoding.gate import RatioGate, measure_verify_cost, timer_for
 from entropy_law.decoding.interface import DraftProposal, Drafter
 from entropy_law.decoding.loading import model_of
 from entropy_law.decoding.policy import HybridLawPolicy, LawPolicy, check_policy, make_policy
-from entropy_law.decoding.round import (DEFAULT_VERIFY_COST_RATIO, Observer, RequestState, Round, RoundPolicy,
-                                        RoundRules, now_ms, play_round, prefill_round)
-from entropy_law.decoding.tree import Tree
+from entropy_law.decoding.round import (Observer, RequestState, Round, RoundPolicy, RoundRules, now_ms, play_round,
+                                        policy_config, prefill_round)
 
 
 @dataclass
@@ -87,33 +87,26 @@ class SpeculativeDecoder:
 
     ``target``: a ``LoadedTarget`` (model + tokenizer), a ``TargetAdapter`` or a bare causal LM.
     ``tree``: ``"chain"``, ``"ddtree"`` (``tree.build_tree``) or a callable ``(proposal, budget) -> Tree``.
-    The gate's surrogate is ``tree.expected_accepted`` (sum over nodes of the path's candidate probabilities).
     ``budget``: most draft nodes per tree (``None``: chain = the proposal's depth; ddtree needs one).
-    ``verify_cost_ratio``: cost of a verify pass relative to a one-token forward; a round drafts only if
-    the surrogate expected accepted drafts ``E >= verify_cost_ratio - 1`` (a round commits ``1 + E`` tokens
-    in expectation for that cost, a plain step 1 token for cost 1). ``min_expected_accepted`` overrides the
-    threshold directly (0: always verify what was drafted). ``verify_cost``: a measured cost curve
-    (``gate.VerifyCost``, or ``"measure"`` to time this machine now with ``gate.measure_verify_cost``);
-    then the gate verifies the prefix of the tree with the most expected tokens per unit of verify
-    cost, or nothing (``gate.plan_verification``), and ``verify_cost_ratio`` is not used
-    (``min_expected_accepted`` defaults to 0 there). Gating changes speed, never the output.
+    ``policy``: what each round drafts and verifies, a ``round.RoundPolicy``: ``gate.RatioGate()`` by default
+    (verify the whole tree iff its surrogate expected accepted drafts reach ``verify_cost_ratio - 1``;
+    ``RatioGate(min_expected_accepted=0)``: verify whatever was drafted), ``gate.CostGate()`` (the best-value
+    prefix under this machine's verify-cost curve, timed when the decoder is built, or a curve given),
+    ``gate.PredicateGate(should_draft)``, a ``policy.LawPolicy`` / ``policy.HybridLawPolicy`` (or their
+    parameters, a dict from ``entropy_law.law.policy.fit_policy`` / ``hybrid_policy``, priced with the curve they
+    store, else one measured now; checked against the drafter and the target), ``replay.HindsightPolicy`` (the
+    replay oracle's rounds, timed), or any other ``RoundPolicy``. With a law policy ``budget`` is the most nodes a
+    round may verify. Whatever the policy decides, the output is the greedy output. Without a drafter nothing is
+    drafted and a law policy (which needs one) is not used.
+    ``observers``: receive every request's start and end and every round (``round.Observer``).
     ``eos_token_ids``: default from the model's generation config (then its config).
-    ``policy``: per-round policy parameters (a dict from ``entropy_law.law.policy.fit_policy``) or a
-    ``policy.LawPolicy``: before drafting it decides whether to draft, after drafting which nodes to verify
-    (the chain depth / tree budget), from the target entropy, the drafter's confidence, the fitted law and
-    the cost curve (``verify_cost``; ``None``: the curve stored in the parameters, else measured now). It
-    replaces the gate; ``budget`` is then the most nodes a round may verify. Output unchanged. For a
-    ``HybridDrafter``, parameters of ``entropy_law.law.policy.hybrid_policy`` (or a ``policy.HybridLawPolicy``)
-    also choose, each round, which of its two drafters runs, each from its own law. Any other
-    ``round.RoundPolicy`` object is used as given (``replay.HindsightPolicy``: the replay oracle's rounds, timed).
+    ``tokenizer``: default the target's (a ``LoadedTarget``); needed for text prompts only.
     """
 
     def __init__(self, target, drafter: Drafter | None = None, *, tree: str | Callable = "chain",
-                 budget: int | None = None, observers: Sequence[Observer] = (),
-                 verify_cost_ratio: float = DEFAULT_VERIFY_COST_RATIO, min_expected_accepted: float | None = None,
-                 verify_cost: VerifyCost | str | None = None, eos_token_ids: Sequence[int] | int | None = None,
-                 tokenizer=None, should_draft: Callable[[DraftProposal, Tree], bool] | None = None,
-                 policy: dict | LawPolicy | HybridLawPolicy | RoundPolicy | None = None):
+                 budget: int | None = None, policy: RoundPolicy | dict | None = None,
+                 observers: Sequence[Observer] = (), eos_token_ids: Sequence[int] | int | None = None,
+                 tokenizer=None):
         if isinstance(target, TargetAdapter):
             self.adapter = target
         else:
@@ -130,23 +123,26 @@ class SpeculativeDecoder:
         if not isinstance(target, TargetAdapter):
             self.adapter.feature_layers = wanted_layers
         RoundRules.check_tree(tree, budget, drafting=drafter is not None)  # before a verify-cost measurement
-        if isinstance(policy, (dict, LawPolicy, HybridLawPolicy)) and drafter is not None:  # before measuring costs
-            # a loaded target's short name (a bare module's class name says nothing about which model it is)
-            check_policy(policy, drafter, getattr(target, "model_id", None))
-        if isinstance(policy, dict) and verify_cost is None and policy.get("verify_cost") is None:
-            verify_cost = "measure"  # the policy prices trees with this machine's cost curve
-        if isinstance(verify_cost, str):
-            if verify_cost != "measure":
-                raise ValueError(f"verify_cost must be a VerifyCost, 'measure' or None, got {verify_cost!r}")
-            verify_cost = measure_verify_cost(self.adapter) if drafter is not None else None
         self.rules = RoundRules.make(tree, budget, drafting=drafter is not None,
                                      eos_token_ids=self._default_eos(eos_token_ids),
-                                     max_context=self.adapter.max_context, verify_cost_ratio=verify_cost_ratio,
-                                     min_expected_accepted=min_expected_accepted, verify_cost=verify_cost,
-                                     should_draft=should_draft,
-                                     policy=make_policy(policy, verify_cost, drafter) if drafter is not None else None)
-        self.verify_cost_ratio = float(verify_cost_ratio)
+                                     max_context=self.adapter.max_context,
+                                     policy=self._bound_policy(policy, target, drafter))
         self.observers = list(observers)
+
+    def _bound_policy(self, policy, target, drafter) -> RoundPolicy:
+        """The round policy bound to this adapter and drafter: law parameters become a law policy (checked against
+        the drafter and the target first, priced with the curve they store, else this machine's, measured now)."""
+        if policy is None:
+            return RatioGate()
+        is_law = isinstance(policy, (dict, LawPolicy, HybridLawPolicy))
+        if is_law and drafter is None:
+            return RatioGate()  # nothing is drafted: a law has nothing to decide
+        if is_law:  # before measuring costs; a loaded target's short name (a bare module's class name says nothing)
+            check_policy(policy, drafter, getattr(target, "model_id", None))
+        if isinstance(policy, dict):
+            curve = measure_verify_cost(self.adapter) if policy.get("verify_cost") is None else None
+            policy = make_policy(policy, curve, drafter)
+        return policy.bind(self.adapter, drafter) if callable(getattr(policy, "bind", None)) else policy
 
     # --- configuration --------------------------------------------------------------------------
 
@@ -163,8 +159,9 @@ class SpeculativeDecoder:
     # the round's rules, under the names this class has always had
     tree_policy = property(lambda self: self.rules.tree)
     budget = property(lambda self: self.rules.budget)
-    verify_cost = property(lambda self: self.rules.verify_cost)
-    min_expected_accepted = property(lambda self: self.rules.min_expected_accepted)
+    policy = property(lambda self: self.rules.policy)
+    verify_cost = property(lambda self: getattr(self.rules.policy, "verify_cost", None))  # the curve it prices by
+    min_expected_accepted = property(lambda self: getattr(self.rules.policy, "min_expected_accepted", None))
     eos_token_ids = property(lambda self: self.rules.eos_token_ids)
 
     @property
@@ -176,14 +173,11 @@ class SpeculativeDecoder:
             "block_size": self.block_size,
             "tree_policy": self.tree_policy if isinstance(self.tree_policy, str) else repr(self.tree_policy),
             "budget": self.budget,
-            "verify_cost_ratio": self.verify_cost_ratio,
-            "min_expected_accepted": self.min_expected_accepted,
-            "verify_cost": None if self.verify_cost is None else self.verify_cost.to_config(),
+            **policy_config(self.policy),  # a gate's settings, or any other policy's under "policy"
             "eos_token_ids": sorted(self.eos_token_ids),
             "feature_layers": list(self.adapter.feature_layers),
             "dtype": str(self.adapter.dtype).replace("torch.", ""),
             "attention": self.adapter.attention_kernel,
-            **({"policy": self.rules.config()["policy"]} if self.rules.policy is not None else {}),
         }
 
     @property
@@ -256,9 +250,9 @@ class SpeculativeDecoder:
 
             state = RequestState(prompt_ids=prompt_ids, max_new_tokens=max_new_tokens,
                                  output=[int(last_logits.argmax())], start=len(prompt_ids), request_id=request_id,
-                                 block_size=self.block_size)
-            if self.rules.policy is not None:  # the entropy of the first new token's distribution
-                self.rules.policy.observe(state.entropies, 1, last_logits.unsqueeze(0))
+                                 block_size=self.block_size, category=category, dataset=dataset)
+            self.rules.policy.begin_request(state)
+            self.rules.policy.observe(state.entropies, 1, last_logits.unsqueeze(0))  # the first new token's entropy
             target = _TargetVerifier(self.adapter)
             propose = target.proposer(self.drafter)
             t_decode, cpu_decode = now_ms(), time.process_time()
@@ -364,15 +358,15 @@ def measure_draft_cost(target, drafter: Drafter, prompt_ids: Sequence[int], *, m
     the fastest of each is kept, as ``measure_verify_cost`` keeps its fastest pass.
 
     The law policy prices a drafting round as ``c(N + 1) + draft_cost``; a cost taken from round timings by the
-    wall clock moves with the machine's load (the block drafter: 0.21 one-token steps idle, 0.24-0.28 beside
-    other work, 2026-12-06). ``target`` as for ``SpeculativeDecoder``; ``drafter`` is left as it was.
+    wall clock moves with the machine's load. ``target`` as for ``SpeculativeDecoder``; ``drafter`` is left as it
+    was.
     """
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     if max_new_tokens < 2:
         raise ValueError(f"max_new_tokens must be >= 2 (one step after the prefill at least), got {max_new_tokens}")
     timed = _TimedDrafter(drafter)
-    spec = SpeculativeDecoder(target, timed, tree="chain", min_expected_accepted=0.0)
+    spec = SpeculativeDecoder(target, timed, tree="chain", policy=RatioGate(min_expected_accepted=0.0))
     ar = ARDecoder(target)
     now, _ = timer_for(spec.adapter, clock)
     timed.now = now

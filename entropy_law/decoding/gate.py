@@ -15,20 +15,29 @@ all when no prefix beats ``1``. With a constant cost ``c(n) = r`` for ``n >= 2``
 ``verify_cost_ratio``) this reduces to "verify the whole tree iff ``E_N >= r - 1``", which is what the
 decoder does when no curve is given. Gating changes speed, never the output.
 
-Not known here: how the target verifies (``adapter``), how trees are built (``tree``).
+The gates are round policies (``round.RoundPolicy``), like the law policy and the replay oracle: ``RatioGate``
+(the decoder's default: the constant-cost rule), ``CostGate`` (the best-value prefix under a measured curve) and
+``PredicateGate`` (a caller's ``should_draft(proposal, tree)``). They decide after drafting only: the drafter always
+runs, and a round records no policy decision (``before_draft`` returns ``None``). ``make_gate`` builds the gate that
+a run's settings name (``verify_cost_ratio``, ``min_expected_accepted``, ``verify_cost``, ``should_draft``).
+
+Not known here: how the target verifies (``adapter``), how trees are built (``tree``), the round (``round``).
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
 from entropy_law.decoding.interface import DraftProposal
-from entropy_law.decoding.tree import Tree, chain_tree, node_logprobs
+from entropy_law.decoding.tree import Tree, chain_tree, expected_accepted, node_logprobs
+
+DEFAULT_VERIFY_COST_RATIO = 2.0
 
 # every size a chain or a DDTree16 verifies (17 tokens: root + 16 nodes), then coarser: a CPU's forward cost is not
 # monotone in the tokens (kernel shapes), so sizes in between are not interpolated (measure_verify_cost)
@@ -119,22 +128,15 @@ def measure_verify_cost(adapter, *, sizes: Sequence[int] = DEFAULT_COST_SIZES, c
     ``clock`` (``CLOCKS``, ``timer_for``): ``"auto"`` (default) times a model on the CPU with one torch thread (the
     setting for a shared machine) by the calling thread's CPU clock, anything else by the wall clock; ``"cpu"`` /
     ``"wall"`` force one. On a shared CPU the wall clock also counts the time other processes hold the core, so
-    every repeat of a 40-80 ms forward is disturbed and the minimum does not help. SmolLM2-135M, one thread, two
-    measurements each (2026-12-03): idle, c(3) = 2.13 / 2.35 and c(16) = 2.35 / 2.51 by the wall clock, 1.88 / 1.96
-    and 2.13 / 2.16 by the CPU clock; with two busy loops on the two cores, 1.83 / 3.68 and 2.39 / 3.68 by the wall
-    clock (an earlier run: 1.45 and 2.08), 1.86 / 2.25 and 2.30 / 2.72 by the CPU clock. A cost gate or policy that
-    trusts a deflated curve verifies trees that do not pay, and an inflated one stops drafting where it pays.
-    Against what the decoder's own rounds cost on the same machine (``bench/verify_cost_fidelity.py``, 2026-12-05, an
-    idle machine): measurements within about 2% of each other, 3-7% below the rounds' cost for 2-11 tokens, and off by
-    11-14% at sizes it does not time where this CPU's kernels jump (7 and 13 tokens).
+    every repeat of a forward is disturbed and the minimum does not help; the CPU clock is not moved by them. A
+    cost gate or policy that trusts a deflated curve verifies trees that do not pay, and an inflated one stops
+    drafting where it pays.
 
     Uses random token ids (the cost of a forward does not depend on which tokens). The costs are kept as
     timed, not made non-decreasing: on a CPU a bigger verify can really cost less than a smaller one (kernel
-    shapes), and the gate and the law policy scan every prefix size, so they pick the cheaper one. On the machine
-    of 2026-12-06 (SmolLM2-135M, one thread, CPU clock) a 3-token verify cost 2.0 one-token forwards and a 4-token
-    one 1.4, in the decoder's own rounds as in this timing; the cumulative maximum this function used to take
-    (against timing noise) and sizes interpolated between 4, 6, 8 and 12 overstated 4-9 tokens by 7-37% and
-    understated 17 by 13% (``bench/verify_cost_fidelity.py``). Hence every size up to 17 tokens by default.
+    shapes), and the gate and the law policy scan every prefix size, so they pick the cheaper one. For the same
+    reason every size up to 17 tokens (a chain or a DDTree16 with its root) is timed by default, none
+    interpolated: a CPU's cost is not monotone in between.
     A model with a short context is timed at a shorter ``context_len`` and sizes up to half its context.
     Leaves the adapter's cache empty (call ``prefill`` before decoding, as ``generate`` does).
     """
@@ -207,3 +209,118 @@ def plan_verification(proposal: DraftProposal, tree: Tree, *, verify_cost: Verif
     if best_k == 0:
         return Tree.empty(), expected
     return tree.prefix(best_k), float(sum(probs[:best_k]))
+
+
+# --- the gates as round policies ----------------------------------------------------------------------
+
+def _number(name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a number, got {value!r}")
+    return float(value)
+
+
+class Gate:
+    """What the three gates share: no decision before drafting (the drafter always runs and the round records no
+    policy decision: ``before_draft`` returns ``None``), nothing to track per request or per round; ``plan``
+    (each gate's own) picks the verified tree. ``to_config``: the gate's settings under the run-metadata keys
+    runs have always had (``verify_cost_ratio``, ``min_expected_accepted``, ``verify_cost``)."""
+
+    verify_cost_ratio: float | None = None
+    min_expected_accepted: float | None = None
+    verify_cost: VerifyCost | None = None
+
+    def bind(self, adapter, drafter) -> "Gate":
+        return self
+
+    def begin_request(self, state) -> None:
+        return None
+
+    def before_draft(self, entropies: Sequence[float], n_output: int, max_depth: int, history: Sequence = (),
+                     context: Sequence[int] | None = None) -> None:
+        return None
+
+    def observe(self, entropies: list[float], n_output: int, target_logits: torch.Tensor | None) -> None:
+        return None
+
+    def to_config(self) -> dict:
+        return {"verify_cost_ratio": self.verify_cost_ratio, "min_expected_accepted": self.min_expected_accepted,
+                "verify_cost": None if self.verify_cost is None else self.verify_cost.to_config()}
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.to_config()})"
+
+
+class RatioGate(Gate):
+    """The decoder's default gate: verify the whole drafted tree iff its surrogate expected accepted drafts
+    ``E >= verify_cost_ratio - 1`` (the module's rule under a constant cost ``c(n) = verify_cost_ratio``), else a
+    plain step. ``min_expected_accepted`` sets the threshold directly (0: verify whatever was drafted)."""
+
+    def __init__(self, verify_cost_ratio: float = DEFAULT_VERIFY_COST_RATIO, *,
+                 min_expected_accepted: float | None = None):
+        self.verify_cost_ratio = _number("verify_cost_ratio", verify_cost_ratio)
+        self.min_expected_accepted = (max(0.0, self.verify_cost_ratio - 1.0) if min_expected_accepted is None
+                                      else _number("min_expected_accepted", min_expected_accepted))
+
+    def plan(self, proposal: DraftProposal, tree: Tree, decision: dict | None) -> tuple[Tree, float]:
+        return plan_verification(proposal, tree, verify_cost=None, min_expected_accepted=self.min_expected_accepted)
+
+
+class CostGate(Gate):
+    """The cost gate: verify the prefix of the drafted tree with the most expected tokens per unit of verify cost
+    under the curve ``verify_cost``, or nothing (``plan_verification``), provided that prefix's expected accepted
+    drafts reach ``min_expected_accepted``. ``verify_cost``: a ``VerifyCost``, or ``"measure"`` / ``None``: this
+    machine's curve, timed by ``measure_verify_cost`` on the decoder's target when the decoder is built (``bind``)."""
+
+    def __init__(self, verify_cost: VerifyCost | str | None = "measure", *, min_expected_accepted: float = 0.0):
+        if verify_cost is not None and not isinstance(verify_cost, VerifyCost) and verify_cost != "measure":
+            raise ValueError(f"verify_cost must be a VerifyCost, 'measure' or None (this machine's curve, timed when "
+                             f"the decoder is built), got {verify_cost!r}")
+        self.verify_cost = verify_cost if isinstance(verify_cost, VerifyCost) else None
+        self.min_expected_accepted = _number("min_expected_accepted", min_expected_accepted)
+
+    def bind(self, adapter, drafter) -> "CostGate":
+        """The gate priced with this machine's curve, measured on ``adapter`` now where none was given (no drafter:
+        nothing to gate, nothing measured)."""
+        if self.verify_cost is not None or drafter is None:
+            return self
+        if adapter is None:
+            raise ValueError("a cost gate without a curve measures the target's verify cost: pass the curve the run "
+                             "used (VerifyCost.from_config) to replay it")
+        return CostGate(measure_verify_cost(adapter), min_expected_accepted=self.min_expected_accepted)
+
+    def plan(self, proposal: DraftProposal, tree: Tree, decision: dict | None) -> tuple[Tree, float]:
+        if self.verify_cost is None:
+            raise RuntimeError("CostGate: no verify-cost curve (the decoder measures it when built: bind)")
+        return plan_verification(proposal, tree, verify_cost=self.verify_cost,
+                                 min_expected_accepted=self.min_expected_accepted)
+
+
+class PredicateGate(Gate):
+    """A caller's gate: verify the whole drafted tree iff ``should_draft(proposal, tree)``; the round's ``E`` is the
+    tree's surrogate expected accepted drafts (``tree.expected_accepted``) either way."""
+
+    def __init__(self, should_draft: Callable[[DraftProposal, Tree], bool]):
+        if not callable(should_draft):
+            raise TypeError(f"should_draft must be a callable (proposal, tree) -> bool, got {should_draft!r}")
+        self.should_draft = should_draft
+
+    def plan(self, proposal: DraftProposal, tree: Tree, decision: dict | None) -> tuple[Tree, float]:
+        expected = expected_accepted(proposal, tree)
+        return (tree if tree.n_nodes > 0 and self.should_draft(proposal, tree) else Tree.empty()), expected
+
+    def to_config(self) -> dict:
+        return {**super().to_config(), "should_draft": repr(self.should_draft)}
+
+
+def make_gate(*, verify_cost_ratio: float = DEFAULT_VERIFY_COST_RATIO, min_expected_accepted: float | None = None,
+              verify_cost: VerifyCost | str | None = None,
+              should_draft: Callable[[DraftProposal, Tree], bool] | None = None) -> Gate:
+    """The gate a run's settings name: ``should_draft`` given, a ``PredicateGate``; a ``verify_cost`` curve (or
+    ``"measure"``), a ``CostGate`` (``min_expected_accepted`` default 0, ``verify_cost_ratio`` unused); else a
+    ``RatioGate``."""
+    if should_draft is not None:
+        return PredicateGate(should_draft)
+    if verify_cost is not None:
+        return CostGate(verify_cost, min_expected_accepted=0.0 if min_expected_accepted is None
+                        else min_expected_accepted)
+    return RatioGate(verify_cost_ratio, min_expected_accepted=min_expected_accepted)

@@ -7,8 +7,8 @@ model folder, or a path to a ``.gguf`` file. The packages are found with ``impor
 never imported. A file shipped in chunks is joined once into a cache folder (``$ENTROPY_LAW_CACHE``, else
 ``$XDG_CACHE_HOME/entropy-law``, else ``~/.cache/entropy-law``) and its SHA-256 is checked at every load.
 
-Converting a GGUF file is slow (about 40 s for SmolLM2-135M, 2 min for Gemma 3 270M: transformers parses
-the vocabulary twice and dequantises every tensor), so the converted model is kept in the same cache folder,
+Converting a GGUF file is slow (transformers parses the vocabulary twice and dequantises every tensor), so
+the converted model is kept in the same cache folder,
 under ``converted/<GGUF SHA-256>-<dtype>-transformers<version>/`` (safetensors weights, config, generation
 config, tokenizer), and later loads of the same file read it (a few seconds). The key changes with the file's
 bytes, the dtype and the transformers version; the folder is written under a temporary name and renamed,

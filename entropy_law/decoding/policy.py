@@ -12,8 +12,8 @@ Known here: ``LawPolicy``, which the round consults twice (``round.play_round``)
    ``Q`` of those children (the sum of their ``q``: its confidence, known before verification; ``w`` =
    ``confidence_weight``), shared among them in proportion to ``q``: ``p = q (a / Q)^(1 - w)``. For a chain
    (one child) that is ``a^(1 - w) q^w``; siblings are mutually exclusive, so their ``p`` sum to ``b <= 1``
-   (a blend node by node, ``sqrt(a q)`` each, gave three siblings of q = 0.3 under a law of 0.8 a summed
-   acceptance of 1.47, and the policy verified wide trees for drafts that could not all be accepted). Path
+   (a blend node by node, ``sqrt(a q)`` each, would give three siblings of q = 0.3 under a law of 0.8 a summed
+   acceptance of 1.47 > 1, and wide trees verified for drafts that cannot all be accepted). Path
    probabilities are products along the path. Nodes are ranked by path probability (a child never
    outranks its parent, so every prefix of the ranking is a tree), and the policy verifies the prefix
    of ``k`` nodes with the most expected committed tokens per unit of verify cost, ``(1 + sum_{i<=k}
@@ -30,9 +30,8 @@ Known here: ``LawPolicy``, which the round consults twice (``round.play_round``)
    down to the tree's deepest node, ``sum_{k<=D} prod_{d<=k} a(H_w, d)``: the law is fitted on the depth a round
    reached (``a(H, d)``: depth d accepted given depth d - 1 was, whichever node carried it), so it gives siblings
    no acceptance of their own, and a sum over every node's law path probability would count each depth once per
-   sibling (a 15-node DDTree "expected" up to 10 accepted drafts and the factor fell to a third after one
-   round). A request where drafts keep failing stops drafting; one where they succeed drafts more. Only
-   earlier rounds of the same request are used: what is known before the round. With
+   sibling and deflate the factor). A request where drafts keep failing stops drafting; one where they succeed
+   drafts more. Only earlier rounds of the same request are used: what is known before the round. With
    ``calibration_half_life`` (rounds; absent: no forgetting) a round ``k`` rounds back weighs ``2^(-k / half
    life)`` in ``A`` and ``E``: the drafter's fit to the text changes along an output (a copied passage, a code
    block), and a request that stopped drafting gathers no new evidence, so its factor drifts back towards 1
@@ -42,9 +41,8 @@ Known here: ``LawPolicy``, which the round consults twice (``round.play_round``)
    context_match=...)``): before drafting, the length ``m`` of the longest suffix of the context (prompt and
    committed output, ending with the pending root) that occurred earlier in it, up to ``max_length`` tokens
    (``context_match_length``; the lookup a prompt-lookup drafter makes, known before any drafter runs). The law
-   is then fitted per level of ``m`` (text that repeats earlier text is drafted far more reliably at the same
-   entropy: on the reference traces the block drafter's DDTree16 rounds accepted 0.84 drafts after ``m = 0`` and
-   3.99 after ``m >= 8``) and the round uses the table of its level, before drafting and in ``plan``.
+   is then fitted per level of ``m`` (text that repeats earlier text can be drafted far more reliably at the same
+   entropy) and the round uses the table of its level, before drafting and in ``plan``.
 
 The law's numbers arrive as plain parameters (a JSON-able dict, fitted by ``entropy_law.law.policy`` and
 stored in the run's metadata): this module never imports the law layer. ``c(n)`` is the measured verify-cost
@@ -186,6 +184,13 @@ class LawPolicy:
     def check_drafter(self, drafter) -> None:
         """``check_policy_drafter`` of these parameters."""
         check_policy_drafter(self.params, drafter)
+
+    def bind(self, adapter, drafter) -> "LawPolicy":
+        """``round.RoundPolicy.bind``: the policy as built (its curve was given or stored with the parameters)."""
+        return self
+
+    def begin_request(self, state) -> None:
+        """``round.RoundPolicy.begin_request``: nothing to reset (the calibration reads the request's history)."""
 
     def _context_tables(self, spec) -> tuple[list[int], list[list[list[float]]], int]:
         """The optional per-level tables of the copyability input (``context_match``): ``max_length``, the
@@ -423,6 +428,20 @@ class HybridLawPolicy:
         self._widest = max(self.laws.values(), key=lambda law: law.window)  # computes the entropies both read
         self.drafter = drafter  # bound by the decoder, which checks it first (check_policy)
 
+    @property
+    def verify_cost(self) -> VerifyCost:
+        """The one verify-cost curve both laws price by."""
+        return self.laws["ngram"].verify_cost
+
+    def bind(self, adapter, drafter) -> "HybridLawPolicy":
+        """``round.RoundPolicy.bind``: routes ``drafter`` (a ``HybridDrafter``) from now on."""
+        if drafter is not None:
+            self.drafter = drafter
+        return self
+
+    def begin_request(self, state) -> None:
+        """``round.RoundPolicy.begin_request``: nothing to reset (each law reads its own rounds of the history)."""
+
     @staticmethod
     def check(params: dict, drafter, model_id: str | None) -> None:
         """Refuse a drafter that is not a hybrid one (``route``, ``ngram_proposal``, ``ngram``, ``block``), and each
@@ -481,13 +500,12 @@ class HybridLawPolicy:
 def make_policy(policy, verify_cost: VerifyCost | None, drafter=None):
     """A ``LawPolicy`` or ``HybridLawPolicy`` from parameters (by their ``kind``); one already built passes
     through (a ``HybridLawPolicy`` is bound to ``drafter``), as does any other ``round.RoundPolicy`` (an object
-    with ``before_draft``, ``plan`` and ``observe``: e.g. ``replay.HindsightPolicy``, the oracle as a policy)."""
+    with ``before_draft``, ``plan`` and ``observe``: a gate of ``gate``, or ``replay.HindsightPolicy``, the oracle as
+    a policy)."""
     if policy is None or isinstance(policy, LawPolicy):
         return policy
     if isinstance(policy, HybridLawPolicy):
-        if drafter is not None:
-            policy.drafter = drafter
-        return policy
+        return policy.bind(None, drafter)
     if all(callable(getattr(policy, name, None)) for name in ("before_draft", "plan", "observe")):
         return policy
     if isinstance(policy, dict):

@@ -9,7 +9,7 @@ after any prefix of the greedy output is the next output token, so a round accep
 path that spells the output, then commits the next output token.
 
 The simulated rounds are the decoder's own: ``replay_rounds`` drives the one round of
-``entropy_law.decoding.round`` (``play_round`` under the same ``RoundRules``: tree policy, gate, usable
+``entropy_law.decoding.round`` (``play_round`` under the same ``RoundRules``: tree policy, round policy, usable
 depth, cut at EOS, stop reason), with the recorded output as the source of correct tokens instead of the
 target's argmax. Round 0 is the prefill (commits output token 0, no draft). ``tests/test_replay_online.py``
 compares replay and the online decoder round by round.
@@ -27,13 +27,13 @@ from typing import Callable, Sequence
 import pandas as pd
 import torch
 
-from entropy_law.decoding.gate import VerifyCost
+from entropy_law.decoding.gate import RatioGate, VerifyCost, make_gate
 from entropy_law.decoding.interface import DraftProposal, Drafter, drafter_run_config
 from entropy_law.decoding.loading import model_of
 from entropy_law.decoding.observers import distribution_stats
 from entropy_law.decoding.policy import HybridLawPolicy, LawPolicy, check_policy, make_policy
 from entropy_law.decoding.round import (DEFAULT_VERIFY_COST_RATIO, Observer, RequestState, Round, RoundRules,
-                                        eos_set, play_round, prefill_round)
+                                        eos_set, play_round, policy_config, prefill_round)
 from entropy_law.decoding.tree import Tree, build_tree
 from entropy_law.traces.stats import TARGET_STAT_KEYS
 
@@ -169,20 +169,25 @@ def replay_rounds(
     should_draft: Callable[[DraftProposal, Tree], bool] | None = None,
     policy=None,
     entropies: Sequence[float] | None = None,
+    category: str = "",
+    dataset: str = "",
 ) -> ReplayResult:
     """Simulate the decoder's rounds on a known greedy output.
 
     ``output_ids``: the greedy continuation of ``prompt_ids`` as the decoder produced it (new tokens
     only, ending with EOS or at the token budget). ``drafter``: a context-only drafter (its features
     are ``None`` here); it is restarted with ``begin``. ``tree`` / ``budget`` / ``verify_cost_ratio`` /
-    ``min_expected_accepted`` / ``verify_cost`` / ``eos_token_ids`` have the decoder's meaning (a measured
-    ``verify_cost`` is not re-measured: pass the curve the online run used, ``VerifyCost.from_config``); ``max_new_tokens``
-    defaults to ``len(output_ids)``; ``max_context`` is the target's context length (``None``: no limit).
-    ``should_draft(proposal, tree)`` replaces the expected-accepted gate when given. ``policy``: a
-    ``policy.LawPolicy`` (or its parameters, priced with ``verify_cost``; or the hybrid drafter's two laws,
-    ``policy.HybridLawPolicy``, with a ``HybridDrafter``) in place of the gate; it reads the
-    target entropy at each output position from ``entropies`` (e.g. ``target_entropy_nats`` of the
-    recorded tokens or of ``teacher_forced_target_stats``; ``None``: the policy's default entropy).
+    ``min_expected_accepted`` / ``verify_cost`` / ``eos_token_ids`` have the meaning of the gates' settings and the
+    decoder's (a measured ``verify_cost`` is not re-measured: pass the curve the online run used,
+    ``VerifyCost.from_config``); ``max_new_tokens`` defaults to ``len(output_ids)``; ``max_context`` is the
+    target's context length (``None``: no limit).
+    ``should_draft(proposal, tree)`` replaces the expected-accepted gate when given. These settings build the
+    run's gate (``gate.make_gate``, the settings of a run's ``run.json``). ``policy``: any ``round.RoundPolicy`` (a
+    gate of ``gate``; a ``policy.LawPolicy``, or its parameters, priced with ``verify_cost``; the hybrid
+    drafter's two laws, ``policy.HybridLawPolicy``, with a ``HybridDrafter``) in place of the gate settings; a law
+    policy reads the target entropy at each output position from ``entropies`` (e.g. ``target_entropy_nats`` of
+    the recorded tokens or of ``teacher_forced_target_stats``; ``None``: the policy's default entropy).
+    ``category`` / ``dataset``: the request's workload, as the policy sees it (``RoundPolicy.begin_request``).
     """
     prompt_ids, output_ids = [int(t) for t in prompt_ids], [int(t) for t in output_ids]
     if not prompt_ids:
@@ -191,11 +196,13 @@ def replay_rounds(
         raise ValueError("empty output: the prefill always commits one token")
     if policy is not None:  # parameters of one drafter's law or of the hybrid drafter's two (bound to it)
         policy = make_policy(policy, verify_cost, drafter)
+    else:
+        policy = make_gate(verify_cost_ratio=verify_cost_ratio, min_expected_accepted=min_expected_accepted,
+                           verify_cost=verify_cost, should_draft=should_draft)
     if isinstance(policy, (LawPolicy, HybridLawPolicy)):
         check_policy(policy, drafter, None)
     rules = RoundRules.make(tree, budget, eos_token_ids=eos_token_ids, max_context=max_context,
-                            verify_cost_ratio=verify_cost_ratio, min_expected_accepted=min_expected_accepted,
-                            verify_cost=verify_cost, should_draft=should_draft, policy=policy)
+                            policy=policy.bind(None, drafter) if callable(getattr(policy, "bind", None)) else policy)
     max_new = len(output_ids) if max_new_tokens is None else int(max_new_tokens)
     if len(output_ids) > max_new:
         raise ValueError(f"output has {len(output_ids)} tokens, more than max_new_tokens={max_new}")
@@ -205,7 +212,8 @@ def replay_rounds(
 
     drafter.begin(prompt_ids, None)
     state = RequestState(prompt_ids=prompt_ids, max_new_tokens=max_new, output=output_ids[:1], start=len(prompt_ids),
-                         block_size=int(getattr(drafter, "block_size", 1)))
+                         block_size=int(getattr(drafter, "block_size", 1)), category=category, dataset=dataset)
+    rules.policy.begin_request(state)
     if entropies is not None:
         if len(entropies) != len(output_ids):
             raise ValueError(f"entropies has {len(entropies)} values for {len(output_ids)} output tokens")
@@ -230,10 +238,8 @@ def replay_rounds(
     config = {"drafter_id": getattr(drafter, "drafter_id", type(drafter).__name__),
               "drafter_config": drafter_run_config(drafter),
               "tree_policy": tree if isinstance(tree, str) else repr(tree), "budget": budget,
-              "verify_cost_ratio": verify_cost_ratio, "min_expected_accepted": rules.min_expected_accepted,
-              "verify_cost": None if verify_cost is None else verify_cost.to_config(),
-              "eos_token_ids": sorted(rules.eos_token_ids), "max_new_tokens": max_new, "max_context": max_context,
-              "replayed": True, **({"policy": rules.config()["policy"]} if policy is not None else {})}
+              **policy_config(rules.policy), "eos_token_ids": sorted(rules.eos_token_ids), "max_new_tokens": max_new,
+              "max_context": max_context, "replayed": True}
     return ReplayResult(prompt_ids=prompt_ids, output_ids=output_ids, rounds=state.rounds, proposals=proposals,
                         trees=trees, stop_reason=stop, config=config)
 
@@ -344,6 +350,12 @@ class HindsightPolicy:
             self.schedule[position] = int(budget)
             position += int(committed)
 
+    def bind(self, adapter, drafter) -> "HindsightPolicy":
+        return self
+
+    def begin_request(self, state: RequestState) -> None:
+        """Nothing to reset: the policy serves the one request whose output it was given."""
+
     def before_draft(self, entropies: Sequence[float], n_output: int, max_depth: int, history: Sequence = (),
                      context: Sequence[int] | None = None) -> dict:
         scheduled = self.schedule.get(int(n_output))
@@ -384,8 +396,8 @@ def _budget_rules(budgets: Sequence[int], tree: str, eos_token_ids, max_context:
     if budgets[0] < 0:
         raise ValueError(f"budgets must be >= 0, got {budgets}")
     eos = eos_set(eos_token_ids)
-    rules = {n: RoundRules.make(tree, n, eos_token_ids=eos, max_context=max_context, min_expected_accepted=0.0)
-             for n in budgets if n > 0}
+    rules = {n: RoundRules.make(tree, n, eos_token_ids=eos, max_context=max_context,
+                                policy=RatioGate(min_expected_accepted=0.0)) for n in budgets if n > 0}
     return budgets, rules, RoundRules.make("chain", None, drafting=False, eos_token_ids=eos, max_context=max_context)
 
 
@@ -505,7 +517,7 @@ def replay_proposals(prompt_ids: Sequence[int], output_ids: Sequence[int], draft
     if not prompt_ids or not output_ids:
         raise ValueError("replay_proposals needs a prompt and a non-empty greedy output")
     rules = RoundRules.make(tree, budget, eos_token_ids=eos_token_ids, max_context=max_context,
-                            min_expected_accepted=float(min_expected_accepted))
+                            policy=RatioGate(min_expected_accepted=float(min_expected_accepted)))
     max_new = len(output_ids) if max_new_tokens is None else int(max_new_tokens)
     early_eos = [i for i, t in enumerate(output_ids[:-1]) if t in rules.eos_token_ids]
     if early_eos:
@@ -550,7 +562,8 @@ def replay_request(
     replayed in the recorder's run metadata too (``replay_run_metadata``). ``round_options`` go to
     ``replay_rounds``.
     """
-    result = replay_rounds(prompt_ids, output_ids, drafter, tree, budget, **round_options)
+    result = replay_rounds(prompt_ids, output_ids, drafter, tree, budget, category=category, dataset=dataset,
+                           **round_options)
     if logits is None:
         logits = teacher_forced_logits(target, prompt_ids, output_ids)
     if logits.shape[0] != len(result.output_ids):

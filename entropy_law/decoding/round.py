@@ -1,8 +1,10 @@
 """One speculative round, written once: plan the tree, walk it, commit, stop.
 
-Known here: the record of one round (``Round``), the rules every round obeys (``RoundRules``: the tree
-policy and its budget, the drafting gate, the EOS set, the usable depth, the cut at EOS / the token budget,
-the stop reason), the prefill round, and the round itself (``play_round``). Two drivers call it and differ
+Known here: the record of one round (``Round``), the decision interface every drafting policy implements
+(``RoundPolicy``: the gates of ``gate``, the law policy of ``policy``, the replay oracle of ``replay``), the
+rules every round obeys (``RoundRules``: the tree policy and its budget, the round policy, the EOS set, the usable
+depth, the cut at EOS / the token budget, the stop reason), the prefill round, and the round itself
+(``play_round``). Two drivers call it and differ
 only in where the next correct token comes from:
 
 - the online decoder (``decoder.SpeculativeDecoder``): one target forward over the root plus the tree,
@@ -26,11 +28,10 @@ from typing import Callable, Protocol, Sequence
 
 import torch
 
-from entropy_law.decoding.gate import VerifyCost, plan_verification, truncate_proposal
+from entropy_law.decoding.gate import DEFAULT_VERIFY_COST_RATIO, Gate, RatioGate, VerifyCost, truncate_proposal
 from entropy_law.decoding.interface import DraftProposal
-from entropy_law.decoding.tree import TREE_POLICIES, Tree, build_tree, expected_accepted
+from entropy_law.decoding.tree import TREE_POLICIES, Tree, build_tree
 
-DEFAULT_VERIFY_COST_RATIO = 2.0
 
 
 @dataclass(frozen=True)
@@ -51,8 +52,8 @@ class Round:
     accepted: int  # tau: accepted drafts
     committed_ids: list[int]  # tokens kept (already cut at EOS / the token budget)
     ends_at_leaf: bool  # True: the last committed token followed a node without children (bonus)
-    drafted: bool = False  # False: no proposal, or the gate declined: a plain one-token step
-    expected_accepted: float = 0.0  # the gate's surrogate E (0 when nothing was proposed)
+    drafted: bool = False  # False: no proposal, or the policy declined: a plain one-token step
+    expected_accepted: float = 0.0  # the policy's expected accepted drafts E (0 when nothing was proposed)
     draft_ms: float = 0.0
     verify_ms: float = 0.0
     overhead_ms: float = 0.0
@@ -77,20 +78,73 @@ class Round:
 
 
 class RoundPolicy(Protocol):
-    """Decides per round whether to draft and which drafted nodes to verify (``policy.LawPolicy``). It only
-    chooses the verified tree; the acceptance rule stays the round's, so the output is unchanged."""
+    """The one drafting decision of a round: whether to call the drafter, and which drafted nodes to verify. The
+    gates (``gate.RatioGate``, the default; ``gate.CostGate``; ``gate.PredicateGate``), the law policies
+    (``policy.LawPolicy``, ``policy.HybridLawPolicy``) and the replay oracle (``replay.HindsightPolicy``) implement
+    it, and ``RoundRules`` asks it and nothing else. A policy only chooses the verified tree; the acceptance rule
+    stays the round's, so the output is the greedy output whatever it decides. The online decoder and replay call
+    it in the same order with the same arguments, so a policy replayed makes its online rounds.
+
+    What a policy is given, in the order of the calls (all it will be given: a controller finds its inputs here):
+
+    - ``bind(adapter, drafter)``, once, when a decoder is built (replay: ``adapter`` is ``None``): returns the
+      policy to use (itself, or a copy completed for this machine and drafter: ``CostGate`` times the verify
+      cost, ``HybridLawPolicy`` binds the drafter it routes).
+    - ``begin_request(state)``, at each request's start: the ``RequestState`` (``request_id``, the workload:
+      ``category`` and ``dataset``, ``prompt_ids``, ``max_new_tokens``). Settings chosen per workload (a table
+      fitted offline per category, say) are chosen here; per-request state is reset here.
+    - ``before_draft(entropies, n_output, max_depth, history, context)``, each round before the drafter runs:
+      the target entropy at each output position so far (``entropies``; NaN where unknown), the output length,
+      the deepest draft that can still be committed, the request's earlier rounds (``history``: ``Round``
+      records, round 0 the prefill, each with its outcome: ``tree_nodes``, ``tree_depth``, ``accepted``,
+      ``committed_ids``, ``expected_accepted``, and this policy's own decision in ``.policy``) and the context
+      (prompt and committed output, ending with the pending root). Returns the decision: a dict with ``"draft"``
+      (call the drafter?) and whatever the policy wants kept with the round (``Round.policy``, hence in the next
+      rounds' ``history``; the trace keeps the columns of ``observers.round_columns``), or ``None``: draft, and
+      keep no decision (the gates: their traces carry no policy columns).
+    - ``plan(proposal, tree, decision)``, after drafting: the drafter's proposal, its confidences included
+      (``proposal.logprobs``: log-probabilities of its candidates at each drafted depth; ``proposal.logits``:
+      its whole distribution per depth where the drafter has one, e.g. the block drafter; per tree node
+      ``decoding.tree.node_logprobs``), the candidate tree built from it (cut to ``max_depth``) and the
+      decision ``before_draft`` returned (a dict ``plan`` may add to). Returns an ancestor-closed subtree of
+      ``tree`` to verify (empty: a plain step) and its expected accepted drafts (the round's ``expected_accepted``).
+    - ``observe(entropies, n_output, target_logits)``, after each commit (and after the prefill): extend
+      ``entropies`` with the newly committed positions, from their target logit rows (``None`` in replay, where
+      the entropies are given up front).
+    - ``to_config()``: its settings as stored with a run (``policy_config``).
+    """
+
+    def bind(self, adapter, drafter) -> "RoundPolicy":
+        """The policy a decoder with this target adapter (``None`` in replay) and drafter uses."""
+
+    def begin_request(self, state: "RequestState") -> None:
+        """A request starts: its id, workload (``category``, ``dataset``), prompt and token budget."""
 
     def before_draft(self, entropies: Sequence[float], n_output: int, max_depth: int, history: Sequence = (),
-                     context: Sequence[int] | None = None) -> dict:
-        """The decision before drafting: a dict with ``"draft"`` (call the drafter?) and its inputs.
-        ``history``: the request's earlier rounds (``Round`` records, their decisions in ``.policy``);
-        ``context``: the prompt and the committed output, ending with the pending root."""
+                     context: Sequence[int] | None = None) -> dict | None:
+        """The decision before drafting: a dict with ``"draft"`` (call the drafter?) and its inputs, or ``None``
+        (draft; nothing recorded)."""
 
-    def plan(self, proposal: DraftProposal, tree: Tree, decision: dict) -> tuple[Tree, float]:
-        """The subtree of ``tree`` to verify and its expected accepted drafts; records its choice in ``decision``."""
+    def plan(self, proposal: DraftProposal, tree: Tree, decision: dict | None) -> tuple[Tree, float]:
+        """The subtree of ``tree`` to verify and its expected accepted drafts; may record its choice in ``decision``."""
 
     def observe(self, entropies: list[float], n_output: int, target_logits: torch.Tensor | None) -> None:
         """Extend ``entropies`` (one per output position) with the newly committed positions."""
+
+    def to_config(self) -> dict:
+        """The policy's settings, JSON-ready."""
+
+
+def policy_config(policy: RoundPolicy) -> dict:
+    """The keys a round policy adds to a decoder's (or a replay's) config: a gate's settings where runs have always
+    kept them (``verify_cost_ratio``, ``min_expected_accepted``, ``verify_cost``: ``Gate.to_config``); any other
+    policy's ``to_config()`` under ``policy``, with the verify-cost curve it prices by (``verify_cost``)."""
+    if isinstance(policy, Gate):
+        return policy.to_config()
+    curve = getattr(policy, "verify_cost", None)
+    return {"verify_cost_ratio": None, "min_expected_accepted": None,
+            "verify_cost": curve.to_config() if isinstance(curve, VerifyCost) else None,
+            "policy": policy.to_config() if hasattr(policy, "to_config") else repr(policy)}
 
 
 class Observer(Protocol):
@@ -111,44 +165,35 @@ def eos_set(eos_token_ids: Sequence[int] | int | None) -> frozenset[int]:
     return frozenset(int(t) for t in eos_token_ids)
 
 
+POLICY_METHODS = ("bind", "begin_request", "before_draft", "plan", "observe")
+
+
 @dataclass(frozen=True)
 class RoundRules:
-    """What every round obeys, online or replayed: the tree policy, the drafting gate, and when to stop.
+    """What every round obeys, online or replayed: the tree policy, the round policy, and when to stop.
 
-    Build with ``RoundRules.make`` (checks the options and sets the gate's default threshold).
+    Build with ``RoundRules.make`` (checks the options; the default policy is ``gate.RatioGate()``).
     """
 
     tree: str | Callable[[DraftProposal, int | None], Tree] = "chain"
     budget: int | None = None
     eos_token_ids: frozenset[int] = frozenset()
     max_context: int | None = None
-    verify_cost: VerifyCost | None = None
-    min_expected_accepted: float = 0.0
-    should_draft: Callable[[DraftProposal, Tree], bool] | None = None
-    policy: RoundPolicy | None = None
+    policy: RoundPolicy = field(default_factory=RatioGate)
 
     @classmethod
     def make(cls, tree="chain", budget: int | None = None, *, drafting: bool = True, eos_token_ids=None,
-             max_context: int | None = None, verify_cost_ratio: float = DEFAULT_VERIFY_COST_RATIO,
-             min_expected_accepted: float | None = None, verify_cost: VerifyCost | None = None,
-             should_draft: Callable[[DraftProposal, Tree], bool] | None = None,
-             policy: RoundPolicy | None = None) -> "RoundRules":
-        """``verify_cost_ratio``: cost of a verify pass relative to a one-token forward; a round drafts only
-        if the surrogate ``E >= verify_cost_ratio - 1``. ``min_expected_accepted`` sets that threshold
-        directly; with a ``verify_cost`` curve it defaults to 0 and the gate verifies the best-value prefix
-        (``gate.plan_verification``). ``should_draft(proposal, tree)`` replaces the gate when given;
-        ``policy`` (``RoundPolicy``) replaces both: it decides before drafting and picks the verified nodes."""
+             max_context: int | None = None, policy: RoundPolicy | None = None) -> "RoundRules":
+        """``policy``: the ``RoundPolicy`` that decides each round (default ``gate.RatioGate()``), already bound
+        (``RoundPolicy.bind``)."""
         cls.check_tree(tree, budget, drafting=drafting)
-        for name, value in (("verify_cost_ratio", verify_cost_ratio), ("min_expected_accepted", min_expected_accepted)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Real)):
-                raise TypeError(f"{name} must be a number, got {value!r}")
-        if verify_cost is not None and not isinstance(verify_cost, VerifyCost):
-            raise TypeError(f"verify_cost must be a VerifyCost, 'measure' or None, got {type(verify_cost).__name__}")
-        if min_expected_accepted is None:
-            min_expected_accepted = 0.0 if verify_cost is not None else max(0.0, float(verify_cost_ratio) - 1.0)
+        policy = RatioGate() if policy is None else policy
+        missing = [name for name in POLICY_METHODS if not callable(getattr(policy, name, None))]
+        if missing:
+            raise TypeError(f"policy must be a RoundPolicy (round.RoundPolicy: {', '.join(POLICY_METHODS)}), "
+                            f"{type(policy).__name__} lacks {missing}")
         return cls(tree=tree, budget=budget, eos_token_ids=eos_set(eos_token_ids), max_context=max_context,
-                   verify_cost=verify_cost, min_expected_accepted=float(min_expected_accepted),
-                   should_draft=should_draft, policy=policy)
+                   policy=policy)
 
     @staticmethod
     def check_tree(tree, budget: int | None, *, drafting: bool = True) -> None:
@@ -184,9 +229,9 @@ class RoundRules:
 
     def plan_tree(self, proposal: DraftProposal | None, start: int, remaining: int,
                   decision: dict | None = None) -> tuple[Tree, DraftProposal | None, float]:
-        """The tree to verify (empty when drafting is not expected to pay), the proposal cut to its depth
-        (``None`` when nothing is verified) and the gate's surrogate ``E`` (the policy's expectation with a
-        policy, which records its choice in ``decision``)."""
+        """The tree to verify (the policy's choice; empty when drafting is not expected to pay), the proposal cut
+        to its depth (``None`` when nothing is verified) and the policy's expected accepted drafts ``E`` (the
+        policy may record its choice in ``decision``)."""
         if decision is not None:
             decision.setdefault("budget", 0)
         if proposal is None or proposal.depth == 0:
@@ -196,14 +241,7 @@ class RoundRules:
             return Tree.empty(), None, 0.0
         candidate = self.tree(proposal, self.budget) if callable(self.tree) else build_tree(proposal, self.tree,
                                                                                             self.budget)
-        if self.policy is not None and decision is not None:
-            tree, expected = self.policy.plan(proposal, candidate, decision)
-        elif self.should_draft is not None:
-            expected = expected_accepted(proposal, candidate)
-            tree = candidate if candidate.n_nodes > 0 and self.should_draft(proposal, candidate) else Tree.empty()
-        else:
-            tree, expected = plan_verification(proposal, candidate, verify_cost=self.verify_cost,
-                                               min_expected_accepted=self.min_expected_accepted)
+        tree, expected = self.policy.plan(proposal, candidate, decision)
         if tree.n_nodes == 0:
             return Tree.empty(), None, expected
         return tree, truncate_proposal(proposal, tree.max_depth), expected
@@ -217,19 +255,14 @@ class RoundRules:
         return committed
 
     def config(self) -> dict:
-        config = {"tree_policy": self.tree if isinstance(self.tree, str) else repr(self.tree), "budget": self.budget,
-                  "min_expected_accepted": self.min_expected_accepted,
-                  "verify_cost": None if self.verify_cost is None else self.verify_cost.to_config(),
-                  "eos_token_ids": sorted(self.eos_token_ids)}
-        if self.policy is not None:
-            config["policy"] = self.policy.to_config() if hasattr(self.policy, "to_config") else repr(self.policy)
-        return config
+        return {"tree_policy": self.tree if isinstance(self.tree, str) else repr(self.tree), "budget": self.budget,
+                **policy_config(self.policy), "eos_token_ids": sorted(self.eos_token_ids)}
 
 
 @dataclass
 class RequestState:
-    """One request in flight: the prompt, the committed output (its last token is the pending root, not yet
-    in the target's cache) and the rounds so far."""
+    """One request in flight: the prompt, its workload (``category``, ``dataset``), the committed output (its
+    last token is the pending root, not yet in the target's cache) and the rounds so far."""
 
     prompt_ids: list[int]
     max_new_tokens: int
@@ -239,6 +272,8 @@ class RequestState:
     block_size: int = 1
     rounds: list[Round] = field(default_factory=list)
     entropies: list[float] = field(default_factory=list)  # target entropy per output position (for a policy)
+    category: str = ""
+    dataset: str = ""
 
 
 class Verifier(Protocol):
@@ -279,11 +314,9 @@ def play_round(state: RequestState, rules: RoundRules, propose: Callable[[list[i
     t0 = clock()
     remaining = state.max_new_tokens - len(state.output)  # tokens this request may still commit
     context = state.prompt_ids + state.output
-    decision = None  # a policy may decline to draft before the drafter runs (its cost saved)
-    if rules.policy is not None:
-        decision = rules.policy.before_draft(state.entropies, len(state.output),
-                                             rules.usable_depth(state.start, remaining), state.rounds,
-                                             context=context)
+    # the policy may decline to draft before the drafter runs (its cost saved); None: draft, record nothing
+    decision = rules.policy.before_draft(state.entropies, len(state.output), rules.usable_depth(state.start, remaining),
+                                         state.rounds, context=context)
     proposal = propose(context) if decision is None or decision["draft"] else None
     t1 = clock()
     tree, proposal, expected = rules.plan_tree(proposal, state.start, remaining, decision)
@@ -308,8 +341,7 @@ def play_round(state: RequestState, rules: RoundRules, propose: Callable[[list[i
     start_position, context_len = len(state.output), state.start
     state.output.extend(committed)
     state.start += len(committed)
-    if rules.policy is not None:
-        rules.policy.observe(state.entropies, len(state.output), target_logits)
+    rules.policy.observe(state.entropies, len(state.output), target_logits)
     t4 = clock()
     return Round(round_index=len(state.rounds), start_position=start_position, context_len=context_len,
                  tree_nodes=tree.n_nodes, tree_depth=tree.max_depth,

@@ -40,11 +40,11 @@ from tqdm.contrib.logging import logging_redirect_tqdm
 
 from entropy_law.decoding.adapter import TargetAdapter
 from entropy_law.decoding.decoder import SpeculativeDecoder
-from entropy_law.decoding.gate import VerifyCost, measure_verify_cost
+from entropy_law.decoding.gate import CostGate, RatioGate, VerifyCost, measure_verify_cost
 from entropy_law.decoding.interface import drafter_run_config
 from entropy_law.decoding.loading import model_of
 from entropy_law.decoding.observers import RecorderObserver
-from entropy_law.decoding.policy import check_policy
+from entropy_law.decoding.policy import check_policy, make_policy
 from entropy_law.decoding.round import DEFAULT_VERIFY_COST_RATIO
 from entropy_law.jobs.arms import AR_DRAFTER_ID, AR_TREE_POLICY, ArmSpec, make_drafter
 from entropy_law.jobs.speed import Timing, draft_calls, round_cost
@@ -277,15 +277,20 @@ def _open_arm(spec: ArmSpec, run_dir: Path, target, stack: contextlib.ExitStack,
                              "curve; record into a new --out (or --overwrite)")
         # else a ratio-gate run: the recorder refuses it below, naming the gate
 
-    def decoder(observers=()):
-        return SpeculativeDecoder(adapter, drafter, tree=spec.tree if spec.drafts else "chain",
-                                  budget=spec.budget if spec.drafts else None, observers=observers,
-                                  verify_cost_ratio=verify_cost_ratio, verify_cost=verify_cost,
-                                  tokenizer=getattr(target, "tokenizer", None),
-                                  policy=policy if spec.drafts else None)
-
     if policy is not None and spec.drafts:  # the decoder runs on an adapter, which names no model: check here
         check_policy(policy, drafter, getattr(target, "model_id", None))
+    # the round policy, built here from the job's settings: the law policy, else the gate named
+    if policy is not None and spec.drafts:  # parameters without a curve are priced with this machine's
+        needs_curve = isinstance(policy, dict) and verify_cost is None and policy.get("verify_cost") is None
+        round_policy = make_policy(policy, measure_verify_cost(adapter) if needs_curve else verify_cost, drafter)
+    else:
+        round_policy = CostGate(verify_cost) if verify_cost is not None else RatioGate(verify_cost_ratio)
+
+    def decoder(observers=()):
+        return SpeculativeDecoder(adapter, drafter, tree=spec.tree if spec.drafts else "chain",
+                                  budget=spec.budget if spec.drafts else None, policy=round_policy,
+                                  observers=observers, tokenizer=getattr(target, "tokenizer", None))
+
     plain = decoder()  # no observers: its config names the run, and it runs the unrecorded warm-up
     metadata = _arm_metadata(plain, drafter, target, max_new_tokens, spec, run_metadata, gate)
     if policy is not None and spec.drafts:  # the parameters as given: a policy run is its own arm (law.arms)
