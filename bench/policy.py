@@ -32,7 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from entropy_law.decoding.adapter import TargetAdapter  # noqa: E402
 from entropy_law.decoding.decoder import ARDecoder, SpeculativeDecoder, measure_draft_cost  # noqa: E402
-from entropy_law.decoding.gate import measure_verify_cost  # noqa: E402
+from entropy_law.decoding.gate import CostGate, RatioGate, measure_verify_cost  # noqa: E402
+from entropy_law.decoding.policy import make_policy  # noqa: E402
 from entropy_law.decoding.loading import load_target  # noqa: E402
 from entropy_law.decoding.replay import HindsightPolicy, oracle_rounds  # noqa: E402
 from entropy_law.drafters.block import BlockDrafter, default_drafter_path  # noqa: E402
@@ -251,32 +252,33 @@ def run_policy(args, parser) -> dict:
     def ngram():
         return NgramDrafter()
 
-    fixed = dict(min_expected_accepted=0.0)
+    def fixed():  # a fixed tree: every drafted node verified (a fresh policy object per decoder)
+        return {"policy": RatioGate(min_expected_accepted=0.0)}
     arms = {AR: ours(lambda: ARDecoder(target)),
-            "ngram chain": ours(lambda: SpeculativeDecoder(target, ngram(), tree="chain", **fixed))}
+            "ngram chain": ours(lambda: SpeculativeDecoder(target, ngram(), tree="chain", **fixed()))}
     for n in FIXED_BUDGETS:
         arms[f"ngram ddtree{n}"] = ours(lambda n=n: SpeculativeDecoder(target, ngram(), tree="ddtree", budget=n,
-                                                                       **fixed))
+                                                                       **fixed()))
     arms["ngram ddtree16 cost gate"] = ours(lambda: SpeculativeDecoder(target, ngram(), tree="ddtree", budget=16,
-                                                                       verify_cost=verify_cost))
+                                                                       policy=CostGate(verify_cost)))
 
     def law_variants(name, drafter):
         """The law policy of ``name`` as fitted, with its calibration never fading, and without calibration."""
         for arm, change in ((f"{name} law", {}), (f"{name} law {NO_FORGETTING}", {"calibration_half_life": None}),
                             (f"{name} law {UNCALIBRATED}", {"calibration_prior": None})):
             arms[arm] = ours(lambda change=change: SpeculativeDecoder(
-                target, drafter(), tree="ddtree", budget=POLICY_MAX_NODES, verify_cost=verify_cost,
-                policy={**laws[name], **change}))
+                target, drafter(), tree="ddtree", budget=POLICY_MAX_NODES,
+                policy=make_policy({**laws[name], **change}, verify_cost)))
     law_variants("ngram", ngram)
     if args.block:
         def block():
             return BlockDrafter.load(block_path, target, compute_dtype=args.compute_dtype)
         if args.block_fixed:
-            arms["block chain"] = ours(lambda: SpeculativeDecoder(target, block(), tree="chain", **fixed))
+            arms["block chain"] = ours(lambda: SpeculativeDecoder(target, block(), tree="chain", **fixed()))
             arms["block ddtree16"] = ours(lambda: SpeculativeDecoder(target, block(), tree="ddtree", budget=16,
-                                                                     **fixed))
+                                                                     **fixed()))
         arms["block ddtree16 cost gate"] = ours(lambda: SpeculativeDecoder(target, block(), tree="ddtree", budget=16,
-                                                                           verify_cost=verify_cost))
+                                                                           policy=CostGate(verify_cost)))
         law_variants("block", block)
         if args.also_checkpoint:
             other_path = Path(args.also_checkpoint)
@@ -289,9 +291,9 @@ def run_policy(args, parser) -> dict:
                 return BlockDrafter.load(other_path, target, compute_dtype=args.also_compute_dtype)
             if args.block_fixed:
                 arms[f"{label} ddtree16"] = ours(lambda: SpeculativeDecoder(target, other(), tree="ddtree", budget=16,
-                                                                            **fixed))
+                                                                            **fixed()))
             arms[f"{label} ddtree16 cost gate"] = ours(lambda: SpeculativeDecoder(
-                target, other(), tree="ddtree", budget=16, verify_cost=verify_cost))
+                target, other(), tree="ddtree", budget=16, policy=CostGate(verify_cost)))
 
     routes = Counter()  # the hybrid law's rounds by the drafter it ran ("none": declined)
     if args.hybrid:
@@ -302,11 +304,11 @@ def run_policy(args, parser) -> dict:
             return HybridDrafter(NgramDrafter(), BlockDrafter.load(block_path, target,
                                                                    compute_dtype=args.compute_dtype), **skip)
         arms["hybrid ddtree16 cost gate"] = ours(lambda: SpeculativeDecoder(target, hybrid(), tree="ddtree", budget=16,
-                                                                            verify_cost=verify_cost))
+                                                                            policy=CostGate(verify_cost)))
         # each round the drafter whose own law pays more (prompt lookup nearly free, the block forward not)
         routed = ours(lambda: SpeculativeDecoder(target, hybrid(), tree="ddtree", budget=POLICY_MAX_NODES,
-                                                 verify_cost=verify_cost,
-                                                 policy=hybrid_policy(laws["ngram"], laws["block"])))
+                                                 policy=make_policy(hybrid_policy(laws["ngram"], laws["block"]),
+                                                                    verify_cost)))
 
         def hybrid_law(prompt_ids, max_new_tokens):  # counts which drafter each decode round ran (warm-up included)
             token_ids, rounds = routed(prompt_ids, max_new_tokens)
@@ -328,8 +330,7 @@ def run_policy(args, parser) -> dict:
                                      draft_cost=laws[drafter]["draft_cost"], budgets=ORACLE_BUDGETS,
                                      max_new_tokens=max_new_tokens)
             token_ids, rounds = decoder_arm(SpeculativeDecoder(target, drafts, tree="ddtree",
-                                                               budget=POLICY_MAX_NODES, verify_cost=verify_cost,
-                                                               policy=policy))(prompt_ids, max_new_tokens)
+                                                               budget=POLICY_MAX_NODES, policy=policy))(prompt_ids, max_new_tokens)
             if max_new_tokens == args.max_new_tokens:  # not the warm-up's short decode
                 off_schedule[drafter] += sum(1 for r in rounds if r.policy and r.policy["scheduled"] != r.tree_nodes)
             return token_ids, rounds

@@ -947,7 +947,8 @@ def run_verify_cost(args, parser) -> dict:
     curves = [measure_verify_cost(TargetAdapter(target.model), seed=i) for i in range(args.repeats)]
     rows = []
     for budget in args.budgets:
-        decoder = SpeculativeDecoder(target, NgramDrafter(), tree="ddtree", budget=budget, min_expected_accepted=0.0)
+        decoder = SpeculativeDecoder(target, NgramDrafter(), tree="ddtree", budget=budget,
+                                     policy=RatioGate(min_expected_accepted=0.0))
         for ids in prompts:
             result = decoder.generate(ids, max_new_tokens=args.max_new_tokens)
             rows += [(budget, r.tree_nodes + 1, r.verify_ms) for r in result.rounds if r.round_index > 0]

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from entropy_law.decoding.adapter import TargetAdapter  # noqa: E402
 from entropy_law.decoding.decoder import ARDecoder, SpeculativeDecoder  # noqa: E402
-from entropy_law.decoding.gate import measure_verify_cost  # noqa: E402
+from entropy_law.decoding.gate import CostGate, RatioGate, measure_verify_cost  # noqa: E402
 from entropy_law.decoding.loading import load_target  # noqa: E402
 from entropy_law.decoding.observers import RecorderObserver  # noqa: E402
 from entropy_law.drafters.block import BlockDrafter, default_drafter_path  # noqa: E402
@@ -106,17 +106,20 @@ def make_arms(target, args, recorder_observer, verify_cost):
     def ngram(**kwargs):
         return NgramDrafter(block_size=args.block_size)
 
-    ratio_gate = dict(verify_cost_ratio=args.verify_cost_ratio)
-    gate = ratio_gate if verify_cost is None else dict(verify_cost=verify_cost)
+    def ratio_gate():  # a fresh policy object per decoder
+        return {"policy": RatioGate(args.verify_cost_ratio)}
+
+    def gate():
+        return ratio_gate() if verify_cost is None else {"policy": CostGate(verify_cost)}
     # name -> builder: only the arms that run are built (decoders, drafter loads)
     arms = {
         "HF greedy": lambda: hf({}),
         "HF prompt lookup": lambda: hf({"prompt_lookup_num_tokens": 10}),
         AR_ARM: lambda: ours(ARDecoder(target)),
-        "ours ngram chain": lambda: ours(SpeculativeDecoder(target, ngram(), tree="chain", **gate)),
+        "ours ngram chain": lambda: ours(SpeculativeDecoder(target, ngram(), tree="chain", **gate())),
         "ours ngram ddtree": lambda: ours(SpeculativeDecoder(target, ngram(), tree="ddtree", budget=args.budget,
-                                                             **gate)),
-        "ours ngram chain + recorder": lambda: ours(SpeculativeDecoder(target, ngram(), tree="chain", **gate,
+                                                             **gate())),
+        "ours ngram chain + recorder": lambda: ours(SpeculativeDecoder(target, ngram(), tree="chain", **gate(),
                                                                        observers=[recorder_observer])),
     }
     if args.kernel_arms:  # where our AR's edge over HF greedy comes from: the adapter's attention kernel
@@ -125,15 +128,15 @@ def make_arms(target, args, recorder_observer, verify_cost):
         arms["HF greedy, sdpa"] = lambda: hf({}, attention="sdpa")
     if args.compare_gates and verify_cost is not None:
         arms["ours ngram chain, ratio gate"] = lambda: ours(SpeculativeDecoder(target, ngram(), tree="chain",
-                                                                               **ratio_gate))
+                                                                               **ratio_gate()))
         arms["ours ngram ddtree, ratio gate"] = lambda: ours(SpeculativeDecoder(target, ngram(), tree="ddtree",
-                                                                                budget=args.budget, **ratio_gate))
+                                                                                budget=args.budget, **ratio_gate()))
     if args.block_arms:  # the learned one-pass block drafter (one instance per decoder: it keeps its own cache)
         path = args.drafter or default_drafter_path()
         arms["ours block chain"] = lambda: ours(SpeculativeDecoder(target, BlockDrafter.load(path, target),
-                                                                   tree="chain", **gate))
+                                                                   tree="chain", **gate()))
         arms["ours block ddtree"] = lambda: ours(SpeculativeDecoder(target, BlockDrafter.load(path, target),
-                                                                    tree="ddtree", budget=args.budget, **gate))
+                                                                    tree="ddtree", budget=args.budget, **gate()))
     if args.arms:
         unknown = sorted(set(args.arms) - set(arms))
         if unknown:
