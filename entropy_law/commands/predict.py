@@ -8,7 +8,7 @@ predicted speedup with its interval, and that interval widened by the law's tran
 leave-one-category-out error on the arm's own categories; where they are fewer than 3, ``law.transfer.
 UNMEASURED_TRANSFER_ERROR``, 44%, the largest seen in this project's checks), which the verdict needs on one side
 of 1. With several
-arms it ends with what to run per category (``law.workload.choose_arms``): the paying arm with the highest predicted
+arms it ends with what to run per category (``payoff.workload.choose_arms``): the paying arm with the highest predicted
 speedup, else AR, which cannot lose.
 
 ``--replay`` (the workload one run): each arm's drafter is replayed over the workload's outputs (the depth it would
@@ -20,7 +20,7 @@ there. The arm's ratio gate is replayed too. On ``data/traces_timed`` the speedu
 from 9-13% to 5.8-7.9% (``bench/predict_unseen.py``; the first recording: 11-21% to 7.5-8.4%). Where the context's
 copyability can be had for the workload and for ``--law-from`` (recorded, or rebuilt from their prompts: ``--tasks`` /
 ``--law-tasks`` where a run.json names none), the law also reads it and the target's top-1 probability
-(``law.workload.replayed_family``: the drafter-aware law by the rule of docs/law.md). The law's tokens per round are
+(``payoff.workload.replayed_family``: the drafter-aware law by the rule of docs/law.md). The law's tokens per round are
 scaled by e^b, b its mean log residual on the ``--law-from`` categories, each predicted without it
 (``law.transfer.calibrated_transfer``), and the verdict's interval is widened by its leave-one-category-out error after
 b compounded with the cost model's own error (``cost_error``). On 42 prompts in twelve categories outside Spec-Bench the
@@ -36,9 +36,9 @@ the answer prices the recorded checkpoint.
 ``--replay-rounds`` (the workload one run): each arm's rounds are replayed exactly over the workload's outputs (its
 tree, budget and gate or policy; ``jobs.reference.workload_rounds``, which loads the target): a drafter that proposes
 from the context decodes the same rounds on the same greedy output, so no law is needed, and the cost model alone
-prices them (``law.workload.price_rounds``). The verdict's interval is widened by the cost model's own largest error
+prices them (``payoff.workload.price_rounds``). The verdict's interval is widened by the cost model's own largest error
 on the arm's measured categories given their recorded rounds (``TraceAnalysis.cost_error``), or ``--transfer-error``;
-where too few requests per category were timed to measure it (the demo's 2), by ``law.cost.UNMEASURED_COST_ERROR``
+where too few requests per category were timed to measure it (the demo's 2), by ``payoff.cost.UNMEASURED_COST_ERROR``
 (10%, the largest such error in this project's checks), said in the notes: a bootstrap interval of 10 timed requests
 alone claimed +-1-2%.
 ``--budgets 4,8,32`` also replays every DDTree arm at those tree budgets (configurations never timed), priced by the
@@ -46,12 +46,12 @@ recorded arm's cost model: one drafter's verify costs depend on the nodes verifi
 Their widening is the larger of that model's own error and its error pricing the drafter's other timed arms' recorded
 rounds (on ``data/traces_timed``, n-gram chain by n-gram DDTree16's model and the reverse: within 8%); a budget past
 the most nodes the model's rounds verified is an extrapolation, said in the notes. They join what to run per category.
-``--policy FITTED.json`` (law policy parameters, ``entropy_law.law.policy.save_policy``) also replays every arm of the
+``--policy FITTED.json`` (law policy parameters, ``entropy_law.payoff.policy.save_policy``) also replays every arm of the
 policy's drafter with that per-round law policy in place of its gate (``<arm> law policy``), priced by the arm's cost
 model: a round where the policy does not call the drafter costs an AR step, t_AR, without the drafter's time
 (``cost.CostModel.skip_round_ms``). The policy prices trees with the curve its
 parameters hold, else this machine's verify-cost curve measured once here, as an online run measures it when it starts
-(``law.policy.policy_arm_meta``); widened as ``--budgets``. They join what to run per category.
+(``payoff.policy.policy_arm_meta``); widened as ``--budgets``. They join what to run per category.
 
 ``--context-match``: the context's copyability (tokens column ``context_match``: the longest suffix of prompt and output
 before a position that occurred earlier) for the workload and the ``--from`` runs, read where they recorded it, else
@@ -92,7 +92,7 @@ def register(subparsers) -> None:
                         "priced by the recorded arm's cost model")
     p.add_argument("--policy", metavar="FITTED.json",
                    help="with --replay-rounds: also replay every arm of this law policy's drafter with the policy in "
-                        "place of its gate (parameters from entropy_law.law.policy.save_policy), priced by the arm's "
+                        "place of its gate (parameters from entropy_law.payoff.policy.save_policy), priced by the arm's "
                         "cost model")
     p.add_argument("--context-match", action="store_true",
                    help="draft depths by the context's copyability too: read where the workload and --from runs "
@@ -122,7 +122,7 @@ def run(args) -> int:
     from dataclasses import replace
 
     # lazy: `entropy-law --help` imports every command module; the law layer loads only here
-    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.analysis import TraceAnalysis
     from entropy_law.traces.reader import load_traces
 
     if args.n_boot < 0:
@@ -164,7 +164,7 @@ def run(args) -> int:
     if args.policy:
         if not args.replay_rounds:
             raise ValueError("--policy replays the arms' rounds under a law policy: it needs --replay-rounds")
-        from entropy_law.law.policy import load_policy
+        from entropy_law.payoff.policy import load_policy
         policy = load_policy(args.policy)  # before the target loads: a bad file fails fast
         drafters = sorted({str(d) for d in analysis.runs.loc[analysis.runs["arm"].isin(arms), "recorded_drafter_id"]})
         if policy.get("drafter_id") not in drafters:
@@ -203,7 +203,7 @@ def run(args) -> int:
             print(f"  note: {note}")
         print()
     if len(results) > 1:
-        from entropy_law.law.workload import choose_arms
+        from entropy_law.payoff.workload import choose_arms
 
         print("what to run, per category (the paying arm with the highest predicted speedup, else AR):")
         for r in choose_arms(results).to_dict("records"):
@@ -252,16 +252,16 @@ def replayed_laws(args, analysis, arms, workload, family: str | None = None) -> 
     """``--replay``: per arm (its law, transfer error, replayed proposals, notes), and the workload with the context's
     copyability where it could be attached. ``args``: the command's options (``workload``, ``arm_traces``,
     ``law_from``, ``law_tasks``, ``tasks``, ``model``, ``checkpoint``, ``transfer_error``, ``n_boot``, ``seed``).
-    ``family``: the law (default: ``law.workload.replayed_family`` of what the traces hold; ``bench/
+    ``family``: the law (default: ``payoff.workload.replayed_family`` of what the traces hold; ``bench/
     predict_open_ended.py`` compares it with ``REPLAYED_FAMILY``). Each arm's law is calibrated by its residual b
     on ``--law-from``'s categories (``law.transfer.calibrated_transfer``), unless ``--transfer-error`` is given:
     the tuple's last item, ``{"bias": b, "uncalibrated_error": the transfer error without b}``."""
     from pathlib import Path
 
     from entropy_law.jobs.reference import workload_proposals
-    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.analysis import TraceAnalysis
     from entropy_law.law.fit import get_family
-    from entropy_law.law.workload import REPLAYED_FAMILY, replayed_family
+    from entropy_law.payoff.workload import REPLAYED_FAMILY, replayed_family
     from entropy_law.traces.layout import RUN_FILE, read_run_json
     from entropy_law.traces.proposals import read_proposals
     from entropy_law.traces.reader import load_traces
@@ -452,7 +452,7 @@ def _policy_variant(args, analysis, arm, meta, policy, target, measured) -> tupl
     """``arm`` with the law policy ``policy`` in place of its gate, replayed over the workload and priced by the
     arm's cost model (``_replayed_rounds``' tuple); ``measured``: this machine's verify-cost curve (config)."""
     from entropy_law.jobs.reference import workload_rounds
-    from entropy_law.law.policy import policy_arm_meta
+    from entropy_law.payoff.policy import policy_arm_meta
 
     variant, whence = policy_arm_meta(meta, policy, measured=measured, cost=analysis.cost_model(arm), arm=arm)
     rounds = workload_rounds(args.workload, variant, target, tasks=args.tasks, checkpoint=args.checkpoint)

@@ -73,7 +73,7 @@ def register(subparsers) -> None:
                         "fitted law (--policy-law) and this machine's verify-cost curve (implies --gate cost; the "
                         "parameters are stored in the run metadata) (default: %(default)s)")
     p.add_argument("--policy-law", default=None, metavar="FITTED.json",
-                   help="policy parameters for --policy law, written by entropy_law.law.policy.save_policy(fit_policy("
+                   help="policy parameters for --policy law, written by entropy_law.payoff.policy.save_policy(fit_policy("
                         "traces of this drafter))")
     p.add_argument("--policy-borrow", action="store_true",
                    help="apply --policy-law to this drafter and target even though it was fitted for another "
@@ -160,7 +160,7 @@ def run(args) -> int:
     loader = load_image_tasks if image_tasks else load_tasks
     policy = None
     if args.policy == "law":  # before the model: a bad file fails fast
-        from entropy_law.law.policy import borrow_policy, load_policy
+        from entropy_law.payoff.policy import borrow_policy, load_policy
         policy = load_policy(args.policy_law, hybrid=args.drafter == "hybrid")
         if args.policy_borrow:  # for whichever drafter and target this run builds
             policy = borrow_policy(policy, None, model_id=None)

@@ -170,7 +170,7 @@ def at_risk_table(
         if root_only:
             raise ValueError(f"run(s) {root_only} hold the target entropy at each round's root only (an imported "
                              "GLANCE round log), not per position: this law cannot be fitted on them. Fit GLANCE's "
-                             "law instead (fit_law(traces, family=\"glance\")), or compute per-position statistics")
+                             "law instead (entropy_law.glance.fit_glance(traces)), or compute per-position statistics")
     # a target statistic null at every at-risk position was not logged (an engine that logs the entropy alone):
     # it is left null and named in ``attrs["unlogged"]`` (families that read it refuse); one null among values is
     # invalid like any NaN. The entropy itself is always checked

@@ -291,8 +291,8 @@ def get_family(name: str) -> LawFamily:
     if isinstance(name, LawFamily):
         return name
     if name not in FAMILIES:
-        raise ValueError(f"unknown law family {name!r}; known: {sorted(FAMILIES)}, and GLANCE's round-level law "
-                         "'glance' / 'glance_readme' (fit_law only)")
+        raise ValueError(f"unknown law family {name!r}; known: {sorted(FAMILIES)} (GLANCE's round-level law is "
+                         "fitted by entropy_law.glance.fit_glance)")
     return FAMILIES[name]
 
 
@@ -1218,9 +1218,10 @@ def fit_law(
     ``"nonrobust"`` (normal). A cluster-robust fit on fewer than ``stats.FEW_REQUESTS`` requests warns
     (``SmallSampleWarning``, once per fit) and says so in its notes.
     """
-    if isinstance(family, str) and family in ("glance", "glance_readme"):  # GLANCE's round-level law (law/glance.py)
-        from entropy_law.law.glance import fit_glance
-        return fit_glance(traces, family, by=by)
+    if isinstance(family, str) and family in ("glance", "glance_readme"):
+        form = "readme" if family == "glance_readme" else "code"
+        raise ValueError(f"GLANCE's round-level law is no law family of fit_law: call "
+                         f"entropy_law.glance.fit_glance(traces, form={form!r}) instead of fit_law(family={family!r})")
     fam = get_family(family)
     if depth not in DEPTH_TERMS:
         raise ValueError(f"depth must be one of {list(DEPTH_TERMS)}")

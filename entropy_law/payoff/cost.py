@@ -68,7 +68,7 @@ def unmeasured_cost_note(why: str | None = None) -> str:
     measured)."""
     return (f"the cost model's own error not measured{f' ({why})' if why else ''}: widened by "
             f"{UNMEASURED_COST_ERROR:.0%}, the largest error of a cost model pricing replayed rounds of categories it "
-            "never timed in this project's checks (law.cost.UNMEASURED_COST_ERROR); time at least "
+            "never timed in this project's checks (payoff.cost.UNMEASURED_COST_ERROR); time at least "
             f"{MIN_PAIRED_REQUESTS} requests per category beside AR to measure it on your machine")
 
 

@@ -48,7 +48,7 @@ import pandas as pd
 
 from entropy_law.law.arms import run_checkpoints
 from entropy_law.law.atrisk import at_risk_table
-from entropy_law.law.cost import fit_cost_model, verify_curve
+from entropy_law.payoff.cost import fit_cost_model, verify_curve
 from entropy_law.law.fit import LawFamily, fit_law, get_family
 # the longest suffix match the copyability input tells apart (longer ones count as this): the traces' cap
 from entropy_law.traces.stats import CONTEXT_MATCH_MAX

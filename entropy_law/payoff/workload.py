@@ -43,9 +43,9 @@ import pandas as pd
 from entropy_law.law import atrisk
 from entropy_law.law.blocks import tau_distribution
 from entropy_law.law.bootstrap import percentile_interval, poisson_weights
-from entropy_law.law.cost import CostModel, _ar_ms, fit_cost_model, policy_skipped, priced_cost_model
+from entropy_law.payoff.cost import CostModel, _ar_ms, fit_cost_model, policy_skipped, priced_cost_model
 from entropy_law.law.fit import FittedLaw, fit_law, get_family
-from entropy_law.law.predict import _acceptance, _design, parameter_draws
+from entropy_law.payoff.predict import _acceptance, _design, parameter_draws
 from entropy_law.law.results import Result
 from entropy_law.law.stats import FEW_REQUESTS, warn_if_few_requests
 from entropy_law.law.transfer import (TrainingDepthModel, drafted_depths, entropy_sequences, replayed_arrays,
