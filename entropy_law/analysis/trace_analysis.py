@@ -1,18 +1,12 @@
 """``TraceAnalysis``: one trace set analysed once, for the figures, the report, the demo and the notebooks.
 
-A thin facade over the rooms: each method names the function that computes it, whose docstring states the
-contract (arms and the AR baseline: ``law.view``; the law per arm: ``law.fit``, ``law.transfer``,
-``law.hypotheses`` and ``law.arm_analyses``; costs, speedups and predictions: ``payoff.arm_costs`` and
-``payoff.measured``; tables: ``analysis.tables``). Each analysis is computed per arm on first use and cached;
-``attempt`` runs one and turns a ``ValueError`` (too little data, ...) into a readable note instead of a crash,
-so a report on a small run still shows what can be shown.
-
-Not known here: torch, decoding, plotting (``entropy_law.plots``), file formats (``entropy_law.traces``).
+A thin facade: each method calls one function of the rooms, whose docstring states the contract (``law.view``,
+``law.arm_analyses``, ``payoff.arm_costs``, ``payoff.measured``, ``analysis.tables``); results are cached per arm.
+``attempt`` turns a ``ValueError`` (too little data, ...) into a readable note instead of a crash, so a report on
+a small run still shows what can be shown. Not known here: torch, decoding, plotting, file formats.
 """
 
 from __future__ import annotations
-
-from typing import Callable
 
 import pandas as pd
 
@@ -32,13 +26,9 @@ DEFAULT_FAMILY = PRIMARY_FAMILY
 
 class TraceAnalysis:
     """Analyses of one trace set (``load_traces`` or ``simulate_traces``), computed on first use and cached.
-
-    ``family``: the law fitted per arm (default: ``fit.primary_family`` of these traces, noted in ``notes`` where
-    it is not ``fit.PRIMARY_FAMILY``). ``n_boot``: request-bootstrap replicates for the speedup / break-even
-    intervals. ``seed``: every random choice (CV folds, bootstrap). ``ar_ms_per_token``: AR cost per token when
-    the traces have no AR run (a documented calibration). ``compare_families`` / ``n_folds``: the law comparison.
-    ``proposals``: replayed proposals (``traces.proposals.read_proposals``), for LOCO with depths "replayed".
-    """
+    ``family``: the law per arm (default ``fit.primary_family``, noted in ``notes`` where it is not the primary).
+    ``n_boot``: request-bootstrap replicates; ``seed``: every random choice; ``ar_ms_per_token``: AR cost per token
+    where there is no AR run; ``proposals``: replayed proposals (``traces.proposals``), for LOCO "replayed"."""
 
     def __init__(self, traces, *, family: str | None = None, n_boot: int = 50, seed: int = 0,
                  ar_ms_per_token: float | None = None, compare_families=arm_analyses.COMPARE_FAMILIES,
@@ -62,10 +52,7 @@ class TraceAnalysis:
         if self.view.tokens.empty:
             raise ValueError("the traces hold no tokens: record some requests first")
 
-    # ------------------------------------------------------------------ arms and data
-    @property
-    def runs(self) -> pd.DataFrame:
-        return self.view.runs
+    runs = property(lambda self: self.view.runs)
 
     @property
     def arms(self) -> list[str]:
@@ -81,9 +68,7 @@ class TraceAnalysis:
     def categories(self) -> list[str]:
         return sorted(self.view.tokens["category"].unique())
 
-    @property
-    def has_ar(self) -> bool:
-        return bool(self.runs["is_ar"].any())
+    has_ar = property(lambda self: bool(self.runs["is_ar"].any()))
 
     def arm_view(self, arm: str) -> TraceView:
         ids = self.runs.loc[self.runs["arm"] == arm, "run_id"]
@@ -98,8 +83,7 @@ class TraceAnalysis:
     def entropy_tokens(self) -> pd.DataFrame:
         return entropy_tokens(self.view)
 
-    # ------------------------------------------------------------------ cached analyses
-    def _cached(self, key, compute: Callable):
+    def _cached(self, key, compute):
         if key not in self._cache:
             self._cache[key] = compute()
         return self._cache[key]
@@ -113,7 +97,6 @@ class TraceAnalysis:
         except Exception as err:  # numerical failures on degenerate data (e.g. as many parameters as cells)
             return Attempt(error=f"{name}({', '.join(map(str, args))}) failed: {type(err).__name__}: {err}")
 
-    # ------------------------------------------------------------------ the law (entropy_law.law)
     def law(self, arm: str):
         """The fitted law (``self.family``) of one arm."""
         return self._cached(("law", arm), lambda: fit_law(self.arm_view(arm), self.family))
@@ -147,7 +130,6 @@ class TraceAnalysis:
     def comparison(self, arm: str):
         return arm_analyses.comparison(self, arm)
 
-    # ------------------------------------------------------------------ costs and predictions (payoff.arm_costs)
     def ar_ms_per_token(self, arm: str | None = None) -> float:
         return arm_costs.ar_ms_per_token(self, arm)
 
@@ -185,7 +167,6 @@ class TraceAnalysis:
         """Will drafting pay on ``workload``? Options as ``payoff.arm_costs.predict``."""
         return arm_costs.predict(self, arm, workload, **options)
 
-    # ------------------------------------------------------------------ measured speedups (payoff.measured)
     def paired_requests(self, arm: str) -> pd.DataFrame:
         return measured.paired_requests(self, arm)
 
@@ -210,7 +191,6 @@ class TraceAnalysis:
     def crossing_table(self) -> pd.DataFrame:
         return measured.crossing_table(self)
 
-    # ------------------------------------------------------------------ tables (analysis.tables)
     def results_table(self) -> pd.DataFrame:
         return tables.results_table(self)
 

@@ -14,7 +14,8 @@ figure and report section (``entropy_law.plots.glance``), importing a round log 
 
 from entropy_law.glance.compare import category_frame, law_round_expectations, loco_glance, round_scores
 from entropy_law.glance.law import CAP, GLANCE_FAMILIES, GlanceLaw, decile_curve, fit_glance, glance_expected_accepted
-from entropy_law.glance.rounds import ROUND_LOG_FIELDS, glance_rounds, read_glance_rounds, round_table, write_glance_rounds
+from entropy_law.glance.rounds import (ROUND_LOG_FIELDS, glance_rounds, read_glance_rounds, round_table,
+                                      write_glance_rounds)
 
 __all__ = [
     "CAP",

@@ -2,7 +2,7 @@
 
 GLANCE (github ``js-lee-AI/GLANCE``, MIT: ``glance/law.py``, ``experiments/fit_law.py``,
 ``experiments/main_table.py``) fits one law to one pair per verify round. Written here from its description
-(issue #20, ``docs/law.md``), not from its code.
+(``docs/law.md``), not from its code.
 
 Known here:
 

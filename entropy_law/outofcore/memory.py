@@ -12,8 +12,9 @@ from __future__ import annotations
 import os
 
 
-# what fit_law needs in memory per token row: 7.94 GB peak RSS for 9,038,348 rows (bench/results/fleet.txt); the
-# full report holds more (bootstrap, LOCO), so this is a lower bound of what an in-memory analysis needs
+# what fit_law needs in memory per token row, from the peak memory of an in-memory fit of a large fleet
+# (bench/fleet.py); the full report holds more (bootstrap, LOCO), so this is a lower bound of what an in-memory
+# analysis needs
 IN_MEMORY_BYTES_PER_TOKEN_ROW = 880
 
 

@@ -220,7 +220,7 @@ def cost_model_error(an, arm: str) -> tuple[float, str]:
     """``(error, note)``: how far ``arm``'s cost model is trusted, the widening of a verdict it prices: its own
     largest error on the arm's measured categories (``cost_error``), else, where that cannot be measured (no
     category with ``MIN_PAIRED_REQUESTS`` paired requests, e.g. the demo's 2), ``cost.UNMEASURED_COST_ERROR``:
-    a verdict on the bootstrap interval of a few timed requests alone would claim +-1-2%."""
+    a verdict on the bootstrap interval of a few timed requests alone would claim a precision the cost model lacks."""
     err = an.attempt("cost_error", arm)
     measured = err.value.attrs["max_abs_error"] if err.ok else float("nan")
     if np.isfinite(measured):

@@ -53,11 +53,9 @@ BOUND_SLACK = 0.05  # timing noise allowed above the physical bound before a spe
 MIN_PAIRED_REQUESTS = 5  # fewer paired prompts: "not measured reliably" whatever the interval
 # the widening of a verdict priced by a cost model whose own error cannot be measured on its traces (no category with
 # MIN_PAIRED_REQUESTS paired requests: e.g. the demo's 2 per category): the largest |error| per category of a cost
-# model pricing replayed rounds of categories it never timed, in this project's three checks (held-out Spec-Bench
-# categories max 4.8% / 7.4%, six open-ended ones 10.0% / 11.7%, the six of the probe set 7.9% / 5.1%, with the costs
-# of data/traces_timed as recorded on 2026-12-01 / again on 2026-12-05, the open-ended set recorded between them:
-# bench/results/predict_unseen.txt, predict_open_ended.txt, predict_probe.txt; one CPU), rounded up. Without it such a
-# verdict rested on the bootstrap interval of 10 timed requests alone, +-1-2%: "does not pay" at 0.97x [0.95, 0.98]
+# model pricing replayed rounds of categories it never timed, in this project's checks (held-out Spec-Bench
+# categories, open-ended prompts, the probe set; the measurements: docs/law.md), rounded up. Without it such a verdict
+# would rest on the bootstrap interval of a few timed requests alone, far narrower than the cost model's own error
 UNMEASURED_COST_ERROR = 0.12
 
 MEASURED, UNRELIABLE, ABOVE_BOUND = "measured", "not measured reliably", "above the physical bound"
@@ -98,8 +96,8 @@ def pooled_log_speedup_sd(ref_time, ref_tokens, arm_time, arm_tokens, groups) ->
     arm_tokens)) around their group's mean, pooled over ``groups`` (one label per request: the category), as a
     one-way analysis of variance pools it; ``df`` = requests - groups. ``(nan, 0)`` where ``df < 1``.
 
-    The noise of a CPU-clock ratio is much the same in every category of one run (bench/aa_noise.py: our AR
-    against itself, SD 6.4% per request on an idle machine), while a category of 2 requests estimates it
+    The noise of a CPU-clock ratio is much the same in every category of one run (an AR run timed against
+    itself shows it), while a category of 2 requests estimates it
     from one degree of freedom: two requests that happen to agree give an interval far narrower than the
     noise allows. The pooled SD, on every request of the arm, is what ``paired_speedup_interval`` widens to."""
     ref_time, ref_tokens, arm_time, arm_tokens = (np.asarray(x, dtype=float) for x in
@@ -226,9 +224,9 @@ def cpu_scaled_timings(rounds: pd.DataFrame, requests: pd.DataFrame) -> tuple[pd
 
     The rounds log wall-clock milliseconds; a request's ``decode_cpu_ms`` is the CPU time of those same rounds
     (the decoder's ``time.process_time`` around them, prefill excluded). On a shared machine the wall clock
-    runs 1-5x faster than the process's CPU time, and by a factor that changes with the load from one request to
-    the next, so wall timings price a round by the load at the moment it ran. Each round's timings are scaled
-    by its request's CPU / wall ratio (``decode_cpu_ms`` / the sum of its rounds' timings): within one request
+    runs ahead of the process's CPU time by a factor that changes with the load from one request to the next,
+    so wall timings price a round by the load at the moment it ran. Each round's timings are scaled by its
+    request's CPU / wall ratio (``decode_cpu_ms`` / the sum of its rounds' timings): within one request
     the load is taken as even. Where any request of ``rounds`` lacks ``decode_cpu_ms`` (older traces, engines,
     replays) the timings are returned as logged and the clock is ``"wall"``: never a mix of clocks."""
     keys = ["run_id", "request_id"]

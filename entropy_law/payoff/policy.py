@@ -19,9 +19,8 @@ the law's expectation toward what this request's verified rounds accepted (``s =
 ``entropy_law.decoding.policy``); ``None`` turns it off. ``calibration_half_life`` (default 16 rounds) is how
 fast that evidence fades, so that a request that stopped drafting tries again (``None``: never). Both are
 stated choices (the law is fitted on other requests, often of other tasks, so one round of this request's own
-evidence outweighs it; a half-life of a few sentences of a 60-110-round answer), not fitted: the traces' requests
-ran without a policy. The prior was 4 until 2026-12-06; replayed on held-out open-ended and probe recordings
-(modelled, priced by this machine's curve) 1 gave 1.6% more on both (README, issue #19).
+evidence outweighs it; a half-life of a few sentences of an answer), not fitted: the traces' requests ran
+without a policy.
 
 ``context_match`` (optional): the length of the longest suffix of the context before each output position that
 occurred earlier in it (the prompt and the output so far; ``decoding.policy.context_match_length``, computed for a

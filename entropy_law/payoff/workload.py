@@ -2,8 +2,7 @@
 
 The constant-entropy break-even (``cost.breakeven_entropy``) prices a sequence in which every position has entropy H.
 Real requests mix long low-entropy stretches with short high-entropy ones, and at the same mean entropy they accept far
-shorter blocks: on ``data/traces_timed`` (first recording) block DDTree16 at a request mean of 0.64 nats commits 2.58
-tokens per round at constant H against 1.09 observed. So the constant-H break-even is not the entropy where a workload's
+shorter blocks than a sequence at that entropy everywhere (``docs/law.md`` shows how far). So the constant-H break-even is not the entropy where a workload's
 measured per-request speedups cross 1, and the two should not be compared.
 
 Here each request is priced on its own entropy sequence h_0..h_{T-1}. Decoding starts after the prefill's
@@ -464,7 +463,7 @@ def _fit(traces, family: str, drafter: str, eps: float) -> FittedLaw:
     return fit_law(prepare_counts(rows, get_family(family), eps=eps), family, cov_type="cluster")
 
 
-# the law in the drafter's confidence, for a workload priced with the drafter's replayed proposals (README, #18)
+# the law in the drafter's confidence, for a workload priced with the drafter's replayed proposals
 REPLAYED_FAMILY = "law_exp_obs_ceil_drafttop"
 # the same plus the context's copyability (and the target's top-1 probability): the drafter-aware law by the rule of
 # docs/law.md (bench/law_categories.py, section 5), where the workload's and the law's traces hold those columns
@@ -475,9 +474,7 @@ REPLAYED_COPY_FALLBACK = "law_exp_obs_ceil_drafttop_copy"  # copyability, but no
 def replayed_family(*token_tables: pd.DataFrame) -> str:
     """The law that prices replayed proposals for traces with these tokens tables: ``REPLAYED_COPY_FAMILY`` where
     every table holds the copyability (``context_match``) and the target's top-1 probability at every token,
-    ``REPLAYED_COPY_FALLBACK`` with the copyability only, else ``REPLAYED_FAMILY``. On 42 prompts in twelve categories
-    outside Spec-Bench (``bench/results/predict_probe.txt``) the copyability halved the n-gram arms' tokens-per-round
-    error of a law fitted on Spec-Bench (8-11% -> 4-5%) and cut the block drafter's (11% -> 8-9%)."""
+    ``REPLAYED_COPY_FALLBACK`` with the copyability only, else ``REPLAYED_FAMILY`` (the rule of ``docs/law.md``)."""
 
     def full(table, column):
         return column in table and len(table) > 0 and not table[column].isna().any()
