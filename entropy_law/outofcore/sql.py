@@ -16,6 +16,7 @@ torch, no DuckDB: the query is text.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -103,7 +104,8 @@ def at_risk_sql(*, bin_columns: Sequence[str] = ("target_entropy_nats",), width_
     ``rounds`` join is there only when ``log_drafted_depth`` or the ``drafted_depth`` key is asked for, and the
     windows over each request's output (``sequence_windows``: every token row, all roles, ordered by position)
     only when a decode-time covariate is asked for or binned (``lag_entropy_nats``, ``run_mean_entropy_nats``,
-    ``position``).
+    ``position``). The query's steps, one function each: ``_sequence_ctes``, ``_at_risk_cte``, ``_checked_cte``,
+    ``_covariates_cte``, ``_binned_cte`` and ``_cells_select``.
     """
     means = list(means) if means is not None else [*atrisk.COVARIATES, *atrisk.DERIVED]
     known = [*atrisk.COVARIATES, *atrisk.DERIVED, *_SEQUENCE_MEANS, _MISS_LOG]
@@ -114,50 +116,76 @@ def at_risk_sql(*, bin_columns: Sequence[str] = ("target_entropy_nats",), width_
     if bad_bins:
         raise ValueError(f"cannot bin {bad_bins}; bin columns are covariates, cum_entropy_nats, {_MISS_BIN} or "
                          f"{list(_SEQUENCE_BINS)}")
-    needs_miss = _MISS_BIN in bin_columns or _MISS_LOG in means
-    with_rounds = drafted_depth_key or "log_drafted_depth" in means
-    needs_cum = "cum_entropy_nats" in bin_columns or {"cum_entropy_nats", "log1p_cum_entropy"} & set(means)
-    needs_lag = "lag_entropy_nats" in bin_columns or {"lag_entropy_nats", "log_lag_entropy"} & set(means)
-    needs_run = "run_mean_entropy_nats" in bin_columns or {"run_mean_entropy_nats", "log_run_mean_entropy"} & set(means)
-    needs_pos = "position" in bin_columns or "log1p_position" in means
-    needs_sequence = needs_lag or needs_run or needs_pos
-    lo, hi, inf = _literal(-atrisk.NEGATIVE_TOLERANCE), "CAST('Infinity' AS DOUBLE)", "CAST('-Infinity' AS DOUBLE)"
-    e = _literal(eps)
+    needs = _QueryNeeds(
+        miss=_MISS_BIN in bin_columns or _MISS_LOG in means,
+        rounds=drafted_depth_key or "log_drafted_depth" in means,
+        cum="cum_entropy_nats" in bin_columns or bool({"cum_entropy_nats", "log1p_cum_entropy"} & set(means)),
+        lag="lag_entropy_nats" in bin_columns or bool({"lag_entropy_nats", "log_lag_entropy"} & set(means)),
+        run="run_mean_entropy_nats" in bin_columns
+        or bool({"run_mean_entropy_nats", "log_run_mean_entropy"} & set(means)),
+        pos="position" in bin_columns or "log1p_position" in means)
+    ctes, source = _sequence_ctes(needs)
+    steps = [*ctes, _at_risk_cte(needs, source), _checked_cte(needs), _covariates_cte(needs),
+             _binned_cte(means, bin_columns, eps, width_log10)]
+    return "WITH " + ",\n".join(steps) + "\n" + _cells_select(means, bin_columns, drafted_depth_key)
 
-    # 0. the decode-time covariates of atrisk.sequence_covariates, from each request's whole output (every
-    # token row, all roles, ordered by position): H at the previous position (at the first: its own H),
-    # the running mean of H (sum / count of rows so far), the position. As atrisk._add_sequence_covariates,
-    # H is max(H, 0); a NaN or NULL H is NULL here (pandas' NaN): skipped by the running sum, replaced by the
-    # row's own H as the previous entropy
-    ctes = []
-    source = "tokens"
-    if needs_sequence:
-        h_seq = "CAST(target_entropy_nats AS DOUBLE)"
-        window = ("OVER (PARTITION BY run_id, request_id ORDER BY position\n"
-                  "            ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)")
-        ctes.append(f"""entropy_sequence AS (
+
+@dataclass(frozen=True)
+class _QueryNeeds:
+    """What the asked-for means and bins need of the query: the target's miss, the rounds join, the cumulative
+    entropy of a round, and the decode-time covariates (previous entropy, running mean, position)."""
+
+    miss: bool
+    rounds: bool
+    cum: bool
+    lag: bool
+    run: bool
+    pos: bool
+
+    @property
+    def sequence(self) -> bool:
+        return self.lag or self.run or self.pos
+
+
+_HI, _NEG_INF = "CAST('Infinity' AS DOUBLE)", "CAST('-Infinity' AS DOUBLE)"
+
+
+def _sequence_ctes(needs: _QueryNeeds) -> tuple[list[str], str]:
+    """Step 0, ``(CTEs, the table the at-risk rows are read from)``: the decode-time covariates of
+    atrisk.sequence_covariates, from each request's whole output (every token row, all roles, ordered by
+    position): H at the previous position (at the first: its own H), the running mean of H (sum / count of rows
+    so far), the position. As atrisk._add_sequence_covariates, H is max(H, 0); a NaN or NULL H is NULL here
+    (pandas' NaN): skipped by the running sum, replaced by the row's own H as the previous entropy."""
+    if not needs.sequence:
+        return [], "tokens"
+    h_seq = "CAST(target_entropy_nats AS DOUBLE)"
+    window = ("OVER (PARTITION BY run_id, request_id ORDER BY position\n"
+              "            ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW)")
+    entropy_sequence = f"""entropy_sequence AS (
     SELECT run_id, request_id, category, round_index, position, depth, role, target_entropy_nats,
         target_renyi2_nats, target_top1_prob, target_logit_gap,
         CASE WHEN {h_seq} IS NULL OR ISNAN({h_seq}) THEN NULL ELSE GREATEST({h_seq}, 0.0E0) END AS h_seq
     FROM tokens
-)""")
-        ctes.append(f"""sequence_windows AS (
+)"""
+    sequence_windows = f"""sequence_windows AS (
     SELECT *,
         COALESCE(LAG(h_seq) OVER (PARTITION BY run_id, request_id ORDER BY position), h_seq) AS lag_h,
         SUM(h_seq) {window} AS sum_h,
         COUNT(*) {window} AS n_h
     FROM entropy_sequence
-)""")
-        source = "sequence_windows"
+)"""
+    return [entropy_sequence, sequence_windows], "sequence_windows"
 
-    # 1. the at-risk rows with the round's drafted depth where needed, and the row check of validate_covariates
-    drafted = ",\n        d.tree_depth AS drafted_depth" if with_rounds else ""
-    if needs_sequence:
+
+def _at_risk_cte(needs: _QueryNeeds, source: str) -> str:
+    """Step 1: the at-risk rows (accepted and correction tokens) with the round's drafted depth where needed."""
+    drafted = ",\n        d.tree_depth AS drafted_depth" if needs.rounds else ""
+    if needs.sequence:
         drafted += (",\n        CAST(t.position AS DOUBLE) AS pos,\n        t.lag_h,\n"
                     "        t.sum_h / CAST(t.n_h AS DOUBLE) AS run_mean_h")
     join_rounds = ("\n    JOIN rounds AS d\n      ON d.run_id = t.run_id AND d.request_id = t.request_id"
-                   " AND d.round_index = t.round_index" if with_rounds else "")
-    at_risk = f"""at_risk AS (
+                   " AND d.round_index = t.round_index" if needs.rounds else "")
+    return f"""at_risk AS (
     SELECT t.run_id, r.drafter_id, t.category, t.request_id, t.round_index, t.depth,
         CASE WHEN t.role = 'accepted' THEN 1 ELSE 0 END AS accepted,
         CAST(t.target_entropy_nats AS DOUBLE) AS h,
@@ -168,44 +196,56 @@ def at_risk_sql(*, bin_columns: Sequence[str] = ("target_entropy_nats",), width_
     JOIN runs AS r ON r.run_id = t.run_id{join_rounds}
     WHERE t.role IN ('accepted', 'correction')
 )"""
-    # NaN fails every comparison in both engines, so the range checks also refuse NaN (and NULL); a decode-time
-    # covariate that is not finite (an infinite entropy earlier in the output) makes the row invalid too
+
+
+def _checked_cte(needs: _QueryNeeds) -> str:
+    """The row check of validate_covariates. NaN fails every comparison in both engines, so the range checks also
+    refuse NaN (and NULL); a decode-time covariate that is not finite (an infinite entropy earlier in the output)
+    makes the row invalid too."""
+    lo, hi = _literal(-atrisk.NEGATIVE_TOLERANCE), _HI
     sequence_check = ""
-    if needs_sequence:
+    if needs.sequence:
         sequence_check = (f"\n         AND lag_h >= 0.0E0 AND lag_h < {hi}"
                           f"\n         AND run_mean_h >= 0.0E0 AND run_mean_h < {hi}")
-    checked = f"""checked AS (
+    return f"""checked AS (
     SELECT *,
         (h >= {lo} AND h < {hi}
          AND h2 >= {lo} AND h2 < {hi}
          AND gap >= {lo} AND gap < {hi}
-         AND p1 > {inf} AND p1 < {hi}{sequence_check}) AS valid
+         AND p1 > {_NEG_INF} AND p1 < {hi}{sequence_check}) AS valid
     FROM at_risk
 )"""
-    # 2. covariates: entropies and gaps in [-1e-5, 0) are fp32 round-off, set to 0 (as validate_covariates)
+
+
+def _covariates_cte(needs: _QueryNeeds) -> str:
+    """Step 2, the covariates: entropies and gaps in [-1e-5, 0) are fp32 round-off, set to 0 (as
+    validate_covariates); NULL in rows that fail the check."""
     cols = ["drafter_id", "category", "request_id", "depth", "accepted", "valid"]
-    if with_rounds:
+    if needs.rounds:
         cols.append("drafted_depth")
     value = {"target_entropy_nats": "GREATEST(h, 0.0E0)", "target_renyi2_nats": "GREATEST(h2, 0.0E0)",
              "target_top1_prob": "p1", "target_logit_gap": "GREATEST(gap, 0.0E0)"}
     for name in atrisk.COVARIATES:
         cols.append(f"CASE WHEN valid THEN {value[name]} END AS {name}")
-    if needs_cum:  # sum of H over the round's earlier at-risk depths: the inclusive running sum minus H
+    if needs.cum:  # sum of H over the round's earlier at-risk depths: the inclusive running sum minus H
         cols.append("CASE WHEN valid THEN SUM(CASE WHEN valid THEN GREATEST(h, 0.0E0) ELSE 0.0E0 END) OVER (\n"
                     "            PARTITION BY run_id, request_id, round_index ORDER BY depth\n"
                     "            ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) - GREATEST(h, 0.0E0) END"
                     " AS cum_entropy_nats")
-    if needs_lag:
+    if needs.lag:
         cols.append("CASE WHEN valid THEN lag_h END AS lag_entropy_nats")
-    if needs_run:
+    if needs.run:
         cols.append("CASE WHEN valid THEN run_mean_h END AS run_mean_entropy_nats")
-    if needs_pos:
+    if needs.pos:
         cols.append("CASE WHEN valid THEN pos END AS position")
-    if needs_miss:  # the target's mass off its greedy token, 1 - p1 in [0, 1] (atrisk._add_target_miss)
+    if needs.miss:  # the target's mass off its greedy token, 1 - p1 in [0, 1] (atrisk._add_target_miss)
         cols.append(f"CASE WHEN valid THEN {_miss_sql('p1')} END AS {_MISS_BIN}")
-    covariates = "covariates AS (\n    SELECT " + ",\n        ".join(cols) + "\n    FROM checked\n)"
+    return "covariates AS (\n    SELECT " + ",\n        ".join(cols) + "\n    FROM checked\n)"
 
-    # 3. derived columns and bins
+
+def _binned_cte(means: list, bin_columns: Sequence[str], eps: float, width_log10: float) -> str:
+    """Step 3: the derived (log) columns and the bins."""
+    e = _literal(eps)
     derived = ["*"]
     for name, source in _LOG_OF.items():
         if name in means:
@@ -224,12 +264,13 @@ def at_risk_sql(*, bin_columns: Sequence[str] = ("target_entropy_nats",), width_
         derived.append(f"LN({_MISS_BIN} + {_literal(atrisk.EPS_PROB)}) AS {_MISS_LOG}")
     for column in bin_columns:
         derived.append(f"{_log_bin(column, eps, width_log10)} AS bin_{column}")
-    binned = "binned AS (\n    SELECT " + ",\n        ".join(derived) + "\n    FROM covariates\n)"
+    return "binned AS (\n    SELECT " + ",\n        ".join(derived) + "\n    FROM covariates\n)"
 
-    # 4. one row per cell
+
+def _cells_select(means: list, bin_columns: Sequence[str], drafted_depth_key: bool) -> str:
+    """Step 4: one row per cell."""
     keys = [*_KEYS, *(["drafted_depth"] if drafted_depth_key else []), *[f"bin_{c}" for c in bin_columns]]
     out = [*keys, "SUM(accepted) AS n_acc", "COUNT(*) AS n"]
     out += [f"AVG({m}) AS {m}" for m in means]
     out.append("COUNT(*) - SUM(accepted) AS n_rej")
-    select = ("SELECT " + ",\n       ".join(out) + "\nFROM binned\nGROUP BY " + ", ".join(keys))
-    return "WITH " + ",\n".join([*ctes, at_risk, checked, covariates, binned]) + "\n" + select
+    return "SELECT " + ",\n       ".join(out) + "\nFROM binned\nGROUP BY " + ", ".join(keys)

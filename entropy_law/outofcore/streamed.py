@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 import tempfile
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -311,11 +312,58 @@ def _fit_streamed(con, source: str, fam, *, depth: str, cov_type: str, alpha: fl
     the per-request score sums (requests x parameters) and the request ids. A family with decode-time
     covariates is fitted on the logs of their cell means, and a ``profile_eps`` family once per offset c of
     ``fit.EPS_GRID`` on log(H + c) of the cells' mean entropy, keeping the fit of largest log-likelihood, as
-    ``fit_law`` (``atrisk.add_log_covariates``, ``fit._fit_profile_eps``)."""
-    import patsy
-    import statsmodels.api as sm
-    from statsmodels.genmod.generalized_linear_model import GLMResults, GLMResultsWrapper
+    ``fit_law`` (``atrisk.add_log_covariates``, ``fit._fit_profile_eps``). The steps: the checks of ``fit_law``
+    (``_checked_cells``), the cells' design (``_CellDesign``), IRLS per offset (``_best_offset_fit``), the CR1
+    sandwich and the statsmodels result (``_streamed_result``)."""
+    from entropy_law.law import fit as fitmod
 
+    cells = _checked_cells(con, source, fam, depth=depth, cov_type=cov_type, alpha=alpha, eps=eps,
+                           min_requests_per_category=min_requests_per_category,
+                           drop_small_categories=drop_small_categories, notes=notes)
+    fam, source, common, notes = cells.fam, cells.source, cells.common, cells.common["notes"]
+    cells_design = _CellDesign(con, source, fam, depth=depth, levels=cells.levels, request_ids=cells.request_ids,
+                               category_means=common["category_means"], batch_cells=batch_cells, folder=folder)
+    offsets = fitmod.EPS_GRID if fam.profile_eps else (None,)
+    best = _best_offset_fit(cells_design, offsets, fam, start_params=start_params, max_iter=max_iter, tol=tol,
+                            n_requests=cells.n_requests, common=common)
+    sums = best["sums"]
+    covariate_means = {c: sums[c] / sums["n"] for c in _STEADY_STATE if c in sums} if fam.means else {}
+    if fam.needs_target_top1:  # the steady state's target-miss curve, from the same per-entropy-bin sums as in memory
+        bin_sums = con.sql(
+            f"SELECT bin_target_entropy_nats AS bin, SUM(n) AS n, SUM(n * GREATEST(target_entropy_nats, 0.0E0)) AS "
+            f"sum_h, SUM(n * LN({_miss_sql(_MISS_RAW)} + {_literal(atrisk.EPS_PROB)})) AS sum_miss "
+            f"FROM ({source}) GROUP BY 1").df().set_index("bin")
+        common["miss_curve"] = fitmod.target_miss_curve(bin_sums)
+    result = _streamed_result(best, fam, cells_design, cov_type=cov_type, n_requests=cells.n_requests)
+    n_cells = int(result.nobs)
+    fits = f"{len(offsets)} fits (one per offset c), " if fam.profile_eps else ""
+    notes.append(f"fitted out of core: {n_cells:,} cells streamed, {fits}{best['iteration']} IRLS passes "
+                 "(statsmodels' IRLS and CR1 sandwich on the same cells; the cells themselves are not kept)")
+    if not best["parts"]["finite"]:
+        notes.append("perfect separation: a fitted probability is exactly 0 or 1, so some terms are not identified "
+                     "(their estimates run off towards infinity, cluster-robust errors are NaN); record more "
+                     "requests or fit a simpler family")
+    return fitmod.FittedLaw(result=result, counts=None, covariate_means=covariate_means, **common)
+
+
+@dataclass
+class _Cells:
+    """What ``fit_law``'s checks leave of the cells: the family (without log D where one depth is drafted), the
+    cells' query (small categories dropped), the fields ``FittedLaw`` takes, the factor levels and requests."""
+
+    fam: object
+    source: str
+    common: dict
+    levels: dict
+    request_ids: np.ndarray
+    n_requests: int
+
+
+def _checked_cells(con, source: str, fam, *, depth: str, cov_type: str, alpha: float, eps: float,
+                   min_requests_per_category: int, drop_small_categories: bool, notes: list) -> _Cells:
+    """The checks of ``fit_law`` (``fit.check_counts``) on one row per request (and drafted depth) of the cells:
+    the same sums, counts and levels; the few-requests warning of a cluster-robust fit; the category means of
+    ``law_exp_mundlak``."""
     from entropy_law.law import fit as fitmod
     from entropy_law.law.stats import warn_if_few_requests
 
@@ -323,7 +371,6 @@ def _fit_streamed(con, source: str, fam, *, depth: str, cov_type: str, alpha: fl
     keys = ["drafter_id", "category", "request_id", *extra]
     summary = con.sql(f"SELECT {', '.join(keys)}, CAST(SUM(n_acc) AS BIGINT) AS n_acc, CAST(SUM(n_rej) AS BIGINT) "
                       f"AS n_rej, CAST(SUM(n) AS BIGINT) AS n FROM ({source}) GROUP BY {', '.join(keys)}").df()
-    # the checks of fit_law, on one row per request (and drafted depth): the same sums, counts and levels
     summary, check_notes = fitmod.check_counts(summary, fam, min_requests_per_category=min_requests_per_category,
                                               drop_small_categories=drop_small_categories, cov_type=cov_type)
     notes = [*notes, *check_notes]
@@ -351,44 +398,66 @@ def _fit_streamed(con, source: str, fam, *, depth: str, cov_type: str, alpha: fl
         rows = con.sql(f"SELECT category, SUM(log_entropy * n) / SUM(n) FROM ({source}) GROUP BY category").fetchall()
         category_means = {c: float(m) for c, m in sorted(rows)}
     common["category_means"] = category_means
-
-    depth_term = fitmod.DEPTH_TERMS[depth]
-    rhs = " + ".join(t for t in (depth_term, fam.terms) if t) or "1"
-    lhs = "n_rej + n_acc" if fam.outcome == "rejection" else "n_acc + n_rej"
-    available = con.sql(f"SELECT * FROM ({source}) LIMIT 0").columns
-    columns = _needed_columns(rhs, fam, available)
-    factors = set(re.findall(r"C\((\w+)\)", rhs))
     levels = {"depth": depths, "category": categories, "drafter_id": list(common["drafters"])}
+    return _Cells(fam=fam, source=source, common=common, levels=levels, request_ids=request_ids,
+                  n_requests=n_requests)
 
-    def frames(with_counts: bool, offset):
-        cols = [*columns, *(["n_acc", "n_rej", "n", "request_id"] if with_counts else [])]
-        for frame in _batches(con, f"SELECT {', '.join(dict.fromkeys(cols))} FROM ({source})", batch_cells):
-            for name in factors & set(frame.columns):  # every level known up front: patsy needs no pass to find them
-                frame[name] = pd.Categorical(frame[name], categories=levels[name])
-            if fam.means:  # fit_law: the logs of the cells' covariate means, as predictions take them
+
+class _CellDesign:
+    """The cells of ``source`` as ``fit_law``'s design sees them: the formula's two sides, the columns it reads,
+    the cells in batches (``frames``) and their design matrix written to disk (``build``)."""
+
+    def __init__(self, con, source: str, fam, *, depth: str, levels: dict, request_ids, category_means: dict,
+                 batch_cells: int, folder: Path):
+        from entropy_law.law import fit as fitmod
+
+        self.con, self.source, self.fam, self.levels = con, source, fam, levels
+        self.request_ids, self.category_means = request_ids, category_means
+        self.batch_cells, self.folder = batch_cells, folder
+        depth_term = fitmod.DEPTH_TERMS[depth]
+        self.rhs = " + ".join(t for t in (depth_term, fam.terms) if t) or "1"
+        self.lhs = "n_rej + n_acc" if fam.outcome == "rejection" else "n_acc + n_rej"
+        available = con.sql(f"SELECT * FROM ({source}) LIMIT 0").columns
+        self.columns = _needed_columns(self.rhs, fam, available)
+        self.factors = set(re.findall(r"C\((\w+)\)", self.rhs))
+
+    def frames(self, with_counts: bool, offset):
+        from entropy_law.law import fit as fitmod
+
+        cols = [*self.columns, *(["n_acc", "n_rej", "n", "request_id"] if with_counts else [])]
+        for frame in _batches(self.con, f"SELECT {', '.join(dict.fromkeys(cols))} FROM ({self.source})",
+                              self.batch_cells):
+            for name in self.factors & set(frame.columns):  # every level known up front: patsy needs no pass
+                frame[name] = pd.Categorical(frame[name], categories=self.levels[name])
+            if self.fam.means:  # fit_law: the logs of the cells' covariate means, as predictions take them
                 atrisk.add_log_covariates(frame)
             if offset is not None:  # fit._fit_profile_eps: log(H + c) of the cells' mean entropy
                 frame["log_entropy"] = np.log(np.maximum(frame["target_entropy_nats"].to_numpy(dtype=float), 0.0)
                                               + offset)
-            if category_means:
-                frame, _ = fitmod._add_mundlak(frame, category_means)
+            if self.category_means:
+                frame, _ = fitmod._add_mundlak(frame, self.category_means)
             yield frame
 
-    def build(offset, index: int):
+    def build(self, offset, index: int):
         """The design of the cells (on disk), its info, the first cells, and the count-weighted sums of the
         steady-state covariates."""
-        design = patsy.incr_dbuilder(rhs, lambda: frames(False, offset),
+        import patsy
+
+        from entropy_law.law import fit as fitmod
+
+        fam = self.fam
+        design = patsy.incr_dbuilder(self.rhs, lambda: self.frames(False, offset),
                                      eval_env=patsy.EvalEnvironment([{"C": _C}, vars(fitmod)]), NA_action="raise")
-        cache = _Cache(folder / f"design-{id(design)}-{index}.bin", len(design.column_names),
+        cache = _Cache(self.folder / f"design-{id(design)}-{index}.bin", len(design.column_names),
                        entropy=offset is not None)
         skeleton, sums = None, {}
         try:
-            for frame in frames(True, offset):
+            for frame in self.frames(True, offset):
                 x = np.asarray(patsy.build_design_matrices([design], frame, NA_action="raise")[0], dtype=np.float64)
                 if not np.all(np.isfinite(x)):
                     raise ValueError("a cell's covariates are not finite: check the traces (validate_traces)")
                 outcome = frame["n_rej" if fam.outcome == "rejection" else "n_acc"].to_numpy(np.float64)
-                codes = pd.Categorical(frame["request_id"].astype(str), categories=request_ids).codes
+                codes = pd.Categorical(frame["request_id"].astype(str), categories=self.request_ids).codes
                 if (codes < 0).any():
                     raise RuntimeError("a cell's request is not among the requests counted: report this as a bug")
                 trials = frame["n"].to_numpy(np.float64)
@@ -406,43 +475,53 @@ def _fit_streamed(con, source: str, fam, *, depth: str, cov_type: str, alpha: fl
         cache.close()
         return design, cache, skeleton, sums
 
-    def irls(cache: _Cache, names: list):
-        fam_obj = fitmod._family_obj(fam.link)
-        beta = None
-        if start_params is not None:
-            beta = np.asarray(start_params, dtype=float)
-        elif fam.link == "log":  # as _fit_glm: log-binomial starts with mu < 1 (a0 = 0.9, slope -0.5 per nat)
-            beta = np.zeros(len(names))
-            beta[names.index("Intercept")] = np.log(0.9)
-            beta[names.index(fam.slope)] = -0.5
-        # statsmodels' rule (tol 1e-8 on the deviance, absolute), so that the estimate is the iterate fit_law
-        # stops at; on many cells that change can sit below the deviance's round-off, so the fit also stops
-        # once the largest relative step is below ``tol`` (the iterates have then reached the maximum)
-        history, converged, iteration, step = [], False, 0, np.inf
-        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
-            for iteration in range(max_iter + 1):
-                dev, xtwx, xtwz = _irls_pass(cache, fam_obj, beta)
-                history.append(dev)
-                if iteration and (abs(history[-1] - history[-2]) <= 1e-8 or step <= tol):
-                    converged = True
-                    break
-                if iteration == max_iter:
-                    break
-                try:
-                    new = np.linalg.solve(xtwx, xtwz)
-                except np.linalg.LinAlgError:
-                    raise ValueError(f"{fam.name}: the design is singular on these cells (a term without variation, "
-                                     "e.g. one drafted depth or one category); fit a simpler family") from None
-                step = np.inf if beta is None else float(np.max(np.abs(new - beta) / (1.0 + np.abs(beta))))
-                beta = new
-        return beta, converged, iteration, history
 
-    # one fit, or one per offset c of a profiled log(H + c): the largest log-likelihood among converged fits
-    # (none converged: among all), the first of equals, as fit._fit_profile_eps. Where log(H + c) is a plain
-    # column of the design, the design is built once and the other offsets replace that column as the cells
-    # stream by (``_OffsetCache``); else each offset builds its own and only the best one is kept on disk
-    offsets = fitmod.EPS_GRID if fam.profile_eps else (None,)
+def _irls(cache: _Cache, names: list, fam, *, start_params, max_iter: int, tol: float):
+    """statsmodels' IRLS in passes over the cells on disk: ``(beta, converged, iterations, deviance history)``."""
+    from entropy_law.law import fit as fitmod
+
+    fam_obj = fitmod._family_obj(fam.link)
+    beta = None
+    if start_params is not None:
+        beta = np.asarray(start_params, dtype=float)
+    elif fam.link == "log":  # as _fit_glm: log-binomial starts with mu < 1 (a0 = 0.9, slope -0.5 per nat)
+        beta = np.zeros(len(names))
+        beta[names.index("Intercept")] = np.log(0.9)
+        beta[names.index(fam.slope)] = -0.5
+    # statsmodels' rule (tol 1e-8 on the deviance, absolute), so that the estimate is the iterate fit_law
+    # stops at; on many cells that change can sit below the deviance's round-off, so the fit also stops
+    # once the largest relative step is below ``tol`` (the iterates have then reached the maximum)
+    history, converged, iteration, step = [], False, 0, np.inf
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        for iteration in range(max_iter + 1):
+            dev, xtwx, xtwz = _irls_pass(cache, fam_obj, beta)
+            history.append(dev)
+            if iteration and (abs(history[-1] - history[-2]) <= 1e-8 or step <= tol):
+                converged = True
+                break
+            if iteration == max_iter:
+                break
+            try:
+                new = np.linalg.solve(xtwx, xtwz)
+            except np.linalg.LinAlgError:
+                raise ValueError(f"{fam.name}: the design is singular on these cells (a term without variation, "
+                                 "e.g. one drafted depth or one category); fit a simpler family") from None
+            step = np.inf if beta is None else float(np.max(np.abs(new - beta) / (1.0 + np.abs(beta))))
+            beta = new
+    return beta, converged, iteration, history
+
+
+def _best_offset_fit(cells: _CellDesign, offsets, fam, *, start_params, max_iter: int, tol: float,
+                     n_requests: int, common: dict) -> dict:
+    """One fit, or one per offset c of a profiled log(H + c): the largest log-likelihood among converged fits
+    (none converged: among all), the first of equals, as fit._fit_profile_eps; with its sandwich sums
+    (``parts``). Where log(H + c) is a plain column of the design, the design is built once and the other
+    offsets replace that column as the cells stream by (``_OffsetCache``); else each offset builds its own and
+    only the best one is kept on disk. Every design file is removed before this returns."""
+    from entropy_law.law import fit as fitmod
+
     best, base = None, None
+    notes = common["notes"]
 
     def drop(cache) -> None:  # a design no longer needed (the base design stays until the end)
         if base is None or cache is not base[1]:
@@ -451,7 +530,7 @@ def _fit_streamed(con, source: str, fam, *, depth: str, cov_type: str, alpha: fl
     try:
         for index, offset in enumerate(offsets):
             if base is None:
-                design, cache, skeleton, sums = build(offset, index)
+                design, cache, skeleton, sums = cells.build(offset, index)
                 j = _plain_column(design.column_names, "log_entropy") if fam.profile_eps else None
                 if j is not None:
                     base = (design, cache, skeleton, sums, j)
@@ -462,7 +541,8 @@ def _fit_streamed(con, source: str, fam, *, depth: str, cov_type: str, alpha: fl
                 x0[:, j] = cache.column(h0)
                 skeleton = (x0, y0, n0, h0)
             try:
-                beta, converged, iteration, history = irls(cache, design.column_names)
+                beta, converged, iteration, history = _irls(cache, design.column_names, fam,
+                                                            start_params=start_params, max_iter=max_iter, tol=tol)
                 rank = None
                 if fam.profile_eps:
                     llf = _llf_pass(cache, fam.link, beta)
@@ -477,31 +557,33 @@ def _fit_streamed(con, source: str, fam, *, depth: str, cov_type: str, alpha: fl
                             beta=beta, converged=converged, iteration=iteration, history=history)
             else:
                 drop(cache)
-        design, cache, beta = best["design"], best["cache"], best["beta"]
-        converged, iteration, history = best["converged"], best["iteration"], best["history"]
-        names, k, n_cells = design.column_names, len(design.column_names), int(sum(best["cache"].sizes))
+        best["n_cells"] = int(sum(best["cache"].sizes))
         if fam.profile_eps:
             common["eps"] = float(best["offset"])
             notes.append(f"offset c of log(H + c) fitted over {fitmod.EPS_GRID} by profile likelihood: "
                          f"c = {common['eps']:g} (its uncertainty is not in the intervals)")
-        if not converged:
+        if not best["converged"]:
             notes.append("the GLM did not converge; treat the estimates with suspicion")
-        parts = _sandwich_pass(cache, fam.link, beta, n_requests)
+        best["parts"] = _sandwich_pass(best["cache"], fam.link, best["beta"], n_requests)
     finally:
         if best is not None:
             best["cache"].unlink()
         if base is not None:
             base[1].unlink()
-    sums = best["sums"]
-    covariate_means = {c: sums[c] / sums["n"] for c in _STEADY_STATE if c in sums} if fam.means else {}
-    if fam.needs_target_top1:  # the steady state's target-miss curve, from the same per-entropy-bin sums as in memory
-        bin_sums = con.sql(
-            f"SELECT bin_target_entropy_nats AS bin, SUM(n) AS n, SUM(n * GREATEST(target_entropy_nats, 0.0E0)) AS "
-            f"sum_h, SUM(n * LN({_miss_sql(_MISS_RAW)} + {_literal(atrisk.EPS_PROB)})) AS sum_miss "
-            f"FROM ({source}) GROUP BY 1").df().set_index("bin")
-        common["miss_curve"] = fitmod.target_miss_curve(bin_sums)
+    return best
 
-    # the CR1 sandwich of statsmodels' cov_cluster: H^-1 (sum_g s_g s_g') H^-1 G/(G-1) (N-1)/(N-K)
+
+def _streamed_result(best: dict, fam, cells: _CellDesign, *, cov_type: str, n_requests: int):
+    """The statsmodels result of the best fit: its estimate, the CR1 sandwich of statsmodels' cov_cluster
+    (H^-1 (sum_g s_g s_g') H^-1 G/(G-1) (N-1)/(N-K)) from the streamed sums, and a model over the first cells
+    whose formula and design info let ``predict(frame)`` build the design of any frame."""
+    import statsmodels.api as sm
+    from statsmodels.genmod.generalized_linear_model import GLMResults, GLMResultsWrapper
+
+    from entropy_law.law import fit as fitmod
+
+    design, parts, beta = best["design"], best["parts"], best["beta"]
+    names, k, n_cells = design.column_names, len(design.column_names), best["n_cells"]
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
         try:
             bread = np.linalg.inv(parts["hessian"])
@@ -515,11 +597,12 @@ def _fit_streamed(con, source: str, fam, *, depth: str, cov_type: str, alpha: fl
         warnings.simplefilter("ignore", DomainWarning)
         model = sm.GLM(np.column_stack([y0, n0 - y0]), pd.DataFrame(x0, columns=names),
                        family=fitmod._family_obj(fam.link))
-    model.formula = f"{lhs} ~ {rhs}"  # predict(frame) builds the design from the full data's design info
+    model.formula = f"{cells.lhs} ~ {cells.rhs}"  # predict(frame) builds the design from the full data's design info
     model.data.model_spec = design
     result = GLMResults(model, beta, normalized_cov_params=normalized, scale=1.0)
     result.nobs, result.df_model, result.df_resid = n_cells, k - 1, n_cells - k
-    result.converged, result.fit_history = converged, {"iteration": iteration, "deviance": history}
+    result.converged, result.fit_history = best["converged"], {"iteration": best["iteration"],
+                                                               "deviance": best["history"]}
     result._cache.update(llf=parts["llf"], deviance=parts["deviance"])
     if cov_type == "cluster":
         result.cov_type = "cluster"
@@ -528,15 +611,7 @@ def _fit_streamed(con, source: str, fam, *, depth: str, cov_type: str, alpha: fl
         result.cov_params_default = cluster
         result.use_t = True
         result.df_resid_inference = n_requests - 1
-    result = GLMResultsWrapper(result)
-    fits = f"{len(offsets)} fits (one per offset c), " if fam.profile_eps else ""
-    notes.append(f"fitted out of core: {n_cells:,} cells streamed, {fits}{iteration} IRLS passes (statsmodels' IRLS "
-                 "and CR1 sandwich on the same cells; the cells themselves are not kept)")
-    if not parts["finite"]:
-        notes.append("perfect separation: a fitted probability is exactly 0 or 1, so some terms are not identified "
-                     "(their estimates run off towards infinity, cluster-robust errors are NaN); record more "
-                     "requests or fit a simpler family")
-    return fitmod.FittedLaw(result=result, counts=None, covariate_means=covariate_means, **common)
+    return GLMResultsWrapper(result)
 
 
 def fit_law_out_of_core(traces, family: str = "law_exp", by: str | None = None, *, depth: str = "factor",
