@@ -457,20 +457,13 @@ def simulate_traces(
     tokens = pd.concat(tokens_parts, ignore_index=True)
     rounds = pd.concat(rounds_parts, ignore_index=True)
     requests = _requests_table(rounds, req["request_ids"], req["categories_of"])
-    # columns added to format v1 later (policy decisions, CPU clock) are not simulated: null, as in older runs
-    for name, frame in (("tokens", tokens), ("rounds", rounds), ("requests", requests)):
-        for column in added_columns(name):
-            if column not in frame.columns:
-                frame[column] = np.nan
+    _add_later_columns(tokens=tokens, rounds=rounds, requests=requests)
     truth = dict(
         k=k, lambda_d=lam, category_effects=category_effects, eps=eps, seed=seed,
         block_drafter_id="sim-block" if include_block else next(iter(drafters)),
         drafters={d: dict(lambda_scale=s["lambda_scale"], k=s["k"], depth=s["depth"], nodes=s["nodes"],
-                          depth_spec=s.get("depth_spec")) for d, s in drafters.items()},
-        costs=costs,
-    )
-    entropy, lengths = req["entropy"], req["lengths"]
-    entropy_by_request = {rid: entropy[i, : lengths[i]] for i, rid in enumerate(req["request_ids"])}
+                          depth_spec=s.get("depth_spec")) for d, s in drafters.items()}, costs=costs)
+    entropy_by_request = {rid: req["entropy"][i, : req["lengths"][i]] for i, rid in enumerate(req["request_ids"])}
     return SimulatedTraces(tokens=tokens, rounds=rounds, requests=requests, runs=pd.DataFrame(run_rows), truth=truth,
                            entropy=entropy_by_request)
 
@@ -538,6 +531,14 @@ def _draw_requests(profiles: dict, n: int, tokens_per_request: tuple[int, int], 
         lengths.append(length)
     return dict(entropy=np.vstack(seqs), lengths=np.concatenate(lengths), categories_of=np.array(cats, dtype=object),
                 request_ids=np.array(req_ids, dtype=object))
+
+
+def _add_later_columns(**tables: pd.DataFrame) -> None:
+    """Columns added to format v1 later (policy decisions, CPU clock) are not simulated: null, as in older runs."""
+    for name, frame in tables.items():
+        for column in added_columns(name):
+            if column not in frame.columns:
+                frame[column] = np.nan
 
 
 def _requests_table(rounds: pd.DataFrame, request_ids: np.ndarray, categories_of: np.ndarray) -> pd.DataFrame:

@@ -279,6 +279,41 @@ def predict(an, arm: str, workload, *, transfer_error: float | None = None,
     residual of tokens per round (``workload.predict_workload``; e.g. ``transfer.calibrated_transfer``'s)."""
     if rounds is not None and (proposals is not None or law is not None or bias):
         raise ValueError("rounds= prices the replayed rounds with no law: drop proposals=, law= and bias=")
+    sequences = _workload_sequences(an, arm, workload)
+    notes = []
+    transfer_error = _transfer_error(an, arm, transfer_error, rounds=rounds, proposals=proposals, notes=notes)
+    mine = set(an.arm_view(arm).requests["request_id"].astype(str))
+    shared = sorted(set(sequences["request_id"].astype(str)) & mine)
+    if shared:
+        notes.append(f"{len(shared)} of the workload's {len(sequences)} requests were decoded by the arm itself "
+                     f"(in-sample for its law and cost), e.g. {', '.join(shared[:3])}")
+    view = an.cost_view(arm)
+    ar_requests = an.ar_requests(arm)
+    notes += an.machine_warnings(arm)  # costs measured on two machines price nothing here
+    if rounds is not None:
+        need = {"request_id"} - set(rounds.columns)
+        if need:
+            raise ValueError("rounds needs one row per request (jobs.reference.workload_rounds)")
+        means = pd.DataFrame({"request_id": sequences["request_id"].astype(str),
+                              "mean_entropy_nats": [float(np.mean(e)) for e in sequences["entropy"]]})
+        table = rounds.drop(columns=["mean_entropy_nats"], errors="ignore").astype({"request_id": str})
+        table = table.merge(means, on="request_id", how="left")
+        ar_ms = None if ar_requests is not None else an.ar_ms_per_token(arm)
+        result = price_rounds(view, table, drafter=arm, ar_ms_per_token=ar_ms, ar_requests=ar_requests,
+                              transfer_error=transfer_error, n_boot=an.n_boot, seed=an.seed)
+        result.notes = notes + result.notes
+        return result
+    law = an.law(arm) if law is None else law
+    ar_ms = None if ar_requests is not None else an.ar_ms_per_token(arm)
+    result = predict_workload(view, sequences, drafter=arm, law=law, ar_ms_per_token=ar_ms, ar_requests=ar_requests,
+                              transfer_error=transfer_error, proposals=proposals, n_boot=an.n_boot, seed=an.seed,
+                              bias=bias)
+    result.notes = notes + result.notes
+    return result
+
+
+def _workload_sequences(an, arm: str, workload) -> pd.DataFrame:
+    """The workload's entropy sequences on ``arm``'s model, each request from the first run that holds it."""
     model = an.model_of(arm)
     w_runs = workload.runs
     models = {model_name(m) for m in w_runs["model_id"]} if "model_id" in w_runs else {"unknown-model"}
@@ -291,8 +326,13 @@ def predict(an, arm: str, workload, *, transfer_error: float | None = None,
     tokens = tokens.merge(first, on=["request_id", "run_id"])
     if tokens.empty:
         raise ValueError("the workload holds no tokens on this model: record it first")
-    sequences = sequences_of(tokens)
-    notes = []
+    return sequences_of(tokens)
+
+
+def _transfer_error(an, arm: str, transfer_error, *, rounds, proposals, notes: list) -> float:
+    """The widening of ``predict``'s verdict where none is given, with a note saying where it comes from: the cost
+    model's own error for replayed rounds, else the leave-one-category-out error of the law, else
+    ``UNMEASURED_TRANSFER_ERROR``."""
     if rounds is not None and (transfer_error is None or not np.isfinite(transfer_error)):  # NaN: none measured
         transfer_error, note = an.cost_model_error(arm)  # (variant_error's, predict --budgets)
         notes.append(note)
@@ -312,31 +352,4 @@ def predict(an, arm: str, workload, *, transfer_error: float | None = None,
                          "largest leave-one-category-out error of tokens per round in this project's checks "
                          "(law.transfer.UNMEASURED_TRANSFER_ERROR); record the arm on at least 3 categories to "
                          "measure it")
-    mine = set(an.arm_view(arm).requests["request_id"].astype(str))
-    shared = sorted(set(sequences["request_id"].astype(str)) & mine)
-    if shared:
-        notes.append(f"{len(shared)} of the workload's {len(sequences)} requests were decoded by the arm itself "
-                     f"(in-sample for its law and cost), e.g. {', '.join(shared[:3])}")
-    view = an.cost_view(arm)
-    ar_requests = an.ar_requests(arm)
-    notes += an.machine_warnings(arm)  # costs measured on two machines price nothing here
-    if rounds is not None:
-        need = {"request_id"} - set(rounds.columns)
-        if need:
-            raise ValueError("rounds needs one row per request (jobs.reference.workload_rounds)")
-        means = pd.DataFrame({"request_id": sequences["request_id"].astype(str),
-                              "mean_entropy_nats": [float(np.mean(e)) for e in sequences["entropy"]]})
-        table = rounds.drop(columns=["mean_entropy_nats"], errors="ignore").astype({"request_id": str})
-        table = table.merge(means, on="request_id", how="left")
-        result = price_rounds(view, table, drafter=arm,
-                              ar_ms_per_token=None if ar_requests is not None else an.ar_ms_per_token(arm),
-                              ar_requests=ar_requests, transfer_error=transfer_error, n_boot=an.n_boot,
-                              seed=an.seed)
-        result.notes = notes + result.notes
-        return result
-    result = predict_workload(view, sequences, drafter=arm, law=an.law(arm) if law is None else law,
-                              ar_ms_per_token=None if ar_requests is not None else an.ar_ms_per_token(arm),
-                              ar_requests=ar_requests, transfer_error=transfer_error, proposals=proposals,
-                              n_boot=an.n_boot, seed=an.seed, bias=bias)
-    result.notes = notes + result.notes
-    return result
+    return transfer_error

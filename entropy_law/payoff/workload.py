@@ -351,7 +351,8 @@ def workload_breakeven(
     ``proposals``: the drafter's replayed proposal at every output position of the arm's requests
     (``traces.proposals`` rows keyed by their ``run_id`` and ``request_id``, e.g. ``proposals.parquet`` beside the
     arm's run.json): the drafted depths are then those instead of the in-sample depth model's, and a law in the
-    drafter's confidence (``law_exp_obs_ceil_drafttop``, fitted on traces that recorded it) can be used."""
+    drafter's confidence (``law_exp_obs_ceil_drafttop``, fitted on traces that recorded it) can be used. Steps:
+    ``_priced_workload``, ``_with_measured``, ``_line_statistics`` on the estimate and ``_breakeven_replicates``."""
     fam = get_family(family if law is None else law.family.name)
     if fam.needs_categories or fam.needs_drafters or fam.uses_category:
         raise ValueError(f"{fam.name} needs a category/drafter argument; use a one-drafter, category-free law")
@@ -364,6 +365,67 @@ def workload_breakeven(
     clock = cost.clock
     if law is None:
         law = _fit(traces, fam.name, drafter, eps)
+    priced = _priced_workload(traces, drafter, law, rounds, proposals, n_boot, seed)
+    requests = priced.seqs[["run_id", "request_id", "category"]].assign(
+        tokens=priced.tokens.astype(int), mean_entropy_nats=priced.mean_h, predicted_rounds=priced.rounds_k[:, 0],
+        predicted_speedup=priced.speedups(cost, 0))
+    m_speed, m_weight = _with_measured(requests, measured, priced.tokens)
+    groups = category_groups(priced.seqs)
+    n_measured = 0 if m_speed is None else int(requests.loc[np.isfinite(m_speed), "request_id"].nunique())
+    ids = requests["request_id"].to_numpy()
+    n_requests = int(pd.Series(ids).nunique())
+    few = warn_if_few_requests(n_requests, "the workload break-even intervals")
+    estimate = _line_statistics(priced, cost, 0, np.ones(len(requests)), m_speed, m_weight)
+    reps, category_reps, failed = _breakeven_replicates(traces, drafter, priced, groups, ids, ar_table,
+                                                        ar_ms_per_token, clock, m_speed, m_weight, seed)
+    replicates = pd.DataFrame(reps)
+    categories = category_summary(
+        groups, category_speedups(groups, cost, priced.tokens, priced.rounds_k[:, 0], priced.drafting_k[:, 0],
+                                  priced.nodes_k[:, 0]),
+        category_reps, priced.tokens, priced.mean_h, priced.rounds_k[:, 0], float("nan"), level)
+    rows = [r for r in SUMMARY_ROWS if r in estimate]
+    # NaN: no break-even in that replicate (skipped; counted in the notes)
+    ci_low, ci_high = percentile_interval(replicates.reindex(columns=rows).astype(float), level)
+    summary = pd.DataFrame(index=pd.Index(rows), columns=["estimate", "ci_low", "ci_high", "n_requests"], dtype=float)
+    for r in rows:
+        summary.loc[r] = [estimate[r], ci_low[r], ci_high[r], n_measured if r.startswith("measured") else n_requests]
+    no_line = int(replicates["workload_breakeven_nats"].isna().sum()) if len(replicates) else 0
+    notes = [*([few] if few else []),
+             f"{level:.0%} percentile intervals from {len(reps)} replicates over {n_requests} requests (seed {seed}, "
+             f"{failed} failed, {no_line} without a falling predicted line): each draws Poisson request weights "
+             "(refitting the cost model, t_AR and both lines) and one set of the law's coefficients from their "
+             "cluster-robust normal approximation",
+             f"per request: the law's DP over its own entropy sequence, drafted depths {priced.depth_source} "
+             f"(in-sample), nodes per drafted depth {np.round(priced.n_of_depth, 1).tolist()}; "
+             f"{cost.clock} clock, t_AR {cost.ar_ms_per_token:.1f} ms ({cost.ar_source})",
+             "crossing = where the token-weighted least-squares line of log speedup on the request's mean entropy "
+             "crosses 0; inf = above 1 at every entropy"]
+    return WorkloadBreakeven(drafter_id=drafter, summary=summary, requests=requests, replicates=replicates, cost=cost,
+                             family=law.family.name, notes=notes, categories=categories)
+
+
+@dataclass
+class _PricedWorkload:
+    """Every request of an arm priced by the law: its entropy sequence (``seqs``), tokens, mean entropy, and per
+    draw of the law's coefficients (column 0: the estimate) its expected rounds, verified nodes and drafting rounds."""
+
+    seqs: pd.DataFrame
+    tokens: np.ndarray
+    mean_h: np.ndarray
+    rounds_k: np.ndarray
+    nodes_k: np.ndarray
+    drafting_k: np.ndarray
+    n_of_depth: np.ndarray
+    depth_source: str
+
+    def speedups(self, c: CostModel, j: int) -> np.ndarray:
+        return self.tokens * c.ar_ms_per_token / decode_cost_ms(c, self.rounds_k[:, j], self.drafting_k[:, j],
+                                                                self.nodes_k[:, j])
+
+
+def _priced_workload(traces, drafter: str, law, rounds: pd.DataFrame, proposals, n_boot: int,
+                     seed: int) -> _PricedWorkload:
+    """The arm's requests that decoded a token after the prefill, priced by ``law`` (``_priced_requests``)."""
     drafts = int(rounds["tree_depth"].max())
     if drafts < 1:
         raise ValueError(f"drafter {drafter!r} never drafted: no workload break-even")
@@ -373,13 +435,13 @@ def workload_breakeven(
         raise ValueError(f"drafter {drafter!r}: no request decoded a token after the prefill")
     n_of_depth, replayed, (rounds_k, nodes_k, drafting_k), tokens, mean_h, depth_source = _priced_requests(
         traces, drafter, law, seqs, seqs, drafts, proposals, n_boot, seed)
+    return _PricedWorkload(seqs=seqs, tokens=tokens, mean_h=mean_h, rounds_k=rounds_k, nodes_k=nodes_k,
+                           drafting_k=drafting_k, n_of_depth=n_of_depth, depth_source=depth_source)
 
-    def speedups(c: CostModel, j: int) -> np.ndarray:
-        return tokens * c.ar_ms_per_token / decode_cost_ms(c, rounds_k[:, j], drafting_k[:, j], nodes_k[:, j])
 
-    requests = seqs[["run_id", "request_id", "category"]].assign(tokens=tokens.astype(int), mean_entropy_nats=mean_h,
-                                                                 predicted_rounds=rounds_k[:, 0],
-                                                                 predicted_speedup=speedups(cost, 0))
+def _with_measured(requests: pd.DataFrame, measured: pd.DataFrame | None, tokens: np.ndarray):
+    """Adds ``measured_speedup`` to ``requests`` (in place); returns ``(speedups, weights)`` of the measured line,
+    ``(None, None)`` where none is measured."""
     m_speed = m_weight = None
     if measured is not None:
         need = {"run_id", "request_id", "speedup"} - set(measured.columns)
@@ -394,66 +456,48 @@ def workload_breakeven(
             m_speed = None
     else:
         requests["measured_speedup"] = np.nan
+    return m_speed, m_weight
 
-    def statistics(c: CostModel, j: int, w: np.ndarray) -> dict:
-        s = speedups(c, j)
-        out = {}
-        out["workload_breakeven_nats"], b0, out["predicted_slope"] = log_speedup_crossing(mean_h, s, w * tokens)
-        out["predicted_intercept"] = b0
-        out["predicted_share_paying"] = float(np.sum(w * (s > 1)) / np.sum(w)) if np.sum(w) > 0 else np.nan
-        if m_speed is not None:
-            ok = np.isfinite(m_speed)
-            wm = np.where(ok, w * m_weight, 0.0)
-            out["measured_crossing_nats"], b0, out["measured_slope"] = log_speedup_crossing(
-                mean_h, np.where(ok, m_speed, 1.0), wm)
-            out["measured_intercept"] = b0
-            out["measured_share_paying"] = (float(np.sum((w * ok) * (m_speed > 1)) / np.sum(w * ok))
-                                            if np.sum(w * ok) > 0 else np.nan)
-        return out
 
-    groups = category_groups(seqs)
-    category_reps = []
-    n_measured = 0 if m_speed is None else int(requests.loc[np.isfinite(m_speed), "request_id"].nunique())
-    ids = requests["request_id"].to_numpy()
-    n_requests = int(pd.Series(ids).nunique())
-    few = warn_if_few_requests(n_requests, "the workload break-even intervals")
-    estimate = statistics(cost, 0, np.ones(len(requests)))
+def _line_statistics(priced: _PricedWorkload, c: CostModel, j: int, w: np.ndarray, m_speed, m_weight) -> dict:
+    """The predicted line's crossing, slope, intercept and share of paying requests with cost model ``c``, law draw
+    ``j`` and request weights ``w``; the measured line's too where speedups were measured."""
+    tokens, mean_h = priced.tokens, priced.mean_h
+    s = priced.speedups(c, j)
+    out = {}
+    out["workload_breakeven_nats"], b0, out["predicted_slope"] = log_speedup_crossing(mean_h, s, w * tokens)
+    out["predicted_intercept"] = b0
+    out["predicted_share_paying"] = float(np.sum(w * (s > 1)) / np.sum(w)) if np.sum(w) > 0 else np.nan
+    if m_speed is not None:
+        ok = np.isfinite(m_speed)
+        wm = np.where(ok, w * m_weight, 0.0)
+        out["measured_crossing_nats"], b0, out["measured_slope"] = log_speedup_crossing(
+            mean_h, np.where(ok, m_speed, 1.0), wm)
+        out["measured_intercept"] = b0
+        out["measured_share_paying"] = (float(np.sum((w * ok) * (m_speed > 1)) / np.sum(w * ok))
+                                        if np.sum(w * ok) > 0 else np.nan)
+    return out
+
+
+def _breakeven_replicates(traces, drafter: str, priced: _PricedWorkload, groups, ids: np.ndarray, ar_table,
+                          ar_ms_per_token, clock: str, m_speed, m_weight, seed: int):
+    """``(line statistics, category speedups, failures)`` of each bootstrap replicate: Poisson request weights,
+    the cost model refitted on them (``_reweighted_costs``), one draw of the law's coefficients."""
     rng = np.random.default_rng(seed)
-    reps, failed = [], 0
+    reps, category_reps, failed = [], [], 0
     all_ids = list(ids) + ([] if ar_table is None else list(ar_table["request_id"]))
     for j, weights, cost_b in _reweighted_costs(traces, drafter, all_ids, ar_table, ar_ms_per_token, clock,
-                                                 rounds_k.shape[1] - 1, rng):
+                                                 priced.rounds_k.shape[1] - 1, rng):
         try:
             if cost_b is None:
                 raise ValueError("the cost model could not be refitted")
-            reps.append(statistics(cost_b, j, pd.Series(ids).map(weights).fillna(0).to_numpy(float)))
-            category_reps.append(category_speedups(groups, cost_b, tokens, rounds_k[:, j], drafting_k[:, j],
-                                                   nodes_k[:, j]))
+            reps.append(_line_statistics(priced, cost_b, j, pd.Series(ids).map(weights).fillna(0).to_numpy(float),
+                                         m_speed, m_weight))
+            category_reps.append(category_speedups(groups, cost_b, priced.tokens, priced.rounds_k[:, j],
+                                                   priced.drafting_k[:, j], priced.nodes_k[:, j]))
         except ValueError:
             failed += 1
-    replicates = pd.DataFrame(reps)
-    categories = category_summary(
-        groups, category_speedups(groups, cost, tokens, rounds_k[:, 0], drafting_k[:, 0], nodes_k[:, 0]),
-        category_reps, tokens, mean_h, rounds_k[:, 0], float("nan"), level)
-    rows = [r for r in SUMMARY_ROWS if r in estimate]
-    # NaN: no break-even in that replicate (skipped; counted in the notes)
-    ci_low, ci_high = percentile_interval(replicates.reindex(columns=rows).astype(float), level)
-    summary = pd.DataFrame(index=pd.Index(rows), columns=["estimate", "ci_low", "ci_high", "n_requests"], dtype=float)
-    for r in rows:
-        summary.loc[r] = [estimate[r], ci_low[r], ci_high[r], n_measured if r.startswith("measured") else n_requests]
-    no_line = int(replicates["workload_breakeven_nats"].isna().sum()) if len(replicates) else 0
-    notes = [*([few] if few else []),
-             f"{level:.0%} percentile intervals from {len(reps)} replicates over {n_requests} requests (seed {seed}, "
-             f"{failed} failed, {no_line} without a falling predicted line): each draws Poisson request weights "
-             "(refitting the cost model, t_AR and both lines) and one set of the law's coefficients from their "
-             "cluster-robust normal approximation",
-             f"per request: the law's DP over its own entropy sequence, drafted depths {depth_source} (in-sample)"
-             + f", nodes per drafted depth {np.round(n_of_depth, 1).tolist()}; "
-             f"{cost.clock} clock, t_AR {cost.ar_ms_per_token:.1f} ms ({cost.ar_source})",
-             "crossing = where the token-weighted least-squares line of log speedup on the request's mean entropy "
-             "crosses 0; inf = above 1 at every entropy"]
-    return WorkloadBreakeven(drafter_id=drafter, summary=summary, requests=requests, replicates=replicates, cost=cost,
-                             family=law.family.name, notes=notes, categories=categories)
+    return reps, category_reps, failed
 
 
 def _fit(traces, family: str, drafter: str, eps: float) -> FittedLaw:
