@@ -265,9 +265,48 @@ def fit_cost_model(traces, *, drafter: str | None = None, ar_ms_per_token: float
     are no baseline). ``request_weights``: a bootstrap weight per request id (paired across runs).
     ``clock``: ``"auto"`` (default) prices rounds by the CPU clock where every request on that machine has
     ``decode_cpu_ms`` (``cpu_scaled_timings``: the clock the measured speedups use), else by the wall clock;
-    ``"wall"``: the logged wall timings; ``"cpu"``: the CPU clock or an error."""
+    ``"wall"``: the logged wall timings; ``"cpu"``: the CPU clock or an error. The steps: the rounds of the
+    drafter's machine on the chosen clock (``_machine_rounds``), the drafter's own costs, the verify line
+    (``_verify_line``) and the AR cost (``_ar_cost``)."""
     if clock not in ("auto", "cpu", "wall"):
         raise ValueError(f"clock must be 'auto', 'cpu' or 'wall', got {clock!r}")
+    runs = traces.runs
+    drafter, rounds, machine, used_clock = _machine_rounds(traces, drafter, clock)
+    drafting = rounds["tree_nodes"] > 0
+    w_all = (np.ones(len(rounds)) if request_weights is None
+             else rounds["request_id"].map(request_weights).fillna(0).to_numpy(float))
+    mine = (drafting & (rounds["drafter_id"] == drafter)).to_numpy()
+    notes = []
+    for col in TIMING_COLUMNS:
+        v = rounds[col].to_numpy(float)
+        if np.any(~np.isfinite(v)) or np.any(v < 0):
+            raise ValueError(f"rounds.{col} has NaN or negative timings; fix the traces")
+    w = w_all[mine]
+    prefill = ((rounds["round_index"] == 0) & (rounds["verify_ms"] == 0)).to_numpy()
+    skipped = policy_skipped(rounds) & (rounds["drafter_id"] == drafter).to_numpy() & (w_all > 0) & ~prefill
+    idle = ((rounds["tree_nodes"] == 0) & (rounds["drafter_id"] == drafter)).to_numpy() & (w_all > 0) & ~prefill
+    idle &= ~skipped
+
+    def idle_mean(rows):
+        return (_weighted_mean((rounds.loc[rows, "draft_ms"] + rounds.loc[rows, "overhead_ms"]).to_numpy(float),
+                               w_all[rows]) if rows.any() else float("nan"))
+    no_draft, skip = idle_mean(idle), idle_mean(skipped)
+    draft = _weighted_mean(rounds.loc[mine, "draft_ms"].to_numpy(float), w)
+    overhead = _weighted_mean(rounds.loc[mine, "overhead_ms"].to_numpy(float), w)
+    keep = w_all > 0
+    v0, v1 = _verify_line(rounds, w_all, keep, notes)
+    ar_ms, source = _ar_cost(rounds, runs, w_all, keep, ar_ms_per_token, machine)
+    return CostModel(drafter_id=drafter, ar_ms_per_token=ar_ms, draft_ms=draft, overhead_ms=overhead,
+                     verify_intercept_ms=v0, verify_per_node_ms=v1,
+                     depth=int(rounds.loc[mine, "tree_depth"].max()),
+                     nodes=int(rounds.loc[mine, "tree_nodes"].max()), ar_source=source, notes=notes,
+                     clock=used_clock, no_draft_ms=no_draft, skip_ms=skip)
+
+
+def _machine_rounds(traces, drafter: str | None, clock: str) -> tuple[str, pd.DataFrame, str, str]:
+    """``(drafter, rounds, machine, clock)``: the rounds of every run on the machine the drafter's runs were timed
+    on (refused where they are several arms or machines), with their drafter ids, on the CPU clock where asked
+    and possible (``cpu_scaled_timings``)."""
     runs = traces.runs
     rounds = traces.rounds.merge(runs[["run_id", "drafter_id"]], on="run_id", how="left")
     drafting = rounds["tree_nodes"] > 0
@@ -293,59 +332,42 @@ def fit_cost_model(traces, *, drafter: str | None = None, ar_ms_per_token: float
         if clock == "cpu" and used_clock != "cpu":
             raise ValueError(f"clock='cpu': some requests on {machines[0]} have no decode_cpu_ms (traces recorded "
                              "before the CPU clock was logged, or imported); use clock='wall' or re-record")
-    drafting = rounds["tree_nodes"] > 0
-    w_all = (np.ones(len(rounds)) if request_weights is None
-             else rounds["request_id"].map(request_weights).fillna(0).to_numpy(float))
-    mine = (drafting & (rounds["drafter_id"] == drafter)).to_numpy()
-    notes = []
-    for col in TIMING_COLUMNS:
-        v = rounds[col].to_numpy(float)
-        if np.any(~np.isfinite(v)) or np.any(v < 0):
-            raise ValueError(f"rounds.{col} has NaN or negative timings; fix the traces")
-    w = w_all[mine]
-    prefill = ((rounds["round_index"] == 0) & (rounds["verify_ms"] == 0)).to_numpy()
-    skipped = policy_skipped(rounds) & (rounds["drafter_id"] == drafter).to_numpy() & (w_all > 0) & ~prefill
-    idle = ((rounds["tree_nodes"] == 0) & (rounds["drafter_id"] == drafter)).to_numpy() & (w_all > 0) & ~prefill
-    idle &= ~skipped
+    return drafter, rounds, machines[0], used_clock
 
-    def idle_mean(rows):
-        return (_weighted_mean((rounds.loc[rows, "draft_ms"] + rounds.loc[rows, "overhead_ms"]).to_numpy(float),
-                               w_all[rows]) if rows.any() else float("nan"))
-    no_draft, skip = idle_mean(idle), idle_mean(skipped)
-    draft = _weighted_mean(rounds.loc[mine, "draft_ms"].to_numpy(float), w)
-    overhead = _weighted_mean(rounds.loc[mine, "overhead_ms"].to_numpy(float), w)
+
+def _verify_line(rounds: pd.DataFrame, w_all: np.ndarray, keep: np.ndarray, notes: list) -> tuple[float, float]:
+    """``(v0, v1)``: the weighted least-squares line of verify time on the number of draft nodes over every kept
+    round of the machine; constant in N (with a note) where one node count is observed."""
     nodes_all = rounds["tree_nodes"].to_numpy(float)
     verify_all = rounds["verify_ms"].to_numpy(float)
-    keep = w_all > 0
     if len(np.unique(nodes_all[keep])) >= 2:
         x = np.column_stack([np.ones(keep.sum()), nodes_all[keep]])
         sw = np.sqrt(w_all[keep])
         coef, *_ = np.linalg.lstsq(x * sw[:, None], verify_all[keep] * sw, rcond=None)
-        v0, v1 = float(coef[0]), float(coef[1])
-    else:
-        v0, v1 = _weighted_mean(verify_all[keep], w_all[keep]), 0.0
-        notes.append(f"one node count observed ({nodes_all[keep][0]:.0f}): verify cost taken as constant in N")
-    if ar_ms_per_token is None:  # the AR runs' rounds: a drafting arm's rounds without a draft carry its draft time
+        return float(coef[0]), float(coef[1])
+    notes.append(f"one node count observed ({nodes_all[keep][0]:.0f}): verify cost taken as constant in N")
+    return _weighted_mean(verify_all[keep], w_all[keep]), 0.0
+
+
+def _ar_cost(rounds: pd.DataFrame, runs: pd.DataFrame, w_all: np.ndarray, keep: np.ndarray, ar_ms_per_token,
+             machine: str) -> tuple[float, str]:
+    """``(t_AR, where it comes from)``: given, or the AR runs' rounds of the machine (a drafting arm's rounds
+    without a draft carry its draft time): their time per committed token."""
+    if ar_ms_per_token is None:
         tree = rounds["run_id"].map(dict(zip(runs["run_id"], runs["tree_policy"]))) if "tree_policy" in runs else None
         ar_run = np.array([arms.is_ar_run(d, t) for d, t in zip(
             rounds["drafter_id"], tree if tree is not None else [None] * len(rounds))], dtype=bool)
         ar = (rounds["tree_nodes"] == 0).to_numpy() & keep & ar_run
         if not ar.any():
-            raise ValueError(f"no autoregressive rounds (tree_nodes == 0) of {machines[0]} to estimate the AR cost "
+            raise ValueError(f"no autoregressive rounds (tree_nodes == 0) of {machine} to estimate the AR cost "
                              "per token (AR runs of another model or machine are no baseline): pass "
                              "ar_ms_per_token= (measured by a plain greedy run of the same target on the same machine)")
         total = rounds.loc[ar, ["draft_ms", "verify_ms", "overhead_ms"]].sum(axis=1).to_numpy(float)
         ar_ms = float(np.sum(total * w_all[ar]) / np.sum(rounds.loc[ar, "committed"].to_numpy(float) * w_all[ar]))
-        source = f"estimated from {int(ar.sum())} autoregressive rounds"
-    else:
-        if not ar_ms_per_token > 0:
-            raise ValueError("ar_ms_per_token must be positive")
-        ar_ms, source = float(ar_ms_per_token), "given"
-    return CostModel(drafter_id=drafter, ar_ms_per_token=ar_ms, draft_ms=draft, overhead_ms=overhead,
-                     verify_intercept_ms=v0, verify_per_node_ms=v1,
-                     depth=int(rounds.loc[mine, "tree_depth"].max()),
-                     nodes=int(rounds.loc[mine, "tree_nodes"].max()), ar_source=source, notes=notes,
-                     clock=used_clock, no_draft_ms=no_draft, skip_ms=skip)
+        return ar_ms, f"estimated from {int(ar.sum())} autoregressive rounds"
+    if not ar_ms_per_token > 0:
+        raise ValueError("ar_ms_per_token must be positive")
+    return float(ar_ms_per_token), "given"
 
 
 def speedup_at_entropy(law: FittedLaw, cost: CostModel, entropy_nats, *, depth: int | None = None,
