@@ -539,21 +539,8 @@ def when_drafting_pays(
     else:
         shapes, label = [(d, d) for d in range(1, cost.depth + 1)], "best_block_size"
     estimate = _statistics(law, cost, entropies, shapes, label)
-    rng = np.random.default_rng(seed)
-    reps, failed = [], 0
-    start = law.result.params.to_numpy() if law.result is not None else None
-    # one weight per request of the arm and of the AR run (the same prompts: paired), drawn together
-    ids = list(counts["request_id"]) + ([] if ar_table is None else list(ar_table["request_id"]))
-    for _ in range(n_boot):
-        weights = poisson_weights(ids, rng)
-        try:
-            law_b = fit_law(reweight_counts(counts, weights), fam, cov_type="nonrobust", start_params=start)
-            ar_b = ar_ms_per_token if ar_table is None else _ar_ms(ar_table, weights)
-            cost_b = fit_cost_model(traces, drafter=drafter, ar_ms_per_token=ar_b, request_weights=weights,
-                                    clock=clock)
-            reps.append(_statistics(law_b, cost_b, entropies, shapes, label))
-        except ValueError:
-            failed += 1
+    reps, failed = _pays_replicates(traces, drafter, counts, fam, law, ar_table, ar_ms_per_token, clock,
+                                    (entropies, shapes, label), n_boot, seed)
     replicates = pd.DataFrame(reps)
     ci_low, ci_high = percentile_interval(replicates, level)  # inf (pays up to 20 nats): the nearest replicate
     summary = pd.DataFrame({"estimate": pd.Series(estimate, dtype=float), "ci_low": ci_low,
@@ -578,6 +565,28 @@ def when_drafting_pays(
                      + "): the break-even entropy is only one of them")
     return DraftingPays(summary=summary, law=law, cost=cost, replicates=replicates, notes=notes,
                         observed_entropy=observed_range, crossings=crossings)
+
+
+def _pays_replicates(traces, drafter: str, counts: pd.DataFrame, fam, law, ar_table, ar_ms_per_token, clock: str,
+                     grid: tuple, n_boot: int, seed: int) -> tuple[list, int]:
+    """``(statistics of each replicate, failures)`` of ``when_drafting_pays``' request bootstrap: one Poisson weight
+    per request of the arm and of the AR run (the same prompts: paired), drawn together; each replicate refits the
+    law (from the estimate's coefficients), t_AR from the AR requests where given, and the cost model."""
+    rng = np.random.default_rng(seed)
+    reps, failed = [], 0
+    start = law.result.params.to_numpy() if law.result is not None else None
+    ids = list(counts["request_id"]) + ([] if ar_table is None else list(ar_table["request_id"]))
+    for _ in range(n_boot):
+        weights = poisson_weights(ids, rng)
+        try:
+            law_b = fit_law(reweight_counts(counts, weights), fam, cov_type="nonrobust", start_params=start)
+            ar_b = ar_ms_per_token if ar_table is None else _ar_ms(ar_table, weights)
+            cost_b = fit_cost_model(traces, drafter=drafter, ar_ms_per_token=ar_b, request_weights=weights,
+                                    clock=clock)
+            reps.append(_statistics(law_b, cost_b, *grid))
+        except ValueError:
+            failed += 1
+    return reps, failed
 
 
 def priced_cost_model(traces, *, drafter: str | None, ar_ms_per_token: float | None,
