@@ -658,20 +658,9 @@ def fit_law_out_of_core(traces, family: str = "law_exp", by: str | None = None, 
     ``analysis.make_view``: two arms of one drafter id, e.g. its chain and DDTree runs, stay apart, and
     ``by="drafter_id"`` fits one law per arm); otherwise such a mix is refused.
     """
-    from entropy_law.law.fit import DEPTH_TERMS, LawSet
+    from entropy_law.law.fit import LawSet
 
-    fam = get_family(family)
-    _streamable(fam)
-    if on_invalid not in ("raise", "drop"):
-        raise ValueError("on_invalid must be 'raise' or 'drop'")
-    if depth not in DEPTH_TERMS:
-        raise ValueError(f"depth must be one of {list(DEPTH_TERMS)}")
-    if cov_type not in ("cluster", "nonrobust"):
-        raise ValueError("cov_type must be 'cluster' or 'nonrobust'")
-    if by is not None:
-        by = {"drafter": "drafter_id"}.get(by, by)
-        if by not in ("drafter_id", "category"):
-            raise ValueError(f"by={by!r}: out of core a law is fitted per 'drafter_id' or per 'category'")
+    fam, by = _checked_options(family, by, depth=depth, cov_type=cov_type, on_invalid=on_invalid)
     bins = tuple(fam.bin_columns)
     keys = (*_KEYS, *fam.extra_keys)
     means = _means_for(fam, "family", with_rounds=True)
@@ -696,3 +685,23 @@ def fit_law_out_of_core(traces, family: str = "law_exp", by: str | None = None, 
             return LawSet(by=by, laws=laws)
         finally:
             con.close()
+
+
+def _checked_options(family: str, by: str | None, *, depth: str, cov_type: str, on_invalid: str):
+    """``(family, by)`` of ``fit_law_out_of_core``, checked: a family the streamed fit reproduces, and options
+    ``fit_law`` takes."""
+    from entropy_law.law.fit import DEPTH_TERMS
+
+    fam = get_family(family)
+    _streamable(fam)
+    if on_invalid not in ("raise", "drop"):
+        raise ValueError("on_invalid must be 'raise' or 'drop'")
+    if depth not in DEPTH_TERMS:
+        raise ValueError(f"depth must be one of {list(DEPTH_TERMS)}")
+    if cov_type not in ("cluster", "nonrobust"):
+        raise ValueError("cov_type must be 'cluster' or 'nonrobust'")
+    if by is not None:
+        by = {"drafter": "drafter_id"}.get(by, by)
+        if by not in ("drafter_id", "category"):
+            raise ValueError(f"by={by!r}: out of core a law is fitted per 'drafter_id' or per 'category'")
+    return fam, by
