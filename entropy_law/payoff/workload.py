@@ -717,15 +717,7 @@ def predict_workload(
     drafts = int(rounds["tree_depth"].max())
     if drafts < 1:
         raise ValueError(f"drafter {drafter!r} never drafted: nothing to predict")
-    seqs = sequences.reset_index(drop=True)
-    short = np.array([len(e) < 2 for e in seqs["entropy"]], dtype=bool)
-    seqs = seqs.loc[~short].reset_index(drop=True)
-    if seqs.empty:
-        raise ValueError("the workload has no request with a token decoded after the prefill: nothing to predict")
-    for rec in seqs.itertuples():
-        h = np.asarray(rec.entropy, dtype=float)
-        if not np.all(np.isfinite(h)) or np.any(h < 0):
-            raise ValueError(f"request {rec.request_id} of the workload: target entropies must be finite and >= 0")
+    seqs, short = _workload_requests(sequences)
     arm_seqs = entropy_sequences(traces, drafter)
     arm_seqs = arm_seqs.loc[[len(e) >= 2 for e in arm_seqs["entropy"]]].reset_index(drop=True)
     n_of_depth, replayed, (rounds_k, nodes_k, drafting_k), tokens, mean_h, depth_source = _priced_requests(
@@ -739,9 +731,34 @@ def predict_workload(
     summary, requests, (n_reps, failed) = _priced_summary(
         traces, drafter, cost, ar_table, ar_ms_per_token, arm_ids, seqs, tokens, mean_h, rounds_k, nodes_k,
         drafting_k, transfer_error, seed, level)
+    notes = _prediction_notes(level, n_reps, failed, seed, len(arm_seqs), transfer_error, depth_source, n_of_depth,
+                              cost, bias, short)
+    return WorkloadPrediction(drafter_id=drafter, summary=summary, requests_table=requests, cost=cost,
+                              family=law.family.name, transfer_error=float(transfer_error), notes=notes,
+                              replayed=replayed is not None)
+
+
+def _workload_requests(sequences: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
+    """``(the workload's requests that decoded a token after the prefill, which were left out)``; their target
+    entropies checked."""
+    seqs = sequences.reset_index(drop=True)
+    short = np.array([len(e) < 2 for e in seqs["entropy"]], dtype=bool)
+    seqs = seqs.loc[~short].reset_index(drop=True)
+    if seqs.empty:
+        raise ValueError("the workload has no request with a token decoded after the prefill: nothing to predict")
+    for rec in seqs.itertuples():
+        h = np.asarray(rec.entropy, dtype=float)
+        if not np.all(np.isfinite(h)) or np.any(h < 0):
+            raise ValueError(f"request {rec.request_id} of the workload: target entropies must be finite and >= 0")
+    return seqs, short
+
+
+def _prediction_notes(level, n_reps, failed, seed, n_arm, transfer_error, depth_source, n_of_depth, cost, bias,
+                      short) -> list:
+    """What ``predict_workload``'s interval, verdict band and pricing rest on, in words."""
     band = 0.0 if np.isnan(transfer_error) else float(transfer_error)
     notes = [f"{level:.0%} percentile intervals from {n_reps} replicates ({failed} failed; seed {seed}): each "
-             f"draws Poisson weights for the arm's {len(arm_seqs)} requests and the AR requests (refitting the cost "
+             f"draws Poisson weights for the arm's {n_arm} requests and the AR requests (refitting the cost "
              "model and t_AR) and one set of the law's coefficients; the workload's requests are not resampled",
              (f"low / high: that interval widened by the law's transfer error {band:.1%} (a category the law was not "
               "fitted on); the verdict needs all of it on one side of 1" if not np.isnan(transfer_error) else
@@ -757,9 +774,7 @@ def predict_workload(
                      "rounds are not independent given the covariates)")
     if short.any():
         notes.append(f"{int(short.sum())} request(s) of the workload decoded no token after the prefill: left out")
-    return WorkloadPrediction(drafter_id=drafter, summary=summary, requests_table=requests, cost=cost,
-                              family=law.family.name, transfer_error=float(transfer_error), notes=notes,
-                              replayed=replayed is not None)
+    return notes
 
 
 # WorkloadPrediction.family of a workload priced from its replayed rounds (no law)
