@@ -814,22 +814,7 @@ def price_rounds(
                          f"{sorted(need)}")
     if not (np.isnan(transfer_error) or transfer_error >= 0):
         raise ValueError(f"transfer_error must be >= 0 (a relative error) or NaN, got {transfer_error}")
-    table = rounds.reset_index(drop=True)
-    counts = table[["tokens", "rounds", "drafting_rounds", "nodes"]].to_numpy(float)
-    if not np.all(np.isfinite(counts)) or np.any(counts < 0):
-        raise ValueError("rounds: tokens, rounds, drafting_rounds and nodes must be finite and >= 0")
-    bad = (table["drafting_rounds"] > table["rounds"]) | (table["rounds"] > table["tokens"])
-    if bad.any():
-        r = table.loc[bad].iloc[0]
-        raise ValueError(f"request {r['request_id']}: {int(r['drafting_rounds'])} drafting rounds of "
-                         f"{int(r['rounds'])} rounds for {int(r['tokens'])} tokens: every round commits a token and "
-                         "drafting rounds are rounds")
-    skipped = (table["skipped_rounds"].to_numpy(float) if "skipped_rounds" in table
-               else np.zeros(len(table)))
-    if not np.all(np.isfinite(skipped)) or np.any(skipped < 0) or np.any(
-            skipped > table["rounds"].to_numpy(float) - table["drafting_rounds"].to_numpy(float)):
-        raise ValueError("rounds: skipped_rounds must be finite, >= 0 and at most the rounds that drafted nothing "
-                         "(rounds - drafting_rounds)")
+    table, skipped = _checked_round_counts(rounds)
     short = (table["tokens"] < 1).to_numpy()
     table, skipped = table.loc[~short].reset_index(drop=True), skipped[~short]
     if table.empty:
@@ -866,6 +851,28 @@ def price_rounds(
         notes.append(f"{int(short.sum())} request(s) of the workload decoded no token after the prefill: left out")
     return WorkloadPrediction(drafter_id=drafter, summary=summary, requests_table=requests, cost=cost,
                               family=EXACT_REPLAY, transfer_error=float(transfer_error), notes=notes, replayed=True)
+
+
+def _checked_round_counts(rounds: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
+    """``(the round counts, the skipped rounds per request)`` of ``price_rounds``' ``rounds``, checked: finite,
+    non-negative, every round commits a token, drafting and skipped rounds are rounds."""
+    table = rounds.reset_index(drop=True)
+    counts = table[["tokens", "rounds", "drafting_rounds", "nodes"]].to_numpy(float)
+    if not np.all(np.isfinite(counts)) or np.any(counts < 0):
+        raise ValueError("rounds: tokens, rounds, drafting_rounds and nodes must be finite and >= 0")
+    bad = (table["drafting_rounds"] > table["rounds"]) | (table["rounds"] > table["tokens"])
+    if bad.any():
+        r = table.loc[bad].iloc[0]
+        raise ValueError(f"request {r['request_id']}: {int(r['drafting_rounds'])} drafting rounds of "
+                         f"{int(r['rounds'])} rounds for {int(r['tokens'])} tokens: every round commits a token and "
+                         "drafting rounds are rounds")
+    skipped = (table["skipped_rounds"].to_numpy(float) if "skipped_rounds" in table
+               else np.zeros(len(table)))
+    if not np.all(np.isfinite(skipped)) or np.any(skipped < 0) or np.any(
+            skipped > table["rounds"].to_numpy(float) - table["drafting_rounds"].to_numpy(float)):
+        raise ValueError("rounds: skipped_rounds must be finite, >= 0 and at most the rounds that drafted nothing "
+                         "(rounds - drafting_rounds)")
+    return table, skipped
 
 
 def count_rounds(rounds: pd.DataFrame) -> pd.DataFrame:
