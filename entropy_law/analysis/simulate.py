@@ -413,9 +413,8 @@ def simulate_traces(
     as a dict; ``probs`` must have B entries); default: always B - 1.
     ``include_ar``: also an autoregressive run (``tree_nodes == 0``) for the cost model.
     Output lengths are uniform in ``tokens_per_request`` (inclusive).
-    The steps: the checked inputs (``_checked_profiles``, ``_drafter_specs``, ``_depth_rates``), the requests'
-    entropy sequences (``_draw_requests``), one run per drafter (``_simulate_run``), the requests table
-    (``_requests_table``); every random draw comes from one generator seeded with ``seed``, in that order.
+    Steps: ``_checked_profiles``, ``_drafter_specs``, ``_depth_rates``, ``_draw_requests``, ``_simulate_run`` per
+    drafter, ``_requests_table``; every random draw comes from one generator seeded with ``seed``, in that order.
     """
     rng = np.random.default_rng(seed)
     profiles, category_effects = _checked_profiles(categories, category_effects, n_requests_per_category, block_size)
