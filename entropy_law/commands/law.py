@@ -53,6 +53,7 @@ def run(args) -> int:
     from entropy_law.law.fit import PRIMARY_FAMILY, fallback_note, fit_law, primary_family
     from entropy_law.law.hypotheses import preregistered_tests
     from entropy_law.analysis.simulate import TreeSpec, simulate_traces
+    from entropy_law.glance import GLANCE_FAMILIES
     from entropy_law.law.transfer import block_prediction, loco_transfer
     from entropy_law.traces.reader import load_traces
 
@@ -137,9 +138,6 @@ def run(args) -> int:
             print()
             test.print_summary()
     return 0
-
-
-GLANCE_FAMILIES = ("glance", "glance_readme")  # --family names of GLANCE's law (glance.fit_glance's forms)
 
 
 def print_glance_laws(view, family: str, drafter: str | None = None) -> int:
