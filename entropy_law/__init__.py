@@ -2,9 +2,11 @@
 
 The rooms (``docs/architecture.md``): ``decoding`` (torch: the target, the one speculative round, online
 decoding and offline replay, observers), ``drafters`` (n-gram, block drafter and its training),
-``traces`` (the Parquet trace format: write and read), ``law`` (fits, tests, transfer, cost; never imports
-torch), ``plots`` (figures), ``jobs`` (the demo, the reference traces, the report), ``prompts`` (task
-files). Each room exports its own names; this namespace holds the short list a user calls. Names are
+``traces`` (the Parquet trace format: write and read), ``law`` (the law itself: fits, tests, transfer),
+``payoff`` (when drafting pays: cost model, workload prediction, policy fitting), ``outofcore`` (DuckDB over
+the shards), ``glance`` (GLANCE's law), ``analysis`` (``TraceAnalysis``, the simulator), ``plots`` (figures),
+``jobs`` (the demo, the reference traces, the report), ``prompts`` (task files); none of the analysis rooms
+imports torch. Each room exports its own names; this namespace holds the short list a user calls. Names are
 imported on first use, so ``import entropy_law`` stays cheap and the analysis works without torch.
 """
 
@@ -35,10 +37,10 @@ _EXPORTS = {
     "fit_law": "entropy_law.law.fit",
     "compare_laws": "entropy_law.law.compare",
     "loco_transfer": "entropy_law.law.transfer",
-    "when_drafting_pays": "entropy_law.law.cost",
-    "workload_breakeven": "entropy_law.law.workload",
-    "simulate_traces": "entropy_law.law.simulate",
-    "TraceAnalysis": "entropy_law.law.analysis",
+    "when_drafting_pays": "entropy_law.payoff.cost",
+    "workload_breakeven": "entropy_law.payoff.workload",
+    "simulate_traces": "entropy_law.analysis.simulate",
+    "TraceAnalysis": "entropy_law.analysis",
     # show
     "make_figures": "entropy_law.plots.gallery",
     "write_report": "entropy_law.jobs.report",
@@ -52,7 +54,8 @@ def __getattr__(name: str):
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'entropy_law' has no attribute {name!r} (the rooms export more: "
-                             "entropy_law.decoding, .drafters, .traces, .law, .plots, .jobs, .prompts)")
+                             "entropy_law.decoding, .drafters, .traces, .law, .payoff, .outofcore, .glance, "
+                             ".analysis, .plots, .jobs, .prompts)")
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from entropy_law.law.sample_traces import write_simulated_traces
+from entropy_law.analysis.sample_traces import write_simulated_traces
 
 FAST = dict(n_boot=3, compare_families=("law_logit", "law_exp"), n_folds=3)
 

@@ -495,14 +495,14 @@ def test_an_arms_rounds_replayed_over_an_ar_workload_are_the_rounds_it_decoded_o
                                                                                       tmp_path, gate, monkeypatch):
     """``jobs.reference.workload_rounds``: the n-gram DDTree arm's rounds replayed over an AR run of the same
     prompts are, request by request, the rounds it decoded online (tokens, rounds, drafting rounds, draft nodes,
-    accepted drafts: ``law.workload.round_counts`` of its own run), under its ratio gate or its cost gate with the
-    curve its run stored; so ``law.workload.price_rounds`` prices the rounds the arm would decode, with no law."""
+    accepted drafts: ``payoff.workload.round_counts`` of its own run), under its ratio gate or its cost gate with the
+    curve its run stored; so ``payoff.workload.price_rounds`` prices the rounds the arm would decode, with no law."""
     import pandas as pd
 
     from entropy_law.decoding.loading import load_target
     from entropy_law.jobs.reference import workload_rounds
-    from entropy_law.law.analysis import TraceAnalysis
-    from entropy_law.law.workload import round_counts
+    from entropy_law.analysis import TraceAnalysis
+    from entropy_law.payoff.workload import round_counts
     from entropy_law.traces.reader import load_traces
 
     ar, ngram = tmp_path / "ar", tmp_path / "ngram"
@@ -680,7 +680,7 @@ def test_a_timed_recording_with_a_law_policy_per_drafter_stores_it_and_is_its_ow
 
     from entropy_law.decoding.loading import load_target
     from entropy_law.jobs.record import record_timed
-    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.analysis import TraceAnalysis
     from entropy_law.law.arms import policy_gate
     from entropy_law.prompts.text import load_tasks
     from entropy_law.traces.reader import load_traces
@@ -764,7 +764,7 @@ def test_record_refuses_a_law_policy_of_another_target_unless_borrowed(model_fol
     traces' are) stops with what to do; `--policy-borrow` applies them knowingly and the run keeps their origin."""
     from test_policy import params
 
-    from entropy_law.law.policy import save_policy
+    from entropy_law.payoff.policy import save_policy
 
     law = save_policy({**params(0.9), "drafter_id": "ngram", "model_id": ["smollm2-135m"]}, tmp_path / "law.json")
     args = ("--policy", "law", "--policy-law", str(law), "--categories", "alpha")
@@ -786,7 +786,7 @@ def test_record_with_the_hybrid_drafter_and_its_law_policy(model_folder, task_fi
     refused, saying what to give instead."""
     from test_policy import params
 
-    from entropy_law.law.policy import HYBRID_POLICY_KIND, save_policy
+    from entropy_law.payoff.policy import HYBRID_POLICY_KIND, save_policy
 
     monkeypatch.setattr("entropy_law.jobs.record.measure_verify_cost", lambda adapter: FLAT_COST)
     checkpoint = random_block_checkpoint(model_folder, tmp_path / "drafter.safetensors")

@@ -12,7 +12,7 @@ import pytest
 from entropy_law.cli import main
 from entropy_law.importers.glance import export_glance_rounds, import_glance
 from entropy_law.law.fit import fit_law
-from entropy_law.law.glance import fit_glance, read_glance_rounds
+from entropy_law.glance import fit_glance, read_glance_rounds
 from entropy_law.traces.reader import load_traces
 from entropy_law.traces.schema import TOKENS_SCHEMA
 
@@ -91,20 +91,20 @@ def test_tokens_columns_are_nullable_in_the_schema():
 def test_glance_fit_of_the_run_equals_the_fit_of_the_log(imported):
     _, traces = imported
     log = read_glance_rounds(FIXTURE)
-    on_run = fit_law(traces, family="glance")
+    on_run = fit_glance(traces)
     on_log32 = fit_glance(log.assign(entropy=log["entropy"].astype(np.float32).astype(float)))
     assert (on_run.b0, on_run.b1_fitted) == pytest.approx((on_log32.b0, on_log32.b1_fitted), abs=1e-9)
     on_log = fit_glance(log)  # the trace format stores entropies as float32: a difference of ~1e-8
     assert (on_run.b0, on_run.b1_fitted) == pytest.approx((on_log.b0, on_log.b1_fitted), abs=1e-6)
     assert set(on_run.per_category) == {"caption", "chartqa"}
-    assert fit_law(traces, family="glance_readme").form == "readme"
+    assert fit_glance(traces, form="readme").form == "readme"
 
 
 @pytest.mark.parametrize("family", ["law_exp", "law_exp_obs_ceil", "law_logit"])
 def test_laws_of_per_position_entropy_refuse_the_run(imported, family):
     _, traces = imported
     run_id = str(traces.runs["run_id"].iloc[0])
-    with pytest.raises(ValueError, match=f"{run_id}.*round's root only.*family=\"glance\""):
+    with pytest.raises(ValueError, match=rf"{run_id}.*round's root only.*fit_glance\(traces\)"):
         fit_law(traces, family=family)
 
 
@@ -130,7 +130,7 @@ def test_export_import_export_is_identical(imported, tmp_path, capsys):
 
 
 def test_export_of_recorded_traces_reads_in_glance(tmp_path):
-    from entropy_law.law.simulate import simulate_traces
+    from entropy_law.analysis.simulate import simulate_traces
 
     traces = simulate_traces(seed=3, n_requests_per_category=4, categories=["qa", "rag"], block_size=5,
                              tokens_per_request=(30, 50))
@@ -194,7 +194,7 @@ def test_report_and_figures_accept_the_run(imported, tmp_path):
 
     matplotlib.use("Agg")
     from entropy_law.jobs.report import write_report
-    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.analysis import TraceAnalysis
     from entropy_law.plots.gallery import build_figure
     from entropy_law.plots.glance import glance_section
 

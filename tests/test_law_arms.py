@@ -13,12 +13,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from entropy_law.law.analysis import TraceAnalysis
+from entropy_law.analysis import TraceAnalysis
 from entropy_law.law.bootstrap import bootstrap_law
 from entropy_law.law.compare import compare_laws
-from entropy_law.law.cost import fit_cost_model, when_drafting_pays
+from entropy_law.payoff.cost import fit_cost_model, when_drafting_pays
 from entropy_law.law.fit import fit_law
-from entropy_law.law.simulate import TreeSpec, simulate_traces
+from entropy_law.analysis.simulate import TreeSpec, simulate_traces
 from entropy_law.law.transfer import block_prediction, loco_transfer
 from entropy_law.traces.reader import load_traces
 from entropy_law.traces.recorder import TraceRecorder

@@ -7,7 +7,7 @@ import statsmodels.api as sm
 
 from entropy_law.law import atrisk
 from entropy_law.law.fit import fit_law
-from entropy_law.law.simulate import SimulatedTraces, TreeSpec, simulate_traces
+from entropy_law.analysis.simulate import SimulatedTraces, TreeSpec, simulate_traces
 
 
 @pytest.fixture(scope="module")

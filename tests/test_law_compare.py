@@ -5,7 +5,7 @@ import pytest
 
 from entropy_law.law import atrisk
 from entropy_law.law.compare import calibration, compare_laws, request_folds
-from entropy_law.law.simulate import TreeSpec, simulate_traces
+from entropy_law.analysis.simulate import TreeSpec, simulate_traces
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from entropy_law import TraceRecorder, load_traces
 from entropy_law.law import atrisk
 from entropy_law.law.compare import compare_laws
 from entropy_law.law.fit import fit_law, get_family
-from entropy_law.law.simulate import simulate_traces
+from entropy_law.analysis.simulate import simulate_traces
 from entropy_law.law.transfer import sequences_of
 from entropy_law.traces.stats import CONTEXT_MATCH_MAX, context_match_length, context_matches_of_output
 from tests.traces_helpers import log_requests, one_drafter, synthetic_requests

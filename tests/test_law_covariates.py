@@ -11,7 +11,7 @@ import pytest
 from entropy_law.law import atrisk
 from entropy_law.law.compare import (DEPTH_ONLY, Comparison, category_share_of_gain, choose_primary, compare_laws)
 from entropy_law.law.fit import FAMILIES, PRIMARY_FAMILY, fit_law, get_family, with_category_terms
-from entropy_law.law.simulate import simulate_traces
+from entropy_law.analysis.simulate import simulate_traces
 from tests.traces_helpers import assert_recovered, one_drafter, quiet_simulation
 from tests.traces_helpers import redrawn as redraw
 
@@ -197,7 +197,7 @@ def test_primary_rule_prefers_fewer_parameters_within_one_se():
 
 
 def test_primary_family_is_a_category_free_candidate():
-    from entropy_law.law.analysis import DEFAULT_FAMILY
+    from entropy_law.analysis import DEFAULT_FAMILY
     from entropy_law.law.compare import COVARIATE_CANDIDATES, PRIMARY_CANDIDATES
     from entropy_law.law.fit import PRIMARY_FALLBACK, primary_family
 

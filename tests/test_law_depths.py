@@ -8,11 +8,11 @@ import pytest
 from entropy_law.law import atrisk
 from entropy_law.law.blocks import expected_round_counts, expected_rounds, tau_distribution
 from entropy_law.law.fit import fit_law
-from entropy_law.law.simulate import DepthSpec, SimulatedTraces, simulate_traces
+from entropy_law.analysis.simulate import DepthSpec, SimulatedTraces, simulate_traces
 from entropy_law.law.stats import exact_spearman_p
 from entropy_law.law.transfer import (block_prediction, depth_distribution, depth_probabilities, drafted_depths,
                                       entropy_bin, loco_transfer)
-from entropy_law.law.sample_traces import has_runs, reference_traces_dir
+from entropy_law.analysis.sample_traces import has_runs, reference_traces_dir
 
 LAMBDA = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6]
 

@@ -9,7 +9,7 @@ from scipy.optimize import minimize
 from entropy_law.law import atrisk
 from entropy_law.law.blocks import expected_accepted, expected_rounds, iid_tokens_per_round, alpha_eff
 from entropy_law.law.fit import fit_law
-from entropy_law.law.simulate import SimulatedTraces, TreeSpec, simulate_traces
+from entropy_law.analysis.simulate import SimulatedTraces, TreeSpec, simulate_traces
 from entropy_law.law.transfer import block_prediction
 
 K_TRUE, LAMBDA_TRUE = 0.8, [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6]

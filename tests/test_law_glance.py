@@ -1,4 +1,4 @@
-"""GLANCE's draftability law (law/glance.py): the fit against independent computations, its round logs
+"""GLANCE's draftability law (glance/law.py): the fit against independent computations, its round logs
 (read, write, round trip with our traces, bad input), and our law's per-round expectation."""
 
 import io
@@ -11,11 +11,13 @@ import pytest
 from scipy import optimize
 from scipy.special import expit, logit
 
-from entropy_law.law.fit import fit_law
-from entropy_law.law.glance import (CAP, GlanceLaw, fit_glance, glance_expected_accepted, glance_rounds,
-                                    law_round_expectations, loco_glance, read_glance_rounds, round_scores,
-                                    write_glance_rounds)
-from entropy_law.law.simulate import simulate_traces
+from entropy_law.analysis import make_view
+from entropy_law.analysis.simulate import simulate_traces
+from entropy_law.glance import (CAP, GlanceLaw, fit_glance, glance_expected_accepted, glance_rounds,
+                                law_round_expectations, loco_glance, read_glance_rounds, round_scores,
+                                write_glance_rounds)
+from entropy_law.law.fit import fit_law, get_family
+from entropy_law.traces.reader import load_traces
 
 FIXTURE = Path(__file__).parent / "data" / "glance" / "rounds.jsonl"  # made by make_rounds.py beside it
 TOL = 1e-6
@@ -165,16 +167,45 @@ def test_decile_curve_has_bootstrap_intervals(fixture_rounds):
     assert fit_glance(fixture_rounds, n_boot=0).curve["ci_low"].isna().all()
 
 
-def test_fit_law_dispatches_the_glance_family(fixture_rounds, traces):
-    law = fit_law(fixture_rounds, "glance")
+def test_glance_is_fitted_by_fit_glance_and_fit_law_points_there(fixture_rounds, traces):
+    law = fit_glance(fixture_rounds)
     assert isinstance(law, GlanceLaw) and law.form == "code"
-    assert law.b0 == pytest.approx(fit_glance(fixture_rounds).b0, abs=1e-12)
-    assert fit_law(fixture_rounds, family="glance_readme").form == "readme"
-    from_traces = fit_law(traces, "glance")
+    assert fit_glance(fixture_rounds, form="readme").form == "readme"
+    assert fit_glance(fixture_rounds, "glance_readme").form == "readme"  # the family names are forms too
+    from_traces = fit_glance(traces)
     assert set(from_traces.per_category) == {"qa", "rag", "translation"}
     assert from_traces.n_rounds == int((traces.rounds["tree_depth"] > 0).sum())
     with pytest.raises(ValueError, match="by= must be None"):
-        fit_law(fixture_rounds, "glance", by="drafter_id")
+        fit_glance(fixture_rounds, by="drafter_id")
+    # fit_law fits law families only (a FittedLaw, or a LawSet with by=): GLANCE's names say where to go
+    for family, form in (("glance", "code"), ("glance_readme", "readme")):
+        with pytest.raises(ValueError, match=rf"call entropy_law\.glance\.fit_glance\(traces, form='{form}'\)"):
+            fit_law(traces, family)
+        with pytest.raises(ValueError, match="fit_glance"):
+            fit_law(traces, family=family, by="drafter_id")
+    with pytest.raises(ValueError, match="fit_glance"):
+        get_family("glance")
+
+
+def test_the_law_command_fits_glance_per_arm(tmp_path, capsys):
+    """``entropy-law law RUN --family glance`` prints GLANCE's law of each drafting arm (it used to fail inside
+    fit_law's by="drafter_id"); --loco / --tests / --out-of-core with it say why they do not apply."""
+    from entropy_law.analysis.sample_traces import write_simulated_traces
+    from entropy_law.cli import main
+
+    path = write_simulated_traces(tmp_path / "traces", seed=2, n_requests_per_category=4, tokens_per_request=(40, 60))
+    assert main(["law", str(path), "--family", "glance"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("=== ") == 2 and "=== sim-block" in out and "=== sim-tree" in out and "AR ===" not in out
+    view = make_view(load_traces(path))
+    block = [a for a in view.runs["drafter_id"] if a.startswith("sim-block")][0]
+    arm = fit_glance(view.select_runs(view.runs.loc[view.runs["drafter_id"] == block, "run_id"]))
+    assert f"{arm.b0:.4f}" in out.split("=== sim-tree")[0]  # the block arm's own fit, printed under its name
+    assert main(["law", str(path), "--family", "glance_readme", "--drafter", block]) == 0
+    out = capsys.readouterr().out
+    assert out.count("=== ") == 1 and "readme" in out.lower()
+    assert main(["law", str(path), "--family", "glance", "--loco"]) == 2
+    assert "drop --loco / --tests / --out-of-core" in capsys.readouterr().err
 
 
 def test_result_object(fixture_rounds, capsys):
@@ -346,7 +377,7 @@ def test_round_scores_and_loco(fixture_rounds):
 def test_law_round_expectations_match_the_dp_of_the_primary_law(traces):
     """The primary law predicts from decode-time covariates of each position (lag, running mean, position, the
     target's top-1 probability): the per-round expectation must equal the DP's own acceptance array (``acceptance_for_sequence``)."""
-    from entropy_law.law.analysis import DEFAULT_FAMILY
+    from entropy_law.analysis import DEFAULT_FAMILY
 
     view = traces.filter(run_id=["sim-block"]) if hasattr(traces, "filter") else traces
     law = fit_law(view, DEFAULT_FAMILY, cov_type="nonrobust")
@@ -373,7 +404,7 @@ def test_side_by_side_section_and_figure_on_simulated_traces(traces):
     import matplotlib
 
     matplotlib.use("Agg")
-    from entropy_law.law.analysis import DEFAULT_FAMILY, TraceAnalysis
+    from entropy_law.analysis import DEFAULT_FAMILY, TraceAnalysis
     from entropy_law.plots.gallery import FIGURES, build_figure
     from entropy_law.plots.glance import glance_section, primary_family, side_by_side
 

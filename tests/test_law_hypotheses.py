@@ -7,7 +7,7 @@ import pytest
 from scipy import stats
 
 from entropy_law.law.hypotheses import drafter_entropy_test, preregistered_tests, universality_test
-from entropy_law.law.simulate import TreeSpec, simulate_traces
+from entropy_law.analysis.simulate import TreeSpec, simulate_traces
 from entropy_law.law.stats import exact_spearman_p
 from entropy_law.law.transfer import loco_transfer
 

@@ -1,4 +1,4 @@
-"""Per-request prediction (law/predict.py): moments of the number of rounds, overdispersion, interval coverage
+"""Per-request prediction (payoff/predict.py): moments of the number of rounds, overdispersion, interval coverage
 on simulated traces with known parameters, leak-freeness, reliability tables and the reliability figure."""
 
 import warnings
@@ -12,9 +12,9 @@ from scipy import stats
 matplotlib.use("Agg")
 
 from entropy_law.law.blocks import expected_rounds  # noqa: E402
-from entropy_law.law.predict import (Overdispersion, loco_predictions, prediction_interval,  # noqa: E402
+from entropy_law.payoff.predict import (Overdispersion, loco_predictions, prediction_interval,  # noqa: E402
                                      reliability_table, round_count_moments)
-from entropy_law.law.simulate import simulate_traces  # noqa: E402
+from entropy_law.analysis.simulate import simulate_traces  # noqa: E402
 from tests.traces_helpers import quiet_simulation  # noqa: E402
 
 
@@ -188,7 +188,7 @@ def test_sampling_variance_alone_is_nominal_on_the_true_law(sim, monkeypatch):
     """With the overdispersion forced to 0, the DP's sampling variance (Var N given the entropy sequence) alone
     covers about 90% on traces drawn from the law; with the sampling variance also 0 (mutation), coverage
     collapses: the interval's width comes from the round process, not from a fudge."""
-    import entropy_law.law.predict as P
+    import entropy_law.payoff.predict as P
 
     zero = P.Overdispersion(bias=0.0, sigma2_request=0.0, sigma2_category=0.0, var_bias=0.0, categories=0, requests=0)
     monkeypatch.setattr(P.Overdispersion, "estimate", classmethod(lambda cls, residual, out_of_sample=False: zero))
@@ -271,7 +271,7 @@ def test_the_calibration_bench_compares_the_divisors_and_restores_the_package():
     import importlib.util
     from pathlib import Path
 
-    import entropy_law.law.predict as P
+    import entropy_law.payoff.predict as P
 
     path = Path(__file__).resolve().parents[1] / "bench" / "law.py"
     spec = importlib.util.spec_from_file_location("interval_calibration", path)

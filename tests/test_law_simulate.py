@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from entropy_law.law import atrisk
-from entropy_law.law.simulate import TreeSpec, distribution_summary, simulate_traces
+from entropy_law.analysis.simulate import TreeSpec, distribution_summary, simulate_traces
 from entropy_law.traces.schema import REQUESTS_SCHEMA, ROUNDS_SCHEMA, TOKENS_SCHEMA
 
 
@@ -110,7 +110,7 @@ def test_law_command_on_simulated_traces(capsys):
 def test_law_command_fits_one_law_per_arm_of_a_trace_folder(tmp_path, capsys):
     """On recorded traces the command fits each arm (drafter + tree policy) apart, AR left out."""
     from entropy_law.cli import main
-    from entropy_law.law.sample_traces import write_simulated_traces
+    from entropy_law.analysis.sample_traces import write_simulated_traces
 
     path = write_simulated_traces(tmp_path / "traces", seed=4, n_requests_per_category=4, tokens_per_request=(40, 60))
     assert main(["law", str(path), "--drafter", "sim-tree ddtree16"]) == 0

@@ -16,7 +16,7 @@ from statsmodels.tools.sm_exceptions import PerfectSeparationWarning
 from entropy_law.law import stats as law_stats
 from entropy_law.law.bootstrap import bootstrap_law
 from entropy_law.law.fit import _family_obj, check_counts, fit_law, get_family, prepare_counts
-from entropy_law.law.simulate import simulate_traces
+from entropy_law.analysis.simulate import simulate_traces
 
 TWO = dict(seed=0, n_requests_per_category=2, categories=["qa"], tokens_per_request=(40, 60))
 
@@ -122,7 +122,7 @@ def test_bootstrap_warns_once_and_says_how_many_requests(two_requests, many_requ
 
 def test_report_shows_the_requests_beside_every_interval():
     from entropy_law.jobs import report
-    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.analysis import TraceAnalysis
 
     traces = simulate_traces(seed=0, n_requests_per_category=1, categories=["qa", "rag"], include_ar=True,
                              tokens_per_request=(40, 60))
@@ -145,7 +145,7 @@ def test_report_shows_the_requests_beside_every_interval():
 
 
 def test_when_drafting_pays_on_two_requests_warns_once_and_shows_n_requests():
-    from entropy_law.law.cost import when_drafting_pays
+    from entropy_law.payoff.cost import when_drafting_pays
 
     traces = simulate_traces(**TWO, include_ar=True)
     with warnings.catch_warnings(record=True) as record:
@@ -166,7 +166,7 @@ def test_a_report_on_few_requests_warns_once_per_interval_shown(tmp_path):
     """Internal fits (CV folds, LOCO and its refits, the comparison's probes, the cost law) show no
     interval and must not warn: a report on 6 requests warns for the law and the break-even intervals only."""
     from entropy_law.jobs.report import write_report
-    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.analysis import TraceAnalysis
 
     traces = simulate_traces(seed=0, n_requests_per_category=2, categories=["qa", "rag", "math_reasoning"],
                              include_ar=True, tokens_per_request=(40, 60))
@@ -198,7 +198,7 @@ def test_a_report_on_few_requests_warns_once_per_interval_shown(tmp_path):
 def test_cloglog_predictions_beyond_the_data_do_not_overflow_noisily():
     """A bootstrap replicate on 3 requests can run a coefficient away; its predictions at 20 nats (the
     break-even search) pushed exp() in the cloglog inverse link past overflow: 42 RuntimeWarnings before."""
-    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.analysis import TraceAnalysis
 
     traces = simulate_traces(seed=0, n_requests_per_category=1, categories=["qa", "rag", "math_reasoning"],
                              include_ar=True, tokens_per_request=(40, 60))

@@ -11,8 +11,8 @@ import pytest
 
 from entropy_law.law import atrisk
 from entropy_law.law.fit import fit_law, get_family
-from entropy_law.law.glance import glance_rounds, law_round_expectations
-from entropy_law.law.outofcore import OutOfCoreError, _streamable
+from entropy_law.glance import glance_rounds, law_round_expectations
+from entropy_law.outofcore.streamed import OutOfCoreError, _streamable
 from entropy_law.law.transfer import sequence_context, sequences_of
 from tests.traces_helpers import assert_recovered, one_drafter, quiet_simulation
 from tests.traces_helpers import redrawn as redrawn_rows
@@ -219,7 +219,7 @@ def test_traces_without_p1_get_the_fallback_primary_and_say_so(sim):
     from types import SimpleNamespace
 
     from entropy_law.jobs.report import few_requests_notes
-    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.analysis import TraceAnalysis
     from entropy_law.law.fit import PRIMARY_FALLBACK, PRIMARY_FAMILY
 
     assert TraceAnalysis(sim, n_boot=0).family == PRIMARY_FAMILY
@@ -249,7 +249,7 @@ def test_on_the_shipped_timed_traces_the_primary_h_only_curve_falls():
     caller gets from H alone falls everywhere, and inside the data it stays within 0.01 of the raw curve."""
     from pathlib import Path
 
-    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.analysis import TraceAnalysis
     from entropy_law.law.fit import PRIMARY_FAMILY
     from entropy_law.traces.reader import load_traces
 
@@ -273,7 +273,7 @@ def test_a_law_in_p1_reports_w_beside_k(sim):
     """k of a law in p1 is H's exponent at fixed p1 (negative on few requests): the law's derived parameters,
     the analysis' law table and the report's law frame show w, the exponent of 1 - p1, beside it."""
     from entropy_law.jobs.report import law_frame
-    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.analysis import TraceAnalysis
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

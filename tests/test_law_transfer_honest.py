@@ -11,7 +11,7 @@ import pytest
 from entropy_law.law import atrisk
 from entropy_law.law.compare import compare_laws
 from entropy_law.law.hypotheses import universality_test
-from entropy_law.law.simulate import DepthSpec, simulate_traces
+from entropy_law.analysis.simulate import DepthSpec, simulate_traces
 from entropy_law.law.transfer import loco_transfer
 
 LAMBDA = [1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6]
@@ -124,7 +124,7 @@ def test_universality_reports_the_category_share_of_the_cv_gain():
 
 def test_report_text_shows_p1_the_category_share_and_both_loco_modes_with_the_control(sim):
     from entropy_law.jobs.report import results_markdown
-    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.analysis import TraceAnalysis
 
     an = TraceAnalysis(sim.filter(drafter_id=["sim-block"]) if hasattr(sim, "filter") else sim, n_boot=2,
                        compare_families=("law_exp",), n_folds=3)
@@ -137,7 +137,7 @@ def test_report_text_shows_p1_the_category_share_and_both_loco_modes_with_the_co
 
 
 def test_universality_table_gives_p1_and_the_category_share_of_the_analysis_law_too(sim):
-    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.analysis import TraceAnalysis
     from entropy_law.law.compare import category_share_of_gain
     from entropy_law.law.fit import PRIMARY_FAMILY
 

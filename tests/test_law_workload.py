@@ -1,4 +1,4 @@
-"""The workload break-even (``law.workload``): each request priced on its own entropy sequence, and where the
+"""The workload break-even (``payoff.workload``): each request priced on its own entropy sequence, and where the
 log-speedup line on the request's mean entropy crosses 1, predicted and measured on one scale."""
 
 import warnings
@@ -10,7 +10,7 @@ import pytest
 
 from entropy_law.law.fit import PRIMARY_FAMILY
 from entropy_law.law.blocks import expected_round_counts, tau_distribution
-from entropy_law.law.workload import decode_moments, log_speedup_crossing, workload_breakeven
+from entropy_law.payoff.workload import decode_moments, log_speedup_crossing, workload_breakeven
 
 
 def test_decode_moments_match_the_round_dp_and_a_monte_carlo_of_nodes():
@@ -64,7 +64,7 @@ VARIABLE_DEPTHS = dict(probs=(0.15, 0.2, 0.2, 0.2, 0.25), entropy_coupling=1.0, 
 
 
 def _sim(**kw):
-    from entropy_law.law.simulate import SimCosts, simulate_traces
+    from entropy_law.analysis.simulate import SimCosts, simulate_traces
 
     # a draft cost that puts the break-even inside the requests' mean entropies (0.12 to 1.05 nats)
     return simulate_traces(seed=3, n_requests_per_category=8, block_size=5, include_ar=True,
@@ -72,7 +72,7 @@ def _sim(**kw):
 
 
 def _workload(traces, family="law_exp", **kw):
-    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.analysis import TraceAnalysis
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # few requests: SmallSampleWarning (tested elsewhere)
@@ -155,7 +155,7 @@ def test_bad_input_is_refused_with_what_to_do():
 def test_the_fast_design_matrix_equals_patsys_row_by_row_one():
     """``predict._design`` hands patsy the depth factor as a Categorical of the fitted levels (its vectorised
     path); the matrix must be the one patsy builds from the plain column, and an unknown level still raises."""
-    from entropy_law.law.predict import _design
+    from entropy_law.payoff.predict import _design
 
     an, _ = _workload(_sim())
     law = an.law(an.arms[0])
@@ -170,8 +170,8 @@ def test_the_fast_design_matrix_equals_patsys_row_by_row_one():
 @pytest.mark.parametrize("family", ["law_exp", "law_exp_drafted"])
 def test_the_draws_stacked_in_one_tau_call_equal_one_call_per_draw(family):
     from entropy_law.law.fit import fit_law
-    from entropy_law.law.predict import _acceptance, _design
-    from entropy_law.law.workload import _tau_by_draw
+    from entropy_law.payoff.predict import _acceptance, _design
+    from entropy_law.payoff.workload import _tau_by_draw
 
     traces = _sim(block_depths=VARIABLE_DEPTHS)
     with warnings.catch_warnings():
@@ -225,8 +225,8 @@ def test_predicting_a_category_never_decoded_from_its_ar_entropies_lands_on_its_
     costs fitted without a category predict that category's speedup from its AR run's entropies alone
     (``TraceAnalysis.predict``) within a few percent of its measured paired speedup; with t_AR understated by
     30% the same prediction misses (the check can fail)."""
-    from entropy_law.law.analysis import TraceAnalysis
-    from entropy_law.law.workload import PAYS, UNCLEAR
+    from entropy_law.analysis import TraceAnalysis
+    from entropy_law.payoff.workload import PAYS, UNCLEAR
 
     traces = _sim()
     with warnings.catch_warnings():
@@ -255,7 +255,7 @@ def test_a_workload_prediction_prices_each_request_as_the_workload_breakeven_doe
     """The arm's own requests as the workload: per request the same predicted speedup as ``workload_breakeven``
     (one DP, one cost model); the transfer error widens the verdict's interval, and the notes say the requests
     are in-sample."""
-    from entropy_law.law.workload import UNCLEAR, predict_workload, predicted_verdict
+    from entropy_law.payoff.workload import UNCLEAR, predict_workload, predicted_verdict
 
     an, wb = _workload(_sim())
     arm = an.arms[0]
@@ -438,7 +438,7 @@ def test_a_workload_priced_with_replayed_proposals_drafts_what_they_say():
     import pandas as pd
 
     from entropy_law.law.transfer import entropy_sequences, predict_requests
-    from entropy_law.law.workload import predict_workload
+    from entropy_law.payoff.workload import predict_workload
 
     an, _ = _workload(_sim())
     arm = an.arms[0]
@@ -567,8 +567,8 @@ def test_replayed_rounds_are_priced_by_the_cost_model_alone_and_land_on_the_meas
     category held out of the cost model and t_AR price to within 3% of its measured paired speedup; the same rounds
     with t_AR understated by 30% miss by more than 20% (the check can fail); the default widening is the cost
     model's own largest error on the arm's measured categories (``TraceAnalysis.cost_error``)."""
-    from entropy_law.law.analysis import TraceAnalysis
-    from entropy_law.law.workload import EXACT_REPLAY, round_counts
+    from entropy_law.analysis import TraceAnalysis
+    from entropy_law.payoff.workload import EXACT_REPLAY, round_counts
 
     traces = _sim()
     with warnings.catch_warnings():
@@ -621,10 +621,10 @@ def test_a_cost_model_whose_own_error_cannot_be_measured_widens_by_the_largest_e
     own error cannot be measured there, and a verdict on the bootstrap interval alone would claim +-1-2%. It is
     widened by cost.UNMEASURED_COST_ERROR instead (also where a NaN error is passed, as predict --budgets does), and
     the notes say why and how to measure it."""
-    from entropy_law.law.analysis import TraceAnalysis
-    from entropy_law.law.cost import MIN_PAIRED_REQUESTS, UNMEASURED_COST_ERROR
-    from entropy_law.law.simulate import SimCosts, simulate_traces
-    from entropy_law.law.workload import round_counts
+    from entropy_law.analysis import TraceAnalysis
+    from entropy_law.payoff.cost import MIN_PAIRED_REQUESTS, UNMEASURED_COST_ERROR
+    from entropy_law.analysis.simulate import SimCosts, simulate_traces
+    from entropy_law.payoff.workload import round_counts
 
     traces = simulate_traces(seed=3, n_requests_per_category=MIN_PAIRED_REQUESTS - 3, block_size=5, include_ar=True,
                              tokens_per_request=(60, 90), costs=SimCosts(draft_ms=40.0))
@@ -651,8 +651,8 @@ def test_a_law_whose_transfer_error_cannot_be_measured_widens_by_the_largest_err
     """An arm recorded on two categories: leave-one-category-out (3 needed) cannot measure how far its law lands on a
     new one, and a verdict on the bootstrap interval alone would assume it transfers without error. The verdict is
     widened by transfer.UNMEASURED_TRANSFER_ERROR instead, and the notes say why and what to record."""
-    from entropy_law.law.analysis import TraceAnalysis
-    from entropy_law.law.simulate import DEFAULT_CATEGORIES, SimCosts, simulate_traces
+    from entropy_law.analysis import TraceAnalysis
+    from entropy_law.analysis.simulate import DEFAULT_CATEGORIES, SimCosts, simulate_traces
     from entropy_law.law.transfer import UNMEASURED_TRANSFER_ERROR
 
     names = list(DEFAULT_CATEGORIES)
@@ -674,7 +674,7 @@ def test_a_law_whose_transfer_error_cannot_be_measured_widens_by_the_largest_err
 
 
 def test_price_rounds_refuses_counts_that_cannot_be_rounds():
-    from entropy_law.law.workload import price_rounds, round_counts
+    from entropy_law.payoff.workload import price_rounds, round_counts
 
     an, _ = _workload(_sim())
     arm = an.arms[0]
@@ -699,8 +699,8 @@ def test_rounds_where_a_law_policy_skipped_the_drafter_are_priced_without_the_dr
     """``skipped_rounds`` (a law policy did not call the drafter) cost an AR step, t_AR, where the arm never skipped
     (``CostModel.skip_round_ms``), checked by hand per request; an arm whose rounds carry
     ``policy_drafted`` False has them measured apart (``skip_ms``), not in ``no_draft_ms``; bad counts refused."""
-    from entropy_law.law.cost import fit_cost_model, verify_curve
-    from entropy_law.law.workload import decode_cost_ms, price_rounds, round_counts
+    from entropy_law.payoff.cost import fit_cost_model, verify_curve
+    from entropy_law.payoff.workload import decode_cost_ms, price_rounds, round_counts
 
     an, _ = _workload(_sim())
     arm = an.arms[0]
@@ -760,7 +760,7 @@ def test_the_predict_command_with_the_arms_rounds_replayed(capsys):
     from pathlib import Path
 
     from entropy_law.cli import main
-    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.analysis import TraceAnalysis
     from entropy_law.traces.reader import load_traces
 
     timed = Path(__file__).resolve().parents[1] / "data" / "traces_timed"
@@ -804,7 +804,7 @@ def test_the_predict_command_prices_other_budgets_of_a_ddtree_arm(capsys):
     from pathlib import Path
 
     from entropy_law.cli import main
-    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.analysis import TraceAnalysis
     from entropy_law.traces.reader import load_traces
 
     timed = Path(__file__).resolve().parents[1] / "data" / "traces_timed"
@@ -832,7 +832,7 @@ def test_the_predict_command_prices_other_budgets_of_a_ddtree_arm(capsys):
 
 def test_the_predict_command_prices_a_law_policy_before_it_ever_ran(capsys, tmp_path, monkeypatch):
     """``entropy-law predict --replay-rounds --policy FITTED.json``: the n-gram DDTree16 arm with a law policy in
-    place of its ratio gate (never timed) is replayed over the workload (``law.policy.policy_arm_meta``: the
+    place of its ratio gate (never timed) is replayed over the workload (``payoff.policy.policy_arm_meta``: the
     policy's curve measured on this machine, as an online run measures it; fixed here) and priced by the arm's cost
     model, its skipped rounds without the drafter's time, widened as ``--budgets``; the printed tokens per round
     are those of the same replay run directly. The curve's precedence. Bad input: --policy without
@@ -848,8 +848,8 @@ def test_the_predict_command_prices_a_law_policy_before_it_ever_ran(capsys, tmp_
     from entropy_law.cli import main
     from entropy_law.decoding.loading import load_target
     from entropy_law.jobs.reference import workload_rounds
-    from entropy_law.law.analysis import TraceAnalysis
-    from entropy_law.law.policy import fit_policy, policy_arm_meta, save_policy
+    from entropy_law.analysis import TraceAnalysis
+    from entropy_law.payoff.policy import fit_policy, policy_arm_meta, save_policy
     from entropy_law.traces.layout import read_run_json
     from entropy_law.traces.reader import load_traces
 
@@ -911,7 +911,7 @@ def test_choose_arms_runs_the_best_paying_arm_else_ar():
     saying whether every arm is predicted below 1 or some are unclear."""
     import pandas as pd
 
-    from entropy_law.law.workload import DOES_NOT_PAY, PAYS, UNCLEAR, WorkloadPrediction, choose_arms
+    from entropy_law.payoff.workload import DOES_NOT_PAY, PAYS, UNCLEAR, WorkloadPrediction, choose_arms
 
     def prediction(rows):
         summary = pd.DataFrame([dict(category=c, predicted_speedup=p, low=lo, high=hi, verdict=v)
@@ -946,8 +946,8 @@ def test_a_workload_prediction_reads_the_copyability_where_both_hold_it():
 
     import pandas as pd
 
-    from entropy_law.law.analysis import TraceAnalysis
-    from entropy_law.law.simulate import DepthSpec
+    from entropy_law.analysis import TraceAnalysis
+    from entropy_law.analysis.simulate import DepthSpec
 
     traces = _sim(block_depths=DepthSpec(probs=(0.3, 0.2, 0.2, 0.1, 0.2), copy_coupling=8.0), draft_ms=10.0)
     with warnings.catch_warnings():
@@ -1008,7 +1008,7 @@ def test_replayed_family_reads_the_copyability_where_every_table_holds_it():
     """``replayed_family``: the rule's drafter-aware law (copyability and the target's top-1 probability) where the
     workload's and the law's tokens hold both at every token; the copyability alone without top-1; the law in the
     drafter's confidence alone where any table lacks the copyability or has a gap in it."""
-    from entropy_law.law.workload import REPLAYED_COPY_FALLBACK, REPLAYED_COPY_FAMILY, REPLAYED_FAMILY, replayed_family
+    from entropy_law.payoff.workload import REPLAYED_COPY_FALLBACK, REPLAYED_COPY_FAMILY, REPLAYED_FAMILY, replayed_family
 
     full = pd.DataFrame({"context_match": [0, 3], "target_top1_prob": [0.9, 0.5]})
     assert replayed_family(full, full) == REPLAYED_COPY_FAMILY

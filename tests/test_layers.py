@@ -19,9 +19,19 @@ import pytest
 PACKAGE_DIR = Path(__file__).resolve().parents[1] / "entropy_law"
 
 # room -> (what it never imports, why); a name covers its submodules
+ANALYSIS_NEVER = ("torch", "transformers", "entropy_law.decoding", "entropy_law.drafters", "entropy_law.jobs",
+                  "entropy_law.plots")
 RULES = {
-    "entropy_law.law": (("torch", "transformers", "entropy_law.decoding", "entropy_law.drafters", "entropy_law.jobs",
-                         "entropy_law.plots"), "the analysis reads traces only and never imports torch"),
+    "entropy_law.law": (ANALYSIS_NEVER + ("entropy_law.payoff", "entropy_law.outofcore", "entropy_law.glance",
+                                          "entropy_law.analysis"),
+                        "the law reads traces only, never imports torch, and the rooms built on it never the other way"),
+    "entropy_law.payoff": (ANALYSIS_NEVER + ("entropy_law.outofcore", "entropy_law.glance", "entropy_law.analysis"),
+                           "when drafting pays is priced from traces and the law, never with torch"),
+    "entropy_law.outofcore": (ANALYSIS_NEVER + ("entropy_law.payoff", "entropy_law.glance", "entropy_law.analysis"),
+                              "the out-of-core path reads trace shards with DuckDB and fits the law, never with torch"),
+    "entropy_law.glance": (ANALYSIS_NEVER + ("entropy_law.payoff", "entropy_law.outofcore", "entropy_law.analysis"),
+                           "GLANCE's law reads round data only and never imports torch"),
+    "entropy_law.analysis": (ANALYSIS_NEVER, "the analysis facade reads traces and the rooms, never torch"),
     "entropy_law.traces": (("torch", "transformers", "entropy_law.decoding", "entropy_law.drafters",
                             "entropy_law.jobs", "entropy_law.plots"),
                            "the trace format is the contract between the layers and never imports torch"),
@@ -179,6 +189,9 @@ def test_the_checker_catches_hidden_forbidden_imports_and_cycles(tmp_path):
 def test_the_scan_sees_the_package():
     modules, imports = package_imports(PACKAGE_DIR)
     assert {"entropy_law.decoding.decoder", "entropy_law.law.fit", "entropy_law.traces.reader"} <= modules
+    # the rooms split out of the law exist, and each imports the law: their rules below check real imports
+    for room in ("payoff", "outofcore", "glance", "analysis"):
+        assert any(within(i.importer, f"entropy_law.{room}") and within(i.target, "entropy_law.law") for i in imports)
     # the decoding room does import torch: a scan that saw no imports would pass every rule below
     assert any(within(i.importer, "entropy_law.decoding") and within(i.target, "torch") for i in imports)
     # the importers room exists and writes through the trace layer: its rule below checks real imports

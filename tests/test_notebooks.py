@@ -12,7 +12,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from entropy_law.law.sample_traces import write_simulated_traces
+from entropy_law.analysis.sample_traces import write_simulated_traces
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 NAMES = ("01_logging_traces.ipynb", "02_fitting_the_law.ipynb", "03_when_drafting_pays.ipynb")

@@ -1,7 +1,7 @@
 """Out of core: the SQL aggregation (DuckDB over the Parquet shards) equals the pandas path cell by cell.
 
 The pandas path is ``at_risk_table`` + ``aggregate_at_risk`` on ``load_traces``; the SQL path is
-``entropy_law.law.outofcore``. Traces are simulated from a known law and written through ``TraceRecorder``
+``entropy_law.outofcore``. Traces are simulated from a known law and written through ``TraceRecorder``
 in several shards per run, and the DuckDB driver is made to run one query per small group of shards, so
 the test also covers the per-group split and the merge of cells that share a key.
 """
@@ -20,9 +20,9 @@ import pytest
 
 from entropy_law.law import atrisk
 from entropy_law.law import fit as fitmod
-from entropy_law.law.analysis import make_view
+from entropy_law.analysis import make_view
 from entropy_law.law.fit import EPS_GRID, PRIMARY_FAMILY, fit_law, get_family
-from entropy_law.law.outofcore import (
+from entropy_law.outofcore import (
     acceptance_curve_sql,
     aggregate_at_risk_sql,
     at_risk_sql,
@@ -30,7 +30,7 @@ from entropy_law.law.outofcore import (
     fit_law_out_of_core,
     report_summaries_sql,
 )
-from entropy_law.law.simulate import TreeSpec, simulate_traces
+from entropy_law.analysis.simulate import TreeSpec, simulate_traces
 from entropy_law.traces.reader import load_traces
 from entropy_law.traces.recorder import TraceRecorder
 
@@ -235,7 +235,7 @@ def test_a_profiled_offset_inside_an_interaction_builds_each_offsets_design(ceil
     """log(H + c) read by more than one design column (category rates and exponents added): no column to swap,
     so each offset builds its own design; the same law as in memory either way."""
     from entropy_law.law.fit import with_category_terms
-    from entropy_law.law.outofcore import _plain_column
+    from entropy_law.outofcore.streamed import _plain_column
 
     family = with_category_terms("law_exp_ceil")
     memory = fit_law(load_traces(ceiling_run), family)
@@ -345,7 +345,7 @@ def test_the_query_over_all_files_at_once_gives_the_same_cells(fleet, family):
     into the aggregate by finish_cells."""
     import duckdb
 
-    from entropy_law.law.outofcore import finish_cells
+    from entropy_law.outofcore import finish_cells
 
     path, _ = fleet
     traces = load_traces(path)
@@ -476,7 +476,7 @@ def test_the_report_command_out_of_core(fleet, tmp_path, capsys):
 
 def test_an_in_memory_analysis_too_large_for_memory_is_refused_before_reading(fleet, tmp_path, monkeypatch, capsys):
     from entropy_law.cli import main
-    from entropy_law.law import outofcore
+    from entropy_law.outofcore import memory as outofcore
 
     path, _ = fleet
     rows = outofcore.check_fits_in_memory(path, "the law", available=10**15)

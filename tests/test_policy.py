@@ -1,4 +1,4 @@
-"""The per-round law policy (decoding/policy.py), its fit (law/policy.py), its trace columns and the replay oracle.
+"""The per-round law policy (decoding/policy.py), its fit (payoff/policy.py), its trace columns and the replay oracle.
 
 Exactness: whatever the policy decides, speculative output == our AR output (tiny random Llama targets,
 oracle and n-gram drafters, chain and DDTree). Decisions: a law that predicts no acceptance never calls the
@@ -26,7 +26,7 @@ from entropy_law.decoding.policy import LawPolicy, make_policy, row_entropies
 from entropy_law.decoding.replay import HindsightPolicy, oracle_rounds, replay_rounds, round_outcomes, walk_outcomes
 from entropy_law.decoding.tree import build_tree
 from entropy_law.drafters.ngram import NgramDrafter
-from entropy_law.law.policy import fit_policy, load_policy, save_policy, window_entropy
+from entropy_law.payoff.policy import fit_policy, load_policy, save_policy, window_entropy
 from entropy_law.traces.reader import load_traces
 from entropy_law.traces.recorder import TraceRecorder
 from tests.tiny_models import random_prompt
@@ -657,7 +657,7 @@ def test_merge_leaves_a_lone_proposal_unscaled():
 
 
 def hybrid_params(ngram: dict, block: dict) -> dict:
-    from entropy_law.law.policy import hybrid_policy
+    from entropy_law.payoff.policy import hybrid_policy
     return hybrid_policy(ngram, block)
 
 
@@ -772,7 +772,7 @@ def test_hybrid_parameters_are_saved_loaded_and_borrowed_side_by_side(tmp_path):
     """A hybrid policy file loads only where a hybrid decoder is meant (``load_policy(hybrid=True)``: record --drafter
     hybrid); borrowing relabels both laws (any drafter, the given checkpoint on the block side, any target) and keeps
     what each was fitted for; another drafter's id is refused."""
-    from entropy_law.law.policy import borrow_policy, load_policy, save_policy
+    from entropy_law.payoff.policy import borrow_policy, load_policy, save_policy
 
     ngram = {**params(0.5), "drafter_id": "ngram", "model_id": ["smollm2-135m"]}
     block = {**params(0.4), "drafter_id": "block-drafter-b8-l2", "checkpoint_sha256": "ab" * 32,
@@ -808,8 +808,8 @@ def test_a_law_policy_arm_replayed_over_an_ar_run_decodes_its_online_rounds(tmp_
     from entropy_law.cli import main
     from entropy_law.decoding.loading import load_target
     from entropy_law.jobs.reference import workload_rounds
-    from entropy_law.law.analysis import TraceAnalysis
-    from entropy_law.law.workload import round_counts
+    from entropy_law.analysis import TraceAnalysis
+    from entropy_law.payoff.workload import round_counts
     from entropy_law.traces.reader import load_traces
 
     folder = make_tiny_model_folder(tmp_path / "model")
@@ -844,7 +844,7 @@ def test_the_policy_command_fits_and_saves_an_arms_law_policy(tmp_path, capsys):
     from pathlib import Path
 
     from entropy_law.cli import main
-    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.analysis import TraceAnalysis
 
     timed = Path(__file__).resolve().parents[1] / "data" / "traces_timed"
     out = tmp_path / "law.json"
@@ -896,7 +896,7 @@ def test_a_policy_fitted_for_another_drafter_or_checkpoint_is_refused_unless_bor
     """`record --policy law --policy-law ngram.json --drafter block` applied the n-gram drafter's law to the block
     drafter without a word, and a policy fitted on one block checkpoint to another; both are refused now, before
     anything is measured, online and in a replay, and ``borrow_policy`` applies one knowingly (kept in the run)."""
-    from entropy_law.law.policy import borrow_policy
+    from entropy_law.payoff.policy import borrow_policy
 
     m = model()
     prompt = random_prompt(torch.Generator().manual_seed(4), 96, 8)
@@ -926,7 +926,7 @@ def test_a_policy_fitted_on_another_target_is_refused_unless_borrowed():
     a loaded target now refuses parameters fitted on other targets' traces; ``borrow_policy(model_id=None)`` (or
     the target's id) applies them knowingly and the run keeps where they came from."""
     from entropy_law.decoding.loading import LoadedTarget
-    from entropy_law.law.policy import borrow_policy
+    from entropy_law.payoff.policy import borrow_policy
 
     m = model()
     prompt = random_prompt(torch.Generator().manual_seed(5), 96, 8)

@@ -1,7 +1,7 @@
 """The law policy's copyability input: the context's suffix-match length before each round.
 
 ``decoding.policy.context_match_length`` against a brute force; ``LawPolicy`` reads the table of the round's level
-(and refuses malformed tables); ``law.policy.fit_policy(context_match=)`` recovers per-level laws drawn from known
+(and refuses malformed tables); ``payoff.policy.fit_policy(context_match=)`` recovers per-level laws drawn from known
 rates, and merges sparse levels; online decoding with such a policy stays greedy, records the length it decided
 from, and its rounds replayed over an AR run of the same prompts (``jobs.reference.workload_rounds``) are the rounds
 it decoded, with ``jobs.reference.context_matches`` giving the lengths it saw; ``entropy-law policy --context-match``
@@ -19,7 +19,7 @@ import pytest
 
 from entropy_law.decoding.gate import VerifyCost
 from entropy_law.decoding.policy import LawPolicy, context_match_length
-from entropy_law.law.policy import context_levels, fit_policy, level_index, save_policy
+from entropy_law.payoff.policy import context_levels, fit_policy, level_index, save_policy
 
 pytestmark = pytest.mark.usefixtures("single_thread")
 
@@ -161,8 +161,8 @@ def test_a_copyability_policy_decodes_greedily_and_replays_its_online_rounds(tmp
     from entropy_law.cli import main
     from entropy_law.decoding.loading import load_target
     from entropy_law.jobs.reference import context_matches, workload_rounds
-    from entropy_law.law.analysis import TraceAnalysis
-    from entropy_law.law.workload import round_counts
+    from entropy_law.analysis import TraceAnalysis
+    from entropy_law.payoff.workload import round_counts
     from entropy_law.traces.reader import load_traces
 
     monkeypatch.setattr("entropy_law.jobs.record.measure_verify_cost", lambda adapter: FLAT_COST)

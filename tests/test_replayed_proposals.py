@@ -11,8 +11,8 @@ import pytest
 from entropy_law.decoding.replay import replay_proposals, replay_rounds
 from entropy_law.drafters.ngram import NgramDrafter
 from entropy_law.law.fit import fit_law, get_family
-from entropy_law.law.predict import loco_predictions
-from entropy_law.law.simulate import simulate_traces
+from entropy_law.payoff.predict import loco_predictions
+from entropy_law.analysis.simulate import simulate_traces
 from entropy_law.law.transfer import (
     block_prediction,
     entropy_sequences,
@@ -315,7 +315,7 @@ def test_loco_predictions_with_replayed_proposals_and_category_predictions(sim):
 
 
 def test_category_mean_accepted_of_the_centres_by_hand():
-    from entropy_law.law.predict import RequestPredictions
+    from entropy_law.payoff.predict import RequestPredictions
 
     # two requests of 10 tokens: centre 2 (5 rounds each), the raw DP 4 rounds of which 3 draft (share 3/4);
     # observed 4 rounds of which 2 draft
@@ -350,7 +350,7 @@ def test_the_proposals_module_needs_no_torch():
 
 
 def test_trace_analysis_reports_the_replayed_mode_where_proposals_are_given(sim):
-    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.analysis import TraceAnalysis
 
     plain = TraceAnalysis(sim, family="law_exp")
     assert "replayed" not in plain.loco_depths

@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from entropy_law.law.analysis import AR_ARM, TraceAnalysis  # noqa: E402
+from entropy_law.analysis import AR_ARM, TraceAnalysis  # noqa: E402
 from entropy_law.cli import main  # noqa: E402
 from entropy_law.plots.gallery import FIGURES  # noqa: E402
 from entropy_law.jobs.report import results_markdown, terminal_summary, write_report  # noqa: E402

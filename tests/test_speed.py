@@ -138,8 +138,8 @@ def test_the_summary_never_prints_a_speedup_above_tokens_per_round():
     """#17: a verify pass costs at least one forward, so a speedup above the arm's tokens per round is timing
     noise or a cold reference; the demo's summary flags it instead of printing it as a result."""
     from entropy_law.jobs.report import terminal_summary
-    from entropy_law.law.analysis import TraceAnalysis
-    from entropy_law.law.simulate import SimCosts, TreeSpec, simulate_traces
+    from entropy_law.analysis import TraceAnalysis
+    from entropy_law.analysis.simulate import SimCosts, TreeSpec, simulate_traces
 
     impossible = SimCosts(ar_ms=40.0, draft_ms=1.0, verify_base=0.2, verify_per_node=0.0, overhead_ms=0.5)
     traces = simulate_traces(seed=3, n_requests_per_category=6, categories=["qa", "rag"], block_size=4,
@@ -161,7 +161,7 @@ def test_the_summary_never_prints_a_speedup_above_tokens_per_round():
 # -- #17: one speedup source (the traces' CPU clock), one verdict, bad input said plainly --------------------
 
 def _sim(seed=7, per_category=6, **kw):
-    from entropy_law.law.simulate import simulate_traces
+    from entropy_law.analysis.simulate import simulate_traces
 
     return simulate_traces(seed=seed, n_requests_per_category=per_category, categories=["qa", "rag"], block_size=5,
                            include_ar=True, tokens_per_request=(50, 70), **kw)
@@ -170,7 +170,7 @@ def _sim(seed=7, per_category=6, **kw):
 def _analysis(traces, **kw):
     import warnings
 
-    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.analysis import TraceAnalysis
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # few requests: SmallSampleWarning (tested elsewhere)
@@ -219,8 +219,8 @@ def test_the_traces_speedup_uses_the_cpu_clock_when_every_pair_has_it():
 
 def test_the_traces_speedup_gets_the_same_verdict_as_the_speed_routine():
     """``TraceAnalysis.speedup`` applies ``jobs.speed``'s rule: bound, interval width, paired requests."""
-    from entropy_law.law.cost import speed_verdict
-    from entropy_law.law.simulate import SimCosts
+    from entropy_law.payoff.cost import speed_verdict
+    from entropy_law.analysis.simulate import SimCosts
 
     impossible = SimCosts(ar_ms=40.0, draft_ms=1.0, verify_base=0.2, verify_per_node=0.0, overhead_ms=0.5)
     fast = _analysis(_sim(costs=impossible)).speedup("sim-block chain")
@@ -337,7 +337,7 @@ def test_the_interval_of_few_requests_is_widened_to_student_t_and_covers():
     by hand: jackknife SE of log S over the requests, t with 1 degree of freedom."""
     from scipy import stats
 
-    from entropy_law.law.cost import paired_speedup_interval
+    from entropy_law.payoff.cost import paired_speedup_interval
 
     rng = np.random.default_rng(0)
     ref_t, arm_t = np.array([2.0, 3.0]), np.array([1.6, 2.7])
@@ -371,7 +371,7 @@ def test_the_interval_of_few_requests_is_widened_to_student_t_and_covers():
 
 
 def test_with_many_requests_the_interval_is_the_bootstrap_s():
-    from entropy_law.law.cost import paired_speedup_interval
+    from entropy_law.payoff.cost import paired_speedup_interval
 
     rng = np.random.default_rng(3)
     base = rng.uniform(2.0, 4.0, 200)
@@ -406,11 +406,11 @@ def test_the_aa_noise_bench_helpers():
 def test_a_small_category_whose_requests_happen_to_agree_gets_the_pooled_spread():
     """Two requests of one category with nearly the same ratio gave an interval of a few percent (a 1-df
     estimate of the spread); below 5 requests the interval is widened to the spread of the arm's per-request
-    ratios pooled over its categories (law.cost.pooled_log_speedup_sd); from 5 requests on it is the
+    ratios pooled over its categories (payoff.cost.pooled_log_speedup_sd); from 5 requests on it is the
     category's own."""
     from scipy import stats
 
-    from entropy_law.law.cost import paired_speedup_interval, pooled_log_speedup_sd
+    from entropy_law.payoff.cost import paired_speedup_interval, pooled_log_speedup_sd
 
     ref_t = np.array([1.00, 1.01, 1.0, 1.3, 0.8, 1.1, 0.9])
     arm_t = np.array([0.80, 0.81, 0.8, 0.8, 0.8, 0.8, 0.8])

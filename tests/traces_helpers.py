@@ -111,11 +111,11 @@ def redrawn(rows, hazard, rng):
 
 
 def quiet_simulation(**kwargs):
-    """``law.simulate.simulate_traces(**kwargs)`` with its warnings (few requests, small-sample notes) silenced:
+    """``analysis.simulate.simulate_traces(**kwargs)`` with its warnings (few requests, small-sample notes) silenced:
     the module fixtures of the law tests."""
     import warnings
 
-    from entropy_law.law.simulate import simulate_traces
+    from entropy_law.analysis.simulate import simulate_traces
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

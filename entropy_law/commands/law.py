@@ -3,6 +3,7 @@
 Fits ``--family`` per arm (drafter and tree policy), prints its summary and the observed vs DP-predicted tokens per
 round (``--depths``: the drafted-depth model); ``--loco`` adds leave-one-category-out transfer with its
 accuracy across categories (relative errors, Spearman rho), ``--tests`` the pre-registered tests (Holm).
+``--family glance`` (or ``glance_readme``) fits GLANCE's round-level law per arm instead (``glance.fit_glance``).
 Reads traces with ``entropy_law.load_traces``; ``--simulate SEED`` uses ``simulate_traces`` instead.
 """
 
@@ -18,7 +19,7 @@ def register(subparsers) -> None:
     p.add_argument("--simulate", type=int, metavar="SEED", help="use simulated traces with this seed instead")
     p.add_argument("--family", default=None,
                    help="law family (default: the primary law; its fallback, said, on traces without the "
-                        "target's top-1 probability)")
+                        "target's top-1 probability); 'glance' / 'glance_readme': GLANCE's law (fit_glance)")
     p.add_argument("--drafter", help="only this arm, e.g. 'ngram chain' (default: every arm)")
     p.add_argument("--loco", action="store_true", help="leave-one-category-out transfer")
     p.add_argument("--tests", action="store_true", help="pre-registered tests P1-P3 with Holm correction")
@@ -45,10 +46,11 @@ def register(subparsers) -> None:
 
 def run(args) -> int:
     # lazy: `entropy-law --help` imports every command module; the law layer (pandas, scipy) loads only here
-    from entropy_law.law.analysis import make_view
+    from entropy_law.analysis import TraceView, make_view
     from entropy_law.law.fit import PRIMARY_FAMILY, fallback_note, fit_law, primary_family
     from entropy_law.law.hypotheses import preregistered_tests
-    from entropy_law.law.simulate import TreeSpec, simulate_traces
+    from entropy_law.analysis.simulate import TreeSpec, simulate_traces
+    from entropy_law.glance import GLANCE_FAMILIES
     from entropy_law.law.transfer import block_prediction, loco_transfer
     from entropy_law.traces.reader import load_traces
 
@@ -59,11 +61,15 @@ def run(args) -> int:
         raise ValueError("--model and --tasks go with --context-match")
     if getattr(args, "context_match", False) and (args.simulate is not None or getattr(args, "out_of_core", False)):
         raise ValueError("--context-match reads a trace folder into memory: drop --simulate / --out-of-core")
+    glance = args.family in GLANCE_FAMILIES
+    if glance and (args.loco or args.tests or getattr(args, "out_of_core", False)):
+        raise ValueError(f"--family {args.family} fits GLANCE's round-level law in memory and prints it per arm: "
+                         "drop --loco / --tests / --out-of-core (they need a law family of fit_law)")
     if getattr(args, "out_of_core", False):  # larger than memory: the laws only (the rest needs the rows)
         if args.simulate is not None or args.loco or args.tests or not args.traces:
             raise ValueError("--out-of-core fits a trace folder (not --simulate) and prints the laws only: drop "
                              "--loco / --tests, which need the rows in memory")
-        from entropy_law.law.outofcore import fit_law_out_of_core
+        from entropy_law.outofcore import fit_law_out_of_core
 
         # one law per arm (its label, as make_view gives it below): a drafter's chain and DDTree runs apart
         try:
@@ -87,7 +93,7 @@ def run(args) -> int:
         if not args.traces:
             raise ValueError("pass a trace folder, or --simulate SEED")
         if not args.no_memory_check:  # refuse before reading, rather than be killed for memory half way
-            from entropy_law.law.outofcore import check_fits_in_memory
+            from entropy_law.outofcore import check_fits_in_memory
 
             check_fits_in_memory(args.traces, "the law")
         loaded = load_traces(args.traces)
@@ -95,6 +101,9 @@ def run(args) -> int:
             loaded = with_context_match(loaded, args.model, args.tasks)
         # one law per arm (drafter + tree policy: "ngram chain", "ngram ddtree16"), not pooled by drafter
         traces = make_view(loaded)
+    if glance:
+        return print_glance_laws(traces if isinstance(traces, TraceView) else make_view(traces), args.family,
+                                 args.drafter)
     if defaulted and primary_family(traces.tokens) != PRIMARY_FAMILY:
         args.family = primary_family(traces.tokens)
         print(fallback_note(args.family))
@@ -125,6 +134,22 @@ def run(args) -> int:
         for test in pre.tests.values():
             print()
             test.print_summary()
+    return 0
+
+
+def print_glance_laws(view, family: str, drafter: str | None = None) -> int:
+    """GLANCE's law (``glance.fit_glance``, form ``family``) of each drafting arm of ``view`` (an arm-labelled
+    ``TraceView``: ``analysis.make_view``), or of ``drafter`` alone, printed one after another."""
+    from entropy_law.glance import fit_glance
+
+    runs = view.runs
+    arms = list(dict.fromkeys(runs.loc[~runs["is_ar"], "drafter_id"]))
+    if drafter is not None and drafter not in arms:
+        raise ValueError(f"no drafting arm {drafter!r}; arms: {arms}")
+    for arm in [drafter] if drafter is not None else arms:
+        print(f"=== {arm} ===")
+        fit_glance(view.select_runs(runs.loc[runs["drafter_id"] == arm, "run_id"]), family).print_summary()
+        print()
     return 0
 
 

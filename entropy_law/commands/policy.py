@@ -1,7 +1,7 @@
 """``entropy-law policy``: fit a per-round law policy for one drafting arm and write its parameters (or, with
 ``--hybrid``, combine the n-gram and block drafters' policies into the hybrid drafter's).
 
-``entropy_law.law.policy.fit_policy`` on the arm's runs of TRACES (with the AR runs beside them, for the drafter's
+``entropy_law.payoff.policy.fit_policy`` on the arm's runs of TRACES (with the AR runs beside them, for the drafter's
 cost in one-token forwards where the runs are timed; else ``--draft-cost``), saved with ``save_policy``. The file is
 what ``entropy-law predict --replay-rounds --policy`` prices before the policy ever runs and what ``entropy-law record
 --policy law --policy-law`` decodes with.
@@ -56,8 +56,8 @@ def run(args) -> int:
 
     import numpy as np
 
-    from entropy_law.law.analysis import TraceAnalysis
-    from entropy_law.law.policy import fit_policy, save_policy
+    from entropy_law.analysis import TraceAnalysis
+    from entropy_law.payoff.policy import fit_policy, save_policy
     from entropy_law.traces.reader import load_traces
 
     out = Path(args.out)
@@ -127,8 +127,8 @@ def run(args) -> int:
 
 
 def _combine(args, out: Path) -> int:
-    """``--hybrid``: the two drafters' law policies as the hybrid drafter's (``law.policy.hybrid_policy``)."""
-    from entropy_law.law.policy import hybrid_policy, load_policy, save_policy
+    """``--hybrid``: the two drafters' law policies as the hybrid drafter's (``payoff.policy.hybrid_policy``)."""
+    from entropy_law.payoff.policy import hybrid_policy, load_policy, save_policy
 
     fitting = (args.traces, args.drafter, args.draft_cost, args.window, args.max_context_match, args.min_level_trials,
                args.model, args.tasks)

@@ -5,18 +5,18 @@ In: WORKLOAD, trace runs of any arm (AR is enough) that give the workload's targ
 the drafting arms with an AR run timed beside them on the same target and machine. Out, per arm and category:
 the verdict first, the predicted speedup with its interval, and that interval widened by the error the prediction
 is allowed (the law's transfer error, or the cost model's own); with several arms, what to run per category
-(``law.workload.choose_arms``: the paying arm with the highest predicted speedup, else AR). Modes:
+(``payoff.workload.choose_arms``: the paying arm with the highest predicted speedup, else AR). Modes:
 
 - default: each workload request priced with the arm's law, drafted depths and cost model (``TraceAnalysis.predict``);
 - ``--replay``: the arm's drafter replayed over the workload's outputs, priced by the law in its confidence,
   fitted on ``--law-from`` (``jobs.reference.workload_proposals``; loads the target);
 - ``--replay-rounds``: the arm's rounds replayed exactly (tree, budget, gate or policy;
-  ``jobs.reference.workload_rounds``) and priced by its cost model alone (``law.workload.price_rounds``); with
+  ``jobs.reference.workload_rounds``) and priced by its cost model alone (``payoff.workload.price_rounds``); with
   ``--budgets`` and ``--policy`` also configurations never timed, priced by the recorded arm's cost model.
 
 An arm's law must be of the checkpoint the arm ran (the SHA-256 its runs record): another checkpoint's law is refused
 unless ``--law-borrow``, and the notes say which checkpoint, law, depths and errors priced the workload.
-Not known here: the law, the cost model, the replay (``entropy_law.law``, ``entropy_law.jobs.reference``).
+Not known here: the law, the cost model, the replay (``entropy_law.law``, ``entropy_law.payoff``, ``entropy_law.jobs.reference``).
 The long explanation is in ``docs/cli.md``; what the predictions achieved is in ``docs/results.md``.
 """
 
@@ -75,7 +75,7 @@ def run(args) -> int:
     from dataclasses import replace
 
     # lazy: `entropy-law --help` imports every command module; the law layer loads only here
-    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.analysis import TraceAnalysis
     from entropy_law.traces.reader import load_traces
 
     if args.n_boot < 0:
@@ -117,7 +117,7 @@ def run(args) -> int:
     if args.policy:
         if not args.replay_rounds:
             raise ValueError("--policy replays the arms' rounds under a law policy: it needs --replay-rounds")
-        from entropy_law.law.policy import load_policy
+        from entropy_law.payoff.policy import load_policy
         policy = load_policy(args.policy)  # before the target loads: a bad file fails fast
         drafters = sorted({str(d) for d in analysis.runs.loc[analysis.runs["arm"].isin(arms), "recorded_drafter_id"]})
         if policy.get("drafter_id") not in drafters:
@@ -156,7 +156,7 @@ def run(args) -> int:
             print(f"  note: {note}")
         print()
     if len(results) > 1:
-        from entropy_law.law.workload import choose_arms
+        from entropy_law.payoff.workload import choose_arms
 
         print("what to run, per category (the paying arm with the highest predicted speedup, else AR):")
         for r in choose_arms(results).to_dict("records"):
@@ -205,16 +205,16 @@ def replayed_laws(args, analysis, arms, workload, family: str | None = None) -> 
     """``--replay``: per arm (its law, transfer error, replayed proposals, notes), and the workload with the context's
     copyability where it could be attached. ``args``: the command's options (``workload``, ``arm_traces``,
     ``law_from``, ``law_tasks``, ``tasks``, ``model``, ``checkpoint``, ``transfer_error``, ``n_boot``, ``seed``).
-    ``family``: the law (default: ``law.workload.replayed_family`` of what the traces hold; ``bench/
+    ``family``: the law (default: ``payoff.workload.replayed_family`` of what the traces hold; ``bench/
     predict_open_ended.py`` compares it with ``REPLAYED_FAMILY``). Each arm's law is calibrated by its residual b
     on ``--law-from``'s categories (``law.transfer.calibrated_transfer``), unless ``--transfer-error`` is given:
     the tuple's last item, ``{"bias": b, "uncalibrated_error": the transfer error without b}``."""
     from pathlib import Path
 
     from entropy_law.jobs.reference import workload_proposals
-    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.analysis import TraceAnalysis
     from entropy_law.law.fit import get_family
-    from entropy_law.law.workload import REPLAYED_FAMILY, replayed_family
+    from entropy_law.payoff.workload import REPLAYED_FAMILY, replayed_family
     from entropy_law.traces.layout import RUN_FILE, read_run_json
     from entropy_law.traces.proposals import read_proposals
     from entropy_law.traces.reader import load_traces
@@ -405,7 +405,7 @@ def _policy_variant(args, analysis, arm, meta, policy, target, measured) -> tupl
     """``arm`` with the law policy ``policy`` in place of its gate, replayed over the workload and priced by the
     arm's cost model (``_replayed_rounds``' tuple); ``measured``: this machine's verify-cost curve (config)."""
     from entropy_law.jobs.reference import workload_rounds
-    from entropy_law.law.policy import policy_arm_meta
+    from entropy_law.payoff.policy import policy_arm_meta
 
     variant, whence = policy_arm_meta(meta, policy, measured=measured, cost=analysis.cost_model(arm), arm=arm)
     rounds = workload_rounds(args.workload, variant, target, tasks=args.tasks, checkpoint=args.checkpoint)

@@ -151,7 +151,7 @@ def run(args) -> int:
     loader = load_image_tasks if image_tasks else load_tasks
     policy = None
     if args.policy == "law":  # before the model: a bad file fails fast
-        from entropy_law.law.policy import borrow_policy, load_policy
+        from entropy_law.payoff.policy import borrow_policy, load_policy
         policy = load_policy(args.policy_law, hybrid=args.drafter == "hybrid")
         if args.policy_borrow:  # for whichever drafter and target this run builds
             policy = borrow_policy(policy, None, model_id=None)

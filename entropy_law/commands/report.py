@@ -48,7 +48,7 @@ def run(args) -> int:
     import matplotlib
 
     matplotlib.use("Agg")
-    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.analysis import TraceAnalysis
     from entropy_law.jobs.report import results_markdown, write_report
     from entropy_law.traces.reader import load_traces
 
@@ -64,7 +64,7 @@ def run(args) -> int:
         return _run_out_of_core(args)
     _check_outputs(args)
     if not args.no_memory_check:  # refuse before reading, rather than be killed for memory half way
-        from entropy_law.law.outofcore import check_fits_in_memory
+        from entropy_law.outofcore import check_fits_in_memory
 
         check_fits_in_memory(load_traces(args.traces, validate=False),
                              "the report")

@@ -2,7 +2,7 @@
 
 GLANCE (github ``js-lee-AI/GLANCE``, ``experiments/main_table.py --round-log``) logs one JSON object per
 verify round: ``round, entropy, accepted, tau, tree_size, extended, task, prompt``. The log is read and
-checked by ``law.glance.read_glance_rounds`` (errors name ``file:line`` and the field); this module writes
+checked by ``glance.read_glance_rounds`` (errors name ``file:line`` and the field); this module writes
 what the log holds as trace rows, through ``TraceRecorder.log_columns``, and nothing more:
 
 - one request per (task, prompt) (request id ``<task>/<prompt>``; the task is the category, so the rows
@@ -21,7 +21,7 @@ what the log holds as trace rows, through ``TraceRecorder.log_columns``, and not
 
 ``export_glance_rounds`` writes any run's rounds (recorded or imported) as GLANCE's round log.
 
-Not known here: GLANCE's law and its checks (``law.glance``). No torch.
+Not known here: GLANCE's law and its checks (``glance``). No torch.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ import pandas as pd
 import pyarrow as pa
 
 from entropy_law.importers.writer import SkippedLine
-from entropy_law.law import glance
+from entropy_law import glance
 from entropy_law.traces.layout import file_sha256
 from entropy_law.traces.recorder import TraceRecorder
 

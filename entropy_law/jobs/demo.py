@@ -97,7 +97,7 @@ def run_demo(
     from entropy_law.jobs.arms import available_arms
     from entropy_law.jobs.record import record_arms
     from entropy_law.jobs.report import terminal_summary, verdict_lines, write_report
-    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.analysis import TraceAnalysis
     from entropy_law.traces.reader import load_traces
 
     if max_new_tokens < 2:

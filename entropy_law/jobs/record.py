@@ -182,7 +182,7 @@ def record_arms(
     ``run_metadata``: the job's keys added to each run's metadata after the decoder's (model, drafter,
     tree, budget, dtype, device, max_new_tokens; the verify-cost curve when measured); a mapping, or a
     function of the arm for per-arm keys. ``log``: one line per resumed run (prompts already recorded).
-    ``policy``: per-round policy parameters (``entropy_law.law.policy.fit_policy``) for the drafting arms, in
+    ``policy``: per-round policy parameters (``entropy_law.payoff.policy.fit_policy``) for the drafting arms, in
     place of the gate (``SpeculativeDecoder(policy=)``; stored in the run metadata, ``policy``: a run with a
     policy is its own arm), or a function of the arm giving its parameters or None (one policy per drafter).
     """

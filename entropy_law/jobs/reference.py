@@ -272,7 +272,7 @@ def context_matches(run_dirs: str | Path | Sequence[str | Path], target, *, task
     per (``run_id``, ``request_id``, ``position``) with ``context_match``, the
     ``traces.stats.context_match_length`` of the prompt and the output before that position (what the policy
     computes before a round starting there), up to ``max_length`` (default ``traces.stats.CONTEXT_MATCH_MAX``). For
-    ``law.policy.fit_policy(..., context_match=)``. ``tasks``: the prompts' task file where run.json names none
+    ``payoff.policy.fit_policy(..., context_match=)``. ``tasks``: the prompts' task file where run.json names none
     (replayed runs)."""
     from entropy_law.traces.stats import CONTEXT_MATCH_MAX, context_matches_of_output
 
@@ -411,7 +411,7 @@ def workload_proposals(workload_dir: str | Path, arm_meta: dict, target, *, task
                        checkpoint: str | Path | None = None) -> pd.DataFrame:
     """The drafter of an arm replayed at every output position of each request of a workload run (any arm, AR
     included): ``decoding.replay.replay_proposals`` rows (``traces.proposals``) keyed by the workload's
-    ``run_id`` and ``request_id``, for ``law.workload.predict_workload(proposals=)``. Greedy output does not depend
+    ``run_id`` and ``request_id``, for ``payoff.workload.predict_workload(proposals=)``. Greedy output does not depend
     on the drafter, so these are the proposals the arm would see decoding the workload; nothing of a round's
     outcome enters.
 
@@ -450,7 +450,7 @@ def with_gate(arm_meta: dict, gate_meta: dict) -> dict:
     """``arm_meta`` (an arm's ``run.json``: its drafter and tree) with the gate of ``gate_meta`` (another run.json,
     or just its gate keys, ``GATE_KEYS``) in place of its own; keys ``gate_meta`` leaves unset (None) are left out,
     so the replay takes their defaults. Checked as ``workload_rounds`` will read it (``arm_round_options``: a cost
-    gate without its curve raises ``ValueError``). A law policy is set with ``law.policy.policy_arm_meta``."""
+    gate without its curve raises ``ValueError``). A law policy is set with ``payoff.policy.policy_arm_meta``."""
     out = {k: v for k, v in arm_meta.items() if k not in GATE_KEYS}
     out.update({k: gate_meta[k] for k in GATE_KEYS if gate_meta.get(k) is not None})
     arm_round_options(out)
@@ -524,9 +524,9 @@ def workload_oracle_rounds(workload_dir: str | Path, arm_meta: dict, target, *, 
     ``budgets`` (0: a plain step) that commits the most tokens per unit of modelled cost ``c(N + 1)`` (+
     ``draft_cost`` one-token forwards when it drafts) under ``verify_cost`` (a ``decoding.gate.VerifyCost``), the
     arm's tree shape (``decoding.replay.oracle_rounds``). A ceiling for any per-round policy of this drafter and
-    tree, not a decoder: it knows each round's outcome. Same rows as ``workload_rounds`` (``law.workload.
+    tree, not a decoder: it knows each round's outcome. Same rows as ``workload_rounds`` (``payoff.workload.
     count_rounds``; a round it verifies nothing in counts as skipped: it decides before drafting, as a law policy
-    does), for ``law.workload.price_rounds``; arguments as ``workload_rounds``."""
+    does), for ``payoff.workload.price_rounds``; arguments as ``workload_rounds``."""
     from entropy_law.decoding.replay import oracle_rounds
 
     meta, drafter, plain, prompts, outputs = _workload_inputs(workload_dir, arm_meta, target, tasks, checkpoint)
@@ -591,10 +591,10 @@ def workload_round_outcomes(workload_dir: str | Path, arm_meta: dict, target, *,
 
 
 def _request_counts(rows: list[dict] | pd.DataFrame, workload_dir) -> pd.DataFrame:
-    """Per request, the counts ``law.workload.price_rounds`` prices (``count_rounds``, with its category) of replayed
+    """Per request, the counts ``payoff.workload.price_rounds`` prices (``count_rounds``, with its category) of replayed
     decode rounds (``rows``, dicts or a frame: ``run_id``, ``request_id``, ``category`` and the rounds columns
     ``count_rounds`` reads)."""
-    from entropy_law.law.workload import ROUND_COUNT_COLUMNS, count_rounds
+    from entropy_law.payoff.workload import ROUND_COUNT_COLUMNS, count_rounds
 
     if len(rows) == 0:
         raise ValueError(f"{workload_dir}: no request decoded a token after the prefill: nothing to replay")
@@ -616,7 +616,7 @@ def round_proposals(run_dir: str | Path, target, *, tasks: str | Path | None = N
     ``depth``) for depths 1 .. the verified tree's depth, with ``top1_prob``, the drafter's confidence in its own
     proposal there, known before verification, also at the depths the round never reached (the recorded
     ``draft_top1_prob`` stops at the rejected one). For a law in that confidence to predict whole recorded rounds
-    (``law.glance.law_round_expectations(drafts=)``). ``tasks`` / ``checkpoint`` as ``workload_rounds``."""
+    (``glance.law_round_expectations(drafts=)``). ``tasks`` / ``checkpoint`` as ``workload_rounds``."""
     from entropy_law.traces.layout import RUN_FILE, read_run_json
 
     run_dir = Path(run_dir)
@@ -651,11 +651,11 @@ def workload_rounds(workload_dir: str | Path, arm_meta: dict, target, *, tasks: 
     does not depend on the drafter, and the drafters here propose from the context alone (the block drafter from
     the target's features of that context, one teacher-forced pass per request), so ``decoding.replay.replay_rounds``
     under the arm's tree, budget, gate or policy (``arm_round_options``) yields the rounds the arm decodes online
-    (``tests/test_replay_online.py``). One row per request (``law.workload.ROUND_COUNT_COLUMNS``): ``run_id``,
+    (``tests/test_replay_online.py``). One row per request (``payoff.workload.ROUND_COUNT_COLUMNS``): ``run_id``,
     ``request_id``, ``category``, ``tokens`` (decoded after the prefill), ``rounds`` (verify rounds after the
     prefill), ``drafting_rounds`` (those that verified a draft), ``nodes`` (draft nodes verified) and
     ``accepted`` (drafts accepted), ``skipped_rounds`` (rounds in which a law policy did not call the drafter), for
-    ``law.workload.price_rounds``. Arguments as ``workload_proposals``;
+    ``payoff.workload.price_rounds``. Arguments as ``workload_proposals``;
     ``attrs["gate"]`` names the gate or policy replayed."""
     rounds = workload_round_records(workload_dir, arm_meta, target, tasks=tasks, checkpoint=checkpoint)
     out = _request_counts(rounds, workload_dir)

@@ -11,7 +11,7 @@ for the README (``results_markdown``, with the leave-one-category-out accuracy a
 Analyses that cannot run on the given traces (too few requests, no AR run, replayed timings) are
 listed with the reason instead of failing the report (an arm without a measured speedup while others
 have one: the reason, e.g. no AR run of its model and machine). Not known here: statistics (``entropy_law.law``
-through ``entropy_law.law.analysis``), decoding, torch.
+through ``entropy_law.analysis``), decoding, torch.
 """
 
 from __future__ import annotations
@@ -25,10 +25,10 @@ import numpy as np
 import pandas as pd
 
 from entropy_law.jobs.speed import format_speedup
-from entropy_law.law.analysis import TraceAnalysis, format_interval
+from entropy_law.analysis import TraceAnalysis, format_interval
 from entropy_law.law.fit import get_family
-from entropy_law.law.cost import ABOVE_BOUND, MEASURED, MIN_PAIRED_REQUESTS, RELIABLE_HALF_WIDTH
-from entropy_law.law.predict import request_prediction_section
+from entropy_law.payoff.cost import ABOVE_BOUND, MEASURED, MIN_PAIRED_REQUESTS, RELIABLE_HALF_WIDTH
+from entropy_law.payoff.predict import request_prediction_section
 from entropy_law.plots.glance import glance_section
 from entropy_law.law.stats import FEW_REQUESTS
 
@@ -472,7 +472,7 @@ def _sections(analysis: TraceAnalysis):
         notes.append(LOCO_TEXT)
     else:
         notes.append(acc.error)
-    title, frame, extra = request_prediction_section(analysis)  # per-request intervals, reliability (law.predict)
+    title, frame, extra = request_prediction_section(analysis)  # per-request intervals, reliability (payoff.predict)
     yield title, frame
     notes.extend(extra)
     title, frame, extra = glance_section(analysis)  # GLANCE's law beside ours, LOCO per round (plots.glance)
@@ -656,7 +656,7 @@ def write_report_out_of_core(traces, out_dir, *, fmt: str = "html", family: str 
     import matplotlib.pyplot as plt
 
     from entropy_law.law.fit import PRIMARY_FALLBACK, PRIMARY_FAMILY
-    from entropy_law.law.outofcore import fit_law_out_of_core, report_summaries_sql
+    from entropy_law.outofcore import fit_law_out_of_core, report_summaries_sql
     from entropy_law.plots.figures import binned_acceptance
     from entropy_law.plots.style import save_figure, unavailable
 

@@ -11,7 +11,7 @@ mismatch is reported, never hidden).
 
 A speedup is paired: per category, the reference's time over the arm's time on the same requests, whose
 token counts are equal when decoding is lossless (time per token otherwise); its 95% interval is a request
-bootstrap, widened to the Student-t interval where that is wider (few requests: ``law.cost.paired_speedup_interval``).
+bootstrap, widened to the Student-t interval where that is wider (few requests: ``payoff.cost.paired_speedup_interval``).
 Two checks decide whether it is printed as a result:
 
 - the physical bound: one round commits ``tokens/round`` tokens and costs at least one target forward over
@@ -20,7 +20,7 @@ Two checks decide whether it is printed as a result:
 - precision: an interval wider than +-``RELIABLE_HALF_WIDTH`` of the estimate, or fewer than
   ``MIN_PAIRED_REQUESTS`` paired requests, is "not measured reliably".
 
-The rule is ``law.cost.speed_verdict``: ``TraceAnalysis.speedup`` applies the same one to the speedups
+The rule is ``payoff.cost.speed_verdict``: ``TraceAnalysis.speedup`` applies the same one to the speedups
 measured from the traces (figures, notebooks and the report), so both sources give the same verdict.
 
 Not known here: how arms decode (``decoding``), traces, the law.
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from entropy_law.law.cost import (  # noqa: F401
+from entropy_law.payoff.cost import (  # noqa: F401
     ABOVE_BOUND,
     BOUND_SLACK,
     MEASURED,
@@ -144,8 +144,8 @@ def time_arms(tasks: Sequence, arms: Mapping[str, Callable], encode: Callable, *
 def paired_speedups(timings: pd.DataFrame, *, reference: str, clock: str = "cpu", n_boot: int = 2000,
                     seed: int = 0) -> pd.DataFrame:
     """Per arm and category (and ``"all"``): the paired speedup over ``reference`` with a 95% interval
-    (``law.cost.paired_speedup_interval``: request bootstrap, widened to Student t with few requests and to the
-    spread of the arm's per-request ratios pooled over its categories, ``law.cost.pooled_log_speedup_sd``), tokens
+    (``payoff.cost.paired_speedup_interval``: request bootstrap, widened to Student t with few requests and to the
+    spread of the arm's per-request ratios pooled over its categories, ``payoff.cost.pooled_log_speedup_sd``), tokens
     per round, the physical bound, and whether the number is a result.
 
     Columns: ``arm``, ``category``, ``requests``, ``speedup``, ``lo``, ``hi``, ``tokens_per_round``,

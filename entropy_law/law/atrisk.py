@@ -47,7 +47,7 @@ DECODE_TIME = ("lag_entropy_nats", "log_lag_entropy", "run_mean_entropy_nats", "
                "context_match", "log1p_copy", "copy_full", "log_target_miss")
 # the drafter's own statistics at the depth: known only where the drafter drafted and logged them
 DRAFT_STATS = ("draft_entropy_nats", "draft_top1_prob")
-# decode-time covariates (issue #18): each known before the round's verification, or a function of the greedy
+# decode-time covariates: each known before the round's verification, or a function of the greedy
 # output's entropy sequence the law already conditions on; never the outcome (draft_prob / draft_rank are the
 # drafter's probability / rank of the COMMITTED token, which is the target's correction after a rejection:
 # rank 0 <=> accepted, so they are not covariates here; draft_top1_prob, the drafter's probability of its OWN top
@@ -172,7 +172,7 @@ def at_risk_table(
         if root_only:
             raise ValueError(f"run(s) {root_only} hold the target entropy at each round's root only (an imported "
                              "GLANCE round log), not per position: this law cannot be fitted on them. Fit GLANCE's "
-                             "law instead (fit_law(traces, family=\"glance\")), or compute per-position statistics")
+                             "law instead (entropy_law.glance.fit_glance(traces)), or compute per-position statistics")
     bare = [str(r) for r, info in zip(runs["run_id"], runs.get("engine_import", [None] * len(runs)))
             if isinstance(info, dict) and str(info.get("target_stats", "")).startswith("missing")]
     if bare and (not len(table) or table["run_id"].astype(str).isin(bare).any()):  # imports without entropies
@@ -333,8 +333,7 @@ def _group_sums(frame: pd.DataFrame, keys: Sequence[str], values: Sequence[str])
     """Sums of ``values`` per distinct combination of ``keys``, sorted by the keys.
 
     One int64 code per row (mixed radix over factorized keys), one ``np.unique`` and one
-    ``np.bincount`` per value column: several times faster than a multi-key pandas groupby on
-    millions of rows.
+    ``np.bincount`` per value column, in place of a multi-key pandas groupby on millions of rows.
     """
     code = np.zeros(len(frame), dtype=np.int64)
     uniques = []

@@ -254,7 +254,7 @@ def compare_laws(
 # without category or drafter names whose DP runs on a request's entropy sequence, position and drafted depth
 PRIMARY_CANDIDATES = ("law_logit", "law_exp", "law_exp0", "law_power", "law_exp_cum", "law_exp_drafted", "law_exp_lag",
                       "law_exp_runmean", "law_exp_pos", "law_exp_ceil", "law_exp_obs", "law_exp_obs_ceil")
-# laws in per-position columns that not every trace holds (docs/law.md addenda of 2026-12-03 and 2026-12-05): the
+# laws in per-position columns that not every trace holds (docs/law.md, "Covariate laws"): the
 # context's copyability (context_match) and the target's top-1 probability (target_top1_prob); each is a candidate
 # of the rule wherever every arm's at-risk trials hold its columns (bench/law_categories.py)
 COVARIATE_CANDIDATES = ("law_exp_obs_ceil_copy", "law_exp_obs_ceil_top1", "law_exp_obs_ceil_top1_copy")

@@ -149,7 +149,7 @@ FAMILIES: dict[str, LawFamily] = {
         LawFamily("law_exp_mundlak", "LAW-E split into within- and between-category entropy (Mundlak)", "cloglog",
                   "rejection", "log_entropy_within + log_entropy_category_mean", needs_categories=True,
                   slope="log_entropy_within"),
-        # decode-time covariates (issue #18; docs/law.md, "Covariate laws"): each known before verification
+        # decode-time covariates (docs/law.md, "Covariate laws"): each known before verification
         # or a function of the output's entropy sequence; none is the category's name
         LawFamily("law_exp_lag", "LAW-E + log(H_prev + eps), H_prev = the previous output position's entropy",
                   "cloglog", "rejection", "log_entropy + log_lag_entropy",
@@ -229,7 +229,7 @@ STEADY_GRID_MAX_NATS = 25.0
 STEADY_GRID_POINTS = 256
 
 # the primary law, chosen by the rule in docs/law.md ("Choosing the primary law") from bench/law_categories.py
-# among the laws every trace our decoder records supports (2026-12-05 addendum); it reads the target's top-1
+# among the laws every trace our decoder records supports; it reads the target's top-1
 # probability, which imported engine logs and GLANCE's round logs lack: there the primary is PRIMARY_FALLBACK
 # (the rule's winner among the laws in H and decode-time covariates only). ``primary_family`` chooses.
 PRIMARY_FAMILY = "law_exp_obs_ceil_top1"
@@ -291,8 +291,8 @@ def get_family(name: str) -> LawFamily:
     if isinstance(name, LawFamily):
         return name
     if name not in FAMILIES:
-        raise ValueError(f"unknown law family {name!r}; known: {sorted(FAMILIES)}, and GLANCE's round-level law "
-                         "'glance' / 'glance_readme' (fit_law only)")
+        raise ValueError(f"unknown law family {name!r}; known: {sorted(FAMILIES)} (GLANCE's round-level law is "
+                         "fitted by entropy_law.glance.fit_glance)")
     return FAMILIES[name]
 
 
@@ -695,8 +695,8 @@ class FittedLaw(Result):
         nonincreasing in H: the lowest acceptance at any entropy in [0, H] (its running minimum on a grid).
         A law in H and p1 can trade one for the other (few requests: the H coefficient negative, the p1 one
         positive) and then its H-only curve rises again where the miss curve stops (beyond the trials' largest
-        entropy; the n-gram arms of data/traces_timed) or where the isotonic miss curve is flat. On a law whose
-        curve falls with H on the grid nothing changes (the block arms of data/traces); the per-position
+        entropy) or where the isotonic miss curve is flat. On a law whose curve falls with H on the grid nothing
+        changes; the per-position
         predictions (DP, trials, a caller that gives p1 or H_prev) never pass here."""
         h = frame["target_entropy_nats"].to_numpy(dtype=float)
         keys = [c for c in frame.columns if c not in ("target_entropy_nats", *filled)]
@@ -954,9 +954,8 @@ def _factor_column(code: str) -> str | None:
 
 def _categorical(data, contrast=None, levels=None):
     """patsy's ``C`` in our formulas, except that a pandas Categorical column with no contrast or levels of its own
-    is passed as it is. patsy's ``C`` boxes every column, and a boxed column is coded one row at a time (about 2 us
-    a row, at each fit and each prediction: with the frame's copies below, half of a leave-one-category-out run on
-    data/traces); a Categorical passed as it is takes patsy's vectorised path. The factor keeps its name
+    is passed as it is. patsy's ``C`` boxes every column, and a boxed column is coded one row at a time, at each fit
+    and each prediction; a Categorical passed as it is takes patsy's vectorised path. The factor keeps its name
     ``C(column)``, so the design matrix and the coefficient names are the same (``observed_categoricals`` and
     ``prediction_frame`` make the Categoricals)."""
     if contrast is None and levels is None and isinstance(getattr(data, "dtype", None), pd.CategoricalDtype):
@@ -1218,9 +1217,10 @@ def fit_law(
     ``"nonrobust"`` (normal). A cluster-robust fit on fewer than ``stats.FEW_REQUESTS`` requests warns
     (``SmallSampleWarning``, once per fit) and says so in its notes.
     """
-    if isinstance(family, str) and family in ("glance", "glance_readme"):  # GLANCE's round-level law (law/glance.py)
-        from entropy_law.law.glance import fit_glance
-        return fit_glance(traces, family, by=by)
+    if isinstance(family, str) and family in ("glance", "glance_readme"):
+        form = "readme" if family == "glance_readme" else "code"
+        raise ValueError(f"GLANCE's round-level law is no law family of fit_law: call "
+                         f"entropy_law.glance.fit_glance(traces, form={form!r}) instead of fit_law(family={family!r})")
     fam = get_family(family)
     if depth not in DEPTH_TERMS:
         raise ValueError(f"depth must be one of {list(DEPTH_TERMS)}")

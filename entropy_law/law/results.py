@@ -1,11 +1,26 @@
-"""A small base for analysis results: a ``.summary`` DataFrame, ``print_summary()`` and an HTML repr.
+"""A small base for analysis results: a ``.summary`` DataFrame, ``print_summary()`` and an HTML repr; and
+``Attempt``, the value of one analysis or why it could not be computed.
 
 Known here: presentation only (title, notes, the summary table). Not known here: any statistics.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import pandas as pd
+
+
+@dataclass
+class Attempt:
+    """The value of one analysis, or why it could not be computed (``error``)."""
+
+    value: object = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
 
 
 class Result:

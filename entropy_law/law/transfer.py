@@ -471,11 +471,9 @@ DEPTH_NOTES = {
 LOCO_DEPTH_MODELS = ("training", "replayed", "oracle", "category", "full")  # "observed" is accepted as "oracle"
 # the widening of a verdict priced by a law whose transfer error cannot be measured on its own traces (fewer than 3
 # categories for leave-one-category-out): the largest leave-one-category-out |relative error| of tokens per round seen
-# in this project's checks, the primary law with leak-free (training) depths on data/traces_timed's first recording
-# (2026-12-01; its runs held no copyability): n-gram chain 43.5%, n-gram DDTree16 42.4%, block DDTree16 29.3%
-# (docs/law.md; on the recording of 2026-12-05, whose depths read the copyability, n-gram chain 30.6%). Without it
-# such a verdict rested on the bootstrap interval of the arm's measurements alone, as if the law transferred to a new
-# category without error
+# in this project's checks (the primary law with leak-free depths; the measurements: docs/law.md), rounded up.
+# Without it such a verdict would rest on the bootstrap interval of the arm's measurements alone, as if the law
+# transferred to a new category without error
 UNMEASURED_TRANSFER_ERROR = 0.44
 
 

@@ -87,7 +87,7 @@ def acceptance_vs_entropy(at_risk: pd.DataFrame, *, law=None, depth: int | str =
 def binned_acceptance(table: pd.DataFrame, *, law=None, depth: int | str = 1, h_range: tuple | None = None,
                       min_trials: int = 5, eps: float = EPS_NATS, ax=None):
     """Plot a table of acceptance per entropy bin and category (the columns of ``binned_acceptance_table``;
-    ``law.outofcore.acceptance_curve_sql`` gives them out of core): bins of at least ``min_trials`` trials with
+    ``outofcore.acceptance_curve_sql`` gives them out of core): bins of at least ``min_trials`` trials with
     their Wilson 95% intervals, one colour per category, and the fitted law over ``h_range`` (black) when
     ``law`` and ``h_range`` are given."""
     ax = new_axes(ax)

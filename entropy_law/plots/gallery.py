@@ -22,8 +22,8 @@ import pandas as pd
 from tqdm.auto import tqdm
 
 from entropy_law.law import atrisk
-from entropy_law.law.analysis import TraceAnalysis
-from entropy_law.law.sample_traces import resolve_traces
+from entropy_law.analysis import TraceAnalysis
+from entropy_law.analysis.sample_traces import resolve_traces
 from entropy_law.plots import figures as F
 from entropy_law.plots.glance import fig_glance
 from entropy_law.plots.reliability import fig_reliability

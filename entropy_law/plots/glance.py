@@ -2,7 +2,7 @@
 
 Known here: how our primary law (the report's family; ``primary_family(view)``: ``fit.primary_family`` of
 the view's tokens, at call time) is scored round by round against GLANCE's law
-(``law.glance``): leave-one-category-out, each law fitted without a category predicts the accepted drafts of
+(``glance``): leave-one-category-out, each law fitted without a category predicts the accepted drafts of
 each of its rounds (ours: ``glance.law_round_expectations``, along the greedy output's entropies and the
 round's drafted depth; GLANCE's: ``glance.loco_glance``, from the root entropy alone), scored by
 ``glance.round_scores``; the gallery figure (GLANCE's decile curve with its bootstrap intervals, GLANCE's
@@ -10,7 +10,7 @@ fitted E[a | H], and the decile means of our law's per-round expectations); the 
 arm and law, and notes saying where GLANCE's law does at least as well). Runs that hold only the round-root
 entropy (an imported GLANCE log) get GLANCE's law alone, with the reason ours cannot be fitted.
 
-Not known here: either law's fit (``law.glance``, ``law.fit``), decoding, torch.
+Not known here: either law's fit (``glance``, ``law.fit``), decoding, torch.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from entropy_law.law import fit, glance
+from entropy_law import glance
+from entropy_law.law import fit
 from entropy_law.law.atrisk import at_risk_table
 from entropy_law.law.fit import fit_law
 from entropy_law.plots.style import short_message, unavailable

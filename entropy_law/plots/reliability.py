@@ -3,7 +3,7 @@
 Known here: how to draw a ``predict.reliability_table`` (one line per category, observed acceptance with its
 Wilson 95% interval against the mean predicted acceptance of each bin, the diagonal, the ECE in the legend)
 and the gallery figure built from a ``TraceAnalysis`` (one panel per drafting arm, leave-one-category-out
-law). Not known here: statistics (``entropy_law.law.predict``), torch, decoding.
+law). Not known here: statistics (``entropy_law.payoff.predict``), torch, decoding.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def _message(ax, text: str, limit: int = 160):
 
 def fig_reliability(an):
     """Gallery figure: one reliability panel per drafting arm, the law fitted without each category."""
-    from entropy_law.law.predict import analysis_predictions
+    from entropy_law.payoff.predict import analysis_predictions
 
     arms = an.arms
     ncols = min(max(len(arms), 1), 3)

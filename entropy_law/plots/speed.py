@@ -8,7 +8,7 @@ recorded rounds priced by the cost model alone, ``cost_only_predicted``) and
 ``TraceAnalysis.request_speedups`` / ``speedup_crossing`` / ``workload`` (per request: measured and predicted
 speedup vs the request's mean entropy, both log-speedup lines, the workload break-even interval shaded, the
 logistic fit's crossing dotted). Panels say why
-when their analysis is not available. Not known here: statistics (``entropy_law.law.analysis``), torch,
+when their analysis is not available. Not known here: statistics (``entropy_law.analysis``), torch,
 decoding.
 """
 

@@ -267,76 +267,22 @@ def _simulate_run(*, run_id, entropy, lengths, categories_of, request_ids, accep
 
     ``depth_spec``: the chain's drafted depth varies per round (at most ``depth``); else every round
     drafts ``depth`` tokens. ``copyability`` (``[requests, positions]``, as ``entropy``): the context's
-    copyability before each position, for ``depth_spec.copy_coupling`` and the tokens column ``context_match``."""
-    n_req, total_len = entropy.shape
+    copyability before each position, for ``depth_spec.copy_coupling`` and the tokens column ``context_match``.
+    One round of every unfinished request at a time (``_simulate_round``), then the token columns a decoder logs
+    (``_add_token_columns``)."""
+    n_req = entropy.shape[0]
     pos = np.zeros(n_req, dtype=np.int64)
     round_index = np.zeros(n_req, dtype=np.int64)
     tok_parts, round_parts = [], []
-    d_idx = np.arange(depth)
     while True:
         active = np.flatnonzero(pos < lengths)
         if active.size == 0:
             break
-        p = pos[active]
-        variable = depth_spec is not None and depth > 0
-        if variable:
-            drafted = np.minimum(depth_spec.sample(entropy[active, p], rng,
-                                                   None if copyability is None else copyability[active, p]), depth)
-            round_nodes = drafted
-        else:
-            drafted = np.full(active.size, depth, dtype=np.int64)
-            round_nodes = np.full(active.size, nodes, dtype=np.int64)
-        if depth > 0:
-            cols = np.minimum(p[:, None] + d_idx[None, :], total_len - 1)
-            h_block = entropy[active[:, None], cols]
-            a = accept_fn(h_block, d_idx[None, :] + 1, active)
-            if variable and depth_spec.rate_exponent != 0.0:
-                # rejection rate x D^gamma: a = exp(-rate)^(D^gamma)
-                a = a ** (np.maximum(drafted, 1)[:, None] ** depth_spec.rate_exponent)
-            ok = rng.random(a.shape) < a
-            # tau = number of leading acceptances
-            tau = np.where(ok.all(axis=1), depth, np.argmin(ok, axis=1))
-        else:
-            tau = np.zeros(active.size, dtype=np.int64)
-        tau = np.minimum(tau, drafted)
-        committed = np.minimum(tau + 1, lengths[active] - p)
-        n_tok = committed.sum()
-        rows = np.repeat(np.arange(active.size), committed)
-        depth_of = np.arange(n_tok) - np.repeat(np.cumsum(committed) - committed, committed) + 1
-        req_of = active[rows]
-        position = pos[req_of] + depth_of - 1
-        role = np.where(depth_of <= tau[rows], "accepted", np.where(tau[rows] < drafted[rows], "correction", "bonus"))
-        tok_parts.append(
-            pd.DataFrame(
-                {
-                    "request_row": req_of,
-                    "round_index": round_index[req_of].astype(np.int32),
-                    "position": position.astype(np.int32),
-                    "depth": depth_of.astype(np.int16),
-                    "role": role,
-                }
-            )
-        )
-        noise = np.exp(costs.noise_sigma * rng.standard_normal((3, active.size)))
-        drafts = drafted > 0
-        verify = np.where(drafts, costs.ar_ms * (costs.verify_base + costs.verify_per_node * round_nodes), costs.ar_ms)
-        round_parts.append(
-            pd.DataFrame(
-                {
-                    "request_row": active,
-                    "round_index": round_index[active].astype(np.int32),
-                    "start_position": p.astype(np.int32),
-                    "block_size": np.int16(block_size),
-                    "tree_nodes": np.where(drafts, round_nodes, 0).astype(np.int32),
-                    "tree_depth": drafted.astype(np.int16),
-                    "accepted": tau.astype(np.int16),
-                    "committed": committed.astype(np.int16),
-                    "draft_ms": np.where(drafts, costs.draft_ms * noise[0], 0.0).astype(np.float32),
-                    "verify_ms": (verify * noise[1]).astype(np.float32),
-                    "overhead_ms": np.where(drafts, costs.overhead_ms * noise[2], 0.1 * noise[2]).astype(np.float32),
-                }
-            )
-        )
+        tok, rnd, committed = _simulate_round(active, pos, round_index, entropy=entropy, lengths=lengths,
+                                              accept_fn=accept_fn, depth=depth, nodes=nodes, block_size=block_size,
+                                              costs=costs, rng=rng, depth_spec=depth_spec, copyability=copyability)
+        tok_parts.append(tok)
+        round_parts.append(rnd)
         pos[active] += committed
         round_index[active] += 1
     tokens = pd.concat(tok_parts, ignore_index=True).sort_values(["request_row", "position"], ignore_index=True)
@@ -345,6 +291,80 @@ def _simulate_run(*, run_id, entropy, lengths, categories_of, request_ids, accep
         frame.insert(0, "run_id", run_id)
         frame.insert(1, "request_id", request_ids[frame["request_row"].to_numpy()])
     tokens.insert(2, "category", categories_of[tokens["request_row"].to_numpy()])
+    _add_token_columns(tokens, entropy, copyability, rng)
+    rounds["context_len"] = (100 + rounds["start_position"]).astype(np.int32)
+    return tokens.drop(columns="request_row"), rounds.drop(columns="request_row")
+
+
+def _simulate_round(active, pos, round_index, *, entropy, lengths, accept_fn, depth, nodes, block_size, costs, rng,
+                    depth_spec, copyability):
+    """One round of each request in ``active`` (rows of ``entropy``; ``pos``: each request's next output position):
+    the drafted depth, the accepted prefix drawn from the law, the committed tokens. Returns its token rows, its
+    round rows and the tokens each request committed."""
+    total_len = entropy.shape[1]
+    d_idx = np.arange(depth)
+    p = pos[active]
+    variable = depth_spec is not None and depth > 0
+    if variable:
+        drafted = np.minimum(depth_spec.sample(entropy[active, p], rng,
+                                               None if copyability is None else copyability[active, p]), depth)
+        round_nodes = drafted
+    else:
+        drafted = np.full(active.size, depth, dtype=np.int64)
+        round_nodes = np.full(active.size, nodes, dtype=np.int64)
+    if depth > 0:
+        cols = np.minimum(p[:, None] + d_idx[None, :], total_len - 1)
+        h_block = entropy[active[:, None], cols]
+        a = accept_fn(h_block, d_idx[None, :] + 1, active)
+        if variable and depth_spec.rate_exponent != 0.0:
+            # rejection rate x D^gamma: a = exp(-rate)^(D^gamma)
+            a = a ** (np.maximum(drafted, 1)[:, None] ** depth_spec.rate_exponent)
+        ok = rng.random(a.shape) < a
+        # tau = number of leading acceptances
+        tau = np.where(ok.all(axis=1), depth, np.argmin(ok, axis=1))
+    else:
+        tau = np.zeros(active.size, dtype=np.int64)
+    tau = np.minimum(tau, drafted)
+    committed = np.minimum(tau + 1, lengths[active] - p)
+    n_tok = committed.sum()
+    rows = np.repeat(np.arange(active.size), committed)
+    depth_of = np.arange(n_tok) - np.repeat(np.cumsum(committed) - committed, committed) + 1
+    req_of = active[rows]
+    position = pos[req_of] + depth_of - 1
+    role = np.where(depth_of <= tau[rows], "accepted", np.where(tau[rows] < drafted[rows], "correction", "bonus"))
+    tokens = pd.DataFrame(
+        {
+            "request_row": req_of,
+            "round_index": round_index[req_of].astype(np.int32),
+            "position": position.astype(np.int32),
+            "depth": depth_of.astype(np.int16),
+            "role": role,
+        }
+    )
+    noise = np.exp(costs.noise_sigma * rng.standard_normal((3, active.size)))
+    drafts = drafted > 0
+    verify = np.where(drafts, costs.ar_ms * (costs.verify_base + costs.verify_per_node * round_nodes), costs.ar_ms)
+    rounds = pd.DataFrame(
+        {
+            "request_row": active,
+            "round_index": round_index[active].astype(np.int32),
+            "start_position": p.astype(np.int32),
+            "block_size": np.int16(block_size),
+            "tree_nodes": np.where(drafts, round_nodes, 0).astype(np.int32),
+            "tree_depth": drafted.astype(np.int16),
+            "accepted": tau.astype(np.int16),
+            "committed": committed.astype(np.int16),
+            "draft_ms": np.where(drafts, costs.draft_ms * noise[0], 0.0).astype(np.float32),
+            "verify_ms": (verify * noise[1]).astype(np.float32),
+            "overhead_ms": np.where(drafts, costs.overhead_ms * noise[2], 0.1 * noise[2]).astype(np.float32),
+        }
+    )
+    return tokens, rounds, committed
+
+
+def _add_token_columns(tokens: pd.DataFrame, entropy: np.ndarray, copyability, rng) -> None:
+    """The columns a decoder logs per token, in place: token id, the target's entropy and distribution summary,
+    the context's copyability (where simulated), the drafter's probability, rank and entropy."""
     rows = tokens["request_row"].to_numpy()
     h = entropy[rows, tokens["position"].to_numpy()]
     tokens["token_id"] = rng.integers(3, 49152, size=len(tokens)).astype(np.int32)
@@ -363,8 +383,6 @@ def _simulate_run(*, run_id, entropy, lengths, categories_of, request_ids, accep
     tokens["draft_entropy_nats"] = pd.array(
         np.where(is_bonus, np.nan, h * rng.uniform(0.5, 1.5, len(tokens))).astype(np.float32), dtype="Float32"
     )
-    rounds["context_len"] = (100 + rounds["start_position"]).astype(np.int32)
-    return tokens.drop(columns="request_row"), rounds.drop(columns="request_row")
 
 
 def simulate_traces(
@@ -395,8 +413,62 @@ def simulate_traces(
     as a dict; ``probs`` must have B entries); default: always B - 1.
     ``include_ar``: also an autoregressive run (``tree_nodes == 0``) for the cost model.
     Output lengths are uniform in ``tokens_per_request`` (inclusive).
+    Steps: ``_checked_profiles``, ``_drafter_specs``, ``_depth_rates``, ``_draw_requests``, ``_simulate_run`` per
+    drafter, ``_requests_table``; every random draw comes from one generator seeded with ``seed``, in that order.
     """
     rng = np.random.default_rng(seed)
+    profiles, category_effects = _checked_profiles(categories, category_effects, n_requests_per_category, block_size)
+    if isinstance(tree, Mapping):
+        tree = TreeSpec(**tree)
+    if isinstance(block_depths, Mapping):
+        block_depths = DepthSpec(**block_depths)
+    if block_depths is not None and len(block_depths.probs) != block_size:
+        raise ValueError(f"block_depths.probs needs {block_size} weights (D = 0..B-1), got {len(block_depths.probs)}")
+    drafters = _drafter_specs(include_block, tree, block_size, k, block_depths)
+    max_depth = max(spec["depth"] for spec in drafters.values())
+    lam = _depth_rates(lambda_d, k, max_depth)
+    req = _draw_requests(profiles, n_requests_per_category, tokens_per_request, max_depth, rng)
+    cat_shift = np.exp(np.array([category_effects.get(c, 0.0) for c in req["categories_of"]]))
+    copyability = (simulate_copyability(req["entropy"].shape, rng)
+                   if block_depths is not None and block_depths.copy_coupling else None)
+    shared = dict(entropy=req["entropy"], lengths=req["lengths"], categories_of=req["categories_of"],
+                  request_ids=req["request_ids"], costs=costs, rng=rng, copyability=copyability)
+
+    tokens_parts, rounds_parts, run_rows = [], [], []
+    for drafter_id, spec in drafters.items():
+        def accept_fn(h_block, depth_idx, active, spec=spec):
+            rate = lam[depth_idx - 1] * spec["lambda_scale"] * cat_shift[active][:, None]
+            return np.exp(-rate * (h_block + eps) ** spec["k"])
+
+        tok, rnd = _simulate_run(run_id=spec["run_id"], accept_fn=accept_fn, depth=spec["depth"], nodes=spec["nodes"],
+                                 block_size=spec["block_size"], depth_spec=spec.get("depth_spec"), **shared)
+        tokens_parts.append(tok)
+        rounds_parts.append(rnd)
+        run_rows.append(dict(run_id=spec["run_id"], drafter_id=drafter_id, tree_policy=spec["tree_policy"],
+                             model_id="simulated", status="complete", seed=seed, block_size=spec["block_size"]))
+    if include_ar:
+        tok, rnd = _simulate_run(run_id="sim-ar", accept_fn=None, depth=0, nodes=0, block_size=1, **shared)
+        tokens_parts.append(tok)
+        rounds_parts.append(rnd)
+        run_rows.append(dict(run_id="sim-ar", drafter_id="ar", tree_policy="none", model_id="simulated",
+                             status="complete", seed=seed, block_size=1))
+
+    tokens = pd.concat(tokens_parts, ignore_index=True)
+    rounds = pd.concat(rounds_parts, ignore_index=True)
+    requests = _requests_table(rounds, req["request_ids"], req["categories_of"])
+    _add_later_columns(tokens=tokens, rounds=rounds, requests=requests)
+    truth = dict(
+        k=k, lambda_d=lam, category_effects=category_effects, eps=eps, seed=seed,
+        block_drafter_id="sim-block" if include_block else next(iter(drafters)),
+        drafters={d: dict(lambda_scale=s["lambda_scale"], k=s["k"], depth=s["depth"], nodes=s["nodes"],
+                          depth_spec=s.get("depth_spec")) for d, s in drafters.items()}, costs=costs)
+    entropy_by_request = {rid: req["entropy"][i, : req["lengths"][i]] for i, rid in enumerate(req["request_ids"])}
+    return SimulatedTraces(tokens=tokens, rounds=rounds, requests=requests, runs=pd.DataFrame(run_rows), truth=truth,
+                           entropy=entropy_by_request)
+
+
+def _checked_profiles(categories, category_effects, n_requests_per_category: int, block_size: int) -> tuple[dict, dict]:
+    """``(profiles, category_effects)`` of ``simulate_traces``' arguments, checked."""
     if categories is None:
         categories = DEFAULT_CATEGORIES
     if isinstance(categories, Mapping):
@@ -413,12 +485,12 @@ def simulate_traces(
     unknown = set(category_effects) - set(profiles)
     if unknown:
         raise ValueError(f"category_effects names unknown categories {sorted(unknown)}; known: {sorted(profiles)}")
-    if isinstance(tree, Mapping):
-        tree = TreeSpec(**tree)
-    if isinstance(block_depths, Mapping):
-        block_depths = DepthSpec(**block_depths)
-    if block_depths is not None and len(block_depths.probs) != block_size:
-        raise ValueError(f"block_depths.probs needs {block_size} weights (D = 0..B-1), got {len(block_depths.probs)}")
+    return profiles, category_effects
+
+
+def _drafter_specs(include_block: bool, tree: TreeSpec | None, block_size: int, k: float,
+                   block_depths: DepthSpec | None) -> dict:
+    """drafter id -> its run: depth, nodes, rate scale, exponent, tree policy, block size, run id."""
     drafters = {}
     if include_block:
         drafters["sim-block"] = dict(depth=block_size - 1, nodes=block_size - 1, lambda_scale=1.0, k=k,
@@ -430,7 +502,11 @@ def simulate_traces(
                                          block_size=tree.depth + 1, run_id="sim-tree")
     if not drafters:
         raise ValueError("nothing to simulate: include_block=False and tree=None")
-    max_depth = max(spec["depth"] for spec in drafters.values())
+    return drafters
+
+
+def _depth_rates(lambda_d, k: float, max_depth: int) -> np.ndarray:
+    """The law's rate at each depth 1..``max_depth`` (one rate repeated, or one per depth), checked."""
     lam = np.atleast_1d(np.asarray(lambda_d, dtype=float))
     if lam.size == 1:
         lam = np.full(max_depth, lam[0])
@@ -438,59 +514,42 @@ def simulate_traces(
         raise ValueError(f"lambda_d has {lam.size} values but drafters reach depth {max_depth}")
     if np.any(lam <= 0) or k <= 0:
         raise ValueError("lambda_d and k must be positive")
+    return lam
 
-    names = list(profiles)
+
+def _draw_requests(profiles: dict, n: int, tokens_per_request: tuple[int, int], max_depth: int, rng) -> dict:
+    """Per category, ``n`` requests: their output lengths (uniform in ``tokens_per_request``, inclusive) and
+    entropy sequences (long enough for the deepest draft past the last position), stacked in category order."""
     lo, hi = tokens_per_request
     seqs, cats, req_ids, lengths = [], [], [], []
-    for name in names:
-        n = n_requests_per_category
+    for name in profiles:
         length = rng.integers(lo, hi + 1, size=n)
         seqs.append(simulate_entropy_sequences(profiles[name], n, hi + max_depth + 1, rng))
         cats += [name] * n
         req_ids += [f"{name}-{i:04d}" for i in range(n)]
         lengths.append(length)
-    entropy = np.vstack(seqs)
-    lengths = np.concatenate(lengths)
-    categories_of = np.array(cats, dtype=object)
-    request_ids = np.array(req_ids, dtype=object)
-    cat_shift = np.exp(np.array([category_effects.get(c, 0.0) for c in cats]))
-    copyability = (simulate_copyability(entropy.shape, rng)
-                   if block_depths is not None and block_depths.copy_coupling else None)
+    return dict(entropy=np.vstack(seqs), lengths=np.concatenate(lengths), categories_of=np.array(cats, dtype=object),
+                request_ids=np.array(req_ids, dtype=object))
 
-    tokens_parts, rounds_parts, run_rows = [], [], []
-    for drafter_id, spec in drafters.items():
-        def accept_fn(h_block, depth_idx, active, spec=spec):
-            rate = lam[depth_idx - 1] * spec["lambda_scale"] * cat_shift[active][:, None]
-            return np.exp(-rate * (h_block + eps) ** spec["k"])
 
-        tok, rnd = _simulate_run(run_id=spec["run_id"], entropy=entropy, lengths=lengths, categories_of=categories_of,
-                                 request_ids=request_ids, accept_fn=accept_fn, depth=spec["depth"], nodes=spec["nodes"],
-                                 block_size=spec["block_size"], costs=costs, rng=rng,
-                                 depth_spec=spec.get("depth_spec"), copyability=copyability)
-        tokens_parts.append(tok)
-        rounds_parts.append(rnd)
-        run_rows.append(dict(run_id=spec["run_id"], drafter_id=drafter_id, tree_policy=spec["tree_policy"],
-                             model_id="simulated", status="complete", seed=seed, block_size=spec["block_size"]))
-    if include_ar:
-        tok, rnd = _simulate_run(run_id="sim-ar", entropy=entropy, lengths=lengths, categories_of=categories_of,
-                                 request_ids=request_ids, accept_fn=None, depth=0, nodes=0, block_size=1,
-                                 costs=costs, rng=rng, copyability=copyability)
-        tokens_parts.append(tok)
-        rounds_parts.append(rnd)
-        run_rows.append(dict(run_id="sim-ar", drafter_id="ar", tree_policy="none", model_id="simulated",
-                             status="complete", seed=seed, block_size=1))
+def _add_later_columns(**tables: pd.DataFrame) -> None:
+    """Columns added to format v1 later (policy decisions, CPU clock) are not simulated: null, as in older runs."""
+    for name, frame in tables.items():
+        for column in added_columns(name):
+            if column not in frame.columns:
+                frame[column] = np.nan
 
-    tokens = pd.concat(tokens_parts, ignore_index=True)
-    rounds = pd.concat(rounds_parts, ignore_index=True)
-    runs = pd.DataFrame(run_rows)
-    # a request's decode time is the time of all its rounds (draft, verify and overhead), as in a decoder
+
+def _requests_table(rounds: pd.DataFrame, request_ids: np.ndarray, categories_of: np.ndarray) -> pd.DataFrame:
+    """The requests table of the simulated runs: a request's decode time is the time of all its rounds (draft,
+    verify and overhead), as in a decoder."""
     per_round = rounds.assign(round_ms=rounds["draft_ms"] + rounds["verify_ms"] + rounds["overhead_ms"]).groupby(
         ["run_id", "request_id"], sort=False).agg(
         new_tokens=("committed", "sum"), rounds=("round_index", "size"), decode_ms=("round_ms", "sum"))
     per_round = per_round.reset_index()
-    index_of = {r: i for i, r in enumerate(req_ids)}
+    index_of = {r: i for i, r in enumerate(request_ids)}
     rows = per_round["request_id"].map(index_of).to_numpy()
-    requests = pd.DataFrame(
+    return pd.DataFrame(
         {
             "run_id": per_round["run_id"],
             "request_id": per_round["request_id"],
@@ -506,18 +565,3 @@ def simulate_traces(
             "decode_ms": per_round["decode_ms"].astype(np.float32),
         }
     )
-    # columns added to format v1 later (policy decisions, CPU clock) are not simulated: null, as in older runs
-    for name, frame in (("tokens", tokens), ("rounds", rounds), ("requests", requests)):
-        for column in added_columns(name):
-            if column not in frame.columns:
-                frame[column] = np.nan
-    truth = dict(
-        k=k, lambda_d=lam, category_effects=category_effects, eps=eps, seed=seed,
-        block_drafter_id="sim-block" if include_block else next(iter(drafters)),
-        drafters={d: dict(lambda_scale=s["lambda_scale"], k=s["k"], depth=s["depth"], nodes=s["nodes"],
-                          depth_spec=s.get("depth_spec")) for d, s in drafters.items()},
-        costs=costs,
-    )
-    entropy_by_request = {rid: entropy[i, : lengths[i]] for i, rid in enumerate(req_ids)}
-    return SimulatedTraces(tokens=tokens, rounds=rounds, requests=requests, runs=runs, truth=truth,
-                           entropy=entropy_by_request)

@@ -19,9 +19,8 @@ the law's expectation toward what this request's verified rounds accepted (``s =
 ``entropy_law.decoding.policy``); ``None`` turns it off. ``calibration_half_life`` (default 16 rounds) is how
 fast that evidence fades, so that a request that stopped drafting tries again (``None``: never). Both are
 stated choices (the law is fitted on other requests, often of other tasks, so one round of this request's own
-evidence outweighs it; a half-life of a few sentences of a 60-110-round answer), not fitted: the traces' requests
-ran without a policy. The prior was 4 until 2026-12-06; replayed on held-out open-ended and probe recordings
-(modelled, priced by this machine's curve) 1 gave 1.6% more on both (README, issue #19).
+evidence outweighs it; a half-life of a few sentences of an answer), not fitted: the traces' requests ran
+without a policy.
 
 ``context_match`` (optional): the length of the longest suffix of the context before each output position that
 occurred earlier in it (the prompt and the output so far; ``decoding.policy.context_match_length``, computed for a
@@ -48,7 +47,7 @@ import pandas as pd
 
 from entropy_law.law.arms import run_checkpoints
 from entropy_law.law.atrisk import at_risk_table
-from entropy_law.law.cost import fit_cost_model, verify_curve
+from entropy_law.payoff.cost import fit_cost_model, verify_curve
 from entropy_law.law.fit import LawFamily, fit_law, get_family
 # the longest suffix match the copyability input tells apart (longer ones count as this): the traces' cap
 from entropy_law.traces.stats import CONTEXT_MATCH_MAX
@@ -106,24 +105,10 @@ def fit_policy(traces, *, window: int = 4, family: str = "law_exp", drafter: str
     / ``min_level_trials``: its levels (module docstring).
     Returns a JSON-able dict (``save_policy`` writes it; ``LawPolicy`` reads it).
     """
-    if not 0.0 <= confidence_weight <= 1.0:
-        raise ValueError(f"confidence_weight must lie in [0, 1], got {confidence_weight}")
-    if calibration_prior is not None and not calibration_prior > 0:
-        raise ValueError(f"calibration_prior must be > 0 (pseudo-drafts) or None (no in-request calibration), "
-                         f"got {calibration_prior}")
-    if calibration_half_life is not None and not calibration_half_life > 0:
-        raise ValueError(f"calibration_half_life must be > 0 (rounds) or None (evidence never fades), "
-                         f"got {calibration_half_life}")
+    _check_policy_options(confidence_weight, calibration_prior, calibration_half_life)
     source = traces  # the drafter's runs and the AR runs beside them: the draft cost's t_AR
+    traces = _drafter_runs(traces, drafter)
     runs = traces.runs
-    if drafter is not None:
-        keep = runs.loc[runs["drafter_id"] == drafter, "run_id"]
-        if keep.empty:
-            raise ValueError(f"no runs of drafter {drafter!r}; drafters: {sorted(runs['drafter_id'].unique())}")
-        traces = traces.filter(run_id=list(keep)) if hasattr(traces, "filter") else SimpleNamespace(
-            tokens=traces.tokens.loc[traces.tokens["run_id"].isin(keep)],
-            rounds=traces.rounds.loc[traces.rounds["run_id"].isin(keep)], runs=runs.loc[runs["run_id"].isin(keep)])
-        runs = traces.runs
     drafters = sorted(runs["drafter_id"].unique())
     if len(drafters) != 1:
         raise ValueError(f"the traces hold drafters {drafters}: a policy is for one drafter; pass drafter=")
@@ -147,14 +132,7 @@ def fit_policy(traces, *, window: int = 4, family: str = "law_exp", drafter: str
     h_w = tokens.loc[at_risk[tokens.index], "target_entropy_nats"].to_numpy(float)
     notes = []
     if draft_cost is None:
-        try:
-            cost = fit_cost_model(source, drafter=drafters[0])
-        except ValueError as err:
-            raise ValueError(f"the drafter's cost cannot be estimated from these traces ({err}); pass draft_cost= "
-                             "(drafter time per round over one one-token target forward)") from err
-        draft_cost = cost.draft_ms / cost.ar_ms_per_token
-        notes.append(f"draft_cost = draft_ms / ar_ms_per_token = {cost.draft_ms:.3g} / {cost.ar_ms_per_token:.3g} "
-                     f"({cost.ar_source})")
+        draft_cost = _draft_cost(source, drafters[0], notes)
     if not draft_cost >= 0:
         raise ValueError(f"draft_cost must be >= 0, got {draft_cost}")
     copyability = None
@@ -181,6 +159,43 @@ def fit_policy(traces, *, window: int = 4, family: str = "law_exp", drafter: str
         **({"context_match": copyability} if copyability is not None else {}),
         "notes": notes,
     }
+
+
+def _check_policy_options(confidence_weight: float, calibration_prior, calibration_half_life) -> None:
+    if not 0.0 <= confidence_weight <= 1.0:
+        raise ValueError(f"confidence_weight must lie in [0, 1], got {confidence_weight}")
+    if calibration_prior is not None and not calibration_prior > 0:
+        raise ValueError(f"calibration_prior must be > 0 (pseudo-drafts) or None (no in-request calibration), "
+                         f"got {calibration_prior}")
+    if calibration_half_life is not None and not calibration_half_life > 0:
+        raise ValueError(f"calibration_half_life must be > 0 (rounds) or None (evidence never fades), "
+                         f"got {calibration_half_life}")
+
+
+def _drafter_runs(traces, drafter: str | None):
+    """``traces`` (anything with ``.tokens``, ``.rounds``, ``.runs``), or only the runs of ``drafter``."""
+    if drafter is None:
+        return traces
+    runs = traces.runs
+    keep = runs.loc[runs["drafter_id"] == drafter, "run_id"]
+    if keep.empty:
+        raise ValueError(f"no runs of drafter {drafter!r}; drafters: {sorted(runs['drafter_id'].unique())}")
+    return traces.filter(run_id=list(keep)) if hasattr(traces, "filter") else SimpleNamespace(
+        tokens=traces.tokens.loc[traces.tokens["run_id"].isin(keep)],
+        rounds=traces.rounds.loc[traces.rounds["run_id"].isin(keep)], runs=runs.loc[runs["run_id"].isin(keep)])
+
+
+def _draft_cost(source, drafter: str, notes: list) -> float:
+    """The drafter's cost per drafting round in one-token forwards, ``draft_ms / ar_ms_per_token`` of its cost
+    model on ``source``, said in ``notes``."""
+    try:
+        cost = fit_cost_model(source, drafter=drafter)
+    except ValueError as err:
+        raise ValueError(f"the drafter's cost cannot be estimated from these traces ({err}); pass draft_cost= "
+                         "(drafter time per round over one one-token target forward)") from err
+    notes.append(f"draft_cost = draft_ms / ar_ms_per_token = {cost.draft_ms:.3g} / {cost.ar_ms_per_token:.3g} "
+                 f"({cost.ar_source})")
+    return cost.draft_ms / cost.ar_ms_per_token
 
 
 _SAME = object()  # borrow_policy: keep the target models the parameters were fitted on

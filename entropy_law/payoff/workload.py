@@ -2,8 +2,7 @@
 
 The constant-entropy break-even (``cost.breakeven_entropy``) prices a sequence in which every position has entropy H.
 Real requests mix long low-entropy stretches with short high-entropy ones, and at the same mean entropy they accept far
-shorter blocks: on ``data/traces_timed`` (first recording) block DDTree16 at a request mean of 0.64 nats commits 2.58
-tokens per round at constant H against 1.09 observed. So the constant-H break-even is not the entropy where a workload's
+shorter blocks than a sequence at that entropy everywhere (``docs/law.md`` shows how far). So the constant-H break-even is not the entropy where a workload's
 measured per-request speedups cross 1, and the two should not be compared.
 
 Here each request is priced on its own entropy sequence h_0..h_{T-1}. Decoding starts after the prefill's
@@ -43,9 +42,9 @@ import pandas as pd
 from entropy_law.law import atrisk
 from entropy_law.law.blocks import tau_distribution
 from entropy_law.law.bootstrap import percentile_interval, poisson_weights
-from entropy_law.law.cost import CostModel, _ar_ms, fit_cost_model, policy_skipped, priced_cost_model
+from entropy_law.payoff.cost import CostModel, _ar_ms, fit_cost_model, policy_skipped, priced_cost_model
 from entropy_law.law.fit import FittedLaw, fit_law, get_family
-from entropy_law.law.predict import _acceptance, _design, parameter_draws
+from entropy_law.payoff.predict import _acceptance, _design, parameter_draws
 from entropy_law.law.results import Result
 from entropy_law.law.stats import FEW_REQUESTS, warn_if_few_requests
 from entropy_law.law.transfer import (TrainingDepthModel, drafted_depths, entropy_sequences, replayed_arrays,
@@ -352,7 +351,8 @@ def workload_breakeven(
     ``proposals``: the drafter's replayed proposal at every output position of the arm's requests
     (``traces.proposals`` rows keyed by their ``run_id`` and ``request_id``, e.g. ``proposals.parquet`` beside the
     arm's run.json): the drafted depths are then those instead of the in-sample depth model's, and a law in the
-    drafter's confidence (``law_exp_obs_ceil_drafttop``, fitted on traces that recorded it) can be used."""
+    drafter's confidence (``law_exp_obs_ceil_drafttop``, fitted on traces that recorded it) can be used. Steps:
+    ``_priced_workload``, ``_with_measured``, ``_line_statistics`` on the estimate and ``_breakeven_replicates``."""
     fam = get_family(family if law is None else law.family.name)
     if fam.needs_categories or fam.needs_drafters or fam.uses_category:
         raise ValueError(f"{fam.name} needs a category/drafter argument; use a one-drafter, category-free law")
@@ -365,6 +365,67 @@ def workload_breakeven(
     clock = cost.clock
     if law is None:
         law = _fit(traces, fam.name, drafter, eps)
+    priced = _priced_workload(traces, drafter, law, rounds, proposals, n_boot, seed)
+    requests = priced.seqs[["run_id", "request_id", "category"]].assign(
+        tokens=priced.tokens.astype(int), mean_entropy_nats=priced.mean_h, predicted_rounds=priced.rounds_k[:, 0],
+        predicted_speedup=priced.speedups(cost, 0))
+    m_speed, m_weight = _with_measured(requests, measured, priced.tokens)
+    groups = category_groups(priced.seqs)
+    n_measured = 0 if m_speed is None else int(requests.loc[np.isfinite(m_speed), "request_id"].nunique())
+    ids = requests["request_id"].to_numpy()
+    n_requests = int(pd.Series(ids).nunique())
+    few = warn_if_few_requests(n_requests, "the workload break-even intervals")
+    estimate = _line_statistics(priced, cost, 0, np.ones(len(requests)), m_speed, m_weight)
+    reps, category_reps, failed = _breakeven_replicates(traces, drafter, priced, groups, ids, ar_table,
+                                                        ar_ms_per_token, clock, m_speed, m_weight, seed)
+    replicates = pd.DataFrame(reps)
+    categories = category_summary(
+        groups, category_speedups(groups, cost, priced.tokens, priced.rounds_k[:, 0], priced.drafting_k[:, 0],
+                                  priced.nodes_k[:, 0]),
+        category_reps, priced.tokens, priced.mean_h, priced.rounds_k[:, 0], float("nan"), level)
+    rows = [r for r in SUMMARY_ROWS if r in estimate]
+    # NaN: no break-even in that replicate (skipped; counted in the notes)
+    ci_low, ci_high = percentile_interval(replicates.reindex(columns=rows).astype(float), level)
+    summary = pd.DataFrame(index=pd.Index(rows), columns=["estimate", "ci_low", "ci_high", "n_requests"], dtype=float)
+    for r in rows:
+        summary.loc[r] = [estimate[r], ci_low[r], ci_high[r], n_measured if r.startswith("measured") else n_requests]
+    no_line = int(replicates["workload_breakeven_nats"].isna().sum()) if len(replicates) else 0
+    notes = [*([few] if few else []),
+             f"{level:.0%} percentile intervals from {len(reps)} replicates over {n_requests} requests (seed {seed}, "
+             f"{failed} failed, {no_line} without a falling predicted line): each draws Poisson request weights "
+             "(refitting the cost model, t_AR and both lines) and one set of the law's coefficients from their "
+             "cluster-robust normal approximation",
+             f"per request: the law's DP over its own entropy sequence, drafted depths {priced.depth_source} "
+             f"(in-sample), nodes per drafted depth {np.round(priced.n_of_depth, 1).tolist()}; "
+             f"{cost.clock} clock, t_AR {cost.ar_ms_per_token:.1f} ms ({cost.ar_source})",
+             "crossing = where the token-weighted least-squares line of log speedup on the request's mean entropy "
+             "crosses 0; inf = above 1 at every entropy"]
+    return WorkloadBreakeven(drafter_id=drafter, summary=summary, requests=requests, replicates=replicates, cost=cost,
+                             family=law.family.name, notes=notes, categories=categories)
+
+
+@dataclass
+class _PricedWorkload:
+    """Every request of an arm priced by the law: its entropy sequence (``seqs``), tokens, mean entropy, and per
+    draw of the law's coefficients (column 0: the estimate) its expected rounds, verified nodes and drafting rounds."""
+
+    seqs: pd.DataFrame
+    tokens: np.ndarray
+    mean_h: np.ndarray
+    rounds_k: np.ndarray
+    nodes_k: np.ndarray
+    drafting_k: np.ndarray
+    n_of_depth: np.ndarray
+    depth_source: str
+
+    def speedups(self, c: CostModel, j: int) -> np.ndarray:
+        return self.tokens * c.ar_ms_per_token / decode_cost_ms(c, self.rounds_k[:, j], self.drafting_k[:, j],
+                                                                self.nodes_k[:, j])
+
+
+def _priced_workload(traces, drafter: str, law, rounds: pd.DataFrame, proposals, n_boot: int,
+                     seed: int) -> _PricedWorkload:
+    """The arm's requests that decoded a token after the prefill, priced by ``law`` (``_priced_requests``)."""
     drafts = int(rounds["tree_depth"].max())
     if drafts < 1:
         raise ValueError(f"drafter {drafter!r} never drafted: no workload break-even")
@@ -374,13 +435,13 @@ def workload_breakeven(
         raise ValueError(f"drafter {drafter!r}: no request decoded a token after the prefill")
     n_of_depth, replayed, (rounds_k, nodes_k, drafting_k), tokens, mean_h, depth_source = _priced_requests(
         traces, drafter, law, seqs, seqs, drafts, proposals, n_boot, seed)
+    return _PricedWorkload(seqs=seqs, tokens=tokens, mean_h=mean_h, rounds_k=rounds_k, nodes_k=nodes_k,
+                           drafting_k=drafting_k, n_of_depth=n_of_depth, depth_source=depth_source)
 
-    def speedups(c: CostModel, j: int) -> np.ndarray:
-        return tokens * c.ar_ms_per_token / decode_cost_ms(c, rounds_k[:, j], drafting_k[:, j], nodes_k[:, j])
 
-    requests = seqs[["run_id", "request_id", "category"]].assign(tokens=tokens.astype(int), mean_entropy_nats=mean_h,
-                                                                 predicted_rounds=rounds_k[:, 0],
-                                                                 predicted_speedup=speedups(cost, 0))
+def _with_measured(requests: pd.DataFrame, measured: pd.DataFrame | None, tokens: np.ndarray):
+    """Adds ``measured_speedup`` to ``requests`` (in place); returns ``(speedups, weights)`` of the measured line,
+    ``(None, None)`` where none is measured."""
     m_speed = m_weight = None
     if measured is not None:
         need = {"run_id", "request_id", "speedup"} - set(measured.columns)
@@ -395,66 +456,48 @@ def workload_breakeven(
             m_speed = None
     else:
         requests["measured_speedup"] = np.nan
+    return m_speed, m_weight
 
-    def statistics(c: CostModel, j: int, w: np.ndarray) -> dict:
-        s = speedups(c, j)
-        out = {}
-        out["workload_breakeven_nats"], b0, out["predicted_slope"] = log_speedup_crossing(mean_h, s, w * tokens)
-        out["predicted_intercept"] = b0
-        out["predicted_share_paying"] = float(np.sum(w * (s > 1)) / np.sum(w)) if np.sum(w) > 0 else np.nan
-        if m_speed is not None:
-            ok = np.isfinite(m_speed)
-            wm = np.where(ok, w * m_weight, 0.0)
-            out["measured_crossing_nats"], b0, out["measured_slope"] = log_speedup_crossing(
-                mean_h, np.where(ok, m_speed, 1.0), wm)
-            out["measured_intercept"] = b0
-            out["measured_share_paying"] = (float(np.sum((w * ok) * (m_speed > 1)) / np.sum(w * ok))
-                                            if np.sum(w * ok) > 0 else np.nan)
-        return out
 
-    groups = category_groups(seqs)
-    category_reps = []
-    n_measured = 0 if m_speed is None else int(requests.loc[np.isfinite(m_speed), "request_id"].nunique())
-    ids = requests["request_id"].to_numpy()
-    n_requests = int(pd.Series(ids).nunique())
-    few = warn_if_few_requests(n_requests, "the workload break-even intervals")
-    estimate = statistics(cost, 0, np.ones(len(requests)))
+def _line_statistics(priced: _PricedWorkload, c: CostModel, j: int, w: np.ndarray, m_speed, m_weight) -> dict:
+    """The predicted line's crossing, slope, intercept and share of paying requests with cost model ``c``, law draw
+    ``j`` and request weights ``w``; the measured line's too where speedups were measured."""
+    tokens, mean_h = priced.tokens, priced.mean_h
+    s = priced.speedups(c, j)
+    out = {}
+    out["workload_breakeven_nats"], b0, out["predicted_slope"] = log_speedup_crossing(mean_h, s, w * tokens)
+    out["predicted_intercept"] = b0
+    out["predicted_share_paying"] = float(np.sum(w * (s > 1)) / np.sum(w)) if np.sum(w) > 0 else np.nan
+    if m_speed is not None:
+        ok = np.isfinite(m_speed)
+        wm = np.where(ok, w * m_weight, 0.0)
+        out["measured_crossing_nats"], b0, out["measured_slope"] = log_speedup_crossing(
+            mean_h, np.where(ok, m_speed, 1.0), wm)
+        out["measured_intercept"] = b0
+        out["measured_share_paying"] = (float(np.sum((w * ok) * (m_speed > 1)) / np.sum(w * ok))
+                                        if np.sum(w * ok) > 0 else np.nan)
+    return out
+
+
+def _breakeven_replicates(traces, drafter: str, priced: _PricedWorkload, groups, ids: np.ndarray, ar_table,
+                          ar_ms_per_token, clock: str, m_speed, m_weight, seed: int):
+    """``(line statistics, category speedups, failures)`` of each bootstrap replicate: Poisson request weights,
+    the cost model refitted on them (``_reweighted_costs``), one draw of the law's coefficients."""
     rng = np.random.default_rng(seed)
-    reps, failed = [], 0
+    reps, category_reps, failed = [], [], 0
     all_ids = list(ids) + ([] if ar_table is None else list(ar_table["request_id"]))
     for j, weights, cost_b in _reweighted_costs(traces, drafter, all_ids, ar_table, ar_ms_per_token, clock,
-                                                 rounds_k.shape[1] - 1, rng):
+                                                 priced.rounds_k.shape[1] - 1, rng):
         try:
             if cost_b is None:
                 raise ValueError("the cost model could not be refitted")
-            reps.append(statistics(cost_b, j, pd.Series(ids).map(weights).fillna(0).to_numpy(float)))
-            category_reps.append(category_speedups(groups, cost_b, tokens, rounds_k[:, j], drafting_k[:, j],
-                                                   nodes_k[:, j]))
+            reps.append(_line_statistics(priced, cost_b, j, pd.Series(ids).map(weights).fillna(0).to_numpy(float),
+                                         m_speed, m_weight))
+            category_reps.append(category_speedups(groups, cost_b, priced.tokens, priced.rounds_k[:, j],
+                                                   priced.drafting_k[:, j], priced.nodes_k[:, j]))
         except ValueError:
             failed += 1
-    replicates = pd.DataFrame(reps)
-    categories = category_summary(
-        groups, category_speedups(groups, cost, tokens, rounds_k[:, 0], drafting_k[:, 0], nodes_k[:, 0]),
-        category_reps, tokens, mean_h, rounds_k[:, 0], float("nan"), level)
-    rows = [r for r in SUMMARY_ROWS if r in estimate]
-    # NaN: no break-even in that replicate (skipped; counted in the notes)
-    ci_low, ci_high = percentile_interval(replicates.reindex(columns=rows).astype(float), level)
-    summary = pd.DataFrame(index=pd.Index(rows), columns=["estimate", "ci_low", "ci_high", "n_requests"], dtype=float)
-    for r in rows:
-        summary.loc[r] = [estimate[r], ci_low[r], ci_high[r], n_measured if r.startswith("measured") else n_requests]
-    no_line = int(replicates["workload_breakeven_nats"].isna().sum()) if len(replicates) else 0
-    notes = [*([few] if few else []),
-             f"{level:.0%} percentile intervals from {len(reps)} replicates over {n_requests} requests (seed {seed}, "
-             f"{failed} failed, {no_line} without a falling predicted line): each draws Poisson request weights "
-             "(refitting the cost model, t_AR and both lines) and one set of the law's coefficients from their "
-             "cluster-robust normal approximation",
-             f"per request: the law's DP over its own entropy sequence, drafted depths {depth_source} (in-sample)"
-             + f", nodes per drafted depth {np.round(n_of_depth, 1).tolist()}; "
-             f"{cost.clock} clock, t_AR {cost.ar_ms_per_token:.1f} ms ({cost.ar_source})",
-             "crossing = where the token-weighted least-squares line of log speedup on the request's mean entropy "
-             "crosses 0; inf = above 1 at every entropy"]
-    return WorkloadBreakeven(drafter_id=drafter, summary=summary, requests=requests, replicates=replicates, cost=cost,
-                             family=law.family.name, notes=notes, categories=categories)
+    return reps, category_reps, failed
 
 
 def _fit(traces, family: str, drafter: str, eps: float) -> FittedLaw:
@@ -464,7 +507,7 @@ def _fit(traces, family: str, drafter: str, eps: float) -> FittedLaw:
     return fit_law(prepare_counts(rows, get_family(family), eps=eps), family, cov_type="cluster")
 
 
-# the law in the drafter's confidence, for a workload priced with the drafter's replayed proposals (README, #18)
+# the law in the drafter's confidence, for a workload priced with the drafter's replayed proposals
 REPLAYED_FAMILY = "law_exp_obs_ceil_drafttop"
 # the same plus the context's copyability (and the target's top-1 probability): the drafter-aware law by the rule of
 # docs/law.md (bench/law_categories.py, section 5), where the workload's and the law's traces hold those columns
@@ -475,9 +518,7 @@ REPLAYED_COPY_FALLBACK = "law_exp_obs_ceil_drafttop_copy"  # copyability, but no
 def replayed_family(*token_tables: pd.DataFrame) -> str:
     """The law that prices replayed proposals for traces with these tokens tables: ``REPLAYED_COPY_FAMILY`` where
     every table holds the copyability (``context_match``) and the target's top-1 probability at every token,
-    ``REPLAYED_COPY_FALLBACK`` with the copyability only, else ``REPLAYED_FAMILY``. On 42 prompts in twelve categories
-    outside Spec-Bench (``bench/results/predict_probe.txt``) the copyability halved the n-gram arms' tokens-per-round
-    error of a law fitted on Spec-Bench (8-11% -> 4-5%) and cut the block drafter's (11% -> 8-9%)."""
+    ``REPLAYED_COPY_FALLBACK`` with the copyability only, else ``REPLAYED_FAMILY`` (the rule of ``docs/law.md``)."""
 
     def full(table, column):
         return column in table and len(table) > 0 and not table[column].isna().any()
@@ -676,15 +717,7 @@ def predict_workload(
     drafts = int(rounds["tree_depth"].max())
     if drafts < 1:
         raise ValueError(f"drafter {drafter!r} never drafted: nothing to predict")
-    seqs = sequences.reset_index(drop=True)
-    short = np.array([len(e) < 2 for e in seqs["entropy"]], dtype=bool)
-    seqs = seqs.loc[~short].reset_index(drop=True)
-    if seqs.empty:
-        raise ValueError("the workload has no request with a token decoded after the prefill: nothing to predict")
-    for rec in seqs.itertuples():
-        h = np.asarray(rec.entropy, dtype=float)
-        if not np.all(np.isfinite(h)) or np.any(h < 0):
-            raise ValueError(f"request {rec.request_id} of the workload: target entropies must be finite and >= 0")
+    seqs, short = _workload_requests(sequences)
     arm_seqs = entropy_sequences(traces, drafter)
     arm_seqs = arm_seqs.loc[[len(e) >= 2 for e in arm_seqs["entropy"]]].reset_index(drop=True)
     n_of_depth, replayed, (rounds_k, nodes_k, drafting_k), tokens, mean_h, depth_source = _priced_requests(
@@ -698,9 +731,34 @@ def predict_workload(
     summary, requests, (n_reps, failed) = _priced_summary(
         traces, drafter, cost, ar_table, ar_ms_per_token, arm_ids, seqs, tokens, mean_h, rounds_k, nodes_k,
         drafting_k, transfer_error, seed, level)
+    notes = _prediction_notes(level, n_reps, failed, seed, len(arm_seqs), transfer_error, depth_source, n_of_depth,
+                              cost, bias, short)
+    return WorkloadPrediction(drafter_id=drafter, summary=summary, requests_table=requests, cost=cost,
+                              family=law.family.name, transfer_error=float(transfer_error), notes=notes,
+                              replayed=replayed is not None)
+
+
+def _workload_requests(sequences: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
+    """``(the workload's requests that decoded a token after the prefill, which were left out)``; their target
+    entropies checked."""
+    seqs = sequences.reset_index(drop=True)
+    short = np.array([len(e) < 2 for e in seqs["entropy"]], dtype=bool)
+    seqs = seqs.loc[~short].reset_index(drop=True)
+    if seqs.empty:
+        raise ValueError("the workload has no request with a token decoded after the prefill: nothing to predict")
+    for rec in seqs.itertuples():
+        h = np.asarray(rec.entropy, dtype=float)
+        if not np.all(np.isfinite(h)) or np.any(h < 0):
+            raise ValueError(f"request {rec.request_id} of the workload: target entropies must be finite and >= 0")
+    return seqs, short
+
+
+def _prediction_notes(level, n_reps, failed, seed, n_arm, transfer_error, depth_source, n_of_depth, cost, bias,
+                      short) -> list:
+    """What ``predict_workload``'s interval, verdict band and pricing rest on, in words."""
     band = 0.0 if np.isnan(transfer_error) else float(transfer_error)
     notes = [f"{level:.0%} percentile intervals from {n_reps} replicates ({failed} failed; seed {seed}): each "
-             f"draws Poisson weights for the arm's {len(arm_seqs)} requests and the AR requests (refitting the cost "
+             f"draws Poisson weights for the arm's {n_arm} requests and the AR requests (refitting the cost "
              "model and t_AR) and one set of the law's coefficients; the workload's requests are not resampled",
              (f"low / high: that interval widened by the law's transfer error {band:.1%} (a category the law was not "
               "fitted on); the verdict needs all of it on one side of 1" if not np.isnan(transfer_error) else
@@ -716,9 +774,7 @@ def predict_workload(
                      "rounds are not independent given the covariates)")
     if short.any():
         notes.append(f"{int(short.sum())} request(s) of the workload decoded no token after the prefill: left out")
-    return WorkloadPrediction(drafter_id=drafter, summary=summary, requests_table=requests, cost=cost,
-                              family=law.family.name, transfer_error=float(transfer_error), notes=notes,
-                              replayed=replayed is not None)
+    return notes
 
 
 # WorkloadPrediction.family of a workload priced from its replayed rounds (no law)
@@ -758,22 +814,7 @@ def price_rounds(
                          f"{sorted(need)}")
     if not (np.isnan(transfer_error) or transfer_error >= 0):
         raise ValueError(f"transfer_error must be >= 0 (a relative error) or NaN, got {transfer_error}")
-    table = rounds.reset_index(drop=True)
-    counts = table[["tokens", "rounds", "drafting_rounds", "nodes"]].to_numpy(float)
-    if not np.all(np.isfinite(counts)) or np.any(counts < 0):
-        raise ValueError("rounds: tokens, rounds, drafting_rounds and nodes must be finite and >= 0")
-    bad = (table["drafting_rounds"] > table["rounds"]) | (table["rounds"] > table["tokens"])
-    if bad.any():
-        r = table.loc[bad].iloc[0]
-        raise ValueError(f"request {r['request_id']}: {int(r['drafting_rounds'])} drafting rounds of "
-                         f"{int(r['rounds'])} rounds for {int(r['tokens'])} tokens: every round commits a token and "
-                         "drafting rounds are rounds")
-    skipped = (table["skipped_rounds"].to_numpy(float) if "skipped_rounds" in table
-               else np.zeros(len(table)))
-    if not np.all(np.isfinite(skipped)) or np.any(skipped < 0) or np.any(
-            skipped > table["rounds"].to_numpy(float) - table["drafting_rounds"].to_numpy(float)):
-        raise ValueError("rounds: skipped_rounds must be finite, >= 0 and at most the rounds that drafted nothing "
-                         "(rounds - drafting_rounds)")
+    table, skipped = _checked_round_counts(rounds)
     short = (table["tokens"] < 1).to_numpy()
     table, skipped = table.loc[~short].reset_index(drop=True), skipped[~short]
     if table.empty:
@@ -810,6 +851,28 @@ def price_rounds(
         notes.append(f"{int(short.sum())} request(s) of the workload decoded no token after the prefill: left out")
     return WorkloadPrediction(drafter_id=drafter, summary=summary, requests_table=requests, cost=cost,
                               family=EXACT_REPLAY, transfer_error=float(transfer_error), notes=notes, replayed=True)
+
+
+def _checked_round_counts(rounds: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
+    """``(the round counts, the skipped rounds per request)`` of ``price_rounds``' ``rounds``, checked: finite,
+    non-negative, every round commits a token, drafting and skipped rounds are rounds."""
+    table = rounds.reset_index(drop=True)
+    counts = table[["tokens", "rounds", "drafting_rounds", "nodes"]].to_numpy(float)
+    if not np.all(np.isfinite(counts)) or np.any(counts < 0):
+        raise ValueError("rounds: tokens, rounds, drafting_rounds and nodes must be finite and >= 0")
+    bad = (table["drafting_rounds"] > table["rounds"]) | (table["rounds"] > table["tokens"])
+    if bad.any():
+        r = table.loc[bad].iloc[0]
+        raise ValueError(f"request {r['request_id']}: {int(r['drafting_rounds'])} drafting rounds of "
+                         f"{int(r['rounds'])} rounds for {int(r['tokens'])} tokens: every round commits a token and "
+                         "drafting rounds are rounds")
+    skipped = (table["skipped_rounds"].to_numpy(float) if "skipped_rounds" in table
+               else np.zeros(len(table)))
+    if not np.all(np.isfinite(skipped)) or np.any(skipped < 0) or np.any(
+            skipped > table["rounds"].to_numpy(float) - table["drafting_rounds"].to_numpy(float)):
+        raise ValueError("rounds: skipped_rounds must be finite, >= 0 and at most the rounds that drafted nothing "
+                         "(rounds - drafting_rounds)")
+    return table, skipped
 
 
 def count_rounds(rounds: pd.DataFrame) -> pd.DataFrame:

@@ -53,11 +53,9 @@ BOUND_SLACK = 0.05  # timing noise allowed above the physical bound before a spe
 MIN_PAIRED_REQUESTS = 5  # fewer paired prompts: "not measured reliably" whatever the interval
 # the widening of a verdict priced by a cost model whose own error cannot be measured on its traces (no category with
 # MIN_PAIRED_REQUESTS paired requests: e.g. the demo's 2 per category): the largest |error| per category of a cost
-# model pricing replayed rounds of categories it never timed, in this project's three checks (held-out Spec-Bench
-# categories max 4.8% / 7.4%, six open-ended ones 10.0% / 11.7%, the six of the probe set 7.9% / 5.1%, with the costs
-# of data/traces_timed as recorded on 2026-12-01 / again on 2026-12-05, the open-ended set recorded between them:
-# bench/results/predict_unseen.txt, predict_open_ended.txt, predict_probe.txt; one CPU), rounded up. Without it such a
-# verdict rested on the bootstrap interval of 10 timed requests alone, +-1-2%: "does not pay" at 0.97x [0.95, 0.98]
+# model pricing replayed rounds of categories it never timed, in this project's checks (held-out Spec-Bench
+# categories, open-ended prompts, the probe set; the measurements: docs/law.md), rounded up. Without it such a verdict
+# would rest on the bootstrap interval of a few timed requests alone, far narrower than the cost model's own error
 UNMEASURED_COST_ERROR = 0.12
 
 MEASURED, UNRELIABLE, ABOVE_BOUND = "measured", "not measured reliably", "above the physical bound"
@@ -68,7 +66,7 @@ def unmeasured_cost_note(why: str | None = None) -> str:
     measured)."""
     return (f"the cost model's own error not measured{f' ({why})' if why else ''}: widened by "
             f"{UNMEASURED_COST_ERROR:.0%}, the largest error of a cost model pricing replayed rounds of categories it "
-            "never timed in this project's checks (law.cost.UNMEASURED_COST_ERROR); time at least "
+            "never timed in this project's checks (payoff.cost.UNMEASURED_COST_ERROR); time at least "
             f"{MIN_PAIRED_REQUESTS} requests per category beside AR to measure it on your machine")
 
 
@@ -98,8 +96,8 @@ def pooled_log_speedup_sd(ref_time, ref_tokens, arm_time, arm_tokens, groups) ->
     arm_tokens)) around their group's mean, pooled over ``groups`` (one label per request: the category), as a
     one-way analysis of variance pools it; ``df`` = requests - groups. ``(nan, 0)`` where ``df < 1``.
 
-    The noise of a CPU-clock ratio is much the same in every category of one run (bench/aa_noise.py: our AR
-    against itself, SD 6.4% per request on an idle machine), while a category of 2 requests estimates it
+    The noise of a CPU-clock ratio is much the same in every category of one run (an AR run timed against
+    itself shows it), while a category of 2 requests estimates it
     from one degree of freedom: two requests that happen to agree give an interval far narrower than the
     noise allows. The pooled SD, on every request of the arm, is what ``paired_speedup_interval`` widens to."""
     ref_time, ref_tokens, arm_time, arm_tokens = (np.asarray(x, dtype=float) for x in
@@ -226,9 +224,9 @@ def cpu_scaled_timings(rounds: pd.DataFrame, requests: pd.DataFrame) -> tuple[pd
 
     The rounds log wall-clock milliseconds; a request's ``decode_cpu_ms`` is the CPU time of those same rounds
     (the decoder's ``time.process_time`` around them, prefill excluded). On a shared machine the wall clock
-    runs 1-5x faster than the process's CPU time, and by a factor that changes with the load from one request to
-    the next, so wall timings price a round by the load at the moment it ran. Each round's timings are scaled
-    by its request's CPU / wall ratio (``decode_cpu_ms`` / the sum of its rounds' timings): within one request
+    runs ahead of the process's CPU time by a factor that changes with the load from one request to the next,
+    so wall timings price a round by the load at the moment it ran. Each round's timings are scaled by its
+    request's CPU / wall ratio (``decode_cpu_ms`` / the sum of its rounds' timings): within one request
     the load is taken as even. Where any request of ``rounds`` lacks ``decode_cpu_ms`` (older traces, engines,
     replays) the timings are returned as logged and the clock is ``"wall"``: never a mix of clocks."""
     keys = ["run_id", "request_id"]
@@ -267,9 +265,48 @@ def fit_cost_model(traces, *, drafter: str | None = None, ar_ms_per_token: float
     are no baseline). ``request_weights``: a bootstrap weight per request id (paired across runs).
     ``clock``: ``"auto"`` (default) prices rounds by the CPU clock where every request on that machine has
     ``decode_cpu_ms`` (``cpu_scaled_timings``: the clock the measured speedups use), else by the wall clock;
-    ``"wall"``: the logged wall timings; ``"cpu"``: the CPU clock or an error."""
+    ``"wall"``: the logged wall timings; ``"cpu"``: the CPU clock or an error. The steps: the rounds of the
+    drafter's machine on the chosen clock (``_machine_rounds``), the drafter's own costs, the verify line
+    (``_verify_line``) and the AR cost (``_ar_cost``)."""
     if clock not in ("auto", "cpu", "wall"):
         raise ValueError(f"clock must be 'auto', 'cpu' or 'wall', got {clock!r}")
+    runs = traces.runs
+    drafter, rounds, machine, used_clock = _machine_rounds(traces, drafter, clock)
+    drafting = rounds["tree_nodes"] > 0
+    w_all = (np.ones(len(rounds)) if request_weights is None
+             else rounds["request_id"].map(request_weights).fillna(0).to_numpy(float))
+    mine = (drafting & (rounds["drafter_id"] == drafter)).to_numpy()
+    notes = []
+    for col in TIMING_COLUMNS:
+        v = rounds[col].to_numpy(float)
+        if np.any(~np.isfinite(v)) or np.any(v < 0):
+            raise ValueError(f"rounds.{col} has NaN or negative timings; fix the traces")
+    w = w_all[mine]
+    prefill = ((rounds["round_index"] == 0) & (rounds["verify_ms"] == 0)).to_numpy()
+    skipped = policy_skipped(rounds) & (rounds["drafter_id"] == drafter).to_numpy() & (w_all > 0) & ~prefill
+    idle = ((rounds["tree_nodes"] == 0) & (rounds["drafter_id"] == drafter)).to_numpy() & (w_all > 0) & ~prefill
+    idle &= ~skipped
+
+    def idle_mean(rows):
+        return (_weighted_mean((rounds.loc[rows, "draft_ms"] + rounds.loc[rows, "overhead_ms"]).to_numpy(float),
+                               w_all[rows]) if rows.any() else float("nan"))
+    no_draft, skip = idle_mean(idle), idle_mean(skipped)
+    draft = _weighted_mean(rounds.loc[mine, "draft_ms"].to_numpy(float), w)
+    overhead = _weighted_mean(rounds.loc[mine, "overhead_ms"].to_numpy(float), w)
+    keep = w_all > 0
+    v0, v1 = _verify_line(rounds, w_all, keep, notes)
+    ar_ms, source = _ar_cost(rounds, runs, w_all, keep, ar_ms_per_token, machine)
+    return CostModel(drafter_id=drafter, ar_ms_per_token=ar_ms, draft_ms=draft, overhead_ms=overhead,
+                     verify_intercept_ms=v0, verify_per_node_ms=v1,
+                     depth=int(rounds.loc[mine, "tree_depth"].max()),
+                     nodes=int(rounds.loc[mine, "tree_nodes"].max()), ar_source=source, notes=notes,
+                     clock=used_clock, no_draft_ms=no_draft, skip_ms=skip)
+
+
+def _machine_rounds(traces, drafter: str | None, clock: str) -> tuple[str, pd.DataFrame, str, str]:
+    """``(drafter, rounds, machine, clock)``: the rounds of every run on the machine the drafter's runs were timed
+    on (refused where they are several arms or machines), with their drafter ids, on the CPU clock where asked
+    and possible (``cpu_scaled_timings``)."""
     runs = traces.runs
     rounds = traces.rounds.merge(runs[["run_id", "drafter_id"]], on="run_id", how="left")
     drafting = rounds["tree_nodes"] > 0
@@ -295,59 +332,42 @@ def fit_cost_model(traces, *, drafter: str | None = None, ar_ms_per_token: float
         if clock == "cpu" and used_clock != "cpu":
             raise ValueError(f"clock='cpu': some requests on {machines[0]} have no decode_cpu_ms (traces recorded "
                              "before the CPU clock was logged, or imported); use clock='wall' or re-record")
-    drafting = rounds["tree_nodes"] > 0
-    w_all = (np.ones(len(rounds)) if request_weights is None
-             else rounds["request_id"].map(request_weights).fillna(0).to_numpy(float))
-    mine = (drafting & (rounds["drafter_id"] == drafter)).to_numpy()
-    notes = []
-    for col in TIMING_COLUMNS:
-        v = rounds[col].to_numpy(float)
-        if np.any(~np.isfinite(v)) or np.any(v < 0):
-            raise ValueError(f"rounds.{col} has NaN or negative timings; fix the traces")
-    w = w_all[mine]
-    prefill = ((rounds["round_index"] == 0) & (rounds["verify_ms"] == 0)).to_numpy()
-    skipped = policy_skipped(rounds) & (rounds["drafter_id"] == drafter).to_numpy() & (w_all > 0) & ~prefill
-    idle = ((rounds["tree_nodes"] == 0) & (rounds["drafter_id"] == drafter)).to_numpy() & (w_all > 0) & ~prefill
-    idle &= ~skipped
+    return drafter, rounds, machines[0], used_clock
 
-    def idle_mean(rows):
-        return (_weighted_mean((rounds.loc[rows, "draft_ms"] + rounds.loc[rows, "overhead_ms"]).to_numpy(float),
-                               w_all[rows]) if rows.any() else float("nan"))
-    no_draft, skip = idle_mean(idle), idle_mean(skipped)
-    draft = _weighted_mean(rounds.loc[mine, "draft_ms"].to_numpy(float), w)
-    overhead = _weighted_mean(rounds.loc[mine, "overhead_ms"].to_numpy(float), w)
+
+def _verify_line(rounds: pd.DataFrame, w_all: np.ndarray, keep: np.ndarray, notes: list) -> tuple[float, float]:
+    """``(v0, v1)``: the weighted least-squares line of verify time on the number of draft nodes over every kept
+    round of the machine; constant in N (with a note) where one node count is observed."""
     nodes_all = rounds["tree_nodes"].to_numpy(float)
     verify_all = rounds["verify_ms"].to_numpy(float)
-    keep = w_all > 0
     if len(np.unique(nodes_all[keep])) >= 2:
         x = np.column_stack([np.ones(keep.sum()), nodes_all[keep]])
         sw = np.sqrt(w_all[keep])
         coef, *_ = np.linalg.lstsq(x * sw[:, None], verify_all[keep] * sw, rcond=None)
-        v0, v1 = float(coef[0]), float(coef[1])
-    else:
-        v0, v1 = _weighted_mean(verify_all[keep], w_all[keep]), 0.0
-        notes.append(f"one node count observed ({nodes_all[keep][0]:.0f}): verify cost taken as constant in N")
-    if ar_ms_per_token is None:  # the AR runs' rounds: a drafting arm's rounds without a draft carry its draft time
+        return float(coef[0]), float(coef[1])
+    notes.append(f"one node count observed ({nodes_all[keep][0]:.0f}): verify cost taken as constant in N")
+    return _weighted_mean(verify_all[keep], w_all[keep]), 0.0
+
+
+def _ar_cost(rounds: pd.DataFrame, runs: pd.DataFrame, w_all: np.ndarray, keep: np.ndarray, ar_ms_per_token,
+             machine: str) -> tuple[float, str]:
+    """``(t_AR, where it comes from)``: given, or the AR runs' rounds of the machine (a drafting arm's rounds
+    without a draft carry its draft time): their time per committed token."""
+    if ar_ms_per_token is None:
         tree = rounds["run_id"].map(dict(zip(runs["run_id"], runs["tree_policy"]))) if "tree_policy" in runs else None
         ar_run = np.array([arms.is_ar_run(d, t) for d, t in zip(
             rounds["drafter_id"], tree if tree is not None else [None] * len(rounds))], dtype=bool)
         ar = (rounds["tree_nodes"] == 0).to_numpy() & keep & ar_run
         if not ar.any():
-            raise ValueError(f"no autoregressive rounds (tree_nodes == 0) of {machines[0]} to estimate the AR cost "
+            raise ValueError(f"no autoregressive rounds (tree_nodes == 0) of {machine} to estimate the AR cost "
                              "per token (AR runs of another model or machine are no baseline): pass "
                              "ar_ms_per_token= (measured by a plain greedy run of the same target on the same machine)")
         total = rounds.loc[ar, ["draft_ms", "verify_ms", "overhead_ms"]].sum(axis=1).to_numpy(float)
         ar_ms = float(np.sum(total * w_all[ar]) / np.sum(rounds.loc[ar, "committed"].to_numpy(float) * w_all[ar]))
-        source = f"estimated from {int(ar.sum())} autoregressive rounds"
-    else:
-        if not ar_ms_per_token > 0:
-            raise ValueError("ar_ms_per_token must be positive")
-        ar_ms, source = float(ar_ms_per_token), "given"
-    return CostModel(drafter_id=drafter, ar_ms_per_token=ar_ms, draft_ms=draft, overhead_ms=overhead,
-                     verify_intercept_ms=v0, verify_per_node_ms=v1,
-                     depth=int(rounds.loc[mine, "tree_depth"].max()),
-                     nodes=int(rounds.loc[mine, "tree_nodes"].max()), ar_source=source, notes=notes,
-                     clock=used_clock, no_draft_ms=no_draft, skip_ms=skip)
+        return ar_ms, f"estimated from {int(ar.sum())} autoregressive rounds"
+    if not ar_ms_per_token > 0:
+        raise ValueError("ar_ms_per_token must be positive")
+    return float(ar_ms_per_token), "given"
 
 
 def speedup_at_entropy(law: FittedLaw, cost: CostModel, entropy_nats, *, depth: int | None = None,
@@ -519,21 +539,8 @@ def when_drafting_pays(
     else:
         shapes, label = [(d, d) for d in range(1, cost.depth + 1)], "best_block_size"
     estimate = _statistics(law, cost, entropies, shapes, label)
-    rng = np.random.default_rng(seed)
-    reps, failed = [], 0
-    start = law.result.params.to_numpy() if law.result is not None else None
-    # one weight per request of the arm and of the AR run (the same prompts: paired), drawn together
-    ids = list(counts["request_id"]) + ([] if ar_table is None else list(ar_table["request_id"]))
-    for _ in range(n_boot):
-        weights = poisson_weights(ids, rng)
-        try:
-            law_b = fit_law(reweight_counts(counts, weights), fam, cov_type="nonrobust", start_params=start)
-            ar_b = ar_ms_per_token if ar_table is None else _ar_ms(ar_table, weights)
-            cost_b = fit_cost_model(traces, drafter=drafter, ar_ms_per_token=ar_b, request_weights=weights,
-                                    clock=clock)
-            reps.append(_statistics(law_b, cost_b, entropies, shapes, label))
-        except ValueError:
-            failed += 1
+    reps, failed = _pays_replicates(traces, drafter, counts, fam, law, ar_table, ar_ms_per_token, clock,
+                                    (entropies, shapes, label), n_boot, seed)
     replicates = pd.DataFrame(reps)
     ci_low, ci_high = percentile_interval(replicates, level)  # inf (pays up to 20 nats): the nearest replicate
     summary = pd.DataFrame({"estimate": pd.Series(estimate, dtype=float), "ci_low": ci_low,
@@ -558,6 +565,28 @@ def when_drafting_pays(
                      + "): the break-even entropy is only one of them")
     return DraftingPays(summary=summary, law=law, cost=cost, replicates=replicates, notes=notes,
                         observed_entropy=observed_range, crossings=crossings)
+
+
+def _pays_replicates(traces, drafter: str, counts: pd.DataFrame, fam, law, ar_table, ar_ms_per_token, clock: str,
+                     grid: tuple, n_boot: int, seed: int) -> tuple[list, int]:
+    """``(statistics of each replicate, failures)`` of ``when_drafting_pays``' request bootstrap: one Poisson weight
+    per request of the arm and of the AR run (the same prompts: paired), drawn together; each replicate refits the
+    law (from the estimate's coefficients), t_AR from the AR requests where given, and the cost model."""
+    rng = np.random.default_rng(seed)
+    reps, failed = [], 0
+    start = law.result.params.to_numpy() if law.result is not None else None
+    ids = list(counts["request_id"]) + ([] if ar_table is None else list(ar_table["request_id"]))
+    for _ in range(n_boot):
+        weights = poisson_weights(ids, rng)
+        try:
+            law_b = fit_law(reweight_counts(counts, weights), fam, cov_type="nonrobust", start_params=start)
+            ar_b = ar_ms_per_token if ar_table is None else _ar_ms(ar_table, weights)
+            cost_b = fit_cost_model(traces, drafter=drafter, ar_ms_per_token=ar_b, request_weights=weights,
+                                    clock=clock)
+            reps.append(_statistics(law_b, cost_b, *grid))
+        except ValueError:
+            failed += 1
+    return reps, failed
 
 
 def priced_cost_model(traces, *, drafter: str | None, ar_ms_per_token: float | None,

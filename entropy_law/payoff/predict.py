@@ -149,14 +149,10 @@ class Overdispersion:
         r_j = u_j - mean of the other k - 1, so sum r_j^2 / k has mean k / (k - 1) s^2, while the held-out
         category's error, against a law fitted on all k, has variance s^2 (1 + 1 / k). So ``sigma2_category`` is
         sum r_j^2 / k x (k - 1) / k (less the noise) and ``var_bias`` that over k: together s^2 (1 + 1 / k) on
-        average (``tests/test_law_predict.py`` checks it by simulation). Until 2026-12-06 the sum of squares over
-        k was taken as it is, which counts the fit's error twice: (k + 1) / (k - 1) s^2 in all, a third too much at
-        k = 4. In-sample residual means lie closer to the law that was fitted to them: there the divisor is k - 1.
-        Drawn from the law with category rate shifts it cannot know (``bench/interval_calibration.py``: 5
-        categories, log-rate SD 0.4, 40 sets) the nested 90% intervals covered 93.7% on average with the sum over
-        k, 95.7% with k - 1, the in-sample ones 90.9%, and the nested ones now 91.2% (without a shift: 91.0%); the
-        nested estimate is the one that sees a law misspecified across categories (the in-sample intervals covered
-        84% on ``data/traces``' n-gram arms)."""
+        average (``tests/test_law_predict.py`` checks it by simulation). The sum of squares over k taken as it is
+        would count the fit's error twice: (k + 1) / (k - 1) s^2 in all. In-sample residual means lie closer to the
+        law that was fitted to them: there the divisor is k - 1. The nested estimate is the one that sees a law
+        misspecified across categories (``bench/interval_calibration.py`` measures the coverage of both)."""
         if residual.empty:
             raise ValueError("no training requests to estimate the overdispersion from")
         groups = residual.groupby("category")
@@ -298,9 +294,8 @@ class RequestPredictions(Result):
     def coverage_interval(self, alpha: float = 0.05) -> tuple[float, float]:
         """Wilson interval of the pooled coverage (requests treated as independent). Requests of one held-out
         category share its mean's error, so with few categories this is too narrow for what another draw of
-        categories would give: on 5 simulated categories of 16 requests with category rate shifts a set's pooled
-        coverage has an SD of 5 points across sets (``bench/interval_calibration.py``), 3.4 for 80 independent
-        requests; the category part does not shrink with more requests per category."""
+        categories would give (``bench/interval_calibration.py`` measures how much); the category part does not
+        shrink with more requests per category."""
         from statsmodels.stats.proportion import proportion_confint
 
         low, high = proportion_confint(int(self.requests["covered"].sum()), len(self.requests), alpha, "wilson")

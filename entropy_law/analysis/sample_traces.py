@@ -1,7 +1,7 @@
 """Where the figures, notebooks and reports find traces: the reference traces, else simulated ones.
 
 Known here: the default trace location (``data/traces/`` of the checkout, or ``$ENTROPY_LAW_TRACES``),
-and a fallback that draws traces from a known law (``entropy_law.law.simulate_traces``: a chain
+and a fallback that draws traces from a known law (``entropy_law.analysis.simulate_traces``: a chain
 "block" drafter, a tree drafter and an autoregressive run, with toy timings) and writes them through
 ``TraceRecorder`` exactly as a decoder would, so everything downstream reads real trace files.
 Simulated traces are labelled ``model_id = "simulated"`` and ``dataset = "simulated"`` in their
@@ -15,7 +15,7 @@ import tempfile
 import warnings
 from pathlib import Path
 
-from entropy_law.law.simulate import TreeSpec, simulate_traces
+from entropy_law.analysis.simulate import TreeSpec, simulate_traces
 from entropy_law.traces.recorder import TraceRecorder
 
 TRACES_ENV = "ENTROPY_LAW_TRACES"

@@ -1,0 +1,91 @@
+"""One trace set as the law layer reads it, each run labelled with its arm.
+
+Known here: ``TraceView`` (the four tables ``tokens``, ``rounds``, ``requests``, ``runs`` as plain DataFrames) and
+``make_view``, which labels every run with its arm (``arms.run_arms``: one model, drafter with its checkpoint,
+tree policy, budget and gate; two runs of the same drafter with different trees, or of two models, are different
+arms, each fitted apart), marks the autoregressive (AR) baseline (``drafter_id`` "none" / "ar" or
+``tree_policy`` "none", one AR arm per model), the machine a run was timed on, and which runs carry real
+timings (replayed runs report 0 ms and never enter a cost model); ``entropy_tokens``, the target entropies of
+each model's requests counted once.
+
+Not known here: file formats (``entropy_law.traces``), fits (``law.fit``), costs (``entropy_law.payoff``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pandas as pd
+
+from entropy_law.law.arms import run_arms
+
+
+@dataclass
+class TraceView:
+    """The four tables the law layer reads (``tokens``, ``rounds``, ``requests``, ``runs``), as plain
+    DataFrames. ``runs.drafter_id`` holds the arm label; the recorded id is kept in ``recorded_drafter_id``,
+    the arm's identity in ``arm_key`` and the machine it was timed on in ``machine``."""
+
+    tokens: pd.DataFrame
+    rounds: pd.DataFrame
+    requests: pd.DataFrame
+    runs: pd.DataFrame
+
+    def select_runs(self, run_ids) -> "TraceView":
+        keep = set(run_ids)
+        return TraceView(*(t.loc[t["run_id"].isin(keep)].reset_index(drop=True)
+                           for t in (self.tokens, self.rounds, self.requests, self.runs)))
+
+
+def _plain(frame: pd.DataFrame) -> pd.DataFrame:
+    """Categorical key columns -> str (merges across runs with different categories stay simple)."""
+    out = frame.copy()
+    for col in out.columns:
+        if isinstance(out[col].dtype, pd.CategoricalDtype):
+            out[col] = out[col].astype(str)
+    return out
+
+
+def truthy(value) -> bool:
+    """A run.json flag or field that is set (not missing, not NaN)."""
+    return bool(value) and not (isinstance(value, float) and math.isnan(value))
+
+
+def make_view(traces) -> TraceView:
+    """A ``TraceView`` of ``traces`` whose ``runs`` carry ``arm`` (the label, ``arms.run_arms``),
+    ``arm_key``, ``is_ar``, ``machine``, ``replayed`` and ``timed`` columns, with ``drafter_id`` set to the
+    arm label (so the law layer treats arms apart)."""
+    tokens, rounds, requests = (_plain(traces.tokens), _plain(traces.rounds), _plain(traces.requests))
+    runs = _plain(traces.runs).reset_index(drop=True)
+    for col in ("drafter_id", "tree_policy"):
+        if col not in runs:
+            raise ValueError(f"traces.runs has no {col!r} column; every run needs drafter_id and tree_policy metadata")
+    arms = run_arms(runs)
+    runs["is_ar"] = arms["is_ar"].to_numpy()
+    runs["replayed"] = [truthy(v) for v in runs["replayed"]] if "replayed" in runs else False
+    runs["recorded_drafter_id"] = runs["drafter_id"]
+    runs["arm_key"] = arms["arm_key"].to_numpy()
+    runs["arm"] = arms["arm"].to_numpy()
+    runs["machine"] = [str(m) for m in arms["machine"]]
+    timing = rounds.groupby("run_id")[["draft_ms", "verify_ms"]].sum().sum(axis=1)
+    runs["timed"] = (~runs["replayed"]) & (runs["run_id"].map(timing).fillna(0).to_numpy() > 0)
+    runs["drafter_id"] = runs["arm"]
+    return TraceView(tokens=tokens, rounds=rounds, requests=requests, runs=runs)
+
+
+
+def model_name(model_id) -> str:
+    """A run's model id as a label: ``"unknown-model"`` where the run does not say."""
+    return "unknown-model" if model_id is None else str(model_id)
+
+
+def entropy_tokens(view: TraceView) -> pd.DataFrame:
+    """One row per (model, request, output position) of an arm-labelled ``view`` (``make_view``): the target
+    entropy, its category and the model. Greedy output and its entropies depend on the target model, not on the
+    drafter, so for each model the first run that holds a request is used."""
+    tok = view.tokens[["run_id", "request_id", "category", "position", "target_entropy_nats"]]
+    model = view.runs.set_index("run_id")["arm_key"].map(lambda key: model_name(key.model_id))
+    tok = tok.assign(model_id=tok["run_id"].map(model).to_numpy())
+    first_run = tok.drop_duplicates(["model_id", "request_id"])[["model_id", "request_id", "run_id"]]
+    return tok.merge(first_run, on=["model_id", "request_id", "run_id"]).reset_index(drop=True)

@@ -1,0 +1,53 @@
+"""In memory or out of core: whether an in-memory analysis of a trace folder fits the memory available.
+
+Known here: a lower bound of the memory an in-memory fit needs per token row (``IN_MEMORY_BYTES_PER_TOKEN_ROW``),
+the memory available now (``available_memory``), and ``check_fits_in_memory``, which refuses, saying what to
+do, before any row is read (rows counted from the Parquet footers).
+
+Not known here: the fits themselves. No torch, no DuckDB.
+"""
+
+from __future__ import annotations
+
+import os
+
+
+# what fit_law needs in memory per token row, from the peak memory of an in-memory fit of a large fleet
+# (bench/fleet.py); the full report holds more (bootstrap, LOCO), so this is a lower bound of what an in-memory
+# analysis needs
+IN_MEMORY_BYTES_PER_TOKEN_ROW = 880
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to a new allocation now (Linux ``MemAvailable``; else free physical pages);
+    None where neither is known."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return int(os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_fits_in_memory(traces, what: str, *, available: int | None = None) -> int:
+    """Refuse (``ValueError``, saying what to do) an in-memory ``what`` on runs whose token rows need more memory
+    than is available (at least ``IN_MEMORY_BYTES_PER_TOKEN_ROW`` per row, counted from the Parquet footers, no
+    data read), instead of being killed for memory half way. ``traces``: a path or a ``TraceSet``;
+    ``available``: bytes (default ``available_memory()``; unknown: no check). Returns the token rows."""
+    from entropy_law.traces.reader import load_traces
+
+    lazy = traces if hasattr(traces, "row_counts") else load_traces(traces, validate=False)
+    rows = lazy.row_counts()["tokens"]
+    available = available_memory() if available is None else available
+    need = rows * IN_MEMORY_BYTES_PER_TOKEN_ROW
+    if available is not None and need > available:
+        raise ValueError(f"{what} in memory: {rows:,} token rows need at least {need / 2**30:.1f} GiB (about "
+                         f"{IN_MEMORY_BYTES_PER_TOKEN_ROW} bytes a row for the law's fit alone), and "
+                         f"{available / 2**30:.1f} GiB is available. Use --out-of-core (DuckDB over the shards; "
+                         "docs/out-of-core.md), or give a subset of the runs; --no-memory-check runs it anyway")
+    return rows

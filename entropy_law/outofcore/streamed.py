@@ -1,0 +1,707 @@
+"""``fit_law_out_of_core``: a law family fitted without ever holding the cells in memory.
+
+Known here: each group's cells (``outofcore.driver``) go to a temporary Parquet file, and statsmodels' IRLS and
+CR1 sandwich run in passes over them, a batch at a time (X'WX and X'Wz summed per pass; the observed Hessian
+and the per-request score sums at the estimate), so memory grows with the number of requests, never with rows
+or cells; the result is ``fit_law``'s ``FittedLaw`` (or ``LawSet`` with ``by=``), equal to it within 1e-6, for
+the primary law ``law_exp_obs_ceil`` too (decode-time covariates; its offset c of log(H + c) profiled over
+``fit.EPS_GRID`` by one streamed fit per offset). Families the streamed fit cannot reproduce exactly are
+refused (``OutOfCoreError``, saying what to use instead).
+
+Not known here: how traces are written, the law families and their checks (``entropy_law.law.fit``: the
+streamed fit reuses its formulas, ``check_counts`` and ``FittedLaw``). No torch; DuckDB is imported when a
+query runs.
+"""
+
+from __future__ import annotations
+
+import re
+import tempfile
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+from statsmodels.tools.sm_exceptions import DomainWarning
+
+from entropy_law.law import atrisk
+from entropy_law.law.fit import get_family
+from entropy_law.outofcore.driver import DEFAULT_CHUNK_BYTES, _connect, _shards, _views_per_group
+from entropy_law.outofcore.sql import (_KEYS, _MISS_BIN, _MISS_LOG, _MISS_RAW, _RAW_OF_LOG, _SEQUENCE_BINS,
+                                       _SEQUENCE_MEANS, _literal, _means_for, _miss_sql, at_risk_sql)
+
+
+STREAM_BATCH_CELLS = 1 << 18  # cells per batch of the streamed fit (memory: ~ batch x (K + 3) x 8 bytes, a few copies)
+
+
+class OutOfCoreError(ValueError):
+    """A family or option the streamed fit cannot do; the message says what to use instead."""
+
+
+def _streamable(fam) -> None:
+    """Refuse families the streamed fit cannot reproduce exactly (their cells or estimator need more than the
+    GLM sums of the cells the query computes). Profiled offsets (``profile_eps``: one streamed fit per offset)
+    and the decode-time covariates of ``atrisk.sequence_covariates`` (windows over each request's output) are
+    done; the drafter's own statistics (``draft_entropy_nats``, ``draft_top1_prob``) and the context's copyability
+    (``context_match``) are not computed by the query."""
+    if fam.link == "isotonic":
+        raise OutOfCoreError("law_iso is not a GLM: fit it in memory on the cells, fit_law(aggregate_at_risk_sql(path, "
+                             "'law_iso'), 'law_iso') (its cells number about half the token rows)")
+    known = {*atrisk.COVARIATES, *atrisk.DERIVED, *_SEQUENCE_MEANS, _MISS_LOG}
+    missing = [m for m in getattr(fam, "means", ()) if m not in known]
+    bins = [b for b in fam.bin_columns if b not in {*atrisk.COVARIATES, "cum_entropy_nats", *_SEQUENCE_BINS,
+                                                    _MISS_BIN}]
+    if missing or bins:
+        raise OutOfCoreError(f"{fam.name} uses covariates {sorted(set(missing + bins))} that the out-of-core query "
+                             "does not compute (the drafter's own statistics at each depth, the context's "
+                             f"copyability): fit it in memory, fit_law(load_traces(path), {fam.name!r}), or fit a "
+                             "family on the target's entropy "
+                             "sequence out of core, such as 'law_exp_obs_ceil' (the primary law) or 'law_exp_obs'")
+
+
+def _sql_str(value) -> str:
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def _write_cells(con, traces, bins, keys, means, *, width_log10, eps, drafters, chunk_bytes, folder: Path,
+                 by_arm: bool = False) -> list:
+    """The query's cells of every group of shards written to ``folder`` (one Parquet file per group)."""
+    sql = at_risk_sql(bin_columns=bins, width_log10=width_log10, eps=eps, means=means,
+                      drafted_depth_key="drafted_depth" in keys)
+    shards = _shards(traces, drafters, by_arm)
+    if not shards.dirs:
+        raise ValueError("no finished shards under the given path: nothing to fit")
+    files = []
+    for i in _views_per_group(con, shards, chunk_bytes):
+        path = folder / f"cells-{i:05d}.parquet"
+        con.execute(f"COPY ({sql}) TO {_sql_str(path)} (FORMAT PARQUET)")
+        files.append(path)
+    return files
+
+
+def _cell_source(con, files, bins, keys, means, on_invalid) -> tuple[str, list]:
+    """SQL selecting the valid cells of ``files`` (pooled where two groups hold one cell key), and notes."""
+    listing = "[" + ", ".join(_sql_str(f) for f in files) + "]"
+    con.execute(f"CREATE OR REPLACE VIEW cells_raw AS SELECT * FROM read_parquet({listing}, filename = true)")
+    bin_names = [f"bin_{c}" for c in bins]
+    notes = []
+    if bin_names:
+        null = " OR ".join(f"{b} IS NULL" for b in bin_names)
+        bad_rows = con.sql(f"SELECT CAST(COALESCE(SUM(n), 0) AS BIGINT) FROM cells_raw WHERE {null}").fetchall()[0][0]
+        if bad_rows:
+            if on_invalid == "raise":
+                examples = [r[0] for r in con.sql(f"SELECT DISTINCT request_id FROM cells_raw WHERE {null} "
+                                                   "ORDER BY 1 LIMIT 3").fetchall()]
+                raise ValueError(f"invalid covariates at at-risk positions: {bad_rows} rows with NaN, infinite or "
+                                 f"negative values (e.g. requests {examples}). Fix the traces, or pass "
+                                 "on_invalid='drop' to drop those rows (their rounds stay in).")
+            notes.append(f"dropped {bad_rows} at-risk rows with invalid covariates")
+        where = "WHERE NOT (" + null + ") AND n > 0"
+    else:
+        where = "WHERE n > 0"
+    cell = [*keys, *bin_names]
+    cast = {"drafter_id": "VARCHAR", "category": "VARCHAR", "request_id": "VARCHAR"}
+    # one drafter's runs reusing a request id in two groups: their cells are pooled, as in memory
+    shared = con.sql("SELECT 1 FROM (SELECT drafter_id, request_id FROM cells_raw GROUP BY drafter_id, request_id "
+                     "HAVING COUNT(DISTINCT filename) > 1) LIMIT 1").fetchall()
+    if shared:
+        cols = [f"CAST({c} AS {cast.get(c, 'BIGINT')}) AS {c}" for c in cell]
+        cols += [f"CAST(SUM({c}) AS BIGINT) AS {c}" for c in ("n_acc", "n", "n_rej")]
+        cols += [f"SUM({m} * n) / SUM(n) AS {m}" for m in means]
+        source = f"SELECT {', '.join(cols)} FROM cells_raw {where} GROUP BY {', '.join(cell)}"
+    else:
+        cols = [f"CAST({c} AS {cast.get(c, 'BIGINT')}) AS {c}" for c in cell]
+        cols += [f"CAST({c} AS BIGINT) AS {c}" for c in ("n_acc", "n", "n_rej")]
+        cols += [f"CAST({m} AS DOUBLE) AS {m}" for m in means]
+        source = f"SELECT {', '.join(cols)} FROM cells_raw {where}"
+    return source, notes
+
+
+def _batches(con, sql: str, batch_cells: int):
+    """The rows of ``sql`` as pandas frames of at most ``batch_cells`` rows (DuckDB streams them, on a cursor of
+    their own, so that a reader left early blocks no other query)."""
+    cursor = con.cursor()
+    try:
+        for batch in cursor.sql(sql).to_arrow_reader(batch_cells):
+            if batch.num_rows:
+                yield batch.to_pandas()
+    finally:
+        cursor.close()
+
+
+class _Cache:
+    """The design matrix, outcomes, trials and cluster codes of every cell, in batches, in one binary file read
+    back batch by batch (the page cache holds it, not this process)."""
+
+    def __init__(self, path: Path, k: int, *, entropy: bool = False):
+        self.path, self.k, self.sizes = path, k, []
+        self._file = open(path, "wb")
+        # with ``entropy``: the cells' mean entropy beside the design, for ``_OffsetCache``
+        self.entropy_path = path.with_suffix(".entropy") if entropy else None
+        self._entropy = open(self.entropy_path, "wb") if entropy else None
+
+    def write(self, x: np.ndarray, y: np.ndarray, n: np.ndarray, g: np.ndarray, h: np.ndarray | None = None) -> None:
+        self.sizes.append(len(y))
+        for a, dtype in ((x, np.float64), (y, np.float64), (n, np.float64), (g, np.int32)):
+            self._file.write(np.ascontiguousarray(a, dtype=dtype).tobytes())
+        if self._entropy is not None:
+            self._entropy.write(np.ascontiguousarray(h, dtype=np.float64).tobytes())
+
+    def close(self) -> None:
+        self._file.close()
+        if self._entropy is not None:
+            self._entropy.close()
+
+    def unlink(self) -> None:
+        self.close()
+        for path in (self.path, self.entropy_path):
+            if path is not None:
+                path.unlink(missing_ok=True)
+
+    def __iter__(self):
+        with open(self.path, "rb") as f:
+            for size in self.sizes:
+                x = np.fromfile(f, np.float64, size * self.k).reshape(size, self.k)
+                y = np.fromfile(f, np.float64, size)
+                n = np.fromfile(f, np.float64, size)
+                g = np.fromfile(f, np.int32, size)
+                yield x, y, n, g
+
+
+class _OffsetCache:
+    """The cells of a ``_Cache`` built with log(H + c0) (and ``entropy``) seen with another offset c: design
+    column ``j`` (``log_entropy``, a plain column of the design) replaced batch by batch by
+    log(max(H, 0) + c) of the cells' mean entropy, the very values patsy would put there; so a profiled offset
+    builds its design once, not once per offset."""
+
+    def __init__(self, base: _Cache, j: int, offset: float):
+        self.base, self.j, self.offset = base, j, float(offset)
+        self.k, self.sizes, self.path = base.k, base.sizes, None
+
+    def column(self, h: np.ndarray) -> np.ndarray:
+        return np.log(np.maximum(h, 0.0) + self.offset)  # as fit._fit_profile_eps
+
+    def __iter__(self):
+        with open(self.base.entropy_path, "rb") as f:
+            for (x, y, n, g), size in zip(self.base, self.sizes):
+                x[:, self.j] = self.column(np.fromfile(f, np.float64, size))
+                yield x, y, n, g
+
+    def unlink(self) -> None:  # the base is removed by its owner
+        pass
+
+
+def _plain_column(names: Sequence[str], name: str) -> int | None:
+    """The index of design column ``name`` where it is the only column that reads ``name`` (a main effect:
+    no interaction, spline or other transform of it), else None."""
+    reading = [i for i, column in enumerate(names) if re.search(rf"\b{re.escape(name)}\b", column)]
+    return reading[0] if len(reading) == 1 and names[reading[0]] == name else None
+
+
+def _irls_pass(cache: _Cache, fam_obj, beta):
+    """One pass of statsmodels' IRLS (``GLM._fit_irls``) over the cells: the binomial deviance at ``beta``
+    (``None``: at the start ``family.starting_mu``), as ``Binomial.deviance`` computes it, and the normal
+    equations of the next weighted least squares (weights n w(mu), working response eta + g'(mu) (y/n - mu))."""
+    k = cache.k
+    tiny = np.finfo(float).eps
+    xtwx, xtwz, dev = np.zeros((k, k)), np.zeros(k), 0.0
+    for x, y, n, _ in cache:
+        p = y / n
+        if beta is None:
+            mu = fam_obj.starting_mu(p)
+            eta = fam_obj.predict(mu)
+        else:
+            eta = x @ beta
+            mu = fam_obj.fitted(eta)
+        ratio = np.clip(p / (mu + 1e-20), tiny, np.inf)
+        ratio_rej = np.clip((1.0 - p) / (1.0 - mu + 1e-20), tiny, np.inf)
+        dev += float(np.sum(2 * n * (p * np.log(ratio) + (1 - p) * np.log(ratio_rej))))
+        deriv = fam_obj.link.deriv(mu)  # once: Family.weights is 1 / (g'(mu)^2 Var(mu)), the same numbers
+        w = n * (1.0 / (deriv ** 2 * fam_obj.variance(mu)))
+        z = eta + deriv * (p - mu)
+        xw = x * w[:, None]
+        xtwx += xw.T @ x
+        xtwz += xw.T @ z
+    return dev, xtwx, xtwz
+
+
+def _sandwich_pass(cache: _Cache, link: str, beta, n_groups: int):
+    """At the estimate, through statsmodels' own GLM on each batch: the observed Hessian (the bread of
+    ``cov_cluster``), the scores summed per request (the meat), the expected information, llf and deviance."""
+    import statsmodels.api as sm
+
+    from entropy_law.law.fit import _family_obj
+
+    k = cache.k
+    hessian, information = np.zeros((k, k)), np.zeros((k, k))
+    scores = np.zeros((n_groups, k))
+    llf = deviance = 0.0
+    finite = True
+    for x, y, n, g in cache:
+        family = _family_obj(link)  # statsmodels keeps the trials on the family instance
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DomainWarning)  # the log link, as in fit._fit_glm
+            model = sm.GLM(np.column_stack([y, n - y]), x, family=family)
+        with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+            score = model.score_obs(beta)
+            h = model.hessian(beta, observed=True)
+            information += model.hessian(beta, observed=False)
+            mu = model.predict(beta)
+            llf += float(model.loglike(beta))
+            deviance += float(family.deviance(model.endog, mu, model.var_weights, model.freq_weights, 1.0))
+        finite = finite and bool(np.all(np.isfinite(h)))
+        hessian += h
+        for j in range(k):
+            scores[:, j] += np.bincount(g, weights=score[:, j], minlength=n_groups)
+    return dict(hessian=hessian, information=-information, scores=scores, llf=llf, deviance=deviance, finite=finite)
+
+
+def _C(data, contrast=None, levels=None):
+    """patsy's ``C``, except that a column that already is a pandas Categorical (its levels set up front) is
+    passed on as it is: patsy then takes its codes at once (for ``C(x)`` it converts value by value in Python,
+    seconds per million cells). Same levels, contrasts and column names."""
+    from patsy.categorical import C
+
+    if contrast is None and levels is None and isinstance(getattr(data, "dtype", None), pd.CategoricalDtype):
+        return data
+    return C(data, contrast, levels)
+
+
+def _llf_pass(cache: _Cache, link: str, beta) -> float:
+    """The log-likelihood at ``beta`` as statsmodels' ``GLM.loglike`` computes it (the binomial family's
+    ``loglike`` at the inverse link of X beta, the trials on the family instance), without building a GLM per
+    batch."""
+    from entropy_law.law.fit import _family_obj
+
+    llf = 0.0
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        for x, y, n, _ in cache:
+            family = _family_obj(link)
+            family.n = n
+            llf += float(family.loglike(y / n, family.link.inverse(x @ beta)))
+    return llf
+
+
+def _needed_columns(rhs: str, fam, available) -> list:
+    """The cell columns the design of ``rhs`` reads: those it names, the raw means whose logs the fit takes
+    (``atrisk.add_log_covariates``), and for a profiled offset the mean entropy instead of its log."""
+    used = [c for c in available if re.search(rf"\b{re.escape(c)}\b", rhs)]
+    if fam.name == "law_exp_mundlak":
+        used += [c for c in ("log_entropy", "category") if c not in used]
+    if fam.means:
+        raw_of = {**_RAW_OF_LOG, _MISS_LOG: _MISS_RAW}
+        used += [raw for log, raw in raw_of.items() if re.search(rf"\b{log}\b", rhs) and raw not in used]
+    if fam.profile_eps:
+        used = [c for c in used if c != "log_entropy"] + ["target_entropy_nats"]
+    missing = [c for c in used if c not in available]
+    if missing:
+        raise RuntimeError(f"the cells lack {missing} for {fam.name}: report this as a bug")
+    return list(dict.fromkeys(used))
+
+
+# the log covariates whose count-weighted means over the fitted cells ``FittedLaw.steady_state`` reads
+_STEADY_STATE = ("log_run_mean_entropy", "log1p_position", "log_drafted_depth")
+
+
+def _fit_streamed(con, source: str, fam, *, depth: str, cov_type: str, alpha: float, eps: float,
+                  min_requests_per_category: int, drop_small_categories: bool, batch_cells: int, tol: float,
+                  max_iter: int, folder: Path, notes: list, start_params=None):
+    """``fit_law`` on the cells selected by ``source``, in passes over them; memory holds one batch of cells,
+    the per-request score sums (requests x parameters) and the request ids. A family with decode-time
+    covariates is fitted on the logs of their cell means, and a ``profile_eps`` family once per offset c of
+    ``fit.EPS_GRID`` on log(H + c) of the cells' mean entropy, keeping the fit of largest log-likelihood, as
+    ``fit_law`` (``atrisk.add_log_covariates``, ``fit._fit_profile_eps``). The steps: the checks of ``fit_law``
+    (``_checked_cells``), the cells' design (``_CellDesign``), IRLS per offset (``_best_offset_fit``), the CR1
+    sandwich and the statsmodels result (``_streamed_result``)."""
+    from entropy_law.law import fit as fitmod
+
+    cells = _checked_cells(con, source, fam, depth=depth, cov_type=cov_type, alpha=alpha, eps=eps,
+                           min_requests_per_category=min_requests_per_category,
+                           drop_small_categories=drop_small_categories, notes=notes)
+    fam, source, common, notes = cells.fam, cells.source, cells.common, cells.common["notes"]
+    cells_design = _CellDesign(con, source, fam, depth=depth, levels=cells.levels, request_ids=cells.request_ids,
+                               category_means=common["category_means"], batch_cells=batch_cells, folder=folder)
+    offsets = fitmod.EPS_GRID if fam.profile_eps else (None,)
+    best = _best_offset_fit(cells_design, offsets, fam, start_params=start_params, max_iter=max_iter, tol=tol,
+                            n_requests=cells.n_requests, common=common)
+    sums = best["sums"]
+    covariate_means = {c: sums[c] / sums["n"] for c in _STEADY_STATE if c in sums} if fam.means else {}
+    if fam.needs_target_top1:  # the steady state's target-miss curve, from the same per-entropy-bin sums as in memory
+        bin_sums = con.sql(
+            f"SELECT bin_target_entropy_nats AS bin, SUM(n) AS n, SUM(n * GREATEST(target_entropy_nats, 0.0E0)) AS "
+            f"sum_h, SUM(n * LN({_miss_sql(_MISS_RAW)} + {_literal(atrisk.EPS_PROB)})) AS sum_miss "
+            f"FROM ({source}) GROUP BY 1").df().set_index("bin")
+        common["miss_curve"] = fitmod.target_miss_curve(bin_sums)
+    result = _streamed_result(best, fam, cells_design, cov_type=cov_type, n_requests=cells.n_requests)
+    n_cells = int(result.nobs)
+    fits = f"{len(offsets)} fits (one per offset c), " if fam.profile_eps else ""
+    notes.append(f"fitted out of core: {n_cells:,} cells streamed, {fits}{best['iteration']} IRLS passes "
+                 "(statsmodels' IRLS and CR1 sandwich on the same cells; the cells themselves are not kept)")
+    if not best["parts"]["finite"]:
+        notes.append("perfect separation: a fitted probability is exactly 0 or 1, so some terms are not identified "
+                     "(their estimates run off towards infinity, cluster-robust errors are NaN); record more "
+                     "requests or fit a simpler family")
+    return fitmod.FittedLaw(result=result, counts=None, covariate_means=covariate_means, **common)
+
+
+@dataclass
+class _Cells:
+    """What ``fit_law``'s checks leave of the cells: the family (without log D where one depth is drafted), the
+    cells' query (small categories dropped), the fields ``FittedLaw`` takes, the factor levels and requests."""
+
+    fam: object
+    source: str
+    common: dict
+    levels: dict
+    request_ids: np.ndarray
+    n_requests: int
+
+
+def _checked_cells(con, source: str, fam, *, depth: str, cov_type: str, alpha: float, eps: float,
+                   min_requests_per_category: int, drop_small_categories: bool, notes: list) -> _Cells:
+    """The checks of ``fit_law`` (``fit.check_counts``) on one row per request (and drafted depth) of the cells:
+    the same sums, counts and levels; the few-requests warning of a cluster-robust fit; the category means of
+    ``law_exp_mundlak``."""
+    from entropy_law.law import fit as fitmod
+    from entropy_law.law.stats import warn_if_few_requests
+
+    extra = [c for c in ("drafted_depth",) if c in con.sql(f"SELECT * FROM ({source}) LIMIT 0").columns]
+    keys = ["drafter_id", "category", "request_id", *extra]
+    summary = con.sql(f"SELECT {', '.join(keys)}, CAST(SUM(n_acc) AS BIGINT) AS n_acc, CAST(SUM(n_rej) AS BIGINT) "
+                      f"AS n_rej, CAST(SUM(n) AS BIGINT) AS n FROM ({source}) GROUP BY {', '.join(keys)}").df()
+    summary, check_notes = fitmod.check_counts(summary, fam, min_requests_per_category=min_requests_per_category,
+                                              drop_small_categories=drop_small_categories, cov_type=cov_type)
+    notes = [*notes, *check_notes]
+    if fam.means and fam.needs_drafted_depth and summary["drafted_depth"].nunique() < 2:
+        # as fit_law: a drafter that always drafts one depth (a full-block chain) has no log D term
+        notes.append(f"every at-risk round drafted depth {int(summary['drafted_depth'].iloc[0])}: the log D term is "
+                     "not identified and is left out")
+        fam = fitmod.without_drafted_depth(fam)
+    categories = sorted(summary["category"].unique())
+    if check_notes and fam.needs_categories:  # small categories dropped
+        source = f"SELECT * FROM ({source}) WHERE category IN ({', '.join(_sql_str(c) for c in categories)})"
+    request_ids = np.sort(summary["request_id"].unique().astype(str))
+    depths = [int(r[0]) for r in con.sql(f"SELECT DISTINCT depth FROM ({source}) ORDER BY 1").fetchall()]
+    n_requests = len(request_ids)
+    common = dict(family=fam, depths=tuple(depths), categories=tuple(categories),
+                  drafters=tuple(sorted(summary["drafter_id"].unique())), n_rows=int(summary["n"].sum()),
+                  n_requests=n_requests, eps=float(eps), alpha=alpha, depth_model=depth, notes=notes)
+    if cov_type == "cluster":
+        few = warn_if_few_requests(n_requests, f"the cluster-robust intervals of {fam.name} (widened: t with "
+                                   f"{n_requests - 1} df)")
+        if few:
+            notes.append(few)
+    category_means = {}
+    if fam.name == "law_exp_mundlak":
+        rows = con.sql(f"SELECT category, SUM(log_entropy * n) / SUM(n) FROM ({source}) GROUP BY category").fetchall()
+        category_means = {c: float(m) for c, m in sorted(rows)}
+    common["category_means"] = category_means
+    levels = {"depth": depths, "category": categories, "drafter_id": list(common["drafters"])}
+    return _Cells(fam=fam, source=source, common=common, levels=levels, request_ids=request_ids,
+                  n_requests=n_requests)
+
+
+class _CellDesign:
+    """The cells of ``source`` as ``fit_law``'s design sees them: the formula's two sides, the columns it reads,
+    the cells in batches (``frames``) and their design matrix written to disk (``build``)."""
+
+    def __init__(self, con, source: str, fam, *, depth: str, levels: dict, request_ids, category_means: dict,
+                 batch_cells: int, folder: Path):
+        from entropy_law.law import fit as fitmod
+
+        self.con, self.source, self.fam, self.levels = con, source, fam, levels
+        self.request_ids, self.category_means = request_ids, category_means
+        self.batch_cells, self.folder = batch_cells, folder
+        depth_term = fitmod.DEPTH_TERMS[depth]
+        self.rhs = " + ".join(t for t in (depth_term, fam.terms) if t) or "1"
+        self.lhs = "n_rej + n_acc" if fam.outcome == "rejection" else "n_acc + n_rej"
+        available = con.sql(f"SELECT * FROM ({source}) LIMIT 0").columns
+        self.columns = _needed_columns(self.rhs, fam, available)
+        self.factors = set(re.findall(r"C\((\w+)\)", self.rhs))
+
+    def frames(self, with_counts: bool, offset):
+        from entropy_law.law import fit as fitmod
+
+        cols = [*self.columns, *(["n_acc", "n_rej", "n", "request_id"] if with_counts else [])]
+        for frame in _batches(self.con, f"SELECT {', '.join(dict.fromkeys(cols))} FROM ({self.source})",
+                              self.batch_cells):
+            for name in self.factors & set(frame.columns):  # every level known up front: patsy needs no pass
+                frame[name] = pd.Categorical(frame[name], categories=self.levels[name])
+            if self.fam.means:  # fit_law: the logs of the cells' covariate means, as predictions take them
+                atrisk.add_log_covariates(frame)
+            if offset is not None:  # fit._fit_profile_eps: log(H + c) of the cells' mean entropy
+                frame["log_entropy"] = np.log(np.maximum(frame["target_entropy_nats"].to_numpy(dtype=float), 0.0)
+                                              + offset)
+            if self.category_means:
+                frame, _ = fitmod._add_mundlak(frame, self.category_means)
+            yield frame
+
+    def build(self, offset, index: int):
+        """The design of the cells (on disk), its info, the first cells, and the count-weighted sums of the
+        steady-state covariates."""
+        import patsy
+
+        from entropy_law.law import fit as fitmod
+
+        fam = self.fam
+        design = patsy.incr_dbuilder(self.rhs, lambda: self.frames(False, offset),
+                                     eval_env=patsy.EvalEnvironment([{"C": _C}, vars(fitmod)]), NA_action="raise")
+        cache = _Cache(self.folder / f"design-{id(design)}-{index}.bin", len(design.column_names),
+                       entropy=offset is not None)
+        skeleton, sums = None, {}
+        try:
+            for frame in self.frames(True, offset):
+                x = np.asarray(patsy.build_design_matrices([design], frame, NA_action="raise")[0], dtype=np.float64)
+                if not np.all(np.isfinite(x)):
+                    raise ValueError("a cell's covariates are not finite: check the traces (validate_traces)")
+                outcome = frame["n_rej" if fam.outcome == "rejection" else "n_acc"].to_numpy(np.float64)
+                codes = pd.Categorical(frame["request_id"].astype(str), categories=self.request_ids).codes
+                if (codes < 0).any():
+                    raise RuntimeError("a cell's request is not among the requests counted: report this as a bug")
+                trials = frame["n"].to_numpy(np.float64)
+                cache.write(x, outcome, trials, codes,
+                            None if offset is None else frame["target_entropy_nats"].to_numpy(np.float64))
+                sums["n"] = sums.get("n", 0.0) + float(np.sum(trials))
+                for name in [c for c in _STEADY_STATE if c in frame.columns]:
+                    sums[name] = sums.get(name, 0.0) + float(np.sum(frame[name].to_numpy(np.float64) * trials))
+                if skeleton is None:
+                    h = None if offset is None else frame["target_entropy_nats"].to_numpy(np.float64)[:200]
+                    skeleton = (x[:200], outcome[:200], trials[:200], h)
+        except BaseException:
+            cache.unlink()
+            raise
+        cache.close()
+        return design, cache, skeleton, sums
+
+
+def _irls(cache: _Cache, names: list, fam, *, start_params, max_iter: int, tol: float):
+    """statsmodels' IRLS in passes over the cells on disk: ``(beta, converged, iterations, deviance history)``."""
+    from entropy_law.law import fit as fitmod
+
+    fam_obj = fitmod._family_obj(fam.link)
+    beta = None
+    if start_params is not None:
+        beta = np.asarray(start_params, dtype=float)
+    elif fam.link == "log":  # as _fit_glm: log-binomial starts with mu < 1 (a0 = 0.9, slope -0.5 per nat)
+        beta = np.zeros(len(names))
+        beta[names.index("Intercept")] = np.log(0.9)
+        beta[names.index(fam.slope)] = -0.5
+    # statsmodels' rule (tol 1e-8 on the deviance, absolute), so that the estimate is the iterate fit_law
+    # stops at; on many cells that change can sit below the deviance's round-off, so the fit also stops
+    # once the largest relative step is below ``tol`` (the iterates have then reached the maximum)
+    history, converged, iteration, step = [], False, 0, np.inf
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        for iteration in range(max_iter + 1):
+            dev, xtwx, xtwz = _irls_pass(cache, fam_obj, beta)
+            history.append(dev)
+            if iteration and (abs(history[-1] - history[-2]) <= 1e-8 or step <= tol):
+                converged = True
+                break
+            if iteration == max_iter:
+                break
+            try:
+                new = np.linalg.solve(xtwx, xtwz)
+            except np.linalg.LinAlgError:
+                raise ValueError(f"{fam.name}: the design is singular on these cells (a term without variation, "
+                                 "e.g. one drafted depth or one category); fit a simpler family") from None
+            step = np.inf if beta is None else float(np.max(np.abs(new - beta) / (1.0 + np.abs(beta))))
+            beta = new
+    return beta, converged, iteration, history
+
+
+def _best_offset_fit(cells: _CellDesign, offsets, fam, *, start_params, max_iter: int, tol: float,
+                     n_requests: int, common: dict) -> dict:
+    """One fit, or one per offset c of a profiled log(H + c): the largest log-likelihood among converged fits
+    (none converged: among all), the first of equals, as fit._fit_profile_eps; with its sandwich sums
+    (``parts``). Where log(H + c) is a plain column of the design, the design is built once and the other
+    offsets replace that column as the cells stream by (``_OffsetCache``); else each offset builds its own and
+    only the best one is kept on disk. Every design file is removed before this returns."""
+    from entropy_law.law import fit as fitmod
+
+    best, base = None, None
+    notes = common["notes"]
+
+    def drop(cache) -> None:  # a design no longer needed (the base design stays until the end)
+        if base is None or cache is not base[1]:
+            cache.unlink()
+
+    try:
+        for index, offset in enumerate(offsets):
+            if base is None:
+                design, cache, skeleton, sums = cells.build(offset, index)
+                j = _plain_column(design.column_names, "log_entropy") if fam.profile_eps else None
+                if j is not None:
+                    base = (design, cache, skeleton, sums, j)
+            else:
+                design, root, (x0, y0, n0, h0), sums, j = base
+                cache = _OffsetCache(root, j, offset)
+                x0 = x0.copy()
+                x0[:, j] = cache.column(h0)
+                skeleton = (x0, y0, n0, h0)
+            try:
+                beta, converged, iteration, history = _irls(cache, design.column_names, fam,
+                                                            start_params=start_params, max_iter=max_iter, tol=tol)
+                rank = None
+                if fam.profile_eps:
+                    llf = _llf_pass(cache, fam.link, beta)
+                    rank = (converged and bool(np.isfinite(llf)), llf if np.isfinite(llf) else -np.inf)
+            except BaseException:
+                drop(cache)
+                raise
+            if best is None or rank > best["rank"]:
+                if best is not None:
+                    drop(best["cache"])
+                best = dict(rank=rank, offset=offset, design=design, cache=cache, skeleton=skeleton, sums=sums,
+                            beta=beta, converged=converged, iteration=iteration, history=history)
+            else:
+                drop(cache)
+        best["n_cells"] = int(sum(best["cache"].sizes))
+        if fam.profile_eps:
+            common["eps"] = float(best["offset"])
+            notes.append(f"offset c of log(H + c) fitted over {fitmod.EPS_GRID} by profile likelihood: "
+                         f"c = {common['eps']:g} (its uncertainty is not in the intervals)")
+        if not best["converged"]:
+            notes.append("the GLM did not converge; treat the estimates with suspicion")
+        best["parts"] = _sandwich_pass(best["cache"], fam.link, best["beta"], n_requests)
+    finally:
+        if best is not None:
+            best["cache"].unlink()
+        if base is not None:
+            base[1].unlink()
+    return best
+
+
+def _streamed_result(best: dict, fam, cells: _CellDesign, *, cov_type: str, n_requests: int):
+    """The statsmodels result of the best fit: its estimate, the CR1 sandwich of statsmodels' cov_cluster
+    (H^-1 (sum_g s_g s_g') H^-1 G/(G-1) (N-1)/(N-K)) from the streamed sums, and a model over the first cells
+    whose formula and design info let ``predict(frame)`` build the design of any frame."""
+    import statsmodels.api as sm
+    from statsmodels.genmod.generalized_linear_model import GLMResults, GLMResultsWrapper
+
+    from entropy_law.law import fit as fitmod
+
+    design, parts, beta = best["design"], best["parts"], best["beta"]
+    names, k, n_cells = design.column_names, len(design.column_names), best["n_cells"]
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        try:
+            bread = np.linalg.inv(parts["hessian"])
+            normalized = np.linalg.inv(parts["information"])
+        except np.linalg.LinAlgError:
+            bread = normalized = np.full((k, k), np.nan)
+        meat = parts["scores"].T @ parts["scores"]
+        cluster = bread @ meat @ bread * (n_requests / (n_requests - 1.0)) * ((n_cells - 1.0) / (n_cells - k))
+    x0, y0, n0, _ = best["skeleton"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DomainWarning)
+        model = sm.GLM(np.column_stack([y0, n0 - y0]), pd.DataFrame(x0, columns=names),
+                       family=fitmod._family_obj(fam.link))
+    model.formula = f"{cells.lhs} ~ {cells.rhs}"  # predict(frame) builds the design from the full data's design info
+    model.data.model_spec = design
+    result = GLMResults(model, beta, normalized_cov_params=normalized, scale=1.0)
+    result.nobs, result.df_model, result.df_resid = n_cells, k - 1, n_cells - k
+    result.converged, result.fit_history = best["converged"], {"iteration": best["iteration"],
+                                                               "deviance": best["history"]}
+    result._cache.update(llf=parts["llf"], deviance=parts["deviance"])
+    if cov_type == "cluster":
+        result.cov_type = "cluster"
+        result.cov_kwds = {"groups": "request_id", "use_correction": True, "df_correction": True,
+                           "description": "CR1 by request, streamed out of core"}
+        result.cov_params_default = cluster
+        result.use_t = True
+        result.df_resid_inference = n_requests - 1
+    return GLMResultsWrapper(result)
+
+
+def fit_law_out_of_core(traces, family: str = "law_exp", by: str | None = None, *, depth: str = "factor",
+                        width_log10: float = 0.05, eps: float = atrisk.EPS_NATS, cov_type: str = "cluster",
+                        alpha: float = 0.05, min_requests_per_category: int = 5, drop_small_categories: bool = False,
+                        drafters: Sequence[str] | None = None, by_arm: bool = False, on_invalid: str = "raise",
+                        chunk_bytes: int = DEFAULT_CHUNK_BYTES, threads: int | None = None,
+                        memory_limit: str | None = None, temp_directory: str | None = None,
+                        batch_cells: int = STREAM_BATCH_CELLS, tol: float = 1e-10, max_iter: int = 100,
+                        start_params=None):
+    """``fit_law(load_traces(traces), family, by)`` for runs larger than memory, with memory bounded by a batch
+    of cells and the number of requests, never by the number of token rows or cells.
+
+    1. the at-risk cells: the query of ``at_risk_sql`` run by DuckDB over groups of shards, each group's cells
+       written to a Parquet file in a temporary folder (``temp_directory``), pooled where two groups share a
+       cell key (as ``aggregate_at_risk_sql``);
+    2. ``fit_law``'s checks on one row per request (the same sums, request and category counts);
+    3. the design matrix built batch by batch by patsy from the family's formula (``incr_dbuilder``: every
+       level known up front) and kept on disk with the counts and request codes;
+    4. statsmodels' IRLS (``GLM._fit_irls``: the same start, weights and working response), one pass over the
+       cells per iteration accumulating X'WX and X'Wz, until the largest relative step is below ``tol``;
+    5. one pass at the estimate through statsmodels' own ``GLM.score_obs`` / ``hessian`` on each batch: the
+       observed Hessian, the scores summed per request, and the CR1 covariance of ``cov_cluster``
+       (``H^-1 S H^-1 G/(G-1) (N-1)/(N-K)``, S the sum over requests of the outer products of their score
+       sums), t(G - 1) inference.
+
+    Returns the ``FittedLaw`` (``LawSet`` with ``by``) of ``fit_law``: the same summary, predictions and printout;
+    estimates and standard errors equal within 1e-6 (``tests/test_outofcore.py``, ``bench/fleet.py``). Its
+    ``result`` is a statsmodels ``GLMResults`` whose params, covariance, llf, deviance and nobs are those of the
+    whole fit; its ``model`` holds the design info and the first cells only (observation-level attributes such
+    as ``resid`` are not available out of core), and the law keeps no count table (``counts`` is None, so the
+    P1 line of the printout, which refits with category terms, is left out: run ``fit_law_out_of_core`` with
+    ``with_category_terms(family)`` for it). Families: every GLM family whose covariates the query computes,
+    the primary ``law_exp_obs_ceil`` included: decode-time covariates (``law_exp_obs``, ``law_exp_lag``,
+    ``law_exp_runmean``, ``law_exp_pos``: their cell means from windows over each request's output, their logs
+    taken of the cell means as ``fit_law`` does, log D left out where one depth was drafted; the training means
+    that ``steady_state`` reads are kept in ``covariate_means``) and a profiled offset (``profile_eps``:
+    ``law_exp_ceil``, ``law_exp_obs_ceil``: steps 3-4 once per offset c of ``fit.EPS_GRID`` on log(H + c) of the
+    cells' mean entropy, plus a log-likelihood pass; the largest log-likelihood among converged fits wins, as
+    ``fit._fit_profile_eps``, and step 5 runs for it; the law's ``eps`` is that c). ``law_iso`` and
+    ``law_exp_draftent`` (the drafter's entropy, not in the query) are refused with what to use instead.
+    ``batch_cells``: cells per batch; ``chunk_bytes``, ``threads``, ``memory_limit``, ``temp_directory``: DuckDB
+    (as ``aggregate_at_risk_sql``). ``by_arm``: the cells' ``drafter_id`` is the run's arm label (as
+    ``analysis.make_view``: two arms of one drafter id, e.g. its chain and DDTree runs, stay apart, and
+    ``by="drafter_id"`` fits one law per arm); otherwise such a mix is refused.
+    """
+    from entropy_law.law.fit import LawSet
+
+    fam, by = _checked_options(family, by, depth=depth, cov_type=cov_type, on_invalid=on_invalid)
+    bins = tuple(fam.bin_columns)
+    keys = (*_KEYS, *fam.extra_keys)
+    means = _means_for(fam, "family", with_rounds=True)
+    for m in ("log_entropy",) if fam.name == "law_exp_mundlak" else ():
+        if m not in means:
+            means.append(m)
+    options = dict(depth=depth, cov_type=cov_type, alpha=alpha, eps=eps,
+                   min_requests_per_category=min_requests_per_category, drop_small_categories=drop_small_categories,
+                   batch_cells=batch_cells, tol=tol, max_iter=max_iter, start_params=start_params)
+    with tempfile.TemporaryDirectory(prefix="entropy-law-cells-", dir=temp_directory) as tmp:
+        folder = Path(tmp)
+        con = _connect(threads, memory_limit, temp_directory)
+        try:
+            files = _write_cells(con, traces, bins, keys, means, width_log10=width_log10, eps=eps, drafters=drafters,
+                                 chunk_bytes=chunk_bytes, folder=folder, by_arm=by_arm)
+            source, notes = _cell_source(con, files, bins, keys, means, on_invalid)
+            if by is None:
+                return _fit_streamed(con, source, fam, folder=folder, notes=notes, **options)
+            values = [r[0] for r in con.sql(f"SELECT DISTINCT {by} FROM ({source}) ORDER BY 1").fetchall()]
+            laws = {v: _fit_streamed(con, f"SELECT * FROM ({source}) WHERE {by} = {_sql_str(v)}", fam, folder=folder,
+                                     notes=list(notes), **options) for v in values}
+            return LawSet(by=by, laws=laws)
+        finally:
+            con.close()
+
+
+def _checked_options(family: str, by: str | None, *, depth: str, cov_type: str, on_invalid: str):
+    """``(family, by)`` of ``fit_law_out_of_core``, checked: a family the streamed fit reproduces, and options
+    ``fit_law`` takes."""
+    from entropy_law.law.fit import DEPTH_TERMS
+
+    fam = get_family(family)
+    _streamable(fam)
+    if on_invalid not in ("raise", "drop"):
+        raise ValueError("on_invalid must be 'raise' or 'drop'")
+    if depth not in DEPTH_TERMS:
+        raise ValueError(f"depth must be one of {list(DEPTH_TERMS)}")
+    if cov_type not in ("cluster", "nonrobust"):
+        raise ValueError("cov_type must be 'cluster' or 'nonrobust'")
+    if by is not None:
+        by = {"drafter": "drafter_id"}.get(by, by)
+        if by not in ("drafter_id", "category"):
+            raise ValueError(f"by={by!r}: out of core a law is fitted per 'drafter_id' or per 'category'")
+    return fam, by
