@@ -2,11 +2,11 @@
 
 Subcommands (each prints a table and ends with one JSON line):
 
-    python bench/fleet.py fleet fleet [ARGS]
-    python bench/fleet.py fleet fit-scale [ARGS]
-    python bench/fleet.py fleet trace-io [ARGS]
+    python bench/fleet.py fleet [ARGS]
+    python bench/fleet.py fit-scale [ARGS]
+    python bench/fleet.py trace-io [ARGS]
 
-``python bench/fleet.py fleet SUBCOMMAND --help`` lists a subcommand's arguments.
+``python bench/fleet.py SUBCOMMAND --help`` lists a subcommand's arguments.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def generate(out: Path, *, runs: int, rows: int, tokens: tuple[int, int], reques
              subset_rows: int) -> dict:
     """The fleet under ``out``: the first runs, up to ``subset_rows`` token rows, in ``out/subset`` (the in-memory
     comparison), the others in ``out/rest``."""
-    from entropy_law.law.simulate import simulate_traces
+    from entropy_law.analysis.simulate import simulate_traces
     from entropy_law.traces.recorder import TraceRecorder
 
     per_run = rows / runs
@@ -118,7 +118,7 @@ def child_fit(mode: str, path: str, family: str, threads: int | None, memory_lim
     import warnings
 
     from entropy_law.law.fit import fit_law
-    from entropy_law.law.outofcore import fit_law_out_of_core
+    from entropy_law.outofcore import fit_law_out_of_core
     from entropy_law.traces.reader import load_traces
 
     warnings.simplefilter("ignore")  # SmallSampleWarning etc.: not what is measured here
@@ -185,12 +185,12 @@ def run_fleet(args, parser) -> int:
     """Fitting the law on a fleet of runs out of core: many runs on disk, DuckDB over their shards, one fit.
 
     Generates ``--runs`` trace runs holding ``--rows`` token rows in all (simulated from a known law,
-    ``entropy_law.law.simulate.simulate_traces``: one chain drafter, five categories, ``--tokens`` output tokens
+    ``entropy_law.analysis.simulate.simulate_traces``: one chain drafter, five categories, ``--tokens`` output tokens
     per request; written through ``TraceRecorder.log_columns`` in shards of ``--requests-per-shard`` requests,
     request ids unique across the fleet; all runs one arm), then times, each in a fresh child process so that
     its peak RSS is its own:
 
-    - **out of core**: ``entropy_law.law.outofcore.fit_law_out_of_core`` (the SQL of ``docs/out-of-core.md`` run
+    - **out of core**: ``entropy_law.outofcore.fit_law_out_of_core`` (the SQL of ``docs/out-of-core.md`` run
       by DuckDB over groups of shards, the cells to temporary Parquet files, then statsmodels' IRLS and CR1 sandwich
       streamed over the cells in batches); rows/s = token rows on disk / wall seconds;
     - **in memory** on a subset of whole runs of at most ``--subset-rows`` rows: ``fit_law(load_traces(...))``,

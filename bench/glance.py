@@ -20,10 +20,10 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from entropy_law.law.analysis import TraceAnalysis  # noqa: E402
+from entropy_law.analysis import TraceAnalysis  # noqa: E402
 from entropy_law.law.atrisk import at_risk_table  # noqa: E402
 from entropy_law.law.fit import PRIMARY_FALLBACK, get_family  # noqa: E402
-from entropy_law.law.glance import (category_frame, fit_glance, glance_rounds, loco_glance,  # noqa: E402
+from entropy_law.glance import (category_frame, fit_glance, glance_rounds, loco_glance,  # noqa: E402
                                     read_glance_rounds, round_scores)
 from entropy_law.plots.glance import glance_wins, loco_ours, primary_family  # noqa: E402
 from entropy_law.traces.reader import load_traces  # noqa: E402
@@ -207,7 +207,7 @@ def law_arguments(parser) -> None:
 def run_law(args, parser) -> None:
     """GLANCE's draftability law against our primary law, round by round, leave-one-category-out.
 
-    The primary law is ``entropy_law.law.analysis.DEFAULT_FAMILY`` (read at run time through
+    The primary law is ``entropy_law.analysis.DEFAULT_FAMILY`` (read at run time through
     ``entropy_law.plots.glance.primary_family``; ``law_exp_obs_ceil`` when this was written). For every drafting arm
     of the traces (default ``data/traces``; the AR arm drafts nothing and is skipped):
 

@@ -32,15 +32,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import entropy_law.law.predict as predict  # noqa: E402
+import entropy_law.payoff.predict as predict  # noqa: E402
 from entropy_law.law import atrisk  # noqa: E402
-from entropy_law.law.analysis import TraceAnalysis  # noqa: E402
+from entropy_law.analysis import TraceAnalysis  # noqa: E402
 from entropy_law.law.compare import (COVARIATE_CANDIDATES, PRIMARY_CANDIDATES,  # noqa: E402
                                      category_share_of_gain, choose_primary, compare_laws)
 from entropy_law.law.fit import PRIMARY_FAMILY, fit_law, get_family  # noqa: E402
 from entropy_law.law.hypotheses import universality_test  # noqa: E402
-from entropy_law.law.predict import OVERDISPERSION_SOURCES, loco_predictions  # noqa: E402
-from entropy_law.law.simulate import DepthSpec, simulate_traces  # noqa: E402
+from entropy_law.payoff.predict import OVERDISPERSION_SOURCES, loco_predictions  # noqa: E402
+from entropy_law.analysis.simulate import DepthSpec, simulate_traces  # noqa: E402
 from entropy_law.law.transfer import block_prediction  # noqa: E402
 from entropy_law.law.transfer import loco_transfer  # noqa: E402
 from entropy_law.traces.proposals import read_proposals  # noqa: E402
@@ -130,7 +130,7 @@ def categories_arguments(parser) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--overdispersion", choices=OVERDISPERSION_SOURCES, default="nested",
                         help="where the intervals' bias and overdispersion come from: the training categories' "
-                             "residuals out of sample (nested LOCO, default) or in sample (law/predict.py)")
+                             "residuals out of sample (nested LOCO, default) or in sample (payoff/predict.py)")
     parser.add_argument("--model", default=None,
                         help="the target whose tokenizer rebuilds the prompts (the context's copyability; default: "
                              "the one the runs name)")
@@ -566,7 +566,7 @@ def run_leads(args, parser) -> dict:
 
     from entropy_law.decoding.loading import load_target
     from entropy_law.jobs.reference import context_matches
-    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.analysis import TraceAnalysis
     from entropy_law.law.atrisk import at_risk_table
     from entropy_law.traces.reader import load_traces
 
@@ -810,11 +810,11 @@ def intervals_arguments(parser) -> None:
 def run_intervals(args, parser) -> dict:
     """Are the per-request 90% intervals of a category the law never saw calibrated? Simulated, with the truth known.
 
-    ``law.predict.loco_predictions`` gives each held-out request a 90% interval on its tokens per round whose width has
+    ``payoff.predict.loco_predictions`` gives each held-out request a 90% interval on its tokens per round whose width has
     a between-category part: how far an unseen category's mean lands from the law. It is estimated from the training
     categories' residuals, either in sample (``overdispersion="in-sample"``: under the law fitted on all of them) or
     out of sample (``"nested"``, the default: each training category predicted by a law fitted without it). This bench
-    draws ``--sets`` trace sets from ``law_exp`` (``law.simulate.simulate_traces``, 5 categories x ``--requests``) in
+    draws ``--sets`` trace sets from ``law_exp`` (``analysis.simulate.simulate_traces``, 5 categories x ``--requests``) in
     which every category's rejection rate is shifted by exp(u), u ~ N(0, SD) drawn per set, for each SD of ``--sds``
     (0: no category effect; the category-free law cannot know u), and reports for each estimator the pooled coverage of
     the held-out requests over all five LOCO folds: mean over the sets (nominal 0.90), its SD across sets, the 5% and
@@ -1024,7 +1024,7 @@ def run_confidence(args, parser) -> dict:
     from entropy_law.decoding.decoder import SpeculativeDecoder
     from entropy_law.decoding.loading import load_target
     from entropy_law.law import atrisk
-    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.analysis import TraceAnalysis
     from entropy_law.law.compare import category_share_of_gain, compare_laws
     from entropy_law.prompts.text import load_tasks
     from entropy_law.traces.reader import load_traces

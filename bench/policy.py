@@ -3,12 +3,12 @@ over recorded workloads, the cost gate against the law policy.
 
 Subcommands (each prints a table and ends with one JSON line):
 
-    python bench/policy.py policy policy [ARGS]
-    python bench/policy.py policy ceiling [ARGS]
-    python bench/policy.py policy replay [ARGS]
-    python bench/policy.py policy gate-vs-law [ARGS]
+    python bench/policy.py policy [ARGS]
+    python bench/policy.py ceiling [ARGS]
+    python bench/policy.py replay [ARGS]
+    python bench/policy.py gate-vs-law [ARGS]
 
-``python bench/policy.py policy SUBCOMMAND --help`` lists a subcommand's arguments.
+``python bench/policy.py SUBCOMMAND --help`` lists a subcommand's arguments.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from entropy_law.drafters.block import BlockDrafter, default_drafter_path  # noq
 from entropy_law.drafters.ngram import NgramDrafter  # noqa: E402
 from entropy_law.jobs.record import prompt_encoder  # noqa: E402
 from entropy_law.jobs.speed import ALL, decoder_arm, format_speedup, paired_speedups, print_progress, time_arms  # noqa: E402
-from entropy_law.law.policy import borrow_policy, fit_policy, hybrid_policy  # noqa: E402
+from entropy_law.payoff.policy import borrow_policy, fit_policy, hybrid_policy  # noqa: E402
 from entropy_law.prompts.paths import data_dir  # noqa: E402
 from entropy_law.prompts.text import load_tasks, sample_per_category  # noqa: E402
 from entropy_law.traces.layout import file_sha256  # noqa: E402
@@ -114,7 +114,7 @@ def policy_arguments(parser) -> None:
                              "paired comparison of the two dtypes) (default: %(default)s)")
     parser.add_argument("--hybrid", action="store_true",
                         help="with --block, also the hybrid drafter (n-gram + block in one tree): cost gate and law "
-                             "policy (each round the drafter whose own fitted law pays more: law.policy.hybrid_policy)")
+                             "policy (each round the drafter whose own fitted law pays more: payoff.policy.hybrid_policy)")
     parser.add_argument("--hybrid-skip", type=float, default=None, metavar="E",
                         help="with --hybrid: HybridDrafter(skip_block_at=E), the n-gram chain confidence at which the "
                              "block forward is skipped (0: whenever the n-gram proposes anything) (default: the "
@@ -145,7 +145,7 @@ def run_policy(args, parser) -> dict:
       twice: the two dtypes compared);
     - with ``--block --hybrid``: the hybrid drafter (n-gram matches and block candidates in one tree): its cost gate
       (DDTree16; ``--hybrid-skip`` sets when its n-gram proposal alone is used) and its law policy (each round the
-      drafter whose own fitted law promises the higher rate, its cost included, or none: ``law.policy.hybrid_policy``);
+      drafter whose own fitted law promises the higher rate, its cost included, or none: ``payoff.policy.hybrid_policy``);
     - the replay oracle of each drafter run (tokens per round and modelled rate only: it is not a decoder): for each
       round in hindsight the budget in {0, 1, 2, 4, 8, 16, 32} with the most committed tokens per unit of modelled
       cost ``c(N + 1) + c_draft``, replayed on AR's greedy output of the same prompt, for each drafter with an arm in the
@@ -162,7 +162,7 @@ def run_policy(args, parser) -> dict:
     With ``--context-match`` the law policies also read the context's copyability before each round (the law per
     level of the longest suffix of the context that occurred earlier in it; ``fit_policy(context_match=)``).
 
-    The law policy's parameters are fitted here (``entropy_law.law.policy.fit_policy``) from the reference traces
+    The law policy's parameters are fitted here (``entropy_law.payoff.policy.fit_policy``) from the reference traces
     in ``data/traces/<drafter>`` (Spec-Bench, chain runs; ``--traces DIR`` reads ``DIR/<drafter>`` instead, e.g. another
     target's own runs), leaving out every Spec-Bench question this bench decodes (held-out prompts; the open-ended set is
     never in the traces). Each drafter's own cost per round is measured here on the warm-up prompt by the thread's CPU
@@ -991,7 +991,7 @@ def run_ceiling(args, parser) -> dict:
     from entropy_law.decoding.gate import VerifyCost, measure_verify_cost
     from entropy_law.decoding.loading import load_target
     from entropy_law.jobs.reference import with_gate, workload_round_outcomes, workload_round_records
-    from entropy_law.law.policy import hybrid_policy, load_policy, policy_arm_meta
+    from entropy_law.payoff.policy import hybrid_policy, load_policy, policy_arm_meta
     from entropy_law.traces.layout import RUN_FILE, read_run_json
 
     torch.set_num_threads(1)
@@ -1278,11 +1278,11 @@ def run_replay(args, parser) -> dict:
 
     from entropy_law.decoding.adapter import TargetAdapter
     from entropy_law.decoding.gate import VerifyCost, measure_verify_cost
-    from entropy_law.law.cost import verify_curve
+    from entropy_law.payoff.cost import verify_curve
     from entropy_law.decoding.loading import load_target
     from entropy_law.jobs.reference import with_gate, workload_oracle_rounds, workload_rounds
-    from entropy_law.law.analysis import TraceAnalysis
-    from entropy_law.law.policy import load_policy, policy_arm_meta
+    from entropy_law.analysis import TraceAnalysis
+    from entropy_law.payoff.policy import load_policy, policy_arm_meta
     from entropy_law.traces.layout import RUN_FILE, read_run_json
     from entropy_law.traces.reader import load_traces
 
@@ -1433,8 +1433,8 @@ def per_request(folder: Path, reference: str = "ar") -> tuple[pd.DataFrame, str]
 
 
 def speedups(frame: pd.DataFrame, rows: np.ndarray) -> np.ndarray:
-    """``law.cost.paired_speedup`` of the requests at ``rows`` (positions; a leading axis of resamples allowed)."""
-    from entropy_law.law.cost import paired_speedup
+    """``payoff.cost.paired_speedup`` of the requests at ``rows`` (positions; a leading axis of resamples allowed)."""
+    from entropy_law.payoff.cost import paired_speedup
 
     return paired_speedup(*(frame[c].to_numpy(float)[rows] for c in ("ar_s", "ar_tokens", "s", "tokens")))
 

@@ -27,8 +27,8 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from entropy_law.law.analysis import TraceAnalysis  # noqa: E402
-from entropy_law.law.workload import DOES_NOT_PAY, PAYS, REPLAYED_FAMILY, verdict_right  # noqa: E402
+from entropy_law.analysis import TraceAnalysis  # noqa: E402
+from entropy_law.payoff.workload import DOES_NOT_PAY, PAYS, REPLAYED_FAMILY, verdict_right  # noqa: E402
 from entropy_law.traces.reader import load_traces  # noqa: E402
 
 
@@ -57,7 +57,7 @@ def record(out: Path, per_category: int, seed: int, max_new_tokens: int, *, task
     print(f"{per_category} per category, seed {seed}", flush=True)
     policy = None
     if policies:
-        from entropy_law.law.policy import load_policy
+        from entropy_law.payoff.policy import load_policy
         loaded = {drafter: load_policy(path) for drafter, path in policies.items()}
 
         def policy(spec):  # the drafter's law policy, None for AR
@@ -103,7 +103,7 @@ def run_speed_validation(args, parser) -> int:
       measured paired speedup (CPU clock where the trace has it), whether the prediction lies within +-10% of
       the measurement and inside its interval; then per arm the break-even entropy (interval) against the entropy
       where a logistic fit of "measured per-request speedup > 1" on the request's mean entropy crosses 0.5, and on
-      one scale the workload break-even (each request priced on its own entropy sequence: ``law.workload``) against
+      one scale the workload break-even (each request priced on its own entropy sequence: ``payoff.workload``) against
       the same log-speedup line through the measured per-request speedups, with paired bootstrap intervals.
 
     Prints tables and ends with ONE JSON line. The timings come from the machine the traces were recorded on
@@ -113,7 +113,7 @@ def run_speed_validation(args, parser) -> int:
         python bench/predict.py speed-validation data/traces_timed
 
     ``--record`` only records (then run the check). Record on an otherwise idle machine: the predicted speedup prices
-    rounds by the CPU clock (``law.cost.cpu_scaled_timings``), which a busy machine inflates unevenly
+    rounds by the CPU clock (``payoff.cost.cpu_scaled_timings``), which a busy machine inflates unevenly
     (``bench/results/predict-speed-validation.txt``: the same check on a recording made at load 4-10).
     """
     if args.record:
@@ -135,8 +135,8 @@ def replayed_validation(analysis, path: Path, law_traces: Path, *, n_boot: int, 
     import numpy as np
     import pandas as pd
 
-    from entropy_law.law.analysis import TraceAnalysis
-    from entropy_law.law.workload import REPLAYED_FAMILY
+    from entropy_law.analysis import TraceAnalysis
+    from entropy_law.payoff.workload import REPLAYED_FAMILY
     from entropy_law.traces.proposals import read_proposals
     from entropy_law.traces.reader import load_traces
 
@@ -213,7 +213,7 @@ def validate(path: Path, *, n_boot: int, seed: int, law_traces: Path | None = No
 
     from entropy_law.jobs.report import answer_lines, crossing_sentence
     from entropy_law.jobs.speed import format_speedup, paired_speedups
-    from entropy_law.law.analysis import TraceAnalysis
+    from entropy_law.analysis import TraceAnalysis
     from entropy_law.traces.reader import load_traces
 
     pd.set_option("display.width", 200)
@@ -319,7 +319,7 @@ def validate(path: Path, *, n_boot: int, seed: int, law_traces: Path | None = No
 
 # --- unseen ----------------------------------------------------------------------------------------------------------
 
-right = verdict_right  # whether a verdict agrees with the measured interval (law.workload, shared with other benches)
+right = verdict_right  # whether a verdict agrees with the measured interval (payoff.workload, shared with other benches)
 
 
 def subset(traces, keep) -> SimpleNamespace:
@@ -351,7 +351,7 @@ def unseen_arguments(parser) -> None:
                         help="attach the context's copyability (rebuilt from the prompts with the runs' target's "
                              "tokenizer where not recorded): the drafted-depth model then reads it")
     parser.add_argument("--family", default=None,
-                        help="the law that prices the workloads (default: the primary law, law.analysis."
+                        help="the law that prices the workloads (default: the primary law, analysis."
                              "DEFAULT_FAMILY); e.g. law_exp_obs_ceil_top1, whose DP reads the target's top-1 "
                              "probability at every position of the AR run")
 
@@ -510,12 +510,12 @@ def run_unseen(args, parser) -> dict:
 def fit_reference_policy(drafter: str, out: Path, arm_traces: Path, context_match: bool = False) -> None:
     """Law policy parameters for ``drafter`` ("ngram" or "block") from its runs in ``data/traces`` (Spec-Bench, none
     of the open-ended prompts), its draft cost (one-token forwards per round) from ``arm_traces``' timed DDTree16 arm
-    of the drafter: ``entropy_law.law.policy.fit_policy`` with its defaults; ``context_match``: with the copyability
+    of the drafter: ``entropy_law.payoff.policy.fit_policy`` with its defaults; ``context_match``: with the copyability
     input (``jobs.reference.context_matches`` of each run, the prompts rebuilt from Spec-Bench)."""
     import warnings
 
-    from entropy_law.law.analysis import TraceAnalysis
-    from entropy_law.law.policy import fit_policy, save_policy
+    from entropy_law.analysis import TraceAnalysis
+    from entropy_law.payoff.policy import fit_policy, save_policy
     from entropy_law.traces.reader import load_traces
 
     warnings.simplefilter("ignore")
@@ -553,7 +553,7 @@ def law_check(arm_traces: Path, ar_path: Path, source, table, law_from: str, law
     import pandas as pd
 
     from entropy_law.commands.predict import replayed_laws
-    from entropy_law.law.workload import REPLAYED_FAMILY, verdict_right
+    from entropy_law.payoff.workload import REPLAYED_FAMILY, verdict_right
     from entropy_law.traces.reader import load_traces
 
     args = SimpleNamespace(workload=str(ar_path), arm_traces=str(arm_traces), law_from=law_from, law_tasks=law_tasks,
@@ -664,12 +664,12 @@ def check(path: Path, arm_traces: Path, n_boot: int, seed: int, law_from: str | 
 
     from entropy_law.decoding.loading import load_target
     from entropy_law.jobs.reference import workload_rounds
-    from entropy_law.law.analysis import SPEEDUP_BOOT, TraceAnalysis
-    from entropy_law.law.cost import paired_speedup, paired_speedup_interval
+    from entropy_law.analysis import SPEEDUP_BOOT, TraceAnalysis
+    from entropy_law.payoff.cost import paired_speedup, paired_speedup_interval
     from entropy_law.decoding.adapter import TargetAdapter
     from entropy_law.decoding.gate import measure_verify_cost
-    from entropy_law.law.policy import policy_arm_meta
-    from entropy_law.law.workload import verdict_right
+    from entropy_law.payoff.policy import policy_arm_meta
+    from entropy_law.payoff.workload import verdict_right
     from entropy_law.traces.layout import RUN_FILE, read_run_json
     from entropy_law.traces.reader import load_traces
 
@@ -850,7 +850,7 @@ def run_open_ended(args, parser) -> int:
       a law policy (``--record ... --policy ngram=FITTED.json``: its parameters in its run.json) is replayed with those
       parameters over the AR run, with the verify-cost curve measured here (as the online run measured its own), and
       priced by the cost model of ``--from``'s arm of the same drafter, tree and budget
-      (``law.policy.policy_arm_meta``), as ``entropy-law predict --policy`` prices it: the check of a policy priced before
+      (``payoff.policy.policy_arm_meta``), as ``entropy-law predict --policy`` prices it: the check of a policy priced before
       it ever ran (its skipped rounds without the drafter's time).
 
     Prints a table and ends with ONE JSON line.

@@ -1090,7 +1090,7 @@ def test_predict_says_when_a_block_arm_is_not_the_checkpoint_a_run_would_load_to
     assert notes_of(runs)("block ddtree16") == []
     [text] = notes_of(runs)("mine ddtree16")
     assert "recorded with the checkpoint sha256:" in text  # new.safetensors is not under data/drafters/ nor the env
-    assert "not old.safetensors" in text and "bench/speed_validation.py --record" in text
+    assert "not old.safetensors" in text and "bench/predict.py speed-validation --record" in text
     # the shipped files: the reference traces' block arms name the sixth checkpoint, found under data/drafters/
     from entropy_law.drafters.block import DEFAULT_CHECKPOINT, REFERENCE_CHECKPOINT, default_drafter_path
 

@@ -336,7 +336,7 @@ def test_law_command_asks_for_the_replayed_proposals(capsys):
     from entropy_law.cli import main
 
     assert main(["law", "--simulate", "3", "--drafter", "sim-block", "--loco", "--loco-depths", "replayed"]) == 2
-    assert "bench/replayed_proposals.py --write" in capsys.readouterr().err
+    assert "bench/law.py proposals --write" in capsys.readouterr().err
 
 
 def test_the_proposals_module_needs_no_torch():
@@ -354,7 +354,7 @@ def test_trace_analysis_reports_the_replayed_mode_where_proposals_are_given(sim)
 
     plain = TraceAnalysis(sim, family="law_exp")
     assert "replayed" not in plain.loco_depths
-    assert "bench/replayed_proposals.py" in plain.attempt("loco", "sim-block chain", "replayed").error
+    assert "bench/law.py proposals" in plain.attempt("loco", "sim-block chain", "replayed").error
     an = TraceAnalysis(sim, family="law_exp", proposals=_full_proposals(sim))
     assert an.loco_depths == ("training", "replayed", "oracle")
     full = loco_transfer(sim, "law_exp", drafter="sim-block", depths="full")

@@ -114,7 +114,7 @@ def run(args) -> int:
         proposals = read_proposals(args.traces) if args.traces and args.simulate is None else None
         if proposals is None:
             raise ValueError("--loco-depths replayed needs the runs' replayed proposals (proposals.parquet beside "
-                             "run.json): make them with bench/replayed_proposals.py --write")
+                             "run.json): make them with bench/law.py proposals --write")
     laws = fit_law(traces, args.family, by="drafter_id")
     drafters = [args.drafter] if args.drafter else list(laws.laws)
     for drafter in drafters:

@@ -185,7 +185,7 @@ def checkpoint_notes(analysis, arms) -> dict[str, list[str]]:
                   + ", ".join(others[s].name if others.get(s) else f"sha256:{s[:8]} (not found here)" for s in shas)
                   + f", not {default.name}, which `entropy-law record --drafter block` loads when no --checkpoint is "
                   "named: this answer is for the recorded one; for the default, time it beside AR on this machine "
-                  "(bench/speed_validation.py --record) and pass those runs as --from"]
+                  "(bench/predict.py speed-validation --record) and pass those runs as --from"]
             for arm, shas in recorded.items() if shas != [sha]}
 
 
@@ -224,7 +224,7 @@ def replayed_laws(args, analysis, arms, workload, family: str | None = None) -> 
     proposals = read_proposals(law_from)
     if proposals is None:
         raise ValueError(f"--replay needs the arms' replayed proposals in {law_from} (proposals.parquet beside run.json: "
-                         f"bench/replayed_proposals.py --traces {law_from} --write), or --law-from traces that have them")
+                         f"bench/law.py proposals --traces {law_from} --write), or --law-from traces that have them")
     law_traces = load_traces(law_from)
     arms_of = TraceAnalysis(law_traces, family=REPLAYED_FAMILY, proposals=proposals, n_boot=0)  # checks, no fit
     missing = [a for a in arms if a not in arms_of.arms]

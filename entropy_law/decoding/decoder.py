@@ -93,7 +93,7 @@ class SpeculativeDecoder:
     ``RatioGate(min_expected_accepted=0)``: verify whatever was drafted), ``gate.CostGate()`` (the best-value
     prefix under this machine's verify-cost curve, timed when the decoder is built, or a curve given),
     ``gate.PredicateGate(should_draft)``, a ``policy.LawPolicy`` / ``policy.HybridLawPolicy`` (or their
-    parameters, a dict from ``entropy_law.law.policy.fit_policy`` / ``hybrid_policy``, priced with the curve they
+    parameters, a dict from ``entropy_law.payoff.policy.fit_policy`` / ``hybrid_policy``, priced with the curve they
     store, else one measured now; checked against the drafter and the target), ``replay.HindsightPolicy`` (the
     replay oracle's rounds, timed), or any other ``RoundPolicy``. With a law policy ``budget`` is the most nodes a
     round may verify. Whatever the policy decides, the output is the greedy output. Without a drafter nothing is

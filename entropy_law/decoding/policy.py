@@ -44,12 +44,12 @@ Known here: ``LawPolicy``, which the round consults twice (``round.play_round``)
    is then fitted per level of ``m`` (text that repeats earlier text can be drafted far more reliably at the same
    entropy) and the round uses the table of its level, before drafting and in ``plan``.
 
-The law's numbers arrive as plain parameters (a JSON-able dict, fitted by ``entropy_law.law.policy`` and
+The law's numbers arrive as plain parameters (a JSON-able dict, fitted by ``entropy_law.payoff.policy`` and
 stored in the run's metadata): this module never imports the law layer. ``c(n)`` is the measured verify-cost
 curve (``gate.VerifyCost``). The policy picks which drafted nodes are verified; the acceptance rule is the
 round's, so the output is the greedy output whatever it decides.
 
-Not known here: how the law is fitted (``entropy_law.law.policy``), how trees are built (``tree``).
+Not known here: how the law is fitted (``entropy_law.payoff.policy``), how trees are built (``tree``).
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def check_policy_drafter(params: dict, drafter) -> None:
     """Raise ``ValueError`` when policy parameters were fitted for another drafter (``drafter_id``) or another
     checkpoint of it (``checkpoint_sha256``, where both sides have one): a law of one drafter's acceptance says
     little about another's. Parameters without these keys (made by hand, or before they were kept) are not
-    checked. ``entropy_law.law.policy.borrow_policy`` relabels parameters to apply them knowingly."""
+    checked. ``entropy_law.payoff.policy.borrow_policy`` relabels parameters to apply them knowingly."""
     fitted_id, fitted_sha = params.get("drafter_id"), params.get("checkpoint_sha256")
     drafter_id = getattr(drafter, "drafter_id", None)
     sha = drafter_run_config(drafter).get("checkpoint_sha256")
@@ -98,7 +98,7 @@ def check_policy_drafter(params: dict, drafter) -> None:
     else:
         return
     raise ValueError(f"the policy was {problem}: fit one on this drafter's runs (entropy-law policy TRACES --drafter "
-                     "ARM), or apply it knowingly with entropy_law.law.policy.borrow_policy (entropy-law record "
+                     "ARM), or apply it knowingly with entropy_law.payoff.policy.borrow_policy (entropy-law record "
                      "--policy-borrow)")
 
 
@@ -107,18 +107,18 @@ def check_policy_target(params: dict, model_id: str | None) -> None:
     list ``fit_policy`` keeps) than ``model_id``: a law maps *this* target's entropies to acceptance, and another
     target's entropies sit on another scale (its vocabulary, its training). Not checked where either side names no
     model (parameters made by hand or before they were kept; a decoder built on a bare module or adapter, whose name
-    is only its class). ``entropy_law.law.policy.borrow_policy(..., model_id=None)`` applies one knowingly."""
+    is only its class). ``entropy_law.payoff.policy.borrow_policy(..., model_id=None)`` applies one knowingly."""
     fitted = params.get("model_id")
     if model_id is None or not isinstance(fitted, list) or not fitted or str(model_id) in fitted:
         return
     raise ValueError(f"the policy was fitted on traces of target {', '.join(fitted)}, this decoder's target is "
                      f"{model_id!r}: fit one on this target's runs (entropy-law policy TRACES --drafter ARM), or apply "
-                     "it knowingly with entropy_law.law.policy.borrow_policy(params, ..., model_id=None) (entropy-law "
+                     "it knowingly with entropy_law.payoff.policy.borrow_policy(params, ..., model_id=None) (entropy-law "
                      "record --policy-borrow)")
 
 
 class LawPolicy:
-    """A per-round policy from plain parameters (``entropy_law.law.policy.fit_policy`` makes them).
+    """A per-round policy from plain parameters (``entropy_law.payoff.policy.fit_policy`` makes them).
 
     ``params``: the dict of ``fit_policy`` (keys ``REQUIRED_KEYS``; ``verify_cost`` optional).
     ``verify_cost``: the measured cost curve of this machine; default: the one stored in ``params``.
@@ -133,7 +133,7 @@ class LawPolicy:
                              "drafter, or a replay, takes one drafter's law (params['ngram'] or params['block'])")
         missing = [key for key in REQUIRED_KEYS if key not in params]
         if missing:
-            raise ValueError(f"policy parameters lack {missing}; make them with entropy_law.law.policy.fit_policy "
+            raise ValueError(f"policy parameters lack {missing}; make them with entropy_law.payoff.policy.fit_policy "
                              "(and save_policy) from traces of this drafter")
         if params["kind"] != POLICY_KIND or params["version"] != POLICY_VERSION:
             raise ValueError(f"not policy parameters of kind {POLICY_KIND!r} version {POLICY_VERSION}: "
@@ -402,7 +402,7 @@ class HybridLawPolicy:
 
     ``params``: ``{"kind": HYBRID_POLICY_KIND, "version": 1, "ngram": ..., "block": ...}``, the law policy
     parameters of the n-gram drafter and of the block drafter, each fitted on that drafter's own traces with its
-    own cost (``entropy_law.law.policy.hybrid_policy`` makes them). Before drafting, each law gives its best
+    own cost (``entropy_law.payoff.policy.hybrid_policy`` makes them). Before drafting, each law gives its best
     chain rate on the same inputs (entropy window and, where it reads it, the context's copyability), its draft
     cost included: the n-gram drafter costs almost nothing, the block drafter a forward. Prompt lookup is cheap
     enough to run first (``HybridDrafter.ngram_proposal``, reused when it drafts), so the n-gram law's chain goes
@@ -418,7 +418,7 @@ class HybridLawPolicy:
     def __init__(self, params: dict, verify_cost: VerifyCost | None = None, drafter=None):
         if not isinstance(params, dict) or params.get("kind") != HYBRID_POLICY_KIND or params.get("version") != 1:
             raise ValueError(f"not hybrid policy parameters (kind {HYBRID_POLICY_KIND!r} version 1): make them with "
-                             "entropy_law.law.policy.hybrid_policy(ngram_params, block_params)")
+                             "entropy_law.payoff.policy.hybrid_policy(ngram_params, block_params)")
         missing = [route for route in HYBRID_ROUTES if not isinstance(params.get(route), dict)]
         if missing:
             raise ValueError(f"hybrid policy parameters lack the law policy of {missing} (a dict from fit_policy each)")

@@ -54,7 +54,7 @@ ARMS = {
     "ar": ArmSpec("ar", AR, AR_TREE_POLICY),
     "ngram": ArmSpec("ngram", "ngram", "chain"),
     "ngram-ddtree16": ArmSpec("ngram-ddtree16", "ngram", "ddtree", DDTREE_BUDGET),
-    # other budgets, to time what `entropy-law predict --budgets` prices (bench/predict_open_ended.py --arms)
+    # other budgets, to time what `entropy-law predict --budgets` prices (bench/predict.py open-ended --arms)
     "ngram-ddtree4": ArmSpec("ngram-ddtree4", "ngram", "ddtree", 4),
     "ngram-ddtree8": ArmSpec("ngram-ddtree8", "ngram", "ddtree", 8),
     "block": ArmSpec("block", "block", "chain"),

@@ -62,7 +62,7 @@ from entropy_law.traces.recorder import TraceRecorder
 from entropy_law.traces.stats import TARGET_STAT_KEYS
 
 DEFAULT_BATCH_TOKENS = 0  # one forward per request: on a CPU padded batches cost more than they save
-# (bench/results/entropy_speed.txt)
+# (bench/results/entropy-speed.txt)
 DEFAULT_FLUSH_EVERY = 16
 DEFAULT_FLUSH_SECONDS = 60.0
 STATS_ROWS = 32  # logit rows per statistics call: [32, V] fp32 stays in cache, where a few hundred rows do not

@@ -38,7 +38,7 @@ def loco(an, arm: str, depths: str = "training"):
                          else an.proposals.loc[an.proposals["run_id"].astype(str).isin(runs)])
             if proposals is None or set(proposals["run_id"].astype(str)) != runs:
                 raise ValueError(f"no replayed proposals for every run of arm {arm!r} (proposals.parquet beside "
-                                 "run.json: bench/replayed_proposals.py --write)")
+                                 "run.json: bench/law.py proposals --write)")
         return loco_transfer(an.arm_view(arm), an.family, drafter=arm, depths=depths, proposals=proposals)
 
     return an._cached(("loco", arm, depths), compute)

@@ -256,7 +256,7 @@ PRIMARY_CANDIDATES = ("law_logit", "law_exp", "law_exp0", "law_power", "law_exp_
                       "law_exp_runmean", "law_exp_pos", "law_exp_ceil", "law_exp_obs", "law_exp_obs_ceil")
 # laws in per-position columns that not every trace holds (docs/law.md, "Covariate laws"): the
 # context's copyability (context_match) and the target's top-1 probability (target_top1_prob); each is a candidate
-# of the rule wherever every arm's at-risk trials hold its columns (bench/law_categories.py)
+# of the rule wherever every arm's at-risk trials hold its columns (bench/law.py categories)
 COVARIATE_CANDIDATES = ("law_exp_obs_ceil_copy", "law_exp_obs_ceil_top1", "law_exp_obs_ceil_top1_copy")
 
 

@@ -228,7 +228,7 @@ _RAW_TERM = {"target_top1_prob": "log_target_miss", "target_miss_prob": "log_tar
 STEADY_GRID_MAX_NATS = 25.0
 STEADY_GRID_POINTS = 256
 
-# the primary law, chosen by the rule in docs/law.md ("Choosing the primary law") from bench/law_categories.py
+# the primary law, chosen by the rule in docs/law.md ("Choosing the primary law") from bench/law.py categories
 # among the laws every trace our decoder records supports; it reads the target's top-1
 # probability, which imported engine logs and GLANCE's round logs lack: there the primary is PRIMARY_FALLBACK
 # (the rule's winner among the laws in H and decode-time covariates only). ``primary_family`` chooses.

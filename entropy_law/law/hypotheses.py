@@ -55,7 +55,7 @@ def robust_score_test(restricted: FittedLaw, full: FittedLaw, terms: list[str]) 
     Efficient score per request u_g = s_g2 - I21 I11^-1 s_g1 (observed information of the full model
     at the restricted estimates); LM = (sum u_g)' (sum u_g u_g')^-1 (sum u_g) ~ chi2(q). It uses the
     null fit only, which keeps its size closer to nominal than the Wald form when categories have few
-    requests (checked in bench/law_recovery.py).
+    requests (checked in bench/law.py recovery).
     """
     model = full.result.model
     names = list(model.exog_names)
@@ -159,7 +159,7 @@ def universality_test(traces, *, drafter: str | None = None, eps: float = atrisk
     smallest = int(counts.groupby("category")["request_id"].nunique().min())
     if smallest < 40:
         notes.append(f"smallest category has {smallest} requests: the robust Wald form over-rejects below ~40 "
-                     "(bench/law_recovery.py); the decision uses the robust score test")
+                     "(bench/law.py recovery); the decision uses the robust score test")
     return TestResult(name="P1 universality (law_exp_cat vs law_exp, cluster-robust score test by request)",
                       summary=_rows(table), p_value=score["p_value"],
                       details=dict(wald=wald, score=score, law=law, law_cat=full),

@@ -268,7 +268,7 @@ def proposal_arrays(proposals: pd.DataFrame, length: int, drafts: int, *,
     missing = np.setdiff1d(np.arange(1, length), start)
     if missing.size:
         raise ValueError(f"replayed proposals{where} lack {missing.size} of the {length - 1} round starts (first: "
-                         f"position {missing[0]}); replay them for this run (bench/replayed_proposals.py --write)")
+                         f"position {missing[0]}); replay them for this run (bench/law.py proposals --write)")
     depth[start] = np.minimum(of, drafts)
     keep = (d >= 1) & (d <= drafts)
     top1[start[keep], d[keep] - 1] = proposals["top1_prob"].to_numpy(float)[inside][keep]
@@ -285,7 +285,7 @@ def replayed_arrays(proposals: pd.DataFrame, sequences: pd.DataFrame, drafts: in
         key = (str(rec.run_id), str(rec.request_id))
         if key not in groups.groups:
             raise ValueError(f"no replayed proposals for request {key[1]!r} of run {key[0]!r}; replay them "
-                             "(bench/replayed_proposals.py --write)")
+                             "(bench/law.py proposals --write)")
         depth, top1 = proposal_arrays(groups.get_group(key), len(rec.entropy), drafts, where=f" of request {key[1]!r}")
         out[key] = (np.eye(drafts + 1)[depth], top1)
     return out
@@ -316,7 +316,7 @@ def predict_requests(law: FittedLaw, sequences: pd.DataFrame, B: int, *, drafter
         raise ValueError("depths='training' needs a depth_model (TrainingDepthModel.fit on other requests' rounds)")
     if depths == "replayed" and proposals is None:
         raise ValueError("depths='replayed' needs the drafter's replayed proposals (traces.proposals.read_proposals; "
-                         "bench/replayed_proposals.py --write makes them)")
+                         "bench/law.py proposals --write makes them)")
     if law.family.needs_draft_stats and depths != "replayed":
         raise ValueError(f"{law.family.name} predicts from the drafter's top-1 probability at every round start: "
                          "use depths='replayed' with replayed proposals")

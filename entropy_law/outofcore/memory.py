@@ -13,7 +13,7 @@ import os
 
 
 # what fit_law needs in memory per token row, from the peak memory of an in-memory fit of a large fleet
-# (bench/fleet.py); the full report holds more (bootstrap, LOCO), so this is a lower bound of what an in-memory
+# (bench/fleet.py fleet); the full report holds more (bootstrap, LOCO), so this is a lower bound of what an in-memory
 # analysis needs
 IN_MEMORY_BYTES_PER_TOKEN_ROW = 880
 

@@ -639,7 +639,7 @@ def fit_law_out_of_core(traces, family: str = "law_exp", by: str | None = None, 
        sums), t(G - 1) inference.
 
     Returns the ``FittedLaw`` (``LawSet`` with ``by``) of ``fit_law``: the same summary, predictions and printout;
-    estimates and standard errors equal within 1e-6 (``tests/test_outofcore.py``, ``bench/fleet.py``). Its
+    estimates and standard errors equal within 1e-6 (``tests/test_outofcore.py``, ``bench/fleet.py fleet``). Its
     ``result`` is a statsmodels ``GLMResults`` whose params, covariance, llf, deviance and nobs are those of the
     whole fit; its ``model`` holds the design info and the first cells only (observation-level attributes such
     as ``resid`` are not available out of core), and the law keeps no count table (``counts`` is None, so the

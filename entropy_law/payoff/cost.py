@@ -121,7 +121,7 @@ def paired_speedup_interval(ref_time, ref_tokens, arm_time, arm_tokens, *, rng: 
     it is narrower than the studentized interval exp(log S +- t(n - 1) x SE): SE the jackknife standard error of
     log S over requests, t the Student quantile with n - 1 degrees of freedom. With few requests a percentile
     bootstrap covers far less than ``level``: with 2 requests its ends are the two single-request ratios, and two
-    runs of the demo on the same two prompts gave disjoint intervals (bench/demo_repeat.py); the t quantile
+    runs of the demo on the same two prompts gave disjoint intervals (bench/speed.py demo-repeat); the t quantile
     (12.7 at 2 requests, 2.8 at 5, 2.0 at 40) gives such a sample the width it needs. With many requests the
     two agree and the bootstrap's shape (skew) is kept. ``pooled``: ``(SD, df)`` of ``pooled_log_speedup_sd`` over
     all the arm's requests; below ``MIN_PAIRED_REQUESTS`` requests (too few for a result anyway: the interval is

@@ -152,7 +152,7 @@ class Overdispersion:
         average (``tests/test_law_predict.py`` checks it by simulation). The sum of squares over k taken as it is
         would count the fit's error twice: (k + 1) / (k - 1) s^2 in all. In-sample residual means lie closer to the
         law that was fitted to them: there the divisor is k - 1. The nested estimate is the one that sees a law
-        misspecified across categories (``bench/interval_calibration.py`` measures the coverage of both)."""
+        misspecified across categories (``bench/law.py intervals`` measures the coverage of both)."""
         if residual.empty:
             raise ValueError("no training requests to estimate the overdispersion from")
         groups = residual.groupby("category")
@@ -294,7 +294,7 @@ class RequestPredictions(Result):
     def coverage_interval(self, alpha: float = 0.05) -> tuple[float, float]:
         """Wilson interval of the pooled coverage (requests treated as independent). Requests of one held-out
         category share its mean's error, so with few categories this is too narrow for what another draw of
-        categories would give (``bench/interval_calibration.py`` measures how much); the category part does not
+        categories would give (``bench/law.py intervals`` measures how much); the category part does not
         shrink with more requests per category."""
         from statsmodels.stats.proportion import proportion_confint
 

@@ -510,7 +510,7 @@ def _fit(traces, family: str, drafter: str, eps: float) -> FittedLaw:
 # the law in the drafter's confidence, for a workload priced with the drafter's replayed proposals
 REPLAYED_FAMILY = "law_exp_obs_ceil_drafttop"
 # the same plus the context's copyability (and the target's top-1 probability): the drafter-aware law by the rule of
-# docs/law.md (bench/law_categories.py, section 5), where the workload's and the law's traces hold those columns
+# docs/law.md (bench/law.py categories, section 5), where the workload's and the law's traces hold those columns
 REPLAYED_COPY_FAMILY = "law_exp_obs_ceil_drafttop_top1_copy"
 REPLAYED_COPY_FALLBACK = "law_exp_obs_ceil_drafttop_copy"  # copyability, but no target top-1 probability
 
