@@ -58,7 +58,11 @@ def test_both_bounds_are_attained(pk, n_top, tail_tokens, fill):
         return
     vocab = n_top + tail_tokens
     n, r = int(np.floor(tail / pk)), tail - np.floor(tail / pk) * pk
-    packed = np.concatenate([head, np.full(n, pk), [r], np.zeros(tail_tokens - n - 1)])
+    tail_part = np.zeros(tail_tokens)  # as many tokens at p_k as fit, then the remainder (none when n fills it)
+    tail_part[:min(n, tail_tokens)] = pk
+    if n < tail_tokens:
+        tail_part[n] = r
+    packed = np.concatenate([head, tail_part])
     uniform = np.concatenate([head, np.full(tail_tokens, tail / tail_tokens)])
     est = topk_entropy(np.log(head), vocab)
     assert est.lower_nats[0] == pytest.approx(exact_entropy(packed), abs=1e-9)

@@ -33,8 +33,8 @@ def register(subparsers) -> None:
                    help="drafter id for run.json, e.g. eagle3 or ngram (default: ENGINE:FILE-STEM, so runs of two "
                         "files are never one arm)")
     p.add_argument("--vocab-size", type=int, default=None,
-                   help="the target's vocabulary size V (config.json vocab_size): responses with top-k "
-                        "log-probabilities then get entropy bounds and an estimate per token (docs/trace-schema.md)")
+                   help="the target's vocabulary size V: top-k log-probabilities then give entropy bounds "
+                        "and an estimate per token (docs/trace-schema.md)")
     p.add_argument("--overwrite", action="store_true", help="replace a run already in --out")
     p.set_defaults(func=run)
 

@@ -18,8 +18,8 @@ def register(subparsers) -> None:
     p.add_argument("traces", nargs="?", help="a run directory, or a folder searched for runs (load_traces)")
     p.add_argument("--simulate", type=int, metavar="SEED", help="use simulated traces with this seed instead")
     p.add_argument("--family", default=None,
-                   help="law family (default: the primary law; its fallback, said, on traces without the "
-                        "target's top-1 probability); 'glance' / 'glance_readme': GLANCE's law (fit_glance)")
+                   help="law family (default: the primary law, or its fallback, said); 'glance' / "
+                        "'glance_readme': GLANCE's law (fit_glance)")
     p.add_argument("--drafter", help="only this arm, e.g. 'ngram chain' (default: every arm)")
     p.add_argument("--loco", action="store_true", help="leave-one-category-out transfer")
     p.add_argument("--tests", action="store_true", help="pre-registered tests P1-P3 with Holm correction")

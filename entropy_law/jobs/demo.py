@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 DEFAULT_ARMS = ("ar", "ngram", "block-ddtree16")
-DEFAULT_LIMIT = 2
+DEFAULT_LIMIT = 5  # the fewest requests a category's verdict rests on (jobs.report.category_verdict)
 DEFAULT_MAX_NEW_TOKENS = 128
 
 
