@@ -331,8 +331,7 @@ def fit_glance(data, form: str = "code", *, by: str | None = None, per_category:
     """Fit GLANCE's law, pooled and per category (GLANCE: per task), to ``data``: traces of one arm (any
     object with ``.tokens``, ``.rounds``, ``.runs``; ``glance_rounds`` makes the rounds) or a per-round
     table (``read_glance_rounds`` / ``glance_rounds``: ``entropy``, ``accepted``, optional ``category`` or
-    ``task`` and ``request_id``). Also reached as ``fit_glance(data)`` (code form) or
-    ``family="glance_readme"``.
+    ``task`` and ``request_id``).
 
     ``form``: ``"code"`` or ``"readme"`` (module docstring); ``cap``: the cap, or L. ``by``: ``None`` or
     ``"category"`` (the same: GLANCE fits per category and pooled); ``per_category=False`` fits the pooled
