@@ -46,6 +46,7 @@ def record(out: Path, per_category: int, seed: int, max_new_tokens: int, *, task
     import torch
 
     from entropy_law.decoding.loading import load_target
+    from entropy_law.jobs.plan import Drafting, Limits
     from entropy_law.jobs.record import record_timed
     from entropy_law.prompts.text import load_tasks, sample_per_category
 
@@ -62,9 +63,12 @@ def record(out: Path, per_category: int, seed: int, max_new_tokens: int, *, task
 
         def policy(spec):  # the drafter's law policy, None for AR
             return loaded.get(spec.drafter)
-    record_timed(tasks, arms, out, load_target("smollm2-135m"), max_new_tokens=max_new_tokens, break_lock=break_lock,
-                 log=lambda m: print(m, flush=True), metadata={"seed": seed, "tasks": tasks_name, **(metadata or {})},
-                 policy=policy, gate=gate)
+    if gate is None:  # the ratio gate; the cost gate with a policy (which prices trees with its curve)
+        gate = "ratio" if policy is None else "cost"
+    record_timed(tasks, arms, out, load_target("smollm2-135m"), limits=Limits(max_new_tokens, warm_up_tokens=16),
+                 break_lock=break_lock, log=lambda m: print(m, flush=True),
+                 metadata={"seed": seed, "tasks": tasks_name, **(metadata or {})},
+                 drafting=Drafting(gate=gate, policy=policy))
 
 
 def speed_validation_arguments(parser) -> None:

@@ -458,12 +458,13 @@ def run_aa_noise(args, parser) -> dict:
 # --- demo-repeat -----------------------------------------------------------------------------------------------------
 
 def measure(tasks, specs, target, out: Path, max_new_tokens: int, seed: int):
+    from entropy_law.jobs.plan import Limits, Output, RecordPlan
     from entropy_law.jobs.record import record_arms
     from entropy_law.jobs.speed import paired_speedups
 
-    recorded = record_arms(tasks, specs, out, target, max_new_tokens=max_new_tokens, warm_up_tokens=16,
-                           progress=False, run_metadata=lambda spec: {"seed": seed, "replayed": False,
-                                                                      "arm": spec.name})
+    plan = RecordPlan(tasks, specs, target, Output(out), Limits(max_new_tokens, warm_up_tokens=16),
+                      run_metadata=lambda spec: {"seed": seed, "replayed": False, "arm": spec.name})
+    recorded = record_arms(plan, progress=False)
     ar = next(spec.name for spec in specs if not spec.drafts)
     timings = recorded.timings(ar)
     return paired_speedups(timings, reference=ar, clock="cpu", seed=seed), timings

@@ -45,6 +45,7 @@ _EXPORTS = {
     "make_figures": "entropy_law.plots.gallery",
     "write_report": "entropy_law.jobs.report",
     "run_demo": "entropy_law.jobs.demo",
+    "DemoPlan": "entropy_law.jobs.demo",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

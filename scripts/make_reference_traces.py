@@ -21,12 +21,14 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from entropy_law.decoding.loading import load_target  # noqa: E402
-from entropy_law.jobs.reference import DEFAULT_REPLAY_ARMS, make_reference_traces  # noqa: E402
+from entropy_law.jobs.reference import (DEFAULT_REPLAY_ARMS, ReferencePlan, make_reference_traces,  # noqa: E402
+                                        reference_limits)
 from entropy_law.prompts.text import load_tasks  # noqa: E402
 from entropy_law.traces.compact import compact_run  # noqa: E402
 
@@ -54,16 +56,17 @@ def main(argv=None) -> int:
                    help="keep a shard per prompt (default: compact each complete run when the job ends)")
     p.add_argument("--no-progress", action="store_true")
     args = p.parse_args(argv)
-    if args.limit < 1 or args.max_new_tokens < 2 or args.ar_limit < 0:
-        p.error("--limit >= 1, --max-new-tokens >= 2 and --ar-limit >= 0 please")
-
+    if args.limit < 1:
+        p.error("--limit >= 1 please")
     t0 = time.perf_counter()
     tasks = load_tasks("spec_bench", categories=args.categories, limit=args.limit)
-    target = load_target(args.model)
-    runs = make_reference_traces(tasks, target, args.out, max_new_tokens=args.max_new_tokens,
-                                 replay_arms=args.replay, ar_limit=args.ar_limit,
-                                 verify_cost_ratio=args.verify_cost_ratio, from_run=args.from_run,
-                                 break_lock=args.break_lock, progress=not args.no_progress)
+    try:  # the plan and its rules (max_new_tokens, ar_limit, ...) before the model loads; the target after
+        plan = ReferencePlan(tasks, None, args.out, reference_limits(args.max_new_tokens), replay_arms=args.replay,
+                             ar_limit=args.ar_limit, verify_cost_ratio=args.verify_cost_ratio,
+                             from_run=args.from_run, break_lock=args.break_lock)
+    except ValueError as err:
+        p.error(str(err))
+    runs = make_reference_traces(replace(plan, target=load_target(args.model)), progress=not args.no_progress)
     if not args.no_compact:
         for arm, run in runs.items():
             done = compact_run(run)

@@ -653,18 +653,19 @@ def test_a_timed_recording_resumed_keeps_the_calls_timed_before(model_folder, ta
     import pandas as pd
 
     from entropy_law.decoding.loading import load_target
+    from entropy_law.jobs.plan import Drafting, Limits
     from entropy_law.jobs.record import record_timed
     from entropy_law.prompts.text import load_tasks
 
     tasks = [t for t in load_tasks(task_file) if t.category in ("alpha", "gamma")]
     target, out, lines = load_target(str(model_folder)), tmp_path / "timed", []
-    record_timed(tasks[:2], ("ar", "ngram"), out, target, max_new_tokens=6, warm_up_tokens=0,
+    record_timed(tasks[:2], ("ar", "ngram"), out, target, limits=Limits(6),
                  metadata={"seed": 3, "tasks": str(task_file)}, log=lines.append)
     first = pd.read_csv(out / "timings.csv")
     assert sorted(first["arm"]) == ["ar", "ar", "ngram", "ngram"] and first["matches_reference"].all()
     meta = json.loads((out / "ngram" / "run.json").read_text())
     assert (meta["arm"], meta["seed"], meta["replayed"], meta["tasks"]) == ("ngram", 3, False, str(task_file))
-    record_timed(tasks, ("ar", "ngram"), out, target, max_new_tokens=6, warm_up_tokens=0, log=lines.append)
+    record_timed(tasks, ("ar", "ngram"), out, target, limits=Limits(6), log=lines.append)
     both = pd.read_csv(out / "timings.csv")
     assert len(both) == 2 * len(tasks) and both["request_id"].nunique() == len(tasks) > 2
     pd.testing.assert_frame_equal(both.iloc[:len(first)], first)
@@ -673,12 +674,13 @@ def test_a_timed_recording_resumed_keeps_the_calls_timed_before(model_folder, ta
 
 def test_a_timed_recording_with_a_law_policy_per_drafter_stores_it_and_is_its_own_arm(model_folder, task_file,
                                                                                      tmp_path, monkeypatch):
-    """``record_timed(policy=)`` with a function of the arm (one policy per drafter, the open-ended check's
+    """``record_timed(drafting=Drafting(policy=))`` with a function of the arm (one policy per drafter, the open-ended check's
     recorder): the n-gram arm runs its law policy (the cost gate, the curve measured: fixed here) and its run.json
     holds the parameters as given; the AR run holds none; the analysis labels the run as a law-policy arm."""
     from test_policy import params
 
     from entropy_law.decoding.loading import load_target
+    from entropy_law.jobs.plan import Drafting, Limits
     from entropy_law.jobs.record import record_timed
     from entropy_law.analysis import TraceAnalysis
     from entropy_law.law.arms import policy_gate
@@ -689,8 +691,8 @@ def test_a_timed_recording_with_a_law_policy_per_drafter_stores_it_and_is_its_ow
     law = {**params(0.8, slope=True), "drafter_id": "ngram"}
     tasks = [t for t in load_tasks(task_file) if t.category in ("alpha", "gamma")][:2]
     out = tmp_path / "timed"
-    record_timed(tasks, ("ar", "ngram"), out, load_target(str(model_folder)), max_new_tokens=6, warm_up_tokens=0,
-                 log=lambda m: None, policy=lambda spec: law if spec.drafter == "ngram" else None)
+    record_timed(tasks, ("ar", "ngram"), out, load_target(str(model_folder)), limits=Limits(6), log=lambda m: None,
+                 drafting=Drafting(gate="cost", policy=lambda spec: law if spec.drafter == "ngram" else None))
     ngram, ar = (json.loads((out / name / "run.json").read_text()) for name in ("ngram", "ar"))
     assert ngram["policy"] == law and ngram["gate"] == "cost" and ngram["verify_cost"] == FLAT_COST.to_config()
     assert "policy" not in ar
@@ -702,26 +704,27 @@ def test_a_timed_recording_with_a_law_policy_per_drafter_stores_it_and_is_its_ow
 
 
 def test_a_timed_recording_runs_the_gate_asked_for(model_folder, task_file, tmp_path, monkeypatch):
-    """``record_timed(gate="cost")`` without a policy: the drafting arm runs the cost gate with the curve measured
+    """``record_timed(drafting=Drafting(gate="cost"))`` without a policy: the drafting arm runs the cost gate with the curve measured
     (fixed here) and says so in its run.json; AR has none. A law policy under the ratio gate is refused before
     anything decodes (the policy prices trees with the curve)."""
     from test_policy import params
 
     from entropy_law.decoding.loading import load_target
+    from entropy_law.jobs.plan import Drafting, Limits
     from entropy_law.jobs.record import record_timed
     from entropy_law.prompts.text import load_tasks
 
     monkeypatch.setattr("entropy_law.jobs.record.measure_verify_cost", lambda adapter: FLAT_COST)
     tasks = [t for t in load_tasks(task_file) if t.category == "alpha"][:1]
     target, out = load_target(str(model_folder)), tmp_path / "timed"
-    record_timed(tasks, ("ar", "ngram"), out, target, max_new_tokens=6, warm_up_tokens=0, log=lambda m: None,
-                 gate="cost")
+    record_timed(tasks, ("ar", "ngram"), out, target, limits=Limits(6), log=lambda m: None,
+                 drafting=Drafting(gate="cost"))
     ngram, ar = (json.loads((out / name / "run.json").read_text()) for name in ("ngram", "ar"))
     assert ngram["gate"] == "cost" and ngram["verify_cost"] == FLAT_COST.to_config() and "policy" not in ngram
     assert ar.get("gate") is None and ar.get("verify_cost") is None
     with pytest.raises(ValueError, match="gate='cost'"):
-        record_timed(tasks, ("ar", "ngram"), tmp_path / "other", target, max_new_tokens=6, warm_up_tokens=0,
-                     log=lambda m: None, gate="ratio", policy={**params(0.8), "drafter_id": "ngram"})
+        record_timed(tasks, ("ar", "ngram"), tmp_path / "other", target, limits=Limits(6), log=lambda m: None,
+                     drafting=Drafting(gate="ratio", policy={**params(0.8), "drafter_id": "ngram"}))
     assert not (tmp_path / "other").exists()
 
 

@@ -11,7 +11,8 @@ matplotlib.use("Agg")
 
 import pytest  # noqa: E402
 
-from entropy_law.jobs.demo import run_demo  # noqa: E402
+from entropy_law.jobs.demo import DemoPlan, demo_limits, run_demo  # noqa: E402
+from entropy_law.jobs.plan import Limits  # noqa: E402
 from entropy_law.prompts.text import load_tasks  # noqa: E402
 from entropy_law.traces.reader import load_traces  # noqa: E402
 from tests.report_helpers import FAST  # noqa: E402
@@ -35,10 +36,10 @@ def demo(tmp_path_factory):
     os.environ["ENTROPY_LAW_BLOCK_DRAFTER"] = str(tmp_path_factory.mktemp("none") / "missing.safetensors")
     try:
         messages = []
-        result = run_demo(tasks, model, out=tmp_path_factory.mktemp("runs"), run_id="t1",
-                          arms=("ar", "ngram", "block"), max_new_tokens=24, encode=encode, progress=False,
-                          report_format="md", analysis_options={k: v for k, v in FAST.items() if k != "n_boot"},
-                          n_boot=FAST["n_boot"], log=messages.append)
+        plan = DemoPlan(tasks, model, demo_limits(24), out=tmp_path_factory.mktemp("runs"), run_id="t1",
+                        arms=("ar", "ngram", "block"), encode=encode, report_format="md",
+                        analysis_options={k: v for k, v in FAST.items() if k != "n_boot"}, n_boot=FAST["n_boot"])
+        result = run_demo(plan, progress=False, log=messages.append)
     finally:
         if old is None:
             del os.environ["ENTROPY_LAW_BLOCK_DRAFTER"]
@@ -108,13 +109,15 @@ def test_bad_input_is_refused(tmp_path):
     model = tiny_llama(seed=3, vocab=VOCAB)
     tasks = load_tasks("spec_bench", categories=["qa"], limit=1)
     with pytest.raises(ValueError, match="max_new_tokens"):
-        run_demo(tasks, model, out=tmp_path, max_new_tokens=1, encode=encode, progress=False)
+        DemoPlan(tasks, model, demo_limits(1), out=tmp_path, encode=encode)
+    with pytest.raises(ValueError, match="max_new_tokens"):  # the demo's rule holds for limits made elsewhere too
+        DemoPlan(tasks, model, Limits(1), out=tmp_path, encode=encode)
     with pytest.raises(ValueError, match="no prompts"):
-        run_demo([], model, out=tmp_path, encode=encode, progress=False)
+        DemoPlan([], model, out=tmp_path, encode=encode)
     with pytest.raises(ValueError, match="no drafting arm"):
-        run_demo(tasks, model, out=tmp_path, arms=("ar",), encode=encode, progress=False)
+        run_demo(DemoPlan(tasks, model, out=tmp_path, arms=("ar",), encode=encode), progress=False)
     with pytest.raises(ValueError, match="unknown arm"):
-        run_demo(tasks, model, out=tmp_path, arms=("ar", "eagle"), encode=encode, progress=False)
+        run_demo(DemoPlan(tasks, model, out=tmp_path, arms=("ar", "eagle"), encode=encode), progress=False)
 
 
 def test_the_demo_command_refuses_bad_numbers_before_loading_the_model(monkeypatch, capsys):
@@ -127,7 +130,7 @@ def test_the_demo_command_refuses_bad_numbers_before_loading_the_model(monkeypat
 
     monkeypatch.setattr(loading, "load_target", no_load)
     assert main(["demo", "--max-new-tokens", "1"]) == 2
-    assert "--max-new-tokens must be >= 2" in capsys.readouterr().err
+    assert "max_new_tokens (--max-new-tokens) must be an int >= 2" in capsys.readouterr().err
     assert main(["demo", "--limit", "0"]) == 2
     assert "--limit must be >= 1" in capsys.readouterr().err
 
@@ -166,17 +169,17 @@ def test_the_demo_command_on_a_base_model_without_a_chat_template(monkeypatch, c
     calls, target = [], SimpleNamespace(tokenizer=tokenizer)
     monkeypatch.setattr(loading, "load_target", lambda model: target)
 
-    def fake_run_demo(tasks, target, **kwargs):
-        calls.append((tasks, kwargs))
+    def fake_run_demo(plan, **kwargs):
+        calls.append(plan)
         raise ValueError("stop here")  # the decode itself is tested above
 
     monkeypatch.setattr(demo_command, "run_demo", fake_run_demo)
     assert main(["demo", "--model", "base", "--limit", "1"]) == 2
     assert "has no chat template (a base model); pass --no-chat-template" in capsys.readouterr().err and not calls
     assert main(["demo", "--model", "base", "--limit", "1", "--no-chat-template"]) == 2
-    tasks, kwargs = calls[0]
-    assert kwargs["run_metadata"] == {"chat_template": False}
-    assert kwargs["encode"](tasks[0]) == [len(tasks[0].prompt), 7]  # the text as is, not the chat messages
+    plan = calls[0]
+    assert plan.run_metadata == {"chat_template": False}
+    assert plan.encode(plan.tasks[0]) == [len(plan.tasks[0].prompt), 7]  # the text as is, not the chat messages
 
 
 def test_the_demos_next_steps_name_its_target_and_encoding():
@@ -232,7 +235,7 @@ def test_the_printed_answer_fits_one_screen(demo, monkeypatch, capsys):
 
     tokenizer.chat_template = None
     monkeypatch.setattr(loading, "load_target", lambda model: SimpleNamespace(tokenizer=tokenizer))
-    monkeypatch.setattr(demo_command, "run_demo", lambda tasks, target, **kwargs: result)  # decoded above
+    monkeypatch.setattr(demo_command, "run_demo", lambda plan, **kwargs: result)  # decoded above
     assert main(["demo", "--limit", "1", "--no-chat-template", "--no-progress"]) == 0
     out = capsys.readouterr().out
     answer = out.split("\n\n", 1)[1].rstrip("\n").splitlines()  # after the loading lines and a blank line

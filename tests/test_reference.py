@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from entropy_law.jobs.reference import make_reference_traces
+from entropy_law.jobs.reference import ReferencePlan, make_reference_traces, reference_limits
 from entropy_law.prompts.text import load_tasks
 from entropy_law.traces.reader import load_traces
 from entropy_law.traces.recorder import TraceRecorder
@@ -26,8 +26,9 @@ def ref(tmp_path_factory):
     model = tiny_llama(seed=4, vocab=VOCAB)
     tasks = load_tasks("spec_bench", categories=["qa", "rag"], limit=2)
     out = tmp_path_factory.mktemp("ref")
-    runs = make_reference_traces(tasks, model, out, max_new_tokens=20, replay_arms=("ngram-ddtree16",), ar_limit=1,
-                                 encode=encode, progress=False, log=lambda m: None)
+    plan = ReferencePlan(tasks, model, out, reference_limits(20), replay_arms=("ngram-ddtree16",), ar_limit=1,
+                         encode=encode)
+    runs = make_reference_traces(plan, progress=False, log=lambda m: None)
     return model, tasks, out, runs
 
 
@@ -69,8 +70,9 @@ def test_rerun_resumes_without_duplicates(ref):
     model, tasks, out, _ = ref
     before = load_traces(out).requests.groupby("run_id", observed=True).size().to_dict()
     more = load_tasks("spec_bench", categories=["qa", "rag"], limit=3)
-    make_reference_traces(more, model, out, max_new_tokens=20, replay_arms=("ngram-ddtree16",), ar_limit=1,
-                          encode=encode, progress=False, log=lambda m: None)
+    plan = ReferencePlan(more, model, out, reference_limits(20), replay_arms=("ngram-ddtree16",), ar_limit=1,
+                         encode=encode)
+    make_reference_traces(plan, progress=False, log=lambda m: None)
     after = load_traces(out)
     counts = after.requests.groupby("run_id", observed=True).size().to_dict()
     assert all(after.runs["status"] == "complete")
@@ -83,9 +85,9 @@ def test_rerun_resumes_without_duplicates(ref):
 def test_an_existing_online_run_is_adopted_instead_of_decoding_again(ref, tmp_path):
     model, tasks, out, _ = ref
     source = out / "ngram"
-    runs = make_reference_traces(tasks, model, tmp_path / "adopted", max_new_tokens=20,
-                                 replay_arms=("ngram-ddtree16",), ar_limit=0, encode=encode,
-                                 from_run=source, progress=False, log=lambda m: None)
+    plan = ReferencePlan(tasks, model, tmp_path / "adopted", reference_limits(20), replay_arms=("ngram-ddtree16",),
+                         ar_limit=0, encode=encode, from_run=source)
+    runs = make_reference_traces(plan, progress=False, log=lambda m: None)
     assert sorted(runs) == ["ngram", "ngram-ddtree16"]
     original = load_traces(source)
     adopted = load_traces(tmp_path / "adopted")
@@ -122,8 +124,8 @@ def test_runs_with_the_metadata_of_earlier_versions_are_continued(tmp_path):
         TraceRecorder(tmp_path / arm, **metadata)  # opened, nothing recorded yet: a run that was stopped
     before = {arm: json.loads((tmp_path / arm / "run.json").read_text()) for arm in old}
 
-    runs = make_reference_traces(tasks, model, tmp_path, max_new_tokens=20, replay_arms=(), ar_limit=1,
-                                 encode=encode, progress=False, log=lambda m: None)
+    plan = ReferencePlan(tasks, model, tmp_path, reference_limits(20), replay_arms=(), ar_limit=1, encode=encode)
+    runs = make_reference_traces(plan, progress=False, log=lambda m: None)
     assert sorted(runs) == ["ar", "ngram"]
     traces = load_traces(tmp_path)
     for arm, metadata in old.items():
@@ -140,5 +142,6 @@ def test_runs_with_the_metadata_of_earlier_versions_are_continued(tmp_path):
 def test_from_run_refuses_a_replayed_run(ref, tmp_path):
     model, tasks, out, _ = ref
     with pytest.raises(ValueError, match="decoded online with the n-gram drafter"):
-        make_reference_traces(tasks, model, tmp_path / "bad", max_new_tokens=20, replay_arms=(), ar_limit=0,
-                              encode=encode, from_run=out / "ngram-ddtree16", progress=False, log=lambda m: None)
+        plan = ReferencePlan(tasks, model, tmp_path / "bad", reference_limits(20), replay_arms=(), ar_limit=0,
+                             encode=encode, from_run=out / "ngram-ddtree16")
+        make_reference_traces(plan, progress=False, log=lambda m: None)

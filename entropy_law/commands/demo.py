@@ -12,7 +12,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from entropy_law.jobs.demo import DEFAULT_ARMS, DEFAULT_LIMIT, DEFAULT_MAX_NEW_TOKENS, run_demo
+from entropy_law.jobs.demo import DEFAULT_ARMS, DEFAULT_LIMIT, DEFAULT_MAX_NEW_TOKENS, DemoPlan, demo_limits, run_demo
 from entropy_law.prompts.text import load_tasks, sample_per_category
 
 REFERENCE_MODEL = "smollm2-135m"  # the target of data/traces, the reference traces
@@ -61,8 +61,7 @@ def run(args) -> int:
     t0 = time.perf_counter()
     if args.limit < 1:
         raise ValueError(f"--limit must be >= 1 prompt per category, got {args.limit}")
-    if args.max_new_tokens < 2:  # said before the model loads (run_demo checks it too)
-        raise ValueError(f"--max-new-tokens must be >= 2 (one token after the prefill), got {args.max_new_tokens}")
+    limits = demo_limits(args.max_new_tokens)  # the plan's rule, said before the model loads
     categories = None if args.categories is None else [c.strip() for v in args.categories for c in v.split(",") if c.strip()]
     tasks = sample_per_category(load_tasks(args.tasks, categories=categories), args.limit, seed=args.seed)
     print(f"entropy-law demo: {len(tasks)} prompts ({args.limit} per category), {args.max_new_tokens} new tokens, "
@@ -71,10 +70,10 @@ def run(args) -> int:
     print(f"model loaded in {time.perf_counter() - t0:.0f} s", flush=True)
     # None: the chat template (run_demo's default); --no-chat-template: the prompt text as is (as `record`)
     encode = prompt_encoder(target, chat_template=not args.no_chat_template, model=args.model)
-    result = run_demo(tasks, target, out=args.out, run_id=args.run_id, arms=args.arms,
-                      max_new_tokens=args.max_new_tokens, n_boot=args.n_boot, seed=args.seed, encode=encode,
-                      report_format=args.format, progress=not args.no_progress,
-                      run_metadata={"chat_template": not args.no_chat_template})
+    plan = DemoPlan(tasks, target, limits, arms=args.arms, out=args.out, run_id=args.run_id, seed=args.seed,
+                    encode=encode, n_boot=args.n_boot, report_format=args.format,
+                    run_metadata={"chat_template": not args.no_chat_template})
+    result = run_demo(plan, progress=not args.no_progress)
     total_s = time.perf_counter() - t0
     print()
     print("\n".join(screen_lines(result, model=args.model, chat_template=not args.no_chat_template,

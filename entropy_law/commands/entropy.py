@@ -55,9 +55,8 @@ def run(args) -> int:
     from entropy_law.decoding.loading import load_target
     from entropy_law.jobs.entropy import check_entropy_run, compute_target_stats
 
-    if args.flush_every < 1:
-        raise ValueError(f"--flush-every must be >= 1, got {args.flush_every}")
-    check_entropy_run(args.run, out=args.out, break_lock=args.break_lock)  # before the model is loaded
+    # before the model is loaded; compute_target_stats runs the same check
+    check_entropy_run(args.run, out=args.out, break_lock=args.break_lock, flush_every=args.flush_every)
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)

@@ -104,10 +104,7 @@ def _drafter_name(value: str) -> str:
 
 
 def _check_args(args) -> None:
-    if args.max_new_tokens < 1:
-        raise ValueError(f"--max-new-tokens must be >= 1, got {args.max_new_tokens}")
-    if args.flush_every < 1:
-        raise ValueError(f"--flush-every must be >= 1 (finished prompts per shard), got {args.flush_every}")
+    """The options that the plan (``jobs.plan``) does not check: how they combine on this command line."""
     if args.budget is not None and args.budget < 0:
         raise ValueError(f"--budget must be >= 0, got {args.budget}")
     if args.checkpoint is not None and args.drafter not in BLOCK_READERS:
@@ -134,7 +131,7 @@ def run(args) -> int:
     # lazy: `entropy-law --help` imports every command module; torch loads only when this command runs
     from entropy_law.decoding.loading import load_target
     from entropy_law.decoding.vlm import ImageRequests
-    from entropy_law.jobs.arms import ArmSpec
+    from entropy_law.jobs.plan import Limits, Output, RecordPlan
     from entropy_law.jobs.record import chat_prompt, check_run_dir, logger, prompt_encoder, record_arms
     from entropy_law.prompts.image import is_image_task_file, load_image_tasks
     from entropy_law.prompts.text import load_tasks
@@ -143,6 +140,10 @@ def run(args) -> int:
     if not logging.getLogger().handlers and not logger.handlers:
         logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     _check_args(args)
+    # the plan's limits and output, checked by the rules a Python caller meets, before anything loads
+    limits = Limits(args.max_new_tokens, flush_every=args.flush_every)
+    output = Output({args.drafter: Path(args.out)}, resume=args.resume, overwrite=args.overwrite,
+                    break_lock=args.break_lock)  # the one arm's run folder is --out itself
     # prompts first: a bad task file or category fails before the model is loaded
     image_tasks = is_image_task_file(args.tasks)  # JSONL lines with an "image" field, or "vlm_tasks"
     if image_tasks and args.drafter in BLOCK_READERS:
@@ -156,6 +157,7 @@ def run(args) -> int:
         if args.policy_borrow:  # for whichever drafter and target this run builds
             policy = borrow_policy(policy, None, model_id=None)
         args.gate = "cost"  # the policy prices trees with this machine's measured verify cost
+    drafting = _drafting(args, policy)
     tasks = loader(args.tasks, categories=_categories(args.categories), limit=args.limit)
     if not tasks:
         raise ValueError(f"no prompts to decode in {args.tasks} with these options")
@@ -179,23 +181,14 @@ def run(args) -> int:
             return images.prepare(task)
         return (text_ids(task), {}) if text_ids is not None else chat_prompt(task, decoder)
 
-    drafting = args.drafter != "ar"
-    budget = args.budget
-    if drafting and args.tree == "ddtree" and budget is None:
-        budget = DEFAULT_DDTREE_BUDGET
-    spec = ArmSpec(args.drafter, args.drafter, tree=args.tree if drafting else "none", budget=budget)
+    spec = _arm_spec(args)
     try:
-        recorded = record_arms(
-            tasks, [spec], {spec.name: out}, target, adapter=images.adapter if images is not None else None,
-            max_new_tokens=args.max_new_tokens, verify_cost_ratio=args.verify_cost_ratio, gate=args.gate,
-            resume=args.resume, overwrite=args.overwrite, break_lock=args.break_lock, flush_every=args.flush_every,
-            encode=encode, keep_going=True,
-            ngram_options=dict(max_ngram=args.max_ngram, block_size=args.block_size, max_matches=args.max_matches),
-            checkpoint=args.checkpoint, drafter_dtype=args.drafter_dtype, progress=not args.no_progress,
-            hybrid_options=None if args.hybrid_skip is None else {"skip_block_at": args.hybrid_skip},
-            desc="record", policy=policy,
+        plan = RecordPlan(
+            tasks, [spec], target, output, limits, drafting, encode=encode,
+            adapter=images.adapter if images is not None else None, keep_going=True,
             run_metadata={"verify_cost_ratio": args.verify_cost_ratio, "chat_template": not args.no_chat_template,
                           "tasks": str(args.tasks), **({"policy": policy} if policy is not None else {})})
+        recorded = record_arms(plan, progress=not args.no_progress, desc="record")
     except (ValueError, RunLockLostError) as err:  # the recorder's advice (resume=True, ...) in our options
         raise ValueError(_cli_words(str(err))) from err
     except KeyboardInterrupt:  # the recorder has written every finished prompt and let the run go
@@ -203,6 +196,28 @@ def run(args) -> int:
     arm = recorded[spec.name]
     _print_summary(args.out, arm)
     return 1 if arm.counts["failed"] else 0
+
+
+def _drafting(args, policy):
+    """How the drafting arm is built and gated (``jobs.plan.Drafting``), from the options."""
+    from entropy_law.jobs.plan import Drafting
+
+    return Drafting(gate=args.gate, verify_cost_ratio=args.verify_cost_ratio, policy=policy,
+                    ngram_options=dict(max_ngram=args.max_ngram, block_size=args.block_size,
+                                       max_matches=args.max_matches),
+                    checkpoint=args.checkpoint, drafter_dtype=args.drafter_dtype,
+                    hybrid_options=None if args.hybrid_skip is None else {"skip_block_at": args.hybrid_skip})
+
+
+def _arm_spec(args):
+    """The one arm this command records, named after its drafter (``jobs.arms.ArmSpec``)."""
+    from entropy_law.jobs.arms import ArmSpec
+
+    drafts = args.drafter != "ar"
+    budget = args.budget
+    if drafts and args.tree == "ddtree" and budget is None:
+        budget = DEFAULT_DDTREE_BUDGET
+    return ArmSpec(args.drafter, args.drafter, tree=args.tree if drafts else "none", budget=budget)
 
 
 def _interrupted(out: Path, args) -> str:

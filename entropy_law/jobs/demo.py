@@ -19,9 +19,11 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
+
+from entropy_law.jobs.plan import Drafting, Limits, Output, RecordPlan
 
 DEFAULT_ARMS = ("ar", "ngram", "block-ddtree16")
 DEFAULT_LIMIT = 5  # the fewest requests a category's verdict rests on (jobs.report.category_verdict)
@@ -62,33 +64,49 @@ def new_run_id() -> str:
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
 
 
-def run_demo(
-    tasks: Sequence,
-    target,
-    *,
-    out: str | Path = "runs",
-    run_id: str | None = None,
-    arms: Sequence[str] = DEFAULT_ARMS,
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-    encode: Callable | None = None,
-    n_boot: int = 30,
-    seed: int = 0,
-    report_format: str = "html",
-    progress: bool = True,
-    ngram_options: dict | None = None,
-    analysis_options: dict | None = None,
-    log: Callable[[str], None] = print,
-    run_metadata: dict | None = None,
-) -> DemoResult:
-    """Decode ``tasks`` (``entropy_law.prompts.text.Task``) with each arm, record, analyse and report.
+def demo_limits(max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS) -> Limits:
+    """The demo's limits: ``max_new_tokens`` (at least 2: one token after the prefill), a warm-up of 16 tokens
+    (the first forwards allocate and tune kernels), a shard per prompt. The command line builds them from its
+    options before the model loads; ``DemoPlan`` holds them to the same rule."""
+    return Limits(max_new_tokens, warm_up_tokens=16, min_new_tokens=2)
 
-    ``target``: a ``LoadedTarget`` (with tokenizer) or a causal LM; ``encode(task) -> token ids``
-    replaces the chat-template encoding (needed for a target without tokenizer). ``arms``: names from
-    ``entropy_law.jobs.arms.ARMS``; block-drafter arms are dropped with a message when the
-    checkpoint is missing. ``n_boot``: bootstrap replicates for the break-even intervals.
-    ``analysis_options``: more keyword arguments of ``TraceAnalysis`` (e.g. ``compare_families``).
-    ``run_metadata``: more keys for every arm's run.json (the command line: ``chat_template``).
-    """
+
+@dataclass(frozen=True, eq=False)
+class DemoPlan:
+    """The demo, checked when built and passed whole to ``run_demo``: decode ``tasks``
+    (``entropy_law.prompts.text.Task``) with each of ``arms`` (names from ``entropy_law.jobs.arms.ARMS``;
+    block-drafter arms are dropped with a message when the checkpoint is missing) over ``target`` (a
+    ``LoadedTarget`` with tokenizer, or a causal LM with ``encode(task) -> token ids``, which also replaces the
+    chat-template encoding), within ``limits`` (``demo_limits``), into ``<out>/<run_id>`` (default: UTC time).
+    ``seed``: of the analysis (and recorded per run); ``n_boot``: bootstrap replicates for the break-even
+    intervals; ``analysis_options``: more keyword arguments of ``TraceAnalysis`` (e.g. ``compare_families``);
+    ``run_metadata``: more keys for every arm's run.json (the command line: ``chat_template``)."""
+
+    tasks: Sequence
+    target: object
+    limits: Limits = field(default_factory=demo_limits)
+    arms: Sequence[str] = DEFAULT_ARMS
+    out: str | Path = "runs"
+    run_id: str | None = None
+    seed: int = 0
+    encode: Callable | None = None
+    n_boot: int = 30
+    report_format: str = "html"
+    ngram_options: dict | None = None
+    analysis_options: dict | None = None
+    run_metadata: dict | None = None
+
+    def __post_init__(self):
+        if self.limits.min_new_tokens < 2:  # the demo's rule, checked by Limits itself
+            object.__setattr__(self, "limits", replace(self.limits, min_new_tokens=2))
+        object.__setattr__(self, "tasks", tuple(self.tasks))
+        if not self.tasks:
+            raise ValueError("no prompts to decode: check --limit / --categories")
+
+
+def run_demo(plan: DemoPlan, *, progress: bool = True, log: Callable[[str], None] = print) -> DemoResult:
+    """Decode the plan's tasks with each arm, record, analyse and report (``DemoPlan`` says what each setting
+    means); ``progress``: progress bars; ``log``: the arms left out, and why."""
     # lazy: `entropy-law --help` imports this module for the defaults above; the decoder (torch) and the
     # analysis (pandas, matplotlib) load only when the demo runs
     import matplotlib
@@ -100,17 +118,14 @@ def run_demo(
     from entropy_law.analysis import TraceAnalysis
     from entropy_law.traces.reader import load_traces
 
-    if max_new_tokens < 2:
-        raise ValueError(f"max_new_tokens must be >= 2 (one token after the prefill), got {max_new_tokens}")
-    if not tasks:
-        raise ValueError("no prompts to decode: check --limit / --categories")
-    specs, messages = available_arms(arms, target)
+    tasks, seed, encode = plan.tasks, plan.seed, plan.encode
+    specs, messages = available_arms(plan.arms, plan.target)
     for m in messages:
         log(m)
     if not any(s.drafts for s in specs):
-        raise ValueError(f"no drafting arm left to run among {list(arms)}")
-    run_id = run_id or new_run_id()
-    run_dir = Path(out) / run_id
+        raise ValueError(f"no drafting arm left to run among {list(plan.arms)}")
+    run_id = plan.run_id or new_run_id()
+    run_dir = Path(plan.out) / run_id
     trace_dir = run_dir / "traces"
     if run_dir.exists() and any(run_dir.iterdir()):
         raise ValueError(f"{run_dir} exists and is not empty; pick another --out or run id")
@@ -118,12 +133,12 @@ def run_demo(
     t_start = time.perf_counter()
 
     # per prompt every arm in turn, after a short unrecorded warm-up (first forwards allocate and tune kernels)
-    recorded = record_arms(tasks, specs, trace_dir, target, max_new_tokens=max_new_tokens,
-                           encode=None if encode is None else (lambda task, decoder: (list(encode(task)), {})),
-                           warm_up_tokens=16, ngram_options=ngram_options, progress=progress, desc="decode",
-                           run_metadata=lambda spec: {**(run_metadata or {}), "seed": seed, "replayed": False,
-                                                      "demo_run_id": run_id, "arm": spec.name},
-                           log=log)
+    record_plan = RecordPlan(
+        tasks, specs, plan.target, Output(trace_dir), plan.limits, Drafting(ngram_options=plan.ngram_options),
+        encode=None if encode is None else (lambda task, decoder: (list(encode(task)), {})),
+        run_metadata=lambda spec: {**(plan.run_metadata or {}), "seed": seed, "replayed": False,
+                                   "demo_run_id": run_id, "arm": spec.name})
+    recorded = record_arms(record_plan, progress=progress, desc="decode", log=log)
     timings["setup_s"] = recorded.setup_s
     timings["decode_s"] = recorded.decode_s
     model_id = recorded[specs[0].name].metadata["model_id"]
@@ -136,8 +151,8 @@ def run_demo(
 
     t_an = time.perf_counter()
     traces = load_traces(trace_dir)
-    analysis = TraceAnalysis(traces, n_boot=n_boot, seed=seed, **(analysis_options or {}))
-    report = write_report(traces, run_dir, fmt=report_format, analysis=analysis, source=str(trace_dir),
+    analysis = TraceAnalysis(traces, n_boot=plan.n_boot, seed=seed, **(plan.analysis_options or {}))
+    report = write_report(traces, run_dir, fmt=plan.report_format, analysis=analysis, source=str(trace_dir),
                           progress=progress)
     measured = _measured_speedups(recorded, specs, analysis, seed)
     answer = verdict_lines(analysis, measured)
@@ -151,7 +166,7 @@ def run_demo(
     (run_dir / "summary.txt").write_text(summary + "\n", encoding="utf-8")
     (run_dir / "demo.json").write_text(json.dumps({
         "run_id": run_id, "model_id": model_id, "arms": [s.name for s in specs], "prompts": len(tasks),
-        "max_new_tokens": max_new_tokens, "messages": messages, "mismatches": mismatches,
+        "max_new_tokens": plan.limits.max_new_tokens, "messages": messages, "mismatches": mismatches,
         "timings_s": timings,
         "speedup_vs_ar": None if measured is None else measured.to_dict("records")}, indent=2), encoding="utf-8")
     return DemoResult(run_dir=run_dir, trace_dir=trace_dir, report_path=report, arms=[s.name for s in specs],

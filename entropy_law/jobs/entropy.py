@@ -56,6 +56,7 @@ from entropy_law.decoding.replay import teacher_forced_logits
 from entropy_law.importers.records import ImportedRequest
 from entropy_law.importers.writer import (METADATA_KEY, RECORD_FILE, log_request, read_import, run_block_size,
                                           write_record)
+from entropy_law.jobs.plan import check_int
 from entropy_law.traces.layout import (LOCK_FILE, RUN_FILE, create_lock, describe_holder, read_lock, read_run_json,
                                       remove_lock)
 from entropy_law.traces.recorder import TraceRecorder
@@ -177,10 +178,12 @@ def _target_stats_of(run_dir: Path) -> str | None:
     return None if value.startswith("missing") else value
 
 
-def check_entropy_run(run_dir, *, out=None, break_lock: bool = False) -> None:
-    """Raise what ``compute_target_stats`` would refuse before a model is loaded: no imported run there, one
-    that already holds target statistics or has no aligned per-step request, an output folder that holds
-    something else, a writer's lock (a stale one without ``break_lock``)."""
+def check_entropy_run(run_dir, *, out=None, break_lock: bool = False, flush_every: int = DEFAULT_FLUSH_EVERY) -> None:
+    """Raise what ``compute_target_stats`` would refuse before a model is loaded: a ``flush_every`` below 1, no
+    imported run there, one that already holds target statistics or has no aligned per-step request, an output
+    folder that holds something else, a writer's lock (a stale one without ``break_lock``). The one check of
+    these inputs: ``compute_target_stats`` runs it, the command line runs it before it loads the model."""
+    check_int(flush_every, name="flush_every", option="--flush-every", minimum=1, why="scored requests per shard")
     plan = _paths(run_dir, out)
     if _finish_swap(plan):
         return
@@ -358,13 +361,8 @@ def compute_target_stats(
                               imported.get("rounds_in_tables", 0), 0, imported.get("rounds_in_tables", 0), 0, 0.0, 0,
                               list(meta.get(METADATA_KEY_ENTROPY, {}).get("unscored", [])),
                               note="finished the swap of an earlier job that was stopped during it")
-    check_entropy_run(plan.run_dir, out=out, break_lock=break_lock)
-    model = model_of(target)
-    tokenizer = getattr(target, "tokenizer", None)
-    model_id = model_id or getattr(target, "model_id", None) or type(model).__name__
-    source = str(getattr(target, "source", "a model given in Python"))
-    dtype = next(model.parameters()).dtype
-    device = next(model.parameters()).device
+    check_entropy_run(plan.run_dir, out=out, break_lock=break_lock, flush_every=flush_every)
+    scorer = _Scorer.of(target, model_id)
 
     source_lock = None
     if plan.in_place:  # the import is held while its replacement is written: one writer per run
@@ -375,9 +373,8 @@ def compute_target_stats(
                           UserWarning, stacklevel=2)
         source_lock = create_lock(plan.run_dir)
     try:
-        summary = _write_stage(plan, model, tokenizer, model_id=model_id, source=source, dtype=dtype, device=device,
-                               batch_tokens=batch_tokens, flush_every=flush_every, flush_seconds=flush_seconds,
-                               break_lock=break_lock, on_batch=on_batch)
+        summary = _write_stage(plan, scorer, batch_tokens=batch_tokens, flush_every=flush_every,
+                               flush_seconds=flush_seconds, break_lock=break_lock, on_batch=on_batch)
         if plan.in_place:
             os.rename(plan.run_dir, plan.previous)  # the import, with this job's lock, out of the way
             source_lock = None
@@ -391,8 +388,30 @@ def compute_target_stats(
     return summary
 
 
-def _write_stage(plan: _Plan, model, tokenizer, *, model_id, source, dtype, device, batch_tokens, flush_every,
-                 flush_seconds, break_lock, on_batch) -> EntropySummary:
+@dataclass(frozen=True)
+class _Scorer:
+    """The model that scores the tokens, and how the run names it."""
+
+    model: object
+    tokenizer: object
+    model_id: str
+    source: str
+    dtype: object
+    device: object
+
+    @classmethod
+    def of(cls, target, model_id: str | None) -> _Scorer:
+        model = model_of(target)
+        return cls(model, getattr(target, "tokenizer", None),
+                   model_id or getattr(target, "model_id", None) or type(model).__name__,
+                   str(getattr(target, "source", "a model given in Python")),
+                   next(model.parameters()).dtype, next(model.parameters()).device)
+
+
+def _write_stage(plan: _Plan, scorer: _Scorer, *, batch_tokens, flush_every, flush_seconds, break_lock,
+                 on_batch) -> EntropySummary:
+    model, tokenizer, model_id, source = scorer.model, scorer.tokenizer, scorer.model_id, scorer.source
+    dtype, device = scorer.dtype, scorer.device
     imported = read_import(plan.run_dir)
     records = imported.requests
     vocab, context = _vocab_size(model), _context_of(model)

@@ -45,15 +45,13 @@ from entropy_law.decoding.interface import drafter_run_config
 from entropy_law.decoding.loading import model_of
 from entropy_law.decoding.observers import RecorderObserver
 from entropy_law.decoding.policy import check_policy, make_policy
-from entropy_law.decoding.round import DEFAULT_VERIFY_COST_RATIO
+from entropy_law.jobs.plan import GATES, Drafting, Limits, Output, RecordPlan  # noqa: F401 (GATES: re-exported)
 from entropy_law.jobs.arms import AR_DRAFTER_ID, AR_TREE_POLICY, ArmSpec, make_drafter
 from entropy_law.jobs.speed import Timing, draft_calls, round_cost
 from entropy_law.traces.layout import RUN_FILE, read_run_json
 from entropy_law.traces.recorder import RunLockLostError, TraceRecorder
 
 logger = logging.getLogger("entropy_law.record")
-
-GATES = ("ratio", "cost")
 
 
 @dataclass
@@ -132,80 +130,31 @@ def prompt_encoder(target, *, chat_template: bool = True, model: str = "the targ
     return None
 
 
-def record_arms(
-    tasks: Sequence,
-    arms: Sequence[ArmSpec],
-    out: str | Path | Mapping[str, str | Path],
-    target,
-    *,
-    max_new_tokens: int,
-    adapter: TargetAdapter | None = None,
-    verify_cost_ratio: float = DEFAULT_VERIFY_COST_RATIO,
-    gate: str = "ratio",
-    resume: bool = False,
-    overwrite: bool = False,
-    break_lock: bool = False,
-    flush_every: int = 1,
-    encode: Callable | None = None,
-    keep_going: bool = False,
-    warm_up_tokens: int = 0,
-    ngram_options: dict | None = None,
-    checkpoint: str | Path | None = None,
-    drafter_dtype: str = "float32",
-    hybrid_options: dict | None = None,
-    run_metadata: Mapping | Callable[[ArmSpec], Mapping] | None = None,
-    progress: bool = True,
-    desc: str = "decode",
-    log: Callable[[str], None] = logger.info,
-    policy: dict | Callable[[ArmSpec], dict | None] | None = None,
-) -> RecordResult:
-    """Decode ``tasks`` (``entropy_law.prompts.text.Task``) with every arm and record one trace run per arm.
+def record_arms(plan: RecordPlan, *, progress: bool = True, desc: str = "decode",
+                log: Callable[[str], None] = logger.info) -> RecordResult:
+    """Decode the plan's tasks with every arm and record one trace run per arm (``jobs.plan.RecordPlan``, checked
+    when it was built: its fields say what each setting means).
 
-    ``arms``: ``entropy_law.jobs.arms.ArmSpec`` (drafters built by ``make_drafter`` with ``ngram_options``
-    and the block drafter ``checkpoint``, run in ``drafter_dtype``; the hybrid drafter with ``hybrid_options``).
-    ``out``: a folder that receives one run per arm
-    (``<out>/<arm name>``), or {arm name: run folder}. ``target``: a ``LoadedTarget`` or a causal LM; it
-    names the model and brings the tokenizer. ``adapter``: decode through this adapter instead of one
-    built over ``target`` per arm (image prompts: the VLM adapter that holds the pixels).
-    ``gate``: ``"ratio"`` (``verify_cost_ratio``) or ``"cost"`` (this machine's verify-cost curve, measured
-    once per drafting arm before its decoder is built and stored in its run metadata; a resumed run reuses
-    the curve it stored). The run metadata names the gate (``gate``: "ratio", "cost", or None for AR).
-    ``resume`` / ``overwrite``: what to do with a run that exists (``TraceRecorder``; resume also starts a
-    run that does not; a resumed run must have been recorded with this same configuration, gate included).
-    ``break_lock``: take over runs whose writer's lock is stale (see ``TraceRecorder``). ``flush_every``:
-    write a shard every this many finished requests per arm (1: each prompt is on disk once it ends).
-    Every run folder is checked (``TraceRecorder.check_path``) before any arm is set up.
-    ``encode(task, decoder) -> (token ids, extra generate keyword arguments)``; default
-    ``chat_prompt``. ``keep_going``: a prompt the encoder rejects is skipped and a failing request (closed
-    with stop reason "error" by the decoder) is logged, and the run goes on (else they raise).
-    ``warm_up_tokens``: an unrecorded warm-up of that many new tokens per arm on the first prompt (0: none).
-    ``run_metadata``: the job's keys added to each run's metadata after the decoder's (model, drafter,
-    tree, budget, dtype, device, max_new_tokens; the verify-cost curve when measured); a mapping, or a
-    function of the arm for per-arm keys. ``log``: one line per resumed run (prompts already recorded).
-    ``policy``: per-round policy parameters (``entropy_law.payoff.policy.fit_policy``) for the drafting arms, in
-    place of the gate (``SpeculativeDecoder(policy=)``; stored in the run metadata, ``policy``: a run with a
-    policy is its own arm), or a function of the arm giving its parameters or None (one policy per drafter).
+    The drafting arms are gated as ``plan.drafting`` says: ``"ratio"``, or ``"cost"`` (this machine's
+    verify-cost curve, measured once per drafting arm before its decoder is built and stored in its run
+    metadata; a resumed run reuses the curve it stored); the run metadata names the gate (``gate``: "ratio",
+    "cost", or None for AR). A policy (``entropy_law.payoff.policy.fit_policy``) replaces the gate of the
+    drafting arms (``SpeculativeDecoder(policy=)``; stored in the run metadata, ``policy``: a run with a policy is
+    its own arm). A resumed run must have been recorded with this same configuration, gate included. Every run
+    folder is checked (``TraceRecorder.check_path``) before any arm is set up. The run metadata is the decoder's
+    (model, drafter, tree, budget, dtype, device, max_new_tokens; the verify-cost curve when measured), then the
+    plan's ``run_metadata``. ``progress`` / ``desc``: the progress bar; ``log``: one line per resumed run
+    (prompts already recorded).
     """
-    if not arms:
-        raise ValueError("no arms to record")
-    if gate not in GATES:
-        raise ValueError(f"gate must be one of {GATES}, got {gate!r}")
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-    if isinstance(flush_every, bool) or not isinstance(flush_every, int) or flush_every < 1:
-        raise ValueError(f"flush_every must be an int >= 1 (finished requests per shard), got {flush_every!r}")
-    for spec in arms:  # before any drafter, adapter or cost curve is set up
-        check_run_dir(_run_dir(out, spec), resume=resume, overwrite=overwrite, break_lock=break_lock)
-    encode = encode or chat_prompt
+    tasks, output, max_new_tokens, keep_going = plan.tasks, plan.output, plan.limits.max_new_tokens, plan.keep_going
+    warm_up_tokens = plan.limits.warm_up_tokens
+    for spec in plan.arms:  # before any drafter, adapter or cost curve is set up
+        check_run_dir(output.run_dir(spec.name), resume=output.resume, overwrite=output.overwrite,
+                      break_lock=output.break_lock)
+    encode = plan.encode or chat_prompt
     t_setup = time.perf_counter()
     with contextlib.ExitStack() as stack:  # each recorder: finished on success, left resumable on error
-        live = [_open_arm(spec, _run_dir(out, spec), target, stack, adapter=adapter, gate=gate,
-                          verify_cost_ratio=verify_cost_ratio, max_new_tokens=max_new_tokens, resume=resume,
-                          overwrite=overwrite, break_lock=break_lock, flush_every=flush_every,
-                          ngram_options=ngram_options, checkpoint=checkpoint, drafter_dtype=drafter_dtype,
-                          hybrid_options=hybrid_options, run_metadata=run_metadata, log=log,
-                          policy=policy(spec) if callable(policy) else policy)
-                for spec in arms]
+        live = [_open_arm(spec, plan, stack, log) for spec in plan.arms]
         todo = [task for task in tasks if any(task.request_id not in arm.recorder.completed_requests for arm in live)]
         for arm in live:
             done = sum(task.request_id in arm.recorder.completed_requests for task in tasks)
@@ -250,19 +199,13 @@ def check_run_dir(run_dir: str | Path, *, resume: bool, overwrite: bool, break_l
         raise ValueError(str(err)) from err
 
 
-def _run_dir(out, spec: ArmSpec) -> Path:
-    if isinstance(out, Mapping):
-        return Path(out[spec.name])
-    return Path(out) / spec.name
-
-
-def _open_arm(spec: ArmSpec, run_dir: Path, target, stack: contextlib.ExitStack, *, adapter, gate,
-              verify_cost_ratio, max_new_tokens, resume, overwrite, break_lock, flush_every, ngram_options,
-              checkpoint, run_metadata, log, policy=None, drafter_dtype="float32", hybrid_options=None) -> _Arm:
+def _open_arm(spec: ArmSpec, plan: RecordPlan, stack: contextlib.ExitStack, log: Callable[[str], None]) -> _Arm:
     """Drafter, adapter, verify cost, recorder, then the decoder with the recorder as its observer."""
-    stored = _stored_metadata(run_dir) if resume else None
-    drafter = make_drafter(spec, target, ngram_options=ngram_options, checkpoint=checkpoint,
-                           compute_dtype=drafter_dtype, hybrid_options=hybrid_options)
+    target, adapter, output, drafting = plan.target, plan.adapter, plan.output, plan.drafting
+    run_dir, gate, policy = output.run_dir(spec.name), drafting.gate, drafting.policy_of(spec)
+    stored = _stored_metadata(run_dir) if output.resume else None
+    drafter = make_drafter(spec, target, ngram_options=drafting.ngram_options, checkpoint=drafting.checkpoint,
+                           compute_dtype=drafting.drafter_dtype, hybrid_options=drafting.hybrid_options)
     if adapter is None:
         adapter = TargetAdapter(model_of(target), feature_layers=getattr(drafter, "feature_layers", ()))
     verify_cost = None
@@ -284,7 +227,7 @@ def _open_arm(spec: ArmSpec, run_dir: Path, target, stack: contextlib.ExitStack,
         needs_curve = isinstance(policy, dict) and verify_cost is None and policy.get("verify_cost") is None
         round_policy = make_policy(policy, measure_verify_cost(adapter) if needs_curve else verify_cost, drafter)
     else:
-        round_policy = CostGate(verify_cost) if verify_cost is not None else RatioGate(verify_cost_ratio)
+        round_policy = CostGate(verify_cost) if verify_cost is not None else RatioGate(drafting.verify_cost_ratio)
 
     def decoder(observers=()):
         return SpeculativeDecoder(adapter, drafter, tree=spec.tree if spec.drafts else "chain",
@@ -292,12 +235,13 @@ def _open_arm(spec: ArmSpec, run_dir: Path, target, stack: contextlib.ExitStack,
                                   observers=observers, tokenizer=getattr(target, "tokenizer", None))
 
     plain = decoder()  # no observers: its config names the run, and it runs the unrecorded warm-up
-    metadata = _arm_metadata(plain, drafter, target, max_new_tokens, spec, run_metadata, gate)
+    metadata = _arm_metadata(plain, drafter, target, plan.limits.max_new_tokens, spec, plan.run_metadata, gate)
     if policy is not None and spec.drafts:  # the parameters as given: a policy run is its own arm (law.arms)
         metadata["policy"] = policy
     try:
         recorder = stack.enter_context(TraceRecorder(
-            run_dir, resume=resume, overwrite=overwrite, break_lock=break_lock, flush_every_requests=flush_every,
+            run_dir, resume=output.resume, overwrite=output.overwrite, break_lock=output.break_lock,
+            flush_every_requests=plan.limits.flush_every,
             absent_means=_absent_means(stored, spec), **metadata))
     except (FileExistsError, NotADirectoryError) as err:  # RunLockedError included
         raise ValueError(str(err)) from err
@@ -397,40 +341,35 @@ def _decode(arm: _Arm, task, prompt_ids: list, extra: dict, max_new_tokens: int,
     result.committed_per_round[task.category].append(generated.mean_committed_per_round)
 
 
-def record_timed(tasks: Sequence, arm_names: Sequence[str], out: str | Path, target, *, max_new_tokens: int,
-                 reference: str = "ar", metadata: Mapping | None = None, warm_up_tokens: int = 16,
-                 break_lock: bool = False, log: Callable[[str], None] = print,
-                 policy: dict | Callable | None = None, gate: str | None = None) -> RecordResult:
+def record_timed(tasks: Sequence, arm_names: Sequence[str], out: str | Path, target, *, limits: Limits,
+                 reference: str = "ar", metadata: Mapping | None = None, break_lock: bool = False,
+                 log: Callable[[str], None] = print, drafting: Drafting | None = None) -> RecordResult:
     """A timed trace set for a speed check (the ``bench/`` scripts that time arms against AR): every arm of
     ``arm_names`` that can run here (``jobs.arms.available_arms``; the others are named through ``log``) decodes
-    ``tasks`` into ``out/<arm>`` with ``record_arms`` (resumable, an unrecorded warm-up of ``warm_up_tokens``, no
+    ``tasks`` into ``out/<arm>`` with ``record_arms`` (resumable, within ``limits``: its warm-up unrecorded, no
     progress bar), each run's ``run.json`` holding ``arm``, ``replayed`` false, ``cpu_count``,
     ``omp_num_threads`` and ``metadata``. Every timed ``generate`` call, compared with ``reference``'s output,
     goes to ``out/timings.csv``; a resumed recording keeps the calls timed before (appended, never replaced).
-    ``policy``: per-round law policy parameters for the drafting arms, or a function of the arm giving its
-    parameters or None (``record_arms``; with a policy every drafting arm runs the cost gate, those without one
-    included: the policy prices trees with this machine's verify-cost curve, measured here). ``gate``: the
-    drafting arms' gate, ``"ratio"`` or ``"cost"`` (``record_arms``); default the ratio gate, the cost gate with a
-    policy (which needs its curve: ``"ratio"`` with a policy is refused). Set the thread count before calling
-    (``torch.set_num_threads``)."""
+    ``drafting``: the drafting arms' gate and policy (``jobs.plan.Drafting``; default the ratio gate). A law policy
+    (parameters, or a function of the arm giving its parameters or None) needs ``gate="cost"``: it prices trees
+    with this machine's verify-cost curve, measured here, and every drafting arm runs the cost gate, those without
+    a policy included. Set the thread count before calling (``torch.set_num_threads``)."""
     from entropy_law.jobs.arms import available_arms
 
-    if gate is None:
-        gate = "ratio" if policy is None else "cost"
-    if policy is not None and gate != "cost":
+    drafting = drafting or Drafting()
+    if drafting.policy is not None and drafting.gate != "cost":
         raise ValueError("a law policy prices trees with the verify-cost curve: record it with gate='cost'")
     out = Path(out)
     specs, messages = available_arms(arm_names)
     for m in messages:
         log(m)
-    log(f"{len(tasks)} prompts, arms {[s.name for s in specs]}, {max_new_tokens} new tokens, OMP_NUM_THREADS="
+    log(f"{len(tasks)} prompts, arms {[s.name for s in specs]}, {limits.max_new_tokens} new tokens, OMP_NUM_THREADS="
         f"{os.environ.get('OMP_NUM_THREADS')}, load average {os.getloadavg()}")
-    result = record_arms(tasks, specs, out, target, max_new_tokens=max_new_tokens, resume=True,
-                         warm_up_tokens=warm_up_tokens, break_lock=break_lock, progress=False, policy=policy,
-                         gate=gate,
-                         run_metadata=lambda spec: {"replayed": False, "arm": spec.name, "cpu_count": os.cpu_count(),
-                                                    "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
-                                                    **dict(metadata or {})})
+    plan = RecordPlan(tasks, specs, target, Output(out, resume=True, break_lock=break_lock), limits, drafting,
+                      run_metadata=lambda spec: {"replayed": False, "arm": spec.name, "cpu_count": os.cpu_count(),
+                                                 "omp_num_threads": os.environ.get("OMP_NUM_THREADS"),
+                                                 **dict(metadata or {})})
+    result = record_arms(plan, progress=False)
     timings = result.timings(reference)
     path = out / "timings.csv"
     if path.exists():  # a resumed recording: keep the calls timed before

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Collection, Sequence
 
@@ -41,6 +42,7 @@ from entropy_law.decoding.replay import (PrecomputedBlockDrafter, replay_request
                                          teacher_forced_logits)
 from entropy_law.decoding.round import DEFAULT_VERIFY_COST_RATIO, RoundRules
 from entropy_law.jobs.arms import AR, ArmSpec, arm_spec, available_arms, find_block_checkpoint, make_drafter
+from entropy_law.jobs.plan import Drafting, Limits, Output, RecordPlan, check_int
 from entropy_law.jobs.record import record_arms
 from entropy_law.traces.reader import load_traces
 from entropy_law.traces.recorder import TraceRecorder
@@ -107,71 +109,86 @@ def first_per_category(tasks: Sequence, limit: int) -> list:
     return chosen
 
 
-def make_reference_traces(
-    tasks: Sequence,
-    target,
-    out: str | Path,
-    *,
-    max_new_tokens: int = 256,
-    replay_arms: Sequence[str] = DEFAULT_REPLAY_ARMS,
-    ar_limit: int = 5,
-    encode: Callable | None = None,
-    verify_cost_ratio: float = DEFAULT_VERIFY_COST_RATIO,
-    from_run: str | Path | None = None,
-    break_lock: bool = False,
-    progress: bool = True,
-    log: Callable[[str], None] = print,
-) -> dict:
-    """Write (or continue) the reference trace set under ``out``; returns {arm: run directory}.
+def reference_limits(max_new_tokens: int = 256) -> Limits:
+    """The reference traces' limits: ``max_new_tokens`` (at least 2), no warm-up, a shard per prompt."""
+    return Limits(max_new_tokens, min_new_tokens=2)
+
+
+@dataclass(frozen=True, eq=False)
+class ReferencePlan:
+    """The reference trace set, checked when built and passed whole to ``make_reference_traces``.
 
     ``tasks``: ``entropy_law.prompts.text.Task`` list (the online decode order); ``target``: a ``LoadedTarget``
-    or a causal LM (then ``encode(task) -> ids`` is required); ``replay_arms``: names from
-    ``entropy_law.jobs.arms.ARMS``; ``ar_limit``: prompts per category also decoded by AR (0: none).
-    ``verify_cost_ratio``: the drafting gate of ``SpeculativeDecoder`` (the same online and in every replay).
-    ``from_run``: an existing complete run recorded online with the n-gram drafter (e.g. by
-    ``entropy-law record --drafter ngram``); it is copied to ``<out>/ngram`` and used as the greedy source
-    instead of decoding again (only its prompts among ``tasks`` are replayed; its own gate setting is kept).
-    ``break_lock``: take over runs whose writer lock is stale (an earlier run of this job that was killed).
-    """
-    out = Path(out)
-    if max_new_tokens < 2:
-        raise ValueError(f"max_new_tokens must be >= 2, got {max_new_tokens}")
-    if not tasks:
-        raise ValueError("no prompts: check the limit / categories")
-    timed = dict(out=out, max_new_tokens=max_new_tokens, verify_cost_ratio=verify_cost_ratio, resume=True,
-                 break_lock=break_lock,
-                 encode=None if encode is None else (lambda task, decoder: (list(encode(task)), {})),
-                 progress=progress, log=log,
-                 run_metadata=lambda spec: {"replayed": False, "arm": spec.name, "seed": SEED,
-                                            "verify_cost_ratio": verify_cost_ratio})
+    or a causal LM (then ``encode(task) -> ids`` is required); ``out``: the folder of the runs; ``limits``:
+    ``reference_limits``; ``replay_arms``: names from ``entropy_law.jobs.arms.ARMS``; ``ar_limit``: prompts per
+    category also decoded by AR (0: none). ``verify_cost_ratio``: the drafting gate of ``SpeculativeDecoder``
+    (the same online and in every replay). ``from_run``: an existing complete run recorded online with the
+    n-gram drafter (e.g. by ``entropy-law record --drafter ngram``); it is copied to ``<out>/ngram`` and used as
+    the greedy source instead of decoding again (only its prompts among ``tasks`` are replayed; its own gate
+    setting is kept). ``break_lock``: take over runs whose writer lock is stale (an earlier run of this job that
+    was killed)."""
+
+    tasks: Sequence
+    target: object
+    out: str | Path
+    limits: Limits = field(default_factory=reference_limits)
+    replay_arms: Sequence[str] = DEFAULT_REPLAY_ARMS
+    ar_limit: int = 5
+    encode: Callable | None = None
+    verify_cost_ratio: float = DEFAULT_VERIFY_COST_RATIO
+    from_run: str | Path | None = None
+    break_lock: bool = False
+
+    def __post_init__(self):
+        if self.limits.min_new_tokens < 2:  # this job's rule, checked by Limits itself
+            object.__setattr__(self, "limits", replace(self.limits, min_new_tokens=2))
+        object.__setattr__(self, "out", Path(self.out))
+        object.__setattr__(self, "tasks", tuple(self.tasks))
+        if not self.tasks:
+            raise ValueError("no prompts: check the limit / categories")
+        check_int(self.ar_limit, name="ar_limit", option="--ar-limit", minimum=0)
+
+
+def make_reference_traces(plan: ReferencePlan, *, progress: bool = True, log: Callable[[str], None] = print) -> dict:
+    """Write (or continue) the reference trace set of ``plan`` (``ReferencePlan``); returns {arm: run
+    directory}. ``progress``: progress bars; ``log``: the arms left out, and why; a run adopted."""
+    tasks, target, out, encode = plan.tasks, plan.target, plan.out, plan.encode
+    verify_cost_ratio = plan.verify_cost_ratio
+
+    def timed(tasks, arm):  # a timed online recording of one arm (jobs.record.record_arms)
+        return record_arms(RecordPlan(
+            tasks, [arm_spec(arm)], target, Output(out, resume=True, break_lock=plan.break_lock), plan.limits,
+            Drafting(verify_cost_ratio=verify_cost_ratio),
+            encode=None if encode is None else (lambda task, decoder: (list(encode(task)), {})),
+            run_metadata=lambda spec: {"replayed": False, "arm": spec.name, "seed": SEED,
+                                       "verify_cost_ratio": verify_cost_ratio}),
+            progress=progress, desc=f"decode ({arm})", log=log)
+
     runs = {}
-    if from_run is not None:
-        online_run_id = _adopt_online_run(Path(from_run), out / ONLINE_ARM, tasks, log)
+    if plan.from_run is not None:
+        online_run_id = _adopt_online_run(Path(plan.from_run), out / ONLINE_ARM, tasks, log)
     else:  # 1. online n-gram decode (timed)
-        online = record_arms(tasks, [arm_spec(ONLINE_ARM)], target=target, desc=f"decode ({ONLINE_ARM})", **timed)
-        online_run_id = online[ONLINE_ARM].run_id
+        online_run_id = timed(tasks, ONLINE_ARM)[ONLINE_ARM].run_id
     runs[ONLINE_ARM] = out / ONLINE_ARM
 
-    if ar_limit > 0:  # 2. AR timing on the first ar_limit prompts per category (timed)
-        record_arms(first_per_category(tasks, ar_limit), [arm_spec(AR)], target=target, desc=f"decode ({AR})",
-                    **timed)
+    if plan.ar_limit > 0:  # 2. AR timing on the first ar_limit prompts per category (timed)
+        timed(first_per_category(tasks, plan.ar_limit), AR)
         runs[AR] = out / AR
 
     # 3. offline replay of the other arms from the recorded greedy outputs
-    specs, messages = available_arms(replay_arms, target)
+    specs, messages = available_arms(plan.replay_arms, target)
     for m in messages:
         log(m)
     if specs:
-        _replay(specs, tasks, target, out, online_run_id, max_new_tokens=max_new_tokens, encode=encode,
-                verify_cost_ratio=verify_cost_ratio, break_lock=break_lock, progress=progress)
+        _replay(specs, plan, online_run_id, progress)
         runs.update({spec.name: out / spec.name for spec in specs})
     return runs
 
 
-def _replay(specs: Sequence[ArmSpec], tasks: Sequence, target, out: Path, online_run_id: str, *,
-            max_new_tokens: int, encode: Callable | None, verify_cost_ratio: float, break_lock: bool,
-            progress: bool) -> None:
+def _replay(specs: Sequence[ArmSpec], plan: ReferencePlan, online_run_id: str, progress: bool) -> None:
     """Replay ``specs`` on the greedy outputs of ``<out>/ngram`` into ``<out>/<arm>`` (resumable)."""
+    tasks, target, out, encode = plan.tasks, plan.target, plan.out, plan.encode
+    max_new_tokens, verify_cost_ratio, break_lock = plan.limits.max_new_tokens, plan.verify_cost_ratio, plan.break_lock
     model = model_of(target)
     plain = SpeculativeDecoder(target)  # the target's EOS ids, context, prompt encoding, dtype and device
     config = plain.config
