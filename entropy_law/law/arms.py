@@ -6,7 +6,8 @@ Known here, from a trace set's ``runs`` table (run metadata, ``docs/trace-schema
   (``model_id``), the drafter (``drafter_id``, with ``drafter_config["checkpoint_sha256"]`` where the
   drafter was loaded from a checkpoint: two checkpoints of one architecture are two drafters, and the
   drafter's whole ``drafter_config``, its settings: an n-gram drafter with ``max_ngram`` 1 and ``block_size`` 3 is
-  not one with 4 and 11; the checkpoint's path is not compared, its SHA-256 is), the tree policy and budget (``tree_policy``, ``tree_budget``) and the drafting gate (``gate`` as written,
+  not one with 4 and 11; the checkpoint's path is not compared, its SHA-256 is), the tree policy and budget
+  (``tree_policy``, ``tree_budget``) and the drafting gate (``gate`` as written,
   "ratio" or "cost"; runs recorded before that key: a ``verify_cost`` curve = the measured verify-cost
   gate, none = the ratio gate; the ratio gate with its ``verify_cost_ratio`` where one is recorded; a run
   with a per-round law policy (``policy``, its parameters) is ``"law-policy:<sha256 of the parameters>"``,
@@ -282,6 +283,7 @@ def check_one_arm_per_drafter(runs: pd.DataFrame, run_ids=None) -> None:
                       for d, part in mixed)
     raise ValueError(
         f"the traces mix arms that one law must not pool ({found}). An arm is one model, drafter (checkpoint and "
-        "settings), tree policy, budget and drafting gate. Select one arm with traces.filter(run_id=[...]) (its runs above), "
+        "settings), tree policy, budget and drafting gate. Select one arm with traces.filter(run_id=[...]) (its runs "
+        "above), "
         "or let TraceAnalysis(traces) split the arms (its arm_view(label) is one arm; make_view(traces) relabels "
         "drafter_id with the arm labels, so drafter='<label>' selects one where a function takes drafter=).")

@@ -360,7 +360,8 @@ def load_traces(path, *, run_id=None, category=None, validate: bool = True) -> T
     ``TraceValidationError`` naming the file or run and the first bad request / round / position.
     With ``validate=False`` only metadata and the cheap shard checks of ``validation.check_run_shards`` (every
     shard whole: footers, schemas, row counts; request ids unique across shards) are applied, and tables are read
-    when first used; every reader (this one, the out-of-core path) and a resumed writer apply those. A run whose status is not "complete" loads with a ``UserWarning`` naming it (and its
+    when first used; every reader (this one, the out-of-core path) and a resumed writer apply those. A run
+    whose status is not "complete" loads with a ``UserWarning`` naming it (and its
     writer's lock, if one is left), and so does a run whose folder holds unfinished shards of a crashed
     writer or quarantined leftovers (never read as part of the run).
     """

@@ -346,7 +346,8 @@ def check_shard(shard: Path) -> pa.Array:
         requests = pq.read_table(_shard_file(shard, "requests"), columns=["request_id", "rounds"])
         committed = pq.read_table(_shard_file(shard, "rounds"), columns=["committed"]).column(0)
     except (pa.ArrowInvalid, OSError) as err:
-        raise TraceValidationError(f"{shard}: cannot read its requests or rounds ({err}); the shard is damaged") from err
+        raise TraceValidationError(f"{shard}: cannot read its requests or rounds ({err}); the shard is "
+                                   "damaged") from err
     for table, expected, rule in (
             ("rounds", pc.sum(requests.column("rounds")).as_py() or 0,
              "requests.rounds differs from the number of rows in rounds"),
@@ -360,18 +361,24 @@ def check_shard(shard: Path) -> pa.Array:
 
 
 def check_unique_request_ids(ids_per_shard: list[tuple[Path, pa.Array]], where: str) -> None:
-    """A request is written once: raise if a request id lies in two shards (or twice in one)."""
-    seen: dict[str, Path] = {}
-    for shard, ids in ids_per_shard:
-        for rid in ids.to_pylist():
-            if rid in seen:
-                same = seen[rid] == shard
-                raise TraceValidationError(
-                    f"{where}: request id {rid!r} appears " + (f"twice in {shard}" if same else
-                                                               f"in more than one shard ({seen[rid].name} and {shard.name})")
-                    + " (a request is written once; was a shard copied, or a run resumed without skipping "
-                    "completed_requests?); move the extra shard out of the run's shards folder")
-            seen[rid] = shard
+    """A request is written once: raise if a request id lies in two shards (or twice in one). Counted by pyarrow
+    over all ids at once; only a repeated id is looked up shard by shard."""
+    if not ids_per_shard:
+        return
+    ids = pa.chunked_array([i.cast(pa.string()) for _, i in ids_per_shard], type=pa.string())
+    counts = pc.value_counts(ids)
+    repeated = counts.filter(pc.greater(counts.field("counts"), 1))
+    if not len(repeated):
+        return
+    rid = repeated[0]["values"].as_py()
+    holders = []  # the shard of each of its rows
+    for shard, i in ids_per_shard:
+        holders += [shard] * (pc.sum(pc.equal(i.cast(pa.string()), rid)).as_py() or 0)
+    place = (f"twice in {holders[0]}" if holders[0] == holders[1]
+             else f"in more than one shard ({holders[0].name} and {holders[1].name})")
+    raise TraceValidationError(
+        f"{where}: request id {rid!r} appears {place} (a request is written once; was a shard copied, or a run "
+        "resumed without skipping completed_requests?); move the extra shard out of the run's shards folder")
 
 
 def check_run_shards(shards: list[Path], where: str, *, damaged: list | None = None) -> dict[str, Path]:
