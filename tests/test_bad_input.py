@@ -466,3 +466,243 @@ def test_a_lock_removed_mid_request_stops_the_writer_at_its_next_round(tmp_path,
     with pytest.raises(recorder.RunLockLostError):  # and stays stopped
         rec.begin_request("r", category="math")
     assert _recorded(run) == ["req-6-0"] and not (run / "writer.lock").exists()
+
+
+# -- every reader applies one shard check (case 3), a resume repeats it (case 4) ----------------------------------
+def _run_of(path: Path, n_requests: int = 6, seed: int = 3, **metadata) -> Path:
+    with TraceRecorder(path, flush_every_requests=2, **{"model_id": "m", "drafter_id": "ngram", **metadata}) as rec:
+        log_requests(rec, synthetic_requests(seed=seed, n_requests=n_requests))
+    return path
+
+
+def _out_of_core(name: str):
+    from entropy_law import outofcore
+
+    return {"aggregate_at_risk_sql": lambda run: outofcore.aggregate_at_risk_sql(run, "law_exp"),
+            "fit_law_out_of_core": lambda run: outofcore.fit_law_out_of_core(run, "law_exp"),
+            "report_summaries_sql": lambda run: outofcore.report_summaries_sql(run)}[name]
+
+
+READERS = {
+    "load_traces": lambda run: load_traces(run),
+    "load_traces(validate=False)": lambda run: load_traces(run, validate=False),
+    **{name: (lambda run, name=name: _out_of_core(name)(run))
+       for name in ("aggregate_at_risk_sql", "fit_law_out_of_core", "report_summaries_sql")},
+}
+
+
+@pytest.mark.parametrize("reader", sorted(READERS))
+def test_every_reader_refuses_a_run_with_a_copied_shard(tmp_path, reader):
+    import shutil
+
+    from entropy_law.traces.validation import TraceValidationError
+
+    run = _run_of(tmp_path / "run")
+    shutil.copytree(run / "shards" / "000000", run / "shards" / "000007")  # the same request ids in two shards
+    with pytest.raises(TraceValidationError, match=r"appears in more than one shard \(000000 and 000007\)"):
+        READERS[reader](run)  # before: the out-of-core readers counted its requests twice, silently
+
+
+@pytest.mark.parametrize("reader", sorted(READERS))
+def test_every_reader_refuses_a_shard_whose_tokens_file_lost_rows(tmp_path, reader):
+    import pyarrow.parquet as pq
+
+    from entropy_law.traces.validation import TraceValidationError
+
+    run = _run_of(tmp_path / "run")
+    file = run / "shards" / "000001" / "tokens.parquet"
+    pq.write_table(pq.read_table(file).slice(0, 3), file)  # a valid Parquet file, rows missing
+    with pytest.raises(TraceValidationError, match="number of token rows differs from rounds.committed"):
+        READERS[reader](run)
+
+
+def test_the_law_command_out_of_core_refuses_a_copied_shard_in_one_line(tmp_path, capsys):
+    import shutil
+
+    run = _run_of(tmp_path / "run")
+    shutil.copytree(run / "shards" / "000000", run / "shards" / "000007")
+    capsys.readouterr()
+    assert main(["law", str(run), "--out-of-core"]) == 2  # before: 0, the copied requests fitted twice
+    assert "appears in more than one shard (000000 and 000007)" in _one_line(capsys, "law")
+
+
+def test_a_resume_moves_a_damaged_shard_aside_and_its_requests_are_recorded_again(tmp_path):
+    import pyarrow.parquet as pq
+
+    run = _run_of(tmp_path / "run")
+    damaged = run / "shards" / "000001"
+    lost = sorted(pq.read_table(damaged / "requests.parquet").column("request_id").to_pylist())
+    file = damaged / "tokens.parquet"
+    file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])  # cut off
+    with pytest.warns(UserWarning, match=r"1 finished shard\(s\) are damaged.*records them again"):
+        rec = TraceRecorder(run, resume=True, model_id="m", drafter_id="ngram")
+    with rec:
+        assert not set(lost) & rec.completed_requests and len(rec.completed_requests) == 4
+    meta = json.loads((run / "run.json").read_text())
+    assert meta["status"] == "complete" and meta["quarantined"][0]["from"] == "shards/000001"
+    assert "cannot read as Parquet" in meta["quarantined"][0]["reason"]
+    assert (run / "quarantine" / "000001" / "tokens.parquet").exists()  # nothing deleted
+
+
+def test_record_resume_records_again_the_prompt_of_a_truncated_shard(tiny_model, five_prompts, tmp_path, capsys):
+    out = tmp_path / "run"
+    assert _record(tiny_model, five_prompts, out) == 0
+    file = out / "shards" / "000001" / "tokens.parquet"
+    file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
+    with pytest.warns(UserWarning, match="damaged"):
+        assert _record(tiny_model, five_prompts, out, "--resume") == 0  # before: 0, with the prompt lost
+    assert "recorded 1, already recorded 4" in capsys.readouterr().out
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the quarantine folder is said
+        assert len(load_traces(out).requests) == 5  # before: load_traces refused the run
+
+
+# -- arms are told apart by the drafter's settings (case 5) -----------------------------------------------------
+def test_two_ngram_settings_in_one_folder_are_two_arms(tmp_path, capsys):
+    from entropy_law.law.arms import run_arms
+    from entropy_law.law.fit import fit_law
+    from entropy_law.outofcore import aggregate_at_risk_sql
+
+    for name, config in (("small", {"max_ngram": 1, "block_size": 3}), ("large", {"max_ngram": 4, "block_size": 11})):
+        _run_of(tmp_path / name, n_requests=8, seed=len(name), tree_policy="chain", drafter_config=config)
+    traces = load_traces(tmp_path)
+    assert sorted(run_arms(traces.runs)["arm"]) == ["ngram chain block_size=11 max_ngram=4",
+                                                   "ngram chain block_size=3 max_ngram=1"]  # before: one arm
+    with pytest.raises(ValueError, match="mix arms"):
+        fit_law(traces, "law_exp")
+    with pytest.raises(ValueError, match="mix arms"):
+        aggregate_at_risk_sql(tmp_path, "law_exp")
+    with pytest.raises(ValueError, match="mix arms"):
+        aggregate_at_risk_sql(traces, "law_exp")
+
+
+def test_a_checkpoint_path_is_not_a_setting(tmp_path):
+    from entropy_law.law.arms import run_arms
+
+    for name in ("here", "there"):  # one checkpoint file, found at two paths
+        _run_of(tmp_path / name, seed=len(name), tree_policy="chain", drafter_id="block",
+                drafter_config={"checkpoint": f"/{name}/b.pt", "checkpoint_sha256": "ab" * 32, "block_size": 8})
+    assert run_arms(load_traces(tmp_path).runs)["arm"].nunique() == 1
+
+
+# -- the task file is known by its content (case 11) ------------------------------------------------------------
+def _no_model(monkeypatch):
+    from entropy_law.decoding import loading
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model was loaded before the refusal")
+
+    monkeypatch.setattr(loading, "load_target", refuse)
+
+
+def test_resume_takes_the_same_task_file_by_another_path_and_refuses_another_file(tiny_model, five_prompts,
+                                                                                   tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "run"
+    assert _record(tiny_model, "tasks.jsonl", out, "--limit", "1") == 0
+    (tmp_path / "sub").mkdir()
+    assert _record(tiny_model, "./sub/../tasks.jsonl", out, "--limit", "2", "--resume") == 0
+    meta = json.loads((out / "run.json").read_text())
+    assert meta["tasks"] == "tasks.jsonl" and len(meta["tasks_sha256"]) == 64
+    assert len(_recorded(out)) == 2  # before: refused, the path compared as text (after the model loaded)
+    five_prompts.write_text(five_prompts.read_text().replace("the cat sat", "a dog sat"))  # another file, one path
+    _no_model(monkeypatch)
+    capsys.readouterr()
+    assert _record(tiny_model, "tasks.jsonl", out, "--limit", "3", "--resume") == 2  # before: accepted
+    line = _one_line(capsys, "record")
+    assert "--tasks tasks.jsonl is not the task file" in line and "record into a new --out" in line
+
+
+# -- smaller (case 12) ------------------------------------------------------------------------------------------
+def test_record_that_records_nothing_fails_and_says_why(tiny_model, tmp_path, capsys):
+    tasks = tmp_path / "long.jsonl"
+    tasks.write_text(json.dumps({"question_id": 1, "category": "a", "turns": ["word " * 20_000]}) + "\n")
+    capsys.readouterr()
+    assert _record(tiny_model, tasks, tmp_path / "run") == 2  # before: 0, an empty run marked complete
+    assert "nothing was recorded: all 1 prompt(s) were skipped" in _one_line(capsys, "record")
+
+
+def test_record_resume_of_a_missing_run_is_refused(tiny_model, five_prompts, tmp_path, monkeypatch, capsys):
+    _no_model(monkeypatch)
+    capsys.readouterr()
+    assert _record(tiny_model, five_prompts, tmp_path / "typo", "--resume") == 2  # before: a new run was started
+    assert "no run to resume there" in _one_line(capsys, "record")
+    assert not (tmp_path / "typo").exists()
+
+
+def test_record_threads(tiny_model, five_prompts, tmp_path, monkeypatch, capsys):
+    import torch
+
+    _no_model(monkeypatch)
+    capsys.readouterr()
+    assert _record(tiny_model, five_prompts, tmp_path / "run", "--threads", "0") == 2  # before: no such option
+    assert _one_line(capsys, "record") == "entropy-law record: error: --threads must be >= 1, got 0"
+    threads = torch.get_num_threads()
+    monkeypatch.undo()
+    try:
+        assert _record(tiny_model, five_prompts, tmp_path / "run", "--threads", "1", "--limit", "1") == 0
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_info_of_a_model_that_does_not_resolve_fails(capsys):
+    assert main(["info", "--model", "no-such-model"]) == 2  # before: 0
+    assert "--model no-such-model does not exist" in _one_line(capsys, "info")
+
+
+def test_a_task_line_with_a_null_category_is_refused(tmp_path):
+    from entropy_law.prompts.text import load_tasks
+
+    path = tmp_path / "t.jsonl"
+    path.write_text('{"question_id": 1, "category": "a", "turns": ["x"]}\n'
+                    '{"question_id": 2, "category": null, "turns": ["y"]}\n')
+    with pytest.raises(ValueError, match=r"t.jsonl:2: 'category' is null"):  # before: the category "None"
+        load_tasks(path)
+
+
+def test_non_utf8_bytes_in_a_task_file_name_the_line(tmp_path):
+    from entropy_law.prompts.text import load_tasks
+
+    path = tmp_path / "t.jsonl"
+    path.write_bytes(b'{"question_id": 1, "category": "a", "turns": ["x"]}\n'
+                     b'{"question_id": 2, "category": "a", "turns": ["\xff"]}\n')
+    with pytest.raises(ValueError, match=r"t.jsonl:2: not UTF-8 text \(byte 0xff at column 48\)"):
+        load_tasks(path)  # before: UnicodeDecodeError without the line
+
+
+def _vllm_line(request_id: str) -> bytes:
+    engines = Path(__file__).parent / "data" / "engines"
+    line = (engines / "vllm_metrics_summary.jsonl").read_text().splitlines()[0]
+    return (json.dumps({**json.loads(line), "request_id": request_id}) + "\n").encode()
+
+
+def test_non_utf8_bytes_in_an_import_file_name_the_line_and_skip_bad_skips_it(tmp_path, capsys):
+    path = tmp_path / "r.jsonl"
+    path.write_bytes(_vllm_line("a") + b'{"bad": "\xff"}\n' + _vllm_line("b"))
+    assert main(["import", "vllm", str(path), "--out", str(tmp_path / "run")]) == 2
+    assert f"{path}:2: (line): not UTF-8 text (byte 0xff" in _one_line(capsys, "import")
+    assert main(["import", "vllm", str(path), "--out", str(tmp_path / "run"), "--skip-bad"]) == 0  # before: refused
+    assert sorted(load_traces(tmp_path / "run").requests["request_id"]) == ["a", "b"]
+
+
+def test_non_utf8_bytes_in_a_glance_log_are_skipped_with_skip_bad(tmp_path, capsys):
+    good = {"round": 0, "entropy": 0.5, "accepted": 2, "tau": 3, "tree_size": 64, "extended": False, "task": "docvqa",
+            "prompt": 0}
+    path = tmp_path / "rounds.jsonl"
+    path.write_bytes((json.dumps(good) + "\n").encode() + b'{"round": "\xff"}\n'
+                     + (json.dumps({**good, "round": 1}) + "\n").encode())
+    assert main(["import", "glance", str(path), "--out", str(tmp_path / "run")]) == 2
+    assert f"{path}:2: (line): not UTF-8 text" in _one_line(capsys, "import")
+    assert main(["import", "glance", str(path), "--out", str(tmp_path / "run"), "--skip-bad"]) == 0
+
+
+@pytest.mark.parametrize("engine, line", [("vllm", b'{"no": "fields"}\n'), ("glance", b'{"round": "x"}\n'),
+                                          ("specbench", b'{"question_id": 1}\n')])
+def test_an_import_whose_every_line_is_bad_fails(tmp_path, capsys, engine, line):
+    path = tmp_path / "all-bad.jsonl"
+    path.write_bytes(line * 2)
+    capsys.readouterr()
+    assert main(["import", engine, str(path), "--out", str(tmp_path / "run"), "--skip-bad"]) == 2  # before: 0
+    assert "all 2 line(s) are bad and were skipped" in _one_line(capsys, "import")
+    assert not (tmp_path / "run").exists()

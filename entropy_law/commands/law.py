@@ -75,7 +75,9 @@ def run(args) -> int:
         try:
             laws = fit_law_out_of_core(args.traces, args.family, by="drafter_id", by_arm=True)
         except ValueError as err:
-            if not defaulted:
+            from entropy_law.traces.validation import TraceValidationError
+
+            if not defaulted or isinstance(err, TraceValidationError):  # damaged traces: no family fits them
                 raise
             from entropy_law.law.fit import PRIMARY_FALLBACK
 

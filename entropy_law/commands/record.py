@@ -89,6 +89,8 @@ def register(subparsers) -> None:
     p.add_argument("--flush-every", type=int, default=1, metavar="N",
                    help="write finished prompts to disk every N prompts; a crash loses at most those and the one "
                         "in flight (default: %(default)s)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch CPU threads (default: torch's choice; 1 helps on a busy shared machine)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -105,6 +107,8 @@ def _drafter_name(value: str) -> str:
 
 def _check_args(args) -> None:
     """The options that the plan (``jobs.plan``) does not check: how they combine on this command line."""
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
     if args.budget is not None and args.budget < 0:
         raise ValueError(f"--budget must be >= 0, got {args.budget}")
     if args.checkpoint is not None and args.drafter not in BLOCK_READERS:
@@ -166,6 +170,11 @@ def run(args) -> int:
         check_run_dir(out, resume=args.resume, overwrite=args.overwrite, break_lock=args.break_lock)
     except ValueError as err:
         raise ValueError(f"--out {out}: {_cli_words(str(err))}") from err
+    tasks_meta = _tasks_identity(args, out, image_tasks)  # a resume's task file checked before the model too
+    if args.threads is not None:
+        import torch
+
+        torch.set_num_threads(args.threads)
 
     images = None
     if image_tasks:  # a local Qwen2-VL / Qwen2.5-VL / LLaVA folder; pixels go to the prefill only
@@ -187,7 +196,7 @@ def run(args) -> int:
             tasks, [spec], target, output, limits, drafting, encode=encode,
             adapter=images.adapter if images is not None else None, keep_going=True,
             run_metadata={"verify_cost_ratio": args.verify_cost_ratio, "chat_template": not args.no_chat_template,
-                          "tasks": str(args.tasks), **({"policy": policy} if policy is not None else {})})
+                          **tasks_meta, **({"policy": policy} if policy is not None else {})})
         recorded = record_arms(plan, progress=not args.no_progress, desc="record")
     except (ValueError, RunLockLostError) as err:  # the recorder's advice (resume=True, ...) in our options
         raise ValueError(_cli_words(str(err))) from err
@@ -195,6 +204,9 @@ def run(args) -> int:
         raise KeyboardInterrupt(_interrupted(out, args)) from None
     arm = recorded[spec.name]
     _print_summary(args.out, arm)
+    if not arm.counts["failed"] and not arm.counts["recorded"] and not arm.counts["already recorded"]:
+        raise ValueError(f"nothing was recorded: all {arm.counts['skipped']} prompt(s) were skipped (their reasons "
+                         f"are logged above), so {out} holds no prompt; give prompts the model can decode")
     return 1 if arm.counts["failed"] else 0
 
 
@@ -218,6 +230,48 @@ def _arm_spec(args):
     if drafts and args.tree == "ddtree" and budget is None:
         budget = DEFAULT_DDTREE_BUDGET
     return ArmSpec(args.drafter, args.drafter, tree=args.tree if drafts else "none", budget=budget)
+
+
+def _tasks_identity(args, out: Path, image_tasks: bool) -> dict:
+    """run.json's ``tasks`` (the file as given) and ``tasks_sha256`` (its content: a task file's identity, not its
+    path). A resume must give a file of the same content, by any path (checked here, before the model loads); a run
+    that stored no hash is checked by the content of the file its ``tasks`` names. ``--resume`` needs a run."""
+    from entropy_law.prompts.image import image_task_file
+    from entropy_law.prompts.text import task_file
+    from entropy_law.traces.layout import RUN_FILE, file_sha256, read_run_json
+
+    sha = file_sha256((image_task_file if image_tasks else task_file)(args.tasks)[1])
+    given = {"tasks": str(args.tasks), "tasks_sha256": sha}
+    if not args.resume:
+        return given
+    if not (out / RUN_FILE).is_file():
+        raise ValueError(f"--out {out}: no run to resume there (no {RUN_FILE}); check the path, or drop --resume to "
+                         "start a new run")
+    stored = read_run_json(out / RUN_FILE)
+    if "tasks" not in stored:
+        return given  # not recorded by this command: the recorder names what differs
+    recorded = stored.get("tasks_sha256")
+    if recorded is None:  # an older run: the file its path names, if it is still there
+        try:
+            recorded = file_sha256((image_task_file if image_tasks else task_file)(stored["tasks"])[1])
+        except (OSError, ValueError):
+            recorded = None
+        kept = {"tasks": stored["tasks"]}  # the recorder compares the keys a run holds
+    else:
+        kept = {"tasks": stored["tasks"], "tasks_sha256": recorded}
+    builtin = ("vlm_tasks",) if image_tasks else ("spec_bench", "open_ended")
+    dataset, stored_dataset = ((t if t in builtin else Path(t).expanduser().stem) for t in (str(args.tasks),
+                                                                                          str(stored["tasks"])))
+    if dataset != stored_dataset:  # request ids are "<dataset>:<question_id>": another name, other ids
+        raise ValueError(f"--tasks {args.tasks}: {out} was recorded from {stored['tasks']}, whose request ids are "
+                         f"named {stored_dataset!r}:<question_id>; resume with that file (by any path), or record "
+                         "into a new --out")
+    if recorded != sha:
+        raise ValueError(f"--tasks {args.tasks} is not the task file {out} was recorded from ({stored['tasks']}"
+                         + (f": content SHA-256 {recorded[:12]}..., given {sha[:12]}..." if recorded else
+                            ", which is no longer there to compare")
+                         + "); resume with that file, or record into a new --out")
+    return kept
 
 
 def _interrupted(out: Path, args) -> str:

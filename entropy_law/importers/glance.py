@@ -33,7 +33,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from entropy_law.importers.writer import SkippedLine
+from entropy_law.importers.records import FieldError, decoded_line
+from entropy_law.importers.writer import SkippedLine, nothing_kept
 from entropy_law import glance
 from entropy_law.traces.layout import file_sha256
 from entropy_law.traces.recorder import TraceRecorder
@@ -78,10 +79,21 @@ def read_rounds(path, *, skip_bad: bool = False) -> tuple[pd.DataFrame, list[Ski
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file (GLANCE's round log: JSONL, one round per line)")
-    text = path.read_text(encoding="utf-8").splitlines(keepends=True)
-    n_lines = sum(1 for t in text if t.strip())
-    skipped: list[SkippedLine] = []
+    hint = " (entropy-law import glance --skip-bad skips such lines and lists them in run.json)"
+    text, skipped = [], []
+    for number, raw in enumerate(path.read_bytes().splitlines(keepends=True), start=1):
+        try:
+            text.append(decoded_line(raw))
+        except FieldError as err:  # not UTF-8: the line is named, and skipped with skip_bad
+            if not skip_bad:
+                raise ValueError(f"{path}:{number}: {err}{hint}") from None
+            skipped.append(SkippedLine(number, err.field, err.problem))
+            text.append("\n")
+    n_lines = sum(1 for t in text if t.strip()) + len(skipped)
     while True:
+        if skipped and len(skipped) == n_lines:
+            raise ValueError(f"{path}: no round to import: all {n_lines} line(s) are bad and were skipped (first: "
+                             f"{nothing_kept(skipped)})")
         try:
             if not skipped:
                 return glance.read_glance_rounds(path), skipped, n_lines
@@ -97,9 +109,8 @@ def read_rounds(path, *, skip_bad: bool = False) -> tuple[pd.DataFrame, list[Ski
             message = str(err)
             line, fieldname = _where(message, path)
             if not skip_bad or line is None:
-                hint = " (entropy-law import glance --skip-bad skips such lines and lists them in run.json)" \
-                    if line is not None else ""
-                raise ValueError(message.replace(f".skip-bad-{path.name}", path.name) + hint) from None
+                raise ValueError(message.replace(f".skip-bad-{path.name}", path.name)
+                                 + (hint if line is not None else "")) from None
             skipped.append(SkippedLine(line, fieldname, message.split(": ", 2)[-1]))
 
 

@@ -32,6 +32,15 @@ class FieldError(ValueError):
         self.problem = problem
 
 
+def decoded_line(raw: bytes) -> str:
+    """One line of an imported file as UTF-8 text; ``FieldError("(line)", ...)`` naming the first byte that is not
+    (so the import reports ``file:line``, or skips the line with ``--skip-bad``)."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise FieldError("(line)", f"not UTF-8 text (byte 0x{raw[err.start]:02x} at column {err.start + 1})") from None
+
+
 class MalformedResponseError(ValueError):
     """A line of an engine JSONL that cannot be imported; the message names ``file:line``, the field and what to do."""
 

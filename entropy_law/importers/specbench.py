@@ -37,8 +37,8 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from entropy_law.importers.records import FieldError, MalformedResponseError
-from entropy_law.importers.writer import METADATA_KEY, SkippedLine
+from entropy_law.importers.records import FieldError, MalformedResponseError, decoded_line
+from entropy_law.importers.writer import METADATA_KEY, SkippedLine, nothing_kept
 from entropy_law.traces.layout import file_sha256
 from entropy_law.traces.recorder import TraceRecorder
 
@@ -149,13 +149,14 @@ def read_answers(path, *, skip_bad: bool = False) -> tuple[list[Answer], list[Sk
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file (a Spec-Bench answer file, one JSON line per question)")
     answers, skipped, lines, seen = [], [], 0, {}
-    with open(path, encoding="utf-8") as fh:
-        for number, text in enumerate(fh, start=1):
-            if not text.strip():
+    with open(path, "rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            if not raw.strip():
                 continue
             lines += 1
             try:
                 try:
+                    text = decoded_line(raw)
                     obj = json.loads(text)
                 except json.JSONDecodeError as err:
                     raise FieldError("(line)", f"not JSON ({err.msg} at column {err.colno})") from None
@@ -173,7 +174,8 @@ def read_answers(path, *, skip_bad: bool = False) -> tuple[list[Answer], list[Sk
             seen[key] = number
             answers.append(answer)
     if not answers:
-        raise ValueError(f"{path}: no answer to import")
+        raise ValueError(f"{path}: no answer to import" + (
+            f": all {lines} line(s) are bad and were skipped (first: {nothing_kept(skipped)})" if skipped else ""))
     return answers, skipped, lines
 
 

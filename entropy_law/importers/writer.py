@@ -42,7 +42,7 @@ import pyarrow as pa
 
 from entropy_law.importers import llamacpp, sglang, vllm
 from entropy_law.importers.records import (DEFAULT_CATEGORY, FieldError, ImportedRequest,
-                                           MalformedResponseError)
+                                           MalformedResponseError, decoded_line)
 from entropy_law.traces.recorder import TraceRecorder
 from entropy_law.traces.stats import TARGET_STAT_KEYS, context_matches_of_output
 from entropy_law.traces.topk import RENORMALISED_TAIL, TopkInputError, pad_topk, topk_entropy
@@ -99,13 +99,14 @@ def parse_jsonl(path, engine: str, *, category: str = DEFAULT_CATEGORY, skip_bad
     parse = PARSERS[engine]
     parsed = ParsedFile(path=path, engine=engine, records=[])
     seen: dict[str, int] = {}
-    with open(path, encoding="utf-8") as fh:
-        for number, text in enumerate(fh, start=1):
-            if not text.strip():
+    with open(path, "rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            if not raw.strip():
                 continue
             parsed.lines += 1
             try:
                 try:
+                    text = decoded_line(raw)
                     obj = json.loads(text)
                 except json.JSONDecodeError as err:
                     raise FieldError("(line)", f"not JSON ({err.msg} at column {err.colno})") from None
@@ -123,8 +124,18 @@ def parse_jsonl(path, engine: str, *, category: str = DEFAULT_CATEGORY, skip_bad
                 continue
             seen[record.request_id] = number
             parsed.records.append(record)
+    if not parsed.records:  # a run of nothing is no import
+        raise ValueError(f"{path}: no request to import: " + (
+            f"all {parsed.lines} line(s) are bad and were skipped (first: {nothing_kept(parsed.skipped)})"
+            if parsed.skipped else "the file holds no line"))
     _check_one_configuration(parsed)
     return parsed
+
+
+def nothing_kept(skipped: list[SkippedLine]) -> str:
+    """The first skipped line, for the error of an import whose every line was bad."""
+    first = skipped[0]
+    return f"line {first.line}: {first.field}: {first.problem}"
 
 
 def _check_one_configuration(parsed: ParsedFile) -> None:

@@ -4,8 +4,10 @@ Known here, from a trace set's ``runs`` table (run metadata, ``docs/trace-schema
 
 - the **arm** of a run, the unit one law (and one cost model) describes: the target model
   (``model_id``), the drafter (``drafter_id``, with ``drafter_config["checkpoint_sha256"]`` where the
-  drafter was loaded from a checkpoint: two checkpoints of one architecture are two drafters), the
-  tree policy and budget (``tree_policy``, ``tree_budget``) and the drafting gate (``gate`` as written,
+  drafter was loaded from a checkpoint: two checkpoints of one architecture are two drafters, and the
+  drafter's whole ``drafter_config``, its settings: an n-gram drafter with ``max_ngram`` 1 and ``block_size`` 3 is
+  not one with 4 and 11; the checkpoint's path is not compared, its SHA-256 is), the tree policy and budget
+  (``tree_policy``, ``tree_budget``) and the drafting gate (``gate`` as written,
   "ratio" or "cost"; runs recorded before that key: a ``verify_cost`` curve = the measured verify-cost
   gate, none = the ratio gate; the ratio gate with its ``verify_cost_ratio`` where one is recorded; a run
   with a per-round law policy (``policy``, its parameters) is ``"law-policy:<sha256 of the parameters>"``,
@@ -13,8 +15,9 @@ Known here, from a trace set's ``runs`` table (run metadata, ``docs/trace-schema
   Autoregressive (AR) runs (``drafter_id`` "none" / "ar" or ``tree_policy`` "none") form one arm per model;
 - the arm's readable **label**: ``arm_label`` (``"ngram chain"``, ``"ngram ddtree16"``, ``"AR"``), and only
   where two arms of the trace set would share it, the parts that tell them apart: the model as a
-  prefix (``"smollm2-135m/ngram chain"``), then the checkpoint (``"… sha256:2cd5887f"``), the gate
-  (``"… cost-gate"``, ``"… ratio-gate2"``) and the budget (``"… budget8"``);
+  prefix (``"smollm2-135m/ngram chain"``), then the checkpoint (``"… sha256:2cd5887f"``), the drafter settings
+  that differ (``"… block_size=3 max_ngram=1"``), the gate (``"… cost-gate"``, ``"… ratio-gate2"``) and the
+  budget (``"… budget8"``);
 - the **machine** a run was timed on (model, ``device`` and ``host`` where recorded): a speedup or a
   cost is measured against an AR run of the same machine only;
 - ``check_one_arm_per_drafter``: the refusal, with the arms found and how to select one, when rows
@@ -51,6 +54,7 @@ class ArmKey(NamedTuple):
     tree_policy: str | None
     tree_budget: int | None
     gate: str | None  # "cost", "ratio", "ratio <r>" (the ratio gate with its recorded ratio r); None for AR
+    drafter_settings: str | None = None  # drafter_config as canonical JSON (no checkpoint path / SHA); None for AR
 
 
 class Machine(NamedTuple):
@@ -132,6 +136,19 @@ def _checkpoint(config) -> str | None:
     return _text(config.get("checkpoint_sha256")) if isinstance(config, dict) else None
 
 
+# where a checkpoint lies is not what it is (its SHA-256 is ArmKey.checkpoint_sha256)
+_NOT_SETTINGS = ("checkpoint", "checkpoint_sha256")
+
+
+def _settings(config) -> str | None:
+    """The drafter's settings as canonical JSON (sorted keys), the checkpoint's path and SHA-256 left out; None
+    where the run recorded none."""
+    if not isinstance(config, dict):
+        return None
+    kept = {k: v for k, v in config.items() if k not in _NOT_SETTINGS}
+    return json.dumps(kept, sort_keys=True, default=str) if kept else None
+
+
 def run_checkpoints(runs: pd.DataFrame) -> list[str]:
     """The distinct checkpoint SHA-256s the runs' drafters were loaded from (``drafter_config``), sorted; ``[]`` for
     drafters without a checkpoint (e.g. the n-gram one) or runs that do not say."""
@@ -151,7 +168,7 @@ def arm_keys(runs: pd.DataFrame) -> list[ArmKey]:
             keys.append(ArmKey(_text(model), AR_LABEL, None, AR_TREE_POLICY, None, None))
         else:
             keys.append(ArmKey(_text(model), str(drafter), _checkpoint(config), _text(policy), _integer(budget),
-                               policy_gate(law_policy) or _gate(gate, cost, ratio)))
+                               policy_gate(law_policy) or _gate(gate, cost, ratio), _settings(config)))
     return keys
 
 
@@ -190,7 +207,8 @@ def base_label(key: ArmKey) -> str:
 
 def arm_labels(keys: Sequence[ArmKey]) -> dict[ArmKey, str]:
     """A readable, unique label per distinct key: ``base_label``, plus what tells apart the keys that
-    share it (model as a prefix, then checkpoint, gate and budget as suffixes)."""
+    share it (model as a prefix, then checkpoint, gate and budget, then the differing drafter settings, as
+    suffixes)."""
     distinct = list(dict.fromkeys(keys))
     groups: dict[str, list[ArmKey]] = {}
     for key in distinct:
@@ -199,17 +217,32 @@ def arm_labels(keys: Sequence[ArmKey]) -> dict[ArmKey, str]:
     for base, group in groups.items():
         varying = [(field, part) for field, part in _DISTINGUISHING
                    if len({getattr(k, field) for k in group}) > 1]
+        # the settings that differ, unless checkpoints differ (they tell the drafters apart, and the settings a
+        # checkpoint implies would make long labels)
+        settings = {} if "checkpoint_sha256" in dict(varying) else _varying_settings(group)
         for key in group:
             label = base
             for field, part in varying:
                 label = f"{part(key)}/{label}" if field == "model_id" else f"{label} {part(key)}"
-            labels[key] = label
+            labels[key] = f"{label} {settings[key]}" if settings else label
     seen: dict[str, int] = {}
     for key in distinct:  # a last guard (e.g. two checkpoints whose SHA-256 share 8 hex digits)
         n = seen[labels[key]] = seen.get(labels[key], 0) + 1
         if n > 1:
             labels[key] = f"{labels[key]} #{n}"
     return labels
+
+
+def _varying_settings(group: Sequence[ArmKey]) -> dict[ArmKey, str]:
+    """Per key of ``group``, the drafter settings whose values differ within it (``"block_size=3 max_ngram=1"``);
+    {} when the group's settings agree."""
+    if len({k.drafter_settings for k in group}) < 2:
+        return {}
+    parsed = {k: json.loads(k.drafter_settings) if k.drafter_settings else {} for k in group}
+    names = sorted({n for p in parsed.values() for n in p})
+    differ = [n for n in names if len({json.dumps(p.get(n), sort_keys=True, default=str) for p in parsed.values()}) > 1]
+    return {k: " ".join(f"{n}={json.dumps(p[n], default=str) if n in p else 'unset'}" for n in differ)
+            for k, p in parsed.items()}
 
 
 def run_arms(runs: pd.DataFrame) -> pd.DataFrame:
@@ -249,7 +282,8 @@ def check_one_arm_per_drafter(runs: pd.DataFrame, run_ids=None) -> None:
     found = "; ".join(f"drafter_id {d!r} holds {part['arm_key'].nunique()} arms: {describe_arms(part)}"
                       for d, part in mixed)
     raise ValueError(
-        f"the traces mix arms that one law must not pool ({found}). An arm is one model, drafter (checkpoint), "
-        "tree policy, budget and drafting gate. Select one arm with traces.filter(run_id=[...]) (its runs above), "
+        f"the traces mix arms that one law must not pool ({found}). An arm is one model, drafter (checkpoint and "
+        "settings), tree policy, budget and drafting gate. Select one arm with traces.filter(run_id=[...]) (its runs "
+        "above), "
         "or let TraceAnalysis(traces) split the arms (its arm_view(label) is one arm; make_view(traces) relabels "
         "drafter_id with the arm labels, so drafter='<label>' selects one where a function takes drafter=).")

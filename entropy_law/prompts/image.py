@@ -61,7 +61,7 @@ def is_image_task_file(source: str | Path) -> bool:
     path = Path(str(source)).expanduser()
     if not path.is_file():
         return False
-    with path.open(encoding="utf-8") as handle:
+    with path.open(encoding="utf-8", errors="replace") as handle:  # a sniff: the loader names a bad byte's line
         for line in handle:
             if line.strip():
                 try:
@@ -79,6 +79,10 @@ def _parse(record: dict, where: str, folder: Path) -> tuple[str, str, tuple[str,
     if missing:
         raise ValueError(f"{where}: missing field(s) {', '.join(missing)} (every line needs question_id, "
                          "category, image, and turns or question)")
+    if not isinstance(record["category"], (str, int)) or isinstance(record["category"], bool) \
+            or not str(record["category"]).strip():
+        raise ValueError(f"{where}: 'category' is {record['category']!r}; give every line a category name (a "
+                         "non-empty string)")
     if "turns" in record:
         turns = record["turns"]
         if isinstance(turns, str) or not isinstance(turns, list) or not all(isinstance(t, str) for t in turns):

@@ -1,6 +1,7 @@
 """Where the project's shipped data live: ``$ENTROPY_LAW_DATA`` or the ``data/`` folder of the checkout.
 
-Knows only paths; reads nothing.
+Knows paths and how a JSONL line is read
+(``read_json_lines``, ``decode_line``: UTF-8 text, errors name ``file:line``).
 """
 
 from __future__ import annotations
@@ -24,10 +25,12 @@ def data_dir() -> Path:
 
 
 def read_json_lines(path: Path, what: str = "a JSON object") -> Iterator[tuple[int, dict]]:
-    """(line number, object) for every non-blank line of a JSONL file; a line that is not valid JSON or not an
-    object raises ``ValueError`` naming ``file:line`` (``what``: how the error names the expected object)."""
-    with Path(path).open(encoding="utf-8") as handle:
-        for line_no, line in enumerate(handle, start=1):
+    """(line number, object) for every non-blank line of a JSONL file; a line that is not UTF-8 text, not valid
+    JSON or not an object raises ``ValueError`` naming ``file:line`` (``what``: how the error names the expected
+    object)."""
+    with Path(path).open("rb") as handle:
+        for line_no, raw in enumerate(handle, start=1):
+            line = decode_line(raw, f"{path}:{line_no}")
             if not line.strip():
                 continue
             try:
@@ -37,3 +40,13 @@ def read_json_lines(path: Path, what: str = "a JSON object") -> Iterator[tuple[i
             if not isinstance(record, dict):
                 raise ValueError(f"{path}:{line_no}: expected {what}, got {type(record).__name__}")
             yield line_no, record
+
+
+def decode_line(raw: bytes, where: str) -> str:
+    """``raw`` as UTF-8 text; bytes that are not raise ``ValueError`` naming ``where`` (``file:line``) and the
+    column of the first bad byte."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ValueError(f"{where}: not UTF-8 text (byte 0x{raw[err.start]:02x} at column {err.start + 1}); "
+                         "save the file as UTF-8") from None

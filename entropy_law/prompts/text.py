@@ -10,6 +10,7 @@ or models (this module never imports torch).
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 from dataclasses import dataclass
@@ -73,6 +74,10 @@ def _read_records(path: Path) -> Iterable[tuple[int, dict]]:
         if missing:
             raise ValueError(f"{path}:{line_no}: missing field(s) {', '.join(missing)} "
                              "(every line needs question_id, category and turns)")
+        if not isinstance(record["category"], (str, int)) or isinstance(record["category"], bool) \
+                or not str(record["category"]).strip():
+            raise ValueError(f"{path}:{line_no}: 'category' is {json.dumps(record['category'])}; give every line "
+                             "a category name (a non-empty string)")
         turns = record["turns"]
         if isinstance(turns, str) or not isinstance(turns, list) or not all(isinstance(t, str) for t in turns):
             raise ValueError(f"{path}:{line_no}: 'turns' must be a list of strings")

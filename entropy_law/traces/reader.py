@@ -42,7 +42,7 @@ from entropy_law.traces.layout import (
 )
 from entropy_law.traces.schema import (FORMAT_VERSION, READABLE_FORMAT_VERSIONS, RUN_METADATA_KEYS, SCHEMAS, TABLES,
                                       added_columns)
-from entropy_law.traces.validation import TraceValidationError, check_run, check_schema, check_values
+from entropy_law.traces.validation import TraceValidationError, check_run, check_run_shards, check_values
 
 _DICTIONARY_COLUMNS = ("run_id", "request_id", "category", "role", "dataset", "stop_reason")
 
@@ -358,8 +358,10 @@ def load_traces(path, *, run_id=None, category=None, validate: bool = True) -> T
     wrong type), format version, values (NaN or negative entropy, tau larger than the block, ...)
     and cross-table consistency (tokens per round equal ``committed``, ...); errors are
     ``TraceValidationError`` naming the file or run and the first bad request / round / position.
-    With ``validate=False`` only metadata and file schemas are checked and tables are read when
-    first used. A run whose status is not "complete" loads with a ``UserWarning`` naming it (and its
+    With ``validate=False`` only metadata and the cheap shard checks of ``validation.check_run_shards`` (every
+    shard whole: footers, schemas, row counts; request ids unique across shards) are applied, and tables are read
+    when first used; every reader (this one, the out-of-core path) and a resumed writer apply those. A run
+    whose status is not "complete" loads with a ``UserWarning`` naming it (and its
     writer's lock, if one is left), and so does a run whose folder holds unfinished shards of a crashed
     writer or quarantined leftovers (never read as part of the run).
     """
@@ -385,13 +387,8 @@ def load_traces(path, *, run_id=None, category=None, validate: bool = True) -> T
         if run.run_id in seen:
             raise TraceValidationError(f"run id {run.run_id!r} appears twice: {seen[run.run_id]} and {run_dir}")
         seen[run.run_id] = run_dir
-        for table in TABLES:
-            for file in run.files[table]:
-                try:
-                    schema = pq.read_schema(file)
-                except (pa.ArrowInvalid, OSError) as err:
-                    raise TraceValidationError(f"{file}: cannot read as Parquet ({err})") from err
-                check_schema(schema, table, str(file))
+        # the checks every reader applies (the out-of-core path reads through here too), and a resume repeats
+        check_run_shards([f.parent for f in run.files["requests"]], f"run {run.run_id!r} at {run_dir}")
         runs.append(run)
     traces = TraceSet(runs, validate=validate)
     if run_id is not None or category is not None:
@@ -440,6 +437,6 @@ def _run_warnings(run: _Run) -> list[str]:
         messages.append(
             f"trace run {run.run_id!r} at {run.path} holds {len(kept)} quarantined leftover(s) in "
             f"{run.path / QUARANTINE_DIR} ({', '.join(p.name for p in kept[:3])}{', ...' if len(kept) > 3 else ''}): "
-            "unfinished shards of an earlier writer, not part of the run and not read; run.json lists them "
+            "unfinished or damaged shards of an earlier writer, not part of the run and not read; run.json lists them "
             "under 'quarantined'. Inspect them, then delete the folder")
     return messages

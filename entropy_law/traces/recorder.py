@@ -69,7 +69,7 @@ from entropy_law.traces.schema import (
 )
 from entropy_law.traces.stats import DRAFT_STAT_KEYS, TARGET_STAT_KEYS, context_matches_of_output, target_stats_from_logits
 from entropy_law.traces.stats import draft_stats as _draft_stats
-from entropy_law.traces.validation import check_run, check_values
+from entropy_law.traces.validation import check_run, check_run_shards, check_values
 
 _AUTO_KEYS = ("format", "format_version", "status", "package_version", "start_time", "end_time", "quarantined")
 _LOCK_CHECK_EVERY_S = 1.0  # during a request, the writer looks at its lock file at most this often
@@ -469,10 +469,11 @@ class TraceRecorder:
             meta["end_time"] = None
             meta.setdefault("resumed_at", []).append(_utc_now())
             shards = shard_dirs(self.path)
-            for shard in shards:
-                ids = pq.read_table(shard / table_file("requests"), columns=["request_id"]).column(0)
-                self._completed.update(ids.to_pylist())
+            damaged: list = []  # the readers' checks (validation.check_run_shards), every earlier shard
+            self._completed.update(check_run_shards(shards, f"cannot resume {self.path}", damaged=damaged))
             self._next_seq = shard_seq(shards[-1]) + 1 if shards else 0
+            if damaged:  # moved aside whole, so their prompts are not completed and are recorded again
+                meta.setdefault("quarantined", []).extend(self._quarantine_damaged(damaged))
             leftovers = unfinished_shards(self.path)
             if leftovers:  # of a writer that died mid-shard: kept, out of the way, and said
                 meta.setdefault("quarantined", []).extend(self._quarantine(leftovers))
@@ -510,6 +511,25 @@ class TraceRecorder:
                       f"deleted; run.json lists them under 'quarantined'): " + "; ".join(lines)
                       + ". Inspect them, then delete the quarantine folder.", UserWarning, stacklevel=4)
         fsync_path(self.path / QUARANTINE_DIR)
+        return moved
+
+    def _quarantine_damaged(self, damaged: list[tuple[Path, str]]) -> list[dict]:
+        """Move finished shards that fail ``check_shard`` (a file cut off, ...) to ``quarantine/`` (nothing is
+        deleted), warn, and return what was moved (for ``run.json``: name, where it was, when, why)."""
+        moved, lines = [], []
+        for shard, reason in damaged:
+            target = quarantine_path(self.path, shard)
+            target.parent.mkdir(exist_ok=True)
+            os.rename(shard, target)
+            moved.append({"name": str(target.relative_to(self.path)), "from": str(shard.relative_to(self.path)),
+                          "moved_at": _utc_now(), "reason": reason})
+            lines.append(f"{shard.name}: {reason}")
+        fsync_path(self.path / SHARDS_DIR)
+        fsync_path(self.path / QUARANTINE_DIR)
+        warnings.warn(f"trace run {self.path}: {len(damaged)} finished shard(s) are damaged; moved them to "
+                      f"{self.path / QUARANTINE_DIR} (nothing deleted; run.json lists them under 'quarantined') and "
+                      "their prompts are not completed, so the resumed job records them again: " + "; ".join(lines),
+                      UserWarning, stacklevel=4)
         return moved
 
     # -- life cycle ---------------------------------------------------------------------------------

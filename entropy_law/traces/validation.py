@@ -1,9 +1,12 @@
 """Checks of trace tables against the trace format (v2), shared by the writer (``log_columns``) and the reader.
 
 Known here: the rules a valid v1 table obeys (columns and types, value ranges, roles, and the
-consistency between tokens, rounds and requests of one run). Every failure raises
-``TraceValidationError`` (a ``ValueError``) whose message names where (a file, a run, or the call)
-and the first offending request / round / position. Not known here: files or directories.
+consistency between tokens, rounds and requests of one run), and the cheap checks of a run's shard files
+that every reader and a resumed writer apply (``check_shard``, ``check_run_shards``: each shard whole and
+readable, row counts that agree, request ids unique across shards; the Parquet footers, the requests tables
+and one column of rounds are read, never the tokens). Every failure raises ``TraceValidationError`` (a
+``ValueError``) whose message names where (a file, a run, or the call) and the first offending request /
+round / position. Not known here: where a run's shards lie (``layout``), what a reader or writer does next.
 """
 
 from __future__ import annotations
@@ -12,7 +15,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from entropy_law.traces.schema import ROLES, SCHEMAS, STOP_REASONS, added_columns
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from entropy_law.traces.schema import ROLES, SCHEMAS, STOP_REASONS, TABLES, added_columns
 
 
 class TraceValidationError(ValueError):
@@ -312,3 +319,83 @@ def check_run(tokens: pa.Table, rounds: pa.Table, requests: pa.Table, where: str
     np.maximum.at(last, r_code[r_order], start_position + committed - 1)
     _fail_first(last >= _np(requests, "new_tokens"), requests, "requests", where,
                 "a token position >= requests.new_tokens", count_word="requests")
+
+
+def _shard_file(shard: Path, table: str) -> Path:
+    return Path(shard) / f"{table}.parquet"
+
+
+def check_shard(shard: Path) -> pa.Array:
+    """The request ids of one finished shard, after the checks that need no token row: every table file is
+    present, a readable Parquet file (its footer) with the v1 columns, ``rounds`` has ``sum(requests.rounds)``
+    rows and ``tokens`` ``sum(rounds.committed)`` rows. A file cut off or replaced by a shorter one fails here;
+    raises ``TraceValidationError`` naming the file."""
+    shard = Path(shard)
+    meta = {}
+    for table in TABLES:
+        file = _shard_file(shard, table)
+        if not file.is_file():
+            raise TraceValidationError(f"{shard}: shard has no {file.name} (a shard holds "
+                                       f"{', '.join(_shard_file(shard, t).name for t in TABLES)}); it is damaged")
+        try:
+            meta[table] = pq.read_metadata(file)
+        except (pa.ArrowInvalid, OSError) as err:
+            raise TraceValidationError(f"{file}: cannot read as Parquet ({err}); the shard is damaged") from err
+        check_schema(meta[table].schema.to_arrow_schema(), table, str(file))
+    try:
+        requests = pq.read_table(_shard_file(shard, "requests"), columns=["request_id", "rounds"])
+        committed = pq.read_table(_shard_file(shard, "rounds"), columns=["committed"]).column(0)
+    except (pa.ArrowInvalid, OSError) as err:
+        raise TraceValidationError(f"{shard}: cannot read its requests or rounds ({err}); the shard is "
+                                   "damaged") from err
+    for table, expected, rule in (
+            ("rounds", pc.sum(requests.column("rounds")).as_py() or 0,
+             "requests.rounds differs from the number of rows in rounds"),
+            ("tokens", pc.sum(committed).as_py() or 0, "number of token rows differs from rounds.committed")):
+        if meta[table].num_rows != expected:
+            raise TraceValidationError(
+                f"{_shard_file(shard, table)}: {rule} ({meta[table].num_rows} rows, {expected} expected); a file "
+                "was cut off or replaced: the shard is damaged")
+    ids = requests.column("request_id").combine_chunks()
+    return ids.dictionary_decode() if pa.types.is_dictionary(ids.type) else ids
+
+
+def check_unique_request_ids(ids_per_shard: list[tuple[Path, pa.Array]], where: str) -> None:
+    """A request is written once: raise if a request id lies in two shards (or twice in one). Counted by pyarrow
+    over all ids at once; only a repeated id is looked up shard by shard."""
+    if not ids_per_shard:
+        return
+    ids = pa.chunked_array([i.cast(pa.string()) for _, i in ids_per_shard], type=pa.string())
+    counts = pc.value_counts(ids)
+    repeated = counts.filter(pc.greater(counts.field("counts"), 1))
+    if not len(repeated):
+        return
+    rid = repeated[0]["values"].as_py()
+    holders = []  # the shard of each of its rows
+    for shard, i in ids_per_shard:
+        holders += [shard] * (pc.sum(pc.equal(i.cast(pa.string()), rid)).as_py() or 0)
+    place = (f"twice in {holders[0]}" if holders[0] == holders[1]
+             else f"in more than one shard ({holders[0].name} and {holders[1].name})")
+    raise TraceValidationError(
+        f"{where}: request id {rid!r} appears {place} (a request is written once; was a shard copied, or a run "
+        "resumed without skipping completed_requests?); move the extra shard out of the run's shards folder")
+
+
+def check_run_shards(shards: list[Path], where: str, *, damaged: list | None = None) -> dict[str, Path]:
+    """The checks every reader of a run applies before it reads a row (``load_traces`` in memory, the
+    out-of-core path) and a resumed writer repeats: ``check_shard`` on each shard, then request ids unique
+    across the run's shards. Returns request id -> its shard.
+
+    ``damaged``: None (a reader) raises on the first damaged shard; a list (a resumed writer) collects
+    ``(shard, message)`` of each damaged shard instead and leaves its ids out, so that the writer can move the
+    shard aside and record its prompts again. Ids repeated across readable shards always raise."""
+    checked = []
+    for shard in shards:
+        try:
+            checked.append((Path(shard), check_shard(shard)))
+        except TraceValidationError as err:
+            if damaged is None:
+                raise
+            damaged.append((Path(shard), str(err)))
+    check_unique_request_ids(checked, where)
+    return {rid: shard for shard, ids in checked for rid in ids.to_pylist()}
