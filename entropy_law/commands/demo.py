@@ -102,6 +102,8 @@ def screen_lines(result, *, model: str, chat_template: bool, total_s: float) -> 
     lines += ["next, on your own prompts (before drafting them; more in summary.txt):",
               f"  entropy-law record{_target_flags(model, chat_template)} --drafter ar --tasks FILE --out RUN",
               f"  entropy-law predict RUN --from {result.trace_dir} --replay-rounds"]
+    if len(lines[-1]) > SCREEN_COLUMNS:  # a long trace path: on a continuation line of its own
+        lines[-1:] = ["  entropy-law predict RUN --replay-rounds \\", f"    --from {result.trace_dir}"]
     return lines
 
 
