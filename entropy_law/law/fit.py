@@ -1258,6 +1258,15 @@ def fit_law(
                   alpha=alpha, depth_model=depth, notes=notes, category_means=category_means)
     if fam.link == "isotonic":
         return FittedLaw(result=None, iso_curves=_fit_iso(counts), **common)
+    counts, result = _fit_glm_with_notes(counts, fam, depth, cov_type, start_params, common)
+    law = FittedLaw(result=result, counts=counts, **common)
+    _diagnostic_notes(notes, law, result)
+    return law
+
+
+def _fit_glm_with_notes(counts, fam, depth: str, cov_type: str, start_params, common: dict):
+    """The GLM fit (with a profiled offset where the family asks) and its notes on few requests and convergence."""
+    notes = common["notes"]
     if cov_type == "cluster":
         few = warn_if_few_requests(common["n_requests"], f"the cluster-robust intervals of {fam.name} (widened: "
                                    f"t with {common['n_requests'] - 1} df)")
@@ -1275,7 +1284,11 @@ def fit_law(
         notes.append("the GLM did not converge; treat the estimates with suspicion")
     if fam.needs_target_top1:
         common["miss_curve"] = target_miss_curve(entropy_bin_sums(counts))
-    law = FittedLaw(result=result, counts=counts, **common)
+    return counts, result
+
+
+def _diagnostic_notes(notes: list, law: FittedLaw, result) -> None:
+    """Notes on separation, perfect prediction and a rank-deficient design."""
     if law.separated:
         notes.append("perfect separation: a fitted probability is exactly 0 or 1, so some terms are not identified "
                      "(their estimates run off towards infinity, cluster-robust errors are NaN); record more "
@@ -1288,7 +1301,6 @@ def fit_law(
         notes.append("the design matrix is rank-deficient (statsmodels' SingularMatrixWarning): a term is constant or "
                      "collinear in these requests, so its estimate is not unique (predictions are); fit a family "
                      "without it or record requests where it varies")
-    return law
 
 
 @dataclass
