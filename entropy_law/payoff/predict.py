@@ -403,6 +403,14 @@ def loco_predictions(traces, family: str = "law_exp", *, drafter: str | None = N
         reliability.append(reliability_table(law.predict_frame(test_rows), test_rows["accepted"].to_numpy(),
                                              np.ones(len(test_rows)), test_rows["category"].to_numpy(), bins))
     requests = pd.concat(held_out, ignore_index=True)
+    summary = _coverage_summary(requests, n_draws)
+    _add_loco_notes(notes, int(counts["request_id"].nunique()), proposals is None, overdispersion, n_draws)
+    return RequestPredictions(summary=summary, requests=requests, reliability=pd.concat(reliability, ignore_index=True),
+                              family=fam.name, level=level, notes=notes)
+
+
+def _coverage_summary(requests: pd.DataFrame, n_draws: int) -> pd.DataFrame:
+    """Mark each request covered or not and summarise coverage, width, error and variance parts per category."""
     requests["covered"] = ((requests["observed_tokens_per_round"] >= requests["lower"])
                            & (requests["observed_tokens_per_round"] <= requests["upper"]))
     requests["relative_error"] = requests["center"] / requests["observed_tokens_per_round"] - 1
@@ -420,19 +428,21 @@ def loco_predictions(traces, family: str = "law_exp", *, drafter: str | None = N
         "sd_log_category": np.sqrt(g["sigma2_category"].first()),
         "bias": g["bias"].first(),
     })
-    n_requests = int(counts["request_id"].nunique())
+    return summary
+
+
+def _add_loco_notes(notes: list, n_requests: int, training_depths: bool, overdispersion: str, n_draws: int) -> None:
+    """The interval's recipe first, and a warning on few requests."""
     if n_requests < FEW_REQUESTS:
         notes.append(f"{n_requests} requests (fewer than {FEW_REQUESTS}): the coefficient draws' cluster-robust covariance "
                      "and the overdispersion are not measured reliably; record more requests")
-    depth_source = "the training depth model" if proposals is None else "the drafter's replayed proposals"
+    depth_source = "the training depth model" if training_depths else "the drafter's replayed proposals"
     residual_source = ("out-of-sample residuals (each training category predicted by a law fitted without it)"
                        if overdispersion == "nested" else "in-sample residuals")
     notes.insert(0, f"interval: Student t on log(tokens/round) (Welch-Satterthwaite df); sampling variance from the "
                  f"DP's Var[N] given the request's entropy sequence and {depth_source}, {n_draws} coefficient draws "
                  "(cluster-robust), request and category overdispersion and the bias b from the training "
                  f"categories' {residual_source} (method of moments)")
-    return RequestPredictions(summary=summary, requests=requests, reliability=pd.concat(reliability, ignore_index=True),
-                              family=fam.name, level=level, notes=notes)
 
 
 def report_section(predictions: dict) -> tuple[str, pd.DataFrame]:
