@@ -342,13 +342,9 @@ def loco_predictions(traces, family: str = "law_exp", *, drafter: str | None = N
     as ``loco_transfer(depths="replayed")``); then its training residuals set the bias and overdispersion.
     ``overdispersion``: where the bias b and the request and category overdispersion come from.
     ``"nested"`` (default): each training category's requests predicted by a law (and depth model) fitted on
-    the other training categories, a leave-one-category-out inside the training set, so b and sigma2_category
-    measure how far a category the law has not seen lands, which is what the held-out category is (about k
-    times the fits; sigma2_category their sum of squares about b over k, times (k - 1) / k: each was predicted by
-    a fit on k - 1 categories, ``Overdispersion.estimate``).
-    ``"in-sample"``: the training requests' residuals under the law fitted on all of them; the law was fitted
-    to those categories, so their means lie closer to it than an unseen category's do and the between-category
-    variance comes out too small where the law is wrong across categories.
+    the other training categories, so b and sigma2_category measure how far an unseen category lands
+    (``Overdispersion.estimate``). ``"in-sample"``: the training requests' residuals under the law fitted on all
+    of them (the between-category variance comes out too small where the law is wrong across categories).
     Reliability: the held-out category's at-risk trials under the LOCO law, by bin of predicted acceptance.
     """
     if n_draws == 1:
