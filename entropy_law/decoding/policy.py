@@ -181,10 +181,6 @@ class LawPolicy:
         self._log_grid = [math.log(h + 1e-3) for h in self.grid]
         self.context_levels, self.context_tables, self.context_max = self._context_tables(params.get("context_match"))
 
-    def check_drafter(self, drafter) -> None:
-        """``check_policy_drafter`` of these parameters."""
-        check_policy_drafter(self.params, drafter)
-
     def bind(self, adapter, drafter) -> "LawPolicy":
         """``round.RoundPolicy.bind``: the policy as built (its curve was given or stored with the parameters)."""
         return self

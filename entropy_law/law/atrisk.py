@@ -39,7 +39,8 @@ COVARIATES = ("target_entropy_nats", "target_renyi2_nats", "target_top1_prob", "
 NONNEGATIVE = ("target_entropy_nats", "target_renyi2_nats", "target_logit_gap")
 # derived columns (means within an aggregated cell are taken of these directly)
 DERIVED = ("log_entropy", "log_renyi2", "log_logit_gap", "cum_entropy_nats", "log1p_cum_entropy", "log_drafted_depth")
-# decode-time covariates of the row-level table; an aggregate keeps their cell means only when asked
+# decode-time covariates of the row-level table: each known before the round's verification, never the outcome
+# (draft_prob / draft_rank of the committed token encode acceptance and are none); an aggregate keeps their cell means only when asked
 # (``aggregate_at_risk(extra_means=...)``, what a family that uses them passes), so aggregates of the other
 # families keep their columns (and the out-of-core aggregation its column set)
 DECODE_TIME = ("lag_entropy_nats", "log_lag_entropy", "run_mean_entropy_nats", "log_run_mean_entropy",
@@ -47,12 +48,6 @@ DECODE_TIME = ("lag_entropy_nats", "log_lag_entropy", "run_mean_entropy_nats", "
                "context_match", "log1p_copy", "copy_full", "log_target_miss")
 # the drafter's own statistics at the depth: known only where the drafter drafted and logged them
 DRAFT_STATS = ("draft_entropy_nats", "draft_top1_prob")
-# decode-time covariates: each known before the round's verification, or a function of the greedy
-# output's entropy sequence the law already conditions on; never the outcome (draft_prob / draft_rank are the
-# drafter's probability / rank of the COMMITTED token, which is the target's correction after a rejection:
-# rank 0 <=> accepted, so they are not covariates here; draft_top1_prob, the drafter's probability of its OWN top
-# proposal, is known before verification and is one)
-SEQUENCE_COVARIATES = ("lag_entropy_nats", "run_mean_entropy_nats", "position")
 # the context's copyability before an output position (tokens column ``context_match``: the length of the longest
 # suffix of the prompt and the output before the position that occurred earlier in them, known before the
 # position is drafted; ``traces.stats.context_match_length``): lengths of CONTEXT_MATCH_MAX or more are one level
