@@ -632,15 +632,12 @@ def loco_transfer(traces, family: str = "law_exp", *, drafter: str | None = None
     ``transfer_ratio`` = (LL_null - LL_loco) / (LL_null - LL_refit).
 
     ``depths``: ``"training"`` (default, leak-free): the held-out category's drafted depths are predicted
-    by a ``TrainingDepthModel`` fitted on the training categories' rounds, by the entropy bins ``depth_edges``
-    and, where the traces hold the context's copyability, its levels ``depth_copy_edges`` (``()``: entropy
-    only); of the held-out category only its entropy and copyability sequences enter the prediction (its
-    drafted depths and tau nowhere, the tree-leaf rule included). ``"replayed"`` (leak-free, needs ``proposals``: ``traces.proposals.read_proposals`` of the
-    runs): the drafter's own proposal replayed at every output position of the held-out requests gives the
-    depth drafted in a round starting there (and, for a law in it, the drafter's top-1 probability); nothing of
-    any round's outcome enters. ``"oracle"`` (``"observed"`` is the same): the held-out category's own observed depths
-    where its rounds started and its own entropy-binned depth distribution elsewhere (the mode before
-    leak-free transfer; it uses the held-out outcome, an upper bound on what depth modelling can give).
+    by a ``TrainingDepthModel`` fitted on the training categories' rounds (entropy bins ``depth_edges``,
+    copyability levels ``depth_copy_edges``, ``()``: entropy only); of the held-out category only its entropy
+    and copyability sequences enter. ``"replayed"`` (leak-free, needs ``proposals``,
+    ``traces.proposals.read_proposals``): the drafter's own proposal replayed at every output position gives the
+    depth drafted there (and its top-1 probability); no round's outcome enters. ``"oracle"`` (= ``"observed"``):
+    the held-out category's own observed depths, an upper bound on what depth modelling can give.
     ``"category"``, ``"full"``: as in ``block_prediction``.
     ``.accuracy``: relative errors and Spearman rho across categories. The LOCO and refit laws only
     predict (no interval of theirs is shown): they are fitted with ``cov_type="nonrobust"`` (the same

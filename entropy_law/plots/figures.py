@@ -11,7 +11,6 @@ the numbers behind a figure can be checked. Not known here: fitting, reading tra
 
 from __future__ import annotations
 
-
 import numpy as np
 import pandas as pd
 

@@ -23,8 +23,8 @@ probability 0) and ``p`` the target's stored top-k distribution for the token at
 the data: the same shift as the hard label), **restricted to the ids the block may draft there and
 renormalised over them** (``renormalised_topk``). Restricting is the only consistent choice: ``q`` is 0
 outside those ids, so mass there would make the KL infinite; the hard label (the target's argmax) is
-always among them when its CE term counts, so a one-hot ``p`` gives exactly the CE term. ``a = 0`` is the
-old loss, bit for bit (the soft labels are not even read).
+always among them when its CE term counts, so a one-hot ``p`` gives exactly the CE term. ``a = 0``: the CE
+loss alone (the soft labels are not read).
 
 Initialisation from the target (``init_from_target``): the drafter layers copy the target decoder layers
 right after the deepest feature layer (for SmolLM2-135M's features (1, 14, 27): layer 28), and the final
