@@ -1042,22 +1042,11 @@ def _fit_glm(counts: pd.DataFrame, family: LawFamily, depth_model: str, cov_type
         start_params = np.zeros(len(names))
         start_params[names.index("Intercept")] = np.log(0.9)
         start_params[names.index(family.slope)] = -0.5
-    # numpy's floating-point warnings are silenced for the fit alone (np.errstate changes no number, only
-    # whether numpy warns). They come from perfect separation on few requests: a flexible family (law_spline's
-    # logit link on two requests; now and then law_exp0's log link) sends a coefficient towards infinity
-    # over the IRLS iterations, exp() of the linear predictor overflows to inf and the fitted probability of
-    # some cells becomes exactly 0 or 1. statsmodels clips those probabilities in the IRLS weights and
-    # working response; where it does not (the observed information of the cluster-robust sandwich, a log
-    # link's weight at mu = 1) the result is an inf or NaN, which is reported instead of the warnings:
-    # ``FittedLaw.separated`` (a note of fit_law; compare does not score such a fit), NaN standard errors,
-    # the non-convergence note.
-    #
-    # statsmodels' PerfectSeparationWarning (an IRLS iteration at which the fitted probabilities match every
-    # cell's observed rate) is caught the same way: it comes from fits on few requests (LOCO's refit on the
-    # held-out category alone; the trial offsets of a profiled c, of which one is kept), one line per IRLS
-    # call, dozens per report. It is kept on the result instead (``perfect_prediction``), and fit_law notes it
-    # for the fit it returns. So is statsmodels' SingularMatrixWarning (``rank_deficient``: a term constant or
-    # collinear in these requests, as in a comparison fold; the predictions stay unique, the estimates do not).
+    # numpy's floating-point warnings are silenced for the fit alone (np.errstate changes no number): perfect
+    # separation on few requests sends a coefficient towards infinity and a fitted probability to exactly 0 or 1;
+    # the resulting inf / NaN is reported instead (``FittedLaw.separated``, NaN standard errors, the
+    # non-convergence note). statsmodels' PerfectSeparationWarning and SingularMatrixWarning (one line per IRLS
+    # call) are kept on the result instead (``perfect_prediction``, ``rank_deficient``) and noted by fit_law.
     kept = (PerfectSeparationWarning, SingularMatrixWarning)
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"), warnings.catch_warnings(record=True) as caught:
         for category in kept:
