@@ -231,11 +231,6 @@ class TargetAdapter:
         self._cache_kw = cache_keyword(model)
         self.cache = None
 
-    @classmethod
-    def from_target(cls, target, *, feature_layers: Sequence[int] = (), lean_attention: bool = True) -> "TargetAdapter":
-        """From a ``LoadedTarget`` (or anything with ``.model``)."""
-        return cls(target.model, feature_layers=feature_layers, lean_attention=lean_attention)
-
     @property
     def cache_len(self) -> int:
         """Committed positions (plus the rows of an uncommitted verify)."""

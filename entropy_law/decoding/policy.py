@@ -19,10 +19,9 @@ Known here: ``LawPolicy``, which the round consults twice (``round.play_round``)
    of ``k`` nodes with the most expected committed tokens per unit of verify cost, ``(1 + sum_{i<=k}
    P_i) / c(k + 1)``, or nothing when no prefix beats 1. ``k`` is the round's chain depth / tree budget.
 
-3. in-request calibration (``calibration_prior`` = m in the parameters; absent: off, as in policies fitted
-   before it existed): the law is fitted on other requests, often of other tasks, and a drafter can do much
-   worse (or better) on this one than the law says (the block drafter on code: it was trained without code).
-   Over this request's verified rounds so far, with ``A`` accepted drafts and the uncalibrated expectations
+3. in-request calibration (``calibration_prior`` = m in the parameters; absent: off): the law is fitted on
+   other requests, and a drafter can do much worse (or better) on this one than the law says. Over this
+   request's verified rounds so far, with ``A`` accepted drafts and the uncalibrated expectations
    ``E`` of the trees verified, the factor ``s = (A + m) / (E + m)`` (m pseudo-drafts at the law's word:
    ``s = 1`` before any evidence) scales the law's expected accepted drafts (each path probability, capped
    at 1) before the decision; one factor against the law-only expectation (``before_draft``) and one against
@@ -180,10 +179,6 @@ class LawPolicy:
         self.verify_cost = verify_cost
         self._log_grid = [math.log(h + 1e-3) for h in self.grid]
         self.context_levels, self.context_tables, self.context_max = self._context_tables(params.get("context_match"))
-
-    def check_drafter(self, drafter) -> None:
-        """``check_policy_drafter`` of these parameters."""
-        check_policy_drafter(self.params, drafter)
 
     def bind(self, adapter, drafter) -> "LawPolicy":
         """``round.RoundPolicy.bind``: the policy as built (its curve was given or stored with the parameters)."""

@@ -218,6 +218,17 @@ def replay_rounds(
         if len(entropies) != len(output_ids):
             raise ValueError(f"entropies has {len(entropies)} values for {len(output_ids)} output tokens")
         state.entropies = [float(h) for h in entropies]
+    proposals, trees, stop = _play_recorded(state, rules, drafter, output_ids, max_new)
+    if len(state.output) != len(output_ids):
+        raise ValueError(f"decoding would stop ({stop}) after {len(state.output)} tokens but the output has "
+                         f"{len(output_ids)}: pass the eos_token_ids / max_new_tokens it was decoded with")
+    config = _replay_config(drafter, tree, budget, rules, max_new, max_context)
+    return ReplayResult(prompt_ids=prompt_ids, output_ids=output_ids, rounds=state.rounds, proposals=proposals,
+                        trees=trees, stop_reason=stop, config=config)
+
+
+def _play_recorded(state: RequestState, rules: RoundRules, drafter: Drafter, output_ids: list[int], max_new: int):
+    """Play the prefill and every round against the recorded output: the proposals, trees and stop reason."""
     state.rounds.append(prefill_round(state))
     proposals: list[DraftProposal | None] = [None]
     trees: list[Tree] = [Tree.empty()]
@@ -232,16 +243,16 @@ def replay_rounds(
         proposals.append(record.draft)
         trees.append(recorded.tree)
         stop = rules.stop_reason(state)
-    if len(state.output) != len(output_ids):
-        raise ValueError(f"decoding would stop ({stop}) after {len(state.output)} tokens but the output has "
-                         f"{len(output_ids)}: pass the eos_token_ids / max_new_tokens it was decoded with")
-    config = {"drafter_id": getattr(drafter, "drafter_id", type(drafter).__name__),
-              "drafter_config": drafter_run_config(drafter),
-              "tree_policy": tree if isinstance(tree, str) else repr(tree), "budget": budget,
-              **policy_config(rules.policy), "eos_token_ids": sorted(rules.eos_token_ids), "max_new_tokens": max_new,
-              "max_context": max_context, "replayed": True}
-    return ReplayResult(prompt_ids=prompt_ids, output_ids=output_ids, rounds=state.rounds, proposals=proposals,
-                        trees=trees, stop_reason=stop, config=config)
+    return proposals, trees, stop
+
+
+def _replay_config(drafter: Drafter, tree, budget, rules: RoundRules, max_new: int, max_context) -> dict:
+    """The replayed run's settings, as a recorded run's ``run.json`` holds them."""
+    return {"drafter_id": getattr(drafter, "drafter_id", type(drafter).__name__),
+            "drafter_config": drafter_run_config(drafter),
+            "tree_policy": tree if isinstance(tree, str) else repr(tree), "budget": budget,
+            **policy_config(rules.policy), "eos_token_ids": sorted(rules.eos_token_ids), "max_new_tokens": max_new,
+            "max_context": max_context, "replayed": True}
 
 
 class _RecordedOutput:

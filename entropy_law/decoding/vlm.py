@@ -367,11 +367,6 @@ def vlm_adapter(model: torch.nn.Module, *, feature_layers: Sequence[int] = ()) -
     return cls(model, feature_layers=feature_layers)
 
 
-def is_vlm(model_or_config) -> bool:
-    config = getattr(model_or_config, "config", model_or_config)
-    return getattr(config, "model_type", None) in VLM_FAMILIES
-
-
 # --- decoding helpers ------------------------------------------------------------------------------
 
 

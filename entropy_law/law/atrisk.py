@@ -39,7 +39,8 @@ COVARIATES = ("target_entropy_nats", "target_renyi2_nats", "target_top1_prob", "
 NONNEGATIVE = ("target_entropy_nats", "target_renyi2_nats", "target_logit_gap")
 # derived columns (means within an aggregated cell are taken of these directly)
 DERIVED = ("log_entropy", "log_renyi2", "log_logit_gap", "cum_entropy_nats", "log1p_cum_entropy", "log_drafted_depth")
-# decode-time covariates of the row-level table; an aggregate keeps their cell means only when asked
+# decode-time covariates of the row-level table: each known before the round's verification, never the outcome
+# (draft_prob / draft_rank of the committed token encode acceptance and are none); an aggregate keeps their cell means only when asked
 # (``aggregate_at_risk(extra_means=...)``, what a family that uses them passes), so aggregates of the other
 # families keep their columns (and the out-of-core aggregation its column set)
 DECODE_TIME = ("lag_entropy_nats", "log_lag_entropy", "run_mean_entropy_nats", "log_run_mean_entropy",
@@ -47,12 +48,6 @@ DECODE_TIME = ("lag_entropy_nats", "log_lag_entropy", "run_mean_entropy_nats", "
                "context_match", "log1p_copy", "copy_full", "log_target_miss")
 # the drafter's own statistics at the depth: known only where the drafter drafted and logged them
 DRAFT_STATS = ("draft_entropy_nats", "draft_top1_prob")
-# decode-time covariates: each known before the round's verification, or a function of the greedy
-# output's entropy sequence the law already conditions on; never the outcome (draft_prob / draft_rank are the
-# drafter's probability / rank of the COMMITTED token, which is the target's correction after a rejection:
-# rank 0 <=> accepted, so they are not covariates here; draft_top1_prob, the drafter's probability of its OWN top
-# proposal, is known before verification and is one)
-SEQUENCE_COVARIATES = ("lag_entropy_nats", "run_mean_entropy_nats", "position")
 # the context's copyability before an output position (tokens column ``context_match``: the length of the longest
 # suffix of the prompt and the output before the position that occurred earlier in them, known before the
 # position is drafted; ``traces.stats.context_match_length``): lengths of CONTEXT_MATCH_MAX or more are one level
@@ -147,6 +142,27 @@ def at_risk_table(
     ``attrs["unlogged"]``, and the families that read it refuse (``fit.prepare_counts``). Rows that hold two arms under
     one drafter id raise, naming the arms and how to select one (``arms.check_one_arm_per_drafter``).
     """
+    tokens, runs, table = _risk_rows(traces, covariates, drafters)
+    arms.check_one_arm_per_drafter(runs, table["run_id"].unique())
+    _refuse_unfittable_runs(runs, table)
+    # a target statistic null at every at-risk position was not logged (an engine that logs the entropy alone):
+    # it is left null and named in ``attrs["unlogged"]`` (families that read it refuse); one null among values is
+    # invalid like any NaN. The entropy itself is always checked
+    unlogged = tuple(c for c in covariates if c != "target_entropy_nats" and len(table) and table[c].isna().all())
+    table = validate_covariates(table.reset_index(drop=True), [c for c in covariates if c not in unlogged],
+                                on_invalid=on_invalid)
+    table["accepted"] = (table["role"] == "accepted").astype(np.int8)
+    table["rejected"] = (1 - table["accepted"]).astype(np.int8)
+    table["depth"] = table["depth"].astype(np.int64)
+    table = table.sort_values(["run_id", "request_id", "round_index", "depth"], ignore_index=True)
+    table = _add_covariate_logs(table, tokens, covariates, eps)
+    _add_drafted_depth(table, getattr(traces, "rounds", None))
+    table.attrs.update(kind=KIND_ROWS, eps=eps, unlogged=unlogged)
+    return table
+
+
+def _risk_rows(traces, covariates, drafters) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """The tokens (with entropy bounds), the runs and the at-risk rows joined with their drafter."""
     tokens, runs = entropy_or_bound(traces.tokens), traces.runs
     _require_columns(tokens, ("run_id", "request_id", "category", "round_index", "position", "depth", "role", *covariates),
                      "traces.tokens")
@@ -165,7 +181,11 @@ def at_risk_table(
         table["tree_policy"] = "unknown"
     if drafters is not None:
         table = table.loc[table["drafter_id"].isin(list(drafters))]
-    arms.check_one_arm_per_drafter(runs, table["run_id"].unique())
+    return tokens, runs, table
+
+
+def _refuse_unfittable_runs(runs: pd.DataFrame, table: pd.DataFrame) -> None:
+    """Raise on runs without per-position target entropies (GLANCE round logs, bare engine imports)."""
     if "target_stats_scope" in runs:  # imported GLANCE logs: target statistics at each round's root only
         root_only = runs.loc[runs["run_id"].isin(table["run_id"].unique()) & (runs["target_stats_scope"] == "round_root"),
                              "run_id"].astype(str).tolist()
@@ -178,16 +198,10 @@ def at_risk_table(
     if bare and (not len(table) or table["run_id"].astype(str).isin(bare).any()):  # imports without entropies
         raise ValueError(f"run(s) {bare} hold no target entropies (engine imports); the import says: "
                          f"{runs.loc[runs['run_id'].astype(str) == bare[0], 'engine_import'].iloc[0]['target_stats']}")
-    # a target statistic null at every at-risk position was not logged (an engine that logs the entropy alone):
-    # it is left null and named in ``attrs["unlogged"]`` (families that read it refuse); one null among values is
-    # invalid like any NaN. The entropy itself is always checked
-    unlogged = tuple(c for c in covariates if c != "target_entropy_nats" and len(table) and table[c].isna().all())
-    table = validate_covariates(table.reset_index(drop=True), [c for c in covariates if c not in unlogged],
-                                on_invalid=on_invalid)
-    table["accepted"] = (table["role"] == "accepted").astype(np.int8)
-    table["rejected"] = (1 - table["accepted"]).astype(np.int8)
-    table["depth"] = table["depth"].astype(np.int64)
-    table = table.sort_values(["run_id", "request_id", "round_index", "depth"], ignore_index=True)
+
+
+def _add_covariate_logs(table: pd.DataFrame, tokens: pd.DataFrame, covariates, eps: float) -> pd.DataFrame:
+    """The derived log covariates, sequence covariates and the drafter's own statistics."""
     if "target_entropy_nats" in covariates:
         h = table["target_entropy_nats"].to_numpy(dtype=float)
         table["log_entropy"] = np.log(h + eps)
@@ -213,10 +227,14 @@ def at_risk_table(
     if "context_match" in tokens.columns:  # the context's copyability before the position (NaN where null)
         table["context_match"] = risk_draft_column(tokens, table, "context_match")
         _add_copy_logs(table)
-    rounds = getattr(traces, "rounds", None)
+    return table
+
+
+def _add_drafted_depth(table: pd.DataFrame, rounds) -> None:
+    """The round's drafted depth D (known before verification) where ``traces.rounds`` holds it."""
     round_keys = ["run_id", "request_id", "round_index"]
     if isinstance(rounds, pd.DataFrame) and set(round_keys + ["tree_depth"]) <= set(rounds.columns):
-        # the round's drafted depth D (known before verification): a covariate of law_exp_drafted
+        # a covariate of law_exp_drafted
         depth_of = rounds[round_keys + ["tree_depth"]].rename(columns={"tree_depth": "drafted_depth"})
         depth_of = depth_of.astype({"run_id": str, "request_id": str})
         keys = table[round_keys].astype({"run_id": str, "request_id": str})
@@ -225,8 +243,6 @@ def at_risk_table(
             raise ValueError("token rows at risk in rounds missing from traces.rounds; the traces are inconsistent")
         table["drafted_depth"] = merged["drafted_depth"].to_numpy(dtype=np.int64)
         table["log_drafted_depth"] = np.log(np.maximum(table["drafted_depth"].to_numpy(dtype=float), 1.0))
-    table.attrs.update(kind=KIND_ROWS, eps=eps, unlogged=unlogged)
-    return table
 
 
 def sequence_covariates(entropy: np.ndarray, position: np.ndarray) -> dict:

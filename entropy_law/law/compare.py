@@ -151,9 +151,9 @@ def compare_laws(
     with a depth factor only); the CV gain of a law is measured against it (``universality_test``).
     ``folds``: ``"requests"`` (default: ``n_folds`` random sets of requests) or ``"category"``
     (leave-one-category-out: one fold per category, ``n_folds`` ignored; families with category terms
-    cannot predict an unseen category and are left out with a note). Extra keyword arguments go to ``fit_law``. The comparison shows no interval of its
-    fits (fold fits predict, the full fit gives AIC / BIC), so they are fitted with
-    ``cov_type="nonrobust"`` (the same estimates, and no ``SmallSampleWarning`` per fold).
+    cannot predict an unseen category and are left out with a note). Extra keyword arguments go to ``fit_law``.
+    The comparison shows no interval of its fits (fold fits predict, the full fit gives AIC / BIC), so they are
+    fitted with ``cov_type="nonrobust"`` (the same estimates, and no ``SmallSampleWarning`` per fold).
     """
     fit_options = {"cov_type": "nonrobust", **fit_options}
     rows = traces if isinstance(traces, pd.DataFrame) else atrisk.at_risk_table(traces, eps=eps, on_invalid=on_invalid)
@@ -166,74 +166,20 @@ def compare_laws(
     if folds not in ("requests", "category"):
         raise ValueError(f"folds must be 'requests' or 'category', got {folds!r}")
     by_category = folds == "category"
-    if by_category:
-        cats = rows.drop_duplicates("request_id").set_index("request_id")["category"]
-        levels = sorted(cats.unique())
-        if len(levels) < 2:
-            raise ValueError(f"leave-one-category-out CV needs at least 2 categories; the traces hold {levels}")
-        folds = {rid: levels.index(c) for rid, c in cats.items()}
-        n_folds = len(levels)
-    else:
-        folds = request_folds(rows["request_id"].to_numpy(), n_folds, seed)
-    smallest_training = len(folds) - int(np.bincount(list(folds.values()), minlength=n_folds).max())
-    if smallest_training < 2:  # a law fitted on one request predicts its own cells, not a held-out request
-        raise ValueError(f"{len(folds)} requests in {n_folds} folds leave {smallest_training} in a training fold: "
-                         "every training fold needs at least 2 requests; record more requests or lower n_folds")
+    folds, n_folds = _cv_folds(rows, by_category, n_folds, seed)
     summary_rows, per_cat, per_req, notes = [], [], [], []
     for name in families:
         if by_category and name != DEPTH_ONLY and get_family(name).uses_category:
             notes.append(f"{name} not scored: it has category terms and cannot predict a held-out category")
             continue
-        if name == DEPTH_ONLY:  # per-depth acceptance of the training folds: the MLE of a depth-factor binomial
-            counts = prepare_counts(rows, get_family("law_exp"), eps=eps, width_log10=width_log10)
-            fold_of = counts["request_id"].map(folds).to_numpy()
-            held = np.empty(len(counts))
-            for k in range(n_folds):
-                held[fold_of == k] = _depth_rates(counts.loc[fold_of != k], counts.loc[fold_of == k])
-            full, failure = _DepthOnlyFit(counts), None
-        else:
-            fam = get_family(name)
-            name = fam.name  # a LawFamily object (e.g. with_category_terms(...)) is labelled by its name
-            counts = prepare_counts(rows, fam, eps=eps, width_log10=width_log10)
-            fold_of = counts["request_id"].map(folds).to_numpy()
-            held = np.empty(len(counts))
-            failure = None
-        for k in range(n_folds if name != DEPTH_ONLY else 0):
-            try:
-                law = fit_law(counts.loc[fold_of != k], fam, **fit_options)
-            except (ValueError, np.linalg.LinAlgError) as err:  # e.g. IRLS weights went NaN (log link at mu = 1)
-                failure = f"the fit failed in fold {k}: {err}"
-                break
-            failure = _fit_failure(law, f"fold {k}")
-            if failure:
-                break
-            held[fold_of == k] = law.predict_frame(counts.loc[fold_of == k])
-        else:
-            if name != DEPTH_ONLY:
-                full = fit_law(counts, fam, **fit_options)
-                failure = _fit_failure(full, "all data")
+        name, counts, held, full, failure = _cv_family(rows, name, folds, n_folds, eps, width_log10, fit_options)
         if failure:  # a fit that did not converge has no usable estimates: say so, do not score it
             notes.append(f"{name} not scored: {failure}")
             continue
-        n_acc, n_rej = counts["n_acc"].to_numpy(), counts["n_rej"].to_numpy()
-        loglik = n_acc * np.log(held) + n_rej * np.log1p(-held)
-        n_total = counts["n"].sum()
-        ll_full = float(full.log_likelihood(counts).sum())
-        n_params = (len(full.result.params) if full.result is not None
-                    else getattr(full, "n_params", np.nan))
-        n_req = counts["request_id"].nunique()
-        intercept, slope = calibration(n_acc, n_rej, held)
-        summary_rows.append(dict(family=name, cv_log_loss=-loglik.sum() / n_total,
-                                 cv_brier=float(((n_acc * (1 - held) ** 2) + n_rej * held**2).sum() / n_total),
-                                 n_params=n_params, aic=-2 * ll_full + 2 * n_params,
-                                 bic=-2 * ll_full + np.log(n_req) * n_params, calibration_intercept=intercept,
-                                 calibration_slope=slope))
-        frame = counts[["request_id", "category", "n"]].assign(loglik=loglik)
-        per_request = frame.groupby("request_id", as_index=False)[["loglik", "n"]].sum().assign(family=name)
+        summary_row, per_request, per_category = _cv_scores(name, counts, held, full)
+        summary_rows.append(summary_row)
         per_req.append(per_request)
-        cat = frame.groupby("category")[["loglik", "n"]].sum()
-        per_cat.append(pd.DataFrame({"family": name, "category": cat.index,
-                                     "cv_log_loss": -cat["loglik"].to_numpy() / cat["n"].to_numpy()}))
+        per_cat.append(per_category)
     if not summary_rows:
         raise ValueError(f"no family could be scored: {'; '.join(notes)}")
     summary = pd.DataFrame(summary_rows).set_index("family")
@@ -248,6 +194,74 @@ def compare_laws(
         summary["gain_vs_law0"] = summary.loc["law0_cat", "cv_log_loss"] - summary["cv_log_loss"]
     result.notes.append(f"best by CV log-loss: {best}; delta_se is the SE over requests of the paired difference")
     return result
+
+
+def _cv_folds(rows: pd.DataFrame, by_category: bool, n_folds: int, seed: int) -> tuple[dict, int]:
+    """The fold of each request (by category or random sets of requests) and the number of folds."""
+    if by_category:
+        cats = rows.drop_duplicates("request_id").set_index("request_id")["category"]
+        levels = sorted(cats.unique())
+        if len(levels) < 2:
+            raise ValueError(f"leave-one-category-out CV needs at least 2 categories; the traces hold {levels}")
+        folds = {rid: levels.index(c) for rid, c in cats.items()}
+        n_folds = len(levels)
+    else:
+        folds = request_folds(rows["request_id"].to_numpy(), n_folds, seed)
+    smallest_training = len(folds) - int(np.bincount(list(folds.values()), minlength=n_folds).max())
+    if smallest_training < 2:  # a law fitted on one request predicts its own cells, not a held-out request
+        raise ValueError(f"{len(folds)} requests in {n_folds} folds leave {smallest_training} in a training fold: "
+                         "every training fold needs at least 2 requests; record more requests or lower n_folds")
+    return folds, n_folds
+
+
+def _cv_family(rows, name, folds, n_folds, eps, width_log10, fit_options):
+    """One family's held-out predictions per cell, its full-data fit and the reason it failed (or None)."""
+    if name == DEPTH_ONLY:  # per-depth acceptance of the training folds: the MLE of a depth-factor binomial
+        counts = prepare_counts(rows, get_family("law_exp"), eps=eps, width_log10=width_log10)
+        fold_of = counts["request_id"].map(folds).to_numpy()
+        held = np.empty(len(counts))
+        for k in range(n_folds):
+            held[fold_of == k] = _depth_rates(counts.loc[fold_of != k], counts.loc[fold_of == k])
+        return name, counts, held, _DepthOnlyFit(counts), None
+    fam = get_family(name)
+    name = fam.name  # a LawFamily object (e.g. with_category_terms(...)) is labelled by its name
+    counts = prepare_counts(rows, fam, eps=eps, width_log10=width_log10)
+    fold_of = counts["request_id"].map(folds).to_numpy()
+    held = np.empty(len(counts))
+    for k in range(n_folds):
+        try:
+            law = fit_law(counts.loc[fold_of != k], fam, **fit_options)
+        except (ValueError, np.linalg.LinAlgError) as err:  # e.g. IRLS weights went NaN (log link at mu = 1)
+            return name, counts, held, None, f"the fit failed in fold {k}: {err}"
+        failure = _fit_failure(law, f"fold {k}")
+        if failure:
+            return name, counts, held, None, failure
+        held[fold_of == k] = law.predict_frame(counts.loc[fold_of == k])
+    full = fit_law(counts, fam, **fit_options)
+    return name, counts, held, full, _fit_failure(full, "all data")
+
+
+def _cv_scores(name: str, counts: pd.DataFrame, held: np.ndarray, full) -> tuple[dict, pd.DataFrame, pd.DataFrame]:
+    """One family's summary row, per-request log-likelihood and per-category CV log-loss."""
+    n_acc, n_rej = counts["n_acc"].to_numpy(), counts["n_rej"].to_numpy()
+    loglik = n_acc * np.log(held) + n_rej * np.log1p(-held)
+    n_total = counts["n"].sum()
+    ll_full = float(full.log_likelihood(counts).sum())
+    n_params = (len(full.result.params) if full.result is not None
+                else getattr(full, "n_params", np.nan))
+    n_req = counts["request_id"].nunique()
+    intercept, slope = calibration(n_acc, n_rej, held)
+    summary_row = dict(family=name, cv_log_loss=-loglik.sum() / n_total,
+                       cv_brier=float(((n_acc * (1 - held) ** 2) + n_rej * held**2).sum() / n_total),
+                       n_params=n_params, aic=-2 * ll_full + 2 * n_params,
+                       bic=-2 * ll_full + np.log(n_req) * n_params, calibration_intercept=intercept,
+                       calibration_slope=slope)
+    frame = counts[["request_id", "category", "n"]].assign(loglik=loglik)
+    per_request = frame.groupby("request_id", as_index=False)[["loglik", "n"]].sum().assign(family=name)
+    cat = frame.groupby("category")[["loglik", "n"]].sum()
+    per_category = pd.DataFrame({"family": name, "category": cat.index,
+                                 "cv_log_loss": -cat["loglik"].to_numpy() / cat["n"].to_numpy()})
+    return summary_row, per_request, per_category
 
 
 # the candidates of the primary-law rule (docs/law.md, "Choosing the primary law"): parametric GLM families

@@ -1042,22 +1042,11 @@ def _fit_glm(counts: pd.DataFrame, family: LawFamily, depth_model: str, cov_type
         start_params = np.zeros(len(names))
         start_params[names.index("Intercept")] = np.log(0.9)
         start_params[names.index(family.slope)] = -0.5
-    # numpy's floating-point warnings are silenced for the fit alone (np.errstate changes no number, only
-    # whether numpy warns). They come from perfect separation on few requests: a flexible family (law_spline's
-    # logit link on two requests; now and then law_exp0's log link) sends a coefficient towards infinity
-    # over the IRLS iterations, exp() of the linear predictor overflows to inf and the fitted probability of
-    # some cells becomes exactly 0 or 1. statsmodels clips those probabilities in the IRLS weights and
-    # working response; where it does not (the observed information of the cluster-robust sandwich, a log
-    # link's weight at mu = 1) the result is an inf or NaN, which is reported instead of the warnings:
-    # ``FittedLaw.separated`` (a note of fit_law; compare does not score such a fit), NaN standard errors,
-    # the non-convergence note.
-    #
-    # statsmodels' PerfectSeparationWarning (an IRLS iteration at which the fitted probabilities match every
-    # cell's observed rate) is caught the same way: it comes from fits on few requests (LOCO's refit on the
-    # held-out category alone; the trial offsets of a profiled c, of which one is kept), one line per IRLS
-    # call, dozens per report. It is kept on the result instead (``perfect_prediction``), and fit_law notes it
-    # for the fit it returns. So is statsmodels' SingularMatrixWarning (``rank_deficient``: a term constant or
-    # collinear in these requests, as in a comparison fold; the predictions stay unique, the estimates do not).
+    # numpy's floating-point warnings are silenced for the fit alone (np.errstate changes no number): perfect
+    # separation on few requests sends a coefficient towards infinity and a fitted probability to exactly 0 or 1;
+    # the resulting inf / NaN is reported instead (``FittedLaw.separated``, NaN standard errors, the
+    # non-convergence note). statsmodels' PerfectSeparationWarning and SingularMatrixWarning (one line per IRLS
+    # call) are kept on the result instead (``perfect_prediction``, ``rank_deficient``) and noted by fit_law.
     kept = (PerfectSeparationWarning, SingularMatrixWarning)
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"), warnings.catch_warnings(record=True) as caught:
         for category in kept:
@@ -1258,6 +1247,15 @@ def fit_law(
                   alpha=alpha, depth_model=depth, notes=notes, category_means=category_means)
     if fam.link == "isotonic":
         return FittedLaw(result=None, iso_curves=_fit_iso(counts), **common)
+    counts, result = _fit_glm_with_notes(counts, fam, depth, cov_type, start_params, common)
+    law = FittedLaw(result=result, counts=counts, **common)
+    _diagnostic_notes(notes, law, result)
+    return law
+
+
+def _fit_glm_with_notes(counts, fam, depth: str, cov_type: str, start_params, common: dict):
+    """The GLM fit (with a profiled offset where the family asks) and its notes on few requests and convergence."""
+    notes = common["notes"]
     if cov_type == "cluster":
         few = warn_if_few_requests(common["n_requests"], f"the cluster-robust intervals of {fam.name} (widened: "
                                    f"t with {common['n_requests'] - 1} df)")
@@ -1275,7 +1273,11 @@ def fit_law(
         notes.append("the GLM did not converge; treat the estimates with suspicion")
     if fam.needs_target_top1:
         common["miss_curve"] = target_miss_curve(entropy_bin_sums(counts))
-    law = FittedLaw(result=result, counts=counts, **common)
+    return counts, result
+
+
+def _diagnostic_notes(notes: list, law: FittedLaw, result) -> None:
+    """Notes on separation, perfect prediction and a rank-deficient design."""
     if law.separated:
         notes.append("perfect separation: a fitted probability is exactly 0 or 1, so some terms are not identified "
                      "(their estimates run off towards infinity, cluster-robust errors are NaN); record more "
@@ -1288,7 +1290,6 @@ def fit_law(
         notes.append("the design matrix is rank-deficient (statsmodels' SingularMatrixWarning): a term is constant or "
                      "collinear in these requests, so its estimate is not unique (predictions are); fit a family "
                      "without it or record requests where it varies")
-    return law
 
 
 @dataclass

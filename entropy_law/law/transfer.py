@@ -308,40 +308,13 @@ def predict_requests(law: FittedLaw, sequences: pd.DataFrame, B: int, *, drafter
 
     All requests' (position, depth) acceptances come from one prediction call, then one DP each.
     """
-    if depths not in DEPTH_MODELS + ("training", "replayed"):
-        raise ValueError(f"depths must be one of {DEPTH_MODELS + ('training', 'replayed')}, got {depths!r}")
-    if depths in ("observed", "category") and drafted is None:
-        raise ValueError(f"depths={depths!r} needs the drafted depths of the requests' rounds (drafted_depths)")
-    if depths == "training" and depth_model is None:
-        raise ValueError("depths='training' needs a depth_model (TrainingDepthModel.fit on other requests' rounds)")
-    if depths == "replayed" and proposals is None:
-        raise ValueError("depths='replayed' needs the drafter's replayed proposals (traces.proposals.read_proposals; "
-                         "bench/law.py proposals --write makes them)")
-    if law.family.needs_draft_stats and depths != "replayed":
-        raise ValueError(f"{law.family.name} predicts from the drafter's top-1 probability at every round start: "
-                         "use depths='replayed' with replayed proposals")
+    _check_depth_inputs(law, depths, drafted, depth_model, proposals)
     drafts = int(B) - 1
     replayed = replayed_arrays(proposals, sequences, drafts) if depths == "replayed" else {}
     frames, shapes = [], []
     for rec in sequences.itertuples():
         h = np.asarray(rec.entropy, dtype=float)
-        top1 = replayed[(str(rec.run_id), str(rec.request_id))][1] if replayed else None
-        position_values = sequence_context(law, rec)
-        frame, shape = law.sequence_frame(h, drafts, draft_top1=top1 if law.family.needs_draft_stats else None,
-                                          **position_values)
-        first = pd.DataFrame({"target_entropy_nats": h, "depth": 1})  # depth-1 acceptance at every position
-        if "cum_entropy_nats" in frame:
-            first["cum_entropy_nats"] = 0.0
-        if "drafted_depth" in frame:
-            first["drafted_depth"] = drafts
-        if law.family.means:  # decode-time covariates of each output position (atrisk.sequence_covariates)
-            for name, values in atrisk.sequence_covariates(h, np.arange(h.size)).items():
-                first[name] = values
-        if law.family.needs_draft_stats:
-            first["draft_top1_prob"] = np.nan_to_num(top1[:, 0], nan=0.0)
-        for column, values in position_values.items():
-            first[column] = values
-        frame = pd.concat([frame, first], ignore_index=True)
+        frame, shape = _request_frame(law, rec, h, drafts, replayed)
         frame["category"] = rec.category
         frames.append(frame)
         shapes.append((shape, len(frame) - h.size))
@@ -387,6 +360,44 @@ def predict_requests(law: FittedLaw, sequences: pd.DataFrame, B: int, *, drafter
                 expected_round_counts(control, probs))
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _check_depth_inputs(law: FittedLaw, depths: str, drafted, depth_model, proposals) -> None:
+    """Raise where the depth model ``depths`` lacks its input or the law needs replayed proposals."""
+    if depths not in DEPTH_MODELS + ("training", "replayed"):
+        raise ValueError(f"depths must be one of {DEPTH_MODELS + ('training', 'replayed')}, got {depths!r}")
+    if depths in ("observed", "category") and drafted is None:
+        raise ValueError(f"depths={depths!r} needs the drafted depths of the requests' rounds (drafted_depths)")
+    if depths == "training" and depth_model is None:
+        raise ValueError("depths='training' needs a depth_model (TrainingDepthModel.fit on other requests' rounds)")
+    if depths == "replayed" and proposals is None:
+        raise ValueError("depths='replayed' needs the drafter's replayed proposals (traces.proposals.read_proposals; "
+                         "bench/law.py proposals --write makes them)")
+    if law.family.needs_draft_stats and depths != "replayed":
+        raise ValueError(f"{law.family.name} predicts from the drafter's top-1 probability at every round start: "
+                         "use depths='replayed' with replayed proposals")
+
+
+def _request_frame(law: FittedLaw, rec, h: np.ndarray, drafts: int, replayed: dict) -> tuple[pd.DataFrame, tuple]:
+    """One request's rows to predict: the DP's (position, depth) rows, then depth 1 at every position."""
+    top1 = replayed[(str(rec.run_id), str(rec.request_id))][1] if replayed else None
+    position_values = sequence_context(law, rec)
+    frame, shape = law.sequence_frame(h, drafts, draft_top1=top1 if law.family.needs_draft_stats else None,
+                                      **position_values)
+    first = pd.DataFrame({"target_entropy_nats": h, "depth": 1})  # depth-1 acceptance at every position
+    if "cum_entropy_nats" in frame:
+        first["cum_entropy_nats"] = 0.0
+    if "drafted_depth" in frame:
+        first["drafted_depth"] = drafts
+    if law.family.means:  # decode-time covariates of each output position (atrisk.sequence_covariates)
+        for name, values in atrisk.sequence_covariates(h, np.arange(h.size)).items():
+            first[name] = values
+    if law.family.needs_draft_stats:
+        first["draft_top1_prob"] = np.nan_to_num(top1[:, 0], nan=0.0)
+    for column, values in position_values.items():
+        first[column] = values
+    frame = pd.concat([frame, first], ignore_index=True)
+    return frame, shape
 
 
 @dataclass
@@ -621,15 +632,12 @@ def loco_transfer(traces, family: str = "law_exp", *, drafter: str | None = None
     ``transfer_ratio`` = (LL_null - LL_loco) / (LL_null - LL_refit).
 
     ``depths``: ``"training"`` (default, leak-free): the held-out category's drafted depths are predicted
-    by a ``TrainingDepthModel`` fitted on the training categories' rounds, by the entropy bins ``depth_edges``
-    and, where the traces hold the context's copyability, its levels ``depth_copy_edges`` (``()``: entropy
-    only); of the held-out category only its entropy and copyability sequences enter the prediction (its
-    drafted depths and tau nowhere, the tree-leaf rule included). ``"replayed"`` (leak-free, needs ``proposals``: ``traces.proposals.read_proposals`` of the
-    runs): the drafter's own proposal replayed at every output position of the held-out requests gives the
-    depth drafted in a round starting there (and, for a law in it, the drafter's top-1 probability); nothing of
-    any round's outcome enters. ``"oracle"`` (``"observed"`` is the same): the held-out category's own observed depths
-    where its rounds started and its own entropy-binned depth distribution elsewhere (the mode before
-    leak-free transfer; it uses the held-out outcome, an upper bound on what depth modelling can give).
+    by a ``TrainingDepthModel`` fitted on the training categories' rounds (entropy bins ``depth_edges``,
+    copyability levels ``depth_copy_edges``, ``()``: entropy only); of the held-out category only its entropy
+    and copyability sequences enter. ``"replayed"`` (leak-free, needs ``proposals``,
+    ``traces.proposals.read_proposals``): the drafter's own proposal replayed at every output position gives the
+    depth drafted there (and its top-1 probability); no round's outcome enters. ``"oracle"`` (= ``"observed"``):
+    the held-out category's own observed depths, an upper bound on what depth modelling can give.
     ``"category"``, ``"full"``: as in ``block_prediction``.
     ``.accuracy``: relative errors and Spearman rho across categories. The LOCO and refit laws only
     predict (no interval of theirs is shown): they are fitted with ``cov_type="nonrobust"`` (the same
@@ -651,11 +659,7 @@ def loco_transfer(traces, family: str = "law_exp", *, drafter: str | None = None
     for cat in categories:
         train, test = counts.loc[counts["category"] != cat], counts.loc[counts["category"] == cat]
         loco = fit_law(train, fam, **fit_options)
-        refit = fit_law(test, fam, **fit_options)
-        null = test.groupby("depth")[["n_acc", "n"]].sum()
-        p_null = test["depth"].map(null["n_acc"] / null["n"]).to_numpy().clip(1e-12, 1 - 1e-12)
-        ll_null = float((test["n_acc"] * np.log(p_null) + test["n_rej"] * np.log1p(-p_null)).sum())
-        ll_loco, ll_refit = float(loco.log_likelihood(test).sum()), float(refit.log_likelihood(test).sum())
+        logliks = _held_out_logliks(loco, fit_law(test, fam, **fit_options), test)
         model = (TrainingDepthModel.fit(drafted_h.loc[drafted_h["category"] != cat], drafts, edges=depth_edges,
                                         copy_edges=depth_copy_edges) if depths == "training" else None)
         pred = predict_requests(loco, seqs.loc[seqs["category"] == cat], B, depths=dp_depths,
@@ -663,23 +667,7 @@ def loco_transfer(traces, family: str = "law_exp", *, drafter: str | None = None
                                 depth_edges=depth_edges, depth_model=model, proposals=proposals,
                                 depth_only_acceptance=depth_only_acceptance(train, drafts))
         summary, _ = _block_summary(pred, observed, drafts)
-        first = summary.iloc[0]
-        n = float(test["n"].sum())
-        out.append(dict(category=cat, requests=int(first["requests"]),
-                        observed_tokens_per_round=first["observed_tokens_per_round"],
-                        predicted_tokens_per_round=first["dp_tokens_per_round"],
-                        relative_error=first["dp_relative_error"],
-                        predicted_tokens_per_round_full_depth=first["dp_full_depth_tokens_per_round"],
-                        relative_error_full_depth=first["dp_full_depth_relative_error"],
-                        depth_only_tokens_per_round=first["depth_only_tokens_per_round"],
-                        relative_error_depth_only=(first["depth_only_tokens_per_round"]
-                                                   / first["observed_tokens_per_round"] - 1),
-                        observed_mean_accepted=first["observed_mean_accepted"],
-                        predicted_mean_accepted=first["dp_mean_accepted"],
-                        mean_accepted_relative_error=first["dp_mean_accepted_relative_error"],
-                        depth_only_mean_accepted=first["depth_only_mean_accepted"],
-                        loglik_loco=ll_loco / n, loglik_refit=ll_refit / n, loglik_null=ll_null / n,
-                        transfer_ratio=(ll_null - ll_loco) / (ll_null - ll_refit) if ll_refit > ll_null else np.nan))
+        out.append({**_loco_row(cat, summary.iloc[0]), **logliks})
     summary = pd.DataFrame(out).set_index("category")
     return LocoTransfer(summary=summary, family=fam.name, block_size=B, depths=depths,
                         notes=[DEPTH_NOTES[depths],
@@ -687,6 +675,34 @@ def loco_transfer(traces, family: str = "law_exp", *, drafter: str | None = None
                                "(no entropy), the same drafted-depth model and the same DP",
                                "mean_accepted = (committed tokens - rounds) / drafting rounds (tree_depth > 0), "
                                "observed and DP-expected alike"])
+
+
+def _held_out_logliks(loco: FittedLaw, refit: FittedLaw, test: pd.DataFrame) -> dict:
+    """Held-out log-likelihood per trial under the LOCO law, the refit and a depth-only null; the transfer ratio."""
+    null = test.groupby("depth")[["n_acc", "n"]].sum()
+    p_null = test["depth"].map(null["n_acc"] / null["n"]).to_numpy().clip(1e-12, 1 - 1e-12)
+    ll_null = float((test["n_acc"] * np.log(p_null) + test["n_rej"] * np.log1p(-p_null)).sum())
+    ll_loco, ll_refit = float(loco.log_likelihood(test).sum()), float(refit.log_likelihood(test).sum())
+    n = float(test["n"].sum())
+    return dict(loglik_loco=ll_loco / n, loglik_refit=ll_refit / n, loglik_null=ll_null / n,
+                transfer_ratio=(ll_null - ll_loco) / (ll_null - ll_refit) if ll_refit > ll_null else np.nan)
+
+
+def _loco_row(cat, first: pd.Series) -> dict:
+    """The held-out category's observed and predicted tokens per round and mean accepted length."""
+    return dict(category=cat, requests=int(first["requests"]),
+                observed_tokens_per_round=first["observed_tokens_per_round"],
+                predicted_tokens_per_round=first["dp_tokens_per_round"],
+                relative_error=first["dp_relative_error"],
+                predicted_tokens_per_round_full_depth=first["dp_full_depth_tokens_per_round"],
+                relative_error_full_depth=first["dp_full_depth_relative_error"],
+                depth_only_tokens_per_round=first["depth_only_tokens_per_round"],
+                relative_error_depth_only=(first["depth_only_tokens_per_round"]
+                                           / first["observed_tokens_per_round"] - 1),
+                observed_mean_accepted=first["observed_mean_accepted"],
+                predicted_mean_accepted=first["dp_mean_accepted"],
+                mean_accepted_relative_error=first["dp_mean_accepted_relative_error"],
+                depth_only_mean_accepted=first["depth_only_mean_accepted"])
 
 
 def depth_only_acceptance(counts: pd.DataFrame, drafts: int) -> np.ndarray:

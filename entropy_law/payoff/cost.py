@@ -412,13 +412,6 @@ def speedup_crossings(law: FittedLaw, cost: CostModel, *, bounds=BREAKEVEN_BOUND
     return tuple(float(np.sqrt(h[i] * h[i + 1])) for i in change)
 
 
-def best_shape(law: FittedLaw, cost: CostModel, entropy_nats: float, shapes: Sequence[tuple[int, int]]) -> tuple:
-    """(depth, nodes, speedup) of the shape with the highest predicted speedup at ``entropy_nats``."""
-    speeds = [float(speedup_at_entropy(law, cost, entropy_nats, depth=d, nodes=n)[0]) for d, n in shapes]
-    i = int(np.argmax(speeds))
-    return shapes[i][0], shapes[i][1], speeds[i]
-
-
 @dataclass
 class DraftingPays(Result):
     """Speedup vs entropy, break-even entropy and best shapes, with bootstrap intervals. ``summary``: per

@@ -17,9 +17,7 @@ acceptance is not identified from them.
 ``calibration_prior`` (default 1 pseudo-draft) sets how fast the decoder's in-request calibration moves
 the law's expectation toward what this request's verified rounds accepted (``s = (A + m) / (E + m)``; see
 ``entropy_law.decoding.policy``); ``None`` turns it off. ``calibration_half_life`` (default 16 rounds) is how
-fast that evidence fades, so that a request that stopped drafting tries again (``None``: never). Both are
-stated choices (the law is fitted on other requests, often of other tasks, so one round of this request's own
-evidence outweighs it; a half-life of a few sentences of an answer), not fitted: the traces' requests ran
+fast that evidence fades (``None``: never). Both are stated choices, not fitted: the traces' requests ran
 without a policy.
 
 ``context_match`` (optional): the length of the longest suffix of the context before each output position that

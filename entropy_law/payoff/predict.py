@@ -342,13 +342,9 @@ def loco_predictions(traces, family: str = "law_exp", *, drafter: str | None = N
     as ``loco_transfer(depths="replayed")``); then its training residuals set the bias and overdispersion.
     ``overdispersion``: where the bias b and the request and category overdispersion come from.
     ``"nested"`` (default): each training category's requests predicted by a law (and depth model) fitted on
-    the other training categories, a leave-one-category-out inside the training set, so b and sigma2_category
-    measure how far a category the law has not seen lands, which is what the held-out category is (about k
-    times the fits; sigma2_category their sum of squares about b over k, times (k - 1) / k: each was predicted by
-    a fit on k - 1 categories, ``Overdispersion.estimate``).
-    ``"in-sample"``: the training requests' residuals under the law fitted on all of them; the law was fitted
-    to those categories, so their means lie closer to it than an unseen category's do and the between-category
-    variance comes out too small where the law is wrong across categories.
+    the other training categories, so b and sigma2_category measure how far an unseen category lands
+    (``Overdispersion.estimate``). ``"in-sample"``: the training requests' residuals under the law fitted on all
+    of them (the between-category variance comes out too small where the law is wrong across categories).
     Reliability: the held-out category's at-risk trials under the LOCO law, by bin of predicted acceptance.
     """
     if n_draws == 1:
@@ -403,6 +399,14 @@ def loco_predictions(traces, family: str = "law_exp", *, drafter: str | None = N
         reliability.append(reliability_table(law.predict_frame(test_rows), test_rows["accepted"].to_numpy(),
                                              np.ones(len(test_rows)), test_rows["category"].to_numpy(), bins))
     requests = pd.concat(held_out, ignore_index=True)
+    summary = _coverage_summary(requests, n_draws)
+    _add_loco_notes(notes, int(counts["request_id"].nunique()), proposals is None, overdispersion, n_draws)
+    return RequestPredictions(summary=summary, requests=requests, reliability=pd.concat(reliability, ignore_index=True),
+                              family=fam.name, level=level, notes=notes)
+
+
+def _coverage_summary(requests: pd.DataFrame, n_draws: int) -> pd.DataFrame:
+    """Mark each request covered or not and summarise coverage, width, error and variance parts per category."""
     requests["covered"] = ((requests["observed_tokens_per_round"] >= requests["lower"])
                            & (requests["observed_tokens_per_round"] <= requests["upper"]))
     requests["relative_error"] = requests["center"] / requests["observed_tokens_per_round"] - 1
@@ -420,19 +424,21 @@ def loco_predictions(traces, family: str = "law_exp", *, drafter: str | None = N
         "sd_log_category": np.sqrt(g["sigma2_category"].first()),
         "bias": g["bias"].first(),
     })
-    n_requests = int(counts["request_id"].nunique())
+    return summary
+
+
+def _add_loco_notes(notes: list, n_requests: int, training_depths: bool, overdispersion: str, n_draws: int) -> None:
+    """The interval's recipe first, and a warning on few requests."""
     if n_requests < FEW_REQUESTS:
         notes.append(f"{n_requests} requests (fewer than {FEW_REQUESTS}): the coefficient draws' cluster-robust covariance "
                      "and the overdispersion are not measured reliably; record more requests")
-    depth_source = "the training depth model" if proposals is None else "the drafter's replayed proposals"
+    depth_source = "the training depth model" if training_depths else "the drafter's replayed proposals"
     residual_source = ("out-of-sample residuals (each training category predicted by a law fitted without it)"
                        if overdispersion == "nested" else "in-sample residuals")
     notes.insert(0, f"interval: Student t on log(tokens/round) (Welch-Satterthwaite df); sampling variance from the "
                  f"DP's Var[N] given the request's entropy sequence and {depth_source}, {n_draws} coefficient draws "
                  "(cluster-robust), request and category overdispersion and the bias b from the training "
                  f"categories' {residual_source} (method of moments)")
-    return RequestPredictions(summary=summary, requests=requests, reliability=pd.concat(reliability, ignore_index=True),
-                              family=fam.name, level=level, notes=notes)
 
 
 def report_section(predictions: dict) -> tuple[str, pd.DataFrame]:

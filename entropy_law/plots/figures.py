@@ -11,8 +11,6 @@ the numbers behind a figure can be checked. Not known here: fitting, reading tra
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import numpy as np
 import pandas as pd
 
@@ -347,7 +345,3 @@ def example_response(tokens: pd.DataFrame, rounds: pd.DataFrame, *, max_position
     ax.set_ylabel("H (nats)")
     _legend(ax, loc="upper right", ncol=3)
     return ax
-
-
-def arm_markers(arms: Sequence[str]) -> dict:
-    return {arm: MARKERS[i % len(MARKERS)] for i, arm in enumerate(arms)}

@@ -95,6 +95,41 @@ def _git_revision() -> str | None:
         return None
 
 
+def _target_stats_array(target_logits, target_stats, committed: int, where: str) -> np.ndarray:
+    """The target statistics ``[5, committed]`` from exactly one of ``target_logits`` or ``target_stats``."""
+    if (target_logits is None) == (target_stats is None):
+        raise ValueError(f"{where}: give exactly one of target_logits ([committed, V]) or target_stats (dict)")
+    if target_logits is not None:
+        shape = tuple(getattr(target_logits, "shape", np.shape(target_logits)))
+        if len(shape) != 2 or shape[0] != committed:
+            raise ValueError(f"{where}: target_logits must have shape [committed={committed}, V]; got {shape}")
+        computed = target_stats_from_logits(target_logits)
+        stats = np.stack([computed[k] for k in TARGET_STAT_KEYS])
+        if not _target_stats_ok(stats):
+            _explain_target_stats(stats, where)
+    else:
+        if not isinstance(target_stats, dict):
+            raise TypeError(f"{where}: target_stats must be a dict with keys {list(TARGET_STAT_KEYS)}")
+        unknown = set(target_stats) - set(TARGET_STAT_KEYS)
+        missing = [k for k in TARGET_STAT_KEYS if k not in target_stats]
+        if unknown or missing:
+            raise ValueError(f"{where}: target_stats needs keys {list(TARGET_STAT_KEYS)}; "
+                             f"missing {missing}, unknown {sorted(unknown)}")
+        try:
+            stats = np.array([np.asarray(target_stats[k], dtype=np.float32).reshape(-1)
+                              for k in TARGET_STAT_KEYS], dtype=np.float32)
+        except ValueError as err:
+            lengths = {k: np.size(target_stats[k]) for k in TARGET_STAT_KEYS}
+            raise ValueError(f"{where}: target_stats arrays must all have length committed={committed}; "
+                             f"got {lengths}") from err
+        if stats.shape != (5, committed):
+            raise ValueError(f"{where}: target_stats arrays must have length committed={committed}; "
+                             f"got {stats.shape[1]}")
+        if not _target_stats_ok(stats):
+            _explain_target_stats(stats, where)
+    return stats
+
+
 def _target_stats_ok(stats: np.ndarray) -> bool:
     """Fast path of the per-round check: one min and one max per statistic (NaN fails every comparison)."""
     lo = stats.min(axis=1).tolist()
@@ -722,47 +757,8 @@ class TraceRecorder:
                       (("draft_ms", draft_ms), ("verify_ms", verify_ms), ("overhead_ms", overhead_ms)))
         policy = _checked_policy(policy, where)
 
-        if (target_logits is None) == (target_stats is None):
-            raise ValueError(f"{where}: give exactly one of target_logits ([committed, V]) or target_stats (dict)")
-        if target_logits is not None:
-            shape = tuple(getattr(target_logits, "shape", np.shape(target_logits)))
-            if len(shape) != 2 or shape[0] != committed:
-                raise ValueError(f"{where}: target_logits must have shape [committed={committed}, V]; got {shape}")
-            computed = target_stats_from_logits(target_logits)
-            stats = np.stack([computed[k] for k in TARGET_STAT_KEYS])
-            if not _target_stats_ok(stats):
-                _explain_target_stats(stats, where)
-        else:
-            if not isinstance(target_stats, dict):
-                raise TypeError(f"{where}: target_stats must be a dict with keys {list(TARGET_STAT_KEYS)}")
-            unknown = set(target_stats) - set(TARGET_STAT_KEYS)
-            missing = [k for k in TARGET_STAT_KEYS if k not in target_stats]
-            if unknown or missing:
-                raise ValueError(f"{where}: target_stats needs keys {list(TARGET_STAT_KEYS)}; "
-                                 f"missing {missing}, unknown {sorted(unknown)}")
-            try:
-                stats = np.array([np.asarray(target_stats[k], dtype=np.float32).reshape(-1)
-                                  for k in TARGET_STAT_KEYS], dtype=np.float32)
-            except ValueError as err:
-                lengths = {k: np.size(target_stats[k]) for k in TARGET_STAT_KEYS}
-                raise ValueError(f"{where}: target_stats arrays must all have length committed={committed}; "
-                                 f"got {lengths}") from err
-            if stats.shape != (5, committed):
-                raise ValueError(f"{where}: target_stats arrays must have length committed={committed}; "
-                                 f"got {stats.shape[1]}")
-            if not _target_stats_ok(stats):
-                _explain_target_stats(stats, where)
-
-        draft = None
-        if draft_stats is not None:
-            if draft_logits is not None or draft_candidates is not None:
-                raise ValueError(f"{where}: give draft_stats or draft_logits/draft_candidates, not both")
-            draft = self._draft_from_dict(draft_stats, committed, where)
-        elif draft_logits is not None or draft_candidates is not None:
-            d = _draft_stats(draft_logits, ids, draft_candidates, draft_logprobs)
-            draft = np.array([d[key] for key in DRAFT_STAT_KEYS], dtype=np.float64)
-        elif draft_logprobs is not None:
-            raise ValueError(f"{where}: draft_logprobs given without draft_candidates")
+        stats = _target_stats_array(target_logits, target_stats, committed, where)
+        draft = self._draft_array(draft_stats, draft_logits, draft_candidates, draft_logprobs, ids, where)
 
         roles = np.zeros(committed, dtype=np.int8)
         if committed == accepted + 1:
@@ -777,6 +773,21 @@ class TraceRecorder:
         req.last_round = round_index
         req.next_position = start_position + committed
         req.n_tokens += committed
+
+    def _draft_array(self, draft_stats, draft_logits, draft_candidates, draft_logprobs, ids, where: str):
+        """The drafter's statistics per committed token ``[len(DRAFT_STAT_KEYS), committed]``, or None."""
+        committed = len(ids)
+        draft = None
+        if draft_stats is not None:
+            if draft_logits is not None or draft_candidates is not None:
+                raise ValueError(f"{where}: give draft_stats or draft_logits/draft_candidates, not both")
+            draft = self._draft_from_dict(draft_stats, committed, where)
+        elif draft_logits is not None or draft_candidates is not None:
+            d = _draft_stats(draft_logits, ids, draft_candidates, draft_logprobs)
+            draft = np.array([d[key] for key in DRAFT_STAT_KEYS], dtype=np.float64)
+        elif draft_logprobs is not None:
+            raise ValueError(f"{where}: draft_logprobs given without draft_candidates")
+        return draft
 
     @staticmethod
     def _draft_from_dict(stats: dict, committed: int, where: str) -> np.ndarray:

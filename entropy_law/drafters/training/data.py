@@ -448,13 +448,7 @@ def greedy_generate_with_features(model, prompt_ids: Sequence[Sequence[int]], *,
     device = next(model.parameters()).device
     b = len(prompt_ids)
     width = max(len(p) for p in prompt_ids)
-    ids = torch.full((b, width), pad_id, dtype=torch.long)
-    attn = torch.zeros((b, width), dtype=torch.long)
-    for i, p in enumerate(prompt_ids):
-        ids[i, width - len(p):] = torch.tensor(p)
-        attn[i, width - len(p):] = 1
-    ids, attn = ids.to(device), attn.to(device)
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    ids, attn, pos = _left_padded(prompt_ids, width, pad_id, device)
     cache = DynamicCache()
     cache_kw = {cache_keyword(model): cache}
     feats: list[list[torch.Tensor]] = [[] for _ in range(b)]
@@ -502,6 +496,24 @@ def greedy_generate_with_features(model, prompt_ids: Sequence[Sequence[int]], *,
                 # (a row that just produced EOS never needs the EOS position's features)
                 if not done[i]:
                     feats[i].append(f[r, -1:].float().cpu())
+    return _generation_results(prompt_ids, feats, responses, soft_ids, soft_lp, topk)
+
+
+def _left_padded(prompt_ids, width: int, pad_id: int, device):
+    """Input ids, attention mask and positions of a left-padded batch."""
+    b = len(prompt_ids)
+    ids = torch.full((b, width), pad_id, dtype=torch.long)
+    attn = torch.zeros((b, width), dtype=torch.long)
+    for i, p in enumerate(prompt_ids):
+        ids[i, width - len(p):] = torch.tensor(p)
+        attn[i, width - len(p):] = 1
+    ids, attn = ids.to(device), attn.to(device)
+    pos = (attn.cumsum(-1) - 1).clamp(min=0)
+    return ids, attn, pos
+
+
+def _generation_results(prompt_ids, feats, responses, soft_ids, soft_lp, topk: int) -> list[dict]:
+    """Per prompt: its response ids, the features of every position but the last, its top-k targets."""
     results = []
     for i, p in enumerate(prompt_ids):
         fi = torch.cat(feats[i], dim=0)
@@ -598,19 +610,8 @@ def generate_dataset(target, out_dir: str | os.PathLike, *, plan: DataPlan, feat
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    # shards are skipped by name on resume, so a folder must never mix two plans
-    identity = {"plan": asdict(plan), "feature_layers": [int(i) for i in feature_layers], "batch_size": batch_size}
-    identity_path = out / "plan.json"
-    if identity_path.is_file():
-        before = json.loads(identity_path.read_text())
-        before["plan"].setdefault("part", 0)  # folders written before data parts existed are part 0
-        before["plan"].setdefault("chat_template", True)  # ... and before raw prompts existed used the template
-        for key, value in (("n_code", 0), ("n_chat", 0), ("chat_max_chars", 1500)):
-            before["plan"].setdefault(key, value)  # ... and before the code and chat sources existed had none
-        if before != identity:
-            raise ValueError(f"{out} holds data of another plan ({before}); use a new --out or delete it")
-    else:
-        identity_path.write_text(json.dumps(identity, indent=2))
+    _check_plan_identity(out, {"plan": asdict(plan), "feature_layers": [int(i) for i in feature_layers],
+                               "batch_size": batch_size})
     tokenizer, model = target.tokenizer, target.model
     eos_id = target_eos_id(target)
     pad_id = int(tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos_id)
@@ -660,6 +661,29 @@ def generate_dataset(target, out_dir: str | os.PathLike, *, plan: DataPlan, feat
         raise ValueError(f"training prompts overlap the evaluation prompts (Spec-Bench, open-ended): {clash[:5]}")
     run_stage(2, stage2, plan.max_new_tokens, deadline, max_stage2_batches)
 
+    summary = _dataset_summary(out, plan, feature_layers, batch_size, len(stage1), len(stage2), t0)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def _check_plan_identity(out: Path, identity: dict) -> None:
+    """Refuse a folder that holds another plan's shards (shards are skipped by name on resume); else record it."""
+    identity_path = out / "plan.json"
+    if identity_path.is_file():
+        before = json.loads(identity_path.read_text())
+        before["plan"].setdefault("part", 0)  # folders written before data parts existed are part 0
+        before["plan"].setdefault("chat_template", True)  # ... and before raw prompts existed used the template
+        for key, value in (("n_code", 0), ("n_chat", 0), ("chat_max_chars", 1500)):
+            before["plan"].setdefault(key, value)  # ... and before the code and chat sources existed had none
+        if before != identity:
+            raise ValueError(f"{out} holds data of another plan ({before}); use a new --out or delete it")
+    else:
+        identity_path.write_text(json.dumps(identity, indent=2))
+
+
+def _dataset_summary(out: Path, plan, feature_layers, batch_size: int, n_stage1: int, n_stage2: int,
+                     t0: float) -> dict:
+    """Counts per source, tokens and seconds of every shard in ``out``."""
     samples_meta = []
     for meta_path in sorted(out.glob("stage*-*.json")):
         samples_meta += json.loads(meta_path.read_text())
@@ -674,7 +698,6 @@ def generate_dataset(target, out_dir: str | os.PathLike, *, plan: DataPlan, feat
                "response_tokens_per_source": tokens, "response_tokens": sum(tokens.values()),
                "prompt_tokens": sum(m["prompt_len"] for m in samples_meta),
                "seconds_this_run": round(time.time() - t0, 1),
-               "planned_prompts": len(stage1) + len(stage2), "stage2_batches_done": stage2_done,
-               "stage2_batches_planned": -(-len(stage2) // batch_size)}
-    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+               "planned_prompts": n_stage1 + n_stage2, "stage2_batches_done": stage2_done,
+               "stage2_batches_planned": -(-n_stage2 // batch_size)}
     return summary

@@ -23,8 +23,8 @@ probability 0) and ``p`` the target's stored top-k distribution for the token at
 the data: the same shift as the hard label), **restricted to the ids the block may draft there and
 renormalised over them** (``renormalised_topk``). Restricting is the only consistent choice: ``q`` is 0
 outside those ids, so mass there would make the KL infinite; the hard label (the target's argmax) is
-always among them when its CE term counts, so a one-hot ``p`` gives exactly the CE term. ``a = 0`` is the
-old loss, bit for bit (the soft labels are not even read).
+always among them when its CE term counts, so a one-hot ``p`` gives exactly the CE term. ``a = 0``: the CE
+loss alone (the soft labels are not read).
 
 Initialisation from the target (``init_from_target``): the drafter layers copy the target decoder layers
 right after the deepest feature layer (for SmolLM2-135M's features (1, 14, 27): layer 28), and the final
@@ -469,6 +469,33 @@ def split_heldout(samples: Sequence[dict], n: int, seed: int) -> tuple[list[dict
     return [s for s in order if s["prompt_id"] not in held], [s for s in order if s["prompt_id"] in held]
 
 
+def _optimizer(params: list, cfg: TrainConfig) -> torch.optim.AdamW:
+    """AdamW with weight decay on matrices only."""
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                              {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
+
+
+def _resume(ckpt_path: Path, cfg: TrainConfig, data, drafter, opt, gen) -> tuple:
+    """Load the checkpoint if present (refusing another configuration or other data folders).
+
+    Returns step, history, order, cursor and the seconds trained before."""
+    if not ckpt_path.is_file():
+        return 0, [], [], 0, 0.0
+    state = torch.load(ckpt_path, weights_only=False)
+    if state["config"] != asdict(cfg):
+        raise ValueError(f"{ckpt_path} was written with another configuration; use a new --out or delete it")
+    if data is not None and state.get("data") is not None and list(data) != state["data"]:
+        raise ValueError(f"{ckpt_path} was trained on the data folders {state['data']}, not {list(data)}; "
+                         f"resume with the same --extra-data, or use a new --out")
+    drafter.load_state_dict(state["drafter"])
+    drafter.refresh_vocab_map()
+    opt.load_state_dict(state["optimizer"])
+    gen.set_state(state["generator"])
+    return state["step"], state["history"], state["order"], state["cursor"], state["elapsed_s"]
+
+
 def train(drafter: BlockDrafter, train_samples: Sequence[dict], heldout_samples: Sequence[dict],
           cfg: TrainConfig, out_dir: str | Path, *, progress: bool = True, stop_at: int | None = None,
           data: Sequence[str] | None = None) -> dict:
@@ -485,25 +512,9 @@ def train(drafter: BlockDrafter, train_samples: Sequence[dict], heldout_samples:
     if not train_samples:
         raise ValueError("no training samples: generate data first (entropy-law train-drafter --only data)")
     params = [p for p in drafter.parameters() if p.requires_grad]
-    decay = [p for p in params if p.dim() >= 2]
-    no_decay = [p for p in params if p.dim() < 2]
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
-                             {"params": no_decay, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
+    opt = _optimizer(params, cfg)
     gen = torch.Generator().manual_seed(cfg.seed)
-    step, history, order, cursor, elapsed_before = 0, [], [], 0, 0.0
-    if ckpt_path.is_file():
-        state = torch.load(ckpt_path, weights_only=False)
-        if state["config"] != asdict(cfg):
-            raise ValueError(f"{ckpt_path} was written with another configuration; use a new --out or delete it")
-        if data is not None and state.get("data") is not None and list(data) != state["data"]:
-            raise ValueError(f"{ckpt_path} was trained on the data folders {state['data']}, not {list(data)}; "
-                             f"resume with the same --extra-data, or use a new --out")
-        drafter.load_state_dict(state["drafter"])
-        drafter.refresh_vocab_map()
-        opt.load_state_dict(state["optimizer"])
-        gen.set_state(state["generator"])
-        step, history, order, cursor = state["step"], state["history"], state["order"], state["cursor"]
-        elapsed_before = state["elapsed_s"]
+    step, history, order, cursor, elapsed_before = _resume(ckpt_path, cfg, data, drafter, opt, gen)
     t_start = time.time()
 
     def save():
