@@ -28,6 +28,8 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.lib import exit_code, run_subcommand  # noqa: E402
+
 
 # --- fleet -----------------------------------------------------------------------------------------------------------
 
@@ -632,17 +634,8 @@ COMMANDS = {  # subcommand: (adds its arguments, runs it)
 
 def main(argv=None):
     """Runs one subcommand with its arguments; returns what it returns."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    subcommands = parser.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
-    parsers = {}
-    for name, (arguments, run) in COMMANDS.items():
-        parsers[name] = subcommands.add_parser(name, help=run.__doc__.splitlines()[0].replace("%", "%%"),
-                                               description=run.__doc__.split("\n\n")[0])
-        arguments(parsers[name])
-    args = parser.parse_args(argv)
-    return COMMANDS[args.subcommand][1](args, parsers[args.subcommand])
+    return run_subcommand(__doc__, COMMANDS, argv)
 
 
 if __name__ == "__main__":
-    result = main()
-    sys.exit(result if isinstance(result, int) else 0)
+    sys.exit(exit_code(main()))

@@ -9,7 +9,6 @@ Subcommands (each prints a table and ends with one JSON line):
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -19,6 +18,8 @@ import numpy as np
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.lib import exit_code, run_subcommand  # noqa: E402
 
 from entropy_law.analysis import TraceAnalysis  # noqa: E402
 from entropy_law.law.atrisk import at_risk_table  # noqa: E402
@@ -351,17 +352,8 @@ COMMANDS = {  # subcommand: (adds its arguments, runs it)
 
 def main(argv=None):
     """Runs one subcommand with its arguments; returns what it returns."""
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    subcommands = parser.add_subparsers(dest="subcommand", required=True, metavar="SUBCOMMAND")
-    parsers = {}
-    for name, (arguments, run) in COMMANDS.items():
-        parsers[name] = subcommands.add_parser(name, help=run.__doc__.splitlines()[0].replace("%", "%%"),
-                                               description=run.__doc__.split("\n\n")[0])
-        arguments(parsers[name])
-    args = parser.parse_args(argv)
-    return COMMANDS[args.subcommand][1](args, parsers[args.subcommand])
+    return run_subcommand(__doc__, COMMANDS, argv)
 
 
 if __name__ == "__main__":
-    result = main()
-    sys.exit(result if isinstance(result, int) else 0)
+    sys.exit(exit_code(main()))
