@@ -245,7 +245,8 @@ def test_the_printed_answer_fits_one_screen(demo, monkeypatch, capsys):
     assert sorted(row.split()[0] for row in rows) == sorted(task.category for task in tasks)
     assert all(row.split()[1:] == ["not", "measured", "(1", "request)"] for row in rows)
     assert any(line.startswith("note: block drafter unavailable") for line in answer)
-    assert answer[-2:] == ["  entropy-law record --no-chat-template --drafter ar --tasks FILE --out RUN",
+    commands = "\n".join(answer).replace(" \\\n    ", " ").splitlines()  # a long path: a shell continuation line
+    assert commands[-2:] == ["  entropy-law record --no-chat-template --drafter ar --tasks FILE --out RUN",
                            f"  entropy-law predict RUN --from {result.trace_dir} --replay-rounds"]
     detail = (result.run_dir / "summary.txt").read_text()
     assert "\n".join(result.answer_lines) in detail and "fitted law" in detail and "speedup vs AR" in detail
@@ -284,3 +285,20 @@ def test_the_answer_of_every_drafting_arm_on_every_category_fits_one_screen(monk
     assert text.count("not measured (4 requests)") == 4 and text.count("not measured (40 requests)") == 4
     assert text.count("pays          1.10x [1.05, 1.20]  measured, 5 requests") == 4
     assert text.count("does not pay  1.10x [0.80, 0.95]") == 4 and text.count("unclear       1.10x [0.95, 1.30]") == 4
+
+
+def test_a_long_trace_path_goes_on_a_continuation_line_within_the_screen():
+    """The next-step predict command with a trace path too long for one 100-column line: the path on a shell
+    continuation line, the command unchanged once the continuation is joined."""
+    from types import SimpleNamespace
+
+    from entropy_law.commands.demo import SCREEN_COLUMNS, screen_lines
+
+    trace_dir = "/tmp/" + "a-long-folder-name/" * 3 + "traces"  # 117 columns on one line
+    result = SimpleNamespace(answer_lines=["When drafting pays"], messages=[], timings_s={"decode_s": 1.0},
+                             report_path=None, run_dir="/tmp/run", trace_dir=trace_dir)
+    lines = screen_lines(result, model="smollm2-135m", chat_template=True, total_s=2.0)
+    assert max(map(len, lines)) <= SCREEN_COLUMNS
+    assert lines[-2:] == ["  entropy-law predict RUN --from \\", f"    {trace_dir} --replay-rounds"]
+    joined = "\n".join(lines).replace(" \\\n    ", " ").splitlines()[-1]
+    assert joined == f"  entropy-law predict RUN --from {trace_dir} --replay-rounds"

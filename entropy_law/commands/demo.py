@@ -103,7 +103,7 @@ def screen_lines(result, *, model: str, chat_template: bool, total_s: float) -> 
               f"  entropy-law record{_target_flags(model, chat_template)} --drafter ar --tasks FILE --out RUN",
               f"  entropy-law predict RUN --from {result.trace_dir} --replay-rounds"]
     if len(lines[-1]) > SCREEN_COLUMNS:  # a long trace path: on a continuation line of its own
-        lines[-1:] = ["  entropy-law predict RUN --replay-rounds \\", f"    --from {result.trace_dir}"]
+        lines[-1:] = ["  entropy-law predict RUN --from \\", f"    {result.trace_dir} --replay-rounds"]
     return lines
 
 
