@@ -294,9 +294,9 @@ def test_a_long_trace_path_goes_on_a_continuation_line_within_the_screen():
 
     from entropy_law.commands.demo import SCREEN_COLUMNS, screen_lines
 
-    trace_dir = "/tmp/" + "a-long-folder-name/" * 3 + "traces"  # 117 columns on one line
+    trace_dir = "runs/" + "a-long-folder-name/" * 3 + "traces"  # 117 columns on one line
     result = SimpleNamespace(answer_lines=["When drafting pays"], messages=[], timings_s={"decode_s": 1.0},
-                             report_path=None, run_dir="/tmp/run", trace_dir=trace_dir)
+                             report_path=None, run_dir="runs/demo", trace_dir=trace_dir)
     lines = screen_lines(result, model="smollm2-135m", chat_template=True, total_s=2.0)
     assert max(map(len, lines)) <= SCREEN_COLUMNS
     assert lines[-2:] == ["  entropy-law predict RUN --from \\", f"    {trace_dir} --replay-rounds"]

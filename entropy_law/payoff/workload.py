@@ -323,6 +323,18 @@ def decode_cost_ms(c: CostModel, rounds, drafting, nodes, skipped=0.0):
             + c.verify_per_node_ms * nodes)
 
 
+def _one_drafter_family(name: str, proposals, whose: str):
+    """The law family ``name``, refused where a workload price cannot use it: it needs a category or drafter
+    argument, or reads the drafter's top-1 probability and no replayed proposals (``whose``) were given."""
+    fam = get_family(name)
+    if fam.needs_categories or fam.needs_drafters or fam.uses_category:
+        raise ValueError(f"{fam.name} needs a category or drafter argument; use a one-drafter, category-free law")
+    if fam.needs_draft_stats and proposals is None:
+        raise ValueError(f"{fam.name} predicts from the drafter's top-1 probability at every position: pass the "
+                         f"{whose} replayed proposals (proposals=)")
+    return fam
+
+
 def workload_breakeven(
     traces,
     *,
@@ -353,12 +365,7 @@ def workload_breakeven(
     arm's run.json): the drafted depths are then those instead of the in-sample depth model's, and a law in the
     drafter's confidence (``law_exp_obs_ceil_drafttop``, fitted on traces that recorded it) can be used. Steps:
     ``_priced_workload``, ``_with_measured``, ``_line_statistics`` on the estimate and ``_breakeven_replicates``."""
-    fam = get_family(family if law is None else law.family.name)
-    if fam.needs_categories or fam.needs_drafters or fam.uses_category:
-        raise ValueError(f"{fam.name} needs a category/drafter argument; use a one-drafter, category-free law")
-    if fam.needs_draft_stats and proposals is None:
-        raise ValueError(f"{fam.name} predicts from the drafter's top-1 probability at every position: pass the "
-                         "arm's replayed proposals (proposals=)")
+    fam = _one_drafter_family(family if law is None else law.family.name, proposals, "arm's")
     drafter, rounds = single_drafter(traces, drafter)
     cost, ar_table = priced_cost_model(traces, drafter=drafter, ar_ms_per_token=ar_ms_per_token,
                                        ar_requests=ar_requests, clock=clock)
@@ -698,12 +705,7 @@ def predict_workload(
     and its top-1 probabilities, a function of the context only, e.g. ``decoding.replay.replay_proposals`` over
     the AR output): the drafted depths are then those, not the depth model's, and a law in the drafter's
     confidence (``law_exp_obs_ceil_drafttop``) can be used."""
-    fam = get_family(family if law is None else law.family.name)
-    if fam.needs_categories or fam.needs_drafters or fam.uses_category:
-        raise ValueError(f"{fam.name} needs a category or drafter argument; use a one-drafter, category-free law")
-    if fam.needs_draft_stats and proposals is None:
-        raise ValueError(f"{fam.name} predicts from the drafter's top-1 probability at every position: pass the "
-                         "workload's replayed proposals (proposals=)")
+    fam = _one_drafter_family(family if law is None else law.family.name, proposals, "workload's")
     need = {"run_id", "request_id", "category", "entropy"} - set(getattr(sequences, "columns", ()))
     if need:
         raise ValueError(f"sequences needs columns run_id, request_id, category, entropy; missing {sorted(need)}")
