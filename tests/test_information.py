@@ -4,7 +4,7 @@ import pytest
 
 from entropy_law.law.fit import FAMILIES, get_family
 from entropy_law.law.information import (ALLOWS, INPUTS, InfoSet, check_information, family_inputs, info_set,
-                                         sets_allowing)
+                                         predictor_inputs, sets_allowing)
 
 
 def test_sets_are_not_nested():
@@ -46,3 +46,14 @@ def test_unknown_set_and_input_are_refused():
         info_set("before lunch")
     with pytest.raises(ValueError, match="unknown inputs"):
         check_information("workload", {"gut_feeling"}, what="x")
+
+
+def test_depth_source_decides_the_set_of_a_law_in_the_drafted_depth():
+    fam = get_family("law_exp_obs_ceil")
+    assert sets_allowing(predictor_inputs(fam, "training")) == [InfoSet.WORKLOAD, InfoSet.AFTER_VERIFYING]
+    assert sets_allowing(predictor_inputs(fam, "observed", root_only=True)) == [InfoSet.BEFORE_VERIFYING,
+                                                                                InfoSet.AFTER_VERIFYING]
+    assert sets_allowing(predictor_inputs(fam, "observed")) == [InfoSet.AFTER_VERIFYING]
+    assert sets_allowing(predictor_inputs(fam, "training", root_only=True)) == list(InfoSet)
+    with pytest.raises(ValueError, match="depths must be one of"):
+        predictor_inputs(fam, "guessed")

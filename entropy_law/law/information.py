@@ -98,6 +98,16 @@ def family_inputs(family, *, root_only: bool = False) -> frozenset:
     return frozenset(inputs)
 
 
+def predictor_inputs(family, depths: str = "full", *, root_only: bool = False) -> frozenset:
+    """What a prediction with ``family`` reads when a round's drafted depth (the cap of its sum, and the covariate
+    of a family in D) comes from ``depths`` (``DEPTH_INPUTS``: ``"training"`` a depth model of other categories,
+    ``"replayed"`` the drafter replayed over the greedy output, ``"observed"`` the round's own depth)."""
+    if depths not in DEPTH_INPUTS:
+        raise ValueError(f"depths must be one of {sorted(DEPTH_INPUTS)}, got {depths!r}")
+    inputs = family_inputs(family, root_only=root_only) - {"drafted_depth"}  # "full": every round drafts all
+    return frozenset(inputs | DEPTH_INPUTS[depths])
+
+
 def sets_allowing(inputs) -> list[InfoSet]:
     """The information sets that hold every one of ``inputs``."""
     return [s for s in InfoSet if set(inputs) <= ALLOWS[s]]
