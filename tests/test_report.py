@@ -181,6 +181,34 @@ def test_the_answer_rests_on_the_measurement_else_on_the_prediction(sim):
     assert all(re.search(r"\d\.\d\dx \[\d+\.\d\d, \d+\.\d\d\]  measured, \d+ requests$", line) for line in judged)
 
 
+def test_a_loaded_machine_gets_no_verdict(sim):
+    """The CPU time decoding got over its rounds' wall time (``cpu_share``): a run whose decoding got less than
+    ``MIN_CPU_SHARE`` of its threads' time says the machine was loaded and gives no verdict in any category."""
+    from types import SimpleNamespace
+
+    import pandas as pd
+
+    from entropy_law.jobs.report import LOADED, MIN_CPU_SHARE, cpu_share, load_note, verdict_lines
+
+    rounds = pd.DataFrame({"run_id": ["r"] * 4, "request_id": ["a", "a", "b", "b"], "draft_ms": [10.0] * 4,
+                           "verify_ms": [30.0] * 4, "overhead_ms": [0.0] * 4})
+    quiet = SimpleNamespace(rounds=rounds, requests=pd.DataFrame({"run_id": ["r", "r"], "request_id": ["a", "b"],
+                                                                    "decode_cpu_ms": [78.0, 80.0]}))
+    busy = SimpleNamespace(rounds=rounds, requests=quiet.requests.assign(decode_cpu_ms=[40.0, 44.0]))
+    assert cpu_share(quiet) == pytest.approx(0.9875) and cpu_share(busy) == pytest.approx(0.525)
+    assert cpu_share(busy, threads=2) == pytest.approx(0.2625)
+    assert cpu_share(SimpleNamespace(rounds=rounds, requests=quiet.requests.drop(columns="decode_cpu_ms"))) is None
+    assert load_note(cpu_share(quiet)) is None and load_note(None) is None
+    note = load_note(cpu_share(busy))
+    assert "loaded" in note and "52%" in note and f"{MIN_CPU_SHARE:.0%}" in note
+    _, _, an = sim
+    lines = verdict_lines(an, loaded=note)
+    assert lines[1] == note
+    rows = [line for line in lines[2:] if line.startswith("  ")]
+    assert rows and all(line.endswith(LOADED) for line in rows)
+    assert not any(line.endswith(LOADED) for line in verdict_lines(an))
+
+
 def test_report_command_and_its_errors(sim, tmp_path, capsys):
     """Also: the command finds proposals.parquet beside a run (``traces.proposals``) and adds the LOCO sections
     with the drafter's replayed proposals (here a full block at every position, as the simulated drafter drafts)."""

@@ -37,8 +37,8 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the prompt sample and of the analysis (default: %(default)s)")
     p.add_argument("--format", choices=("html", "md"), default="html", help="report format (default: %(default)s)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads (default: torch's choice; 1 helps on a busy shared machine)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch CPU threads (default 1, as the benches; the answer says when the machine was loaded)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--no-chat-template", action="store_true",
                    help="tokenize the prompt text as is instead of applying the model's chat template (a base model "
@@ -53,10 +53,9 @@ def run(args) -> int:
     from entropy_law.decoding.loading import load_target
     from entropy_law.jobs.record import prompt_encoder
 
-    if args.threads is not None:
-        if args.threads < 1:
-            raise ValueError(f"--threads must be >= 1, got {args.threads}")
-        torch.set_num_threads(args.threads)
+    if args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    torch.set_num_threads(args.threads)
 
     t0 = time.perf_counter()
     if args.limit < 1:
@@ -72,7 +71,7 @@ def run(args) -> int:
     encode = prompt_encoder(target, chat_template=not args.no_chat_template, model=args.model)
     plan = DemoPlan(tasks, target, limits, arms=args.arms, out=args.out, run_id=args.run_id, seed=args.seed,
                     encode=encode, n_boot=args.n_boot, report_format=args.format,
-                    run_metadata={"chat_template": not args.no_chat_template})
+                    run_metadata={"chat_template": not args.no_chat_template, "torch_threads": args.threads})
     result = run_demo(plan, progress=not args.no_progress)
     total_s = time.perf_counter() - t0
     print()

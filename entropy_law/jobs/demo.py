@@ -114,7 +114,7 @@ def run_demo(plan: DemoPlan, *, progress: bool = True, log: Callable[[str], None
     matplotlib.use("Agg")
     from entropy_law.jobs.arms import available_arms
     from entropy_law.jobs.record import record_arms
-    from entropy_law.jobs.report import terminal_summary, verdict_lines, write_report
+    from entropy_law.jobs.report import cpu_share, load_note, terminal_summary, verdict_lines, write_report
     from entropy_law.analysis import TraceAnalysis
     from entropy_law.traces.reader import load_traces
 
@@ -155,7 +155,11 @@ def run_demo(plan: DemoPlan, *, progress: bool = True, log: Callable[[str], None
     report = write_report(traces, run_dir, fmt=plan.report_format, analysis=analysis, source=str(trace_dir),
                           progress=progress)
     measured = _measured_speedups(recorded, specs, analysis, seed)
-    answer = verdict_lines(analysis, measured)
+    threads = int((plan.run_metadata or {}).get("torch_threads") or 1)
+    share = cpu_share(traces, threads)
+    loaded = load_note(share, threads)
+    answer = verdict_lines(analysis, measured, loaded=loaded)
+    timings["cpu_share"] = share
     timings["analysis_s"] = time.perf_counter() - t_an
     timings["total_s"] = time.perf_counter() - t_start
     # the detail behind the answer: the answer, the per-category table, the fitted law, the notes, the timings

@@ -89,6 +89,8 @@ def results_frame(analysis: TraceAnalysis) -> pd.DataFrame:
 
 
 MAX_INTERVAL_RATIO = 2.0  # an interval whose upper end is more than this times its lower end: not measured
+MIN_CPU_SHARE = 0.8  # decoding that got less of its threads' time than this ran on a loaded machine: no verdict
+LOADED = "not measured (machine loaded)"
 PAYS, DOES_NOT_PAY, UNCLEAR = "pays", "does not pay", "unclear"
 
 
@@ -158,14 +160,44 @@ def answer_frame(analysis: TraceAnalysis, measured: pd.DataFrame | None = None) 
         frame["verdict_requests"], frame["verdict_low"], frame["verdict_high"], frame["verdict"])])
 
 
-def verdict_lines(analysis: TraceAnalysis, measured: pd.DataFrame | None = None) -> list[str]:
+def cpu_share(traces, threads: int = 1) -> float | None:
+    """The median over requests of the CPU time decoding got (``decode_cpu_ms``) over the wall time of its rounds
+    times ``threads``: near 1 on a quiet machine, lower where other work took the cores. ``None`` where the traces
+    hold no CPU timings."""
+    req, rounds = traces.requests, traces.rounds
+    if "decode_cpu_ms" not in req.columns or rounds.empty or not {"draft_ms", "verify_ms"} <= set(rounds.columns):
+        return None
+    keys = ["run_id", "request_id"]
+    wall = rounds[["draft_ms", "verify_ms", *(["overhead_ms"] if "overhead_ms" in rounds else [])]].sum(axis=1)
+    wall = wall.groupby([rounds[k].astype(str) for k in keys]).sum().rename("wall_ms").reset_index()
+    both = wall.merge(req[[*keys, "decode_cpu_ms"]].astype({k: str for k in keys}), on=keys)
+    share = both["decode_cpu_ms"].to_numpy(float) / (both["wall_ms"].to_numpy(float) * max(int(threads), 1))
+    share = share[np.isfinite(share) & (both["wall_ms"].to_numpy(float) > 0)]
+    return float(np.median(share)) if share.size else None
+
+
+def load_note(share: float | None, threads: int = 1) -> str | None:
+    """A line saying the machine was loaded while decoding (``share`` below ``MIN_CPU_SHARE``), else ``None``."""
+    if share is None or share >= MIN_CPU_SHARE:
+        return None
+    return (f"The machine was loaded while decoding: it got {share:.0%} of its {threads} thread(s)' time (below "
+            f"{MIN_CPU_SHARE:.0%}), so timings are not reliable and no verdict is given; rerun on a quiet machine"
+            f"{'' if threads == 1 else ' with --threads 1'}.")
+
+
+def verdict_lines(analysis: TraceAnalysis, measured: pd.DataFrame | None = None, *,
+                  loaded: str | None = None) -> list[str]:
     """The short answer, one screen: a title, then per drafting arm a line with its name and one line per category
     with its verdict (``answer_frame``'s ``pays``, ``category_verdict``), the speedup over AR and the interval it
-    rests on, "measured" or "predicted" and the requests; "not measured (N requests)" stands alone."""
+    rests on, "measured" or "predicted" and the requests; "not measured (N requests)" stands alone. ``loaded``
+    (``load_note``): said under the title, and every category is ``LOADED``: no verdict."""
     frame = answer_frame(analysis, measured)
     if frame.empty:
         return ["When drafting pays: no drafting arm could be measured or predicted (see summary.txt)"]
     lines = ["When drafting pays: speedup over AR per category, 95% interval (rule: docs/demo.md)"]
+    if loaded:
+        lines.append(loaded)
+        frame = frame.assign(pays=LOADED)
     width = max(len(str(c)) for c in frame["category"]) + 2
     for arm, part in frame.groupby("arm", sort=False):
         lines.append(str(arm))
