@@ -1550,7 +1550,10 @@ def run_controllers(args, parser) -> dict:
         policy = f"/tmp/controllers-{args.drafter}-law.json"
         Path(policy).write_text(json.dumps(json.loads((root / SHIPPED_LAW.format(drafter=args.drafter)).read_text())
                                            ["policy"]))
-    options = Namespace(traces=[str(root / "data" / w) for w in args.workloads], policy=policy,
+    # the arm the shipped policy ran with (block: the checkpoint the open-ended sets recorded); priced by the cost
+    # model of data/traces_timed's arm of the same drafter and tree (same architecture, same cost)
+    arm = None if args.policy else str(root / Path(SHIPPED_LAW.format(drafter=args.drafter)).parent)
+    options = Namespace(traces=[str(root / "data" / w) for w in args.workloads], policy=policy, arm=arm,
                         source=str(root / "data/traces_timed"), drafter=args.drafter, sample=args.sample,
                         seed=args.seed)
     t0 = time.process_time()

@@ -210,3 +210,27 @@ def test_drafter_entropy_stop_replayed_equals_online_with_the_block_drafter():
         assert [r.committed_ids for r in replayed.rounds] == [r.committed_ids for r in online.rounds]
         nodes.append(sum(r.tree_nodes for r in online.rounds))
     assert nodes[0] > nodes[2] == 0  # the rule acts: everything drafted at lam 0, nothing at lam 1
+
+
+# --- the harness's pricing -------------------------------------------------------------------------------------------
+
+def test_controller_table_prices_per_category_with_the_oracle_share():
+    import pandas as pd
+
+    from entropy_law.payoff.controllers import ORACLE, controller_table, paired_ratio
+
+    rows = pd.DataFrame([  # config, information, category, request, tokens, rounds, cost
+        (ORACLE, "hindsight", "a", "w:1", 20, 10, 10.0), (ORACLE, "hindsight", "b", "w:2", 30, 10, 10.0),
+        ("x", "before drafting", "a", "w:1", 20, 10, 20.0), ("x", "before drafting", "b", "w:2", 30, 15, 15.0),
+    ], columns=["config", "information", "category", "request", "tokens", "rounds", "cost"])
+    table = controller_table(rows, n_boot=200).set_index(["config", "category"])
+    assert table.loc[("x", "a"), "speedup"] == pytest.approx(1.0)
+    assert table.loc[("x", "all"), "speedup"] == pytest.approx(50 / 35)
+    assert table.loc[("x", "all"), "of_oracle"] == pytest.approx((50 / 35) / 2.5)
+    assert table.loc[("x", "b"), "tokens_per_round"] == pytest.approx(2.0)
+    assert table.loc[("x", "a"), "lo"] == table.loc[("x", "a"), "hi"] == pytest.approx(1.0)  # one request: no spread
+    assert table.loc[("x", "all"), "lo"] < table.loc[("x", "all"), "hi"]
+    ratio, lo, hi = paired_ratio(rows, "x", ORACLE, n_boot=200)
+    assert ratio == pytest.approx((50 / 35) / 2.5) and lo <= ratio <= hi
+    with pytest.raises(ValueError, match="oracle"):
+        controller_table(rows.loc[rows["config"] == "x"])

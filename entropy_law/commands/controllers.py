@@ -19,6 +19,8 @@ def register(subparsers) -> None:
                    help="timed traces whose drafter arm gives the drafter, tree and cost curve (default: %(default)s)")
     p.add_argument("--drafter", choices=("ngram", "block"), default="ngram",
                    help="the drafter replayed, with its DDTree16 arm of --from (block: a target pass per request)")
+    p.add_argument("--arm", default=None, metavar="RUN",
+                   help="the drafting run whose drafter and tree are replayed (default: --from's DDTree16 arm)")
     p.add_argument("--sample", type=int, default=None, metavar="K",
                    help="a seeded sample of K requests per category of each trace set (default: all)")
     p.add_argument("--seed", type=int, default=0, help="the sample's, the folds' and the bootstrap's seed")
@@ -50,7 +52,7 @@ def compare(args) -> tuple:
     if not arms:
         raise ValueError(f"{args.source} holds no {args.drafter} DDTree16 arm: give --from timed traces that do")
     path_of = dict(zip(source.runs["arm"], source.runs["path"]))
-    arm_meta = read_run_json(Path(path_of[arms[0]]) / RUN_FILE)
+    arm_meta = read_run_json(Path(getattr(args, "arm", None) or path_of[arms[0]]) / RUN_FILE)
     law = load_policy(args.policy)
     if law.get("drafter_id") not in (None, arm_meta.get("drafter_id")):
         raise ValueError(f"--policy is fitted for drafter {law.get('drafter_id')!r}, --drafter {args.drafter} is "
