@@ -23,6 +23,9 @@ def register(subparsers) -> None:
                    help="the drafting run whose drafter and tree are replayed (default: --from's DDTree16 arm)")
     p.add_argument("--sample", type=int, default=None, metavar="K",
                    help="a seeded sample of K requests per category of each trace set (default: all)")
+    p.add_argument("--min-prompt-tokens", type=int, default=0, metavar="N",
+                   help="only requests whose prompt has at least N tokens (the long prompts)")
+    p.add_argument("--tasks", default=None, help="the prompts' task file, where a run's run.json names none")
     p.add_argument("--seed", type=int, default=0, help="the sample's, the folds' and the bootstrap's seed")
     p.set_defaults(func=run)
 
@@ -63,11 +66,15 @@ def compare(args) -> tuple:
     for trace_set in map(Path, args.traces):
         ar = _ar_run(trace_set)
         requests = load_traces(ar).requests
+        requests = requests.loc[requests["prompt_tokens"] >= getattr(args, "min_prompt_tokens", 0)]
+        if requests.empty:
+            raise ValueError(f"{ar}: no request with at least {args.min_prompt_tokens} prompt tokens")
         if args.sample is not None:
             requests = requests.groupby("category", observed=True, group_keys=False).apply(
                 lambda g: g.sample(min(args.sample, len(g)), random_state=args.seed))
         frames.append(replay_controllers(ar, arm_meta, target, law, curve, seed=args.seed, workload=trace_set.name,
-                                         requests=requests["request_id"].astype(str).tolist()))
+                                         requests=requests["request_id"].astype(str).tolist(),
+                                         tasks=getattr(args, "tasks", None)))
     rows = pd.concat(frames, ignore_index=True)
     return rows, controller_table(rows, seed=args.seed), curve
 

@@ -75,11 +75,13 @@ def _profile(rounds: list) -> list[float]:
 
 
 def replay_controllers(workload_dir: str | Path, arm_meta: dict, target, law_params: dict, curve: VerifyCost, *,
-                       requests: Collection[str] | None = None, seed: int = 0, workload: str = "") -> pd.DataFrame:
+                       requests: Collection[str] | None = None, seed: int = 0, workload: str = "",
+                       tasks: str | None = None) -> pd.DataFrame:
     """Every configuration replayed over each request of ``workload_dir`` (its greedy outputs) with the drafter and
     tree of ``arm_meta`` (a drafting arm's ``run.json``), priced by ``curve`` plus the law's ``draft_cost`` per
-    drafter call. Rows as ``payoff.controllers.ROW_COLUMNS`` (``request``: ``workload:request_id``)."""
-    meta, drafter, plain, prompts, outputs = _workload_inputs(workload_dir, arm_meta, target, None, None)
+    drafter call. Rows as ``payoff.controllers.ROW_COLUMNS`` (``request``: ``workload:request_id``). ``tasks``: the
+    prompts' task file where the run's run.json names none."""
+    meta, drafter, plain, prompts, outputs = _workload_inputs(workload_dir, arm_meta, target, tasks, None)
     tree, budget = arm_meta.get("tree_policy", "chain"), arm_meta.get("tree_budget")
     draft_cost = float(law_params["draft_cost"])
     options = dict(eos_token_ids=plain.config["eos_token_ids"], max_new_tokens=meta.get("max_new_tokens"),
