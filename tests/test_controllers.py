@@ -234,3 +234,12 @@ def test_controller_table_prices_per_category_with_the_oracle_share():
     assert ratio == pytest.approx((50 / 35) / 2.5) and lo <= ratio <= hi
     with pytest.raises(ValueError, match="oracle"):
         controller_table(rows.loc[rows["config"] == "x"])
+
+
+def test_controllers_command_refuses_bad_input_in_one_line(capsys, tmp_path):
+    from entropy_law.cli import main
+
+    assert main(["controllers", str(tmp_path), "--policy", "x.json", "--sample", "0"]) != 0
+    assert "--sample must be >= 1" in capsys.readouterr().err
+    assert main(["controllers", str(tmp_path), "--policy", "x.json", "--from", str(tmp_path)]) != 0
+    assert capsys.readouterr().err.strip()  # no traces there: a one-line error, not a traceback
