@@ -6,8 +6,8 @@ choose which drafted nodes are verified, so the output stays the greedy output. 
 to round lives in its decision (``Round.policy``, read back from ``history``) or is rebuilt from ``history`` each
 round, so a controller replayed (``replay.replay_rounds``) makes its online rounds.
 
-``INFORMATION`` names what each reads: "before drafting" (the committed entropies and the request's own history),
-"before verifying" (that and the drafter's proposal: its confidences or its distribution).
+Each class's ``information`` names what it reads: ``BEFORE_DRAFTING`` (the committed entropies and the request's own
+history), ``BEFORE_VERIFYING`` (that and the drafter's proposal: its confidences or its distribution).
 
 Not known here: the law policy (``policy``), the gates (``gate``), the harness that compares them all
 (``entropy_law.jobs.controllers``).
