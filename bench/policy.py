@@ -7,6 +7,7 @@ Subcommands (each prints a table and ends with one JSON line):
     python bench/policy.py ceiling [ARGS]
     python bench/policy.py replay [ARGS]
     python bench/policy.py gate-vs-law [ARGS]
+    python bench/policy.py controllers [ARGS]
 
 ``python bench/policy.py SUBCOMMAND --help`` lists a subcommand's arguments.
 """
@@ -1502,11 +1503,88 @@ def run_gate_vs_law(args, parser) -> dict:
     return result
 
 
+# --- controllers -----------------------------------------------------------------------------------------------------
+
+OPEN_WORKLOADS = ("traces_open_timed", "traces_open_budgets", "traces_open_policy", "traces_open_policy2",
+                  "traces_open_context")
+SHIPPED_LAW = "data/traces_open_policy/{drafter}-ddtree16/run.json"  # the law policy fitted on data/traces, as it ran
+
+
+def controllers_arguments(parser) -> None:
+    """The arguments of ``controllers``."""
+    parser.add_argument("--workloads", nargs="+", default=list(OPEN_WORKLOADS), metavar="NAME",
+                        help=f"trace sets under data/ replayed over (default: {' '.join(OPEN_WORKLOADS)})")
+    parser.add_argument("--policy", default=None, metavar="FITTED.json",
+                        help="the law policy (default: the one data/traces_open_policy's arm ran, fitted on data/traces)")
+    parser.add_argument("--drafter", choices=("ngram", "block"), default="ngram")
+    parser.add_argument("--sample", type=int, default=3, metavar="K", help="a seeded sample of K requests per category")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=None, metavar="FILE", help="also write the table here, headed by date, commit "
+                                                                   "and machine")
+
+
+def run_controllers(args, parser) -> dict:
+    """Does the law policy beat the draft-length controllers engines ship? Modelled by replay over the same requests.
+
+    ``entropy-law controllers`` over the open-ended trace sets (prompts the shipped law policy, fitted on Spec-Bench's
+    ``data/traces``, never saw), a seeded sample of ``--sample`` requests per category of each: the field's
+    controllers (``decoding.controllers``), the law policy, its stop-probability ablation, the cost gate, fixed DDTrees
+    and the replay oracle, every round priced by ``data/traces_timed``'s cost model of the drafter's DDTree16 arm.
+
+        OMP_NUM_THREADS=1 python bench/policy.py controllers --out bench/results/policy-controllers.txt
+
+    Prints the table and ends with ONE JSON line.
+    """
+    import platform
+    import subprocess
+    from argparse import Namespace
+
+    from entropy_law.commands.controllers import compare, report
+    from entropy_law.jobs.controllers import LAW, is_field
+
+    torch.set_num_threads(1)
+    warnings.simplefilter("ignore")
+    root = Path(__file__).resolve().parents[1]
+    policy = args.policy
+    if policy is None:
+        policy = f"/tmp/controllers-{args.drafter}-law.json"
+        Path(policy).write_text(json.dumps(json.loads((root / SHIPPED_LAW.format(drafter=args.drafter)).read_text())
+                                           ["policy"]))
+    # the arm the shipped policy ran with (block: the checkpoint the open-ended sets recorded); priced by the cost
+    # model of data/traces_timed's arm of the same drafter and tree (same architecture, same cost)
+    arm = None if args.policy else str(root / Path(SHIPPED_LAW.format(drafter=args.drafter)).parent)
+    options = Namespace(traces=[str(root / "data" / w) for w in args.workloads], policy=policy, arm=arm,
+                        source=str(root / "data/traces_timed"), drafter=args.drafter, sample=args.sample,
+                        seed=args.seed)
+    t0 = time.process_time()
+    rows, table, curve = compare(options)
+    text = report(rows, table, curve, options).replace(str(root) + "/", "")
+    print(text)
+    overall = table.loc[table["category"] == "all"].set_index("config")
+    field = overall.loc[[c for c in overall.index if is_field(c)], "speedup"]
+    result = {"bench": "policy_controllers", "drafter": args.drafter, "workloads": list(args.workloads),
+              "sample": args.sample, "seed": args.seed, "requests": int(rows["request"].nunique()),
+              "cpu_s": round(time.process_time() - t0, 1), "overall": overall["speedup"].round(4).to_dict(),
+              "of_oracle": overall["of_oracle"].round(4).to_dict(), "best_field": field.idxmax(),
+              "law_over_best_field": float(overall.loc[LAW, "speedup"] / field.max() - 1)}
+    if args.out:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True).stdout.strip()
+        header = (f"# policy-controllers.txt: python bench/policy.py controllers --drafter {args.drafter} --sample "
+                  f"{args.sample} --seed {args.seed}\n# date {time.strftime('%Y-%m-%d %H:%M:%S %z')}, commit {commit}, "
+                  f"machine {platform.machine()} {os.cpu_count()} CPUs, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}"
+                  f"\n\n")
+        Path(args.out).write_text(header + text + "\n\n" + json.dumps(result) + "\n")
+    print(json.dumps(result))
+    return result
+
+
 COMMANDS = {  # subcommand: (adds its arguments, runs it)
     "policy": (policy_arguments, run_policy),
     "ceiling": (ceiling_arguments, run_ceiling),
     "replay": (replay_arguments, run_replay),
     "gate-vs-law": (gate_vs_law_arguments, run_gate_vs_law),
+    "controllers": (controllers_arguments, run_controllers),
 }
 
 
