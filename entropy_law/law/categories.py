@@ -79,9 +79,9 @@ def share_both_orders(rows: pd.DataFrame, family, *, n_folds: int = 5, seed: int
     the category group)."""
     fam = get_family(family)
     with_cat = with_category_terms(fam)
-    names = (DEPTH_ONLY, "law0_cat", fam.name, with_cat.name)
-    s = compare_laws(rows, names, n_folds=n_folds, seed=seed).summary["cv_log_loss"]
-    missing = [m for m in names if m not in s.index]
+    s = compare_laws(rows, (DEPTH_ONLY, "law0_cat", fam.name, with_cat), n_folds=n_folds,
+                     seed=seed).summary["cv_log_loss"]
+    missing = [m for m in (DEPTH_ONLY, "law0_cat", fam.name, with_cat.name) if m not in s.index]
     if missing:
         raise ValueError(f"category share of {fam.name}: {missing} not scored (too few requests per fold?)")
     total = s[DEPTH_ONLY] - s[with_cat.name]
