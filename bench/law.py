@@ -1458,7 +1458,8 @@ def run_category_table(args, parser) -> dict:
     3. per predictor and information set (``law.information``): R-squared and MAE of the predicted against the
        observed category means, with a leave-one-category-out jackknife 90% interval (fold predictions kept).
     4. the category terms' CV share of the law's gain over depth only, added last and added first, and their
-       mean (Shapley), grouped 5-fold CV by request (``law.categories.share_both_orders``).
+       mean (Shapley), grouped 5-fold CV by request (``law.categories.share_both_orders``; category terms are
+       fitted with as few as 1 request of a category in a training fold: the pooled sets hold 3-4 per category).
     6. what explains category means before drafting, per drafting round, each input added in turn (OLS on the
        training categories' rounds): the law's expectation from the root (before drafting: with the depth model;
        before verifying: with the round's D), + the context's copyability at the root, + the request's own
@@ -1511,7 +1512,7 @@ def run_category_table(args, parser) -> dict:
         if not args.no_share:
             rows = atrisk.at_risk_table(view, drafters=[res["drafter"]])
             try:
-                share = share_both_orders(rows, family, seed=args.seed)
+                share = share_both_orders(rows, family, seed=args.seed, min_requests_per_category=1)
                 print(f"item 4, category share of the CV gain ({family} + category terms over depth only): "
                       f"entropy first {share['entropy_first']:.3f}, category first {share['category_first']:.3f}, "
                       f"Shapley {share['shapley']:.3f}")

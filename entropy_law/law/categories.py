@@ -71,16 +71,17 @@ def category_fit(observed, predicted) -> dict:
                 mae=mae, mae_lo=mae - Z90 * se[1], mae_hi=mae + Z90 * se[1])
 
 
-def share_both_orders(rows: pd.DataFrame, family, *, n_folds: int = 5, seed: int = 0) -> dict:
+def share_both_orders(rows: pd.DataFrame, family, *, n_folds: int = 5, seed: int = 0, **fit_options) -> dict:
     """The category terms' share of the CV gain of ``family`` with category terms over depth only (grouped
     ``n_folds``-fold CV log-loss per trial, folds by request, the same for all four models): added last
     (``entropy_first``: (LL(family) - LL(family+cat)) / total, as ``compare.category_share_of_gain``), added first
     (``category_first``: (LL(depth only) - LL(depth+cat: law0_cat)) / total) and their mean (the Shapley value of
-    the category group)."""
+    the category group); ``fit_options`` go to every fit (``min_requests_per_category=``). The entropy group's shares are the complements (``entropy_last`` = 1 - category first,
+    ``entropy_added_first`` = 1 - category last)."""
     fam = get_family(family)
     with_cat = with_category_terms(fam)
-    s = compare_laws(rows, (DEPTH_ONLY, "law0_cat", fam.name, with_cat), n_folds=n_folds,
-                     seed=seed).summary["cv_log_loss"]
+    s = compare_laws(rows, (DEPTH_ONLY, "law0_cat", fam.name, with_cat), n_folds=n_folds, seed=seed,
+                     **fit_options).summary["cv_log_loss"]
     missing = [m for m in (DEPTH_ONLY, "law0_cat", fam.name, with_cat.name) if m not in s.index]
     if missing:
         raise ValueError(f"category share of {fam.name}: {missing} not scored (too few requests per fold?)")
@@ -90,4 +91,5 @@ def share_both_orders(rows: pd.DataFrame, family, *, n_folds: int = 5, seed: int
     last = float((s[fam.name] - s[with_cat.name]) / total)
     first = float((s[DEPTH_ONLY] - s["law0_cat"]) / total)
     return dict(family=fam.name, cv_gain_total=float(total), entropy_first=last, category_first=first,
-                shapley=(first + last) / 2)
+                shapley=(first + last) / 2, entropy_last=float((s["law0_cat"] - s[with_cat.name]) / total),
+                entropy_added_first=float((s[DEPTH_ONLY] - s[fam.name]) / total))
