@@ -1351,7 +1351,7 @@ def category_means(view, family: str) -> dict:
     (per drafting round: the before-drafting / before-verifying law's expectation for item 6)."""
     from entropy_law.glance import fit_glance, glance_rounds, loco_glance
     from entropy_law.law.blocks import expected_round_counts
-    from entropy_law.law.categories import root_acceptance, tau_given_depth
+    from entropy_law.law.categories import root_frame, tau_given_depth
     from entropy_law.law.transfer import (TrainingDepthModel, depth_only_acceptance, drafted_depths, loco_inputs,
                                           sequence_context, with_start_entropy)
     from scipy import special
@@ -1376,11 +1376,23 @@ def category_means(view, family: str) -> dict:
         control = depth_only_acceptance(counts.loc[counts["category"] != cat], drafts)
         glance = fit_glance(table.loc[table["category"] != cat], "readme", per_category=False, n_boot=0)
         sums = {name: np.zeros(2) for name in expect}
+        frames, shapes = [], []  # every request's root rows, then the held-out requests' workload rows: one predict
         for rec in seqs.itertuples():
+            frame, shape = root_frame(law, rec.entropy, drafts, **sequence_context(law, rec))
+            frames.append(frame)
+            shapes.append(shape)
+        held_out = [rec for rec in seqs.itertuples() if rec.category == cat]
+        for rec in held_out:
+            frame, shape = law.sequence_frame(np.asarray(rec.entropy, dtype=float), drafts, **sequence_context(law, rec))
+            frames.append(frame)
+            shapes.append(shape)
+        accept = law.predict_frame(pd.concat(frames, ignore_index=True))
+        ends = np.cumsum([len(f) for f in frames])
+        arrays = [law.shape_acceptance(accept[end - len(f):end], shape) for f, end, shape in zip(frames, ends, shapes)]
+        workload = dict(zip([(r.run_id, r.request_id) for r in held_out], arrays[len(seqs):]))
+        for rec, root in zip(seqs.itertuples(), arrays):
             h = np.asarray(rec.entropy, dtype=float)
-            ctx = sequence_context(law, rec)
             probs = model.probabilities(h, getattr(rec, "context_match", None))
-            root = root_acceptance(law, h, drafts, **ctx)
             mine = by_request.get((rec.run_id, rec.request_id))
             if mine is not None:  # per drafting round: E[tau] given the root (and the depth model, or the round's D)
                 t = mine["start_position"].to_numpy(dtype=np.int64)
@@ -1391,11 +1403,10 @@ def category_means(view, family: str) -> dict:
                                              before_verifying=tau[t, d - 1]))
             if rec.category != cat:
                 continue
-            arrays = {"workload": law.acceptance_for_sequence(h, drafts, **ctx), "before_drafting": root,
-                      "depth_only": np.tile(control, (h.size, 1)),
-                      "glance_readme_dp": np.tile(special.expit(glance.b0 - glance.b1_fitted * h)[:, None],
-                                                  (1, drafts))}
-            for name, a in arrays.items():
+            dp = {"workload": workload[(rec.run_id, rec.request_id)], "before_drafting": root,
+                  "depth_only": np.tile(control, (h.size, 1)),
+                  "glance_readme_dp": np.tile(special.expit(glance.b0 - glance.b1_fitted * h)[:, None], (1, drafts))}
+            for name, a in dp.items():
                 n_rounds, n_drafting = expected_round_counts(a, probs)
                 sums[name] += (h.size - n_rounds, n_drafting)
         for name in expect:
@@ -1472,6 +1483,7 @@ def run_category_table(args, parser) -> dict:
     from entropy_law.law.fit import primary_family
     from entropy_law.law.information import InfoSet, check_information, predictor_inputs
 
+    sys.stdout.reconfigure(line_buffering=True)  # a long run: each line as it comes
     started = time.time()
     traces = load_traces(args.traces)
     family = args.family or primary_family(traces.tokens)
@@ -1513,9 +1525,10 @@ def run_category_table(args, parser) -> dict:
             rows = atrisk.at_risk_table(view, drafters=[res["drafter"]])
             try:
                 share = share_both_orders(rows, family, seed=args.seed, min_requests_per_category=1)
-                print(f"item 4, category share of the CV gain ({family} + category terms over depth only): "
-                      f"entropy first {share['entropy_first']:.3f}, category first {share['category_first']:.3f}, "
-                      f"Shapley {share['shapley']:.3f}")
+                print(f"item 4, category share of the CV gain ({family} + category terms over depth only, "
+                      f"{share['cv_gain_total']:+.4f} nats/trial; the law alone {share['cv_gain_law']:+.4f}, depth + "
+                      f"category alone {share['cv_gain_category']:+.4f}): entropy first {share['entropy_first']:.3f}, "
+                      f"category first {share['category_first']:.3f}, Shapley {share['shapley']:.3f}")
             except ValueError as err:
                 share = {"why": str(err)}
                 print(f"item 4: not measured ({err})")

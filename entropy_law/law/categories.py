@@ -24,6 +24,12 @@ def root_acceptance(law, h, drafts: int, **position) -> np.ndarray:
     """``law``'s DP acceptance array (``FittedLaw.sequence_frame`` / ``shape_acceptance``) over entropy sequence
     ``h`` with every depth of a round starting at t read at t: the root's entropy, decode-time covariates and
     ``position`` arrays (``context_match=``, ``target_top1_prob=``); depth and drafted depth as they are."""
+    frame, shape = root_frame(law, h, drafts, **position)
+    return law.shape_acceptance(law.predict_frame(frame), shape)
+
+
+def root_frame(law, h, drafts: int, **position) -> tuple[pd.DataFrame, tuple]:
+    """The rows ``root_acceptance`` predicts and their shape (to predict many requests in one call)."""
     h = np.asarray(h, dtype=float)
     frame, shape = law.sequence_frame(h, drafts, **position)
     dims, flat = shape
@@ -36,7 +42,7 @@ def root_acceptance(law, h, drafts: int, **position) -> np.ndarray:
             frame[name] = values
     for column in law.family.position_columns:
         frame[column] = np.asarray(position[column], dtype=float)[start]
-    return law.shape_acceptance(law.predict_frame(frame), shape)
+    return frame, shape
 
 
 def tau_given_depth(acceptance) -> np.ndarray:
@@ -76,7 +82,8 @@ def share_both_orders(rows: pd.DataFrame, family, *, n_folds: int = 5, seed: int
     ``n_folds``-fold CV log-loss per trial, folds by request, the same for all four models): added last
     (``entropy_first``: (LL(family) - LL(family+cat)) / total, as ``compare.category_share_of_gain``), added first
     (``category_first``: (LL(depth only) - LL(depth+cat: law0_cat)) / total) and their mean (the Shapley value of
-    the category group); ``fit_options`` go to every fit (``min_requests_per_category=``). The entropy group's shares are the complements (``entropy_last`` = 1 - category first,
+    the category group; NaN where the model with both groups gains nothing over depth only out of sample, as
+    category terms fitted on a few requests per category can); ``fit_options`` go to every fit (``min_requests_per_category=``). The entropy group's shares are the complements (``entropy_last`` = 1 - category first,
     ``entropy_added_first`` = 1 - category last)."""
     fam = get_family(family)
     with_cat = with_category_terms(fam)
@@ -85,11 +92,11 @@ def share_both_orders(rows: pd.DataFrame, family, *, n_folds: int = 5, seed: int
     missing = [m for m in (DEPTH_ONLY, "law0_cat", fam.name, with_cat.name) if m not in s.index]
     if missing:
         raise ValueError(f"category share of {fam.name}: {missing} not scored (too few requests per fold?)")
-    total = s[DEPTH_ONLY] - s[with_cat.name]
-    if not total > 0:
-        raise ValueError(f"category share of {fam.name}: no CV gain over depth only to share ({total:.3g})")
-    last = float((s[fam.name] - s[with_cat.name]) / total)
-    first = float((s[DEPTH_ONLY] - s["law0_cat"]) / total)
-    return dict(family=fam.name, cv_gain_total=float(total), entropy_first=last, category_first=first,
-                shapley=(first + last) / 2, entropy_last=float((s["law0_cat"] - s[with_cat.name]) / total),
-                entropy_added_first=float((s[DEPTH_ONLY] - s[fam.name]) / total))
+    gains = dict(cv_gain_total=float(s[DEPTH_ONLY] - s[with_cat.name]), cv_gain_law=float(s[DEPTH_ONLY] - s[fam.name]),
+                 cv_gain_category=float(s[DEPTH_ONLY] - s["law0_cat"]))
+    total = gains["cv_gain_total"] if gains["cv_gain_total"] > 0 else float("nan")  # no gain: nothing to share
+    last = (s[fam.name] - s[with_cat.name]) / total
+    first = gains["cv_gain_category"] / total
+    return dict(family=fam.name, **gains, entropy_first=float(last), category_first=float(first),
+                shapley=float((first + last) / 2), entropy_last=float((s["law0_cat"] - s[with_cat.name]) / total),
+                entropy_added_first=float(gains["cv_gain_law"] / total))
