@@ -9,6 +9,7 @@ Subcommands (each prints a table and ends with one JSON line):
     python bench/law.py intervals [ARGS]
     python bench/law.py confidence [ARGS]
     python bench/law.py proposals [ARGS]
+    python bench/law.py category-table [ARGS]
 
 ``python bench/law.py SUBCOMMAND --help`` lists a subcommand's arguments.
 """
@@ -34,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.lib import exit_code, run_subcommand  # noqa: E402
 
 import entropy_law.payoff.predict as predict  # noqa: E402
-from entropy_law.law import atrisk  # noqa: E402
+from entropy_law.law import arms, atrisk  # noqa: E402
 from entropy_law.analysis import TraceAnalysis  # noqa: E402
 from entropy_law.law.compare import (COVARIATE_CANDIDATES, PRIMARY_CANDIDATES,  # noqa: E402
                                      category_share_of_gain, choose_primary, compare_laws)
@@ -1246,6 +1247,302 @@ def run_proposals(args, parser) -> dict:
     return report
 
 
+# --- category-table --------------------------------------------------------------------------------------------------
+
+TABLE_TRACES = ("data/traces_timed", "data/traces_open_timed", "data/traces_probe")  # 5 + 6 + 6 categories
+COPY_CAP = 64.0  # the copyability enters item 6 as log1p(min(context_match, COPY_CAP))
+
+
+def category_table_arguments(parser) -> None:
+    """The arguments of ``category-table``."""
+    parser.add_argument("--traces", nargs="+", default=list(TABLE_TRACES),
+                        help="trace folders read together; runs of one arm (arms.run_arms: model, drafter, checkpoint, "
+                             "tree, budget, gate) are pooled, different arms never")
+    parser.add_argument("--family", default=None, help="the law (category-free; default: the primary law of the traces)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the category share's request folds")
+    parser.add_argument("--no-share", action="store_true", help="skip the category share (item 4)")
+    parser.add_argument("--min-categories", type=int, default=5, help="arms with fewer categories are skipped")
+
+
+def arm_views(traces, min_categories: int) -> dict:
+    """label -> the traces of one drafting arm (its runs only: ``arms.run_arms`` keys them, so runs that differ in
+    model, drafter, checkpoint, tree, budget or gate are never pooled), with how many categories it holds."""
+    found = arms.run_arms(traces.runs)
+    found = found.loc[~found["is_ar"]]
+    views = {}
+    for label, part in found.groupby("arm", sort=False):
+        view = traces.filter(run_id=list(part["run_id"]))
+        n = view.requests["category"].nunique()
+        if n < min_categories:
+            print(f"arm {label}: {n} categories (runs {list(part['run_id'])}): skipped (fewer than {min_categories})")
+            continue
+        views[label] = view
+    return views
+
+
+def _online(frame: pd.DataFrame, value: str) -> tuple[np.ndarray, np.ndarray]:
+    """Per drafting round, over the same request's EARLIER drafting rounds (in round order): the sum of ``value``
+    and their number (0 for the first round): what is known of the request before the round is drafted."""
+    g = frame.groupby(["run_id", "request_id"], sort=False)[value]
+    total = g.cumsum() - frame[value]
+    return total.to_numpy(dtype=float), g.cumcount().to_numpy(dtype=float)
+
+
+def _ols(train: pd.DataFrame, test: pd.DataFrame, features: list) -> np.ndarray:
+    """accepted ~ 1 + features, fitted (OLS) on the training categories' rounds, predicting the held-out ones."""
+    import statsmodels.api as sm
+
+    fit = sm.OLS(train["accepted"].to_numpy(float), sm.add_constant(train[features].to_numpy(float),
+                                                                    has_constant="add")).fit()
+    return fit.predict(sm.add_constant(test[features].to_numpy(float), has_constant="add"))
+
+
+def _request_effect(train: pd.DataFrame, residual: str) -> float:
+    """k = residual variance / between-request variance of ``residual`` on the training rounds (statsmodels
+    MixedLM, a random intercept per request): the shrinkage of the online per-request intercept
+    n / (n + k) * (mean residual of the earlier rounds); inf where the request variance is estimated at 0."""
+    import statsmodels.formula.api as smf
+
+    data = train.assign(group=train["run_id"].astype(str) + "/" + train["request_id"].astype(str))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fit = smf.mixedlm(f"{residual} ~ 1", data, groups=data["group"]).fit(reml=True)
+    between = float(fit.cov_re.iloc[0, 0])
+    return float(fit.scale) / between if between > 1e-12 else float("inf")
+
+
+def _add_steps(rounds: pd.DataFrame, cat: str, steps: dict, base: str, confidence: bool) -> dict:
+    """Item 6 in one set, one held-out category: the law alone (``base``), then + the copyability, + the request's
+    acceptance so far, + a request-level random effect (online BLUP), and (``confidence``) + the drafter's
+    confidence, each OLS-recalibrated on the training categories' rounds only."""
+    held = rounds["category"] == cat
+    train, test = rounds.loc[~held].copy(), rounds.loc[held].copy()
+    out = {"law alone": test[base].to_numpy(float)}
+    feats = [base]
+    if "copy" in rounds:
+        feats = feats + ["copy"]
+        out["+ copyability"] = _ols(train, test, feats)
+    feats = feats + ["own_mean", "own_first"]
+    out["+ own acceptance so far"] = _ols(train, test, feats)
+    import statsmodels.api as sm
+
+    fitted = sm.OLS(train["accepted"].to_numpy(float), sm.add_constant(train[feats].to_numpy(float),
+                                                                       has_constant="add")).fit()
+    for part in (train, test):
+        part["resid"] = part["accepted"] - fitted.predict(sm.add_constant(part[feats].to_numpy(float),
+                                                                          has_constant="add"))
+    k = _request_effect(train, "resid")
+    for part in (train, test):
+        total, n = _online(part, "resid")
+        part["effect"] = total / (n + k) if np.isfinite(k) else 0.0
+    feats = feats + ["effect"]
+    out["+ request random effect"] = _ols(train, test, feats)
+    if confidence:
+        out["+ drafter confidence"] = _ols(train, test, feats + ["confidence"])
+    for name, pred in out.items():
+        steps.setdefault(name, {})[cat] = float(np.mean(pred))
+    return steps
+
+
+def category_means(view, family: str) -> dict:
+    """Leave-one-category-out category means of one arm's mean accepted length per drafting round ((tokens -
+    rounds) / drafting rounds; the DP's expected counts alike), each category predicted by fits on the others
+    only: ``observed``, ``predicted`` (predictor -> {category: mean}, with its information set), ``rounds``
+    (per drafting round: the before-drafting / before-verifying law's expectation for item 6)."""
+    from entropy_law.glance import fit_glance, glance_rounds, loco_glance
+    from entropy_law.law.blocks import expected_round_counts
+    from entropy_law.law.categories import root_frame, tau_given_depth
+    from entropy_law.law.transfer import (TrainingDepthModel, depth_only_acceptance, drafted_depths, loco_inputs,
+                                          sequence_context, with_start_entropy)
+    from scipy import special
+
+    fam, drafter, rounds, B, _, counts, categories, seqs = loco_inputs(view, family, drafter=None, B=None,
+                                                                       eps=atrisk.EPS_NATS, min_categories=3)
+    drafts = B - 1
+    drafted_h = with_start_entropy(drafted_depths(view, drafter), seqs)
+    table = glance_rounds(view)
+    code, _ = loco_glance(table, form="code")
+    table = table.assign(glance_code=code)
+    by_request = {key: part for key, part in table.groupby(["run_id", "request_id"], sort=False)}
+    rounds = rounds.merge(seqs[["run_id", "request_id", "category"]], on=["run_id", "request_id"], validate="many_to_one")
+    observed = rounds.groupby("category").agg(tokens=("committed", "sum"), rounds=("round_index", "size"),
+                                              drafting=("tree_depth", lambda d: int((d > 0).sum())))
+    observed = (observed["tokens"] - observed["rounds"]) / observed["drafting"]
+    expect = {name: {} for name in ("workload", "before_drafting", "depth_only", "glance_readme_dp")}
+    per_round = []
+    for cat in categories:
+        law = fit_law(counts.loc[counts["category"] != cat], fam, cov_type="nonrobust")
+        model = TrainingDepthModel.fit(drafted_h.loc[drafted_h["category"] != cat], drafts)
+        control = depth_only_acceptance(counts.loc[counts["category"] != cat], drafts)
+        glance = fit_glance(table.loc[table["category"] != cat], "readme", per_category=False, n_boot=0)
+        sums = {name: np.zeros(2) for name in expect}
+        frames, shapes = [], []  # every request's root rows, then the held-out requests' workload rows: one predict
+        for rec in seqs.itertuples():
+            frame, shape = root_frame(law, rec.entropy, drafts, **sequence_context(law, rec))
+            frames.append(frame)
+            shapes.append(shape)
+        held_out = [rec for rec in seqs.itertuples() if rec.category == cat]
+        for rec in held_out:
+            frame, shape = law.sequence_frame(np.asarray(rec.entropy, dtype=float), drafts, **sequence_context(law, rec))
+            frames.append(frame)
+            shapes.append(shape)
+        accept = law.predict_frame(pd.concat(frames, ignore_index=True))
+        ends = np.cumsum([len(f) for f in frames])
+        arrays = [law.shape_acceptance(accept[end - len(f):end], shape) for f, end, shape in zip(frames, ends, shapes)]
+        workload = dict(zip([(r.run_id, r.request_id) for r in held_out], arrays[len(seqs):]))
+        for rec, root in zip(seqs.itertuples(), arrays):
+            h = np.asarray(rec.entropy, dtype=float)
+            probs = model.probabilities(h, getattr(rec, "context_match", None))
+            mine = by_request.get((rec.run_id, rec.request_id))
+            if mine is not None:  # per drafting round: E[tau] given the root (and the depth model, or the round's D)
+                t = mine["start_position"].to_numpy(dtype=np.int64)
+                d = mine["tree_depth"].to_numpy(dtype=np.int64)
+                tau = tau_given_depth(root)
+                p = probs[t, 1:] / np.maximum(1.0 - probs[t, :1], 1e-12)
+                per_round.append(mine.assign(fold=cat, before_drafting=(p * tau[t]).sum(axis=1),
+                                             before_verifying=tau[t, d - 1]))
+            if rec.category != cat:
+                continue
+            dp = {"workload": workload[(rec.run_id, rec.request_id)], "before_drafting": root,
+                  "depth_only": np.tile(control, (h.size, 1)),
+                  "glance_readme_dp": np.tile(special.expit(glance.b0 - glance.b1_fitted * h)[:, None], (1, drafts))}
+            for name, a in dp.items():
+                n_rounds, n_drafting = expected_round_counts(a, probs)
+                sums[name] += (h.size - n_rounds, n_drafting)
+        for name in expect:
+            expect[name][cat] = sums[name][0] / sums[name][1]
+    expect["glance_code"] = table.groupby("category")["glance_code"].mean().to_dict()
+    return dict(family=fam.name, drafter=drafter, block=B, observed=observed.loc[categories],
+                predicted=expect, rounds=pd.concat(per_round, ignore_index=True), tokens=view.tokens)
+
+
+# predictor -> (its information set, what it reads)
+TABLE_ROWS = {
+    "workload": ("workload", "the law, entropies at every position + training depth model"),
+    "before_drafting": ("before_drafting", "the law from the round's root only + training depth model"),
+    "depth_only": ("before_drafting", "control: acceptance per depth, no entropy + training depth model"),
+    "glance_readme_dp": ("before_drafting", "GLANCE README form, p(H_root), L from the training depth model"),
+    "glance_code": ("before_drafting", "GLANCE code form (glance.loco_glance), mean over the observed round roots"),
+}
+
+
+def item6(rounds: pd.DataFrame, tokens: pd.DataFrame, categories: list) -> dict:
+    """set -> step -> {category: mean predicted accepted per drafting round}; and observed per category (the
+    drafting rounds' mean accepted). Each step adds one input to the one before, fitted without the held-out
+    category (the law's expectation in every row comes from the fold's law)."""
+    keys = ["run_id", "request_id", "round_index"]
+    first = tokens.loc[tokens["depth"] == 1, keys + [c for c in ("context_match", "draft_top1_prob") if c in tokens]]
+    rounds = rounds.merge(first.drop_duplicates(keys), on=keys, how="left", validate="many_to_one")
+    rounds = rounds.sort_values(["fold", "run_id", "request_id", "round_index"], kind="stable")
+    confidence = "draft_top1_prob" in rounds and bool(rounds["draft_top1_prob"].notna().all())
+    if confidence:
+        rounds["confidence"] = rounds["draft_top1_prob"]
+    steps = {"before_drafting": {}, "before_verifying": {}}
+    for cat in categories:
+        fold = rounds.loc[rounds["fold"] == cat].copy()
+        if "context_match" in fold and fold["context_match"].notna().all():
+            fold["copy"] = np.log1p(np.minimum(fold["context_match"].to_numpy(float), COPY_CAP))
+        total, n = _online(fold, "accepted")
+        fold["own_first"] = (n == 0).astype(float)
+        fold["own_mean"] = np.where(n > 0, total / np.maximum(n, 1), 0.0)
+        for info in steps:
+            _add_steps(fold, cat, steps[info], info, confidence=confidence and info == "before_verifying")
+    observed = rounds.loc[rounds["fold"] == categories[0]].groupby("category")["accepted"].mean()
+    return dict(steps=steps, observed=observed.loc[categories], confidence=confidence)
+
+
+def _fit_line(name: str, info: str, fit: dict) -> str:
+    return (f"  {name:<28} {info:<16} R2 {fit['r2']:+.3f} [{fit['r2_lo']:+.3f}, {fit['r2_hi']:+.3f}]  "
+            f"MAE {fit['mae']:.3f} [{fit['mae_lo']:.3f}, {fit['mae_hi']:.3f}]")
+
+
+def run_category_table(args, parser) -> dict:
+    """Category means held out (issue 64 items 3, 4 and 6): per arm and information set, R-squared and MAE.
+
+    For every drafting arm of the traces (runs pooled by ``arms.run_arms``: never across drafters, checkpoints,
+    trees, budgets or gates), every category is held out in turn; the law (``--family``, category-free), its
+    drafted-depth model (``TrainingDepthModel``), the depth-only control and GLANCE's law are fitted on the other
+    categories only and predict the held-out category's mean accepted length per drafting round ((tokens -
+    rounds) / drafting rounds, through the exact DP over the request's greedy output with D from the depth
+    model):
+
+    3. per predictor and information set (``law.information``): R-squared and MAE of the predicted against the
+       observed category means, with a leave-one-category-out jackknife 90% interval (fold predictions kept).
+    4. the category terms' CV share of the law's gain over depth only, added last and added first, and their
+       mean (Shapley), grouped 5-fold CV by request (``law.categories.share_both_orders``; category terms are
+       fitted with as few as 1 request of a category in a training fold: the pooled sets hold 3-4 per category).
+    6. what explains category means before drafting, per drafting round, each input added in turn (OLS on the
+       training categories' rounds): the law's expectation from the root (before drafting: with the depth model;
+       before verifying: with the round's D), + the context's copyability at the root, + the request's own
+       acceptance so far (its earlier drafting rounds' mean accepted), + a request random effect (online BLUP
+       with MixedLM's variance ratio), + the drafter's confidence at depth 1 (before verifying; where logged).
+
+    Seeded; prints its time. ``OMP_NUM_THREADS=1 python bench/law.py category-table [--traces ...]``
+    """
+    from entropy_law.law.categories import category_fit, share_both_orders
+    from entropy_law.law.fit import primary_family
+    from entropy_law.law.information import InfoSet, check_information, predictor_inputs
+
+    sys.stdout.reconfigure(line_buffering=True)  # a long run: each line as it comes
+    started = time.time()
+    traces = load_traces(args.traces)
+    family = args.family or primary_family(traces.tokens)
+    fam = get_family(family)
+    # what each predictor reads, checked against the set it is printed under
+    check_information(InfoSet.WORKLOAD, predictor_inputs(fam, "training"), what=f"{family} (workload)")
+    check_information(InfoSet.BEFORE_DRAFTING, predictor_inputs(fam, "training", root_only=True),
+                      what=f"{family} root only")
+    print(f"traces {args.traces}; law {family}; quantity: mean accepted length per drafting round; "
+          "every category held out in turn (fits on the others only)", flush=True)
+    report = {}
+    for label, view in arm_views(traces, args.min_categories).items():
+        t0 = time.time()
+        res = category_means(view, family)
+        cats = list(res["observed"].index)
+        obs = res["observed"].to_numpy(float)
+        print(f"\n=== {label}: {len(cats)} categories, {len(view.requests)} requests, B = {res['block']}", flush=True)
+        frame = pd.DataFrame({"observed": res["observed"]})
+        entry = {"categories": cats, "table": {}}
+        for name, (info, what) in TABLE_ROWS.items():
+            pred = np.array([res["predicted"][name][c] for c in cats])
+            frame[name] = pred
+            fit = category_fit(obs, pred)
+            entry["table"][name] = {"set": info, **fit}
+            print(_fit_line(name, InfoSet(info).label, fit) + f"   ({what})")
+        print(frame.round(3).to_string())
+        six = item6(res["rounds"], res["tokens"], cats)
+        print("item 6, per drafting round, each input added in turn (category means of the round predictions; "
+              "observed: the drafting rounds' mean accepted):")
+        entry["explain"] = {}
+        for info, steps in six["steps"].items():
+            for step, means in steps.items():
+                fit = category_fit(six["observed"].to_numpy(float), np.array([means[c] for c in cats]))
+                entry["explain"][f"{info}: {step}"] = fit
+                print(_fit_line(step, InfoSet(info).label, fit))
+        if not six["confidence"]:
+            print("  (the drafter's confidence is not logged at every round of this arm: not added)")
+        if not args.no_share:
+            rows = atrisk.at_risk_table(view, drafters=[res["drafter"]])
+            try:
+                share = share_both_orders(rows, family, seed=args.seed, min_requests_per_category=1)
+                print(f"item 4, category share of the CV gain ({family} + category terms over depth only, "
+                      f"{share['cv_gain_total']:+.4f} nats/trial; the law alone {share['cv_gain_law']:+.4f}, depth + "
+                      f"category alone {share['cv_gain_category']:+.4f}): entropy first {share['entropy_first']:.3f}, "
+                      f"category first {share['category_first']:.3f}, Shapley {share['shapley']:.3f}")
+            except ValueError as err:
+                share = {"why": str(err)}
+                print(f"item 4: not measured ({err})")
+            entry["share"] = share
+        print(f"({time.time() - t0:.0f} s)", flush=True)
+        report[label] = entry
+    elapsed = time.time() - started
+    print(f"\ntime {elapsed:.0f} s")
+    out = {"bench": "law_category_table", "traces": args.traces, "family": family, "seconds": round(elapsed),
+           "arms": report}
+    print(json.dumps(out, default=float))
+    return out
+
+
 COMMANDS = {  # subcommand: (adds its arguments, runs it)
     "categories": (categories_arguments, run_categories),
     "leads": (leads_arguments, run_leads),
@@ -1253,6 +1550,7 @@ COMMANDS = {  # subcommand: (adds its arguments, runs it)
     "intervals": (intervals_arguments, run_intervals),
     "confidence": (confidence_arguments, run_confidence),
     "proposals": (proposals_arguments, run_proposals),
+    "category-table": (category_table_arguments, run_category_table),
 }
 
 
