@@ -3,6 +3,7 @@
 Subcommands (each prints a table and ends with one JSON line):
 
     python bench/entropy.py speed [ARGS]
+    python bench/entropy.py topk [ARGS]
 
 ``python bench/entropy.py SUBCOMMAND --help`` lists a subcommand's arguments.
 """
@@ -18,6 +19,7 @@ import warnings
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -221,8 +223,218 @@ def run_speed(args, parser) -> int:
     return 0
 
 
+# --- topk ------------------------------------------------------------------------------------------------------------
+
+TOPK_KS = (1, 5, 10, 20)
+TOPK_TRACES = {"smollm2-135m": REFERENCE, "gemma3-270m": REFERENCE.parents[1] / "traces_gemma" / "ngram"}
+TOPK_RESULTS = Path(__file__).resolve().parent / "results" / "entropy-topk.txt"
+BOUND_WIDTH_NATS = 0.05  # "bounds within": upper - lower at most this
+LOCO_GOAL = 0.02  # LOCO tokens per round on the estimate within this of the exact fit's (relative)
+
+
+def topk_arguments(parser) -> None:
+    """The arguments of ``topk``."""
+    parser.add_argument("--targets", default=",".join(TOPK_TRACES),
+                        help="targets whose recordings to use, comma-separated (default: %(default)s)")
+    parser.add_argument("--per-category", type=int, default=10,
+                        help="requests per category drawn from each recording (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="which requests (default: %(default)s)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (default: %(default)s)")
+    parser.add_argument("--out", default=str(TOPK_RESULTS), help="table file (default: %(default)s)")
+
+
+class _WithTokens:
+    """``traces`` with another tokens table (what the law reads as the entropy)."""
+
+    def __init__(self, traces, tokens):
+        self._traces, self.tokens = traces, tokens
+
+    def __getattr__(self, name):
+        return getattr(self._traces, name)
+
+
+def _sampled(traces, per_category: int, seed: int) -> list[str]:
+    rng = np.random.default_rng(seed)
+    requests = traces.requests.assign(request_id=traces.requests["request_id"].astype(str))
+    chosen = []
+    for _, group in sorted(requests.groupby("category", observed=True), key=lambda kv: str(kv[0])):
+        ids = sorted(group["request_id"])
+        chosen += sorted(rng.choice(ids, size=min(per_category, len(ids)), replace=False).tolist())
+    return chosen
+
+
+def _teacher_forced_topk(traces, name: str, chosen: list[str], kmax: int) -> tuple[pd.DataFrame, int, float]:
+    """Per output position of ``chosen``: the exact entropy and the top ``kmax`` log-probabilities of the target's
+    distribution, recomputed teacher-forced (the traces store no logits); also V and the forward seconds."""
+    from entropy_law.decoding.loading import load_target
+    from entropy_law.decoding.replay import target_stats, teacher_forced_logits
+    from entropy_law.prompts.text import load_tasks
+    from entropy_law.traces.topk import topk_logprobs_from_logits
+
+    target = load_target(name)
+    tokenizer = target.tokenizer
+    chat = bool(traces.runs["chat_template"].iloc[0]) if "chat_template" in traces.runs else True
+    tasks = {t.request_id: t for t in load_tasks("spec_bench")}
+    tokens = traces.tokens.assign(request_id=traces.tokens["request_id"].astype(str))
+    prompt_tokens = traces.requests.assign(request_id=traces.requests["request_id"].astype(str)) \
+        .set_index("request_id")["prompt_tokens"]
+    frames, seconds = [], 0.0
+    for request_id in chosen:
+        task = tasks[request_id]
+        if chat:
+            text = tokenizer.apply_chat_template(task.messages(), add_generation_prompt=True, tokenize=False)
+            prompt = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+        else:
+            prompt = list(tokenizer(task.prompt)["input_ids"])
+        if len(prompt) != int(prompt_tokens[request_id]):
+            raise RuntimeError(f"{request_id}: the prompt encodes to {len(prompt)} tokens, the recording has "
+                               f"{int(prompt_tokens[request_id])}: not the prompt that was decoded")
+        rows = tokens.loc[tokens["request_id"] == request_id].sort_values("position")
+        start = time.process_time()
+        with torch.no_grad():
+            logits = teacher_forced_logits(target, prompt, rows["token_id"].tolist())
+        exact = target_stats(logits)["target_entropy_nats"].numpy()
+        top = topk_logprobs_from_logits(logits.numpy(), kmax)
+        seconds += time.process_time() - start
+        frames.append(pd.DataFrame({"request_id": request_id, "position": rows["position"].to_numpy(),
+                                    "exact_tf": exact.astype(np.float64), "top": list(top)}))
+    return pd.concat(frames, ignore_index=True), int(logits.shape[1]), seconds
+
+
+def _topk_one(name: str, path: Path, args) -> dict:
+    """The estimator's errors and the law's fits on the estimate against the exact entropy, per k, on one target."""
+    from entropy_law.law.fit import fit_law, primary_family
+    from entropy_law.law.transfer import loco_transfer
+    from entropy_law.traces.reader import load_traces
+    from entropy_law.traces.topk import topk_entropy
+
+    everything = load_traces(path)
+    chosen = _sampled(everything, args.per_category, args.seed)
+    positions, vocab, cpu_s = _teacher_forced_topk(everything, name, chosen, max(TOPK_KS))
+    tokens = everything.tokens.assign(request_id=everything.tokens["request_id"].astype(str))
+    tokens = tokens.loc[tokens["request_id"].isin(chosen)].reset_index(drop=True)
+    tokens = tokens.merge(positions, on=["request_id", "position"], how="left", validate="one_to_one")
+    if tokens["exact_tf"].isna().any():
+        raise RuntimeError(f"{name}: {int(tokens['exact_tf'].isna().sum())} token rows got no recomputed distribution")
+    exact = tokens["target_entropy_nats"].to_numpy(np.float64)
+    recompute_gap = float(np.abs(tokens["exact_tf"].to_numpy() - exact).max())
+    top = np.stack(tokens["top"].to_numpy())
+    traces = _WithTokens(everything, tokens.drop(columns=["exact_tf", "top"]))
+    family = primary_family(traces.tokens)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        base = fit_law(traces, family)
+        base_loco = loco_transfer(traces, family).summary["predicted_tokens_per_round"]
+    ci = base.coefficients[["estimate", "ci_low", "ci_high", "std_err"]]
+    per_k = {}
+    for k in TOPK_KS:
+        est = topk_entropy(top[:, :k], vocab)
+        err = np.abs(est.estimate_nats - tokens["exact_tf"].to_numpy())
+        width = est.upper_nats - est.lower_nats
+        outside = int(((tokens["exact_tf"] < est.lower_nats - 1e-4) | (tokens["exact_tf"] > est.upper_nats + 1e-4)).sum())
+        moved = _WithTokens(everything, traces.tokens.assign(target_entropy_nats=est.estimate_nats.astype(np.float32)))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fit = fit_law(moved, family).coefficients["estimate"].reindex(ci.index)
+            loco = loco_transfer(moved, family).summary["predicted_tokens_per_round"].reindex(base_loco.index)
+        inside = (fit >= ci["ci_low"]) & (fit <= ci["ci_high"])
+        loco_rel = loco / base_loco - 1
+        per_k[k] = {"mean_abs_error_nats": float(err.mean()), "p95_abs_error_nats": float(np.quantile(err, 0.95)),
+                    "max_abs_error_nats": float(err.max()),
+                    "share_bounds_within": float((width <= BOUND_WIDTH_NATS).mean()), "exact_outside_bounds": outside,
+                    "coefficients_inside_exact_ci": int(inside.sum()), "coefficients": len(inside),
+                    "max_shift_in_se": float(((fit - ci["estimate"]).abs() / ci["std_err"]).max()),
+                    "coefficients_estimate_fit": fit.to_dict(),
+                    "loco_max_abs_relative_difference": float(loco_rel.abs().max()),
+                    "loco_relative_difference": loco_rel.to_dict()}
+    return {"target": name, "traces": str(path.relative_to(REFERENCE.parents[2])), "requests": len(chosen),
+            "positions": len(tokens), "vocab_size": vocab, "family": family, "recompute_cpu_s": cpu_s,
+            "recompute_max_abs_vs_recorded_nats": recompute_gap, "exact_fit": ci.to_dict(orient="index"),
+            "exact_loco_tokens_per_round": base_loco.to_dict(), "per_k": per_k}
+
+
+def _topk_lines(result: dict) -> list[str]:
+    out = [f"{result['target']}: {result['requests']} requests ({result['positions']} positions) of {result['traces']}, "
+           f"V = {result['vocab_size']}; law {result['family']}; top-k from teacher-forced logits ({result['recompute_cpu_s']:.0f} "
+           f"CPU-s; exact entropy recomputed there within {result['recompute_max_abs_vs_recorded_nats']:.1e} nats of the "
+           "recorded one)",
+           f"{'k':>3}{'mean |est-H|':>14}{'p95 |est-H|':>13}{'max |est-H|':>13}{'bounds <= 0.05':>16}{'H outside':>11}"
+           f"{'coefs in exact CI':>19}{'max shift/SE':>14}{'LOCO max |rel diff|':>21}"]
+    for k, r in result["per_k"].items():
+        out.append(f"{k:>3}{r['mean_abs_error_nats']:>14.4f}{r['p95_abs_error_nats']:>13.4f}{r['max_abs_error_nats']:>13.3f}"
+                   f"{r['share_bounds_within']:>16.1%}{r['exact_outside_bounds']:>11}"
+                   f"{str(r['coefficients_inside_exact_ci']) + ' / ' + str(r['coefficients']):>19}"
+                   f"{r['max_shift_in_se']:>14.2f}{r['loco_max_abs_relative_difference']:>21.2%}")
+    k = max(TOPK_KS)
+    out.append(f"coefficients at k = {k} (estimate fit) against the exact fit's 95% interval:")
+    for term, row in result["exact_fit"].items():
+        value = result["per_k"][k]["coefficients_estimate_fit"][term]
+        inside = row["ci_low"] <= value <= row["ci_high"]
+        out.append(f"  {term:<34} exact {row['estimate']:>9.4f} [{row['ci_low']:>8.4f}, {row['ci_high']:>8.4f}]  "
+                   f"estimate {value:>9.4f}  {'inside' if inside else 'OUTSIDE'}")
+    loco = result["per_k"][k]["loco_relative_difference"]
+    out.append(f"LOCO tokens per round at k = {k}, estimate vs exact fit: " + ", ".join(
+        f"{cat} {result['exact_loco_tokens_per_round'][cat]:.3f} ({rel:+.2%})" for cat, rel in loco.items()))
+    return out
+
+
+def run_topk(args, parser) -> int:
+    """How good the top-k entropy estimate is: per k, its error and the law fitted on it against the exact entropy.
+
+    On our own recordings (``data/traces/ngram``, the default target; ``data/traces_gemma/ngram``, the second), for a
+    seeded sample of ``--per-category`` requests per category: the target's distribution at every output position is
+    recomputed teacher-forced (the traces store no logits; the exact entropy recomputed there is checked against the
+    recorded one), and its top k log-probabilities, k = 1, 5, 10, 20, give the entropy's bounds and point estimate
+    (``traces.topk.topk_entropy``). Per k: mean, 95th percentile and largest |estimate - exact| (nats); the share of
+    positions whose bounds lie within 0.05 nats of each other; positions whose exact entropy falls outside the bounds
+    (must be 0); the primary law (``law.fit.primary_family``) fitted on the estimate in place of the exact entropy,
+    each coefficient against the exact fit's 95% interval (cluster-robust by request), and the largest move in the
+    exact fit's standard errors; the LOCO tokens-per-round predictions (``law.transfer.loco_transfer``, training
+    depth model) of the estimate's laws against the exact fit's, largest relative difference over the held-out
+    categories (goal: within 2% at k = 20). Only the entropy moves: the top-1 probability the primary law also reads
+    is exact from any top-k. The table goes to ``--out`` with date, commit and machine.
+
+        python bench/entropy.py topk                       # both targets, 10 requests per category, seed 0
+    Ends with ONE JSON line.
+    """
+    import os
+    import platform
+    import subprocess
+
+    torch.set_num_threads(args.threads)
+    names = [n.strip() for n in args.targets.split(",") if n.strip()]
+    unknown = [n for n in names if n not in TOPK_TRACES]
+    if unknown:
+        parser.error(f"unknown target(s) {unknown}; known: {sorted(TOPK_TRACES)}")
+    start = time.perf_counter()
+    results = [_topk_one(name, TOPK_TRACES[name], args) for name in names]
+    wall = time.perf_counter() - start
+    k = max(TOPK_KS)
+    goals = {r["target"]: {"coefficients_inside": r["per_k"][k]["coefficients_inside_exact_ci"] == r["per_k"][k]["coefficients"],
+                           "loco_within_2pct": r["per_k"][k]["loco_max_abs_relative_difference"] <= LOCO_GOAL}
+             for r in results}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=REFERENCE.parents[2]).stdout.strip()
+    lines = [f"# entropy-topk.txt: python bench/entropy.py topk --targets {args.targets} --per-category "
+             f"{args.per_category} --seed {args.seed} --threads {args.threads}",
+             f"# measured {time.strftime('%Y-%m-%d %H:%M:%S %z')}, commit {commit}, machine: {platform.node()} "
+             f"({os.cpu_count()} cores, shared; {wall:.0f} s wall)", ""]
+    for result in results:
+        lines += _topk_lines(result) + [""]
+    lines.append("goals at k = 20 (coefficients inside the exact fit's 95% intervals; LOCO within 2%): " + "; ".join(
+        f"{t}: coefficients {'hold' if g['coefficients_inside'] else 'FAIL'}, LOCO {'holds' if g['loco_within_2pct'] else 'FAILS'}"
+        for t, g in goals.items()))
+    payload = json.dumps({"bench": "entropy_topk", "per_category": args.per_category, "seed": args.seed,
+                          "wall_s": wall, "goals_k20": goals, "targets": results}, default=float)
+    print("\n".join(lines))
+    Path(args.out).write_text("\n".join(lines) + "\n" + payload + "\n")
+    print(payload)
+    return 0
+
+
 COMMANDS = {  # subcommand: (adds its arguments, runs it)
     "speed": (speed_arguments, run_speed),
+    "topk": (topk_arguments, run_topk),
 }
 
 

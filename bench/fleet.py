@@ -5,6 +5,7 @@ Subcommands (each prints a table and ends with one JSON line):
     python bench/fleet.py fleet [ARGS]
     python bench/fleet.py fit-scale [ARGS]
     python bench/fleet.py trace-io [ARGS]
+    python bench/fleet.py spark [ARGS]
 
 ``python bench/fleet.py SUBCOMMAND --help`` lists a subcommand's arguments.
 """
@@ -625,10 +626,139 @@ def run_trace_io(args, parser) -> None:
     print(json.dumps(result))
 
 
+# --- spark -----------------------------------------------------------------------------------------------------------
+
+SPARK_RESULTS = ROOT / "bench" / "results" / "fleet-spark.txt"
+
+
+def spark_arguments(parser) -> None:
+    """The arguments of ``spark``."""
+    parser.add_argument("--rows", type=float, default=1e7, help="token rows in all (default: %(default)g)")
+    parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--simulated-runs", type=int, default=4,
+                        help="runs simulated; the others are copies under new run and request ids (clone_runs)")
+    parser.add_argument("--tokens", type=int, nargs=2, default=(300, 700), help="output tokens per request")
+    parser.add_argument("--requests-per-shard", type=int, default=50)
+    parser.add_argument("--family", default="law_exp")
+    parser.add_argument("--cores", type=int, default=2, help="Spark local[N] and DuckDB threads (default: %(default)s)")
+    parser.add_argument("--driver-memory", default="6g")
+    parser.add_argument("--out", default=None, help="where the fleet goes (default: a temporary folder)")
+    parser.add_argument("--keep", action="store_true", help="keep the fleet (and reuse one already in --out)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--results", default=str(SPARK_RESULTS), help="table file (default: %(default)s)")
+
+
+def _relative_gap(a: pd.DataFrame, b: pd.DataFrame, columns) -> float:
+    x, y = a[columns].to_numpy(float), b[columns].to_numpy(float)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        gap = np.abs(x - y) / np.maximum(np.abs(x), np.finfo(float).tiny)
+    return float(np.nanmax(gap)) if gap.size else 0.0
+
+
+def run_spark(args, parser) -> int:
+    """The at-risk aggregation and the report's summaries on Spark (local mode) against DuckDB, on one fleet.
+
+    Generates a fleet as ``fleet`` does (``--runs`` runs, ``--rows`` token rows; ``--simulated-runs`` simulated, the
+    rest copies), then times on ``--cores`` cores: DuckDB (``outofcore.aggregate_at_risk_sql`` and
+    ``report_summaries_sql``) and Spark in local mode (``outofcore.spark``: the same SQL text through Spark SQL; the
+    session's start timed apart). Checks: cell keys and counts identical, float means within 1e-12 relative, the
+    summaries equal, and ``fit_law`` on either cell table: coefficients within 1e-9. The table goes to
+    ``--results`` with date, commit and machine.
+
+        python bench/fleet.py spark                       # 1e7 rows, 20 runs, 2 cores
+    Ends with ONE JSON line.
+    """
+    import platform
+    import warnings
+
+    from entropy_law.law.fit import fit_law
+    from entropy_law.outofcore import aggregate_at_risk_sql, report_summaries_sql
+    from entropy_law.outofcore.spark import aggregate_at_risk_spark, local_session, report_summaries_spark
+
+    rows = int(args.rows)
+    out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="fleet-spark-"))
+    out.mkdir(parents=True, exist_ok=True)
+    times = {}
+    try:
+        start = time.perf_counter()
+        if not (args.keep and sorted(out.glob("*/*/run.json"))):
+            simulated = min(args.simulated_runs, args.runs)
+            generate(out, runs=simulated, rows=int(rows * simulated / args.runs), tokens=tuple(args.tokens),
+                     requests_per_shard=args.requests_per_shard, seed=args.seed, subset_rows=0)
+            clone_runs(out, runs=args.runs)
+        times["generate"] = time.perf_counter() - start
+        import pyarrow.parquet as pq
+
+        total = sum(pq.ParquetFile(f).metadata.num_rows for f in out.glob("*/*/shards/*/tokens.parquet"))
+        n_runs = len(list(out.glob("*/*/run.json")))
+
+        def timed(name, fn):
+            start = time.perf_counter()
+            value = fn()
+            times[name] = time.perf_counter() - start
+            return value
+
+        duck = timed("duckdb_cells", lambda: aggregate_at_risk_sql(out, args.family, threads=args.cores))
+        duck_summary, duck_curve = timed("duckdb_summaries", lambda: report_summaries_sql(out, threads=args.cores))
+        spark = timed("spark_start", lambda: local_session(args.cores, driver_memory=args.driver_memory))
+        cells = timed("spark_cells", lambda: aggregate_at_risk_spark(out, args.family, spark=spark))
+        summary, curve = timed("spark_summaries", lambda: report_summaries_spark(out, spark=spark))
+        spark.stop()
+    finally:
+        if not args.keep:
+            shutil.rmtree(out, ignore_errors=True)
+    keys = [*duck.attrs["keys"], *[f"bin_{c}" for c in duck.attrs["bin_columns"]]]
+    counts = [*keys, "n_acc", "n", "n_rej"]
+    means = [c for c in duck.columns if c not in counts]
+    same_counts = len(cells) == len(duck) and cells[counts].reset_index(drop=True).equals(duck[counts].reset_index(drop=True))
+    mean_gap = _relative_gap(duck, cells, means)
+    summary_floats = [c for c in duck_summary.columns if duck_summary[c].dtype == float]
+    same_summary = (summary.drop(columns=summary_floats).equals(duck_summary.drop(columns=summary_floats))
+                    and curve[["drafter_id", "category", "bin", "n", "accepted"]].equals(
+                        duck_curve[["drafter_id", "category", "bin", "n", "accepted"]]))
+    summary_gap = max(_relative_gap(duck_summary, summary, summary_floats),
+                      _relative_gap(duck_curve, curve, ["rate", "ci_low", "ci_high", "entropy_nats"]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        law_duck = timed("fit_duckdb_cells", lambda: fit_law(duck, args.family).coefficients)
+        law_spark = fit_law(cells, args.family).coefficients
+    coef_gap = float((law_duck["estimate"] - law_spark["estimate"]).abs().max())
+    se_gap = float(((law_duck["std_err"] - law_spark["std_err"]).abs() / law_duck["std_err"]).max())
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    load = os.getloadavg()
+    ok = same_counts and same_summary and mean_gap <= 1e-12 and summary_gap <= 1e-12 and coef_gap <= 1e-9
+    lines = [f"# fleet-spark.txt: python bench/fleet.py spark --rows {args.rows:g} --runs {args.runs} --cores {args.cores} "
+             f"--family {args.family}",
+             f"# measured {time.strftime('%Y-%m-%d %H:%M:%S %z')}, commit {commit}, machine: {platform.node()} "
+             f"({os.cpu_count()} cores, shared: load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} at the end)", "",
+             f"fleet: {n_runs} runs, {total:,} token rows ({args.simulated_runs} simulated, the others copies; generated in "
+             f"{times['generate']:.0f} s), {len(duck):,} cells of {args.family}",
+             f"{'engine, on ' + str(args.cores) + ' cores':<34}{'cells (s)':>12}{'summaries (s)':>15}{'rows/s (cells)':>16}",
+             f"{'DuckDB':<34}{times['duckdb_cells']:>12.1f}{times['duckdb_summaries']:>15.1f}"
+             f"{total / times['duckdb_cells']:>16,.0f}",
+             f"{'Spark local[' + str(args.cores) + '] (start ' + format(times['spark_start'], '.0f') + ' s apart)':<34}"
+             f"{times['spark_cells']:>12.1f}{times['spark_summaries']:>15.1f}{total / times['spark_cells']:>16,.0f}",
+             f"agreement: cell keys and counts {'identical' if same_counts else 'DIFFER'}; float means max relative gap "
+             f"{mean_gap:.1e}; summaries {'equal' if same_summary else 'DIFFER'} (floats within {summary_gap:.1e}); "
+             f"{args.family} on either table: max |d coefficient| {coef_gap:.1e}, max relative d SE {se_gap:.1e}",
+             f"goal (counts identical, float sums within 1e-12 relative, coefficients within 1e-9): "
+             f"{'met' if ok else 'NOT met'} on {total:,} rows"]
+    payload = json.dumps({"bench": "fleet_spark", "runs": n_runs, "token_rows": total, "cells": len(duck),
+                          "family": args.family, "cores": args.cores, "seconds": times, "same_counts": same_counts,
+                          "max_relative_mean_gap": mean_gap, "same_summaries": same_summary,
+                          "max_relative_summary_gap": summary_gap, "max_abs_coefficient_gap": coef_gap,
+                          "max_relative_se_gap": se_gap, "goal_met": ok, "load_average": load})
+    print("\n".join(lines))
+    print(payload)
+    Path(args.results).write_text("\n".join(lines) + "\n" + payload + "\n")
+    return 0 if ok else 1
+
+
 COMMANDS = {  # subcommand: (adds its arguments, runs it)
     "fleet": (fleet_arguments, run_fleet),
     "fit-scale": (fit_scale_arguments, run_fit_scale),
     "trace-io": (trace_io_arguments, run_trace_io),
+    "spark": (spark_arguments, run_spark),
 }
 
 

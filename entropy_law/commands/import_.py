@@ -1,4 +1,4 @@
-"""``entropy-law import vllm|sglang|llamacpp FILE.jsonl --out RUN``: a serving engine's speculation
+"""``entropy-law import vllm|sglang|llamacpp|aiperf FILE.jsonl --out RUN``: a serving engine's speculation
 statistics as a trace run.
 
 Known here: the command-line options, the order of work (check the output folder, read and check every
@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import sys
 
-ENGINES = ("vllm", "sglang", "llamacpp", "glance", "specbench")  # glance: GLANCE's round log (importers.glance);
+ENGINES = ("vllm", "sglang", "llamacpp", "aiperf", "glance", "specbench")  # glance: GLANCE's round log (importers.glance);
 # specbench: Spec-Bench's answer file (entropy_law.importers.specbench)
 
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
         "import",
-        help="import speculative-decoding statistics logged by vLLM, SGLang, llama.cpp or GLANCE into a trace run",
+        help="import speculative-decoding statistics logged by vLLM, SGLang, llama.cpp, AIPerf or GLANCE into a trace run",
         description="Read a JSONL of engine responses (GLANCE's round log, a Spec-Bench answer file) and write a "
                     "trace run; a malformed line stops the import unless --skip-bad. Details: docs/importers.md.")
     p.add_argument("engine", choices=ENGINES, help="the engine that wrote the responses")

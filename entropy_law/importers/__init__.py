@@ -2,7 +2,8 @@
 
 Known here, one module each: the engine-neutral request and the alignment rule of per-step data
 (``records``: ``ImportedRequest``, ``FieldError``, ``MalformedResponseError``), the engines' documented
-response shapes (``vllm``, ``sglang``, ``llamacpp``), what an acceptance histogram allows (``histograms``:
+response shapes (``vllm``, ``sglang``, ``llamacpp``; AIPerf's engine-neutral acceptance record,
+``aiperf``), what an acceptance histogram allows (``histograms``:
 ``acceptance_by_depth``), and the import itself (``writer``: ``import_jsonl`` = ``parse_jsonl`` +
 ``write_run``, and ``read_import`` for what an import keeps beside the run), the engines' top-k
 log-probabilities (``logprobs``: read and checked per position; ``traces.topk`` turns them into entropy bounds
@@ -21,7 +22,7 @@ from entropy_law.importers.records import (Alignment, FieldError, ImportedReques
 from entropy_law.importers.writer import (ImportedRun, ImportSummary, ParsedFile, import_jsonl, parse_jsonl,
                                           read_import, write_run)
 
-ENGINES = ("vllm", "sglang", "llamacpp")
+ENGINES = ("vllm", "sglang", "llamacpp", "aiperf")
 
 __all__ = ["ENGINES", "Alignment", "DepthAcceptance", "FieldError", "ImportSummary", "ImportedRequest", "ImportedRun",
            "MalformedResponseError", "ParsedFile", "acceptance_by_depth", "import_jsonl", "parse_jsonl", "read_import",

@@ -163,7 +163,7 @@ class ImportedRequest:
     prompt: Any  # prompt text or chat messages as given (None: only ids)
     prompt_token_ids: list[int] | None
     prompt_tokens: int
-    output_token_ids: list[int]
+    output_token_ids: list[int] | None  # None: the engine logs only their number (``completion_tokens``)
     stop_reason: str
     finish_reason: Any
     model: str | None
@@ -179,8 +179,11 @@ class ImportedRequest:
     # the field they came from (``importers.logprobs``; the entropy bounds are ``traces.topk``)
     topk_logprobs: list[list[float]] | None = None
     topk_field: str | None = None
+    completion_tokens: int | None = None  # the output's length where its ids are not logged (AIPerf)
 
     def __post_init__(self):
+        if self.output_token_ids is None and self.completion_tokens is None:
+            raise FieldError("completion_tokens", "the output's token ids or at least their number is needed")
         if self.stop_reason not in STOP_REASONS:
             raise FieldError("finish_reason", f"maps to {self.stop_reason!r}, not a trace stop reason {STOP_REASONS}")
         if (self.steps_accepted is None) != (self.steps_drafted is None):
@@ -208,7 +211,7 @@ class ImportedRequest:
 
     @property
     def new_tokens(self) -> int:
-        return len(self.output_token_ids)
+        return len(self.output_token_ids) if self.output_token_ids is not None else self.completion_tokens
 
     def alignment(self) -> Alignment | None:
         """The check of per-step data against the output (None for aggregate-only requests)."""

@@ -81,6 +81,29 @@ def parse(obj, *, line: int, category: str) -> ImportedRequest:
         raise FieldError(f"{key}[0].finish_reason", f"unknown value {finish!r} (known: {sorted(FINISH_REASONS)})")
     model = obj.get("model")
 
+    k, histogram, per_accepted, per_drafted = checked_stats(stats, where)
+
+    topk, topk_field = topk_logprobs(choice, key, len(output_ids))
+    common = common_fields(obj, default_request_id=obj.get("id") or obj.get("request_id") or f"line-{line}",
+                           default_category=category)
+    prompt = prompt_fields(obj, ("prompt_token_ids", f"{key}.0.prompt_token_ids"),
+                           ("usage.prompt_tokens", lookup(obj, "usage.prompt_tokens")))
+    try:
+        return ImportedRequest(
+            engine=ENGINE, shape=f"vllm {shape}", line=line, **common, **prompt, output_token_ids=output_ids,
+            stop_reason=FINISH_REASONS[finish], finish_reason=finish, model=model if isinstance(model, str) else None,
+            num_spec_tokens=k, steps_accepted=per_accepted, steps_drafted=per_drafted, histogram=histogram,
+            histogram_field=f"{where}.acceptance_histogram", aggregates={where: stats}, topk_logprobs=topk,
+            topk_field=topk_field)
+    except FieldError as err:  # the per-step checks of ImportedRequest, named under the block they came from
+        name = err.field if err.field.startswith(where) else f"{where}.{err.field}"
+        raise FieldError(name, err.problem) from None
+
+
+def checked_stats(stats: dict, where: str) -> tuple[int | None, list[int], list[int] | None, list[int] | None]:
+    """vLLM's per-request statistics block at ``where`` (the fields AIPerf's engine-neutral record shares), checked
+    against each other: ``(num_spec_tokens or None, dense histogram, per_step_accepted, per_step_drafted)``, the
+    per-step lists None where the block has none."""
     def number(name):
         return as_int(require(stats, name), f"{where}.{name}")
 
@@ -115,21 +138,7 @@ def parse(obj, *, line: int, category: str) -> ImportedRequest:
             if sum(values) != total:
                 raise FieldError(f"{where}.{name}", f"sums to {sum(values)}, the aggregate says {total}")
 
-    topk, topk_field = topk_logprobs(choice, key, len(output_ids))
-    common = common_fields(obj, default_request_id=obj.get("id") or obj.get("request_id") or f"line-{line}",
-                           default_category=category)
-    prompt = prompt_fields(obj, ("prompt_token_ids", f"{key}.0.prompt_token_ids"),
-                           ("usage.prompt_tokens", lookup(obj, "usage.prompt_tokens")))
-    try:
-        return ImportedRequest(
-            engine=ENGINE, shape=f"vllm {shape}", line=line, **common, **prompt, output_token_ids=output_ids,
-            stop_reason=FINISH_REASONS[finish], finish_reason=finish, model=model if isinstance(model, str) else None,
-            num_spec_tokens=k, steps_accepted=per_accepted, steps_drafted=per_drafted, histogram=histogram,
-            histogram_field=f"{where}.acceptance_histogram", aggregates={where: stats}, topk_logprobs=topk,
-            topk_field=topk_field)
-    except FieldError as err:  # the per-step checks of ImportedRequest, named under the block they came from
-        name = err.field if err.field.startswith(where) else f"{where}.{err.field}"
-        raise FieldError(name, err.problem) from None
+    return k, histogram, per_accepted, per_drafted
 
 
 def topk_logprobs(choice: dict, key: str, n_output: int) -> tuple[list[list[float]] | None, str | None]:
@@ -174,4 +183,4 @@ def topk_logprobs(choice: dict, key: str, n_output: int) -> tuple[list[list[floa
     return None, None
 
 
-__all__ = ["ENGINE", "FINISH_REASONS", "STATS_LOCATIONS", "parse", "topk_logprobs"]
+__all__ = ["ENGINE", "FINISH_REASONS", "STATS_LOCATIONS", "checked_stats", "parse", "topk_logprobs"]

@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from entropy_law.importers import llamacpp, sglang, vllm
+from entropy_law.importers import aiperf, llamacpp, sglang, vllm
 from entropy_law.importers.records import (DEFAULT_CATEGORY, FieldError, ImportedRequest,
                                            MalformedResponseError, decoded_line)
 from entropy_law.traces.recorder import TraceRecorder
@@ -48,7 +48,8 @@ from entropy_law.traces.stats import TARGET_STAT_KEYS, context_matches_of_output
 from entropy_law.traces.topk import RENORMALISED_TAIL, TopkInputError, pad_topk, topk_entropy
 from entropy_law.traces.layout import file_sha256
 
-PARSERS = {vllm.ENGINE: vllm.parse, sglang.ENGINE: sglang.parse, llamacpp.ENGINE: llamacpp.parse}
+PARSERS = {vllm.ENGINE: vllm.parse, sglang.ENGINE: sglang.parse, llamacpp.ENGINE: llamacpp.parse,
+           aiperf.ENGINE: aiperf.parse}
 RECORD_FILE = "engine_import.jsonl"
 METADATA_KEY = "engine_import"
 TARGET_STATS_MISSING = ("missing: no engine records target entropies; token and round rows are written once they "

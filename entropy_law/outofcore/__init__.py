@@ -5,7 +5,8 @@ one SQL query, ``at_risk_sql``), ``driver`` (DuckDB runs it over groups of finis
 group's rows: ``aggregate_at_risk_sql``, ``finish_cells``), ``streamed`` (``fit_law_out_of_core``: IRLS and the
 CR1 sandwich in passes over the cells on disk, the same ``FittedLaw`` as ``fit_law``), ``memory`` (whether an
 in-memory fit fits: ``check_fits_in_memory``) and ``summaries`` (the out-of-core report's per-category summaries
-and acceptance curve in SQL).
+and acceptance curve in SQL), and ``spark`` (the same SQL text run by Spark SQL: ``aggregate_at_risk_spark``,
+``report_summaries_spark``; pyspark, the ``[spark]`` extra, is imported when a session starts).
 
 Not known here: the law families, their formulas and checks (``entropy_law.law``, which this room reuses and
 which never imports it), how traces are written (``entropy_law.traces``). Never imports torch, decoding,

@@ -21,6 +21,8 @@ from entropy_law.outofcore.driver import DEFAULT_CHUNK_BYTES, _connect, _fetch_a
 from entropy_law.outofcore.sql import _literal, _log_bin
 
 
+# Both queries are in the SQL that DuckDB and Spark SQL read alike (``outofcore.spark`` runs them too): a finite
+# entropy is ``-inf < H < inf`` (NaN sorts above +inf in both engines, NULL compares to nothing).
 # per drafter id x category of one group of shards: sums only (added over the groups by ``category_summary_sql``);
 # the decode rounds (round_index > 0) as ``TraceAnalysis.results_table`` counts them; the requests table gives the
 # category of each request and its count (a request lies in one shard)
@@ -42,8 +44,10 @@ rnd AS (
 ),
 tok AS (
   SELECT req.drafter_id, req.category,
-         SUM(CASE WHEN isfinite(t.target_entropy_nats) THEN 1 ELSE 0 END) AS entropy_tokens,
-         SUM(CASE WHEN isfinite(t.target_entropy_nats) THEN t.target_entropy_nats ELSE 0 END) AS entropy_sum,
+         SUM(CASE WHEN t.target_entropy_nats > CAST('-Infinity' AS DOUBLE)
+                   AND t.target_entropy_nats < CAST('Infinity' AS DOUBLE) THEN 1 ELSE 0 END) AS entropy_tokens,
+         SUM(CASE WHEN t.target_entropy_nats > CAST('-Infinity' AS DOUBLE)
+                   AND t.target_entropy_nats < CAST('Infinity' AS DOUBLE) THEN t.target_entropy_nats ELSE 0 END) AS entropy_sum,
          SUM(CASE WHEN t.depth = 1 AND t.role IN ('accepted', 'correction') THEN 1 ELSE 0 END) AS d1_trials,
          SUM(CASE WHEN t.depth = 1 AND t.role = 'accepted' THEN 1 ELSE 0 END) AS d1_accepted
   FROM tokens AS t JOIN req ON t.run_id = req.run_id AND t.request_id = req.request_id
@@ -65,7 +69,8 @@ SELECT runs.drafter_id, q.category,
 FROM tokens AS t
 JOIN requests AS q ON t.run_id = q.run_id AND t.request_id = q.request_id
 JOIN runs ON t.run_id = runs.run_id
-WHERE t.depth = 1 AND t.role IN ('accepted', 'correction') AND isfinite(t.target_entropy_nats)
+WHERE t.depth = 1 AND t.role IN ('accepted', 'correction')
+      AND t.target_entropy_nats > CAST('-Infinity' AS DOUBLE) AND t.target_entropy_nats < CAST('Infinity' AS DOUBLE)
       AND t.target_entropy_nats >= {negative}
 GROUP BY runs.drafter_id, q.category, bin
 """
