@@ -47,6 +47,7 @@ from entropy_law.law.arms import run_checkpoints
 from entropy_law.law.atrisk import at_risk_table
 from entropy_law.payoff.cost import fit_cost_model, verify_curve
 from entropy_law.law.fit import LawFamily, fit_law, get_family
+from entropy_law.law.information import InfoSet, check_information, family_inputs
 # the longest suffix match the copyability input tells apart (longer ones count as this): the traces' cap
 from entropy_law.traces.stats import CONTEXT_MATCH_MAX
 
@@ -101,9 +102,15 @@ def fit_policy(traces, *, window: int = 4, family: str = "law_exp", drafter: str
     (``run_id``, ``request_id``, ``position``, ``context_match``: the suffix-match length of the context before
     that position; ``jobs.reference.context_matches``), or ``None`` (no copyability input). ``max_context_match``
     / ``min_level_trials``: its levels (module docstring).
-    Returns a JSON-able dict (``save_policy`` writes it; ``LawPolicy`` reads it).
+    Returns a JSON-able dict (``save_policy`` writes it; ``LawPolicy`` reads it); its ``information_set``: the
+    set it decides in (``law.information``: before drafting, before verifying where it blends the drafter's
+    confidence). The law must read nothing a round's start does not know (refused otherwise).
     """
     _check_policy_options(confidence_weight, calibration_prior, calibration_half_life)
+    # H_w stands in for the root's entropy at every depth: what the law reads is its root-only inputs
+    check_information(InfoSet.BEFORE_DRAFTING, family_inputs(get_family(family), root_only=True),
+                      what=f"the policy's law {family}")
+    info = InfoSet.BEFORE_VERIFYING if confidence_weight > 0 else InfoSet.BEFORE_DRAFTING
     source = traces  # the drafter's runs and the AR runs beside them: the draft cost's t_AR
     traces = _drafter_runs(traces, drafter)
     runs = traces.runs
@@ -144,7 +151,7 @@ def fit_policy(traces, *, window: int = 4, family: str = "law_exp", drafter: str
         "kind": POLICY_KIND, "version": POLICY_VERSION, "drafter_id": drafters[0],
         "checkpoint_sha256": checkpoints[0] if checkpoints else None,
         "model_id": sorted(runs["model_id"].astype(str).unique()) if "model_id" in runs else None,
-        "family": law.family.name, "window": int(window),
+        "family": law.family.name, "window": int(window), "information_set": info.value,
         "entropy_grid": [round(float(h), 6) for h in grid], "depths": depths,
         "acceptance": _rounded(table),
         "confidence_weight": float(confidence_weight), "draft_cost": float(draft_cost),
