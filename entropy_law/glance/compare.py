@@ -87,8 +87,9 @@ def law_round_expectations(law, traces, rounds: pd.DataFrame | None = None, *, r
     ``"training"`` a depth model of other categories, decide what it reads) raises ``ValueError``.
     """
     if info is not None:
+        path = "root only" if root_only else "entropies ahead"
         check_information(info, predictor_inputs(law.family, depths, root_only=root_only),
-                          what=f"{law.family.name} ({'root only' if root_only else 'entropies ahead'}, {depths} depths)")
+                          what=f"{law.family.name} ({path}, {depths} depths)")
     rounds = glance_rounds(traces) if rounds is None else rounds
     if rounds.empty:
         return np.zeros(0)

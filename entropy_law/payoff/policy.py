@@ -106,11 +106,7 @@ def fit_policy(traces, *, window: int = 4, family: str = "law_exp", drafter: str
     set it decides in (``law.information``: before drafting, before verifying where it blends the drafter's
     confidence). The law must read nothing a round's start does not know (refused otherwise).
     """
-    _check_policy_options(confidence_weight, calibration_prior, calibration_half_life)
-    # H_w stands in for the root's entropy at every depth: what the law reads is its root-only inputs
-    check_information(InfoSet.BEFORE_DRAFTING, family_inputs(get_family(family), root_only=True),
-                      what=f"the policy's law {family}")
-    info = InfoSet.BEFORE_VERIFYING if confidence_weight > 0 else InfoSet.BEFORE_DRAFTING
+    info = _check_policy_options(family, confidence_weight, calibration_prior, calibration_half_life)
     source = traces  # the drafter's runs and the AR runs beside them: the draft cost's t_AR
     traces = _drafter_runs(traces, drafter)
     runs = traces.runs
@@ -166,7 +162,12 @@ def fit_policy(traces, *, window: int = 4, family: str = "law_exp", drafter: str
     }
 
 
-def _check_policy_options(confidence_weight: float, calibration_prior, calibration_half_life) -> None:
+def _check_policy_options(family: str, confidence_weight: float, calibration_prior,
+                          calibration_half_life) -> InfoSet:
+    """The options checked; the information set the policy decides in. Its law reads H_w in place of the root's
+    entropy at every depth: its root-only inputs, which must be known before drafting."""
+    check_information(InfoSet.BEFORE_DRAFTING, family_inputs(get_family(family), root_only=True),
+                      what=f"the policy's law {family}")
     if not 0.0 <= confidence_weight <= 1.0:
         raise ValueError(f"confidence_weight must lie in [0, 1], got {confidence_weight}")
     if calibration_prior is not None and not calibration_prior > 0:
@@ -175,6 +176,7 @@ def _check_policy_options(confidence_weight: float, calibration_prior, calibrati
     if calibration_half_life is not None and not calibration_half_life > 0:
         raise ValueError(f"calibration_half_life must be > 0 (rounds) or None (evidence never fades), "
                          f"got {calibration_half_life}")
+    return InfoSet.BEFORE_VERIFYING if confidence_weight > 0 else InfoSet.BEFORE_DRAFTING
 
 
 def _drafter_runs(traces, drafter: str | None):
