@@ -4,7 +4,7 @@ import pytest
 
 from entropy_law.law.fit import FAMILIES, get_family
 from entropy_law.law.information import (ALLOWS, INPUTS, InfoSet, check_information, family_inputs, info_set,
-                                         predictor_inputs, sets_allowing)
+                                         predictor_inputs, sets_allowing, sets_label)
 
 
 def test_sets_are_not_nested():
@@ -57,3 +57,12 @@ def test_depth_source_decides_the_set_of_a_law_in_the_drafted_depth():
     assert sets_allowing(predictor_inputs(fam, "training", root_only=True)) == list(InfoSet)
     with pytest.raises(ValueError, match="depths must be one of"):
         predictor_inputs(fam, "guessed")
+
+
+def test_the_replay_gives_a_law_in_the_drafters_confidence_its_input():
+    fam = get_family("law_exp_obs_ceil_drafttop")
+    replayed = predictor_inputs(fam, "replayed")
+    assert "drafter_confidence" not in replayed and "replayed_proposals" in replayed
+    assert sets_allowing(replayed)[0] is InfoSet.WORKLOAD
+    assert "drafter_confidence" in predictor_inputs(fam, "training")  # no replay: the round's own confidence
+    assert sets_label(sets_allowing(replayed)) == "information: workload / after verifying"

@@ -12,6 +12,8 @@ from entropy_law.law.fit import PRIMARY_FAMILY
 from entropy_law.law.blocks import expected_round_counts, tau_distribution
 from entropy_law.payoff.workload import decode_moments, log_speedup_crossing, workload_breakeven
 
+VALIDATION = " (a cost-model validation, no law: information after verifying)"  # a price of replayed rounds (no law)
+
 
 def test_decode_moments_match_the_round_dp_and_a_monte_carlo_of_nodes():
     rng = np.random.default_rng(0)
@@ -303,7 +305,8 @@ def test_the_predict_command_answers_per_category_and_refuses_what_it_cannot_use
     assert main(["predict", str(timed / "ar"), "--from", str(timed), "--drafter", "ngram chain", "--n-boot", "5"]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
-    assert lines[0] == f"will drafting pay on this workload? ngram chain ({PRIMARY_FAMILY}), from its target entropies"
+    assert lines[0] == (f"will drafting pay on this workload? ngram chain ({PRIMARY_FAMILY}), from its target entropies "
+                        "(information: workload)")
     for category in ("math_reasoning", "qa", "rag", "summarization", "translation", "all"):
         line = next(x for x in lines if x.startswith(category))
         assert line.split()[1] in ("pays", "does", "unclear") and "predicted" in line and "tokens/round" in line
@@ -488,7 +491,8 @@ def test_the_predict_command_with_the_drafters_replayed_proposals(capsys, tmp_pa
     assert main([*argv, "--replay", "--law-from", str(data / "traces"), "--transfer-error", "0.2"]) == 0
     out = capsys.readouterr().out
     assert out.splitlines()[0] == ("will drafting pay on this workload? ngram ddtree16 (law_exp_obs_ceil_drafttop), "
-                                   "from its target entropies and the drafter's replayed proposals")
+                                   "from its target entropies and the drafter's replayed proposals (information: "
+                                   "workload)")
     assert ("its proposals replayed at every output position of the workload (40 requests), with the arm's ratio "
             "gate (drafts where the expected accepted drafts >= 1)") in out  # the timed runs' default ratio 2
     assert "transfer error 20.0% (--transfer-error); the law's residual b not applied" in out
@@ -511,7 +515,8 @@ def test_the_predict_command_with_the_drafters_replayed_proposals(capsys, tmp_pa
     assert f"widened by the law's transfer error {both:.1%}" in copy
     assert copy.splitlines()[0] == ("will drafting pay on this workload? ngram ddtree16 "
                                     "(law_exp_obs_ceil_drafttop_top1_copy), from its target entropies and the drafter's "
-                                    "replayed proposals")
+                                    "replayed proposals (information: workload)")
+    assert "each scaled by the residual b of the others (nested: from laws fitted without it)" in copy
     assert "the context's copyability at every position" in copy
     with_copy = next(x for x in copy.splitlines() if x.startswith("translation"))
     assert with_copy != translation and float(with_copy.split("predicted ")[1].split("x")[0]) > 1.5
@@ -605,7 +610,7 @@ def test_replayed_rounds_are_priced_by_the_cost_model_alone_and_land_on_the_meas
     assert (per_request["tokens"] <= per_request["rounds"] + per_request["accepted"]).all()  # the last is cut
     assert (counts["rounds"] >= counts["drafting_rounds"]).all() and (counts["nodes"] >= counts["drafting_rounds"]).all()
     row, m = got.summary.loc[category], measured.loc[category]
-    assert got.family == EXACT_REPLAY and got.title.endswith("from its rounds replayed over the workload")
+    assert got.family == EXACT_REPLAY and got.title.endswith(f"from its rounds replayed over the workload{VALIDATION}")
     assert row["predicted_tokens_per_round"] == pytest.approx(held["tokens"].sum() / held["rounds"].sum(), rel=1e-12)
     assert row["predicted_speedup"] == pytest.approx(m["speedup"], rel=0.03)
     assert wrong.summary.loc[category, "predicted_speedup"] < 0.8 * m["speedup"]
@@ -768,7 +773,8 @@ def test_the_predict_command_with_the_arms_rounds_replayed(capsys):
     assert main([*argv, "--replay-rounds"]) == 0
     out = capsys.readouterr().out
     lines = out.splitlines()
-    assert lines[0] == "will drafting pay on this workload? ngram chain, from its rounds replayed over the workload"
+    assert lines[0] == ("will drafting pay on this workload? ngram chain, from its rounds replayed over the workload"
+                        f"{VALIDATION}")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         measured = TraceAnalysis(load_traces(timed), n_boot=5).speedup("ngram chain").set_index("category")
@@ -817,9 +823,10 @@ def test_the_predict_command_prices_other_budgets_of_a_ddtree_arm(capsys):
         an = TraceAnalysis(load_traces(timed), n_boot=5)
         own, cross = an.cost_error(arm), an.cost_error(arm, "ngram chain")
     titles = [x for x in out.splitlines() if x.startswith("will drafting pay")]
-    assert titles == [f"will drafting pay on this workload? {arm}, from its rounds replayed over the workload",
+    assert titles == [f"will drafting pay on this workload? {arm}, from its rounds replayed over the "
+                      f"workload{VALIDATION}",
                       *(f"will drafting pay on this workload? ngram ddtree{b} (never timed: priced by the cost "
-                        f"model of {arm}), from its rounds replayed over the workload" for b in (8, 40))]
+                        f"model of {arm}), from its rounds replayed over the workload{VALIDATION}" for b in (8, 40))]
     worst = max(own.attrs["max_abs_error"], cross.attrs["max_abs_error"])
     assert (f"its own arm's {own.attrs['max_abs_error']:.1%}, ngram chain's {cross.attrs['max_abs_error']:.1%} "
             f"(max {worst:.1%})") in out
@@ -867,7 +874,7 @@ def test_the_predict_command_prices_a_law_policy_before_it_ever_ran(capsys, tmp_
     out = capsys.readouterr().out
     titles = [x for x in out.splitlines() if x.startswith("will drafting pay")]
     assert titles[1] == (f"will drafting pay on this workload? {arm} law policy (never timed: priced by the cost model "
-                         f"of {arm}), from its rounds replayed over the workload")
+                         f"of {arm}), from its rounds replayed over the workload{VALIDATION}")
     meta = read_run_json(timed / "ngram-ddtree16" / "run.json")
     variant, whence = policy_arm_meta(meta, params, measured=stepped.to_config(), cost=an.cost_model(arm), arm=arm)
     assert whence.startswith("this machine's verify-cost curve, measured now") and variant["policy"][
@@ -1000,7 +1007,8 @@ def test_a_workload_without_the_targets_top1_probability_is_priced_by_the_fallba
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith(f"law: {PRIMARY_FALLBACK}, not the primary {PRIMARY_FAMILY}")
     assert "entropy-law entropy" in lines[0]
-    assert lines[1] == f"will drafting pay on this workload? ngram chain ({PRIMARY_FALLBACK}), from its target entropies"
+    assert lines[1] == (f"will drafting pay on this workload? ngram chain ({PRIMARY_FALLBACK}), from its target "
+                        "entropies (information: workload)")
     assert next(x for x in lines if x.startswith("all")).split()[1] in ("pays", "does", "unclear")
 
 
@@ -1040,25 +1048,40 @@ def test_the_laws_residual_b_scales_tokens_per_round_and_nothing_else():
 
 
 def test_calibrated_transfer_takes_b_from_the_other_categories_only():
-    """``calibrated_transfer``: b the mean log(observed / predicted) over the held-out categories; each category's
-    error after scaling by the b of the others (computed here by hand); with fewer than 3 categories no b."""
+    """``calibrated_transfer``: b the mean log(observed / predicted) over the held-out categories; each category c's
+    error after scaling by b_-c, the mean log residual of the others as predicted by laws fitted without c
+    (``rerun(without=(c,))``, here a stand-in whose predictions depend on c; computed here by hand); with fewer
+    than 3 categories no b and no rerun."""
     from types import SimpleNamespace
 
     from entropy_law.law.transfer import calibrated_transfer
 
+    cats = ["a", "b", "c", "d"]
     observed = np.array([2.0, 3.0, 1.5, 2.5])
     predicted = np.array([2.2, 3.1, 1.8, 2.6])
+    shift = {"a": 1.0, "b": 1.1, "c": 0.8, "d": 1.3}  # the inner runs' predictions without c: predicted x shift[c]
+    calls = []
+
+    def rerun(*, without, **options):
+        calls.append(without)
+        keep = [i for i, c in enumerate(cats) if c not in without]
+        return SimpleNamespace(summary=pd.DataFrame(
+            {"observed_tokens_per_round": observed[keep], "predicted_tokens_per_round": predicted[keep]
+             * shift[without[0]]}, index=pd.Index([cats[i] for i in keep], name="category")))
+
     summary = pd.DataFrame({"observed_tokens_per_round": observed, "predicted_tokens_per_round": predicted},
-                           index=pd.Index(["a", "b", "c", "d"], name="category"))
-    b, error, table = calibrated_transfer(SimpleNamespace(summary=summary))
+                           index=pd.Index(cats, name="category"))
+    b, error, table = calibrated_transfer(SimpleNamespace(summary=summary, rerun=rerun))
     logs = np.log(observed / predicted)
-    assert b == pytest.approx(logs.mean())
-    for i in range(4):
-        others = np.delete(logs, i).mean()
+    assert b == pytest.approx(logs.mean()) and calls == [(c,) for c in cats]
+    for i, c in enumerate(cats):
+        others = np.log(np.delete(observed, i) / (np.delete(predicted, i) * shift[c])).mean()
         assert table["relative_error"].iloc[i] == pytest.approx(predicted[i] * np.exp(others) / observed[i] - 1)
-    assert error == pytest.approx(table["relative_error"].abs().max()) and list(table["category"]) == list("abcd")
-    b2, error2, _ = calibrated_transfer(SimpleNamespace(summary=summary.iloc[:2]))
+    assert error == pytest.approx(table["relative_error"].abs().max()) and list(table["category"]) == cats
+    b2, error2, _ = calibrated_transfer(SimpleNamespace(summary=summary.iloc[:2], rerun=None))
     assert b2 == 0.0 and error2 == pytest.approx(max(abs(2.2 / 2.0 - 1), abs(3.1 / 3.0 - 1)))
+    with pytest.raises(ValueError, match="give it a loco_transfer result"):
+        calibrated_transfer(SimpleNamespace(summary=summary, rerun=None))
 
 
 def test_predict_says_when_a_block_arm_is_not_the_checkpoint_a_run_would_load_today(tmp_path, monkeypatch):

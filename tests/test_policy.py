@@ -355,6 +355,11 @@ def test_fit_policy_recovers_a_falling_law_and_round_trips(tmp_path):
     traces = simulated_traces(np.random.default_rng(0))
     fitted = fit_policy(traces, window=3, draft_cost=0.01)
     assert (fitted["calibration_prior"], fitted["calibration_half_life"]) == (1.0, 16.0)  # the stated defaults
+    # it blends the drafter's confidence: it decides before verifying; without it, before drafting
+    assert fitted["information_set"] == "before_verifying"
+    assert fit_policy(traces, window=3, draft_cost=0.01, confidence_weight=0.0)["information_set"] == "before_drafting"
+    with pytest.raises(ValueError, match="drafted_depth"):  # a law in the round's drafted depth: not known before it
+        fit_policy(traces, window=3, draft_cost=0.01, family="law_exp_obs_ceil")
     table = np.array(fitted["acceptance"])
     grid = np.array(fitted["entropy_grid"])
     truth = np.exp(-0.3 * grid ** 1.2)

@@ -108,7 +108,8 @@ def run(args) -> int:
     shown = " / ".join(f"{np.interp(np.log(h + 1e-3), grid, first):.2f}" for h in ENTROPIES)
     fitted = params["fitted_on"]
     print(f"law policy for {arm} (drafter {drafter}): law {params['family']} fitted on {fitted['requests']} requests "
-          f"({fitted['at_risk_trials']} drafted tokens at risk), window {params['window']}")
+          f"({fitted['at_risk_trials']} drafted tokens at risk), window {params['window']}; decides in the information "
+          f"set {params['information_set'].replace('_', ' ')}")
     print(f"first-depth acceptance at H_w = {' / '.join(f'{h:g}' for h in ENTROPIES)} nats: {shown}")
     print(f"draft cost {params['draft_cost']:.4f} one-token forwards per drafting round"
           + (" (given)" if args.draft_cost is not None else ""))

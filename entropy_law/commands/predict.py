@@ -306,7 +306,8 @@ def _law_error(args, analysis, reference, arm: str, law_from: str, family: str) 
     bias, law_error, table = calibrated_transfer(loco)
     calibration = {"bias": bias, "uncalibrated_error": float(raw["max_abs_relative_error"])}
     notes = [f"transfer error of the law: the largest leave-one-category-out |relative error| of tokens per round on "
-             f"the {int(raw['categories'])} categories of {law_from}, each scaled by the residual b of the others, "
+             f"the {int(raw['categories'])} categories of {law_from}, each scaled by the residual b of the others "
+             "(nested: from laws fitted without it), "
              f"{law_error:.1%} (mean {table['relative_error'].abs().mean():.1%}; without b "
              f"{float(raw['max_abs_relative_error']):.1%}, mean {float(raw['mean_abs_relative_error']):.1%}; {family}, "
              "replayed depths)"]

@@ -23,6 +23,7 @@ from entropy_law.glance.law import (B1_MAX, CAP, CEILING_BINS, CURVE_BINS, _r2, 
                                     r2_ceiling)
 from entropy_law.glance.rounds import glance_rounds, round_table
 from entropy_law.law import atrisk
+from entropy_law.law.information import check_information, predictor_inputs
 
 def loco_glance(rounds: pd.DataFrame, *, form: str = "code", cap: float = CAP) -> tuple[np.ndarray, dict]:
     """Leave-one-category-out predictions of GLANCE's law: for each category, the pooled law fitted on the
@@ -61,7 +62,8 @@ def _entropy_by_request(traces, run_ids, *, columns: tuple = ()) -> tuple[dict, 
 
 
 def law_round_expectations(law, traces, rounds: pd.DataFrame | None = None, *, root_only: bool = False,
-                           drafter: str | None = None, drafts: pd.DataFrame | None = None) -> np.ndarray:
+                           drafter: str | None = None, drafts: pd.DataFrame | None = None, info=None,
+                           depths: str = "observed") -> np.ndarray:
     """Our law's expected accepted drafts of each recorded round (``rounds``: rows of
     ``glance_rounds(traces)``, default all): E[tau] = sum_{k=1}^{D} prod_{j=1}^{k} a(H_{t+j-1}, j), t the
     round's start position, D its drafted depth (``tree_depth``, known before verification) and H the
@@ -79,7 +81,15 @@ def law_round_expectations(law, traces, rounds: pd.DataFrame | None = None, *, r
     (round, depth) it lacks raises ``ValueError``. A law in the context's copyability (``law_exp_obs_ceil_copy``)
     or in the target's top-1 probability (``law_exp_obs_ceil_top1``) reads the tokens' ``context_match`` /
     ``target_top1_prob`` at the row's position.
+
+    ``info``: the information set (``law.information``) the predictions must stay within; a law that reads more
+    (``root_only`` and ``depths``, where the rounds' ``tree_depth`` came from: ``"observed"`` the recorded rounds,
+    ``"training"`` a depth model of other categories, decide what it reads) raises ``ValueError``.
     """
+    if info is not None:
+        path = "root only" if root_only else "entropies ahead"
+        check_information(info, predictor_inputs(law.family, depths, root_only=root_only),
+                          what=f"{law.family.name} ({path}, {depths} depths)")
     rounds = glance_rounds(traces) if rounds is None else rounds
     if rounds.empty:
         return np.zeros(0)

@@ -101,11 +101,19 @@ def family_inputs(family, *, root_only: bool = False) -> frozenset:
 def predictor_inputs(family, depths: str = "full", *, root_only: bool = False) -> frozenset:
     """What a prediction with ``family`` reads when a round's drafted depth (the cap of its sum, and the covariate
     of a family in D) comes from ``depths`` (``DEPTH_INPUTS``: ``"training"`` a depth model of other categories,
-    ``"replayed"`` the drafter replayed over the greedy output, ``"observed"`` the round's own depth)."""
+    ``"replayed"`` the drafter replayed over the greedy output, which then also gives a law in the drafter's
+    confidence its input; ``"observed"`` the round's own depth)."""
     if depths not in DEPTH_INPUTS:
         raise ValueError(f"depths must be one of {sorted(DEPTH_INPUTS)}, got {depths!r}")
     inputs = family_inputs(family, root_only=root_only) - {"drafted_depth"}  # "full": every round drafts all
+    if depths == "replayed":  # the confidence then comes from the same replay
+        inputs -= {"drafter_confidence"}
     return frozenset(inputs | DEPTH_INPUTS[depths])
+
+
+def sets_label(sets) -> str:
+    """``"information: workload / after verifying"``: ``sets`` (``sets_allowing``'s answer) for a printed result."""
+    return "information: " + " / ".join(info_set(s).label for s in sets)
 
 
 def sets_allowing(inputs) -> list[InfoSet]:

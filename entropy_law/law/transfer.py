@@ -23,6 +23,7 @@ the statistics of the category ranking (``hypotheses``). No torch.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import NamedTuple
 
 import numpy as np
@@ -33,6 +34,7 @@ from entropy_law.law import arms, atrisk
 from entropy_law.law.blocks import expected_round_counts, iid_tokens_per_round
 from entropy_law.law.atrisk import sequences_of
 from entropy_law.law.fit import FittedLaw, LawFamily, fit_law, get_family, prepare_counts
+from entropy_law.law.information import predictor_inputs, sets_allowing, sets_label
 from entropy_law.law.results import Result
 from entropy_law.law.stats import exact_spearman_p
 from entropy_law.traces.stats import CONTEXT_MATCH_MAX
@@ -306,7 +308,8 @@ def predict_requests(law: FittedLaw, sequences: pd.DataFrame, B: int, *, drafter
     the law's summed depth-1 acceptance over its positions. ``depth_only_acceptance`` (``[drafts]``, acceptance per depth,
     no entropy): the same DP with the same depth model for this control too (``*_depth_only`` columns).
 
-    All requests' (position, depth) acceptances come from one prediction call, then one DP each.
+    All requests' (position, depth) acceptances come from one prediction call, then one DP each. The frame's
+    ``attrs["info_sets"]``: the information sets that hold what it read (``law.information``).
     """
     _check_depth_inputs(law, depths, drafted, depth_model, proposals)
     drafts = int(B) - 1
@@ -359,7 +362,9 @@ def predict_requests(law: FittedLaw, sequences: pd.DataFrame, B: int, *, drafter
             row["predicted_rounds_depth_only"], row["predicted_drafting_rounds_depth_only"] = (
                 expected_round_counts(control, probs))
         rows.append(row)
-    return pd.DataFrame(rows)
+    out = pd.DataFrame(rows)
+    out.attrs["info_sets"] = sets_allowing(predictor_inputs(law.family, depths))
+    return out
 
 
 def _check_depth_inputs(law: FittedLaw, depths: str, drafted, depth_model, proposals) -> None:
@@ -409,10 +414,12 @@ class BlockPrediction(Result):
     block_size: int
     depths: str = "full"
     notes: list = field(default_factory=list)
+    info_sets: list = field(default_factory=list)  # the information sets that hold what the prediction read
 
     @property
     def title(self) -> str:
-        return f"tokens per round, observed vs law-predicted (B = {self.block_size}, drafted depths: {self.depths})"
+        return (f"tokens per round, observed vs law-predicted (B = {self.block_size}, drafted depths: {self.depths}; "
+                f"{sets_label(self.info_sets)})")
 
 
 def _block_summary(pred: pd.DataFrame, observed: pd.DataFrame, drafts: int) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -508,7 +515,7 @@ def block_prediction(law: FittedLaw, traces, *, drafter: str | None = None, B: i
                             drafted=drafted, depth_edges=depth_edges, proposals=proposals)
     summary, per_req = _block_summary(pred, _observed_rounds(rounds), B - 1)
     return BlockPrediction(summary=summary, per_request=per_req, block_size=B, depths=depths,
-                           notes=[DEPTH_NOTES[depths],
+                           info_sets=pred.attrs["info_sets"], notes=[DEPTH_NOTES[depths],
                                   "mean_accepted = (committed tokens - rounds) / drafting rounds (tree_depth > 0)",
                                   "iid_round_start: alpha = observed share of drafting rounds whose first draft is "
                                   "accepted; iid_at_risk: alpha = accepted / at-risk trials (rounds table); "
@@ -525,11 +532,14 @@ class LocoTransfer(Result):
     block_size: int
     depths: str = "full"
     notes: list = field(default_factory=list)
+    info_sets: list = field(default_factory=list)  # the information sets that hold what the predictions read
+    # ``rerun(without=(c,), ...)``: the same run on the other categories only (``calibrated_transfer``)
+    rerun: object = field(default=None, repr=False, compare=False)
 
     @property
     def title(self) -> str:
         return (f"leave-one-category-out transfer of {self.family} (B = {self.block_size}, "
-                f"drafted depths: {self.depths})")
+                f"drafted depths: {self.depths}; {sets_label(self.info_sets)})")
 
     @property
     def accuracy(self) -> pd.DataFrame:
@@ -575,33 +585,42 @@ class LocoInputs(NamedTuple):
 
 
 def loco_inputs(traces, family, *, drafter: str | None, B: int | None, eps: float, min_categories: int,
-                what: str = "LOCO transfer"):
+                what: str = "LOCO transfer", without=()):
     """What every leave-one-category-out analysis starts from: the (category-free) family, the one drafter and
     its rounds, the block size B, the at-risk counts, their categories (at least ``min_categories``) and the
-    entropy sequences of the drafter's requests."""
+    entropy sequences of the drafter's requests; the categories ``without`` left out of all but B."""
     fam = get_family(family)
     if fam.uses_category:
         raise ValueError(f"{fam.name} has category terms and cannot predict an unseen category; use a category-free law")
     drafter, rounds = single_drafter(traces, drafter)
     B = B or _block_size(rounds)
     rows = atrisk.at_risk_table(traces, eps=eps, drafters=[drafter])
+    rows = rows.loc[~rows["category"].isin(without)]
     counts = prepare_counts(rows, fam, eps=eps)
     categories = sorted(counts["category"].unique())
     if len(categories) < min_categories:
         raise ValueError(f"{what} needs at least {min_categories} categories; the traces hold {categories}")
-    return LocoInputs(fam, drafter, rounds, B, rows, counts, categories, entropy_sequences(traces, drafter))
+    seqs = entropy_sequences(traces, drafter)
+    return LocoInputs(fam, drafter, rounds, B, rows, counts, categories, seqs.loc[~seqs["category"].isin(without)])
+
+
+def _log_residuals(summary: pd.DataFrame) -> np.ndarray:
+    return np.log(summary["observed_tokens_per_round"].to_numpy(float)
+                  / summary["predicted_tokens_per_round"].to_numpy(float))
 
 
 def calibrated_transfer(loco: "LocoTransfer") -> tuple[float, float, pd.DataFrame]:
-    """``(b, transfer_error, table)`` from a leave-one-category-out run: ``b`` the mean over its held-out
-    categories of log(observed / predicted tokens per round), each category predicted by a law fitted without it
-    (the law's residual where it was not fitted: the DP over-predicts, rounds not being independent given the
-    covariates); ``table`` per category the prediction scaled by e^b_-c, b_-c from the other categories only, and
-    its relative error; ``transfer_error`` the largest |error| there. A workload is then priced with its tokens
-    per round scaled by e^b and widened by ``transfer_error`` (``workload.predict_workload(bias=)``). Needs 3
-    categories (b_-c from at least 2); with fewer, ``b`` is 0 and the error the uncalibrated one."""
+    """``(b, transfer_error, table)`` from a ``loco_transfer`` run: ``b`` the mean over its held-out categories of
+    log(observed / predicted tokens per round), each category predicted by a law fitted without it (the law's
+    residual where it was not fitted: the DP over-predicts, rounds not being independent given the covariates);
+    ``table`` per category c the prediction scaled by e^b_-c and its relative error, ``transfer_error`` the
+    largest |error| there. Nested: b_-c is the mean residual of every other category j predicted by a law (and
+    depth model) fitted without both c and j (``loco.rerun(without=(c,))``), so nothing of c enters c's
+    calibrated prediction. A workload is then priced with its tokens per round scaled by e^b and widened by
+    ``transfer_error`` (``workload.predict_workload(bias=)``). Needs 3 categories (b_-c from at least 2); with
+    fewer, ``b`` is 0 and the error the uncalibrated one."""
     s = loco.summary
-    ratio = np.log(s["observed_tokens_per_round"].to_numpy(float) / s["predicted_tokens_per_round"].to_numpy(float))
+    ratio = _log_residuals(s)
     table = pd.DataFrame({"category": s.index.to_numpy(), "observed_tokens_per_round":
                           s["observed_tokens_per_round"].to_numpy(float), "predicted_tokens_per_round":
                           s["predicted_tokens_per_round"].to_numpy(float)})
@@ -610,7 +629,10 @@ def calibrated_transfer(loco: "LocoTransfer") -> tuple[float, float, pd.DataFram
         table["calibrated_tokens_per_round"] = table["predicted_tokens_per_round"]
         table["relative_error"] = table["calibrated_tokens_per_round"] / table["observed_tokens_per_round"] - 1
         return 0.0, float(table["relative_error"].abs().max()), table
-    others = (ratio.sum() - ratio) / (k - 1)  # b without each category
+    if loco.rerun is None:
+        raise ValueError("calibrated_transfer refits without each category: give it a loco_transfer result")
+    others = np.array([_log_residuals(loco.rerun(without=(c,), min_categories=2, logliks=False).summary).mean()
+                       for c in table["category"]])  # b_-c, from laws that never saw c
     table["calibrated_tokens_per_round"] = table["predicted_tokens_per_round"] * np.exp(others)
     table["relative_error"] = table["calibrated_tokens_per_round"] / table["observed_tokens_per_round"] - 1
     return float(ratio.mean()), float(table["relative_error"].abs().max()), table
@@ -619,7 +641,7 @@ def calibrated_transfer(loco: "LocoTransfer") -> tuple[float, float, pd.DataFram
 def loco_transfer(traces, family: str = "law_exp", *, drafter: str | None = None, B: int | None = None,
                   eps: float = atrisk.EPS_NATS, min_categories: int = 3, depths: str = "training",
                   depth_edges=DEPTH_ENTROPY_EDGES, depth_copy_edges=DEPTH_COPY_EDGES,
-                  proposals: pd.DataFrame | None = None,
+                  proposals: pd.DataFrame | None = None, without=(), logliks: bool = True,
                   **fit_options) -> LocoTransfer:
     """Fit ``family`` (category-free) without each category in turn and predict that category.
 
@@ -639,7 +661,9 @@ def loco_transfer(traces, family: str = "law_exp", *, drafter: str | None = None
     depth drafted there (and its top-1 probability); no round's outcome enters. ``"oracle"`` (= ``"observed"``):
     the held-out category's own observed depths, an upper bound on what depth modelling can give.
     ``"category"``, ``"full"``: as in ``block_prediction``.
-    ``.accuracy``: relative errors and Spearman rho across categories. The LOCO and refit laws only
+    ``without``: categories left out of everything (``calibrated_transfer``'s inner runs); ``logliks=False``: no
+    held-out log-likelihoods (no refit per category). ``.accuracy``: relative errors and Spearman rho across
+    categories; ``.info_sets``: the information sets that hold what the predictions read. The LOCO and refit laws only
     predict (no interval of theirs is shown): they are fitted with ``cov_type="nonrobust"`` (the same
     estimates, no ``SmallSampleWarning`` per category) unless ``fit_options`` says otherwise.
     """
@@ -648,9 +672,11 @@ def loco_transfer(traces, family: str = "law_exp", *, drafter: str | None = None
     if depths not in LOCO_DEPTH_MODELS:
         raise ValueError(f"depths must be one of {LOCO_DEPTH_MODELS}, got {depths!r}")
     dp_depths = "observed" if depths == "oracle" else depths
+    rerun = partial(loco_transfer, traces, family, drafter=drafter, B=B, eps=eps, depths=depths,
+                    depth_edges=depth_edges, depth_copy_edges=depth_copy_edges, proposals=proposals, **fit_options)
     fit_options = {"cov_type": "nonrobust", **fit_options}
-    fam, drafter, rounds, B, _, counts, categories, seqs = loco_inputs(traces, family, drafter=drafter, B=B,
-                                                                       eps=eps, min_categories=min_categories)
+    fam, drafter, rounds, B, _, counts, categories, seqs = loco_inputs(traces, family, drafter=drafter, B=B, eps=eps,
+                                                                       min_categories=min_categories, without=without)
     drafts = B - 1
     drafted = drafted_depths(traces, drafter) if depths != "full" else None
     drafted_h = with_start_entropy(drafted, seqs) if depths == "training" else None
@@ -659,7 +685,7 @@ def loco_transfer(traces, family: str = "law_exp", *, drafter: str | None = None
     for cat in categories:
         train, test = counts.loc[counts["category"] != cat], counts.loc[counts["category"] == cat]
         loco = fit_law(train, fam, **fit_options)
-        logliks = _held_out_logliks(loco, fit_law(test, fam, **fit_options), test)
+        held_out = _held_out_logliks(loco, fit_law(test, fam, **fit_options), test) if logliks else {}
         model = (TrainingDepthModel.fit(drafted_h.loc[drafted_h["category"] != cat], drafts, edges=depth_edges,
                                         copy_edges=depth_copy_edges) if depths == "training" else None)
         pred = predict_requests(loco, seqs.loc[seqs["category"] == cat], B, depths=dp_depths,
@@ -667,10 +693,10 @@ def loco_transfer(traces, family: str = "law_exp", *, drafter: str | None = None
                                 depth_edges=depth_edges, depth_model=model, proposals=proposals,
                                 depth_only_acceptance=depth_only_acceptance(train, drafts))
         summary, _ = _block_summary(pred, observed, drafts)
-        out.append({**_loco_row(cat, summary.iloc[0]), **logliks})
+        out.append({**_loco_row(cat, summary.iloc[0]), **held_out})
     summary = pd.DataFrame(out).set_index("category")
-    return LocoTransfer(summary=summary, family=fam.name, block_size=B, depths=depths,
-                        notes=[DEPTH_NOTES[depths],
+    return LocoTransfer(summary=summary, family=fam.name, block_size=B, depths=depths, rerun=rerun,
+                        info_sets=sets_allowing(predictor_inputs(fam, depths)), notes=[DEPTH_NOTES[depths],
                                "depth_only_*: control with acceptance per depth pooled over the training categories "
                                "(no entropy), the same drafted-depth model and the same DP",
                                "mean_accepted = (committed tokens - rounds) / drafting rounds (tree_depth > 0), "

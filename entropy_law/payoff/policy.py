@@ -47,6 +47,7 @@ from entropy_law.law.arms import run_checkpoints
 from entropy_law.law.atrisk import at_risk_table
 from entropy_law.payoff.cost import fit_cost_model, verify_curve
 from entropy_law.law.fit import LawFamily, fit_law, get_family
+from entropy_law.law.information import InfoSet, check_information, family_inputs
 # the longest suffix match the copyability input tells apart (longer ones count as this): the traces' cap
 from entropy_law.traces.stats import CONTEXT_MATCH_MAX
 
@@ -101,9 +102,11 @@ def fit_policy(traces, *, window: int = 4, family: str = "law_exp", drafter: str
     (``run_id``, ``request_id``, ``position``, ``context_match``: the suffix-match length of the context before
     that position; ``jobs.reference.context_matches``), or ``None`` (no copyability input). ``max_context_match``
     / ``min_level_trials``: its levels (module docstring).
-    Returns a JSON-able dict (``save_policy`` writes it; ``LawPolicy`` reads it).
+    Returns a JSON-able dict (``save_policy`` writes it; ``LawPolicy`` reads it); its ``information_set``: the
+    set it decides in (``law.information``: before drafting, before verifying where it blends the drafter's
+    confidence). The law must read nothing a round's start does not know (refused otherwise).
     """
-    _check_policy_options(confidence_weight, calibration_prior, calibration_half_life)
+    info = _check_policy_options(family, confidence_weight, calibration_prior, calibration_half_life)
     source = traces  # the drafter's runs and the AR runs beside them: the draft cost's t_AR
     traces = _drafter_runs(traces, drafter)
     runs = traces.runs
@@ -144,7 +147,7 @@ def fit_policy(traces, *, window: int = 4, family: str = "law_exp", drafter: str
         "kind": POLICY_KIND, "version": POLICY_VERSION, "drafter_id": drafters[0],
         "checkpoint_sha256": checkpoints[0] if checkpoints else None,
         "model_id": sorted(runs["model_id"].astype(str).unique()) if "model_id" in runs else None,
-        "family": law.family.name, "window": int(window),
+        "family": law.family.name, "window": int(window), "information_set": info.value,
         "entropy_grid": [round(float(h), 6) for h in grid], "depths": depths,
         "acceptance": _rounded(table),
         "confidence_weight": float(confidence_weight), "draft_cost": float(draft_cost),
@@ -159,7 +162,12 @@ def fit_policy(traces, *, window: int = 4, family: str = "law_exp", drafter: str
     }
 
 
-def _check_policy_options(confidence_weight: float, calibration_prior, calibration_half_life) -> None:
+def _check_policy_options(family: str, confidence_weight: float, calibration_prior,
+                          calibration_half_life) -> InfoSet:
+    """The options checked; the information set the policy decides in. Its law reads H_w in place of the root's
+    entropy at every depth: its root-only inputs, which must be known before drafting."""
+    check_information(InfoSet.BEFORE_DRAFTING, family_inputs(get_family(family), root_only=True),
+                      what=f"the policy's law {family}")
     if not 0.0 <= confidence_weight <= 1.0:
         raise ValueError(f"confidence_weight must lie in [0, 1], got {confidence_weight}")
     if calibration_prior is not None and not calibration_prior > 0:
@@ -168,6 +176,7 @@ def _check_policy_options(confidence_weight: float, calibration_prior, calibrati
     if calibration_half_life is not None and not calibration_half_life > 0:
         raise ValueError(f"calibration_half_life must be > 0 (rounds) or None (evidence never fades), "
                          f"got {calibration_half_life}")
+    return InfoSet.BEFORE_VERIFYING if confidence_weight > 0 else InfoSet.BEFORE_DRAFTING
 
 
 def _drafter_runs(traces, drafter: str | None):

@@ -30,6 +30,7 @@ from entropy_law.law.blocks import expected_round_counts, tau_distribution
 from entropy_law.law.fit import FittedLaw, fit_law, prediction_frame
 from entropy_law.law.results import Result
 from entropy_law.law.stats import FEW_REQUESTS, SmallSampleWarning, exact_spearman_p
+from entropy_law.law.information import predictor_inputs, sets_allowing, sets_label
 from entropy_law.law.transfer import (TrainingDepthModel, _observed_rounds, drafted_depths, loco_inputs,
                                       replayed_arrays, sequence_context, with_start_entropy)
 
@@ -221,11 +222,13 @@ class RequestPredictions(Result):
     family: str
     level: float
     notes: list = field(default_factory=list)
+    info_sets: list = field(default_factory=list)  # the information sets that hold what the predictions read
 
     @property
     def title(self) -> str:
         return (f"per-request tokens per round, leave-one-category-out, {self.family}: {self.level:.0%} prediction "
-                f"intervals (coverage {self.coverage:.1%} of {len(self.requests)} requests)")
+                f"intervals (coverage {self.coverage:.1%} of {len(self.requests)} requests; "
+                f"{sets_label(self.info_sets)})")
 
     @property
     def coverage(self) -> float:
@@ -402,7 +405,8 @@ def loco_predictions(traces, family: str = "law_exp", *, drafter: str | None = N
     summary = _coverage_summary(requests, n_draws)
     _add_loco_notes(notes, int(counts["request_id"].nunique()), proposals is None, overdispersion, n_draws)
     return RequestPredictions(summary=summary, requests=requests, reliability=pd.concat(reliability, ignore_index=True),
-                              family=fam.name, level=level, notes=notes)
+                              family=fam.name, level=level, notes=notes, info_sets=sets_allowing(
+                                  predictor_inputs(fam, "training" if proposals is None else "replayed")))
 
 
 def _coverage_summary(requests: pd.DataFrame, n_draws: int) -> pd.DataFrame:

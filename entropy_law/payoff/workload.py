@@ -44,6 +44,7 @@ from entropy_law.law.blocks import tau_distribution
 from entropy_law.law.bootstrap import percentile_interval, poisson_weights
 from entropy_law.payoff.cost import CostModel, _ar_ms, fit_cost_model, policy_skipped, priced_cost_model
 from entropy_law.law.fit import FittedLaw, fit_law, get_family
+from entropy_law.law.information import InfoSet, check_information, predictor_inputs
 from entropy_law.payoff.predict import _acceptance, _design, parameter_draws
 from entropy_law.law.results import Result
 from entropy_law.law.stats import FEW_REQUESTS, warn_if_few_requests
@@ -119,7 +120,8 @@ class WorkloadBreakeven(Result):
 
     @property
     def title(self) -> str:
-        return f"when drafting pays on a workload: {self.drafter_id} ({self.family}, request mean entropy)"
+        return (f"when drafting pays on a workload: {self.drafter_id} ({self.family}, request mean entropy; "
+                f"information: {InfoSet.WORKLOAD.label})")
 
     @property
     def observed_entropy(self) -> tuple[float, float]:
@@ -325,13 +327,18 @@ def decode_cost_ms(c: CostModel, rounds, drafting, nodes, skipped=0.0):
 
 def _one_drafter_family(name: str, proposals, whose: str):
     """The law family ``name``, refused where a workload price cannot use it: it needs a category or drafter
-    argument, or reads the drafter's top-1 probability and no replayed proposals (``whose``) were given."""
+    argument, or reads more than the workload information set holds with the drafted depths it gets (the depth
+    model, or the replayed proposals ``whose``: ``law.information.predictor_inputs``)."""
     fam = get_family(name)
     if fam.needs_categories or fam.needs_drafters or fam.uses_category:
         raise ValueError(f"{fam.name} needs a category or drafter argument; use a one-drafter, category-free law")
-    if fam.needs_draft_stats and proposals is None:
-        raise ValueError(f"{fam.name} predicts from the drafter's top-1 probability at every position: pass the "
-                         f"{whose} replayed proposals (proposals=)")
+    depths = "training" if proposals is None else "replayed"
+    hint = (f"; or pass the {whose} replayed proposals (proposals=), which give the drafter's confidence"
+            if fam.needs_draft_stats and proposals is None else "")
+    try:
+        check_information(InfoSet.WORKLOAD, predictor_inputs(fam, depths), what=f"{fam.name} with {depths} depths")
+    except ValueError as err:
+        raise ValueError(f"{err}{hint}") from None
     return fam
 
 
@@ -559,9 +566,11 @@ class WorkloadPrediction(Result):
     @property
     def title(self) -> str:
         if self.family == EXACT_REPLAY:
-            return f"will drafting pay on this workload? {self.drafter_id}, from its rounds replayed over the workload"
+            return (f"will drafting pay on this workload? {self.drafter_id}, from its rounds replayed over the workload "
+                    "(a cost-model validation, no law: information after verifying)")
         return (f"will drafting pay on this workload? {self.drafter_id} ({self.family}), from its target entropies"
-                + (" and the drafter's replayed proposals" if self.replayed else ""))
+                + (" and the drafter's replayed proposals" if self.replayed else "")
+                + f" (information: {InfoSet.WORKLOAD.label})")
 
     def answer(self) -> str:
         """One line per category, the verdict first."""
