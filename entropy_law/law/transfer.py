@@ -671,14 +671,26 @@ def loco_transfer(traces, family: str = "law_exp", *, drafter: str | None = None
         depths = "oracle"
     if depths not in LOCO_DEPTH_MODELS:
         raise ValueError(f"depths must be one of {LOCO_DEPTH_MODELS}, got {depths!r}")
+    inputs = loco_inputs(traces, family, drafter=drafter, B=B, eps=eps, min_categories=min_categories)
+    drafted = drafted_depths(traces, inputs.drafter) if depths != "full" else None
+    run = partial(_loco_run, inputs, drafted, depths=depths, depth_edges=depth_edges,
+                  depth_copy_edges=depth_copy_edges, proposals=proposals, **fit_options)
+    return run(without=without, min_categories=min_categories, logliks=logliks, rerun=run)
+
+
+def _loco_run(inputs: "LocoInputs", drafted, *, depths, depth_edges, depth_copy_edges, proposals, without=(),
+              min_categories: int = 3, logliks: bool = True, rerun=None, **fit_options) -> LocoTransfer:
+    """``loco_transfer`` on inputs read once; ``without``: categories left out of everything (the at-risk counts,
+    the sequences and the depth model), for ``calibrated_transfer``'s inner runs."""
+    fam, _, rounds, B, _, counts, categories, seqs = inputs
+    if without:
+        counts, seqs = counts.loc[~counts["category"].isin(without)], seqs.loc[~seqs["category"].isin(without)]
+        categories = [c for c in categories if c not in without]
+        if len(categories) < min_categories:
+            raise ValueError(f"LOCO transfer needs at least {min_categories} categories; the traces hold {categories}")
     dp_depths = "observed" if depths == "oracle" else depths
-    rerun = partial(loco_transfer, traces, family, drafter=drafter, B=B, eps=eps, depths=depths,
-                    depth_edges=depth_edges, depth_copy_edges=depth_copy_edges, proposals=proposals, **fit_options)
     fit_options = {"cov_type": "nonrobust", **fit_options}
-    fam, drafter, rounds, B, _, counts, categories, seqs = loco_inputs(traces, family, drafter=drafter, B=B, eps=eps,
-                                                                       min_categories=min_categories, without=without)
     drafts = B - 1
-    drafted = drafted_depths(traces, drafter) if depths != "full" else None
     drafted_h = with_start_entropy(drafted, seqs) if depths == "training" else None
     observed = _observed_rounds(rounds)
     out = []
