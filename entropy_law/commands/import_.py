@@ -1,11 +1,5 @@
-"""``entropy-law import vllm|sglang|llamacpp FILE.jsonl --out RUN``: a serving engine's speculation
-statistics as a trace run.
-
-Known here: the command-line options, the order of work (check the output folder, read and check every
-line, then write), and what is printed: the counts, each flagged request with its reason, each skipped line
-(``--skip-bad``) and what is missing (target statistics). The import itself is ``entropy_law.importers``
-(``import_jsonl``); the field mapping is in ``docs/importers.md``.
-"""
+"""``entropy-law import vllm|sglang|llamacpp FILE.jsonl --out RUN``: a serving engine's speculation statistics as
+a trace run (``importers.import_jsonl``; the field mapping: docs/importers.md)."""
 
 from __future__ import annotations
 
