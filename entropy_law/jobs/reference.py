@@ -405,16 +405,14 @@ def workload_proposals(workload_dir: str | Path, arm_meta: dict, target, *, task
     recorded lengths (``recorded_prompts``)."""
     from entropy_law.decoding.replay import replay_proposals, run_gate_threshold
 
-    meta, drafter, plain, prompts, outputs = _workload_inputs(workload_dir, arm_meta, target, tasks, checkpoint)
+    meta, stops, replays = _replays(workload_dir, arm_meta, target, tasks, checkpoint)
     threshold = run_gate_threshold(arm_meta)
     gate = (f"the arm's ratio gate (drafts where the expected accepted drafts >= {threshold:g})" if threshold is not None
             else "no gate: the arm's cost gate or policy is not reproduced by a replay; every proposal kept")
     frames = []
-    for rid, _, output in _decoded_requests(outputs):
-        frame = replay_proposals(prompts[rid], output, replay_drafter(drafter, target, prompts[rid], output),
-                                 arm_meta.get("tree_policy", "chain"), arm_meta.get("tree_budget"),
-                                 eos_token_ids=plain.config["eos_token_ids"], max_new_tokens=meta.get("max_new_tokens"),
-                                 max_context=plain.adapter.max_context,
+    for rid, _, prompt, output, drafter in replays:
+        frame = replay_proposals(prompt, output, drafter, arm_meta.get("tree_policy", "chain"),
+                                 arm_meta.get("tree_budget"), **stops,
                                  min_expected_accepted=threshold if threshold is not None else 0.0)
         frames.append(frame.assign(run_id=str(meta["run_id"]), request_id=rid))
     if not frames:
@@ -469,19 +467,23 @@ def _replayed_requests(workload_dir, arm_meta: dict, target, tasks, checkpoint, 
     rounds replayed over each request's greedy output; run and drafter are checked before the first replay."""
     from entropy_law.decoding.replay import replay_rounds
 
-    meta, drafter, plain, prompts, outputs = _workload_inputs(workload_dir, arm_meta, target, tasks, checkpoint)
+    meta, stops, replays = _replays(workload_dir, arm_meta, target, tasks, checkpoint, requests)
     options, gate = arm_round_options(arm_meta)
     entropies = _recorded_entropies(workload_dir) if "policy" in options else {}
+    return gate, ((str(meta["run_id"]), rid, category,
+                   replay_rounds(prompt, output, drafter, arm_meta.get("tree_policy", "chain"),
+                                 arm_meta.get("tree_budget"), entropies=entropies.get(str(rid)), **stops, **options))
+                  for rid, category, prompt, output, drafter in replays)
 
-    def replayed():
-        for rid, category, output in _decoded_requests(outputs, requests):
-            yield str(meta["run_id"]), rid, category, replay_rounds(
-                prompts[rid], output, replay_drafter(drafter, target, prompts[rid], output),
-                arm_meta.get("tree_policy", "chain"), arm_meta.get("tree_budget"),
-                eos_token_ids=plain.config["eos_token_ids"], max_new_tokens=meta.get("max_new_tokens"),
-                max_context=plain.adapter.max_context, entropies=entropies.get(str(rid)), **options)
 
-    return gate, replayed()
+def _replays(workload_dir, arm_meta: dict, target, tasks, checkpoint, requests=None):
+    """(the workload's run.json, its stopping rules as the replay functions take them, an iterator of
+    (request_id, category, prompt ids, greedy output, the arm's drafter ready to replay them))."""
+    meta, drafter, plain, prompts, outputs = _workload_inputs(workload_dir, arm_meta, target, tasks, checkpoint)
+    stops = dict(eos_token_ids=plain.config["eos_token_ids"], max_new_tokens=meta.get("max_new_tokens"),
+                 max_context=plain.adapter.max_context)
+    return meta, stops, ((rid, category, prompts[rid], output, replay_drafter(drafter, target, prompts[rid], output))
+                         for rid, category, output in _decoded_requests(outputs, requests))
 
 
 def _recorded_entropies(run_dir) -> dict:
@@ -494,12 +496,6 @@ def _nothing_to_replay(workload_dir) -> ValueError:
     return ValueError(f"{workload_dir}: no request decoded a token after the prefill: nothing to replay")
 
 
-def _budget_replay_options(arm_meta: dict, workload_meta: dict, plain) -> dict:
-    """The arm's tree shape and the workload run's stopping rules, for ``oracle_rounds`` and ``round_outcomes``."""
-    return dict(tree=arm_meta.get("tree_policy", "chain"), eos_token_ids=plain.config["eos_token_ids"],
-                max_new_tokens=workload_meta.get("max_new_tokens"), max_context=plain.adapter.max_context)
-
-
 def workload_oracle_rounds(workload_dir: str | Path, arm_meta: dict, target, *, verify_cost, draft_cost: float = 0.0,
                            budgets: Sequence[int] = (0, 1, 2, 4, 8, 16), tasks: str | Path | None = None,
                            checkpoint: str | Path | None = None) -> pd.DataFrame:
@@ -509,12 +505,11 @@ def workload_oracle_rounds(workload_dir: str | Path, arm_meta: dict, target, *, 
     as ``workload_rounds`` (a round verifying nothing counts as skipped); arguments as ``workload_rounds``."""
     from entropy_law.decoding.replay import oracle_rounds
 
-    meta, drafter, plain, prompts, outputs = _workload_inputs(workload_dir, arm_meta, target, tasks, checkpoint)
+    meta, stops, replays = _replays(workload_dir, arm_meta, target, tasks, checkpoint)
     rows = []
-    for rid, category, output in _decoded_requests(outputs):
-        result = oracle_rounds(prompts[rid], output, replay_drafter(drafter, target, prompts[rid], output),
-                               budgets=budgets, verify_cost=verify_cost, draft_cost=draft_cost,
-                               **_budget_replay_options(arm_meta, meta, plain))
+    for rid, category, prompt, output, drafter in replays:
+        result = oracle_rounds(prompt, output, drafter, budgets=budgets, verify_cost=verify_cost, draft_cost=draft_cost,
+                               tree=arm_meta.get("tree_policy", "chain"), **stops)
         rows += [dict(run_id=str(meta["run_id"]), request_id=rid, category=category, round_index=i, committed=c,
                       tree_nodes=n, accepted=a, policy_drafted=n > 0)  # decode rounds are 1.. (0: the prefill)
                  for i, (n, c, a) in enumerate(zip(result.budgets, result.committed, result.accepted), start=1)]
@@ -538,14 +533,14 @@ def workload_round_outcomes(workload_dir: str | Path, arm_meta: dict, target, *,
     from entropy_law.decoding.policy import LawPolicy
     from entropy_law.decoding.replay import round_outcomes
 
-    meta, drafter, plain, prompts, outputs = _workload_inputs(workload_dir, arm_meta, target, tasks, checkpoint)
+    meta, stops, replays = _replays(workload_dir, arm_meta, target, tasks, checkpoint, requests)
     law = None if policy is None else LawPolicy(policy, verify_cost)
-    rules = RoundRules.make("chain", None, drafting=False, max_context=plain.adapter.max_context)
+    rules = RoundRules.make("chain", None, drafting=False, max_context=stops["max_context"])
     entropies = {} if law is None else _recorded_entropies(workload_dir)
     frames = []
-    for rid, category, output in _decoded_requests(outputs, requests):
-        table = round_outcomes(prompts[rid], output, replay_drafter(drafter, target, prompts[rid], output),
-                               budgets=budgets, **_budget_replay_options(arm_meta, meta, plain))
+    for rid, category, prompt, output, drafter in replays:
+        table = round_outcomes(prompt, output, drafter, budgets=budgets, tree=arm_meta.get("tree_policy", "chain"),
+                               **stops)
         if law is not None:
             max_new = int(meta.get("max_new_tokens") or len(output))
             if str(rid) not in entropies:
@@ -553,8 +548,8 @@ def workload_round_outcomes(workload_dir: str | Path, arm_meta: dict, target, *,
             inputs = []
             for start in sorted(set(table["start_position"].tolist())):  # the decision before drafting, no history
                 decision = law.before_draft(entropies[str(rid)], start,
-                                            rules.usable_depth(len(prompts[rid]) + start - 1, max_new - start),
-                                            context=prompts[rid] + output[:start])
+                                            rules.usable_depth(len(prompt) + start - 1, max_new - start),
+                                            context=prompt + output[:start])
                 inputs.append({"start_position": start, **{k: decision[k] for k in READ_BEFORE_DRAFT if k in decision}})
             table = table.merge(pd.DataFrame(inputs), on="start_position")
         frames.append(table.assign(run_id=str(meta["run_id"]), request_id=rid, category=category))
