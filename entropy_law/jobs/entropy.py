@@ -30,8 +30,8 @@ from entropy_law.importers.records import ImportedRequest
 from entropy_law.importers.writer import (METADATA_KEY, RECORD_FILE, log_request, read_import, run_block_size,
                                           write_record)
 from entropy_law.jobs.plan import check_int
-from entropy_law.traces.layout import (LOCK_FILE, RUN_FILE, create_lock, describe_holder, read_lock, read_run_json,
-                                      remove_lock)
+from entropy_law.traces.layout import (LOCK_FILE, RUN_FILE, create_lock, describe_holder, fsync_path, read_lock,
+                                      read_run_json, remove_lock)
 from entropy_law.traces.recorder import TraceRecorder
 from entropy_law.traces.stats import TARGET_STAT_KEYS
 
@@ -133,7 +133,7 @@ def _finish_swap(plan: _Plan) -> bool:
         return False
     if not plan.run_dir.exists() and plan.previous.exists() and _status(plan.stage) == "complete":
         os.rename(plan.stage, plan.run_dir)
-        _fsync_dir(plan.run_dir.parent)
+        fsync_path(plan.run_dir.parent)
     if plan.run_dir.exists() and plan.previous.exists() and _target_stats_of(plan.run_dir) is not None:
         shutil.rmtree(plan.previous)
         return True
@@ -177,19 +177,6 @@ def check_entropy_run(run_dir, *, out=None, break_lock: bool = False, flush_ever
     if plan.stage.is_dir() and (plan.stage / RUN_FILE).is_file() and METADATA_KEY not in read_run_json(
             plan.stage / RUN_FILE):
         raise ValueError(f"{plan.stage} holds another trace run, not this import's statistics; pick another --out")
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 # -- prompt ids ---------------------------------------------------------------------------------------------
@@ -335,7 +322,7 @@ def compute_target_stats(run_dir, target, *, out=None, model_id: str | None = No
             os.rename(plan.run_dir, plan.previous)  # the import, with this job's lock, out of the way
             source_lock = None
             os.rename(plan.stage, plan.run_dir)
-            _fsync_dir(plan.run_dir.parent)
+            fsync_path(plan.run_dir.parent)
             shutil.rmtree(plan.previous)
             summary.run_dir = plan.run_dir
     finally:
