@@ -420,25 +420,26 @@ def _runs_frame(analysis: TraceAnalysis) -> pd.DataFrame:
 def _sections(analysis: TraceAnalysis):
     """(title, DataFrame or text) pairs of the report body, errors collected as notes."""
     notes = few_requests_notes(analysis)
+
+    def attempt(*what):  # the analysis' value, or None with the reason among the notes
+        result = analysis.attempt(*what)
+        if not result.ok:
+            notes.append(result.error)
+        return result.value if result.ok else None
+
     answer = answer_lines(analysis)
     if answer:
         yield "When drafting pays (the answer)", answer
     yield "Runs", _runs_frame(analysis)
     yield "Results per category", results_frame(analysis)
     yield "Fitted law per arm", law_frame(analysis)
-    p1 = analysis.attempt("universality_table")
-    if p1.ok:
+    if attempt("universality_table") is not None:
         yield "Universality (P1) and the category share of the CV gain", universality_frame(analysis)
         notes.append(P1_TEXT)
-    else:
-        notes.append(p1.error)
-    acc = analysis.attempt("loco_accuracy")
-    if acc.ok:
+    if attempt("loco_accuracy") is not None:
         yield "Leave-one-category-out accuracy across categories (leak-free and oracle depths, depth-only control)", \
             loco_accuracy_frame(analysis)
         notes.append(LOCO_TEXT)
-    else:
-        notes.append(acc.error)
     title, frame, extra = request_prediction_section(analysis)  # per-request intervals, reliability (payoff.predict)
     yield title, frame
     notes.extend(extra)
@@ -447,51 +448,31 @@ def _sections(analysis: TraceAnalysis):
     notes.extend(extra)
     for arm in analysis.arms:
         for depths in analysis.loco_depths:
-            loco = analysis.attempt("loco", arm, depths)
-            if loco.ok:
-                yield (f"Leave-one-category-out transfer, {LOCO_DEPTH_LABELS[depths]}: {arm}",
-                       loco.value.summary.reset_index())
-            else:
-                notes.append(loco.error)
-        comp = analysis.attempt("comparison", arm)
-        if comp.ok:
-            yield f"Law comparison (CV log-loss per trial): {arm}", comp.value.summary.reset_index()
-            notes.extend(f"{arm}: {n}" for n in comp.value.notes)
-        else:
-            notes.append(comp.error)
-        work = analysis.attempt("workload", arm)
-        if work.ok:
+            if (loco := attempt("loco", arm, depths)) is not None:
+                yield f"Leave-one-category-out transfer, {LOCO_DEPTH_LABELS[depths]}: {arm}", loco.summary.reset_index()
+        if (comp := attempt("comparison", arm)) is not None:
+            yield f"Law comparison (CV log-loss per trial): {arm}", comp.summary.reset_index()
+            notes.extend(f"{arm}: {n}" for n in comp.notes)
+        if (work := attempt("workload", arm)) is not None:
             yield (f"When drafting pays on a workload: {arm} (each request priced on its own entropy sequence; "
-                   f"{work.value.verdict})", work.value.summary.reset_index()
+                   f"{work.verdict})", work.summary.reset_index()
                    .rename(columns={"index": "quantity", "n_requests": "requests"}))
-            notes.extend(f"{arm}, workload: {n}" for n in work.value.notes)
-        else:
-            notes.append(work.error)
-        pays = analysis.attempt("pays", arm)
-        if pays.ok:
-            # the requests the bootstrap resampled, in the column after its interval
-            yield (f"When drafting pays at constant entropy: {arm}", pays.value.summary.reset_index()
+            notes.extend(f"{arm}, workload: {n}" for n in work.notes)
+        if (pays := attempt("pays", arm)) is not None:  # the requests the bootstrap resampled beside its interval
+            yield (f"When drafting pays at constant entropy: {arm}", pays.summary.reset_index()
                    .rename(columns={"index": "quantity", "n_requests": "requests"}))
-        else:
-            notes.append(pays.error)
     check = analysis.attempt("speedup_validation")
     if check.ok:
         yield "Predicted vs measured speedup (same requests)", check.value
         notes.extend(check.value.attrs.get("notes", []))
-    crossing = analysis.attempt("crossing_table")
-    if crossing.ok:
+    if (crossing := attempt("crossing_table")) is not None:
         yield ("Break-even vs where measured per-request speedups cross 1: the workload break-even and the measured "
                "log-speedup line on the request's mean entropy (one scale); the logistic crossing and the "
-               "constant-entropy break-even beside them"), crossing.value
-    else:
-        notes.append(crossing.error)
+               "constant-entropy break-even beside them"), crossing
     for arm in analysis.arms:
         notes.extend(analysis.machine_warnings(arm))
-    speed = analysis.attempt("measured_speedups")
-    if speed.ok:  # why the arms without a speedup have none (no AR run of their model and machine, ...)
-        notes.extend(speed.value.attrs.get("notes", []))
-    else:
-        notes.append(speed.error)
+    if (speed := attempt("measured_speedups")) is not None:  # why the arms without a speedup have none
+        notes.extend(speed.attrs.get("notes", []))
     yield "Notes", notes
 
 
