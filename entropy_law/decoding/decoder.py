@@ -24,6 +24,7 @@ from entropy_law.decoding.loading import model_of
 from entropy_law.decoding.policy import HybridLawPolicy, LawPolicy, check_policy, make_policy
 from entropy_law.decoding.round import (Observer, RequestState, Round, RoundPolicy, RoundRules, now_ms, play_round,
                                         policy_config, prefill_round)
+from entropy_law.decoding.tree import Tree
 
 
 @dataclass

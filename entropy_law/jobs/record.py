@@ -31,7 +31,7 @@ from entropy_law.decoding.interface import drafter_run_config
 from entropy_law.decoding.loading import model_of
 from entropy_law.decoding.observers import RecorderObserver
 from entropy_law.decoding.policy import check_policy, make_policy
-from entropy_law.jobs.plan import GATES, Drafting, Limits, Output, RecordPlan  # noqa: F401 (GATES: re-exported)
+from entropy_law.jobs.plan import Drafting, Limits, Output, RecordPlan
 from entropy_law.jobs.arms import AR_DRAFTER_ID, AR_TREE_POLICY, ArmSpec, make_drafter
 from entropy_law.jobs.speed import Timing, draft_calls, round_cost
 from entropy_law.traces.layout import RUN_FILE, read_run_json
