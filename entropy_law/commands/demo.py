@@ -1,9 +1,7 @@
 """``entropy-law demo``: the main job on the embedded default target, end to end, in minutes.
 
-Known here: the command-line options and their defaults (sized to finish in minutes on a small CPU, model load
-included), and what is printed when it is done: one screen (``screen_lines``: at most ``SCREEN_COLUMNS`` wide; the
-verdict per arm and category, the notes, timings, where the detail is, the next commands). The detail goes to
-``summary.txt`` and the report. The work is ``entropy_law.jobs.demo.run_demo``.
+The options (sized for a small CPU) and the one screen printed at the end (``screen_lines``, at most
+``SCREEN_COLUMNS`` wide); the detail goes to ``summary.txt`` and the report. The work is ``jobs.demo.run_demo``.
 """
 
 from __future__ import annotations

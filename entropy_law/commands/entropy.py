@@ -1,12 +1,5 @@
-"""``entropy-law entropy RUN --model M``: the target statistics of an imported engine run, computed offline.
-
-Known here: the command-line options, the order of work (check the run and the output folder, then load
-the target and move it to ``--device``, then ``entropy_law.jobs.entropy.compute_target_stats``: batched
-teacher-forced passes, shards written as requests finish, a killed job resumed when run again, the run
-swapped in place at the end unless ``--out``), and what is printed (progress, then the summary: requests
-scored, throughput, how often the target's argmax is the engine's token, the requests whose ids do not fit
-the target). See ``docs/importers.md``.
-"""
+"""``entropy-law entropy RUN --model M``: the target statistics of an imported engine run, computed offline
+(``jobs.entropy.compute_target_stats``; docs/importers.md)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,7 @@
 """``entropy-law export --format glance RUN [RUN ...] > rounds.jsonl``: a trace run as another tool's input.
 
-Known here: the command-line options and where the rows go (standard output, or ``--out``). One format:
-``glance``, GLANCE's round log (``experiments/main_table.py --round-log``: one JSON object per drafting
-round with ``round, entropy, accepted, tau, tree_size, extended, task, prompt``), which GLANCE's
-``experiments/fit_law.py`` reads unchanged. The rows are ``entropy_law.importers.glance.export_glance_rounds``.
+One format, ``glance``: GLANCE's round log, which its ``experiments/fit_law.py`` reads unchanged
+(``importers.glance.export_glance_rounds``), to standard output or ``--out``.
 """
 
 from __future__ import annotations

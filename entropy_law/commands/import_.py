@@ -1,11 +1,5 @@
 """``entropy-law import vllm|sglang|llamacpp|aiperf FILE.jsonl --out RUN``: a serving engine's speculation
-statistics as a trace run.
-
-Known here: the command-line options, the order of work (check the output folder, read and check every
-line, then write), and what is printed: the counts, each flagged request with its reason, each skipped line
-(``--skip-bad``) and what is missing (target statistics). The import itself is ``entropy_law.importers``
-(``import_jsonl``); the field mapping is in ``docs/importers.md``.
-"""
+statistics as a trace run (``importers.import_jsonl``; the field mapping: docs/importers.md)."""
 
 from __future__ import annotations
 
@@ -49,25 +43,16 @@ def run(args) -> int:
         TraceRecorder.check_path(args.out, overwrite=args.overwrite)
     except (FileExistsError, NotADirectoryError) as err:  # a run there, another writer holding it
         raise ValueError(f"{err} (entropy-law import never resumes: --overwrite replaces the run)") from err
+    common = dict(skip_bad=args.skip_bad, model_id=args.model_id, drafter_id=args.drafter_id, overwrite=args.overwrite)
     if args.engine == "specbench":
         from entropy_law.importers.specbench import import_specbench
 
-        summary = import_specbench(args.file, args.out, skip_bad=args.skip_bad, model_id=args.model_id,
-                                   drafter_id=args.drafter_id, overwrite=args.overwrite)
-        for skipped in summary.skipped:
-            print(f"skipped {args.file}:{skipped.line}: {skipped.field}: {skipped.problem}", file=sys.stderr)
-        print("\n".join(summary.lines_to_print()))
-        return 0
-    if args.engine == "glance":
-        summary = import_glance(args.file, args.out, skip_bad=args.skip_bad, model_id=args.model_id,
-                                drafter_id=args.drafter_id, overwrite=args.overwrite)
-        for skipped in summary.skipped:
-            print(f"skipped {args.file}:{skipped.line}: {skipped.field}: {skipped.problem}", file=sys.stderr)
-        print("\n".join(summary.lines_to_print()))
-        return 0
-    summary = import_jsonl(args.file, args.engine, args.out, category=args.category, skip_bad=args.skip_bad,
-                           model_id=args.model_id, drafter_id=args.drafter_id, overwrite=args.overwrite,
-                           vocab_size=args.vocab_size)
+        summary = import_specbench(args.file, args.out, **common)
+    elif args.engine == "glance":
+        summary = import_glance(args.file, args.out, **common)
+    else:
+        summary = import_jsonl(args.file, args.engine, args.out, category=args.category, vocab_size=args.vocab_size,
+                               **common)
     for skipped in summary.skipped:
         print(f"skipped {args.file}:{skipped.line}: {skipped.field}: {skipped.problem}", file=sys.stderr)
     print("\n".join(summary.lines_to_print()))

@@ -1,11 +1,4 @@
-"""``entropy-law law``: fit the entropy law to traces (or simulated traces) and print the results.
-
-Fits ``--family`` per arm (drafter and tree policy), prints its summary and the observed vs DP-predicted tokens per
-round (``--depths``: the drafted-depth model); ``--loco`` adds leave-one-category-out transfer with its
-accuracy across categories (relative errors, Spearman rho), ``--tests`` the pre-registered tests (Holm).
-``--family glance`` (or ``glance_readme``) fits GLANCE's round-level law per arm instead (``glance.fit_glance``).
-Reads traces with ``entropy_law.load_traces``; ``--simulate SEED`` uses ``simulate_traces`` instead.
-"""
+"""``entropy-law law``: fit the entropy law per arm to traces (or simulated traces) and print it (docs/cli.md)."""
 
 from __future__ import annotations
 
@@ -49,74 +42,22 @@ def run(args) -> int:
     from entropy_law.analysis import TraceView, make_view
     from entropy_law.law.fit import PRIMARY_FAMILY, fallback_note, fit_law, primary_family
     from entropy_law.law.hypotheses import preregistered_tests
-    from entropy_law.analysis.simulate import TreeSpec, simulate_traces
-    from entropy_law.glance import GLANCE_FAMILIES
     from entropy_law.law.transfer import block_prediction, loco_transfer
-    from entropy_law.traces.reader import load_traces
 
     defaulted = args.family is None
     if defaulted:
         args.family = PRIMARY_FAMILY
-    if (args.model or args.tasks) and not getattr(args, "context_match", False):
-        raise ValueError("--model and --tasks go with --context-match")
-    if getattr(args, "context_match", False) and (args.simulate is not None or getattr(args, "out_of_core", False)):
-        raise ValueError("--context-match reads a trace folder into memory: drop --simulate / --out-of-core")
-    glance = args.family in GLANCE_FAMILIES
-    if glance and (args.loco or args.tests or getattr(args, "out_of_core", False)):
-        raise ValueError(f"--family {args.family} fits GLANCE's round-level law in memory and prints it per arm: "
-                         "drop --loco / --tests / --out-of-core (they need a law family of fit_law)")
+    glance = _check_args(args)
     if getattr(args, "out_of_core", False):  # larger than memory: the laws only (the rest needs the rows)
-        if args.simulate is not None or args.loco or args.tests or not args.traces:
-            raise ValueError("--out-of-core fits a trace folder (not --simulate) and prints the laws only: drop "
-                             "--loco / --tests, which need the rows in memory")
-        from entropy_law.outofcore import fit_law_out_of_core
-
-        # one law per arm (its label, as make_view gives it below): a drafter's chain and DDTree runs apart
-        try:
-            laws = fit_law_out_of_core(args.traces, args.family, by="drafter_id", by_arm=True)
-        except ValueError as err:
-            from entropy_law.traces.validation import TraceValidationError
-
-            if not defaulted or isinstance(err, TraceValidationError):  # damaged traces: no family fits them
-                raise
-            from entropy_law.law.fit import PRIMARY_FALLBACK
-
-            print(f"law: {PRIMARY_FALLBACK}, not the primary {PRIMARY_FAMILY} ({err})")
-            laws = fit_law_out_of_core(args.traces, PRIMARY_FALLBACK, by="drafter_id", by_arm=True)
-        for drafter in [args.drafter] if args.drafter else list(laws.laws):
-            print(f"=== {drafter} ===")
-            laws[drafter].print_summary()
-            print()
-        return 0
-    if args.simulate is not None:
-        traces = simulate_traces(seed=args.simulate, n_requests_per_category=10, tree=TreeSpec(),
-                                 tokens_per_request=(60, 100))
-    else:
-        if not args.traces:
-            raise ValueError("pass a trace folder, or --simulate SEED")
-        if not args.no_memory_check:  # refuse before reading, rather than be killed for memory half way
-            from entropy_law.outofcore import check_fits_in_memory
-
-            check_fits_in_memory(args.traces, "the law")
-        loaded = load_traces(args.traces)
-        if getattr(args, "context_match", False):
-            loaded = with_context_match(loaded, args.model, args.tasks)
-        # one law per arm (drafter + tree policy: "ngram chain", "ngram ddtree16"), not pooled by drafter
-        traces = make_view(loaded)
+        return _run_out_of_core(args, defaulted)
+    traces = _traces(args)
     if glance:
         return print_glance_laws(traces if isinstance(traces, TraceView) else make_view(traces), args.family,
                                  args.drafter)
     if defaulted and primary_family(traces.tokens) != PRIMARY_FAMILY:
         args.family = primary_family(traces.tokens)
         print(fallback_note(args.family))
-    proposals = None
-    if args.loco and args.loco_depths == "replayed":
-        from entropy_law.traces.proposals import read_proposals
-
-        proposals = read_proposals(args.traces) if args.traces and args.simulate is None else None
-        if proposals is None:
-            raise ValueError("--loco-depths replayed needs the runs' replayed proposals (proposals.parquet beside "
-                             "run.json): make them with bench/law.py proposals --write")
+    proposals = _loco_proposals(args)
     laws = fit_law(traces, args.family, by="drafter_id")
     drafters = [args.drafter] if args.drafter else list(laws.laws)
     for drafter in drafters:
@@ -139,6 +80,79 @@ def run(args) -> int:
     return 0
 
 
+def _check_args(args) -> bool:
+    """Refuse options that do not go together; whether ``--family`` names GLANCE's law."""
+    from entropy_law.glance import GLANCE_FAMILIES
+
+    context_match, out_of_core = getattr(args, "context_match", False), getattr(args, "out_of_core", False)
+    if (args.model or args.tasks) and not context_match:
+        raise ValueError("--model and --tasks go with --context-match")
+    if context_match and (args.simulate is not None or out_of_core):
+        raise ValueError("--context-match reads a trace folder into memory: drop --simulate / --out-of-core")
+    glance = args.family in GLANCE_FAMILIES
+    if glance and (args.loco or args.tests or out_of_core):
+        raise ValueError(f"--family {args.family} fits GLANCE's round-level law in memory and prints it per arm: "
+                         "drop --loco / --tests / --out-of-core (they need a law family of fit_law)")
+    if out_of_core and (args.simulate is not None or args.loco or args.tests or not args.traces):
+        raise ValueError("--out-of-core fits a trace folder (not --simulate) and prints the laws only: drop "
+                         "--loco / --tests, which need the rows in memory")
+    return glance
+
+
+def _run_out_of_core(args, defaulted: bool) -> int:
+    """One law per arm (its label, as ``make_view`` gives it) fitted by DuckDB over the shards, printed."""
+    from entropy_law.law.fit import PRIMARY_FALLBACK, PRIMARY_FAMILY
+    from entropy_law.outofcore import fit_law_out_of_core
+    from entropy_law.traces.validation import TraceValidationError
+
+    try:
+        laws = fit_law_out_of_core(args.traces, args.family, by="drafter_id", by_arm=True)
+    except ValueError as err:
+        if not defaulted or isinstance(err, TraceValidationError):  # damaged traces: no family fits them
+            raise
+        print(f"law: {PRIMARY_FALLBACK}, not the primary {PRIMARY_FAMILY} ({err})")
+        laws = fit_law_out_of_core(args.traces, PRIMARY_FALLBACK, by="drafter_id", by_arm=True)
+    for drafter in [args.drafter] if args.drafter else list(laws.laws):
+        print(f"=== {drafter} ===")
+        laws[drafter].print_summary()
+        print()
+    return 0
+
+
+def _traces(args):
+    """The simulated traces of ``--simulate``, else the trace folder's runs, one arm per drafter and tree."""
+    from entropy_law.analysis import make_view
+    from entropy_law.analysis.simulate import TreeSpec, simulate_traces
+    from entropy_law.traces.reader import load_traces
+
+    if args.simulate is not None:
+        return simulate_traces(seed=args.simulate, n_requests_per_category=10, tree=TreeSpec(),
+                               tokens_per_request=(60, 100))
+    if not args.traces:
+        raise ValueError("pass a trace folder, or --simulate SEED")
+    if not args.no_memory_check:  # refuse before reading, rather than be killed for memory half way
+        from entropy_law.outofcore import check_fits_in_memory
+
+        check_fits_in_memory(args.traces, "the law")
+    loaded = load_traces(args.traces)
+    if getattr(args, "context_match", False):
+        loaded = with_context_match(loaded, args.model, args.tasks)
+    return make_view(loaded)
+
+
+def _loco_proposals(args):
+    """The runs' replayed proposals for ``--loco-depths replayed``, else None."""
+    if not (args.loco and args.loco_depths == "replayed"):
+        return None
+    from entropy_law.traces.proposals import read_proposals
+
+    proposals = read_proposals(args.traces) if args.traces and args.simulate is None else None
+    if proposals is None:
+        raise ValueError("--loco-depths replayed needs the runs' replayed proposals (proposals.parquet beside "
+                         "run.json): make them with bench/law.py proposals --write")
+    return proposals
+
+
 def print_glance_laws(view, family: str, drafter: str | None = None) -> int:
     """GLANCE's law (``glance.fit_glance``, form ``family``) of each drafting arm of ``view`` (an arm-labelled
     ``TraceView``: ``analysis.make_view``), or of ``drafter`` alone, printed one after another."""
@@ -156,10 +170,9 @@ def print_glance_laws(view, family: str, drafter: str | None = None) -> int:
 
 
 def with_context_match(traces, model: str | None = None, tasks: str | None = None, *, what: str = "the runs"):
-    """``traces`` with the tokens column ``context_match`` at every position (``jobs.reference.
-    ensure_context_matches``): as recorded, else rebuilt from the prompts with the target that decoded them
-    (always with ``model`` or ``tasks``, the commands' --model / --tasks; a rebuilt length that differs from a
-    recorded one is an error). Says which on stdout, naming ``what``. Shared by ``law`` and ``predict``."""
+    """``traces`` with ``context_match`` at every position (``jobs.reference.ensure_context_matches``; rebuilt
+    whenever ``model`` or ``tasks`` is given), saying on stdout which, naming ``what``. For ``law`` and
+    ``predict``."""
     from entropy_law.jobs.reference import ensure_context_matches
 
     try:

@@ -1,23 +1,7 @@
 """``entropy-law predict WORKLOAD --from TRACES``: will drafting pay on a workload no drafter has decoded yet?
 
-Known here: the command-line options, which pricing each mode asks of the analysis, and what is printed.
-In: WORKLOAD, trace runs of any arm (AR is enough) that give the workload's target entropies; ``--from``, runs of
-the drafting arms with an AR run timed beside them on the same target and machine. Out, per arm and category:
-the verdict first, the predicted speedup with its interval, and that interval widened by the error the prediction
-is allowed (the law's transfer error, or the cost model's own); with several arms, what to run per category
-(``payoff.workload.choose_arms``: the paying arm with the highest predicted speedup, else AR). Modes:
-
-- default: each workload request priced with the arm's law, drafted depths and cost model (``TraceAnalysis.predict``);
-- ``--replay``: the arm's drafter replayed over the workload's outputs, priced by the law in its confidence,
-  fitted on ``--law-from`` (``jobs.reference.workload_proposals``; loads the target);
-- ``--replay-rounds``: the arm's rounds replayed exactly (tree, budget, gate or policy;
-  ``jobs.reference.workload_rounds``) and priced by its cost model alone (``payoff.workload.price_rounds``); with
-  ``--budgets`` and ``--policy`` also configurations never timed, priced by the recorded arm's cost model.
-
-An arm's law must be of the checkpoint the arm ran (the SHA-256 its runs record): another checkpoint's law is refused
-unless ``--law-borrow``, and the notes say which checkpoint, law, depths and errors priced the workload.
-Not known here: the law, the cost model, the replay (``entropy_law.law``, ``entropy_law.payoff``, ``entropy_law.jobs.reference``).
-The long explanation is in ``docs/cli.md``; what the predictions achieved is in ``docs/results.md``.
+The options, which pricing each mode (default, ``--replay``, ``--replay-rounds``) asks of the analysis, and what is
+printed; the modes are explained in ``docs/cli.md``.
 """
 
 from __future__ import annotations
@@ -75,7 +59,6 @@ def run(args) -> int:
     from dataclasses import replace
 
     # lazy: `entropy-law --help` imports every command module; the law layer loads only here
-    from entropy_law.analysis import TraceAnalysis
     from entropy_law.traces.reader import load_traces
 
     if args.n_boot < 0:
@@ -88,45 +71,9 @@ def run(args) -> int:
 
         workload = with_context_match(workload, args.model, args.tasks, what=f"the workload {args.workload}")
         arm_traces = with_context_match(arm_traces, args.model, what=f"--from {args.arm_traces}")
-    from entropy_law.law.fit import PRIMARY_FAMILY, fallback_note, primary_family
-
-    # the law prices the workload's own sequences: a workload without the target's top-1 probability at every token
-    # (an AR run recorded by another engine) is priced by the primary law of such traces, said in the notes
-    family = primary_family(workload.tokens)
-    analysis = TraceAnalysis(arm_traces, n_boot=args.n_boot, seed=args.seed,
-                             **({} if family == PRIMARY_FAMILY else {"family": family}))
-    if family != PRIMARY_FAMILY:
-        print(fallback_note(family, f"the workload {args.workload}"))
-    arms = args.drafter or analysis.arms
-    if not arms:
-        raise ValueError(f"{args.arm_traces} holds no drafting arm: --from needs trace runs of a drafter (and AR)")
-    unknown = [a for a in arms if a not in analysis.arms]
-    if unknown:
-        raise ValueError(f"no drafting arm {', '.join(map(repr, unknown))} in {args.arm_traces}; arms: "
-                         f"{', '.join(analysis.arms)}")
-    if args.law_tasks and not args.replay:
-        raise ValueError("--law-tasks names the prompts of --replay's law traces: add --replay")
-    if args.law_borrow and not args.replay:
-        raise ValueError("--law-borrow borrows --replay's law from another checkpoint: add --replay")
-    if args.law_from and not args.replay:
-        raise ValueError("--law-from is for --replay (the law in the drafter's confidence); drop it, or add --replay")
-    budgets = _budgets(args.budgets) if args.budgets else []
-    if budgets and not args.replay_rounds:
-        raise ValueError("--budgets replays DDTree arms at other budgets: it needs --replay-rounds")
-    policy = None
-    if args.policy:
-        if not args.replay_rounds:
-            raise ValueError("--policy replays the arms' rounds under a law policy: it needs --replay-rounds")
-        from entropy_law.payoff.policy import load_policy
-        policy = load_policy(args.policy)  # before the target loads: a bad file fails fast
-        drafters = sorted({str(d) for d in analysis.runs.loc[analysis.runs["arm"].isin(arms), "recorded_drafter_id"]})
-        if policy.get("drafter_id") not in drafters:
-            raise ValueError(f"--policy {args.policy}: the policy is for drafter {policy.get('drafter_id')!r}, and "
-                             f"{args.arm_traces} has no timed arm of it among {', '.join(arms)} (drafters: "
-                             f"{', '.join(drafters)}): its rounds need that drafter's cost model")
-    if args.replay and args.replay_rounds:
-        raise ValueError("--replay prices replayed proposals with a law, --replay-rounds replayed rounds without one: "
-                         "choose one")
+    analysis = _analysis(args, workload, arm_traces)
+    arms = _arms(args, analysis)
+    budgets, policy = _replay_options(args, analysis, arms)
     replayed = {}
     if args.replay:
         replayed, workload = replayed_laws(args, analysis, arms, workload)
@@ -156,20 +103,77 @@ def run(args) -> int:
             print(f"  note: {note}")
         print()
     if len(results) > 1:
-        from entropy_law.payoff.workload import choose_arms
-
-        print("what to run, per category (the paying arm with the highest predicted speedup, else AR):")
-        for r in choose_arms(results).to_dict("records"):
-            band = f" [{r['low']:.2f}, {r['high']:.2f}]" if r["choice"] != "AR" else ""
-            print(f"{r['category']:<16} {r['choice']:<36} {r['predicted_speedup']:.2f}x{band}: {r['why']}")
+        _print_choice(results)
     return 0
 
 
+def _analysis(args, workload, arm_traces):
+    """The analysis of the ``--from`` runs, in the law that can price the workload's own sequences (a workload
+    without the target's top-1 probability is priced by the primary law of such traces, said)."""
+    from entropy_law.analysis import TraceAnalysis
+    from entropy_law.law.fit import PRIMARY_FAMILY, fallback_note, primary_family
+
+    family = primary_family(workload.tokens)
+    analysis = TraceAnalysis(arm_traces, n_boot=args.n_boot, seed=args.seed,
+                             **({} if family == PRIMARY_FAMILY else {"family": family}))
+    if family != PRIMARY_FAMILY:
+        print(fallback_note(family, f"the workload {args.workload}"))
+    return analysis
+
+
+def _arms(args, analysis) -> list:
+    """The drafting arms asked for (default: every one of ``--from``), each checked to be there."""
+    arms = args.drafter or analysis.arms
+    if not arms:
+        raise ValueError(f"{args.arm_traces} holds no drafting arm: --from needs trace runs of a drafter (and AR)")
+    unknown = [a for a in arms if a not in analysis.arms]
+    if unknown:
+        raise ValueError(f"no drafting arm {', '.join(map(repr, unknown))} in {args.arm_traces}; arms: "
+                         f"{', '.join(analysis.arms)}")
+    return arms
+
+
+def _replay_options(args, analysis, arms) -> tuple[list, dict | None]:
+    """(``--budgets``, the ``--policy`` loaded), after refusing options that need a replay mode not asked for."""
+    if args.law_tasks and not args.replay:
+        raise ValueError("--law-tasks names the prompts of --replay's law traces: add --replay")
+    if args.law_borrow and not args.replay:
+        raise ValueError("--law-borrow borrows --replay's law from another checkpoint: add --replay")
+    if args.law_from and not args.replay:
+        raise ValueError("--law-from is for --replay (the law in the drafter's confidence); drop it, or add --replay")
+    budgets = _budgets(args.budgets) if args.budgets else []
+    if budgets and not args.replay_rounds:
+        raise ValueError("--budgets replays DDTree arms at other budgets: it needs --replay-rounds")
+    policy = None
+    if args.policy:
+        if not args.replay_rounds:
+            raise ValueError("--policy replays the arms' rounds under a law policy: it needs --replay-rounds")
+        from entropy_law.payoff.policy import load_policy
+        policy = load_policy(args.policy)  # before the target loads: a bad file fails fast
+        drafters = sorted({str(d) for d in analysis.runs.loc[analysis.runs["arm"].isin(arms), "recorded_drafter_id"]})
+        if policy.get("drafter_id") not in drafters:
+            raise ValueError(f"--policy {args.policy}: the policy is for drafter {policy.get('drafter_id')!r}, and "
+                             f"{args.arm_traces} has no timed arm of it among {', '.join(arms)} (drafters: "
+                             f"{', '.join(drafters)}): its rounds need that drafter's cost model")
+    if args.replay and args.replay_rounds:
+        raise ValueError("--replay prices replayed proposals with a law, --replay-rounds replayed rounds without one: "
+                         "choose one")
+    return budgets, policy
+
+
+def _print_choice(results: dict) -> None:
+    """What to run per category: the paying arm with the highest predicted speedup, else AR."""
+    from entropy_law.payoff.workload import choose_arms
+
+    print("what to run, per category (the paying arm with the highest predicted speedup, else AR):")
+    for r in choose_arms(results).to_dict("records"):
+        band = f" [{r['low']:.2f}, {r['high']:.2f}]" if r["choice"] != "AR" else ""
+        print(f"{r['category']:<16} {r['choice']:<36} {r['predicted_speedup']:.2f}x{band}: {r['why']}")
+
+
 def checkpoint_notes(analysis, arms) -> dict[str, list[str]]:
-    """Per arm of ``arms`` whose drafter was loaded from a checkpoint other than the one a run that names none uses
-    today (``jobs.arms.block_drafter_checkpoint``): ``[a note]`` naming both (found by SHA-256); the prediction
-    prices the recorded checkpoint (its law, costs and, replayed, its proposals), not the default a user would run.
-    Arms without a checkpoint, or of the default, are absent. Hashes nothing where no arm has a checkpoint."""
+    """Per arm of ``arms`` recorded with a block drafter checkpoint other than today's default
+    (``jobs.arms.block_drafter_checkpoint``): ``[a note]`` naming both; other arms are absent."""
     recorded = {arm: shas for arm in arms if (shas := _checkpoints(analysis, arm))}
     if not recorded:
         return {}
@@ -190,9 +194,8 @@ def checkpoint_notes(analysis, arms) -> dict[str, list[str]]:
 
 
 def _with_copyability(traces, target, tasks=None):
-    """(``traces`` with the tokens column ``context_match`` at every position, None): as recorded or rebuilt from
-    their prompts with the loaded ``target`` (``jobs.reference.ensure_context_matches``); else (``traces``, why
-    not)."""
+    """(``traces`` with ``context_match`` at every position, None) (``ensure_context_matches`` with the loaded
+    ``target``), else (``traces``, why not)."""
     from entropy_law.jobs.reference import ensure_context_matches
 
     try:
@@ -202,13 +205,9 @@ def _with_copyability(traces, target, tasks=None):
 
 
 def replayed_laws(args, analysis, arms, workload, family: str | None = None) -> tuple[dict, object]:
-    """``--replay``: per arm (its law, transfer error, replayed proposals, notes), and the workload with the context's
-    copyability where it could be attached. ``args``: the command's options (``workload``, ``arm_traces``,
-    ``law_from``, ``law_tasks``, ``tasks``, ``model``, ``checkpoint``, ``transfer_error``, ``n_boot``, ``seed``).
-    ``family``: the law (default: ``payoff.workload.replayed_family`` of what the traces hold; ``bench/
-    predict_open_ended.py`` compares it with ``REPLAYED_FAMILY``). Each arm's law is calibrated by its residual b
-    on ``--law-from``'s categories (``law.transfer.calibrated_transfer``), unless ``--transfer-error`` is given:
-    the tuple's last item, ``{"bias": b, "uncalibrated_error": the transfer error without b}``."""
+    """``--replay``: per arm (its law, transfer error, replayed proposals, notes, ``{"bias": b,
+    "uncalibrated_error": ...}``), and the workload with the context's copyability where it could be attached.
+    ``args``: the command's options; ``family``: the law (default ``payoff.workload.replayed_family``)."""
     from pathlib import Path
 
     from entropy_law.jobs.reference import workload_proposals
@@ -292,9 +291,7 @@ def _shas(shas: list[str]) -> str:
 
 def _law_error(args, analysis, reference, arm: str, law_from: str, family: str) -> tuple[float, dict, list]:
     """(the widening of the verdict, ``{"bias": b, "uncalibrated_error": ...}``, notes) for ``arm``'s law fitted on
-    ``reference``: ``--transfer-error`` as given (no b), else the law's leave-one-category-out error after its
-    residual b (``law.transfer.calibrated_transfer``) compounded with the cost model's own error on ``analysis``
-    (``TraceAnalysis.cost_model_error``)."""
+    ``reference``: ``--transfer-error``, else the law's calibrated transfer error compounded with the cost model's."""
     from entropy_law.law.transfer import calibrated_transfer
 
     if args.transfer_error is not None:
@@ -311,8 +308,7 @@ def _law_error(args, analysis, reference, arm: str, law_from: str, family: str) 
              f"{law_error:.1%} (mean {table['relative_error'].abs().mean():.1%}; without b "
              f"{float(raw['max_abs_relative_error']):.1%}, mean {float(raw['mean_abs_relative_error']):.1%}; {family}, "
              "replayed depths)"]
-    # a right tokens per round can still be priced wrong: compound the cost model's own error (as --replay-rounds
-    # widens by it), which the law's error on tokens per round does not hold
+    # a right tokens per round can still be priced wrong: compound the cost model's own error
     cost_error, cost_note = analysis.cost_model_error(arm)
     error = (1 + law_error) * (1 + cost_error) - 1
     notes.append(f"widened by both: (1 + {law_error:.1%}) x (1 + {cost_error:.1%}) - 1 = {error:.1%}, the second "
@@ -354,9 +350,8 @@ def _budgets(text: str) -> list[int]:
 
 
 def _replayed_rounds(args, analysis, arms, budgets=(), policy=None) -> dict:
-    """name -> (its rounds replayed over the workload, notes, the arm whose cost model prices them, its error or
-    None for the default): every arm, then each DDTree arm at each other budget of ``budgets``, then each arm of
-    ``policy``'s drafter under that law policy."""
+    """name -> (rounds replayed over the workload, notes, the arm whose cost model prices them, its error or None):
+    every arm, its law policy variant, and each DDTree arm at each other budget of ``budgets``."""
     import re
     from pathlib import Path
 

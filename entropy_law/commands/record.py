@@ -1,14 +1,7 @@
-"""``entropy-law record``: decode benchmark prompts speculatively and write acceptance traces.
+"""``entropy-law record``: decode benchmark prompts with one arm and write its trace run (``jobs.record.record_arms``).
 
-Known here: the command-line options (``--drafter ar`` is the autoregressive baseline; ``none``, its old
-name, is still accepted), the order of work (load the prompts and check the output folder, then the
-model; then ``entropy_law.jobs.record.record_arms`` with one arm: it skips what a resumed run already
-holds, decodes each prompt through the chat template, hands every round to the trace recorder and writes
-each finished prompt to disk), what is skipped rather than fatal (empty prompts, prompts that leave no
-room in the model's context, and a request that fails while decoding: logged with its reason, recorded
-with stop reason "error" when it had begun, and the run goes on), and the summary printed at the end.
-Not known here: decoding itself (``SpeculativeDecoder``), the trace format (``TraceRecorder``), the
-prompt files (``entropy_law.prompts.text``).
+Prompts that cannot be decoded are skipped, and a failing request is recorded with stop reason "error" and logged;
+the run goes on. Details: docs/cli.md.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""``entropy-law report TRACES``: a self-contained summary (HTML, or Markdown with PNGs) of a trace set.
-
-Known here: the command-line options. The report itself is ``entropy_law.jobs.report.write_report``.
-"""
+"""``entropy-law report TRACES``: a self-contained summary (HTML, or Markdown with PNGs) of a trace set
+(``jobs.report.write_report``)."""
 
 from __future__ import annotations
 

@@ -1,13 +1,7 @@
 """``entropy-law train-drafter``: self-distilled data, target features and block-drafter training in one command.
 
-Reproducible (explicit ``--seed``; data plan and hyper-parameters written beside the outputs) and
-resumable: data shards already written are skipped, training resumes from the newest checkpoint in
-``OUT/checkpoints``. ``--only data`` / ``--only train`` run one half.
-
-Any local target (``--model``: an embedded name, a Hugging Face folder or a ``.gguf`` file), sliding-window
-and hybrid ones included: the feature layers follow its depth (``default_feature_layers``; the training
-half reads them from the data's ``plan.json``); a base model without a chat template needs
-``--no-chat-template``, as ``entropy-law record`` does.
+Seeded and resumable (data shards already written are skipped; training resumes from ``OUT/checkpoints``);
+``--only data`` / ``--only train`` run one half. Details: docs/cli.md.
 """
 
 from __future__ import annotations
@@ -30,7 +24,13 @@ def register(subparsers) -> None:
     p.add_argument("--only", choices=("data", "train"), default=None, help="run only one half")
     p.add_argument("--threads", type=int, default=1,
                    help="torch threads (default: %(default)s; one thread wastes least on a shared, busy CPU)")
-    g = p.add_argument_group("data")
+    _data_options(p.add_argument_group("data"))
+    _training_options(p.add_argument_group("training"))
+    p.set_defaults(func=run)
+
+
+def _data_options(g) -> None:
+    """The options of the data half: the plan of prompts and how the target answers them."""
     g.add_argument("--n-gsm8k", type=int, default=128)
     g.add_argument("--n-passages", type=int, default=48)
     g.add_argument("--n-open", type=int, default=64)
@@ -65,7 +65,10 @@ def register(subparsers) -> None:
     g.add_argument("--no-chat-template", action="store_true",
                    help="tokenize the prompts as is (a base model without a chat template; decode its drafter "
                         "with `entropy-law record --no-chat-template`)")
-    t = p.add_argument_group("training")
+
+
+def _training_options(t) -> None:
+    """The options of the training half: the drafter's shape, its loss and the schedule."""
     t.add_argument("--block-size", type=int, default=8)
     t.add_argument("--layers", type=int, default=1, help="drafter layers (default: %(default)s)")
     t.add_argument("--steps", type=int, default=1600)
@@ -102,7 +105,6 @@ def register(subparsers) -> None:
     t.add_argument("--heldout", type=int, default=16, help="samples held out for acceptance")
     t.add_argument("--eval-every", type=int, default=200)
     t.add_argument("--save-every", type=int, default=50)
-    p.set_defaults(func=run)
 
 
 def run(args) -> int:

@@ -1,33 +1,16 @@
-"""The target side of speculative decoding: one Hugging Face causal LM, its KV cache, one forward per call.
+"""The target side of speculative decoding: one Hugging Face causal LM (batch 1), its KV cache, one forward per call.
 
-Known here: how to prefill a prompt, how to verify a candidate tree in ONE forward pass (a 4-D additive
-float mask ``[1, 1, N+1, keys]`` in which the committed prefix is visible and the tree part is
-ancestor-only, position ids ``start + depth``), how to keep only the accepted rows of the KV cache
-(``commit``; our own gather-and-truncate over ``cache.layers[i].keys/values``, never ``DynamicCache.crop``,
-whose meaning changed across transformers versions), and how to capture hidden states of chosen layers
-(``entropy_law.decoding.features``). Batch size 1. Forwards run the language attention with the lean
-grouped-query kernel of ``entropy_law.decoding.attention`` when the model uses ``eager`` (same logits, no
-copies of the KV cache); ``lean_attention=False`` keeps transformers' own kernel.
+Prefill; verify a candidate tree in one forward (an additive mask in which the committed prefix is visible and
+the tree ancestor-only, position ids ``start + depth``); keep only the accepted cache rows (``commit``, our own
+gather-and-truncate, never ``DynamicCache.crop``). Forwards use the lean GQA kernel of ``decoding.attention``
+where the model runs ``eager`` (same logits).
 
-Sliding-window attention (Mistral, Gemma 2/3, Qwen2/3 with ``use_sliding_window``; hybrid models mix such
-layers with full ones). Transformers 5.x gives each sliding layer a ``DynamicSlidingWindowLayer``. A query
-at sequence index ``p`` sees keys at ``k`` with ``0 <= p - k < W``; the layer's ``update`` attends over
-its held rows plus the new ones and then keeps only the last ``W - 1`` of them, so after a forward it no
-longer holds the rows a rejected draft would need back. The adapter therefore switches each such layer to
-past recording (``activate_past_recording``: ``update`` keeps every row, still attends over the last
-``W - 1 + q``), and trims it itself: after prefill and every ``commit`` a sliding layer holds exactly the
-last ``min(length, W - 1)`` committed positions, the rows greedy ``generate`` would hold (its row ``j`` is
-position ``length - rows + j``, and ``cumulative_length`` stays the committed length). The tree mask is
-built per window (``tree_attention_mask(start, tree, window)``: a node at ``start + depth`` sees a key only
-within its window, ancestors included) and handed to the model as one tensor when every layer has the
-same window, else as a mapping by layer type (``config.layer_types``), the form in which transformers'
-own ``create_masks_for_generate`` hands hybrid models their masks. ``CacheLayout`` reads all this from
-the configuration once, when the adapter is built, and refuses any other cache layout there (chunked,
-linear or shared-KV layers, windows that differ from the mask's) with ``UnsupportedCacheLayout``.
-
-Not known here: drafters, tree policies, acceptance, stopping (see ``decoder``). A vision-language
-subclass overrides ``tree_position_ids`` (3-D M-RoPE ids) and ``prefill`` (pixel inputs); nothing else
-needs to change.
+Sliding-window layers are switched to past recording (``activate_past_recording``) so a rejected draft's rows
+can be dropped, and trimmed here after prefill and every ``commit`` to the last ``min(length, W - 1)``
+committed positions, the rows greedy ``generate`` holds. The tree mask is built per window and passed as one
+tensor, or for hybrid models as a mapping by ``config.layer_types``. ``CacheLayout`` reads this once from the
+configuration and refuses any other layout with ``UnsupportedCacheLayout``. A VLM subclass overrides
+``tree_position_ids`` and ``prefill``.
 """
 
 from __future__ import annotations
@@ -54,21 +37,14 @@ def cache_keyword(model: torch.nn.Module) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
-# --- what each layer's cache keeps -------------------------------------------------------------------
-
-
 class UnsupportedCacheLayout(NotImplementedError):
     """The target's KV cache has a layout the adapter cannot keep and roll back (raised when it is built)."""
 
 
 @dataclass(frozen=True)
 class CacheLayout:
-    """What every decoder layer's KV cache keeps, read from the model's configuration.
-
-    ``windows[i]``: ``None`` for a full-attention layer (row ``j`` = position ``j``), else the sliding window
-    ``W`` of layer ``i`` (held between forwards: the last ``W - 1`` positions). ``layer_types``: the names by
-    which the model reads a mapping of masks (``config.layer_types``), or ``None`` if it takes one mask.
-    """
+    """What every decoder layer's KV cache keeps: ``windows[i]`` is ``None`` (full attention) or the sliding
+    window ``W``; ``layer_types``: the keys of a mapping of masks (``config.layer_types``), or ``None``."""
 
     model_type: str
     windows: tuple[int | None, ...]
@@ -97,9 +73,8 @@ def _unsupported(model_type: str, layer: int, layer_type: str, why: str) -> Unsu
 
 
 def cache_layout(model: torch.nn.Module) -> CacheLayout:
-    """The ``CacheLayout`` of ``model``'s language model, or ``UnsupportedCacheLayout`` naming the model type,
-    the first layer that cannot be kept and what to do. Reads the layers transformers' ``DynamicCache`` builds
-    from the configuration (no tensors are allocated)."""
+    """The ``CacheLayout`` of ``model``'s language model (from the configuration, no tensors allocated), or
+    ``UnsupportedCacheLayout`` naming the first layer that cannot be kept and what to do."""
     config = model.config.get_text_config(decoder=True) if hasattr(model.config, "get_text_config") \
         else model.config
     model_type = str(getattr(config, "model_type", None) or type(model).__name__)
@@ -164,14 +139,8 @@ def truncate_cache(cache, length: int) -> None:
 
 
 def compact_cache(cache, start: int, nodes: Sequence[int]) -> None:
-    """In every layer, keep the rows of tree nodes ``nodes`` (verified at ``start``) as positions ``start,
-    start + 1, ...``, drop the other tree rows, then trim to the committed length ``start + len(nodes)``.
-
-    Works on the per-layer ``keys``/``values`` tensors ``[batch, kv_heads, rows, head_dim]`` of a
-    transformers 5.x ``DynamicCache``. A full-attention layer's rows are positions; a sliding-window layer
-    (recording its past) holds positions ``cumulative_length - rows ..`` with the tree's rows last, and ends
-    with the last ``W - 1`` committed positions.
-    """
+    """In every layer of a ``DynamicCache``, keep the rows of tree nodes ``nodes`` (verified at ``start``) as
+    positions ``start, start + 1, ...``, drop the other tree rows and trim to ``start + len(nodes)``."""
     nodes = [int(i) for i in nodes]
     m = len(nodes)
     contiguous = nodes == list(range(m))  # chains: the accepted rows are already in place
@@ -204,20 +173,12 @@ def compact_cache(cache, start: int, nodes: Sequence[int]) -> None:
     truncate_cache(cache, start + m)  # sliding layers: back to their window
 
 
-# --- the adapter -------------------------------------------------------------------------------------
-
-
 class TargetAdapter:
     """Wraps a causal LM (eval mode, batch 1) and owns its KV cache.
 
-    ``feature_layers``: decoder layers whose output hidden states are returned with the logits
-    (concatenated, ``[rows, len(feature_layers) * hidden]``); empty: no features, ``None`` returned.
-
-    Invariant between calls: the cache holds the committed positions ``0 .. cache_len - 1`` (a
-    sliding-window layer: the last ``W - 1`` of them). ``verify`` appends ``N + 1`` rows (root + tree nodes,
-    node order); ``commit`` brings the cache back to the invariant. A cache layout that cannot be kept
-    raises ``UnsupportedCacheLayout`` here, before any prompt.
-    """
+    ``feature_layers``: decoder layers whose outputs are returned with the logits, concatenated (empty: None).
+    Between calls the cache holds the committed positions ``0 .. cache_len - 1``; ``verify`` appends ``N + 1``
+    rows and ``commit`` restores that. An unsupported cache layout raises ``UnsupportedCacheLayout`` here."""
 
     def __init__(self, model: torch.nn.Module, *, feature_layers: Sequence[int] = (), lean_attention: bool = True):
         self.model = model
@@ -245,8 +206,6 @@ class TargetAdapter:
             if layer.is_sliding:
                 layer.activate_past_recording()
         return cache
-
-    # --- forward passes -------------------------------------------------------------------------
 
     @property
     def attention_kernel(self) -> str:
@@ -280,35 +239,29 @@ class TargetAdapter:
         return logits[-1], features
 
     def prefill(self, input_ids: Sequence[int] | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Start a new sequence: a fresh cache over ``input_ids``.
+        """Start a new sequence with a fresh cache: the last position's logits ``[V]`` (fp32) and the features of
+        every prompt position ``[n, F]`` (or ``None``)."""
+        ids = self._prompt_tensor(input_ids)
+        return self._prefill_forward(ids, torch.arange(ids.shape[1], device=self.device).unsqueeze(0))
 
-        Returns the last position's logits ``[V]`` (fp32) and the features of every prompt position
-        ``[n, F]`` (or ``None``).
-        """
-
+    def _prompt_tensor(self, input_ids, advice: str = "shorten the prompt") -> torch.Tensor:
+        """``input_ids`` as ``[1, n]`` on the device; ``ValueError`` if empty or longer than the context."""
         ids = torch.as_tensor(input_ids, dtype=torch.long, device=self.device).reshape(1, -1)
         n = ids.shape[1]
         if n == 0:
             raise ValueError("empty prompt: give at least one token")
         if self.max_context is not None and n > self.max_context:
-            raise ValueError(
-                f"prompt has {n} tokens but the model's context is {self.max_context}; shorten the prompt"
-            )
-        return self._prefill_forward(ids, torch.arange(n, device=self.device).unsqueeze(0))
+            raise ValueError(f"prompt has {n} tokens but the model's context is {self.max_context}; {advice}")
+        return ids
 
     def tree_position_ids(self, start: int, tree: Tree) -> torch.Tensor:
         """Position ids ``[1, N + 1]``: ``start + depth`` (siblings share a position). Override for M-RoPE."""
         return (tree.depth_positions() + start).to(self.device).unsqueeze(0)
 
     def tree_attention_mask(self, start: int, tree: Tree, window: int | None = None) -> torch.Tensor:
-        """Additive float mask ``[1, 1, N + 1, keys]``: 0 = visible, dtype minimum = hidden.
-
-        Inside the tree a row sees itself and its ancestors only (``tree.visibility()``). ``window=None``
-        (full attention): ``keys = start + N + 1`` and every row sees the whole committed prefix. A
-        sliding window ``W``: the layer attends over its last ``r = min(start, W - 1)`` committed positions
-        and the tree, ``keys = r + N + 1``, and a node at ``start + depth`` sees a key at ``k`` only if
-        ``start + depth - k < W`` (ancestors at ``start + their depth``).
-        """
+        """Additive mask ``[1, 1, N + 1, keys]`` (0: visible, dtype minimum: hidden): a tree row sees itself and
+        its ancestors; with full attention (``window=None``) the whole prefix, ``keys = start + N + 1``; with a
+        window ``W``, the last ``r = min(start, W - 1)`` committed keys, each only if ``start + depth - k < W``."""
         n = tree.n_nodes + 1
         prefix = start if window is None else min(start, window - 1)
         hidden_tree = ~tree.visibility()
@@ -334,12 +287,8 @@ class TargetAdapter:
         return {name: masks[window] for name, window in zip(self.layout.layer_types, self.layout.windows)}
 
     def verify(self, root_id: int, tree: Tree, start: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """One forward over ``[root] + tree.tokens`` at cache length ``start``.
-
-        Returns logits ``[N + 1, V]`` (fp32; row ``i`` is the target's next-token distribution after the
-        path ending at node ``i``) and features ``[N + 1, F]`` (or ``None``). The cache then holds
-        ``start + N + 1`` rows until ``commit``. With an empty tree this is a plain one-token step.
-        """
+        """One forward over ``[root] + tree.tokens`` at cache length ``start``: logits ``[N + 1, V]`` (fp32; row
+        ``i`` follows the path ending at node ``i``) and features (or ``None``); ``commit`` must follow."""
         if start != self.cache_len:
             raise RuntimeError(f"verify at start={start} but the cache holds {self.cache_len} positions; "
                                "call commit() after every verify")
@@ -348,17 +297,13 @@ class TargetAdapter:
                              f"({self.max_context})")
         ids = torch.tensor([(int(root_id),) + tree.tokens], dtype=torch.long, device=self.device)
         positions = self.tree_position_ids(start, tree)
-        # a lone root (or a chain) is ordinary causal attention; a chain still gets the explicit mask so
-        # that every tree shape goes through the same code path
+        # a chain still gets the explicit mask: every tree shape takes the same path
         mask = None if tree.n_nodes == 0 else self.tree_attention_masks(start, tree)
         return self._forward(ids, positions, mask)
 
-    # --- cache surgery -------------------------------------------------------------------------
-
     def commit(self, start: int, accepted_nodes: Sequence[int]) -> None:
-        """Keep the cache rows of ``accepted_nodes`` (tree node indices on the accepted path, root = 0
-        first, in path order) at positions ``start, start + 1, ...`` and drop everything after them.
-        """
+        """Keep the cache rows of ``accepted_nodes`` (the accepted path's node indices, root 0 first) at
+        positions ``start, start + 1, ...`` and drop everything after them."""
         nodes = [int(i) for i in accepted_nodes]
         if not nodes or nodes[0] != 0:
             raise ValueError(f"accepted_nodes must start with the root (0), got {nodes}")

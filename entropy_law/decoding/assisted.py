@@ -1,30 +1,12 @@
 """Assisted generation in transformers, recorded: a streamer that logs every verify round to a ``TraceRecorder``.
 
-Known here: what ``model.generate(..., assistant_model=assistant, streamer=streamer)`` tells a streamer
-(transformers' assisted decoding loop): one ``put`` with the prompt, then one ``put`` per verify round with
-the round's ``n_matches + 1`` committed ids (the accepted drafts, then the target's own token), then
-``end()``. So the rounds and tau come from the streamer, and everything else from the two models after
-generation, in one teacher-forced pass each (``replay.teacher_forced_logits``; recording never changes what
-is decoded):
-
-- the target statistics (``target_*``) of every output token, from the target's logits along the output;
-- the drafter statistics (``draft_*``), from the assistant's logits along the output: at depths up to the
-  first rejection the draft's prefix is the committed prefix, so the teacher-forced row is the distribution
-  the assistant drafted from;
-- each round's draft length, which a streamer cannot see: it is the assistant's ``num_assistant_tokens``
-  (required constant, with ``assistant_confidence_threshold = 0``, so the draft is never cut by a
-  confidence the streamer does not see), capped by the token budget as transformers caps it
-  (``max_new_tokens - new tokens so far - 1``), and shorter where the assistant's greedy draft is EOS at the
-  rejected depth (the assistant stops drafting at EOS). A draft that ended at EOS past the rejection is not
-  on the committed path and is not seen;
-- the last round of an output that ends at EOS: transformers cuts a round after an accepted EOS draft and
-  reports ``n_matches`` after the cut, so the streamer alone cannot tell an accepted EOS draft (the round
-  stopped inside, tau = committed) from the target's own EOS (tau = committed - 1). The assistant's greedy
-  token at that position tells: EOS means it drafted EOS, and the target, whose token it is, accepted it.
-
-Assumptions: greedy decoding (``do_sample=False``) of target and assistant, one sequence (transformers'
-assisted decoding takes batch size 1), the same tokenizer, no logits processors that change the argmax.
-Not known here: the trace format (``TraceRecorder``) or any analysis.
+transformers' assisted loop puts the prompt, then each round's ``n_matches + 1`` committed ids. The rounds and
+tau come from those; the target and drafter statistics from one teacher-forced pass of each model after
+generation (up to the first rejection the draft's prefix is the committed one). A round's draft length, which
+a streamer cannot see, is the assistant's constant ``num_assistant_tokens`` (required, with no confidence cut),
+capped as transformers caps it, and shorter where the assistant's greedy draft is EOS; at a final EOS, the
+assistant's greedy token tells an accepted EOS draft from the target's own. Assumes greedy decoding of both
+models, batch 1 and one tokenizer.
 """
 
 from __future__ import annotations
@@ -39,9 +21,7 @@ from entropy_law.decoding.replay import teacher_forced_logits
 
 
 class AssistedRecorder(BaseStreamer):
-    """Log one request of transformers assisted generation: pass it as ``streamer=`` to ``generate``.
-
-    ::
+    """Log one request of transformers assisted generation: pass it as ``streamer=`` to ``generate``::
 
         assistant.generation_config.num_assistant_tokens = 4
         assistant.generation_config.num_assistant_tokens_schedule = "constant"
@@ -49,13 +29,9 @@ class AssistedRecorder(BaseStreamer):
         streamer = AssistedRecorder(recorder, model, assistant, request_id="q1", category="math", max_new_tokens=128)
         model.generate(**inputs, assistant_model=assistant, streamer=streamer, max_new_tokens=128, do_sample=False)
 
-    ``recorder``: a ``TraceRecorder`` (or anything with its ``begin_request`` / ``log_round`` /
-    ``end_request``). ``target``: the model that generates (Hugging Face causal LM or ``LoadedTarget``);
-    ``assistant_model``: the one passed to ``generate``; ``max_new_tokens``: the value passed to
-    ``generate`` (the draft cap and the stop reason depend on it). ``eos_token_id``: default the target's
-    generation config. The request is written at ``end()`` (the end of ``generate``), all rounds at once;
-    ``rounds`` then lists what was logged. One recorder per ``generate`` call.
-    """
+    ``recorder``: a ``TraceRecorder``; ``target``: the model that generates; ``max_new_tokens``: the value given
+    to ``generate``. The request is written at ``end()``; ``rounds`` then lists what was logged. One recorder per
+    ``generate`` call."""
 
     def __init__(self, recorder, target, assistant_model, *, request_id: str, category: str, max_new_tokens: int,
                  dataset: str = "", question_id: str = "", eos_token_id: int | Sequence[int] | None = None):
@@ -79,7 +55,6 @@ class AssistedRecorder(BaseStreamer):
         self._started = 0.0
         self._ended = False
 
-    # -- the streamer interface -------------------------------------------------------------------------
     def put(self, value) -> None:
         if self._ended:
             raise RuntimeError(f"AssistedRecorder for request {self.request_id!r} has ended; use one recorder per "
@@ -129,7 +104,6 @@ class AssistedRecorder(BaseStreamer):
                         decode_ms=decode_ms)
         self.rounds = rounds
 
-    # -- what the streamer cannot see ------------------------------------------------------------------
     def _stop_reason(self, output: list[int]) -> str:
         if not output:
             raise ValueError(f"request {self.request_id!r}: generate() produced no token")

@@ -1,17 +1,9 @@
 """Grouped-query eager attention without repeated keys and values: the adapter's attention kernel.
 
-transformers' ``eager`` attention expands the cached keys and values of every KV head to all the query heads
-it serves (``repeat_kv``: a copy of the whole cache in every layer, every forward). Here the query heads of
-one KV head are stacked as extra query rows instead, so each KV head is read in place: the same dot
-products, the same float32 softmax, the same weighted sums, without the copy, so the logits equal ``eager``'s
-and a step saves the copy's time, more on longer contexts; ``tests/test_attention.py`` checks equality on tiny
-models.
-
-The kernel is used only inside ``TargetAdapter`` forwards (``lean_attention``), and only where the model
-was loaded with ``eager``: the model object itself keeps its configuration, so ``model.generate`` and any
-other user of the same model run transformers' own eager code. Sliding-window layers need nothing of
-their own here (their window is in the mask, as for eager); Gemma's attention-logit soft-capping is applied
-as eager applies it.
+transformers' ``eager`` copies every KV head to the query heads it serves (``repeat_kv``); here those query
+heads are stacked as extra query rows instead, so each KV head is read in place with the same arithmetic and the
+logits equal ``eager``'s. Used only inside ``TargetAdapter`` forwards of a model loaded with ``eager``
+(``lean_attention``); the model's own configuration is restored after each.
 """
 
 from __future__ import annotations
@@ -29,12 +21,7 @@ def gqa_eager_attention(module, query, key, value, attention_mask, scaling, drop
                         softcap: float | None = None, sliding_window: int | None = None, **kwargs):
     """``eager_attention_forward``'s contract: ``query [b, H, q, d]``, ``key/value [b, kv, L, d]``, additive
     float mask ``[b, 1, q, L]`` or None -> (output ``[b, q, H, d]``, attention weights ``[b, H, q, L]``).
-
-    ``softcap`` (Gemma 2/3's ``attn_logit_softcapping``): scores become ``softcap * tanh(scores / softcap)``
-    before the mask, in eager's order. ``sliding_window`` is not read, as eager does not read it: the mask
-    (ours, or the one transformers builds through ``eager_mask``) already hides keys outside the window,
-    and the cache hands over only the window's rows.
-    """
+    ``softcap``: Gemma's logit soft-capping, in eager's order; ``sliding_window`` is in the mask, not read."""
     if dropout and module.training:
         raise RuntimeError("the lean attention kernel is for inference; load the model with eager attention "
                            "to train it")
@@ -50,9 +37,7 @@ def gqa_eager_attention(module, query, key, value, attention_mask, scaling, drop
     rows = query.reshape(b, kv, groups * q, d)
     weights = torch.matmul(rows, key.transpose(2, 3)) * scaling
     if softcap is not None:
-        weights = weights / softcap
-        weights = torch.tanh(weights)
-        weights = weights * softcap
+        weights = torch.tanh(weights / softcap) * softcap
     if attention_mask is not None:
         weights = (weights.view(b, kv, groups, q, -1) + attention_mask.unsqueeze(1)).view(b, kv, groups * q, -1)
     weights = torch.softmax(weights, dim=-1, dtype=torch.float32).to(query.dtype)
@@ -61,7 +46,6 @@ def gqa_eager_attention(module, query, key, value, attention_mask, scaling, drop
 
 
 def _register() -> None:
-
     AttentionInterface.register(LEAN_EAGER, gqa_eager_attention)
     # the same 4-D additive float masks as eager (an unregistered name would get no causal mask at all)
     AttentionMaskInterface.register(LEAN_EAGER, eager_mask)
@@ -77,11 +61,8 @@ def text_config(model: torch.nn.Module):
 
 @contextmanager
 def lean_attention(model: torch.nn.Module, enabled: bool = True):
-    """Run the model's language attention with ``gqa_eager_attention`` for the duration, if it uses ``eager``.
-
-    Sets only the text configuration's own attribute (not its sub-configurations: a vision tower keeps its
-    kernel) and restores it on exit, also after an error.
-    """
+    """Run the model's language attention with ``gqa_eager_attention`` for the duration, if it uses ``eager``
+    (the text configuration only: a vision tower keeps its kernel); restored on exit, also after an error."""
     config = text_config(model)
     if not enabled or getattr(config, "_attn_implementation_internal", None) != "eager":
         yield

@@ -1,21 +1,10 @@
 """Lossless greedy speculative decoding online, and the lean autoregressive baseline.
 
-Known here: the online driver of the one round (``round.play_round``): the target (``adapter``) prefills
-the prompt and verifies each round's tree in one forward, the correct token after a tree node is the
-target's argmax there, and the accepted path's target features go to the drafter's next proposal; the
-request's timers (prefill, decode), its result object, and handing every round to observers. Output token
-ids equal greedy decoding of the target, whatever the drafter proposes: every committed token is the
-target's argmax after its committed prefix.
-
-Not known here: the round itself and the stop rules (``round``), what to draft and verify (the round policy:
-``gate``, ``policy``, ``round.RoundPolicy``), how drafters draft
-(``Drafter``), how trees are shaped (``tree``), how rounds are written to disk (``observers``,
-``entropy_law.traces``).
-
-Conventions. After the prefill the target's argmax is the first new token and becomes the pending
-*root*: committed to the output but not yet in the KV cache. The prefill is reported to observers as
-round 0 (no draft, ``verify_ms`` 0; its time is ``prefill_ms``), so every output position has exactly one
-target logit row in exactly one round. Each later round verifies the root plus the tree in one forward.
+The online driver of the one round (``round.play_round``): the target prefills the prompt and verifies each
+round's tree in one forward; the correct token after a node is the target's argmax there, so the output equals
+greedy decoding whatever the drafter proposes. The prefill's argmax is the pending root (committed, not yet in
+the KV cache) and is reported to observers as round 0, so every output position has exactly one target logit
+row in exactly one round.
 """
 
 from __future__ import annotations
@@ -35,6 +24,7 @@ from entropy_law.decoding.loading import model_of
 from entropy_law.decoding.policy import HybridLawPolicy, LawPolicy, check_policy, make_policy
 from entropy_law.decoding.round import (Observer, RequestState, Round, RoundPolicy, RoundRules, now_ms, play_round,
                                         policy_config, prefill_round)
+from entropy_law.decoding.tree import Tree
 
 
 @dataclass
@@ -81,27 +71,16 @@ class GenerationResult:
 
 
 class SpeculativeDecoder:
-    """Greedy lossless speculative decoding with a drafter and a tree policy; ``drafter=None`` is the
-    lean autoregressive baseline (same adapter, timers, token counting and observers; each step is a
-    round with no tree).
+    """Greedy lossless speculative decoding with a drafter and a tree policy; ``drafter=None`` is the lean
+    autoregressive baseline (each step a round with no tree).
 
-    ``target``: a ``LoadedTarget`` (model + tokenizer), a ``TargetAdapter`` or a bare causal LM.
-    ``tree``: ``"chain"``, ``"ddtree"`` (``tree.build_tree``) or a callable ``(proposal, budget) -> Tree``.
-    ``budget``: most draft nodes per tree (``None``: chain = the proposal's depth; ddtree needs one).
-    ``policy``: what each round drafts and verifies, a ``round.RoundPolicy``: ``gate.RatioGate()`` by default
-    (verify the whole tree iff its surrogate expected accepted drafts reach ``verify_cost_ratio - 1``;
-    ``RatioGate(min_expected_accepted=0)``: verify whatever was drafted), ``gate.CostGate()`` (the best-value
-    prefix under this machine's verify-cost curve, timed when the decoder is built, or a curve given),
-    ``gate.PredicateGate(should_draft)``, a ``policy.LawPolicy`` / ``policy.HybridLawPolicy`` (or their
-    parameters, a dict from ``entropy_law.payoff.policy.fit_policy`` / ``hybrid_policy``, priced with the curve they
-    store, else one measured now; checked against the drafter and the target), ``replay.HindsightPolicy`` (the
-    replay oracle's rounds, timed), or any other ``RoundPolicy``. With a law policy ``budget`` is the most nodes a
-    round may verify. Whatever the policy decides, the output is the greedy output. Without a drafter nothing is
-    drafted and a law policy (which needs one) is not used.
-    ``observers``: receive every request's start and end and every round (``round.Observer``).
-    ``eos_token_ids``: default from the model's generation config (then its config).
-    ``tokenizer``: default the target's (a ``LoadedTarget``); needed for text prompts only.
-    """
+    ``target``: a ``LoadedTarget``, a ``TargetAdapter`` or a bare causal LM. ``tree``: ``"chain"``, ``"ddtree"``
+    or a callable ``(proposal, budget) -> Tree``; ``budget``: most draft nodes per tree. ``policy``: a
+    ``round.RoundPolicy`` deciding what each round drafts and verifies (default ``gate.RatioGate()``; also
+    ``CostGate``, ``PredicateGate``, a law policy or its parameters from ``payoff.policy.fit_policy``, checked
+    against the drafter and target). Whatever it decides, the output is the greedy output. ``observers``: get
+    every request's start and end and every round. ``eos_token_ids``: default the model's generation config's;
+    ``tokenizer``: default the target's, needed for text prompts only."""
 
     def __init__(self, target, drafter: Drafter | None = None, *, tree: str | Callable = "chain",
                  budget: int | None = None, policy: RoundPolicy | dict | None = None,
@@ -144,8 +123,6 @@ class SpeculativeDecoder:
             policy = make_policy(policy, curve, drafter)
         return policy.bind(self.adapter, drafter) if callable(getattr(policy, "bind", None)) else policy
 
-    # --- configuration --------------------------------------------------------------------------
-
     def _default_eos(self, eos):
         """The EOS ids given, else the model's generation config's, else its config's."""
         if eos is None:
@@ -184,15 +161,9 @@ class SpeculativeDecoder:
     def block_size(self) -> int:
         return int(self.drafter.block_size) if self.drafter is not None else 1
 
-    # --- prompt handling ------------------------------------------------------------------------
-
     def encode_prompt(self, prompt, *, raw_prompt: bool = False) -> list[int]:
-        """Token ids for a prompt.
-
-        Token ids (list of ints or a tensor) are used as given. Chat messages (list of dicts) and plain
-        strings go through the tokenizer's chat template with ``add_generation_prompt=True`` (a string
-        becomes one user message); ``raw_prompt=True`` tokenizes a string as is.
-        """
+        """Token ids for a prompt: ids (ints or a tensor) as given; chat messages or a string (one user message)
+        through the chat template with the generation prompt; ``raw_prompt=True``: a string tokenized as is."""
         if isinstance(prompt, torch.Tensor):
             return [int(t) for t in prompt.reshape(-1).tolist()]
         if isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
@@ -207,8 +178,6 @@ class SpeculativeDecoder:
             text = self.tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=False)
             return list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         raise TypeError(f"prompt must be a string, chat messages (list of dicts) or token ids, got {type(prompt)}")
-
-    # --- decoding ---------------------------------------------------------------------------------
 
     def generate(self, prompt, *, max_new_tokens: int, category: str = "", request_id: str | None = None,
                  raw_prompt: bool = False, dataset: str = "", question_id: str = "",
@@ -277,9 +246,8 @@ class SpeculativeDecoder:
                                 stop_reason=stop, config=self.config)
 
     def _end_with_error(self, request_id: str, logged: int, err: Exception) -> None:
-        """End a failed request with stop reason "error" for every observer, keeping the tokens they were given
-        (a recorder then completes the run with the other requests intact). The original error is re-raised
-        by the caller; an observer that cannot end the request adds a note to it."""
+        """End a failed request with stop reason "error" for every observer, keeping the tokens they were given;
+        an observer that cannot end it adds a note to ``err`` (re-raised by the caller)."""
         for obs in self.observers:
             try:
                 obs.on_request_end(request_id, {"new_tokens": logged, "stop_reason": "error",
@@ -290,9 +258,8 @@ class SpeculativeDecoder:
 
 
 class _TargetVerifier:
-    """The online source of correct tokens: one target forward over the pending root plus the tree; the
-    correct token after a node is the target's argmax there. Also carries the accepted path's target
-    features to the drafter's next proposal."""
+    """The online source of correct tokens (the target's argmax after each node, from one forward over root and
+    tree); carries the accepted path's target features to the drafter's next proposal."""
 
     def __init__(self, adapter: TargetAdapter):
         self.adapter = adapter
@@ -350,17 +317,10 @@ class _TimedDrafter:
 
 def measure_draft_cost(target, drafter: Drafter, prompt_ids: Sequence[int], *, max_new_tokens: int = 32,
                        repeats: int = 3, clock: str = "auto") -> float:
-    """The drafter's cost per drafting call in one-token target steps, measured on this machine: the median of
-    its ``propose`` calls in a chain decode of ``prompt_ids`` (every round drafts) over the time per step of an
-    AR decode of the same prompt (its ``max_new_tokens`` steps less its prefill, timed apart), both by one clock
-    (``gate.timer_for``: ``"auto"`` is the calling thread's CPU clock for a model on the CPU with one torch
-    thread, which other processes do not move). The two decodes alternate ``repeats`` times after a warm-up and
-    the fastest of each is kept, as ``measure_verify_cost`` keeps its fastest pass.
-
-    The law policy prices a drafting round as ``c(N + 1) + draft_cost``; a cost taken from round timings by the
-    wall clock moves with the machine's load. ``target`` as for ``SpeculativeDecoder``; ``drafter`` is left as it
-    was.
-    """
+    """The drafter's cost per drafting call in one-token target steps on this machine (the ``draft_cost`` of a
+    law policy's ``c(N + 1) + draft_cost``): the median ``propose`` call of a chain decode of ``prompt_ids`` over
+    the time per step of an AR decode, both by one clock (``gate.timer_for``), fastest of ``repeats`` passes
+    after a warm-up."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     if max_new_tokens < 2:

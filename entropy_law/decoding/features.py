@@ -1,10 +1,8 @@
 """Capture the output hidden states of chosen target decoder layers with forward hooks.
 
-One convention for every user (decoder, block drafter, training, replay): the feature of layer ``i``
-is the output hidden state of ``decoder_layers(model)[i]`` (before the final norm), and a position's
-feature vector is the concatenation over ``layers`` in the order given: ``[rows, len(layers) * H]``.
-Hooks rather than ``output_hidden_states`` because the latter's indexing differs across transformers
-versions (embedding entry, list form, post-norm last entry).
+The feature of layer ``i`` is the output of ``decoder_layers(model)[i]`` (before the final norm); a position's
+feature vector concatenates ``layers`` in the order given, ``[rows, len(layers) * H]``. Hooks, because
+``output_hidden_states``' indexing differs across transformers versions.
 """
 
 from __future__ import annotations
@@ -19,10 +17,8 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
     """The list of decoder layers of a Hugging Face causal LM or VLM text model."""
     for path in ("model.layers", "model.language_model.layers", "language_model.model.layers",
                  "model.text_model.layers"):
-        obj = model
         try:
-            for part in path.split("."):
-                obj = getattr(obj, part)
+            obj = model.get_submodule(path)
         except AttributeError:
             continue
         if isinstance(obj, torch.nn.ModuleList):

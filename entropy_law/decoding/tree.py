@@ -1,13 +1,8 @@
-"""Candidate trees: the structure every tree policy returns and the verifier consumes.
+"""Candidate trees: the structure every tree policy (chain, best-first DDTree) returns and the verifier consumes.
 
-Known here: a tree of draft nodes hanging below the root (the pending token), its ancestor
-visibility mask and child maps, and the chain policy. Node index 0 is the root; draft node ``i``
-(1-based) has ``tokens[i-1]``, ``parents[i-1]`` (an index in ``0..i-1``, so parents come first) and
-``depths[i-1]`` (= parent's depth + 1). Not known here: how the target verifies (``adapter``).
-Best-first DDTree construction lives beside the chain policy; ``build_tree`` dispatches by policy name.
-The DDTree surrogate treats the per-depth marginals of a proposal as independent, so a node's path
-probability is the product of its tokens' probabilities, and the expected number of accepted drafts of a
-tree under that surrogate is the sum of its nodes' path probabilities (``expected_accepted``).
+Node 0 is the root (the pending token); draft node ``i`` (1-based) has ``tokens[i-1]``, ``parents[i-1]`` (an
+earlier node) and ``depths[i-1]`` (its parent's + 1). The DDTree surrogate treats a proposal's per-depth
+marginals as independent: a node's path probability is the product of its tokens'.
 """
 
 from __future__ import annotations
@@ -103,10 +98,8 @@ TREE_POLICIES = ("chain", "ddtree")
 def _ranked_candidates(proposal: DraftProposal, max_per_depth: int) -> tuple[list[list[int]], list[list[float]]]:
     """Per depth: finite candidates, best first, at most ``max_per_depth`` (validated)."""
     if proposal.tokens.shape != proposal.logprobs.shape or proposal.tokens.dim() != 2:
-        raise ValueError(
-            f"proposal tokens {tuple(proposal.tokens.shape)} and logprobs {tuple(proposal.logprobs.shape)} "
-            "must both be [depth, K]"
-        )
+        raise ValueError(f"proposal tokens {tuple(proposal.tokens.shape)} and logprobs "
+                         f"{tuple(proposal.logprobs.shape)} must both be [depth, K]")
     tokens_rows = proposal.tokens.tolist()
     logprob_rows = proposal.logprobs.to(torch.float64).tolist()
     tokens_out, logprobs_out = [], []
@@ -125,24 +118,12 @@ def _ranked_candidates(proposal: DraftProposal, max_per_depth: int) -> tuple[lis
     return tokens_out, logprobs_out
 
 
-def ddtree_tree(
-    proposal: DraftProposal,
-    budget: int,
-    *,
-    max_depth: int | None = None,
-    topk_cap: int = 32,
-) -> Tree:
+def ddtree_tree(proposal: DraftProposal, budget: int, *, max_depth: int | None = None, topk_cap: int = 32) -> Tree:
     """DDTree: the ``budget`` most probable prefixes of the per-depth marginals, best first.
 
-    A prefix (node) picks one candidate per depth ``1..d``; its score is the sum of their log-probs.
-    A max-heap seeded with (depth 1, rank 0) pops the best prefix, emits it, and pushes its next
-    sibling (same depth, next rank) and its first child (next depth, rank 0). Because log-probs are
-    <= 0 and sorted, a child never outscores its parent nor a later sibling an earlier one, so nodes
-    come out in non-increasing score and the result is ancestor-closed. Ties are broken by creation
-    order (deterministic). At most ``min(topk_cap, budget)`` candidates per depth are used (``-inf``
-    slots are padding and never used); the depth is capped at ``max_depth`` and the proposal depth.
-    Nodes are numbered in emission order, so parents always come before children.
-    """
+    A max-heap pops the best prefix and pushes its next sibling and its first child; log-probs are <= 0 and
+    sorted, so nodes come out in non-increasing score, ancestor-closed, ties by creation order. At most
+    ``min(topk_cap, budget)`` candidates per depth; depth capped at ``max_depth`` and the proposal's."""
     if budget < 0:
         raise ValueError(f"budget must be >= 0 draft nodes, got {budget}")
     if topk_cap < 1:
@@ -182,12 +163,8 @@ def ddtree_tree(
 
 
 def build_tree(proposal: DraftProposal, policy: str, budget: int | None) -> Tree:
-    """Build the candidate tree of one round.
-
-    ``policy``: ``"chain"`` (top-1 per depth; ``budget`` caps the node count, ``None``: full depth) or
-    ``"ddtree"`` (best-first top-``budget`` prefixes; ``None``: as many nodes as the proposal is deep,
-    the DDTree default). An empty proposal gives an empty tree under every policy.
-    """
+    """The candidate tree of one round: ``"chain"`` (top-1 per depth, at most ``budget`` nodes) or ``"ddtree"``
+    (``budget`` best prefixes); ``budget=None``: as many nodes as the proposal is deep."""
     if budget is not None and budget < 0:
         raise ValueError(f"budget must be >= 0 draft nodes or None, got {budget}")
     if policy == "chain":
@@ -198,10 +175,7 @@ def build_tree(proposal: DraftProposal, policy: str, budget: int | None) -> Tree
 
 
 def node_logprobs(proposal: DraftProposal, tree: Tree) -> list[float]:
-    """Surrogate path log-probability of every draft node (sum of its tokens' per-depth log-probs).
-
-    A token absent from its depth's candidates scores ``-inf``.
-    """
+    """Surrogate path log-probability of every draft node (a token absent from its depth's candidates: -inf)."""
     lookup = [dict(zip(toks, lps)) for toks, lps in zip(proposal.tokens.tolist(),
                                                          proposal.logprobs.to(torch.float64).tolist())]
     scores: list[float] = []
@@ -212,9 +186,5 @@ def node_logprobs(proposal: DraftProposal, tree: Tree) -> list[float]:
 
 
 def expected_accepted(proposal: DraftProposal, tree: Tree) -> float:
-    """Expected number of accepted drafts under the proposal's surrogate: sum of node path probabilities.
-
-    With greedy verification the accepted count equals the number of nodes whose whole path is the
-    target's continuation, so its expectation is the sum of the nodes' path probabilities.
-    """
+    """Expected accepted drafts under the proposal's surrogate: the sum of the nodes' path probabilities."""
     return float(sum(math.exp(score) for score in node_logprobs(proposal, tree)))

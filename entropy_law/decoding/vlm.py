@@ -1,34 +1,11 @@
-"""Vision-language targets: image prompts, pixel inputs at prefill, M-RoPE tree positions.
+"""Vision-language targets (Qwen2-VL / Qwen2.5-VL, LLaVA): image prompts, pixels at prefill, M-RoPE tree positions.
 
-Known here, for two transformers VLM families:
-
-- **Qwen2-VL / Qwen2.5-VL** (``model_type`` ``qwen2_vl`` / ``qwen2_5_vl``): the prompt carries one
-  ``<|image_pad|>`` per merged vision patch; positions are 3-D (t, h, w) M-RoPE ids. The prefill
-  positions come from the model's own ``get_rope_index`` and give the offset ``rope_delta = (max position
-  + 1) - prompt length`` (negative after an image: an image advances the position counter by
-  ``max(h, w) / merge`` of its grid, not by its token count). Every later token at cache index ``i`` has
-  position ``i + rope_delta`` on all three axes, so a tree node at depth ``d`` below the root at cache
-  index ``start`` gets ``start + d + rope_delta`` (``Qwen2VLTargetAdapter.tree_position_ids``). Plain 1-D
-  ``start + d`` is wrong for any prompt with an image; the tests show the exactness check catches it.
-- **LLaVA** (``model_type`` ``llava``): the prompt carries one ``<image>`` per vision feature; the model
-  scatters the projected features into those embedding rows; positions stay 1-D ``arange``, so tree
-  positions are the text-only ``start + d``.
-
-Pixel inputs go to the prefill forward only; afterwards the image lives in the KV cache. The decoder
-loop is unchanged: ``attach(prompt)`` hands an adapter the pixel inputs of the next request and the
-decoder's ordinary ``prefill(input_ids)`` consumes them. Hidden-state capture uses the same hooks as
-text targets (``features.decoder_layers`` finds the language model's layers), so prefill features cover
-every prompt position, image placeholders included: the block drafter reads fused vision-language
-states as ordinary context rows.
-
-``ImagePromptEncoder`` turns (image, question) into token ids and pixel tensors with a tokenizer and an
-image processor, without the HF ``Processor`` classes (whose construction needs torchvision in
-transformers 5.x). ``reference_greedy`` runs plain HF ``generate`` (the model's own position handling)
-as the independent oracle of exactness.
-
-Not known here: other VLM families (Idefics, Pixtral, LLaVA-NeXT with any-resolution tiling: adding one
-means a subclass with its prefill inputs and position scheme), videos, several images per prompt, batching.
-Verified in this repository only with tiny randomly initialised models (``tests/test_vlm*.py``).
+Pixels go to the prefill forward only (``attach(prompt)``, then the decoder's ordinary ``prefill``); afterwards
+the image lives in the KV cache. Qwen's positions are 3-D M-RoPE ids: the prefill's come from the model's
+``get_rope_index``, which gives ``rope_delta = (max position + 1) - prompt length``, and a tree node at depth
+``d`` gets ``start + d + rope_delta`` on all three axes. LLaVA keeps 1-D positions. ``ImagePromptEncoder``
+builds token ids and pixel tensors without the HF ``Processor`` classes; ``reference_greedy`` (plain HF
+``generate``) is the oracle of exactness. One image per prompt, batch 1; other families need a subclass.
 """
 
 from __future__ import annotations
@@ -62,24 +39,16 @@ def vlm_family(config) -> str:
     config = getattr(config, "config", config)
     family = getattr(config, "model_type", None)
     if family not in VLM_FAMILIES:
-        raise ValueError(
-            f"unsupported vision-language model type {family!r}; supported: {', '.join(VLM_FAMILIES)} "
-            "(other families need a VLMTargetAdapter subclass with their prefill inputs and positions)"
-        )
+        raise ValueError(f"unsupported vision-language model type {family!r}; supported: "
+                         f"{', '.join(VLM_FAMILIES)} (other families need a VLMTargetAdapter subclass)")
     return family
-
-
-# --- prompts ---------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class ImagePrompt:
-    """One request's prompt with (at most) one image: token ids with the image placeholders already
-    expanded to ``image_tokens`` copies, and the tensors the prefill forward needs.
-
-    ``tensors``: ``pixel_values`` and, for Qwen, ``image_grid_thw`` and ``mm_token_type_ids`` (1 at image
-    placeholder tokens), batch dimension included, as the model's forward takes them.
-    """
+    """One request's prompt with at most one image: token ids with the placeholder expanded to
+    ``image_tokens`` copies, and the prefill forward's ``tensors`` (``pixel_values``, Qwen's ``image_grid_thw``
+    and ``mm_token_type_ids``), batch dimension included."""
 
     input_ids: list[int]
     image_tokens: int
@@ -98,7 +67,6 @@ class ImagePrompt:
 
 def load_image(path: str | os.PathLike):
     """A PIL RGB image from a file, with an error that names the file."""
-
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"image not found: {path}")
@@ -107,14 +75,10 @@ def load_image(path: str | os.PathLike):
 
 
 class ImagePromptEncoder:
-    """Builds ``ImagePrompt`` objects for one VLM: its tokenizer, image processor and model config.
+    """Builds ``ImagePrompt`` objects for one VLM from its tokenizer, image processor and config.
 
-    ``chat_template``: a Jinja chat template (else the tokenizer's, else a built-in family format:
-    Qwen's ``<|im_start|>`` turns with a system prompt, LLaVA-1.5's ``USER: <image>\\n... ASSISTANT:``).
-    ``system_prompt``: the system message (Qwen default "You are a helpful assistant."; ``""``: none).
-    ``num_additional_image_tokens``: LLaVA only, vision tokens beyond one per patch before the feature
-    selection strategy drops the CLS token (1 for CLIP towers, the llava-hf default).
-    """
+    ``chat_template``: default the tokenizer's, else a built-in Qwen or LLaVA-1.5 format; ``system_prompt``:
+    default Qwen's; ``num_additional_image_tokens`` (LLaVA): vision tokens beyond one per patch (1 for CLIP)."""
 
     def __init__(self, tokenizer, image_processor, config, *, chat_template: str | None = None,
                  system_prompt: str | None = None, num_additional_image_tokens: int | None = None):
@@ -134,11 +98,8 @@ class ImagePromptEncoder:
     @classmethod
     def from_pretrained(cls, folder: str | os.PathLike, *, image_processor_kwargs: Mapping[str, Any] | None = None,
                         **kwargs) -> "ImagePromptEncoder":
-        """Tokenizer, image processor, config and chat template from a local model folder (no download).
-
-        ``image_processor_kwargs`` override the saved processor settings, e.g. ``{"max_pixels": 401408}``
-        to cap Qwen's image tokens (``max_pixels / 28**2``)."""
-
+        """Tokenizer, image processor, config and chat template from a local model folder (no download);
+        ``image_processor_kwargs`` override the saved processor settings (e.g. Qwen's ``max_pixels``)."""
         folder = Path(folder)
         config = AutoConfig.from_pretrained(folder, local_files_only=True)
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
@@ -147,8 +108,6 @@ class ImagePromptEncoder:
         if "chat_template" not in kwargs and getattr(tokenizer, "chat_template", None) is None:
             kwargs["chat_template"] = _folder_chat_template(folder)
         return cls(tokenizer, image_processor, config, **kwargs)
-
-    # -- rendering --------------------------------------------------------------------------------
 
     def messages(self, turns: Sequence[str], answers: Sequence[str] = (), *, with_image: bool = True) -> list[dict]:
         """Chat messages: user turns interleaved with the given assistant answers; the image (if any)
@@ -192,8 +151,6 @@ class ImagePromptEncoder:
             text += f"USER: {body} " if message["role"] == "user" else f"ASSISTANT: {body}{eos}"
         return text + "ASSISTANT:"
 
-    # -- encoding ---------------------------------------------------------------------------------
-
     def encode(self, image, turns: Sequence[str] | str, answers: Sequence[str] = ()) -> ImagePrompt:
         """An ``ImagePrompt`` for one image (a PIL image, a path, or ``None`` for a text-only prompt)
         and the user turn(s)."""
@@ -209,10 +166,9 @@ class ImagePromptEncoder:
                 raise ValueError("a text-only prompt contains the image token; remove it from the text")
             return ImagePrompt(input_ids=ids, image_tokens=0, family=self.family, text=text)
         if len(slots) != 1:
-            raise ValueError(
-                f"the rendered prompt holds {len(slots)} image tokens (id {self.image_token_id}) where exactly "
-                "one placeholder was expected; check that the tokenizer and chat template belong to this model"
-            )
+            raise ValueError(f"the rendered prompt holds {len(slots)} image tokens (id {self.image_token_id}) "
+                             "where exactly one placeholder was expected; check that the tokenizer and chat "
+                             "template belong to this model")
         processed = self.image_processor(images=[image.convert("RGB")], return_tensors="pt")
         tensors = {key: value for key, value in processed.items() if isinstance(value, torch.Tensor)}
         n_image = self.count_image_tokens(tensors)
@@ -250,17 +206,10 @@ def _folder_chat_template(folder: Path) -> str | None:
     return None
 
 
-# --- target adapters -------------------------------------------------------------------------------
-
-
 class VLMTargetAdapter(TargetAdapter):
-    """``TargetAdapter`` for a transformers VLM: pixel inputs at prefill only.
-
-    ``attach(prompt)`` stages an ``ImagePrompt``; the next ``prefill(input_ids)`` must receive exactly its
-    token ids and runs the one forward that sees the pixels (a prefill without an attached prompt is a
-    text-only request). Verify and commit are inherited: they see token ids only, the image is in the KV
-    cache. ``image_tokens``: image placeholder tokens of the current request.
-    """
+    """``TargetAdapter`` for a transformers VLM: ``attach(prompt)`` stages an ``ImagePrompt`` whose token ids the
+    next ``prefill`` must receive (none attached: a text-only request); verify and commit are inherited.
+    ``image_tokens``: image placeholder tokens of the current request."""
 
     forward_keys: tuple[str, ...] = ("pixel_values",)
 
@@ -281,15 +230,8 @@ class VLMTargetAdapter(TargetAdapter):
     def prefill(self, input_ids: Sequence[int] | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
         """A fresh cache over the prompt, pixels included: last-position logits ``[V]`` (fp32) and the
         features of every prompt position ``[n, F]`` (image positions included), or ``None``."""
-
         prompt, self._pending = self._pending, None
-        ids = torch.as_tensor(input_ids, dtype=torch.long, device=self.device).reshape(1, -1)
-        n = ids.shape[1]
-        if n == 0:
-            raise ValueError("empty prompt: give at least one token")
-        if self.max_context is not None and n > self.max_context:
-            raise ValueError(f"prompt has {n} tokens but the model's context is {self.max_context}; "
-                             "shorten the prompt or use a smaller image")
+        ids = self._prompt_tensor(input_ids, "shorten the prompt or use a smaller image")
         if prompt is not None and ids[0].tolist() != list(prompt.input_ids):
             raise ValueError("prefill got token ids that differ from the attached image prompt; pass "
                              "prompt.input_ids to generate() (or use generate_with_image)")
@@ -319,13 +261,8 @@ class LlavaTargetAdapter(VLMTargetAdapter):
 
 
 class Qwen2VLTargetAdapter(VLMTargetAdapter):
-    """Qwen2-VL / Qwen2.5-VL: 3-D M-RoPE positions.
-
-    Prefill positions ``[3, 1, n]`` come from the model's ``get_rope_index``; ``rope_delta`` (an int, 0 for
-    text-only prompts) is kept for the request. Tree node ``v`` gets ``start + depth(v) + rope_delta`` on
-    all three axes (``[3, 1, N + 1]``). Positions are always passed explicitly, so the model's own cached
-    ``rope_deltas`` (stale across calls in some versions) are never read.
-    """
+    """Qwen2-VL / Qwen2.5-VL: 3-D M-RoPE positions, always passed explicitly (the model's cached
+    ``rope_deltas`` are never read); ``rope_delta`` is kept per request (0 for text-only prompts)."""
 
     forward_keys = ("pixel_values", "image_grid_thw")
 
@@ -365,9 +302,6 @@ def vlm_adapter(model: torch.nn.Module, *, feature_layers: Sequence[int] = ()) -
     family = vlm_family(model.config)
     cls = Qwen2VLTargetAdapter if family in QWEN_FAMILIES else LlavaTargetAdapter
     return cls(model, feature_layers=feature_layers)
-
-
-# --- decoding helpers ------------------------------------------------------------------------------
 
 
 def generate_with_image(decoder, prompt: ImagePrompt, *, max_new_tokens: int, **kwargs):
@@ -413,8 +347,6 @@ def load_vlm_target(spec: str | os.PathLike, *, dtype: torch.dtype = torch.float
                     attn_implementation: str = "eager", **encoder_kwargs):
     """A local VLM folder (Qwen2-VL, Qwen2.5-VL or LLaVA; never downloaded) -> ``(LoadedTarget,
     ImagePromptEncoder)``. fp32 and eager attention by default (exactness)."""
-
-
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     folder = Path(spec).expanduser()
     if not (folder / "config.json").is_file():
@@ -431,14 +363,9 @@ def load_vlm_target(spec: str | os.PathLike, *, dtype: torch.dtype = torch.float
 
 
 class ImageRequests:
-    """What a recording loop needs to decode image tasks (``entropy_law.prompts.image.ImageTask``) with a VLM.
-
-    ``target`` (a ``LoadedTarget``; its tokenizer decodes outputs), ``encoder`` and ``adapter`` (pass the
-    adapter to ``SpeculativeDecoder`` as its target). ``prepare(task)`` encodes the task's image and first
-    turn, attaches the pixels to the adapter and returns ``(prompt_ids, generate_kwargs)``, where
-    ``generate_kwargs`` carries ``image_tokens`` for the request record. Call it right before
-    ``decoder.generate(prompt_ids, **generate_kwargs, ...)``.
-    """
+    """What a recording loop needs to decode image tasks with a VLM: ``target``, ``encoder`` and ``adapter``
+    (the decoder's target). ``prepare(task)`` encodes the image and first turn, attaches the pixels and returns
+    ``(prompt_ids, generate_kwargs)``; call it right before ``decoder.generate``."""
 
     def __init__(self, target, encoder: ImagePromptEncoder, adapter: VLMTargetAdapter):
         self.target = target

@@ -1,42 +1,15 @@
-"""GLANCE-style one-pass block drafter: drafts a whole block in one forward pass over fused target features.
+"""GLANCE-style block drafter (DFlash family): a whole block drafted in one forward pass over target features.
 
-What it knows (DFlash family, ``../shared/research/decoding.md`` 1.1-1.3):
-
-* **Context**: the output hidden states of a few target layers (``feature_layers``, capture convention of
-  ``features``) at every committed position, concatenated, fused by one bias-free ``Linear(n*H -> H)`` and
-  an RMSNorm, and injected as extra keys/values into every drafter layer (each layer's own k/v
-  projections; the context has no residual stream of its own).
-* **Block**: ``[anchor, MASK x (B-1)]`` at absolute positions ``anchor .. anchor+B-1``, where the anchor is
-  the last committed (pending) token. Block queries attend bidirectionally inside their block and to
-  context strictly before the anchor. MASK is a learned embedding vector (SmolLM2's vocabulary has no
-  unused row, so no token id is borrowed; nothing in the data can collide with it).
-* **Head**: final RMSNorm, then the target's frozen LM head; the anchor is embedded with the target's
-  frozen embedding table (times its embedding scale, for Gemma). Both are referenced, never copied, and
-  never saved in a checkpoint.
-* **Other targets**: any decoder-only target whose layers ``features`` can hook, whatever its attention
-  (full, sliding-window, hybrid: the features are layer outputs, the drafter's own attention sees the whole
-  context); feature layers follow the target's depth (``default_feature_layers``), RoPE base its full-
-  attention layers' (``rope_theta``).
-* **Layout**: same-position labels: block slot ``k`` (1..B-1) predicts the token at ``anchor + k``; slot 0
-  is discarded.
-* **Draft vocabulary** (optional): a fixed set of token ids whose LM-head rows are scored (EAGLE-3-style
-  reduced head); with ``context_vocab`` also every token id already in the context (prompt and committed
-  output up to the anchor), so that rare words of a passage can be copied. The set at an anchor depends
-  only on tokens at or before the anchor, in training, replay and inference alike.
-* **Copy head** (optional, ``copy_head``; this project's addition, not part of GLANCE or DFlash): a
-  pointer-generator mixture. Each slot ``k`` attends over the context rows (queries from its final state,
-  keys from the fused features) and copies the token ``k`` positions after the row it points at, as prompt
-  lookup copies the tokens after a match; a learned gate mixes that with the LM-head distribution
-  (``copy_mix``). It reads only tokens at or before the anchor and features before it, in one pass like
-  the rest, so the block is still drafted in one forward pass. The draft logits are then the mixture's
-  log-probabilities.
-* **Modes**: ``begin``/``propose`` (the ``Drafter`` protocol; a cache of injected context K/V that only
-  grows with new rows, never recomputed) and ``block_logits`` (training / offline replay: every anchor of
-  a sequence in one forward with the block mask; context by *original position*, so overlapping anchors
-  never leak, SpecForge #470).
-
-What it does not know: how trees are built (``tree``), how the target verifies, or training
-(``drafter_training``).
+- Context: outputs of a few target layers (``feature_layers``) at every committed position, fused by
+  ``Linear(n*H -> H)`` + RMSNorm and injected as extra keys/values into every drafter layer.
+- Block: ``[anchor, MASK x (B-1)]`` at positions ``anchor ..``; slot ``k`` predicts the token at ``anchor + k``.
+  Block queries see their own block and context strictly before the anchor. MASK is a learned vector.
+- Head: the target's frozen embedding and LM head, referenced, never copied or saved.
+- Optional: a draft vocabulary (EAGLE-3-style reduced head, with ``context_vocab`` plus every id already in
+  the context) and a copy head (a pointer-generator mixture over the context, ``copy_mix``; this project's
+  addition). Both read only tokens at or before the anchor.
+- Modes: ``begin``/``propose`` (the ``Drafter`` protocol, with a context K/V cache that only grows) and
+  ``block_logits`` (training and replay: every anchor in one pass, masked by original position).
 """
 
 from __future__ import annotations
@@ -63,31 +36,21 @@ FORMAT_VERSION = 1
 MASKED_LOGIT = -1e4  # a draft logit meaning "not draftable here" (probability 0 in fp32)
 COPY_GATE_BIAS = -2.0  # initial bias of the copy gate
 
-
-# the default (inside data/drafters/): the seventh checkpoint, the sixth fine-tuned on a broader corpus with code and
-# chat prompts (data/drafters/README.md, "A broader corpus", says how it was made and why it is the default)
+# the shipped default (data/drafters/README.md says how it was made)
 DEFAULT_CHECKPOINT = "smollm2-135m-block-b8-broad.safetensors"
-# the sixth checkpoint, shipped beside it: the block arms of the timed and open-ended trace sets (data/traces_*) were
-# recorded with it (data/traces' block arms were replayed with the default), and a replay of such an arm
-# loads it by the SHA-256 the run recorded (jobs.arms.find_block_checkpoint); use it with
-# `entropy-law record --drafter block --checkpoint data/drafters/smollm2-135m-block-b8.safetensors`
+# shipped beside it: the checkpoint some recorded arms ran with, found by its SHA-256 (jobs.arms.find_block_checkpoint)
 REFERENCE_CHECKPOINT = "smollm2-135m-block-b8.safetensors"
 
 
 def default_drafter_path() -> Path:
-    """The shipped checkpoint a run of the default target uses when it names none:
-    ``data/drafters/smollm2-135m-block-b8-broad.safetensors`` (``DEFAULT_CHECKPOINT``)."""
-
+    """The shipped checkpoint a run of the default target uses when it names none (``DEFAULT_CHECKPOINT``)."""
     return data_dir() / "drafters" / DEFAULT_CHECKPOINT
 
 
 def default_feature_layers(num_target_layers: int, n: int = 3) -> tuple[int, ...]:
-    """Target layers whose outputs the drafter reads, chosen from the target's depth ``L``.
-
-    DFlash's choice where it gives ``n`` distinct layers (``L >= n + 3``): ``L // 2`` for one feature, else
-    ``n`` evenly spaced from 1 to ``L - 3`` (SmolLM2-135M, 30 layers: 1, 14, 27; Gemma 3 270M, 18 layers:
-    1, 8, 15). A shallower target (tiny test models) gets up to ``n`` distinct layers evenly spaced over all
-    of its layers, ``0 .. L - 1``."""
+    """Target layers whose outputs the drafter reads, from the target's depth ``L``: DFlash's choice (``L // 2``
+    for one feature, else ``n`` evenly spaced from 1 to ``L - 3``) where ``L >= n + 3``, else up to ``n``
+    distinct layers evenly spaced over ``0 .. L - 1``."""
     if num_target_layers < 1 or n < 1:
         raise ValueError(f"need a target with layers and at least one feature (got {num_target_layers} layers, "
                          f"n={n})")
@@ -101,9 +64,7 @@ def default_feature_layers(num_target_layers: int, n: int = 3) -> tuple[int, ...
 
 
 def rope_theta(config) -> float:
-    """The RoPE base of a text config: flat (``rope_parameters["rope_theta"]`` or ``rope_theta``), or, where
-    each layer type has its own (Gemma 3: 10k for sliding, 1M for full layers), that of the full-attention
-    layers, which see the whole context as the drafter does."""
+    """The RoPE base of a text config; where layer types differ (Gemma 3), that of the full-attention layers."""
     rope = getattr(config, "rope_parameters", None) or {}
     if isinstance(rope.get("full_attention"), dict):
         rope = rope["full_attention"]
@@ -114,8 +75,7 @@ def rope_theta(config) -> float:
 
 
 def embedding_scale(embedding: nn.Module) -> float:
-    """The factor a target's embedding module applies to its table rows (Gemma: ``sqrt(hidden_size)``; 1.0
-    for a plain ``nn.Embedding``)."""
+    """The factor a target's embedding module applies to its rows (Gemma: ``sqrt(hidden_size)``; else 1.0)."""
     scale = getattr(embedding, "embed_scale", None)
     return 1.0 if scale is None else float(scale)
 
@@ -389,10 +349,8 @@ class BlockDrafter(nn.Module):
         self.__dict__["_head_cache"] = None
 
     def sequence_vocab(self, token_ids: torch.Tensor) -> torch.Tensor | None:
-        """The token ids ``block_logits`` scores for sequences ``token_ids`` (sorted; ``None``: all of them).
-
-        The fixed draft vocabulary, plus (``context_vocab``) every id in ``token_ids``; which of the
-        added ids an anchor may draft is decided per anchor (``context_allowed``)."""
+        """The sorted token ids ``block_logits`` scores for ``token_ids`` (None: all): the fixed draft vocabulary,
+        plus with ``context_vocab`` every id in ``token_ids`` (allowed per anchor by ``context_allowed``)."""
         if not self.config.draft_vocab_size:
             return None
         if not self.config.context_vocab:
@@ -469,28 +427,13 @@ class BlockDrafter(nn.Module):
     def copy_mix(self, logits: torch.Tensor, h: torch.Tensor, keys: torch.Tensor, src_cols: torch.Tensor,
                  valid: torch.Tensor, match: torch.Tensor | None = None,
                  distance: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """The copy head: each slot's generated distribution mixed with a pointer over the context.
+        """The copy head: ``p = (1 - g) softmax(logits) + g sum_j a_j [token j+k]`` per slot ``k``, with pointer
+        ``a = softmax_j(q_k . key_j / sqrt(D))`` over valid rows and gate ``g = sigmoid(gate(h_k))`` (0 without one).
 
-        ``logits [..., K, U]`` the generator's logits of slots 1..K; ``h [..., K, H]`` the slots' final
-        (normed) states; ``keys [..., C, D]`` pointer keys of the context rows (``copy_k`` of the fused
-        features); ``src_cols [..., K, C]`` the column of ``logits`` holding the token slot ``k`` copies when it
-        points at context row ``j`` (the token at ``j + k``: row ``j`` plays the anchor's part, like a prompt-
-        lookup match); ``valid [..., K, C]`` whether that token is known at the anchor (``j + k <= anchor``).
-
-        Slot ``k`` points with ``a = softmax_j(q_k . key_j / sqrt(D))`` over its valid rows and mixes with a
-        gate ``g = sigmoid(gate(h_k))`` (0 when no row is valid): ``p = (1 - g) softmax(logits) + g sum_j
-        a_j [token j+k]``.
-
-        ``match [..., C, M]`` (``copy_match = M``; ``match_levels``): whether the context up to row ``j`` ends
-        with the same ``m`` tokens as the context up to the anchor (m = 1..M). Slot ``k`` adds
-        ``copy_match_score[k] . match[j]`` to its score for row ``j``, and ``copy_match_gate[k] . best`` to its
-        gate, where ``best[m]`` says whether any row valid for the slot matches ``m`` tokens.
-
-        ``distance [..., C]`` (``copy_distance``; ``distance_buckets``): the bucket of ``anchor - j``; slot ``k``
-        adds ``copy_distance_score[k, bucket]`` to its score for row ``j`` (a learned recency prior).
-
-        Returns ``log p`` (valid logits: their softmax is ``p``) and the pointer's own distribution ``sum_j
-        a_j [token j+k]`` over the columns (its auxiliary loss in training)."""
+        ``logits [..., K, U]``, final states ``h [..., K, H]``, context keys ``keys [..., C, D]``; ``src_cols
+        [..., K, C]``: the column of the token at ``j + k``; ``valid [..., K, C]``: ``j + k <= anchor``. Optional
+        ``match [..., C, M]`` (``match_levels``) and ``distance [..., C]`` (``distance_buckets``) add learned
+        scores to the pointer (and, for matches, the gate). Returns ``log p`` and the pointer's distribution."""
         q = self.copy_q(h)
         scores = torch.matmul(q, keys.transpose(-1, -2)) / math.sqrt(q.shape[-1])
         z = self.copy_gate(h).float()  # [..., K, 1]
@@ -545,17 +488,12 @@ class BlockDrafter(nn.Module):
     def block_logits(self, input_ids: torch.Tensor, features: torch.Tensor, anchors: torch.Tensor,
                      anchor_valid: torch.Tensor | None = None, *, vocab: torch.Tensor | None = None,
                      return_copy: bool = False):
-        """Draft logits of every anchor in one forward pass (training and offline replay).
+        """Draft logits ``[b, A, B-1, Vd]`` of every anchor in one forward pass (training and offline replay).
 
-        ``input_ids [b, S]``, ``features [b, C, n*H]`` for positions ``0..C-1`` (C <= S; rows at or after an
-        anchor are never read by that anchor's block), ``anchors [b, A]`` (positions; anchor ``t`` needs
-        context ``< t``, so ``t <= C``), ``anchor_valid [b, A]`` bool (padding anchors: False).
-        Returns ``[b, A, B-1, Vd]`` over the draft vocabulary ``vocab`` (default ``sequence_vocab(input_ids)``;
-        ``Vd = V`` without one; see ``draft_tokens``, ``draft_index``, ``to_full_vocab``): slot ``k``
-        (1-based) predicts the token at ``anchor + k``. With ``context_vocab``, ids an anchor may not draft yet
-        (``context_allowed``) get ``MASKED_LOGIT`` (probability 0). ``return_copy``: also return the copy
-        head's pointer distribution ``[b, A, B-1, Vd]`` (``copy_mix``; None without a copy head).
-        """
+        ``input_ids [b, S]``; ``features [b, C, n*H]`` for positions ``0..C-1``; ``anchors [b, A]`` (``t <= C``:
+        anchor ``t`` reads context ``< t``); ``anchor_valid [b, A]`` (padding: False). ``vocab``: default
+        ``sequence_vocab(input_ids)``; ids an anchor may not draft yet get ``MASKED_LOGIT``. ``return_copy``:
+        also return the copy head's pointer distribution (None without a copy head)."""
         cfg = self.config
         b, s = input_ids.shape
         c = features.shape[1]
@@ -743,13 +681,9 @@ class BlockDrafter(nn.Module):
         return path
 
     def set_compute_dtype(self, dtype: torch.dtype | str) -> "BlockDrafter":
-        """Run the drafter's layers, its fusion ``fc`` and its LM-head rows in ``dtype`` at inference
-        (``"float32"``, the default, or ``"bfloat16"``; the target and its modules are never touched, norms,
-        the copy head and the logits stay fp32). Only the proposals change (slightly): the target verifies
-        every draft, so the output is the greedy output in any dtype. bfloat16 pays on a CPU with bf16 matrix
-        units (AMX, AVX512-BF16); elsewhere it can be slower.
-        The dtype is recorded with every trace run (``provenance["compute_dtype"]``, absent for fp32), so runs
-        of one checkpoint in two dtypes are never pooled. Forgets the injected context (``reset``)."""
+        """Run the layers, ``fc`` and LM-head rows in ``dtype`` (``"float32"`` or ``"bfloat16"``) at inference;
+        norms, copy head and logits stay fp32, the target is untouched. Only proposals change, never the output.
+        Recorded as ``provenance["compute_dtype"]`` (absent for fp32). Forgets the injected context."""
         name = dtype if isinstance(dtype, str) else str(dtype).removeprefix("torch.")
         if name not in COMPUTE_DTYPES:
             raise ValueError(f"compute dtype must be one of {sorted(COMPUTE_DTYPES)}, got {dtype!r}")

@@ -1,24 +1,10 @@
 """One proposal from two drafters: the n-gram drafter's matches and the block drafter's candidates.
 
-Known here: ``HybridDrafter``, a ``Drafter`` that asks the n-gram drafter first (prompt lookup, almost free)
-and the block drafter (one forward over fused target states) only when the n-gram proposal is not confident
-enough on its own: its expected accepted drafts under its own calibrated probabilities, ``sum_k prod_{d<=k}
-q_d`` along its top-1 chain, below ``skip_block_at``. Otherwise the two proposals are merged per depth into
-one: candidates deduplicated (a token both propose is one candidate), scored by one probability surrogate,
-the mixture ``p = w q_ngram + (1 - w) q_block`` (``w`` = ``ngram_weight``; a drafter that proposes nothing at a
-depth contributes 0 there), best first, at most ``top_k`` per depth. The tree policy (DDTree) then builds one
-prefix-closed tree from the merged marginals, verified in one target pass.
-
-A per-round policy may choose instead (``route``, set before each ``propose``; ``decoding.policy.HybridLawPolicy``
-does it from each drafter's fitted law): ``"ngram"`` uses the n-gram proposal alone (no block forward),
-``"block"`` runs the block forward and merges. A drafter that proposes nothing at all leaves the other's
-proposal as it is (its own calibrated probabilities, not scaled by the mixture weight).
-
-When the block forward is skipped, the target features of the positions committed meanwhile are kept and
-handed to the block drafter at its next call (the ``Drafter`` contract: features of committed positions not
-yet given), so its context stays complete.
-
-Not known here: how trees are built or verified (``decoding``).
+``HybridDrafter`` asks the n-gram drafter first and runs the block forward only when the n-gram chain's
+expected accepted drafts are below ``skip_block_at`` (or a policy routes the round, ``route``). The two proposals
+are merged per depth: candidates deduplicated, scored by ``p = w q_ngram + (1 - w) q_block``, best first, at most
+``top_k``. Target features of positions committed while the block forward was skipped are handed to it at its
+next call, so its context stays complete.
 """
 
 from __future__ import annotations
@@ -83,13 +69,8 @@ def merge_proposals(first: DraftProposal, second: DraftProposal, *, weight: floa
 
 
 class HybridDrafter:
-    """The n-gram drafter and the block drafter behind one ``Drafter`` (module docstring).
-
-    ``ngram``: an ``NgramDrafter``; ``block``: a ``BlockDrafter`` (or any feature-reading drafter).
-    ``skip_block_at``: the n-gram chain confidence (expected accepted drafts) at which the block forward is
-    skipped (``math.inf``: never skipped), unless a policy chose the round's drafter (``route``).
-    ``block_calls`` / ``block_skips`` count the decisions.
-    """
+    """The n-gram drafter and the block drafter behind one ``Drafter`` (module docstring); ``skip_block_at``:
+    ``math.inf`` never skips; ``block_calls`` / ``block_skips`` count the decisions."""
 
     ROUTES = ("ngram", "block")
 

@@ -1,27 +1,12 @@
 """Prompt-lookup (n-gram) drafting with self-calibrated probabilities.
 
-Known here: how to find earlier occurrences of the context's last n tokens in the prompt and the output
-so far (an n-gram index grown incrementally, never rescanned), how several matches become per-depth
-candidates (the best match is the top-1 at every depth, so the chain follows it; other matches give
-alternatives for DDTree), and how the drafter calibrates its log-probabilities from its own record.
-
-Calibration. Greedy verification is lossless, so the committed text is the target's greedy
-continuation whatever was drafted. Each proposal is therefore checked against the tokens that were
-committed after its root, as soon as they are known (at later ``propose`` calls), whether or not the
-decoder drafted that round. Per (best-match length n, depth d) the drafter counts how often the
-committed path reached depth d inside the candidate sets ("trials") and at which candidate rank the
-committed token sat ("hits"). The log-probability of rank r at depth d is the smoothed conditional hit
-rate ``P(token at d is candidate r | tokens before d were candidates)``: a Beta-style shrinkage of the
-(n, d) counts towards the counts of n pooled over depths, which are shrunk towards a weak prior that
-grows with n (longer matches are more reliable). Under DDTree's
-independence surrogate the sum of a tree's path probabilities is then the expected number of
-accepted drafts (``entropy_law.decoding.tree.expected_accepted``), which a decoder can compare with the
-cost of verifying the tree. The counts restart with every request (``begin``) unless
-``keep_calibration=True``; proposals thus depend only on the request's context and on the round
-boundaries, which is what offline replay needs.
-
-Not known here: the target, trees, the decoder's draft gate. Target features are not used
-(``feature_layers = ()``).
+Earlier occurrences of the context's last n tokens (an index grown incrementally) give per-depth candidates:
+the best match is the top-1 at every depth, other matches alternatives for DDTree. Each proposal is scored
+against the tokens later committed after its root (lossless decoding commits the greedy continuation whatever
+was drafted); per (best-match length n, depth d) the counts of trials and hits per rank give the log-probability
+of rank r at depth d, shrunk towards n's rate pooled over depths and that towards a prior growing with n. The
+counts restart with every request unless ``keep_calibration``, so proposals depend only on the request's
+context and round boundaries, as offline replay needs.
 """
 
 from __future__ import annotations
@@ -48,35 +33,18 @@ class _PendingProposal:
 class NgramDrafter:
     """Prompt-lookup drafter: copies what followed earlier occurrences of the context's last n-gram.
 
-    ``max_ngram`` / ``min_ngram``: the n-gram lengths tried, longest first (a match of a longer n-gram
-    is preferred). ``block_size``: the most tokens one round can commit (``block_size - 1`` drafts).
-    ``max_matches``: how many distinct earlier occurrences feed the candidates (1: a pure chain).
-    ``min_path_prob``: the proposal is cut at the first depth whose best path probability falls below
-    this (a node with path probability p is worth about p tokens, while on CPU each extra verified
-    token costs about 1/20 of a one-token forward; 0 keeps every depth). ``prior_hit_rate``,
-    ``prior_miss_decay`` and ``prior_weight``: the prior hit rates before any evidence (see
-    ``prior_rates``) and their weight in pseudo-trials. ``pool_weight``: pseudo-trials with which the
-    per-(n, depth) rate is shrunk towards the rate of n pooled over depths. ``keep_calibration``: keep
-    the counts across requests (then replaying one request needs the requests before it).
-    """
+    ``max_ngram`` / ``min_ngram``: n-gram lengths tried, longest first; ``block_size``: drafts + 1;
+    ``max_matches``: distinct occurrences feeding the candidates (1: a pure chain); ``min_path_prob``: the
+    proposal is cut at the first depth whose best path probability falls below it. ``prior_hit_rate``,
+    ``prior_miss_decay``, ``prior_weight``: the prior (``prior_rates``) and its pseudo-trials; ``pool_weight``:
+    pseudo-trials shrinking each depth towards the pooled rate; ``keep_calibration``: keep counts across requests."""
 
     drafter_id = "ngram"
     feature_layers: tuple[int, ...] = ()
 
-    def __init__(
-        self,
-        *,
-        max_ngram: int = 4,
-        min_ngram: int = 1,
-        block_size: int = 11,
-        max_matches: int = 4,
-        min_path_prob: float = 0.05,
-        prior_hit_rate: float = 0.25,
-        prior_miss_decay: float = 0.6,
-        prior_weight: float = 2.0,
-        pool_weight: float = 2.0,
-        keep_calibration: bool = False,
-    ):
+    def __init__(self, *, max_ngram: int = 4, min_ngram: int = 1, block_size: int = 11, max_matches: int = 4,
+                 min_path_prob: float = 0.05, prior_hit_rate: float = 0.25, prior_miss_decay: float = 0.6,
+                 prior_weight: float = 2.0, pool_weight: float = 2.0, keep_calibration: bool = False):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got min_ngram={min_ngram}, max_ngram={max_ngram}")
         if block_size < 2:
@@ -102,23 +70,19 @@ class NgramDrafter:
         self._reset_calibration()
         self._reset_context([])
 
-    # -- configuration -------------------------------------------------------------------------------
     @property
     def config(self) -> dict:
         """Constructor arguments (for the trace run metadata ``drafter_config``)."""
-        return {
-            "max_ngram": self.max_ngram, "min_ngram": self.min_ngram, "block_size": self.block_size,
-            "max_matches": self.max_matches, "min_path_prob": self.min_path_prob,
-            "prior_hit_rate": self.prior_hit_rate, "prior_miss_decay": self.prior_miss_decay,
-            "prior_weight": self.prior_weight,
-            "pool_weight": self.pool_weight, "keep_calibration": self.keep_calibration,
-        }
+        return {"max_ngram": self.max_ngram, "min_ngram": self.min_ngram, "block_size": self.block_size,
+                "max_matches": self.max_matches, "min_path_prob": self.min_path_prob,
+                "prior_hit_rate": self.prior_hit_rate, "prior_miss_decay": self.prior_miss_decay,
+                "prior_weight": self.prior_weight, "pool_weight": self.pool_weight,
+                "keep_calibration": self.keep_calibration}
 
     @property
     def max_drafts(self) -> int:
         return self.block_size - 1
 
-    # -- the Drafter protocol ------------------------------------------------------------------------
     def begin(self, prompt_ids: Sequence[int], prompt_features: torch.Tensor | None = None) -> None:
         """Start a request: forget the previous context (and the counts unless ``keep_calibration``)."""
         if not self.keep_calibration:
@@ -142,29 +106,22 @@ class NgramDrafter:
         ))
         return self._proposal(candidates, match_len)
 
-    # -- calibration ---------------------------------------------------------------------------------
     def _reset_calibration(self) -> None:
         shape = (self.max_ngram + 1, self.max_drafts)
         self._trials = np.zeros(shape)  # [n, depth-1]
         self._hits = np.zeros(shape + (self.max_matches,))  # [n, depth-1, rank]
 
     def prior_rates(self, match_len: int) -> np.ndarray:
-        """``[rank]`` prior conditional hit rates for best matches of length ``match_len``.
-
-        Rank 0: ``p0 = 1 - (1 - prior_hit_rate) * prior_miss_decay ** (match_len - 1)`` (longer matches
-        are more reliable); rank r >= 1: ``min(p0, 1 - p0) / 2 ** r`` (the ranks sum to at most 1).
-        """
+        """``[rank]`` prior hit rates for best matches of length ``match_len``: rank 0 ``p0 = 1 - (1 -
+        prior_hit_rate) * prior_miss_decay ** (match_len - 1)``, rank r >= 1 ``min(p0, 1 - p0) / 2 ** r``."""
         rank0 = 1.0 - (1.0 - self.prior_hit_rate) * self.prior_miss_decay ** (match_len - 1)
         rates = min(rank0, 1.0 - rank0) / 2.0 ** np.arange(self.max_matches)
         rates[0] = rank0
         return rates
 
     def hit_rates(self, match_len: int) -> np.ndarray:
-        """``[depth, rank]`` calibrated conditional hit rates used for best matches of length ``match_len``.
-
-        Two-level shrinkage: the rate of (n, depth) is shrunk (``pool_weight`` pseudo-trials) towards
-        the rate of n pooled over depths, itself shrunk (``prior_weight``) towards ``prior_rates(n)``.
-        """
+        """``[depth, rank]`` calibrated hit rates for best matches of length ``match_len`` (the two-level
+        shrinkage of the module docstring)."""
         hits, trials = self._hits[match_len], self._trials[match_len]  # [depth, rank], [depth]
         pooled = (hits.sum(axis=0) + self.prior_weight * self.prior_rates(match_len)) / (
             trials.sum() + self.prior_weight)  # [rank]
@@ -199,7 +156,6 @@ class NgramDrafter:
                 still_pending.append(pending)
         self._pending = still_pending
 
-    # -- the n-gram index ----------------------------------------------------------------------------
     def _reset_context(self, tokens: list[int]) -> None:
         self._tokens: list[int] = list(tokens)
         self._indexed = 0  # positions < _indexed are in the index
@@ -228,10 +184,8 @@ class NgramDrafter:
         self._indexed = max(self._indexed, end)
 
     def _find_matches(self) -> tuple[int, list[int]]:
-        """(length of the best match, end positions of up to ``max_matches`` matches, best first).
-
-        Longer n-grams first; within one n, the most recent occurrence first.
-        """
+        """(length of the best match, end positions of up to ``max_matches`` matches: longer n-grams first, then
+        the most recent)."""
         toks = self._tokens
         n_tokens = len(toks)
         ends: list[int] = []
@@ -251,11 +205,8 @@ class NgramDrafter:
         return best_len, ends
 
     def _candidates(self, match_ends: list[int]) -> list[list[int]]:
-        """Per depth, distinct candidate tokens: the best match's first, then by votes, then match order.
-
-        A match ending at ``j`` predicts ``tokens[j + d]`` at depth d; past the root the copy continues
-        periodically (period ``root - j``), as repeated look-ups would.
-        """
+        """Per depth, distinct candidate tokens: the best match's first, then by votes, then match order. A match
+        ending at ``j`` predicts ``tokens[j + d]``, periodically past the root (period ``root - j``)."""
         toks = self._tokens
         root = len(toks) - 1
         continuations = []

@@ -1,16 +1,9 @@
-"""Drafting arms by name: a drafter id plus a tree policy, built for a loaded target.
+"""Drafting arms by name (a drafter plus a tree policy), built for a loaded target.
 
-Known here: the arms the demo, the reference traces and ``entropy-law record`` decode with (``ngram``
-chain, ``ngram`` DDTree, ``block`` chain / DDTree N=16, and ``ar``, the autoregressive baseline), what
-an AR run writes as its drafter and tree policy in trace metadata (``"none"`` for both: the analysis
-recognises AR runs by them), where the shipped block drafter checkpoint is looked for
-(``$ENTROPY_LAW_BLOCK_DRAFTER``, else the shipped default ``data/drafters/smollm2-135m-block-b8-broad.safetensors``;
-``find_block_checkpoint`` finds a recorded arm's checkpoint by its SHA-256: the block arms of the timed and
-open-ended trace sets were recorded with the sixth checkpoint beside it), and how to
-say that it is unavailable without failing: ``block_drafter_status`` returns the reason, callers print it
-and carry on with the other arms.
-
-Not known here: decoding (``SpeculativeDecoder``), recording (``jobs.record``), replay (``jobs.reference``).
+An AR run writes ``"none"`` as its drafter and tree policy (the analysis recognises AR runs by them). The block
+drafter checkpoint is ``$ENTROPY_LAW_BLOCK_DRAFTER``, else the shipped default; ``find_block_checkpoint`` finds a
+recorded arm's by its SHA-256. An unavailable block drafter is reported (``block_drafter_status``) and the other
+arms go on.
 """
 
 from __future__ import annotations
@@ -35,8 +28,7 @@ BLOCK_READERS = ("block", "hybrid")  # the drafters that load a block drafter ch
 
 @dataclass(frozen=True)
 class ArmSpec:
-    """``name``: label used in folders and tables; ``drafter``: ``"ngram"``, ``"block"``, ``"hybrid"`` (both in one
-    tree, ``drafters.hybrid``) or ``"ar"``;
+    """``name``: the label of folders and tables; ``drafter``: ``"ngram"``, ``"block"``, ``"hybrid"`` or ``"ar"``;
     ``tree``: ``"chain"`` or ``"ddtree"`` (``"none"`` for AR); ``budget``: draft nodes per tree (DDTree)."""
 
     name: str
@@ -70,9 +62,7 @@ def arm_spec(name: str) -> ArmSpec:
 
 def block_drafter_checkpoint() -> Path | None:
     """The block drafter checkpoint a run uses when none is named: ``$ENTROPY_LAW_BLOCK_DRAFTER``, else the
-    shipped default (``drafters.block.default_drafter_path``); ``None`` if that is absent. Chosen by name, never
-    as "the first file under ``data/drafters/``": that folder holds more than one checkpoint, and which drafter a
-    run uses must not follow the sort order of file names."""
+    shipped default by name (``default_drafter_path``); ``None`` if that is absent."""
     env = os.environ.get(BLOCK_DRAFTER_ENV)
     if env:
         return Path(env)
@@ -81,9 +71,7 @@ def block_drafter_checkpoint() -> Path | None:
 
 
 def find_block_checkpoint(sha256: str) -> Path | None:
-    """The checkpoint whose bytes have SHA-256 ``sha256`` (as a run records it in
-    ``drafter_config.checkpoint_sha256``), among ``$ENTROPY_LAW_BLOCK_DRAFTER`` and the ``*.safetensors`` under
-    ``data/drafters/``; ``None`` if none has it."""
+    """The checkpoint with SHA-256 ``sha256`` among ``$ENTROPY_LAW_BLOCK_DRAFTER`` and ``data/drafters/``, or None."""
     folder = default_drafter_path().parent
     candidates = dict.fromkeys([block_drafter_checkpoint(),  # each file hashed once
                                 *(sorted(folder.glob("*.safetensors")) if folder.is_dir() else [])])
@@ -113,11 +101,9 @@ def load_block_drafter(target, compute_dtype: str = "float32"):
 def make_drafter(spec: ArmSpec, target=None, *, ngram_options: dict | None = None,
                  checkpoint: str | Path | None = None, compute_dtype: str = "float32",
                  hybrid_options: dict | None = None):
-    """A fresh drafter for ``spec`` (``None`` for AR). The n-gram drafter keeps no state across
-    requests beyond ``begin``; the block drafter needs ``target`` and loads ``checkpoint`` (default:
-    the shipped one), its layers run in ``compute_dtype`` (``BlockDrafter.set_compute_dtype``); the hybrid drafter
-    is both (``ngram_options`` for its n-gram side, ``hybrid_options`` for ``HybridDrafter`` itself, e.g.
-    ``skip_block_at``)."""
+    """A fresh drafter for ``spec`` (``None`` for AR): the block drafter loads ``checkpoint`` (default: the shipped
+    one) for ``target`` in ``compute_dtype``; ``ngram_options`` / ``hybrid_options`` go to the n-gram and hybrid
+    drafters."""
     if spec.drafter == AR:
         return None
     if spec.drafter == "ngram":
@@ -134,9 +120,7 @@ def make_drafter(spec: ArmSpec, target=None, *, ngram_options: dict | None = Non
 
 def available_arms(names, target=None) -> tuple[list[ArmSpec], list[str]]:
     """(specs that can run here, messages about the ones left out). With ``target``, the block drafter's
-    checkpoint's header is also checked against it (``check_checkpoint``, no weights read): the shipped one was
-    trained for SmolLM2-135M, and another target (``--model``) leaves the block arms out with the reason, instead
-    of stopping the run."""
+    checkpoint header is checked against it: another target leaves the block arms out, with the reason."""
     specs, messages = [], []
     block_ok, block_message = block_drafter_status()
     if block_ok and target is not None and any(arm_spec(n).drafter in BLOCK_READERS for n in names):

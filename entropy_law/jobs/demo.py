@@ -1,17 +1,8 @@
 """The main job end to end: decode a Spec-Bench subset with every arm, record traces, fit the law, report.
 
-Known here: the order of work (prompts, model, a short warm-up, then per prompt every arm in turn —
-AR baseline, n-gram drafter, block drafter if its checkpoint is present — so slow and fast moments of a
-shared machine hit all arms alike), one trace run per arm under ``<out>/<run-id>/traces/``, a check
-that every arm's output equals the AR output (lossless decoding; a mismatch is reported, never hidden),
-then ``TraceAnalysis`` + ``write_report`` into ``<out>/<run-id>/``, the answer (``jobs.report.verdict_lines``:
-per arm and category "pays" / "does not pay" / "unclear" with its interval, or "not measured (N requests)") and
-the detail behind it in ``summary.txt``.
-Speedups are measured by the one speed routine (``jobs.speed``): each ``generate`` call timed by the CPU
-clock, paired per request with the AR arm, with a request-bootstrap interval; a speedup above the physical
-bound, or with too few requests or too wide an interval, is printed as such, never as a result.
-
-Not known here: decoding (``SpeculativeDecoder``), the trace format, statistics, plotting.
+One trace run per arm under ``<out>/<run-id>/traces/`` (``jobs.record.record_arms``), every output checked equal
+across arms (a mismatch is reported), then ``TraceAnalysis`` and ``write_report`` into ``<out>/<run-id>/``, the
+answer (``jobs.report.verdict_lines``, speedups by ``jobs.speed``) and the detail in ``summary.txt``.
 """
 
 from __future__ import annotations
@@ -47,8 +38,7 @@ class DemoResult:
 
 
 def _measured_speedups(recorded, specs, analysis, seed: int):
-    """Paired speedups over the AR arm (``jobs.speed``: CPU clock, per-request pairs, request-bootstrap
-    interval, physical bound, reliability), labelled with the analysis's arm names; ``None`` without AR."""
+    """Paired speedups over the AR arm (``jobs.speed``), labelled with the analysis's arm names; None without AR."""
     from entropy_law.jobs.speed import paired_speedups
 
     ar = next((spec.name for spec in specs if not spec.drafts), None)
@@ -65,22 +55,17 @@ def new_run_id() -> str:
 
 
 def demo_limits(max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS) -> Limits:
-    """The demo's limits: ``max_new_tokens`` (at least 2: one token after the prefill), a warm-up of 16 tokens
-    (the first forwards allocate and tune kernels), a shard per prompt. The command line builds them from its
-    options before the model loads; ``DemoPlan`` holds them to the same rule."""
+    """The demo's limits: ``max_new_tokens`` (at least 2), a warm-up of 16 tokens, a shard per prompt."""
     return Limits(max_new_tokens, warm_up_tokens=16, min_new_tokens=2)
 
 
 @dataclass(frozen=True, eq=False)
 class DemoPlan:
-    """The demo, checked when built and passed whole to ``run_demo``: decode ``tasks``
-    (``entropy_law.prompts.text.Task``) with each of ``arms`` (names from ``entropy_law.jobs.arms.ARMS``;
-    block-drafter arms are dropped with a message when the checkpoint is missing) over ``target`` (a
-    ``LoadedTarget`` with tokenizer, or a causal LM with ``encode(task) -> token ids``, which also replaces the
-    chat-template encoding), within ``limits`` (``demo_limits``), into ``<out>/<run_id>`` (default: UTC time).
-    ``seed``: of the analysis (and recorded per run); ``n_boot``: bootstrap replicates for the break-even
-    intervals; ``analysis_options``: more keyword arguments of ``TraceAnalysis`` (e.g. ``compare_families``);
-    ``run_metadata``: more keys for every arm's run.json (the command line: ``chat_template``)."""
+    """The demo, checked when built and passed whole to ``run_demo``: decode ``tasks`` with each of ``arms``
+    (``jobs.arms.ARMS`` names; unavailable block arms dropped with a message) over ``target`` (a ``LoadedTarget``,
+    or a causal LM with ``encode(task) -> ids``) within ``limits`` into ``<out>/<run_id>`` (default: UTC time).
+    ``seed`` and ``n_boot``: of the analysis; ``analysis_options``: more ``TraceAnalysis`` arguments;
+    ``run_metadata``: more keys for every run.json."""
 
     tasks: Sequence
     target: object

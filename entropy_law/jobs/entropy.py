@@ -1,40 +1,13 @@
-"""Target statistics for an imported engine run: ``entropy-law entropy RUN --model M``.
+"""Target statistics for an imported engine run (``entropy-law entropy RUN --model M``).
 
-An engine import (``entropy_law.importers``) keeps every request as the engine reported it in
-``engine_import.jsonl`` but writes no round or token rows, because every v1 token row carries the five
-target statistics and no engine records them. This job computes them offline, teacher-forced: one forward
-pass of the target over prompt + output gives the logit row that produced every output token
-(``entropy_law.decoding.replay.teacher_forced_logits``), whose statistics (``observers.distribution_stats``:
-fp32 log-softmax over the full vocabulary, as the decoder records them) fill the token rows; the rounds
-come from the engine's per-step counts (``ImportedRequest.rounds``), so the run then fits like ours.
-
-Known here:
-
-- **which requests are scored**: the aligned per-step ones (flagged and aggregate-only requests have no
-  rounds and keep their request row only). Prompt ids are the engine's, else the prompt tokenized by the
-  target's tokenizer (text as is, chat messages through its chat template), and must count what the
-  engine counted; a request whose ids do not fit the target (a different tokenizer, ids beyond the
-  vocabulary, longer than the context) keeps its request row only and is listed, with the reason, under
-  ``entropy.unscored`` in ``run.json``;
-- **batching**: requests sorted by length and packed, left-padded (explicit positions and an attention
-  mask), into forwards of at most ``batch_tokens`` padded tokens; a request alone in its batch gets the
-  plain ``teacher_forced_logits`` pass. ``batch_tokens=0`` is one forward per request. Only the output
-  rows go through the LM head; statistics are computed ``STATS_ROWS`` rows at a time (cache-sized);
-- **where rows go**: a new trace run written through ``TraceRecorder`` (its shards are atomic, its lock
-  keeps one writer), with the import's metadata, ``engine_import.target_stats`` saying how the statistics
-  were computed and an ``entropy`` block (target, source, dtype, device, unscored requests). Shards are
-  written every ``flush_every`` scored requests (and after each batch once ``flush_seconds`` have passed),
-  so a killed job loses at most those; run again, it resumes (the recorder's ``completed_requests``; a
-  stale lock needs ``break_lock``, as ``entropy-law record --break-lock``). Resuming with another target,
-  dtype or device is refused by the recorder (the ``entropy`` key differs);
-- **in place**: without ``out``, the new run is written beside the import in a hidden folder
-  (``.<name>.entropy``, which readers skip) while the import is held by its lock, then swapped in with two
-  renames (import -> ``.<name>.imported``, new run -> ``<name>``) and the old folder removed; a job killed
-  between the renames finishes the swap when run again. The run keeps its ``run_id``. With ``out``, the
-  import is left as it is and the new run (its own ``run_id``) goes to ``out``.
-
-Not known here: the engines' formats (``importers``), the statistics' formulas (``decoding.observers``),
-the trace format (``traces``).
+An engine import writes no token rows: no engine records the target statistics. This job computes them
+teacher-forced (one forward over prompt + output per request, ``observers.distribution_stats`` on every
+output row) for the aligned per-step requests; the rounds come from the engine's per-step counts. A request
+whose ids do not fit the target keeps its request row only and is listed under ``entropy.unscored`` in
+``run.json``. Requests are packed by length into left-padded forwards of at most ``batch_tokens`` tokens
+(0: one per request). The new run is written through ``TraceRecorder`` and resumes when run again. In place
+(no ``out``) it is written to a hidden ``.<name>.entropy`` folder while the import is locked, then swapped
+in by two renames, keeping the ``run_id``; a swap left half done is finished by the next run.
 """
 
 from __future__ import annotations
@@ -57,13 +30,12 @@ from entropy_law.importers.records import ImportedRequest
 from entropy_law.importers.writer import (METADATA_KEY, RECORD_FILE, log_request, read_import, run_block_size,
                                           write_record)
 from entropy_law.jobs.plan import check_int
-from entropy_law.traces.layout import (LOCK_FILE, RUN_FILE, create_lock, describe_holder, read_lock, read_run_json,
-                                      remove_lock)
+from entropy_law.traces.layout import (LOCK_FILE, RUN_FILE, create_lock, describe_holder, fsync_path, read_lock,
+                                      read_run_json, remove_lock)
 from entropy_law.traces.recorder import TraceRecorder
 from entropy_law.traces.stats import TARGET_STAT_KEYS
 
-DEFAULT_BATCH_TOKENS = 0  # one forward per request: on a CPU padded batches cost more than they save
-# (bench/results/entropy-speed.txt)
+DEFAULT_BATCH_TOKENS = 0  # one forward per request (on a CPU padded batches cost more than they save)
 DEFAULT_FLUSH_EVERY = 16
 DEFAULT_FLUSH_SECONDS = 60.0
 STATS_ROWS = 32  # logit rows per statistics call: [32, V] fp32 stays in cache, where a few hundred rows do not
@@ -161,7 +133,7 @@ def _finish_swap(plan: _Plan) -> bool:
         return False
     if not plan.run_dir.exists() and plan.previous.exists() and _status(plan.stage) == "complete":
         os.rename(plan.stage, plan.run_dir)
-        _fsync_dir(plan.run_dir.parent)
+        fsync_path(plan.run_dir.parent)
     if plan.run_dir.exists() and plan.previous.exists() and _target_stats_of(plan.run_dir) is not None:
         shutil.rmtree(plan.previous)
         return True
@@ -179,10 +151,8 @@ def _target_stats_of(run_dir: Path) -> str | None:
 
 
 def check_entropy_run(run_dir, *, out=None, break_lock: bool = False, flush_every: int = DEFAULT_FLUSH_EVERY) -> None:
-    """Raise what ``compute_target_stats`` would refuse before a model is loaded: a ``flush_every`` below 1, no
-    imported run there, one that already holds target statistics or has no aligned per-step request, an output
-    folder that holds something else, a writer's lock (a stale one without ``break_lock``). The one check of
-    these inputs: ``compute_target_stats`` runs it, the command line runs it before it loads the model."""
+    """Raise what ``compute_target_stats`` would refuse, before a model is loaded (no imported run, statistics
+    already there, no aligned request, a foreign output folder, a writer's lock, ``flush_every < 1``)."""
     check_int(flush_every, name="flush_every", option="--flush-every", minimum=1, why="scored requests per shard")
     plan = _paths(run_dir, out)
     if _finish_swap(plan):
@@ -209,25 +179,11 @@ def check_entropy_run(run_dir, *, out=None, break_lock: bool = False, flush_ever
         raise ValueError(f"{plan.stage} holds another trace run, not this import's statistics; pick another --out")
 
 
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 # -- prompt ids ---------------------------------------------------------------------------------------------
 
 def prompt_ids_of(record: ImportedRequest, tokenizer) -> list[int]:
-    """The prompt's token ids: the engine's, else the prompt text tokenized as a completion endpoint does
-    (special tokens added) or chat messages through the tokenizer's chat template (generation prompt added).
-    Raises ValueError with the reason when there is no way to them."""
+    """The prompt's token ids: the engine's, else the prompt text tokenized (special tokens added) or chat
+    messages through the chat template; ``ValueError`` with the reason when none fits the engine's count."""
     if record.prompt_token_ids is not None:
         return [int(t) for t in record.prompt_token_ids]
     if record.prompt is None:
@@ -294,10 +250,8 @@ def plan_batches(lengths: Sequence[int], outputs: Sequence[int], batch_tokens: i
 
 @torch.inference_mode()
 def batch_logits(model, batch: Sequence[tuple[list[int], list[int]]]) -> list[torch.Tensor]:
-    """The teacher-forced logit rows of each ``(prompt_ids, output_ids)`` of ``batch``, on the model's device:
-    row i of request j is the target's logit row after prompt + output[:i]. One request: the plain
-    ``teacher_forced_logits`` pass (CPU) or its same call on the device; several: one left-padded forward
-    (explicit positions, attention mask), only each request's output rows kept."""
+    """The teacher-forced logit rows of each ``(prompt_ids, output_ids)`` of ``batch`` (row i: after prompt +
+    output[:i]), from one forward (left-padded for several requests)."""
     device = next(model.parameters()).device
     if len(batch) == 1:
         prompt, output = batch[0]
@@ -334,25 +288,14 @@ def _stats_source(model_id: str, source: str, dtype: torch.dtype) -> str:
             ", one forward pass over prompt + output, statistics in fp32 over the full vocabulary")
 
 
-def compute_target_stats(
-    run_dir,
-    target,
-    *,
-    out=None,
-    model_id: str | None = None,
-    batch_tokens: int = DEFAULT_BATCH_TOKENS,
-    flush_every: int = DEFAULT_FLUSH_EVERY,
-    flush_seconds: float = DEFAULT_FLUSH_SECONDS,
-    break_lock: bool = False,
-    on_batch: Callable[[EntropyProgress], None] | None = None,
-) -> EntropySummary:
+def compute_target_stats(run_dir, target, *, out=None, model_id: str | None = None,
+                         batch_tokens: int = DEFAULT_BATCH_TOKENS, flush_every: int = DEFAULT_FLUSH_EVERY,
+                         flush_seconds: float = DEFAULT_FLUSH_SECONDS, break_lock: bool = False,
+                         on_batch: Callable[[EntropyProgress], None] | None = None) -> EntropySummary:
     """Compute the target statistics of every output token of the imported run ``run_dir`` and write the run
-    with its rounds and tokens (in place, or into ``out``). ``target``: a ``LoadedTarget`` (its tokenizer
-    makes prompt ids where the engine gave only text) or a causal LM; it runs where it is (move it first for
-    a GPU). ``batch_tokens``: most padded tokens per forward (0: one forward per request). ``flush_every`` /
-    ``flush_seconds``: a shard after that many scored requests, or after the first batch that ends that
-    long after the last shard. ``break_lock``: take over the run from a job that was killed. ``on_batch``:
-    called after every forward with an ``EntropyProgress``. A killed job resumes when run again."""
+    with its rounds and tokens (in place, or into ``out``). ``target``: a ``LoadedTarget`` or a causal LM, run
+    where it is. A shard is written after ``flush_every`` scored requests or ``flush_seconds``; ``break_lock``
+    takes over from a killed job; ``on_batch`` gets an ``EntropyProgress`` after every forward."""
     plan = _paths(run_dir, out)
     if _finish_swap(plan):
         meta = read_run_json(plan.run_dir / RUN_FILE)
@@ -379,7 +322,7 @@ def compute_target_stats(
             os.rename(plan.run_dir, plan.previous)  # the import, with this job's lock, out of the way
             source_lock = None
             os.rename(plan.stage, plan.run_dir)
-            _fsync_dir(plan.run_dir.parent)
+            fsync_path(plan.run_dir.parent)
             shutil.rmtree(plan.previous)
             summary.run_dir = plan.run_dir
     finally:
@@ -410,37 +353,15 @@ class _Scorer:
 
 def _write_stage(plan: _Plan, scorer: _Scorer, *, batch_tokens, flush_every, flush_seconds, break_lock,
                  on_batch) -> EntropySummary:
-    model, tokenizer, model_id, source = scorer.model, scorer.tokenizer, scorer.model_id, scorer.source
-    dtype, device = scorer.dtype, scorer.device
+    model = scorer.model
     imported = read_import(plan.run_dir)
     records = imported.requests
-    vocab, context = _vocab_size(model), _context_of(model)
-    aligned, unscored, inputs = [], [], {}
-    for record in records:
-        check = record.alignment()
-        if check is None or not check.ok:
-            continue
-        try:
-            prompt = prompt_ids_of(record, tokenizer)
-            _check_fits(prompt, record.output_token_ids, vocab, context)
-        except ValueError as err:
-            unscored.append({"request_id": record.request_id, "reason": str(err)})
-            continue
-        aligned.append(record)
-        inputs[record.request_id] = (prompt, [int(t) for t in record.output_token_ids])
+    vocab = _vocab_size(model)
+    aligned, unscored, inputs = _scorable_requests(records, scorer.tokenizer, vocab, _context_of(model))
     scorable = {r.request_id for r in aligned}
-
-    meta = {k: v for k, v in imported.metadata.items() if k not in _NOT_CARRIED}
-    if not plan.in_place:
-        meta.pop("run_id", None)
-    info = dict(meta[METADATA_KEY])
-    info["target_stats"] = _stats_source(model_id, source, dtype)
-    info["rounds_in_tables"] = len(scorable)
-    meta[METADATA_KEY] = info
-    meta[METADATA_KEY_ENTROPY] = {"model_id": model_id, "source": source, "dtype": str(dtype).replace("torch.", ""),
-                                  "device": device.type, "unscored": unscored}
+    meta = _stage_metadata(plan, imported.metadata, scorer, len(scorable), unscored)
     block_size = run_block_size(records)
-    flagged = list(info.get("flagged", []))
+    flagged = list(meta[METADATA_KEY].get("flagged", []))
 
     resume = (plan.stage / RUN_FILE).is_file()
     scored_now = tokens_now = agree = 0
@@ -483,6 +404,37 @@ def _write_stage(plan: _Plan, scorer: _Scorer, *, batch_tokens, flush_every, flu
         run_id = recorder.run_id
     return EntropySummary(plan.stage, run_id, len(records), len(scorable), scored_now, scored_before, tokens_now,
                           seconds, agree, unscored, cpu_seconds=cpu_seconds)
+
+
+def _scorable_requests(records, tokenizer, vocab: int, context: int | None):
+    """(aligned requests whose ids fit the target, the others with the reason, request id -> (prompt, output))."""
+    aligned, unscored, inputs = [], [], {}
+    for record in records:
+        check = record.alignment()
+        if check is None or not check.ok:
+            continue
+        try:
+            prompt = prompt_ids_of(record, tokenizer)
+            _check_fits(prompt, record.output_token_ids, vocab, context)
+        except ValueError as err:
+            unscored.append({"request_id": record.request_id, "reason": str(err)})
+            continue
+        aligned.append(record)
+        inputs[record.request_id] = (prompt, [int(t) for t in record.output_token_ids])
+    return aligned, unscored, inputs
+
+
+def _stage_metadata(plan: _Plan, imported: dict, scorer: _Scorer, scorable: int, unscored: list) -> dict:
+    """The new run's metadata: the import's, with how the statistics were computed and the unscored requests."""
+    meta = {k: v for k, v in imported.items() if k not in _NOT_CARRIED}
+    if not plan.in_place:
+        meta.pop("run_id", None)
+    dtype = str(scorer.dtype).replace("torch.", "")
+    stats_source = _stats_source(scorer.model_id, scorer.source, scorer.dtype)
+    meta[METADATA_KEY] = {**meta[METADATA_KEY], "target_stats": stats_source, "rounds_in_tables": scorable}
+    meta[METADATA_KEY_ENTROPY] = {"model_id": scorer.model_id, "source": scorer.source, "dtype": dtype,
+                                  "device": scorer.device.type, "unscored": unscored}
+    return meta
 
 
 __all__ = ["DEFAULT_BATCH_TOKENS", "EntropyProgress", "EntropySummary", "batch_logits", "check_entropy_run",

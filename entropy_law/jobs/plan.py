@@ -1,12 +1,7 @@
 """The plan of a recording job: what it decodes, with which arms, into which folders, within which limits.
 
-Known here: the frozen plan objects a job is given whole (``RecordPlan`` for ``jobs.record.record_arms``; the
-demo's and the reference traces' plans in ``jobs.demo`` and ``jobs.reference`` hold a ``Limits`` too), and the
-rules every user input of a job is checked by, once, when its plan is built: the command line builds the same
-objects from its options (before the model loads) as a Python caller does, so both are refused by one rule with
-one message, which names the Python field and the command-line option.
-
-Not known here: how a job runs (``jobs.record``, ``jobs.demo``, ``jobs.reference``), the options of a command.
+Frozen plan objects, checked once when built: the command line builds the same objects from its options as a
+Python caller does, so both meet one rule and one message naming the field and the option.
 """
 
 from __future__ import annotations
@@ -24,8 +19,7 @@ DEFAULT_VERIFY_COST_RATIO = 2.0  # decoding.gate.DEFAULT_VERIFY_COST_RATIO (test
 
 
 def check_int(value, *, name: str, option: str, minimum: int, why: str = "") -> int:
-    """``value`` if it is an int >= ``minimum``, else a ValueError naming the field and its option: the one rule
-    for a job's counts, whichever entry point (command line or Python) the value came through."""
+    """``value`` if it is an int >= ``minimum``, else a ValueError naming the field and its option."""
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
         raise ValueError(f"{name} ({option}) must be an int >= {minimum}{f' ({why})' if why else ''}, got {value!r}")
     return int(value)
@@ -33,10 +27,9 @@ def check_int(value, *, name: str, option: str, minimum: int, why: str = "") -> 
 
 @dataclass(frozen=True)
 class Limits:
-    """How much a job decodes and how often it writes: ``max_new_tokens`` per prompt (at least
-    ``min_new_tokens``, which the job sets: 2 where a token after the prefill is needed), ``flush_every``
-    finished requests per shard (1: each prompt is on disk once it ends), an unrecorded warm-up of
-    ``warm_up_tokens`` new tokens per arm on the first prompt (0: none)."""
+    """How much a job decodes and how often it writes: ``max_new_tokens`` per prompt (at least the job's
+    ``min_new_tokens``), ``flush_every`` finished requests per shard, an unrecorded warm-up of ``warm_up_tokens``
+    per arm on the first prompt (0: none)."""
 
     max_new_tokens: int
     flush_every: int = 1
@@ -54,9 +47,8 @@ class Limits:
 
 @dataclass(frozen=True)
 class Output:
-    """Where the runs go and what to do with a run that is there: ``path`` is a folder that receives one run per
-    arm (``<path>/<arm name>``), or {arm name: run folder}; ``resume`` / ``overwrite`` / ``break_lock`` as
-    ``TraceRecorder`` takes them (resume also starts a run that does not exist)."""
+    """Where the runs go: ``path`` (one run per arm, ``<path>/<arm name>``) or {arm name: run folder};
+    ``resume`` / ``overwrite`` / ``break_lock`` as ``TraceRecorder`` takes them."""
 
     path: str | Path | Mapping[str, str | Path]
     resume: bool = False
@@ -75,10 +67,9 @@ class Output:
 
 @dataclass(frozen=True)
 class Drafting:
-    """How the drafting arms are built and gated: ``gate`` ``"ratio"`` (``verify_cost_ratio``) or ``"cost"``
-    (this machine's verify-cost curve); ``policy``: per-round law policy parameters in place of the gate, or a
-    function of the arm giving its parameters or None; the drafters' options (``ngram_options``, the block
-    drafter ``checkpoint`` run in ``drafter_dtype``, ``hybrid_options``: ``jobs.arms.make_drafter``)."""
+    """How the drafting arms are built and gated: ``gate`` ``"ratio"`` or ``"cost"``; ``policy``: law policy
+    parameters in place of the gate, or a function of the arm giving them; the drafters' options
+    (``jobs.arms.make_drafter``)."""
 
     gate: str = "ratio"
     verify_cost_ratio: float = DEFAULT_VERIFY_COST_RATIO
@@ -99,16 +90,12 @@ class Drafting:
 
 @dataclass(frozen=True, eq=False)
 class RecordPlan:
-    """One recording job, checked when built and passed whole to ``jobs.record.record_arms``: decode ``tasks``
-    (``entropy_law.prompts.text.Task``) with every arm of ``arms`` (``jobs.arms.ArmSpec``) over ``target`` (a
-    ``LoadedTarget`` or a causal LM; it names the model and brings the tokenizer) into ``output``, within
-    ``limits``, the drafting arms built and gated as ``drafting`` says.
+    """One recording job for ``jobs.record.record_arms``: decode ``tasks`` with every arm of ``arms`` over
+    ``target`` into ``output`` within ``limits``, drafting as ``drafting`` says.
 
-    ``encode(task, decoder) -> (token ids, extra generate keyword arguments)``: default the chat template
-    (``jobs.record.chat_prompt``). ``adapter``: decode through this adapter instead of one built over ``target``
-    per arm (image prompts: the VLM adapter that holds the pixels). ``run_metadata``: the job's keys added to
-    each run's metadata, a mapping or a function of the arm. ``keep_going``: a prompt the encoder rejects is
-    skipped and a failing request is logged, and the run goes on (else they raise)."""
+    ``encode(task, decoder) -> (token ids, extra generate arguments)``: default the chat template; ``adapter``:
+    one adapter for every arm (a VLM's); ``run_metadata``: keys added to each run's metadata (a mapping or a
+    function of the arm); ``keep_going``: skip or log a failing prompt and go on, instead of raising."""
 
     tasks: Sequence
     arms: Sequence[ArmSpec]

@@ -1,25 +1,11 @@
-"""Decode prompts with one or more arms and record one trace run per arm: the loop that the demo, the
-reference traces and ``entropy-law record`` share (``record_arms``).
+"""Decode prompts with one or more arms and record one trace run per arm (``record_arms``): the loop the demo,
+the reference traces and ``entropy-law record`` share.
 
-Known here: how an arm becomes a recording decoder (its drafter, an adapter over the target, the
-verify-cost curve when the cost gate is asked for: the one a resumed run stored, else measured now; then
-the run's ``TraceRecorder``, opened with metadata taken from the decoder's ``config``, the gate named;
-then the decoder, built with the recorder as its observer), what a resumed run must match (its whole
-decoding configuration: the recorder refuses any difference; a run recorded before ``gate`` was written
-down used the cost gate if it holds a ``verify_cost`` curve, else the ratio gate), that every run folder is
-checked before any arm is set up, the order of work (an optional unrecorded warm-up, then prompt by
-prompt, every arm in turn, in an order that rotates with the prompt: slow and fast moments of a shared
-machine hit all arms alike; each ``generate`` call timed by the CPU and the wall clock for
-``jobs.speed.paired_speedups``), how often
-finished prompts reach the disk (a shard per ``flush_every`` requests; 1: a killed job loses only the
-prompts in flight), what is skipped rather than decoded (prompts a resumed run already holds, empty
-prompts, prompts that leave no room in the model's context), what a failing request does (the decoder
-closes it with stop reason "error" for the recorder; then it raises and the run stays resumable, or with
-``keep_going`` it is logged and the run goes on), and what comes back per arm (outputs, counts, decode
-time).
-
-Not known here: decoding itself (``SpeculativeDecoder``), the trace format (``TraceRecorder``), which arms a
-job runs and what it prints (``jobs.demo``, ``jobs.reference``, ``commands.record``).
+Each arm becomes a decoder with a ``TraceRecorder`` as its observer; a resumed run must match its whole
+configuration. Every run folder is checked before any arm is set up. After an optional unrecorded warm-up,
+prompts are decoded one by one, every arm in turn in an order that rotates with the prompt, each ``generate``
+call timed (CPU and wall clock). Prompts already recorded, empty or too long for the context are skipped; a
+failing request raises (the run stays resumable), or with ``keep_going`` is logged and counted.
 """
 
 from __future__ import annotations
@@ -45,7 +31,7 @@ from entropy_law.decoding.interface import drafter_run_config
 from entropy_law.decoding.loading import model_of
 from entropy_law.decoding.observers import RecorderObserver
 from entropy_law.decoding.policy import check_policy, make_policy
-from entropy_law.jobs.plan import GATES, Drafting, Limits, Output, RecordPlan  # noqa: F401 (GATES: re-exported)
+from entropy_law.jobs.plan import Drafting, Limits, Output, RecordPlan
 from entropy_law.jobs.arms import AR_DRAFTER_ID, AR_TREE_POLICY, ArmSpec, make_drafter
 from entropy_law.jobs.speed import Timing, draft_calls, round_cost
 from entropy_law.traces.layout import RUN_FILE, read_run_json
@@ -56,11 +42,9 @@ logger = logging.getLogger("entropy_law.record")
 
 @dataclass
 class ArmResult:
-    """What one arm recorded in this call. ``counts``: ``recorded``, ``already recorded`` (by the run
-    being resumed), ``skipped`` (prompt not decodable), ``failed``; ``outputs``: request id -> new token
-    ids of the requests decoded now; ``decode_s``: wall time of those ``generate`` calls;
-    ``committed_per_round``: category -> each request's mean committed tokens per verify round; ``timings``:
-    one ``jobs.speed.Timing`` per request decoded now (CPU and wall clock of the ``generate`` call)."""
+    """What one arm recorded in this call. ``counts``: ``recorded``, ``already recorded``, ``skipped``,
+    ``failed``; ``outputs``: request id -> new token ids; ``decode_s``: wall time of the ``generate`` calls;
+    ``committed_per_round``: category -> each request's mean; ``timings``: one ``jobs.speed.Timing`` per call."""
 
     spec: ArmSpec
     run_dir: Path
@@ -87,9 +71,8 @@ class RecordResult:
         return self.arms[name]
 
     def timings(self, reference: str) -> pd.DataFrame:
-        """Every timed ``generate`` call of every arm (``jobs.speed.Timing`` rows), with ``matches_reference``
-        comparing each output with the ``reference`` arm's on the same request: the input of
-        ``jobs.speed.paired_speedups``."""
+        """Every timed ``generate`` call of every arm, with ``matches_reference`` (its output equals the
+        ``reference`` arm's): the input of ``jobs.speed.paired_speedups``."""
         if reference not in self.arms:
             raise ValueError(f"no arm {reference!r} among {list(self.arms)}")
         expected = self.arms[reference].outputs
@@ -115,12 +98,8 @@ def chat_prompt(task, decoder: SpeculativeDecoder) -> tuple[list[int], dict]:
 
 
 def prompt_encoder(target, *, chat_template: bool = True, model: str = "the target") -> Callable | None:
-    """The command line's prompt encoding (``--no-chat-template``), for ``record`` and ``demo`` alike.
-
-    ``chat_template=True``: ``None``, i.e. the default (``chat_prompt``), after checking that the tokenizer
-    has a chat template; a base model without one is refused with the option to pass. ``chat_template=False``:
-    ``encode(task) -> token ids``, the prompt text tokenized as is (no template, the tokenizer's own special
-    tokens)."""
+    """The command line's prompt encoding: ``None`` (``chat_prompt``) after checking the tokenizer has a chat
+    template, or with ``chat_template=False`` ``encode(task) -> ids`` of the prompt text tokenized as is."""
     tokenizer = getattr(target, "tokenizer", None)
     if not chat_template:
         return lambda task: list(tokenizer(task.prompt)["input_ids"])
@@ -132,20 +111,11 @@ def prompt_encoder(target, *, chat_template: bool = True, model: str = "the targ
 
 def record_arms(plan: RecordPlan, *, progress: bool = True, desc: str = "decode",
                 log: Callable[[str], None] = logger.info) -> RecordResult:
-    """Decode the plan's tasks with every arm and record one trace run per arm (``jobs.plan.RecordPlan``, checked
-    when it was built: its fields say what each setting means).
+    """Decode the plan's tasks with every arm and record one trace run per arm (``jobs.plan.RecordPlan``).
 
-    The drafting arms are gated as ``plan.drafting`` says: ``"ratio"``, or ``"cost"`` (this machine's
-    verify-cost curve, measured once per drafting arm before its decoder is built and stored in its run
-    metadata; a resumed run reuses the curve it stored); the run metadata names the gate (``gate``: "ratio",
-    "cost", or None for AR). A policy (``entropy_law.payoff.policy.fit_policy``) replaces the gate of the
-    drafting arms (``SpeculativeDecoder(policy=)``; stored in the run metadata, ``policy``: a run with a policy is
-    its own arm). A resumed run must have been recorded with this same configuration, gate included. Every run
-    folder is checked (``TraceRecorder.check_path``) before any arm is set up. The run metadata is the decoder's
-    (model, drafter, tree, budget, dtype, device, max_new_tokens; the verify-cost curve when measured), then the
-    plan's ``run_metadata``. ``progress`` / ``desc``: the progress bar; ``log``: one line per resumed run
-    (prompts already recorded).
-    """
+    Drafting arms are gated as ``plan.drafting`` says (``"ratio"``, or ``"cost"`` with this machine's verify-cost
+    curve, measured once per arm or reused from the resumed run), or run its law policy; the run metadata is
+    the decoder's, then ``plan.run_metadata``, then the gate. ``log``: one line per resumed run."""
     tasks, output, max_new_tokens, keep_going = plan.tasks, plan.output, plan.limits.max_new_tokens, plan.keep_going
     warm_up_tokens = plan.limits.warm_up_tokens
     for spec in plan.arms:  # before any drafter, adapter or cost curve is set up
@@ -190,9 +160,8 @@ def record_arms(plan: RecordPlan, *, progress: bool = True, desc: str = "decode"
 
 
 def check_run_dir(run_dir: str | Path, *, resume: bool, overwrite: bool, break_lock: bool = False) -> None:
-    """Raise ValueError, saying what to do, if a run cannot be written at ``run_dir`` with these options (a
-    file there, a folder that holds something else, a run without resume / overwrite, a run another writer
-    holds or a stale lock without ``break_lock``): cheap, so a job checks before it loads a model."""
+    """Raise ValueError, saying what to do, if a run cannot be written at ``run_dir`` with these options
+    (cheap: a job checks before it loads a model)."""
     try:
         TraceRecorder.check_path(run_dir, resume=resume, overwrite=overwrite, break_lock=break_lock)
     except (FileExistsError, NotADirectoryError) as err:  # RunLockedError included
@@ -256,22 +225,17 @@ def _stored_metadata(run_dir: Path) -> dict | None:
 
 
 def _absent_means(stored: dict | None, spec: ArmSpec) -> dict:
-    """What a missing ``gate`` / ``verify_cost`` means (runs recorded before ``gate`` was written, and ratio or
-    AR runs, which do not write them): a drafting run with a ``verify_cost`` curve used the cost gate, one
-    without it the ratio gate; an AR run has no gate; no curve is no curve."""
+    """What a missing ``gate`` / ``verify_cost`` means: a drafting run with a curve used the cost gate, one
+    without it the ratio gate; an AR run has no gate."""
     cost = stored is not None and stored.get("verify_cost") is not None
     return {"gate": ("cost" if cost else "ratio") if spec.drafts else None, "verify_cost": None}
 
 
 def _arm_metadata(decoder: SpeculativeDecoder, drafter, target, max_new_tokens: int, spec: ArmSpec,
                   run_metadata, gate: str) -> dict:
-    """The run metadata: the decoder's config, the drafter's run config, then the job's keys, then the gate.
-
-    AR runs say ``drafter_id`` / ``tree_policy`` "none" (what existing traces hold and the analysis reads)
-    and ``gate`` None (nothing is drafted, so no gate decides). ``verify_cost`` is the cost gate's curve, or
-    None. Both are always given, so that a resume compares them; the recorder writes them only where they
-    differ from what their absence means (``_absent_means``): cost-gate runs say ``gate: "cost"`` and hold
-    their curve, ratio-gate and AR runs keep the keys that runs have always had."""
+    """The run metadata: the decoder's config, the drafter's run config, the job's keys, then ``gate`` (None
+    for AR, whose ``drafter_id`` / ``tree_policy`` are "none") and ``verify_cost`` (the cost gate's curve or
+    None), always given so a resume compares them (the recorder omits them where ``_absent_means`` holds)."""
     config = decoder.config
     metadata = {
         "model_id": getattr(target, "model_id", None) or config["model_id"],  # a decoder over an adapter has none
@@ -344,16 +308,10 @@ def _decode(arm: _Arm, task, prompt_ids: list, extra: dict, max_new_tokens: int,
 def record_timed(tasks: Sequence, arm_names: Sequence[str], out: str | Path, target, *, limits: Limits,
                  reference: str = "ar", metadata: Mapping | None = None, break_lock: bool = False,
                  log: Callable[[str], None] = print, drafting: Drafting | None = None) -> RecordResult:
-    """A timed trace set for a speed check (the ``bench/`` scripts that time arms against AR): every arm of
-    ``arm_names`` that can run here (``jobs.arms.available_arms``; the others are named through ``log``) decodes
-    ``tasks`` into ``out/<arm>`` with ``record_arms`` (resumable, within ``limits``: its warm-up unrecorded, no
-    progress bar), each run's ``run.json`` holding ``arm``, ``replayed`` false, ``cpu_count``,
-    ``omp_num_threads`` and ``metadata``. Every timed ``generate`` call, compared with ``reference``'s output,
-    goes to ``out/timings.csv``; a resumed recording keeps the calls timed before (appended, never replaced).
-    ``drafting``: the drafting arms' gate and policy (``jobs.plan.Drafting``; default the ratio gate). A law policy
-    (parameters, or a function of the arm giving its parameters or None) needs ``gate="cost"``: it prices trees
-    with this machine's verify-cost curve, measured here, and every drafting arm runs the cost gate, those without
-    a policy included. Set the thread count before calling (``torch.set_num_threads``)."""
+    """A timed trace set for a speed check: every arm of ``arm_names`` that can run here decodes ``tasks`` into
+    ``out/<arm>`` (``record_arms``, resumable), each run recording ``arm``, ``cpu_count``, ``omp_num_threads`` and
+    ``metadata``; every timed call is appended to ``out/timings.csv``. ``drafting``: default the ratio gate; a law
+    policy needs ``gate="cost"``. Set the thread count before calling."""
     from entropy_law.jobs.arms import available_arms
 
     drafting = drafting or Drafting()

@@ -1,24 +1,13 @@
-"""Reference traces: one greedy decode per prompt (online n-gram drafter), every other arm replayed offline.
+"""Reference traces (``data/traces/``): one greedy decode per prompt, every other arm replayed offline.
 
-Known here: the recipe of ``data/traces/`` (``scripts/make_reference_traces.py`` is its command line).
+1. Online (timed): each prompt decoded once with the n-gram drafter into ``<out>/ngram/``; lossless
+   decoding makes its output the target's greedy output whatever the drafter.
+2. AR timing (optional): the first ``ar_limit`` prompts per category decoded by AR into ``<out>/ar/``.
+3. Replay (no timings): every other arm simulated on the greedy output (``decoding.replay``) from one
+   teacher-forced target pass per prompt; replayed runs record ``replayed: true`` and ``replayed_from``.
 
-1. **Online** (timed): each prompt is decoded ONCE by ``SpeculativeDecoder`` with the n-gram drafter
-   (chain), recorded into ``<out>/ngram/`` (``jobs.record.record_arms``). Greedy lossless decoding makes
-   the output the target's greedy output whatever the drafter.
-2. **AR timing** (optional, timed): the first ``ar_limit`` prompts per category are decoded by our AR
-   baseline into ``<out>/ar/`` (``record_arms`` again), so speedups can be measured against the same prompts.
-3. **Replay** (no timings): for every other arm (n-gram DDTree, block drafter chain / DDTree N=16) the
-   rounds are simulated on the recorded greedy output (``entropy_law.decoding.replay``): one
-   teacher-forced target pass per prompt gives the target's logits (the entropies do not depend on the
-   drafter) and, for the block drafter, the target features its proposals read
-   (``PrecomputedBlockDrafter``). Replayed runs carry ``replayed: true`` and ``replayed_from`` (the
-   online run id) in their run metadata, and report 0 ms timings.
-
-Every step is resumable: a run directory that exists is continued (completed prompts skipped), so the
-job can be stopped and restarted, or grown with a larger ``limit``. The block drafter is replayed only
-if its checkpoint is present; otherwise a message says so and the other arms go on.
-
-Not known here: the trace format, decoding internals, statistics.
+Every step resumes an existing run directory. An arm whose block drafter checkpoint is missing is skipped
+with a message. Also the workload replays of an arm (``workload_rounds`` and friends) used by ``payoff``.
 """
 
 from __future__ import annotations
@@ -84,10 +73,8 @@ def recorded_prompts(run_dir: Path, encode: Callable, tasks: dict) -> dict:
 
 
 def replay_drafter(drafter, target, prompt_ids: Sequence[int], output_ids: Sequence[int]):
-    """``drafter`` ready to replay rounds or proposals on ``prompt_ids`` + ``output_ids`` offline: the drafter
-    itself where it reads no target features (the n-gram drafter), else the block drafter's stand-in from one
-    teacher-forced target pass over the sequence (``PrecomputedBlockDrafter``); the hybrid drafter around that
-    stand-in of its block drafter (``HybridDrafter.with_block``)."""
+    """``drafter`` ready to replay on ``prompt_ids`` + ``output_ids`` offline: itself where it reads no target
+    features, else its ``PrecomputedBlockDrafter`` stand-in (for a hybrid drafter, around its block drafter)."""
     if callable(getattr(drafter, "with_block", None)):
         return drafter.with_block(replay_drafter(drafter.block, target, prompt_ids, output_ids))
     layers = tuple(getattr(drafter, "feature_layers", ()) or ())
@@ -118,15 +105,11 @@ def reference_limits(max_new_tokens: int = 256) -> Limits:
 class ReferencePlan:
     """The reference trace set, checked when built and passed whole to ``make_reference_traces``.
 
-    ``tasks``: ``entropy_law.prompts.text.Task`` list (the online decode order); ``target``: a ``LoadedTarget``
-    or a causal LM (then ``encode(task) -> ids`` is required); ``out``: the folder of the runs; ``limits``:
-    ``reference_limits``; ``replay_arms``: names from ``entropy_law.jobs.arms.ARMS``; ``ar_limit``: prompts per
-    category also decoded by AR (0: none). ``verify_cost_ratio``: the drafting gate of ``SpeculativeDecoder``
-    (the same online and in every replay). ``from_run``: an existing complete run recorded online with the
-    n-gram drafter (e.g. by ``entropy-law record --drafter ngram``); it is copied to ``<out>/ngram`` and used as
-    the greedy source instead of decoding again (only its prompts among ``tasks`` are replayed; its own gate
-    setting is kept). ``break_lock``: take over runs whose writer lock is stale (an earlier run of this job that
-    was killed)."""
+    ``tasks``: ``Task`` list in decode order; ``target``: a ``LoadedTarget``, or a causal LM with
+    ``encode(task) -> ids``; ``replay_arms``: names from ``jobs.arms.ARMS``; ``ar_limit``: prompts per category
+    also decoded by AR (0: none); ``verify_cost_ratio``: the drafting gate, online and in every replay;
+    ``from_run``: a complete online n-gram run copied to ``<out>/ngram`` as the greedy source instead of
+    decoding again; ``break_lock``: take over runs whose writer lock is stale."""
 
     tasks: Sequence
     target: object
@@ -240,10 +223,8 @@ def _replay(specs: Sequence[ArmSpec], plan: ReferencePlan, online_run_id: str, p
 
 
 def _adopt_online_run(source: Path, dest: Path, tasks: Sequence, log: Callable[[str], None]) -> str:
-    """Copy a complete online n-gram run to ``dest`` (once) and return its run id.
-
-    Refuses a run that is incomplete, was itself replayed, or was not drafted by the n-gram drafter;
-    prompts that are not among ``tasks`` stay in the copied run but are not replayed."""
+    """Copy a complete online n-gram run to ``dest`` (once) and return its run id; refuses an incomplete,
+    replayed or non-n-gram run. Its prompts not among ``tasks`` are copied but not replayed."""
     if not (dest / "run.json").exists():
         meta = json.loads((source / "run.json").read_text()) if (source / "run.json").is_file() else None
         if meta is None:
@@ -285,12 +266,10 @@ def _run_prompts(run_dir: str | Path, target, tasks):
 
 def context_matches(run_dirs: str | Path | Sequence[str | Path], target, *, tasks: str | Path | None = None,
                     max_length: int | None = None) -> pd.DataFrame:
-    """The copyability input of the law policy at every output position of one recorded run or several: one row
-    per (``run_id``, ``request_id``, ``position``) with ``context_match``, the
-    ``traces.stats.context_match_length`` of the prompt and the output before that position (what the policy
-    computes before a round starting there), up to ``max_length`` (default ``traces.stats.CONTEXT_MATCH_MAX``). For
-    ``payoff.policy.fit_policy(..., context_match=)``. ``tasks``: the prompts' task file where run.json names none
-    (replayed runs)."""
+    """One row per (``run_id``, ``request_id``, ``position``) of one or several recorded runs with
+    ``context_match``: ``traces.stats.context_match_length`` of the prompt and output before that position, up to
+    ``max_length`` (default ``CONTEXT_MATCH_MAX``); for ``fit_policy(context_match=)``. ``tasks``: the prompts'
+    task file where run.json names none."""
     from entropy_law.traces.stats import CONTEXT_MATCH_MAX, context_matches_of_output
 
     max_length = CONTEXT_MATCH_MAX if max_length is None else int(max_length)
@@ -310,12 +289,9 @@ def context_matches(run_dirs: str | Path | Sequence[str | Path], target, *, task
 
 def ensure_context_matches(traces, model: str | None = None, *, tasks: str | Path | None = None,
                            rebuild: bool = False, target=None):
-    """``(traces, rebuilt_with)``: ``traces`` with the tokens column ``context_match`` at every position, as the
-    runs recorded it (``rebuilt_with`` None) where every position holds it and not ``rebuild``, else filled from the
-    prompts (``attach_context_matches``, positions recorded without it only) with the target that decoded the
-    runs (``runs_target``: ``model`` or their ``model_id``; ``rebuilt_with`` its model id). For the copy
-    families (``law_exp_obs_ceil_copy``) on runs recorded before the column existed. ``target``: that target,
-    already loaded (then ``model`` is not read)."""
+    """``(traces, rebuilt_with)``: ``traces`` as recorded (``rebuilt_with`` None) where every position holds
+    ``context_match`` and not ``rebuild``, else with it filled from the prompts (``attach_context_matches``) by
+    ``target`` or ``runs_target(model)`` (``rebuilt_with``: its model id)."""
     tokens = traces.tokens
     if not rebuild and len(tokens) and "context_match" in tokens and tokens["context_match"].notna().all():
         return traces, None
@@ -324,9 +300,8 @@ def ensure_context_matches(traces, model: str | None = None, *, tasks: str | Pat
 
 
 def runs_target(runs: pd.DataFrame, model: str | None = None):
-    """The target that decoded ``runs`` (a ``TraceSet.runs`` table), loaded: ``model`` if given, else the one
-    ``model_id`` the runs record; a clear error naming ``--model`` where they record none or several, or where it
-    does not load (a folder-loaded target's run.json keeps a short name)."""
+    """The target that decoded ``runs`` (``TraceSet.runs``), loaded: ``model`` if given, else their one
+    ``model_id``; ``ValueError`` naming ``--model`` where they record none or several or it does not load."""
     from entropy_law.decoding.loading import load_target
 
     models = sorted(runs["model_id"].astype(str).unique()) if "model_id" in runs else []
@@ -341,10 +316,8 @@ def runs_target(runs: pd.DataFrame, model: str | None = None):
 
 
 def attach_context_matches(traces, target, *, tasks: str | Path | None = None):
-    """``traces`` (a ``TraceSet``) with the tokens column ``context_match`` filled for every run, from its prompts
-    (rebuilt with ``target``'s tokenizer, ``context_matches``) and its recorded output: for runs recorded without
-    the prompts' token ids (before the column existed, or by another engine), for a law in the copyability
-    (``law_exp_obs_ceil_copy``). ``tasks``: the prompts' task file where run.json names none."""
+    """``traces`` with the tokens column ``context_match`` filled for every run from its prompts (rebuilt with
+    ``target``'s tokenizer) and its recorded output (``context_matches``)."""
     from entropy_law.traces.stats import CONTEXT_MATCH_MAX
 
     paths = list(traces.runs["path"])
@@ -354,10 +327,8 @@ def attach_context_matches(traces, target, *, tasks: str | Path | None = None):
 
 
 def _arm_checkpoint(recorded_sha256: str | None, checkpoint: str | Path | None) -> str | Path | None:
-    """The block drafter checkpoint to replay an arm with: ``checkpoint`` if given (the loaded drafter's SHA-256 is
-    checked against the recorded one in ``_workload_inputs``), else the one under ``data/drafters/`` (or
-    ``$ENTROPY_LAW_BLOCK_DRAFTER``) whose SHA-256 the arm recorded, an error if none has it. Arms recorded without a
-    SHA-256 get ``checkpoint`` (``None``: the default one)."""
+    """The block drafter checkpoint to replay an arm with: ``checkpoint`` if given or the arm recorded no
+    SHA-256, else the one under ``data/drafters/`` with the recorded SHA-256 (``ValueError`` if none)."""
     if not recorded_sha256 or checkpoint is not None:
         return checkpoint
     found = find_block_checkpoint(recorded_sha256)
@@ -390,9 +361,8 @@ def _workload_inputs(workload_dir: str | Path, arm_meta: dict, target, tasks, ch
 
 
 def _arm_block_drafter(config: dict, drafter_id: str | None, target, checkpoint):
-    """The block drafter an arm ran (``config``: its ``drafter_config``; ``drafter_id``: the id it recorded, or
-    ``None`` where the run names the hybrid drafter), loaded from ``checkpoint`` or the one whose SHA-256 it
-    recorded, in the dtype it ran in (absent: fp32), so that the replayed proposals are the recorded ones."""
+    """The block drafter an arm ran (``config``: its ``drafter_config``; ``drafter_id``: the recorded id, None
+    for a hybrid's), from ``checkpoint`` or the recorded SHA-256's, in the dtype it ran in (default fp32)."""
     dtype = config.get("compute_dtype", "float32")
     recorded = config.get("checkpoint_sha256")
     checkpoint = _arm_checkpoint(recorded, checkpoint)
@@ -408,9 +378,8 @@ def _arm_block_drafter(config: dict, drafter_id: str | None, target, checkpoint)
 
 
 def _decoded_requests(outputs: dict, requests: Collection[str] | None = None):
-    """``(request_id, category, greedy output)`` of each request of ``_workload_inputs``' outputs, in request order,
-    that decoded a token after the prefill (a request with none has no round to replay). ``requests``: only these
-    request ids (``None``: all); one the workload run does not hold raises ``ValueError`` naming it."""
+    """``(request_id, category, greedy output)`` of each request that decoded a token after the prefill, in
+    request order; ``requests``: only these ids (None: all; an unknown one raises ``ValueError``)."""
     if requests is not None:
         unknown = sorted(set(map(str, requests)) - set(map(str, outputs)))
         if unknown:
@@ -426,35 +395,28 @@ def _decoded_requests(outputs: dict, requests: Collection[str] | None = None):
 
 def workload_proposals(workload_dir: str | Path, arm_meta: dict, target, *, tasks: str | Path | None = None,
                        checkpoint: str | Path | None = None) -> pd.DataFrame:
-    """The drafter of an arm replayed at every output position of each request of a workload run (any arm, AR
-    included): ``decoding.replay.replay_proposals`` rows (``traces.proposals``) keyed by the workload's
-    ``run_id`` and ``request_id``, for ``payoff.workload.predict_workload(proposals=)``. Greedy output does not depend
-    on the drafter, so these are the proposals the arm would see decoding the workload; nothing of a round's
-    outcome enters.
+    """An arm's drafter replayed at every output position of each request of a workload run (any run: greedy
+    output does not depend on the drafter): ``decoding.replay.replay_proposals`` rows keyed by ``run_id`` and
+    ``request_id``, for ``predict_workload(proposals=)``.
 
-    ``arm_meta``: the arm's ``run.json`` (``drafter_id``, ``drafter_config``, ``tree_policy``, ``tree_budget``,
-    ``arm``); the n-gram drafter is rebuilt from its configuration, the block drafter loaded (``checkpoint``,
-    default the shipped one, which must be the arm's). The arm's ratio gate is applied (``run_gate_threshold``:
-    a position where the arm would have declined to draft proposes nothing); the cost gate and a law policy are
-    not reproduced: every proposal is kept there, and ``attrs["gate"]`` says which. Prompts are rebuilt from
-    ``tasks`` (default the workload run's ``tasks``) with the chat template unless the run says
-    ``chat_template: false``, and checked against the recorded prompt lengths (``recorded_prompts``)."""
+    ``arm_meta``: the arm's ``run.json``; its drafter is rebuilt from it (block drafter: ``checkpoint``, default
+    the one it recorded). Its ratio gate is applied; a cost gate or law policy is not (every proposal kept);
+    ``attrs["gate"]`` says which. Prompts are rebuilt from ``tasks`` (default the run's) and checked against the
+    recorded lengths (``recorded_prompts``)."""
     from entropy_law.decoding.replay import replay_proposals, run_gate_threshold
 
-    meta, drafter, plain, prompts, outputs = _workload_inputs(workload_dir, arm_meta, target, tasks, checkpoint)
+    meta, stops, replays = _replays(workload_dir, arm_meta, target, tasks, checkpoint)
     threshold = run_gate_threshold(arm_meta)
     gate = (f"the arm's ratio gate (drafts where the expected accepted drafts >= {threshold:g})" if threshold is not None
             else "no gate: the arm's cost gate or policy is not reproduced by a replay; every proposal kept")
     frames = []
-    for rid, _, output in _decoded_requests(outputs):
-        frame = replay_proposals(prompts[rid], output, replay_drafter(drafter, target, prompts[rid], output),
-                                 arm_meta.get("tree_policy", "chain"), arm_meta.get("tree_budget"),
-                                 eos_token_ids=plain.config["eos_token_ids"], max_new_tokens=meta.get("max_new_tokens"),
-                                 max_context=plain.adapter.max_context,
+    for rid, _, prompt, output, drafter in replays:
+        frame = replay_proposals(prompt, output, drafter, arm_meta.get("tree_policy", "chain"),
+                                 arm_meta.get("tree_budget"), **stops,
                                  min_expected_accepted=threshold if threshold is not None else 0.0)
         frames.append(frame.assign(run_id=str(meta["run_id"]), request_id=rid))
     if not frames:
-        raise ValueError(f"{workload_dir}: no request decoded a token after the prefill: nothing to replay")
+        raise _nothing_to_replay(workload_dir)
     out = pd.concat(frames, ignore_index=True)
     out.attrs["gate"] = gate
     return out
@@ -464,10 +426,8 @@ GATE_KEYS = ("gate", "verify_cost", "min_expected_accepted", "verify_cost_ratio"
 
 
 def with_gate(arm_meta: dict, gate_meta: dict) -> dict:
-    """``arm_meta`` (an arm's ``run.json``: its drafter and tree) with the gate of ``gate_meta`` (another run.json,
-    or just its gate keys, ``GATE_KEYS``) in place of its own; keys ``gate_meta`` leaves unset (None) are left out,
-    so the replay takes their defaults. Checked as ``workload_rounds`` will read it (``arm_round_options``: a cost
-    gate without its curve raises ``ValueError``). A law policy is set with ``payoff.policy.policy_arm_meta``."""
+    """``arm_meta`` with the gate keys (``GATE_KEYS``) of ``gate_meta`` in place of its own (unset ones left
+    out: the replay's defaults); checked by ``arm_round_options``."""
     out = {k: v for k, v in arm_meta.items() if k not in GATE_KEYS}
     out.update({k: gate_meta[k] for k in GATE_KEYS if gate_meta.get(k) is not None})
     arm_round_options(out)
@@ -475,9 +435,8 @@ def with_gate(arm_meta: dict, gate_meta: dict) -> dict:
 
 
 def arm_round_options(arm_meta: dict) -> tuple[dict, str]:
-    """``replay_rounds`` options that reproduce an arm's gate or policy from its ``run.json``, and a phrase for
-    it: the ratio gate (``run_gate_threshold``), the cost gate with the curve the arm stored (``verify_cost``), or
-    its law policy (``policy``, which also reads the target entropies: ``workload_rounds`` passes them)."""
+    """``replay_rounds`` options reproducing an arm's ratio gate, cost gate (its stored curve) or law policy
+    from its ``run.json``, and a phrase naming it."""
     from entropy_law.decoding.gate import VerifyCost
     from entropy_law.decoding.replay import run_gate_threshold
 
@@ -504,54 +463,53 @@ def arm_round_options(arm_meta: dict) -> tuple[dict, str]:
 
 
 def _replayed_requests(workload_dir, arm_meta: dict, target, tasks, checkpoint, requests=None):
-    """(the name of the gate or policy replayed, an iterator of (run_id, request_id, category,
-    ``decoding.replay.ReplayResult``) for each request of a workload run that decoded a token after the prefill):
-    the arm's rounds replayed exactly over its greedy output (``workload_rounds``). The run and the drafter are
-    checked and loaded here, before anything is replayed."""
+    """(the gate or policy replayed, an iterator of (run_id, request_id, category, ``ReplayResult``)): the arm's
+    rounds replayed over each request's greedy output; run and drafter are checked before the first replay."""
     from entropy_law.decoding.replay import replay_rounds
 
-    meta, drafter, plain, prompts, outputs = _workload_inputs(workload_dir, arm_meta, target, tasks, checkpoint)
+    meta, stops, replays = _replays(workload_dir, arm_meta, target, tasks, checkpoint, requests)
     options, gate = arm_round_options(arm_meta)
-    entropies = {}
-    if "policy" in options:  # the policy reads the target entropy at each output position: the workload's own
-        tokens = load_traces(workload_dir).tokens.sort_values(["request_id", "position"])
-        entropies = {str(rid): g["target_entropy_nats"].to_numpy(float) for rid, g in tokens.groupby("request_id")}
-
-    def replayed():
-        for rid, category, output in _decoded_requests(outputs, requests):
-            yield str(meta["run_id"]), rid, category, replay_rounds(
-                prompts[rid], output, replay_drafter(drafter, target, prompts[rid], output),
-                arm_meta.get("tree_policy", "chain"), arm_meta.get("tree_budget"),
-                eos_token_ids=plain.config["eos_token_ids"], max_new_tokens=meta.get("max_new_tokens"),
-                max_context=plain.adapter.max_context, entropies=entropies.get(str(rid)), **options)
-
-    return gate, replayed()
+    entropies = _recorded_entropies(workload_dir) if "policy" in options else {}
+    return gate, ((str(meta["run_id"]), rid, category,
+                   replay_rounds(prompt, output, drafter, arm_meta.get("tree_policy", "chain"),
+                                 arm_meta.get("tree_budget"), entropies=entropies.get(str(rid)), **stops, **options))
+                  for rid, category, prompt, output, drafter in replays)
 
 
-def _budget_replay_options(arm_meta: dict, workload_meta: dict, plain) -> dict:
-    """The arm's tree shape and the workload run's stopping rules, for ``oracle_rounds`` and ``round_outcomes``."""
-    return dict(tree=arm_meta.get("tree_policy", "chain"), eos_token_ids=plain.config["eos_token_ids"],
-                max_new_tokens=workload_meta.get("max_new_tokens"), max_context=plain.adapter.max_context)
+def _replays(workload_dir, arm_meta: dict, target, tasks, checkpoint, requests=None):
+    """(the workload's run.json, its stopping rules as the replay functions take them, an iterator of
+    (request_id, category, prompt ids, greedy output, the arm's drafter ready to replay them))."""
+    meta, drafter, plain, prompts, outputs = _workload_inputs(workload_dir, arm_meta, target, tasks, checkpoint)
+    stops = dict(eos_token_ids=plain.config["eos_token_ids"], max_new_tokens=meta.get("max_new_tokens"),
+                 max_context=plain.adapter.max_context)
+    return meta, stops, ((rid, category, prompts[rid], output, replay_drafter(drafter, target, prompts[rid], output))
+                         for rid, category, output in _decoded_requests(outputs, requests))
+
+
+def _recorded_entropies(run_dir) -> dict:
+    """request_id -> the recorded target entropy at each output position (what a law policy reads)."""
+    tokens = load_traces(run_dir).tokens.sort_values(["request_id", "position"])
+    return {str(rid): g["target_entropy_nats"].to_numpy(float) for rid, g in tokens.groupby("request_id")}
+
+
+def _nothing_to_replay(workload_dir) -> ValueError:
+    return ValueError(f"{workload_dir}: no request decoded a token after the prefill: nothing to replay")
 
 
 def workload_oracle_rounds(workload_dir: str | Path, arm_meta: dict, target, *, verify_cost, draft_cost: float = 0.0,
                            budgets: Sequence[int] = (0, 1, 2, 4, 8, 16), tasks: str | Path | None = None,
                            checkpoint: str | Path | None = None) -> pd.DataFrame:
-    """The replay oracle of an arm's drafter over a workload run: per round, in hindsight, the budget of
-    ``budgets`` (0: a plain step) that commits the most tokens per unit of modelled cost ``c(N + 1)`` (+
-    ``draft_cost`` one-token forwards when it drafts) under ``verify_cost`` (a ``decoding.gate.VerifyCost``), the
-    arm's tree shape (``decoding.replay.oracle_rounds``). A ceiling for any per-round policy of this drafter and
-    tree, not a decoder: it knows each round's outcome. Same rows as ``workload_rounds`` (``payoff.workload.
-    count_rounds``; a round it verifies nothing in counts as skipped: it decides before drafting, as a law policy
-    does), for ``payoff.workload.price_rounds``; arguments as ``workload_rounds``."""
+    """The hindsight oracle of an arm's drafter over a workload run (``decoding.replay.oracle_rounds``): per
+    round the budget of ``budgets`` (0: a plain step) committing most tokens per modelled cost ``c(N + 1)`` (+
+    ``draft_cost`` when it drafts) under ``verify_cost``. A ceiling for any per-round policy, not a decoder. Rows
+    as ``workload_rounds`` (a round verifying nothing counts as skipped); arguments as ``workload_rounds``."""
     from entropy_law.decoding.replay import oracle_rounds
 
-    meta, drafter, plain, prompts, outputs = _workload_inputs(workload_dir, arm_meta, target, tasks, checkpoint)
+    meta, stops, replays = _replays(workload_dir, arm_meta, target, tasks, checkpoint)
     rows = []
-    for rid, category, output in _decoded_requests(outputs):
-        result = oracle_rounds(prompts[rid], output, replay_drafter(drafter, target, prompts[rid], output),
-                               budgets=budgets, verify_cost=verify_cost, draft_cost=draft_cost,
-                               **_budget_replay_options(arm_meta, meta, plain))
+    for rid, category, prompt, output, drafter in replays:
+        result = oracle_rounds(prompt, output, drafter, budgets=budgets, verify_cost=verify_cost, draft_cost=draft_cost,
+                               tree=arm_meta.get("tree_policy", "chain"), **stops)
         rows += [dict(run_id=str(meta["run_id"]), request_id=rid, category=category, round_index=i, committed=c,
                       tree_nodes=n, accepted=a, policy_drafted=n > 0)  # decode rounds are 1.. (0: the prefill)
                  for i, (n, c, a) in enumerate(zip(result.budgets, result.committed, result.accepted), start=1)]
@@ -567,29 +525,22 @@ def workload_round_outcomes(workload_dir: str | Path, arm_meta: dict, target, *,
                             verify_cost=None, tasks: str | Path | None = None,
                             checkpoint: str | Path | None = None,
                             requests: Collection[str] | None = None) -> pd.DataFrame:
-    """What a round of each budget of an arm's drafter and tree shape would do from every output position of each
-    request of a workload run (``decoding.replay.round_outcomes``: the table any per-round policy chooses from,
-    and the oracle's), keyed by ``run_id``, ``request_id`` and ``category``. With ``policy`` (law policy
-    parameters) each start also gets what that policy reads before drafting (``LawPolicy.inputs``: ``entropy``,
-    ``window_entropy`` and, for a policy that reads it, ``context_match``, from the workload's recorded entropies
-    and context) and ``law_rate``, its best chain rate before drafting without in-request calibration (an
-    uncalibrated decision drafts where it is above 1) under ``verify_cost`` (a ``decoding.gate.VerifyCost``; default:
-    the curve the parameters hold). ``requests``: only these request ids of the workload run (``None``: all; e.g. a
-    seeded sample of a large run). Other arguments as ``workload_rounds``."""
+    """What a round of each budget would do from every output position of each request of a workload run
+    (``decoding.replay.round_outcomes``), keyed by ``run_id``, ``request_id`` and ``category``. With ``policy``
+    (law policy parameters) each start also gets what it reads before drafting (``READ_BEFORE_DRAFT``, ``law_rate``
+    uncalibrated) under ``verify_cost`` (default: the parameters' curve). ``requests``: only these request ids
+    (None: all). Other arguments as ``workload_rounds``."""
     from entropy_law.decoding.policy import LawPolicy
     from entropy_law.decoding.replay import round_outcomes
 
-    meta, drafter, plain, prompts, outputs = _workload_inputs(workload_dir, arm_meta, target, tasks, checkpoint)
+    meta, stops, replays = _replays(workload_dir, arm_meta, target, tasks, checkpoint, requests)
     law = None if policy is None else LawPolicy(policy, verify_cost)
-    rules = RoundRules.make("chain", None, drafting=False, max_context=plain.adapter.max_context)
-    entropies = {}
-    if law is not None:
-        tokens = load_traces(workload_dir).tokens.sort_values(["request_id", "position"])
-        entropies = {str(rid): g["target_entropy_nats"].to_numpy(float) for rid, g in tokens.groupby("request_id")}
+    rules = RoundRules.make("chain", None, drafting=False, max_context=stops["max_context"])
+    entropies = {} if law is None else _recorded_entropies(workload_dir)
     frames = []
-    for rid, category, output in _decoded_requests(outputs, requests):
-        table = round_outcomes(prompts[rid], output, replay_drafter(drafter, target, prompts[rid], output),
-                               budgets=budgets, **_budget_replay_options(arm_meta, meta, plain))
+    for rid, category, prompt, output, drafter in replays:
+        table = round_outcomes(prompt, output, drafter, budgets=budgets, tree=arm_meta.get("tree_policy", "chain"),
+                               **stops)
         if law is not None:
             max_new = int(meta.get("max_new_tokens") or len(output))
             if str(rid) not in entropies:
@@ -597,24 +548,22 @@ def workload_round_outcomes(workload_dir: str | Path, arm_meta: dict, target, *,
             inputs = []
             for start in sorted(set(table["start_position"].tolist())):  # the decision before drafting, no history
                 decision = law.before_draft(entropies[str(rid)], start,
-                                            rules.usable_depth(len(prompts[rid]) + start - 1, max_new - start),
-                                            context=prompts[rid] + output[:start])
+                                            rules.usable_depth(len(prompt) + start - 1, max_new - start),
+                                            context=prompt + output[:start])
                 inputs.append({"start_position": start, **{k: decision[k] for k in READ_BEFORE_DRAFT if k in decision}})
             table = table.merge(pd.DataFrame(inputs), on="start_position")
         frames.append(table.assign(run_id=str(meta["run_id"]), request_id=rid, category=category))
     if not frames:
-        raise ValueError(f"{workload_dir}: no request decoded a token after the prefill: nothing to replay")
+        raise _nothing_to_replay(workload_dir)
     return pd.concat(frames, ignore_index=True)
 
 
 def _request_counts(rows: list[dict] | pd.DataFrame, workload_dir) -> pd.DataFrame:
-    """Per request, the counts ``payoff.workload.price_rounds`` prices (``count_rounds``, with its category) of replayed
-    decode rounds (``rows``, dicts or a frame: ``run_id``, ``request_id``, ``category`` and the rounds columns
-    ``count_rounds`` reads)."""
+    """Per request, ``count_rounds`` of replayed rounds (``rows``: dicts or a frame) with its category."""
     from entropy_law.payoff.workload import ROUND_COUNT_COLUMNS, count_rounds
 
     if len(rows) == 0:
-        raise ValueError(f"{workload_dir}: no request decoded a token after the prefill: nothing to replay")
+        raise _nothing_to_replay(workload_dir)
     rounds = pd.DataFrame(rows)
     categories = rounds[["run_id", "request_id", "category"]].drop_duplicates()
     out = count_rounds(rounds).merge(categories, on=["run_id", "request_id"])
@@ -626,14 +575,10 @@ ROUND_FIELDS = ("round_index", "start_position", "tree_nodes", "tree_depth", "ac
 
 def round_proposals(run_dir: str | Path, target, *, tasks: str | Path | None = None,
                     checkpoint: str | Path | None = None) -> pd.DataFrame:
-    """The drafter's proposal of every drafting round of a recorded run, rebuilt offline: its rounds replayed
-    over its own outputs (``workload_rounds`` with the run as workload and arm), each replayed round checked
-    equal to the recorded one (``ROUND_FIELDS``; a difference raises ``ValueError`` naming the request and the
-    round), then ``ReplayResult.round_proposals``: one row per (``run_id``, ``request_id``, ``round_index``,
-    ``depth``) for depths 1 .. the verified tree's depth, with ``top1_prob``, the drafter's confidence in its own
-    proposal there, known before verification, also at the depths the round never reached (the recorded
-    ``draft_top1_prob`` stops at the rejected one). For a law in that confidence to predict whole recorded rounds
-    (``glance.law_round_expectations(drafts=)``). ``tasks`` / ``checkpoint`` as ``workload_rounds``."""
+    """The drafter's proposal of every drafting round of a recorded run, rebuilt offline by replaying the run on
+    its own outputs (each round checked equal to the recorded one on ``ROUND_FIELDS``, else ``ValueError``):
+    ``ReplayResult.round_proposals`` rows per (``run_id``, ``request_id``, ``round_index``, ``depth``) with
+    ``top1_prob``, also at depths past the rejection. For ``glance.law_round_expectations(drafts=)``."""
     from entropy_law.traces.layout import RUN_FILE, read_run_json
 
     run_dir = Path(run_dir)
@@ -657,23 +602,17 @@ def round_proposals(run_dir: str | Path, target, *, tasks: str | Path | None = N
                              "not the drafter, tree or gate that recorded the run")
         frames.append(result.round_proposals().assign(run_id=run_id, request_id=rid))
     if not frames:
-        raise ValueError(f"{run_dir}: no request decoded a token after the prefill: nothing to replay")
+        raise _nothing_to_replay(run_dir)
     out = pd.concat(frames, ignore_index=True)
     return out[["run_id", "request_id", "round_index", "start_position", "proposal_depth", "depth", "top1_prob"]]
 
 
 def workload_rounds(workload_dir: str | Path, arm_meta: dict, target, *, tasks: str | Path | None = None,
                     checkpoint: str | Path | None = None) -> pd.DataFrame:
-    """The rounds an arm would decode on a workload run (any arm, AR included), replayed exactly: greedy output
-    does not depend on the drafter, and the drafters here propose from the context alone (the block drafter from
-    the target's features of that context, one teacher-forced pass per request), so ``decoding.replay.replay_rounds``
-    under the arm's tree, budget, gate or policy (``arm_round_options``) yields the rounds the arm decodes online
-    (``tests/test_replay_online.py``). One row per request (``payoff.workload.ROUND_COUNT_COLUMNS``): ``run_id``,
-    ``request_id``, ``category``, ``tokens`` (decoded after the prefill), ``rounds`` (verify rounds after the
-    prefill), ``drafting_rounds`` (those that verified a draft), ``nodes`` (draft nodes verified) and
-    ``accepted`` (drafts accepted), ``skipped_rounds`` (rounds in which a law policy did not call the drafter), for
-    ``payoff.workload.price_rounds``. Arguments as ``workload_proposals``;
-    ``attrs["gate"]`` names the gate or policy replayed."""
+    """The rounds an arm would decode on a workload run, replayed exactly (greedy output does not depend on the
+    drafter, and drafters propose from the context alone; ``tests/test_replay_online.py``) under its tree, budget,
+    gate or policy. One row per request (``ROUND_COUNT_COLUMNS``, ``accepted``, ``skipped_rounds``) for
+    ``price_rounds``; ``attrs["gate"]`` names the gate or policy. Arguments as ``workload_proposals``."""
     rounds = workload_round_records(workload_dir, arm_meta, target, tasks=tasks, checkpoint=checkpoint)
     out = _request_counts(rounds, workload_dir)
     out.attrs["gate"] = rounds.attrs["gate"]
@@ -683,12 +622,9 @@ def workload_rounds(workload_dir: str | Path, arm_meta: dict, target, *, tasks: 
 def workload_round_records(workload_dir: str | Path, arm_meta: dict, target, *, tasks: str | Path | None = None,
                            checkpoint: str | Path | None = None,
                            requests: Collection[str] | None = None) -> pd.DataFrame:
-    """``workload_rounds``' replayed rounds one row each, before they are counted per request: ``run_id``,
-    ``request_id``, ``category``, ``round_index`` (0: the prefill), ``committed``, ``tree_nodes``, ``accepted`` and
-    ``policy_drafted`` (whether a law policy called the drafter; null without a policy), ``policy_route`` (the hybrid
-    drafter's law policy: the drafter it chose, ``"ngram"`` or ``"block"``; null otherwise). For pricing each round by
-    a verify-cost curve (``c(tree_nodes + 1)``) rather than per request. ``requests``: as ``workload_round_outcomes``.
-    Other arguments as ``workload_rounds``."""
+    """``workload_rounds``' replayed rounds one row each (``round_index`` 0: the prefill), with ``committed``,
+    ``tree_nodes``, ``accepted``, ``policy_drafted`` and ``policy_route`` (the hybrid's choice; null without a
+    policy). ``requests``: as ``workload_round_outcomes``; other arguments as ``workload_rounds``."""
     gate, replayed = _replayed_requests(workload_dir, arm_meta, target, tasks, checkpoint, requests)
     out = pd.DataFrame([dict(run_id=run_id, request_id=rid, category=category, round_index=r.round_index,
                              committed=r.committed, tree_nodes=r.tree_nodes, accepted=r.accepted,
@@ -696,6 +632,6 @@ def workload_round_records(workload_dir: str | Path, arm_meta: dict, target, *, 
                              policy_route=None if r.policy is None else r.policy.get("route"))
                         for run_id, rid, category, result in replayed for r in result.rounds])
     if out.empty:
-        raise ValueError(f"{workload_dir}: no request decoded a token after the prefill: nothing to replay")
+        raise _nothing_to_replay(workload_dir)
     out.attrs["gate"] = gate
     return out

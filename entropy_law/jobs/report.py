@@ -1,17 +1,9 @@
 """A summary of one trace set: tables and figures as a self-contained HTML page or Markdown with PNGs.
 
-Known here: what a report shows (the runs, with the machine each was timed on; per arm, AR arms
-included, and category: requests, tokens, mean / median
-target entropy, mean accepted length, committed tokens per round, the law's in-sample and LOCO
-predictions, the measured speedup over AR; the fitted law per arm with 95% intervals and the break-even
-entropy, each interval beside the number of requests it rests on (with a note where that is fewer than
-``law.stats.FEW_REQUESTS``: not measured reliably); LOCO transfer; the law comparison; the nine figures
-of ``entropy_law.plots.gallery``), how to format those tables (Markdown, HTML), and the results section
-for the README (``results_markdown``, with the leave-one-category-out accuracy across categories per arm).
-Analyses that cannot run on the given traces (too few requests, no AR run, replayed timings) are
-listed with the reason instead of failing the report (an arm without a measured speedup while others
-have one: the reason, e.g. no AR run of its model and machine). Not known here: statistics (``entropy_law.law``
-through ``entropy_law.analysis``), decoding, torch.
+What a report shows (runs; per arm and category the measured and predicted quantities; the fitted law with
+intervals and the requests they rest on; transfer, comparison, universality; the gallery's figures) and how it
+is formatted. An analysis that cannot run on the given traces is listed with the reason instead of failing
+the report. The statistics live in ``entropy_law.analysis`` and the rooms under it.
 """
 
 from __future__ import annotations
@@ -53,8 +45,7 @@ def _fmt(value, digits: int = 3) -> str:
 
 
 def markdown_table(frame: pd.DataFrame, *, digits: int = 3, index: bool = False) -> str:
-    """A GitHub-flavoured Markdown table (numbers to ``digits`` significant digits, NaN as "–"; pipes in cells
-    escaped)."""
+    """A GitHub-flavoured Markdown table (``digits`` significant digits, NaN as "–", pipes in cells escaped)."""
     if index:
         frame = frame.reset_index()
 
@@ -68,17 +59,15 @@ def markdown_table(frame: pd.DataFrame, *, digits: int = 3, index: bool = False)
 
 
 def trace_speedup(speedup, verdict):
-    """A speedup measured from the traces as it may be shown: the number when ``TraceAnalysis.speedup`` calls it
-    a result (``verdict`` "measured": inside the physical bound, interval within +-15%, at least
-    ``MIN_PAIRED_REQUESTS`` paired prompts), else the verdict with the number in brackets. NaN stays NaN."""
+    """A traces' speedup as it may be shown: the number where ``verdict`` is "measured" (or none), else the
+    verdict with the number in brackets. NaN stays NaN."""
     if not np.isfinite(speedup) or verdict in (None, MEASURED, "the reference") or verdict != verdict:
         return speedup
     return f"{verdict} ({speedup:.2f}x)" + (": not a result" if verdict == ABOVE_BOUND else "")
 
 
 def results_frame(analysis: TraceAnalysis) -> pd.DataFrame:
-    """The per-arm, per-category results table with readable column names. A measured speedup is shown as a
-    number only when ``TraceAnalysis.speedup`` calls it a result (verdict "measured"); else it says which."""
+    """The per-arm, per-category results table with readable column names; speedups via ``trace_speedup``."""
     table = analysis.results_table()
     if "speedup_vs_ar" in table:
         table = table.astype({"speedup_vs_ar": object})
@@ -95,11 +84,10 @@ PAYS, DOES_NOT_PAY, UNCLEAR = "pays", "does not pay", "unclear"
 
 
 def category_verdict(requests: int, low: float, high: float, *, above_bound: bool = False) -> str:
-    """Whether drafting pays in one category for one arm, from the speedup interval ``[low, high]`` over AR that
-    rests on ``requests`` requests: ``"pays"`` (``low > 1``), ``"does not pay"`` (``high < 1``), ``"unclear"``
-    (the interval holds 1, ends included), or ``"not measured (N requests)"`` with fewer than
-    ``MIN_PAIRED_REQUESTS`` requests, without a finite positive interval, where ``high`` is more than
-    ``MAX_INTERVAL_RATIO`` times ``low``, or for a speedup above the physical bound (``above_bound``)."""
+    """Whether drafting pays in one category, from the speedup interval ``[low, high]`` over AR on ``requests``
+    requests: ``"pays"`` (``low > 1``), ``"does not pay"`` (``high < 1``), ``"unclear"`` (1 inside), or ``"not
+    measured (N requests)"`` with fewer than ``MIN_PAIRED_REQUESTS`` requests, no finite positive interval,
+    ``high > MAX_INTERVAL_RATIO * low`` or a speedup above the physical bound."""
     n = int(requests) if requests == requests else 0  # NaN requests: none
     if (n < MIN_PAIRED_REQUESTS or above_bound or not (np.isfinite(low) and np.isfinite(high)) or low <= 0
             or high > MAX_INTERVAL_RATIO * low):
@@ -108,9 +96,8 @@ def category_verdict(requests: int, low: float, high: float, *, above_bound: boo
 
 
 def _verdict_interval(row, category_requests: float) -> tuple[str, float, float, float, float]:
-    """(source, requests, point, low, high) a category's verdict rests on: the paired measurement where the arm was
-    measured there (``requests`` > 0), else the prediction for its requests priced one by one (``workload_*``:
-    ``TraceAnalysis.workload``, the law's coefficients and the cost measurements) over the category's requests."""
+    """(source, requests, point, low, high) a category's verdict rests on: the paired measurement where there is
+    one, else the workload prediction (``workload_*``) over the category's requests."""
     def number(value):
         return float(value) if value is not None and value == value else np.nan
 
@@ -121,13 +108,10 @@ def _verdict_interval(row, category_requests: float) -> tuple[str, float, float,
 
 
 def answer_frame(analysis: TraceAnalysis, measured: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Per drafting arm and category: the measured speedup (``measured``: ``jobs.speed.paired_speedups`` rows
-    with the analysis's arm labels; else ``TraceAnalysis.speedup``) and the predicted one side by side, and
-    whether drafting pays there: ``pays`` (``category_verdict``) on the interval of ``pays_from`` ("measured" where
-    the arm was paired with AR in the category, else "predicted": ``workload_predicted`` / ``workload_low`` /
-    ``workload_high``, the category of ``TraceAnalysis.workload``, NaN where it is not computed), with
-    ``verdict_requests`` / ``verdict_speedup`` / ``verdict_low`` / ``verdict_high``: what it rests on. Empty where
-    no arm can be predicted or measured."""
+    """Per drafting arm and category: measured (``measured``: ``jobs.speed.paired_speedups`` rows, else the
+    traces') and predicted speedup side by side, and ``pays`` (``category_verdict``) on the interval of
+    ``pays_from`` ("measured" or "predicted"), with the ``verdict_*`` columns it rests on. Empty where no arm
+    can be predicted or measured."""
     check = analysis.attempt("speedup_validation")
     if not check.ok:
         return pd.DataFrame()
@@ -187,10 +171,9 @@ def load_note(share: float | None, threads: int = 1) -> str | None:
 
 def verdict_lines(analysis: TraceAnalysis, measured: pd.DataFrame | None = None, *,
                   loaded: str | None = None) -> list[str]:
-    """The short answer, one screen: a title, then per drafting arm a line with its name and one line per category
-    with its verdict (``answer_frame``'s ``pays``, ``category_verdict``), the speedup over AR and the interval it
-    rests on, "measured" or "predicted" and the requests; "not measured (N requests)" stands alone. ``loaded``
-    (``load_note``): said under the title, and every category is ``LOADED``: no verdict."""
+    """The short answer on one screen: per drafting arm, one line per category with its verdict, speedup over AR,
+    interval, source and requests (``answer_frame``); ``loaded`` (``load_note``): said under the title, and no
+    category gets a verdict (``LOADED``)."""
     frame = answer_frame(analysis, measured)
     if frame.empty:
         return ["When drafting pays: no drafting arm could be measured or predicted (see summary.txt)"]
@@ -218,16 +201,13 @@ def _join(names) -> str:
 
 
 def answer_lines(analysis: TraceAnalysis, measured: pd.DataFrame | None = None) -> list[str]:
-    """The answer first, one line per drafting arm: "<arm>: drafting pays below H* [interval] nats (observed
-    ...); in these categories it pays for X and Y, not for Z", then per category measured and predicted speedup
-    side by side (the measured only where it is a result; else its verdict). Says "no AR arm: predicted only" /
-    "no timings: predicted only" where that is so."""
+    """The answer first, one line per drafting arm (its workload verdict and the categories it pays for), then
+    per category measured and predicted speedup side by side."""
     frame = answer_frame(analysis, measured)
     lines = []
     for arm in analysis.arms:
         pays, work = analysis.attempt("pays", arm), analysis.attempt("workload", arm)
-        # the answer on the scale of a workload (each request priced on its own entropy sequence) first; the
-        # constant-entropy break-even is a different quantity (a sequence at H everywhere), named as such
+        # the workload answer first; the constant-entropy break-even is another quantity, named as such
         head = f"{arm}: drafting {work.value.verdict}" if work.ok else f"{arm}: workload break-even not computed"
         if pays.ok:
             head += f" (at constant entropy: {pays.value.breakeven_verdict})"
@@ -274,16 +254,14 @@ def answer_lines(analysis: TraceAnalysis, measured: pd.DataFrame | None = None) 
 
 
 def crossing_sentence(r: dict) -> str:
-    """The measured per-request speedups' crossing of 1 (logistic fit on the request's mean entropy) next to
-    the break-even interval, in words."""
+    """Where measured per-request speedups cross 1, next to the break-even interval, in words."""
     extrapolated = f", extrapolated: {r['reason']}" if r.get("reason") else ""  # beyond every request's mean H
     where = (f"measured per-request speedups cross 1 at {r['crossing_nats']:.2f} nats (logistic fit, "
              f"{r['requests']} requests, {r['clock']} clock{extrapolated})" if np.isfinite(r["crossing_nats"])
              else f"measured per-request speedups: no crossing placed ({r['reason']}; "
                   f"{r['share_above_1']:.0%} of {r['requests']} requests above 1)")
     if np.isfinite(r["breakeven_low"]) and np.isfinite(r["crossing_nats"]):
-        # the crossing is on a request's MEAN entropy, the constant-entropy break-even on one H held everywhere:
-        # shown for reference, not judged against it (the comparison on one scale follows)
+        # another scale than a request's mean entropy: shown for reference, not compared
         where += (f"; for reference, the constant-entropy break-even is {r['breakeven']:.2f} "
                   f"[{r['breakeven_low']:.2f}, {_nats(r['breakeven_high'])}] nats (one H everywhere: another scale "
                   "than a request's mean, not compared)")
@@ -305,21 +283,17 @@ def _nats(value) -> str:
 
 
 def pays_requests(analysis: TraceAnalysis, arm: str) -> float:
-    """The requests the break-even and speedup intervals of ``arm`` rest on (the requests its bootstrap
-    resamples, ``DraftingPays.summary["n_requests"]``); NaN where the arm's speedup cannot be computed."""
+    """The requests the break-even and speedup intervals of ``arm`` rest on (NaN where not computed)."""
     pays = analysis.attempt("pays", arm)
     return float(pays.value.summary["n_requests"].iloc[0]) if pays.ok else np.nan
 
 
 def law_frame(analysis: TraceAnalysis) -> pd.DataFrame:
-    """Per arm: k (and w, for a law in the target's top-1 probability), lambda at depth 1 (95% CI), trials, the
-    requests those intervals rest on, break-even
-    entropy at constant H (bootstrap 95%), the requests its bootstrap resampled, and both verdicts in words: on
-    the workload (``TraceAnalysis.workload``) and at constant entropy."""
+    """Per arm: k (and w), lambda at depth 1, the break-even entropy (95% intervals, with the requests each
+    rests on) and the verdicts on the workload and at constant entropy."""
     law = analysis.law_table()
     rows = []
     for r in law.to_dict("records"):
-        # a law in the target's top-1 probability p1 (k is then H's exponent at fixed p1)
         w = ({"w: exponent of 1 − p₁ (95% CI)": format_interval(r.get("w", np.nan), r.get("w_low"),
                                                                 r.get("w_high"))} if "w" in law else {})
         rows.append({"arm": r["arm"],
@@ -342,8 +316,7 @@ def _workload_verdict(analysis: TraceAnalysis, arm: str) -> str:
 
 
 def few_requests_notes(analysis: TraceAnalysis) -> list[str]:
-    """The analysis' own notes (``TraceAnalysis.notes``: a law other than the primary, and why), then one note per
-    arm whose law or break-even intervals rest on fewer than ``FEW_REQUESTS`` requests."""
+    """The analysis' own notes, then one per arm whose intervals rest on fewer than ``FEW_REQUESTS`` requests."""
     notes = list(analysis.notes)
     for r in law_frame(analysis).to_dict("records"):
         for what, n in (("law intervals", r["requests"]),
@@ -360,10 +333,7 @@ LOCO_DEPTH_LABELS = {"training": "leak-free (depths from training categories)",
 
 
 def loco_accuracy_frame(analysis: TraceAnalysis) -> pd.DataFrame:
-    """Per arm and drafted-depth mode (leak-free first, then oracle depths): LOCO accuracy across categories of
-    tokens per round and of the mean accepted length per drafting round (mean signed, mean and max |relative
-    error|, Spearman ρ), each next to the depth-only control with the same depth inputs (no entropy), and the
-    full-depth DP's mean relative error (``loco_accuracy``)."""
+    """Per arm and drafted-depth mode: ``TraceAnalysis.loco_accuracy`` in readable columns (``LOCO_TEXT``)."""
     acc = analysis.loco_accuracy()
     rows = []
     for (arm, depths), part in acc.groupby(["arm", "depths"], sort=False):
@@ -384,10 +354,7 @@ def loco_accuracy_frame(analysis: TraceAnalysis) -> pd.DataFrame:
 
 
 def universality_frame(analysis: TraceAnalysis) -> pd.DataFrame:
-    """Per arm: P1 (universality: ``law_exp_cat`` vs ``law_exp``, cluster-robust score test by request) with
-    its statistic, df and p, the robust Wald χ² and p, and the CV log-loss gains per trial (grouped
-    K-fold): the law over acceptance by depth only, category terms over the law, and the category share
-    (category gain / gain of the category-aware law over depth only; docs/law.md)."""
+    """Per arm: ``TraceAnalysis.universality_table`` in readable columns (``P1_TEXT``)."""
     t = analysis.universality_table()
     out = pd.DataFrame({
         "arm": t["arm"], "P1 score χ²": t["score_statistic"], "df": t["df"], "P1 p": t["p_value"],
@@ -485,25 +452,26 @@ def _runs_frame(analysis: TraceAnalysis) -> pd.DataFrame:
 def _sections(analysis: TraceAnalysis):
     """(title, DataFrame or text) pairs of the report body, errors collected as notes."""
     notes = few_requests_notes(analysis)
+
+    def attempt(*what):  # the analysis' value, or None with the reason among the notes
+        result = analysis.attempt(*what)
+        if not result.ok:
+            notes.append(result.error)
+        return result.value if result.ok else None
+
     answer = answer_lines(analysis)
     if answer:
         yield "When drafting pays (the answer)", answer
     yield "Runs", _runs_frame(analysis)
     yield "Results per category", results_frame(analysis)
     yield "Fitted law per arm", law_frame(analysis)
-    p1 = analysis.attempt("universality_table")
-    if p1.ok:
+    if attempt("universality_table") is not None:
         yield "Universality (P1) and the category share of the CV gain", universality_frame(analysis)
         notes.append(P1_TEXT)
-    else:
-        notes.append(p1.error)
-    acc = analysis.attempt("loco_accuracy")
-    if acc.ok:
+    if attempt("loco_accuracy") is not None:
         yield "Leave-one-category-out accuracy across categories (leak-free and oracle depths, depth-only control)", \
             loco_accuracy_frame(analysis)
         notes.append(LOCO_TEXT)
-    else:
-        notes.append(acc.error)
     title, frame, extra = request_prediction_section(analysis)  # per-request intervals, reliability (payoff.predict)
     yield title, frame
     notes.extend(extra)
@@ -512,59 +480,38 @@ def _sections(analysis: TraceAnalysis):
     notes.extend(extra)
     for arm in analysis.arms:
         for depths in analysis.loco_depths:
-            loco = analysis.attempt("loco", arm, depths)
-            if loco.ok:
-                yield (f"Leave-one-category-out transfer, {LOCO_DEPTH_LABELS[depths]}: {arm}",
-                       loco.value.summary.reset_index())
-            else:
-                notes.append(loco.error)
-        comp = analysis.attempt("comparison", arm)
-        if comp.ok:
-            yield f"Law comparison (CV log-loss per trial): {arm}", comp.value.summary.reset_index()
-            notes.extend(f"{arm}: {n}" for n in comp.value.notes)
-        else:
-            notes.append(comp.error)
-        work = analysis.attempt("workload", arm)
-        if work.ok:
+            if (loco := attempt("loco", arm, depths)) is not None:
+                yield f"Leave-one-category-out transfer, {LOCO_DEPTH_LABELS[depths]}: {arm}", loco.summary.reset_index()
+        if (comp := attempt("comparison", arm)) is not None:
+            yield f"Law comparison (CV log-loss per trial): {arm}", comp.summary.reset_index()
+            notes.extend(f"{arm}: {n}" for n in comp.notes)
+        if (work := attempt("workload", arm)) is not None:
             yield (f"When drafting pays on a workload: {arm} (each request priced on its own entropy sequence; "
-                   f"{work.value.verdict})", work.value.summary.reset_index()
+                   f"{work.verdict})", work.summary.reset_index()
                    .rename(columns={"index": "quantity", "n_requests": "requests"}))
-            notes.extend(f"{arm}, workload: {n}" for n in work.value.notes)
-        else:
-            notes.append(work.error)
-        pays = analysis.attempt("pays", arm)
-        if pays.ok:
-            # the requests the bootstrap resampled, in the column after its interval
-            yield (f"When drafting pays at constant entropy: {arm}", pays.value.summary.reset_index()
+            notes.extend(f"{arm}, workload: {n}" for n in work.notes)
+        if (pays := attempt("pays", arm)) is not None:  # the requests the bootstrap resampled beside its interval
+            yield (f"When drafting pays at constant entropy: {arm}", pays.summary.reset_index()
                    .rename(columns={"index": "quantity", "n_requests": "requests"}))
-        else:
-            notes.append(pays.error)
     check = analysis.attempt("speedup_validation")
     if check.ok:
         yield "Predicted vs measured speedup (same requests)", check.value
         notes.extend(check.value.attrs.get("notes", []))
-    crossing = analysis.attempt("crossing_table")
-    if crossing.ok:
+    if (crossing := attempt("crossing_table")) is not None:
         yield ("Break-even vs where measured per-request speedups cross 1: the workload break-even and the measured "
                "log-speedup line on the request's mean entropy (one scale); the logistic crossing and the "
-               "constant-entropy break-even beside them"), crossing.value
-    else:
-        notes.append(crossing.error)
+               "constant-entropy break-even beside them"), crossing
     for arm in analysis.arms:
         notes.extend(analysis.machine_warnings(arm))
-    speed = analysis.attempt("measured_speedups")
-    if speed.ok:  # why the arms without a speedup have none (no AR run of their model and machine, ...)
-        notes.extend(speed.value.attrs.get("notes", []))
-    else:
-        notes.append(speed.error)
+    if (speed := attempt("measured_speedups")) is not None:  # why the arms without a speedup have none
+        notes.extend(speed.attrs.get("notes", []))
     yield "Notes", notes
 
 
 def write_report(traces, out_dir, *, fmt: str = "html", analysis: TraceAnalysis | None = None, source: str = "",
                  progress: bool = False, figure_formats=("png", "pdf"), **analysis_options) -> Path:
-    """Write the report of ``traces`` into ``out_dir``: ``report.html`` (self-contained: figures
-    embedded) or ``report.md`` (figures as PNG beside it); figures also as PNG + PDF under
-    ``out_dir/figures``. Returns the report's path."""
+    """Write the report of ``traces`` into ``out_dir`` (``_write_page``; figures also under
+    ``out_dir/figures``); returns its path."""
     from entropy_law.plots.gallery import FIGURES, make_figures
 
     if fmt not in ("html", "md", "markdown"):
@@ -581,9 +528,9 @@ def write_report(traces, out_dir, *, fmt: str = "html", analysis: TraceAnalysis 
 
 
 def _write_page(out_dir: Path, fmt: str, title: str, header: str, sections, figures) -> Path:
-    """``report.html`` (self-contained: figures embedded) or ``report.md`` (figures as PNG beside it) in
-    ``out_dir``: ``title``, a line "generated <time>; ``header``", the ``sections`` ((name, DataFrame or list of
-    lines) pairs) and the ``figures`` ((title, name, paths) triples, a PNG among the paths)."""
+    """``report.html`` (figures embedded) or ``report.md`` (PNGs beside it) in ``out_dir``: ``title``, a line
+    "generated <time>; ``header``", ``sections`` ((name, DataFrame or lines)) and ``figures`` ((title, name,
+    paths))."""
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     out_dir.mkdir(parents=True, exist_ok=True)
     if fmt == "html":
@@ -638,8 +585,8 @@ NOT_OUT_OF_CORE = ("not in an out-of-core report, because they need the rows in 
 
 
 def out_of_core_law_frame(laws: dict) -> pd.DataFrame:
-    """Per arm of ``laws`` (arm -> ``FittedLaw``, or the error text where its fit failed): the family, k and the
-    depth-1 rate lambda with their 95% intervals, the at-risk trials and the requests they rest on."""
+    """Per arm of ``laws`` (``FittedLaw``, or the text of its failure): family, k and lambda at depth 1 with 95%
+    intervals, trials and requests."""
     rows = []
     for arm, law in laws.items():
         if isinstance(law, str):
@@ -662,8 +609,7 @@ def out_of_core_law_frame(laws: dict) -> pd.DataFrame:
 
 
 def _runs_out_of_core(traces) -> pd.DataFrame:
-    """One row per run from its ``run.json`` only: id, arm label (``arms.run_arms``), model, tree policy, status and
-    finished shards."""
+    """One row per run from its ``run.json`` only (id, arm, model, tree policy, status, shards)."""
     from entropy_law.law.arms import run_arms
     from entropy_law.traces.reader import load_traces
 
@@ -675,22 +621,16 @@ def _runs_out_of_core(traces) -> pd.DataFrame:
 def write_report_out_of_core(traces, out_dir, *, fmt: str = "html", family: str | None = None, source: str = "",
                              figure_formats=("png", "pdf"), threads: int | None = None,
                              memory_limit: str | None = None, temp_directory: str | None = None) -> Path:
-    """The report of runs larger than memory: what can be computed from every row without holding the rows.
+    """The report of runs larger than memory, from every row without holding the rows (DuckDB over groups of
+    shards; ``threads``, ``memory_limit``, ``temp_directory``: its settings).
 
-    Per arm (``arms.run_arms`` label) and category the requests, tokens, mean target entropy, mean accepted
-    length, tokens per round and depth-1 acceptance (``outofcore.category_summary_sql``); the law ``family``
-    (default ``fit.PRIMARY_FAMILY``; ``fit.PRIMARY_FALLBACK`` for an arm it cannot fit, noted) fitted per arm by ``fit_law_out_of_core`` (request-clustered intervals); a
-    figure of the depth-1 acceptance per log-spaced entropy bin and category with each arm's fitted law
-    (``outofcore.acceptance_curve_sql``; it and the summaries from one read of the shards:
-    ``outofcore.report_summaries_sql``); and notes: the fits' own notes and what an out-of-core report leaves
-    out (``NOT_OUT_OF_CORE``). DuckDB runs every query over groups of shards (``threads``, ``memory_limit``,
-    ``temp_directory``: its settings). ``traces``: a run directory, a folder of runs, or a ``TraceSet``."""
-    import matplotlib.pyplot as plt
-
+    Per arm and category the summaries of ``outofcore.report_summaries_sql``; the law ``family`` (default
+    ``PRIMARY_FAMILY``, else ``PRIMARY_FALLBACK`` where it cannot fit, noted) fitted per arm by
+    ``fit_law_out_of_core``; the depth-1 acceptance per entropy bin with each law; notes, and what an
+    out-of-core report leaves out (``NOT_OUT_OF_CORE``). ``traces``: a run directory, a folder of runs or a
+    ``TraceSet``."""
     from entropy_law.law.fit import PRIMARY_FALLBACK, PRIMARY_FAMILY
     from entropy_law.outofcore import fit_law_out_of_core, report_summaries_sql
-    from entropy_law.plots.figures import binned_acceptance
-    from entropy_law.plots.style import save_figure, unavailable
 
     if fmt not in ("html", "md", "markdown"):
         raise ValueError(f"fmt must be 'html' or 'md', got {fmt!r}")
@@ -717,6 +657,24 @@ def write_report_out_of_core(traces, out_dir, *, fmt: str = "html", family: str 
             notes.extend(f"{arm}: {n}" for n in law.notes)
         except ValueError as err:  # too few requests, invalid covariates: said, not raised
             laws[arm] = f"not fitted: {err}"
+    written = _out_of_core_figure(curve, drafting, laws, out_dir, figure_formats)
+    table = summary.loc[:, list(OUT_OF_CORE_COLUMNS)].rename(columns=OUT_OF_CORE_COLUMNS)
+    notes.append(NOT_OUT_OF_CORE)
+    sections = [("Runs", _runs_out_of_core(traces)), ("Results per category (out of core)", table),
+                (f"Fitted law per arm (out of core, {family})", out_of_core_law_frame(laws)), ("Notes", notes)]
+    figures = [("Depth-1 acceptance vs target entropy per category (log-spaced bins, Wilson 95%), fitted law",
+                "acceptance_out_of_core", written)]
+    return _write_page(out_dir, fmt, f"entropy-law report (out of core): {source or out_dir.name}",
+                       f"law family {family}; out of core (DuckDB over the shards)", sections, figures)
+
+
+def _out_of_core_figure(curve: pd.DataFrame, drafting: list, laws: dict, out_dir: Path, formats) -> list:
+    """One panel per drafting arm: its depth-1 acceptance per entropy bin with its fitted law; the paths written."""
+    import matplotlib.pyplot as plt
+
+    from entropy_law.plots.figures import binned_acceptance
+    from entropy_law.plots.style import save_figure, unavailable
+
     ncols = min(max(len(drafting), 1), 3)
     nrows = -(-max(len(drafting), 1) // ncols)
     fig, axes = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.6 * nrows + 0.4), squeeze=False)
@@ -742,25 +700,15 @@ def write_report_out_of_core(traces, out_dir, *, fmt: str = "html", family: str 
         fig.legend(list(labelled.values()), list(labelled), loc="lower center", ncol=min(len(labelled), 6),
                    frameon=False, fontsize=8)
         fig.tight_layout(rect=(0, 0.4 / fig.get_figheight(), 1, 1))
-    written = save_figure(fig, out_dir / "figures", "acceptance_out_of_core", formats=figure_formats)
+    written = save_figure(fig, out_dir / "figures", "acceptance_out_of_core", formats=formats)
     plt.close(fig)
-    table = summary.loc[:, list(OUT_OF_CORE_COLUMNS)].rename(columns=OUT_OF_CORE_COLUMNS)
-    notes.append(NOT_OUT_OF_CORE)
-    sections = [("Runs", _runs_out_of_core(traces)), ("Results per category (out of core)", table),
-                (f"Fitted law per arm (out of core, {family})", out_of_core_law_frame(laws)), ("Notes", notes)]
-    figures = [("Depth-1 acceptance vs target entropy per category (log-spaced bins, Wilson 95%), fitted law",
-                "acceptance_out_of_core", written)]
-    return _write_page(out_dir, fmt, f"entropy-law report (out of core): {source or out_dir.name}",
-                       f"law family {family}; out of core (DuckDB over the shards)", sections, figures)
+    return written
+
 
 def terminal_summary(analysis: TraceAnalysis, measured: pd.DataFrame | None = None) -> str:
-    """The demo's closing summary: per category mean entropy, tokens per round and speedup per arm;
-    the fitted law with intervals; where drafting pays.
-
-    ``measured``: speedups from ``jobs.speed.paired_speedups`` (``arm`` = the analysis's arm labels), shown
-    with their interval, or as "not measured reliably" / "above the physical bound"; without it, the
-    traces' own decode times are shown, and a speedup above the arm's tokens per round (which no verify pass
-    costing at least one forward can give) is shown as "above bound", never as a number."""
+    """The demo's closing summary: where drafting pays; per category mean entropy, tokens per round and speedup
+    per arm (``measured``: ``jobs.speed.paired_speedups`` rows, else the traces' own, via ``trace_speedup``);
+    the fitted law with intervals."""
     table = analysis.results_table()
     reference = set(analysis.ar_arms)
     lines = ["When drafting pays (measured: paired with AR on the same prompts; predicted: the fitted law and the "

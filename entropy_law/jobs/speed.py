@@ -1,29 +1,11 @@
 """Measured decoding speed, the one routine: warm-up, arms interleaved per prompt, paired ratios, intervals.
 
-Known here: how a speedup over the autoregressive (AR) baseline is measured so that the number can be
-defended. Every arm is a callable ``(prompt ids, max_new_tokens) -> (new token ids, rounds or None)``.
-Each arm first decodes one short warm-up (first forwards allocate and tune kernels: a cold first request
-is several times slower than the next). Then prompt by prompt every arm decodes in turn, in an
-order that rotates with the prompt, so slow and fast moments of a shared machine hit all arms alike. Each
-call is timed by this process's CPU clock (default; the honest clock on a shared machine, with one torch
-thread) and by the wall clock. Outputs are compared with the reference arm's (lossless decoding: a
-mismatch is reported, never hidden).
-
-A speedup is paired: per category, the reference's time over the arm's time on the same requests, whose
-token counts are equal when decoding is lossless (time per token otherwise); its 95% interval is a request
-bootstrap, widened to the Student-t interval where that is wider (few requests: ``payoff.cost.paired_speedup_interval``).
-Two checks decide whether it is printed as a result:
-
-- the physical bound: one round commits ``tokens/round`` tokens and costs at least one target forward over
-  the verified tree, ``c(N + 1) >= c(1) = 1`` one-token forwards, so speedup <= tokens/round x c(1)/c(N+1);
-  a speedup above it (by more than ``BOUND_SLACK``) is flagged, never reported as a result;
-- precision: an interval wider than +-``RELIABLE_HALF_WIDTH`` of the estimate, or fewer than
-  ``MIN_PAIRED_REQUESTS`` paired requests, is "not measured reliably".
-
-The rule is ``payoff.cost.speed_verdict``: ``TraceAnalysis.speedup`` applies the same one to the speedups
-measured from the traces (figures, notebooks and the report), so both sources give the same verdict.
-
-Not known here: how arms decode (``decoding``), traces, the law.
+Every arm is a callable ``(prompt ids, max_new_tokens) -> (new token ids, rounds or None)``. After one warm-up
+per arm, every arm decodes each prompt in turn, in an order that rotates with the prompt, each call timed by
+this process's CPU clock and the wall clock; outputs are compared with the reference arm's. A speedup is the
+reference's time over the arm's on the same requests, with a request-bootstrap 95% interval; it is a result
+only inside the physical bound (tokens per round x c(1)/c(N+1)) and precise enough, by the rule
+``payoff.cost.speed_verdict`` that ``TraceAnalysis.speedup`` applies to traces too.
 """
 
 from __future__ import annotations
@@ -37,17 +19,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from entropy_law.payoff.cost import (  # noqa: F401
-    ABOVE_BOUND,
-    BOUND_SLACK,
-    MEASURED,
-    MIN_PAIRED_REQUESTS,
-    RELIABLE_HALF_WIDTH,
-    paired_speedup,
-    paired_speedup_interval,
-    pooled_log_speedup_sd,
-    speed_verdict,
-)
+from entropy_law.payoff.cost import (ABOVE_BOUND, MEASURED, paired_speedup, paired_speedup_interval,
+                                     pooled_log_speedup_sd, speed_verdict)
 
 ALL = "all"
 
@@ -79,9 +52,8 @@ def round_cost(rounds, cost_of: Callable[[int], float] | None = None) -> tuple[i
 
 
 def draft_calls(rounds) -> int:
-    """Verify rounds after the prefill in which the drafter ran: every round of a drafting arm, less the rounds a
-    law policy declined before drafting (``Round.policy["draft"]``); 0 without round records. With the drafter's
-    cost per call this prices an arm's rounds as ``decoding.replay.oracle_rounds`` prices the oracle's."""
+    """Verify rounds after the prefill in which the drafter ran (less those a law policy declined); 0 without
+    round records."""
     return sum(1 for r in rounds or () if r.round_index > 0
                and (getattr(r, "policy", None) is None or bool(r.policy.get("draft"))))
 
@@ -105,13 +77,9 @@ def print_progress(tasks: Sequence):
 def time_arms(tasks: Sequence, arms: Mapping[str, Callable], encode: Callable, *, max_new_tokens: int,
               reference: str, warm_up_tokens: int = 8, verify_cost: Callable[[int], float] | None = None,
               progress: Callable | None = None) -> pd.DataFrame:
-    """Decode every task with every arm (interleaved, rotating order, after a warm-up) and time each call.
-
-    ``arms``: name -> ``run(prompt_ids, max_new_tokens) -> (token ids, rounds)`` (``rounds``: the decoder's
-    round records, or ``None`` for an arm that has none). ``encode(task) -> prompt ids``. ``reference``: the
-    AR arm's name (its outputs are the reference). ``verify_cost``: the measured cost curve ``c(n)`` used for
-    the physical bound (default: ``c(n) = 1``, the weakest bound). One row per (arm, request): ``Timing``.
-    """
+    """Decode every task with every arm (interleaved, rotating order, after a warm-up) and time each call: one
+    ``Timing`` row per (arm, request). ``arms``: name -> ``run(prompt_ids, max_new_tokens) -> (token ids, rounds
+    or None)``; ``reference``: the AR arm; ``verify_cost``: the curve ``c(n)`` for the bound (default 1)."""
     if reference not in arms:
         raise ValueError(f"the reference arm {reference!r} is not among the arms {list(arms)}")
     if not tasks:
@@ -143,16 +111,9 @@ def time_arms(tasks: Sequence, arms: Mapping[str, Callable], encode: Callable, *
 
 def paired_speedups(timings: pd.DataFrame, *, reference: str, clock: str = "cpu", n_boot: int = 2000,
                     seed: int = 0) -> pd.DataFrame:
-    """Per arm and category (and ``"all"``): the paired speedup over ``reference`` with a 95% interval
-    (``payoff.cost.paired_speedup_interval``: request bootstrap, widened to Student t with few requests and to the
-    spread of the arm's per-request ratios pooled over its categories, ``payoff.cost.pooled_log_speedup_sd``), tokens
-    per round, the physical bound, and whether the number is a result.
-
-    Columns: ``arm``, ``category``, ``requests``, ``speedup``, ``lo``, ``hi``, ``tokens_per_round``,
-    ``bound``, ``within_bound``, ``reliable``, ``mismatches``, ``verdict`` (``"measured"``, ``"not measured
-    reliably"``, or ``"above the physical bound"``). A request whose output differs from the reference is
-    kept (its time is real) and counted in ``mismatches``.
-    """
+    """Per arm and category (and ``"all"``): the paired speedup over ``reference`` with its 95% interval
+    (``payoff.cost.paired_speedup_interval``), tokens per round, the physical ``bound``, ``within_bound``,
+    ``reliable``, ``mismatches`` (outputs that differ from the reference's: kept and counted) and ``verdict``."""
     if clock not in ("cpu", "wall"):
         raise ValueError(f"clock must be 'cpu' or 'wall', got {clock!r}")
     column = f"{clock}_s"
@@ -181,8 +142,7 @@ def paired_speedups(timings: pd.DataFrame, *, reference: str, clock: str = "cpu"
             verdict = speed_verdict(speedup, lo, hi, bound, len(ids))
             within, reliable = verdict != ABOVE_BOUND, verdict == MEASURED
             rows.append(dict(arm=arm, category=category, requests=len(ids), speedup=float(speedup), lo=float(lo),
-                             hi=float(hi),
-                             tokens_per_round=tokens_per_round, bound=bound, within_bound=within,
+                             hi=float(hi), tokens_per_round=tokens_per_round, bound=bound, within_bound=within,
                              reliable=reliable, mismatches=int((~mine.loc[ids, "matches_reference"]).sum()),
                              verdict=verdict))
     return pd.DataFrame(rows)

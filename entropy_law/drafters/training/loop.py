@@ -1,44 +1,11 @@
-"""Training the block drafter on self-distilled data, and its offline replay (acceptance without a decoder).
+"""Training the block drafter on self-distilled data, and its held-out chain acceptance (offline replay).
 
-Known here (``../shared/research/decoding.md`` 1.3, 7, 8.5): anchors sampled per sequence among response
-positions; same-position labels (block slot ``k`` predicts the token at ``anchor + k``, slot 0 excluded,
-labels outside the response get no weight); position-decayed cross-entropy ``w_k = exp(-(k-1)/gamma)``
-normalised by the weights present; the training-time acceptance proxy (leading slots whose argmax equals
-the label, plus one); AdamW with linear warm-up, cosine decay and gradient clipping; an explicit seed
-(every random choice draws from one ``torch.Generator``); periodic checkpoints with exact resume.
-
-Offline replay: on a target-greedy sequence with its target features, the drafter's per-depth marginals at
-every anchor come from one ``block_logits`` pass. With lossless greedy verification the committed text is
-the greedy text whatever the drafts are, so the chain round that starts at anchor ``t`` accepts exactly the
-number of leading drafts that equal the greedy continuation; rounds advance by accepted + 1. That equals
-the online chain decoder's accepted lengths (tested against an online chain loop).
-
-With a context vocabulary (``BlockDrafterConfig.context_vocab``) the columns of a batch are the fixed draft
-vocabulary plus every id of its sequences; each anchor may draft only ids seen at or before it, and a label
-it may not draft yet gets no loss (it can never be accepted there either).
-
-Soft labels (``TrainConfig.kl_weight = a > 0``): the loss per slot is ``(1-a)*CE + a*KL(p || q)`` with the
-same position decay, where ``q`` is the drafter's distribution over its columns (ids it may not draft have
-probability 0) and ``p`` the target's stored top-k distribution for the token at ``anchor + k`` (row ``t`` of
-the data: the same shift as the hard label), **restricted to the ids the block may draft there and
-renormalised over them** (``renormalised_topk``). Restricting is the only consistent choice: ``q`` is 0
-outside those ids, so mass there would make the KL infinite; the hard label (the target's argmax) is
-always among them when its CE term counts, so a one-hot ``p`` gives exactly the CE term. ``a = 0``: the CE
-loss alone (the soft labels are not read).
-
-Initialisation from the target (``init_from_target``): the drafter layers copy the target decoder layers
-right after the deepest feature layer (for SmolLM2-135M's features (1, 14, 27): layer 28), and the final
-norm copies the target's; optionally ``fc`` starts as the deepest feature's slice and the context norm as
-that layer's input norm, so the first drafter layer's injected keys and values start equal to the keys and
-values that target layer computes itself. Copies, never shared tensors; the target is not modified. Only
-for Llama-shaped targets (``llama_shape_problem``: Gemma's layers are refused, with the reason); every
-other option trains a drafter for any target.
-
-Fine-tuning (``init_from``): the run starts from an existing drafter checkpoint of the same shape
-(``init_from_checkpoint`` checks it and records its SHA-256); a copy head (``copy_head``) that the checkpoint
-lacks starts fresh, with its gate mostly closed.
-
-Not known here: tree policies other than the chain (DDTree replay lives with the tree tools).
+Anchors are sampled among response positions; slot ``k`` is labelled with the token at ``anchor + k``; the loss
+is cross-entropy decayed by ``w_k = exp(-(k-1)/gamma)``, optionally mixed with ``KL(p || q)`` to the target's
+top-k restricted to the ids the block may draft and renormalised (``kl_weight``), plus a copy-pointer loss
+(``copy_loss_weight``). AdamW with warm-up and cosine decay, one seeded ``torch.Generator``, checkpoints with
+exact resume. A drafter may start from the target's layers (``init_from_target``, Llama-shaped targets only)
+or from a checkpoint of the same shape (``init_from``).
 """
 
 from __future__ import annotations
@@ -89,10 +56,8 @@ class TrainConfig:
     draft_vocab_base: int | None = 4096  # None: full vocabulary; else ids < base plus every training token
     context_vocab: bool = False  # also draft ids already in the context (copying rare words of a passage)
     kl_weight: float = 0.0  # a in (1-a)*CE + a*KL(target top-k || drafter); 0: hard labels only
-    init_from_target: bool = False  # drafter layers (and final norm) start as the target's layers after the
-    #                                 deepest feature layer (``init_from_target``)
-    init_fc: bool = False  # with init_from_target: fc starts as the deepest feature's slice, the context norm
-    #                        as that layer's input norm
+    init_from_target: bool = False  # drafter layers and final norm start as the target's (``init_from_target``)
+    init_fc: bool = False  # with init_from_target: fc and the context norm too
     copy_head: bool = False  # the drafter mixes each slot with a pointer over the context (``copy_mix``)
     copy_match: int = 0  # with copy_head: exact suffix-match lengths 1..M as pointer and gate features
     copy_distance: int = 0  # with copy_head: a learned pointer score per log2 distance bucket (this many)
@@ -101,10 +66,8 @@ class TrainConfig:
 
 
 def run_draft_vocabulary(cfg: "TrainConfig", samples: Sequence[dict], vocab_size: int) -> list[int] | None:
-    """The fixed draft vocabulary of a training run: ``draft_vocabulary`` of its samples, or, when it fine-tunes
-    a checkpoint (``cfg.init_from``), that checkpoint's fixed ids, so that new data (another corpus) leaves the
-    model's shape as it was; ids of the new data outside them stay draftable where the context holds them
-    (``context_vocab``)."""
+    """The fixed draft vocabulary of a run: that of the checkpoint it fine-tunes (``cfg.init_from``), so the
+    shape stays, else ``draft_vocabulary`` of its samples."""
     if cfg.draft_vocab_base is None:
         return None
     if cfg.init_from:
@@ -127,10 +90,8 @@ def draft_vocabulary(samples: Sequence[dict], base: int, vocab_size: int) -> lis
 
 # ---------------------------------------------------------------------------------------------- pieces
 def sample_anchors(prompt_len: int, seq_len: int, n: int, generator: torch.Generator):
-    """Up to ``n`` distinct anchors, sorted, uniform among response positions ``prompt_len .. seq_len-2``.
-
-    Returns ``(anchors [n], valid [n])``; padding anchors are 0 and invalid.
-    """
+    """``(anchors [n], valid [n])``: up to ``n`` distinct sorted anchors, uniform among response positions
+    ``prompt_len .. seq_len-2``; padding anchors are 0 and invalid."""
     lo, hi = prompt_len, seq_len - 2
     anchors = torch.zeros(n, dtype=torch.long)
     valid = torch.zeros(n, dtype=torch.bool)
@@ -146,10 +107,8 @@ def sample_anchors(prompt_len: int, seq_len: int, n: int, generator: torch.Gener
 
 def block_labels(input_ids: torch.Tensor, anchors: torch.Tensor, valid: torch.Tensor, block_size: int,
                  prompt_lens: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
-    """Same-position labels ``[b, A, B-1]``: ``labels[.., a, k-1] = input_ids[anchor_a + k]`` for k = 1..B-1.
-
-    ``IGNORE`` where the anchor is padding, the position runs past the sequence, or lies in the prompt.
-    """
+    """Labels ``[b, A, B-1]``: ``input_ids[anchor_a + k]`` for k = 1..B-1; ``IGNORE`` for padding anchors and
+    positions past the sequence or in the prompt."""
     k = torch.arange(1, block_size)
     pos = anchors[..., None] + k  # [b, A, B-1]
     inside = (pos < seq_lens[:, None, None]) & (pos >= prompt_lens[:, None, None]) & valid[..., None]
@@ -165,12 +124,16 @@ def decay_weights(block_size: int, gamma: float) -> torch.Tensor:
 
 def decayed_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, gamma: float) -> torch.Tensor:
     """Position-decayed CE over ``[.., B-1, V]`` logits, normalised by the sum of the weights present."""
-    w = decay_weights(logits.shape[-2] + 1, gamma).expand(labels.shape)
-    present = labels != IGNORE
+    ce, w = _slot_ce(logits, labels, gamma)
+    return (ce * w).sum() / w.sum().clamp(min=1e-12)
+
+
+def _slot_ce(logits: torch.Tensor, labels: torch.Tensor, gamma: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-slot cross-entropy and its decay weights (0 where the label is ``IGNORE``)."""
+    w = decay_weights(logits.shape[-2] + 1, gamma).expand(labels.shape) * (labels != IGNORE)
     ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1).clamp(min=0),
                          reduction="none").view(labels.shape)
-    w = w * present
-    return (ce * w).sum() / w.sum().clamp(min=1e-12)
+    return ce, w
 
 
 def block_soft_labels(soft_ids: torch.Tensor, soft_logp: torch.Tensor, anchors: torch.Tensor,
@@ -205,14 +168,10 @@ def slot_kl(logits: torch.Tensor, soft_cols: torch.Tensor, soft_logp: torch.Tens
 
 def decayed_distillation_loss(logits: torch.Tensor, labels: torch.Tensor, gamma: float, kl_weight: float,
                               soft_cols: torch.Tensor, soft_logp: torch.Tensor) -> tuple[torch.Tensor, dict]:
-    """``sum_k w_k [(1-a) CE_k + a KL_k] / sum_k w_k`` over the slots whose hard label counts (``labels``),
-    the decay and normalisation of ``decayed_cross_entropy``. Returns the loss and the decayed CE and KL
-    parts (floats)."""
-    w = decay_weights(logits.shape[-2] + 1, gamma).expand(labels.shape)
-    w = w * (labels != IGNORE)
+    """``sum_k w_k [(1-a) CE_k + a KL_k] / sum_k w_k`` over the slots whose hard label counts, and the CE and
+    KL parts (floats)."""
+    ce, w = _slot_ce(logits, labels, gamma)
     total = w.sum().clamp(min=1e-12)
-    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1).clamp(min=0),
-                         reduction="none").view(labels.shape)
     kl = slot_kl(logits, soft_cols, soft_logp)
     ce_mean, kl_mean = (ce * w).sum() / total, (kl * w).sum() / total
     parts = {"ce": float(ce_mean.detach()), "kl": float(kl_mean.detach())}
@@ -236,9 +195,8 @@ def target_source_layers(drafter: BlockDrafter, num_target_layers: int) -> list[
 
 @torch.no_grad()
 def llama_shape_problem(model: torch.nn.Module) -> str | None:
-    """Why the target's decoder layers cannot be copied into drafter layers (Llama-shaped: SiLU gated MLP,
-    two RMSNorms computing ``weight * x / rms(x)``), or ``None`` when they can. Gemma, for one, scales by
-    ``1 + weight``, adds two more norms per layer and uses a GELU MLP."""
+    """Why the target's decoder layers cannot be copied into the Llama-shaped drafter layers (SiLU gated MLP,
+    two RMSNorms ``weight * x / rms(x)``), or ``None`` when they can."""
     cfg = text_config(model)
     act = getattr(cfg, "hidden_act", None) or getattr(cfg, "hidden_activation", None)
     if act != "silu":
@@ -259,14 +217,11 @@ def llama_shape_problem(model: torch.nn.Module) -> str | None:
 @torch.no_grad()
 def init_from_target(drafter: BlockDrafter, target, *, init_fc: bool = False,
                      source_layers: Sequence[int] | None = None) -> list[int]:
-    """Initialise ``drafter`` from the target (in place; copies, the target is untouched).
+    """Initialise ``drafter`` in place from copies of the target's weights; returns the source layers.
 
-    Drafter layer ``i`` copies target decoder layer ``source_layers[i]`` (default ``target_source_layers``:
-    norms, q/k/v/o, SwiGLU), the final norm copies the target's final norm (it feeds the same LM head).
-    ``init_fc``: ``fc`` selects the deepest feature layer's slice (identity there, zeros elsewhere) and the
-    context norm copies the first source layer's input norm, so that layer's injected context keys and
-    values start as the target's own keys and values of that layer. Returns the source layers."""
-
+    Drafter layer ``i`` copies target layer ``source_layers[i]`` (default ``target_source_layers``), the final
+    norm the target's. ``init_fc``: ``fc`` selects the deepest feature's slice and the context norm copies the
+    first source layer's input norm, so its injected keys and values start as the target's own."""
     model = model_of(target)
     blocks = decoder_layers(model)
     problem = llama_shape_problem(model)
@@ -306,12 +261,8 @@ def init_from_target(drafter: BlockDrafter, target, *, init_fc: bool = False,
 
 @torch.no_grad()
 def init_from_checkpoint(drafter: BlockDrafter, path: str | Path) -> dict:
-    """Start ``drafter`` from the weights of the checkpoint at ``path`` (fine-tuning; in place).
-
-    The checkpoint must have the drafter's shape (layers, block, feature layers, draft vocabulary, the same
-    fixed vocabulary ids); only the copy head may be new (a drafter with ``copy_head`` started from one
-    without: its pointer starts fresh). Returns the checkpoint's file name and SHA-256, to be recorded."""
-
+    """Start ``drafter`` in place from the checkpoint at ``path``, which must have its shape (only a copy head
+    may be new, started fresh); returns the checkpoint's file name and SHA-256, to be recorded."""
     path = Path(path)
     theirs, state, _ = read_checkpoint(path)
     mine = drafter.config
@@ -372,10 +323,9 @@ def collate(samples: Sequence[dict], *, soft: bool = False) -> dict:
 
 
 def copy_pointer_loss(copy: torch.Tensor, labels: torch.Tensor, gamma: float) -> tuple[torch.Tensor, float]:
-    """The copy head's auxiliary loss: the decayed mean of ``-log sum_j a_j [token j+k == label]`` over the
-    slots whose label the pointer can copy at all (some valid row gives it), so the pointer learns to find
-    the right row whatever its gate does. ``copy [b, A, K, U]`` (``block_logits(return_copy=True)``),
-    ``labels [b, A, K]`` columns or ``IGNORE``. Returns the loss and the fraction of labelled slots copyable."""
+    """The copy head's auxiliary loss, the decayed mean of ``-log sum_j a_j [token j+k == label]`` over slots
+    whose label some valid row holds, and the fraction of labelled slots copyable. ``copy [b, A, K, U]``
+    (``block_logits(return_copy=True)``), ``labels [b, A, K]``."""
     present = labels != IGNORE
     mass = torch.gather(copy, -1, labels.clamp(min=0)[..., None])[..., 0]
     copyable = present & (mass > 0)
@@ -388,9 +338,8 @@ def copy_pointer_loss(copy: torch.Tensor, labels: torch.Tensor, gamma: float) ->
 def forward_train(drafter: BlockDrafter, batch: dict, *, anchors_per_seq: int, gamma: float,
                   generator: torch.Generator, kl_weight: float = 0.0,
                   copy_weight: float = 0.0) -> tuple[torch.Tensor, dict]:
-    """One training forward: sample anchors, draft every block in one pass, decayed CE (with ``kl_weight > 0``
-    mixed with the KL to the target's renormalised top-k, ``decayed_distillation_loss``; with ``copy_weight
-    > 0`` plus that much of the copy head's pointer loss, ``copy_pointer_loss``) + metrics."""
+    """One training forward: sample anchors, draft every block in one pass; the loss (decayed CE, mixed with
+    KL where ``kl_weight > 0``, plus ``copy_weight`` times ``copy_pointer_loss``) and metrics."""
     anchors, valid = zip(*(sample_anchors(int(p), int(s), anchors_per_seq, generator)
                            for p, s in zip(batch["prompt_lens"], batch["seq_lens"])))
     anchors, valid = torch.stack(anchors), torch.stack(valid)
@@ -500,11 +449,8 @@ def train(drafter: BlockDrafter, train_samples: Sequence[dict], heldout_samples:
           cfg: TrainConfig, out_dir: str | Path, *, progress: bool = True, stop_at: int | None = None,
           data: Sequence[str] | None = None) -> dict:
     """Train ``drafter`` in place; checkpoints to ``out_dir/checkpoints/last.pt``, resumed if present.
-
-    ``stop_at``: stop after this step, on the schedule of ``cfg.steps`` (deterministic early stop; the
-    checkpoint can be resumed to ``cfg.steps`` later). ``data``: names of the data folders, kept in the
-    checkpoint; a resume with other folders is refused."""
-
+    ``stop_at``: stop after this step on the schedule of ``cfg.steps``. ``data``: the data folders' names, kept
+    in the checkpoint; a resume with other folders is refused."""
     out = Path(out_dir)
     ckpt_dir = out / "checkpoints"
     ckpt_dir.mkdir(parents=True, exist_ok=True)
@@ -575,15 +521,9 @@ def train(drafter: BlockDrafter, train_samples: Sequence[dict], heldout_samples:
 
 
 def load_data_folders(folders: Sequence[str | Path]) -> tuple[list[dict], list[str]]:
-    """The samples of several data folders (``--data-part`` 0, 1, ... of one plan), sorted by prompt id, and
-    the prompt ids left out as repeats.
-
-    The folders must hold features of the same target layers, and no prompt id may occur twice (a folder or
-    part passed twice). A prompt TEXT can repeat legitimately (the target writes the same article for two
-    lengths of one topic, or two English sentences start with "Mr."); greedy decoding then gives the same
-    sample twice, so only the first (by prompt id) is kept and the others are returned, to be recorded."""
-
-
+    """The samples of several data folders of one plan, sorted by prompt id, and the prompt ids left out
+    because their text repeats an earlier one. The folders must hold the same target layers' features and no
+    prompt id twice."""
     samples: list[dict] = []
     layers_seen = None
     for folder in folders:
@@ -614,8 +554,7 @@ def load_data_folders(folders: Sequence[str | Path]) -> tuple[list[dict], list[s
 
 
 def data_feature_layers(folders: Sequence[str | Path]) -> tuple[int, ...] | None:
-    """The target layers whose features the data folders hold (their ``plan.json``; ``load_data_folders``
-    checks that they agree), or ``None`` when no folder says."""
+    """The target layers whose features the data folders hold (their ``plan.json``), or ``None``."""
     for folder in folders:
         plan_path = Path(folder) / "plan.json"
         if plan_path.is_file():
@@ -624,16 +563,14 @@ def data_feature_layers(folders: Sequence[str | Path]) -> tuple[int, ...] | None
 
 
 def data_folder_paths(folders: Sequence[str | Path]) -> list[Path]:
-    """The data folders as resolved absolute paths: the names a checkpoint keeps, so that a resume through
-    a relative path or a link to the same folder is the same data, and another folder is not."""
+    """The data folders as resolved absolute paths (the names a checkpoint keeps, so a resume compares them)."""
     return [Path(f).resolve() for f in folders]
 
 
 def train_from_folder(model_spec: str, data_dir: str | Path, out_dir: str | Path, cfg: TrainConfig, *,
                       stop_at: int | None = None, extra_data: Sequence[str | Path] = ()) -> dict:
-    """Load the target and the generated shards (of ``data_dir`` and the ``extra_data`` folders), split off
-    held-out samples, train, save the drafter."""
-
+    """Load the target and the shards of ``data_dir`` and ``extra_data``, split off held-out samples, train,
+    save the drafter."""
     torch.manual_seed(cfg.seed)
     target = load_target(model_spec)
     for p in target.model.parameters():
