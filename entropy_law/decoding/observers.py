@@ -92,15 +92,9 @@ class RecorderObserver:
         self.recorder = recorder
 
     def on_request_start(self, request_id: str, info: dict) -> None:
-        self.recorder.begin_request(
-            request_id,
-            category=info.get("category", ""),
-            dataset=info.get("dataset", ""),
-            question_id=info.get("question_id", ""),
-            prompt_tokens=int(info["prompt_tokens"]),
-            image_tokens=int(info.get("image_tokens", 0)),
-            prompt_ids=info.get("prompt_ids"),
-        )
+        self.recorder.begin_request(request_id, category=info.get("category", ""), dataset=info.get("dataset", ""),
+                                    question_id=info.get("question_id", ""), prompt_tokens=int(info["prompt_tokens"]),
+                                    image_tokens=int(info.get("image_tokens", 0)), prompt_ids=info.get("prompt_ids"))
 
     def on_round(self, record: Round) -> None:
         draft = record.draft
@@ -114,33 +108,17 @@ class RecorderObserver:
                 draft_kwargs["draft_candidates"] = draft.tokens[:rows].cpu().numpy()
                 draft_kwargs["draft_logprobs"] = draft.logprobs[:rows].float().cpu().numpy()
         self.recorder.log_round(
-            record.request_id,
-            round_index=record.round_index,
-            start_position=record.start_position,
-            context_len=record.context_len,
-            block_size=record.block_size,
-            tree_nodes=record.tree_nodes,
-            tree_depth=record.tree_depth,
-            accepted=record.accepted,
-            token_ids=list(record.committed_ids),
-            ends_at_leaf=record.ends_at_leaf,
-            target_stats=_numpy_stats(distribution_stats(record.target_logits)),
-            draft_ms=record.draft_ms,
-            verify_ms=record.verify_ms,
-            overhead_ms=record.overhead_ms,
-            **draft_kwargs,
-            **({"policy": round_columns(record.policy)} if record.policy is not None else {}),
-        )
+            record.request_id, round_index=record.round_index, start_position=record.start_position,
+            context_len=record.context_len, block_size=record.block_size, tree_nodes=record.tree_nodes,
+            tree_depth=record.tree_depth, accepted=record.accepted, token_ids=list(record.committed_ids),
+            ends_at_leaf=record.ends_at_leaf, target_stats=_numpy_stats(distribution_stats(record.target_logits)),
+            draft_ms=record.draft_ms, verify_ms=record.verify_ms, overhead_ms=record.overhead_ms, **draft_kwargs,
+            **({"policy": round_columns(record.policy)} if record.policy is not None else {}))
 
     def on_request_end(self, request_id: str, info: dict) -> None:
-        self.recorder.end_request(
-            request_id,
-            new_tokens=int(info["new_tokens"]),
-            stop_reason=info["stop_reason"],
-            prefill_ms=float(info["prefill_ms"]),
-            decode_ms=float(info["decode_ms"]),
-            decode_cpu_ms=info.get("decode_cpu_ms"),
-        )
+        self.recorder.end_request(request_id, new_tokens=int(info["new_tokens"]), stop_reason=info["stop_reason"],
+                                  prefill_ms=float(info["prefill_ms"]), decode_ms=float(info["decode_ms"]),
+                                  decode_cpu_ms=info.get("decode_cpu_ms"))
 
 
 def round_columns(decision: dict | None) -> dict:

@@ -119,25 +119,13 @@ class ReplayResult:
         return pd.DataFrame(rows)
 
 
-def replay_rounds(
-    prompt_ids: Sequence[int],
-    output_ids: Sequence[int],
-    drafter: Drafter,
-    tree: str | Callable[[DraftProposal, int | None], Tree] = "chain",
-    budget: int | None = None,
-    *,
-    eos_token_ids: Sequence[int] | int | None = None,
-    max_new_tokens: int | None = None,
-    max_context: int | None = None,
-    verify_cost_ratio: float = DEFAULT_VERIFY_COST_RATIO,
-    min_expected_accepted: float | None = None,
-    verify_cost: VerifyCost | None = None,
-    should_draft: Callable[[DraftProposal, Tree], bool] | None = None,
-    policy=None,
-    entropies: Sequence[float] | None = None,
-    category: str = "",
-    dataset: str = "",
-) -> ReplayResult:
+def replay_rounds(prompt_ids: Sequence[int], output_ids: Sequence[int], drafter: Drafter,
+                  tree: str | Callable[[DraftProposal, int | None], Tree] = "chain", budget: int | None = None, *,
+                  eos_token_ids: Sequence[int] | int | None = None, max_new_tokens: int | None = None,
+                  max_context: int | None = None, verify_cost_ratio: float = DEFAULT_VERIFY_COST_RATIO,
+                  min_expected_accepted: float | None = None, verify_cost: VerifyCost | None = None,
+                  should_draft: Callable[[DraftProposal, Tree], bool] | None = None, policy=None,
+                  entropies: Sequence[float] | None = None, category: str = "", dataset: str = "") -> ReplayResult:
     """Simulate the decoder's rounds on a known greedy output.
 
     ``output_ids``: the new tokens the decoder produced (ending with EOS or at the token budget). ``drafter``: a
@@ -471,23 +459,10 @@ def replay_proposals(prompt_ids: Sequence[int], output_ids: Sequence[int], draft
                          "top1_prob": "float32"})
 
 
-def replay_request(
-    target,
-    prompt_ids: Sequence[int],
-    output_ids: Sequence[int],
-    drafter: Drafter,
-    tree: str | Callable = "chain",
-    budget: int | None = None,
-    *,
-    observers: Sequence[Observer] = (),
-    request_id: str = "replay",
-    category: str = "",
-    dataset: str = "",
-    question_id: str = "",
-    image_tokens: int = 0,
-    logits: torch.Tensor | None = None,
-    **round_options,
-) -> ReplayResult:
+def replay_request(target, prompt_ids: Sequence[int], output_ids: Sequence[int], drafter: Drafter,
+                   tree: str | Callable = "chain", budget: int | None = None, *, observers: Sequence[Observer] = (),
+                   request_id: str = "replay", category: str = "", dataset: str = "", question_id: str = "",
+                   image_tokens: int = 0, logits: torch.Tensor | None = None, **round_options) -> ReplayResult:
     """Replay one request and hand its rounds to observers as the decoder would, with ``target_logits`` from one
     teacher-forced pass (or ``logits``), 0 ms timings and ``replayed=True`` (see ``replay_run_metadata``).
     ``round_options`` go to ``replay_rounds``."""

@@ -1058,22 +1058,10 @@ def _fit_iso(counts: pd.DataFrame) -> dict:
     return curves
 
 
-def fit_law(
-    traces,
-    family: str = "law_exp",
-    by: str | None = None,
-    *,
-    depth: str = "factor",
-    eps: float = atrisk.EPS_NATS,
-    aggregate: bool = True,
-    width_log10: float = 0.05,
-    cov_type: str = "cluster",
-    alpha: float = 0.05,
-    min_requests_per_category: int = 5,
-    drop_small_categories: bool = False,
-    on_invalid: str = "raise",
-    start_params=None,
-):
+def fit_law(traces, family: str = "law_exp", by: str | None = None, *, depth: str = "factor",
+            eps: float = atrisk.EPS_NATS, aggregate: bool = True, width_log10: float = 0.05, cov_type: str = "cluster",
+            alpha: float = 0.05, min_requests_per_category: int = 5, drop_small_categories: bool = False,
+            on_invalid: str = "raise", start_params=None):
     """Fit an acceptance law to traces (or to an at-risk table / aggregate of them).
 
     ``family``: one of ``FAMILIES``. ``by``: a column (``"drafter_id"``, ``"category"``, ...) to fit one law per

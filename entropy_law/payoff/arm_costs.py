@@ -156,8 +156,8 @@ def workload(an, arm: str, *, law=None, proposals: pd.DataFrame | None = None):
             runs = set(view.runs.loc[view.runs["arm"] == arm, "run_id"].astype(str))
             mine = proposals.loc[proposals["run_id"].astype(str).isin(runs)]
         return workload_breakeven(view, drafter=arm, law=an.law(arm) if law is None else law,
-                                  ar_ms_per_token=ar_ms, ar_requests=ar_requests, measured=measured.value if measured.ok else None,
-                                  proposals=mine, n_boot=an.n_boot, seed=an.seed)
+                                  ar_ms_per_token=ar_ms, ar_requests=ar_requests,
+                                  measured=measured.value if measured.ok else None, proposals=mine, n_boot=an.n_boot, seed=an.seed)
 
     if law is not None or proposals is not None:
         return compute()

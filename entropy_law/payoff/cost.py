@@ -424,20 +424,10 @@ def _statistics(law, cost, entropies, shapes, label) -> dict:
     return out
 
 
-def when_drafting_pays(
-    traces,
-    *,
-    drafter: str | None = None,
-    family: str = "law_exp",
-    entropies: Sequence[float] = DEFAULT_ENTROPIES,
-    ar_ms_per_token: float | None = None,
-    ar_requests: pd.DataFrame | None = None,
-    clock: str = "auto",
-    n_boot: int = 100,
-    seed: int = 0,
-    level: float = 0.95,
-    eps: float = atrisk.EPS_NATS,
-) -> DraftingPays:
+def when_drafting_pays(traces, *, drafter: str | None = None, family: str = "law_exp",
+                       entropies: Sequence[float] = DEFAULT_ENTROPIES, ar_ms_per_token: float | None = None,
+                       ar_requests: pd.DataFrame | None = None, clock: str = "auto", n_boot: int = 100,
+                       seed: int = 0, level: float = 0.95, eps: float = atrisk.EPS_NATS) -> DraftingPays:
     """Fit the law (one drafter) and the cost model, then predict speedup vs entropy, the break-even
     entropy and the best block size / tree budget per entropy, with request-bootstrap intervals.
 
