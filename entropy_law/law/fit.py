@@ -94,6 +94,21 @@ _LAW_EXP_OBS = LawFamily(
     slope="log_entropy", extra_keys=("drafted_depth",),
     means=("lag_entropy_nats", "log_lag_entropy", "run_mean_entropy_nats", "log_run_mean_entropy", "log1p_position"))
 
+
+# covariates added to law_exp_obs_ceil: (terms, bin columns, cell means)
+_DRAFTTOP = (" + log_draft_miss", ("draft_top1_prob",), ("draft_top1_prob", "log_draft_miss"))
+_TOP1 = (" + log_target_miss", ("target_miss_prob",), ("log_target_miss",))
+_COPY = (" + log1p_copy + copy_full", ("context_match",), ("context_match", "log1p_copy", "copy_full"))
+
+
+def _obs_ceil(name: str, description: str, *added: tuple) -> LawFamily:
+    """``law_exp_obs`` with its offset c fitted and the ``added`` covariates."""
+    base = _LAW_EXP_OBS
+    return replace(base, name=name, description=description, profile_eps=True,
+                   terms=base.terms + "".join(a[0] for a in added),
+                   bin_columns=(*base.bin_columns, *(c for a in added for c in a[1])),
+                   means=(*base.means, *(c for a in added for c in a[2])))
+
 FAMILIES: dict[str, LawFamily] = {
     f.name: f
     for f in [
@@ -146,46 +161,25 @@ FAMILIES: dict[str, LawFamily] = {
         LawFamily("law_exp_ceil", "a = exp(-lambda_d (H + c)^k), c fitted: ceiling exp(-lambda_1 c^k) < 1 at H = 0",
                   "cloglog", "rejection", "log_entropy", slope="log_entropy", profile_eps=True),
         _LAW_EXP_OBS,
-        replace(_LAW_EXP_OBS, name="law_exp_obs_ceil", profile_eps=True,
-                description="law_exp_obs with the offset c of log(H + c) fitted (ceiling < 1)"),
+        _obs_ceil("law_exp_obs_ceil", "law_exp_obs with the offset c of log(H + c) fitted (ceiling < 1)"),
         LawFamily("law_exp_drafttop", "LAW-E + log(1 - drafter's top-1 probability at the depth + 1e-3)", "cloglog",
                   "rejection", "log_entropy + log_draft_miss", bin_columns=("target_entropy_nats", "draft_top1_prob"),
                   slope="log_entropy", means=("draft_top1_prob", "log_draft_miss")),
-        replace(_LAW_EXP_OBS, name="law_exp_obs_ceil_drafttop", profile_eps=True,
-                description="law_exp_obs_ceil + log(1 - drafter's top-1 probability at the depth + 1e-3)",
-                terms=_LAW_EXP_OBS.terms + " + log_draft_miss",
-                bin_columns=(*_LAW_EXP_OBS.bin_columns, "draft_top1_prob"),
-                means=(*_LAW_EXP_OBS.means, "draft_top1_prob", "log_draft_miss")),
+        _obs_ceil("law_exp_obs_ceil_drafttop",
+                  "law_exp_obs_ceil + log(1 - drafter's top-1 probability at the depth + 1e-3)", _DRAFTTOP),
         # the context's copyability: log(1 + min(L, 8)) and a step where the suffix match reaches 8
-        replace(_LAW_EXP_OBS, name="law_exp_obs_ceil_copy", profile_eps=True,
-                description="law_exp_obs_ceil + log(1 + context's suffix-match length, up to 8) + [length >= 8]",
-                terms=_LAW_EXP_OBS.terms + " + log1p_copy + copy_full",
-                bin_columns=(*_LAW_EXP_OBS.bin_columns, "context_match"),
-                means=(*_LAW_EXP_OBS.means, "context_match", "log1p_copy", "copy_full")),
+        _obs_ceil("law_exp_obs_ceil_copy",
+                  "law_exp_obs_ceil + log(1 + context's suffix-match length, up to 8) + [length >= 8]", _COPY),
         # the target's own top-1 probability p at the position: log(1 - p + 1e-3), its mass off the greedy token
-        replace(_LAW_EXP_OBS, name="law_exp_obs_ceil_top1", profile_eps=True,
-                description="law_exp_obs_ceil + log(1 - target's top-1 probability + 1e-3)",
-                terms=_LAW_EXP_OBS.terms + " + log_target_miss",
-                bin_columns=(*_LAW_EXP_OBS.bin_columns, "target_miss_prob"),
-                means=(*_LAW_EXP_OBS.means, "log_target_miss")),
-        replace(_LAW_EXP_OBS, name="law_exp_obs_ceil_top1_copy", profile_eps=True,
-                description="law_exp_obs_ceil_top1 + the context's copyability (law_exp_obs_ceil_copy's terms)",
-                terms=_LAW_EXP_OBS.terms + " + log_target_miss + log1p_copy + copy_full",
-                bin_columns=(*_LAW_EXP_OBS.bin_columns, "target_miss_prob", "context_match"),
-                means=(*_LAW_EXP_OBS.means, "log_target_miss", "context_match", "log1p_copy", "copy_full")),
-        replace(_LAW_EXP_OBS, name="law_exp_obs_ceil_drafttop_top1_copy", profile_eps=True,
-                description="law_exp_obs_ceil_drafttop_copy + the target's top-1 probability (law_exp_obs_ceil_top1's "
-                            "term)",
-                terms=_LAW_EXP_OBS.terms + " + log_draft_miss + log_target_miss + log1p_copy + copy_full",
-                bin_columns=(*_LAW_EXP_OBS.bin_columns, "draft_top1_prob", "target_miss_prob", "context_match"),
-                means=(*_LAW_EXP_OBS.means, "draft_top1_prob", "log_draft_miss", "log_target_miss", "context_match",
-                       "log1p_copy", "copy_full")),
-        replace(_LAW_EXP_OBS, name="law_exp_obs_ceil_drafttop_copy", profile_eps=True,
-                description="law_exp_obs_ceil_drafttop + the context's copyability (law_exp_obs_ceil_copy's terms)",
-                terms=_LAW_EXP_OBS.terms + " + log_draft_miss + log1p_copy + copy_full",
-                bin_columns=(*_LAW_EXP_OBS.bin_columns, "draft_top1_prob", "context_match"),
-                means=(*_LAW_EXP_OBS.means, "draft_top1_prob", "log_draft_miss", "context_match", "log1p_copy",
-                       "copy_full")),
+        _obs_ceil("law_exp_obs_ceil_top1", "law_exp_obs_ceil + log(1 - target's top-1 probability + 1e-3)", _TOP1),
+        _obs_ceil("law_exp_obs_ceil_top1_copy",
+                  "law_exp_obs_ceil_top1 + the context's copyability (law_exp_obs_ceil_copy's terms)", _TOP1, _COPY),
+        _obs_ceil("law_exp_obs_ceil_drafttop_top1_copy",
+                  "law_exp_obs_ceil_drafttop_copy + the target's top-1 probability (law_exp_obs_ceil_top1's term)",
+                  _DRAFTTOP, _TOP1, _COPY),
+        _obs_ceil("law_exp_obs_ceil_drafttop_copy",
+                  "law_exp_obs_ceil_drafttop + the context's copyability (law_exp_obs_ceil_copy's terms)",
+                  _DRAFTTOP, _COPY),
     ]
 }
 
