@@ -220,9 +220,7 @@ def without_drafted_depth(family) -> LawFamily:
     """``family`` without its log D term (same name): the law of a drafter that always drafts one depth."""
     fam = get_family(family)
     terms = " + ".join(t.strip() for t in fam.terms.split("+") if t.strip() != "log_drafted_depth")
-    return LawFamily(fam.name, fam.description + " (without log D: one drafted depth)", fam.link, fam.outcome, terms,
-                     bin_columns=fam.bin_columns, needs_categories=fam.needs_categories,
-                     needs_drafters=fam.needs_drafters, slope=fam.slope, means=fam.means, profile_eps=fam.profile_eps)
+    return replace(fam, description=fam.description + " (without log D: one drafted depth)", terms=terms, extra_keys=())
 
 
 def with_category_terms(family) -> LawFamily:
@@ -233,9 +231,8 @@ def with_category_terms(family) -> LawFamily:
     if fam.link == "isotonic":
         raise ValueError("law_iso has no GLM terms to add category terms to")
     terms = "C(category) + C(category):log_entropy" + (f" + {fam.terms}" if fam.terms else "")
-    return LawFamily(f"{fam.name}+cat", f"{fam.name} with category rates and exponents", fam.link, fam.outcome, terms,
-                     bin_columns=fam.bin_columns, needs_categories=True, needs_drafters=fam.needs_drafters,
-                     slope=fam.slope, extra_keys=fam.extra_keys, means=fam.means, profile_eps=fam.profile_eps)
+    return replace(fam, name=f"{fam.name}+cat", description=f"{fam.name} with category rates and exponents",
+                   terms=terms, needs_categories=True)
 
 DEPTH_TERMS = {"factor": "C(depth)", "linear": "depth", "none": ""}
 
