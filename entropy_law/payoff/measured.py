@@ -292,8 +292,7 @@ def speedup_crossing(an, arm: str) -> dict:
             out["reason"] = "; ".join(x for x in (out["reason"], pays.error) if x)
         out.update(workload_breakeven=np.nan, workload_low=np.nan, workload_high=np.nan, measured_line=np.nan,
                    measured_line_low=np.nan, measured_line_high=np.nan, workload_ok=False, workload_inside=None,
-                   workload_agree=None,
-                   workload_verdict="not computed", measured_line_verdict="not computed")
+                   workload_agree=None, workload_verdict="not computed", measured_line_verdict="not computed")
         work = an.attempt("workload", arm)
         if work.ok:
             w = work.value.summary
@@ -301,8 +300,7 @@ def speedup_crossing(an, arm: str) -> dict:
                        workload_low=float(w.loc["workload_breakeven_nats", "ci_low"]),
                        workload_high=float(w.loc["workload_breakeven_nats", "ci_high"]),
                        workload_inside=work.value.inside, workload_agree=work.value.agree,
-                       workload_verdict=work.value.verdict,
-                       measured_line_verdict=work.value.measured_verdict)
+                       workload_verdict=work.value.verdict, measured_line_verdict=work.value.measured_verdict)
             if "measured_crossing_nats" in w.index:
                 out.update(measured_line=float(w.loc["measured_crossing_nats", "estimate"]),
                            measured_line_low=float(w.loc["measured_crossing_nats", "ci_low"]),
