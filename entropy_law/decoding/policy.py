@@ -3,22 +3,16 @@
 ``LawPolicy`` is consulted twice a round (``round.play_round``; docs/architecture.md):
 
 1. ``before_draft``: from the mean target entropy ``H_w`` over a short window, the best rate of any chain of depth
-   D, ``(1 + sum_{k<=D} prod_{d<=k} a(H_w, d)) / (c(D + 1) + c_draft)``; no depth beats a plain step (rate 1):
-   the drafter is not called.
-2. ``plan``: the children of a node share the conditional acceptance ``b = a(H_w, d)^(1 - w) Q^w`` (Q the sum of
-   the drafter's probabilities ``q`` of those children, ``w`` = ``confidence_weight``) in proportion to ``q``:
-   ``p = q (a / Q)^(1 - w)``, so siblings sum to ``b <= 1``. Nodes ranked by path probability, the prefix of
-   ``k`` nodes with the most ``(1 + sum_{i<=k} P_i) / c(k + 1)`` is verified, or nothing when none beats 1.
-3. in-request calibration (``calibration_prior`` m; absent: off): over this request's earlier verified rounds,
-   ``s = (A + m) / (E + m)`` (A accepted drafts, E their expectation: law-only for ``before_draft``, the law's
-   expected depth down to the tree's deepest node; blended for ``plan``) scales each path probability (capped
-   at 1). With ``calibration_half_life`` a round k rounds back weighs ``2^(-k / half life)``.
-4. the context's copyability (optional ``context_match`` parameters): the law of the level of
-   ``context_match_length`` before the round.
+   D, ``(1 + sum_{k<=D} prod_{d<=k} a(H_w, d)) / (c(D + 1) + c_draft)``; none beats a plain step (1): no draft.
+2. ``plan``: the children of a node share ``b = a(H_w, d)^(1 - w) Q^w`` (Q the sum of the drafter's
+   probabilities ``q`` of those children, ``w`` = ``confidence_weight``) in proportion to ``q``; the prefix of
+   nodes by path probability with the most ``(1 + sum_{i<=k} P_i) / c(k + 1)`` is verified, if it beats 1.
+3. calibration (``calibration_prior`` m): ``s = (A + m) / (E + m)`` over this request's earlier verified rounds
+   (A accepted drafts, E their expectation) scales each path probability; ``calibration_half_life`` fades it.
+4. the context's copyability (optional ``context_match``): the law of the level of ``context_match_length``.
 
-The law arrives as plain JSON-able parameters (``entropy_law.payoff.policy``): this module never imports the law
-layer. ``c(n)``: the verify-cost curve (``gate.VerifyCost``). The policy only picks which drafted nodes are
-verified, so the output is the greedy output whatever it decides.
+The law arrives as plain JSON-able parameters (``payoff.policy``): this module never imports the law layer. The
+policy only picks which drafted nodes are verified, so the output is the greedy output whatever it decides.
 """
 
 from __future__ import annotations

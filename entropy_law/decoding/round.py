@@ -81,25 +81,18 @@ class RoundPolicy(Protocol):
     - ``to_config()``: its settings as stored with a run.
     """
 
-    def bind(self, adapter, drafter) -> "RoundPolicy":
-        """The policy a decoder with this target adapter (``None`` in replay) and drafter uses."""
+    def bind(self, adapter, drafter) -> "RoundPolicy": ...
 
-    def begin_request(self, state: "RequestState") -> None:
-        """A request starts: its id, workload (``category``, ``dataset``), prompt and token budget."""
+    def begin_request(self, state: "RequestState") -> None: ...
 
     def before_draft(self, entropies: Sequence[float], n_output: int, max_depth: int, history: Sequence = (),
-                     context: Sequence[int] | None = None) -> dict | None:
-        """The decision before drafting: a dict with ``"draft"`` (call the drafter?) and its inputs, or ``None``
-        (draft; nothing recorded)."""
+                     context: Sequence[int] | None = None) -> dict | None: ...
 
-    def plan(self, proposal: DraftProposal, tree: Tree, decision: dict | None) -> tuple[Tree, float]:
-        """The subtree of ``tree`` to verify and its expected accepted drafts; may record its choice in ``decision``."""
+    def plan(self, proposal: DraftProposal, tree: Tree, decision: dict | None) -> tuple[Tree, float]: ...
 
-    def observe(self, entropies: list[float], n_output: int, target_logits: torch.Tensor | None) -> None:
-        """Extend ``entropies`` (one per output position) with the newly committed positions."""
+    def observe(self, entropies: list[float], n_output: int, target_logits: torch.Tensor | None) -> None: ...
 
-    def to_config(self) -> dict:
-        """The policy's settings, JSON-ready."""
+    def to_config(self) -> dict: ...
 
 
 def policy_config(policy: RoundPolicy) -> dict:
