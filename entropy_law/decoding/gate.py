@@ -14,6 +14,7 @@ constant-cost rule), ``CostGate`` (a measured curve) and ``PredicateGate`` (a ca
 
 from __future__ import annotations
 
+import bisect
 import math
 import numbers
 import time
@@ -33,12 +34,9 @@ DEFAULT_COST_SIZES = tuple(range(1, 18)) + (24, 32)
 
 @dataclass(frozen=True)
 class VerifyCost:
-    """Relative cost ``c(n)`` of one target forward over ``n`` tokens; ``c(1) = 1`` (a one-token step).
-
-    Piecewise linear through ``(sizes, costs)`` (sizes from 1, increasing; costs normalised to ``c(1) = 1``),
-    extended with the last segment's slope. ``clock``: what ``measure_verify_cost`` timed it by (provenance only,
-    not compared); ``None`` for a curve given by hand.
-    """
+    """Relative cost ``c(n)`` of one target forward over ``n`` tokens, piecewise linear through ``(sizes, costs)``
+    (sizes from 1, increasing; costs normalised to ``c(1) = 1``), extended with the last segment's slope.
+    ``clock``: what ``measure_verify_cost`` timed it by (provenance only, not compared)."""
 
     sizes: tuple[int, ...]
     costs: tuple[float, ...]
@@ -63,11 +61,8 @@ class VerifyCost:
         sizes, costs = self.sizes, self.costs
         if len(sizes) == 1:
             return costs[0]
-        for i in range(1, len(sizes)):
-            if n <= sizes[i] or i == len(sizes) - 1:
-                lo, hi = sizes[i - 1], sizes[i]
-                return costs[i - 1] + (costs[i] - costs[i - 1]) * (n - lo) / (hi - lo)
-        raise AssertionError("unreachable")
+        i = min(max(bisect.bisect_left(sizes, n), 1), len(sizes) - 1)  # the segment ending at or after n
+        return costs[i - 1] + (costs[i] - costs[i - 1]) * (n - sizes[i - 1]) / (sizes[i] - sizes[i - 1])
 
     def describe(self) -> str:
         """The measured points as one line, ``"1: 1.00, 2: 1.48, ..."`` (one-token forwards)."""
@@ -155,11 +150,9 @@ def truncate_proposal(proposal: DraftProposal, depth: int) -> DraftProposal:
 
 def plan_verification(proposal: DraftProposal, tree: Tree, *, verify_cost: VerifyCost | None,
                       min_expected_accepted: float) -> tuple[Tree, float]:
-    """The tree to verify (maybe empty) and the surrogate ``E`` (of the verified tree, else the drafted one).
-
-    ``verify_cost=None``: all of ``tree`` iff ``E >= min_expected_accepted``; else the best-value prefix (module
-    docstring) with ``E_k >= min_expected_accepted``.
-    """
+    """The tree to verify (maybe empty) and the surrogate ``E`` (of the verified tree, else the drafted one):
+    ``verify_cost=None``, all of ``tree`` iff ``E >= min_expected_accepted``; else the best-value prefix (module
+    docstring) with ``E_k >= min_expected_accepted``."""
     if tree.n_nodes == 0:
         return Tree.empty(), 0.0
     probs = [math.exp(score) for score in node_logprobs(proposal, tree)]
