@@ -30,11 +30,8 @@ def _softmax_and_entropy(z: torch.Tensor, shift: torch.Tensor):
 
 @torch.inference_mode()
 def distribution_stats(logits: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Per-row statistics of ``softmax(logits)`` for logits ``[rows, V]`` (computed in fp32).
-
-    ``entropy_nats`` = -sum p log p; ``renyi2_nats`` = -log sum p^2; ``top1_prob``, ``top2_prob``;
-    ``logit_gap`` = z_(1) - z_(2) of the raw logits.
-    """
+    """Per-row statistics of ``softmax(logits)`` for logits ``[rows, V]`` in fp32: ``entropy_nats`` = -sum p log p;
+    ``renyi2_nats`` = -log sum p^2; ``top1_prob``, ``top2_prob``; ``logit_gap`` = z_(1) - z_(2)."""
     z = logits.float()
     if z.dim() == 1:
         z = z.unsqueeze(0)

@@ -369,12 +369,9 @@ OUTCOME_COLUMNS = ("start_position", "budget", "tree_nodes", "accepted", "commit
 def round_outcomes(prompt_ids: Sequence[int], output_ids: Sequence[int], drafter: Drafter, *,
                    budgets: Sequence[int] = (0, 1, 2, 4, 8, 16), tree: str = "ddtree", eos_token_ids=None,
                    max_new_tokens: int | None = None, max_context: int | None = None) -> pd.DataFrame:
-    """What a round of each budget would do from EVERY output position of a known greedy output.
-
-    One row per (start ``s``, budget ``N``; 0: a plain step), every drafted node verified: ``tree_nodes``,
-    ``accepted``, ``committed`` (the next round starts at ``s + committed``) and ``expected_accepted`` (the
-    drafter's surrogate, known before verification). Context-only drafters; ``walk_outcomes`` plays a policy
-    over the table."""
+    """What a round of each budget would do from EVERY output position of a known greedy output: one row per
+    (start ``s``, budget ``N``; 0: a plain step), every drafted node verified, with ``tree_nodes``, ``accepted``,
+    ``committed`` and the drafter's surrogate ``expected_accepted``. Context-only drafters; see ``walk_outcomes``."""
     prompt_ids, output_ids = [int(t) for t in prompt_ids], [int(t) for t in output_ids]
     if not prompt_ids or not output_ids:
         raise ValueError("round_outcomes needs a prompt and a non-empty greedy output")
@@ -429,13 +426,9 @@ def replay_proposals(prompt_ids: Sequence[int], output_ids: Sequence[int], draft
                      max_new_tokens: int | None = None, max_context: int | None = None,
                      min_expected_accepted: float = 0.0) -> pd.DataFrame:
     """The drafter's proposal for a round starting at EVERY output position ``s`` = 1 .. T-1 of a complete greedy
-    output (what ``law.transfer`` needs for depths ``"replayed"``). Context-only drafters.
-
-    The tree policy picks the tree within the usable depth; a row per drafted depth ``d`` = 1 ..
-    ``proposal_depth`` gives ``top1_prob`` (``proposal_top1``); a start with nothing drafted gets one row with
-    depth 0 and a null ``top1_prob``. ``min_expected_accepted``: the ratio gate's threshold
-    (``run_gate_threshold``); 0 verifies every proposal.
-    """
+    output (``law.transfer``'s depths ``"replayed"``; context-only drafters): a row per drafted depth ``d`` of the
+    tree the policy picks, with ``top1_prob`` (``proposal_top1``); nothing drafted: one row of depth 0, null
+    ``top1_prob``. ``min_expected_accepted``: the ratio gate's threshold (``run_gate_threshold``; 0: none)."""
     prompt_ids, output_ids = [int(t) for t in prompt_ids], [int(t) for t in output_ids]
     if not prompt_ids or not output_ids:
         raise ValueError("replay_proposals needs a prompt and a non-empty greedy output")
@@ -497,12 +490,9 @@ def replay_run_metadata(drafter: Drafter, tree: str, budget: int | None, **extra
             "tree_budget": budget, "replayed": True, **extra}
 
 class PrecomputedBlockDrafter:
-    """The block drafter's proposals at every anchor of one known sequence, from ONE ``block_logits`` pass.
-
-    A ``Drafter`` for ``replay_rounds``: ``propose(tokens, _)`` returns the proposal anchored at
-    ``len(tokens) - 1``, equal (up to float noise) to the live ``drafters.BlockDrafter``'s, whose context is the
-    same teacher-forced target features.
-    """
+    """The block drafter's proposals at every anchor of one known sequence, from ONE ``block_logits`` pass: a
+    ``Drafter`` for ``replay_rounds`` whose ``propose(tokens, _)`` equals (up to float noise) the live
+    ``drafters.BlockDrafter``'s at anchor ``len(tokens) - 1``."""
 
     feature_layers: tuple[int, ...] = ()  # replay passes no features; they are precomputed
 

@@ -22,11 +22,9 @@ from entropy_law.decoding.tree import TREE_POLICIES, Tree, build_tree
 
 @dataclass(frozen=True)
 class Round:
-    """One verify round (round 0 is the prefill: it commits the first new token and drafts nothing).
-
-    Observers receive it with ``draft`` (the proposal verified, or ``None``) and ``target_logits``
-    (``[committed, V]`` fp32, row ``j`` produced committed token ``j``); results keep the ``bare()`` record.
-    """
+    """One verify round (round 0: the prefill). Observers receive it with ``draft`` (the proposal verified, or
+    ``None``) and ``target_logits`` (``[committed, V]`` fp32, row ``j`` produced committed token ``j``); results
+    keep the ``bare()`` record."""
 
     round_index: int
     start_position: int  # output position of committed_ids[0]
@@ -262,10 +260,7 @@ def _no_clock() -> float:
 def play_round(state: RequestState, rules: RoundRules, propose: Callable[[list[int]], DraftProposal | None],
                verifier: Verifier, *, timed: bool = True) -> Round:
     """One speculative round: draft -> plan the tree -> verify -> walk -> commit (+ the bonus token).
-
-    ``propose(tokens)`` drafts after the prompt + committed output (``None``: no draft). Updates ``state`` and
-    returns the round's record.
-    """
+    ``propose(tokens)`` drafts after the prompt + committed output (``None``: no draft). Updates ``state``."""
     clock = now_ms if timed else _no_clock
     t0 = clock()
     remaining = state.max_new_tokens - len(state.output)  # tokens this request may still commit
