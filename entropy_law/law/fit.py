@@ -700,9 +700,8 @@ class FittedLaw(Result):
                        target_top1_prob: np.ndarray | None = None) -> tuple[pd.DataFrame, tuple]:
         """Rows to predict for the DP over entropy sequence ``h`` and their shape: ``[T, drafts]`` (depth j + 1 of
         a round at t), or ``[drafts, T, drafts]`` per drafted depth D for a law in D (rows only for j < D).
-
-        ``draft_top1`` (``[T, drafts]``, NaN where nothing is drafted): the drafter's top-1 probability, for a law
-        in it; ``context_match`` and ``target_top1_prob`` (``[T]``): per output position, for a law in them."""
+        ``draft_top1`` (``[T, drafts]``, NaN: not drafted), ``context_match`` and ``target_top1_prob`` (``[T]``):
+        the per-position inputs of a law in them."""
         stats = self.family.draft_stats
         if stats and (draft_top1 is None or set(stats) != {"draft_top1_prob"}):
             raise ValueError(f"{self.family.name} needs the drafter's {', '.join(stats)} at every position and "
@@ -776,10 +775,8 @@ class FittedLaw(Result):
     def predict_rounds(self, entropy_sequence, B: int, *, category=None, drafter=None, depth_probs=None,
                        **position) -> float:
         """Exact law-implied expected rounds of a request with target entropies ``entropy_sequence`` (DP).
-
         ``depth_probs``: how many tokens a round drafts: ``None`` (B - 1), a distribution over D = 0..B-1, or one
-        per output position (``[T, B]``). ``position``: per-position arrays (``context_match=``,
-        ``target_top1_prob=``) for a law in them."""
+        per output position (``[T, B]``). ``position``: as ``sequence_frame``."""
         h = np.asarray(entropy_sequence, dtype=float)
         if h.ndim != 1 or h.size == 0:
             raise ValueError("entropy_sequence must be a non-empty 1-D array (one value per output position)")
@@ -1054,12 +1051,10 @@ def fit_law(traces, family: str = "law_exp", by: str | None = None, *, depth: st
             alpha: float = 0.05, min_requests_per_category: int = 5, drop_small_categories: bool = False,
             on_invalid: str = "raise", start_params=None):
     """Fit an acceptance law to traces (or to an at-risk table / aggregate of them).
-
     ``family``: one of ``FAMILIES``. ``by``: a column (``"drafter_id"``, ``"category"``, ...) to fit one law per
     value (a ``LawSet``). ``depth``: ``"factor"``, ``"linear"`` or ``"none"``. ``aggregate``: fit on log-spaced bins
     of ``width_log10``, else the rows. ``cov_type``: ``"cluster"`` (CR1 by request, t(G - 1); warns below
-    ``stats.FEW_REQUESTS`` requests) or ``"nonrobust"``.
-    """
+    ``stats.FEW_REQUESTS`` requests) or ``"nonrobust"``."""
     if isinstance(family, str) and family in ("glance", "glance_readme"):
         form = "readme" if family == "glance_readme" else "code"
         raise ValueError(f"GLANCE's round-level law is no law family of fit_law: call "

@@ -157,7 +157,8 @@ def workload(an, arm: str, *, law=None, proposals: pd.DataFrame | None = None):
             mine = proposals.loc[proposals["run_id"].astype(str).isin(runs)]
         return workload_breakeven(view, drafter=arm, law=an.law(arm) if law is None else law,
                                   ar_ms_per_token=ar_ms, ar_requests=ar_requests,
-                                  measured=measured.value if measured.ok else None, proposals=mine, n_boot=an.n_boot, seed=an.seed)
+                                  measured=measured.value if measured.ok else None, proposals=mine,
+                                  n_boot=an.n_boot, seed=an.seed)
 
     if law is not None or proposals is not None:
         return compute()
@@ -239,13 +240,10 @@ def predict(an, arm: str, workload, *, transfer_error: float | None = None,
             bias: float = 0.0):
     """Will drafting pay on ``workload``, a trace set this arm never decoded? ``workload.predict_workload`` with
     this arm's law, drafted depths and cost model on the workload's target entropies (its requests on the arm's
-    model).
-
-    ``transfer_error`` widens the verdict (default: ``_transfer_error``). ``proposals``: the arm's drafter replayed
-    over the workload's outputs. ``law``: a law of this arm fitted elsewhere. ``rounds``: the arm's rounds replayed
-    over the workload (one row per request), priced by the cost model alone. ``bias``: the law's log residual of
-    tokens per round. Requests the arm also decoded are named in the notes.
-    """
+    model). ``transfer_error`` widens the verdict (default: ``_transfer_error``). ``proposals``: the arm's drafter
+    replayed over the workload's outputs. ``law``: a law of this arm fitted elsewhere. ``rounds``: the arm's rounds
+    replayed over the workload (one row per request), priced by the cost model alone. ``bias``: the law's log
+    residual of tokens per round. Requests the arm also decoded are named in the notes."""
     if rounds is not None and (proposals is not None or law is not None or bias):
         raise ValueError("rounds= prices the replayed rounds with no law: drop proposals=, law= and bias=")
     if rounds is not None and "request_id" not in rounds.columns:

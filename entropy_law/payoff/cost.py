@@ -88,9 +88,8 @@ def pooled_log_speedup_sd(ref_time, ref_tokens, arm_time, arm_tokens, groups) ->
 def paired_speedup_interval(ref_time, ref_tokens, arm_time, arm_tokens, *, rng: np.random.Generator,
                             n_boot: int = 2000, level: float = 0.95,
                             pooled: tuple[float, int] | None = None) -> tuple[float, float]:
-    """``level`` interval of the paired speedup S (``paired_speedup``) over requests; (NaN, NaN) below 2 requests.
-
-    The request bootstrap's percentile interval, widened to the studentized exp(log S +- t(n - 1) x SE) (SE: the
+    """``level`` interval of the paired speedup S (``paired_speedup``) over requests; (NaN, NaN) below 2 requests:
+    the request bootstrap's percentile interval, widened to the studentized exp(log S +- t(n - 1) x SE) (SE: the
     jackknife's) where narrower: with few requests a percentile bootstrap covers far less than ``level``.
     ``pooled``: ``(SD, df)`` of ``pooled_log_speedup_sd``; below ``MIN_PAIRED_REQUESTS`` requests the interval is
     also widened to exp(log S +- t(df) x SD / sqrt(n_eff)), n_eff = (sum w)^2 / sum w^2, w the arm's tokens per
@@ -179,11 +178,10 @@ TIMING_COLUMNS = ("draft_ms", "verify_ms", "overhead_ms")
 
 
 def cpu_scaled_timings(rounds: pd.DataFrame, requests: pd.DataFrame) -> tuple[pd.DataFrame, str]:
-    """The rounds' timings (``TIMING_COLUMNS``) on the CPU clock, and the clock they are on.
-
-    Each round's wall timings are scaled by its request's CPU / wall ratio (``decode_cpu_ms`` / the sum of its
-    rounds' timings), so a shared machine's changing load does not price the rounds. Where any request lacks
-    ``decode_cpu_ms`` the timings are returned as logged, clock ``"wall"``: never a mix of clocks."""
+    """The rounds' timings (``TIMING_COLUMNS``) on the CPU clock, and the clock they are on: each round's wall
+    timings scaled by its request's CPU / wall ratio (``decode_cpu_ms`` / the sum of its rounds' timings), so a
+    shared machine's changing load does not price the rounds. Where any request lacks ``decode_cpu_ms`` the
+    timings are returned as logged, clock ``"wall"``: never a mix of clocks."""
     keys = ["run_id", "request_id"]
     out = rounds.copy()
     if "decode_cpu_ms" not in requests.columns or out.empty:
@@ -212,11 +210,10 @@ def policy_skipped(rounds: pd.DataFrame) -> np.ndarray:
 
 def fit_cost_model(traces, *, drafter: str | None = None, ar_ms_per_token: float | None = None,
                    request_weights: pd.Series | None = None, clock: str = "auto") -> CostModel:
-    """Costs from the rounds table (``draft_ms``, ``verify_ms``, ``overhead_ms`` vs ``tree_nodes``).
-
-    The drafter's runs must be one arm timed on one machine; the verify line and the AR cost use only that
-    machine's rounds. ``request_weights``: a bootstrap weight per request id. ``clock``: ``"auto"`` (the CPU clock
-    where every request has ``decode_cpu_ms``, else the wall clock), ``"wall"``, or ``"cpu"`` (or an error)."""
+    """Costs from the rounds table (``draft_ms``, ``verify_ms``, ``overhead_ms`` vs ``tree_nodes``) of one arm timed
+    on one machine; the verify line and the AR cost use only that machine's rounds. ``request_weights``: a
+    bootstrap weight per request id. ``clock``: ``"auto"`` (the CPU clock where every request has
+    ``decode_cpu_ms``, else the wall clock), ``"wall"``, or ``"cpu"`` (or an error)."""
     if clock not in ("auto", "cpu", "wall"):
         raise ValueError(f"clock must be 'auto', 'cpu' or 'wall', got {clock!r}")
     runs = traces.runs
@@ -428,13 +425,11 @@ def when_drafting_pays(traces, *, drafter: str | None = None, family: str = "law
                        entropies: Sequence[float] = DEFAULT_ENTROPIES, ar_ms_per_token: float | None = None,
                        ar_requests: pd.DataFrame | None = None, clock: str = "auto", n_boot: int = 100,
                        seed: int = 0, level: float = 0.95, eps: float = atrisk.EPS_NATS) -> DraftingPays:
-    """Fit the law (one drafter) and the cost model, then predict speedup vs entropy, the break-even
-    entropy and the best block size / tree budget per entropy, with request-bootstrap intervals.
-
-    Fewer than ``stats.FEW_REQUESTS`` requests warns. ``ar_requests``: the AR baseline's timed requests
-    (``request_id``, ``decode_ms``, ``decoded``), resampled with the arm's (same prompts); else
-    ``ar_ms_per_token`` (a constant) or the AR rounds in ``traces``. ``clock``: as ``fit_cost_model``; the AR
-    requests are timed by the same clock."""
+    """Fit the law (one drafter) and the cost model, then predict speedup vs entropy, the break-even entropy and
+    the best block size / tree budget per entropy, with request-bootstrap intervals (fewer than
+    ``stats.FEW_REQUESTS`` requests warns). ``ar_requests``: the AR baseline's timed requests (``request_id``,
+    ``decode_ms``, ``decoded``), resampled with the arm's (same prompts); else ``ar_ms_per_token`` (a constant) or
+    the AR rounds in ``traces``. ``clock``: as ``fit_cost_model``; the AR requests are timed by the same clock."""
     fam = get_family(family)
     if fam.needs_categories or fam.needs_drafters:
         raise ValueError(f"{family} needs a category/drafter argument; use a one-drafter, category-free law")

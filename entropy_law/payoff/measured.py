@@ -178,8 +178,7 @@ def measured_speedups(an) -> pd.DataFrame:
 
 
 def speedup_validation(an) -> pd.DataFrame:
-    """The prediction checked against the measurement, per drafting arm and category, on the same requests.
-
+    """The prediction checked against the measurement, per drafting arm and category, on the same requests:
     ``predicted`` = the law's DP tokens per round x t_AR / t_round(N) (the arm's cost model at the category's mean
     verified nodes N); ``measured``, ``lo``, ``hi``, ``verdict``: ``speedup``; ``relative_error``, ``within_10pct``,
     ``inside_interval``; ``cost_only_predicted`` / ``cost_only_error``: the cost model alone on the recorded rounds
@@ -247,8 +246,7 @@ def speedup_validation(an) -> pd.DataFrame:
 
 
 def speedup_crossing(an, arm: str) -> dict:
-    """Where the measured per-request speedups of ``arm`` cross 1, against the predicted break-even entropy.
-
+    """Where the measured per-request speedups of ``arm`` cross 1, against the predicted break-even entropy:
     ``crossing_nats``: where a logistic regression of "speedup > 1" on the request's mean entropy reaches 0.5
     (NaN with a ``reason`` where it cannot be placed); ``breakeven*`` and ``inside``: ``pays``' break-even and
     whether the crossing lies in its interval. On the request-mean-entropy scale: ``workload_*`` (``workload``'s
