@@ -1,31 +1,20 @@
 """When a drafted tree is worth verifying: the decoder's drafting gate and the verify-cost curve.
 
-Known here: the relative cost of one target forward over ``n`` tokens (``VerifyCost``, measured on the
-running machine by ``measure_verify_cost``), and the rule that turns a drafted tree into the tree that
-is actually verified (``plan_verification``). Both the online decoder and offline replay call the same
-rule, so a replay with the same cost curve makes the same decisions.
+The rule (online and in replay alike): verifying the root plus ``k`` draft nodes costs ``c(k + 1)`` one-token
+forwards (``VerifyCost``, ``measure_verify_cost``) and commits ``1 + E_k`` tokens in expectation, ``E_k`` the sum of
+the ``k`` nodes' surrogate path probabilities. Nodes come in non-increasing path probability and every prefix is
+ancestor-closed, so the gate verifies the prefix with the most ``(1 + E_k) / c(k + 1)``, or nothing when none
+beats a plain step (1). With a constant ``c(n) = r`` this is "verify the whole tree iff ``E_N >= r - 1``", the
+default. Gating changes speed, never the output.
 
-The rule. A round that verifies the root plus ``k`` draft nodes costs ``c(k + 1)`` one-token forwards
-and commits, in expectation under the drafter's surrogate, ``1 + E_k`` tokens, where ``E_k`` is the sum
-of the ``k`` nodes' path probabilities (``tree.expected_accepted``). A plain step (no draft) commits 1
-token for cost ``c(1) = 1``. Tree nodes come in non-increasing path probability (chain and DDTree
-both), and any prefix of the node list is ancestor-closed (parents come first), so the gate verifies the
-prefix ``k`` that maximises the expected tokens per unit cost ``(1 + E_k) / c(k + 1)``, and no draft at
-all when no prefix beats ``1``. With a constant cost ``c(n) = r`` for ``n >= 2`` (the simpler gate of
-``verify_cost_ratio``) this reduces to "verify the whole tree iff ``E_N >= r - 1``", which is what the
-decoder does when no curve is given. Gating changes speed, never the output.
-
-The gates are round policies (``round.RoundPolicy``), like the law policy and the replay oracle: ``RatioGate``
-(the decoder's default: the constant-cost rule), ``CostGate`` (the best-value prefix under a measured curve) and
-``PredicateGate`` (a caller's ``should_draft(proposal, tree)``). They decide after drafting only: the drafter always
-runs, and a round records no policy decision (``before_draft`` returns ``None``). ``make_gate`` builds the gate that
-a run's settings name (``verify_cost_ratio``, ``min_expected_accepted``, ``verify_cost``, ``should_draft``).
-
-Not known here: how the target verifies (``adapter``), how trees are built (``tree``), the round (``round``).
+The gates are round policies (``round.RoundPolicy``) that decide after drafting only: ``RatioGate`` (the
+constant-cost rule), ``CostGate`` (a measured curve) and ``PredicateGate`` (a caller's ``should_draft``).
+``make_gate`` builds the one a run's settings name.
 """
 
 from __future__ import annotations
 
+import bisect
 import math
 import numbers
 import time
@@ -39,21 +28,15 @@ from entropy_law.decoding.tree import Tree, chain_tree, expected_accepted, node_
 
 DEFAULT_VERIFY_COST_RATIO = 2.0
 
-# every size a chain or a DDTree16 verifies (17 tokens: root + 16 nodes), then coarser: a CPU's forward cost is not
-# monotone in the tokens (kernel shapes), so sizes in between are not interpolated (measure_verify_cost)
+# every size up to a DDTree16 with its root, then coarser: a CPU's forward cost is not monotone in between
 DEFAULT_COST_SIZES = tuple(range(1, 18)) + (24, 32)
 
 
 @dataclass(frozen=True)
 class VerifyCost:
-    """Relative cost ``c(n)`` of one target forward over ``n`` tokens; ``c(1) = 1`` (a one-token step).
-
-    Piecewise linear through ``(sizes, costs)``, extended past the last point with the slope of the last
-    segment (flat when there is one point). ``sizes`` must start at 1 and increase; ``costs`` are
-    normalised so that ``c(1) = 1``. ``clock``: the clock ``measure_verify_cost`` timed it by (``"cpu"`` /
-    ``"wall"``), kept with the run for provenance; ``None`` for a curve given by hand. Two curves with the same
-    points are equal whatever their clock.
-    """
+    """Relative cost ``c(n)`` of one target forward over ``n`` tokens, piecewise linear through ``(sizes, costs)``
+    (sizes from 1, increasing; costs normalised to ``c(1) = 1``), extended with the last segment's slope.
+    ``clock``: what ``measure_verify_cost`` timed it by (provenance only, not compared)."""
 
     sizes: tuple[int, ...]
     costs: tuple[float, ...]
@@ -78,11 +61,8 @@ class VerifyCost:
         sizes, costs = self.sizes, self.costs
         if len(sizes) == 1:
             return costs[0]
-        for i in range(1, len(sizes)):
-            if n <= sizes[i] or i == len(sizes) - 1:
-                lo, hi = sizes[i - 1], sizes[i]
-                return costs[i - 1] + (costs[i] - costs[i - 1]) * (n - lo) / (hi - lo)
-        raise AssertionError("unreachable")
+        i = min(max(bisect.bisect_left(sizes, n), 1), len(sizes) - 1)  # the segment ending at or after n
+        return costs[i - 1] + (costs[i] - costs[i - 1]) * (n - sizes[i - 1]) / (sizes[i] - sizes[i - 1])
 
     def describe(self) -> str:
         """The measured points as one line, ``"1: 1.00, 2: 1.48, ..."`` (one-token forwards)."""
@@ -105,11 +85,8 @@ CLOCKS = ("auto", "cpu", "wall")
 
 
 def timer_for(adapter, clock: str):
-    """The clock ``measure_verify_cost`` and ``decoder.measure_draft_cost`` time by, and its name. ``cpu``: the
-    calling thread's CPU clock (``time.thread_time``), which neither other processes nor the process's other
-    threads move; ``wall``: ``time.perf_counter``. ``auto``: ``cpu`` where the forward runs on this thread alone (a
-    model on the CPU with one torch thread), else ``wall``: a model on an accelerator is waited on, not computed
-    here, and with several torch threads this thread's CPU time is only its share of the work."""
+    """The timer (and its name) costs are measured by: ``cpu``, the calling thread's CPU clock; ``wall``,
+    ``time.perf_counter``; ``auto``: ``cpu`` for a model on the CPU with one torch thread, else ``wall``."""
     if clock not in CLOCKS:
         raise ValueError(f"clock must be one of {CLOCKS}, got {clock!r}")
     if clock == "auto":
@@ -121,24 +98,10 @@ def timer_for(adapter, clock: str):
 @torch.inference_mode()
 def measure_verify_cost(adapter, *, sizes: Sequence[int] = DEFAULT_COST_SIZES, context_len: int = 384,
                         repeats: int = 5, seed: int = 0, clock: str = "auto") -> VerifyCost:
-    """Time chain verifies of ``n`` tokens (root + ``n - 1`` nodes) at a ``context_len`` cache, relative to
-    a one-token step, on this machine and thread count: the fastest of ``repeats`` passes over all sizes
-    (after one warm-up pass; the minimum is the least disturbed by other load on the machine).
-
-    ``clock`` (``CLOCKS``, ``timer_for``): ``"auto"`` (default) times a model on the CPU with one torch thread (the
-    setting for a shared machine) by the calling thread's CPU clock, anything else by the wall clock; ``"cpu"`` /
-    ``"wall"`` force one. On a shared CPU the wall clock also counts the time other processes hold the core, so
-    every repeat of a forward is disturbed and the minimum does not help; the CPU clock is not moved by them. A
-    cost gate or policy that trusts a deflated curve verifies trees that do not pay, and an inflated one stops
-    drafting where it pays.
-
-    Uses random token ids (the cost of a forward does not depend on which tokens). The costs are kept as
-    timed, not made non-decreasing: on a CPU a bigger verify can really cost less than a smaller one (kernel
-    shapes), and the gate and the law policy scan every prefix size, so they pick the cheaper one. For the same
-    reason every size up to 17 tokens (a chain or a DDTree16 with its root) is timed by default, none
-    interpolated: a CPU's cost is not monotone in between.
-    A model with a short context is timed at a shorter ``context_len`` and sizes up to half its context.
-    Leaves the adapter's cache empty (call ``prefill`` before decoding, as ``generate`` does).
+    """Time chain verifies of ``n`` random tokens at a ``context_len`` cache, relative to a one-token step: the
+    fastest of ``repeats`` interleaved passes after a warm-up, by ``clock`` (``timer_for``). Costs are kept as
+    timed (a bigger verify can cost less on a CPU). A short-context model is timed at a shorter ``context_len``
+    and sizes up to half its context. Leaves the adapter's cache empty.
     """
     sizes = tuple(sorted({int(s) for s in sizes} | {1}))
     if repeats < 1:
@@ -162,7 +125,7 @@ def measure_verify_cost(adapter, *, sizes: Sequence[int] = DEFAULT_COST_SIZES, c
                      else Tree.empty())
     now, clock = timer_for(adapter, clock)
     best = [math.inf] * len(sizes)
-    for rep in range(repeats + 1):  # sizes interleaved, so that a burst of load hits every size alike
+    for rep in range(repeats + 1):
         for i, tree in enumerate(trees):
             t0 = now()
             adapter.verify(ids[context_len - 1], tree, context_len)
@@ -187,13 +150,9 @@ def truncate_proposal(proposal: DraftProposal, depth: int) -> DraftProposal:
 
 def plan_verification(proposal: DraftProposal, tree: Tree, *, verify_cost: VerifyCost | None,
                       min_expected_accepted: float) -> tuple[Tree, float]:
-    """The tree to verify this round (possibly empty) and the gate's surrogate ``E``: of the verified
-    tree when it drafts, of the whole drafted tree when it does not.
-
-    ``verify_cost=None``: verify all of ``tree`` iff ``E >= min_expected_accepted``. With a cost curve:
-    verify the node prefix with the most expected tokens per unit cost (module docstring), provided its
-    ``E_k >= min_expected_accepted``; an empty tree when no prefix beats a plain step.
-    """
+    """The tree to verify (maybe empty) and the surrogate ``E`` (of the verified tree, else the drafted one):
+    ``verify_cost=None``, all of ``tree`` iff ``E >= min_expected_accepted``; else the best-value prefix (module
+    docstring) with ``E_k >= min_expected_accepted``."""
     if tree.n_nodes == 0:
         return Tree.empty(), 0.0
     probs = [math.exp(score) for score in node_logprobs(proposal, tree)]
@@ -210,9 +169,6 @@ def plan_verification(proposal: DraftProposal, tree: Tree, *, verify_cost: Verif
         return Tree.empty(), expected
     return tree.prefix(best_k), float(sum(probs[:best_k]))
 
-
-# --- the gates as round policies ----------------------------------------------------------------------
-
 def _number(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a number, got {value!r}")
@@ -220,10 +176,8 @@ def _number(name: str, value) -> float:
 
 
 class Gate:
-    """What the three gates share: no decision before drafting (the drafter always runs and the round records no
-    policy decision: ``before_draft`` returns ``None``), nothing to track per request or per round; ``plan``
-    (each gate's own) picks the verified tree. ``to_config``: the gate's settings under the run-metadata keys
-    runs have always had (``verify_cost_ratio``, ``min_expected_accepted``, ``verify_cost``)."""
+    """What the gates share: no decision before drafting (``before_draft`` returns ``None``), nothing to track;
+    ``to_config``: the settings under the run-metadata keys."""
 
     verify_cost_ratio: float | None = None
     min_expected_accepted: float | None = None
@@ -251,9 +205,8 @@ class Gate:
 
 
 class RatioGate(Gate):
-    """The decoder's default gate: verify the whole drafted tree iff its surrogate expected accepted drafts
-    ``E >= verify_cost_ratio - 1`` (the module's rule under a constant cost ``c(n) = verify_cost_ratio``), else a
-    plain step. ``min_expected_accepted`` sets the threshold directly (0: verify whatever was drafted)."""
+    """The default gate: verify the whole drafted tree iff ``E >= verify_cost_ratio - 1`` (or
+    ``min_expected_accepted``, given), else a plain step."""
 
     def __init__(self, verify_cost_ratio: float = DEFAULT_VERIFY_COST_RATIO, *,
                  min_expected_accepted: float | None = None):
@@ -266,10 +219,8 @@ class RatioGate(Gate):
 
 
 class CostGate(Gate):
-    """The cost gate: verify the prefix of the drafted tree with the most expected tokens per unit of verify cost
-    under the curve ``verify_cost``, or nothing (``plan_verification``), provided that prefix's expected accepted
-    drafts reach ``min_expected_accepted``. ``verify_cost``: a ``VerifyCost``, or ``"measure"`` / ``None``: this
-    machine's curve, timed by ``measure_verify_cost`` on the decoder's target when the decoder is built (``bind``)."""
+    """Verify the best-value prefix under ``verify_cost`` (``plan_verification``); ``"measure"`` / ``None``: this
+    machine's curve, timed on the decoder's target when it is built (``bind``)."""
 
     def __init__(self, verify_cost: VerifyCost | str | None = "measure", *, min_expected_accepted: float = 0.0):
         if verify_cost is not None and not isinstance(verify_cost, VerifyCost) and verify_cost != "measure":
@@ -279,8 +230,7 @@ class CostGate(Gate):
         self.min_expected_accepted = _number("min_expected_accepted", min_expected_accepted)
 
     def bind(self, adapter, drafter) -> "CostGate":
-        """The gate priced with this machine's curve, measured on ``adapter`` now where none was given (no drafter:
-        nothing to gate, nothing measured)."""
+        """The gate priced with a curve measured on ``adapter`` now, where none was given and there is a drafter."""
         if self.verify_cost is not None or drafter is None:
             return self
         if adapter is None:
@@ -296,8 +246,7 @@ class CostGate(Gate):
 
 
 class PredicateGate(Gate):
-    """A caller's gate: verify the whole drafted tree iff ``should_draft(proposal, tree)``; the round's ``E`` is the
-    tree's surrogate expected accepted drafts (``tree.expected_accepted``) either way."""
+    """Verify the whole drafted tree iff ``should_draft(proposal, tree)``; ``E`` is the tree's surrogate either way."""
 
     def __init__(self, should_draft: Callable[[DraftProposal, Tree], bool]):
         if not callable(should_draft):
@@ -315,9 +264,8 @@ class PredicateGate(Gate):
 def make_gate(*, verify_cost_ratio: float = DEFAULT_VERIFY_COST_RATIO, min_expected_accepted: float | None = None,
               verify_cost: VerifyCost | str | None = None,
               should_draft: Callable[[DraftProposal, Tree], bool] | None = None) -> Gate:
-    """The gate a run's settings name: ``should_draft`` given, a ``PredicateGate``; a ``verify_cost`` curve (or
-    ``"measure"``), a ``CostGate`` (``min_expected_accepted`` default 0, ``verify_cost_ratio`` unused); else a
-    ``RatioGate``."""
+    """The gate a run's settings name: ``should_draft``: ``PredicateGate``; ``verify_cost``: ``CostGate``
+    (``min_expected_accepted`` default 0); else ``RatioGate``."""
     if should_draft is not None:
         return PredicateGate(should_draft)
     if verify_cost is not None:

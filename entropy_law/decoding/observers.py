@@ -1,16 +1,9 @@
 """Observers that turn decoding rounds into trace rows, and the target statistics they record.
 
-Known here: the mapping from one ``round.Round`` to one ``TraceRecorder.log_round`` call (and request
-start/end to ``begin_request``/``end_request``): ``RecorderObserver`` is the one adapter between decoding
-and the trace writer. And the per-position target statistics of the trace schema (the keys of
-``entropy_law.traces.stats.TARGET_STAT_KEYS``) computed in torch (fp32 log-softmax over the full
-vocabulary): Shannon entropy and Rényi-2 entropy in nats, top-1 and top-2 probabilities, and the top-1
-minus top-2 logit gap. The trace layer's numpy ``target_stats_from_logits`` computes the same for engines
-without torch (``tests/test_traces_stats.py`` checks they agree); it costs more than this one on a round of
-this decoder (the logits are already torch tensors), so the decoder records through this one.
-
-Not known here: the file layout (``entropy_law.traces``), how rounds are decoded (``decoder``).
-Observers only read what they are given; they never change what is decoded.
+``RecorderObserver`` is the one adapter between decoding and the trace writer (a ``round.Round`` -> one
+``TraceRecorder.log_round``). The target statistics (``traces.stats.TARGET_STAT_KEYS``) are computed in torch,
+fp32 over the full vocabulary; the trace layer's numpy ``target_stats_from_logits`` agrees. Observers never
+change what is decoded.
 """
 
 from __future__ import annotations
@@ -37,12 +30,8 @@ def _softmax_and_entropy(z: torch.Tensor, shift: torch.Tensor):
 
 @torch.inference_mode()
 def distribution_stats(logits: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Per-row statistics of ``softmax(logits)`` for logits ``[rows, V]`` (computed in fp32).
-
-    ``entropy_nats`` = -sum p log p; ``renyi2_nats`` = -log sum p^2; ``top1_prob``, ``top2_prob``;
-    ``logit_gap`` = z_(1) - z_(2) (raw logits, so it does not depend on the normaliser). One pass of
-    ``exp`` over the vocabulary (this runs on every committed position of every recorded round).
-    """
+    """Per-row statistics of ``softmax(logits)`` for logits ``[rows, V]`` in fp32: ``entropy_nats`` = -sum p log p;
+    ``renyi2_nats`` = -log sum p^2; ``top1_prob``, ``top2_prob``; ``logit_gap`` = z_(1) - z_(2)."""
     z = logits.float()
     if z.dim() == 1:
         z = z.unsqueeze(0)
@@ -69,11 +58,9 @@ def row_entropies(logits: torch.Tensor) -> list[float]:
 
 @torch.inference_mode()
 def committed_token_draft_stats(draft_logits: torch.Tensor, committed_ids) -> dict[str, torch.Tensor]:
-    """Drafter statistics of each committed token: row ``d`` of ``draft_logits`` ``[depth, V]`` scores the
-    committed token ``d`` (depth ``d + 1``). ``prob`` = its softmax probability, ``rank`` = the number
-    of tokens with a strictly larger logit (0-based), ``entropy_nats`` = the row's Shannon entropy,
-    ``top1_prob`` = the row's largest probability (the drafter's confidence in its own top proposal, known
-    before verification); NaN (null) for committed tokens deeper than the draft.
+    """Drafter statistics of each committed token ``d`` from row ``d`` of ``draft_logits [depth, V]``: ``prob``,
+    ``rank`` (tokens with a strictly larger logit), the row's ``entropy_nats`` and ``top1_prob``; NaN deeper
+    than the draft.
     """
     ids = torch.as_tensor(list(committed_ids), dtype=torch.long)
     n, rows = len(ids), min(len(ids), int(draft_logits.shape[0]))
@@ -94,27 +81,17 @@ def _numpy_stats(stats: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
 
 
 class RecorderObserver:
-    """Feeds a ``TraceRecorder`` (or anything with its three methods) from decoder events.
-
-    ``log_round`` gets ``target_stats`` (see ``distribution_stats``), never raw target logits. Draft
-    information: ``draft_stats`` computed in torch (``committed_token_draft_stats``) when the drafter
-    returned full distributions, else the candidate ids and log-probabilities of the depths the round
-    committed (the recorder then derives rank and probability).
+    """Feeds a ``TraceRecorder`` from decoder events: ``target_stats``, never raw logits, and the drafter's
+    ``draft_stats`` where it returned full distributions, else its candidates and log-probabilities.
     """
 
     def __init__(self, recorder):
         self.recorder = recorder
 
     def on_request_start(self, request_id: str, info: dict) -> None:
-        self.recorder.begin_request(
-            request_id,
-            category=info.get("category", ""),
-            dataset=info.get("dataset", ""),
-            question_id=info.get("question_id", ""),
-            prompt_tokens=int(info["prompt_tokens"]),
-            image_tokens=int(info.get("image_tokens", 0)),
-            prompt_ids=info.get("prompt_ids"),
-        )
+        self.recorder.begin_request(request_id, category=info.get("category", ""), dataset=info.get("dataset", ""),
+                                    question_id=info.get("question_id", ""), prompt_tokens=int(info["prompt_tokens"]),
+                                    image_tokens=int(info.get("image_tokens", 0)), prompt_ids=info.get("prompt_ids"))
 
     def on_round(self, record: Round) -> None:
         draft = record.draft
@@ -128,38 +105,21 @@ class RecorderObserver:
                 draft_kwargs["draft_candidates"] = draft.tokens[:rows].cpu().numpy()
                 draft_kwargs["draft_logprobs"] = draft.logprobs[:rows].float().cpu().numpy()
         self.recorder.log_round(
-            record.request_id,
-            round_index=record.round_index,
-            start_position=record.start_position,
-            context_len=record.context_len,
-            block_size=record.block_size,
-            tree_nodes=record.tree_nodes,
-            tree_depth=record.tree_depth,
-            accepted=record.accepted,
-            token_ids=list(record.committed_ids),
-            ends_at_leaf=record.ends_at_leaf,
-            target_stats=_numpy_stats(distribution_stats(record.target_logits)),
-            draft_ms=record.draft_ms,
-            verify_ms=record.verify_ms,
-            overhead_ms=record.overhead_ms,
-            **draft_kwargs,
-            **({"policy": round_columns(record.policy)} if record.policy is not None else {}),
-        )
+            record.request_id, round_index=record.round_index, start_position=record.start_position,
+            context_len=record.context_len, block_size=record.block_size, tree_nodes=record.tree_nodes,
+            tree_depth=record.tree_depth, accepted=record.accepted, token_ids=list(record.committed_ids),
+            ends_at_leaf=record.ends_at_leaf, target_stats=_numpy_stats(distribution_stats(record.target_logits)),
+            draft_ms=record.draft_ms, verify_ms=record.verify_ms, overhead_ms=record.overhead_ms, **draft_kwargs,
+            **({"policy": round_columns(record.policy)} if record.policy is not None else {}))
 
     def on_request_end(self, request_id: str, info: dict) -> None:
-        self.recorder.end_request(
-            request_id,
-            new_tokens=int(info["new_tokens"]),
-            stop_reason=info["stop_reason"],
-            prefill_ms=float(info["prefill_ms"]),
-            decode_ms=float(info["decode_ms"]),
-            decode_cpu_ms=info.get("decode_cpu_ms"),
-        )
+        self.recorder.end_request(request_id, new_tokens=int(info["new_tokens"]), stop_reason=info["stop_reason"],
+                                  prefill_ms=float(info["prefill_ms"]), decode_ms=float(info["decode_ms"]),
+                                  decode_cpu_ms=info.get("decode_cpu_ms"))
 
 
 def round_columns(decision: dict | None) -> dict:
-    """The round's policy columns of the trace (``traces.schema.ADDED_COLUMNS["rounds"]``); nulls without a
-    policy."""
+    """The round's policy columns of the trace (``traces.schema.POLICY_COLUMNS``); none without a policy."""
     if decision is None:
         return {}
     values = (decision.get("entropy"), decision.get("window_entropy"), decision.get("confidence"),

@@ -1,54 +1,18 @@
 """The per-round drafting policy: whether to draft, and how many nodes to verify, from the entropy law.
 
-Known here: ``LawPolicy``, which the round consults twice (``round.play_round``):
+``LawPolicy`` is consulted twice a round (``round.play_round``; docs/architecture.md):
 
-1. before drafting (``before_draft``): from the target entropy at the last committed position and the mean
-   over a short window of them (``H_w``), the fitted law's per-depth acceptance ``a(H_w, d)`` gives the
-   best rate any chain of depth ``D`` can reach, ``(1 + sum_{k<=D} prod_{d<=k} a(H_w, d)) / (c(D + 1) +
-   c_draft)``; when no depth beats a plain step (rate 1) the drafter is not called at all (its own cost
-   ``c_draft`` is saved);
-2. after drafting (``plan``): the children of a node get a conditional acceptance ``b = a(H_w, d)^(1 - w) *
-   Q^w`` together, a geometric blend of the law's prediction for depth d and the drafter's own probability
-   ``Q`` of those children (the sum of their ``q``: its confidence, known before verification; ``w`` =
-   ``confidence_weight``), shared among them in proportion to ``q``: ``p = q (a / Q)^(1 - w)``. For a chain
-   (one child) that is ``a^(1 - w) q^w``; siblings are mutually exclusive, so their ``p`` sum to ``b <= 1``
-   (a blend node by node, ``sqrt(a q)`` each, would give three siblings of q = 0.3 under a law of 0.8 a summed
-   acceptance of 1.47 > 1, and wide trees verified for drafts that cannot all be accepted). Path
-   probabilities are products along the path. Nodes are ranked by path probability (a child never
-   outranks its parent, so every prefix of the ranking is a tree), and the policy verifies the prefix
-   of ``k`` nodes with the most expected committed tokens per unit of verify cost, ``(1 + sum_{i<=k}
-   P_i) / c(k + 1)``, or nothing when no prefix beats 1. ``k`` is the round's chain depth / tree budget.
+1. ``before_draft``: from the mean target entropy ``H_w`` over a short window, the best rate of any chain of depth
+   D, ``(1 + sum_{k<=D} prod_{d<=k} a(H_w, d)) / (c(D + 1) + c_draft)``; none beats a plain step (1): no draft.
+2. ``plan``: the children of a node share ``b = a(H_w, d)^(1 - w) Q^w`` (Q the sum of the drafter's
+   probabilities ``q`` of those children, ``w`` = ``confidence_weight``) in proportion to ``q``; the prefix of
+   nodes by path probability with the most ``(1 + sum_{i<=k} P_i) / c(k + 1)`` is verified, if it beats 1.
+3. calibration (``calibration_prior`` m): ``s = (A + m) / (E + m)`` over this request's earlier verified rounds
+   (A accepted drafts, E their expectation) scales each path probability; ``calibration_half_life`` fades it.
+4. the context's copyability (optional ``context_match``): the law of the level of ``context_match_length``.
 
-3. in-request calibration (``calibration_prior`` = m in the parameters; absent: off): the law is fitted on
-   other requests, and a drafter can do much worse (or better) on this one than the law says. Over this
-   request's verified rounds so far, with ``A`` accepted drafts and the uncalibrated expectations
-   ``E`` of the trees verified, the factor ``s = (A + m) / (E + m)`` (m pseudo-drafts at the law's word:
-   ``s = 1`` before any evidence) scales the law's expected accepted drafts (each path probability, capped
-   at 1) before the decision; one factor against the law-only expectation (``before_draft``) and one against
-   the blended one (``plan``). The law-only expectation of a verified tree is the law's expected accepted depth
-   down to the tree's deepest node, ``sum_{k<=D} prod_{d<=k} a(H_w, d)``: the law is fitted on the depth a round
-   reached (``a(H, d)``: depth d accepted given depth d - 1 was, whichever node carried it), so it gives siblings
-   no acceptance of their own, and a sum over every node's law path probability would count each depth once per
-   sibling and deflate the factor). A request where drafts keep failing stops drafting; one where they succeed
-   drafts more. Only earlier rounds of the same request are used: what is known before the round. With
-   ``calibration_half_life`` (rounds; absent: no forgetting) a round ``k`` rounds back weighs ``2^(-k / half
-   life)`` in ``A`` and ``E``: the drafter's fit to the text changes along an output (a copied passage, a code
-   block), and a request that stopped drafting gathers no new evidence, so its factor drifts back towards 1
-   and it tries again.
-
-4. the context's copyability (optional: parameters with a ``context_match`` table, ``fit_policy(...,
-   context_match=...)``): before drafting, the length ``m`` of the longest suffix of the context (prompt and
-   committed output, ending with the pending root) that occurred earlier in it, up to ``max_length`` tokens
-   (``context_match_length``; the lookup a prompt-lookup drafter makes, known before any drafter runs). The law
-   is then fitted per level of ``m`` (text that repeats earlier text can be drafted far more reliably at the same
-   entropy) and the round uses the table of its level, before drafting and in ``plan``.
-
-The law's numbers arrive as plain parameters (a JSON-able dict, fitted by ``entropy_law.payoff.policy`` and
-stored in the run's metadata): this module never imports the law layer. ``c(n)`` is the measured verify-cost
-curve (``gate.VerifyCost``). The policy picks which drafted nodes are verified; the acceptance rule is the
-round's, so the output is the greedy output whatever it decides.
-
-Not known here: how the law is fitted (``entropy_law.payoff.policy``), how trees are built (``tree``).
+The law arrives as plain JSON-able parameters (``payoff.policy``): this module never imports the law layer. The
+policy only picks which drafted nodes are verified, so the output is the greedy output whatever it decides.
 """
 
 from __future__ import annotations
@@ -82,10 +46,8 @@ def _number(params: dict, key: str, *, low: float = -math.inf) -> float:
 
 
 def check_policy_drafter(params: dict, drafter) -> None:
-    """Raise ``ValueError`` when policy parameters were fitted for another drafter (``drafter_id``) or another
-    checkpoint of it (``checkpoint_sha256``, where both sides have one): a law of one drafter's acceptance says
-    little about another's. Parameters without these keys (made by hand, or before they were kept) are not
-    checked. ``entropy_law.payoff.policy.borrow_policy`` relabels parameters to apply them knowingly."""
+    """Raise ``ValueError`` when policy parameters were fitted for another drafter (``drafter_id``) or checkpoint
+    (``checkpoint_sha256``), where both sides name one (``payoff.policy.borrow_policy`` relabels them)."""
     fitted_id, fitted_sha = params.get("drafter_id"), params.get("checkpoint_sha256")
     drafter_id = getattr(drafter, "drafter_id", None)
     sha = drafter_run_config(drafter).get("checkpoint_sha256")
@@ -102,11 +64,8 @@ def check_policy_drafter(params: dict, drafter) -> None:
 
 
 def check_policy_target(params: dict, model_id: str | None) -> None:
-    """Raise ``ValueError`` when policy parameters were fitted on traces of another target model (``model_id``, the
-    list ``fit_policy`` keeps) than ``model_id``: a law maps *this* target's entropies to acceptance, and another
-    target's entropies sit on another scale (its vocabulary, its training). Not checked where either side names no
-    model (parameters made by hand or before they were kept; a decoder built on a bare module or adapter, whose name
-    is only its class). ``entropy_law.payoff.policy.borrow_policy(..., model_id=None)`` applies one knowingly."""
+    """Raise ``ValueError`` when policy parameters were fitted on traces of another target model (their
+    ``model_id`` list) than ``model_id``; not checked where either side names none."""
     fitted = params.get("model_id")
     if model_id is None or not isinstance(fitted, list) or not fitted or str(model_id) in fitted:
         return
@@ -117,11 +76,8 @@ def check_policy_target(params: dict, model_id: str | None) -> None:
 
 
 class LawPolicy:
-    """A per-round policy from plain parameters (``entropy_law.payoff.policy.fit_policy`` makes them).
-
-    ``params``: the dict of ``fit_policy`` (keys ``REQUIRED_KEYS``; ``verify_cost`` optional).
-    ``verify_cost``: the measured cost curve of this machine; default: the one stored in ``params``.
-    """
+    """A per-round policy from ``payoff.policy.fit_policy``'s parameters (keys ``REQUIRED_KEYS``); ``verify_cost``:
+    this machine's curve (default: the one stored in ``params``)."""
 
     def __init__(self, params: dict, verify_cost: VerifyCost | None = None):
         if not isinstance(params, dict):
@@ -181,15 +137,13 @@ class LawPolicy:
         self.context_levels, self.context_tables, self.context_max = self._context_tables(params.get("context_match"))
 
     def bind(self, adapter, drafter) -> "LawPolicy":
-        """``round.RoundPolicy.bind``: the policy as built (its curve was given or stored with the parameters)."""
         return self
 
     def begin_request(self, state) -> None:
-        """``round.RoundPolicy.begin_request``: nothing to reset (the calibration reads the request's history)."""
+        """Nothing to reset: the calibration reads the request's history."""
 
     def _context_tables(self, spec) -> tuple[list[int], list[list[list[float]]], int]:
-        """The optional per-level tables of the copyability input (``context_match``): ``max_length``, the
-        ``levels`` (increasing lengths >= 0) and one ``acceptance`` table [entropies x depths] per level."""
+        """``(levels, tables, max_length)`` of the optional ``context_match`` parameters, checked."""
         if spec is None:
             return [], [], 0
         if not isinstance(spec, dict) or any(k not in spec for k in ("max_length", "levels", "acceptance")):
@@ -217,12 +171,9 @@ class LawPolicy:
         """Whether the decision reads the context's copyability (``context_match`` parameters)."""
         return bool(self.context_levels)
 
-    # --- the law from its table ---------------------------------------------------------------------
-
     def law_acceptance(self, entropy: float, context_match: int | None = None) -> list[float]:
-        """``a(H, d)`` for d = 1..D: linear interpolation in ``log(H + 1e-3)`` on the fitted grid (clamped at
-        its ends); with ``context_match`` (a policy that uses it), the table of the largest fitted level not
-        above it (the first level's below every level)."""
+        """``a(H, d)`` for d = 1..D: linear in ``log(H + 1e-3)`` on the fitted grid, clamped; with ``context_match``,
+        the table of the largest level not above it."""
         table = self.acceptance
         if context_match is not None and self.context_levels:
             level = max(bisect.bisect_right(self.context_levels, int(context_match)) - 1, 0)
@@ -241,10 +192,9 @@ class LawPolicy:
         return acceptance[min(depth, len(acceptance)) - 1]  # deeper than fitted: the deepest fitted depth
 
     def inputs(self, entropies: Sequence[float], n_output: int, context: Sequence[int] | None = None) -> dict:
-        """The inputs known before the round: the entropy at the last committed position and the window mean
-        (the parameters' ``default_entropy`` where none is known, e.g. in a replay without target logits) and,
-        for a policy that reads it, the context's ``context_match_length`` (``context``: the prompt and the
-        committed output, ending with the pending root; required then)."""
+        """The inputs known before the round: the last committed position's entropy, the window mean
+        (``default_entropy`` where none is known) and, for a policy that reads it, ``context_match_length`` of
+        ``context`` (the prompt and the committed output)."""
         known = [h for h in list(entropies[:n_output])[-self.window:] if h == h]
         last = entropies[n_output - 1] if 0 < n_output <= len(entropies) else float("nan")
         window = sum(known) / len(known) if known else self.default_entropy
@@ -256,20 +206,16 @@ class LawPolicy:
             out["context_match"] = context_match_length(context, self.context_max)
         return out
 
-    # --- decisions ------------------------------------------------------------------------------------
-
     def calibration_sums(self, history: Sequence = ()) -> tuple[float, float, float]:
-        """``(A, E_law, E_blend)`` over this request's earlier rounds (``Round`` records with their ``policy``
-        decisions): the accepted drafts of the rounds that verified drafts and the uncalibrated law-only and
-        blended expectations of the trees they verified, the round ``k`` rounds back weighted ``decay^k`` (1
-        without a half-life). O(1) per round: each decision keeps the sums it was made from
-        (``calibration_sums``), so only the last round is added; a history without them is folded whole."""
-        i = len(history) - 1  # the last round whose decision kept the sums it was made from (online: the last)
+        """``(A, E_law, E_blend)`` over this request's earlier rounds: accepted drafts and the uncalibrated law-only
+        and blended expectations of the trees verified, k rounds back weighted ``decay^k``. Starts from the sums
+        the last decision kept, so a round adds O(1)."""
+        i = len(history) - 1
         while i >= 0 and (getattr(history[i], "policy", None) or {}).get("calibration_sums") is None:
             i -= 1
         accepted, law, blended = (0.0, 0.0, 0.0) if i < 0 else history[i].policy["calibration_sums"]
         decay = self.calibration_decay
-        for record in history[max(i, 0):]:  # add that round and any later one, each shrinking what came before
+        for record in history[max(i, 0):]:
             accepted, law, blended = accepted * decay, law * decay, blended * decay
             decision = getattr(record, "policy", None) or {}
             if decision.get("budget"):
@@ -279,8 +225,7 @@ class LawPolicy:
         return accepted, law, blended
 
     def calibration(self, history: Sequence = ()) -> tuple[float, float]:
-        """The in-request factors ``(s_law, s_plan) = ((A + m) / (E_law + m), (A + m) / (E_blend + m))`` of
-        ``calibration_sums``; ``(1, 1)`` when calibration is off or before any verified round."""
+        """``(s_law, s_plan) = ((A + m) / (E_law + m), (A + m) / (E_blend + m))``; ``(1, 1)`` when off."""
         return (1.0, 1.0) if self.calibration_prior is None else self._factors(self.calibration_sums(history))
 
     def _factors(self, sums: tuple[float, float, float]) -> tuple[float, float]:
@@ -295,14 +240,12 @@ class LawPolicy:
             yield reach
 
     def law_expected_depth(self, acceptance: list[float], depth: int) -> float:
-        """The law's expected accepted drafts of a tree whose deepest node is at ``depth``: ``sum_{k<=depth}
-        prod_{d<=k} a(d)`` (what a chain of that depth expects; the law is fitted on the depth a round reached,
-        so a tree's siblings add nothing to it). The before-draft calibration compares accepted drafts with it."""
+        """The law's expected accepted drafts of a tree whose deepest node is at ``depth`` (siblings add nothing)."""
         return float(sum(self._reach(acceptance, depth)))
 
     def best_chain_rate(self, acceptance: list[float], max_depth: int, scale: float = 1.0) -> float:
-        """The law's best expected tokens per unit cost of a chain of depth 1..max_depth, drafter cost included;
-        ``scale``: the calibration factor on each reach probability (capped at 1)."""
+        """The law's best expected tokens per unit cost of a chain of depth 1..max_depth, drafter cost included
+        (``scale``: the calibration factor)."""
         best, expected = 1.0, 0.0
         for depth, reach in enumerate(self._reach(acceptance, max_depth), start=1):
             expected += min(1.0, scale * reach)
@@ -311,9 +254,8 @@ class LawPolicy:
 
     def before_draft(self, entropies: Sequence[float], n_output: int, max_depth: int, history: Sequence = (),
                      context: Sequence[int] | None = None) -> dict:
-        """Whether to call the drafter this round (``"draft"``) and the inputs it was decided from.
-        ``history``: this request's earlier rounds (for the in-request calibration; empty: none). ``context``:
-        the prompt and the committed output (read by a policy with ``context_match`` parameters)."""
+        """Whether to call the drafter this round (``"draft"``) and the inputs it was decided from (``history``:
+        this request's earlier rounds; ``context``: the prompt and the committed output)."""
         inputs = self.inputs(entropies, n_output, context)
         acceptance = self.law_acceptance(inputs["window_entropy"], inputs.get("context_match"))
         calibrated, s_law = {}, 1.0
@@ -325,9 +267,8 @@ class LawPolicy:
         return {**inputs, "draft": rate > 1.0, "law_rate": rate, "acceptance": acceptance, **calibrated}
 
     def plan(self, proposal: DraftProposal, tree: Tree, decision: dict) -> tuple[Tree, float]:
-        """The nodes of ``tree`` to verify (an ancestor-closed subtree, possibly empty) and its expected
-        accepted drafts under the blended probabilities. Fills ``decision`` with the drafter's confidence
-        (its surrogate expected accepted drafts of the whole drafted tree), the budget and the expectation."""
+        """The ancestor-closed subtree of ``tree`` to verify (maybe empty) and its expected accepted drafts; fills
+        ``decision`` with the drafter's confidence, the budget and the expectations."""
         if tree.n_nodes == 0:
             decision.update(confidence=0.0, budget=0, expected=0.0)
             return Tree.empty(), 0.0
@@ -348,8 +289,7 @@ class LawPolicy:
             above = 1.0 if parent == 0 else path_prob[parent - 1]
             path_prob.append(above * p)
             surrogate.append((1.0 if parent == 0 else surrogate[parent - 1]) * q)
-        # rank by path probability; p <= 1, so a parent ranks before its children (ties: creation order); the
-        # calibration factor is the same for every node, so it changes where the prefix stops, not the ranking
+        # p <= 1, so a parent ranks before its children (ties: creation order)
         order = sorted(range(tree.n_nodes), key=lambda i: (-path_prob[i], i))
         best_k, best_rate, cumulative, expected = 0, 1.0, 0.0, 0.0
         for k, i in enumerate(order, start=1):
@@ -375,9 +315,8 @@ class LawPolicy:
         return Tree(tuple(tokens), tuple(parents), tuple(depths)), expected
 
     def observe(self, entropies: list[float], n_output: int, target_logits: torch.Tensor | None) -> None:
-        """Append the entropies of the newly committed positions (only the last ``window`` rows are computed;
-        earlier ones are NaN, never read). ``target_logits``: their logit rows (None: unknown, nothing
-        appended; a replay gives the entropies up front)."""
+        """Append the entropies of the newly committed positions from their ``target_logits`` rows (only the last
+        ``window`` computed, earlier ones NaN; None: nothing appended)."""
         if target_logits is None or len(entropies) >= n_output:
             return
         rows = int(target_logits.shape[0])
@@ -395,19 +334,11 @@ class LawPolicy:
 class HybridLawPolicy:
     """Each round, which of the hybrid drafter's two drafters to run (or none), from each one's own law.
 
-    ``params``: ``{"kind": HYBRID_POLICY_KIND, "version": 1, "ngram": ..., "block": ...}``, the law policy
-    parameters of the n-gram drafter and of the block drafter, each fitted on that drafter's own traces with its
-    own cost (``entropy_law.payoff.policy.hybrid_policy`` makes them). Before drafting, each law gives its best
-    chain rate on the same inputs (entropy window and, where it reads it, the context's copyability), its draft
-    cost included: the n-gram drafter costs almost nothing, the block drafter a forward. Prompt lookup is cheap
-    enough to run first (``HybridDrafter.ngram_proposal``, reused when it drafts), so the n-gram law's chain goes
-    no deeper than its proposal (``ngram_depth``; where it finds nothing the route is worth a plain step, rate 1,
-    whatever its law says). The round runs the drafter of the
-    higher rate (``HybridDrafter.route``: the other's forward is not run), or none when neither beats a plain
-    step; the chosen law then plans the tree (``LawPolicy.plan``). Each law keeps its own
-    in-request calibration, over the rounds it chose (a drafter's record says nothing about the other's).
-    The decision records both rates and the ``route``. Greedy exactness is the round's, as for ``LawPolicy``.
-    ``drafter``: the ``HybridDrafter`` it routes (bound by the decoder).
+    ``params``: ``{"kind": HYBRID_POLICY_KIND, "version": 1, "ngram": ..., "block": ...}`` (``payoff.policy.
+    hybrid_policy``). Each law gives its best chain rate, its own draft cost included (the n-gram law's chain no
+    deeper than the prompt-lookup proposal, ``ngram_depth``); the drafter of the higher rate runs
+    (``HybridDrafter.route``), or none when neither beats a plain step, and its law plans the tree. Each law
+    calibrates over the rounds it chose. ``drafter``: the ``HybridDrafter`` it routes (bound by the decoder).
     """
 
     def __init__(self, params: dict, verify_cost: VerifyCost | None = None, drafter=None):
@@ -429,18 +360,17 @@ class HybridLawPolicy:
         return self.laws["ngram"].verify_cost
 
     def bind(self, adapter, drafter) -> "HybridLawPolicy":
-        """``round.RoundPolicy.bind``: routes ``drafter`` (a ``HybridDrafter``) from now on."""
+        """Routes ``drafter`` (a ``HybridDrafter``) from now on."""
         if drafter is not None:
             self.drafter = drafter
         return self
 
     def begin_request(self, state) -> None:
-        """``round.RoundPolicy.begin_request``: nothing to reset (each law reads its own rounds of the history)."""
+        """Nothing to reset: each law reads its own rounds of the history."""
 
     @staticmethod
     def check(params: dict, drafter, model_id: str | None) -> None:
-        """Refuse a drafter that is not a hybrid one (``route``, ``ngram_proposal``, ``ngram``, ``block``), and each
-        law fitted for another drafter, checkpoint (``check_policy_drafter``) or target (``check_policy_target``)."""
+        """Refuse a drafter that is not a hybrid one, and each law fitted for another drafter or target."""
         if not all(hasattr(drafter, name) for name in ("route", "ngram_proposal", "ngram", "block")):
             raise ValueError(f"a hybrid policy routes a HybridDrafter (entropy_law.drafters.hybrid); the drafter is "
                              f"{type(drafter).__name__}: use a law policy of that drafter (fit_policy) instead")
@@ -450,14 +380,12 @@ class HybridLawPolicy:
 
     def before_draft(self, entropies: Sequence[float], n_output: int, max_depth: int, history: Sequence = (),
                      context: Sequence[int] | None = None) -> dict:
-        """Each law's ``before_draft`` over the rounds it chose before (its calibration's evidence); the one of
-        the higher ``law_rate`` decides, and the drafter is told which to run."""
+        """Each law's ``before_draft`` over its own rounds; the higher ``law_rate`` decides and routes the drafter."""
         if self.drafter is None:
             raise RuntimeError("HybridLawPolicy: no drafter bound (SpeculativeDecoder binds its HybridDrafter)")
         if context is None:
             raise ValueError("a hybrid policy looks at the n-gram proposal before choosing: pass context= (the prompt "
                              "and the committed output)")
-        # prompt lookup is known before choosing: no chain deeper than its proposal (none without a match)
         depths = {"ngram": min(int(max_depth), self.drafter.ngram_proposal(context).depth), "block": int(max_depth)}
         decisions = {route: law.before_draft(entropies, n_output, depths[route], self._last_round(history, route),
                                              context)
@@ -471,9 +399,7 @@ class HybridLawPolicy:
 
     @staticmethod
     def _last_round(history: Sequence, route: str) -> list:
-        """The request's last round of ``route``, or none: all a law's calibration reads of its own rounds (every
-        decision of a route keeps the sums it was made from, ``LawPolicy.calibration_sums``; that round adds its own
-        evidence), so the history is not filtered whole every round."""
+        """The request's last round of ``route`` (its decision keeps the calibration sums), or none."""
         for record in reversed(history):
             if (getattr(record, "policy", None) or {}).get("route") == route:
                 return [record]
@@ -488,15 +414,13 @@ class HybridLawPolicy:
         self._widest.observe(entropies, n_output, target_logits)
 
     def to_config(self) -> dict:
-        """The parameters as stored with the run (each law with the verify-cost curve in use)."""
+        """The parameters as stored with the run (each law with its verify-cost curve)."""
         return {**self.params, **{route: law.to_config() for route, law in self.laws.items()}}
 
 
 def make_policy(policy, verify_cost: VerifyCost | None, drafter=None):
-    """A ``LawPolicy`` or ``HybridLawPolicy`` from parameters (by their ``kind``); one already built passes
-    through (a ``HybridLawPolicy`` is bound to ``drafter``), as does any other ``round.RoundPolicy`` (an object
-    with ``before_draft``, ``plan`` and ``observe``: a gate of ``gate``, or ``replay.HindsightPolicy``, the oracle as
-    a policy)."""
+    """A ``LawPolicy`` or ``HybridLawPolicy`` from parameters (by their ``kind``); a policy already built, or any
+    other ``round.RoundPolicy``, passes through (a ``HybridLawPolicy`` bound to ``drafter``)."""
     if policy is None or isinstance(policy, LawPolicy):
         return policy
     if isinstance(policy, HybridLawPolicy):
@@ -512,8 +436,7 @@ def make_policy(policy, verify_cost: VerifyCost | None, drafter=None):
 
 
 def check_policy(policy, drafter, model_id: str | None) -> None:
-    """``check_policy_drafter`` and ``check_policy_target`` of parameters, a ``LawPolicy`` or a
-    ``HybridLawPolicy`` (each of its two laws against its own drafter)."""
+    """``check_policy_drafter`` and ``check_policy_target`` of parameters or a built law policy."""
     params = policy.params if isinstance(policy, (LawPolicy, HybridLawPolicy)) else policy
     if isinstance(params, dict) and params.get("kind") == HYBRID_POLICY_KIND:
         HybridLawPolicy.check(params, drafter, model_id)

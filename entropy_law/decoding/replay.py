@@ -1,22 +1,11 @@
 """Offline replay: target statistics and speculative rounds from a prompt and its greedy output.
 
-Known here: (1) one teacher-forced target pass over prompt + output gives the target's logits at
-every output position (fp32; the logit row that produced output token i), hence the entropy the
-decoder records there (the exogeneity property of greedy lossless decoding: it does not depend on
-the drafter); (2) for drafters whose proposals depend only on the context (the n-gram drafter), the
-round sequence of ``SpeculativeDecoder`` can be simulated without the target: the target's argmax
-after any prefix of the greedy output is the next output token, so a round accepts the longest tree
-path that spells the output, then commits the next output token.
-
-The simulated rounds are the decoder's own: ``replay_rounds`` drives the one round of
-``entropy_law.decoding.round`` (``play_round`` under the same ``RoundRules``: tree policy, round policy, usable
-depth, cut at EOS, stop reason), with the recorded output as the source of correct tokens instead of the
-target's argmax. Round 0 is the prefill (commits output token 0, no draft). ``tests/test_replay_online.py``
-compares replay and the online decoder round by round.
-
-Drafters that read target features replay through a precomputed stand-in: ``PrecomputedBlockDrafter``
-(the block drafter's proposal at every anchor from one teacher-forced pass) and ``replay_chain`` (its chain
-rounds and the acceptance at every anchor, for training). Timing is not known: replayed rounds report 0 ms.
+One teacher-forced target pass gives the target's logits (hence the recorded entropy) at every output position.
+For context-only drafters the decoder's rounds are simulated without the target: ``replay_rounds`` plays the
+decoder's own round (``round.play_round`` under the same ``RoundRules``) with the recorded output as the source of
+correct tokens, since greedy decoding's argmax after any prefix is the output's next token. Round 0 is the
+prefill. Drafters that read target features replay through ``PrecomputedBlockDrafter``. Replayed rounds report
+0 ms.
 """
 
 from __future__ import annotations
@@ -39,16 +28,10 @@ from entropy_law.traces.stats import TARGET_STAT_KEYS
 
 TARGET_STAT_COLUMNS = tuple(f"target_{key}" for key in TARGET_STAT_KEYS)
 
-
-# --- teacher-forced target pass ----------------------------------------------------------------------
-
 @torch.no_grad()
 def teacher_forced_logits(target, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> torch.Tensor:
-    """``[len(output_ids), V]`` fp32: row i is the target's logit row after prompt + output[:i].
-
-    One forward pass over ``prompt + output[:-1]``; only the last ``len(output)`` rows go through the
-    LM head. ``target``: a ``LoadedTarget`` or a Hugging Face causal LM.
-    """
+    """``[len(output_ids), V]`` fp32: row i is the target's logit row after prompt + output[:i] (one forward
+    pass; ``target``: a ``LoadedTarget`` or a Hugging Face causal LM)."""
     prompt_ids, output_ids = [int(t) for t in prompt_ids], [int(t) for t in output_ids]
     if not prompt_ids:
         raise ValueError("empty prompt: the first output token needs at least one prompt token")
@@ -65,26 +48,15 @@ def teacher_forced_logits(target, prompt_ids: Sequence[int], output_ids: Sequenc
 
 
 def target_stats(logits: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Per-row target statistics under the trace column names (``target_entropy_nats`` ...).
-
-    The same computation the recorder's observer uses (``observers.distribution_stats``: fp32
-    log-softmax over the full vocabulary; Shannon and Renyi-2 entropies in nats, the two largest
-    probabilities, the gap between the two largest logits).
-    """
+    """Per-row ``observers.distribution_stats`` under the trace column names (``target_entropy_nats`` ...)."""
     stats = distribution_stats(logits)
     return {f"target_{key}": value for key, value in stats.items()}
 
 
 def teacher_forced_target_stats(target, prompt_ids: Sequence[int], output_ids: Sequence[int], *,
                                 logits: torch.Tensor | None = None) -> pd.DataFrame:
-    """One row per output position: the target statistics that produced that token.
-
-    Columns: ``position``, ``token_id``, ``target_argmax`` (equals ``token_id`` along a greedy output;
-    ``is_greedy`` says so), ``target_margin`` (top-1 minus top-2 logit, the same as
-    ``target_logit_gap``, kept for divergence reports) and the trace columns ``target_entropy_nats``,
-    ``target_renyi2_nats``, ``target_top1_prob``, ``target_top2_prob``, ``target_logit_gap``.
-    Pass ``logits`` (from ``teacher_forced_logits``) to skip the forward pass.
-    """
+    """One row per output position: ``position``, ``token_id``, ``target_argmax``, ``is_greedy`` and the target
+    statistics that produced that token (``TARGET_STAT_COLUMNS``). ``logits`` given: no forward pass."""
     if logits is None:
         logits = teacher_forced_logits(target, prompt_ids, output_ids)
     stats = target_stats(logits)
@@ -98,9 +70,6 @@ def teacher_forced_target_stats(target, prompt_ids: Sequence[int], output_ids: S
     for column in TARGET_STAT_COLUMNS:
         frame[column] = stats[column].numpy()
     return frame
-
-
-# --- round simulation --------------------------------------------------------------------------------
 
 @dataclass
 class ReplayResult:
@@ -125,11 +94,8 @@ class ReplayResult:
         return sum(r.committed for r in decode_rounds) / len(decode_rounds) if decode_rounds else float("nan")
 
     def round_proposals(self) -> pd.DataFrame:
-        """The proposal of every round that verified a draft, as ``replay_proposals`` gives it at one position:
-        a row per verified depth ``d`` = 1 .. ``proposal_depth`` (the verified tree's depth) with ``top1_prob``
-        (``proposal_top1``), plus ``round_index``. Unlike ``replay_proposals`` (every position, the drafter
-        consulted there), these are the proposals of the rounds decoded, with the drafter's own history
-        (a drafter that calibrates from its record, the n-gram drafter, proposes here what it proposed online)."""
+        """The proposal of every round that verified a draft, in ``replay_proposals``' columns plus
+        ``round_index``: only the rounds decoded, with the drafter's own history."""
         rows = []
         for record, proposal, tree in zip(self.rounds, self.proposals, self.trees):
             if proposal is None or tree.n_nodes == 0:
@@ -153,48 +119,29 @@ class ReplayResult:
         return pd.DataFrame(rows)
 
 
-def replay_rounds(
-    prompt_ids: Sequence[int],
-    output_ids: Sequence[int],
-    drafter: Drafter,
-    tree: str | Callable[[DraftProposal, int | None], Tree] = "chain",
-    budget: int | None = None,
-    *,
-    eos_token_ids: Sequence[int] | int | None = None,
-    max_new_tokens: int | None = None,
-    max_context: int | None = None,
-    verify_cost_ratio: float = DEFAULT_VERIFY_COST_RATIO,
-    min_expected_accepted: float | None = None,
-    verify_cost: VerifyCost | None = None,
-    should_draft: Callable[[DraftProposal, Tree], bool] | None = None,
-    policy=None,
-    entropies: Sequence[float] | None = None,
-    category: str = "",
-    dataset: str = "",
-) -> ReplayResult:
+def replay_rounds(prompt_ids: Sequence[int], output_ids: Sequence[int], drafter: Drafter,
+                  tree: str | Callable[[DraftProposal, int | None], Tree] = "chain", budget: int | None = None, *,
+                  eos_token_ids: Sequence[int] | int | None = None, max_new_tokens: int | None = None,
+                  max_context: int | None = None, verify_cost_ratio: float = DEFAULT_VERIFY_COST_RATIO,
+                  min_expected_accepted: float | None = None, verify_cost: VerifyCost | None = None,
+                  should_draft: Callable[[DraftProposal, Tree], bool] | None = None, policy=None,
+                  entropies: Sequence[float] | None = None, category: str = "", dataset: str = "") -> ReplayResult:
     """Simulate the decoder's rounds on a known greedy output.
 
-    ``output_ids``: the greedy continuation of ``prompt_ids`` as the decoder produced it (new tokens
-    only, ending with EOS or at the token budget). ``drafter``: a context-only drafter (its features
-    are ``None`` here); it is restarted with ``begin``. ``tree`` / ``budget`` / ``verify_cost_ratio`` /
-    ``min_expected_accepted`` / ``verify_cost`` / ``eos_token_ids`` have the meaning of the gates' settings and the
-    decoder's (a measured ``verify_cost`` is not re-measured: pass the curve the online run used,
-    ``VerifyCost.from_config``); ``max_new_tokens`` defaults to ``len(output_ids)``; ``max_context`` is the
-    target's context length (``None``: no limit).
-    ``should_draft(proposal, tree)`` replaces the expected-accepted gate when given. These settings build the
-    run's gate (``gate.make_gate``, the settings of a run's ``run.json``). ``policy``: any ``round.RoundPolicy`` (a
-    gate of ``gate``; a ``policy.LawPolicy``, or its parameters, priced with ``verify_cost``; the hybrid
-    drafter's two laws, ``policy.HybridLawPolicy``, with a ``HybridDrafter``) in place of the gate settings; a law
-    policy reads the target entropy at each output position from ``entropies`` (e.g. ``target_entropy_nats`` of
-    the recorded tokens or of ``teacher_forced_target_stats``; ``None``: the policy's default entropy).
-    ``category`` / ``dataset``: the request's workload, as the policy sees it (``RoundPolicy.begin_request``).
+    ``output_ids``: the new tokens the decoder produced (ending with EOS or at the token budget). ``drafter``: a
+    context-only drafter, restarted with ``begin``. The gate settings (``verify_cost_ratio``,
+    ``min_expected_accepted``, ``verify_cost``, ``should_draft``) build the run's gate as ``gate.make_gate``;
+    ``policy`` (any ``round.RoundPolicy``, or law parameters for ``policy.make_policy``) replaces them, and a law
+    policy reads the target entropy at each output position from ``entropies``. ``max_new_tokens`` defaults to
+    ``len(output_ids)``; ``max_context``: the target's context length. ``category`` / ``dataset``: the request's
+    workload, as the policy sees it.
     """
     prompt_ids, output_ids = [int(t) for t in prompt_ids], [int(t) for t in output_ids]
     if not prompt_ids:
         raise ValueError("empty prompt")
     if not output_ids:
         raise ValueError("empty output: the prefill always commits one token")
-    if policy is not None:  # parameters of one drafter's law or of the hybrid drafter's two (bound to it)
+    if policy is not None:
         policy = make_policy(policy, verify_cost, drafter)
     else:
         policy = make_gate(verify_cost_ratio=verify_cost_ratio, min_expected_accepted=min_expected_accepted,
@@ -206,10 +153,7 @@ def replay_rounds(
     max_new = len(output_ids) if max_new_tokens is None else int(max_new_tokens)
     if len(output_ids) > max_new:
         raise ValueError(f"output has {len(output_ids)} tokens, more than max_new_tokens={max_new}")
-    early_eos = [i for i, t in enumerate(output_ids[:-1]) if t in rules.eos_token_ids]
-    if early_eos:
-        raise ValueError(f"output has EOS at position {early_eos[0]} before its end; greedy decoding stops there")
-
+    _check_no_early_eos(output_ids, rules.eos_token_ids)
     drafter.begin(prompt_ids, None)
     state = RequestState(prompt_ids=prompt_ids, max_new_tokens=max_new, output=output_ids[:1], start=len(prompt_ids),
                          block_size=int(getattr(drafter, "block_size", 1)), category=category, dataset=dataset)
@@ -255,9 +199,14 @@ def _replay_config(drafter: Drafter, tree, budget, rules: RoundRules, max_new: i
             "max_context": max_context, "replayed": True}
 
 
+def _check_no_early_eos(output_ids: list[int], eos_token_ids) -> None:
+    early_eos = [i for i, t in enumerate(output_ids[:-1]) if t in eos_token_ids]
+    if early_eos:
+        raise ValueError(f"output has EOS at position {early_eos[0]} before its end; greedy decoding stops there")
+
+
 class _RecordedOutput:
-    """The offline source of correct tokens: greedy decoding is deterministic, so the target's argmax after
-    any prefix of the recorded greedy output is the output's next token. Nothing to commit."""
+    """The offline source of correct tokens: the recorded greedy output's next token. Nothing to commit."""
 
     def __init__(self, output_ids: list[int]):
         self.output_ids = output_ids
@@ -295,10 +244,8 @@ def oracle_rounds(prompt_ids: Sequence[int], output_ids: Sequence[int], drafter:
                   verify_cost: VerifyCost, draft_cost: float = 0.0, eos_token_ids=None,
                   max_new_tokens: int | None = None, max_context: int | None = None) -> OracleResult:
     """The replay oracle: each round, in hindsight, the budget ``N`` in ``budgets`` (0: no draft) whose round
-    commits the most tokens per unit of modelled cost ``c(N + 1) (+ draft_cost)``, given the recorded
-    greedy output; the request then continues from that round. A ceiling for any policy that chooses a
-    budget per round for this drafter and tree shape (greedy per round, not a global optimum over the
-    whole sequence). Context-only drafters (the n-gram drafter; ``PrecomputedBlockDrafter``)."""
+    commits the most tokens per unit of modelled cost ``c(N + 1) (+ draft_cost)``; the request continues from
+    that round (greedy per round, not a global optimum). Context-only drafters."""
     prompt_ids, output_ids = [int(t) for t in prompt_ids], [int(t) for t in output_ids]
     if not prompt_ids or not output_ids:
         raise ValueError("the oracle needs a prompt and a non-empty greedy output")
@@ -327,23 +274,13 @@ def oracle_rounds(prompt_ids: Sequence[int], output_ids: Sequence[int], drafter:
 
 
 class HindsightPolicy:
-    """The replay oracle of one request as a decoder's round policy (``round.RoundPolicy``), so that the oracle's
-    rounds run on the target and are timed like any policy's: ``oracle_rounds`` gives a modelled rate only, and
-    a modelled rate leaves out what the cost curve misses (a round's cost at the request's own context length,
-    the round's work around the forward), which every decoder pays.
+    """The replay oracle of one request as a decoder's round policy, so its rounds run on the target and are timed.
 
-    Given the request's greedy ``output_ids`` and its replayed ``oracle`` (``oracle_rounds`` of the same prompt,
-    drafter, ``budgets``, costs and tree shape): before drafting, the drafter runs unless the oracle's round from
-    this output position was a plain step (its cost saved, as the oracle prices it); after drafting, the budget
-    in ``budgets`` whose tree (built from this proposal as ``oracle_rounds`` builds it) commits the most tokens
-    of ``output_ids`` per unit of ``c(N + 1) + draft_cost``, ties to the smaller budget (``oracle_rounds``' rule).
-    With a drafter whose proposals depend on the context only, the rounds are the oracle's
-    (``tests/test_policy.py``). A drafter whose live proposals differ from the replayed ones may reach positions the
-    oracle did not, and there it drafts and chooses by hindsight: the n-gram drafter, whose self-calibration learns
-    at every call and which the replay calls every round, plain steps included, and the block drafter, whose
-    features come from an incremental cache, not one teacher-forced pass.
-    ``decision["scheduled"]`` is the oracle's budget from this position (None where it had no round).
-    Only for the request whose output it was given: it reads that output, not the target's choice."""
+    Given the request's greedy ``output_ids`` and its ``oracle`` (``oracle_rounds`` with the same settings): the
+    drafter runs unless the oracle's round from this position was a plain step; then the budget whose tree commits
+    the most tokens of ``output_ids`` per unit of ``c(N + 1) + draft_cost`` is verified, ties to the smaller
+    (``oracle_rounds``' rule). With a context-only drafter the rounds are the oracle's; elsewhere it chooses by
+    hindsight. ``decision["scheduled"]``: the oracle's budget here (None: no round). Only for that request."""
 
     def __init__(self, output_ids: Sequence[int], oracle: OracleResult, *, verify_cost: VerifyCost,
                  draft_cost: float = 0.0, budgets: Sequence[int] = (0, 1, 2, 4, 8, 16, 32), tree: str = "ddtree",
@@ -401,8 +338,7 @@ class HindsightPolicy:
 
 
 def _budget_rules(budgets: Sequence[int], tree: str, eos_token_ids, max_context: int | None):
-    """(the budgets sorted and checked, each drafting budget's ``RoundRules`` with every drafted node verified, the
-    plain step's ``RoundRules``): the rounds ``oracle_rounds`` and ``round_outcomes`` try from each start."""
+    """(budgets sorted and checked, each drafting budget's ungated ``RoundRules``, the plain step's)."""
     budgets = sorted({int(b) for b in budgets})
     if budgets[0] < 0:
         raise ValueError(f"budgets must be >= 0, got {budgets}")
@@ -414,8 +350,8 @@ def _budget_rules(budgets: Sequence[int], tree: str, eos_token_ids, max_context:
 
 def _budget_trials(state: RequestState, drafter: Drafter, budgets: Sequence[int], rules: dict, plain: RoundRules,
                    recorded: "_RecordedOutput") -> list[tuple[int, Round, RequestState]]:
-    """The round each budget of ``budgets`` plays from ``state`` (0: a plain step), on copies of the state, with
-    one proposal of the drafter after the committed context: ``[(budget, record, state after it)]``."""
+    """``[(budget, record, state after it)]``: the round each budget plays from a copy of ``state`` (0: a plain
+    step), all from one proposal."""
     proposal = drafter.propose(state.prompt_ids + state.output, None)
     out = []
     for n in budgets:
@@ -433,25 +369,15 @@ OUTCOME_COLUMNS = ("start_position", "budget", "tree_nodes", "accepted", "commit
 def round_outcomes(prompt_ids: Sequence[int], output_ids: Sequence[int], drafter: Drafter, *,
                    budgets: Sequence[int] = (0, 1, 2, 4, 8, 16), tree: str = "ddtree", eos_token_ids=None,
                    max_new_tokens: int | None = None, max_context: int | None = None) -> pd.DataFrame:
-    """What a round of each budget would do from EVERY output position of a known greedy output: the table a
-    per-round policy chooses from, and the oracle's (``oracle_rounds`` walks it by the best rate in hindsight).
-
-    One row per (start ``s``, budget ``N``): the round after output[:s] is committed (pending root output[s - 1];
-    ``s`` = 1 .. the last position a round starts from) under the ``tree`` shape with budget ``N`` (0: a plain
-    step), every drafted node verified (no gate): ``tree_nodes`` verified, ``accepted`` drafts, ``committed``
-    tokens (the next round starts at ``s + committed``) and ``expected_accepted``, the drafter's surrogate
-    expected accepted drafts of that tree (its own node probabilities, known before verification: its
-    confidence). Context-only drafters (as ``oracle_rounds``; the n-gram drafter is consulted at every
-    position, so its self-calibration rests on more evidence than online). ``walk_outcomes`` plays a policy
-    over the table."""
+    """What a round of each budget would do from EVERY output position of a known greedy output: one row per
+    (start ``s``, budget ``N``; 0: a plain step), every drafted node verified, with ``tree_nodes``, ``accepted``,
+    ``committed`` and the drafter's surrogate ``expected_accepted``. Context-only drafters; see ``walk_outcomes``."""
     prompt_ids, output_ids = [int(t) for t in prompt_ids], [int(t) for t in output_ids]
     if not prompt_ids or not output_ids:
         raise ValueError("round_outcomes needs a prompt and a non-empty greedy output")
     budgets, rules, plain = _budget_rules(budgets, tree, eos_token_ids, max_context)
     max_new = len(output_ids) if max_new_tokens is None else int(max_new_tokens)
-    early_eos = [i for i, t in enumerate(output_ids[:-1]) if t in plain.eos_token_ids]
-    if early_eos:
-        raise ValueError(f"output has EOS at position {early_eos[0]} before its end; greedy decoding stops there")
+    _check_no_early_eos(output_ids, plain.eos_token_ids)
     drafter.begin(prompt_ids, None)
     recorded = _RecordedOutput(output_ids)
     rows = []
@@ -470,9 +396,8 @@ def round_outcomes(prompt_ids: Sequence[int], output_ids: Sequence[int], drafter
 
 
 def walk_outcomes(outcomes: pd.DataFrame, choose: Callable[[pd.DataFrame], int]) -> pd.DataFrame:
-    """The rounds a policy plays over one request's ``round_outcomes``: from start 1, ``choose(rows)`` (the rows
-    of that start, indexed by budget) names the budget, and the next round starts where that one ends. The
-    chosen rows, in order."""
+    """The rows a policy plays over one request's ``round_outcomes``: from start 1, ``choose(rows)`` (that start's
+    rows, indexed by budget) names the budget; the next round starts where that one ends."""
     by_start = {int(s): part.set_index("budget") for s, part in outcomes.groupby("start_position", sort=True)}
     chosen, s = [], 1
     while s in by_start:
@@ -490,9 +415,7 @@ PROPOSAL_COLUMNS = ("start_position", "proposal_depth", "depth", "top1_prob")
 
 
 def proposal_top1(proposal: DraftProposal, depth: int) -> list[float]:
-    """The drafter's probability of its own most probable proposal at depths 1 .. ``depth`` (the trace column
-    ``draft_top1_prob``'s definition): the largest softmax probability of each row of its logits, else the largest
-    of its candidates' probabilities."""
+    """The drafter's probability of its own top proposal at depths 1 .. ``depth`` (``draft_top1_prob``)."""
     if proposal.logits is not None:
         return torch.softmax(proposal.logits[:depth].float(), dim=-1).amax(dim=-1).tolist()
     return proposal.logprobs[:depth].float().amax(dim=-1).exp().tolist()
@@ -502,37 +425,17 @@ def replay_proposals(prompt_ids: Sequence[int], output_ids: Sequence[int], draft
                      tree: str | Callable = "chain", budget: int | None = None, *, eos_token_ids=None,
                      max_new_tokens: int | None = None, max_context: int | None = None,
                      min_expected_accepted: float = 0.0) -> pd.DataFrame:
-    """The drafter's proposal for a round starting at EVERY output position of a known greedy output.
-
-    For each start position ``s`` = 1 .. T-1 (a round whose pending root is output token ``s - 1``; position 0
-    is the prefill's), the drafter proposes after prompt + output[:s], the tree policy (``tree``, ``budget``;
-    every drafted node verified, as a run with gate threshold 0) picks the tree within the usable depth, and
-    a row per drafted depth ``d`` = 1 .. ``proposal_depth`` (the tree's depth) gives ``top1_prob``, the
-    drafter's probability of its own most probable proposal at ``d`` (the trace column ``draft_top1_prob``'s
-    definition); a start with nothing drafted gets one row with ``proposal_depth`` = ``depth`` = 0 and a
-    null ``top1_prob``. The output must be complete greedy decoding (EOS only as its last token).
-
-    What a law needs to predict rounds that never happened (``entropy_law.law.transfer``, depths
-    ``"replayed"``): the rounds a decoder makes depend on where earlier rounds ended, so their starts are only
-    some of these. Nothing of a round's outcome enters: only the context, which greedy decoding fixes.
-    Context-only drafters (the n-gram drafter; ``PrecomputedBlockDrafter``). A drafter that calibrates from
-    its own record (the n-gram drafter) is consulted at every position here, not only at round starts, so
-    its probabilities rest on more evidence than online; its proposals at the recorded rounds' starts are
-    mostly, not always, the recorded ones (the bench that writes them reports the agreement).
-
-    ``min_expected_accepted``: the ratio gate's threshold (``run_gate_threshold`` of a run): a start whose
-    surrogate expected acceptance is below it drafts nothing, as in a gated run; 0 (default) verifies every
-    proposal.
-    """
+    """The drafter's proposal for a round starting at EVERY output position ``s`` = 1 .. T-1 of a complete greedy
+    output (``law.transfer``'s depths ``"replayed"``; context-only drafters): a row per drafted depth ``d`` of the
+    tree the policy picks, with ``top1_prob`` (``proposal_top1``); nothing drafted: one row of depth 0, null
+    ``top1_prob``. ``min_expected_accepted``: the ratio gate's threshold (``run_gate_threshold``; 0: none)."""
     prompt_ids, output_ids = [int(t) for t in prompt_ids], [int(t) for t in output_ids]
     if not prompt_ids or not output_ids:
         raise ValueError("replay_proposals needs a prompt and a non-empty greedy output")
     rules = RoundRules.make(tree, budget, eos_token_ids=eos_token_ids, max_context=max_context,
                             policy=RatioGate(min_expected_accepted=float(min_expected_accepted)))
     max_new = len(output_ids) if max_new_tokens is None else int(max_new_tokens)
-    early_eos = [i for i, t in enumerate(output_ids[:-1]) if t in rules.eos_token_ids]
-    if early_eos:
-        raise ValueError(f"output has EOS at position {early_eos[0]} before its end; greedy decoding stops there")
+    _check_no_early_eos(output_ids, rules.eos_token_ids)
     drafter.begin(prompt_ids, None)
     rows = []
     for s in range(1, min(len(output_ids), max_new)):
@@ -549,30 +452,13 @@ def replay_proposals(prompt_ids: Sequence[int], output_ids: Sequence[int], draft
                          "top1_prob": "float32"})
 
 
-def replay_request(
-    target,
-    prompt_ids: Sequence[int],
-    output_ids: Sequence[int],
-    drafter: Drafter,
-    tree: str | Callable = "chain",
-    budget: int | None = None,
-    *,
-    observers: Sequence[Observer] = (),
-    request_id: str = "replay",
-    category: str = "",
-    dataset: str = "",
-    question_id: str = "",
-    image_tokens: int = 0,
-    logits: torch.Tensor | None = None,
-    **round_options,
-) -> ReplayResult:
-    """Replay one request and hand its rounds to observers as the decoder would (e.g. a recorder).
-
-    One teacher-forced target pass supplies each round's ``target_logits`` (unless ``logits`` is
-    given). Timings are 0 and every record has ``replayed=True``; mark the run as
-    replayed in the recorder's run metadata too (``replay_run_metadata``). ``round_options`` go to
-    ``replay_rounds``.
-    """
+def replay_request(target, prompt_ids: Sequence[int], output_ids: Sequence[int], drafter: Drafter,
+                   tree: str | Callable = "chain", budget: int | None = None, *, observers: Sequence[Observer] = (),
+                   request_id: str = "replay", category: str = "", dataset: str = "", question_id: str = "",
+                   image_tokens: int = 0, logits: torch.Tensor | None = None, **round_options) -> ReplayResult:
+    """Replay one request and hand its rounds to observers as the decoder would, with ``target_logits`` from one
+    teacher-forced pass (or ``logits``), 0 ms timings and ``replayed=True`` (see ``replay_run_metadata``).
+    ``round_options`` go to ``replay_rounds``."""
     result = replay_rounds(prompt_ids, output_ids, drafter, tree, budget, category=category, dataset=dataset,
                            **round_options)
     if logits is None:
@@ -603,18 +489,10 @@ def replay_run_metadata(drafter: Drafter, tree: str, budget: int | None, **extra
             "tree_policy": tree if isinstance(tree, str) else repr(tree),
             "tree_budget": budget, "replayed": True, **extra}
 
-
-# --- drafters that read target features --------------------------------------------------------------
-
 class PrecomputedBlockDrafter:
-    """The block drafter's proposals at every anchor of one known sequence, from ONE ``block_logits`` pass.
-
-    A ``Drafter`` for ``replay_rounds`` (any tree policy: chain, DDTree): ``propose(tokens, _)`` returns the
-    proposal anchored at ``len(tokens) - 1``, identical (up to float noise) to what the live drafter returns
-    there, because the live drafter's context is exactly the target features of ``tokens[:-1]`` and those
-    are the teacher-forced features of the sequence. ``drafter``: an ``entropy_law.drafters.BlockDrafter``
-    (used through its methods ``sequence_vocab``, ``block_logits``, ``proposal_from_logits``).
-    """
+    """The block drafter's proposals at every anchor of one known sequence, from ONE ``block_logits`` pass: a
+    ``Drafter`` for ``replay_rounds`` whose ``propose(tokens, _)`` equals (up to float noise) the live
+    ``drafters.BlockDrafter``'s at anchor ``len(tokens) - 1``."""
 
     feature_layers: tuple[int, ...] = ()  # replay passes no features; they are precomputed
 
@@ -632,10 +510,7 @@ class PrecomputedBlockDrafter:
             raise ValueError(f"need features for positions 0..{s - 2}, got {features.shape[0]} rows")
         anchors = list(range(self.prompt_len, s))
         ids = torch.tensor([self.sequence])
-        # one pass over all anchors (chunked only to bound memory); anchor s-1 needs features 0..s-2
-        feats = features[None, : s - 1].float()
-        # the columns: the draft vocabulary of the whole sequence; with ``context_vocab`` ids an anchor has
-        # not seen yet are masked per anchor, so each row equals the live drafter's proposal there
+        feats = features[None, : s - 1].float()  # anchor s-1 needs features 0..s-2; chunked to bound memory
         self.vocab = drafter.sequence_vocab(ids)
         rows = []
         with torch.no_grad():
@@ -684,12 +559,9 @@ class ChainReplay:
 @torch.no_grad()
 def replay_chain(drafter, input_ids: torch.Tensor, features: torch.Tensor, prompt_len: int, *,
                  chunk: int = 64) -> ChainReplay:
-    """The chain rounds a decoder with ``drafter`` runs on one greedy sequence (the decoder's own rounds:
-    ``replay_rounds`` with the chain tree and no gate), and the acceptance at every response anchor.
-
-    ``input_ids [S]`` = prompt + greedy response; ``features [>= S-1, n*H]`` target features (row j =
-    position j). Used to score a drafter during training (mean committed tokens per round).
-    """
+    """The chain rounds (ungated) a decoder with ``drafter`` runs on one greedy sequence, and the acceptance at
+    every response anchor. ``input_ids [S]`` = prompt + greedy response; ``features [>= S-1, n*H]`` (row j =
+    position j)."""
     sequence = [int(t) for t in input_ids.tolist()]
     prompt, output = sequence[:prompt_len], sequence[prompt_len:]
     source = PrecomputedBlockDrafter(drafter, prompt, output, features, chunk=chunk)
@@ -702,10 +574,8 @@ def replay_chain(drafter, input_ids: torch.Tensor, features: torch.Tensor, promp
 
 
 def run_gate_threshold(meta: dict) -> float | None:
-    """The ratio gate's threshold (``min_expected_accepted``) a run was decoded with, from its ``run.json``: as
-    stored, else ``verify_cost_ratio - 1`` (a run recorded before the threshold was written down:
-    ``verify_cost_ratio`` as stored, else the default, ``DEFAULT_VERIFY_COST_RATIO``); ``None`` for the cost gate
-    (a best-value prefix under a measured curve, not a threshold) and for a law policy."""
+    """The ratio gate's threshold a run was decoded with, from its ``run.json`` (as stored, else
+    ``verify_cost_ratio - 1``); ``None`` for the cost gate and for a law policy."""
     if meta.get("gate") == "cost" or meta.get("verify_cost") or meta.get("policy"):
         return None
     if meta.get("min_expected_accepted") is not None:

@@ -1,22 +1,9 @@
 """One speculative round, written once: plan the tree, walk it, commit, stop.
 
-Known here: the record of one round (``Round``), the decision interface every drafting policy implements
-(``RoundPolicy``: the gates of ``gate``, the law policy of ``policy``, the replay oracle of ``replay``), the
-rules every round obeys (``RoundRules``: the tree policy and its budget, the round policy, the EOS set, the usable
-depth, the cut at EOS / the token budget, the stop reason), the prefill round, and the round itself
-(``play_round``). Two drivers call it and differ
-only in where the next correct token comes from:
-
-- the online decoder (``decoder.SpeculativeDecoder``): one target forward over the root plus the tree,
-  and the correct token after a node is the target's argmax there;
-- offline replay (``replay.replay_rounds``): the correct token after a node at depth ``d`` is the next
-  token of the recorded greedy output (greedy decoding is deterministic, so that is the target's argmax).
-
-Because both drivers run this one function, a replay with the same drafter and rules makes exactly the
-online rounds (``tests/test_replay_online.py`` checks it round by round).
-
-Not known here: how drafters draft (``interface.Drafter``), how trees are shaped (``tree``), how the target
-runs (``adapter``), how rounds are written to disk (``observers``, ``entropy_law.traces``).
+The record of a round (``Round``), the decision interface of every drafting policy (``RoundPolicy``), the rules
+every round obeys (``RoundRules``) and the round itself (``play_round``). Its two drivers differ only in where the
+next correct token comes from: the target's argmax (``decoder.SpeculativeDecoder``) or the recorded greedy output
+(``replay.replay_rounds``), so a replay with the same drafter and rules makes exactly the online rounds.
 """
 
 from __future__ import annotations
@@ -33,16 +20,11 @@ from entropy_law.decoding.interface import DraftProposal
 from entropy_law.decoding.tree import TREE_POLICIES, Tree, build_tree
 
 
-
 @dataclass(frozen=True)
 class Round:
-    """One verify round (round 0 is the prefill: it commits the first new token and drafts nothing).
-
-    Observers receive it with ``request_id``, ``block_size``, ``draft`` (the proposal the verified tree was
-    built from, ``None`` when the round did not draft) and ``target_logits`` (``[committed, V]`` fp32: row
-    ``j`` is the target's logit row at depth ``j`` of the committed path, which produced committed token
-    ``j``) filled in; results keep the bare record (``bare()``), without tensors.
-    """
+    """One verify round (round 0: the prefill). Observers receive it with ``draft`` (the proposal verified, or
+    ``None``) and ``target_logits`` (``[committed, V]`` fp32, row ``j`` produced committed token ``j``); results
+    keep the ``bare()`` record."""
 
     round_index: int
     start_position: int  # output position of committed_ids[0]
@@ -78,67 +60,42 @@ class Round:
 
 
 class RoundPolicy(Protocol):
-    """The one drafting decision of a round: whether to call the drafter, and which drafted nodes to verify. The
-    gates (``gate.RatioGate``, the default; ``gate.CostGate``; ``gate.PredicateGate``), the law policies
-    (``policy.LawPolicy``, ``policy.HybridLawPolicy``) and the replay oracle (``replay.HindsightPolicy``) implement
-    it, and ``RoundRules`` asks it and nothing else. A policy only chooses the verified tree; the acceptance rule
-    stays the round's, so the output is the greedy output whatever it decides. The online decoder and replay call
-    it in the same order with the same arguments, so a policy replayed makes its online rounds.
+    """The one drafting decision of a round: whether to call the drafter, and which drafted nodes to verify.
 
-    What a policy is given, in the order of the calls (all it will be given: a controller finds its inputs here):
+    Implemented by the gates (``gate``), the law policies (``policy``) and the replay oracle
+    (``replay.HindsightPolicy``). It only chooses the verified tree, so the output is the greedy output whatever it
+    decides; online and replay call it in the same order with the same arguments. The calls, in order:
 
-    - ``bind(adapter, drafter)``, once, when a decoder is built (replay: ``adapter`` is ``None``): returns the
-      policy to use (itself, or a copy completed for this machine and drafter: ``CostGate`` times the verify
-      cost, ``HybridLawPolicy`` binds the drafter it routes).
-    - ``begin_request(state)``, at each request's start: the ``RequestState`` (``request_id``, the workload:
-      ``category`` and ``dataset``, ``prompt_ids``, ``max_new_tokens``). Settings chosen per workload (a table
-      fitted offline per category, say) are chosen here; per-request state is reset here.
-    - ``before_draft(entropies, n_output, max_depth, history, context)``, each round before the drafter runs:
-      the target entropy at each output position so far (``entropies``; NaN where unknown), the output length,
-      the deepest draft that can still be committed, the request's earlier rounds (``history``: ``Round``
-      records, round 0 the prefill, each with its outcome: ``tree_nodes``, ``tree_depth``, ``accepted``,
-      ``committed_ids``, ``expected_accepted``, and this policy's own decision in ``.policy``) and the context
-      (prompt and committed output, ending with the pending root). Returns the decision: a dict with ``"draft"``
-      (call the drafter?) and whatever the policy wants kept with the round (``Round.policy``, hence in the next
-      rounds' ``history``; the trace keeps the columns of ``observers.round_columns``), or ``None``: draft, and
-      keep no decision (the gates: their traces carry no policy columns).
-    - ``plan(proposal, tree, decision)``, after drafting: the drafter's proposal, its confidences included
-      (``proposal.logprobs``: log-probabilities of its candidates at each drafted depth; ``proposal.logits``:
-      its whole distribution per depth where the drafter has one, e.g. the block drafter; per tree node
-      ``decoding.tree.node_logprobs``), the candidate tree built from it (cut to ``max_depth``) and the
-      decision ``before_draft`` returned (a dict ``plan`` may add to). Returns an ancestor-closed subtree of
-      ``tree`` to verify (empty: a plain step) and its expected accepted drafts (the round's ``expected_accepted``).
-    - ``observe(entropies, n_output, target_logits)``, after each commit (and after the prefill): extend
-      ``entropies`` with the newly committed positions, from their target logit rows (``None`` in replay, where
-      the entropies are given up front).
-    - ``to_config()``: its settings as stored with a run (``policy_config``).
+    - ``bind(adapter, drafter)``, once per decoder (replay: ``adapter`` is ``None``): the policy to use.
+    - ``begin_request(state)``: a request starts (its ``RequestState``: id, workload, prompt, token budget).
+    - ``before_draft(entropies, n_output, max_depth, history, context)``: the target entropy per output position
+      (NaN where unknown), the output length, the deepest committable draft, the request's earlier ``Round``
+      records (each with this policy's decision in ``.policy``) and the prompt plus committed output. Returns a
+      dict with ``"draft"`` and what to keep with the round, or ``None`` (draft, keep nothing).
+    - ``plan(proposal, tree, decision)``: the proposal, the candidate tree built from it and the decision. Returns
+      an ancestor-closed subtree to verify (empty: a plain step) and its expected accepted drafts.
+    - ``observe(entropies, n_output, target_logits)``: extend ``entropies`` with the newly committed positions
+      (``target_logits`` ``None`` in replay, where they are given up front).
+    - ``to_config()``: its settings as stored with a run.
     """
 
-    def bind(self, adapter, drafter) -> "RoundPolicy":
-        """The policy a decoder with this target adapter (``None`` in replay) and drafter uses."""
+    def bind(self, adapter, drafter) -> "RoundPolicy": ...
 
-    def begin_request(self, state: "RequestState") -> None:
-        """A request starts: its id, workload (``category``, ``dataset``), prompt and token budget."""
+    def begin_request(self, state: "RequestState") -> None: ...
 
     def before_draft(self, entropies: Sequence[float], n_output: int, max_depth: int, history: Sequence = (),
-                     context: Sequence[int] | None = None) -> dict | None:
-        """The decision before drafting: a dict with ``"draft"`` (call the drafter?) and its inputs, or ``None``
-        (draft; nothing recorded)."""
+                     context: Sequence[int] | None = None) -> dict | None: ...
 
-    def plan(self, proposal: DraftProposal, tree: Tree, decision: dict | None) -> tuple[Tree, float]:
-        """The subtree of ``tree`` to verify and its expected accepted drafts; may record its choice in ``decision``."""
+    def plan(self, proposal: DraftProposal, tree: Tree, decision: dict | None) -> tuple[Tree, float]: ...
 
-    def observe(self, entropies: list[float], n_output: int, target_logits: torch.Tensor | None) -> None:
-        """Extend ``entropies`` (one per output position) with the newly committed positions."""
+    def observe(self, entropies: list[float], n_output: int, target_logits: torch.Tensor | None) -> None: ...
 
-    def to_config(self) -> dict:
-        """The policy's settings, JSON-ready."""
+    def to_config(self) -> dict: ...
 
 
 def policy_config(policy: RoundPolicy) -> dict:
-    """The keys a round policy adds to a decoder's (or a replay's) config: a gate's settings where runs have always
-    kept them (``verify_cost_ratio``, ``min_expected_accepted``, ``verify_cost``: ``Gate.to_config``); any other
-    policy's ``to_config()`` under ``policy``, with the verify-cost curve it prices by (``verify_cost``)."""
+    """The keys a round policy adds to a run's config: a gate's settings (``Gate.to_config``), or any other
+    policy's ``to_config()`` under ``policy`` with the verify-cost curve it prices by."""
     if isinstance(policy, Gate):
         return policy.to_config()
     curve = getattr(policy, "verify_cost", None)
@@ -170,10 +127,8 @@ POLICY_METHODS = ("bind", "begin_request", "before_draft", "plan", "observe")
 
 @dataclass(frozen=True)
 class RoundRules:
-    """What every round obeys, online or replayed: the tree policy, the round policy, and when to stop.
-
-    Build with ``RoundRules.make`` (checks the options; the default policy is ``gate.RatioGate()``).
-    """
+    """What every round obeys, online or replayed: the tree policy, the round policy, and when to stop (build with
+    ``RoundRules.make``)."""
 
     tree: str | Callable[[DraftProposal, int | None], Tree] = "chain"
     budget: int | None = None
@@ -229,9 +184,8 @@ class RoundRules:
 
     def plan_tree(self, proposal: DraftProposal | None, start: int, remaining: int,
                   decision: dict | None = None) -> tuple[Tree, DraftProposal | None, float]:
-        """The tree to verify (the policy's choice; empty when drafting is not expected to pay), the proposal cut
-        to its depth (``None`` when nothing is verified) and the policy's expected accepted drafts ``E`` (the
-        policy may record its choice in ``decision``)."""
+        """The tree the policy verifies (maybe empty), the proposal cut to its depth (``None``: nothing verified) and
+        the policy's expected accepted drafts ``E``."""
         if decision is not None:
             decision.setdefault("budget", 0)
         if proposal is None or proposal.depth == 0:
@@ -261,8 +215,8 @@ class RoundRules:
 
 @dataclass
 class RequestState:
-    """One request in flight: the prompt, its workload (``category``, ``dataset``), the committed output (its
-    last token is the pending root, not yet in the target's cache) and the rounds so far."""
+    """One request in flight: prompt, workload, committed output (its last token the pending root, not yet in the
+    target's cache) and rounds so far."""
 
     prompt_ids: list[int]
     max_new_tokens: int
@@ -306,15 +260,11 @@ def _no_clock() -> float:
 def play_round(state: RequestState, rules: RoundRules, propose: Callable[[list[int]], DraftProposal | None],
                verifier: Verifier, *, timed: bool = True) -> Round:
     """One speculative round: draft -> plan the tree -> verify -> walk -> commit (+ the bonus token).
-
-    ``propose(tokens)`` drafts after ``tokens`` (prompt + committed output, ending with the pending root);
-    ``None`` means no drafter. Updates ``state`` (output, cache length) and returns the round's record.
-    """
+    ``propose(tokens)`` drafts after the prompt + committed output (``None``: no draft). Updates ``state``."""
     clock = now_ms if timed else _no_clock
     t0 = clock()
     remaining = state.max_new_tokens - len(state.output)  # tokens this request may still commit
     context = state.prompt_ids + state.output
-    # the policy may decline to draft before the drafter runs (its cost saved); None: draft, record nothing
     decision = rules.policy.before_draft(state.entropies, len(state.output), rules.usable_depth(state.start, remaining),
                                          state.rounds, context=context)
     proposal = propose(context) if decision is None or decision["draft"] else None

@@ -1,21 +1,10 @@
 """Law families and ``fit_law``: binomial hazard models of acceptance on the at-risk table.
 
-Known here: the families of the research notes (section 8.3; formulas in ``docs/law.md``), each a
-binomial GLM on at-risk counts (two-column endog) with request-clustered sandwich errors, except
-``law_iso`` (isotonic, decreasing in entropy, per depth). Cluster-robust inference is the standard one
-for few clusters (Cameron & Miller 2015): the CR1 sandwich (statsmodels' ``use_correction``, factor
-G/(G-1) (N-1)/(N-K)) with t(G-1) intervals and p-values (``use_t``, ``df_correction``), G the number of
-requests, always (it tends to the normal as G grows, with no jump at a threshold); below
-``stats.FEW_REQUESTS`` requests a fit also warns (``SmallSampleWarning``). The fitted-law object with
-its summary, predictions (acceptance, expected block length, exact tokens per round by dynamic programming) and
-a minimal plot. Checks that make a fit meaningless fail loudly: no rejections (or no acceptances),
-fewer than 2 requests, several drafters pooled by a drafter-free family, a category-aware family with
-one category or with a category of too few requests; a fit that separates cells perfectly (few requests,
-a flexible family) says so in its notes (``FittedLaw.separated``) instead of through numpy's overflow
-warnings.
-
-Not known here: how traces are read (any object with ``.tokens``/``.runs`` DataFrames works), model
-comparison, tests and costs (``compare``, ``hypotheses``, ``cost``). Never imports torch.
+Each family (formulas in ``docs/law.md``) is a binomial GLM on at-risk counts with request-clustered CR1
+sandwich errors and t(G - 1) intervals, G the requests (below ``stats.FEW_REQUESTS`` a fit also warns),
+except ``law_iso`` (isotonic, decreasing in entropy, per depth). The fitted law gives a summary, predictions
+(acceptance, block length, exact tokens per round by dynamic programming) and a plot. Inputs that make a fit
+meaningless raise; perfect separation is noted (``FittedLaw.separated``). Never imports torch.
 """
 
 from __future__ import annotations
@@ -45,10 +34,6 @@ from entropy_law.law.results import Result
 from entropy_law.law.stats import warn_if_few_requests
 
 SPLINE_BOUNDS = (np.log(atrisk.EPS_NATS) - 1e-9, np.log(20.0))  # log(H + eps) range the spline covers
-
-
-# the tokens columns a law's DP may read at every output position besides the entropy (``atrisk``, where the
-# sequences are read)
 POSITION_COLUMNS = atrisk.POSITION_COLUMNS
 
 
@@ -75,9 +60,7 @@ class LawFamily:
 
     @property
     def draft_stats(self) -> tuple:
-        """The drafter's own statistics at the depth the law uses (``atrisk.DRAFT_STATS``: its entropy, its top-1
-        probability): known only where the drafter drafted and logged them, so such a law scores trials but
-        cannot run the DP over a whole output (``predict_rounds``)."""
+        """The drafter's own statistics the law reads (``atrisk.DRAFT_STATS``), known only where it drafted."""
         return tuple(c for c in atrisk.DRAFT_STATS if c in self.means)
 
     @property
@@ -86,21 +69,17 @@ class LawFamily:
 
     @property
     def needs_context_match(self) -> bool:
-        """A law in the context's copyability before each position (tokens column ``context_match``, recorded with
-        the prompt's token ids or attached from the prompts: ``jobs.reference.attach_context_matches``)."""
+        """A law in the context's copyability before each position (tokens column ``context_match``)."""
         return POSITION_COLUMNS["context_match"] in self.means
 
     @property
     def needs_target_top1(self) -> bool:
-        """A law in the target's own top-1 probability at each position (tokens column ``target_top1_prob``, logged
-        with the entropy by our decoder and by ``entropy-law entropy``): log(1 - p + 1e-3), the target's mass off
-        its greedy token."""
+        """A law in the target's top-1 probability p at each position (``target_top1_prob``): log(1 - p + 1e-3)."""
         return POSITION_COLUMNS["target_top1_prob"] in self.means
 
     @property
     def position_columns(self) -> tuple:
-        """The tokens columns besides the entropy that the law's DP reads at every output position
-        (``POSITION_COLUMNS``: the context's copyability, the target's top-1 probability)."""
+        """The tokens columns besides the entropy that the law's DP reads at every output position."""
         return tuple(column for column, mark in POSITION_COLUMNS.items() if mark in self.means)
 
     @property
@@ -114,6 +93,21 @@ _LAW_EXP_OBS = LawFamily(
     bin_columns=("target_entropy_nats", "lag_entropy_nats", "run_mean_entropy_nats", "position"),
     slope="log_entropy", extra_keys=("drafted_depth",),
     means=("lag_entropy_nats", "log_lag_entropy", "run_mean_entropy_nats", "log_run_mean_entropy", "log1p_position"))
+
+
+# covariates added to law_exp_obs_ceil: (terms, bin columns, cell means)
+_DRAFTTOP = (" + log_draft_miss", ("draft_top1_prob",), ("draft_top1_prob", "log_draft_miss"))
+_TOP1 = (" + log_target_miss", ("target_miss_prob",), ("log_target_miss",))
+_COPY = (" + log1p_copy + copy_full", ("context_match",), ("context_match", "log1p_copy", "copy_full"))
+
+
+def _obs_ceil(name: str, description: str, *added: tuple) -> LawFamily:
+    """``law_exp_obs`` with its offset c fitted and the ``added`` covariates."""
+    base = _LAW_EXP_OBS
+    return replace(base, name=name, description=description, profile_eps=True,
+                   terms=base.terms + "".join(a[0] for a in added),
+                   bin_columns=(*base.bin_columns, *(c for a in added for c in a[1])),
+                   means=(*base.means, *(c for a in added for c in a[2])))
 
 FAMILIES: dict[str, LawFamily] = {
     f.name: f
@@ -149,8 +143,7 @@ FAMILIES: dict[str, LawFamily] = {
         LawFamily("law_exp_mundlak", "LAW-E split into within- and between-category entropy (Mundlak)", "cloglog",
                   "rejection", "log_entropy_within + log_entropy_category_mean", needs_categories=True,
                   slope="log_entropy_within"),
-        # decode-time covariates (docs/law.md, "Covariate laws"): each known before verification
-        # or a function of the output's entropy sequence; none is the category's name
+        # decode-time covariates (docs/law.md, "Covariate laws"), each known before verification
         LawFamily("law_exp_lag", "LAW-E + log(H_prev + eps), H_prev = the previous output position's entropy",
                   "cloglog", "rejection", "log_entropy + log_lag_entropy",
                   bin_columns=("target_entropy_nats", "lag_entropy_nats"), slope="log_entropy",
@@ -168,70 +161,40 @@ FAMILIES: dict[str, LawFamily] = {
         LawFamily("law_exp_ceil", "a = exp(-lambda_d (H + c)^k), c fitted: ceiling exp(-lambda_1 c^k) < 1 at H = 0",
                   "cloglog", "rejection", "log_entropy", slope="log_entropy", profile_eps=True),
         _LAW_EXP_OBS,
-        replace(_LAW_EXP_OBS, name="law_exp_obs_ceil", profile_eps=True,
-                description="law_exp_obs with the offset c of log(H + c) fitted (ceiling < 1)"),
-        # the drafter's confidence in its own top proposal at the depth (draft_top1_prob p, known before
-        # verification): log(1 - p + 1e-3), its own miss probability
+        _obs_ceil("law_exp_obs_ceil", "law_exp_obs with the offset c of log(H + c) fitted (ceiling < 1)"),
         LawFamily("law_exp_drafttop", "LAW-E + log(1 - drafter's top-1 probability at the depth + 1e-3)", "cloglog",
                   "rejection", "log_entropy + log_draft_miss", bin_columns=("target_entropy_nats", "draft_top1_prob"),
                   slope="log_entropy", means=("draft_top1_prob", "log_draft_miss")),
-        replace(_LAW_EXP_OBS, name="law_exp_obs_ceil_drafttop", profile_eps=True,
-                description="law_exp_obs_ceil + log(1 - drafter's top-1 probability at the depth + 1e-3)",
-                terms=_LAW_EXP_OBS.terms + " + log_draft_miss",
-                bin_columns=(*_LAW_EXP_OBS.bin_columns, "draft_top1_prob"),
-                means=(*_LAW_EXP_OBS.means, "draft_top1_prob", "log_draft_miss")),
-        # the context's copyability before the position (known before drafting, from the prompt and the output so
-        # far): log(1 + min(L, 8)) and a step where the suffix match reaches 8 (traces.stats.CONTEXT_MATCH_MAX)
-        replace(_LAW_EXP_OBS, name="law_exp_obs_ceil_copy", profile_eps=True,
-                description="law_exp_obs_ceil + log(1 + context's suffix-match length, up to 8) + [length >= 8]",
-                terms=_LAW_EXP_OBS.terms + " + log1p_copy + copy_full",
-                bin_columns=(*_LAW_EXP_OBS.bin_columns, "context_match"),
-                means=(*_LAW_EXP_OBS.means, "context_match", "log1p_copy", "copy_full")),
-        # the target's own top-1 probability p at the position (known wherever H is: an AR run of a workload gives
-        # both): log(1 - p + 1e-3), the target's mass off its greedy token. A greedy draft is accepted when it is
-        # the target's argmax; H mixes that mass with how the rest of the distribution spreads
-        replace(_LAW_EXP_OBS, name="law_exp_obs_ceil_top1", profile_eps=True,
-                description="law_exp_obs_ceil + log(1 - target's top-1 probability + 1e-3)",
-                terms=_LAW_EXP_OBS.terms + " + log_target_miss",
-                bin_columns=(*_LAW_EXP_OBS.bin_columns, "target_miss_prob"),
-                means=(*_LAW_EXP_OBS.means, "log_target_miss")),
-        replace(_LAW_EXP_OBS, name="law_exp_obs_ceil_top1_copy", profile_eps=True,
-                description="law_exp_obs_ceil_top1 + the context's copyability (law_exp_obs_ceil_copy's terms)",
-                terms=_LAW_EXP_OBS.terms + " + log_target_miss + log1p_copy + copy_full",
-                bin_columns=(*_LAW_EXP_OBS.bin_columns, "target_miss_prob", "context_match"),
-                means=(*_LAW_EXP_OBS.means, "log_target_miss", "context_match", "log1p_copy", "copy_full")),
-        replace(_LAW_EXP_OBS, name="law_exp_obs_ceil_drafttop_top1_copy", profile_eps=True,
-                description="law_exp_obs_ceil_drafttop_copy + the target's top-1 probability (law_exp_obs_ceil_top1's "
-                            "term)",
-                terms=_LAW_EXP_OBS.terms + " + log_draft_miss + log_target_miss + log1p_copy + copy_full",
-                bin_columns=(*_LAW_EXP_OBS.bin_columns, "draft_top1_prob", "target_miss_prob", "context_match"),
-                means=(*_LAW_EXP_OBS.means, "draft_top1_prob", "log_draft_miss", "log_target_miss", "context_match",
-                       "log1p_copy", "copy_full")),
-        replace(_LAW_EXP_OBS, name="law_exp_obs_ceil_drafttop_copy", profile_eps=True,
-                description="law_exp_obs_ceil_drafttop + the context's copyability (law_exp_obs_ceil_copy's terms)",
-                terms=_LAW_EXP_OBS.terms + " + log_draft_miss + log1p_copy + copy_full",
-                bin_columns=(*_LAW_EXP_OBS.bin_columns, "draft_top1_prob", "context_match"),
-                means=(*_LAW_EXP_OBS.means, "draft_top1_prob", "log_draft_miss", "context_match", "log1p_copy",
-                       "copy_full")),
+        _obs_ceil("law_exp_obs_ceil_drafttop",
+                  "law_exp_obs_ceil + log(1 - drafter's top-1 probability at the depth + 1e-3)", _DRAFTTOP),
+        # the context's copyability: log(1 + min(L, 8)) and a step where the suffix match reaches 8
+        _obs_ceil("law_exp_obs_ceil_copy",
+                  "law_exp_obs_ceil + log(1 + context's suffix-match length, up to 8) + [length >= 8]", _COPY),
+        # the target's own top-1 probability p at the position: log(1 - p + 1e-3), its mass off the greedy token
+        _obs_ceil("law_exp_obs_ceil_top1", "law_exp_obs_ceil + log(1 - target's top-1 probability + 1e-3)", _TOP1),
+        _obs_ceil("law_exp_obs_ceil_top1_copy",
+                  "law_exp_obs_ceil_top1 + the context's copyability (law_exp_obs_ceil_copy's terms)", _TOP1, _COPY),
+        _obs_ceil("law_exp_obs_ceil_drafttop_top1_copy",
+                  "law_exp_obs_ceil_drafttop_copy + the target's top-1 probability (law_exp_obs_ceil_top1's term)",
+                  _DRAFTTOP, _TOP1, _COPY),
+        _obs_ceil("law_exp_obs_ceil_drafttop_copy",
+                  "law_exp_obs_ceil_drafttop + the context's copyability (law_exp_obs_ceil_copy's terms)",
+                  _DRAFTTOP, _COPY),
     ]
 }
 
-# the offsets c of log(H + c) a ``profile_eps`` family tries (nats, log-spaced over 3 decades, fixed a priori);
-# the one with the largest training log-likelihood is the estimate
+# the offsets c of log(H + c) (nats) a ``profile_eps`` family tries; the most likely one is the estimate
 EPS_GRID = (1e-3, 3e-3, 0.01, 0.03, 0.1, 0.3, 1.0)
 
-# covariates ``FittedLaw.steady_state`` sets as functions of H (the steady state's envelope watches them), and
-# the grid its running minimum is taken on (nats; the break-even search reaches BREAKEVEN_BOUNDS' 20)
+# covariates ``FittedLaw.steady_state`` sets as functions of H, and the grid (nats) of the envelope's running minimum
 STEADY_H_COLUMNS = ("lag_entropy_nats", "log_target_miss")
 # a caller's raw input -> the steady-state term it replaces
 _RAW_TERM = {"target_top1_prob": "log_target_miss", "target_miss_prob": "log_target_miss"}
 STEADY_GRID_MAX_NATS = 25.0
 STEADY_GRID_POINTS = 256
 
-# the primary law, chosen by the rule in docs/law.md ("Choosing the primary law") from bench/law.py categories
-# among the laws every trace our decoder records supports; it reads the target's top-1
-# probability, which imported engine logs and GLANCE's round logs lack: there the primary is PRIMARY_FALLBACK
-# (the rule's winner among the laws in H and decode-time covariates only). ``primary_family`` chooses.
+# the primary law (docs/law.md, "Choosing the primary law"); traces without the target's top-1 probability
+# (imported logs, GLANCE's round logs) use PRIMARY_FALLBACK. ``primary_family`` chooses.
 PRIMARY_FAMILY = "law_exp_obs_ceil_top1"
 PRIMARY_FALLBACK = "law_exp_obs_ceil"
 
@@ -245,9 +208,7 @@ def fallback_note(family: str, what: str = "these traces") -> str | None:
 
 
 def primary_family(tokens=None) -> str:
-    """The primary law for traces whose tokens table is ``tokens``: ``PRIMARY_FAMILY`` where every token holds
-    the target's top-1 probability (``target_top1_prob``), else ``PRIMARY_FALLBACK``; no table:
-    ``PRIMARY_FAMILY``."""
+    """``PRIMARY_FAMILY`` where every token (or no table) holds ``target_top1_prob``, else ``PRIMARY_FALLBACK``."""
     if tokens is None:
         return PRIMARY_FAMILY
     if "target_top1_prob" in tokens and len(tokens) and not tokens["target_top1_prob"].isna().any():
@@ -259,29 +220,24 @@ def without_drafted_depth(family) -> LawFamily:
     """``family`` without its log D term (same name): the law of a drafter that always drafts one depth."""
     fam = get_family(family)
     terms = " + ".join(t.strip() for t in fam.terms.split("+") if t.strip() != "log_drafted_depth")
-    return LawFamily(fam.name, fam.description + " (without log D: one drafted depth)", fam.link, fam.outcome, terms,
-                     bin_columns=fam.bin_columns, needs_categories=fam.needs_categories,
-                     needs_drafters=fam.needs_drafters, slope=fam.slope, means=fam.means, profile_eps=fam.profile_eps)
+    return replace(fam, description=fam.description + " (without log D: one drafted depth)", terms=terms, extra_keys=())
 
 
 def with_category_terms(family) -> LawFamily:
-    """``family`` plus category rates and category x log(H + eps) exponents (the P1 alternative of any
-    category-free family; ``law_exp`` -> the terms of ``law_exp_cat``)."""
+    """``family`` plus category rates and category x log(H + eps) exponents (P1's alternative)."""
     fam = get_family(family)
     if fam.uses_category:
         raise ValueError(f"{fam.name} already has category terms")
     if fam.link == "isotonic":
         raise ValueError("law_iso has no GLM terms to add category terms to")
     terms = "C(category) + C(category):log_entropy" + (f" + {fam.terms}" if fam.terms else "")
-    return LawFamily(f"{fam.name}+cat", f"{fam.name} with category rates and exponents", fam.link, fam.outcome, terms,
-                     bin_columns=fam.bin_columns, needs_categories=True, needs_drafters=fam.needs_drafters,
-                     slope=fam.slope, extra_keys=fam.extra_keys, means=fam.means, profile_eps=fam.profile_eps)
+    return replace(fam, name=f"{fam.name}+cat", description=f"{fam.name} with category rates and exponents",
+                   terms=terms, needs_categories=True)
 
 DEPTH_TERMS = {"factor": "C(depth)", "linear": "depth", "none": ""}
 
 
 def _family_obj(link: str):
-    # a NEW family instance per fit: statsmodels keeps state on the instance
     links = sm.families.links
     make = {"cloglog": links.CLogLog, "logit": links.Logit, "log": links.Log}[link]
     return sm.families.Binomial(link=make())
@@ -296,20 +252,11 @@ def get_family(name: str) -> LawFamily:
     return FAMILIES[name]
 
 
-# ----------------------------------------------------------------------------- data preparation
-
-
-def _is_table(obj) -> bool:
-    return isinstance(obj, pd.DataFrame)
-
-
 def prepare_counts(traces, family: LawFamily, *, eps=atrisk.EPS_NATS, width_log10=0.05, aggregate=True,
                    on_invalid="raise") -> pd.DataFrame:
-    """The count table a family is fitted on: traces -> at-risk rows -> (optionally) aggregate.
-
-    ``traces`` may also be an at-risk table (``at_risk_table``) or an aggregate (``aggregate_at_risk``).
-    """
-    if _is_table(traces):
+    """The count table a family is fitted on: traces (or an at-risk table or aggregate) -> at-risk rows ->
+    (optionally) aggregate."""
+    if isinstance(traces, pd.DataFrame):
         table = traces
     else:
         table = atrisk.at_risk_table(traces, eps=eps, on_invalid=on_invalid)
@@ -346,8 +293,7 @@ def prepare_counts(traces, family: LawFamily, *, eps=atrisk.EPS_NATS, width_log1
 
 
 def _statistics_read(family: LawFamily) -> set:
-    """The target statistics (tokens columns, ``atrisk.COVARIATES``) a family's fit reads: those it bins on
-    (``bin_columns``: Renyi-2, the logit gap) and those it reads per position (``position_columns``: p1)."""
+    """The target statistics (``atrisk.COVARIATES``) a family bins on or reads per position."""
     return (set(family.bin_columns) | set(family.position_columns)) & set(atrisk.COVARIATES)
 
 
@@ -403,15 +349,10 @@ def _add_mundlak(counts: pd.DataFrame, category_means: Mapping | None = None) ->
     return out, dict(category_means)
 
 
-# ----------------------------------------------------------------------------- the fitted law
-
-
 @dataclass
 class FittedLaw(Result):
-    """A fitted acceptance law. ``summary``: one row per parameter (estimate, cluster-robust SE by
-    request, t statistic (``z`` for ``cov_type="nonrobust"``), p, CI, and ``n_requests``, the requests the
-    interval rests on), followed by derived parameters (``k``, ``lambda[d=j]``) where the family has them.
-    Cluster-robust intervals and p-values use t(G - 1), G = ``n_requests`` (``df_inference``)."""
+    """A fitted acceptance law. ``summary``: one row per parameter (estimate, SE, t or z, p, CI, ``n_requests``),
+    then derived parameters (``k``, ``lambda[d=j]``) where the family has them."""
 
     family: LawFamily
     result: object  # statsmodels GLMResults, or None for law_iso
@@ -427,15 +368,12 @@ class FittedLaw(Result):
     category_means: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)
     counts: object = field(default=None, repr=False, compare=False)  # the fitted count table (P1 in print_summary)
-    # without a count table (an out-of-core fit): the count-weighted means over the fitted cells of the log
-    # covariates ``steady_state`` reads (log_run_mean_entropy, log1p_position, log_drafted_depth)
+    # an out-of-core fit (no count table): the count-weighted means of the log covariates ``steady_state`` reads
     covariate_means: dict = field(default_factory=dict, repr=False, compare=False)
-    # a law in the target's top-1 probability: (centres of log(H + eps), mean log(1 - p1 + 1e-3)) of the fitted
-    # trials (``target_miss_curve``), what ``steady_state`` reads where a caller gives H only
+    # a law in the target's top-1 probability: ``target_miss_curve`` of the fitted trials
     miss_curve: object = field(default=None, repr=False, compare=False)
     _p1: object = field(default=None, repr=False, compare=False)
-    # per (depth, category, drafter, other inputs): the steady state's nonincreasing envelope on a grid of H,
-    # or None where the law's own curve already falls with H there (``_steady_envelope``)
+    # per other inputs: the steady state's envelope on a grid of H, or None where it falls (``_steady_envelope``)
     _envelopes: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -445,8 +383,7 @@ class FittedLaw(Result):
 
     @property
     def df_inference(self) -> float | None:
-        """Degrees of freedom of the t intervals and p-values (G - 1 for cluster-robust fits), ``None``
-        where they are normal (``cov_type="nonrobust"``, ``law_iso``)."""
+        """Degrees of freedom of the t intervals (G - 1 when cluster-robust); ``None`` where they are normal."""
         if self.result is None or not self.result.use_t:
             return None
         return float(getattr(self.result, "df_resid_inference", self.result.df_resid))
@@ -458,10 +395,9 @@ class FittedLaw(Result):
         return float(stats.norm.ppf(1 - self.alpha / 2) if df is None else stats.t.ppf(1 - self.alpha / 2, df))
 
     def universality(self) -> dict | None:
-        """P1 for this law (category-free GLM families fitted on two or more categories with at least 5
-        requests each): the cluster-robust score test of category rates and exponents added to the law
-        (``with_category_terms``; for ``law_exp`` the test of ``hypotheses.universality_test``), with the
-        robust Wald statistic beside it. ``None`` where it does not apply; computed once (it refits)."""
+        """P1: the cluster-robust score (and Wald) test of category terms added to this law
+        (``with_category_terms``); ``None`` unless it is category-free and fitted on two or more categories of
+        at least 5 requests each. Computed once (it refits)."""
         if self._p1 is not None:
             return self._p1 or None
         self._p1 = {}
@@ -512,17 +448,14 @@ class FittedLaw(Result):
 
     @property
     def separated(self) -> bool:
-        """True where the fit separates some cells perfectly: a coefficient ran off towards infinity (few
-        requests, a flexible family: ``law_spline`` on two requests) and a fitted probability is exactly 0
-        or 1, so the observed information at the estimate (the bread of the cluster-robust sandwich) is not
-        finite and those terms are not identified. ``False`` for ``law_iso``."""
+        """True where the fit separates some cells perfectly: the observed information at the estimate is not
+        finite, so some terms are not identified. ``False`` for ``law_iso``."""
         if self.result is None:
             return False
         with np.errstate(divide="ignore", invalid="ignore", over="ignore"):  # the very thing checked for
             information = self.result.model.hessian(np.asarray(self.result.params), observed=True)
         return not bool(np.all(np.isfinite(information)))
 
-    # -- parameters
     @property
     def coefficients(self) -> pd.DataFrame:
         if self.result is None:
@@ -541,9 +474,8 @@ class FittedLaw(Result):
 
     @property
     def derived(self) -> pd.DataFrame:
-        """Interpretable parameters: exponent ``k`` and rates ``lambda[d=j]`` (cloglog / power laws), with
-        intervals on the same t(G - 1) (or normal) quantile as the coefficients; for a law in the target's top-1
-        probability p1 also ``w``, the exponent of 1 - p1 + 1e-3 (``k`` is then H's exponent at fixed p1)."""
+        """Exponent ``k`` and rates ``lambda[d=j]`` (cloglog / power laws) with intervals; for a law in the target's
+        top-1 probability p1 also ``w``, the exponent of 1 - p1 + 1e-3."""
         if self.result is None or self.family.slope is None:
             return pd.DataFrame()
         q = self.critical_value
@@ -551,7 +483,6 @@ class FittedLaw(Result):
         est, se = self.linear_combination({self.family.slope: 1.0})
         rows["k" if self.family.slope.startswith("log_") else "slope"] = (est, se, est - q * se, est + q * se)
         if "log_target_miss" in self.result.params.index:
-            # a law in the target's top-1 probability: k is H's exponent at fixed p1, w that of 1 - p1
             est, se = self.linear_combination({"log_target_miss": 1.0})
             rows["w"] = (est, se, est - q * se, est + q * se)
         if self.family.outcome == "rejection" and "Intercept" in self.result.params.index:
@@ -582,7 +513,6 @@ class FittedLaw(Result):
             return pd.DataFrame.from_dict(rows, orient="index", columns=["estimate"]).assign(kind="nonparametric")
         return coef
 
-    # -- predictions
     def _frame(self, frame: pd.DataFrame) -> pd.DataFrame:
         out = frame.copy()
         eps = self.eps
@@ -644,21 +574,15 @@ class FittedLaw(Result):
                 sel = depth == d
                 out[sel] = np.interp(x[sel], xs, ys)
             return np.clip(out, 1e-9, 1 - 1e-9)
-        # far outside the data (the break-even search goes to 20 nats) or with a bootstrap replicate's runaway
-        # coefficient, the linear predictor can pass ~709 and exp() inside the inverse link overflows to inf;
-        # the probability is then exactly its float limit (cloglog 1 - exp(-inf) = 1, logit 1 / (1 + inf) = 0;
-        # the log link's inf is clipped below), so the overflow is harmless and not worth a warning
+        # far outside the data exp() in the inverse link overflows to inf: the probability is then its exact limit
         with np.errstate(over="ignore"):
             mu = np.asarray(self.result.predict(prediction_frame(data, self.result.model)))
         accept = 1.0 - mu if self.family.outcome == "rejection" else mu
         return np.clip(accept, 1e-12, 1 - 1e-12)
 
     def predict_acceptance(self, H, depth=1, category=None, *, drafter=None, **covariates) -> np.ndarray:
-        """P(accept at ``depth`` | reached, target entropy ``H`` nats[, category, drafter]), broadcast.
-
-        Families on other covariates need them by name: ``target_renyi2_nats=...``,
-        ``target_logit_gap=...``, ``cum_entropy_nats=...``.
-        """
+        """P(accept at ``depth`` | reached, target entropy ``H`` nats[, category, drafter]), broadcast; other
+        covariates by name (``target_renyi2_nats=...``, ``target_logit_gap=...``, ``cum_entropy_nats=...``)."""
         arrays = np.broadcast_arrays(np.asarray(H, dtype=float), np.asarray(depth),
                                      *[np.asarray(v) for v in covariates.values()])
         shape = arrays[0].shape
@@ -690,14 +614,8 @@ class FittedLaw(Result):
         return accept.reshape(shape)
 
     def _steady_envelope(self, frame: pd.DataFrame, accept: np.ndarray, filled: list) -> np.ndarray:
-        """Where the caller gave H only and the steady state sets covariates that move with H (the previous
-        position's entropy = H; the target's top-1 miss from ``miss_curve``), acceptance at entropy H is kept
-        nonincreasing in H: the lowest acceptance at any entropy in [0, H] (its running minimum on a grid).
-        A law in H and p1 can trade one for the other (few requests: the H coefficient negative, the p1 one
-        positive) and then its H-only curve rises again where the miss curve stops (beyond the trials' largest
-        entropy) or where the isotonic miss curve is flat. On a law whose curve falls with H on the grid nothing
-        changes; the per-position
-        predictions (DP, trials, a caller that gives p1 or H_prev) never pass here."""
+        """Acceptance at H given alone, kept nonincreasing in H: its running minimum over [0, H] on a grid, where
+        the steady state sets covariates that move with H (``filled``). Laws that already fall are unchanged."""
         h = frame["target_entropy_nats"].to_numpy(dtype=float)
         keys = [c for c in frame.columns if c not in ("target_entropy_nats", *filled)]
         out = accept.copy()
@@ -717,7 +635,6 @@ class FittedLaw(Result):
                 self._envelopes[cache_key] = None if np.all(np.diff(curve) <= 0) else (grid, curve)
             envelope = self._envelopes[cache_key]
             if envelope is not None:
-                # the running minimum over the grid and the queried entropies together, in order of H
                 grid, curve = envelope
                 x = np.concatenate([grid, h[rows]])
                 order = np.argsort(x, kind="stable")
@@ -727,10 +644,9 @@ class FittedLaw(Result):
         return out
 
     def steady_state(self, h) -> dict:
-        """Decode-time covariates of a family that uses them, where a caller gives only H (the cost model,
-        plots: "acceptance at entropy H"): the previous position's entropy equals H; the output's running-mean
-        entropy, the output position and the drafted depth are their training means (geometric: exp of the mean
-        of their logs over the fitted trials). Documented in docs/law.md."""
+        """Decode-time covariates where a caller gives only H (docs/law.md): the previous position's entropy is H;
+        running-mean entropy, position, drafted depth and copyability are their training (geometric) means; the
+        target's top-1 miss follows ``miss_curve``."""
         h = np.asarray(h, dtype=float)
         out = {}
         if "lag_entropy_nats" in self.family.means:
@@ -747,8 +663,6 @@ class FittedLaw(Result):
         else:  # an out-of-core fit: the same means, summed over the cells as they streamed by
             means = self.covariate_means
         if "run_mean_entropy_nats" in self.family.means and "log_run_mean_entropy" in means:
-            # the output's entropy level is a slow variable: its training (geometric) mean, not H itself (a
-            # whole output at H = 0.01 nats lies far outside any data)
             level = means["log_run_mean_entropy"]
             out["run_mean_entropy_nats"] = float(max(np.exp(level) - atrisk.EPS_NATS, 0.0))
         if "log1p_position" in self.family.means and "log1p_position" in means:
@@ -756,12 +670,9 @@ class FittedLaw(Result):
         if self.family.needs_drafted_depth and "log_drafted_depth" in means:
             out["drafted_depth"] = float(np.exp(means["log_drafted_depth"]))
         if self.family.needs_target_top1 and self.miss_curve is not None:
-            # the target's top-1 miss is not a function of H: the training trials' mean log-miss at this entropy
             centres, values = self.miss_curve
             out["log_target_miss"] = np.interp(np.log(np.maximum(h, 0.0) + atrisk.EPS_NATS), centres, values)
         if self.family.needs_context_match and {"log1p_copy", "copy_full"} <= set(means):
-            # the context's copyability: its two terms at their training means (the trials' mix of short
-            # matches and long repeats), not one length, whose step term would be 0 or 1
             out["log1p_copy"] = float(means["log1p_copy"])
             out["copy_full"] = float(means["copy_full"])
         return out
@@ -787,17 +698,10 @@ class FittedLaw(Result):
     def sequence_frame(self, h: np.ndarray, drafts: int, *, draft_top1: np.ndarray | None = None,
                        context_match: np.ndarray | None = None,
                        target_top1_prob: np.ndarray | None = None) -> tuple[pd.DataFrame, tuple]:
-        """Rows to predict for the DP over entropy sequence ``h`` and the shape to put them into:
-        ``[T, drafts]`` (acceptance of depth j + 1 of a round at t), or ``[drafts, T, drafts]`` per drafted
-        depth D for a law in D (``law_exp_drafted``; rows only for j < D, the rest stays 1).
-
-        ``draft_top1`` (``[T, drafts]``): the drafter's top-1 probability at depth j + 1 of a round starting at
-        t (``transfer.proposal_arrays`` from replayed proposals; NaN where it drafts nothing there, whose
-        acceptance the DP never uses). A family in the drafter's ``draft_top1_prob`` needs it; the drafter's
-        entropy (``draft_entropy_nats``) cannot be given this way. ``context_match`` (``[T]``): the context's
-        copyability before each output position (tokens column ``context_match``), and ``target_top1_prob``
-        (``[T]``): the target's top-1 probability at each output position, for a family in them
-        (``LawFamily.position_columns``; ``transfer.sequence_context`` gives both by name)."""
+        """Rows to predict for the DP over entropy sequence ``h`` and their shape: ``[T, drafts]`` (depth j + 1 of
+        a round at t), or ``[drafts, T, drafts]`` per drafted depth D for a law in D (rows only for j < D).
+        ``draft_top1`` (``[T, drafts]``, NaN: not drafted), ``context_match`` and ``target_top1_prob`` (``[T]``):
+        the per-position inputs of a law in them."""
         stats = self.family.draft_stats
         if stats and (draft_top1 is None or set(stats) != {"draft_top1_prob"}):
             raise ValueError(f"{self.family.name} needs the drafter's {', '.join(stats)} at every position and "
@@ -831,8 +735,7 @@ class FittedLaw(Result):
         return frame, shape
 
     def _position_values(self, column: str, values, length: int) -> np.ndarray:
-        """``values`` checked as the ``[length]`` per-position ``column`` of one output (``sequence_frame``):
-        ``context_match`` lengths >= 0, ``target_top1_prob`` probabilities in [0, 1]."""
+        """``values`` checked as the ``[length]`` per-position ``column`` of one output."""
         what, hint = {
             "context_match": ("lengths >= 0", "the context's copyability before every output position (tokens column "
                               "context_match): record the runs with the prompts' token ids or attach it from the "
@@ -861,8 +764,7 @@ class FittedLaw(Result):
         return out.reshape(dims)
 
     def acceptance_for_sequence(self, h, drafts: int, *, category=None, drafter=None, **position) -> np.ndarray:
-        """The DP's acceptance array for one entropy sequence (``sequence_frame``); ``position``: the per-position
-        arrays a law in them reads (``context_match=``, ``target_top1_prob=``; ``LawFamily.position_columns``)."""
+        """The DP's acceptance array for one entropy sequence (``position``: as ``sequence_frame``)."""
         frame, shape = self.sequence_frame(np.asarray(h, dtype=float), drafts, **position)
         if category is not None:
             frame["category"] = category
@@ -872,14 +774,9 @@ class FittedLaw(Result):
 
     def predict_rounds(self, entropy_sequence, B: int, *, category=None, drafter=None, depth_probs=None,
                        **position) -> float:
-        """Exact law-implied expected number of rounds for a request whose target entropy at output
-        positions 0..T-1 is ``entropy_sequence`` (dynamic programming, research notes 5.2).
-
-        ``depth_probs``: how many tokens a round drafts, acceptance capped there: ``None`` (every round
-        drafts B - 1), a distribution over D = 0..B-1 (length B, the same at every round start), or one
-        per output position (``[T, B]``, see ``transfer.depth_probabilities``). ``position``: the request's
-        per-position arrays for a law in them (``context_match=``, ``target_top1_prob=``, one value per output
-        position)."""
+        """Exact law-implied expected rounds of a request with target entropies ``entropy_sequence`` (DP).
+        ``depth_probs``: how many tokens a round drafts: ``None`` (B - 1), a distribution over D = 0..B-1, or one
+        per output position (``[T, B]``). ``position``: as ``sequence_frame``."""
         h = np.asarray(entropy_sequence, dtype=float)
         if h.ndim != 1 or h.size == 0:
             raise ValueError("entropy_sequence must be a non-empty 1-D array (one value per output position)")
@@ -895,8 +792,7 @@ class FittedLaw(Result):
 
     def predict_tokens_per_round(self, entropy_sequence, B: int, *, category=None, drafter=None,
                                  depth_probs=None, **position) -> float:
-        """T / E[rounds]: the law-implied committed tokens per round of one request (``position``: as
-        ``predict_rounds``)."""
+        """T / E[rounds]: the law-implied committed tokens per round of one request (as ``predict_rounds``)."""
         return len(entropy_sequence) / self.predict_rounds(entropy_sequence, B, category=category, drafter=drafter,
                                                            depth_probs=depth_probs, **position)
 
@@ -905,10 +801,9 @@ class FittedLaw(Result):
         a = self.predict_frame(counts)
         return counts["n_acc"].to_numpy() * np.log(a) + counts["n_rej"].to_numpy() * np.log1p(-a)
 
-    # -- plot
     def plot(self, ax=None, *, depths: Sequence[int] = (1,), category=None, drafter=None, h_max: float = 5.0):
         """Fitted acceptance against target entropy (log x axis), one line per depth; returns ``ax``."""
-        import matplotlib.pyplot as plt  # lazy: the law layer needs matplotlib only to plot a result
+        import matplotlib.pyplot as plt
 
         if ax is None:
             _, ax = plt.subplots(figsize=(5, 3.5))
@@ -942,45 +837,34 @@ class FittedLaw(Result):
         return ax
 
 
-# ----------------------------------------------------------------------------- fitting
-
-
 def _factor_column(code: str) -> str | None:
-    """The column of a formula factor ``C(column)``; None for any other factor (also ``C(column, levels=...)``,
-    whose levels are its own)."""
+    """The column of a formula factor ``C(column)`` (without levels of its own); None for any other factor."""
     match = re.fullmatch(r"C\(\s*(\w+)\s*\)", code.strip())
     return match.group(1) if match else None
 
 
 def _categorical(data, contrast=None, levels=None):
-    """patsy's ``C`` in our formulas, except that a pandas Categorical column with no contrast or levels of its own
-    is passed as it is. patsy's ``C`` boxes every column, and a boxed column is coded one row at a time, at each fit
-    and each prediction; a Categorical passed as it is takes patsy's vectorised path. The factor keeps its name
-    ``C(column)``, so the design matrix and the coefficient names are the same (``observed_categoricals`` and
-    ``prediction_frame`` make the Categoricals)."""
+    """patsy's ``C``, except that a plain pandas Categorical passes as it is (patsy then codes it vectorised, not
+    row by row); the design matrix and coefficient names are the same."""
     if contrast is None and levels is None and isinstance(getattr(data, "dtype", None), pd.CategoricalDtype):
         return data
     return patsy.builtins.C(data, contrast, levels)
 
 
-# the namespace our formulas are evaluated in (patsy adds its builtins behind it; np: the spline bounds are written
-# as np.float64); kept in every fitted model's design, so its predictions take the same path
+# the namespace our formulas are evaluated in (np: the spline bounds are written as np.float64)
 _FORMULA_ENV = {"C": _categorical, "np": np}
 
 
 def formula_columns(data: pd.DataFrame, formula: str) -> pd.DataFrame:
-    """The columns of ``data`` that ``formula`` names, ``request_id`` (the clusters of the cluster-robust intervals
-    and score tests) and ``n`` (the trials): the fitted model's ``data.frame``. statsmodels copies the whole frame
-    it is given and converts every string column of it at each fit."""
+    """The columns of ``data`` that ``formula`` names, plus ``request_id`` (the clusters) and ``n``: all a fit
+    needs (statsmodels copies and converts the whole frame it is given)."""
     names = set(re.findall(r"[A-Za-z_]\w*", formula)) | {"request_id", "n"}
     return data[[c for c in data.columns if c in names]]
 
 
 def _with_categoricals(data: pd.DataFrame, levels: dict) -> pd.DataFrame:
-    """``data`` (changed in place) with each column of ``levels`` as a pandas Categorical of those levels (None: its
-    observed values, sorted, the levels patsy finds when it reads the plain column). A column that is absent,
-    already Categorical, or holds a missing value or one outside the levels is left as it is (patsy's own handling
-    applies, and names a value it does not know)."""
+    """``data`` (in place) with each column of ``levels`` as a Categorical of those levels (None: observed, sorted).
+    A column absent, already Categorical, or with a missing or unknown value is left to patsy."""
     for column, known in levels.items():
         if column not in data.columns or isinstance(data[column].dtype, pd.CategoricalDtype):
             continue
@@ -992,16 +876,13 @@ def _with_categoricals(data: pd.DataFrame, levels: dict) -> pd.DataFrame:
 
 
 def observed_categoricals(data: pd.DataFrame, rhs: str) -> pd.DataFrame:
-    """A copy of ``data`` with the column of each ``C(column)`` term of the formula ``rhs`` as a pandas Categorical
-    of its observed levels (``_with_categoricals``), which ``_categorical`` codes vectorised, to the same design."""
+    """A copy of ``data`` with the column of each ``C(column)`` term of ``rhs`` as a Categorical of its levels."""
     return _with_categoricals(data.copy(), dict.fromkeys(re.findall(r"C\(\s*(\w+)\s*\)", rhs)))
 
 
 def prediction_frame(data: pd.DataFrame, model) -> pd.DataFrame:
-    """The columns of ``data`` that the fitted formula of ``model`` names (``formula_columns``), with the column of
-    each ``C(column)`` factor as a pandas Categorical of the fitted levels, so that a model fitted through
-    ``_FORMULA_ENV`` codes it vectorised when it predicts (as ``observed_categoricals`` when it fits), to the same
-    matrix; with a model without a formula, ``data`` as it is."""
+    """The columns of ``data`` that ``model``'s formula names, each ``C(column)`` as a Categorical of the fitted
+    levels (as ``observed_categoricals`` when it fits); a model without a formula: ``data`` as it is."""
     formula = getattr(model, "formula", None)
     if not isinstance(formula, str):
         return data
@@ -1017,8 +898,7 @@ def _fit_glm(counts: pd.DataFrame, family: LawFamily, depth_model: str, cov_type
     rhs = " + ".join(t for t in (depth_term, family.terms) if t) or "1"
     lhs = "n_rej + n_acc" if family.outcome == "rejection" else "n_acc + n_rej"
     data = observed_categoricals(formula_columns(counts.loc[counts["n"] > 0], f"{lhs} ~ {rhs}"), rhs)
-    with warnings.catch_warnings():
-        # the log link is outside the binomial's canonical domain; start values keep mu < 1
+    with warnings.catch_warnings():  # the log link is outside the binomial's domain; start values keep mu < 1
         warnings.simplefilter("ignore", DomainWarning)
         try:
             model = smf.glm(f"{lhs} ~ {rhs}", data, family=_family_obj(family.link), eval_env=_FORMULA_ENV)
@@ -1031,9 +911,7 @@ def _fit_glm(counts: pd.DataFrame, family: LawFamily, depth_model: str, cov_type
                              "add log_entropy = log(H + eps) and the other derived columns)") from None
     kwargs = {}
     if cov_type == "cluster":
-        groups = data["request_id"].astype("category").cat.codes.to_numpy()
-        # CR1 sandwich and t(G - 1) inference, the standard for few clusters (statsmodels' defaults for
-        # use_correction / df_correction, spelled out; use_t is what makes the t(G - 1) quantile apply)
+        groups = data["request_id"].astype("category").cat.codes.to_numpy()  # CR1 sandwich, t(G - 1) inference
         kwargs = dict(cov_type="cluster", cov_kwds={"groups": groups, "use_correction": True, "df_correction": True},
                       use_t=True)
     if family.link == "log" and start_params is None:
@@ -1042,11 +920,8 @@ def _fit_glm(counts: pd.DataFrame, family: LawFamily, depth_model: str, cov_type
         start_params = np.zeros(len(names))
         start_params[names.index("Intercept")] = np.log(0.9)
         start_params[names.index(family.slope)] = -0.5
-    # numpy's floating-point warnings are silenced for the fit alone (np.errstate changes no number): perfect
-    # separation on few requests sends a coefficient towards infinity and a fitted probability to exactly 0 or 1;
-    # the resulting inf / NaN is reported instead (``FittedLaw.separated``, NaN standard errors, the
-    # non-convergence note). statsmodels' PerfectSeparationWarning and SingularMatrixWarning (one line per IRLS
-    # call) are kept on the result instead (``perfect_prediction``, ``rank_deficient``) and noted by fit_law.
+    # separation's overflow is reported by the notes (``FittedLaw.separated``), and statsmodels' separation and
+    # singularity warnings are kept on the result (``perfect_prediction``, ``rank_deficient``), not printed
     kept = (PerfectSeparationWarning, SingularMatrixWarning)
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"), warnings.catch_warnings(record=True) as caught:
         for category in kept:
@@ -1061,10 +936,8 @@ def _fit_glm(counts: pd.DataFrame, family: LawFamily, depth_model: str, cov_type
 
 
 def cluster_score_test(restricted, full, terms: Sequence[str]) -> tuple[float, float]:
-    """(LM, p): cluster-robust score test of ``terms`` (in the GLM result ``full``, not in ``restricted``) at the
-    restricted estimates, clusters = the full model's ``request_id``; chi-square with len(terms) df. The same
-    statistic as ``hypotheses.robust_score_test`` (which P1 of ``law_exp`` uses; kept here so that a fitted law
-    can show its own P1 without importing the hypotheses layer; equality tested)."""
+    """(LM, p): cluster-robust score test of ``terms`` (in ``full``, not in ``restricted``) at the restricted
+    estimates, clusters = ``request_id``; chi-square with len(terms) df (as ``hypotheses.robust_score_test``)."""
     model = full.model
     names = list(model.exog_names)
     theta = np.array([restricted.params[n] if n in restricted.params.index else 0.0 for n in names])
@@ -1090,8 +963,7 @@ def cluster_wald_test(full, terms: Sequence[str]) -> tuple[float, float]:
 
 
 def _derived_given(column: str, frame) -> bool:
-    """Whether ``frame`` gives what a raw decode-time ``column`` is needed for: the position's log, or the two
-    copyability terms (``steady_state``'s training means) in place of ``context_match``."""
+    """Whether ``frame`` gives the derived terms a raw decode-time ``column`` is needed for."""
     if column == "position":
         return "log1p_position" in frame
     if column == "target_top1_prob":
@@ -1103,9 +975,8 @@ MISS_CURVE_BINS = 20  # equal-share bins of log(H + eps) of the target-miss curv
 
 
 def entropy_bin_sums(frame: pd.DataFrame) -> pd.DataFrame:
-    """Per log-spaced bin of the target entropy (``atrisk.log_bin``, the aggregate's default bins): the trials
-    ``n``, the sums ``sum_h`` of n x H and ``sum_miss`` of n x log(1 - p1 + 1e-3), from at-risk rows or cells
-    (``n`` per row, H and p1 the row's or the cell's mean; a cell's mean H lies in its bin)."""
+    """Per log-spaced bin of the target entropy (``atrisk.log_bin``) of at-risk rows or cells: the trials ``n`` and
+    the sums ``sum_h`` of n x H and ``sum_miss`` of n x log(1 - p1 + 1e-3)."""
     h = np.maximum(frame["target_entropy_nats"].to_numpy(dtype=float), 0.0)
     miss = np.log(np.clip(1.0 - frame["target_top1_prob"].to_numpy(dtype=float), 0.0, 1.0) + atrisk.EPS_PROB)
     n = frame["n"].to_numpy(dtype=float) if "n" in frame else np.ones(len(frame))
@@ -1114,12 +985,9 @@ def entropy_bin_sums(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def target_miss_curve(sums: pd.DataFrame, n_bins: int = MISS_CURVE_BINS) -> tuple:
-    """(centres, values): from ``entropy_bin_sums`` rows (``n``, ``sum_h``, ``sum_miss``), ``n_bins`` groups of
-    consecutive entropy bins holding about equal shares of the trials; per group the mean log(H + eps) (of the bins'
-    mean entropies) and the mean log(1 - p1 + 1e-3), made nondecreasing in H by a weighted isotonic regression (the
-    target's mass off its argmax rises with its entropy: 1 - p1 <= 1 - exp(-H); few requests make the group means
-    jitter). ``np.interp`` over them is linear between the centres and flat beyond them. The in-memory and the
-    out-of-core fit both build it from the same per-bin sums."""
+    """(centres, values) from ``entropy_bin_sums``: ``n_bins`` groups of consecutive bins with about equal shares of
+    the trials; per group the mean log(H + eps) and the mean log(1 - p1 + 1e-3), made nondecreasing in H by a
+    weighted isotonic regression. Read with ``np.interp``."""
     sums = sums.loc[sums["n"] > 0].sort_index()
     if sums.empty:
         raise ValueError("no trials to build the target-miss curve from")
@@ -1146,8 +1014,7 @@ def _raw_means(family: LawFamily) -> list[str]:
 
 
 def _fit_profile_eps(counts: pd.DataFrame, family: LawFamily, depth_model: str, cov_type: str, start_params=None):
-    """(GLM result, c): the fit of log(H + c) with the largest log-likelihood over ``EPS_GRID``, H the cells'
-    mean entropy (the value predictions use)."""
+    """(GLM result, c): the fit of log(H + c) with the largest log-likelihood over ``EPS_GRID``."""
     h = np.maximum(counts["target_entropy_nats"].to_numpy(dtype=float), 0.0)
     fits = []
     for c in EPS_GRID:
@@ -1157,8 +1024,7 @@ def _fit_profile_eps(counts: pd.DataFrame, family: LawFamily, depth_model: str, 
             llf = float(result.llf)
         fits.append((bool(result.converged) and np.isfinite(llf), llf if np.isfinite(llf) else -np.inf, result,
                      float(c)))
-    # the largest log-likelihood among converged fits; none converged: among all (fit_law then notes the
-    # non-convergence, as for any family)
+    # the most likely converged fit; none converged: the most likely of all (fit_law notes it)
     _, _, result, c = max(fits, key=lambda f: (f[0], f[1]))
     return result, c
 
@@ -1180,32 +1046,15 @@ def _fit_iso(counts: pd.DataFrame) -> dict:
     return curves
 
 
-def fit_law(
-    traces,
-    family: str = "law_exp",
-    by: str | None = None,
-    *,
-    depth: str = "factor",
-    eps: float = atrisk.EPS_NATS,
-    aggregate: bool = True,
-    width_log10: float = 0.05,
-    cov_type: str = "cluster",
-    alpha: float = 0.05,
-    min_requests_per_category: int = 5,
-    drop_small_categories: bool = False,
-    on_invalid: str = "raise",
-    start_params=None,
-):
+def fit_law(traces, family: str = "law_exp", by: str | None = None, *, depth: str = "factor",
+            eps: float = atrisk.EPS_NATS, aggregate: bool = True, width_log10: float = 0.05, cov_type: str = "cluster",
+            alpha: float = 0.05, min_requests_per_category: int = 5, drop_small_categories: bool = False,
+            on_invalid: str = "raise", start_params=None):
     """Fit an acceptance law to traces (or to an at-risk table / aggregate of them).
-
-    ``family``: one of ``FAMILIES`` (primary: ``law_exp``). ``by``: a column (``"drafter_id"``,
-    ``"category"``, ...) to fit one law per value; returns a ``LawSet``. ``depth``: depth effects as
-    a factor (default), ``"linear"`` in d, or ``"none"``. ``aggregate``: fit on the aggregated
-    table (log-spaced bins of ``width_log10`` in log10(x + eps)); ``False`` fits the row level.
-    ``cov_type``: ``"cluster"`` (by request, default: CR1 sandwich, t(G - 1) intervals and p-values) or
-    ``"nonrobust"`` (normal). A cluster-robust fit on fewer than ``stats.FEW_REQUESTS`` requests warns
-    (``SmallSampleWarning``, once per fit) and says so in its notes.
-    """
+    ``family``: one of ``FAMILIES``. ``by``: a column (``"drafter_id"``, ``"category"``, ...) to fit one law per
+    value (a ``LawSet``). ``depth``: ``"factor"``, ``"linear"`` or ``"none"``. ``aggregate``: fit on log-spaced bins
+    of ``width_log10``, else the rows. ``cov_type``: ``"cluster"`` (CR1 by request, t(G - 1); warns below
+    ``stats.FEW_REQUESTS`` requests) or ``"nonrobust"``."""
     if isinstance(family, str) and family in ("glance", "glance_readme"):
         form = "readme" if family == "glance_readme" else "code"
         raise ValueError(f"GLANCE's round-level law is no law family of fit_law: call "
@@ -1231,9 +1080,7 @@ def fit_law(
         return LawSet(by=by, laws=laws)
     counts, notes = check_counts(counts, fam, min_requests_per_category=min_requests_per_category,
                                  drop_small_categories=drop_small_categories, cov_type=cov_type)
-    if fam.means and fam.needs_drafted_depth and counts["drafted_depth"].nunique() < 2:
-        # a drafter that always drafts the same depth (a full-block chain): log D is the intercept; the law
-        # without it is the same law for that drafter, and its predictions need no drafted depth
+    if fam.means and fam.needs_drafted_depth and counts["drafted_depth"].nunique() < 2:  # log D is the intercept
         notes.append(f"every at-risk round drafted depth {int(counts['drafted_depth'].iloc[0])}: the log D term is "
                      "not identified and is left out")
         fam = without_drafted_depth(fam)

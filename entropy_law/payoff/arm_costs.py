@@ -1,17 +1,9 @@
 """What one timed arm of an analysed trace set costs, and whether drafting pays there or on a new workload.
 
-Known here: the machines an arm was timed on (one, or the costs would pool), the AR cost per token of its model
-and machine (``ar_ms_per_token``: given, or decode time / tokens decoded after the prefill of the timed AR runs),
-the runs that price it (``cost_view``: its timed runs and the AR runs of its model and machine, prefill rounds
-dropped: round 0 without a draft, ``verify_ms`` 0, whose time is in ``prefill_ms``, would pull the verify-cost
-line and the AR cost towards 0), its cost model, ``when_drafting_pays`` (``pays``), the workload break-even
-(``workload``), the cost model's own error on the arm's measured categories (``cost_error``, ``cost_model_error``,
-``variant_error``), and ``predict``: will drafting pay on a workload the arm never decoded. Machines whose runs
-record different ``device`` / ``cpu_count`` are named (``machine_warnings``). Each function takes ``an``, an
-analysed trace set (``entropy_law.analysis.TraceAnalysis``: its views, law, family, bootstrap size, seed,
-``attempt`` and its cache), passed in and never imported.
-
-Not known here: the law's fit (``entropy_law.law``), measured speedups (``payoff.measured``), plotting.
+An arm is priced on one machine, with the AR runs of its model and machine (``cost_view``); from its cost model
+come ``pays`` (``when_drafting_pays``), the workload break-even (``workload``), the cost model's own error
+(``cost_error``, ``cost_model_error``, ``variant_error``) and ``predict``: will drafting pay on a workload the arm
+never decoded. Each function takes ``an``, an analysed trace set (``analysis.TraceAnalysis``), never imported.
 """
 
 from __future__ import annotations
@@ -46,8 +38,8 @@ def timed_machines(an, arm: str) -> list[str]:
 
 
 def ar_ms_per_token(an, arm: str | None = None) -> float:
-    """AR decode cost per token: given, or measured on the timed AR runs (decode ms / tokens after the
-    prefill) of ``arm``'s model and machine (``arm=None``: the AR runs, if they share one machine)."""
+    """AR decode cost per token: given, or decode ms / tokens after the prefill of the timed AR runs of ``arm``'s
+    model and machine (``arm=None``: the AR runs, if they share one machine)."""
     if an.given_ar_ms is not None:
         return float(an.given_ar_ms)
     req = an.view.requests.merge(an.runs[["run_id", "is_ar", "timed", "machine"]], on="run_id")
@@ -72,8 +64,8 @@ def ar_ms_per_token(an, arm: str | None = None) -> float:
 
 
 def cost_view(an, arm: str) -> TraceView:
-    """Timed runs of ``arm`` (and of AR on the same model and machine, for the N = 0 end of the verify
-    line), prefill rounds dropped."""
+    """Timed runs of ``arm`` and of AR on the same model and machine, prefill rounds dropped (their time is in
+    ``prefill_ms``: they would pull the verify line and the AR cost towards 0)."""
     runs = an.runs
     machines = timed_machines(an, arm)
     ids = (list(runs.loc[(runs["arm"] == arm) & runs["timed"], "run_id"])
@@ -85,21 +77,18 @@ def cost_view(an, arm: str) -> TraceView:
 
 
 def cost_model(an, arm: str):
-    """``arm``'s cost model (``cost.CostModel``) as ``predict`` prices with it: its timed runs and t_AR from the
-    timed AR requests of its model and machine."""
+    """``arm``'s cost model (``cost.CostModel``) as ``predict`` prices with it."""
     def compute():
-        ar_requests = an.ar_requests(arm)
+        ar_requests, ar_ms = _ar_inputs(an, arm)
         return priced_cost_model(an.cost_view(arm), drafter=arm, ar_requests=ar_requests, clock="auto",
-                                 ar_ms_per_token=None if ar_requests is not None else an.ar_ms_per_token(arm))[0]
+                                 ar_ms_per_token=ar_ms)[0]
 
     return an._cached(("cost_model", arm), compute)
 
 
 def ar_requests(an, arm: str) -> pd.DataFrame | None:
-    """The timed AR requests on ``arm``'s model and machine (``request_id``, ``decode_ms`` (wall),
-    ``decode_cpu_ms`` (CPU, NaN where not logged), ``decoded``), for ``when_drafting_pays`` to resample with
-    the law on the cost model's clock; None where t_AR is given (``ar_ms_per_token``) or there is no such AR
-    run."""
+    """The timed AR requests on ``arm``'s model and machine (``request_id``, ``decode_ms``, ``decode_cpu_ms``,
+    ``decoded``); None where t_AR is given or there is no such run."""
     if an.given_ar_ms is not None:
         return None
     machines = timed_machines(an, arm)
@@ -113,10 +102,14 @@ def ar_requests(an, arm: str) -> pd.DataFrame | None:
         ["request_id", "decode_ms", "decode_cpu_ms", "decoded"]]
 
 
+def _ar_inputs(an, arm: str) -> tuple[pd.DataFrame | None, float | None]:
+    """(the timed AR requests of ``arm``, t_AR where there are none): how every price of the arm takes t_AR."""
+    ar_requests = an.ar_requests(arm)
+    return ar_requests, None if ar_requests is not None else an.ar_ms_per_token(arm)
+
+
 def machine_warnings(an, arm: str) -> list[str]:
-    """Where the runs that price ``arm`` (its timed runs and the AR runs of its model and machine) record
-    different ``device`` or ``cpu_count`` in run.json: one warning naming both (a cost measured on another
-    machine prices nothing here). Empty when they agree or do not say."""
+    """A warning per ``device`` / ``cpu_count`` on which ``arm``'s timed runs and its AR runs disagree."""
     runs = an.runs
     try:
         machines = timed_machines(an, arm)
@@ -137,15 +130,13 @@ def machine_warnings(an, arm: str) -> list[str]:
 
 
 def pays(an, arm: str):
-    """``when_drafting_pays`` for one timed arm: speedup vs entropy, break-even, best shapes; its bootstrap
-    resamples the law, the arm's cost measurements and the AR requests together (``ar_requests``)."""
+    """``when_drafting_pays`` for one timed arm (its bootstrap resamples the AR requests too)."""
     def compute():
         view = an.cost_view(arm)
-        ar_requests = an.ar_requests(arm)
+        ar_requests, ar_ms = _ar_inputs(an, arm)
         for message in an.machine_warnings(arm):
             warnings.warn(message, stacklevel=2)
-        return when_drafting_pays(view, drafter=arm, family=an.family,
-                                  ar_ms_per_token=None if ar_requests is not None else an.ar_ms_per_token(arm),
+        return when_drafting_pays(view, drafter=arm, family=an.family, ar_ms_per_token=ar_ms,
                                   ar_requests=ar_requests, entropies=PAYS_ENTROPIES, n_boot=an.n_boot,
                                   seed=an.seed)
 
@@ -153,25 +144,21 @@ def pays(an, arm: str):
 
 
 def workload(an, arm: str, *, law=None, proposals: pd.DataFrame | None = None):
-    """``workload.workload_breakeven`` for one timed arm: each of its requests priced on its own entropy
-    sequence by the law (``law(arm)``, cluster-robust) and the cost model, the workload break-even on the
-    request-mean-entropy scale, and, where the arm has paired AR requests, the same line through the measured
-    per-request speedups (``request_speedups``) with the same bootstrap weights. ``law`` / ``proposals``: a
-    law of this arm fitted elsewhere (e.g. ``law_exp_obs_ceil_drafttop`` on traces that recorded the drafter's
-    confidence) and the drafter's replayed proposals over the arm's own requests (``proposals.parquet``), as
-    ``workload_breakeven`` takes them (computed anew on every call: not cached)."""
+    """``workload.workload_breakeven`` for one timed arm, by ``law(arm)`` and the measured per-request speedups.
+    ``law`` / ``proposals``: a law of this arm fitted elsewhere and the drafter's replayed proposals over the
+    arm's requests, as ``workload_breakeven`` takes them (then not cached)."""
     def compute():
         view = an.cost_view(arm)
-        ar_requests = an.ar_requests(arm)
+        ar_requests, ar_ms = _ar_inputs(an, arm)
         measured = an.attempt("request_speedups", arm)
         mine = None
         if proposals is not None:
             runs = set(view.runs.loc[view.runs["arm"] == arm, "run_id"].astype(str))
             mine = proposals.loc[proposals["run_id"].astype(str).isin(runs)]
         return workload_breakeven(view, drafter=arm, law=an.law(arm) if law is None else law,
-                                  ar_ms_per_token=None if ar_requests is not None else an.ar_ms_per_token(arm),
-                                  ar_requests=ar_requests, measured=measured.value if measured.ok else None,
-                                  proposals=mine, n_boot=an.n_boot, seed=an.seed)
+                                  ar_ms_per_token=ar_ms, ar_requests=ar_requests,
+                                  measured=measured.value if measured.ok else None, proposals=mine,
+                                  n_boot=an.n_boot, seed=an.seed)
 
     if law is not None or proposals is not None:
         return compute()
@@ -179,23 +166,18 @@ def workload(an, arm: str, *, law=None, proposals: pd.DataFrame | None = None):
 
 
 def cost_error(an, arm: str, rounds_of: str | None = None) -> pd.DataFrame:
-    """The cost model's own error on this arm, with no law in between: each category's recorded rounds priced
-    by the arm's cost model (``workload.price_rounds`` on ``round_counts``) against its measured paired speedup
-    (``speedup``). Per category: ``requests`` (paired), ``measured``, ``priced``, ``relative_error``;
-    ``attrs["max_abs_error"]``: the largest |relative error| among categories with at least
-    ``MIN_PAIRED_REQUESTS`` paired requests (NaN where none), the default error of a prediction from replayed
-    rounds (``predict(rounds=)``). ``rounds_of``: another timed arm, whose recorded rounds (and measured
-    speedups) are priced by ``arm``'s cost model instead: how well one arm's cost model prices another tree or
-    budget of the drafter (``entropy-law predict --budgets``)."""
+    """The cost model's own error, no law in between: each category's recorded rounds priced by ``arm``'s cost
+    model against its measured paired speedup (``requests``, ``measured``, ``priced``, ``relative_error``);
+    ``attrs["max_abs_error"]``: the largest |error| of categories with ``MIN_PAIRED_REQUESTS`` paired requests
+    (NaN: none). ``rounds_of``: another timed arm whose rounds ``arm``'s cost model prices instead."""
     source = arm if rounds_of is None else rounds_of
 
     def compute():
         measured = an.speedup(source).set_index("category")
         view = an.cost_view(arm)
-        ar_requests = an.ar_requests(arm)
+        ar_requests, ar_ms = _ar_inputs(an, arm)
         counts = round_counts(an.cost_view(source), source)
-        priced = price_rounds(view, counts, drafter=arm, ar_requests=ar_requests,
-                              ar_ms_per_token=None if ar_requests is not None else an.ar_ms_per_token(arm),
+        priced = price_rounds(view, counts, drafter=arm, ar_requests=ar_requests, ar_ms_per_token=ar_ms,
                               n_boot=0, seed=an.seed).summary
         rows = [dict(category=c, requests=int(measured.loc[c, "requests"]),
                      measured=float(measured.loc[c, "speedup"]), priced=float(priced.loc[c, "predicted_speedup"]))
@@ -217,10 +199,8 @@ def same_drafter_arms(an, arm: str) -> list[str]:
 
 
 def cost_model_error(an, arm: str) -> tuple[float, str]:
-    """``(error, note)``: how far ``arm``'s cost model is trusted, the widening of a verdict it prices: its own
-    largest error on the arm's measured categories (``cost_error``), else, where that cannot be measured (no
-    category with ``MIN_PAIRED_REQUESTS`` paired requests, e.g. the demo's 2), ``cost.UNMEASURED_COST_ERROR``:
-    a verdict on the bootstrap interval of a few timed requests alone would claim a precision the cost model lacks."""
+    """``(error, note)``: the widening of a verdict ``arm``'s cost model prices: its own largest error
+    (``cost_error``), else ``cost.UNMEASURED_COST_ERROR``."""
     err = an.attempt("cost_error", arm)
     measured = err.value.attrs["max_abs_error"] if err.ok else float("nan")
     if np.isfinite(measured):
@@ -232,10 +212,8 @@ def cost_model_error(an, arm: str) -> tuple[float, str]:
 
 
 def variant_error(an, arm: str) -> tuple[float, list[str]]:
-    """How far ``arm``'s cost model can be trusted to price another tree or budget of its drafter, never timed
-    (``entropy-law predict --budgets``): the larger of its own error (``cost_error(arm)``) and its errors pricing
-    the recorded rounds of the drafter's other timed arms (``cost_error(arm, rounds_of=other)``), with a note
-    saying which; NaN where none can be measured."""
+    """How far ``arm``'s cost model prices another tree or budget of its drafter: the largest of its own error and
+    its errors on the drafter's other timed arms (``cost_error``), with a note; NaN where none is measured."""
     own = an.attempt("cost_error", arm)
     errors = {arm: own.value.attrs["max_abs_error"]} if own.ok else {}
     for other in an.same_drafter_arms(arm):
@@ -260,25 +238,16 @@ def variant_error(an, arm: str) -> tuple[float, list[str]]:
 def predict(an, arm: str, workload, *, transfer_error: float | None = None,
             proposals: pd.DataFrame | None = None, law=None, rounds: pd.DataFrame | None = None,
             bias: float = 0.0):
-    """Will drafting pay on ``workload`` (a trace set this arm never decoded: e.g. an AR run of new prompts,
-    ``entropy-law record --drafter ar``)? ``workload.predict_workload`` with this arm's law (``law(arm)``),
-    drafted depths and cost model, on the workload's target entropies (its requests on the arm's model; each
-    request from the first run that holds it). ``transfer_error``: the law's relative error on a category it
-    was not fitted on, which widens the verdict's interval; default the largest leave-one-category-out
-    |relative error| of tokens per round on this arm's own categories (``loco(arm)``, leak-free depths);
-    ``transfer.UNMEASURED_TRANSFER_ERROR`` where that cannot be measured (said in the notes). Requests this arm
-    also decoded are named in the notes (in-sample). ``proposals``: the arm's drafter replayed over the
-    workload's outputs (``predict_workload``); the transfer error is then the leave-one-category-out error with
-    replayed depths (``loco(arm, "replayed")``, which needs this analysis' ``proposals`` for the arm's own runs).
-    ``law``: a law of this arm fitted elsewhere (e.g. on larger reference traces of the same drafter and
-    target; then pass ``transfer_error`` measured there too), instead of ``law(arm)``. ``rounds``: the arm's
-    rounds replayed over the workload (``jobs.reference.workload_rounds``, one row per request): they are priced
-    by the cost model alone (``workload.price_rounds``, no law), and the default ``transfer_error`` is the cost
-    model's own largest error on the arm's measured categories, or ``cost.UNMEASURED_COST_ERROR`` where that
-    cannot be measured (``cost_model_error``, also for a ``transfer_error`` passed as NaN), said in the notes. ``bias``: the law's log
-    residual of tokens per round (``workload.predict_workload``; e.g. ``transfer.calibrated_transfer``'s)."""
+    """Will drafting pay on ``workload``, a trace set this arm never decoded? ``workload.predict_workload`` with
+    this arm's law, drafted depths and cost model on the workload's target entropies (its requests on the arm's
+    model). ``transfer_error`` widens the verdict (default: ``_transfer_error``). ``proposals``: the arm's drafter
+    replayed over the workload's outputs. ``law``: a law of this arm fitted elsewhere. ``rounds``: the arm's rounds
+    replayed over the workload (one row per request), priced by the cost model alone. ``bias``: the law's log
+    residual of tokens per round. Requests the arm also decoded are named in the notes."""
     if rounds is not None and (proposals is not None or law is not None or bias):
         raise ValueError("rounds= prices the replayed rounds with no law: drop proposals=, law= and bias=")
+    if rounds is not None and "request_id" not in rounds.columns:
+        raise ValueError("rounds needs one row per request (jobs.reference.workload_rounds)")
     sequences = _workload_sequences(an, arm, workload)
     notes = []
     transfer_error = _transfer_error(an, arm, transfer_error, rounds=rounds, proposals=proposals, notes=notes)
@@ -288,23 +257,18 @@ def predict(an, arm: str, workload, *, transfer_error: float | None = None,
         notes.append(f"{len(shared)} of the workload's {len(sequences)} requests were decoded by the arm itself "
                      f"(in-sample for its law and cost), e.g. {', '.join(shared[:3])}")
     view = an.cost_view(arm)
-    ar_requests = an.ar_requests(arm)
-    notes += an.machine_warnings(arm)  # costs measured on two machines price nothing here
+    ar_requests, ar_ms = _ar_inputs(an, arm)
+    notes += an.machine_warnings(arm)
     if rounds is not None:
-        need = {"request_id"} - set(rounds.columns)
-        if need:
-            raise ValueError("rounds needs one row per request (jobs.reference.workload_rounds)")
         means = pd.DataFrame({"request_id": sequences["request_id"].astype(str),
                               "mean_entropy_nats": [float(np.mean(e)) for e in sequences["entropy"]]})
         table = rounds.drop(columns=["mean_entropy_nats"], errors="ignore").astype({"request_id": str})
         table = table.merge(means, on="request_id", how="left")
-        ar_ms = None if ar_requests is not None else an.ar_ms_per_token(arm)
         result = price_rounds(view, table, drafter=arm, ar_ms_per_token=ar_ms, ar_requests=ar_requests,
                               transfer_error=transfer_error, n_boot=an.n_boot, seed=an.seed)
         result.notes = notes + result.notes
         return result
     law = an.law(arm) if law is None else law
-    ar_ms = None if ar_requests is not None else an.ar_ms_per_token(arm)
     result = predict_workload(view, sequences, drafter=arm, law=law, ar_ms_per_token=ar_ms, ar_requests=ar_requests,
                               transfer_error=transfer_error, proposals=proposals, n_boot=an.n_boot, seed=an.seed,
                               bias=bias)
@@ -330,11 +294,11 @@ def _workload_sequences(an, arm: str, workload) -> pd.DataFrame:
 
 
 def _transfer_error(an, arm: str, transfer_error, *, rounds, proposals, notes: list) -> float:
-    """The widening of ``predict``'s verdict where none is given, with a note saying where it comes from: the cost
-    model's own error for replayed rounds, else the leave-one-category-out error of the law, else
-    ``UNMEASURED_TRANSFER_ERROR``."""
-    if rounds is not None and (transfer_error is None or not np.isfinite(transfer_error)):  # NaN: none measured
-        transfer_error, note = an.cost_model_error(arm)  # (variant_error's, predict --budgets)
+    """The widening of ``predict``'s verdict where none is given (NaN with ``rounds``: none measured), with a note:
+    the cost model's own error for replayed rounds, else the law's largest leave-one-category-out error of tokens
+    per round, else ``UNMEASURED_TRANSFER_ERROR``."""
+    if rounds is not None and (transfer_error is None or not np.isfinite(transfer_error)):
+        transfer_error, note = an.cost_model_error(arm)
         notes.append(note)
     if transfer_error is None:
         mode = "training" if proposals is None else "replayed"
@@ -346,7 +310,7 @@ def _transfer_error(an, arm: str, transfer_error, *, rounds, proposals, notes: l
                          f"round on the arm's {int(acc['categories'])} categories, {transfer_error:.1%} (mean "
                          f"{float(acc['mean_abs_relative_error']):.1%}; law {an.family}, leak-free depths"
                          + (", replayed proposals)" if proposals is not None else ")"))
-        else:  # a verdict on the bootstrap interval alone would assume the law transfers without error
+        else:
             transfer_error = UNMEASURED_TRANSFER_ERROR
             notes.append(f"transfer error not measured ({loco.error}): widened by {transfer_error:.0%}, the "
                          "largest leave-one-category-out error of tokens per round in this project's checks "

@@ -1,31 +1,15 @@
 """When drafting pays: a cost model from measured round timings combined with a fitted law.
 
-Known here (research notes 4.1, 8.2): per round t_round(N) = t_draft + t_verify(N) + t_overhead, with
-t_draft and t_overhead the drafter's mean measured costs and t_verify(N) = v0 + v1 N a least-squares
-line in the number of draft nodes N over every round of the runs on the drafter's machine (verify cost
-belongs to the target and the hardware, not to the drafter; autoregressive rounds, N = 0, are included
-when present; runs of another model or machine never are), all on the CPU clock where every request logs
-it (``cpu_scaled_timings``; else the wall clock). The drafter's runs must be one arm
-(``arms``: model, checkpoint, tree policy, budget, gate). The autoregressive cost per token t_AR is given,
-or estimated from rounds with ``tree_nodes == 0`` on that machine. At a
-constant target entropy H the decode speedup of a round shape (depth D, N nodes) is priced for that
-same shape (the arm's policy: its chain depth D with N = D nodes, or its tree of N nodes and depth D, both
-the largest the arm verified; never the acceptance of D drafts at the price of fewer nodes):
+Per round t_round(N) = t_draft + t_verify(N) + t_overhead: the drafter's mean costs and a least-squares verify
+line v0 + v1 N over every round on the drafter's machine (one arm, one machine; the CPU clock where every request
+logs it). t_AR is given or estimated from AR rounds. At constant target entropy H a round of depth D and N nodes
+(the arm's own shape) gives
 
-    S(H) = (1 + E[tau | H, D]) * t_AR / t_round(N),   E[tau] = sum_{k<=D} prod_{d<=k} a(H, d).
+    S(H) = (1 + E[tau | H, D]) * t_AR / t_round(N),   E[tau] = sum_{k<=D} prod_{d<=k} a(H, d),
 
-From it: the speedup curve, the break-even entropy (S = 1), the best block size (chains, N = D) and
-the best tree budget (the drafter's own nodes-per-depth ratio, N = round(w D)), each with a
-request-bootstrap interval and the number of requests it resamples. One replicate draws one Poisson weight
-per request id and refits, with those weights, the law, every cost measurement (the verify line c(N), the
-drafter's cost per round, the overhead) and, given ``ar_requests`` (the AR run's decode time and tokens per
-request), the AR cost per token: the AR run's prompts are the arm's, so both are resampled together and the
-interval carries the cost measurements' noise as well as the law's; below ``stats.FEW_REQUESTS`` requests a ``SmallSampleWarning`` and a note (the law itself is
-fitted for its predictions only, non-robust: the intervals shown are the bootstrap's).
-
-Assumptions stated, not checked: constant-H sequences (real sequences: use ``FittedLaw.predict_rounds``);
-depths up to the deepest observed depth only (no extrapolation of depth effects); a tree cut to depth D
-keeps the fitted per-depth acceptance. Not known here: prefill (decode speedup only). No torch.
+hence the speedup curve, the break-even entropy (S = 1) and the best block size / tree budget, each with a
+request-bootstrap interval (Poisson weights per request; each replicate refits the law and every cost).
+Assumed, not checked: constant-H sequences, depths up to the deepest observed. Decode speedup only. No torch.
 """
 
 from __future__ import annotations
@@ -47,23 +31,19 @@ from entropy_law.law.stats import warn_if_few_requests
 
 DEFAULT_ENTROPIES = (0.01, 0.03, 0.1, 0.3, 0.5, 1.0, 2.0, 3.0)
 
-# when a measured speedup is a result (``jobs.speed`` and ``TraceAnalysis.speedup`` apply the same rule)
+# when a measured speedup is a result (``speed_verdict``)
 RELIABLE_HALF_WIDTH = 0.15  # an interval wider than +-15% of the estimate: "not measured reliably"
 BOUND_SLACK = 0.05  # timing noise allowed above the physical bound before a speedup is flagged
 MIN_PAIRED_REQUESTS = 5  # fewer paired prompts: "not measured reliably" whatever the interval
-# the widening of a verdict priced by a cost model whose own error cannot be measured on its traces (no category with
-# MIN_PAIRED_REQUESTS paired requests: e.g. the demo's 2 per category): the largest |error| per category of a cost
-# model pricing replayed rounds of categories it never timed, in this project's checks (held-out Spec-Bench
-# categories, open-ended prompts, the probe set; the measurements: docs/law.md), rounded up. Without it such a verdict
-# would rest on the bootstrap interval of a few timed requests alone, far narrower than the cost model's own error
+# the widening of a verdict priced by a cost model whose own error cannot be measured on its traces: the largest
+# |error| per category of a cost model pricing categories it never timed (docs/law.md), rounded up
 UNMEASURED_COST_ERROR = 0.12
 
 MEASURED, UNRELIABLE, ABOVE_BOUND = "measured", "not measured reliably", "above the physical bound"
 
 
 def unmeasured_cost_note(why: str | None = None) -> str:
-    """The note of a verdict widened by ``UNMEASURED_COST_ERROR`` (``why``: why the cost model's own error was not
-    measured)."""
+    """The note of a verdict widened by ``UNMEASURED_COST_ERROR`` (``why``: why its own error was not measured)."""
     return (f"the cost model's own error not measured{f' ({why})' if why else ''}: widened by "
             f"{UNMEASURED_COST_ERROR:.0%}, the largest error of a cost model pricing replayed rounds of categories it "
             "never timed in this project's checks (payoff.cost.UNMEASURED_COST_ERROR); time at least "
@@ -72,11 +52,9 @@ def unmeasured_cost_note(why: str | None = None) -> str:
 
 def speed_verdict(speedup: float, low: float, high: float, bound: float, requests: int,
                   min_requests: int = MIN_PAIRED_REQUESTS) -> str:
-    """Whether a measured speedup may be printed as a result: ``ABOVE_BOUND`` when it exceeds the physical
-    bound (tokens per round x c(1) / c(N + 1): a round costs at least one forward over the verified tree) by
-    more than ``BOUND_SLACK``; ``UNRELIABLE`` when its 95% interval is missing or wider than
-    +-``RELIABLE_HALF_WIDTH`` of the estimate, or it rests on fewer than ``min_requests`` paired requests;
-    else ``MEASURED``. NaN bound: not checked."""
+    """Whether a measured speedup may be printed: ``ABOVE_BOUND`` above the physical bound (NaN: unchecked) by more
+    than ``BOUND_SLACK``; ``UNRELIABLE`` with its interval missing or wider than +-``RELIABLE_HALF_WIDTH``, or
+    fewer than ``min_requests`` paired requests; else ``MEASURED``."""
     if np.isfinite(bound) and speedup > bound * (1 + BOUND_SLACK):
         return ABOVE_BOUND
     if not (np.isfinite(low) and np.isfinite(high)) or requests < min_requests:
@@ -92,14 +70,9 @@ def paired_speedup(ref_time, ref_tokens, arm_time, arm_tokens):
 
 
 def pooled_log_speedup_sd(ref_time, ref_tokens, arm_time, arm_tokens, groups) -> tuple[float, int]:
-    """``(SD, df)``: the spread of the per-request log speedups log((ref_time / ref_tokens) / (arm_time /
-    arm_tokens)) around their group's mean, pooled over ``groups`` (one label per request: the category), as a
-    one-way analysis of variance pools it; ``df`` = requests - groups. ``(nan, 0)`` where ``df < 1``.
-
-    The noise of a CPU-clock ratio is much the same in every category of one run (an AR run timed against
-    itself shows it), while a category of 2 requests estimates it
-    from one degree of freedom: two requests that happen to agree give an interval far narrower than the
-    noise allows. The pooled SD, on every request of the arm, is what ``paired_speedup_interval`` widens to."""
+    """``(SD, df)``: the spread of the per-request log speedups around their group's mean, pooled over ``groups``
+    (one label per request) as a one-way ANOVA pools it; ``df`` = requests - groups; ``(nan, 0)`` where df < 1.
+    What ``paired_speedup_interval`` widens a small category's interval to."""
     ref_time, ref_tokens, arm_time, arm_tokens = (np.asarray(x, dtype=float) for x in
                                                   (ref_time, ref_tokens, arm_time, arm_tokens))
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -115,21 +88,12 @@ def pooled_log_speedup_sd(ref_time, ref_tokens, arm_time, arm_tokens, groups) ->
 def paired_speedup_interval(ref_time, ref_tokens, arm_time, arm_tokens, *, rng: np.random.Generator,
                             n_boot: int = 2000, level: float = 0.95,
                             pooled: tuple[float, int] | None = None) -> tuple[float, float]:
-    """``level`` interval of the paired speedup S (``paired_speedup``) over requests; (NaN, NaN) below 2 requests.
-
-    The request bootstrap's percentile interval (``n_boot`` resamples of the requests, ``rng``), widened where
-    it is narrower than the studentized interval exp(log S +- t(n - 1) x SE): SE the jackknife standard error of
-    log S over requests, t the Student quantile with n - 1 degrees of freedom. With few requests a percentile
-    bootstrap covers far less than ``level``: with 2 requests its ends are the two single-request ratios, and two
-    runs of the demo on the same two prompts gave disjoint intervals (bench/speed.py demo-repeat); the t quantile
-    (12.7 at 2 requests, 2.8 at 5, 2.0 at 40) gives such a sample the width it needs. With many requests the
-    two agree and the bootstrap's shape (skew) is kept. ``pooled``: ``(SD, df)`` of ``pooled_log_speedup_sd`` over
-    all the arm's requests; below ``MIN_PAIRED_REQUESTS`` requests (too few for a result anyway: the interval is
-    shown, not used) the interval is widened further where it is narrower than exp(log S +- t(df) x SD /
-    sqrt(n_eff)), n_eff = (sum w)^2 / sum w^2 with w the arm's tokens per request (n for requests of one
-    length): two requests that happen to agree no longer look precise. From 5 requests on, a category's own
-    spread is used (the pooled one assumes every category spreads alike, which a drafter's speedups need not).
-    Each widening only widens. Used by ``jobs.speed.paired_speedups`` and ``TraceAnalysis.speedup``."""
+    """``level`` interval of the paired speedup S (``paired_speedup``) over requests; (NaN, NaN) below 2 requests:
+    the request bootstrap's percentile interval, widened to the studentized exp(log S +- t(n - 1) x SE) (SE: the
+    jackknife's) where narrower: with few requests a percentile bootstrap covers far less than ``level``.
+    ``pooled``: ``(SD, df)`` of ``pooled_log_speedup_sd``; below ``MIN_PAIRED_REQUESTS`` requests the interval is
+    also widened to exp(log S +- t(df) x SD / sqrt(n_eff)), n_eff = (sum w)^2 / sum w^2, w the arm's tokens per
+    request. Each widening only widens."""
     ref_time, ref_tokens, arm_time, arm_tokens = (np.asarray(x, dtype=float) for x in
                                                   (ref_time, ref_tokens, arm_time, arm_tokens))
     n = len(ref_time)
@@ -171,11 +135,7 @@ class CostModel(Result):
     ar_source: str
     notes: list = field(default_factory=list)
     clock: str = "wall"  # "cpu": round timings priced by the CPU clock (``cpu_scaled_timings``); "wall": as logged
-    # draft + overhead of the drafter's rounds that drafted nothing (an n-gram drafter without a match): NaN where
-    # every round drafted; ``round_ms`` prices drafting rounds, ``workload`` prices these apart
-    no_draft_ms: float = float("nan")
-    # draft + overhead of the rounds in which a law policy did not call the drafter (``policy_drafted`` False): NaN
-    # where there are none; ``skip_round_ms`` prices such a round (this, else an AR step's cost less v0)
+    no_draft_ms: float = float("nan")  # draft + overhead of the drafter's rounds that drafted nothing (NaN: none)
     skip_ms: float = float("nan")
 
     @property
@@ -194,16 +154,14 @@ class CostModel(Result):
 
     @property
     def skip_round_ms(self) -> float:
-        """Draft + overhead (ms) of a round in which a law policy did not call the drafter: as measured on such
-        rounds, else (a drafter's fixed arm, which never skips, pricing the policy's rounds) what makes the round
-        cost an AR step, t_AR - v0: one one-token forward and its commit, which is what such a round runs."""
+        """Draft + overhead (ms) of a round in which a law policy did not call the drafter: as measured (``skip_ms``,
+        the rounds with ``policy_drafted`` False), else t_AR - v0, so the round costs an AR step."""
         return self.skip_ms if np.isfinite(self.skip_ms) else self.ar_ms_per_token - self.verify_intercept_ms
 
 
 def verify_curve(cost: CostModel, sizes=(1, 2, 3, 4, 6, 8, 12, 16, 24, 32)) -> dict:
     """The cost model's verify line as a verify-cost curve (``decoding.gate.VerifyCost.from_config`` reads it):
-    c(n) = (v0 + v1 (n - 1)) / v0 for a forward over n tokens (the root and n - 1 draft nodes), c(1) = 1. For a
-    per-round policy priced with the same model that prices its rounds."""
+    c(n) = (v0 + v1 (n - 1)) / v0 for a forward over n tokens, c(1) = 1."""
     v0, v1 = cost.verify_intercept_ms, cost.verify_per_node_ms
     if not (v0 > 0 and np.isfinite(v1)):
         raise ValueError(f"{cost.title}: verify line v0 = {v0:.3g} ms, v1 = {v1:.3g} ms/node gives no cost curve "
@@ -220,15 +178,10 @@ TIMING_COLUMNS = ("draft_ms", "verify_ms", "overhead_ms")
 
 
 def cpu_scaled_timings(rounds: pd.DataFrame, requests: pd.DataFrame) -> tuple[pd.DataFrame, str]:
-    """The rounds' timings (``TIMING_COLUMNS``) on the CPU clock, and the clock they are on.
-
-    The rounds log wall-clock milliseconds; a request's ``decode_cpu_ms`` is the CPU time of those same rounds
-    (the decoder's ``time.process_time`` around them, prefill excluded). On a shared machine the wall clock
-    runs ahead of the process's CPU time by a factor that changes with the load from one request to the next,
-    so wall timings price a round by the load at the moment it ran. Each round's timings are scaled by its
-    request's CPU / wall ratio (``decode_cpu_ms`` / the sum of its rounds' timings): within one request
-    the load is taken as even. Where any request of ``rounds`` lacks ``decode_cpu_ms`` (older traces, engines,
-    replays) the timings are returned as logged and the clock is ``"wall"``: never a mix of clocks."""
+    """The rounds' timings (``TIMING_COLUMNS``) on the CPU clock, and the clock they are on: each round's wall
+    timings scaled by its request's CPU / wall ratio (``decode_cpu_ms`` / the sum of its rounds' timings), so a
+    shared machine's changing load does not price the rounds. Where any request lacks ``decode_cpu_ms`` the
+    timings are returned as logged, clock ``"wall"``: never a mix of clocks."""
     keys = ["run_id", "request_id"]
     out = rounds.copy()
     if "decode_cpu_ms" not in requests.columns or out.empty:
@@ -249,8 +202,7 @@ def cpu_scaled_timings(rounds: pd.DataFrame, requests: pd.DataFrame) -> tuple[pd
 
 
 def policy_skipped(rounds: pd.DataFrame) -> np.ndarray:
-    """Per round: True where a law policy decided not to call the drafter (``policy_drafted`` False; null, or no
-    such column, for rounds without a policy: False)."""
+    """Per round: True where a law policy decided not to call the drafter (``policy_drafted`` False)."""
     if "policy_drafted" not in rounds.columns:
         return np.zeros(len(rounds), dtype=bool)
     return rounds["policy_drafted"].eq(False).fillna(False).to_numpy(bool)
@@ -258,16 +210,10 @@ def policy_skipped(rounds: pd.DataFrame) -> np.ndarray:
 
 def fit_cost_model(traces, *, drafter: str | None = None, ar_ms_per_token: float | None = None,
                    request_weights: pd.Series | None = None, clock: str = "auto") -> CostModel:
-    """Costs from the rounds table (``draft_ms``, ``verify_ms``, ``overhead_ms`` vs ``tree_nodes``).
-
-    The drafter's runs must be one arm (``arms``) timed on one machine (model, device, host); the verify
-    line and the AR cost use only the rounds of runs on that machine (another model's or machine's timings
-    are no baseline). ``request_weights``: a bootstrap weight per request id (paired across runs).
-    ``clock``: ``"auto"`` (default) prices rounds by the CPU clock where every request on that machine has
-    ``decode_cpu_ms`` (``cpu_scaled_timings``: the clock the measured speedups use), else by the wall clock;
-    ``"wall"``: the logged wall timings; ``"cpu"``: the CPU clock or an error. The steps: the rounds of the
-    drafter's machine on the chosen clock (``_machine_rounds``), the drafter's own costs, the verify line
-    (``_verify_line``) and the AR cost (``_ar_cost``)."""
+    """Costs from the rounds table (``draft_ms``, ``verify_ms``, ``overhead_ms`` vs ``tree_nodes``) of one arm timed
+    on one machine; the verify line and the AR cost use only that machine's rounds. ``request_weights``: a
+    bootstrap weight per request id. ``clock``: ``"auto"`` (the CPU clock where every request has
+    ``decode_cpu_ms``, else the wall clock), ``"wall"``, or ``"cpu"`` (or an error)."""
     if clock not in ("auto", "cpu", "wall"):
         raise ValueError(f"clock must be 'auto', 'cpu' or 'wall', got {clock!r}")
     runs = traces.runs
@@ -304,9 +250,8 @@ def fit_cost_model(traces, *, drafter: str | None = None, ar_ms_per_token: float
 
 
 def _machine_rounds(traces, drafter: str | None, clock: str) -> tuple[str, pd.DataFrame, str, str]:
-    """``(drafter, rounds, machine, clock)``: the rounds of every run on the machine the drafter's runs were timed
-    on (refused where they are several arms or machines), with their drafter ids, on the CPU clock where asked
-    and possible (``cpu_scaled_timings``)."""
+    """``(drafter, rounds, machine, clock)``: the rounds (with drafter ids) of every run on the drafter's machine,
+    on the CPU clock where asked and possible; several arms or machines are refused."""
     runs = traces.runs
     rounds = traces.rounds.merge(runs[["run_id", "drafter_id"]], on="run_id", how="left")
     drafting = rounds["tree_nodes"] > 0
@@ -336,8 +281,7 @@ def _machine_rounds(traces, drafter: str | None, clock: str) -> tuple[str, pd.Da
 
 
 def _verify_line(rounds: pd.DataFrame, w_all: np.ndarray, keep: np.ndarray, notes: list) -> tuple[float, float]:
-    """``(v0, v1)``: the weighted least-squares line of verify time on the number of draft nodes over every kept
-    round of the machine; constant in N (with a note) where one node count is observed."""
+    """``(v0, v1)``: weighted least squares of verify time on draft nodes; constant (noted) with one node count."""
     nodes_all = rounds["tree_nodes"].to_numpy(float)
     verify_all = rounds["verify_ms"].to_numpy(float)
     if len(np.unique(nodes_all[keep])) >= 2:
@@ -351,8 +295,7 @@ def _verify_line(rounds: pd.DataFrame, w_all: np.ndarray, keep: np.ndarray, note
 
 def _ar_cost(rounds: pd.DataFrame, runs: pd.DataFrame, w_all: np.ndarray, keep: np.ndarray, ar_ms_per_token,
              machine: str) -> tuple[float, str]:
-    """``(t_AR, where it comes from)``: given, or the AR runs' rounds of the machine (a drafting arm's rounds
-    without a draft carry its draft time): their time per committed token."""
+    """``(t_AR, where it comes from)``: given, or the time per committed token of the machine's AR runs' rounds."""
     if ar_ms_per_token is None:
         tree = rounds["run_id"].map(dict(zip(runs["run_id"], runs["tree_policy"]))) if "tree_policy" in runs else None
         ar_run = np.array([arms.is_ar_run(d, t) for d, t in zip(
@@ -386,8 +329,8 @@ CROSSING_GRID = 97  # log-spaced entropies at which speedup_crossings looks for 
 
 
 def breakeven_entropy(law: FittedLaw, cost: CostModel, *, depth=None, nodes=None, bounds=BREAKEVEN_BOUNDS) -> float:
-    """Entropy (nats) where the predicted speedup is 1; 0 if drafting never pays, inf if it always pays
-    inside ``bounds`` (judged at the ends: ``speedup_crossings`` says whether the speedup crosses 1 once)."""
+    """Entropy (nats) where the predicted speedup is 1; 0 if drafting never pays, inf if it always pays inside
+    ``bounds`` (judged at the ends)."""
     def f(x):
         return float(speedup_at_entropy(law, cost, np.exp(x), depth=depth, nodes=nodes)[0]) - 1.0
 
@@ -402,10 +345,8 @@ def breakeven_entropy(law: FittedLaw, cost: CostModel, *, depth=None, nodes=None
 
 def speedup_crossings(law: FittedLaw, cost: CostModel, *, bounds=BREAKEVEN_BOUNDS, n: int = CROSSING_GRID,
                       depth=None, nodes=None) -> tuple:
-    """The entropies (nats; geometric midpoints of ``n`` log-spaced points in ``bounds``) at which the predicted
-    speedup at constant entropy crosses 1. One crossing: ``breakeven_entropy`` is the threshold, drafting pays below
-    it. Several (a law whose acceptance is not monotone in H over the range, as a law in decode-time covariates at
-    their steady state can be): no single threshold describes where drafting pays."""
+    """The entropies (nats, on ``n`` log-spaced points in ``bounds``) at which the predicted speedup crosses 1;
+    several: no single break-even entropy describes where drafting pays."""
     h = np.geomspace(bounds[0], bounds[1], n)
     above = speedup_at_entropy(law, cost, h, depth=depth, nodes=nodes) > 1.0
     change = np.flatnonzero(above[:-1] != above[1:])
@@ -414,9 +355,8 @@ def speedup_crossings(law: FittedLaw, cost: CostModel, *, bounds=BREAKEVEN_BOUND
 
 @dataclass
 class DraftingPays(Result):
-    """Speedup vs entropy, break-even entropy and best shapes, with bootstrap intervals. ``summary``: per
-    quantity the estimate, the percentile interval and ``n_requests`` (the requests the bootstrap
-    resamples); ``law``: the law behind the estimates (non-robust errors: its intervals are not these)."""
+    """Speedup vs entropy, break-even entropy and best shapes: per quantity the estimate, the bootstrap's
+    percentile interval and ``n_requests``; ``law``: the law behind the estimates."""
 
     summary: pd.DataFrame
     law: FittedLaw
@@ -428,8 +368,7 @@ class DraftingPays(Result):
 
     @property
     def breakeven_verdict(self) -> str:
-        """The answer in words: the break-even entropy only when it (and its interval) lies inside the observed
-        entropies; else "pays at every observed entropy" / "never pays at an observed entropy"."""
+        """The answer in words: the break-even entropy only where it lies inside the observed entropies."""
         row = self.summary.loc["breakeven_entropy_nats"]
         lo_h, hi_h = self.observed_entropy
         if len(self.crossings) > 1:
@@ -441,7 +380,6 @@ class DraftingPays(Result):
             return f"pays at every observed entropy (up to {hi_h:.2f} nats)"
         if estimate <= lo_h:
             return f"never pays at an observed entropy (from {lo_h:.2g} nats)"
-        # an infinite end is shown (some replicates pay at every entropy searched), not dropped; NaN: no interval
         interval = (f" [{low:.2f}, {'∞' if high == np.inf else f'{high:.2f}'}]"
                     if not (np.isnan(low) or np.isnan(high)) else "")
         return f"pays below {estimate:.2f}{interval} nats (observed {lo_h:.2g} to {hi_h:.2f})"
@@ -451,7 +389,7 @@ class DraftingPays(Result):
         return f"when drafting pays: {self.cost.drafter_id} ({self.law.family.name}, decode speedup)"
 
     def plot(self, ax=None):
-        import matplotlib.pyplot as plt  # lazy: the law layer needs matplotlib only to plot a result
+        import matplotlib.pyplot as plt
 
         if ax is None:
             _, ax = plt.subplots(figsize=(5, 3.5))
@@ -472,7 +410,6 @@ def _statistics(law, cost, entropies, shapes, label) -> dict:
     for h, s in zip(entropies, speeds):
         out[f"speedup[H={h:g}]"] = s
     out["breakeven_entropy_nats"] = breakeven_entropy(law, cost)
-    # E[tau] for every depth at once: a(H, d) for d = 1..D_max, cumulative products, cumulative sums
     depth_max = max(d for d, _ in shapes)
     h = np.asarray(entropies, dtype=float)
     a = law.predict_acceptance(np.repeat(h[:, None], depth_max, axis=1), np.arange(1, depth_max + 1)[None, :])
@@ -484,32 +421,15 @@ def _statistics(law, cost, entropies, shapes, label) -> dict:
     return out
 
 
-def when_drafting_pays(
-    traces,
-    *,
-    drafter: str | None = None,
-    family: str = "law_exp",
-    entropies: Sequence[float] = DEFAULT_ENTROPIES,
-    ar_ms_per_token: float | None = None,
-    ar_requests: pd.DataFrame | None = None,
-    clock: str = "auto",
-    n_boot: int = 100,
-    seed: int = 0,
-    level: float = 0.95,
-    eps: float = atrisk.EPS_NATS,
-) -> DraftingPays:
-    """Fit the law (one drafter) and the cost model, then predict speedup vs entropy, the break-even
-    entropy and the best block size / tree budget per entropy, with request-bootstrap intervals.
-
-    The bootstrap draws one Poisson weight per request id (the law's clusters; the AR rounds of the
-    same prompts take the same weight), so its intervals rest on that many requests: fewer than
-    ``stats.FEW_REQUESTS`` warns (``SmallSampleWarning``) and adds a note. ``ar_requests``: the AR baseline's
-    timed requests (columns ``request_id``, ``decode_ms``, ``decoded``: tokens decoded after the prefill);
-    t_AR is then their total time over their total tokens, and each replicate recomputes it with the
-    replicate's request weights (the cost of AR resampled with the law and the drafter's costs). Without it,
-    ``ar_ms_per_token`` (or the AR rounds in ``traces``) is the estimate and, when given, a constant.
-    ``clock``: as ``fit_cost_model`` (``"auto"``: the CPU clock where every request has ``decode_cpu_ms``); the AR
-    requests are then timed by the same clock (their ``decode_cpu_ms`` column), never one side by each."""
+def when_drafting_pays(traces, *, drafter: str | None = None, family: str = "law_exp",
+                       entropies: Sequence[float] = DEFAULT_ENTROPIES, ar_ms_per_token: float | None = None,
+                       ar_requests: pd.DataFrame | None = None, clock: str = "auto", n_boot: int = 100,
+                       seed: int = 0, level: float = 0.95, eps: float = atrisk.EPS_NATS) -> DraftingPays:
+    """Fit the law (one drafter) and the cost model, then predict speedup vs entropy, the break-even entropy and
+    the best block size / tree budget per entropy, with request-bootstrap intervals (fewer than
+    ``stats.FEW_REQUESTS`` requests warns). ``ar_requests``: the AR baseline's timed requests (``request_id``,
+    ``decode_ms``, ``decoded``), resampled with the arm's (same prompts); else ``ar_ms_per_token`` (a constant) or
+    the AR rounds in ``traces``. ``clock``: as ``fit_cost_model``; the AR requests are timed by the same clock."""
     fam = get_family(family)
     if fam.needs_categories or fam.needs_drafters:
         raise ValueError(f"{family} needs a category/drafter argument; use a one-drafter, category-free law")
@@ -522,7 +442,6 @@ def when_drafting_pays(
     counts = prepare_counts(rows, fam, eps=eps)
     n_requests = int(counts["request_id"].nunique())
     few = warn_if_few_requests(n_requests, "the request-bootstrap intervals")
-    # predictions only (the intervals are the bootstrap's): no cluster-robust errors, nor their warning
     law = fit_law(counts, fam, cov_type="nonrobust")
     entropies = [float(h) for h in entropies]
     is_tree = cost.nodes > cost.depth
@@ -562,9 +481,8 @@ def when_drafting_pays(
 
 def _pays_replicates(traces, drafter: str, counts: pd.DataFrame, fam, law, ar_table, ar_ms_per_token, clock: str,
                      grid: tuple, n_boot: int, seed: int) -> tuple[list, int]:
-    """``(statistics of each replicate, failures)`` of ``when_drafting_pays``' request bootstrap: one Poisson weight
-    per request of the arm and of the AR run (the same prompts: paired), drawn together; each replicate refits the
-    law (from the estimate's coefficients), t_AR from the AR requests where given, and the cost model."""
+    """``(statistics of each replicate, failures)`` of ``when_drafting_pays``' request bootstrap (Poisson weights per
+    request, the AR run's paired); each replicate refits the law, t_AR and the cost model."""
     rng = np.random.default_rng(seed)
     reps, failed = [], 0
     start = law.result.params.to_numpy() if law.result is not None else None
@@ -584,10 +502,8 @@ def _pays_replicates(traces, drafter: str, counts: pd.DataFrame, fam, law, ar_ta
 
 def priced_cost_model(traces, *, drafter: str | None, ar_ms_per_token: float | None,
                       ar_requests: pd.DataFrame | None, clock: str) -> tuple[CostModel, pd.DataFrame | None]:
-    """The cost model of ``drafter`` with t_AR from the timed AR requests where given (on the cost model's clock:
-    ``_ar_table``), else ``ar_ms_per_token`` or the AR rounds; and that AR table (None without it), for a
-    bootstrap to reweigh."""
-    # with ar_requests, t_AR comes from them (below, on the cost model's clock): 1.0 holds its place meanwhile
+    """The cost model of ``drafter`` with t_AR from the timed AR requests where given (on its clock), else
+    ``ar_ms_per_token`` or the AR rounds; and that AR table (None without it), for a bootstrap to reweigh."""
     cost = fit_cost_model(traces, drafter=drafter, ar_ms_per_token=1.0 if ar_requests is not None else ar_ms_per_token,
                           clock=clock)
     ar_table = _ar_table(ar_requests, cost.clock)
@@ -598,8 +514,7 @@ def priced_cost_model(traces, *, drafter: str | None, ar_ms_per_token: float | N
 
 
 def _ar_table(ar_requests: pd.DataFrame | None, clock: str = "wall") -> pd.DataFrame | None:
-    """The AR requests' (request_id, decode_ms, decoded), checked, their time on ``clock`` (``"cpu"``: the
-    ``decode_cpu_ms`` column, required then); None when not given."""
+    """The AR requests' (request_id, decode_ms, decoded), checked, their time on ``clock``; None when not given."""
     if ar_requests is None:
         return None
     column = "decode_cpu_ms" if clock == "cpu" else "decode_ms"

@@ -1,17 +1,10 @@
 """Measured decode speedups of an analysed trace set, and the prediction checked against them.
 
-Known here: each timed arm's requests paired with the timed AR requests of the same model and machine on the same
-prompts (``paired_requests``; none where no such AR run exists, and the reason says so), on the CPU clock
-(``requests.decode_cpu_ms``) where every paired request has it, else the wall clock; per-request speedups; whether
-an arm and its AR run were timed together (``timed_together``); per category the measured speedup with a
-request-bootstrap interval and the verdict of ``cost.speed_verdict`` (physical bound, interval width, paired
-prompts; the rule ``jobs.speed`` applies too), so figures, notebooks and the report say the same (``speedup``,
-``measured_speedups``); the prediction checked against them (``speedup_validation``: "no timings: predicted
-only", "no AR arm: predicted only"), and the break-even entropy against where measured per-request speedups cross
-1 (``speedup_crossing``: a logistic fit on the request's mean entropy). Each function takes ``an``, an analysed
-trace set (``entropy_law.analysis.TraceAnalysis``), passed in and never imported.
-
-Not known here: the cost model itself (``payoff.cost``), the law's fit (``entropy_law.law``), plotting.
+Each timed arm's requests are paired with the timed AR requests of the same model and machine on the same prompts
+(``paired_requests``), on the CPU clock where every paired request has it. Per category: the measured speedup with
+its interval and ``cost.speed_verdict`` (``speedup``); the prediction checked against it (``speedup_validation``);
+where per-request speedups cross 1 against the break-even entropy (``speedup_crossing``). Each function takes
+``an``, an analysed trace set (``analysis.TraceAnalysis``), never imported.
 """
 
 from __future__ import annotations
@@ -31,15 +24,11 @@ SPEEDUP_BOOT = 2000  # request-bootstrap replicates of a measured speedup's inte
 
 
 def paired_requests(an, arm: str) -> pd.DataFrame:
-    """The arm's timed requests paired with the timed AR requests of the same model and machine, one row
-    per (run of the arm, request): ``category``, ``decoded`` / ``ar_decoded`` (tokens after the prefill),
-    ``ms`` / ``ar_ms`` (decode time of the rounds, on ``attrs["clock"]``), ``rounds`` (verify rounds after
-    the prefill), ``verify_cost`` (their summed verify cost c(nodes + 1) in one-token forwards, from the
-    run's verify-cost curve; c = 1 without one), ``mean_entropy_nats`` (of the request's output).
-
-    The clock is the CPU clock (``requests.decode_cpu_ms``) where every paired request of both sides has
-    it, else the wall clock (``decode_ms``); ``attrs["clock"]`` says which. Raises (saying why) where the
-    arm has no timed run or no AR run of the same model and machine decoded its prompts."""
+    """The arm's timed requests paired with the timed AR requests of the same model and machine, one row per (run,
+    request): ``category``, ``decoded`` / ``ar_decoded`` (tokens after the prefill), ``ms`` / ``ar_ms`` (on
+    ``attrs["clock"]``: "cpu" where both sides have it, else "wall"), ``rounds`` (after the prefill),
+    ``verify_cost`` (their summed c(nodes + 1); 1 without a curve), ``mean_entropy_nats``. Raises, saying why,
+    where there is nothing to pair."""
     def compute():
         req = an.view.requests.merge(an.runs[["run_id", "arm", "is_ar", "timed", "machine"]], on="run_id")
         req = req.loc[req["timed"]].assign(decoded=(req["new_tokens"] - 1).clip(lower=0))
@@ -83,8 +72,7 @@ def paired_requests(an, arm: str) -> pd.DataFrame:
 
 
 def request_speedups(an, arm: str) -> pd.DataFrame:
-    """Per paired request of ``arm``: its measured speedup (AR ms per token / the arm's, on
-    ``attrs["clock"]``) and its output's mean target entropy (``paired_requests``)."""
+    """``paired_requests`` with each request's measured ``speedup`` (AR ms per token / the arm's)."""
     paired = an.paired_requests(arm)
     ok = (paired["decoded"] > 0) & (paired["ar_decoded"] > 0) & (paired["ms"] > 0)
     out = paired.loc[ok].assign(speedup=(paired["ar_ms"] / paired["ar_decoded"])
@@ -94,12 +82,9 @@ def request_speedups(an, arm: str) -> pd.DataFrame:
 
 
 def timed_together(an, arm: str) -> tuple[bool | None, str]:
-    """Whether ``arm``'s timed runs and the AR runs they are paired with were timed together: for every run
-    of the arm, some timed AR run on its machine whose [start_time, end_time] window overlaps it by at least
-    ``TOGETHER_OVERLAP`` of their union (``jobs.record.record_arms`` interleaves the arms of one recording:
-    about 1). Runs recorded hours or days apart, or one resumed over a day while the other took minutes, are
-    timed under different loads, and their ratio is no speedup. (None, why) where the runs do not say when
-    they ran (imports, simulations): not checked."""
+    """``(together, why)``: whether every timed run of ``arm`` has a timed AR run on its machine whose time window
+    overlaps it by at least ``TOGETHER_OVERLAP`` of their union (runs timed apart ran under different loads);
+    None where the runs do not say when they ran."""
     runs = an.runs
     if "start_time" not in runs or "end_time" not in runs:
         return None, "the runs do not record start_time / end_time: not checked"
@@ -135,18 +120,10 @@ def timed_together(an, arm: str) -> tuple[bool | None, str]:
 
 
 def speedup(an, arm: str) -> pd.DataFrame:
-    """Measured decode speedup of one arm over AR per category, paired request by request with the timed AR
-    runs of the same model and machine (``paired_requests``): (AR ms per token) / (arm ms per token) over
-    the category's paired requests, tokens counted after the prefill, on the CPU clock where the traces
-    carry it (``clock``: "cpu" or "wall"); ``lo`` / ``hi``: a 95% interval (``cost.paired_speedup_interval``:
-    request bootstrap, widened to Student t with few requests and to the per-request spread pooled over the
-    arm's categories);
-    ``tokens_per_round`` and ``bound`` = tokens per round x c(1) / c(N + 1) (the physical bound: a round
-    costs at least one forward over its verified tree; c from the run's verify-cost curve, else 1);
-    ``verdict`` (``cost.speed_verdict``): "measured", "not measured reliably" (interval wider than +-15%
-    or fewer than 5 paired requests, or the arm and its AR run timed apart: ``timed_together``) or "above the
-    physical bound" — only "measured" is a result.
-    ``requests``: the arm's paired (run, request) pairs."""
+    """Measured decode speedup of one arm over AR per category on its paired requests: (AR ms per token) / (arm ms
+    per token); ``lo`` / ``hi``: ``cost.paired_speedup_interval``; ``bound`` = tokens per round x c(1) / c(N + 1),
+    the physical bound; ``verdict``: ``cost.speed_verdict`` ("not measured reliably" too where the arm was timed
+    apart from its AR run). Only "measured" is a result."""
     def compute():
         paired = an.paired_requests(arm)
         together, _ = an.timed_together(arm)
@@ -201,20 +178,12 @@ def measured_speedups(an) -> pd.DataFrame:
 
 
 def speedup_validation(an) -> pd.DataFrame:
-    """The prediction checked against the measurement, per drafting arm and category, on the same requests.
-
-    ``predicted`` = the law's DP tokens per round on these requests' entropy sequences
-    (``predicted_tokens_per_round``) x t_AR / t_round(N), with t_AR and the round cost line from the arm's
-    cost model (``pays(arm).cost``) at the mean verified nodes N of the category's rounds (the line is
-    linear in N, so this is the mean predicted round cost); ``measured`` (``speedup``: paired, CPU clock
-    where the traces carry it; ``lo`` / ``hi`` its interval, ``verdict`` whether it is a result);
-    ``relative_error`` = predicted / measured - 1, ``within_10pct`` and ``inside_interval``;
-    ``cost_only_predicted`` / ``cost_only_error``: the cost model alone, pricing the category's recorded rounds
-    request by request (``cost_error``: ``workload.price_rounds``, the pricing of ``predict(rounds=)``): what
-    is left of the error when the law's is taken out. ``status``:
-    "compared", "no timings: predicted only" (replayed arm: no cost model either, so only tokens per round
-    are predicted), or "no AR arm: predicted only" (the prediction needs t_AR: given, else NaN). Raises
-    only where no arm has even a law prediction; ``attrs["notes"]`` holds the reasons."""
+    """The prediction checked against the measurement, per drafting arm and category, on the same requests:
+    ``predicted`` = the law's DP tokens per round x t_AR / t_round(N) (the arm's cost model at the category's mean
+    verified nodes N); ``measured``, ``lo``, ``hi``, ``verdict``: ``speedup``; ``relative_error``, ``within_10pct``,
+    ``inside_interval``; ``cost_only_predicted`` / ``cost_only_error``: the cost model alone on the recorded rounds
+    (``cost_error``). ``status``: "compared", "no timings: predicted only", "no AR arm: predicted only", ...
+    Raises only where no arm has a law prediction; ``attrs["notes"]`` holds the reasons."""
     def compute():
         results = an.results_table().set_index(["arm", "category"])
         rows, notes = [], []
@@ -277,20 +246,11 @@ def speedup_validation(an) -> pd.DataFrame:
 
 
 def speedup_crossing(an, arm: str) -> dict:
-    """Where the measured per-request speedups of ``arm`` cross 1, against the predicted break-even entropy.
-
-    A logistic regression (statsmodels ``Logit``) of "measured speedup > 1" on the request's mean target
-    entropy (``request_speedups``); ``crossing_nats`` = the entropy where its probability is 0.5 (-b0 /
-    b1), NaN where the fit cannot place it (all requests on one side, perfect separation, or a slope of the
-    wrong sign: ``reason`` says which). ``breakeven`` / ``breakeven_low`` / ``breakeven_high``: the break-even
-    entropy and its bootstrap interval (``pays``); ``inside``: whether the crossing lies in that interval
-    (None where either is missing). The comparison on one scale: ``workload_breakeven`` / ``workload_low`` /
-    ``workload_high`` (``workload``: the prediction on each request's own entropy sequence, where its
-    log-speedup line on the mean entropy crosses 1), ``measured_line`` (the same line through the measured
-    speedups, same bootstrap: ``measured_line_low`` / ``_high``), ``workload_inside`` (the measured line's
-    crossing inside the workload break-even's interval) and both verdicts in words. The constant-entropy
-    break-even is not on that scale: real requests of mean entropy H accept far shorter blocks than a
-    sequence at H everywhere (``workload`` module doc)."""
+    """Where the measured per-request speedups of ``arm`` cross 1, against the predicted break-even entropy:
+    ``crossing_nats``: where a logistic regression of "speedup > 1" on the request's mean entropy reaches 0.5
+    (NaN with a ``reason`` where it cannot be placed); ``breakeven*`` and ``inside``: ``pays``' break-even and
+    whether the crossing lies in its interval. On the request-mean-entropy scale: ``workload_*`` (``workload``'s
+    break-even), ``measured_line*`` (the same line through the measured speedups) and both verdicts in words."""
     def compute():
         import statsmodels.api as sm
 
@@ -304,7 +264,7 @@ def speedup_crossing(an, arm: str) -> dict:
             out["reason"] = f"every request {'above' if y[0] else 'below'} 1: no crossing in the observed entropies"
         else:
             try:
-                with warnings.catch_warnings():  # separation shows as huge coefficients: checked below
+                with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     fit = sm.Logit(y, sm.add_constant(h)).fit(disp=0, maxiter=200)
                 b0, b1 = (float(v) for v in fit.params)
@@ -330,8 +290,7 @@ def speedup_crossing(an, arm: str) -> dict:
             out["reason"] = "; ".join(x for x in (out["reason"], pays.error) if x)
         out.update(workload_breakeven=np.nan, workload_low=np.nan, workload_high=np.nan, measured_line=np.nan,
                    measured_line_low=np.nan, measured_line_high=np.nan, workload_ok=False, workload_inside=None,
-                   workload_agree=None,
-                   workload_verdict="not computed", measured_line_verdict="not computed")
+                   workload_agree=None, workload_verdict="not computed", measured_line_verdict="not computed")
         work = an.attempt("workload", arm)
         if work.ok:
             w = work.value.summary
@@ -339,8 +298,7 @@ def speedup_crossing(an, arm: str) -> dict:
                        workload_low=float(w.loc["workload_breakeven_nats", "ci_low"]),
                        workload_high=float(w.loc["workload_breakeven_nats", "ci_high"]),
                        workload_inside=work.value.inside, workload_agree=work.value.agree,
-                       workload_verdict=work.value.verdict,
-                       measured_line_verdict=work.value.measured_verdict)
+                       workload_verdict=work.value.verdict, measured_line_verdict=work.value.measured_verdict)
             if "measured_crossing_nats" in w.index:
                 out.update(measured_line=float(w.loc["measured_crossing_nats", "estimate"]),
                            measured_line_low=float(w.loc["measured_crossing_nats", "ci_low"]),
@@ -367,8 +325,7 @@ def crossing_table(an) -> pd.DataFrame:
 
 
 def _verify_cost(curve, n_tokens: int) -> float:
-    """c(n) of a run's stored verify-cost curve (``{"sizes": [...], "costs": [...]}``, in one-token forwards;
-    piecewise linear, extended by its end segments as ``decoding.gate.VerifyCost``); 1 without a curve."""
+    """c(n) of a run's stored verify-cost curve, as ``decoding.gate.VerifyCost``; 1 without a curve."""
     if not isinstance(curve, dict) or not curve.get("sizes"):
         return 1.0
     sizes, costs = np.asarray(curve["sizes"], float), np.asarray(curve["costs"], float)

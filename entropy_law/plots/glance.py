@@ -1,16 +1,8 @@
 """GLANCE's law beside ours: the side-by-side scores (LOCO, per round), the decile figure and the report section.
 
-Known here: how our primary law (the report's family; ``primary_family(view)``: ``fit.primary_family`` of
-the view's tokens, at call time) is scored round by round against GLANCE's law
-(``glance``): leave-one-category-out, each law fitted without a category predicts the accepted drafts of
-each of its rounds (ours: ``glance.law_round_expectations``, along the greedy output's entropies and the
-round's drafted depth; GLANCE's: ``glance.loco_glance``, from the root entropy alone), scored by
-``glance.round_scores``; the gallery figure (GLANCE's decile curve with its bootstrap intervals, GLANCE's
-fitted E[a | H], and the decile means of our law's per-round expectations); the report section (one row per
-arm and law, and notes saying where GLANCE's law does at least as well). Runs that hold only the round-root
-entropy (an imported GLANCE log) get GLANCE's law alone, with the reason ours cannot be fitted.
-
-Not known here: either law's fit (``glance``, ``law.fit``), decoding, torch.
+Leave-one-category-out, each law fitted without a category predicts the accepted drafts of each of its rounds
+(ours: ``glance.law_round_expectations``; GLANCE's: ``glance.loco_glance``, from the root entropy alone), scored by
+``glance.round_scores``. Runs with only the round-root entropy (an imported GLANCE log) get GLANCE's law alone.
 """
 
 from __future__ import annotations
@@ -28,22 +20,15 @@ SCORE_COLUMNS = ("mse", "category_mean_mae", "r2_curve", "r2_round", "r2_ceiling
 
 
 def primary_family(view=None) -> str:
-    """Our primary law's family for ``view``'s traces (``fit.primary_family`` of its tokens: the fallback law where
-    they lack the target's top-1 probability, as an imported GLANCE log does); no view: ``fit.PRIMARY_FAMILY``.
-    Read at call time."""
-    from entropy_law.law import fit
-
+    """Our primary law's family for ``view``'s traces (``fit.primary_family`` of its tokens)."""
     return fit.primary_family(None if view is None else view.tokens)
 
 
 def law_slope(law) -> float:
-    """The fitted law's exponent of entropy, the slope GLANCE's ``holds()`` asks to be positive: ``k`` (the first
-    derived parameter) for a law in H alone. For a cloglog law whose H-only answer moves other inputs with H (the
-    previous position's entropy = H, the target's top-1 miss at that entropy: ``fit.STEADY_H_COLUMNS``), the
-    least-squares slope of log(-log a) on log(H + c) along its H-only curve at depth 1 (the steady state, before
-    its envelope; a drafter-aware law's own statistics at their training means) over the fitted trials' 5-95%
-    entropy range: k itself for ``law_exp``, and for a law in H and p1 the total effect of entropy, where k alone
-    is H's at fixed p1 (negative in folds where the two trade). NaN where none."""
+    """The fitted law's exponent of entropy, the slope GLANCE's ``holds()`` asks to be positive: ``k`` for a law in H
+    alone; for a cloglog law whose H-only answer moves other inputs with H (``fit.STEADY_H_COLUMNS``), the
+    least-squares slope of log(-log a) on log(H + c) along its H-only curve at depth 1 over the fitted trials'
+    5-95% entropy range (the total effect of entropy). NaN where none."""
     derived = law.derived
     k = float(derived["estimate"].iloc[0]) if len(derived) else float("nan")
     steady = [c for c in fit.STEADY_H_COLUMNS if c in law.family.means]
@@ -56,8 +41,6 @@ def law_slope(law) -> float:
     if not high > low:
         return k
     grid = np.geomspace(max(low, 1e-4), high, 50)
-    # the drafter's own statistics (a drafter-aware law) at their training means, as the steady state holds
-    # the other slow inputs; given covariates: the envelope does not apply
     drafter = {c: float(np.average(law.counts[c], weights=n)) for c in law.family.draft_stats if c in law.counts}
     if len(drafter) < len(law.family.draft_stats):
         return k
@@ -67,13 +50,11 @@ def law_slope(law) -> float:
 
 def loco_ours(view, arm: str, rounds: pd.DataFrame, family: str, *, root_only=False,
               rows: pd.DataFrame | None = None, drafts: pd.DataFrame | None = None):
-    """Leave-one-category-out per-round predictions of our law ``family`` for ``rounds``
-    (``glance.glance_rounds(view)``) and each fold's slope: for each category, the law fitted on the other
-    categories' at-risk rows predicts its rounds (``glance.law_round_expectations``). ``root_only``: True
-    (the root entropy at every depth: what is known before the round), False, or ``(False, True)`` for both
-    from the same fits (then the predictions are a tuple). ``rows``: the arm's at-risk table where already
-    computed (``at_risk_table(view, drafters=[arm])``). ``drafts``: the drafter's confidence at every verified
-    depth of each round (``jobs.reference.round_proposals``), for a family in it (``law_exp_obs_ceil_drafttop``)."""
+    """Leave-one-category-out per-round predictions of our law ``family`` for ``rounds`` and each fold's slope.
+
+    ``root_only``: True (the root entropy at every depth), False, or ``(False, True)`` for both (a tuple). ``rows``:
+    the arm's at-risk table where already computed. ``drafts``: the drafter's confidence per verified depth, for a
+    family in it."""
     rows = at_risk_table(view, drafters=[arm]) if rows is None else rows
     variants = tuple(root_only) if isinstance(root_only, (tuple, list)) else (bool(root_only),)
     predicted = [np.full(len(rounds), np.nan) for _ in variants]
@@ -89,12 +70,9 @@ def loco_ours(view, arm: str, rounds: pd.DataFrame, family: str, *, root_only=Fa
 
 
 def side_by_side(view, arm: str, family: str | None = None, *, forms=("code",), rows_fn=None) -> dict:
-    """Both laws on one arm, LOCO per round: ``{"rounds", "scores": {name: round_scores}, "errors": {name:
-    why it could not be scored}}``; names ``glance`` (code form), ``glance_readme`` if asked, ``family`` (its
-    per-round expectation along the entropies of the round's positions, which describe the round but are not
-    all known before it) and ``"<family> (root entropy only)"`` (the root entropy at every depth, plus the
-    drafted depth D: what a prediction made before the round can use).
-    ``rows_fn``: returns the arm's at-risk table (a cached one), else it is computed."""
+    """Both laws on one arm, LOCO per round: ``{"rounds", "scores": {name: round_scores}, "errors": {name: why}}``;
+    names ``glance``, ``glance_<form>``, ``family`` and ``"<family> (root entropy only)"``. ``rows_fn``: returns
+    the arm's at-risk table (a cached one)."""
     family = family or primary_family(view)
     rounds = glance.glance_rounds(view)
     out = {"rounds": rounds, "scores": {}, "errors": {}, "family": family}
@@ -144,7 +122,7 @@ def glance_wins(arm: str, scores: dict, ours: str) -> list[str]:
 
 
 def _side_by_side_cached(an, arm: str) -> dict:
-    def rows():  # the gallery's cached at-risk table of the arm (same key), computed once per report
+    def rows():
         return an._cached(("atrisk", arm), lambda: at_risk_table(an.arm_view(arm), drafters=[arm]))
 
     return an._cached(("glance_side_by_side", arm),
@@ -191,10 +169,9 @@ def glance_section(an) -> tuple[str, pd.DataFrame, list[str]]:
 
 def decile_plot(rounds: pd.DataFrame, law: "glance.GlanceLaw", ours=None, *, ours_label: str = "our law",
                 ax=None):
-    """GLANCE's decile curve of ``rounds`` (mean accepted drafts per root-entropy decile, 95% bootstrap
-    interval: ``law.curve``), GLANCE's fitted E[a | H] (``law``) and, with ``ours`` (one prediction per
+    """GLANCE's decile curve of ``rounds`` and fitted E[a | H] (``law``) and, with ``ours`` (one prediction per
     round), the decile means of our law's per-round expectations. Returns ``ax``."""
-    import matplotlib.pyplot as plt  # lazy: the scores above need no matplotlib
+    import matplotlib.pyplot as plt
 
     if ax is None:
         _, ax = plt.subplots(figsize=(5, 3.5))
@@ -206,13 +183,8 @@ def decile_plot(rounds: pd.DataFrame, law: "glance.GlanceLaw", ours=None, *, our
     return ax
 
 
-_short = short_message
-_unavailable = unavailable
-
-
 def fig_glance(an):
-    """Gallery figure: per drafting arm, GLANCE's decile curve with both laws' curves (in sample: GLANCE's
-    E[a | H] at the bin's entropy; ours, the mean of its per-round expectations in the bin)."""
+    """Gallery figure: per drafting arm, GLANCE's decile curve with both laws' curves (in sample)."""
     import matplotlib.pyplot as plt
 
     arms = an.arms
@@ -223,7 +195,7 @@ def fig_glance(an):
     for ax in axes[max(len(arms), 1):]:
         ax.set_visible(False)
     if not arms:
-        _unavailable(axes[0], "no drafting arm")
+        unavailable(axes[0], "no drafting arm")
         return fig
     for ax, arm in zip(axes, arms):
         try:
@@ -232,7 +204,7 @@ def fig_glance(an):
             law = an._cached(("glance_law_boot", arm), lambda: glance.fit_glance(rounds, per_category=False,
                                                                                    seed=an.seed))
         except ValueError as err:
-            _unavailable(ax, _short(f"{arm}: {err}"))
+            unavailable(ax, short_message(f"{arm}: {err}"))
             continue
         ours, label = None, f"{an.family}: decile mean of E[a] per round"
         try:
@@ -240,8 +212,8 @@ def fig_glance(an):
         except ValueError as err:
             label = None
             why = "this run holds the round-root entropy only" if "round's root only" in str(err) else str(err)
-            ax.text(0.02, 0.02, _short(f"{an.family} not shown: {why}", 90), transform=ax.transAxes, fontsize=6,
-                    va="bottom", wrap=True)
+            ax.text(0.02, 0.02, short_message(f"{an.family} not shown: {why}", 90), transform=ax.transAxes,
+                    fontsize=6, va="bottom", wrap=True)
         decile_plot(rounds, law, ours, ours_label=label or "", ax=ax)
         ax.set_title(f"{arm}: r2_curve GLANCE {law.r2_curve:.2f}", fontsize=8)
     return fig
