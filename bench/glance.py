@@ -383,18 +383,20 @@ def matched_inputs(family: str) -> dict:
 
 
 def matched_predictions(view, rounds: pd.DataFrame, rows: pd.DataFrame, family: str, drafts: int,
-                        round_pick: np.ndarray, row_pick: np.ndarray) -> tuple[dict, int]:
-    """({name: LOCO predictions, NaN where not predicted}, fits of our law): the data are the rounds and at-risk
-    rows at positions ``round_pick`` / ``row_pick`` (a request drawn twice counts twice); each category of it is
-    held out in turn, every predictor fitted on the other categories' picked data (its drafted-depth model too)
-    and predicting the held-out category's rounds."""
+                        round_pick: np.ndarray, row_pick: np.ndarray, offsets: dict | None = None) -> tuple[dict, dict]:
+    """({name: LOCO predictions, NaN where not predicted}, {held-out category: our law's offset c of log(H + c)}):
+    the data are the rounds and at-risk rows at positions ``round_pick`` / ``row_pick`` (a request drawn twice
+    counts twice); each category of it is held out in turn, every predictor fitted on the other categories' picked
+    data (its drafted-depth model too) and predicting the held-out category's rounds. ``offsets``: refit our law
+    with c fixed at these (a profile family's refits; the profile over c is not redone)."""
+    from dataclasses import replace
     from entropy_law.glance import law_round_expectations
     from entropy_law.law.fit import fit_law
 
     category = rounds["category"].astype(str).to_numpy()
     row_category = rows["category"].astype(str).to_numpy()
     out = {name: np.full(len(rounds), np.nan) for name in [*OURS, *GLANCE_INPUTS]}
-    fits = 0
+    used = {}
     for held_out in sorted(set(category[round_pick])):
         train = rounds.iloc[round_pick[category[round_pick] != held_out]]
         test = np.unique(round_pick[category[round_pick] == held_out])
@@ -408,12 +410,17 @@ def matched_predictions(view, rounds: pd.DataFrame, rows: pd.DataFrame, family: 
         out["GLANCE README, L ~ depth model"][test] = matched.glance_reach_expected(h, b0, b1, matched.model_reach(probs))
         out["GLANCE README, L = D"][test] = matched.glance_reach_expected(
             h, b0, b1, matched.observed_reach(tested["tree_depth"], drafts))
-        law = fit_law(rows.iloc[row_pick[row_category[row_pick] != held_out]], family, cov_type="nonrobust")
-        fits += 1
+        train_rows = rows.iloc[row_pick[row_category[row_pick] != held_out]]
+        if offsets is None or not get_family(family).profile_eps:
+            law = fit_law(train_rows, family, cov_type="nonrobust")
+        else:
+            law = fit_law(train_rows, replace(get_family(family), profile_eps=False), eps=offsets[held_out],
+                          cov_type="nonrobust")
+        used[held_out] = law.eps
         for name, (depths, root) in OURS.items():
             out[name][test] = (law_round_expectations(law, view, tested, root_only=root) if depths == "observed" else
                                matched.law_expected_over_depths(law, view, tested, probs, root_only=root))
-    return out, fits
+    return out, used
 
 
 def weighted_scores(rounds: pd.DataFrame, predicted: np.ndarray, weight: np.ndarray) -> dict:
@@ -464,11 +471,12 @@ def matched_arm(view, arm: str, *, n_boot: int, seed: int) -> dict:
     category = rounds["category"].astype(str).to_numpy()
     every = (np.arange(len(rounds)), np.arange(len(rows)))
 
-    def scored(picks, weight):
-        predicted, fits = matched_predictions(view, rounds, rows, family, drafts, *picks)
-        return {name: weighted_scores(rounds, values, weight) for name, values in predicted.items()}, fits
+    def scored(picks, weight, offsets=None):
+        predicted, used = matched_predictions(view, rounds, rows, family, drafts, *picks, offsets=offsets)
+        return {name: weighted_scores(rounds, values, weight) for name, values in predicted.items()}, used
 
-    point, fits = scored(every, np.ones(len(rounds)))
+    point, offsets = scored(every, np.ones(len(rounds)))
+    fits = len(offsets)
     before = ["ours, root + D", "GLANCE README, L = D"]
     best = min(before, key=lambda name: point[name]["mse"])
     pairs = [(info, ours, best if theirs == BEST_BEFORE_VERIFYING else theirs)
@@ -481,15 +489,15 @@ def matched_arm(view, arm: str, *, n_boot: int, seed: int) -> dict:
         for members in per_category.values():
             np.add.at(count, rng.choice(members, size=len(members), replace=True), 1.0)
         picks = (np.repeat(every[0], count[code].astype(int)), np.repeat(every[1], count[row_code].astype(int)))
-        scores, n = scored(picks, count[code])
-        fits += n
+        scores, used = scored(picks, count[code], offsets)
+        fits += len(used)
         boot.append(scores)
     jack = []
     for dropped in per_category:
         keep = category != dropped
         picks = (every[0][keep], every[1][rows["category"].astype(str).to_numpy() != dropped])
-        scores, n = scored(picks, keep.astype(float))
-        fits += n
+        scores, used = scored(picks, keep.astype(float), offsets)
+        fits += len(used)
         jack.append(scores)
     inputs = matched_inputs(family)
     out = []
@@ -507,7 +515,7 @@ def matched_arm(view, arm: str, *, n_boot: int, seed: int) -> dict:
             entry["category_ratio"], [pair_stats(s, ours, theirs)["category_ratio"] for s in jack])
         out.append(entry)
     return {"family": family, "rounds": len(rounds), "requests": len(request), "drafts": drafts, "fits": fits,
-            "n_boot": n_boot, "pairs": out}
+            "n_boot": n_boot, "offsets": offsets, "pairs": out}
 
 
 def goal_check(entry: dict) -> dict | None:
@@ -528,7 +536,8 @@ def print_matched(arm: str, result: dict) -> None:
     pct, num = (lambda v: f"{v:+.1%}"), (lambda v: f"{v:.2f}")
     print(f"\n=== {arm}: {result['rounds']} drafting rounds, {result['requests']} requests, our law {result['family']}, "
           f"D <= {result['drafts']}; {result['n_boot']} bootstrap replicates and a leave-one-category-out jackknife, "
-          f"both refitting the laws ({result['fits']} fits of our law)")
+          f"both refitting the laws ({result['fits']} fits of our law; a refit keeps its held-out category's offset c "
+          f"of log(H + c) from the point fit: {', '.join(f'{c:g}' for c in result['offsets'].values())})")
     for e in result["pairs"]:
         label = "as published (no set: ours reads more)" if e["set"] == "as published" else InfoSet(e["set"]).label
         print(f"- {label}: {e['ours']} vs {e['theirs']}")
