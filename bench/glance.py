@@ -455,7 +455,7 @@ def jackknife_interval(full: float, leave_outs: list) -> list:
     return [float(pseudo.mean() - half), float(pseudo.mean() + half)]
 
 
-def matched_arm(view, arm: str, *, n_boot: int, seed: int) -> dict:
+def matched_arm(view, arm: str, *, n_boot: int, seed: int, jackknife: bool = True) -> dict:
     """The matched comparison of one arm: point estimates, the request bootstrap (requests resampled within each
     category, both laws refitted in every fold) and the leave-one-category-out jackknife (each category dropped,
     the other categories' LOCO refitted); ``{"pairs": [...], "fits": n, ...}``."""
@@ -493,7 +493,7 @@ def matched_arm(view, arm: str, *, n_boot: int, seed: int) -> dict:
         fits += len(used)
         boot.append(scores)
     jack = []
-    for dropped in per_category:
+    for dropped in per_category if jackknife else ():
         keep = category != dropped
         picks = (every[0][keep], every[1][rows["category"].astype(str).to_numpy() != dropped])
         scores, used = scored(picks, keep.astype(float), offsets)
@@ -512,7 +512,7 @@ def matched_arm(view, arm: str, *, n_boot: int, seed: int) -> dict:
             values = [pair_stats(s, ours, theirs)[key] for s in boot]
             entry[f"{key}_boot"] = [float(v) for v in np.nanpercentile(values, [2.5, 97.5])] if boot else None
         entry["category_ratio_jackknife"] = jackknife_interval(
-            entry["category_ratio"], [pair_stats(s, ours, theirs)["category_ratio"] for s in jack])
+            entry["category_ratio"], [pair_stats(s, ours, theirs)["category_ratio"] for s in jack]) if jack else None
         out.append(entry)
     return {"family": family, "rounds": len(rounds), "requests": len(request), "drafts": drafts, "fits": fits,
             "n_boot": n_boot, "offsets": offsets, "pairs": out}
@@ -523,7 +523,7 @@ def goal_check(entry: dict) -> dict | None:
     bootstrap's and the jackknife's); None for rows without goals (as published, after verifying)."""
     if entry["set"] in ("as published", InfoSet.AFTER_VERIFYING.value) or entry["mse_change_boot"] is None:
         return None
-    ratio_high = max(entry["category_ratio_boot"][1], entry["category_ratio_jackknife"][1])
+    ratio_high = max(entry["category_ratio_boot"][1], (entry["category_ratio_jackknife"] or [-np.inf, -np.inf])[1])
     return {"mse_change": bool(entry["mse_change_boot"][1] <= MATCHED_GOALS["mse_change"]),
             "category_ratio": bool(ratio_high <= MATCHED_GOALS["category_ratio"]),
             "category_r2": bool(entry["category_r2_boot"][0] >= MATCHED_GOALS["category_r2"])}
@@ -531,7 +531,7 @@ def goal_check(entry: dict) -> dict | None:
 
 def print_matched(arm: str, result: dict) -> None:
     def ci(values, fmt):
-        return f"[{fmt(values[0])}, {fmt(values[1])}]" if values else "[no bootstrap]"
+        return f"[{fmt(values[0])}, {fmt(values[1])}]" if values else "[not run]"
 
     pct, num = (lambda v: f"{v:+.1%}"), (lambda v: f"{v:.2f}")
     print(f"\n=== {arm}: {result['rounds']} drafting rounds, {result['requests']} requests, our law {result['family']}, "
@@ -562,6 +562,8 @@ def matched_arguments(parser) -> None:
     parser.add_argument("--boot", type=int, default=N_BOOT_MATCHED,
                         help=f"request-bootstrap replicates, each refitting both laws (default {N_BOOT_MATCHED})")
     parser.add_argument("--seed", type=int, default=0, help="the bootstrap's seed (default 0)")
+    parser.add_argument("--no-jackknife", action="store_true",
+                        help="leave out the leave-one-category-out jackknife (with --boot 0: point estimates only)")
 
 
 def run_matched(args, parser) -> None:
@@ -588,7 +590,8 @@ def run_matched(args, parser) -> None:
         parser.error(f"no drafting arm matches --arms {args.arms}; arms: {analysis.arms}")
     report = {}
     for arm in arms:
-        report[arm] = matched_arm(analysis.arm_view(arm), arm, n_boot=args.boot, seed=args.seed)
+        report[arm] = matched_arm(analysis.arm_view(arm), arm, n_boot=args.boot, seed=args.seed,
+                                  jackknife=not args.no_jackknife)
         print_matched(arm, report[arm])
         for entry in report[arm]["pairs"]:
             entry["goals"] = goal_check(entry)
