@@ -515,7 +515,7 @@ def matched_arm(view, arm: str, *, n_boot: int, seed: int, jackknife: bool = Tru
             entry["category_ratio"], [pair_stats(s, ours, theirs)["category_ratio"] for s in jack]) if jack else None
         out.append(entry)
     return {"family": family, "rounds": len(rounds), "requests": len(request), "drafts": drafts, "fits": fits,
-            "n_boot": n_boot, "offsets": offsets, "pairs": out}
+            "n_boot": n_boot, "jackknife": bool(jack), "offsets": offsets, "pairs": out}
 
 
 def goal_check(entry: dict) -> dict | None:
@@ -535,8 +535,9 @@ def print_matched(arm: str, result: dict) -> None:
 
     pct, num = (lambda v: f"{v:+.1%}"), (lambda v: f"{v:.2f}")
     print(f"\n=== {arm}: {result['rounds']} drafting rounds, {result['requests']} requests, our law {result['family']}, "
-          f"D <= {result['drafts']}; {result['n_boot']} bootstrap replicates and a leave-one-category-out jackknife, "
-          f"both refitting the laws ({result['fits']} fits of our law; a refit keeps its held-out category's offset c "
+          f"D <= {result['drafts']}; {result['n_boot']} bootstrap replicates"
+          f"{' and a leave-one-category-out jackknife' if result['jackknife'] else ', no jackknife'}, "
+          f"each refitting the laws ({result['fits']} fits of our law; a refit keeps its held-out category's offset c "
           f"of log(H + c) from the point fit: {', '.join(f'{c:g}' for c in result['offsets'].values())})")
     for e in result["pairs"]:
         label = "as published (no set: ours reads more)" if e["set"] == "as published" else InfoSet(e["set"]).label
