@@ -579,6 +579,9 @@ def run_matched(args, parser) -> None:
     (``law.information.check_information``). Columns: per-round MSE change against the other side, category-mean
     error ratio and category-mean R-squared, with 95% intervals from a request bootstrap that refits both laws and
     a leave-one-category-out jackknife of the ratio; the goals on their one-sided bounds. Ends with one JSON line.
+    Cost: one leave-one-category-out run of both laws per arm, plus one per bootstrap replicate and one per category
+    of the jackknife (refits keep the point fit's offset c, so these cost less): the defaults take about 26 runs per
+    arm, far over ten minutes on one core for ``data/traces``; ``--boot 0 --no-jackknife`` gives the point estimates.
 
         OMP_NUM_THREADS=1 python bench/glance.py matched [--traces data/traces] [--arms ngram] [--boot 20]
     """
