@@ -383,13 +383,12 @@ def matched_inputs(family: str) -> dict:
 
 
 def matched_predictions(view, rounds: pd.DataFrame, rows: pd.DataFrame, family: str, drafts: int,
-                        round_pick: np.ndarray, row_pick: np.ndarray, offsets: dict | None = None) -> tuple[dict, dict]:
+                        round_pick: np.ndarray, row_pick: np.ndarray) -> tuple[dict, dict]:
     """({name: LOCO predictions, NaN where not predicted}, {held-out category: our law's offset c of log(H + c)}):
     the data are the rounds and at-risk rows at positions ``round_pick`` / ``row_pick`` (a request drawn twice
     counts twice); each category of it is held out in turn, every predictor fitted on the other categories' picked
-    data (its drafted-depth model too) and predicting the held-out category's rounds. ``offsets``: refit our law
-    with c fixed at these (a profile family's refits; the profile over c is not redone)."""
-    from dataclasses import replace
+    data (its drafted-depth model too, and our law's offset c where its family profiles it) and predicting the
+    held-out category's rounds."""
     from entropy_law.glance import law_round_expectations
     from entropy_law.law.fit import fit_law
 
@@ -410,12 +409,7 @@ def matched_predictions(view, rounds: pd.DataFrame, rows: pd.DataFrame, family: 
         out["GLANCE README, L ~ depth model"][test] = matched.glance_reach_expected(h, b0, b1, matched.model_reach(probs))
         out["GLANCE README, L = D"][test] = matched.glance_reach_expected(
             h, b0, b1, matched.observed_reach(tested["tree_depth"], drafts))
-        train_rows = rows.iloc[row_pick[row_category[row_pick] != held_out]]
-        if offsets is None or not get_family(family).profile_eps:
-            law = fit_law(train_rows, family, cov_type="nonrobust")
-        else:
-            law = fit_law(train_rows, replace(get_family(family), profile_eps=False), eps=offsets[held_out],
-                          cov_type="nonrobust")
+        law = fit_law(rows.iloc[row_pick[row_category[row_pick] != held_out]], family, cov_type="nonrobust")
         used[held_out] = law.eps
         for name, (depths, root) in OURS.items():
             out[name][test] = (law_round_expectations(law, view, tested, root_only=root) if depths == "observed" else
@@ -471,8 +465,8 @@ def matched_arm(view, arm: str, *, n_boot: int, seed: int, jackknife: bool = Tru
     category = rounds["category"].astype(str).to_numpy()
     every = (np.arange(len(rounds)), np.arange(len(rows)))
 
-    def scored(picks, weight, offsets=None):
-        predicted, used = matched_predictions(view, rounds, rows, family, drafts, *picks, offsets=offsets)
+    def scored(picks, weight):
+        predicted, used = matched_predictions(view, rounds, rows, family, drafts, *picks)
         return {name: weighted_scores(rounds, values, weight) for name, values in predicted.items()}, used
 
     point, offsets = scored(every, np.ones(len(rounds)))
@@ -489,14 +483,14 @@ def matched_arm(view, arm: str, *, n_boot: int, seed: int, jackknife: bool = Tru
         for members in per_category.values():
             np.add.at(count, rng.choice(members, size=len(members), replace=True), 1.0)
         picks = (np.repeat(every[0], count[code].astype(int)), np.repeat(every[1], count[row_code].astype(int)))
-        scores, used = scored(picks, count[code], offsets)
+        scores, used = scored(picks, count[code])
         fits += len(used)
         boot.append(scores)
     jack = []
     for dropped in per_category if jackknife else ():
         keep = category != dropped
         picks = (every[0][keep], every[1][rows["category"].astype(str).to_numpy() != dropped])
-        scores, used = scored(picks, keep.astype(float), offsets)
+        scores, used = scored(picks, keep.astype(float))
         fits += len(used)
         jack.append(scores)
     inputs = matched_inputs(family)
@@ -537,8 +531,8 @@ def print_matched(arm: str, result: dict) -> None:
     print(f"\n=== {arm}: {result['rounds']} drafting rounds, {result['requests']} requests, our law {result['family']}, "
           f"D <= {result['drafts']}; {result['n_boot']} bootstrap replicates"
           f"{' and a leave-one-category-out jackknife' if result['jackknife'] else ', no jackknife'}, "
-          f"each refitting the laws ({result['fits']} fits of our law; a refit keeps its held-out category's offset c "
-          f"of log(H + c) from the point fit: {', '.join(f'{c:g}' for c in result['offsets'].values())})")
+          f"each refitting the laws ({result['fits']} fits of our law; the point fits' offsets c of log(H + c) by "
+          f"held-out category: {', '.join(f'{c:g}' for c in result['offsets'].values())})")
     for e in result["pairs"]:
         label = "as published (no set: ours reads more)" if e["set"] == "as published" else InfoSet(e["set"]).label
         print(f"- {label}: {e['ours']} vs {e['theirs']}")
@@ -580,8 +574,8 @@ def run_matched(args, parser) -> None:
     error ratio and category-mean R-squared, with 95% intervals from a request bootstrap that refits both laws and
     a leave-one-category-out jackknife of the ratio; the goals on their one-sided bounds. Ends with one JSON line.
     Cost: one leave-one-category-out run of both laws per arm, plus one per bootstrap replicate and one per category
-    of the jackknife (refits keep the point fit's offset c, so these cost less): the defaults take about 26 runs per
-    arm, far over ten minutes on one core for ``data/traces``; ``--boot 0 --no-jackknife`` gives the point estimates.
+    of the jackknife (every refit profiles c as the point fit does): the defaults take about 26 runs per arm, far
+    over ten minutes on one core for ``data/traces``; ``--boot 0 --no-jackknife`` gives the point estimates.
 
         OMP_NUM_THREADS=1 python bench/glance.py matched [--traces data/traces] [--arms ngram] [--boot 20]
     """
