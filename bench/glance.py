@@ -3,6 +3,7 @@
 Subcommands (each prints a table and ends with one JSON line):
 
     python bench/glance.py law [ARGS]
+    python bench/glance.py matched [ARGS]
 
 ``python bench/glance.py SUBCOMMAND --help`` lists a subcommand's arguments.
 """
@@ -26,6 +27,8 @@ from entropy_law.law.atrisk import at_risk_table  # noqa: E402
 from entropy_law.law.fit import PRIMARY_FALLBACK, get_family  # noqa: E402
 from entropy_law.glance import (category_frame, fit_glance, glance_rounds, loco_glance,  # noqa: E402
                                     read_glance_rounds, round_scores)
+from entropy_law.glance import matched  # noqa: E402
+from entropy_law.law.information import InfoSet, check_information, predictor_inputs, sets_allowing  # noqa: E402
 from entropy_law.plots.glance import glance_wins, loco_ours, primary_family  # noqa: E402
 from entropy_law.traces.reader import load_traces  # noqa: E402
 
@@ -345,8 +348,264 @@ def run_law(args, parser) -> None:
                       "seconds": round(time.time() - started, 1)}, default=float))
 
 
+# --- matched ---------------------------------------------------------------------------------------------------------
+
+MATCHED_GOALS = {"mse_change": -0.15, "category_ratio": 0.7, "category_r2": 0.5}  # each on a one-sided bound
+N_BOOT_MATCHED = 20  # request-bootstrap replicates, each refitting both laws in every fold
+# GLANCE's predictors and the inputs each reads (law.information.INPUTS)
+GLANCE_INPUTS = {
+    "GLANCE code, cap 15": frozenset({"entropy_root"}),
+    "GLANCE README, L = 15": frozenset({"entropy_root"}),
+    "GLANCE README, L ~ depth model": frozenset({"entropy_root", "depth_model"}),
+    "GLANCE README, L = D": frozenset({"entropy_root", "drafted_depth"}),
+}
+OURS = {  # our primary law: name -> (where D comes from, law.information.DEPTH_INPUTS; the root's entropy only)
+    "ours, path + D": ("observed", False),
+    "ours, path + depth model": ("training", False),
+    "ours, root + depth model": ("training", True),
+    "ours, root + D": ("observed", True),
+}
+BEST_BEFORE_VERIFYING = "the best before-verifying law"
+MATCHED_ROWS = (  # (set, ours, the predictors it is compared with); "as published" is no set: ours reads more
+    ("as published", "ours, path + D", ("GLANCE code, cap 15", "GLANCE README, L = 15")),
+    (InfoSet.WORKLOAD, "ours, path + depth model", ("GLANCE code, cap 15", "GLANCE README, L ~ depth model")),
+    (InfoSet.BEFORE_DRAFTING, "ours, root + depth model", ("GLANCE code, cap 15", "GLANCE README, L ~ depth model")),
+    (InfoSet.BEFORE_VERIFYING, "ours, root + D", ("GLANCE README, L = D",)),
+    (InfoSet.AFTER_VERIFYING, "ours, path + D", (BEST_BEFORE_VERIFYING,)),
+)
+
+
+def matched_inputs(family: str) -> dict:
+    """name -> the inputs it reads, for every predictor of ``OURS`` (``family``) and ``GLANCE_INPUTS``."""
+    fam = get_family(family)
+    ours = {name: predictor_inputs(fam, depths, root_only=root) for name, (depths, root) in OURS.items()}
+    return {**ours, **GLANCE_INPUTS}
+
+
+def matched_predictions(view, rounds: pd.DataFrame, rows: pd.DataFrame, family: str, drafts: int,
+                        round_pick: np.ndarray, row_pick: np.ndarray) -> tuple[dict, dict]:
+    """({name: LOCO predictions, NaN where not predicted}, {held-out category: our law's offset c of log(H + c)}):
+    the data are the rounds and at-risk rows at positions ``round_pick`` / ``row_pick`` (a request drawn twice
+    counts twice); each category of it is held out in turn, every predictor fitted on the other categories' picked
+    data (its drafted-depth model too, and our law's offset c where its family profiles it) and predicting the
+    held-out category's rounds."""
+    from entropy_law.glance import law_round_expectations
+    from entropy_law.law.fit import fit_law
+
+    category = rounds["category"].astype(str).to_numpy()
+    row_category = rows["category"].astype(str).to_numpy()
+    out = {name: np.full(len(rounds), np.nan) for name in [*OURS, *GLANCE_INPUTS]}
+    used = {}
+    for held_out in sorted(set(category[round_pick])):
+        train = rounds.iloc[round_pick[category[round_pick] != held_out]]
+        test = np.unique(round_pick[category[round_pick] == held_out])
+        tested = rounds.iloc[test]
+        h = tested["entropy"].to_numpy(dtype=float)
+        for name, form in (("GLANCE code, cap 15", "code"), ("GLANCE README, L = 15", "readme")):
+            out[name][test] = fit_glance(train, form, per_category=False, n_boot=0).predict(h)
+        b0, b1 = matched.fit_glance_reach(train["entropy"], train["accepted"],
+                                          matched.observed_reach(train["tree_depth"], drafts))
+        probs = matched.round_depth_probabilities(matched.round_depth_model(train, drafts), tested)
+        out["GLANCE README, L ~ depth model"][test] = matched.glance_reach_expected(h, b0, b1, matched.model_reach(probs))
+        out["GLANCE README, L = D"][test] = matched.glance_reach_expected(
+            h, b0, b1, matched.observed_reach(tested["tree_depth"], drafts))
+        law = fit_law(rows.iloc[row_pick[row_category[row_pick] != held_out]], family, cov_type="nonrobust")
+        used[held_out] = law.eps
+        for name, (depths, root) in OURS.items():
+            out[name][test] = (law_round_expectations(law, view, tested, root_only=root) if depths == "observed" else
+                               matched.law_expected_over_depths(law, view, tested, probs, root_only=root))
+    return out, used
+
+
+def weighted_scores(rounds: pd.DataFrame, predicted: np.ndarray, weight: np.ndarray) -> dict:
+    """Per-round MSE, the category-mean error (mean over categories of |mean predicted - mean observed|) and the
+    R-squared of the category means, each round counted ``weight`` times (rounds without a prediction: 0)."""
+    w = np.where(np.isfinite(predicted), weight, 0.0)
+    a = rounds["accepted"].to_numpy(dtype=float)
+    p = np.nan_to_num(predicted)
+    frame = pd.DataFrame({"c": rounds["category"].astype(str).to_numpy(), "w": w, "wa": w * a, "wp": w * p})
+    sums = frame.groupby("c").sum()
+    sums = sums.loc[sums["w"] > 0]
+    observed, means = sums["wa"] / sums["w"], sums["wp"] / sums["w"]
+    spread = float(((observed - observed.mean()) ** 2).sum())
+    return {"mse": float((w * (p - a) ** 2).sum() / w.sum()), "cat_error": float((means - observed).abs().mean()),
+            "cat_r2": 1.0 - float(((means - observed) ** 2).sum()) / spread if spread > 0 else float("nan")}
+
+
+def pair_stats(scores: dict, ours: str, theirs: str) -> dict:
+    """MSE change, category-mean error ratio and both category-mean R-squared of ``ours`` against ``theirs``."""
+    o, t = scores[ours], scores[theirs]
+    return {"mse_change": o["mse"] / t["mse"] - 1.0, "category_ratio": o["cat_error"] / t["cat_error"],
+            "category_r2": o["cat_r2"], "category_r2_theirs": t["cat_r2"]}
+
+
+def jackknife_interval(full: float, leave_outs: list) -> list:
+    """95% leave-one-category-out jackknife interval (pseudo-values, t with K - 1 df) of a statistic ``full``."""
+    from scipy import stats
+
+    k = len(leave_outs)
+    pseudo = k * full - (k - 1) * np.asarray(leave_outs, dtype=float)
+    half = stats.t.ppf(0.975, k - 1) * pseudo.std(ddof=1) / np.sqrt(k)
+    return [float(pseudo.mean() - half), float(pseudo.mean() + half)]
+
+
+def matched_arm(view, arm: str, *, n_boot: int, seed: int, jackknife: bool = True) -> dict:
+    """The matched comparison of one arm: point estimates, the request bootstrap (requests resampled within each
+    category, both laws refitted in every fold) and the leave-one-category-out jackknife (each category dropped,
+    the other categories' LOCO refitted); ``{"pairs": [...], "fits": n, ...}``."""
+    family = primary_family(view)
+    rounds = glance_rounds(view).reset_index(drop=True)
+    rows = at_risk_table(view, drafters=[arm]).reset_index(drop=True)
+    drafts = int(rounds["tree_depth"].max())
+    request = pd.Index((rounds["run_id"].astype(str) + "\0" + rounds["request_id"].astype(str)).unique())
+    code = request.get_indexer(rounds["run_id"].astype(str) + "\0" + rounds["request_id"].astype(str))
+    row_code = request.get_indexer(rows["run_id"].astype(str) + "\0" + rows["request_id"].astype(str))
+    if (row_code < 0).any():
+        raise ValueError(f"{arm}: at-risk rows of requests without a drafting round")
+    category = rounds["category"].astype(str).to_numpy()
+    every = (np.arange(len(rounds)), np.arange(len(rows)))
+
+    def scored(picks, weight):
+        predicted, used = matched_predictions(view, rounds, rows, family, drafts, *picks)
+        return {name: weighted_scores(rounds, values, weight) for name, values in predicted.items()}, used
+
+    point, offsets = scored(every, np.ones(len(rounds)))
+    fits = len(offsets)
+    before = ["ours, root + D", "GLANCE README, L = D"]
+    best = min(before, key=lambda name: point[name]["mse"])
+    pairs = [(info, ours, best if theirs == BEST_BEFORE_VERIFYING else theirs)
+             for info, ours, names in MATCHED_ROWS for theirs in names]
+    rng = np.random.default_rng(seed)
+    per_category = {c: np.unique(code[category == c]) for c in sorted(set(category))}
+    boot = []
+    for _ in range(n_boot):
+        count = np.zeros(len(request))
+        for members in per_category.values():
+            np.add.at(count, rng.choice(members, size=len(members), replace=True), 1.0)
+        picks = (np.repeat(every[0], count[code].astype(int)), np.repeat(every[1], count[row_code].astype(int)))
+        scores, used = scored(picks, count[code])
+        fits += len(used)
+        boot.append(scores)
+    jack = []
+    for dropped in per_category if jackknife else ():
+        keep = category != dropped
+        picks = (every[0][keep], every[1][rows["category"].astype(str).to_numpy() != dropped])
+        scores, used = scored(picks, keep.astype(float))
+        fits += len(used)
+        jack.append(scores)
+    inputs = matched_inputs(family)
+    out = []
+    for info, ours, theirs in pairs:
+        entry = {"set": info if isinstance(info, str) else info.value, "ours": ours, "theirs": theirs,
+                 "ours_inputs": sorted(inputs[ours]), "theirs_inputs": sorted(inputs[theirs]),
+                 **pair_stats(point, ours, theirs)}
+        if not isinstance(info, str):  # refuse a side that reads more than the set holds
+            check_information(info, inputs[ours], what=ours)
+            check_information(info, inputs[theirs], what=theirs)
+        for key in ("mse_change", "category_ratio", "category_r2", "category_r2_theirs"):
+            values = [pair_stats(s, ours, theirs)[key] for s in boot]
+            entry[f"{key}_boot"] = [float(v) for v in np.nanpercentile(values, [2.5, 97.5])] if boot else None
+        entry["category_ratio_jackknife"] = jackknife_interval(
+            entry["category_ratio"], [pair_stats(s, ours, theirs)["category_ratio"] for s in jack]) if jack else None
+        out.append(entry)
+    return {"family": family, "rounds": len(rounds), "requests": len(request), "drafts": drafts, "fits": fits,
+            "n_boot": n_boot, "jackknife": bool(jack), "offsets": offsets, "pairs": out}
+
+
+def goal_check(entry: dict) -> dict | None:
+    """The goals on one-sided bounds (the ends of the printed 95% intervals; the category ratio's larger of the
+    bootstrap's and the jackknife's); None for rows without goals (as published, after verifying)."""
+    if entry["set"] in ("as published", InfoSet.AFTER_VERIFYING.value) or entry["mse_change_boot"] is None:
+        return None
+    ratio_high = max(entry["category_ratio_boot"][1], (entry["category_ratio_jackknife"] or [-np.inf, -np.inf])[1])
+    return {"mse_change": bool(entry["mse_change_boot"][1] <= MATCHED_GOALS["mse_change"]),
+            "category_ratio": bool(ratio_high <= MATCHED_GOALS["category_ratio"]),
+            "category_r2": bool(entry["category_r2_boot"][0] >= MATCHED_GOALS["category_r2"])}
+
+
+def print_matched(arm: str, result: dict) -> None:
+    def ci(values, fmt):
+        return f"[{fmt(values[0])}, {fmt(values[1])}]" if values else "[not run]"
+
+    pct, num = (lambda v: f"{v:+.1%}"), (lambda v: f"{v:.2f}")
+    print(f"\n=== {arm}: {result['rounds']} drafting rounds, {result['requests']} requests, our law {result['family']}, "
+          f"D <= {result['drafts']}; {result['n_boot']} bootstrap replicates"
+          f"{' and a leave-one-category-out jackknife' if result['jackknife'] else ', no jackknife'}, "
+          f"each refitting the laws ({result['fits']} fits of our law; the point fits' offsets c of log(H + c) by "
+          f"held-out category: {', '.join(f'{c:g}' for c in result['offsets'].values())})")
+    for e in result["pairs"]:
+        label = "as published (no set: ours reads more)" if e["set"] == "as published" else InfoSet(e["set"]).label
+        print(f"- {label}: {e['ours']} vs {e['theirs']}")
+        print(f"    ours reads {', '.join(e['ours_inputs'])} (sets: "
+              f"{', '.join(s.value for s in sets_allowing(e['ours_inputs'])) or 'none'}); "
+              f"theirs reads {', '.join(e['theirs_inputs'])}")
+        print(f"    MSE change {pct(e['mse_change'])} {ci(e['mse_change_boot'], pct)}; category-mean error "
+              f"x{e['category_ratio']:.2f} {ci(e['category_ratio_boot'], num)} jackknife "
+              f"{ci(e['category_ratio_jackknife'], num)}; category-mean R2 ours {e['category_r2']:.2f} "
+              f"{ci(e['category_r2_boot'], num)}, theirs {e['category_r2_theirs']:.2f} "
+              f"{ci(e['category_r2_theirs_boot'], num)}")
+        goals = goal_check(e)
+        if goals is not None:
+            print("    goals (MSE <= -15%, category error <= x0.7, R2 >= 0.5, on the interval bounds): " + ", ".join(
+                f"{k} {'met' if v else 'NOT met'}" for k, v in goals.items()))
+
+
+def matched_arguments(parser) -> None:
+    parser.add_argument("--traces", default="data/traces", help="trace folder (default: the shipped reference traces)")
+    parser.add_argument("--arms", nargs="+", default=None, metavar="TEXT",
+                        help="only the drafting arms whose name contains one of these (e.g. ngram)")
+    parser.add_argument("--boot", type=int, default=N_BOOT_MATCHED,
+                        help=f"request-bootstrap replicates, each refitting both laws (default {N_BOOT_MATCHED})")
+    parser.add_argument("--seed", type=int, default=0, help="the bootstrap's seed (default 0)")
+    parser.add_argument("--no-jackknife", action="store_true",
+                        help="leave out the leave-one-category-out jackknife (with --boot 0: point estimates only)")
+
+
+def run_matched(args, parser) -> None:
+    """GLANCE's law and ours given the same information, per arm and information set, leave-one-category-out.
+
+    Rows (``MATCHED_ROWS``): as published (ours given the path's entropies and the round's drafted depth D,
+    GLANCE's law neither); workload and before drafting (both given the drafted-depth model of the training
+    categories, ``matched.round_depth_model``: GLANCE as its code has it, cap 15, and in its README form with L drawn
+    from that model; ours along the path's entropies / from the root's only); before verifying (both given D:
+    GLANCE's README form with L = D, ours from the root with D); after verifying (ours with the path and D against
+    the best before-verifying law: what the path adds). Every side's inputs are checked against its set
+    (``law.information.check_information``). Columns: per-round MSE change against the other side, category-mean
+    error ratio and category-mean R-squared, with 95% intervals from a request bootstrap that refits both laws and
+    a leave-one-category-out jackknife of the ratio; the goals on their one-sided bounds. Ends with one JSON line.
+    Cost: one leave-one-category-out run of both laws per arm, plus one per bootstrap replicate and one per category
+    of the jackknife (every refit profiles c as the point fit does): the defaults take about 26 runs per arm, far
+    over ten minutes on one core for ``data/traces``; ``--boot 0 --no-jackknife`` gives the point estimates.
+
+        OMP_NUM_THREADS=1 python bench/glance.py matched [--traces data/traces] [--arms ngram] [--boot 20]
+    """
+    started = time.time()
+    if args.boot < 0:
+        parser.error("--boot must be >= 0")
+    analysis = TraceAnalysis(load_traces(args.traces))
+    arms = [a for a in analysis.arms if args.arms is None or any(text in a for text in args.arms)]
+    if not arms:
+        parser.error(f"no drafting arm matches --arms {args.arms}; arms: {analysis.arms}")
+    report = {}
+    for arm in arms:
+        report[arm] = matched_arm(analysis.arm_view(arm), arm, n_boot=args.boot, seed=args.seed,
+                                  jackknife=not args.no_jackknife)
+        print_matched(arm, report[arm])
+        for entry in report[arm]["pairs"]:
+            entry["goals"] = goal_check(entry)
+    unmet = [f"{arm}: {e['set']} vs {e['theirs']}" for arm, r in report.items() for e in r["pairs"]
+             if e["goals"] is not None and not all(e["goals"].values())]
+    print(f"\ngoals not met in {len(unmet)} of "
+          f"{sum(e['goals'] is not None for r in report.values() for e in r['pairs'])} matched rows")
+    print(json.dumps({"bench": "glance_matched", "traces": args.traces, "boot": args.boot, "seed": args.seed,
+                      "goals": MATCHED_GOALS, "arms": report, "goals_not_met": unmet,
+                      "seconds": round(time.time() - started, 1)}, default=float))
+    return 0
+
+
 COMMANDS = {  # subcommand: (adds its arguments, runs it)
     "law": (law_arguments, run_law),
+    "matched": (matched_arguments, run_matched),
 }
 
 

@@ -1,0 +1,93 @@
+"""GLANCE's law and ours given the same drafted depth D of a round: the observed one, or a distribution of it.
+
+Known here: the README form of GLANCE's law with a per-round L (E[a | H] = sum_k P(L >= k) p^k, logit p = b0 - b1 H;
+L = D: the round's drafted depth, ``P(L >= k)`` 0 or 1), its least-squares fit (``fit_glance_reach``); a drafted-depth
+model of rounds (``law.transfer.TrainingDepthModel`` over the root entropy) and our law's expectation over it
+(``law_expected_over_depths``: the mixture over D of ``compare.law_round_expectations`` with that D).
+Not known here: which side gets which depth source (``bench/glance.py matched`` says it per information set).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+from scipy import optimize, special
+
+from entropy_law.glance.compare import law_round_expectations
+from entropy_law.glance.law import B1_MAX, START_MEAN_FLOOR
+from entropy_law.law.transfer import TrainingDepthModel, entropy_bin
+
+
+def observed_reach(depth, drafts: int) -> np.ndarray:
+    """``[n, drafts]``: 1 where k <= D (k = 1..``drafts``), the round's drafted depth D (``tree_depth``)."""
+    d = np.asarray(depth, dtype=np.int64)
+    if np.any(d < 1) or np.any(d > drafts):
+        raise ValueError(f"drafted depths must lie in 1..{drafts}")
+    return (np.arange(1, drafts + 1)[None, :] <= d[:, None]).astype(float)
+
+
+def model_reach(depth_probs) -> np.ndarray:
+    """``[n, drafts]``: P(D >= k), k = 1..drafts, from ``[n, drafts + 1]`` probabilities of D = 0..drafts."""
+    p = np.asarray(depth_probs, dtype=float)
+    return np.cumsum(p[:, ::-1], axis=1)[:, ::-1][:, 1:]
+
+
+def glance_reach_expected(entropy, b0: float, b1: float, reach) -> np.ndarray:
+    """GLANCE's README form with a per-round L: sum_k ``reach[:, k-1]`` p^k, logit p = b0 - min(b1, 25) H."""
+    p = special.expit(b0 - min(b1, B1_MAX) * np.asarray(entropy, dtype=float))
+    reach = np.asarray(reach, dtype=float)
+    return (reach * p[:, None] ** np.arange(1, reach.shape[1] + 1)).sum(axis=1)
+
+
+def fit_glance_reach(entropy, accepted, reach) -> tuple[float, float]:
+    """(b0, b1): least squares of GLANCE's README form with a per-round L (``glance_reach_expected``), from GLANCE's
+    start (b0 = logit(m / (1 + m)), m the mean accepted length, b1 = 1), as ``fit_glance`` fits the fixed-L form."""
+    h = np.asarray(entropy, dtype=float)
+    a = np.asarray(accepted, dtype=float)
+    reach = np.asarray(reach, dtype=float)
+    k = np.arange(1, reach.shape[1] + 1)
+    if len(a) < 2 or np.ptp(h) == 0:
+        raise ValueError("GLANCE's law needs rounds that vary in entropy")
+
+    def residuals(theta):
+        p = special.expit(theta[0] - theta[1] * h)
+        return (reach * p[:, None] ** k).sum(axis=1) - a
+
+    def jacobian(theta):
+        p = special.expit(theta[0] - theta[1] * h)
+        dz = (reach * k * p[:, None] ** k).sum(axis=1) * (1.0 - p)
+        return np.column_stack([dz, -h * dz])
+
+    m = max(float(a.mean()), START_MEAN_FLOOR)
+    fit = optimize.least_squares(residuals, [special.logit(m / (1.0 + m)), 1.0], jac=jacobian, method="lm",
+                                 xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=20000)
+    return float(fit.x[0]), float(fit.x[1])
+
+
+def round_depth_model(rounds: pd.DataFrame, drafts: int) -> TrainingDepthModel:
+    """The drafted depth (``tree_depth``) of ``rounds`` (``glance_rounds`` rows: the training categories') by the
+    root entropy, first round apart (``TrainingDepthModel.fit``)."""
+    depths = pd.DataFrame({"start_position": rounds["start_position"].to_numpy(dtype=np.int64),
+                           "start_entropy": rounds["entropy"].to_numpy(dtype=float),
+                           "drafted_depth": rounds["tree_depth"].to_numpy(dtype=np.int64)})
+    return TrainingDepthModel.fit(depths, drafts, copy_edges=())
+
+
+def round_depth_probabilities(model: TrainingDepthModel, rounds: pd.DataFrame) -> np.ndarray:
+    """``[n, drafts + 1]``: ``model``'s P(D = d) for each round, from its root entropy (``first`` at position 0)."""
+    e = np.minimum(entropy_bin(rounds["entropy"].to_numpy(dtype=float), model.edges), model.later.shape[0] - 1)
+    first = rounds["start_position"].to_numpy() == 0
+    return np.where(first[:, None], model.first[np.minimum(e, model.first.shape[0] - 1)], model.later[e])
+
+
+def law_expected_over_depths(law, traces, rounds: pd.DataFrame, depth_probs, *, root_only: bool) -> np.ndarray:
+    """Our law's expected accepted drafts of each round with its drafted depth D drawn from ``depth_probs``
+    (``[n, drafts + 1]``, P(D = d)): sum_d P(D = d) E[tau | D = d], E from ``law_round_expectations`` (which reads D
+    as the cap of its sum and as the law's covariate)."""
+    probs = np.asarray(depth_probs, dtype=float)
+    depths = [d for d in range(1, probs.shape[1]) if np.any(probs[:, d] > 0)]
+    if not depths:
+        return np.zeros(len(rounds))
+    stacked = pd.concat([rounds.assign(tree_depth=d) for d in depths], ignore_index=True)  # one call: one lookup
+    expected = law_round_expectations(law, traces, stacked, root_only=root_only).reshape(len(depths), len(rounds))
+    return (probs[:, depths].T * expected).sum(axis=0)
