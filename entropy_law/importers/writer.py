@@ -78,39 +78,61 @@ def parse_jsonl(path, engine: str, *, category: str = DEFAULT_CATEGORY, skip_bad
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file (a JSONL of {engine} responses, one per line)")
     parse = PARSERS[engine]
-    parsed = ParsedFile(path=path, engine=engine, records=[])
-    seen: dict[str, int] = {}
-    with open(path, "rb") as fh:
-        for number, raw in enumerate(fh, start=1):
-            if not raw.strip():
-                continue
-            parsed.lines += 1
-            try:
-                try:
-                    text = decoded_line(raw)
-                    obj = json.loads(text)
-                except json.JSONDecodeError as err:
-                    raise FieldError("(line)", f"not JSON ({err.msg} at column {err.colno})") from None
-                record = parse(obj, line=number, category=category)
-                if record.request_id in seen:
-                    raise FieldError("request_id", f"{record.request_id!r} repeats line {seen[record.request_id]}; "
-                                                   "request ids must be unique in a run (add a \"request_id\" key)")
-            except FieldError as err:
-                if not skip_bad:
-                    raise MalformedResponseError(
-                        path, number, err.field,
-                        f"{err.problem} (entropy-law import --skip-bad skips such lines and counts them in "
-                        "run.json)") from None
-                parsed.skipped.append(SkippedLine(number, err.field, err.problem))
-                continue
-            seen[record.request_id] = number
-            parsed.records.append(record)
+
+    def repeated(record, first_line):
+        return FieldError("request_id", f"{record.request_id!r} repeats line {first_line}; request ids must be "
+                                        "unique in a run (add a \"request_id\" key)")
+
+    records, skipped, lines = read_jsonl(path, lambda obj, number: parse(obj, line=number, category=category),
+                                         lambda record: record.request_id, repeated, skip_bad=skip_bad)
+    parsed = ParsedFile(path=path, engine=engine, records=records, skipped=skipped, lines=lines)
     if not parsed.records:  # a run of nothing is no import
         raise ValueError(f"{path}: no request to import: " + (
             f"all {parsed.lines} line(s) are bad and were skipped (first: {nothing_kept(parsed.skipped)})"
             if parsed.skipped else "the file holds no line"))
     _check_one_configuration(parsed)
     return parsed
+
+
+def read_jsonl(path: Path, parse_line, key_of, repeated, *, skip_bad: bool) -> tuple[list, list[SkippedLine], int]:
+    """``(items, skipped lines, non-blank lines)`` of a JSONL file: ``parse_line(obj, line)`` per line; an item whose
+    ``key_of`` repeats an earlier one raises ``repeated(item, first line)``. A bad line raises
+    ``MalformedResponseError``, or with ``skip_bad`` is skipped and listed."""
+    items, skipped, lines, seen = [], [], 0, {}
+    with open(path, "rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            if not raw.strip():
+                continue
+            lines += 1
+            try:
+                try:
+                    obj = json.loads(decoded_line(raw))
+                except json.JSONDecodeError as err:
+                    raise FieldError("(line)", f"not JSON ({err.msg} at column {err.colno})") from None
+                item = parse_line(obj, number)
+                key = key_of(item)
+                if key in seen:
+                    raise repeated(item, seen[key])
+            except FieldError as err:
+                if not skip_bad:
+                    raise MalformedResponseError(path, number, err.field, f"{err.problem} (entropy-law import "
+                                                 "--skip-bad skips such lines and counts them in run.json)") from None
+                skipped.append(SkippedLine(number, err.field, err.problem))
+                continue
+            seen[key] = number
+            items.append(item)
+    return items, skipped, lines
+
+
+def write_jsonl_atomic(final: Path, rows) -> None:
+    """Write ``rows`` (dicts) as JSON lines to a temporary name beside ``final``, synced, then renamed."""
+    tmp = final.with_name(f".tmp-{final.name}")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        for row in rows:
+            fh.write(json.dumps(row, separators=(",", ":")) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, final)
 
 
 def nothing_kept(skipped: list[SkippedLine]) -> str:
@@ -313,16 +335,11 @@ def topk_tables(records: list[ImportedRequest], estimates: dict, block_size: int
     """The tokens, rounds and requests columns (for ``TraceRecorder.log_columns``) of aligned requests whose entropy
     comes from their top-k."""
     rnd, req, parts = {}, {}, []
-
-    def add(table, **values):
-        for key, value in values.items():
-            table.setdefault(key, []).append(value)
-
     for record in records:
         est = estimates[record.request_id]
         rounds = record.rounds(block_size)
         for r in rounds:
-            add(rnd, request_id=record.request_id, **{k: r[k] for k in (
+            append_row(rnd, request_id=record.request_id, **{k: r[k] for k in (
                 "round_index", "start_position", "context_len", "block_size", "tree_nodes", "tree_depth", "accepted",
                 "committed")})
         start = np.array([r["start_position"] for r in rounds], dtype=np.int64)
@@ -348,7 +365,7 @@ def topk_tables(records: list[ImportedRequest], estimates: dict, block_size: int
             "target_entropy_estimate_nats": est.estimate_nats[position], "target_topk": est.k[position],
             "context_match": (np.full(which.size, -1) if context is None else context[position].astype(np.int64)),
         })
-        add(req, request_id=record.request_id, category=record.category, dataset=record.dataset,
+        append_row(req, request_id=record.request_id, category=record.category, dataset=record.dataset,
             question_id=record.question_id, prompt_tokens=record.prompt_tokens, image_tokens=0,
             new_tokens=record.new_tokens, rounds=len(rounds), stop_reason=record.stop_reason,
             prefill_ms=record.prefill_ms or 0.0, decode_ms=record.decode_ms or 0.0)
@@ -367,6 +384,12 @@ def topk_tables(records: list[ImportedRequest], estimates: dict, block_size: int
     zeros = np.zeros(len(rnd["request_id"]), np.float32)
     rnd.update({"draft_ms": zeros, "verify_ms": zeros, "overhead_ms": zeros})
     return {"tokens": tokens, "rounds": rnd, "requests": req}
+
+
+def append_row(table: dict, **values) -> None:
+    """Append one row to ``table``, a dict of column lists."""
+    for key, value in values.items():
+        table.setdefault(key, []).append(value)
 
 
 def run_block_size(records) -> int:
@@ -412,17 +435,8 @@ def _log_rounds(recorder: TraceRecorder, record: ImportedRequest, stats: Mapping
 def write_record(run_dir: Path, records: list[ImportedRequest], written: set[str], flagged: list[dict]) -> None:
     """``engine_import.jsonl``: one line per imported request, written to a temporary name and renamed."""
     reasons = {f["request_id"]: f["reason"] for f in flagged}
-    final = run_dir / RECORD_FILE
-    tmp = run_dir / f".tmp-{RECORD_FILE}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        for record in records:
-            row = record.to_json()
-            row["rounds_in_tables"] = record.request_id in written
-            row["flagged"] = reasons.get(record.request_id)
-            fh.write(json.dumps(row, separators=(",", ":")) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, final)
+    write_jsonl_atomic(run_dir / RECORD_FILE, ({**record.to_json(), "rounds_in_tables": record.request_id in written,
+                                                "flagged": reasons.get(record.request_id)} for record in records))
 
 
 def import_jsonl(path, engine: str, out, *, category: str = DEFAULT_CATEGORY, skip_bad: bool = False,
