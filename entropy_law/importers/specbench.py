@@ -157,17 +157,17 @@ def _tables(answers: list[Answer], block_size: int) -> dict:
             position = 1 if (a.split == "prefill" and steps) else 0
             for index, committed in enumerate(steps):
                 append_row(rnd, request_id=rid, round_index=index, start_position=position, context_len=position,
-                    block_size=block_size, tree_nodes=block_size - 1, tree_depth=block_size - 1,
-                    accepted=committed - 1, committed=committed)
+                           block_size=block_size, tree_nodes=block_size - 1, tree_depth=block_size - 1,
+                           accepted=committed - 1, committed=committed)
                 for depth in range(1, committed + 1):
                     role = ("accepted" if depth < committed else "bonus" if committed - 1 == block_size - 1
                             else "correction")
-                    append_row(tok, request_id=rid, category=a.category, round_index=index, position=position + depth - 1,
-                        depth=depth, role=role)
+                    append_row(tok, request_id=rid, category=a.category, round_index=index,
+                               position=position + depth - 1, depth=depth, role=role)
                 position += committed
             append_row(req, request_id=rid, category=a.category, dataset=DATASET, question_id=str(a.question_id),
-                prompt_tokens=0, image_tokens=0, new_tokens=n, rounds=len(steps), stop_reason="eos",
-                prefill_ms=0.0, decode_ms=a.wall_time[turn] * 1000.0)
+                       prompt_tokens=0, image_tokens=0, new_tokens=n, rounds=len(steps), stop_reason="eos",
+                       prefill_ms=0.0, decode_ms=a.wall_time[turn] * 1000.0)
     m = len(tok.get("request_id", []))
     null_f32 = pa.nulls(m, type=pa.float32())
     tokens = dict(tok) if m else {k: [] for k in ("request_id", "category", "round_index", "position", "depth", "role")}

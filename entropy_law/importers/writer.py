@@ -366,9 +366,9 @@ def topk_tables(records: list[ImportedRequest], estimates: dict, block_size: int
             "context_match": (np.full(which.size, -1) if context is None else context[position].astype(np.int64)),
         })
         append_row(req, request_id=record.request_id, category=record.category, dataset=record.dataset,
-            question_id=record.question_id, prompt_tokens=record.prompt_tokens, image_tokens=0,
-            new_tokens=record.new_tokens, rounds=len(rounds), stop_reason=record.stop_reason,
-            prefill_ms=record.prefill_ms or 0.0, decode_ms=record.decode_ms or 0.0)
+                   question_id=record.question_id, prompt_tokens=record.prompt_tokens, image_tokens=0,
+                   new_tokens=record.new_tokens, rounds=len(rounds), stop_reason=record.stop_reason,
+                   prefill_ms=record.prefill_ms or 0.0, decode_ms=record.decode_ms or 0.0)
     tokens = {key: np.concatenate([part[key] for part in parts]) for key in parts[0]}
     n = len(tokens["position"])
     for key in ("target_top1_prob", "target_top2_prob", "target_logit_gap", "target_entropy_lower_nats",

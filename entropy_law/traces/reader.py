@@ -23,8 +23,7 @@ import pyarrow.parquet as pq
 
 from entropy_law.traces.layout import (QUARANTINE_DIR, RUN_FILE, SHARDS_DIR, describe_holder, lock_state, quarantined,
                                        read_lock, read_run_json, shard_dirs, table_file, unfinished_shards)
-from entropy_law.traces.schema import (FORMAT_VERSION, READABLE_FORMAT_VERSIONS, RUN_METADATA_KEYS, SCHEMAS, TABLES,
-                                      added_columns)
+from entropy_law.traces.schema import READABLE_FORMAT_VERSIONS, RUN_METADATA_KEYS, SCHEMAS, TABLES, added_columns
 from entropy_law.traces.validation import TraceValidationError, check_run, check_run_shards, check_values
 
 _DICTIONARY_COLUMNS = ("run_id", "request_id", "category", "role", "dataset", "stop_reason")
@@ -288,16 +287,8 @@ class TraceSet:
             shards = list(zip(*(run.files[t] for t in TABLES)))
             with ThreadPoolExecutor(max_workers=min(len(shards), os.cpu_count() or 1) or 1) as pool:
                 checked = list(pool.map(_read_checked_shard, shards))  # re-raises the first shard's error
-            for i, table in enumerate(TABLES):
+            for i, table in enumerate(TABLES):  # request ids unique across shards: checked on loading
                 run.tables[table] = _concat([parts[i] for parts in checked], table)
-            ids = run.tables["requests"].column("request_id")
-            counts = pc.value_counts(ids.cast(pa.string()) if pa.types.is_dictionary(ids.type) else ids)
-            repeated = counts.filter(pc.greater(counts.field("counts"), 1))
-            if len(repeated):
-                raise TraceValidationError(
-                    f"run {run.run_id!r} at {run.path}: request id {repeated[0]['values'].as_py()!r} appears in "
-                    "more than one shard (a request is written once; was a run resumed without skipping "
-                    "completed_requests?)")
 
 
 def _read_checked_shard(files: tuple[Path, ...]) -> list[pa.Table]:

@@ -19,6 +19,7 @@ import subprocess
 import time
 import uuid
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
@@ -294,26 +295,23 @@ def _describe_conflicts(stored: dict, given: dict, absent_means: Mapping) -> lis
     return lines
 
 
+@dataclass(slots=True, eq=False)
 class _OpenRequest:
     """Buffered rounds of one request that has begun and not yet ended."""
 
-    __slots__ = ("request_id", "info", "rounds", "token_ids", "stats", "draft", "roles",
-                 "last_round", "next_position", "n_tokens", "row", "policy", "prompt_ids")
-
-    def __init__(self, request_id: str, info: dict, prompt_ids: np.ndarray | None = None):
-        self.request_id = request_id
-        self.info = info
-        self.prompt_ids = prompt_ids
-        self.rounds: list[tuple] = []
-        self.token_ids: list[np.ndarray] = []
-        self.stats: list[np.ndarray] = []  # each [5, committed] float32 in TARGET_STAT_KEYS order
-        self.draft: list[np.ndarray | None] = []  # each [3, committed] float64 (prob, rank, entropy) or None
-        self.roles: list[np.ndarray] = []
-        self.policy: list[dict | None] = []  # per round: the policy columns of the rounds table, or None
-        self.last_round = -1
-        self.next_position = 0
-        self.n_tokens = 0
-        self.row: dict | None = None
+    request_id: str
+    info: dict
+    prompt_ids: np.ndarray | None = None
+    rounds: list[tuple] = field(default_factory=list)
+    token_ids: list[np.ndarray] = field(default_factory=list)
+    stats: list[np.ndarray] = field(default_factory=list)  # each [5, committed] float32 in TARGET_STAT_KEYS order
+    draft: list[np.ndarray | None] = field(default_factory=list)  # each [len(DRAFT_STAT_KEYS), committed] or None
+    roles: list[np.ndarray] = field(default_factory=list)
+    policy: list[dict | None] = field(default_factory=list)  # per round: its policy columns, or None
+    last_round: int = -1
+    next_position: int = 0
+    n_tokens: int = 0
+    row: dict | None = None
 
 
 class TraceRecorder:
