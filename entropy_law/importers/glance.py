@@ -19,7 +19,7 @@ import pandas as pd
 import pyarrow as pa
 
 from entropy_law.importers.records import FieldError, decoded_line
-from entropy_law.importers.writer import SkippedLine, nothing_kept
+from entropy_law.importers.writer import SkippedLine, nothing_kept, with_null_columns
 from entropy_law import glance
 from entropy_law.traces.layout import file_sha256
 from entropy_law.traces.recorder import TraceRecorder
@@ -137,16 +137,11 @@ def _tables(rounds: pd.DataFrame, block_size: int) -> dict:
                     np.where(accepted[which] == depth[which], "bonus", "correction"))
     root = token_depth == 1
     entropy = rounds["entropy"].to_numpy(dtype=np.float32)[which]
-    null_f32 = pa.nulls(n, type=pa.float32())
     tokens = {
         "request_id": request[which], "category": rounds["category"].to_numpy(dtype=object)[which],
         "round_index": rounds["round"].to_numpy(dtype=np.int32)[which],
         "position": (start[which] + token_depth - 1).astype(np.int32), "depth": token_depth.astype(np.int16),
-        "token_id": pa.nulls(n, type=pa.int32()), "role": role,
-        "target_entropy_nats": pa.array(np.where(root, entropy, 0).astype(np.float32), mask=~root),
-        "target_renyi2_nats": null_f32, "target_top1_prob": null_f32, "target_top2_prob": null_f32,
-        "target_logit_gap": null_f32, "draft_prob": null_f32, "draft_rank": pa.nulls(n, type=pa.int32()),
-        "draft_entropy_nats": null_f32,
+        "role": role, "target_entropy_nats": pa.array(np.where(root, entropy, 0).astype(np.float32), mask=~root),
     }
     per_request = rounds.groupby("request_id", sort=False).agg(category=("category", "first"), rounds=("tau", "size"),
                                                                new_tokens=("tau", "sum"), task=("task", "first"),
@@ -162,7 +157,7 @@ def _tables(rounds: pd.DataFrame, block_size: int) -> dict:
         "stop_reason": np.full(m, "max_new_tokens", dtype=object),
         "prefill_ms": np.zeros(m, np.float32), "decode_ms": np.zeros(m, np.float32),
     }
-    return {"tokens": tokens, "rounds": rounds_table, "requests": requests}
+    return {"tokens": with_null_columns(tokens, "tokens", n), "rounds": rounds_table, "requests": requests}
 
 
 def import_glance(path, out, *, skip_bad: bool = False, model_id: str | None = None, drafter_id: str | None = None,

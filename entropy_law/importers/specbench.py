@@ -17,11 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 
 from entropy_law.importers.records import FieldError
 from entropy_law.importers.writer import (METADATA_KEY, SkippedLine, append_row, nothing_kept, read_jsonl,
-                                          write_jsonl_atomic)
+                                          with_null_columns, write_jsonl_atomic)
 from entropy_law.traces.layout import file_sha256
 from entropy_law.traces.recorder import TraceRecorder
 
@@ -169,12 +168,8 @@ def _tables(answers: list[Answer], block_size: int) -> dict:
                        prompt_tokens=0, image_tokens=0, new_tokens=n, rounds=len(steps), stop_reason="eos",
                        prefill_ms=0.0, decode_ms=a.wall_time[turn] * 1000.0)
     m = len(tok.get("request_id", []))
-    null_f32 = pa.nulls(m, type=pa.float32())
     tokens = dict(tok) if m else {k: [] for k in ("request_id", "category", "round_index", "position", "depth", "role")}
-    tokens.update({"token_id": pa.nulls(m, type=pa.int32()), "target_entropy_nats": null_f32,
-                   "target_renyi2_nats": null_f32, "target_top1_prob": null_f32, "target_top2_prob": null_f32,
-                   "target_logit_gap": null_f32, "draft_prob": null_f32, "draft_rank": pa.nulls(m, type=pa.int32()),
-                   "draft_entropy_nats": null_f32})
+    tokens = with_null_columns(tokens, "tokens", m)
     rounds = dict(rnd) if rnd else {k: [] for k in ("request_id", "round_index", "start_position", "context_len",
                                                    "block_size", "tree_nodes", "tree_depth", "accepted", "committed")}
     zeros = np.zeros(len(rounds["request_id"]), np.float32)

@@ -27,6 +27,7 @@ from entropy_law.importers import llamacpp, sglang, vllm
 from entropy_law.importers.records import (DEFAULT_CATEGORY, FieldError, ImportedRequest,
                                            MalformedResponseError, decoded_line)
 from entropy_law.traces.recorder import TraceRecorder
+from entropy_law.traces.schema import SCHEMAS
 from entropy_law.traces.stats import TARGET_STAT_KEYS, context_matches_of_output
 from entropy_law.traces.topk import RENORMALISED_TAIL, TopkInputError, pad_topk, topk_entropy
 from entropy_law.traces.layout import file_sha256
@@ -374,16 +375,21 @@ def topk_tables(records: list[ImportedRequest], estimates: dict, block_size: int
     for key in ("target_top1_prob", "target_top2_prob", "target_logit_gap", "target_entropy_lower_nats",
                 "target_entropy_upper_nats", "target_entropy_estimate_nats"):
         tokens[key] = tokens[key].astype(np.float32)  # NaN: null
-    null_f32 = pa.nulls(n, type=pa.float32())
-    tokens.update({"target_entropy_nats": null_f32, "target_renyi2_nats": null_f32, "draft_prob": null_f32,
-                   "draft_entropy_nats": null_f32, "draft_rank": pa.nulls(n, type=pa.int32()),
-                   "token_id": pa.array(tokens["token_id"], type=pa.int32()),
+    tokens.update({"token_id": pa.array(tokens["token_id"], type=pa.int32()),
                    "target_topk": pa.array(tokens["target_topk"], type=pa.int16()),
                    "context_match": pa.array(np.maximum(tokens["context_match"], 0), type=pa.int16(),
                                              mask=tokens["context_match"] < 0)})
     zeros = np.zeros(len(rnd["request_id"]), np.float32)
     rnd.update({"draft_ms": zeros, "verify_ms": zeros, "overhead_ms": zeros})
-    return {"tokens": tokens, "rounds": rnd, "requests": req}
+    return {"tokens": with_null_columns(tokens, "tokens", n), "rounds": rnd, "requests": req}
+
+
+def with_null_columns(columns: dict, table: str, n: int) -> dict:
+    """``columns`` with a null column of ``n`` rows for every nullable column of ``table`` it lacks."""
+    for f in SCHEMAS[table]:
+        if f.nullable and f.name not in columns:
+            columns[f.name] = pa.nulls(n, type=f.type)
+    return columns
 
 
 def append_row(table: dict, **values) -> None:
