@@ -1,4 +1,4 @@
-"""``TraceRecorder``: writes one run of acceptance traces (format v1) as a Parquet dataset directory.
+"""``TraceRecorder``: writes one run of acceptance traces (the trace format) as a Parquet dataset directory.
 
 Known here: buffering, the per-round checks, the run's life cycle, resume and overwrite rules and the writer's
 lock. A shard is written into a temporary directory and renamed in one ``os.rename`` (its three tables appear
@@ -315,7 +315,7 @@ class _OpenRequest:
 
 
 class TraceRecorder:
-    """Log acceptance traces of one run into the directory ``path`` (a Parquet dataset, format v1).
+    """Log acceptance traces of one run into the directory ``path`` (a Parquet dataset in the trace format).
 
     ``run_metadata``: ``model_id``, ``drafter_id``, ``drafter_config`` (dict), ``tree_policy``, ``dtype``,
     ``device``, ``seed``, ``run_id`` (generated if absent) and any JSON-serialisable user keys.
