@@ -1,11 +1,6 @@
-"""Where the figures, notebooks and reports find traces: the reference traces, else simulated ones.
-
-Known here: the default trace location (``data/traces/`` of the checkout, or ``$ENTROPY_LAW_TRACES``),
-and a fallback that draws traces from a known law (``entropy_law.analysis.simulate_traces``: a chain
-"block" drafter, a tree drafter and an autoregressive run, with toy timings) and writes them through
-``TraceRecorder`` exactly as a decoder would, so everything downstream reads real trace files.
-Simulated traces are labelled ``model_id = "simulated"`` and ``dataset = "simulated"`` in their
-metadata; nothing here pretends they are measurements. No torch.
+"""Where the figures, notebooks and reports find traces: the reference traces (``data/traces/`` or
+``$ENTROPY_LAW_TRACES``), else traces simulated from a known law and written through ``TraceRecorder`` as a
+decoder would, labelled ``model_id = "simulated"``. No torch.
 """
 
 from __future__ import annotations
@@ -36,11 +31,8 @@ def has_runs(path: Path) -> bool:
 def write_simulated_traces(path, *, seed: int = 0, n_requests_per_category: int = 8,
                            tokens_per_request: tuple[int, int] = (60, 120), block_size: int = 8,
                            tree_depth: int = 5, tree_nodes: int = 16) -> Path:
-    """Simulate traces from a known law and write them as three trace runs under ``path``
-    (``sim-block`` chain, ``sim-tree`` DDTree-like, ``sim-ar``); returns ``path``.
-
-    The law: ``a = exp(-lambda (H + eps)^k)`` with ``k = 0.8``, ``lambda = 1`` (see ``simulate_traces``).
-    """
+    """Write traces simulated from ``simulate_traces``' default law as three runs under ``path`` (``sim-block``
+    chain, ``sim-tree``, ``sim-ar``); returns ``path``."""
     path = Path(path)
     sim = simulate_traces(seed=seed, n_requests_per_category=n_requests_per_category,
                           tokens_per_request=tokens_per_request, block_size=block_size, include_ar=True,

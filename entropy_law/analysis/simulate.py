@@ -1,21 +1,10 @@
-"""Simulated traces from a known entropy law (trace format v1 columns), for tests and power studies.
+"""Simulated traces (format v1 columns) drawn from a known entropy law, for tests and power studies.
 
-Known here: how to draw bursty target-entropy sequences (a two-state Markov regime, low-entropy runs
-and high-entropy runs, AR(1) on log H inside the high state), how to turn an entropy into a
-consistent target distribution summary (Rényi-2, top-1/top-2 probability, logit gap of a Zipf
-distribution over an effective vocabulary that varies per position, so ``H_2 <= H`` and
-``p_(1) >= exp(-H_2)`` always hold), how greedy speculative rounds unfold (optionally with a drafted
-depth that varies per round, ``DepthSpec``: short or no drafts, as an n-gram drafter makes) when the acceptance at
-depth ``d`` of a position with entropy ``H`` is
-
-    a(H, d, category, drafter) = exp(-lambda_d * s_drafter * exp(c_category) * (H + eps) ** k_drafter)
-
-(the primary law ``law_exp`` of the research notes, section 8.2, with category effects ``c`` on the
-log-rate scale). Every drafter of one simulation decodes the same requests, whose entropy sequence
-is a property of the request alone (the exogeneity property of greedy lossless decoding).
-
-Not known here: anything about real models or tokens (token ids are random); the timings are a toy
-cost model (``SimCosts``) for the cost-model code, not measurements. No torch.
+Entropy sequences are bursty (a two-state Markov regime, AR(1) on log H in the high state); each entropy gets a
+consistent Zipf distribution summary; greedy rounds accept depth ``d`` at entropy ``H`` with probability
+``exp(-lambda_d * s_drafter * exp(c_category) * (H + eps) ** k_drafter)``. Every drafter decodes the same
+requests (entropy is a property of the request). Token ids are random and the timings a toy cost model
+(``SimCosts``). No torch.
 """
 
 from __future__ import annotations
@@ -34,13 +23,8 @@ from entropy_law.traces.stats import CONTEXT_MATCH_MAX
 
 @dataclass(frozen=True)
 class CategoryProfile:
-    """How a category's target entropy behaves along the output.
-
-    ``low_share``: stationary fraction of positions in the low-entropy state; ``mean_low_run``: mean
-    length of a low-entropy run (positions); ``low_median_nats`` / ``high_median_nats``: median H in
-    each state; ``high_sigma``: spread of log H in the high state; ``high_ar``: AR(1) coefficient of
-    log H inside the high state.
-    """
+    """A category's target entropy along the output: the low state's stationary share and mean run length,
+    median H (nats) and log-spread per state, and the AR(1) coefficient of log H in the high state."""
 
     low_share: float = 0.55
     mean_low_run: float = 4.0
@@ -62,9 +46,8 @@ DEFAULT_CATEGORIES: dict[str, CategoryProfile] = {
 
 @dataclass(frozen=True)
 class TreeSpec:
-    """A simulated tree drafter: ``depth`` draft levels, ``nodes`` draft nodes (for the cost model),
-    acceptance rate multiplier ``lambda_scale`` (< 1: a tree accepts more) and its own exponent ``k``
-    (None: the block drafter's)."""
+    """A simulated tree drafter: draft levels, nodes (for the cost model), rate multiplier (< 1: accepts more)
+    and exponent ``k`` (None: the block drafter's)."""
 
     depth: int = 6
     nodes: int = 24
@@ -75,20 +58,12 @@ class TreeSpec:
 
 @dataclass(frozen=True)
 class DepthSpec:
-    """Variable drafted depth per round for the block (chain) drafter, like an n-gram drafter that
-    proposes short drafts or none.
+    """A drafted depth per round for the block drafter, as an n-gram drafter drafts short or none.
 
-    At a round starting at output position t the drafter drafts D in 0..B-1 tokens (0: no draft,
-    the round commits the target's token only) with
-    P(D = j | t) proportional to ``probs[j] * exp(-entropy_coupling * j * H_t)``: base probabilities
-    ``probs`` (length B, for D = 0..B-1), tilted towards long drafts where the entropy H_t at the
-    round's first position is low when ``entropy_coupling > 0``. ``rate_exponent`` gamma: the law's
-    rejection rate of a round that drafted D tokens is multiplied by D^gamma (gamma < 0: long drafts are
-    accepted more, as an n-gram drafter's long matches; 0: acceptance does not depend on D, the default).
-    ``copy_coupling`` c: the weights are also multiplied by ``exp(c * j * (m_t / 8 - 1/2))``, m_t in 0..8 the
-    context's copyability before position t (a per-request sequence the simulation draws and records as the
-    tokens column ``context_match``: stretches of one level, as copied passages make): long drafts where
-    the context repeats, as a prompt-lookup drafter drafts (0: no copyability is simulated, the default).
+    P(D = j | t) is proportional to ``probs[j] * exp(-entropy_coupling * j * H_t)`` for D = 0..B-1, H_t the
+    entropy at the round's first position, times ``exp(copy_coupling * j * (m_t / 8 - 1/2))`` with m_t the
+    context's copyability there (recorded as ``context_match``; 0: not simulated). ``rate_exponent`` gamma
+    multiplies the rejection rate of a round that drafted D tokens by D^gamma.
     """
 
     probs: tuple = (0.25, 0.15, 0.15, 0.1, 0.1, 0.05, 0.05, 0.15)
@@ -144,12 +119,8 @@ class SimCosts:
 
 @dataclass
 class SimulatedTraces:
-    """Traces in trace-format-v1 columns plus the truth they were drawn from.
-
-    ``tokens``, ``rounds``, ``requests``: the three tables; ``runs``: one row per run (``run_id``,
-    ``drafter_id``, ``tree_policy``, ...); ``truth``: the law's parameters; ``entropy``: one entropy
-    sequence per request (``request_id`` -> array, length = new tokens), shared by all drafters.
-    """
+    """The three v1 tables, one row per run (``runs``), the law's parameters (``truth``) and each request's
+    entropy sequence (``entropy``: request id -> array, shared by all drafters)."""
 
     tokens: pd.DataFrame
     rounds: pd.DataFrame
@@ -189,23 +160,17 @@ def _zipf_tables():
             renyi2.append(float(-np.log((p * p).sum())))
             p1.append(float(p[0]))
             p2.append(float(p[1]))
-        tables.append(
-            dict(h=np.maximum(np.array(shannon), 0.0), h2=np.array(renyi2), p1=np.array(p1), p2=np.array(p2))
-        )
+        tables.append(dict(h=np.maximum(np.array(shannon), 0.0), h2=np.array(renyi2), p1=np.array(p1), p2=np.array(p2)))
     return s_grid, tables
 
 
 def distribution_summary(entropy_nats: np.ndarray, rng: np.random.Generator) -> pd.DataFrame:
-    """Rényi-2, top-1/top-2 probability and logit gap consistent with each Shannon entropy.
-
-    Each position gets a Zipf distribution over an effective vocabulary drawn at random among the
-    sizes whose maximum entropy exceeds H; its exponent is solved so that the Shannon entropy is H.
-    """
+    """Rényi-2, top-1/top-2 probability and logit gap of a Zipf distribution with Shannon entropy H, over a
+    vocabulary drawn among the sizes whose maximum entropy exceeds H."""
     s_grid, tables = _zipf_tables()
     h = np.asarray(entropy_nats, dtype=float)
     out = {name: np.empty_like(h) for name in ("renyi2", "p1", "p2", "gap")}
     max_h = np.log(_VOCAB_SIZES) - 0.05
-    # the smallest admissible vocabulary index per position, then a random admissible one
     first_ok = np.searchsorted(max_h, h, side="right")
     if np.any(first_ok >= len(_VOCAB_SIZES)):
         raise ValueError(f"entropy above ln(49152) - 0.05 = {max_h[-1]:.2f} nats cannot be simulated")
@@ -214,26 +179,18 @@ def distribution_summary(entropy_nats: np.ndarray, rng: np.random.Generator) -> 
         sel = choice == v_index
         if not sel.any():
             continue
-        # H decreases in s: interpolate on the reversed grid
         s = np.interp(h[sel], table["h"][::-1], s_grid[::-1])
         out["renyi2"][sel] = np.minimum(np.interp(s, s_grid, table["h2"]), h[sel])
         out["p1"][sel] = np.interp(s, s_grid, table["p1"])
         out["p2"][sel] = np.interp(s, s_grid, table["p2"])
         out["gap"][sel] = s * np.log(2.0)
     out["p1"] = np.maximum(out["p1"], np.exp(-out["renyi2"]))
-    return pd.DataFrame(
-        {
-            "target_renyi2_nats": out["renyi2"],
-            "target_top1_prob": out["p1"],
-            "target_top2_prob": np.minimum(out["p2"], 1.0 - out["p1"]),
-            "target_logit_gap": out["gap"],
-        }
-    )
+    return pd.DataFrame({"target_renyi2_nats": out["renyi2"], "target_top1_prob": out["p1"],
+                         "target_top2_prob": np.minimum(out["p2"], 1.0 - out["p1"]), "target_logit_gap": out["gap"]})
 
 
-def simulate_entropy_sequences(
-    profile: CategoryProfile, n_requests: int, length: int, rng: np.random.Generator
-) -> np.ndarray:
+def simulate_entropy_sequences(profile: CategoryProfile, n_requests: int, length: int,
+                               rng: np.random.Generator) -> np.ndarray:
     """``[n_requests, length]`` bursty entropy sequences (nats) from a two-state Markov regime."""
     if not 0.0 < profile.low_share < 1.0:
         raise ValueError(f"low_share must be in (0, 1), got {profile.low_share}")
@@ -263,13 +220,8 @@ def simulate_entropy_sequences(
 
 def _simulate_run(*, run_id, entropy, lengths, categories_of, request_ids, accept_fn, depth, nodes, block_size, costs, rng,
                   depth_spec: DepthSpec | None = None, copyability: np.ndarray | None = None):
-    """Greedy rounds for every request at once; returns (tokens, rounds) DataFrames for one run.
-
-    ``depth_spec``: the chain's drafted depth varies per round (at most ``depth``); else every round
-    drafts ``depth`` tokens. ``copyability`` (``[requests, positions]``, as ``entropy``): the context's
-    copyability before each position, for ``depth_spec.copy_coupling`` and the tokens column ``context_match``.
-    One round of every unfinished request at a time (``_simulate_round``), then the token columns a decoder logs
-    (``_add_token_columns``)."""
+    """The (tokens, rounds) DataFrames of one run: one round of every unfinished request at a time.
+    ``depth_spec``: a drafted depth per round (at most ``depth``); ``copyability``: as ``entropy``, or None."""
     n_req = entropy.shape[0]
     pos = np.zeros(n_req, dtype=np.int64)
     round_index = np.zeros(n_req, dtype=np.int64)
@@ -298,9 +250,7 @@ def _simulate_run(*, run_id, entropy, lengths, categories_of, request_ids, accep
 
 def _simulate_round(active, pos, round_index, *, entropy, lengths, accept_fn, depth, nodes, block_size, costs, rng,
                     depth_spec, copyability):
-    """One round of each request in ``active`` (rows of ``entropy``; ``pos``: each request's next output position):
-    the drafted depth, the accepted prefix drawn from the law, the committed tokens. Returns its token rows, its
-    round rows and the tokens each request committed."""
+    """One round of each request in ``active``: (token rows, round rows, tokens each request committed)."""
     total_len = entropy.shape[1]
     d_idx = np.arange(depth)
     p = pos[active]
@@ -317,10 +267,8 @@ def _simulate_round(active, pos, round_index, *, entropy, lengths, accept_fn, de
         h_block = entropy[active[:, None], cols]
         a = accept_fn(h_block, d_idx[None, :] + 1, active)
         if variable and depth_spec.rate_exponent != 0.0:
-            # rejection rate x D^gamma: a = exp(-rate)^(D^gamma)
             a = a ** (np.maximum(drafted, 1)[:, None] ** depth_spec.rate_exponent)
         ok = rng.random(a.shape) < a
-        # tau = number of leading acceptances
         tau = np.where(ok.all(axis=1), depth, np.argmin(ok, axis=1))
     else:
         tau = np.zeros(active.size, dtype=np.int64)
@@ -332,39 +280,24 @@ def _simulate_round(active, pos, round_index, *, entropy, lengths, accept_fn, de
     req_of = active[rows]
     position = pos[req_of] + depth_of - 1
     role = np.where(depth_of <= tau[rows], "accepted", np.where(tau[rows] < drafted[rows], "correction", "bonus"))
-    tokens = pd.DataFrame(
-        {
-            "request_row": req_of,
-            "round_index": round_index[req_of].astype(np.int32),
-            "position": position.astype(np.int32),
-            "depth": depth_of.astype(np.int16),
-            "role": role,
-        }
-    )
+    tokens = pd.DataFrame({"request_row": req_of, "round_index": round_index[req_of].astype(np.int32),
+                           "position": position.astype(np.int32), "depth": depth_of.astype(np.int16), "role": role})
     noise = np.exp(costs.noise_sigma * rng.standard_normal((3, active.size)))
     drafts = drafted > 0
     verify = np.where(drafts, costs.ar_ms * (costs.verify_base + costs.verify_per_node * round_nodes), costs.ar_ms)
-    rounds = pd.DataFrame(
-        {
-            "request_row": active,
-            "round_index": round_index[active].astype(np.int32),
-            "start_position": p.astype(np.int32),
-            "block_size": np.int16(block_size),
-            "tree_nodes": np.where(drafts, round_nodes, 0).astype(np.int32),
-            "tree_depth": drafted.astype(np.int16),
-            "accepted": tau.astype(np.int16),
-            "committed": committed.astype(np.int16),
-            "draft_ms": np.where(drafts, costs.draft_ms * noise[0], 0.0).astype(np.float32),
-            "verify_ms": (verify * noise[1]).astype(np.float32),
-            "overhead_ms": np.where(drafts, costs.overhead_ms * noise[2], 0.1 * noise[2]).astype(np.float32),
-        }
-    )
+    rounds = pd.DataFrame({
+        "request_row": active, "round_index": round_index[active].astype(np.int32),
+        "start_position": p.astype(np.int32), "block_size": np.int16(block_size),
+        "tree_nodes": np.where(drafts, round_nodes, 0).astype(np.int32), "tree_depth": drafted.astype(np.int16),
+        "accepted": tau.astype(np.int16), "committed": committed.astype(np.int16),
+        "draft_ms": np.where(drafts, costs.draft_ms * noise[0], 0.0).astype(np.float32),
+        "verify_ms": (verify * noise[1]).astype(np.float32),
+        "overhead_ms": np.where(drafts, costs.overhead_ms * noise[2], 0.1 * noise[2]).astype(np.float32)})
     return tokens, rounds, committed
 
 
 def _add_token_columns(tokens: pd.DataFrame, entropy: np.ndarray, copyability, rng) -> None:
-    """The columns a decoder logs per token, in place: token id, the target's entropy and distribution summary,
-    the context's copyability (where simulated), the drafter's probability, rank and entropy."""
+    """Add in place the per-token columns a decoder logs (token id, target and drafter statistics, copyability)."""
     rows = tokens["request_row"].to_numpy()
     h = entropy[rows, tokens["position"].to_numpy()]
     tokens["token_id"] = rng.integers(3, 49152, size=len(tokens)).astype(np.int32)
@@ -380,41 +313,25 @@ def _add_token_columns(tokens: pd.DataFrame, entropy: np.ndarray, copyability, r
     tokens["draft_prob"] = pd.array(np.where(is_bonus, np.nan, draft_prob).astype(np.float32), dtype="Float32")
     tokens["draft_rank"] = pd.array(np.where(role == "accepted", 0, -1), dtype="Int32")
     tokens.loc[is_bonus, "draft_rank"] = pd.NA
-    tokens["draft_entropy_nats"] = pd.array(
-        np.where(is_bonus, np.nan, h * rng.uniform(0.5, 1.5, len(tokens))).astype(np.float32), dtype="Float32"
-    )
+    draft_entropy = np.where(is_bonus, np.nan, h * rng.uniform(0.5, 1.5, len(tokens)))
+    tokens["draft_entropy_nats"] = pd.array(draft_entropy.astype(np.float32), dtype="Float32")
 
 
-def simulate_traces(
-    *,
-    seed: int,
-    n_requests_per_category: int = 40,
-    categories: Sequence[str] | Mapping[str, CategoryProfile] | None = None,
-    lambda_d: float | Sequence[float] = 1.0,
-    k: float = 0.8,
-    category_effects: Mapping[str, float] | None = None,
-    block_size: int = 8,
-    tree: TreeSpec | Mapping | None = None,
-    block_depths: DepthSpec | Mapping | None = None,
-    tokens_per_request: tuple[int, int] = (100, 200),
-    include_block: bool = True,
-    include_ar: bool = False,
-    eps: float = EPS_NATS,
-    costs: SimCosts = SimCosts(),
-) -> SimulatedTraces:
-    """Draw traces from the known law ``a = exp(-lambda_d * exp(c_cat) * (H + eps)^k)``.
+def simulate_traces(*, seed: int, n_requests_per_category: int = 40,
+                    categories: Sequence[str] | Mapping[str, CategoryProfile] | None = None,
+                    lambda_d: float | Sequence[float] = 1.0, k: float = 0.8,
+                    category_effects: Mapping[str, float] | None = None, block_size: int = 8,
+                    tree: TreeSpec | Mapping | None = None, block_depths: DepthSpec | Mapping | None = None,
+                    tokens_per_request: tuple[int, int] = (100, 200), include_block: bool = True,
+                    include_ar: bool = False, eps: float = EPS_NATS, costs: SimCosts = SimCosts()) -> SimulatedTraces:
+    """Draw traces from the known law ``a = exp(-lambda_d * exp(c_cat) * (H + eps)^k)``; all draws from one
+    generator seeded with ``seed``.
 
-    ``categories``: names (profiles from ``DEFAULT_CATEGORIES``, or the default profile for unknown
-    names) or a mapping name -> ``CategoryProfile``. ``lambda_d``: one rate, or one per depth
-    (length >= the deepest drafter's depth). ``category_effects``: log-rate shift per category
-    (missing: 0). ``block_size`` B: the block drafter drafts B - 1 tokens per round (a chain).
-    ``tree``: also decode with a tree drafter (``TreeSpec`` or its fields as a dict).
-    ``block_depths``: the block drafter drafts a variable depth per round (``DepthSpec`` or its fields
-    as a dict; ``probs`` must have B entries); default: always B - 1.
-    ``include_ar``: also an autoregressive run (``tree_nodes == 0``) for the cost model.
-    Output lengths are uniform in ``tokens_per_request`` (inclusive).
-    Steps: ``_checked_profiles``, ``_drafter_specs``, ``_depth_rates``, ``_draw_requests``, ``_simulate_run`` per
-    drafter, ``_requests_table``; every random draw comes from one generator seeded with ``seed``, in that order.
+    ``categories``: names (unknown names get the default profile) or name -> ``CategoryProfile``. ``lambda_d``: one
+    rate or one per depth. ``category_effects``: log-rate shift per category (missing: 0). The block drafter drafts
+    ``block_size - 1`` tokens per round, or per ``block_depths`` (``DepthSpec`` or its fields; B weights). ``tree``:
+    also a tree drafter (``TreeSpec`` or its fields). ``include_ar``: also an autoregressive run. Output lengths are
+    uniform in ``tokens_per_request`` (inclusive).
     """
     rng = np.random.default_rng(seed)
     profiles, category_effects = _checked_profiles(categories, category_effects, n_requests_per_category, block_size)
@@ -518,8 +435,7 @@ def _depth_rates(lambda_d, k: float, max_depth: int) -> np.ndarray:
 
 
 def _draw_requests(profiles: dict, n: int, tokens_per_request: tuple[int, int], max_depth: int, rng) -> dict:
-    """Per category, ``n`` requests: their output lengths (uniform in ``tokens_per_request``, inclusive) and
-    entropy sequences (long enough for the deepest draft past the last position), stacked in category order."""
+    """Per category, ``n`` requests' output lengths and entropy sequences (long enough for the deepest draft)."""
     lo, hi = tokens_per_request
     seqs, cats, req_ids, lengths = [], [], [], []
     for name in profiles:
@@ -541,27 +457,16 @@ def _add_later_columns(**tables: pd.DataFrame) -> None:
 
 
 def _requests_table(rounds: pd.DataFrame, request_ids: np.ndarray, categories_of: np.ndarray) -> pd.DataFrame:
-    """The requests table of the simulated runs: a request's decode time is the time of all its rounds (draft,
-    verify and overhead), as in a decoder."""
+    """The requests table: a request's decode time is the sum of its rounds' draft, verify and overhead times."""
     per_round = rounds.assign(round_ms=rounds["draft_ms"] + rounds["verify_ms"] + rounds["overhead_ms"]).groupby(
         ["run_id", "request_id"], sort=False).agg(
         new_tokens=("committed", "sum"), rounds=("round_index", "size"), decode_ms=("round_ms", "sum"))
     per_round = per_round.reset_index()
     index_of = {r: i for i, r in enumerate(request_ids)}
     rows = per_round["request_id"].map(index_of).to_numpy()
-    return pd.DataFrame(
-        {
-            "run_id": per_round["run_id"],
-            "request_id": per_round["request_id"],
-            "category": categories_of[rows],
-            "dataset": "simulated",
-            "question_id": per_round["request_id"],
-            "prompt_tokens": np.int32(100),
-            "image_tokens": np.int32(0),
-            "new_tokens": per_round["new_tokens"].astype(np.int32),
-            "rounds": per_round["rounds"].astype(np.int32),
-            "stop_reason": "max_new_tokens",
-            "prefill_ms": np.float32(50.0),
-            "decode_ms": per_round["decode_ms"].astype(np.float32),
-        }
-    )
+    return pd.DataFrame({
+        "run_id": per_round["run_id"], "request_id": per_round["request_id"], "category": categories_of[rows],
+        "dataset": "simulated", "question_id": per_round["request_id"], "prompt_tokens": np.int32(100),
+        "image_tokens": np.int32(0), "new_tokens": per_round["new_tokens"].astype(np.int32),
+        "rounds": per_round["rounds"].astype(np.int32), "stop_reason": "max_new_tokens",
+        "prefill_ms": np.float32(50.0), "decode_ms": per_round["decode_ms"].astype(np.float32)})

@@ -1,11 +1,6 @@
-"""The tables the report, the figures and the notebooks show of an analysed trace set, across the rooms.
-
-Known here: per arm and category the results table (requests, tokens, entropies, accepted length, tokens per
-round, the law's in-sample and leave-one-category-out predictions, the measured speedup and its verdict:
-``results_table``), per arm the law's parameters with the break-even entropy (``law_table``), and how an
-estimate with its interval is printed (``format_interval``). Each table takes ``an``, a ``TraceAnalysis``.
-
-Not known here: how any of it is computed (``entropy_law.law``, ``entropy_law.payoff``), plotting.
+"""The tables the report, the figures and the notebooks show of a ``TraceAnalysis``: per arm and category the
+results (``results_table``), per arm the law's parameters with the break-even entropy (``law_table``), and how an
+estimate with its interval is printed (``format_interval``).
 """
 
 from __future__ import annotations
@@ -17,12 +12,9 @@ from entropy_law.law.results import Attempt
 
 
 def results_table(an) -> pd.DataFrame:
-    """Per arm and category: requests (run and request pairs), tokens, mean / median target entropy
-    (nats, of the arm's model), mean accepted length per drafting round (tau), committed tokens per
-    round, the law's DP prediction of tokens per round (in-sample; acceptance capped at each round's
-    drafted depth), the LOCO predictions of tokens per round and of the mean accepted length per
-    drafting round, and the measured decode speedup over AR of the same model and machine (if timed), with
-    its verdict (``speedup_verdict``: only "measured" is a result; ``speedup``)."""
+    """Per arm and category: requests, tokens, mean / median target entropy, mean accepted length per drafting
+    round, committed tokens per round, the law's in-sample and LOCO predictions, and the measured decode speedup
+    over AR with its verdict (only "measured" is a result)."""
     def compute():
         ent = an.entropy_tokens()
         h = ent.groupby(["model_id", "category"])["target_entropy_nats"].agg(mean_entropy_nats="mean",
@@ -48,12 +40,9 @@ def results_table(an) -> pd.DataFrame:
                            mean_accepted=float(drafted.loc[drafted["category"] == cat, "accepted"].mean())
                            if (drafted["category"] == cat).any() else np.nan,
                            committed_per_round=float(part["committed"].sum() / len(part)))
-                row["law_tokens_per_round"] = (float(block.value.summary.loc[cat, "dp_tokens_per_round"])
-                                               if block.ok and cat in block.value.summary.index else np.nan)
-                row["loco_tokens_per_round"] = (float(loco.value.summary.loc[cat, "predicted_tokens_per_round"])
-                                                if loco.ok and cat in loco.value.summary.index else np.nan)
-                row["loco_mean_accepted"] = (float(loco.value.summary.loc[cat, "predicted_mean_accepted"])
-                                             if loco.ok and cat in loco.value.summary.index else np.nan)
+                row["law_tokens_per_round"] = _summary_value(block, cat, "dp_tokens_per_round")
+                row["loco_tokens_per_round"] = _summary_value(loco, cat, "predicted_tokens_per_round")
+                row["loco_mean_accepted"] = _summary_value(loco, cat, "predicted_mean_accepted")
                 row["speedup_requests"] = 0
                 row["speedup_verdict"] = None
                 if is_ar and sp is not None:
@@ -73,10 +62,14 @@ def results_table(an) -> pd.DataFrame:
     return an._cached("results", compute)
 
 
+def _summary_value(attempt: Attempt, category: str, column: str) -> float:
+    ok = attempt.ok and category in attempt.value.summary.index
+    return float(attempt.value.summary.loc[category, column]) if ok else np.nan
+
+
 def law_table(an) -> pd.DataFrame:
-    """Per arm: the law's exponent k (and w, the exponent of 1 - p1, for a law in the target's top-1
-    probability) and depth-1 rate lambda with their 95% intervals, the break-even entropy (bootstrap interval)
-    where the arm is timed."""
+    """Per arm: the law's exponent k (and w, for a law in the target's top-1 probability) and depth-1 rate with
+    their 95% intervals, and the break-even entropy where the arm is timed."""
     rows = []
     for arm in an.arms:
         law = an.attempt("law", arm)
@@ -88,8 +81,7 @@ def law_table(an) -> pd.DataFrame:
                     row[name], row[f"{name}_low"], row[f"{name}_high"] = (float(d.loc[key, "estimate"]),
                                                                           float(d.loc[key, "ci_low"]),
                                                                           float(d.loc[key, "ci_high"]))
-            # requests: the law's clusters (request ids: two runs of one arm on one prompt decode the same
-            # greedy output, one cluster), what its intervals rest on; results_table counts every decode
+            # requests: the law's clusters (two runs of one arm on one prompt are one cluster)
             row["trials"], row["requests"] = law.value.n_rows, law.value.n_requests
         pays = an.attempt("pays", arm)
         if pays.ok:

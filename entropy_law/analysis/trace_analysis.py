@@ -1,9 +1,7 @@
 """``TraceAnalysis``: one trace set analysed once, for the figures, the report, the demo and the notebooks.
 
-A thin facade: each method calls one function of the rooms, whose docstring states the contract (``law.view``,
-``law.arm_analyses``, ``payoff.arm_costs``, ``payoff.measured``, ``analysis.tables``); results are cached per arm.
-``attempt`` turns a ``ValueError`` (too little data, ...) into a readable note instead of a crash, so a report on
-a small run still shows what can be shown. Not known here: torch, decoding, plotting, file formats.
+A thin facade: each method calls one function of the rooms, whose docstring states the contract; results are
+cached per arm. ``attempt`` turns an error into a readable note instead of a crash.
 """
 
 from __future__ import annotations

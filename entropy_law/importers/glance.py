@@ -1,27 +1,12 @@
 """GLANCE's round log into a trace run (``entropy-law import glance ROUNDS.jsonl --out RUN``), and back.
 
-GLANCE (github ``js-lee-AI/GLANCE``, ``experiments/main_table.py --round-log``) logs one JSON object per
-verify round: ``round, entropy, accepted, tau, tree_size, extended, task, prompt``. The log is read and
-checked by ``glance.read_glance_rounds`` (errors name ``file:line`` and the field); this module writes
-what the log holds as trace rows, through ``TraceRecorder.log_columns``, and nothing more:
-
-- one request per (task, prompt) (request id ``<task>/<prompt>``; the task is the category, so the rows
-  of several tasks become categories), one round per logged round (``round_index`` = GLANCE's ``round``);
-- positions rebuilt from tau: a round commits tau = accepted + 1 tokens, and its ``start_position`` is the
-  sum of the tau of the prompt's earlier logged rounds (the prefill's token is not in the log; position 0
-  is the first token of the first logged round);
-- token ids null (GLANCE saves none); target statistics null except ``target_entropy_nats`` at depth 1 of
-  each round (the log's ``entropy``: the round root's distribution, which predicted depth 1);
-- no timings: the round and request times are written as 0 ms, the precedent of the engine importers
-  (``importers.writer``: "round times 0 (not reported)"); ``TraceAnalysis`` counts such a run as untimed,
-  so no speedup is computed from it;
-- what the log does not hold and how the non-null columns were filled is in ``run.json`` (``glance_import``:
-  ``missing`` and ``filled``), with ``imported_from: "glance"`` and ``target_stats_scope: "round_root"``,
-  which the at-risk table (``law.atrisk``) reads to refuse laws that need per-position entropies.
-
-``export_glance_rounds`` writes any run's rounds (recorded or imported) as GLANCE's round log.
-
-Not known here: GLANCE's law and its checks (``glance``). No torch.
+GLANCE logs one JSON object per verify round (``round, entropy, accepted, tau, tree_size, extended, task,
+prompt``), read and checked by ``glance.read_glance_rounds``. Written as trace rows, and nothing more: one request
+per (task, prompt), the task as category; positions rebuilt from tau (the sum of the prompt's earlier rounds'
+tau); token ids null; of the target statistics only ``target_entropy_nats`` at depth 1 (the round root's entropy);
+times 0 (untimed, so no speedup). ``run.json`` says what is missing and how the rest was filled, with
+``target_stats_scope: "round_root"``, which ``law.atrisk`` reads to refuse laws that need per-position entropy.
+``export_glance_rounds`` writes any run's rounds as GLANCE's round log. No torch.
 """
 
 from __future__ import annotations
@@ -34,7 +19,7 @@ import pandas as pd
 import pyarrow as pa
 
 from entropy_law.importers.records import FieldError, decoded_line
-from entropy_law.importers.writer import SkippedLine, nothing_kept
+from entropy_law.importers.writer import SkippedLine, nothing_kept, with_null_columns
 from entropy_law import glance
 from entropy_law.traces.layout import file_sha256
 from entropy_law.traces.recorder import TraceRecorder
@@ -152,16 +137,11 @@ def _tables(rounds: pd.DataFrame, block_size: int) -> dict:
                     np.where(accepted[which] == depth[which], "bonus", "correction"))
     root = token_depth == 1
     entropy = rounds["entropy"].to_numpy(dtype=np.float32)[which]
-    null_f32 = pa.nulls(n, type=pa.float32())
     tokens = {
         "request_id": request[which], "category": rounds["category"].to_numpy(dtype=object)[which],
         "round_index": rounds["round"].to_numpy(dtype=np.int32)[which],
         "position": (start[which] + token_depth - 1).astype(np.int32), "depth": token_depth.astype(np.int16),
-        "token_id": pa.nulls(n, type=pa.int32()), "role": role,
-        "target_entropy_nats": pa.array(np.where(root, entropy, 0).astype(np.float32), mask=~root),
-        "target_renyi2_nats": null_f32, "target_top1_prob": null_f32, "target_top2_prob": null_f32,
-        "target_logit_gap": null_f32, "draft_prob": null_f32, "draft_rank": pa.nulls(n, type=pa.int32()),
-        "draft_entropy_nats": null_f32,
+        "role": role, "target_entropy_nats": pa.array(np.where(root, entropy, 0).astype(np.float32), mask=~root),
     }
     per_request = rounds.groupby("request_id", sort=False).agg(category=("category", "first"), rounds=("tau", "size"),
                                                                new_tokens=("tau", "sum"), task=("task", "first"),
@@ -177,7 +157,7 @@ def _tables(rounds: pd.DataFrame, block_size: int) -> dict:
         "stop_reason": np.full(m, "max_new_tokens", dtype=object),
         "prefill_ms": np.zeros(m, np.float32), "decode_ms": np.zeros(m, np.float32),
     }
-    return {"tokens": tokens, "rounds": rounds_table, "requests": requests}
+    return {"tokens": with_null_columns(tokens, "tokens", n), "rounds": rounds_table, "requests": requests}
 
 
 def import_glance(path, out, *, skip_bad: bool = False, model_id: str | None = None, drafter_id: str | None = None,
@@ -230,10 +210,9 @@ def import_glance(path, out, *, skip_bad: bool = False, model_id: str | None = N
 
 
 def export_glance_rounds(traces, out) -> int:
-    """Write the drafting rounds of ``traces`` (one drafting arm; recorded or imported) as GLANCE's round
-    log to ``out`` (a path or an open text file): ``glance.glance_rounds`` then ``glance.write_glance_rounds``.
-    An imported GLANCE run exports its own rows: its logged ``round`` and ``prompt`` indices and its
-    ``tree_size``. Returns the number of rows."""
+    """Write the drafting rounds of ``traces`` (one drafting arm) as GLANCE's round log to ``out`` (a path or an
+    open text file); an imported GLANCE run exports its own ``round``, ``prompt`` and ``tree_size``. Returns the
+    number of rows."""
     rounds = glance.glance_rounds(traces)
     if rounds.empty:  # refused before anything is written (an empty file would read as a log of nothing)
         raise ValueError("these traces hold no drafting round (an AR run, or a drafter that never drafted): GLANCE's "
@@ -252,9 +231,7 @@ def _imported_runs(traces) -> set:
 
 
 def _as_logged(traces, rounds: pd.DataFrame, imported: set) -> pd.DataFrame:
-    """Rows of imported GLANCE runs as the log had them: ``round`` (the round index), ``prompt`` (from the
-    request id ``<task>/<prompt>``), ``tree_size`` (tree nodes + 1; null where the log had none) and
-    ``extended`` (run.json ``extended_rounds``)."""
+    """Rows of imported GLANCE runs as the log had them (``round``, ``prompt``, ``tree_size``, ``extended``)."""
     out = rounds.copy()
     mine = out["run_id"].isin(imported).to_numpy()
     out.loc[mine, "round"] = out.loc[mine, "round_index"]

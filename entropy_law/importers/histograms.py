@@ -1,23 +1,10 @@
 """What an acceptance histogram allows: per-depth acceptance, with counts and intervals.
 
-Known here: an acceptance histogram ``h`` counts verify steps by accepted drafts (``h[j]``: steps that
-accepted exactly ``j``, the bonus token excluded; vLLM ``acceptance_histogram``, SGLang
-``spec_correct_drafts_histogram``). With ``S(d) = sum_{j >= d} h[j]`` (steps that accepted at least ``d``):
-
-- ``P(a >= d) = S(d) / S(0)``: the chance a step gets past depth ``d``; valid for any drafter;
-- ``alpha_d = S(d) / S(d - 1)``: acceptance at depth ``d`` given depth ``d - 1`` was accepted, out of
-  ``S(d - 1)`` trials. Valid only when every step drafted at least ``d`` tokens (a fixed draft length
-  ``K``, no dynamic or n-gram shortening): a step that accepted ``d - 1`` drafts may have had no draft at
-  depth ``d`` to reject, and the histogram cannot tell.
-
-What needs per-step data (vLLM ``detailed``, SGLang ``accept_lengths``/``verify_lengths``, our own traces):
-acceptance by depth under variable draft lengths (the drafted count of each step), anything along the output
-(acceptance by position, runs of good and bad steps, the per-request sequence), and the entropy law itself,
-which pairs each accepted or rejected depth with the target's entropy at that output position.
-
-Intervals are Wilson intervals over steps, which treats steps as independent trials; the steps of one request
-are not, so for claims across requests resample requests (sum their histograms per resample). Not known here:
-engines, files, traces. No torch.
+A histogram ``h`` counts verify steps by accepted drafts (bonus excluded). With ``S(d) = sum_{j >= d} h[j]``:
+``P(a >= d) = S(d) / S(0)`` holds for any drafter; ``alpha_d = S(d) / S(d - 1)`` only when every step drafted at
+least ``d`` tokens (a fixed draft length). Acceptance under variable draft lengths, anything along the output
+and the entropy law itself need per-step data. Intervals are Wilson intervals over steps, which treats steps as
+independent; for claims across requests resample requests. No torch.
 """
 
 from __future__ import annotations
@@ -35,9 +22,8 @@ RELIABLE_WIDTH = 0.2  # an interval wider than this is reported as "not measured
 
 @dataclass
 class DepthAcceptance:
-    """Per-depth acceptance from one histogram: ``summary`` has one row per depth ``d`` with ``at_risk``
-    (``S(d - 1)``), ``accepted`` (``S(d)``), ``alpha`` (``S(d) / S(d - 1)``) and ``p_reach``
-    (``P(a >= d) = S(d) / S(0)``), each with its Wilson interval (``*_lo``, ``*_hi``)."""
+    """Per-depth acceptance from one histogram: ``summary`` has per depth ``at_risk`` (S(d - 1)), ``accepted``
+    (S(d)), ``alpha`` and ``p_reach``, each with its Wilson interval (``*_lo``, ``*_hi``)."""
 
     summary: pd.DataFrame
     histogram: list[int]
@@ -61,12 +47,8 @@ class DepthAcceptance:
 
 
 def acceptance_by_depth(histogram, *, num_spec_tokens: int | None = None, level: float = 0.95) -> DepthAcceptance:
-    """Per-depth acceptance of one acceptance histogram (a dense list, or a sparse map ``{"j": count}``).
-
-    ``num_spec_tokens`` (K, the draft length): depths ``1..K``; without it, depths up to the deepest bucket
-    (and the ``alpha`` of the deepest depths may mix steps that drafted fewer tokens). Sum the histograms of
-    the requests you mean to pool before calling; nothing is pooled here.
-    """
+    """Per-depth acceptance of one histogram (a dense list, or a sparse map ``{"j": count}``); nothing is pooled.
+    ``num_spec_tokens`` (K): depths ``1..K``; without it, depths up to the deepest bucket."""
     from entropy_law.law.stats import wilson_interval  # lazy: statsmodels only when a fit is asked for
 
     h = np.asarray(as_histogram(histogram, "histogram"), dtype=np.int64)

@@ -1,15 +1,9 @@
 """llama.cpp server ``/completion`` responses -> ``ImportedRequest`` (aggregates only).
 
-Known here: llama.cpp reports speculation per request only as two totals, ``timings.draft_n`` (draft
-tokens proposed) and ``timings.draft_n_accepted`` (accepted), and omits both when no draft was made; it
-gives no per-step list and no histogram (per-step lines exist only in ``llama-speculative-simple``'s debug
-log). Output token ids come with ``"return_tokens": true`` (``tokens``); the prompt text is echoed in
-``prompt``, its length is ``tokens_evaluated``; ``stop_type`` (``eos``, ``word``, ``limit``; older servers:
-``stopped_eos`` / ``stopped_word`` / ``stopped_limit``) says why it stopped; ``timings.prompt_ms`` and
-``timings.predicted_ms`` time the prefill and the decode. Top-k log-probabilities (``n_probs``):
-``completion_probabilities``, one object per output token with ``top_logprobs`` (``logprob`` entries), or,
-with ``post_sampling_probs`` and on older servers, ``top_probs`` / ``probs`` (``prob`` entries). No per-step
-data, so they stay in the import's record: no rounds, no token rows. Not known here: files or trace tables.
+llama.cpp reports speculation per request as two totals, ``timings.draft_n`` and ``timings.draft_n_accepted``
+(omitted when nothing was drafted): no per-step list, so no rounds or token rows. Output ids come with
+``"return_tokens": true``; ``stop_type`` (or the older ``stopped_*`` flags) says why it stopped; ``timings`` time
+prefill and decode. Top-k: ``completion_probabilities`` (``top_logprobs``, or ``top_probs`` / ``probs``).
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """Top-k log-probabilities per output position, read from an engine response and checked.
 
-Known here: the engine-neutral shape of what an engine returns for each output token when asked for its top
-log-probabilities (one list of log-probabilities per output position, best first or in any order, the
-engine's own field named for messages), how an entry's value is read (a log-probability, or a probability that
-llama.cpp's ``post_sampling_probs`` and older servers give), and the checks that need no vocabulary size
-(``traces.topk.topk_problems``: NaN, above 0, probabilities summing above 1 + 1e-3, an empty list), each
-raised as a ``FieldError`` naming the position, so the import reports ``file:line`` or, with ``--skip-bad``,
-skips the line and counts it. The engines' field names live in ``vllm``, ``sglang`` and ``llamacpp``; the
-entropy bounds in ``traces.topk``. Not known here: files or trace tables. No torch.
+One list of log-probabilities per output position (any order); an entry may be a probability (llama.cpp's
+``post_sampling_probs``). The checks that need no vocabulary size (``traces.topk.topk_problems``) raise a
+``FieldError`` naming the position. The engines' field names live in their modules. No torch.
 """
 
 from __future__ import annotations
@@ -19,8 +14,7 @@ from entropy_law.traces.topk import pad_topk, topk_problems
 
 
 def entry_value(value, where: str, *, probability: bool = False) -> float:
-    """One entry's log-probability (``probability``: the entry is a probability and its log is taken).
-    NaN passes through (``checked_rows`` names it); a non-number is refused here."""
+    """One entry's log-probability (``probability``: its log is taken); NaN passes through, a non-number is refused."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise FieldError(where, f"expected a number, got {value!r}")
     value = float(value)
@@ -34,8 +28,7 @@ def entry_value(value, where: str, *, probability: bool = False) -> float:
 
 
 def fast_values(entries, key: str) -> list[float] | None:
-    """``[e[key] for e in entries]`` when every entry is an object with a number there (the common case, read
-    without per-entry calls); None otherwise, and the caller reads the entries one by one for its message."""
+    """``[e[key] for e in entries]`` when every entry holds a number there (the fast path), else None."""
     try:
         values = [e[key] for e in entries]
     except (KeyError, TypeError, IndexError):
@@ -44,8 +37,7 @@ def fast_values(entries, key: str) -> list[float] | None:
 
 
 def checked_rows(rows: list[list[float]], field: str, n_output: int) -> list[list[float]]:
-    """``rows`` (one list of log-probabilities per output position) after the checks that need no vocabulary
-    size; one row per output token."""
+    """``rows`` (one list per output token) after the checks that need no vocabulary size."""
     if len(rows) != n_output:
         raise FieldError(field, f"has {len(rows)} positions but the output has {n_output} tokens; the top-k lists "
                                 "must cover every output token (one per token, in order)")

@@ -1,15 +1,8 @@
-"""One imported request, engine-neutral, and the checks that turn an engine's per-step lists into rounds.
-
-Known here: what every engine importer produces (``ImportedRequest``: the prompt, the output token ids,
-the stop reason, and whatever the engine reported about speculation: ordered per-step counts, an
-acceptance histogram, its other aggregates verbatim), the error a parser raises for a bad field
-(``FieldError``; the reader adds file and line), the typed field readers the parsers share, and the
-alignment rule for per-step data: the prefill commits the first output token (round 0), then step ``i``
-commits ``a_i + 1`` tokens, so ``1 + sum(a_i + 1)`` must equal the number of output tokens. A request
-that breaks the rule is flagged with the reason; its steps are kept as reported and never adjusted.
-
-Not known here: any engine's field names (``vllm``, ``sglang``, ``llamacpp``), files, or the trace
-tables (``writer``). No torch.
+"""One imported request, engine-neutral (``ImportedRequest``), the ``FieldError`` a parser raises for a bad field,
+the typed field readers the parsers share, and the alignment rule for per-step data: the prefill commits the
+first output token (round 0), then step ``i`` commits ``a_i + 1`` tokens, so ``1 + sum(a_i + 1)`` must equal the
+output's length. A request that breaks it is flagged with the reason; its steps are never adjusted. Knows no
+engine's field names. No torch.
 """
 
 from __future__ import annotations
@@ -93,10 +86,7 @@ def as_number(value, name: str) -> float:
 def as_int_list(value, name: str, *, minimum: int = 0) -> list[int]:
     if not isinstance(value, list):
         raise FieldError(name, f"expected a list of integers, got {type(value).__name__}")
-    out = []
-    for i, item in enumerate(value):
-        out.append(as_int(item, f"{name}[{i}]", minimum=minimum))
-    return out
+    return [as_int(item, f"{name}[{i}]", minimum=minimum) for i, item in enumerate(value)]
 
 
 def as_histogram(value, name: str) -> list[int]:
@@ -143,14 +133,11 @@ class Alignment:
 
 @dataclass
 class ImportedRequest:
-    """One engine response, engine-neutral. Counts of drafts exclude the bonus token (the target's own).
+    """One engine response, engine-neutral; draft counts exclude the bonus token.
 
-    ``steps_accepted`` / ``steps_drafted``: ordered per verify step (None: the engine reported aggregates
-    only). ``histogram``: dense step counts by accepted drafts (bonus excluded), as the engine reported it
-    or, failing that, counted from the steps (``histogram_field`` says which). ``aggregates``: the engine's
-    speculation fields verbatim. ``finish_reason``: the engine's own stop value; ``stop_reason`` its trace
-    name. ``prefill_ms`` / ``decode_ms``: None where the engine does not time them. ``topk_logprobs``: the
-    top-k log-probabilities of each output token where the response carries them (checked, one list per token).
+    ``steps_accepted`` / ``steps_drafted``: per verify step, in order (None: aggregates only). ``histogram``: step
+    counts by accepted drafts, as reported or counted from the steps (``histogram_field`` says which).
+    ``aggregates``: the engine's speculation fields verbatim. Timings are None where the engine gives none.
     """
 
     engine: str
@@ -175,8 +162,7 @@ class ImportedRequest:
     aggregates: dict = field(default_factory=dict)
     prefill_ms: float | None = None
     decode_ms: float | None = None
-    # the engine's top-k log-probabilities, one list per output token (None: the response carries none), and
-    # the field they came from (``importers.logprobs``; the entropy bounds are ``traces.topk``)
+    # the engine's top-k log-probabilities, one list per output token (None: none), and their field
     topk_logprobs: list[list[float]] | None = None
     topk_field: str | None = None
     completion_tokens: int | None = None  # the output's length where its ids are not logged (AIPerf)
@@ -234,12 +220,8 @@ class ImportedRequest:
         return Alignment(False, from_steps, n, reason)
 
     def rounds(self, block_size: int | None = None) -> list[dict]:
-        """The rounds of an aligned per-step request, in order: round 0 is the prefill (one token, no draft),
-        round ``i`` is step ``i`` (a chain of ``drafted`` nodes, ``accepted`` of them accepted, ``accepted + 1``
-        committed; the last committed token is a bonus when every draft was accepted, else a correction).
-        ``context_len`` is the absolute position of the round's root. ``block_size`` (B) of the speculative
-        rounds: default ``num_spec_tokens + 1``, or, where the engine does not state K, the largest drafted
-        count + 1 (the writer passes the largest over the run). Raises for flagged requests."""
+        """The rounds of an aligned per-step request (ValueError otherwise): round 0 is the prefill, round ``i`` step
+        ``i`` as a chain. ``block_size``: default ``num_spec_tokens + 1``, else the largest drafted count + 1."""
         check = self.alignment()
         if check is None or not check.ok:
             raise ValueError(f"request {self.request_id!r} (line {self.line}) has no aligned per-step data: "
@@ -250,13 +232,12 @@ class ImportedRequest:
         if block_size < max(self.steps_drafted, default=0) + 1:
             raise ValueError(f"block_size {block_size} is smaller than a step of request {self.request_id!r} "
                              f"({max(self.steps_drafted)} drafts + 1)")
-        block = block_size
         rounds = [dict(round_index=0, start_position=0, context_len=max(self.prompt_tokens - 1, 0), block_size=1,
                        tree_nodes=0, tree_depth=0, accepted=0, committed=1, ends_at_leaf=True)]
         position = 1
         for i, (a, k) in enumerate(zip(self.steps_accepted, self.steps_drafted), start=1):
             rounds.append(dict(round_index=i, start_position=position,
-                               context_len=self.prompt_tokens + position - 1, block_size=block, tree_nodes=k,
+                               context_len=self.prompt_tokens + position - 1, block_size=block_size, tree_nodes=k,
                                tree_depth=k, accepted=a, committed=a + 1, ends_at_leaf=a == k))
             position += a + 1
         return rounds
@@ -286,8 +267,8 @@ def _trim(histogram: list[int]) -> list[int]:
 
 
 def common_fields(obj: dict, *, default_request_id: str | None, default_category: str) -> dict:
-    """The keys a user adds beside an engine's response on its line: ``request_id``, ``category``,
-    ``dataset``, ``question_id``, ``prompt`` (text or chat messages), ``prompt_token_ids``."""
+    """The keys a user adds beside an engine's response on its line: ``request_id``, ``category``, ``dataset``,
+    ``question_id``."""
     request_id = optional(obj, "request_id")
     if request_id is None:
         request_id = default_request_id
@@ -307,9 +288,8 @@ def common_fields(obj: dict, *, default_request_id: str | None, default_category
 
 
 def prompt_fields(obj: dict, ids_fields: tuple[str, ...], count: tuple[str, Any] | None) -> dict:
-    """``prompt`` (user key or echoed text), ``prompt_token_ids`` (the first of ``ids_fields`` present) and
-    ``prompt_tokens`` (their number, checked against the engine's own count ``(field, value)`` if given).
-    One of text or ids is required: the target entropies are computed later from the prompt."""
+    """``prompt`` (text or chat messages), ``prompt_token_ids`` (the first of ``ids_fields`` present) and
+    ``prompt_tokens`` (checked against the engine's count ``(field, value)``); text or ids is required."""
     prompt = optional(obj, "prompt")
     if prompt is not None and not isinstance(prompt, (str, list)):
         raise FieldError("prompt", f"expected text or a list of chat messages, got {type(prompt).__name__}")

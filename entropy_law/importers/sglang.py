@@ -1,18 +1,10 @@
 """SGLang native ``/generate`` responses with speculative-decoding statistics -> ``ImportedRequest``.
 
-Known here: the ``meta_info`` fields SGLang fills whenever speculation ran (``spec_verify_ct``,
-``spec_accept_length`` = completion_tokens / spec_verify_ct, ``spec_accept_rate``,
-``spec_num_correct_drafts``, ``spec_num_proposed_drafts``, the histogram ``spec_correct_drafts_histogram``
-with index = correct drafts in a step, and the deprecated aliases ``spec_accept_histogram``,
-``spec_accepted_drafts``, ``spec_proposed_drafts``), and the ordered per-step lists of
-``--speculative-decoding-stats detailed`` (PR #34814, open: ``meta_info.speculative_decoding_stats``
-with ``accept_lengths`` and ``verify_lengths``; both count the root/bonus token and are the verifier's
-values before stop trimming; read from ``meta_info`` directly too). ``accept_length - 1`` drafts were
-accepted and ``verify_length - 1`` verified in a step; widths are read as a chain (EAGLE ``topk = 1``):
-with ``topk > 1`` a verify width counts tree nodes, and the depth is not in the response.
-Without the detailed lists only aggregates are known. Top-k log-probabilities (``return_logprob: true`` with
-``top_logprobs_num``): ``meta_info.output_top_logprobs``, one list per output token of
-``[logprob, token_id, text]`` entries. Not known here: files or trace tables.
+Read from ``meta_info``: the aggregates SGLang fills whenever speculation ran (``spec_verify_ct``,
+``spec_num_correct_drafts``, the histogram ``spec_correct_drafts_histogram`` indexed by correct drafts, and their
+deprecated aliases), and the per-step ``accept_lengths`` / ``verify_lengths`` of ``--speculative-decoding-stats
+detailed`` (both count the root token; read as a chain, EAGLE ``topk = 1``). Top-k log-probabilities:
+``meta_info.output_top_logprobs``, ``[logprob, token_id, text]`` entries per output token.
 """
 
 from __future__ import annotations

@@ -1,44 +1,26 @@
 """Spec-Bench's answer files, both ways: ``entropy-law import specbench`` and ``export --format specbench``.
 
-Known here: the answer file Spec-Bench's ``evaluation/eval.py`` writes (one JSON line per question:
-``question_id``, ``category``, ``answer_id``, ``model_id``, ``tstamp`` and ``choices[0]`` with ``turns`` (the
-text of each turn), ``decoding_steps``, ``new_tokens`` and ``wall_time`` (one per turn) and ``accept_lengths``
-(one per decoding step, the turns' steps in order, each the tokens the step committed: the accepted drafts and
-the target's own token)); what its ``evaluation/speed.py`` reads from it (``new_tokens``, ``wall_time``,
-``accept_lengths`` of ``choices[0]``; "#Mean accepted tokens" is the mean of every step's accept length pooled
-over the file's questions); and how both map to trace rows:
-
-- a question's turn is a request (``request_id`` = the question id, ``<id>#<turn>`` for turns after the first;
-  ``question_id``, ``category``; ``dataset`` ``spec_bench``), with ``new_tokens`` and ``wall_time`` (as
-  ``decode_ms``) as given; its steps are rounds in order, ``committed`` = the accept length, ``accepted`` = one
-  less. The turns' steps are split by ``new_tokens``: a turn's steps commit its new tokens, or one fewer where the
-  first token came from the prefill (a method that does not count it as a step; its rounds then start at output
-  position 1). A question whose steps fit neither is flagged in ``run.json`` and keeps its request rows only;
-- not in the file, filled and said so in ``run.json``: the drafted depth (``tree_depth`` = ``block_size - 1``, an
-  upper bound), ``block_size`` (the file's longest accept length), token ids and every target statistic (null:
-  no law can be fitted), the prompt length (0), the stop reason (``eos``);
-- the text and the fields the trace schema has no column for are kept verbatim in ``specbench_answers.jsonl``
-  beside ``run.json``; export writes them back.
-
-Export writes one line per question of the runs' requests (grouped by ``question_id``, or the request id where it
-is empty, turns in request order): ``new_tokens`` from ``requests.new_tokens``, ``wall_time`` from
-``prefill_ms + decode_ms`` in seconds, ``accept_lengths`` the ``committed`` of every round in order, so the
-evaluation script's mean accepted tokens is the runs' mean committed tokens per round. Not known here: any
-serving engine, models. No torch.
+An answer line (what Spec-Bench's ``evaluation/eval.py`` writes and ``speed.py`` reads) holds per turn the text,
+``new_tokens`` and ``wall_time``, and ``accept_lengths`` per decoding step (tokens the step committed). Import:
+a turn is a request (``<id>#<turn>`` after the first), its steps rounds in order (``committed`` = accept length),
+split by ``new_tokens`` (or one fewer per turn where the prefill made the first token); a question whose steps fit
+neither is flagged and keeps its request rows only. What the file lacks (drafted depth, token ids, target
+statistics, prompt length, stop reason) is filled and said so in ``run.json``; the lines are kept verbatim in
+``specbench_answers.jsonl``. Export writes one line per question: ``wall_time`` = prefill + decode time,
+``accept_lengths`` = every round's ``committed``. No torch.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import pyarrow as pa
 
-from entropy_law.importers.records import FieldError, MalformedResponseError, decoded_line
-from entropy_law.importers.writer import METADATA_KEY, SkippedLine, nothing_kept
+from entropy_law.importers.records import FieldError
+from entropy_law.importers.writer import (METADATA_KEY, SkippedLine, append_row, nothing_kept, read_jsonl,
+                                          with_null_columns, write_jsonl_atomic)
 from entropy_law.traces.layout import file_sha256
 from entropy_law.traces.recorder import TraceRecorder
 
@@ -148,31 +130,13 @@ def read_answers(path, *, skip_bad: bool = False) -> tuple[list[Answer], list[Sk
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file (a Spec-Bench answer file, one JSON line per question)")
-    answers, skipped, lines, seen = [], [], 0, {}
-    with open(path, "rb") as fh:
-        for number, raw in enumerate(fh, start=1):
-            if not raw.strip():
-                continue
-            lines += 1
-            try:
-                try:
-                    text = decoded_line(raw)
-                    obj = json.loads(text)
-                except json.JSONDecodeError as err:
-                    raise FieldError("(line)", f"not JSON ({err.msg} at column {err.colno})") from None
-                answer = parse_answer(obj, number)
-                key = str(answer.question_id)
-                if key in seen:
-                    raise FieldError("question_id", f"{answer.question_id!r} repeats line {seen[key]} (Spec-Bench's "
-                                                    "reorg_answer_file keeps one answer per question)")
-            except FieldError as err:
-                if not skip_bad:
-                    raise MalformedResponseError(path, number, err.field, f"{err.problem} (entropy-law import "
-                                                 "--skip-bad skips such lines and counts them in run.json)") from None
-                skipped.append(SkippedLine(number, err.field, err.problem))
-                continue
-            seen[key] = number
-            answers.append(answer)
+
+    def repeated(answer, first_line):
+        return FieldError("question_id", f"{answer.question_id!r} repeats line {first_line} (Spec-Bench's "
+                                         "reorg_answer_file keeps one answer per question)")
+
+    answers, skipped, lines = read_jsonl(path, parse_answer, lambda answer: str(answer.question_id), repeated,
+                                         skip_bad=skip_bad)
     if not answers:
         raise ValueError(f"{path}: no answer to import" + (
             f": all {lines} line(s) are bad and were skipped (first: {nothing_kept(skipped)})" if skipped else ""))
@@ -185,36 +149,27 @@ def request_id(question_id, turn: int) -> str:
 
 def _tables(answers: list[Answer], block_size: int) -> dict:
     tok, rnd, req = {}, {}, {}
-
-    def add(table, **values):
-        for key, value in values.items():
-            table.setdefault(key, []).append(value)
-
     for a in answers:
         for turn, n in enumerate(a.new_tokens):
             rid = request_id(a.question_id, turn)
             steps = a.steps_per_turn[turn] if a.steps_per_turn is not None else []
             position = 1 if (a.split == "prefill" and steps) else 0
             for index, committed in enumerate(steps):
-                add(rnd, request_id=rid, round_index=index, start_position=position, context_len=position,
-                    block_size=block_size, tree_nodes=block_size - 1, tree_depth=block_size - 1,
-                    accepted=committed - 1, committed=committed)
+                append_row(rnd, request_id=rid, round_index=index, start_position=position, context_len=position,
+                           block_size=block_size, tree_nodes=block_size - 1, tree_depth=block_size - 1,
+                           accepted=committed - 1, committed=committed)
                 for depth in range(1, committed + 1):
                     role = ("accepted" if depth < committed else "bonus" if committed - 1 == block_size - 1
                             else "correction")
-                    add(tok, request_id=rid, category=a.category, round_index=index, position=position + depth - 1,
-                        depth=depth, role=role)
+                    append_row(tok, request_id=rid, category=a.category, round_index=index,
+                               position=position + depth - 1, depth=depth, role=role)
                 position += committed
-            add(req, request_id=rid, category=a.category, dataset=DATASET, question_id=str(a.question_id),
-                prompt_tokens=0, image_tokens=0, new_tokens=n, rounds=len(steps), stop_reason="eos",
-                prefill_ms=0.0, decode_ms=a.wall_time[turn] * 1000.0)
+            append_row(req, request_id=rid, category=a.category, dataset=DATASET, question_id=str(a.question_id),
+                       prompt_tokens=0, image_tokens=0, new_tokens=n, rounds=len(steps), stop_reason="eos",
+                       prefill_ms=0.0, decode_ms=a.wall_time[turn] * 1000.0)
     m = len(tok.get("request_id", []))
-    null_f32 = pa.nulls(m, type=pa.float32())
     tokens = dict(tok) if m else {k: [] for k in ("request_id", "category", "round_index", "position", "depth", "role")}
-    tokens.update({"token_id": pa.nulls(m, type=pa.int32()), "target_entropy_nats": null_f32,
-                   "target_renyi2_nats": null_f32, "target_top1_prob": null_f32, "target_top2_prob": null_f32,
-                   "target_logit_gap": null_f32, "draft_prob": null_f32, "draft_rank": pa.nulls(m, type=pa.int32()),
-                   "draft_entropy_nats": null_f32})
+    tokens = with_null_columns(tokens, "tokens", m)
     rounds = dict(rnd) if rnd else {k: [] for k in ("request_id", "round_index", "start_position", "context_len",
                                                    "block_size", "tree_nodes", "tree_depth", "accepted", "committed")}
     zeros = np.zeros(len(rounds["request_id"]), np.float32)
@@ -260,20 +215,14 @@ def import_specbench(path, out, *, skip_bad: bool = False, model_id: str | None 
     with TraceRecorder(out, overwrite=overwrite, **meta) as recorder:
         recorder.log_columns(**_tables(answers, block_size))
         run_id = recorder.run_id
-        tmp, final = Path(out) / f".tmp-{RECORD_FILE}", Path(out) / RECORD_FILE
-        with open(tmp, "w", encoding="utf-8") as fh:
-            for a in answers:
-                fh.write(json.dumps(a.raw, separators=(",", ":")) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, final)
+        write_jsonl_atomic(Path(out) / RECORD_FILE, (a.raw for a in answers))
     return SpecBenchImportSummary(run_dir=Path(out), run_id=run_id, lines=n_lines, questions=len(answers),
                                   requests=sum(len(a.new_tokens) for a in answers), flagged=flagged, skipped=skipped)
 
 
 def specbench_answers(traces) -> list[dict]:
-    """The answer lines of ``traces`` (one run or several of one method) in the fields Spec-Bench's evaluation
-    script reads (module docstring); a run imported from an answer file gets its own text and ids back."""
+    """The answer lines of ``traces`` (runs of one method); a run imported from an answer file gets its own text
+    and ids back."""
     requests, rounds = traces.requests, traces.rounds
     if requests.empty:
         raise ValueError("these traces hold no request: nothing to export")

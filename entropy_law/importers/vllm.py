@@ -1,19 +1,11 @@
 """vLLM responses with per-request speculative-decoding statistics -> ``ImportedRequest``.
 
-Known here: where vLLM puts its per-request statistics (``docs/importers.md`` has the mapping):
-- current (PR #48915, vLLM 0.29): top-level ``metrics.speculative_decoding`` (server flag
-  ``--per-request-spec-decode-metrics summary|detailed``; null when ``n > 1``), dense
-  ``acceptance_histogram``;
-- earlier (docs at commit cd19998): per choice ``choices[i].speculative_decoding_stats`` (flag
-  ``--per-request-spec-decode-stats``), sparse ``acceptance_histogram`` ``{"0": 39, ...}``;
-- offline: ``RequestOutput`` dumped as JSON, ``outputs[0].spec_decode_metrics``.
-``detailed`` adds the ordered ``per_step_accepted`` / ``per_step_drafted`` (bonus excluded; steps with no
-draft are omitted). Token ids come with ``return_token_ids: true`` (``choices[0].token_ids``, root
-``prompt_token_ids``). Top-k log-probabilities, where asked for (OpenAI-compatible, up to 20): chat
-``choices[0].logprobs.content[j].top_logprobs[i].logprob``; completions ``choices[0].logprobs.top_logprobs[j]``,
-a map token string -> log-probability (tokens with one string merge, so a position may hold fewer entries);
-offline ``outputs[0].logprobs[j]``, a map token id -> ``{"logprob": ...}`` (or the number). The aggregates must agree with each other and with the per-step lists (they do by
-construction in vLLM); a line where they do not is malformed. Not known here: files or trace tables.
+Where vLLM puts them (``docs/importers.md`` has the mapping): ``metrics.speculative_decoding`` (dense
+``acceptance_histogram``), per choice ``choices[i].speculative_decoding_stats`` (sparse histogram), or offline
+``outputs[0].spec_decode_metrics``; ``detailed`` mode adds ``per_step_accepted`` / ``per_step_drafted`` (bonus
+excluded, steps without a draft omitted). Token ids come with ``return_token_ids: true``; top-k log-probabilities
+from the chat, completions or offline shape. Aggregates that disagree with each other or the per-step lists make
+the line malformed.
 """
 
 from __future__ import annotations
@@ -38,35 +30,8 @@ STATS_LOCATIONS = (
 
 def parse(obj, *, line: int, category: str) -> ImportedRequest:
     """One vLLM response (a chat or text completion, or an offline ``RequestOutput``) -> ``ImportedRequest``."""
-    if not isinstance(obj, dict):
-        raise FieldError("(line)", f"expected a JSON object (one vLLM response), got {type(obj).__name__}")
-    key = "choices" if "choices" in obj else "outputs" if "outputs" in obj else None
-    if key is None:
-        raise FieldError("choices", "missing: not a vLLM response (expected choices[], or outputs[] for an offline "
-                                    "RequestOutput)")
-    choices = obj[key]
-    if not isinstance(choices, list) or not choices:
-        raise FieldError(key, "expected a non-empty list")
-    if len(choices) > 1:
-        raise FieldError(key, f"{len(choices)} sequences: per-request speculation statistics describe one sequence; "
-                              "import responses generated with n = 1")
-    choice = choices[0]
-    if not isinstance(choice, dict):
-        raise FieldError(f"{key}[0]", "expected an object")
-
-    found = [(path, shape) for path, shape in STATS_LOCATIONS if lookup(obj, path) not in (MISSING, None)]
-    if not found:
-        raise FieldError("metrics.speculative_decoding",
-                         "missing or null: start vLLM with --per-request-spec-decode-metrics summary (or detailed, "
-                         "for per-step data); vLLM leaves it null when n > 1 or when the request was not speculated")
-    if len(found) > 1:
-        raise FieldError(found[1][0], f"a second statistics block beside {found[0][0]}; which one describes the "
-                                      "request is not known")
-    where, shape = found[0]
-    stats = lookup(obj, where)
-    if not isinstance(stats, dict):
-        raise FieldError(where, f"expected an object, got {type(stats).__name__}")
-
+    key, choice = _only_choice(obj)
+    where, shape, stats = _stats_block(obj)
     output_ids = as_int_list(require(obj, f"{key}.0.token_ids", "request with \"return_token_ids\": true"),
                              f"{key}[0].token_ids")
     completion = lookup(obj, "usage.completion_tokens")
@@ -80,9 +45,8 @@ def parse(obj, *, line: int, category: str) -> ImportedRequest:
     if finish not in FINISH_REASONS:
         raise FieldError(f"{key}[0].finish_reason", f"unknown value {finish!r} (known: {sorted(FINISH_REASONS)})")
     model = obj.get("model")
-
-    k, histogram, per_accepted, per_drafted = checked_stats(stats, where)
-
+    steps, accepted, drafted, k, histogram = _aggregates(stats, where)
+    per_accepted, per_drafted = _per_step(stats, where, steps, accepted, drafted)
     topk, topk_field = topk_logprobs(choice, key, len(output_ids))
     common = common_fields(obj, default_request_id=obj.get("id") or obj.get("request_id") or f"line-{line}",
                            default_category=category)
@@ -100,10 +64,52 @@ def parse(obj, *, line: int, category: str) -> ImportedRequest:
         raise FieldError(name, err.problem) from None
 
 
+def _only_choice(obj) -> tuple[str, dict]:
+    """``("choices" or "outputs", the one sequence)`` of a response generated with n = 1."""
+    if not isinstance(obj, dict):
+        raise FieldError("(line)", f"expected a JSON object (one vLLM response), got {type(obj).__name__}")
+    key = "choices" if "choices" in obj else "outputs" if "outputs" in obj else None
+    if key is None:
+        raise FieldError("choices", "missing: not a vLLM response (expected choices[], or outputs[] for an offline "
+                                    "RequestOutput)")
+    choices = obj[key]
+    if not isinstance(choices, list) or not choices:
+        raise FieldError(key, "expected a non-empty list")
+    if len(choices) > 1:
+        raise FieldError(key, f"{len(choices)} sequences: per-request speculation statistics describe one sequence; "
+                              "import responses generated with n = 1")
+    if not isinstance(choices[0], dict):
+        raise FieldError(f"{key}[0]", "expected an object")
+    return key, choices[0]
+
+
+def _stats_block(obj: dict) -> tuple[str, str, dict]:
+    """``(where, shape, block)`` of the one statistics block of the response."""
+    found = [(path, shape) for path, shape in STATS_LOCATIONS if lookup(obj, path) not in (MISSING, None)]
+    if not found:
+        raise FieldError("metrics.speculative_decoding",
+                         "missing or null: start vLLM with --per-request-spec-decode-metrics summary (or detailed, "
+                         "for per-step data); vLLM leaves it null when n > 1 or when the request was not speculated")
+    if len(found) > 1:
+        raise FieldError(found[1][0], f"a second statistics block beside {found[0][0]}; which one describes the "
+                                      "request is not known")
+    where, shape = found[0]
+    stats = lookup(obj, where)
+    if not isinstance(stats, dict):
+        raise FieldError(where, f"expected an object, got {type(stats).__name__}")
+    return where, shape, stats
+
+
 def checked_stats(stats: dict, where: str) -> tuple[int | None, list[int], list[int] | None, list[int] | None]:
     """vLLM's per-request statistics block at ``where`` (the fields AIPerf's engine-neutral record shares), checked
     against each other: ``(num_spec_tokens or None, dense histogram, per_step_accepted, per_step_drafted)``, the
     per-step lists None where the block has none."""
+    steps, accepted, drafted, k, histogram = _aggregates(stats, where)
+    return (k, histogram, *_per_step(stats, where, steps, accepted, drafted))
+
+
+def _aggregates(stats: dict, where: str) -> tuple[int, int, int, int | None, list[int]]:
+    """``(steps, accepted, drafted, K or None, histogram)`` of the block, checked against each other."""
     def number(name):
         return as_int(require(stats, name), f"{where}.{name}")
 
@@ -123,22 +129,26 @@ def checked_stats(stats: dict, where: str) -> tuple[int | None, list[int], list[
     if k is not None and len(histogram) > k + 1:
         raise FieldError(f"{where}.acceptance_histogram", f"has a step accepting {len(histogram) - 1} drafts, more "
                                                          f"than num_spec_tokens = {k}")
+    return steps, accepted, drafted, k, histogram
 
+
+def _per_step(stats: dict, where: str, steps: int, accepted: int, drafted: int):
+    """The ``detailed`` per-step lists (accepted, drafted), checked against the aggregates, or (None, None)."""
     per_accepted, per_drafted = stats.get("per_step_accepted"), stats.get("per_step_drafted")
     if (per_accepted is None) != (per_drafted is None):
         missing = "per_step_drafted" if per_drafted is None else "per_step_accepted"
         raise FieldError(f"{where}.{missing}", "missing while its partner is given (detailed mode gives both)")
-    if per_accepted is not None:
-        per_accepted = as_int_list(per_accepted, f"{where}.per_step_accepted")
-        per_drafted = as_int_list(per_drafted, f"{where}.per_step_drafted")
-        for name, values, total in (("per_step_accepted", per_accepted, accepted),
-                                    ("per_step_drafted", per_drafted, drafted)):
-            if len(values) != steps:
-                raise FieldError(f"{where}.{name}", f"has {len(values)} entries, num_spec_steps = {steps}")
-            if sum(values) != total:
-                raise FieldError(f"{where}.{name}", f"sums to {sum(values)}, the aggregate says {total}")
-
-    return k, histogram, per_accepted, per_drafted
+    if per_accepted is None:
+        return None, None
+    per_accepted = as_int_list(per_accepted, f"{where}.per_step_accepted")
+    per_drafted = as_int_list(per_drafted, f"{where}.per_step_drafted")
+    for name, values, total in (("per_step_accepted", per_accepted, accepted),
+                                ("per_step_drafted", per_drafted, drafted)):
+        if len(values) != steps:
+            raise FieldError(f"{where}.{name}", f"has {len(values)} entries, num_spec_steps = {steps}")
+        if sum(values) != total:
+            raise FieldError(f"{where}.{name}", f"sums to {sum(values)}, the aggregate says {total}")
+    return per_accepted, per_drafted
 
 
 def topk_logprobs(choice: dict, key: str, n_output: int) -> tuple[list[list[float]] | None, str | None]:

@@ -1,30 +1,13 @@
 """From an engine JSONL to a trace run: read and check every line, then write through ``TraceRecorder``.
 
-Known here: reading a JSONL of engine responses (one per line; a bad line stops the import with
-``file:line``, the field and what to do, or with ``skip_bad`` is skipped and counted), refusing a file
-that mixes configurations (two models or two draft lengths in one run), and writing the run:
-
-- ``run.json``: the usual metadata (``model_id``, ``drafter_id`` = ``<engine>:<file stem>`` unless given,
-  ``drafter_config`` = ``{"num_spec_tokens": K}`` where the engine states K, ``tree_policy`` = ``chain``)
-  plus ``engine_import``: the source file and its SHA-256, counts, the skipped lines (line, field,
-  problem), the flagged requests (per-step data that fails ``1 + sum(a_i + 1) = completion tokens``, with
-  the reason), where the record and the histograms are, and ``target_stats`` (``"missing"`` until target
-  statistics are computed);
-- ``engine_import.jsonl`` beside ``run.json``: every imported request as the engine reported it (prompt,
-  output ids, per-step lists, the acceptance histogram, the engine's other speculation fields verbatim,
-  the alignment check). The trace schema has no column for a histogram or a prompt, so they live here,
-  and ``read_import`` reads them back;
-- the trace tables: a ``requests`` row for every imported request; ``rounds`` and ``tokens`` rows only for
-  aligned per-step requests, and only when target statistics are given (``target_stats``), because every
-  v1 token row carries them and no engine records them; where the responses carry top-k
-  log-probabilities and the vocabulary size is given, the aligned requests get their rows with the entropy
-  as bounds and a point estimate (``topk``: ``traces.topk``; ``run.json`` ``engine_import.topk`` says what was
-  read, the positions with fewer entries, and the requests whose top-k the engine renormalised, whose bounds
-  do not hold and are null). ``entropy-law entropy RUN --model M``
-  (``entropy_law.jobs.entropy``) computes them offline from ``engine_import.jsonl`` and writes the run again
-  through ``log_request``, the one place an imported request becomes trace rows.
-
-Not known here: any engine's fields (``vllm``, ``sglang``, ``llamacpp``). No torch.
+A bad line stops the import with ``file:line``, the field and what to do (``skip_bad``: skipped and counted); a
+file that mixes configurations (two models or draft lengths) is refused. The run gets ``run.json`` with an
+``engine_import`` entry (source and SHA-256, counts, skipped lines, flagged requests, where target statistics
+come from), ``engine_import.jsonl`` beside it (every request as the engine reported it; ``read_import`` reads it
+back), a ``requests`` row per request, and ``rounds``/``tokens`` rows for aligned per-step requests once target
+statistics exist: given (``target_stats``), or from the engine's top-k log-probabilities (``traces.topk``, with
+``vocab_size``); else ``entropy-law entropy RUN --model M`` computes them later through ``log_request``.
+Knows no engine's fields (``vllm``, ``sglang``, ``llamacpp``). No torch.
 """
 
 from __future__ import annotations
@@ -44,6 +27,7 @@ from entropy_law.importers import aiperf, llamacpp, sglang, vllm
 from entropy_law.importers.records import (DEFAULT_CATEGORY, FieldError, ImportedRequest,
                                            MalformedResponseError, decoded_line)
 from entropy_law.traces.recorder import TraceRecorder
+from entropy_law.traces.schema import SCHEMAS
 from entropy_law.traces.stats import TARGET_STAT_KEYS, context_matches_of_output
 from entropy_law.traces.topk import RENORMALISED_TAIL, TopkInputError, pad_topk, topk_entropy
 from entropy_law.traces.layout import file_sha256
@@ -85,12 +69,10 @@ class ParsedFile:
 
 
 def parse_jsonl(path, engine: str, *, category: str = DEFAULT_CATEGORY, skip_bad: bool = False) -> ParsedFile:
-    """Read and check every line of ``path`` as a response of ``engine`` (``vllm``, ``sglang``, ``llamacpp``).
+    """Read and check every non-blank line of ``path`` as a response of ``engine``.
 
-    A line that is not JSON, lacks a field, or contradicts itself raises ``MalformedResponseError``
-    (``file:line: field: problem``); with ``skip_bad=True`` it is skipped and listed in ``skipped``. Blank
-    lines hold nothing and are passed over. ``category``: for lines without a ``category`` key.
-    A file whose lines hold two models or two draft lengths is refused (ValueError): a run is one configuration.
+    A bad line raises ``MalformedResponseError`` (``file:line: field: problem``), or with ``skip_bad`` is listed in
+    ``skipped``. ``category``: for lines without one. Two models or draft lengths in one file: ValueError.
     """
     if engine not in PARSERS:
         raise ValueError(f"unknown engine {engine!r}; importers exist for {sorted(PARSERS)}")
@@ -98,39 +80,61 @@ def parse_jsonl(path, engine: str, *, category: str = DEFAULT_CATEGORY, skip_bad
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file (a JSONL of {engine} responses, one per line)")
     parse = PARSERS[engine]
-    parsed = ParsedFile(path=path, engine=engine, records=[])
-    seen: dict[str, int] = {}
-    with open(path, "rb") as fh:
-        for number, raw in enumerate(fh, start=1):
-            if not raw.strip():
-                continue
-            parsed.lines += 1
-            try:
-                try:
-                    text = decoded_line(raw)
-                    obj = json.loads(text)
-                except json.JSONDecodeError as err:
-                    raise FieldError("(line)", f"not JSON ({err.msg} at column {err.colno})") from None
-                record = parse(obj, line=number, category=category)
-                if record.request_id in seen:
-                    raise FieldError("request_id", f"{record.request_id!r} repeats line {seen[record.request_id]}; "
-                                                   "request ids must be unique in a run (add a \"request_id\" key)")
-            except FieldError as err:
-                if not skip_bad:
-                    raise MalformedResponseError(
-                        path, number, err.field,
-                        f"{err.problem} (entropy-law import --skip-bad skips such lines and counts them in "
-                        "run.json)") from None
-                parsed.skipped.append(SkippedLine(number, err.field, err.problem))
-                continue
-            seen[record.request_id] = number
-            parsed.records.append(record)
+
+    def repeated(record, first_line):
+        return FieldError("request_id", f"{record.request_id!r} repeats line {first_line}; request ids must be "
+                                        "unique in a run (add a \"request_id\" key)")
+
+    records, skipped, lines = read_jsonl(path, lambda obj, number: parse(obj, line=number, category=category),
+                                         lambda record: record.request_id, repeated, skip_bad=skip_bad)
+    parsed = ParsedFile(path=path, engine=engine, records=records, skipped=skipped, lines=lines)
     if not parsed.records:  # a run of nothing is no import
         raise ValueError(f"{path}: no request to import: " + (
             f"all {parsed.lines} line(s) are bad and were skipped (first: {nothing_kept(parsed.skipped)})"
             if parsed.skipped else "the file holds no line"))
     _check_one_configuration(parsed)
     return parsed
+
+
+def read_jsonl(path: Path, parse_line, key_of, repeated, *, skip_bad: bool) -> tuple[list, list[SkippedLine], int]:
+    """``(items, skipped lines, non-blank lines)`` of a JSONL file: ``parse_line(obj, line)`` per line; an item whose
+    ``key_of`` repeats an earlier one raises ``repeated(item, first line)``. A bad line raises
+    ``MalformedResponseError``, or with ``skip_bad`` is skipped and listed."""
+    items, skipped, lines, seen = [], [], 0, {}
+    with open(path, "rb") as fh:
+        for number, raw in enumerate(fh, start=1):
+            if not raw.strip():
+                continue
+            lines += 1
+            try:
+                try:
+                    obj = json.loads(decoded_line(raw))
+                except json.JSONDecodeError as err:
+                    raise FieldError("(line)", f"not JSON ({err.msg} at column {err.colno})") from None
+                item = parse_line(obj, number)
+                key = key_of(item)
+                if key in seen:
+                    raise repeated(item, seen[key])
+            except FieldError as err:
+                if not skip_bad:
+                    raise MalformedResponseError(path, number, err.field, f"{err.problem} (entropy-law import "
+                                                 "--skip-bad skips such lines and counts them in run.json)") from None
+                skipped.append(SkippedLine(number, err.field, err.problem))
+                continue
+            seen[key] = number
+            items.append(item)
+    return items, skipped, lines
+
+
+def write_jsonl_atomic(final: Path, rows) -> None:
+    """Write ``rows`` (dicts) as JSON lines to a temporary name beside ``final``, synced, then renamed."""
+    tmp = final.with_name(f".tmp-{final.name}")
+    with open(tmp, "w", encoding="utf-8") as fh:
+        for row in rows:
+            fh.write(json.dumps(row, separators=(",", ":")) + "\n")
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, final)
 
 
 def nothing_kept(skipped: list[SkippedLine]) -> str:
@@ -194,22 +198,43 @@ def write_run(parsed: ParsedFile, out, *, model_id: str | None = None, drafter_i
               topk_point: str = "geometric") -> ImportSummary:
     """Write ``parsed`` as a trace run in ``out`` (refused if a run is there, unless ``overwrite``).
 
-    ``target_stats``: a function of an ``ImportedRequest`` returning ``{key: array of len(output ids)}`` for
-    the keys of ``TARGET_STAT_KEYS`` (position ``p``: the target distribution that produced output token
-    ``p``); with it, aligned per-step requests get their rounds and tokens, and ``target_stats_source`` must
-    say where the statistics came from (it goes into ``run.json``). Without them, aligned requests whose
-    responses carry top-k log-probabilities get their rows with the entropy's bounds and ``topk_point`` estimate
-    (``traces.topk``), which needs ``vocab_size`` (V of the target).
+    ``target_stats``: a function of an ``ImportedRequest`` returning ``{key: array of len(output ids)}`` for the
+    ``TARGET_STAT_KEYS``; with it aligned per-step requests get rounds and tokens, and ``target_stats_source`` (for
+    ``run.json``) says what computed them. Without it, aligned requests with top-k log-probabilities get rows with
+    the entropy's bounds and ``topk_point`` estimate, which needs ``vocab_size`` (V of the target).
     """
     if (target_stats is None) != (target_stats_source is None):
         raise ValueError("give target_stats together with target_stats_source (what computed them), or neither")
     with_topk = [r for r in parsed.records if r.topk_logprobs is not None]
     if with_topk and target_stats is None and vocab_size is None:
         raise ValueError(f"{parsed.path}: {TOPK_NEEDS_VOCAB}")
-    models = {r.model for r in parsed.records if r.model is not None}
-    ks = {r.num_spec_tokens for r in parsed.records if r.num_spec_tokens is not None}
+    flagged, aligned, aggregate_only = _alignments(parsed.records)
+    written = set(aligned) if target_stats is not None else set()
+    topk = None
+    if target_stats is None and with_topk:
+        topk = _topk_estimates(parsed, with_topk, set(aligned), vocab_size, topk_point)
+        written = set(topk["written"])
+    block_size = run_block_size(parsed.records)
+    source = target_stats_source if target_stats is not None else topk["source"] if topk else TARGET_STATS_MISSING
+    meta = _run_metadata(parsed, model_id, drafter_id, block_size, dict(
+        per_step_aligned=len(aligned), aggregate_only=aggregate_only, flagged=flagged, target_stats=source,
+        rounds_in_tables=len(written)))
+    if topk:
+        meta[METADATA_KEY]["topk"] = topk["metadata"]
+    with TraceRecorder(out, overwrite=overwrite, **meta) as recorder:
+        _log_records(recorder, parsed.records, written, target_stats, topk, block_size)
+        write_record(Path(out), parsed.records, written, flagged)
+        run_id = recorder.run_id
+    return ImportSummary(run_dir=Path(out), run_id=run_id, engine=parsed.engine, lines=parsed.lines,
+                         imported=len(parsed.records), per_step=len(aligned), flagged=flagged,
+                         aggregate_only=aggregate_only, skipped=parsed.skipped, rounds_in_tables=len(written),
+                         target_stats=source)
+
+
+def _alignments(records: list[ImportedRequest]) -> tuple[list[dict], list[str], int]:
+    """(flagged requests with the reason, ids of aligned per-step requests, count of aggregate-only requests)."""
     flagged, aligned, aggregate_only = [], [], 0
-    for record in parsed.records:
+    for record in records:
         check = record.alignment()
         if check is None:
             aggregate_only += 1
@@ -218,69 +243,57 @@ def write_run(parsed: ParsedFile, out, *, model_id: str | None = None, drafter_i
         else:
             flagged.append({"request_id": record.request_id, "line": record.line, "reason": check.reason,
                             "from_steps": check.from_steps, "completion_tokens": check.completion_tokens})
-    written = set(aligned) if target_stats is not None else set()
-    topk = None
-    if target_stats is None and with_topk:
-        topk = _topk_estimates(parsed, with_topk, set(aligned), vocab_size, topk_point)
-        written = set(topk["written"])
-    block_size = run_block_size(parsed.records)
-    shapes = Counter(r.shape for r in parsed.records)
-    meta = {
+    return flagged, aligned, aggregate_only
+
+
+def _run_metadata(parsed: ParsedFile, model_id, drafter_id, block_size: int, outcome: dict) -> dict:
+    """The run's metadata, ``outcome`` (what was aligned, flagged and written) in its ``engine_import`` entry."""
+    models = {r.model for r in parsed.records if r.model is not None}
+    ks = {r.num_spec_tokens for r in parsed.records if r.num_spec_tokens is not None}
+    return {
         "model_id": model_id if model_id is not None else (next(iter(models)) if models else None),
         "drafter_id": drafter_id if drafter_id is not None else f"{parsed.engine}:{parsed.path.stem}",
         "drafter_config": {"num_spec_tokens": next(iter(ks))} if ks else {},
         "tree_policy": "chain",
         METADATA_KEY: {
-            "engine": parsed.engine,
-            "source": str(parsed.path),
-            "source_sha256": file_sha256(parsed.path),
-            "shapes": dict(shapes),
-            "lines_read": parsed.lines,
-            "imported": len(parsed.records),
-            "per_step_aligned": len(aligned),
-            "aggregate_only": aggregate_only,
-            "flagged": flagged,
-            "skipped_bad": len(parsed.skipped),
-            "skipped_lines": [vars(s) for s in parsed.skipped],
+            "engine": parsed.engine, "source": str(parsed.path), "source_sha256": file_sha256(parsed.path),
+            "shapes": dict(Counter(r.shape for r in parsed.records)), "lines_read": parsed.lines,
+            "imported": len(parsed.records), "per_step_aligned": outcome["per_step_aligned"],
+            "aggregate_only": outcome["aggregate_only"], "flagged": outcome["flagged"],
+            "skipped_bad": len(parsed.skipped), "skipped_lines": [vars(s) for s in parsed.skipped],
             "record_file": RECORD_FILE,
             "histograms": (f"{RECORD_FILE}: 'histogram' per request (dense step counts, index = drafts accepted "
                            "in a step, bonus excluded; 'histogram_field' says where it came from)"),
-            "target_stats": (target_stats_source if target_stats is not None else topk["source"] if topk
-                             else TARGET_STATS_MISSING),
-            "rounds_in_tables": len(written),
+            "target_stats": outcome["target_stats"],
+            "rounds_in_tables": outcome["rounds_in_tables"],
             "block_size": (f"{block_size}: " + ("num_spec_tokens + 1" if ks else "the largest drafted count in "
                                                 "the file + 1 (the engine does not state its draft length)")),
             "timings": ("prefill_ms/decode_ms from the engine where it times them (llama.cpp), else 0; "
                         "round times 0 (not reported)"),
         },
     }
-    if topk:
-        meta[METADATA_KEY]["topk"] = topk["metadata"]
-    with TraceRecorder(out, overwrite=overwrite, **meta) as recorder:
-        batch = []
-        for record in parsed.records:
-            if topk and record.request_id in written:
-                batch.append(record)
-                if sum(r.new_tokens for r in batch) >= TOPK_ROWS_PER_SHARD:
-                    recorder.log_columns(**topk_tables(batch, topk["estimates"], block_size))
-                    batch = []
-                continue
-            stats = target_stats(record) if record.request_id in written else None
-            log_request(recorder, record, stats=stats, block_size=block_size)
-        if batch:
-            recorder.log_columns(**topk_tables(batch, topk["estimates"], block_size))
-        write_record(Path(out), parsed.records, written, flagged)
-        run_id = recorder.run_id
-    return ImportSummary(run_dir=Path(out), run_id=run_id, engine=parsed.engine, lines=parsed.lines,
-                         imported=len(parsed.records), per_step=len(aligned), flagged=flagged,
-                         aggregate_only=aggregate_only, skipped=parsed.skipped, rounds_in_tables=len(written),
-                         target_stats=meta[METADATA_KEY]["target_stats"])
+
+
+def _log_records(recorder: TraceRecorder, records, written: set, target_stats, topk, block_size: int) -> None:
+    """Every record into ``recorder``: top-k requests in batches of columns, the others one by one."""
+    batch = []
+    for record in records:
+        if topk and record.request_id in written:
+            batch.append(record)
+            if sum(r.new_tokens for r in batch) >= TOPK_ROWS_PER_SHARD:
+                recorder.log_columns(**topk_tables(batch, topk["estimates"], block_size))
+                batch = []
+            continue
+        stats = target_stats(record) if record.request_id in written else None
+        log_request(recorder, record, stats=stats, block_size=block_size)
+    if batch:
+        recorder.log_columns(**topk_tables(batch, topk["estimates"], block_size))
 
 
 def _topk_estimates(parsed: ParsedFile, records: list[ImportedRequest], aligned: set[str], vocab_size: int,
                     point: str) -> dict:
-    """The entropy bounds and estimate of every request with top-k log-probabilities (``traces.topk``), the
-    requests whose rows are written (aligned ones), and what ``run.json`` says about them."""
+    """Entropy bounds and estimate of each request with top-k log-probabilities, the aligned ones whose rows are
+    written, and what ``run.json`` says about them."""
     estimates, renormalised, fewer, positions = {}, [], 0, 0
     for record in records:
         padded = pad_topk(record.topk_logprobs)
@@ -321,20 +334,14 @@ def _topk_estimates(parsed: ParsedFile, records: list[ImportedRequest], aligned:
 
 
 def topk_tables(records: list[ImportedRequest], estimates: dict, block_size: int) -> dict:
-    """The tokens, rounds and requests columns of aligned requests whose entropy comes from their top-k
-    (``TraceRecorder.log_columns``): rounds as ``ImportedRequest.rounds``; token roles from each round (depths
-    ``1..accepted`` accepted, the last token a bonus after a full chain, else a correction)."""
+    """The tokens, rounds and requests columns (for ``TraceRecorder.log_columns``) of aligned requests whose entropy
+    comes from their top-k."""
     rnd, req, parts = {}, {}, []
-
-    def add(table, **values):
-        for key, value in values.items():
-            table.setdefault(key, []).append(value)
-
     for record in records:
         est = estimates[record.request_id]
         rounds = record.rounds(block_size)
         for r in rounds:
-            add(rnd, request_id=record.request_id, **{k: r[k] for k in (
+            append_row(rnd, request_id=record.request_id, **{k: r[k] for k in (
                 "round_index", "start_position", "context_len", "block_size", "tree_nodes", "tree_depth", "accepted",
                 "committed")})
         start = np.array([r["start_position"] for r in rounds], dtype=np.int64)
@@ -360,25 +367,36 @@ def topk_tables(records: list[ImportedRequest], estimates: dict, block_size: int
             "target_entropy_estimate_nats": est.estimate_nats[position], "target_topk": est.k[position],
             "context_match": (np.full(which.size, -1) if context is None else context[position].astype(np.int64)),
         })
-        add(req, request_id=record.request_id, category=record.category, dataset=record.dataset,
-            question_id=record.question_id, prompt_tokens=record.prompt_tokens, image_tokens=0,
-            new_tokens=record.new_tokens, rounds=len(rounds), stop_reason=record.stop_reason,
-            prefill_ms=record.prefill_ms or 0.0, decode_ms=record.decode_ms or 0.0)
+        append_row(req, request_id=record.request_id, category=record.category, dataset=record.dataset,
+                   question_id=record.question_id, prompt_tokens=record.prompt_tokens, image_tokens=0,
+                   new_tokens=record.new_tokens, rounds=len(rounds), stop_reason=record.stop_reason,
+                   prefill_ms=record.prefill_ms or 0.0, decode_ms=record.decode_ms or 0.0)
     tokens = {key: np.concatenate([part[key] for part in parts]) for key in parts[0]}
     n = len(tokens["position"])
     for key in ("target_top1_prob", "target_top2_prob", "target_logit_gap", "target_entropy_lower_nats",
                 "target_entropy_upper_nats", "target_entropy_estimate_nats"):
         tokens[key] = tokens[key].astype(np.float32)  # NaN: null
-    null_f32 = pa.nulls(n, type=pa.float32())
-    tokens.update({"target_entropy_nats": null_f32, "target_renyi2_nats": null_f32, "draft_prob": null_f32,
-                   "draft_entropy_nats": null_f32, "draft_rank": pa.nulls(n, type=pa.int32()),
-                   "token_id": pa.array(tokens["token_id"], type=pa.int32()),
+    tokens.update({"token_id": pa.array(tokens["token_id"], type=pa.int32()),
                    "target_topk": pa.array(tokens["target_topk"], type=pa.int16()),
                    "context_match": pa.array(np.maximum(tokens["context_match"], 0), type=pa.int16(),
                                              mask=tokens["context_match"] < 0)})
     zeros = np.zeros(len(rnd["request_id"]), np.float32)
     rnd.update({"draft_ms": zeros, "verify_ms": zeros, "overhead_ms": zeros})
-    return {"tokens": tokens, "rounds": rnd, "requests": req}
+    return {"tokens": with_null_columns(tokens, "tokens", n), "rounds": rnd, "requests": req}
+
+
+def with_null_columns(columns: dict, table: str, n: int) -> dict:
+    """``columns`` with a null column of ``n`` rows for every nullable column of ``table`` it lacks."""
+    for f in SCHEMAS[table]:
+        if f.nullable and f.name not in columns:
+            columns[f.name] = pa.nulls(n, type=f.type)
+    return columns
+
+
+def append_row(table: dict, **values) -> None:
+    """Append one row to ``table``, a dict of column lists."""
+    for key, value in values.items():
+        table.setdefault(key, []).append(value)
 
 
 def run_block_size(records) -> int:
@@ -391,9 +409,8 @@ def run_block_size(records) -> int:
 
 def log_request(recorder: TraceRecorder, record: ImportedRequest, *, stats: Mapping[str, object] | None,
                 block_size: int) -> None:
-    """One imported request into ``recorder``: its ``requests`` row, and with ``stats`` (``{key: array of
-    len(output ids)}`` for the keys of ``TARGET_STAT_KEYS``) its rounds and token rows. ``stats`` only for an
-    aligned per-step request."""
+    """One imported request into ``recorder``: its ``requests`` row, and with ``stats`` (as ``write_run``'s
+    ``target_stats`` returns; aligned per-step requests only) its rounds and token rows."""
     recorder.begin_request(record.request_id, category=record.category, dataset=record.dataset,
                            question_id=record.question_id, prompt_tokens=record.prompt_tokens,
                            prompt_ids=record.prompt_token_ids)
@@ -425,18 +442,8 @@ def _log_rounds(recorder: TraceRecorder, record: ImportedRequest, stats: Mapping
 def write_record(run_dir: Path, records: list[ImportedRequest], written: set[str], flagged: list[dict]) -> None:
     """``engine_import.jsonl``: one line per imported request, written to a temporary name and renamed."""
     reasons = {f["request_id"]: f["reason"] for f in flagged}
-    final = run_dir / RECORD_FILE
-    tmp = run_dir / f".tmp-{RECORD_FILE}"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        for record in records:
-            row = record.to_json()
-            row["rounds_in_tables"] = record.request_id in written
-            row["flagged"] = reasons.get(record.request_id)
-            fh.write(json.dumps(row, separators=(",", ":")) + "\n")
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, final)
-
+    write_jsonl_atomic(run_dir / RECORD_FILE, ({**record.to_json(), "rounds_in_tables": record.request_id in written,
+                                                "flagged": reasons.get(record.request_id)} for record in records))
 
 
 def import_jsonl(path, engine: str, out, *, category: str = DEFAULT_CATEGORY, skip_bad: bool = False,
@@ -462,9 +469,7 @@ class ImportedRun:
 
     @property
     def rounds(self) -> pd.DataFrame:
-        """One row per round of the aligned per-step requests (round 0: the prefill), whether or not their
-        rows are in the trace tables yet: ``request_id``, ``category``, ``round_index``, ``start_position``,
-        ``tree_depth`` (drafted), ``accepted`` (tau), ``committed``."""
+        """One row per round of the aligned per-step requests (round 0: the prefill), in the trace tables or not."""
         rows = []
         for record in self.requests:
             check = record.alignment()
@@ -480,8 +485,7 @@ class ImportedRun:
 
     @property
     def histograms(self) -> pd.DataFrame:
-        """One row per request and histogram bucket: ``request_id``, ``category``, ``accepted_drafts`` (j),
-        ``steps`` (count), ``source`` (the engine field, or "counted from the per-step list")."""
+        """One row per request and histogram bucket (``accepted_drafts`` j, ``steps``, ``source`` field)."""
         rows = [{"request_id": r.request_id, "category": r.category, "accepted_drafts": j, "steps": count,
                  "source": r.histogram_field}
                 for r in self.requests if r.histogram is not None for j, count in enumerate(r.histogram)]

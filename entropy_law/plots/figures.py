@@ -1,12 +1,7 @@
 """Plot functions, one per figure of the entropy law: data first, keyword-only options, ``ax=None -> ax``.
 
-Known here: how each figure draws its data (research notes ``law.md`` section 7): entropy ECDFs,
-binned acceptance with Wilson intervals and the fitted law, survival over depth (product-limit with
-Greenwood bands), accepted length vs mean entropy, LOCO predicted vs observed, reliability, law
-comparison, predicted speedup with break-even, and one response with its accepted blocks shaded.
-Inputs are plain DataFrames (trace-format-v1 columns, at-risk tables of ``entropy_law.law.atrisk``)
-and fitted laws; the binning and intervals computed here are returned by the ``*_table`` helpers so
-the numbers behind a figure can be checked. Not known here: fitting, reading traces, torch.
+Inputs are plain DataFrames (trace columns, at-risk tables of ``law.atrisk``) and fitted laws; the ``*_table``
+helpers return the binning and intervals behind a figure so its numbers can be checked.
 """
 
 from __future__ import annotations
@@ -23,6 +18,18 @@ def _legend(ax, **kwargs):
     """A legend only when something is labelled (no warning on empty panels)."""
     if ax.get_legend_handles_labels()[0]:
         ax.legend(**kwargs)
+
+
+def _quantile_bins(values: np.ndarray, n_bins: int) -> np.ndarray:
+    """The bin of each value among ``n_bins`` quantile bins (tied edges merged)."""
+    edges = np.unique(np.quantile(values, np.linspace(0, 1, n_bins + 1)))
+    return np.clip(np.searchsorted(edges, values, side="right") - 1, 0, max(len(edges) - 2, 0))
+
+
+def _square(ax, lo: float, hi: float) -> None:
+    ax.set_xlim(lo, hi)
+    ax.set_ylim(lo, hi)
+    ax.set_aspect("equal")
 
 
 def _yerr(estimate, low, high) -> np.ndarray:
@@ -61,9 +68,7 @@ def binned_acceptance_table(at_risk: pd.DataFrame, *, depth: int | str = 1, n_bi
     if rows.empty:
         return pd.DataFrame(columns=[by, "bin", "n", "accepted", "rate", "ci_low", "ci_high", "entropy_nats"])
     h = rows["target_entropy_nats"].to_numpy(float)
-    edges = np.unique(np.quantile(h, np.linspace(0, 1, n_bins + 1)))
-    bins = np.clip(np.searchsorted(edges, h, side="right") - 1, 0, max(len(edges) - 2, 0))
-    frame = pd.DataFrame({by: rows[by].astype(str).to_numpy(), "bin": bins, "h": h,
+    frame = pd.DataFrame({by: rows[by].astype(str).to_numpy(), "bin": _quantile_bins(h, n_bins), "h": h,
                           "acc": rows["accepted"].to_numpy(int)})
     table = frame.groupby([by, "bin"]).agg(n=("acc", "size"), accepted=("acc", "sum"),
                                            entropy_nats=("h", "mean")).reset_index()
@@ -84,10 +89,8 @@ def acceptance_vs_entropy(at_risk: pd.DataFrame, *, law=None, depth: int | str =
 
 def binned_acceptance(table: pd.DataFrame, *, law=None, depth: int | str = 1, h_range: tuple | None = None,
                       min_trials: int = 5, eps: float = EPS_NATS, ax=None):
-    """Plot a table of acceptance per entropy bin and category (the columns of ``binned_acceptance_table``;
-    ``outofcore.acceptance_curve_sql`` gives them out of core): bins of at least ``min_trials`` trials with
-    their Wilson 95% intervals, one colour per category, and the fitted law over ``h_range`` (black) when
-    ``law`` and ``h_range`` are given."""
+    """Plot a ``binned_acceptance_table`` (or ``outofcore.acceptance_curve_sql``): bins of at least ``min_trials``
+    trials with their Wilson 95% intervals per category, and the fitted law over ``h_range`` when given."""
     ax = new_axes(ax)
     colours = palette(table["category"].astype(str).unique())
     table = table.loc[table["n"] >= min_trials]
@@ -152,13 +155,9 @@ def _accepted_per_round(tokens, rounds, drafting):
 
 
 def accepted_length_table(per_request: pd.DataFrame, *, n_boot: int = 200, seed: int = 0) -> pd.DataFrame:
-    """Per category: token-weighted mean entropy, observed and law-predicted mean accepted length, and a
-    request-bootstrap 95% interval of the observed value.
-
-    ``per_request``: ``category``, ``tokens``, ``observed_rounds``, ``predicted_rounds``, ``mean_entropy_nats``;
-    with ``observed_drafting_rounds`` and ``predicted_drafting_rounds`` (``block_prediction``) the accepted
-    length is per drafting round, (tokens - rounds) / drafting rounds; without them per round
-    (tokens per round - 1)."""
+    """Per category: token-weighted mean entropy, observed (with a request-bootstrap 95% interval) and predicted
+    mean accepted length. ``per_request``: ``category``, ``tokens``, ``observed_rounds``, ``predicted_rounds``,
+    ``mean_entropy_nats``; with the drafting-round columns the length is per drafting round, else per round."""
     rng = np.random.default_rng(seed)
     drafting = {"observed_drafting_rounds", "predicted_drafting_rounds"} <= set(per_request.columns)
     rows = []
@@ -219,9 +218,7 @@ def loco_predicted_vs_observed(loco: pd.DataFrame, *, ax=None):
     values = loco[["predicted_tokens_per_round", "observed_tokens_per_round"]].to_numpy(float)
     lo, hi = (np.nanmin(values) * 0.95, np.nanmax(values) * 1.05) if values.size else (1, 2)
     ax.plot([lo, hi], [lo, hi], color="k", lw=0.8, ls="--")
-    ax.set_xlim(lo, hi)
-    ax.set_ylim(lo, hi)
-    ax.set_aspect("equal")
+    _square(ax, lo, hi)
     ax.set_xlabel("predicted tokens per round (LOCO law, DP)")
     ax.set_ylabel("observed tokens per round")
     _legend(ax, loc="upper left", fontsize=7)
@@ -232,9 +229,7 @@ def loco_predicted_vs_observed(loco: pd.DataFrame, *, ax=None):
 def calibration_table(accepted: np.ndarray, predicted: np.ndarray, *, n_bins: int = 10) -> pd.DataFrame:
     """Reliability: quantile bins of the predicted acceptance; mean prediction, observed rate, Wilson CI."""
     accepted, predicted = np.asarray(accepted, int), np.asarray(predicted, float)
-    edges = np.unique(np.quantile(predicted, np.linspace(0, 1, n_bins + 1)))
-    bins = np.clip(np.searchsorted(edges, predicted, side="right") - 1, 0, max(len(edges) - 2, 0))
-    frame = pd.DataFrame({"bin": bins, "p": predicted, "y": accepted})
+    frame = pd.DataFrame({"bin": _quantile_bins(predicted, n_bins), "p": predicted, "y": accepted})
     table = frame.groupby("bin").agg(n=("y", "size"), accepted=("y", "sum"), predicted=("p", "mean")).reset_index()
     table["observed"] = table["accepted"] / table["n"]
     table["ci_low"], table["ci_high"] = wilson_interval(table["accepted"], table["n"])
@@ -263,9 +258,7 @@ def calibration(at_risk: pd.DataFrame, predicted: np.ndarray, *, n_bins: int = 1
     ax.errorbar(t["predicted"], t["observed"], yerr=_yerr(t["observed"], t["ci_low"], t["ci_high"]), fmt="o",
                 color="k", ms=4, label=f"pooled (ECE {expected_calibration_error(t):.3f})")
     ax.plot([0, 1], [0, 1], ls="--", color="grey", lw=0.8)
-    ax.set_xlim(0, 1)
-    ax.set_ylim(0, 1)
-    ax.set_aspect("equal")
+    _square(ax, 0, 1)
     ax.set_xlabel("predicted P(accept)")
     ax.set_ylabel("observed acceptance")
     _legend(ax, loc="upper left", fontsize=7)

@@ -1,9 +1,8 @@
-"""The figure set of a trace set: each figure built from a ``TraceAnalysis`` (analyses shared, computed once).
+"""The figure set of a trace set, each figure built from a ``TraceAnalysis`` (analyses shared, computed once).
 
-Known here: which figures exist (``FIGURES``: name -> title and builder), how each lays out its
-panels (one per drafting arm where the figure is per arm), and what a figure shows when its analysis is
-not available (a panel that says why, never a crash). ``make_figures`` writes them all as PNG and PDF.
-The figure scripts in ``figures/`` and the report call these builders. Not known here: torch, decoding.
+``FIGURES``: name -> title and builder; a figure per arm has a panel per drafting arm, and an analysis that is not
+available draws a panel that says why, never a crash. ``make_figures`` writes them all; the scripts in
+``figures/`` and the report call these builders.
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ from typing import Callable
 
 import matplotlib
 import matplotlib.pyplot as plt
-import numpy as np
 import pandas as pd
 from tqdm.auto import tqdm
 
@@ -29,6 +27,7 @@ from entropy_law.plots.glance import fig_glance
 from entropy_law.plots.reliability import fig_reliability
 from entropy_law.plots.speed import fig_speed_validation
 from entropy_law.plots.style import palette, save_figure, short_message, style, unavailable
+from entropy_law.plots.style import panels as _panels
 from entropy_law.traces.reader import load_traces
 
 
@@ -39,18 +38,17 @@ class FigureSpec:
     build: Callable  # (TraceAnalysis) -> matplotlib Figure
 
 
-def _panels(n: int, *, width: float = 4.6, height: float = 3.4, ncols: int | None = None):
-    ncols = ncols or min(max(n, 1), 3)
-    nrows = int(np.ceil(max(n, 1) / ncols))
-    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False)
-    flat = axes.ravel()
-    for ax in flat[n:]:
-        ax.set_visible(False)
-    return fig, flat[:max(n, 1)]
-
-
-_unavailable = unavailable
-_short = short_message
+def _per_arm(an, analysis: str, draw, title, **panel_size):
+    """One panel per drafting arm: ``draw(ax, arm, result)`` of ``an.attempt(analysis, arm)``, or why not."""
+    fig, axes = _panels(len(an.arms), **panel_size)
+    for ax, arm in zip(axes, an.arms):
+        attempt = an.attempt(analysis, arm)
+        if attempt.ok:
+            draw(ax, arm, attempt.value)
+        else:
+            unavailable(ax, short_message(attempt.error))
+        ax.set_title(title(arm))
+    return fig
 
 
 def fig_entropy_distributions(an):
@@ -98,16 +96,8 @@ def accepted_length_requests(an, arm: str) -> pd.DataFrame:
 
 
 def fig_accepted_length(an):
-    arms = an.arms
-    fig, axes = _panels(len(arms))
-    for ax, arm in zip(axes, arms):
-        attempt = an.attempt("block", arm)
-        if not attempt.ok:
-            _unavailable(ax, _short(attempt.error))
-        else:
-            F.accepted_length_vs_entropy(accepted_length_requests(an, arm), seed=an.seed, ax=ax)
-        ax.set_title(arm)
-    return fig
+    return _per_arm(an, "block", lambda ax, arm, _: F.accepted_length_vs_entropy(
+        accepted_length_requests(an, arm), seed=an.seed, ax=ax), title=str)
 
 
 def loco_frame(an) -> tuple[pd.DataFrame, list[str]]:
@@ -125,7 +115,7 @@ def fig_loco(an):
     fig, (ax,) = _panels(1, width=4.6, height=4.4)
     frame, errors = loco_frame(an)
     if frame.empty:
-        _unavailable(ax, _short("; ".join(errors)))
+        unavailable(ax, short_message("; ".join(errors)))
     else:
         F.loco_predicted_vs_observed(frame, ax=ax)
     ax.set_title("leave-one-category-out")
@@ -133,30 +123,16 @@ def fig_loco(an):
 
 
 def fig_calibration(an):
-    arms = an.arms
-    fig, axes = _panels(len(arms), height=4.2)
-    for ax, arm in zip(axes, arms):
-        law = an.attempt("law", arm)
-        if not law.ok:
-            _unavailable(ax, _short(law.error))
-        else:
-            rows = at_risk_rows(an, arm)
-            F.calibration(rows, law.value.predict_frame(rows), ax=ax)
-        ax.set_title(f"{arm} (in-sample {an.family})")
-    return fig
+    def draw(ax, arm, law):
+        rows = at_risk_rows(an, arm)
+        F.calibration(rows, law.predict_frame(rows), ax=ax)
+
+    return _per_arm(an, "law", draw, lambda arm: f"{arm} (in-sample {an.family})", height=4.2)
 
 
 def fig_law_comparison(an):
-    arms = an.arms
-    fig, axes = _panels(len(arms))
-    for ax, arm in zip(axes, arms):
-        attempt = an.attempt("comparison", arm)
-        if not attempt.ok:
-            _unavailable(ax, _short(attempt.error))
-        else:
-            F.law_comparison(attempt.value.summary, ax=ax)
-        ax.set_title(f"{arm}: {an.n_folds}-fold CV by request")
-    return fig
+    return _per_arm(an, "comparison", lambda ax, arm, comparison: F.law_comparison(comparison.summary, ax=ax),
+                    lambda arm: f"{arm}: {an.n_folds}-fold CV by request")
 
 
 def speedup_curve(pays) -> pd.DataFrame:
@@ -189,14 +165,13 @@ def fig_speedup(an):
                              observed=observed_speedups(an, arm), label=arm, color=colours[arm], ax=ax)
         drawn += 1
     if not drawn:
-        _unavailable(ax, _short("; ".join(errors) or "no drafting arm"))
+        unavailable(ax, short_message("; ".join(errors) or "no drafting arm"))
     ax.set_title("when drafting pays (squares: measured per category)")
     return fig
 
 
 def example_request(an, arm: str) -> tuple[str, str]:
-    """(run_id, request_id) of a typical response of ``arm``: the one whose tokens per round is closest
-    to the arm's median (ties: first in id order)."""
+    """(run_id, request_id) of the response of ``arm`` whose tokens per round is closest to the median."""
     view = an.arm_view(arm)
     rnd = view.rounds.loc[view.rounds["round_index"] > 0]
     per = rnd.groupby(["run_id", "request_id"])["committed"].agg(["sum", "size"]).reset_index()
@@ -212,7 +187,7 @@ def fig_example_response(an):
     fig, (ax,) = _panels(1, width=9.0, height=2.8)
     arm = an.arms[0] if an.arms else None
     if arm is None:
-        return _unavailable(ax, "no drafting arm").figure
+        return unavailable(ax, "no drafting arm").figure
     run_id, request_id = example_request(an, arm)
     tok = an.view.tokens.loc[(an.view.tokens["run_id"] == run_id) & (an.view.tokens["request_id"] == request_id)]
     rnd = an.view.rounds.loc[(an.view.rounds["run_id"] == run_id) & (an.view.rounds["request_id"] == request_id)]
@@ -250,7 +225,7 @@ def build_figure(analysis, name: str):
             fig = FIGURES[name].build(analysis)
         except ValueError as err:  # the traces cannot support it (e.g. an imported GLANCE log): a panel saying why
             fig, (ax,) = _panels(1)
-            _unavailable(ax, _short(str(err), 300))
+            unavailable(ax, short_message(str(err), 300))
         fig.suptitle(FIGURES[name].title, fontsize=10)
         fig.tight_layout()
     return fig
@@ -260,10 +235,7 @@ def make_figures(analysis, out_dir, *, names=None, formats=("png", "pdf"), progr
     """Write every figure (or ``names``) to ``out_dir``; returns name -> list of paths."""
     names = list(FIGURES) if names is None else list(names)
     written = {}
-    iterator = names
-    if progress:
-        iterator = tqdm(names, desc="figures", unit="fig")
-    for name in iterator:
+    for name in tqdm(names, desc="figures", unit="fig", disable=not progress):
         fig = build_figure(analysis, name)
         written[name] = save_figure(fig, Path(out_dir), name, formats=formats)
         plt.close(fig)
@@ -271,10 +243,7 @@ def make_figures(analysis, out_dir, *, names=None, formats=("png", "pdf"), progr
 
 
 def cli(names=None, argv=None, *, description: str | None = None) -> int:
-    """Command line of the figure scripts: ``[--traces PATH] [--out DIR] [--n-boot N] [--seed S]``.
-
-    Default traces: the reference traces (``data/traces/``), else simulated ones with a clear message.
-    """
+    """Command line of the figure scripts (default traces: ``data/traces/``, else simulated ones, said so)."""
     matplotlib.use("Agg")  # the scripts only write files; the backend is chosen here, not at import
     p = argparse.ArgumentParser(description=description or "regenerate figures of the entropy law")
     p.add_argument("--traces", default=None, help="trace runs (default: data/traces/, else simulated traces)")

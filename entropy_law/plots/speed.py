@@ -1,36 +1,22 @@
-"""Speed validation figure: predicted vs measured speedup per arm and category, and where measured
-per-request speedups cross 1 against the predicted break-even entropy.
-
-Known here: how to draw ``TraceAnalysis.speedup_validation`` (one point per arm x category: the measured
-paired speedup with its request-bootstrap 95% interval on the x axis, the law + cost model's prediction on the
-y axis, the diagonal with a +-10% band; hollow markers: measurements that are not a result; crosses: the same
-recorded rounds priced by the cost model alone, ``cost_only_predicted``) and
-``TraceAnalysis.request_speedups`` / ``speedup_crossing`` / ``workload`` (per request: measured and predicted
-speedup vs the request's mean entropy, both log-speedup lines, the workload break-even interval shaded, the
-logistic fit's crossing dotted). Panels say why
-when their analysis is not available. Not known here: statistics (``entropy_law.analysis``), torch,
-decoding.
+"""Speed validation figure: predicted vs measured speedup per arm and category (``speedup_validation``: the
+diagonal with a +-10% band; hollow: measurements that are not a result; crosses: the recorded rounds priced by the
+cost model alone), and per arm where measured per-request speedups cross 1 against the predicted workload
+break-even (``request_speedups``, ``speedup_crossing``, ``workload``). Panels say why when their analysis is not
+available.
 """
 
 from __future__ import annotations
 
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from entropy_law.plots.style import palette
+from entropy_law.plots.style import palette, panels, short_message, unavailable
 
 BAND = 0.10  # the goal: predicted within +-10% of measured
 
 
 def _unavailable(ax, message: str):
-    """A panel that says why its analysis is not available (the gallery's convention)."""
-    message = message if len(message) <= 160 else message[:159] + "…"
-    ax.text(0.5, 0.5, "not available:\n" + message, ha="center", va="center", fontsize=7, wrap=True,
-            transform=ax.transAxes)
-    ax.set_xticks([])
-    ax.set_yticks([])
-    return ax
+    return unavailable(ax, short_message(message))
 
 
 def predicted_vs_measured(table: pd.DataFrame, *, ax, colours: dict):
@@ -55,8 +41,7 @@ def predicted_vs_measured(table: pd.DataFrame, *, ax, colours: dict):
         for r in rows.itertuples():
             ax.annotate(r.category, (r.measured, r.predicted), fontsize=6, xytext=(3, 2), textcoords="offset points")
     if "cost_only_predicted" in part and part["cost_only_predicted"].notna().any():
-        # the same rounds as measured, priced by the cost model alone: what is left when the law's error is taken
-        # out (what `entropy-law predict --replay-rounds` predicts for a workload)
+        # the measured rounds priced by the cost model alone: the error left without the law's
         for arm, rows in part.groupby("arm", sort=False):
             ax.scatter(rows["measured"], rows["cost_only_predicted"], marker="x", color=colours[arm], s=18, lw=0.8,
                        zorder=3)
@@ -73,10 +58,9 @@ def predicted_vs_measured(table: pd.DataFrame, *, ax, colours: dict):
 
 
 def crossing_panel(requests: pd.DataFrame, crossing: dict, *, ax, colour, workload=None):
-    """Per-request measured speedup vs mean entropy for one arm and where it crosses 1: the measured
-    log-speedup line (solid) and, given ``workload`` (``WorkloadBreakeven``), the predicted per-request speedups
-    (crosses), their line (dashed) and the workload break-even interval (shaded): one scale for both. The
-    logistic crossing is a dotted line; the constant-entropy break-even is left out (another scale)."""
+    """Per-request measured speedup vs mean entropy for one arm and where it crosses 1 (logistic crossing dotted);
+    given ``workload`` (``WorkloadBreakeven``), also the predicted per-request speedups, both log-speedup lines and
+    the workload break-even interval."""
     ax.scatter(requests["mean_entropy_nats"], requests["speedup"], s=10, color=colour, alpha=0.7, label="measured")
     ax.axhline(1.0, color="k", lw=0.6)
     h = requests["mean_entropy_nats"].to_numpy(float)
@@ -111,13 +95,7 @@ def crossing_panel(requests: pd.DataFrame, crossing: dict, *, ax, colour, worklo
 def fig_speed_validation(an):
     """The gallery figure: predicted vs measured (all arms), then one crossing panel per arm with requests."""
     arms = an.arms
-    n = 1 + len(arms)
-    ncols = min(n, 3)
-    nrows = int(np.ceil(n / ncols))
-    fig, grid = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.4 * nrows), squeeze=False)
-    axes = grid.ravel()
-    for ax in axes[n:]:
-        ax.set_visible(False)
+    fig, axes = panels(1 + len(arms))
     colours = palette(arms)
     check = an.attempt("speedup_validation")
     if check.ok:

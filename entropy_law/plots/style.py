@@ -1,8 +1,5 @@
-"""The one look of every figure: matplotlib rc settings, category and arm colours, saving.
-
-Known here: fonts, sizes, grid, colour palettes (seaborn's colour-blind palette, categories in sorted
-order so a category keeps its colour across figures), and deterministic saving (PNG and PDF without
-time stamps). Not known here: data or statistics.
+"""The one look of every figure: matplotlib rc settings, colours (seaborn's colour-blind palette in sorted order,
+so a category keeps its colour across figures), panel grids, and deterministic saving (no time stamps).
 """
 
 from __future__ import annotations
@@ -13,27 +10,15 @@ from typing import Sequence
 
 import matplotlib
 import matplotlib.pyplot as plt
+import numpy as np
 import seaborn as sns
 
 RC = {
-    "figure.dpi": 100,
-    "savefig.dpi": 150,
-    "savefig.bbox": "tight",
-    "font.size": 9,
-    "axes.titlesize": 10,
-    "axes.labelsize": 9,
-    "legend.fontsize": 8,
-    "xtick.labelsize": 8,
-    "ytick.labelsize": 8,
-    "axes.spines.top": False,
-    "axes.spines.right": False,
-    "axes.grid": True,
-    "grid.alpha": 0.3,
-    "grid.linewidth": 0.6,
-    "lines.linewidth": 1.6,
-    "legend.frameon": False,
-    "pdf.fonttype": 42,
-    "svg.hashsalt": "entropy-law",
+    "figure.dpi": 100, "savefig.dpi": 150, "savefig.bbox": "tight",
+    "font.size": 9, "axes.titlesize": 10, "axes.labelsize": 9, "legend.fontsize": 8, "xtick.labelsize": 8,
+    "ytick.labelsize": 8, "axes.spines.top": False, "axes.spines.right": False, "axes.grid": True, "grid.alpha": 0.3,
+    "grid.linewidth": 0.6, "lines.linewidth": 1.6, "legend.frameon": False,
+    "pdf.fonttype": 42, "svg.hashsalt": "entropy-law",
 }
 
 ENTROPY_LABEL = "target entropy H (nats)"
@@ -61,6 +46,17 @@ def new_axes(ax=None, *, figsize=(5.0, 3.4)):
     if ax is None:
         _, ax = plt.subplots(figsize=figsize)
     return ax
+
+
+def panels(n: int, *, width: float = 4.6, height: float = 3.4, ncols: int | None = None):
+    """``(figure, axes)``: a grid of ``n`` panels (at least one), at most three per row, the spare ones hidden."""
+    ncols = ncols or min(max(n, 1), 3)
+    nrows = int(np.ceil(max(n, 1) / ncols))
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False)
+    flat = axes.ravel()
+    for ax in flat[n:]:
+        ax.set_visible(False)
+    return fig, flat[:max(n, 1)]
 
 
 def save_figure(fig, out_dir, name: str, *, formats: Sequence[str] = ("png", "pdf")) -> list[Path]:

@@ -1,15 +1,9 @@
 """Image task files: prompts that pair one image with a question (or several user turns).
 
-Known here: the JSONL format (one object per line with ``question_id``, ``category``, ``image`` and either
-``turns``, a list of strings, or ``question``, one string; optional ``kind`` - ``"grounded"``: the answer
-can be read off the image, ``"descriptive"``: open description - and ``reference``, a short answer for
-grounded questions; other fields are ignored), image paths relative to the file's folder, the shipped
-set (``"vlm_tasks"``: ``data/vlm_tasks/tasks.jsonl``, images made by ``data/vlm_tasks/make_images.py``),
-filtering by category and kind, a per-category limit, and stable request ids (``"<dataset>:<question_id>"``).
-``ImageTask`` has the fields and methods of ``entropy_law.prompts.text.Task`` that the record command uses.
-
-Not known here: image decoding, tokenizers, chat templates, models (this module never imports torch or
-Pillow; ``entropy_law.decoding.vlm`` turns a task into token ids and pixels).
+One JSON object per line with ``question_id``, ``category``, ``image`` (relative to the file's folder) and
+``turns`` or ``question``; optional ``kind`` (``"grounded"`` or ``"descriptive"``) and ``reference`` (a short
+answer). The shipped set is ``"vlm_tasks"``. ``ImageTask`` is a ``Task`` with its image; never imports torch or
+Pillow (``entropy_law.decoding.vlm`` turns a task into token ids and pixels).
 """
 
 from __future__ import annotations
@@ -20,7 +14,7 @@ from pathlib import Path
 from typing import Iterable
 
 from entropy_law.prompts.paths import data_dir, read_json_lines
-from entropy_law.prompts.text import Task
+from entropy_law.prompts.text import Task, wanted_categories
 
 VLM_TASKS = "vlm_tasks"
 BUILTIN_IMAGE_TASKS = {VLM_TASKS: ("vlm_tasks", "tasks.jsonl")}
@@ -107,12 +101,8 @@ def _parse(record: dict, where: str, folder: Path) -> tuple[str, str, tuple[str,
 
 def load_image_tasks(source: str | Path = VLM_TASKS, *, categories: Iterable[str] | None = None,
                      kinds: Iterable[str] | None = None, limit: int | None = None) -> list[ImageTask]:
-    """Image prompts of a task file, in file order.
-
-    ``categories`` / ``kinds``: keep only these (``None``: all; an unknown category is an error that lists
-    the known ones). ``limit``: at most this many prompts per category. Duplicate question ids, missing
-    fields and missing image files are errors naming the line.
-    """
+    """Image prompts of a task file, in file order: only ``categories`` and ``kinds`` (None: all), at most ``limit``
+    per category. Duplicate question ids, missing fields and missing images are errors naming the line."""
     dataset, path = image_task_file(source)
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1 prompts per category (or None for all), got {limit}")
@@ -128,14 +118,7 @@ def load_image_tasks(source: str | Path = VLM_TASKS, *, categories: Iterable[str
             raise ValueError(f"{where}: duplicate question_id {fields[0]!r} (first on line {seen[fields[0]]})")
         seen[fields[0]] = line_no
         parsed.append(fields)
-    present = list(dict.fromkeys(fields[1] for fields in parsed))
-    wanted = None
-    if categories is not None:
-        wanted = list(dict.fromkeys(str(c) for c in categories))
-        unknown = [c for c in wanted if c not in present]
-        if unknown:
-            raise ValueError(f"unknown categor{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)} in "
-                             f"{dataset}; known: {', '.join(present)}")
+    wanted = wanted_categories(categories, list(dict.fromkeys(fields[1] for fields in parsed)), dataset)
     tasks: list[ImageTask] = []
     per_category: dict[str, int] = {}
     for question_id, category, turns, image, kind, reference in parsed:

@@ -1,7 +1,5 @@
-"""Where the project's shipped data live: ``$ENTROPY_LAW_DATA`` or the ``data/`` folder of the checkout.
-
-Knows paths and how a JSONL line is read
-(``read_json_lines``, ``decode_line``: UTF-8 text, errors name ``file:line``).
+"""Where the project's shipped data live (``$ENTROPY_LAW_DATA`` or the checkout's ``data/``), and how a JSONL
+line is read (errors name ``file:line``).
 """
 
 from __future__ import annotations
@@ -17,17 +15,14 @@ def data_dir() -> Path:
     env = os.environ.get("ENTROPY_LAW_DATA")
     path = Path(env) if env else Path(__file__).resolve().parents[2] / "data"
     if not path.is_dir():
-        raise FileNotFoundError(
-            f"entropy-law data folder not found at {path}. Install the package from a checkout "
-            "(pip install -e .) or set ENTROPY_LAW_DATA to the repository's data/ folder."
-        )
+        raise FileNotFoundError(f"entropy-law data folder not found at {path}. Install the package from a checkout "
+                                "(pip install -e .) or set ENTROPY_LAW_DATA to the repository's data/ folder.")
     return path
 
 
 def read_json_lines(path: Path, what: str = "a JSON object") -> Iterator[tuple[int, dict]]:
-    """(line number, object) for every non-blank line of a JSONL file; a line that is not UTF-8 text, not valid
-    JSON or not an object raises ``ValueError`` naming ``file:line`` (``what``: how the error names the expected
-    object)."""
+    """(line number, object) for every non-blank line of a JSONL file; a line that is not UTF-8, JSON or an object
+    (``what``) raises ``ValueError`` naming ``file:line``."""
     with Path(path).open("rb") as handle:
         for line_no, raw in enumerate(handle, start=1):
             line = decode_line(raw, f"{path}:{line_no}")
@@ -43,8 +38,7 @@ def read_json_lines(path: Path, what: str = "a JSON object") -> Iterator[tuple[i
 
 
 def decode_line(raw: bytes, where: str) -> str:
-    """``raw`` as UTF-8 text; bytes that are not raise ``ValueError`` naming ``where`` (``file:line``) and the
-    column of the first bad byte."""
+    """``raw`` as UTF-8 text, or ``ValueError`` naming ``where`` and the first bad byte."""
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as err:

@@ -1,11 +1,7 @@
 """Evaluation prompts: Spec-Bench and our open-ended set (shipped under ``data/``, names ``"spec_bench"`` and
-``"open_ended"``) or any JSONL file of the same shape.
-
-Known here: the file format (one JSON object per line with ``question_id``, ``category`` and ``turns``, a
-list of strings whose first entry is the prompt; other fields are ignored), filtering by category, a
-per-category limit, and stable request ids (``"<dataset>:<question_id>"``, used to resume runs).
-Only the first turn is used: decoding here is single-turn. Not known here: tokenizers, chat templates
-or models (this module never imports torch).
+``"open_ended"``) or any JSONL file of the same shape: one object per line with ``question_id``, ``category``
+and ``turns`` (strings; only the first is used, decoding is single-turn). Request ids are
+``"<dataset>:<question_id>"``, stable so that runs resume. No torch.
 """
 
 from __future__ import annotations
@@ -61,10 +57,8 @@ def task_file(source: str | Path) -> tuple[str, Path]:
         return text, data_dir() / folder / name
     path = Path(text).expanduser()
     if not path.is_file():
-        raise FileNotFoundError(
-            f"task file not found: {path} (give one of {', '.join(sorted(BUILTIN_TASKS))} or the path of a "
-            "JSONL file with question_id, category and turns on every line)"
-        )
+        raise FileNotFoundError(f"task file not found: {path} (give one of {', '.join(sorted(BUILTIN_TASKS))} or "
+                                "the path of a JSONL file with question_id, category and turns on every line)")
     return path.stem, path
 
 
@@ -93,31 +87,29 @@ def known_categories(source: str | Path = SPEC_BENCH) -> list[str]:
     return list(seen)
 
 
-def load_tasks(
-    source: str | Path = SPEC_BENCH,
-    *,
-    categories: Iterable[str] | None = None,
-    limit: int | None = None,
-) -> list[Task]:
-    """Prompts of a task file, in file order.
+def wanted_categories(categories: Iterable[str] | None, present: list[str], dataset: str) -> list[str] | None:
+    """``categories`` as a list (None: all), each one present in the file (else ValueError naming the known)."""
+    if categories is None:
+        return None
+    wanted = list(dict.fromkeys(str(c) for c in categories))
+    unknown = [c for c in wanted if c not in present]
+    if unknown:
+        raise ValueError(f"unknown categor{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)} "
+                         f"in {dataset}; known: {', '.join(present)}")
+    return wanted
 
-    ``categories``: keep only these (``None``: all); a category absent from the file is an error that
-    lists the known ones. ``limit``: at most this many prompts per category (the first ones in the
-    file). Prompts whose first turn is empty or blank, or that have no turns, are skipped with a
-    logged warning. Duplicate question ids are an error (request ids must be unique to resume).
+
+def load_tasks(source: str | Path = SPEC_BENCH, *, categories: Iterable[str] | None = None,
+               limit: int | None = None) -> list[Task]:
+    """Prompts of a task file, in file order: only ``categories`` (None: all; an unknown one is an error), at most
+    ``limit`` per category. A prompt with an empty first turn is skipped with a warning; duplicate question ids
+    are an error.
     """
     dataset, path = task_file(source)
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1 prompts per category (or None for all), got {limit}")
     records = list(_read_records(path))
-    present = list(dict.fromkeys(str(record["category"]) for _, record in records))
-    wanted = None
-    if categories is not None:
-        wanted = list(dict.fromkeys(str(c) for c in categories))
-        unknown = [c for c in wanted if c not in present]
-        if unknown:
-            raise ValueError(f"unknown categor{'y' if len(unknown) == 1 else 'ies'} {', '.join(unknown)} "
-                             f"in {dataset}; known: {', '.join(present)}")
+    wanted = wanted_categories(categories, list(dict.fromkeys(str(r["category"]) for _, r in records)), dataset)
     tasks: list[Task] = []
     per_category: dict[str, int] = {}
     seen_ids: dict[str, int] = {}
@@ -142,9 +134,8 @@ def load_tasks(
 
 
 def sample_per_category(tasks: Sequence[Task], per_category: int, *, seed: int = 0) -> list[Task]:
-    """``per_category`` prompts of each category drawn at random (seeded) from the whole set, not the first
-    ones, kept in file order: a measurement on them speaks for the set, and another seed gives prompts it was
-    not tuned on. A category with fewer prompts keeps all of them."""
+    """``per_category`` prompts of each category drawn at random (seeded) from the whole set, kept in file order;
+    a category with fewer prompts keeps all of them."""
     if per_category < 1:
         raise ValueError(f"per_category must be >= 1, got {per_category}")
     rng = random.Random(seed)

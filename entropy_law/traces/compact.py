@@ -1,18 +1,10 @@
 """Compaction of a finished trace run: its many small shards rewritten as a few larger ones, nothing else changed.
 
-Known here: why and how. A writer that must lose nothing when killed writes a shard per finished request
-(``TraceRecorder(flush_every_requests=1)``: the reference traces' replay, ``entropy-law record``), so a run of
-400 prompts holds 400 shards and 1,200 small Parquet files, most of whose bytes are per-file overhead (several
-times the size of the same rows in shards of ~1,000 rounds). ``compact_run`` rewrites a COMPLETE run's rows, in
-their order, into shards of about ``rounds_per_shard`` rounds (whole requests; a shard is never split), through
-the writer's own checked bulk path (``TraceRecorder.log_columns``) into a sibling folder; checks that every
-table reads back equal to the original; then swaps the folders. The run keeps its ``run_id`` and every
-``run.json`` entry (``compacted`` is added: when, shards before and after); other files beside the shards
-(``proposals.parquet``, ``quarantine/``) are copied unchanged. A failure before the swap leaves the run as it
-was (the sibling is removed); a process killed between the swap's two renames leaves the original, whole, at
-``.<name>.before-compacting`` beside it (rename it back), never a mix.
-
-Not known here: the columns (``schema``), the writer's life cycle (``recorder``), the reader (``reader``).
+A writer that must lose nothing writes a shard per request, mostly per-file overhead. ``compact_run`` rewrites a
+complete run's rows, in order and whole requests per shard, through ``TraceRecorder.log_columns`` into a sibling
+folder, checks every table reads back equal, then swaps the folders: ``run_id``, ``run.json`` (plus
+``compacted``) and other files are kept. A failure before the swap leaves the run as it was; a kill between the
+swap's two renames leaves the original whole at ``.<name>.before-compacting``.
 """
 
 from __future__ import annotations
@@ -41,9 +33,8 @@ def _concat(parts: list[dict[str, pa.Table]], name: str) -> pa.Table:
 
 def compact_run(run_dir: str | Path, *, rounds_per_shard: int = 1000) -> dict:
     """Rewrite the complete run at ``run_dir`` in shards of about ``rounds_per_shard`` rounds; returns
-    ``{"shards_before", "shards_after", "rows"}`` (nothing is rewritten where no shards would merge). Refuses a run
-    that is not complete, is held by a writer, or has unfinished shard folders (resume it first, which quarantines
-    them)."""
+    ``{"shards_before", "shards_after", "rows"}``. Refuses a run not complete, held by a writer, or with unfinished
+    shard folders."""
     run = Path(run_dir)
     if int(rounds_per_shard) < 1:
         raise ValueError(f"rounds_per_shard must be >= 1; got {rounds_per_shard}")

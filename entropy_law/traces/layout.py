@@ -1,25 +1,15 @@
-"""The on-disk layout of one trace run (format v2), shared by the writer and the reader.
-
-Known here: the names of a run's files and folders, how shards are named and ordered, how
-``run.json`` is written atomically and read back, which entries are leftovers of a writer that
-died mid-shard (and the ``quarantine`` folder a resumed writer moves them to), and the writer's
-lock file (who holds it, whether that process still runs). Not known here: the columns of the
-tables (``schema``), buffering and the run's life cycle (``recorder``), or how tables are read and
-checked (``reader``, ``validation``).
+"""The on-disk layout of one trace run (format v2), shared by the writer and the reader: file and folder names,
+shard naming and order, atomic writes of ``run.json``, a crashed writer's leftovers, and the writer's lock.
 
 Layout (see ``docs/trace-schema.md``)::
 
-    <run dir>/run.json                                metadata, rewritten atomically (temp + os.replace)
-    <run dir>/writer.lock                             the writer's pid and host while a writer has the run open
-    <run dir>/shards/<seq:06d>/tokens.parquet         one shard = rows of completed requests only;
-    <run dir>/shards/<seq:06d>/rounds.parquet         written into shards/.tmp-* and renamed in one
-    <run dir>/shards/<seq:06d>/requests.parquet       os.rename, so its three tables appear together
-    <run dir>/quarantine/<name>/                      leftovers of a crashed writer, kept out of the way
+    <run dir>/run.json                            metadata, rewritten atomically (temp + os.replace)
+    <run dir>/writer.lock                         the writer's pid and host while it has the run open
+    <run dir>/shards/<seq:06d>/{tokens,rounds,requests}.parquet
+                                                  written into shards/.tmp-* and renamed in one os.rename
+    <run dir>/quarantine/<name>/                  leftovers of a crashed writer, kept out of the way
 
-Shards are immutable once renamed. A writer killed at any moment leaves every renamed shard
-intact; at worst a ``shards/.tmp-*`` directory remains, which readers ignore (and warn about). One
-writer per run, enforced by ``writer.lock`` (created with ``O_EXCL``); the rename that publishes a
-shard also claims its number, so two shards never share a name even without the lock.
+Shards are immutable once renamed; the rename that publishes a shard also claims its number.
 """
 
 from __future__ import annotations
@@ -97,8 +87,7 @@ def quarantine_path(run_dir: Path, leftover: Path) -> Path:
 
 
 def is_writer_file(name: str) -> bool:
-    """Whether ``name`` is a file a writer keeps beside ``run.json`` that is not a run by itself (the lock, a
-    temporary ``run.json``): a folder holding only these counts as empty."""
+    """Whether ``name`` is the lock or a temporary ``run.json``: a folder holding only these counts as empty."""
     return name == LOCK_FILE or name.startswith(f"{TMP_PREFIX}{RUN_FILE}")
 
 
@@ -126,10 +115,8 @@ def write_json_atomic(path: Path, payload: dict) -> None:
 
 
 def write_parquet_atomic(path: Path, table, *, check=None, **options) -> Path:
-    """Write the Arrow ``table`` to ``path`` (``pyarrow.parquet.write_table`` with ``options``) so that readers see
-    the old or the new file, never a partial one: a ``.tmp-*`` file beside it, flushed, then ``os.replace``.
-    ``check(tmp_path)``, if given, runs on the written temp file before the replace; if it raises, the temp file
-    is removed and ``path`` is left as it was."""
+    """Write the Arrow ``table`` to ``path`` (``pq.write_table`` with ``options``) so that readers see the old or the
+    new file, never a partial one. ``check(tmp_path)`` runs before the replace; if it raises, ``path`` is kept."""
     import pyarrow.parquet as pq
 
     path = Path(path)
@@ -164,6 +151,12 @@ def read_run_json(path: Path) -> dict:
 
 def this_host() -> str:
     return socket.gethostname()
+
+
+def _dump_synced(payload: dict, fh) -> None:
+    json.dump(payload, fh)
+    fh.flush()
+    os.fsync(fh.fileno())
 
 
 def _pid_running(pid: int) -> bool:
@@ -221,20 +214,15 @@ def describe_holder(holder: dict) -> str:
 
 
 def create_lock(run_dir: Path) -> dict:
-    """Create ``<run dir>/writer.lock`` for this process; FileExistsError if a lock is there already.
-
-    The file is written to a temporary name and linked into place (``os.link`` fails if the name exists),
-    so a lock is never seen half-written; where hard links are not supported, ``O_EXCL`` creates it.
-    """
+    """Create ``<run dir>/writer.lock`` for this process (FileExistsError if one is there), never seen half-written:
+    linked into place from a temporary file, or created with ``O_EXCL`` where hard links are not supported."""
     holder = {"pid": os.getpid(), "host": this_host(),
               "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
               "token": uuid.uuid4().hex}
     path = Path(run_dir) / LOCK_FILE
     tmp = path.with_name(f"{TMP_PREFIX}{LOCK_FILE}.{holder['token'][:8]}")
     with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(holder, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
+        _dump_synced(holder, fh)
     try:
         os.link(tmp, path)
     except FileExistsError:
@@ -242,9 +230,7 @@ def create_lock(run_dir: Path) -> dict:
     except OSError:  # no hard links here: create it exclusively (a crash may leave it empty: "unreadable")
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(holder, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
+            _dump_synced(holder, fh)
     finally:
         tmp.unlink(missing_ok=True)
     fsync_path(Path(run_dir))
@@ -261,7 +247,7 @@ def remove_lock(run_dir: Path, holder: dict) -> bool:
 
 
 def file_sha256(path: Path) -> str:
-    """SHA-256 of a file's bytes, read in 4 MiB blocks (checkpoints, model files and imported logs are named by it)."""
+    """SHA-256 of a file's bytes, read in 4 MiB blocks."""
     digest = hashlib.sha256()
     with open(path, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 22), b""):

@@ -1,18 +1,11 @@
 """Replayed proposals: the drafter's proposal for a round starting at every output position of a run.
 
-Known here: the file beside a run's ``run.json`` that holds them (``proposals.parquet``, written atomically by
-``layout.write_parquet_atomic``: temp file + ``os.replace``), its columns and the rules they obey, and how a trace
-set's files are found and read back. One row per (request, start position, drafted depth): ``run_id``, ``request_id``,
-``start_position`` (the round's first output position; its pending root is output token ``start - 1``; the
-decoder's position 0 is the prefill's, which drafts nothing, and a replay writes no row there),
-``proposal_depth`` (the depth of the tree the drafter's proposal gives there; 0: nothing drafted, then one
-row with ``depth`` 0 and a null ``top1_prob``), ``depth`` (1 .. ``proposal_depth``) and ``top1_prob`` (the
-drafter's probability of its own most probable proposal at that depth: the ``draft_top1_prob`` definition).
-
-The rows are derived, not recorded: ``entropy_law.decoding.replay.replay_proposals`` makes them offline from
-the prompt and the recorded greedy output (context-only drafters), and the law layer predicts rounds from
-them (``entropy_law.law.transfer``, depths ``"replayed"``). They never change the run's tables; the file's
-schema metadata says how they were made. Not known here: how proposals are made, how they are used. No torch.
+``proposals.parquet`` beside a run's ``run.json`` (written atomically) holds one row per (request, start
+position, drafted depth): ``start_position`` (a round's first output position; none at 0, the prefill),
+``proposal_depth`` (0: nothing drafted, then one row with ``depth`` 0 and null ``top1_prob``), ``depth`` (1 ..
+``proposal_depth``) and ``top1_prob`` (as ``draft_top1_prob``). The rows are derived, never recorded
+(``decoding.replay.replay_proposals``) and never change the run's tables; ``law.transfer`` predicts rounds from
+them. No torch.
 """
 
 from __future__ import annotations
@@ -29,14 +22,8 @@ from entropy_law.traces.layout import RUN_FILE, read_run_json, write_parquet_ato
 from entropy_law.traces.validation import TraceValidationError
 
 PROPOSALS_FILE = "proposals.parquet"
-SCHEMA = pa.schema([
-    ("run_id", pa.string()),
-    ("request_id", pa.string()),
-    ("start_position", pa.int32()),
-    ("proposal_depth", pa.int16()),
-    ("depth", pa.int16()),
-    ("top1_prob", pa.float32()),
-])
+SCHEMA = pa.schema([("run_id", pa.string()), ("request_id", pa.string()), ("start_position", pa.int32()),
+                    ("proposal_depth", pa.int16()), ("depth", pa.int16()), ("top1_prob", pa.float32())])
 KEYS = ["run_id", "request_id", "start_position", "depth"]
 METADATA_KEY = b"entropy_law.proposals"
 

@@ -1,15 +1,9 @@
 """``load_traces``: read trace runs (format v2, and v1) into pandas / Arrow, validating on the way.
 
-Known here: how to find runs (directories with ``run.json``), which shards to read (finished ones;
-leftover ``shards/.tmp-*`` directories of a crashed writer and the ``quarantine`` folder are not read),
-how to filter by run and category, and when to warn (an incomplete run, with its writer's lock if one is
-there; any run folder that holds leftovers or quarantined data). File names live in ``layout`` and value
-rules in ``validation``. Not known here: how traces were produced, or any statistics of them. Never
-imports torch.
-
-String key columns (``run_id``, ``request_id``, ``category``, ``role``, ``dataset``, ``stop_reason``)
-are read dictionary-encoded and come back as pandas ``Categorical``: 10 million token rows then fit in
-well under a gigabyte.
+Known here: how to find runs (directories with ``run.json``), which shards to read (finished ones, never a
+crashed writer's leftovers or the quarantine), how to filter by run and category, and when to warn (an
+incomplete run, leftovers in its folder). String key columns are read dictionary-encoded and come back as pandas
+``Categorical``. Never imports torch.
 """
 
 from __future__ import annotations
@@ -27,21 +21,9 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 
-from entropy_law.traces.layout import (
-    QUARANTINE_DIR,
-    RUN_FILE,
-    SHARDS_DIR,
-    describe_holder,
-    lock_state,
-    quarantined,
-    read_lock,
-    read_run_json,
-    shard_dirs,
-    table_file,
-    unfinished_shards,
-)
-from entropy_law.traces.schema import (FORMAT_VERSION, READABLE_FORMAT_VERSIONS, RUN_METADATA_KEYS, SCHEMAS, TABLES,
-                                      added_columns)
+from entropy_law.traces.layout import (QUARANTINE_DIR, RUN_FILE, SHARDS_DIR, describe_holder, lock_state, quarantined,
+                                       read_lock, read_run_json, shard_dirs, table_file, unfinished_shards)
+from entropy_law.traces.schema import READABLE_FORMAT_VERSIONS, RUN_METADATA_KEYS, SCHEMAS, TABLES, added_columns
 from entropy_law.traces.validation import TraceValidationError, check_run, check_run_shards, check_values
 
 _DICTIONARY_COLUMNS = ("run_id", "request_id", "category", "role", "dataset", "stop_reason")
@@ -67,10 +49,9 @@ def _open_run(run_dir: Path) -> _Run:
     meta = read_run_json(run_dir / RUN_FILE)
     version = meta.get("format_version")
     if version not in READABLE_FORMAT_VERSIONS:
-        raise TraceValidationError(
-            f"{run_dir / RUN_FILE}: unknown format version {version!r}; this package reads "
-            f"{', '.join(f'v{v}' for v in READABLE_FORMAT_VERSIONS)} (upgrade entropy-law to read newer runs)"
-        )
+        raise TraceValidationError(f"{run_dir / RUN_FILE}: unknown format version {version!r}; this package reads "
+                                   f"{', '.join(f'v{v}' for v in READABLE_FORMAT_VERSIONS)} (upgrade entropy-law "
+                                   "to read newer runs)")
     missing = [k for k in RUN_METADATA_KEYS if k not in meta]
     if missing:
         raise TraceValidationError(f"{run_dir / RUN_FILE}: run metadata is missing key(s) {missing}")
@@ -109,29 +90,27 @@ def with_added_columns(table: pa.Table, *, table_name: str) -> pa.Table:
 
 
 def _dictionary_schema(table: str) -> pa.Schema:
-    schema = SCHEMAS[table]
-    return pa.schema([
-        pa.field(f.name, pa.dictionary(pa.int32(), f.type) if f.name in _DICTIONARY_COLUMNS else f.type,
-                 nullable=f.nullable)
-        for f in schema
-    ])
+    return pa.schema([pa.field(f.name, pa.dictionary(pa.int32(), f.type) if f.name in _DICTIONARY_COLUMNS else f.type,
+                               nullable=f.nullable) for f in SCHEMAS[table]])
 
 
 def _concat(tables: list[pa.Table], table: str) -> pa.Table:
     if not tables:
         return _dictionary_schema(table).empty_table()
-    out = pa.concat_tables(tables, promote_options="default")
-    return out.unify_dictionaries()
+    return pa.concat_tables(tables, promote_options="default").unify_dictionaries()
+
+
+def _request_ids(table: pa.Table) -> pa.Array:
+    """The ``request_id`` column as one plain string array."""
+    ids = table.column("request_id").combine_chunks()
+    return ids.dictionary_decode() if pa.types.is_dictionary(ids.type) else ids
 
 
 class TraceSet:
-    """Traces of one or more runs: pandas tables keyed by ``run_id`` + ``request_id``.
+    """Traces of one or more runs, keyed by ``run_id`` + ``request_id``, rows in on-disk order.
 
-    ``.tokens``, ``.rounds``, ``.requests``: pandas DataFrames (built on first access, cached).
-    ``.runs``: one row per run with its metadata. ``.metadata``: run_id -> metadata dict.
-    ``.table(name)``: the Arrow table; ``.dataset(name)``: a ``pyarrow.dataset`` over the files
-    (nothing read until scanned; for data larger than memory). ``.filter(run_id=, category=)``
-    returns a narrower TraceSet. Rows keep on-disk order (run, shard, logging order).
+    ``.tokens``, ``.rounds``, ``.requests``: pandas DataFrames (cached); ``.table(name)``: the Arrow table;
+    ``.dataset(name)``: a lazy ``pyarrow.dataset``; ``.runs`` / ``.metadata``: per run; ``.filter(...)``: a subset.
     """
 
     def __init__(self, runs: list[_Run], *, categories: tuple[str, ...] | None = None, validate: bool = True):
@@ -199,9 +178,7 @@ class TraceSet:
             return full
         if table == "rounds":
             reqs = self._load(run, "requests")
-            keep = pc.is_in(reqs.column("category"), value_set=pa.array(self._categories))
-            ids = reqs.filter(keep).column("request_id").combine_chunks()
-            ids = ids.dictionary_decode() if pa.types.is_dictionary(ids.type) else ids
+            ids = _request_ids(reqs.filter(pc.is_in(reqs.column("category"), value_set=pa.array(self._categories))))
             return full.filter(pc.is_in(full.column("request_id"), value_set=ids))
         return full.filter(pc.is_in(full.column("category"), value_set=pa.array(self._categories)))
 
@@ -216,23 +193,13 @@ class TraceSet:
             self._pandas[name] = self.table(name).to_pandas(split_blocks=True)
         return self._pandas[name]
 
-    @property
-    def tokens(self) -> pd.DataFrame:
-        return self._frame("tokens")
-
-    @property
-    def rounds(self) -> pd.DataFrame:
-        return self._frame("rounds")
-
-    @property
-    def requests(self) -> pd.DataFrame:
-        return self._frame("requests")
+    tokens = property(lambda self: self._frame("tokens"))
+    rounds = property(lambda self: self._frame("rounds"))
+    requests = property(lambda self: self._frame("requests"))
 
     def dataset(self, name: str) -> ds.Dataset:
-        """A ``pyarrow.dataset`` over the files of table ``name`` (lazy; filtered by category if set).
-
-        Values are not validated by this path; use it for data larger than memory.
-        """
+        """A lazy ``pyarrow.dataset`` over the files of table ``name`` (filtered by category if set; values not
+        validated), for data larger than memory."""
         if name not in TABLES:
             raise ValueError(f"unknown table {name!r}; choose one of {list(TABLES)}")
         files = [str(f) for r in self._runs for f in r.files[name]]
@@ -244,8 +211,7 @@ class TraceSet:
         if name == "rounds":  # no category column: select the chosen requests of each run
             expression = pc.scalar(False)
             for r in self._runs:
-                ids = self._run_table(r, "requests").column("request_id").combine_chunks()
-                ids = ids.dictionary_decode() if pa.types.is_dictionary(ids.type) else ids
+                ids = _request_ids(self._run_table(r, "requests"))
                 expression = expression | ((pc.field("run_id") == r.run_id) & pc.field("request_id").isin(ids))
             return dataset.filter(expression)
         return dataset.filter(pc.field("category").isin(pa.array(self._categories)))
@@ -276,11 +242,9 @@ class TraceSet:
         return TraceSet(runs, categories=categories, validate=self._validate)
 
     def with_context_match(self, lengths: pd.DataFrame) -> "TraceSet":
-        """This TraceSet with the tokens column ``context_match`` (the context's copyability before each output
-        position) filled from ``lengths``: rows ``run_id``, ``request_id``, ``position``, ``context_match`` (what
-        ``jobs.reference.context_matches`` computes from the prompts of runs recorded without it). Positions it
-        does not give keep what their files hold; a given length that differs from a recorded one, a run not in
-        this set, duplicate or negative rows are errors. Nothing is written to disk."""
+        """This TraceSet with the tokens column ``context_match`` filled (in memory) from ``lengths`` (columns
+        ``run_id``, ``request_id``, ``position``, ``context_match``; as ``jobs.reference.context_matches`` returns).
+        A value that differs from a recorded one, an unknown run, duplicate or negative rows: ValueError."""
         needed = ("run_id", "request_id", "position", "context_match")
         if not isinstance(lengths, pd.DataFrame) or any(c not in lengths for c in needed):
             raise ValueError(f"lengths must be a DataFrame with columns {list(needed)}")
@@ -317,26 +281,14 @@ class TraceSet:
         return TraceSet(runs, categories=self._categories, validate=self._validate)
 
     def validate(self) -> None:
-        """Read and check every shard of every run (raises TraceValidationError on the first problem).
-
-        Each shard is self-contained (it holds whole requests), so shards are checked on their own,
-        in parallel threads (pyarrow and numpy release the GIL); then request ids must be unique
-        across the shards of a run. Loaded tables are kept for ``.tokens`` etc.
-        """
+        """Read and check every shard of every run, in parallel threads (TraceValidationError on the first problem);
+        the loaded tables are kept."""
         for run in self._runs:
             shards = list(zip(*(run.files[t] for t in TABLES)))
             with ThreadPoolExecutor(max_workers=min(len(shards), os.cpu_count() or 1) or 1) as pool:
                 checked = list(pool.map(_read_checked_shard, shards))  # re-raises the first shard's error
-            for i, table in enumerate(TABLES):
+            for i, table in enumerate(TABLES):  # request ids unique across shards: checked on loading
                 run.tables[table] = _concat([parts[i] for parts in checked], table)
-            ids = run.tables["requests"].column("request_id")
-            counts = pc.value_counts(ids.cast(pa.string()) if pa.types.is_dictionary(ids.type) else ids)
-            repeated = counts.filter(pc.greater(counts.field("counts"), 1))
-            if len(repeated):
-                raise TraceValidationError(
-                    f"run {run.run_id!r} at {run.path}: request id {repeated[0]['values'].as_py()!r} appears in "
-                    "more than one shard (a request is written once; was a run resumed without skipping "
-                    "completed_requests?)")
 
 
 def _read_checked_shard(files: tuple[Path, ...]) -> list[pa.Table]:
@@ -350,20 +302,13 @@ def _read_checked_shard(files: tuple[Path, ...]) -> list[pa.Table]:
 
 
 def load_traces(path, *, run_id=None, category=None, validate: bool = True) -> TraceSet:
-    """Load trace runs from ``path``: one run directory, or a folder searched recursively for runs, or a list
-    of such paths (their runs together; a run folder reached through two of them is read once, two folders
-    holding one run id are an error).
+    """Load trace runs from ``path``: a run directory, a folder searched recursively, or a list of such paths (a
+    run reached twice is read once; two folders with one run id are an error).
 
-    With ``validate=True`` (default) every file is read and checked now: schema (missing column,
-    wrong type), format version, values (NaN or negative entropy, tau larger than the block, ...)
-    and cross-table consistency (tokens per round equal ``committed``, ...); errors are
-    ``TraceValidationError`` naming the file or run and the first bad request / round / position.
-    With ``validate=False`` only metadata and the cheap shard checks of ``validation.check_run_shards`` (every
-    shard whole: footers, schemas, row counts; request ids unique across shards) are applied, and tables are read
-    when first used; every reader (this one, the out-of-core path) and a resumed writer apply those. A run
-    whose status is not "complete" loads with a ``UserWarning`` naming it (and its
-    writer's lock, if one is left), and so does a run whose folder holds unfinished shards of a crashed
-    writer or quarantined leftovers (never read as part of the run).
+    ``validate=True`` reads and checks every file now (schema, values, cross-table consistency), raising
+    ``TraceValidationError`` that names the file and the first bad row; ``validate=False`` applies only the cheap
+    shard checks (``validation.check_run_shards``) and reads tables when first used. An incomplete run, or one
+    whose folder holds a crashed writer's leftovers, loads with a ``UserWarning``.
     """
     roots = [Path(p) for p in ([path] if isinstance(path, (str, os.PathLike)) else path)]
     if not roots:
@@ -387,7 +332,6 @@ def load_traces(path, *, run_id=None, category=None, validate: bool = True) -> T
         if run.run_id in seen:
             raise TraceValidationError(f"run id {run.run_id!r} appears twice: {seen[run.run_id]} and {run_dir}")
         seen[run.run_id] = run_dir
-        # the checks every reader applies (the out-of-core path reads through here too), and a resume repeats
         check_run_shards([f.parent for f in run.files["requests"]], f"run {run.run_id!r} at {run_dir}")
         runs.append(run)
     traces = TraceSet(runs, validate=validate)
@@ -404,8 +348,7 @@ def load_traces(path, *, run_id=None, category=None, validate: bool = True) -> T
 
 
 def _run_warnings(run: _Run) -> list[str]:
-    """What a reader of ``run`` must be told: it is incomplete (and who holds it), or its folder holds data
-    that is not part of the run (unfinished shards of a crashed writer, quarantined leftovers)."""
+    """What a reader of ``run`` must be told: it is incomplete (and who holds it), or its folder holds leftovers."""
     messages = []
     holder = read_lock(run.path)
     state = lock_state(holder) if holder is not None else None

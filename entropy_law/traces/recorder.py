@@ -1,15 +1,9 @@
-"""``TraceRecorder``: writes one run of acceptance traces (format v1) as a Parquet dataset directory.
+"""``TraceRecorder``: writes one run of acceptance traces (the trace format) as a Parquet dataset directory.
 
-Known here: buffering, atomic shards, the run's life cycle (running, complete), resume and overwrite
-rules (the metadata comparison), the writer's lock, and the per-round checks. The file names and the
-atomic ``run.json`` live in ``layout`` (shared with the reader); target statistics are computed from
-logits by ``stats`` (fp32, numpy). Not known here: how rounds are decoded (any engine can log through
-``log_round`` or ``log_columns``) or how traces are analysed. Never imports torch.
-
-A shard is written into a temporary directory (``layout.temp_shard_name``) and renamed in one
-``os.rename``, so its three tables appear together or not at all; renamed shards are never changed, and
-a rename never replaces another shard (a taken number is skipped). One writer per run, held by
-``layout``'s lock file; leftovers of a crashed writer are quarantined on resume, never deleted.
+Known here: buffering, the per-round checks, the run's life cycle, resume and overwrite rules and the writer's
+lock. A shard is written into a temporary directory and renamed in one ``os.rename`` (its three tables appear
+together or not at all; a taken number is skipped, never replaced). Leftovers of a crashed writer are quarantined
+on resume, never deleted. Any engine logs through ``log_round`` or ``log_columns``. Never imports torch.
 """
 
 from __future__ import annotations
@@ -25,6 +19,7 @@ import subprocess
 import time
 import uuid
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping
 
@@ -34,39 +29,12 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from entropy_law import __version__
-from entropy_law.traces.layout import (
-    LOCK_FILE,
-    QUARANTINE_DIR,
-    RUN_FILE,
-    SHARDS_DIR,
-    create_lock,
-    describe_holder,
-    fsync_path,
-    is_writer_file,
-    lock_state,
-    quarantine_path,
-    read_lock,
-    read_run_json,
-    remove_lock,
-    shard_dirs,
-    shard_name,
-    shard_seq,
-    table_file,
-    temp_shard_name,
-    unfinished_shards,
-    write_json_atomic,
-)
-from entropy_law.traces.schema import (
-    FORMAT_NAME,
-    FORMAT_VERSION,
-    READABLE_FORMAT_VERSIONS,
-    POLICY_COLUMNS,
-    ROLES,
-    RUN_METADATA_KEYS,
-    SCHEMAS,
-    STOP_REASONS,
-    added_columns,
-)
+from entropy_law.traces.layout import (LOCK_FILE, QUARANTINE_DIR, RUN_FILE, SHARDS_DIR, create_lock, describe_holder,
+                                       fsync_path, is_writer_file, lock_state, quarantine_path, read_lock,
+                                       read_run_json, remove_lock, shard_dirs, shard_name, shard_seq, table_file,
+                                       temp_shard_name, unfinished_shards, write_json_atomic)
+from entropy_law.traces.schema import (FORMAT_NAME, FORMAT_VERSION, POLICY_COLUMNS, READABLE_FORMAT_VERSIONS, ROLES,
+                                       RUN_METADATA_KEYS, SCHEMAS, STOP_REASONS, added_columns)
 from entropy_law.traces.stats import DRAFT_STAT_KEYS, TARGET_STAT_KEYS, context_matches_of_output, target_stats_from_logits
 from entropy_law.traces.stats import draft_stats as _draft_stats
 from entropy_law.traces.validation import check_run, check_run_shards, check_values
@@ -105,8 +73,6 @@ def _target_stats_array(target_logits, target_stats, committed: int, where: str)
             raise ValueError(f"{where}: target_logits must have shape [committed={committed}, V]; got {shape}")
         computed = target_stats_from_logits(target_logits)
         stats = np.stack([computed[k] for k in TARGET_STAT_KEYS])
-        if not _target_stats_ok(stats):
-            _explain_target_stats(stats, where)
     else:
         if not isinstance(target_stats, dict):
             raise TypeError(f"{where}: target_stats must be a dict with keys {list(TARGET_STAT_KEYS)}")
@@ -125,8 +91,8 @@ def _target_stats_array(target_logits, target_stats, committed: int, where: str)
         if stats.shape != (5, committed):
             raise ValueError(f"{where}: target_stats arrays must have length committed={committed}; "
                              f"got {stats.shape[1]}")
-        if not _target_stats_ok(stats):
-            _explain_target_stats(stats, where)
+    if not _target_stats_ok(stats):
+        _explain_target_stats(stats, where)
     return stats
 
 
@@ -167,8 +133,7 @@ _FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 def _integer(value, name: str, where: str, *, low: int = 0, high: int = _INT32_MAX) -> int:
-    """``value`` as an int in ``[low, high]`` (the column's range), or the ValueError that says why not: a
-    non-integral number (1.5) is refused, never truncated; an integral float (3.0) is taken."""
+    """``value`` as an int in ``[low, high]``; an integral float (3.0) is taken, 1.5 refused (ValueError)."""
     if isinstance(value, (bool, np.bool_)):
         raise ValueError(f"{where}: {name} must be an integer; got {value!r}")
     try:
@@ -187,7 +152,7 @@ def _integer(value, name: str, where: str, *, low: int = 0, high: int = _INT32_M
 
 
 def _milliseconds(value, name: str, where: str) -> float:
-    """``value`` as a time in ms that the float32 column holds: finite and >= 0 (else the ValueError)."""
+    """``value`` as a time in ms: finite, >= 0 and within float32 (else ValueError)."""
     try:
         number = float(value)
     except (TypeError, ValueError):
@@ -198,8 +163,7 @@ def _milliseconds(value, name: str, where: str) -> float:
 
 
 def _token_ids(token_ids, where: str) -> np.ndarray:
-    """The committed token ids as a flat int64 array, refused unless they are integers in [0, int32 max]: a float
-    array is refused, not truncated (token ids are vocabulary indices; floats are logits or probabilities)."""
+    """The committed token ids as a flat int64 array; non-integers or ids outside [0, int32 max]: ValueError."""
     ids = np.asarray(token_ids)
     if ids.size and ids.dtype.kind not in "iu":
         shown = ids.reshape(-1)[:8].tolist()
@@ -223,7 +187,7 @@ _POLICY_KINDS = {name: _policy_kind(SCHEMAS["rounds"].field(name).type) for name
 
 
 def _policy_value_ok(value, kind: str) -> bool:
-    """Whether ``value`` (not None) can be stored as it is in a policy column of ``kind`` (``_POLICY_KINDS``)."""
+    """Whether ``value`` (not None) can be stored as it is in a policy column of ``kind``."""
     if kind == "bool":
         return isinstance(value, (bool, np.bool_))
     if isinstance(value, (bool, np.bool_)):
@@ -313,9 +277,8 @@ def _as_stored(value):
 
 
 def _describe_conflicts(stored: dict, given: dict, absent_means: Mapping) -> list[str]:
-    """One line per key whose given value differs from the run's (compared as stored in JSON: tuples
-    become lists). A key missing from the stored run compares with ``absent_means[key]``; a key missing
-    without a stated meaning cannot be checked, and is a difference too."""
+    """One line per given key that differs from the run's (as stored in JSON); a key the run lacks compares with
+    ``absent_means[key]``, and without one it is a difference."""
     lines = []
     for key, value in given.items():
         value = _as_stored(value)
@@ -332,57 +295,44 @@ def _describe_conflicts(stored: dict, given: dict, absent_means: Mapping) -> lis
     return lines
 
 
+@dataclass(slots=True, eq=False)
 class _OpenRequest:
     """Buffered rounds of one request that has begun and not yet ended."""
 
-    __slots__ = ("request_id", "info", "rounds", "token_ids", "stats", "draft", "roles",
-                 "last_round", "next_position", "n_tokens", "row", "policy", "prompt_ids")
-
-    def __init__(self, request_id: str, info: dict, prompt_ids: np.ndarray | None = None):
-        self.request_id = request_id
-        self.info = info
-        self.prompt_ids = prompt_ids  # the prompt's token ids (the context's copyability), or None
-        self.rounds: list[tuple] = []
-        self.token_ids: list[np.ndarray] = []
-        self.stats: list[np.ndarray] = []  # each [5, committed] float32 in TARGET_STAT_KEYS order
-        self.draft: list[np.ndarray | None] = []  # each [3, committed] float64 (prob, rank, entropy) or None
-        self.roles: list[np.ndarray] = []
-        self.policy: list[dict | None] = []  # per round: the policy columns of the rounds table, or None
-        self.last_round = -1
-        self.next_position = 0
-        self.n_tokens = 0
-        self.row: dict | None = None
+    request_id: str
+    info: dict
+    prompt_ids: np.ndarray | None = None
+    rounds: list[tuple] = field(default_factory=list)
+    token_ids: list[np.ndarray] = field(default_factory=list)
+    stats: list[np.ndarray] = field(default_factory=list)  # each [5, committed] float32 in TARGET_STAT_KEYS order
+    draft: list[np.ndarray | None] = field(default_factory=list)  # each [len(DRAFT_STAT_KEYS), committed] or None
+    roles: list[np.ndarray] = field(default_factory=list)
+    policy: list[dict | None] = field(default_factory=list)  # per round: its policy columns, or None
+    last_round: int = -1
+    next_position: int = 0
+    n_tokens: int = 0
+    row: dict | None = None
 
 
 class TraceRecorder:
-    """Log acceptance traces of one run into a directory (a Parquet dataset, format v1).
+    """Log acceptance traces of one run into the directory ``path`` (a Parquet dataset in the trace format).
 
-    ``path`` is the run directory (created if missing). ``run_metadata``: ``model_id``,
-    ``drafter_id``, ``drafter_config`` (dict), ``tree_policy``, ``dtype``, ``device``, ``seed``,
-    ``run_id`` (generated if absent) and any JSON-serialisable user keys; ``package_version``,
-    ``start_time`` and ``git_revision`` are filled in.
+    ``run_metadata``: ``model_id``, ``drafter_id``, ``drafter_config`` (dict), ``tree_policy``, ``dtype``,
+    ``device``, ``seed``, ``run_id`` (generated if absent) and any JSON-serialisable user keys.
 
-    An existing run is never appended to unless ``resume=True`` and never replaced unless
-    ``overwrite=True``. Resuming compares every key given with the run's ``run.json`` (as stored in
-    JSON) and refuses any difference, naming the key, both values and what to do; a key the run was
-    recorded without compares with ``absent_means[key]`` (what its absence means, e.g.
-    ``{"gate": "ratio"}``) and is then not added, and without such a meaning it is a difference.
-    Keys not given are not compared. ``completed_requests`` lists the ids to skip. A new run does
-    not write a key whose value is what its absence means (its absence says it).
+    An existing run is appended to only with ``resume=True`` and replaced only with ``overwrite=True``. Resuming
+    refuses any given key that differs from ``run.json``; a key the run lacks compares with ``absent_means[key]``
+    (what its absence means, e.g. ``{"gate": "ratio"}``), and a new run does not write a key whose value is that
+    meaning. ``completed_requests`` lists the ids to skip.
 
-    One writer per run: the recorder holds ``<path>/writer.lock`` (pid and host) from construction
-    until ``finish()``, leaving a ``with`` block, or garbage collection. A run held by a running
-    process is refused (``RunLockedError``, naming it); a stale lock (this host, process gone), or one
-    of another host, is refused too unless ``break_lock=True``, which breaks it with a warning.
-    Unfinished ``shards/.tmp-*`` folders found on resume are moved to ``<path>/quarantine/`` with a
-    warning and listed under ``quarantined`` in ``run.json``; nothing is deleted.
+    One writer per run: ``<path>/writer.lock`` is held until ``finish()``, the end of a ``with`` block or garbage
+    collection. A live holder is refused (``RunLockedError``); a stale or foreign lock too, unless
+    ``break_lock=True``. Unfinished shard folders found on resume are moved to ``quarantine/`` with a warning.
 
-    Rows are buffered per request; a request's rows are written only after ``end_request``, in a
-    shard, once the ended requests hold ``flush_every_rounds`` rounds or number
-    ``flush_every_requests`` (None: rounds only; 1: a shard per request, so a killed writer loses
-    at most its open requests), on ``flush()`` and on ``finish()``. Use as a context manager: a
-    clean exit finishes the run (status "complete"); an exception flushes completed requests,
-    leaves the run incomplete and propagates.
+    A request's rows are buffered until ``end_request`` and written in a shard once the ended requests hold
+    ``flush_every_rounds`` rounds or number ``flush_every_requests`` (None: rounds only), on ``flush()`` and on
+    ``finish()``. As a context manager, a clean exit finishes the run; an exception flushes ended requests, leaves
+    the run incomplete and propagates.
     """
 
     def __init__(self, path, *, overwrite: bool = False, resume: bool = False,
@@ -448,11 +398,8 @@ class TraceRecorder:
 
     @staticmethod
     def check_path(path, *, resume: bool = False, overwrite: bool = False, break_lock: bool = False) -> None:
-        """Raise what ``TraceRecorder(path, resume=..., overwrite=..., break_lock=...)`` would refuse, without
-        writing anything: a path that is not a directory, a non-empty directory that holds no run, a run
-        without ``resume``/``overwrite``, a run of another format version, a run held by another writer
-        (``RunLockedError``; a stale lock without ``break_lock`` too). For a job to check its output folder
-        before it loads a model."""
+        """Raise what ``TraceRecorder(path, ...)`` with these options would refuse, writing nothing (for a job to
+        check its output folder before it loads a model)."""
         if overwrite and resume:
             raise ValueError("pass overwrite=True (replace the run) or resume=True (continue it), not both")
         path = Path(path)
@@ -516,9 +463,16 @@ class TraceRecorder:
         self.run_id: str = meta["run_id"]
         write_json_atomic(run_file, meta)
 
+    def _move_to_quarantine(self, entry: Path, **why) -> dict:
+        """Move ``entry`` to ``quarantine/``; its record for ``run.json`` (name, origin, time, ``why``)."""
+        target = quarantine_path(self.path, entry)
+        target.parent.mkdir(exist_ok=True)
+        os.rename(entry, target)
+        return {"name": str(target.relative_to(self.path)), "from": str(entry.relative_to(self.path)),
+                "moved_at": _utc_now(), **why}
+
     def _quarantine(self, leftovers: list[Path]) -> list[dict]:
-        """Move unfinished ``shards/.tmp-*`` entries to ``quarantine/`` (nothing is deleted), warn, and return
-        what was moved (for ``run.json``: name, where it was, when, the request ids it holds if readable)."""
+        """Quarantine unfinished ``shards/.tmp-*`` entries (with the request ids each holds, if readable) and warn."""
         moved, lines = [], []
         for leftover in leftovers:
             ids = None
@@ -526,11 +480,7 @@ class TraceRecorder:
                 ids = pq.read_table(leftover / table_file("requests"), columns=["request_id"]).column(0).to_pylist()
             except Exception:  # a shard cut off while being written: no readable requests table
                 pass
-            target = quarantine_path(self.path, leftover)
-            target.parent.mkdir(exist_ok=True)
-            os.rename(leftover, target)
-            moved.append({"name": str(target.relative_to(self.path)), "from": str(leftover.relative_to(self.path)),
-                          "moved_at": _utc_now(), "request_ids": ids})
+            moved.append(self._move_to_quarantine(leftover, request_ids=ids))
             if ids is None:
                 lines.append(f"{leftover.name}: unreadable (cut off while written)")
             else:
@@ -549,15 +499,10 @@ class TraceRecorder:
         return moved
 
     def _quarantine_damaged(self, damaged: list[tuple[Path, str]]) -> list[dict]:
-        """Move finished shards that fail ``check_shard`` (a file cut off, ...) to ``quarantine/`` (nothing is
-        deleted), warn, and return what was moved (for ``run.json``: name, where it was, when, why)."""
+        """Quarantine finished shards that fail ``check_shard`` (with the reason) and warn."""
         moved, lines = [], []
         for shard, reason in damaged:
-            target = quarantine_path(self.path, shard)
-            target.parent.mkdir(exist_ok=True)
-            os.rename(shard, target)
-            moved.append({"name": str(target.relative_to(self.path)), "from": str(shard.relative_to(self.path)),
-                          "moved_at": _utc_now(), "reason": reason})
+            moved.append(self._move_to_quarantine(shard, reason=reason))
             lines.append(f"{shard.name}: {reason}")
         fsync_path(self.path / SHARDS_DIR)
         fsync_path(self.path / QUARANTINE_DIR)
@@ -615,10 +560,8 @@ class TraceRecorder:
         return info.st_ino, info.st_mtime_ns, info.st_size
 
     def _check_lock_quickly(self, when: str, *, every_s: float = 0.0) -> None:
-        """One ``stat`` of ``writer.lock`` (at most once per ``every_s`` seconds); where the file changed, the full
-        check (``_check_lock_held``). Before each request and (each second) during one, so that a writer whose lock
-        was removed or taken stops at once, not at its next shard (it would decode for nothing, and never write
-        what it decoded)."""
+        """One ``stat`` of ``writer.lock`` (at most once per ``every_s`` seconds), and the full check where it changed:
+        a writer whose lock was removed or taken stops at once, not after decoding for nothing."""
         if self._lost is None and self._lock is not None:
             now = time.monotonic()
             if now - self._lock_checked_at < every_s:
@@ -629,8 +572,7 @@ class TraceRecorder:
         self._check_lock_held(when)
 
     def _check_lock_held(self, when: str = "before writing a shard") -> None:
-        """Refuse to write once this writer no longer holds the run's lock (removed, or broken and taken):
-        ``RunLockLostError``, saying what happened, what was kept and not written, and what to do."""
+        """``RunLockLostError`` (what happened, what was kept and not written) once this writer lost its lock."""
         if self._lost is not None:
             raise RunLockLostError(self._lost)
         if self._lock is None:
@@ -671,9 +613,8 @@ class TraceRecorder:
     # -- per-request logging --------------------------------------------------------------------------
     def begin_request(self, request_id, *, category, dataset="", question_id="", prompt_tokens=0,
                       image_tokens=0, prompt_ids=None) -> None:
-        """Open a request; its rows are buffered until ``end_request``. ``prompt_ids``: the prompt's token ids, from
-        which the tokens column ``context_match`` (the context's copyability before each output position) is
-        computed when the request is written; without them it stays null."""
+        """Open a request; its rows are buffered until ``end_request``. ``prompt_ids``: the prompt's token ids, for
+        the tokens column ``context_match`` (null without them)."""
         self._check_live()
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty string; got {request_id!r}")
@@ -712,13 +653,10 @@ class TraceRecorder:
                   draft_ms=0.0, verify_ms=0.0, overhead_ms=0.0, policy=None) -> None:
         """Buffer one verify round. ``token_ids``: the committed tokens (depths 1..committed).
 
-        Give exactly one of ``target_logits`` (``[committed, V]``, row j produced the token at depth
-        j + 1; statistics computed here in fp32) and ``target_stats`` (dict of arrays of length
-        committed with keys ``entropy_nats, renyi2_nats, top1_prob, top2_prob, logit_gap``). Drafter
-        statistics come from ``draft_stats`` (dict ``prob, rank, entropy_nats, top1_prob``; NaN = null), or are
-        computed from ``draft_logits`` ``[depth, V]`` or ``draft_candidates``/``draft_logprobs``
-        ``[depth, K]``; none of them: null. ``policy``: the round's policy columns (``POLICY_COLUMNS``,
-        ``rounds`` table; missing keys and ``None``: null).
+        Give exactly one of ``target_logits`` (``[committed, V]``; statistics computed in fp32) and ``target_stats``
+        (dict of ``TARGET_STAT_KEYS`` arrays of length committed). Drafter statistics: ``draft_stats`` (dict of
+        ``DRAFT_STAT_KEYS``; NaN = null), or from ``draft_logits`` ``[depth, V]`` or ``draft_candidates`` /
+        ``draft_logprobs`` ``[depth, K]``; none: null. ``policy``: the round's ``POLICY_COLUMNS`` (missing: null).
         """
         self._check_live()
         self._check_lock_quickly(f"at round {round_index} of request {request_id!r}", every_s=_LOCK_CHECK_EVERY_S)
@@ -903,12 +841,8 @@ class TraceRecorder:
                 "requests": _to_schema(requests, "requests")}
 
     def _write_shard(self, tables: dict[str, pa.Table], request_ids) -> Path:
-        """Write ``tables`` as a new shard and mark ``request_ids`` completed.
-
-        The tables go into a fresh temporary directory (fsynced), which is renamed to the next free shard
-        number: the rename fails rather than replace a shard that exists, so a number another writer took
-        is skipped and no shard is ever overwritten. On failure the temporary directory is removed and the
-        error raised (the rows stay buffered in this writer)."""
+        """Write ``tables`` as a new shard (temporary directory renamed to the next free number) and mark
+        ``request_ids`` completed; on failure the temporary directory is removed and the rows stay buffered."""
         self._check_lock_held()
         shards = self.path / SHARDS_DIR
         tmp = shards / temp_shard_name(self._next_seq)
@@ -967,12 +901,8 @@ class TraceRecorder:
 
     # -- bulk path ----------------------------------------------------------------------------------------
     def log_columns(self, *, tokens=None, rounds=None, requests=None) -> None:
-        """Write complete requests given as columns (dicts of arrays or pyarrow Tables) as one shard.
-
-        Columns are those of the v1 schema; ``run_id`` is filled in when absent. The three tables
-        are validated (values and cross-table consistency: every token's round and request must be
-        in the same call) before anything is written; a missing table means "no rows".
-        """
+        """Write complete requests given as v1 columns (dicts of arrays or pyarrow Tables; a missing table: no rows)
+        as one shard, after checking values and cross-table consistency; ``run_id`` is filled in when absent."""
         self._check_live()
         tables = {}
         for name, data in (("tokens", tokens), ("rounds", rounds), ("requests", requests)):
@@ -1042,9 +972,7 @@ class TraceRecorder:
 
 
 def _context_column(pending: list[_OpenRequest], n_tok: int) -> pa.Array:
-    """The tokens column ``context_match`` of these requests in row order: each output position's copyability
-    (``traces.stats.context_matches_of_output``) where the request's prompt ids were given and its rounds cover
-    positions 0.. without a gap (the output is then known), else null."""
+    """The tokens column ``context_match`` in row order: null for a request without prompt ids or with a gap."""
     parts = []
     for r in pending:
         output = np.concatenate(r.token_ids) if r.token_ids else np.zeros(0, np.int64)

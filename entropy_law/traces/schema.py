@@ -1,11 +1,6 @@
-"""Trace format v2: the one written contract between decoding and analysis.
-
-This module knows the names, Arrow types and meaning of every column of the three tables
-(``tokens``, ``rounds``, ``requests``) and of the run metadata, and the format version. It knows
-nothing about how rows are produced (see ``recorder``) or read back (see ``reader``).
-The prose version with units and conventions is ``docs/trace-schema.md``; keep both in step.
-
-Conventions (see the schema document for the full text):
+"""Trace format v2, the one written contract between decoding and analysis: the names, Arrow types and meaning
+of every column of the three tables and of the run metadata. The prose version is ``docs/trace-schema.md``; keep
+both in step. Conventions:
 - entropies in nats, computed in fp32 over the full vocabulary;
 - ``depth`` is 1-based within a round: the token at depth d was predicted by the target at the
   node of depth d-1 on the committed path (the root, the pending token, has depth 0);
@@ -20,10 +15,8 @@ import pyarrow as pa
 
 FORMAT_NAME = "entropy-law-trace"
 FORMAT_VERSION = 2
-# Versions this package reads. v2 = v1 + the top-k entropy columns of the tokens table, with the convention that a
-# row's entropy may be known only as bounds (``target_entropy_nats`` null, ``target_entropy_estimate_nats`` set):
-# a v1 reader would ignore those columns and take such a row for one without an entropy, so it must refuse v2
-# (it does: "unknown format version"). Every v1 file reads as v2 with those columns null.
+# v2 = v1 + the top-k entropy columns (a row's entropy may be known only as bounds), which a v1 reader would
+# misread, so it refuses v2. Every v1 file reads as v2 with those columns null.
 READABLE_FORMAT_VERSIONS = (1, 2)
 
 TABLES = ("tokens", "rounds", "requests")
@@ -35,8 +28,7 @@ ROLES = (ROLE_ACCEPTED, ROLE_CORRECTION, ROLE_BONUS)
 
 STOP_REASONS = ("eos", "max_new_tokens", "context_full", "error")
 
-TOKENS_SCHEMA = pa.schema(
-    [
+TOKENS_SCHEMA = pa.schema([
         pa.field("run_id", pa.string(), nullable=False),
         pa.field("request_id", pa.string(), nullable=False),
         pa.field("category", pa.string(), nullable=False),
@@ -67,11 +59,9 @@ TOKENS_SCHEMA = pa.schema(
         pa.field("target_entropy_upper_nats", pa.float32(), nullable=True),
         pa.field("target_entropy_estimate_nats", pa.float32(), nullable=True),
         pa.field("target_topk", pa.int16(), nullable=True),
-    ]
-)
+])
 
-ROUNDS_SCHEMA = pa.schema(
-    [
+ROUNDS_SCHEMA = pa.schema([
         pa.field("run_id", pa.string(), nullable=False),
         pa.field("request_id", pa.string(), nullable=False),
         pa.field("round_index", pa.int32(), nullable=False),
@@ -96,11 +86,9 @@ ROUNDS_SCHEMA = pa.schema(
         pa.field("policy_plan_calibration", pa.float32(), nullable=True),  # the same, on the blended expectation
         pa.field("policy_context_match", pa.int32(), nullable=True),  # the context's suffix-match length (copyability)
         pa.field("policy_route", pa.string(), nullable=True),  # the hybrid drafter's drafter the policy chose
-    ]
-)
+])
 
-REQUESTS_SCHEMA = pa.schema(
-    [
+REQUESTS_SCHEMA = pa.schema([
         pa.field("run_id", pa.string(), nullable=False),
         pa.field("request_id", pa.string(), nullable=False),
         pa.field("category", pa.string(), nullable=False),
@@ -114,8 +102,7 @@ REQUESTS_SCHEMA = pa.schema(
         pa.field("prefill_ms", pa.float32(), nullable=False),
         pa.field("decode_ms", pa.float32(), nullable=False),  # wall time of all rounds of the request
         pa.field("decode_cpu_ms", pa.float32(), nullable=True),  # CPU-clock time of those rounds (added; null: unknown)
-    ]
-)
+])
 
 SCHEMAS = {"tokens": TOKENS_SCHEMA, "rounds": ROUNDS_SCHEMA, "requests": REQUESTS_SCHEMA}
 
@@ -128,9 +115,7 @@ POLICY_COLUMNS = ("policy_entropy_nats", "policy_window_entropy_nats", "policy_d
 TOPK_COLUMNS = ("target_entropy_lower_nats", "target_entropy_upper_nats", "target_entropy_estimate_nats",
                 "target_topk")
 
-# Columns added after v1's first release. Each is nullable; a file written before it existed lacks it,
-# and readers and writers fill it with nulls, so old runs stay readable and resumable. The top-k columns
-# (TOPK_COLUMNS) came with v2: a v1 file lacks them and reads with them null.
+# Nullable columns added after v1's first release: older files lack them and read (and resume) with them null.
 # Document every entry in docs/trace-schema.md under "Added columns".
 ADDED_COLUMNS: dict[str, tuple[str, ...]] = {
     "tokens": ("draft_top1_prob", "context_match", *TOPK_COLUMNS),
@@ -143,21 +128,9 @@ def added_columns(table: str) -> tuple[str, ...]:
     """Names of the nullable columns added to ``table`` after the first v1 release (may be absent in files)."""
     return ADDED_COLUMNS[table]
 
+
 # Run metadata (run.json). Required keys are always written by the recorder; user keys may be added.
-RUN_METADATA_KEYS = (
-    "format",  # FORMAT_NAME
-    "format_version",  # FORMAT_VERSION
-    "run_id",
-    "status",  # "running" | "complete"
-    "model_id",
-    "drafter_id",
-    "drafter_config",  # dict
-    "tree_policy",  # e.g. "chain", "ddtree"
-    "dtype",
-    "device",
-    "package_version",
-    "seed",
-    "start_time",  # ISO 8601, UTC
-    "end_time",  # ISO 8601, UTC, when complete
-    "git_revision",  # or null
-)
+# status: "running" | "complete"; drafter_config: a dict; start_time, end_time: ISO 8601 UTC; git_revision or null.
+RUN_METADATA_KEYS = ("format", "format_version", "run_id", "status", "model_id", "drafter_id", "drafter_config",
+                     "tree_policy", "dtype", "device", "package_version", "seed", "start_time", "end_time",
+                     "git_revision")

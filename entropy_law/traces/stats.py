@@ -1,11 +1,7 @@
-"""Per-token statistics of a next-token distribution, from logits, in fp32 (numpy only).
-
-Known here: how the trace columns ``target_*`` and ``draft_*`` are computed from logits (or from a
-drafter's candidate list). Entropies are in nats, over the full vocabulary, from an fp32
-log-softmax at temperature 1. Not known here: tables, files, or where the logits came from.
-
-Inputs may be numpy arrays or CPU torch tensors (anything ``np.asarray`` accepts; tensors that
-require grad are detached through ``.detach()``); torch is never imported.
+"""Per-token statistics of a next-token distribution: how the trace columns ``target_*`` and ``draft_*`` are
+computed from logits (or a drafter's candidate list), and the context's copyability (``context_match``).
+Entropies are in nats over the full vocabulary, from an fp32 log-softmax at temperature 1. Inputs: anything
+``np.asarray`` accepts, or torch tensors (through ``.detach()``); torch is never imported.
 """
 
 from __future__ import annotations
@@ -17,7 +13,7 @@ import numpy as np
 TARGET_STAT_KEYS = ("entropy_nats", "renyi2_nats", "top1_prob", "top2_prob", "logit_gap")
 DRAFT_STAT_KEYS = ("prob", "rank", "entropy_nats", "top1_prob")
 
-# Rows processed at once; bounds the temporary [rows, V] arrays (64 x 152k x 4 B = 39 MB).
+# Rows processed at once; bounds the temporary [rows, V] arrays.
 _CHUNK_ROWS = 64
 
 
@@ -56,13 +52,8 @@ def _entropy_from_logprobs(logp: np.ndarray) -> np.ndarray:
 
 
 def target_stats_from_logits(logits) -> dict[str, np.ndarray]:
-    """Target statistics per row of ``logits`` ``[rows, V]``, computed in fp32 over the full vocabulary.
-
-    Returns float32 arrays of length ``rows``: ``entropy_nats`` (Shannon, -sum p log p),
-    ``renyi2_nats`` (collision entropy, -log sum p^2), ``top1_prob`` and ``top2_prob`` (the two
-    largest probabilities) and ``logit_gap`` (largest minus second-largest logit; equal to
-    log p1 - log p2). ``-inf`` logits (masked tokens) have probability 0.
-    """
+    """Float32 arrays of length ``rows`` for ``logits`` ``[rows, V]``: ``entropy_nats`` (Shannon), ``renyi2_nats``
+    (-log sum p^2), ``top1_prob``, ``top2_prob`` and ``logit_gap`` (z_(1) - z_(2)). ``-inf`` logits have p = 0."""
     array = _as_float32_2d(logits, "target logits")
     rows = array.shape[0]
     out = {key: np.empty(rows, dtype=np.float32) for key in TARGET_STAT_KEYS}
@@ -82,27 +73,14 @@ def target_stats_from_logits(logits) -> dict[str, np.ndarray]:
     return out
 
 
-def draft_stats(
-    draft_logits=None,
-    committed_ids=(),
-    candidates=None,
-    candidate_logprobs=None,
-) -> dict[str, np.ndarray]:
-    """Drafter statistics of each committed token of one round.
+def draft_stats(draft_logits=None, committed_ids=(), candidates=None, candidate_logprobs=None) -> dict[str, np.ndarray]:
+    """Drafter statistics of each committed token of one round, the token at depth ``d`` scored against row ``d - 1``.
 
-    The committed token at depth ``d`` (1-based) is scored against row ``d - 1`` of the draft.
-    With ``draft_logits`` ``[depth, V]`` (the full per-depth distribution), ``prob`` is the softmax
-    probability of the committed token, ``rank`` its 0-based rank (number of tokens with a strictly
-    larger logit) and ``entropy_nats`` the Shannon entropy of that row. With only ``candidates``
-    ``[depth, K]`` (best first) and optionally ``candidate_logprobs`` ``[depth, K]`` (``-inf`` marks
-    an unused slot), ``rank`` is the index of the committed token among the candidates (-1 if absent),
-    ``prob = exp(logprob)`` when present (else null) and ``entropy_nats`` is null.
-    ``top1_prob``: the drafter's probability of its own most probable proposal at that depth (the largest
-    softmax probability of the row, or of the row's candidate log-probabilities; null without them): known
-    before verification, unlike ``prob``, which scores the token the target committed.
-
-    Returns ``prob``, ``entropy_nats`` and ``top1_prob`` as float32 and ``rank`` as float64 arrays of length
-    ``len(committed_ids)``; **null is NaN** in all of them (rows beyond the draft's depth, or no draft).
+    With ``draft_logits`` ``[depth, V]``: ``prob`` (softmax probability of the committed token), ``rank`` (tokens with
+    a strictly larger logit) and ``entropy_nats``. With ``candidates`` ``[depth, K]`` (best first) and optionally
+    ``candidate_logprobs`` (``-inf``: unused slot): ``rank`` among the candidates (-1: absent), ``prob`` from the
+    log-probability, no entropy. ``top1_prob``: the drafter's probability of its own best proposal (known before
+    verification). Arrays of length ``len(committed_ids)``, ``rank`` float64, the others float32; null is NaN.
     """
     ids = np.asarray(committed_ids, dtype=np.int64).reshape(-1)
     n = len(ids)
@@ -115,10 +93,8 @@ def draft_stats(
         rows = min(n, array.shape[0])
         if rows:
             if ids[:rows].min() < 0 or ids[:rows].max() >= array.shape[1]:
-                raise ValueError(
-                    f"committed token ids must lie in [0, {array.shape[1]}) for draft logits of "
-                    f"vocabulary {array.shape[1]}; got {ids[:rows].tolist()}"
-                )
+                raise ValueError(f"committed token ids must lie in [0, {array.shape[1]}) for draft logits of "
+                                 f"vocabulary {array.shape[1]}; got {ids[:rows].tolist()}")
             shifted, lse, logp = _log_softmax(array[:rows])
             chosen = shifted[np.arange(rows), ids[:rows]]
             prob[:rows] = np.exp(chosen - lse[:, 0])
@@ -142,9 +118,8 @@ def draft_stats(
             candidate_logprobs = candidate_logprobs.detach().cpu().float().numpy()
         logprobs = np.asarray(candidate_logprobs, dtype=np.float32)
         if logprobs.shape != cand.shape:
-            raise ValueError(
-                f"draft logprobs shape {tuple(logprobs.shape)} must equal candidates shape {tuple(cand.shape)}"
-            )
+            raise ValueError(f"draft logprobs shape {tuple(logprobs.shape)} must equal candidates shape "
+                             f"{tuple(cand.shape)}")
         if np.isnan(logprobs).any() or (logprobs > 1e-6).any():
             raise ValueError("draft logprobs must be <= 0 and not NaN (use -inf for unused slots)")
         valid = np.isfinite(logprobs)
@@ -167,10 +142,8 @@ CONTEXT_MATCH_MAX = 8
 
 
 def context_match_length(tokens: Sequence[int], max_length: int, end: int | None = None) -> int:
-    """The length ``m`` (0..``max_length``) of the longest suffix of ``tokens[:end]`` (default: all of them) that
-    also occurs earlier in it, ending before its last token: 0 when its last token never occurred before, ``k``
-    when its last ``k`` tokens occurred together before. What a prompt-lookup drafter looks up, known before any
-    drafter runs: the context's copyability (the law policy's input, the tokens column ``context_match``)."""
+    """The length (0..``max_length``) of the longest suffix of ``tokens[:end]`` that also occurs earlier in it: the
+    context's copyability, what a prompt-lookup drafter looks up."""
     n = len(tokens) if end is None else int(end)
     if max_length < 1 or n < 2:
         return 0
@@ -196,8 +169,8 @@ def context_matches_of_output(prompt_ids: Sequence[int], output_ids: Sequence[in
     n_prompt, out = len(prompt_ids), np.zeros(len(output_ids), dtype=np.int16)
     if max_length < 1:
         return out
-    # seen[k - 1]: the k-grams of the context ending before its last token; one pass, O(max_length) per position
-    # (a suffix that occurred earlier has every shorter suffix occurred earlier too, so the first miss ends it)
+    # seen[k - 1]: the k-grams ending before the context's last token (a suffix seen before has every shorter one
+    # seen too, so the first miss ends the count)
     seen = [set() for _ in range(max_length)]
     for end in range(2, len(context)):  # the context before output position end - n_prompt is context[:end]
         j = end - 2  # the k-grams ending before its last token: those seen so far and the ones ending at j

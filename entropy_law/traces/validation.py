@@ -1,22 +1,18 @@
-"""Checks of trace tables against the trace format (v2), shared by the writer (``log_columns``) and the reader.
+"""Checks of trace tables against the trace format, shared by the writer (``log_columns``) and the readers.
 
-Known here: the rules a valid v1 table obeys (columns and types, value ranges, roles, and the
-consistency between tokens, rounds and requests of one run), and the cheap checks of a run's shard files
-that every reader and a resumed writer apply (``check_shard``, ``check_run_shards``: each shard whole and
-readable, row counts that agree, request ids unique across shards; the Parquet footers, the requests tables
-and one column of rounds are read, never the tokens). Every failure raises ``TraceValidationError`` (a
-``ValueError``) whose message names where (a file, a run, or the call) and the first offending request /
-round / position. Not known here: where a run's shards lie (``layout``), what a reader or writer does next.
+Known here: the rules a valid table obeys (columns and types, value ranges, roles, consistency between tokens,
+rounds and requests of one run) and the cheap checks of a run's shard files (``check_shard``,
+``check_run_shards``: footers, requests and one column of rounds are read, never the tokens). Every failure
+raises ``TraceValidationError`` naming where and the first offending request, round or position.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from pathlib import Path
-
 import pyarrow.parquet as pq
 
 from entropy_law.traces.schema import ROLES, SCHEMAS, STOP_REASONS, TABLES, added_columns
@@ -27,17 +23,14 @@ class TraceValidationError(ValueError):
 
 
 def check_schema(schema: pa.Schema, table: str, where: str) -> None:
-    """Every column of the v1 ``table`` must be present with its type (extra columns are allowed).
-
-    Columns added after the first v1 release (``schema.added_columns``) may be absent: they read as null."""
+    """Every column of the v1 ``table`` must be present with its type; extra columns are allowed, and columns added
+    after the first v1 release may be absent (they read as null)."""
     expected = SCHEMAS[table]
     optional = set(added_columns(table))
     missing = [f.name for f in expected if f.name not in schema.names and f.name not in optional]
     if missing:
-        raise TraceValidationError(
-            f"{where}: {table} table is missing column(s) {missing}; a v1 {table} table has "
-            f"{expected.names}"
-        )
+        raise TraceValidationError(f"{where}: {table} table is missing column(s) {missing}; a v1 {table} table has "
+                                   f"{expected.names}")
     for f in expected:
         if f.name not in schema.names:
             continue  # an added column absent from an older file
@@ -45,36 +38,28 @@ def check_schema(schema: pa.Schema, table: str, where: str) -> None:
         if pa.types.is_dictionary(actual):
             actual = actual.value_type
         if actual != f.type and not (pa.types.is_large_string(actual) and f.type == pa.string()):
-            raise TraceValidationError(
-                f"{where}: {table} column {f.name!r} has type {actual}, the trace format requires {f.type}"
-            )
+            raise TraceValidationError(f"{where}: {table} column {f.name!r} has type {actual}, the trace format "
+                                       f"requires {f.type}")
 
 
 def _np(tbl: pa.Table, name: str) -> np.ndarray:
     return tbl.column(name).to_numpy()
 
 
+_ROW_LABELS = {"run_id": "run", "request_id": "request", "round_index": "round", "position": "position",
+               "depth": "depth"}
+
+
 def _describe(tbl: pa.Table, row: int, table: str) -> str:
-    cols = [c for c in ("run_id", "request_id", "round_index", "position", "depth") if c in tbl.column_names]
-    values = tbl.slice(row, 1).select(cols).to_pylist()[0]
-    parts = [f"run {values['run_id']!r}"] if "run_id" in values else []
-    if "request_id" in values:
-        parts.append(f"request {values['request_id']!r}")
-    if "round_index" in values:
-        parts.append(f"round {values['round_index']}")
-    if "position" in values:
-        parts.append(f"position {values['position']}")
-    if "depth" in values:
-        parts.append(f"depth {values['depth']}")
-    return f"{table} row {row} (" + ", ".join(parts) + ")"
+    values = tbl.slice(row, 1).select([c for c in _ROW_LABELS if c in tbl.column_names]).to_pylist()[0]
+    return f"{table} row {row} (" + ", ".join(f"{_ROW_LABELS[c]} {v!r}" for c, v in values.items()) + ")"
 
 
 def _fail_first(mask: np.ndarray, tbl: pa.Table, table: str, where: str, problem: str, count_word="rows"):
     if mask.any():
         row = int(np.flatnonzero(mask)[0])
-        raise TraceValidationError(
-            f"{where}: {problem} in {int(mask.sum())} {count_word}; first at {_describe(tbl, row, table)}"
-        )
+        raise TraceValidationError(f"{where}: {problem} in {int(mask.sum())} {count_word}; first at "
+                                   f"{_describe(tbl, row, table)}")
 
 
 def check_values(tbl: pa.Table, table: str, where: str) -> None:
@@ -210,24 +195,38 @@ def _first_row(tbl: pa.Table, row: int) -> dict:
 
 
 def check_run(tokens: pa.Table, rounds: pa.Table, requests: pa.Table, where: str) -> None:
-    """Cross-table rules of one run: every row belongs to a logged request and round, tokens per
-    round equal ``committed``, positions follow ``start_position``, round counts match ``requests``.
+    """Cross-table rules of one run: every row belongs to a logged request and round, tokens per round equal
+    ``committed``, positions follow ``start_position``, round counts match ``requests``. Works on integer codes
+    (a request id's row in ``requests``); tokens are grouped by (request, round) with a run-length pass."""
+    ids = _unique_request_ids(requests, where)
+    r_code, r_order, r_sorted = _round_keys(rounds, requests, ids, where)
+    groups = _token_groups(tokens, ids, where)
+    _check_groups_are_rounds(groups, r_sorted, r_order, tokens, rounds, where)
+    _check_round_tokens(groups, rounds, r_order, where)
+    start_position = _np(rounds, "start_position").astype(np.int64)[r_order]
+    committed = _np(rounds, "committed").astype(np.int64)[r_order]
+    last = np.full(len(ids), -1, np.int64)  # requests.new_tokens covers every position
+    np.maximum.at(last, r_code[r_order], start_position + committed - 1)
+    _fail_first(last >= _np(requests, "new_tokens"), requests, "requests", where,
+                "a token position >= requests.new_tokens", count_word="requests")
 
-    Works on integer codes: request ids are mapped to their row in ``requests``, and tokens are
-    grouped by (request, round) with a run-length pass (a sort only if rows are not already grouped).
-    """
+
+def _unique_request_ids(requests: pa.Table, where: str) -> pa.Array:
     ids_col = requests.column("request_id")
     ids = (ids_col.cast(ids_col.type.value_type) if pa.types.is_dictionary(ids_col.type) else ids_col)
     ids = ids.combine_chunks()
-    n_req = len(ids)
     counts = pc.value_counts(ids)
     dup = counts.field("counts").to_numpy() > 1
     if dup.any():
         raise TraceValidationError(
             f"{where}: request id {counts.field('values')[int(np.flatnonzero(dup)[0])].as_py()!r} "
-            "appears in more than one requests row (request ids must be unique within a run)"
-        )
-    # rounds: belong to a request, unique (request, round), count matches requests.rounds
+            "appears in more than one requests row (request ids must be unique within a run)")
+    return ids
+
+
+def _round_keys(rounds: pa.Table, requests: pa.Table, ids: pa.Array, where: str):
+    """Each round's request code, the order that sorts the rounds by (request, round), and the sorted keys; checks
+    that rounds belong to a request, are unique and match ``requests.rounds``."""
     r_code = _request_codes(rounds.column("request_id"), ids)
     _fail_first(r_code < 0, rounds, "rounds", where, "round of a request with no requests row")
     r_key = (r_code.astype(np.int64) << 32) | _np(rounds, "round_index").astype(np.int64)
@@ -238,14 +237,15 @@ def check_run(tokens: pa.Table, rounds: pa.Table, requests: pa.Table, where: str
         r = _first_row(rounds, int(r_order[repeated[0]]))
         raise TraceValidationError(f"{where}: request {r['request_id']!r} has round {r['round_index']} "
                                    "more than once in rounds")
-    logged = np.bincount(r_code, minlength=n_req)
-    declared = _np(requests, "rounds")
-    _fail_first(logged != declared, requests, "requests", where,
+    _fail_first(np.bincount(r_code, minlength=len(ids)) != _np(requests, "rounds"), requests, "requests", where,
                 "requests.rounds differs from the number of rows in rounds")
+    return r_code, r_order, r_sorted
 
-    # tokens: belong to a request; group by (request, round) and compare with the round's row.
-    # Rows of a round are contiguous and in depth order (1..committed); requests and rounds may
-    # come in any order (a stable sort restores grouping when needed).
+
+def _token_groups(tokens: pa.Table, ids: pa.Array, where: str) -> dict:
+    """The token rows grouped by (request, round), sorted stably only where they are not already grouped: the
+    group keys and starts, whether row i + 1 continues row i's group (``inner``), and per row (in group order)
+    depth, ``position - depth`` and whether the role is accepted; ``order`` maps back to table rows (None: same)."""
     t_code = _request_codes(tokens.column("request_id"), ids)
     _fail_first(t_code < 0, tokens, "tokens", where, "token of a request with no requests row")
     t_round = _np(tokens, "round_index")
@@ -257,38 +257,47 @@ def check_run(tokens: pa.Table, rounds: pa.Table, requests: pa.Table, where: str
         if pa.types.is_dictionary(c.type) else pc.equal(c, "accepted").to_numpy(zero_copy_only=False)
         for c in role.chunks]) if role.num_chunks else np.zeros(0, bool)
     d_code, d_round = np.diff(t_code), np.diff(t_round)
-    t_order = None
+    order = None
     if np.any((d_code < 0) | ((d_code == 0) & (d_round < 0))):
-        t_order = np.lexsort((t_round, t_code))  # stable: keeps the order within a round
-        t_code, t_round = t_code[t_order], t_round[t_order]
-        depth, offset, is_acc = depth[t_order], offset[t_order], is_acc[t_order]
+        order = np.lexsort((t_round, t_code))  # stable: keeps the order within a round
+        t_code, t_round = t_code[order], t_round[order]
+        depth, offset, is_acc = depth[order], offset[order], is_acc[order]
         d_code, d_round = np.diff(t_code), np.diff(t_round)
-    inner = (d_code == 0) & (d_round == 0)  # row i + 1 continues the group of row i
+    inner = (d_code == 0) & (d_round == 0)
     starts = np.flatnonzero(np.r_[True, ~inner]) if len(t_code) else np.zeros(0, np.int64)
-    g_key = (t_code[starts].astype(np.int64) << 32) | t_round[starts].astype(np.int64)
-    if len(g_key) != len(r_sorted) or np.any(g_key != r_sorted):
-        if np.any(np.diff(g_key) == 0):
-            g = int(np.flatnonzero(np.diff(g_key) == 0)[0]) + 1
-            row = int(starts[g]) if t_order is None else int(t_order[starts[g]])
-            t = _first_row(tokens, row)
-            raise TraceValidationError(f"{where}: token rows of request {t['request_id']!r} round "
-                                       f"{t['round_index']} are not contiguous")
-        missing = np.setdiff1d(g_key, r_sorted)
-        if len(missing):
-            row = int(starts[np.searchsorted(g_key, missing[0])])
-            row = int(t_order[row]) if t_order is not None else row
-            t = _first_row(tokens, row)
-            raise TraceValidationError(f"{where}: tokens of request {t['request_id']!r} round "
-                                       f"{t['round_index']} have no row in rounds")
-        absent = np.setdiff1d(r_sorted, g_key)
-        r = _first_row(rounds, int(r_order[np.searchsorted(r_sorted, absent[0])]))
-        raise TraceValidationError(f"{where}: number of token rows differs from rounds.committed; request "
-                                   f"{r['request_id']!r} round {r['round_index']} has 0 token rows but "
-                                   f"committed={r['committed']}")
-    n = np.diff(np.r_[starts, len(t_code)])
+    keys = (t_code[starts].astype(np.int64) << 32) | t_round[starts].astype(np.int64)
+    return dict(keys=keys, starts=starts, inner=inner, order=order, depth=depth, offset=offset, is_acc=is_acc,
+                sizes=np.diff(np.r_[starts, len(t_code)]))
+
+
+def _check_groups_are_rounds(groups: dict, r_sorted, r_order, tokens: pa.Table, rounds: pa.Table, where: str):
+    """Token groups and rounds must be the same (request, round) pairs: else name the first that differs."""
+    g_key, starts, order = groups["keys"], groups["starts"], groups["order"]
+    if len(g_key) == len(r_sorted) and not np.any(g_key != r_sorted):
+        return
+    if np.any(np.diff(g_key) == 0):
+        g = int(np.flatnonzero(np.diff(g_key) == 0)[0]) + 1
+        t = _first_row(tokens, int(starts[g]) if order is None else int(order[starts[g]]))
+        raise TraceValidationError(f"{where}: token rows of request {t['request_id']!r} round "
+                                   f"{t['round_index']} are not contiguous")
+    missing = np.setdiff1d(g_key, r_sorted)
+    if len(missing):
+        row = int(starts[np.searchsorted(g_key, missing[0])])
+        t = _first_row(tokens, int(order[row]) if order is not None else row)
+        raise TraceValidationError(f"{where}: tokens of request {t['request_id']!r} round "
+                                   f"{t['round_index']} have no row in rounds")
+    absent = np.setdiff1d(r_sorted, g_key)
+    r = _first_row(rounds, int(r_order[np.searchsorted(r_sorted, absent[0])]))
+    raise TraceValidationError(f"{where}: number of token rows differs from rounds.committed; request "
+                               f"{r['request_id']!r} round {r['round_index']} has 0 token rows but "
+                               f"committed={r['committed']}")
+
+
+def _check_round_tokens(groups: dict, rounds: pa.Table, r_order, where: str) -> None:
+    """Each round's token rows: ``committed`` of them, depths 1..committed, positions from ``start_position``,
+    and min(accepted, committed) of them accepted."""
+    starts, inner, n = groups["starts"], groups["inner"], groups["sizes"]
     committed = _np(rounds, "committed").astype(np.int64)[r_order]
-    start_position = _np(rounds, "start_position").astype(np.int64)[r_order]
-    accepted = _np(rounds, "accepted").astype(np.int64)[r_order]
 
     def fail_rounds(mask, problem):
         if mask.any():
@@ -298,27 +307,23 @@ def check_run(tokens: pa.Table, rounds: pa.Table, requests: pa.Table, where: str
                 f"{where}: {problem} in {int(mask.sum())} rounds; first at request {r['request_id']!r} "
                 f"round {r['round_index']} (committed={r['committed']}, {int(n[g])} token rows)")
 
-    def group_of_rows(mask):
-        return np.unique(np.searchsorted(starts, np.flatnonzero(mask), side="right") - 1)
+    def bad_groups(row_mask, first_bad):
+        bad = np.zeros(len(starts), bool)
+        bad[np.unique(np.searchsorted(starts, np.flatnonzero(row_mask), side="right") - 1)] = True
+        return bad | first_bad
 
     fail_rounds(n != committed, "number of token rows differs from rounds.committed")
-    if len(starts):
-        bad_depth = np.zeros(len(starts), bool)
-        bad_depth[group_of_rows(inner & (np.diff(depth) != 1))] = True
-        bad_depth |= depth[starts] != 1
-        fail_rounds(bad_depth, "token depths are not 1, 2, ..., committed in order")
-        bad_offset = np.zeros(len(starts), bool)
-        bad_offset[group_of_rows(inner & (np.diff(offset) != 0))] = True
-        bad_offset |= offset[starts] != start_position - 1
-        fail_rounds(bad_offset, "token positions differ from start_position + depth - 1")
-        n_acc = np.add.reduceat(is_acc, starts, dtype=np.int64)
-        fail_rounds(n_acc != np.minimum(accepted, committed),
-                    "number of 'accepted' token rows differs from min(accepted, committed)")
-    # requests.new_tokens covers every position (end of each round = start_position + committed)
-    last = np.full(n_req, -1, np.int64)
-    np.maximum.at(last, r_code[r_order], start_position + committed - 1)
-    _fail_first(last >= _np(requests, "new_tokens"), requests, "requests", where,
-                "a token position >= requests.new_tokens", count_word="requests")
+    if not len(starts):
+        return
+    depth, offset = groups["depth"], groups["offset"]
+    fail_rounds(bad_groups(inner & (np.diff(depth) != 1), depth[starts] != 1),
+                "token depths are not 1, 2, ..., committed in order")
+    start_position = _np(rounds, "start_position").astype(np.int64)[r_order]
+    fail_rounds(bad_groups(inner & (np.diff(offset) != 0), offset[starts] != start_position - 1),
+                "token positions differ from start_position + depth - 1")
+    accepted = _np(rounds, "accepted").astype(np.int64)[r_order]
+    fail_rounds(np.add.reduceat(groups["is_acc"], starts, dtype=np.int64) != np.minimum(accepted, committed),
+                "number of 'accepted' token rows differs from min(accepted, committed)")
 
 
 def _shard_file(shard: Path, table: str) -> Path:
@@ -326,10 +331,8 @@ def _shard_file(shard: Path, table: str) -> Path:
 
 
 def check_shard(shard: Path) -> pa.Array:
-    """The request ids of one finished shard, after the checks that need no token row: every table file is
-    present, a readable Parquet file (its footer) with the v1 columns, ``rounds`` has ``sum(requests.rounds)``
-    rows and ``tokens`` ``sum(rounds.committed)`` rows. A file cut off or replaced by a shorter one fails here;
-    raises ``TraceValidationError`` naming the file."""
+    """The request ids of one finished shard, after the checks that need no token row: each table file present
+    and readable with the v1 columns, and the row counts ``sum(requests.rounds)`` and ``sum(rounds.committed)``."""
     shard = Path(shard)
     meta = {}
     for table in TABLES:
@@ -361,8 +364,7 @@ def check_shard(shard: Path) -> pa.Array:
 
 
 def check_unique_request_ids(ids_per_shard: list[tuple[Path, pa.Array]], where: str) -> None:
-    """A request is written once: raise if a request id lies in two shards (or twice in one). Counted by pyarrow
-    over all ids at once; only a repeated id is looked up shard by shard."""
+    """A request is written once: raise if a request id lies in two shards (or twice in one)."""
     if not ids_per_shard:
         return
     ids = pa.chunked_array([i.cast(pa.string()) for _, i in ids_per_shard], type=pa.string())
@@ -382,13 +384,9 @@ def check_unique_request_ids(ids_per_shard: list[tuple[Path, pa.Array]], where: 
 
 
 def check_run_shards(shards: list[Path], where: str, *, damaged: list | None = None) -> dict[str, Path]:
-    """The checks every reader of a run applies before it reads a row (``load_traces`` in memory, the
-    out-of-core path) and a resumed writer repeats: ``check_shard`` on each shard, then request ids unique
-    across the run's shards. Returns request id -> its shard.
-
-    ``damaged``: None (a reader) raises on the first damaged shard; a list (a resumed writer) collects
-    ``(shard, message)`` of each damaged shard instead and leaves its ids out, so that the writer can move the
-    shard aside and record its prompts again. Ids repeated across readable shards always raise."""
+    """``check_shard`` on each shard, then request ids unique across them: request id -> its shard. Every reader
+    applies it before reading a row. ``damaged``: None raises on the first damaged shard; a list (a resumed writer)
+    collects ``(shard, message)`` instead and leaves that shard's ids out."""
     checked = []
     for shard in shards:
         try:
