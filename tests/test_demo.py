@@ -178,7 +178,7 @@ def test_the_demo_command_on_a_base_model_without_a_chat_template(monkeypatch, c
     assert "has no chat template (a base model); pass --no-chat-template" in capsys.readouterr().err and not calls
     assert main(["demo", "--model", "base", "--limit", "1", "--no-chat-template"]) == 2
     plan = calls[0]
-    assert plan.run_metadata == {"chat_template": False}
+    assert plan.run_metadata == {"chat_template": False, "torch_threads": 1}
     assert plan.encode(plan.tasks[0]) == [len(plan.tasks[0].prompt), 7]  # the text as is, not the chat messages
 
 
