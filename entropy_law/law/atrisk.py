@@ -96,14 +96,8 @@ def sequences_of(tokens: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def at_risk_table(
-    traces,
-    covariates: Sequence[str] = COVARIATES,
-    *,
-    eps: float = EPS_NATS,
-    on_invalid: str = "raise",
-    drafters: Sequence[str] | None = None,
-) -> pd.DataFrame:
+def at_risk_table(traces, covariates: Sequence[str] = COVARIATES, *, eps: float = EPS_NATS, on_invalid: str = "raise",
+                  drafters: Sequence[str] | None = None) -> pd.DataFrame:
     """Row-level at-risk table: one row per (run, request, round, depth) at risk.
 
     Columns: the keys, ``round_index``, ``position``, ``depth``, ``accepted`` / ``rejected`` (0/1), the
@@ -329,15 +323,9 @@ def mean_columns(table: pd.DataFrame, extra: Sequence[str] = ()) -> list[str]:
     return [c for c in (*COVARIATES, *DERIVED, *extra) if c in table.columns]
 
 
-def aggregate_at_risk(
-    table: pd.DataFrame,
-    *,
-    bin_columns: Sequence[str] = ("target_entropy_nats",),
-    width_log10: float = 0.05,
-    eps: float = EPS_NATS,
-    keys: Sequence[str] = KEY_COLUMNS,
-    extra_means: Sequence[str] = (),
-) -> pd.DataFrame:
+def aggregate_at_risk(table: pd.DataFrame, *, bin_columns: Sequence[str] = ("target_entropy_nats",),
+                      width_log10: float = 0.05, eps: float = EPS_NATS, keys: Sequence[str] = KEY_COLUMNS,
+                      extra_means: Sequence[str] = ()) -> pd.DataFrame:
     """Counts per ``keys`` x log-spaced bins of ``bin_columns`` (``n_acc``, ``n_rej``, ``n``) and the cell mean
     of every covariate. Its binomial GLM equals the row-level fit on ``binned_rows`` (keep ``request_id`` in
     ``keys`` for clustered errors)."""

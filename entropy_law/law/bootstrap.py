@@ -81,17 +81,9 @@ class BootstrapResult(Result):
                 f"seed {self.seed}")
 
 
-def bootstrap_law(
-    traces,
-    family: str = "law_exp",
-    *,
-    n_boot: int = 200,
-    seed: int = 0,
-    level: float = 0.95,
-    statistic: Callable[[FittedLaw], dict] | None = None,
-    eps: float = atrisk.EPS_NATS,
-    **fit_options,
-) -> BootstrapResult:
+def bootstrap_law(traces, family: str = "law_exp", *, n_boot: int = 200, seed: int = 0, level: float = 0.95,
+                  statistic: Callable[[FittedLaw], dict] | None = None, eps: float = atrisk.EPS_NATS,
+                  **fit_options) -> BootstrapResult:
     """Refit ``family`` on ``n_boot`` request-bootstrap replicates of the traces; ``statistic(law) -> dict``: the
     numbers to interval-estimate (default: the law's coefficients and derived parameters)."""
     fam = get_family(family)

@@ -118,18 +118,9 @@ class _DepthOnlyFit:
         return counts["n_acc"].to_numpy() * np.log(p) + counts["n_rej"].to_numpy() * np.log1p(-p)
 
 
-def compare_laws(
-    traces,
-    families: Sequence[str] = DEFAULT_FAMILIES,
-    *,
-    n_folds: int = 5,
-    seed: int = 0,
-    eps: float = atrisk.EPS_NATS,
-    width_log10: float = 0.05,
-    on_invalid: str = "raise",
-    folds: str = "requests",
-    **fit_options,
-) -> Comparison:
+def compare_laws(traces, families: Sequence[str] = DEFAULT_FAMILIES, *, n_folds: int = 5, seed: int = 0,
+                 eps: float = atrisk.EPS_NATS, width_log10: float = 0.05, on_invalid: str = "raise",
+                 folds: str = "requests", **fit_options) -> Comparison:
     """Grouped K-fold CV log-loss, AIC, BIC and held-out calibration for each family.
 
     ``traces``: traces or a row-level at-risk table of ONE drafter. ``families`` may name ``DEPTH_ONLY``

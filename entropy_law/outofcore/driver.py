@@ -113,23 +113,12 @@ def _query_spec(family, bin_columns, keys, means) -> tuple[tuple, tuple, list]:
     return bins, keys, _means_for(fam, means, with_rounds=True)
 
 
-def aggregate_at_risk_sql(
-    traces,
-    family: str | None = None,
-    *,
-    bin_columns: Sequence[str] | None = None,
-    keys: Sequence[str] | None = None,
-    width_log10: float = 0.05,
-    eps: float = atrisk.EPS_NATS,
-    means: str = "all",
-    drafters: Sequence[str] | None = None,
-    by_arm: bool = False,
-    on_invalid: str = "raise",
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-    threads: int | None = None,
-    memory_limit: str | None = None,
-    temp_directory: str | None = None,
-) -> pd.DataFrame:
+def aggregate_at_risk_sql(traces, family: str | None = None, *, bin_columns: Sequence[str] | None = None,
+                          keys: Sequence[str] | None = None, width_log10: float = 0.05, eps: float = atrisk.EPS_NATS,
+                          means: str = "all", drafters: Sequence[str] | None = None, by_arm: bool = False,
+                          on_invalid: str = "raise", chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                          threads: int | None = None, memory_limit: str | None = None,
+                          temp_directory: str | None = None) -> pd.DataFrame:
     """``aggregate_at_risk(at_risk_table(traces))`` computed by DuckDB over the Parquet shards, out of core.
 
     ``traces``: a run directory, a folder of runs or a ``TraceSet`` (its runs; select categories in the cells).

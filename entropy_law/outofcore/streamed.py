@@ -17,10 +17,16 @@ from typing import Sequence
 
 import numpy as np
 import pandas as pd
+import patsy
+import statsmodels.api as sm
+from patsy.categorical import C
+from statsmodels.genmod.generalized_linear_model import GLMResults, GLMResultsWrapper
 from statsmodels.tools.sm_exceptions import DomainWarning
 
 from entropy_law.law import atrisk
-from entropy_law.law.fit import get_family
+from entropy_law.law import fit as fitmod
+from entropy_law.law.fit import DEPTH_TERMS, LawSet, _family_obj, get_family
+from entropy_law.law.stats import warn_if_few_requests
 from entropy_law.outofcore.driver import DEFAULT_CHUNK_BYTES, _connect, _shards, _views_per_group
 from entropy_law.outofcore.sql import (_KEYS, _MISS_BIN, _MISS_LOG, _MISS_RAW, _RAW_OF_LOG, _SEQUENCE_BINS,
                                        _SEQUENCE_MEANS, _literal, _means_for, _miss_sql, at_risk_sql)
@@ -211,10 +217,6 @@ def _irls_pass(cache: _Cache, fam_obj, beta):
 def _sandwich_pass(cache: _Cache, link: str, beta, n_groups: int):
     """At the estimate, through statsmodels' GLM on each batch: the observed Hessian, the scores summed per
     request, the expected information, llf and deviance."""
-    import statsmodels.api as sm
-
-    from entropy_law.law.fit import _family_obj
-
     k = cache.k
     hessian, information = np.zeros((k, k)), np.zeros((k, k))
     scores = np.zeros((n_groups, k))
@@ -241,8 +243,6 @@ def _sandwich_pass(cache: _Cache, link: str, beta, n_groups: int):
 
 def _C(data, contrast=None, levels=None):
     """patsy's ``C``, passing a pandas Categorical on as it is (patsy then takes its codes at once)."""
-    from patsy.categorical import C
-
     if contrast is None and levels is None and isinstance(getattr(data, "dtype", None), pd.CategoricalDtype):
         return data
     return C(data, contrast, levels)
@@ -250,8 +250,6 @@ def _C(data, contrast=None, levels=None):
 
 def _llf_pass(cache: _Cache, link: str, beta) -> float:
     """The log-likelihood at ``beta`` as ``GLM.loglike`` computes it, without building a GLM per batch."""
-    from entropy_law.law.fit import _family_obj
-
     llf = 0.0
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
         for x, y, n, _ in cache:
@@ -287,8 +285,6 @@ def _fit_streamed(con, source: str, fam, *, depth: str, cov_type: str, alpha: fl
                   max_iter: int, folder: Path, notes: list, start_params=None):
     """``fit_law`` on the cells selected by ``source``, in passes over them: the checks (``_checked_cells``),
     the design (``_CellDesign``), IRLS per offset (``_best_offset_fit``), the result (``_streamed_result``)."""
-    from entropy_law.law import fit as fitmod
-
     cells = _checked_cells(con, source, fam, depth=depth, cov_type=cov_type, alpha=alpha, eps=eps,
                            min_requests_per_category=min_requests_per_category,
                            drop_small_categories=drop_small_categories, notes=notes)
@@ -334,9 +330,6 @@ def _checked_cells(con, source: str, fam, *, depth: str, cov_type: str, alpha: f
                    min_requests_per_category: int, drop_small_categories: bool, notes: list) -> _Cells:
     """``fit.check_counts`` on one row per request (and drafted depth) of the cells, the few-requests warning
     and the category means of ``law_exp_mundlak``."""
-    from entropy_law.law import fit as fitmod
-    from entropy_law.law.stats import warn_if_few_requests
-
     extra = [c for c in ("drafted_depth",) if c in con.sql(f"SELECT * FROM ({source}) LIMIT 0").columns]
     keys = ["drafter_id", "category", "request_id", *extra]
     summary = con.sql(f"SELECT {', '.join(keys)}, CAST(SUM(n_acc) AS BIGINT) AS n_acc, CAST(SUM(n_rej) AS BIGINT) "
@@ -377,8 +370,6 @@ class _CellDesign:
 
     def __init__(self, con, source: str, fam, *, depth: str, levels: dict, request_ids, category_means: dict,
                  batch_cells: int, folder: Path):
-        from entropy_law.law import fit as fitmod
-
         self.con, self.source, self.fam, self.levels = con, source, fam, levels
         self.request_ids, self.category_means = request_ids, category_means
         self.batch_cells, self.folder = batch_cells, folder
@@ -390,8 +381,6 @@ class _CellDesign:
         self.factors = set(re.findall(r"C\((\w+)\)", self.rhs))
 
     def frames(self, with_counts: bool, offset):
-        from entropy_law.law import fit as fitmod
-
         cols = [*self.columns, *(["n_acc", "n_rej", "n", "request_id"] if with_counts else [])]
         for frame in _batches(self.con, f"SELECT {', '.join(dict.fromkeys(cols))} FROM ({self.source})",
                               self.batch_cells):
@@ -408,10 +397,6 @@ class _CellDesign:
 
     def build(self, offset, index: int):
         """The design info, its matrix on disk, the first cells and the steady-state covariates' sums."""
-        import patsy
-
-        from entropy_law.law import fit as fitmod
-
         fam = self.fam
         design = patsy.incr_dbuilder(self.rhs, lambda: self.frames(False, offset),
                                      eval_env=patsy.EvalEnvironment([{"C": _C}, vars(fitmod)]), NA_action="raise")
@@ -445,8 +430,6 @@ class _CellDesign:
 
 def _irls(cache: _Cache, names: list, fam, *, start_params, max_iter: int, tol: float):
     """statsmodels' IRLS in passes over the cells on disk: ``(beta, converged, iterations, deviance history)``."""
-    from entropy_law.law import fit as fitmod
-
     fam_obj = fitmod._family_obj(fam.link)
     beta = None
     if start_params is not None:
@@ -480,8 +463,6 @@ def _best_offset_fit(cells: _CellDesign, offsets, fam, *, start_params, max_iter
                      n_requests: int, common: dict) -> dict:
     """One fit, or one per offset c of a profiled log(H + c) keeping the largest log-likelihood among converged
     fits (as fit._fit_profile_eps), with its sandwich sums (``parts``). Every design file is removed."""
-    from entropy_law.law import fit as fitmod
-
     best, base = None, None
     notes = common["notes"]
 
@@ -538,11 +519,6 @@ def _best_offset_fit(cells: _CellDesign, offsets, fam, *, start_params, max_iter
 def _streamed_result(best: dict, fam, cells: _CellDesign, *, cov_type: str, n_requests: int):
     """The statsmodels result of the best fit: its estimate, the CR1 sandwich H^-1 S H^-1 G/(G-1) (N-1)/(N-K)
     and a model over the first cells whose design info lets ``predict(frame)`` build any frame's design."""
-    import statsmodels.api as sm
-    from statsmodels.genmod.generalized_linear_model import GLMResults, GLMResultsWrapper
-
-    from entropy_law.law import fit as fitmod
-
     design, parts, beta = best["design"], best["parts"], best["beta"]
     names, k, n_cells = design.column_names, len(design.column_names), best["n_cells"]
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
@@ -595,8 +571,6 @@ def fit_law_out_of_core(traces, family: str = "law_exp", by: str | None = None, 
     ``temp_directory``: DuckDB. ``by_arm``: ``drafter_id`` is the run's arm label, so two arms of one drafter
     stay apart (otherwise such a mix is refused).
     """
-    from entropy_law.law.fit import LawSet
-
     fam, by = _checked_options(family, by, depth=depth, cov_type=cov_type, on_invalid=on_invalid)
     bins = tuple(fam.bin_columns)
     keys = (*_KEYS, *fam.extra_keys)
@@ -626,8 +600,6 @@ def fit_law_out_of_core(traces, family: str = "law_exp", by: str | None = None, 
 
 def _checked_options(family: str, by: str | None, *, depth: str, cov_type: str, on_invalid: str):
     """``(family, by)`` of ``fit_law_out_of_core``, its options checked."""
-    from entropy_law.law.fit import DEPTH_TERMS
-
     fam = get_family(family)
     _streamable(fam)
     if on_invalid not in ("raise", "drop"):
