@@ -153,27 +153,20 @@ def machines(runs: pd.DataFrame) -> list[Machine]:
             for m, d, h in zip(_column(runs, "model_id"), _column(runs, "device"), _column(runs, "host"))]
 
 
-# the parts that may tell two arms with one base label apart, in the order they are added
-def _model_part(key: ArmKey) -> str:
-    return key.model_id or "unknown-model"
-
-
-def _checkpoint_part(key: ArmKey) -> str:
-    return f"sha256:{key.checkpoint_sha256[:8]}" if key.checkpoint_sha256 else "no-checkpoint"
-
-
 def _gate_part(key: ArmKey) -> str:
     if (key.gate or "").startswith(GATE_POLICY):
         return key.gate
     return key.gate.replace(" ", "-gate") if " " in (key.gate or "") else f"{key.gate}-gate"
 
 
-def _budget_part(key: ArmKey) -> str:
-    return f"budget{key.tree_budget}" if key.tree_budget is not None else "no-budget"
-
-
-_DISTINGUISHING = (("model_id", _model_part), ("checkpoint_sha256", _checkpoint_part), ("gate", _gate_part),
-                   ("tree_budget", _budget_part))
+# the parts that may tell two arms with one base label apart, in the order they are added
+_DISTINGUISHING = (
+    ("model_id", lambda key: key.model_id or "unknown-model"),
+    ("checkpoint_sha256", lambda key: f"sha256:{key.checkpoint_sha256[:8]}" if key.checkpoint_sha256
+     else "no-checkpoint"),
+    ("gate", _gate_part),
+    ("tree_budget", lambda key: f"budget{key.tree_budget}" if key.tree_budget is not None else "no-budget"),
+)
 
 
 def base_label(key: ArmKey) -> str:
