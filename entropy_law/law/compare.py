@@ -161,8 +161,7 @@ def compare_laws(traces, families: Sequence[str] = DEFAULT_FAMILIES, *, n_folds:
                         folds="category" if by_category else "requests")
     best = result.best
     diffs = [result.paired_difference(f, best) if f != best else (0.0, 0.0) for f in summary.index]
-    summary["delta_vs_best"] = [d for d, _ in diffs]
-    summary["delta_se"] = [s for _, s in diffs]
+    summary["delta_vs_best"], summary["delta_se"] = zip(*diffs)
     if "law0_cat" in summary.index:
         summary["gain_vs_law0"] = summary.loc["law0_cat", "cv_log_loss"] - summary["cv_log_loss"]
     result.notes.append(f"best by CV log-loss: {best}; delta_se is the SE over requests of the paired difference")
@@ -258,17 +257,14 @@ def choose_primary(comparisons: dict, candidates: Sequence[str] = PRIMARY_CANDID
     table["mean_cv_log_loss"] = table[arms_].mean(axis=1)
     table["eligible"] = table.index.isin(scored)
     best = table.loc[scored, "mean_cv_log_loss"].idxmin()
-    diffs, ses = [], []
-    for fam in table.index:
+
+    def delta(fam) -> tuple[float, float]:  # the mean paired difference over arms and its SE
         if fam not in scored:
-            diffs.append(np.nan)
-            ses.append(np.nan)
-            continue
+            return np.nan, np.nan
         pairs = [comparisons[a].paired_difference(fam, best) if fam != best else (0.0, 0.0) for a in arms_]
-        diffs.append(float(np.mean([d for d, _ in pairs])))
-        ses.append(float(np.sqrt(sum(s**2 for _, s in pairs)) / len(arms_)))
-    table["delta_vs_best"] = diffs
-    table["delta_se"] = ses
+        return float(np.mean([d for d, _ in pairs])), float(np.sqrt(sum(s**2 for _, s in pairs)) / len(arms_))
+
+    table["delta_vs_best"], table["delta_se"] = zip(*map(delta, table.index))
     table["tied"] = table["eligible"] & (table["delta_vs_best"] <= table["delta_se"])
     first = comparisons[arms_[0]].summary
     table["n_params"] = [(first.loc[f, "n_params"] + (1 if get_family(f).profile_eps else 0)) if f in first.index

@@ -124,41 +124,38 @@ def _batches(con, sql: str, batch_cells: int):
 
 
 class _Cache:
-    """The design matrix, outcomes, trials and cluster codes of every cell in one binary file, read back batch by
-    batch; with ``entropy`` the cells' mean entropy beside it (for ``_OffsetCache``)."""
+    """The design matrix, outcomes, trials and cluster codes of every cell (with ``entropy`` also the cells' mean
+    entropy, for ``_OffsetCache``) in one binary file, read back batch by batch."""
 
     def __init__(self, path: Path, k: int, *, entropy: bool = False):
-        self.path, self.k, self.sizes = path, k, []
+        self.path, self.k, self.entropy, self.sizes = path, k, entropy, []
         self._file = open(path, "wb")
-        self.entropy_path = path.with_suffix(".entropy") if entropy else None
-        self._entropy = open(self.entropy_path, "wb") if entropy else None
 
     def write(self, x: np.ndarray, y: np.ndarray, n: np.ndarray, g: np.ndarray, h: np.ndarray | None = None) -> None:
         self.sizes.append(len(y))
-        for a, dtype in ((x, np.float64), (y, np.float64), (n, np.float64), (g, np.int32)):
+        arrays = [(x, np.float64), (y, np.float64), (n, np.float64), (g, np.int32)]
+        for a, dtype in arrays + ([(h, np.float64)] if self.entropy else []):
             self._file.write(np.ascontiguousarray(a, dtype=dtype).tobytes())
-        if self._entropy is not None:
-            self._entropy.write(np.ascontiguousarray(h, dtype=np.float64).tobytes())
 
     def close(self) -> None:
         self._file.close()
-        if self._entropy is not None:
-            self._entropy.close()
 
     def unlink(self) -> None:
         self.close()
-        for path in (self.path, self.entropy_path):
-            if path is not None:
-                path.unlink(missing_ok=True)
+        self.path.unlink(missing_ok=True)
 
-    def __iter__(self):
+    def batches(self):
+        """``(x, y, n, g, h)`` per batch (h None without ``entropy``)."""
         with open(self.path, "rb") as f:
             for size in self.sizes:
                 x = np.fromfile(f, np.float64, size * self.k).reshape(size, self.k)
-                y = np.fromfile(f, np.float64, size)
-                n = np.fromfile(f, np.float64, size)
+                y, n = np.fromfile(f, np.float64, size), np.fromfile(f, np.float64, size)
                 g = np.fromfile(f, np.int32, size)
-                yield x, y, n, g
+                yield x, y, n, g, (np.fromfile(f, np.float64, size) if self.entropy else None)
+
+    def __iter__(self):
+        for x, y, n, g, _ in self.batches():
+            yield x, y, n, g
 
 
 class _OffsetCache:
@@ -167,16 +164,15 @@ class _OffsetCache:
 
     def __init__(self, base: _Cache, j: int, offset: float):
         self.base, self.j, self.offset = base, j, float(offset)
-        self.k, self.sizes, self.path = base.k, base.sizes, None
+        self.k, self.sizes = base.k, base.sizes
 
     def column(self, h: np.ndarray) -> np.ndarray:
         return np.log(np.maximum(h, 0.0) + self.offset)  # as fit._fit_profile_eps
 
     def __iter__(self):
-        with open(self.base.entropy_path, "rb") as f:
-            for (x, y, n, g), size in zip(self.base, self.sizes):
-                x[:, self.j] = self.column(np.fromfile(f, np.float64, size))
-                yield x, y, n, g
+        for x, y, n, g, h in self.base.batches():
+            x[:, self.j] = self.column(h)
+            yield x, y, n, g
 
     def unlink(self) -> None:  # the base is removed by its owner
         pass
@@ -463,7 +459,7 @@ def _best_offset_fit(cells: _CellDesign, offsets, fam, *, start_params, max_iter
                      n_requests: int, common: dict) -> dict:
     """One fit, or one per offset c of a profiled log(H + c) keeping the largest log-likelihood among converged
     fits (as fit._fit_profile_eps), with its sandwich sums (``parts``). Every design file is removed."""
-    best, base = None, None
+    best, base, made = None, None, []
     notes = common["notes"]
 
     def drop(cache) -> None:  # a design no longer needed (the base design stays until the end)
@@ -483,16 +479,13 @@ def _best_offset_fit(cells: _CellDesign, offsets, fam, *, start_params, max_iter
                 x0 = x0.copy()
                 x0[:, j] = cache.column(h0)
                 skeleton = (x0, y0, n0, h0)
-            try:
-                beta, converged, iteration, history = _irls(cache, design.column_names, fam,
-                                                            start_params=start_params, max_iter=max_iter, tol=tol)
-                rank = None
-                if fam.profile_eps:
-                    llf = _llf_pass(cache, fam.link, beta)
-                    rank = (converged and bool(np.isfinite(llf)), llf if np.isfinite(llf) else -np.inf)
-            except BaseException:
-                drop(cache)
-                raise
+            made.append(cache)
+            beta, converged, iteration, history = _irls(cache, design.column_names, fam, start_params=start_params,
+                                                        max_iter=max_iter, tol=tol)
+            rank = None
+            if fam.profile_eps:
+                llf = _llf_pass(cache, fam.link, beta)
+                rank = (converged and bool(np.isfinite(llf)), llf if np.isfinite(llf) else -np.inf)
             if best is None or rank > best["rank"]:
                 if best is not None:
                     drop(best["cache"])
@@ -509,10 +502,8 @@ def _best_offset_fit(cells: _CellDesign, offsets, fam, *, start_params, max_iter
             notes.append("the GLM did not converge; treat the estimates with suspicion")
         best["parts"] = _sandwich_pass(best["cache"], fam.link, best["beta"], n_requests)
     finally:
-        if best is not None:
-            best["cache"].unlink()
-        if base is not None:
-            base[1].unlink()
+        for cache in made:
+            cache.unlink()
     return best
 
 
@@ -574,10 +565,7 @@ def fit_law_out_of_core(traces, family: str = "law_exp", by: str | None = None, 
     fam, by = _checked_options(family, by, depth=depth, cov_type=cov_type, on_invalid=on_invalid)
     bins = tuple(fam.bin_columns)
     keys = (*_KEYS, *fam.extra_keys)
-    means = _means_for(fam, "family", with_rounds=True)
-    for m in ("log_entropy",) if fam.name == "law_exp_mundlak" else ():
-        if m not in means:
-            means.append(m)
+    means = _means_for(fam, "family", with_rounds=True)  # law_exp_mundlak's log_entropy included
     options = dict(depth=depth, cov_type=cov_type, alpha=alpha, eps=eps,
                    min_requests_per_category=min_requests_per_category, drop_small_categories=drop_small_categories,
                    batch_cells=batch_cells, tol=tol, max_iter=max_iter, start_params=start_params)
