@@ -295,6 +295,13 @@ def log_bin(values: np.ndarray, *, eps: float = EPS_NATS, width_log10: float = 0
     return np.floor((np.log10(x + eps) - np.log10(eps)) / width_log10).astype(np.int64)
 
 
+def _add_bins(frame: pd.DataFrame, source: pd.DataFrame, columns, eps: float, width_log10: float) -> list[str]:
+    """``bin_<column>`` of each of ``source``'s ``columns`` added to ``frame`` (in place); returns the names."""
+    for col in columns:
+        frame[f"bin_{col}"] = log_bin(source[col].to_numpy(), eps=eps, width_log10=width_log10)
+    return [f"bin_{col}" for col in columns]
+
+
 def _group_sums(frame: pd.DataFrame, keys: Sequence[str], values: Sequence[str]) -> pd.DataFrame:
     """Sums of ``values`` per distinct ``keys``, sorted by the keys (a mixed-radix code and ``np.bincount``:
     faster than a multi-key groupby on millions of rows)."""
@@ -332,11 +339,7 @@ def aggregate_at_risk(table: pd.DataFrame, *, bin_columns: Sequence[str] = ("tar
     _require_columns(table, (*keys, "accepted", *bin_columns), "the at-risk table")
     means = mean_columns(table, extra_means)
     frame = table[[*keys, "accepted", *means]].copy()
-    bin_names = []
-    for col in bin_columns:
-        name = f"bin_{col}"
-        frame[name] = log_bin(table[col].to_numpy(), eps=eps, width_log10=width_log10)
-        bin_names.append(name)
+    bin_names = _add_bins(frame, table, bin_columns, eps, width_log10)
     frame["n_acc"] = frame.pop("accepted").astype(np.int64)
     frame["n"] = 1
     out = _cell_means(_group_sums(frame, [*keys, *bin_names], ["n_acc", "n", *means]), means)
@@ -377,10 +380,7 @@ def binned_rows(table: pd.DataFrame, aggregate: pd.DataFrame) -> pd.DataFrame:
     attrs = aggregate.attrs
     keys = list(attrs["keys"])
     frame = table.copy()
-    bin_names = []
-    for col in attrs["bin_columns"]:
-        frame[f"bin_{col}"] = log_bin(frame[col].to_numpy(), eps=attrs["eps"], width_log10=attrs["width_log10"])
-        bin_names.append(f"bin_{col}")
+    bin_names = _add_bins(frame, table, attrs["bin_columns"], attrs["eps"], attrs["width_log10"])
     means = mean_columns(aggregate, attrs.get("extra_means", ()))
     merged = frame.drop(columns=means).merge(aggregate[[*keys, *bin_names, *means]], on=[*keys, *bin_names],
                                              how="left", validate="many_to_one")

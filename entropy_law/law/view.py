@@ -28,11 +28,7 @@ class TraceView:
 
 def _plain(frame: pd.DataFrame) -> pd.DataFrame:
     """Categorical key columns -> str (merges across runs with different categories stay simple)."""
-    out = frame.copy()
-    for col in out.columns:
-        if isinstance(out[col].dtype, pd.CategoricalDtype):
-            out[col] = out[col].astype(str)
-    return out
+    return frame.astype({c: str for c in frame.columns if isinstance(frame[c].dtype, pd.CategoricalDtype)})
 
 
 def truthy(value) -> bool:
