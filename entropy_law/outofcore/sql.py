@@ -199,14 +199,11 @@ def _covariates_cte(needs: _QueryNeeds) -> str:
                     "            PARTITION BY run_id, request_id, round_index ORDER BY depth\n"
                     "            ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) - GREATEST(h, 0.0E0) END"
                     " AS cum_entropy_nats")
-    if needs.lag:
-        cols.append("CASE WHEN valid THEN lag_h END AS lag_entropy_nats")
-    if needs.run:
-        cols.append("CASE WHEN valid THEN run_mean_h END AS run_mean_entropy_nats")
-    if needs.pos:
-        cols.append("CASE WHEN valid THEN pos END AS position")
-    if needs.miss:
-        cols.append(f"CASE WHEN valid THEN {_miss_sql('p1')} END AS {_MISS_BIN}")
+    windows = ((needs.lag, "lag_h", "lag_entropy_nats"), (needs.run, "run_mean_h", "run_mean_entropy_nats"),
+               (needs.pos, "pos", "position"), (needs.miss, _miss_sql("p1"), _MISS_BIN))
+    for needed, value, name in windows:
+        if needed:
+            cols.append(f"CASE WHEN valid THEN {value} END AS {name}")
     return "covariates AS (\n    SELECT " + ",\n        ".join(cols) + "\n    FROM checked\n)"
 
 
