@@ -1062,9 +1062,8 @@ def _fit_glm(counts: pd.DataFrame, family: LawFamily, depth_model: str, cov_type
 
 def cluster_score_test(restricted, full, terms: Sequence[str]) -> tuple[float, float]:
     """(LM, p): cluster-robust score test of ``terms`` (in the GLM result ``full``, not in ``restricted``) at the
-    restricted estimates, clusters = the full model's ``request_id``; chi-square with len(terms) df. The same
-    statistic as ``hypotheses.robust_score_test`` (which P1 of ``law_exp`` uses; kept here so that a fitted law
-    can show its own P1 without importing the hypotheses layer; equality tested)."""
+    restricted estimates, clusters = the full model's ``request_id``; chi-square with len(terms) df (P1 of
+    ``law_exp``, here and through ``hypotheses.robust_score_test``)."""
     model = full.model
     names = list(model.exog_names)
     theta = np.array([restricted.params[n] if n in restricted.params.index else 0.0 for n in names])
