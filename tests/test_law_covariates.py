@@ -238,8 +238,12 @@ def test_print_summary_shows_p1(capsys):
 
 
 def test_own_p1_equals_the_hypotheses_score_test(rows):
-    """FittedLaw.universality (fit.cluster_score_test) and hypotheses.universality_test (robust_score_test)
-    give the same P1 for law_exp: two implementations of the same statistic."""
+    """FittedLaw.universality and hypotheses.universality_test (two routes to P1 for law_exp: the fitted law's own
+    fits and the hypotheses layer's) agree, and their statistic (``fit.cluster_score_test``) equals the efficient
+    score test written out here: u_g = s_g2 - I21 I11^-1 s_g1 per request, LM = (sum u)' (G/(G-1) sum u u')^-1 sum u."""
+    from scipy import stats
+
+    from entropy_law.law.fit import cluster_score_test
     from entropy_law.law.hypotheses import universality_test
 
     one = one_drafter(rows)
@@ -247,9 +251,25 @@ def test_own_p1_equals_the_hypotheses_score_test(rows):
         warnings.simplefilter("ignore")
         mine = fit_law(one, "law_exp").universality()
         theirs = universality_test(one).summary["value"]
+        restricted, full = fit_law(one, "law_exp"), fit_law(one, "law_exp_cat")
     assert mine["score_statistic"] == pytest.approx(theirs["score_statistic"], rel=1e-6)
     assert mine["p_value"] == pytest.approx(theirs["p_value"], rel=1e-6)
     assert mine["wald_statistic"] == pytest.approx(theirs["wald_statistic"], rel=1e-6)
+    model = full.result.model
+    names = list(model.exog_names)
+    terms = [n for n in names if n not in restricted.result.params.index]
+    theta = np.array([restricted.result.params.get(n, 0.0) for n in names])
+    extra = np.array([n in terms for n in names])
+    per_group = pd.DataFrame(model.score_obs(theta)).groupby(model.data.frame["request_id"].to_numpy()).sum()
+    per_group = per_group.to_numpy()
+    info = -model.hessian(theta)
+    u = per_group[:, extra] - per_group[:, ~extra] @ (info[np.ix_(extra, ~extra)]
+                                                      @ np.linalg.inv(info[np.ix_(~extra, ~extra)])).T
+    g, total = len(u), u.sum(axis=0)
+    lm = float(total @ np.linalg.solve(u.T @ u * g / (g - 1), total))
+    got_lm, got_p = cluster_score_test(restricted.result, full.result, terms)
+    assert terms and got_lm == pytest.approx(lm, rel=1e-9)
+    assert got_p == pytest.approx(float(stats.chi2.sf(lm, len(terms))), rel=1e-9)
 
 
 def test_drafter_top1_probability_is_carried_and_a_known_effect_recovered(sim):

@@ -1,36 +1,11 @@
 """GLANCE's "draftability law" on any round data: its fit, its diagnostics and ``holds()``.
 
-GLANCE (github ``js-lee-AI/GLANCE``, MIT: ``glance/law.py``, ``experiments/fit_law.py``,
-``experiments/main_table.py``) fits one law to one pair per verify round. Written here from its description
-(``docs/law.md``), not from its code.
-
-Known here:
-
-- **The law.** H = the target's next-token entropy (nats) at the round root, the distribution that predicts
-  depth 1 (in our traces: ``target_entropy_nats`` of the round's depth-1 token row); a = accepted drafts,
-  bonus excluded (``rounds.accepted``). logit p = b0 - b1 H and E[a | H] in two forms that differ
-  (``FORMS``): ``"code"`` (what GLANCE fits), min(p / (1 - p), cap) = min(exp(b0 - b1 H), cap) with cap 15;
-  ``"readme"``, p (1 - p^L) / (1 - p) = p + p^2 + ... + p^L with L = 15, the mean run of a geometric
-  acceptance cut at L drafts (our ``blocks.expected_accepted`` with acceptance p at every depth).
-- **The fit.** Nonlinear least squares on the rounds (``scipy.optimize.least_squares``, ``method="lm"``,
-  analytic Jacobian) from b0 = logit(m / (1 + m)), m = the mean of a (floored at 0.05 as GLANCE does), and
-  b1 = 1; at least ``MIN_ROUNDS`` rounds with variation in H and a; b1 is reported clipped to ``B1_MAX``
-  (``b1``; the estimate itself is ``b1_fitted``). Per category (GLANCE: per task) and pooled.
-- **Diagnostics.** ``r2_curve``: R^2 of the law at the mean entropy of each of 10 entropy-quantile bins
-  (bins of fewer than 5 rounds left out) against the bin's mean a (``curve``, with percentile-bootstrap
-  intervals of the bin means from ``scipy.stats.bootstrap``); ``r2_round``: R^2 on single rounds;
-  ``r2_ceiling``: the share of the rounds' variance of a between 50 entropy-quantile bins (n / 10 bins, at
-  least 5, below 100 rounds), what a function of H alone could explain at best; Spearman rho of (H, a).
-  Like GLANCE, both R^2 are computed with the fitted b1, not the clipped one.
-- **holds()** (``checks``): b1 > 0; rho < 0 with p < 0.05; r2_curve >= 0.5 or r2_round / r2_ceiling >= 0.5;
-  mean a >= 0.15 and b1 <= 25. Departure: b1 <= 25 is checked on the estimate; GLANCE checks the clipped
-  value, so its check cannot fail.
-- The per-round table a fit starts from (``round_table``), the round logs' import and export
-  (``glance.rounds``) and the per-round comparison with our law (``glance.compare``) live beside it.
-
-Not known here: the GLM families (``entropy_law.law.fit``; ``fit_law`` refuses the family names "glance" and
-"glance_readme" and points here), the gallery figure and the report section (``entropy_law.plots.glance``), trace
-runs of imported round logs (``entropy_law.importers.glance``). No torch.
+Written from GLANCE's description (``docs/law.md``), not its code. H = the target's entropy (nats) at the round
+root, a = accepted drafts (bonus excluded), logit p = b0 - b1 H, and E[a | H] in two forms: ``"code"`` (what
+GLANCE fits) min(exp(b0 - b1 H), cap), ``"readme"`` p + p^2 + ... + p^L. Fitted by nonlinear least squares per
+category and pooled; b1 is reported clipped to ``B1_MAX`` (``b1_fitted`` is the estimate). Diagnostics:
+``r2_curve`` (on entropy-decile means), ``r2_round``, ``r2_ceiling`` (the best a function of H could do),
+Spearman rho. ``holds()``: GLANCE's four conditions, except that b1 <= 25 is checked on the estimate.
 """
 
 from __future__ import annotations
@@ -56,7 +31,6 @@ N_BOOT = 2000  # bootstrap resamples of a decile bin's mean
 START_MEAN_FLOOR = 0.05  # the start value of b0 uses max(mean a, this)
 FORMS = ("code", "readme")
 GLANCE_FAMILIES = {"glance": "code", "glance_readme": "readme"}  # fit_law family name -> form
-# ----------------------------------------------------------------------------- the law
 
 
 def _check_form(form: str) -> str:
@@ -75,8 +49,7 @@ def _check_cap(form: str, cap) -> float:
 
 
 def glance_expected_accepted(entropy, b0: float, b1: float, *, form: str = "code", cap: float = CAP) -> np.ndarray:
-    """E[a | H] under logit p = b0 - b1 H, elementwise: ``"code"`` min(p / (1 - p), cap) (the odds are
-    exp(b0 - b1 H), computed directly), ``"readme"`` p + p^2 + ... + p^L with L = ``cap``."""
+    """E[a | H] under logit p = b0 - b1 H: ``"code"`` min(p / (1 - p), cap), ``"readme"`` p + ... + p^cap."""
     form = _check_form(form)
     cap = _check_cap(form, cap)
     z = b0 - b1 * np.asarray(entropy, dtype=float)
@@ -108,7 +81,6 @@ def _nls(H: np.ndarray, a: np.ndarray, form: str, cap: float):
     mean_a = max(float(a.mean()), START_MEAN_FLOOR)
     start = np.array([special.logit(mean_a / (1.0 + mean_a)), 1.0])
     residuals, jacobian = _residuals_and_jacobian(H, a, form, cap)
-    # tolerances tighter than scipy's defaults (GLANCE keeps those): the estimate, not the stopping rule, is reported
     return optimize.least_squares(residuals, start, jac=jacobian, method="lm", xtol=1e-12, ftol=1e-12, gtol=1e-12,
                                   max_nfev=20000)
 
@@ -122,9 +94,8 @@ def _r2(y: np.ndarray, predicted: np.ndarray) -> float:
 
 
 def quantile_bins(entropy, bins: int) -> np.ndarray:
-    """The entropy-quantile bin (0 .. ``bins`` - 1) of each round: bin i holds q_i <= H < q_{i+1}, q the
-    ``bins + 1`` quantiles of H (numpy's linear interpolation) with the outer ones at -inf and +inf.
-    Tied quantiles leave a bin empty."""
+    """The entropy-quantile bin (0 .. ``bins`` - 1) of each round: q_i <= H < q_{i+1} (tied quantiles leave a
+    bin empty)."""
     h = np.asarray(entropy, dtype=float)
     inner = np.quantile(h, np.linspace(0.0, 1.0, bins + 1))[1:-1]
     return np.searchsorted(inner, h, side="right")
@@ -132,10 +103,9 @@ def quantile_bins(entropy, bins: int) -> np.ndarray:
 
 def decile_curve(entropy, accepted, *, bins: int = CURVE_BINS, min_per_bin: int = MIN_PER_BIN, n_boot: int = N_BOOT,
                  seed: int = 0, predicted=None) -> pd.DataFrame:
-    """Mean accepted length per entropy-quantile bin: ``bin``, ``n``, ``entropy`` (mean H), ``accepted``
-    (mean a) and its 95% percentile-bootstrap interval ``ci_low`` / ``ci_high`` (``n_boot`` resamples of the
-    bin's rounds, ``seed``; NaN with ``n_boot=0``); with ``predicted`` (one value per round) also
-    ``predicted``, its mean in the bin. Bins of fewer than ``min_per_bin`` rounds are left out."""
+    """Per entropy-quantile bin of at least ``min_per_bin`` rounds: ``bin``, ``n``, ``entropy`` (mean H),
+    ``accepted`` (mean a) with its 95% percentile-bootstrap ``ci_low`` / ``ci_high`` (NaN with ``n_boot=0``), and
+    the mean of ``predicted`` (one value per round) where given."""
     h = np.asarray(entropy, dtype=float)
     a = np.asarray(accepted, dtype=float)
     which = quantile_bins(h, bins)
@@ -152,7 +122,7 @@ def decile_curve(entropy, accepted, *, bins: int = CURVE_BINS, min_per_bin: int 
             ci = stats.bootstrap((a[take],), np.mean, n_resamples=int(n_boot), method="percentile",
                                  vectorized=True, rng=rng).confidence_interval
             row.update(ci_low=float(ci.low), ci_high=float(ci.high))
-        elif n_boot:  # every round of the bin accepted the same: the interval is the point
+        elif n_boot:  # no variation: the interval is the point
             row.update(ci_low=row["accepted"], ci_high=row["accepted"])
         if predicted is not None:
             row["predicted"] = float(np.asarray(predicted, dtype=float)[take].mean())
@@ -162,9 +132,8 @@ def decile_curve(entropy, accepted, *, bins: int = CURVE_BINS, min_per_bin: int 
 
 
 def r2_ceiling(entropy, accepted, *, bins: int = CEILING_BINS) -> float:
-    """Share of the rounds' variance of a that lies between ``bins`` entropy-quantile bins (n // 10 bins,
-    at least 5, when there are fewer than 2 ``bins`` rounds): the R^2 of the best function of H alone at
-    that resolution (the eta^2 of a one-way ANOVA of a on the bin)."""
+    """Share of the variance of a between ``bins`` entropy-quantile bins (n // 10, at least 5, below 2 ``bins``
+    rounds): the R^2 of the best function of H alone at that resolution."""
     h = np.asarray(entropy, dtype=float)
     a = np.asarray(accepted, dtype=float)
     if len(a) < 2 * bins:
@@ -177,10 +146,9 @@ def r2_ceiling(entropy, accepted, *, bins: int = CEILING_BINS) -> float:
 
 def holds_checks(*, slope, spearman_rho: float, spearman_p: float, r2_curve: float, frac_of_ceiling: float,
                  mean_accepted: float, slope_max: float = B1_MAX) -> dict:
-    """GLANCE's four conditions, each a bool: ``slope_positive`` (b1 > 0: acceptance falls with entropy),
-    ``negative_rank_correlation`` (rho < 0, p < 0.05), ``curve_or_ceiling`` (r2_curve >= 0.5 or
-    r2_round / r2_ceiling >= 0.5) and ``non_degenerate`` (mean a >= 0.15 and slope <= ``slope_max``).
-    ``slope``: one value, or several (one per LOCO fold; every one must pass)."""
+    """GLANCE's four conditions, each a bool: ``slope_positive``, ``negative_rank_correlation`` (rho < 0,
+    p < 0.05), ``curve_or_ceiling`` (either >= 0.5) and ``non_degenerate`` (mean a >= 0.15, slope <=
+    ``slope_max``). ``slope``: one value, or several that must all pass."""
     def at_least(x, bound):
         return bool(np.isfinite(x) and x >= bound)
 
@@ -194,8 +162,7 @@ def holds_checks(*, slope, spearman_rho: float, spearman_p: float, r2_curve: flo
 @dataclass
 class GlanceLaw(Result):
     """GLANCE's law fitted to one scope (``"pooled"`` or a category), with per-category fits in
-    ``per_category`` (pooled fits only). ``summary``: one row per scope (the pooled fit first); ``b1`` is
-    clipped to 25 as GLANCE reports it, ``b1_fitted`` the estimate."""
+    ``per_category``. ``summary``: one row per scope, the pooled fit first."""
 
     scope: str
     form: str
@@ -234,7 +201,7 @@ class GlanceLaw(Result):
                             mean_accepted=self.mean_accepted)
 
     def holds(self) -> bool:
-        """Whether all four conditions hold (``checks`` has them one by one; GLANCE returns both as a pair)."""
+        """Whether all four ``checks`` hold."""
         return all(self.checks.values())
 
     @property
@@ -262,8 +229,7 @@ class GlanceLaw(Result):
         return self.per_category[category]
 
     def predict(self, entropy, category=None) -> np.ndarray:
-        """E[a | H] (accepted drafts per round) at root entropies ``entropy`` (nats) under this fit, or under
-        the category's own fit; uses the reported (clipped) b1, as GLANCE's ``expected`` does."""
+        """E[a | H] at root entropies ``entropy`` (nats) under this fit or the category's, with the clipped b1."""
         law = self if category is None else self[category]
         h = np.asarray(entropy, dtype=float)
         if np.any(~np.isfinite(h)) or np.any(h < -atrisk.NEGATIVE_TOLERANCE):
@@ -271,9 +237,8 @@ class GlanceLaw(Result):
         return glance_expected_accepted(np.maximum(h, 0.0), law.b0, law.b1, form=law.form, cap=law.cap)
 
     def plot(self, ax=None, *, category=None, color=None, label=None):
-        """The decile curve (mean accepted drafts per entropy-quantile bin, with its bootstrap interval)
-        and the fitted E[a | H]; returns ``ax``."""
-        import matplotlib.pyplot as plt  # lazy: the law layer needs matplotlib only to plot a result
+        """The decile curve with its bootstrap interval and the fitted E[a | H]; returns ``ax``."""
+        import matplotlib.pyplot as plt
 
         law = self if category is None else self[category]
         if ax is None:
@@ -328,17 +293,13 @@ def _fit_scope(rounds: pd.DataFrame, scope: str, form: str, cap: float, *, bins:
 def fit_glance(data, form: str = "code", *, by: str | None = None, per_category: bool = True, cap: float = CAP,
                bins: int = CURVE_BINS, ceiling_bins: int = CEILING_BINS, n_boot: int = N_BOOT, seed: int = 0,
                drafting_only: bool = True) -> GlanceLaw:
-    """Fit GLANCE's law, pooled and per category (GLANCE: per task), to ``data``: traces of one arm (any
-    object with ``.tokens``, ``.rounds``, ``.runs``; ``glance_rounds`` makes the rounds) or a per-round
-    table (``read_glance_rounds`` / ``glance_rounds``: ``entropy``, ``accepted``, optional ``category`` or
-    ``task`` and ``request_id``).
+    """Fit GLANCE's law, pooled and per category, to ``data``: traces of one arm or a per-round table
+    (``entropy``, ``accepted``, optional ``category`` / ``task`` and ``request_id``).
 
-    ``form``: ``"code"`` or ``"readme"`` (module docstring); ``cap``: the cap, or L. ``by``: ``None`` or
-    ``"category"`` (the same: GLANCE fits per category and pooled); ``per_category=False`` fits the pooled
-    law only. Categories with fewer than 30 rounds are left out with a note; the pooled fit needs 30.
-    ``n_boot``: bootstrap resamples of each decile mean (0: no intervals); ``seed``: their generator.
-    ``drafting_only``: for traces, rounds without a draft (``tree_depth`` 0) are left out, as GLANCE logs
-    only rounds that draft.
+    ``form``: ``"code"`` or ``"readme"``; ``cap``: the cap, or L. ``by``: ``None`` or ``"category"`` (the same);
+    ``per_category=False`` fits the pooled law only. Categories with fewer than 30 rounds are left out with a
+    note. ``n_boot``: bootstrap resamples of each decile mean (0: none). ``drafting_only``: rounds without a
+    draft are left out, as GLANCE logs only rounds that draft.
     """
     form = _check_form(form)
     cap = _check_cap(form, cap)

@@ -1,13 +1,5 @@
-"""GLANCE's round logs: the per-round table of any round data, its import and its export.
-
-Known here: GLANCE's JSONL (``main_table.py --round-log``: ``ROUND_LOG_FIELDS``, ``round`` from 0 per prompt,
-``prompt`` an index, no token ids): ``read_glance_rounds`` (errors name file:line and field), ``glance_rounds``
-(our traces in that shape: drafting rounds of one arm, H from the depth-1 row), ``write_glance_rounds`` (rows
-GLANCE's ``experiments/fit_law.py`` reads unchanged), and ``round_table``, the checked per-round table every fit
-of GLANCE's law starts from.
-
-Not known here: the law and its fit (``glance.law``), the comparison with our law (``glance.compare``). No torch.
-"""
+"""GLANCE's round logs (JSONL, ``ROUND_LOG_FIELDS``): the per-round table of any round data (``round_table``,
+``glance_rounds``), its import (errors name file:line and field) and its export (rows GLANCE's fit reads)."""
 
 from __future__ import annotations
 
@@ -61,14 +53,9 @@ def _check_one_arm(traces, run_ids) -> None:
 
 
 def glance_rounds(traces, *, drafting_only: bool = True) -> pd.DataFrame:
-    """Our traces as GLANCE's round log: one row per round (only rounds that drafted, ``tree_depth`` > 0,
-    unless ``drafting_only=False``) in request and round order, with GLANCE's fields ``round`` (0, 1, ...
-    per prompt), ``entropy`` (the round root's entropy: ``target_entropy_nats`` of the round's depth-1 token
-    row, nats), ``accepted`` (tau), ``tau`` (tau + 1), ``tree_size`` (draft nodes + the root), ``extended``
-    (False: our drafters do not extend past the block), ``task`` (the category) and ``prompt`` (the
-    request's index in its category, in order of appearance), and our keys ``category``, ``run_id``,
-    ``request_id``, ``round_index``, ``start_position``, ``tree_depth``, ``committed``.
-    The traces must hold one drafting arm."""
+    """Traces of one drafting arm as GLANCE's round log: one row per round (that drafted, unless
+    ``drafting_only=False``) with GLANCE's fields (``entropy``: the depth-1 row's, nats; ``task``: the category;
+    ``prompt``: the request's index in its category) and our keys."""
     tokens, rounds = traces.tokens, traces.rounds
     keys = ["run_id", "request_id", "round_index"]
     for name, frame, cols in (("tokens", tokens, keys + ["category", "depth", "target_entropy_nats"]),
@@ -120,62 +107,22 @@ def _whole(value) -> bool:
 
 
 def read_glance_rounds(path) -> pd.DataFrame:
-    """GLANCE's round log (JSONL from ``experiments/main_table.py --round-log``) as a per-round table.
+    """GLANCE's round log (JSONL) as a per-round table: GLANCE's eight fields, ``category`` (= task),
+    ``request_id`` (``"<task>/<prompt>"``) and ``line`` (1-based).
 
-    Each non-blank line is a JSON object with ``round``, ``entropy`` (nats), ``accepted`` and ``tau``, and,
-    as GLANCE writes them, ``tree_size``, ``extended``, ``task`` and ``prompt``. A field missing on every
-    line takes its default (``task`` "all", as GLANCE's ``fit_law.py``; ``prompt``: a new prompt wherever
-    ``round`` restarts at 0 within a task; ``tree_size`` null; ``extended`` false); a field missing on some
-    lines only is an error. Errors (``ValueError``) name ``file:line`` and the field: invalid JSON, a
-    missing field, a non-numeric, non-finite or negative entropy (below -1e-5 nats; fp32 round-off above
-    that is set to 0), a negative or fractional ``accepted``, ``tau`` != ``accepted`` + 1, a negative or
-    fractional ``round`` or ``prompt``, a ``tree_size`` below 1, a non-boolean ``extended``, and a
-    (task, prompt, round) seen twice.
-
-    Columns: GLANCE's eight fields and ``category`` (= task, so tasks become categories), ``request_id``
-    (``"<task>/<prompt>"``) and ``line`` (1-based line number in the file).
+    A field missing on every line takes its default (``task`` "all"; ``prompt``: a new prompt wherever ``round``
+    restarts at 0 within a task); missing on some lines only, it is an error. Errors (``ValueError``) name
+    ``file:line`` and the field: invalid JSON, a bad entropy, ``accepted``, ``round``, ``prompt``, ``tree_size``
+    or ``extended``, ``tau`` != ``accepted`` + 1, and a (task, prompt, round) seen twice.
     """
     path = Path(path)
     numbered = list(read_json_lines(path, "a JSON object (one round)"))
-    lines, rows = [n for n, _ in numbered], [row for _, row in numbered]
-    if not rows:
+    if not numbered:
         raise ValueError(f"{path}: no rounds (the file is empty)")
-    present = {name for row in rows for name in ROUND_LOG_FIELDS if name in row}
+    present = {name for _, row in numbered for name in ROUND_LOG_FIELDS if name in row}
     required = set(REQUIRED_FIELDS) | present
-    records = []
-    for row, number in zip(rows, lines):
-        where = f"{path}:{number}"
-        for name in ROUND_LOG_FIELDS:
-            if name in required and name not in row:
-                raise ValueError(f"{where}: field '{name}' is missing")
-        entropy = row["entropy"]
-        if not _is_number(entropy) or not math.isfinite(entropy):
-            raise ValueError(f"{where}: field 'entropy' must be a finite number of nats, got {entropy!r}")
-        if entropy < -atrisk.NEGATIVE_TOLERANCE:
-            raise ValueError(f"{where}: field 'entropy' is negative ({entropy!r} nats)")
-        for name in ("round", "accepted", "tau"):
-            if not _whole(row[name]):
-                raise ValueError(f"{where}: field '{name}' must be a whole number, got {row[name]!r}")
-        if row["accepted"] < 0:
-            raise ValueError(f"{where}: field 'accepted' is negative ({row['accepted']!r})")
-        if row["round"] < 0:
-            raise ValueError(f"{where}: field 'round' is negative ({row['round']!r})")
-        if row["tau"] != row["accepted"] + 1:
-            raise ValueError(f"{where}: field 'tau' must be accepted + 1 = {int(row['accepted']) + 1}, got {row['tau']!r}")
-        if "prompt" in row and not (_whole(row["prompt"]) and row["prompt"] >= 0):
-            raise ValueError(f"{where}: field 'prompt' must be a prompt index (a whole number >= 0), got {row['prompt']!r}")
-        if "tree_size" in row and not (_whole(row["tree_size"]) and row["tree_size"] >= 1):
-            raise ValueError(f"{where}: field 'tree_size' must be a whole number >= 1, got {row['tree_size']!r}")
-        if "extended" in row and not isinstance(row["extended"], bool):
-            raise ValueError(f"{where}: field 'extended' must be true or false, got {row['extended']!r}")
-        task = row.get("task", DEFAULT_TASK)
-        if not isinstance(task, (str, int)) or isinstance(task, bool):
-            raise ValueError(f"{where}: field 'task' must be a name, got {task!r}")
-        records.append(dict(round=int(row["round"]), entropy=max(float(entropy), 0.0), accepted=int(row["accepted"]),
-                            tau=int(row["tau"]), tree_size=float(row["tree_size"]) if "tree_size" in row else np.nan,
-                            extended=bool(row.get("extended", False)), task=str(task),
-                            prompt=int(row["prompt"]) if "prompt" in row else None, line=number))
-    out = pd.DataFrame(records)
+    out = pd.DataFrame([_round_record(row, f"{path}:{number}", required) | {"line": number}
+                        for number, row in numbered])
     if "prompt" not in present:  # a new prompt wherever round restarts at 0 within a task
         out["prompt"] = out.groupby("task", sort=False)["round"].transform(lambda r: (r.to_numpy() == 0).cumsum() - 1)
         if (out["prompt"] < 0).any():
@@ -198,11 +145,43 @@ def read_glance_rounds(path) -> pd.DataFrame:
     return out[list(ROUND_LOG_FIELDS) + ["category", "request_id", "line"]]
 
 
+def _round_record(row: dict, where: str, required: set) -> dict:
+    """One line of a round log, checked (errors name ``where`` and the field)."""
+    for name in ROUND_LOG_FIELDS:
+        if name in required and name not in row:
+            raise ValueError(f"{where}: field '{name}' is missing")
+    entropy = row["entropy"]
+    if not _is_number(entropy) or not math.isfinite(entropy):
+        raise ValueError(f"{where}: field 'entropy' must be a finite number of nats, got {entropy!r}")
+    if entropy < -atrisk.NEGATIVE_TOLERANCE:
+        raise ValueError(f"{where}: field 'entropy' is negative ({entropy!r} nats)")
+    for name in ("round", "accepted", "tau"):
+        if not _whole(row[name]):
+            raise ValueError(f"{where}: field '{name}' must be a whole number, got {row[name]!r}")
+    if row["accepted"] < 0:
+        raise ValueError(f"{where}: field 'accepted' is negative ({row['accepted']!r})")
+    if row["round"] < 0:
+        raise ValueError(f"{where}: field 'round' is negative ({row['round']!r})")
+    if row["tau"] != row["accepted"] + 1:
+        raise ValueError(f"{where}: field 'tau' must be accepted + 1 = {int(row['accepted']) + 1}, got {row['tau']!r}")
+    if "prompt" in row and not (_whole(row["prompt"]) and row["prompt"] >= 0):
+        raise ValueError(f"{where}: field 'prompt' must be a prompt index (a whole number >= 0), got {row['prompt']!r}")
+    if "tree_size" in row and not (_whole(row["tree_size"]) and row["tree_size"] >= 1):
+        raise ValueError(f"{where}: field 'tree_size' must be a whole number >= 1, got {row['tree_size']!r}")
+    if "extended" in row and not isinstance(row["extended"], bool):
+        raise ValueError(f"{where}: field 'extended' must be true or false, got {row['extended']!r}")
+    task = row.get("task", DEFAULT_TASK)
+    if not isinstance(task, (str, int)) or isinstance(task, bool):
+        raise ValueError(f"{where}: field 'task' must be a name, got {task!r}")
+    return dict(round=int(row["round"]), entropy=max(float(entropy), 0.0), accepted=int(row["accepted"]),
+                tau=int(row["tau"]), tree_size=float(row["tree_size"]) if "tree_size" in row else np.nan,
+                extended=bool(row.get("extended", False)), task=str(task),
+                prompt=int(row["prompt"]) if "prompt" in row else None)
+
+
 def write_glance_rounds(rounds: pd.DataFrame, path) -> int:
-    """Write a per-round table (``glance_rounds`` / ``read_glance_rounds``) as GLANCE's round log: one JSON
-    object per line with GLANCE's eight fields in its order (``ROUND_LOG_FIELDS``; ``task`` from
-    ``category`` where absent, a null ``tree_size`` as null). ``path``: a file path or an open text file.
-    Returns the number of rows written."""
+    """Write a per-round table as GLANCE's round log (its eight fields in order; ``task`` from ``category`` where
+    absent) to a path or an open text file; returns the number of rows."""
     frame = rounds.copy()
     if "task" not in frame and "category" in frame:
         frame["task"] = frame["category"]

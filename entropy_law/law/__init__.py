@@ -1,21 +1,10 @@
 """The entropy law itself: at-risk tables, law families, fits, comparison, transfer and tests.
 
-Known here, one module each: ``arms`` (which runs are one arm: model, drafter and checkpoint, tree
-policy, budget, gate; their labels; the machine a run was timed on), ``atrisk`` (the at-risk layout and
-its aggregate, refusing rows that pool arms), ``fit`` (law families, ``fit_law``, ``FittedLaw`` and, with
-``by=``, a ``LawSet`` of them), ``blocks`` (block-level arithmetic: E[tau], exact rounds by dynamic
-programming), ``compare`` (grouped CV, AIC/BIC, calibration), ``transfer`` (block prediction,
-leave-one-category-out), ``hypotheses`` (pre-registered tests, Holm), ``bootstrap`` (request bootstrap),
-``stats`` (small shared statistics: exact Spearman permutation p, Wilson interval, and the rule for intervals
-on fewer than ``FEW_REQUESTS`` requests: a ``SmallSampleWarning``), ``results`` (the result base class).
-Definitions and departures from the research notes: ``docs/law.md``.
-
-Not known here, each in its own room that builds on this one: when drafting pays (the cost model, workload
-prediction, break-even, policy fitting: ``entropy_law.payoff``), the out-of-core path (``entropy_law.outofcore``),
-GLANCE's round-level law (``entropy_law.glance``; ``fit_law`` refuses its names and points to ``fit_glance``),
-the simulator and ``TraceAnalysis`` (``entropy_law.analysis``). Never imported from here: those rooms, torch,
-decoding, drafters, jobs, plotting. Depends on numpy, scipy, pandas and statsmodels (matplotlib only when a
-result is plotted).
+One module each: ``arms`` (which runs are one arm), ``atrisk`` (the at-risk layout and its aggregate), ``fit``
+(law families, ``fit_law``, ``FittedLaw``, ``LawSet``), ``blocks`` (E[tau], exact rounds), ``compare`` (grouped
+CV), ``transfer`` (block prediction, leave-one-category-out), ``hypotheses`` (pre-registered tests),
+``bootstrap``, ``stats`` and ``results``. Definitions: ``docs/law.md``. The rooms that build on it (``payoff``,
+``outofcore``, ``glance``, ``analysis``), torch and plotting are never imported from here.
 """
 
 from entropy_law.law.arms import run_arms

@@ -1,13 +1,6 @@
-"""The law's analyses of one arm of an analysed trace set, and their tables across arms.
-
-Known here: leave-one-category-out transfer per drafted-depth mode (``loco``; ``LOCO_REPORTED``: leak-free depths
-first, then the oracle; the replayed proposals where they were given), P1 with the category share of the CV gain
-for the analysis' law (``category_share``) and across arms (``universality_table``), the LOCO accuracy across arms
-(``loco_accuracy``) and the cross-validated comparison of law families (``comparison``; ``COMPARE_FAMILIES``).
-Each function takes ``an``, an analysed trace set (``entropy_law.analysis.TraceAnalysis``: its arm views,
-``family``, ``n_folds``, ``seed``, ``proposals``, ``attempt`` and its cache), passed in and never imported.
-
-Not known here: costs and speedups (``entropy_law.payoff``), file formats (``entropy_law.traces``).
+"""The law's analyses of one arm of an analysed trace set, and their tables across arms: LOCO transfer, P1 with
+the category share of the CV gain, and the comparison of law families. Each function takes ``an``, a
+``TraceAnalysis`` (passed in, never imported).
 """
 
 from __future__ import annotations
@@ -26,10 +19,8 @@ COMPARE_FAMILIES = ("law0_cat", "law_logit", "law_exp", "law_exp0", "law_power",
 
 
 def loco(an, arm: str, depths: str = "training"):
-    """Leave-one-category-out transfer of the category-free law; ``depths="training"`` (leak-free: the
-    held-out drafted depths predicted from the training categories), ``"replayed"`` (leak-free: the
-    drafter's own proposal at every position, from ``proposals``) or ``"oracle"`` (its own observed
-    depths), each with the depth-only control (``transfer.loco_transfer``)."""
+    """``transfer.loco_transfer`` of the arm; ``depths``: ``"training"``, ``"replayed"`` (from ``an.proposals``)
+    or ``"oracle"``."""
     def compute():
         proposals = None
         if depths == "replayed":
@@ -45,9 +36,7 @@ def loco(an, arm: str, depths: str = "training"):
 
 
 def category_share(an, arm: str) -> dict:
-    """P1 and the category share of the CV gain for this analysis' law (``an.family``, the primary law by
-    default): ``FittedLaw.universality`` (category rates and exponents added to the law; cluster-robust score
-    test) and ``compare.category_share_of_gain`` (grouped ``n_folds``-fold CV by request)."""
+    """P1 (``FittedLaw.universality``) and ``compare.category_share_of_gain`` for the analysis' law."""
     def compute():
         p1 = an.law(arm).universality()
         if not p1:
@@ -61,11 +50,9 @@ def category_share(an, arm: str) -> dict:
 
 
 def universality_table(an) -> pd.DataFrame:
-    """Per arm: P1 (score statistic, df, p; robust Wald chi-square and its p) and the CV gains per trial:
-    the law over depth only, category terms over the law, and the category share of the total gain, for
-    ``law_exp`` (``hypotheses.universality_test``) and, where this analysis' law is another family, for it too
-    (``law_*`` columns, ``category_share``; NaN where it cannot run, the reason in ``attrs["notes"]``); arms
-    where P1 cannot run are left out (raises if none can)."""
+    """Per arm: P1 and the CV gains per trial of ``law_exp`` (``hypotheses.universality_test``) and, where the
+    analysis' law is another family, of it too (``law_*`` columns; NaN where it cannot run, the reason in
+    ``attrs["notes"]``). Arms where P1 cannot run are left out (raises if none can)."""
     rows, errors = [], []
     for arm in an.arms:
         p1 = an.attempt("universality", arm)
@@ -98,10 +85,7 @@ def universality_table(an) -> pd.DataFrame:
 
 
 def loco_accuracy(an) -> pd.DataFrame:
-    """LOCO accuracy across categories per arm, drafted-depth mode (``depths``: ``training``, leak-free,
-    ``replayed`` where proposals were given, and ``oracle``) and quantity (``LocoTransfer.accuracy``): mean
-    accepted length per drafting round and tokens per round (depth-aware DP), the depth-only control's (same
-    depths, no entropy) and the full-depth DP's; arms whose LOCO cannot run are left out."""
+    """``LocoTransfer.accuracy`` per arm and drafted-depth mode; arms whose LOCO cannot run are left out."""
     def compute():
         frames = []
         for arm in an.arms:
@@ -119,10 +103,8 @@ def loco_accuracy(an) -> pd.DataFrame:
 
 
 def comparison(an, arm: str):
-    """Cross-validated comparison of law families (families that cannot be fitted here are left out,
-    with a note: e.g. ``law0_cat`` needs 5 requests per category). The probe fits only ask whether a
-    family can be fitted, and the comparison's own fits are non-robust: no cluster-robust errors
-    (nor their ``SmallSampleWarning``) for intervals nobody sees."""
+    """Cross-validated comparison of law families; families that cannot be fitted here are left out, with a
+    note."""
     def compute():
         rows = atrisk.at_risk_table(an.arm_view(arm), drafters=[arm])
         n_requests = rows["request_id"].nunique()

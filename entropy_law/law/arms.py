@@ -1,30 +1,10 @@
-"""Arms: which runs of a trace set belong together, and what a reader calls them.
+"""Arms: which runs of a trace set belong together, and what a reader calls them, from the ``runs`` table alone.
 
-Known here, from a trace set's ``runs`` table (run metadata, ``docs/trace-schema.md``) alone:
-
-- the **arm** of a run, the unit one law (and one cost model) describes: the target model
-  (``model_id``), the drafter (``drafter_id``, with ``drafter_config["checkpoint_sha256"]`` where the
-  drafter was loaded from a checkpoint: two checkpoints of one architecture are two drafters, and the
-  drafter's whole ``drafter_config``, its settings: an n-gram drafter with ``max_ngram`` 1 and ``block_size`` 3 is
-  not one with 4 and 11; the checkpoint's path is not compared, its SHA-256 is), the tree policy and budget
-  (``tree_policy``, ``tree_budget``) and the drafting gate (``gate`` as written,
-  "ratio" or "cost"; runs recorded before that key: a ``verify_cost`` curve = the measured verify-cost
-  gate, none = the ratio gate; the ratio gate with its ``verify_cost_ratio`` where one is recorded; a run
-  with a per-round law policy (``policy``, its parameters) is ``"law-policy:<sha256 of the parameters>"``,
-  the machine's measured cost curve left out: one policy file is one arm, on any machine).
-  Autoregressive (AR) runs (``drafter_id`` "none" / "ar" or ``tree_policy`` "none") form one arm per model;
-- the arm's readable **label**: ``arm_label`` (``"ngram chain"``, ``"ngram ddtree16"``, ``"AR"``), and only
-  where two arms of the trace set would share it, the parts that tell them apart: the model as a
-  prefix (``"smollm2-135m/ngram chain"``), then the checkpoint (``"… sha256:2cd5887f"``), the drafter settings
-  that differ (``"… block_size=3 max_ngram=1"``), the gate (``"… cost-gate"``, ``"… ratio-gate2"``) and the
-  budget (``"… budget8"``);
-- the **machine** a run was timed on (model, ``device`` and ``host`` where recorded): a speedup or a
-  cost is measured against an AR run of the same machine only;
-- ``check_one_arm_per_drafter``: the refusal, with the arms found and how to select one, when rows
-  selected by ``drafter_id`` hold several arms (the law layer's funnel, ``atrisk.at_risk_table``, and
-  the drafter selections of ``transfer`` and ``cost`` call it).
-
-Not known here: the trace tables themselves, fits, timings. No torch.
+An **arm**, the unit one law describes, is one target model, drafter (its checkpoint's SHA-256 and settings),
+tree policy and budget, and drafting gate (a per-round law policy: the hash of its parameters); AR runs form one
+arm per model. Its **label** (``"ngram chain"``, ``"AR"``) gains, only where two arms would share it, what tells
+them apart (model prefix, checkpoint, gate, budget, drafter settings). The **machine** of a run (model, device,
+host) says which AR run its timings compare with. ``check_one_arm_per_drafter`` refuses rows that pool arms.
 """
 
 from __future__ import annotations
@@ -101,15 +81,13 @@ def arm_label(drafter_id: str, tree_policy, tree_budget=None) -> str:
 
 
 def is_ar_run(drafter_id, tree_policy) -> bool:
-    """An AR run says it has no drafter: ``drafter_id`` "none" / "ar" or ``tree_policy`` "none" (a drafter
-    whose gate declined every round is still that drafter's arm)."""
+    """An AR run says it has no drafter: ``drafter_id`` "none" / "ar" or ``tree_policy`` "none"."""
     return str(drafter_id) in AR_DRAFTER_IDS or str(tree_policy) == AR_TREE_POLICY
 
 
 def _gate(gate, verify_cost, ratio) -> str:
-    """The run's gate as written (``gate``), else as runs recorded before that key read: a ``verify_cost``
-    curve = the cost gate, none = the ratio gate; the ratio gate with its ``verify_cost_ratio`` where
-    recorded."""
+    """The run's gate as written, else a ``verify_cost`` curve = the cost gate, none = the ratio gate (with its
+    ``verify_cost_ratio`` where recorded)."""
     named = _text(gate)
     if named == GATE_COST or (named is None and not _missing(verify_cost) and verify_cost is not False):
         return GATE_COST
@@ -121,14 +99,13 @@ def _gate(gate, verify_cost, ratio) -> str:
 
 
 def policy_gate(policy) -> str | None:
-    """The gate of a run with a per-round law policy: ``"law-policy:<8 hex>"``, the SHA-256 of its parameters
-    (canonical JSON, without ``verify_cost``: the curve a run measured on its machine); None without one."""
+    """``"law-policy:<8 hex>"``, the SHA-256 of a per-round law policy's parameters (without the machine's
+    ``verify_cost``); None without one."""
     if _missing(policy) or policy is False:
         return None
-    if not isinstance(policy, dict):
-        return f"{GATE_POLICY}:{hashlib.sha256(str(policy).encode()).hexdigest()[:8]}"
-    params = {k: v for k, v in policy.items() if k != "verify_cost"}
-    text = json.dumps(params, sort_keys=True, default=str)
+    text = str(policy)
+    if isinstance(policy, dict):
+        text = json.dumps({k: v for k, v in policy.items() if k != "verify_cost"}, sort_keys=True, default=str)
     return f"{GATE_POLICY}:{hashlib.sha256(text.encode()).hexdigest()[:8]}"
 
 
@@ -141,8 +118,7 @@ _NOT_SETTINGS = ("checkpoint", "checkpoint_sha256")
 
 
 def _settings(config) -> str | None:
-    """The drafter's settings as canonical JSON (sorted keys), the checkpoint's path and SHA-256 left out; None
-    where the run recorded none."""
+    """The drafter's settings as canonical JSON without the checkpoint; None where the run recorded none."""
     if not isinstance(config, dict):
         return None
     kept = {k: v for k, v in config.items() if k not in _NOT_SETTINGS}
@@ -150,8 +126,7 @@ def _settings(config) -> str | None:
 
 
 def run_checkpoints(runs: pd.DataFrame) -> list[str]:
-    """The distinct checkpoint SHA-256s the runs' drafters were loaded from (``drafter_config``), sorted; ``[]`` for
-    drafters without a checkpoint (e.g. the n-gram one) or runs that do not say."""
+    """The distinct checkpoint SHA-256s the runs' drafters were loaded from, sorted."""
     if "drafter_config" not in runs:
         return []
     return sorted({sha for sha in map(_checkpoint, runs["drafter_config"]) if sha})
@@ -178,27 +153,20 @@ def machines(runs: pd.DataFrame) -> list[Machine]:
             for m, d, h in zip(_column(runs, "model_id"), _column(runs, "device"), _column(runs, "host"))]
 
 
-# the parts that may tell two arms with one base label apart, in the order they are added
-def _model_part(key: ArmKey) -> str:
-    return key.model_id or "unknown-model"
-
-
-def _checkpoint_part(key: ArmKey) -> str:
-    return f"sha256:{key.checkpoint_sha256[:8]}" if key.checkpoint_sha256 else "no-checkpoint"
-
-
 def _gate_part(key: ArmKey) -> str:
     if (key.gate or "").startswith(GATE_POLICY):
         return key.gate
     return key.gate.replace(" ", "-gate") if " " in (key.gate or "") else f"{key.gate}-gate"
 
 
-def _budget_part(key: ArmKey) -> str:
-    return f"budget{key.tree_budget}" if key.tree_budget is not None else "no-budget"
-
-
-_DISTINGUISHING = (("model_id", _model_part), ("checkpoint_sha256", _checkpoint_part), ("gate", _gate_part),
-                   ("tree_budget", _budget_part))
+# the parts that may tell two arms with one base label apart, in the order they are added
+_DISTINGUISHING = (
+    ("model_id", lambda key: key.model_id or "unknown-model"),
+    ("checkpoint_sha256", lambda key: f"sha256:{key.checkpoint_sha256[:8]}" if key.checkpoint_sha256
+     else "no-checkpoint"),
+    ("gate", _gate_part),
+    ("tree_budget", lambda key: f"budget{key.tree_budget}" if key.tree_budget is not None else "no-budget"),
+)
 
 
 def base_label(key: ArmKey) -> str:
@@ -206,9 +174,7 @@ def base_label(key: ArmKey) -> str:
 
 
 def arm_labels(keys: Sequence[ArmKey]) -> dict[ArmKey, str]:
-    """A readable, unique label per distinct key: ``base_label``, plus what tells apart the keys that
-    share it (model as a prefix, then checkpoint, gate and budget, then the differing drafter settings, as
-    suffixes)."""
+    """A readable, unique label per distinct key: ``base_label``, plus what tells apart the keys that share it."""
     distinct = list(dict.fromkeys(keys))
     groups: dict[str, list[ArmKey]] = {}
     for key in distinct:
@@ -217,8 +183,7 @@ def arm_labels(keys: Sequence[ArmKey]) -> dict[ArmKey, str]:
     for base, group in groups.items():
         varying = [(field, part) for field, part in _DISTINGUISHING
                    if len({getattr(k, field) for k in group}) > 1]
-        # the settings that differ, unless checkpoints differ (they tell the drafters apart, and the settings a
-        # checkpoint implies would make long labels)
+        # the settings that differ, unless checkpoints already tell the drafters apart
         settings = {} if "checkpoint_sha256" in dict(varying) else _varying_settings(group)
         for key in group:
             label = base
@@ -234,8 +199,7 @@ def arm_labels(keys: Sequence[ArmKey]) -> dict[ArmKey, str]:
 
 
 def _varying_settings(group: Sequence[ArmKey]) -> dict[ArmKey, str]:
-    """Per key of ``group``, the drafter settings whose values differ within it (``"block_size=3 max_ngram=1"``);
-    {} when the group's settings agree."""
+    """Per key of ``group``, the drafter settings that differ within it (``"block_size=3 max_ngram=1"``)."""
     if len({k.drafter_settings for k in group}) < 2:
         return {}
     parsed = {k: json.loads(k.drafter_settings) if k.drafter_settings else {} for k in group}
@@ -246,11 +210,8 @@ def _varying_settings(group: Sequence[ArmKey]) -> dict[ArmKey, str]:
 
 
 def run_arms(runs: pd.DataFrame) -> pd.DataFrame:
-    """One row per run (in ``runs``' order): ``run_id``, ``is_ar``, ``arm_key``, ``arm`` (the label,
-    unique per arm within ``runs``) and ``machine``.
-
-    A runs table that already carries ``arm_key`` and ``arm`` (``analysis.make_view``) is taken as it is,
-    so a selection of its runs keeps the labels of the whole trace set."""
+    """One row per run: ``run_id``, ``is_ar``, ``arm_key``, ``arm`` (the label) and ``machine``. A runs table
+    that already carries ``arm_key`` and ``arm`` (``analysis.make_view``) keeps its labels."""
     if {"arm_key", "arm"} <= set(runs.columns):
         keys, labels = list(runs["arm_key"]), list(runs["arm"])
     else:

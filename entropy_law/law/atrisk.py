@@ -1,19 +1,10 @@
 """At-risk (person-period) layout of traces: one Bernoulli trial per (round, depth) on the greedy path.
 
-Known here: which token rows are at risk and their outcome (role ``accepted`` -> accepted,
-``correction`` -> rejected at depth tau + 1; ``bonus`` rows are never at risk, including a bonus after
-a tree leaf shallower than the tree's depth), the covariates the laws use (target entropy and its
-log, Rényi-2, top-1 probability, logit gap, depth, category, drafter, request, cumulative entropy of
-the earlier depths of the round, the round's drafted depth), the validation of those covariates, and the aggregated form
-(counts per drafter x category x request x depth x log-spaced covariate bin, with within-cell
-covariate means) whose binomial fit equals the row-level fit on binned covariates exactly.
-
-Input contract: an object with pandas DataFrames ``.tokens`` and ``.runs`` (trace format v1 columns,
-``entropy_law/traces/schema.py``; ``.runs`` with ``run_id`` and ``drafter_id``). The at-risk table is
-the funnel every law, comparison, bootstrap, transfer and cost analysis goes through, so it refuses rows
-that would pool arms (``arms.check_one_arm_per_drafter``: runs of two models, two checkpoints, tree
-policies, budgets or gates under one ``drafter_id``). Not known here: how traces are read from disk,
-what an arm is (``arms``), or any model fit.
+Role ``accepted`` is accepted, ``correction`` is rejected at depth tau + 1; ``bonus`` rows are never at risk.
+Also here: the covariates the laws use, their validation, and the aggregated form (counts per drafter x category
+x request x depth x log-spaced covariate bin, with cell means) whose binomial fit equals the row-level fit on
+binned covariates. Input: an object with DataFrames ``.tokens`` and ``.runs`` (trace format v1). Rows that would
+pool two arms under one ``drafter_id`` are refused (``arms.check_one_arm_per_drafter``).
 """
 
 from __future__ import annotations
@@ -32,25 +23,16 @@ EPS_PROB = 1e-3  # offset of log(1 - p + eps) for a top-1 probability, the draft
 NEGATIVE_TOLERANCE = 1e-5  # fp32 round-off: entropies in [-1e-5, 0) are set to 0, below that is an error
 
 KEY_COLUMNS = ("drafter_id", "category", "request_id", "depth")
-# the tokens columns a law's DP may read at every output position besides the entropy -> the ``LawFamily.means``
-# entry that marks a law in it (``needs_context_match``, ``needs_target_top1``); ``sequences_of`` reads them
+# tokens columns a law's DP reads per position besides the entropy -> the ``LawFamily.means`` entry that needs it
 POSITION_COLUMNS = {"context_match": "context_match", "target_top1_prob": "log_target_miss"}
 COVARIATES = ("target_entropy_nats", "target_renyi2_nats", "target_top1_prob", "target_logit_gap")
 NONNEGATIVE = ("target_entropy_nats", "target_renyi2_nats", "target_logit_gap")
-# derived columns (means within an aggregated cell are taken of these directly)
 DERIVED = ("log_entropy", "log_renyi2", "log_logit_gap", "cum_entropy_nats", "log1p_cum_entropy", "log_drafted_depth")
-# decode-time covariates of the row-level table: each known before the round's verification, never the outcome
-# (draft_prob / draft_rank of the committed token encode acceptance and are none); an aggregate keeps their cell means only when asked
-# (``aggregate_at_risk(extra_means=...)``, what a family that uses them passes), so aggregates of the other
-# families keep their columns (and the out-of-core aggregation its column set)
+# decode-time covariates: known before the round's verification; an aggregate keeps their means only when asked
 DECODE_TIME = ("lag_entropy_nats", "log_lag_entropy", "run_mean_entropy_nats", "log_run_mean_entropy",
                "log1p_position", "draft_entropy_nats", "log_draft_entropy", "draft_top1_prob", "log_draft_miss",
                "context_match", "log1p_copy", "copy_full", "log_target_miss")
-# the drafter's own statistics at the depth: known only where the drafter drafted and logged them
-DRAFT_STATS = ("draft_entropy_nats", "draft_top1_prob")
-# the context's copyability before an output position (tokens column ``context_match``: the length of the longest
-# suffix of the prompt and the output before the position that occurred earlier in them, known before the
-# position is drafted; ``traces.stats.context_match_length``): lengths of CONTEXT_MATCH_MAX or more are one level
+DRAFT_STATS = ("draft_entropy_nats", "draft_top1_prob")  # the drafter's own statistics, where it logged them
 KIND_ROWS = "at_risk_rows"
 KIND_AGGREGATED = "at_risk_aggregated"
 
@@ -62,10 +44,8 @@ def _require_columns(frame: pd.DataFrame, columns: Iterable[str], what: str) -> 
 
 
 def validate_covariates(frame: pd.DataFrame, columns: Sequence[str], *, on_invalid: str = "raise") -> pd.DataFrame:
-    """Check NaN / infinite / negative covariates; ``on_invalid="drop"`` drops those rows instead.
-
-    Entropies and logit gaps must be >= 0; values in [-1e-5, 0) are fp32 round-off and set to 0.
-    """
+    """Refuse NaN / infinite / negative covariates (``on_invalid="drop"`` drops those rows); values in
+    [-1e-5, 0) of entropies and logit gaps are fp32 round-off and set to 0."""
     if on_invalid not in ("raise", "drop"):
         raise ValueError("on_invalid must be 'raise' or 'drop'")
     bad = np.zeros(len(frame), dtype=bool)
@@ -95,9 +75,8 @@ def validate_covariates(frame: pd.DataFrame, columns: Sequence[str], *, on_inval
 
 
 def sequences_of(tokens: pd.DataFrame) -> pd.DataFrame:
-    """``transfer.entropy_sequences`` of these token rows (any runs: a workload recorded by AR, or an imported one); with a
-    ``context_match`` (the context's copyability) or ``target_top1_prob`` column also each request's array of it
-    (``POSITION_COLUMNS``; None where the request has a null)."""
+    """``transfer.entropy_sequences`` of these token rows, with each request's array of every
+    ``POSITION_COLUMNS`` column present (None where the request has a null)."""
     tokens = entropy_or_bound(tokens)
     present = [c for c in POSITION_COLUMNS if c in tokens.columns]
     tokens = tokens[["run_id", "request_id", "category", "position", "target_entropy_nats", *present]]
@@ -117,37 +96,20 @@ def sequences_of(tokens: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def at_risk_table(
-    traces,
-    covariates: Sequence[str] = COVARIATES,
-    *,
-    eps: float = EPS_NATS,
-    on_invalid: str = "raise",
-    drafters: Sequence[str] | None = None,
-) -> pd.DataFrame:
+def at_risk_table(traces, covariates: Sequence[str] = COVARIATES, *, eps: float = EPS_NATS, on_invalid: str = "raise",
+                  drafters: Sequence[str] | None = None) -> pd.DataFrame:
     """Row-level at-risk table: one row per (run, request, round, depth) at risk.
 
-    Columns: ``run_id``, ``drafter_id``, ``tree_policy``, ``category``, ``request_id``,
-    ``round_index``, ``position``, ``depth``, ``accepted`` (1) / ``rejected`` (1), the requested
-    ``covariates`` and the derived ``log_entropy = log(H + eps)``, ``log_renyi2``, ``log_logit_gap``,
-    ``cum_entropy_nats`` (sum of H over the round's earlier depths) and ``log1p_cum_entropy``; with a
-    ``traces.rounds`` table also ``drafted_depth`` (the round's ``tree_depth``, known before
-    verification) and ``log_drafted_depth``; with target entropies the decode-time covariates
-    (``sequence_covariates``: ``lag_entropy_nats``, ``run_mean_entropy_nats``, ``log1p_position`` and their
-    logs) and, where the tokens table has them, ``draft_entropy_nats`` / ``draft_top1_prob`` (NaN where null)
-    with ``log_draft_entropy`` / ``log_draft_miss``, and ``context_match`` (the context's copyability before the
-    position) with ``log1p_copy`` and ``copy_full``. ``drafters``: keep only these drafter ids. NaN or
-    negative covariates raise (or are dropped with ``on_invalid="drop"``); a target statistic other than the
-    entropy that is null at every at-risk position was not logged: it stays null, named in
-    ``attrs["unlogged"]``, and the families that read it refuse (``fit.prepare_counts``). Rows that hold two arms under
-    one drafter id raise, naming the arms and how to select one (``arms.check_one_arm_per_drafter``).
+    Columns: the keys, ``round_index``, ``position``, ``depth``, ``accepted`` / ``rejected`` (0/1), the
+    ``covariates`` and their logs, ``cum_entropy_nats`` (H over the round's earlier depths); with
+    ``traces.rounds`` ``drafted_depth``; with entropies the decode-time covariates (``sequence_covariates``);
+    where logged the drafter's statistics and ``context_match`` (NaN where null). ``drafters``: keep only these
+    ids. Invalid covariates raise (``on_invalid="drop"`` drops them); a statistic null at every position was not
+    logged: it stays null and is named in ``attrs["unlogged"]``. Two arms under one drafter id raise.
     """
     tokens, runs, table = _risk_rows(traces, covariates, drafters)
     arms.check_one_arm_per_drafter(runs, table["run_id"].unique())
     _refuse_unfittable_runs(runs, table)
-    # a target statistic null at every at-risk position was not logged (an engine that logs the entropy alone):
-    # it is left null and named in ``attrs["unlogged"]`` (families that read it refuse); one null among values is
-    # invalid like any NaN. The entropy itself is always checked
     unlogged = tuple(c for c in covariates if c != "target_entropy_nats" and len(table) and table[c].isna().all())
     table = validate_covariates(table.reset_index(drop=True), [c for c in covariates if c not in unlogged],
                                 on_invalid=on_invalid)
@@ -213,18 +175,15 @@ def _add_covariate_logs(table: pd.DataFrame, tokens: pd.DataFrame, covariates, e
     if "target_logit_gap" in covariates:
         table["log_logit_gap"] = np.log(table["target_logit_gap"].to_numpy(dtype=float) + eps)
     table = table.drop(columns="role")
-    if "target_entropy_nats" in covariates:  # its add_log_covariates also gives the target's miss (top-1 prob)
+    if "target_entropy_nats" in covariates:
         table = _add_sequence_covariates(table, tokens, eps)
     elif "target_top1_prob" in covariates:
         _add_target_miss(table)
-    # the drafter's own statistics at this depth (its entropy, its top proposal's probability: computed while
-    # drafting, before verification); null where the drafter logs none (the n-gram drafter has no entropy) or the
-    # run was recorded before the column existed: families using them refuse then
-    for column in DRAFT_STATS:
+    for column in DRAFT_STATS:  # null where the drafter logs none: families using them refuse then
         if column in tokens.columns:
             table[column] = risk_draft_column(tokens, table, column)
     _add_draft_logs(table, eps)
-    if "context_match" in tokens.columns:  # the context's copyability before the position (NaN where null)
+    if "context_match" in tokens.columns:
         table["context_match"] = risk_draft_column(tokens, table, "context_match")
         _add_copy_logs(table)
     return table
@@ -234,7 +193,6 @@ def _add_drafted_depth(table: pd.DataFrame, rounds) -> None:
     """The round's drafted depth D (known before verification) where ``traces.rounds`` holds it."""
     round_keys = ["run_id", "request_id", "round_index"]
     if isinstance(rounds, pd.DataFrame) and set(round_keys + ["tree_depth"]) <= set(rounds.columns):
-        # a covariate of law_exp_drafted
         depth_of = rounds[round_keys + ["tree_depth"]].rename(columns={"tree_depth": "drafted_depth"})
         depth_of = depth_of.astype({"run_id": str, "request_id": str})
         keys = table[round_keys].astype({"run_id": str, "request_id": str})
@@ -246,11 +204,9 @@ def _add_drafted_depth(table: pd.DataFrame, rounds) -> None:
 
 
 def sequence_covariates(entropy: np.ndarray, position: np.ndarray) -> dict:
-    """Decode-time covariates at output ``position`` of one request whose target entropies at positions
-    0..T-1 are ``entropy``: ``lag_entropy_nats`` = H at position - 1 (the previous committed position; at
-    position 0, where there is none, H at 0 itself), ``run_mean_entropy_nats`` = mean of H over positions
-    0..position (the output's entropy so far), ``log1p_position``. Used for the at-risk rows and by the
-    DP of a fitted law alike, so both see the same values."""
+    """Decode-time covariates at ``position`` of a request with entropies ``entropy`` (positions 0..T-1):
+    ``lag_entropy_nats`` (H at position - 1; at 0 H itself), ``run_mean_entropy_nats`` (mean H over
+    0..position), ``log1p_position``. The at-risk rows and a fitted law's DP both use it."""
     h = np.asarray(entropy, dtype=float)
     p = np.asarray(position, dtype=np.int64)
     if h.size == 0:
@@ -278,8 +234,7 @@ def add_log_covariates(frame: pd.DataFrame, eps: float = EPS_NATS) -> pd.DataFra
 
 
 def _add_draft_logs(frame: pd.DataFrame, eps: float) -> None:
-    """``log_draft_entropy`` = log(drafter entropy + eps) and ``log_draft_miss`` = log(1 - draft_top1_prob +
-    EPS_PROB) (the drafter's own miss probability) where ``frame`` has the raw columns (in place)."""
+    """``log_draft_entropy`` and ``log_draft_miss`` = log(1 - draft_top1_prob + EPS_PROB), in place."""
     if "draft_entropy_nats" in frame:
         frame["log_draft_entropy"] = np.log(np.maximum(frame["draft_entropy_nats"].to_numpy(dtype=float), 0.0) + eps)
     if "draft_top1_prob" in frame:
@@ -288,18 +243,15 @@ def _add_draft_logs(frame: pd.DataFrame, eps: float) -> None:
 
 
 def _add_target_miss(frame: pd.DataFrame) -> None:
-    """``target_miss_prob`` = 1 - target_top1_prob (the probability mass off the target's greedy token; a
-    log-spaced bin column for it resolves p near 1) and ``log_target_miss`` = log(1 - p + EPS_PROB), where
-    ``frame`` has ``target_top1_prob`` (in place)."""
+    """``target_miss_prob`` = 1 - target_top1_prob and ``log_target_miss`` = log(1 - p + EPS_PROB), in place."""
     miss = np.clip(1.0 - frame["target_top1_prob"].to_numpy(dtype=float), 0.0, 1.0)
     frame["target_miss_prob"] = miss
     frame["log_target_miss"] = np.log(miss + EPS_PROB)
 
 
 def _add_copy_logs(frame: pd.DataFrame) -> None:
-    """``log1p_copy`` = log(1 + min(context_match, CONTEXT_MATCH_MAX)) and ``copy_full`` = 1 where the context's
-    suffix match reaches CONTEXT_MATCH_MAX (a long repeat; 0 below), where ``frame`` has ``context_match`` (in
-    place; NaN stays NaN)."""
+    """``log1p_copy`` = log(1 + min(context_match, CONTEXT_MATCH_MAX)) and ``copy_full`` (the match reaches
+    CONTEXT_MATCH_MAX), in place; NaN stays NaN."""
     length = frame["context_match"].to_numpy(dtype=float, na_value=np.nan)
     if np.any(length < 0):
         raise ValueError("context_match holds negative lengths")
@@ -308,8 +260,7 @@ def _add_copy_logs(frame: pd.DataFrame) -> None:
 
 
 def _add_sequence_covariates(table: pd.DataFrame, tokens: pd.DataFrame, eps: float) -> pd.DataFrame:
-    """``sequence_covariates`` for every at-risk row, from each request's full entropy sequence (all its
-    committed positions, bonus tokens included)."""
+    """``sequence_covariates`` of every at-risk row, from each request's full entropy sequence."""
     seq = tokens[["run_id", "request_id", "position", "target_entropy_nats"]]
     seq = seq.assign(_h=np.maximum(seq["target_entropy_nats"].to_numpy(dtype=float, na_value=np.nan), 0.0))
     seq = seq.sort_values(["run_id", "request_id", "position"], kind="stable")
@@ -328,8 +279,7 @@ def _add_sequence_covariates(table: pd.DataFrame, tokens: pd.DataFrame, eps: flo
 
 
 def risk_draft_column(tokens: pd.DataFrame, table: pd.DataFrame, column: str) -> np.ndarray:
-    """The tokens table's ``column`` (a drafter statistic, ``DRAFT_STATS``, or ``context_match``) of each at-risk
-    row (NaN where null)."""
+    """The tokens table's ``column`` at each at-risk row (NaN where null)."""
     keys = ["run_id", "request_id", "round_index", "depth"]
     look = tokens[[*keys, column]].astype({"run_id": str, "request_id": str})
     look = look.drop_duplicates(keys)
@@ -345,12 +295,16 @@ def log_bin(values: np.ndarray, *, eps: float = EPS_NATS, width_log10: float = 0
     return np.floor((np.log10(x + eps) - np.log10(eps)) / width_log10).astype(np.int64)
 
 
-def _group_sums(frame: pd.DataFrame, keys: Sequence[str], values: Sequence[str]) -> pd.DataFrame:
-    """Sums of ``values`` per distinct combination of ``keys``, sorted by the keys.
+def _add_bins(frame: pd.DataFrame, source: pd.DataFrame, columns, eps: float, width_log10: float) -> list[str]:
+    """``bin_<column>`` of each of ``source``'s ``columns`` added to ``frame`` (in place); returns the names."""
+    for col in columns:
+        frame[f"bin_{col}"] = log_bin(source[col].to_numpy(), eps=eps, width_log10=width_log10)
+    return [f"bin_{col}" for col in columns]
 
-    One int64 code per row (mixed radix over factorized keys), one ``np.unique`` and one
-    ``np.bincount`` per value column, in place of a multi-key pandas groupby on millions of rows.
-    """
+
+def _group_sums(frame: pd.DataFrame, keys: Sequence[str], values: Sequence[str]) -> pd.DataFrame:
+    """Sums of ``values`` per distinct ``keys``, sorted by the keys (a mixed-radix code and ``np.bincount``:
+    faster than a multi-key groupby on millions of rows)."""
     code = np.zeros(len(frame), dtype=np.int64)
     uniques = []
     for key in keys:
@@ -376,37 +330,19 @@ def mean_columns(table: pd.DataFrame, extra: Sequence[str] = ()) -> list[str]:
     return [c for c in (*COVARIATES, *DERIVED, *extra) if c in table.columns]
 
 
-def aggregate_at_risk(
-    table: pd.DataFrame,
-    *,
-    bin_columns: Sequence[str] = ("target_entropy_nats",),
-    width_log10: float = 0.05,
-    eps: float = EPS_NATS,
-    keys: Sequence[str] = KEY_COLUMNS,
-    extra_means: Sequence[str] = (),
-) -> pd.DataFrame:
-    """Counts per ``keys`` x log-spaced bins of ``bin_columns``: ``n_acc``, ``n_rej``, ``n`` and the
-    within-cell mean of every covariate (``mean_columns``).
-
-    A binomial GLM on ``(n_rej, n_acc)`` with these cell means as covariates equals, parameters and
-    request-clustered errors, the row-level fit in which each row's covariates are replaced by its
-    cell's means (``binned_rows``). Keep ``request_id`` in ``keys`` for clustered errors.
-    """
+def aggregate_at_risk(table: pd.DataFrame, *, bin_columns: Sequence[str] = ("target_entropy_nats",),
+                      width_log10: float = 0.05, eps: float = EPS_NATS, keys: Sequence[str] = KEY_COLUMNS,
+                      extra_means: Sequence[str] = ()) -> pd.DataFrame:
+    """Counts per ``keys`` x log-spaced bins of ``bin_columns`` (``n_acc``, ``n_rej``, ``n``) and the cell mean
+    of every covariate. Its binomial GLM equals the row-level fit on ``binned_rows`` (keep ``request_id`` in
+    ``keys`` for clustered errors)."""
     _require_columns(table, (*keys, "accepted", *bin_columns), "the at-risk table")
     means = mean_columns(table, extra_means)
     frame = table[[*keys, "accepted", *means]].copy()
-    bin_names = []
-    for col in bin_columns:
-        name = f"bin_{col}"
-        frame[name] = log_bin(table[col].to_numpy(), eps=eps, width_log10=width_log10)
-        bin_names.append(name)
+    bin_names = _add_bins(frame, table, bin_columns, eps, width_log10)
     frame["n_acc"] = frame.pop("accepted").astype(np.int64)
     frame["n"] = 1
-    out = _group_sums(frame, [*keys, *bin_names], ["n_acc", "n", *means])
-    for col in ("n_acc", "n"):
-        out[col] = np.rint(out[col]).astype(np.int64)
-    for col in means:
-        out[col] = out[col] / out["n"]
+    out = _cell_means(_group_sums(frame, [*keys, *bin_names], ["n_acc", "n", *means]), means)
     out["n_rej"] = out["n"] - out["n_acc"]
     out.attrs.update(kind=KIND_AGGREGATED, eps=eps, width_log10=width_log10, bin_columns=tuple(bin_columns),
                      keys=tuple(keys))
@@ -425,12 +361,17 @@ def combine_aggregates(parts: Sequence[pd.DataFrame]) -> pd.DataFrame:
     frame = pd.concat(parts, ignore_index=True)
     for col in means:
         frame[col] = frame[col] * frame["n"]
-    out = _group_sums(frame, keys, ["n_acc", "n_rej", "n", *means])
-    for col in ("n_acc", "n_rej", "n"):
+    out = _cell_means(_group_sums(frame, keys, ["n_acc", "n_rej", "n", *means]), means)
+    out.attrs.update(attrs)
+    return out
+
+
+def _cell_means(out: pd.DataFrame, means) -> pd.DataFrame:
+    """Summed counts rounded to integers and summed covariates divided by ``n`` (in place; returns it)."""
+    for col in {"n_acc", "n_rej", "n"} & set(out.columns):
         out[col] = np.rint(out[col]).astype(np.int64)
     for col in means:
         out[col] = out[col] / out["n"]
-    out.attrs.update(attrs)
     return out
 
 
@@ -439,10 +380,7 @@ def binned_rows(table: pd.DataFrame, aggregate: pd.DataFrame) -> pd.DataFrame:
     attrs = aggregate.attrs
     keys = list(attrs["keys"])
     frame = table.copy()
-    bin_names = []
-    for col in attrs["bin_columns"]:
-        frame[f"bin_{col}"] = log_bin(frame[col].to_numpy(), eps=attrs["eps"], width_log10=attrs["width_log10"])
-        bin_names.append(f"bin_{col}")
+    bin_names = _add_bins(frame, table, attrs["bin_columns"], attrs["eps"], attrs["width_log10"])
     means = mean_columns(aggregate, attrs.get("extra_means", ()))
     merged = frame.drop(columns=means).merge(aggregate[[*keys, *bin_names, *means]], on=[*keys, *bin_names],
                                              how="left", validate="many_to_one")

@@ -1,12 +1,6 @@
-"""Block-level consequences of a per-position acceptance law (research notes, section 5.2).
-
-Known here, from acceptance probabilities alone (no model): the expected accepted drafts of one
-block, E[tau] = sum_k prod_{d<=k} a_d; the exact expected number of rounds a request needs, by
-dynamic programming over its entropy sequence (rounds start wherever the previous one ended; no
-conditioning on realised block starts), with every round drafting the full block or a drafted depth
-D drawn per round start from a given distribution (acceptance capped at D; D = 0: no draft), and the
-expected number of drafting rounds; the i.i.d. formula (1 - alpha^(D+1)) / (1 - alpha) and its
-inverse alpha_eff. Not known here: where acceptances come from (a fitted law supplies them).
+"""Block-level consequences of per-position acceptance probabilities (research notes, section 5.2): E[tau] of a
+block, the exact expected rounds of a request by dynamic programming (full blocks, or a drafted depth drawn per
+round start), and the i.i.d. formula with its inverse ``alpha_eff``.
 """
 
 from __future__ import annotations
@@ -36,16 +30,22 @@ def tau_distribution(acceptance_matrix: np.ndarray, depth_probs: np.ndarray | No
     if a.ndim == 3:
         return _tau_distribution_by_depth(a, depth_probs)
     length, depth = a.shape
-    reach = np.concatenate([np.ones((length, 1)), np.cumprod(a, axis=1)], axis=1)  # R(k), k = 0..depth
+    reach, p_full = _reach(a)
     if depth_probs is None:
-        p_tau = reach.copy()
-        p_tau[:, :-1] -= reach[:, 1:]
-        return p_tau
+        return p_full
     pi = _check_depth_probs(depth_probs, length, depth)
     tail = np.cumsum(pi[:, ::-1], axis=1)[:, ::-1]  # S(m) = P(D >= m), m = 0..depth
     p_tau = pi * reach
     p_tau[:, :-1] += tail[:, 1:] * (reach[:, :-1] - reach[:, 1:])
     return p_tau
+
+
+def _reach(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """R(k) = prod_{j<k} a_j (k = 0..depth) and P(tau = k) when every round drafts the full depth."""
+    reach = np.concatenate([np.ones((a.shape[0], 1)), np.cumprod(a, axis=1)], axis=1)
+    p_tau = reach.copy()
+    p_tau[:, :-1] -= reach[:, 1:]
+    return reach, p_tau
 
 
 def _check_depth_probs(pi: np.ndarray, length: int, depth: int) -> np.ndarray:
@@ -69,30 +69,20 @@ def _tau_distribution_by_depth(a: np.ndarray, depth_probs: np.ndarray | None) ->
     p_tau = np.zeros((length, depth + 1))
     p_tau[:, 0] = pi[:, 0]
     for d in range(1, depth + 1):
-        reach = np.concatenate([np.ones((length, 1)), np.cumprod(a[d - 1, :, :d], axis=1)], axis=1)
-        p_d = reach.copy()
-        p_d[:, :-1] -= reach[:, 1:]
-        p_tau[:, : d + 1] += pi[:, [d]] * p_d
+        p_tau[:, : d + 1] += pi[:, [d]] * _reach(a[d - 1, :, :d])[1]
     return p_tau
 
 
 def expected_round_counts(acceptance_matrix: np.ndarray, depth_probs: np.ndarray | None = None) -> tuple[float, float]:
-    """(expected rounds, expected drafting rounds) to produce T tokens.
-
-    ``acceptance_matrix[t, j]`` is the acceptance of the draft at depth j + 1 of a round starting at
-    output position t (0-based), i.e. of position t + j. V(t) = 1 + sum_k P(tau = k | t) V(t + k + 1),
-    V(t >= T) = 0, tau capped at the drafted depth: D_max = ``acceptance_matrix.shape[1]`` in every
-    round (``depth_probs=None``), or a per-position distribution ``depth_probs[t, D]`` over
-    D = 0..D_max (``tau_distribution``). Drafting rounds: W(t) = P(D_t > 0) + sum_k P(tau = k | t)
-    W(t + k + 1). Entries at positions >= T are never used.
-    """
+    """(expected rounds, expected drafting rounds) to produce T tokens, with the arguments of
+    ``tau_distribution``: V(t) = 1 + sum_k P(tau = k | t) V(t + k + 1), V(t >= T) = 0, and W(t) = P(D_t > 0) +
+    sum_k P(tau = k | t) W(t + k + 1)."""
     p_tau = tau_distribution(acceptance_matrix, depth_probs)
     length, width = p_tau.shape
     drafts = np.ones(length) if depth_probs is None else 1.0 - np.asarray(depth_probs, dtype=float)[:, 0]
     value = np.zeros(length + width + 1)
     drafting = np.zeros(length + width + 1)
-    for t in range(length - 1, -1, -1):
-        # tokens beyond T cost nothing: values beyond T are 0, so only k with t + k + 1 < T matter
+    for t in range(length - 1, -1, -1):  # values beyond T are 0
         value[t] = 1.0 + p_tau[t] @ value[t + 1 : t + width + 1]
         drafting[t] = drafts[t] + p_tau[t] @ drafting[t + 1 : t + width + 1]
     return float(value[0]), float(drafting[0])

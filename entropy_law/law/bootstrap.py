@@ -1,13 +1,6 @@
-"""Bootstrap by request on aggregated at-risk counts (research notes 6.4).
-
-Known here: the Poisson(1) bootstrap: each replicate multiplies every count of a request by one
-Poisson(1) draw (requests are the independent units; cells of a request move together), refits the
-law (warm-started at the full-data estimate) and records the law's parameters plus any statistics a
-caller computes from the refitted law; percentile intervals, each with the number of requests it rests
-on. The bootstrap cannot see variation beyond the requests it resamples: with fewer than
-``stats.FEW_REQUESTS`` requests it warns (``SmallSampleWarning``) and says so in its notes (its
-intervals are not widened: there is no standard widening of a percentile bootstrap over few clusters).
-Not known here: what the statistics mean.
+"""Poisson(1) bootstrap by request on aggregated at-risk counts (research notes 6.4): each replicate weights
+every cell of a request by one draw and refits the law; percentile intervals. Below ``stats.FEW_REQUESTS``
+requests it warns (``SmallSampleWarning``) and says so in its notes (the intervals are not widened).
 """
 
 from __future__ import annotations
@@ -32,9 +25,7 @@ def poisson_weights(request_ids, rng: np.random.Generator) -> pd.Series:
 
 def percentile_interval(replicates: pd.DataFrame, level: float = 0.95) -> tuple[pd.Series, pd.Series]:
     """Per column, the ``level`` percentile interval of bootstrap replicates, the package's one rule: NaN
-    replicates skipped (counted by the caller), linear interpolation between the order statistics (numpy's
-    default), and the nearest replicate where interpolating would meet an infinite one (a break-even that is
-    ``inf`` where drafting pays at every entropy: inf - inf would give NaN)."""
+    skipped, linear interpolation, and the nearest replicate where interpolating would meet an infinite one."""
     lo, hi = (1 - level) / 2, 1 - (1 - level) / 2
     if replicates.empty:
         nan = pd.Series(np.nan, index=replicates.columns, dtype=float)
@@ -90,23 +81,11 @@ class BootstrapResult(Result):
                 f"seed {self.seed}")
 
 
-def bootstrap_law(
-    traces,
-    family: str = "law_exp",
-    *,
-    n_boot: int = 200,
-    seed: int = 0,
-    level: float = 0.95,
-    statistic: Callable[[FittedLaw], dict] | None = None,
-    eps: float = atrisk.EPS_NATS,
-    **fit_options,
-) -> BootstrapResult:
-    """Refit ``family`` on ``n_boot`` request-bootstrap replicates of the traces.
-
-    ``statistic(law) -> dict``: extra numbers to interval-estimate (e.g. a predicted tokens per round);
-    by default the law's coefficients and derived parameters. Fewer than ``stats.FEW_REQUESTS`` requests:
-    a ``SmallSampleWarning`` and a note.
-    """
+def bootstrap_law(traces, family: str = "law_exp", *, n_boot: int = 200, seed: int = 0, level: float = 0.95,
+                  statistic: Callable[[FittedLaw], dict] | None = None, eps: float = atrisk.EPS_NATS,
+                  **fit_options) -> BootstrapResult:
+    """Refit ``family`` on ``n_boot`` request-bootstrap replicates of the traces; ``statistic(law) -> dict``: the
+    numbers to interval-estimate (default: the law's coefficients and derived parameters)."""
     fam = get_family(family)
     counts = prepare_counts(traces, fam, eps=eps)
     n_requests = int(counts["request_id"].nunique())

@@ -1,16 +1,8 @@
-"""Model comparison: grouped (by request) cross-validated log-loss, AIC/BIC, calibration.
+"""Model comparison: cross-validated log-loss with folds of requests, AIC/BIC (BIC's n: the number of requests),
+held-out calibration, and the primary-law rule of ``docs/law.md``.
 
-Known here: K-fold cross-validation whose folds are sets of requests (a request's rows never sit in
-both a training and a test fold), the held-out Bernoulli log-loss per at-risk trial (pooled, per
-category, and its paired difference to the best family with a standard error over requests), AIC and
-BIC on the full fit (BIC with n = number of requests, the notes' effective sample size under
-clustering), and the calibration intercept and slope of logit(y) on logit(p_hat) over held-out folds.
-
-Every family is scored on the same at-risk rows; each family's count table bins its own covariate,
-so held-out covariates are cell means (see ``atrisk.aggregate_at_risk``). A family whose fit does not
-converge or separates cells perfectly (few requests) is not scored, with a note. Its fits use non-robust
-errors: the comparison shows no interval of theirs. Not known here: which law is "right" (the summary
-reports, the reader decides; the notes' rule is in ``docs/law.md``).
+Every family is scored on the same at-risk rows (each bins its own covariate); one whose fit does not converge
+or separates cells perfectly is not scored, with a note.
 """
 
 from __future__ import annotations
@@ -26,7 +18,7 @@ from entropy_law.law import atrisk
 from entropy_law.law.fit import fit_law, get_family, prepare_counts
 from entropy_law.law.results import Result
 
-DEPTH_ONLY = "depth_only"  # the entropy-free, category-free baseline: acceptance per depth, nothing else
+DEPTH_ONLY = "depth_only"  # the baseline: acceptance per depth, nothing else
 DEFAULT_FAMILIES = ("law0_cat", "law_logit", "law_exp", "law_exp0", "law_power", "law_renyi2", "law_margin",
                     "law_spline", "law_iso")
 
@@ -80,18 +72,13 @@ class Comparison(Result):
         diff = -(wide[a] - wide[b])  # loss difference per request (sum over its trials)
         total = n.sum()
         mean = diff.sum() / total
-        # ratio estimator SE over requests
-        resid = diff - mean * n
+        resid = diff - mean * n  # the ratio estimator's SE over requests
         se = np.sqrt(len(diff) / (len(diff) - 1) * (resid**2).sum()) / total
         return float(mean), float(se)
 
 
 def _fit_failure(law, where: str) -> str | None:
-    """Why a fitted GLM law is unusable (it did not converge, its estimates or errors are not finite, or it
-    separates cells perfectly: ``FittedLaw.separated``), else None. The comparison fits without
-    cluster-robust errors, whose NaN once flagged separation by accident; ``separated`` checks the same
-    thing (the observed information at the estimate) whatever the covariance. Laws without a GLM
-    (``law_iso``) are never flagged."""
+    """Why a fitted GLM law is unusable (not converged, non-finite, or ``separated``), else None."""
     res = law.result
     if res is None:
         return None
@@ -131,29 +118,15 @@ class _DepthOnlyFit:
         return counts["n_acc"].to_numpy() * np.log(p) + counts["n_rej"].to_numpy() * np.log1p(-p)
 
 
-def compare_laws(
-    traces,
-    families: Sequence[str] = DEFAULT_FAMILIES,
-    *,
-    n_folds: int = 5,
-    seed: int = 0,
-    eps: float = atrisk.EPS_NATS,
-    width_log10: float = 0.05,
-    on_invalid: str = "raise",
-    folds: str = "requests",
-    **fit_options,
-) -> Comparison:
+def compare_laws(traces, families: Sequence[str] = DEFAULT_FAMILIES, *, n_folds: int = 5, seed: int = 0,
+                 eps: float = atrisk.EPS_NATS, width_log10: float = 0.05, on_invalid: str = "raise",
+                 folds: str = "requests", **fit_options) -> Comparison:
     """Grouped K-fold CV log-loss, AIC, BIC and held-out calibration for each family.
 
-    ``traces``: traces or a row-level at-risk table of ONE drafter (select with ``at_risk_table(...,
-    drafters=[...])``). ``DEPTH_ONLY`` (``"depth_only"``) may be named among ``families``: the entropy-free,
-    category-free baseline, acceptance per depth estimated on the training folds (the MLE of a binomial
-    with a depth factor only); the CV gain of a law is measured against it (``universality_test``).
-    ``folds``: ``"requests"`` (default: ``n_folds`` random sets of requests) or ``"category"``
-    (leave-one-category-out: one fold per category, ``n_folds`` ignored; families with category terms
-    cannot predict an unseen category and are left out with a note). Extra keyword arguments go to ``fit_law``.
-    The comparison shows no interval of its fits (fold fits predict, the full fit gives AIC / BIC), so they are
-    fitted with ``cov_type="nonrobust"`` (the same estimates, and no ``SmallSampleWarning`` per fold).
+    ``traces``: traces or a row-level at-risk table of ONE drafter. ``families`` may name ``DEPTH_ONLY``
+    (per-depth acceptance of the training folds). ``folds``: ``"requests"`` (``n_folds`` random sets of
+    requests) or ``"category"`` (one fold per category; families with category terms are left out with a
+    note). Extra keyword arguments go to ``fit_law`` (default ``cov_type="nonrobust"``: no interval is shown).
     """
     fit_options = {"cov_type": "nonrobust", **fit_options}
     rows = traces if isinstance(traces, pd.DataFrame) else atrisk.at_risk_table(traces, eps=eps, on_invalid=on_invalid)
@@ -173,7 +146,7 @@ def compare_laws(
             notes.append(f"{name} not scored: it has category terms and cannot predict a held-out category")
             continue
         name, counts, held, full, failure = _cv_family(rows, name, folds, n_folds, eps, width_log10, fit_options)
-        if failure:  # a fit that did not converge has no usable estimates: say so, do not score it
+        if failure:
             notes.append(f"{name} not scored: {failure}")
             continue
         summary_row, per_request, per_category = _cv_scores(name, counts, held, full)
@@ -188,8 +161,7 @@ def compare_laws(
                         folds="category" if by_category else "requests")
     best = result.best
     diffs = [result.paired_difference(f, best) if f != best else (0.0, 0.0) for f in summary.index]
-    summary["delta_vs_best"] = [d for d, _ in diffs]
-    summary["delta_se"] = [s for _, s in diffs]
+    summary["delta_vs_best"], summary["delta_se"] = zip(*diffs)
     if "law0_cat" in summary.index:
         summary["gain_vs_law0"] = summary.loc["law0_cat", "cv_log_loss"] - summary["cv_log_loss"]
     result.notes.append(f"best by CV log-loss: {best}; delta_se is the SE over requests of the paired difference")
@@ -208,7 +180,7 @@ def _cv_folds(rows: pd.DataFrame, by_category: bool, n_folds: int, seed: int) ->
     else:
         folds = request_folds(rows["request_id"].to_numpy(), n_folds, seed)
     smallest_training = len(folds) - int(np.bincount(list(folds.values()), minlength=n_folds).max())
-    if smallest_training < 2:  # a law fitted on one request predicts its own cells, not a held-out request
+    if smallest_training < 2:
         raise ValueError(f"{len(folds)} requests in {n_folds} folds leave {smallest_training} in a training fold: "
                          "every training fold needs at least 2 requests; record more requests or lower n_folds")
     return folds, n_folds
@@ -216,7 +188,7 @@ def _cv_folds(rows: pd.DataFrame, by_category: bool, n_folds: int, seed: int) ->
 
 def _cv_family(rows, name, folds, n_folds, eps, width_log10, fit_options):
     """One family's held-out predictions per cell, its full-data fit and the reason it failed (or None)."""
-    if name == DEPTH_ONLY:  # per-depth acceptance of the training folds: the MLE of a depth-factor binomial
+    if name == DEPTH_ONLY:
         counts = prepare_counts(rows, get_family("law_exp"), eps=eps, width_log10=width_log10)
         fold_of = counts["request_id"].map(folds).to_numpy()
         held = np.empty(len(counts))
@@ -224,7 +196,7 @@ def _cv_family(rows, name, folds, n_folds, eps, width_log10, fit_options):
             held[fold_of == k] = _depth_rates(counts.loc[fold_of != k], counts.loc[fold_of == k])
         return name, counts, held, _DepthOnlyFit(counts), None
     fam = get_family(name)
-    name = fam.name  # a LawFamily object (e.g. with_category_terms(...)) is labelled by its name
+    name = fam.name  # a LawFamily object is labelled by its name
     counts = prepare_counts(rows, fam, eps=eps, width_log10=width_log10)
     fold_of = counts["request_id"].map(folds).to_numpy()
     held = np.empty(len(counts))
@@ -264,22 +236,17 @@ def _cv_scores(name: str, counts: pd.DataFrame, held: np.ndarray, full) -> tuple
     return summary_row, per_request, per_category
 
 
-# the candidates of the primary-law rule (docs/law.md, "Choosing the primary law"): parametric GLM families
-# without category or drafter names whose DP runs on a request's entropy sequence, position and drafted depth
+# the candidates of the primary-law rule (docs/law.md): GLM families without category or drafter terms
 PRIMARY_CANDIDATES = ("law_logit", "law_exp", "law_exp0", "law_power", "law_exp_cum", "law_exp_drafted", "law_exp_lag",
                       "law_exp_runmean", "law_exp_pos", "law_exp_ceil", "law_exp_obs", "law_exp_obs_ceil")
-# laws in per-position columns that not every trace holds (docs/law.md, "Covariate laws"): the
-# context's copyability (context_match) and the target's top-1 probability (target_top1_prob); each is a candidate
-# of the rule wherever every arm's at-risk trials hold its columns (bench/law.py categories)
+# candidates where every arm's trials hold their columns (context_match, target_top1_prob)
 COVARIATE_CANDIDATES = ("law_exp_obs_ceil_copy", "law_exp_obs_ceil_top1", "law_exp_obs_ceil_top1_copy")
 
 
 def choose_primary(comparisons: dict, candidates: Sequence[str] = PRIMARY_CANDIDATES) -> tuple[str, pd.DataFrame]:
-    """The rule of docs/law.md applied to leave-one-category-out comparisons, one per arm
-    (``compare_laws(..., folds="category")``): (winner, table). Table per candidate: the CV log-loss per
-    arm, its mean over arms, the mean difference to the best and its SE (sqrt(sum SE_arm^2) / n_arms),
-    ``tied`` (difference <= 1 SE), ``n_params`` (+ 1 where an offset c is fitted) and ``eligible`` (scored
-    on every arm). Among the best and its ties the fewest parameters win, then the lowest mean."""
+    """The rule of docs/law.md on leave-one-category-out comparisons, one per arm: (winner, table). Per
+    candidate: CV log-loss per arm and mean, difference to the best and its SE, ``tied`` (within 1 SE),
+    ``n_params`` and ``eligible`` (scored on every arm). Among the ties the fewest parameters win."""
     if not comparisons:
         raise ValueError("choose_primary needs one comparison per arm")
     arms_ = list(comparisons)
@@ -290,17 +257,14 @@ def choose_primary(comparisons: dict, candidates: Sequence[str] = PRIMARY_CANDID
     table["mean_cv_log_loss"] = table[arms_].mean(axis=1)
     table["eligible"] = table.index.isin(scored)
     best = table.loc[scored, "mean_cv_log_loss"].idxmin()
-    diffs, ses = [], []
-    for fam in table.index:
+
+    def delta(fam) -> tuple[float, float]:  # the mean paired difference over arms and its SE
         if fam not in scored:
-            diffs.append(np.nan)
-            ses.append(np.nan)
-            continue
+            return np.nan, np.nan
         pairs = [comparisons[a].paired_difference(fam, best) if fam != best else (0.0, 0.0) for a in arms_]
-        diffs.append(float(np.mean([d for d, _ in pairs])))
-        ses.append(float(np.sqrt(sum(s**2 for _, s in pairs)) / len(arms_)))
-    table["delta_vs_best"] = diffs
-    table["delta_se"] = ses
+        return float(np.mean([d for d, _ in pairs])), float(np.sqrt(sum(s**2 for _, s in pairs)) / len(arms_))
+
+    table["delta_vs_best"], table["delta_se"] = zip(*map(delta, table.index))
     table["tied"] = table["eligible"] & (table["delta_vs_best"] <= table["delta_se"])
     first = comparisons[arms_[0]].summary
     table["n_params"] = [(first.loc[f, "n_params"] + (1 if get_family(f).profile_eps else 0)) if f in first.index
@@ -312,10 +276,8 @@ def choose_primary(comparisons: dict, candidates: Sequence[str] = PRIMARY_CANDID
 
 
 def category_share_of_gain(rows: pd.DataFrame, family, *, n_folds: int = 5, seed: int = 0) -> dict:
-    """The share of the CV gain over depth only that category terms add to ``family`` (docs/law.md): grouped
-    ``n_folds``-fold CV log-loss (random request folds, the same for all three models) of ``depth_only``,
-    ``family`` and ``with_category_terms(family)`` (category rates and exponents);
-    share = (LL(family) - LL(family+cat)) / (LL(depth_only) - LL(family+cat)) in loss per trial."""
+    """The share of the CV gain over depth only that category terms add to ``family``:
+    (LL(family) - LL(family+cat)) / (LL(depth_only) - LL(family+cat)), LL the CV log-loss per trial."""
     from entropy_law.law.fit import with_category_terms
 
     fam = get_family(family)

@@ -1,20 +1,8 @@
-"""The pre-registered tests of research notes section 8.4, with Holm correction.
+"""The pre-registered tests of research notes section 8.4, clustered by request, with Holm correction.
 
-Known here:
-- P1 universality: cluster-robust Wald test (by request) of the category terms of ``law_exp_cat``
-  against ``law_exp`` (chi-square and the small-cluster F(q, G - 1) form; the decision uses F), and,
-  optionally, the equivalence margin on grouped-CV log-loss (gain of +C under 1% of the law's gain
-  over ``law0_cat``);
-- P2 entropy explains the category ranking: leave-one-category-out DP-predicted vs observed tokens
-  per round (Spearman rho with an exact permutation p over all K! orderings, weighted R^2), and the
-  Mundlak check b_within = b_between (t(G - 1) p, like every cluster-robust p of ``fit``);
-- P3 drafter x entropy: Wald test of drafter x log(H + eps) in ``law_exp_drafter`` and the crossover
-  entropy where the two drafters' depth-1 acceptance curves meet (delta-method CI on the fitted law's
-  t(G - 1) quantile, ``FittedLaw.critical_value``);
-- ``preregistered_tests``: the three primary p-values with Holm's step-down adjustment.
-
-Not known here: what the p-values mean at millions of trials (report effect sizes first; the
-notes' caveat applies). No torch.
+P1 universality (category terms of ``law_exp_cat``; optionally the CV equivalence margin), P2 entropy explains
+the category ranking (leave-one-category-out, exact Spearman p, Mundlak check), P3 drafter x entropy (Wald test
+and the crossover entropy with a delta-method interval). At millions of trials report effect sizes first.
 """
 
 from __future__ import annotations
@@ -28,7 +16,7 @@ from statsmodels.stats.multitest import multipletests
 
 from entropy_law.law import atrisk
 from entropy_law.law.compare import DEPTH_ONLY, compare_laws
-from entropy_law.law.fit import FittedLaw, fit_law, get_family, prepare_counts
+from entropy_law.law.fit import FittedLaw, cluster_score_test, cluster_wald_test, fit_law, get_family, prepare_counts
 from entropy_law.law.results import Result
 from entropy_law.law.stats import exact_spearman_p
 from entropy_law.law.transfer import loco_transfer, single_drafter
@@ -38,45 +26,17 @@ def robust_wald(law: FittedLaw, terms: list[str]) -> dict:
     """Cluster-robust Wald test that ``terms`` are all 0: chi-square and F(q, G - 1) forms."""
     if not terms:
         raise ValueError("no terms to test")
-    params = law.result.params
-    cov = law.result.cov_params()
-    beta = params[terms].to_numpy()
-    v = cov.loc[terms, terms].to_numpy()
-    w = float(beta @ np.linalg.solve(v, beta))
-    q = len(terms)
-    g = law.n_requests
-    return dict(statistic=w, df=q, p_chi2=float(stats.chi2.sf(w, q)),
-                f_statistic=w / q, df_denom=g - 1, p_value=float(stats.f.sf(w / q, q, g - 1)))
+    w, p_chi2 = cluster_wald_test(law.result, terms)
+    q, g = len(terms), law.n_requests
+    return dict(statistic=w, df=q, p_chi2=p_chi2, f_statistic=w / q, df_denom=g - 1,
+                p_value=float(stats.f.sf(w / q, q, g - 1)))
 
 
 def robust_score_test(restricted: FittedLaw, full: FittedLaw, terms: list[str]) -> dict:
-    """Cluster-robust score (LM) test of ``terms`` (extra in ``full``) at the ``restricted`` estimates.
-
-    Efficient score per request u_g = s_g2 - I21 I11^-1 s_g1 (observed information of the full model
-    at the restricted estimates); LM = (sum u_g)' (sum u_g u_g')^-1 (sum u_g) ~ chi2(q). It uses the
-    null fit only, which keeps its size closer to nominal than the Wald form when categories have few
-    requests (checked in bench/law.py recovery).
-    """
-    model = full.result.model
-    names = list(model.exog_names)
-    theta = np.zeros(len(names))
-    for i, name in enumerate(names):
-        if name in restricted.result.params.index:
-            theta[i] = restricted.result.params[name]
-        elif name not in terms:
-            raise ValueError(f"{name} is neither restricted nor tested")
-    extra = np.array([n in terms for n in names])
-    scores = model.score_obs(theta)
-    groups = model.data.frame["request_id"].to_numpy()
-    per_group = pd.DataFrame(scores).groupby(groups).sum().to_numpy()
-    info = -model.hessian(theta)
-    proj = info[np.ix_(extra, ~extra)] @ np.linalg.inv(info[np.ix_(~extra, ~extra)])
-    u = per_group[:, extra] - per_group[:, ~extra] @ proj.T
-    total = u.sum(axis=0)
-    g = len(u)
-    lm = float(total @ np.linalg.solve(u.T @ u * g / (g - 1), total))
-    q = int(extra.sum())
-    return dict(statistic=lm, df=q, p_value=float(stats.chi2.sf(lm, q)))
+    """Cluster-robust score (LM) test of ``terms`` (extra in ``full``) at the ``restricted`` estimates
+    (``fit.cluster_score_test``): it keeps its size closer to nominal than the Wald form with few requests."""
+    lm, p = cluster_score_test(restricted.result, full.result, terms)
+    return dict(statistic=lm, df=len(terms), p_value=p)
 
 
 @dataclass
@@ -101,11 +61,8 @@ def _rows(table: dict) -> pd.DataFrame:
 def universality_test(traces, *, drafter: str | None = None, eps: float = atrisk.EPS_NATS, cv: bool = False,
                       n_folds: int = 5, seed: int = 0, min_requests_per_category: int = 5,
                       drop_small_categories: bool = False) -> TestResult:
-    """P1: does one law hold across categories? Cluster-robust score test (decision) and Wald test of
-    the category terms of ``law_exp_cat`` (category rates and exponents, 2(K - 1) df).
-
-    ``cv=True`` adds the equivalence check on grouped-CV log-loss (slower: 3 x ``n_folds`` fits).
-    """
+    """P1: does one law hold across categories? Cluster-robust score test (decision) and Wald test of the
+    category terms of ``law_exp_cat``; ``cv=True`` adds the equivalence check on grouped-CV log-loss."""
     if isinstance(traces, pd.DataFrame):
         rows = traces
     else:
@@ -118,7 +75,6 @@ def universality_test(traces, *, drafter: str | None = None, eps: float = atrisk
     options = dict(min_requests_per_category=min_requests_per_category, drop_small_categories=drop_small_categories)
     full = fit_law(counts, fam, **options)
     counts = counts.loc[counts["category"].isin(full.categories)]
-    # the restricted law gives the score test its estimates and k_pooled its value, never an interval
     law = fit_law(counts, "law_exp", cov_type="nonrobust")
     terms = [n for n in full.result.params.index if n.startswith("C(category)")]
     wald = robust_wald(full, terms)
@@ -176,7 +132,7 @@ def category_ranking_test(traces, *, drafter: str | None = None, family: str = "
     obs, pred = s["observed_tokens_per_round"].to_numpy(), s["predicted_tokens_per_round"].to_numpy()
     mean = np.average(obs, weights=w)
     r2 = 1 - np.sum(w * (obs - pred) ** 2) / np.sum(w * (obs - mean) ** 2)
-    rows = atrisk.at_risk_table(traces, eps=eps, drafters=[loco_drafter(traces, drafter)])
+    rows = atrisk.at_risk_table(traces, eps=eps, drafters=[single_drafter(traces, drafter)[0]])
     mundlak = fit_law(rows, "law_exp_mundlak")
     diff, se = mundlak.linear_combination({"log_entropy_within": 1.0, "log_entropy_category_mean": -1.0})
     df = mundlak.df_inference  # t(G - 1) as for the law's own p-values (None: normal)
@@ -191,9 +147,6 @@ def category_ranking_test(traces, *, drafter: str | None = None, family: str = "
                       notes=["p_value is the exact permutation p of rho >= observed (one-sided): small = entropy "
                              "ranks the categories; p_mundlak tests b_within = b_between"])
 
-
-def loco_drafter(traces, drafter):
-    return single_drafter(traces, drafter)[0]
 
 
 def drafter_entropy_test(traces, *, drafters: tuple[str, str] | None = None, eps: float = atrisk.EPS_NATS) -> TestResult:
@@ -242,7 +195,7 @@ def preregistered_tests(traces, *, drafter: str | None = None, alpha: float = 0.
                         eps: float = atrisk.EPS_NATS) -> PreregisteredTests:
     """P1 and P2 for ``drafter`` (default: the only drafter), P3 when the traces hold two or more
     drafters; Holm's adjustment over the primary p-values."""
-    tests = {"P1": universality_test(traces, drafter=loco_drafter(traces, drafter), eps=eps),
+    tests = {"P1": universality_test(traces, drafter=single_drafter(traces, drafter)[0], eps=eps),
              "P2": category_ranking_test(traces, drafter=drafter, eps=eps)}
     notes = []
     rows = atrisk.at_risk_table(traces, eps=eps)

@@ -1,8 +1,5 @@
-"""A small base for analysis results: a ``.summary`` DataFrame, ``print_summary()`` and an HTML repr; and
-``Attempt``, the value of one analysis or why it could not be computed.
-
-Known here: presentation only (title, notes, the summary table). Not known here: any statistics.
-"""
+"""A small base for analysis results (``.summary``, ``print_summary()``, an HTML repr) and ``Attempt``, the value
+of one analysis or why it could not be computed."""
 
 from __future__ import annotations
 

@@ -1,13 +1,6 @@
-"""Small statistics shared across the law layer and its figures.
-
-Known here: the exact one-sided permutation p of a Spearman rank correlation over all K! orderings
-(``exact_spearman_p``; used by LOCO accuracy in ``transfer`` and by P2 in ``hypotheses``) and the
-Wilson score interval of binomial proportions (``wilson_interval``; the figures' binned acceptance),
-and the one rule for intervals that rest on few requests (``FEW_REQUESTS``, ``SmallSampleWarning``,
-``warn_if_few_requests``; used by ``fit`` and ``bootstrap``): requests are the independent units (the
-clusters), and with fewer than about 20 of them cluster-robust and request-bootstrap intervals are too
-narrow (Cameron & Miller 2015, "A practitioner's guide to cluster-robust inference", section VI).
-Not known here: traces, laws or fits. No torch.
+"""Small statistics shared across the law layer and its figures: the exact Spearman permutation p, the Wilson
+interval, and the one rule for intervals on few requests (the clusters): below ``FEW_REQUESTS`` cluster-robust
+and bootstrap intervals are too narrow (Cameron & Miller 2015, section VI).
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
-"""How far a law fitted on top-k entropy estimates can move: refits on the entropy's lower and upper bounds.
-
-Known here: the sensitivity fit of traces whose entropy came from top-k log-probabilities (the tokens columns
-``target_entropy_{lower,upper,estimate}_nats``, ``traces.topk``): the law is fitted three times, with the point
-estimate (what ``at_risk_table`` fits by default where no exact entropy exists), the lower bound and the upper
-bound in its place, and each coefficient's move is set beside its own standard error and interval. Rows with an
-exact entropy keep it in all three. Not known here: how the bounds are derived, or engines. No torch.
-"""
+"""How far a law fitted on top-k entropy estimates can move: refits on the entropy's lower and upper bounds
+(rows with an exact entropy keep it)."""
 
 from __future__ import annotations
 
@@ -29,15 +23,13 @@ class _EntropyFrom:
 
 
 def entropy_sensitivity(traces, family: str = "law_exp", **fit_kwargs) -> pd.DataFrame:
-    """Fit ``family`` (``law.fit.fit_law``, with ``fit_kwargs``) on the estimate, the lower and the upper bound.
+    """Fit ``family`` (``fit_law`` with ``fit_kwargs``) on the estimate, the lower and the upper bound.
 
-    Returns one row per parameter: ``estimate`` (the fit on the point estimate), its ``std_err``, ``ci_low`` and
-    ``ci_high``, the coefficients fitted on the ``lower`` and ``upper`` bounds, ``max_shift`` (the larger move
-    from ``estimate``), ``shift_in_se`` (that move in standard errors) and ``within_ci`` (both bound fits inside
-    the estimate fit's interval). Refuses traces with no top-k rows, and rows whose bounds are null (a top-k the
-    engine renormalised: its bounds do not hold).
+    One row per parameter: ``estimate``, ``std_err``, ``ci_low``, ``ci_high``, the ``lower`` and ``upper`` fits,
+    ``max_shift``, ``shift_in_se`` and ``within_ci`` (both inside the interval). Refuses traces with no top-k rows
+    and rows without bounds.
     """
-    from entropy_law.law.fit import fit_law  # lazy, as the other analysis modules do
+    from entropy_law.law.fit import fit_law
 
     tokens = traces.tokens
     if "target_entropy_estimate_nats" not in tokens.columns or not tokens["target_entropy_estimate_nats"].notna().any():

@@ -1,15 +1,4 @@
-"""One trace set as the law layer reads it, each run labelled with its arm.
-
-Known here: ``TraceView`` (the four tables ``tokens``, ``rounds``, ``requests``, ``runs`` as plain DataFrames) and
-``make_view``, which labels every run with its arm (``arms.run_arms``: one model, drafter with its checkpoint,
-tree policy, budget and gate; two runs of the same drafter with different trees, or of two models, are different
-arms, each fitted apart), marks the autoregressive (AR) baseline (``drafter_id`` "none" / "ar" or
-``tree_policy`` "none", one AR arm per model), the machine a run was timed on, and which runs carry real
-timings (replayed runs report 0 ms and never enter a cost model); ``entropy_tokens``, the target entropies of
-each model's requests counted once.
-
-Not known here: file formats (``entropy_law.traces``), fits (``law.fit``), costs (``entropy_law.payoff``).
-"""
+"""One trace set as the law layer reads it (``TraceView``), each run labelled with its arm (``make_view``)."""
 
 from __future__ import annotations
 
@@ -23,9 +12,8 @@ from entropy_law.law.arms import run_arms
 
 @dataclass
 class TraceView:
-    """The four tables the law layer reads (``tokens``, ``rounds``, ``requests``, ``runs``), as plain
-    DataFrames. ``runs.drafter_id`` holds the arm label; the recorded id is kept in ``recorded_drafter_id``,
-    the arm's identity in ``arm_key`` and the machine it was timed on in ``machine``."""
+    """The four tables as plain DataFrames; after ``make_view`` ``runs.drafter_id`` holds the arm label (the
+    recorded id is in ``recorded_drafter_id``)."""
 
     tokens: pd.DataFrame
     rounds: pd.DataFrame
@@ -40,11 +28,7 @@ class TraceView:
 
 def _plain(frame: pd.DataFrame) -> pd.DataFrame:
     """Categorical key columns -> str (merges across runs with different categories stay simple)."""
-    out = frame.copy()
-    for col in out.columns:
-        if isinstance(out[col].dtype, pd.CategoricalDtype):
-            out[col] = out[col].astype(str)
-    return out
+    return frame.astype({c: str for c in frame.columns if isinstance(frame[c].dtype, pd.CategoricalDtype)})
 
 
 def truthy(value) -> bool:
@@ -53,9 +37,8 @@ def truthy(value) -> bool:
 
 
 def make_view(traces) -> TraceView:
-    """A ``TraceView`` of ``traces`` whose ``runs`` carry ``arm`` (the label, ``arms.run_arms``),
-    ``arm_key``, ``is_ar``, ``machine``, ``replayed`` and ``timed`` columns, with ``drafter_id`` set to the
-    arm label (so the law layer treats arms apart)."""
+    """A ``TraceView`` whose ``runs`` carry ``arm``, ``arm_key``, ``is_ar``, ``machine``, ``replayed`` and
+    ``timed`` (real timings: replayed runs report 0 ms), with ``drafter_id`` set to the arm label."""
     tokens, rounds, requests = (_plain(traces.tokens), _plain(traces.rounds), _plain(traces.requests))
     runs = _plain(traces.runs).reset_index(drop=True)
     for col in ("drafter_id", "tree_policy"):
@@ -74,16 +57,14 @@ def make_view(traces) -> TraceView:
     return TraceView(tokens=tokens, rounds=rounds, requests=requests, runs=runs)
 
 
-
 def model_name(model_id) -> str:
     """A run's model id as a label: ``"unknown-model"`` where the run does not say."""
     return "unknown-model" if model_id is None else str(model_id)
 
 
 def entropy_tokens(view: TraceView) -> pd.DataFrame:
-    """One row per (model, request, output position) of an arm-labelled ``view`` (``make_view``): the target
-    entropy, its category and the model. Greedy output and its entropies depend on the target model, not on the
-    drafter, so for each model the first run that holds a request is used."""
+    """One row per (model, request, output position) of a ``make_view`` view: the target entropy, category and
+    model, from each model's first run that holds the request (greedy output depends on the model alone)."""
     tok = view.tokens[["run_id", "request_id", "category", "position", "target_entropy_nats"]]
     model = view.runs.set_index("run_id")["arm_key"].map(lambda key: model_name(key.model_id))
     tok = tok.assign(model_id=tok["run_id"].map(model).to_numpy())

@@ -1,16 +1,8 @@
 """DuckDB runs the at-risk query over groups of finished Parquet shards: ``aggregate_at_risk_sql``.
 
-Known here: which shards a trace folder holds and which runs they belong to (``_shards``; the arm rule of
-``arms`` holds as in ``atrisk.at_risk_table``: the runs selected by ``drafter_id`` must be one arm each,
-``arms.check_one_arm_per_drafter``, else the query is not run, or ``by_arm`` labels each run with its arm),
-groups of whole shards (``_chunks``), each group's tables made views over its files, so memory holds one group's
-rows and the growing table of cells, never all the rows. A request, hence a round, lies in one shard, so every
-window of the query lies in one group, and groups give the same cells as one query over all files; cells of two
-groups that share a key (one drafter's runs reusing a request id, which the in-memory path pools too) are merged
-by ``atrisk.combine_aggregates``; ``finish_cells`` turns the query's rows into ``aggregate_at_risk``'s table.
-
-Not known here: the query's text (``outofcore.sql``), fits (``outofcore.streamed``). DuckDB is imported when a
-query runs.
+A request lies in one shard, so each group of whole shards gives the same cells as one query over all files;
+memory holds one group's rows. Cells of two groups that share a key are pooled, as the in-memory path does.
+The arm rule of ``atrisk.at_risk_table`` holds (or ``by_arm`` labels each run with its arm).
 """
 
 from __future__ import annotations
@@ -39,9 +31,8 @@ class _Shards:
 
 
 def _shards(traces_or_path, drafters: Sequence[str] | None, by_arm: bool = False) -> _Shards:
-    """``by_arm``: the runs table's ``drafter_id`` is each run's arm label (``arms.run_arms``: model, drafter,
-    tree policy, budget, gate), so arms that share a drafter id stay apart, as in ``analysis.make_view``;
-    ``drafters`` then selects arm labels. Otherwise a drafter id that holds two arms is refused."""
+    """The selected runs' shards. ``by_arm``: ``drafter_id`` is each run's arm label (``drafters`` selects
+    labels); otherwise a drafter id that holds two arms is refused."""
     from entropy_law.traces.reader import load_traces
 
     traces = traces_or_path if hasattr(traces_or_path, "dataset") else load_traces(traces_or_path, validate=False)
@@ -90,8 +81,8 @@ def _chunks(dirs: Sequence[Path], chunk_bytes: int) -> list[list[Path]]:
 
 
 def _views_per_group(con, shards: _Shards, chunk_bytes: int, tables=("tokens", "rounds")):
-    """Register ``runs`` on ``con``, then for each group of shards (``_chunks``) make ``tables`` views over its
-    files and yield the group's index: the one loop of every query here (memory holds one group's rows)."""
+    """Register ``runs`` on ``con``, then for each group of shards make ``tables`` views over its files and yield
+    the group's index."""
     con.register("runs", shards.runs)
     for i, group in enumerate(_chunks(shards.dirs, chunk_bytes)):
         for table in tables:
@@ -122,37 +113,20 @@ def _query_spec(family, bin_columns, keys, means) -> tuple[tuple, tuple, list]:
     return bins, keys, _means_for(fam, means, with_rounds=True)
 
 
-def aggregate_at_risk_sql(
-    traces,
-    family: str | None = None,
-    *,
-    bin_columns: Sequence[str] | None = None,
-    keys: Sequence[str] | None = None,
-    width_log10: float = 0.05,
-    eps: float = atrisk.EPS_NATS,
-    means: str = "all",
-    drafters: Sequence[str] | None = None,
-    by_arm: bool = False,
-    on_invalid: str = "raise",
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-    threads: int | None = None,
-    memory_limit: str | None = None,
-    temp_directory: str | None = None,
-) -> pd.DataFrame:
+def aggregate_at_risk_sql(traces, family: str | None = None, *, bin_columns: Sequence[str] | None = None,
+                          keys: Sequence[str] | None = None, width_log10: float = 0.05, eps: float = atrisk.EPS_NATS,
+                          means: str = "all", drafters: Sequence[str] | None = None, by_arm: bool = False,
+                          on_invalid: str = "raise", chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                          threads: int | None = None, memory_limit: str | None = None,
+                          temp_directory: str | None = None) -> pd.DataFrame:
     """``aggregate_at_risk(at_risk_table(traces))`` computed by DuckDB over the Parquet shards, out of core.
 
-    ``traces``: a run directory, a folder of runs (searched as ``load_traces`` does) or a ``TraceSet`` (its
-    selection of runs is used; a category selection is not: select categories in the cells). The
-    result has the columns, order of cells and ``attrs`` of ``atrisk.aggregate_at_risk`` (string keys as
-    object columns), so ``fit_law`` takes it as it is. ``family``: bin columns and extra keys of that law
-    family (default: ``law_exp``: bins of the target entropy, keys drafter x category x request x depth);
-    ``bin_columns`` / ``keys`` override them. ``means``: ``"all"`` keeps every covariate mean (the pandas
-    path's columns), ``"family"`` only those the family's formula reads (less memory, the same fit).
-    ``drafters``: only these drafter ids (arm labels with ``by_arm``: the cells keyed by arm, see
-    ``fit_law_out_of_core``). ``on_invalid``: ``"raise"`` (default) or ``"drop"`` rows with NaN,
-    infinite or negative covariates, as ``at_risk_table``. ``chunk_bytes``: token files per query (memory
-    holds one group of shards' rows); ``threads``, ``memory_limit`` (e.g. ``"2GB"``) and ``temp_directory``
-    (where DuckDB spills) are DuckDB settings.
+    ``traces``: a run directory, a folder of runs or a ``TraceSet`` (its runs; select categories in the cells).
+    The result is ``atrisk.aggregate_at_risk``'s table, so ``fit_law`` takes it. ``family``: its bin columns and
+    extra keys (default ``law_exp``), overridden by ``bin_columns`` / ``keys``. ``means``: ``"all"`` or
+    ``"family"`` (only those the formula reads). ``drafters``: these drafter ids (arm labels with ``by_arm``).
+    ``on_invalid``: as ``at_risk_table``. ``chunk_bytes``: token files per query; ``threads``, ``memory_limit``
+    and ``temp_directory`` are DuckDB settings.
     """
     if on_invalid not in ("raise", "drop"):
         raise ValueError("on_invalid must be 'raise' or 'drop'")
@@ -181,9 +155,8 @@ _STRING_KEYS = ("drafter_id", "category", "request_id")
 
 
 def _finish(parts, bins, keys, means, *, eps, width_log10, on_invalid) -> pd.DataFrame:
-    """The cells of every query as ``aggregate_at_risk`` returns them. Sorted in Arrow, with the string keys
-    dictionary-encoded until the end (object columns whose rows share one Python string per value), since the
-    cells of a large fleet number about half its rows."""
+    """The cells of every query as ``aggregate_at_risk`` returns them (sorted in Arrow, string keys
+    dictionary-encoded until the end)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -210,12 +183,12 @@ def _finish(parts, bins, keys, means, *, eps, width_log10, on_invalid) -> pd.Dat
         i = table.schema.get_field_index(name)
         table = table.set_column(i, name, pc.dictionary_encode(table.column(name)))
     frame = table.to_pandas()
-    for name in _STRING_KEYS:  # as the pandas path: object columns (here sharing one str per value)
+    for name in _STRING_KEYS:  # as the pandas path: object columns
         frame[name] = frame[name].astype(object)
     attrs = dict(kind=atrisk.KIND_AGGREGATED, eps=eps, width_log10=width_log10, bin_columns=tuple(bins),
                  keys=tuple(keys))
     decode_time = tuple(m for m in means if m in atrisk.DECODE_TIME)
-    if decode_time:  # as aggregate_at_risk(extra_means=...): combine_aggregates pools them too
+    if decode_time:
         attrs["extra_means"] = decode_time
     if len(frame) > 1:  # one drafter's runs share a request id: their cells pooled, as the pandas path does
         same = np.ones(len(frame) - 1, dtype=bool)
@@ -232,11 +205,9 @@ def _finish(parts, bins, keys, means, *, eps, width_log10, on_invalid) -> pd.Dat
 def finish_cells(result, family: str | None = None, *, bin_columns: Sequence[str] | None = None,
                  keys: Sequence[str] | None = None, width_log10: float = 0.05, eps: float = atrisk.EPS_NATS,
                  means: str = "all", on_invalid: str = "raise") -> pd.DataFrame:
-    """The rows of ``at_risk_sql(...)`` run elsewhere (a pandas DataFrame or pyarrow Table, e.g. Spark's
-    ``spark.sql(query).toPandas()``) as the aggregate ``fit_law`` takes: cells with a NULL bin (invalid
-    covariates) refused or dropped, types, column order, cells sorted, ``attrs``. Give the ``family`` (or
-    ``bin_columns`` / ``keys``) and ``means`` the query was made for; the arms are yours to check
-    (``arms.check_one_arm_per_drafter`` on the ``runs`` table you registered)."""
+    """The rows of ``at_risk_sql(...)`` run elsewhere (a DataFrame or pyarrow Table, e.g. from Spark) as the
+    aggregate ``fit_law`` takes. Give the ``family`` (or ``bin_columns`` / ``keys``) and ``means`` the query was
+    made for; the arms are yours to check (``arms.check_one_arm_per_drafter``)."""
     import pyarrow as pa
 
     if on_invalid not in ("raise", "drop"):

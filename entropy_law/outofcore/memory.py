@@ -1,20 +1,11 @@
-"""In memory or out of core: whether an in-memory analysis of a trace folder fits the memory available.
-
-Known here: a lower bound of the memory an in-memory fit needs per token row (``IN_MEMORY_BYTES_PER_TOKEN_ROW``),
-the memory available now (``available_memory``), and ``check_fits_in_memory``, which refuses, saying what to
-do, before any row is read (rows counted from the Parquet footers).
-
-Not known here: the fits themselves. No torch, no DuckDB.
-"""
+"""Whether an in-memory analysis of a trace folder fits the memory available, checked before any row is read."""
 
 from __future__ import annotations
 
 import os
 
 
-# what fit_law needs in memory per token row, from the peak memory of an in-memory fit of a large fleet
-# (bench/fleet.py fleet); the full report holds more (bootstrap, LOCO), so this is a lower bound of what an in-memory
-# analysis needs
+# a lower bound of what fit_law needs in memory per token row (bench/fleet.py fleet); the full report holds more
 IN_MEMORY_BYTES_PER_TOKEN_ROW = 880
 
 
@@ -35,10 +26,8 @@ def available_memory() -> int | None:
 
 
 def check_fits_in_memory(traces, what: str, *, available: int | None = None) -> int:
-    """Refuse (``ValueError``, saying what to do) an in-memory ``what`` on runs whose token rows need more memory
-    than is available (at least ``IN_MEMORY_BYTES_PER_TOKEN_ROW`` per row, counted from the Parquet footers, no
-    data read), instead of being killed for memory half way. ``traces``: a path or a ``TraceSet``;
-    ``available``: bytes (default ``available_memory()``; unknown: no check). Returns the token rows."""
+    """Refuse an in-memory ``what`` whose token rows (counted from the Parquet footers) need more memory than
+    ``available`` bytes (default ``available_memory()``; unknown: no check). Returns the token rows."""
     from entropy_law.traces.reader import load_traces
 
     lazy = traces if hasattr(traces, "row_counts") else load_traces(traces, validate=False)

@@ -1,16 +1,6 @@
-"""The aggregated at-risk table of many runs written down as ONE SQL query.
-
-Known here: the aggregation of ``atrisk.aggregate_at_risk`` (counts per drafter x category x request x depth
-x log-spaced covariate bin, with within-cell covariate means) as one query over three tables, ``tokens`` and
-``rounds`` (the trace files, format v1) and ``runs`` (``run_id -> drafter_id``, from each ``run.json``), in the
-SQL that DuckDB and Spark SQL share (``at_risk_sql``; ``docs/out-of-core.md``). Every window of the query (the
-cumulative entropy of a round; the decode-time covariates of ``atrisk.sequence_covariates`` over a request's
-whole output: the previous position's entropy, the running-mean entropy, the position) lies in one request.
-Which rows are at risk, the covariates and their checks are those of ``atrisk`` (a test compares both paths
-cell by cell).
-
-Not known here: how the query is run (``outofcore.driver``), the law families (``entropy_law.law.fit``). No
-torch, no DuckDB: the query is text.
+"""``atrisk.aggregate_at_risk`` written as ONE SQL query over the tables ``tokens``, ``rounds`` and ``runs``, in
+the SQL that DuckDB and Spark SQL share (``docs/out-of-core.md``). Every window lies in one request; the rows,
+covariates and checks are those of ``atrisk`` (a test compares both paths cell by cell). The query is text.
 """
 
 from __future__ import annotations
@@ -24,19 +14,15 @@ import numpy as np
 from entropy_law.law import atrisk
 
 
-# covariate column -> (trace column, SQL name of its checked value in the query)
-_TRACE_COLUMNS = {"target_entropy_nats": "h", "target_renyi2_nats": "h2", "target_top1_prob": "p1",
-                  "target_logit_gap": "gap"}
-_LOG_OF = {"log_entropy": "h", "log_renyi2": "h2", "log_logit_gap": "gap"}
+_LOG_OF = {"log_entropy": "target_entropy_nats", "log_renyi2": "target_renyi2_nats",
+           "log_logit_gap": "target_logit_gap"}
 _KEYS = tuple(atrisk.KEY_COLUMNS)  # drafter_id, category, request_id, depth
-# the decode-time covariates of ``atrisk.sequence_covariates`` the query computes (windows over each request's
-# whole output, every role), the columns binned among them, and the raw column a fitted log is taken of
+# the decode-time covariates the query computes, the columns binned among them, and the raw column of each log
 _SEQUENCE_MEANS = ("lag_entropy_nats", "log_lag_entropy", "run_mean_entropy_nats", "log_run_mean_entropy",
                    "log1p_position")
 _SEQUENCE_BINS = ("lag_entropy_nats", "run_mean_entropy_nats", "position")
 _RAW_OF_LOG = {"log_lag_entropy": "lag_entropy_nats", "log_run_mean_entropy": "run_mean_entropy_nats"}
-# the target's top-1 miss: 1 - p1 (a bin column) and log(1 - p1 + 1e-3) (``atrisk._add_target_miss``); a fit takes
-# the log of the cells' mean miss, so the raw mean it reads is that of target_top1_prob
+# the target's top-1 miss 1 - p1 (a bin column), its log, and the raw mean a fit takes the log of
 _MISS_BIN = "target_miss_prob"
 _MISS_LOG = "log_target_miss"
 _MISS_RAW = "target_top1_prob"
@@ -49,11 +35,8 @@ def _literal(value: float) -> str:
 
 
 def _means_for(family, means: str, with_rounds: bool) -> list[str]:
-    """Covariate means the aggregate keeps: all of ``atrisk.mean_columns`` with the family's decode-time means
-    (``"all"``, what the pandas path keeps) or only those the family's fit reads (``"family"``: fewer columns, the
-    same fit). The fit reads the log of a decode-time covariate as the log of its cell mean
-    (``atrisk.add_log_covariates``) and a profiled offset's log(H + c) as that of the cells' mean entropy, so
-    ``"family"`` keeps those raw means instead of the means of the logs."""
+    """Covariate means the aggregate keeps: all (``"all"``, as the pandas path) or those the family's fit reads
+    (``"family"``: raw means in place of the logs the fit takes of them)."""
     every = [*atrisk.COVARIATES, *atrisk.DERIVED]
     if not with_rounds:
         every.remove("log_drafted_depth")
@@ -77,8 +60,7 @@ def _means_for(family, means: str, with_rounds: bool) -> list[str]:
 
 
 def _miss_sql(p1: str) -> str:
-    """The target's miss probability 1 - p1, clipped to [0, 1], of the SQL expression ``p1``
-    (``atrisk._add_target_miss``)."""
+    """The target's miss probability 1 - p1, clipped to [0, 1], of the SQL expression ``p1``."""
     return f"LEAST(GREATEST(1.0E0 - {p1}, 0.0E0), 1.0E0)"
 
 
@@ -93,19 +75,11 @@ def at_risk_sql(*, bin_columns: Sequence[str] = ("target_entropy_nats",), width_
                 drafted_depth_key: bool = False) -> str:
     """The aggregation as one SQL query over the tables ``tokens``, ``rounds`` and ``runs``.
 
-    Returns one row per cell: the keys ``drafter_id, category, request_id, depth`` (and ``drafted_depth`` with
-    ``drafted_depth_key``), one ``bin_<column>`` per ``bin_columns`` (``floor((log10(x + eps) - log10(eps)) /
-    width_log10)``, NULL for rows whose covariates fail the checks of ``atrisk.validate_covariates``: the
-    driver refuses or drops those cells), ``n_acc``, ``n`` and ``n_rej`` and the mean of every column of
-    ``means`` (default: all of ``atrisk.COVARIATES`` and ``atrisk.DERIVED``; also the decode-time covariates
-    of ``atrisk.sequence_covariates``: ``lag_entropy_nats``, ``run_mean_entropy_nats``, ``log1p_position`` and
-    the logs ``log_lag_entropy``, ``log_run_mean_entropy``). It uses only what DuckDB and Spark SQL both read
-    the same way (CTEs, CASE, CAST, GREATEST, COALESCE, ISNAN, LN, LOG10, FLOOR, ROWS windows, LAG); the
-    ``rounds`` join is there only when ``log_drafted_depth`` or the ``drafted_depth`` key is asked for, and the
-    windows over each request's output (``sequence_windows``: every token row, all roles, ordered by position)
-    only when a decode-time covariate is asked for or binned (``lag_entropy_nats``, ``run_mean_entropy_nats``,
-    ``position``). The query's steps, one function each: ``_sequence_ctes``, ``_at_risk_cte``, ``_checked_cte``,
-    ``_covariates_cte``, ``_binned_cte`` and ``_cells_select``.
+    One row per cell: the keys (and ``drafted_depth`` with ``drafted_depth_key``), one ``bin_<column>`` per
+    ``bin_columns`` (NULL where the row's covariates fail ``atrisk.validate_covariates``), ``n_acc``, ``n``,
+    ``n_rej`` and the mean of every column of ``means`` (default: ``atrisk.COVARIATES`` and ``atrisk.DERIVED``;
+    also the decode-time covariates). The rounds join and the windows over each request's output are there only
+    when asked for.
     """
     means = list(means) if means is not None else [*atrisk.COVARIATES, *atrisk.DERIVED]
     known = [*atrisk.COVARIATES, *atrisk.DERIVED, *_SEQUENCE_MEANS, _MISS_LOG]
@@ -132,8 +106,7 @@ def at_risk_sql(*, bin_columns: Sequence[str] = ("target_entropy_nats",), width_
 
 @dataclass(frozen=True)
 class _QueryNeeds:
-    """What the asked-for means and bins need of the query: the target's miss, the rounds join, the cumulative
-    entropy of a round, and the decode-time covariates (previous entropy, running mean, position)."""
+    """What the asked-for means and bins need of the query."""
 
     miss: bool
     rounds: bool
@@ -151,11 +124,8 @@ _HI, _NEG_INF = "CAST('Infinity' AS DOUBLE)", "CAST('-Infinity' AS DOUBLE)"
 
 
 def _sequence_ctes(needs: _QueryNeeds) -> tuple[list[str], str]:
-    """Step 0, ``(CTEs, the table the at-risk rows are read from)``: the decode-time covariates of
-    atrisk.sequence_covariates, from each request's whole output (every token row, all roles, ordered by
-    position): H at the previous position (at the first: its own H), the running mean of H (sum / count of rows
-    so far), the position. As atrisk._add_sequence_covariates, H is max(H, 0); a NaN or NULL H is NULL here
-    (pandas' NaN): skipped by the running sum, replaced by the row's own H as the previous entropy."""
+    """Step 0, ``(CTEs, the table the at-risk rows are read from)``: the windows of
+    ``atrisk.sequence_covariates`` over each request's whole output, on max(H, 0) (NaN as NULL)."""
     if not needs.sequence:
         return [], "tokens"
     h_seq = "CAST(target_entropy_nats AS DOUBLE)"
@@ -199,9 +169,7 @@ def _at_risk_cte(needs: _QueryNeeds, source: str) -> str:
 
 
 def _checked_cte(needs: _QueryNeeds) -> str:
-    """The row check of validate_covariates. NaN fails every comparison in both engines, so the range checks also
-    refuse NaN (and NULL); a decode-time covariate that is not finite (an infinite entropy earlier in the output)
-    makes the row invalid too."""
+    """The row check of validate_covariates (NaN and NULL fail every range check)."""
     lo, hi = _literal(-atrisk.NEGATIVE_TOLERANCE), _HI
     sequence_check = ""
     if needs.sequence:
@@ -218,8 +186,7 @@ def _checked_cte(needs: _QueryNeeds) -> str:
 
 
 def _covariates_cte(needs: _QueryNeeds) -> str:
-    """Step 2, the covariates: entropies and gaps in [-1e-5, 0) are fp32 round-off, set to 0 (as
-    validate_covariates); NULL in rows that fail the check."""
+    """Step 2, the covariates (negatives set to 0, as validate_covariates; NULL in rows that fail the check)."""
     cols = ["drafter_id", "category", "request_id", "depth", "accepted", "valid"]
     if needs.rounds:
         cols.append("drafted_depth")
@@ -232,14 +199,11 @@ def _covariates_cte(needs: _QueryNeeds) -> str:
                     "            PARTITION BY run_id, request_id, round_index ORDER BY depth\n"
                     "            ROWS BETWEEN UNBOUNDED PRECEDING AND CURRENT ROW) - GREATEST(h, 0.0E0) END"
                     " AS cum_entropy_nats")
-    if needs.lag:
-        cols.append("CASE WHEN valid THEN lag_h END AS lag_entropy_nats")
-    if needs.run:
-        cols.append("CASE WHEN valid THEN run_mean_h END AS run_mean_entropy_nats")
-    if needs.pos:
-        cols.append("CASE WHEN valid THEN pos END AS position")
-    if needs.miss:  # the target's mass off its greedy token, 1 - p1 in [0, 1] (atrisk._add_target_miss)
-        cols.append(f"CASE WHEN valid THEN {_miss_sql('p1')} END AS {_MISS_BIN}")
+    windows = ((needs.lag, "lag_h", "lag_entropy_nats"), (needs.run, "run_mean_h", "run_mean_entropy_nats"),
+               (needs.pos, "pos", "position"), (needs.miss, _miss_sql("p1"), _MISS_BIN))
+    for needed, value, name in windows:
+        if needed:
+            cols.append(f"CASE WHEN valid THEN {value} END AS {name}")
     return "covariates AS (\n    SELECT " + ",\n        ".join(cols) + "\n    FROM checked\n)"
 
 
@@ -247,9 +211,8 @@ def _binned_cte(means: list, bin_columns: Sequence[str], eps: float, width_log10
     """Step 3: the derived (log) columns and the bins."""
     e = _literal(eps)
     derived = ["*"]
-    for name, source in _LOG_OF.items():
+    for name, column in _LOG_OF.items():
         if name in means:
-            column = {"h": "target_entropy_nats", "h2": "target_renyi2_nats", "gap": "target_logit_gap"}[source]
             derived.append(f"LN({column} + {e}) AS {name}")
     if "log1p_cum_entropy" in means:
         derived.append("LN(1.0E0 + GREATEST(cum_entropy_nats, 0.0E0)) AS log1p_cum_entropy")

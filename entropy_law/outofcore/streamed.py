@@ -1,16 +1,9 @@
-"""``fit_law_out_of_core``: a law family fitted without ever holding the cells in memory.
+"""``fit_law_out_of_core``: a law family fitted without holding the cells in memory.
 
-Known here: each group's cells (``outofcore.driver``) go to a temporary Parquet file, and statsmodels' IRLS and
-CR1 sandwich run in passes over them, a batch at a time (X'WX and X'Wz summed per pass; the observed Hessian
-and the per-request score sums at the estimate), so memory grows with the number of requests, never with rows
-or cells; the result is ``fit_law``'s ``FittedLaw`` (or ``LawSet`` with ``by=``), equal to it within 1e-6, for
-the primary law ``law_exp_obs_ceil`` too (decode-time covariates; its offset c of log(H + c) profiled over
-``fit.EPS_GRID`` by one streamed fit per offset). Families the streamed fit cannot reproduce exactly are
-refused (``OutOfCoreError``, saying what to use instead).
-
-Not known here: how traces are written, the law families and their checks (``entropy_law.law.fit``: the
-streamed fit reuses its formulas, ``check_counts`` and ``FittedLaw``). No torch; DuckDB is imported when a
-query runs.
+Each group's cells go to a temporary Parquet file; statsmodels' IRLS and CR1 sandwich run in passes over them a
+batch at a time, so memory grows with the number of requests, never with rows or cells. The result is
+``fit_law``'s ``FittedLaw`` (``LawSet`` with ``by=``); families it cannot reproduce exactly raise
+``OutOfCoreError``, saying what to use instead.
 """
 
 from __future__ import annotations
@@ -24,10 +17,16 @@ from typing import Sequence
 
 import numpy as np
 import pandas as pd
+import patsy
+import statsmodels.api as sm
+from patsy.categorical import C
+from statsmodels.genmod.generalized_linear_model import GLMResults, GLMResultsWrapper
 from statsmodels.tools.sm_exceptions import DomainWarning
 
 from entropy_law.law import atrisk
-from entropy_law.law.fit import get_family
+from entropy_law.law import fit as fitmod
+from entropy_law.law.fit import DEPTH_TERMS, LawSet, _family_obj, get_family
+from entropy_law.law.stats import warn_if_few_requests
 from entropy_law.outofcore.driver import DEFAULT_CHUNK_BYTES, _connect, _shards, _views_per_group
 from entropy_law.outofcore.sql import (_KEYS, _MISS_BIN, _MISS_LOG, _MISS_RAW, _RAW_OF_LOG, _SEQUENCE_BINS,
                                        _SEQUENCE_MEANS, _literal, _means_for, _miss_sql, at_risk_sql)
@@ -41,11 +40,8 @@ class OutOfCoreError(ValueError):
 
 
 def _streamable(fam) -> None:
-    """Refuse families the streamed fit cannot reproduce exactly (their cells or estimator need more than the
-    GLM sums of the cells the query computes). Profiled offsets (``profile_eps``: one streamed fit per offset)
-    and the decode-time covariates of ``atrisk.sequence_covariates`` (windows over each request's output) are
-    done; the drafter's own statistics (``draft_entropy_nats``, ``draft_top1_prob``) and the context's copyability
-    (``context_match``) are not computed by the query."""
+    """Refuse families whose covariates the query does not compute (the drafter's statistics, copyability) and
+    ``law_iso``."""
     if fam.link == "isotonic":
         raise OutOfCoreError("law_iso is not a GLM: fit it in memory on the cells, fit_law(aggregate_at_risk_sql(path, "
                              "'law_iso'), 'law_iso') (its cells number about half the token rows)")
@@ -103,25 +99,21 @@ def _cell_source(con, files, bins, keys, means, on_invalid) -> tuple[str, list]:
         where = "WHERE n > 0"
     cell = [*keys, *bin_names]
     cast = {"drafter_id": "VARCHAR", "category": "VARCHAR", "request_id": "VARCHAR"}
+    cols = [f"CAST({c} AS {cast.get(c, 'BIGINT')}) AS {c}" for c in cell]
     # one drafter's runs reusing a request id in two groups: their cells are pooled, as in memory
     shared = con.sql("SELECT 1 FROM (SELECT drafter_id, request_id FROM cells_raw GROUP BY drafter_id, request_id "
                      "HAVING COUNT(DISTINCT filename) > 1) LIMIT 1").fetchall()
     if shared:
-        cols = [f"CAST({c} AS {cast.get(c, 'BIGINT')}) AS {c}" for c in cell]
         cols += [f"CAST(SUM({c}) AS BIGINT) AS {c}" for c in ("n_acc", "n", "n_rej")]
         cols += [f"SUM({m} * n) / SUM(n) AS {m}" for m in means]
-        source = f"SELECT {', '.join(cols)} FROM cells_raw {where} GROUP BY {', '.join(cell)}"
-    else:
-        cols = [f"CAST({c} AS {cast.get(c, 'BIGINT')}) AS {c}" for c in cell]
-        cols += [f"CAST({c} AS BIGINT) AS {c}" for c in ("n_acc", "n", "n_rej")]
-        cols += [f"CAST({m} AS DOUBLE) AS {m}" for m in means]
-        source = f"SELECT {', '.join(cols)} FROM cells_raw {where}"
-    return source, notes
+        return f"SELECT {', '.join(cols)} FROM cells_raw {where} GROUP BY {', '.join(cell)}", notes
+    cols += [f"CAST({c} AS BIGINT) AS {c}" for c in ("n_acc", "n", "n_rej")]
+    cols += [f"CAST({m} AS DOUBLE) AS {m}" for m in means]
+    return f"SELECT {', '.join(cols)} FROM cells_raw {where}", notes
 
 
 def _batches(con, sql: str, batch_cells: int):
-    """The rows of ``sql`` as pandas frames of at most ``batch_cells`` rows (DuckDB streams them, on a cursor of
-    their own, so that a reader left early blocks no other query)."""
+    """The rows of ``sql`` as frames of at most ``batch_cells`` rows, on a cursor of their own."""
     cursor = con.cursor()
     try:
         for batch in cursor.sql(sql).to_arrow_reader(batch_cells):
@@ -132,78 +124,69 @@ def _batches(con, sql: str, batch_cells: int):
 
 
 class _Cache:
-    """The design matrix, outcomes, trials and cluster codes of every cell, in batches, in one binary file read
-    back batch by batch (the page cache holds it, not this process)."""
+    """The design matrix, outcomes, trials and cluster codes of every cell (with ``entropy`` also the cells' mean
+    entropy, for ``_OffsetCache``) in one binary file, read back batch by batch."""
 
     def __init__(self, path: Path, k: int, *, entropy: bool = False):
-        self.path, self.k, self.sizes = path, k, []
+        self.path, self.k, self.entropy, self.sizes = path, k, entropy, []
         self._file = open(path, "wb")
-        # with ``entropy``: the cells' mean entropy beside the design, for ``_OffsetCache``
-        self.entropy_path = path.with_suffix(".entropy") if entropy else None
-        self._entropy = open(self.entropy_path, "wb") if entropy else None
 
     def write(self, x: np.ndarray, y: np.ndarray, n: np.ndarray, g: np.ndarray, h: np.ndarray | None = None) -> None:
         self.sizes.append(len(y))
-        for a, dtype in ((x, np.float64), (y, np.float64), (n, np.float64), (g, np.int32)):
+        arrays = [(x, np.float64), (y, np.float64), (n, np.float64), (g, np.int32)]
+        for a, dtype in arrays + ([(h, np.float64)] if self.entropy else []):
             self._file.write(np.ascontiguousarray(a, dtype=dtype).tobytes())
-        if self._entropy is not None:
-            self._entropy.write(np.ascontiguousarray(h, dtype=np.float64).tobytes())
 
     def close(self) -> None:
         self._file.close()
-        if self._entropy is not None:
-            self._entropy.close()
 
     def unlink(self) -> None:
         self.close()
-        for path in (self.path, self.entropy_path):
-            if path is not None:
-                path.unlink(missing_ok=True)
+        self.path.unlink(missing_ok=True)
 
-    def __iter__(self):
+    def batches(self):
+        """``(x, y, n, g, h)`` per batch (h None without ``entropy``)."""
         with open(self.path, "rb") as f:
             for size in self.sizes:
                 x = np.fromfile(f, np.float64, size * self.k).reshape(size, self.k)
-                y = np.fromfile(f, np.float64, size)
-                n = np.fromfile(f, np.float64, size)
+                y, n = np.fromfile(f, np.float64, size), np.fromfile(f, np.float64, size)
                 g = np.fromfile(f, np.int32, size)
-                yield x, y, n, g
+                yield x, y, n, g, (np.fromfile(f, np.float64, size) if self.entropy else None)
+
+    def __iter__(self):
+        for x, y, n, g, _ in self.batches():
+            yield x, y, n, g
 
 
 class _OffsetCache:
-    """The cells of a ``_Cache`` built with log(H + c0) (and ``entropy``) seen with another offset c: design
-    column ``j`` (``log_entropy``, a plain column of the design) replaced batch by batch by
-    log(max(H, 0) + c) of the cells' mean entropy, the very values patsy would put there; so a profiled offset
-    builds its design once, not once per offset."""
+    """The cells of a ``_Cache`` (built with ``entropy``) with design column ``j`` (``log_entropy``) replaced by
+    log(max(H, 0) + offset): a profiled offset builds its design once."""
 
     def __init__(self, base: _Cache, j: int, offset: float):
         self.base, self.j, self.offset = base, j, float(offset)
-        self.k, self.sizes, self.path = base.k, base.sizes, None
+        self.k, self.sizes = base.k, base.sizes
 
     def column(self, h: np.ndarray) -> np.ndarray:
         return np.log(np.maximum(h, 0.0) + self.offset)  # as fit._fit_profile_eps
 
     def __iter__(self):
-        with open(self.base.entropy_path, "rb") as f:
-            for (x, y, n, g), size in zip(self.base, self.sizes):
-                x[:, self.j] = self.column(np.fromfile(f, np.float64, size))
-                yield x, y, n, g
+        for x, y, n, g, h in self.base.batches():
+            x[:, self.j] = self.column(h)
+            yield x, y, n, g
 
     def unlink(self) -> None:  # the base is removed by its owner
         pass
 
 
 def _plain_column(names: Sequence[str], name: str) -> int | None:
-    """The index of design column ``name`` where it is the only column that reads ``name`` (a main effect:
-    no interaction, spline or other transform of it), else None."""
+    """The index of design column ``name`` where no other column reads it (a plain main effect), else None."""
     reading = [i for i, column in enumerate(names) if re.search(rf"\b{re.escape(name)}\b", column)]
     return reading[0] if len(reading) == 1 and names[reading[0]] == name else None
 
 
 def _irls_pass(cache: _Cache, fam_obj, beta):
-    """One pass of statsmodels' IRLS (``GLM._fit_irls``) over the cells: the binomial deviance at ``beta``
-    (``None``: at the start ``family.starting_mu``), as ``Binomial.deviance`` computes it, and the normal
-    equations of the next weighted least squares (weights n w(mu), working response eta + g'(mu) (y/n - mu))."""
+    """One pass of statsmodels' IRLS over the cells: the binomial deviance at ``beta`` (None: the start) and the
+    normal equations X'WX, X'Wz of the next weighted least squares."""
     k = cache.k
     tiny = np.finfo(float).eps
     xtwx, xtwz, dev = np.zeros((k, k)), np.zeros(k), 0.0
@@ -228,12 +211,8 @@ def _irls_pass(cache: _Cache, fam_obj, beta):
 
 
 def _sandwich_pass(cache: _Cache, link: str, beta, n_groups: int):
-    """At the estimate, through statsmodels' own GLM on each batch: the observed Hessian (the bread of
-    ``cov_cluster``), the scores summed per request (the meat), the expected information, llf and deviance."""
-    import statsmodels.api as sm
-
-    from entropy_law.law.fit import _family_obj
-
+    """At the estimate, through statsmodels' GLM on each batch: the observed Hessian, the scores summed per
+    request, the expected information, llf and deviance."""
     k = cache.k
     hessian, information = np.zeros((k, k)), np.zeros((k, k))
     scores = np.zeros((n_groups, k))
@@ -259,22 +238,14 @@ def _sandwich_pass(cache: _Cache, link: str, beta, n_groups: int):
 
 
 def _C(data, contrast=None, levels=None):
-    """patsy's ``C``, except that a column that already is a pandas Categorical (its levels set up front) is
-    passed on as it is: patsy then takes its codes at once (for ``C(x)`` it converts value by value in Python,
-    seconds per million cells). Same levels, contrasts and column names."""
-    from patsy.categorical import C
-
+    """patsy's ``C``, passing a pandas Categorical on as it is (patsy then takes its codes at once)."""
     if contrast is None and levels is None and isinstance(getattr(data, "dtype", None), pd.CategoricalDtype):
         return data
     return C(data, contrast, levels)
 
 
 def _llf_pass(cache: _Cache, link: str, beta) -> float:
-    """The log-likelihood at ``beta`` as statsmodels' ``GLM.loglike`` computes it (the binomial family's
-    ``loglike`` at the inverse link of X beta, the trials on the family instance), without building a GLM per
-    batch."""
-    from entropy_law.law.fit import _family_obj
-
+    """The log-likelihood at ``beta`` as ``GLM.loglike`` computes it, without building a GLM per batch."""
     llf = 0.0
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
         for x, y, n, _ in cache:
@@ -285,8 +256,8 @@ def _llf_pass(cache: _Cache, link: str, beta) -> float:
 
 
 def _needed_columns(rhs: str, fam, available) -> list:
-    """The cell columns the design of ``rhs`` reads: those it names, the raw means whose logs the fit takes
-    (``atrisk.add_log_covariates``), and for a profiled offset the mean entropy instead of its log."""
+    """The cell columns the design of ``rhs`` reads (raw means in place of their logs, and for a profiled offset
+    the mean entropy in place of ``log_entropy``)."""
     used = [c for c in available if re.search(rf"\b{re.escape(c)}\b", rhs)]
     if fam.name == "law_exp_mundlak":
         used += [c for c in ("log_entropy", "category") if c not in used]
@@ -308,15 +279,8 @@ _STEADY_STATE = ("log_run_mean_entropy", "log1p_position", "log_drafted_depth")
 def _fit_streamed(con, source: str, fam, *, depth: str, cov_type: str, alpha: float, eps: float,
                   min_requests_per_category: int, drop_small_categories: bool, batch_cells: int, tol: float,
                   max_iter: int, folder: Path, notes: list, start_params=None):
-    """``fit_law`` on the cells selected by ``source``, in passes over them; memory holds one batch of cells,
-    the per-request score sums (requests x parameters) and the request ids. A family with decode-time
-    covariates is fitted on the logs of their cell means, and a ``profile_eps`` family once per offset c of
-    ``fit.EPS_GRID`` on log(H + c) of the cells' mean entropy, keeping the fit of largest log-likelihood, as
-    ``fit_law`` (``atrisk.add_log_covariates``, ``fit._fit_profile_eps``). The steps: the checks of ``fit_law``
-    (``_checked_cells``), the cells' design (``_CellDesign``), IRLS per offset (``_best_offset_fit``), the CR1
-    sandwich and the statsmodels result (``_streamed_result``)."""
-    from entropy_law.law import fit as fitmod
-
+    """``fit_law`` on the cells selected by ``source``, in passes over them: the checks (``_checked_cells``),
+    the design (``_CellDesign``), IRLS per offset (``_best_offset_fit``), the result (``_streamed_result``)."""
     cells = _checked_cells(con, source, fam, depth=depth, cov_type=cov_type, alpha=alpha, eps=eps,
                            min_requests_per_category=min_requests_per_category,
                            drop_small_categories=drop_small_categories, notes=notes)
@@ -328,7 +292,7 @@ def _fit_streamed(con, source: str, fam, *, depth: str, cov_type: str, alpha: fl
                             n_requests=cells.n_requests, common=common)
     sums = best["sums"]
     covariate_means = {c: sums[c] / sums["n"] for c in _STEADY_STATE if c in sums} if fam.means else {}
-    if fam.needs_target_top1:  # the steady state's target-miss curve, from the same per-entropy-bin sums as in memory
+    if fam.needs_target_top1:  # the steady state's target-miss curve
         bin_sums = con.sql(
             f"SELECT bin_target_entropy_nats AS bin, SUM(n) AS n, SUM(n * GREATEST(target_entropy_nats, 0.0E0)) AS "
             f"sum_h, SUM(n * LN({_miss_sql(_MISS_RAW)} + {_literal(atrisk.EPS_PROB)})) AS sum_miss "
@@ -348,8 +312,7 @@ def _fit_streamed(con, source: str, fam, *, depth: str, cov_type: str, alpha: fl
 
 @dataclass
 class _Cells:
-    """What ``fit_law``'s checks leave of the cells: the family (without log D where one depth is drafted), the
-    cells' query (small categories dropped), the fields ``FittedLaw`` takes, the factor levels and requests."""
+    """What ``fit_law``'s checks leave: the family, the cells' query, ``FittedLaw``'s fields, levels, requests."""
 
     fam: object
     source: str
@@ -361,12 +324,8 @@ class _Cells:
 
 def _checked_cells(con, source: str, fam, *, depth: str, cov_type: str, alpha: float, eps: float,
                    min_requests_per_category: int, drop_small_categories: bool, notes: list) -> _Cells:
-    """The checks of ``fit_law`` (``fit.check_counts``) on one row per request (and drafted depth) of the cells:
-    the same sums, counts and levels; the few-requests warning of a cluster-robust fit; the category means of
-    ``law_exp_mundlak``."""
-    from entropy_law.law import fit as fitmod
-    from entropy_law.law.stats import warn_if_few_requests
-
+    """``fit.check_counts`` on one row per request (and drafted depth) of the cells, the few-requests warning
+    and the category means of ``law_exp_mundlak``."""
     extra = [c for c in ("drafted_depth",) if c in con.sql(f"SELECT * FROM ({source}) LIMIT 0").columns]
     keys = ["drafter_id", "category", "request_id", *extra]
     summary = con.sql(f"SELECT {', '.join(keys)}, CAST(SUM(n_acc) AS BIGINT) AS n_acc, CAST(SUM(n_rej) AS BIGINT) "
@@ -375,12 +334,11 @@ def _checked_cells(con, source: str, fam, *, depth: str, cov_type: str, alpha: f
                                               drop_small_categories=drop_small_categories, cov_type=cov_type)
     notes = [*notes, *check_notes]
     if fam.means and fam.needs_drafted_depth and summary["drafted_depth"].nunique() < 2:
-        # as fit_law: a drafter that always drafts one depth (a full-block chain) has no log D term
         notes.append(f"every at-risk round drafted depth {int(summary['drafted_depth'].iloc[0])}: the log D term is "
                      "not identified and is left out")
         fam = fitmod.without_drafted_depth(fam)
     categories = sorted(summary["category"].unique())
-    if check_notes and fam.needs_categories:  # small categories dropped
+    if check_notes and fam.needs_categories:
         source = f"SELECT * FROM ({source}) WHERE category IN ({', '.join(_sql_str(c) for c in categories)})"
     request_ids = np.sort(summary["request_id"].unique().astype(str))
     depths = [int(r[0]) for r in con.sql(f"SELECT DISTINCT depth FROM ({source}) ORDER BY 1").fetchall()]
@@ -404,13 +362,10 @@ def _checked_cells(con, source: str, fam, *, depth: str, cov_type: str, alpha: f
 
 
 class _CellDesign:
-    """The cells of ``source`` as ``fit_law``'s design sees them: the formula's two sides, the columns it reads,
-    the cells in batches (``frames``) and their design matrix written to disk (``build``)."""
+    """The cells of ``source`` as ``fit_law``'s design sees them, in batches, and their design on disk."""
 
     def __init__(self, con, source: str, fam, *, depth: str, levels: dict, request_ids, category_means: dict,
                  batch_cells: int, folder: Path):
-        from entropy_law.law import fit as fitmod
-
         self.con, self.source, self.fam, self.levels = con, source, fam, levels
         self.request_ids, self.category_means = request_ids, category_means
         self.batch_cells, self.folder = batch_cells, folder
@@ -422,16 +377,14 @@ class _CellDesign:
         self.factors = set(re.findall(r"C\((\w+)\)", self.rhs))
 
     def frames(self, with_counts: bool, offset):
-        from entropy_law.law import fit as fitmod
-
         cols = [*self.columns, *(["n_acc", "n_rej", "n", "request_id"] if with_counts else [])]
         for frame in _batches(self.con, f"SELECT {', '.join(dict.fromkeys(cols))} FROM ({self.source})",
                               self.batch_cells):
             for name in self.factors & set(frame.columns):  # every level known up front: patsy needs no pass
                 frame[name] = pd.Categorical(frame[name], categories=self.levels[name])
-            if self.fam.means:  # fit_law: the logs of the cells' covariate means, as predictions take them
+            if self.fam.means:
                 atrisk.add_log_covariates(frame)
-            if offset is not None:  # fit._fit_profile_eps: log(H + c) of the cells' mean entropy
+            if offset is not None:
                 frame["log_entropy"] = np.log(np.maximum(frame["target_entropy_nats"].to_numpy(dtype=float), 0.0)
                                               + offset)
             if self.category_means:
@@ -439,12 +392,7 @@ class _CellDesign:
             yield frame
 
     def build(self, offset, index: int):
-        """The design of the cells (on disk), its info, the first cells, and the count-weighted sums of the
-        steady-state covariates."""
-        import patsy
-
-        from entropy_law.law import fit as fitmod
-
+        """The design info, its matrix on disk, the first cells and the steady-state covariates' sums."""
         fam = self.fam
         design = patsy.incr_dbuilder(self.rhs, lambda: self.frames(False, offset),
                                      eval_env=patsy.EvalEnvironment([{"C": _C}, vars(fitmod)]), NA_action="raise")
@@ -478,8 +426,6 @@ class _CellDesign:
 
 def _irls(cache: _Cache, names: list, fam, *, start_params, max_iter: int, tol: float):
     """statsmodels' IRLS in passes over the cells on disk: ``(beta, converged, iterations, deviance history)``."""
-    from entropy_law.law import fit as fitmod
-
     fam_obj = fitmod._family_obj(fam.link)
     beta = None
     if start_params is not None:
@@ -488,9 +434,7 @@ def _irls(cache: _Cache, names: list, fam, *, start_params, max_iter: int, tol: 
         beta = np.zeros(len(names))
         beta[names.index("Intercept")] = np.log(0.9)
         beta[names.index(fam.slope)] = -0.5
-    # statsmodels' rule (tol 1e-8 on the deviance, absolute), so that the estimate is the iterate fit_law
-    # stops at; on many cells that change can sit below the deviance's round-off, so the fit also stops
-    # once the largest relative step is below ``tol`` (the iterates have then reached the maximum)
+    # statsmodels' rule (deviance change 1e-8), or a relative step below ``tol`` (the deviance's round-off)
     history, converged, iteration, step = [], False, 0, np.inf
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
         for iteration in range(max_iter + 1):
@@ -513,14 +457,9 @@ def _irls(cache: _Cache, names: list, fam, *, start_params, max_iter: int, tol: 
 
 def _best_offset_fit(cells: _CellDesign, offsets, fam, *, start_params, max_iter: int, tol: float,
                      n_requests: int, common: dict) -> dict:
-    """One fit, or one per offset c of a profiled log(H + c): the largest log-likelihood among converged fits
-    (none converged: among all), the first of equals, as fit._fit_profile_eps; with its sandwich sums
-    (``parts``). Where log(H + c) is a plain column of the design, the design is built once and the other
-    offsets replace that column as the cells stream by (``_OffsetCache``); else each offset builds its own and
-    only the best one is kept on disk. Every design file is removed before this returns."""
-    from entropy_law.law import fit as fitmod
-
-    best, base = None, None
+    """One fit, or one per offset c of a profiled log(H + c) keeping the largest log-likelihood among converged
+    fits (as fit._fit_profile_eps), with its sandwich sums (``parts``). Every design file is removed."""
+    best, base, made = None, None, []
     notes = common["notes"]
 
     def drop(cache) -> None:  # a design no longer needed (the base design stays until the end)
@@ -540,16 +479,13 @@ def _best_offset_fit(cells: _CellDesign, offsets, fam, *, start_params, max_iter
                 x0 = x0.copy()
                 x0[:, j] = cache.column(h0)
                 skeleton = (x0, y0, n0, h0)
-            try:
-                beta, converged, iteration, history = _irls(cache, design.column_names, fam,
-                                                            start_params=start_params, max_iter=max_iter, tol=tol)
-                rank = None
-                if fam.profile_eps:
-                    llf = _llf_pass(cache, fam.link, beta)
-                    rank = (converged and bool(np.isfinite(llf)), llf if np.isfinite(llf) else -np.inf)
-            except BaseException:
-                drop(cache)
-                raise
+            made.append(cache)
+            beta, converged, iteration, history = _irls(cache, design.column_names, fam, start_params=start_params,
+                                                        max_iter=max_iter, tol=tol)
+            rank = None
+            if fam.profile_eps:
+                llf = _llf_pass(cache, fam.link, beta)
+                rank = (converged and bool(np.isfinite(llf)), llf if np.isfinite(llf) else -np.inf)
             if best is None or rank > best["rank"]:
                 if best is not None:
                     drop(best["cache"])
@@ -566,22 +502,14 @@ def _best_offset_fit(cells: _CellDesign, offsets, fam, *, start_params, max_iter
             notes.append("the GLM did not converge; treat the estimates with suspicion")
         best["parts"] = _sandwich_pass(best["cache"], fam.link, best["beta"], n_requests)
     finally:
-        if best is not None:
-            best["cache"].unlink()
-        if base is not None:
-            base[1].unlink()
+        for cache in made:
+            cache.unlink()
     return best
 
 
 def _streamed_result(best: dict, fam, cells: _CellDesign, *, cov_type: str, n_requests: int):
-    """The statsmodels result of the best fit: its estimate, the CR1 sandwich of statsmodels' cov_cluster
-    (H^-1 (sum_g s_g s_g') H^-1 G/(G-1) (N-1)/(N-K)) from the streamed sums, and a model over the first cells
-    whose formula and design info let ``predict(frame)`` build the design of any frame."""
-    import statsmodels.api as sm
-    from statsmodels.genmod.generalized_linear_model import GLMResults, GLMResultsWrapper
-
-    from entropy_law.law import fit as fitmod
-
+    """The statsmodels result of the best fit: its estimate, the CR1 sandwich H^-1 S H^-1 G/(G-1) (N-1)/(N-K)
+    and a model over the first cells whose design info lets ``predict(frame)`` build any frame's design."""
     design, parts, beta = best["design"], best["parts"], best["beta"]
     names, k, n_cells = design.column_names, len(design.column_names), best["n_cells"]
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
@@ -622,51 +550,22 @@ def fit_law_out_of_core(traces, family: str = "law_exp", by: str | None = None, 
                         memory_limit: str | None = None, temp_directory: str | None = None,
                         batch_cells: int = STREAM_BATCH_CELLS, tol: float = 1e-10, max_iter: int = 100,
                         start_params=None):
-    """``fit_law(load_traces(traces), family, by)`` for runs larger than memory, with memory bounded by a batch
-    of cells and the number of requests, never by the number of token rows or cells.
+    """``fit_law(load_traces(traces), family, by)`` for runs larger than memory: memory is bounded by a batch of
+    cells and the number of requests.
 
-    1. the at-risk cells: the query of ``at_risk_sql`` run by DuckDB over groups of shards, each group's cells
-       written to a Parquet file in a temporary folder (``temp_directory``), pooled where two groups share a
-       cell key (as ``aggregate_at_risk_sql``);
-    2. ``fit_law``'s checks on one row per request (the same sums, request and category counts);
-    3. the design matrix built batch by batch by patsy from the family's formula (``incr_dbuilder``: every
-       level known up front) and kept on disk with the counts and request codes;
-    4. statsmodels' IRLS (``GLM._fit_irls``: the same start, weights and working response), one pass over the
-       cells per iteration accumulating X'WX and X'Wz, until the largest relative step is below ``tol``;
-    5. one pass at the estimate through statsmodels' own ``GLM.score_obs`` / ``hessian`` on each batch: the
-       observed Hessian, the scores summed per request, and the CR1 covariance of ``cov_cluster``
-       (``H^-1 S H^-1 G/(G-1) (N-1)/(N-K)``, S the sum over requests of the outer products of their score
-       sums), t(G - 1) inference.
-
-    Returns the ``FittedLaw`` (``LawSet`` with ``by``) of ``fit_law``: the same summary, predictions and printout;
-    estimates and standard errors equal within 1e-6 (``tests/test_outofcore.py``, ``bench/fleet.py fleet``). Its
-    ``result`` is a statsmodels ``GLMResults`` whose params, covariance, llf, deviance and nobs are those of the
-    whole fit; its ``model`` holds the design info and the first cells only (observation-level attributes such
-    as ``resid`` are not available out of core), and the law keeps no count table (``counts`` is None, so the
-    P1 line of the printout, which refits with category terms, is left out: run ``fit_law_out_of_core`` with
-    ``with_category_terms(family)`` for it). Families: every GLM family whose covariates the query computes,
-    the primary ``law_exp_obs_ceil`` included: decode-time covariates (``law_exp_obs``, ``law_exp_lag``,
-    ``law_exp_runmean``, ``law_exp_pos``: their cell means from windows over each request's output, their logs
-    taken of the cell means as ``fit_law`` does, log D left out where one depth was drafted; the training means
-    that ``steady_state`` reads are kept in ``covariate_means``) and a profiled offset (``profile_eps``:
-    ``law_exp_ceil``, ``law_exp_obs_ceil``: steps 3-4 once per offset c of ``fit.EPS_GRID`` on log(H + c) of the
-    cells' mean entropy, plus a log-likelihood pass; the largest log-likelihood among converged fits wins, as
-    ``fit._fit_profile_eps``, and step 5 runs for it; the law's ``eps`` is that c). ``law_iso`` and
-    ``law_exp_draftent`` (the drafter's entropy, not in the query) are refused with what to use instead.
-    ``batch_cells``: cells per batch; ``chunk_bytes``, ``threads``, ``memory_limit``, ``temp_directory``: DuckDB
-    (as ``aggregate_at_risk_sql``). ``by_arm``: the cells' ``drafter_id`` is the run's arm label (as
-    ``analysis.make_view``: two arms of one drafter id, e.g. its chain and DDTree runs, stay apart, and
-    ``by="drafter_id"`` fits one law per arm); otherwise such a mix is refused.
+    The at-risk cells of ``at_risk_sql`` are written per group of shards to a temporary folder, checked as
+    ``fit_law`` checks them, turned into a design matrix on disk batch by batch (patsy), and fitted by
+    statsmodels' IRLS in passes over it; one more pass gives the CR1 covariance with t(G - 1) inference.
+    Estimates and standard errors equal ``fit_law``'s within 1e-6. The result's ``model`` holds the first cells
+    only and ``counts`` is None (no P1 line in the printout). A profiled offset runs one fit per offset c of
+    ``fit.EPS_GRID``. ``batch_cells``: cells per batch; ``chunk_bytes``, ``threads``, ``memory_limit``,
+    ``temp_directory``: DuckDB. ``by_arm``: ``drafter_id`` is the run's arm label, so two arms of one drafter
+    stay apart (otherwise such a mix is refused).
     """
-    from entropy_law.law.fit import LawSet
-
     fam, by = _checked_options(family, by, depth=depth, cov_type=cov_type, on_invalid=on_invalid)
     bins = tuple(fam.bin_columns)
     keys = (*_KEYS, *fam.extra_keys)
-    means = _means_for(fam, "family", with_rounds=True)
-    for m in ("log_entropy",) if fam.name == "law_exp_mundlak" else ():
-        if m not in means:
-            means.append(m)
+    means = _means_for(fam, "family", with_rounds=True)  # law_exp_mundlak's log_entropy included
     options = dict(depth=depth, cov_type=cov_type, alpha=alpha, eps=eps,
                    min_requests_per_category=min_requests_per_category, drop_small_categories=drop_small_categories,
                    batch_cells=batch_cells, tol=tol, max_iter=max_iter, start_params=start_params)
@@ -688,10 +587,7 @@ def fit_law_out_of_core(traces, family: str = "law_exp", by: str | None = None, 
 
 
 def _checked_options(family: str, by: str | None, *, depth: str, cov_type: str, on_invalid: str):
-    """``(family, by)`` of ``fit_law_out_of_core``, checked: a family the streamed fit reproduces, and options
-    ``fit_law`` takes."""
-    from entropy_law.law.fit import DEPTH_TERMS
-
+    """``(family, by)`` of ``fit_law_out_of_core``, its options checked."""
     fam = get_family(family)
     _streamable(fam)
     if on_invalid not in ("raise", "drop"):

@@ -1,12 +1,5 @@
-"""What the out-of-core report shows beside the law: per-category summaries and the acceptance curve, in SQL.
-
-Known here: ``category_summary_sql`` (requests, tokens, rounds, mean accepted length, tokens per round, depth-1
-acceptance per drafter x category, as ``TraceAnalysis.results_table`` counts them), ``acceptance_curve_sql``
-(depth-1 acceptance per log-spaced entropy bin with Wilson intervals) and ``report_summaries_sql`` (both from
-one read of the shards), each run by DuckDB over groups of shards (``outofcore.driver``) and summed over them.
-
-Not known here: the law's fit (``outofcore.streamed``), the report's layout (``entropy_law.jobs.report``). DuckDB
-is imported when a query runs.
+"""What the out-of-core report shows beside the law, in SQL: per-category summaries and the depth-1 acceptance
+curve, each run by DuckDB over groups of shards and summed over them.
 """
 
 from __future__ import annotations
@@ -21,11 +14,9 @@ from entropy_law.outofcore.driver import DEFAULT_CHUNK_BYTES, _connect, _fetch_a
 from entropy_law.outofcore.sql import _literal, _log_bin
 
 
-# Both queries are in the SQL that DuckDB and Spark SQL read alike (``outofcore.spark`` runs them too): a finite
-# entropy is ``-inf < H < inf`` (NaN sorts above +inf in both engines, NULL compares to nothing).
-# per drafter id x category of one group of shards: sums only (added over the groups by ``category_summary_sql``);
-# the decode rounds (round_index > 0) as ``TraceAnalysis.results_table`` counts them; the requests table gives the
-# category of each request and its count (a request lies in one shard)
+# The queries are SQL that DuckDB and Spark SQL read alike (``outofcore.spark``): a finite entropy is
+# ``-inf < H < inf`` (NaN sorts above +inf in both engines, NULL compares to nothing).
+# sums per drafter id x category of one group of shards; decode rounds (round_index > 0) as ``results_table``
 SUMMARY_SQL = """
 WITH req AS (
   SELECT q.run_id, q.request_id, q.category, runs.drafter_id
@@ -102,14 +93,10 @@ def category_summary_sql(traces, *, drafters: Sequence[str] | None = None, by_ar
                          chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                          threads: int | None = None, memory_limit: str | None = None,
                          temp_directory: str | None = None) -> pd.DataFrame:
-    """Per drafter id x category, out of core (DuckDB over groups of shards, sums added over the groups):
-    ``requests``, decode ``rounds`` (round index > 0, as ``TraceAnalysis.results_table``), committed
-    ``tokens``, ``drafting_rounds`` (tree_nodes > 0), ``tokens_per_round``, ``mean_accepted`` (accepted drafts
-    per drafting round), ``mean_entropy_nats`` (over the arm's output tokens with a finite entropy; NaN where
-    none has one, e.g. an imported run before ``entropy-law entropy``), ``entropy_tokens``, and the depth-1
-    at-risk ``d1_trials`` and ``d1_acceptance``. ``traces``: a run directory, a folder of runs or a ``TraceSet``
-    (its runs); ``by_arm``: keyed by arm label instead of drafter id (see ``fit_law_out_of_core``), else the
-    arms are checked as in ``aggregate_at_risk_sql``."""
+    """Per drafter id x category, out of core: ``requests``, decode ``rounds``, ``tokens``, ``drafting_rounds``,
+    ``tokens_per_round``, ``mean_accepted`` (per drafting round), ``mean_entropy_nats`` (NaN where no token has a
+    finite entropy), ``entropy_tokens``, ``d1_trials`` and ``d1_acceptance``. ``traces`` and ``by_arm``: as
+    ``aggregate_at_risk_sql``."""
     frame = _run_groups(traces, drafters, by_arm, chunk_bytes, threads, memory_limit, temp_directory,
                         {"summary": SUMMARY_SQL})["summary"]
     return _summary_frame(frame)
@@ -139,11 +126,8 @@ def acceptance_curve_sql(traces, *, width_log10: float = 0.25, eps: float = atri
                          drafters: Sequence[str] | None = None, by_arm: bool = False,
                          chunk_bytes: int = DEFAULT_CHUNK_BYTES, threads: int | None = None,
                          memory_limit: str | None = None, temp_directory: str | None = None) -> pd.DataFrame:
-    """Depth-1 acceptance per drafter id x category x log-spaced bin of the target entropy, out of core: the
-    bin floor((log10(H + eps) - log10(eps)) / width_log10) of every at-risk depth-1 trial (role accepted or
-    correction; H finite, fp32 round-off below 0 counted as 0, as ``atrisk``), with ``n``, ``accepted``,
-    ``rate``, its Wilson 95% ``ci_low`` / ``ci_high`` and the bin's mean ``entropy_nats`` (the columns of
-    ``plots.figures.binned_acceptance_table``, whose bins are quantiles instead)."""
+    """Depth-1 acceptance per drafter id x category x log-spaced bin of the target entropy, out of core: ``n``,
+    ``accepted``, ``rate``, its Wilson 95% ``ci_low`` / ``ci_high`` and the bin's mean ``entropy_nats``."""
     frame = _run_groups(traces, drafters, by_arm, chunk_bytes, threads, memory_limit, temp_directory,
                         {"curve": _curve_sql(width_log10, eps)})["curve"]
     return _curve_frame(frame)
@@ -176,8 +160,7 @@ def report_summaries_sql(traces, *, width_log10: float = 0.25, eps: float = atri
                          chunk_bytes: int = DEFAULT_CHUNK_BYTES, threads: int | None = None,
                          memory_limit: str | None = None,
                          temp_directory: str | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """``(category_summary_sql(...), acceptance_curve_sql(...))`` from one pass over the shards: both queries
-    run on each group while its views are open (what the out-of-core report needs, one read of the fleet)."""
+    """``(category_summary_sql(...), acceptance_curve_sql(...))`` from one pass over the shards."""
     parts = _run_groups(traces, drafters, by_arm, chunk_bytes, threads, memory_limit, temp_directory,
                         {"summary": SUMMARY_SQL, "curve": _curve_sql(width_log10, eps)})
     return _summary_frame(parts["summary"]), _curve_frame(parts["curve"])
