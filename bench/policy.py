@@ -19,6 +19,7 @@ import hashlib
 import json
 import os
 import sys
+import tempfile
 import time
 import warnings
 from collections import Counter
@@ -1545,19 +1546,20 @@ def run_controllers(args, parser) -> dict:
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
     root = Path(__file__).resolve().parents[1]
-    policy = args.policy
-    if policy is None:
-        policy = f"/tmp/controllers-{args.drafter}-law.json"
-        Path(policy).write_text(json.dumps(json.loads((root / SHIPPED_LAW.format(drafter=args.drafter)).read_text())
-                                           ["policy"]))
     # the arm the shipped policy ran with (block: the checkpoint the open-ended sets recorded); priced by the cost
     # model of data/traces_timed's arm of the same drafter and tree (same architecture, same cost)
     arm = None if args.policy else str(root / Path(SHIPPED_LAW.format(drafter=args.drafter)).parent)
-    options = Namespace(traces=[str(root / "data" / w) for w in args.workloads], policy=policy, arm=arm,
-                        source=str(root / "data/traces_timed"), drafter=args.drafter, sample=args.sample,
-                        seed=args.seed)
     t0 = time.process_time()
-    rows, table, curve = compare(options)
+    with tempfile.TemporaryDirectory(prefix="controllers-") as tmp:
+        policy = args.policy
+        if policy is None:  # the shipped policy's parameters, out of its run.json
+            policy = str(Path(tmp) / f"{args.drafter}-law.json")
+            Path(policy).write_text(json.dumps(json.loads(
+                (root / SHIPPED_LAW.format(drafter=args.drafter)).read_text())["policy"]))
+        options = Namespace(traces=[str(root / "data" / w) for w in args.workloads], policy=policy, arm=arm,
+                            source=str(root / "data/traces_timed"), drafter=args.drafter, sample=args.sample,
+                            seed=args.seed)
+        rows, table, curve = compare(options)
     text = report(rows, table, curve, options).replace(str(root) + "/", "")
     print(text)
     overall = table.loc[table["category"] == "all"].set_index("config")
