@@ -19,7 +19,8 @@ import pandas as pd
 from entropy_law.jobs.speed import format_speedup
 from entropy_law.analysis import TraceAnalysis, format_interval
 from entropy_law.law.fit import get_family
-from entropy_law.payoff.cost import ABOVE_BOUND, MEASURED, MIN_PAIRED_REQUESTS, RELIABLE_HALF_WIDTH
+from entropy_law.payoff.cost import (ABOVE_BOUND, MEASURED, MIN_PAIRED_REQUESTS, RELIABLE_HALF_WIDTH,
+                                     cpu_wall_factors)
 from entropy_law.payoff.predict import request_prediction_section
 from entropy_law.plots.glance import glance_section
 from entropy_law.law.stats import FEW_REQUESTS
@@ -145,19 +146,11 @@ def answer_frame(analysis: TraceAnalysis, measured: pd.DataFrame | None = None) 
 
 
 def cpu_share(traces, threads: int = 1) -> float | None:
-    """The median over requests of the CPU time decoding got (``decode_cpu_ms``) over the wall time of its rounds
-    times ``threads``: near 1 on a quiet machine, lower where other work took the cores. ``None`` where the traces
-    hold no CPU timings."""
-    req, rounds = traces.requests, traces.rounds
-    if "decode_cpu_ms" not in req.columns or rounds.empty or not {"draft_ms", "verify_ms"} <= set(rounds.columns):
-        return None
-    keys = ["run_id", "request_id"]
-    wall = rounds[["draft_ms", "verify_ms", *(["overhead_ms"] if "overhead_ms" in rounds else [])]].sum(axis=1)
-    wall = wall.groupby([rounds[k].astype(str) for k in keys]).sum().rename("wall_ms").reset_index()
-    both = wall.merge(req[[*keys, "decode_cpu_ms"]].astype({k: str for k in keys}), on=keys)
-    share = both["decode_cpu_ms"].to_numpy(float) / (both["wall_ms"].to_numpy(float) * max(int(threads), 1))
-    share = share[np.isfinite(share) & (both["wall_ms"].to_numpy(float) > 0)]
-    return float(np.median(share)) if share.size else None
+    """The median over requests of the CPU time decoding got over the wall time of its rounds
+    (``payoff.cost.cpu_wall_factors``), per thread: near 1 on a quiet machine, lower where other work took the
+    cores. ``None`` where the traces hold no CPU timings."""
+    factors = cpu_wall_factors(traces.rounds, traces.requests)
+    return None if factors is None else float(np.median(factors["factor"])) / max(int(threads), 1)
 
 
 def load_note(share: float | None, threads: int = 1) -> str | None:

@@ -177,25 +177,34 @@ def _weighted_mean(values: np.ndarray, w: np.ndarray) -> float:
 TIMING_COLUMNS = ("draft_ms", "verify_ms", "overhead_ms")
 
 
-def cpu_scaled_timings(rounds: pd.DataFrame, requests: pd.DataFrame) -> tuple[pd.DataFrame, str]:
-    """The rounds' timings (``TIMING_COLUMNS``) on the CPU clock, and the clock they are on: each round's wall
-    timings scaled by its request's CPU / wall ratio (``decode_cpu_ms`` / the sum of its rounds' timings), so a
-    shared machine's changing load does not price the rounds. Where any request lacks ``decode_cpu_ms`` the
-    timings are returned as logged, clock ``"wall"``: never a mix of clocks."""
+def cpu_wall_factors(rounds: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFrame | None:
+    """Per request (``run_id``, ``request_id``, ``factor``): its ``decode_cpu_ms`` over the wall time of its rounds
+    (the sum of their ``TIMING_COLUMNS``); ``None`` where any request lacks a positive CPU or wall time."""
     keys = ["run_id", "request_id"]
-    out = rounds.copy()
-    if "decode_cpu_ms" not in requests.columns or out.empty:
-        return out, "wall"
+    if "decode_cpu_ms" not in requests.columns or rounds.empty:
+        return None
     cpu = requests[[*keys, "decode_cpu_ms"]].astype({"run_id": str, "request_id": str})
-    total = out[list(TIMING_COLUMNS)].sum(axis=1).groupby(
-        [out["run_id"].astype(str), out["request_id"].astype(str)]).sum().rename("wall_total").reset_index()
+    total = rounds[list(TIMING_COLUMNS)].sum(axis=1).groupby(
+        [rounds["run_id"].astype(str), rounds["request_id"].astype(str)]).sum().rename("wall_total").reset_index()
     total = total.merge(cpu, on=keys, how="left")
     cpu_ms = total["decode_cpu_ms"].to_numpy(dtype=float, na_value=np.nan)
     wall = total["wall_total"].to_numpy(float)
     if not (np.isfinite(cpu_ms).all() and (cpu_ms > 0).all() and (wall > 0).all()):
+        return None
+    return total[keys].assign(factor=cpu_ms / wall)
+
+
+def cpu_scaled_timings(rounds: pd.DataFrame, requests: pd.DataFrame) -> tuple[pd.DataFrame, str]:
+    """The rounds' timings (``TIMING_COLUMNS``) on the CPU clock, and the clock they are on: each round's wall
+    timings scaled by its request's CPU / wall ratio (``cpu_wall_factors``), so a shared machine's changing load
+    does not price the rounds. Where any request lacks ``decode_cpu_ms`` the timings are returned as logged, clock
+    ``"wall"``: never a mix of clocks."""
+    out = rounds.copy()
+    factors = cpu_wall_factors(out, requests)
+    if factors is None:
         return out, "wall"
-    total["factor"] = cpu_ms / wall
-    factor = out[keys].astype(str).merge(total[[*keys, "factor"]], on=keys, how="left")["factor"].to_numpy(float)
+    keys = ["run_id", "request_id"]
+    factor = out[keys].astype(str).merge(factors, on=keys, how="left")["factor"].to_numpy(float)
     for col in TIMING_COLUMNS:
         out[col] = out[col].to_numpy(float) * factor
     return out, "cpu"
