@@ -585,23 +585,21 @@ class LocoInputs(NamedTuple):
 
 
 def loco_inputs(traces, family, *, drafter: str | None, B: int | None, eps: float, min_categories: int,
-                what: str = "LOCO transfer", without=()):
+                what: str = "LOCO transfer"):
     """What every leave-one-category-out analysis starts from: the (category-free) family, the one drafter and
     its rounds, the block size B, the at-risk counts, their categories (at least ``min_categories``) and the
-    entropy sequences of the drafter's requests; the categories ``without`` left out of all but B."""
+    entropy sequences of the drafter's requests."""
     fam = get_family(family)
     if fam.uses_category:
         raise ValueError(f"{fam.name} has category terms and cannot predict an unseen category; use a category-free law")
     drafter, rounds = single_drafter(traces, drafter)
     B = B or _block_size(rounds)
     rows = atrisk.at_risk_table(traces, eps=eps, drafters=[drafter])
-    rows = rows.loc[~rows["category"].isin(without)]
     counts = prepare_counts(rows, fam, eps=eps)
     categories = sorted(counts["category"].unique())
     if len(categories) < min_categories:
         raise ValueError(f"{what} needs at least {min_categories} categories; the traces hold {categories}")
-    seqs = entropy_sequences(traces, drafter)
-    return LocoInputs(fam, drafter, rounds, B, rows, counts, categories, seqs.loc[~seqs["category"].isin(without)])
+    return LocoInputs(fam, drafter, rounds, B, rows, counts, categories, entropy_sequences(traces, drafter))
 
 
 def _log_residuals(summary: pd.DataFrame) -> np.ndarray:
