@@ -28,6 +28,7 @@ from entropy_law.law.fit import PRIMARY_FALLBACK, get_family  # noqa: E402
 from entropy_law.glance import (category_frame, fit_glance, glance_rounds, loco_glance,  # noqa: E402
                                     read_glance_rounds, round_scores)
 from entropy_law.glance import matched  # noqa: E402
+from entropy_law.law.stats import r_squared  # noqa: E402
 from entropy_law.law.information import InfoSet, check_information, predictor_inputs, sets_allowing  # noqa: E402
 from entropy_law.plots.glance import glance_wins, loco_ours, primary_family  # noqa: E402
 from entropy_law.traces.reader import load_traces  # noqa: E402
@@ -427,9 +428,8 @@ def weighted_scores(rounds: pd.DataFrame, predicted: np.ndarray, weight: np.ndar
     sums = frame.groupby("c").sum()
     sums = sums.loc[sums["w"] > 0]
     observed, means = sums["wa"] / sums["w"], sums["wp"] / sums["w"]
-    spread = float(((observed - observed.mean()) ** 2).sum())
     return {"mse": float((w * (p - a) ** 2).sum() / w.sum()), "cat_error": float((means - observed).abs().mean()),
-            "cat_r2": 1.0 - float(((means - observed) ** 2).sum()) / spread if spread > 0 else float("nan")}
+            "cat_r2": r_squared(observed, means)}
 
 
 def pair_stats(scores: dict, ours: str, theirs: str) -> dict:

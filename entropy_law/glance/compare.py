@@ -19,8 +19,9 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from entropy_law.glance.law import (B1_MAX, CAP, CEILING_BINS, CURVE_BINS, _r2, decile_curve, fit_glance, holds_checks,
+from entropy_law.glance.law import (B1_MAX, CAP, CEILING_BINS, CURVE_BINS, decile_curve, fit_glance, holds_checks,
                                     r2_ceiling)
+from entropy_law.law.stats import r_squared
 from entropy_law.glance.rounds import glance_rounds, round_table
 from entropy_law.law import atrisk
 from entropy_law.law.information import check_information, predictor_inputs
@@ -174,8 +175,8 @@ def round_scores(rounds: pd.DataFrame, predicted, *, slope, slope_max: float = B
     if pred.shape != a.shape or np.any(~np.isfinite(pred)):
         raise ValueError("predicted must be one finite value per round")
     curve = decile_curve(h, a, bins=bins, n_boot=0, predicted=pred)
-    r2_curve = _r2(curve["accepted"].to_numpy(), curve["predicted"].to_numpy()) if len(curve) >= 2 else float("nan")
-    r2_round = _r2(a, pred)
+    r2_curve = r_squared(curve["accepted"].to_numpy(), curve["predicted"].to_numpy())  # NaN below 2 bins
+    r2_round = r_squared(a, pred)
     ceiling = r2_ceiling(h, a, bins=ceiling_bins)
     frac = r2_round / ceiling if np.isfinite(ceiling) and ceiling > 0 else float("nan")
     rank = stats.spearmanr(h, a)

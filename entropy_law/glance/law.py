@@ -19,6 +19,7 @@ from scipy import optimize, special, stats
 from entropy_law.glance.rounds import round_table
 from entropy_law.law import atrisk
 from entropy_law.law.results import Result
+from entropy_law.law.stats import r_squared
 
 CAP = 15  # GLANCE's cap (code form) and L (README form): the reachable accepted length
 B1_MAX = 25.0  # b1 is reported clipped here; holds() requires the estimate to be at most this
@@ -83,14 +84,6 @@ def _nls(H: np.ndarray, a: np.ndarray, form: str, cap: float):
     residuals, jacobian = _residuals_and_jacobian(H, a, form, cap)
     return optimize.least_squares(residuals, start, jac=jacobian, method="lm", xtol=1e-12, ftol=1e-12, gtol=1e-12,
                                   max_nfev=20000)
-
-
-def _r2(y: np.ndarray, predicted: np.ndarray) -> float:
-    y = np.asarray(y, dtype=float)
-    total = float(((y - y.mean()) ** 2).sum())
-    if len(y) < 2 or total <= 0:
-        return float("nan")
-    return 1.0 - float(((y - np.asarray(predicted, dtype=float)) ** 2).sum()) / total
 
 
 def quantile_bins(entropy, bins: int) -> np.ndarray:
@@ -274,7 +267,8 @@ def _fit_scope(rounds: pd.DataFrame, scope: str, form: str, cap: float, *, bins:
     fitted = _nls(h, a, form, cap)
     b0, b1 = (float(x) for x in fitted.x)
     curve = decile_curve(h, a, bins=bins, n_boot=n_boot, seed=seed)
-    r2_curve = (_r2(curve["accepted"].to_numpy(), glance_expected_accepted(curve["entropy"], b0, b1, form=form, cap=cap))
+    r2_curve = (r_squared(curve["accepted"].to_numpy(),
+                          glance_expected_accepted(curve["entropy"], b0, b1, form=form, cap=cap))
                 if len(curve) >= 2 else float("nan"))
     rank = stats.spearmanr(h, a)
     notes = []
@@ -285,7 +279,7 @@ def _fit_scope(rounds: pd.DataFrame, scope: str, form: str, cap: float, *, bins:
     n_requests = int(rounds["request_id"].nunique()) if "request_id" in rounds else None
     return GlanceLaw(scope=scope, form=form, cap=cap, b0=b0, b1_fitted=b1, n_rounds=len(a), n_requests=n_requests,
                      mean_accepted=float(a.mean()), r2_curve=r2_curve,
-                     r2_round=_r2(a, glance_expected_accepted(h, b0, b1, form=form, cap=cap)),
+                     r2_round=r_squared(a, glance_expected_accepted(h, b0, b1, form=form, cap=cap)),
                      r2_ceiling=r2_ceiling(h, a, bins=ceiling_bins), spearman_rho=float(rank.statistic),
                      spearman_p=float(rank.pvalue), curve=curve, converged=bool(fitted.success), notes=notes)
 

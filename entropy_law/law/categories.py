@@ -16,6 +16,7 @@ import pandas as pd
 from entropy_law.law import atrisk
 from entropy_law.law.compare import DEPTH_ONLY, compare_laws
 from entropy_law.law.fit import get_family, with_category_terms
+from entropy_law.law.stats import r_squared
 
 Z90 = 1.6448536269514722  # two-sided 90%: the lower end is the one-sided 95% bound
 
@@ -56,9 +57,7 @@ def tau_given_depth(acceptance) -> np.ndarray:
 
 
 def _r2_mae(observed: np.ndarray, predicted: np.ndarray) -> tuple[float, float]:
-    spread = float(((observed - observed.mean()) ** 2).sum())
-    r2 = 1.0 - float(((predicted - observed) ** 2).sum()) / spread if spread > 0 else float("nan")
-    return r2, float(np.abs(predicted - observed).mean())
+    return r_squared(observed, predicted), float(np.abs(predicted - observed).mean())
 
 
 def category_fit(observed, predicted) -> dict:

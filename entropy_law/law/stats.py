@@ -32,6 +32,15 @@ def warn_if_few_requests(n_requests: int, what: str, *, stacklevel: int = 3) -> 
     return message
 
 
+def r_squared(y, predicted) -> float:
+    """1 - SSE / SS about the mean of ``y``: NaN with fewer than 2 values or no spread."""
+    y = np.asarray(y, dtype=float)
+    total = float(((y - y.mean()) ** 2).sum()) if y.size else 0.0
+    if y.size < 2 or total <= 0:
+        return float("nan")
+    return 1.0 - float(((y - np.asarray(predicted, dtype=float)) ** 2).sum()) / total
+
+
 def exact_spearman_p(x, y) -> tuple[float, float]:
     """Spearman rho of (x, y) and the exact one-sided permutation p of rho >= observed (K! orderings); beyond 9
     categories (9! orderings) the p is not computed: NaN."""
