@@ -1,23 +1,15 @@
 """Block-level prediction and leave-one-category-out (LOCO) transfer.
 
-Known here: per-request entropy sequences from the token table (one per request and run: the
-target entropy at every committed output position), the drafted depth of every round (how many
-tokens the drafter proposed along the committed path; 0: no draft) and the depth model built from it
-(``depth_probabilities``: the observed depth where a round started, the category's depth
-distribution elsewhere; or the category's distribution everywhere; or always the full block), the
-law-implied tokens per round by exact dynamic programming over those sequences with acceptance capped
-at the drafted depth (``blocks.expected_round_counts``) next to the i.i.d. plug-in
-(a category-mean acceptance in (1 - alpha^(D+1)) / (1 - alpha)), compared with the observed tokens
-per round (committed tokens / rounds, so rounds cut by the end of a request count as observed); and
-LOCO: fit without a category, predict that category's tokens per round and the log-likelihood of its
-trials, next to a refit on the category itself (transfer ratio, research notes 6.7), and how well
-LOCO predicts across categories (relative errors, Spearman rho with its exact permutation p). LOCO is
-leak-free by default (``depths="training"``: the held-out drafted depths come from a
-``TrainingDepthModel`` fitted on the other categories; ``"oracle"``: its own observed depths) and is
-always computed beside a depth-only control (acceptance per depth, no entropy, same depths, same DP).
+Known here: per-request entropy sequences (the target entropy at every committed output position), the drafted depth of
+every round and models of it (``depth_probabilities``, ``TrainingDepthModel``), the law-implied tokens per round by
+exact DP over those sequences with acceptance capped at the drafted depth (``blocks.expected_round_counts``) beside the
+i.i.d. plug-in, compared with the observed tokens per round; and LOCO: fit without a category, predict its tokens per
+round and the log-likelihood of its trials beside a refit on it (transfer ratio), with a depth-only control (acceptance
+per depth, no entropy, same depths, same DP). LOCO is leak-free by default (``depths="training"``); ``"oracle"`` uses
+the category's own observed depths.
 
-One drafter's runs must be one arm (``arms``); requests are counted per (run, request). Not known here:
-the statistics of the category ranking (``hypotheses``). No torch.
+One drafter's runs must be one arm (``arms``); requests are counted per (run, request). Not known here: the statistics
+of the category ranking (``hypotheses``). No torch.
 """
 
 from __future__ import annotations
@@ -41,8 +33,7 @@ from entropy_law.traces.stats import CONTEXT_MATCH_MAX
 
 
 def single_drafter(traces, drafter: str | None) -> tuple[str, pd.DataFrame]:
-    """The drafter to analyse and its draft runs' rounds; its runs must be one arm (``arms``: one model,
-    checkpoint, tree policy, budget and gate), else the error names the arms found."""
+    """The drafter to analyse and its draft runs' rounds; its runs must be one arm (``arms``)."""
     runs = traces.runs
     rounds = traces.rounds.merge(runs[["run_id", "drafter_id"]], on="run_id", how="left")
     drafting = rounds.loc[rounds["tree_nodes"] > 0, "drafter_id"].dropna().unique()
@@ -58,16 +49,15 @@ def single_drafter(traces, drafter: str | None) -> tuple[str, pd.DataFrame]:
 
 
 def entropy_sequences(traces, drafter: str) -> pd.DataFrame:
-    """One row per request of the drafter's runs: ``request_id``, ``category``, ``run_id`` and
-    ``entropy`` (array over output positions 0..T-1). Raises on gaps, NaN or negative entropies."""
+    """One row per request of the drafter's runs (``sequences_of``): ``request_id``, ``category``, ``run_id``,
+    ``entropy`` (array over positions 0..T-1). Raises on gaps, NaN or negative entropies."""
     runs = traces.runs.loc[traces.runs["drafter_id"] == drafter, "run_id"]
     return sequences_of(traces.tokens.loc[traces.tokens["run_id"].isin(runs)])
 
 
 def sequence_context(law, rec) -> dict:
-    """The per-position arrays of one ``sequences_of`` row that ``law``'s DP reads besides the entropy, by the
-    name ``FittedLaw.sequence_frame`` takes them (``LawFamily.position_columns``: the copyability, the target's
-    top-1 probability); None where the row has none, which ``sequence_frame`` refuses with the hint."""
+    """The per-position arrays of a ``sequences_of`` row that ``law``'s DP reads besides the entropy
+    (``LawFamily.position_columns``), None where the row has none."""
     return {column: getattr(rec, column, None) for column in law.family.position_columns}
 
 
@@ -75,13 +65,9 @@ DEPTH_MODELS = ("observed", "category", "full")
 
 
 def drafted_depths(traces, drafter: str) -> pd.DataFrame:
-    """One row per round of ``drafter``'s runs: ``run_id``, ``request_id``, ``round_index``,
-    ``start_position`` and ``drafted_depth``, the number of draft tokens on the committed path.
-
-    Chains: the round's ``tree_depth`` (0: no draft). Trees: the path can end at a leaf shallower than
-    the tree; where the round ended at a leaf (its last token is a ``bonus``) the path's depth is tau,
-    elsewhere the tree's depth (an upper bound: a path that ended in a rejection may have been shorter).
-    """
+    """One row per round of ``drafter``'s runs: ``run_id``, ``request_id``, ``round_index``, ``start_position`` and
+    ``drafted_depth``, the draft tokens on the committed path: ``tree_depth`` for chains; for trees tau where the round
+    ended at a leaf (a ``bonus`` token), else the tree's depth (an upper bound)."""
     runs = traces.runs.loc[traces.runs["drafter_id"] == drafter, "run_id"]
     rounds = traces.rounds.loc[traces.rounds["run_id"].isin(runs),
                                ["run_id", "request_id", "round_index", "start_position", "tree_depth", "accepted"]]
@@ -97,21 +83,19 @@ def drafted_depths(traces, drafter: str) -> pd.DataFrame:
 
 DEPTH_ENTROPY_EDGES = (0.01, 0.1, 0.3, 1.0, 3.0)  # nats: bins of H at a round's first position
 DEPTH_PRIOR_ROUNDS = 10.0  # a bin's depth distribution is shrunk towards the category's by this many rounds
-# levels of the context's copyability at a round's first position (``context_match``, 0..CONTEXT_MATCH_MAX):
-# 0, 1, 2-3, 4-7, 8 (the cap). What a prompt-lookup drafter reads before it drafts; known before the round
+# levels of the context's copyability at a round's first position: 0, 1, 2-3, 4-7, CONTEXT_MATCH_MAX (the cap)
 DEPTH_COPY_EDGES = (1, 2, 4, CONTEXT_MATCH_MAX)
 
 
 def entropy_bin(entropy, edges=DEPTH_ENTROPY_EDGES) -> np.ndarray:
-    """Index of the bin of ``edges`` each value falls in (0 .. len(edges)): entropies in nats by default, the
-    context's copyability with ``DEPTH_COPY_EDGES``."""
+    """The bin of ``edges`` each value falls in (0 .. len(edges))."""
     return np.searchsorted(np.asarray(edges, dtype=float), np.asarray(entropy, dtype=float), side="right")
 
 
 def binned_depth_distribution(start_entropy, drafted_depth, drafts: int, *, edges=DEPTH_ENTROPY_EDGES,
                               prior_rounds: float = DEPTH_PRIOR_ROUNDS) -> np.ndarray:
-    """``[len(edges) + 1, drafts + 1]``: share of the given rounds that drafted D = 0..``drafts`` tokens per
-    bin of ``start_entropy`` (nats), each bin shrunk towards the pooled distribution by ``prior_rounds``."""
+    """``[len(edges) + 1, drafts + 1]``: share of rounds that drafted D = 0..``drafts`` per bin of ``start_entropy``
+    (nats), each bin shrunk towards the pooled distribution by ``prior_rounds``."""
     d = np.asarray(drafted_depth, dtype=np.int64)
     if d.size == 0:
         raise ValueError("no rounds to estimate the drafted-depth distribution from")
@@ -129,10 +113,7 @@ def binned_depth_distribution(start_entropy, drafted_depth, drafts: int, *, edge
 
 def depth_distribution(depths: pd.DataFrame, drafts: int, *, edges=DEPTH_ENTROPY_EDGES,
                        prior_rounds: float = DEPTH_PRIOR_ROUNDS) -> np.ndarray:
-    """``[len(edges) + 1, drafts + 1]``: share of rounds that drafted D = 0..``drafts`` tokens, per bin of
-    the target entropy at the round's first position (``start_entropy``), over the rounds that started
-    after position 0 (the first round's depth is always observed). Each bin's counts are shrunk towards
-    the pooled distribution by ``prior_rounds`` pseudo-rounds (a bin without rounds gets the pooled one);
+    """``binned_depth_distribution`` over the rounds that started after position 0 (all rounds where there are none);
     ``edges=()``: one pooled distribution."""
     later = depths.loc[depths["start_position"] > 0]
     if later.empty:
@@ -143,15 +124,10 @@ def depth_distribution(depths: pd.DataFrame, drafts: int, *, edges=DEPTH_ENTROPY
 
 @dataclass(frozen=True)
 class TrainingDepthModel:
-    """The drafted depth D of a round predicted from what is known before it, fitted on other categories'
-    rounds (leak-free LOCO, ``depths="training"``): ``first`` for the round at position 0, ``later`` for a
-    round starting after position 0, each ``[len(edges) + 1, drafts + 1]`` over bins of the target entropy
-    at the round's first position (``binned_depth_distribution``); and, where the training rounds hold the
-    context's copyability at their first position (``start_context_match``), ``copy``: ``[len(copy_edges) + 1,
-    len(edges) + 1, drafts + 1]`` over its levels and the entropy bins, each cell shrunk towards ``later``'s
-    entropy bin by ``DEPTH_PRIOR_ROUNDS`` (a drafter that drafts only after a match, as prompt lookup does,
-    drafts by the copyability, not by the entropy). Nothing of the predicted request is used but its entropy
-    sequence and, for ``copy``, its copyability sequence (its prompt and greedy output: no round's outcome)."""
+    """The drafted depth D of a round predicted from what is known before it, fitted on other categories' rounds:
+    ``first`` (the round at position 0) and ``later``, each ``[len(edges) + 1, drafts + 1]`` over bins of the round's
+    start entropy; and ``copy`` (``[len(copy_edges) + 1, len(edges) + 1, drafts + 1]``) over the context's copyability
+    levels there, each cell shrunk towards ``later``'s bin, where the training rounds hold ``start_context_match``."""
 
     first: np.ndarray
     later: np.ndarray
@@ -162,10 +138,8 @@ class TrainingDepthModel:
     @classmethod
     def fit(cls, depths: pd.DataFrame, drafts: int, *, edges=DEPTH_ENTROPY_EDGES, copy_edges=DEPTH_COPY_EDGES,
             prior_rounds: float = DEPTH_PRIOR_ROUNDS) -> "TrainingDepthModel":
-        """From ``drafted_depths`` rows with ``start_entropy`` (the training categories' rounds) and, for the
-        copyability levels, ``start_context_match`` (``with_start_entropy`` adds it where the sequences hold
-        it; rounds without it are left out of ``copy``, which is None where no round has it or
-        ``copy_edges=()``)."""
+        """From ``drafted_depths`` rows with ``start_entropy`` and, for ``copy``, ``start_context_match``
+        (``with_start_entropy``); ``copy`` is None where no round has it or ``copy_edges=()``."""
         at0 = depths.loc[depths["start_position"] == 0]
         later = depths.loc[depths["start_position"] > 0]
         later = depths if later.empty else later
@@ -186,9 +160,8 @@ class TrainingDepthModel:
                    copy_edges=tuple(copy_edges))
 
     def probabilities(self, entropy, context_match=None) -> np.ndarray:
-        """``[T, drafts + 1]``: P(D | entropy bin at t), and with ``context_match`` (the request's copyability
-        before every position) and a ``copy`` table P(D | copyability level, entropy bin at t); the
-        first-round distribution at t = 0."""
+        """``[T, drafts + 1]``: P(D | entropy bin at t), with ``context_match`` and a ``copy`` table also given the
+        copyability level at t; the first-round distribution at t = 0."""
         h = np.asarray(entropy, dtype=float)
         e = np.minimum(entropy_bin(h, self.edges), self.later.shape[0] - 1)
         if self.copy is not None and context_match is not None:
@@ -206,15 +179,10 @@ class TrainingDepthModel:
 def depth_probabilities(length: int, drafts: int, mode: str, *, observed: pd.DataFrame | None = None,
                         distribution: np.ndarray | None = None, entropy=None,
                         edges=DEPTH_ENTROPY_EDGES) -> np.ndarray | None:
-    """``[length, drafts + 1]`` probabilities of drafting D = 0..``drafts`` tokens in a round that starts
-    at each output position, for ``blocks.expected_round_counts``; ``None`` for ``mode="full"``.
-
-    ``"observed"``: the request's observed drafted depth where one of its rounds started
-    (``observed``: ``start_position``, ``drafted_depth``), elsewhere ``distribution`` (the category's,
-    ``depth_distribution``: one row per bin of ``edges``, picked by the position's ``entropy``);
-    ``"category"``: ``distribution`` at every position except 0, where the first round's observed depth
-    is used; ``"full"``: every round drafts ``drafts`` tokens.
-    """
+    """``[length, drafts + 1]``: P(D = 0..``drafts``) for a round starting at each position
+    (``blocks.expected_round_counts``); None for ``mode="full"``. ``"observed"``: the request's observed depth where one
+    of its rounds started (``observed`` rows), elsewhere ``distribution`` (per bin of ``edges`` of the position's
+    ``entropy``); ``"category"``: ``distribution`` everywhere but position 0 (observed)."""
     if mode not in DEPTH_MODELS:
         raise ValueError(f"depths must be one of {DEPTH_MODELS}, got {mode!r}")
     if mode == "full":
@@ -240,8 +208,8 @@ def _block_size(rounds: pd.DataFrame) -> int:
 
 
 def with_start_entropy(drafted: pd.DataFrame, sequences: pd.DataFrame) -> pd.DataFrame:
-    """``drafted_depths`` rows of the requests in ``sequences`` with their ``category`` and ``start_entropy``
-    (the target entropy at the round's first position; the last one for a round starting at T)."""
+    """``drafted_depths`` rows of the requests in ``sequences`` with ``category``, ``start_entropy`` and, where the
+    sequences hold it, ``start_context_match``."""
     entropy_of = {(r.run_id, r.request_id): np.asarray(r.entropy, dtype=float) for r in sequences.itertuples()}
     joined = drafted.merge(sequences[["run_id", "request_id", "category"]], on=["run_id", "request_id"], how="inner")
     keys = list(zip(zip(joined["run_id"], joined["request_id"]), joined["start_position"]))
@@ -255,11 +223,9 @@ def with_start_entropy(drafted: pd.DataFrame, sequences: pd.DataFrame) -> pd.Dat
 
 def proposal_arrays(proposals: pd.DataFrame, length: int, drafts: int, *,
                     where: str = "") -> tuple[np.ndarray, np.ndarray]:
-    """``(depth [T], top1 [T, drafts])`` of one request from its replayed proposals (``traces.proposals`` rows:
-    ``start_position``, ``proposal_depth``, ``depth``, ``top1_prob``): the depth the drafter drafts in a round
-    starting at each output position (capped at ``drafts``; 0 at position 0, the prefill) and its top-1
-    probability per depth (NaN where it drafts nothing). Every start 1..T-1 must be there; position 0 is the
-    prefill's (nothing drafted) unless the proposals have a row there (an engine whose first round drafts)."""
+    """``(depth [T], top1 [T, drafts])`` of one request from its replayed proposals (``traces.proposals``): the depth
+    drafted in a round starting at each position (capped at ``drafts``; 0 at the prefill unless a row says otherwise)
+    and its top-1 probability per depth (NaN: nothing drafted). Every start 1..T-1 must be there."""
     depth = np.zeros(length, dtype=np.int64)
     top1 = np.full((length, drafts), np.nan)
     start = proposals["start_position"].to_numpy(np.int64)
@@ -279,8 +245,7 @@ def proposal_arrays(proposals: pd.DataFrame, length: int, drafts: int, *,
 
 def replayed_arrays(proposals: pd.DataFrame, sequences: pd.DataFrame, drafts: int) -> dict:
     """``{(run_id, request_id): (depth probabilities [T, drafts + 1], top1 [T, drafts])}`` for every request of
-    ``sequences`` (``entropy_sequences`` rows): the DP's inputs from ``proposal_arrays``, the drafted depth as a
-    point mass; a request without replayed proposals is an error that says how to make them."""
+    ``sequences`` from ``proposal_arrays``; a request without proposals is an error."""
     groups = proposals.astype({"run_id": str, "request_id": str}).groupby(["run_id", "request_id"], sort=False)
     out = {}
     for rec in sequences.itertuples():
@@ -298,19 +263,11 @@ def predict_requests(law: FittedLaw, sequences: pd.DataFrame, B: int, *, drafter
                      depth_model: TrainingDepthModel | None = None,
                      depth_only_acceptance: np.ndarray | None = None,
                      proposals: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Per request: T, DP-expected rounds and drafting rounds under the depth model ``depths``
-    (``depth_probabilities``; ``drafted``: ``drafted_depths`` rows of these requests, needed for
-    ``"observed"`` / ``"category"``; ``depth_edges``: entropy bins of the category's depth distribution,
-    ``()`` for none; ``"training"``: ``depth_model``, a ``TrainingDepthModel`` fitted elsewhere, and
-    nothing of these requests but their entropies; ``"replayed"``: ``proposals``, the drafter's replayed
-    proposal at every output position of these requests (``traces.proposals``; ``proposal_arrays``): the
-    depth it drafts there, and its top-1 probabilities for a law in them), the full-depth DP's rounds, and
-    the law's summed depth-1 acceptance over its positions. ``depth_only_acceptance`` (``[drafts]``, acceptance per depth,
-    no entropy): the same DP with the same depth model for this control too (``*_depth_only`` columns).
-
-    All requests' (position, depth) acceptances come from one prediction call, then one DP each. The frame's
-    ``attrs["info_sets"]``: the information sets that hold what it read (``law.information``).
-    """
+    """Per request: T, DP-expected rounds and drafting rounds under the depth model ``depths`` (``depth_probabilities``;
+    ``drafted`` for ``"observed"`` / ``"category"``; ``depth_model`` for ``"training"``; ``proposals`` for
+    ``"replayed"``), the full-depth DP's rounds and the summed depth-1 acceptance. ``depth_only_acceptance``
+    (``[drafts]``): the same DP for the depth-only control (``*_depth_only`` columns). ``attrs["info_sets"]``: the
+    information sets that hold what it read."""
     _check_depth_inputs(law, depths, drafted, depth_model, proposals)
     drafts = int(B) - 1
     replayed = replayed_arrays(proposals, sequences, drafts) if depths == "replayed" else {}
@@ -368,7 +325,7 @@ def predict_requests(law: FittedLaw, sequences: pd.DataFrame, B: int, *, drafter
 
 
 def _check_depth_inputs(law: FittedLaw, depths: str, drafted, depth_model, proposals) -> None:
-    """Raise where the depth model ``depths`` lacks its input or the law needs replayed proposals."""
+    """Raise where the depth model lacks its input or the law needs replayed proposals."""
     if depths not in DEPTH_MODELS + ("training", "replayed"):
         raise ValueError(f"depths must be one of {DEPTH_MODELS + ('training', 'replayed')}, got {depths!r}")
     if depths in ("observed", "category") and drafted is None:
@@ -487,11 +444,8 @@ DEPTH_NOTES = {
 }
 
 LOCO_DEPTH_MODELS = ("training", "replayed", "oracle", "category", "full")  # "observed" is accepted as "oracle"
-# the widening of a verdict priced by a law whose transfer error cannot be measured on its own traces (fewer than 3
-# categories for leave-one-category-out): the largest leave-one-category-out |relative error| of tokens per round seen
-# in this project's checks (the primary law with leak-free depths; the measurements: docs/law.md), rounded up.
-# Without it such a verdict would rest on the bootstrap interval of the arm's measurements alone, as if the law
-# transferred to a new category without error
+# the widening of a verdict whose law's transfer error cannot be measured on its own traces (fewer than 3
+# categories): the largest LOCO |relative error| of tokens per round in docs/law.md's checks, rounded up
 UNMEASURED_TRANSFER_ERROR = 0.44
 
 
@@ -500,12 +454,9 @@ def block_prediction(law: FittedLaw, traces, *, drafter: str | None = None, B: i
                      proposals: pd.DataFrame | None = None) -> BlockPrediction:
     """Observed vs predicted tokens per round per category for ``drafter``'s runs (in-sample law).
 
-    ``depths``: the drafted-depth model of the DP (``depth_probabilities``): ``"observed"`` (default),
-    ``"category"``, ``"full"`` (every round drafts B - 1, right for a drafter that always does) or
-    ``"replayed"`` (the drafter's replayed proposals ``proposals``, ``traces.proposals``);
-    ``depth_edges``: entropy bins (nats, at a round's first position) of the category's depth
-    distribution, ``()`` for one distribution per category. The full-depth DP is always reported too
-    (``dp_full_depth_*``).
+    ``depths``: the DP's drafted-depth model (``depth_probabilities``): ``"observed"``, ``"category"``, ``"full"`` or
+    ``"replayed"`` (with ``proposals``); ``depth_edges``: entropy bins of the category's depth distribution (``()``:
+    one). The full-depth DP is always reported too (``dp_full_depth_*``).
     """
     drafter, rounds = single_drafter(traces, drafter)
     B = B or _block_size(rounds)
@@ -543,10 +494,8 @@ class LocoTransfer(Result):
 
     @property
     def accuracy(self) -> pd.DataFrame:
-        """Per quantity (the law's DP, the full-depth DP, and the depth-only control ``*_depth_only``
-        with the same depth model): mean relative error, mean and largest |relative error| over the held-out
-        categories, Spearman rho of predicted vs observed across categories and its exact one-sided
-        permutation p (rho >= observed; ``stats.exact_spearman_p``, NaN beyond 9 categories)."""
+        """Per quantity: mean, mean absolute and largest absolute relative error over the held-out categories, Spearman
+        rho of predicted vs observed and its exact one-sided permutation p (NaN beyond 9)."""
         s = self.summary
         pairs = {"tokens_per_round": ("predicted_tokens_per_round", "observed_tokens_per_round"),
                  "mean_accepted": ("predicted_mean_accepted", "observed_mean_accepted"),
@@ -586,9 +535,8 @@ class LocoInputs(NamedTuple):
 
 def loco_inputs(traces, family, *, drafter: str | None, B: int | None, eps: float, min_categories: int,
                 what: str = "LOCO transfer"):
-    """What every leave-one-category-out analysis starts from: the (category-free) family, the one drafter and
-    its rounds, the block size B, the at-risk counts, their categories (at least ``min_categories``) and the
-    entropy sequences of the drafter's requests."""
+    """The category-free family, the drafter and its rounds, B, the at-risk rows and counts, their categories (at least
+    ``min_categories``) and the drafter's entropy sequences."""
     fam = get_family(family)
     if fam.uses_category:
         raise ValueError(f"{fam.name} has category terms and cannot predict an unseen category; use a category-free law")
@@ -608,15 +556,10 @@ def _log_residuals(summary: pd.DataFrame) -> np.ndarray:
 
 
 def calibrated_transfer(loco: "LocoTransfer") -> tuple[float, float, pd.DataFrame]:
-    """``(b, transfer_error, table)`` from a ``loco_transfer`` run: ``b`` the mean over its held-out categories of
-    log(observed / predicted tokens per round), each category predicted by a law fitted without it (the law's
-    residual where it was not fitted: the DP over-predicts, rounds not being independent given the covariates);
-    ``table`` per category c the prediction scaled by e^b_-c and its relative error, ``transfer_error`` the
-    largest |error| there. Nested: b_-c is the mean residual of every other category j predicted by a law (and
-    depth model) fitted without both c and j (``loco.rerun(without=(c,))``), so nothing of c enters c's
-    calibrated prediction. A workload is then priced with its tokens per round scaled by e^b and widened by
-    ``transfer_error`` (``workload.predict_workload(bias=)``). Needs 3 categories (b_-c from at least 2); with
-    fewer, ``b`` is 0 and the error the uncalibrated one."""
+    """``(b, transfer_error, table)`` from a ``loco_transfer`` run: ``b`` the mean over held-out categories of
+    log(observed / predicted tokens per round); ``table`` per category c the prediction scaled by e^b_-c, where b_-c
+    comes from laws fitted without c (``loco.rerun(without=(c,))``), and its relative error; ``transfer_error`` the
+    largest |error|. With fewer than 3 categories ``b`` is 0 and the error the uncalibrated one."""
     s = loco.summary
     ratio = _log_residuals(s)
     table = pd.DataFrame({"category": s.index.to_numpy(), "observed_tokens_per_round":
@@ -643,27 +586,16 @@ def loco_transfer(traces, family: str = "law_exp", *, drafter: str | None = None
                   **fit_options) -> LocoTransfer:
     """Fit ``family`` (category-free) without each category in turn and predict that category.
 
-    Columns: observed and LOCO-predicted tokens per round (DP with the drafted-depth model ``depths``)
-    and their relative error, the full-depth DP's prediction, observed and predicted mean accepted length
-    per drafting round ((tokens - rounds) / drafting rounds) and its relative error, the depth-only
-    control's predictions (``depth_only_*``: acceptance per depth pooled over the training categories, no
-    entropy, through the same DP with the same depth model), held-out log-likelihood per trial under the
-    LOCO law, a refit on the category, and a depth-only null fitted on the category;
-    ``transfer_ratio`` = (LL_null - LL_loco) / (LL_null - LL_refit).
+    Columns: observed and predicted tokens per round and mean accepted length per drafting round with their relative
+    errors, the full-depth DP's and the depth-only control's predictions (``depth_only_*``), and held-out
+    log-likelihoods per trial under the LOCO law, a refit and a depth-only null, with ``transfer_ratio`` = (LL_null -
+    LL_loco) / (LL_null - LL_refit).
 
-    ``depths``: ``"training"`` (default, leak-free): the held-out category's drafted depths are predicted
-    by a ``TrainingDepthModel`` fitted on the training categories' rounds (entropy bins ``depth_edges``,
-    copyability levels ``depth_copy_edges``, ``()``: entropy only); of the held-out category only its entropy
-    and copyability sequences enter. ``"replayed"`` (leak-free, needs ``proposals``,
-    ``traces.proposals.read_proposals``): the drafter's own proposal replayed at every output position gives the
-    depth drafted there (and its top-1 probability); no round's outcome enters. ``"oracle"`` (= ``"observed"``):
-    the held-out category's own observed depths, an upper bound on what depth modelling can give.
-    ``"category"``, ``"full"``: as in ``block_prediction``.
-    ``without``: categories left out of everything (``calibrated_transfer``'s inner runs); ``logliks=False``: no
-    held-out log-likelihoods (no refit per category). ``.accuracy``: relative errors and Spearman rho across
-    categories; ``.info_sets``: the information sets that hold what the predictions read. The LOCO and refit laws only
-    predict (no interval of theirs is shown): they are fitted with ``cov_type="nonrobust"`` (the same
-    estimates, no ``SmallSampleWarning`` per category) unless ``fit_options`` says otherwise.
+    ``depths``: ``"training"`` (leak-free: a ``TrainingDepthModel`` on the training categories with bins ``depth_edges``
+    and ``depth_copy_edges``), ``"replayed"`` (leak-free, needs ``proposals``), ``"oracle"`` (= ``"observed"``: the
+    category's own depths), ``"category"``, ``"full"``. ``without``: categories left out of everything;
+    ``logliks=False``: no held-out log-likelihoods. Laws are fitted ``cov_type="nonrobust"`` unless ``fit_options`` says
+    otherwise.
     """
     if depths == "observed":
         depths = "oracle"
@@ -678,8 +610,7 @@ def loco_transfer(traces, family: str = "law_exp", *, drafter: str | None = None
 
 def _loco_run(inputs: "LocoInputs", drafted, *, depths, depth_edges, depth_copy_edges, proposals, without=(),
               min_categories: int = 3, logliks: bool = True, rerun=None, **fit_options) -> LocoTransfer:
-    """``loco_transfer`` on inputs read once; ``without``: categories left out of everything (the at-risk counts,
-    the sequences and the depth model), for ``calibrated_transfer``'s inner runs."""
+    """``loco_transfer`` on inputs read once, ``without`` categories left out of everything."""
     fam, _, rounds, B, _, counts, categories, seqs = inputs
     if without:
         counts, seqs = counts.loc[~counts["category"].isin(without)], seqs.loc[~seqs["category"].isin(without)]
@@ -714,7 +645,7 @@ def _loco_run(inputs: "LocoInputs", drafted, *, depths, depth_edges, depth_copy_
 
 
 def _held_out_logliks(loco: FittedLaw, refit: FittedLaw, test: pd.DataFrame) -> dict:
-    """Held-out log-likelihood per trial under the LOCO law, the refit and a depth-only null; the transfer ratio."""
+    """Held-out log-likelihood per trial under the LOCO law, the refit and a depth-only null."""
     null = test.groupby("depth")[["n_acc", "n"]].sum()
     p_null = test["depth"].map(null["n_acc"] / null["n"]).to_numpy().clip(1e-12, 1 - 1e-12)
     ll_null = float((test["n_acc"] * np.log(p_null) + test["n_rej"] * np.log1p(-p_null)).sum())
@@ -742,9 +673,8 @@ def _loco_row(cat, first: pd.Series) -> dict:
 
 
 def depth_only_acceptance(counts: pd.DataFrame, drafts: int) -> np.ndarray:
-    """``[drafts]``: acceptance at depth 1..``drafts`` pooled over ``counts`` (accepted / at-risk trials per
-    depth: the depth-only binomial's estimate, no entropy); a depth without trials reuses the deepest
-    depth with trials (as ``FittedLaw`` extrapolates)."""
+    """``[drafts]``: accepted / at-risk trials per depth over ``counts``; a depth without trials reuses the deepest
+    depth with trials."""
     per_depth = counts.groupby("depth")[["n_acc", "n"]].sum()
     per_depth = per_depth.loc[per_depth["n"] > 0]
     if per_depth.empty:

@@ -1,37 +1,19 @@
 """The law behind the per-round drafting policy: fitted from traces, exported as plain parameters.
 
-Known here: ``fit_policy``, which fits the acceptance law on what a decoder knows BEFORE a round (the mean
-target entropy over the last ``window`` committed positions, ``H_w``, in place of the entropy at the drafted
-position, which is known only after verification) with the existing ``fit.fit_law`` (family ``law_exp``
-by default: cloglog on rejection, log(H + eps) and a depth factor), and tabulates ``a(H_w, d)`` on a
-log-spaced entropy grid for d = 1..D. The drafter's own cost (in one-token forwards) comes from the
-measured round timings through ``cost.fit_cost_model`` where the traces hold them, or is given. The result
-is a JSON-able dict: the decoder (``entropy_law.decoding.policy.LawPolicy``) reads it without importing
-this layer, and it is stored in the run's metadata with the run.
+Known here: ``fit_policy`` fits the acceptance law (``fit.fit_law``, ``law_exp`` by default) on what a decoder knows
+before a round: ``H_w``, the mean target entropy over the last ``window`` committed positions, in place of the entropy
+at the drafted position; it tabulates ``a(H_w, d)`` on a log-spaced entropy grid for d = 1..D. The drafter's cost
+(one-token forwards) comes from ``cost.fit_cost_model`` on the traces, or is given. The result is a JSON-able dict that
+the decoder (``decoding.policy.LawPolicy``) reads without importing this layer.
 
-``confidence_weight`` (the weight of the drafter's own probability against the law in the decoder's
-geometric blend) is a stated choice (default 0.5: equal weight), not fitted: the traces record the
-drafter's probability of the committed token, not of the rejected candidate, so its calibration against
-acceptance is not identified from them.
+Stated choices, not fitted (the traces' requests ran without a policy): ``confidence_weight`` (the drafter's own
+probability against the law in the decoder's geometric blend), ``calibration_prior`` (pseudo-drafts m of the in-request
+calibration s = (A + m) / (E + m); None: off) and ``calibration_half_life`` (rounds; None: never fades).
 
-``calibration_prior`` (default 1 pseudo-draft) sets how fast the decoder's in-request calibration moves
-the law's expectation toward what this request's verified rounds accepted (``s = (A + m) / (E + m)``; see
-``entropy_law.decoding.policy``); ``None`` turns it off. ``calibration_half_life`` (default 16 rounds) is how
-fast that evidence fades (``None``: never). Both are stated choices, not fitted: the traces' requests ran
-without a policy.
-
-``context_match`` (optional): the length of the longest suffix of the context before each output position that
-occurred earlier in it (the prompt and the output so far; ``decoding.policy.context_match_length``, computed for a
-recorded run by ``jobs.reference.context_matches``, which rebuilds its prompts). With it the law gains a factor in
-that length at each round's start (``log(H_w + eps) + C(context_match)`` on the cloglog scale, the depth factor
-shared), fitted on the same at-risk trials, and the parameters hold one acceptance table per level
-(``context_match``: ``max_length``, ``levels``, ``acceptance``); the decoder computes the length before drafting
-and reads the table of its level. Lengths above ``max_length`` count as ``max_length``; a level with fewer than
-``min_level_trials`` at-risk trials joins the level below it (a sparse lowest level the one above; a length below
-the lowest level reads its table), so a level is never fitted on a handful of rounds. The plain ``acceptance``
-table (no copyability) stays beside it.
-
-Not known here: torch, decoding, how rounds are played. No torch.
+``context_match`` (optional; ``jobs.reference.context_matches``): the longest suffix of the context before each output
+position that occurred earlier in it. With it the law gains a factor ``C(context_match)`` at each round's start and the
+parameters hold one acceptance table per level; lengths above ``max_length`` count as ``max_length``, and a level with
+fewer than ``min_level_trials`` at-risk trials joins the level below it (``context_levels``). No torch.
 """
 
 from __future__ import annotations
@@ -88,23 +70,15 @@ def fit_policy(traces, *, window: int = 4, family: str = "law_exp", drafter: str
                calibration_prior: float | None = 1.0, calibration_half_life: float | None = 16.0,
                context_match: pd.DataFrame | None = None, max_context_match: int = CONTEXT_MATCH_MAX,
                min_level_trials: int = MIN_LEVEL_TRIALS) -> dict:
-    """Policy parameters from traces of one drafter arm (a ``TraceSet`` or anything with ``.tokens``,
-    ``.rounds``, ``.runs``).
+    """Policy parameters from traces of one drafter arm (anything with ``.tokens``, ``.rounds``, ``.runs``).
 
-    ``window``: positions averaged into ``H_w``. ``draft_cost``: the drafter's cost per drafting round in
-    one-token forwards; ``None``: ``draft_ms / ar_ms_per_token`` of ``cost.fit_cost_model`` on ``traces`` (needs
-    the drafter's timed rounds and a timed AR run on the same machine in ``traces``, which ``drafter=`` keeps for
-    this; replayed runs have no timings: then pass it).
-    ``max_depth``: tabulate depths 1..max_depth (default: the deepest fitted depth; deeper depths use it).
-    ``calibration_prior``: pseudo-drafts ``m`` of the decoder's in-request calibration (> 0), or ``None`` (off).
-    ``calibration_half_life``: rounds after which its evidence weighs half (> 0), or ``None`` (never fades).
-    ``context_match``: the copyability input, one row per output position of every request of the drafter's runs
-    (``run_id``, ``request_id``, ``position``, ``context_match``: the suffix-match length of the context before
-    that position; ``jobs.reference.context_matches``), or ``None`` (no copyability input). ``max_context_match``
-    / ``min_level_trials``: its levels (module docstring).
-    Returns a JSON-able dict (``save_policy`` writes it; ``LawPolicy`` reads it); its ``information_set``: the
-    set it decides in (``law.information``: before drafting, before verifying where it blends the drafter's
-    confidence). The law must read nothing a round's start does not know (refused otherwise).
+    ``window``: positions averaged into ``H_w``. ``draft_cost``: the drafter's cost per drafting round in one-token
+    forwards; None: ``draft_ms / ar_ms_per_token`` of ``cost.fit_cost_model`` on ``traces`` (needs timed drafter and AR
+    runs; pass it for replayed runs). ``max_depth``: tabulate depths 1..max_depth (default: the deepest fitted).
+    ``calibration_prior`` (> 0) / ``calibration_half_life`` (> 0): module docstring; None turns each off.
+    ``context_match``: one row per output position (``run_id``, ``request_id``, ``position``, ``context_match``), or
+    None. Returns a JSON-able dict (``save_policy``); its ``information_set`` is the set it decides in; a law that reads
+    what a round's start does not know is refused.
     """
     info = _check_policy_options(family, confidence_weight, calibration_prior, calibration_half_life)
     source = traces  # the drafter's runs and the AR runs beside them: the draft cost's t_AR
@@ -164,8 +138,8 @@ def fit_policy(traces, *, window: int = 4, family: str = "law_exp", drafter: str
 
 def _check_policy_options(family: str, confidence_weight: float, calibration_prior,
                           calibration_half_life) -> InfoSet:
-    """The options checked; the information set the policy decides in. Its law reads H_w in place of the root's
-    entropy at every depth: its root-only inputs, which must be known before drafting."""
+    """The options checked; the information set the policy decides in (its law's root-only inputs must be known before
+    drafting)."""
     check_information(InfoSet.BEFORE_DRAFTING, family_inputs(get_family(family), root_only=True),
                       what=f"the policy's law {family}")
     if not 0.0 <= confidence_weight <= 1.0:
@@ -193,8 +167,7 @@ def _drafter_runs(traces, drafter: str | None):
 
 
 def _draft_cost(source, drafter: str, notes: list) -> float:
-    """The drafter's cost per drafting round in one-token forwards, ``draft_ms / ar_ms_per_token`` of its cost
-    model on ``source``, said in ``notes``."""
+    """``draft_ms / ar_ms_per_token`` of the drafter's cost model on ``source``, said in ``notes``."""
     try:
         cost = fit_cost_model(source, drafter=drafter)
     except ValueError as err:
@@ -210,15 +183,9 @@ _SAME = object()  # borrow_policy: keep the target models the parameters were fi
 
 def borrow_policy(params: dict, drafter_id: str | None, checkpoint_sha256: str | None = None, *,
                   model_id=_SAME) -> dict:
-    """``params`` relabelled for another drafter (or another checkpoint of the same one), so that a decoder
-    accepts them: a policy is fitted for one drafter and checkpoint, and the decoder refuses it for another
-    (``decoding.policy.check_policy_drafter``). ``drafter_id`` / ``checkpoint_sha256`` ``None``: any. ``model_id``:
-    the target it may now be applied to (``None``: any target; by default the ones it was fitted on: a decoder on
-    another target refuses it, ``decoding.policy.check_policy_target``). What it was fitted for is kept under
-    ``borrowed_from`` and stored with the run, so a run that applied a borrowed law says so. For when no traces of
-    the drafter (or target) exist to fit its own (a new checkpoint, the hybrid drafter, a new target); its
-    in-request calibration then corrects the law's level per request, not its shape. The hybrid drafter's parameters
-    (``hybrid_policy``): each of its two laws relabelled (any drafter; ``checkpoint_sha256`` the block side's)."""
+    """``params`` relabelled for another drafter or checkpoint (None: any), so that a decoder accepts them;
+    ``model_id``: the target it may now run on (None: any; default: the ones it was fitted on). The origin is kept under
+    ``borrowed_from``. A hybrid policy has each of its two laws relabelled."""
     if isinstance(params, dict) and params.get("kind") == HYBRID_POLICY_KIND:  # each of its two laws relabelled
         if drafter_id not in (None, params.get("drafter_id")):
             raise ValueError(f"the hybrid drafter's policy drives the hybrid drafter, not {drafter_id!r}: pass None")
@@ -238,10 +205,9 @@ HYBRID_POLICY_KIND = "entropy_law_hybrid_policy"  # the decoder's HybridLawPolic
 
 
 def hybrid_policy(ngram: dict, block: dict) -> dict:
-    """The hybrid drafter's per-round policy (``decoding.policy.HybridLawPolicy``): the n-gram drafter's law
-    policy and the block drafter's, each fitted on its own drafter's traces (``fit_policy(..., drafter=ID)``) with
-    its own draft cost. Each round runs the drafter whose law promises the higher rate before drafting (or none),
-    so the block forward is paid only where its law says it pays more than prompt lookup."""
+    """The hybrid drafter's policy (``decoding.policy.HybridLawPolicy``) from the n-gram drafter's and the block
+    drafter's law policies, each fitted on its own traces; each round runs the drafter whose law promises the higher
+    rate (or none)."""
     for route, params in (("ngram", ngram), ("block", block)):
         if not isinstance(params, dict) or params.get("kind") != POLICY_KIND:
             raise ValueError(f"the {route} drafter's parameters are not a law policy (kind {POLICY_KIND!r}): make "
@@ -250,8 +216,8 @@ def hybrid_policy(ngram: dict, block: dict) -> dict:
 
 
 def context_levels(lengths: np.ndarray, min_trials: int) -> list[int]:
-    """The copyability levels fitted on their own: the lengths observed at at-risk trials, each with at least
-    ``min_trials`` of them; a sparser length joins the level below it, and a sparse lowest level the one above."""
+    """The copyability levels fitted on their own: lengths with at least ``min_trials`` at-risk trials; a sparser length
+    joins the level below it, a sparse lowest level the one above."""
     values, counts = np.unique(np.asarray(lengths, dtype=int), return_counts=True)
     if not len(values):
         raise ValueError("no at-risk trial to fit the copyability levels on")
@@ -263,15 +229,14 @@ def context_levels(lengths: np.ndarray, min_trials: int) -> list[int]:
 
 
 def level_index(levels: list[int], lengths) -> np.ndarray:
-    """The index into ``levels`` of each suffix-match length: the largest level not above it (the first level
-    for a length below every level), as ``decoding.policy.LawPolicy`` reads its tables."""
+    """The index into ``levels`` of each length: the largest level not above it (else the first)."""
     return np.maximum(np.searchsorted(levels, np.asarray(lengths), side="right") - 1, 0)
 
 
 def _context_match_tables(lagged, context_match: pd.DataFrame, family: str, grid: np.ndarray, depths: list,
                           max_length: int, min_level_trials: int) -> dict:
-    """The ``context_match`` parameters: ``family`` with a factor in the copyability level at each round's start,
-    fitted on the at-risk trials of ``lagged`` (the window entropy in place of H), tabulated per level."""
+    """The ``context_match`` parameters: ``family`` plus a factor in the copyability level at each round's start, fitted
+    on the at-risk trials of ``lagged`` and tabulated per level."""
     if isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer)) or max_length < 1:
         raise ValueError(f"max_context_match must be an int >= 1, got {max_length!r}")
     needed = ("run_id", "request_id", "position", "context_match")
@@ -320,8 +285,8 @@ def _context_match_tables(lagged, context_match: pd.DataFrame, family: str, grid
 
 
 def _tabulate(law, grid: np.ndarray, depths: list, **covariates) -> np.ndarray:
-    """``law``'s acceptance [entropies x depths] on ``grid`` for ``depths`` (a depth deeper than any fitted one
-    reads the deepest), clipped to [0, 1]; ``covariates``: the other inputs of its family."""
+    """``law``'s acceptance [entropies x depths] on ``grid`` (deeper than fitted: the deepest), clipped to [0, 1];
+    ``covariates``: the family's other inputs."""
     deepest = max(law.depths)
     columns = [law.predict_acceptance(grid, depth=d if d in law.depths else min(d, deepest), **covariates)
                for d in depths]
@@ -344,9 +309,7 @@ def save_policy(params: dict, path) -> Path:
 
 
 def load_policy(path, *, hybrid: bool = False) -> dict:
-    """Policy parameters written by ``save_policy``; a clear error for any other file. ``hybrid``: the hybrid
-    drafter's parameters (``hybrid_policy``) are accepted too (a decoder of the hybrid drafter runs them; nothing
-    else does)."""
+    """Parameters written by ``save_policy``, else a clear error; ``hybrid``: accept the hybrid drafter's too."""
     path = Path(path)
     try:
         params = json.loads(path.read_text())
@@ -367,14 +330,10 @@ def load_policy(path, *, hybrid: bool = False) -> dict:
 
 def policy_arm_meta(arm_meta: dict, policy: dict, *, measured: dict | None = None, cost=None,
                     arm: str = "the arm") -> tuple[dict, str]:
-    """A recorded arm's ``run.json`` with the law policy ``policy`` in place of its gate (same drafter, tree and
-    budget), for ``jobs.reference.workload_rounds`` to replay (``entropy-law predict --policy``), and where the
-    policy's verify-cost curve came from. An online run prices trees with the curve its parameters hold, else with
-    the curve it measures on its machine when it starts; the replay takes, in that order: the parameters' curve,
-    ``measured`` (a curve measured here and now, ``decoding.gate.measure_verify_cost(...).to_config()``: what the
-    online run would measure), the arm's stored cost-gate curve, the verify line of ``cost``, the arm's
-    ``cost.CostModel`` (``cost.verify_curve``; linear, so it prices one- and two-node trees lower than a measured
-    curve and the decisions differ more)."""
+    """A recorded arm's ``run.json`` with ``policy`` in place of its gate, for ``jobs.reference.workload_rounds`` to
+    replay, and where its verify-cost curve came from: the parameters' curve, else ``measured``
+    (``decoding.gate.measure_verify_cost(...).to_config()``), else the arm's stored cost-gate curve, else
+    ``cost.verify_curve(cost)``."""
     if not isinstance(policy, dict) or policy.get("kind") != POLICY_KIND:
         raise ValueError(f"not policy parameters (kind {POLICY_KIND!r}); make them with fit_policy")
     if arm_meta.get("policy"):
