@@ -1,14 +1,9 @@
 """GLANCE's law against ours, round by round.
 
-Known here: ``law_round_expectations`` (our law's E[tau] of each recorded round, sum_k prod_{j<=k} a(H_{t+j-1}, j)
-over the round's drafted depth D, ``tree_depth``, known before verification, along the greedy path's entropies),
-``loco_glance`` (GLANCE's law fitted without each category and predicting it), ``round_scores`` (per-round MSE,
-category-mean errors, r2_curve, r2_round / r2_ceiling and the ``holds()`` rules for any per-round predictor) and
-``category_frame``.
-
-Not known here: the GLM families (``entropy_law.law.fit``: a fitted law is used only through its
-``predict_frame``), the LOCO loop of our law, the figure and the report section (``entropy_law.plots.glance``).
-No torch.
+Known here: ``law_round_expectations`` (our law's E[tau] of each recorded round over its drafted depth), ``loco_glance``
+(GLANCE's law fitted without each category, predicting it), ``round_scores`` (GLANCE's scores for any per-round
+predictor) and ``category_frame``. Not known here: the GLM families (a fitted law is used only through
+``predict_frame``), our law's LOCO loop, the figure and the report section (``plots.glance``). No torch.
 """
 
 from __future__ import annotations
@@ -27,9 +22,8 @@ from entropy_law.law import atrisk
 from entropy_law.law.information import check_information, predictor_inputs
 
 def loco_glance(rounds: pd.DataFrame, *, form: str = "code", cap: float = CAP) -> tuple[np.ndarray, dict]:
-    """Leave-one-category-out predictions of GLANCE's law: for each category, the pooled law fitted on the
-    other categories' rounds predicts its rounds (no intervals, no per-category fits). Returns the
-    predictions (aligned with ``rounds``) and the fold fits by held-out category."""
+    """Leave-one-category-out predictions of GLANCE's pooled law (aligned with ``rounds``) and the fold fits by held-out
+    category."""
     rounds = round_table(rounds)
     predicted = np.full(len(rounds), np.nan)
     category = rounds["category"].astype(str).to_numpy()
@@ -44,9 +38,9 @@ def loco_glance(rounds: pd.DataFrame, *, form: str = "code", cap: float = CAP) -
 
 
 def _entropy_by_request(traces, run_ids, *, columns: tuple = ()) -> tuple[dict, np.ndarray, dict]:
-    """(run_id, request_id) -> (offset, T) into one flat array of entropies at output positions 0..T-1, and the
-    tokens' per-position ``columns`` (of ``atrisk.POSITION_COLUMNS``) in the same order, by name (None where the
-    traces lack one at some position): ``atrisk.sequences_of`` (its checks) laid end to end."""
+    """(run_id, request_id) -> (offset, T) into one flat array of the entropies at positions 0..T-1, and the
+    per-position ``columns`` in the same order (None where the traces lack one): ``atrisk.sequences_of`` laid end to
+    end."""
     tokens = traces.tokens
     sequences = atrisk.sequences_of(tokens.loc[tokens["run_id"].astype(str).isin(set(run_ids))])
     if sequences.empty:
@@ -65,27 +59,15 @@ def _entropy_by_request(traces, run_ids, *, columns: tuple = ()) -> tuple[dict, 
 def law_round_expectations(law, traces, rounds: pd.DataFrame | None = None, *, root_only: bool = False,
                            drafter: str | None = None, drafts: pd.DataFrame | None = None, info=None,
                            depths: str = "observed") -> np.ndarray:
-    """Our law's expected accepted drafts of each recorded round (``rounds``: rows of
-    ``glance_rounds(traces)``, default all): E[tau] = sum_{k=1}^{D} prod_{j=1}^{k} a(H_{t+j-1}, j), t the
-    round's start position, D its drafted depth (``tree_depth``, known before verification) and H the
-    target entropies along the request's greedy output (positions past its end reuse the last one, as the
-    DP does). ``root_only``: the root entropy H_t at every depth (GLANCE's information only).
+    """Our law's expected accepted drafts of each round of ``rounds`` (``glance_rounds`` rows, default all): E[tau] =
+    sum_{k=1}^{D} prod_{j=1}^{k} a(H_{t+j-1}, j), t the round's start, D its drafted depth (``tree_depth``) and H the
+    entropies along the greedy output (past its end the last one, as the DP). ``root_only``: H_t at every depth.
 
-    ``law``: a fitted law of ``fit`` (used only through ``predict_frame``: columns ``target_entropy_nats``,
-    ``depth``, ``drafted_depth``, ``cum_entropy_nats``, ``category``, the decode-time covariates of the row's
-    position (``lag_entropy_nats``, ``run_mean_entropy_nats``, ``position``, ``log1p_position``, as
-    ``atrisk.sequence_covariates``) and, with ``drafter``, ``drafter_id``).
-
-    ``drafts``: the drafter's confidence in its own proposal at every verified depth of each round (rows
-    ``run_id``, ``request_id``, ``round_index``, ``depth``, ``top1_prob``: ``jobs.reference.round_proposals``),
-    given to the law as ``draft_top1_prob``, for a law in that confidence (``law_exp_obs_ceil_drafttop``); a
-    (round, depth) it lacks raises ``ValueError``. A law in the context's copyability (``law_exp_obs_ceil_copy``)
-    or in the target's top-1 probability (``law_exp_obs_ceil_top1``) reads the tokens' ``context_match`` /
-    ``target_top1_prob`` at the row's position.
-
-    ``info``: the information set (``law.information``) the predictions must stay within; a law that reads more
-    (``root_only`` and ``depths``, where the rounds' ``tree_depth`` came from: ``"observed"`` the recorded rounds,
-    ``"training"`` a depth model of other categories, decide what it reads) raises ``ValueError``.
+    ``law`` is used only through ``predict_frame`` (with ``drafter``, ``drafter_id`` is set). ``drafts``: the drafter's
+    top-1 probability at every verified depth (``jobs.reference.round_proposals`` rows) for a law in it; a missing
+    (round, depth) raises. A law in the copyability or the target's top-1 probability reads the tokens' columns.
+    ``info``: the information set the predictions must stay within, given ``root_only`` and ``depths`` (where
+    ``tree_depth`` came from); a law that reads more raises.
     """
     if info is not None:
         path = "root only" if root_only else "entropies ahead"
@@ -160,15 +142,11 @@ def _round_drafts(rounds: pd.DataFrame, drafts: pd.DataFrame, which: np.ndarray,
 
 def round_scores(rounds: pd.DataFrame, predicted, *, slope, slope_max: float = B1_MAX,
                  bins: int = CURVE_BINS, ceiling_bins: int = CEILING_BINS) -> dict:
-    """How well per-round predictions ``predicted`` of accepted drafts fit ``rounds`` (``entropy``,
-    ``accepted``, ``category``), scored as GLANCE scores its law, so any predictor can be compared:
-    ``mse`` (per round), ``category_mean_mae`` / ``category_mean_max_abs`` (|mean predicted - mean observed|
-    per category: mean and largest over categories), ``r2_curve`` (R^2 of the mean of the predictions
-    against the mean of a in each of ``bins`` root-entropy quantile bins of >= 5 rounds: for GLANCE's law
-    this is near, not equal to, its own ``r2_curve``, which evaluates the law at the bin's mean entropy),
-    ``r2_round``, ``r2_ceiling``, ``frac_of_ceiling``, Spearman rho of (H, a) and ``holds`` with the four
-    ``checks`` (``slope``: the law's entropy slope, b1 for GLANCE's law, ``plots.glance.law_slope`` for ours, one
-    value or one per LOCO fold; ``slope_max``: its bound, ``inf`` for a law without one)."""
+    """Per-round predictions ``predicted`` of accepted drafts scored against ``rounds`` (``entropy``, ``accepted``,
+    ``category``) as GLANCE scores its law: ``mse``, ``category_mean_mae`` / ``category_mean_max_abs``, ``r2_curve``
+    (over ``bins`` root-entropy quantile bins of >= 5 rounds, on the predictions' bin means), ``r2_round``,
+    ``r2_ceiling``, ``frac_of_ceiling``, Spearman rho and ``holds`` with its ``checks`` (``slope``: the law's entropy
+    slope, one value or one per LOCO fold; ``slope_max``: its bound, ``inf`` for none)."""
     h = rounds["entropy"].to_numpy(dtype=float)
     a = rounds["accepted"].to_numpy(dtype=float)
     pred = np.asarray(predicted, dtype=float)

@@ -315,24 +315,18 @@ class _OpenRequest:
 
 
 class TraceRecorder:
-    """Log acceptance traces of one run into the directory ``path`` (a Parquet dataset in the trace format).
+    """Log acceptance traces of one run into the directory ``path`` (the trace format).
 
-    ``run_metadata``: ``model_id``, ``drafter_id``, ``drafter_config`` (dict), ``tree_policy``, ``dtype``,
-    ``device``, ``seed``, ``run_id`` (generated if absent) and any JSON-serialisable user keys.
+    ``run_metadata``: ``model_id``, ``drafter_id``, ``drafter_config``, ``tree_policy``, ``dtype``, ``device``,
+    ``seed``, ``run_id`` (generated if absent) and any JSON-serialisable keys. An existing run is appended to only with
+    ``resume=True`` (a given key that differs from ``run.json`` is refused; a key the run lacks compares with
+    ``absent_means[key]``) and replaced only with ``overwrite=True``. ``completed_requests``: the ids to skip.
 
-    An existing run is appended to only with ``resume=True`` and replaced only with ``overwrite=True``. Resuming
-    refuses any given key that differs from ``run.json``; a key the run lacks compares with ``absent_means[key]``
-    (what its absence means, e.g. ``{"gate": "ratio"}``), and a new run does not write a key whose value is that
-    meaning. ``completed_requests`` lists the ids to skip.
-
-    One writer per run: ``<path>/writer.lock`` is held until ``finish()``, the end of a ``with`` block or garbage
-    collection. A live holder is refused (``RunLockedError``); a stale or foreign lock too, unless
-    ``break_lock=True``. Unfinished shard folders found on resume are moved to ``quarantine/`` with a warning.
-
-    A request's rows are buffered until ``end_request`` and written in a shard once the ended requests hold
-    ``flush_every_rounds`` rounds or number ``flush_every_requests`` (None: rounds only), on ``flush()`` and on
-    ``finish()``. As a context manager, a clean exit finishes the run; an exception flushes ended requests, leaves
-    the run incomplete and propagates.
+    One writer per run: ``<path>/writer.lock`` is held until ``finish()`` (a live holder: ``RunLockedError``; a stale or
+    foreign lock too unless ``break_lock=True``). A request's rows are buffered until ``end_request`` and written in a
+    shard once the ended requests hold ``flush_every_rounds`` rounds or number ``flush_every_requests``, on ``flush()``
+    and on ``finish()``. As a context manager a clean exit finishes the run; an exception flushes ended requests and
+    propagates.
     """
 
     def __init__(self, path, *, overwrite: bool = False, resume: bool = False,
