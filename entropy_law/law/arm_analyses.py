@@ -50,9 +50,8 @@ def category_share(an, arm: str) -> dict:
 
 
 def universality_table(an) -> pd.DataFrame:
-    """Per arm: P1 and the CV gains per trial of ``law_exp`` (``hypotheses.universality_test``) and, where the
-    analysis' law is another family, of it too (``law_*`` columns; NaN where it cannot run, the reason in
-    ``attrs["notes"]``). Arms where P1 cannot run are left out (raises if none can)."""
+    """Per arm: P1 and the CV gains per trial of ``law_exp`` and, where the analysis' law is another family, of it too
+    (``law_*``; NaN with a note where it cannot run). Raises if no arm can run P1."""
     rows, errors = [], []
     for arm in an.arms:
         p1 = an.attempt("universality", arm)
@@ -103,8 +102,7 @@ def loco_accuracy(an) -> pd.DataFrame:
 
 
 def comparison(an, arm: str):
-    """Cross-validated comparison of law families; families that cannot be fitted here are left out, with a
-    note."""
+    """Cross-validated comparison of law families; those that cannot be fitted are left out with a note."""
     def compute():
         rows = atrisk.at_risk_table(an.arm_view(arm), drafters=[arm])
         n_requests = rows["request_id"].nunique()

@@ -1,10 +1,9 @@
 """At-risk (person-period) layout of traces: one Bernoulli trial per (round, depth) on the greedy path.
 
-Role ``accepted`` is accepted, ``correction`` is rejected at depth tau + 1; ``bonus`` rows are never at risk.
-Also here: the covariates the laws use, their validation, and the aggregated form (counts per drafter x category
-x request x depth x log-spaced covariate bin, with cell means) whose binomial fit equals the row-level fit on
-binned covariates. Input: an object with DataFrames ``.tokens`` and ``.runs`` (trace format v1). Rows that would
-pool two arms under one ``drafter_id`` are refused (``arms.check_one_arm_per_drafter``).
+``accepted`` rows are accepted, ``correction`` rows rejected at depth tau + 1, ``bonus`` rows never at risk. Also here:
+the laws' covariates and their validation, and the aggregated form (counts per drafter x category x request x depth x
+log-spaced covariate bin, with cell means) whose binomial fit equals the row-level fit on binned covariates. Input:
+``.tokens`` and ``.runs`` (trace format v1); rows that pool two arms under one ``drafter_id`` are refused.
 """
 
 from __future__ import annotations
@@ -100,12 +99,10 @@ def at_risk_table(traces, covariates: Sequence[str] = COVARIATES, *, eps: float 
                   drafters: Sequence[str] | None = None) -> pd.DataFrame:
     """Row-level at-risk table: one row per (run, request, round, depth) at risk.
 
-    Columns: the keys, ``round_index``, ``position``, ``depth``, ``accepted`` / ``rejected`` (0/1), the
-    ``covariates`` and their logs, ``cum_entropy_nats`` (H over the round's earlier depths); with
-    ``traces.rounds`` ``drafted_depth``; with entropies the decode-time covariates (``sequence_covariates``);
-    where logged the drafter's statistics and ``context_match`` (NaN where null). ``drafters``: keep only these
-    ids. Invalid covariates raise (``on_invalid="drop"`` drops them); a statistic null at every position was not
-    logged: it stays null and is named in ``attrs["unlogged"]``. Two arms under one drafter id raise.
+    Columns: the keys, ``round_index``, ``position``, ``depth``, ``accepted`` / ``rejected``, the ``covariates`` and
+    their logs, ``cum_entropy_nats``, ``drafted_depth`` (with ``traces.rounds``), the decode-time covariates and, where
+    logged, the drafter's statistics and ``context_match``. ``drafters``: keep only these ids. Invalid covariates raise
+    (``on_invalid="drop"`` drops them); a statistic null everywhere stays null and is named in ``attrs["unlogged"]``.
     """
     tokens, runs, table = _risk_rows(traces, covariates, drafters)
     arms.check_one_arm_per_drafter(runs, table["run_id"].unique())
@@ -204,9 +201,8 @@ def _add_drafted_depth(table: pd.DataFrame, rounds) -> None:
 
 
 def sequence_covariates(entropy: np.ndarray, position: np.ndarray) -> dict:
-    """Decode-time covariates at ``position`` of a request with entropies ``entropy`` (positions 0..T-1):
-    ``lag_entropy_nats`` (H at position - 1; at 0 H itself), ``run_mean_entropy_nats`` (mean H over
-    0..position), ``log1p_position``. The at-risk rows and a fitted law's DP both use it."""
+    """Decode-time covariates at ``position`` of a request with entropies ``entropy``: ``lag_entropy_nats`` (H at
+    position - 1, at 0 H), ``run_mean_entropy_nats`` (mean H over 0..position), ``log1p_position``."""
     h = np.asarray(entropy, dtype=float)
     p = np.asarray(position, dtype=np.int64)
     if h.size == 0:
@@ -333,9 +329,8 @@ def mean_columns(table: pd.DataFrame, extra: Sequence[str] = ()) -> list[str]:
 def aggregate_at_risk(table: pd.DataFrame, *, bin_columns: Sequence[str] = ("target_entropy_nats",),
                       width_log10: float = 0.05, eps: float = EPS_NATS, keys: Sequence[str] = KEY_COLUMNS,
                       extra_means: Sequence[str] = ()) -> pd.DataFrame:
-    """Counts per ``keys`` x log-spaced bins of ``bin_columns`` (``n_acc``, ``n_rej``, ``n``) and the cell mean
-    of every covariate. Its binomial GLM equals the row-level fit on ``binned_rows`` (keep ``request_id`` in
-    ``keys`` for clustered errors)."""
+    """Counts (``n_acc``, ``n_rej``, ``n``) per ``keys`` x log-spaced bins of ``bin_columns`` and every covariate's cell
+    mean; its binomial GLM equals the row-level fit on ``binned_rows``."""
     _require_columns(table, (*keys, "accepted", *bin_columns), "the at-risk table")
     means = mean_columns(table, extra_means)
     frame = table[[*keys, "accepted", *means]].copy()

@@ -18,13 +18,9 @@ def expected_accepted(acceptance: np.ndarray) -> np.ndarray:
 def tau_distribution(acceptance_matrix: np.ndarray, depth_probs: np.ndarray | None = None) -> np.ndarray:
     """``P(tau = k | round starts at t)`` for k = 0..D_max, shape ``[T, D_max + 1]``.
 
-    ``acceptance_matrix[t, j]``: acceptance of the draft at depth j + 1 of a round starting at t.
-    ``depth_probs[t, D]``: probability that a round starting at t drafts D tokens (D = 0..D_max, 0: no
-    draft; rows sum to 1); ``None``: every round drafts D_max = ``acceptance_matrix.shape[1]``.
-    A law whose acceptance depends on D passes ``acceptance_matrix[D - 1, t, j]`` (3-D, D = 1..D_max;
-    entries j >= D unused); P(tau = k | t) = sum_D P(D) P(tau = k | t, D).
-    With S(m) = P(D >= m) and R(k) = prod_{j<k} a_{t,j} (reach depth k):
-    P(tau = k) = S(k + 1) (R(k) - R(k + 1)) + P(D = k) R(k), acceptance capped at the drafted depth.
+    ``acceptance_matrix[t, j]``: acceptance at depth j + 1 of a round starting at t, or ``[D - 1, t, j]`` for a law in
+    the drafted depth D. ``depth_probs[t, D]``: P(a round at t drafts D tokens); None: always D_max. With S(m) = P(D >=
+    m) and R(k) = prod_{j<k} a_{t,j}: P(tau = k) = S(k + 1) (R(k) - R(k + 1)) + P(D = k) R(k).
     """
     a = np.asarray(acceptance_matrix, dtype=float)
     if a.ndim == 3:

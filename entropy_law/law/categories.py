@@ -1,11 +1,8 @@
 """Category means held out: a law read from the round's root only, and how well predicted category means fit.
 
-Known here: ``root_acceptance`` (the DP's acceptance array of a fitted law evaluated with the root's entropy and
-covariates at every depth of a round: what is committed before the round, the before-drafting information set),
-``tau_given_depth`` (E[tau | round start, drafted depth] from such an array), ``category_fit`` (R-squared and mean
-absolute error of predicted against observed category means, with a leave-one-category-out jackknife interval) and
-``share_both_orders`` (the category terms' share of the CV gain over depth only, added first and added last).
-Not known here: the LOCO loop and the tables (``bench/law.py category-table``). No torch.
+Known here: ``root_acceptance`` (a law's DP acceptance array with every depth of a round read at its root: the
+before-drafting information set), ``tau_given_depth``, ``category_fit`` and ``share_both_orders``. Not known here: the
+LOCO loop and the tables (``bench/law.py category-table``). No torch.
 """
 
 from __future__ import annotations
@@ -22,9 +19,8 @@ Z90 = 1.6448536269514722  # two-sided 90%: the lower end is the one-sided 95% bo
 
 
 def root_acceptance(law, h, drafts: int, **position) -> np.ndarray:
-    """``law``'s DP acceptance array (``FittedLaw.sequence_frame`` / ``shape_acceptance``) over entropy sequence
-    ``h`` with every depth of a round starting at t read at t: the root's entropy, decode-time covariates and
-    ``position`` arrays (``context_match=``, ``target_top1_prob=``); depth and drafted depth as they are."""
+    """``law``'s DP acceptance array (``FittedLaw.sequence_frame``) over entropy sequence ``h`` with every depth of a
+    round starting at t read at t (entropy, decode-time covariates, ``position`` arrays)."""
     frame, shape = root_frame(law, h, drafts, **position)
     return law.shape_acceptance(law.predict_frame(frame), shape)
 
@@ -61,9 +57,8 @@ def _r2_mae(observed: np.ndarray, predicted: np.ndarray) -> tuple[float, float]:
 
 
 def category_fit(observed, predicted) -> dict:
-    """R-squared (1 - SSE / SS about the observed mean) and mean absolute error of predicted against observed
-    category means, each with a leave-one-category-out jackknife standard error and its 90% interval (the
-    predictions are kept as given: each category's prediction is already made without it)."""
+    """R-squared and mean absolute error of predicted against observed category means, each with a
+    leave-one-category-out jackknife standard error and 90% interval (predictions kept as given)."""
     obs, pred = np.asarray(observed, dtype=float), np.asarray(predicted, dtype=float)
     if obs.shape != pred.shape or obs.size < 3 or not np.isfinite(pred).all():
         raise ValueError("category_fit needs one finite prediction per category and at least 3 categories")
@@ -77,13 +72,10 @@ def category_fit(observed, predicted) -> dict:
 
 
 def share_both_orders(rows: pd.DataFrame, family, *, n_folds: int = 5, seed: int = 0, **fit_options) -> dict:
-    """The category terms' share of the CV gain of ``family`` with category terms over depth only (grouped
-    ``n_folds``-fold CV log-loss per trial, folds by request, the same for all four models): added last
-    (``entropy_first``: (LL(family) - LL(family+cat)) / total, as ``compare.category_share_of_gain``), added first
-    (``category_first``: (LL(depth only) - LL(depth+cat: law0_cat)) / total) and their mean (the Shapley value of
-    the category group; NaN where the model with both groups gains nothing over depth only out of sample, as
-    category terms fitted on a few requests per category can); ``fit_options`` go to every fit (``min_requests_per_category=``). The entropy group's shares are the complements (``entropy_last`` = 1 - category first,
-    ``entropy_added_first`` = 1 - category last)."""
+    """The category terms' share of the CV gain over depth only of ``family`` with category terms (grouped CV log-loss
+    per trial, the same folds for all four models): added last (``entropy_first``), added first (``category_first``) and
+    their mean (``shapley``; NaN where both groups together gain nothing); the entropy group's shares are the
+    complements. ``fit_options`` go to every fit."""
     fam = get_family(family)
     with_cat = with_category_terms(fam)
     s = compare_laws(rows, (DEPTH_ONLY, "law0_cat", fam.name, with_cat), n_folds=n_folds, seed=seed,

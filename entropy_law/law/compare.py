@@ -123,10 +123,9 @@ def compare_laws(traces, families: Sequence[str] = DEFAULT_FAMILIES, *, n_folds:
                  folds: str = "requests", **fit_options) -> Comparison:
     """Grouped K-fold CV log-loss, AIC, BIC and held-out calibration for each family.
 
-    ``traces``: traces or a row-level at-risk table of ONE drafter. ``families`` may name ``DEPTH_ONLY``
-    (per-depth acceptance of the training folds). ``folds``: ``"requests"`` (``n_folds`` random sets of
-    requests) or ``"category"`` (one fold per category; families with category terms are left out with a
-    note). Extra keyword arguments go to ``fit_law`` (default ``cov_type="nonrobust"``: no interval is shown).
+    ``traces``: traces or a row-level at-risk table of ONE drafter; ``families`` may name ``DEPTH_ONLY``. ``folds``:
+    ``"requests"`` (``n_folds`` random sets of requests) or ``"category"`` (one fold per category; families with
+    category terms are left out). Extra keywords go to ``fit_law`` (default ``cov_type="nonrobust"``).
     """
     fit_options = {"cov_type": "nonrobust", **fit_options}
     rows = traces if isinstance(traces, pd.DataFrame) else atrisk.at_risk_table(traces, eps=eps, on_invalid=on_invalid)
@@ -244,9 +243,8 @@ COVARIATE_CANDIDATES = ("law_exp_obs_ceil_copy", "law_exp_obs_ceil_top1", "law_e
 
 
 def choose_primary(comparisons: dict, candidates: Sequence[str] = PRIMARY_CANDIDATES) -> tuple[str, pd.DataFrame]:
-    """The rule of docs/law.md on leave-one-category-out comparisons, one per arm: (winner, table). Per
-    candidate: CV log-loss per arm and mean, difference to the best and its SE, ``tied`` (within 1 SE),
-    ``n_params`` and ``eligible`` (scored on every arm). Among the ties the fewest parameters win."""
+    """docs/law.md's rule on LOCO comparisons, one per arm: (winner, table of CV log-loss per arm and mean, difference
+    to the best with its SE, ``tied``, ``n_params``, ``eligible``); the fewest parameters win a tie."""
     if not comparisons:
         raise ValueError("choose_primary needs one comparison per arm")
     arms_ = list(comparisons)
