@@ -1,10 +1,8 @@
 """The out-of-core path: the law of trace folders larger than memory, by DuckDB over the Parquet shards.
 
-``sql`` (the at-risk aggregate as one SQL query), ``driver`` (DuckDB runs it over groups of shards), ``streamed``
-(``fit_law_out_of_core``: the same ``FittedLaw`` as ``fit_law``, in passes over cells on disk), ``memory``
-(``check_fits_in_memory``), ``summaries`` (the report's summaries in SQL) and ``spark`` (the same SQL text on Spark
-SQL; pyspark, the ``[spark]`` extra, is imported when a session starts). Reuses ``entropy_law.law``; never imports
-torch; DuckDB is imported when a query runs.
+``sql`` (the at-risk aggregate as one SQL query), ``driver`` (runs it over groups of shards), ``streamed``
+(``fit_law_out_of_core``), ``memory`` (``check_fits_in_memory``), ``summaries`` (the report's summaries in SQL) and
+``spark`` (the same SQL on Spark). Never imports torch; DuckDB and pyspark are imported when used.
 """
 
 from entropy_law.outofcore.driver import aggregate_at_risk_sql, finish_cells

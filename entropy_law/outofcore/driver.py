@@ -1,8 +1,8 @@
 """DuckDB runs the at-risk query over groups of finished Parquet shards: ``aggregate_at_risk_sql``.
 
-A request lies in one shard, so each group of whole shards gives the same cells as one query over all files;
-memory holds one group's rows. Cells of two groups that share a key are pooled, as the in-memory path does.
-The arm rule of ``atrisk.at_risk_table`` holds (or ``by_arm`` labels each run with its arm).
+A request lies in one shard, so groups of whole shards give the cells of one query over all files while memory holds one
+group's rows; cells two groups share are pooled. The arm rule of ``atrisk.at_risk_table`` holds (or ``by_arm`` labels
+each run with its arm).
 """
 
 from __future__ import annotations
@@ -81,8 +81,8 @@ def _chunks(dirs: Sequence[Path], chunk_bytes: int) -> list[list[Path]]:
 
 
 def _views_per_group(con, shards: _Shards, chunk_bytes: int, tables=("tokens", "rounds")):
-    """Register ``runs`` on ``con``, then for each group of shards make ``tables`` views over its files and yield
-    the group's index."""
+    """Register ``runs`` on ``con``; per group of shards make ``tables`` views over its files and yield the group's
+    index."""
     con.register("runs", shards.runs)
     for i, group in enumerate(_chunks(shards.dirs, chunk_bytes)):
         for table in tables:
@@ -119,14 +119,12 @@ def aggregate_at_risk_sql(traces, family: str | None = None, *, bin_columns: Seq
                           on_invalid: str = "raise", chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                           threads: int | None = None, memory_limit: str | None = None,
                           temp_directory: str | None = None) -> pd.DataFrame:
-    """``aggregate_at_risk(at_risk_table(traces))`` computed by DuckDB over the Parquet shards, out of core.
+    """``aggregate_at_risk(at_risk_table(traces))`` computed by DuckDB over the Parquet shards.
 
-    ``traces``: a run directory, a folder of runs or a ``TraceSet`` (its runs; select categories in the cells).
-    The result is ``atrisk.aggregate_at_risk``'s table, so ``fit_law`` takes it. ``family``: its bin columns and
-    extra keys (default ``law_exp``), overridden by ``bin_columns`` / ``keys``. ``means``: ``"all"`` or
-    ``"family"`` (only those the formula reads). ``drafters``: these drafter ids (arm labels with ``by_arm``).
-    ``on_invalid``: as ``at_risk_table``. ``chunk_bytes``: token files per query; ``threads``, ``memory_limit``
-    and ``temp_directory`` are DuckDB settings.
+    ``traces``: a run directory, a folder of runs or a ``TraceSet``. ``family``: its bin columns and extra keys (default
+    ``law_exp``), overridden by ``bin_columns`` / ``keys``. ``means``: ``"all"`` or ``"family"`` (those the formula
+    reads). ``drafters``: these ids (arm labels with ``by_arm``). ``on_invalid``: as ``at_risk_table``. ``chunk_bytes``:
+    token bytes per query; ``threads``, ``memory_limit``, ``temp_directory``: DuckDB settings.
     """
     if on_invalid not in ("raise", "drop"):
         raise ValueError("on_invalid must be 'raise' or 'drop'")
@@ -155,8 +153,7 @@ _STRING_KEYS = ("drafter_id", "category", "request_id")
 
 
 def _finish(parts, bins, keys, means, *, eps, width_log10, on_invalid) -> pd.DataFrame:
-    """The cells of every query as ``aggregate_at_risk`` returns them (sorted in Arrow, string keys
-    dictionary-encoded until the end)."""
+    """The cells of every query as ``aggregate_at_risk`` returns them."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -205,9 +202,9 @@ def _finish(parts, bins, keys, means, *, eps, width_log10, on_invalid) -> pd.Dat
 def finish_cells(result, family: str | None = None, *, bin_columns: Sequence[str] | None = None,
                  keys: Sequence[str] | None = None, width_log10: float = 0.05, eps: float = atrisk.EPS_NATS,
                  means: str = "all", on_invalid: str = "raise") -> pd.DataFrame:
-    """The rows of ``at_risk_sql(...)`` run elsewhere (a DataFrame or pyarrow Table, e.g. from Spark) as the
-    aggregate ``fit_law`` takes. Give the ``family`` (or ``bin_columns`` / ``keys``) and ``means`` the query was
-    made for; the arms are yours to check (``arms.check_one_arm_per_drafter``)."""
+    """The rows of ``at_risk_sql(...)`` run elsewhere (a DataFrame or Arrow table, e.g. from Spark) as the aggregate
+    ``fit_law`` takes, for the ``family`` (or ``bin_columns`` / ``keys``) and ``means`` of the query; the arms are the
+    caller's to check."""
     import pyarrow as pa
 
     if on_invalid not in ("raise", "drop"):

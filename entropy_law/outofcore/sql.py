@@ -1,7 +1,5 @@
-"""``atrisk.aggregate_at_risk`` written as ONE SQL query over the tables ``tokens``, ``rounds`` and ``runs``, in
-the SQL that DuckDB and Spark SQL share (``docs/out-of-core.md``). Every window lies in one request; the rows,
-covariates and checks are those of ``atrisk`` (a test compares both paths cell by cell). The query is text.
-"""
+"""``atrisk.aggregate_at_risk`` as ONE SQL query over ``tokens``, ``rounds`` and ``runs``, in the SQL that DuckDB and
+Spark share (``docs/out-of-core.md``); rows, covariates and checks are those of ``atrisk``."""
 
 from __future__ import annotations
 
@@ -35,8 +33,8 @@ def _literal(value: float) -> str:
 
 
 def _means_for(family, means: str, with_rounds: bool) -> list[str]:
-    """Covariate means the aggregate keeps: all (``"all"``, as the pandas path) or those the family's fit reads
-    (``"family"``: raw means in place of the logs the fit takes of them)."""
+    """The covariate means the aggregate keeps: all (``"all"``) or those the family's fit reads (``"family"``, raw means
+    in place of their logs)."""
     every = [*atrisk.COVARIATES, *atrisk.DERIVED]
     if not with_rounds:
         every.remove("log_drafted_depth")
@@ -73,14 +71,10 @@ def _log_bin(column: str, eps: float, width_log10: float) -> str:
 def at_risk_sql(*, bin_columns: Sequence[str] = ("target_entropy_nats",), width_log10: float = 0.05,
                 eps: float = atrisk.EPS_NATS, means: Sequence[str] | None = None,
                 drafted_depth_key: bool = False) -> str:
-    """The aggregation as one SQL query over the tables ``tokens``, ``rounds`` and ``runs``.
-
-    One row per cell: the keys (and ``drafted_depth`` with ``drafted_depth_key``), one ``bin_<column>`` per
-    ``bin_columns`` (NULL where the row's covariates fail ``atrisk.validate_covariates``), ``n_acc``, ``n``,
-    ``n_rej`` and the mean of every column of ``means`` (default: ``atrisk.COVARIATES`` and ``atrisk.DERIVED``;
-    also the decode-time covariates). The rounds join and the windows over each request's output are there only
-    when asked for.
-    """
+    """The aggregation as one SQL query over ``tokens``, ``rounds`` and ``runs``: one row per cell, the keys (and
+    ``drafted_depth`` with ``drafted_depth_key``), ``bin_<column>`` per ``bin_columns`` (NULL where the covariates are
+    invalid), ``n_acc``, ``n``, ``n_rej`` and the mean of each of ``means`` (default: ``atrisk.COVARIATES`` and
+    ``atrisk.DERIVED``)."""
     means = list(means) if means is not None else [*atrisk.COVARIATES, *atrisk.DERIVED]
     known = [*atrisk.COVARIATES, *atrisk.DERIVED, *_SEQUENCE_MEANS, _MISS_LOG]
     unknown = sorted(set(means) - set(known))
@@ -124,8 +118,8 @@ _HI, _NEG_INF = "CAST('Infinity' AS DOUBLE)", "CAST('-Infinity' AS DOUBLE)"
 
 
 def _sequence_ctes(needs: _QueryNeeds) -> tuple[list[str], str]:
-    """Step 0, ``(CTEs, the table the at-risk rows are read from)``: the windows of
-    ``atrisk.sequence_covariates`` over each request's whole output, on max(H, 0) (NaN as NULL)."""
+    """``(CTEs, table the at-risk rows read)``: ``atrisk.sequence_covariates`` as windows over each request's output, on
+    max(H, 0)."""
     if not needs.sequence:
         return [], "tokens"
     h_seq = "CAST(target_entropy_nats AS DOUBLE)"

@@ -1,8 +1,7 @@
 """``fit_law_out_of_core``: a law family fitted without holding the cells in memory.
 
-Each group's cells go to a temporary Parquet file; statsmodels' IRLS and CR1 sandwich run in passes over them a
-batch at a time, so memory grows with the number of requests, never with rows or cells. The result is
-``fit_law``'s ``FittedLaw`` (``LawSet`` with ``by=``); families it cannot reproduce exactly raise
+Each group's cells go to a temporary Parquet file; statsmodels' IRLS and CR1 sandwich run over them a batch at a time,
+so memory grows with the number of requests, never with rows or cells. Families it cannot reproduce exactly raise
 ``OutOfCoreError``, saying what to use instead.
 """
 
@@ -40,8 +39,7 @@ class OutOfCoreError(ValueError):
 
 
 def _streamable(fam) -> None:
-    """Refuse families whose covariates the query does not compute (the drafter's statistics, copyability) and
-    ``law_iso``."""
+    """Refuse ``law_iso`` and families whose covariates the query does not compute."""
     if fam.link == "isotonic":
         raise OutOfCoreError("law_iso is not a GLM: fit it in memory on the cells, fit_law(aggregate_at_risk_sql(path, "
                              "'law_iso'), 'law_iso') (its cells number about half the token rows)")
@@ -124,8 +122,8 @@ def _batches(con, sql: str, batch_cells: int):
 
 
 class _Cache:
-    """The design matrix, outcomes, trials and cluster codes of every cell (with ``entropy`` also the cells' mean
-    entropy, for ``_OffsetCache``) in one binary file, read back batch by batch."""
+    """The design matrix, outcomes, trials, cluster codes (with ``entropy`` also the cells' mean entropy) of every cell
+    in one binary file, read back batch by batch."""
 
     def __init__(self, path: Path, k: int, *, entropy: bool = False):
         self.path, self.k, self.entropy, self.sizes = path, k, entropy, []
@@ -159,8 +157,8 @@ class _Cache:
 
 
 class _OffsetCache:
-    """The cells of a ``_Cache`` (built with ``entropy``) with design column ``j`` (``log_entropy``) replaced by
-    log(max(H, 0) + offset): a profiled offset builds its design once."""
+    """A ``_Cache`` (with ``entropy``) whose column ``j`` is log(max(H, 0) + offset): a profiled offset builds its
+    design once."""
 
     def __init__(self, base: _Cache, j: int, offset: float):
         self.base, self.j, self.offset = base, j, float(offset)
@@ -185,8 +183,7 @@ def _plain_column(names: Sequence[str], name: str) -> int | None:
 
 
 def _irls_pass(cache: _Cache, fam_obj, beta):
-    """One pass of statsmodels' IRLS over the cells: the binomial deviance at ``beta`` (None: the start) and the
-    normal equations X'WX, X'Wz of the next weighted least squares."""
+    """One IRLS pass: the binomial deviance at ``beta`` (None: the start) and X'WX, X'Wz."""
     k = cache.k
     tiny = np.finfo(float).eps
     xtwx, xtwz, dev = np.zeros((k, k)), np.zeros(k), 0.0
@@ -211,8 +208,8 @@ def _irls_pass(cache: _Cache, fam_obj, beta):
 
 
 def _sandwich_pass(cache: _Cache, link: str, beta, n_groups: int):
-    """At the estimate, through statsmodels' GLM on each batch: the observed Hessian, the scores summed per
-    request, the expected information, llf and deviance."""
+    """At the estimate, via statsmodels' GLM per batch: the observed Hessian, the scores summed per request, the
+    expected information, llf and deviance."""
     k = cache.k
     hessian, information = np.zeros((k, k)), np.zeros((k, k))
     scores = np.zeros((n_groups, k))
@@ -256,8 +253,8 @@ def _llf_pass(cache: _Cache, link: str, beta) -> float:
 
 
 def _needed_columns(rhs: str, fam, available) -> list:
-    """The cell columns the design of ``rhs`` reads (raw means in place of their logs, and for a profiled offset
-    the mean entropy in place of ``log_entropy``)."""
+    """The cell columns the design of ``rhs`` reads (raw means for logs, the mean entropy for a profiled
+    ``log_entropy``)."""
     used = [c for c in available if re.search(rf"\b{re.escape(c)}\b", rhs)]
     if fam.name == "law_exp_mundlak":
         used += [c for c in ("log_entropy", "category") if c not in used]
@@ -279,8 +276,7 @@ _STEADY_STATE = ("log_run_mean_entropy", "log1p_position", "log_drafted_depth")
 def _fit_streamed(con, source: str, fam, *, depth: str, cov_type: str, alpha: float, eps: float,
                   min_requests_per_category: int, drop_small_categories: bool, batch_cells: int, tol: float,
                   max_iter: int, folder: Path, notes: list, start_params=None):
-    """``fit_law`` on the cells selected by ``source``, in passes over them: the checks (``_checked_cells``),
-    the design (``_CellDesign``), IRLS per offset (``_best_offset_fit``), the result (``_streamed_result``)."""
+    """``fit_law`` on the cells of ``source``, in passes over them."""
     cells = _checked_cells(con, source, fam, depth=depth, cov_type=cov_type, alpha=alpha, eps=eps,
                            min_requests_per_category=min_requests_per_category,
                            drop_small_categories=drop_small_categories, notes=notes)
@@ -324,8 +320,8 @@ class _Cells:
 
 def _checked_cells(con, source: str, fam, *, depth: str, cov_type: str, alpha: float, eps: float,
                    min_requests_per_category: int, drop_small_categories: bool, notes: list) -> _Cells:
-    """``fit.check_counts`` on one row per request (and drafted depth) of the cells, the few-requests warning
-    and the category means of ``law_exp_mundlak``."""
+    """``fit.check_counts`` on one row per request (and drafted depth), the few-requests warning and
+    ``law_exp_mundlak``'s category means."""
     extra = [c for c in ("drafted_depth",) if c in con.sql(f"SELECT * FROM ({source}) LIMIT 0").columns]
     keys = ["drafter_id", "category", "request_id", *extra]
     summary = con.sql(f"SELECT {', '.join(keys)}, CAST(SUM(n_acc) AS BIGINT) AS n_acc, CAST(SUM(n_rej) AS BIGINT) "
@@ -457,8 +453,8 @@ def _irls(cache: _Cache, names: list, fam, *, start_params, max_iter: int, tol: 
 
 def _best_offset_fit(cells: _CellDesign, offsets, fam, *, start_params, max_iter: int, tol: float,
                      n_requests: int, common: dict) -> dict:
-    """One fit, or one per offset c of a profiled log(H + c) keeping the largest log-likelihood among converged
-    fits (as fit._fit_profile_eps), with its sandwich sums (``parts``). Every design file is removed."""
+    """One fit, or one per offset c of a profiled log(H + c) keeping the most likely converged one, with its sandwich
+    sums (``parts``); every design file is removed."""
     best, base, made = None, None, []
     notes = common["notes"]
 
@@ -508,8 +504,8 @@ def _best_offset_fit(cells: _CellDesign, offsets, fam, *, start_params, max_iter
 
 
 def _streamed_result(best: dict, fam, cells: _CellDesign, *, cov_type: str, n_requests: int):
-    """The statsmodels result of the best fit: its estimate, the CR1 sandwich H^-1 S H^-1 G/(G-1) (N-1)/(N-K)
-    and a model over the first cells whose design info lets ``predict(frame)`` build any frame's design."""
+    """The statsmodels result of the best fit: its estimate, the CR1 sandwich and a model over the first cells whose
+    design info lets ``predict(frame)`` build any frame's design."""
     design, parts, beta = best["design"], best["parts"], best["beta"]
     names, k, n_cells = design.column_names, len(design.column_names), best["n_cells"]
     with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
@@ -550,17 +546,14 @@ def fit_law_out_of_core(traces, family: str = "law_exp", by: str | None = None, 
                         memory_limit: str | None = None, temp_directory: str | None = None,
                         batch_cells: int = STREAM_BATCH_CELLS, tol: float = 1e-10, max_iter: int = 100,
                         start_params=None):
-    """``fit_law(load_traces(traces), family, by)`` for runs larger than memory: memory is bounded by a batch of
-    cells and the number of requests.
+    """``fit_law(load_traces(traces), family, by)`` for runs larger than memory: memory is bounded by a batch of cells
+    and the number of requests.
 
-    The at-risk cells of ``at_risk_sql`` are written per group of shards to a temporary folder, checked as
-    ``fit_law`` checks them, turned into a design matrix on disk batch by batch (patsy), and fitted by
-    statsmodels' IRLS in passes over it; one more pass gives the CR1 covariance with t(G - 1) inference.
-    Estimates and standard errors equal ``fit_law``'s within 1e-6. The result's ``model`` holds the first cells
-    only and ``counts`` is None (no P1 line in the printout). A profiled offset runs one fit per offset c of
-    ``fit.EPS_GRID``. ``batch_cells``: cells per batch; ``chunk_bytes``, ``threads``, ``memory_limit``,
-    ``temp_directory``: DuckDB. ``by_arm``: ``drafter_id`` is the run's arm label, so two arms of one drafter
-    stay apart (otherwise such a mix is refused).
+    The cells of ``at_risk_sql`` are written per group of shards to a temporary folder, checked as ``fit_law`` checks
+    them, turned into a design matrix on disk (patsy) and fitted by IRLS in passes; one more pass gives the CR1
+    covariance with t(G - 1) inference. Estimates and standard errors equal ``fit_law``'s within 1e-6; ``model`` holds
+    the first cells only and ``counts`` is None. ``batch_cells``: cells per batch; ``chunk_bytes``, ``threads``,
+    ``memory_limit``, ``temp_directory``: DuckDB. ``by_arm``: ``drafter_id`` is the run's arm label.
     """
     fam, by = _checked_options(family, by, depth=depth, cov_type=cov_type, on_invalid=on_invalid)
     bins = tuple(fam.bin_columns)

@@ -68,8 +68,7 @@ GROUP BY runs.drafter_id, q.category, bin
 
 
 def _run_groups(traces, drafters, by_arm, chunk_bytes, threads, memory_limit, temp_directory, queries: dict) -> dict:
-    """Each query of ``queries`` (name -> SQL over ``tokens``, ``rounds``, ``requests``, ``runs``) run on every
-    group of shards; name -> the groups' result rows stacked (pandas)."""
+    """Each query of ``queries`` (name -> SQL) run on every group of shards, the results stacked."""
     import pyarrow as pa
 
     shards = _shards(traces, drafters, by_arm)
@@ -93,10 +92,9 @@ def category_summary_sql(traces, *, drafters: Sequence[str] | None = None, by_ar
                          chunk_bytes: int = DEFAULT_CHUNK_BYTES,
                          threads: int | None = None, memory_limit: str | None = None,
                          temp_directory: str | None = None) -> pd.DataFrame:
-    """Per drafter id x category, out of core: ``requests``, decode ``rounds``, ``tokens``, ``drafting_rounds``,
-    ``tokens_per_round``, ``mean_accepted`` (per drafting round), ``mean_entropy_nats`` (NaN where no token has a
-    finite entropy), ``entropy_tokens``, ``d1_trials`` and ``d1_acceptance``. ``traces`` and ``by_arm``: as
-    ``aggregate_at_risk_sql``."""
+    """Per drafter id x category, out of core: ``requests``, ``rounds``, ``tokens``, ``drafting_rounds``,
+    ``tokens_per_round``, ``mean_accepted``, ``mean_entropy_nats``, ``entropy_tokens``, ``d1_trials``,
+    ``d1_acceptance``."""
     frame = _run_groups(traces, drafters, by_arm, chunk_bytes, threads, memory_limit, temp_directory,
                         {"summary": SUMMARY_SQL})["summary"]
     return _summary_frame(frame)
@@ -126,8 +124,8 @@ def acceptance_curve_sql(traces, *, width_log10: float = 0.25, eps: float = atri
                          drafters: Sequence[str] | None = None, by_arm: bool = False,
                          chunk_bytes: int = DEFAULT_CHUNK_BYTES, threads: int | None = None,
                          memory_limit: str | None = None, temp_directory: str | None = None) -> pd.DataFrame:
-    """Depth-1 acceptance per drafter id x category x log-spaced bin of the target entropy, out of core: ``n``,
-    ``accepted``, ``rate``, its Wilson 95% ``ci_low`` / ``ci_high`` and the bin's mean ``entropy_nats``."""
+    """Depth-1 acceptance per drafter id x category x log-spaced entropy bin, out of core (the columns of
+    ``plots.figures.binned_acceptance_table``)."""
     frame = _run_groups(traces, drafters, by_arm, chunk_bytes, threads, memory_limit, temp_directory,
                         {"curve": _curve_sql(width_log10, eps)})["curve"]
     return _curve_frame(frame)
