@@ -1,9 +1,8 @@
 """Simulated traces (format v1 columns) drawn from a known entropy law, for tests and power studies.
 
-Entropy sequences are bursty (a two-state Markov regime, AR(1) on log H in the high state); each entropy gets a
-consistent Zipf distribution summary; greedy rounds accept depth ``d`` at entropy ``H`` with probability
-``exp(-lambda_d * s_drafter * exp(c_category) * (H + eps) ** k_drafter)``. Every drafter decodes the same
-requests (entropy is a property of the request). Token ids are random and the timings a toy cost model
+Entropy sequences are bursty (a two-state Markov regime, AR(1) on log H in the high state), each with a consistent Zipf
+distribution summary; rounds accept depth d at entropy H with probability exp(-lambda_d s_drafter exp(c_category) (H +
+eps)^k_drafter). Every drafter decodes the same requests; token ids are random and timings a toy cost model
 (``SimCosts``). No torch.
 """
 
@@ -58,13 +57,9 @@ class TreeSpec:
 
 @dataclass(frozen=True)
 class DepthSpec:
-    """A drafted depth per round for the block drafter, as an n-gram drafter drafts short or none.
-
-    P(D = j | t) is proportional to ``probs[j] * exp(-entropy_coupling * j * H_t)`` for D = 0..B-1, H_t the
-    entropy at the round's first position, times ``exp(copy_coupling * j * (m_t / 8 - 1/2))`` with m_t the
-    context's copyability there (recorded as ``context_match``; 0: not simulated). ``rate_exponent`` gamma
-    multiplies the rejection rate of a round that drafted D tokens by D^gamma.
-    """
+    """A drafted depth per round for the block drafter: P(D = j | t) proportional to ``probs[j]`` exp(-
+    ``entropy_coupling`` j H_t) exp(``copy_coupling`` j (m_t / 8 - 1/2)), H_t and m_t the entropy and copyability at the
+    round's first position. ``rate_exponent`` gamma multiplies a round's rejection rate by D^gamma."""
 
     probs: tuple = (0.25, 0.15, 0.15, 0.1, 0.1, 0.05, 0.05, 0.15)
     entropy_coupling: float = 0.0
@@ -72,8 +67,7 @@ class DepthSpec:
     copy_coupling: float = 0.0
 
     def sample(self, h_first: np.ndarray, rng: np.random.Generator, m_first: np.ndarray | None = None) -> np.ndarray:
-        """One drafted depth per round; ``h_first``: entropy at each round's first position; ``m_first``: the
-        copyability there (needed where ``copy_coupling`` is not 0)."""
+        """One drafted depth per round from its first position's entropy (and copyability)."""
         base = np.asarray(self.probs, dtype=float)
         if base.ndim != 1 or np.any(base < 0) or base.sum() <= 0:
             raise ValueError("DepthSpec.probs must be non-negative weights for D = 0..B-1")
@@ -93,8 +87,8 @@ COPY_STAY = 0.85  # the chance the simulated copyability keeps its level from on
 
 
 def simulate_copyability(shape: tuple, rng: np.random.Generator) -> np.ndarray:
-    """``[requests, positions]`` int: a context's copyability before each position, levels 0..CONTEXT_MATCH_MAX, in
-    stretches: each position keeps the previous level with probability COPY_STAY, else draws a new uniform one."""
+    """``[requests, positions]`` copyability levels 0..CONTEXT_MATCH_MAX in stretches (kept with probability COPY_STAY,
+    else drawn anew)."""
     n, length = shape
     fresh = rng.integers(0, CONTEXT_MATCH_MAX + 1, size=(n, length))
     keep = rng.random((n, length)) < COPY_STAY
@@ -324,14 +318,11 @@ def simulate_traces(*, seed: int, n_requests_per_category: int = 40,
                     tree: TreeSpec | Mapping | None = None, block_depths: DepthSpec | Mapping | None = None,
                     tokens_per_request: tuple[int, int] = (100, 200), include_block: bool = True,
                     include_ar: bool = False, eps: float = EPS_NATS, costs: SimCosts = SimCosts()) -> SimulatedTraces:
-    """Draw traces from the known law ``a = exp(-lambda_d * exp(c_cat) * (H + eps)^k)``; all draws from one
-    generator seeded with ``seed``.
+    """Draw traces from ``a = exp(-lambda_d exp(c_cat) (H + eps)^k)``, every draw from ``seed``.
 
-    ``categories``: names (unknown names get the default profile) or name -> ``CategoryProfile``. ``lambda_d``: one
-    rate or one per depth. ``category_effects``: log-rate shift per category (missing: 0). The block drafter drafts
-    ``block_size - 1`` tokens per round, or per ``block_depths`` (``DepthSpec`` or its fields; B weights). ``tree``:
-    also a tree drafter (``TreeSpec`` or its fields). ``include_ar``: also an autoregressive run. Output lengths are
-    uniform in ``tokens_per_request`` (inclusive).
+    ``categories``: names or name -> ``CategoryProfile``. ``lambda_d``: one rate or one per depth. ``category_effects``:
+    log-rate shift per category. ``block_depths``: a ``DepthSpec`` (else full blocks); ``tree``: also a tree drafter;
+    ``include_ar``: also an AR run. Output lengths uniform in ``tokens_per_request``.
     """
     rng = np.random.default_rng(seed)
     profiles, category_effects = _checked_profiles(categories, category_effects, n_requests_per_category, block_size)

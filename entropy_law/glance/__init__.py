@@ -1,15 +1,10 @@
 """GLANCE's law: its own room, apart from the law families of ``entropy_law.law``.
 
-Known here, one module each: ``law`` (GLANCE's round-level "draftability law", logit p = b0 - b1 H at the round
-root, in its two forms: ``fit_glance``, ``GlanceLaw`` with its diagnostics and ``holds()``), ``rounds`` (the
-per-round table a fit reads, GLANCE's JSONL round logs: ``read_glance_rounds``, ``glance_rounds`` for our traces,
-``write_glance_rounds``) and ``compare`` (GLANCE's law against ours round by round: ``law_round_expectations``,
-``loco_glance``, ``round_scores``). GLANCE's law is fitted by ``fit_glance`` only: ``entropy_law.law.fit_law``
-refuses the names "glance" / "glance_readme" and says to call it.
-
-Not known here: the GLM law families and their fits (``entropy_law.law``, which never imports this room), the
-figure and report section (``entropy_law.plots.glance``), importing a round log as a trace run
-(``entropy_law.importers.glance``). No torch; numpy, scipy and pandas.
+``law`` (GLANCE's round-level law, logit p = b0 - b1 H at the round root: ``fit_glance``, ``GlanceLaw``), ``rounds``
+(the per-round table; GLANCE's JSONL round logs read and written) and ``compare`` (GLANCE's law against ours round by
+round); ``matched`` (both given the same drafted depth). ``fit_law`` refuses "glance" and says to call ``fit_glance``.
+Not known here: the GLM families (``entropy_law.law`` never imports this room), the figure (``plots.glance``), importing
+a round log as a run (``importers.glance``). No torch.
 """
 
 from entropy_law.glance.compare import category_frame, law_round_expectations, loco_glance, round_scores

@@ -1,11 +1,9 @@
 """GLANCE's "draftability law" on any round data: its fit, its diagnostics and ``holds()``.
 
-Written from GLANCE's description (``docs/law.md``), not its code. H = the target's entropy (nats) at the round
-root, a = accepted drafts (bonus excluded), logit p = b0 - b1 H, and E[a | H] in two forms: ``"code"`` (what
-GLANCE fits) min(exp(b0 - b1 H), cap), ``"readme"`` p + p^2 + ... + p^L. Fitted by nonlinear least squares per
-category and pooled; b1 is reported clipped to ``B1_MAX`` (``b1_fitted`` is the estimate). Diagnostics:
-``r2_curve`` (on entropy-decile means), ``r2_round``, ``r2_ceiling`` (the best a function of H could do),
-Spearman rho. ``holds()``: GLANCE's four conditions, except that b1 <= 25 is checked on the estimate.
+Written from GLANCE's description (``docs/law.md``), not its code. H = the target's entropy (nats) at the round root, a
+= accepted drafts, logit p = b0 - b1 H, E[a | H] in two forms: ``"code"`` min(exp(b0 - b1 H), cap) and ``"readme"`` p +
+... + p^L, fitted by nonlinear least squares per category and pooled; b1 is reported clipped to ``B1_MAX``. ``holds()``:
+GLANCE's four conditions, b1 <= 25 checked on the estimate.
 """
 
 from __future__ import annotations
@@ -87,8 +85,7 @@ def _nls(H: np.ndarray, a: np.ndarray, form: str, cap: float):
 
 
 def quantile_bins(entropy, bins: int) -> np.ndarray:
-    """The entropy-quantile bin (0 .. ``bins`` - 1) of each round: q_i <= H < q_{i+1} (tied quantiles leave a
-    bin empty)."""
+    """The entropy-quantile bin (0 .. ``bins`` - 1) of each round (tied quantiles leave a bin empty)."""
     h = np.asarray(entropy, dtype=float)
     inner = np.quantile(h, np.linspace(0.0, 1.0, bins + 1))[1:-1]
     return np.searchsorted(inner, h, side="right")
@@ -96,9 +93,8 @@ def quantile_bins(entropy, bins: int) -> np.ndarray:
 
 def decile_curve(entropy, accepted, *, bins: int = CURVE_BINS, min_per_bin: int = MIN_PER_BIN, n_boot: int = N_BOOT,
                  seed: int = 0, predicted=None) -> pd.DataFrame:
-    """Per entropy-quantile bin of at least ``min_per_bin`` rounds: ``bin``, ``n``, ``entropy`` (mean H),
-    ``accepted`` (mean a) with its 95% percentile-bootstrap ``ci_low`` / ``ci_high`` (NaN with ``n_boot=0``), and
-    the mean of ``predicted`` (one value per round) where given."""
+    """Per entropy-quantile bin of at least ``min_per_bin`` rounds: ``bin``, ``n``, mean ``entropy``, mean ``accepted``
+    with its 95% bootstrap ``ci_low`` / ``ci_high`` (NaN with ``n_boot=0``) and mean ``predicted``."""
     h = np.asarray(entropy, dtype=float)
     a = np.asarray(accepted, dtype=float)
     which = quantile_bins(h, bins)
@@ -125,8 +121,8 @@ def decile_curve(entropy, accepted, *, bins: int = CURVE_BINS, min_per_bin: int 
 
 
 def r2_ceiling(entropy, accepted, *, bins: int = CEILING_BINS) -> float:
-    """Share of the variance of a between ``bins`` entropy-quantile bins (n // 10, at least 5, below 2 ``bins``
-    rounds): the R^2 of the best function of H alone at that resolution."""
+    """The R^2 of the best function of H alone: a's between-bin variance share over ``bins`` entropy quantile bins (NaN
+    below 2 ``bins`` rounds)."""
     h = np.asarray(entropy, dtype=float)
     a = np.asarray(accepted, dtype=float)
     if len(a) < 2 * bins:
@@ -139,9 +135,8 @@ def r2_ceiling(entropy, accepted, *, bins: int = CEILING_BINS) -> float:
 
 def holds_checks(*, slope, spearman_rho: float, spearman_p: float, r2_curve: float, frac_of_ceiling: float,
                  mean_accepted: float, slope_max: float = B1_MAX) -> dict:
-    """GLANCE's four conditions, each a bool: ``slope_positive``, ``negative_rank_correlation`` (rho < 0,
-    p < 0.05), ``curve_or_ceiling`` (either >= 0.5) and ``non_degenerate`` (mean a >= 0.15, slope <=
-    ``slope_max``). ``slope``: one value, or several that must all pass."""
+    """GLANCE's four conditions as bools: ``slope_positive``, ``negative_rank_correlation`` (rho < 0, p < 0.05),
+    ``curve_or_ceiling`` (either >= 0.5), ``non_degenerate`` (mean a >= 0.15, slope <= ``slope_max``)."""
     def at_least(x, bound):
         return bool(np.isfinite(x) and x >= bound)
 
@@ -287,14 +282,10 @@ def _fit_scope(rounds: pd.DataFrame, scope: str, form: str, cap: float, *, bins:
 def fit_glance(data, form: str = "code", *, by: str | None = None, per_category: bool = True, cap: float = CAP,
                bins: int = CURVE_BINS, ceiling_bins: int = CEILING_BINS, n_boot: int = N_BOOT, seed: int = 0,
                drafting_only: bool = True) -> GlanceLaw:
-    """Fit GLANCE's law, pooled and per category, to ``data``: traces of one arm or a per-round table
-    (``entropy``, ``accepted``, optional ``category`` / ``task`` and ``request_id``).
-
-    ``form``: ``"code"`` or ``"readme"``; ``cap``: the cap, or L. ``by``: ``None`` or ``"category"`` (the same);
-    ``per_category=False`` fits the pooled law only. Categories with fewer than 30 rounds are left out with a
-    note. ``n_boot``: bootstrap resamples of each decile mean (0: none). ``drafting_only``: rounds without a
-    draft are left out, as GLANCE logs only rounds that draft.
-    """
+    """Fit GLANCE's law, pooled and per category, to traces of one arm or a per-round table (``entropy``, ``accepted``,
+    optional ``category`` / ``task``, ``request_id``). ``form``: ``"code"`` or ``"readme"``; ``cap``: the cap, or L;
+    ``by="category"`` is the default; ``per_category=False``: pooled only. Categories under 30 rounds are left out with
+    a note. ``n_boot``: bootstrap resamples per decile mean; ``drafting_only``: rounds that drafted."""
     form = _check_form(form)
     cap = _check_cap(form, cap)
     if by not in (None, "category", "task"):

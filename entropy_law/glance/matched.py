@@ -1,10 +1,8 @@
 """GLANCE's law and ours given the same drafted depth D of a round: the observed one, or a distribution of it.
 
-Known here: the README form of GLANCE's law with a per-round L (E[a | H] = sum_k P(L >= k) p^k, logit p = b0 - b1 H;
-L = D: the round's drafted depth, ``P(L >= k)`` 0 or 1), its least-squares fit (``fit_glance_reach``); a drafted-depth
-model of rounds (``law.transfer.TrainingDepthModel`` over the root entropy) and our law's expectation over it
-(``law_expected_over_depths``: the mixture over D of ``compare.law_round_expectations`` with that D).
-Not known here: which side gets which depth source (``bench/glance.py matched`` says it per information set).
+Known here: GLANCE's README form with a per-round L (E[a | H] = sum_k P(L >= k) p^k) and its least-squares fit
+(``fit_glance_reach``), a drafted-depth model of rounds and our law's expectation over it
+(``law_expected_over_depths``). Not known here: which side gets which depth (``bench/glance.py matched``).
 """
 
 from __future__ import annotations
@@ -40,8 +38,8 @@ def glance_reach_expected(entropy, b0: float, b1: float, reach) -> np.ndarray:
 
 
 def fit_glance_reach(entropy, accepted, reach) -> tuple[float, float]:
-    """(b0, b1): least squares of GLANCE's README form with a per-round L (``glance_reach_expected``), from GLANCE's
-    start (b0 = logit(m / (1 + m)), m the mean accepted length, b1 = 1), as ``fit_glance`` fits the fixed-L form."""
+    """(b0, b1): least squares of ``glance_reach_expected`` from GLANCE's start, as ``fit_glance`` fits the fixed-L
+    form."""
     h = np.asarray(entropy, dtype=float)
     a = np.asarray(accepted, dtype=float)
     reach = np.asarray(reach, dtype=float)
@@ -65,8 +63,7 @@ def fit_glance_reach(entropy, accepted, reach) -> tuple[float, float]:
 
 
 def round_depth_model(rounds: pd.DataFrame, drafts: int) -> TrainingDepthModel:
-    """The drafted depth (``tree_depth``) of ``rounds`` (``glance_rounds`` rows: the training categories') by the
-    root entropy, first round apart (``TrainingDepthModel.fit``)."""
+    """``TrainingDepthModel`` of the rounds' ``tree_depth`` by root entropy, first round apart."""
     depths = pd.DataFrame({"start_position": rounds["start_position"].to_numpy(dtype=np.int64),
                            "start_entropy": rounds["entropy"].to_numpy(dtype=float),
                            "drafted_depth": rounds["tree_depth"].to_numpy(dtype=np.int64)})
@@ -81,9 +78,7 @@ def round_depth_probabilities(model: TrainingDepthModel, rounds: pd.DataFrame) -
 
 
 def law_expected_over_depths(law, traces, rounds: pd.DataFrame, depth_probs, *, root_only: bool) -> np.ndarray:
-    """Our law's expected accepted drafts of each round with its drafted depth D drawn from ``depth_probs``
-    (``[n, drafts + 1]``, P(D = d)): sum_d P(D = d) E[tau | D = d], E from ``law_round_expectations`` (which reads D
-    as the cap of its sum and as the law's covariate)."""
+    """sum_d P(D = d) ``law_round_expectations`` with D = d, per round; ``depth_probs``: ``[n, drafts + 1]``."""
     probs = np.asarray(depth_probs, dtype=float)
     depths = [d for d in range(1, probs.shape[1]) if np.any(probs[:, d] > 0)]
     if not depths:

@@ -54,8 +54,7 @@ def _check_one_arm(traces, run_ids) -> None:
 
 def glance_rounds(traces, *, drafting_only: bool = True) -> pd.DataFrame:
     """Traces of one drafting arm as GLANCE's round log: one row per round (that drafted, unless
-    ``drafting_only=False``) with GLANCE's fields (``entropy``: the depth-1 row's, nats; ``task``: the category;
-    ``prompt``: the request's index in its category) and our keys."""
+    ``drafting_only=False``) with GLANCE's fields and our keys."""
     tokens, rounds = traces.tokens, traces.rounds
     keys = ["run_id", "request_id", "round_index"]
     for name, frame, cols in (("tokens", tokens, keys + ["category", "depth", "target_entropy_nats"]),
@@ -107,14 +106,9 @@ def _whole(value) -> bool:
 
 
 def read_glance_rounds(path) -> pd.DataFrame:
-    """GLANCE's round log (JSONL) as a per-round table: GLANCE's eight fields, ``category`` (= task),
-    ``request_id`` (``"<task>/<prompt>"``) and ``line`` (1-based).
-
-    A field missing on every line takes its default (``task`` "all"; ``prompt``: a new prompt wherever ``round``
-    restarts at 0 within a task); missing on some lines only, it is an error. Errors (``ValueError``) name
-    ``file:line`` and the field: invalid JSON, a bad entropy, ``accepted``, ``round``, ``prompt``, ``tree_size``
-    or ``extended``, ``tau`` != ``accepted`` + 1, and a (task, prompt, round) seen twice.
-    """
+    """GLANCE's round log (JSONL) as a per-round table: its eight fields, ``category`` (= task), ``request_id``
+    (``"<task>/<prompt>"``) and ``line``. A field missing on every line takes its default; missing on some lines, or
+    invalid, is a ``ValueError`` naming ``file:line`` and the field."""
     path = Path(path)
     numbered = list(read_json_lines(path, "a JSON object (one round)"))
     if not numbered:
