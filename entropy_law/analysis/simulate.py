@@ -57,9 +57,9 @@ class TreeSpec:
 
 @dataclass(frozen=True)
 class DepthSpec:
-    """A drafted depth per round for the block drafter: P(D = j | t) proportional to ``probs[j]`` exp(-
-    ``entropy_coupling`` j H_t) exp(``copy_coupling`` j (m_t / 8 - 1/2)), H_t and m_t the entropy and copyability at the
-    round's first position. ``rate_exponent`` gamma multiplies a round's rejection rate by D^gamma."""
+    """A drafted depth per round for the block drafter: P(D = j | t) is proportional to
+    ``probs[j] * exp(-entropy_coupling * j * H_t + copy_coupling * j * (m_t / 8 - 1/2))``, H_t and m_t the entropy
+    and copyability at the round's first position. ``rate_exponent`` gamma: rejection rate x D^gamma."""
 
     probs: tuple = (0.25, 0.15, 0.15, 0.1, 0.1, 0.05, 0.05, 0.15)
     entropy_coupling: float = 0.0
