@@ -1,9 +1,8 @@
 """What one timed arm of an analysed trace set costs, and whether drafting pays there or on a new workload.
 
-An arm is priced on one machine, with the AR runs of its model and machine (``cost_view``); from its cost model
-come ``pays`` (``when_drafting_pays``), the workload break-even (``workload``), the cost model's own error
-(``cost_error``, ``cost_model_error``, ``variant_error``) and ``predict``: will drafting pay on a workload the arm
-never decoded. Each function takes ``an``, an analysed trace set (``analysis.TraceAnalysis``), never imported.
+An arm is priced on one machine with the AR runs of its model and machine (``cost_view``): ``pays``, the workload
+break-even (``workload``), the cost model's own error (``cost_error``, ``cost_model_error``, ``variant_error``) and
+``predict`` on a workload the arm never decoded. Each function takes ``an``, a ``TraceAnalysis`` (never imported).
 """
 
 from __future__ import annotations
@@ -64,8 +63,7 @@ def ar_ms_per_token(an, arm: str | None = None) -> float:
 
 
 def cost_view(an, arm: str) -> TraceView:
-    """Timed runs of ``arm`` and of AR on the same model and machine, prefill rounds dropped (their time is in
-    ``prefill_ms``: they would pull the verify line and the AR cost towards 0)."""
+    """Timed runs of ``arm`` and of AR on its model and machine, prefill rounds dropped."""
     runs = an.runs
     machines = timed_machines(an, arm)
     ids = (list(runs.loc[(runs["arm"] == arm) & runs["timed"], "run_id"])
@@ -144,9 +142,7 @@ def pays(an, arm: str):
 
 
 def workload(an, arm: str, *, law=None, proposals: pd.DataFrame | None = None):
-    """``workload.workload_breakeven`` for one timed arm, by ``law(arm)`` and the measured per-request speedups.
-    ``law`` / ``proposals``: a law of this arm fitted elsewhere and the drafter's replayed proposals over the
-    arm's requests, as ``workload_breakeven`` takes them (then not cached)."""
+    """``workload.workload_breakeven`` for one timed arm (``law`` / ``proposals``: given, then not cached)."""
     def compute():
         view = an.cost_view(arm)
         ar_requests, ar_ms = _ar_inputs(an, arm)
@@ -166,10 +162,9 @@ def workload(an, arm: str, *, law=None, proposals: pd.DataFrame | None = None):
 
 
 def cost_error(an, arm: str, rounds_of: str | None = None) -> pd.DataFrame:
-    """The cost model's own error, no law in between: each category's recorded rounds priced by ``arm``'s cost
-    model against its measured paired speedup (``requests``, ``measured``, ``priced``, ``relative_error``);
-    ``attrs["max_abs_error"]``: the largest |error| of categories with ``MIN_PAIRED_REQUESTS`` paired requests
-    (NaN: none). ``rounds_of``: another timed arm whose rounds ``arm``'s cost model prices instead."""
+    """The cost model's own error: each category's recorded rounds priced by ``arm``'s cost model against its measured
+    paired speedup (``requests``, ``measured``, ``priced``, ``relative_error``); ``attrs["max_abs_error"]`` over
+    categories with ``MIN_PAIRED_REQUESTS`` pairs. ``rounds_of``: another arm whose rounds are priced instead."""
     source = arm if rounds_of is None else rounds_of
 
     def compute():
@@ -212,8 +207,8 @@ def cost_model_error(an, arm: str) -> tuple[float, str]:
 
 
 def variant_error(an, arm: str) -> tuple[float, list[str]]:
-    """How far ``arm``'s cost model prices another tree or budget of its drafter: the largest of its own error and
-    its errors on the drafter's other timed arms (``cost_error``), with a note; NaN where none is measured."""
+    """The largest of ``arm``'s cost model error and its errors on the drafter's other timed arms, with a note; NaN
+    where none is measured."""
     own = an.attempt("cost_error", arm)
     errors = {arm: own.value.attrs["max_abs_error"]} if own.ok else {}
     for other in an.same_drafter_arms(arm):
@@ -238,12 +233,10 @@ def variant_error(an, arm: str) -> tuple[float, list[str]]:
 def predict(an, arm: str, workload, *, transfer_error: float | None = None,
             proposals: pd.DataFrame | None = None, law=None, rounds: pd.DataFrame | None = None,
             bias: float = 0.0):
-    """Will drafting pay on ``workload``, a trace set this arm never decoded? ``workload.predict_workload`` with
-    this arm's law, drafted depths and cost model on the workload's target entropies (its requests on the arm's
-    model). ``transfer_error`` widens the verdict (default: ``_transfer_error``). ``proposals``: the arm's drafter
-    replayed over the workload's outputs. ``law``: a law of this arm fitted elsewhere. ``rounds``: the arm's rounds
-    replayed over the workload (one row per request), priced by the cost model alone. ``bias``: the law's log
-    residual of tokens per round. Requests the arm also decoded are named in the notes."""
+    """Will drafting pay on ``workload``, a trace set this arm never decoded? ``workload.predict_workload`` with this
+    arm's law, depths and cost model. ``transfer_error`` widens the verdict (default ``_transfer_error``);
+    ``proposals``, ``law``, ``rounds`` (replayed rounds, priced by the cost model alone) and ``bias`` as
+    ``predict_workload`` takes them. Requests the arm also decoded are named in the notes."""
     if rounds is not None and (proposals is not None or law is not None or bias):
         raise ValueError("rounds= prices the replayed rounds with no law: drop proposals=, law= and bias=")
     if rounds is not None and "request_id" not in rounds.columns:
@@ -294,9 +287,8 @@ def _workload_sequences(an, arm: str, workload) -> pd.DataFrame:
 
 
 def _transfer_error(an, arm: str, transfer_error, *, rounds, proposals, notes: list) -> float:
-    """The widening of ``predict``'s verdict where none is given (NaN with ``rounds``: none measured), with a note:
-    the cost model's own error for replayed rounds, else the law's largest leave-one-category-out error of tokens
-    per round, else ``UNMEASURED_TRANSFER_ERROR``."""
+    """The default widening of ``predict``'s verdict, with a note: the cost model's own error for replayed rounds, else
+    the law's largest LOCO error, else ``UNMEASURED_TRANSFER_ERROR``."""
     if rounds is not None and (transfer_error is None or not np.isfinite(transfer_error)):
         transfer_error, note = an.cost_model_error(arm)
         notes.append(note)

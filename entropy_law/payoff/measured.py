@@ -1,10 +1,9 @@
 """Measured decode speedups of an analysed trace set, and the prediction checked against them.
 
-Each timed arm's requests are paired with the timed AR requests of the same model and machine on the same prompts
-(``paired_requests``), on the CPU clock where every paired request has it. Per category: the measured speedup with
-its interval and ``cost.speed_verdict`` (``speedup``); the prediction checked against it (``speedup_validation``);
-where per-request speedups cross 1 against the break-even entropy (``speedup_crossing``). Each function takes
-``an``, an analysed trace set (``analysis.TraceAnalysis``), never imported.
+Each timed arm's requests are paired with the timed AR requests of its model and machine on the same prompts
+(``paired_requests``), on the CPU clock where every pair has it: per category the speedup with its interval and verdict
+(``speedup``), the prediction against it (``speedup_validation``) and where per-request speedups cross 1
+(``speedup_crossing``). Each function takes ``an``, a ``TraceAnalysis`` (never imported).
 """
 
 from __future__ import annotations
@@ -24,11 +23,9 @@ SPEEDUP_BOOT = 2000  # request-bootstrap replicates of a measured speedup's inte
 
 
 def paired_requests(an, arm: str) -> pd.DataFrame:
-    """The arm's timed requests paired with the timed AR requests of the same model and machine, one row per (run,
-    request): ``category``, ``decoded`` / ``ar_decoded`` (tokens after the prefill), ``ms`` / ``ar_ms`` (on
-    ``attrs["clock"]``: "cpu" where both sides have it, else "wall"), ``rounds`` (after the prefill),
-    ``verify_cost`` (their summed c(nodes + 1); 1 without a curve), ``mean_entropy_nats``. Raises, saying why,
-    where there is nothing to pair."""
+    """One row per (run, request) of the arm paired with its AR request: ``category``, ``decoded`` / ``ar_decoded``,
+    ``ms`` / ``ar_ms`` (on ``attrs["clock"]``, "cpu" or "wall"), ``rounds``, ``verify_cost`` and ``mean_entropy_nats``.
+    Raises, saying why, where nothing pairs."""
     def compute():
         req = an.view.requests.merge(an.runs[["run_id", "arm", "is_ar", "timed", "machine"]], on="run_id")
         req = req.loc[req["timed"]].assign(decoded=(req["new_tokens"] - 1).clip(lower=0))
@@ -82,9 +79,8 @@ def request_speedups(an, arm: str) -> pd.DataFrame:
 
 
 def timed_together(an, arm: str) -> tuple[bool | None, str]:
-    """``(together, why)``: whether every timed run of ``arm`` has a timed AR run on its machine whose time window
-    overlaps it by at least ``TOGETHER_OVERLAP`` of their union (runs timed apart ran under different loads);
-    None where the runs do not say when they ran."""
+    """``(together, why)``: whether every timed run of ``arm`` has an AR run on its machine that overlaps it by
+    ``TOGETHER_OVERLAP`` of their union; None where runs do not say when they ran."""
     runs = an.runs
     if "start_time" not in runs or "end_time" not in runs:
         return None, "the runs do not record start_time / end_time: not checked"
@@ -120,10 +116,9 @@ def timed_together(an, arm: str) -> tuple[bool | None, str]:
 
 
 def speedup(an, arm: str) -> pd.DataFrame:
-    """Measured decode speedup of one arm over AR per category on its paired requests: (AR ms per token) / (arm ms
-    per token); ``lo`` / ``hi``: ``cost.paired_speedup_interval``; ``bound`` = tokens per round x c(1) / c(N + 1),
-    the physical bound; ``verdict``: ``cost.speed_verdict`` ("not measured reliably" too where the arm was timed
-    apart from its AR run). Only "measured" is a result."""
+    """Measured decode speedup of one arm over AR per category on its paired requests, with ``lo`` / ``hi``
+    (``cost.paired_speedup_interval``), the physical ``bound`` and ``verdict`` (``cost.speed_verdict``; not reliable
+    where timed apart from AR). Only "measured" is a result."""
     def compute():
         paired = an.paired_requests(arm)
         together, _ = an.timed_together(arm)
@@ -178,12 +173,10 @@ def measured_speedups(an) -> pd.DataFrame:
 
 
 def speedup_validation(an) -> pd.DataFrame:
-    """The prediction checked against the measurement, per drafting arm and category, on the same requests:
-    ``predicted`` = the law's DP tokens per round x t_AR / t_round(N) (the arm's cost model at the category's mean
-    verified nodes N); ``measured``, ``lo``, ``hi``, ``verdict``: ``speedup``; ``relative_error``, ``within_10pct``,
-    ``inside_interval``; ``cost_only_predicted`` / ``cost_only_error``: the cost model alone on the recorded rounds
-    (``cost_error``). ``status``: "compared", "no timings: predicted only", "no AR arm: predicted only", ...
-    Raises only where no arm has a law prediction; ``attrs["notes"]`` holds the reasons."""
+    """The prediction against the measurement per drafting arm and category on the same requests: ``predicted`` (DP
+    tokens per round x t_AR / t_round(N)), ``speedup``'s columns, ``relative_error``, ``within_10pct``,
+    ``inside_interval``, ``cost_only_*`` (``cost_error``) and ``status``. Raises only where no arm has a prediction;
+    ``attrs["notes"]`` says why."""
     def compute():
         results = an.results_table().set_index(["arm", "category"])
         rows, notes = [], []
@@ -246,11 +239,9 @@ def speedup_validation(an) -> pd.DataFrame:
 
 
 def speedup_crossing(an, arm: str) -> dict:
-    """Where the measured per-request speedups of ``arm`` cross 1, against the predicted break-even entropy:
-    ``crossing_nats``: where a logistic regression of "speedup > 1" on the request's mean entropy reaches 0.5
-    (NaN with a ``reason`` where it cannot be placed); ``breakeven*`` and ``inside``: ``pays``' break-even and
-    whether the crossing lies in its interval. On the request-mean-entropy scale: ``workload_*`` (``workload``'s
-    break-even), ``measured_line*`` (the same line through the measured speedups) and both verdicts in words."""
+    """Where ``arm``'s per-request speedups cross 1 (``crossing_nats``, logistic regression of speedup > 1 on the
+    request's mean entropy; NaN with a ``reason``) against ``pays``' break-even (``inside``), and on the request-mean
+    scale ``workload_*`` and ``measured_line*`` with both verdicts in words."""
     def compute():
         import statsmodels.api as sm
 

@@ -1,10 +1,9 @@
 """Compaction of a finished trace run: its many small shards rewritten as a few larger ones, nothing else changed.
 
-A writer that must lose nothing writes a shard per request, mostly per-file overhead. ``compact_run`` rewrites a
-complete run's rows, in order and whole requests per shard, through ``TraceRecorder.log_columns`` into a sibling
-folder, checks every table reads back equal, then swaps the folders: ``run_id``, ``run.json`` (plus
-``compacted``) and other files are kept. A failure before the swap leaves the run as it was; a kill between the
-swap's two renames leaves the original whole at ``.<name>.before-compacting``.
+``compact_run`` rewrites a complete run's rows, in order and whole requests per shard, through
+``TraceRecorder.log_columns`` into a sibling folder, checks every table reads back equal, then swaps the folders,
+keeping ``run_id``, ``run.json`` (plus ``compacted``) and other files. A failure before the swap leaves the run as it
+was; a kill between the swap's two renames leaves the original whole at ``.<name>.before-compacting``.
 """
 
 from __future__ import annotations

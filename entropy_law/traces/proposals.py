@@ -1,11 +1,9 @@
 """Replayed proposals: the drafter's proposal for a round starting at every output position of a run.
 
-``proposals.parquet`` beside a run's ``run.json`` (written atomically) holds one row per (request, start
-position, drafted depth): ``start_position`` (a round's first output position; none at 0, the prefill),
-``proposal_depth`` (0: nothing drafted, then one row with ``depth`` 0 and null ``top1_prob``), ``depth`` (1 ..
-``proposal_depth``) and ``top1_prob`` (as ``draft_top1_prob``). The rows are derived, never recorded
-(``decoding.replay.replay_proposals``) and never change the run's tables; ``law.transfer`` predicts rounds from
-them. No torch.
+``proposals.parquet`` beside a run's ``run.json`` holds one row per (request, start position, drafted depth):
+``start_position`` (none at 0, the prefill), ``proposal_depth`` (0: nothing drafted, one row with ``depth`` 0 and null
+``top1_prob``), ``depth`` (1 .. ``proposal_depth``) and ``top1_prob``. The rows are derived
+(``decoding.replay.replay_proposals``), never recorded, and never change the run's tables. No torch.
 """
 
 from __future__ import annotations
@@ -56,9 +54,8 @@ def check_proposals(frame: pd.DataFrame, where: str = "proposals") -> None:
 
 
 def write_proposals(run_dir, frame: pd.DataFrame, how: dict) -> Path:
-    """Write ``frame`` (every request of the run) as ``<run_dir>/proposals.parquet`` atomically; ``how``
-    (JSON-able: who made them, with which drafter and tree) goes into the file's schema metadata. The
-    ``run_id`` column must be the run's."""
+    """Write ``frame`` (every request of the run, its ``run_id``) as ``<run_dir>/proposals.parquet`` atomically, ``how``
+    (JSON-able) in the schema metadata."""
     run_dir = Path(run_dir)
     meta = read_run_json(run_dir / RUN_FILE)
     frame = frame.copy()

@@ -1,9 +1,8 @@
 """``load_traces``: read trace runs (format v2, and v1) into pandas / Arrow, validating on the way.
 
-Known here: how to find runs (directories with ``run.json``), which shards to read (finished ones, never a
-crashed writer's leftovers or the quarantine), how to filter by run and category, and when to warn (an
-incomplete run, leftovers in its folder). String key columns are read dictionary-encoded and come back as pandas
-``Categorical``. Never imports torch.
+Known here: how to find runs (directories with ``run.json``), which shards to read (finished ones, never leftovers or
+the quarantine), filtering by run and category, and when to warn. String keys come back as pandas ``Categorical``. Never
+imports torch.
 """
 
 from __future__ import annotations
@@ -129,8 +128,7 @@ class TraceSet:
         return {r.run_id: dict(r.metadata) for r in self._runs}
 
     def row_counts(self) -> dict[str, int]:
-        """Rows per table (tokens, rounds, requests) of the selected runs, from the Parquet footers: no data is
-        read (a category selection is not applied: an upper bound then)."""
+        """Rows per table of the selected runs from the Parquet footers (no category selection: an upper bound then)."""
         return {name: sum(pq.ParquetFile(f).metadata.num_rows for r in self._runs for f in r.files[name])
                 for name in TABLES}
 
@@ -198,8 +196,7 @@ class TraceSet:
     requests = property(lambda self: self._frame("requests"))
 
     def dataset(self, name: str) -> ds.Dataset:
-        """A lazy ``pyarrow.dataset`` over the files of table ``name`` (filtered by category if set; values not
-        validated), for data larger than memory."""
+        """A lazy ``pyarrow.dataset`` over table ``name``'s files (filtered by category; not validated)."""
         if name not in TABLES:
             raise ValueError(f"unknown table {name!r}; choose one of {list(TABLES)}")
         files = [str(f) for r in self._runs for f in r.files[name]]
@@ -242,9 +239,9 @@ class TraceSet:
         return TraceSet(runs, categories=categories, validate=self._validate)
 
     def with_context_match(self, lengths: pd.DataFrame) -> "TraceSet":
-        """This TraceSet with the tokens column ``context_match`` filled (in memory) from ``lengths`` (columns
-        ``run_id``, ``request_id``, ``position``, ``context_match``; as ``jobs.reference.context_matches`` returns).
-        A value that differs from a recorded one, an unknown run, duplicate or negative rows: ValueError."""
+        """This TraceSet with the tokens column ``context_match`` filled from ``lengths`` (``run_id``, ``request_id``,
+        ``position``, ``context_match``: ``jobs.reference.context_matches``). A value that differs from a recorded one,
+        an unknown run, duplicate or negative rows: ValueError."""
         needed = ("run_id", "request_id", "position", "context_match")
         if not isinstance(lengths, pd.DataFrame) or any(c not in lengths for c in needed):
             raise ValueError(f"lengths must be a DataFrame with columns {list(needed)}")
@@ -281,8 +278,8 @@ class TraceSet:
         return TraceSet(runs, categories=self._categories, validate=self._validate)
 
     def validate(self) -> None:
-        """Read and check every shard of every run, in parallel threads (TraceValidationError on the first problem);
-        the loaded tables are kept."""
+        """Read and check every shard in parallel threads (TraceValidationError on the first problem); the tables are
+        kept."""
         for run in self._runs:
             shards = list(zip(*(run.files[t] for t in TABLES)))
             with ThreadPoolExecutor(max_workers=min(len(shards), os.cpu_count() or 1) or 1) as pool:
@@ -302,13 +299,12 @@ def _read_checked_shard(files: tuple[Path, ...]) -> list[pa.Table]:
 
 
 def load_traces(path, *, run_id=None, category=None, validate: bool = True) -> TraceSet:
-    """Load trace runs from ``path``: a run directory, a folder searched recursively, or a list of such paths (a
-    run reached twice is read once; two folders with one run id are an error).
+    """Load trace runs from ``path``: a run directory, a folder searched recursively, or a list of them (a run reached
+    twice is read once; two folders with one run id are an error).
 
-    ``validate=True`` reads and checks every file now (schema, values, cross-table consistency), raising
-    ``TraceValidationError`` that names the file and the first bad row; ``validate=False`` applies only the cheap
-    shard checks (``validation.check_run_shards``) and reads tables when first used. An incomplete run, or one
-    whose folder holds a crashed writer's leftovers, loads with a ``UserWarning``.
+    ``validate=True`` reads and checks every file now (``TraceValidationError`` names the file and first bad row);
+    ``validate=False`` applies the cheap shard checks and reads tables when first used. An incomplete run, or one with a
+    crashed writer's leftovers, loads with a ``UserWarning``.
     """
     roots = [Path(p) for p in ([path] if isinstance(path, (str, os.PathLike)) else path)]
     if not roots:

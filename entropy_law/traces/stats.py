@@ -74,13 +74,12 @@ def target_stats_from_logits(logits) -> dict[str, np.ndarray]:
 
 
 def draft_stats(draft_logits=None, committed_ids=(), candidates=None, candidate_logprobs=None) -> dict[str, np.ndarray]:
-    """Drafter statistics of each committed token of one round, the token at depth ``d`` scored against row ``d - 1``.
+    """Drafter statistics of each committed token of one round, depth ``d`` scored against row ``d - 1``.
 
-    With ``draft_logits`` ``[depth, V]``: ``prob`` (softmax probability of the committed token), ``rank`` (tokens with
-    a strictly larger logit) and ``entropy_nats``. With ``candidates`` ``[depth, K]`` (best first) and optionally
-    ``candidate_logprobs`` (``-inf``: unused slot): ``rank`` among the candidates (-1: absent), ``prob`` from the
-    log-probability, no entropy. ``top1_prob``: the drafter's probability of its own best proposal (known before
-    verification). Arrays of length ``len(committed_ids)``, ``rank`` float64, the others float32; null is NaN.
+    With ``draft_logits`` ``[depth, V]``: ``prob`` of the committed token, ``rank`` (tokens with a larger logit) and
+    ``entropy_nats``. With ``candidates`` ``[depth, K]`` (best first) and optional ``candidate_logprobs`` (``-inf``:
+    unused): ``rank`` among them (-1: absent) and ``prob``, no entropy. ``top1_prob``: the drafter's probability of its
+    own best proposal. Arrays of length ``len(committed_ids)``, ``rank`` float64, the others float32; null is NaN.
     """
     ids = np.asarray(committed_ids, dtype=np.int64).reshape(-1)
     n = len(ids)

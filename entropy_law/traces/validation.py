@@ -1,9 +1,8 @@
 """Checks of trace tables against the trace format, shared by the writer (``log_columns``) and the readers.
 
-Known here: the rules a valid table obeys (columns and types, value ranges, roles, consistency between tokens,
-rounds and requests of one run) and the cheap checks of a run's shard files (``check_shard``,
-``check_run_shards``: footers, requests and one column of rounds are read, never the tokens). Every failure
-raises ``TraceValidationError`` naming where and the first offending request, round or position.
+Known here: the rules a valid table obeys (columns and types, value ranges, roles, consistency of one run's tables) and
+the cheap checks of a run's shard files (``check_shard``, ``check_run_shards``: never the tokens). A failure raises
+``TraceValidationError`` naming where and the first offending request, round or position.
 """
 
 from __future__ import annotations
@@ -23,8 +22,7 @@ class TraceValidationError(ValueError):
 
 
 def check_schema(schema: pa.Schema, table: str, where: str) -> None:
-    """Every column of the v1 ``table`` must be present with its type; extra columns are allowed, and columns added
-    after the first v1 release may be absent (they read as null)."""
+    """Every column of the v1 ``table`` present with its type; extra columns allowed, later-added ones may be absent."""
     expected = SCHEMAS[table]
     optional = set(added_columns(table))
     missing = [f.name for f in expected if f.name not in schema.names and f.name not in optional]
@@ -196,8 +194,7 @@ def _first_row(tbl: pa.Table, row: int) -> dict:
 
 def check_run(tokens: pa.Table, rounds: pa.Table, requests: pa.Table, where: str) -> None:
     """Cross-table rules of one run: every row belongs to a logged request and round, tokens per round equal
-    ``committed``, positions follow ``start_position``, round counts match ``requests``. Works on integer codes
-    (a request id's row in ``requests``); tokens are grouped by (request, round) with a run-length pass."""
+    ``committed``, positions follow ``start_position``, round counts match ``requests``."""
     ids = _unique_request_ids(requests, where)
     r_code, r_order, r_sorted = _round_keys(rounds, requests, ids, where)
     groups = _token_groups(tokens, ids, where)
@@ -243,9 +240,9 @@ def _round_keys(rounds: pa.Table, requests: pa.Table, ids: pa.Array, where: str)
 
 
 def _token_groups(tokens: pa.Table, ids: pa.Array, where: str) -> dict:
-    """The token rows grouped by (request, round), sorted stably only where they are not already grouped: the
-    group keys and starts, whether row i + 1 continues row i's group (``inner``), and per row (in group order)
-    depth, ``position - depth`` and whether the role is accepted; ``order`` maps back to table rows (None: same)."""
+    """The token rows grouped by (request, round) (sorted stably only where not already grouped): the group keys and
+    starts, ``inner`` (row i + 1 continues row i's group) and per row depth, ``position - depth`` and whether accepted;
+    ``order`` maps back to table rows (None: same)."""
     t_code = _request_codes(tokens.column("request_id"), ids)
     _fail_first(t_code < 0, tokens, "tokens", where, "token of a request with no requests row")
     t_round = _np(tokens, "round_index")
@@ -331,8 +328,8 @@ def _shard_file(shard: Path, table: str) -> Path:
 
 
 def check_shard(shard: Path) -> pa.Array:
-    """The request ids of one finished shard, after the checks that need no token row: each table file present
-    and readable with the v1 columns, and the row counts ``sum(requests.rounds)`` and ``sum(rounds.committed)``."""
+    """The request ids of one finished shard, after the checks that need no token row: each table file readable with the
+    v1 columns, and the row counts ``sum(requests.rounds)`` and ``sum(rounds.committed)``."""
     shard = Path(shard)
     meta = {}
     for table in TABLES:
@@ -384,9 +381,8 @@ def check_unique_request_ids(ids_per_shard: list[tuple[Path, pa.Array]], where: 
 
 
 def check_run_shards(shards: list[Path], where: str, *, damaged: list | None = None) -> dict[str, Path]:
-    """``check_shard`` on each shard, then request ids unique across them: request id -> its shard. Every reader
-    applies it before reading a row. ``damaged``: None raises on the first damaged shard; a list (a resumed writer)
-    collects ``(shard, message)`` instead and leaves that shard's ids out."""
+    """``check_shard`` on each shard, then request ids unique across them: request id -> its shard. ``damaged``: None
+    raises on the first damaged shard; a list collects ``(shard, message)`` and skips its ids."""
     checked = []
     for shard in shards:
         try:
