@@ -273,11 +273,13 @@ def predict_requests(law: FittedLaw, sequences: pd.DataFrame, B: int, *, drafter
     replayed = replayed_arrays(proposals, sequences, drafts) if depths == "replayed" else {}
     frames, shapes = [], []
     for rec in sequences.itertuples():
-        h = np.asarray(rec.entropy, dtype=float)
-        frame, shape = _request_frame(law, rec, h, drafts, replayed)
+        frame, shape = _request_frame(law, rec, np.asarray(rec.entropy, dtype=float), drafts, replayed)
         frame["category"] = rec.category
         frames.append(frame)
-        shapes.append((shape, len(frame) - h.size))
+        depth_1 = frame["depth"].to_numpy() == 1  # depth 1 of a full round at every position
+        if "drafted_depth" in frame:
+            depth_1 &= frame["drafted_depth"].to_numpy() == drafts
+        shapes.append((shape, depth_1))
     if not frames:
         raise ValueError("no request sequences to predict")
     data = pd.concat(frames, ignore_index=True)
@@ -292,11 +294,12 @@ def predict_requests(law: FittedLaw, sequences: pd.DataFrame, B: int, *, drafter
                        for cat, part in joined.groupby("category")}
     rows = []
     start = 0
-    for rec, (shape, n_dp) in zip(sequences.itertuples(), shapes):
+    for rec, (shape, depth_1) in zip(sequences.itertuples(), shapes):
         n = len(rec.entropy)
-        a = law.shape_acceptance(accept[start : start + n_dp], shape)
-        a1 = accept[start + n_dp : start + n_dp + n]
-        start += n_dp + n
+        rows_accept = np.asarray(accept[start : start + depth_1.size])
+        start += depth_1.size
+        a = law.shape_acceptance(rows_accept, shape)
+        a1 = rows_accept[depth_1]
         full_rounds, _ = expected_round_counts(a)
         if depths == "full":
             probs = None
@@ -341,25 +344,10 @@ def _check_depth_inputs(law: FittedLaw, depths: str, drafted, depth_model, propo
 
 
 def _request_frame(law: FittedLaw, rec, h: np.ndarray, drafts: int, replayed: dict) -> tuple[pd.DataFrame, tuple]:
-    """One request's rows to predict: the DP's (position, depth) rows, then depth 1 at every position."""
+    """One request's rows to predict for the DP: (position, depth) and, for a law in D, drafted depth."""
     top1 = replayed[(str(rec.run_id), str(rec.request_id))][1] if replayed else None
-    position_values = sequence_context(law, rec)
-    frame, shape = law.sequence_frame(h, drafts, draft_top1=top1 if law.family.needs_draft_stats else None,
-                                      **position_values)
-    first = pd.DataFrame({"target_entropy_nats": h, "depth": 1})  # depth-1 acceptance at every position
-    if "cum_entropy_nats" in frame:
-        first["cum_entropy_nats"] = 0.0
-    if "drafted_depth" in frame:
-        first["drafted_depth"] = drafts
-    if law.family.means:  # decode-time covariates of each output position (atrisk.sequence_covariates)
-        for name, values in atrisk.sequence_covariates(h, np.arange(h.size)).items():
-            first[name] = values
-    if law.family.needs_draft_stats:
-        first["draft_top1_prob"] = np.nan_to_num(top1[:, 0], nan=0.0)
-    for column, values in position_values.items():
-        first[column] = values
-    frame = pd.concat([frame, first], ignore_index=True)
-    return frame, shape
+    return law.sequence_frame(h, drafts, draft_top1=top1 if law.family.needs_draft_stats else None,
+                              **sequence_context(law, rec))
 
 
 @dataclass
