@@ -58,28 +58,31 @@ def glance_expected_accepted(entropy, b0: float, b1: float, *, form: str = "code
     return (p[..., None] ** np.arange(1, int(cap) + 1)).sum(axis=-1)
 
 
-def _residuals_and_jacobian(H: np.ndarray, a: np.ndarray, form: str, cap: float):
-    """Residual and analytic Jacobian functions of the NLS in (b0, b1)."""
+def nls_fit(H: np.ndarray, a: np.ndarray, form: str, cap: float | None, *, reach: np.ndarray | None = None):
+    """Least squares of E[a | H] in (b0, b1) with an analytic Jacobian, from GLANCE's start (b0 = logit(m / (1 + m)),
+    m the mean of a, b1 = 1). The README form's fixed L is ``reach`` = 1 for k = 1..``cap``; ``reach`` (``[n, L]``,
+    P(L >= k) per round) gives it a per-round L."""
+    if form == "readme" and reach is None:
+        reach = np.ones((H.size, int(cap)))
+    k = None if reach is None else np.arange(1, reach.shape[1] + 1)
+
     def residuals(theta):
-        return glance_expected_accepted(H, theta[0], theta[1], form=form, cap=cap) - a
+        z = theta[0] - theta[1] * H
+        if reach is None:
+            return np.exp(np.minimum(z, np.log(cap))) - a
+        return (reach * special.expit(z)[:, None] ** k).sum(axis=1) - a
 
     def jacobian(theta):
         z = theta[0] - theta[1] * H
-        if form == "code":
+        if reach is None:
             dz = np.where(z < np.log(cap), np.exp(np.minimum(z, np.log(cap))), 0.0)  # flat above the cap
-        else:  # d/dz sum_k p^k = sum_k k p^k (1 - p)
+        else:  # d/dz sum_k P(L >= k) p^k = sum_k P(L >= k) k p^k (1 - p)
             p = special.expit(z)
-            k = np.arange(1, int(cap) + 1)
-            dz = (k * p[:, None] ** k).sum(axis=1) * (1.0 - p)
+            dz = (reach * k * p[:, None] ** k).sum(axis=1) * (1.0 - p)
         return np.column_stack([dz, -H * dz])
 
-    return residuals, jacobian
-
-
-def _nls(H: np.ndarray, a: np.ndarray, form: str, cap: float):
     mean_a = max(float(a.mean()), START_MEAN_FLOOR)
     start = np.array([special.logit(mean_a / (1.0 + mean_a)), 1.0])
-    residuals, jacobian = _residuals_and_jacobian(H, a, form, cap)
     return optimize.least_squares(residuals, start, jac=jacobian, method="lm", xtol=1e-12, ftol=1e-12, gtol=1e-12,
                                   max_nfev=20000)
 
@@ -259,7 +262,7 @@ def _fit_scope(rounds: pd.DataFrame, scope: str, form: str, cap: float, *, bins:
         raise ValueError(f"GLANCE's law needs at least {MIN_ROUNDS} rounds; {scope} has {len(a)}")
     if np.ptp(h) == 0 or np.ptp(a) == 0:
         raise ValueError(f"GLANCE's law needs rounds that vary in both entropy and accepted length ({scope} does not)")
-    fitted = _nls(h, a, form, cap)
+    fitted = nls_fit(h, a, form, cap)
     b0, b1 = (float(x) for x in fitted.x)
     curve = decile_curve(h, a, bins=bins, n_boot=n_boot, seed=seed)
     r2_curve = (r_squared(curve["accepted"].to_numpy(),

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
-from scipy import optimize, special
+from scipy import special
 
 from entropy_law.glance.compare import law_round_expectations
-from entropy_law.glance.law import B1_MAX, START_MEAN_FLOOR
+from entropy_law.glance.law import B1_MAX, nls_fit
 from entropy_law.law.transfer import TrainingDepthModel, entropy_bin
 
 
@@ -42,23 +42,9 @@ def fit_glance_reach(entropy, accepted, reach) -> tuple[float, float]:
     form."""
     h = np.asarray(entropy, dtype=float)
     a = np.asarray(accepted, dtype=float)
-    reach = np.asarray(reach, dtype=float)
-    k = np.arange(1, reach.shape[1] + 1)
     if len(a) < 2 or np.ptp(h) == 0:
         raise ValueError("GLANCE's law needs rounds that vary in entropy")
-
-    def residuals(theta):
-        p = special.expit(theta[0] - theta[1] * h)
-        return (reach * p[:, None] ** k).sum(axis=1) - a
-
-    def jacobian(theta):
-        p = special.expit(theta[0] - theta[1] * h)
-        dz = (reach * k * p[:, None] ** k).sum(axis=1) * (1.0 - p)
-        return np.column_stack([dz, -h * dz])
-
-    m = max(float(a.mean()), START_MEAN_FLOOR)
-    fit = optimize.least_squares(residuals, [special.logit(m / (1.0 + m)), 1.0], jac=jacobian, method="lm",
-                                 xtol=1e-12, ftol=1e-12, gtol=1e-12, max_nfev=20000)
+    fit = nls_fit(h, a, "readme", None, reach=np.asarray(reach, dtype=float))
     return float(fit.x[0]), float(fit.x[1])
 
 
