@@ -1,8 +1,7 @@
 """GLANCE's law beside ours: the side-by-side scores (LOCO, per round), the decile figure and the report section.
 
-Leave-one-category-out, each law fitted without a category predicts the accepted drafts of each of its rounds
-(ours: ``glance.law_round_expectations``; GLANCE's: ``glance.loco_glance``, from the root entropy alone), scored by
-``glance.round_scores``. Runs with only the round-root entropy (an imported GLANCE log) get GLANCE's law alone.
+Each law, fitted without a category, predicts the accepted drafts of that category's rounds (``glance.round_scores``
+scores them); runs with only the round-root entropy (an imported GLANCE log) get GLANCE's law alone.
 """
 
 from __future__ import annotations
@@ -14,7 +13,7 @@ from entropy_law import glance
 from entropy_law.law import fit
 from entropy_law.law.atrisk import at_risk_table
 from entropy_law.law.fit import fit_law
-from entropy_law.plots.style import short_message, unavailable
+from entropy_law.plots.style import new_axes, panels, short_message, unavailable
 
 SCORE_COLUMNS = ("mse", "category_mean_mae", "r2_curve", "r2_round", "r2_ceiling", "frac_of_ceiling", "holds")
 
@@ -25,10 +24,9 @@ def primary_family(view=None) -> str:
 
 
 def law_slope(law) -> float:
-    """The fitted law's exponent of entropy, the slope GLANCE's ``holds()`` asks to be positive: ``k`` for a law in H
-    alone; for a cloglog law whose H-only answer moves other inputs with H (``fit.STEADY_H_COLUMNS``), the
-    least-squares slope of log(-log a) on log(H + c) along its H-only curve at depth 1 over the fitted trials'
-    5-95% entropy range (the total effect of entropy). NaN where none."""
+    """The law's exponent of entropy (the slope ``holds()`` wants positive): ``k``, or for a cloglog law whose H-only
+    answer moves other inputs with H, the slope of log(-log a) on log(H + c) along that curve at depth 1 over the
+    trials' 5-95% entropy range. NaN where none."""
     derived = law.derived
     k = float(derived["estimate"].iloc[0]) if len(derived) else float("nan")
     steady = [c for c in fit.STEADY_H_COLUMNS if c in law.family.means]
@@ -50,11 +48,9 @@ def law_slope(law) -> float:
 
 def loco_ours(view, arm: str, rounds: pd.DataFrame, family: str, *, root_only=False,
               rows: pd.DataFrame | None = None, drafts: pd.DataFrame | None = None):
-    """Leave-one-category-out per-round predictions of our law ``family`` for ``rounds`` and each fold's slope.
-
-    ``root_only``: True (the root entropy at every depth), False, or ``(False, True)`` for both (a tuple). ``rows``:
-    the arm's at-risk table where already computed. ``drafts``: the drafter's confidence per verified depth, for a
-    family in it."""
+    """LOCO per-round predictions of our law ``family`` for ``rounds`` and each fold's slope; ``root_only``: a bool,
+    or ``(False, True)`` for both; ``rows``: the arm's at-risk table if computed; ``drafts``: as
+    ``law_round_expectations``."""
     rows = at_risk_table(view, drafters=[arm]) if rows is None else rows
     variants = tuple(root_only) if isinstance(root_only, (tuple, list)) else (bool(root_only),)
     predicted = [np.full(len(rounds), np.nan) for _ in variants]
@@ -171,10 +167,7 @@ def decile_plot(rounds: pd.DataFrame, law: "glance.GlanceLaw", ours=None, *, our
                 ax=None):
     """GLANCE's decile curve of ``rounds`` and fitted E[a | H] (``law``) and, with ``ours`` (one prediction per
     round), the decile means of our law's per-round expectations. Returns ``ax``."""
-    import matplotlib.pyplot as plt
-
-    if ax is None:
-        _, ax = plt.subplots(figsize=(5, 3.5))
+    ax = new_axes(ax, figsize=(5, 3.5))
     law.plot(ax=ax, color="0.2", label=f"GLANCE E[a|H] ({law.form}): b0 {law.b0:.2f}, b1 {law.b1:.2f}")
     if ours is not None:
         curve = glance.decile_curve(rounds["entropy"], rounds["accepted"], n_boot=0, predicted=ours)
@@ -185,15 +178,8 @@ def decile_plot(rounds: pd.DataFrame, law: "glance.GlanceLaw", ours=None, *, our
 
 def fig_glance(an):
     """Gallery figure: per drafting arm, GLANCE's decile curve with both laws' curves (in sample)."""
-    import matplotlib.pyplot as plt
-
     arms = an.arms
-    ncols = min(max(len(arms), 1), 3)
-    nrows = int(np.ceil(max(len(arms), 1) / ncols))
-    fig, grid = plt.subplots(nrows, ncols, figsize=(4.6 * ncols, 3.4 * nrows), squeeze=False)
-    axes = grid.ravel()
-    for ax in axes[max(len(arms), 1):]:
-        ax.set_visible(False)
+    fig, axes = panels(len(arms))
     if not arms:
         unavailable(axes[0], "no drafting arm")
         return fig

@@ -1,8 +1,5 @@
-"""Speed validation figure: predicted vs measured speedup per arm and category (``speedup_validation``: the
-diagonal with a +-10% band; hollow: measurements that are not a result; crosses: the recorded rounds priced by the
-cost model alone), and per arm where measured per-request speedups cross 1 against the predicted workload
-break-even (``request_speedups``, ``speedup_crossing``, ``workload``). Panels say why when their analysis is not
-available.
+"""Speed validation figure: predicted vs measured speedup per arm and category (``speedup_validation``), and per
+arm where measured per-request speedups cross 1 against the predicted workload break-even (``speedup_crossing``).
 """
 
 from __future__ import annotations
@@ -13,10 +10,6 @@ import pandas as pd
 from entropy_law.plots.style import palette, panels, short_message, unavailable
 
 BAND = 0.10  # the goal: predicted within +-10% of measured
-
-
-def _unavailable(ax, message: str):
-    return unavailable(ax, short_message(message))
 
 
 def predicted_vs_measured(table: pd.DataFrame, *, ax, colours: dict):
@@ -103,9 +96,9 @@ def fig_speed_validation(an):
             predicted_vs_measured(check.value, ax=axes[0], colours=colours)
         except ValueError as err:
             statuses = ", ".join(sorted(set(check.value["status"])))
-            _unavailable(axes[0], f"{err} ({statuses})")
+            unavailable(axes[0], short_message(f"{err} ({statuses})"))
     else:
-        _unavailable(axes[0], check.error)
+        unavailable(axes[0], short_message(check.error))
     axes[0].set_title("predicted vs measured speedup per arm x category", fontsize=8)
     for ax, arm in zip(axes[1:], arms):
         req, crossing = an.attempt("request_speedups", arm), an.attempt("speedup_crossing", arm)
@@ -114,6 +107,6 @@ def fig_speed_validation(an):
             crossing_panel(req.value, crossing.value, ax=ax, colour=colours[arm],
                            workload=work.value if work.ok else None)
         else:
-            _unavailable(ax, req.error or crossing.error)
+            unavailable(ax, short_message(req.error or crossing.error))
             ax.set_title(arm, fontsize=8)
     return fig
