@@ -93,15 +93,19 @@ def _fit_failure(law, where: str) -> str | None:
     return None
 
 
-def _depth_rates(train: pd.DataFrame, test: pd.DataFrame) -> np.ndarray:
-    """Acceptance of ``test``'s cells under ``train``'s per-depth acceptance (a depth without training
-    trials reuses the deepest trained depth below it, else the shallowest), clipped into (0, 1)."""
+def depth_rates(train: pd.DataFrame, depths) -> np.ndarray:
+    """Acceptance at ``depths`` under ``train``'s accepted / at-risk trials per depth (the depth-only law); a depth
+    without training trials reuses the deepest trained depth below it, else the shallowest."""
     per_depth = train.groupby("depth")[["n_acc", "n"]].sum()
     per_depth = per_depth.loc[per_depth["n"] > 0].sort_index()
     rate = (per_depth["n_acc"] / per_depth["n"]).to_numpy(dtype=float)
-    depths = per_depth.index.to_numpy(dtype=float)
-    idx = np.clip(np.searchsorted(depths, test["depth"].to_numpy(dtype=float), side="right") - 1, 0, len(rate) - 1)
-    return rate[idx].clip(1e-12, 1 - 1e-12)
+    known = per_depth.index.to_numpy(dtype=float)
+    idx = np.clip(np.searchsorted(known, np.asarray(depths, dtype=float), side="right") - 1, 0, len(rate) - 1)
+    return rate[idx]
+
+
+def _depth_rates(train: pd.DataFrame, test: pd.DataFrame) -> np.ndarray:
+    return depth_rates(train, test["depth"]).clip(1e-12, 1 - 1e-12)
 
 
 class _DepthOnlyFit:

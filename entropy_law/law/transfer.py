@@ -24,6 +24,7 @@ from scipy import stats
 
 from entropy_law.law import arms, atrisk
 from entropy_law.law.blocks import expected_round_counts, iid_tokens_per_round
+from entropy_law.law.compare import depth_rates
 from entropy_law.law.atrisk import sequences_of
 from entropy_law.law.fit import FittedLaw, LawFamily, fit_law, get_family, prepare_counts
 from entropy_law.law.information import predictor_inputs, sets_allowing, sets_label
@@ -663,12 +664,6 @@ def _loco_row(cat, first: pd.Series) -> dict:
 def depth_only_acceptance(counts: pd.DataFrame, drafts: int) -> np.ndarray:
     """``[drafts]``: accepted / at-risk trials per depth over ``counts``; a depth without trials reuses the deepest
     depth with trials."""
-    per_depth = counts.groupby("depth")[["n_acc", "n"]].sum()
-    per_depth = per_depth.loc[per_depth["n"] > 0]
-    if per_depth.empty:
+    if not (counts["n"] > 0).any():
         raise ValueError("no at-risk trials for the depth-only control")
-    rate = (per_depth["n_acc"] / per_depth["n"]).sort_index()
-    depths = rate.index.to_numpy(dtype=int)
-    want = np.arange(1, drafts + 1)
-    idx = np.clip(np.searchsorted(depths, want, side="right") - 1, 0, len(depths) - 1)
-    return rate.to_numpy(dtype=float)[idx]
+    return depth_rates(counts, np.arange(1, drafts + 1))
