@@ -12,9 +12,8 @@ from entropy_law.law.results import Attempt
 
 
 def results_table(an) -> pd.DataFrame:
-    """Per arm and category: requests, tokens, mean / median target entropy, mean accepted length per drafting
-    round, committed tokens per round, the law's in-sample and LOCO predictions, and the measured decode speedup
-    over AR with its verdict (only "measured" is a result)."""
+    """Per arm and category: requests, tokens, mean / median entropy, mean accepted length per drafting round, tokens
+    per round, the law's in-sample and LOCO predictions, and the measured speedup with its verdict."""
     def compute():
         ent = an.entropy_tokens()
         h = ent.groupby(["model_id", "category"])["target_entropy_nats"].agg(mean_entropy_nats="mean",

@@ -73,8 +73,7 @@ def _column(runs: pd.DataFrame, name: str) -> list:
 
 
 def arm_label(drafter_id: str, tree_policy, tree_budget=None) -> str:
-    """``"ngram chain"``, ``"block-drafter-b8-l1 ddtree16"``: a drafter with its tree policy (and a
-    DDTree's budget)."""
+    """``"ngram chain"``, ``"block-drafter-b8-l1 ddtree16"``: a drafter with its tree policy (and a DDTree's budget)."""
     policy = _text(tree_policy) or ""
     budget = _integer(tree_budget) if policy == "ddtree" else None
     return f"{drafter_id} {policy}{'' if budget is None else budget}".strip()

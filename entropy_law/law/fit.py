@@ -1,10 +1,9 @@
 """Law families and ``fit_law``: binomial hazard models of acceptance on the at-risk table.
 
-Each family (formulas in ``docs/law.md``) is a binomial GLM on at-risk counts with request-clustered CR1
-sandwich errors and t(G - 1) intervals, G the requests (below ``stats.FEW_REQUESTS`` a fit also warns),
-except ``law_iso`` (isotonic, decreasing in entropy, per depth). The fitted law gives a summary, predictions
-(acceptance, block length, exact tokens per round by dynamic programming) and a plot. Inputs that make a fit
-meaningless raise; perfect separation is noted (``FittedLaw.separated``). Never imports torch.
+Each family (formulas in ``docs/law.md``) is a binomial GLM on at-risk counts with request-clustered CR1 errors and t(G
+- 1) intervals, G the requests, except ``law_iso`` (isotonic in entropy, per depth). A fitted law gives a summary,
+predictions (acceptance, block length, exact tokens per round by DP) and a plot. Inputs that make a fit meaningless
+raise; perfect separation is noted (``FittedLaw.separated``). Never imports torch.
 """
 
 from __future__ import annotations
@@ -254,8 +253,7 @@ def get_family(name: str) -> LawFamily:
 
 def prepare_counts(traces, family: LawFamily, *, eps=atrisk.EPS_NATS, width_log10=0.05, aggregate=True,
                    on_invalid="raise") -> pd.DataFrame:
-    """The count table a family is fitted on: traces (or an at-risk table or aggregate) -> at-risk rows ->
-    (optionally) aggregate."""
+    """The count table a family is fitted on, from traces, at-risk rows or an aggregate."""
     if isinstance(traces, pd.DataFrame):
         table = traces
     else:
@@ -395,9 +393,8 @@ class FittedLaw(Result):
         return float(stats.norm.ppf(1 - self.alpha / 2) if df is None else stats.t.ppf(1 - self.alpha / 2, df))
 
     def universality(self) -> dict | None:
-        """P1: the cluster-robust score (and Wald) test of category terms added to this law
-        (``with_category_terms``); ``None`` unless it is category-free and fitted on two or more categories of
-        at least 5 requests each. Computed once (it refits)."""
+        """P1: the cluster-robust score (and Wald) test of category terms added to this law; None unless it is
+        category-free and fitted on two or more categories of at least 5 requests. Computed once."""
         if self._p1 is not None:
             return self._p1 or None
         self._p1 = {}
@@ -698,10 +695,9 @@ class FittedLaw(Result):
     def sequence_frame(self, h: np.ndarray, drafts: int, *, draft_top1: np.ndarray | None = None,
                        context_match: np.ndarray | None = None,
                        target_top1_prob: np.ndarray | None = None) -> tuple[pd.DataFrame, tuple]:
-        """Rows to predict for the DP over entropy sequence ``h`` and their shape: ``[T, drafts]`` (depth j + 1 of
-        a round at t), or ``[drafts, T, drafts]`` per drafted depth D for a law in D (rows only for j < D).
-        ``draft_top1`` (``[T, drafts]``, NaN: not drafted), ``context_match`` and ``target_top1_prob`` (``[T]``):
-        the per-position inputs of a law in them."""
+        """Rows to predict for the DP over entropy sequence ``h`` and their shape: ``[T, drafts]`` (depth j + 1 of a
+        round at t), or ``[drafts, T, drafts]`` for a law in the drafted depth D (rows for j < D). ``draft_top1`` (``[T,
+        drafts]``), ``context_match``, ``target_top1_prob`` (``[T]``): inputs of a law in them."""
         stats = self.family.draft_stats
         if stats and (draft_top1 is None or set(stats) != {"draft_top1_prob"}):
             raise ValueError(f"{self.family.name} needs the drafter's {', '.join(stats)} at every position and "
@@ -774,9 +770,8 @@ class FittedLaw(Result):
 
     def predict_rounds(self, entropy_sequence, B: int, *, category=None, drafter=None, depth_probs=None,
                        **position) -> float:
-        """Exact law-implied expected rounds of a request with target entropies ``entropy_sequence`` (DP).
-        ``depth_probs``: how many tokens a round drafts: ``None`` (B - 1), a distribution over D = 0..B-1, or one
-        per output position (``[T, B]``). ``position``: as ``sequence_frame``."""
+        """Exact expected rounds of a request with entropies ``entropy_sequence`` (DP); ``depth_probs``: None (B - 1
+        drafts), a distribution over D = 0..B-1, or one per position (``[T, B]``)."""
         h = np.asarray(entropy_sequence, dtype=float)
         if h.ndim != 1 or h.size == 0:
             raise ValueError("entropy_sequence must be a non-empty 1-D array (one value per output position)")
@@ -985,9 +980,8 @@ def entropy_bin_sums(frame: pd.DataFrame) -> pd.DataFrame:
 
 
 def target_miss_curve(sums: pd.DataFrame, n_bins: int = MISS_CURVE_BINS) -> tuple:
-    """(centres, values) from ``entropy_bin_sums``: ``n_bins`` groups of consecutive bins with about equal shares of
-    the trials; per group the mean log(H + eps) and the mean log(1 - p1 + 1e-3), made nondecreasing in H by a
-    weighted isotonic regression. Read with ``np.interp``."""
+    """(centres, values) from ``entropy_bin_sums``: ``n_bins`` groups of bins with about equal trials, per group the
+    mean log(H + eps) and mean log(1 - p1 + 1e-3), made nondecreasing in H (isotonic)."""
     sums = sums.loc[sums["n"] > 0].sort_index()
     if sums.empty:
         raise ValueError("no trials to build the target-miss curve from")
@@ -1050,11 +1044,10 @@ def fit_law(traces, family: str = "law_exp", by: str | None = None, *, depth: st
             eps: float = atrisk.EPS_NATS, aggregate: bool = True, width_log10: float = 0.05, cov_type: str = "cluster",
             alpha: float = 0.05, min_requests_per_category: int = 5, drop_small_categories: bool = False,
             on_invalid: str = "raise", start_params=None):
-    """Fit an acceptance law to traces (or to an at-risk table / aggregate of them).
-    ``family``: one of ``FAMILIES``. ``by``: a column (``"drafter_id"``, ``"category"``, ...) to fit one law per
-    value (a ``LawSet``). ``depth``: ``"factor"``, ``"linear"`` or ``"none"``. ``aggregate``: fit on log-spaced bins
-    of ``width_log10``, else the rows. ``cov_type``: ``"cluster"`` (CR1 by request, t(G - 1); warns below
-    ``stats.FEW_REQUESTS`` requests) or ``"nonrobust"``."""
+    """Fit an acceptance law to traces (or to an at-risk table / aggregate of them). ``family``: one of ``FAMILIES``.
+    ``by``: a column (``"drafter_id"``, ``"category"``, ...) to fit one law per value (a ``LawSet``). ``depth``:
+    ``"factor"``, ``"linear"`` or ``"none"``. ``aggregate``: fit on log-spaced bins of ``width_log10``, else the rows.
+    ``cov_type``: ``"cluster"`` (CR1 by request, t(G - 1)) or ``"nonrobust"``."""
     if isinstance(family, str) and family in ("glance", "glance_readme"):
         form = "readme" if family == "glance_readme" else "code"
         raise ValueError(f"GLANCE's round-level law is no law family of fit_law: call "

@@ -1,9 +1,6 @@
-"""The pre-registered tests of research notes section 8.4, clustered by request, with Holm correction.
-
-P1 universality (category terms of ``law_exp_cat``; optionally the CV equivalence margin), P2 entropy explains
-the category ranking (leave-one-category-out, exact Spearman p, Mundlak check), P3 drafter x entropy (Wald test
-and the crossover entropy with a delta-method interval). At millions of trials report effect sizes first.
-"""
+"""The pre-registered tests of research notes section 8.4, clustered by request, with Holm correction: P1 universality
+(category terms of ``law_exp_cat``), P2 entropy explains the category ranking (LOCO, exact Spearman p, Mundlak check),
+P3 drafter x entropy (Wald test, crossover entropy with a delta-method interval)."""
 
 from __future__ import annotations
 

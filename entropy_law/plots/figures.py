@@ -61,9 +61,8 @@ def entropy_distributions(tokens: pd.DataFrame, *, eps: float = EPS_NATS, ax=Non
 # ------------------------------------------------------------------ F2 the law
 def binned_acceptance_table(at_risk: pd.DataFrame, *, depth: int | str = 1, n_bins: int = 20,
                             by: str = "category", level: float = 0.95) -> pd.DataFrame:
-    """Acceptance per entropy bin (quantile bins of H over the selected rows) and ``by`` group:
-    ``n``, ``accepted``, ``rate``, Wilson ``ci_low``/``ci_high``, mean H of the bin. ``depth``: an int,
-    or ``"2+"`` for every depth >= 2."""
+    """Acceptance per entropy bin (quantile bins of H over the selected rows) and ``by`` group: ``n``, ``accepted``,
+    ``rate``, Wilson ``ci_low``/``ci_high``, mean H of the bin. ``depth``: an int, or ``"2+"`` for every depth >= 2."""
     rows = at_risk.loc[at_risk["depth"] >= 2] if depth == "2+" else at_risk.loc[at_risk["depth"] == int(depth)]
     if rows.empty:
         return pd.DataFrame(columns=[by, "bin", "n", "accepted", "rate", "ci_low", "ci_high", "entropy_nats"])
@@ -314,9 +313,8 @@ def speedup_vs_entropy(curve: pd.DataFrame, *, breakeven: tuple | None = None, o
 
 # ------------------------------------------------------------------ F9 one response
 def example_response(tokens: pd.DataFrame, rounds: pd.DataFrame, *, max_positions: int | None = None, ax=None):
-    """One response: target entropy per output position (bars) with each round's accepted drafts
-    shaded (alternating shades per round), corrections marked. ``tokens`` / ``rounds``: trace rows of ONE
-    request of one run."""
+    """One response: target entropy per output position (bars) with each round's accepted drafts shaded (alternating
+    shades per round), corrections marked. ``tokens`` / ``rounds``: trace rows of ONE request of one run."""
     ax = new_axes(ax, figsize=(9.0, 2.8))
     tok = tokens.sort_values("position")
     if max_positions is not None:
