@@ -12,20 +12,6 @@ from entropy_law.glance.law import CAP, GLANCE_FAMILIES, GlanceLaw, decile_curve
 from entropy_law.glance.rounds import (ROUND_LOG_FIELDS, glance_rounds, read_glance_rounds, round_table,
                                       write_glance_rounds)
 
-__all__ = [
-    "CAP",
-    "GLANCE_FAMILIES",
-    "GlanceLaw",
-    "ROUND_LOG_FIELDS",
-    "category_frame",
-    "decile_curve",
-    "fit_glance",
-    "glance_expected_accepted",
-    "glance_rounds",
-    "law_round_expectations",
-    "loco_glance",
-    "read_glance_rounds",
-    "round_scores",
-    "round_table",
-    "write_glance_rounds",
-]
+__all__ = ["CAP", "GLANCE_FAMILIES", "GlanceLaw", "ROUND_LOG_FIELDS", "category_frame", "decile_curve", "fit_glance",
+           "glance_expected_accepted", "glance_rounds", "law_round_expectations", "loco_glance", "read_glance_rounds",
+           "round_scores", "round_table", "write_glance_rounds"]

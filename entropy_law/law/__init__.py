@@ -17,24 +17,7 @@ from entropy_law.law.hypotheses import (category_ranking_test, drafter_entropy_t
 from entropy_law.law.stats import FEW_REQUESTS, SmallSampleWarning, exact_spearman_p, wilson_interval
 from entropy_law.law.transfer import block_prediction, loco_transfer
 
-__all__ = [
-    "FEW_REQUESTS",
-    "LAW_FAMILIES",
-    "FittedLaw",
-    "LawSet",
-    "SmallSampleWarning",
-    "aggregate_at_risk",
-    "at_risk_table",
-    "block_prediction",
-    "bootstrap_law",
-    "category_ranking_test",
-    "compare_laws",
-    "drafter_entropy_test",
-    "exact_spearman_p",
-    "fit_law",
-    "loco_transfer",
-    "preregistered_tests",
-    "run_arms",
-    "universality_test",
-    "wilson_interval",
-]
+__all__ = ["FEW_REQUESTS", "LAW_FAMILIES", "FittedLaw", "LawSet", "SmallSampleWarning", "aggregate_at_risk",
+           "at_risk_table", "block_prediction", "bootstrap_law", "category_ranking_test", "compare_laws",
+           "drafter_entropy_test", "exact_spearman_p", "fit_law", "loco_transfer", "preregistered_tests", "run_arms",
+           "universality_test", "wilson_interval"]

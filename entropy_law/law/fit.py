@@ -23,12 +23,8 @@ from scipy.optimize import isotonic_regression
 from statsmodels.tools.sm_exceptions import DomainWarning, PerfectSeparationWarning, SingularMatrixWarning
 
 from entropy_law.law import atrisk
-from entropy_law.law.blocks import (
-    acceptance_matrix_positions,
-    acceptance_tensor_positions,
-    expected_accepted,
-    expected_rounds,
-)
+from entropy_law.law.blocks import (acceptance_matrix_positions, acceptance_tensor_positions, expected_accepted,
+                                    expected_rounds)
 from entropy_law.law.results import Result
 from entropy_law.law.stats import warn_if_few_requests
 

@@ -11,16 +11,6 @@ from entropy_law.outofcore.sql import at_risk_sql
 from entropy_law.outofcore.streamed import OutOfCoreError, fit_law_out_of_core
 from entropy_law.outofcore.summaries import acceptance_curve_sql, category_summary_sql, report_summaries_sql
 
-__all__ = [
-    "IN_MEMORY_BYTES_PER_TOKEN_ROW",
-    "OutOfCoreError",
-    "acceptance_curve_sql",
-    "aggregate_at_risk_sql",
-    "at_risk_sql",
-    "available_memory",
-    "category_summary_sql",
-    "check_fits_in_memory",
-    "finish_cells",
-    "fit_law_out_of_core",
-    "report_summaries_sql",
-]
+__all__ = ["IN_MEMORY_BYTES_PER_TOKEN_ROW", "OutOfCoreError", "acceptance_curve_sql", "aggregate_at_risk_sql",
+           "at_risk_sql", "available_memory", "category_summary_sql", "check_fits_in_memory", "finish_cells",
+           "fit_law_out_of_core", "report_summaries_sql"]
