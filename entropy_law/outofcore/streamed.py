@@ -10,7 +10,6 @@ from __future__ import annotations
 import re
 import tempfile
 import warnings
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -279,12 +278,11 @@ def _fit_streamed(con, source: str, fam, *, depth: str, cov_type: str, alpha: fl
     """``fit_law`` on the cells of ``source``, in passes over them."""
     cells = _checked_cells(con, source, fam, depth=depth, cov_type=cov_type, alpha=alpha, eps=eps,
                            min_requests_per_category=min_requests_per_category,
-                           drop_small_categories=drop_small_categories, notes=notes)
+                           drop_small_categories=drop_small_categories, notes=notes, batch_cells=batch_cells,
+                           folder=folder)
     fam, source, common, notes = cells.fam, cells.source, cells.common, cells.common["notes"]
-    cells_design = _CellDesign(con, source, fam, depth=depth, levels=cells.levels, request_ids=cells.request_ids,
-                               category_means=common["category_means"], batch_cells=batch_cells, folder=folder)
     offsets = fitmod.EPS_GRID if fam.profile_eps else (None,)
-    best = _best_offset_fit(cells_design, offsets, fam, start_params=start_params, max_iter=max_iter, tol=tol,
+    best = _best_offset_fit(cells, offsets, fam, start_params=start_params, max_iter=max_iter, tol=tol,
                             n_requests=cells.n_requests, common=common)
     sums = best["sums"]
     covariate_means = {c: sums[c] / sums["n"] for c in _STEADY_STATE if c in sums} if fam.means else {}
@@ -294,7 +292,7 @@ def _fit_streamed(con, source: str, fam, *, depth: str, cov_type: str, alpha: fl
             f"sum_h, SUM(n * LN({_miss_sql(_MISS_RAW)} + {_literal(atrisk.EPS_PROB)})) AS sum_miss "
             f"FROM ({source}) GROUP BY 1").df().set_index("bin")
         common["miss_curve"] = fitmod.target_miss_curve(bin_sums)
-    result = _streamed_result(best, fam, cells_design, cov_type=cov_type, n_requests=cells.n_requests)
+    result = _streamed_result(best, fam, cells, cov_type=cov_type, n_requests=cells.n_requests)
     n_cells = int(result.nobs)
     fits = f"{len(offsets)} fits (one per offset c), " if fam.profile_eps else ""
     notes.append(f"fitted out of core: {n_cells:,} cells streamed, {fits}{best['iteration']} IRLS passes "
@@ -306,22 +304,11 @@ def _fit_streamed(con, source: str, fam, *, depth: str, cov_type: str, alpha: fl
     return fitmod.FittedLaw(result=result, counts=None, covariate_means=covariate_means, **common)
 
 
-@dataclass
-class _Cells:
-    """What ``fit_law``'s checks leave: the family, the cells' query, ``FittedLaw``'s fields, levels, requests."""
-
-    fam: object
-    source: str
-    common: dict
-    levels: dict
-    request_ids: np.ndarray
-    n_requests: int
-
-
 def _checked_cells(con, source: str, fam, *, depth: str, cov_type: str, alpha: float, eps: float,
-                   min_requests_per_category: int, drop_small_categories: bool, notes: list) -> _Cells:
-    """``fit.check_counts`` on one row per request (and drafted depth), the few-requests warning and
-    ``law_exp_mundlak``'s category means."""
+                   min_requests_per_category: int, drop_small_categories: bool, notes: list, batch_cells: int,
+                   folder: Path) -> _CellDesign:
+    """The cells as ``fit_law``'s checks leave them: ``fit.check_counts`` on one row per request (and drafted
+    depth), the few-requests warning and ``law_exp_mundlak``'s category means."""
     extra = [c for c in ("drafted_depth",) if c in con.sql(f"SELECT * FROM ({source}) LIMIT 0").columns]
     keys = ["drafter_id", "category", "request_id", *extra]
     summary = con.sql(f"SELECT {', '.join(keys)}, CAST(SUM(n_acc) AS BIGINT) AS n_acc, CAST(SUM(n_rej) AS BIGINT) "
@@ -353,17 +340,19 @@ def _checked_cells(con, source: str, fam, *, depth: str, cov_type: str, alpha: f
         category_means = {c: float(m) for c, m in sorted(rows)}
     common["category_means"] = category_means
     levels = {"depth": depths, "category": categories, "drafter_id": list(common["drafters"])}
-    return _Cells(fam=fam, source=source, common=common, levels=levels, request_ids=request_ids,
-                  n_requests=n_requests)
+    return _CellDesign(con, source, fam, depth=depth, levels=levels, request_ids=request_ids, common=common,
+                       batch_cells=batch_cells, folder=folder)
 
 
 class _CellDesign:
-    """The cells of ``source`` as ``fit_law``'s design sees them, in batches, and their design on disk."""
+    """The cells of ``source`` as ``fit_law``'s design sees them, in batches, and their design on disk;
+    ``common``: ``FittedLaw``'s fields."""
 
-    def __init__(self, con, source: str, fam, *, depth: str, levels: dict, request_ids, category_means: dict,
+    def __init__(self, con, source: str, fam, *, depth: str, levels: dict, request_ids, common: dict,
                  batch_cells: int, folder: Path):
-        self.con, self.source, self.fam, self.levels = con, source, fam, levels
-        self.request_ids, self.category_means = request_ids, category_means
+        self.con, self.source, self.fam, self.levels, self.common = con, source, fam, levels, common
+        self.request_ids, self.category_means = request_ids, common["category_means"]
+        self.n_requests = len(request_ids)
         self.batch_cells, self.folder = batch_cells, folder
         depth_term = fitmod.DEPTH_TERMS[depth]
         self.rhs = " + ".join(t for t in (depth_term, fam.terms) if t) or "1"
