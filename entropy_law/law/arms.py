@@ -1,10 +1,9 @@
 """Arms: which runs of a trace set belong together, and what a reader calls them, from the ``runs`` table alone.
 
-An **arm**, the unit one law describes, is one target model, drafter (its checkpoint's SHA-256 and settings),
-tree policy and budget, and drafting gate (a per-round law policy: the hash of its parameters); AR runs form one
-arm per model. Its **label** (``"ngram chain"``, ``"AR"``) gains, only where two arms would share it, what tells
-them apart (model prefix, checkpoint, gate, budget, drafter settings). The **machine** of a run (model, device,
-host) says which AR run its timings compare with. ``check_one_arm_per_drafter`` refuses rows that pool arms.
+An **arm**, the unit one law describes, is one target model, drafter (checkpoint SHA-256 and settings), tree policy and
+budget, and drafting gate (a law policy: the hash of its parameters); AR runs form one arm per model. Its **label**
+(``"ngram chain"``, ``"AR"``) gains what tells it apart only where two arms would share it. The **machine** of a run
+(model, device, host) says which AR run its timings compare with.
 """
 
 from __future__ import annotations
@@ -85,8 +84,8 @@ def is_ar_run(drafter_id, tree_policy) -> bool:
 
 
 def _gate(gate, verify_cost, ratio) -> str:
-    """The run's gate as written, else a ``verify_cost`` curve = the cost gate, none = the ratio gate (with its
-    ``verify_cost_ratio`` where recorded)."""
+    """The run's gate as written, else the cost gate where a ``verify_cost`` curve is recorded, else the ratio gate
+    (with its ratio where recorded)."""
     named = _text(gate)
     if named == GATE_COST or (named is None and not _missing(verify_cost) and verify_cost is not False):
         return GATE_COST
@@ -98,8 +97,7 @@ def _gate(gate, verify_cost, ratio) -> str:
 
 
 def policy_gate(policy) -> str | None:
-    """``"law-policy:<8 hex>"``, the SHA-256 of a per-round law policy's parameters (without the machine's
-    ``verify_cost``); None without one."""
+    """``"law-policy:<8 hex>"``: the SHA-256 of a law policy's parameters without ``verify_cost``; or None."""
     if _missing(policy) or policy is False:
         return None
     text = str(policy)
@@ -209,8 +207,8 @@ def _varying_settings(group: Sequence[ArmKey]) -> dict[ArmKey, str]:
 
 
 def run_arms(runs: pd.DataFrame) -> pd.DataFrame:
-    """One row per run: ``run_id``, ``is_ar``, ``arm_key``, ``arm`` (the label) and ``machine``. A runs table
-    that already carries ``arm_key`` and ``arm`` (``analysis.make_view``) keeps its labels."""
+    """One row per run: ``run_id``, ``is_ar``, ``arm_key``, ``arm`` (the label) and ``machine``; a runs table that
+    carries ``arm_key`` and ``arm`` (``make_view``) keeps its labels."""
     if {"arm_key", "arm"} <= set(runs.columns):
         keys, labels = list(runs["arm_key"]), list(runs["arm"])
     else:
@@ -230,8 +228,8 @@ def describe_arms(arms: pd.DataFrame) -> str:
 
 
 def check_one_arm_per_drafter(runs: pd.DataFrame, run_ids=None) -> None:
-    """Refuse rows that pool arms: raise ``ValueError`` when the runs ``run_ids`` (default: all) hold two
-    or more arms under one ``drafter_id``, naming the arms and how to select one."""
+    """Raise ``ValueError`` where the runs ``run_ids`` (default: all) hold two or more arms under one ``drafter_id``,
+    naming the arms and how to select one."""
     arms = run_arms(runs).assign(drafter_id=runs["drafter_id"].astype(str).to_numpy())
     if run_ids is not None:
         arms = arms.loc[arms["run_id"].isin({str(r) for r in run_ids})]

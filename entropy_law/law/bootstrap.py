@@ -1,7 +1,5 @@
-"""Poisson(1) bootstrap by request on aggregated at-risk counts (research notes 6.4): each replicate weights
-every cell of a request by one draw and refits the law; percentile intervals. Below ``stats.FEW_REQUESTS``
-requests it warns (``SmallSampleWarning``) and says so in its notes (the intervals are not widened).
-"""
+"""Poisson(1) bootstrap by request on aggregated at-risk counts: each replicate weights every cell of a request by one
+draw and refits the law; percentile intervals. Below ``stats.FEW_REQUESTS`` requests it warns."""
 
 from __future__ import annotations
 
@@ -24,8 +22,8 @@ def poisson_weights(request_ids, rng: np.random.Generator) -> pd.Series:
 
 
 def percentile_interval(replicates: pd.DataFrame, level: float = 0.95) -> tuple[pd.Series, pd.Series]:
-    """Per column, the ``level`` percentile interval of bootstrap replicates, the package's one rule: NaN
-    skipped, linear interpolation, and the nearest replicate where interpolating would meet an infinite one."""
+    """Per column, the ``level`` percentile interval of the replicates (NaN skipped, linear interpolation, the nearest
+    replicate where interpolating would meet an infinite one)."""
     lo, hi = (1 - level) / 2, 1 - (1 - level) / 2
     if replicates.empty:
         nan = pd.Series(np.nan, index=replicates.columns, dtype=float)
@@ -84,8 +82,8 @@ class BootstrapResult(Result):
 def bootstrap_law(traces, family: str = "law_exp", *, n_boot: int = 200, seed: int = 0, level: float = 0.95,
                   statistic: Callable[[FittedLaw], dict] | None = None, eps: float = atrisk.EPS_NATS,
                   **fit_options) -> BootstrapResult:
-    """Refit ``family`` on ``n_boot`` request-bootstrap replicates of the traces; ``statistic(law) -> dict``: the
-    numbers to interval-estimate (default: the law's coefficients and derived parameters)."""
+    """Refit ``family`` on ``n_boot`` request-bootstrap replicates; ``statistic(law) -> dict``: what to
+    interval-estimate (default: the coefficients and derived parameters)."""
     fam = get_family(family)
     counts = prepare_counts(traces, fam, eps=eps)
     n_requests = int(counts["request_id"].nunique())

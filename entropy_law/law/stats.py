@@ -1,7 +1,6 @@
-"""Small statistics shared across the law layer and its figures: the exact Spearman permutation p, the Wilson
-interval, and the one rule for intervals on few requests (the clusters): below ``FEW_REQUESTS`` cluster-robust
-and bootstrap intervals are too narrow (Cameron & Miller 2015, section VI).
-"""
+"""Small statistics shared across the law layer and its figures: the exact Spearman permutation p, the Wilson interval,
+and the rule for few requests (clusters): below ``FEW_REQUESTS`` cluster-robust and bootstrap intervals are too narrow
+(Cameron & Miller 2015, section VI)."""
 
 from __future__ import annotations
 
@@ -21,8 +20,8 @@ class SmallSampleWarning(UserWarning):
 
 
 def warn_if_few_requests(n_requests: int, what: str, *, stacklevel: int = 3) -> str | None:
-    """Warn once (``SmallSampleWarning``) when ``what`` rests on fewer than ``FEW_REQUESTS`` requests;
-    returns the message (for a result's notes), or ``None`` when there are enough requests."""
+    """Warn (``SmallSampleWarning``) when ``what`` rests on fewer than ``FEW_REQUESTS`` requests; the message, or None.
+    """
     n_requests = int(n_requests)
     if n_requests >= FEW_REQUESTS:
         return None

@@ -37,8 +37,8 @@ def timed_machines(an, arm: str) -> list[str]:
 
 
 def ar_ms_per_token(an, arm: str | None = None) -> float:
-    """AR decode cost per token: given, or decode ms / tokens after the prefill of the timed AR runs of ``arm``'s
-    model and machine (``arm=None``: the AR runs, if they share one machine)."""
+    """AR decode cost per token: given, or decode ms / tokens after the prefill of the timed AR runs of ``arm``'s model
+    and machine (``arm=None``: all AR runs, if on one machine)."""
     if an.given_ar_ms is not None:
         return float(an.given_ar_ms)
     req = an.view.requests.merge(an.runs[["run_id", "is_ar", "timed", "machine"]], on="run_id")
@@ -85,8 +85,8 @@ def cost_model(an, arm: str):
 
 
 def ar_requests(an, arm: str) -> pd.DataFrame | None:
-    """The timed AR requests on ``arm``'s model and machine (``request_id``, ``decode_ms``, ``decode_cpu_ms``,
-    ``decoded``); None where t_AR is given or there is no such run."""
+    """The timed AR requests on ``arm``'s machine (``request_id``, ``decode_ms``, ``decode_cpu_ms``, ``decoded``); None
+    where t_AR is given or there is none."""
     if an.given_ar_ms is not None:
         return None
     machines = timed_machines(an, arm)
@@ -194,8 +194,8 @@ def same_drafter_arms(an, arm: str) -> list[str]:
 
 
 def cost_model_error(an, arm: str) -> tuple[float, str]:
-    """``(error, note)``: the widening of a verdict ``arm``'s cost model prices: its own largest error
-    (``cost_error``), else ``cost.UNMEASURED_COST_ERROR``."""
+    """``(error, note)``: ``arm``'s cost model's own largest error (``cost_error``), else
+    ``cost.UNMEASURED_COST_ERROR``."""
     err = an.attempt("cost_error", arm)
     measured = err.value.attrs["max_abs_error"] if err.ok else float("nan")
     if np.isfinite(measured):

@@ -154,9 +154,8 @@ def _accepted_per_round(tokens, rounds, drafting):
 
 
 def accepted_length_table(per_request: pd.DataFrame, *, n_boot: int = 200, seed: int = 0) -> pd.DataFrame:
-    """Per category: token-weighted mean entropy, observed (with a request-bootstrap 95% interval) and predicted
-    mean accepted length. ``per_request``: ``category``, ``tokens``, ``observed_rounds``, ``predicted_rounds``,
-    ``mean_entropy_nats``; with the drafting-round columns the length is per drafting round, else per round."""
+    """Per category: token-weighted mean entropy, observed (request-bootstrap 95% interval) and predicted mean accepted
+    length, per drafting round where ``per_request`` has the drafting-round columns."""
     rng = np.random.default_rng(seed)
     drafting = {"observed_drafting_rounds", "predicted_drafting_rounds"} <= set(per_request.columns)
     rows = []
@@ -175,9 +174,8 @@ def accepted_length_table(per_request: pd.DataFrame, *, n_boot: int = 200, seed:
 
 
 def accepted_length_vs_entropy(per_request: pd.DataFrame, *, n_boot: int = 200, seed: int = 0, ax=None):
-    """Mean accepted length (per drafting round when ``per_request`` has the drafting-round columns, see
-    ``accepted_length_table``) vs mean target entropy: requests (small dots), categories (large, 95%
-    request-bootstrap interval) and the law's DP prediction per category (open diamonds)."""
+    """Mean accepted length vs mean entropy (``accepted_length_table``): requests (dots), categories (large, with
+    intervals) and the law's DP prediction per category (open diamonds)."""
     ax = new_axes(ax)
     colours = palette(per_request["category"].astype(str).unique())
     drafting = {"observed_drafting_rounds", "predicted_drafting_rounds"} <= set(per_request.columns)
@@ -200,9 +198,8 @@ def accepted_length_vs_entropy(per_request: pd.DataFrame, *, n_boot: int = 200, 
 
 
 def loco_predicted_vs_observed(loco: pd.DataFrame, *, ax=None):
-    """LOCO-predicted vs observed tokens per round, one point per category (colour) and arm (marker).
-
-    ``loco``: ``arm``, ``category``, ``predicted_tokens_per_round``, ``observed_tokens_per_round``."""
+    """LOCO-predicted vs observed tokens per round per category (colour) and arm (marker); ``loco``: ``arm``,
+    ``category``, ``predicted_tokens_per_round``, ``observed_tokens_per_round``."""
     ax = new_axes(ax, figsize=(4.2, 4.0))
     colours = palette(loco["category"].astype(str).unique())
     arms = list(dict.fromkeys(loco["arm"]))
@@ -281,9 +278,8 @@ def law_comparison(summary: pd.DataFrame, *, ax=None):
 # ------------------------------------------------------------------ F8 when drafting pays
 def speedup_vs_entropy(curve: pd.DataFrame, *, breakeven: tuple | None = None, observed: pd.DataFrame | None = None,
                        label: str | None = None, color=None, ax=None):
-    """Predicted decode speedup at constant target entropy (``curve``: ``entropy_nats``, ``estimate``,
-    optional ``ci_low``/``ci_high``), the S = 1 line, the break-even entropy (estimate, low, high) and
-    measured category speedups (``observed``: ``mean_entropy_nats``, ``speedup``, ``category``)."""
+    """Predicted speedup at constant entropy (``curve``: ``entropy_nats``, ``estimate``, optional ``ci_low`` /
+    ``ci_high``), S = 1, the break-even entropy and measured category speedups (``observed``)."""
     ax = new_axes(ax)
     label = label or "predicted"
     if breakeven is not None:

@@ -115,8 +115,8 @@ def write_json_atomic(path: Path, payload: dict) -> None:
 
 
 def write_parquet_atomic(path: Path, table, *, check=None, **options) -> Path:
-    """Write the Arrow ``table`` to ``path`` (``pq.write_table`` with ``options``) so that readers see the old or the
-    new file, never a partial one. ``check(tmp_path)`` runs before the replace; if it raises, ``path`` is kept."""
+    """Write ``table`` to ``path`` so that readers see the old or the new file, never a partial one; ``check(tmp_path)``
+    runs before the replace (if it raises, ``path`` is kept)."""
     import pyarrow.parquet as pq
 
     path = Path(path)
@@ -177,8 +177,8 @@ def _pid_running(pid: int) -> bool:
 
 
 def read_lock(run_dir: Path) -> dict | None:
-    """The holder recorded in ``<run dir>/writer.lock`` (``pid``, ``host``, ``started``, ``token``), None if
-    there is no lock, or ``{"unreadable": reason}`` for a lock file that is not a holder record."""
+    """The holder in ``<run dir>/writer.lock`` (``pid``, ``host``, ``started``, ``token``), None without a lock, or
+    ``{"unreadable": reason}``."""
     path = Path(run_dir) / LOCK_FILE
     try:
         with open(path, encoding="utf-8") as fh:
@@ -214,8 +214,8 @@ def describe_holder(holder: dict) -> str:
 
 
 def create_lock(run_dir: Path) -> dict:
-    """Create ``<run dir>/writer.lock`` for this process (FileExistsError if one is there), never seen half-written:
-    linked into place from a temporary file, or created with ``O_EXCL`` where hard links are not supported."""
+    """Create ``<run dir>/writer.lock`` for this process (FileExistsError if one is there), never seen half-written
+    (linked from a temporary file, or ``O_EXCL`` without hard links)."""
     holder = {"pid": os.getpid(), "host": this_host(),
               "started": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
               "token": uuid.uuid4().hex}
