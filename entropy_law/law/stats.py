@@ -20,8 +20,7 @@ class SmallSampleWarning(UserWarning):
 
 
 def warn_if_few_requests(n_requests: int, what: str, *, stacklevel: int = 3) -> str | None:
-    """Warn (``SmallSampleWarning``) when ``what`` rests on fewer than ``FEW_REQUESTS`` requests; the message, or None.
-    """
+    """Warn (``SmallSampleWarning``) where ``what`` rests on under ``FEW_REQUESTS`` requests; the message, or None."""
     n_requests = int(n_requests)
     if n_requests >= FEW_REQUESTS:
         return None
