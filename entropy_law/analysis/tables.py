@@ -10,6 +10,8 @@ import pandas as pd
 
 from entropy_law.law.results import Attempt
 
+INTERVAL = ("estimate", "ci_low", "ci_high")
+
 
 def results_table(an) -> pd.DataFrame:
     """Per arm and category: requests, tokens, mean / median entropy, mean accepted length per drafting round, tokens
@@ -77,16 +79,13 @@ def law_table(an) -> pd.DataFrame:
             d = law.value.derived
             for name, key in (("k", "k"), ("w", "w"), ("lambda_d1", f"lambda[d={law.value.depths[0]}]")):
                 if key in d.index:
-                    row[name], row[f"{name}_low"], row[f"{name}_high"] = (float(d.loc[key, "estimate"]),
-                                                                          float(d.loc[key, "ci_low"]),
-                                                                          float(d.loc[key, "ci_high"]))
+                    row[name], row[f"{name}_low"], row[f"{name}_high"] = (float(d.loc[key, c]) for c in INTERVAL)
             # requests: the law's clusters (two runs of one arm on one prompt are one cluster)
             row["trials"], row["requests"] = law.value.n_rows, law.value.n_requests
         pays = an.attempt("pays", arm)
         if pays.ok:
             s = pays.value.summary.loc["breakeven_entropy_nats"]
-            row["breakeven_nats"], row["breakeven_low"], row["breakeven_high"] = (
-                float(s["estimate"]), float(s["ci_low"]), float(s["ci_high"]))
+            row["breakeven_nats"], row["breakeven_low"], row["breakeven_high"] = (float(s[c]) for c in INTERVAL)
             row["drafting_pays"] = pays.value.breakeven_verdict
         rows.append(row)
     return pd.DataFrame(rows)
