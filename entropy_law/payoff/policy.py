@@ -30,6 +30,7 @@ from entropy_law.law.atrisk import at_risk_table
 from entropy_law.payoff.cost import fit_cost_model, verify_curve
 from entropy_law.law.fit import LawFamily, fit_law, get_family
 from entropy_law.law.information import InfoSet, check_information, family_inputs
+from entropy_law.traces.reader import checked_context_matches
 # the longest suffix match the copyability input tells apart (longer ones count as this): the traces' cap
 from entropy_law.traces.stats import CONTEXT_MATCH_MAX
 
@@ -239,17 +240,7 @@ def _context_match_tables(lagged, context_match: pd.DataFrame, family: str, grid
     on the at-risk trials of ``lagged`` and tabulated per level."""
     if isinstance(max_length, bool) or not isinstance(max_length, (int, np.integer)) or max_length < 1:
         raise ValueError(f"max_context_match must be an int >= 1, got {max_length!r}")
-    needed = ("run_id", "request_id", "position", "context_match")
-    if not isinstance(context_match, pd.DataFrame) or any(c not in context_match for c in needed):
-        raise ValueError(f"context_match must be a DataFrame with columns {list(needed)} (one row per output "
-                         "position; jobs.reference.context_matches makes it from a recorded run)")
-    lengths = context_match[list(needed)].copy()
-    lengths["run_id"] = lengths["run_id"].astype(str)
-    lengths["request_id"] = lengths["request_id"].astype(str)
-    if lengths.duplicated(["run_id", "request_id", "position"]).any():
-        raise ValueError("context_match has several rows for one (run_id, request_id, position)")
-    if lengths["context_match"].isna().any() or (lengths["context_match"] < 0).any():
-        raise ValueError("context_match holds missing or negative lengths")
+    lengths = checked_context_matches(context_match, "context_match")
     # the at-risk rows' own copyability (per position, where the traces record it) is not the policy's input:
     # the policy reads the length at the round's start
     table = at_risk_table(lagged).drop(columns=["context_match", "log1p_copy", "copy_full"], errors="ignore")

@@ -242,14 +242,7 @@ class TraceSet:
         """This TraceSet with the tokens column ``context_match`` filled from ``lengths`` (``run_id``, ``request_id``,
         ``position``, ``context_match``: ``jobs.reference.context_matches``). A value that differs from a recorded one,
         an unknown run, duplicate or negative rows: ValueError."""
-        needed = ("run_id", "request_id", "position", "context_match")
-        if not isinstance(lengths, pd.DataFrame) or any(c not in lengths for c in needed):
-            raise ValueError(f"lengths must be a DataFrame with columns {list(needed)}")
-        given = lengths[list(needed)].astype({"run_id": str, "request_id": str})
-        if given["context_match"].isna().any() or (given["context_match"] < 0).any():
-            raise ValueError("lengths holds missing or negative context_match values")
-        if given.duplicated(["run_id", "request_id", "position"]).any():
-            raise ValueError("lengths holds several rows for one (run_id, request_id, position)")
+        given = checked_context_matches(lengths, "lengths")
         known = {r.run_id for r in self._runs}
         unknown = sorted(set(given["run_id"]) - known)
         if unknown:
@@ -286,6 +279,21 @@ class TraceSet:
                 checked = list(pool.map(_read_checked_shard, shards))  # re-raises the first shard's error
             for i, table in enumerate(TABLES):  # request ids unique across shards: checked on loading
                 run.tables[table] = _concat([parts[i] for parts in checked], table)
+
+
+def checked_context_matches(lengths, name: str) -> pd.DataFrame:
+    """``lengths`` (``run_id``, ``request_id``, ``position``, ``context_match``: one row per output position, as
+    ``jobs.reference.context_matches`` returns) checked, with string keys; ``name``: what the errors call it."""
+    needed = ("run_id", "request_id", "position", "context_match")
+    if not isinstance(lengths, pd.DataFrame) or any(c not in lengths for c in needed):
+        raise ValueError(f"{name} must be a DataFrame with columns {list(needed)} (one row per output position; "
+                         "jobs.reference.context_matches makes it from a recorded run)")
+    given = lengths[list(needed)].astype({"run_id": str, "request_id": str})
+    if given["context_match"].isna().any() or (given["context_match"] < 0).any():
+        raise ValueError(f"{name} holds missing or negative context_match values")
+    if given.duplicated(["run_id", "request_id", "position"]).any():
+        raise ValueError(f"{name} holds several rows for one (run_id, request_id, position)")
+    return given
 
 
 def _read_checked_shard(files: tuple[Path, ...]) -> list[pa.Table]:
