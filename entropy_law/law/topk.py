@@ -23,12 +23,9 @@ class _EntropyFrom:
 
 
 def entropy_sensitivity(traces, family: str = "law_exp", **fit_kwargs) -> pd.DataFrame:
-    """Fit ``family`` (``fit_law`` with ``fit_kwargs``) on the estimate, the lower and the upper bound.
-
-    One row per parameter: ``estimate``, ``std_err``, ``ci_low``, ``ci_high``, the ``lower`` and ``upper`` fits,
-    ``max_shift``, ``shift_in_se`` and ``within_ci`` (both inside the interval). Refuses traces with no top-k rows
-    and rows without bounds.
-    """
+    """Fit ``family`` (``fit_law`` with ``fit_kwargs``) on the entropy estimate and on its lower and upper bounds: per
+    parameter ``estimate``, ``std_err``, ``ci_low``, ``ci_high``, the ``lower`` and ``upper`` fits, ``max_shift``,
+    ``shift_in_se`` and ``within_ci``. Refuses traces without top-k rows or with rows without bounds."""
     from entropy_law.law.fit import fit_law
 
     tokens = traces.tokens

@@ -32,8 +32,7 @@ def _concat(parts: list[dict[str, pa.Table]], name: str) -> pa.Table:
 
 def compact_run(run_dir: str | Path, *, rounds_per_shard: int = 1000) -> dict:
     """Rewrite the complete run at ``run_dir`` in shards of about ``rounds_per_shard`` rounds; returns
-    ``{"shards_before", "shards_after", "rows"}``. Refuses a run not complete, held by a writer, or with unfinished
-    shard folders."""
+    ``{"shards_before", "shards_after", "rows"}``. Refuses a run not complete, held by a writer, or with leftovers."""
     run = Path(run_dir)
     if int(rounds_per_shard) < 1:
         raise ValueError(f"rounds_per_shard must be >= 1; got {rounds_per_shard}")

@@ -647,10 +647,10 @@ class TraceRecorder:
                   draft_ms=0.0, verify_ms=0.0, overhead_ms=0.0, policy=None) -> None:
         """Buffer one verify round. ``token_ids``: the committed tokens (depths 1..committed).
 
-        Give exactly one of ``target_logits`` (``[committed, V]``; statistics computed in fp32) and ``target_stats``
-        (dict of ``TARGET_STAT_KEYS`` arrays of length committed). Drafter statistics: ``draft_stats`` (dict of
-        ``DRAFT_STAT_KEYS``; NaN = null), or from ``draft_logits`` ``[depth, V]`` or ``draft_candidates`` /
-        ``draft_logprobs`` ``[depth, K]``; none: null. ``policy``: the round's ``POLICY_COLUMNS`` (missing: null).
+        Exactly one of ``target_logits`` (``[committed, V]``, statistics in fp32) and ``target_stats``
+        (``TARGET_STAT_KEYS`` arrays). Drafter statistics: ``draft_stats`` (``DRAFT_STAT_KEYS``; NaN = null), or from
+        ``draft_logits`` or ``draft_candidates`` / ``draft_logprobs``; none: null. ``policy``: the round's
+        ``POLICY_COLUMNS`` (missing: null).
         """
         self._check_live()
         self._check_lock_quickly(f"at round {round_index} of request {request_id!r}", every_s=_LOCK_CHECK_EVERY_S)

@@ -1,8 +1,6 @@
-"""Per-token statistics of a next-token distribution: how the trace columns ``target_*`` and ``draft_*`` are
-computed from logits (or a drafter's candidate list), and the context's copyability (``context_match``).
-Entropies are in nats over the full vocabulary, from an fp32 log-softmax at temperature 1. Inputs: anything
-``np.asarray`` accepts, or torch tensors (through ``.detach()``); torch is never imported.
-"""
+"""Per-token statistics of a next-token distribution: how the trace columns ``target_*`` and ``draft_*`` are computed
+from logits (or a drafter's candidates), and the context's copyability (``context_match``). Entropies in nats over the
+full vocabulary (fp32 log-softmax, temperature 1); inputs: arrays or torch tensors (never imported)."""
 
 from __future__ import annotations
 
