@@ -1,6 +1,6 @@
 """Per-token statistics of a next-token distribution: how the trace columns ``target_*`` and ``draft_*`` are computed
 from logits (or a drafter's candidates), and the context's copyability (``context_match``). Entropies in nats over the
-full vocabulary (fp32 log-softmax, temperature 1); inputs: arrays or torch tensors (never imported)."""
+full vocabulary (fp32 log-softmax, temperature 1). Inputs: arrays or torch tensors; torch is never imported."""
 
 from __future__ import annotations
 
