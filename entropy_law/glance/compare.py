@@ -22,8 +22,7 @@ from entropy_law.law import atrisk
 from entropy_law.law.information import check_information, predictor_inputs
 
 def loco_glance(rounds: pd.DataFrame, *, form: str = "code", cap: float = CAP) -> tuple[np.ndarray, dict]:
-    """Leave-one-category-out predictions of GLANCE's pooled law (aligned with ``rounds``) and the fold fits by held-out
-    category."""
+    """LOCO predictions of GLANCE's pooled law (aligned with ``rounds``) and the fits by held-out category."""
     rounds = round_table(rounds)
     predicted = np.full(len(rounds), np.nan)
     category = rounds["category"].astype(str).to_numpy()
@@ -172,8 +171,7 @@ def round_scores(rounds: pd.DataFrame, predicted, *, slope, slope_max: float = B
 
 
 def category_frame(scores: Mapping[str, dict]) -> pd.DataFrame:
-    """Observed and predicted mean accepted drafts per category, one predicted column per predictor of
-    ``scores`` (name -> ``round_scores``)."""
+    """Observed and predicted mean accepted drafts per category, a column per predictor of ``scores``."""
     frames = []
     for name, score in scores.items():
         means = pd.DataFrame.from_dict(score["category_means"], orient="index", columns=["observed", name])

@@ -38,8 +38,7 @@ def glance_reach_expected(entropy, b0: float, b1: float, reach) -> np.ndarray:
 
 
 def fit_glance_reach(entropy, accepted, reach) -> tuple[float, float]:
-    """(b0, b1): least squares of ``glance_reach_expected`` from GLANCE's start, as ``fit_glance`` fits the fixed-L
-    form."""
+    """(b0, b1): least squares of ``glance_reach_expected`` from GLANCE's start (``nls_fit``)."""
     h = np.asarray(entropy, dtype=float)
     a = np.asarray(accepted, dtype=float)
     if len(a) < 2 or np.ptp(h) == 0:

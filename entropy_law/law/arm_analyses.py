@@ -19,8 +19,7 @@ COMPARE_FAMILIES = ("law0_cat", "law_logit", "law_exp", "law_exp0", "law_power",
 
 
 def loco(an, arm: str, depths: str = "training"):
-    """``transfer.loco_transfer`` of the arm; ``depths``: ``"training"``, ``"replayed"`` (from ``an.proposals``)
-    or ``"oracle"``."""
+    """``transfer.loco_transfer`` of the arm; ``depths``: ``"training"``, ``"replayed"`` or ``"oracle"``."""
     def compute():
         proposals = None
         if depths == "replayed":

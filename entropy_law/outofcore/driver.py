@@ -81,8 +81,7 @@ def _chunks(dirs: Sequence[Path], chunk_bytes: int) -> list[list[Path]]:
 
 
 def _views_per_group(con, shards: _Shards, chunk_bytes: int, tables=("tokens", "rounds")):
-    """Register ``runs`` on ``con``; per group of shards make ``tables`` views over its files and yield the group's
-    index."""
+    """Register ``runs``; per group of shards make views of its ``tables``, yield its index."""
     con.register("runs", shards.runs)
     for i, group in enumerate(_chunks(shards.dirs, chunk_bytes)):
         for table in tables:

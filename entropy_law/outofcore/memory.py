@@ -10,8 +10,7 @@ IN_MEMORY_BYTES_PER_TOKEN_ROW = 880
 
 
 def available_memory() -> int | None:
-    """Bytes of memory available to a new allocation now (Linux ``MemAvailable``; else free physical pages);
-    None where neither is known."""
+    """Bytes available to a new allocation (``MemAvailable``, else free pages); None if unknown."""
     try:
         with open("/proc/meminfo", encoding="ascii") as fh:
             for line in fh:

@@ -156,8 +156,7 @@ class _Cache:
 
 
 class _OffsetCache:
-    """A ``_Cache`` (with ``entropy``) whose column ``j`` is log(max(H, 0) + offset): a profiled offset builds its
-    design once."""
+    """A ``_Cache`` with column ``j`` set to log(max(H, 0) + offset): one design for every offset."""
 
     def __init__(self, base: _Cache, j: int, offset: float):
         self.base, self.j, self.offset = base, j, float(offset)
@@ -252,8 +251,7 @@ def _llf_pass(cache: _Cache, link: str, beta) -> float:
 
 
 def _needed_columns(rhs: str, fam, available) -> list:
-    """The cell columns the design of ``rhs`` reads (raw means for logs, the mean entropy for a profiled
-    ``log_entropy``)."""
+    """The cell columns the design of ``rhs`` reads (raw means for logs; H for a profiled offset)."""
     used = [c for c in available if re.search(rf"\b{re.escape(c)}\b", rhs)]
     if fam.name == "law_exp_mundlak":
         used += [c for c in ("log_entropy", "category") if c not in used]

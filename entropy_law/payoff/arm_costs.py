@@ -194,8 +194,7 @@ def same_drafter_arms(an, arm: str) -> list[str]:
 
 
 def cost_model_error(an, arm: str) -> tuple[float, str]:
-    """``(error, note)``: ``arm``'s cost model's own largest error (``cost_error``), else
-    ``cost.UNMEASURED_COST_ERROR``."""
+    """``(error, note)``: the cost model's own largest error, else ``cost.UNMEASURED_COST_ERROR``."""
     err = an.attempt("cost_error", arm)
     measured = err.value.attrs["max_abs_error"] if err.ok else float("nan")
     if np.isfinite(measured):
@@ -207,8 +206,7 @@ def cost_model_error(an, arm: str) -> tuple[float, str]:
 
 
 def variant_error(an, arm: str) -> tuple[float, list[str]]:
-    """The largest of ``arm``'s cost model error and its errors on the drafter's other timed arms, with a note; NaN
-    where none is measured."""
+    """The largest error of ``arm``'s cost model on itself and the drafter's other arms, with a note."""
     own = an.attempt("cost_error", arm)
     errors = {arm: own.value.attrs["max_abs_error"]} if own.ok else {}
     for other in an.same_drafter_arms(arm):

@@ -94,8 +94,7 @@ def side_by_side(view, arm: str, family: str | None = None, *, forms=("code",), 
 
 
 def glance_wins(arm: str, scores: dict, ours: str) -> list[str]:
-    """Every metric where a GLANCE form does at least as well as our law ``ours`` (and every category whose
-    mean it predicts more closely)."""
+    """Each metric (and category mean) where a GLANCE form does at least as well as our law ``ours``."""
     if ours not in scores:
         return []
     mine, wins = scores[ours], []

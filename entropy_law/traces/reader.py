@@ -271,8 +271,7 @@ class TraceSet:
         return TraceSet(runs, categories=self._categories, validate=self._validate)
 
     def validate(self) -> None:
-        """Read and check every shard in parallel threads (TraceValidationError on the first problem); the tables are
-        kept."""
+        """Read and check every shard in threads (raises on the first problem); keep the tables."""
         for run in self._runs:
             shards = list(zip(*(run.files[t] for t in TABLES)))
             with ThreadPoolExecutor(max_workers=min(len(shards), os.cpu_count() or 1) or 1) as pool:
