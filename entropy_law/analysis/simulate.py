@@ -87,7 +87,7 @@ COPY_STAY = 0.85  # the chance the simulated copyability keeps its level from on
 
 
 def simulate_copyability(shape: tuple, rng: np.random.Generator) -> np.ndarray:
-    """``[requests, positions]`` copyability levels 0..CONTEXT_MATCH_MAX, kept with p COPY_STAY."""
+    """``[requests, positions]`` copyability 0..CONTEXT_MATCH_MAX; each keeps the last with probability COPY_STAY."""
     n, length = shape
     fresh = rng.integers(0, CONTEXT_MATCH_MAX + 1, size=(n, length))
     keep = rng.random((n, length)) < COPY_STAY
