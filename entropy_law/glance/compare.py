@@ -38,8 +38,7 @@ def loco_glance(rounds: pd.DataFrame, *, form: str = "code", cap: float = CAP) -
 
 def _entropy_by_request(traces, run_ids, *, columns: tuple = ()) -> tuple[dict, np.ndarray, dict]:
     """(run_id, request_id) -> (offset, T) into one flat array of the entropies at positions 0..T-1, and the
-    per-position ``columns`` in the same order (None where the traces lack one): ``atrisk.sequences_of`` laid end to
-    end."""
+    per-position ``columns`` alike (None where missing): ``atrisk.sequences_of`` end to end."""
     tokens = traces.tokens
     sequences = atrisk.sequences_of(tokens.loc[tokens["run_id"].astype(str).isin(set(run_ids))])
     if sequences.empty:

@@ -48,9 +48,8 @@ def law_slope(law) -> float:
 
 def loco_ours(view, arm: str, rounds: pd.DataFrame, family: str, *, root_only=False,
               rows: pd.DataFrame | None = None, drafts: pd.DataFrame | None = None):
-    """LOCO per-round predictions of our law ``family`` for ``rounds`` and each fold's slope; ``root_only``: a bool,
-    or ``(False, True)`` for both; ``rows``: the arm's at-risk table if computed; ``drafts``: as
-    ``law_round_expectations``."""
+    """LOCO per-round predictions of our law ``family`` for ``rounds`` and each fold's slope; ``root_only``: a bool or
+    ``(False, True)``; ``rows``: the arm's at-risk table; ``drafts``: as ``law_round_expectations``."""
     rows = at_risk_table(view, drafters=[arm]) if rows is None else rows
     variants = tuple(root_only) if isinstance(root_only, (tuple, list)) else (bool(root_only),)
     predicted = [np.full(len(rounds), np.nan) for _ in variants]
