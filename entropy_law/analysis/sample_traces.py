@@ -31,8 +31,7 @@ def has_runs(path: Path) -> bool:
 def write_simulated_traces(path, *, seed: int = 0, n_requests_per_category: int = 8,
                            tokens_per_request: tuple[int, int] = (60, 120), block_size: int = 8,
                            tree_depth: int = 5, tree_nodes: int = 16) -> Path:
-    """Write traces simulated from ``simulate_traces``' default law as three runs under ``path`` (``sim-block``
-    chain, ``sim-tree``, ``sim-ar``); returns ``path``."""
+    """Write ``simulate_traces``' default law as runs ``sim-block``, ``sim-tree``, ``sim-ar`` under ``path``."""
     path = Path(path)
     sim = simulate_traces(seed=seed, n_requests_per_category=n_requests_per_category,
                           tokens_per_request=tokens_per_request, block_size=block_size, include_ar=True,

@@ -45,8 +45,8 @@ DEFAULT_CATEGORIES: dict[str, CategoryProfile] = {
 
 @dataclass(frozen=True)
 class TreeSpec:
-    """A simulated tree drafter: draft levels, nodes (for the cost model), rate multiplier (< 1: accepts more)
-    and exponent ``k`` (None: the block drafter's)."""
+    """A simulated tree drafter: levels, nodes (cost), rate multiplier (< 1: accepts more), ``k`` (None: the block's).
+    """
 
     depth: int = 6
     nodes: int = 24
@@ -158,8 +158,7 @@ def _zipf_tables():
 
 
 def distribution_summary(entropy_nats: np.ndarray, rng: np.random.Generator) -> pd.DataFrame:
-    """Rényi-2, top-1/top-2 probability and logit gap of a Zipf distribution with Shannon entropy H, over a
-    vocabulary drawn among the sizes whose maximum entropy exceeds H."""
+    """Rényi-2, top-1/top-2 probability and logit gap of a Zipf law with Shannon entropy H (random vocabulary)."""
     s_grid, tables = _zipf_tables()
     h = np.asarray(entropy_nats, dtype=float)
     out = {name: np.empty_like(h) for name in ("renyi2", "p1", "p2", "gap")}

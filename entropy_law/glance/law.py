@@ -124,8 +124,7 @@ def decile_curve(entropy, accepted, *, bins: int = CURVE_BINS, min_per_bin: int 
 
 
 def r2_ceiling(entropy, accepted, *, bins: int = CEILING_BINS) -> float:
-    """The R^2 of the best function of H alone: a's between-bin variance share over ``bins`` entropy quantile bins (NaN
-    below 2 ``bins`` rounds)."""
+    """R^2 of the best function of H alone: a's between-bin variance share (``bins`` quantile bins)."""
     h = np.asarray(entropy, dtype=float)
     a = np.asarray(accepted, dtype=float)
     if len(a) < 2 * bins:

@@ -53,8 +53,7 @@ def _check_one_arm(traces, run_ids) -> None:
 
 
 def glance_rounds(traces, *, drafting_only: bool = True) -> pd.DataFrame:
-    """Traces of one drafting arm as GLANCE's round log: one row per round (that drafted, unless
-    ``drafting_only=False``) with GLANCE's fields and our keys."""
+    """One drafting arm's rounds (those that drafted, unless ``drafting_only=False``) as GLANCE's round log."""
     tokens, rounds = traces.tokens, traces.rounds
     keys = ["run_id", "request_id", "round_index"]
     for name, frame, cols in (("tokens", tokens, keys + ["category", "depth", "target_entropy_nats"]),

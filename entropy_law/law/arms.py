@@ -84,8 +84,7 @@ def is_ar_run(drafter_id, tree_policy) -> bool:
 
 
 def _gate(gate, verify_cost, ratio) -> str:
-    """The run's gate as written, else the cost gate where a ``verify_cost`` curve is recorded, else the ratio gate
-    (with its ratio where recorded)."""
+    """The gate as written, else the cost gate where a ``verify_cost`` curve is recorded, else the ratio gate."""
     named = _text(gate)
     if named == GATE_COST or (named is None and not _missing(verify_cost) and verify_cost is not False):
         return GATE_COST
@@ -228,8 +227,7 @@ def describe_arms(arms: pd.DataFrame) -> str:
 
 
 def check_one_arm_per_drafter(runs: pd.DataFrame, run_ids=None) -> None:
-    """Raise ``ValueError`` where the runs ``run_ids`` (default: all) hold two or more arms under one ``drafter_id``,
-    naming the arms and how to select one."""
+    """Raise where the runs ``run_ids`` (default: all) hold two arms under one ``drafter_id``, naming them."""
     arms = run_arms(runs).assign(drafter_id=runs["drafter_id"].astype(str).to_numpy())
     if run_ids is not None:
         arms = arms.loc[arms["run_id"].isin({str(r) for r in run_ids})]

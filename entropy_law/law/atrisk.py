@@ -74,8 +74,7 @@ def validate_covariates(frame: pd.DataFrame, columns: Sequence[str], *, on_inval
 
 
 def sequences_of(tokens: pd.DataFrame) -> pd.DataFrame:
-    """``transfer.entropy_sequences`` of these token rows, with each request's array of every
-    ``POSITION_COLUMNS`` column present (None where the request has a null)."""
+    """``transfer.entropy_sequences`` of these token rows, with each ``POSITION_COLUMNS`` array (None if null)."""
     tokens = entropy_or_bound(tokens)
     present = [c for c in POSITION_COLUMNS if c in tokens.columns]
     tokens = tokens[["run_id", "request_id", "category", "position", "target_entropy_nats", *present]]
@@ -246,8 +245,7 @@ def _add_target_miss(frame: pd.DataFrame) -> None:
 
 
 def _add_copy_logs(frame: pd.DataFrame) -> None:
-    """``log1p_copy`` = log(1 + min(context_match, CONTEXT_MATCH_MAX)) and ``copy_full`` (the match reaches
-    CONTEXT_MATCH_MAX), in place; NaN stays NaN."""
+    """``log1p_copy`` = log(1 + min(match, CONTEXT_MATCH_MAX)) and ``copy_full``, in place; NaN stays NaN."""
     length = frame["context_match"].to_numpy(dtype=float, na_value=np.nan)
     if np.any(length < 0):
         raise ValueError("context_match holds negative lengths")
@@ -299,8 +297,7 @@ def _add_bins(frame: pd.DataFrame, source: pd.DataFrame, columns, eps: float, wi
 
 
 def _group_sums(frame: pd.DataFrame, keys: Sequence[str], values: Sequence[str]) -> pd.DataFrame:
-    """Sums of ``values`` per distinct ``keys``, sorted by the keys (a mixed-radix code and ``np.bincount``:
-    faster than a multi-key groupby on millions of rows)."""
+    """Sums of ``values`` per distinct ``keys``, sorted by them (mixed-radix codes and ``np.bincount``: fast)."""
     code = np.zeros(len(frame), dtype=np.int64)
     uniques = []
     for key in keys:

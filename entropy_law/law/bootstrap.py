@@ -82,8 +82,7 @@ class BootstrapResult(Result):
 def bootstrap_law(traces, family: str = "law_exp", *, n_boot: int = 200, seed: int = 0, level: float = 0.95,
                   statistic: Callable[[FittedLaw], dict] | None = None, eps: float = atrisk.EPS_NATS,
                   **fit_options) -> BootstrapResult:
-    """Refit ``family`` on ``n_boot`` request-bootstrap replicates; ``statistic(law) -> dict``: what to
-    interval-estimate (default: the coefficients and derived parameters)."""
+    """Refit ``family`` on ``n_boot`` request-bootstrap replicates; ``statistic(law) -> dict``: what to estimate."""
     fam = get_family(family)
     counts = prepare_counts(traces, fam, eps=eps)
     n_requests = int(counts["request_id"].nunique())

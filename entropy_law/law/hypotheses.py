@@ -190,8 +190,7 @@ class PreregisteredTests(Result):
 
 def preregistered_tests(traces, *, drafter: str | None = None, alpha: float = 0.05,
                         eps: float = atrisk.EPS_NATS) -> PreregisteredTests:
-    """P1 and P2 for ``drafter`` (default: the only drafter), P3 when the traces hold two or more
-    drafters; Holm's adjustment over the primary p-values."""
+    """P1 and P2 for ``drafter``, P3 where the traces hold two or more drafters; Holm over the primary p."""
     tests = {"P1": universality_test(traces, drafter=single_drafter(traces, drafter)[0], eps=eps),
              "P2": category_ranking_test(traces, drafter=drafter, eps=eps)}
     notes = []

@@ -40,8 +40,7 @@ def r_squared(y, predicted) -> float:
 
 
 def exact_spearman_p(x, y) -> tuple[float, float]:
-    """Spearman rho of (x, y) and the exact one-sided permutation p of rho >= observed (K! orderings); beyond 9
-    categories (9! orderings) the p is not computed: NaN."""
+    """Spearman rho of (x, y) and its exact one-sided permutation p (rho >= observed); NaN beyond 9 values."""
     x, y = np.asarray(x, float), np.asarray(y, float)
     rho = stats.spearmanr(x, y).statistic
     if len(x) > 9:

@@ -56,8 +56,7 @@ def entropy_sequences(traces, drafter: str) -> pd.DataFrame:
 
 
 def sequence_context(law, rec) -> dict:
-    """The per-position arrays of a ``sequences_of`` row that ``law``'s DP reads besides the entropy
-    (``LawFamily.position_columns``), None where the row has none."""
+    """The per-position arrays (``LawFamily.position_columns``) of a ``sequences_of`` row, None where absent."""
     return {column: getattr(rec, column, None) for column in law.family.position_columns}
 
 
@@ -113,8 +112,7 @@ def binned_depth_distribution(start_entropy, drafted_depth, drafts: int, *, edge
 
 def depth_distribution(depths: pd.DataFrame, drafts: int, *, edges=DEPTH_ENTROPY_EDGES,
                        prior_rounds: float = DEPTH_PRIOR_ROUNDS) -> np.ndarray:
-    """``binned_depth_distribution`` over the rounds that started after position 0 (all rounds where there are none);
-    ``edges=()``: one pooled distribution."""
+    """``binned_depth_distribution`` of the rounds after position 0 (else all); ``edges=()``: one distribution."""
     later = depths.loc[depths["start_position"] > 0]
     if later.empty:
         later = depths
@@ -208,8 +206,7 @@ def _block_size(rounds: pd.DataFrame) -> int:
 
 
 def with_start_entropy(drafted: pd.DataFrame, sequences: pd.DataFrame) -> pd.DataFrame:
-    """``drafted_depths`` rows of the requests in ``sequences`` with ``category``, ``start_entropy`` and, where the
-    sequences hold it, ``start_context_match``."""
+    """``drafted_depths`` rows with ``category``, ``start_entropy`` and, where known, ``start_context_match``."""
     entropy_of = {(r.run_id, r.request_id): np.asarray(r.entropy, dtype=float) for r in sequences.itertuples()}
     joined = drafted.merge(sequences[["run_id", "request_id", "category"]], on=["run_id", "request_id"], how="inner")
     keys = list(zip(zip(joined["run_id"], joined["request_id"]), joined["start_position"]))

@@ -12,8 +12,7 @@ from entropy_law.law.arms import run_arms
 
 @dataclass
 class TraceView:
-    """The four tables as plain DataFrames; after ``make_view`` ``runs.drafter_id`` holds the arm label (the
-    recorded id is in ``recorded_drafter_id``)."""
+    """The four tables as DataFrames; after ``make_view`` ``runs.drafter_id`` is the arm label."""
 
     tokens: pd.DataFrame
     rounds: pd.DataFrame

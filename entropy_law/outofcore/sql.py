@@ -33,8 +33,7 @@ def _literal(value: float) -> str:
 
 
 def _means_for(family, means: str, with_rounds: bool) -> list[str]:
-    """The covariate means the aggregate keeps: all (``"all"``) or those the family's fit reads (``"family"``, raw means
-    in place of their logs)."""
+    """The covariate means kept: ``"all"``, or ``"family"`` (those its fit reads, raw means for logs)."""
     every = [*atrisk.COVARIATES, *atrisk.DERIVED]
     if not with_rounds:
         every.remove("log_drafted_depth")

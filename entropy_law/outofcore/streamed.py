@@ -121,8 +121,7 @@ def _batches(con, sql: str, batch_cells: int):
 
 
 class _Cache:
-    """The design matrix, outcomes, trials, cluster codes (with ``entropy`` also the cells' mean entropy) of every cell
-    in one binary file, read back batch by batch."""
+    """Design, outcomes, trials, cluster codes (and with ``entropy`` H) of every cell in one file, read in batches."""
 
     def __init__(self, path: Path, k: int, *, entropy: bool = False):
         self.path, self.k, self.entropy, self.sizes = path, k, entropy, []

@@ -124,8 +124,7 @@ def acceptance_curve_sql(traces, *, width_log10: float = 0.25, eps: float = atri
                          drafters: Sequence[str] | None = None, by_arm: bool = False,
                          chunk_bytes: int = DEFAULT_CHUNK_BYTES, threads: int | None = None,
                          memory_limit: str | None = None, temp_directory: str | None = None) -> pd.DataFrame:
-    """Depth-1 acceptance per drafter id x category x log-spaced entropy bin, out of core (the columns of
-    ``plots.figures.binned_acceptance_table``)."""
+    """Depth-1 acceptance per drafter x category x log entropy bin, out of core (``binned_acceptance_table``)."""
     frame = _run_groups(traces, drafters, by_arm, chunk_bytes, threads, memory_limit, temp_directory,
                         {"curve": _curve_sql(width_log10, eps)})["curve"]
     return _curve_frame(frame)

@@ -150,8 +150,7 @@ def speedup(an, arm: str) -> pd.DataFrame:
 
 
 def measured_speedups(an) -> pd.DataFrame:
-    """``speedup`` of every arm that has one, stacked; why the others have none is in ``attrs["notes"]``
-    (raises with those reasons where no arm has one)."""
+    """``speedup`` of every arm that has one, stacked; why others have none: ``attrs["notes"]``."""
     def compute():
         frames, reasons = [], []
         for arm in an.arms:

@@ -276,8 +276,7 @@ def _context_match_tables(lagged, context_match: pd.DataFrame, family: str, grid
 
 
 def _tabulate(law, grid: np.ndarray, depths: list, **covariates) -> np.ndarray:
-    """``law``'s acceptance [entropies x depths] on ``grid`` (deeper than fitted: the deepest), clipped to [0, 1];
-    ``covariates``: the family's other inputs."""
+    """``law``'s acceptance [entropies x depths] on ``grid``, clipped to [0, 1]; ``covariates``: its other inputs."""
     deepest = max(law.depths)
     columns = [law.predict_acceptance(grid, depth=d if d in law.depths else min(d, deepest), **covariates)
                for d in depths]

@@ -11,8 +11,7 @@ from entropy_law.plots.style import new_axes, palette, panels, short_message, un
 
 
 def reliability_diagram(table: pd.DataFrame, *, ax=None, min_trials: int = 20):
-    """Observed vs mean predicted acceptance per bin, one line per category (bins with fewer than
-    ``min_trials`` trials are not drawn); returns ``ax``."""
+    """Observed vs predicted acceptance per bin, a line per category (bins of ``min_trials`` or more); ``ax``."""
     needed = {"category", "predicted", "observed", "observed_low", "observed_high", "trials", "ece"}
     missing = sorted(needed - set(table.columns))
     if missing:

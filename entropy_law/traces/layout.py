@@ -177,8 +177,7 @@ def _pid_running(pid: int) -> bool:
 
 
 def read_lock(run_dir: Path) -> dict | None:
-    """The holder in ``<run dir>/writer.lock`` (``pid``, ``host``, ``started``, ``token``), None without a lock, or
-    ``{"unreadable": reason}``."""
+    """The holder in ``writer.lock`` (``pid``, ``host``, ``started``, ``token``), None, or ``{"unreadable": why}``."""
     path = Path(run_dir) / LOCK_FILE
     try:
         with open(path, encoding="utf-8") as fh:

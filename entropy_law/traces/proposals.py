@@ -54,8 +54,7 @@ def check_proposals(frame: pd.DataFrame, where: str = "proposals") -> None:
 
 
 def write_proposals(run_dir, frame: pd.DataFrame, how: dict) -> Path:
-    """Write ``frame`` (every request of the run, its ``run_id``) as ``<run_dir>/proposals.parquet`` atomically, ``how``
-    (JSON-able) in the schema metadata."""
+    """Write ``frame`` (every request of the run) as ``proposals.parquet`` atomically, ``how`` in its metadata."""
     run_dir = Path(run_dir)
     meta = read_run_json(run_dir / RUN_FILE)
     frame = frame.copy()

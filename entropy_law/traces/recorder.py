@@ -392,8 +392,7 @@ class TraceRecorder:
 
     @staticmethod
     def check_path(path, *, resume: bool = False, overwrite: bool = False, break_lock: bool = False) -> None:
-        """Raise what ``TraceRecorder(path, ...)`` with these options would refuse, writing nothing (for a job to
-        check its output folder before it loads a model)."""
+        """Raise what ``TraceRecorder(path, ...)`` would refuse, writing nothing (before loading a model)."""
         if overwrite and resume:
             raise ValueError("pass overwrite=True (replace the run) or resume=True (continue it), not both")
         path = Path(path)
@@ -607,8 +606,7 @@ class TraceRecorder:
     # -- per-request logging --------------------------------------------------------------------------
     def begin_request(self, request_id, *, category, dataset="", question_id="", prompt_tokens=0,
                       image_tokens=0, prompt_ids=None) -> None:
-        """Open a request; its rows are buffered until ``end_request``. ``prompt_ids``: the prompt's token ids, for
-        the tokens column ``context_match`` (null without them)."""
+        """Open a request (buffered until ``end_request``); ``prompt_ids`` give ``context_match`` (else null)."""
         self._check_live()
         if not isinstance(request_id, str) or not request_id:
             raise ValueError(f"request_id must be a non-empty string; got {request_id!r}")

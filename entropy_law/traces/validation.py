@@ -291,8 +291,7 @@ def _check_groups_are_rounds(groups: dict, r_sorted, r_order, tokens: pa.Table, 
 
 
 def _check_round_tokens(groups: dict, rounds: pa.Table, r_order, where: str) -> None:
-    """Each round's token rows: ``committed`` of them, depths 1..committed, positions from ``start_position``,
-    and min(accepted, committed) of them accepted."""
+    """Each round's token rows: ``committed`` of them, depths 1..committed, positions, accepted count."""
     starts, inner, n = groups["starts"], groups["inner"], groups["sizes"]
     committed = _np(rounds, "committed").astype(np.int64)[r_order]
 
