@@ -202,8 +202,7 @@ def finish_cells(result, family: str | None = None, *, bin_columns: Sequence[str
                  keys: Sequence[str] | None = None, width_log10: float = 0.05, eps: float = atrisk.EPS_NATS,
                  means: str = "all", on_invalid: str = "raise") -> pd.DataFrame:
     """The rows of ``at_risk_sql(...)`` run elsewhere (a DataFrame or Arrow table, e.g. from Spark) as the aggregate
-    ``fit_law`` takes, for the ``family`` (or ``bin_columns`` / ``keys``) and ``means`` of the query; the arms are the
-    caller's to check."""
+    ``fit_law`` takes, for the query's ``family`` (or ``bin_columns`` / ``keys``) and ``means``; arms unchecked."""
     import pyarrow as pa
 
     if on_invalid not in ("raise", "drop"):

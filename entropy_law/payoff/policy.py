@@ -206,9 +206,8 @@ HYBRID_POLICY_KIND = "entropy_law_hybrid_policy"  # the decoder's HybridLawPolic
 
 
 def hybrid_policy(ngram: dict, block: dict) -> dict:
-    """The hybrid drafter's policy (``decoding.policy.HybridLawPolicy``) from the n-gram drafter's and the block
-    drafter's law policies, each fitted on its own traces; each round runs the drafter whose law promises the higher
-    rate (or none)."""
+    """The hybrid drafter's policy (``decoding.policy.HybridLawPolicy``) from the n-gram and block drafters' law
+    policies; each round runs the drafter whose law promises the higher rate (or none)."""
     for route, params in (("ngram", ngram), ("block", block)):
         if not isinstance(params, dict) or params.get("kind") != POLICY_KIND:
             raise ValueError(f"the {route} drafter's parameters are not a law policy (kind {POLICY_KIND!r}): make "

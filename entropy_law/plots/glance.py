@@ -65,9 +65,8 @@ def loco_ours(view, arm: str, rounds: pd.DataFrame, family: str, *, root_only=Fa
 
 
 def side_by_side(view, arm: str, family: str | None = None, *, forms=("code",), rows_fn=None) -> dict:
-    """Both laws on one arm, LOCO per round: ``{"rounds", "scores": {name: round_scores}, "errors": {name: why}}``;
-    names ``glance``, ``glance_<form>``, ``family`` and ``"<family> (root entropy only)"``. ``rows_fn``: returns
-    the arm's at-risk table (a cached one)."""
+    """Both laws on one arm, LOCO per round: ``{"rounds", "scores": {name: round_scores}, "errors": {name: why}}`` for
+    ``glance``, ``glance_<form>``, ``family`` and ``"<family> (root entropy only)"``; ``rows_fn``: the at-risk table."""
     family = family or primary_family(view)
     rounds = glance.glance_rounds(view)
     out = {"rounds": rounds, "scores": {}, "errors": {}, "family": family}

@@ -51,9 +51,8 @@ def predicted_vs_measured(table: pd.DataFrame, *, ax, colours: dict):
 
 
 def crossing_panel(requests: pd.DataFrame, crossing: dict, *, ax, colour, workload=None):
-    """Per-request measured speedup vs mean entropy for one arm and where it crosses 1 (logistic crossing dotted);
-    given ``workload`` (``WorkloadBreakeven``), also the predicted per-request speedups, both log-speedup lines and
-    the workload break-even interval."""
+    """Per-request measured speedup vs mean entropy for one arm and where it crosses 1; with ``workload`` also the
+    predicted per-request speedups, both log-speedup lines and the workload break-even interval."""
     ax.scatter(requests["mean_entropy_nats"], requests["speedup"], s=10, color=colour, alpha=0.7, label="measured")
     ax.axhline(1.0, color="k", lw=0.6)
     h = requests["mean_entropy_nats"].to_numpy(float)
