@@ -29,61 +29,12 @@ from entropy_law.prompts.text import OPEN_ENDED, SPEC_BENCH, load_tasks
 GSM8K_ENV = "ENTROPY_LAW_GSM8K"
 GSM8K_DEFAULT = Path("..") / "shared" / "data" / "gsm8k" / "train.jsonl"  # relative to the repo root
 
-# Subjects for passages and open instructions; chosen by hand, unrelated to the Spec-Bench questions.
-TOPICS = (
-    "a small bakery that opens a second shop", "a city that builds new bicycle lanes",
-    "a school garden project", "a museum that reopens after renovation", "a local football club",
-    "a new public library", "a heat wave in a coastal town", "a startup making solar lamps",
-    "a volunteer beach clean-up", "a farmer who switches to organic crops", "a bridge closed for repairs",
-    "a chess tournament for children", "a hospital that opens a new wing", "a train line extension",
-    "a jazz festival in the park", "a family-run hardware store", "a robotics competition",
-    "a mountain rescue team", "a river flood and the clean-up", "a new recycling programme",
-    "an old cinema turned into a theatre", "a marathon through the city centre", "a honey bee farm",
-    "a space telescope launch", "a wildlife reserve that counts its birds", "a town's water supply upgrade",
-    "a university that offers free evening classes", "a shipping port that expands",
-    "a restaurant that only serves local food", "a power outage after a storm", "a community radio station",
-    "a teenager who starts a coding club", "a zoo welcoming a baby elephant", "a new vaccine trial",
-    "a village that gets fast internet", "a bookshop celebrating 100 years", "a wind farm built offshore",
-    "a street market on Sundays", "a company moving to a four-day week", "a fire station open day",
-    "an art exhibition by local students", "a drought affecting wheat farmers", "a new electric bus fleet",
-    "a cooking school for adults", "a lost dog found after a week", "a science fair winner",
-    "a housing project for older people", "a ferry service between two islands", "a coffee price increase",
-    "a theatre group touring small towns", "a historic castle repaired", "a rescue of stranded whales",
-    "a hiking trail reopened", "a factory that cuts its energy use", "a new airport terminal",
-    "a tennis player's first title", "a choir that raises money for charity", "a snowstorm closing schools",
-    "a tech company opening an office abroad", "a fishing village and its festival",
-    "an online course that becomes popular", "a park that plants a thousand trees",
-    "a record harvest of apples", "a new pedestrian zone downtown",
-)
-OPEN_INSTRUCTIONS = (
-    "Explain what {x} is in simple words.", "Give three tips for {x}.", "Write a short story about {x}.",
-    "What are the advantages and disadvantages of {x}?", "Describe how {x} works.",
-    "Write an email to a friend about {x}.", "List five facts about {x}.", "Why is {x} important?",
-)
-OPEN_SUBJECTS = (
-    "photosynthesis", "learning a new language", "saving money", "the water cycle", "a healthy breakfast",
-    "public transport", "volcanoes", "recycling", "sleep", "time management", "the moon", "gardening",
-    "electric cars", "rainbows", "friendship", "exercise", "the internet", "cooking pasta", "bees",
-    "reading books", "the solar system", "first aid", "camping", "music lessons",
-)
-# Long grounded prompts (several of the target's passages in one context, 500-1000 tokens, like Spec-Bench's
-# summarization and RAG prompts); tasks whose answers copy from the context. ``{topic}`` is one passage's topic.
-LONG_TASKS = (
-    ("long_summary", "Summarize: {text}"),
-    ("long_rag", "{text}\n{question}"),
-    ("long_extract", "{text}\n\nList the names, places and numbers mentioned in the text above."),
-    ("long_quote", "{text}\n\nQuote the sentences of the text above that are about {topic}."),
-)
-LONG_QUESTIONS = (
-    "What happened with {topic}?", "Who was involved in the story about {topic}?",
-    "Where did the story about {topic} take place?", "why does the story about {topic} matter?",
-    "what does the text say about {topic}?",
-)
-PASSAGE_QUESTIONS = (
-    "What is the main event described in the text?", "Who is involved, according to the text?",
-    "Where does this take place?", "Why does this matter, according to the text?",
-    "What happens next, according to the text?",
-)
+# the hand-chosen subjects, instructions and questions of the prompts below (a data file shipped with the package)
+_WORDS = json.loads((Path(__file__).with_name("prompt_words.json")).read_text(encoding="utf-8"))
+TOPICS = tuple(_WORDS["topics"])  # passages (stage 1) and the long prompts' questions
+OPEN_INSTRUCTIONS, OPEN_SUBJECTS = tuple(_WORDS["open_instructions"]), tuple(_WORDS["open_subjects"])
+LONG_TASKS = tuple((source, template) for source, template in _WORDS["long_tasks"])  # 500-1000 token prompts
+LONG_QUESTIONS, PASSAGE_QUESTIONS = tuple(_WORDS["long_questions"]), tuple(_WORDS["passage_questions"])
 
 
 @dataclass(frozen=True)
