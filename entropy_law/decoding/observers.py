@@ -1,9 +1,6 @@
-"""Observers that turn decoding rounds into trace rows, and the target statistics they record.
-
-``RecorderObserver`` is the one adapter between decoding and the trace writer (a ``round.Round`` -> one
-``TraceRecorder.log_round``). The target statistics (``traces.stats.TARGET_STAT_KEYS``) are computed in torch,
-fp32 over the full vocabulary; the trace layer's numpy ``target_stats_from_logits`` agrees. Observers never
-change what is decoded.
+"""Observers that turn decoding rounds into trace rows (``RecorderObserver``: a ``Round`` -> one
+``TraceRecorder.log_round``), and the target statistics they record (torch, fp32 over the full vocabulary; the
+trace layer's numpy ``target_stats_from_logits`` agrees). Observers never change what is decoded.
 """
 
 from __future__ import annotations

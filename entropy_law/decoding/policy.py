@@ -11,8 +11,7 @@
    (A accepted drafts, E their expectation) scales each path probability; ``calibration_half_life`` fades it.
 4. the context's copyability (optional ``context_match``): the law of the level of ``context_match_length``.
 
-The law arrives as plain JSON-able parameters (``payoff.policy``): this module never imports the law layer. The
-policy only picks which drafted nodes are verified, so the output is the greedy output whatever it decides.
+The law arrives as JSON-able parameters (``payoff.policy``); this module never imports the law layer.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Offline replay: target statistics and speculative rounds from a prompt and its greedy output.
 
-One teacher-forced target pass gives the target's logits (hence the recorded entropy) at every output position.
-For context-only drafters the decoder's rounds are simulated without the target: ``replay_rounds`` plays the
-decoder's own round (``round.play_round`` under the same ``RoundRules``) with the recorded output as the source of
-correct tokens, since greedy decoding's argmax after any prefix is the output's next token. Round 0 is the
-prefill. Drafters that read target features replay through ``PrecomputedBlockDrafter``. Replayed rounds report
-0 ms.
+One teacher-forced target pass gives the target's logits at every output position. ``replay_rounds`` plays the
+decoder's own round (``round.play_round``, same ``RoundRules``) with the recorded output as the source of correct
+tokens (greedy decoding's argmax after any prefix is its next token): context-only drafters directly, feature
+drafters through ``PrecomputedBlockDrafter``. Round 0 is the prefill; replayed rounds report 0 ms.
 """
 
 from __future__ import annotations

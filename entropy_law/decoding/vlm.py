@@ -1,11 +1,9 @@
 """Vision-language targets (Qwen2-VL / Qwen2.5-VL, LLaVA): image prompts, pixels at prefill, M-RoPE tree positions.
 
-Pixels go to the prefill forward only (``attach(prompt)``, then the decoder's ordinary ``prefill``); afterwards
-the image lives in the KV cache. Qwen's positions are 3-D M-RoPE ids: the prefill's come from the model's
-``get_rope_index``, which gives ``rope_delta = (max position + 1) - prompt length``, and a tree node at depth
-``d`` gets ``start + d + rope_delta`` on all three axes. LLaVA keeps 1-D positions. ``ImagePromptEncoder``
-builds token ids and pixel tensors without the HF ``Processor`` classes; ``reference_greedy`` (plain HF
-``generate``) is the oracle of exactness. One image per prompt, batch 1; other families need a subclass.
+Pixels go to the prefill forward only (``attach(prompt)``); afterwards the image lives in the KV cache. Qwen's
+tree node at depth ``d`` gets ``start + d + rope_delta`` on all three M-RoPE axes (``rope_delta`` from the model's
+``get_rope_index``); LLaVA keeps 1-D positions. ``reference_greedy`` (plain HF ``generate``) is the oracle of
+exactness. One image per prompt, batch 1; other families need a subclass.
 """
 
 from __future__ import annotations
@@ -65,8 +63,7 @@ class ImagePrompt:
         return self.image_tokens > 0
 
 
-def load_image(path: str | os.PathLike):
-    """A PIL RGB image from a file, with an error that names the file."""
+def load_image(path: str | os.PathLike):  # PIL RGB
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"image not found: {path}")
@@ -152,8 +149,7 @@ class ImagePromptEncoder:
         return text + "ASSISTANT:"
 
     def encode(self, image, turns: Sequence[str] | str, answers: Sequence[str] = ()) -> ImagePrompt:
-        """An ``ImagePrompt`` for one image (a PIL image, a path, or ``None`` for a text-only prompt)
-        and the user turn(s)."""
+        """An ``ImagePrompt`` for one image (PIL, a path, or ``None``: text only) and the user turn(s)."""
         if image is not None and not hasattr(image, "convert"):
             image = load_image(image)
         text = self.render(self.messages(turns, answers, with_image=image is not None))
@@ -178,8 +174,7 @@ class ImagePromptEncoder:
             tensors["mm_token_type_ids"] = (ids_tensor == self.image_token_id).to(torch.int32)
         return ImagePrompt(input_ids=ids, image_tokens=n_image, family=self.family, tensors=tensors, text=text)
 
-    def count_image_tokens(self, tensors: Mapping[str, torch.Tensor]) -> int:
-        """Placeholder tokens one processed image fills."""
+    def count_image_tokens(self, tensors: Mapping[str, torch.Tensor]) -> int:  # placeholders one image fills
         if self.family in QWEN_FAMILIES:
             grid = tensors["image_grid_thw"]
             if grid.shape[0] != 1:
@@ -221,8 +216,7 @@ class VLMTargetAdapter(TargetAdapter):
         self._pending: ImagePrompt | None = None
         self.image_tokens = 0
 
-    def attach(self, prompt: ImagePrompt) -> None:
-        """Stage the pixel inputs of the next request (consumed by the next ``prefill``)."""
+    def attach(self, prompt: ImagePrompt) -> None:  # consumed by the next prefill
         if prompt.family != self.family:
             raise ValueError(f"prompt was encoded for {prompt.family} but the target is {self.family}")
         self._pending = prompt
@@ -249,8 +243,7 @@ class VLMTargetAdapter(TargetAdapter):
                 extra["pixel_values"] = extra["pixel_values"].to(self.dtype)
         return self._prefill_forward(ids, positions, **extra)  # a fresh cache, as a text prefill makes it
 
-    def prefill_position_ids(self, ids: torch.Tensor, prompt: ImagePrompt | None) -> torch.Tensor:
-        """Position ids of the prompt (1-D ``arange`` here; M-RoPE subclasses override)."""
+    def prefill_position_ids(self, ids: torch.Tensor, prompt: ImagePrompt | None) -> torch.Tensor:  # M-RoPE: override
         return torch.arange(ids.shape[1], device=self.device).unsqueeze(0)
 
 

@@ -1,13 +1,10 @@
-"""Target statistics for an imported engine run (``entropy-law entropy RUN --model M``).
+"""Target statistics for an imported engine run (``entropy-law entropy RUN --model M``), teacher-forced.
 
-An engine import writes no token rows: no engine records the target statistics. This job computes them
-teacher-forced (one forward over prompt + output per request, ``observers.distribution_stats`` on every
-output row) for the aligned per-step requests; the rounds come from the engine's per-step counts. A request
-whose ids do not fit the target keeps its request row only and is listed under ``entropy.unscored`` in
-``run.json``. Requests are packed by length into left-padded forwards of at most ``batch_tokens`` tokens
-(0: one per request). The new run is written through ``TraceRecorder`` and resumes when run again. In place
-(no ``out``) it is written to a hidden ``.<name>.entropy`` folder while the import is locked, then swapped
-in by two renames, keeping the ``run_id``; a swap left half done is finished by the next run.
+One forward over prompt + output per aligned per-step request (packed into left-padded forwards of at most
+``batch_tokens`` tokens; 0: one each); the rounds come from the engine's per-step counts. A request whose ids do
+not fit the target keeps its request row only (``entropy.unscored`` in ``run.json``). Resumable. In place (no
+``out``) the run is written to a hidden ``.<name>.entropy`` folder while the import is locked, then swapped in by
+two renames, keeping the ``run_id``; a swap left half done is finished by the next run.
 """
 
 from __future__ import annotations

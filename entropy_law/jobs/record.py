@@ -1,11 +1,10 @@
 """Decode prompts with one or more arms and record one trace run per arm (``record_arms``): the loop the demo,
 the reference traces and ``entropy-law record`` share.
 
-Each arm becomes a decoder with a ``TraceRecorder`` as its observer; a resumed run must match its whole
-configuration. Every run folder is checked before any arm is set up. After an optional unrecorded warm-up,
-prompts are decoded one by one, every arm in turn in an order that rotates with the prompt, each ``generate``
-call timed (CPU and wall clock). Prompts already recorded, empty or too long for the context are skipped; a
-failing request raises (the run stays resumable), or with ``keep_going`` is logged and counted.
+Every run folder is checked before any arm is set up; a resumed run must match its whole configuration. After an
+optional unrecorded warm-up, every arm decodes each prompt in an order that rotates with the prompt, each call
+timed (CPU and wall). Prompts already recorded, empty or too long are skipped; a failing request raises (the run
+stays resumable), or with ``keep_going`` is logged and counted.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Measured decoding speed, the one routine: warm-up, arms interleaved per prompt, paired ratios, intervals.
 
-Every arm is a callable ``(prompt ids, max_new_tokens) -> (new token ids, rounds or None)``. After one warm-up
-per arm, every arm decodes each prompt in turn, in an order that rotates with the prompt, each call timed by
-this process's CPU clock and the wall clock; outputs are compared with the reference arm's. A speedup is the
-reference's time over the arm's on the same requests, with a request-bootstrap 95% interval; it is a result
-only inside the physical bound (tokens per round x c(1)/c(N+1)) and precise enough, by the rule
-``payoff.cost.speed_verdict`` that ``TraceAnalysis.speedup`` applies to traces too.
+Every arm is a callable ``(prompt ids, max_new_tokens) -> (new token ids, rounds or None)``, decoding each prompt
+in an order that rotates with the prompt, timed by this process's CPU clock and the wall clock; outputs are
+compared with the reference arm's. A speedup (reference time over the arm's, request-bootstrap 95% interval) is a
+result only by the rule of ``payoff.cost.speed_verdict``, as ``TraceAnalysis.speedup`` applies it to traces.
 """
 
 from __future__ import annotations

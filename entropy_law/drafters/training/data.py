@@ -1,11 +1,9 @@
 """Self-distilled training data for the block drafter: prompts, greedy target responses, target features.
 
-Prompts: GSM8K train questions, grounded prompts on passages the target wrote itself (short and long),
-open instructions, translations and, where a plan asks, HumanEval problems and ShareGPT turns; all checked
-disjoint from the evaluation prompts. The target answers greedily in left-padded batches, encoded as the
-decoder encodes them; the features of the feature layers and the top-k soft labels (``DataPlan.soft_topk``)
-are captured on the way. Shards (safetensors + a JSON manifest) are skipped on restart; a data folder records
-its plan and refuses another. Batched generation can differ from batch-1 greedy decoding at rare near-ties.
+Prompts (GSM8K, grounded prompts on passages the target wrote, open instructions, translations, optionally
+HumanEval and ShareGPT) are checked disjoint from the evaluation prompts. The target answers greedily in
+left-padded batches (which can differ from batch-1 decoding at rare near-ties), capturing the feature layers and
+the top-k soft labels. Shards (safetensors + JSON) are skipped on restart; a data folder refuses another plan.
 """
 
 from __future__ import annotations
