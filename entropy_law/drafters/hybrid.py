@@ -1,10 +1,8 @@
 """One proposal from two drafters: the n-gram drafter's matches and the block drafter's candidates.
 
-``HybridDrafter`` asks the n-gram drafter first and runs the block forward only when the n-gram chain's
-expected accepted drafts are below ``skip_block_at`` (or a policy routes the round, ``route``). The two proposals
-are merged per depth: candidates deduplicated, scored by ``p = w q_ngram + (1 - w) q_block``, best first, at most
-``top_k``. Target features of positions committed while the block forward was skipped are handed to it at its
-next call, so its context stays complete.
+``HybridDrafter`` runs the block forward only when the n-gram chain's expected accepted drafts are below
+``skip_block_at`` (or a policy routes the round, ``route``); the proposals are merged per depth
+(``merge_proposals``). Features committed while the block forward was skipped reach it at its next call.
 """
 
 from __future__ import annotations
@@ -105,14 +103,12 @@ class HybridDrafter:
         self._peeked = None
 
     def with_block(self, block) -> "HybridDrafter":
-        """A hybrid drafter of the same settings and n-gram drafter around another block drafter (e.g. a replay's
-        stand-in, ``replay.PrecomputedBlockDrafter``)."""
+        """The same settings and n-gram drafter around another block drafter (e.g. a ``PrecomputedBlockDrafter``)."""
         return HybridDrafter(self.ngram, block, ngram_weight=self.ngram_weight, skip_block_at=self.skip_block_at,
                              top_k=self.top_k)
 
     def ngram_proposal(self, tokens: Sequence[int]) -> DraftProposal:
-        """The n-gram drafter's proposal after ``tokens``, made once per round: a policy may look at it before
-        choosing the round's drafter (prompt lookup costs next to nothing), and ``propose`` reuses it."""
+        """The n-gram proposal after ``tokens``, made once per round (a policy may look before ``propose`` reuses it)."""
         if self._peeked is None or self._peeked[0] != len(tokens):
             self._peeked = (len(tokens), self.ngram.propose(tokens, None))
         return self._peeked[1]
