@@ -49,16 +49,17 @@ class Task:
         return [{"role": "user", "content": self.prompt}]
 
 
-def task_file(source: str | Path) -> tuple[str, Path]:
-    """(dataset name, JSONL path) for a built-in name (``"spec_bench"``, ``"open_ended"``) or a path to a JSONL file."""
+def task_file(source: str | Path, builtin: dict = BUILTIN_TASKS, what: str = "task file",
+              fields: str = "question_id, category and turns") -> tuple[str, Path]:
+    """(dataset name, JSONL path) for a name of ``builtin`` or a path to a JSONL file of ``what``."""
     text = str(source)
-    if text in BUILTIN_TASKS:
-        folder, name = BUILTIN_TASKS[text]
+    if text in builtin:
+        folder, name = builtin[text]
         return text, data_dir() / folder / name
     path = Path(text).expanduser()
     if not path.is_file():
-        raise FileNotFoundError(f"task file not found: {path} (give one of {', '.join(sorted(BUILTIN_TASKS))} or "
-                                "the path of a JSONL file with question_id, category and turns on every line)")
+        raise FileNotFoundError(f"{what} not found: {path} (give {' or '.join(repr(b) for b in sorted(builtin))} "
+                                f"or the path of a JSONL file with {fields} on every line)")
     return path.stem, path
 
 
