@@ -108,7 +108,7 @@ class HybridDrafter:
                              top_k=self.top_k)
 
     def ngram_proposal(self, tokens: Sequence[int]) -> DraftProposal:
-        """The n-gram proposal after ``tokens``, made once per round (a policy may look before ``propose`` reuses it)."""
+        """The n-gram proposal after ``tokens``, made once per round: a policy may look before ``propose`` uses it."""
         if self._peeked is None or self._peeked[0] != len(tokens):
             self._peeked = (len(tokens), self.ngram.propose(tokens, None))
         return self._peeked[1]

@@ -1,9 +1,8 @@
 """Drafting arms by name (a drafter plus a tree policy), built for a loaded target.
 
-An AR run writes ``"none"`` as its drafter and tree policy (the analysis recognises AR runs by them). The block
-drafter checkpoint is ``$ENTROPY_LAW_BLOCK_DRAFTER``, else the shipped default; ``find_block_checkpoint`` finds a
-recorded arm's by its SHA-256. An unavailable block drafter is reported (``block_drafter_status``) and the other
-arms go on.
+An AR run's drafter and tree policy are ``"none"``. The block drafter checkpoint is ``$ENTROPY_LAW_BLOCK_DRAFTER``,
+else the shipped default; ``find_block_checkpoint`` finds a recorded arm's by its SHA-256. An unavailable block
+drafter is reported (``block_drafter_status``) and the other arms go on.
 """
 
 from __future__ import annotations

@@ -35,13 +35,11 @@ class Task:
     turns: tuple[str, ...]
 
     @property
-    def prompt(self) -> str:
-        """The first turn (the text given to the model)."""
+    def prompt(self) -> str:  # the first turn, given to the model
         return self.turns[0]
 
     @property
-    def request_id(self) -> str:
-        """Stable id of this prompt in traces: ``"<dataset>:<question_id>"``."""
+    def request_id(self) -> str:  # stable in traces
         return f"{self.dataset}:{self.question_id}"
 
     def messages(self) -> list[dict[str, str]]:
@@ -103,9 +101,7 @@ def wanted_categories(categories: Iterable[str] | None, present: list[str], data
 def load_tasks(source: str | Path = SPEC_BENCH, *, categories: Iterable[str] | None = None,
                limit: int | None = None) -> list[Task]:
     """Prompts of a task file, in file order: only ``categories`` (None: all; an unknown one is an error), at most
-    ``limit`` per category. A prompt with an empty first turn is skipped with a warning; duplicate question ids
-    are an error.
-    """
+    ``limit`` per category. A prompt with an empty first turn is skipped with a warning; duplicate ids: an error."""
     dataset, path = task_file(source)
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1 prompts per category (or None for all), got {limit}")
