@@ -72,8 +72,7 @@ class LoadedTarget:
 
 
 def cache_dir() -> Path:
-    """Where chunked embedded files are joined: ``$ENTROPY_LAW_CACHE``, else ``$XDG_CACHE_HOME/entropy-law``,
-    else ``~/.cache/entropy-law``."""
+    """``$ENTROPY_LAW_CACHE``, else ``$XDG_CACHE_HOME/entropy-law``, else ``~/.cache/entropy-law``."""
     if os.environ.get(CACHE_ENV):
         return Path(os.environ[CACHE_ENV]).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
@@ -114,8 +113,7 @@ def embedded_gguf_path(name: str = DEFAULT_TARGET) -> Path:
         with open(partial, "wb") as out:
             for chunk in chunks:
                 with open(chunk, "rb") as fh:
-                    for block in iter(lambda: fh.read(1 << 22), b""):
-                        out.write(block)
+                    shutil.copyfileobj(fh, out, 1 << 22)
         os.replace(partial, joined)
     digest = file_sha256(joined)
     if digest != embedded.sha256:
@@ -195,8 +193,7 @@ _COMPLETE = "entropy-law-converted.json"
 
 
 def converted_cache_path(gguf: Path, dtype: torch.dtype, *, sha256: str | None = None) -> Path:
-    """Where the converted model of ``gguf`` is kept: keyed on its SHA-256 (``sha256`` if already checked), the
-    dtype and the transformers version."""
+    """Keyed on the SHA-256 of ``gguf`` (``sha256`` if already checked), the dtype and the transformers version."""
     import transformers
 
     key = f"{sha256 or file_sha256(gguf)}-{str(dtype).removeprefix('torch.')}-transformers{transformers.__version__}"
@@ -211,8 +208,7 @@ def _from_folder(folder, dtype, attn_implementation, kwargs):
 
 
 def _save_converted(model, tokenizer, folder: Path, source: str) -> None:
-    """Write the converted model into ``folder`` (a temporary sibling, then renamed); a failure warns and leaves
-    nothing behind."""
+    """Write the converted model into ``folder`` (via a renamed sibling); a failure warns, leaving nothing."""
     from safetensors.torch import save_model
 
     partial = folder.with_name(f"{folder.name}.{os.getpid()}.partial")

@@ -41,20 +41,18 @@ logger = logging.getLogger("entropy_law.record")
 
 @dataclass
 class ArmResult:
-    """What one arm recorded in this call. ``counts``: ``recorded``, ``already recorded``, ``skipped``,
-    ``failed``; ``outputs``: request id -> new token ids; ``decode_s``: wall time of the ``generate`` calls;
-    ``committed_per_round``: category -> each request's mean; ``timings``: one ``jobs.speed.Timing`` per call."""
+    """What one arm recorded in this call."""
 
     spec: ArmSpec
     run_dir: Path
     run_id: str
     metadata: dict
-    counts: Counter = field(default_factory=Counter)
-    outputs: dict = field(default_factory=dict)
+    counts: Counter = field(default_factory=Counter)  # recorded, already recorded, skipped, failed
+    outputs: dict = field(default_factory=dict)  # request id -> new token ids
     new_tokens: int = 0
-    decode_s: float = 0.0
-    committed_per_round: dict = field(default_factory=lambda: defaultdict(list))
-    timings: list = field(default_factory=list)
+    decode_s: float = 0.0  # wall time of the generate calls
+    committed_per_round: dict = field(default_factory=lambda: defaultdict(list))  # category -> each request's mean
+    timings: list = field(default_factory=list)  # one jobs.speed.Timing per call
 
 
 @dataclass
@@ -159,8 +157,7 @@ def record_arms(plan: RecordPlan, *, progress: bool = True, desc: str = "decode"
 
 
 def check_run_dir(run_dir: str | Path, *, resume: bool, overwrite: bool, break_lock: bool = False) -> None:
-    """Raise ValueError, saying what to do, if a run cannot be written at ``run_dir`` with these options
-    (cheap: a job checks before it loads a model)."""
+    """Raise ValueError, saying what to do, if a run cannot be written at ``run_dir`` (cheap: before any model)."""
     try:
         TraceRecorder.check_path(run_dir, resume=resume, overwrite=overwrite, break_lock=break_lock)
     except (FileExistsError, NotADirectoryError) as err:  # RunLockedError included
@@ -190,8 +187,7 @@ def _open_arm(spec: ArmSpec, plan: RecordPlan, stack: contextlib.ExitStack, log:
 
     if policy is not None and spec.drafts:  # the decoder runs on an adapter, which names no model: check here
         check_policy(policy, drafter, getattr(target, "model_id", None))
-    # the round policy, built here from the job's settings: the law policy, else the gate named
-    if policy is not None and spec.drafts:  # parameters without a curve are priced with this machine's
+        # parameters without a curve are priced with this machine's
         needs_curve = isinstance(policy, dict) and verify_cost is None and policy.get("verify_cost") is None
         round_policy = make_policy(policy, measure_verify_cost(adapter) if needs_curve else verify_cost, drafter)
     else:

@@ -57,8 +57,7 @@ def draft_calls(rounds) -> int:
 
 
 def decoder_arm(decoder) -> Callable:
-    """A ``time_arms`` arm for one of our decoders (``ARDecoder``, ``SpeculativeDecoder``): its token ids and
-    round records."""
+    """A ``time_arms`` arm for one of our decoders: its token ids and round records."""
     def run(prompt_ids, max_new_tokens):
         result = decoder.generate(prompt_ids, max_new_tokens=max_new_tokens)
         return result.token_ids, result.rounds
@@ -82,7 +81,6 @@ def time_arms(tasks: Sequence, arms: Mapping[str, Callable], encode: Callable, *
         raise ValueError(f"the reference arm {reference!r} is not among the arms {list(arms)}")
     if not tasks:
         raise ValueError("no prompts to time")
-    cost_of = verify_cost
     names = list(arms)
     warm = list(encode(tasks[0]))
     for name in names:
@@ -99,7 +97,7 @@ def time_arms(tasks: Sequence, arms: Mapping[str, Callable], encode: Callable, *
             outputs[name] = list(tokens)
         for name in names:
             cpu_s, wall_s, rounds = timed[name]
-            n_rounds, cost = round_cost(rounds, cost_of)
+            n_rounds, cost = round_cost(rounds, verify_cost)
             rows.append(Timing(arm=name, request_id=task.request_id, category=task.category,
                                new_tokens=len(outputs[name]), cpu_s=cpu_s, wall_s=wall_s, rounds=n_rounds,
                                verify_cost=cost, matches_reference=outputs[name] == outputs[reference],
