@@ -28,8 +28,7 @@ TARGET_STAT_COLUMNS = tuple(f"target_{key}" for key in TARGET_STAT_KEYS)
 
 @torch.no_grad()
 def teacher_forced_logits(target, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> torch.Tensor:
-    """``[len(output_ids), V]`` fp32: row i is the target's logit row after prompt + output[:i] (one forward
-    pass; ``target``: a ``LoadedTarget`` or a Hugging Face causal LM)."""
+    """``[len(output_ids), V]`` fp32: row i is the target's logit row after prompt + output[:i] (one forward)."""
     prompt_ids, output_ids = [int(t) for t in prompt_ids], [int(t) for t in output_ids]
     if not prompt_ids:
         raise ValueError("empty prompt: the first output token needs at least one prompt token")
@@ -82,8 +81,7 @@ class ReplayResult:
     config: dict = field(default_factory=dict)
 
     @property
-    def accepted_lengths(self) -> list[int]:
-        """tau of every round after the prefill."""
+    def accepted_lengths(self) -> list[int]:  # tau of every round after the prefill
         return [r.accepted for r in self.rounds if r.round_index > 0]
 
     @property
@@ -106,8 +104,7 @@ class ReplayResult:
                              "depth": "int16", "top1_prob": "float32"})
 
     @property
-    def summary(self) -> pd.DataFrame:
-        """One row per round."""
+    def summary(self) -> pd.DataFrame:  # one row per round
         rows = []
         for r in self.rounds:
             row = {key: value for key, value in asdict(r).items() if key not in ("draft", "target_logits")}
@@ -124,16 +121,10 @@ def replay_rounds(prompt_ids: Sequence[int], output_ids: Sequence[int], drafter:
                   min_expected_accepted: float | None = None, verify_cost: VerifyCost | None = None,
                   should_draft: Callable[[DraftProposal, Tree], bool] | None = None, policy=None,
                   entropies: Sequence[float] | None = None, category: str = "", dataset: str = "") -> ReplayResult:
-    """Simulate the decoder's rounds on a known greedy output.
-
-    ``output_ids``: the new tokens the decoder produced (ending with EOS or at the token budget). ``drafter``: a
-    context-only drafter, restarted with ``begin``. The gate settings (``verify_cost_ratio``,
-    ``min_expected_accepted``, ``verify_cost``, ``should_draft``) build the run's gate as ``gate.make_gate``;
-    ``policy`` (any ``round.RoundPolicy``, or law parameters for ``policy.make_policy``) replaces them, and a law
-    policy reads the target entropy at each output position from ``entropies``. ``max_new_tokens`` defaults to
-    ``len(output_ids)``; ``max_context``: the target's context length. ``category`` / ``dataset``: the request's
-    workload, as the policy sees it.
-    """
+    """Simulate the decoder's rounds on a known greedy output (``output_ids``: the new tokens, ending with EOS or at
+    ``max_new_tokens``, default their number) with a context-only ``drafter``. The gate settings build the gate as
+    ``gate.make_gate``; ``policy`` (a ``RoundPolicy`` or law parameters) replaces them, a law policy reading the
+    target entropy per output position from ``entropies``. ``category`` / ``dataset``: the workload it sees."""
     prompt_ids, output_ids = [int(t) for t in prompt_ids], [int(t) for t in output_ids]
     if not prompt_ids:
         raise ValueError("empty prompt")
@@ -272,13 +263,9 @@ def oracle_rounds(prompt_ids: Sequence[int], output_ids: Sequence[int], drafter:
 
 
 class HindsightPolicy:
-    """The replay oracle of one request as a decoder's round policy, so its rounds run on the target and are timed.
-
-    Given the request's greedy ``output_ids`` and its ``oracle`` (``oracle_rounds`` with the same settings): the
-    drafter runs unless the oracle's round from this position was a plain step; then the budget whose tree commits
-    the most tokens of ``output_ids`` per unit of ``c(N + 1) + draft_cost`` is verified, ties to the smaller
-    (``oracle_rounds``' rule). With a context-only drafter the rounds are the oracle's; elsewhere it chooses by
-    hindsight. ``decision["scheduled"]``: the oracle's budget here (None: no round). Only for that request."""
+    """The replay oracle of one request (its greedy ``output_ids`` and ``oracle_rounds``' ``oracle``) as a round
+    policy, so its rounds run on the target and are timed: the drafter runs unless the oracle's round here was a
+    plain step, then ``oracle_rounds``' rule picks the budget. ``decision["scheduled"]``: the oracle's budget here."""
 
     def __init__(self, output_ids: Sequence[int], oracle: OracleResult, *, verify_cost: VerifyCost,
                  draft_cost: float = 0.0, budgets: Sequence[int] = (0, 1, 2, 4, 8, 16, 32), tree: str = "ddtree",
@@ -348,8 +335,7 @@ def _budget_rules(budgets: Sequence[int], tree: str, eos_token_ids, max_context:
 
 def _budget_trials(state: RequestState, drafter: Drafter, budgets: Sequence[int], rules: dict, plain: RoundRules,
                    recorded: "_RecordedOutput") -> list[tuple[int, Round, RequestState]]:
-    """``[(budget, record, state after it)]``: the round each budget plays from a copy of ``state`` (0: a plain
-    step), all from one proposal."""
+    """``[(budget, record, state after it)]``: each budget's round from a copy of ``state``, from one proposal."""
     proposal = drafter.propose(state.prompt_ids + state.output, None)
     out = []
     for n in budgets:
@@ -454,9 +440,8 @@ def replay_request(target, prompt_ids: Sequence[int], output_ids: Sequence[int],
                    tree: str | Callable = "chain", budget: int | None = None, *, observers: Sequence[Observer] = (),
                    request_id: str = "replay", category: str = "", dataset: str = "", question_id: str = "",
                    image_tokens: int = 0, logits: torch.Tensor | None = None, **round_options) -> ReplayResult:
-    """Replay one request and hand its rounds to observers as the decoder would, with ``target_logits`` from one
-    teacher-forced pass (or ``logits``), 0 ms timings and ``replayed=True`` (see ``replay_run_metadata``).
-    ``round_options`` go to ``replay_rounds``."""
+    """``replay_rounds`` handed to observers as the decoder would, with ``target_logits`` from one teacher-forced
+    pass (or ``logits``), 0 ms timings and ``replayed=True`` (see ``replay_run_metadata``)."""
     result = replay_rounds(prompt_ids, output_ids, drafter, tree, budget, category=category, dataset=dataset,
                            **round_options)
     if logits is None:
@@ -557,9 +542,8 @@ class ChainReplay:
 @torch.no_grad()
 def replay_chain(drafter, input_ids: torch.Tensor, features: torch.Tensor, prompt_len: int, *,
                  chunk: int = 64) -> ChainReplay:
-    """The chain rounds (ungated) a decoder with ``drafter`` runs on one greedy sequence, and the acceptance at
-    every response anchor. ``input_ids [S]`` = prompt + greedy response; ``features [>= S-1, n*H]`` (row j =
-    position j)."""
+    """The ungated chain rounds of a decoder with ``drafter`` on one greedy sequence ``input_ids [S]`` (features
+    ``[>= S-1, n*H]``), and the acceptance at every response anchor."""
     sequence = [int(t) for t in input_ids.tolist()]
     prompt, output = sequence[:prompt_len], sequence[prompt_len:]
     source = PrecomputedBlockDrafter(drafter, prompt, output, features, chunk=chunk)

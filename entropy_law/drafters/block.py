@@ -110,8 +110,7 @@ class BlockDrafterConfig:
     def n_features(self) -> int:
         return len(self.feature_layers)
 
-    # read like a mapping too (``dict(drafter.config)`` in run metadata, as for the other drafters)
-    def keys(self):
+    def keys(self):  # read like a mapping too (``dict(drafter.config)``, as for the other drafters)
         return asdict(self).keys()
 
     def __getitem__(self, key: str):
@@ -245,11 +244,8 @@ class DrafterLayer(nn.Module):
 
 
 class BlockDrafter(nn.Module):
-    """A block drafter over a target; implements the ``Drafter`` protocol (``begin`` / ``propose``).
-
-    ``BlockDrafter(target)`` builds a fresh (randomly initialised) drafter matching ``target``;
-    ``BlockDrafter.load(path, target)`` loads a checkpoint and checks it against the target.
-    """
+    """A block drafter over a target (the ``Drafter`` protocol): ``BlockDrafter(target)`` builds a fresh one
+    matching ``target``; ``BlockDrafter.load(path, target)`` loads a checkpoint and checks it against the target."""
 
     def __init__(self, target, config: BlockDrafterConfig | None = None, *, seed: int | None = 0,
                  draft_vocab: Sequence[int] | None = None, **overrides):
@@ -295,8 +291,7 @@ class BlockDrafter(nn.Module):
                 self.copy_match_gate = nn.Parameter(torch.zeros(cfg.block_size - 1, cfg.copy_match))
             if cfg.copy_distance:  # per slot: a score per distance bucket (1, 2-3, 4-7, ...; the last is open)
                 self.copy_distance_score = nn.Parameter(torch.zeros(cfg.block_size - 1, cfg.copy_distance))
-        # learned MASK embedding, initialised at the mean embedded row (the table's mean times the target's
-        # embedding scale: Gemma multiplies its rows by sqrt(hidden_size))
+        # learned MASK embedding, initialised at the mean embedded row (Gemma scales its rows by sqrt(hidden_size))
         embedding = model.get_input_embeddings()
         self.mask_embedding = nn.Parameter(embedding.weight.detach().mean(0).float() * embedding_scale(embedding))
         for module in self.modules():
@@ -474,8 +469,7 @@ class BlockDrafter(nn.Module):
         return torch.stack(levels, dim=-1).float()
 
     def _copy_columns(self, input_ids: torch.Tensor, vocab: torch.Tensor | None) -> torch.Tensor:
-        """Column of every token of ``input_ids`` in the draft logits over ``vocab``; an error if one is not
-        there (the copy head can only copy what the draft vocabulary holds)."""
+        """Column of every token of ``input_ids`` in the draft logits over ``vocab`` (each must be there)."""
         if vocab is None:
             return input_ids.long()
         cols = torch.searchsorted(vocab, input_ids.long()).clamp(max=len(vocab) - 1)
@@ -658,8 +652,7 @@ class BlockDrafter(nn.Module):
         return self.proposal_from_logits(self.draft_logits(int(tokens[-1]), len(tokens) - 1, vocab, tokens), vocab)
 
     def proposal_from_logits(self, logits: torch.Tensor, vocab: torch.Tensor | None = None) -> DraftProposal:
-        """``[B-1, Vd]`` logits over ``vocab`` (default the fixed draft vocabulary) -> top-k candidates per
-        depth (token ids) + full-vocabulary logits."""
+        """``[B-1, Vd]`` logits over ``vocab`` -> top-k candidates per depth and full-vocabulary logits."""
         logprobs = torch.log_softmax(logits, dim=-1)
         k = min(self.config.top_k, logits.shape[-1])
         top_lp, top_index = torch.topk(logprobs, k, dim=-1)
@@ -669,7 +662,6 @@ class BlockDrafter(nn.Module):
     # ------------------------------------------------------------------ checkpoints
     def save(self, path: str | Path, *, dtype: torch.dtype = torch.float16, metadata: dict | None = None) -> Path:
         """Write a safetensors checkpoint (drafter weights only, stored in ``dtype``) with the config inside."""
-
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tensors = {k: (v.detach().to(dtype) if v.is_floating_point() else v.detach()).contiguous()
@@ -702,8 +694,7 @@ class BlockDrafter(nn.Module):
 
     @classmethod
     def load(cls, path: str | Path, target, *, compute_dtype: str = "float32") -> "BlockDrafter":
-        """Load a checkpoint for ``target``; raises ``ValueError`` naming every mismatch.
-        ``compute_dtype``: ``set_compute_dtype`` (default fp32, as the checkpoints were trained and measured)."""
+        """Load a checkpoint for ``target`` (``ValueError`` naming every mismatch) in ``compute_dtype``."""
         path = Path(path)
         cfg, state, meta = read_checkpoint(path)
         drafter = cls(target, cfg, seed=None)
@@ -735,11 +726,9 @@ def read_checkpoint_config(path: str | Path) -> tuple[BlockDrafterConfig, dict]:
 
 
 def check_checkpoint(path: str | Path, target) -> None:
-    """Raise ``ValueError`` naming every way the checkpoint at ``path`` disagrees with ``target`` (the checks of
-    ``BlockDrafter.load``), reading only its header: for choosing arms before any drafter is built."""
+    """``BlockDrafter.load``'s checks of the checkpoint at ``path`` against ``target``, from its header only."""
     cfg, _ = read_checkpoint_config(path)
     _check_matches(cfg, _target_model(target))
-
 
 
 def load_default_drafter(target) -> BlockDrafter:

@@ -72,8 +72,8 @@ PASSAGE_LENGTHS = (80, 120, 150)
 
 
 def _part_slice(plan: DataPlan, per_part: int, available: int, what: str) -> range:
-    """Indices of ``what`` that part ``plan.part`` takes: the part-th block of ``per_part``; an error
-    naming the largest possible part when the source has too few distinct prompts."""
+    """Indices of ``what`` that part ``plan.part`` takes (its block of ``per_part``), or an error naming the
+    largest possible part."""
     if plan.part < 0:
         raise ValueError(f"data part must be >= 0, got {plan.part}")
     start, stop = plan.part * per_part, (plan.part + 1) * per_part
@@ -356,12 +356,9 @@ def target_eos_id(target) -> int:
 @torch.no_grad()
 def greedy_generate_with_features(model, prompt_ids: Sequence[Sequence[int]], *, feature_layers: Sequence[int],
                                   max_new_tokens: int, eos_id: int, pad_id: int, topk: int = 0) -> list[dict]:
-    """Greedy responses for a batch of prompts (left padding), with the target features of every consumed token.
-
-    Per prompt: ``response_ids`` (ending with EOS if produced) and ``features`` ``[len(prompt) + len(response)
-    - 1, n*H]`` (fp32, every position but the last); with ``topk > 0`` also ``topk_ids`` and ``topk_logprobs``
-    ``[len(response), topk]``, row ``j`` the target's distribution whose argmax is response token ``j``.
-    Finished rows leave the batch once they are an eighth of it."""
+    """Greedy responses for a left-padded batch of prompts; per prompt ``response_ids`` (ending with EOS if produced),
+    ``features [len(prompt) + len(response) - 1, n*H]`` (fp32) and with ``topk > 0`` ``topk_ids`` / ``topk_logprobs``
+    ``[len(response), topk]`` (row ``j``: the distribution that chose token ``j``). Finished rows leave in eighths."""
     device = next(model.parameters()).device
     b = len(prompt_ids)
     width = max(len(p) for p in prompt_ids)
@@ -469,7 +466,6 @@ def write_shard(folder: Path, name: str, samples: list[dict]) -> None:
     tmp = folder / f"{name}.safetensors.tmp"
     save_file(tensors, str(tmp))
     tmp.rename(folder / f"{name}.safetensors")
-    # the JSON is written last: its presence marks a complete shard
     (folder / f"{name}.json.tmp").write_text(json.dumps(meta, ensure_ascii=False))
     (folder / f"{name}.json.tmp").rename(folder / f"{name}.json")
 
@@ -510,9 +506,8 @@ def generate_dataset(target, out_dir: str | os.PathLike, *, plan: DataPlan, feat
                      sharegpt: str | os.PathLike | None = None, batch_size: int = 16,
                      deadline: float | None = None, max_stage2_batches: int | None = None,
                      log: Callable[[str], None] = print) -> dict:
-    """Run both stages, writing shards into ``out_dir`` (shards already written are skipped); returns the summary
-    written to ``out_dir/summary.json``. ``deadline`` (a ``time.time()``) stops stage 2 after the batch in
-    progress; ``max_stage2_batches`` keeps the first K stage-2 batches (reproduces a deadline-cut run)."""
+    """Both stages into ``out_dir`` (written shards skipped); returns ``out_dir/summary.json``'s summary.
+    ``deadline`` (``time.time()``) stops stage 2 after a batch; ``max_stage2_batches`` keeps the first K."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     _check_plan_identity(out, {"plan": asdict(plan), "feature_layers": [int(i) for i in feature_layers],
