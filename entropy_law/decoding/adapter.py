@@ -168,11 +168,9 @@ def compact_cache(cache, start: int, nodes: Sequence[int]) -> None:
 
 
 class TargetAdapter:
-    """Wraps a causal LM (eval mode, batch 1) and owns its KV cache.
-
-    ``feature_layers``: decoder layers whose outputs are returned with the logits, concatenated (empty: None).
-    Between calls the cache holds the committed positions ``0 .. cache_len - 1``; ``verify`` appends ``N + 1``
-    rows and ``commit`` restores that. An unsupported cache layout raises ``UnsupportedCacheLayout`` here."""
+    """Wraps a causal LM (eval mode, batch 1) and owns its KV cache, which between calls holds the committed
+    positions ``0 .. cache_len - 1`` (``verify`` appends ``N + 1`` rows, ``commit`` restores that).
+    ``feature_layers``: decoder layers whose outputs are returned with the logits, concatenated (empty: None)."""
 
     def __init__(self, model: torch.nn.Module, *, feature_layers: Sequence[int] = (), lean_attention: bool = True):
         self.model = model
@@ -212,8 +210,7 @@ class TargetAdapter:
 
     @torch.inference_mode()
     def _forward(self, input_ids, position_ids, attention_mask, logits_to_keep: int = 0, **extra):
-        """One forward over the cache: logits ``[rows, V]`` (fp32) and features (or None). ``extra``: further
-        model inputs (pixel values of a VLM prefill)."""
+        """One forward over the cache: logits ``[rows, V]`` (fp32) and features (or None); ``extra``: model inputs."""
         kwargs = dict(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
                       use_cache=True, logits_to_keep=logits_to_keep, **{self._cache_kw: self.cache}, **extra)
         with self._attention():
@@ -232,8 +229,7 @@ class TargetAdapter:
         return logits[-1], features
 
     def prefill(self, input_ids: Sequence[int] | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Start a new sequence with a fresh cache: the last position's logits ``[V]`` (fp32) and the features of
-        every prompt position ``[n, F]`` (or ``None``)."""
+        """A fresh cache over the prompt: the last position's logits ``[V]`` (fp32), the features ``[n, F]`` or None."""
         ids = self._prompt_tensor(input_ids)
         return self._prefill_forward(ids, torch.arange(ids.shape[1], device=self.device).unsqueeze(0))
 
@@ -294,8 +290,7 @@ class TargetAdapter:
         return self._forward(ids, positions, mask)
 
     def commit(self, start: int, accepted_nodes: Sequence[int]) -> None:
-        """Keep the cache rows of ``accepted_nodes`` (the accepted path's node indices, root 0 first) at
-        positions ``start, start + 1, ...`` and drop everything after them."""
+        """Keep the rows of ``accepted_nodes`` (root 0 first) at positions ``start, start + 1, ...``; drop the rest."""
         nodes = [int(i) for i in accepted_nodes]
         if not nodes or nodes[0] != 0:
             raise ValueError(f"accepted_nodes must start with the root (0), got {nodes}")
@@ -305,8 +300,7 @@ class TargetAdapter:
         compact_cache(self.cache, start, nodes)
 
     def truncate(self, length: int) -> None:
-        """Drop every cache position at or after ``length`` (sliding-window layers: only back to the first
-        position they still hold plus ``W - 1``)."""
+        """Drop every cache position at or after ``length`` (``truncate_cache``)."""
         if not 0 <= length <= self.cache_len:
             raise ValueError(f"cannot truncate a cache of {self.cache_len} rows to {length}")
         truncate_cache(self.cache, length)

@@ -67,16 +67,13 @@ class GenerationResult:
 
 
 class SpeculativeDecoder:
-    """Greedy lossless speculative decoding with a drafter and a tree policy; ``drafter=None`` is the lean
-    autoregressive baseline (each step a round with no tree).
+    """Greedy lossless speculative decoding; ``drafter=None`` is the lean autoregressive baseline.
 
     ``target``: a ``LoadedTarget``, a ``TargetAdapter`` or a bare causal LM. ``tree``: ``"chain"``, ``"ddtree"``
     or a callable ``(proposal, budget) -> Tree``; ``budget``: most draft nodes per tree. ``policy``: a
-    ``round.RoundPolicy`` deciding what each round drafts and verifies (default ``gate.RatioGate()``; also
-    ``CostGate``, ``PredicateGate``, a law policy or its parameters from ``payoff.policy.fit_policy``, checked
-    against the drafter and target). Whatever it decides, the output is the greedy output. ``observers``: get
-    every request's start and end and every round. ``eos_token_ids``: default the model's generation config's;
-    ``tokenizer``: default the target's, needed for text prompts only."""
+    ``round.RoundPolicy`` (default ``gate.RatioGate()``), or law parameters (``payoff.policy.fit_policy``),
+    checked against the drafter and target; the output is the greedy output whatever it decides. ``observers``:
+    every request's start and end and every round. ``tokenizer``: default the target's (text prompts only)."""
 
     def __init__(self, target, drafter: Drafter | None = None, *, tree: str | Callable = "chain",
                  budget: int | None = None, policy: RoundPolicy | dict | None = None,
@@ -284,8 +281,7 @@ class _TargetVerifier:
 
 
 class ARDecoder(SpeculativeDecoder):
-    """The lean autoregressive baseline: ``SpeculativeDecoder`` without a drafter (one-token forwards on
-    the same adapter, same timers, token counting and observers)."""
+    """The lean autoregressive baseline: ``SpeculativeDecoder`` without a drafter."""
 
     def __init__(self, target, *, observers: Sequence[Observer] = (), eos_token_ids=None, tokenizer=None):
         super().__init__(target, None, observers=observers, eos_token_ids=eos_token_ids, tokenizer=tokenizer)

@@ -222,8 +222,7 @@ class VLMTargetAdapter(TargetAdapter):
         self._pending = prompt
 
     def prefill(self, input_ids: Sequence[int] | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """A fresh cache over the prompt, pixels included: last-position logits ``[V]`` (fp32) and the
-        features of every prompt position ``[n, F]`` (image positions included), or ``None``."""
+        """``TargetAdapter.prefill`` with the attached pixels (image positions have features too)."""
         prompt, self._pending = self._pending, None
         ids = self._prompt_tensor(input_ids, "shorten the prompt or use a smaller image")
         if prompt is not None and ids[0].tolist() != list(prompt.input_ids):
