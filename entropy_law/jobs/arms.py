@@ -36,8 +36,7 @@ class ArmSpec:
     budget: int | None = None
 
     @property
-    def drafts(self) -> bool:
-        """False for the autoregressive baseline."""
+    def drafts(self) -> bool:  # False for the autoregressive baseline
         return self.drafter != AR
 
 
@@ -100,17 +99,15 @@ def load_block_drafter(target, compute_dtype: str = "float32"):
 def make_drafter(spec: ArmSpec, target=None, *, ngram_options: dict | None = None,
                  checkpoint: str | Path | None = None, compute_dtype: str = "float32",
                  hybrid_options: dict | None = None):
-    """A fresh drafter for ``spec`` (``None`` for AR): the block drafter loads ``checkpoint`` (default: the shipped
-    one) for ``target`` in ``compute_dtype``; ``ngram_options`` / ``hybrid_options`` go to the n-gram and hybrid
-    drafters."""
+    """A fresh drafter for ``spec`` (``None`` for AR): the block drafter from ``checkpoint`` (default: the shipped
+    one) for ``target`` in ``compute_dtype``; ``ngram_options`` / ``hybrid_options`` go to those drafters."""
     if spec.drafter == AR:
         return None
     if spec.drafter == "ngram":
         return NgramDrafter(**(ngram_options or {}))
     if spec.drafter == "block":
-        if checkpoint is None:
-            return load_block_drafter(target, compute_dtype)
-        return BlockDrafter.load(checkpoint, target, compute_dtype=compute_dtype)
+        return (load_block_drafter(target, compute_dtype) if checkpoint is None
+                else BlockDrafter.load(checkpoint, target, compute_dtype=compute_dtype))
     if spec.drafter == "hybrid":  # prompt lookup and the block drafter behind one drafter
         block = make_drafter(ArmSpec(spec.name, "block"), target, checkpoint=checkpoint, compute_dtype=compute_dtype)
         return HybridDrafter(NgramDrafter(**(ngram_options or {})), block, **(hybrid_options or {}))
