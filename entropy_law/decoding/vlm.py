@@ -72,10 +72,8 @@ def load_image(path: str | os.PathLike):  # PIL RGB
 
 
 class ImagePromptEncoder:
-    """Builds ``ImagePrompt`` objects for one VLM from its tokenizer, image processor and config.
-
-    ``chat_template``: default the tokenizer's, else a built-in Qwen or LLaVA-1.5 format; ``system_prompt``:
-    default Qwen's; ``num_additional_image_tokens`` (LLaVA): vision tokens beyond one per patch (1 for CLIP)."""
+    """Builds ``ImagePrompt`` objects for one VLM. ``chat_template``: default the tokenizer's, else a built-in Qwen or
+    LLaVA-1.5 format; ``num_additional_image_tokens`` (LLaVA): vision tokens beyond one per patch (1 for CLIP)."""
 
     def __init__(self, tokenizer, image_processor, config, *, chat_template: str | None = None,
                  system_prompt: str | None = None, num_additional_image_tokens: int | None = None):
@@ -297,8 +295,7 @@ def vlm_adapter(model: torch.nn.Module, *, feature_layers: Sequence[int] = ()) -
 
 
 def generate_with_image(decoder, prompt: ImagePrompt, *, max_new_tokens: int, **kwargs):
-    """``decoder.generate`` for an image prompt: attaches the pixels to the decoder's VLM adapter and
-    records the number of image tokens in the request (``image_tokens``)."""
+    """``decoder.generate`` for an image prompt, its pixels attached to the decoder's VLM adapter."""
     adapter = decoder.adapter
     if not isinstance(adapter, VLMTargetAdapter):
         raise TypeError("the decoder's target must be a VLMTargetAdapter; build it with vlm_adapter(model) and "
@@ -337,8 +334,7 @@ def reference_greedy(model: torch.nn.Module, prompt: ImagePrompt, *, max_new_tok
 
 def load_vlm_target(spec: str | os.PathLike, *, dtype: torch.dtype = torch.float32,
                     attn_implementation: str = "eager", **encoder_kwargs):
-    """A local VLM folder (Qwen2-VL, Qwen2.5-VL or LLaVA; never downloaded) -> ``(LoadedTarget,
-    ImagePromptEncoder)``. fp32 and eager attention by default (exactness)."""
+    """A local VLM folder (Qwen2-VL, Qwen2.5-VL or LLaVA) -> ``(LoadedTarget, ImagePromptEncoder)``."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     folder = Path(spec).expanduser()
     if not (folder / "config.json").is_file():
@@ -355,9 +351,8 @@ def load_vlm_target(spec: str | os.PathLike, *, dtype: torch.dtype = torch.float
 
 
 class ImageRequests:
-    """What a recording loop needs to decode image tasks with a VLM: ``target``, ``encoder`` and ``adapter``
-    (the decoder's target). ``prepare(task)`` encodes the image and first turn, attaches the pixels and returns
-    ``(prompt_ids, generate_kwargs)``; call it right before ``decoder.generate``."""
+    """What a recording loop needs to decode image tasks with a VLM: ``target``, ``encoder`` and ``adapter`` (the
+    decoder's target); ``prepare(task)`` (right before ``decoder.generate``) -> ``(prompt_ids, generate_kwargs)``."""
 
     def __init__(self, target, encoder: ImagePromptEncoder, adapter: VLMTargetAdapter):
         self.target = target
@@ -367,7 +362,7 @@ class ImageRequests:
     @classmethod
     def load(cls, spec: str | os.PathLike, *, feature_layers: Sequence[int] = (), dtype: torch.dtype = torch.float32,
              **encoder_kwargs) -> "ImageRequests":
-        """Load a local VLM folder and build its adapter (capturing ``feature_layers`` for a block drafter)."""
+        """Load a local VLM folder and build its adapter."""
         target, encoder = load_vlm_target(spec, dtype=dtype, **encoder_kwargs)
         return cls(target, encoder, vlm_adapter(target.model, feature_layers=feature_layers))
 

@@ -247,8 +247,7 @@ def plan_batches(lengths: Sequence[int], outputs: Sequence[int], batch_tokens: i
 
 @torch.inference_mode()
 def batch_logits(model, batch: Sequence[tuple[list[int], list[int]]]) -> list[torch.Tensor]:
-    """The teacher-forced logit rows of each ``(prompt_ids, output_ids)`` of ``batch`` (row i: after prompt +
-    output[:i]), from one forward (left-padded for several requests)."""
+    """The teacher-forced logit rows of each ``(prompt_ids, output_ids)`` of ``batch``, from one left-padded forward."""
     device = next(model.parameters()).device
     if len(batch) == 1:
         prompt, output = batch[0]
@@ -289,10 +288,8 @@ def compute_target_stats(run_dir, target, *, out=None, model_id: str | None = No
                          batch_tokens: int = DEFAULT_BATCH_TOKENS, flush_every: int = DEFAULT_FLUSH_EVERY,
                          flush_seconds: float = DEFAULT_FLUSH_SECONDS, break_lock: bool = False,
                          on_batch: Callable[[EntropyProgress], None] | None = None) -> EntropySummary:
-    """Compute the target statistics of every output token of the imported run ``run_dir`` and write the run
-    with its rounds and tokens (in place, or into ``out``). ``target``: a ``LoadedTarget`` or a causal LM, run
-    where it is. A shard is written after ``flush_every`` scored requests or ``flush_seconds``; ``break_lock``
-    takes over from a killed job; ``on_batch`` gets an ``EntropyProgress`` after every forward."""
+    """Write the imported run ``run_dir`` with its rounds, tokens and target statistics (in place, or into ``out``),
+    a shard every ``flush_every`` scored requests or ``flush_seconds``; ``on_batch`` gets an ``EntropyProgress``."""
     plan = _paths(run_dir, out)
     if _finish_swap(plan):
         meta = read_run_json(plan.run_dir / RUN_FILE)

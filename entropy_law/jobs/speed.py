@@ -50,8 +50,7 @@ def round_cost(rounds, cost_of: Callable[[int], float] | None = None) -> tuple[i
 
 
 def draft_calls(rounds) -> int:
-    """Verify rounds after the prefill in which the drafter ran (less those a law policy declined); 0 without
-    round records."""
+    """Verify rounds after the prefill in which the drafter ran (not those a law policy declined)."""
     return sum(1 for r in rounds or () if r.round_index > 0
                and (getattr(r, "policy", None) is None or bool(r.policy.get("draft"))))
 
