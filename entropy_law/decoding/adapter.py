@@ -31,6 +31,17 @@ def cache_keyword(model: torch.nn.Module) -> str:
     return "cache" if "cache" in params else "past_key_values"
 
 
+def left_padded(sequences: Sequence[Sequence[int]], pad_id: int, device) -> tuple[torch.Tensor, ...]:
+    """Input ids, attention mask and position ids ``[b, longest]`` of a left-padded batch of token id lists."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for i, sequence in enumerate(sequences):
+        ids[i, width - len(sequence):] = torch.tensor(sequence, dtype=torch.long)
+        mask[i, width - len(sequence):] = 1
+    return ids.to(device), mask.to(device), (mask.cumsum(-1) - 1).clamp(min=0).to(device)
+
+
 class UnsupportedCacheLayout(NotImplementedError):
     """The target's KV cache has a layout the adapter cannot keep and roll back (raised when it is built)."""
 

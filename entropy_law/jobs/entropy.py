@@ -20,6 +20,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from entropy_law.decoding.adapter import left_padded
 from entropy_law.decoding.loading import model_of
 from entropy_law.decoding.observers import distribution_stats
 from entropy_law.decoding.replay import teacher_forced_logits
@@ -255,19 +256,10 @@ def batch_logits(model, batch: Sequence[tuple[list[int], list[int]]]) -> list[to
             return [teacher_forced_logits(model, prompt, output)]
         ids = torch.tensor([prompt + output[:-1]], dtype=torch.long, device=device)
         return [model(input_ids=ids, use_cache=False, logits_to_keep=len(output)).logits[0].float()]
-    sequences = [prompt + output[:-1] for prompt, output in batch]
-    width = max(len(s) for s in sequences)
     keep = max(len(output) for _, output in batch)
-    pad = 0
-    ids = torch.full((len(batch), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(batch), width), dtype=torch.long)
-    for row, sequence in enumerate(sequences):
-        ids[row, width - len(sequence):] = torch.tensor(sequence, dtype=torch.long)
-        mask[row, width - len(sequence):] = 1
-    positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)
-    out = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
-                use_cache=False, logits_to_keep=keep)
-    logits = out.logits
+    ids, mask, positions = left_padded([prompt + output[:-1] for prompt, output in batch], 0, device)
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False,
+                   logits_to_keep=keep).logits
     return [logits[row, keep - len(output):].float() for row, (_, output) in enumerate(batch)]
 
 

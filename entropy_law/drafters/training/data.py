@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import DynamicCache
 
-from entropy_law.decoding.adapter import cache_keyword
+from entropy_law.decoding.adapter import cache_keyword, left_padded
 from entropy_law.decoding.features import capture_features
 from entropy_law.prompts.text import OPEN_ENDED, SPEC_BENCH, load_tasks
 
@@ -362,7 +362,7 @@ def greedy_generate_with_features(model, prompt_ids: Sequence[Sequence[int]], *,
     device = next(model.parameters()).device
     b = len(prompt_ids)
     width = max(len(p) for p in prompt_ids)
-    ids, attn, pos = _left_padded(prompt_ids, width, pad_id, device)
+    ids, attn, pos = left_padded(prompt_ids, pad_id, device)
     cache = DynamicCache()
     cache_kw = {cache_keyword(model): cache}
     feats: list[list[torch.Tensor]] = [[] for _ in range(b)]
@@ -409,19 +409,6 @@ def greedy_generate_with_features(model, prompt_ids: Sequence[Sequence[int]], *,
                 if not done[i]:  # a row that just produced EOS never needs the EOS position's features
                     feats[i].append(f[r, -1:].float().cpu())
     return _generation_results(prompt_ids, feats, responses, soft_ids, soft_lp, topk)
-
-
-def _left_padded(prompt_ids, width: int, pad_id: int, device):
-    """Input ids, attention mask and positions of a left-padded batch."""
-    b = len(prompt_ids)
-    ids = torch.full((b, width), pad_id, dtype=torch.long)
-    attn = torch.zeros((b, width), dtype=torch.long)
-    for i, p in enumerate(prompt_ids):
-        ids[i, width - len(p):] = torch.tensor(p)
-        attn[i, width - len(p):] = 1
-    ids, attn = ids.to(device), attn.to(device)
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)
-    return ids, attn, pos
 
 
 def _generation_results(prompt_ids, feats, responses, soft_ids, soft_lp, topk: int) -> list[dict]:
