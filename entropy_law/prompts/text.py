@@ -67,14 +67,18 @@ def _read_records(path: Path) -> Iterable[tuple[int, dict]]:
         if missing:
             raise ValueError(f"{path}:{line_no}: missing field(s) {', '.join(missing)} "
                              "(every line needs question_id, category and turns)")
-        if not isinstance(record["category"], (str, int)) or isinstance(record["category"], bool) \
-                or not str(record["category"]).strip():
-            raise ValueError(f"{path}:{line_no}: 'category' is {json.dumps(record['category'])}; give every line "
-                             "a category name (a non-empty string)")
-        turns = record["turns"]
-        if isinstance(turns, str) or not isinstance(turns, list) or not all(isinstance(t, str) for t in turns):
-            raise ValueError(f"{path}:{line_no}: 'turns' must be a list of strings")
+        check_task_fields(record, f"{path}:{line_no}")
         yield line_no, record
+
+
+def check_task_fields(record: dict, where: str) -> None:
+    """A task line's ``category`` is a non-empty name and its ``turns`` (where given) a list of strings."""
+    category, turns = record["category"], record.get("turns", [])
+    if not isinstance(category, (str, int)) or isinstance(category, bool) or not str(category).strip():
+        raise ValueError(f"{where}: 'category' is {json.dumps(category)}; give every line a category name (a "
+                         "non-empty string)")
+    if isinstance(turns, str) or not isinstance(turns, list) or not all(isinstance(t, str) for t in turns):
+        raise ValueError(f"{where}: 'turns' must be a list of strings")
 
 
 def known_categories(source: str | Path = SPEC_BENCH) -> list[str]:
