@@ -49,8 +49,7 @@ class Drafter(Protocol):
 
 
 def drafter_run_config(drafter) -> dict:
-    """What a trace run records about ``drafter`` (``drafter_config``): its ``config`` plus its ``provenance``
-    (a loaded checkpoint's file name and SHA-256) where it has one."""
+    """A run's ``drafter_config``: the drafter's ``config`` plus its ``provenance`` (a checkpoint's name, SHA-256)."""
     if drafter is None:
         return {}
     return {**dict(getattr(drafter, "config", {}) or {}), **dict(getattr(drafter, "provenance", {}) or {})}

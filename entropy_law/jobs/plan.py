@@ -90,12 +90,10 @@ class Drafting:
 
 @dataclass(frozen=True, eq=False)
 class RecordPlan:
-    """One recording job for ``jobs.record.record_arms``: decode ``tasks`` with every arm of ``arms`` over
-    ``target`` into ``output`` within ``limits``, drafting as ``drafting`` says.
-
-    ``encode(task, decoder) -> (token ids, extra generate arguments)``: default the chat template; ``adapter``:
-    one adapter for every arm (a VLM's); ``run_metadata``: keys added to each run's metadata (a mapping or a
-    function of the arm); ``keep_going``: skip or log a failing prompt and go on, instead of raising."""
+    """One recording job for ``jobs.record.record_arms``: decode ``tasks`` with every arm over ``target`` into
+    ``output``. ``encode(task, decoder) -> (token ids, extra generate arguments)``: default the chat template;
+    ``adapter``: one for every arm (a VLM's); ``run_metadata``: keys added to each run's (a mapping or a function
+    of the arm); ``keep_going``: log a failing prompt and go on."""
 
     tasks: Sequence
     arms: Sequence[ArmSpec]

@@ -57,8 +57,8 @@ class ArmResult:
 
 @dataclass
 class RecordResult:
-    """Per arm (in the order given) what it recorded; ``setup_s``: drafters, decoders, recorders and the
-    warm-up; ``decode_s``: the prompt loop and finishing the runs."""
+    """Per arm (in the order given) what it recorded; ``setup_s`` (drafters, decoders, recorders, warm-up) and
+    ``decode_s`` (the prompt loop)."""
 
     arms: dict[str, ArmResult]
     setup_s: float
@@ -95,8 +95,8 @@ def chat_prompt(task, decoder: SpeculativeDecoder) -> tuple[list[int], dict]:
 
 
 def prompt_encoder(target, *, chat_template: bool = True, model: str = "the target") -> Callable | None:
-    """The command line's prompt encoding: ``None`` (``chat_prompt``) after checking the tokenizer has a chat
-    template, or with ``chat_template=False`` ``encode(task) -> ids`` of the prompt text tokenized as is."""
+    """``None`` (``chat_prompt``) once the tokenizer has a chat template, or with ``chat_template=False``
+    ``encode(task) -> ids`` of the prompt text tokenized as is."""
     tokenizer = getattr(target, "tokenizer", None)
     if not chat_template:
         return lambda task: list(tokenizer(task.prompt)["input_ids"])
@@ -108,11 +108,8 @@ def prompt_encoder(target, *, chat_template: bool = True, model: str = "the targ
 
 def record_arms(plan: RecordPlan, *, progress: bool = True, desc: str = "decode",
                 log: Callable[[str], None] = logger.info) -> RecordResult:
-    """Decode the plan's tasks with every arm and record one trace run per arm (``jobs.plan.RecordPlan``).
-
-    Drafting arms are gated as ``plan.drafting`` says (``"ratio"``, or ``"cost"`` with this machine's verify-cost
-    curve, measured once per arm or reused from the resumed run), or run its law policy; the run metadata is
-    the decoder's, then ``plan.run_metadata``, then the gate. ``log``: one line per resumed run."""
+    """Decode the plan's tasks with every arm and record one trace run per arm, drafting as ``plan.drafting`` says
+    (the cost gate's curve measured once per arm, or reused from the resumed run). ``log``: a line per resumed run."""
     tasks, output, max_new_tokens, keep_going = plan.tasks, plan.output, plan.limits.max_new_tokens, plan.keep_going
     warm_up_tokens = plan.limits.warm_up_tokens
     for spec in plan.arms:  # before any drafter, adapter or cost curve is set up
@@ -228,9 +225,8 @@ def _absent_means(stored: dict | None, spec: ArmSpec) -> dict:
 
 def _arm_metadata(decoder: SpeculativeDecoder, drafter, target, max_new_tokens: int, spec: ArmSpec,
                   run_metadata, gate: str) -> dict:
-    """The run metadata: the decoder's config, the drafter's run config, the job's keys, then ``gate`` (None
-    for AR, whose ``drafter_id`` / ``tree_policy`` are "none") and ``verify_cost`` (the cost gate's curve or
-    None), always given so a resume compares them (the recorder omits them where ``_absent_means`` holds)."""
+    """The run metadata: the decoder's config, the drafter's, the job's keys, then ``gate`` and ``verify_cost``,
+    always given so a resume compares them (the recorder omits them where ``_absent_means`` holds)."""
     config = decoder.config
     metadata = {
         "model_id": getattr(target, "model_id", None) or config["model_id"],  # a decoder over an adapter has none
@@ -271,8 +267,7 @@ def _encoded(task, encode: Callable, decoder: SpeculativeDecoder, keep_going: bo
 
 
 def _decode(arm: _Arm, task, prompt_ids: list, extra: dict, max_new_tokens: int, keep_going: bool) -> None:
-    """Decode one prompt with one arm; a failure raises, or with ``keep_going`` is logged and counted (the
-    decoder has already closed the request for the recorder, with stop reason "error")."""
+    """Decode one prompt with one arm; a failure raises, or with ``keep_going`` is logged and counted."""
     result = arm.result
     t0, cpu0 = time.perf_counter(), time.process_time()
     try:
