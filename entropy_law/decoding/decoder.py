@@ -27,8 +27,6 @@ from entropy_law.decoding.tree import Tree
 
 @dataclass
 class GenerationResult:
-    """What ``generate`` returns."""
-
     request_id: str
     prompt_ids: list[int]
     token_ids: list[int]  # the new tokens only

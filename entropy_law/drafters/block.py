@@ -542,7 +542,6 @@ class BlockDrafter(nn.Module):
 
     # ------------------------------------------------------------------ inference mode (Drafter protocol)
     def reset(self) -> None:
-        """Forget the injected context (a new request)."""
         self._ctx_k: list[torch.Tensor | None] = [None] * len(self.layers)
         self._ctx_v: list[torch.Tensor | None] = [None] * len(self.layers)
         self.context_len = 0

@@ -211,7 +211,6 @@ def _open_arm(spec: ArmSpec, plan: RecordPlan, stack: contextlib.ExitStack, log:
 
 
 def _stored_metadata(run_dir: Path) -> dict | None:
-    """The metadata of the run being resumed at ``run_dir``, or None where there is no run yet."""
     run_file = Path(run_dir) / RUN_FILE
     return read_run_json(run_file) if run_file.is_file() else None
 

@@ -25,8 +25,6 @@ ALL = "all"
 
 @dataclass(frozen=True)
 class Timing:
-    """One arm on one request."""
-
     arm: str
     request_id: str
     category: str

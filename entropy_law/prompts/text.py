@@ -27,8 +27,6 @@ BUILTIN_TASKS = {  # name -> path inside data_dir()
 
 @dataclass(frozen=True)
 class Task:
-    """One prompt of a benchmark."""
-
     dataset: str
     question_id: str
     category: str
@@ -43,7 +41,6 @@ class Task:
         return f"{self.dataset}:{self.question_id}"
 
     def messages(self) -> list[dict[str, str]]:
-        """The prompt as chat messages (one user turn), ready for a chat template."""
         return [{"role": "user", "content": self.prompt}]
 
 

@@ -570,7 +570,6 @@ def _check_plan_identity(out: Path, identity: dict) -> None:
 
 def _dataset_summary(out: Path, plan, feature_layers, batch_size: int, n_stage1: int, n_stage2: int,
                      t0: float) -> dict:
-    """Counts per source, tokens and seconds of every shard in ``out``."""
     samples_meta = []
     for meta_path in sorted(out.glob("stage*-*.json")):
         samples_meta += json.loads(meta_path.read_text())
