@@ -12,6 +12,7 @@ import json
 import os
 import random
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -558,10 +559,8 @@ def _check_plan_identity(out: Path, identity: dict) -> None:
     identity_path = out / "plan.json"
     if identity_path.is_file():
         before = json.loads(identity_path.read_text())
-        before["plan"].setdefault("part", 0)  # folders written before data parts existed are part 0
-        before["plan"].setdefault("chat_template", True)  # ... and before raw prompts existed used the template
-        for key, value in (("n_code", 0), ("n_chat", 0), ("chat_max_chars", 1500)):
-            before["plan"].setdefault(key, value)  # ... and before the code and chat sources existed had none
+        defaults = {"part": 0, "chat_template": True, "n_code": 0, "n_chat": 0, "chat_max_chars": 1500}
+        before["plan"] = {**defaults, **before["plan"]}  # a folder written before a key existed had its default
         if before != identity:
             raise ValueError(f"{out} holds data of another plan ({before}); use a new --out or delete it")
     else:
@@ -573,17 +572,13 @@ def _dataset_summary(out: Path, plan, feature_layers, batch_size: int, n_stage1:
     samples_meta = []
     for meta_path in sorted(out.glob("stage*-*.json")):
         samples_meta += json.loads(meta_path.read_text())
-    stage2_done = len(list(out.glob("stage2-*.json")))
-    counts: dict[str, int] = {}
-    tokens: dict[str, int] = {}
+    counts, tokens = Counter(m["source"] for m in samples_meta), Counter()
     for m in samples_meta:
-        counts[m["source"]] = counts.get(m["source"], 0) + 1
-        tokens[m["source"]] = tokens.get(m["source"], 0) + m["response_len"]
-    summary = {"plan": asdict(plan), "feature_layers": list(feature_layers), "batch_size": batch_size,
-               "samples": len(samples_meta), "samples_per_source": counts,
-               "response_tokens_per_source": tokens, "response_tokens": sum(tokens.values()),
-               "prompt_tokens": sum(m["prompt_len"] for m in samples_meta),
-               "seconds_this_run": round(time.time() - t0, 1),
-               "planned_prompts": n_stage1 + n_stage2, "stage2_batches_done": stage2_done,
-               "stage2_batches_planned": -(-n_stage2 // batch_size)}
-    return summary
+        tokens[m["source"]] += m["response_len"]
+    return {"plan": asdict(plan), "feature_layers": list(feature_layers), "batch_size": batch_size,
+            "samples": len(samples_meta), "samples_per_source": dict(counts),
+            "response_tokens_per_source": dict(tokens), "response_tokens": sum(tokens.values()),
+            "prompt_tokens": sum(m["prompt_len"] for m in samples_meta),
+            "seconds_this_run": round(time.time() - t0, 1),
+            "planned_prompts": n_stage1 + n_stage2, "stage2_batches_done": len(list(out.glob("stage2-*.json"))),
+            "stage2_batches_planned": -(-n_stage2 // batch_size)}
