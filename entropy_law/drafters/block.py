@@ -607,13 +607,9 @@ class BlockDrafter(nn.Module):
         x = self._block_embeddings(torch.tensor([anchor_id])).to(dtype)  # [1, B, H]
         pos = torch.arange(anchor_position, anchor_position + cfg.block_size)
         cos, sin = _rope(pos, cfg.head_dim, cfg.rope_theta, dtype)
-        for i, layer in enumerate(self.layers):
-            ck = self._ctx_k[i]
-            cv = self._ctx_v[i]
-            if ck is None:  # no context yet (empty prompt features)
-                ck = x.new_zeros((1, cfg.num_kv_heads, 0, cfg.head_dim))
-                cv = ck
-            x = layer(x, cos, sin, ck, cv, None)
+        empty = x.new_zeros((1, cfg.num_kv_heads, 0, cfg.head_dim))  # no context yet (empty prompt features)
+        for layer, ck, cv in zip(self.layers, self._ctx_k, self._ctx_v):
+            x = layer(x, cos, sin, empty if ck is None else ck, empty if cv is None else cv, None)
         x = x.to(self.norm.weight.dtype)  # the head, the copy head and the logits in fp32
         logits = self._head(x[:, 1:], vocab)[0]
         if cfg.copy_head:

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Sequence
 
@@ -32,24 +33,17 @@ def merge_proposals(first: DraftProposal, second: DraftProposal, *, weight: floa
     depth = max(first.depth, second.depth)
     rows: list[list[tuple[float, int]]] = []
     for d in range(depth):
-        scores: dict[int, float] = {}
-        order: list[int] = []
+        scores: dict[int, float] = {}  # in order of first appearance
         for proposal, w in ((first, weight), (second, 1.0 - weight)):
             if d >= proposal.depth:
                 continue
             for token, logprob in zip(proposal.tokens[d].tolist(), proposal.logprobs[d].tolist()):
-                if logprob == -math.inf:
-                    continue
-                if token not in scores:
-                    scores[token] = 0.0
-                    order.append(token)
-                scores[token] += w * math.exp(logprob)
-        ranked = sorted(((scores[t], i, t) for i, t in enumerate(order) if scores[t] > 0), key=lambda x: (-x[0], x[1]))
+                if logprob != -math.inf:
+                    scores[token] = scores.get(token, 0.0) + w * math.exp(logprob)
+        ranked = sorted(((p, i, t) for i, (t, p) in enumerate(scores.items()) if p > 0), key=lambda x: (-x[0], x[1]))
         rows.append([(p, t) for p, _, t in ranked[:top_k]])
-    kept = 0
-    while kept < len(rows) and rows[kept]:
-        kept += 1  # a depth without candidates ends the proposal (nothing deeper can be reached)
-    rows = rows[:kept]
+    rows = list(itertools.takewhile(bool, rows))  # a depth without candidates ends the proposal
+    kept = len(rows)
     if not rows:
         return DraftProposal.empty()
     width = max(len(row) for row in rows)
