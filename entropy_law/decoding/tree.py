@@ -133,9 +133,7 @@ def ddtree_tree(proposal: DraftProposal, budget: int, *, max_depth: int | None =
     cand_tokens, cand_logprobs = _ranked_candidates(proposal, min(topk_cap, budget))
     cand_tokens, cand_logprobs = cand_tokens[:depth_limit], cand_logprobs[:depth_limit]
 
-    tokens: list[int] = []
-    parents: list[int] = []
-    depths: list[int] = []
+    tokens, parents, depths = [], [], []
     # heap entries: (-score, sequence number, depth, rank, parent node, parent score)
     heap: list[tuple[float, int, int, int, int, float]] = []
     sequence = 0
