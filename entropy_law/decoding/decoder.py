@@ -305,10 +305,8 @@ class _TimedDrafter:
 
 def measure_draft_cost(target, drafter: Drafter, prompt_ids: Sequence[int], *, max_new_tokens: int = 32,
                        repeats: int = 3, clock: str = "auto") -> float:
-    """The drafter's cost per drafting call in one-token target steps on this machine (the ``draft_cost`` of a
-    law policy's ``c(N + 1) + draft_cost``): the median ``propose`` call of a chain decode of ``prompt_ids`` over
-    the time per step of an AR decode, both by one clock (``gate.timer_for``), fastest of ``repeats`` passes
-    after a warm-up."""
+    """A law policy's ``draft_cost`` on this machine: the median ``propose`` call of a chain decode of
+    ``prompt_ids`` over an AR step, both by one clock (``gate.timer_for``), fastest of ``repeats`` warm passes."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     if max_new_tokens < 2:

@@ -201,8 +201,7 @@ def _folder_chat_template(folder: Path) -> str | None:
 
 class VLMTargetAdapter(TargetAdapter):
     """``TargetAdapter`` for a transformers VLM: ``attach(prompt)`` stages an ``ImagePrompt`` whose token ids the
-    next ``prefill`` must receive (none attached: a text-only request); verify and commit are inherited.
-    ``image_tokens``: image placeholder tokens of the current request."""
+    next ``prefill`` must receive (none: a text-only request); ``image_tokens``: those of the current request."""
 
     forward_keys: tuple[str, ...] = ("pixel_values",)
 

@@ -27,9 +27,8 @@ def check_int(value, *, name: str, option: str, minimum: int, why: str = "") -> 
 
 @dataclass(frozen=True)
 class Limits:
-    """How much a job decodes and how often it writes: ``max_new_tokens`` per prompt (at least the job's
-    ``min_new_tokens``), ``flush_every`` finished requests per shard, an unrecorded warm-up of ``warm_up_tokens``
-    per arm on the first prompt (0: none)."""
+    """``max_new_tokens`` per prompt (at least ``min_new_tokens``), ``flush_every`` finished requests per shard,
+    an unrecorded warm-up of ``warm_up_tokens`` per arm on the first prompt (0: none)."""
 
     max_new_tokens: int
     flush_every: int = 1
@@ -67,9 +66,8 @@ class Output:
 
 @dataclass(frozen=True)
 class Drafting:
-    """How the drafting arms are built and gated: ``gate`` ``"ratio"`` or ``"cost"``; ``policy``: law policy
-    parameters in place of the gate, or a function of the arm giving them; the drafters' options
-    (``jobs.arms.make_drafter``)."""
+    """How the drafting arms are built (``jobs.arms.make_drafter``) and gated: ``gate`` ``"ratio"`` or ``"cost"``;
+    ``policy``: law policy parameters in place of the gate, or a function of the arm giving them."""
 
     gate: str = "ratio"
     verify_cost_ratio: float = DEFAULT_VERIFY_COST_RATIO

@@ -297,10 +297,9 @@ def _decode(arm: _Arm, task, prompt_ids: list, extra: dict, max_new_tokens: int,
 def record_timed(tasks: Sequence, arm_names: Sequence[str], out: str | Path, target, *, limits: Limits,
                  reference: str = "ar", metadata: Mapping | None = None, break_lock: bool = False,
                  log: Callable[[str], None] = print, drafting: Drafting | None = None) -> RecordResult:
-    """A timed trace set for a speed check: every arm of ``arm_names`` that can run here decodes ``tasks`` into
-    ``out/<arm>`` (``record_arms``, resumable), each run recording ``arm``, ``cpu_count``, ``omp_num_threads`` and
-    ``metadata``; every timed call is appended to ``out/timings.csv``. ``drafting``: default the ratio gate; a law
-    policy needs ``gate="cost"``. Set the thread count before calling."""
+    """A timed trace set: every arm of ``arm_names`` that can run here decodes ``tasks`` into ``out/<arm>``
+    (resumable; ``metadata`` added to each run), every timed call appended to ``out/timings.csv``. A law policy
+    needs ``gate="cost"``. Set the thread count before calling."""
     from entropy_law.jobs.arms import available_arms
 
     drafting = drafting or Drafting()

@@ -308,9 +308,8 @@ def collate(samples: Sequence[dict], *, soft: bool = False) -> dict:
 
 
 def copy_pointer_loss(copy: torch.Tensor, labels: torch.Tensor, gamma: float) -> tuple[torch.Tensor, float]:
-    """The copy head's auxiliary loss, the decayed mean of ``-log sum_j a_j [token j+k == label]`` over slots
-    whose label some valid row holds, and the fraction of labelled slots copyable. ``copy [b, A, K, U]``
-    (``block_logits(return_copy=True)``), ``labels [b, A, K]``."""
+    """The decayed mean of ``-log sum_j a_j [token j+k == label]`` over copyable slots, and their fraction of the
+    labelled ones: ``copy [b, A, K, U]`` (``block_logits(return_copy=True)``), ``labels [b, A, K]``."""
     present = labels != IGNORE
     mass = torch.gather(copy, -1, labels.clamp(min=0)[..., None])[..., 0]
     copyable = present & (mass > 0)
@@ -432,9 +431,8 @@ def _resume(ckpt_path: Path, cfg: TrainConfig, data, drafter, opt, gen) -> tuple
 def train(drafter: BlockDrafter, train_samples: Sequence[dict], heldout_samples: Sequence[dict],
           cfg: TrainConfig, out_dir: str | Path, *, progress: bool = True, stop_at: int | None = None,
           data: Sequence[str] | None = None) -> dict:
-    """Train ``drafter`` in place; checkpoints to ``out_dir/checkpoints/last.pt``, resumed if present.
-    ``stop_at``: stop after this step on the schedule of ``cfg.steps``. ``data``: the data folders' names, kept
-    in the checkpoint; a resume with other folders is refused."""
+    """Train ``drafter`` in place, checkpointed to ``out_dir/checkpoints/last.pt`` (resumed if present, refused for
+    other ``data`` folders). ``stop_at``: stop after this step on the schedule of ``cfg.steps``."""
     out = Path(out_dir)
     ckpt_dir = out / "checkpoints"
     ckpt_dir.mkdir(parents=True, exist_ok=True)
