@@ -150,10 +150,9 @@ def _combine(args, out: Path) -> int:
 
 
 def _context_matches(traces, arm_runs, args):
-    """The copyability lengths at every output position of the arm's runs: their recorded tokens column
-    ``context_match`` where every position has it (runs recorded with the prompts' ids, up to
-    ``CONTEXT_MATCH_MAX``), else ``jobs.reference.context_matches`` with their prompts rebuilt by the target that
-    decoded them (also when --model or --tasks is given, or a longer --max-context-match)."""
+    """The copyability lengths at every output position of the arm's runs: their recorded ``context_match`` where
+    every position has one, else (or with --model, --tasks or a longer --max-context-match) rebuilt from their
+    prompts by ``jobs.reference.context_matches``."""
     from entropy_law.traces.stats import CONTEXT_MATCH_MAX
 
     tokens = traces.filter(run_id=list(arm_runs["run_id"])).tokens

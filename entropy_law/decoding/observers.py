@@ -29,9 +29,7 @@ def _softmax_and_entropy(z: torch.Tensor, shift: torch.Tensor):
 def distribution_stats(logits: torch.Tensor) -> dict[str, torch.Tensor]:
     """Per-row statistics of ``softmax(logits)`` for logits ``[rows, V]`` in fp32: ``entropy_nats`` = -sum p log p;
     ``renyi2_nats`` = -log sum p^2; ``top1_prob``, ``top2_prob``; ``logit_gap`` = z_(1) - z_(2)."""
-    z = logits.float()
-    if z.dim() == 1:
-        z = z.unsqueeze(0)
+    z = logits.float().reshape(-1, logits.shape[-1])  # a single row as [1, V]
     top_logits, top_index = z.topk(2, dim=-1)
     p, entropy = _softmax_and_entropy(z, top_logits[:, :1])
     top_p = p.gather(-1, top_index)
@@ -47,9 +45,7 @@ def distribution_stats(logits: torch.Tensor) -> dict[str, torch.Tensor]:
 
 def row_entropies(logits: torch.Tensor) -> list[float]:
     """Shannon entropy (nats, fp32 softmax over the full vocabulary) of each row of ``[rows, V]`` logits."""
-    z = logits.float()
-    if z.dim() == 1:
-        z = z.unsqueeze(0)
+    z = logits.float().reshape(-1, logits.shape[-1])
     return _softmax_and_entropy(z, z.amax(dim=-1, keepdim=True))[1].tolist()
 
 

@@ -32,11 +32,10 @@ class _PendingProposal:
 class NgramDrafter:
     """Prompt-lookup drafter: copies what followed earlier occurrences of the context's last n-gram.
 
-    ``max_ngram`` / ``min_ngram``: n-gram lengths tried, longest first; ``block_size``: drafts + 1;
-    ``max_matches``: distinct occurrences feeding the candidates (1: a pure chain); ``min_path_prob``: the
-    proposal is cut at the first depth whose best path probability falls below it. ``prior_hit_rate``,
-    ``prior_miss_decay``, ``prior_weight``: the prior (``prior_rates``) and its pseudo-trials; ``pool_weight``:
-    pseudo-trials shrinking each depth towards the pooled rate; ``keep_calibration``: keep counts across requests."""
+    ``max_ngram`` / ``min_ngram``: n-gram lengths tried, longest first; ``block_size``: drafts + 1; ``max_matches``:
+    occurrences feeding the candidates (1: a chain); ``min_path_prob``: the proposal ends at the first depth whose
+    best path probability falls below it. ``prior_*``: the prior (``prior_rates``) and its pseudo-trials;
+    ``pool_weight``: pseudo-trials towards the pooled rate; ``keep_calibration``: keep counts across requests."""
 
     drafter_id = "ngram"
     feature_layers: tuple[int, ...] = ()
