@@ -71,7 +71,7 @@ class SpeculativeDecoder:
     or a callable ``(proposal, budget) -> Tree``; ``budget``: most draft nodes per tree. ``policy``: a
     ``round.RoundPolicy`` (default ``gate.RatioGate()``), or law parameters (``payoff.policy.fit_policy``),
     checked against the drafter and target; the output is the greedy output whatever it decides. ``observers``:
-    every request's start and end and every round. ``tokenizer``: default the target's (text prompts only)."""
+    every request's start and end and every round. ``eos_token_ids`` / ``tokenizer``: default the model's."""
 
     def __init__(self, target, drafter: Drafter | None = None, *, tree: str | Callable = "chain",
                  budget: int | None = None, policy: RoundPolicy | dict | None = None,
