@@ -135,9 +135,8 @@ def default_gguf_path() -> Path:
 
 def load_target(spec: str | os.PathLike = DEFAULT_TARGET, *, dtype: torch.dtype = torch.float32,
                 attn_implementation: str = "eager", cache_converted: bool | None = None) -> LoadedTarget:
-    """Load a causal LM target on CPU from local files: ``spec`` names an embedded target (``EMBEDDED_TARGETS``),
-    a local Hugging Face model folder or a ``.gguf`` path. fp32 by default (exactness). ``cache_converted``: keep
-    and reuse a GGUF file's converted model (``None``: unless ``$ENTROPY_LAW_NO_CONVERTED_CACHE`` is set)."""
+    """Load a causal LM target on CPU from local files (``spec``: see the module). ``cache_converted``: keep and
+    reuse a GGUF file's converted model (``None``: unless ``$ENTROPY_LAW_NO_CONVERTED_CACHE`` is set)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     spec_str = str(spec)
     if spec_str in EMBEDDED_TARGETS:

@@ -90,8 +90,7 @@ class ReplayResult:
         return sum(r.committed for r in decode_rounds) / len(decode_rounds) if decode_rounds else float("nan")
 
     def round_proposals(self) -> pd.DataFrame:
-        """The proposal of every round that verified a draft, in ``replay_proposals``' columns plus
-        ``round_index``: only the rounds decoded, with the drafter's own history."""
+        """The proposal of every round that verified a draft, in ``replay_proposals``' columns plus ``round_index``."""
         rows = []
         for record, proposal, tree in zip(self.rounds, self.proposals, self.trees):
             if proposal is None or tree.n_nodes == 0:
@@ -232,9 +231,8 @@ def oracle_rounds(prompt_ids: Sequence[int], output_ids: Sequence[int], drafter:
                   budgets: Sequence[int] = (0, 1, 2, 4, 8, 16, 32), tree: str = "ddtree",
                   verify_cost: VerifyCost, draft_cost: float = 0.0, eos_token_ids=None,
                   max_new_tokens: int | None = None, max_context: int | None = None) -> OracleResult:
-    """The replay oracle: each round, in hindsight, the budget ``N`` in ``budgets`` (0: no draft) whose round
-    commits the most tokens per unit of modelled cost ``c(N + 1) (+ draft_cost)``; the request continues from
-    that round (greedy per round, not a global optimum). Context-only drafters."""
+    """The replay oracle: each round, in hindsight, the budget ``N`` in ``budgets`` (0: no draft) whose round commits
+    the most tokens per modelled cost ``c(N + 1) (+ draft_cost)`` (greedy per round). Context-only drafters."""
     prompt_ids, output_ids = [int(t) for t in prompt_ids], [int(t) for t in output_ids]
     if not prompt_ids or not output_ids:
         raise ValueError("the oracle needs a prompt and a non-empty greedy output")
@@ -473,9 +471,8 @@ def replay_run_metadata(drafter: Drafter, tree: str, budget: int | None, **extra
             "tree_budget": budget, "replayed": True, **extra}
 
 class PrecomputedBlockDrafter:
-    """The block drafter's proposals at every anchor of one known sequence, from ONE ``block_logits`` pass: a
-    ``Drafter`` for ``replay_rounds`` whose ``propose(tokens, _)`` equals (up to float noise) the live
-    ``drafters.BlockDrafter``'s at anchor ``len(tokens) - 1``."""
+    """A ``Drafter`` for ``replay_rounds``: the block drafter's proposals at every anchor of one known sequence from
+    one ``block_logits`` pass, equal (up to float noise) to the live drafter's at anchor ``len(tokens) - 1``."""
 
     feature_layers: tuple[int, ...] = ()  # replay passes no features; they are precomputed
 
@@ -513,8 +510,7 @@ class PrecomputedBlockDrafter:
         return self.drafter.proposal_from_logits(self.logits[n - 1 - self.prompt_len], self.vocab)
 
     def chain_accepted(self) -> list[int]:
-        """Accepted chain drafts if a round started at each anchor (the top draft per depth, while it spells
-        the sequence), for anchors ``prompt_len .. len(sequence) - 2``."""
+        """Accepted chain drafts if a round started at each anchor ``prompt_len .. len(sequence) - 2``."""
         drafts = self.drafter.draft_tokens(self.logits.argmax(-1), self.vocab).tolist()  # [n_anchors, B-1]
         accepted = []
         for anchor in range(self.prompt_len, len(self.sequence) - 1):

@@ -48,9 +48,8 @@ def default_drafter_path() -> Path:
 
 
 def default_feature_layers(num_target_layers: int, n: int = 3) -> tuple[int, ...]:
-    """Target layers whose outputs the drafter reads, from the target's depth ``L``: DFlash's choice (``L // 2``
-    for one feature, else ``n`` evenly spaced from 1 to ``L - 3``) where ``L >= n + 3``, else up to ``n``
-    distinct layers evenly spaced over ``0 .. L - 1``."""
+    """Target layers the drafter reads, from the target's depth ``L``: DFlash's (``L // 2`` for one feature, else ``n``
+    evenly spaced from 1 to ``L - 3``) where ``L >= n + 3``, else up to ``n`` evenly spaced over ``0 .. L - 1``."""
     if num_target_layers < 1 or n < 1:
         raise ValueError(f"need a target with layers and at least one feature (got {num_target_layers} layers, "
                          f"n={n})")
@@ -344,8 +343,8 @@ class BlockDrafter(nn.Module):
         self.__dict__["_head_cache"] = None
 
     def sequence_vocab(self, token_ids: torch.Tensor) -> torch.Tensor | None:
-        """The sorted token ids ``block_logits`` scores for ``token_ids`` (None: all): the fixed draft vocabulary,
-        plus with ``context_vocab`` every id in ``token_ids`` (allowed per anchor by ``context_allowed``)."""
+        """The sorted ids ``block_logits`` scores for ``token_ids`` (None: all): the fixed draft vocabulary, plus with
+        ``context_vocab`` every id in ``token_ids``."""
         if not self.config.draft_vocab_size:
             return None
         if not self.config.context_vocab:
@@ -372,8 +371,7 @@ class BlockDrafter(nn.Module):
 
     def draft_index(self, token_ids: torch.Tensor, ignore: int = -100,
                     vocab: torch.Tensor | None = None) -> torch.Tensor:
-        """Token ids -> indices into ``block_logits``' last axis (its ``vocab``; default the fixed draft
-        vocabulary); ``ignore`` stays, ids outside the vocabulary become ``ignore`` (never drafted)."""
+        """Token ids -> indices into ``block_logits``' last axis (over ``vocab``); ids outside it become ``ignore``."""
         keep = token_ids != ignore
         if vocab is None:
             mapped = self._token_to_draft[token_ids.clamp(min=0)]
@@ -448,8 +446,8 @@ class BlockDrafter(nn.Module):
         return torch.logaddexp(torch.log_softmax(logits, dim=-1) + log_keep, log_copy + log_copied), copy
 
     def distance_buckets(self, anchors: torch.Tensor, c: int) -> torch.Tensor:
-        """``[..., C]`` long: bucket ``min(floor(log2(anchor - j)), copy_distance - 1)`` of every row ``j``
-        (rows at or after the anchor get bucket 0; they are never valid copy rows)."""
+        """``[..., C]``: bucket ``min(floor(log2(anchor - j)), copy_distance - 1)`` of every row ``j`` (0 at or after
+        the anchor)."""
         d = (anchors[..., None] - torch.arange(c)).clamp(min=1)
         return torch.floor(torch.log2(d.double())).long().clamp(max=self.config.copy_distance - 1)
 
@@ -594,9 +592,8 @@ class BlockDrafter(nn.Module):
     @torch.no_grad()
     def draft_logits(self, anchor_id: int, anchor_position: int, vocab: torch.Tensor | None = None,
                      tokens: Sequence[int] | None = None) -> torch.Tensor:
-        """``[B-1, Vd]`` logits over ``vocab`` (default the fixed draft vocabulary) for the block at
-        ``anchor_position`` (context must end there). ``tokens``: the sequence up to the anchor (positions
-        ``0..anchor_position``), which the copy head copies from (needed only with ``copy_head``)."""
+        """``[B-1, Vd]`` logits over ``vocab`` for the block at ``anchor_position`` (the context must end there);
+        ``tokens``: the sequence up to the anchor, which a copy head copies from."""
         if anchor_position != self.context_len:
             raise ValueError(
                 f"the drafter holds context for positions 0..{self.context_len - 1} but the anchor is at "

@@ -71,9 +71,8 @@ def print_progress(tasks: Sequence):
 def time_arms(tasks: Sequence, arms: Mapping[str, Callable], encode: Callable, *, max_new_tokens: int,
               reference: str, warm_up_tokens: int = 8, verify_cost: Callable[[int], float] | None = None,
               progress: Callable | None = None) -> pd.DataFrame:
-    """Decode every task with every arm (interleaved, rotating order, after a warm-up) and time each call: one
-    ``Timing`` row per (arm, request). ``arms``: name -> ``run(prompt_ids, max_new_tokens) -> (token ids, rounds
-    or None)``; ``reference``: the AR arm; ``verify_cost``: the curve ``c(n)`` for the bound (default 1)."""
+    """Decode every task with every arm (interleaved, rotating order, after a warm-up): one ``Timing`` row per (arm,
+    request). ``reference``: the AR arm; ``verify_cost``: the curve ``c(n)`` for the bound (default 1)."""
     if reference not in arms:
         raise ValueError(f"the reference arm {reference!r} is not among the arms {list(arms)}")
     if not tasks:
