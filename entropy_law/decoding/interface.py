@@ -12,9 +12,8 @@ import torch
 
 @dataclass(frozen=True)
 class DraftProposal:
-    """Per-depth candidate tokens, best first, with log-probabilities: row ``d`` for the token at depth ``d + 1``
-    after the root. ``logits``: the full per-depth distribution, for recording only (or ``None``). An empty
-    proposal (``depth == 0``) means "do not draft this round"."""
+    """Per-depth candidate tokens, best first, with log-probabilities (row ``d``: depth ``d + 1`` after the root);
+    ``logits``: the full per-depth distribution, for recording only. ``depth == 0``: do not draft this round."""
 
     tokens: torch.LongTensor  # [depth, K] candidate token ids, best first
     logprobs: torch.FloatTensor  # [depth, K] their log-probabilities (-inf pads unused slots)
@@ -32,9 +31,8 @@ class DraftProposal:
 
 @runtime_checkable
 class Drafter(Protocol):
-    """A draft source: two methods, the decoder calls nothing else. ``feature_layers``: target layers whose
-    outputs it reads (one row per committed position, concatenated; empty: none); ``block_size``: the most
-    tokens one round can commit with it (drafts + 1)."""
+    """A draft source: two methods, the decoder calls nothing else. ``feature_layers``: target layers it reads (one
+    row per committed position, concatenated; empty: none); ``block_size``: drafts + 1."""
 
     drafter_id: str
     feature_layers: tuple[int, ...]

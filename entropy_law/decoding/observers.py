@@ -51,9 +51,8 @@ def row_entropies(logits: torch.Tensor) -> list[float]:
 
 @torch.inference_mode()
 def committed_token_draft_stats(draft_logits: torch.Tensor, committed_ids) -> dict[str, torch.Tensor]:
-    """Drafter statistics of each committed token ``d`` from row ``d`` of ``draft_logits [depth, V]``: ``prob``,
-    ``rank`` (tokens with a strictly larger logit), the row's ``entropy_nats`` and ``top1_prob``; NaN deeper
-    than the draft."""
+    """Per committed token ``d``, from row ``d`` of ``draft_logits [depth, V]``: ``prob``, ``rank`` (tokens with a
+    strictly larger logit), the row's ``entropy_nats`` and ``top1_prob``; NaN deeper than the draft."""
     ids = torch.as_tensor(list(committed_ids), dtype=torch.long)
     n, rows = len(ids), min(len(ids), int(draft_logits.shape[0]))
     out = {key: torch.full((n,), float("nan")) for key in ("prob", "rank", "entropy_nats", "top1_prob")}

@@ -103,9 +103,8 @@ def time_arms(tasks: Sequence, arms: Mapping[str, Callable], encode: Callable, *
 
 def paired_speedups(timings: pd.DataFrame, *, reference: str, clock: str = "cpu", n_boot: int = 2000,
                     seed: int = 0) -> pd.DataFrame:
-    """Per arm and category (and ``"all"``): the paired speedup over ``reference`` with its 95% interval
-    (``payoff.cost.paired_speedup_interval``), tokens per round, the physical ``bound``, ``within_bound``,
-    ``reliable``, ``mismatches`` (outputs that differ from the reference's: kept and counted) and ``verdict``."""
+    """Per arm and category (and ``"all"``): the paired speedup over ``reference`` with its 95% interval, tokens per
+    round, the physical ``bound``, ``within_bound``, ``reliable``, ``mismatches`` (kept and counted), ``verdict``."""
     if clock not in ("cpu", "wall"):
         raise ValueError(f"clock must be 'cpu' or 'wall', got {clock!r}")
     column = f"{clock}_s"
