@@ -4,6 +4,7 @@ Subcommands (each prints a table and ends with one JSON line):
 
     python bench/entropy.py speed [ARGS]
     python bench/entropy.py topk [ARGS]
+    python bench/entropy.py import-speed [ARGS]
 
 ``python bench/entropy.py SUBCOMMAND --help`` lists a subcommand's arguments.
 """
@@ -432,9 +433,253 @@ def run_topk(args, parser) -> int:
     return 0
 
 
+# --- import-speed ----------------------------------------------------------------------------------------------------
+
+IMPORT_SPEED_RESULTS = Path(__file__).resolve().parent / "results" / "entropy-import-speed.txt"
+IMPORT_SPEED_GOAL = 500  # import tokens per CPU second over recompute tokens per CPU second, at least
+
+
+def import_speed_arguments(parser) -> None:
+    """The arguments of ``import-speed``."""
+    parser.add_argument("--tokens", type=float, default=1e6, help="output tokens of the generated log (default: 1e6)")
+    parser.add_argument("--recompute-tokens", type=float, default=1e4,
+                        help="output tokens the target recomputes (default: 1e4)")
+    parser.add_argument("--k", type=int, default=20, help="top_logprobs per output token (default: %(default)s)")
+    parser.add_argument("--num-spec-tokens", type=int, default=4, help="K of the logged engine (default: %(default)s)")
+    parser.add_argument("--seed", type=int, default=0, help="the generated log and the requests recomputed "
+                                                            "(default: %(default)s)")
+    parser.add_argument("--log", default=None,
+                        help="the generated log's path: reused when it is there (default: a temporary file)")
+    parser.add_argument("--out", default=str(IMPORT_SPEED_RESULTS), help="table file (default: %(default)s)")
+
+
+def _zipf_top(n: int, k: int, vocab: int, rng) -> np.ndarray:
+    """``[n, k]`` top-k log-probabilities (best first) of ``n`` next-token distributions over ``vocab`` tokens:
+    a Zipf law ``p_i ~ i^-a`` over the whole vocabulary, its exponent drawn per position (``a - 1`` exponential
+    with mean 3, so confident positions and flat ones both occur), ranks 2..k jittered (lognormal, sigma 0.25, their mass kept) and
+    re-sorted; the normaliser is exact, so the tail beyond k is one a real distribution has."""
+    grid = np.geomspace(1.0, 16.0, 256)
+    ranks = np.arange(1, vocab + 1, dtype=np.float64)
+    log_z = np.array([np.log(np.sum(ranks ** -a)) for a in grid])
+    which = np.minimum(np.searchsorted(grid, 1.0 + rng.exponential(3.0, n)), grid.size - 1)
+    lp = -grid[which, None] * np.log(ranks[:k])[None, :] - log_z[which, None]
+    mass = np.exp(lp[:, 1:]).sum(axis=1, keepdims=True)
+    jittered = lp[:, 1:] + rng.normal(0.0, 0.25, (n, k - 1))
+    jittered += np.log(mass) - np.log(np.exp(jittered).sum(axis=1, keepdims=True))  # ranks 2..k keep their mass
+    lp[:, 1:] = np.minimum(jittered, lp[:, :1])  # and none rises above the top one
+    return -np.sort(-lp, axis=1)
+
+
+def vllm_topk_log(path: Path, tokens: int, k: int, num_spec_tokens: int, seed: int, tokenizer) -> dict:
+    """Write a seeded vLLM chat-completions log (``return_token_ids``, ``logprobs`` with ``top_logprobs = k``,
+    ``--per-request-spec-decode-metrics detailed``) of ``tokens`` output tokens, in vLLM's compact JSON: each
+    output token's entry carries its ``token`` string (the tokenizer's text of the id), ``logprob`` and UTF-8
+    ``bytes``, and its ``top_logprobs`` list of k such entries; the output token is the top one (greedy). Lengths
+    200-999 tokens, per-step accepted counts uniform over 0..K. Returns what was written."""
+    rng = np.random.default_rng(seed)
+    vocab = len(tokenizer)
+    pieces = tokenizer.batch_decode([[i] for i in range(vocab)])
+    head = [f'{{"token":{json.dumps(s)},"logprob":' for s in pieces]
+    tail = [',"bytes":' + json.dumps(list(s.encode("utf-8", "replace")), separators=(",", ":")) + "}"
+            for s in pieces]
+    written, requests = 0, 0
+    with open(path, "w", encoding="utf-8") as fh:
+        while written < tokens:
+            n = int(min(rng.integers(200, 1000), tokens - written))
+            ids = rng.integers(0, vocab, (n, k))
+            lp = _zipf_top(n, k, vocab, rng)
+            accepted, total = [], 1
+            while total < n:
+                a = int(min(rng.integers(0, num_spec_tokens + 1), n - total - 1))
+                accepted.append(a)
+                total += a + 1
+            content = ",".join(
+                head[row[0]] + repr(vals[0]) + tail[row[0]][:-1] + ',"top_logprobs":['
+                + ",".join(head[t] + repr(v) + tail[t] for t, v in zip(row, vals)) + "]}"
+                for row, vals in zip(ids.tolist(), lp.tolist()))
+            prompt = rng.integers(0, vocab, int(rng.integers(50, 500))).tolist()
+            output = ids[:, 0].tolist()
+            obj = {"id": f"chatcmpl-{seed}-{requests:07d}", "object": "chat.completion", "created": 1790000000 + requests,
+                   "model": "HuggingFaceTB/SmolLM2-135M-Instruct",
+                   "choices": [{"index": 0, "message": {"role": "assistant", "content": "".join(pieces[t] for t in output),
+                                                        "tool_calls": []},
+                                "logprobs": {"content": "@CONTENT@"}, "finish_reason": "length", "stop_reason": None,
+                                "token_ids": output}],
+                   "usage": {"prompt_tokens": len(prompt), "total_tokens": len(prompt) + n, "completion_tokens": n},
+                   "prompt_token_ids": prompt,
+                   "metrics": {"speculative_decoding": {
+                       "num_spec_tokens": num_spec_tokens, "num_spec_steps": len(accepted),
+                       "num_draft_tokens": num_spec_tokens * len(accepted), "num_accepted_draft_tokens": sum(accepted),
+                       "acceptance_histogram": np.bincount(accepted, minlength=num_spec_tokens + 1).tolist(),
+                       "per_step_accepted": accepted, "per_step_drafted": [num_spec_tokens] * len(accepted)}}}
+            fh.write(json.dumps(obj, separators=(",", ":")).replace('"@CONTENT@"', f"[{content}]") + "\n")
+            written += n
+            requests += 1
+    return {"tokens": written, "requests": requests, "vocab_size": vocab, "bytes": path.stat().st_size}
+
+
+def _recompute_rate(tokens: int, seed: int) -> dict:
+    """``entropy-law entropy``'s job (``compute_target_stats``: the default target, fp32, its default batching) on
+    requests of the n-gram reference run, drawn in a seeded order until ``tokens`` output tokens, on one torch
+    thread; one request first as a warm-up. Tokens per CPU second by the job's own clock (forward passes and
+    statistics: the import of these requests, the model's loading and the writing are not in it)."""
+    from entropy_law.decoding.loading import load_target
+    from entropy_law.importers import import_jsonl
+    from entropy_law.jobs.entropy import compute_target_stats
+    from entropy_law.traces.reader import load_traces
+
+    torch.set_num_threads(1)
+    reference = load_traces(REFERENCE)
+    block = int(reference.runs["drafter_config"][0]["block_size"])
+    target = load_target()
+    counts = reference.tokens.assign(request_id=reference.tokens["request_id"].astype(str)) \
+        .groupby("request_id").size()
+    order = np.random.default_rng(seed).permutation(sorted(counts.index))
+    chosen = list(order[:1 + int(np.searchsorted(np.cumsum(counts[order[1:]].to_numpy()), tokens)) + 1])
+    with tempfile.TemporaryDirectory(prefix="entropy-recompute-") as tmp:
+        tmp = Path(tmp)
+        lines = engine_lines(reference, target.tokenizer, chosen, block - 1)
+        for name, part in (("warmup", lines[:1]), ("bench", lines[1:])):
+            (tmp / f"{name}.jsonl").write_text("".join(json.dumps(line) + "\n" for line in part))
+            import_jsonl(tmp / f"{name}.jsonl", "vllm", tmp / name)
+        compute_target_stats(tmp / "warmup", target, out=tmp / "warmup-out")
+        summary = compute_target_stats(tmp / "bench", target, out=tmp / "bench-out")
+        ours = load_traces(tmp / "bench-out").tokens
+    recorded = reference.tokens.assign(request_id=reference.tokens["request_id"].astype(str)) \
+        .set_index(["request_id", "position"])["target_entropy_nats"]
+    ours = ours.assign(request_id=ours["request_id"].astype(str)).set_index(["request_id", "position"])
+    gap = float((ours["target_entropy_nats"] - recorded.reindex(ours.index)).abs().max())
+    prompt = int(reference.requests.assign(request_id=reference.requests["request_id"].astype(str))
+                 .set_index("request_id").loc[chosen[1:], "prompt_tokens"].sum())
+    return {"requests": len(chosen) - 1, "tokens": summary.tokens_now, "prompt_tokens": prompt,
+            "cpu_s": summary.cpu_seconds, "seconds": summary.seconds,
+            "tokens_per_cpu_s": summary.tokens_now / summary.cpu_seconds, "max_abs_entropy_vs_recorded": gap}
+
+
+def _timed_import(log: Path, out: Path, vocab: int) -> dict:
+    """``entropy-law import vllm LOG --vocab-size V`` in a child process pinned to one core (one thread for
+    OpenMP and Arrow): its CPU seconds (user + system, interpreter start and imports included) and wall."""
+    import os
+    import resource
+    import subprocess
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ARROW_NUM_THREADS": "1",
+           "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "entropy_law", "import", "vllm", str(log), "--out", str(out),
+                           "--vocab-size", str(vocab)], env=env, capture_output=True, text=True,
+                          preexec_fn=lambda: os.sched_setaffinity(0, {min(os.sched_getaffinity(0))}))
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    if done.returncode:
+        raise RuntimeError(f"the import failed ({done.returncode}): {done.stderr.strip()[-2000:]}")
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return {"cpu_s": cpu, "seconds": wall, "peak_rss_gb": after.ru_maxrss / 2 ** 20, "printed": done.stdout}
+
+
+def run_import_speed(args, parser) -> int:
+    """Output tokens turned into entropies per CPU second: importing a vLLM log with top-k log-probabilities
+    against recomputing them with the target.
+
+    The import side: a seeded vLLM chat-completions log of ``--tokens`` output tokens with ``top_logprobs =
+    --k`` (``vllm_topk_log``) imported end to end by ``entropy-law import vllm --vocab-size V`` in one child
+    process on one core: JSON parsing, the checks, the estimator (bounds and point estimate per token), the
+    Parquet shards and ``engine_import.jsonl``; its CPU clock. The recompute side: ``entropy-law entropy``'s
+    job on ``--recompute-tokens`` output tokens of the n-gram reference run (the default target, fp32, one
+    thread; ``_recompute_rate``). Both in this one run; the ratio of the two rates per CPU second is the goal's
+    number (at least ``IMPORT_SPEED_GOAL``). Two reference lines say where the import's time goes: the stdlib
+    ``json.loads`` of every line alone (the importer's parser), and pyarrow's C++ JSON reader with a schema of the
+    top-k values only (a parser the importer does not use). ``--log`` reuses a log written before. The table goes
+    to ``--out``; ends with ONE JSON line.
+
+        python bench/entropy.py import-speed
+        python bench/entropy.py import-speed --tokens 1e5 --recompute-tokens 1e3 --out /tmp/t.txt
+    """
+    import os
+    import subprocess
+
+    from entropy_law.decoding.loading import load_target
+    from entropy_law.traces.reader import load_traces
+
+    tokenizer = load_target().tokenizer
+    with tempfile.TemporaryDirectory(prefix="entropy-import-speed-") as tmp:
+        tmp = Path(tmp)
+        log = Path(args.log) if args.log else tmp / "vllm.jsonl"
+        start = time.perf_counter()
+        made = {"reused": log.is_file()} if log.is_file() else \
+            vllm_topk_log(log, int(args.tokens), args.k, args.num_spec_tokens, args.seed, tokenizer)
+        made["seconds"] = time.perf_counter() - start
+        cpu, requests, count = time.process_time(), 0, 0  # the stdlib JSON parse alone, as the importer reads lines
+        with open(log, "rb") as fh:
+            for line in fh:
+                count += len(json.loads(line)["choices"][0]["token_ids"])
+                requests += 1
+        parse_cpu = time.process_time() - cpu
+        import pyarrow as pa
+        import pyarrow.json as pj
+
+        top = pa.list_(pa.struct([("top_logprobs", pa.list_(pa.struct([("logprob", pa.float64())])))]))
+        schema = pa.schema([("choices", pa.list_(pa.struct([("logprobs", pa.struct([("content", top)]))])))])
+        cpu = time.process_time()
+        pj.read_json(log, read_options=pj.ReadOptions(use_threads=False, block_size=1 << 26),
+                     parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="ignore"))
+        arrow_cpu = time.process_time() - cpu
+        made.update(tokens=count, requests=requests, vocab_size=len(tokenizer), bytes=log.stat().st_size)
+        imported = _timed_import(log, tmp / "run", made["vocab_size"])
+        tokens = load_traces(tmp / "run").tokens
+        rows, estimated = len(tokens), int(tokens["target_entropy_estimate_nats"].notna().sum())
+    if rows != made["tokens"] or estimated != rows:
+        print(f"the import wrote {rows} token rows ({estimated} with an estimate) of {made['tokens']} output tokens",
+              file=sys.stderr)
+        return 1
+    print(f"import: {made['tokens']:,} tokens in {imported['cpu_s']:.1f} CPU s ({imported['seconds']:.1f} s wall)",
+          flush=True)
+    recompute = _recompute_rate(int(args.recompute_tokens), args.seed)
+    import_rate = made["tokens"] / imported["cpu_s"]
+    ratio = import_rate / recompute["tokens_per_cpu_s"]
+    load = os.getloadavg()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=Path(__file__).resolve().parents[1]).stdout.strip()
+    lines = [
+        f"# entropy-import-speed.txt: python bench/entropy.py import-speed --tokens {args.tokens:g} --recompute-tokens "
+        f"{args.recompute_tokens:g} --k {args.k} --seed {args.seed}",
+        f"# measured {time.strftime('%Y-%m-%d %H:%M:%S %z')}, commit {commit}, machine: {os.uname().nodename} "
+        f"({os.cpu_count()} cores, shared: load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} at the end)",
+        "",
+        f"import: a generated vLLM chat-completions log, {made['requests']:,} requests, {made['tokens']:,} output "
+        f"tokens with top-{args.k} log-probabilities ({made['bytes'] / 1e9:.2f} GB of JSON, V = {made['vocab_size']:,})",
+        f"recompute: {recompute['requests']} requests of the n-gram reference run, {recompute['prompt_tokens']:,} "
+        f"prompt + {recompute['tokens']:,} output tokens through the default target (fp32, 1 thread); max |H - "
+        f"recorded| {recompute['max_abs_entropy_vs_recorded']:.1e} nats",
+        f"{'side':<44}{'tokens':>12}{'CPU s':>10}{'wall s':>10}{'tokens/CPU-s':>15}",
+        f"{'import (end to end, 1 core, own process)':<44}{made['tokens']:>12,}{imported['cpu_s']:>10.1f}"
+        f"{imported['seconds']:>10.1f}{import_rate:>15,.0f}",
+        f"{'json.loads of each line alone (this process)':<44}{made['tokens']:>12,}{parse_cpu:>10.1f}{'':>10}"
+        f"{made['tokens'] / parse_cpu:>15,.0f}",
+        f"{'pyarrow.json, top-k values only (reference)':<44}{made['tokens']:>12,}{arrow_cpu:>10.1f}{'':>10}"
+        f"{made['tokens'] / arrow_cpu:>15,.0f}",
+        f"{'recompute (the job clock, 1 thread)':<44}{recompute['tokens']:>12,}{recompute['cpu_s']:>10.1f}"
+        f"{recompute['seconds']:>10.1f}{recompute['tokens_per_cpu_s']:>15,.1f}",
+        f"ratio (per CPU second): {ratio:,.0f} (goal: at least {IMPORT_SPEED_GOAL}): "
+        + ("met" if ratio >= IMPORT_SPEED_GOAL else "NOT met") + f"; the import's peak RSS "
+        f"{imported['peak_rss_gb']:.2f} GB",
+    ]
+    print("\n".join(lines))
+    payload = json.dumps({"bench": "entropy_import_speed", "k": args.k, "log": made, "import": {
+        k: imported[k] for k in ("cpu_s", "seconds", "peak_rss_gb")}, "import_tokens_per_cpu_s": import_rate,
+        "json_parse_cpu_s": parse_cpu, "pyarrow_topk_parse_cpu_s": arrow_cpu,
+        "recompute": recompute, "ratio": ratio, "goal": IMPORT_SPEED_GOAL, "goal_met": ratio >= IMPORT_SPEED_GOAL,
+        "load_average": load})
+    Path(args.out).write_text("\n".join(lines) + "\n" + payload + "\n")
+    print(payload)
+    return 0
+
+
 COMMANDS = {  # subcommand: (adds its arguments, runs it)
     "speed": (speed_arguments, run_speed),
     "topk": (topk_arguments, run_topk),
+    "import-speed": (import_speed_arguments, run_import_speed),
 }
 
 

@@ -696,6 +696,8 @@ def run_spark(args, parser) -> int:
             start = time.perf_counter()
             value = fn()
             times[name] = time.perf_counter() - start
+            print(f"{name}: {times[name]:.1f} s, process CPU {time.process_time():.0f} s, peak RSS "
+                  f"{_peak_rss_gb():.2f} GB", flush=True)  # what a run that dies later reached
             return value
 
         duck = timed("duckdb_cells", lambda: aggregate_at_risk_sql(out, args.family, threads=args.cores))
@@ -718,6 +720,8 @@ def run_spark(args, parser) -> int:
                         duck_curve[["drafter_id", "category", "bin", "n", "accepted"]]))
     summary_gap = max(_relative_gap(duck_summary, summary, summary_floats),
                       _relative_gap(duck_curve, curve, ["rate", "ci_low", "ci_high", "entropy_nats"]))
+    print(f"{len(duck):,} cells; counts identical: {same_counts}; float means max relative gap {mean_gap:.1e}; summaries "
+          f"equal: {same_summary} (floats within {summary_gap:.1e})", flush=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         law_duck = timed("fit_duckdb_cells", lambda: fit_law(duck, args.family).coefficients)

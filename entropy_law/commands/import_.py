@@ -36,7 +36,6 @@ def register(subparsers) -> None:
 def run(args) -> int:
     # lazy: `entropy-law --help` imports every command module; pyarrow and pandas load only here
     from entropy_law.importers import import_jsonl
-    from entropy_law.importers.glance import import_glance
     from entropy_law.traces.recorder import TraceRecorder
 
     try:
@@ -48,7 +47,9 @@ def run(args) -> int:
         from entropy_law.importers.specbench import import_specbench
 
         summary = import_specbench(args.file, args.out, **common)
-    elif args.engine == "glance":
+    elif args.engine == "glance":  # its module loads the law (scipy, statsmodels): only here
+        from entropy_law.importers.glance import import_glance
+
         summary = import_glance(args.file, args.out, **common)
     else:
         summary = import_jsonl(args.file, args.engine, args.out, category=args.category, vocab_size=args.vocab_size,
