@@ -102,7 +102,7 @@ def test_too_few_requests_for_the_blocks_widen_nothing_and_say_why(monkeypatch):
     assert got.summary["cost_spread"].isna().all()
     note = next(n for n in got.notes if n.startswith("cost run-to-run spread not measured"))
     assert "5 requests, fewer than 4 blocks of 2" in note and "not widened" in note
-    assert "cost run-to-run spread not measured (notes)" in got.answer()
+    assert "cost run-to-run spread not measured;" in got.answer()
     plain = _priced(an, arm, widen=False, monkeypatch=monkeypatch)
     assert np.array_equal(got.summary[["ci_low", "ci_high"]].to_numpy(), plain.summary[["ci_low", "ci_high"]].to_numpy(),
                           equal_nan=True)
@@ -123,7 +123,7 @@ def test_the_demo_answer_and_predict_print_the_spread(monkeypatch):
     assert (cats["cost_spread"] > 0.05).any()  # the law's pricing carries it too
     largest = frame["workload_spread"].max()
     assert largest == pytest.approx(cats.drop(index="all")["cost_spread"].max())
-    assert screen[-1] == f"Predicted intervals: cost run-to-run spread ±{largest:.1%} (the largest; per category in summary.txt)"
+    assert screen[0].startswith("When drafting pays") and screen[0].endswith(f"; cost run-to-run spread ±{largest:.1%}")
     for r in frame.itertuples():  # summary.txt: each category's predicted interval with its own spread
         assert f"[{r.workload_low:.2f}, {r.workload_high:.2f}] (cost run-to-run spread ±{r.workload_spread:.1%})" in detail
     # the demo's interval is the widened one

@@ -175,13 +175,14 @@ def load_note(share: float | None, threads: int = 1) -> str | None:
 def verdict_lines(analysis: TraceAnalysis, measured: pd.DataFrame | None = None, *,
                   loaded: str | None = None) -> list[str]:
     """The short answer on one screen: per drafting arm, one line per category with its verdict, speedup over AR,
-    interval, source and requests (``answer_frame``), then the cost run-to-run spread the predicted intervals carry
-    (``payoff.workload.cost_spread``); ``loaded`` (``load_note``): said under the title, and no category gets a
+    interval, source and requests (``answer_frame``), under a title with the largest cost run-to-run spread the
+    predicted intervals carry (``payoff.workload.cost_spread``); ``loaded`` (``load_note``): said under the title, and no category gets a
     verdict (``LOADED``)."""
     frame = answer_frame(analysis, measured)
     if frame.empty:
         return ["When drafting pays: no drafting arm could be measured or predicted (see summary.txt)"]
-    lines = ["When drafting pays: speedup over AR per category, 95% interval (rule: docs/demo.md)"]
+    spread = frame["workload_spread"].max() if "workload_spread" in frame else np.nan  # the predicted intervals'
+    lines = [f"When drafting pays: speedup vs AR, 95% interval (docs/demo.md); {spread_text(spread)}"]
     if loaded:
         lines.append(loaded)
         frame = frame.assign(pays=LOADED)
@@ -196,9 +197,7 @@ def verdict_lines(analysis: TraceAnalysis, measured: pd.DataFrame | None = None,
             point = f"{r.verdict_speedup:.2f}x" if np.isfinite(r.verdict_speedup) else "–"
             lines.append(f"{head}{r.pays:<14}{point} [{r.verdict_low:.2f}, {r.verdict_high:.2f}]  {r.pays_from}, "
                          f"{int(r.verdict_requests)} requests")
-    spread = frame["workload_spread"].max()  # NaN: not measured
-    return lines + [f"Predicted intervals: {spread_text(spread)}" + (" (the largest; per category in summary.txt)"
-                                                                   if spread == spread else "")]
+    return lines
 
 
 def _join(names) -> str:

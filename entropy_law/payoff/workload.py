@@ -640,7 +640,7 @@ class WorkloadPrediction(Result):
 
 def spread_text(spread: float) -> str:
     """The cost run-to-run spread (``cost_spread``) as printed beside a predicted interval."""
-    return "cost run-to-run spread " + (f"±{spread:.1%}" if np.isfinite(spread) else "not measured (notes)")
+    return "cost run-to-run spread " + (f"±{spread:.1%}" if np.isfinite(spread) else "not measured")
 
 
 def category_groups(seqs: pd.DataFrame) -> list[tuple[str, np.ndarray]]:
