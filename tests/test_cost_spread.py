@@ -104,8 +104,8 @@ def test_too_few_requests_for_the_blocks_widen_nothing_and_say_why(monkeypatch):
     assert "5 requests, fewer than 4 blocks of 2" in note and "not widened" in note
     assert "cost run-to-run spread not measured;" in got.answer()
     plain = _priced(an, arm, widen=False, monkeypatch=monkeypatch)
-    assert np.array_equal(got.summary[["ci_low", "ci_high"]].to_numpy(), plain.summary[["ci_low", "ci_high"]].to_numpy(),
-                          equal_nan=True)
+    ci = ["ci_low", "ci_high"]
+    assert np.array_equal(got.summary[ci].to_numpy(), plain.summary[ci].to_numpy(), equal_nan=True)
 
 
 def test_the_demo_answer_and_predict_print_the_spread(monkeypatch):
@@ -123,9 +123,11 @@ def test_the_demo_answer_and_predict_print_the_spread(monkeypatch):
     assert (cats["cost_spread"] > 0.05).any()  # the law's pricing carries it too
     largest = frame["workload_spread"].max()
     assert largest == pytest.approx(cats.drop(index="all")["cost_spread"].max())
-    assert screen[0].startswith("When drafting pays") and screen[0].endswith(f"; cost run-to-run spread ±{largest:.1%}")
+    assert screen[0].startswith("When drafting pays") and screen[0].endswith(
+        f"; cost run-to-run spread ±{largest:.1%}")
     for r in frame.itertuples():  # summary.txt: each category's predicted interval with its own spread
-        assert f"[{r.workload_low:.2f}, {r.workload_high:.2f}] (cost run-to-run spread ±{r.workload_spread:.1%})" in detail
+        spread = f"(cost run-to-run spread ±{r.workload_spread:.1%})"
+        assert f"[{r.workload_low:.2f}, {r.workload_high:.2f}] {spread}" in detail
     # the demo's interval is the widened one
     assert frame["workload_low"].to_numpy() == pytest.approx(cats.loc[frame["category"], "ci_low"].to_numpy())
 

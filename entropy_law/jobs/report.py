@@ -18,8 +18,7 @@ import pandas as pd
 
 from entropy_law.analysis import TraceAnalysis, format_interval
 from entropy_law.law.fit import get_family
-from entropy_law.payoff.cost import (ABOVE_BOUND, MIN_PAIRED_REQUESTS,
-                                     cpu_wall_factors)
+from entropy_law.payoff.cost import ABOVE_BOUND, MIN_PAIRED_REQUESTS, cpu_wall_factors
 from entropy_law.payoff.predict import request_prediction_section
 from entropy_law.payoff.workload import spread_text
 from entropy_law.plots.glance import glance_section
@@ -164,20 +163,20 @@ def cpu_share(traces, threads: int = 1) -> float | None:
 
 
 def load_note(share: float | None, threads: int = 1) -> str | None:
-    """A line saying the machine was loaded while decoding (``share`` below ``MIN_CPU_SHARE``), else ``None``."""
+    """A line of the screen (at most 100 columns) saying the machine was loaded while decoding (``share`` below
+    ``MIN_CPU_SHARE``), else ``None``."""
     if share is None or share >= MIN_CPU_SHARE:
         return None
-    return (f"The machine was loaded while decoding: it got {share:.0%} of its {threads} thread(s)' time (below "
-            f"{MIN_CPU_SHARE:.0%}), so timings are not reliable and no verdict is given; rerun on a quiet machine"
-            f"{'' if threads == 1 else ' with --threads 1'}.")
+    return (f"Machine loaded: decoding got {share:.0%} of {threads} thread(s)' time (below {MIN_CPU_SHARE:.0%}): no "
+            f"verdict; rerun {'when quiet' if threads == 1 else 'with --threads 1'}")
 
 
 def verdict_lines(analysis: TraceAnalysis, measured: pd.DataFrame | None = None, *,
                   loaded: str | None = None) -> list[str]:
     """The short answer on one screen: per drafting arm, one line per category with its verdict, speedup over AR,
     interval, source and requests (``answer_frame``), under a title with the largest cost run-to-run spread the
-    predicted intervals carry (``payoff.workload.cost_spread``); ``loaded`` (``load_note``): said under the title, and no category gets a
-    verdict (``LOADED``)."""
+    predicted intervals carry (``payoff.workload.cost_spread``); ``loaded`` (``load_note``): said under the title,
+    and no category gets a verdict (``LOADED``)."""
     frame = answer_frame(analysis, measured)
     if frame.empty:
         return ["When drafting pays: no drafting arm could be measured or predicted (see summary.txt)"]
@@ -744,7 +743,7 @@ def _speedup_cell(row, measured: pd.DataFrame | None) -> str:
     if match.empty:
         return "not measured"
     m = match.iloc[0]
-    got = speedup_text(m["speedup"], m["lo"], m["hi"], m["requests"], m["verdict"])
+    got = speedup_text(m["speedup"], m["lo"], m["hi"], m["requests"], m["verdict"], m.get("timed_together") is False)
     return f"{got} ({m['requests']} requests)" if got.endswith("]") else _fmt(got)
 
 
