@@ -120,6 +120,8 @@ def test_the_demo_answer_and_predict_print_the_spread(monkeypatch):
         cats = an.workload(arm).categories
         frame = answer_frame(an)
         screen, detail = verdict_lines(an), "\n".join(answer_lines(an))
+        busy = "\n".join(answer_lines(an, loaded=True))  # a loaded machine: summary.txt gives no verdict either
+    assert "-> not measured (machine loaded)" in busy and "-> unclear" not in busy and "-> pays" not in busy
     assert (cats["cost_spread"] > 0.05).any()  # the law's pricing carries it too
     largest = frame["workload_spread"].max()
     assert largest == pytest.approx(cats.drop(index="all")["cost_spread"].max())

@@ -204,10 +204,11 @@ def _join(names) -> str:
     return " and ".join([", ".join(names[:-1]), names[-1]]) if len(names) > 1 else "".join(names)
 
 
-def answer_lines(analysis: TraceAnalysis, measured: pd.DataFrame | None = None) -> list[str]:
+def answer_lines(analysis: TraceAnalysis, measured: pd.DataFrame | None = None, *, loaded: bool = False) -> list[str]:
     """The answer first, one line per drafting arm (its workload verdict and the categories it pays for), then
-    per category measured and predicted speedup side by side."""
+    per category measured and predicted speedup side by side; ``loaded``: no category gets a verdict (``LOADED``)."""
     frame = answer_frame(analysis, measured)
+    frame = frame.assign(pays=LOADED) if loaded and len(frame) else frame
     lines = []
     for arm in analysis.arms:
         pays, work = analysis.attempt("pays", arm), analysis.attempt("workload", arm)
@@ -707,7 +708,7 @@ def _out_of_core_figure(curve: pd.DataFrame, drafting: list, laws: dict, out_dir
     return written
 
 
-def terminal_summary(analysis: TraceAnalysis, measured: pd.DataFrame | None = None) -> str:
+def terminal_summary(analysis: TraceAnalysis, measured: pd.DataFrame | None = None, *, loaded: bool = False) -> str:
     """The demo's closing summary: where drafting pays; per category mean entropy, tokens per round and speedup
     per arm (``measured``: ``jobs.speed.paired_speedups`` rows, else the traces' own; ``speedup_text``); the
     fitted law with intervals."""
@@ -717,7 +718,7 @@ def terminal_summary(analysis: TraceAnalysis, measured: pd.DataFrame | None = No
     reference = set(analysis.ar_arms)
     lines = ["When drafting pays (measured: paired with AR on the same prompts; predicted: the fitted law and the "
              "cost model):"]
-    lines += [f"  {line}" for line in answer_lines(analysis, measured)] + [""]
+    lines += [f"  {line}" for line in answer_lines(analysis, measured, loaded=loaded)] + [""]
     for arm, part in table.groupby("arm", sort=False):
         lines.append(f"{arm}:")
         lines.append(f"  {'category':<16}{'mean H (nats)':>14}{'tokens/round':>14}   speedup vs AR")

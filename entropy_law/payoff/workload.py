@@ -322,19 +322,16 @@ COST_BLOCKS, MIN_BLOCK_REQUESTS = 4, 2  # consecutive blocks of the arm's reques
 
 def cost_spread(traces, drafter: str, price, boot, *, ar_table=None, ar_ms_per_token=None, clock: str = "auto",
                 blocks: int = COST_BLOCKS) -> tuple[np.ndarray, str]:
-    """The cost model's run-to-run spread, measured inside one run: per predicted speedup of ``price(cost)`` (a
-    list, e.g. per category) the SD on the log scale that it adds to the request bootstrap's interval.
+    """The cost model's run-to-run spread, measured inside one run (docs/demo.md): per predicted speedup of
+    ``price(cost)`` (a list, e.g. per category) the SD on the log scale it adds to the bootstrap's interval.
 
-    The arm's requests are cut, in recording order, into ``blocks`` consecutive blocks, each timed under whatever
-    the machine did then (interleaved recording times AR on the same prompts in the same block); the cost model and
-    t_AR refitted on each block alone (``_reweighted_costs``) price the same rounds. The between-block variance s2
-    of the log speedups holds each block's own sampling noise, about ``blocks`` times the whole run's (``boot``: the
-    bootstrap's speedups, [replicates, entries], priced with the cost model alone), which the interval already
-    carries; the rest, tau2 = max(s2 - blocks x var(log boot), 0), is the run-to-run term, kept whole: a machine's
-    state can last a run, so another run may sit wholly in one block's conditions. Where the prompts were recorded
-    category by category the blocks differ by category too, and tau also holds the pooled cost model's error
-    between categories. Returns (tau per entry, a note); NaN (not measured: no widening, the note says why) with
-    fewer than ``MIN_BLOCK_REQUESTS`` requests per block or 2 replicates, or where a block cannot be fitted."""
+    The arm's requests, in recording order, are cut into ``blocks`` consecutive blocks, each timed under whatever
+    the machine did then; the cost model and t_AR refitted on each block alone price the same rounds. Their
+    between-block variance s2 of the log speedup holds each block's sampling noise, about ``blocks`` x the whole
+    run's (``boot``: [replicates, entries] bootstrap speedups priced with the cost model alone), which the interval
+    already carries: tau2 = max(s2 - blocks x var(log boot), 0) is kept whole, as another run may sit wholly in one
+    block's conditions. Returns (tau per entry, a note); NaN (no widening; the note says why) with fewer than
+    ``MIN_BLOCK_REQUESTS`` requests per block or 2 replicates, or where a block cannot be fitted."""
     ids = pd.unique(single_drafter(traces, drafter)[1]["request_id"])
     why = (f"{len(ids)} requests, fewer than {blocks} blocks of {MIN_BLOCK_REQUESTS}"
            if len(ids) < blocks * MIN_BLOCK_REQUESTS else "fewer than 2 bootstrap replicates" if len(boot) < 2 else "")
