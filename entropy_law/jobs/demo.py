@@ -148,7 +148,8 @@ def run_demo(plan: DemoPlan, *, progress: bool = True, log: Callable[[str], None
     timings["analysis_s"] = time.perf_counter() - t_an
     timings["total_s"] = time.perf_counter() - t_start
     # the detail behind the answer: the answer, the per-category table, the fitted law, the notes, the timings
-    summary = "\n".join([*answer, "", terminal_summary(analysis, measured), "", *(f"note: {m}" for m in messages),
+    summary = "\n".join([*answer, "", terminal_summary(analysis, measured, loaded=bool(loaded)), "",
+                          *(f"note: {m}" for m in messages),
                           f"decode {timings['decode_s']:.0f} s, analysis + figures + report "
                           f"{timings['analysis_s']:.0f} s", f"report: {report}",
                           f"figures: {run_dir / 'figures'}   traces: {trace_dir}"])

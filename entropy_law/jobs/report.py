@@ -16,12 +16,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from entropy_law.jobs.speed import format_speedup
 from entropy_law.analysis import TraceAnalysis, format_interval
 from entropy_law.law.fit import get_family
-from entropy_law.payoff.cost import (ABOVE_BOUND, MEASURED, MIN_PAIRED_REQUESTS, RELIABLE_HALF_WIDTH,
-                                     cpu_wall_factors)
+from entropy_law.payoff.cost import ABOVE_BOUND, MIN_PAIRED_REQUESTS, cpu_wall_factors
 from entropy_law.payoff.predict import request_prediction_section
+from entropy_law.payoff.workload import spread_text
 from entropy_law.plots.glance import glance_section
 from entropy_law.law.stats import FEW_REQUESTS
 
@@ -59,22 +58,32 @@ def markdown_table(frame: pd.DataFrame, *, digits: int = 3, index: bool = False)
     return "\n".join([header, rule, *body])
 
 
-def trace_speedup(speedup, verdict):
-    """A traces' speedup as it may be shown: the number where ``verdict`` is "measured" (or none), else the
-    verdict with the number in brackets. NaN stays NaN."""
-    if not np.isfinite(speedup) or verdict in (None, MEASURED, "the reference") or verdict != verdict:
+def speedup_text(speedup, lo, hi, requests, verdict, apart: bool = False):
+    """A measured speedup as summary.txt and the report show it, by the screen's rule (``category_verdict``): the
+    number with its interval where that rule gives a verdict, else "not measured (N requests)" or "above the
+    physical bound (x): not a result"; ``apart``: the arm was timed apart from its AR run. NaN stays NaN."""
+    if not np.isfinite(speedup) or verdict == "the reference":
         return speedup
-    return f"{verdict} ({speedup:.2f}x)" + (": not a result" if verdict == ABOVE_BOUND else "")
+    if apart:
+        return f"not measured (timed apart from AR; {speedup:.2f}x)"
+    if verdict == ABOVE_BOUND:
+        return f"{ABOVE_BOUND} ({speedup:.2f}x): not a result"
+    got = category_verdict(requests, lo, hi)
+    return got if got.startswith("not measured") else f"{speedup:.2f}x [{lo:.2f}, {hi:.2f}]"
 
 
 def results_frame(analysis: TraceAnalysis) -> pd.DataFrame:
-    """The per-arm, per-category results table with readable column names; speedups via ``trace_speedup``."""
+    """The per-arm, per-category results table with readable column names; speedups via ``speedup_text``."""
     table = analysis.results_table()
-    if "speedup_vs_ar" in table:
+    speed = analysis.attempt("measured_speedups")
+    if "speedup_vs_ar" in table and speed.ok:
         table = table.astype({"speedup_vs_ar": object})
+        sp = speed.value.set_index(["arm", "category"])
         for i, row in table.iterrows():
-            if row["arm"] not in analysis.ar_arms:
-                table.at[i, "speedup_vs_ar"] = trace_speedup(row["speedup_vs_ar"], row.get("speedup_verdict"))
+            if (row["arm"], row["category"]) in sp.index:
+                r = sp.loc[(row["arm"], row["category"])]
+                table.at[i, "speedup_vs_ar"] = speedup_text(r["speedup"], r["lo"], r["hi"], r["requests"], r["verdict"],
+                                                            r.get("timed_together") is False)
     return table[[c for c in RESULT_COLUMNS if c in table]].rename(columns=RESULT_COLUMNS)
 
 
@@ -126,7 +135,7 @@ def answer_frame(analysis: TraceAnalysis, measured: pd.DataFrame | None = None) 
                     float(got["speedup"]), float(got["lo"]), float(got["hi"]), got["verdict"], int(got["requests"]),
                     "cpu (jobs.speed)"]
     # the prediction's interval per category: the workload pricing of the arm's own requests (in-sample)
-    frame = frame.assign(workload_predicted=np.nan, workload_low=np.nan, workload_high=np.nan)
+    frame = frame.assign(workload_predicted=np.nan, workload_low=np.nan, workload_high=np.nan, workload_spread=np.nan)
     for arm in frame["arm"].unique():
         work = analysis.attempt("workload", arm)
         if not work.ok or work.value.categories.empty:
@@ -134,8 +143,8 @@ def answer_frame(analysis: TraceAnalysis, measured: pd.DataFrame | None = None) 
         cats = work.value.categories
         rows = (frame["arm"] == arm) & frame["category"].astype(str).isin(cats.index)
         got = cats.loc[frame.loc[rows, "category"].astype(str)]
-        frame.loc[rows, ["workload_predicted", "workload_low", "workload_high"]] = got[
-            ["predicted_speedup", "ci_low", "ci_high"]].to_numpy(float)
+        frame.loc[rows, ["workload_predicted", "workload_low", "workload_high", "workload_spread"]] = got[
+            ["predicted_speedup", "ci_low", "ci_high", "cost_spread"]].to_numpy(float)
     requests = analysis.results_table().set_index(["arm", "category"])["requests"]
     rows = [_verdict_interval(r, requests.get((r["arm"], r["category"]), np.nan)) for _, r in frame.iterrows()]
     frame = frame.assign(pays_from=[r[0] for r in rows], verdict_requests=[r[1] for r in rows],
@@ -154,23 +163,25 @@ def cpu_share(traces, threads: int = 1) -> float | None:
 
 
 def load_note(share: float | None, threads: int = 1) -> str | None:
-    """A line saying the machine was loaded while decoding (``share`` below ``MIN_CPU_SHARE``), else ``None``."""
+    """A line of the screen (at most 100 columns) saying the machine was loaded while decoding (``share`` below
+    ``MIN_CPU_SHARE``), else ``None``."""
     if share is None or share >= MIN_CPU_SHARE:
         return None
-    return (f"The machine was loaded while decoding: it got {share:.0%} of its {threads} thread(s)' time (below "
-            f"{MIN_CPU_SHARE:.0%}), so timings are not reliable and no verdict is given; rerun on a quiet machine"
-            f"{'' if threads == 1 else ' with --threads 1'}.")
+    return (f"Machine loaded: decoding got {share:.0%} of {threads} thread(s)' time (below {MIN_CPU_SHARE:.0%}): no "
+            f"verdict; rerun {'when quiet' if threads == 1 else 'with --threads 1'}")
 
 
 def verdict_lines(analysis: TraceAnalysis, measured: pd.DataFrame | None = None, *,
                   loaded: str | None = None) -> list[str]:
     """The short answer on one screen: per drafting arm, one line per category with its verdict, speedup over AR,
-    interval, source and requests (``answer_frame``); ``loaded`` (``load_note``): said under the title, and no
-    category gets a verdict (``LOADED``)."""
+    interval, source and requests (``answer_frame``), under a title with the largest cost run-to-run spread the
+    predicted intervals carry (``payoff.workload.cost_spread``); ``loaded`` (``load_note``): said under the title,
+    and no category gets a verdict (``LOADED``)."""
     frame = answer_frame(analysis, measured)
     if frame.empty:
         return ["When drafting pays: no drafting arm could be measured or predicted (see summary.txt)"]
-    lines = ["When drafting pays: speedup over AR per category, 95% interval (rule: docs/demo.md)"]
+    spread = frame["workload_spread"].max() if "workload_spread" in frame else np.nan  # the predicted intervals'
+    lines = [f"When drafting pays: speedup vs AR, 95% interval (docs/demo.md); {spread_text(spread)}"]
     if loaded:
         lines.append(loaded)
         frame = frame.assign(pays=LOADED)
@@ -193,10 +204,11 @@ def _join(names) -> str:
     return " and ".join([", ".join(names[:-1]), names[-1]]) if len(names) > 1 else "".join(names)
 
 
-def answer_lines(analysis: TraceAnalysis, measured: pd.DataFrame | None = None) -> list[str]:
+def answer_lines(analysis: TraceAnalysis, measured: pd.DataFrame | None = None, *, loaded: bool = False) -> list[str]:
     """The answer first, one line per drafting arm (its workload verdict and the categories it pays for), then
-    per category measured and predicted speedup side by side."""
+    per category measured and predicted speedup side by side; ``loaded``: no category gets a verdict (``LOADED``)."""
     frame = answer_frame(analysis, measured)
+    frame = frame.assign(pays=LOADED) if loaded and len(frame) else frame
     lines = []
     for arm in analysis.arms:
         pays, work = analysis.attempt("pays", arm), analysis.attempt("workload", arm)
@@ -204,7 +216,8 @@ def answer_lines(analysis: TraceAnalysis, measured: pd.DataFrame | None = None) 
         head = f"{arm}: drafting {work.value.verdict}" if work.ok else f"{arm}: workload break-even not computed"
         if pays.ok:
             head += f" (at constant entropy: {pays.value.breakeven_verdict})"
-        if (work.ok or pays.ok) and analysis.timed_together(arm)[0] is False:  # t_AR from a run timed apart
+        apart = analysis.timed_together(arm)[0] is False
+        if (work.ok or pays.ok) and apart:  # t_AR from a run timed apart
             head += " [priced with an AR cost timed apart from this arm: not measured reliably]"
         part = frame.loc[frame["arm"] == arm] if len(frame) else frame
         if len(part):
@@ -222,17 +235,15 @@ def answer_lines(analysis: TraceAnalysis, measured: pd.DataFrame | None = None) 
                 head += f" ({status})"
         lines.append(head)
         for r in part.itertuples():
-            if r.verdict == MEASURED:
-                got = f"{r.measured:.2f}x [{r.lo:.2f}, {r.hi:.2f}] {r.clock}"
-            elif isinstance(r.verdict, str):
-                got = trace_speedup(r.measured, r.verdict)
-            else:
-                got = "not measured"
+            apart_here = apart and "jobs.speed" not in str(r.clock)  # jobs.speed times the arms interleaved
+            got = speedup_text(r.measured, r.lo, r.hi, r.requests, r.verdict, apart_here) if isinstance(
+                r.verdict, str) else ""
+            got = f"{got} {r.clock}" if got.endswith("]") else got or "not measured"
             predicted = f"{r.predicted:.2f}x" if np.isfinite(r.predicted) else "–"
             if np.isfinite(r.workload_predicted):  # per request, with the interval the verdict also rests on
                 band = (f"[{r.workload_low:.2f}, {r.workload_high:.2f}]"
                         if np.isfinite(r.workload_low) and np.isfinite(r.workload_high) else "(no interval)")
-                predicted += f", per request {r.workload_predicted:.2f}x {band}"
+                predicted += f", per request {r.workload_predicted:.2f}x {band} ({spread_text(r.workload_spread)})"
             lines.append(f"    {r.category:<16} measured {got:<44} predicted {predicted:<36} -> {r.pays} "
                          f"({r.pays_from})")
         if not pays.ok:
@@ -403,10 +414,9 @@ def results_markdown(analysis: TraceAnalysis, *, source: str = "") -> str:
              "each round's drafted depth (observed where a round started, else the category's depth distribution at "
              "that entropy; LOCO: law fitted without that category); LOCO mean accepted τ: predicted (tokens − rounds) "
              "/ drafting rounds; speedup: decode time per token of our AR baseline over the arm's, "
-             "on the same prompts, on the CPU clock where the traces carry it (\"not measured reliably\" where the arm and the "
-             "AR run were timed apart: time windows overlapping less than half their union; – where the arm was "
-             "replayed or no AR run exists; \"not measured reliably\" from fewer than "
-             f"{MIN_PAIRED_REQUESTS} paired prompts or with an interval wider than ±{RELIABLE_HALF_WIDTH:.0%}; never "
+             "on the same prompts, on the CPU clock where the traces carry it (– where the arm was replayed or no AR "
+             "run exists; \"not measured (N requests)\" by the demo's verdict rule, `category_verdict`: fewer than "
+             f"{MIN_PAIRED_REQUESTS} paired prompts or an upper end more than {MAX_INTERVAL_RATIO:g}× the lower; never "
              "above the physical bound, tokens per round × c(1)/c(N+1)); paired requests: how many prompts both "
              "decoded.", "",
              f"Fitted law `{analysis.family}` ({get_family(analysis.family).description}; k and λ at depth 1 "
@@ -698,21 +708,23 @@ def _out_of_core_figure(curve: pd.DataFrame, drafting: list, laws: dict, out_dir
     return written
 
 
-def terminal_summary(analysis: TraceAnalysis, measured: pd.DataFrame | None = None) -> str:
+def terminal_summary(analysis: TraceAnalysis, measured: pd.DataFrame | None = None, *, loaded: bool = False) -> str:
     """The demo's closing summary: where drafting pays; per category mean entropy, tokens per round and speedup
-    per arm (``measured``: ``jobs.speed.paired_speedups`` rows, else the traces' own, via ``trace_speedup``);
-    the fitted law with intervals."""
+    per arm (``measured``: ``jobs.speed.paired_speedups`` rows, else the traces' own; ``speedup_text``); the
+    fitted law with intervals."""
     table = analysis.results_table()
+    speeds = analysis.attempt("measured_speedups")
+    cells = measured if measured is not None else speeds.value if speeds.ok else None
     reference = set(analysis.ar_arms)
     lines = ["When drafting pays (measured: paired with AR on the same prompts; predicted: the fitted law and the "
              "cost model):"]
-    lines += [f"  {line}" for line in answer_lines(analysis, measured)] + [""]
+    lines += [f"  {line}" for line in answer_lines(analysis, measured, loaded=loaded)] + [""]
     for arm, part in table.groupby("arm", sort=False):
         lines.append(f"{arm}:")
         lines.append(f"  {'category':<16}{'mean H (nats)':>14}{'tokens/round':>14}   speedup vs AR")
         for r in part.itertuples():
             lines.append(f"  {r.category:<16}{_fmt(r.mean_entropy_nats):>14}{_fmt(r.committed_per_round):>14}"
-                         f"   {'(the reference)' if arm in reference else _speedup_cell(r, measured)}")
+                         f"   {'(the reference)' if arm in reference else _speedup_cell(r, cells)}")
     lines.append("")
     lines.append(f"fitted law {analysis.family} ({get_family(analysis.family).description}), 95% intervals")
     for r in law_frame(analysis).to_dict("records"):
@@ -726,12 +738,14 @@ def terminal_summary(analysis: TraceAnalysis, measured: pd.DataFrame | None = No
 
 
 def _speedup_cell(row, measured: pd.DataFrame | None) -> str:
-    if measured is not None:
-        match = measured.loc[(measured["arm"] == row.arm) & (measured["category"] == row.category)]
-        if match.empty:
-            return "not measured"
-        return format_speedup(match.iloc[0])
-    return _fmt(trace_speedup(row.speedup_vs_ar, getattr(row, "speedup_verdict", None)))
+    if measured is None:
+        return "–"
+    match = measured.loc[(measured["arm"] == row.arm) & (measured["category"] == row.category)]
+    if match.empty:
+        return "not measured"
+    m = match.iloc[0]
+    got = speedup_text(m["speedup"], m["lo"], m["hi"], m["requests"], m["verdict"], m.get("timed_together") is False)
+    return f"{got} ({m['requests']} requests)" if got.endswith("]") else _fmt(got)
 
 
 def _requests(n) -> str:

@@ -31,7 +31,8 @@ from entropy_law.law.stats import warn_if_few_requests
 
 DEFAULT_ENTROPIES = (0.01, 0.03, 0.1, 0.3, 0.5, 1.0, 2.0, 3.0)
 
-# when a measured speedup is a result (``speed_verdict``)
+# when a measured speedup is a result of a bench (``speed_verdict``: jobs.speed, bench/, docs/results.md), a stricter
+# rule than whether the demo's summary and the report print a category verdict (jobs.report.category_verdict)
 RELIABLE_HALF_WIDTH = 0.15  # an interval wider than +-15% of the estimate: "not measured reliably"
 BOUND_SLACK = 0.05  # timing noise allowed above the physical bound before a speedup is flagged
 MIN_PAIRED_REQUESTS = 5  # fewer paired prompts: "not measured reliably" whatever the interval

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+from scipy.stats import norm
 
 from entropy_law.law import atrisk
 from entropy_law.law.blocks import tau_distribution
@@ -115,7 +116,8 @@ class WorkloadBreakeven(Result):
     notes: list = field(default_factory=list)
     # per category (and "all"), as WorkloadPrediction.summary (category_summary): predicted_speedup (its tokens x
     # t_AR over its summed predicted decode cost), ci_low / ci_high over the replicates' law draws and refitted costs
-    # (the requests themselves fixed, as predict_workload prices a workload; not widened) and the verdict on them
+    # (the requests themselves fixed, as predict_workload prices a workload), widened by the cost run-to-run spread
+    # (cost_spread; not by a transfer error) and the verdict on them
     categories: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
@@ -300,17 +302,61 @@ def _depth_source(depth_model: TrainingDepthModel, copyability: list) -> str:
             + ")")
 
 
-def _reweighted_costs(traces, drafter: str, ids, ar_table, ar_ms_per_token, clock: str, replicates: int, rng):
+def _reweighted_costs(traces, drafter: str, ids, ar_table, ar_ms_per_token, clock: str, replicates: int, rng,
+                      weight_sets=None):
     """Per bootstrap replicate j = 1..``replicates``: (j, Poisson weights of ``ids`` (the arm's and the AR
-    requests), the cost model and t_AR refitted with them, or None where the refit fails)."""
-    for j in range(1, replicates + 1):
-        weights = poisson_weights(ids, rng)
+    requests), the cost model and t_AR refitted with them, or None where the refit fails); ``weight_sets``: these
+    weights (by request id) instead."""
+    sets = weight_sets if weight_sets is not None else (poisson_weights(ids, rng) for _ in range(replicates))
+    for j, weights in enumerate(sets, start=1):
         try:
             ar_b = ar_ms_per_token if ar_table is None else _ar_ms(ar_table, weights)
             yield j, weights, fit_cost_model(traces, drafter=drafter, ar_ms_per_token=ar_b, request_weights=weights,
                                              clock=clock)
         except ValueError:
             yield j, weights, None
+
+
+COST_BLOCKS, MIN_BLOCK_REQUESTS = 4, 2  # consecutive blocks of the arm's requests, and the fewest requests per block
+
+
+def cost_spread(traces, drafter: str, price, boot, *, ar_table=None, ar_ms_per_token=None, clock: str = "auto",
+                blocks: int = COST_BLOCKS) -> tuple[np.ndarray, str]:
+    """The cost model's run-to-run spread, measured inside one run (docs/demo.md): per predicted speedup of
+    ``price(cost)`` (a list, e.g. per category) the SD on the log scale it adds to the bootstrap's interval.
+
+    The arm's requests, in recording order, are cut into ``blocks`` consecutive blocks, each timed under whatever
+    the machine did then; the cost model and t_AR refitted on each block alone price the same rounds. Their
+    between-block variance s2 of the log speedup holds each block's sampling noise, about ``blocks`` x the whole
+    run's (``boot``: [replicates, entries] bootstrap speedups priced with the cost model alone), which the interval
+    already carries: tau2 = max(s2 - blocks x var(log boot), 0) is kept whole, as another run may sit wholly in one
+    block's conditions. Returns (tau per entry, a note); NaN (no widening; the note says why) with fewer than
+    ``MIN_BLOCK_REQUESTS`` requests per block or 2 replicates, or where a block cannot be fitted."""
+    ids = pd.unique(single_drafter(traces, drafter)[1]["request_id"])
+    why = (f"{len(ids)} requests, fewer than {blocks} blocks of {MIN_BLOCK_REQUESTS}"
+           if len(ids) < blocks * MIN_BLOCK_REQUESTS else "fewer than 2 bootstrap replicates" if len(boot) < 2 else "")
+    if not why:
+        weights = [pd.Series(1.0, index=block) for block in np.array_split(ids, blocks)]
+        costs = [c for *_, c in _reweighted_costs(traces, drafter, ids, ar_table, ar_ms_per_token, clock, blocks,
+                                                  None, weights)]
+        why = "a block's cost model could not be fitted" if any(c is None for c in costs) else ""
+    if why:
+        return np.nan, f"cost run-to-run spread not measured ({why}): intervals not widened"
+    between = np.var(np.log([price(c) for c in costs]), axis=0, ddof=1)
+    tau = np.sqrt(np.clip(between - blocks * np.var(np.log(boot), axis=0, ddof=1), 0.0, None))
+    return tau, (f"cost run-to-run spread (SD of the log speedup, up to ±{np.nanmax(tau):.1%}): {blocks} consecutive "
+                 f"blocks of the arm's {len(ids)} requests each refit the cost model; their spread beyond their own "
+                 "sampling noise widens the interval (log scale, variances added)")
+
+
+def _widened(estimate: float, low: float, high: float, extra: float) -> tuple[float, float]:
+    """``[low, high]`` with each side's log distance d from ``estimate`` made sqrt(d2 + extra2) (independent terms:
+    variances add); unchanged where ``extra`` is 0 or NaN."""
+    if not (extra > 0 and estimate > 0):
+        return low, high
+    e = np.log(estimate)
+    return (float(np.exp(e - np.hypot(max(e - np.log(low), 0.0), extra))),
+            float(np.exp(e + np.hypot(max(np.log(high) - e, 0.0), extra))))
 
 
 def decode_cost_ms(c: CostModel, rounds, drafting, nodes, skipped=0.0):
@@ -390,13 +436,13 @@ def workload_breakeven(
     n_requests = int(pd.Series(ids).nunique())
     few = warn_if_few_requests(n_requests, "the workload break-even intervals")
     estimate = _line_statistics(priced, cost, 0, np.ones(len(requests)), m_speed, m_weight)
-    reps, category_reps, failed = _breakeven_replicates(traces, drafter, priced, groups, ids, ar_table,
-                                                        ar_ms_per_token, clock, m_speed, m_weight, seed)
+    reps, category_reps, cost_only, failed = _breakeven_replicates(traces, drafter, priced, groups, ids, ar_table,
+                                                                   ar_ms_per_token, clock, m_speed, m_weight, seed)
     replicates = pd.DataFrame(reps)
-    categories = category_summary(
-        groups, category_speedups(groups, cost, priced.tokens, priced.rounds_k[:, 0], priced.drafting_k[:, 0],
-                                  priced.nodes_k[:, 0]),
-        category_reps, priced.tokens, priced.mean_h, priced.rounds_k[:, 0], float("nan"), level)
+    spread, spread_note = cost_spread(traces, drafter, lambda c: priced.category_speedups(groups, c, 0), cost_only,
+                                      ar_table=ar_table, ar_ms_per_token=ar_ms_per_token, clock=clock)
+    categories = category_summary(groups, priced.category_speedups(groups, cost, 0), category_reps, priced.tokens,
+                                  priced.mean_h, priced.rounds_k[:, 0], float("nan"), level, spread)
     rows = [r for r in SUMMARY_ROWS if r in estimate]
     # NaN: no break-even in that replicate (skipped; counted in the notes)
     ci_low, ci_high = percentile_interval(replicates.reindex(columns=rows).astype(float), level)
@@ -413,7 +459,7 @@ def workload_breakeven(
              f"(in-sample), nodes per drafted depth {np.round(priced.n_of_depth, 1).tolist()}; "
              f"{cost.clock} clock, t_AR {cost.ar_ms_per_token:.1f} ms ({cost.ar_source})",
              "crossing = where the token-weighted least-squares line of log speedup on the request's mean entropy "
-             "crosses 0; inf = above 1 at every entropy"]
+             "crosses 0; inf = above 1 at every entropy", f"per category: {spread_note}"]
     return WorkloadBreakeven(drafter_id=drafter, summary=summary, requests=requests, replicates=replicates, cost=cost,
                              family=law.family.name, notes=notes, categories=categories)
 
@@ -431,6 +477,9 @@ class _PricedWorkload:
     drafting_k: np.ndarray
     n_of_depth: np.ndarray
     depth_source: str
+
+    def category_speedups(self, groups, c: CostModel, j: int) -> list[float]:
+        return category_speedups(groups, c, self.tokens, self.rounds_k[:, j], self.drafting_k[:, j], self.nodes_k[:, j])
 
     def speedups(self, c: CostModel, j: int) -> np.ndarray:
         return self.tokens * c.ar_ms_per_token / decode_cost_ms(c, self.rounds_k[:, j], self.drafting_k[:, j],
@@ -495,10 +544,11 @@ def _line_statistics(priced: _PricedWorkload, c: CostModel, j: int, w: np.ndarra
 
 def _breakeven_replicates(traces, drafter: str, priced: _PricedWorkload, groups, ids: np.ndarray, ar_table,
                           ar_ms_per_token, clock: str, m_speed, m_weight, seed: int):
-    """``(line statistics, category speedups, failures)`` of each bootstrap replicate: Poisson request weights,
-    the cost model refitted on them (``_reweighted_costs``), one draw of the law's coefficients."""
+    """``(line statistics, category speedups, the same at the law's estimate, failures)`` of each bootstrap
+    replicate: Poisson request weights, the cost model refitted on them (``_reweighted_costs``), one draw of the
+    law's coefficients."""
     rng = np.random.default_rng(seed)
-    reps, category_reps, failed = [], [], 0
+    reps, category_reps, cost_only, failed = [], [], [], 0
     all_ids = list(ids) + ([] if ar_table is None else list(ar_table["request_id"]))
     for j, weights, cost_b in _reweighted_costs(traces, drafter, all_ids, ar_table, ar_ms_per_token, clock,
                                                  priced.rounds_k.shape[1] - 1, rng):
@@ -507,11 +557,11 @@ def _breakeven_replicates(traces, drafter: str, priced: _PricedWorkload, groups,
                 raise ValueError("the cost model could not be refitted")
             reps.append(_line_statistics(priced, cost_b, j, pd.Series(ids).map(weights).fillna(0).to_numpy(float),
                                          m_speed, m_weight))
-            category_reps.append(category_speedups(groups, cost_b, priced.tokens, priced.rounds_k[:, j],
-                                                   priced.drafting_k[:, j], priced.nodes_k[:, j]))
+            category_reps.append(priced.category_speedups(groups, cost_b, j))
+            cost_only.append(priced.category_speedups(groups, cost_b, 0))
         except ValueError:
             failed += 1
-    return reps, category_reps, failed
+    return reps, category_reps, cost_only, failed
 
 
 def _fit(traces, family: str, drafter: str, eps: float) -> FittedLaw:
@@ -550,7 +600,7 @@ class WorkloadPrediction(Result):
     """Will drafting pay on a workload the arm never decoded? Per category of the workload (and ``all``):
     ``requests``, ``tokens`` (decoded after the prefill), ``mean_entropy_nats``, ``predicted_tokens_per_round``,
     ``predicted_speedup`` with its ``ci_low`` / ``ci_high`` (the law's coefficients and the arm's cost
-    measurements), ``low`` / ``high`` (that interval widened by ``transfer_error``, the law's error on a category
+    measurements, widened by the cost run-to-run spread ``cost_spread``), ``low`` / ``high`` (that interval widened by ``transfer_error``, the law's error on a category
     it was not fitted on) and ``verdict``: ``PAYS`` where ``low`` > 1, ``DOES_NOT_PAY`` where ``high`` < 1, else
     ``UNCLEAR``. ``requests_table``: the same per request."""
 
@@ -579,10 +629,15 @@ class WorkloadPrediction(Result):
             what = "the cost model's error" if self.family == EXACT_REPLAY else "the transfer error"
             band = (f"; with {what} [{r['low']:.2f}, {r['high']:.2f}]" if np.isfinite(self.transfer_error) else "")
             lines.append(f"{category:<16} {r['verdict']:<13} predicted {r['predicted_speedup']:.2f}x "
-                         f"[{r['ci_low']:.2f}, {r['ci_high']:.2f}]{band}; tokens/round "
-                         f"{r['predicted_tokens_per_round']:.2f}, {int(r['requests'])} requests, mean entropy "
-                         f"{r['mean_entropy_nats']:.2f} nats")
+                         f"[{r['ci_low']:.2f}, {r['ci_high']:.2f}]{band}; {spread_text(r['cost_spread'])}; "
+                         f"tokens/round {r['predicted_tokens_per_round']:.2f}, {int(r['requests'])} requests, mean "
+                         f"entropy {r['mean_entropy_nats']:.2f} nats")
         return "\n".join(lines)
+
+
+def spread_text(spread: float) -> str:
+    """The cost run-to-run spread (``cost_spread``) as printed beside a predicted interval."""
+    return "cost run-to-run spread " + (f"±{spread:.1%}" if np.isfinite(spread) else "not measured")
 
 
 def category_groups(seqs: pd.DataFrame) -> list[tuple[str, np.ndarray]]:
@@ -599,21 +654,24 @@ def category_speedups(groups, cost: CostModel, tokens: np.ndarray, rounds: np.nd
 
 
 def category_summary(groups, estimate: list[float], reps: list[list[float]], tokens: np.ndarray, mean_h: np.ndarray,
-                     rounds: np.ndarray, transfer_error: float, level: float) -> pd.DataFrame:
+                     rounds: np.ndarray, transfer_error: float, level: float, spread=None) -> pd.DataFrame:
     """Per group of ``category_groups`` (index ``category``): ``requests``, ``tokens``, ``mean_entropy_nats``,
     ``predicted_tokens_per_round``, ``predicted_speedup`` (``estimate``), ``ci_low`` / ``ci_high`` (the ``level``
-    percentile interval of the replicates ``reps``), ``low`` / ``high`` (that interval widened by
-    ``transfer_error``; NaN: not widened) and the ``verdict`` on them (``predicted_verdict``)."""
+    percentile interval of the replicates ``reps``, widened by ``spread``, the ``cost_spread`` per group: NaN not
+    measured), ``low`` / ``high`` (that interval widened by ``transfer_error``; NaN: not widened) and the
+    ``verdict`` on them (``predicted_verdict``)."""
     names = [name for name, _ in groups]
     ci_low, ci_high = percentile_interval(pd.DataFrame(reps, columns=names, dtype=float), level)
     band = 0.0 if np.isnan(transfer_error) else float(transfer_error)
+    spread = np.broadcast_to(np.nan if spread is None else spread, len(groups))
     rows = []
     for k, (name, m) in enumerate(groups):
-        low, high = float(ci_low[name]) * (1 - band), float(ci_high[name]) * (1 + band)
+        ci = _widened(estimate[k], float(ci_low[name]), float(ci_high[name]), norm.ppf(0.5 + level / 2) * spread[k])
+        low, high = ci[0] * (1 - band), ci[1] * (1 + band)
         rows.append(dict(category=name, requests=int(m.sum()), tokens=int(tokens[m].sum()),
                          mean_entropy_nats=float(np.average(mean_h[m], weights=tokens[m])),
                          predicted_tokens_per_round=float(tokens[m].sum() / rounds[m].sum()),
-                         predicted_speedup=estimate[k], ci_low=float(ci_low[name]), ci_high=float(ci_high[name]),
+                         predicted_speedup=estimate[k], ci_low=ci[0], ci_high=ci[1], cost_spread=float(spread[k]),
                          low=low, high=high, verdict=predicted_verdict(low, high)))
     return pd.DataFrame(rows).set_index("category")
 
@@ -626,8 +684,8 @@ def _priced_summary(traces, drafter: str, cost: CostModel, ar_table, ar_ms_per_t
     (its tokens x t_AR over its summed expected decode cost), its ``level`` interval over K - 1 replicates of
     the cost model and t_AR refitted with Poisson weights of ``arm_ids``, that interval widened by
     ``transfer_error`` and the verdict; the same per request. ``skipped``: per request, its rounds in which a law
-    policy did not call the drafter (known counts, ``decode_cost_ms``). Returns (summary, requests, (replicates,
-    failed))."""
+    policy did not call the drafter (known counts, ``decode_cost_ms``). The interval also carries the cost model's
+    run-to-run spread (``cost_spread``). Returns (summary, requests, (replicates, failed, the spread's note))."""
     groups = category_groups(seqs)
 
     def speedups_at(c: CostModel, j: int) -> list[float]:
@@ -635,20 +693,23 @@ def _priced_summary(traces, drafter: str, cost: CostModel, ar_table, ar_ms_per_t
 
     estimate = speedups_at(cost, 0)
     rng = np.random.default_rng(seed)
-    reps, failed = [], 0
+    reps, cost_only, failed = [], [], 0
     for j, _, cost_b in _reweighted_costs(traces, drafter, arm_ids, ar_table, ar_ms_per_token, cost.clock,
                                           rounds_k.shape[1] - 1, rng):
         if cost_b is None:
             failed += 1
         else:
             reps.append(speedups_at(cost_b, j))
-    summary = category_summary(groups, estimate, reps, tokens, mean_h, rounds_k[:, 0], transfer_error, level)
+            cost_only.append(speedups_at(cost_b, 0))
+    spread, spread_note = cost_spread(traces, drafter, lambda c: speedups_at(c, 0), cost_only, ar_table=ar_table,
+                                      ar_ms_per_token=ar_ms_per_token, clock=cost.clock)
+    summary = category_summary(groups, estimate, reps, tokens, mean_h, rounds_k[:, 0], transfer_error, level, spread)
     requests = seqs[["run_id", "request_id", "category"]].assign(
         tokens=tokens.astype(int), mean_entropy_nats=mean_h, predicted_rounds=rounds_k[:, 0],
         predicted_tokens_per_round=tokens / rounds_k[:, 0],
         predicted_speedup=tokens * cost.ar_ms_per_token / decode_cost_ms(cost, rounds_k[:, 0], drafting_k[:, 0],
                                                                          nodes_k[:, 0], skipped))
-    return summary, requests, (len(reps), failed)
+    return summary, requests, (len(reps), failed, spread_note)
 
 
 def verdict_right(verdict: str, lo: float, hi: float) -> bool | None:
@@ -739,11 +800,11 @@ def predict_workload(
         shrink = float(np.exp(-bias))
         rounds_k, nodes_k, drafting_k = rounds_k * shrink, nodes_k * shrink, drafting_k * shrink
     arm_ids = list(arm_seqs["request_id"]) + ([] if ar_table is None else list(ar_table["request_id"]))
-    summary, requests, (n_reps, failed) = _priced_summary(
+    summary, requests, (n_reps, failed, spread_note) = _priced_summary(
         traces, drafter, cost, ar_table, ar_ms_per_token, arm_ids, seqs, tokens, mean_h, rounds_k, nodes_k,
         drafting_k, transfer_error, seed, level)
     notes = _prediction_notes(level, n_reps, failed, seed, len(arm_seqs), transfer_error, depth_source, n_of_depth,
-                              cost, bias, short)
+                              cost, bias, short) + [spread_note]
     return WorkloadPrediction(drafter_id=drafter, summary=summary, requests_table=requests, cost=cost,
                               family=law.family.name, transfer_error=float(transfer_error), notes=notes,
                               replayed=replayed is not None)
@@ -840,7 +901,7 @@ def price_rounds(
                                      for c in ("rounds", "drafting_rounds", "nodes"))
     mean_h = (table["mean_entropy_nats"].to_numpy(float) if "mean_entropy_nats" in table
               else np.full(len(table), np.nan))
-    summary, requests, (n_reps, failed) = _priced_summary(
+    summary, requests, (n_reps, failed, spread_note) = _priced_summary(
         traces, drafter, cost, ar_table, ar_ms_per_token, arm_ids, table, table["tokens"].to_numpy(float), mean_h,
         rounds_k, nodes_k, drafting_k, transfer_error, seed, level, skipped)
     band = 0.0 if np.isnan(transfer_error) else float(transfer_error)
@@ -852,7 +913,7 @@ def price_rounds(
               "the cost model's own error is not measured here (transfer_error NaN): the verdict rests on the "
               "interval of its measurements alone"),
              f"per request: its replayed rounds (no law), {cost.clock} clock, t_AR {cost.ar_ms_per_token:.1f} ms "
-             f"({cost.ar_source}); decode only (no prefill)"]
+             f"({cost.ar_source}); decode only (no prefill)", spread_note]
     if skipped.any():
         how = ("as measured on the arm's own skipped rounds" if np.isfinite(cost.skip_ms)
                else "an AR step, t_AR: the arm never skipped a round")
