@@ -36,6 +36,17 @@ def coupled():
     return _sim(32, coupling=1.0)
 
 
+@pytest.fixture(scope="module")
+def variable_law(variable):
+    """``fit_law(variable, "law_exp")``, fitted once for the tests that read it."""
+    return fit_law(variable, "law_exp")
+
+
+@pytest.fixture(scope="module")
+def coupled_law(coupled):
+    return fit_law(coupled, "law_exp")
+
+
 # ------------------------------------------------------------------ the DP with a drafted depth
 
 
@@ -93,8 +104,8 @@ def test_depth_aware_rounds_against_monte_carlo():
     assert abs(drafting.mean() - expected_drafting) < 4 * drafting.std() / np.sqrt(n_sim)
 
 
-def test_predict_rounds_takes_a_depth_distribution(variable):
-    law = fit_law(variable, "law_exp")
+def test_predict_rounds_takes_a_depth_distribution(variable, variable_law):
+    law = variable_law
     h = variable.entropy[variable.requests["request_id"].iloc[0]]
     full = law.predict_rounds(h, 8)
     point = np.zeros(8)
@@ -228,7 +239,7 @@ def test_simulated_no_draft_rounds_commit_one_bonus_token(variable):
 @pytest.mark.parametrize("which", ["variable", "coupled"])
 def test_depth_aware_dp_is_unbiased_and_full_depth_dp_is_not(which, request):
     tr = request.getfixturevalue(which)
-    law = fit_law(tr, "law_exp")
+    law = request.getfixturevalue(f"{which}_law")  # fit_law(tr, "law_exp")
     bp = block_prediction(law, tr)  # default: observed depths
     s = bp.summary
     w = s["requests"]
@@ -246,8 +257,8 @@ def test_depth_aware_dp_is_unbiased_and_full_depth_dp_is_not(which, request):
     assert (s["dp_mean_accepted_relative_error"].abs() < 0.08).all(), s["dp_mean_accepted_relative_error"]
 
 
-def test_category_depth_model_is_unbiased_when_depths_ignore_the_context(variable):
-    law = fit_law(variable, "law_exp")
+def test_category_depth_model_is_unbiased_when_depths_ignore_the_context(variable, variable_law):
+    law = variable_law
     s = block_prediction(law, variable, depths="category", depth_edges=()).summary
     w = s["requests"]
     assert abs((s["dp_tokens_per_round"] @ w) / (s["observed_tokens_per_round"] @ w) - 1) < 0.02
