@@ -87,19 +87,17 @@ def test_depth_aware_rounds_against_monte_carlo():
     a = rng.uniform(0.3, 0.99, size=(length, drafts))
     pi = rng.dirichlet(np.ones(drafts + 1) * 0.7, size=length)
     expected, expected_drafting = expected_round_counts(a, pi)
-    n_sim = 20_000
+    n_sim = 20_000  # simulated side by side: per round D by the inverse CDF, then accepted depths until a miss
     rounds, drafting = np.zeros(n_sim), np.zeros(n_sim)
     cdf = np.cumsum(pi, axis=1)
-    for s in range(n_sim):
-        t = 0
-        while t < length:
-            D = int(np.searchsorted(cdf[t], rng.random() * cdf[t, -1], side="right"))
-            k = 0
-            while k < D and rng.random() < a[t, k]:
-                k += 1
-            t += k + 1
-            rounds[s] += 1
-            drafting[s] += D > 0
+    t = np.zeros(n_sim, dtype=int)
+    while (live := np.flatnonzero(t < length)).size:
+        at = t[live]
+        D = (cdf[at] <= rng.random(live.size)[:, None] * cdf[at, -1:]).sum(axis=1)  # searchsorted(side="right")
+        k = np.cumprod((rng.random((live.size, drafts)) < a[at]) & (np.arange(drafts) < D[:, None]), axis=1).sum(1)
+        t[live] += k + 1
+        rounds[live] += 1
+        drafting[live] += D > 0
     assert abs(rounds.mean() - expected) < 4 * rounds.std() / np.sqrt(n_sim)
     assert abs(drafting.mean() - expected_drafting) < 4 * drafting.std() / np.sqrt(n_sim)
 
