@@ -126,3 +126,21 @@ class OracleDrafter:
         if not rows:
             return DraftProposal.empty()
         return DraftProposal(tokens=torch.tensor(rows, dtype=torch.long), logprobs=torch.stack(logprob_rows))
+
+
+# --- shared fits (speedA) ---
+
+
+@pytest.fixture(scope="session")
+def timed_analysis():
+    """``TraceAnalysis(load_traces(data/traces_timed), n_boot=5)``, built once per test process for the tests that
+    only read it (its laws, costs and speedups are cached on first use, as for one caller)."""
+    import warnings
+    from pathlib import Path
+
+    from entropy_law.analysis import TraceAnalysis
+    from entropy_law.traces.reader import load_traces
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return TraceAnalysis(load_traces(Path(__file__).resolve().parents[1] / "data" / "traces_timed"), n_boot=5)

@@ -78,6 +78,12 @@ def two_models(sims, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def two_models_analysis(two_models):
+    """``TraceAnalysis(two_models, **FAST)``, built once for the tests that read it."""
+    return TraceAnalysis(two_models, **FAST)
+
+
+@pytest.fixture(scope="module")
 def other_ar(sims, tmp_path_factory):
     """Model A's n-gram run (cpu) with AR runs of another model (cpu) and of model A on another device."""
     folder = tmp_path_factory.mktemp("other_ar")
@@ -109,9 +115,9 @@ def _speedup(requests: pd.DataFrame, arm_run: str, ar_run: str, category: str) -
 # ----------------------------------------------------------------------------------------- found problems
 
 
-def test_runs_of_two_models_are_two_arms_problem(two_models):
+def test_runs_of_two_models_are_two_arms_problem(two_models, two_models_analysis):
     """Model A's and model B's n-gram runs were one arm "ngram chain" and one pooled law."""
-    an = TraceAnalysis(two_models, **FAST)
+    an = two_models_analysis
     assert an.arms == [f"{MODEL_A}/ngram chain", f"{MODEL_B}/ngram chain"]
     assert an.ar_arms == ["AR"]  # one AR model: its label stays
     for arm, run_id in ((f"{MODEL_A}/ngram chain", "a-ngram"), (f"{MODEL_B}/ngram chain", "b-ngram")):
@@ -123,7 +129,7 @@ def test_runs_of_two_models_are_two_arms_problem(two_models):
         fit_law(two_models)
 
 
-def test_speedup_only_against_ar_of_the_same_model_and_machine_problem(two_models, other_ar):
+def test_speedup_only_against_ar_of_the_same_model_and_machine_problem(two_models, other_ar, two_models_analysis):
     """An AR run of another model (or of the same model on another device) gave a 'speedup vs AR'."""
     an = TraceAnalysis(other_ar, **FAST)
     assert an.arms == ["ngram chain"]
@@ -141,7 +147,7 @@ def test_speedup_only_against_ar_of_the_same_model_and_machine_problem(two_model
     with pytest.raises(ValueError, match=f"no autoregressive rounds .*model {MODEL_A} on device cpu"):
         when_drafting_pays(other_ar, n_boot=2)
     # where a matching AR run exists, the speedup is the one against it (model B's arm and model B's AR)
-    an2 = TraceAnalysis(two_models, **FAST)
+    an2 = two_models_analysis
     sp = an2.measured_speedups().set_index(["arm", "category"])
     assert set(sp.index.get_level_values("arm")) == {f"{MODEL_B}/ngram chain"}
     assert any("no timed AR run of the same model" in n for n in an2.measured_speedups().attrs["notes"])
@@ -150,9 +156,9 @@ def test_speedup_only_against_ar_of_the_same_model_and_machine_problem(two_model
         assert sp.loc[(f"{MODEL_B}/ngram chain", cat), "speedup"] == pytest.approx(expected, rel=1e-5)
 
 
-def test_requests_are_counted_per_run_and_request_problem(two_models, sims, tmp_path):
+def test_requests_are_counted_per_run_and_request_problem(two_models, sims, tmp_path, two_models_analysis):
     """Requests were counted by request_id across runs: 18 for the 36 decodes of two runs."""
-    an = TraceAnalysis(two_models, **FAST)
+    an = two_models_analysis
     table = an.results_table()
     drafted = table.loc[table["arm"].isin(an.arms)]
     assert drafted["requests"].sum() == 2 * len(CATEGORIES) * PER_CATEGORY == 36

@@ -36,6 +36,17 @@ def coupled():
     return _sim(32, coupling=1.0)
 
 
+@pytest.fixture(scope="module")
+def variable_law(variable):
+    """``fit_law(variable, "law_exp")``, fitted once for the tests that read it."""
+    return fit_law(variable, "law_exp")
+
+
+@pytest.fixture(scope="module")
+def coupled_law(coupled):
+    return fit_law(coupled, "law_exp")
+
+
 # ------------------------------------------------------------------ the DP with a drafted depth
 
 
@@ -76,25 +87,23 @@ def test_depth_aware_rounds_against_monte_carlo():
     a = rng.uniform(0.3, 0.99, size=(length, drafts))
     pi = rng.dirichlet(np.ones(drafts + 1) * 0.7, size=length)
     expected, expected_drafting = expected_round_counts(a, pi)
-    n_sim = 20_000
+    n_sim = 20_000  # simulated side by side: per round D by the inverse CDF, then accepted depths until a miss
     rounds, drafting = np.zeros(n_sim), np.zeros(n_sim)
     cdf = np.cumsum(pi, axis=1)
-    for s in range(n_sim):
-        t = 0
-        while t < length:
-            D = int(np.searchsorted(cdf[t], rng.random() * cdf[t, -1], side="right"))
-            k = 0
-            while k < D and rng.random() < a[t, k]:
-                k += 1
-            t += k + 1
-            rounds[s] += 1
-            drafting[s] += D > 0
+    t = np.zeros(n_sim, dtype=int)
+    while (live := np.flatnonzero(t < length)).size:
+        at = t[live]
+        D = (cdf[at] <= rng.random(live.size)[:, None] * cdf[at, -1:]).sum(axis=1)  # searchsorted(side="right")
+        k = np.cumprod((rng.random((live.size, drafts)) < a[at]) & (np.arange(drafts) < D[:, None]), axis=1).sum(1)
+        t[live] += k + 1
+        rounds[live] += 1
+        drafting[live] += D > 0
     assert abs(rounds.mean() - expected) < 4 * rounds.std() / np.sqrt(n_sim)
     assert abs(drafting.mean() - expected_drafting) < 4 * drafting.std() / np.sqrt(n_sim)
 
 
-def test_predict_rounds_takes_a_depth_distribution(variable):
-    law = fit_law(variable, "law_exp")
+def test_predict_rounds_takes_a_depth_distribution(variable, variable_law):
+    law = variable_law
     h = variable.entropy[variable.requests["request_id"].iloc[0]]
     full = law.predict_rounds(h, 8)
     point = np.zeros(8)
@@ -228,7 +237,7 @@ def test_simulated_no_draft_rounds_commit_one_bonus_token(variable):
 @pytest.mark.parametrize("which", ["variable", "coupled"])
 def test_depth_aware_dp_is_unbiased_and_full_depth_dp_is_not(which, request):
     tr = request.getfixturevalue(which)
-    law = fit_law(tr, "law_exp")
+    law = request.getfixturevalue(f"{which}_law")  # fit_law(tr, "law_exp")
     bp = block_prediction(law, tr)  # default: observed depths
     s = bp.summary
     w = s["requests"]
@@ -246,8 +255,8 @@ def test_depth_aware_dp_is_unbiased_and_full_depth_dp_is_not(which, request):
     assert (s["dp_mean_accepted_relative_error"].abs() < 0.08).all(), s["dp_mean_accepted_relative_error"]
 
 
-def test_category_depth_model_is_unbiased_when_depths_ignore_the_context(variable):
-    law = fit_law(variable, "law_exp")
+def test_category_depth_model_is_unbiased_when_depths_ignore_the_context(variable, variable_law):
+    law = variable_law
     s = block_prediction(law, variable, depths="category", depth_edges=()).summary
     w = s["requests"]
     assert abs((s["dp_tokens_per_round"] @ w) / (s["observed_tokens_per_round"] @ w) - 1) < 0.02

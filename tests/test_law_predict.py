@@ -19,19 +19,19 @@ from tests.traces_helpers import quiet_simulation  # noqa: E402
 
 
 def _simulate_rounds(a: np.ndarray, depth_probs: np.ndarray, n: int, rng) -> np.ndarray:
-    """Monte Carlo of the round process: independent of the DP's code."""
+    """Monte Carlo of the round process, ``n`` requests side by side: independent of the DP's code. Per round at
+    position t: D drawn from ``depth_probs[t]``, then depths 1..D accepted with ``a[t, j]`` until the first miss."""
     length, drafts = a.shape
-    counts = np.empty(n)
-    for s in range(n):
-        t, rounds = 0, 0
-        while t < length:
-            d = rng.choice(drafts + 1, p=depth_probs[t])
-            tau = 0
-            while tau < d and rng.random() < a[t, tau]:
-                tau += 1
-            t += tau + 1
-            rounds += 1
-        counts[s] = rounds
+    cdf = np.cumsum(depth_probs, axis=1)
+    t, counts = np.zeros(n, dtype=int), np.zeros(n)
+    while (live := np.flatnonzero(t < length)).size:
+        at = t[live]
+        u = rng.random(live.size)[:, None] * cdf[at, -1:]
+        d = np.minimum((cdf[at] <= u).sum(axis=1), drafts)  # inverse CDF: P(D = k) = depth_probs[t, k]
+        tried = np.arange(drafts) < d[:, None]
+        tau = np.cumprod((rng.random((live.size, drafts)) < a[at]) & tried, axis=1).sum(axis=1)
+        t[live] += tau + 1
+        counts[live] += 1
     return counts
 
 

@@ -243,21 +243,15 @@ def test_traces_without_p1_get_the_fallback_primary_and_say_so(sim):
         atrisk.at_risk_table(partly)
 
 
-def test_on_the_shipped_timed_traces_the_primary_h_only_curve_falls():
+def test_on_the_shipped_timed_traces_the_primary_h_only_curve_falls(timed_analysis):
     """data/traces_timed (40 prompts): the n-gram chain's primary law trades H for p1 (k < 0 < w) and its raw
     H-only acceptance rose again beyond the largest observed entropy (0.31 at 4 nats, 0.59 at 20); the answer a
     caller gets from H alone falls everywhere, and inside the data it stays within 0.01 of the raw curve."""
-    from pathlib import Path
-
-    from entropy_law.analysis import TraceAnalysis
     from entropy_law.law.fit import PRIMARY_FAMILY
-    from entropy_law.traces.reader import load_traces
 
-    timed = Path(__file__).resolve().parents[1] / "data" / "traces_timed"
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        an = TraceAnalysis(load_traces(timed), n_boot=0)
-        law = an.law("ngram chain")
+        warnings.simplefilter("ignore")  # TraceAnalysis(load_traces(timed)): its law does not depend on n_boot
+        law = timed_analysis.law("ngram chain")
     assert law.family.name == PRIMARY_FAMILY and law.result.params["log_entropy"] < 0
     h = np.geomspace(1e-4, 20.0, 500)
     raw = law.predict_acceptance(h, 1, **law.steady_state(h))

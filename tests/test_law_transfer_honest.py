@@ -25,6 +25,21 @@ def sim():
                            tokens_per_request=(80, 140), block_depths=DepthSpec(entropy_coupling=1.0))
 
 
+@pytest.fixture(scope="module")
+def loco(sim):
+    """The default (leak-free) LOCO of ``sim``'s block drafter, run once for the tests that read it."""
+    return loco_transfer(sim, drafter="sim-block")
+
+
+@pytest.fixture(scope="module")
+def analysis(sim):
+    """``TraceAnalysis`` of ``sim`` (its one arm, the block drafter) as the report and the P1 table tests read it."""
+    from entropy_law.analysis import TraceAnalysis
+
+    assert set(sim.runs["drafter_id"]) == {"sim-block"}
+    return TraceAnalysis(sim, n_boot=2, compare_families=("law_exp",), n_folds=3)
+
+
 def _deepen_drafts(traces, category: str):
     """The same traces with ``category``'s drafting rounds claiming a full block (B - 1 drafted tokens):
     its drafted depths change, its entropies and its at-risk trials do not (every trial stays within D)."""
@@ -37,9 +52,9 @@ def _deepen_drafts(traces, category: str):
     return dataclasses.replace(traces, rounds=rounds)
 
 
-def test_default_loco_does_not_read_the_held_out_drafted_depths(sim):
+def test_default_loco_does_not_read_the_held_out_drafted_depths(sim, loco):
     changed = _deepen_drafts(sim, HELD_OUT)
-    base = loco_transfer(sim, drafter="sim-block")
+    base = loco
     moved = loco_transfer(changed, drafter="sim-block")
     assert base.depths == "training"
     col = "predicted_tokens_per_round"
@@ -75,8 +90,7 @@ def test_tree_loco_does_not_use_the_held_out_tau_through_the_leaf_rule():
     assert abs(oracle_moved.summary.loc[HELD_OUT, col] / oracle_base.summary.loc[HELD_OUT, col] - 1) > 0.01
 
 
-def test_depth_only_control_predicts_worse_than_the_law_when_entropy_matters(sim):
-    loco = loco_transfer(sim, drafter="sim-block")
+def test_depth_only_control_predicts_worse_than_the_law_when_entropy_matters(loco):
     acc = loco.accuracy
     law = acc.loc["tokens_per_round", "mean_abs_relative_error"]
     control = acc.loc["tokens_per_round_depth_only", "mean_abs_relative_error"]
@@ -122,12 +136,10 @@ def test_universality_reports_the_category_share_of_the_cv_gain():
     assert test.p_value < 0.05  # a real category effect (10 requests per category): P1 rejects
 
 
-def test_report_text_shows_p1_the_category_share_and_both_loco_modes_with_the_control(sim):
+def test_report_text_shows_p1_the_category_share_and_both_loco_modes_with_the_control(analysis):
     from entropy_law.jobs.report import results_markdown
-    from entropy_law.analysis import TraceAnalysis
 
-    an = TraceAnalysis(sim.filter(drafter_id=["sim-block"]) if hasattr(sim, "filter") else sim, n_boot=2,
-                       compare_families=("law_exp",), n_folds=3)
+    an = analysis
     text = results_markdown(an)
     for needle in ("P1 score χ²", "P1 p", "category share of the CV gain", f"{an.family}: P1 p",
                    f"{an.family}: category share of the CV gain", "leak-free (depths from training categories)",
@@ -136,12 +148,12 @@ def test_report_text_shows_p1_the_category_share_and_both_loco_modes_with_the_co
         assert needle in text, needle
 
 
-def test_universality_table_gives_p1_and_the_category_share_of_the_analysis_law_too(sim):
+def test_universality_table_gives_p1_and_the_category_share_of_the_analysis_law_too(sim, analysis):
     from entropy_law.analysis import TraceAnalysis
     from entropy_law.law.compare import category_share_of_gain
     from entropy_law.law.fit import PRIMARY_FAMILY
 
-    an = TraceAnalysis(sim, n_boot=2, compare_families=("law_exp",), n_folds=3)
+    an = analysis
     assert an.family == PRIMARY_FAMILY != "law_exp"
     arm = an.arms[0]
     row = an.universality_table().set_index("arm").loc[arm]

@@ -86,14 +86,35 @@ def _workload(traces, family="law_exp", **kw):
                                       n_boot=20, seed=1, **kw)
 
 
+@pytest.fixture(scope="module")
+def sim():
+    """``_sim()``, drawn once for the module (the tests read it, none changes it)."""
+    return _sim()
+
+
+@pytest.fixture(scope="module")
+def base(sim):
+    """``_workload(_sim())`` computed once for the module: (the analysis, its workload break-even). The tests that
+    share it only read it; its analysis caches what each asks, as it would for one caller."""
+    return _workload(sim)
+
+
+@pytest.fixture(scope="module")
+def full(sim):
+    """``TraceAnalysis(_sim(), n_boot=20, seed=1)`` (the primary law), built once for the module's held-out tests."""
+    from entropy_law.analysis import TraceAnalysis
+
+    return TraceAnalysis(sim, n_boot=20, seed=1)
+
+
 @pytest.mark.parametrize("depths", ["fixed", "variable"])
-def test_the_workload_breakeven_lands_where_the_measured_speedups_cross_1(depths):
+def test_the_workload_breakeven_lands_where_the_measured_speedups_cross_1(depths, base):
     """Traces drawn from a known law with timings from a known cost model: the speedups predicted from each
     request's entropy sequence cross 1 where the measured ones do, and the verdicts agree. ``variable``: a chain
     that drafts 0-4 tokens per round, more where the entropy is low, and accepts long drafts more (an n-gram
     drafter's shape): the drafted-depth model, the nodes per depth and a law in D (``law_exp_drafted``) at work."""
     if depths == "fixed":
-        an, got = _workload(_sim())
+        an, got = base
     else:
         an, got = _workload(_sim(block_depths=VARIABLE_DEPTHS, draft_ms=60.0), family="law_exp_drafted")
     s = got.summary
@@ -128,11 +149,11 @@ def test_the_workload_breakeven_lands_where_the_measured_speedups_cross_1(depths
         assert cats.loc[name, "verdict"] == expected
 
 
-def test_a_wrong_cost_model_moves_the_workload_breakeven_off_the_measured_crossing():
+def test_a_wrong_cost_model_moves_the_workload_breakeven_off_the_measured_crossing(sim, base):
     """The check can fail: with the AR cost per token understated by 30% the predicted speedups are too low
     and the measured crossing falls outside the predicted interval."""
-    traces = _sim()
-    an, right = _workload(traces)
+    traces = sim
+    an, right = base
     true_ar = right.cost.ar_ms_per_token
     _, wrong = _workload(traces, ar_ms_per_token=0.7 * true_ar)
     assert wrong.summary.loc["workload_breakeven_nats", "estimate"] < right.summary.loc[
@@ -143,9 +164,8 @@ def test_a_wrong_cost_model_moves_the_workload_breakeven_off_the_measured_crossi
         right.summary.loc["measured_crossing_nats", "estimate"])
 
 
-def test_bad_input_is_refused_with_what_to_do():
-    traces = _sim()
-    an, _ = _workload(traces)
+def test_bad_input_is_refused_with_what_to_do(base):
+    an, _ = base
     arm = an.arms[0]
     with pytest.raises(ValueError, match="missing"):
         workload_breakeven(an.cost_view(arm), drafter=arm, law=an.law(arm), measured=an.request_speedups(arm)[
@@ -154,12 +174,12 @@ def test_bad_input_is_refused_with_what_to_do():
         workload_breakeven(an.cost_view(arm), drafter=arm, family="law_exp_cat", n_boot=2)
 
 
-def test_the_fast_design_matrix_equals_patsys_row_by_row_one():
+def test_the_fast_design_matrix_equals_patsys_row_by_row_one(base):
     """``predict._design`` hands patsy the depth factor as a Categorical of the fitted levels (its vectorised
     path); the matrix must be the one patsy builds from the plain column, and an unknown level still raises."""
     from entropy_law.payoff.predict import _design
 
-    an, _ = _workload(_sim())
+    an, _ = base
     law = an.law(an.arms[0])
     h = np.random.default_rng(2).gamma(0.5, 1.0, size=40)
     frame, _ = law.sequence_frame(h, 4)
@@ -192,8 +212,8 @@ def test_the_draws_stacked_in_one_tau_call_equal_one_call_per_draw(family):
         assert np.allclose(got[j], one, rtol=0, atol=1e-14)
 
 
-def test_a_measured_line_on_few_paired_requests_is_not_a_result():
-    an, _ = _workload(_sim())
+def test_a_measured_line_on_few_paired_requests_is_not_a_result(base):
+    an, _ = base
     arm = an.arms[0]
     few = an.request_speedups(arm).iloc[:6]
     with warnings.catch_warnings():
@@ -222,7 +242,7 @@ def _held_out(traces, category):
     return train, workload
 
 
-def test_predicting_a_category_never_decoded_from_its_ar_entropies_lands_on_its_measured_speedup():
+def test_predicting_a_category_never_decoded_from_its_ar_entropies_lands_on_its_measured_speedup(sim, full):
     """Traces drawn from one law for every category, timed by a known cost model: the arm's law, depths and
     costs fitted without a category predict that category's speedup from its AR run's entropies alone
     (``TraceAnalysis.predict``) within a few percent of its measured paired speedup; with t_AR understated by
@@ -230,10 +250,9 @@ def test_predicting_a_category_never_decoded_from_its_ar_entropies_lands_on_its_
     from entropy_law.analysis import TraceAnalysis
     from entropy_law.payoff.workload import PAYS, UNCLEAR
 
-    traces = _sim()
+    traces = sim
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        full = TraceAnalysis(traces, n_boot=20, seed=1)
         arm = full.arms[0]
         measured = full.speedup(arm).set_index("category")
         category = sorted(measured.index)[0]
@@ -253,13 +272,13 @@ def test_predicting_a_category_never_decoded_from_its_ar_entropies_lands_on_its_
     assert not any("in-sample" in n for n in got.notes)  # the workload's requests are not the arm's
 
 
-def test_a_workload_prediction_prices_each_request_as_the_workload_breakeven_does():
+def test_a_workload_prediction_prices_each_request_as_the_workload_breakeven_does(base):
     """The arm's own requests as the workload: per request the same predicted speedup as ``workload_breakeven``
     (one DP, one cost model); the transfer error widens the verdict's interval, and the notes say the requests
     are in-sample."""
     from entropy_law.payoff.workload import UNCLEAR, predict_workload, predicted_verdict
 
-    an, wb = _workload(_sim())
+    an, wb = base
     arm = an.arms[0]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -284,10 +303,10 @@ def test_a_workload_prediction_prices_each_request_as_the_workload_breakeven_doe
         predict_workload(view, seqs.assign(entropy=[np.array([0.3])] * 40), drafter=arm, law=an.law(arm), n_boot=2)
 
 
-def test_a_workload_of_another_target_is_refused():
+def test_a_workload_of_another_target_is_refused(base):
     from types import SimpleNamespace
 
-    an, _ = _workload(_sim())
+    an, _ = base
     other = SimpleNamespace(**{k: getattr(an.traces, k) for k in ("tokens", "rounds", "requests")},
                             runs=an.traces.runs.assign(model_id="another-model"))
     with pytest.raises(ValueError, match="a law of one target predicts nothing for another"):
@@ -412,7 +431,7 @@ def test_the_open_ended_bench_replays_the_gate_each_arm_ran(capsys):
                           "block")
 
 
-def test_the_predict_unseen_bench_judges_verdicts_only_where_the_measurement_can():
+def test_the_predict_unseen_bench_judges_verdicts_only_where_the_measurement_can(sim):
     """bench/predict.py unseen: a verdict is right or wrong only where the measured interval excludes 1;
     "unclear" is no answer; the held-out subset keeps every run and only the other categories' rows."""
     import importlib.util
@@ -426,7 +445,7 @@ def test_the_predict_unseen_bench_judges_verdicts_only_where_the_measurement_can
     assert bench.right("does not pay", 0.7, 0.95) is True and bench.right("does not pay", 1.05, 1.3) is False
     assert bench.right("pays", 0.9, 1.1) is None and bench.right("unclear", 1.2, 1.4) is None
     assert bench.right("pays", float("nan"), float("nan")) is None
-    traces = _sim()
+    traces = sim
     category = sorted(traces.requests["category"].astype(str).unique())[0]
     part = bench.subset(traces, lambda c: c != category)
     assert part.runs is traces.runs and category not in set(part.tokens["category"].astype(str))
@@ -434,7 +453,7 @@ def test_the_predict_unseen_bench_judges_verdicts_only_where_the_measurement_can
     assert set(part.rounds["request_id"].astype(str)) <= kept and kept == set(part.tokens["request_id"].astype(str))
 
 
-def test_a_workload_priced_with_replayed_proposals_drafts_what_they_say():
+def test_a_workload_priced_with_replayed_proposals_drafts_what_they_say(base):
     """``proposals`` (the drafter replayed at every output position) replace the depth model: the expected rounds
     equal ``transfer.predict_requests`` with replayed depths (the LOCO path, another code path) request by
     request, and a proposal of nothing everywhere prices every round as a plain step (one token per round)."""
@@ -443,7 +462,7 @@ def test_a_workload_priced_with_replayed_proposals_drafts_what_they_say():
     from entropy_law.law.transfer import entropy_sequences, predict_requests
     from entropy_law.payoff.workload import predict_workload
 
-    an, _ = _workload(_sim())
+    an, _ = base
     arm = an.arms[0]
     view, law = an.cost_view(arm), an.law(arm)
     seqs = entropy_sequences(view, arm).head(6)
@@ -566,7 +585,7 @@ def test_the_predict_command_with_the_drafters_replayed_proposals(capsys, tmp_pa
     assert "--law-borrow borrows --replay's law" in capsys.readouterr().err
 
 
-def test_replayed_rounds_are_priced_by_the_cost_model_alone_and_land_on_the_measured_speedup():
+def test_replayed_rounds_are_priced_by_the_cost_model_alone_and_land_on_the_measured_speedup(sim, full):
     """A workload whose rounds are known (``price_rounds``: what ``jobs.reference.workload_rounds`` replays) is
     priced by the cost model alone. On simulated traces timed by a known cost model: the arm's recorded rounds of a
     category held out of the cost model and t_AR price to within 3% of its measured paired speedup; the same rounds
@@ -575,10 +594,9 @@ def test_replayed_rounds_are_priced_by_the_cost_model_alone_and_land_on_the_meas
     from entropy_law.analysis import TraceAnalysis
     from entropy_law.payoff.workload import EXACT_REPLAY, round_counts
 
-    traces = _sim()
+    traces = sim
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        full = TraceAnalysis(traces, n_boot=20, seed=1)
         arm = full.arms[0]
         measured = full.speedup(arm).set_index("category")
         counts = round_counts(full.cost_view(arm), arm)
@@ -678,10 +696,10 @@ def test_a_law_whose_transfer_error_cannot_be_measured_widens_by_the_largest_err
                and "at least 3 categories" in n for n in got.notes)
 
 
-def test_price_rounds_refuses_counts_that_cannot_be_rounds():
+def test_price_rounds_refuses_counts_that_cannot_be_rounds(base):
     from entropy_law.payoff.workload import price_rounds, round_counts
 
-    an, _ = _workload(_sim())
+    an, _ = base
     arm = an.arms[0]
     view = an.cost_view(arm)
     counts = round_counts(view, arm)
@@ -700,14 +718,14 @@ def test_price_rounds_refuses_counts_that_cannot_be_rounds():
     assert plain.summary["predicted_tokens_per_round"].eq(1.0).all()
 
 
-def test_rounds_where_a_law_policy_skipped_the_drafter_are_priced_without_the_drafters_time():
+def test_rounds_where_a_law_policy_skipped_the_drafter_are_priced_without_the_drafters_time(base):
     """``skipped_rounds`` (a law policy did not call the drafter) cost an AR step, t_AR, where the arm never skipped
     (``CostModel.skip_round_ms``), checked by hand per request; an arm whose rounds carry
     ``policy_drafted`` False has them measured apart (``skip_ms``), not in ``no_draft_ms``; bad counts refused."""
     from entropy_law.payoff.cost import fit_cost_model, verify_curve
     from entropy_law.payoff.workload import decode_cost_ms, price_rounds, round_counts
 
-    an, _ = _workload(_sim())
+    an, _ = base
     arm = an.arms[0]
     view = an.cost_view(arm)
     cost = an.cost_model(arm)
@@ -757,7 +775,7 @@ def test_rounds_where_a_law_policy_skipped_the_drafter_are_priced_without_the_dr
                                          / cost.verify_intercept_ms, 6)]
 
 
-def test_the_predict_command_with_the_arms_rounds_replayed(capsys):
+def test_the_predict_command_with_the_arms_rounds_replayed(capsys, timed_analysis):
     """``entropy-law predict --replay-rounds``: the n-gram chain arm's rounds replayed over the shipped timed AR run
     (the default target loaded) are the rounds the arm decoded online, so the tokens per round printed per category
     equal the arm's measured ones; the speedup is priced by the cost model alone, its own error named. With
@@ -765,8 +783,6 @@ def test_the_predict_command_with_the_arms_rounds_replayed(capsys):
     from pathlib import Path
 
     from entropy_law.cli import main
-    from entropy_law.analysis import TraceAnalysis
-    from entropy_law.traces.reader import load_traces
 
     timed = Path(__file__).resolve().parents[1] / "data" / "traces_timed"
     argv = ["predict", str(timed / "ar"), "--from", str(timed), "--drafter", "ngram chain", "--n-boot", "5"]
@@ -777,7 +793,7 @@ def test_the_predict_command_with_the_arms_rounds_replayed(capsys):
                         f"{VALIDATION}")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        measured = TraceAnalysis(load_traces(timed), n_boot=5).speedup("ngram chain").set_index("category")
+        measured = timed_analysis.speedup("ngram chain").set_index("category")
     for category, row in measured.iterrows():
         line = next(x for x in lines if x.startswith(category))
         assert f"tokens/round {row['tokens_per_round']:.2f}," in line
@@ -802,7 +818,7 @@ def test_the_predict_command_with_the_arms_rounds_replayed(capsys):
     assert "--replay-rounds replays the drafter over one run" in capsys.readouterr().err
 
 
-def test_the_predict_command_prices_other_budgets_of_a_ddtree_arm(capsys):
+def test_the_predict_command_prices_other_budgets_of_a_ddtree_arm(capsys, timed_analysis):
     """``entropy-law predict --replay-rounds --budgets``: the n-gram DDTree16 arm replayed at budget 8 (never timed)
     is priced by DDTree16's cost model, widened by the larger of that model's own error and its error pricing the
     n-gram chain's recorded rounds (``TraceAnalysis.cost_error(arm, rounds_of=)``), and joins what to run; budget 16
@@ -810,8 +826,6 @@ def test_the_predict_command_prices_other_budgets_of_a_ddtree_arm(capsys):
     from pathlib import Path
 
     from entropy_law.cli import main
-    from entropy_law.analysis import TraceAnalysis
-    from entropy_law.traces.reader import load_traces
 
     timed = Path(__file__).resolve().parents[1] / "data" / "traces_timed"
     arm = "ngram ddtree16"
@@ -820,7 +834,7 @@ def test_the_predict_command_prices_other_budgets_of_a_ddtree_arm(capsys):
     out = capsys.readouterr().out
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        an = TraceAnalysis(load_traces(timed), n_boot=5)
+        an = timed_analysis  # TraceAnalysis(load_traces(timed), n_boot=5)
         own, cross = an.cost_error(arm), an.cost_error(arm, "ngram chain")
     titles = [x for x in out.splitlines() if x.startswith("will drafting pay")]
     assert titles == [f"will drafting pay on this workload? {arm}, from its rounds replayed over the "
@@ -837,7 +851,7 @@ def test_the_predict_command_prices_other_budgets_of_a_ddtree_arm(capsys):
     assert all(x[17:53].strip() in (arm, "ngram ddtree8", "ngram ddtree40", "AR") for x in table)  # choice column
 
 
-def test_the_predict_command_prices_a_law_policy_before_it_ever_ran(capsys, tmp_path, monkeypatch):
+def test_the_predict_command_prices_a_law_policy_before_it_ever_ran(capsys, tmp_path, monkeypatch, timed_analysis):
     """``entropy-law predict --replay-rounds --policy FITTED.json``: the n-gram DDTree16 arm with a law policy in
     place of its ratio gate (never timed) is replayed over the workload (``payoff.policy.policy_arm_meta``: the
     policy's curve measured on this machine, as an online run measures it; fixed here) and priced by the arm's cost
@@ -855,17 +869,15 @@ def test_the_predict_command_prices_a_law_policy_before_it_ever_ran(capsys, tmp_
     from entropy_law.cli import main
     from entropy_law.decoding.loading import load_target
     from entropy_law.jobs.reference import workload_rounds
-    from entropy_law.analysis import TraceAnalysis
     from entropy_law.payoff.policy import fit_policy, policy_arm_meta, save_policy
     from entropy_law.traces.layout import read_run_json
-    from entropy_law.traces.reader import load_traces
 
     timed = Path(__file__).resolve().parents[1] / "data" / "traces_timed"
     arm = "ngram ddtree16"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        traces = load_traces(timed)
-        an = TraceAnalysis(traces, n_boot=5)
+        an = timed_analysis  # TraceAnalysis(load_traces(timed), n_boot=5)
+        traces = an.traces
         ids = list(an.runs.loc[(an.runs["arm"] == arm) | an.runs["is_ar"], "run_id"])
         params = fit_policy(traces.filter(run_id=ids), drafter="ngram", draft_cost=0.3)  # dear: some rounds skip it
     path = save_policy(params, tmp_path / "law.json")
@@ -1026,10 +1038,10 @@ def test_replayed_family_reads_the_copyability_where_every_table_holds_it():
     assert replayed_family(full, full.iloc[:0]) == REPLAYED_FAMILY
 
 
-def test_the_laws_residual_b_scales_tokens_per_round_and_nothing_else():
+def test_the_laws_residual_b_scales_tokens_per_round_and_nothing_else(base):
     """``predict(bias=b)``: every request's predicted tokens per round times e^b exactly (fewer rounds of the same
     make-up), the speedup moved with it, the note says so; a non-finite b and a bias on replayed rounds are refused."""
-    an, _ = _workload(_sim())
+    an, _ = base
     arm = an.arms[0]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -204,6 +204,24 @@ def _full_proposals(traces, top1=0.5, *, top1_of=None):
     return pd.concat(rows, ignore_index=True)
 
 
+@pytest.fixture(scope="module")
+def full_proposals(sim):
+    """``_full_proposals(sim)``, built once for the tests that read it."""
+    return _full_proposals(sim)
+
+
+@pytest.fixture(scope="module")
+def replayed_loco(sim, full_proposals):
+    """LOCO of ``sim`` with the full-block proposals replayed (``depths="replayed"``), run once."""
+    return loco_transfer(sim, "law_exp", drafter="sim-block", depths="replayed", proposals=full_proposals)
+
+
+@pytest.fixture(scope="module")
+def full_loco(sim):
+    """LOCO of ``sim`` with a full block every round (``depths="full"``), run once."""
+    return loco_transfer(sim, "law_exp", drafter="sim-block", depths="full")
+
+
 def test_proposal_arrays_and_missing_starts():
     frame = _frame("x", [("r", 1, 2, 1, 0.9), ("r", 1, 2, 2, 0.5), ("r", 2, 0, 0, np.nan), ("r", 3, 9, 1, 0.7)])
     frame = pd.concat([frame, _frame("x", [("r", 3, 9, d, 0.1) for d in range(2, 10)])], ignore_index=True)
@@ -215,23 +233,22 @@ def test_proposal_arrays_and_missing_starts():
         proposal_arrays(frame, 5, 3)
 
 
-def test_replayed_full_depth_proposals_give_the_full_depth_prediction(sim):
-    replayed = loco_transfer(sim, "law_exp", drafter="sim-block", depths="replayed", proposals=_full_proposals(sim))
-    full = loco_transfer(sim, "law_exp", drafter="sim-block", depths="full")
+def test_replayed_full_depth_proposals_give_the_full_depth_prediction(sim, full_proposals, replayed_loco, full_loco):
+    replayed, full = replayed_loco, full_loco
     for column in ("predicted_tokens_per_round", "depth_only_tokens_per_round", "predicted_mean_accepted"):
         assert replayed.summary[column].to_numpy() == pytest.approx(full.summary[column].to_numpy(), rel=1e-10)
     with pytest.raises(ValueError, match="needs the drafter's replayed proposals"):
         loco_transfer(sim, "law_exp", drafter="sim-block", depths="replayed")
     law = fit_law(sim, "law_exp")
-    in_sample = block_prediction(law, sim, drafter="sim-block", depths="replayed", proposals=_full_proposals(sim))
+    in_sample = block_prediction(law, sim, drafter="sim-block", depths="replayed", proposals=full_proposals)
     assert in_sample.summary["dp_tokens_per_round"].to_numpy() == pytest.approx(
         block_prediction(law, sim, drafter="sim-block", depths="full").summary["dp_tokens_per_round"].to_numpy(),
         rel=1e-10)
 
 
-def test_replayed_prediction_reads_nothing_of_the_held_out_rounds(sim):
+def test_replayed_prediction_reads_nothing_of_the_held_out_rounds(sim, full_proposals, replayed_loco):
     """The held-out category's recorded rounds (drafted depths, tau) may change: the replayed prediction does not."""
-    proposals = _full_proposals(sim)
+    proposals = full_proposals
     rounds = sim.rounds.copy()
     mine = (rounds["category"] == "qa").to_numpy() if "category" in rounds else None
     if mine is None:
@@ -239,7 +256,7 @@ def test_replayed_prediction_reads_nothing_of_the_held_out_rounds(sim):
         mine = rounds["request_id"].isin(keys).to_numpy()
     rounds.loc[mine, "tree_depth"] = 1
     changed = dataclasses.replace(sim, rounds=rounds)
-    base = loco_transfer(sim, "law_exp", drafter="sim-block", depths="replayed", proposals=proposals)
+    base = replayed_loco
     moved = loco_transfer(changed, "law_exp", drafter="sim-block", depths="replayed", proposals=proposals)
     qa_pred = base.summary.loc["qa", "predicted_tokens_per_round"]
     assert moved.summary.loc["qa", "predicted_tokens_per_round"] == pytest.approx(qa_pred, rel=1e-12)
@@ -288,8 +305,8 @@ def test_a_law_in_the_drafters_confidence_predicts_from_the_replayed_top1(sim):
     assert get_family("law_exp_obs_ceil_drafttop").needs_draft_stats
 
 
-def test_loco_predictions_with_replayed_proposals_and_category_predictions(sim):
-    pred = loco_predictions(sim, "law_exp", drafter="sim-block", n_draws=0, proposals=_full_proposals(sim))
+def test_loco_predictions_with_replayed_proposals_and_category_predictions(sim, full_proposals, replayed_loco):
+    pred = loco_predictions(sim, "law_exp", drafter="sim-block", n_draws=0, proposals=full_proposals)
     cat = pred.category_predictions()
     r = pred.requests
     qa = r.loc[r["category"] == "qa"]
@@ -301,7 +318,7 @@ def test_loco_predictions_with_replayed_proposals_and_category_predictions(sim):
     assert acc["mean_abs_relative_error"] == pytest.approx(cat["relative_error"].abs().mean())
     assert "replayed proposals" in pred.notes[0]
     # the mean accepted length: observed and raw DP as loco_transfer computes them on its own path
-    loco = loco_transfer(sim, "law_exp", drafter="sim-block", depths="replayed", proposals=_full_proposals(sim))
+    loco = replayed_loco
     for column in ("observed_mean_accepted", "predicted_mean_accepted"):
         source = column if column.startswith("observed") else column + "_raw"
         np.testing.assert_allclose(cat[source].to_numpy(), loco.summary.loc[cat.index, column].to_numpy(), rtol=1e-9)
@@ -349,15 +366,15 @@ def test_the_proposals_module_needs_no_torch():
     subprocess.run([sys.executable, "-c", code], check=True, cwd=str(Path(__file__).parents[1]))
 
 
-def test_trace_analysis_reports_the_replayed_mode_where_proposals_are_given(sim):
+def test_trace_analysis_reports_the_replayed_mode_where_proposals_are_given(sim, full_proposals, full_loco):
     from entropy_law.analysis import TraceAnalysis
 
     plain = TraceAnalysis(sim, family="law_exp")
     assert "replayed" not in plain.loco_depths
     assert "bench/law.py proposals" in plain.attempt("loco", "sim-block chain", "replayed").error
-    an = TraceAnalysis(sim, family="law_exp", proposals=_full_proposals(sim))
+    an = TraceAnalysis(sim, family="law_exp", proposals=full_proposals)
     assert an.loco_depths == ("training", "replayed", "oracle")
-    full = loco_transfer(sim, "law_exp", drafter="sim-block", depths="full")
+    full = full_loco
     replayed = an.loco("sim-block chain", "replayed")
     assert replayed.depths == "replayed"
     assert replayed.summary["predicted_tokens_per_round"].to_numpy() == pytest.approx(

@@ -900,6 +900,11 @@ def _fit_glm(counts: pd.DataFrame, family: LawFamily, depth_model: str, cov_type
             raise ValueError(f"{family.name} needs the at-risk column(s) {absent}, which this table lacks: fit the "
                              "traces themselves, or a table made by atrisk.at_risk_table / aggregate_at_risk (they "
                              "add log_entropy = log(H + eps) and the other derived columns)") from None
+    return _fit_model(model, model.exog_names, family, cov_type, data, start_params)
+
+
+def _fit_model(model, names: list, family: LawFamily, cov_type: str, data: pd.DataFrame, start_params=None):
+    """``model`` (a GLM on the rows of ``data``, its columns ``names``) fitted as ``_fit_glm`` fits it."""
     kwargs = {}
     if cov_type == "cluster":
         groups = data["request_id"].astype("category").cat.codes.to_numpy()  # CR1 sandwich, t(G - 1) inference
@@ -907,7 +912,6 @@ def _fit_glm(counts: pd.DataFrame, family: LawFamily, depth_model: str, cov_type
                       use_t=True)
     if family.link == "log" and start_params is None:
         # log-binomial needs mu < 1 at the start: a0 = 0.9 everywhere, slope -0.5 per nat
-        names = model.exog_names
         start_params = np.zeros(len(names))
         start_params[names.index("Intercept")] = np.log(0.9)
         start_params[names.index(family.slope)] = -0.5
@@ -1006,17 +1010,46 @@ def _raw_means(family: LawFamily) -> list[str]:
 def _fit_profile_eps(counts: pd.DataFrame, family: LawFamily, depth_model: str, cov_type: str, start_params=None):
     """(GLM result, c): the fit of log(H + c) with the largest log-likelihood over ``EPS_GRID``."""
     h = np.maximum(counts["target_entropy_nats"].to_numpy(dtype=float), 0.0)
-    fits = []
+    fits, swap = [], None
     for c in EPS_GRID:
-        trial = counts.assign(log_entropy=np.log(h + c))
-        result = _fit_glm(trial, family, depth_model, cov_type, start_params=start_params)
+        if swap:
+            result = swap(c)
+        else:
+            result = _fit_glm(counts.assign(log_entropy=np.log(h + c)), family, depth_model, cov_type, start_params)
+            swap = _swapped_design(result, counts, h, c, family, cov_type, start_params) if swap is None else swap
         with np.errstate(over="ignore", divide="ignore", invalid="ignore"):  # a runaway fit's llf: -inf / NaN
             llf = float(result.llf)
         fits.append((bool(result.converged) and np.isfinite(llf), llf if np.isfinite(llf) else -np.inf, result,
                      float(c)))
     # the most likely converged fit; none converged: the most likely of all (fit_law notes it)
     _, _, result, c = max(fits, key=lambda f: (f[0], f[1]))
+    if result is not fits[0][2]:  # a search fit on the swapped design: the chosen c fitted from its formula
+        result = _fit_glm(counts.assign(log_entropy=np.log(h + c)), family, depth_model, cov_type, start_params)
     return result, c
+
+
+def _swapped_design(first, counts: pd.DataFrame, h: np.ndarray, c0: float, family: LawFamily, cov_type: str,
+                    start_params=None):
+    """c -> the GLM of ``first`` (fitted at offset ``c0``) with its log(H + c) column recomputed at c, fitted as
+    ``_fit_glm`` fits it without rebuilding the formula's design; ``False`` where the column is not log(H + c0)
+    itself (the search then fits every c from the formula)."""
+    model = first.model
+    names = list(model.exog_names)
+    if names.count("log_entropy") != 1 or not counts.index.is_unique:
+        return False
+    column = names.index("log_entropy")
+    rows = pd.Series(h, index=counts.index).reindex(model.data.row_labels).to_numpy()
+    if rows.shape != model.exog.shape[:1] or not np.array_equal(model.exog[:, column], np.log(rows + c0)):
+        return False
+
+    def fit(c):
+        exog = model.exog.copy()
+        exog[:, column] = np.log(rows + c)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DomainWarning)
+            glm = sm.GLM(model.data.endog, exog, family=model.family)
+        return _fit_model(glm, names, family, cov_type, model.data.frame, start_params)
+    return fit
 
 
 def _fit_iso(counts: pd.DataFrame) -> dict:
