@@ -1,5 +1,6 @@
 """Cost model and request bootstrap: measured costs recovered, speedup arithmetic, break-even."""
 
+import contextlib
 import dataclasses
 
 import numpy as np
@@ -146,12 +147,22 @@ def _relative_width(pays, key="speedup[H=1]"):
     return (row["ci_high"] - row["ci_low"]) / row["estimate"]
 
 
+@contextlib.contextmanager
+def _speedups_only():
+    """``when_drafting_pays`` without its break-even root search, for tests that read only the speedup rows and the
+    notes: each bootstrap replicate's speedups come from its own law and cost model, never from its break-even, so
+    they are the same numbers; the search (about 15 law predictions per replicate) is most of a replicate's time."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr("entropy_law.payoff.cost.breakeven_entropy", lambda law, cost, **kw: float("nan"))
+        yield
+
+
 @pytest.fixture(scope="module")
 def noisy_pays():
     import warnings
 
     out = {}
-    with warnings.catch_warnings():
+    with _speedups_only(), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # few requests: SmallSampleWarning, checked elsewhere
         for sigma in (0.02, 1.0):
             traces = _noisy(sigma)
@@ -191,7 +202,7 @@ def test_the_speedup_interval_stays_calibrated_under_cost_noise():
     import warnings
 
     h = (0.3,)
-    with warnings.catch_warnings():
+    with _speedups_only(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         big = _noisy(1.0, seed=1000, per_category=60)
         truth = when_drafting_pays(big, drafter="sim-block", family="law_exp", entropies=h,
