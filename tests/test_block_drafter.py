@@ -501,11 +501,14 @@ def test_copy_head_learns_to_copy_spans_the_generator_cannot_predict():
 
     train_set = [sample() for _ in range(800)]  # fresh sequences every step: nothing to memorise
     test_set = [sample() for _ in range(6)]
-    accepted = {}
+    accepted, features = {}, {}
     for arm, copy_head, match in (("plain", False, 0), ("copy", True, 0), ("copy+match", True, 3)):
         drafter = BlockDrafter(model, seed=0, block_size=5, num_layers=1, copy_head=copy_head, copy_match=match)
-        for s in train_set + test_set:
-            s["features"] = features_of(model, s["input_ids"].tolist(), drafter.feature_layers)[:-1]
+        if drafter.feature_layers not in features:  # the target's features: the same for every arm's layers
+            features[drafter.feature_layers] = [features_of(model, s["input_ids"].tolist(), drafter.feature_layers)[:-1]
+                                                for s in train_set + test_set]
+        for s, f in zip(train_set + test_set, features[drafter.feature_layers]):
+            s["features"] = f
         opt = torch.optim.Adam(drafter.parameters(), lr=3e-3)
         g = torch.Generator().manual_seed(1)
         drafter.train()

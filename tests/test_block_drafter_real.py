@@ -40,14 +40,20 @@ def test_the_reference_checkpoint_is_small_and_has_the_default_ones_shape(target
     assert sixth.provenance["checkpoint_sha256"] != default.provenance["checkpoint_sha256"]
 
 
+@pytest.fixture(scope="module")
+def greedy(target):
+    """The target's greedy continuation of each prompt (deterministic: decoded once for the four checks below)."""
+    return {prompt: ARDecoder(target).generate(prompt, max_new_tokens=48).token_ids for prompt in PROMPTS}
+
+
 @pytest.mark.parametrize("checkpoint", ["default", "reference"])
 @pytest.mark.parametrize("tree,budget", [("chain", None), ("ddtree", 16)])
-def test_shipped_drafter_is_lossless_and_accepts(target, tree, budget, checkpoint):
+def test_shipped_drafter_is_lossless_and_accepts(target, greedy, tree, budget, checkpoint):
     drafter = (load_default_drafter(target) if checkpoint == "default"
                else BlockDrafter.load(default_drafter_path().with_name(REFERENCE_CHECKPOINT), target))
     accepted = 0
     for prompt in PROMPTS:
-        reference = ARDecoder(target).generate(prompt, max_new_tokens=48).token_ids
+        reference = greedy[prompt]
         result = SpeculativeDecoder(target, drafter, tree=tree, budget=budget,
                                     policy=RatioGate(min_expected_accepted=0.0)).generate(prompt, max_new_tokens=48)
         assert result.token_ids == reference

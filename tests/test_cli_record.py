@@ -4,6 +4,7 @@ Needs ``entropy_law.traces.recorder`` (the TraceRecorder) and the decoder; reads
 shards with pyarrow directly and checks the recorded tokens against ``model.generate`` greedy output.
 """
 
+import functools
 import json
 import os
 from pathlib import Path
@@ -83,16 +84,25 @@ def read_table(run: Path, name: str):
     return pa.concat_tables(tables).to_pandas() if tables else None
 
 
+@functools.lru_cache(maxsize=None)
 def greedy_reference(folder: Path, prompt: str, max_new_tokens: int) -> list[int]:
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
+    """``model.generate``'s greedy tokens for ``prompt`` (kept per folder and prompt: the folders are never changed)."""
+    tokenizer, model = _reference_model(folder)
     text = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True,
                                          tokenize=False)
     ids = tokenizer(text, add_special_tokens=False, return_tensors="pt")["input_ids"]
     out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False)
     return out[0, ids.shape[1]:].tolist()
+
+
+@functools.lru_cache(maxsize=None)
+def _reference_model(folder: Path):
+    """The tokenizer and model saved in ``folder``, loaded by transformers alone (once per folder)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager").eval()
+    return tokenizer, model
 
 
 def record(model_folder, task_file, out, *extra):

@@ -85,9 +85,16 @@ def test_html_report_is_self_contained(sim, tmp_path):
     assert "src='figures/" not in text and 'src="http' not in text
 
 
-def test_markdown_report_links_existing_pngs_and_results_section(sim, tmp_path):
+@pytest.fixture(scope="module")
+def md_report(sim, tmp_path_factory):
+    """One Markdown report (PNG and PDF figures) of the simulated traces, read by the tests below."""
     _, traces, an = sim
-    path = write_report(traces, tmp_path / "md", fmt="md", analysis=an, figure_formats=("png", "pdf"))
+    return write_report(traces, tmp_path_factory.mktemp("md"), fmt="md", analysis=an, figure_formats=("png", "pdf"))
+
+
+def test_markdown_report_links_existing_pngs_and_results_section(sim, md_report):
+    _, _, an = sim
+    path = md_report
     text = path.read_text()
     links = [line.split("](")[1].rstrip(")") for line in text.splitlines() if line.startswith("![")]
     assert len(links) == len(FIGURES)
@@ -106,11 +113,11 @@ def test_markdown_report_links_existing_pngs_and_results_section(sim, tmp_path):
     assert "nats (observed" in summary and "sim-tree ddtree16" in summary
 
 
-def test_the_report_leads_with_the_answer_and_checks_it(sim, tmp_path):
+def test_the_report_leads_with_the_answer_and_checks_it(sim, md_report):
     """#17: the answer first (per arm: break-even, the categories where drafting pays, measured and predicted side
     by side), then the predicted-vs-measured table and the crossing of measured speedups vs the break-even."""
-    _, traces, an = sim
-    text = write_report(traces, tmp_path / "answer", fmt="md", analysis=an, figure_formats=("png",)).read_text()
+    _, _, an = sim
+    text = md_report.read_text()
     headings = [line for line in text.splitlines() if line.startswith("## ")]
     assert headings[0] == "## When drafting pays (the answer)"
     answer = text.split("## When drafting pays (the answer)")[1].split("## ")[0]
@@ -211,15 +218,23 @@ def test_a_loaded_machine_gets_no_verdict(sim):
 
 def test_report_command_and_its_errors(sim, tmp_path, capsys):
     """Also: the command finds proposals.parquet beside a run (``traces.proposals``) and adds the LOCO sections
-    with the drafter's replayed proposals (here a full block at every position, as the simulated drafter drafts)."""
+    with the drafter's replayed proposals (here a full block at every position, as the simulated drafter drafts).
+    On a copy of the block arm's run and the AR run: one drafting arm is enough for what the command adds (the
+    report of both arms is checked above), and the shared traces stay without proposals."""
+    import shutil
+
     from entropy_law.traces.proposals import write_proposals
     from tests.test_replayed_proposals import _full_proposals
 
-    path, _, _ = sim
-    for run in sorted(path.rglob("run.json")):
+    sim_path, _, _ = sim
+    path = tmp_path / "traces"
+    for run in sorted(sim_path.rglob("run.json")):
         mine = load_traces(run.parent)
+        if mine.runs["drafter_id"].iloc[0] in ("sim-block", "ar"):
+            shutil.copytree(run.parent, path / run.parent.name)
         if mine.runs["drafter_id"].iloc[0] == "sim-block":
-            write_proposals(run.parent, _full_proposals(mine), {"by": "test"})
+            write_proposals(path / run.parent.name, _full_proposals(mine), {"by": "test"})
+    assert len(load_traces(path).runs) == 2
     out = tmp_path / "cli"
     code = main(["report", str(path), "--out", str(out), "--format", "md", "--n-boot", "2",
                  "--compare-families", "law_exp", "law_logit", "--results-md", str(out / "results.md"),
