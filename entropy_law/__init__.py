@@ -1,13 +1,8 @@
 """entropy-law: measure and model when speculative drafting pays.
 
-The rooms (``docs/architecture.md``): ``decoding`` (torch: the target, the one speculative round, online
-decoding and offline replay, observers), ``drafters`` (n-gram, block drafter and its training),
-``traces`` (the Parquet trace format: write and read), ``law`` (the law itself: fits, tests, transfer),
-``payoff`` (when drafting pays: cost model, workload prediction, policy fitting), ``outofcore`` (DuckDB over
-the shards), ``glance`` (GLANCE's law), ``analysis`` (``TraceAnalysis``, the simulator), ``plots`` (figures),
-``jobs`` (the demo, the reference traces, the report), ``prompts`` (task files); none of the analysis rooms
-imports torch. Each room exports its own names; this namespace holds the short list a user calls. Names are
-imported on first use, so ``import entropy_law`` stays cheap and the analysis works without torch.
+The rooms are listed in ``docs/architecture.md``; none of the analysis rooms imports torch. Each room exports its
+own names; this namespace holds the short list a user calls, imported on first use, so ``import entropy_law``
+stays cheap and the analysis works without torch.
 """
 
 from __future__ import annotations

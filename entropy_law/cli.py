@@ -1,7 +1,5 @@
-"""The ``entropy-law`` command line: discovers sub-commands in ``entropy_law.commands``.
-
-Each command module exposes ``register(subparsers)``, which adds its parser and sets ``func``.
-"""
+"""The ``entropy-law`` command line: every module of ``entropy_law.commands`` has ``register(subparsers)``, which
+adds its parser and sets ``func``."""
 
 from __future__ import annotations
 
@@ -35,11 +33,9 @@ _PACKAGE = str(Path(__file__).resolve().parent)
 
 @contextmanager
 def _one_line_warnings(command: str):
-    """While a command runs, the package's own warnings (a ``UserWarning`` raised in ``entropy_law``: few
-    requests, an incomplete run, a broken lock) are printed as one line each, ``entropy-law COMMAND: warning:
-    ...`` (above any progress bar), and a message already printed is not printed again; other warnings keep
-    Python's format. Only the format changes (``warnings.formatwarning``): filters, and whoever records
-    warnings (``pytest.warns``), see every warning as before."""
+    """While a command runs, the package's own ``UserWarning``s print as one line each, ``entropy-law COMMAND:
+    warning: ...`` (above any progress bar), once per message. Only ``warnings.formatwarning`` changes: filters and
+    ``pytest.warns`` see every warning as before."""
     default, seen = warnings.formatwarning, set()
 
     def formatwarning(message, category, filename, lineno, line=None):
@@ -62,7 +58,6 @@ def _one_line_warnings(command: str):
 
 
 def _existing_ancestor(path: Path) -> Path:
-    """The nearest of ``path``'s parents that exists (``.`` at worst)."""
     for parent in path.parents:
         if parent.exists():
             return parent

@@ -1,7 +1,5 @@
-"""``entropy-law demo``: the main job on the embedded default target, end to end, in minutes.
-
-The options (sized for a small CPU) and the one screen printed at the end (``screen_lines``, at most
-``SCREEN_COLUMNS`` wide); the detail goes to ``summary.txt`` and the report. The work is ``jobs.demo.run_demo``.
+"""``entropy-law demo``: the main job on the embedded default target, end to end, in minutes (``jobs.demo.run_demo``);
+prints one screen (``screen_lines``, at most ``SCREEN_COLUMNS`` wide), the detail goes to ``summary.txt``.
 """
 
 from __future__ import annotations

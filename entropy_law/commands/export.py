@@ -1,7 +1,5 @@
-"""``entropy-law export --format glance RUN [RUN ...] > rounds.jsonl``: a trace run as another tool's input.
-
-One format, ``glance``: GLANCE's round log, which its ``experiments/fit_law.py`` reads unchanged
-(``importers.glance.export_glance_rounds``), to standard output or ``--out``.
+"""``entropy-law export --format glance|specbench RUN [RUN ...] > out.jsonl``: a trace run as GLANCE's round log
+(``importers.glance.export_glance_rounds``) or Spec-Bench's answer file (``importers.specbench``).
 """
 
 from __future__ import annotations

@@ -171,8 +171,7 @@ def print_glance_laws(view, family: str, drafter: str | None = None) -> int:
 
 def with_context_match(traces, model: str | None = None, tasks: str | None = None, *, what: str = "the runs"):
     """``traces`` with ``context_match`` at every position (``jobs.reference.ensure_context_matches``; rebuilt
-    whenever ``model`` or ``tasks`` is given), saying on stdout which, naming ``what``. For ``law`` and
-    ``predict``."""
+    whenever ``model`` or ``tasks`` is given), saying on stdout which, naming ``what``."""
     from entropy_law.jobs.reference import ensure_context_matches
 
     try:

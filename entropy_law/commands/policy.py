@@ -1,10 +1,6 @@
-"""``entropy-law policy``: fit a per-round law policy for one drafting arm and write its parameters (or, with
-``--hybrid``, combine the n-gram and block drafters' policies into the hybrid drafter's).
-
-``entropy_law.payoff.policy.fit_policy`` on the arm's runs of TRACES (with the AR runs beside them, for the drafter's
-cost in one-token forwards where the runs are timed; else ``--draft-cost``), saved with ``save_policy``. The file is
-what ``entropy-law predict --replay-rounds --policy`` prices before the policy ever runs and what ``entropy-law record
---policy law --policy-law`` decodes with.
+"""``entropy-law policy``: fit a per-round law policy for one drafting arm (``payoff.policy.fit_policy``, with the
+AR runs beside it for the drafter's cost where timed) and save it, or combine two with ``--hybrid``. The file is what
+``predict --replay-rounds --policy`` prices and ``record --policy law --policy-law`` decodes with.
 """
 
 from __future__ import annotations
@@ -154,10 +150,9 @@ def _combine(args, out: Path) -> int:
 
 
 def _context_matches(traces, arm_runs, args):
-    """The copyability lengths at every output position of the arm's runs: their recorded tokens column
-    ``context_match`` where every position has it (runs recorded with the prompts' ids, up to
-    ``CONTEXT_MATCH_MAX``), else ``jobs.reference.context_matches`` with their prompts rebuilt by the target that
-    decoded them (also when --model or --tasks is given, or a longer --max-context-match)."""
+    """The copyability lengths at every output position of the arm's runs: their recorded ``context_match`` where
+    every position has one, else (or with --model, --tasks or a longer --max-context-match) rebuilt from their
+    prompts by ``jobs.reference.context_matches``."""
     from entropy_law.traces.stats import CONTEXT_MATCH_MAX
 
     tokens = traces.filter(run_id=list(arm_runs["run_id"])).tokens

@@ -1,8 +1,5 @@
 """``entropy-law predict WORKLOAD --from TRACES``: will drafting pay on a workload no drafter has decoded yet?
-
-The options, which pricing each mode (default, ``--replay``, ``--replay-rounds``) asks of the analysis, and what is
-printed; the modes are explained in ``docs/cli.md``.
-"""
+The modes (default, ``--replay``, ``--replay-rounds``) are explained in ``docs/cli.md``."""
 
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""``entropy-law train-drafter``: self-distilled data, target features and block-drafter training in one command.
-
-Seeded and resumable (data shards already written are skipped; training resumes from ``OUT/checkpoints``);
-``--only data`` / ``--only train`` run one half. Details: docs/cli.md.
+"""``entropy-law train-drafter``: self-distilled data, target features and block-drafter training in one command;
+seeded and resumable, ``--only data`` / ``--only train`` run one half. Details: docs/cli.md.
 """
 
 from __future__ import annotations

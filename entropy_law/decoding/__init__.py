@@ -1,11 +1,4 @@
-"""Decoding (torch): the target, the one speculative round, online decoding, offline replay, observers.
-
-``loading`` (targets, never from a hub), ``adapter`` / ``attention`` / ``features`` (one target forward over a
-tree, KV compaction, hidden-state capture), ``interface`` (the ``Drafter`` contract and its ``DraftProposal``),
-``tree`` (chain and DDTree), ``gate`` (the gates as round policies, the verify-cost curve), ``policy`` (the law
-policy), ``round`` (the round, its record, its rules and the ``RoundPolicy`` interface, written once),
-``decoder`` (the online driver), ``replay`` (the offline driver and the teacher-forced target pass),
-``observers`` (``RecorderObserver``: rounds to traces), ``vlm`` (image targets).
+"""Decoding (torch): the target, the one speculative round (``round``), online decoding, offline replay, observers.
 
 Never imports ``entropy_law.law``, ``plots``, ``jobs`` or ``drafters``; it talks to the analysis only through
 trace files (``tests/test_layers.py``).

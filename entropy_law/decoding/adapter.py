@@ -1,16 +1,10 @@
 """The target side of speculative decoding: one Hugging Face causal LM (batch 1), its KV cache, one forward per call.
 
-Prefill; verify a candidate tree in one forward (an additive mask in which the committed prefix is visible and
-the tree ancestor-only, position ids ``start + depth``); keep only the accepted cache rows (``commit``, our own
-gather-and-truncate, never ``DynamicCache.crop``). Forwards use the lean GQA kernel of ``decoding.attention``
-where the model runs ``eager`` (same logits).
-
-Sliding-window layers are switched to past recording (``activate_past_recording``) so a rejected draft's rows
-can be dropped, and trimmed here after prefill and every ``commit`` to the last ``min(length, W - 1)``
-committed positions, the rows greedy ``generate`` holds. The tree mask is built per window and passed as one
-tensor, or for hybrid models as a mapping by ``config.layer_types``. ``CacheLayout`` reads this once from the
-configuration and refuses any other layout with ``UnsupportedCacheLayout``. A VLM subclass overrides
-``tree_position_ids`` and ``prefill``.
+Prefill; verify a tree in one forward (committed prefix visible, tree ancestor-only, positions ``start + depth``);
+``commit`` keeps the accepted cache rows (gather-and-truncate, never ``DynamicCache.crop``). Sliding-window layers
+record their past so rejected rows can be dropped, then keep the last ``min(length, W - 1)`` committed positions
+as greedy ``generate`` does; hybrid models get a mask per ``config.layer_types``. ``CacheLayout`` refuses any
+other layout (``UnsupportedCacheLayout``). A VLM subclass overrides ``tree_position_ids`` and ``prefill``.
 """
 
 from __future__ import annotations
@@ -35,6 +29,17 @@ def cache_keyword(model: torch.nn.Module) -> str:
     """Name of the cache argument of ``model.forward`` (``cache`` in recent 5.x, ``past_key_values`` before)."""
     params = inspect.signature(model.forward).parameters
     return "cache" if "cache" in params else "past_key_values"
+
+
+def left_padded(sequences: Sequence[Sequence[int]], pad_id: int, device) -> tuple[torch.Tensor, ...]:
+    """Input ids, attention mask and position ids ``[b, longest]`` of a left-padded batch of token id lists."""
+    width = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(sequences), width), dtype=torch.long)
+    for i, sequence in enumerate(sequences):
+        ids[i, width - len(sequence):] = torch.tensor(sequence, dtype=torch.long)
+        mask[i, width - len(sequence):] = 1
+    return ids.to(device), mask.to(device), (mask.cumsum(-1) - 1).clamp(min=0).to(device)
 
 
 class UnsupportedCacheLayout(NotImplementedError):
@@ -174,11 +179,9 @@ def compact_cache(cache, start: int, nodes: Sequence[int]) -> None:
 
 
 class TargetAdapter:
-    """Wraps a causal LM (eval mode, batch 1) and owns its KV cache.
-
-    ``feature_layers``: decoder layers whose outputs are returned with the logits, concatenated (empty: None).
-    Between calls the cache holds the committed positions ``0 .. cache_len - 1``; ``verify`` appends ``N + 1``
-    rows and ``commit`` restores that. An unsupported cache layout raises ``UnsupportedCacheLayout`` here."""
+    """Wraps a causal LM (eval mode, batch 1) and owns its KV cache, which between calls holds the committed
+    positions ``0 .. cache_len - 1`` (``verify`` appends ``N + 1`` rows, ``commit`` restores that).
+    ``feature_layers``: decoder layers whose outputs are returned with the logits, concatenated (empty: None)."""
 
     def __init__(self, model: torch.nn.Module, *, feature_layers: Sequence[int] = (), lean_attention: bool = True):
         self.model = model
@@ -213,14 +216,12 @@ class TargetAdapter:
         with self._attention():
             return str(text_config(self.model)._attn_implementation)
 
-    def _attention(self):
-        """Context for one forward: the lean attention kernel when enabled and the model uses eager."""
+    def _attention(self):  # the lean attention kernel when enabled and the model uses eager
         return lean_attention(self.model, self.lean_attention)
 
     @torch.inference_mode()
     def _forward(self, input_ids, position_ids, attention_mask, logits_to_keep: int = 0, **extra):
-        """One forward over the cache: logits ``[rows, V]`` (fp32) and features (or None). ``extra``: further
-        model inputs (pixel values of a VLM prefill)."""
+        """One forward over the cache: logits ``[rows, V]`` (fp32) and features (or None); ``extra``: model inputs."""
         kwargs = dict(input_ids=input_ids, position_ids=position_ids, attention_mask=attention_mask,
                       use_cache=True, logits_to_keep=logits_to_keep, **{self._cache_kw: self.cache}, **extra)
         with self._attention():
@@ -239,8 +240,7 @@ class TargetAdapter:
         return logits[-1], features
 
     def prefill(self, input_ids: Sequence[int] | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Start a new sequence with a fresh cache: the last position's logits ``[V]`` (fp32) and the features of
-        every prompt position ``[n, F]`` (or ``None``)."""
+        """A fresh cache over the prompt: the last position's logits ``[V]`` (fp32), the features ``[n, F]`` or None."""
         ids = self._prompt_tensor(input_ids)
         return self._prefill_forward(ids, torch.arange(ids.shape[1], device=self.device).unsqueeze(0))
 
@@ -297,13 +297,11 @@ class TargetAdapter:
                              f"({self.max_context})")
         ids = torch.tensor([(int(root_id),) + tree.tokens], dtype=torch.long, device=self.device)
         positions = self.tree_position_ids(start, tree)
-        # a chain still gets the explicit mask: every tree shape takes the same path
         mask = None if tree.n_nodes == 0 else self.tree_attention_masks(start, tree)
         return self._forward(ids, positions, mask)
 
     def commit(self, start: int, accepted_nodes: Sequence[int]) -> None:
-        """Keep the cache rows of ``accepted_nodes`` (the accepted path's node indices, root 0 first) at
-        positions ``start, start + 1, ...`` and drop everything after them."""
+        """Keep the rows of ``accepted_nodes`` (root 0 first) at positions ``start, start + 1, ...``; drop the rest."""
         nodes = [int(i) for i in accepted_nodes]
         if not nodes or nodes[0] != 0:
             raise ValueError(f"accepted_nodes must start with the root (0), got {nodes}")
@@ -313,8 +311,7 @@ class TargetAdapter:
         compact_cache(self.cache, start, nodes)
 
     def truncate(self, length: int) -> None:
-        """Drop every cache position at or after ``length`` (sliding-window layers: only back to the first
-        position they still hold plus ``W - 1``)."""
+        """Drop every cache position at or after ``length`` (``truncate_cache``)."""
         if not 0 <= length <= self.cache_len:
             raise ValueError(f"cannot truncate a cache of {self.cache_len} rows to {length}")
         truncate_cache(self.cache, length)

@@ -1,12 +1,9 @@
 """Assisted generation in transformers, recorded: a streamer that logs every verify round to a ``TraceRecorder``.
 
-transformers' assisted loop puts the prompt, then each round's ``n_matches + 1`` committed ids. The rounds and
-tau come from those; the target and drafter statistics from one teacher-forced pass of each model after
-generation (up to the first rejection the draft's prefix is the committed one). A round's draft length, which
-a streamer cannot see, is the assistant's constant ``num_assistant_tokens`` (required, with no confidence cut),
-capped as transformers caps it, and shorter where the assistant's greedy draft is EOS; at a final EOS, the
-assistant's greedy token tells an accepted EOS draft from the target's own. Assumes greedy decoding of both
-models, batch 1 and one tokenizer.
+The streamer sees the prompt, then each round's ``n_matches + 1`` committed ids; the target and drafter statistics
+come from one teacher-forced pass of each model afterwards. A round's draft length is the assistant's constant
+``num_assistant_tokens`` (required, no confidence cut), capped as transformers caps it and shorter where the
+assistant's greedy draft is EOS. Assumes greedy decoding of both models, batch 1 and one tokenizer.
 """
 
 from __future__ import annotations

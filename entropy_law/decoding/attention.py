@@ -45,13 +45,9 @@ def gqa_eager_attention(module, query, key, value, attention_mask, scaling, drop
     return out.transpose(1, 2).contiguous(), weights.view(b, heads, q, -1)
 
 
-def _register() -> None:
-    AttentionInterface.register(LEAN_EAGER, gqa_eager_attention)
-    # the same 4-D additive float masks as eager (an unregistered name would get no causal mask at all)
-    AttentionMaskInterface.register(LEAN_EAGER, eager_mask)
-
-
-_register()
+AttentionInterface.register(LEAN_EAGER, gqa_eager_attention)
+# the same 4-D additive float masks as eager (an unregistered name would get no causal mask at all)
+AttentionMaskInterface.register(LEAN_EAGER, eager_mask)
 
 
 def text_config(model: torch.nn.Module):

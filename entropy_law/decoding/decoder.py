@@ -1,10 +1,8 @@
-"""Lossless greedy speculative decoding online, and the lean autoregressive baseline.
+"""Lossless greedy speculative decoding online (the driver of ``round.play_round``), and the lean AR baseline.
 
-The online driver of the one round (``round.play_round``): the target prefills the prompt and verifies each
-round's tree in one forward; the correct token after a node is the target's argmax there, so the output equals
-greedy decoding whatever the drafter proposes. The prefill's argmax is the pending root (committed, not yet in
-the KV cache) and is reported to observers as round 0, so every output position has exactly one target logit
-row in exactly one round.
+The target verifies each round's tree in one forward; the correct token after a node is its argmax there, so the
+output is the greedy output whatever the drafter proposes. The prefill's argmax (the pending root) is round 0:
+every output position has exactly one target logit row in exactly one round.
 """
 
 from __future__ import annotations
@@ -29,8 +27,6 @@ from entropy_law.decoding.tree import Tree
 
 @dataclass
 class GenerationResult:
-    """What ``generate`` returns."""
-
     request_id: str
     prompt_ids: list[int]
     token_ids: list[int]  # the new tokens only
@@ -46,13 +42,11 @@ class GenerationResult:
         return len(self.token_ids)
 
     @property
-    def target_forwards(self) -> int:
-        """Verify passes after the prefill."""
+    def target_forwards(self) -> int:  # verify passes after the prefill
         return sum(1 for r in self.rounds if r.round_index > 0)
 
     @property
-    def mean_committed_per_round(self) -> float:
-        """Tokens committed per verify pass (round 0, the prefill, excluded)."""
+    def mean_committed_per_round(self) -> float:  # round 0, the prefill, excluded
         decode_rounds = [r for r in self.rounds if r.round_index > 0]
         return sum(r.committed for r in decode_rounds) / len(decode_rounds) if decode_rounds else float("nan")
 
@@ -71,16 +65,13 @@ class GenerationResult:
 
 
 class SpeculativeDecoder:
-    """Greedy lossless speculative decoding with a drafter and a tree policy; ``drafter=None`` is the lean
-    autoregressive baseline (each step a round with no tree).
+    """Greedy lossless speculative decoding; ``drafter=None`` is the lean autoregressive baseline.
 
     ``target``: a ``LoadedTarget``, a ``TargetAdapter`` or a bare causal LM. ``tree``: ``"chain"``, ``"ddtree"``
     or a callable ``(proposal, budget) -> Tree``; ``budget``: most draft nodes per tree. ``policy``: a
-    ``round.RoundPolicy`` deciding what each round drafts and verifies (default ``gate.RatioGate()``; also
-    ``CostGate``, ``PredicateGate``, a law policy or its parameters from ``payoff.policy.fit_policy``, checked
-    against the drafter and target). Whatever it decides, the output is the greedy output. ``observers``: get
-    every request's start and end and every round. ``eos_token_ids``: default the model's generation config's;
-    ``tokenizer``: default the target's, needed for text prompts only."""
+    ``round.RoundPolicy`` (default ``gate.RatioGate()``), or law parameters (``payoff.policy.fit_policy``),
+    checked against the drafter and target; the output is the greedy output whatever it decides. ``observers``:
+    every request's start and end and every round. ``eos_token_ids`` / ``tokenizer``: default the model's."""
 
     def __init__(self, target, drafter: Drafter | None = None, *, tree: str | Callable = "chain",
                  budget: int | None = None, policy: RoundPolicy | dict | None = None,
@@ -123,8 +114,7 @@ class SpeculativeDecoder:
             policy = make_policy(policy, curve, drafter)
         return policy.bind(self.adapter, drafter) if callable(getattr(policy, "bind", None)) else policy
 
-    def _default_eos(self, eos):
-        """The EOS ids given, else the model's generation config's, else its config's."""
+    def _default_eos(self, eos):  # given, else the model's generation config's, else its config's
         if eos is None:
             model = self.adapter.model
             gen = getattr(model, "generation_config", None)
@@ -133,7 +123,6 @@ class SpeculativeDecoder:
                 eos = getattr(model.config, "eos_token_id", None)
         return eos
 
-    # the round's rules, under the names this class has always had
     tree_policy = property(lambda self: self.rules.tree)
     budget = property(lambda self: self.rules.budget)
     policy = property(lambda self: self.rules.policy)
@@ -290,8 +279,7 @@ class _TargetVerifier:
 
 
 class ARDecoder(SpeculativeDecoder):
-    """The lean autoregressive baseline: ``SpeculativeDecoder`` without a drafter (one-token forwards on
-    the same adapter, same timers, token counting and observers)."""
+    """The lean autoregressive baseline: ``SpeculativeDecoder`` without a drafter."""
 
     def __init__(self, target, *, observers: Sequence[Observer] = (), eos_token_ids=None, tokenizer=None):
         super().__init__(target, None, observers=observers, eos_token_ids=eos_token_ids, tokenizer=tokenizer)
@@ -317,10 +305,8 @@ class _TimedDrafter:
 
 def measure_draft_cost(target, drafter: Drafter, prompt_ids: Sequence[int], *, max_new_tokens: int = 32,
                        repeats: int = 3, clock: str = "auto") -> float:
-    """The drafter's cost per drafting call in one-token target steps on this machine (the ``draft_cost`` of a
-    law policy's ``c(N + 1) + draft_cost``): the median ``propose`` call of a chain decode of ``prompt_ids`` over
-    the time per step of an AR decode, both by one clock (``gate.timer_for``), fastest of ``repeats`` passes
-    after a warm-up."""
+    """A law policy's ``draft_cost`` on this machine: the median ``propose`` call of a chain decode of
+    ``prompt_ids`` over an AR step, both by one clock (``gate.timer_for``), fastest of ``repeats`` warm passes."""
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
     if max_new_tokens < 2:

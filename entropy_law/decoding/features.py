@@ -14,7 +14,6 @@ import torch
 
 
 def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
-    """The list of decoder layers of a Hugging Face causal LM or VLM text model."""
     for path in ("model.layers", "model.language_model.layers", "language_model.model.layers",
                  "model.text_model.layers"):
         try:
@@ -27,8 +26,6 @@ def decoder_layers(model: torch.nn.Module) -> torch.nn.ModuleList:
 
 
 class FeatureCapture:
-    """Holds the hidden states captured during the last forward pass(es)."""
-
     def __init__(self, layers: Sequence[int]):
         self.layers = tuple(int(i) for i in layers)
         self._outputs: dict[int, torch.Tensor] = {}

@@ -12,9 +12,8 @@ import torch
 
 @dataclass(frozen=True)
 class DraftProposal:
-    """Per-depth candidate tokens, best first, with log-probabilities: row ``d`` for the token at depth ``d + 1``
-    after the root. ``logits``: the full per-depth distribution, for recording only (or ``None``). An empty
-    proposal (``depth == 0``) means "do not draft this round"."""
+    """Per-depth candidate tokens, best first, with log-probabilities (row ``d``: depth ``d + 1`` after the root);
+    ``logits``: the full per-depth distribution, for recording only. ``depth == 0``: do not draft this round."""
 
     tokens: torch.LongTensor  # [depth, K] candidate token ids, best first
     logprobs: torch.FloatTensor  # [depth, K] their log-probabilities (-inf pads unused slots)
@@ -32,9 +31,8 @@ class DraftProposal:
 
 @runtime_checkable
 class Drafter(Protocol):
-    """A draft source: two methods, the decoder calls nothing else. ``feature_layers``: target layers whose
-    outputs it reads (one row per committed position, concatenated; empty: none); ``block_size``: the most
-    tokens one round can commit with it (drafts + 1)."""
+    """A draft source: two methods, the decoder calls nothing else. ``feature_layers``: target layers it reads (one
+    row per committed position, concatenated; empty: none); ``block_size``: drafts + 1."""
 
     drafter_id: str
     feature_layers: tuple[int, ...]
@@ -49,8 +47,7 @@ class Drafter(Protocol):
 
 
 def drafter_run_config(drafter) -> dict:
-    """What a trace run records about ``drafter`` (``drafter_config``): its ``config`` plus its ``provenance``
-    (a loaded checkpoint's file name and SHA-256) where it has one."""
+    """A run's ``drafter_config``: the drafter's ``config`` plus its ``provenance`` (a checkpoint's name, SHA-256)."""
     if drafter is None:
         return {}
     return {**dict(getattr(drafter, "config", {}) or {}), **dict(getattr(drafter, "provenance", {}) or {})}

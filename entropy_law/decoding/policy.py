@@ -11,8 +11,7 @@
    (A accepted drafts, E their expectation) scales each path probability; ``calibration_half_life`` fades it.
 4. the context's copyability (optional ``context_match``): the law of the level of ``context_match_length``.
 
-The law arrives as plain JSON-able parameters (``payoff.policy``): this module never imports the law layer. The
-policy only picks which drafted nodes are verified, so the output is the greedy output whatever it decides.
+The law arrives as JSON-able parameters (``payoff.policy``); this module never imports the law layer.
 """
 
 from __future__ import annotations
@@ -167,8 +166,7 @@ class LawPolicy:
         return [int(v) for v in levels], tables, int(max_length)
 
     @property
-    def uses_context(self) -> bool:
-        """Whether the decision reads the context's copyability (``context_match`` parameters)."""
+    def uses_context(self) -> bool:  # the decision reads the context's copyability
         return bool(self.context_levels)
 
     def law_acceptance(self, entropy: float, context_match: int | None = None) -> list[float]:
@@ -193,8 +191,7 @@ class LawPolicy:
 
     def inputs(self, entropies: Sequence[float], n_output: int, context: Sequence[int] | None = None) -> dict:
         """The inputs known before the round: the last committed position's entropy, the window mean
-        (``default_entropy`` where none is known) and, for a policy that reads it, ``context_match_length`` of
-        ``context`` (the prompt and the committed output)."""
+        (``default_entropy`` where none is known) and, where read, ``context_match_length`` of ``context``."""
         known = [h for h in list(entropies[:n_output])[-self.window:] if h == h]
         last = entropies[n_output - 1] if 0 < n_output <= len(entropies) else float("nan")
         window = sum(known) / len(known) if known else self.default_entropy
@@ -254,8 +251,7 @@ class LawPolicy:
 
     def before_draft(self, entropies: Sequence[float], n_output: int, max_depth: int, history: Sequence = (),
                      context: Sequence[int] | None = None) -> dict:
-        """Whether to call the drafter this round (``"draft"``) and the inputs it was decided from (``history``:
-        this request's earlier rounds; ``context``: the prompt and the committed output)."""
+        """Whether to call the drafter this round (``"draft"``) and the inputs it was decided from."""
         inputs = self.inputs(entropies, n_output, context)
         acceptance = self.law_acceptance(inputs["window_entropy"], inputs.get("context_match"))
         calibrated, s_law = {}, 1.0
@@ -326,20 +322,14 @@ class LawPolicy:
         computed = row_entropies(target_logits[max(0, rows - self.window):])
         entropies.extend([float("nan")] * (rows - len(computed)) + computed)
 
-    def to_config(self) -> dict:
-        """The parameters as stored with the run (the verify-cost curve in use included)."""
+    def to_config(self) -> dict:  # the verify-cost curve in use included
         return {**self.params, "verify_cost": self.verify_cost.to_config()}
 
 
 class HybridLawPolicy:
-    """Each round, which of the hybrid drafter's two drafters to run (or none), from each one's own law.
-
-    ``params``: ``{"kind": HYBRID_POLICY_KIND, "version": 1, "ngram": ..., "block": ...}`` (``payoff.policy.
-    hybrid_policy``). Each law gives its best chain rate, its own draft cost included (the n-gram law's chain no
-    deeper than the prompt-lookup proposal, ``ngram_depth``); the drafter of the higher rate runs
-    (``HybridDrafter.route``), or none when neither beats a plain step, and its law plans the tree. Each law
-    calibrates over the rounds it chose. ``drafter``: the ``HybridDrafter`` it routes (bound by the decoder).
-    """
+    """Each round, which of a ``HybridDrafter``'s two drafters to run (or none), from each one's own law
+    (``params``: ``payoff.policy.hybrid_policy``'s). Each law's best chain rate, its own draft cost included (the
+    n-gram chain no deeper than its proposal), decides; the winner's law plans the tree and calibrates on its rounds."""
 
     def __init__(self, params: dict, verify_cost: VerifyCost | None = None, drafter=None):
         if not isinstance(params, dict) or params.get("kind") != HYBRID_POLICY_KIND or params.get("version") != 1:
@@ -355,12 +345,10 @@ class HybridLawPolicy:
         self.drafter = drafter  # bound by the decoder, which checks it first (check_policy)
 
     @property
-    def verify_cost(self) -> VerifyCost:
-        """The one verify-cost curve both laws price by."""
+    def verify_cost(self) -> VerifyCost:  # the one curve both laws price by
         return self.laws["ngram"].verify_cost
 
     def bind(self, adapter, drafter) -> "HybridLawPolicy":
-        """Routes ``drafter`` (a ``HybridDrafter``) from now on."""
         if drafter is not None:
             self.drafter = drafter
         return self
@@ -406,15 +394,13 @@ class HybridLawPolicy:
         return []
 
     def plan(self, proposal: DraftProposal, tree: Tree, decision: dict) -> tuple[Tree, float]:
-        """The chosen law's ``LawPolicy.plan``."""
         return self.laws[decision["route"]].plan(proposal, tree, decision)
 
     def observe(self, entropies: list[float], n_output: int, target_logits: torch.Tensor | None) -> None:
         """``LawPolicy.observe`` of the law with the wider window (both read the same entropies)."""
         self._widest.observe(entropies, n_output, target_logits)
 
-    def to_config(self) -> dict:
-        """The parameters as stored with the run (each law with its verify-cost curve)."""
+    def to_config(self) -> dict:  # each law with its verify-cost curve
         return {**self.params, **{route: law.to_config() for route, law in self.laws.items()}}
 
 

@@ -1,11 +1,9 @@
 """Offline replay: target statistics and speculative rounds from a prompt and its greedy output.
 
-One teacher-forced target pass gives the target's logits (hence the recorded entropy) at every output position.
-For context-only drafters the decoder's rounds are simulated without the target: ``replay_rounds`` plays the
-decoder's own round (``round.play_round`` under the same ``RoundRules``) with the recorded output as the source of
-correct tokens, since greedy decoding's argmax after any prefix is the output's next token. Round 0 is the
-prefill. Drafters that read target features replay through ``PrecomputedBlockDrafter``. Replayed rounds report
-0 ms.
+One teacher-forced target pass gives the target's logits at every output position. ``replay_rounds`` plays the
+decoder's own round (``round.play_round``, same ``RoundRules``) with the recorded output as the source of correct
+tokens (greedy decoding's argmax after any prefix is its next token): context-only drafters directly, feature
+drafters through ``PrecomputedBlockDrafter``. Round 0 is the prefill; replayed rounds report 0 ms.
 """
 
 from __future__ import annotations
@@ -30,8 +28,7 @@ TARGET_STAT_COLUMNS = tuple(f"target_{key}" for key in TARGET_STAT_KEYS)
 
 @torch.no_grad()
 def teacher_forced_logits(target, prompt_ids: Sequence[int], output_ids: Sequence[int]) -> torch.Tensor:
-    """``[len(output_ids), V]`` fp32: row i is the target's logit row after prompt + output[:i] (one forward
-    pass; ``target``: a ``LoadedTarget`` or a Hugging Face causal LM)."""
+    """``[len(output_ids), V]`` fp32: row i is the target's logit row after prompt + output[:i] (one forward)."""
     prompt_ids, output_ids = [int(t) for t in prompt_ids], [int(t) for t in output_ids]
     if not prompt_ids:
         raise ValueError("empty prompt: the first output token needs at least one prompt token")
@@ -84,8 +81,7 @@ class ReplayResult:
     config: dict = field(default_factory=dict)
 
     @property
-    def accepted_lengths(self) -> list[int]:
-        """tau of every round after the prefill."""
+    def accepted_lengths(self) -> list[int]:  # tau of every round after the prefill
         return [r.accepted for r in self.rounds if r.round_index > 0]
 
     @property
@@ -94,8 +90,7 @@ class ReplayResult:
         return sum(r.committed for r in decode_rounds) / len(decode_rounds) if decode_rounds else float("nan")
 
     def round_proposals(self) -> pd.DataFrame:
-        """The proposal of every round that verified a draft, in ``replay_proposals``' columns plus
-        ``round_index``: only the rounds decoded, with the drafter's own history."""
+        """The proposal of every round that verified a draft, in ``replay_proposals``' columns plus ``round_index``."""
         rows = []
         for record, proposal, tree in zip(self.rounds, self.proposals, self.trees):
             if proposal is None or tree.n_nodes == 0:
@@ -108,8 +103,7 @@ class ReplayResult:
                              "depth": "int16", "top1_prob": "float32"})
 
     @property
-    def summary(self) -> pd.DataFrame:
-        """One row per round."""
+    def summary(self) -> pd.DataFrame:  # one row per round
         rows = []
         for r in self.rounds:
             row = {key: value for key, value in asdict(r).items() if key not in ("draft", "target_logits")}
@@ -126,16 +120,10 @@ def replay_rounds(prompt_ids: Sequence[int], output_ids: Sequence[int], drafter:
                   min_expected_accepted: float | None = None, verify_cost: VerifyCost | None = None,
                   should_draft: Callable[[DraftProposal, Tree], bool] | None = None, policy=None,
                   entropies: Sequence[float] | None = None, category: str = "", dataset: str = "") -> ReplayResult:
-    """Simulate the decoder's rounds on a known greedy output.
-
-    ``output_ids``: the new tokens the decoder produced (ending with EOS or at the token budget). ``drafter``: a
-    context-only drafter, restarted with ``begin``. The gate settings (``verify_cost_ratio``,
-    ``min_expected_accepted``, ``verify_cost``, ``should_draft``) build the run's gate as ``gate.make_gate``;
-    ``policy`` (any ``round.RoundPolicy``, or law parameters for ``policy.make_policy``) replaces them, and a law
-    policy reads the target entropy at each output position from ``entropies``. ``max_new_tokens`` defaults to
-    ``len(output_ids)``; ``max_context``: the target's context length. ``category`` / ``dataset``: the request's
-    workload, as the policy sees it.
-    """
+    """Simulate the decoder's rounds on a known greedy output (``output_ids``: the new tokens, ending with EOS or at
+    ``max_new_tokens``, default their number) with a context-only ``drafter``. The gate settings build the gate as
+    ``gate.make_gate``; ``policy`` (a ``RoundPolicy`` or law parameters) replaces them, a law policy reading the
+    target entropy per output position from ``entropies``. ``category`` / ``dataset``: the workload it sees."""
     prompt_ids, output_ids = [int(t) for t in prompt_ids], [int(t) for t in output_ids]
     if not prompt_ids:
         raise ValueError("empty prompt")
@@ -243,9 +231,8 @@ def oracle_rounds(prompt_ids: Sequence[int], output_ids: Sequence[int], drafter:
                   budgets: Sequence[int] = (0, 1, 2, 4, 8, 16, 32), tree: str = "ddtree",
                   verify_cost: VerifyCost, draft_cost: float = 0.0, eos_token_ids=None,
                   max_new_tokens: int | None = None, max_context: int | None = None) -> OracleResult:
-    """The replay oracle: each round, in hindsight, the budget ``N`` in ``budgets`` (0: no draft) whose round
-    commits the most tokens per unit of modelled cost ``c(N + 1) (+ draft_cost)``; the request continues from
-    that round (greedy per round, not a global optimum). Context-only drafters."""
+    """The replay oracle: each round, in hindsight, the budget ``N`` in ``budgets`` (0: no draft) whose round commits
+    the most tokens per modelled cost ``c(N + 1) (+ draft_cost)`` (greedy per round). Context-only drafters."""
     prompt_ids, output_ids = [int(t) for t in prompt_ids], [int(t) for t in output_ids]
     if not prompt_ids or not output_ids:
         raise ValueError("the oracle needs a prompt and a non-empty greedy output")
@@ -274,13 +261,9 @@ def oracle_rounds(prompt_ids: Sequence[int], output_ids: Sequence[int], drafter:
 
 
 class HindsightPolicy:
-    """The replay oracle of one request as a decoder's round policy, so its rounds run on the target and are timed.
-
-    Given the request's greedy ``output_ids`` and its ``oracle`` (``oracle_rounds`` with the same settings): the
-    drafter runs unless the oracle's round from this position was a plain step; then the budget whose tree commits
-    the most tokens of ``output_ids`` per unit of ``c(N + 1) + draft_cost`` is verified, ties to the smaller
-    (``oracle_rounds``' rule). With a context-only drafter the rounds are the oracle's; elsewhere it chooses by
-    hindsight. ``decision["scheduled"]``: the oracle's budget here (None: no round). Only for that request."""
+    """The replay oracle of one request (its greedy ``output_ids`` and ``oracle_rounds``' ``oracle``) as a round
+    policy, so its rounds run on the target and are timed: the drafter runs unless the oracle's round here was a
+    plain step, then ``oracle_rounds``' rule picks the budget. ``decision["scheduled"]``: the oracle's budget here."""
 
     def __init__(self, output_ids: Sequence[int], oracle: OracleResult, *, verify_cost: VerifyCost,
                  draft_cost: float = 0.0, budgets: Sequence[int] = (0, 1, 2, 4, 8, 16, 32), tree: str = "ddtree",
@@ -350,8 +333,7 @@ def _budget_rules(budgets: Sequence[int], tree: str, eos_token_ids, max_context:
 
 def _budget_trials(state: RequestState, drafter: Drafter, budgets: Sequence[int], rules: dict, plain: RoundRules,
                    recorded: "_RecordedOutput") -> list[tuple[int, Round, RequestState]]:
-    """``[(budget, record, state after it)]``: the round each budget plays from a copy of ``state`` (0: a plain
-    step), all from one proposal."""
+    """``[(budget, record, state after it)]``: each budget's round from a copy of ``state``, from one proposal."""
     proposal = drafter.propose(state.prompt_ids + state.output, None)
     out = []
     for n in budgets:
@@ -456,9 +438,8 @@ def replay_request(target, prompt_ids: Sequence[int], output_ids: Sequence[int],
                    tree: str | Callable = "chain", budget: int | None = None, *, observers: Sequence[Observer] = (),
                    request_id: str = "replay", category: str = "", dataset: str = "", question_id: str = "",
                    image_tokens: int = 0, logits: torch.Tensor | None = None, **round_options) -> ReplayResult:
-    """Replay one request and hand its rounds to observers as the decoder would, with ``target_logits`` from one
-    teacher-forced pass (or ``logits``), 0 ms timings and ``replayed=True`` (see ``replay_run_metadata``).
-    ``round_options`` go to ``replay_rounds``."""
+    """``replay_rounds`` handed to observers as the decoder would, with ``target_logits`` from one teacher-forced
+    pass (or ``logits``), 0 ms timings and ``replayed=True`` (see ``replay_run_metadata``)."""
     result = replay_rounds(prompt_ids, output_ids, drafter, tree, budget, category=category, dataset=dataset,
                            **round_options)
     if logits is None:
@@ -490,9 +471,8 @@ def replay_run_metadata(drafter: Drafter, tree: str, budget: int | None, **extra
             "tree_budget": budget, "replayed": True, **extra}
 
 class PrecomputedBlockDrafter:
-    """The block drafter's proposals at every anchor of one known sequence, from ONE ``block_logits`` pass: a
-    ``Drafter`` for ``replay_rounds`` whose ``propose(tokens, _)`` equals (up to float noise) the live
-    ``drafters.BlockDrafter``'s at anchor ``len(tokens) - 1``."""
+    """A ``Drafter`` for ``replay_rounds``: the block drafter's proposals at every anchor of one known sequence from
+    one ``block_logits`` pass, equal (up to float noise) to the live drafter's at anchor ``len(tokens) - 1``."""
 
     feature_layers: tuple[int, ...] = ()  # replay passes no features; they are precomputed
 
@@ -530,8 +510,7 @@ class PrecomputedBlockDrafter:
         return self.drafter.proposal_from_logits(self.logits[n - 1 - self.prompt_len], self.vocab)
 
     def chain_accepted(self) -> list[int]:
-        """Accepted chain drafts if a round started at each anchor (the top draft per depth, while it spells
-        the sequence), for anchors ``prompt_len .. len(sequence) - 2``."""
+        """Accepted chain drafts if a round started at each anchor ``prompt_len .. len(sequence) - 2``."""
         drafts = self.drafter.draft_tokens(self.logits.argmax(-1), self.vocab).tolist()  # [n_anchors, B-1]
         accepted = []
         for anchor in range(self.prompt_len, len(self.sequence) - 1):
@@ -559,9 +538,8 @@ class ChainReplay:
 @torch.no_grad()
 def replay_chain(drafter, input_ids: torch.Tensor, features: torch.Tensor, prompt_len: int, *,
                  chunk: int = 64) -> ChainReplay:
-    """The chain rounds (ungated) a decoder with ``drafter`` runs on one greedy sequence, and the acceptance at
-    every response anchor. ``input_ids [S]`` = prompt + greedy response; ``features [>= S-1, n*H]`` (row j =
-    position j)."""
+    """The ungated chain rounds of a decoder with ``drafter`` on one greedy sequence ``input_ids [S]`` (features
+    ``[>= S-1, n*H]``), and the acceptance at every response anchor."""
     sequence = [int(t) for t in input_ids.tolist()]
     prompt, output = sequence[:prompt_len], sequence[prompt_len:]
     source = PrecomputedBlockDrafter(drafter, prompt, output, features, chunk=chunk)

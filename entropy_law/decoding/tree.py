@@ -38,8 +38,7 @@ class Tree:
         return Tree((), (), ())
 
     @property
-    def n_nodes(self) -> int:
-        """Number of draft nodes N (root excluded)."""
+    def n_nodes(self) -> int:  # draft nodes N, root excluded
         return len(self.tokens)
 
     @property
@@ -119,11 +118,9 @@ def _ranked_candidates(proposal: DraftProposal, max_per_depth: int) -> tuple[lis
 
 
 def ddtree_tree(proposal: DraftProposal, budget: int, *, max_depth: int | None = None, topk_cap: int = 32) -> Tree:
-    """DDTree: the ``budget`` most probable prefixes of the per-depth marginals, best first.
-
-    A max-heap pops the best prefix and pushes its next sibling and its first child; log-probs are <= 0 and
-    sorted, so nodes come out in non-increasing score, ancestor-closed, ties by creation order. At most
-    ``min(topk_cap, budget)`` candidates per depth; depth capped at ``max_depth`` and the proposal's."""
+    """DDTree: the ``budget`` most probable prefixes of the per-depth marginals, best first (a max-heap pushes
+    each popped prefix's next sibling and first child: non-increasing score, ancestor-closed, ties by creation
+    order). At most ``min(topk_cap, budget)`` candidates per depth; depth capped at ``max_depth``."""
     if budget < 0:
         raise ValueError(f"budget must be >= 0 draft nodes, got {budget}")
     if topk_cap < 1:
@@ -136,9 +133,7 @@ def ddtree_tree(proposal: DraftProposal, budget: int, *, max_depth: int | None =
     cand_tokens, cand_logprobs = _ranked_candidates(proposal, min(topk_cap, budget))
     cand_tokens, cand_logprobs = cand_tokens[:depth_limit], cand_logprobs[:depth_limit]
 
-    tokens: list[int] = []
-    parents: list[int] = []
-    depths: list[int] = []
+    tokens, parents, depths = [], [], []
     # heap entries: (-score, sequence number, depth, rank, parent node, parent score)
     heap: list[tuple[float, int, int, int, int, float]] = []
     sequence = 0

@@ -1,11 +1,9 @@
 """Vision-language targets (Qwen2-VL / Qwen2.5-VL, LLaVA): image prompts, pixels at prefill, M-RoPE tree positions.
 
-Pixels go to the prefill forward only (``attach(prompt)``, then the decoder's ordinary ``prefill``); afterwards
-the image lives in the KV cache. Qwen's positions are 3-D M-RoPE ids: the prefill's come from the model's
-``get_rope_index``, which gives ``rope_delta = (max position + 1) - prompt length``, and a tree node at depth
-``d`` gets ``start + d + rope_delta`` on all three axes. LLaVA keeps 1-D positions. ``ImagePromptEncoder``
-builds token ids and pixel tensors without the HF ``Processor`` classes; ``reference_greedy`` (plain HF
-``generate``) is the oracle of exactness. One image per prompt, batch 1; other families need a subclass.
+Pixels go to the prefill forward only (``attach(prompt)``); afterwards the image lives in the KV cache. Qwen's
+tree node at depth ``d`` gets ``start + d + rope_delta`` on all three M-RoPE axes (``rope_delta`` from the model's
+``get_rope_index``); LLaVA keeps 1-D positions. ``reference_greedy`` (plain HF ``generate``) is the oracle of
+exactness. One image per prompt, batch 1; other families need a subclass.
 """
 
 from __future__ import annotations
@@ -65,8 +63,7 @@ class ImagePrompt:
         return self.image_tokens > 0
 
 
-def load_image(path: str | os.PathLike):
-    """A PIL RGB image from a file, with an error that names the file."""
+def load_image(path: str | os.PathLike):  # PIL RGB
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"image not found: {path}")
@@ -75,10 +72,8 @@ def load_image(path: str | os.PathLike):
 
 
 class ImagePromptEncoder:
-    """Builds ``ImagePrompt`` objects for one VLM from its tokenizer, image processor and config.
-
-    ``chat_template``: default the tokenizer's, else a built-in Qwen or LLaVA-1.5 format; ``system_prompt``:
-    default Qwen's; ``num_additional_image_tokens`` (LLaVA): vision tokens beyond one per patch (1 for CLIP)."""
+    """Builds ``ImagePrompt`` objects for one VLM. ``chat_template``: default the tokenizer's, else a built-in Qwen or
+    LLaVA-1.5 format; ``num_additional_image_tokens`` (LLaVA): vision tokens beyond one per patch (1 for CLIP)."""
 
     def __init__(self, tokenizer, image_processor, config, *, chat_template: str | None = None,
                  system_prompt: str | None = None, num_additional_image_tokens: int | None = None):
@@ -152,8 +147,7 @@ class ImagePromptEncoder:
         return text + "ASSISTANT:"
 
     def encode(self, image, turns: Sequence[str] | str, answers: Sequence[str] = ()) -> ImagePrompt:
-        """An ``ImagePrompt`` for one image (a PIL image, a path, or ``None`` for a text-only prompt)
-        and the user turn(s)."""
+        """An ``ImagePrompt`` for one image (PIL, a path, or ``None``: text only) and the user turn(s)."""
         if image is not None and not hasattr(image, "convert"):
             image = load_image(image)
         text = self.render(self.messages(turns, answers, with_image=image is not None))
@@ -178,8 +172,7 @@ class ImagePromptEncoder:
             tensors["mm_token_type_ids"] = (ids_tensor == self.image_token_id).to(torch.int32)
         return ImagePrompt(input_ids=ids, image_tokens=n_image, family=self.family, tensors=tensors, text=text)
 
-    def count_image_tokens(self, tensors: Mapping[str, torch.Tensor]) -> int:
-        """Placeholder tokens one processed image fills."""
+    def count_image_tokens(self, tensors: Mapping[str, torch.Tensor]) -> int:  # placeholders one image fills
         if self.family in QWEN_FAMILIES:
             grid = tensors["image_grid_thw"]
             if grid.shape[0] != 1:
@@ -208,8 +201,7 @@ def _folder_chat_template(folder: Path) -> str | None:
 
 class VLMTargetAdapter(TargetAdapter):
     """``TargetAdapter`` for a transformers VLM: ``attach(prompt)`` stages an ``ImagePrompt`` whose token ids the
-    next ``prefill`` must receive (none attached: a text-only request); verify and commit are inherited.
-    ``image_tokens``: image placeholder tokens of the current request."""
+    next ``prefill`` must receive (none: a text-only request); ``image_tokens``: those of the current request."""
 
     forward_keys: tuple[str, ...] = ("pixel_values",)
 
@@ -221,15 +213,13 @@ class VLMTargetAdapter(TargetAdapter):
         self._pending: ImagePrompt | None = None
         self.image_tokens = 0
 
-    def attach(self, prompt: ImagePrompt) -> None:
-        """Stage the pixel inputs of the next request (consumed by the next ``prefill``)."""
+    def attach(self, prompt: ImagePrompt) -> None:  # consumed by the next prefill
         if prompt.family != self.family:
             raise ValueError(f"prompt was encoded for {prompt.family} but the target is {self.family}")
         self._pending = prompt
 
     def prefill(self, input_ids: Sequence[int] | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """A fresh cache over the prompt, pixels included: last-position logits ``[V]`` (fp32) and the
-        features of every prompt position ``[n, F]`` (image positions included), or ``None``."""
+        """``TargetAdapter.prefill`` with the attached pixels (image positions have features too)."""
         prompt, self._pending = self._pending, None
         ids = self._prompt_tensor(input_ids, "shorten the prompt or use a smaller image")
         if prompt is not None and ids[0].tolist() != list(prompt.input_ids):
@@ -249,8 +239,7 @@ class VLMTargetAdapter(TargetAdapter):
                 extra["pixel_values"] = extra["pixel_values"].to(self.dtype)
         return self._prefill_forward(ids, positions, **extra)  # a fresh cache, as a text prefill makes it
 
-    def prefill_position_ids(self, ids: torch.Tensor, prompt: ImagePrompt | None) -> torch.Tensor:
-        """Position ids of the prompt (1-D ``arange`` here; M-RoPE subclasses override)."""
+    def prefill_position_ids(self, ids: torch.Tensor, prompt: ImagePrompt | None) -> torch.Tensor:  # M-RoPE: override
         return torch.arange(ids.shape[1], device=self.device).unsqueeze(0)
 
 
@@ -305,8 +294,7 @@ def vlm_adapter(model: torch.nn.Module, *, feature_layers: Sequence[int] = ()) -
 
 
 def generate_with_image(decoder, prompt: ImagePrompt, *, max_new_tokens: int, **kwargs):
-    """``decoder.generate`` for an image prompt: attaches the pixels to the decoder's VLM adapter and
-    records the number of image tokens in the request (``image_tokens``)."""
+    """``decoder.generate`` for an image prompt, its pixels attached to the decoder's VLM adapter."""
     adapter = decoder.adapter
     if not isinstance(adapter, VLMTargetAdapter):
         raise TypeError("the decoder's target must be a VLMTargetAdapter; build it with vlm_adapter(model) and "
@@ -345,8 +333,7 @@ def reference_greedy(model: torch.nn.Module, prompt: ImagePrompt, *, max_new_tok
 
 def load_vlm_target(spec: str | os.PathLike, *, dtype: torch.dtype = torch.float32,
                     attn_implementation: str = "eager", **encoder_kwargs):
-    """A local VLM folder (Qwen2-VL, Qwen2.5-VL or LLaVA; never downloaded) -> ``(LoadedTarget,
-    ImagePromptEncoder)``. fp32 and eager attention by default (exactness)."""
+    """A local VLM folder (Qwen2-VL, Qwen2.5-VL or LLaVA) -> ``(LoadedTarget, ImagePromptEncoder)``."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     folder = Path(spec).expanduser()
     if not (folder / "config.json").is_file():
@@ -363,9 +350,8 @@ def load_vlm_target(spec: str | os.PathLike, *, dtype: torch.dtype = torch.float
 
 
 class ImageRequests:
-    """What a recording loop needs to decode image tasks with a VLM: ``target``, ``encoder`` and ``adapter``
-    (the decoder's target). ``prepare(task)`` encodes the image and first turn, attaches the pixels and returns
-    ``(prompt_ids, generate_kwargs)``; call it right before ``decoder.generate``."""
+    """What a recording loop needs to decode image tasks with a VLM: ``target``, ``encoder`` and ``adapter`` (the
+    decoder's target); ``prepare(task)`` (right before ``decoder.generate``) -> ``(prompt_ids, generate_kwargs)``."""
 
     def __init__(self, target, encoder: ImagePromptEncoder, adapter: VLMTargetAdapter):
         self.target = target
@@ -375,7 +361,7 @@ class ImageRequests:
     @classmethod
     def load(cls, spec: str | os.PathLike, *, feature_layers: Sequence[int] = (), dtype: torch.dtype = torch.float32,
              **encoder_kwargs) -> "ImageRequests":
-        """Load a local VLM folder and build its adapter (capturing ``feature_layers`` for a block drafter)."""
+        """Load a local VLM folder and build its adapter."""
         target, encoder = load_vlm_target(spec, dtype=dtype, **encoder_kwargs)
         return cls(target, encoder, vlm_adapter(target.model, feature_layers=feature_layers))
 

@@ -1,9 +1,6 @@
-"""Drafters (torch): the draft sources that plug into the decoder through ``decoding.interface.Drafter``.
+"""Drafters (torch): n-gram, the block drafter and its training, behind ``decoding.interface.Drafter``.
 
-``ngram`` (prompt lookup over prompt + output), ``block`` (the one-pass block drafter over fused target
-states: the network, its online state, checkpoint I/O) and ``training`` (the block drafter's data
-generation, losses and training loop). Drafters import the decoding layer's contracts; the decoding
-layer never imports a drafter.
+Drafters import the decoding layer's contracts; the decoding layer never imports a drafter.
 """
 
 from entropy_law.drafters.block import BlockDrafter, BlockDrafterConfig, load_default_drafter

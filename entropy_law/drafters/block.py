@@ -48,9 +48,8 @@ def default_drafter_path() -> Path:
 
 
 def default_feature_layers(num_target_layers: int, n: int = 3) -> tuple[int, ...]:
-    """Target layers whose outputs the drafter reads, from the target's depth ``L``: DFlash's choice (``L // 2``
-    for one feature, else ``n`` evenly spaced from 1 to ``L - 3``) where ``L >= n + 3``, else up to ``n``
-    distinct layers evenly spaced over ``0 .. L - 1``."""
+    """Target layers the drafter reads, from the target's depth ``L``: DFlash's (``L // 2`` for one feature, else ``n``
+    evenly spaced from 1 to ``L - 3``) where ``L >= n + 3``, else up to ``n`` evenly spaced over ``0 .. L - 1``."""
     if num_target_layers < 1 or n < 1:
         raise ValueError(f"need a target with layers and at least one feature (got {num_target_layers} layers, "
                          f"n={n})")
@@ -110,8 +109,7 @@ class BlockDrafterConfig:
     def n_features(self) -> int:
         return len(self.feature_layers)
 
-    # read like a mapping too (``dict(drafter.config)`` in run metadata, as for the other drafters)
-    def keys(self):
+    def keys(self):  # read like a mapping too (``dict(drafter.config)``, as for the other drafters)
         return asdict(self).keys()
 
     def __getitem__(self, key: str):
@@ -245,11 +243,8 @@ class DrafterLayer(nn.Module):
 
 
 class BlockDrafter(nn.Module):
-    """A block drafter over a target; implements the ``Drafter`` protocol (``begin`` / ``propose``).
-
-    ``BlockDrafter(target)`` builds a fresh (randomly initialised) drafter matching ``target``;
-    ``BlockDrafter.load(path, target)`` loads a checkpoint and checks it against the target.
-    """
+    """A block drafter over a target (the ``Drafter`` protocol): ``BlockDrafter(target)`` builds a fresh one
+    matching ``target``; ``BlockDrafter.load(path, target)`` loads a checkpoint and checks it against the target."""
 
     def __init__(self, target, config: BlockDrafterConfig | None = None, *, seed: int | None = 0,
                  draft_vocab: Sequence[int] | None = None, **overrides):
@@ -295,8 +290,7 @@ class BlockDrafter(nn.Module):
                 self.copy_match_gate = nn.Parameter(torch.zeros(cfg.block_size - 1, cfg.copy_match))
             if cfg.copy_distance:  # per slot: a score per distance bucket (1, 2-3, 4-7, ...; the last is open)
                 self.copy_distance_score = nn.Parameter(torch.zeros(cfg.block_size - 1, cfg.copy_distance))
-        # learned MASK embedding, initialised at the mean embedded row (the table's mean times the target's
-        # embedding scale: Gemma multiplies its rows by sqrt(hidden_size))
+        # learned MASK embedding, initialised at the mean embedded row (Gemma scales its rows by sqrt(hidden_size))
         embedding = model.get_input_embeddings()
         self.mask_embedding = nn.Parameter(embedding.weight.detach().mean(0).float() * embedding_scale(embedding))
         for module in self.modules():
@@ -349,8 +343,8 @@ class BlockDrafter(nn.Module):
         self.__dict__["_head_cache"] = None
 
     def sequence_vocab(self, token_ids: torch.Tensor) -> torch.Tensor | None:
-        """The sorted token ids ``block_logits`` scores for ``token_ids`` (None: all): the fixed draft vocabulary,
-        plus with ``context_vocab`` every id in ``token_ids`` (allowed per anchor by ``context_allowed``)."""
+        """The sorted ids ``block_logits`` scores for ``token_ids`` (None: all): the fixed draft vocabulary, plus with
+        ``context_vocab`` every id in ``token_ids``."""
         if not self.config.draft_vocab_size:
             return None
         if not self.config.context_vocab:
@@ -377,8 +371,7 @@ class BlockDrafter(nn.Module):
 
     def draft_index(self, token_ids: torch.Tensor, ignore: int = -100,
                     vocab: torch.Tensor | None = None) -> torch.Tensor:
-        """Token ids -> indices into ``block_logits``' last axis (its ``vocab``; default the fixed draft
-        vocabulary); ``ignore`` stays, ids outside the vocabulary become ``ignore`` (never drafted)."""
+        """Token ids -> indices into ``block_logits``' last axis (over ``vocab``); ids outside it become ``ignore``."""
         keep = token_ids != ignore
         if vocab is None:
             mapped = self._token_to_draft[token_ids.clamp(min=0)]
@@ -453,8 +446,8 @@ class BlockDrafter(nn.Module):
         return torch.logaddexp(torch.log_softmax(logits, dim=-1) + log_keep, log_copy + log_copied), copy
 
     def distance_buckets(self, anchors: torch.Tensor, c: int) -> torch.Tensor:
-        """``[..., C]`` long: bucket ``min(floor(log2(anchor - j)), copy_distance - 1)`` of every row ``j``
-        (rows at or after the anchor get bucket 0; they are never valid copy rows)."""
+        """``[..., C]``: bucket ``min(floor(log2(anchor - j)), copy_distance - 1)`` of every row ``j`` (0 at or after
+        the anchor)."""
         d = (anchors[..., None] - torch.arange(c)).clamp(min=1)
         return torch.floor(torch.log2(d.double())).long().clamp(max=self.config.copy_distance - 1)
 
@@ -474,8 +467,7 @@ class BlockDrafter(nn.Module):
         return torch.stack(levels, dim=-1).float()
 
     def _copy_columns(self, input_ids: torch.Tensor, vocab: torch.Tensor | None) -> torch.Tensor:
-        """Column of every token of ``input_ids`` in the draft logits over ``vocab``; an error if one is not
-        there (the copy head can only copy what the draft vocabulary holds)."""
+        """Column of every token of ``input_ids`` in the draft logits over ``vocab`` (each must be there)."""
         if vocab is None:
             return input_ids.long()
         cols = torch.searchsorted(vocab, input_ids.long()).clamp(max=len(vocab) - 1)
@@ -548,7 +540,6 @@ class BlockDrafter(nn.Module):
 
     # ------------------------------------------------------------------ inference mode (Drafter protocol)
     def reset(self) -> None:
-        """Forget the injected context (a new request)."""
         self._ctx_k: list[torch.Tensor | None] = [None] * len(self.layers)
         self._ctx_v: list[torch.Tensor | None] = [None] * len(self.layers)
         self.context_len = 0
@@ -601,9 +592,8 @@ class BlockDrafter(nn.Module):
     @torch.no_grad()
     def draft_logits(self, anchor_id: int, anchor_position: int, vocab: torch.Tensor | None = None,
                      tokens: Sequence[int] | None = None) -> torch.Tensor:
-        """``[B-1, Vd]`` logits over ``vocab`` (default the fixed draft vocabulary) for the block at
-        ``anchor_position`` (context must end there). ``tokens``: the sequence up to the anchor (positions
-        ``0..anchor_position``), which the copy head copies from (needed only with ``copy_head``)."""
+        """``[B-1, Vd]`` logits over ``vocab`` for the block at ``anchor_position`` (the context must end there);
+        ``tokens``: the sequence up to the anchor, which a copy head copies from."""
         if anchor_position != self.context_len:
             raise ValueError(
                 f"the drafter holds context for positions 0..{self.context_len - 1} but the anchor is at "
@@ -614,13 +604,9 @@ class BlockDrafter(nn.Module):
         x = self._block_embeddings(torch.tensor([anchor_id])).to(dtype)  # [1, B, H]
         pos = torch.arange(anchor_position, anchor_position + cfg.block_size)
         cos, sin = _rope(pos, cfg.head_dim, cfg.rope_theta, dtype)
-        for i, layer in enumerate(self.layers):
-            ck = self._ctx_k[i]
-            cv = self._ctx_v[i]
-            if ck is None:  # no context yet (empty prompt features)
-                ck = x.new_zeros((1, cfg.num_kv_heads, 0, cfg.head_dim))
-                cv = ck
-            x = layer(x, cos, sin, ck, cv, None)
+        empty = x.new_zeros((1, cfg.num_kv_heads, 0, cfg.head_dim))  # no context yet (empty prompt features)
+        for layer, ck, cv in zip(self.layers, self._ctx_k, self._ctx_v):
+            x = layer(x, cos, sin, empty if ck is None else ck, empty if cv is None else cv, None)
         x = x.to(self.norm.weight.dtype)  # the head, the copy head and the logits in fp32
         logits = self._head(x[:, 1:], vocab)[0]
         if cfg.copy_head:
@@ -658,8 +644,7 @@ class BlockDrafter(nn.Module):
         return self.proposal_from_logits(self.draft_logits(int(tokens[-1]), len(tokens) - 1, vocab, tokens), vocab)
 
     def proposal_from_logits(self, logits: torch.Tensor, vocab: torch.Tensor | None = None) -> DraftProposal:
-        """``[B-1, Vd]`` logits over ``vocab`` (default the fixed draft vocabulary) -> top-k candidates per
-        depth (token ids) + full-vocabulary logits."""
+        """``[B-1, Vd]`` logits over ``vocab`` -> top-k candidates per depth and full-vocabulary logits."""
         logprobs = torch.log_softmax(logits, dim=-1)
         k = min(self.config.top_k, logits.shape[-1])
         top_lp, top_index = torch.topk(logprobs, k, dim=-1)
@@ -669,7 +654,6 @@ class BlockDrafter(nn.Module):
     # ------------------------------------------------------------------ checkpoints
     def save(self, path: str | Path, *, dtype: torch.dtype = torch.float16, metadata: dict | None = None) -> Path:
         """Write a safetensors checkpoint (drafter weights only, stored in ``dtype``) with the config inside."""
-
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         tensors = {k: (v.detach().to(dtype) if v.is_floating_point() else v.detach()).contiguous()
@@ -702,8 +686,7 @@ class BlockDrafter(nn.Module):
 
     @classmethod
     def load(cls, path: str | Path, target, *, compute_dtype: str = "float32") -> "BlockDrafter":
-        """Load a checkpoint for ``target``; raises ``ValueError`` naming every mismatch.
-        ``compute_dtype``: ``set_compute_dtype`` (default fp32, as the checkpoints were trained and measured)."""
+        """Load a checkpoint for ``target`` (``ValueError`` naming every mismatch) in ``compute_dtype``."""
         path = Path(path)
         cfg, state, meta = read_checkpoint(path)
         drafter = cls(target, cfg, seed=None)
@@ -735,11 +718,9 @@ def read_checkpoint_config(path: str | Path) -> tuple[BlockDrafterConfig, dict]:
 
 
 def check_checkpoint(path: str | Path, target) -> None:
-    """Raise ``ValueError`` naming every way the checkpoint at ``path`` disagrees with ``target`` (the checks of
-    ``BlockDrafter.load``), reading only its header: for choosing arms before any drafter is built."""
+    """``BlockDrafter.load``'s checks of the checkpoint at ``path`` against ``target``, from its header only."""
     cfg, _ = read_checkpoint_config(path)
     _check_matches(cfg, _target_model(target))
-
 
 
 def load_default_drafter(target) -> BlockDrafter:

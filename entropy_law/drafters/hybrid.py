@@ -1,14 +1,13 @@
 """One proposal from two drafters: the n-gram drafter's matches and the block drafter's candidates.
 
-``HybridDrafter`` asks the n-gram drafter first and runs the block forward only when the n-gram chain's
-expected accepted drafts are below ``skip_block_at`` (or a policy routes the round, ``route``). The two proposals
-are merged per depth: candidates deduplicated, scored by ``p = w q_ngram + (1 - w) q_block``, best first, at most
-``top_k``. Target features of positions committed while the block forward was skipped are handed to it at its
-next call, so its context stays complete.
+``HybridDrafter`` runs the block forward only when the n-gram chain's expected accepted drafts are below
+``skip_block_at`` (or a policy routes the round, ``route``); the proposals are merged per depth
+(``merge_proposals``). Features committed while the block forward was skipped reach it at its next call.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from typing import Sequence
 
@@ -34,24 +33,17 @@ def merge_proposals(first: DraftProposal, second: DraftProposal, *, weight: floa
     depth = max(first.depth, second.depth)
     rows: list[list[tuple[float, int]]] = []
     for d in range(depth):
-        scores: dict[int, float] = {}
-        order: list[int] = []
+        scores: dict[int, float] = {}  # in order of first appearance
         for proposal, w in ((first, weight), (second, 1.0 - weight)):
             if d >= proposal.depth:
                 continue
             for token, logprob in zip(proposal.tokens[d].tolist(), proposal.logprobs[d].tolist()):
-                if logprob == -math.inf:
-                    continue
-                if token not in scores:
-                    scores[token] = 0.0
-                    order.append(token)
-                scores[token] += w * math.exp(logprob)
-        ranked = sorted(((scores[t], i, t) for i, t in enumerate(order) if scores[t] > 0), key=lambda x: (-x[0], x[1]))
+                if logprob != -math.inf:
+                    scores[token] = scores.get(token, 0.0) + w * math.exp(logprob)
+        ranked = sorted(((p, i, t) for i, (t, p) in enumerate(scores.items()) if p > 0), key=lambda x: (-x[0], x[1]))
         rows.append([(p, t) for p, _, t in ranked[:top_k]])
-    kept = 0
-    while kept < len(rows) and rows[kept]:
-        kept += 1  # a depth without candidates ends the proposal (nothing deeper can be reached)
-    rows = rows[:kept]
+    rows = list(itertools.takewhile(bool, rows))  # a depth without candidates ends the proposal
+    kept = len(rows)
     if not rows:
         return DraftProposal.empty()
     width = max(len(row) for row in rows)
@@ -105,14 +97,12 @@ class HybridDrafter:
         self._peeked = None
 
     def with_block(self, block) -> "HybridDrafter":
-        """A hybrid drafter of the same settings and n-gram drafter around another block drafter (e.g. a replay's
-        stand-in, ``replay.PrecomputedBlockDrafter``)."""
+        """The same settings and n-gram drafter around another block drafter (e.g. a ``PrecomputedBlockDrafter``)."""
         return HybridDrafter(self.ngram, block, ngram_weight=self.ngram_weight, skip_block_at=self.skip_block_at,
                              top_k=self.top_k)
 
     def ngram_proposal(self, tokens: Sequence[int]) -> DraftProposal:
-        """The n-gram drafter's proposal after ``tokens``, made once per round: a policy may look at it before
-        choosing the round's drafter (prompt lookup costs next to nothing), and ``propose`` reuses it."""
+        """The n-gram proposal after ``tokens``, made once per round: a policy may look before ``propose`` uses it."""
         if self._peeked is None or self._peeked[0] != len(tokens):
             self._peeked = (len(tokens), self.ngram.propose(tokens, None))
         return self._peeked[1]

@@ -1,16 +1,15 @@
 """Prompt-lookup (n-gram) drafting with self-calibrated probabilities.
 
-Earlier occurrences of the context's last n tokens (an index grown incrementally) give per-depth candidates:
-the best match is the top-1 at every depth, other matches alternatives for DDTree. Each proposal is scored
-against the tokens later committed after its root (lossless decoding commits the greedy continuation whatever
-was drafted); per (best-match length n, depth d) the counts of trials and hits per rank give the log-probability
-of rank r at depth d, shrunk towards n's rate pooled over depths and that towards a prior growing with n. The
-counts restart with every request unless ``keep_calibration``, so proposals depend only on the request's
-context and round boundaries, as offline replay needs.
+Earlier occurrences of the context's last n tokens give per-depth candidates (the best match is the top-1 at every
+depth, other matches DDTree's alternatives). Each proposal is scored against the tokens later committed after its
+root; per (best-match length n, depth d) the hits per rank give the log-probability of rank r at depth d, shrunk
+towards n's pooled rate and that towards a prior growing with n. The counts restart with every request unless
+``keep_calibration``, so proposals depend only on the request's context and round boundaries, as replay needs.
 """
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -33,11 +32,10 @@ class _PendingProposal:
 class NgramDrafter:
     """Prompt-lookup drafter: copies what followed earlier occurrences of the context's last n-gram.
 
-    ``max_ngram`` / ``min_ngram``: n-gram lengths tried, longest first; ``block_size``: drafts + 1;
-    ``max_matches``: distinct occurrences feeding the candidates (1: a pure chain); ``min_path_prob``: the
-    proposal is cut at the first depth whose best path probability falls below it. ``prior_hit_rate``,
-    ``prior_miss_decay``, ``prior_weight``: the prior (``prior_rates``) and its pseudo-trials; ``pool_weight``:
-    pseudo-trials shrinking each depth towards the pooled rate; ``keep_calibration``: keep counts across requests."""
+    ``max_ngram`` / ``min_ngram``: n-gram lengths tried, longest first; ``block_size``: drafts + 1; ``max_matches``:
+    occurrences feeding the candidates (1: a chain); ``min_path_prob``: the proposal ends at the first depth whose
+    best path probability falls below it. ``prior_*``: the prior (``prior_rates``) and its pseudo-trials;
+    ``pool_weight``: pseudo-trials towards the pooled rate; ``keep_calibration``: keep counts across requests."""
 
     drafter_id = "ngram"
     feature_layers: tuple[int, ...] = ()
@@ -71,8 +69,7 @@ class NgramDrafter:
         self._reset_context([])
 
     @property
-    def config(self) -> dict:
-        """Constructor arguments (for the trace run metadata ``drafter_config``)."""
+    def config(self) -> dict:  # the constructor's arguments (the run's drafter_config)
         return {"max_ngram": self.max_ngram, "min_ngram": self.min_ngram, "block_size": self.block_size,
                 "max_matches": self.max_matches, "min_path_prob": self.min_path_prob,
                 "prior_hit_rate": self.prior_hit_rate, "prior_miss_decay": self.prior_miss_decay,
@@ -120,8 +117,7 @@ class NgramDrafter:
         return rates
 
     def hit_rates(self, match_len: int) -> np.ndarray:
-        """``[depth, rank]`` calibrated hit rates for best matches of length ``match_len`` (the two-level
-        shrinkage of the module docstring)."""
+        """``[depth, rank]`` hit rates for best matches of length ``match_len``, shrunk as the module says."""
         hits, trials = self._hits[match_len], self._trials[match_len]  # [depth, rank], [depth]
         pooled = (hits.sum(axis=0) + self.prior_weight * self.prior_rates(match_len)) / (
             trials.sum() + self.prior_weight)  # [rank]
@@ -136,24 +132,18 @@ class NgramDrafter:
         n_tokens = len(self._tokens)
         still_pending = []
         for pending in self._pending:
-            finished = False
-            while True:
+            while pending.next_depth <= len(pending.candidate_ranks):
                 depth = pending.next_depth
-                if depth > len(pending.candidate_ranks):
-                    finished = True
-                    break
                 position = pending.root_position + depth
-                if position >= n_tokens:
-                    break  # not committed yet: look again later
+                if position >= n_tokens:  # not committed yet: look again later
+                    still_pending.append(pending)
+                    break
                 self._trials[pending.match_len, depth - 1] += 1
                 rank = pending.candidate_ranks[depth - 1].get(self._tokens[position])
                 pending.next_depth += 1
                 if rank is None:
-                    finished = True
                     break
                 self._hits[pending.match_len, depth - 1, rank] += 1
-            if not finished:
-                still_pending.append(pending)
         self._pending = still_pending
 
     def _reset_context(self, tokens: list[int]) -> None:
@@ -184,8 +174,7 @@ class NgramDrafter:
         self._indexed = max(self._indexed, end)
 
     def _find_matches(self) -> tuple[int, list[int]]:
-        """(length of the best match, end positions of up to ``max_matches`` matches: longer n-grams first, then
-        the most recent)."""
+        """(best match length, ends of up to ``max_matches`` matches: longer n-grams first, then most recent)."""
         toks = self._tokens
         n_tokens = len(toks)
         ends: list[int] = []
@@ -215,13 +204,9 @@ class NgramDrafter:
             continuations.append([toks[end + (d - 1) % period + 1] for d in range(1, self.max_drafts + 1)])
         rows = []
         for depth in range(self.max_drafts):
-            votes: dict[int, int] = {}
-            for cont in continuations:
-                votes[cont[depth]] = votes.get(cont[depth], 0) + 1
+            votes = Counter(cont[depth] for cont in continuations)  # insertion order = match order
             first = continuations[0][depth]
-            order = list(votes)  # insertion order = match order
-            others = sorted((tok for tok in order if tok != first), key=lambda tok: -votes[tok])
-            rows.append([first] + others)
+            rows.append([first] + sorted((tok for tok in votes if tok != first), key=lambda tok: -votes[tok]))
         return rows
 
     def _proposal(self, candidates: list[list[int]], match_len: int) -> DraftProposal:

@@ -1,9 +1,8 @@
 """Drafting arms by name (a drafter plus a tree policy), built for a loaded target.
 
-An AR run writes ``"none"`` as its drafter and tree policy (the analysis recognises AR runs by them). The block
-drafter checkpoint is ``$ENTROPY_LAW_BLOCK_DRAFTER``, else the shipped default; ``find_block_checkpoint`` finds a
-recorded arm's by its SHA-256. An unavailable block drafter is reported (``block_drafter_status``) and the other
-arms go on.
+An AR run's drafter and tree policy are ``"none"``. The block drafter checkpoint is ``$ENTROPY_LAW_BLOCK_DRAFTER``,
+else the shipped default; ``find_block_checkpoint`` finds a recorded arm's by its SHA-256. An unavailable block
+drafter is reported (``block_drafter_status``) and the other arms go on.
 """
 
 from __future__ import annotations
@@ -37,8 +36,7 @@ class ArmSpec:
     budget: int | None = None
 
     @property
-    def drafts(self) -> bool:
-        """False for the autoregressive baseline."""
+    def drafts(self) -> bool:  # False for the autoregressive baseline
         return self.drafter != AR
 
 
@@ -101,17 +99,15 @@ def load_block_drafter(target, compute_dtype: str = "float32"):
 def make_drafter(spec: ArmSpec, target=None, *, ngram_options: dict | None = None,
                  checkpoint: str | Path | None = None, compute_dtype: str = "float32",
                  hybrid_options: dict | None = None):
-    """A fresh drafter for ``spec`` (``None`` for AR): the block drafter loads ``checkpoint`` (default: the shipped
-    one) for ``target`` in ``compute_dtype``; ``ngram_options`` / ``hybrid_options`` go to the n-gram and hybrid
-    drafters."""
+    """A fresh drafter for ``spec`` (``None`` for AR): the block drafter from ``checkpoint`` (default: the shipped
+    one) for ``target`` in ``compute_dtype``; ``ngram_options`` / ``hybrid_options`` go to those drafters."""
     if spec.drafter == AR:
         return None
     if spec.drafter == "ngram":
         return NgramDrafter(**(ngram_options or {}))
     if spec.drafter == "block":
-        if checkpoint is None:
-            return load_block_drafter(target, compute_dtype)
-        return BlockDrafter.load(checkpoint, target, compute_dtype=compute_dtype)
+        return (load_block_drafter(target, compute_dtype) if checkpoint is None
+                else BlockDrafter.load(checkpoint, target, compute_dtype=compute_dtype))
     if spec.drafter == "hybrid":  # prompt lookup and the block drafter behind one drafter
         block = make_drafter(ArmSpec(spec.name, "block"), target, checkpoint=checkpoint, compute_dtype=compute_dtype)
         return HybridDrafter(NgramDrafter(**(ngram_options or {})), block, **(hybrid_options or {}))

@@ -1,13 +1,10 @@
-"""Target statistics for an imported engine run (``entropy-law entropy RUN --model M``).
+"""Target statistics for an imported engine run (``entropy-law entropy RUN --model M``), teacher-forced.
 
-An engine import writes no token rows: no engine records the target statistics. This job computes them
-teacher-forced (one forward over prompt + output per request, ``observers.distribution_stats`` on every
-output row) for the aligned per-step requests; the rounds come from the engine's per-step counts. A request
-whose ids do not fit the target keeps its request row only and is listed under ``entropy.unscored`` in
-``run.json``. Requests are packed by length into left-padded forwards of at most ``batch_tokens`` tokens
-(0: one per request). The new run is written through ``TraceRecorder`` and resumes when run again. In place
-(no ``out``) it is written to a hidden ``.<name>.entropy`` folder while the import is locked, then swapped
-in by two renames, keeping the ``run_id``; a swap left half done is finished by the next run.
+One forward over prompt + output per aligned per-step request (packed into left-padded forwards of at most
+``batch_tokens`` tokens; 0: one each); the rounds come from the engine's per-step counts. A request whose ids do
+not fit the target keeps its request row only (``entropy.unscored`` in ``run.json``). Resumable. In place (no
+``out``) the run is written to a hidden ``.<name>.entropy`` folder while the import is locked, then swapped in by
+two renames, keeping the ``run_id``; a swap left half done is finished by the next run.
 """
 
 from __future__ import annotations
@@ -23,6 +20,7 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
+from entropy_law.decoding.adapter import left_padded
 from entropy_law.decoding.loading import model_of
 from entropy_law.decoding.observers import distribution_stats
 from entropy_law.decoding.replay import teacher_forced_logits
@@ -250,8 +248,7 @@ def plan_batches(lengths: Sequence[int], outputs: Sequence[int], batch_tokens: i
 
 @torch.inference_mode()
 def batch_logits(model, batch: Sequence[tuple[list[int], list[int]]]) -> list[torch.Tensor]:
-    """The teacher-forced logit rows of each ``(prompt_ids, output_ids)`` of ``batch`` (row i: after prompt +
-    output[:i]), from one forward (left-padded for several requests)."""
+    """The teacher-forced logit rows of each ``(prompt_ids, output_ids)`` of ``batch``, from one left-padded forward."""
     device = next(model.parameters()).device
     if len(batch) == 1:
         prompt, output = batch[0]
@@ -259,19 +256,10 @@ def batch_logits(model, batch: Sequence[tuple[list[int], list[int]]]) -> list[to
             return [teacher_forced_logits(model, prompt, output)]
         ids = torch.tensor([prompt + output[:-1]], dtype=torch.long, device=device)
         return [model(input_ids=ids, use_cache=False, logits_to_keep=len(output)).logits[0].float()]
-    sequences = [prompt + output[:-1] for prompt, output in batch]
-    width = max(len(s) for s in sequences)
     keep = max(len(output) for _, output in batch)
-    pad = 0
-    ids = torch.full((len(batch), width), pad, dtype=torch.long)
-    mask = torch.zeros((len(batch), width), dtype=torch.long)
-    for row, sequence in enumerate(sequences):
-        ids[row, width - len(sequence):] = torch.tensor(sequence, dtype=torch.long)
-        mask[row, width - len(sequence):] = 1
-    positions = (mask.cumsum(dim=-1) - 1).clamp(min=0)
-    out = model(input_ids=ids.to(device), attention_mask=mask.to(device), position_ids=positions.to(device),
-                use_cache=False, logits_to_keep=keep)
-    logits = out.logits
+    ids, mask, positions = left_padded([prompt + output[:-1] for prompt, output in batch], 0, device)
+    logits = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=False,
+                   logits_to_keep=keep).logits
     return [logits[row, keep - len(output):].float() for row, (_, output) in enumerate(batch)]
 
 
@@ -292,10 +280,8 @@ def compute_target_stats(run_dir, target, *, out=None, model_id: str | None = No
                          batch_tokens: int = DEFAULT_BATCH_TOKENS, flush_every: int = DEFAULT_FLUSH_EVERY,
                          flush_seconds: float = DEFAULT_FLUSH_SECONDS, break_lock: bool = False,
                          on_batch: Callable[[EntropyProgress], None] | None = None) -> EntropySummary:
-    """Compute the target statistics of every output token of the imported run ``run_dir`` and write the run
-    with its rounds and tokens (in place, or into ``out``). ``target``: a ``LoadedTarget`` or a causal LM, run
-    where it is. A shard is written after ``flush_every`` scored requests or ``flush_seconds``; ``break_lock``
-    takes over from a killed job; ``on_batch`` gets an ``EntropyProgress`` after every forward."""
+    """Write the imported run ``run_dir`` with its rounds, tokens and target statistics (in place, or into ``out``),
+    a shard every ``flush_every`` scored requests or ``flush_seconds``; ``on_batch`` gets an ``EntropyProgress``."""
     plan = _paths(run_dir, out)
     if _finish_swap(plan):
         meta = read_run_json(plan.run_dir / RUN_FILE)

@@ -27,9 +27,8 @@ def check_int(value, *, name: str, option: str, minimum: int, why: str = "") -> 
 
 @dataclass(frozen=True)
 class Limits:
-    """How much a job decodes and how often it writes: ``max_new_tokens`` per prompt (at least the job's
-    ``min_new_tokens``), ``flush_every`` finished requests per shard, an unrecorded warm-up of ``warm_up_tokens``
-    per arm on the first prompt (0: none)."""
+    """``max_new_tokens`` per prompt (at least ``min_new_tokens``), ``flush_every`` finished requests per shard,
+    an unrecorded warm-up of ``warm_up_tokens`` per arm on the first prompt (0: none)."""
 
     max_new_tokens: int
     flush_every: int = 1
@@ -67,9 +66,8 @@ class Output:
 
 @dataclass(frozen=True)
 class Drafting:
-    """How the drafting arms are built and gated: ``gate`` ``"ratio"`` or ``"cost"``; ``policy``: law policy
-    parameters in place of the gate, or a function of the arm giving them; the drafters' options
-    (``jobs.arms.make_drafter``)."""
+    """How the drafting arms are built (``jobs.arms.make_drafter``) and gated: ``gate`` ``"ratio"`` or ``"cost"``;
+    ``policy``: law policy parameters in place of the gate, or a function of the arm giving them."""
 
     gate: str = "ratio"
     verify_cost_ratio: float = DEFAULT_VERIFY_COST_RATIO
@@ -90,12 +88,10 @@ class Drafting:
 
 @dataclass(frozen=True, eq=False)
 class RecordPlan:
-    """One recording job for ``jobs.record.record_arms``: decode ``tasks`` with every arm of ``arms`` over
-    ``target`` into ``output`` within ``limits``, drafting as ``drafting`` says.
-
-    ``encode(task, decoder) -> (token ids, extra generate arguments)``: default the chat template; ``adapter``:
-    one adapter for every arm (a VLM's); ``run_metadata``: keys added to each run's metadata (a mapping or a
-    function of the arm); ``keep_going``: skip or log a failing prompt and go on, instead of raising."""
+    """One recording job for ``jobs.record.record_arms``: decode ``tasks`` with every arm over ``target`` into
+    ``output``. ``encode(task, decoder) -> (token ids, extra generate arguments)``: default the chat template;
+    ``adapter``: one for every arm (a VLM's); ``run_metadata``: keys added to each run's (a mapping or a function
+    of the arm); ``keep_going``: log a failing prompt and go on."""
 
     tasks: Sequence
     arms: Sequence[ArmSpec]

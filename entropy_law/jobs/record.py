@@ -1,11 +1,10 @@
 """Decode prompts with one or more arms and record one trace run per arm (``record_arms``): the loop the demo,
 the reference traces and ``entropy-law record`` share.
 
-Each arm becomes a decoder with a ``TraceRecorder`` as its observer; a resumed run must match its whole
-configuration. Every run folder is checked before any arm is set up. After an optional unrecorded warm-up,
-prompts are decoded one by one, every arm in turn in an order that rotates with the prompt, each ``generate``
-call timed (CPU and wall clock). Prompts already recorded, empty or too long for the context are skipped; a
-failing request raises (the run stays resumable), or with ``keep_going`` is logged and counted.
+Every run folder is checked before any arm is set up; a resumed run must match its whole configuration. After an
+optional unrecorded warm-up, every arm decodes each prompt in an order that rotates with the prompt, each call
+timed (CPU and wall). Prompts already recorded, empty or too long are skipped; a failing request raises (the run
+stays resumable), or with ``keep_going`` is logged and counted.
 """
 
 from __future__ import annotations
@@ -42,26 +41,24 @@ logger = logging.getLogger("entropy_law.record")
 
 @dataclass
 class ArmResult:
-    """What one arm recorded in this call. ``counts``: ``recorded``, ``already recorded``, ``skipped``,
-    ``failed``; ``outputs``: request id -> new token ids; ``decode_s``: wall time of the ``generate`` calls;
-    ``committed_per_round``: category -> each request's mean; ``timings``: one ``jobs.speed.Timing`` per call."""
+    """What one arm recorded in this call."""
 
     spec: ArmSpec
     run_dir: Path
     run_id: str
     metadata: dict
-    counts: Counter = field(default_factory=Counter)
-    outputs: dict = field(default_factory=dict)
+    counts: Counter = field(default_factory=Counter)  # recorded, already recorded, skipped, failed
+    outputs: dict = field(default_factory=dict)  # request id -> new token ids
     new_tokens: int = 0
-    decode_s: float = 0.0
-    committed_per_round: dict = field(default_factory=lambda: defaultdict(list))
-    timings: list = field(default_factory=list)
+    decode_s: float = 0.0  # wall time of the generate calls
+    committed_per_round: dict = field(default_factory=lambda: defaultdict(list))  # category -> each request's mean
+    timings: list = field(default_factory=list)  # one jobs.speed.Timing per call
 
 
 @dataclass
 class RecordResult:
-    """Per arm (in the order given) what it recorded; ``setup_s``: drafters, decoders, recorders and the
-    warm-up; ``decode_s``: the prompt loop and finishing the runs."""
+    """Per arm (in the order given) what it recorded; ``setup_s`` (drafters, decoders, recorders, warm-up) and
+    ``decode_s`` (the prompt loop)."""
 
     arms: dict[str, ArmResult]
     setup_s: float
@@ -98,8 +95,8 @@ def chat_prompt(task, decoder: SpeculativeDecoder) -> tuple[list[int], dict]:
 
 
 def prompt_encoder(target, *, chat_template: bool = True, model: str = "the target") -> Callable | None:
-    """The command line's prompt encoding: ``None`` (``chat_prompt``) after checking the tokenizer has a chat
-    template, or with ``chat_template=False`` ``encode(task) -> ids`` of the prompt text tokenized as is."""
+    """``None`` (``chat_prompt``) once the tokenizer has a chat template, or with ``chat_template=False``
+    ``encode(task) -> ids`` of the prompt text tokenized as is."""
     tokenizer = getattr(target, "tokenizer", None)
     if not chat_template:
         return lambda task: list(tokenizer(task.prompt)["input_ids"])
@@ -111,11 +108,8 @@ def prompt_encoder(target, *, chat_template: bool = True, model: str = "the targ
 
 def record_arms(plan: RecordPlan, *, progress: bool = True, desc: str = "decode",
                 log: Callable[[str], None] = logger.info) -> RecordResult:
-    """Decode the plan's tasks with every arm and record one trace run per arm (``jobs.plan.RecordPlan``).
-
-    Drafting arms are gated as ``plan.drafting`` says (``"ratio"``, or ``"cost"`` with this machine's verify-cost
-    curve, measured once per arm or reused from the resumed run), or run its law policy; the run metadata is
-    the decoder's, then ``plan.run_metadata``, then the gate. ``log``: one line per resumed run."""
+    """Decode the plan's tasks with every arm and record one trace run per arm, drafting as ``plan.drafting`` says
+    (the cost gate's curve measured once per arm, or reused from the resumed run). ``log``: a line per resumed run."""
     tasks, output, max_new_tokens, keep_going = plan.tasks, plan.output, plan.limits.max_new_tokens, plan.keep_going
     warm_up_tokens = plan.limits.warm_up_tokens
     for spec in plan.arms:  # before any drafter, adapter or cost curve is set up
@@ -160,8 +154,7 @@ def record_arms(plan: RecordPlan, *, progress: bool = True, desc: str = "decode"
 
 
 def check_run_dir(run_dir: str | Path, *, resume: bool, overwrite: bool, break_lock: bool = False) -> None:
-    """Raise ValueError, saying what to do, if a run cannot be written at ``run_dir`` with these options
-    (cheap: a job checks before it loads a model)."""
+    """Raise ValueError, saying what to do, if a run cannot be written at ``run_dir`` (cheap: before any model)."""
     try:
         TraceRecorder.check_path(run_dir, resume=resume, overwrite=overwrite, break_lock=break_lock)
     except (FileExistsError, NotADirectoryError) as err:  # RunLockedError included
@@ -191,8 +184,7 @@ def _open_arm(spec: ArmSpec, plan: RecordPlan, stack: contextlib.ExitStack, log:
 
     if policy is not None and spec.drafts:  # the decoder runs on an adapter, which names no model: check here
         check_policy(policy, drafter, getattr(target, "model_id", None))
-    # the round policy, built here from the job's settings: the law policy, else the gate named
-    if policy is not None and spec.drafts:  # parameters without a curve are priced with this machine's
+        # parameters without a curve are priced with this machine's
         needs_curve = isinstance(policy, dict) and verify_cost is None and policy.get("verify_cost") is None
         round_policy = make_policy(policy, measure_verify_cost(adapter) if needs_curve else verify_cost, drafter)
     else:
@@ -219,7 +211,6 @@ def _open_arm(spec: ArmSpec, plan: RecordPlan, stack: contextlib.ExitStack, log:
 
 
 def _stored_metadata(run_dir: Path) -> dict | None:
-    """The metadata of the run being resumed at ``run_dir``, or None where there is no run yet."""
     run_file = Path(run_dir) / RUN_FILE
     return read_run_json(run_file) if run_file.is_file() else None
 
@@ -233,9 +224,8 @@ def _absent_means(stored: dict | None, spec: ArmSpec) -> dict:
 
 def _arm_metadata(decoder: SpeculativeDecoder, drafter, target, max_new_tokens: int, spec: ArmSpec,
                   run_metadata, gate: str) -> dict:
-    """The run metadata: the decoder's config, the drafter's run config, the job's keys, then ``gate`` (None
-    for AR, whose ``drafter_id`` / ``tree_policy`` are "none") and ``verify_cost`` (the cost gate's curve or
-    None), always given so a resume compares them (the recorder omits them where ``_absent_means`` holds)."""
+    """The run metadata: the decoder's config, the drafter's, the job's keys, then ``gate`` and ``verify_cost``,
+    always given so a resume compares them (the recorder omits them where ``_absent_means`` holds)."""
     config = decoder.config
     metadata = {
         "model_id": getattr(target, "model_id", None) or config["model_id"],  # a decoder over an adapter has none
@@ -276,8 +266,7 @@ def _encoded(task, encode: Callable, decoder: SpeculativeDecoder, keep_going: bo
 
 
 def _decode(arm: _Arm, task, prompt_ids: list, extra: dict, max_new_tokens: int, keep_going: bool) -> None:
-    """Decode one prompt with one arm; a failure raises, or with ``keep_going`` is logged and counted (the
-    decoder has already closed the request for the recorder, with stop reason "error")."""
+    """Decode one prompt with one arm; a failure raises, or with ``keep_going`` is logged and counted."""
     result = arm.result
     t0, cpu0 = time.perf_counter(), time.process_time()
     try:
@@ -308,10 +297,9 @@ def _decode(arm: _Arm, task, prompt_ids: list, extra: dict, max_new_tokens: int,
 def record_timed(tasks: Sequence, arm_names: Sequence[str], out: str | Path, target, *, limits: Limits,
                  reference: str = "ar", metadata: Mapping | None = None, break_lock: bool = False,
                  log: Callable[[str], None] = print, drafting: Drafting | None = None) -> RecordResult:
-    """A timed trace set for a speed check: every arm of ``arm_names`` that can run here decodes ``tasks`` into
-    ``out/<arm>`` (``record_arms``, resumable), each run recording ``arm``, ``cpu_count``, ``omp_num_threads`` and
-    ``metadata``; every timed call is appended to ``out/timings.csv``. ``drafting``: default the ratio gate; a law
-    policy needs ``gate="cost"``. Set the thread count before calling."""
+    """A timed trace set: every arm of ``arm_names`` that can run here decodes ``tasks`` into ``out/<arm>``
+    (resumable; ``metadata`` added to each run), every timed call appended to ``out/timings.csv``. A law policy
+    needs ``gate="cost"``. Set the thread count before calling."""
     from entropy_law.jobs.arms import available_arms
 
     drafting = drafting or Drafting()

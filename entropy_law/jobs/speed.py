@@ -1,11 +1,9 @@
 """Measured decoding speed, the one routine: warm-up, arms interleaved per prompt, paired ratios, intervals.
 
-Every arm is a callable ``(prompt ids, max_new_tokens) -> (new token ids, rounds or None)``. After one warm-up
-per arm, every arm decodes each prompt in turn, in an order that rotates with the prompt, each call timed by
-this process's CPU clock and the wall clock; outputs are compared with the reference arm's. A speedup is the
-reference's time over the arm's on the same requests, with a request-bootstrap 95% interval; it is a result
-only inside the physical bound (tokens per round x c(1)/c(N+1)) and precise enough, by the rule
-``payoff.cost.speed_verdict`` that ``TraceAnalysis.speedup`` applies to traces too.
+Every arm is a callable ``(prompt ids, max_new_tokens) -> (new token ids, rounds or None)``, decoding each prompt
+in an order that rotates with the prompt, timed by this process's CPU clock and the wall clock; outputs are
+compared with the reference arm's. A speedup (reference time over the arm's, request-bootstrap 95% interval) is a
+result only by the rule of ``payoff.cost.speed_verdict``, as ``TraceAnalysis.speedup`` applies it to traces.
 """
 
 from __future__ import annotations
@@ -27,8 +25,6 @@ ALL = "all"
 
 @dataclass(frozen=True)
 class Timing:
-    """One arm on one request."""
-
     arm: str
     request_id: str
     category: str
@@ -52,15 +48,13 @@ def round_cost(rounds, cost_of: Callable[[int], float] | None = None) -> tuple[i
 
 
 def draft_calls(rounds) -> int:
-    """Verify rounds after the prefill in which the drafter ran (less those a law policy declined); 0 without
-    round records."""
+    """Verify rounds after the prefill in which the drafter ran (not those a law policy declined)."""
     return sum(1 for r in rounds or () if r.round_index > 0
                and (getattr(r, "policy", None) is None or bool(r.policy.get("draft"))))
 
 
 def decoder_arm(decoder) -> Callable:
-    """A ``time_arms`` arm for one of our decoders (``ARDecoder``, ``SpeculativeDecoder``): its token ids and
-    round records."""
+    """A ``time_arms`` arm for one of our decoders: its token ids and round records."""
     def run(prompt_ids, max_new_tokens):
         result = decoder.generate(prompt_ids, max_new_tokens=max_new_tokens)
         return result.token_ids, result.rounds
@@ -77,14 +71,12 @@ def print_progress(tasks: Sequence):
 def time_arms(tasks: Sequence, arms: Mapping[str, Callable], encode: Callable, *, max_new_tokens: int,
               reference: str, warm_up_tokens: int = 8, verify_cost: Callable[[int], float] | None = None,
               progress: Callable | None = None) -> pd.DataFrame:
-    """Decode every task with every arm (interleaved, rotating order, after a warm-up) and time each call: one
-    ``Timing`` row per (arm, request). ``arms``: name -> ``run(prompt_ids, max_new_tokens) -> (token ids, rounds
-    or None)``; ``reference``: the AR arm; ``verify_cost``: the curve ``c(n)`` for the bound (default 1)."""
+    """Decode every task with every arm (interleaved, rotating order, after a warm-up): one ``Timing`` row per (arm,
+    request). ``reference``: the AR arm; ``verify_cost``: the curve ``c(n)`` for the bound (default 1)."""
     if reference not in arms:
         raise ValueError(f"the reference arm {reference!r} is not among the arms {list(arms)}")
     if not tasks:
         raise ValueError("no prompts to time")
-    cost_of = verify_cost
     names = list(arms)
     warm = list(encode(tasks[0]))
     for name in names:
@@ -101,7 +93,7 @@ def time_arms(tasks: Sequence, arms: Mapping[str, Callable], encode: Callable, *
             outputs[name] = list(tokens)
         for name in names:
             cpu_s, wall_s, rounds = timed[name]
-            n_rounds, cost = round_cost(rounds, cost_of)
+            n_rounds, cost = round_cost(rounds, verify_cost)
             rows.append(Timing(arm=name, request_id=task.request_id, category=task.category,
                                new_tokens=len(outputs[name]), cpu_s=cpu_s, wall_s=wall_s, rounds=n_rounds,
                                verify_cost=cost, matches_reference=outputs[name] == outputs[reference],
@@ -111,9 +103,8 @@ def time_arms(tasks: Sequence, arms: Mapping[str, Callable], encode: Callable, *
 
 def paired_speedups(timings: pd.DataFrame, *, reference: str, clock: str = "cpu", n_boot: int = 2000,
                     seed: int = 0) -> pd.DataFrame:
-    """Per arm and category (and ``"all"``): the paired speedup over ``reference`` with its 95% interval
-    (``payoff.cost.paired_speedup_interval``), tokens per round, the physical ``bound``, ``within_bound``,
-    ``reliable``, ``mismatches`` (outputs that differ from the reference's: kept and counted) and ``verdict``."""
+    """Per arm and category (and ``"all"``): the paired speedup over ``reference`` with its 95% interval, tokens per
+    round, the physical ``bound``, ``within_bound``, ``reliable``, ``mismatches`` (kept and counted), ``verdict``."""
     if clock not in ("cpu", "wall"):
         raise ValueError(f"clock must be 'cpu' or 'wall', got {clock!r}")
     column = f"{clock}_s"

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
 
-from entropy_law.prompts.paths import data_dir, read_json_lines
-from entropy_law.prompts.text import Task, wanted_categories
+from entropy_law.prompts.paths import read_json_lines
+from entropy_law.prompts.text import Task, check_task_fields, task_file, wanted_categories
 
 VLM_TASKS = "vlm_tasks"
 BUILTIN_IMAGE_TASKS = {VLM_TASKS: ("vlm_tasks", "tasks.jsonl")}
@@ -37,15 +37,8 @@ class ImageTask(Task):
 
 def image_task_file(source: str | Path) -> tuple[str, Path]:
     """(dataset name, JSONL path) for ``"vlm_tasks"`` or a path to an image task file."""
-    text = str(source)
-    if text in BUILTIN_IMAGE_TASKS:
-        folder, name = BUILTIN_IMAGE_TASKS[text]
-        return text, data_dir() / folder / name
-    path = Path(text).expanduser()
-    if not path.is_file():
-        raise FileNotFoundError(f"image task file not found: {path} (give '{VLM_TASKS}' or the path of a JSONL "
-                                "file with question_id, category, image and turns or question on every line)")
-    return path.stem, path
+    return task_file(source, BUILTIN_IMAGE_TASKS, "image task file",
+                     "question_id, category, image and turns or question")
 
 
 def is_image_task_file(source: str | Path) -> bool:
@@ -73,14 +66,9 @@ def _parse(record: dict, where: str, folder: Path) -> tuple[str, str, tuple[str,
     if missing:
         raise ValueError(f"{where}: missing field(s) {', '.join(missing)} (every line needs question_id, "
                          "category, image, and turns or question)")
-    if not isinstance(record["category"], (str, int)) or isinstance(record["category"], bool) \
-            or not str(record["category"]).strip():
-        raise ValueError(f"{where}: 'category' is {record['category']!r}; give every line a category name (a "
-                         "non-empty string)")
+    check_task_fields(record, where)
     if "turns" in record:
         turns = record["turns"]
-        if isinstance(turns, str) or not isinstance(turns, list) or not all(isinstance(t, str) for t in turns):
-            raise ValueError(f"{where}: 'turns' must be a list of strings")
     else:
         if not isinstance(record["question"], str):
             raise ValueError(f"{where}: 'question' must be a string")

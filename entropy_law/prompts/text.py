@@ -27,38 +27,34 @@ BUILTIN_TASKS = {  # name -> path inside data_dir()
 
 @dataclass(frozen=True)
 class Task:
-    """One prompt of a benchmark."""
-
     dataset: str
     question_id: str
     category: str
     turns: tuple[str, ...]
 
     @property
-    def prompt(self) -> str:
-        """The first turn (the text given to the model)."""
+    def prompt(self) -> str:  # the first turn, given to the model
         return self.turns[0]
 
     @property
-    def request_id(self) -> str:
-        """Stable id of this prompt in traces: ``"<dataset>:<question_id>"``."""
+    def request_id(self) -> str:  # stable in traces
         return f"{self.dataset}:{self.question_id}"
 
     def messages(self) -> list[dict[str, str]]:
-        """The prompt as chat messages (one user turn), ready for a chat template."""
         return [{"role": "user", "content": self.prompt}]
 
 
-def task_file(source: str | Path) -> tuple[str, Path]:
-    """(dataset name, JSONL path) for a built-in name (``"spec_bench"``, ``"open_ended"``) or a path to a JSONL file."""
+def task_file(source: str | Path, builtin: dict = BUILTIN_TASKS, what: str = "task file",
+              fields: str = "question_id, category and turns") -> tuple[str, Path]:
+    """(dataset name, JSONL path) for a name of ``builtin`` or a path to a JSONL file of ``what``."""
     text = str(source)
-    if text in BUILTIN_TASKS:
-        folder, name = BUILTIN_TASKS[text]
+    if text in builtin:
+        folder, name = builtin[text]
         return text, data_dir() / folder / name
     path = Path(text).expanduser()
     if not path.is_file():
-        raise FileNotFoundError(f"task file not found: {path} (give one of {', '.join(sorted(BUILTIN_TASKS))} or "
-                                "the path of a JSONL file with question_id, category and turns on every line)")
+        raise FileNotFoundError(f"{what} not found: {path} (give {' or '.join(repr(b) for b in sorted(builtin))} "
+                                f"or the path of a JSONL file with {fields} on every line)")
     return path.stem, path
 
 
@@ -68,14 +64,18 @@ def _read_records(path: Path) -> Iterable[tuple[int, dict]]:
         if missing:
             raise ValueError(f"{path}:{line_no}: missing field(s) {', '.join(missing)} "
                              "(every line needs question_id, category and turns)")
-        if not isinstance(record["category"], (str, int)) or isinstance(record["category"], bool) \
-                or not str(record["category"]).strip():
-            raise ValueError(f"{path}:{line_no}: 'category' is {json.dumps(record['category'])}; give every line "
-                             "a category name (a non-empty string)")
-        turns = record["turns"]
-        if isinstance(turns, str) or not isinstance(turns, list) or not all(isinstance(t, str) for t in turns):
-            raise ValueError(f"{path}:{line_no}: 'turns' must be a list of strings")
+        check_task_fields(record, f"{path}:{line_no}")
         yield line_no, record
+
+
+def check_task_fields(record: dict, where: str) -> None:
+    """A task line's ``category`` is a non-empty name and its ``turns`` (where given) a list of strings."""
+    category, turns = record["category"], record.get("turns", [])
+    if not isinstance(category, (str, int)) or isinstance(category, bool) or not str(category).strip():
+        raise ValueError(f"{where}: 'category' is {json.dumps(category)}; give every line a category name (a "
+                         "non-empty string)")
+    if isinstance(turns, str) or not isinstance(turns, list) or not all(isinstance(t, str) for t in turns):
+        raise ValueError(f"{where}: 'turns' must be a list of strings")
 
 
 def known_categories(source: str | Path = SPEC_BENCH) -> list[str]:
@@ -102,9 +102,7 @@ def wanted_categories(categories: Iterable[str] | None, present: list[str], data
 def load_tasks(source: str | Path = SPEC_BENCH, *, categories: Iterable[str] | None = None,
                limit: int | None = None) -> list[Task]:
     """Prompts of a task file, in file order: only ``categories`` (None: all; an unknown one is an error), at most
-    ``limit`` per category. A prompt with an empty first turn is skipped with a warning; duplicate question ids
-    are an error.
-    """
+    ``limit`` per category. A prompt with an empty first turn is skipped with a warning; duplicate ids: an error."""
     dataset, path = task_file(source)
     if limit is not None and limit < 1:
         raise ValueError(f"limit must be >= 1 prompts per category (or None for all), got {limit}")

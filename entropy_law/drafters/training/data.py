@@ -1,11 +1,9 @@
 """Self-distilled training data for the block drafter: prompts, greedy target responses, target features.
 
-Prompts: GSM8K train questions, grounded prompts on passages the target wrote itself (short and long),
-open instructions, translations and, where a plan asks, HumanEval problems and ShareGPT turns; all checked
-disjoint from the evaluation prompts. The target answers greedily in left-padded batches, encoded as the
-decoder encodes them; the features of the feature layers and the top-k soft labels (``DataPlan.soft_topk``)
-are captured on the way. Shards (safetensors + a JSON manifest) are skipped on restart; a data folder records
-its plan and refuses another. Batched generation can differ from batch-1 greedy decoding at rare near-ties.
+Prompts (GSM8K, grounded prompts on passages the target wrote, open instructions, translations, optionally
+HumanEval and ShareGPT) are checked disjoint from the evaluation prompts. The target answers greedily in
+left-padded batches (which can differ from batch-1 decoding at rare near-ties), capturing the feature layers and
+the top-k soft labels. Shards (safetensors + JSON) are skipped on restart; a data folder refuses another plan.
 """
 
 from __future__ import annotations
@@ -14,6 +12,7 @@ import json
 import os
 import random
 import time
+from collections import Counter
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Sequence
@@ -22,68 +21,19 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import DynamicCache
 
-from entropy_law.decoding.adapter import cache_keyword
+from entropy_law.decoding.adapter import cache_keyword, left_padded
 from entropy_law.decoding.features import capture_features
 from entropy_law.prompts.text import OPEN_ENDED, SPEC_BENCH, load_tasks
 
 GSM8K_ENV = "ENTROPY_LAW_GSM8K"
 GSM8K_DEFAULT = Path("..") / "shared" / "data" / "gsm8k" / "train.jsonl"  # relative to the repo root
 
-# Subjects for passages and open instructions; chosen by hand, unrelated to the Spec-Bench questions.
-TOPICS = (
-    "a small bakery that opens a second shop", "a city that builds new bicycle lanes",
-    "a school garden project", "a museum that reopens after renovation", "a local football club",
-    "a new public library", "a heat wave in a coastal town", "a startup making solar lamps",
-    "a volunteer beach clean-up", "a farmer who switches to organic crops", "a bridge closed for repairs",
-    "a chess tournament for children", "a hospital that opens a new wing", "a train line extension",
-    "a jazz festival in the park", "a family-run hardware store", "a robotics competition",
-    "a mountain rescue team", "a river flood and the clean-up", "a new recycling programme",
-    "an old cinema turned into a theatre", "a marathon through the city centre", "a honey bee farm",
-    "a space telescope launch", "a wildlife reserve that counts its birds", "a town's water supply upgrade",
-    "a university that offers free evening classes", "a shipping port that expands",
-    "a restaurant that only serves local food", "a power outage after a storm", "a community radio station",
-    "a teenager who starts a coding club", "a zoo welcoming a baby elephant", "a new vaccine trial",
-    "a village that gets fast internet", "a bookshop celebrating 100 years", "a wind farm built offshore",
-    "a street market on Sundays", "a company moving to a four-day week", "a fire station open day",
-    "an art exhibition by local students", "a drought affecting wheat farmers", "a new electric bus fleet",
-    "a cooking school for adults", "a lost dog found after a week", "a science fair winner",
-    "a housing project for older people", "a ferry service between two islands", "a coffee price increase",
-    "a theatre group touring small towns", "a historic castle repaired", "a rescue of stranded whales",
-    "a hiking trail reopened", "a factory that cuts its energy use", "a new airport terminal",
-    "a tennis player's first title", "a choir that raises money for charity", "a snowstorm closing schools",
-    "a tech company opening an office abroad", "a fishing village and its festival",
-    "an online course that becomes popular", "a park that plants a thousand trees",
-    "a record harvest of apples", "a new pedestrian zone downtown",
-)
-OPEN_INSTRUCTIONS = (
-    "Explain what {x} is in simple words.", "Give three tips for {x}.", "Write a short story about {x}.",
-    "What are the advantages and disadvantages of {x}?", "Describe how {x} works.",
-    "Write an email to a friend about {x}.", "List five facts about {x}.", "Why is {x} important?",
-)
-OPEN_SUBJECTS = (
-    "photosynthesis", "learning a new language", "saving money", "the water cycle", "a healthy breakfast",
-    "public transport", "volcanoes", "recycling", "sleep", "time management", "the moon", "gardening",
-    "electric cars", "rainbows", "friendship", "exercise", "the internet", "cooking pasta", "bees",
-    "reading books", "the solar system", "first aid", "camping", "music lessons",
-)
-# Long grounded prompts (several of the target's passages in one context, 500-1000 tokens, like Spec-Bench's
-# summarization and RAG prompts); tasks whose answers copy from the context. ``{topic}`` is one passage's topic.
-LONG_TASKS = (
-    ("long_summary", "Summarize: {text}"),
-    ("long_rag", "{text}\n{question}"),
-    ("long_extract", "{text}\n\nList the names, places and numbers mentioned in the text above."),
-    ("long_quote", "{text}\n\nQuote the sentences of the text above that are about {topic}."),
-)
-LONG_QUESTIONS = (
-    "What happened with {topic}?", "Who was involved in the story about {topic}?",
-    "Where did the story about {topic} take place?", "why does the story about {topic} matter?",
-    "what does the text say about {topic}?",
-)
-PASSAGE_QUESTIONS = (
-    "What is the main event described in the text?", "Who is involved, according to the text?",
-    "Where does this take place?", "Why does this matter, according to the text?",
-    "What happens next, according to the text?",
-)
+# the hand-chosen subjects, instructions and questions of the prompts below (a data file shipped with the package)
+_WORDS = json.loads((Path(__file__).with_name("prompt_words.json")).read_text(encoding="utf-8"))
+TOPICS = tuple(_WORDS["topics"])  # passages (stage 1) and the long prompts' questions
+OPEN_INSTRUCTIONS, OPEN_SUBJECTS = tuple(_WORDS["open_instructions"]), tuple(_WORDS["open_subjects"])
+LONG_TASKS = tuple((source, template) for source, template in _WORDS["long_tasks"])  # 500-1000 token prompts
+LONG_QUESTIONS, PASSAGE_QUESTIONS = tuple(_WORDS["long_questions"]), tuple(_WORDS["passage_questions"])
 
 
 @dataclass(frozen=True)
@@ -123,8 +73,8 @@ PASSAGE_LENGTHS = (80, 120, 150)
 
 
 def _part_slice(plan: DataPlan, per_part: int, available: int, what: str) -> range:
-    """Indices of ``what`` that part ``plan.part`` takes: the part-th block of ``per_part``; an error
-    naming the largest possible part when the source has too few distinct prompts."""
+    """Indices of ``what`` that part ``plan.part`` takes (its block of ``per_part``), or an error naming the
+    largest possible part."""
     if plan.part < 0:
         raise ValueError(f"data part must be >= 0, got {plan.part}")
     start, stop = plan.part * per_part, (plan.part + 1) * per_part
@@ -407,16 +357,13 @@ def target_eos_id(target) -> int:
 @torch.no_grad()
 def greedy_generate_with_features(model, prompt_ids: Sequence[Sequence[int]], *, feature_layers: Sequence[int],
                                   max_new_tokens: int, eos_id: int, pad_id: int, topk: int = 0) -> list[dict]:
-    """Greedy responses for a batch of prompts (left padding), with the target features of every consumed token.
-
-    Per prompt: ``response_ids`` (ending with EOS if produced) and ``features`` ``[len(prompt) + len(response)
-    - 1, n*H]`` (fp32, every position but the last); with ``topk > 0`` also ``topk_ids`` and ``topk_logprobs``
-    ``[len(response), topk]``, row ``j`` the target's distribution whose argmax is response token ``j``.
-    Finished rows leave the batch once they are an eighth of it."""
+    """Greedy responses for a left-padded batch of prompts; per prompt ``response_ids`` (ending with EOS if produced),
+    ``features [len(prompt) + len(response) - 1, n*H]`` (fp32) and with ``topk > 0`` ``topk_ids`` / ``topk_logprobs``
+    ``[len(response), topk]`` (row ``j``: the distribution that chose token ``j``). Finished rows leave in eighths."""
     device = next(model.parameters()).device
     b = len(prompt_ids)
     width = max(len(p) for p in prompt_ids)
-    ids, attn, pos = _left_padded(prompt_ids, width, pad_id, device)
+    ids, attn, pos = left_padded(prompt_ids, pad_id, device)
     cache = DynamicCache()
     cache_kw = {cache_keyword(model): cache}
     feats: list[list[torch.Tensor]] = [[] for _ in range(b)]
@@ -465,19 +412,6 @@ def greedy_generate_with_features(model, prompt_ids: Sequence[Sequence[int]], *,
     return _generation_results(prompt_ids, feats, responses, soft_ids, soft_lp, topk)
 
 
-def _left_padded(prompt_ids, width: int, pad_id: int, device):
-    """Input ids, attention mask and positions of a left-padded batch."""
-    b = len(prompt_ids)
-    ids = torch.full((b, width), pad_id, dtype=torch.long)
-    attn = torch.zeros((b, width), dtype=torch.long)
-    for i, p in enumerate(prompt_ids):
-        ids[i, width - len(p):] = torch.tensor(p)
-        attn[i, width - len(p):] = 1
-    ids, attn = ids.to(device), attn.to(device)
-    pos = (attn.cumsum(-1) - 1).clamp(min=0)
-    return ids, attn, pos
-
-
 def _generation_results(prompt_ids, feats, responses, soft_ids, soft_lp, topk: int) -> list[dict]:
     """Per prompt: its response ids, the features of every position but the last, its top-k targets."""
     results = []
@@ -520,7 +454,6 @@ def write_shard(folder: Path, name: str, samples: list[dict]) -> None:
     tmp = folder / f"{name}.safetensors.tmp"
     save_file(tensors, str(tmp))
     tmp.rename(folder / f"{name}.safetensors")
-    # the JSON is written last: its presence marks a complete shard
     (folder / f"{name}.json.tmp").write_text(json.dumps(meta, ensure_ascii=False))
     (folder / f"{name}.json.tmp").rename(folder / f"{name}.json")
 
@@ -561,9 +494,8 @@ def generate_dataset(target, out_dir: str | os.PathLike, *, plan: DataPlan, feat
                      sharegpt: str | os.PathLike | None = None, batch_size: int = 16,
                      deadline: float | None = None, max_stage2_batches: int | None = None,
                      log: Callable[[str], None] = print) -> dict:
-    """Run both stages, writing shards into ``out_dir`` (shards already written are skipped); returns the summary
-    written to ``out_dir/summary.json``. ``deadline`` (a ``time.time()``) stops stage 2 after the batch in
-    progress; ``max_stage2_batches`` keeps the first K stage-2 batches (reproduces a deadline-cut run)."""
+    """Both stages into ``out_dir`` (written shards skipped); returns ``out_dir/summary.json``'s summary.
+    ``deadline`` (``time.time()``) stops stage 2 after a batch; ``max_stage2_batches`` keeps the first K."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     _check_plan_identity(out, {"plan": asdict(plan), "feature_layers": [int(i) for i in feature_layers],
@@ -627,10 +559,8 @@ def _check_plan_identity(out: Path, identity: dict) -> None:
     identity_path = out / "plan.json"
     if identity_path.is_file():
         before = json.loads(identity_path.read_text())
-        before["plan"].setdefault("part", 0)  # folders written before data parts existed are part 0
-        before["plan"].setdefault("chat_template", True)  # ... and before raw prompts existed used the template
-        for key, value in (("n_code", 0), ("n_chat", 0), ("chat_max_chars", 1500)):
-            before["plan"].setdefault(key, value)  # ... and before the code and chat sources existed had none
+        defaults = {"part": 0, "chat_template": True, "n_code": 0, "n_chat": 0, "chat_max_chars": 1500}
+        before["plan"] = {**defaults, **before["plan"]}  # a folder written before a key existed had its default
         if before != identity:
             raise ValueError(f"{out} holds data of another plan ({before}); use a new --out or delete it")
     else:
@@ -639,21 +569,16 @@ def _check_plan_identity(out: Path, identity: dict) -> None:
 
 def _dataset_summary(out: Path, plan, feature_layers, batch_size: int, n_stage1: int, n_stage2: int,
                      t0: float) -> dict:
-    """Counts per source, tokens and seconds of every shard in ``out``."""
     samples_meta = []
     for meta_path in sorted(out.glob("stage*-*.json")):
         samples_meta += json.loads(meta_path.read_text())
-    stage2_done = len(list(out.glob("stage2-*.json")))
-    counts: dict[str, int] = {}
-    tokens: dict[str, int] = {}
+    counts, tokens = Counter(m["source"] for m in samples_meta), Counter()
     for m in samples_meta:
-        counts[m["source"]] = counts.get(m["source"], 0) + 1
-        tokens[m["source"]] = tokens.get(m["source"], 0) + m["response_len"]
-    summary = {"plan": asdict(plan), "feature_layers": list(feature_layers), "batch_size": batch_size,
-               "samples": len(samples_meta), "samples_per_source": counts,
-               "response_tokens_per_source": tokens, "response_tokens": sum(tokens.values()),
-               "prompt_tokens": sum(m["prompt_len"] for m in samples_meta),
-               "seconds_this_run": round(time.time() - t0, 1),
-               "planned_prompts": n_stage1 + n_stage2, "stage2_batches_done": stage2_done,
-               "stage2_batches_planned": -(-n_stage2 // batch_size)}
-    return summary
+        tokens[m["source"]] += m["response_len"]
+    return {"plan": asdict(plan), "feature_layers": list(feature_layers), "batch_size": batch_size,
+            "samples": len(samples_meta), "samples_per_source": dict(counts),
+            "response_tokens_per_source": dict(tokens), "response_tokens": sum(tokens.values()),
+            "prompt_tokens": sum(m["prompt_len"] for m in samples_meta),
+            "seconds_this_run": round(time.time() - t0, 1),
+            "planned_prompts": n_stage1 + n_stage2, "stage2_batches_done": len(list(out.glob("stage2-*.json"))),
+            "stage2_batches_planned": -(-n_stage2 // batch_size)}

@@ -1,11 +1,9 @@
 """Training the block drafter on self-distilled data, and its held-out chain acceptance (offline replay).
 
-Anchors are sampled among response positions; slot ``k`` is labelled with the token at ``anchor + k``; the loss
-is cross-entropy decayed by ``w_k = exp(-(k-1)/gamma)``, optionally mixed with ``KL(p || q)`` to the target's
-top-k restricted to the ids the block may draft and renormalised (``kl_weight``), plus a copy-pointer loss
-(``copy_loss_weight``). AdamW with warm-up and cosine decay, one seeded ``torch.Generator``, checkpoints with
-exact resume. A drafter may start from the target's layers (``init_from_target``, Llama-shaped targets only)
-or from a checkpoint of the same shape (``init_from``).
+Slot ``k`` of a block at a sampled response anchor is labelled with the token at ``anchor + k``; the loss is
+cross-entropy decayed by ``w_k = exp(-(k-1)/gamma)``, optionally mixed with KL to the target's renormalised
+draftable top-k (``kl_weight``), plus a copy-pointer loss. AdamW with warm-up and cosine decay, one seeded
+``torch.Generator``, checkpoints with exact resume.
 """
 
 from __future__ import annotations
@@ -66,8 +64,7 @@ class TrainConfig:
 
 
 def run_draft_vocabulary(cfg: "TrainConfig", samples: Sequence[dict], vocab_size: int) -> list[int] | None:
-    """The fixed draft vocabulary of a run: that of the checkpoint it fine-tunes (``cfg.init_from``), so the
-    shape stays, else ``draft_vocabulary`` of its samples."""
+    """That of the checkpoint the run fine-tunes (``cfg.init_from``), else ``draft_vocabulary`` of its samples."""
     if cfg.draft_vocab_base is None:
         return None
     if cfg.init_from:
@@ -92,23 +89,17 @@ def draft_vocabulary(samples: Sequence[dict], base: int, vocab_size: int) -> lis
 def sample_anchors(prompt_len: int, seq_len: int, n: int, generator: torch.Generator):
     """``(anchors [n], valid [n])``: up to ``n`` distinct sorted anchors, uniform among response positions
     ``prompt_len .. seq_len-2``; padding anchors are 0 and invalid."""
-    lo, hi = prompt_len, seq_len - 2
-    anchors = torch.zeros(n, dtype=torch.long)
-    valid = torch.zeros(n, dtype=torch.bool)
-    count = hi - lo + 1
-    if count <= 0:
-        return anchors, valid
+    count = max(seq_len - 1 - prompt_len, 0)
     take = min(n, count)
-    chosen = torch.randperm(count, generator=generator)[:take].sort().values + lo
-    anchors[:take] = chosen
-    valid[:take] = True
-    return anchors, valid
+    anchors = torch.zeros(n, dtype=torch.long)
+    if count > 0:
+        anchors[:take] = torch.randperm(count, generator=generator)[:take].sort().values + prompt_len
+    return anchors, torch.arange(n) < take
 
 
 def block_labels(input_ids: torch.Tensor, anchors: torch.Tensor, valid: torch.Tensor, block_size: int,
                  prompt_lens: torch.Tensor, seq_lens: torch.Tensor) -> torch.Tensor:
-    """Labels ``[b, A, B-1]``: ``input_ids[anchor_a + k]`` for k = 1..B-1; ``IGNORE`` for padding anchors and
-    positions past the sequence or in the prompt."""
+    """``[b, A, B-1]``: ``input_ids[anchor + k]``; ``IGNORE`` at padding anchors, past the end or in the prompt."""
     k = torch.arange(1, block_size)
     pos = anchors[..., None] + k  # [b, A, B-1]
     inside = (pos < seq_lens[:, None, None]) & (pos >= prompt_lens[:, None, None]) & valid[..., None]
@@ -156,9 +147,8 @@ def renormalised_topk(soft_logp: torch.Tensor, draftable: torch.Tensor) -> torch
 
 
 def slot_kl(logits: torch.Tensor, soft_cols: torch.Tensor, soft_logp: torch.Tensor) -> torch.Tensor:
-    """``KL(p || q)`` per slot: ``logits [.., Vd]`` (q = softmax), ``soft_cols [.., K]`` column indices of p's
-    support (any value where ``soft_logp`` is ``-inf``), ``soft_logp [.., K]`` log p (renormalised).
-    Returns ``[..]``; 0 where p is empty."""
+    """``KL(p || q)`` per slot ``[..]`` (0 where p is empty): ``logits [.., Vd]`` (q = softmax), ``soft_cols
+    [.., K]`` the columns of p's support, ``soft_logp [.., K]`` log p (renormalised; ``-inf``: none)."""
     logq = torch.log_softmax(logits, dim=-1)
     logq_k = torch.gather(logq, -1, soft_cols.clamp(min=0))
     p = soft_logp.exp()
@@ -168,8 +158,7 @@ def slot_kl(logits: torch.Tensor, soft_cols: torch.Tensor, soft_logp: torch.Tens
 
 def decayed_distillation_loss(logits: torch.Tensor, labels: torch.Tensor, gamma: float, kl_weight: float,
                               soft_cols: torch.Tensor, soft_logp: torch.Tensor) -> tuple[torch.Tensor, dict]:
-    """``sum_k w_k [(1-a) CE_k + a KL_k] / sum_k w_k`` over the slots whose hard label counts, and the CE and
-    KL parts (floats)."""
+    """``sum_k w_k [(1-a) CE_k + a KL_k] / sum_k w_k`` over labelled slots, and the CE and KL parts (floats)."""
     ce, w = _slot_ce(logits, labels, gamma)
     total = w.sum().clamp(min=1e-12)
     kl = slot_kl(logits, soft_cols, soft_logp)
@@ -217,11 +206,9 @@ def llama_shape_problem(model: torch.nn.Module) -> str | None:
 @torch.no_grad()
 def init_from_target(drafter: BlockDrafter, target, *, init_fc: bool = False,
                      source_layers: Sequence[int] | None = None) -> list[int]:
-    """Initialise ``drafter`` in place from copies of the target's weights; returns the source layers.
-
-    Drafter layer ``i`` copies target layer ``source_layers[i]`` (default ``target_source_layers``), the final
-    norm the target's. ``init_fc``: ``fc`` selects the deepest feature's slice and the context norm copies the
-    first source layer's input norm, so its injected keys and values start as the target's own."""
+    """Copy target layer ``source_layers[i]`` (default ``target_source_layers``) into drafter layer ``i`` and
+    the final norm, in place; returns the source layers. ``init_fc``: ``fc`` selects the deepest feature's slice
+    and the context norm copies the first source layer's input norm."""
     model = model_of(target)
     blocks = decoder_layers(model)
     problem = llama_shape_problem(model)
@@ -288,10 +275,8 @@ def init_from_checkpoint(drafter: BlockDrafter, path: str | Path) -> dict:
 
 # ---------------------------------------------------------------------------------------------- batches
 def collate(samples: Sequence[dict], *, soft: bool = False) -> dict:
-    """Pad a list of samples (``input_ids`` long, ``features`` fp16 rows ``0..len-2``, ``prompt_len``).
-
-    ``soft``: also ``soft_ids`` (long, -1 = none) and ``soft_logp`` (fp32, -inf = none) ``[b, S, K]`` by
-    absolute position, from the samples' ``topk_ids`` / ``topk_logprobs`` (row j = position prompt_len + j)."""
+    """Pad samples (``input_ids``, ``features`` rows ``0..len-2``, ``prompt_len``); ``soft``: also ``soft_ids``
+    (-1: none) and ``soft_logp`` (-inf: none) ``[b, S, K]`` by absolute position from ``topk_ids`` / ``_logprobs``."""
     seq_lens = torch.tensor([int(s["input_ids"].shape[0]) for s in samples])
     s_max = int(seq_lens.max())
     width = samples[0]["features"].shape[1]
@@ -323,9 +308,8 @@ def collate(samples: Sequence[dict], *, soft: bool = False) -> dict:
 
 
 def copy_pointer_loss(copy: torch.Tensor, labels: torch.Tensor, gamma: float) -> tuple[torch.Tensor, float]:
-    """The copy head's auxiliary loss, the decayed mean of ``-log sum_j a_j [token j+k == label]`` over slots
-    whose label some valid row holds, and the fraction of labelled slots copyable. ``copy [b, A, K, U]``
-    (``block_logits(return_copy=True)``), ``labels [b, A, K]``."""
+    """The decayed mean of ``-log sum_j a_j [token j+k == label]`` over copyable slots, and their fraction of the
+    labelled ones: ``copy [b, A, K, U]`` (``block_logits(return_copy=True)``), ``labels [b, A, K]``."""
     present = labels != IGNORE
     mass = torch.gather(copy, -1, labels.clamp(min=0)[..., None])[..., 0]
     copyable = present & (mass > 0)
@@ -427,9 +411,8 @@ def _optimizer(params: list, cfg: TrainConfig) -> torch.optim.AdamW:
 
 
 def _resume(ckpt_path: Path, cfg: TrainConfig, data, drafter, opt, gen) -> tuple:
-    """Load the checkpoint if present (refusing another configuration or other data folders).
-
-    Returns step, history, order, cursor and the seconds trained before."""
+    """(step, history, order, cursor, seconds trained) of the checkpoint if present, refusing another
+    configuration or other data folders."""
     if not ckpt_path.is_file():
         return 0, [], [], 0, 0.0
     state = torch.load(ckpt_path, weights_only=False)
@@ -448,9 +431,8 @@ def _resume(ckpt_path: Path, cfg: TrainConfig, data, drafter, opt, gen) -> tuple
 def train(drafter: BlockDrafter, train_samples: Sequence[dict], heldout_samples: Sequence[dict],
           cfg: TrainConfig, out_dir: str | Path, *, progress: bool = True, stop_at: int | None = None,
           data: Sequence[str] | None = None) -> dict:
-    """Train ``drafter`` in place; checkpoints to ``out_dir/checkpoints/last.pt``, resumed if present.
-    ``stop_at``: stop after this step on the schedule of ``cfg.steps``. ``data``: the data folders' names, kept
-    in the checkpoint; a resume with other folders is refused."""
+    """Train ``drafter`` in place, checkpointed to ``out_dir/checkpoints/last.pt`` (resumed if present, refused for
+    other ``data`` folders). ``stop_at``: stop after this step on the schedule of ``cfg.steps``."""
     out = Path(out_dir)
     ckpt_dir = out / "checkpoints"
     ckpt_dir.mkdir(parents=True, exist_ok=True)
@@ -476,10 +458,8 @@ def train(drafter: BlockDrafter, train_samples: Sequence[dict], heldout_samples:
     running: dict[str, float] = {}
     stopped_early = False
     while step < cfg.steps:
-        if stop_at is not None and step >= stop_at:
-            stopped_early = True
-            break
-        if cfg.minutes is not None and elapsed_before + time.time() - t_start > 60 * cfg.minutes:
+        if (stop_at is not None and step >= stop_at) or (
+                cfg.minutes is not None and elapsed_before + time.time() - t_start > 60 * cfg.minutes):
             stopped_early = True
             break
         if cursor + cfg.batch_seqs > len(order):
@@ -521,9 +501,8 @@ def train(drafter: BlockDrafter, train_samples: Sequence[dict], heldout_samples:
 
 
 def load_data_folders(folders: Sequence[str | Path]) -> tuple[list[dict], list[str]]:
-    """The samples of several data folders of one plan, sorted by prompt id, and the prompt ids left out
-    because their text repeats an earlier one. The folders must hold the same target layers' features and no
-    prompt id twice."""
+    """The samples of several data folders of one plan (same feature layers, no prompt id twice), sorted by
+    prompt id, and the prompt ids left out because their text repeats an earlier one."""
     samples: list[dict] = []
     layers_seen = None
     for folder in folders:
@@ -569,8 +548,7 @@ def data_folder_paths(folders: Sequence[str | Path]) -> list[Path]:
 
 def train_from_folder(model_spec: str, data_dir: str | Path, out_dir: str | Path, cfg: TrainConfig, *,
                       stop_at: int | None = None, extra_data: Sequence[str | Path] = ()) -> dict:
-    """Load the target and the shards of ``data_dir`` and ``extra_data``, split off held-out samples, train,
-    save the drafter."""
+    """Load the target and the shards of ``data_dir`` and ``extra_data``, hold some out, train, save."""
     torch.manual_seed(cfg.seed)
     target = load_target(model_spec)
     for p in target.model.parameters():
