@@ -1,15 +1,10 @@
 """Block-level prediction and leave-one-category-out (LOCO) transfer.
 
-Known here: per-request entropy sequences (the target entropy at every committed output position), the drafted depth of
-every round and models of it (``depth_probabilities``, ``TrainingDepthModel``), the law-implied tokens per round by
-exact DP over those sequences with acceptance capped at the drafted depth (``blocks.expected_round_counts``) beside the
-i.i.d. plug-in, compared with the observed tokens per round; and LOCO: fit without a category, predict its tokens per
-round and the log-likelihood of its trials beside a refit on it (transfer ratio), with a depth-only control (acceptance
-per depth, no entropy, same depths, same DP). LOCO is leak-free by default (``depths="training"``); ``"oracle"`` uses
-the category's own observed depths.
-
-One drafter's runs must be one arm (``arms``); requests are counted per (run, request). Not known here: the statistics
-of the category ranking (``hypotheses``). No torch.
+The law-implied tokens per round by exact DP over each request's entropy sequence, acceptance capped at the
+drafted depth (``blocks.expected_round_counts``; depth models ``depth_probabilities``, ``TrainingDepthModel``),
+against the observed; and LOCO: fit without a category, predict its tokens per round and trial log-likelihood
+beside a refit on it, with a depth-only control. One drafter's runs must be one arm; requests are counted per
+(run, request). The ranking statistics live in ``hypotheses``. No torch.
 """
 
 from __future__ import annotations
