@@ -1,10 +1,8 @@
 """Target statistics for an imported engine run (``entropy-law entropy RUN --model M``), teacher-forced.
 
-One forward over prompt + output per aligned per-step request (packed into left-padded forwards of at most
-``batch_tokens`` tokens; 0: one each); the rounds come from the engine's per-step counts. A request whose ids do
-not fit the target keeps its request row only (``entropy.unscored`` in ``run.json``). Resumable. In place (no
-``out``) the run is written to a hidden ``.<name>.entropy`` folder while the import is locked, then swapped in by
-two renames, keeping the ``run_id``; a swap left half done is finished by the next run.
+Packed forwards of at most ``batch_tokens`` tokens over prompt + output; rounds from the engine's per-step
+counts. A request whose ids do not fit the target keeps its request row only (``entropy.unscored``). Resumable;
+in place (no ``out``) the run is written to a hidden folder and swapped in by two renames, keeping its ``run_id``.
 """
 
 from __future__ import annotations

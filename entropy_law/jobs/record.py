@@ -1,10 +1,9 @@
 """Decode prompts with one or more arms and record one trace run per arm (``record_arms``): the loop the demo,
 the reference traces and ``entropy-law record`` share.
 
-Every run folder is checked before any arm is set up; a resumed run must match its whole configuration. After an
-optional unrecorded warm-up, every arm decodes each prompt in an order that rotates with the prompt, each call
-timed (CPU and wall). Prompts already recorded, empty or too long are skipped; a failing request raises (the run
-stays resumable), or with ``keep_going`` is logged and counted.
+Run folders are checked before any arm is set up; arms decode each prompt in an order that rotates with the
+prompt, each call timed. Recorded, empty or too long prompts are skipped; a failing request raises (resumable),
+or with ``keep_going`` is logged and counted.
 """
 
 from __future__ import annotations

@@ -323,10 +323,9 @@ class TraceRecorder:
     ``absent_means[key]``) and replaced only with ``overwrite=True``. ``completed_requests``: the ids to skip.
 
     One writer per run: ``<path>/writer.lock`` is held until ``finish()`` (a live holder: ``RunLockedError``; a stale or
-    foreign lock too unless ``break_lock=True``). A request's rows are buffered until ``end_request`` and written in a
-    shard once the ended requests hold ``flush_every_rounds`` rounds or number ``flush_every_requests``, on ``flush()``
-    and on ``finish()``. As a context manager a clean exit finishes the run; an exception flushes ended requests and
-    propagates.
+    foreign lock too unless ``break_lock=True``). Ended requests are written in a shard every ``flush_every_rounds``
+    rounds or ``flush_every_requests`` requests, on ``flush()`` and ``finish()``. As a context manager a clean exit
+    finishes the run; an exception flushes ended requests and propagates.
     """
 
     def __init__(self, path, *, overwrite: bool = False, resume: bool = False,
