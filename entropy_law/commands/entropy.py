@@ -26,8 +26,7 @@ def register(subparsers) -> None:
     p.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa",
                    help="attention kernel: torch's fused sdpa, or transformers' eager one as the decoder runs it "
                         "(default: %(default)s)")
-    p.add_argument("--out", default=None,
-                   help="write the run with statistics here and leave the import as it is (default: in place)")
+    p.add_argument("--out", help="write the scored run here, leaving the import as it is (default: in place)")
     p.add_argument("--batch-tokens", type=int, default=None, metavar="N",
                    help="most padded tokens per forward pass; 0: one pass per request (default: 0 on cpu, 16384 "
                         "elsewhere)")
@@ -35,8 +34,7 @@ def register(subparsers) -> None:
     p.add_argument("--flush-every", type=int, default=16, metavar="N",
                    help="write a shard every N scored requests (and at least once a minute); a killed job loses "
                         "at most those (default: %(default)s)")
-    p.add_argument("--break-lock", action="store_true",
-                   help="take over from a job that was killed (its lock is stale); never from a running one")
+    p.add_argument("--break-lock", action="store_true", help="take over a killed job's stale lock")
     p.add_argument("--no-progress", action="store_true", help="no progress lines")
     p.set_defaults(func=run)
 

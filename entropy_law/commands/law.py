@@ -25,15 +25,12 @@ def register(subparsers) -> None:
     p.add_argument("--context-match", action="store_true",
                    help="give the law the context's copyability (context_match): recorded, else rebuilt from "
                         "the prompts with the target (--model, --tasks; docs/cli.md)")
-    p.add_argument("--model", default=None,
-                   help="--context-match: the target that decoded the runs (default: their model_id)")
-    p.add_argument("--tasks", default=None,
-                   help="--context-match: the prompts' task file, where a run's run.json names none")
+    p.add_argument("--model", help="--context-match: the target that decoded the runs (default: their model_id)")
+    p.add_argument("--tasks", help="--context-match: the prompts' task file, where run.json names none")
     p.add_argument("--out-of-core", action="store_true",
                    help="fit runs larger than memory (DuckDB over the shards); the law per arm only "
                         "(docs/out-of-core.md)")
-    p.add_argument("--no-memory-check", action="store_true",
-                   help="skip the check that refuses an in-memory fit of runs larger than the memory available")
+    p.add_argument("--no-memory-check", action="store_true", help="skip the check that the runs fit in memory")
     p.set_defaults(func=run)
 
 

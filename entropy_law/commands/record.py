@@ -28,9 +28,7 @@ def register(subparsers) -> None:
     p.add_argument("--drafter", type=_drafter_name, choices=DRAFTERS, default="ngram",
                    help="draft source; 'hybrid': prompt lookup and the block drafter in one tree; 'ar': the "
                         "autoregressive baseline (docs/cli.md) (default: %(default)s)")
-    p.add_argument("--checkpoint", default=None,
-                   help="block (or hybrid) drafter: a checkpoint trained for --model (default: the shipped one in "
-                        "data/drafters/)")
+    p.add_argument("--checkpoint", help="block (or hybrid) drafter: a checkpoint for --model (default: data/drafters/)")
     p.add_argument("--drafter-dtype", choices=("float32", "bfloat16"), default="float32",
                    help="block drafter: the dtype its layers run in; the target stays fp32 and the output greedy "
                         "(docs/cli.md) (default: %(default)s)")
@@ -40,11 +38,9 @@ def register(subparsers) -> None:
     p.add_argument("--tree", choices=TREES, default="chain", help="tree policy (default: %(default)s)")
     p.add_argument("--budget", type=int, default=None,
                    help=f"most draft nodes per tree (default: chain = the full block, ddtree = {DEFAULT_DDTREE_BUDGET})")
-    p.add_argument("--block-size", type=int, default=11,
-                   help="n-gram drafter: most tokens one round can commit (drafts + 1) (default: %(default)s)")
+    p.add_argument("--block-size", type=int, default=11, help="n-gram: most tokens per round (default: %(default)s)")
     p.add_argument("--max-ngram", type=int, default=4, help="n-gram drafter: longest n-gram matched (default: %(default)s)")
-    p.add_argument("--max-matches", type=int, default=4,
-                   help="n-gram drafter: earlier occurrences used as branches (default: %(default)s)")
+    p.add_argument("--max-matches", type=int, default=4, help="n-gram: matches used (default: %(default)s)")
     p.add_argument("--verify-cost-ratio", type=float, default=2.0,
                    help="cost of a verify pass over a one-token forward; a round drafts only when the expected "
                         "accepted drafts reach this minus 1 (default: %(default)s)")
@@ -60,14 +56,11 @@ def register(subparsers) -> None:
     p.add_argument("--policy-borrow", action="store_true",
                    help="apply --policy-law although it was fitted for another drafter, checkpoint or target "
                         "(refused otherwise; recorded as borrowed_from)")
-    p.add_argument("--tasks", default="spec_bench",
-                   help="'spec_bench', 'open_ended' or a JSONL file with question_id, category, turns (default: %(default)s)")
-    p.add_argument("--categories", nargs="+", default=None, metavar="CATEGORY",
-                   help="only these categories (space or comma separated; default: all)")
+    p.add_argument("--tasks", default="spec_bench", help="spec_bench, open_ended or a JSONL task file")
+    p.add_argument("--categories", nargs="+", metavar="CATEGORY", help="only these (space or comma separated)")
     p.add_argument("--limit", type=int, default=None, help="at most K prompts per category (default: all)")
     p.add_argument("--max-new-tokens", type=int, default=256, help="new tokens per prompt (default: %(default)s)")
-    p.add_argument("--no-chat-template", action="store_true",
-                   help="tokenize the prompt text as is instead of applying the model's chat template")
+    p.add_argument("--no-chat-template", action="store_true", help="tokenize the prompt as is, no chat template")
     p.add_argument("--out", required=True, help="run directory for the traces")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--resume", action="store_true",
@@ -80,8 +73,7 @@ def register(subparsers) -> None:
     p.add_argument("--flush-every", type=int, default=1, metavar="N",
                    help="write finished prompts to disk every N prompts; a crash loses at most those and the one "
                         "in flight (default: %(default)s)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads (default: torch's choice; 1 helps on a busy shared machine)")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
