@@ -25,7 +25,7 @@ def register(subparsers) -> None:
     p.add_argument("--model", default="smollm2-135m",
                    help="an embedded target ('smollm2-135m', 'gemma3-270m': see entropy-law info), a local Hugging "
                         "Face model folder or a .gguf file (default: %(default)s)")
-    p.add_argument("--drafter", type=_drafter_name, choices=DRAFTERS, default="ngram",
+    p.add_argument("--drafter", type=lambda value: DRAFTER_ALIASES.get(value, value), choices=DRAFTERS, default="ngram",
                    help="draft source; 'hybrid': prompt lookup and the block drafter in one tree; 'ar': the "
                         "autoregressive baseline (docs/cli.md) (default: %(default)s)")
     p.add_argument("--checkpoint", help="block (or hybrid) drafter: a checkpoint for --model (default: data/drafters/)")
@@ -82,10 +82,6 @@ def _categories(values: list[str] | None) -> list[str] | None:
     if values is None:
         return None
     return [part.strip() for value in values for part in value.split(",") if part.strip()]
-
-
-def _drafter_name(value: str) -> str:
-    return DRAFTER_ALIASES.get(value, value)
 
 
 def _check_args(args) -> None:

@@ -213,11 +213,6 @@ def _check_fits(prompt: list[int], output: list[int], vocab: int, context: int |
 
 # -- the forward passes -------------------------------------------------------------------------------------
 
-def _vocab_size(model) -> int:
-    head = model.get_output_embeddings()
-    return int(head.weight.shape[0]) if head is not None else int(model.config.vocab_size)
-
-
 def _context_of(model) -> int | None:
     config = getattr(model.config, "get_text_config", lambda: model.config)()
     value = getattr(config, "max_position_embeddings", None)
@@ -268,11 +263,6 @@ def logit_stats(logits: torch.Tensor) -> dict[str, np.ndarray]:
 
 
 # -- the job ------------------------------------------------------------------------------------------------
-
-def _stats_source(model_id: str, source: str, dtype: torch.dtype) -> str:
-    return (f"teacher-forced by entropy-law entropy: target {model_id} ({source}), {str(dtype).replace('torch.', '')}"
-            ", one forward pass over prompt + output, statistics in fp32 over the full vocabulary")
-
 
 def compute_target_stats(run_dir, target, *, out=None, model_id: str | None = None,
                          batch_tokens: int = DEFAULT_BATCH_TOKENS, flush_every: int = DEFAULT_FLUSH_EVERY,
@@ -340,7 +330,8 @@ def _write_stage(plan: _Plan, scorer: _Scorer, *, batch_tokens, flush_every, flu
     model = scorer.model
     imported = read_import(plan.run_dir)
     records = imported.requests
-    vocab = _vocab_size(model)
+    head = model.get_output_embeddings()
+    vocab = int(head.weight.shape[0]) if head is not None else int(model.config.vocab_size)
     aligned, unscored, inputs = _scorable_requests(records, scorer.tokenizer, vocab, _context_of(model))
     scorable = {r.request_id for r in aligned}
     meta = _stage_metadata(plan, imported.metadata, scorer, len(scorable), unscored)
@@ -414,7 +405,8 @@ def _stage_metadata(plan: _Plan, imported: dict, scorer: _Scorer, scorable: int,
     if not plan.in_place:
         meta.pop("run_id", None)
     dtype = str(scorer.dtype).replace("torch.", "")
-    stats_source = _stats_source(scorer.model_id, scorer.source, scorer.dtype)
+    stats_source = (f"teacher-forced by entropy-law entropy: target {scorer.model_id} ({scorer.source}), {dtype}, "
+                    "one forward pass over prompt + output, statistics in fp32 over the full vocabulary")
     meta[METADATA_KEY] = {**meta[METADATA_KEY], "target_stats": stats_source, "rounds_in_tables": scorable}
     meta[METADATA_KEY_ENTROPY] = {"model_id": scorer.model_id, "source": scorer.source, "dtype": dtype,
                                   "device": scorer.device.type, "unscored": unscored}

@@ -51,17 +51,12 @@ def shard_seq(shard: Path) -> int:
     return int(shard.name)
 
 
-def is_shard_name(name: str) -> bool:
-    """Whether ``name`` is the name of a finished shard directory (digits only)."""
-    return name.isdigit()
-
-
 def shard_dirs(run_dir: Path) -> list[Path]:
     """Finished shard directories of a run in sequence order (temporary ``.tmp-*`` ones are skipped)."""
     root = Path(run_dir) / SHARDS_DIR
     if not root.is_dir():
         return []
-    return sorted((p for p in root.iterdir() if p.is_dir() and is_shard_name(p.name)), key=shard_seq)
+    return sorted((p for p in root.iterdir() if p.is_dir() and p.name.isdigit()), key=shard_seq)
 
 
 def unfinished_shards(run_dir: Path) -> list[Path]:
