@@ -1,9 +1,7 @@
 """``TraceRecorder``: writes one run of acceptance traces (the trace format) as a Parquet dataset directory.
 
-Known here: buffering, the per-round checks, the run's life cycle, resume and overwrite rules and the writer's
-lock. A shard is written into a temporary directory and renamed in one ``os.rename`` (its three tables appear
-together or not at all; a taken number is skipped, never replaced). Leftovers of a crashed writer are quarantined
-on resume, never deleted. Any engine logs through ``log_round`` or ``log_columns``. Never imports torch.
+A shard's three tables appear together or not at all (one ``os.rename``); a crashed writer's leftovers are
+quarantined on resume, never deleted. Engines log through ``log_round`` or ``log_columns``. Never imports torch.
 """
 
 from __future__ import annotations
