@@ -213,12 +213,6 @@ def _check_fits(prompt: list[int], output: list[int], vocab: int, context: int |
 
 # -- the forward passes -------------------------------------------------------------------------------------
 
-def _context_of(model) -> int | None:
-    config = getattr(model.config, "get_text_config", lambda: model.config)()
-    value = getattr(config, "max_position_embeddings", None)
-    return int(value) if value else None
-
-
 def plan_batches(lengths: Sequence[int], outputs: Sequence[int], batch_tokens: int, vocab: int) -> list[list[int]]:
     """Indices of requests per forward: sorted by length, packed while the padded batch holds at most
     ``batch_tokens`` tokens and its logits at most ``MAX_LOGIT_BYTES``; ``batch_tokens=0``: one per forward."""
@@ -332,7 +326,8 @@ def _write_stage(plan: _Plan, scorer: _Scorer, *, batch_tokens, flush_every, flu
     records = imported.requests
     head = model.get_output_embeddings()
     vocab = int(head.weight.shape[0]) if head is not None else int(model.config.vocab_size)
-    aligned, unscored, inputs = _scorable_requests(records, scorer.tokenizer, vocab, _context_of(model))
+    context = getattr(getattr(model.config, "get_text_config", lambda: model.config)(), "max_position_embeddings", None)
+    aligned, unscored, inputs = _scorable_requests(records, scorer.tokenizer, vocab, int(context) if context else None)
     scorable = {r.request_id for r in aligned}
     meta = _stage_metadata(plan, imported.metadata, scorer, len(scorable), unscored)
     block_size = run_block_size(records)

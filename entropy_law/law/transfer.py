@@ -265,7 +265,9 @@ def predict_requests(law: FittedLaw, sequences: pd.DataFrame, B: int, *, drafter
     replayed = replayed_arrays(proposals, sequences, drafts) if depths == "replayed" else {}
     frames, shapes = [], []
     for rec in sequences.itertuples():
-        frame, shape = _request_frame(law, rec, np.asarray(rec.entropy, dtype=float), drafts, replayed)
+        top1 = replayed[(str(rec.run_id), str(rec.request_id))][1] if replayed else None
+        frame, shape = law.sequence_frame(np.asarray(rec.entropy, dtype=float), drafts, **sequence_context(law, rec),
+                                          draft_top1=top1 if law.family.needs_draft_stats else None)
         frame["category"] = rec.category
         frames.append(frame)
         depth_1 = frame["depth"].to_numpy() == 1  # depth 1 of a full round at every position
@@ -333,13 +335,6 @@ def _check_depth_inputs(law: FittedLaw, depths: str, drafted, depth_model, propo
     if law.family.needs_draft_stats and depths != "replayed":
         raise ValueError(f"{law.family.name} predicts from the drafter's top-1 probability at every round start: "
                          "use depths='replayed' with replayed proposals")
-
-
-def _request_frame(law: FittedLaw, rec, h: np.ndarray, drafts: int, replayed: dict) -> tuple[pd.DataFrame, tuple]:
-    """One request's rows to predict for the DP: (position, depth) and, for a law in D, drafted depth."""
-    top1 = replayed[(str(rec.run_id), str(rec.request_id))][1] if replayed else None
-    return law.sequence_frame(h, drafts, draft_top1=top1 if law.family.needs_draft_stats else None,
-                              **sequence_context(law, rec))
 
 
 @dataclass
