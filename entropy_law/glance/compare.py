@@ -61,11 +61,9 @@ def law_round_expectations(law, traces, rounds: pd.DataFrame | None = None, *, r
     sum_{k=1}^{D} prod_{j=1}^{k} a(H_{t+j-1}, j), t the round's start, D its drafted depth (``tree_depth``) and H the
     entropies along the greedy output (past its end the last one, as the DP). ``root_only``: H_t at every depth.
 
-    ``law`` is used only through ``predict_frame`` (with ``drafter``, ``drafter_id`` is set). ``drafts``: the drafter's
-    top-1 probability at every verified depth (``jobs.reference.round_proposals`` rows) for a law in it; a missing
-    (round, depth) raises. A law in the copyability or the target's top-1 probability reads the tokens' columns.
-    ``info``: the information set the predictions must stay within, given ``root_only`` and ``depths`` (where
-    ``tree_depth`` came from); a law that reads more raises.
+    ``law``: anything with ``predict_frame``. ``drafts``: the drafter's top-1 probability at every verified depth for
+    a law in it (a missing (round, depth) raises). ``info``: the information set the predictions must stay within,
+    given ``root_only`` and ``depths``; a law that reads more raises.
     """
     if info is not None:
         path = "root only" if root_only else "entropies ahead"

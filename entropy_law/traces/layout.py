@@ -1,7 +1,4 @@
-"""The on-disk layout of one trace run (format v2), shared by the writer and the reader: file and folder names,
-shard naming and order, atomic writes of ``run.json``, a crashed writer's leftovers, and the writer's lock.
-
-Layout (see ``docs/trace-schema.md``)::
+"""The on-disk layout of one trace run (format v2), shared by the writer and the reader (``docs/trace-schema.md``)::
 
     <run dir>/run.json                            metadata, rewritten atomically (temp + os.replace)
     <run dir>/writer.lock                         the writer's pid and host while it has the run open
