@@ -1,9 +1,7 @@
 """GLANCE's law against ours, round by round.
 
-Known here: ``law_round_expectations`` (our law's E[tau] of each recorded round over its drafted depth), ``loco_glance``
-(GLANCE's law fitted without each category, predicting it), ``round_scores`` (GLANCE's scores for any per-round
-predictor) and ``category_frame``. Not known here: the GLM families (a fitted law is used only through
-``predict_frame``), our law's LOCO loop, the figure and the report section (``plots.glance``). No torch.
+``law_round_expectations`` (our law's E[tau] per recorded round), ``loco_glance`` (GLANCE's law fitted without each
+category), ``round_scores`` (GLANCE's scores for any per-round predictor) and ``category_frame``. No torch.
 """
 
 from __future__ import annotations

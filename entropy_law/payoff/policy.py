@@ -69,9 +69,8 @@ def fit_policy(traces, *, window: int = 4, family: str = "law_exp", drafter: str
     runs; pass it for replayed runs). ``max_depth``: tabulate depths 1..max_depth (default: the deepest fitted).
     ``calibration_prior`` (> 0) / ``calibration_half_life`` (> 0): pseudo-drafts and half-life in rounds of the
     in-request calibration (``decoding.policy``); None turns each off.
-    ``context_match``: one row per output position (``run_id``, ``request_id``, ``position``, ``context_match``), or
-    None. Returns a JSON-able dict (``save_policy``); its ``information_set`` is the set it decides in; a law that reads
-    what a round's start does not know is refused.
+    ``context_match``: rows ``run_id``, ``request_id``, ``position``, ``context_match``, or None. Returns a JSON-able
+    dict (``save_policy``); a law that reads what a round's start does not know is refused.
     """
     info = _check_policy_options(family, confidence_weight, calibration_prior, calibration_half_life)
     source = traces  # the drafter's runs and the AR runs beside them: the draft cost's t_AR
