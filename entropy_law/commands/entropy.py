@@ -16,9 +16,7 @@ def register(subparsers) -> None:
         description="Teacher-force the target over an imported run and write the target_* statistics of every "
                     "output token into it. Resumable; details in docs/cli.md and docs/importers.md.")
     p.add_argument("run", help="a run written by entropy-law import")
-    p.add_argument("--model", default="smollm2-135m",
-                   help="the target the engine served: an embedded name, a local Hugging Face folder or a .gguf "
-                        "file (default: %(default)s)")
+    p.add_argument("--model", default="smollm2-135m", help="the target the engine served (default: %(default)s)")
     p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, mps (default: %(default)s)")
     p.add_argument("--dtype", choices=DTYPES, default="float32",
                    help="model weights and activations (statistics always fp32); bfloat16 is faster but lossy "

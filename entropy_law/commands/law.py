@@ -27,9 +27,7 @@ def register(subparsers) -> None:
                         "the prompts with the target (--model, --tasks; docs/cli.md)")
     p.add_argument("--model", help="--context-match: the target that decoded the runs (default: their model_id)")
     p.add_argument("--tasks", help="--context-match: the prompts' task file, where run.json names none")
-    p.add_argument("--out-of-core", action="store_true",
-                   help="fit runs larger than memory (DuckDB over the shards); the law per arm only "
-                        "(docs/out-of-core.md)")
+    p.add_argument("--out-of-core", action="store_true", help="fit runs larger than memory (docs/out-of-core.md)")
     p.add_argument("--no-memory-check", action="store_true", help="skip the check that the runs fit in memory")
     p.set_defaults(func=run)
 

@@ -14,8 +14,7 @@ def register(subparsers) -> None:
     p.add_argument("--from", dest="arm_traces", required=True, metavar="TRACES",
                    help="trace runs of the drafting arm(s) and an AR run, timed together on this target and machine "
                         "(e.g. data/traces_timed)")
-    p.add_argument("--drafter", action="append", metavar="ARM",
-                   help="only this arm, e.g. 'ngram ddtree16' (repeatable; default: every drafting arm)")
+    p.add_argument("--drafter", action="append", metavar="ARM", help="only this arm (repeatable; default: all)")
     p.add_argument("--transfer-error", type=float, default=None, metavar="X",
                    help="the law's (with --replay-rounds: the cost model's) relative error on a new category, "
                         "e.g. 0.2 (default: measured; docs/cli.md)")
@@ -36,17 +35,13 @@ def register(subparsers) -> None:
     p.add_argument("--context-match", action="store_true",
                    help="draft depths by the context's copyability too: recorded, else rebuilt from the prompts "
                         "with the target (--model, --tasks; docs/cli.md)")
-    p.add_argument("--model", help="with --replay / --replay-rounds / --context-match: the target to load (default: "
-                                   "the workload's model)")
-    p.add_argument("--tasks", help="with --replay / --replay-rounds / --context-match: the prompts the workload "
-                                   "decoded (default: its run.json's tasks)")
-    p.add_argument("--law-tasks", help="with --replay: the prompts the --law-from runs decoded where their run.json "
-                                       "names none (e.g. spec_bench for data/traces)")
+    p.add_argument("--model", help="--replay / --replay-rounds / --context-match: the target (default: the workload's)")
+    p.add_argument("--tasks", help="--replay / --replay-rounds / --context-match: the workload's prompts")
+    p.add_argument("--law-tasks", help="--replay: the prompts of the --law-from runs where run.json names none")
     p.add_argument("--law-borrow", action="store_true",
                    help="with --replay: use --law-from's law of an arm of the same name that ran another "
                         "checkpoint; said in the notes")
-    p.add_argument("--checkpoint", help="with --replay / --replay-rounds: the block drafter checkpoint the arm was "
-                                        "recorded with (default: found by the SHA-256 it recorded)")
+    p.add_argument("--checkpoint", help="--replay / --replay-rounds: the arm's checkpoint (default: by SHA-256)")
     p.add_argument("--n-boot", type=int, default=100, help="replicates for the intervals (default 100)")
     p.add_argument("--seed", type=int, default=0, help="seed of the intervals' bootstrap (default: %(default)s)")
     p.set_defaults(func=run)
