@@ -21,9 +21,7 @@ def register(subparsers) -> None:
     p.add_argument("--dtype", choices=DTYPES, default="float32",
                    help="model weights and activations (statistics always fp32); bfloat16 is faster but lossy "
                         "(docs/cli.md) (default: %(default)s)")
-    p.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa",
-                   help="attention kernel: torch's fused sdpa, or transformers' eager one as the decoder runs it "
-                        "(default: %(default)s)")
+    p.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa", help="attention kernel")
     p.add_argument("--out", help="write the scored run here, leaving the import as it is (default: in place)")
     p.add_argument("--batch-tokens", type=int, default=None, metavar="N",
                    help="most padded tokens per forward pass; 0: one pass per request (default: 0 on cpu, 16384 "

@@ -20,8 +20,7 @@ def register(subparsers) -> None:
                    help="drafted-depth model of the tokens-per-round DP (default: %(default)s; full: every round "
                         "drafts a full block)")
     p.add_argument("--loco-depths", default="training", choices=("training", "replayed", "oracle"),
-                   help="drafted depths of the held-out category in --loco (default: %(default)s; the three: "
-                        "docs/cli.md)")
+                   help="drafted depths of the held-out category in --loco (default: %(default)s; docs/cli.md)")
     p.add_argument("--context-match", action="store_true",
                    help="give the law the context's copyability (context_match): recorded, else rebuilt from "
                         "the prompts with the target (--model, --tasks; docs/cli.md)")

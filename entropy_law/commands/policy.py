@@ -16,8 +16,7 @@ def register(subparsers) -> None:
         "policy", help="fit a per-round law policy for one drafting arm and save its parameters",
         description="Fit a per-round law policy for one drafting arm (or combine two with --hybrid) and write its "
                     "parameters for record --policy law and predict --policy. Details: docs/cli.md.")
-    p.add_argument("traces", nargs="?", default=None,
-                   help="trace runs of the arm (and, for its draft cost, a timed AR run on the same machine)")
+    p.add_argument("traces", nargs="?", help="trace runs of the arm (and a timed AR run, for its draft cost)")
     p.add_argument("--hybrid", nargs=2, default=None, metavar=("NGRAM.json", "BLOCK.json"),
                    help="instead of fitting: combine the n-gram and block drafters' policies (each written by this "
                         "command) into the hybrid drafter's (docs/cli.md)")

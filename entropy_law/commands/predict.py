@@ -20,12 +20,8 @@ def register(subparsers) -> None:
                         "e.g. 0.2 (default: measured; docs/cli.md)")
     p.add_argument("--replay", action="store_true",
                    help="replay each arm's drafter over the workload (one run) and price with the law in its confidence")
-    p.add_argument("--law-from", metavar="TRACES",
-                   help="with --replay: runs of the arms with draft_top1_prob and proposals.parquet, for the law "
-                        "(default: --from)")
-    p.add_argument("--replay-rounds", action="store_true",
-                   help="replay each arm's rounds exactly over the workload (one run) and price them with its cost "
-                        "model: no law")
+    p.add_argument("--law-from", metavar="TRACES", help="--replay: runs with proposals, for the law (default: --from)")
+    p.add_argument("--replay-rounds", action="store_true", help="replay each arm's rounds, priced by its cost model")
     p.add_argument("--budgets", metavar="N,N,...",
                    help="with --replay-rounds: also replay every DDTree arm at these tree budgets (e.g. 4,8,32), each "
                         "priced by the recorded arm's cost model")

