@@ -11,8 +11,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "entropy",
-        help="compute the target statistics (entropy, ...) of an imported engine run, so that it fits like ours",
+        "entropy", help="compute the target statistics (entropy, ...) of an imported engine run, to fit it like ours",
         description="Teacher-force the target over an imported run and write the target_* statistics of every "
                     "output token into it. Resumable; details in docs/cli.md and docs/importers.md.")
     p.add_argument("run", help="a run written by entropy-law import")

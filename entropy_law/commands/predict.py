@@ -6,8 +6,7 @@ from __future__ import annotations
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "predict", help="will drafting pay on a workload? predicted from its target entropies with a drafting arm's "
-                        "law and costs",
+        "predict", help="will drafting pay on a workload? predicted from its entropies and an arm's law and costs",
         description="Price a workload's requests with each drafting arm's law and cost model (or replay its drafter or "
                     "rounds over them) and say per category whether drafting pays. Details: docs/cli.md.")
     p.add_argument("workload", help="trace runs of the workload (any arm: AR is enough), a run or a folder of runs")

@@ -17,11 +17,9 @@ DEFAULT_DDTREE_BUDGET = 16
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "record",
-        help="decode benchmark prompts with a drafter and write acceptance traces",
+        "record", help="decode benchmark prompts with a drafter and write acceptance traces",
         description="Decode prompts greedily with speculative decoding (lossless: the output equals greedy "
-                    "decoding) and write per-token target entropy and per-round acceptance to a trace run.",
-    )
+                    "decoding) and write per-token target entropy and per-round acceptance to a trace run.")
     p.add_argument("--model", default="smollm2-135m",
                    help="an embedded target ('smollm2-135m', 'gemma3-270m': see entropy-law info), a local Hugging "
                         "Face model folder or a .gguf file (default: %(default)s)")
