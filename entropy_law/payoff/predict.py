@@ -79,13 +79,10 @@ def parameter_draws(law: FittedLaw, n_draws: int, seed: int) -> np.ndarray:
 
 def request_moments(law: FittedLaw, sequences: pd.DataFrame, B: int, depth_model: TrainingDepthModel | None, *,
                     draws: np.ndarray | None = None, proposals: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Per request of ``sequences`` (``transfer.entropy_sequences`` rows): ``tokens``, the law's E[N] and
-    Var[N] (``round_count_moments`` with the drafted depths of ``depth_model``, or with ``proposals``, the
-    drafter's replayed proposals: the depth it drafts at each round start and its top-1 probabilities,
-    ``transfer.proposal_arrays``), ``predicted_drafting_rounds`` (the expected rounds that draft, depth > 0,
-    ``blocks.expected_round_counts``), ``predicted_tokens_per_round`` = T / E[N], ``var_log_sampling`` =
-    Var[N] / E[N]^2 and, with ``draws`` (coefficient draws), ``var_log_parameters``: the variance of log E[N]
-    over the draws."""
+    """Per request of ``sequences`` (``transfer.entropy_sequences`` rows): ``tokens``, the law's E[N] and Var[N]
+    (drafted depths from ``depth_model``, or from the drafter's replayed ``proposals``), ``predicted_drafting_rounds``,
+    ``predicted_tokens_per_round`` = T / E[N], ``var_log_sampling`` = Var[N] / E[N]^2 and, with ``draws``
+    (coefficient draws), ``var_log_parameters``: the variance of log E[N] over the draws."""
     drafts = int(B) - 1
     if (depth_model is None) == (proposals is None):
         raise ValueError("give exactly one of depth_model (a TrainingDepthModel) and proposals (replayed proposals)")
@@ -272,10 +269,8 @@ class RequestPredictions(Result):
         return out
 
     def coverage_interval(self, alpha: float = 0.05) -> tuple[float, float]:
-        """Wilson interval of the pooled coverage (requests treated as independent). Requests of one held-out
-        category share its mean's error, so with few categories this is too narrow for what another draw of
-        categories would give (``bench/law.py intervals`` measures how much); the category part does not
-        shrink with more requests per category."""
+        """Wilson interval of the pooled coverage, requests treated as independent: with few categories too narrow,
+        as requests of one held-out category share its mean's error."""
         from statsmodels.stats.proportion import proportion_confint
 
         low, high = proportion_confint(int(self.requests["covered"].sum()), len(self.requests), alpha, "wilson")
