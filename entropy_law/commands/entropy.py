@@ -22,13 +22,11 @@ def register(subparsers) -> None:
                         "(docs/cli.md) (default: %(default)s)")
     p.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa", help="attention kernel")
     p.add_argument("--out", help="write the scored run here, leaving the import as it is (default: in place)")
-    p.add_argument("--batch-tokens", type=int, default=None, metavar="N",
-                   help="most padded tokens per forward pass; 0: one pass per request (default: 0 on cpu, 16384 "
-                        "elsewhere)")
+    p.add_argument("--batch-tokens", type=int, metavar="N",
+                   help="most padded tokens per forward; 0: one request each (default: 0 on cpu, 16384 elsewhere)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--flush-every", type=int, default=16, metavar="N",
-                   help="write a shard every N scored requests (and at least once a minute); a killed job loses "
-                        "at most those (default: %(default)s)")
+                   help="write a shard every N scored requests (and once a minute) (default: %(default)s)")
     p.add_argument("--break-lock", action="store_true", help="take over a killed job's stale lock")
     p.add_argument("--no-progress", action="store_true", help="no progress lines")
     p.set_defaults(func=run)

@@ -17,8 +17,7 @@ def register(subparsers) -> None:
     p.add_argument("--loco", action="store_true", help="leave-one-category-out transfer")
     p.add_argument("--tests", action="store_true", help="pre-registered tests P1-P3 with Holm correction")
     p.add_argument("--depths", default="observed", choices=("observed", "category", "full"),
-                   help="drafted-depth model of the tokens-per-round DP (default: %(default)s; full: every round "
-                        "drafts a full block)")
+                   help="drafted-depth model of the DP (default: %(default)s; full: every round drafts a block)")
     p.add_argument("--loco-depths", default="training", choices=("training", "replayed", "oracle"),
                    help="drafted depths of the held-out category in --loco (default: %(default)s; docs/cli.md)")
     p.add_argument("--context-match", action="store_true",

@@ -22,9 +22,8 @@ def register(subparsers) -> None:
                         "command) into the hybrid drafter's (docs/cli.md)")
     p.add_argument("--drafter", metavar="ARM", help="the arm, e.g. 'ngram ddtree16' (default: the only drafting arm)")
     p.add_argument("--out", required=True, metavar="FITTED.json", help="where to write the parameters")
-    p.add_argument("--draft-cost", type=float, default=None, metavar="X",
-                   help="the drafter's time per drafting round in one-token forwards (default: measured from the "
-                        "arm's timed rounds against the AR run's)")
+    p.add_argument("--draft-cost", type=float, metavar="X",
+                   help="drafter time per drafting round in one-token forwards (default: measured against AR)")
     p.add_argument("--window", type=int, help=f"committed positions averaged into the entropy (default {WINDOW})")
     p.add_argument("--no-calibration", action="store_true", help="turn off the in-request calibration of the law")
     p.add_argument("--context-match", action="store_true",

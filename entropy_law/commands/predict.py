@@ -22,8 +22,7 @@ def register(subparsers) -> None:
     p.add_argument("--law-from", metavar="TRACES", help="--replay: runs with proposals, for the law (default: --from)")
     p.add_argument("--replay-rounds", action="store_true", help="replay each arm's rounds, priced by its cost model")
     p.add_argument("--budgets", metavar="N,N,...",
-                   help="with --replay-rounds: also replay every DDTree arm at these tree budgets (e.g. 4,8,32), each "
-                        "priced by the recorded arm's cost model")
+                   help="--replay-rounds: also replay every DDTree arm at these budgets, priced by its cost model")
     p.add_argument("--policy", metavar="FITTED.json",
                    help="with --replay-rounds: also replay every arm of this policy's drafter with the policy in "
                         "place of its gate (written by entropy-law policy)")
@@ -34,8 +33,7 @@ def register(subparsers) -> None:
     p.add_argument("--tasks", help="--replay / --replay-rounds / --context-match: the workload's prompts")
     p.add_argument("--law-tasks", help="--replay: the prompts of the --law-from runs where run.json names none")
     p.add_argument("--law-borrow", action="store_true",
-                   help="with --replay: use --law-from's law of an arm of the same name that ran another "
-                        "checkpoint; said in the notes")
+                   help="--replay: use --law-from's law of a same-named arm that ran another checkpoint (noted)")
     p.add_argument("--checkpoint", help="--replay / --replay-rounds: the arm's checkpoint (default: by SHA-256)")
     p.add_argument("--n-boot", type=int, default=100, help="replicates for the intervals (default 100)")
     p.add_argument("--seed", type=int, default=0, help="seed of the intervals' bootstrap (default: %(default)s)")

@@ -40,8 +40,7 @@ def register(subparsers) -> None:
     p.add_argument("--max-ngram", type=int, default=4, help="n-gram drafter: longest n-gram matched (default: %(default)s)")
     p.add_argument("--max-matches", type=int, default=4, help="n-gram: matches used (default: %(default)s)")
     p.add_argument("--verify-cost-ratio", type=float, default=2.0,
-                   help="cost of a verify pass over a one-token forward; a round drafts only when the expected "
-                        "accepted drafts reach this minus 1 (default: %(default)s)")
+                   help="verify cost in one-token forwards; drafts when expected accepted drafts reach it - 1")
     p.add_argument("--gate", choices=("ratio", "cost"), default="ratio",
                    help="drafting gate: 'ratio' uses --verify-cost-ratio; 'cost' times this machine's verify "
                         "cost once (docs/cli.md) (default: %(default)s)")
@@ -50,8 +49,7 @@ def register(subparsers) -> None:
                         "implies --gate cost; docs/cli.md) (default: %(default)s)")
     p.add_argument("--policy-law", metavar="FITTED.json", help="parameters for --policy law (entropy-law policy)")
     p.add_argument("--policy-borrow", action="store_true",
-                   help="apply --policy-law although it was fitted for another drafter, checkpoint or target "
-                        "(refused otherwise; recorded as borrowed_from)")
+                   help="apply --policy-law fitted for another drafter, checkpoint or target (borrowed_from)")
     p.add_argument("--tasks", default="spec_bench", help="spec_bench, open_ended or a JSONL task file")
     p.add_argument("--categories", nargs="+", metavar="CATEGORY", help="only these (space or comma separated)")
     p.add_argument("--limit", type=int, default=None, help="at most K prompts per category (default: all)")
@@ -64,11 +62,9 @@ def register(subparsers) -> None:
                            "must be those it was recorded with")
     mode.add_argument("--overwrite", action="store_true", help="replace an existing run")
     p.add_argument("--break-lock", action="store_true",
-                   help="take over a run whose writer's lock is stale (its process is gone) or held by another "
-                        "host; never from a running process on this host")
+                   help="take over a stale lock or one held by another host; never a running writer on this host")
     p.add_argument("--flush-every", type=int, default=1, metavar="N",
-                   help="write finished prompts to disk every N prompts; a crash loses at most those and the one "
-                        "in flight (default: %(default)s)")
+                   help="write finished prompts every N; a crash loses at most those (default: %(default)s)")
     p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)

@@ -25,8 +25,7 @@ def register(subparsers) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--overwrite", action="store_true", help="replace a report already in --out (and --results-md)")
     p.add_argument("--out-of-core", action="store_true",
-                   help="runs larger than memory (DuckDB over the shards): per-category results, the law per arm "
-                        "and one figure (docs/out-of-core.md)")
+                   help="runs over memory: per-category results, law per arm, a figure (docs/out-of-core.md)")
     p.add_argument("--memory-limit", metavar="SIZE", help="with --out-of-core: DuckDB's memory limit, e.g. 2GB")
     p.add_argument("--no-memory-check", action="store_true", help="skip the check that the runs fit in memory")
     p.set_defaults(func=run)
