@@ -21,8 +21,7 @@ def register(subparsers) -> None:
     p.add_argument("--loco-depths", default="training", choices=("training", "replayed", "oracle"),
                    help="drafted depths of the held-out category in --loco (default: %(default)s; docs/cli.md)")
     p.add_argument("--context-match", action="store_true",
-                   help="give the law the context's copyability (context_match): recorded, else rebuilt from "
-                        "the prompts with the target (--model, --tasks; docs/cli.md)")
+                   help="give the law the copyability: recorded, else rebuilt (--model, --tasks; docs/cli.md)")
     p.add_argument("--model", help="--context-match: the target that decoded the runs (default: their model_id)")
     p.add_argument("--tasks", help="--context-match: the prompts' task file, where run.json names none")
     p.add_argument("--out-of-core", action="store_true", help="fit runs larger than memory (docs/out-of-core.md)")

@@ -24,11 +24,9 @@ def register(subparsers) -> None:
     p.add_argument("--budgets", metavar="N,N,...",
                    help="--replay-rounds: also replay every DDTree arm at these budgets, priced by its cost model")
     p.add_argument("--policy", metavar="FITTED.json",
-                   help="with --replay-rounds: also replay every arm of this policy's drafter with the policy in "
-                        "place of its gate (written by entropy-law policy)")
+                   help="--replay-rounds: also replay the policy's drafter's arms with it in place of the gate")
     p.add_argument("--context-match", action="store_true",
-                   help="draft depths by the context's copyability too: recorded, else rebuilt from the prompts "
-                        "with the target (--model, --tasks; docs/cli.md)")
+                   help="depths by the copyability too: recorded, else rebuilt (--model, --tasks; docs/cli.md)")
     p.add_argument("--model", help="--replay / --replay-rounds / --context-match: the target (default: the workload's)")
     p.add_argument("--tasks", help="--replay / --replay-rounds / --context-match: the workload's prompts")
     p.add_argument("--law-tasks", help="--replay: the prompts of the --law-from runs where run.json names none")

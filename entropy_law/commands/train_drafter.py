@@ -43,15 +43,13 @@ def _data_options(g) -> None:
                    help="passages per long prompt (default: 3 5)")
     g.add_argument("--soft-topk", type=int, default=32, help="target top-k log-probs stored, for --kl-weight (0: none)")
     g.add_argument("--data-part", type=int, default=0, metavar="K",
-                   help="take the K-th disjoint slice of every source's prompts (default: %(default)s); parts of "
-                        "one plan never share a prompt, so a new part in a new --out adds data")
+                   help="the K-th disjoint slice of every source's prompts; a new part in a new --out adds data")
     g.add_argument("--gen-batch-size", type=int, default=32)
     g.add_argument("--gen-minutes", type=float, help="stop stage-2 generation after this many minutes")
     g.add_argument("--stage2-batches", type=int, help="keep only the first K stage-2 batches (seeded order)")
     g.add_argument("--attn", default="sdpa", help="attention for data generation (default: %(default)s)")
     g.add_argument("--no-chat-template", action="store_true",
-                   help="tokenize the prompts as is (a base model without a chat template; decode its drafter "
-                        "with `entropy-law record --no-chat-template`)")
+                   help="tokenize the prompts as is (a base model; record its drafter with --no-chat-template)")
 
 
 def _training_options(t) -> None:
@@ -67,12 +65,10 @@ def _training_options(t) -> None:
     t.add_argument("--gamma", type=float, default=4.0, help="loss decay (default: %(default)s for B=8)")
     t.add_argument("--context-vocab", action="store_true", help="may also draft any token in the context")
     t.add_argument("--kl-weight", type=float, default=0.0, metavar="A",
-                   help="loss (1-A)*CE + A*KL(target top-k || drafter) per slot; needs data generated with "
-                        "--soft-topk (default: %(default)s, hard labels only)")
+                   help="loss (1-A)*CE + A*KL(target top-k || drafter); needs --soft-topk data (default: 0)")
     t.add_argument("--init-from-target", action="store_true", help="drafter layers start as copies of target layers")
     t.add_argument("--init-fc", action="store_true",
-                   help="with --init-from-target: fc starts as the deepest feature's slice, the context norm "
-                        "as that layer's input norm")
+                   help="--init-from-target: fc and the context norm start from the deepest feature layer")
     t.add_argument("--copy-head", action="store_true", help="mix each draft slot with a pointer over the context")
     t.add_argument("--copy-match", type=int, default=0, metavar="M", help="--copy-head: match features up to M")
     t.add_argument("--copy-distance", type=int, default=0, metavar="N", help="--copy-head: N log2 distance buckets")
