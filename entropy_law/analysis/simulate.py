@@ -1,9 +1,7 @@
 """Simulated traces (format v1 columns) drawn from a known entropy law, for tests and power studies.
 
-Entropy sequences are bursty (a two-state Markov regime, AR(1) on log H in the high state), each with a consistent Zipf
-distribution summary; rounds accept depth d at entropy H with probability exp(-lambda_d s_drafter exp(c_category) (H +
-eps)^k_drafter). Every drafter decodes the same requests; token ids are random and timings a toy cost model
-(``SimCosts``). No torch.
+Bursty entropy sequences (a two-state Markov regime); depth d accepted at entropy H with probability
+exp(-lambda_d s_drafter exp(c_category) (H + eps)^k_drafter); timings from a toy cost model (``SimCosts``). No torch.
 """
 
 from __future__ import annotations

@@ -20,8 +20,7 @@ def register(subparsers) -> None:
         description="Decode a few Spec-Bench prompts per category with AR and each drafter, fit the law, print "
                     "per arm and category whether drafting pays; the detail goes to OUT/<run-id>/.")
     p.add_argument("--limit", type=int, default=DEFAULT_LIMIT, help="prompts per category (default: %(default)s)")
-    p.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS,
-                   help="new tokens per prompt (default: %(default)s)")
+    p.add_argument("--max-new-tokens", type=int, default=DEFAULT_MAX_NEW_TOKENS, help="new tokens per prompt")
     p.add_argument("--out", default="runs", help="parent folder of the run folder (default: %(default)s)")
     p.add_argument("--run-id", default=None, help="name of the run folder (default: UTC time)")
     p.add_argument("--model", default=REFERENCE_MODEL, help="target (default: %(default)s)")
@@ -30,15 +29,11 @@ def register(subparsers) -> None:
     p.add_argument("--categories", nargs="+", default=None, help="only these categories (default: all)")
     p.add_argument("--tasks", default="spec_bench", help="task file (default: %(default)s)")
     p.add_argument("--n-boot", type=int, default=30, help="bootstrap replicates (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=0,
-                   help="seed of the prompt sample and of the analysis (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the sample and the analysis (default: %(default)s)")
     p.add_argument("--format", choices=("html", "md"), default="html", help="report format (default: %(default)s)")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch CPU threads (default 1, as the benches; the answer says when the machine was loaded)")
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default: %(default)s)")
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
-    p.add_argument("--no-chat-template", action="store_true",
-                   help="tokenize the prompt text as is instead of applying the model's chat template (a base model "
-                        "without one, e.g. gemma3-270m)")
+    p.add_argument("--no-chat-template", action="store_true", help="tokenize the prompt as is (a base model)")
     p.set_defaults(func=run)
 
 

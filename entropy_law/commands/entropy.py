@@ -11,32 +11,23 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "entropy",
-        help="compute the target statistics (entropy, ...) of an imported engine run, so that it fits like ours",
+        "entropy", help="compute the target statistics (entropy, ...) of an imported engine run, to fit it like ours",
         description="Teacher-force the target over an imported run and write the target_* statistics of every "
                     "output token into it. Resumable; details in docs/cli.md and docs/importers.md.")
     p.add_argument("run", help="a run written by entropy-law import")
-    p.add_argument("--model", default="smollm2-135m",
-                   help="the target the engine served: an embedded name, a local Hugging Face folder or a .gguf "
-                        "file (default: %(default)s)")
+    p.add_argument("--model", default="smollm2-135m", help="the target the engine served (default: %(default)s)")
     p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, mps (default: %(default)s)")
     p.add_argument("--dtype", choices=DTYPES, default="float32",
                    help="model weights and activations (statistics always fp32); bfloat16 is faster but lossy "
                         "(docs/cli.md) (default: %(default)s)")
-    p.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa",
-                   help="attention kernel: torch's fused sdpa, or transformers' eager one as the decoder runs it "
-                        "(default: %(default)s)")
-    p.add_argument("--out", default=None,
-                   help="write the run with statistics here and leave the import as it is (default: in place)")
-    p.add_argument("--batch-tokens", type=int, default=None, metavar="N",
-                   help="most padded tokens per forward pass; 0: one pass per request (default: 0 on cpu, 16384 "
-                        "elsewhere)")
+    p.add_argument("--attention", choices=("sdpa", "eager"), default="sdpa", help="attention kernel")
+    p.add_argument("--out", help="write the scored run here, leaving the import as it is (default: in place)")
+    p.add_argument("--batch-tokens", type=int, metavar="N",
+                   help="most padded tokens per forward; 0: one request each (default: 0 on cpu, 16384 elsewhere)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.add_argument("--flush-every", type=int, default=16, metavar="N",
-                   help="write a shard every N scored requests (and at least once a minute); a killed job loses "
-                        "at most those (default: %(default)s)")
-    p.add_argument("--break-lock", action="store_true",
-                   help="take over from a job that was killed (its lock is stale); never from a running one")
+                   help="write a shard every N scored requests (and once a minute) (default: %(default)s)")
+    p.add_argument("--break-lock", action="store_true", help="take over a killed job's stale lock")
     p.add_argument("--no-progress", action="store_true", help="no progress lines")
     p.set_defaults(func=run)
 

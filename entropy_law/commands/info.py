@@ -16,9 +16,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("info", help="print the resolved model, package versions, trace format",
                               description="Print the resolved model, the embedded targets, package versions and "
                                           "the trace-format version.")
-    p.add_argument("--model", default="smollm2-135m",
-                   help="model spec to resolve: an embedded target's name, a folder or a .gguf file "
-                        "(default: %(default)s)")
+    p.add_argument("--model", default="smollm2-135m", help="an embedded name, a folder or a .gguf file")
     p.add_argument("--load", action="store_true", help="also load the model and print its config")
     p.set_defaults(func=run)
 

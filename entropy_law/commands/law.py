@@ -17,23 +17,15 @@ def register(subparsers) -> None:
     p.add_argument("--loco", action="store_true", help="leave-one-category-out transfer")
     p.add_argument("--tests", action="store_true", help="pre-registered tests P1-P3 with Holm correction")
     p.add_argument("--depths", default="observed", choices=("observed", "category", "full"),
-                   help="drafted-depth model of the tokens-per-round DP (default: %(default)s; full: every round "
-                        "drafts a full block)")
+                   help="drafted-depth model of the DP (default: %(default)s; full: every round drafts a block)")
     p.add_argument("--loco-depths", default="training", choices=("training", "replayed", "oracle"),
-                   help="drafted depths of the held-out category in --loco (default: %(default)s; the three: "
-                        "docs/cli.md)")
+                   help="drafted depths of the held-out category in --loco (default: %(default)s; docs/cli.md)")
     p.add_argument("--context-match", action="store_true",
-                   help="give the law the context's copyability (context_match): recorded, else rebuilt from "
-                        "the prompts with the target (--model, --tasks; docs/cli.md)")
-    p.add_argument("--model", default=None,
-                   help="--context-match: the target that decoded the runs (default: their model_id)")
-    p.add_argument("--tasks", default=None,
-                   help="--context-match: the prompts' task file, where a run's run.json names none")
-    p.add_argument("--out-of-core", action="store_true",
-                   help="fit runs larger than memory (DuckDB over the shards); the law per arm only "
-                        "(docs/out-of-core.md)")
-    p.add_argument("--no-memory-check", action="store_true",
-                   help="skip the check that refuses an in-memory fit of runs larger than the memory available")
+                   help="give the law the copyability: recorded, else rebuilt (--model, --tasks; docs/cli.md)")
+    p.add_argument("--model", help="--context-match: the target that decoded the runs (default: their model_id)")
+    p.add_argument("--tasks", help="--context-match: the prompts' task file, where run.json names none")
+    p.add_argument("--out-of-core", action="store_true", help="fit runs larger than memory (docs/out-of-core.md)")
+    p.add_argument("--no-memory-check", action="store_true", help="skip the check that the runs fit in memory")
     p.set_defaults(func=run)
 
 

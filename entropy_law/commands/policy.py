@@ -16,32 +16,21 @@ def register(subparsers) -> None:
         "policy", help="fit a per-round law policy for one drafting arm and save its parameters",
         description="Fit a per-round law policy for one drafting arm (or combine two with --hybrid) and write its "
                     "parameters for record --policy law and predict --policy. Details: docs/cli.md.")
-    p.add_argument("traces", nargs="?", default=None,
-                   help="trace runs of the arm (and, for its draft cost, a timed AR run on the same machine)")
-    p.add_argument("--hybrid", nargs=2, default=None, metavar=("NGRAM.json", "BLOCK.json"),
-                   help="instead of fitting: combine the n-gram and block drafters' policies (each written by this "
-                        "command) into the hybrid drafter's (docs/cli.md)")
-    p.add_argument("--drafter", metavar="ARM",
-                   help="the arm, e.g. 'ngram ddtree16' (default: the traces' only drafting arm)")
+    p.add_argument("traces", nargs="?", help="trace runs of the arm (and a timed AR run, for its draft cost)")
+    p.add_argument("--hybrid", nargs=2, metavar=("NGRAM.json", "BLOCK.json"),
+                   help="instead of fitting: combine the n-gram and block policies into the hybrid's (docs/cli.md)")
+    p.add_argument("--drafter", metavar="ARM", help="the arm, e.g. 'ngram ddtree16' (default: the only drafting arm)")
     p.add_argument("--out", required=True, metavar="FITTED.json", help="where to write the parameters")
-    p.add_argument("--draft-cost", type=float, default=None, metavar="X",
-                   help="the drafter's time per drafting round in one-token forwards (default: measured from the "
-                        "arm's timed rounds against the AR run's)")
-    p.add_argument("--window", type=int, default=None, help="committed positions averaged into the policy's entropy "
-                                                             f"(default {WINDOW})")
-    p.add_argument("--no-calibration", action="store_true",
-                   help="turn off the in-request calibration of the law (default: on, 1 pseudo-draft, half-life 16)")
+    p.add_argument("--draft-cost", type=float, metavar="X",
+                   help="drafter time per drafting round in one-token forwards (default: measured against AR)")
+    p.add_argument("--window", type=int, help=f"committed positions averaged into the entropy (default {WINDOW})")
+    p.add_argument("--no-calibration", action="store_true", help="turn off the in-request calibration of the law")
     p.add_argument("--context-match", action="store_true",
-                   help="also fit the law per level of the context's copyability; loads the target (--model) to "
-                        "rebuild the runs' prompts (--tasks; docs/cli.md)")
-    p.add_argument("--max-context-match", type=int, default=None, metavar="K",
-                   help="--context-match: longer suffix matches count as K (default: 8)")
-    p.add_argument("--min-level-trials", type=int, default=None, metavar="N",
-                   help="--context-match: at-risk trials a level needs to be fitted on its own (default: 200)")
-    p.add_argument("--model", default=None,
-                   help="--context-match: the target that decoded the runs (default: their model_id)")
-    p.add_argument("--tasks", default=None,
-                   help="--context-match: the prompts' task file, where a run's run.json names none (replayed runs)")
+                   help="fit per level of the context's copyability; rebuilds prompts with --model (docs/cli.md)")
+    p.add_argument("--max-context-match", type=int, metavar="K", help="--context-match: match length cap (default 8)")
+    p.add_argument("--min-level-trials", type=int, metavar="N", help="--context-match: trials per level (default 200)")
+    p.add_argument("--model", help="--context-match: the target that decoded the runs (default: their model_id)")
+    p.add_argument("--tasks", help="--context-match: the prompts' task file, where run.json names none")
     p.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     p.set_defaults(func=run)
 

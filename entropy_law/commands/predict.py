@@ -6,47 +6,33 @@ from __future__ import annotations
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "predict", help="will drafting pay on a workload? predicted from its target entropies with a drafting arm's "
-                        "law and costs",
+        "predict", help="will drafting pay on a workload? predicted from its entropies and an arm's law and costs",
         description="Price a workload's requests with each drafting arm's law and cost model (or replay its drafter or "
                     "rounds over them) and say per category whether drafting pays. Details: docs/cli.md.")
     p.add_argument("workload", help="trace runs of the workload (any arm: AR is enough), a run or a folder of runs")
     p.add_argument("--from", dest="arm_traces", required=True, metavar="TRACES",
                    help="trace runs of the drafting arm(s) and an AR run, timed together on this target and machine "
                         "(e.g. data/traces_timed)")
-    p.add_argument("--drafter", action="append", metavar="ARM",
-                   help="only this arm, e.g. 'ngram ddtree16' (repeatable; default: every drafting arm)")
+    p.add_argument("--drafter", action="append", metavar="ARM", help="only this arm (repeatable; default: all)")
     p.add_argument("--transfer-error", type=float, default=None, metavar="X",
                    help="the law's (with --replay-rounds: the cost model's) relative error on a new category, "
                         "e.g. 0.2 (default: measured; docs/cli.md)")
     p.add_argument("--replay", action="store_true",
                    help="replay each arm's drafter over the workload (one run) and price with the law in its confidence")
-    p.add_argument("--law-from", metavar="TRACES",
-                   help="with --replay: runs of the arms with draft_top1_prob and proposals.parquet, for the law "
-                        "(default: --from)")
-    p.add_argument("--replay-rounds", action="store_true",
-                   help="replay each arm's rounds exactly over the workload (one run) and price them with its cost "
-                        "model: no law")
+    p.add_argument("--law-from", metavar="TRACES", help="--replay: runs with proposals, for the law (default: --from)")
+    p.add_argument("--replay-rounds", action="store_true", help="replay each arm's rounds, priced by its cost model")
     p.add_argument("--budgets", metavar="N,N,...",
-                   help="with --replay-rounds: also replay every DDTree arm at these tree budgets (e.g. 4,8,32), each "
-                        "priced by the recorded arm's cost model")
+                   help="--replay-rounds: also replay every DDTree arm at these budgets, priced by its cost model")
     p.add_argument("--policy", metavar="FITTED.json",
-                   help="with --replay-rounds: also replay every arm of this policy's drafter with the policy in "
-                        "place of its gate (written by entropy-law policy)")
+                   help="--replay-rounds: also replay the policy's drafter's arms with it in place of the gate")
     p.add_argument("--context-match", action="store_true",
-                   help="draft depths by the context's copyability too: recorded, else rebuilt from the prompts "
-                        "with the target (--model, --tasks; docs/cli.md)")
-    p.add_argument("--model", help="with --replay / --replay-rounds / --context-match: the target to load (default: "
-                                   "the workload's model)")
-    p.add_argument("--tasks", help="with --replay / --replay-rounds / --context-match: the prompts the workload "
-                                   "decoded (default: its run.json's tasks)")
-    p.add_argument("--law-tasks", help="with --replay: the prompts the --law-from runs decoded where their run.json "
-                                       "names none (e.g. spec_bench for data/traces)")
+                   help="depths by the copyability too: recorded, else rebuilt (--model, --tasks; docs/cli.md)")
+    p.add_argument("--model", help="--replay / --replay-rounds / --context-match: the target (default: the workload's)")
+    p.add_argument("--tasks", help="--replay / --replay-rounds / --context-match: the workload's prompts")
+    p.add_argument("--law-tasks", help="--replay: the prompts of the --law-from runs where run.json names none")
     p.add_argument("--law-borrow", action="store_true",
-                   help="with --replay: use --law-from's law of an arm of the same name that ran another "
-                        "checkpoint; said in the notes")
-    p.add_argument("--checkpoint", help="with --replay / --replay-rounds: the block drafter checkpoint the arm was "
-                                        "recorded with (default: found by the SHA-256 it recorded)")
+                   help="--replay: use --law-from's law of a same-named arm that ran another checkpoint (noted)")
+    p.add_argument("--checkpoint", help="--replay / --replay-rounds: the arm's checkpoint (default: by SHA-256)")
     p.add_argument("--n-boot", type=int, default=100, help="replicates for the intervals (default 100)")
     p.add_argument("--seed", type=int, default=0, help="seed of the intervals' bootstrap (default: %(default)s)")
     p.set_defaults(func=run)

@@ -17,20 +17,16 @@ DEFAULT_DDTREE_BUDGET = 16
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "record",
-        help="decode benchmark prompts with a drafter and write acceptance traces",
+        "record", help="decode benchmark prompts with a drafter and write acceptance traces",
         description="Decode prompts greedily with speculative decoding (lossless: the output equals greedy "
-                    "decoding) and write per-token target entropy and per-round acceptance to a trace run.",
-    )
+                    "decoding) and write per-token target entropy and per-round acceptance to a trace run.")
     p.add_argument("--model", default="smollm2-135m",
                    help="an embedded target ('smollm2-135m', 'gemma3-270m': see entropy-law info), a local Hugging "
                         "Face model folder or a .gguf file (default: %(default)s)")
-    p.add_argument("--drafter", type=_drafter_name, choices=DRAFTERS, default="ngram",
+    p.add_argument("--drafter", type=lambda value: DRAFTER_ALIASES.get(value, value), choices=DRAFTERS, default="ngram",
                    help="draft source; 'hybrid': prompt lookup and the block drafter in one tree; 'ar': the "
                         "autoregressive baseline (docs/cli.md) (default: %(default)s)")
-    p.add_argument("--checkpoint", default=None,
-                   help="block (or hybrid) drafter: a checkpoint trained for --model (default: the shipped one in "
-                        "data/drafters/)")
+    p.add_argument("--checkpoint", help="block (or hybrid) drafter: a checkpoint for --model (default: data/drafters/)")
     p.add_argument("--drafter-dtype", choices=("float32", "bfloat16"), default="float32",
                    help="block drafter: the dtype its layers run in; the target stays fp32 and the output greedy "
                         "(docs/cli.md) (default: %(default)s)")
@@ -40,34 +36,25 @@ def register(subparsers) -> None:
     p.add_argument("--tree", choices=TREES, default="chain", help="tree policy (default: %(default)s)")
     p.add_argument("--budget", type=int, default=None,
                    help=f"most draft nodes per tree (default: chain = the full block, ddtree = {DEFAULT_DDTREE_BUDGET})")
-    p.add_argument("--block-size", type=int, default=11,
-                   help="n-gram drafter: most tokens one round can commit (drafts + 1) (default: %(default)s)")
+    p.add_argument("--block-size", type=int, default=11, help="n-gram: most tokens per round (default: %(default)s)")
     p.add_argument("--max-ngram", type=int, default=4, help="n-gram drafter: longest n-gram matched (default: %(default)s)")
-    p.add_argument("--max-matches", type=int, default=4,
-                   help="n-gram drafter: earlier occurrences used as branches (default: %(default)s)")
+    p.add_argument("--max-matches", type=int, default=4, help="n-gram: matches used (default: %(default)s)")
     p.add_argument("--verify-cost-ratio", type=float, default=2.0,
-                   help="cost of a verify pass over a one-token forward; a round drafts only when the expected "
-                        "accepted drafts reach this minus 1 (default: %(default)s)")
+                   help="verify cost in one-token forwards; drafts when expected accepted drafts reach it - 1")
     p.add_argument("--gate", choices=("ratio", "cost"), default="ratio",
                    help="drafting gate: 'ratio' uses --verify-cost-ratio; 'cost' times this machine's verify "
                         "cost once (docs/cli.md) (default: %(default)s)")
     p.add_argument("--policy", choices=("gate", "law"), default="gate",
                    help="per-round drafting decision: 'gate' (--gate) or 'law', a fitted law policy (--policy-law; "
                         "implies --gate cost; docs/cli.md) (default: %(default)s)")
-    p.add_argument("--policy-law", default=None, metavar="FITTED.json",
-                   help="policy parameters for --policy law, written by entropy-law policy on this drafter's "
-                        "traces")
+    p.add_argument("--policy-law", metavar="FITTED.json", help="parameters for --policy law (entropy-law policy)")
     p.add_argument("--policy-borrow", action="store_true",
-                   help="apply --policy-law although it was fitted for another drafter, checkpoint or target "
-                        "(refused otherwise; recorded as borrowed_from)")
-    p.add_argument("--tasks", default="spec_bench",
-                   help="'spec_bench', 'open_ended' or a JSONL file with question_id, category, turns (default: %(default)s)")
-    p.add_argument("--categories", nargs="+", default=None, metavar="CATEGORY",
-                   help="only these categories (space or comma separated; default: all)")
+                   help="apply --policy-law fitted for another drafter, checkpoint or target (borrowed_from)")
+    p.add_argument("--tasks", default="spec_bench", help="spec_bench, open_ended or a JSONL task file")
+    p.add_argument("--categories", nargs="+", metavar="CATEGORY", help="only these (space or comma separated)")
     p.add_argument("--limit", type=int, default=None, help="at most K prompts per category (default: all)")
     p.add_argument("--max-new-tokens", type=int, default=256, help="new tokens per prompt (default: %(default)s)")
-    p.add_argument("--no-chat-template", action="store_true",
-                   help="tokenize the prompt text as is instead of applying the model's chat template")
+    p.add_argument("--no-chat-template", action="store_true", help="tokenize the prompt as is, no chat template")
     p.add_argument("--out", required=True, help="run directory for the traces")
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--resume", action="store_true",
@@ -75,13 +62,10 @@ def register(subparsers) -> None:
                            "must be those it was recorded with")
     mode.add_argument("--overwrite", action="store_true", help="replace an existing run")
     p.add_argument("--break-lock", action="store_true",
-                   help="take over a run whose writer's lock is stale (its process is gone) or held by another "
-                        "host; never from a running process on this host")
+                   help="take over a stale lock or one held by another host; never a running writer on this host")
     p.add_argument("--flush-every", type=int, default=1, metavar="N",
-                   help="write finished prompts to disk every N prompts; a crash loses at most those and the one "
-                        "in flight (default: %(default)s)")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch CPU threads (default: torch's choice; 1 helps on a busy shared machine)")
+                   help="write finished prompts every N; a crash loses at most those (default: %(default)s)")
+    p.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -90,10 +74,6 @@ def _categories(values: list[str] | None) -> list[str] | None:
     if values is None:
         return None
     return [part.strip() for value in values for part in value.split(",") if part.strip()]
-
-
-def _drafter_name(value: str) -> str:
-    return DRAFTER_ALIASES.get(value, value)
 
 
 def _check_args(args) -> None:

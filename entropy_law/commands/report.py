@@ -16,28 +16,18 @@ def register(subparsers) -> None:
     p.add_argument("--out", required=True, help="folder for the report (created)")
     p.add_argument("--format", choices=("html", "md"), default="html",
                    help="html: one self-contained page; md: report.md with PNG figures (default: %(default)s)")
-    p.add_argument("--family", default=None,
-                   help="law family fitted per arm (default: the primary law; its fallback, noted, on traces "
-                        "without the target's top-1 probability)")
-    p.add_argument("--n-boot", type=int, default=100,
-                   help="request-bootstrap replicates for the speedup / break-even intervals (default: %(default)s)")
+    p.add_argument("--family", help="law family fitted per arm (default: the primary law, or its fallback)")
+    p.add_argument("--n-boot", type=int, default=100, help="bootstrap replicates (default: %(default)s)")
     p.add_argument("--seed", type=int, default=0, help="seed of the CV folds and the bootstrap (default: %(default)s)")
-    p.add_argument("--ar-ms-per-token", type=float, default=None,
-                   help="AR decode cost per token when the traces hold no AR run (a calibration)")
-    p.add_argument("--compare-families", nargs="+", default=None, metavar="FAMILY",
-                   help="law families in the CV comparison (default: all that can be fitted)")
-    p.add_argument("--results-md", default=None, metavar="FILE",
-                   help="also write the README results section (Markdown table) to FILE")
+    p.add_argument("--ar-ms-per-token", type=float, help="AR cost per token where the traces hold no AR run")
+    p.add_argument("--compare-families", nargs="+", metavar="FAMILY", help="families in the CV comparison")
+    p.add_argument("--results-md", metavar="FILE", help="also write the results section (Markdown) to FILE")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--overwrite", action="store_true", help="replace a report already in --out (and --results-md)")
     p.add_argument("--out-of-core", action="store_true",
-                   help="runs larger than memory (DuckDB over the shards): per-category results, the law per arm "
-                        "and one figure (docs/out-of-core.md)")
-    p.add_argument("--memory-limit", default=None, metavar="SIZE",
-                   help="with --out-of-core: DuckDB's memory limit, e.g. 2GB (default: DuckDB's)")
-    p.add_argument("--no-memory-check", action="store_true",
-                   help="skip the check that refuses an in-memory report on runs whose rows need more memory than "
-                        "is available (it suggests --out-of-core)")
+                   help="runs over memory: per-category results, law per arm, a figure (docs/out-of-core.md)")
+    p.add_argument("--memory-limit", metavar="SIZE", help="with --out-of-core: DuckDB's memory limit, e.g. 2GB")
+    p.add_argument("--no-memory-check", action="store_true", help="skip the check that the runs fit in memory")
     p.set_defaults(func=run)
 
 

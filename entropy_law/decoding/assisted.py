@@ -26,9 +26,8 @@ class AssistedRecorder(BaseStreamer):
         streamer = AssistedRecorder(recorder, model, assistant, request_id="q1", category="math", max_new_tokens=128)
         model.generate(**inputs, assistant_model=assistant, streamer=streamer, max_new_tokens=128, do_sample=False)
 
-    ``recorder``: a ``TraceRecorder``; ``target``: the model that generates; ``max_new_tokens``: the value given
-    to ``generate``. The request is written at ``end()``; ``rounds`` then lists what was logged. One recorder per
-    ``generate`` call."""
+    ``recorder``: a ``TraceRecorder``; ``target``: the model that generates. The request is written at ``end()``;
+    one recorder per ``generate`` call."""
 
     def __init__(self, recorder, target, assistant_model, *, request_id: str, category: str, max_new_tokens: int,
                  dataset: str = "", question_id: str = "", eos_token_id: int | Sequence[int] | None = None):

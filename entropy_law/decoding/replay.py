@@ -1,9 +1,7 @@
 """Offline replay: target statistics and speculative rounds from a prompt and its greedy output.
 
-One teacher-forced target pass gives the target's logits at every output position. ``replay_rounds`` plays the
-decoder's own round (``round.play_round``, same ``RoundRules``) with the recorded output as the source of correct
-tokens (greedy decoding's argmax after any prefix is its next token): context-only drafters directly, feature
-drafters through ``PrecomputedBlockDrafter``. Round 0 is the prefill; replayed rounds report 0 ms.
+One teacher-forced target pass gives the logits at every output position; ``replay_rounds`` plays the decoder's
+own round (``round.play_round``) with the greedy output as the correct tokens. Replayed rounds report 0 ms.
 """
 
 from __future__ import annotations
@@ -216,10 +214,6 @@ class OracleResult:
     committed: list[int]  # tokens committed by each decode round
     cost: list[float]  # its modelled cost in one-token forwards: c(N + 1), plus the drafter's cost when it drafted
     accepted: list[int] = field(default_factory=list)  # drafts accepted by each decode round
-
-    @property
-    def tokens_per_round(self) -> float:
-        return sum(self.committed) / len(self.committed) if self.committed else float("nan")
 
     @property
     def modelled_speedup(self) -> float:

@@ -1,15 +1,11 @@
 """GLANCE-style block drafter (DFlash family): a whole block drafted in one forward pass over target features.
 
-- Context: outputs of a few target layers (``feature_layers``) at every committed position, fused by
-  ``Linear(n*H -> H)`` + RMSNorm and injected as extra keys/values into every drafter layer.
-- Block: ``[anchor, MASK x (B-1)]`` at positions ``anchor ..``; slot ``k`` predicts the token at ``anchor + k``.
-  Block queries see their own block and context strictly before the anchor. MASK is a learned vector.
-- Head: the target's frozen embedding and LM head, referenced, never copied or saved.
-- Optional: a draft vocabulary (EAGLE-3-style reduced head, with ``context_vocab`` plus every id already in
-  the context) and a copy head (a pointer-generator mixture over the context, ``copy_mix``; this project's
-  addition). Both read only tokens at or before the anchor.
-- Modes: ``begin``/``propose`` (the ``Drafter`` protocol, with a context K/V cache that only grows) and
-  ``block_logits`` (training and replay: every anchor in one pass, masked by original position).
+- Context: a few target layers' outputs (``feature_layers``), fused by ``Linear(n*H -> H)`` + RMSNorm and injected
+  as extra keys/values into every drafter layer. Block ``[anchor, MASK x (B-1)]``: slot ``k`` predicts the token at
+  ``anchor + k`` and sees its block and the context before the anchor. Head: the target's, referenced, never saved.
+- Optional: a reduced draft vocabulary (``context_vocab``) and a copy head (``copy_mix``), both reading only tokens
+  at or before the anchor. Modes: ``begin``/``propose`` (the ``Drafter`` protocol) and ``block_logits`` (training
+  and replay: every anchor in one pass).
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Prompt-lookup (n-gram) drafting with self-calibrated probabilities.
 
-Earlier occurrences of the context's last n tokens give per-depth candidates (the best match is the top-1 at every
-depth, other matches DDTree's alternatives). Each proposal is scored against the tokens later committed after its
-root; per (best-match length n, depth d) the hits per rank give the log-probability of rank r at depth d, shrunk
-towards n's pooled rate and that towards a prior growing with n. The counts restart with every request unless
-``keep_calibration``, so proposals depend only on the request's context and round boundaries, as replay needs.
+Earlier occurrences of the context's last n tokens give per-depth candidates; per (match length n, depth d) the
+hit rate per rank, shrunk towards n's pooled rate, gives the log-probabilities. The counts restart with every
+request unless ``keep_calibration``, so proposals depend only on the request's context, as replay needs.
 """
 
 from __future__ import annotations

@@ -1,10 +1,7 @@
 """GLANCE's law: its own room, apart from the law families of ``entropy_law.law``.
 
-``law`` (GLANCE's round-level law, logit p = b0 - b1 H at the round root: ``fit_glance``, ``GlanceLaw``), ``rounds``
-(the per-round table; GLANCE's JSONL round logs read and written) and ``compare`` (GLANCE's law against ours round by
-round); ``matched`` (both given the same drafted depth). ``fit_law`` refuses "glance" and says to call ``fit_glance``.
-Not known here: the GLM families (``entropy_law.law`` never imports this room), the figure (``plots.glance``), importing
-a round log as a run (``importers.glance``). No torch.
+``law`` (logit p = b0 - b1 H at the round root: ``fit_glance``, ``GlanceLaw``), ``rounds`` (GLANCE's JSONL round
+logs), ``compare`` and ``matched`` (GLANCE's law against ours round by round). ``entropy_law.law`` never imports it.
 """
 
 from entropy_law.glance.compare import category_frame, law_round_expectations, loco_glance, round_scores

@@ -1,9 +1,7 @@
 """GLANCE's law against ours, round by round.
 
-Known here: ``law_round_expectations`` (our law's E[tau] of each recorded round over its drafted depth), ``loco_glance``
-(GLANCE's law fitted without each category, predicting it), ``round_scores`` (GLANCE's scores for any per-round
-predictor) and ``category_frame``. Not known here: the GLM families (a fitted law is used only through
-``predict_frame``), our law's LOCO loop, the figure and the report section (``plots.glance``). No torch.
+``law_round_expectations`` (our law's E[tau] per recorded round), ``loco_glance`` (GLANCE's law fitted without each
+category), ``round_scores`` (GLANCE's scores for any per-round predictor) and ``category_frame``. No torch.
 """
 
 from __future__ import annotations
@@ -61,11 +59,9 @@ def law_round_expectations(law, traces, rounds: pd.DataFrame | None = None, *, r
     sum_{k=1}^{D} prod_{j=1}^{k} a(H_{t+j-1}, j), t the round's start, D its drafted depth (``tree_depth``) and H the
     entropies along the greedy output (past its end the last one, as the DP). ``root_only``: H_t at every depth.
 
-    ``law`` is used only through ``predict_frame`` (with ``drafter``, ``drafter_id`` is set). ``drafts``: the drafter's
-    top-1 probability at every verified depth (``jobs.reference.round_proposals`` rows) for a law in it; a missing
-    (round, depth) raises. A law in the copyability or the target's top-1 probability reads the tokens' columns.
-    ``info``: the information set the predictions must stay within, given ``root_only`` and ``depths`` (where
-    ``tree_depth`` came from); a law that reads more raises.
+    ``law``: anything with ``predict_frame``. ``drafts``: the drafter's top-1 probability at every verified depth for
+    a law in it (a missing (round, depth) raises). ``info``: the information set the predictions must stay within,
+    given ``root_only`` and ``depths``; a law that reads more raises.
     """
     if info is not None:
         path = "root only" if root_only else "entropies ahead"

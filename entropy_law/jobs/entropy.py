@@ -1,10 +1,8 @@
 """Target statistics for an imported engine run (``entropy-law entropy RUN --model M``), teacher-forced.
 
-One forward over prompt + output per aligned per-step request (packed into left-padded forwards of at most
-``batch_tokens`` tokens; 0: one each); the rounds come from the engine's per-step counts. A request whose ids do
-not fit the target keeps its request row only (``entropy.unscored`` in ``run.json``). Resumable. In place (no
-``out``) the run is written to a hidden ``.<name>.entropy`` folder while the import is locked, then swapped in by
-two renames, keeping the ``run_id``; a swap left half done is finished by the next run.
+Packed forwards of at most ``batch_tokens`` tokens over prompt + output; rounds from the engine's per-step
+counts. A request whose ids do not fit the target keeps its request row only (``entropy.unscored``). Resumable;
+in place (no ``out``) the run is written to a hidden folder and swapped in by two renames, keeping its ``run_id``.
 """
 
 from __future__ import annotations
@@ -215,17 +213,6 @@ def _check_fits(prompt: list[int], output: list[int], vocab: int, context: int |
 
 # -- the forward passes -------------------------------------------------------------------------------------
 
-def _vocab_size(model) -> int:
-    head = model.get_output_embeddings()
-    return int(head.weight.shape[0]) if head is not None else int(model.config.vocab_size)
-
-
-def _context_of(model) -> int | None:
-    config = getattr(model.config, "get_text_config", lambda: model.config)()
-    value = getattr(config, "max_position_embeddings", None)
-    return int(value) if value else None
-
-
 def plan_batches(lengths: Sequence[int], outputs: Sequence[int], batch_tokens: int, vocab: int) -> list[list[int]]:
     """Indices of requests per forward: sorted by length, packed while the padded batch holds at most
     ``batch_tokens`` tokens and its logits at most ``MAX_LOGIT_BYTES``; ``batch_tokens=0``: one per forward."""
@@ -270,11 +257,6 @@ def logit_stats(logits: torch.Tensor) -> dict[str, np.ndarray]:
 
 
 # -- the job ------------------------------------------------------------------------------------------------
-
-def _stats_source(model_id: str, source: str, dtype: torch.dtype) -> str:
-    return (f"teacher-forced by entropy-law entropy: target {model_id} ({source}), {str(dtype).replace('torch.', '')}"
-            ", one forward pass over prompt + output, statistics in fp32 over the full vocabulary")
-
 
 def compute_target_stats(run_dir, target, *, out=None, model_id: str | None = None,
                          batch_tokens: int = DEFAULT_BATCH_TOKENS, flush_every: int = DEFAULT_FLUSH_EVERY,
@@ -342,8 +324,10 @@ def _write_stage(plan: _Plan, scorer: _Scorer, *, batch_tokens, flush_every, flu
     model = scorer.model
     imported = read_import(plan.run_dir)
     records = imported.requests
-    vocab = _vocab_size(model)
-    aligned, unscored, inputs = _scorable_requests(records, scorer.tokenizer, vocab, _context_of(model))
+    head = model.get_output_embeddings()
+    vocab = int(head.weight.shape[0]) if head is not None else int(model.config.vocab_size)
+    context = getattr(getattr(model.config, "get_text_config", lambda: model.config)(), "max_position_embeddings", None)
+    aligned, unscored, inputs = _scorable_requests(records, scorer.tokenizer, vocab, int(context) if context else None)
     scorable = {r.request_id for r in aligned}
     meta = _stage_metadata(plan, imported.metadata, scorer, len(scorable), unscored)
     block_size = run_block_size(records)
@@ -416,7 +400,8 @@ def _stage_metadata(plan: _Plan, imported: dict, scorer: _Scorer, scorable: int,
     if not plan.in_place:
         meta.pop("run_id", None)
     dtype = str(scorer.dtype).replace("torch.", "")
-    stats_source = _stats_source(scorer.model_id, scorer.source, scorer.dtype)
+    stats_source = (f"teacher-forced by entropy-law entropy: target {scorer.model_id} ({scorer.source}), {dtype}, "
+                    "one forward pass over prompt + output, statistics in fp32 over the full vocabulary")
     meta[METADATA_KEY] = {**meta[METADATA_KEY], "target_stats": stats_source, "rounds_in_tables": scorable}
     meta[METADATA_KEY_ENTROPY] = {"model_id": scorer.model_id, "source": scorer.source, "dtype": dtype,
                                   "device": scorer.device.type, "unscored": unscored}

@@ -1,10 +1,9 @@
 """Decode prompts with one or more arms and record one trace run per arm (``record_arms``): the loop the demo,
 the reference traces and ``entropy-law record`` share.
 
-Every run folder is checked before any arm is set up; a resumed run must match its whole configuration. After an
-optional unrecorded warm-up, every arm decodes each prompt in an order that rotates with the prompt, each call
-timed (CPU and wall). Prompts already recorded, empty or too long are skipped; a failing request raises (the run
-stays resumable), or with ``keep_going`` is logged and counted.
+Run folders are checked before any arm is set up; arms decode each prompt in an order that rotates with the
+prompt, each call timed. Recorded, empty or too long prompts are skipped; a failing request raises (resumable),
+or with ``keep_going`` is logged and counted.
 """
 
 from __future__ import annotations
@@ -165,7 +164,8 @@ def _open_arm(spec: ArmSpec, plan: RecordPlan, stack: contextlib.ExitStack, log:
     """Drafter, adapter, verify cost, recorder, then the decoder with the recorder as its observer."""
     target, adapter, output, drafting = plan.target, plan.adapter, plan.output, plan.drafting
     run_dir, gate, policy = output.run_dir(spec.name), drafting.gate, drafting.policy_of(spec)
-    stored = _stored_metadata(run_dir) if output.resume else None
+    run_file = Path(run_dir) / RUN_FILE
+    stored = read_run_json(run_file) if output.resume and run_file.is_file() else None
     drafter = make_drafter(spec, target, ngram_options=drafting.ngram_options, checkpoint=drafting.checkpoint,
                            compute_dtype=drafting.drafter_dtype, hybrid_options=drafting.hybrid_options)
     if adapter is None:
@@ -208,11 +208,6 @@ def _open_arm(spec: ArmSpec, plan: RecordPlan, stack: contextlib.ExitStack, log:
         raise ValueError(str(err)) from err
     result = ArmResult(spec=spec, run_dir=run_dir, run_id=recorder.run_id, metadata=recorder.metadata)
     return _Arm(result=result, recorder=recorder, decoder=decoder([RecorderObserver(recorder)]), plain=plain)
-
-
-def _stored_metadata(run_dir: Path) -> dict | None:
-    run_file = Path(run_dir) / RUN_FILE
-    return read_run_json(run_file) if run_file.is_file() else None
 
 
 def _absent_means(stored: dict | None, spec: ArmSpec) -> dict:

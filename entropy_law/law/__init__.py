@@ -1,10 +1,7 @@
 """The entropy law itself: at-risk tables, law families, fits, comparison, transfer and tests.
 
-One module each: ``arms`` (which runs are one arm), ``atrisk`` (the at-risk layout and its aggregate), ``fit``
-(law families, ``fit_law``, ``FittedLaw``, ``LawSet``), ``blocks`` (E[tau], exact rounds), ``compare`` (grouped
-CV), ``transfer`` (block prediction, leave-one-category-out), ``hypotheses`` (pre-registered tests),
-``bootstrap``, ``stats`` and ``results``. Definitions: ``docs/law.md``. The rooms that build on it (``payoff``,
-``outofcore``, ``glance``, ``analysis``), torch and plotting are never imported from here.
+Definitions: ``docs/law.md``. The rooms that build on it (``payoff``, ``outofcore``, ``glance``, ``analysis``),
+torch and plotting are never imported from here.
 """
 
 from entropy_law.law.arms import run_arms

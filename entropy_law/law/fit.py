@@ -254,7 +254,8 @@ def prepare_counts(traces, family: LawFamily, *, eps=atrisk.EPS_NATS, width_log1
         table = traces
     else:
         table = atrisk.at_risk_table(traces, eps=eps, on_invalid=on_invalid)
-    unlogged = [c for c in table.attrs.get("unlogged", ()) if c in _statistics_read(family)]
+    read = (set(family.bin_columns) | set(family.position_columns)) & set(atrisk.COVARIATES)
+    unlogged = [c for c in table.attrs.get("unlogged", ()) if c in read]
     if unlogged:
         raise ValueError(f"{family.name} reads {unlogged}, which these traces did not log (null at every at-risk "
                          "position): compute the target's statistics for imported runs (`entropy-law entropy RUN "
@@ -285,10 +286,6 @@ def prepare_counts(traces, family: LawFamily, *, eps=atrisk.EPS_NATS, width_log1
                                          keys=(*atrisk.KEY_COLUMNS, *family.extra_keys), extra_means=family.means)
     return atrisk.as_counts(table)
 
-
-def _statistics_read(family: LawFamily) -> set:
-    """The target statistics (``atrisk.COVARIATES``) a family bins on or reads per position."""
-    return (set(family.bin_columns) | set(family.position_columns)) & set(atrisk.COVARIATES)
 
 
 def check_counts(counts: pd.DataFrame, family: LawFamily, *, min_requests_per_category: int = 5,
@@ -683,11 +680,6 @@ class FittedLaw(Result):
         a = self.predict_acceptance(h, depth, category, drafter=drafter, **extra)
         return expected_accepted(a)
 
-    def _sequence_cum(self, h: np.ndarray, t: np.ndarray, j: np.ndarray) -> np.ndarray:
-        csum = np.concatenate([[0.0], np.cumsum(h)])
-        start = np.maximum(t - j + 1, 0)
-        return csum[t] - csum[start]
-
     def sequence_frame(self, h: np.ndarray, drafts: int, *, draft_top1: np.ndarray | None = None,
                        context_match: np.ndarray | None = None,
                        target_top1_prob: np.ndarray | None = None) -> tuple[pd.DataFrame, tuple]:
@@ -712,7 +704,8 @@ class FittedLaw(Result):
             shape = ((h.size, drafts), None)
             start = np.repeat(np.arange(h.size), drafts)
         if self.family.name == "law_exp_cum":
-            frame["cum_entropy_nats"] = self._sequence_cum(h, position, depth)
+            csum = np.concatenate([[0.0], np.cumsum(h)])
+            frame["cum_entropy_nats"] = csum[position] - csum[np.maximum(position - depth + 1, 0)]
         if self.family.means:  # the decode-time covariates of each (round start, depth)'s output position
             for name, values in atrisk.sequence_covariates(h, position).items():
                 frame[name] = values

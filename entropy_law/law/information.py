@@ -1,7 +1,6 @@
 """What a predictor may read: the four information sets, and the inputs each law reads.
 
-A claim about a law is only as strong as the information its predictor was given; a comparison gives both sides
-the same set. The sets are not nested:
+A comparison gives both sides the same set. The sets are not nested:
 
 - ``workload``: what an AR run of the prompts gives before any drafting (greedy output does not depend on the
   drafter): the target's entropy at every output position, the context's copyability, a drafted-depth model fitted

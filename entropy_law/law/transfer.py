@@ -1,15 +1,10 @@
 """Block-level prediction and leave-one-category-out (LOCO) transfer.
 
-Known here: per-request entropy sequences (the target entropy at every committed output position), the drafted depth of
-every round and models of it (``depth_probabilities``, ``TrainingDepthModel``), the law-implied tokens per round by
-exact DP over those sequences with acceptance capped at the drafted depth (``blocks.expected_round_counts``) beside the
-i.i.d. plug-in, compared with the observed tokens per round; and LOCO: fit without a category, predict its tokens per
-round and the log-likelihood of its trials beside a refit on it (transfer ratio), with a depth-only control (acceptance
-per depth, no entropy, same depths, same DP). LOCO is leak-free by default (``depths="training"``); ``"oracle"`` uses
-the category's own observed depths.
-
-One drafter's runs must be one arm (``arms``); requests are counted per (run, request). Not known here: the statistics
-of the category ranking (``hypotheses``). No torch.
+The law-implied tokens per round by exact DP over each request's entropy sequence, acceptance capped at the
+drafted depth (``blocks.expected_round_counts``; depth models ``depth_probabilities``, ``TrainingDepthModel``),
+against the observed; and LOCO: fit without a category, predict its tokens per round and trial log-likelihood
+beside a refit on it, with a depth-only control. One drafter's runs must be one arm; requests are counted per
+(run, request). The ranking statistics live in ``hypotheses``. No torch.
 """
 
 from __future__ import annotations
@@ -270,7 +265,9 @@ def predict_requests(law: FittedLaw, sequences: pd.DataFrame, B: int, *, drafter
     replayed = replayed_arrays(proposals, sequences, drafts) if depths == "replayed" else {}
     frames, shapes = [], []
     for rec in sequences.itertuples():
-        frame, shape = _request_frame(law, rec, np.asarray(rec.entropy, dtype=float), drafts, replayed)
+        top1 = replayed[(str(rec.run_id), str(rec.request_id))][1] if replayed else None
+        frame, shape = law.sequence_frame(np.asarray(rec.entropy, dtype=float), drafts, **sequence_context(law, rec),
+                                          draft_top1=top1 if law.family.needs_draft_stats else None)
         frame["category"] = rec.category
         frames.append(frame)
         depth_1 = frame["depth"].to_numpy() == 1  # depth 1 of a full round at every position
@@ -338,13 +335,6 @@ def _check_depth_inputs(law: FittedLaw, depths: str, drafted, depth_model, propo
     if law.family.needs_draft_stats and depths != "replayed":
         raise ValueError(f"{law.family.name} predicts from the drafter's top-1 probability at every round start: "
                          "use depths='replayed' with replayed proposals")
-
-
-def _request_frame(law: FittedLaw, rec, h: np.ndarray, drafts: int, replayed: dict) -> tuple[pd.DataFrame, tuple]:
-    """One request's rows to predict for the DP: (position, depth) and, for a law in D, drafted depth."""
-    top1 = replayed[(str(rec.run_id), str(rec.request_id))][1] if replayed else None
-    return law.sequence_frame(h, drafts, draft_top1=top1 if law.family.needs_draft_stats else None,
-                              **sequence_context(law, rec))
 
 
 @dataclass

@@ -535,11 +535,9 @@ def fit_law_out_of_core(traces, family: str = "law_exp", by: str | None = None, 
     """``fit_law(load_traces(traces), family, by)`` for runs larger than memory: memory is bounded by a batch of cells
     and the number of requests.
 
-    The cells of ``at_risk_sql`` are written per group of shards to a temporary folder, checked as ``fit_law`` checks
-    them, turned into a design matrix on disk (patsy) and fitted by IRLS in passes; one more pass gives the CR1
-    covariance with t(G - 1) inference. Estimates and standard errors equal ``fit_law``'s within 1e-6; ``model`` holds
-    the first cells only and ``counts`` is None. ``batch_cells``: cells per batch; ``chunk_bytes``, ``threads``,
-    ``memory_limit``, ``temp_directory``: DuckDB. ``by_arm``: ``drafter_id`` is the run's arm label.
+    Estimates and standard errors equal ``fit_law``'s within 1e-6; ``model`` holds the first cells only and ``counts``
+    is None. ``batch_cells``: cells per batch; ``chunk_bytes``, ``threads``, ``memory_limit``, ``temp_directory``:
+    DuckDB. ``by_arm``: ``drafter_id`` is the run's arm label.
     """
     fam, by = _checked_options(family, by, depth=depth, cov_type=cov_type, on_invalid=on_invalid)
     bins = tuple(fam.bin_columns)

@@ -1,9 +1,7 @@
 """Measured decode speedups of an analysed trace set, and the prediction checked against them.
 
-Each timed arm's requests are paired with the timed AR requests of its model and machine on the same prompts
-(``paired_requests``), on the CPU clock where every pair has it: per category the speedup with its interval and verdict
-(``speedup``), the prediction against it (``speedup_validation``) and where per-request speedups cross 1
-(``speedup_crossing``). Each function takes ``an``, a ``TraceAnalysis`` (never imported).
+Timed arm requests are paired with timed AR requests of the same model, machine and prompts (``paired_requests``,
+CPU clock where every pair has it). Each function takes ``an``, a ``TraceAnalysis`` (never imported).
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """The law behind the per-round drafting policy: fitted from traces, exported as plain parameters.
 
-Known here: ``fit_policy`` fits the acceptance law (``fit.fit_law``, ``law_exp`` by default) on what a decoder knows
-before a round: ``H_w``, the mean target entropy over the last ``window`` committed positions, in place of the entropy
-at the drafted position; it tabulates ``a(H_w, d)`` on a log-spaced entropy grid for d = 1..D. The drafter's cost
-(one-token forwards) comes from ``cost.fit_cost_model`` on the traces, or is given. The result is a JSON-able dict that
-the decoder (``decoding.policy.LawPolicy``) reads without importing this layer.
-
-Stated choices, not fitted (the traces' requests ran without a policy): ``confidence_weight`` (the drafter's own
-probability against the law in the decoder's geometric blend), ``calibration_prior`` (pseudo-drafts m of the in-request
-calibration s = (A + m) / (E + m); None: off) and ``calibration_half_life`` (rounds; None: never fades).
-
-``context_match`` (optional; ``jobs.reference.context_matches``): the longest suffix of the context before each output
-position that occurred earlier in it. With it the law gains a factor ``C(context_match)`` at each round's start and the
-parameters hold one acceptance table per level; lengths above ``max_length`` count as ``max_length``, and a level with
-fewer than ``min_level_trials`` at-risk trials joins the level below it (``context_levels``). No torch.
+``fit_policy`` fits the acceptance law on what a decoder knows before a round (``H_w``, the mean target entropy
+over the last ``window`` committed positions) and tabulates ``a(H_w, d)`` on a log-spaced entropy grid; with
+``context_match`` it holds one table per copyability level (``context_levels``). The drafter's cost comes from
+``cost.fit_cost_model`` or is given. ``confidence_weight``, ``calibration_prior`` and ``calibration_half_life``
+are stated choices, not fitted. The JSON-able result is read by ``decoding.policy.LawPolicy``. No torch.
 """
 
 from __future__ import annotations
@@ -76,10 +67,10 @@ def fit_policy(traces, *, window: int = 4, family: str = "law_exp", drafter: str
     ``window``: positions averaged into ``H_w``. ``draft_cost``: the drafter's cost per drafting round in one-token
     forwards; None: ``draft_ms / ar_ms_per_token`` of ``cost.fit_cost_model`` on ``traces`` (needs timed drafter and AR
     runs; pass it for replayed runs). ``max_depth``: tabulate depths 1..max_depth (default: the deepest fitted).
-    ``calibration_prior`` (> 0) / ``calibration_half_life`` (> 0): module docstring; None turns each off.
-    ``context_match``: one row per output position (``run_id``, ``request_id``, ``position``, ``context_match``), or
-    None. Returns a JSON-able dict (``save_policy``); its ``information_set`` is the set it decides in; a law that reads
-    what a round's start does not know is refused.
+    ``calibration_prior`` (> 0) / ``calibration_half_life`` (> 0): pseudo-drafts and half-life in rounds of the
+    in-request calibration (``decoding.policy``); None turns each off.
+    ``context_match``: rows ``run_id``, ``request_id``, ``position``, ``context_match``, or None. Returns a JSON-able
+    dict (``save_policy``); a law that reads what a round's start does not know is refused.
     """
     info = _check_policy_options(family, confidence_weight, calibration_prior, calibration_half_life)
     source = traces  # the drafter's runs and the AR runs beside them: the draft cost's t_AR

@@ -1,19 +1,9 @@
 """Per-request prediction of tokens per round with a prediction interval, and per-category reliability.
 
-Known here: the first two moments of a request's number of rounds under a fitted law (the DP of
-``blocks`` extended to E[N^2]: the round-to-round sampling variation given the request's length and
-entropy sequence), the law's parameter uncertainty (draws of the GLM coefficients from their
-cluster-robust normal approximation, the same draws for every request), the between-request and
-between-category overdispersion of log tokens per round estimated on the training categories only (method
-of moments on their residuals, each training category predicted by a law fitted without it), and the
-leave-one-category-out use of all three (``loco_predictions``): a 90% interval per held-out request, its
-coverage against the observed tokens per round, and the reliability of the held-out trials' predicted
-acceptance per category.
-
-Intervals are on log(tokens per round): centre log(T / E[N]) + b, b the mean training residual;
-variance = Var(N) / E[N]^2 (sampling, delta method) + the parameter draws' variance of log E[N] +
-sigma2_request + sigma2_category + Var(b). Not known here: how laws are fitted (``fit``), the depth model
-(``transfer.TrainingDepthModel``), plots. No torch.
+Intervals are on log(tokens per round), centre log(T / E[N]) + b (b the mean training residual), variance the
+sum of the sampling variance Var(N) / E[N]^2 (the DP of ``blocks`` extended to E[N^2]), the law's parameter
+uncertainty (cluster-robust coefficient draws), the request and category overdispersion and Var(b), all
+estimated on training categories only (``loco_predictions``, leave one category out). No torch.
 """
 
 from __future__ import annotations
@@ -89,13 +79,10 @@ def parameter_draws(law: FittedLaw, n_draws: int, seed: int) -> np.ndarray:
 
 def request_moments(law: FittedLaw, sequences: pd.DataFrame, B: int, depth_model: TrainingDepthModel | None, *,
                     draws: np.ndarray | None = None, proposals: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Per request of ``sequences`` (``transfer.entropy_sequences`` rows): ``tokens``, the law's E[N] and
-    Var[N] (``round_count_moments`` with the drafted depths of ``depth_model``, or with ``proposals``, the
-    drafter's replayed proposals: the depth it drafts at each round start and its top-1 probabilities,
-    ``transfer.proposal_arrays``), ``predicted_drafting_rounds`` (the expected rounds that draft, depth > 0,
-    ``blocks.expected_round_counts``), ``predicted_tokens_per_round`` = T / E[N], ``var_log_sampling`` =
-    Var[N] / E[N]^2 and, with ``draws`` (coefficient draws), ``var_log_parameters``: the variance of log E[N]
-    over the draws."""
+    """Per request of ``sequences`` (``transfer.entropy_sequences`` rows): ``tokens``, the law's E[N] and Var[N]
+    (drafted depths from ``depth_model``, or from the drafter's replayed ``proposals``), ``predicted_drafting_rounds``,
+    ``predicted_tokens_per_round`` = T / E[N], ``var_log_sampling`` = Var[N] / E[N]^2 and, with ``draws``
+    (coefficient draws), ``var_log_parameters``: the variance of log E[N] over the draws."""
     drafts = int(B) - 1
     if (depth_model is None) == (proposals is None):
         raise ValueError("give exactly one of depth_model (a TrainingDepthModel) and proposals (replayed proposals)")
@@ -145,15 +132,9 @@ class Overdispersion:
         per round) and ``var_log_sampling``. Method of moments, each variance floored at 0.
 
         ``out_of_sample``: each category's residuals come from a law fitted without it (``loco_predictions``'
-        nested mode). Its mean residual r_j then holds the error of a fit that never saw it, a fit on the other
-        k - 1 training categories: with category shifts of variance s^2 (plus the noise of a category mean),
-        r_j = u_j - mean of the other k - 1, so sum r_j^2 / k has mean k / (k - 1) s^2, while the held-out
-        category's error, against a law fitted on all k, has variance s^2 (1 + 1 / k). So ``sigma2_category`` is
-        sum r_j^2 / k x (k - 1) / k (less the noise) and ``var_bias`` that over k: together s^2 (1 + 1 / k) on
-        average (``tests/test_law_predict.py`` checks it by simulation). The sum of squares over k taken as it is
-        would count the fit's error twice: (k + 1) / (k - 1) s^2 in all. In-sample residual means lie closer to the
-        law that was fitted to them: there the divisor is k - 1. The nested estimate is the one that sees a law
-        misspecified across categories (``bench/law.py intervals`` measures the coverage of both)."""
+        nested mode); then sum r_j^2 / k has mean k / (k - 1) s^2, so ``sigma2_category`` is sum r_j^2 / k x
+        (k - 1) / k (less the noise) and ``var_bias`` that over k, together s^2 (1 + 1 / k) on average
+        (``tests/test_law_predict.py`` checks it by simulation). In-sample, the divisor is k - 1."""
         if residual.empty:
             raise ValueError("no training requests to estimate the overdispersion from")
         groups = residual.groupby("category")
@@ -235,16 +216,9 @@ class RequestPredictions(Result):
         return float(self.requests["covered"].mean())
 
     def category_predictions(self) -> pd.DataFrame:
-        """Per held-out category: observed tokens per round (its committed tokens over its rounds) and the
-        prediction from the requests' centres (the same ratio with each request's rounds at T / centre), the
-        raw DP's (T / E[N], no training bias) beside it, and their relative errors.
-
-        With the drafting rounds (``request_moments``' ``predicted_drafting_rounds``, the observed
-        ``observed_drafting_rounds``): the mean accepted drafts per drafting round, (T - rounds) / drafting
-        rounds summed over the category, observed, from the centres and raw. The centres' drafting rounds are
-        the DP's share of drafting rounds in each request applied to its rounds at T / centre, so the mean
-        accepted length and the tokens per round come from one round count (the raw DP's mean accepted length
-        is ``loco_transfer``'s)."""
+        """Per held-out category: observed tokens per round, the prediction from the requests' centres (each
+        request's rounds at T / centre) and the raw DP's (T / E[N]), their relative errors; with drafting rounds,
+        the mean accepted drafts per drafting round the same three ways."""
         r = self.requests
         tokens = r.groupby("category")["tokens"].sum()
         rounds = {"observed": r["tokens"] / r["observed_tokens_per_round"], "centre": r["tokens"] / r["center"],
@@ -295,10 +269,8 @@ class RequestPredictions(Result):
         return out
 
     def coverage_interval(self, alpha: float = 0.05) -> tuple[float, float]:
-        """Wilson interval of the pooled coverage (requests treated as independent). Requests of one held-out
-        category share its mean's error, so with few categories this is too narrow for what another draw of
-        categories would give (``bench/law.py intervals`` measures how much); the category part does not
-        shrink with more requests per category."""
+        """Wilson interval of the pooled coverage, requests treated as independent: with few categories too narrow,
+        as requests of one held-out category share its mean's error."""
         from statsmodels.stats.proportion import proportion_confint
 
         low, high = proportion_confint(int(self.requests["covered"].sum()), len(self.requests), alpha, "wilson")
@@ -334,21 +306,13 @@ def loco_predictions(traces, family: str = "law_exp", *, drafter: str | None = N
                      proposals: pd.DataFrame | None = None, overdispersion: str = "nested") -> RequestPredictions:
     """Leave-one-category-out per-request prediction with ``level`` intervals, and reliability per category.
 
-    For each category: fit ``family`` (category-free) on the others with request-clustered errors; the drafted
-    depths of every request come from a ``TrainingDepthModel`` fitted on the training categories' rounds
-    (leak-free, as ``loco_transfer(depths="training")``); the bias and overdispersion (``Overdispersion``) from the
-    training requests' residuals (``overdispersion``, below); then each held-out request's centre, interval (sampling given its
-    length + ``n_draws`` coefficient draws + overdispersion) and whether it covers the observed tokens per
-    round (committed tokens / rounds). Nothing of the held-out category enters but its entropy sequences.
-    ``proposals`` (replayed proposals, ``traces.proposals``): the drafted depths (and a law's top-1
-    probabilities) come from the drafter's own proposals replayed at every position instead (leak-free too,
-    as ``loco_transfer(depths="replayed")``); then its training residuals set the bias and overdispersion.
-    ``overdispersion``: where the bias b and the request and category overdispersion come from.
-    ``"nested"`` (default): each training category's requests predicted by a law (and depth model) fitted on
-    the other training categories, so b and sigma2_category measure how far an unseen category lands
-    (``Overdispersion.estimate``). ``"in-sample"``: the training requests' residuals under the law fitted on all
-    of them (the between-category variance comes out too small where the law is wrong across categories).
-    Reliability: the held-out category's at-risk trials under the LOCO law, by bin of predicted acceptance.
+    For each category: fit ``family`` on the others (request-clustered errors), take drafted depths from a
+    ``TrainingDepthModel`` fitted on the training rounds (or, with ``proposals``, the drafter's replayed
+    proposals), the bias and ``Overdispersion`` from training residuals, then each held-out request's centre,
+    interval (sampling + ``n_draws`` coefficient draws + overdispersion) and whether it covers the observed tokens
+    per round. Only the held-out category's entropy sequences enter. ``overdispersion``: ``"nested"`` (default,
+    each training category predicted by a law fitted without it) or ``"in-sample"``. Reliability: the held-out
+    at-risk trials by bin of predicted acceptance. Raises ``ValueError`` when ``n_draws`` is 1.
     """
     if n_draws == 1:
         raise ValueError("n_draws must be 0 (no parameter uncertainty) or at least 2")

@@ -2,8 +2,7 @@
 
 One JSON object per line with ``question_id``, ``category``, ``image`` (relative to the file's folder) and
 ``turns`` or ``question``; optional ``kind`` (``"grounded"`` or ``"descriptive"``) and ``reference`` (a short
-answer). The shipped set is ``"vlm_tasks"``. ``ImageTask`` is a ``Task`` with its image; never imports torch or
-Pillow (``entropy_law.decoding.vlm`` turns a task into token ids and pixels).
+answer). The shipped set is ``"vlm_tasks"``. Never imports torch or Pillow (``decoding.vlm`` does).
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Compaction of a finished trace run: its many small shards rewritten as a few larger ones, nothing else changed.
 
-``compact_run`` rewrites a complete run's rows, in order and whole requests per shard, through
-``TraceRecorder.log_columns`` into a sibling folder, checks every table reads back equal, then swaps the folders,
-keeping ``run_id``, ``run.json`` (plus ``compacted``) and other files. A failure before the swap leaves the run as it
-was; a kill between the swap's two renames leaves the original whole at ``.<name>.before-compacting``.
+``compact_run`` rewrites a complete run into a sibling folder, checks every table reads back equal, then swaps
+the folders (``run_id`` kept). A failure leaves the original whole (at ``.<name>.before-compacting`` mid-swap).
 """
 
 from __future__ import annotations

@@ -1,7 +1,4 @@
-"""The on-disk layout of one trace run (format v2), shared by the writer and the reader: file and folder names,
-shard naming and order, atomic writes of ``run.json``, a crashed writer's leftovers, and the writer's lock.
-
-Layout (see ``docs/trace-schema.md``)::
+"""The on-disk layout of one trace run (format v2), shared by the writer and the reader (``docs/trace-schema.md``)::
 
     <run dir>/run.json                            metadata, rewritten atomically (temp + os.replace)
     <run dir>/writer.lock                         the writer's pid and host while it has the run open
@@ -51,17 +48,12 @@ def shard_seq(shard: Path) -> int:
     return int(shard.name)
 
 
-def is_shard_name(name: str) -> bool:
-    """Whether ``name`` is the name of a finished shard directory (digits only)."""
-    return name.isdigit()
-
-
 def shard_dirs(run_dir: Path) -> list[Path]:
     """Finished shard directories of a run in sequence order (temporary ``.tmp-*`` ones are skipped)."""
     root = Path(run_dir) / SHARDS_DIR
     if not root.is_dir():
         return []
-    return sorted((p for p in root.iterdir() if p.is_dir() and is_shard_name(p.name)), key=shard_seq)
+    return sorted((p for p in root.iterdir() if p.is_dir() and p.name.isdigit()), key=shard_seq)
 
 
 def unfinished_shards(run_dir: Path) -> list[Path]:

@@ -1,9 +1,7 @@
 """``TraceRecorder``: writes one run of acceptance traces (the trace format) as a Parquet dataset directory.
 
-Known here: buffering, the per-round checks, the run's life cycle, resume and overwrite rules and the writer's
-lock. A shard is written into a temporary directory and renamed in one ``os.rename`` (its three tables appear
-together or not at all; a taken number is skipped, never replaced). Leftovers of a crashed writer are quarantined
-on resume, never deleted. Any engine logs through ``log_round`` or ``log_columns``. Never imports torch.
+A shard's three tables appear together or not at all (one ``os.rename``); a crashed writer's leftovers are
+quarantined on resume, never deleted. Engines log through ``log_round`` or ``log_columns``. Never imports torch.
 """
 
 from __future__ import annotations
@@ -323,10 +321,9 @@ class TraceRecorder:
     ``absent_means[key]``) and replaced only with ``overwrite=True``. ``completed_requests``: the ids to skip.
 
     One writer per run: ``<path>/writer.lock`` is held until ``finish()`` (a live holder: ``RunLockedError``; a stale or
-    foreign lock too unless ``break_lock=True``). A request's rows are buffered until ``end_request`` and written in a
-    shard once the ended requests hold ``flush_every_rounds`` rounds or number ``flush_every_requests``, on ``flush()``
-    and on ``finish()``. As a context manager a clean exit finishes the run; an exception flushes ended requests and
-    propagates.
+    foreign lock too unless ``break_lock=True``). Ended requests are written in a shard every ``flush_every_rounds``
+    rounds or ``flush_every_requests`` requests, on ``flush()`` and ``finish()``. As a context manager a clean exit
+    finishes the run; an exception flushes ended requests and propagates.
     """
 
     def __init__(self, path, *, overwrite: bool = False, resume: bool = False,

@@ -83,17 +83,13 @@ def _bad(column: pa.ChunkedArray, condition) -> np.ndarray | None:
     return flags.fill_null(False).to_numpy(zero_copy_only=False)
 
 
-def _role_ok(column: pa.ChunkedArray) -> pa.ChunkedArray:
-    return pc.is_in(column, value_set=pa.array(ROLES))
-
-
 def _check_tokens(tbl: pa.Table, where: str) -> None:
     t = "tokens"
     role = tbl.column("role")
     dictionaries_ok = all(set(c.dictionary.to_pylist()) <= set(ROLES) for c in role.chunks
                           if pa.types.is_dictionary(c.type))
     if not dictionaries_ok or not pa.types.is_dictionary(role.type):
-        mask = _bad(role, lambda c: pc.invert(_role_ok(c)))
+        mask = _bad(role, lambda c: pc.invert(pc.is_in(c, value_set=pa.array(ROLES))))
         if mask is not None:
             _fail_first(mask, tbl, t, where, f"unknown role (allowed: {list(ROLES)})")
     checks = [

@@ -426,10 +426,6 @@ def _generation_results(prompt_ids, feats, responses, soft_ids, soft_lp, topk: i
     return results
 
 
-def _shard_name(stage: int, index: int) -> str:
-    return f"stage{stage}-{index:04d}"
-
-
 FP16_MAX = float(torch.finfo(torch.float16).max)
 
 
@@ -513,7 +509,7 @@ def generate_dataset(target, out_dir: str | os.PathLike, *, plan: DataPlan, feat
         if max_batches is not None:
             batches = batches[:max_batches]
         for index, batch in enumerate(batches):
-            name = _shard_name(stage, index)
+            name = f"stage{stage}-{index:04d}"
             meta = read_shard_meta(out, name)
             if meta is None:
                 if stop_at is not None and time.time() > stop_at:

@@ -1,9 +1,7 @@
 """Training the block drafter on self-distilled data, and its held-out chain acceptance (offline replay).
 
-Slot ``k`` of a block at a sampled response anchor is labelled with the token at ``anchor + k``; the loss is
-cross-entropy decayed by ``w_k = exp(-(k-1)/gamma)``, optionally mixed with KL to the target's renormalised
-draftable top-k (``kl_weight``), plus a copy-pointer loss. AdamW with warm-up and cosine decay, one seeded
-``torch.Generator``, checkpoints with exact resume.
+Slot ``k`` at a sampled anchor is labelled with the token at ``anchor + k``; loss: cross-entropy decayed by
+``exp(-(k-1)/gamma)``, optionally mixed with KL to the target's top-k, plus a copy-pointer loss. Seeded, resumable.
 """
 
 from __future__ import annotations
