@@ -8,6 +8,7 @@ Subcommands (each prints a table and ends with one JSON line):
     python bench/policy.py replay [ARGS]
     python bench/policy.py gate-vs-law [ARGS]
     python bench/policy.py controllers [ARGS]
+    python bench/policy.py controllers-timed [ARGS]
 
 ``python bench/policy.py SUBCOMMAND --help`` lists a subcommand's arguments.
 """
@@ -1581,12 +1582,158 @@ def run_controllers(args, parser) -> dict:
     return result
 
 
+# the top three field controllers of the modelled ranking (n-gram drafter, policy-controllers.txt), timed
+TIMED_FIELD = ("SGLang accept-length EMA (tiers 1/3/7)", "vLLM per-workload length (other requests' profile)",
+               "transformers confidence threshold (0.4, ROC refit)")
+
+
+def controllers_timed_arguments(parser) -> None:
+    """The arguments of ``controllers-timed``."""
+    parser.add_argument("--sets", nargs="+", default=["open_ended"], metavar="TASKS",
+                        help="prompt sets the shipped law policy never saw (default: open_ended; it was fitted on all "
+                             "400 Spec-Bench prompts of data/traces)")
+    parser.add_argument("--per-category", type=int, default=8, help="prompts per category (default 8)")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=None, metavar="FILE", help="also write the table here, headed by date, commit, "
+                                                                   "machine and load average")
+
+
+def workload_lengths(target, arm_meta: dict, skip_questions: set[str], verify_cost, draft_cost: float
+                     ) -> tuple[dict, int, dict]:
+    """vLLM's per-workload draft length from an offline profile of OTHER requests: the fixed tree of ``arm_meta``
+    replayed over the greedy outputs of the open-ended trace sets' AR runs, every recorded question in
+    ``skip_questions`` left out; (length per category, length of the whole pool, requests per category)."""
+    from entropy_law.decoding.controllers import profile_length
+    from entropy_law.decoding.replay import replay_rounds
+    from entropy_law.jobs.controllers import acceptance_profile
+    from entropy_law.jobs.reference import decoded_requests, workload_inputs
+
+    root = Path(__file__).resolve().parents[1]
+    rounds, counts = {}, Counter()
+    for workload in OPEN_WORKLOADS:
+        ar = root / "data" / workload / "ar"
+        requests = load_traces(ar).requests
+        question = dict(zip(requests["request_id"].astype(str), requests["question_id"].astype(str)))
+        meta, drafter, plain, prompts, outputs = workload_inputs(ar, arm_meta, target, None, None)
+        for rid, category, output in decoded_requests(outputs):
+            if question[str(rid)] in skip_questions:
+                continue
+            result = replay_rounds(prompts[rid], output, copy.deepcopy(drafter), arm_meta["tree_policy"],
+                                   arm_meta["tree_budget"], policy=RatioGate(min_expected_accepted=0.0),
+                                   verify_cost=verify_cost, eos_token_ids=plain.config["eos_token_ids"],
+                                   max_new_tokens=meta.get("max_new_tokens"), max_context=plain.adapter.max_context)
+            rounds.setdefault(category, []).extend(result.rounds[1:])
+            counts[category] += 1
+    if not rounds:
+        raise SystemExit("no recorded open-ended request is left out of the timed prompts: vLLM's profile needs others")
+    lengths = {c: profile_length(acceptance_profile(r), verify_cost, draft_cost) for c, r in rounds.items()}
+    pooled = profile_length(acceptance_profile([r for rs in rounds.values() for r in rs]), verify_cost, draft_cost)
+    return lengths, pooled, dict(counts)
+
+
+def run_controllers_timed(args, parser) -> dict:
+    """The modelled ranking checked by the clock: the top three field controllers of ``controllers`` (n-gram
+    drafter), the shipped n-gram law policy (``data/traces_open_policy``'s, fitted on Spec-Bench's ``data/traces``)
+    and AR, DECODING on prompts the law policy never saw, SmolLM2-135M, one torch thread, the process's CPU clock,
+    arms interleaved per prompt (``jobs.speed.time_arms``). Every drafting arm runs the shipped arm's drafter and tree
+    (n-gram DDTree16); each arm's output must equal AR's (asserted). vLLM's length per category comes from the
+    replayed acceptance profile of the recorded open-ended requests whose prompts are not timed here
+    (``workload_lengths``). Reports each arm's paired speedup over AR per category with 95% request-bootstrap
+    intervals, and the law policy over the best timed field controller, paired.
+
+        OMP_NUM_THREADS=1 nice -n 10 python bench/policy.py controllers-timed \\
+            --out bench/results/policy-controllers-timed.txt
+
+    Prints the table and ends with ONE JSON line.
+    """
+    import platform
+    import subprocess
+
+    from entropy_law.decoding.controllers import AcceptLengthEMA, ConfidenceThreshold, WorkloadLength
+    from entropy_law.jobs.controllers import LAW
+
+    torch.set_num_threads(1)
+    warnings.simplefilter("ignore")
+    root = Path(__file__).resolve().parents[1]
+    load_start, t0 = os.getloadavg(), time.process_time()
+    run = json.loads((root / SHIPPED_LAW.format(drafter="ngram")).read_text())
+    law, tree, budget = run["policy"], run["tree_policy"], run["tree_budget"]
+    target = load_target("smollm2-135m")
+    tasks = [t for name in args.sets for t in sample_per_category(load_tasks(name), args.per_category, seed=args.seed)]
+    fitted = set(map(str, load_traces(root / "data/traces/ngram").requests["question_id"]))
+    seen = sorted(str(t.question_id) for t in tasks if t.dataset == "spec_bench" and str(t.question_id) in fitted)
+    if seen:
+        raise SystemExit(f"the law policy was fitted on Spec-Bench questions {seen[:5]}: time prompts it never saw")
+    encoder = ARDecoder(target)
+    prompt_of = {t.request_id: encoder.encode_prompt(t.messages()) for t in tasks}
+    verify_cost = measure_verify_cost(TargetAdapter(target.model))
+    print(f"verify cost c(n) (one-token forward = 1): {verify_cost.describe()}", flush=True)
+    lengths, pooled, counts = workload_lengths(target, run, {str(t.question_id) for t in tasks}, verify_cost,
+                                               float(law["draft_cost"]))
+    print(f"vLLM lengths from the other requests' profile: {lengths} (pool {pooled}; requests {counts})", flush=True)
+
+    def speculative(policy):
+        return decoder_arm(SpeculativeDecoder(target, NgramDrafter(), tree=tree, budget=budget, policy=policy))
+    arms = {AR: decoder_arm(ARDecoder(target)), LAW: speculative(make_policy(law, verify_cost)),
+            TIMED_FIELD[0]: speculative(AcceptLengthEMA()),
+            TIMED_FIELD[1]: speculative(WorkloadLength(lengths, pooled)),
+            TIMED_FIELD[2]: speculative(ConfidenceThreshold())}
+    timings = time_arms(tasks, arms, lambda task: prompt_of[task.request_id], max_new_tokens=args.max_new_tokens,
+                        reference=AR, warm_up_tokens=16, verify_cost=verify_cost, progress=print_progress)
+    wrong = timings.loc[~timings["matches_reference"], ["arm", "request_id"]]
+    assert wrong.empty, f"outputs differ from AR's (not exact): {wrong.to_dict('records')}"
+    speed = paired_speedups(timings, reference=AR, clock="cpu", seed=args.seed)
+    overall = speed.loc[speed["category"] == ALL].set_index("arm")
+    best = overall.loc[list(TIMED_FIELD), "speedup"].idxmax()
+    head = paired_speedups(timings.loc[timings["arm"].isin([LAW, best])], reference=best, clock="cpu",
+                           seed=args.seed).set_index("category")
+    categories = [c for c in speed["category"].unique() if c != ALL] + [ALL]
+    names = [LAW, *TIMED_FIELD]
+    lines = [f"{len(tasks)} prompts ({', '.join(args.sets)}, {args.per_category} per category, seed {args.seed}), "
+             f"{args.max_new_tokens} new tokens, n-gram {tree}{budget}; paired speedup over AR by CPU time [95% "
+             "request bootstrap]; every output equals AR's", "",
+             "| category | " + " | ".join(names) + f" | law / {best.split(' (')[0]} |",
+             "|---|" + "---|" * (len(names) + 1)]
+    for category in categories:
+        cells = []
+        for name in names:
+            row = speed.loc[(speed["arm"] == name) & (speed["category"] == category)].iloc[0]
+            cells.append(f"{row['speedup']:.3f} [{row['lo']:.3f}, {row['hi']:.3f}] ({row['tokens_per_round']:.2f} t/r)")
+        ratio = head.loc[category]
+        lines.append(f"| {category} | " + " | ".join(cells) + f" | {ratio['speedup']:.3f} [{ratio['lo']:.3f}, "
+                     f"{ratio['hi']:.3f}] |")
+    text = "\n".join(lines)
+    print(text)
+    result = {"bench": "policy_controllers_timed", "prompts": len(tasks), "sets": list(args.sets),
+              "per_category": args.per_category, "max_new_tokens": args.max_new_tokens, "seed": args.seed,
+              "vllm_lengths": lengths, "vllm_pool_length": pooled,
+              "overall": {n: [round(float(overall.loc[n, k]), 4) for k in ("speedup", "lo", "hi")] for n in names},
+              "best_field": best, "law_over_best_field": [round(float(head.loc[ALL, k]), 4)
+                                                          for k in ("speedup", "lo", "hi")],
+              "mismatches": int((~timings["matches_reference"]).sum()), "cpu_s": round(time.process_time() - t0, 1)}
+    if args.out:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True).stdout.strip()
+        load_end = os.getloadavg()
+        header = (f"# policy-controllers-timed.txt: python bench/policy.py controllers-timed --per-category "
+                  f"{args.per_category} --max-new-tokens {args.max_new_tokens} --seed {args.seed}\n# date "
+                  f"{time.strftime('%Y-%m-%d %H:%M:%S %z')}, commit {commit}, machine {platform.machine()} "
+                  f"{os.cpu_count()} CPUs, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, load average "
+                  f"{load_start[0]:.1f} at the start, {load_end[0]:.1f} at the end (CPU clock, not wall)\n"
+                  f"# vLLM lengths (other requests' profile): {lengths}, pool {pooled}\n\n")
+        Path(args.out).write_text(header + text + "\n\n" + json.dumps(result) + "\n")
+    print(json.dumps(result))
+    return result
+
+
 COMMANDS = {  # subcommand: (adds its arguments, runs it)
     "policy": (policy_arguments, run_policy),
     "ceiling": (ceiling_arguments, run_ceiling),
     "replay": (replay_arguments, run_replay),
     "gate-vs-law": (gate_vs_law_arguments, run_gate_vs_law),
     "controllers": (controllers_arguments, run_controllers),
+    "controllers-timed": (controllers_timed_arguments, run_controllers_timed),
 }
 
 
