@@ -9,6 +9,7 @@ Subcommands (each prints a table and ends with one JSON line):
     python bench/policy.py gate-vs-law [ARGS]
     python bench/policy.py controllers [ARGS]
     python bench/policy.py controllers-timed [ARGS]
+    python bench/policy.py controllers-loco [ARGS]
 
 ``python bench/policy.py SUBCOMMAND --help`` lists a subcommand's arguments.
 """
@@ -1727,6 +1728,93 @@ def run_controllers_timed(args, parser) -> dict:
     return result
 
 
+def controllers_loco_arguments(parser) -> None:
+    """The arguments of ``controllers-loco``."""
+    parser.add_argument("--traces", default="data/traces_gemma/ngram", metavar="RUN",
+                        help="a timed n-gram chain run of Spec-Bench (default: the second target's, data/traces_gemma)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=None, metavar="FILE", help="also write the table here, headed by date, commit "
+                                                                   "and machine")
+
+
+def run_controllers_loco(args, parser) -> dict:
+    """The controllers' comparison on a target with one timed n-gram chain run and no law policy of its own (the
+    second target): leave one category out. For each category, a law policy is fitted on the run's OTHER categories
+    (``fitted_policy``) and every configuration (``jobs.controllers.replay_controllers``, n-gram DDTree16) is replayed
+    over the held-out category's requests; rounds are priced by the run's own timed rounds: the verify line of
+    ``payoff.cost.fit_cost_model`` (CPU clock where recorded) as the curve ``c(n)``, the drafter's cost its
+    ``draft_ms`` over the line's one-token intercept. The chain run verified at most its block's drafts: a DDTree16
+    round's cost is the line extrapolated.
+
+        OMP_NUM_THREADS=1 python bench/policy.py controllers-loco --out bench/results/policy-controllers-loco.txt
+
+    Prints the table and ends with ONE JSON line.
+    """
+    import platform
+    import subprocess
+    from argparse import Namespace
+
+    from entropy_law.commands.controllers import report
+    from entropy_law.decoding.gate import VerifyCost
+    from entropy_law.jobs.controllers import LAW, is_field, replay_controllers
+    from entropy_law.payoff.controllers import controller_table
+    from entropy_law.payoff.cost import fit_cost_model, verify_curve
+    from entropy_law.traces.layout import RUN_FILE, read_run_json
+
+    torch.set_num_threads(1)
+    warnings.simplefilter("ignore")
+    root, t0 = Path(__file__).resolve().parents[1], time.process_time()
+    run = Path(args.traces)
+    traces, meta = load_traces(run), read_run_json(run / RUN_FILE)
+    if meta.get("drafter_id") != "ngram" or meta.get("tree_policy") != "chain":
+        raise SystemExit(f"{run}: give a timed n-gram chain run (drafter {meta.get('drafter_id')}, tree "
+                         f"{meta.get('tree_policy')})")
+    from types import SimpleNamespace
+
+    decoded = set(traces.requests.loc[traces.requests["new_tokens"] >= 2, "request_id"])  # a timed decode round
+    timed = SimpleNamespace(runs=traces.runs, requests=traces.requests.loc[traces.requests["request_id"].isin(decoded)],
+                            rounds=traces.rounds.loc[traces.rounds["request_id"].isin(decoded)])
+    idle = timed.rounds.loc[(timed.rounds["round_index"] > 0) & (timed.rounds["tree_nodes"] == 0)]
+    cost = fit_cost_model(timed, drafter="ngram", ar_ms_per_token=float(idle[["draft_ms", "verify_ms",
+                                                                                "overhead_ms"]].sum(axis=1).mean()))
+    curve = VerifyCost.from_config(verify_curve(cost))
+    draft_cost = cost.draft_ms / cost.verify_intercept_ms
+    target = load_target(meta["model_id"])
+    arm = {**meta, "tree_policy": "ddtree", "tree_budget": 16}
+    requests, frames, laws = traces.requests, [], {}
+    for category in sorted(requests["category"].unique()):
+        held = requests.loc[requests["category"] == category]
+        law = fitted_policy(run.parent, run.name, set(held["question_id"].astype(str)), draft_cost)
+        laws[category] = law["fitted_on"]["requests"]
+        frames.append(replay_controllers(run, arm, target, law, curve, requests=held["request_id"].astype(str).tolist(),
+                                         seed=args.seed, workload=category))
+        print(f"{category}: law fitted on {laws[category]} requests of the other categories; replayed over "
+              f"{len(held)}", flush=True)
+    rows = pd.concat(frames, ignore_index=True)
+    table = controller_table(rows, seed=args.seed)
+    options = Namespace(source=f"{args.traces} (own rounds, {cost.clock} clock, draft cost {draft_cost:.4f})",
+                        drafter="ngram", traces=[f"{args.traces} (each category held out)"], seed=args.seed)
+    text = report(rows, table, curve, options).replace(str(root) + "/", "")
+    print(text)
+    overall = table.loc[table["category"] == "all"].set_index("config")
+    field = overall.loc[[c for c in overall.index if is_field(c)], "speedup"]
+    result = {"bench": "policy_controllers_loco", "traces": args.traces, "model_id": meta["model_id"],
+              "requests": int(rows["request"].nunique()), "draft_cost": round(draft_cost, 5),
+              "cost_clock": cost.clock, "cpu_s": round(time.process_time() - t0, 1),
+              "overall": overall["speedup"].round(4).to_dict(), "of_oracle": overall["of_oracle"].round(4).to_dict(),
+              "best_field": field.idxmax(), "law_over_best_field": float(overall.loc[LAW, "speedup"] / field.max() - 1)}
+    if args.out:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True).stdout.strip()
+        header = (f"# policy-controllers-loco.txt: python bench/policy.py controllers-loco --traces {args.traces} "
+                  f"--seed {args.seed}\n# date {time.strftime('%Y-%m-%d %H:%M:%S %z')}, commit {commit}, machine "
+                  f"{platform.machine()} {os.cpu_count()} CPUs, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}"
+                  f"\n\n")
+        Path(args.out).write_text(header + text + "\n\n" + json.dumps(result) + "\n")
+    print(json.dumps(result))
+    return result
+
+
 COMMANDS = {  # subcommand: (adds its arguments, runs it)
     "policy": (policy_arguments, run_policy),
     "ceiling": (ceiling_arguments, run_ceiling),
@@ -1734,6 +1822,7 @@ COMMANDS = {  # subcommand: (adds its arguments, runs it)
     "gate-vs-law": (gate_vs_law_arguments, run_gate_vs_law),
     "controllers": (controllers_arguments, run_controllers),
     "controllers-timed": (controllers_timed_arguments, run_controllers_timed),
+    "controllers-loco": (controllers_loco_arguments, run_controllers_loco),
 }
 
 
