@@ -1593,9 +1593,18 @@ def controllers_timed_arguments(parser) -> None:
     parser.add_argument("--sets", nargs="+", default=["open_ended"], metavar="TASKS",
                         help="prompt sets the shipped law policy never saw (default: open_ended; it was fitted on all "
                              "400 Spec-Bench prompts of data/traces)")
+    parser.add_argument("--categories", nargs="+", default=None, help="only these categories (default: all)")
     parser.add_argument("--per-category", type=int, default=8, help="prompts per category (default 8)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timings", default=None, metavar="CSV",
+                        help="append each prompt's timings here as soon as it is timed, and skip the prompts already "
+                             "in it (resumable)")
+    parser.add_argument("--part", default="1/1", metavar="K/N",
+                        help="time only prompts K, K+N, ... of the list (categories taken in turn): N processes, each "
+                             "with its own --timings file (default: all)")
+    parser.add_argument("--report", nargs="+", default=None, metavar="CSV",
+                        help="time nothing: the table from these --timings files (the prompts every arm finished)")
     parser.add_argument("--out", default=None, metavar="FILE", help="also write the table here, headed by date, commit, "
                                                                    "machine and load average")
 
@@ -1637,14 +1646,17 @@ def run_controllers_timed(args, parser) -> dict:
     """The modelled ranking checked by the clock: the top three field controllers of ``controllers`` (n-gram
     drafter), the shipped n-gram law policy (``data/traces_open_policy``'s, fitted on Spec-Bench's ``data/traces``)
     and AR, DECODING on prompts the law policy never saw, SmolLM2-135M, one torch thread, the process's CPU clock,
-    arms interleaved per prompt (``jobs.speed.time_arms``). Every drafting arm runs the shipped arm's drafter and tree
-    (n-gram DDTree16); each arm's output must equal AR's (asserted). vLLM's length per category comes from the
-    replayed acceptance profile of the recorded open-ended requests whose prompts are not timed here
-    (``workload_lengths``). Reports each arm's paired speedup over AR per category with 95% request-bootstrap
-    intervals, and the law policy over the best timed field controller, paired.
+    arms interleaved per prompt in a rotating order (``jobs.speed.time_arms``, one prompt at a time). Every drafting
+    arm runs the shipped arm's drafter and tree (n-gram DDTree16); each arm's output must equal AR's (asserted).
+    vLLM's length per category comes from the replayed acceptance profile of the recorded open-ended requests whose
+    prompts are not in the timed list (``workload_lengths``). Reports each arm's paired speedup over AR per category
+    with 95% request-bootstrap intervals, and the law policy over the best timed field controller, paired.
 
-        OMP_NUM_THREADS=1 nice -n 10 python bench/policy.py controllers-timed \\
-            --out bench/results/policy-controllers-timed.txt
+    On a loaded machine: ``--part K/N`` in N processes, each with its own ``--timings`` file, then ``--report``:
+
+        OMP_NUM_THREADS=1 nice -n 10 python bench/policy.py controllers-timed --part 1/2 --timings t1.csv &
+        OMP_NUM_THREADS=1 nice -n 10 python bench/policy.py controllers-timed --part 2/2 --timings t2.csv
+        python bench/policy.py controllers-timed --report t1.csv t2.csv --out bench/results/policy-controllers-timed.txt
 
     Prints the table and ends with ONE JSON line.
     """
@@ -1657,32 +1669,68 @@ def run_controllers_timed(args, parser) -> dict:
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
     root = Path(__file__).resolve().parents[1]
-    load_start, t0 = os.getloadavg(), time.process_time()
-    run = json.loads((root / SHIPPED_LAW.format(drafter="ngram")).read_text())
-    law, tree, budget = run["policy"], run["tree_policy"], run["tree_budget"]
-    target = load_target("smollm2-135m")
-    tasks = [t for name in args.sets for t in sample_per_category(load_tasks(name), args.per_category, seed=args.seed)]
+    t0 = time.process_time()
+    chosen = [t for name in args.sets for t in sample_per_category(load_tasks(name, categories=args.categories),
+                                                                   args.per_category, seed=args.seed)]
+    rank = Counter()
+    order = []
+    for task in chosen:  # categories taken in turn: a run stopped early keeps them balanced
+        order.append((rank[task.category], task))
+        rank[task.category] += 1
+    tasks = [t for _, t in sorted(order, key=lambda pair: pair[0])]
     fitted = set(map(str, load_traces(root / "data/traces/ngram").requests["question_id"]))
     seen = sorted(str(t.question_id) for t in tasks if t.dataset == "spec_bench" and str(t.question_id) in fitted)
     if seen:
         raise SystemExit(f"the law policy was fitted on Spec-Bench questions {seen[:5]}: time prompts it never saw")
-    encoder = ARDecoder(target)
-    prompt_of = {t.request_id: encoder.encode_prompt(t.messages()) for t in tasks}
-    verify_cost = measure_verify_cost(TargetAdapter(target.model))
-    print(f"verify cost c(n) (one-token forward = 1): {verify_cost.describe()}", flush=True)
-    lengths, pooled, counts = workload_lengths(target, run, {str(t.question_id) for t in tasks}, verify_cost,
-                                               float(law["draft_cost"]))
-    print(f"vLLM lengths from the other requests' profile: {lengths} (pool {pooled}; requests {counts})", flush=True)
+    names = [LAW, *TIMED_FIELD]
+    if args.report:
+        timings = pd.concat([pd.read_csv(f, dtype={"request_id": str}) for f in args.report], ignore_index=True)
+        lengths = json.loads(timings["vllm_lengths"].iloc[0])
+    else:
+        part, parts = map(int, args.part.split("/"))
+        if not 1 <= part <= parts:
+            parser.error(f"--part K/N needs 1 <= K <= N, got {args.part}")
+        run = json.loads((root / SHIPPED_LAW.format(drafter="ngram")).read_text())
+        law, tree, budget = run["policy"], run["tree_policy"], run["tree_budget"]
+        target = load_target("smollm2-135m")
+        encoder = ARDecoder(target)
+        verify_cost = measure_verify_cost(TargetAdapter(target.model))
+        print(f"verify cost c(n) (one-token forward = 1): {verify_cost.describe()}", flush=True)
+        lengths, pooled, counts = workload_lengths(target, run, {str(t.question_id) for t in tasks}, verify_cost,
+                                                   float(law["draft_cost"]))
+        lengths = {**lengths, "(pool)": pooled}
+        print(f"vLLM lengths from the other requests' profile: {lengths} (requests {counts})", flush=True)
 
-    def speculative(policy):
-        return decoder_arm(SpeculativeDecoder(target, NgramDrafter(), tree=tree, budget=budget, policy=policy))
-    arms = {AR: decoder_arm(ARDecoder(target)), LAW: speculative(make_policy(law, verify_cost)),
-            TIMED_FIELD[0]: speculative(AcceptLengthEMA()),
-            TIMED_FIELD[1]: speculative(WorkloadLength(lengths, pooled)),
-            TIMED_FIELD[2]: speculative(ConfidenceThreshold())}
-    timings = time_arms(tasks, arms, lambda task: prompt_of[task.request_id], max_new_tokens=args.max_new_tokens,
-                        reference=AR, warm_up_tokens=16, verify_cost=verify_cost, progress=print_progress)
-    wrong = timings.loc[~timings["matches_reference"], ["arm", "request_id"]]
+        def speculative(policy):
+            return decoder_arm(SpeculativeDecoder(target, NgramDrafter(), tree=tree, budget=budget, policy=policy))
+        arms = {AR: decoder_arm(ARDecoder(target)), LAW: speculative(make_policy(law, verify_cost)),
+                TIMED_FIELD[0]: speculative(AcceptLengthEMA()),
+                TIMED_FIELD[1]: speculative(WorkloadLength(lengths, pooled)),
+                TIMED_FIELD[2]: speculative(ConfidenceThreshold())}
+        out = Path(args.timings) if args.timings else None
+        done = set(pd.read_csv(out, dtype={"request_id": str})["request_id"]) if out and out.is_file() else set()
+        frames, warm = [], 16  # the first prompt warms every arm up (16 tokens), later ones with one token
+        for index in range(part - 1, len(tasks), parts):
+            task = tasks[index]
+            if task.request_id in done:
+                continue
+            print(f"[{index + 1}/{len(tasks)}] {task.category:<16} {task.question_id:>6}", file=sys.stderr, flush=True)
+            names_now = list(arms)[index % len(arms):] + list(arms)[: index % len(arms)]  # rotating order
+            load = os.getloadavg()[0]
+            frame = time_arms([task], {n: arms[n] for n in names_now}, lambda t: encoder.encode_prompt(t.messages()),
+                              max_new_tokens=args.max_new_tokens, reference=AR, warm_up_tokens=warm,
+                              verify_cost=verify_cost).assign(load1=load, vllm_lengths=json.dumps(lengths))
+            warm = 1
+            frames.append(frame)
+            if out:
+                frame.to_csv(out, mode="a", header=not out.is_file(), index=False)
+        timings = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+        if out:
+            timings = pd.read_csv(out, dtype={"request_id": str})
+    timings = timings.loc[timings.groupby("request_id")["arm"].transform("nunique") == len(names) + 1]
+    if timings.empty:
+        raise SystemExit("no prompt was timed by every arm yet")
+    wrong = timings.loc[~timings["matches_reference"].astype(bool), ["arm", "request_id"]]
     assert wrong.empty, f"outputs differ from AR's (not exact): {wrong.to_dict('records')}"
     speed = paired_speedups(timings, reference=AR, clock="cpu", seed=args.seed)
     overall = speed.loc[speed["category"] == ALL].set_index("arm")
@@ -1690,39 +1738,40 @@ def run_controllers_timed(args, parser) -> dict:
     head = paired_speedups(timings.loc[timings["arm"].isin([LAW, best])], reference=best, clock="cpu",
                            seed=args.seed).set_index("category")
     categories = [c for c in speed["category"].unique() if c != ALL] + [ALL]
-    names = [LAW, *TIMED_FIELD]
-    lines = [f"{len(tasks)} prompts ({', '.join(args.sets)}, {args.per_category} per category, seed {args.seed}), "
-             f"{args.max_new_tokens} new tokens, n-gram {tree}{budget}; paired speedup over AR by CPU time [95% "
-             "request bootstrap]; every output equals AR's", "",
-             "| category | " + " | ".join(names) + f" | law / {best.split(' (')[0]} |",
-             "|---|" + "---|" * (len(names) + 1)]
+    prompts = timings["request_id"].nunique()
+    lines = [f"{prompts} prompts ({', '.join(args.sets)}, seed {args.seed}), {args.max_new_tokens} new tokens, n-gram "
+             "DDTree16; paired speedup over AR by CPU time [95% request bootstrap] (tokens per round); every output "
+             "equals AR's", "",
+             "| category | prompts | " + " | ".join(names) + f" | law / {best.split(' (')[0]} |",
+             "|---|---|" + "---|" * (len(names) + 1)]
     for category in categories:
         cells = []
         for name in names:
             row = speed.loc[(speed["arm"] == name) & (speed["category"] == category)].iloc[0]
-            cells.append(f"{row['speedup']:.3f} [{row['lo']:.3f}, {row['hi']:.3f}] ({row['tokens_per_round']:.2f} t/r)")
+            cells.append(f"{row['speedup']:.3f} [{row['lo']:.3f}, {row['hi']:.3f}] ({row['tokens_per_round']:.2f})")
         ratio = head.loc[category]
-        lines.append(f"| {category} | " + " | ".join(cells) + f" | {ratio['speedup']:.3f} [{ratio['lo']:.3f}, "
-                     f"{ratio['hi']:.3f}] |")
+        lines.append(f"| {category} | {int(ratio['requests'])} | " + " | ".join(cells) + f" | {ratio['speedup']:.3f} "
+                     f"[{ratio['lo']:.3f}, {ratio['hi']:.3f}] |")
     text = "\n".join(lines)
     print(text)
-    result = {"bench": "policy_controllers_timed", "prompts": len(tasks), "sets": list(args.sets),
-              "per_category": args.per_category, "max_new_tokens": args.max_new_tokens, "seed": args.seed,
-              "vllm_lengths": lengths, "vllm_pool_length": pooled,
+    load = timings["load1"]
+    result = {"bench": "policy_controllers_timed", "prompts": int(prompts), "sets": list(args.sets),
+              "max_new_tokens": args.max_new_tokens, "seed": args.seed, "vllm_lengths": lengths,
               "overall": {n: [round(float(overall.loc[n, k]), 4) for k in ("speedup", "lo", "hi")] for n in names},
               "best_field": best, "law_over_best_field": [round(float(head.loc[ALL, k]), 4)
                                                           for k in ("speedup", "lo", "hi")],
-              "mismatches": int((~timings["matches_reference"]).sum()), "cpu_s": round(time.process_time() - t0, 1)}
+              "mismatches": int((~timings["matches_reference"].astype(bool)).sum()),
+              "arm_cpu_s": round(float(timings["cpu_s"].sum()), 1), "cpu_s": round(time.process_time() - t0, 1)}
     if args.out:
         commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True).stdout.strip()
-        load_end = os.getloadavg()
         header = (f"# policy-controllers-timed.txt: python bench/policy.py controllers-timed --per-category "
-                  f"{args.per_category} --max-new-tokens {args.max_new_tokens} --seed {args.seed}\n# date "
-                  f"{time.strftime('%Y-%m-%d %H:%M:%S %z')}, commit {commit}, machine {platform.machine()} "
-                  f"{os.cpu_count()} CPUs, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, load average "
-                  f"{load_start[0]:.1f} at the start, {load_end[0]:.1f} at the end (CPU clock, not wall)\n"
-                  f"# vLLM lengths (other requests' profile): {lengths}, pool {pooled}\n\n")
+                  f"{args.per_category} --max-new-tokens {args.max_new_tokens} --seed {args.seed} --categories "
+                  f"{' '.join(args.categories or ['(all)'])} (--part K/N, then "
+                  f"--report)\n# date {time.strftime('%Y-%m-%d %H:%M:%S %z')}, commit {commit}, machine "
+                  f"{platform.machine()} {os.cpu_count()} CPUs, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, "
+                  f"load average (1 min) at each prompt's start {load.min():.1f}-{load.max():.1f} (mean {load.mean():.1f}):"
+                  f" the CPU clock, not wall\n# vLLM lengths (other requests' profile): {lengths}\n\n")
         Path(args.out).write_text(header + text + "\n\n" + json.dumps(result) + "\n")
     print(json.dumps(result))
     return result
