@@ -1522,6 +1522,8 @@ def controllers_arguments(parser) -> None:
     parser.add_argument("--drafter", choices=("ngram", "block"), default="ngram")
     parser.add_argument("--sample", type=int, default=3, metavar="K", help="a seeded sample of K requests per category")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--csv", default=None, metavar="FILE",
+                        help="also write the per-category table here (figures/fig13_controllers.py draws it)")
     parser.add_argument("--out", default=None, metavar="FILE", help="also write the table here, headed by date, commit "
                                                                    "and machine")
 
@@ -1564,6 +1566,8 @@ def run_controllers(args, parser) -> dict:
         rows, table, curve = compare(options)
     text = report(rows, table, curve, options).replace(str(root) + "/", "")
     print(text)
+    if args.csv:
+        table.round(4).to_csv(args.csv, index=False)
     overall = table.loc[table["category"] == "all"].set_index("config")
     field = overall.loc[[c for c in overall.index if is_field(c)], "speedup"]
     result = {"bench": "policy_controllers", "drafter": args.drafter, "workloads": list(args.workloads),
@@ -1609,11 +1613,12 @@ def controllers_timed_arguments(parser) -> None:
                                                                    "machine and load average")
 
 
-def workload_lengths(target, arm_meta: dict, skip_questions: set[str], verify_cost, draft_cost: float
-                     ) -> tuple[dict, int, dict]:
+def workload_lengths(target, arm_meta: dict, skip_questions: set[str], categories: set[str], verify_cost,
+                     draft_cost: float) -> tuple[dict, int, dict]:
     """vLLM's per-workload draft length from an offline profile of OTHER requests: the fixed tree of ``arm_meta``
     replayed over the greedy outputs of the open-ended trace sets' AR runs, every recorded question in
-    ``skip_questions`` left out; (length per category, length of the whole pool, requests per category)."""
+    ``skip_questions`` left out, only ``categories``; (length per category, length of the whole pool, requests per
+    category)."""
     from entropy_law.decoding.controllers import profile_length
     from entropy_law.decoding.replay import replay_rounds
     from entropy_law.jobs.controllers import acceptance_profile
@@ -1627,7 +1632,7 @@ def workload_lengths(target, arm_meta: dict, skip_questions: set[str], verify_co
         question = dict(zip(requests["request_id"].astype(str), requests["question_id"].astype(str)))
         meta, drafter, plain, prompts, outputs = workload_inputs(ar, arm_meta, target, None, None)
         for rid, category, output in decoded_requests(outputs):
-            if question[str(rid)] in skip_questions:
+            if question[str(rid)] in skip_questions or category not in categories:
                 continue
             result = replay_rounds(prompts[rid], output, copy.deepcopy(drafter), arm_meta["tree_policy"],
                                    arm_meta["tree_budget"], policy=RatioGate(min_expected_accepted=0.0),
@@ -1696,8 +1701,8 @@ def run_controllers_timed(args, parser) -> dict:
         encoder = ARDecoder(target)
         verify_cost = measure_verify_cost(TargetAdapter(target.model))
         print(f"verify cost c(n) (one-token forward = 1): {verify_cost.describe()}", flush=True)
-        lengths, pooled, counts = workload_lengths(target, run, {str(t.question_id) for t in tasks}, verify_cost,
-                                                   float(law["draft_cost"]))
+        lengths, pooled, counts = workload_lengths(target, run, {str(t.question_id) for t in tasks},
+                                                   {t.category for t in tasks}, verify_cost, float(law["draft_cost"]))
         lengths = {**lengths, "(pool)": pooled}
         print(f"vLLM lengths from the other requests' profile: {lengths} (requests {counts})", flush=True)
 
@@ -1782,6 +1787,8 @@ def controllers_loco_arguments(parser) -> None:
     parser.add_argument("--traces", default="data/traces_gemma/ngram", metavar="RUN",
                         help="a timed n-gram chain run of Spec-Bench (default: the second target's, data/traces_gemma)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--csv", default=None, metavar="FILE",
+                        help="also write the per-category table here (figures/fig13_controllers.py draws it)")
     parser.add_argument("--out", default=None, metavar="FILE", help="also write the table here, headed by date, commit "
                                                                    "and machine")
 
@@ -1845,6 +1852,8 @@ def run_controllers_loco(args, parser) -> dict:
                         drafter="ngram", traces=[f"{args.traces} (each category held out)"], seed=args.seed)
     text = report(rows, table, curve, options).replace(str(root) + "/", "")
     print(text)
+    if args.csv:
+        table.round(4).to_csv(args.csv, index=False)
     overall = table.loc[table["category"] == "all"].set_index("config")
     field = overall.loc[[c for c in overall.index if is_field(c)], "speedup"]
     result = {"bench": "policy_controllers_loco", "traces": args.traces, "model_id": meta["model_id"],
