@@ -1654,7 +1654,8 @@ def run_controllers_timed(args, parser) -> dict:
     arms interleaved per prompt in a rotating order (``jobs.speed.time_arms``, one prompt at a time). Every drafting
     arm runs the shipped arm's drafter and tree (n-gram DDTree16); each arm's output must equal AR's (asserted).
     vLLM's length per category comes from the replayed acceptance profile of the recorded open-ended requests whose
-    prompts are not in the timed list (``workload_lengths``). Reports each arm's paired speedup over AR per category
+    prompts are not in the timed list (``workload_lengths``), priced by the verify-cost curve each process measures
+    (as the law policy is). Reports each arm's paired speedup over AR per category
     with 95% request-bootstrap intervals, and the law policy over the best timed field controller, paired.
 
     On a loaded machine: ``--part K/N`` in N processes, each with its own ``--timings`` file, then ``--report``:
@@ -1690,7 +1691,7 @@ def run_controllers_timed(args, parser) -> dict:
     names = [LAW, *TIMED_FIELD]
     if args.report:
         timings = pd.concat([pd.read_csv(f, dtype={"request_id": str}) for f in args.report], ignore_index=True)
-        lengths = json.loads(timings["vllm_lengths"].iloc[0])
+        lengths = [json.loads(x) for x in timings["vllm_lengths"].unique()]  # each process's (its own cost curve)
     else:
         part, parts = map(int, args.part.split("/"))
         if not 1 <= part <= parts:
@@ -1775,8 +1776,9 @@ def run_controllers_timed(args, parser) -> dict:
                   f"{' '.join(args.categories or ['(all)'])} (--part K/N, then "
                   f"--report)\n# date {time.strftime('%Y-%m-%d %H:%M:%S %z')}, commit {commit}, machine "
                   f"{platform.machine()} {os.cpu_count()} CPUs, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, "
-                  f"load average (1 min) at each prompt's start {load.min():.1f}-{load.max():.1f} (mean {load.mean():.1f}):"
-                  f" the CPU clock, not wall\n# vLLM lengths (other requests' profile): {lengths}\n\n")
+                  f"load average (1 min) at each prompt's start {load.min():.1f}-{load.max():.1f} (mean "
+                  f"{load.mean():.1f}): the CPU clock, not wall\n# vLLM lengths (other requests' profile; each "
+                  f"process priced by the verify-cost curve it measured): {lengths}\n\n")
         Path(args.out).write_text(header + text + "\n\n" + json.dumps(result) + "\n")
     print(json.dumps(result))
     return result
