@@ -126,7 +126,7 @@ def fig_controllers(tables: dict):
 
     from entropy_law.payoff.controllers import ORACLE
 
-    fig, axes = panels(len(tables), width=6.4, height=3.8, ncols=1)
+    fig, axes = panels(len(tables), width=9.0, height=3.6, ncols=1)
     for ax, (name, table) in zip(axes, tables.items()):
         bars = table.loc[(table["config"] != ORACLE) & ~table["config"].str.startswith("fixed")]
         order = list(dict.fromkeys(table["category"]))
@@ -135,6 +135,6 @@ def fig_controllers(tables: dict):
         oracle = table.loc[table["config"] == ORACLE].set_index("category").reindex(order)
         ax.plot(range(len(order)), oracle["speedup"], color="black", marker="_", ms=14, lw=1.0, label=ORACLE)
         ax.axhline(1.0, color="0.5", lw=0.8, ls="--")
-        ax.set(title=name, xlabel="", ylabel="modelled speedup over AR")
-        ax.legend(fontsize=6, ncols=2, loc="upper left")
+        ax.set(title=name.replace("-", " "), xlabel="", ylabel="modelled speedup over AR")
+        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return fig
