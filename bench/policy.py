@@ -1690,7 +1690,8 @@ def run_controllers_timed(args, parser) -> dict:
         raise SystemExit(f"the law policy was fitted on Spec-Bench questions {seen[:5]}: time prompts it never saw")
     names = [LAW, *TIMED_FIELD]
     if args.report:
-        timings = pd.concat([pd.read_csv(f, dtype={"request_id": str}) for f in args.report], ignore_index=True)
+        timings = pd.concat([pd.read_csv(f, dtype={"request_id": str}) for f in args.report], ignore_index=True
+                            ).drop_duplicates(["arm", "request_id"])  # a resumed part may start from a merged file
         lengths = [json.loads(x) for x in timings["vllm_lengths"].unique()]  # each process's (its own cost curve)
     else:
         part, parts = map(int, args.part.split("/"))
