@@ -8,6 +8,8 @@ Subcommands (each prints a table and ends with one JSON line):
     python bench/policy.py replay [ARGS]
     python bench/policy.py gate-vs-law [ARGS]
     python bench/policy.py controllers [ARGS]
+    python bench/policy.py controllers-timed [ARGS]
+    python bench/policy.py controllers-loco [ARGS]
 
 ``python bench/policy.py SUBCOMMAND --help`` lists a subcommand's arguments.
 """
@@ -1520,6 +1522,8 @@ def controllers_arguments(parser) -> None:
     parser.add_argument("--drafter", choices=("ngram", "block"), default="ngram")
     parser.add_argument("--sample", type=int, default=3, metavar="K", help="a seeded sample of K requests per category")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--csv", default=None, metavar="FILE",
+                        help="also write the per-category table here (figures/fig13_controllers.py draws it)")
     parser.add_argument("--out", default=None, metavar="FILE", help="also write the table here, headed by date, commit "
                                                                    "and machine")
 
@@ -1562,6 +1566,8 @@ def run_controllers(args, parser) -> dict:
         rows, table, curve = compare(options)
     text = report(rows, table, curve, options).replace(str(root) + "/", "")
     print(text)
+    if args.csv:
+        table.round(4).to_csv(args.csv, index=False)
     overall = table.loc[table["category"] == "all"].set_index("config")
     field = overall.loc[[c for c in overall.index if is_field(c)], "speedup"]
     result = {"bench": "policy_controllers", "drafter": args.drafter, "workloads": list(args.workloads),
@@ -1581,12 +1587,303 @@ def run_controllers(args, parser) -> dict:
     return result
 
 
+# the top three field controllers of the modelled ranking (n-gram drafter, policy-controllers.txt), timed
+TIMED_FIELD = ("SGLang accept-length EMA (tiers 1/3/7)", "vLLM per-workload length (other requests' profile)",
+               "transformers confidence threshold (0.4, ROC refit)")
+
+
+def controllers_timed_arguments(parser) -> None:
+    """The arguments of ``controllers-timed``."""
+    parser.add_argument("--sets", nargs="+", default=["open_ended"], metavar="TASKS",
+                        help="prompt sets the shipped law policy never saw (default: open_ended; it was fitted on all "
+                             "400 Spec-Bench prompts of data/traces)")
+    parser.add_argument("--categories", nargs="+", default=None, help="only these categories (default: all)")
+    parser.add_argument("--per-category", type=int, default=8, help="prompts per category (default 8)")
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--timings", default=None, metavar="CSV",
+                        help="append each prompt's timings here as soon as it is timed, and skip the prompts already "
+                             "in it (resumable)")
+    parser.add_argument("--part", default="1/1", metavar="K/N",
+                        help="time only prompts K, K+N, ... of the list (categories taken in turn): N processes, each "
+                             "with its own --timings file (default: all)")
+    parser.add_argument("--report", nargs="+", default=None, metavar="CSV",
+                        help="time nothing: the table from these --timings files (the prompts every arm finished)")
+    parser.add_argument("--out", default=None, metavar="FILE", help="also write the table here, headed by date, commit, "
+                                                                   "machine and load average")
+
+
+def workload_lengths(target, arm_meta: dict, skip_questions: set[str], categories: set[str], verify_cost,
+                     draft_cost: float) -> tuple[dict, int, dict]:
+    """vLLM's per-workload draft length from an offline profile of OTHER requests: the fixed tree of ``arm_meta``
+    replayed over the greedy outputs of the open-ended trace sets' AR runs, every recorded question in
+    ``skip_questions`` left out, only ``categories``; (length per category, length of the whole pool, requests per
+    category)."""
+    from entropy_law.decoding.controllers import profile_length
+    from entropy_law.decoding.replay import replay_rounds
+    from entropy_law.jobs.controllers import acceptance_profile
+    from entropy_law.jobs.reference import decoded_requests, workload_inputs
+
+    root = Path(__file__).resolve().parents[1]
+    rounds, counts = {}, Counter()
+    for workload in OPEN_WORKLOADS:
+        ar = root / "data" / workload / "ar"
+        requests = load_traces(ar).requests
+        question = dict(zip(requests["request_id"].astype(str), requests["question_id"].astype(str)))
+        meta, drafter, plain, prompts, outputs = workload_inputs(ar, arm_meta, target, None, None)
+        for rid, category, output in decoded_requests(outputs):
+            if question[str(rid)] in skip_questions or category not in categories:
+                continue
+            result = replay_rounds(prompts[rid], output, copy.deepcopy(drafter), arm_meta["tree_policy"],
+                                   arm_meta["tree_budget"], policy=RatioGate(min_expected_accepted=0.0),
+                                   verify_cost=verify_cost, eos_token_ids=plain.config["eos_token_ids"],
+                                   max_new_tokens=meta.get("max_new_tokens"), max_context=plain.adapter.max_context)
+            rounds.setdefault(category, []).extend(result.rounds[1:])
+            counts[category] += 1
+    if not rounds:
+        raise SystemExit("no recorded open-ended request is left out of the timed prompts: vLLM's profile needs others")
+    lengths = {c: profile_length(acceptance_profile(r), verify_cost, draft_cost) for c, r in rounds.items()}
+    pooled = profile_length(acceptance_profile([r for rs in rounds.values() for r in rs]), verify_cost, draft_cost)
+    return lengths, pooled, dict(counts)
+
+
+def run_controllers_timed(args, parser) -> dict:
+    """The modelled ranking checked by the clock: the top three field controllers of ``controllers`` (n-gram
+    drafter), the shipped n-gram law policy (``data/traces_open_policy``'s, fitted on Spec-Bench's ``data/traces``)
+    and AR, DECODING on prompts the law policy never saw, SmolLM2-135M, one torch thread, the process's CPU clock,
+    arms interleaved per prompt in a rotating order (``jobs.speed.time_arms``, one prompt at a time). Every drafting
+    arm runs the shipped arm's drafter and tree (n-gram DDTree16); each arm's output must equal AR's (asserted).
+    vLLM's length per category comes from the replayed acceptance profile of the recorded open-ended requests whose
+    prompts are not in the timed list (``workload_lengths``), priced by the verify-cost curve each process measures
+    (as the law policy is). Reports each arm's paired speedup over AR per category
+    with 95% request-bootstrap intervals, and the law policy over the best timed field controller, paired.
+
+    On a loaded machine: ``--part K/N`` in N processes, each with its own ``--timings`` file, then ``--report``:
+
+        OMP_NUM_THREADS=1 nice -n 10 python bench/policy.py controllers-timed --part 1/2 --timings t1.csv &
+        OMP_NUM_THREADS=1 nice -n 10 python bench/policy.py controllers-timed --part 2/2 --timings t2.csv
+        python bench/policy.py controllers-timed --report t1.csv t2.csv --out bench/results/policy-controllers-timed.txt
+
+    Prints the table and ends with ONE JSON line.
+    """
+    import platform
+    import subprocess
+
+    from entropy_law.decoding.controllers import AcceptLengthEMA, ConfidenceThreshold, WorkloadLength
+    from entropy_law.jobs.controllers import LAW
+
+    torch.set_num_threads(1)
+    warnings.simplefilter("ignore")
+    root = Path(__file__).resolve().parents[1]
+    t0 = time.process_time()
+    chosen = [t for name in args.sets for t in sample_per_category(load_tasks(name, categories=args.categories),
+                                                                   args.per_category, seed=args.seed)]
+    rank = Counter()
+    order = []
+    for task in chosen:  # categories taken in turn: a run stopped early keeps them balanced
+        order.append((rank[task.category], task))
+        rank[task.category] += 1
+    tasks = [t for _, t in sorted(order, key=lambda pair: pair[0])]
+    fitted = set(map(str, load_traces(root / "data/traces/ngram").requests["question_id"]))
+    seen = sorted(str(t.question_id) for t in tasks if t.dataset == "spec_bench" and str(t.question_id) in fitted)
+    if seen:
+        raise SystemExit(f"the law policy was fitted on Spec-Bench questions {seen[:5]}: time prompts it never saw")
+    names = [LAW, *TIMED_FIELD]
+    if args.report:
+        timings = pd.concat([pd.read_csv(f, dtype={"request_id": str}) for f in args.report], ignore_index=True
+                            ).drop_duplicates(["arm", "request_id"])  # a resumed part may start from a merged file
+        lengths = [json.loads(x) for x in timings["vllm_lengths"].unique()]  # each process's (its own cost curve)
+    else:
+        part, parts = map(int, args.part.split("/"))
+        if not 1 <= part <= parts:
+            parser.error(f"--part K/N needs 1 <= K <= N, got {args.part}")
+        run = json.loads((root / SHIPPED_LAW.format(drafter="ngram")).read_text())
+        law, tree, budget = run["policy"], run["tree_policy"], run["tree_budget"]
+        target = load_target("smollm2-135m")
+        encoder = ARDecoder(target)
+        verify_cost = measure_verify_cost(TargetAdapter(target.model))
+        print(f"verify cost c(n) (one-token forward = 1): {verify_cost.describe()}", flush=True)
+        lengths, pooled, counts = workload_lengths(target, run, {str(t.question_id) for t in tasks},
+                                                   {t.category for t in tasks}, verify_cost, float(law["draft_cost"]))
+        lengths = {**lengths, "(pool)": pooled}
+        print(f"vLLM lengths from the other requests' profile: {lengths} (requests {counts})", flush=True)
+
+        def speculative(policy):
+            return decoder_arm(SpeculativeDecoder(target, NgramDrafter(), tree=tree, budget=budget, policy=policy))
+        arms = {AR: decoder_arm(ARDecoder(target)), LAW: speculative(make_policy(law, verify_cost)),
+                TIMED_FIELD[0]: speculative(AcceptLengthEMA()),
+                TIMED_FIELD[1]: speculative(WorkloadLength(lengths, pooled)),
+                TIMED_FIELD[2]: speculative(ConfidenceThreshold())}
+        out = Path(args.timings) if args.timings else None
+        done = set(pd.read_csv(out, dtype={"request_id": str})["request_id"]) if out and out.is_file() else set()
+        frames, warm = [], 16  # the first prompt warms every arm up (16 tokens), later ones with one token
+        for index in range(part - 1, len(tasks), parts):
+            task = tasks[index]
+            if task.request_id in done:
+                continue
+            print(f"[{index + 1}/{len(tasks)}] {task.category:<16} {task.question_id:>6}", file=sys.stderr, flush=True)
+            names_now = list(arms)[index % len(arms):] + list(arms)[: index % len(arms)]  # rotating order
+            load = os.getloadavg()[0]
+            frame = time_arms([task], {n: arms[n] for n in names_now}, lambda t: encoder.encode_prompt(t.messages()),
+                              max_new_tokens=args.max_new_tokens, reference=AR, warm_up_tokens=warm,
+                              verify_cost=verify_cost).assign(load1=load, vllm_lengths=json.dumps(lengths))
+            warm = 1
+            frames.append(frame)
+            if out:
+                frame.to_csv(out, mode="a", header=not out.is_file(), index=False)
+        timings = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+        if out:
+            timings = pd.read_csv(out, dtype={"request_id": str})
+    timings = timings.loc[timings.groupby("request_id")["arm"].transform("nunique") == len(names) + 1]
+    if timings.empty:
+        raise SystemExit("no prompt was timed by every arm yet")
+    wrong = timings.loc[~timings["matches_reference"].astype(bool), ["arm", "request_id"]]
+    assert wrong.empty, f"outputs differ from AR's (not exact): {wrong.to_dict('records')}"
+    speed = paired_speedups(timings, reference=AR, clock="cpu", seed=args.seed)
+    overall = speed.loc[speed["category"] == ALL].set_index("arm")
+    best = overall.loc[list(TIMED_FIELD), "speedup"].idxmax()
+    head = paired_speedups(timings.loc[timings["arm"].isin([LAW, best])], reference=best, clock="cpu",
+                           seed=args.seed).set_index("category")
+    categories = [c for c in speed["category"].unique() if c != ALL] + [ALL]
+    prompts = timings["request_id"].nunique()
+    lines = [f"{prompts} prompts ({', '.join(args.sets)}, seed {args.seed}), {args.max_new_tokens} new tokens, n-gram "
+             "DDTree16; paired speedup over AR by CPU time [95% request bootstrap] (tokens per round); every output "
+             "equals AR's", "",
+             "| category | prompts | " + " | ".join(names) + f" | law / {best.split(' (')[0]} |",
+             "|---|---|" + "---|" * (len(names) + 1)]
+    for category in categories:
+        cells = []
+        for name in names:
+            row = speed.loc[(speed["arm"] == name) & (speed["category"] == category)].iloc[0]
+            cells.append(f"{row['speedup']:.3f} [{row['lo']:.3f}, {row['hi']:.3f}] ({row['tokens_per_round']:.2f})")
+        ratio = head.loc[category]
+        lines.append(f"| {category} | {int(ratio['requests'])} | " + " | ".join(cells) + f" | {ratio['speedup']:.3f} "
+                     f"[{ratio['lo']:.3f}, {ratio['hi']:.3f}] |")
+    text = "\n".join(lines)
+    print(text)
+    load = timings["load1"]
+    result = {"bench": "policy_controllers_timed", "prompts": int(prompts), "sets": list(args.sets),
+              "max_new_tokens": args.max_new_tokens, "seed": args.seed, "vllm_lengths": lengths,
+              "overall": {n: [round(float(overall.loc[n, k]), 4) for k in ("speedup", "lo", "hi")] for n in names},
+              "best_field": best, "law_over_best_field": [round(float(head.loc[ALL, k]), 4)
+                                                          for k in ("speedup", "lo", "hi")],
+              "mismatches": int((~timings["matches_reference"].astype(bool)).sum()),
+              "arm_cpu_s": round(float(timings["cpu_s"].sum()), 1), "cpu_s": round(time.process_time() - t0, 1)}
+    if args.out:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True).stdout.strip()
+        header = (f"# policy-controllers-timed.txt: python bench/policy.py controllers-timed --per-category "
+                  f"{args.per_category} --max-new-tokens {args.max_new_tokens} --seed {args.seed} --categories "
+                  f"{' '.join(args.categories or ['(all)'])} (--part K/N, then "
+                  f"--report)\n# date {time.strftime('%Y-%m-%d %H:%M:%S %z')}, commit {commit}, machine "
+                  f"{platform.machine()} {os.cpu_count()} CPUs, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, "
+                  f"load average (1 min) at each prompt's start {load.min():.1f}-{load.max():.1f} (mean "
+                  f"{load.mean():.1f}): the CPU clock, not wall\n# vLLM lengths (other requests' profile; each "
+                  f"process priced by the verify-cost curve it measured): {lengths}\n\n")
+        Path(args.out).write_text(header + text + "\n\n" + json.dumps(result) + "\n")
+    print(json.dumps(result))
+    return result
+
+
+def controllers_loco_arguments(parser) -> None:
+    """The arguments of ``controllers-loco``."""
+    parser.add_argument("--traces", default="data/traces_gemma/ngram", metavar="RUN",
+                        help="a timed n-gram chain run of Spec-Bench (default: the second target's, data/traces_gemma)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--csv", default=None, metavar="FILE",
+                        help="also write the per-category table here (figures/fig13_controllers.py draws it)")
+    parser.add_argument("--out", default=None, metavar="FILE", help="also write the table here, headed by date, commit "
+                                                                   "and machine")
+
+
+def run_controllers_loco(args, parser) -> dict:
+    """The controllers' comparison on a target with one timed n-gram chain run and no law policy of its own (the
+    second target): leave one category out. For each category, a law policy is fitted on the run's OTHER categories
+    (``fitted_policy``) and every configuration (``jobs.controllers.replay_controllers``, n-gram DDTree16) is replayed
+    over the held-out category's requests; rounds are priced by the run's own timed rounds: the verify line of
+    ``payoff.cost.fit_cost_model`` (CPU clock where recorded) as the curve ``c(n)``, the drafter's cost its
+    ``draft_ms`` over the line's one-token intercept. The chain run verified at most its block's drafts: a DDTree16
+    round's cost is the line extrapolated.
+
+        OMP_NUM_THREADS=1 python bench/policy.py controllers-loco --out bench/results/policy-controllers-loco.txt
+
+    Prints the table and ends with ONE JSON line.
+    """
+    import platform
+    import subprocess
+    from argparse import Namespace
+
+    from entropy_law.commands.controllers import report
+    from entropy_law.decoding.gate import VerifyCost
+    from entropy_law.jobs.controllers import LAW, is_field, replay_controllers
+    from entropy_law.payoff.controllers import controller_table
+    from entropy_law.payoff.cost import fit_cost_model, verify_curve
+    from entropy_law.traces.layout import RUN_FILE, read_run_json
+
+    torch.set_num_threads(1)
+    warnings.simplefilter("ignore")
+    root, t0 = Path(__file__).resolve().parents[1], time.process_time()
+    run = Path(args.traces)
+    traces, meta = load_traces(run), read_run_json(run / RUN_FILE)
+    if meta.get("drafter_id") != "ngram" or meta.get("tree_policy") != "chain":
+        raise SystemExit(f"{run}: give a timed n-gram chain run (drafter {meta.get('drafter_id')}, tree "
+                         f"{meta.get('tree_policy')})")
+    from types import SimpleNamespace
+
+    decoded = set(traces.requests.loc[traces.requests["new_tokens"] >= 2, "request_id"])  # a timed decode round
+    timed = SimpleNamespace(runs=traces.runs, requests=traces.requests.loc[traces.requests["request_id"].isin(decoded)],
+                            rounds=traces.rounds.loc[traces.rounds["request_id"].isin(decoded)])
+    idle = timed.rounds.loc[(timed.rounds["round_index"] > 0) & (timed.rounds["tree_nodes"] == 0)]
+    cost = fit_cost_model(timed, drafter="ngram", ar_ms_per_token=float(idle[["draft_ms", "verify_ms",
+                                                                                "overhead_ms"]].sum(axis=1).mean()))
+    curve = VerifyCost.from_config(verify_curve(cost))
+    draft_cost = cost.draft_ms / cost.verify_intercept_ms
+    target = load_target(meta["model_id"])
+    arm = {**meta, "tree_policy": "ddtree", "tree_budget": 16}
+    requests, frames, laws = traces.requests, [], {}
+    for category in sorted(requests["category"].unique()):
+        held = requests.loc[requests["category"] == category]
+        law = fitted_policy(run.parent, run.name, set(held["question_id"].astype(str)), draft_cost)
+        laws[category] = law["fitted_on"]["requests"]
+        frames.append(replay_controllers(run, arm, target, law, curve, requests=held["request_id"].astype(str).tolist(),
+                                         seed=args.seed, workload=category))
+        print(f"{category}: law fitted on {laws[category]} requests of the other categories; replayed over "
+              f"{len(held)}", flush=True)
+    rows = pd.concat(frames, ignore_index=True)
+    table = controller_table(rows, seed=args.seed)
+    options = Namespace(source=f"{args.traces} (own rounds, {cost.clock} clock, draft cost {draft_cost:.4f})",
+                        drafter="ngram", traces=[f"{args.traces} (each category held out)"], seed=args.seed)
+    text = report(rows, table, curve, options).replace(str(root) + "/", "")
+    print(text)
+    if args.csv:
+        table.round(4).to_csv(args.csv, index=False)
+    overall = table.loc[table["category"] == "all"].set_index("config")
+    field = overall.loc[[c for c in overall.index if is_field(c)], "speedup"]
+    result = {"bench": "policy_controllers_loco", "traces": args.traces, "model_id": meta["model_id"],
+              "requests": int(rows["request"].nunique()), "draft_cost": round(draft_cost, 5),
+              "cost_clock": cost.clock, "cpu_s": round(time.process_time() - t0, 1),
+              "overall": overall["speedup"].round(4).to_dict(), "of_oracle": overall["of_oracle"].round(4).to_dict(),
+              "best_field": field.idxmax(), "law_over_best_field": float(overall.loc[LAW, "speedup"] / field.max() - 1)}
+    if args.out:
+        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True).stdout.strip()
+        header = (f"# policy-controllers-loco.txt: python bench/policy.py controllers-loco --traces {args.traces} "
+                  f"--seed {args.seed}\n# date {time.strftime('%Y-%m-%d %H:%M:%S %z')}, commit {commit}, machine "
+                  f"{platform.machine()} {os.cpu_count()} CPUs, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}"
+                  f"\n\n")
+        Path(args.out).write_text(header + text + "\n\n" + json.dumps(result) + "\n")
+    print(json.dumps(result))
+    return result
+
+
 COMMANDS = {  # subcommand: (adds its arguments, runs it)
     "policy": (policy_arguments, run_policy),
     "ceiling": (ceiling_arguments, run_ceiling),
     "replay": (replay_arguments, run_replay),
     "gate-vs-law": (gate_vs_law_arguments, run_gate_vs_law),
     "controllers": (controllers_arguments, run_controllers),
+    "controllers-timed": (controllers_timed_arguments, run_controllers_timed),
+    "controllers-loco": (controllers_loco_arguments, run_controllers_loco),
 }
 
 

@@ -297,9 +297,9 @@ def test_record_with_a_bfloat16_block_drafter_stays_greedy_and_says_so(model_fol
                   "--tree", "ddtree", "--budget", "5", "--categories", "alpha", "--resume") == 2
     # a replay of the arm (entropy-law predict --replay) loads its drafter in the dtype it ran in
     from entropy_law.decoding.loading import load_target
-    from entropy_law.jobs.reference import _workload_inputs
+    from entropy_law.jobs.reference import workload_inputs
 
-    drafter = _workload_inputs(out, meta, load_target(str(model_folder)), None, checkpoint)[1]
+    drafter = workload_inputs(out, meta, load_target(str(model_folder)), None, checkpoint)[1]
     assert drafter.compute_dtype == torch.bfloat16
 
 
@@ -309,7 +309,7 @@ def test_a_replayed_block_arm_loads_the_checkpoint_it_ran_with(model_folder, tas
     an error that says what to pass when it is nowhere; never silently another drafter of the same shape."""
     from entropy_law.decoding.loading import load_target
     from entropy_law.jobs.arms import BLOCK_DRAFTER_ENV
-    from entropy_law.jobs.reference import _workload_inputs
+    from entropy_law.jobs.reference import workload_inputs
     from entropy_law.traces.layout import file_sha256
 
     checkpoint = random_block_checkpoint(model_folder, tmp_path / "drafter.safetensors")
@@ -321,12 +321,12 @@ def test_a_replayed_block_arm_loads_the_checkpoint_it_ran_with(model_folder, tas
     assert meta["drafter_config"]["checkpoint_sha256"] == file_sha256(checkpoint) != file_sha256(other)
     target = load_target(str(model_folder))
     with pytest.raises(ValueError, match=r"recorded with the block drafter checkpoint sha256:\w{12}, .*other"):
-        _workload_inputs(out, meta, target, None, other)
+        workload_inputs(out, meta, target, None, other)
     monkeypatch.setenv(BLOCK_DRAFTER_ENV, str(other))
     with pytest.raises(ValueError, match="is not under data/drafters/: pass it"):
-        _workload_inputs(out, meta, target, None, None)
+        workload_inputs(out, meta, target, None, None)
     monkeypatch.setenv(BLOCK_DRAFTER_ENV, str(checkpoint))
-    drafter = _workload_inputs(out, meta, target, None, None)[1]
+    drafter = workload_inputs(out, meta, target, None, None)[1]
     assert drafter.provenance["checkpoint_sha256"] == file_sha256(checkpoint)
 
 

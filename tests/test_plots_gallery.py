@@ -10,9 +10,11 @@ import matplotlib
 
 matplotlib.use("Agg")
 
+import pandas as pd  # noqa: E402
 import pytest  # noqa: E402
 
 from entropy_law.plots.gallery import FIGURES, cli  # noqa: E402
+from entropy_law.plots.speed import fig_controllers  # noqa: E402
 from tests.report_helpers import small_traces  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -20,8 +22,23 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def test_one_script_per_figure_and_make_all():
     scripts = {p.stem for p in (ROOT / "figures").glob("fig*.py")}
-    assert scripts == set(FIGURES)
-    assert (ROOT / "figures" / "make_all.py").is_file()
+    assert scripts == set(FIGURES) | {"fig13_controllers"}  # fig13: the controllers' tables, not traces
+    assert "fig13_controllers" in (ROOT / "figures" / "make_all.py").read_text()
+
+
+def test_controllers_figure_from_a_table(tmp_path):
+    table = pd.DataFrame({"config": ["law policy", "replay oracle", "SGLang EMA", "law policy", "replay oracle",
+                                     "SGLang EMA"], "category": ["a", "a", "a", "all", "all", "all"],
+                          "speedup": [1.2, 1.4, 1.1, 1.25, 1.5, 1.05]})
+    table.to_csv(tmp_path / "policy-controllers-x.csv", index=False)
+    script = ROOT / "figures" / "fig13_controllers.py"
+    done = subprocess.run([sys.executable, str(script), "--tables", str(tmp_path / "policy-controllers-x.csv"), "--out",
+                           str(tmp_path / "out")], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "out" / "fig13_controllers.png").is_file() and (tmp_path / "out" / "fig13_controllers.pdf").is_file()
+    fig = fig_controllers({"x": table})
+    oracle = [line for line in fig.axes[0].lines if line.get_label() == "replay oracle"]
+    assert list(oracle[0].get_ydata()) == [1.4, 1.5]  # the oracle's line, per category in order
 
 
 @pytest.fixture(scope="module")

@@ -19,10 +19,9 @@ import math
 from typing import Mapping, Sequence
 
 import numpy as np
-import torch
 
 from entropy_law.decoding.gate import VerifyCost
-from entropy_law.decoding.interface import DraftProposal
+from entropy_law.decoding.interface import DraftProposal, PolicyDefaults
 from entropy_law.decoding.observers import row_entropies
 from entropy_law.decoding.policy import LawPolicy
 from entropy_law.decoding.tree import Tree, expected_accepted
@@ -51,17 +50,11 @@ def _last_decision(history: Sequence) -> tuple[dict, object]:
     return (getattr(last, "policy", None) or {}), last
 
 
-class Controller:
+class Controller(PolicyDefaults):
     """What the controllers share: drafting every round, nothing per request, no entropies tracked; ``plan`` verifies
     the drafted tree down to ``depth(...)``."""
 
     information = BEFORE_DRAFTING
-
-    def bind(self, adapter, drafter) -> "Controller":
-        return self
-
-    def begin_request(self, state) -> None:
-        return None
 
     def before_draft(self, entropies: Sequence[float], n_output: int, max_depth: int, history: Sequence = (),
                      context: Sequence[int] | None = None) -> dict:
@@ -74,9 +67,6 @@ class Controller:
         chosen = depth_cut(tree, self.depth(proposal, tree, decision)) if tree.n_nodes else Tree.empty()
         decision["budget"] = chosen.n_nodes
         return chosen, (expected_accepted(proposal, chosen) if chosen.n_nodes else 0.0)
-
-    def observe(self, entropies: list[float], n_output: int, target_logits: torch.Tensor | None) -> None:
-        return None
 
     def to_config(self) -> dict:
         return {"kind": type(self).__name__, **{k: v for k, v in vars(self).items() if not k.startswith("_")}}

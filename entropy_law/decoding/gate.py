@@ -23,7 +23,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from entropy_law.decoding.interface import DraftProposal
+from entropy_law.decoding.interface import DraftProposal, PolicyDefaults
 from entropy_law.decoding.tree import Tree, chain_tree, expected_accepted, node_logprobs
 
 DEFAULT_VERIFY_COST_RATIO = 2.0
@@ -175,7 +175,7 @@ def _number(name: str, value) -> float:
     return float(value)
 
 
-class Gate:
+class Gate(PolicyDefaults):
     """What the gates share: no decision before drafting (``before_draft`` returns ``None``), nothing to track;
     ``to_config``: the settings under the run-metadata keys."""
 
@@ -183,17 +183,8 @@ class Gate:
     min_expected_accepted: float | None = None
     verify_cost: VerifyCost | None = None
 
-    def bind(self, adapter, drafter) -> "Gate":
-        return self
-
-    def begin_request(self, state) -> None:
-        return None
-
     def before_draft(self, entropies: Sequence[float], n_output: int, max_depth: int, history: Sequence = (),
                      context: Sequence[int] | None = None) -> None:
-        return None
-
-    def observe(self, entropies: list[float], n_output: int, target_logits: torch.Tensor | None) -> None:
         return None
 
     def to_config(self) -> dict:

@@ -46,6 +46,20 @@ class Drafter(Protocol):
         target features of committed positions not yet given (or ``None``)."""
 
 
+class PolicyDefaults:
+    """The no-op defaults of a ``round.RoundPolicy`` (the gates' and the controllers' base; here, not in ``round``,
+    which imports the gates): used as bound, nothing per request, no entropies tracked."""
+
+    def bind(self, adapter, drafter):
+        return self
+
+    def begin_request(self, state) -> None:
+        return None
+
+    def observe(self, entropies: list[float], n_output: int, target_logits: torch.Tensor | None) -> None:
+        return None
+
+
 def drafter_run_config(drafter) -> dict:
     """A run's ``drafter_config``: the drafter's ``config`` plus its ``provenance`` (a checkpoint's name, SHA-256)."""
     if drafter is None:

@@ -26,7 +26,7 @@ from entropy_law.decoding.controllers import (BEFORE_DRAFTING, BEFORE_VERIFYING,
 from entropy_law.decoding.gate import CostGate, RatioGate, VerifyCost
 from entropy_law.decoding.policy import LawPolicy
 from entropy_law.decoding.replay import oracle_rounds, replay_rounds
-from entropy_law.jobs.reference import _decoded_requests, _workload_inputs, replay_drafter
+from entropy_law.jobs.reference import decoded_requests, replay_drafter, workload_inputs
 from entropy_law.payoff.controllers import ORACLE
 from entropy_law.traces.reader import load_traces
 
@@ -67,7 +67,7 @@ def _priced(result, curve: VerifyCost, draft_cost: float) -> tuple[int, int, flo
     return sum(r.committed for r in rounds), len(rounds), float(cost)
 
 
-def _profile(rounds: list) -> list[float]:
+def acceptance_profile(rounds: list) -> list[float]:
     """vLLM's per-position acceptance: accepted drafts at position i per drafting round."""
     drafting = [r.accepted for r in rounds if r.tree_nodes > 0]
     depth = max(drafting, default=0)
@@ -81,7 +81,7 @@ def replay_controllers(workload_dir: str | Path, arm_meta: dict, target, law_par
     tree of ``arm_meta`` (a drafting arm's ``run.json``), priced by ``curve`` plus the law's ``draft_cost`` per
     drafter call. Rows as ``payoff.controllers.ROW_COLUMNS`` (``request``: ``workload:request_id``). ``tasks``: the
     prompts' task file where the run's run.json names none."""
-    meta, drafter, plain, prompts, outputs = _workload_inputs(workload_dir, arm_meta, target, tasks, None)
+    meta, drafter, plain, prompts, outputs = workload_inputs(workload_dir, arm_meta, target, tasks, None)
     tree, budget = arm_meta.get("tree_policy", "chain"), arm_meta.get("tree_budget")
     draft_cost = float(law_params["draft_cost"])
     options = dict(eos_token_ids=plain.config["eos_token_ids"], max_new_tokens=meta.get("max_new_tokens"),
@@ -89,7 +89,7 @@ def replay_controllers(workload_dir: str | Path, arm_meta: dict, target, law_par
     tokens = load_traces(workload_dir).tokens.sort_values(["request_id", "position"])
     entropies = {str(rid): g["target_entropy_nats"].to_numpy(float) for rid, g in tokens.groupby("request_id")}
     controllers = field_controllers(law_params, curve, arm_meta.get("drafter_id"))
-    decoded = list(_decoded_requests(outputs, requests))
+    decoded = list(decoded_requests(outputs, requests))
     fold = dict(zip([rid for rid, _, _ in decoded], np.random.default_rng(seed).permutation(len(decoded)) % 2))
     rows, profiles, sources = [], {}, {}
     for rid, category, output in decoded:
@@ -116,7 +116,7 @@ def replay_controllers(workload_dir: str | Path, arm_meta: dict, target, law_par
     for rid, (category, output, fresh) in sources.items():  # vLLM's length from the other fold's profile
         other = [r for o, rounds in profiles.items() if fold[o] != fold[rid] for r in rounds
                  if sources[o][0] == category] or [r for o, rs in profiles.items() if fold[o] != fold[rid] for r in rs]
-        length = profile_length(_profile(other), curve, draft_cost)
+        length = profile_length(acceptance_profile(other), curve, draft_cost)
         result = replay_rounds(prompts[rid], output, fresh(), tree, budget, policy=WorkloadLength({}, length),
                                verify_cost=curve, category=category, **options)
         rows.append((VLLM, BEFORE_DRAFTING, category,

@@ -338,7 +338,7 @@ def _arm_checkpoint(recorded_sha256: str | None, checkpoint: str | Path | None) 
     return found
 
 
-def _workload_inputs(workload_dir: str | Path, arm_meta: dict, target, tasks, checkpoint):
+def workload_inputs(workload_dir: str | Path, arm_meta: dict, target, tasks, checkpoint):
     """What replaying an arm over a workload run needs: (the workload's run.json, the arm's drafter, a plain
     decoder of the target, prompt ids and greedy outputs by request id)."""
     from entropy_law.drafters.hybrid import HybridDrafter
@@ -377,7 +377,7 @@ def _arm_block_drafter(config: dict, drafter_id: str | None, target, checkpoint)
     return drafter
 
 
-def _decoded_requests(outputs: dict, requests: Collection[str] | None = None):
+def decoded_requests(outputs: dict, requests: Collection[str] | None = None):
     """``(request_id, category, greedy output)`` of each request that decoded a token after the prefill, in
     request order; ``requests``: only these ids (None: all; an unknown one raises ``ValueError``)."""
     if requests is not None:
@@ -479,11 +479,11 @@ def _replayed_requests(workload_dir, arm_meta: dict, target, tasks, checkpoint, 
 def _replays(workload_dir, arm_meta: dict, target, tasks, checkpoint, requests=None):
     """(the workload's run.json, its stopping rules as the replay functions take them, an iterator of
     (request_id, category, prompt ids, greedy output, the arm's drafter ready to replay them))."""
-    meta, drafter, plain, prompts, outputs = _workload_inputs(workload_dir, arm_meta, target, tasks, checkpoint)
+    meta, drafter, plain, prompts, outputs = workload_inputs(workload_dir, arm_meta, target, tasks, checkpoint)
     stops = dict(eos_token_ids=plain.config["eos_token_ids"], max_new_tokens=meta.get("max_new_tokens"),
                  max_context=plain.adapter.max_context)
     return meta, stops, ((rid, category, prompts[rid], output, replay_drafter(drafter, target, prompts[rid], output))
-                         for rid, category, output in _decoded_requests(outputs, requests))
+                         for rid, category, output in decoded_requests(outputs, requests))
 
 
 def _recorded_entropies(run_dir) -> dict:

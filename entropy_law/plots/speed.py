@@ -109,3 +109,24 @@ def fig_speed_validation(an):
             unavailable(ax, short_message(req.error or crossing.error))
             ax.set_title(arm, fontsize=8)
     return fig
+
+
+def fig_controllers(tables: dict):
+    """Modelled speedup per controller per category, a panel per workload (``tables``: name -> a
+    ``payoff.controllers.controller_table`` frame), the replay oracle as a line, AR at 1."""
+    import seaborn as sns
+
+    from entropy_law.payoff.controllers import ORACLE
+
+    fig, axes = panels(len(tables), width=9.0, height=3.6, ncols=1)
+    for ax, (name, table) in zip(axes, tables.items()):
+        bars = table.loc[(table["config"] != ORACLE) & ~table["config"].str.startswith("fixed")]
+        order = list(dict.fromkeys(table["category"]))
+        sns.barplot(bars, x="category", y="speedup", hue="config", order=order, ax=ax,
+                    palette=palette(bars["config"]), hue_order=sorted(bars["config"].unique()))
+        oracle = table.loc[table["config"] == ORACLE].set_index("category").reindex(order)
+        ax.plot(range(len(order)), oracle["speedup"], color="black", marker="_", ms=14, lw=1.0, label=ORACLE)
+        ax.axhline(1.0, color="0.5", lw=0.8, ls="--")
+        ax.set(title=name.replace("-", " "), xlabel="", ylabel="modelled speedup over AR")
+        ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return fig
