@@ -1692,7 +1692,8 @@ def run_controllers_timed(args, parser) -> dict:
     if args.report:
         timings = pd.concat([pd.read_csv(f, dtype={"request_id": str}) for f in args.report], ignore_index=True
                             ).drop_duplicates(["arm", "request_id"])  # a resumed part may start from a merged file
-        lengths = [json.loads(x) for x in timings["vllm_lengths"].unique()]  # each process's (its own cost curve)
+        lengths = [json.loads(x) for x in timings["vllm_lengths"].dropna().unique()]  # each process's own
+        # cost curve; the committed file keeps each value on its first row only
     else:
         part, parts = map(int, args.part.split("/"))
         if not 1 <= part <= parts:

@@ -32,6 +32,10 @@ def main(argv=None) -> int:
         print("error: no controller tables: run python bench/policy.py controllers --csv FILE first", file=sys.stderr)
         return 2
     tables = {Path(f).stem.removeprefix("policy-controllers-"): pd.read_csv(f) for f in args.tables}
+    tables = {name: t for name, t in tables.items() if {"config", "category", "speedup"} <= set(t.columns)}
+    if not tables:
+        print("error: no controller table (columns config, category, speedup) among --tables", file=sys.stderr)
+        return 2
     with style():
         fig = fig_controllers(tables)
         fig.tight_layout()
