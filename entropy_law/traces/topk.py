@@ -1,38 +1,15 @@
 """Target entropy from the top-k log-probabilities an engine returns: exact bounds and a point estimate.
 
-Known here: what the top ``k`` log-probabilities of a next-token distribution over ``V`` tokens say about its
-Shannon entropy (nats), vectorised over positions, and the checks such input must pass. The tokens columns
-``target_entropy_lower_nats``, ``target_entropy_upper_nats``, ``target_entropy_estimate_nats`` and
-``target_topk`` (``docs/trace-schema.md``) are defined here, as ``stats`` defines the exact ``target_*``
-columns. Not known here: any engine's field names (``entropy_law.importers``), files, or tables. numpy only.
-
-The bounds. Let ``p_1 >= ... >= p_k`` be the known probabilities, ``H_k = -sum p_i log p_i`` their part of the
-entropy, ``T = 1 - sum p_i`` the tail mass and ``m = V - k`` the tail tokens. Every tail token is no more likely
-than the k-th (the list is the top k), so the tail is a vector ``q`` in the polytope
-``Q = {q in [0, p_k]^m : sum q = T}``, which is non-empty exactly when ``T <= m p_k`` (else the input is
-inconsistent: ``V`` too small, or the list not the top k). ``H = H_k + h(q)`` with ``h(q) = -sum q_j log q_j``,
-and ``h`` is concave and symmetric, so:
-
-- upper bound, ``H_k + T log(m / T)``: the uniform tail ``q_j = T / m`` maximises ``h`` over the simplex of mass
-  ``T`` (Jensen, or Gibbs: ``h(q) = T H(q / T) + T log(1 / T)`` and ``H(q / T) <= log m``), and it lies in ``Q``
-  (``T / m <= p_k`` is the non-emptiness condition), so the cap "no tail token above ``p_k``" never binds: the
-  bound is attained and cannot be improved;
-- lower bound, ``H_k + n p_k log(1 / p_k) + r log(1 / r)`` with ``n = floor(T / p_k)``, ``r = T - n p_k``: a
-  concave function attains its minimum over a polytope at a vertex, and a vertex of ``Q`` has at most one
-  coordinate strictly between 0 and ``p_k`` (two such could move by ``+-e`` in opposite directions and stay in
-  ``Q``), so every vertex is, up to order, ``n`` tokens at ``p_k``, one at ``r`` and the rest at 0: the tail
-  packed into as few tokens as possible. It is attained (``n + 1 <= m`` when ``r > 0``), and it is at least
-  ``H_k + T log(1 / p_k)`` (``r <= p_k``);
-- both are the minimum and the maximum of ``H`` over every distribution whose top k are the given ones, so a
-  longer list (its distributions a subset) never loosens them, and ``k = V`` (``T = 0``, ``m = 0``) makes
-  them equal to the exact entropy.
-
-The point estimate (``POINT_ESTIMATES``; ``"geometric"`` by default): the tail continues the top k's decay
-geometrically, ``q_j = p_k rho^j`` for ``j >= 1``, with ``rho = T / (T + p_k)`` so that the tail holds ``T``
-(every ``q_j < p_k``); its entropy has the closed form ``T log(1 / p_k) + T (1 + T / p_k) log(1 + p_k / T)``,
-which is at least the packed lower bound (a tail with cap ``p_k``) and is clipped to the upper bound where the
-vocabulary is too small for it. ``"midpoint"``: the mean of the two bounds. How close either comes to the exact
-entropy is measured on recorded runs, not assumed here.
+Defines the tokens columns ``target_entropy_lower_nats``, ``target_entropy_upper_nats``,
+``target_entropy_estimate_nats`` and ``target_topk`` (``docs/trace-schema.md``), vectorised over positions, and
+the checks such input must pass. Knows no engine's field names (``entropy_law.importers``), files or tables.
+With ``p_1 >= ... >= p_k`` known, tail mass ``T = 1 - sum p_i`` on ``m = V - k`` tokens each at most ``p_k``
+(admissible only when ``T <= m p_k``): the lower bound packs the tail into as few tokens at ``p_k`` as possible
+(a concave function's minimum over the polytope of tails lies at a vertex), the upper bound spreads it evenly
+(attained, as ``T / m <= p_k``); both are attained, so they are the exact range of H given the top k, and
+``k = V`` makes them the exact entropy. Point estimates (``POINT_ESTIMATES``): ``"geometric"`` (the tail
+``q_j = p_k rho^j``, ``rho = T / (T + p_k)``, clipped into the bounds) or ``"midpoint"``. The formulas:
+``docs/trace-schema.md``. numpy only.
 """
 
 from __future__ import annotations
@@ -104,11 +81,8 @@ def topk_problems(logprobs, vocab_size: int | None) -> list[tuple[int, str]]:
     present = _present(array)
     k = present.sum(axis=1)
     flag(k == 0, lambda r: "no log-probability (an empty top-k list)")
-    if vocab_size is None:
-        vocab_size = np.iinfo(np.int64).max
-        k_check = False
-    else:
-        k_check = True
+    k_check = vocab_size is not None
+    vocab_size = vocab_size if k_check else np.iinfo(np.int64).max
     flag(k_check & (k > vocab_size), lambda r: f"{k[r]} entries, more than the vocabulary of {vocab_size}")
     p = np.where(present, np.exp(np.minimum(np.where(present, array, 0.0), 0.0)), 0.0)
     total = p.sum(axis=1)
@@ -124,8 +98,7 @@ def topk_problems(logprobs, vocab_size: int | None) -> list[tuple[int, str]]:
 
 
 def _present(array: np.ndarray) -> np.ndarray:
-    """Entries that carry probability: finite, and not so small that exp underflows to 0 (vLLM writes -9999.0
-    for a masked token; such an entry holds no mass and reads as absent)."""
+    """Finite entries whose exp does not underflow to 0 (vLLM writes -9999.0 for a masked token: absent)."""
     with np.errstate(invalid="ignore"):
         return np.isfinite(array) & (np.exp(np.where(np.isfinite(array), np.minimum(array, 0.0), 0.0)) > 0)
 
@@ -139,10 +112,9 @@ def topk_entropy(logprobs, vocab_size: int, *, point: str = "geometric") -> Topk
     """Bounds and a point estimate of the entropy (nats) at each position from its top-k log-probabilities.
 
     ``logprobs``: ``[positions, k]`` (a 1-D list is one position), in any order, ``-inf`` for an absent entry
-    (a position with fewer entries than requested: duplicates an engine merged; an entry whose probability
-    underflows to 0 reads as absent); ``vocab_size``: V of the
-    target. ``point``: ``"geometric"`` or ``"midpoint"`` (module docstring). Raises ``TopkInputError`` for the
-    first position ``topk_problems`` refuses.
+    (fewer entries than requested: duplicates an engine merged; one whose probability underflows to 0 is absent);
+    ``vocab_size``: V of the target. ``point``: ``"geometric"`` or ``"midpoint"`` (module docstring). Raises
+    ``TopkInputError`` for the first position ``topk_problems`` refuses.
     """
     if point not in POINT_ESTIMATES:
         raise ValueError(f"point must be one of {POINT_ESTIMATES}; got {point!r}")
@@ -223,5 +195,6 @@ def pad_topk(rows) -> np.ndarray:
     return out
 
 
-__all__ = ["FIT_TOLERANCE", "LOGPROB_TOLERANCE", "entropy_or_bound", "POINT_ESTIMATES", "RENORMALISED_TAIL", "SUM_TOLERANCE", "TopkEntropy",
-           "TopkInputError", "pad_topk", "topk_entropy", "topk_logprobs_from_logits", "topk_problems"]
+__all__ = ["FIT_TOLERANCE", "LOGPROB_TOLERANCE", "entropy_or_bound", "POINT_ESTIMATES", "RENORMALISED_TAIL",
+           "SUM_TOLERANCE", "TopkEntropy", "TopkInputError", "pad_topk", "topk_entropy", "topk_logprobs_from_logits",
+           "topk_problems"]
