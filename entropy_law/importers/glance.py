@@ -1,12 +1,9 @@
 """GLANCE's round log into a trace run (``entropy-law import glance ROUNDS.jsonl --out RUN``), and back.
 
-GLANCE logs one JSON object per verify round (``round, entropy, accepted, tau, tree_size, extended, task,
-prompt``), read and checked by ``glance.read_glance_rounds``. Written as trace rows, and nothing more: one request
-per (task, prompt), the task as category; positions rebuilt from tau (the sum of the prompt's earlier rounds'
-tau); token ids null; of the target statistics only ``target_entropy_nats`` at depth 1 (the round root's entropy);
-times 0 (untimed, so no speedup). ``run.json`` says what is missing and how the rest was filled, with
-``target_stats_scope: "round_root"``, which ``law.atrisk`` reads to refuse laws that need per-position entropy.
-``export_glance_rounds`` writes any run's rounds as GLANCE's round log. No torch.
+One request per (task, prompt), the task as category; positions rebuilt from tau; token ids null; of the target
+statistics only ``target_entropy_nats`` at depth 1 (the round root's); times 0. ``run.json`` says what is missing
+and how the rest was filled, with ``target_stats_scope: "round_root"``, which ``law.atrisk`` reads to refuse laws
+that need per-position entropy. ``export_glance_rounds`` writes any run's rounds as GLANCE's round log. No torch.
 """
 
 from __future__ import annotations
@@ -188,7 +185,8 @@ def import_glance(path, out, *, skip_bad: bool = False, model_id: str | None = N
                 "block_size": f"{block_size}: max(cap {cap}, largest accepted in the log) + 1",
                 "tree_depth": ("not logged: min(block_size - 1, tree_size - 1), at least accepted; an upper bound "
                                "on the round's drafted depth, not a measurement"),
-                "tree_nodes": "tree_size - 1 (the root excluded), at least tree_depth; tree_depth where tree_size is absent",
+                "tree_nodes": ("tree_size - 1 (the root excluded), at least tree_depth; tree_depth where tree_size is "
+                               "absent"),
                 "role": ("depths 1..accepted 'accepted'; the last token 'bonus' when accepted = tree_depth, else "
                          "'correction'"),
                 "stop_reason": "max_new_tokens (GLANCE logs no stop reason)",

@@ -1,13 +1,10 @@
 """Spec-Bench's answer files, both ways: ``entropy-law import specbench`` and ``export --format specbench``.
 
-An answer line (what Spec-Bench's ``evaluation/eval.py`` writes and ``speed.py`` reads) holds per turn the text,
-``new_tokens`` and ``wall_time``, and ``accept_lengths`` per decoding step (tokens the step committed). Import:
-a turn is a request (``<id>#<turn>`` after the first), its steps rounds in order (``committed`` = accept length),
-split by ``new_tokens`` (or one fewer per turn where the prefill made the first token); a question whose steps fit
-neither is flagged and keeps its request rows only. What the file lacks (drafted depth, token ids, target
-statistics, prompt length, stop reason) is filled and said so in ``run.json``; the lines are kept verbatim in
-``specbench_answers.jsonl``. Export writes one line per question: ``wall_time`` = prefill + decode time,
-``accept_lengths`` = every round's ``committed``. No torch.
+Import: a turn is a request (``<id>#<turn>`` after the first), its ``accept_lengths`` steps rounds in order
+(``committed`` = accept length), split by ``new_tokens`` (or one fewer per turn where the prefill made the first
+token); a question whose steps fit neither is flagged and keeps its request rows only. What the file lacks is
+filled and said so in ``run.json``; the lines are kept verbatim in ``specbench_answers.jsonl``. Export: one line
+per question, ``wall_time`` = prefill + decode time, ``accept_lengths`` = every round's ``committed``. No torch.
 """
 
 from __future__ import annotations

@@ -2,12 +2,10 @@
 
 A bad line stops the import with ``file:line``, the field and what to do (``skip_bad``: skipped and counted); a
 file that mixes configurations (two models or draft lengths) is refused. The run gets ``run.json`` with an
-``engine_import`` entry (source and SHA-256, counts, skipped lines, flagged requests, where target statistics
-come from), ``engine_import.jsonl`` beside it (every request as the engine reported it; ``read_import`` reads it
-back), a ``requests`` row per request, and ``rounds``/``tokens`` rows for aligned per-step requests once target
-statistics exist: given (``target_stats``), or from the engine's top-k log-probabilities (``traces.topk``, with
-``vocab_size``); else ``entropy-law entropy RUN --model M`` computes them later through ``log_request``.
-Knows no engine's fields (``vllm``, ``sglang``, ``llamacpp``). No torch.
+``engine_import`` entry, ``engine_import.jsonl`` beside it (every request as the engine reported it;
+``read_import`` reads it back), a ``requests`` row per request, and ``rounds``/``tokens`` rows for aligned
+per-step requests once target statistics exist (``target_stats``, or top-k log-probabilities with
+``vocab_size``). Knows no engine's fields. No torch.
 """
 
 from __future__ import annotations
