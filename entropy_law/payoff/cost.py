@@ -1,15 +1,10 @@
 """When drafting pays: a cost model from measured round timings combined with a fitted law.
 
-Per round t_round(N) = t_draft + t_verify(N) + t_overhead: the drafter's mean costs and a least-squares verify
-line v0 + v1 N over every round on the drafter's machine (one arm, one machine; the CPU clock where every request
-logs it). t_AR is given or estimated from AR rounds. At constant target entropy H a round of depth D and N nodes
-(the arm's own shape) gives
-
-    S(H) = (1 + E[tau | H, D]) * t_AR / t_round(N),   E[tau] = sum_{k<=D} prod_{d<=k} a(H, d),
-
-hence the speedup curve, the break-even entropy (S = 1) and the best block size / tree budget, each with a
-request-bootstrap interval (Poisson weights per request; each replicate refits the law and every cost).
-Assumed, not checked: constant-H sequences, depths up to the deepest observed. Decode speedup only. No torch.
+t_round(N) = t_draft + t_verify(N) + t_overhead: the drafter's mean costs and a least-squares verify line
+v0 + v1 N over the rounds of one arm on one machine (the CPU clock where every request logs it); t_AR given or
+from AR rounds. S(H) = (1 + E[tau | H, D]) t_AR / t_round(N) at constant entropy (``docs/law.md``) gives the
+speedup curve, the break-even entropy and the best block size / tree budget, each with a request-bootstrap
+interval. Assumed, not checked: constant-H sequences, depths up to the deepest observed. Decode speedup only.
 """
 
 from __future__ import annotations
@@ -196,10 +191,8 @@ def cpu_wall_factors(rounds: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFra
 
 
 def cpu_scaled_timings(rounds: pd.DataFrame, requests: pd.DataFrame) -> tuple[pd.DataFrame, str]:
-    """The rounds' timings (``TIMING_COLUMNS``) on the CPU clock, and the clock they are on: each round's wall
-    timings scaled by its request's CPU / wall ratio (``cpu_wall_factors``), so a shared machine's changing load
-    does not price the rounds. Where any request lacks ``decode_cpu_ms`` the timings are returned as logged, clock
-    ``"wall"``: never a mix of clocks."""
+    """``(rounds, clock)``: each round's ``TIMING_COLUMNS`` scaled by its request's CPU / wall ratio
+    (``cpu_wall_factors``), clock ``"cpu"``; as logged, clock ``"wall"``, where any request lacks ``decode_cpu_ms``."""
     out = rounds.copy()
     factors = cpu_wall_factors(out, requests)
     if factors is None:
@@ -226,7 +219,6 @@ def fit_cost_model(traces, *, drafter: str | None = None, ar_ms_per_token: float
     ``decode_cpu_ms``, else the wall clock), ``"wall"``, or ``"cpu"`` (or an error)."""
     if clock not in ("auto", "cpu", "wall"):
         raise ValueError(f"clock must be 'auto', 'cpu' or 'wall', got {clock!r}")
-    runs = traces.runs
     drafter, rounds, machine, used_clock = _machine_rounds(traces, drafter, clock)
     drafting = rounds["tree_nodes"] > 0
     w_all = (np.ones(len(rounds)) if request_weights is None
@@ -247,12 +239,12 @@ def fit_cost_model(traces, *, drafter: str | None = None, ar_ms_per_token: float
         return (_weighted_mean((rounds.loc[rows, "draft_ms"] + rounds.loc[rows, "overhead_ms"]).to_numpy(float),
                                w_all[rows]) if rows.any() else float("nan"))
     no_draft, skip = idle_mean(idle), idle_mean(skipped)
-    draft = _weighted_mean(rounds.loc[mine, "draft_ms"].to_numpy(float), w)
-    overhead = _weighted_mean(rounds.loc[mine, "overhead_ms"].to_numpy(float), w)
     keep = w_all > 0
     v0, v1 = _verify_line(rounds, w_all, keep, notes)
-    ar_ms, source = _ar_cost(rounds, runs, w_all, keep, ar_ms_per_token, machine)
-    return CostModel(drafter_id=drafter, ar_ms_per_token=ar_ms, draft_ms=draft, overhead_ms=overhead,
+    ar_ms, source = _ar_cost(rounds, traces.runs, w_all, keep, ar_ms_per_token, machine)
+    return CostModel(drafter_id=drafter, ar_ms_per_token=ar_ms,
+                     draft_ms=_weighted_mean(rounds.loc[mine, "draft_ms"].to_numpy(float), w),
+                     overhead_ms=_weighted_mean(rounds.loc[mine, "overhead_ms"].to_numpy(float), w),
                      verify_intercept_ms=v0, verify_per_node_ms=v1,
                      depth=int(rounds.loc[mine, "tree_depth"].max()),
                      nodes=int(rounds.loc[mine, "tree_nodes"].max()), ar_source=source, notes=notes,
@@ -312,9 +304,8 @@ def _ar_cost(rounds: pd.DataFrame, runs: pd.DataFrame, w_all: np.ndarray, keep: 
             rounds["drafter_id"], tree if tree is not None else [None] * len(rounds))], dtype=bool)
         ar = (rounds["tree_nodes"] == 0).to_numpy() & keep & ar_run
         if not ar.any():
-            raise ValueError(f"no autoregressive rounds (tree_nodes == 0) of {machine} to estimate the AR cost "
-                             "per token (AR runs of another model or machine are no baseline): pass "
-                             "ar_ms_per_token= (measured by a plain greedy run of the same target on the same machine)")
+            raise ValueError(f"no autoregressive rounds (tree_nodes == 0) of {machine} to estimate the AR cost per "
+                             "token: pass ar_ms_per_token= (a greedy run of the same target on the same machine)")
         total = rounds.loc[ar, ["draft_ms", "verify_ms", "overhead_ms"]].sum(axis=1).to_numpy(float)
         ar_ms = float(np.sum(total * w_all[ar]) / np.sum(rounds.loc[ar, "committed"].to_numpy(float) * w_all[ar]))
         return ar_ms, f"estimated from {int(ar.sum())} autoregressive rounds"
@@ -329,8 +320,7 @@ def speedup_at_entropy(law: FittedLaw, cost: CostModel, entropy_nats, *, depth: 
     depth = depth or cost.depth
     nodes = nodes if nodes is not None else cost.nodes
     h = np.atleast_1d(np.asarray(entropy_nats, dtype=float))
-    blocks = np.repeat(h[:, None], depth, axis=1)
-    tau = law.predict_block_length(blocks, depth + 1)
+    tau = law.predict_block_length(np.repeat(h[:, None], depth, axis=1), depth + 1)
     return (1.0 + tau) * cost.ar_ms_per_token / cost.round_ms(nodes)
 
 
@@ -345,10 +335,9 @@ def breakeven_entropy(law: FittedLaw, cost: CostModel, *, depth=None, nodes=None
         return float(speedup_at_entropy(law, cost, np.exp(x), depth=depth, nodes=nodes)[0]) - 1.0
 
     lo, hi = np.log(bounds[0]), np.log(bounds[1])
-    f_lo, f_hi = f(lo), f(hi)
-    if f_lo < 0:
+    if f(lo) < 0:
         return 0.0
-    if f_hi > 0:
+    if f(hi) > 0:
         return float("inf")
     return float(np.exp(brentq(f, lo, hi, xtol=1e-6)))
 
@@ -415,10 +404,7 @@ class DraftingPays(Result):
 
 
 def _statistics(law, cost, entropies, shapes, label) -> dict:
-    out = {}
-    speeds = speedup_at_entropy(law, cost, entropies)
-    for h, s in zip(entropies, speeds):
-        out[f"speedup[H={h:g}]"] = s
+    out = {f"speedup[H={h:g}]": s for h, s in zip(entropies, speedup_at_entropy(law, cost, entropies))}
     out["breakeven_entropy_nats"] = breakeven_entropy(law, cost)
     depth_max = max(d for d, _ in shapes)
     h = np.asarray(entropies, dtype=float)
