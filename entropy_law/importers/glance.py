@@ -215,17 +215,12 @@ def export_glance_rounds(traces, out) -> int:
     if rounds.empty:  # refused before anything is written (an empty file would read as a log of nothing)
         raise ValueError("these traces hold no drafting round (an AR run, or a drafter that never drafted): GLANCE's "
                          "round log would be empty; pass the run of a drafting arm")
-    imported = _imported_runs(traces)
+    runs = traces.runs
+    imported = (set(runs.loc[runs["imported_from"] == ENGINE, "run_id"].astype(str)) if "imported_from" in runs
+                else set())
     if imported:
         rounds = _as_logged(traces, rounds, imported)
     return glance.write_glance_rounds(rounds, out)
-
-
-def _imported_runs(traces) -> set:
-    runs = traces.runs
-    if "imported_from" not in runs:
-        return set()
-    return set(runs.loc[runs["imported_from"] == ENGINE, "run_id"].astype(str))
 
 
 def _as_logged(traces, rounds: pd.DataFrame, imported: set) -> pd.DataFrame:

@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+import numpy as np
+
 from entropy_law.traces.schema import STOP_REASONS
 
 DEFAULT_CATEGORY = "unspecified"
@@ -101,10 +103,7 @@ def as_histogram(value, name: str) -> list[int]:
                 raise FieldError(name, f"sparse histogram keys must be accepted-draft counts (\"0\", \"1\", ...); "
                                        f"got key {key!r}")
             counts[int(key)] = as_int(count, f"{name}[{key!r}]")
-        dense = [0] * (max(counts) + 1 if counts else 0)
-        for j, count in counts.items():
-            dense[j] = count
-        return dense
+        return [counts.get(j, 0) for j in range(max(counts) + 1 if counts else 0)]
     raise FieldError(name, f"expected a list or a map of step counts, got {type(value).__name__}")
 
 
@@ -184,10 +183,10 @@ class ImportedRequest:
                 if self.num_spec_tokens is not None and k > self.num_spec_tokens:
                     raise FieldError("steps", f"step {i} proposed {k} drafts, more than num_spec_tokens = "
                                               f"{self.num_spec_tokens}")
-            counted = step_histogram(self.steps_accepted)
+            counted = np.bincount(np.asarray(self.steps_accepted, dtype=np.int64)).tolist()  # by accepted drafts
             if self.histogram is None:
                 self.histogram, self.histogram_field = counted, "counted from the per-step list"
-            elif _trim(self.histogram) != _trim(counted):
+            elif np.trim_zeros(list(self.histogram), "b") != np.trim_zeros(counted, "b"):
                 raise FieldError(self.histogram_field or "histogram",
                                  f"{self.histogram} disagrees with the per-step accepted counts {counted}")
 
@@ -249,21 +248,6 @@ class ImportedRequest:
     @classmethod
     def from_json(cls, payload: dict) -> "ImportedRequest":
         return cls(**payload)
-
-
-def step_histogram(accepted: list[int]) -> list[int]:
-    """Dense counts of steps by accepted drafts."""
-    dense = [0] * (max(accepted) + 1 if accepted else 0)
-    for a in accepted:
-        dense[a] += 1
-    return dense
-
-
-def _trim(histogram: list[int]) -> list[int]:
-    out = list(histogram)
-    while out and out[-1] == 0:
-        out.pop()
-    return out
 
 
 def common_fields(obj: dict, *, default_request_id: str | None, default_category: str) -> dict:

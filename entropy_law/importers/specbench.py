@@ -145,7 +145,10 @@ def request_id(question_id, turn: int) -> str:
 
 
 def _tables(answers: list[Answer], block_size: int) -> dict:
-    tok, rnd, req = {}, {}, {}
+    tok = {k: [] for k in ("request_id", "category", "round_index", "position", "depth", "role")}
+    rnd = {k: [] for k in ("request_id", "round_index", "start_position", "context_len", "block_size", "tree_nodes",
+                           "tree_depth", "accepted", "committed")}
+    req = {}
     for a in answers:
         for turn, n in enumerate(a.new_tokens):
             rid = request_id(a.question_id, turn)
@@ -164,11 +167,7 @@ def _tables(answers: list[Answer], block_size: int) -> dict:
             append_row(req, request_id=rid, category=a.category, dataset=DATASET, question_id=str(a.question_id),
                        prompt_tokens=0, image_tokens=0, new_tokens=n, rounds=len(steps), stop_reason="eos",
                        prefill_ms=0.0, decode_ms=a.wall_time[turn] * 1000.0)
-    m = len(tok.get("request_id", []))
-    tokens = dict(tok) if m else {k: [] for k in ("request_id", "category", "round_index", "position", "depth", "role")}
-    tokens = with_null_columns(tokens, "tokens", m)
-    rounds = dict(rnd) if rnd else {k: [] for k in ("request_id", "round_index", "start_position", "context_len",
-                                                   "block_size", "tree_nodes", "tree_depth", "accepted", "committed")}
+    tokens, rounds = with_null_columns(tok, "tokens", len(tok["request_id"])), rnd
     zeros = np.zeros(len(rounds["request_id"]), np.float32)
     rounds.update({"draft_ms": zeros, "verify_ms": zeros, "overhead_ms": zeros})
     for key, kind in (("round_index", np.int32), ("start_position", np.int32), ("context_len", np.int32),
@@ -250,9 +249,8 @@ def specbench_answers(traces) -> list[dict]:
             order.append(key)
         choice = lines[key]["choices"][0]
         turn = len(choice["turns"])
-        raw_turns = originals.get(key, {}).get("choices", [{}])[0].get("turns", [])
         raw_choice = originals.get(key, {}).get("choices", [{}])[0]
-        steps = committed.get((run_id, rid), [])
+        raw_turns, steps = raw_choice.get("turns", []), committed.get((run_id, rid), [])
         choice["turns"].append(raw_turns[turn] if turn < len(raw_turns) else "")
         raw_steps = raw_choice.get("decoding_steps", [])
         choice.setdefault("decoding_steps", []).append(raw_steps[turn] if turn < len(raw_steps) else len(steps))

@@ -182,12 +182,9 @@ class ImportSummary:
             out.append(f"  flagged line {flag['line']} ({flag['request_id']}): {flag['reason']}")
         if len(self.flagged) > 10:
             out.append(f"  ... {len(self.flagged) - 10} more flagged (run.json: {METADATA_KEY}.flagged)")
-        if self.target_stats.startswith("missing"):
-            out.append(f"target statistics: {self.target_stats}")
-        else:
-            out.append(f"target statistics: {self.target_stats}; rounds of {self.rounds_in_tables} request(s) "
-                       "written")
-        return out
+        written = ("" if self.target_stats.startswith("missing")
+                   else f"; rounds of {self.rounds_in_tables} request(s) written")
+        return [*out, f"target statistics: {self.target_stats}{written}"]
 
 
 def write_run(parsed: ParsedFile, out, *, model_id: str | None = None, drafter_id: str | None = None,
@@ -342,9 +339,8 @@ def topk_tables(records: list[ImportedRequest], estimates: dict, block_size: int
             append_row(rnd, request_id=record.request_id, **{k: r[k] for k in (
                 "round_index", "start_position", "context_len", "block_size", "tree_nodes", "tree_depth", "accepted",
                 "committed")})
-        start = np.array([r["start_position"] for r in rounds], dtype=np.int64)
-        committed = np.array([r["committed"] for r in rounds], dtype=np.int64)
-        accepted = np.array([r["accepted"] for r in rounds], dtype=np.int64)
+        start, committed, accepted = (np.array([r[k] for r in rounds], dtype=np.int64)
+                                      for k in ("start_position", "committed", "accepted"))
         leaf = np.array([r["ends_at_leaf"] for r in rounds], dtype=bool)
         which = np.repeat(np.arange(len(rounds)), committed)  # the round of each committed token, in order
         depth = np.arange(which.size) - np.repeat(np.cumsum(committed) - committed, committed) + 1
@@ -468,18 +464,16 @@ class ImportedRun:
     @property
     def rounds(self) -> pd.DataFrame:
         """One row per round of the aligned per-step requests (round 0: the prefill), in the trace tables or not."""
-        rows = []
+        rows, columns = [], ["request_id", "category", "round_index", "start_position", "tree_depth", "accepted",
+                             "committed"]
         for record in self.requests:
             check = record.alignment()
             if check is None or not check.ok:
                 continue
             for rnd in record.rounds():
                 rows.append({"request_id": record.request_id, "category": record.category,
-                             "round_index": rnd["round_index"], "start_position": rnd["start_position"],
-                             "tree_depth": rnd["tree_depth"], "accepted": rnd["accepted"],
-                             "committed": rnd["committed"]})
-        return pd.DataFrame(rows, columns=["request_id", "category", "round_index", "start_position", "tree_depth",
-                                           "accepted", "committed"])
+                             **{k: rnd[k] for k in columns[2:]}})
+        return pd.DataFrame(rows, columns=columns)
 
     @property
     def histograms(self) -> pd.DataFrame:
