@@ -52,13 +52,9 @@ def lookup(obj: Any, dotted: str):
     """``obj["a"]["b"][0]`` for ``"a.b.0"``; ``MISSING`` if any step is absent (a null value is returned as None)."""
     node = obj
     for part in dotted.split("."):
-        if isinstance(node, dict):
-            if part not in node:
-                return MISSING
+        if isinstance(node, dict) and part in node:
             node = node[part]
-        elif isinstance(node, list) and part.isdigit():
-            if int(part) >= len(node):
-                return MISSING
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
             node = node[int(part)]
         else:
             return MISSING
@@ -254,8 +250,7 @@ def common_fields(obj: dict, *, default_request_id: str | None, default_category
     """The keys a user adds beside an engine's response on its line: ``request_id``, ``category``, ``dataset``,
     ``question_id``."""
     request_id = optional(obj, "request_id")
-    if request_id is None:
-        request_id = default_request_id
+    request_id = default_request_id if request_id is None else request_id
     if not isinstance(request_id, (str, int)) or isinstance(request_id, bool) or request_id == "":
         raise FieldError("request_id", f"expected a non-empty string, got {request_id!r}")
     category = optional(obj, "category")

@@ -110,12 +110,8 @@ def checked_stats(stats: dict, where: str) -> tuple[int | None, list[int], list[
 
 def _aggregates(stats: dict, where: str) -> tuple[int, int, int, int | None, list[int]]:
     """``(steps, accepted, drafted, K or None, histogram)`` of the block, checked against each other."""
-    def number(name):
-        return as_int(require(stats, name), f"{where}.{name}")
-
-    steps = number("num_spec_steps")
-    accepted = number("num_accepted_draft_tokens")
-    drafted = number("num_draft_tokens")
+    steps, accepted, drafted = (as_int(require(stats, name), f"{where}.{name}")
+                                for name in ("num_spec_steps", "num_accepted_draft_tokens", "num_draft_tokens"))
     k = stats.get("num_spec_tokens")
     k = None if k is None else as_int(k, f"{where}.num_spec_tokens", minimum=1)
     histogram = as_histogram(require(stats, "acceptance_histogram"), f"{where}.acceptance_histogram")

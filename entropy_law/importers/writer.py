@@ -203,7 +203,16 @@ def write_run(parsed: ParsedFile, out, *, model_id: str | None = None, drafter_i
     with_topk = [r for r in parsed.records if r.topk_logprobs is not None]
     if with_topk and target_stats is None and vocab_size is None:
         raise ValueError(f"{parsed.path}: {TOPK_NEEDS_VOCAB}")
-    flagged, aligned, aggregate_only = _alignments(parsed.records)
+    flagged, aligned, aggregate_only = [], [], 0
+    for record in parsed.records:
+        check = record.alignment()
+        if check is None:
+            aggregate_only += 1
+        elif check.ok:
+            aligned.append(record.request_id)
+        else:
+            flagged.append({"request_id": record.request_id, "line": record.line, "reason": check.reason,
+                            "from_steps": check.from_steps, "completion_tokens": check.completion_tokens})
     written = set(aligned) if target_stats is not None else set()
     topk = None
     if target_stats is None and with_topk:
@@ -224,21 +233,6 @@ def write_run(parsed: ParsedFile, out, *, model_id: str | None = None, drafter_i
                          imported=len(parsed.records), per_step=len(aligned), flagged=flagged,
                          aggregate_only=aggregate_only, skipped=parsed.skipped, rounds_in_tables=len(written),
                          target_stats=source)
-
-
-def _alignments(records: list[ImportedRequest]) -> tuple[list[dict], list[str], int]:
-    """(flagged requests with the reason, ids of aligned per-step requests, count of aggregate-only requests)."""
-    flagged, aligned, aggregate_only = [], [], 0
-    for record in records:
-        check = record.alignment()
-        if check is None:
-            aggregate_only += 1
-        elif check.ok:
-            aligned.append(record.request_id)
-        else:
-            flagged.append({"request_id": record.request_id, "line": record.line, "reason": check.reason,
-                            "from_steps": check.from_steps, "completion_tokens": check.completion_tokens})
-    return flagged, aligned, aggregate_only
 
 
 def _run_metadata(parsed: ParsedFile, model_id, drafter_id, block_size: int, outcome: dict) -> dict:

@@ -171,10 +171,8 @@ def topk_logprobs_from_logits(logits, k: int) -> np.ndarray:
 
 
 def entropy_or_bound(tokens, column: str = "target_entropy_estimate_nats"):
-    """A tokens DataFrame whose ``target_entropy_nats`` is, where null, filled from ``column`` (the point estimate
-    by default; ``target_entropy_lower_nats`` / ``target_entropy_upper_nats`` for a sensitivity fit): what the law
-    fits as the entropy. Rows with an exact entropy keep it; ``tokens`` itself is not changed (a copy is returned
-    when anything is filled)."""
+    """``tokens`` with a null ``target_entropy_nats`` filled from ``column`` (the point estimate by default; a
+    bound for a sensitivity fit): what the law fits as the entropy. Exact rows are kept; a copy where filled."""
     if column not in tokens.columns or "target_entropy_nats" not in tokens.columns:
         return tokens
     exact, bound = tokens["target_entropy_nats"], tokens[column]
