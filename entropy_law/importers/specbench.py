@@ -169,14 +169,7 @@ def _tables(answers: list[Answer], block_size: int) -> dict:
                        prefill_ms=0.0, decode_ms=a.wall_time[turn] * 1000.0)
     tokens, rounds = with_null_columns(tok, "tokens", len(tok["request_id"])), rnd
     zeros = np.zeros(len(rounds["request_id"]), np.float32)
-    rounds.update({"draft_ms": zeros, "verify_ms": zeros, "overhead_ms": zeros})
-    for key, kind in (("round_index", np.int32), ("start_position", np.int32), ("context_len", np.int32),
-                      ("block_size", np.int16), ("tree_nodes", np.int32), ("tree_depth", np.int16),
-                      ("accepted", np.int16), ("committed", np.int16)):
-        rounds[key] = np.asarray(rounds[key], dtype=kind)
-    for key, kind in (("round_index", np.int32), ("position", np.int32), ("depth", np.int16)):
-        tokens[key] = np.asarray(tokens[key], dtype=kind)
-    req["decode_ms"] = np.asarray(req["decode_ms"], dtype=np.float32)
+    rounds.update({"draft_ms": zeros, "verify_ms": zeros, "overhead_ms": zeros})  # log_columns casts to the schema
     return {"tokens": tokens, "rounds": rounds, "requests": req}
 
 

@@ -360,10 +360,7 @@ def topk_tables(records: list[ImportedRequest], estimates: dict, block_size: int
                    new_tokens=record.new_tokens, rounds=len(rounds), stop_reason=record.stop_reason,
                    prefill_ms=record.prefill_ms or 0.0, decode_ms=record.decode_ms or 0.0)
     tokens = {key: np.concatenate([part[key] for part in parts]) for key in parts[0]}
-    n = len(tokens["position"])
-    for key in ("target_top1_prob", "target_top2_prob", "target_logit_gap", "target_entropy_lower_nats",
-                "target_entropy_upper_nats", "target_entropy_estimate_nats"):
-        tokens[key] = tokens[key].astype(np.float32)  # NaN: null
+    n = len(tokens["position"])  # float NaN: null (log_columns)
     tokens.update({"token_id": pa.array(tokens["token_id"], type=pa.int32()),
                    "target_topk": pa.array(tokens["target_topk"], type=pa.int16()),
                    "context_match": pa.array(np.maximum(tokens["context_match"], 0), type=pa.int16(),
