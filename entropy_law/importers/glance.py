@@ -23,6 +23,7 @@ from entropy_law.traces.recorder import TraceRecorder
 
 ENGINE = "glance"
 METADATA_KEY = "glance_import"
+TIMINGS = ("draft_ms", "verify_ms", "overhead_ms")
 TARGET_STATS_SCOPE = "round_root"  # run.json target_stats_scope: target statistics only at each round's depth-1 row
 MISSING = {
     "token_id": "null: GLANCE's round log saves no token ids",
@@ -98,8 +99,7 @@ def read_rounds(path, *, skip_bad: bool = False) -> tuple[pd.DataFrame, list[Ski
 
 def _where(message: str, path: Path) -> tuple[int | None, str]:
     """(line, field) of a ``read_glance_rounds`` error ``<file>:<line>: ... field '<name>' ...``."""
-    head = message.split(": ", 1)[0]
-    number = head.rsplit(":", 1)[-1]
+    number = message.split(": ", 1)[0].rsplit(":", 1)[-1]
     if not number.isdigit():
         return None, ""
     fieldname = message.split("field '", 1)[1].split("'", 1)[0] if "field '" in message else "(line)"
@@ -124,8 +124,7 @@ def _tables(rounds: pd.DataFrame, block_size: int) -> dict:
         "start_position": start.astype(np.int32), "context_len": start.astype(np.int32),
         "block_size": np.full(len(rounds), block_size, dtype=np.int16), "tree_nodes": nodes.astype(np.int32),
         "tree_depth": depth.astype(np.int16), "accepted": accepted.astype(np.int16),
-        "committed": tau.astype(np.int16), "draft_ms": np.zeros(len(rounds), np.float32),
-        "verify_ms": np.zeros(len(rounds), np.float32), "overhead_ms": np.zeros(len(rounds), np.float32),
+        "committed": tau.astype(np.int16), **{c: np.zeros(len(rounds), np.float32) for c in TIMINGS},
     }
     which = np.repeat(np.arange(len(rounds)), tau)  # one token row per committed token
     token_depth = np.arange(which.size) - np.repeat(np.cumsum(tau) - tau, tau) + 1

@@ -86,8 +86,8 @@ def acceptance_by_depth(histogram, *, num_spec_tokens: int | None = None, level:
                             "alpha_lo": alpha_lo, "alpha_hi": alpha_hi, "p_reach": p_reach,
                             "p_reach_lo": reach_lo, "p_reach_hi": reach_hi})
     n_steps = int(survivors[0])
-    mean = float((np.arange(len(h)) * h).sum() / n_steps)
-    return DepthAcceptance(summary=summary, histogram=h.tolist(), n_steps=n_steps, mean_accepted=mean,
+    return DepthAcceptance(summary=summary, histogram=h.tolist(), n_steps=n_steps,
+                           mean_accepted=float((np.arange(len(h)) * h).sum() / n_steps),
                            num_spec_tokens=num_spec_tokens, level=level, notes=notes)
 
 

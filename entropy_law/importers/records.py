@@ -128,12 +128,10 @@ class Alignment:
 
 @dataclass
 class ImportedRequest:
-    """One engine response, engine-neutral; draft counts exclude the bonus token.
-
-    ``steps_accepted`` / ``steps_drafted``: per verify step, in order (None: aggregates only). ``histogram``: step
-    counts by accepted drafts, as reported or counted from the steps (``histogram_field`` says which).
-    ``aggregates``: the engine's speculation fields verbatim. Timings are None where the engine gives none.
-    """
+    """One engine response, engine-neutral; draft counts exclude the bonus token. ``steps_accepted`` /
+    ``steps_drafted``: per verify step, in order (None: aggregates only). ``histogram``: step counts by accepted
+    drafts, as reported or counted from the steps (``histogram_field`` says which). ``aggregates``: the engine's
+    speculation fields verbatim. Timings are None where the engine gives none."""
 
     engine: str
     shape: str  # which documented response shape the line had (e.g. "vllm metrics.speculative_decoding")
@@ -278,9 +276,8 @@ def prompt_fields(obj: dict, ids_fields: tuple[str, ...], count: tuple[str, Any]
         if value is not None:
             ids, ids_name = as_int_list(value, display(name)), display(name)
             break
-    engine_count = None
-    if count is not None and count[1] is not MISSING and count[1] is not None:
-        engine_count = as_int(count[1], count[0])
+    engine_count = (as_int(count[1], count[0]) if count is not None and count[1] is not MISSING
+                    and count[1] is not None else None)
     if ids is not None and engine_count is not None and len(ids) != engine_count:
         raise FieldError(ids_name, f"holds {len(ids)} ids but {count[0]} = {engine_count}")
     if prompt is None and ids is None:

@@ -67,11 +67,9 @@ class ParsedFile:
 
 
 def parse_jsonl(path, engine: str, *, category: str = DEFAULT_CATEGORY, skip_bad: bool = False) -> ParsedFile:
-    """Read and check every non-blank line of ``path`` as a response of ``engine``.
-
-    A bad line raises ``MalformedResponseError`` (``file:line: field: problem``), or with ``skip_bad`` is listed in
-    ``skipped``. ``category``: for lines without one. Two models or draft lengths in one file: ValueError.
-    """
+    """Every non-blank line of ``path`` read and checked as a response of ``engine``. A bad line raises
+    ``MalformedResponseError`` (``file:line: field: problem``), or with ``skip_bad`` is listed in ``skipped``.
+    ``category``: for lines without one. Two models or draft lengths in one file: ValueError."""
     if engine not in PARSERS:
         raise ValueError(f"unknown engine {engine!r}; importers exist for {sorted(PARSERS)}")
     path = Path(path)
@@ -192,12 +190,10 @@ def write_run(parsed: ParsedFile, out, *, model_id: str | None = None, drafter_i
               target_stats_source: str | None = None, vocab_size: int | None = None,
               topk_point: str = "geometric") -> ImportSummary:
     """Write ``parsed`` as a trace run in ``out`` (refused if a run is there, unless ``overwrite``).
-
     ``target_stats``: a function of an ``ImportedRequest`` returning ``{key: array of len(output ids)}`` for the
     ``TARGET_STAT_KEYS``; with it aligned per-step requests get rounds and tokens, and ``target_stats_source`` (for
     ``run.json``) says what computed them. Without it, aligned requests with top-k log-probabilities get rows with
-    the entropy's bounds and ``topk_point`` estimate, which needs ``vocab_size`` (V of the target).
-    """
+    the entropy's bounds and ``topk_point`` estimate, which needs ``vocab_size`` (V of the target)."""
     if (target_stats is None) != (target_stats_source is None):
         raise ValueError("give target_stats together with target_stats_source (what computed them), or neither")
     with_topk = [r for r in parsed.records if r.topk_logprobs is not None]
@@ -281,8 +277,7 @@ def _log_records(recorder: TraceRecorder, records, written: set, target_stats, t
 
 def _topk_estimates(parsed: ParsedFile, records: list[ImportedRequest], aligned: set[str], vocab_size: int,
                     point: str) -> dict:
-    """Entropy bounds and estimate of each request with top-k log-probabilities, the aligned ones whose rows are
-    written, and what ``run.json`` says about them."""
+    """Entropy bounds of each top-k request, the aligned ones whose rows are written, and their ``run.json`` entry."""
     estimates, renormalised, fewer, positions = {}, [], 0, 0
     for record in records:
         padded = pad_topk(record.topk_logprobs)

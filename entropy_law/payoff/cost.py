@@ -252,8 +252,7 @@ def fit_cost_model(traces, *, drafter: str | None = None, ar_ms_per_token: float
 
 
 def _machine_rounds(traces, drafter: str | None, clock: str) -> tuple[str, pd.DataFrame, str, str]:
-    """``(drafter, rounds, machine, clock)``: the rounds (with drafter ids) of every run on the drafter's machine,
-    on the CPU clock where asked and possible; several arms or machines are refused."""
+    """``(drafter, rounds, machine, clock)``: every run's rounds on the drafter's (one) machine, on ``clock``."""
     runs = traces.runs
     rounds = traces.rounds.merge(runs[["run_id", "drafter_id"]], on="run_id", how="left")
     drafting = rounds["tree_nodes"] > 0
@@ -440,12 +439,9 @@ def when_drafting_pays(traces, *, drafter: str | None = None, family: str = "law
     few = warn_if_few_requests(n_requests, "the request-bootstrap intervals")
     law = fit_law(counts, fam, cov_type="nonrobust")
     entropies = [float(h) for h in entropies]
-    is_tree = cost.nodes > cost.depth
-    if is_tree:
-        ratio = cost.nodes / cost.depth
-        shapes, label = [(d, max(d, int(round(ratio * d)))) for d in range(1, cost.depth + 1)], "best_tree_budget"
-    else:
-        shapes, label = [(d, d) for d in range(1, cost.depth + 1)], "best_block_size"
+    is_tree, ratio = cost.nodes > cost.depth, cost.nodes / cost.depth
+    shapes = [(d, max(d, int(round(ratio * d))) if is_tree else d) for d in range(1, cost.depth + 1)]
+    label = "best_tree_budget" if is_tree else "best_block_size"
     estimate = _statistics(law, cost, entropies, shapes, label)
     reps, failed = _pays_replicates(traces, drafter, counts, fam, law, ar_table, ar_ms_per_token, clock,
                                     (entropies, shapes, label), n_boot, seed)
@@ -465,7 +461,7 @@ def when_drafting_pays(traces, *, drafter: str | None = None, family: str = "law
              f"speedups at constant entropy; best shapes searched up to the observed depth {cost.depth}; breakeven "
              "0 = never pays, inf = always pays in [1e-4, 20] nats"]
     if is_tree:
-        notes.append(f"tree budgets keep the observed nodes-per-depth ratio {cost.nodes / cost.depth:.2f}")
+        notes.append(f"tree budgets keep the observed nodes-per-depth ratio {ratio:.2f}")
     crossings = speedup_crossings(law, cost)
     if len(crossings) > 1:
         notes.append(f"the estimate's speedup crosses 1 at {len(crossings)} entropies in {list(BREAKEVEN_BOUNDS)} "
@@ -477,8 +473,7 @@ def when_drafting_pays(traces, *, drafter: str | None = None, family: str = "law
 
 def _pays_replicates(traces, drafter: str, counts: pd.DataFrame, fam, law, ar_table, ar_ms_per_token, clock: str,
                      grid: tuple, n_boot: int, seed: int) -> tuple[list, int]:
-    """``(statistics of each replicate, failures)`` of ``when_drafting_pays``' request bootstrap (Poisson weights per
-    request, the AR run's paired); each replicate refits the law, t_AR and the cost model."""
+    """``(statistics per replicate, failures)``: Poisson weights per request; each refits law, t_AR and costs."""
     rng = np.random.default_rng(seed)
     reps, failed = [], 0
     start = law.result.params.to_numpy() if law.result is not None else None

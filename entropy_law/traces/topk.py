@@ -63,8 +63,7 @@ def topk_problems(logprobs, vocab_size: int | None) -> list[tuple[int, str]]:
     """Every position whose entries no distribution over ``vocab_size`` tokens has: ``[(row, problem), ...]``.
     Refused: a NaN or +inf, a log-probability above 0 (beyond ``LOGPROB_TOLERANCE``), no entry, more entries than
     the vocabulary, probabilities summing above ``1 + SUM_TOLERANCE``, and a tail that cannot fit on the other
-    ``V - k`` tokens at most ``p_k`` each, by more than ``FIT_TOLERANCE`` (rounding: such a tail is clipped to fit)
-    (these two only with ``vocab_size``; None: the checks that need no V).
+    ``V - k`` tokens at most ``p_k`` each by more than ``FIT_TOLERANCE`` (these two only with ``vocab_size``).
     ``-inf`` marks an absent entry (a position with fewer)."""
     array = _as_rows(logprobs)
     problems: dict[int, str] = {}
@@ -110,12 +109,10 @@ def _neg_xlogx(x: np.ndarray) -> np.ndarray:
 
 def topk_entropy(logprobs, vocab_size: int, *, point: str = "geometric") -> TopkEntropy:
     """Bounds and a point estimate of the entropy (nats) at each position from its top-k log-probabilities.
-
     ``logprobs``: ``[positions, k]`` (a 1-D list is one position), in any order, ``-inf`` for an absent entry
     (fewer entries than requested: duplicates an engine merged; one whose probability underflows to 0 is absent);
     ``vocab_size``: V of the target. ``point``: ``"geometric"`` or ``"midpoint"`` (module docstring). Raises
-    ``TopkInputError`` for the first position ``topk_problems`` refuses.
-    """
+    ``TopkInputError`` for the first position ``topk_problems`` refuses."""
     if point not in POINT_ESTIMATES:
         raise ValueError(f"point must be one of {POINT_ESTIMATES}; got {point!r}")
     vocab_size = int(vocab_size)
@@ -136,8 +133,7 @@ def topk_entropy(logprobs, vocab_size: int, *, point: str = "geometric") -> Topk
     tail = np.maximum(1.0 - p.sum(axis=1), 0.0)
     m = (vocab_size - k).astype(np.float64)
     tail = np.minimum(tail, m * pk)  # k = V: the list is the distribution; a tail beyond FIT_TOLERANCE is refused
-    n = np.floor(tail / pk * (1 + 1e-12))  # tokens at p_k when the tail is packed (1e-12: T an exact multiple)
-    n = np.minimum(n, m)
+    n = np.minimum(np.floor(tail / pk * (1 + 1e-12)), m)  # tokens at p_k in the packed tail (1e-12: T = n p_k)
     rest = np.maximum(tail - n * pk, 0.0)
     lower = h_top + n * _neg_xlogx(pk) + _neg_xlogx(rest)
     with np.errstate(divide="ignore", invalid="ignore"):
