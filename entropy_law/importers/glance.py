@@ -128,7 +128,6 @@ def _tables(rounds: pd.DataFrame, block_size: int) -> dict:
     }
     which = np.repeat(np.arange(len(rounds)), tau)  # one token row per committed token
     token_depth = np.arange(which.size) - np.repeat(np.cumsum(tau) - tau, tau) + 1
-    n = which.size
     role = np.where(token_depth <= accepted[which], "accepted",
                     np.where(accepted[which] == depth[which], "bonus", "correction"))
     root = token_depth == 1
@@ -153,7 +152,7 @@ def _tables(rounds: pd.DataFrame, block_size: int) -> dict:
         "stop_reason": np.full(m, "max_new_tokens", dtype=object),
         "prefill_ms": np.zeros(m, np.float32), "decode_ms": np.zeros(m, np.float32),
     }
-    return {"tokens": with_null_columns(tokens, "tokens", n), "rounds": rounds_table, "requests": requests}
+    return {"tokens": with_null_columns(tokens, "tokens", which.size), "rounds": rounds_table, "requests": requests}
 
 
 def import_glance(path, out, *, skip_bad: bool = False, model_id: str | None = None, drafter_id: str | None = None,
@@ -163,7 +162,6 @@ def import_glance(path, out, *, skip_bad: bool = False, model_id: str | None = N
     path = Path(path)
     rounds, skipped, n_lines = read_rounds(path, skip_bad=skip_bad)
     block_size = int(max(cap, int(rounds["accepted"].max()))) + 1
-    tables = _tables(rounds, block_size)
     sizes = rounds["tree_size"].dropna()
     meta = {
         "model_id": model_id,
@@ -199,7 +197,7 @@ def import_glance(path, out, *, skip_bad: bool = False, model_id: str | None = N
         },
     }
     with TraceRecorder(out, overwrite=overwrite, **meta) as recorder:
-        recorder.log_columns(**tables)
+        recorder.log_columns(**_tables(rounds, block_size))
         run_id = recorder.run_id
     return GlanceImportSummary(run_dir=Path(out), run_id=run_id, lines=n_lines, rounds=len(rounds),
                                requests=int(rounds["request_id"].nunique()),
@@ -227,8 +225,7 @@ def _as_logged(traces, rounds: pd.DataFrame, imported: set) -> pd.DataFrame:
     out = rounds.copy()
     mine = out["run_id"].isin(imported).to_numpy()
     out.loc[mine, "round"] = out.loc[mine, "round_index"]
-    prompt = out.loc[mine, "request_id"].str.rsplit("/", n=1).str[-1]
-    out.loc[mine, "prompt"] = prompt.astype(np.int64)
+    out.loc[mine, "prompt"] = out.loc[mine, "request_id"].str.rsplit("/", n=1).str[-1].astype(np.int64)
     out["tree_size"] = out["tree_size"].astype(object)
     for run_id, meta in traces.metadata.items():
         if str(run_id) not in imported:

@@ -23,8 +23,7 @@ class FieldError(ValueError):
 
     def __init__(self, field_name: str, problem: str):
         super().__init__(f"{field_name}: {problem}")
-        self.field = field_name
-        self.problem = problem
+        self.field, self.problem = field_name, problem
 
 
 def decoded_line(raw: bytes) -> str:

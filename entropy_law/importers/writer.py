@@ -176,8 +176,7 @@ class ImportSummary:
                f"  per-step data, flagged:          {len(self.flagged)}",
                f"  aggregates only:                 {self.aggregate_only}",
                f"  malformed lines skipped:         {len(self.skipped)}"]
-        for flag in self.flagged[:10]:
-            out.append(f"  flagged line {flag['line']} ({flag['request_id']}): {flag['reason']}")
+        out += [f"  flagged line {flag['line']} ({flag['request_id']}): {flag['reason']}" for flag in self.flagged[:10]]
         if len(self.flagged) > 10:
             out.append(f"  ... {len(self.flagged) - 10} more flagged (run.json: {METADATA_KEY}.flagged)")
         written = ("" if self.target_stats.startswith("missing")
@@ -290,8 +289,7 @@ def _topk_estimates(parsed: ParsedFile, records: list[ImportedRequest], aligned:
         if partial.any() and (est.tail_mass[partial] <= RENORMALISED_TAIL).all():
             renormalised.append({"request_id": record.request_id, "line": record.line,
                                  "positions": int(partial.sum())})
-            est.lower_nats[:] = np.nan
-            est.upper_nats[:] = np.nan
+            est.lower_nats[:] = est.upper_nats[:] = np.nan
         fewer += int((est.k < est.k.max()).sum())
         positions += len(est.k)
         estimates[record.request_id] = est

@@ -109,8 +109,7 @@ def paired_speedup_interval(ref_time, ref_tokens, arm_time, arm_tokens, *, rng: 
         lo, hi = np.fmin(lo, estimate * math.exp(-half)), np.fmax(hi, estimate * math.exp(half))  # fmin: NaN-blind
     if (pooled is not None and n < MIN_PAIRED_REQUESTS and pooled[1] >= 1 and np.isfinite(pooled[0])
             and np.isfinite(estimate) and estimate > 0):
-        w = arm_tokens
-        n_eff = float(w.sum() ** 2 / np.sum(w ** 2)) if np.sum(w ** 2) > 0 else float(n)
+        n_eff = float(arm_tokens.sum() ** 2 / np.sum(arm_tokens ** 2)) if np.sum(arm_tokens ** 2) > 0 else float(n)
         half = float(scipy_stats.t.ppf(1 - (1 - level) / 2, pooled[1])) * pooled[0] / math.sqrt(n_eff)
         lo, hi = np.fmin(lo, estimate * math.exp(-half)), np.fmax(hi, estimate * math.exp(half))
     return float(lo), float(hi)
@@ -385,21 +384,6 @@ class DraftingPays(Result):
     @property
     def title(self) -> str:
         return f"when drafting pays: {self.cost.drafter_id} ({self.law.family.name}, decode speedup)"
-
-    def plot(self, ax=None):
-        import matplotlib.pyplot as plt
-
-        if ax is None:
-            _, ax = plt.subplots(figsize=(5, 3.5))
-        rows = self.summary.loc[self.summary.index.str.startswith("speedup[H=")]
-        h = rows.index.str.extract(r"H=([0-9.e-]+)")[0].astype(float).to_numpy()
-        ax.plot(h, rows["estimate"], marker="o")
-        ax.fill_between(h, rows["ci_low"], rows["ci_high"], alpha=0.3)
-        ax.axhline(1.0, color="k", lw=0.8)
-        ax.set_xscale("log")
-        ax.set_xlabel("target entropy H (nats)")
-        ax.set_ylabel("predicted decode speedup")
-        return ax
 
 
 def _statistics(law, cost, entropies, shapes, label) -> dict:
