@@ -205,9 +205,8 @@ def import_glance(path, out, *, skip_bad: bool = False, model_id: str | None = N
 
 
 def export_glance_rounds(traces, out) -> int:
-    """Write the drafting rounds of ``traces`` (one drafting arm) as GLANCE's round log to ``out`` (a path or an
-    open text file); an imported GLANCE run exports its own ``round``, ``prompt`` and ``tree_size``. Returns the
-    number of rows."""
+    """Write the drafting rounds of ``traces`` (one drafting arm) as GLANCE's round log to ``out`` (a path or an open
+    text file; an imported GLANCE run gets its own ``round``, ``prompt`` and ``tree_size``); returns the rows."""
     rounds = glance.glance_rounds(traces)
     if rounds.empty:  # refused before anything is written (an empty file would read as a log of nothing)
         raise ValueError("these traces hold no drafting round (an AR run, or a drafter that never drafted): GLANCE's "

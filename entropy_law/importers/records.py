@@ -27,8 +27,7 @@ class FieldError(ValueError):
 
 
 def decoded_line(raw: bytes) -> str:
-    """One line of an imported file as UTF-8 text; ``FieldError("(line)", ...)`` naming the first byte that is not
-    (so the import reports ``file:line``, or skips the line with ``--skip-bad``)."""
+    """One line of an imported file as UTF-8 text; else ``FieldError("(line)", ...)`` naming the first bad byte."""
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as err:

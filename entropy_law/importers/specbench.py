@@ -210,8 +210,7 @@ def import_specbench(path, out, *, skip_bad: bool = False, model_id: str | None 
 
 
 def specbench_answers(traces) -> list[dict]:
-    """The answer lines of ``traces`` (runs of one method); a run imported from an answer file gets its own text
-    and ids back."""
+    """The answer lines of ``traces`` (one method's runs); an imported answer file gets its own text and ids back."""
     requests, rounds = traces.requests, traces.rounds
     if requests.empty:
         raise ValueError("these traces hold no request: nothing to export")

@@ -101,9 +101,8 @@ def _stats_block(obj: dict) -> tuple[str, str, dict]:
 
 
 def checked_stats(stats: dict, where: str) -> tuple[int | None, list[int], list[int] | None, list[int] | None]:
-    """vLLM's per-request statistics block at ``where`` (the fields AIPerf's engine-neutral record shares), checked
-    against each other: ``(num_spec_tokens or None, dense histogram, per_step_accepted, per_step_drafted)``, the
-    per-step lists None where the block has none."""
+    """vLLM's statistics block at ``where`` (AIPerf's record shares it), checked: ``(num_spec_tokens or None, dense
+    histogram, per_step_accepted, per_step_drafted)``, the per-step lists None where the block has none."""
     steps, accepted, drafted, k, histogram = _aggregates(stats, where)
     return (k, histogram, *_per_step(stats, where, steps, accepted, drafted))
 

@@ -93,9 +93,8 @@ def parse_jsonl(path, engine: str, *, category: str = DEFAULT_CATEGORY, skip_bad
 
 
 def read_jsonl(path: Path, parse_line, key_of, repeated, *, skip_bad: bool) -> tuple[list, list[SkippedLine], int]:
-    """``(items, skipped lines, non-blank lines)`` of a JSONL file: ``parse_line(obj, line)`` per line; an item whose
-    ``key_of`` repeats an earlier one raises ``repeated(item, first line)``. A bad line raises
-    ``MalformedResponseError``, or with ``skip_bad`` is skipped and listed."""
+    """``(items, skipped lines, non-blank lines)``: ``parse_line(obj, line)`` per line; a repeated ``key_of`` raises
+    ``repeated(item, first line)``; a bad line ``MalformedResponseError``, or with ``skip_bad`` is skipped."""
     items, skipped, lines, seen = [], [], 0, {}
     with open(path, "rb") as fh:
         for number, raw in enumerate(fh, start=1):

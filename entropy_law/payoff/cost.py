@@ -66,9 +66,8 @@ def paired_speedup(ref_time, ref_tokens, arm_time, arm_tokens):
 
 
 def pooled_log_speedup_sd(ref_time, ref_tokens, arm_time, arm_tokens, groups) -> tuple[float, int]:
-    """``(SD, df)``: the spread of the per-request log speedups around their group's mean, pooled over ``groups``
-    (one label per request) as a one-way ANOVA pools it; ``df`` = requests - groups; ``(nan, 0)`` where df < 1.
-    What ``paired_speedup_interval`` widens a small category's interval to."""
+    """``(SD, df)``: the per-request log speedups' spread around their group's mean, pooled over ``groups`` (one label
+    per request) as one-way ANOVA does, for ``paired_speedup_interval``; df = requests - groups, (nan, 0) if < 1."""
     ref_time, ref_tokens, arm_time, arm_tokens = (np.asarray(x, dtype=float) for x in
                                                   (ref_time, ref_tokens, arm_time, arm_tokens))
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -212,10 +211,10 @@ def policy_skipped(rounds: pd.DataFrame) -> np.ndarray:
 
 def fit_cost_model(traces, *, drafter: str | None = None, ar_ms_per_token: float | None = None,
                    request_weights: pd.Series | None = None, clock: str = "auto") -> CostModel:
-    """Costs from the rounds table (``draft_ms``, ``verify_ms``, ``overhead_ms`` vs ``tree_nodes``) of one arm timed
-    on one machine; the verify line and the AR cost use only that machine's rounds. ``request_weights``: a
-    bootstrap weight per request id. ``clock``: ``"auto"`` (the CPU clock where every request has
-    ``decode_cpu_ms``, else the wall clock), ``"wall"``, or ``"cpu"`` (or an error)."""
+    """Costs from the rounds (``draft_ms``, ``verify_ms``, ``overhead_ms`` vs ``tree_nodes``) of one arm timed on one
+    machine, the verify line and AR cost from that machine's rounds only. ``request_weights``: a bootstrap weight
+    per request id. ``clock``: ``"auto"`` (CPU where every request has ``decode_cpu_ms``, else wall), ``"wall"``,
+    ``"cpu"`` (or an error)."""
     if clock not in ("auto", "cpu", "wall"):
         raise ValueError(f"clock must be 'auto', 'cpu' or 'wall', got {clock!r}")
     drafter, rounds, machine, used_clock = _machine_rounds(traces, drafter, clock)
@@ -305,8 +304,8 @@ def _ar_cost(rounds: pd.DataFrame, runs: pd.DataFrame, w_all: np.ndarray, keep: 
             raise ValueError(f"no autoregressive rounds (tree_nodes == 0) of {machine} to estimate the AR cost per "
                              "token: pass ar_ms_per_token= (a greedy run of the same target on the same machine)")
         total = rounds.loc[ar, ["draft_ms", "verify_ms", "overhead_ms"]].sum(axis=1).to_numpy(float)
-        ar_ms = float(np.sum(total * w_all[ar]) / np.sum(rounds.loc[ar, "committed"].to_numpy(float) * w_all[ar]))
-        return ar_ms, f"estimated from {int(ar.sum())} autoregressive rounds"
+        return (float(np.sum(total * w_all[ar]) / np.sum(rounds.loc[ar, "committed"].to_numpy(float) * w_all[ar])),
+                f"estimated from {int(ar.sum())} autoregressive rounds")
     if not ar_ms_per_token > 0:
         raise ValueError("ar_ms_per_token must be positive")
     return float(ar_ms_per_token), "given"
@@ -404,11 +403,10 @@ def when_drafting_pays(traces, *, drafter: str | None = None, family: str = "law
                        entropies: Sequence[float] = DEFAULT_ENTROPIES, ar_ms_per_token: float | None = None,
                        ar_requests: pd.DataFrame | None = None, clock: str = "auto", n_boot: int = 100,
                        seed: int = 0, level: float = 0.95, eps: float = atrisk.EPS_NATS) -> DraftingPays:
-    """Fit the law (one drafter) and the cost model, then predict speedup vs entropy, the break-even entropy and
-    the best block size / tree budget per entropy, with request-bootstrap intervals (fewer than
-    ``stats.FEW_REQUESTS`` requests warns). ``ar_requests``: the AR baseline's timed requests (``request_id``,
-    ``decode_ms``, ``decoded``), resampled with the arm's (same prompts); else ``ar_ms_per_token`` (a constant) or
-    the AR rounds in ``traces``. ``clock``: as ``fit_cost_model``; the AR requests are timed by the same clock."""
+    """Fit the law (one drafter) and the cost model; predict speedup vs entropy, the break-even entropy and the best
+    block size / tree budget per entropy, with request-bootstrap intervals (below ``stats.FEW_REQUESTS`` requests:
+    a warning). ``ar_requests``: the AR baseline's timed requests (``request_id``, ``decode_ms``, ``decoded``, same
+    prompts, resampled with the arm's), else ``ar_ms_per_token`` or the AR rounds; ``clock``: as ``fit_cost_model``."""
     fam = get_family(family)
     if fam.needs_categories or fam.needs_drafters:
         raise ValueError(f"{family} needs a category/drafter argument; use a one-drafter, category-free law")
@@ -433,8 +431,7 @@ def when_drafting_pays(traces, *, drafter: str | None = None, family: str = "law
     ci_low, ci_high = percentile_interval(replicates, level)  # inf (pays up to 20 nats): the nearest replicate
     summary = pd.DataFrame({"estimate": pd.Series(estimate, dtype=float), "ci_low": ci_low,
                             "ci_high": ci_high, "n_requests": n_requests})
-    observed = rows["target_entropy_nats"].to_numpy(float)
-    observed_range = (float(np.quantile(observed, 0.01)), float(np.quantile(observed, 0.99)))
+    observed_range = tuple(float(q) for q in np.quantile(rows["target_entropy_nats"].to_numpy(float), [0.01, 0.99]))
     notes = [*cost.notes, *([few] if few else []),
              f"{level:.0%} percentile intervals from {len(reps)} request-bootstrap replicates over {n_requests} "
              f"requests (seed {seed}, {failed} failed); each replicate refits the law and the cost measurements "

@@ -123,8 +123,7 @@ def topk_entropy(logprobs, vocab_size: int, *, point: str = "geometric") -> Topk
     if problems:
         raise TopkInputError(*problems[0])
     present = _present(array)
-    lp = np.where(present, np.minimum(array, 0.0), -np.inf)
-    lp = -np.sort(-lp, axis=1)  # descending; absent entries last
+    lp = -np.sort(-np.where(present, np.minimum(array, 0.0), -np.inf), axis=1)  # descending; absent entries last
     p = np.exp(lp)
     k = present.sum(axis=1)
     rows = np.arange(len(lp))
@@ -154,9 +153,8 @@ def topk_entropy(logprobs, vocab_size: int, *, point: str = "geometric") -> Topk
 
 
 def topk_logprobs_from_logits(logits, k: int) -> np.ndarray:
-    """The top ``k`` log-probabilities (fp32 log-softmax over the full vocabulary, best first) of each row of
-    ``logits`` ``[rows, V]``: what an engine asked for ``top_logprobs = k`` returns, for measuring the estimator on
-    runs whose exact entropy is known."""
+    """The top ``k`` log-probabilities (fp32 log-softmax, best first) of each row of ``logits`` ``[rows, V]``: what
+    an engine asked for ``top_logprobs = k`` returns, to measure the estimator where the exact entropy is known."""
     array = np.asarray(logits, dtype=np.float32)
     if array.ndim != 2 or not 1 <= k <= array.shape[1]:
         raise ValueError(f"logits must be [rows, V] with 1 <= k <= V; got shape {array.shape} and k = {k}")
