@@ -473,8 +473,7 @@ def read_import(run_dir) -> ImportedRun:
     record_file = run_dir / RECORD_FILE
     if not record_file.is_file():
         raise FileNotFoundError(f"{run_dir}: no {RECORD_FILE}; this run was not written by entropy-law import")
-    with open(run_dir / "run.json", encoding="utf-8") as fh:
-        metadata = json.load(fh)
+    metadata = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
     requests, in_tables, flagged = [], {}, {}
     with open(record_file, encoding="utf-8") as fh:
         for text in fh:

@@ -126,8 +126,7 @@ def topk_entropy(logprobs, vocab_size: int, *, point: str = "geometric") -> Topk
     lp = -np.sort(-np.where(present, np.minimum(array, 0.0), -np.inf), axis=1)  # descending; absent entries last
     p = np.exp(lp)
     k = present.sum(axis=1)
-    rows = np.arange(len(lp))
-    pk = p[rows, k - 1]
+    pk = p[np.arange(len(lp)), k - 1]
     h_top = _neg_xlogx(p).sum(axis=1)
     tail = np.maximum(1.0 - p.sum(axis=1), 0.0)
     m = (vocab_size - k).astype(np.float64)
