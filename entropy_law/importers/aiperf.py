@@ -2,16 +2,11 @@
 ``ImportedRequest``.
 
 Known here: the line AIPerf writes per request (``metadata``, ``metrics`` ``{name: {"value", "unit"}}``,
-``error``) and its engine-neutral ``spec_decode_acceptance`` record (``SpecDecodeAcceptanceRecord``: ``engine``,
-``acceptance_histogram`` (sparse ``{"j": steps}``, bonus excluded), ``num_spec_steps``,
-``num_accepted_draft_tokens``, ``num_draft_tokens``, ``num_spec_tokens`` (null: no fixed draft length),
-``mean_acceptance_length`` = 1 + accepted / steps, ``draft_acceptance_rate`` = accepted / drafted,
-``completion_tokens``, and, where the engine reports them, the ordered ``per_step_accepted`` /
-``per_step_drafted``). The record shares vLLM's field names, so it is checked as vLLM's block is
-(``vllm.checked_stats``), and its two derived numbers against the counts. AIPerf logs no token ids, prompt
-text or log-probabilities: an import holds request rows, the histograms and (with per-step lists that
-account for ``completion_tokens``) aligned steps, never a law. Not logged and filled: the stop reason
-(``eos``; ``error`` for a cancelled request). Not known here: files or trace tables.
+``error``) and its ``spec_decode_acceptance`` record (fields mapped in ``docs/importers.md``). It shares vLLM's
+field names, so it is checked as vLLM's block is (``vllm.checked_stats``), and its two derived numbers
+(``mean_acceptance_length``, ``draft_acceptance_rate``) against the counts. No token ids, prompt text or
+log-probabilities: request rows, histograms and aligned steps, never a law. Stop reason filled: ``eos``
+(``error`` for a cancelled request).
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """GLANCE's round log into a trace run (``entropy-law import glance ROUNDS.jsonl --out RUN``), and back.
 
-GLANCE logs one JSON object per verify round (``round, entropy, accepted, tau, tree_size, extended, task,
-prompt``), read and checked by ``glance.read_glance_rounds``. Written as trace rows, and nothing more: one request
-per (task, prompt), the task as category; positions rebuilt from tau (the sum of the prompt's earlier rounds'
-tau); token ids null; of the target statistics only ``target_entropy_nats`` at depth 1 (the round root's entropy);
-times 0 (untimed, so no speedup). ``run.json`` says what is missing and how the rest was filled, with
-``target_stats_scope: "round_root"``, which ``law.atrisk`` reads to refuse laws that need per-position entropy.
-``export_glance_rounds`` writes any run's rounds as GLANCE's round log. No torch.
+One request per (task, prompt), the task as category; positions rebuilt from tau; token ids null; of the target
+statistics only ``target_entropy_nats`` at depth 1 (the round root's); times 0. ``run.json`` says what is missing
+and how the rest was filled, with ``target_stats_scope: "round_root"``, which ``law.atrisk`` reads to refuse laws
+that need per-position entropy. ``export_glance_rounds`` writes any run's rounds as GLANCE's round log. No torch.
 """
 
 from __future__ import annotations
@@ -26,6 +23,7 @@ from entropy_law.traces.recorder import TraceRecorder
 
 ENGINE = "glance"
 METADATA_KEY = "glance_import"
+TIMINGS = ("draft_ms", "verify_ms", "overhead_ms")
 TARGET_STATS_SCOPE = "round_root"  # run.json target_stats_scope: target statistics only at each round's depth-1 row
 MISSING = {
     "token_id": "null: GLANCE's round log saves no token ids",
@@ -101,8 +99,7 @@ def read_rounds(path, *, skip_bad: bool = False) -> tuple[pd.DataFrame, list[Ski
 
 def _where(message: str, path: Path) -> tuple[int | None, str]:
     """(line, field) of a ``read_glance_rounds`` error ``<file>:<line>: ... field '<name>' ...``."""
-    head = message.split(": ", 1)[0]
-    number = head.rsplit(":", 1)[-1]
+    number = message.split(": ", 1)[0].rsplit(":", 1)[-1]
     if not number.isdigit():
         return None, ""
     fieldname = message.split("field '", 1)[1].split("'", 1)[0] if "field '" in message else "(line)"
@@ -127,12 +124,10 @@ def _tables(rounds: pd.DataFrame, block_size: int) -> dict:
         "start_position": start.astype(np.int32), "context_len": start.astype(np.int32),
         "block_size": np.full(len(rounds), block_size, dtype=np.int16), "tree_nodes": nodes.astype(np.int32),
         "tree_depth": depth.astype(np.int16), "accepted": accepted.astype(np.int16),
-        "committed": tau.astype(np.int16), "draft_ms": np.zeros(len(rounds), np.float32),
-        "verify_ms": np.zeros(len(rounds), np.float32), "overhead_ms": np.zeros(len(rounds), np.float32),
+        "committed": tau.astype(np.int16), **{c: np.zeros(len(rounds), np.float32) for c in TIMINGS},
     }
     which = np.repeat(np.arange(len(rounds)), tau)  # one token row per committed token
     token_depth = np.arange(which.size) - np.repeat(np.cumsum(tau) - tau, tau) + 1
-    n = which.size
     role = np.where(token_depth <= accepted[which], "accepted",
                     np.where(accepted[which] == depth[which], "bonus", "correction"))
     root = token_depth == 1
@@ -157,7 +152,7 @@ def _tables(rounds: pd.DataFrame, block_size: int) -> dict:
         "stop_reason": np.full(m, "max_new_tokens", dtype=object),
         "prefill_ms": np.zeros(m, np.float32), "decode_ms": np.zeros(m, np.float32),
     }
-    return {"tokens": with_null_columns(tokens, "tokens", n), "rounds": rounds_table, "requests": requests}
+    return {"tokens": with_null_columns(tokens, "tokens", which.size), "rounds": rounds_table, "requests": requests}
 
 
 def import_glance(path, out, *, skip_bad: bool = False, model_id: str | None = None, drafter_id: str | None = None,
@@ -167,7 +162,6 @@ def import_glance(path, out, *, skip_bad: bool = False, model_id: str | None = N
     path = Path(path)
     rounds, skipped, n_lines = read_rounds(path, skip_bad=skip_bad)
     block_size = int(max(cap, int(rounds["accepted"].max()))) + 1
-    tables = _tables(rounds, block_size)
     sizes = rounds["tree_size"].dropna()
     meta = {
         "model_id": model_id,
@@ -188,7 +182,8 @@ def import_glance(path, out, *, skip_bad: bool = False, model_id: str | None = N
                 "block_size": f"{block_size}: max(cap {cap}, largest accepted in the log) + 1",
                 "tree_depth": ("not logged: min(block_size - 1, tree_size - 1), at least accepted; an upper bound "
                                "on the round's drafted depth, not a measurement"),
-                "tree_nodes": "tree_size - 1 (the root excluded), at least tree_depth; tree_depth where tree_size is absent",
+                "tree_nodes": ("tree_size - 1 (the root excluded), at least tree_depth; tree_depth where tree_size is "
+                               "absent"),
                 "role": ("depths 1..accepted 'accepted'; the last token 'bonus' when accepted = tree_depth, else "
                          "'correction'"),
                 "stop_reason": "max_new_tokens (GLANCE logs no stop reason)",
@@ -202,7 +197,7 @@ def import_glance(path, out, *, skip_bad: bool = False, model_id: str | None = N
         },
     }
     with TraceRecorder(out, overwrite=overwrite, **meta) as recorder:
-        recorder.log_columns(**tables)
+        recorder.log_columns(**_tables(rounds, block_size))
         run_id = recorder.run_id
     return GlanceImportSummary(run_dir=Path(out), run_id=run_id, lines=n_lines, rounds=len(rounds),
                                requests=int(rounds["request_id"].nunique()),
@@ -210,24 +205,18 @@ def import_glance(path, out, *, skip_bad: bool = False, model_id: str | None = N
 
 
 def export_glance_rounds(traces, out) -> int:
-    """Write the drafting rounds of ``traces`` (one drafting arm) as GLANCE's round log to ``out`` (a path or an
-    open text file); an imported GLANCE run exports its own ``round``, ``prompt`` and ``tree_size``. Returns the
-    number of rows."""
+    """Write the drafting rounds of ``traces`` (one drafting arm) as GLANCE's round log to ``out`` (a path or an open
+    text file; an imported GLANCE run gets its own ``round``, ``prompt`` and ``tree_size``); returns the rows."""
     rounds = glance.glance_rounds(traces)
     if rounds.empty:  # refused before anything is written (an empty file would read as a log of nothing)
         raise ValueError("these traces hold no drafting round (an AR run, or a drafter that never drafted): GLANCE's "
                          "round log would be empty; pass the run of a drafting arm")
-    imported = _imported_runs(traces)
+    runs = traces.runs
+    imported = (set(runs.loc[runs["imported_from"] == ENGINE, "run_id"].astype(str)) if "imported_from" in runs
+                else set())
     if imported:
         rounds = _as_logged(traces, rounds, imported)
     return glance.write_glance_rounds(rounds, out)
-
-
-def _imported_runs(traces) -> set:
-    runs = traces.runs
-    if "imported_from" not in runs:
-        return set()
-    return set(runs.loc[runs["imported_from"] == ENGINE, "run_id"].astype(str))
 
 
 def _as_logged(traces, rounds: pd.DataFrame, imported: set) -> pd.DataFrame:
@@ -235,8 +224,7 @@ def _as_logged(traces, rounds: pd.DataFrame, imported: set) -> pd.DataFrame:
     out = rounds.copy()
     mine = out["run_id"].isin(imported).to_numpy()
     out.loc[mine, "round"] = out.loc[mine, "round_index"]
-    prompt = out.loc[mine, "request_id"].str.rsplit("/", n=1).str[-1]
-    out.loc[mine, "prompt"] = prompt.astype(np.int64)
+    out.loc[mine, "prompt"] = out.loc[mine, "request_id"].str.rsplit("/", n=1).str[-1].astype(np.int64)
     out["tree_size"] = out["tree_size"].astype(object)
     for run_id, meta in traces.metadata.items():
         if str(run_id) not in imported:

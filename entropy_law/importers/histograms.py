@@ -1,10 +1,9 @@
 """What an acceptance histogram allows: per-depth acceptance, with counts and intervals.
 
 A histogram ``h`` counts verify steps by accepted drafts (bonus excluded). With ``S(d) = sum_{j >= d} h[j]``:
-``P(a >= d) = S(d) / S(0)`` holds for any drafter; ``alpha_d = S(d) / S(d - 1)`` only when every step drafted at
-least ``d`` tokens (a fixed draft length). Acceptance under variable draft lengths, anything along the output
-and the entropy law itself need per-step data. Intervals are Wilson intervals over steps, which treats steps as
-independent; for claims across requests resample requests. No torch.
+``P(a >= d) = S(d) / S(0)`` for any drafter; ``alpha_d = S(d) / S(d - 1)`` only with a fixed draft length. The
+entropy law needs per-step data. Wilson intervals over steps (steps as independent; across requests, resample
+requests). No torch.
 """
 
 from __future__ import annotations
@@ -87,8 +86,8 @@ def acceptance_by_depth(histogram, *, num_spec_tokens: int | None = None, level:
                             "alpha_lo": alpha_lo, "alpha_hi": alpha_hi, "p_reach": p_reach,
                             "p_reach_lo": reach_lo, "p_reach_hi": reach_hi})
     n_steps = int(survivors[0])
-    mean = float((np.arange(len(h)) * h).sum() / n_steps)
-    return DepthAcceptance(summary=summary, histogram=h.tolist(), n_steps=n_steps, mean_accepted=mean,
+    return DepthAcceptance(summary=summary, histogram=h.tolist(), n_steps=n_steps,
+                           mean_accepted=float((np.arange(len(h)) * h).sum() / n_steps),
                            num_spec_tokens=num_spec_tokens, level=level, notes=notes)
 
 

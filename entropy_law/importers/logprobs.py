@@ -18,9 +18,7 @@ def entry_value(value, where: str, *, probability: bool = False) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise FieldError(where, f"expected a number, got {value!r}")
     value = float(value)
-    if not probability:
-        return value
-    if value != value:
+    if not probability or value != value:  # NaN passes through
         return value
     if value < 0:
         raise FieldError(where, f"a probability below 0 ({value})")

@@ -11,6 +11,8 @@ import re
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+import numpy as np
+
 from entropy_law.traces.schema import STOP_REASONS
 
 DEFAULT_CATEGORY = "unspecified"
@@ -21,13 +23,11 @@ class FieldError(ValueError):
 
     def __init__(self, field_name: str, problem: str):
         super().__init__(f"{field_name}: {problem}")
-        self.field = field_name
-        self.problem = problem
+        self.field, self.problem = field_name, problem
 
 
 def decoded_line(raw: bytes) -> str:
-    """One line of an imported file as UTF-8 text; ``FieldError("(line)", ...)`` naming the first byte that is not
-    (so the import reports ``file:line``, or skips the line with ``--skip-bad``)."""
+    """One line of an imported file as UTF-8 text; else ``FieldError("(line)", ...)`` naming the first bad byte."""
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -50,13 +50,9 @@ def lookup(obj: Any, dotted: str):
     """``obj["a"]["b"][0]`` for ``"a.b.0"``; ``MISSING`` if any step is absent (a null value is returned as None)."""
     node = obj
     for part in dotted.split("."):
-        if isinstance(node, dict):
-            if part not in node:
-                return MISSING
+        if isinstance(node, dict) and part in node:
             node = node[part]
-        elif isinstance(node, list) and part.isdigit():
-            if int(part) >= len(node):
-                return MISSING
+        elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
             node = node[int(part)]
         else:
             return MISSING
@@ -101,10 +97,7 @@ def as_histogram(value, name: str) -> list[int]:
                 raise FieldError(name, f"sparse histogram keys must be accepted-draft counts (\"0\", \"1\", ...); "
                                        f"got key {key!r}")
             counts[int(key)] = as_int(count, f"{name}[{key!r}]")
-        dense = [0] * (max(counts) + 1 if counts else 0)
-        for j, count in counts.items():
-            dense[j] = count
-        return dense
+        return [counts.get(j, 0) for j in range(max(counts) + 1 if counts else 0)]
     raise FieldError(name, f"expected a list or a map of step counts, got {type(value).__name__}")
 
 
@@ -133,12 +126,10 @@ class Alignment:
 
 @dataclass
 class ImportedRequest:
-    """One engine response, engine-neutral; draft counts exclude the bonus token.
-
-    ``steps_accepted`` / ``steps_drafted``: per verify step, in order (None: aggregates only). ``histogram``: step
-    counts by accepted drafts, as reported or counted from the steps (``histogram_field`` says which).
-    ``aggregates``: the engine's speculation fields verbatim. Timings are None where the engine gives none.
-    """
+    """One engine response, engine-neutral; draft counts exclude the bonus token. ``steps_accepted`` /
+    ``steps_drafted``: per verify step, in order (None: aggregates only). ``histogram``: step counts by accepted
+    drafts, as reported or counted from the steps (``histogram_field`` says which). ``aggregates``: the engine's
+    speculation fields verbatim. Timings are None where the engine gives none."""
 
     engine: str
     shape: str  # which documented response shape the line had (e.g. "vllm metrics.speculative_decoding")
@@ -184,10 +175,10 @@ class ImportedRequest:
                 if self.num_spec_tokens is not None and k > self.num_spec_tokens:
                     raise FieldError("steps", f"step {i} proposed {k} drafts, more than num_spec_tokens = "
                                               f"{self.num_spec_tokens}")
-            counted = step_histogram(self.steps_accepted)
+            counted = np.bincount(np.asarray(self.steps_accepted, dtype=np.int64)).tolist()  # by accepted drafts
             if self.histogram is None:
                 self.histogram, self.histogram_field = counted, "counted from the per-step list"
-            elif _trim(self.histogram) != _trim(counted):
+            elif np.trim_zeros(list(self.histogram), "b") != np.trim_zeros(counted, "b"):
                 raise FieldError(self.histogram_field or "histogram",
                                  f"{self.histogram} disagrees with the per-step accepted counts {counted}")
 
@@ -251,27 +242,11 @@ class ImportedRequest:
         return cls(**payload)
 
 
-def step_histogram(accepted: list[int]) -> list[int]:
-    """Dense counts of steps by accepted drafts."""
-    dense = [0] * (max(accepted) + 1 if accepted else 0)
-    for a in accepted:
-        dense[a] += 1
-    return dense
-
-
-def _trim(histogram: list[int]) -> list[int]:
-    out = list(histogram)
-    while out and out[-1] == 0:
-        out.pop()
-    return out
-
-
 def common_fields(obj: dict, *, default_request_id: str | None, default_category: str) -> dict:
     """The keys a user adds beside an engine's response on its line: ``request_id``, ``category``, ``dataset``,
     ``question_id``."""
     request_id = optional(obj, "request_id")
-    if request_id is None:
-        request_id = default_request_id
+    request_id = default_request_id if request_id is None else request_id
     if not isinstance(request_id, (str, int)) or isinstance(request_id, bool) or request_id == "":
         raise FieldError("request_id", f"expected a non-empty string, got {request_id!r}")
     category = optional(obj, "category")
@@ -299,9 +274,8 @@ def prompt_fields(obj: dict, ids_fields: tuple[str, ...], count: tuple[str, Any]
         if value is not None:
             ids, ids_name = as_int_list(value, display(name)), display(name)
             break
-    engine_count = None
-    if count is not None and count[1] is not MISSING and count[1] is not None:
-        engine_count = as_int(count[1], count[0])
+    engine_count = (as_int(count[1], count[0]) if count is not None and count[1] is not MISSING
+                    and count[1] is not None else None)
     if ids is not None and engine_count is not None and len(ids) != engine_count:
         raise FieldError(ids_name, f"holds {len(ids)} ids but {count[0]} = {engine_count}")
     if prompt is None and ids is None:

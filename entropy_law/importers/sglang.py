@@ -107,8 +107,7 @@ def _detailed_steps(meta: dict) -> tuple[list[int] | None, list[int] | None]:
         block, where = meta, "meta_info"
     if not isinstance(block, dict):
         raise FieldError(where, f"expected an object, got {type(block).__name__}")
-    accept = lookup(block, "accept_lengths")
-    verify = lookup(block, "verify_lengths")
+    accept, verify = lookup(block, "accept_lengths"), lookup(block, "verify_lengths")
     if accept in (MISSING, None) or verify in (MISSING, None):
         missing = "accept_lengths" if accept in (MISSING, None) else "verify_lengths"
         raise FieldError(f"{where}.{missing}", "missing while its partner is given (detailed mode gives both)")

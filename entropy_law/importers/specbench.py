@@ -1,13 +1,10 @@
 """Spec-Bench's answer files, both ways: ``entropy-law import specbench`` and ``export --format specbench``.
 
-An answer line (what Spec-Bench's ``evaluation/eval.py`` writes and ``speed.py`` reads) holds per turn the text,
-``new_tokens`` and ``wall_time``, and ``accept_lengths`` per decoding step (tokens the step committed). Import:
-a turn is a request (``<id>#<turn>`` after the first), its steps rounds in order (``committed`` = accept length),
-split by ``new_tokens`` (or one fewer per turn where the prefill made the first token); a question whose steps fit
-neither is flagged and keeps its request rows only. What the file lacks (drafted depth, token ids, target
-statistics, prompt length, stop reason) is filled and said so in ``run.json``; the lines are kept verbatim in
-``specbench_answers.jsonl``. Export writes one line per question: ``wall_time`` = prefill + decode time,
-``accept_lengths`` = every round's ``committed``. No torch.
+Import: a turn is a request (``<id>#<turn>`` after the first), its ``accept_lengths`` steps rounds in order
+(``committed`` = accept length), split by ``new_tokens`` (or one fewer per turn where the prefill made the first
+token); a question whose steps fit neither is flagged and keeps its request rows only. What the file lacks is
+filled and said so in ``run.json``; the lines are kept verbatim in ``specbench_answers.jsonl``. Export: one line
+per question, ``wall_time`` = prefill + decode time, ``accept_lengths`` = every round's ``committed``. No torch.
 """
 
 from __future__ import annotations
@@ -148,7 +145,10 @@ def request_id(question_id, turn: int) -> str:
 
 
 def _tables(answers: list[Answer], block_size: int) -> dict:
-    tok, rnd, req = {}, {}, {}
+    tok = {k: [] for k in ("request_id", "category", "round_index", "position", "depth", "role")}
+    rnd = {k: [] for k in ("request_id", "round_index", "start_position", "context_len", "block_size", "tree_nodes",
+                           "tree_depth", "accepted", "committed")}
+    req = {}
     for a in answers:
         for turn, n in enumerate(a.new_tokens):
             rid = request_id(a.question_id, turn)
@@ -167,20 +167,9 @@ def _tables(answers: list[Answer], block_size: int) -> dict:
             append_row(req, request_id=rid, category=a.category, dataset=DATASET, question_id=str(a.question_id),
                        prompt_tokens=0, image_tokens=0, new_tokens=n, rounds=len(steps), stop_reason="eos",
                        prefill_ms=0.0, decode_ms=a.wall_time[turn] * 1000.0)
-    m = len(tok.get("request_id", []))
-    tokens = dict(tok) if m else {k: [] for k in ("request_id", "category", "round_index", "position", "depth", "role")}
-    tokens = with_null_columns(tokens, "tokens", m)
-    rounds = dict(rnd) if rnd else {k: [] for k in ("request_id", "round_index", "start_position", "context_len",
-                                                   "block_size", "tree_nodes", "tree_depth", "accepted", "committed")}
+    tokens, rounds = with_null_columns(tok, "tokens", len(tok["request_id"])), rnd
     zeros = np.zeros(len(rounds["request_id"]), np.float32)
-    rounds.update({"draft_ms": zeros, "verify_ms": zeros, "overhead_ms": zeros})
-    for key, kind in (("round_index", np.int32), ("start_position", np.int32), ("context_len", np.int32),
-                      ("block_size", np.int16), ("tree_nodes", np.int32), ("tree_depth", np.int16),
-                      ("accepted", np.int16), ("committed", np.int16)):
-        rounds[key] = np.asarray(rounds[key], dtype=kind)
-    for key, kind in (("round_index", np.int32), ("position", np.int32), ("depth", np.int16)):
-        tokens[key] = np.asarray(tokens[key], dtype=kind)
-    req["decode_ms"] = np.asarray(req["decode_ms"], dtype=np.float32)
+    rounds.update({"draft_ms": zeros, "verify_ms": zeros, "overhead_ms": zeros})  # log_columns casts to the schema
     return {"tokens": tokens, "rounds": rounds, "requests": req}
 
 
@@ -221,8 +210,7 @@ def import_specbench(path, out, *, skip_bad: bool = False, model_id: str | None 
 
 
 def specbench_answers(traces) -> list[dict]:
-    """The answer lines of ``traces`` (runs of one method); a run imported from an answer file gets its own text
-    and ids back."""
+    """The answer lines of ``traces`` (one method's runs); an imported answer file gets its own text and ids back."""
     requests, rounds = traces.requests, traces.rounds
     if requests.empty:
         raise ValueError("these traces hold no request: nothing to export")
@@ -253,9 +241,8 @@ def specbench_answers(traces) -> list[dict]:
             order.append(key)
         choice = lines[key]["choices"][0]
         turn = len(choice["turns"])
-        raw_turns = originals.get(key, {}).get("choices", [{}])[0].get("turns", [])
         raw_choice = originals.get(key, {}).get("choices", [{}])[0]
-        steps = committed.get((run_id, rid), [])
+        raw_turns, steps = raw_choice.get("turns", []), committed.get((run_id, rid), [])
         choice["turns"].append(raw_turns[turn] if turn < len(raw_turns) else "")
         raw_steps = raw_choice.get("decoding_steps", [])
         choice.setdefault("decoding_steps", []).append(raw_steps[turn] if turn < len(raw_steps) else len(steps))

@@ -101,21 +101,16 @@ def _stats_block(obj: dict) -> tuple[str, str, dict]:
 
 
 def checked_stats(stats: dict, where: str) -> tuple[int | None, list[int], list[int] | None, list[int] | None]:
-    """vLLM's per-request statistics block at ``where`` (the fields AIPerf's engine-neutral record shares), checked
-    against each other: ``(num_spec_tokens or None, dense histogram, per_step_accepted, per_step_drafted)``, the
-    per-step lists None where the block has none."""
+    """vLLM's statistics block at ``where`` (AIPerf's record shares it), checked: ``(num_spec_tokens or None, dense
+    histogram, per_step_accepted, per_step_drafted)``, the per-step lists None where the block has none."""
     steps, accepted, drafted, k, histogram = _aggregates(stats, where)
     return (k, histogram, *_per_step(stats, where, steps, accepted, drafted))
 
 
 def _aggregates(stats: dict, where: str) -> tuple[int, int, int, int | None, list[int]]:
     """``(steps, accepted, drafted, K or None, histogram)`` of the block, checked against each other."""
-    def number(name):
-        return as_int(require(stats, name), f"{where}.{name}")
-
-    steps = number("num_spec_steps")
-    accepted = number("num_accepted_draft_tokens")
-    drafted = number("num_draft_tokens")
+    steps, accepted, drafted = (as_int(require(stats, name), f"{where}.{name}")
+                                for name in ("num_spec_steps", "num_accepted_draft_tokens", "num_draft_tokens"))
     k = stats.get("num_spec_tokens")
     k = None if k is None else as_int(k, f"{where}.num_spec_tokens", minimum=1)
     histogram = as_histogram(require(stats, "acceptance_histogram"), f"{where}.acceptance_histogram")

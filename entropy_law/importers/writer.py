@@ -2,12 +2,10 @@
 
 A bad line stops the import with ``file:line``, the field and what to do (``skip_bad``: skipped and counted); a
 file that mixes configurations (two models or draft lengths) is refused. The run gets ``run.json`` with an
-``engine_import`` entry (source and SHA-256, counts, skipped lines, flagged requests, where target statistics
-come from), ``engine_import.jsonl`` beside it (every request as the engine reported it; ``read_import`` reads it
-back), a ``requests`` row per request, and ``rounds``/``tokens`` rows for aligned per-step requests once target
-statistics exist: given (``target_stats``), or from the engine's top-k log-probabilities (``traces.topk``, with
-``vocab_size``); else ``entropy-law entropy RUN --model M`` computes them later through ``log_request``.
-Knows no engine's fields (``vllm``, ``sglang``, ``llamacpp``). No torch.
+``engine_import`` entry, ``engine_import.jsonl`` beside it (every request as the engine reported it;
+``read_import`` reads it back), a ``requests`` row per request, and ``rounds``/``tokens`` rows for aligned
+per-step requests once target statistics exist (``target_stats``, or top-k log-probabilities with
+``vocab_size``). Knows no engine's fields. No torch.
 """
 
 from __future__ import annotations
@@ -69,11 +67,9 @@ class ParsedFile:
 
 
 def parse_jsonl(path, engine: str, *, category: str = DEFAULT_CATEGORY, skip_bad: bool = False) -> ParsedFile:
-    """Read and check every non-blank line of ``path`` as a response of ``engine``.
-
-    A bad line raises ``MalformedResponseError`` (``file:line: field: problem``), or with ``skip_bad`` is listed in
-    ``skipped``. ``category``: for lines without one. Two models or draft lengths in one file: ValueError.
-    """
+    """Every non-blank line of ``path`` read and checked as a response of ``engine``. A bad line raises
+    ``MalformedResponseError`` (``file:line: field: problem``), or with ``skip_bad`` is listed in ``skipped``.
+    ``category``: for lines without one. Two models or draft lengths in one file: ValueError."""
     if engine not in PARSERS:
         raise ValueError(f"unknown engine {engine!r}; importers exist for {sorted(PARSERS)}")
     path = Path(path)
@@ -97,9 +93,8 @@ def parse_jsonl(path, engine: str, *, category: str = DEFAULT_CATEGORY, skip_bad
 
 
 def read_jsonl(path: Path, parse_line, key_of, repeated, *, skip_bad: bool) -> tuple[list, list[SkippedLine], int]:
-    """``(items, skipped lines, non-blank lines)`` of a JSONL file: ``parse_line(obj, line)`` per line; an item whose
-    ``key_of`` repeats an earlier one raises ``repeated(item, first line)``. A bad line raises
-    ``MalformedResponseError``, or with ``skip_bad`` is skipped and listed."""
+    """``(items, skipped lines, non-blank lines)``: ``parse_line(obj, line)`` per line; a repeated ``key_of`` raises
+    ``repeated(item, first line)``; a bad line ``MalformedResponseError``, or with ``skip_bad`` is skipped."""
     items, skipped, lines, seen = [], [], 0, {}
     with open(path, "rb") as fh:
         for number, raw in enumerate(fh, start=1):
@@ -180,16 +175,12 @@ class ImportSummary:
                f"  per-step data, flagged:          {len(self.flagged)}",
                f"  aggregates only:                 {self.aggregate_only}",
                f"  malformed lines skipped:         {len(self.skipped)}"]
-        for flag in self.flagged[:10]:
-            out.append(f"  flagged line {flag['line']} ({flag['request_id']}): {flag['reason']}")
+        out += [f"  flagged line {flag['line']} ({flag['request_id']}): {flag['reason']}" for flag in self.flagged[:10]]
         if len(self.flagged) > 10:
             out.append(f"  ... {len(self.flagged) - 10} more flagged (run.json: {METADATA_KEY}.flagged)")
-        if self.target_stats.startswith("missing"):
-            out.append(f"target statistics: {self.target_stats}")
-        else:
-            out.append(f"target statistics: {self.target_stats}; rounds of {self.rounds_in_tables} request(s) "
-                       "written")
-        return out
+        written = ("" if self.target_stats.startswith("missing")
+                   else f"; rounds of {self.rounds_in_tables} request(s) written")
+        return [*out, f"target statistics: {self.target_stats}{written}"]
 
 
 def write_run(parsed: ParsedFile, out, *, model_id: str | None = None, drafter_id: str | None = None,
@@ -197,18 +188,25 @@ def write_run(parsed: ParsedFile, out, *, model_id: str | None = None, drafter_i
               target_stats_source: str | None = None, vocab_size: int | None = None,
               topk_point: str = "geometric") -> ImportSummary:
     """Write ``parsed`` as a trace run in ``out`` (refused if a run is there, unless ``overwrite``).
-
     ``target_stats``: a function of an ``ImportedRequest`` returning ``{key: array of len(output ids)}`` for the
     ``TARGET_STAT_KEYS``; with it aligned per-step requests get rounds and tokens, and ``target_stats_source`` (for
     ``run.json``) says what computed them. Without it, aligned requests with top-k log-probabilities get rows with
-    the entropy's bounds and ``topk_point`` estimate, which needs ``vocab_size`` (V of the target).
-    """
+    the entropy's bounds and ``topk_point`` estimate, which needs ``vocab_size`` (V of the target)."""
     if (target_stats is None) != (target_stats_source is None):
         raise ValueError("give target_stats together with target_stats_source (what computed them), or neither")
     with_topk = [r for r in parsed.records if r.topk_logprobs is not None]
     if with_topk and target_stats is None and vocab_size is None:
         raise ValueError(f"{parsed.path}: {TOPK_NEEDS_VOCAB}")
-    flagged, aligned, aggregate_only = _alignments(parsed.records)
+    flagged, aligned, aggregate_only = [], [], 0
+    for record in parsed.records:
+        check = record.alignment()
+        if check is None:
+            aggregate_only += 1
+        elif check.ok:
+            aligned.append(record.request_id)
+        else:
+            flagged.append({"request_id": record.request_id, "line": record.line, "reason": check.reason,
+                            "from_steps": check.from_steps, "completion_tokens": check.completion_tokens})
     written = set(aligned) if target_stats is not None else set()
     topk = None
     if target_stats is None and with_topk:
@@ -229,21 +227,6 @@ def write_run(parsed: ParsedFile, out, *, model_id: str | None = None, drafter_i
                          imported=len(parsed.records), per_step=len(aligned), flagged=flagged,
                          aggregate_only=aggregate_only, skipped=parsed.skipped, rounds_in_tables=len(written),
                          target_stats=source)
-
-
-def _alignments(records: list[ImportedRequest]) -> tuple[list[dict], list[str], int]:
-    """(flagged requests with the reason, ids of aligned per-step requests, count of aggregate-only requests)."""
-    flagged, aligned, aggregate_only = [], [], 0
-    for record in records:
-        check = record.alignment()
-        if check is None:
-            aggregate_only += 1
-        elif check.ok:
-            aligned.append(record.request_id)
-        else:
-            flagged.append({"request_id": record.request_id, "line": record.line, "reason": check.reason,
-                            "from_steps": check.from_steps, "completion_tokens": check.completion_tokens})
-    return flagged, aligned, aggregate_only
 
 
 def _run_metadata(parsed: ParsedFile, model_id, drafter_id, block_size: int, outcome: dict) -> dict:
@@ -292,8 +275,7 @@ def _log_records(recorder: TraceRecorder, records, written: set, target_stats, t
 
 def _topk_estimates(parsed: ParsedFile, records: list[ImportedRequest], aligned: set[str], vocab_size: int,
                     point: str) -> dict:
-    """Entropy bounds and estimate of each request with top-k log-probabilities, the aligned ones whose rows are
-    written, and what ``run.json`` says about them."""
+    """Entropy bounds of each top-k request, the aligned ones whose rows are written, and their ``run.json`` entry."""
     estimates, renormalised, fewer, positions = {}, [], 0, 0
     for record in records:
         padded = pad_topk(record.topk_logprobs)
@@ -306,8 +288,7 @@ def _topk_estimates(parsed: ParsedFile, records: list[ImportedRequest], aligned:
         if partial.any() and (est.tail_mass[partial] <= RENORMALISED_TAIL).all():
             renormalised.append({"request_id": record.request_id, "line": record.line,
                                  "positions": int(partial.sum())})
-            est.lower_nats[:] = np.nan
-            est.upper_nats[:] = np.nan
+            est.lower_nats[:] = est.upper_nats[:] = np.nan
         fewer += int((est.k < est.k.max()).sum())
         positions += len(est.k)
         estimates[record.request_id] = est
@@ -344,9 +325,8 @@ def topk_tables(records: list[ImportedRequest], estimates: dict, block_size: int
             append_row(rnd, request_id=record.request_id, **{k: r[k] for k in (
                 "round_index", "start_position", "context_len", "block_size", "tree_nodes", "tree_depth", "accepted",
                 "committed")})
-        start = np.array([r["start_position"] for r in rounds], dtype=np.int64)
-        committed = np.array([r["committed"] for r in rounds], dtype=np.int64)
-        accepted = np.array([r["accepted"] for r in rounds], dtype=np.int64)
+        start, committed, accepted = (np.array([r[k] for r in rounds], dtype=np.int64)
+                                      for k in ("start_position", "committed", "accepted"))
         leaf = np.array([r["ends_at_leaf"] for r in rounds], dtype=bool)
         which = np.repeat(np.arange(len(rounds)), committed)  # the round of each committed token, in order
         depth = np.arange(which.size) - np.repeat(np.cumsum(committed) - committed, committed) + 1
@@ -372,10 +352,7 @@ def topk_tables(records: list[ImportedRequest], estimates: dict, block_size: int
                    new_tokens=record.new_tokens, rounds=len(rounds), stop_reason=record.stop_reason,
                    prefill_ms=record.prefill_ms or 0.0, decode_ms=record.decode_ms or 0.0)
     tokens = {key: np.concatenate([part[key] for part in parts]) for key in parts[0]}
-    n = len(tokens["position"])
-    for key in ("target_top1_prob", "target_top2_prob", "target_logit_gap", "target_entropy_lower_nats",
-                "target_entropy_upper_nats", "target_entropy_estimate_nats"):
-        tokens[key] = tokens[key].astype(np.float32)  # NaN: null
+    n = len(tokens["position"])  # float NaN: null (log_columns)
     tokens.update({"token_id": pa.array(tokens["token_id"], type=pa.int32()),
                    "target_topk": pa.array(tokens["target_topk"], type=pa.int16()),
                    "context_match": pa.array(np.maximum(tokens["context_match"], 0), type=pa.int16(),
@@ -470,18 +447,16 @@ class ImportedRun:
     @property
     def rounds(self) -> pd.DataFrame:
         """One row per round of the aligned per-step requests (round 0: the prefill), in the trace tables or not."""
-        rows = []
+        rows, columns = [], ["request_id", "category", "round_index", "start_position", "tree_depth", "accepted",
+                             "committed"]
         for record in self.requests:
             check = record.alignment()
             if check is None or not check.ok:
                 continue
             for rnd in record.rounds():
                 rows.append({"request_id": record.request_id, "category": record.category,
-                             "round_index": rnd["round_index"], "start_position": rnd["start_position"],
-                             "tree_depth": rnd["tree_depth"], "accepted": rnd["accepted"],
-                             "committed": rnd["committed"]})
-        return pd.DataFrame(rows, columns=["request_id", "category", "round_index", "start_position", "tree_depth",
-                                           "accepted", "committed"])
+                             **{k: rnd[k] for k in columns[2:]}})
+        return pd.DataFrame(rows, columns=columns)
 
     @property
     def histograms(self) -> pd.DataFrame:
@@ -498,8 +473,7 @@ def read_import(run_dir) -> ImportedRun:
     record_file = run_dir / RECORD_FILE
     if not record_file.is_file():
         raise FileNotFoundError(f"{run_dir}: no {RECORD_FILE}; this run was not written by entropy-law import")
-    with open(run_dir / "run.json", encoding="utf-8") as fh:
-        metadata = json.load(fh)
+    metadata = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
     requests, in_tables, flagged = [], {}, {}
     with open(record_file, encoding="utf-8") as fh:
         for text in fh:

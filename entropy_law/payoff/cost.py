@@ -1,15 +1,10 @@
 """When drafting pays: a cost model from measured round timings combined with a fitted law.
 
-Per round t_round(N) = t_draft + t_verify(N) + t_overhead: the drafter's mean costs and a least-squares verify
-line v0 + v1 N over every round on the drafter's machine (one arm, one machine; the CPU clock where every request
-logs it). t_AR is given or estimated from AR rounds. At constant target entropy H a round of depth D and N nodes
-(the arm's own shape) gives
-
-    S(H) = (1 + E[tau | H, D]) * t_AR / t_round(N),   E[tau] = sum_{k<=D} prod_{d<=k} a(H, d),
-
-hence the speedup curve, the break-even entropy (S = 1) and the best block size / tree budget, each with a
-request-bootstrap interval (Poisson weights per request; each replicate refits the law and every cost).
-Assumed, not checked: constant-H sequences, depths up to the deepest observed. Decode speedup only. No torch.
+t_round(N) = t_draft + t_verify(N) + t_overhead: the drafter's mean costs and a least-squares verify line
+v0 + v1 N over the rounds of one arm on one machine (the CPU clock where every request logs it); t_AR given or
+from AR rounds. S(H) = (1 + E[tau | H, D]) t_AR / t_round(N) at constant entropy (``docs/law.md``) gives the
+speedup curve, the break-even entropy and the best block size / tree budget, each with a request-bootstrap
+interval. Assumed, not checked: constant-H sequences, depths up to the deepest observed. Decode speedup only.
 """
 
 from __future__ import annotations
@@ -71,9 +66,8 @@ def paired_speedup(ref_time, ref_tokens, arm_time, arm_tokens):
 
 
 def pooled_log_speedup_sd(ref_time, ref_tokens, arm_time, arm_tokens, groups) -> tuple[float, int]:
-    """``(SD, df)``: the spread of the per-request log speedups around their group's mean, pooled over ``groups``
-    (one label per request) as a one-way ANOVA pools it; ``df`` = requests - groups; ``(nan, 0)`` where df < 1.
-    What ``paired_speedup_interval`` widens a small category's interval to."""
+    """``(SD, df)``: the per-request log speedups' spread around their group's mean, pooled over ``groups`` (one label
+    per request) as one-way ANOVA does, for ``paired_speedup_interval``; df = requests - groups, (nan, 0) if < 1."""
     ref_time, ref_tokens, arm_time, arm_tokens = (np.asarray(x, dtype=float) for x in
                                                   (ref_time, ref_tokens, arm_time, arm_tokens))
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -114,8 +108,7 @@ def paired_speedup_interval(ref_time, ref_tokens, arm_time, arm_tokens, *, rng: 
         lo, hi = np.fmin(lo, estimate * math.exp(-half)), np.fmax(hi, estimate * math.exp(half))  # fmin: NaN-blind
     if (pooled is not None and n < MIN_PAIRED_REQUESTS and pooled[1] >= 1 and np.isfinite(pooled[0])
             and np.isfinite(estimate) and estimate > 0):
-        w = arm_tokens
-        n_eff = float(w.sum() ** 2 / np.sum(w ** 2)) if np.sum(w ** 2) > 0 else float(n)
+        n_eff = float(arm_tokens.sum() ** 2 / np.sum(arm_tokens ** 2)) if np.sum(arm_tokens ** 2) > 0 else float(n)
         half = float(scipy_stats.t.ppf(1 - (1 - level) / 2, pooled[1])) * pooled[0] / math.sqrt(n_eff)
         lo, hi = np.fmin(lo, estimate * math.exp(-half)), np.fmax(hi, estimate * math.exp(half))
     return float(lo), float(hi)
@@ -196,10 +189,8 @@ def cpu_wall_factors(rounds: pd.DataFrame, requests: pd.DataFrame) -> pd.DataFra
 
 
 def cpu_scaled_timings(rounds: pd.DataFrame, requests: pd.DataFrame) -> tuple[pd.DataFrame, str]:
-    """The rounds' timings (``TIMING_COLUMNS``) on the CPU clock, and the clock they are on: each round's wall
-    timings scaled by its request's CPU / wall ratio (``cpu_wall_factors``), so a shared machine's changing load
-    does not price the rounds. Where any request lacks ``decode_cpu_ms`` the timings are returned as logged, clock
-    ``"wall"``: never a mix of clocks."""
+    """``(rounds, clock)``: each round's ``TIMING_COLUMNS`` scaled by its request's CPU / wall ratio
+    (``cpu_wall_factors``), clock ``"cpu"``; as logged, clock ``"wall"``, where any request lacks ``decode_cpu_ms``."""
     out = rounds.copy()
     factors = cpu_wall_factors(out, requests)
     if factors is None:
@@ -220,13 +211,12 @@ def policy_skipped(rounds: pd.DataFrame) -> np.ndarray:
 
 def fit_cost_model(traces, *, drafter: str | None = None, ar_ms_per_token: float | None = None,
                    request_weights: pd.Series | None = None, clock: str = "auto") -> CostModel:
-    """Costs from the rounds table (``draft_ms``, ``verify_ms``, ``overhead_ms`` vs ``tree_nodes``) of one arm timed
-    on one machine; the verify line and the AR cost use only that machine's rounds. ``request_weights``: a
-    bootstrap weight per request id. ``clock``: ``"auto"`` (the CPU clock where every request has
-    ``decode_cpu_ms``, else the wall clock), ``"wall"``, or ``"cpu"`` (or an error)."""
+    """Costs from the rounds (``draft_ms``, ``verify_ms``, ``overhead_ms`` vs ``tree_nodes``) of one arm timed on one
+    machine, the verify line and AR cost from that machine's rounds only. ``request_weights``: a bootstrap weight
+    per request id. ``clock``: ``"auto"`` (CPU where every request has ``decode_cpu_ms``, else wall), ``"wall"``,
+    ``"cpu"`` (or an error)."""
     if clock not in ("auto", "cpu", "wall"):
         raise ValueError(f"clock must be 'auto', 'cpu' or 'wall', got {clock!r}")
-    runs = traces.runs
     drafter, rounds, machine, used_clock = _machine_rounds(traces, drafter, clock)
     drafting = rounds["tree_nodes"] > 0
     w_all = (np.ones(len(rounds)) if request_weights is None
@@ -247,12 +237,12 @@ def fit_cost_model(traces, *, drafter: str | None = None, ar_ms_per_token: float
         return (_weighted_mean((rounds.loc[rows, "draft_ms"] + rounds.loc[rows, "overhead_ms"]).to_numpy(float),
                                w_all[rows]) if rows.any() else float("nan"))
     no_draft, skip = idle_mean(idle), idle_mean(skipped)
-    draft = _weighted_mean(rounds.loc[mine, "draft_ms"].to_numpy(float), w)
-    overhead = _weighted_mean(rounds.loc[mine, "overhead_ms"].to_numpy(float), w)
     keep = w_all > 0
     v0, v1 = _verify_line(rounds, w_all, keep, notes)
-    ar_ms, source = _ar_cost(rounds, runs, w_all, keep, ar_ms_per_token, machine)
-    return CostModel(drafter_id=drafter, ar_ms_per_token=ar_ms, draft_ms=draft, overhead_ms=overhead,
+    ar_ms, source = _ar_cost(rounds, traces.runs, w_all, keep, ar_ms_per_token, machine)
+    return CostModel(drafter_id=drafter, ar_ms_per_token=ar_ms,
+                     draft_ms=_weighted_mean(rounds.loc[mine, "draft_ms"].to_numpy(float), w),
+                     overhead_ms=_weighted_mean(rounds.loc[mine, "overhead_ms"].to_numpy(float), w),
                      verify_intercept_ms=v0, verify_per_node_ms=v1,
                      depth=int(rounds.loc[mine, "tree_depth"].max()),
                      nodes=int(rounds.loc[mine, "tree_nodes"].max()), ar_source=source, notes=notes,
@@ -260,8 +250,7 @@ def fit_cost_model(traces, *, drafter: str | None = None, ar_ms_per_token: float
 
 
 def _machine_rounds(traces, drafter: str | None, clock: str) -> tuple[str, pd.DataFrame, str, str]:
-    """``(drafter, rounds, machine, clock)``: the rounds (with drafter ids) of every run on the drafter's machine,
-    on the CPU clock where asked and possible; several arms or machines are refused."""
+    """``(drafter, rounds, machine, clock)``: every run's rounds on the drafter's (one) machine, on ``clock``."""
     runs = traces.runs
     rounds = traces.rounds.merge(runs[["run_id", "drafter_id"]], on="run_id", how="left")
     drafting = rounds["tree_nodes"] > 0
@@ -312,12 +301,11 @@ def _ar_cost(rounds: pd.DataFrame, runs: pd.DataFrame, w_all: np.ndarray, keep: 
             rounds["drafter_id"], tree if tree is not None else [None] * len(rounds))], dtype=bool)
         ar = (rounds["tree_nodes"] == 0).to_numpy() & keep & ar_run
         if not ar.any():
-            raise ValueError(f"no autoregressive rounds (tree_nodes == 0) of {machine} to estimate the AR cost "
-                             "per token (AR runs of another model or machine are no baseline): pass "
-                             "ar_ms_per_token= (measured by a plain greedy run of the same target on the same machine)")
+            raise ValueError(f"no autoregressive rounds (tree_nodes == 0) of {machine} to estimate the AR cost per "
+                             "token: pass ar_ms_per_token= (a greedy run of the same target on the same machine)")
         total = rounds.loc[ar, ["draft_ms", "verify_ms", "overhead_ms"]].sum(axis=1).to_numpy(float)
-        ar_ms = float(np.sum(total * w_all[ar]) / np.sum(rounds.loc[ar, "committed"].to_numpy(float) * w_all[ar]))
-        return ar_ms, f"estimated from {int(ar.sum())} autoregressive rounds"
+        return (float(np.sum(total * w_all[ar]) / np.sum(rounds.loc[ar, "committed"].to_numpy(float) * w_all[ar])),
+                f"estimated from {int(ar.sum())} autoregressive rounds")
     if not ar_ms_per_token > 0:
         raise ValueError("ar_ms_per_token must be positive")
     return float(ar_ms_per_token), "given"
@@ -329,8 +317,7 @@ def speedup_at_entropy(law: FittedLaw, cost: CostModel, entropy_nats, *, depth: 
     depth = depth or cost.depth
     nodes = nodes if nodes is not None else cost.nodes
     h = np.atleast_1d(np.asarray(entropy_nats, dtype=float))
-    blocks = np.repeat(h[:, None], depth, axis=1)
-    tau = law.predict_block_length(blocks, depth + 1)
+    tau = law.predict_block_length(np.repeat(h[:, None], depth, axis=1), depth + 1)
     return (1.0 + tau) * cost.ar_ms_per_token / cost.round_ms(nodes)
 
 
@@ -345,10 +332,9 @@ def breakeven_entropy(law: FittedLaw, cost: CostModel, *, depth=None, nodes=None
         return float(speedup_at_entropy(law, cost, np.exp(x), depth=depth, nodes=nodes)[0]) - 1.0
 
     lo, hi = np.log(bounds[0]), np.log(bounds[1])
-    f_lo, f_hi = f(lo), f(hi)
-    if f_lo < 0:
+    if f(lo) < 0:
         return 0.0
-    if f_hi > 0:
+    if f(hi) > 0:
         return float("inf")
     return float(np.exp(brentq(f, lo, hi, xtol=1e-6)))
 
@@ -398,27 +384,9 @@ class DraftingPays(Result):
     def title(self) -> str:
         return f"when drafting pays: {self.cost.drafter_id} ({self.law.family.name}, decode speedup)"
 
-    def plot(self, ax=None):
-        import matplotlib.pyplot as plt
-
-        if ax is None:
-            _, ax = plt.subplots(figsize=(5, 3.5))
-        rows = self.summary.loc[self.summary.index.str.startswith("speedup[H=")]
-        h = rows.index.str.extract(r"H=([0-9.e-]+)")[0].astype(float).to_numpy()
-        ax.plot(h, rows["estimate"], marker="o")
-        ax.fill_between(h, rows["ci_low"], rows["ci_high"], alpha=0.3)
-        ax.axhline(1.0, color="k", lw=0.8)
-        ax.set_xscale("log")
-        ax.set_xlabel("target entropy H (nats)")
-        ax.set_ylabel("predicted decode speedup")
-        return ax
-
 
 def _statistics(law, cost, entropies, shapes, label) -> dict:
-    out = {}
-    speeds = speedup_at_entropy(law, cost, entropies)
-    for h, s in zip(entropies, speeds):
-        out[f"speedup[H={h:g}]"] = s
+    out = {f"speedup[H={h:g}]": s for h, s in zip(entropies, speedup_at_entropy(law, cost, entropies))}
     out["breakeven_entropy_nats"] = breakeven_entropy(law, cost)
     depth_max = max(d for d, _ in shapes)
     h = np.asarray(entropies, dtype=float)
@@ -435,11 +403,10 @@ def when_drafting_pays(traces, *, drafter: str | None = None, family: str = "law
                        entropies: Sequence[float] = DEFAULT_ENTROPIES, ar_ms_per_token: float | None = None,
                        ar_requests: pd.DataFrame | None = None, clock: str = "auto", n_boot: int = 100,
                        seed: int = 0, level: float = 0.95, eps: float = atrisk.EPS_NATS) -> DraftingPays:
-    """Fit the law (one drafter) and the cost model, then predict speedup vs entropy, the break-even entropy and
-    the best block size / tree budget per entropy, with request-bootstrap intervals (fewer than
-    ``stats.FEW_REQUESTS`` requests warns). ``ar_requests``: the AR baseline's timed requests (``request_id``,
-    ``decode_ms``, ``decoded``), resampled with the arm's (same prompts); else ``ar_ms_per_token`` (a constant) or
-    the AR rounds in ``traces``. ``clock``: as ``fit_cost_model``; the AR requests are timed by the same clock."""
+    """Fit the law (one drafter) and the cost model; predict speedup vs entropy, the break-even entropy and the best
+    block size / tree budget per entropy, with request-bootstrap intervals (below ``stats.FEW_REQUESTS`` requests:
+    a warning). ``ar_requests``: the AR baseline's timed requests (``request_id``, ``decode_ms``, ``decoded``, same
+    prompts, resampled with the arm's), else ``ar_ms_per_token`` or the AR rounds; ``clock``: as ``fit_cost_model``."""
     fam = get_family(family)
     if fam.needs_categories or fam.needs_drafters:
         raise ValueError(f"{family} needs a category/drafter argument; use a one-drafter, category-free law")
@@ -454,12 +421,9 @@ def when_drafting_pays(traces, *, drafter: str | None = None, family: str = "law
     few = warn_if_few_requests(n_requests, "the request-bootstrap intervals")
     law = fit_law(counts, fam, cov_type="nonrobust")
     entropies = [float(h) for h in entropies]
-    is_tree = cost.nodes > cost.depth
-    if is_tree:
-        ratio = cost.nodes / cost.depth
-        shapes, label = [(d, max(d, int(round(ratio * d)))) for d in range(1, cost.depth + 1)], "best_tree_budget"
-    else:
-        shapes, label = [(d, d) for d in range(1, cost.depth + 1)], "best_block_size"
+    is_tree, ratio = cost.nodes > cost.depth, cost.nodes / cost.depth
+    shapes = [(d, max(d, int(round(ratio * d))) if is_tree else d) for d in range(1, cost.depth + 1)]
+    label = "best_tree_budget" if is_tree else "best_block_size"
     estimate = _statistics(law, cost, entropies, shapes, label)
     reps, failed = _pays_replicates(traces, drafter, counts, fam, law, ar_table, ar_ms_per_token, clock,
                                     (entropies, shapes, label), n_boot, seed)
@@ -467,8 +431,7 @@ def when_drafting_pays(traces, *, drafter: str | None = None, family: str = "law
     ci_low, ci_high = percentile_interval(replicates, level)  # inf (pays up to 20 nats): the nearest replicate
     summary = pd.DataFrame({"estimate": pd.Series(estimate, dtype=float), "ci_low": ci_low,
                             "ci_high": ci_high, "n_requests": n_requests})
-    observed = rows["target_entropy_nats"].to_numpy(float)
-    observed_range = (float(np.quantile(observed, 0.01)), float(np.quantile(observed, 0.99)))
+    observed_range = tuple(float(q) for q in np.quantile(rows["target_entropy_nats"].to_numpy(float), [0.01, 0.99]))
     notes = [*cost.notes, *([few] if few else []),
              f"{level:.0%} percentile intervals from {len(reps)} request-bootstrap replicates over {n_requests} "
              f"requests (seed {seed}, {failed} failed); each replicate refits the law and the cost measurements "
@@ -479,7 +442,7 @@ def when_drafting_pays(traces, *, drafter: str | None = None, family: str = "law
              f"speedups at constant entropy; best shapes searched up to the observed depth {cost.depth}; breakeven "
              "0 = never pays, inf = always pays in [1e-4, 20] nats"]
     if is_tree:
-        notes.append(f"tree budgets keep the observed nodes-per-depth ratio {cost.nodes / cost.depth:.2f}")
+        notes.append(f"tree budgets keep the observed nodes-per-depth ratio {ratio:.2f}")
     crossings = speedup_crossings(law, cost)
     if len(crossings) > 1:
         notes.append(f"the estimate's speedup crosses 1 at {len(crossings)} entropies in {list(BREAKEVEN_BOUNDS)} "
@@ -491,8 +454,7 @@ def when_drafting_pays(traces, *, drafter: str | None = None, family: str = "law
 
 def _pays_replicates(traces, drafter: str, counts: pd.DataFrame, fam, law, ar_table, ar_ms_per_token, clock: str,
                      grid: tuple, n_boot: int, seed: int) -> tuple[list, int]:
-    """``(statistics of each replicate, failures)`` of ``when_drafting_pays``' request bootstrap (Poisson weights per
-    request, the AR run's paired); each replicate refits the law, t_AR and the cost model."""
+    """``(statistics per replicate, failures)``: Poisson weights per request; each refits law, t_AR and costs."""
     rng = np.random.default_rng(seed)
     reps, failed = [], 0
     start = law.result.params.to_numpy() if law.result is not None else None

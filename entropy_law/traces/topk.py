@@ -1,38 +1,15 @@
 """Target entropy from the top-k log-probabilities an engine returns: exact bounds and a point estimate.
 
-Known here: what the top ``k`` log-probabilities of a next-token distribution over ``V`` tokens say about its
-Shannon entropy (nats), vectorised over positions, and the checks such input must pass. The tokens columns
-``target_entropy_lower_nats``, ``target_entropy_upper_nats``, ``target_entropy_estimate_nats`` and
-``target_topk`` (``docs/trace-schema.md``) are defined here, as ``stats`` defines the exact ``target_*``
-columns. Not known here: any engine's field names (``entropy_law.importers``), files, or tables. numpy only.
-
-The bounds. Let ``p_1 >= ... >= p_k`` be the known probabilities, ``H_k = -sum p_i log p_i`` their part of the
-entropy, ``T = 1 - sum p_i`` the tail mass and ``m = V - k`` the tail tokens. Every tail token is no more likely
-than the k-th (the list is the top k), so the tail is a vector ``q`` in the polytope
-``Q = {q in [0, p_k]^m : sum q = T}``, which is non-empty exactly when ``T <= m p_k`` (else the input is
-inconsistent: ``V`` too small, or the list not the top k). ``H = H_k + h(q)`` with ``h(q) = -sum q_j log q_j``,
-and ``h`` is concave and symmetric, so:
-
-- upper bound, ``H_k + T log(m / T)``: the uniform tail ``q_j = T / m`` maximises ``h`` over the simplex of mass
-  ``T`` (Jensen, or Gibbs: ``h(q) = T H(q / T) + T log(1 / T)`` and ``H(q / T) <= log m``), and it lies in ``Q``
-  (``T / m <= p_k`` is the non-emptiness condition), so the cap "no tail token above ``p_k``" never binds: the
-  bound is attained and cannot be improved;
-- lower bound, ``H_k + n p_k log(1 / p_k) + r log(1 / r)`` with ``n = floor(T / p_k)``, ``r = T - n p_k``: a
-  concave function attains its minimum over a polytope at a vertex, and a vertex of ``Q`` has at most one
-  coordinate strictly between 0 and ``p_k`` (two such could move by ``+-e`` in opposite directions and stay in
-  ``Q``), so every vertex is, up to order, ``n`` tokens at ``p_k``, one at ``r`` and the rest at 0: the tail
-  packed into as few tokens as possible. It is attained (``n + 1 <= m`` when ``r > 0``), and it is at least
-  ``H_k + T log(1 / p_k)`` (``r <= p_k``);
-- both are the minimum and the maximum of ``H`` over every distribution whose top k are the given ones, so a
-  longer list (its distributions a subset) never loosens them, and ``k = V`` (``T = 0``, ``m = 0``) makes
-  them equal to the exact entropy.
-
-The point estimate (``POINT_ESTIMATES``; ``"geometric"`` by default): the tail continues the top k's decay
-geometrically, ``q_j = p_k rho^j`` for ``j >= 1``, with ``rho = T / (T + p_k)`` so that the tail holds ``T``
-(every ``q_j < p_k``); its entropy has the closed form ``T log(1 / p_k) + T (1 + T / p_k) log(1 + p_k / T)``,
-which is at least the packed lower bound (a tail with cap ``p_k``) and is clipped to the upper bound where the
-vocabulary is too small for it. ``"midpoint"``: the mean of the two bounds. How close either comes to the exact
-entropy is measured on recorded runs, not assumed here.
+Defines the tokens columns ``target_entropy_lower_nats``, ``target_entropy_upper_nats``,
+``target_entropy_estimate_nats`` and ``target_topk`` (``docs/trace-schema.md``), vectorised over positions, and
+the checks such input must pass. Knows no engine's field names (``entropy_law.importers``), files or tables.
+With ``p_1 >= ... >= p_k`` known, tail mass ``T = 1 - sum p_i`` on ``m = V - k`` tokens each at most ``p_k``
+(admissible only when ``T <= m p_k``): the lower bound packs the tail into as few tokens at ``p_k`` as possible
+(a concave function's minimum over the polytope of tails lies at a vertex), the upper bound spreads it evenly
+(attained, as ``T / m <= p_k``); both are attained, so they are the exact range of H given the top k, and
+``k = V`` makes them the exact entropy. Point estimates (``POINT_ESTIMATES``): ``"geometric"`` (the tail
+``q_j = p_k rho^j``, ``rho = T / (T + p_k)``, clipped into the bounds) or ``"midpoint"``. The formulas:
+``docs/trace-schema.md``. numpy only.
 """
 
 from __future__ import annotations
@@ -86,8 +63,7 @@ def topk_problems(logprobs, vocab_size: int | None) -> list[tuple[int, str]]:
     """Every position whose entries no distribution over ``vocab_size`` tokens has: ``[(row, problem), ...]``.
     Refused: a NaN or +inf, a log-probability above 0 (beyond ``LOGPROB_TOLERANCE``), no entry, more entries than
     the vocabulary, probabilities summing above ``1 + SUM_TOLERANCE``, and a tail that cannot fit on the other
-    ``V - k`` tokens at most ``p_k`` each, by more than ``FIT_TOLERANCE`` (rounding: such a tail is clipped to fit)
-    (these two only with ``vocab_size``; None: the checks that need no V).
+    ``V - k`` tokens at most ``p_k`` each by more than ``FIT_TOLERANCE`` (these two only with ``vocab_size``).
     ``-inf`` marks an absent entry (a position with fewer)."""
     array = _as_rows(logprobs)
     problems: dict[int, str] = {}
@@ -104,11 +80,8 @@ def topk_problems(logprobs, vocab_size: int | None) -> list[tuple[int, str]]:
     present = _present(array)
     k = present.sum(axis=1)
     flag(k == 0, lambda r: "no log-probability (an empty top-k list)")
-    if vocab_size is None:
-        vocab_size = np.iinfo(np.int64).max
-        k_check = False
-    else:
-        k_check = True
+    k_check = vocab_size is not None
+    vocab_size = vocab_size if k_check else np.iinfo(np.int64).max
     flag(k_check & (k > vocab_size), lambda r: f"{k[r]} entries, more than the vocabulary of {vocab_size}")
     p = np.where(present, np.exp(np.minimum(np.where(present, array, 0.0), 0.0)), 0.0)
     total = p.sum(axis=1)
@@ -124,8 +97,7 @@ def topk_problems(logprobs, vocab_size: int | None) -> list[tuple[int, str]]:
 
 
 def _present(array: np.ndarray) -> np.ndarray:
-    """Entries that carry probability: finite, and not so small that exp underflows to 0 (vLLM writes -9999.0
-    for a masked token; such an entry holds no mass and reads as absent)."""
+    """Finite entries whose exp does not underflow to 0 (vLLM writes -9999.0 for a masked token: absent)."""
     with np.errstate(invalid="ignore"):
         return np.isfinite(array) & (np.exp(np.where(np.isfinite(array), np.minimum(array, 0.0), 0.0)) > 0)
 
@@ -137,13 +109,10 @@ def _neg_xlogx(x: np.ndarray) -> np.ndarray:
 
 def topk_entropy(logprobs, vocab_size: int, *, point: str = "geometric") -> TopkEntropy:
     """Bounds and a point estimate of the entropy (nats) at each position from its top-k log-probabilities.
-
     ``logprobs``: ``[positions, k]`` (a 1-D list is one position), in any order, ``-inf`` for an absent entry
-    (a position with fewer entries than requested: duplicates an engine merged; an entry whose probability
-    underflows to 0 reads as absent); ``vocab_size``: V of the
-    target. ``point``: ``"geometric"`` or ``"midpoint"`` (module docstring). Raises ``TopkInputError`` for the
-    first position ``topk_problems`` refuses.
-    """
+    (fewer entries than requested: duplicates an engine merged; one whose probability underflows to 0 is absent);
+    ``vocab_size``: V of the target. ``point``: ``"geometric"`` or ``"midpoint"`` (module docstring). Raises
+    ``TopkInputError`` for the first position ``topk_problems`` refuses."""
     if point not in POINT_ESTIMATES:
         raise ValueError(f"point must be one of {POINT_ESTIMATES}; got {point!r}")
     vocab_size = int(vocab_size)
@@ -154,18 +123,15 @@ def topk_entropy(logprobs, vocab_size: int, *, point: str = "geometric") -> Topk
     if problems:
         raise TopkInputError(*problems[0])
     present = _present(array)
-    lp = np.where(present, np.minimum(array, 0.0), -np.inf)
-    lp = -np.sort(-lp, axis=1)  # descending; absent entries last
+    lp = -np.sort(-np.where(present, np.minimum(array, 0.0), -np.inf), axis=1)  # descending; absent entries last
     p = np.exp(lp)
     k = present.sum(axis=1)
-    rows = np.arange(len(lp))
-    pk = p[rows, k - 1]
+    pk = p[np.arange(len(lp)), k - 1]
     h_top = _neg_xlogx(p).sum(axis=1)
     tail = np.maximum(1.0 - p.sum(axis=1), 0.0)
     m = (vocab_size - k).astype(np.float64)
     tail = np.minimum(tail, m * pk)  # k = V: the list is the distribution; a tail beyond FIT_TOLERANCE is refused
-    n = np.floor(tail / pk * (1 + 1e-12))  # tokens at p_k when the tail is packed (1e-12: T an exact multiple)
-    n = np.minimum(n, m)
+    n = np.minimum(np.floor(tail / pk * (1 + 1e-12)), m)  # tokens at p_k in the packed tail (1e-12: T = n p_k)
     rest = np.maximum(tail - n * pk, 0.0)
     lower = h_top + n * _neg_xlogx(pk) + _neg_xlogx(rest)
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -186,9 +152,8 @@ def topk_entropy(logprobs, vocab_size: int, *, point: str = "geometric") -> Topk
 
 
 def topk_logprobs_from_logits(logits, k: int) -> np.ndarray:
-    """The top ``k`` log-probabilities (fp32 log-softmax over the full vocabulary, best first) of each row of
-    ``logits`` ``[rows, V]``: what an engine asked for ``top_logprobs = k`` returns, for measuring the estimator on
-    runs whose exact entropy is known."""
+    """The top ``k`` log-probabilities (fp32 log-softmax, best first) of each row of ``logits`` ``[rows, V]``: what
+    an engine asked for ``top_logprobs = k`` returns, to measure the estimator where the exact entropy is known."""
     array = np.asarray(logits, dtype=np.float32)
     if array.ndim != 2 or not 1 <= k <= array.shape[1]:
         raise ValueError(f"logits must be [rows, V] with 1 <= k <= V; got shape {array.shape} and k = {k}")
@@ -199,10 +164,8 @@ def topk_logprobs_from_logits(logits, k: int) -> np.ndarray:
 
 
 def entropy_or_bound(tokens, column: str = "target_entropy_estimate_nats"):
-    """A tokens DataFrame whose ``target_entropy_nats`` is, where null, filled from ``column`` (the point estimate
-    by default; ``target_entropy_lower_nats`` / ``target_entropy_upper_nats`` for a sensitivity fit): what the law
-    fits as the entropy. Rows with an exact entropy keep it; ``tokens`` itself is not changed (a copy is returned
-    when anything is filled)."""
+    """``tokens`` with a null ``target_entropy_nats`` filled from ``column`` (the point estimate by default; a
+    bound for a sensitivity fit): what the law fits as the entropy. Exact rows are kept; a copy where filled."""
     if column not in tokens.columns or "target_entropy_nats" not in tokens.columns:
         return tokens
     exact, bound = tokens["target_entropy_nats"], tokens[column]
@@ -223,5 +186,6 @@ def pad_topk(rows) -> np.ndarray:
     return out
 
 
-__all__ = ["FIT_TOLERANCE", "LOGPROB_TOLERANCE", "entropy_or_bound", "POINT_ESTIMATES", "RENORMALISED_TAIL", "SUM_TOLERANCE", "TopkEntropy",
-           "TopkInputError", "pad_topk", "topk_entropy", "topk_logprobs_from_logits", "topk_problems"]
+__all__ = ["FIT_TOLERANCE", "LOGPROB_TOLERANCE", "entropy_or_bound", "POINT_ESTIMATES", "RENORMALISED_TAIL",
+           "SUM_TOLERANCE", "TopkEntropy", "TopkInputError", "pad_topk", "topk_entropy", "topk_logprobs_from_logits",
+           "topk_problems"]
