@@ -384,6 +384,21 @@ class DraftingPays(Result):
     def title(self) -> str:
         return f"when drafting pays: {self.cost.drafter_id} ({self.law.family.name}, decode speedup)"
 
+    def plot(self, ax=None):
+        import matplotlib.pyplot as plt
+
+        if ax is None:
+            _, ax = plt.subplots(figsize=(5, 3.5))
+        rows = self.summary.loc[self.summary.index.str.startswith("speedup[H=")]
+        h = rows.index.str.extract(r"H=([0-9.e-]+)")[0].astype(float).to_numpy()
+        ax.plot(h, rows["estimate"], marker="o")
+        ax.fill_between(h, rows["ci_low"], rows["ci_high"], alpha=0.3)
+        ax.axhline(1.0, color="k", lw=0.8)
+        ax.set_xscale("log")
+        ax.set_xlabel("target entropy H (nats)")
+        ax.set_ylabel("predicted decode speedup")
+        return ax
+
 
 def _statistics(law, cost, entropies, shapes, label) -> dict:
     out = {f"speedup[H={h:g}]": s for h, s in zip(entropies, speedup_at_entropy(law, cost, entropies))}
