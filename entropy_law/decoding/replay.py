@@ -216,6 +216,10 @@ class OracleResult:
     accepted: list[int] = field(default_factory=list)  # drafts accepted by each decode round
 
     @property
+    def tokens_per_round(self) -> float:
+        return sum(self.committed) / len(self.committed) if self.committed else float("nan")
+
+    @property
     def modelled_speedup(self) -> float:
         """Committed tokens per unit of modelled cost: the rate over AR (1 token per one-token forward)."""
         return sum(self.committed) / sum(self.cost) if self.cost else float("nan")
