@@ -1,35 +1,14 @@
 """When drafting pays on a workload: the break-even on the scale of a request's mean target entropy.
 
-The constant-entropy break-even (``cost.breakeven_entropy``) prices a sequence in which every position has entropy H.
-Real requests mix long low-entropy stretches with short high-entropy ones, and at the same mean entropy they accept far
-shorter blocks than a sequence at that entropy everywhere (``docs/law.md`` shows how far). So the constant-H break-even is not the entropy where a workload's
-measured per-request speedups cross 1, and the two should not be compared.
+Each request is priced on its own entropy sequence h_0..h_{T-1}, not at a constant entropy (``cost.breakeven_entropy``
+answers that other question; the two must not be compared). With P(D | t) from the arm's rounds, n(D) its mean draft
+nodes at depth D and P(tau = k | t) from the law, the DP gives expected rounds R, draft nodes M and drafting rounds G:
 
-Here each request is priced on its own entropy sequence h_0..h_{T-1}. Decoding starts after the prefill's
-token (position 0, as the measured speedups count it). With P(D | t) the probability that a round starting at
-t drafts D tokens (``transfer.TrainingDepthModel``, fitted on the arm's own rounds; by the entropy at t and, where
-both the arm's runs and the workload hold it, the context's copyability before t), P(tau = k | t) from the
-law (``blocks.tau_distribution``), and n(D) the mean draft nodes of the arm's rounds that drafted D tokens:
+    R(t) = 1 + sum_k P(tau = k | t) R(t + k + 1),  M(t) = sum_D P(D | t) n(D) + sum_k P(tau = k | t) M(t + k + 1)
 
-    R(t) = 1 + sum_k P(tau = k | t) R(t + k + 1)                      (expected rounds)
-    M(t) = sum_D P(D | t) n(D) + sum_k P(tau = k | t) M(t + k + 1)     (expected draft nodes verified)
-    G(t) = P(D > 0 | t) + sum_k P(tau = k | t) G(t + k + 1)             (expected drafting rounds)
-
-and, as the cost model is linear in the nodes (a drafting round costs draft + overhead + v0 + v1 N, one that
-drafted nothing its own measured draft + overhead + v0: ``cost.CostModel.no_draft_ms``),
-E[decode cost] = v0 R(1) + (draft + overhead) G(1) + no_draft (R(1) - G(1)) + v1 M(1), and the predicted
-speedup of the request is (T - 1) t_AR / E[decode cost].
-
-The workload break-even is where the token-weighted least-squares line of log(predicted speedup) on the
-request's mean entropy crosses 0; the measured crossing is the same line through the measured per-request
-speedups (``TraceAnalysis.request_speedups``), so the two are on one scale and from one estimator. Both come
-with request-bootstrap intervals from the same replicates: each replicate draws one Poisson weight per request
-id (the AR run's prompts take the same weights), refits the cost model and t_AR with them, draws one set of the
-law's coefficients from their cluster-robust normal approximation (``predict.parameter_draws``: the law's
-uncertainty without refitting it per replicate) and refits both lines. Not resampled: the drafted-depth model
-and n(D) (in-sample, from the arm's rounds).
-
-Not known here: prefill (decode speedup only), a workload whose entropy sequences are not recorded. No torch.
+(G as M with P(D > 0 | t)); E[decode cost] = v0 R + (draft + overhead) G + no_draft (R - G) + v1 M, and the predicted
+speedup is (T - 1) t_AR / E[cost]. The break-even, its measured twin and their request-bootstrap intervals:
+``docs/law.md``, "When drafting pays on a workload". Not known here: prefill (decode speedup only). No torch.
 """
 
 from __future__ import annotations
