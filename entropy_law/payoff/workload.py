@@ -177,8 +177,7 @@ class WorkloadBreakeven(Result):
 
 
 def _tau_by_draw(acceptance: np.ndarray, shape: tuple, probs: np.ndarray) -> np.ndarray:
-    """``[K, T, W]`` P(tau = k | t) for the K columns of ``acceptance`` (``sequence_frame`` rows x draws), in one
-    ``tau_distribution`` call: its rows (round starts) are independent, so the K draws are stacked along them."""
+    """``[K, T, W]`` P(tau = k | t) for the K columns of ``acceptance``, the draws stacked in one call."""
     dims, flat = shape
     k = acceptance.shape[1]
     if flat is None:  # [T, D] per draw
@@ -194,20 +193,17 @@ def _tau_by_draw(acceptance: np.ndarray, shape: tuple, probs: np.ndarray) -> np.
 
 
 def _nodes_by_depth(traces, drafted: pd.DataFrame, drafts: int) -> np.ndarray:
-    """n(D), D = 0..drafts: the mean draft nodes of the drafter's rounds whose drafted depth is D (0 for D = 0;
-    the mean over every drafting round where no round drafted D)."""
+    """n(D), D = 0..drafts: mean draft nodes of the rounds that drafted D (0 at D = 0; the overall mean if none)."""
     rounds = traces.rounds[["run_id", "request_id", "round_index", "tree_nodes"]]
     joined = drafted.merge(rounds, on=["run_id", "request_id", "round_index"], how="inner")
     drafting = joined.loc[joined["drafted_depth"] > 0]
     fill = float(drafting["tree_nodes"].mean()) if len(drafting) else 0.0
     per_depth = drafting.groupby("drafted_depth")["tree_nodes"].mean()
-    out = np.array([0.0] + [float(per_depth.get(d, fill)) for d in range(1, drafts + 1)])
-    return out
+    return np.array([0.0] + [float(per_depth.get(d, fill)) for d in range(1, drafts + 1)])
 
 
 def _law_draws(law: FittedLaw, n_boot: int, seed: int) -> np.ndarray:
-    """``[1 + n_boot, parameters]``: row 0 the law's estimate, then draws from its cluster-robust normal
-    approximation (``predict.parameter_draws``)."""
+    """``[1 + n_boot, parameters]``: row 0 the law's estimate, then ``predict.parameter_draws``."""
     draws = parameter_draws(law, n_boot, seed) if n_boot else np.empty((0, len(law.result.params)))
     return np.vstack([np.asarray(law.result.params, dtype=float)[None, :], draws])
 
@@ -216,13 +212,9 @@ def _price_sequences(law: FittedLaw, entropies, drafts: int, depth_model: Traini
                      n_of_depth: np.ndarray, thetas: np.ndarray, replayed: list | None = None,
                      contexts: list | None = None,
                      copyability: list | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The module doc's DP over each entropy sequence, for each row of ``thetas``: ``[requests, K]`` arrays of
-    expected rounds, draft nodes verified and drafting rounds. ``replayed``: per sequence ``(depth probabilities,
-    top-1 probabilities)`` of the drafter's replayed proposals (``transfer.replayed_arrays``) instead of
-    ``depth_model``; the top-1 probabilities enter a law in them (``needs_draft_stats``). ``contexts``: per sequence
-    the per-position arrays a law reads besides the entropy (``transfer.sequence_context``: the copyability, the
-    target's top-1 probability; ``LawFamily.position_columns``); ``copyability``:
-    per sequence its copyability array or None, for ``depth_model``'s copyability levels."""
+    """The module doc's DP per sequence and row of ``thetas``: ``[requests, K]`` expected rounds, nodes, drafting
+    rounds. Per sequence: ``replayed`` (``transfer.replayed_arrays``, replaces ``depth_model``), ``contexts``
+    (``transfer.sequence_context``), ``copyability`` (for ``depth_model``)."""
     rounds_k, nodes_k, drafting_k = [], [], []
     for i, h in enumerate(entropies):
         h = np.asarray(h, dtype=float)
@@ -241,11 +233,8 @@ def _price_sequences(law: FittedLaw, entropies, drafts: int, depth_model: Traini
 
 def _priced_requests(traces, drafter: str, law: FittedLaw, arm_seqs: pd.DataFrame, seqs: pd.DataFrame, drafts: int,
                      proposals: pd.DataFrame | None, n_boot: int, seed: int):
-    """The DP's inputs and outputs for the requests ``seqs``: n(D) and the drafted-depth model from the arm's rounds
-    (its requests ``arm_seqs``), the law's coefficient draws, the replayed proposals' arrays (None without
-    ``proposals``), the ``[requests, 1 + n_boot]`` expected (rounds, nodes, drafting rounds: column 0 the law's
-    estimate, then one column per coefficient draw), per request the tokens decoded after the prefill and the
-    mean entropy, and where the drafted depths came from (``_depth_source``, for the notes)."""
+    """n(D), replayed arrays, the ``[requests, 1 + n_boot]`` DP results, tokens, mean entropies and the depth
+    source's note for ``seqs``, the depth model fitted on the arm's requests ``arm_seqs``."""
     depth_rows = with_start_entropy(drafted_depths(traces, drafter), arm_seqs)
     depth_model = TrainingDepthModel.fit(depth_rows, drafts)
     n_of_depth = _nodes_by_depth(traces, depth_rows, drafts)
@@ -266,9 +255,7 @@ def _priced_requests(traces, drafter: str, law: FittedLaw, arm_seqs: pd.DataFram
 
 
 def _depth_source(depth_model: TrainingDepthModel, copyability: list) -> str:
-    """The notes' words for where a DP's drafted depths came from: the arm's rounds by the entropy at a round's
-    start and, where both the arm's runs and the workload's requests hold it, by the context's copyability there;
-    says which side lacks it (a prompt-lookup drafter drafts by the copyability, so entropy alone misses it)."""
+    """The notes' words for where the drafted depths came from, and which side lacks the copyability."""
     known = sum(c is not None for c in copyability)
     hint = ("record with the prompts' token ids, or attach it from the prompts: entropy-law predict --context-match, "
             "jobs.reference.attach_context_matches")
@@ -283,9 +270,8 @@ def _depth_source(depth_model: TrainingDepthModel, copyability: list) -> str:
 
 def _reweighted_costs(traces, drafter: str, ids, ar_table, ar_ms_per_token, clock: str, replicates: int, rng,
                       weight_sets=None):
-    """Per bootstrap replicate j = 1..``replicates``: (j, Poisson weights of ``ids`` (the arm's and the AR
-    requests), the cost model and t_AR refitted with them, or None where the refit fails); ``weight_sets``: these
-    weights (by request id) instead."""
+    """Per replicate j: (j, Poisson weights of ``ids`` or the next of ``weight_sets``, the refitted cost model or
+    None)."""
     sets = weight_sets if weight_sets is not None else (poisson_weights(ids, rng) for _ in range(replicates))
     for j, weights in enumerate(sets, start=1):
         try:
@@ -482,8 +468,7 @@ def _priced_workload(traces, drafter: str, law, rounds: pd.DataFrame, proposals,
 
 
 def _with_measured(requests: pd.DataFrame, measured: pd.DataFrame | None, tokens: np.ndarray):
-    """Adds ``measured_speedup`` to ``requests`` (in place); returns ``(speedups, weights)`` of the measured line,
-    ``(None, None)`` where none is measured."""
+    """Adds ``measured_speedup`` to ``requests``; returns the measured line's ``(speedups, weights)`` or Nones."""
     m_speed = m_weight = None
     if measured is not None:
         need = {"run_id", "request_id", "speedup"} - set(measured.columns)
@@ -502,8 +487,7 @@ def _with_measured(requests: pd.DataFrame, measured: pd.DataFrame | None, tokens
 
 
 def _line_statistics(priced: _PricedWorkload, c: CostModel, j: int, w: np.ndarray, m_speed, m_weight) -> dict:
-    """The predicted line's crossing, slope, intercept and share of paying requests with cost model ``c``, law draw
-    ``j`` and request weights ``w``; the measured line's too where speedups were measured."""
+    """Crossing, slope, intercept and share paying of the predicted (and measured) line at ``c``, ``j``, ``w``."""
     tokens, mean_h = priced.tokens, priced.mean_h
     s = priced.speedups(c, j)
     out = {}
@@ -523,9 +507,7 @@ def _line_statistics(priced: _PricedWorkload, c: CostModel, j: int, w: np.ndarra
 
 def _breakeven_replicates(traces, drafter: str, priced: _PricedWorkload, groups, ids: np.ndarray, ar_table,
                           ar_ms_per_token, clock: str, m_speed, m_weight, seed: int):
-    """``(line statistics, category speedups, the same at the law's estimate, failures)`` of each bootstrap
-    replicate: Poisson request weights, the cost model refitted on them (``_reweighted_costs``), one draw of the
-    law's coefficients."""
+    """Per replicate: line statistics, category speedups, the same at the law's estimate; and the failures."""
     rng = np.random.default_rng(seed)
     reps, category_reps, cost_only, failed = [], [], [], 0
     all_ids = list(ids) + ([] if ar_table is None else list(ar_table["request_id"]))
@@ -658,13 +640,9 @@ def category_summary(groups, estimate: list[float], reps: list[list[float]], tok
 def _priced_summary(traces, drafter: str, cost: CostModel, ar_table, ar_ms_per_token, arm_ids, seqs: pd.DataFrame,
                     tokens: np.ndarray, mean_h: np.ndarray, rounds_k: np.ndarray, nodes_k: np.ndarray,
                     drafting_k: np.ndarray, transfer_error: float, seed: int, level: float, skipped=0.0):
-    """A workload's verdicts from its requests' expected rounds, draft nodes and drafting rounds (``[requests, K]``:
-    column 0 the estimate, column j the j-th replicate's): per category of ``seqs`` (and ``all``) the speedup
-    (its tokens x t_AR over its summed expected decode cost), its ``level`` interval over K - 1 replicates of
-    the cost model and t_AR refitted with Poisson weights of ``arm_ids``, that interval widened by
-    ``transfer_error`` and the verdict; the same per request. ``skipped``: per request, its rounds in which a law
-    policy did not call the drafter (known counts, ``decode_cost_ms``). The interval also carries the cost model's
-    run-to-run spread (``cost_spread``). Returns (summary, requests, (replicates, failed, the spread's note))."""
+    """Per category (``category_summary``) and per request, the speedup from ``[requests, K]`` DP results (column 0
+    the estimate), with cost-model replicates and ``cost_spread``. ``skipped``: see ``decode_cost_ms``. Returns
+    (summary, requests, (replicates, failed, the spread's note))."""
     groups = category_groups(seqs)
 
     def speedups_at(c: CostModel, j: int) -> list[float]:
