@@ -287,16 +287,12 @@ COST_BLOCKS, MIN_BLOCK_REQUESTS = 4, 2  # consecutive blocks of the arm's reques
 
 def cost_spread(traces, drafter: str, price, boot, *, ar_table=None, ar_ms_per_token=None, clock: str = "auto",
                 blocks: int = COST_BLOCKS) -> tuple[np.ndarray, str]:
-    """The cost model's run-to-run spread, measured inside one run (docs/demo.md): per predicted speedup of
-    ``price(cost)`` (a list, e.g. per category) the SD on the log scale it adds to the bootstrap's interval.
-
-    The arm's requests, in recording order, are cut into ``blocks`` consecutive blocks, each timed under whatever
-    the machine did then; the cost model and t_AR refitted on each block alone price the same rounds. Their
-    between-block variance s2 of the log speedup holds each block's sampling noise, about ``blocks`` x the whole
-    run's (``boot``: [replicates, entries] bootstrap speedups priced with the cost model alone), which the interval
-    already carries: tau2 = max(s2 - blocks x var(log boot), 0) is kept whole, as another run may sit wholly in one
-    block's conditions. Returns (tau per entry, a note); NaN (no widening; the note says why) with fewer than
-    ``MIN_BLOCK_REQUESTS`` requests per block or 2 replicates, or where a block cannot be fitted."""
+    """The cost model's run-to-run spread, measured inside one run (method: docs/demo.md): per predicted speedup of
+    ``price(cost)`` (a list, e.g. per category) the SD on the log scale it adds to the bootstrap's interval, from the
+    cost model refitted on ``blocks`` consecutive blocks of the arm's requests, less their sampling noise (``boot``:
+    [replicates, entries] bootstrap speedups priced with the cost model alone). Returns (tau per entry, a note); NaN
+    (no widening; the note says why) with fewer than ``MIN_BLOCK_REQUESTS`` requests per block or 2 replicates, or
+    where a block cannot be fitted."""
     ids = pd.unique(single_drafter(traces, drafter)[1]["request_id"])
     why = (f"{len(ids)} requests, fewer than {blocks} blocks of {MIN_BLOCK_REQUESTS}"
            if len(ids) < blocks * MIN_BLOCK_REQUESTS else "fewer than 2 bootstrap replicates" if len(boot) < 2 else "")
@@ -315,8 +311,8 @@ def cost_spread(traces, drafter: str, price, boot, *, ar_table=None, ar_ms_per_t
 
 
 def _widened(estimate: float, low: float, high: float, extra: float) -> tuple[float, float]:
-    """``[low, high]`` with each side's log distance d from ``estimate`` made sqrt(d2 + extra2) (independent terms:
-    variances add); unchanged where ``extra`` is 0 or NaN."""
+    """``[low, high]`` with each side's log distance d from ``estimate`` made sqrt(d2 + extra2); unchanged where
+    ``extra`` is 0 or NaN."""
     if not (extra > 0 and estimate > 0):
         return low, high
     e = np.log(estimate)
@@ -376,13 +372,9 @@ def workload_breakeven(
     here). ``ar_ms_per_token`` / ``ar_requests`` / ``clock``: the AR cost, as ``cost.when_drafting_pays``.
     ``measured``: per request ``run_id``, ``request_id``, ``speedup`` (and ``decoded``, the tokens it weighs
     with; default the predicted side's), e.g. ``TraceAnalysis.request_speedups``; their crossing is then computed
-    with the same estimator and the same bootstrap weights.
-
-    ``proposals``: the drafter's replayed proposal at every output position of the arm's requests
-    (``traces.proposals`` rows keyed by their ``run_id`` and ``request_id``, e.g. ``proposals.parquet`` beside the
-    arm's run.json): the drafted depths are then those instead of the in-sample depth model's, and a law in the
-    drafter's confidence (``law_exp_obs_ceil_drafttop``, fitted on traces that recorded it) can be used. Steps:
-    ``_priced_workload``, ``_with_measured``, ``_line_statistics`` on the estimate and ``_breakeven_replicates``."""
+    with the same estimator and the same bootstrap weights. ``proposals``: the drafter's replayed proposal at every
+    output position of the arm's requests (``traces.proposals`` rows): the drafted depths are then those instead of
+    the in-sample depth model's, and a law in the drafter's confidence (``law_exp_obs_ceil_drafttop``) can be used."""
     fam = _one_drafter_family(family if law is None else law.family.name, proposals, "arm's")
     drafter, rounds = single_drafter(traces, drafter)
     cost, ar_table = priced_cost_model(traces, drafter=drafter, ar_ms_per_token=ar_ms_per_token,
@@ -715,23 +707,13 @@ def predict_workload(
     ``transfer.sequences_of``), e.g. from an AR run of the workload (greedy decoding is lossless, so the drafter
     would decode the same tokens with the same entropies).
 
-    Each request is priced as in ``workload_breakeven`` (module doc): the law's DP over its entropy sequence,
-    drafted depths from the arm's rounds (``TrainingDepthModel``: entropy-binned, fitted on the arm's own
-    categories; also by the context's copyability at a round's start where both the arm's runs and the workload's
-    requests hold the tokens column ``context_match``, said in the notes), nodes per drafted depth and the cost model from the arm. A category's speedup is its tokens
-    times t_AR over its summed expected decode cost. The interval (``level``) comes from ``n_boot`` replicates,
-    each drawing Poisson weights for the arm's requests and the AR requests (refitting the cost model and t_AR)
-    and one set of the law's coefficients; the workload's requests are not resampled (the prediction is for
-    these requests). It does not hold the law's error on a category it was not fitted on: ``transfer_error``
-    (e.g. the largest LOCO |relative error| of tokens per round on the arm's own categories,
-    ``TraceAnalysis.loco``) widens it multiplicatively for the verdict (``low``, ``high``); NaN: not measured,
-    and the verdict rests on the interval alone (said in the notes).
-
+    Each request is priced as in ``workload_breakeven`` (method: ``docs/law.md``, "A workload no drafter has
+    decoded"); the interval (``level``, ``n_boot`` replicates) resamples the arm's and the AR requests, not the
+    workload's. ``transfer_error`` (e.g. the largest LOCO |relative error| of tokens per round, ``TraceAnalysis.loco``)
+    widens it multiplicatively for the verdict (``low``, ``high``); NaN: not measured (said in the notes).
     ``proposals``: the drafter's replayed proposal at every output position of the workload's requests
-    (``traces.proposals`` rows keyed by the workload's ``run_id`` and ``request_id``: the depth it drafts there
-    and its top-1 probabilities, a function of the context only, e.g. ``decoding.replay.replay_proposals`` over
-    the AR output): the drafted depths are then those, not the depth model's, and a law in the drafter's
-    confidence (``law_exp_obs_ceil_drafttop``) can be used."""
+    (``traces.proposals`` rows, e.g. ``decoding.replay.replay_proposals`` over the AR output): the drafted depths
+    are then those, and a law in the drafter's confidence (``law_exp_obs_ceil_drafttop``) can be used."""
     fam = _one_drafter_family(family if law is None else law.family.name, proposals, "workload's")
     need = {"run_id", "request_id", "category", "entropy"} - set(getattr(sequences, "columns", ()))
     if need:
