@@ -1,9 +1,7 @@
 """A summary of one trace set: tables and figures as a self-contained HTML page or Markdown with PNGs.
 
-What a report shows (runs; per arm and category the measured and predicted quantities; the fitted law with
-intervals and the requests they rest on; transfer, comparison, universality; the gallery's figures) and how it
-is formatted. An analysis that cannot run on the given traces is listed with the reason instead of failing
-the report. The statistics live in ``entropy_law.analysis`` and the rooms under it.
+An analysis that cannot run on the given traces is listed with the reason instead of failing the report. The
+statistics live in ``entropy_law.analysis`` and the rooms under it; this module formats them.
 """
 
 from __future__ import annotations
@@ -59,9 +57,8 @@ def markdown_table(frame: pd.DataFrame, *, digits: int = 3, index: bool = False)
 
 
 def speedup_text(speedup, lo, hi, requests, verdict, apart: bool = False):
-    """A measured speedup as summary.txt and the report show it, by the screen's rule (``category_verdict``): the
-    number with its interval where that rule gives a verdict, else "not measured (N requests)" or "above the
-    physical bound (x): not a result"; ``apart``: the arm was timed apart from its AR run. NaN stays NaN."""
+    """A measured speedup with its interval where ``category_verdict`` gives a verdict, else why not (``apart``:
+    timed apart from its AR run). NaN stays NaN."""
     if not np.isfinite(speedup) or verdict == "the reference":
         return speedup
     if apart:
@@ -106,8 +103,7 @@ def category_verdict(requests: int, low: float, high: float, *, above_bound: boo
 
 
 def _verdict_interval(row, category_requests: float) -> tuple[str, float, float, float, float]:
-    """(source, requests, point, low, high) a category's verdict rests on: the paired measurement where there is
-    one, else the workload prediction (``workload_*``) over the category's requests."""
+    """(source, requests, point, low, high) of a category's verdict: measured where paired, else predicted."""
     def number(value):
         return float(value) if value is not None and value == value else np.nan
 
@@ -155,16 +151,14 @@ def answer_frame(analysis: TraceAnalysis, measured: pd.DataFrame | None = None) 
 
 
 def cpu_share(traces, threads: int = 1) -> float | None:
-    """The median over requests of the CPU time decoding got over the wall time of its rounds
-    (``payoff.cost.cpu_wall_factors``), per thread: near 1 on a quiet machine, lower where other work took the
-    cores. ``None`` where the traces hold no CPU timings."""
+    """Median over requests of decoding's CPU over wall time per thread (``cost.cpu_wall_factors``): near 1 on a
+    quiet machine. ``None`` where the traces hold no CPU timings."""
     factors = cpu_wall_factors(traces.rounds, traces.requests)
     return None if factors is None else float(np.median(factors["factor"])) / max(int(threads), 1)
 
 
 def load_note(share: float | None, threads: int = 1) -> str | None:
-    """A line of the screen (at most 100 columns) saying the machine was loaded while decoding (``share`` below
-    ``MIN_CPU_SHARE``), else ``None``."""
+    """A screen line saying the machine was loaded (``share`` below ``MIN_CPU_SHARE``), else ``None``."""
     if share is None or share >= MIN_CPU_SHARE:
         return None
     return (f"Machine loaded: decoding got {share:.0%} of {threads} thread(s)' time (below {MIN_CPU_SHARE:.0%}): no "
@@ -173,10 +167,8 @@ def load_note(share: float | None, threads: int = 1) -> str | None:
 
 def verdict_lines(analysis: TraceAnalysis, measured: pd.DataFrame | None = None, *,
                   loaded: str | None = None) -> list[str]:
-    """The short answer on one screen: per drafting arm, one line per category with its verdict, speedup over AR,
-    interval, source and requests (``answer_frame``), under a title with the largest cost run-to-run spread the
-    predicted intervals carry (``payoff.workload.cost_spread``); ``loaded`` (``load_note``): said under the title,
-    and no category gets a verdict (``LOADED``)."""
+    """The short answer on one screen: per drafting arm and category its verdict, speedup, interval, source and
+    requests (``answer_frame``); ``loaded`` (``load_note``): said under the title, and no verdict (``LOADED``)."""
     frame = answer_frame(analysis, measured)
     if frame.empty:
         return ["When drafting pays: no drafting arm could be measured or predicted (see summary.txt)"]
@@ -513,8 +505,7 @@ def _sections(analysis: TraceAnalysis):
 
 def write_report(traces, out_dir, *, fmt: str = "html", analysis: TraceAnalysis | None = None, source: str = "",
                  progress: bool = False, figure_formats=("png", "pdf"), **analysis_options) -> Path:
-    """Write the report of ``traces`` into ``out_dir`` (``_write_page``; figures also under
-    ``out_dir/figures``); returns its path."""
+    """Write the report of ``traces`` into ``out_dir`` (figures also under ``out_dir/figures``); returns its path."""
     from entropy_law.plots.gallery import FIGURES, make_figures
 
     if fmt not in ("html", "md", "markdown"):
@@ -531,9 +522,7 @@ def write_report(traces, out_dir, *, fmt: str = "html", analysis: TraceAnalysis 
 
 
 def _write_page(out_dir: Path, fmt: str, title: str, header: str, sections, figures) -> Path:
-    """``report.html`` (figures embedded) or ``report.md`` (PNGs beside it) in ``out_dir``: ``title``, a line
-    "generated <time>; ``header``", ``sections`` ((name, DataFrame or lines)) and ``figures`` ((title, name,
-    paths))."""
+    """``report.html`` (figures embedded) or ``report.md`` (PNGs beside it) in ``out_dir``."""
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     out_dir.mkdir(parents=True, exist_ok=True)
     if fmt == "html":
@@ -588,8 +577,7 @@ NOT_OUT_OF_CORE = ("not in an out-of-core report, because they need the rows in 
 
 
 def out_of_core_law_frame(laws: dict) -> pd.DataFrame:
-    """Per arm of ``laws`` (``FittedLaw``, or the text of its failure): family, k and lambda at depth 1 with 95%
-    intervals, trials and requests."""
+    """Per arm of ``laws`` (``FittedLaw`` or its failure's text): family, k, lambda at depth 1, trials, requests."""
     rows = []
     for arm, law in laws.items():
         if isinstance(law, str):
@@ -625,13 +613,9 @@ def write_report_out_of_core(traces, out_dir, *, fmt: str = "html", family: str 
                              figure_formats=("png", "pdf"), threads: int | None = None,
                              memory_limit: str | None = None, temp_directory: str | None = None) -> Path:
     """The report of runs larger than memory, from every row without holding the rows (DuckDB over groups of
-    shards; ``threads``, ``memory_limit``, ``temp_directory``: its settings).
-
-    Per arm and category the summaries of ``outofcore.report_summaries_sql``; the law ``family`` (default
-    ``PRIMARY_FAMILY``, else ``PRIMARY_FALLBACK`` where it cannot fit, noted) fitted per arm by
-    ``fit_law_out_of_core``; the depth-1 acceptance per entropy bin with each law; notes, and what an
-    out-of-core report leaves out (``NOT_OUT_OF_CORE``). ``traces``: a run directory, a folder of runs or a
-    ``TraceSet``."""
+    shards; ``threads``, ``memory_limit``, ``temp_directory``: its settings). ``traces``: a run directory, a folder
+    of runs or a ``TraceSet``; ``family``: default ``PRIMARY_FAMILY``, else ``PRIMARY_FALLBACK`` (noted). What it
+    leaves out: ``NOT_OUT_OF_CORE``. Returns the page's path."""
     from entropy_law.law.fit import PRIMARY_FALLBACK, PRIMARY_FAMILY
     from entropy_law.outofcore import fit_law_out_of_core, report_summaries_sql
 
@@ -709,9 +693,8 @@ def _out_of_core_figure(curve: pd.DataFrame, drafting: list, laws: dict, out_dir
 
 
 def terminal_summary(analysis: TraceAnalysis, measured: pd.DataFrame | None = None, *, loaded: bool = False) -> str:
-    """The demo's closing summary: where drafting pays; per category mean entropy, tokens per round and speedup
-    per arm (``measured``: ``jobs.speed.paired_speedups`` rows, else the traces' own; ``speedup_text``); the
-    fitted law with intervals."""
+    """The demo's closing summary: where drafting pays, per arm and category the mean entropy, tokens per round and
+    speedup (``measured``: ``jobs.speed.paired_speedups`` rows, else the traces' own), the fitted law."""
     table = analysis.results_table()
     speeds = analysis.attempt("measured_speedups")
     cells = measured if measured is not None else speeds.value if speeds.ok else None
