@@ -1,8 +1,7 @@
 """The main job end to end: decode a Spec-Bench subset with every arm, record traces, fit the law, report.
 
-One trace run per arm under ``<out>/<run-id>/traces/`` (``jobs.record.record_arms``), every output checked equal
-across arms (a mismatch is reported), then ``TraceAnalysis`` and ``write_report`` into ``<out>/<run-id>/``, the
-answer (``jobs.report.verdict_lines``, speedups by ``jobs.speed``) and the detail in ``summary.txt``.
+Traces under ``<out>/<run-id>/traces/``, every output checked equal across arms (a mismatch is reported); the report,
+``summary.txt`` (the detail) and ``demo.json`` beside them; the answer is ``jobs.report.verdict_lines``.
 """
 
 from __future__ import annotations
@@ -48,10 +47,6 @@ def _measured_speedups(recorded, specs, analysis, seed: int):
     arm_of_run = dict(zip(analysis.runs["run_id"].astype(str), analysis.runs["arm"].astype(str)))
     label = {spec.name: arm_of_run.get(str(recorded[spec.name].run_id), spec.name) for spec in specs}
     return speed.assign(arm=speed["arm"].map(label))
-
-
-def new_run_id() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
 
 
 def demo_limits(max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS) -> Limits:
@@ -109,12 +104,11 @@ def run_demo(plan: DemoPlan, *, progress: bool = True, log: Callable[[str], None
         log(m)
     if not any(s.drafts for s in specs):
         raise ValueError(f"no drafting arm left to run among {list(plan.arms)}")
-    run_id = plan.run_id or new_run_id()
+    run_id = plan.run_id or _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
     run_dir = Path(plan.out) / run_id
     trace_dir = run_dir / "traces"
     if run_dir.exists() and any(run_dir.iterdir()):
         raise ValueError(f"{run_dir} exists and is not empty; pick another --out or run id")
-    timings = {}
     t_start = time.perf_counter()
 
     # per prompt every arm in turn, after a short unrecorded warm-up (first forwards allocate and tune kernels)
@@ -124,8 +118,7 @@ def run_demo(plan: DemoPlan, *, progress: bool = True, log: Callable[[str], None
         run_metadata=lambda spec: {**(plan.run_metadata or {}), "seed": seed, "replayed": False,
                                    "demo_run_id": run_id, "arm": spec.name})
     recorded = record_arms(record_plan, progress=progress, desc="decode", log=log)
-    timings["setup_s"] = recorded.setup_s
-    timings["decode_s"] = recorded.decode_s
+    timings = {"setup_s": recorded.setup_s, "decode_s": recorded.decode_s}
     model_id = recorded[specs[0].name].metadata["model_id"]
     first = recorded[specs[0].name].outputs
     mismatches = [(spec.name, task.request_id) for task in tasks if task.request_id in first for spec in specs
