@@ -93,10 +93,8 @@ class WorkloadBreakeven(Result):
     cost: CostModel
     family: str
     notes: list = field(default_factory=list)
-    # per category (and "all"), as WorkloadPrediction.summary (category_summary): predicted_speedup (its tokens x
-    # t_AR over its summed predicted decode cost), ci_low / ci_high over the replicates' law draws and refitted costs
-    # (the requests themselves fixed, as predict_workload prices a workload), widened by the cost run-to-run spread
-    # (cost_spread; not by a transfer error) and the verdict on them
+    # per category (and "all"), as WorkloadPrediction.summary (category_summary), the requests fixed and the
+    # interval widened by the cost run-to-run spread only (not by a transfer error)
     categories: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
@@ -140,15 +138,13 @@ class WorkloadBreakeven(Result):
 
     @property
     def _measured_line_ok(self) -> bool:
-        """A measured line exists and rests on at least ``FEW_REQUESTS`` paired requests."""
         s = self.summary
         return "measured_crossing_nats" in s.index and s.loc["measured_crossing_nats", "n_requests"] >= FEW_REQUESTS
 
     @property
     def inside(self) -> bool | None:
         """Whether the measured crossing lies inside the workload break-even's interval (None where either is
-        missing or the measured line rests on fewer than ``FEW_REQUESTS`` paired requests). ``agree`` compares the
-        verdicts in words instead."""
+        missing or the measured line rests on fewer than ``FEW_REQUESTS`` paired requests)."""
         s = self.summary
         if not self._measured_line_ok:
             return None
@@ -161,9 +157,8 @@ class WorkloadBreakeven(Result):
 
     @property
     def agree(self) -> bool | None:
-        """Whether the predicted and the measured verdict say the same on the observed workloads: both place the
-        crossing beyond the highest request mean entropy ("pays on every observed workload"), both below the
-        lowest, or the measured crossing lies inside the predicted interval. None where not measured."""
+        """Whether both verdicts say the same: both crossings beyond the same end of the observed request mean
+        entropies, or the measured one inside the predicted interval. None where not measured."""
         if not self._measured_line_ok:
             return None
         lo_h, hi_h = self.observed_entropy
@@ -333,9 +328,8 @@ def decode_cost_ms(c: CostModel, rounds, drafting, nodes, skipped=0.0):
 
 
 def _one_drafter_family(name: str, proposals, whose: str):
-    """The law family ``name``, refused where a workload price cannot use it: it needs a category or drafter
-    argument, or reads more than the workload information set holds with the drafted depths it gets (the depth
-    model, or the replayed proposals ``whose``: ``law.information.predictor_inputs``)."""
+    """The law family ``name``, refused where it needs a category or drafter argument or reads more than the
+    workload information set holds with the drafted depths it gets (``law.information.predictor_inputs``)."""
     fam = get_family(name)
     if fam.needs_categories or fam.needs_drafters or fam.uses_category:
         raise ValueError(f"{fam.name} needs a category or drafter argument; use a one-drafter, category-free law")
@@ -526,8 +520,7 @@ def _fit(traces, family: str, drafter: str, eps: float) -> FittedLaw:
 
 # the law in the drafter's confidence, for a workload priced with the drafter's replayed proposals
 REPLAYED_FAMILY = "law_exp_obs_ceil_drafttop"
-# the same plus the context's copyability (and the target's top-1 probability): the drafter-aware law by the rule of
-# docs/law.md (bench/law.py categories, section 5), where the workload's and the law's traces hold those columns
+# the same plus the copyability and the target's top-1 probability, where the traces hold them (docs/law.md)
 REPLAYED_COPY_FAMILY = "law_exp_obs_ceil_drafttop_top1_copy"
 REPLAYED_COPY_FALLBACK = "law_exp_obs_ceil_drafttop_copy"  # copyability, but no target top-1 probability
 
@@ -544,6 +537,7 @@ def replayed_family(*token_tables: pd.DataFrame) -> str:
         return REPLAYED_FAMILY
     return REPLAYED_COPY_FAMILY if all(full(t, "target_top1_prob") for t in token_tables) else REPLAYED_COPY_FALLBACK
 
+
 # a predicted verdict, per category of a workload (``WorkloadPrediction``)
 PAYS, DOES_NOT_PAY, UNCLEAR = "pays", "does not pay", "unclear"
 
@@ -552,10 +546,8 @@ PAYS, DOES_NOT_PAY, UNCLEAR = "pays", "does not pay", "unclear"
 class WorkloadPrediction(Result):
     """Will drafting pay on a workload the arm never decoded? Per category of the workload (and ``all``):
     ``requests``, ``tokens`` (decoded after the prefill), ``mean_entropy_nats``, ``predicted_tokens_per_round``,
-    ``predicted_speedup`` with its ``ci_low`` / ``ci_high`` (the law's coefficients and the arm's cost
-    measurements, widened by the cost run-to-run spread ``cost_spread``), ``low`` / ``high`` (that interval widened by ``transfer_error``, the law's error on a category
-    it was not fitted on) and ``verdict``: ``PAYS`` where ``low`` > 1, ``DOES_NOT_PAY`` where ``high`` < 1, else
-    ``UNCLEAR``. ``requests_table``: the same per request."""
+    ``predicted_speedup`` with its ``ci_low`` / ``ci_high`` (widened by ``cost_spread``), ``low`` / ``high`` (also by
+    ``transfer_error``) and ``verdict`` (``predicted_verdict``). ``requests_table``: the same per request."""
 
     drafter_id: str
     summary: pd.DataFrame
@@ -610,9 +602,8 @@ def category_summary(groups, estimate: list[float], reps: list[list[float]], tok
                      rounds: np.ndarray, transfer_error: float, level: float, spread=None) -> pd.DataFrame:
     """Per group of ``category_groups`` (index ``category``): ``requests``, ``tokens``, ``mean_entropy_nats``,
     ``predicted_tokens_per_round``, ``predicted_speedup`` (``estimate``), ``ci_low`` / ``ci_high`` (the ``level``
-    percentile interval of the replicates ``reps``, widened by ``spread``, the ``cost_spread`` per group: NaN not
-    measured), ``low`` / ``high`` (that interval widened by ``transfer_error``; NaN: not widened) and the
-    ``verdict`` on them (``predicted_verdict``)."""
+    percentile interval of ``reps`` widened by ``spread``, ``cost_spread`` per group), ``low`` / ``high`` (also by
+    ``transfer_error``; NaN: not) and the ``verdict`` (``predicted_verdict``)."""
     names = [name for name, _ in groups]
     ci_low, ci_high = percentile_interval(pd.DataFrame(reps, columns=names, dtype=float), level)
     band = 0.0 if np.isnan(transfer_error) else float(transfer_error)
@@ -806,19 +797,15 @@ def price_rounds(
     seed: int = 0,
     level: float = 0.95,
 ) -> WorkloadPrediction:
-    """Predicted decode speedup of ``drafter`` on a workload whose rounds are known: the arm's rounds replayed
-    over the workload's greedy outputs (``jobs.reference.workload_rounds``: a drafter whose proposal depends on
-    the context only decodes the same rounds on the same output, so tokens per round, drafting rounds and draft
-    nodes are those of the arm, with no law in between), priced by the arm's cost model from ``traces``.
+    """Predicted decode speedup of ``drafter`` on a workload whose rounds are known (the arm's rounds replayed over
+    its greedy outputs, ``jobs.reference.workload_rounds``; no law), priced by the arm's cost model from ``traces``.
 
     ``rounds``: one row per request with ``run_id``, ``request_id``, ``category``, ``tokens`` (decoded after the
     prefill), ``rounds`` (verify rounds after the prefill), ``drafting_rounds`` (of them, those that verified a
-    draft) and ``nodes`` (draft nodes verified in all), optionally ``mean_entropy_nats``. The interval comes from
-    ``n_boot`` replicates of the cost model and t_AR (Poisson weights of the arm's and the AR requests, as
-    ``predict_workload``); ``transfer_error`` (the cost model's own relative error, e.g. its largest error on the
-    arm's measured categories given their observed rounds: ``TraceAnalysis.speedup_validation``'s
-    ``cost_only_error``) widens it for the verdict. An optional ``skipped_rounds`` column counts the rounds in
-    which a law policy did not call the drafter (priced without the drafter's time: ``decode_cost_ms``)."""
+    draft) and ``nodes`` (draft nodes verified in all), optionally ``mean_entropy_nats`` and ``skipped_rounds``
+    (a law policy did not call the drafter: ``decode_cost_ms``). The interval: ``n_boot`` replicates of the cost
+    model and t_AR; ``transfer_error`` (the cost model's own relative error, e.g. ``TraceAnalysis.speedup_validation``'s
+    ``cost_only_error``) widens it for the verdict."""
     need = set(ROUND_COUNT_COLUMNS) - set(getattr(rounds, "columns", ()))
     if need:
         raise ValueError(f"rounds needs one row per request with columns {', '.join(ROUND_COUNT_COLUMNS)}; missing "
@@ -865,8 +852,7 @@ def price_rounds(
 
 
 def _checked_round_counts(rounds: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
-    """``(the round counts, the skipped rounds per request)`` of ``price_rounds``' ``rounds``, checked: finite,
-    non-negative, every round commits a token, drafting and skipped rounds are rounds."""
+    """``(the round counts, the skipped rounds per request)`` of ``price_rounds``' ``rounds``, checked."""
     table = rounds.reset_index(drop=True)
     counts = table[["tokens", "rounds", "drafting_rounds", "nodes"]].to_numpy(float)
     if not np.all(np.isfinite(counts)) or np.any(counts < 0):
@@ -877,8 +863,7 @@ def _checked_round_counts(rounds: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarra
         raise ValueError(f"request {r['request_id']}: {int(r['drafting_rounds'])} drafting rounds of "
                          f"{int(r['rounds'])} rounds for {int(r['tokens'])} tokens: every round commits a token and "
                          "drafting rounds are rounds")
-    skipped = (table["skipped_rounds"].to_numpy(float) if "skipped_rounds" in table
-               else np.zeros(len(table)))
+    skipped = table["skipped_rounds"].to_numpy(float) if "skipped_rounds" in table else np.zeros(len(table))
     if not np.all(np.isfinite(skipped)) or np.any(skipped < 0) or np.any(
             skipped > table["rounds"].to_numpy(float) - table["drafting_rounds"].to_numpy(float)):
         raise ValueError("rounds: skipped_rounds must be finite, >= 0 and at most the rounds that drafted nothing "
@@ -914,12 +899,10 @@ def round_counts(traces, drafter: str | None = None) -> pd.DataFrame:
 
 
 def choose_arms(predictions: dict) -> pd.DataFrame:
-    """Per category of the workload (and ``all``), what to run, from ``WorkloadPrediction``s of several arms
-    (``{arm: prediction}``, e.g. ``TraceAnalysis.predict`` for each): the arm whose verdict is ``PAYS`` with the
-    highest predicted speedup, else AR (no drafting: the choice that cannot lose), with why: every arm "does not
-    pay", or the ones whose interval straddles 1 (``UNCLEAR``); a paying arm predicted inside the chosen arm's
-    interval is named as not told apart from it. Columns ``category``, ``choice`` (an arm, or
-    ``"AR"``), ``predicted_speedup`` / ``low`` / ``high`` of the chosen arm (1 for AR), ``why``."""
+    """Per category of the workload (and ``all``), what to run, from ``{arm: WorkloadPrediction}``: the arm whose
+    verdict is ``PAYS`` with the highest predicted speedup, else AR (the choice that cannot lose). Columns
+    ``category``, ``choice`` (an arm, or ``"AR"``), ``predicted_speedup`` / ``low`` / ``high`` of the chosen arm (1
+    for AR), ``why`` (also naming paying arms predicted inside the chosen one's interval)."""
     if not predictions:
         raise ValueError("choose_arms needs at least one arm's WorkloadPrediction")
     categories = list(dict.fromkeys(c for p in predictions.values() for c in p.summary.index))
