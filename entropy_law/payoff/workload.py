@@ -80,11 +80,10 @@ SUMMARY_ROWS = ("workload_breakeven_nats", "measured_crossing_nats", "predicted_
 
 @dataclass
 class WorkloadBreakeven(Result):
-    """Per request the predicted (and, where measured, the measured) decode speedup against its mean entropy,
-    and where the two log-speedup lines cross 1. ``summary``: per quantity (``SUMMARY_ROWS``) the estimate, the
-    bootstrap percentile interval and the requests resampled; ``requests``: per request ``tokens`` (decoded after
-    the prefill), ``mean_entropy_nats``, ``predicted_rounds``, ``predicted_speedup``, ``measured_speedup`` (NaN
-    where not measured); ``replicates``: one row per bootstrap replicate."""
+    """Per request the predicted (and measured) decode speedup against its mean entropy, and where the two
+    log-speedup lines cross 1. ``summary``: per quantity (``SUMMARY_ROWS``) the estimate, interval and requests;
+    ``requests``: per request ``tokens``, ``mean_entropy_nats``, ``predicted_rounds``, ``predicted_speedup``,
+    ``measured_speedup`` (NaN: not measured); ``replicates``: one row per bootstrap replicate."""
 
     drafter_id: str
     summary: pd.DataFrame
@@ -316,10 +315,8 @@ def _widened(estimate: float, low: float, high: float, extra: float) -> tuple[fl
 
 
 def decode_cost_ms(c: CostModel, rounds, drafting, nodes, skipped=0.0):
-    """Expected decode cost (ms) of a request with these expected rounds, drafting rounds and draft nodes: a
-    drafting round costs draft + overhead + v0 + v1 N, a round that drafted nothing its own measured draft +
-    overhead (the drafting rounds' where the arm has none) + v0, and of those the ``skipped`` rounds, where a law
-    policy did not call the drafter, ``c.skip_round_ms`` + v0."""
+    """Expected decode cost (ms) of a request with these expected rounds, drafting rounds and draft nodes (module
+    doc); the ``skipped`` rounds, where a law policy did not call the drafter, cost ``c.skip_round_ms`` + v0."""
     idle = c.no_draft_ms if np.isfinite(c.no_draft_ms) else c.draft_ms + c.overhead_ms
     skipped = np.asarray(skipped, dtype=float)
     return (c.verify_intercept_ms * rounds + (c.draft_ms + c.overhead_ms) * drafting
@@ -653,9 +650,8 @@ def _priced_summary(traces, drafter: str, cost: CostModel, ar_table, ar_ms_per_t
 
 
 def verdict_right(verdict: str, lo: float, hi: float) -> bool | None:
-    """Whether a predicted verdict agrees with a measured speedup's interval [``lo``, ``hi``]: ``PAYS`` is right
-    where the interval lies above 1 and wrong where it lies below, ``DOES_NOT_PAY`` the reverse; None where the
-    verdict is ``UNCLEAR`` (no answer) or the measurement cannot tell (its interval covers 1, or is missing)."""
+    """Whether a predicted verdict agrees with a measured speedup's interval [``lo``, ``hi``] on the side of 1;
+    None where the verdict is ``UNCLEAR`` or the interval covers 1 or is missing."""
     if verdict not in (PAYS, DOES_NOT_PAY) or not (np.isfinite(lo) and np.isfinite(hi)):
         return None
     if lo > 1.0:
@@ -692,11 +688,9 @@ def predict_workload(
     eps: float = atrisk.EPS_NATS,
     bias: float = 0.0,
 ) -> WorkloadPrediction:
-    """Predicted decode speedup of ``drafter`` (its law, drafted depths and cost model, all from ``traces``) on
-    a workload it never decoded, from nothing but the workload's target entropies: ``sequences``, one row per
-    request with ``run_id``, ``request_id``, ``category`` and ``entropy`` (output positions 0..T-1,
-    ``transfer.sequences_of``), e.g. from an AR run of the workload (greedy decoding is lossless, so the drafter
-    would decode the same tokens with the same entropies).
+    """Predicted decode speedup of ``drafter`` (its law, drafted depths and cost model, all from ``traces``) on a
+    workload it never decoded, from its target entropies: ``sequences``, one row per request with ``run_id``,
+    ``request_id``, ``category`` and ``entropy`` (output positions 0..T-1, ``transfer.sequences_of``), e.g. an AR run.
 
     Each request is priced as in ``workload_breakeven`` (method: ``docs/law.md``, "A workload no drafter has
     decoded"); the interval (``level``, ``n_boot`` replicates) resamples the arm's and the AR requests, not the
@@ -741,8 +735,7 @@ def predict_workload(
 
 
 def _workload_requests(sequences: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
-    """``(the workload's requests that decoded a token after the prefill, which were left out)``; their target
-    entropies checked."""
+    """``(the workload's requests that decoded a token after the prefill, which were left out)``, checked."""
     seqs = sequences.reset_index(drop=True)
     short = np.array([len(e) < 2 for e in seqs["entropy"]], dtype=bool)
     seqs = seqs.loc[~short].reset_index(drop=True)
@@ -872,10 +865,9 @@ def _checked_round_counts(rounds: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarra
 
 
 def count_rounds(rounds: pd.DataFrame) -> pd.DataFrame:
-    """Per (``run_id``, ``request_id``) of a rounds table (the trace's columns ``round_index``, ``committed``,
-    ``tree_nodes``, ``accepted``; ``policy_drafted`` where a law policy decided): ``tokens``, ``rounds``,
+    """Per (``run_id``, ``request_id``) of a rounds table (trace columns): ``tokens``, ``rounds``,
     ``drafting_rounds``, ``nodes``, ``accepted`` and ``skipped_rounds`` (a law policy did not call the drafter)
-    after the prefill (round 0), as the measured speedup counts them (``TraceAnalysis.paired_requests``)."""
+    after the prefill (round 0), as the measured speedup counts them."""
     rounds = rounds.loc[rounds["round_index"] > 0]
     return rounds.assign(_drafting=(rounds["tree_nodes"] > 0).astype(int), _skipped=policy_skipped(rounds).astype(int)
                          ).groupby(["run_id", "request_id"], sort=False).agg(
@@ -884,9 +876,8 @@ def count_rounds(rounds: pd.DataFrame) -> pd.DataFrame:
 
 
 def round_counts(traces, drafter: str | None = None) -> pd.DataFrame:
-    """One row per request of ``drafter``'s runs in ``traces`` (``ROUND_COUNT_COLUMNS``, with ``accepted`` and
-    ``mean_entropy_nats`` over its output positions where the tokens carry it): the counts ``price_rounds`` prices,
-    from the recorded rounds (``count_rounds``)."""
+    """One row per request of ``drafter``'s runs (``ROUND_COUNT_COLUMNS``, ``accepted``, ``skipped_rounds``,
+    ``mean_entropy_nats``): the counts ``price_rounds`` prices, from the recorded rounds."""
     drafter, _ = single_drafter(traces, drafter)
     runs = traces.runs.loc[traces.runs["drafter_id"] == drafter, "run_id"]
     counts = count_rounds(traces.rounds.loc[traces.rounds["run_id"].isin(runs)])
