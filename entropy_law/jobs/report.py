@@ -115,9 +115,8 @@ def _verdict_interval(row, category_requests: float) -> tuple[str, float, float,
 
 def answer_frame(analysis: TraceAnalysis, measured: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per drafting arm and category: measured (``measured``: ``jobs.speed.paired_speedups`` rows, else the
-    traces') and predicted speedup side by side, and ``pays`` (``category_verdict``) on the interval of
-    ``pays_from`` ("measured" or "predicted"), with the ``verdict_*`` columns it rests on. Empty where no arm
-    can be predicted or measured."""
+    traces') and predicted speedup, and ``pays`` (``category_verdict``) on the interval of ``pays_from``
+    ("measured" or "predicted", in the ``verdict_*`` columns). Empty where no arm can be predicted or measured."""
     check = analysis.attempt("speedup_validation")
     if not check.ok:
         return pd.DataFrame()
@@ -278,18 +277,13 @@ def _nats(value) -> str:
     return "∞" if np.isinf(value) else "–" if np.isnan(value) else f"{value:.2f}"
 
 
-def pays_requests(analysis: TraceAnalysis, arm: str) -> float:
-    """The requests the break-even and speedup intervals of ``arm`` rest on (NaN where not computed)."""
-    pays = analysis.attempt("pays", arm)
-    return float(pays.value.summary["n_requests"].iloc[0]) if pays.ok else np.nan
-
-
 def law_frame(analysis: TraceAnalysis) -> pd.DataFrame:
     """Per arm: k (and w), lambda at depth 1, the break-even entropy (95% intervals, with the requests each
     rests on) and the verdicts on the workload and at constant entropy."""
     law = analysis.law_table()
     rows = []
     for r in law.to_dict("records"):
+        work, pays = analysis.attempt("workload", r["arm"]), analysis.attempt("pays", r["arm"])
         w = ({"w: exponent of 1 − p₁ (95% CI)": format_interval(r.get("w", np.nan), r.get("w_low"),
                                                                 r.get("w_high"))} if "w" in law else {})
         rows.append({"arm": r["arm"],
@@ -299,16 +293,11 @@ def law_frame(analysis: TraceAnalysis) -> pd.DataFrame:
                      "at-risk trials": r.get("trials", np.nan), "requests": r.get("requests", np.nan),
                      "break-even H, nats (95% CI)": format_interval(r.get("breakeven_nats", np.nan),
                                                                     r.get("breakeven_low"), r.get("breakeven_high")),
-                     "drafting pays (workload)": _workload_verdict(analysis, r["arm"]),
+                     "drafting pays (workload)": work.value.verdict if work.ok else "n/a",
                      "drafting pays (constant H)": (r.get("drafting_pays") if isinstance(r.get("drafting_pays"), str)
                                                     else "n/a"),
-                     "break-even: requests": pays_requests(analysis, r["arm"])})
+                     "break-even: requests": float(pays.value.summary["n_requests"].iloc[0]) if pays.ok else np.nan})
     return pd.DataFrame(rows)
-
-
-def _workload_verdict(analysis: TraceAnalysis, arm: str) -> str:
-    work = analysis.attempt("workload", arm)
-    return work.value.verdict if work.ok else "n/a"
 
 
 def few_requests_notes(analysis: TraceAnalysis) -> list[str]:
