@@ -59,8 +59,7 @@ class DemoPlan:
     """The demo, checked when built and passed whole to ``run_demo``: decode ``tasks`` with each of ``arms``
     (``jobs.arms.ARMS`` names; unavailable block arms dropped with a message) over ``target`` (a ``LoadedTarget``,
     or a causal LM with ``encode(task) -> ids``) within ``limits`` into ``<out>/<run_id>`` (default: UTC time).
-    ``seed`` and ``n_boot``: of the analysis; ``analysis_options``: more ``TraceAnalysis`` arguments;
-    ``run_metadata``: more keys for every run.json."""
+    ``seed``, ``n_boot``, ``analysis_options``: of the ``TraceAnalysis``; ``run_metadata``: more run.json keys."""
 
     tasks: Sequence
     target: object
@@ -87,8 +86,7 @@ class DemoPlan:
 def run_demo(plan: DemoPlan, *, progress: bool = True, log: Callable[[str], None] = print) -> DemoResult:
     """Decode the plan's tasks with each arm, record, analyse and report (``DemoPlan`` says what each setting
     means); ``progress``: progress bars; ``log``: the arms left out, and why."""
-    # lazy: `entropy-law --help` imports this module for the defaults above; the decoder (torch) and the
-    # analysis (pandas, matplotlib) load only when the demo runs
+    # lazy: `entropy-law --help` imports this module for its defaults; torch, pandas, matplotlib load only here
     import matplotlib
 
     matplotlib.use("Agg")

@@ -91,10 +91,9 @@ PAYS, DOES_NOT_PAY, UNCLEAR = "pays", "does not pay", "unclear"
 
 
 def category_verdict(requests: int, low: float, high: float, *, above_bound: bool = False) -> str:
-    """Whether drafting pays in one category, from the speedup interval ``[low, high]`` over AR on ``requests``
-    requests: ``"pays"`` (``low > 1``), ``"does not pay"`` (``high < 1``), ``"unclear"`` (1 inside), or ``"not
-    measured (N requests)"`` with fewer than ``MIN_PAIRED_REQUESTS`` requests, no finite positive interval,
-    ``high > MAX_INTERVAL_RATIO * low`` or a speedup above the physical bound."""
+    """Whether drafting pays in one category, from the speedup interval ``[low, high]`` over AR on ``requests``:
+    ``"pays"`` (``low > 1``), ``"does not pay"`` (``high < 1``), ``"unclear"``, or ``"not measured (N requests)"``
+    below ``MIN_PAIRED_REQUESTS``, without a finite positive interval, past ``MAX_INTERVAL_RATIO`` or the bound."""
     n = int(requests) if requests == requests else 0  # NaN requests: none
     if (n < MIN_PAIRED_REQUESTS or above_bound or not (np.isfinite(low) and np.isfinite(high)) or low <= 0
             or high > MAX_INTERVAL_RATIO * low):
@@ -425,14 +424,6 @@ def results_markdown(analysis: TraceAnalysis, *, source: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
-def _runs_frame(analysis: TraceAnalysis) -> pd.DataFrame:
-    runs = analysis.runs
-    req = analysis.view.requests.groupby("run_id").size().rename("requests")
-    cols = [c for c in ("run_id", "arm", "model_id", "machine", "tree_policy", "replayed", "timed", "status")
-            if c in runs]
-    return runs[cols].merge(req, left_on="run_id", right_index=True, how="left")
-
-
 def _sections(analysis: TraceAnalysis):
     """(title, DataFrame or text) pairs of the report body, errors collected as notes."""
     notes = few_requests_notes(analysis)
@@ -446,7 +437,10 @@ def _sections(analysis: TraceAnalysis):
     answer = answer_lines(analysis)
     if answer:
         yield "When drafting pays (the answer)", answer
-    yield "Runs", _runs_frame(analysis)
+    runs, req = analysis.runs, analysis.view.requests.groupby("run_id").size().rename("requests")
+    cols = [c for c in ("run_id", "arm", "model_id", "machine", "tree_policy", "replayed", "timed", "status")
+            if c in runs]
+    yield "Runs", runs[cols].merge(req, left_on="run_id", right_index=True, how="left")
     yield "Results per category", results_frame(analysis)
     yield "Fitted law per arm", law_frame(analysis)
     if attempt("universality_table") is not None:

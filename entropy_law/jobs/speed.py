@@ -1,9 +1,7 @@
 """Measured decoding speed, the one routine: warm-up, arms interleaved per prompt, paired ratios, intervals.
 
-Every arm is a callable ``(prompt ids, max_new_tokens) -> (new token ids, rounds or None)``, decoding each prompt
-in an order that rotates with the prompt, timed by this process's CPU clock and the wall clock; outputs are
-compared with the reference arm's. A speedup (reference time over the arm's, request-bootstrap 95% interval) is a
-result only by the rule of ``payoff.cost.speed_verdict``, as ``TraceAnalysis.speedup`` applies it to traces.
+Every arm is a callable ``(prompt ids, max_new_tokens) -> (new token ids, rounds or None)``, timed by the CPU and
+wall clocks in an order rotating with the prompt. A speedup is a result only by ``payoff.cost.speed_verdict``.
 """
 
 from __future__ import annotations

@@ -36,8 +36,7 @@ def decode_moments(p_tau: np.ndarray, round_rewards: np.ndarray, start: int = 1)
     """(expected rounds, expected rewards) to decode positions ``start``..T-1, for K laws at once.
 
     ``p_tau``: ``[K, T, W]``, P(tau = k | round starts at t) for each of K acceptance draws (``tau_distribution``);
-    ``round_rewards``: ``[T, J]``, J expected quantities of one round starting at t (its draft nodes
-    sum_D P(D | t) n(D); whether it drafts, 1 - P(D = 0 | t)); each is summed over the rounds,
+    ``round_rewards``: ``[T, J]``, J expected quantities of one round starting at t, each summed over the rounds,
     V(t) = r(t) + sum_k P(tau = k | t) V(t + k + 1). Returns ``[K]`` rounds and ``[K, J]`` sums (zeros when
     ``start >= T``)."""
     p = np.asarray(p_tau, dtype=float)
@@ -56,10 +55,9 @@ def decode_moments(p_tau: np.ndarray, round_rewards: np.ndarray, start: int = 1)
 
 
 def log_speedup_crossing(mean_entropy: np.ndarray, speedup: np.ndarray, weights: np.ndarray) -> tuple[float, float, float]:
-    """(crossing, intercept, slope) of the weighted least-squares line log(speedup) = b0 + b1 H: the entropy where
-    it crosses 0 (speedup 1). ``inf``: it pays at every entropy (b1 >= 0, b0 > 0); 0: it pays at none
-    (the line is below 0 from H = 0 on); NaN: fewer than two distinct entropies with weight, or a line rising
-    from below 0 (speedup grows with entropy: no break-even)."""
+    """(crossing, intercept, slope) of the weighted least-squares line log(speedup) = b0 + b1 H, crossing where it is
+    0. ``inf``: it pays at every entropy (b1 >= 0, b0 > 0); 0: at none (below 0 from H = 0 on); NaN: fewer than two
+    distinct entropies with weight, or a line rising from below 0 (no break-even)."""
     h = np.asarray(mean_entropy, dtype=float)
     y = np.log(np.asarray(speedup, dtype=float))
     w = np.asarray(weights, dtype=float)
@@ -196,12 +194,6 @@ def _nodes_by_depth(traces, drafted: pd.DataFrame, drafts: int) -> np.ndarray:
     return np.array([0.0] + [float(per_depth.get(d, fill)) for d in range(1, drafts + 1)])
 
 
-def _law_draws(law: FittedLaw, n_boot: int, seed: int) -> np.ndarray:
-    """``[1 + n_boot, parameters]``: row 0 the law's estimate, then ``predict.parameter_draws``."""
-    draws = parameter_draws(law, n_boot, seed) if n_boot else np.empty((0, len(law.result.params)))
-    return np.vstack([np.asarray(law.result.params, dtype=float)[None, :], draws])
-
-
 def _price_sequences(law: FittedLaw, entropies, drafts: int, depth_model: TrainingDepthModel | None,
                      n_of_depth: np.ndarray, thetas: np.ndarray, replayed: list | None = None,
                      contexts: list | None = None,
@@ -232,7 +224,8 @@ def _priced_requests(traces, drafter: str, law: FittedLaw, arm_seqs: pd.DataFram
     depth_rows = with_start_entropy(drafted_depths(traces, drafter), arm_seqs)
     depth_model = TrainingDepthModel.fit(depth_rows, drafts)
     n_of_depth = _nodes_by_depth(traces, depth_rows, drafts)
-    thetas = _law_draws(law, n_boot, seed)
+    draws = parameter_draws(law, n_boot, seed) if n_boot else np.empty((0, len(law.result.params)))
+    thetas = np.vstack([np.asarray(law.result.params, dtype=float)[None, :], draws])  # row 0: the estimate
     replayed = None
     if proposals is not None:
         arrays = replayed_arrays(proposals, seqs, drafts)
@@ -524,8 +517,8 @@ REPLAYED_COPY_FALLBACK = "law_exp_obs_ceil_drafttop_copy"  # copyability, but no
 
 def replayed_family(*token_tables: pd.DataFrame) -> str:
     """The law that prices replayed proposals for traces with these tokens tables: ``REPLAYED_COPY_FAMILY`` where
-    every table holds the copyability (``context_match``) and the target's top-1 probability at every token,
-    ``REPLAYED_COPY_FALLBACK`` with the copyability only, else ``REPLAYED_FAMILY`` (the rule of ``docs/law.md``)."""
+    all hold ``context_match`` and ``target_top1_prob`` everywhere, ``REPLAYED_COPY_FALLBACK`` with the former only,
+    else ``REPLAYED_FAMILY`` (the rule of ``docs/law.md``)."""
 
     def full(table, column):
         return column in table and len(table) > 0 and not table[column].isna().any()
