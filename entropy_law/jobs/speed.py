@@ -39,9 +39,7 @@ def round_cost(rounds, cost_of: Callable[[int], float] | None = None) -> tuple[i
     """(verify rounds after the prefill, their summed verify cost ``c(tree nodes + 1)`` in one-token forwards;
     ``cost_of`` default ``c(n) = 1``) of a decoder's round records; (0, 0.0) without them."""
     cost_of = cost_of or (lambda n: 1.0)
-    if not rounds:
-        return 0, 0.0
-    decode = [r for r in rounds if r.round_index > 0]
+    decode = [r for r in rounds or () if r.round_index > 0]
     return len(decode), float(sum(cost_of(r.tree_nodes + 1) for r in decode))
 
 

@@ -445,21 +445,18 @@ def _priced_workload(traces, drafter: str, law, rounds: pd.DataFrame, proposals,
 
 def _with_measured(requests: pd.DataFrame, measured: pd.DataFrame | None, tokens: np.ndarray):
     """Adds ``measured_speedup`` to ``requests``; returns the measured line's ``(speedups, weights)`` or Nones."""
-    m_speed = m_weight = None
-    if measured is not None:
-        need = {"run_id", "request_id", "speedup"} - set(measured.columns)
-        if need:
-            raise ValueError(f"measured needs columns run_id, request_id, speedup; missing {sorted(need)}")
-        cols = ["run_id", "request_id", "speedup"] + (["decoded"] if "decoded" in measured else [])
-        joined = requests[["run_id", "request_id"]].merge(measured[cols], on=["run_id", "request_id"], how="left")
-        m_speed = joined["speedup"].to_numpy(float)
-        m_weight = joined["decoded"].to_numpy(float) if "decoded" in joined else tokens
-        requests["measured_speedup"] = m_speed
-        if not np.isfinite(m_speed).any():
-            m_speed = None
-    else:
+    if measured is None:
         requests["measured_speedup"] = np.nan
-    return m_speed, m_weight
+        return None, None
+    need = {"run_id", "request_id", "speedup"} - set(measured.columns)
+    if need:
+        raise ValueError(f"measured needs columns run_id, request_id, speedup; missing {sorted(need)}")
+    cols = ["run_id", "request_id", "speedup"] + (["decoded"] if "decoded" in measured else [])
+    joined = requests[["run_id", "request_id"]].merge(measured[cols], on=["run_id", "request_id"], how="left")
+    m_speed = joined["speedup"].to_numpy(float)
+    requests["measured_speedup"] = m_speed
+    return (m_speed if np.isfinite(m_speed).any() else None,
+            joined["decoded"].to_numpy(float) if "decoded" in joined else tokens)
 
 
 def _line_statistics(priced: _PricedWorkload, c: CostModel, j: int, w: np.ndarray, m_speed, m_weight) -> dict:
