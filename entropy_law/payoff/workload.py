@@ -184,16 +184,6 @@ def _tau_by_draw(acceptance: np.ndarray, shape: tuple, probs: np.ndarray) -> np.
     return p_tau.reshape(k, length, -1)
 
 
-def _nodes_by_depth(traces, drafted: pd.DataFrame, drafts: int) -> np.ndarray:
-    """n(D), D = 0..drafts: mean draft nodes of the rounds that drafted D (0 at D = 0; the overall mean if none)."""
-    rounds = traces.rounds[["run_id", "request_id", "round_index", "tree_nodes"]]
-    joined = drafted.merge(rounds, on=["run_id", "request_id", "round_index"], how="inner")
-    drafting = joined.loc[joined["drafted_depth"] > 0]
-    fill = float(drafting["tree_nodes"].mean()) if len(drafting) else 0.0
-    per_depth = drafting.groupby("drafted_depth")["tree_nodes"].mean()
-    return np.array([0.0] + [float(per_depth.get(d, fill)) for d in range(1, drafts + 1)])
-
-
 def _price_sequences(law: FittedLaw, entropies, drafts: int, depth_model: TrainingDepthModel | None,
                      n_of_depth: np.ndarray, thetas: np.ndarray, replayed: list | None = None,
                      contexts: list | None = None,
@@ -223,7 +213,13 @@ def _priced_requests(traces, drafter: str, law: FittedLaw, arm_seqs: pd.DataFram
     source's note for ``seqs``, the depth model fitted on the arm's requests ``arm_seqs``."""
     depth_rows = with_start_entropy(drafted_depths(traces, drafter), arm_seqs)
     depth_model = TrainingDepthModel.fit(depth_rows, drafts)
-    n_of_depth = _nodes_by_depth(traces, depth_rows, drafts)
+    # n(D), D = 0..drafts: mean draft nodes of the rounds that drafted D (0 at D = 0; the overall mean if none)
+    joined = depth_rows.merge(traces.rounds[["run_id", "request_id", "round_index", "tree_nodes"]],
+                              on=["run_id", "request_id", "round_index"], how="inner")
+    drafting = joined.loc[joined["drafted_depth"] > 0]
+    fill = float(drafting["tree_nodes"].mean()) if len(drafting) else 0.0
+    per_depth = drafting.groupby("drafted_depth")["tree_nodes"].mean()
+    n_of_depth = np.array([0.0] + [float(per_depth.get(d, fill)) for d in range(1, drafts + 1)])
     draws = parameter_draws(law, n_boot, seed) if n_boot else np.empty((0, len(law.result.params)))
     thetas = np.vstack([np.asarray(law.result.params, dtype=float)[None, :], draws])  # row 0: the estimate
     replayed = None
@@ -682,13 +678,11 @@ def predict_workload(
     workload it never decoded, from its target entropies: ``sequences``, one row per request with ``run_id``,
     ``request_id``, ``category`` and ``entropy`` (output positions 0..T-1, ``transfer.sequences_of``), e.g. an AR run.
 
-    Each request is priced as in ``workload_breakeven`` (method: ``docs/law.md``, "A workload no drafter has
-    decoded"); the interval (``level``, ``n_boot`` replicates) resamples the arm's and the AR requests, not the
-    workload's. ``transfer_error`` (e.g. the largest LOCO |relative error| of tokens per round, ``TraceAnalysis.loco``)
-    widens it multiplicatively for the verdict (``low``, ``high``); NaN: not measured (said in the notes).
+    Priced as ``workload_breakeven`` (``docs/law.md``, "A workload no drafter has decoded"); the interval (``level``,
+    ``n_boot`` replicates) resamples the arm's and the AR requests. ``transfer_error`` (e.g. the largest LOCO
+    |relative error| of tokens per round) widens it for the verdict (``low``, ``high``; NaN: not measured).
     ``proposals``: the drafter's replayed proposal at every output position of the workload's requests
-    (``traces.proposals`` rows, e.g. ``decoding.replay.replay_proposals`` over the AR output): the drafted depths
-    are then those, and a law in the drafter's confidence (``law_exp_obs_ceil_drafttop``) can be used."""
+    (``traces.proposals`` rows), used as in ``workload_breakeven``."""
     fam = _one_drafter_family(family if law is None else law.family.name, proposals, "workload's")
     need = {"run_id", "request_id", "category", "entropy"} - set(getattr(sequences, "columns", ()))
     if need:
@@ -711,8 +705,7 @@ def predict_workload(
     if not np.isfinite(bias):
         raise ValueError(f"bias must be finite (log tokens per round), got {bias}")
     if bias:  # tokens per round x e^bias: fewer rounds of the same make-up (drafting share, nodes per round)
-        shrink = float(np.exp(-bias))
-        rounds_k, nodes_k, drafting_k = rounds_k * shrink, nodes_k * shrink, drafting_k * shrink
+        rounds_k, nodes_k, drafting_k = (a * float(np.exp(-bias)) for a in (rounds_k, nodes_k, drafting_k))
     arm_ids = list(arm_seqs["request_id"]) + ([] if ar_table is None else list(ar_table["request_id"]))
     summary, requests, (n_reps, failed, spread_note) = _priced_summary(
         traces, drafter, cost, ar_table, ar_ms_per_token, arm_ids, seqs, tokens, mean_h, rounds_k, nodes_k,
