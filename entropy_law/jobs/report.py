@@ -236,14 +236,10 @@ def answer_lines(analysis: TraceAnalysis, measured: pd.DataFrame | None = None, 
                 predicted += f", per request {r.workload_predicted:.2f}x {band} ({spread_text(r.workload_spread)})"
             lines.append(f"    {r.category:<16} measured {got:<44} predicted {predicted:<36} -> {r.pays} "
                          f"({r.pays_from})")
-        if not pays.ok:
-            lines.append(f"    ({pays.error})")
-        if not work.ok:
-            lines.append(f"    ({work.error})")
+        lines += [f"    ({attempt.error})" for attempt in (pays, work) if not attempt.ok]
     crossing = analysis.attempt("crossing_table")
     if crossing.ok:
-        for r in crossing.value.to_dict("records"):
-            lines.append(f"{r['arm']}: {crossing_sentence(r)}")
+        lines += [f"{r['arm']}: {crossing_sentence(r)}" for r in crossing.value.to_dict("records")]
     return lines
 
 
@@ -495,8 +491,7 @@ def write_report(traces, out_dir, *, fmt: str = "html", analysis: TraceAnalysis 
         raise ValueError(f"fmt must be 'html' or 'md', got {fmt!r}")
     analysis = analysis or TraceAnalysis(traces, **analysis_options)
     out_dir = Path(out_dir)
-    fig_dir = out_dir / "figures"
-    written = make_figures(analysis, fig_dir, formats=figure_formats, progress=progress)
+    written = make_figures(analysis, out_dir / "figures", formats=figure_formats, progress=progress)
     sections = list(_sections(analysis))
     figures = [(FIGURES[name].title, name, paths) for name, paths in written.items()]
     return _write_page(out_dir, fmt, f"entropy-law report: {source or out_dir.name}",
@@ -691,8 +686,7 @@ def terminal_summary(analysis: TraceAnalysis, measured: pd.DataFrame | None = No
         for r in part.itertuples():
             lines.append(f"  {r.category:<16}{_fmt(r.mean_entropy_nats):>14}{_fmt(r.committed_per_round):>14}"
                          f"   {'(the reference)' if arm in reference else _speedup_cell(r, cells)}")
-    lines.append("")
-    lines.append(f"fitted law {analysis.family} ({get_family(analysis.family).description}), 95% intervals")
+    lines += ["", f"fitted law {analysis.family} ({get_family(analysis.family).description}), 95% intervals"]
     for r in law_frame(analysis).to_dict("records"):
         at_p1 = (f" at fixed p1, w = {r['w: exponent of 1 − p₁ (95% CI)']}" if "w: exponent of 1 − p₁ (95% CI)" in r
                  else "")
@@ -715,5 +709,4 @@ def _speedup_cell(row, measured: pd.DataFrame | None) -> str:
 
 
 def _requests(n) -> str:
-    """`` (n = 12 requests)`` beside an interval; empty where there is no interval."""
     return f" (n = {int(n)} requests)" if np.isfinite(n) else ""

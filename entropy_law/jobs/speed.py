@@ -127,11 +127,10 @@ def paired_speedups(timings: pd.DataFrame, *, reference: str, clock: str = "cpu"
             cost = mine.loc[ids, "verify_cost"].sum()
             bound = tokens_per_round * rounds / cost if rounds and cost else tokens_per_round
             verdict = speed_verdict(speedup, lo, hi, bound, len(ids))
-            within, reliable = verdict != ABOVE_BOUND, verdict == MEASURED
             rows.append(dict(arm=arm, category=category, requests=len(ids), speedup=float(speedup), lo=float(lo),
-                             hi=float(hi), tokens_per_round=tokens_per_round, bound=bound, within_bound=within,
-                             reliable=reliable, mismatches=int((~mine.loc[ids, "matches_reference"]).sum()),
-                             verdict=verdict))
+                             hi=float(hi), tokens_per_round=tokens_per_round, bound=bound,
+                             within_bound=verdict != ABOVE_BOUND, reliable=verdict == MEASURED,
+                             mismatches=int((~mine.loc[ids, "matches_reference"]).sum()), verdict=verdict))
     return pd.DataFrame(rows)
 
 
