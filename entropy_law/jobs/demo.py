@@ -36,19 +36,6 @@ class DemoResult:
     answer_lines: list = field(default_factory=list)  # the short answer (``jobs.report.verdict_lines``)
 
 
-def _measured_speedups(recorded, specs, analysis, seed: int):
-    """Paired speedups over the AR arm (``jobs.speed``), labelled with the analysis's arm names; None without AR."""
-    from entropy_law.jobs.speed import paired_speedups
-
-    ar = next((spec.name for spec in specs if not spec.drafts), None)
-    if ar is None:
-        return None
-    speed = paired_speedups(recorded.timings(ar), reference=ar, clock="cpu", seed=seed)
-    arm_of_run = dict(zip(analysis.runs["run_id"].astype(str), analysis.runs["arm"].astype(str)))
-    label = {spec.name: arm_of_run.get(str(recorded[spec.name].run_id), spec.name) for spec in specs}
-    return speed.assign(arm=speed["arm"].map(label))
-
-
 def demo_limits(max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS) -> Limits:
     """The demo's limits: ``max_new_tokens`` (at least 2), a warm-up of 16 tokens, a shard per prompt."""
     return Limits(max_new_tokens, warm_up_tokens=16, min_new_tokens=2)
@@ -92,6 +79,7 @@ def run_demo(plan: DemoPlan, *, progress: bool = True, log: Callable[[str], None
     matplotlib.use("Agg")
     from entropy_law.jobs.arms import available_arms
     from entropy_law.jobs.record import record_arms
+    from entropy_law.jobs.speed import paired_speedups
     from entropy_law.jobs.report import cpu_share, load_note, terminal_summary, verdict_lines, write_report
     from entropy_law.analysis import TraceAnalysis
     from entropy_law.traces.reader import load_traces
@@ -130,7 +118,12 @@ def run_demo(plan: DemoPlan, *, progress: bool = True, log: Callable[[str], None
     analysis = TraceAnalysis(traces, n_boot=plan.n_boot, seed=seed, **(plan.analysis_options or {}))
     report = write_report(traces, run_dir, fmt=plan.report_format, analysis=analysis, source=str(trace_dir),
                           progress=progress)
-    measured = _measured_speedups(recorded, specs, analysis, seed)
+    ar = next((spec.name for spec in specs if not spec.drafts), None)  # paired speedups over it; None without AR
+    measured = None if ar is None else paired_speedups(recorded.timings(ar), reference=ar, clock="cpu", seed=seed)
+    if measured is not None:  # labelled with the analysis's arm names
+        arm_of_run = dict(zip(analysis.runs["run_id"].astype(str), analysis.runs["arm"].astype(str)))
+        label = {spec.name: arm_of_run.get(str(recorded[spec.name].run_id), spec.name) for spec in specs}
+        measured = measured.assign(arm=measured["arm"].map(label))
     threads = int((plan.run_metadata or {}).get("torch_threads") or 1)
     share = cpu_share(traces, threads)
     loaded = load_note(share, threads)

@@ -446,12 +446,11 @@ def _sections(analysis: TraceAnalysis):
         yield "Leave-one-category-out accuracy across categories (leak-free and oracle depths, depth-only control)", \
             loco_accuracy_frame(analysis)
         notes.append(LOCO_TEXT)
-    title, frame, extra = request_prediction_section(analysis)  # per-request intervals, reliability (payoff.predict)
-    yield title, frame
-    notes.extend(extra)
-    title, frame, extra = glance_section(analysis)  # GLANCE's law beside ours, LOCO per round (plots.glance)
-    yield title, frame
-    notes.extend(extra)
+    # per-request intervals and reliability (payoff.predict); GLANCE's law beside ours, LOCO per round (plots.glance)
+    for section in (request_prediction_section, glance_section):
+        title, frame, extra = section(analysis)
+        yield title, frame
+        notes.extend(extra)
     for arm in analysis.arms:
         for depths in analysis.loco_depths:
             if (loco := attempt("loco", arm, depths)) is not None:
