@@ -274,8 +274,7 @@ def cost_spread(traces, drafter: str, price, boot, *, ar_table=None, ar_ms_per_t
     ``price(cost)`` (a list, e.g. per category) the SD on the log scale it adds to the bootstrap's interval, from the
     cost model refitted on ``blocks`` consecutive blocks of the arm's requests, less their sampling noise (``boot``:
     [replicates, entries] bootstrap speedups priced with the cost model alone). Returns (tau per entry, a note); NaN
-    (no widening; the note says why) with fewer than ``MIN_BLOCK_REQUESTS`` requests per block or 2 replicates, or
-    where a block cannot be fitted."""
+    (no widening, the note says why) below ``MIN_BLOCK_REQUESTS`` per block or 2 replicates, or if a block fails."""
     ids = pd.unique(single_drafter(traces, drafter)[1]["request_id"])
     why = (f"{len(ids)} requests, fewer than {blocks} blocks of {MIN_BLOCK_REQUESTS}"
            if len(ids) < blocks * MIN_BLOCK_REQUESTS else "fewer than 2 bootstrap replicates" if len(boot) < 2 else "")
@@ -403,8 +402,7 @@ def workload_breakeven(
 
 @dataclass
 class _PricedWorkload:
-    """Every request of an arm priced by the law: its entropy sequence (``seqs``), tokens, mean entropy, and per
-    draw of the law's coefficients (column 0: the estimate) its expected rounds, verified nodes and drafting rounds."""
+    """Every request of an arm priced by the law; ``*_k``: per draw of its coefficients (column 0: the estimate)."""
 
     seqs: pd.DataFrame
     tokens: np.ndarray
@@ -779,9 +777,8 @@ def price_rounds(
     ``rounds``: one row per request with ``run_id``, ``request_id``, ``category``, ``tokens`` (decoded after the
     prefill), ``rounds`` (verify rounds after the prefill), ``drafting_rounds`` (of them, those that verified a
     draft) and ``nodes`` (draft nodes verified in all), optionally ``mean_entropy_nats`` and ``skipped_rounds``
-    (a law policy did not call the drafter: ``decode_cost_ms``). The interval: ``n_boot`` replicates of the cost
-    model and t_AR; ``transfer_error`` (the cost model's own relative error, e.g. ``TraceAnalysis.speedup_validation``'s
-    ``cost_only_error``) widens it for the verdict."""
+    (a law policy did not call the drafter). The interval: ``n_boot`` replicates of the cost model and t_AR;
+    ``transfer_error`` (the cost model's own relative error, e.g. ``cost_only_error``) widens it for the verdict."""
     need = set(ROUND_COUNT_COLUMNS) - set(getattr(rounds, "columns", ()))
     if need:
         raise ValueError(f"rounds needs one row per request with columns {', '.join(ROUND_COUNT_COLUMNS)}; missing "
