@@ -71,8 +71,7 @@ class DemoPlan:
 
 
 def run_demo(plan: DemoPlan, *, progress: bool = True, log: Callable[[str], None] = print) -> DemoResult:
-    """Decode the plan's tasks with each arm, record, analyse and report (``DemoPlan`` says what each setting
-    means); ``progress``: progress bars; ``log``: the arms left out, and why."""
+    """Decode the plan's tasks with each arm, record, analyse and report; ``log``: the arms left out, and why."""
     # lazy: `entropy-law --help` imports this module for its defaults; torch, pandas, matplotlib load only here
     import matplotlib
 

@@ -605,8 +605,7 @@ def _priced_summary(traces, drafter: str, cost: CostModel, ar_table, ar_ms_per_t
                     tokens: np.ndarray, mean_h: np.ndarray, rounds_k: np.ndarray, nodes_k: np.ndarray,
                     drafting_k: np.ndarray, transfer_error: float, seed: int, level: float, skipped=0.0):
     """Per category (``category_summary``) and per request, the speedup from ``[requests, K]`` DP results (column 0
-    the estimate), with cost-model replicates and ``cost_spread``. ``skipped``: see ``decode_cost_ms``. Returns
-    (summary, requests, (replicates, failed, the spread's note))."""
+    the estimate). Returns (summary, requests, (replicates, failed, the spread's note))."""
     groups = category_groups(seqs)
 
     def speedups_at(c: CostModel, j: int) -> list[float]:
