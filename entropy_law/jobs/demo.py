@@ -1,8 +1,7 @@
 """The main job end to end: decode a Spec-Bench subset with every arm, record traces, fit the law, report.
 
-One trace run per arm under ``<out>/<run-id>/traces/`` (``jobs.record.record_arms``), every output checked equal
-across arms (a mismatch is reported), then ``TraceAnalysis`` and ``write_report`` into ``<out>/<run-id>/``, the
-answer (``jobs.report.verdict_lines``, speedups by ``jobs.speed``) and the detail in ``summary.txt``.
+Traces under ``<out>/<run-id>/traces/``, every output checked equal across arms (a mismatch is reported); the report,
+``summary.txt`` (the detail) and ``demo.json`` beside them; the answer is ``jobs.report.verdict_lines``.
 """
 
 from __future__ import annotations
@@ -37,23 +36,6 @@ class DemoResult:
     answer_lines: list = field(default_factory=list)  # the short answer (``jobs.report.verdict_lines``)
 
 
-def _measured_speedups(recorded, specs, analysis, seed: int):
-    """Paired speedups over the AR arm (``jobs.speed``), labelled with the analysis's arm names; None without AR."""
-    from entropy_law.jobs.speed import paired_speedups
-
-    ar = next((spec.name for spec in specs if not spec.drafts), None)
-    if ar is None:
-        return None
-    speed = paired_speedups(recorded.timings(ar), reference=ar, clock="cpu", seed=seed)
-    arm_of_run = dict(zip(analysis.runs["run_id"].astype(str), analysis.runs["arm"].astype(str)))
-    label = {spec.name: arm_of_run.get(str(recorded[spec.name].run_id), spec.name) for spec in specs}
-    return speed.assign(arm=speed["arm"].map(label))
-
-
-def new_run_id() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
-
-
 def demo_limits(max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS) -> Limits:
     """The demo's limits: ``max_new_tokens`` (at least 2), a warm-up of 16 tokens, a shard per prompt."""
     return Limits(max_new_tokens, warm_up_tokens=16, min_new_tokens=2)
@@ -64,8 +46,7 @@ class DemoPlan:
     """The demo, checked when built and passed whole to ``run_demo``: decode ``tasks`` with each of ``arms``
     (``jobs.arms.ARMS`` names; unavailable block arms dropped with a message) over ``target`` (a ``LoadedTarget``,
     or a causal LM with ``encode(task) -> ids``) within ``limits`` into ``<out>/<run_id>`` (default: UTC time).
-    ``seed`` and ``n_boot``: of the analysis; ``analysis_options``: more ``TraceAnalysis`` arguments;
-    ``run_metadata``: more keys for every run.json."""
+    ``seed``, ``n_boot``, ``analysis_options``: of the ``TraceAnalysis``; ``run_metadata``: more run.json keys."""
 
     tasks: Sequence
     target: object
@@ -90,15 +71,14 @@ class DemoPlan:
 
 
 def run_demo(plan: DemoPlan, *, progress: bool = True, log: Callable[[str], None] = print) -> DemoResult:
-    """Decode the plan's tasks with each arm, record, analyse and report (``DemoPlan`` says what each setting
-    means); ``progress``: progress bars; ``log``: the arms left out, and why."""
-    # lazy: `entropy-law --help` imports this module for the defaults above; the decoder (torch) and the
-    # analysis (pandas, matplotlib) load only when the demo runs
+    """Decode the plan's tasks with each arm, record, analyse and report; ``log``: the arms left out, and why."""
+    # lazy: `entropy-law --help` imports this module for its defaults; torch, pandas, matplotlib load only here
     import matplotlib
 
     matplotlib.use("Agg")
     from entropy_law.jobs.arms import available_arms
     from entropy_law.jobs.record import record_arms
+    from entropy_law.jobs.speed import paired_speedups
     from entropy_law.jobs.report import cpu_share, load_note, terminal_summary, verdict_lines, write_report
     from entropy_law.analysis import TraceAnalysis
     from entropy_law.traces.reader import load_traces
@@ -109,12 +89,11 @@ def run_demo(plan: DemoPlan, *, progress: bool = True, log: Callable[[str], None
         log(m)
     if not any(s.drafts for s in specs):
         raise ValueError(f"no drafting arm left to run among {list(plan.arms)}")
-    run_id = plan.run_id or new_run_id()
+    run_id = plan.run_id or _dt.datetime.now(_dt.timezone.utc).strftime("%Y%m%d-%H%M%S")
     run_dir = Path(plan.out) / run_id
     trace_dir = run_dir / "traces"
     if run_dir.exists() and any(run_dir.iterdir()):
         raise ValueError(f"{run_dir} exists and is not empty; pick another --out or run id")
-    timings = {}
     t_start = time.perf_counter()
 
     # per prompt every arm in turn, after a short unrecorded warm-up (first forwards allocate and tune kernels)
@@ -124,8 +103,7 @@ def run_demo(plan: DemoPlan, *, progress: bool = True, log: Callable[[str], None
         run_metadata=lambda spec: {**(plan.run_metadata or {}), "seed": seed, "replayed": False,
                                    "demo_run_id": run_id, "arm": spec.name})
     recorded = record_arms(record_plan, progress=progress, desc="decode", log=log)
-    timings["setup_s"] = recorded.setup_s
-    timings["decode_s"] = recorded.decode_s
+    timings = {"setup_s": recorded.setup_s, "decode_s": recorded.decode_s}
     model_id = recorded[specs[0].name].metadata["model_id"]
     first = recorded[specs[0].name].outputs
     mismatches = [(spec.name, task.request_id) for task in tasks if task.request_id in first for spec in specs
@@ -139,7 +117,12 @@ def run_demo(plan: DemoPlan, *, progress: bool = True, log: Callable[[str], None
     analysis = TraceAnalysis(traces, n_boot=plan.n_boot, seed=seed, **(plan.analysis_options or {}))
     report = write_report(traces, run_dir, fmt=plan.report_format, analysis=analysis, source=str(trace_dir),
                           progress=progress)
-    measured = _measured_speedups(recorded, specs, analysis, seed)
+    ar = next((spec.name for spec in specs if not spec.drafts), None)  # paired speedups over it; None without AR
+    measured = None if ar is None else paired_speedups(recorded.timings(ar), reference=ar, clock="cpu", seed=seed)
+    if measured is not None:  # labelled with the analysis's arm names
+        arm_of_run = dict(zip(analysis.runs["run_id"].astype(str), analysis.runs["arm"].astype(str)))
+        label = {spec.name: arm_of_run.get(str(recorded[spec.name].run_id), spec.name) for spec in specs}
+        measured = measured.assign(arm=measured["arm"].map(label))
     threads = int((plan.run_metadata or {}).get("torch_threads") or 1)
     share = cpu_share(traces, threads)
     loaded = load_note(share, threads)

@@ -1,9 +1,7 @@
 """A summary of one trace set: tables and figures as a self-contained HTML page or Markdown with PNGs.
 
-What a report shows (runs; per arm and category the measured and predicted quantities; the fitted law with
-intervals and the requests they rest on; transfer, comparison, universality; the gallery's figures) and how it
-is formatted. An analysis that cannot run on the given traces is listed with the reason instead of failing
-the report. The statistics live in ``entropy_law.analysis`` and the rooms under it.
+An analysis that cannot run on the given traces is listed with the reason instead of failing the report. The
+statistics live in ``entropy_law.analysis`` and the rooms under it; this module formats them.
 """
 
 from __future__ import annotations
@@ -59,9 +57,8 @@ def markdown_table(frame: pd.DataFrame, *, digits: int = 3, index: bool = False)
 
 
 def speedup_text(speedup, lo, hi, requests, verdict, apart: bool = False):
-    """A measured speedup as summary.txt and the report show it, by the screen's rule (``category_verdict``): the
-    number with its interval where that rule gives a verdict, else "not measured (N requests)" or "above the
-    physical bound (x): not a result"; ``apart``: the arm was timed apart from its AR run. NaN stays NaN."""
+    """A measured speedup with its interval where ``category_verdict`` gives a verdict, else why not (``apart``:
+    timed apart from its AR run). NaN stays NaN."""
     if not np.isfinite(speedup) or verdict == "the reference":
         return speedup
     if apart:
@@ -94,10 +91,9 @@ PAYS, DOES_NOT_PAY, UNCLEAR = "pays", "does not pay", "unclear"
 
 
 def category_verdict(requests: int, low: float, high: float, *, above_bound: bool = False) -> str:
-    """Whether drafting pays in one category, from the speedup interval ``[low, high]`` over AR on ``requests``
-    requests: ``"pays"`` (``low > 1``), ``"does not pay"`` (``high < 1``), ``"unclear"`` (1 inside), or ``"not
-    measured (N requests)"`` with fewer than ``MIN_PAIRED_REQUESTS`` requests, no finite positive interval,
-    ``high > MAX_INTERVAL_RATIO * low`` or a speedup above the physical bound."""
+    """Whether drafting pays in one category, from the speedup interval ``[low, high]`` over AR on ``requests``:
+    ``"pays"`` (``low > 1``), ``"does not pay"`` (``high < 1``), ``"unclear"``, or ``"not measured (N requests)"``
+    below ``MIN_PAIRED_REQUESTS``, without a finite positive interval, past ``MAX_INTERVAL_RATIO`` or the bound."""
     n = int(requests) if requests == requests else 0  # NaN requests: none
     if (n < MIN_PAIRED_REQUESTS or above_bound or not (np.isfinite(low) and np.isfinite(high)) or low <= 0
             or high > MAX_INTERVAL_RATIO * low):
@@ -106,8 +102,7 @@ def category_verdict(requests: int, low: float, high: float, *, above_bound: boo
 
 
 def _verdict_interval(row, category_requests: float) -> tuple[str, float, float, float, float]:
-    """(source, requests, point, low, high) a category's verdict rests on: the paired measurement where there is
-    one, else the workload prediction (``workload_*``) over the category's requests."""
+    """(source, requests, point, low, high) of a category's verdict: measured where paired, else predicted."""
     def number(value):
         return float(value) if value is not None and value == value else np.nan
 
@@ -119,9 +114,8 @@ def _verdict_interval(row, category_requests: float) -> tuple[str, float, float,
 
 def answer_frame(analysis: TraceAnalysis, measured: pd.DataFrame | None = None) -> pd.DataFrame:
     """Per drafting arm and category: measured (``measured``: ``jobs.speed.paired_speedups`` rows, else the
-    traces') and predicted speedup side by side, and ``pays`` (``category_verdict``) on the interval of
-    ``pays_from`` ("measured" or "predicted"), with the ``verdict_*`` columns it rests on. Empty where no arm
-    can be predicted or measured."""
+    traces') and predicted speedup, and ``pays`` (``category_verdict``) on the interval of ``pays_from``
+    ("measured" or "predicted", in the ``verdict_*`` columns). Empty where no arm can be predicted or measured."""
     check = analysis.attempt("speedup_validation")
     if not check.ok:
         return pd.DataFrame()
@@ -155,16 +149,14 @@ def answer_frame(analysis: TraceAnalysis, measured: pd.DataFrame | None = None) 
 
 
 def cpu_share(traces, threads: int = 1) -> float | None:
-    """The median over requests of the CPU time decoding got over the wall time of its rounds
-    (``payoff.cost.cpu_wall_factors``), per thread: near 1 on a quiet machine, lower where other work took the
-    cores. ``None`` where the traces hold no CPU timings."""
+    """Median over requests of decoding's CPU over wall time per thread (``cost.cpu_wall_factors``): near 1 on a
+    quiet machine. ``None`` where the traces hold no CPU timings."""
     factors = cpu_wall_factors(traces.rounds, traces.requests)
     return None if factors is None else float(np.median(factors["factor"])) / max(int(threads), 1)
 
 
 def load_note(share: float | None, threads: int = 1) -> str | None:
-    """A line of the screen (at most 100 columns) saying the machine was loaded while decoding (``share`` below
-    ``MIN_CPU_SHARE``), else ``None``."""
+    """A screen line saying the machine was loaded (``share`` below ``MIN_CPU_SHARE``), else ``None``."""
     if share is None or share >= MIN_CPU_SHARE:
         return None
     return (f"Machine loaded: decoding got {share:.0%} of {threads} thread(s)' time (below {MIN_CPU_SHARE:.0%}): no "
@@ -173,10 +165,8 @@ def load_note(share: float | None, threads: int = 1) -> str | None:
 
 def verdict_lines(analysis: TraceAnalysis, measured: pd.DataFrame | None = None, *,
                   loaded: str | None = None) -> list[str]:
-    """The short answer on one screen: per drafting arm, one line per category with its verdict, speedup over AR,
-    interval, source and requests (``answer_frame``), under a title with the largest cost run-to-run spread the
-    predicted intervals carry (``payoff.workload.cost_spread``); ``loaded`` (``load_note``): said under the title,
-    and no category gets a verdict (``LOADED``)."""
+    """The short answer on one screen: per drafting arm and category its verdict, speedup, interval, source and
+    requests (``answer_frame``); ``loaded`` (``load_note``): said under the title, and no verdict (``LOADED``)."""
     frame = answer_frame(analysis, measured)
     if frame.empty:
         return ["When drafting pays: no drafting arm could be measured or predicted (see summary.txt)"]
@@ -246,14 +236,10 @@ def answer_lines(analysis: TraceAnalysis, measured: pd.DataFrame | None = None, 
                 predicted += f", per request {r.workload_predicted:.2f}x {band} ({spread_text(r.workload_spread)})"
             lines.append(f"    {r.category:<16} measured {got:<44} predicted {predicted:<36} -> {r.pays} "
                          f"({r.pays_from})")
-        if not pays.ok:
-            lines.append(f"    ({pays.error})")
-        if not work.ok:
-            lines.append(f"    ({work.error})")
+        lines += [f"    ({attempt.error})" for attempt in (pays, work) if not attempt.ok]
     crossing = analysis.attempt("crossing_table")
     if crossing.ok:
-        for r in crossing.value.to_dict("records"):
-            lines.append(f"{r['arm']}: {crossing_sentence(r)}")
+        lines += [f"{r['arm']}: {crossing_sentence(r)}" for r in crossing.value.to_dict("records")]
     return lines
 
 
@@ -286,18 +272,13 @@ def _nats(value) -> str:
     return "∞" if np.isinf(value) else "–" if np.isnan(value) else f"{value:.2f}"
 
 
-def pays_requests(analysis: TraceAnalysis, arm: str) -> float:
-    """The requests the break-even and speedup intervals of ``arm`` rest on (NaN where not computed)."""
-    pays = analysis.attempt("pays", arm)
-    return float(pays.value.summary["n_requests"].iloc[0]) if pays.ok else np.nan
-
-
 def law_frame(analysis: TraceAnalysis) -> pd.DataFrame:
     """Per arm: k (and w), lambda at depth 1, the break-even entropy (95% intervals, with the requests each
     rests on) and the verdicts on the workload and at constant entropy."""
     law = analysis.law_table()
     rows = []
     for r in law.to_dict("records"):
+        work, pays = analysis.attempt("workload", r["arm"]), analysis.attempt("pays", r["arm"])
         w = ({"w: exponent of 1 − p₁ (95% CI)": format_interval(r.get("w", np.nan), r.get("w_low"),
                                                                 r.get("w_high"))} if "w" in law else {})
         rows.append({"arm": r["arm"],
@@ -307,16 +288,11 @@ def law_frame(analysis: TraceAnalysis) -> pd.DataFrame:
                      "at-risk trials": r.get("trials", np.nan), "requests": r.get("requests", np.nan),
                      "break-even H, nats (95% CI)": format_interval(r.get("breakeven_nats", np.nan),
                                                                     r.get("breakeven_low"), r.get("breakeven_high")),
-                     "drafting pays (workload)": _workload_verdict(analysis, r["arm"]),
+                     "drafting pays (workload)": work.value.verdict if work.ok else "n/a",
                      "drafting pays (constant H)": (r.get("drafting_pays") if isinstance(r.get("drafting_pays"), str)
                                                     else "n/a"),
-                     "break-even: requests": pays_requests(analysis, r["arm"])})
+                     "break-even: requests": float(pays.value.summary["n_requests"].iloc[0]) if pays.ok else np.nan})
     return pd.DataFrame(rows)
-
-
-def _workload_verdict(analysis: TraceAnalysis, arm: str) -> str:
-    work = analysis.attempt("workload", arm)
-    return work.value.verdict if work.ok else "n/a"
 
 
 def few_requests_notes(analysis: TraceAnalysis) -> list[str]:
@@ -444,14 +420,6 @@ def results_markdown(analysis: TraceAnalysis, *, source: str = "") -> str:
     return "\n".join(lines) + "\n"
 
 
-def _runs_frame(analysis: TraceAnalysis) -> pd.DataFrame:
-    runs = analysis.runs
-    req = analysis.view.requests.groupby("run_id").size().rename("requests")
-    cols = [c for c in ("run_id", "arm", "model_id", "machine", "tree_policy", "replayed", "timed", "status")
-            if c in runs]
-    return runs[cols].merge(req, left_on="run_id", right_index=True, how="left")
-
-
 def _sections(analysis: TraceAnalysis):
     """(title, DataFrame or text) pairs of the report body, errors collected as notes."""
     notes = few_requests_notes(analysis)
@@ -465,7 +433,10 @@ def _sections(analysis: TraceAnalysis):
     answer = answer_lines(analysis)
     if answer:
         yield "When drafting pays (the answer)", answer
-    yield "Runs", _runs_frame(analysis)
+    runs, req = analysis.runs, analysis.view.requests.groupby("run_id").size().rename("requests")
+    cols = [c for c in ("run_id", "arm", "model_id", "machine", "tree_policy", "replayed", "timed", "status")
+            if c in runs]
+    yield "Runs", runs[cols].merge(req, left_on="run_id", right_index=True, how="left")
     yield "Results per category", results_frame(analysis)
     yield "Fitted law per arm", law_frame(analysis)
     if attempt("universality_table") is not None:
@@ -475,12 +446,11 @@ def _sections(analysis: TraceAnalysis):
         yield "Leave-one-category-out accuracy across categories (leak-free and oracle depths, depth-only control)", \
             loco_accuracy_frame(analysis)
         notes.append(LOCO_TEXT)
-    title, frame, extra = request_prediction_section(analysis)  # per-request intervals, reliability (payoff.predict)
-    yield title, frame
-    notes.extend(extra)
-    title, frame, extra = glance_section(analysis)  # GLANCE's law beside ours, LOCO per round (plots.glance)
-    yield title, frame
-    notes.extend(extra)
+    # per-request intervals and reliability (payoff.predict); GLANCE's law beside ours, LOCO per round (plots.glance)
+    for section in (request_prediction_section, glance_section):
+        title, frame, extra = section(analysis)
+        yield title, frame
+        notes.extend(extra)
     for arm in analysis.arms:
         for depths in analysis.loco_depths:
             if (loco := attempt("loco", arm, depths)) is not None:
@@ -513,16 +483,14 @@ def _sections(analysis: TraceAnalysis):
 
 def write_report(traces, out_dir, *, fmt: str = "html", analysis: TraceAnalysis | None = None, source: str = "",
                  progress: bool = False, figure_formats=("png", "pdf"), **analysis_options) -> Path:
-    """Write the report of ``traces`` into ``out_dir`` (``_write_page``; figures also under
-    ``out_dir/figures``); returns its path."""
+    """Write the report of ``traces`` into ``out_dir`` (figures also under ``out_dir/figures``); returns its path."""
     from entropy_law.plots.gallery import FIGURES, make_figures
 
     if fmt not in ("html", "md", "markdown"):
         raise ValueError(f"fmt must be 'html' or 'md', got {fmt!r}")
     analysis = analysis or TraceAnalysis(traces, **analysis_options)
     out_dir = Path(out_dir)
-    fig_dir = out_dir / "figures"
-    written = make_figures(analysis, fig_dir, formats=figure_formats, progress=progress)
+    written = make_figures(analysis, out_dir / "figures", formats=figure_formats, progress=progress)
     sections = list(_sections(analysis))
     figures = [(FIGURES[name].title, name, paths) for name, paths in written.items()]
     return _write_page(out_dir, fmt, f"entropy-law report: {source or out_dir.name}",
@@ -531,9 +499,7 @@ def write_report(traces, out_dir, *, fmt: str = "html", analysis: TraceAnalysis 
 
 
 def _write_page(out_dir: Path, fmt: str, title: str, header: str, sections, figures) -> Path:
-    """``report.html`` (figures embedded) or ``report.md`` (PNGs beside it) in ``out_dir``: ``title``, a line
-    "generated <time>; ``header``", ``sections`` ((name, DataFrame or lines)) and ``figures`` ((title, name,
-    paths))."""
+    """``report.html`` (figures embedded) or ``report.md`` (PNGs beside it) in ``out_dir``."""
     stamp = _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     out_dir.mkdir(parents=True, exist_ok=True)
     if fmt == "html":
@@ -588,8 +554,7 @@ NOT_OUT_OF_CORE = ("not in an out-of-core report, because they need the rows in 
 
 
 def out_of_core_law_frame(laws: dict) -> pd.DataFrame:
-    """Per arm of ``laws`` (``FittedLaw``, or the text of its failure): family, k and lambda at depth 1 with 95%
-    intervals, trials and requests."""
+    """Per arm of ``laws`` (``FittedLaw`` or its failure's text): family, k, lambda at depth 1, trials, requests."""
     rows = []
     for arm, law in laws.items():
         if isinstance(law, str):
@@ -625,13 +590,9 @@ def write_report_out_of_core(traces, out_dir, *, fmt: str = "html", family: str 
                              figure_formats=("png", "pdf"), threads: int | None = None,
                              memory_limit: str | None = None, temp_directory: str | None = None) -> Path:
     """The report of runs larger than memory, from every row without holding the rows (DuckDB over groups of
-    shards; ``threads``, ``memory_limit``, ``temp_directory``: its settings).
-
-    Per arm and category the summaries of ``outofcore.report_summaries_sql``; the law ``family`` (default
-    ``PRIMARY_FAMILY``, else ``PRIMARY_FALLBACK`` where it cannot fit, noted) fitted per arm by
-    ``fit_law_out_of_core``; the depth-1 acceptance per entropy bin with each law; notes, and what an
-    out-of-core report leaves out (``NOT_OUT_OF_CORE``). ``traces``: a run directory, a folder of runs or a
-    ``TraceSet``."""
+    shards; ``threads``, ``memory_limit``, ``temp_directory``: its settings). ``traces``: a run directory, a folder
+    of runs or a ``TraceSet``; ``family``: default ``PRIMARY_FAMILY``, else ``PRIMARY_FALLBACK`` (noted). What it
+    leaves out: ``NOT_OUT_OF_CORE``. Returns the page's path."""
     from entropy_law.law.fit import PRIMARY_FALLBACK, PRIMARY_FAMILY
     from entropy_law.outofcore import fit_law_out_of_core, report_summaries_sql
 
@@ -709,9 +670,8 @@ def _out_of_core_figure(curve: pd.DataFrame, drafting: list, laws: dict, out_dir
 
 
 def terminal_summary(analysis: TraceAnalysis, measured: pd.DataFrame | None = None, *, loaded: bool = False) -> str:
-    """The demo's closing summary: where drafting pays; per category mean entropy, tokens per round and speedup
-    per arm (``measured``: ``jobs.speed.paired_speedups`` rows, else the traces' own; ``speedup_text``); the
-    fitted law with intervals."""
+    """The demo's closing summary: where drafting pays, per arm and category the mean entropy, tokens per round and
+    speedup (``measured``: ``jobs.speed.paired_speedups`` rows, else the traces' own), the fitted law."""
     table = analysis.results_table()
     speeds = analysis.attempt("measured_speedups")
     cells = measured if measured is not None else speeds.value if speeds.ok else None
@@ -725,8 +685,7 @@ def terminal_summary(analysis: TraceAnalysis, measured: pd.DataFrame | None = No
         for r in part.itertuples():
             lines.append(f"  {r.category:<16}{_fmt(r.mean_entropy_nats):>14}{_fmt(r.committed_per_round):>14}"
                          f"   {'(the reference)' if arm in reference else _speedup_cell(r, cells)}")
-    lines.append("")
-    lines.append(f"fitted law {analysis.family} ({get_family(analysis.family).description}), 95% intervals")
+    lines += ["", f"fitted law {analysis.family} ({get_family(analysis.family).description}), 95% intervals"]
     for r in law_frame(analysis).to_dict("records"):
         at_p1 = (f" at fixed p1, w = {r['w: exponent of 1 − p₁ (95% CI)']}" if "w: exponent of 1 − p₁ (95% CI)" in r
                  else "")
@@ -749,5 +708,4 @@ def _speedup_cell(row, measured: pd.DataFrame | None) -> str:
 
 
 def _requests(n) -> str:
-    """`` (n = 12 requests)`` beside an interval; empty where there is no interval."""
     return f" (n = {int(n)} requests)" if np.isfinite(n) else ""

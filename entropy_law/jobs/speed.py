@@ -1,9 +1,7 @@
 """Measured decoding speed, the one routine: warm-up, arms interleaved per prompt, paired ratios, intervals.
 
-Every arm is a callable ``(prompt ids, max_new_tokens) -> (new token ids, rounds or None)``, decoding each prompt
-in an order that rotates with the prompt, timed by this process's CPU clock and the wall clock; outputs are
-compared with the reference arm's. A speedup (reference time over the arm's, request-bootstrap 95% interval) is a
-result only by the rule of ``payoff.cost.speed_verdict``, as ``TraceAnalysis.speedup`` applies it to traces.
+Every arm is a callable ``(prompt ids, max_new_tokens) -> (new token ids, rounds or None)``, timed by the CPU and
+wall clocks in an order rotating with the prompt. A speedup is a result only by ``payoff.cost.speed_verdict``.
 """
 
 from __future__ import annotations
@@ -41,9 +39,7 @@ def round_cost(rounds, cost_of: Callable[[int], float] | None = None) -> tuple[i
     """(verify rounds after the prefill, their summed verify cost ``c(tree nodes + 1)`` in one-token forwards;
     ``cost_of`` default ``c(n) = 1``) of a decoder's round records; (0, 0.0) without them."""
     cost_of = cost_of or (lambda n: 1.0)
-    if not rounds:
-        return 0, 0.0
-    decode = [r for r in rounds if r.round_index > 0]
+    decode = [r for r in rounds or () if r.round_index > 0]
     return len(decode), float(sum(cost_of(r.tree_nodes + 1) for r in decode))
 
 
@@ -131,11 +127,10 @@ def paired_speedups(timings: pd.DataFrame, *, reference: str, clock: str = "cpu"
             cost = mine.loc[ids, "verify_cost"].sum()
             bound = tokens_per_round * rounds / cost if rounds and cost else tokens_per_round
             verdict = speed_verdict(speedup, lo, hi, bound, len(ids))
-            within, reliable = verdict != ABOVE_BOUND, verdict == MEASURED
             rows.append(dict(arm=arm, category=category, requests=len(ids), speedup=float(speedup), lo=float(lo),
-                             hi=float(hi), tokens_per_round=tokens_per_round, bound=bound, within_bound=within,
-                             reliable=reliable, mismatches=int((~mine.loc[ids, "matches_reference"]).sum()),
-                             verdict=verdict))
+                             hi=float(hi), tokens_per_round=tokens_per_round, bound=bound,
+                             within_bound=verdict != ABOVE_BOUND, reliable=verdict == MEASURED,
+                             mismatches=int((~mine.loc[ids, "matches_reference"]).sum()), verdict=verdict))
     return pd.DataFrame(rows)
 
 

@@ -1,35 +1,14 @@
 """When drafting pays on a workload: the break-even on the scale of a request's mean target entropy.
 
-The constant-entropy break-even (``cost.breakeven_entropy``) prices a sequence in which every position has entropy H.
-Real requests mix long low-entropy stretches with short high-entropy ones, and at the same mean entropy they accept far
-shorter blocks than a sequence at that entropy everywhere (``docs/law.md`` shows how far). So the constant-H break-even is not the entropy where a workload's
-measured per-request speedups cross 1, and the two should not be compared.
+Each request is priced on its own entropy sequence h_0..h_{T-1}, not at a constant entropy (``cost.breakeven_entropy``
+answers that other question; the two must not be compared). With P(D | t) from the arm's rounds, n(D) its mean draft
+nodes at depth D and P(tau = k | t) from the law, the DP gives expected rounds R, draft nodes M and drafting rounds G:
 
-Here each request is priced on its own entropy sequence h_0..h_{T-1}. Decoding starts after the prefill's
-token (position 0, as the measured speedups count it). With P(D | t) the probability that a round starting at
-t drafts D tokens (``transfer.TrainingDepthModel``, fitted on the arm's own rounds; by the entropy at t and, where
-both the arm's runs and the workload hold it, the context's copyability before t), P(tau = k | t) from the
-law (``blocks.tau_distribution``), and n(D) the mean draft nodes of the arm's rounds that drafted D tokens:
+    R(t) = 1 + sum_k P(tau = k | t) R(t + k + 1),  M(t) = sum_D P(D | t) n(D) + sum_k P(tau = k | t) M(t + k + 1)
 
-    R(t) = 1 + sum_k P(tau = k | t) R(t + k + 1)                      (expected rounds)
-    M(t) = sum_D P(D | t) n(D) + sum_k P(tau = k | t) M(t + k + 1)     (expected draft nodes verified)
-    G(t) = P(D > 0 | t) + sum_k P(tau = k | t) G(t + k + 1)             (expected drafting rounds)
-
-and, as the cost model is linear in the nodes (a drafting round costs draft + overhead + v0 + v1 N, one that
-drafted nothing its own measured draft + overhead + v0: ``cost.CostModel.no_draft_ms``),
-E[decode cost] = v0 R(1) + (draft + overhead) G(1) + no_draft (R(1) - G(1)) + v1 M(1), and the predicted
-speedup of the request is (T - 1) t_AR / E[decode cost].
-
-The workload break-even is where the token-weighted least-squares line of log(predicted speedup) on the
-request's mean entropy crosses 0; the measured crossing is the same line through the measured per-request
-speedups (``TraceAnalysis.request_speedups``), so the two are on one scale and from one estimator. Both come
-with request-bootstrap intervals from the same replicates: each replicate draws one Poisson weight per request
-id (the AR run's prompts take the same weights), refits the cost model and t_AR with them, draws one set of the
-law's coefficients from their cluster-robust normal approximation (``predict.parameter_draws``: the law's
-uncertainty without refitting it per replicate) and refits both lines. Not resampled: the drafted-depth model
-and n(D) (in-sample, from the arm's rounds).
-
-Not known here: prefill (decode speedup only), a workload whose entropy sequences are not recorded. No torch.
+(G as M with P(D > 0 | t)); E[decode cost] = v0 R + (draft + overhead) G + no_draft (R - G) + v1 M, and the predicted
+speedup is (T - 1) t_AR / E[cost]. The break-even, its measured twin and their request-bootstrap intervals:
+``docs/law.md``, "When drafting pays on a workload". Not known here: prefill (decode speedup only). No torch.
 """
 
 from __future__ import annotations
@@ -57,8 +36,7 @@ def decode_moments(p_tau: np.ndarray, round_rewards: np.ndarray, start: int = 1)
     """(expected rounds, expected rewards) to decode positions ``start``..T-1, for K laws at once.
 
     ``p_tau``: ``[K, T, W]``, P(tau = k | round starts at t) for each of K acceptance draws (``tau_distribution``);
-    ``round_rewards``: ``[T, J]``, J expected quantities of one round starting at t (its draft nodes
-    sum_D P(D | t) n(D); whether it drafts, 1 - P(D = 0 | t)); each is summed over the rounds,
+    ``round_rewards``: ``[T, J]``, J expected quantities of one round starting at t, each summed over the rounds,
     V(t) = r(t) + sum_k P(tau = k | t) V(t + k + 1). Returns ``[K]`` rounds and ``[K, J]`` sums (zeros when
     ``start >= T``)."""
     p = np.asarray(p_tau, dtype=float)
@@ -77,10 +55,9 @@ def decode_moments(p_tau: np.ndarray, round_rewards: np.ndarray, start: int = 1)
 
 
 def log_speedup_crossing(mean_entropy: np.ndarray, speedup: np.ndarray, weights: np.ndarray) -> tuple[float, float, float]:
-    """(crossing, intercept, slope) of the weighted least-squares line log(speedup) = b0 + b1 H: the entropy where
-    it crosses 0 (speedup 1). ``inf``: it pays at every entropy (b1 >= 0, b0 > 0); 0: it pays at none
-    (the line is below 0 from H = 0 on); NaN: fewer than two distinct entropies with weight, or a line rising
-    from below 0 (speedup grows with entropy: no break-even)."""
+    """(crossing, intercept, slope) of the weighted least-squares line log(speedup) = b0 + b1 H, crossing where it is
+    0. ``inf``: it pays at every entropy (b1 >= 0, b0 > 0); 0: at none (below 0 from H = 0 on); NaN: fewer than two
+    distinct entropies with weight, or a line rising from below 0 (no break-even)."""
     h = np.asarray(mean_entropy, dtype=float)
     y = np.log(np.asarray(speedup, dtype=float))
     w = np.asarray(weights, dtype=float)
@@ -101,11 +78,10 @@ SUMMARY_ROWS = ("workload_breakeven_nats", "measured_crossing_nats", "predicted_
 
 @dataclass
 class WorkloadBreakeven(Result):
-    """Per request the predicted (and, where measured, the measured) decode speedup against its mean entropy,
-    and where the two log-speedup lines cross 1. ``summary``: per quantity (``SUMMARY_ROWS``) the estimate, the
-    bootstrap percentile interval and the requests resampled; ``requests``: per request ``tokens`` (decoded after
-    the prefill), ``mean_entropy_nats``, ``predicted_rounds``, ``predicted_speedup``, ``measured_speedup`` (NaN
-    where not measured); ``replicates``: one row per bootstrap replicate."""
+    """Per request the predicted (and measured) decode speedup against its mean entropy, and where the two
+    log-speedup lines cross 1. ``summary``: per quantity (``SUMMARY_ROWS``) the estimate, interval and requests;
+    ``requests``: per request ``tokens``, ``mean_entropy_nats``, ``predicted_rounds``, ``predicted_speedup``,
+    ``measured_speedup`` (NaN: not measured); ``replicates``: one row per bootstrap replicate."""
 
     drafter_id: str
     summary: pd.DataFrame
@@ -114,10 +90,8 @@ class WorkloadBreakeven(Result):
     cost: CostModel
     family: str
     notes: list = field(default_factory=list)
-    # per category (and "all"), as WorkloadPrediction.summary (category_summary): predicted_speedup (its tokens x
-    # t_AR over its summed predicted decode cost), ci_low / ci_high over the replicates' law draws and refitted costs
-    # (the requests themselves fixed, as predict_workload prices a workload), widened by the cost run-to-run spread
-    # (cost_spread; not by a transfer error) and the verdict on them
+    # per category (and "all"), as WorkloadPrediction.summary (category_summary), the requests fixed and the
+    # interval widened by the cost run-to-run spread only (not by a transfer error)
     categories: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
@@ -161,15 +135,13 @@ class WorkloadBreakeven(Result):
 
     @property
     def _measured_line_ok(self) -> bool:
-        """A measured line exists and rests on at least ``FEW_REQUESTS`` paired requests."""
         s = self.summary
         return "measured_crossing_nats" in s.index and s.loc["measured_crossing_nats", "n_requests"] >= FEW_REQUESTS
 
     @property
     def inside(self) -> bool | None:
         """Whether the measured crossing lies inside the workload break-even's interval (None where either is
-        missing or the measured line rests on fewer than ``FEW_REQUESTS`` paired requests). ``agree`` compares the
-        verdicts in words instead."""
+        missing or the measured line rests on fewer than ``FEW_REQUESTS`` paired requests)."""
         s = self.summary
         if not self._measured_line_ok:
             return None
@@ -182,9 +154,8 @@ class WorkloadBreakeven(Result):
 
     @property
     def agree(self) -> bool | None:
-        """Whether the predicted and the measured verdict say the same on the observed workloads: both place the
-        crossing beyond the highest request mean entropy ("pays on every observed workload"), both below the
-        lowest, or the measured crossing lies inside the predicted interval. None where not measured."""
+        """Whether both verdicts say the same: both crossings beyond the same end of the observed request mean
+        entropies, or the measured one inside the predicted interval. None where not measured."""
         if not self._measured_line_ok:
             return None
         lo_h, hi_h = self.observed_entropy
@@ -198,8 +169,7 @@ class WorkloadBreakeven(Result):
 
 
 def _tau_by_draw(acceptance: np.ndarray, shape: tuple, probs: np.ndarray) -> np.ndarray:
-    """``[K, T, W]`` P(tau = k | t) for the K columns of ``acceptance`` (``sequence_frame`` rows x draws), in one
-    ``tau_distribution`` call: its rows (round starts) are independent, so the K draws are stacked along them."""
+    """``[K, T, W]`` P(tau = k | t) for the K columns of ``acceptance``, the draws stacked in one call."""
     dims, flat = shape
     k = acceptance.shape[1]
     if flat is None:  # [T, D] per draw
@@ -214,36 +184,13 @@ def _tau_by_draw(acceptance: np.ndarray, shape: tuple, probs: np.ndarray) -> np.
     return p_tau.reshape(k, length, -1)
 
 
-def _nodes_by_depth(traces, drafted: pd.DataFrame, drafts: int) -> np.ndarray:
-    """n(D), D = 0..drafts: the mean draft nodes of the drafter's rounds whose drafted depth is D (0 for D = 0;
-    the mean over every drafting round where no round drafted D)."""
-    rounds = traces.rounds[["run_id", "request_id", "round_index", "tree_nodes"]]
-    joined = drafted.merge(rounds, on=["run_id", "request_id", "round_index"], how="inner")
-    drafting = joined.loc[joined["drafted_depth"] > 0]
-    fill = float(drafting["tree_nodes"].mean()) if len(drafting) else 0.0
-    per_depth = drafting.groupby("drafted_depth")["tree_nodes"].mean()
-    out = np.array([0.0] + [float(per_depth.get(d, fill)) for d in range(1, drafts + 1)])
-    return out
-
-
-def _law_draws(law: FittedLaw, n_boot: int, seed: int) -> np.ndarray:
-    """``[1 + n_boot, parameters]``: row 0 the law's estimate, then draws from its cluster-robust normal
-    approximation (``predict.parameter_draws``)."""
-    draws = parameter_draws(law, n_boot, seed) if n_boot else np.empty((0, len(law.result.params)))
-    return np.vstack([np.asarray(law.result.params, dtype=float)[None, :], draws])
-
-
 def _price_sequences(law: FittedLaw, entropies, drafts: int, depth_model: TrainingDepthModel | None,
                      n_of_depth: np.ndarray, thetas: np.ndarray, replayed: list | None = None,
                      contexts: list | None = None,
                      copyability: list | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The module doc's DP over each entropy sequence, for each row of ``thetas``: ``[requests, K]`` arrays of
-    expected rounds, draft nodes verified and drafting rounds. ``replayed``: per sequence ``(depth probabilities,
-    top-1 probabilities)`` of the drafter's replayed proposals (``transfer.replayed_arrays``) instead of
-    ``depth_model``; the top-1 probabilities enter a law in them (``needs_draft_stats``). ``contexts``: per sequence
-    the per-position arrays a law reads besides the entropy (``transfer.sequence_context``: the copyability, the
-    target's top-1 probability; ``LawFamily.position_columns``); ``copyability``:
-    per sequence its copyability array or None, for ``depth_model``'s copyability levels."""
+    """The module doc's DP per sequence and row of ``thetas``: ``[requests, K]`` expected rounds, nodes, drafting
+    rounds. Per sequence: ``replayed`` (``transfer.replayed_arrays``, replaces ``depth_model``), ``contexts``
+    (``transfer.sequence_context``), ``copyability`` (for ``depth_model``)."""
     rounds_k, nodes_k, drafting_k = [], [], []
     for i, h in enumerate(entropies):
         h = np.asarray(h, dtype=float)
@@ -262,15 +209,19 @@ def _price_sequences(law: FittedLaw, entropies, drafts: int, depth_model: Traini
 
 def _priced_requests(traces, drafter: str, law: FittedLaw, arm_seqs: pd.DataFrame, seqs: pd.DataFrame, drafts: int,
                      proposals: pd.DataFrame | None, n_boot: int, seed: int):
-    """The DP's inputs and outputs for the requests ``seqs``: n(D) and the drafted-depth model from the arm's rounds
-    (its requests ``arm_seqs``), the law's coefficient draws, the replayed proposals' arrays (None without
-    ``proposals``), the ``[requests, 1 + n_boot]`` expected (rounds, nodes, drafting rounds: column 0 the law's
-    estimate, then one column per coefficient draw), per request the tokens decoded after the prefill and the
-    mean entropy, and where the drafted depths came from (``_depth_source``, for the notes)."""
+    """n(D), replayed arrays, the ``[requests, 1 + n_boot]`` DP results, tokens, mean entropies and the depth
+    source's note for ``seqs``, the depth model fitted on the arm's requests ``arm_seqs``."""
     depth_rows = with_start_entropy(drafted_depths(traces, drafter), arm_seqs)
     depth_model = TrainingDepthModel.fit(depth_rows, drafts)
-    n_of_depth = _nodes_by_depth(traces, depth_rows, drafts)
-    thetas = _law_draws(law, n_boot, seed)
+    # n(D), D = 0..drafts: mean draft nodes of the rounds that drafted D (0 at D = 0; the overall mean if none)
+    joined = depth_rows.merge(traces.rounds[["run_id", "request_id", "round_index", "tree_nodes"]],
+                              on=["run_id", "request_id", "round_index"], how="inner")
+    drafting = joined.loc[joined["drafted_depth"] > 0]
+    fill = float(drafting["tree_nodes"].mean()) if len(drafting) else 0.0
+    per_depth = drafting.groupby("drafted_depth")["tree_nodes"].mean()
+    n_of_depth = np.array([0.0] + [float(per_depth.get(d, fill)) for d in range(1, drafts + 1)])
+    draws = parameter_draws(law, n_boot, seed) if n_boot else np.empty((0, len(law.result.params)))
+    thetas = np.vstack([np.asarray(law.result.params, dtype=float)[None, :], draws])  # row 0: the estimate
     replayed = None
     if proposals is not None:
         arrays = replayed_arrays(proposals, seqs, drafts)
@@ -287,9 +238,7 @@ def _priced_requests(traces, drafter: str, law: FittedLaw, arm_seqs: pd.DataFram
 
 
 def _depth_source(depth_model: TrainingDepthModel, copyability: list) -> str:
-    """The notes' words for where a DP's drafted depths came from: the arm's rounds by the entropy at a round's
-    start and, where both the arm's runs and the workload's requests hold it, by the context's copyability there;
-    says which side lacks it (a prompt-lookup drafter drafts by the copyability, so entropy alone misses it)."""
+    """The notes' words for where the drafted depths came from, and which side lacks the copyability."""
     known = sum(c is not None for c in copyability)
     hint = ("record with the prompts' token ids, or attach it from the prompts: entropy-law predict --context-match, "
             "jobs.reference.attach_context_matches")
@@ -304,9 +253,8 @@ def _depth_source(depth_model: TrainingDepthModel, copyability: list) -> str:
 
 def _reweighted_costs(traces, drafter: str, ids, ar_table, ar_ms_per_token, clock: str, replicates: int, rng,
                       weight_sets=None):
-    """Per bootstrap replicate j = 1..``replicates``: (j, Poisson weights of ``ids`` (the arm's and the AR
-    requests), the cost model and t_AR refitted with them, or None where the refit fails); ``weight_sets``: these
-    weights (by request id) instead."""
+    """Per replicate j: (j, Poisson weights of ``ids`` or the next of ``weight_sets``, the refitted cost model or
+    None)."""
     sets = weight_sets if weight_sets is not None else (poisson_weights(ids, rng) for _ in range(replicates))
     for j, weights in enumerate(sets, start=1):
         try:
@@ -322,16 +270,11 @@ COST_BLOCKS, MIN_BLOCK_REQUESTS = 4, 2  # consecutive blocks of the arm's reques
 
 def cost_spread(traces, drafter: str, price, boot, *, ar_table=None, ar_ms_per_token=None, clock: str = "auto",
                 blocks: int = COST_BLOCKS) -> tuple[np.ndarray, str]:
-    """The cost model's run-to-run spread, measured inside one run (docs/demo.md): per predicted speedup of
-    ``price(cost)`` (a list, e.g. per category) the SD on the log scale it adds to the bootstrap's interval.
-
-    The arm's requests, in recording order, are cut into ``blocks`` consecutive blocks, each timed under whatever
-    the machine did then; the cost model and t_AR refitted on each block alone price the same rounds. Their
-    between-block variance s2 of the log speedup holds each block's sampling noise, about ``blocks`` x the whole
-    run's (``boot``: [replicates, entries] bootstrap speedups priced with the cost model alone), which the interval
-    already carries: tau2 = max(s2 - blocks x var(log boot), 0) is kept whole, as another run may sit wholly in one
-    block's conditions. Returns (tau per entry, a note); NaN (no widening; the note says why) with fewer than
-    ``MIN_BLOCK_REQUESTS`` requests per block or 2 replicates, or where a block cannot be fitted."""
+    """The cost model's run-to-run spread, measured inside one run (method: docs/demo.md): per predicted speedup of
+    ``price(cost)`` (a list, e.g. per category) the SD on the log scale it adds to the bootstrap's interval, from the
+    cost model refitted on ``blocks`` consecutive blocks of the arm's requests, less their sampling noise (``boot``:
+    [replicates, entries] bootstrap speedups priced with the cost model alone). Returns (tau per entry, a note); NaN
+    (no widening, the note says why) below ``MIN_BLOCK_REQUESTS`` per block or 2 replicates, or if a block fails."""
     ids = pd.unique(single_drafter(traces, drafter)[1]["request_id"])
     why = (f"{len(ids)} requests, fewer than {blocks} blocks of {MIN_BLOCK_REQUESTS}"
            if len(ids) < blocks * MIN_BLOCK_REQUESTS else "fewer than 2 bootstrap replicates" if len(boot) < 2 else "")
@@ -350,8 +293,8 @@ def cost_spread(traces, drafter: str, price, boot, *, ar_table=None, ar_ms_per_t
 
 
 def _widened(estimate: float, low: float, high: float, extra: float) -> tuple[float, float]:
-    """``[low, high]`` with each side's log distance d from ``estimate`` made sqrt(d2 + extra2) (independent terms:
-    variances add); unchanged where ``extra`` is 0 or NaN."""
+    """``[low, high]`` with each side's log distance d from ``estimate`` made sqrt(d2 + extra2); unchanged where
+    ``extra`` is 0 or NaN."""
     if not (extra > 0 and estimate > 0):
         return low, high
     e = np.log(estimate)
@@ -360,10 +303,8 @@ def _widened(estimate: float, low: float, high: float, extra: float) -> tuple[fl
 
 
 def decode_cost_ms(c: CostModel, rounds, drafting, nodes, skipped=0.0):
-    """Expected decode cost (ms) of a request with these expected rounds, drafting rounds and draft nodes: a
-    drafting round costs draft + overhead + v0 + v1 N, a round that drafted nothing its own measured draft +
-    overhead (the drafting rounds' where the arm has none) + v0, and of those the ``skipped`` rounds, where a law
-    policy did not call the drafter, ``c.skip_round_ms`` + v0."""
+    """Expected decode cost (ms) of a request with these expected rounds, drafting rounds and draft nodes (module
+    doc); the ``skipped`` rounds, where a law policy did not call the drafter, cost ``c.skip_round_ms`` + v0."""
     idle = c.no_draft_ms if np.isfinite(c.no_draft_ms) else c.draft_ms + c.overhead_ms
     skipped = np.asarray(skipped, dtype=float)
     return (c.verify_intercept_ms * rounds + (c.draft_ms + c.overhead_ms) * drafting
@@ -372,9 +313,8 @@ def decode_cost_ms(c: CostModel, rounds, drafting, nodes, skipped=0.0):
 
 
 def _one_drafter_family(name: str, proposals, whose: str):
-    """The law family ``name``, refused where a workload price cannot use it: it needs a category or drafter
-    argument, or reads more than the workload information set holds with the drafted depths it gets (the depth
-    model, or the replayed proposals ``whose``: ``law.information.predictor_inputs``)."""
+    """The law family ``name``, refused where it needs a category or drafter argument or reads more than the
+    workload information set holds with the drafted depths it gets (``law.information.predictor_inputs``)."""
     fam = get_family(name)
     if fam.needs_categories or fam.needs_drafters or fam.uses_category:
         raise ValueError(f"{fam.name} needs a category or drafter argument; use a one-drafter, category-free law")
@@ -411,13 +351,9 @@ def workload_breakeven(
     here). ``ar_ms_per_token`` / ``ar_requests`` / ``clock``: the AR cost, as ``cost.when_drafting_pays``.
     ``measured``: per request ``run_id``, ``request_id``, ``speedup`` (and ``decoded``, the tokens it weighs
     with; default the predicted side's), e.g. ``TraceAnalysis.request_speedups``; their crossing is then computed
-    with the same estimator and the same bootstrap weights.
-
-    ``proposals``: the drafter's replayed proposal at every output position of the arm's requests
-    (``traces.proposals`` rows keyed by their ``run_id`` and ``request_id``, e.g. ``proposals.parquet`` beside the
-    arm's run.json): the drafted depths are then those instead of the in-sample depth model's, and a law in the
-    drafter's confidence (``law_exp_obs_ceil_drafttop``, fitted on traces that recorded it) can be used. Steps:
-    ``_priced_workload``, ``_with_measured``, ``_line_statistics`` on the estimate and ``_breakeven_replicates``."""
+    with the same estimator and the same bootstrap weights. ``proposals``: the drafter's replayed proposal at every
+    output position of the arm's requests (``traces.proposals`` rows): the drafted depths are then those instead of
+    the in-sample depth model's, and a law in the drafter's confidence (``law_exp_obs_ceil_drafttop``) can be used."""
     fam = _one_drafter_family(family if law is None else law.family.name, proposals, "arm's")
     drafter, rounds = single_drafter(traces, drafter)
     cost, ar_table = priced_cost_model(traces, drafter=drafter, ar_ms_per_token=ar_ms_per_token,
@@ -466,8 +402,7 @@ def workload_breakeven(
 
 @dataclass
 class _PricedWorkload:
-    """Every request of an arm priced by the law: its entropy sequence (``seqs``), tokens, mean entropy, and per
-    draw of the law's coefficients (column 0: the estimate) its expected rounds, verified nodes and drafting rounds."""
+    """Every request of an arm priced by the law; ``*_k``: per draw of its coefficients (column 0: the estimate)."""
 
     seqs: pd.DataFrame
     tokens: np.ndarray
@@ -503,28 +438,23 @@ def _priced_workload(traces, drafter: str, law, rounds: pd.DataFrame, proposals,
 
 
 def _with_measured(requests: pd.DataFrame, measured: pd.DataFrame | None, tokens: np.ndarray):
-    """Adds ``measured_speedup`` to ``requests`` (in place); returns ``(speedups, weights)`` of the measured line,
-    ``(None, None)`` where none is measured."""
-    m_speed = m_weight = None
-    if measured is not None:
-        need = {"run_id", "request_id", "speedup"} - set(measured.columns)
-        if need:
-            raise ValueError(f"measured needs columns run_id, request_id, speedup; missing {sorted(need)}")
-        cols = ["run_id", "request_id", "speedup"] + (["decoded"] if "decoded" in measured else [])
-        joined = requests[["run_id", "request_id"]].merge(measured[cols], on=["run_id", "request_id"], how="left")
-        m_speed = joined["speedup"].to_numpy(float)
-        m_weight = joined["decoded"].to_numpy(float) if "decoded" in joined else tokens
-        requests["measured_speedup"] = m_speed
-        if not np.isfinite(m_speed).any():
-            m_speed = None
-    else:
+    """Adds ``measured_speedup`` to ``requests``; returns the measured line's ``(speedups, weights)`` or Nones."""
+    if measured is None:
         requests["measured_speedup"] = np.nan
-    return m_speed, m_weight
+        return None, None
+    need = {"run_id", "request_id", "speedup"} - set(measured.columns)
+    if need:
+        raise ValueError(f"measured needs columns run_id, request_id, speedup; missing {sorted(need)}")
+    cols = ["run_id", "request_id", "speedup"] + (["decoded"] if "decoded" in measured else [])
+    joined = requests[["run_id", "request_id"]].merge(measured[cols], on=["run_id", "request_id"], how="left")
+    m_speed = joined["speedup"].to_numpy(float)
+    requests["measured_speedup"] = m_speed
+    return (m_speed if np.isfinite(m_speed).any() else None,
+            joined["decoded"].to_numpy(float) if "decoded" in joined else tokens)
 
 
 def _line_statistics(priced: _PricedWorkload, c: CostModel, j: int, w: np.ndarray, m_speed, m_weight) -> dict:
-    """The predicted line's crossing, slope, intercept and share of paying requests with cost model ``c``, law draw
-    ``j`` and request weights ``w``; the measured line's too where speedups were measured."""
+    """Crossing, slope, intercept and share paying of the predicted (and measured) line at ``c``, ``j``, ``w``."""
     tokens, mean_h = priced.tokens, priced.mean_h
     s = priced.speedups(c, j)
     out = {}
@@ -544,9 +474,7 @@ def _line_statistics(priced: _PricedWorkload, c: CostModel, j: int, w: np.ndarra
 
 def _breakeven_replicates(traces, drafter: str, priced: _PricedWorkload, groups, ids: np.ndarray, ar_table,
                           ar_ms_per_token, clock: str, m_speed, m_weight, seed: int):
-    """``(line statistics, category speedups, the same at the law's estimate, failures)`` of each bootstrap
-    replicate: Poisson request weights, the cost model refitted on them (``_reweighted_costs``), one draw of the
-    law's coefficients."""
+    """Per replicate: line statistics, category speedups, the same at the law's estimate; and the failures."""
     rng = np.random.default_rng(seed)
     reps, category_reps, cost_only, failed = [], [], [], 0
     all_ids = list(ids) + ([] if ar_table is None else list(ar_table["request_id"]))
@@ -573,16 +501,15 @@ def _fit(traces, family: str, drafter: str, eps: float) -> FittedLaw:
 
 # the law in the drafter's confidence, for a workload priced with the drafter's replayed proposals
 REPLAYED_FAMILY = "law_exp_obs_ceil_drafttop"
-# the same plus the context's copyability (and the target's top-1 probability): the drafter-aware law by the rule of
-# docs/law.md (bench/law.py categories, section 5), where the workload's and the law's traces hold those columns
+# the same plus the copyability and the target's top-1 probability, where the traces hold them (docs/law.md)
 REPLAYED_COPY_FAMILY = "law_exp_obs_ceil_drafttop_top1_copy"
 REPLAYED_COPY_FALLBACK = "law_exp_obs_ceil_drafttop_copy"  # copyability, but no target top-1 probability
 
 
 def replayed_family(*token_tables: pd.DataFrame) -> str:
     """The law that prices replayed proposals for traces with these tokens tables: ``REPLAYED_COPY_FAMILY`` where
-    every table holds the copyability (``context_match``) and the target's top-1 probability at every token,
-    ``REPLAYED_COPY_FALLBACK`` with the copyability only, else ``REPLAYED_FAMILY`` (the rule of ``docs/law.md``)."""
+    all hold ``context_match`` and ``target_top1_prob`` everywhere, ``REPLAYED_COPY_FALLBACK`` with the former only,
+    else ``REPLAYED_FAMILY`` (the rule of ``docs/law.md``)."""
 
     def full(table, column):
         return column in table and len(table) > 0 and not table[column].isna().any()
@@ -590,6 +517,7 @@ def replayed_family(*token_tables: pd.DataFrame) -> str:
     if not all(full(t, "context_match") for t in token_tables):
         return REPLAYED_FAMILY
     return REPLAYED_COPY_FAMILY if all(full(t, "target_top1_prob") for t in token_tables) else REPLAYED_COPY_FALLBACK
+
 
 # a predicted verdict, per category of a workload (``WorkloadPrediction``)
 PAYS, DOES_NOT_PAY, UNCLEAR = "pays", "does not pay", "unclear"
@@ -599,10 +527,8 @@ PAYS, DOES_NOT_PAY, UNCLEAR = "pays", "does not pay", "unclear"
 class WorkloadPrediction(Result):
     """Will drafting pay on a workload the arm never decoded? Per category of the workload (and ``all``):
     ``requests``, ``tokens`` (decoded after the prefill), ``mean_entropy_nats``, ``predicted_tokens_per_round``,
-    ``predicted_speedup`` with its ``ci_low`` / ``ci_high`` (the law's coefficients and the arm's cost
-    measurements, widened by the cost run-to-run spread ``cost_spread``), ``low`` / ``high`` (that interval widened by ``transfer_error``, the law's error on a category
-    it was not fitted on) and ``verdict``: ``PAYS`` where ``low`` > 1, ``DOES_NOT_PAY`` where ``high`` < 1, else
-    ``UNCLEAR``. ``requests_table``: the same per request."""
+    ``predicted_speedup`` with its ``ci_low`` / ``ci_high`` (widened by ``cost_spread``), ``low`` / ``high`` (also by
+    ``transfer_error``) and ``verdict`` (``predicted_verdict``). ``requests_table``: the same per request."""
 
     drafter_id: str
     summary: pd.DataFrame
@@ -657,9 +583,8 @@ def category_summary(groups, estimate: list[float], reps: list[list[float]], tok
                      rounds: np.ndarray, transfer_error: float, level: float, spread=None) -> pd.DataFrame:
     """Per group of ``category_groups`` (index ``category``): ``requests``, ``tokens``, ``mean_entropy_nats``,
     ``predicted_tokens_per_round``, ``predicted_speedup`` (``estimate``), ``ci_low`` / ``ci_high`` (the ``level``
-    percentile interval of the replicates ``reps``, widened by ``spread``, the ``cost_spread`` per group: NaN not
-    measured), ``low`` / ``high`` (that interval widened by ``transfer_error``; NaN: not widened) and the
-    ``verdict`` on them (``predicted_verdict``)."""
+    percentile interval of ``reps`` widened by ``spread``, ``cost_spread`` per group), ``low`` / ``high`` (also by
+    ``transfer_error``; NaN: not) and the ``verdict`` (``predicted_verdict``)."""
     names = [name for name, _ in groups]
     ci_low, ci_high = percentile_interval(pd.DataFrame(reps, columns=names, dtype=float), level)
     band = 0.0 if np.isnan(transfer_error) else float(transfer_error)
@@ -679,13 +604,8 @@ def category_summary(groups, estimate: list[float], reps: list[list[float]], tok
 def _priced_summary(traces, drafter: str, cost: CostModel, ar_table, ar_ms_per_token, arm_ids, seqs: pd.DataFrame,
                     tokens: np.ndarray, mean_h: np.ndarray, rounds_k: np.ndarray, nodes_k: np.ndarray,
                     drafting_k: np.ndarray, transfer_error: float, seed: int, level: float, skipped=0.0):
-    """A workload's verdicts from its requests' expected rounds, draft nodes and drafting rounds (``[requests, K]``:
-    column 0 the estimate, column j the j-th replicate's): per category of ``seqs`` (and ``all``) the speedup
-    (its tokens x t_AR over its summed expected decode cost), its ``level`` interval over K - 1 replicates of
-    the cost model and t_AR refitted with Poisson weights of ``arm_ids``, that interval widened by
-    ``transfer_error`` and the verdict; the same per request. ``skipped``: per request, its rounds in which a law
-    policy did not call the drafter (known counts, ``decode_cost_ms``). The interval also carries the cost model's
-    run-to-run spread (``cost_spread``). Returns (summary, requests, (replicates, failed, the spread's note))."""
+    """Per category (``category_summary``) and per request, the speedup from ``[requests, K]`` DP results (column 0
+    the estimate). Returns (summary, requests, (replicates, failed, the spread's note))."""
     groups = category_groups(seqs)
 
     def speedups_at(c: CostModel, j: int) -> list[float]:
@@ -713,9 +633,8 @@ def _priced_summary(traces, drafter: str, cost: CostModel, ar_table, ar_ms_per_t
 
 
 def verdict_right(verdict: str, lo: float, hi: float) -> bool | None:
-    """Whether a predicted verdict agrees with a measured speedup's interval [``lo``, ``hi``]: ``PAYS`` is right
-    where the interval lies above 1 and wrong where it lies below, ``DOES_NOT_PAY`` the reverse; None where the
-    verdict is ``UNCLEAR`` (no answer) or the measurement cannot tell (its interval covers 1, or is missing)."""
+    """Whether a predicted verdict agrees with a measured speedup's interval [``lo``, ``hi``] on the side of 1;
+    None where the verdict is ``UNCLEAR`` or the interval covers 1 or is missing."""
     if verdict not in (PAYS, DOES_NOT_PAY) or not (np.isfinite(lo) and np.isfinite(hi)):
         return None
     if lo > 1.0:
@@ -752,29 +671,15 @@ def predict_workload(
     eps: float = atrisk.EPS_NATS,
     bias: float = 0.0,
 ) -> WorkloadPrediction:
-    """Predicted decode speedup of ``drafter`` (its law, drafted depths and cost model, all from ``traces``) on
-    a workload it never decoded, from nothing but the workload's target entropies: ``sequences``, one row per
-    request with ``run_id``, ``request_id``, ``category`` and ``entropy`` (output positions 0..T-1,
-    ``transfer.sequences_of``), e.g. from an AR run of the workload (greedy decoding is lossless, so the drafter
-    would decode the same tokens with the same entropies).
+    """Predicted decode speedup of ``drafter`` (its law, drafted depths and cost model, all from ``traces``) on a
+    workload it never decoded, from its target entropies: ``sequences``, one row per request with ``run_id``,
+    ``request_id``, ``category`` and ``entropy`` (output positions 0..T-1, ``transfer.sequences_of``), e.g. an AR run.
 
-    Each request is priced as in ``workload_breakeven`` (module doc): the law's DP over its entropy sequence,
-    drafted depths from the arm's rounds (``TrainingDepthModel``: entropy-binned, fitted on the arm's own
-    categories; also by the context's copyability at a round's start where both the arm's runs and the workload's
-    requests hold the tokens column ``context_match``, said in the notes), nodes per drafted depth and the cost model from the arm. A category's speedup is its tokens
-    times t_AR over its summed expected decode cost. The interval (``level``) comes from ``n_boot`` replicates,
-    each drawing Poisson weights for the arm's requests and the AR requests (refitting the cost model and t_AR)
-    and one set of the law's coefficients; the workload's requests are not resampled (the prediction is for
-    these requests). It does not hold the law's error on a category it was not fitted on: ``transfer_error``
-    (e.g. the largest LOCO |relative error| of tokens per round on the arm's own categories,
-    ``TraceAnalysis.loco``) widens it multiplicatively for the verdict (``low``, ``high``); NaN: not measured,
-    and the verdict rests on the interval alone (said in the notes).
-
+    Priced as ``workload_breakeven`` (``docs/law.md``, "A workload no drafter has decoded"); the interval (``level``,
+    ``n_boot`` replicates) resamples the arm's and the AR requests. ``transfer_error`` (e.g. the largest LOCO
+    |relative error| of tokens per round) widens it for the verdict (``low``, ``high``; NaN: not measured).
     ``proposals``: the drafter's replayed proposal at every output position of the workload's requests
-    (``traces.proposals`` rows keyed by the workload's ``run_id`` and ``request_id``: the depth it drafts there
-    and its top-1 probabilities, a function of the context only, e.g. ``decoding.replay.replay_proposals`` over
-    the AR output): the drafted depths are then those, not the depth model's, and a law in the drafter's
-    confidence (``law_exp_obs_ceil_drafttop``) can be used."""
+    (``traces.proposals`` rows), used as in ``workload_breakeven``."""
     fam = _one_drafter_family(family if law is None else law.family.name, proposals, "workload's")
     need = {"run_id", "request_id", "category", "entropy"} - set(getattr(sequences, "columns", ()))
     if need:
@@ -797,8 +702,7 @@ def predict_workload(
     if not np.isfinite(bias):
         raise ValueError(f"bias must be finite (log tokens per round), got {bias}")
     if bias:  # tokens per round x e^bias: fewer rounds of the same make-up (drafting share, nodes per round)
-        shrink = float(np.exp(-bias))
-        rounds_k, nodes_k, drafting_k = rounds_k * shrink, nodes_k * shrink, drafting_k * shrink
+        rounds_k, nodes_k, drafting_k = (a * float(np.exp(-bias)) for a in (rounds_k, nodes_k, drafting_k))
     arm_ids = list(arm_seqs["request_id"]) + ([] if ar_table is None else list(ar_table["request_id"]))
     summary, requests, (n_reps, failed, spread_note) = _priced_summary(
         traces, drafter, cost, ar_table, ar_ms_per_token, arm_ids, seqs, tokens, mean_h, rounds_k, nodes_k,
@@ -811,8 +715,7 @@ def predict_workload(
 
 
 def _workload_requests(sequences: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
-    """``(the workload's requests that decoded a token after the prefill, which were left out)``; their target
-    entropies checked."""
+    """``(the workload's requests that decoded a token after the prefill, which were left out)``, checked."""
     seqs = sequences.reset_index(drop=True)
     short = np.array([len(e) < 2 for e in seqs["entropy"]], dtype=bool)
     seqs = seqs.loc[~short].reset_index(drop=True)
@@ -867,19 +770,14 @@ def price_rounds(
     seed: int = 0,
     level: float = 0.95,
 ) -> WorkloadPrediction:
-    """Predicted decode speedup of ``drafter`` on a workload whose rounds are known: the arm's rounds replayed
-    over the workload's greedy outputs (``jobs.reference.workload_rounds``: a drafter whose proposal depends on
-    the context only decodes the same rounds on the same output, so tokens per round, drafting rounds and draft
-    nodes are those of the arm, with no law in between), priced by the arm's cost model from ``traces``.
+    """Predicted decode speedup of ``drafter`` on a workload whose rounds are known (the arm's rounds replayed over
+    its greedy outputs, ``jobs.reference.workload_rounds``; no law), priced by the arm's cost model from ``traces``.
 
     ``rounds``: one row per request with ``run_id``, ``request_id``, ``category``, ``tokens`` (decoded after the
     prefill), ``rounds`` (verify rounds after the prefill), ``drafting_rounds`` (of them, those that verified a
-    draft) and ``nodes`` (draft nodes verified in all), optionally ``mean_entropy_nats``. The interval comes from
-    ``n_boot`` replicates of the cost model and t_AR (Poisson weights of the arm's and the AR requests, as
-    ``predict_workload``); ``transfer_error`` (the cost model's own relative error, e.g. its largest error on the
-    arm's measured categories given their observed rounds: ``TraceAnalysis.speedup_validation``'s
-    ``cost_only_error``) widens it for the verdict. An optional ``skipped_rounds`` column counts the rounds in
-    which a law policy did not call the drafter (priced without the drafter's time: ``decode_cost_ms``)."""
+    draft) and ``nodes`` (draft nodes verified in all), optionally ``mean_entropy_nats`` and ``skipped_rounds``
+    (a law policy did not call the drafter). The interval: ``n_boot`` replicates of the cost model and t_AR;
+    ``transfer_error`` (the cost model's own relative error, e.g. ``cost_only_error``) widens it for the verdict."""
     need = set(ROUND_COUNT_COLUMNS) - set(getattr(rounds, "columns", ()))
     if need:
         raise ValueError(f"rounds needs one row per request with columns {', '.join(ROUND_COUNT_COLUMNS)}; missing "
@@ -926,8 +824,7 @@ def price_rounds(
 
 
 def _checked_round_counts(rounds: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
-    """``(the round counts, the skipped rounds per request)`` of ``price_rounds``' ``rounds``, checked: finite,
-    non-negative, every round commits a token, drafting and skipped rounds are rounds."""
+    """``(the round counts, the skipped rounds per request)`` of ``price_rounds``' ``rounds``, checked."""
     table = rounds.reset_index(drop=True)
     counts = table[["tokens", "rounds", "drafting_rounds", "nodes"]].to_numpy(float)
     if not np.all(np.isfinite(counts)) or np.any(counts < 0):
@@ -938,8 +835,7 @@ def _checked_round_counts(rounds: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarra
         raise ValueError(f"request {r['request_id']}: {int(r['drafting_rounds'])} drafting rounds of "
                          f"{int(r['rounds'])} rounds for {int(r['tokens'])} tokens: every round commits a token and "
                          "drafting rounds are rounds")
-    skipped = (table["skipped_rounds"].to_numpy(float) if "skipped_rounds" in table
-               else np.zeros(len(table)))
+    skipped = table["skipped_rounds"].to_numpy(float) if "skipped_rounds" in table else np.zeros(len(table))
     if not np.all(np.isfinite(skipped)) or np.any(skipped < 0) or np.any(
             skipped > table["rounds"].to_numpy(float) - table["drafting_rounds"].to_numpy(float)):
         raise ValueError("rounds: skipped_rounds must be finite, >= 0 and at most the rounds that drafted nothing "
@@ -948,10 +844,9 @@ def _checked_round_counts(rounds: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarra
 
 
 def count_rounds(rounds: pd.DataFrame) -> pd.DataFrame:
-    """Per (``run_id``, ``request_id``) of a rounds table (the trace's columns ``round_index``, ``committed``,
-    ``tree_nodes``, ``accepted``; ``policy_drafted`` where a law policy decided): ``tokens``, ``rounds``,
+    """Per (``run_id``, ``request_id``) of a rounds table (trace columns): ``tokens``, ``rounds``,
     ``drafting_rounds``, ``nodes``, ``accepted`` and ``skipped_rounds`` (a law policy did not call the drafter)
-    after the prefill (round 0), as the measured speedup counts them (``TraceAnalysis.paired_requests``)."""
+    after the prefill (round 0), as the measured speedup counts them."""
     rounds = rounds.loc[rounds["round_index"] > 0]
     return rounds.assign(_drafting=(rounds["tree_nodes"] > 0).astype(int), _skipped=policy_skipped(rounds).astype(int)
                          ).groupby(["run_id", "request_id"], sort=False).agg(
@@ -960,9 +855,8 @@ def count_rounds(rounds: pd.DataFrame) -> pd.DataFrame:
 
 
 def round_counts(traces, drafter: str | None = None) -> pd.DataFrame:
-    """One row per request of ``drafter``'s runs in ``traces`` (``ROUND_COUNT_COLUMNS``, with ``accepted`` and
-    ``mean_entropy_nats`` over its output positions where the tokens carry it): the counts ``price_rounds`` prices,
-    from the recorded rounds (``count_rounds``)."""
+    """One row per request of ``drafter``'s runs (``ROUND_COUNT_COLUMNS``, ``accepted``, ``skipped_rounds``,
+    ``mean_entropy_nats``): the counts ``price_rounds`` prices, from the recorded rounds."""
     drafter, _ = single_drafter(traces, drafter)
     runs = traces.runs.loc[traces.runs["drafter_id"] == drafter, "run_id"]
     counts = count_rounds(traces.rounds.loc[traces.rounds["run_id"].isin(runs)])
@@ -975,12 +869,10 @@ def round_counts(traces, drafter: str | None = None) -> pd.DataFrame:
 
 
 def choose_arms(predictions: dict) -> pd.DataFrame:
-    """Per category of the workload (and ``all``), what to run, from ``WorkloadPrediction``s of several arms
-    (``{arm: prediction}``, e.g. ``TraceAnalysis.predict`` for each): the arm whose verdict is ``PAYS`` with the
-    highest predicted speedup, else AR (no drafting: the choice that cannot lose), with why: every arm "does not
-    pay", or the ones whose interval straddles 1 (``UNCLEAR``); a paying arm predicted inside the chosen arm's
-    interval is named as not told apart from it. Columns ``category``, ``choice`` (an arm, or
-    ``"AR"``), ``predicted_speedup`` / ``low`` / ``high`` of the chosen arm (1 for AR), ``why``."""
+    """Per category of the workload (and ``all``), what to run, from ``{arm: WorkloadPrediction}``: the arm whose
+    verdict is ``PAYS`` with the highest predicted speedup, else AR (the choice that cannot lose). Columns
+    ``category``, ``choice`` (an arm, or ``"AR"``), ``predicted_speedup`` / ``low`` / ``high`` of the chosen arm (1
+    for AR), ``why`` (also naming paying arms predicted inside the chosen one's interval)."""
     if not predictions:
         raise ValueError("choose_arms needs at least one arm's WorkloadPrediction")
     categories = list(dict.fromkeys(c for p in predictions.values() for c in p.summary.index))
