@@ -1540,12 +1540,9 @@ def run_controllers(args, parser) -> dict:
 
     Prints the table and ends with ONE JSON line.
     """
-    import platform
-    import subprocess
     from argparse import Namespace
 
     from entropy_law.commands.controllers import compare, report
-    from entropy_law.jobs.controllers import LAW, is_field
 
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
@@ -1564,24 +1561,37 @@ def run_controllers(args, parser) -> dict:
                             source=str(root / "data/traces_timed"), drafter=args.drafter, sample=args.sample,
                             seed=args.seed)
         rows, table, curve = compare(options)
-    text = report(rows, table, curve, options).replace(str(root) + "/", "")
+    result = {"bench": "policy_controllers", "drafter": args.drafter, "workloads": list(args.workloads),
+              "sample": args.sample, "seed": args.seed}
+    command = f"controllers --drafter {args.drafter} --sample {args.sample} --seed {args.seed}"
+    return _controllers_result(report(rows, table, curve, options), table, rows, args, result, command, t0)
+
+
+def _controllers_result(text: str, table, rows, args, result: dict, command: str, t0: float) -> dict:
+    """Prints a controllers table (``--csv``: also as CSV; ``--out``: with a header of date, commit and machine) and
+    ends with its JSON line: ``result`` plus the requests, CPU seconds, overall speedups and the law over the best
+    field controller."""
+    import platform
+    import subprocess
+
+    from entropy_law.jobs.controllers import LAW, is_field
+
+    root = Path(__file__).resolve().parents[1]
+    text = text.replace(str(root) + "/", "")
     print(text)
     if args.csv:
         table.round(4).to_csv(args.csv, index=False)
     overall = table.loc[table["category"] == "all"].set_index("config")
     field = overall.loc[[c for c in overall.index if is_field(c)], "speedup"]
-    result = {"bench": "policy_controllers", "drafter": args.drafter, "workloads": list(args.workloads),
-              "sample": args.sample, "seed": args.seed, "requests": int(rows["request"].nunique()),
-              "cpu_s": round(time.process_time() - t0, 1), "overall": overall["speedup"].round(4).to_dict(),
-              "of_oracle": overall["of_oracle"].round(4).to_dict(), "best_field": field.idxmax(),
-              "law_over_best_field": float(overall.loc[LAW, "speedup"] / field.max() - 1)}
+    result = {**result, "requests": int(rows["request"].nunique()), "cpu_s": round(time.process_time() - t0, 1),
+              "overall": overall["speedup"].round(4).to_dict(), "of_oracle": overall["of_oracle"].round(4).to_dict(),
+              "best_field": field.idxmax(), "law_over_best_field": float(overall.loc[LAW, "speedup"] / field.max() - 1)}
     if args.out:
         commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
                                 text=True).stdout.strip()
-        header = (f"# policy-controllers.txt: python bench/policy.py controllers --drafter {args.drafter} --sample "
-                  f"{args.sample} --seed {args.seed}\n# date {time.strftime('%Y-%m-%d %H:%M:%S %z')}, commit {commit}, "
-                  f"machine {platform.machine()} {os.cpu_count()} CPUs, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}"
-                  f"\n\n")
+        header = (f"# {Path(args.out).name}: python bench/policy.py {command}\n# date "
+                  f"{time.strftime('%Y-%m-%d %H:%M:%S %z')}, commit {commit}, machine {platform.machine()} "
+                  f"{os.cpu_count()} CPUs, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}\n\n")
         Path(args.out).write_text(header + text + "\n\n" + json.dumps(result) + "\n")
     print(json.dumps(result))
     return result
@@ -1810,13 +1820,11 @@ def run_controllers_loco(args, parser) -> dict:
 
     Prints the table and ends with ONE JSON line.
     """
-    import platform
-    import subprocess
     from argparse import Namespace
 
     from entropy_law.commands.controllers import report
     from entropy_law.decoding.gate import VerifyCost
-    from entropy_law.jobs.controllers import LAW, is_field, replay_controllers
+    from entropy_law.jobs.controllers import replay_controllers
     from entropy_law.payoff.controllers import controller_table
     from entropy_law.payoff.cost import fit_cost_model, verify_curve
     from entropy_law.traces.layout import RUN_FILE, read_run_json
@@ -1854,27 +1862,10 @@ def run_controllers_loco(args, parser) -> dict:
     table = controller_table(rows, seed=args.seed)
     options = Namespace(source=f"{args.traces} (own rounds, {cost.clock} clock, draft cost {draft_cost:.4f})",
                         drafter="ngram", traces=[f"{args.traces} (each category held out)"], seed=args.seed)
-    text = report(rows, table, curve, options).replace(str(root) + "/", "")
-    print(text)
-    if args.csv:
-        table.round(4).to_csv(args.csv, index=False)
-    overall = table.loc[table["category"] == "all"].set_index("config")
-    field = overall.loc[[c for c in overall.index if is_field(c)], "speedup"]
     result = {"bench": "policy_controllers_loco", "traces": args.traces, "model_id": meta["model_id"],
-              "requests": int(rows["request"].nunique()), "draft_cost": round(draft_cost, 5),
-              "cost_clock": cost.clock, "cpu_s": round(time.process_time() - t0, 1),
-              "overall": overall["speedup"].round(4).to_dict(), "of_oracle": overall["of_oracle"].round(4).to_dict(),
-              "best_field": field.idxmax(), "law_over_best_field": float(overall.loc[LAW, "speedup"] / field.max() - 1)}
-    if args.out:
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True).stdout.strip()
-        header = (f"# policy-controllers-loco.txt: python bench/policy.py controllers-loco --traces {args.traces} "
-                  f"--seed {args.seed}\n# date {time.strftime('%Y-%m-%d %H:%M:%S %z')}, commit {commit}, machine "
-                  f"{platform.machine()} {os.cpu_count()} CPUs, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}"
-                  f"\n\n")
-        Path(args.out).write_text(header + text + "\n\n" + json.dumps(result) + "\n")
-    print(json.dumps(result))
-    return result
+              "draft_cost": round(draft_cost, 5), "cost_clock": cost.clock}
+    command = f"controllers-loco --traces {args.traces} --seed {args.seed}"
+    return _controllers_result(report(rows, table, curve, options), table, rows, args, result, command, t0)
 
 
 COMMANDS = {  # subcommand: (adds its arguments, runs it)
