@@ -12,6 +12,7 @@ Subcommands (each prints a table and ends with one JSON line):
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -25,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.lib import exit_code, run_subcommand  # noqa: E402
+from bench.lib import exit_code, measured_line, run_subcommand  # noqa: E402
 
 
 # --- speed -----------------------------------------------------------------------------------------------------------
@@ -183,7 +184,6 @@ def run_speed(args, parser) -> int:
     flops = 2 * body * (prompt_tokens + tokens) / tokens + 2 * head
     gflops, gflops_cpu = gemm_gflops(config.hidden_size, config.intermediate_size)
     bf16_gflops, bf16_gflops_cpu = gemm_gflops(config.hidden_size, config.intermediate_size, dtype=torch.bfloat16)
-    import os
 
     load = os.getloadavg()
 
@@ -398,9 +398,6 @@ def run_topk(args, parser) -> int:
         python bench/entropy.py topk                       # both targets, 10 requests per category, seed 0
     Ends with ONE JSON line.
     """
-    import os
-    import platform
-    import subprocess
 
     torch.set_num_threads(args.threads)
     names = [n.strip() for n in args.targets.split(",") if n.strip()]
@@ -414,12 +411,9 @@ def run_topk(args, parser) -> int:
     goals = {r["target"]: {"coefficients_inside": r["per_k"][k]["coefficients_inside_exact_ci"] == r["per_k"][k]["coefficients"],
                            "loco_within_2pct": r["per_k"][k]["loco_max_abs_relative_difference"] <= LOCO_GOAL}
              for r in results}
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=REFERENCE.parents[2]).stdout.strip()
     lines = [f"# entropy-topk.txt: python bench/entropy.py topk --targets {args.targets} --per-category "
              f"{args.per_category} --seed {args.seed} --threads {args.threads}",
-             f"# measured {time.strftime('%Y-%m-%d %H:%M:%S %z')}, commit {commit}, machine: {platform.node()} "
-             f"({os.cpu_count()} cores, shared; {wall:.0f} s wall)", ""]
+             f"{measured_line()}; {wall:.0f} s wall", ""]
     for result in results:
         lines += _topk_lines(result) + [""]
     lines.append("goals at k = 20 (coefficients inside the exact fit's 95% intervals; LOCO within 2%): " + "; ".join(
@@ -559,7 +553,6 @@ def _recompute_rate(tokens: int, seed: int) -> dict:
 def _timed_import(log: Path, out: Path, vocab: int) -> dict:
     """``entropy-law import vllm LOG --vocab-size V`` in a child process pinned to one core (one thread for
     OpenMP and Arrow): its CPU seconds (user + system, interpreter start and imports included) and wall."""
-    import os
     import resource
     import subprocess
 
@@ -596,8 +589,6 @@ def run_import_speed(args, parser) -> int:
         python bench/entropy.py import-speed
         python bench/entropy.py import-speed --tokens 1e5 --recompute-tokens 1e3 --out /tmp/t.txt
     """
-    import os
-    import subprocess
 
     from entropy_law.decoding.loading import load_target
     from entropy_law.traces.reader import load_traces
@@ -638,14 +629,10 @@ def run_import_speed(args, parser) -> int:
     recompute = _recompute_rate(int(args.recompute_tokens), args.seed)
     import_rate = made["tokens"] / imported["cpu_s"]
     ratio = import_rate / recompute["tokens_per_cpu_s"]
-    load = os.getloadavg()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=Path(__file__).resolve().parents[1]).stdout.strip()
     lines = [
         f"# entropy-import-speed.txt: python bench/entropy.py import-speed --tokens {args.tokens:g} --recompute-tokens "
         f"{args.recompute_tokens:g} --k {args.k} --seed {args.seed}",
-        f"# measured {time.strftime('%Y-%m-%d %H:%M:%S %z')}, commit {commit}, machine: {os.uname().nodename} "
-        f"({os.cpu_count()} cores, shared: load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} at the end)",
+        measured_line(),
         "",
         f"import: a generated vLLM chat-completions log, {made['requests']:,} requests, {made['tokens']:,} output "
         f"tokens with top-{args.k} log-probabilities ({made['bytes'] / 1e9:.2f} GB of JSON, V = {made['vocab_size']:,})",
@@ -670,7 +657,7 @@ def run_import_speed(args, parser) -> int:
         k: imported[k] for k in ("cpu_s", "seconds", "peak_rss_gb")}, "import_tokens_per_cpu_s": import_rate,
         "json_parse_cpu_s": parse_cpu, "pyarrow_topk_parse_cpu_s": arrow_cpu,
         "recompute": recompute, "ratio": ratio, "goal": IMPORT_SPEED_GOAL, "goal_met": ratio >= IMPORT_SPEED_GOAL,
-        "load_average": load})
+        "load_average": os.getloadavg()})
     Path(args.out).write_text("\n".join(lines) + "\n" + payload + "\n")
     print(payload)
     return 0

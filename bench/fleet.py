@@ -29,7 +29,7 @@ import pandas as pd
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.lib import exit_code, run_subcommand  # noqa: E402
+from bench.lib import exit_code, measured_line, run_subcommand  # noqa: E402
 
 
 # --- fleet -----------------------------------------------------------------------------------------------------------
@@ -668,7 +668,6 @@ def run_spark(args, parser) -> int:
         python bench/fleet.py spark                       # 1e7 rows, 20 runs, 2 cores
     Ends with ONE JSON line.
     """
-    import platform
     import warnings
 
     from entropy_law.law.fit import fit_law
@@ -728,13 +727,10 @@ def run_spark(args, parser) -> int:
         law_spark = fit_law(cells, args.family).coefficients
     coef_gap = float((law_duck["estimate"] - law_spark["estimate"]).abs().max())
     se_gap = float(((law_duck["std_err"] - law_spark["std_err"]).abs() / law_duck["std_err"]).max())
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    load = os.getloadavg()
     ok = same_counts and same_summary and mean_gap <= 1e-12 and summary_gap <= 1e-12 and coef_gap <= 1e-9
     lines = [f"# fleet-spark.txt: python bench/fleet.py spark --rows {args.rows:g} --runs {args.runs} --cores {args.cores} "
              f"--family {args.family}",
-             f"# measured {time.strftime('%Y-%m-%d %H:%M:%S %z')}, commit {commit}, machine: {platform.node()} "
-             f"({os.cpu_count()} cores, shared: load average {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} at the end)", "",
+             measured_line(), "",
              f"fleet: {n_runs} runs, {total:,} token rows ({args.simulated_runs} simulated, the others copies; generated in "
              f"{times['generate']:.0f} s), {len(duck):,} cells of {args.family}",
              f"{'engine, on ' + str(args.cores) + ' cores':<34}{'cells (s)':>12}{'summaries (s)':>15}{'rows/s (cells)':>16}",
@@ -751,7 +747,7 @@ def run_spark(args, parser) -> int:
                           "family": args.family, "cores": args.cores, "seconds": times, "same_counts": same_counts,
                           "max_relative_mean_gap": mean_gap, "same_summaries": same_summary,
                           "max_relative_summary_gap": summary_gap, "max_abs_coefficient_gap": coef_gap,
-                          "max_relative_se_gap": se_gap, "goal_met": ok, "load_average": load})
+                          "max_relative_se_gap": se_gap, "goal_met": ok, "load_average": os.getloadavg()})
     print("\n".join(lines))
     print(payload)
     Path(args.results).write_text("\n".join(lines) + "\n" + payload + "\n")

@@ -33,7 +33,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.lib import exit_code, run_subcommand  # noqa: E402
+from bench.lib import exit_code, measured_line, run_subcommand  # noqa: E402
 
 from entropy_law.decoding.adapter import TargetAdapter  # noqa: E402
 from entropy_law.decoding.decoder import ARDecoder, SpeculativeDecoder, measure_draft_cost  # noqa: E402
@@ -1571,9 +1571,6 @@ def _controllers_result(text: str, table, rows, args, result: dict, command: str
     """Prints a controllers table (``--csv``: also as CSV; ``--out``: with a header of date, commit and machine) and
     ends with its JSON line: ``result`` plus the requests, CPU seconds, overall speedups and the law over the best
     field controller."""
-    import platform
-    import subprocess
-
     from entropy_law.jobs.controllers import LAW, is_field
 
     root = Path(__file__).resolve().parents[1]
@@ -1587,11 +1584,7 @@ def _controllers_result(text: str, table, rows, args, result: dict, command: str
               "overall": overall["speedup"].round(4).to_dict(), "of_oracle": overall["of_oracle"].round(4).to_dict(),
               "best_field": field.idxmax(), "law_over_best_field": float(overall.loc[LAW, "speedup"] / field.max() - 1)}
     if args.out:
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True).stdout.strip()
-        header = (f"# {Path(args.out).name}: python bench/policy.py {command}\n# date "
-                  f"{time.strftime('%Y-%m-%d %H:%M:%S %z')}, commit {commit}, machine {platform.machine()} "
-                  f"{os.cpu_count()} CPUs, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}\n\n")
+        header = f"# {Path(args.out).name}: python bench/policy.py {command}\n{measured_line()}\n\n"
         Path(args.out).write_text(header + text + "\n\n" + json.dumps(result) + "\n")
     print(json.dumps(result))
     return result
@@ -1676,8 +1669,6 @@ def run_controllers_timed(args, parser) -> dict:
 
     Prints the table and ends with ONE JSON line.
     """
-    import platform
-    import subprocess
 
     from entropy_law.decoding.controllers import AcceptLengthEMA, ConfidenceThreshold, WorkloadLength
     from entropy_law.jobs.controllers import LAW
@@ -1781,14 +1772,10 @@ def run_controllers_timed(args, parser) -> dict:
               "mismatches": int((~timings["matches_reference"].astype(bool)).sum()),
               "arm_cpu_s": round(float(timings["cpu_s"].sum()), 1), "cpu_s": round(time.process_time() - t0, 1)}
     if args.out:
-        commit = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                                text=True).stdout.strip()
         header = (f"# policy-controllers-timed.txt: python bench/policy.py controllers-timed --per-category "
                   f"{args.per_category} --max-new-tokens {args.max_new_tokens} --seed {args.seed} --categories "
                   f"{' '.join(args.categories or ['(all)'])} (--part K/N, then "
-                  f"--report)\n# date {time.strftime('%Y-%m-%d %H:%M:%S %z')}, commit {commit}, machine "
-                  f"{platform.machine()} {os.cpu_count()} CPUs, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, "
-                  f"load average (1 min) at each prompt's start {load.min():.1f}-{load.max():.1f} (mean "
+                  f"--report)\n{measured_line()}; load average (1 min) at each prompt's start {load.min():.1f}-{load.max():.1f} (mean "
                   f"{load.mean():.1f}): the CPU clock, not wall\n# vLLM lengths (other requests' profile; each "
                   f"process priced by the verify-cost curve it measured): {lengths}\n\n")
         Path(args.out).write_text(header + text + "\n\n" + json.dumps(result) + "\n")
@@ -1831,7 +1818,7 @@ def run_controllers_loco(args, parser) -> dict:
 
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
-    root, t0 = Path(__file__).resolve().parents[1], time.process_time()
+    t0 = time.process_time()
     run = Path(args.traces)
     traces, meta = load_traces(run), read_run_json(run / RUN_FILE)
     if meta.get("drafter_id") != "ngram" or meta.get("tree_policy") != "chain":

@@ -7,6 +7,13 @@ it with ``(args, parser)``), and a ``main(argv)`` that hands both to ``run_subco
 from __future__ import annotations
 
 import argparse
+import os
+import platform
+import subprocess
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_subcommand(doc: str, commands: dict, argv=None):
@@ -26,3 +33,14 @@ def run_subcommand(doc: str, commands: dict, argv=None):
 def exit_code(result) -> int:
     """A runner's return value as the process's exit code: an int as it is, anything else (a report) 0."""
     return result if isinstance(result, int) else 0
+
+
+def measured_line() -> str:
+    """The provenance line every ``bench/results`` table is headed with: when, at which commit, on which machine (its
+    cores, ``OMP_NUM_THREADS`` and the load average when the line is written)."""
+    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True).stdout.strip()
+    load = os.getloadavg()
+    return (f"# measured {time.strftime('%Y-%m-%d %H:%M:%S %z')}, commit {commit}, machine: {platform.node()} "
+            f"({os.cpu_count()} cores, OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS')}, load average "
+            f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} at the end)")
