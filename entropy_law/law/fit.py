@@ -1003,13 +1003,16 @@ def _raw_means(family: LawFamily) -> list[str]:
 def _fit_profile_eps(counts: pd.DataFrame, family: LawFamily, depth_model: str, cov_type: str, start_params=None):
     """(GLM result, c): the fit of log(H + c) with the largest log-likelihood over ``EPS_GRID``."""
     h = np.maximum(counts["target_entropy_nats"].to_numpy(dtype=float), 0.0)
-    fits, swap = [], None
-    for c in EPS_GRID:
-        if swap:
+    first = _fit_glm(counts.assign(log_entropy=np.log(h + EPS_GRID[0])), family, depth_model, cov_type, start_params)
+    swap = _swapped_design(first, counts, h, EPS_GRID[0], family, cov_type, start_params)
+    fits = []
+    for i, c in enumerate(EPS_GRID):
+        if i == 0:
+            result = first
+        elif swap:
             result = swap(c)
         else:
             result = _fit_glm(counts.assign(log_entropy=np.log(h + c)), family, depth_model, cov_type, start_params)
-            swap = _swapped_design(result, counts, h, c, family, cov_type, start_params) if swap is None else swap
         with np.errstate(over="ignore", divide="ignore", invalid="ignore"):  # a runaway fit's llf: -inf / NaN
             llf = float(result.llf)
         fits.append((bool(result.converged) and np.isfinite(llf), llf if np.isfinite(llf) else -np.inf, result,
