@@ -122,6 +122,10 @@ def test_the_demo_answer_and_predict_print_the_spread(monkeypatch):
         screen, detail = verdict_lines(an), "\n".join(answer_lines(an))
         busy = "\n".join(answer_lines(an, loaded=True))  # a loaded machine: summary.txt gives no verdict either
     assert "-> not measured (machine loaded)" in busy and "-> unclear" not in busy and "-> pays" not in busy
+    assert "(machine loaded) (" not in busy  # no verdict: no source it rests on
+    for r in frame.itertuples():  # a verdict names what it rests on; "not measured" names none
+        rests = r.pays in ("pays", "does not pay", "unclear")
+        assert (f"-> {r.pays} ({r.pays_from})" in detail) == rests and f"-> {r.pays}" in detail
     assert (cats["cost_spread"] > 0.05).any()  # the law's pricing carries it too
     largest = frame["workload_spread"].max()
     assert largest == pytest.approx(cats.drop(index="all")["cost_spread"].max())

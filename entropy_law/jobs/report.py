@@ -234,8 +234,8 @@ def answer_lines(analysis: TraceAnalysis, measured: pd.DataFrame | None = None, 
                 band = (f"[{r.workload_low:.2f}, {r.workload_high:.2f}]"
                         if np.isfinite(r.workload_low) and np.isfinite(r.workload_high) else "(no interval)")
                 predicted += f", per request {r.workload_predicted:.2f}x {band} ({spread_text(r.workload_spread)})"
-            lines.append(f"    {r.category:<16} measured {got:<44} predicted {predicted:<36} -> {r.pays} "
-                         f"({r.pays_from})")
+            source = f" ({r.pays_from})" if r.pays in (PAYS, DOES_NOT_PAY, UNCLEAR) else ""  # what it rests on
+            lines.append(f"    {r.category:<16} measured {got:<44} predicted {predicted:<36} -> {r.pays}{source}")
         lines += [f"    ({attempt.error})" for attempt in (pays, work) if not attempt.ok]
     crossing = analysis.attempt("crossing_table")
     if crossing.ok:
