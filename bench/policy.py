@@ -1523,10 +1523,33 @@ def controllers_arguments(parser) -> None:
     parser.add_argument("--drafter", choices=("ngram", "block"), default="ngram")
     parser.add_argument("--sample", type=int, default=3, metavar="K", help="a seeded sample of K requests per category")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tasks", default=None, help="the prompts' task file, where a run's run.json names none")
+    parser.add_argument("--min-prompt-tokens", type=int, default=0, metavar="N",
+                        help="only requests whose prompt has at least N tokens (the long prompts)")
+    parser.add_argument("--fit-below", type=int, default=None, metavar="N",
+                        help="instead of the shipped law policy, one fitted as it was (data/traces' DDTree16 arm of the "
+                             "drafter, its settings) on the requests whose prompts are shorter than N tokens: held out")
     parser.add_argument("--csv", default=None, metavar="FILE",
                         help="also write the per-category table here (figures/fig13_controllers.py draws it)")
     parser.add_argument("--out", default=None, metavar="FILE", help="also write the table here, headed by date, commit "
                                                                    "and machine")
+
+
+def policy_below(root: Path, drafter: str, below: int) -> dict:
+    """The shipped law policy refitted on the requests of ``data/traces``' DDTree16 arm of ``drafter`` whose prompts
+    have fewer than ``below`` tokens (the settings, draft cost included, of the shipped one)."""
+    from types import SimpleNamespace
+
+    shipped = json.loads((root / SHIPPED_LAW.format(drafter=drafter)).read_text())["policy"]
+    traces = load_traces(root / f"data/traces/{drafter}-ddtree16")
+    keep = set(traces.requests.loc[traces.requests["prompt_tokens"] < below, "request_id"])
+    if not keep:
+        raise SystemExit(f"--fit-below {below}: no request of data/traces/{drafter}-ddtree16 has a shorter prompt")
+    held = SimpleNamespace(**{name: getattr(traces, name).loc[getattr(traces, name)["request_id"].isin(keep)]
+                              for name in ("tokens", "rounds", "requests")}, runs=traces.runs)
+    return fit_policy(held, draft_cost=shipped["draft_cost"], window=shipped["window"],
+                      confidence_weight=shipped["confidence_weight"], calibration_prior=shipped["calibration_prior"],
+                      calibration_half_life=shipped["calibration_half_life"])
 
 
 def run_controllers(args, parser) -> dict:
@@ -1554,17 +1577,22 @@ def run_controllers(args, parser) -> dict:
     t0 = time.process_time()
     with tempfile.TemporaryDirectory(prefix="controllers-") as tmp:
         policy = args.policy
-        if policy is None:  # the shipped policy's parameters, out of its run.json
+        if policy is None:  # the shipped policy's parameters, out of its run.json (--fit-below: refitted held out)
             policy = str(Path(tmp) / f"{args.drafter}-law.json")
             Path(policy).write_text(json.dumps(json.loads(
-                (root / SHIPPED_LAW.format(drafter=args.drafter)).read_text())["policy"]))
+                (root / SHIPPED_LAW.format(drafter=args.drafter)).read_text())["policy"] if args.fit_below is None
+                else policy_below(root, args.drafter, args.fit_below)))
         options = Namespace(traces=[str(root / "data" / w) for w in args.workloads], policy=policy, arm=arm,
                             source=str(root / "data/traces_timed"), drafter=args.drafter, sample=args.sample,
-                            seed=args.seed)
+                            seed=args.seed, tasks=args.tasks, min_prompt_tokens=args.min_prompt_tokens)
         rows, table, curve = compare(options)
     result = {"bench": "policy_controllers", "drafter": args.drafter, "workloads": list(args.workloads),
               "sample": args.sample, "seed": args.seed}
-    command = f"controllers --drafter {args.drafter} --sample {args.sample} --seed {args.seed}"
+    command = (f"controllers --drafter {args.drafter} --sample {args.sample} --seed {args.seed}"
+               + (f" --workloads {' '.join(args.workloads)}" if list(args.workloads) != list(OPEN_WORKLOADS) else "")
+               + (f" --tasks {args.tasks}" if args.tasks else "")
+               + (f" --min-prompt-tokens {args.min_prompt_tokens}" if args.min_prompt_tokens else "")
+               + (f" --fit-below {args.fit_below}" if args.fit_below is not None else ""))
     return _controllers_result(report(rows, table, curve, options), table, rows, args, result, command, t0)
 
 
@@ -2119,8 +2147,8 @@ def _gap_report(args, requests, rounds, priced, oracle, law, curve, draft_cost: 
               "cpu_s": round(time.process_time() - t0, 1)}
     if args.out:
         header = (f"# {Path(args.out).name}: python bench/policy.py controllers-gap {' '.join(map(str, args.traces))} "
-                  f"--drafter {args.drafter} --sample {args.sample} --seed {args.seed} --min-prompt-tokens "
-                  f"{args.min_prompt_tokens}\n{measured_line()}\n\n")
+                  f"--drafter {args.drafter}{f' --tasks {args.tasks}' if args.tasks else ''} --sample {args.sample} --seed "
+                  f"{args.seed} --min-prompt-tokens {args.min_prompt_tokens}\n{measured_line()}\n\n")
         Path(args.out).write_text(header + text + "\n\n" + json.dumps(result) + "\n")
     print(json.dumps(result))
     return result
