@@ -57,3 +57,20 @@ def test_auc_is_one_for_a_perfect_signal_zero_reversed_and_a_half_for_a_constant
     assert auc(label, -np.array([0.1, 0.2, 0.5, 0.7, 0.9])) == 0.0
     assert auc(label, np.ones(5)) == 0.5
     assert auc(label, np.array([0.1, np.nan, 0.5, 0.7, 0.9])) == 1.0  # unknown signals are left out
+
+
+def test_replayed_the_gate_decides_the_rounds_itself_and_a_rate_no_round_reaches_drafts_none():
+    from entropy_law.decoding.replay import replay_rounds
+    from entropy_law.drafters.ngram import NgramDrafter
+
+    bench = load_bench("policy")
+    prompt, output = [5, 6, 7, 8] * 6, [5, 6, 7, 8] * 4
+    entropies = [0.01] * len(output)
+
+    def drafted(policy):
+        result = replay_rounds(prompt, output, NgramDrafter(), "ddtree", 16, policy=policy, verify_cost=COST,
+                               entropies=entropies)
+        return sum(r.tree_nodes > 0 for r in result.rounds[1:]), len(result.rounds) - 1
+
+    law, never = drafted(LawPolicy(law_params(), COST)), drafted(bench.RateGatedLaw(law_params(), COST, 50.0))
+    assert law[0] > 0 and never == (0, len(output) - 1)  # every round a plain step
