@@ -10,6 +10,7 @@ Subcommands (each prints a table and ends with one JSON line):
     python bench/policy.py controllers [ARGS]
     python bench/policy.py controllers-timed [ARGS]
     python bench/policy.py controllers-loco [ARGS]
+    python bench/policy.py controllers-gap [ARGS]
 
 ``python bench/policy.py SUBCOMMAND --help`` lists a subcommand's arguments.
 """
@@ -1522,10 +1523,33 @@ def controllers_arguments(parser) -> None:
     parser.add_argument("--drafter", choices=("ngram", "block"), default="ngram")
     parser.add_argument("--sample", type=int, default=3, metavar="K", help="a seeded sample of K requests per category")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--tasks", default=None, help="the prompts' task file, where a run's run.json names none")
+    parser.add_argument("--min-prompt-tokens", type=int, default=0, metavar="N",
+                        help="only requests whose prompt has at least N tokens (the long prompts)")
+    parser.add_argument("--fit-below", type=int, default=None, metavar="N",
+                        help="instead of the shipped law policy, one fitted as it was (data/traces' DDTree16 arm of the "
+                             "drafter, its settings) on the requests whose prompts are shorter than N tokens: held out")
     parser.add_argument("--csv", default=None, metavar="FILE",
                         help="also write the per-category table here (figures/fig13_controllers.py draws it)")
     parser.add_argument("--out", default=None, metavar="FILE", help="also write the table here, headed by date, commit "
                                                                    "and machine")
+
+
+def policy_below(root: Path, drafter: str, below: int) -> dict:
+    """The shipped law policy refitted on the requests of ``data/traces``' DDTree16 arm of ``drafter`` whose prompts
+    have fewer than ``below`` tokens (the settings, draft cost included, of the shipped one)."""
+    from types import SimpleNamespace
+
+    shipped = json.loads((root / SHIPPED_LAW.format(drafter=drafter)).read_text())["policy"]
+    traces = load_traces(root / f"data/traces/{drafter}-ddtree16")
+    keep = set(traces.requests.loc[traces.requests["prompt_tokens"] < below, "request_id"])
+    if not keep:
+        raise SystemExit(f"--fit-below {below}: no request of data/traces/{drafter}-ddtree16 has a shorter prompt")
+    held = SimpleNamespace(**{name: getattr(traces, name).loc[getattr(traces, name)["request_id"].isin(keep)]
+                              for name in ("tokens", "rounds", "requests")}, runs=traces.runs)
+    return fit_policy(held, draft_cost=shipped["draft_cost"], window=shipped["window"],
+                      confidence_weight=shipped["confidence_weight"], calibration_prior=shipped["calibration_prior"],
+                      calibration_half_life=shipped["calibration_half_life"])
 
 
 def run_controllers(args, parser) -> dict:
@@ -1553,17 +1577,22 @@ def run_controllers(args, parser) -> dict:
     t0 = time.process_time()
     with tempfile.TemporaryDirectory(prefix="controllers-") as tmp:
         policy = args.policy
-        if policy is None:  # the shipped policy's parameters, out of its run.json
+        if policy is None:  # the shipped policy's parameters, out of its run.json (--fit-below: refitted held out)
             policy = str(Path(tmp) / f"{args.drafter}-law.json")
             Path(policy).write_text(json.dumps(json.loads(
-                (root / SHIPPED_LAW.format(drafter=args.drafter)).read_text())["policy"]))
+                (root / SHIPPED_LAW.format(drafter=args.drafter)).read_text())["policy"] if args.fit_below is None
+                else policy_below(root, args.drafter, args.fit_below)))
         options = Namespace(traces=[str(root / "data" / w) for w in args.workloads], policy=policy, arm=arm,
                             source=str(root / "data/traces_timed"), drafter=args.drafter, sample=args.sample,
-                            seed=args.seed)
+                            seed=args.seed, tasks=args.tasks, min_prompt_tokens=args.min_prompt_tokens)
         rows, table, curve = compare(options)
     result = {"bench": "policy_controllers", "drafter": args.drafter, "workloads": list(args.workloads),
               "sample": args.sample, "seed": args.seed}
-    command = f"controllers --drafter {args.drafter} --sample {args.sample} --seed {args.seed}"
+    command = (f"controllers --drafter {args.drafter} --sample {args.sample} --seed {args.seed}"
+               + (f" --workloads {' '.join(args.workloads)}" if list(args.workloads) != list(OPEN_WORKLOADS) else "")
+               + (f" --tasks {args.tasks}" if args.tasks else "")
+               + (f" --min-prompt-tokens {args.min_prompt_tokens}" if args.min_prompt_tokens else "")
+               + (f" --fit-below {args.fit_below}" if args.fit_below is not None else ""))
     return _controllers_result(report(rows, table, curve, options), table, rows, args, result, command, t0)
 
 
@@ -1855,6 +1884,278 @@ def run_controllers_loco(args, parser) -> dict:
     return _controllers_result(report(rows, table, curve, options), table, rows, args, result, command, t0)
 
 
+# --- controllers-gap ---------------------------------------------------------------------------------------------------
+# Why the law policy stops short of the replay oracle on a workload: where it loses, what any signal could buy.
+
+GAP_BUDGETS = (0, 1, 2, 4, 8, 16)
+GAP_KINDS = ("skips; the oracle skips too", "skips; the oracle drafts", "drafts, verifies none; the oracle skips",
+             "drafts and verifies; the oracle skips", "shallower than the oracle", "as deep as the oracle or deeper")
+
+
+def controllers_gap_arguments(parser) -> None:
+    """The arguments of ``controllers-gap``."""
+    parser.add_argument("traces", nargs="*", default=[f"data/{w}" for w in OPEN_WORKLOADS],
+                        help="trace sets with an AR run, as entropy-law controllers takes (default: the open-ended sets)")
+    parser.add_argument("--drafter", choices=("ngram", "block"), default="block")
+    parser.add_argument("--policy", default=None, metavar="FITTED.json",
+                        help="the law policy (default: the one data/traces_open_policy's arm ran, fitted on data/traces)")
+    parser.add_argument("--tasks", default=None, help="the prompts' task file, where a run's run.json names none")
+    parser.add_argument("--min-prompt-tokens", type=int, default=0, metavar="N")
+    parser.add_argument("--sample", type=int, default=3, metavar="K", help="a seeded sample of K requests per category")
+    parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument("--bins", type=int, default=6, help="quantile bins of the table policies' inputs")
+    parser.add_argument("--out", default=None, metavar="FILE", help="also write the table here, headed by date, commit "
+                                                                   "and machine")
+
+
+class RateGatedLaw:
+    """The law policy (its ``plan`` unchanged) drafting only where the law's best chain gains at ``rate``: ``E_D >
+    rate * (c(D + 1) + c_draft - 1)`` for some depth D (the renewal rule of a policy that earns ``rate`` tokens per
+    unit cost; the law policy itself asks ``rate`` = 1). ``rate`` None: the request's own tokens per cost so far (the prefill
+    not counted), started from ``prior`` units of cost at ``prior_rate``. Reads the history the ``RoundPolicy`` protocol passes: nothing new."""
+
+    def __init__(self, params: dict, curve, rate: float | None, prior: float = 8.0, prior_rate: float = 1.1):
+        from entropy_law.decoding.policy import LawPolicy
+
+        self.law, self.rate, self.prior, self.prior_rate = LawPolicy(params, curve), rate, prior, prior_rate
+        self.plan, self.observe, self.begin_request = self.law.plan, self.law.observe, self.law.begin_request
+
+    def bind(self, adapter, drafter) -> "RateGatedLaw":  # the decoder and the replay decide with what bind returns
+        return self
+
+    def _rate(self, history) -> float:
+        if self.rate is not None:
+            return float(self.rate)
+        law, tokens, cost = self.law, self.prior * self.prior_rate, self.prior
+        for r in history:
+            if r.round_index > 0:
+                drafted = (r.policy or {}).get("draft", True)
+                tokens, cost = tokens + r.committed, cost + law.verify_cost(r.tree_nodes + 1) + drafted * law.draft_cost
+        return tokens / cost
+
+    def before_draft(self, entropies, n_output, max_depth, history=(), context=None) -> dict:
+        decision, law = self.law.before_draft(entropies, n_output, max_depth, history, context), self.law
+        rate, scale, expected, best = self._rate(history), decision.get("calibration", 1.0), 0.0, -np.inf
+        for depth, reach in enumerate(law._reach(decision["acceptance"], max(int(max_depth), 0)), start=1):
+            expected += min(1.0, scale * reach)
+            best = max(best, expected - rate * (law.verify_cost(depth + 1) + law.draft_cost - 1.0))
+        return {**decision, "draft": bool(best > 0.0), "opportunity_rate": rate}
+
+    def to_config(self) -> dict:
+        return {**self.law.to_config(), "opportunity_rate": self.rate}
+
+
+def gap_candidates(law: dict, curve) -> dict:
+    """name -> a factory of the round policy: the shipped law policy and the candidates replayed beside it."""
+    from entropy_law.decoding.policy import LawPolicy
+
+    def params(**changes):
+        return lambda: LawPolicy({**law, **changes}, curve)
+
+    return {"law policy (shipped)": params(),
+            "calibration off": params(calibration_prior=None, calibration_half_life=None),
+            "faster calibration (1 pseudo-draft, half-life 2 rounds)": params(calibration_prior=1.0,
+                                                                              calibration_half_life=2.0),
+            "drafter's confidences only in the plan (confidence weight 1)": params(confidence_weight=1.0),
+            "law only in the plan (confidence weight 0)": params(confidence_weight=0.0),
+            "drafts where it gains at the request's own rate so far": lambda: RateGatedLaw(law, curve, None)}
+
+
+def _round_rate(t: pd.DataFrame, n: int, curve, draft_cost: float) -> float:
+    return t.loc[n, "committed"] / (curve(int(t.loc[n, "tree_nodes"]) + 1) + (draft_cost if n else 0.0))
+
+
+def gap_rows(request: dict, law_rounds, curve, draft_cost: float) -> list[dict]:
+    """Per round of the law policy's replay: what it did, and the round in hindsight from the same start (the best
+    rate of ``GAP_BUDGETS``, 0 a plain step) with the signals read before drafting and after it."""
+    by = {int(s): p.set_index("budget") for s, p in request["table"].groupby("start_position")}
+    rows, last, ema = [], np.nan, np.nan
+    for r in law_rounds[1:]:
+        decision, t = r.policy or {}, by[r.start_position]
+        drafted = bool(decision.get("draft", True))
+        best = max(GAP_BUDGETS, key=lambda n: _round_rate(t, n, curve, draft_cost))
+        rows.append(dict(key=request["key"], drafted=drafted, nodes=r.tree_nodes, committed=r.committed,
+                         cost=curve(r.tree_nodes + 1) + drafted * draft_cost, best=best,
+                         best_committed=t.loc[best, "committed"],
+                         best_cost=curve(int(t.loc[best, "tree_nodes"]) + 1) + (draft_cost if best else 0.0),
+                         law_rate=decision.get("law_rate"), window_entropy=decision.get("window_entropy"),
+                         calibration=decision.get("calibration", 1.0), last_accepted=last, accepted_ema=ema,
+                         confidence=float(t.loc[max(GAP_BUDGETS), "expected_accepted"])))
+        if drafted and r.tree_nodes:
+            last = r.accepted
+            ema = r.accepted if ema != ema else 0.7 * ema + 0.3 * r.accepted
+    return rows
+
+
+def auc(label: np.ndarray, score: np.ndarray) -> float:
+    """The area under the ROC curve of ``score`` for ``label`` (Mann-Whitney, ties counted half)."""
+    from scipy.stats import mannwhitneyu
+
+    ok = np.isfinite(score)
+    y, x = label[ok].astype(bool), score[ok]
+    return float(mannwhitneyu(x[y], x[~y]).statistic / (y.sum() * (~y).sum()))
+
+
+def gap_tables(requests: list[dict], law, curve, draft_cost: float, bins: int) -> dict:
+    """Table policies over the requests' round outcomes (``Actions``): in sample and cross-fitted, on the window
+    entropy and the drafter's confidence, then with two history inputs that see more than a policy can (the
+    request's share of starts where drafting pays, in hindsight, in 4 bins; whether the drafter's proposal one
+    position back was accepted): optimistic bounds for any signal of the request's history."""
+    frames = []
+    for r in requests:
+        t = r["table"].assign(key=r["key"], category=r["category"])
+        starts = sorted(t["start_position"].unique())
+        t["window_entropy"] = t["start_position"].map({s: law.inputs(r["entropies"], s)["window_entropy"]
+                                                       for s in starts})
+        by = {int(s): p.set_index("budget") for s, p in t.groupby("start_position")}
+        pays = np.mean([max(_round_rate(by[s], n, curve, draft_cost) for n in GAP_BUDGETS[1:]) > 1.0 for s in starts])
+        full = by[starts[0]].index.max()
+        back = {s: int(s - 1 in by and by[s - 1].loc[full, "accepted"] >= 1) for s in starts}
+        frames.append(t.assign(pays=pays, back=t["start_position"].map(back)))
+    table = pd.concat(frames, ignore_index=True)
+    pays = table.groupby("key")["pays"].first()
+    table["pays_bin"] = np.searchsorted(np.quantile(pays, [0.25, 0.5, 0.75]), table["pays"])
+    out = {}
+    for label, level in (("", 0), (" + hindsight history", table["pays_bin"] * 2 + table["back"])):
+        actions = Actions(table.assign(context_match=level), list(GAP_BUDGETS), curve, draft_cost)
+        oracle = actions.rate(ratio_oracle(actions))
+        out["table oracle"] = oracle
+        drafting = actions.committed[:, 1:] / actions.cost[:, 1:]
+        out["drafts every round, budget in hindsight"] = actions.rate(1 + np.argmax(drafting, axis=1))
+        for use in (("entropy", "copy"), ("entropy", "copy", "confidence")):
+            name = "entropy" + label + (" + confidence" if "confidence" in use else "")
+            for how, choice in table_policy(actions, use, bins=bins, folds=2).items():
+                out[f"table: {name}, {how}"] = actions.rate(choice)
+    return out
+
+
+def run_controllers_gap(args, parser) -> dict:
+    """Where does the law policy lose against the replay oracle, and could any signal close the distance?
+
+    Over a workload as ``entropy-law controllers`` replays it (the same seeded sample and cost model): per round of
+    the law policy's replay, the round in hindsight from the same start (``round_outcomes``) and the loss priced at
+    the oracle's rate (tokens - rate x cost, summed by kind: drafts the oracle skips, skips it drafts, shallower or
+    deeper trees); how well each signal tells the rounds where drafting pays (AUC); what always drafting with the
+    budget in hindsight reaches (the price of deciding before drafting); table policies on the law's inputs, the
+    drafter's confidence and optimistic history inputs (in sample: a bound); and candidate policies replayed.
+
+        OMP_NUM_THREADS=1 python bench/policy.py controllers-gap --drafter block --out bench/results/policy-controllers-gap.txt
+        OMP_NUM_THREADS=1 python bench/policy.py controllers-gap data/traces/ngram --drafter ngram --tasks spec_bench \\
+            --min-prompt-tokens 800 --sample 8
+
+    Prints the tables and ends with ONE JSON line.
+    """
+    from entropy_law.decoding.policy import LawPolicy
+    from entropy_law.decoding.replay import replay_rounds, round_outcomes
+    from entropy_law.jobs.controllers import _priced
+    from entropy_law.jobs.reference import decoded_requests, replay_drafter, workload_inputs
+    from entropy_law.traces.layout import RUN_FILE, read_run_json
+
+    torch.set_num_threads(1)
+    warnings.simplefilter("ignore")
+    t0, root = time.process_time(), Path(__file__).resolve().parents[1]
+    shipped = root / SHIPPED_LAW.format(drafter=args.drafter)
+    law_params = json.loads(Path(args.policy).read_text()) if args.policy else json.loads(shipped.read_text())["policy"]
+    from entropy_law.analysis import TraceAnalysis
+    from entropy_law.decoding.gate import VerifyCost
+    from entropy_law.payoff.cost import verify_curve
+
+    source = TraceAnalysis(load_traces(root / "data/traces_timed"), n_boot=0)
+    arm = [a for a in source.arms if a.startswith(args.drafter) and a.endswith("ddtree16")][0]
+    curve = VerifyCost.from_config(verify_curve(source.cost_model(arm)))
+    arm_meta = read_run_json(shipped.parent / RUN_FILE)
+    target = load_target(arm_meta.get("model_id") or "smollm2-135m")
+    draft_cost, tree = float(law_params["draft_cost"]), arm_meta.get("tree_policy", "chain")
+    candidates, law = gap_candidates(law_params, curve), LawPolicy(law_params, curve)
+    requests, rows, priced, oracle = [], [], [], [0, 0.0]
+    for trace_set in map(Path, args.traces):
+        ar = root / trace_set / "ar" if (root / trace_set / "ar").is_dir() else root / trace_set
+        chosen = load_traces(ar).requests
+        chosen = chosen.loc[chosen["prompt_tokens"] >= args.min_prompt_tokens].groupby(
+            "category", observed=True, group_keys=False).apply(
+            lambda g: g.sample(min(args.sample, len(g)), random_state=args.seed))
+        meta, drafter, plain, prompts, outputs = workload_inputs(ar, arm_meta, target, args.tasks, None)
+        tokens = load_traces(ar).tokens.sort_values(["request_id", "position"])
+        entropies = {str(k): g["target_entropy_nats"].to_numpy(float) for k, g in tokens.groupby("request_id")}
+        options = dict(eos_token_ids=plain.config["eos_token_ids"], max_new_tokens=meta.get("max_new_tokens"),
+                       max_context=plain.adapter.max_context)
+        for rid, category, output in decoded_requests(outputs, chosen["request_id"].astype(str).tolist()):
+            src = replay_drafter(drafter, target, prompts[rid], output)
+            fresh = (lambda s=src: copy.deepcopy(s)) if args.drafter == "ngram" else (lambda s=src: s)
+            request = dict(key=f"{trace_set.name}:{rid}", category=category, entropies=entropies[str(rid)],
+                           table=round_outcomes(prompts[rid], output, fresh(), budgets=GAP_BUDGETS, tree=tree, **options))
+            requests.append(request)
+            best = oracle_rounds(prompts[rid], output, fresh(), budgets=GAP_BUDGETS, tree=tree, verify_cost=curve,
+                                 draft_cost=draft_cost, **options)
+            oracle = [oracle[0] + sum(best.committed), oracle[1] + float(sum(best.cost))]
+            for name, make in candidates.items():
+                result = replay_rounds(prompts[rid], output, fresh(), tree, arm_meta.get("tree_budget"), policy=make(),
+                                       verify_cost=curve, entropies=entropies[str(rid)], category=category, **options)
+                priced.append((name, request["key"], *_priced(result, curve, draft_cost)))
+                if name == "law policy (shipped)":
+                    rows += gap_rows(request, result.rounds, curve, draft_cost)
+    return _gap_report(args, requests, pd.DataFrame(rows), priced, oracle, law, curve, draft_cost, t0)
+
+
+def _gap_report(args, requests, rounds, priced, oracle, law, curve, draft_cost: float, t0: float) -> dict:
+    """Prints ``controllers-gap``'s tables (``--out``: also to a file with its header); returns the JSON line."""
+    from entropy_law.payoff.controllers import paired_ratio
+
+    rate = oracle[0] / oracle[1]
+    frame = pd.DataFrame(priced, columns=["config", "request", "tokens", "rounds", "cost"])
+    sums = frame.groupby("config", sort=False)[["tokens", "cost"]].sum()
+    lines = [f"{len(requests)} requests of {', '.join(map(str, args.traces))} ({args.drafter} DDTree16, seeded sample of "
+             f"{args.sample} per category, seed {args.seed}, prompts >= {args.min_prompt_tokens} tokens); verify cost "
+             f"{curve.describe()}; draft cost {draft_cost:.4f}", f"replay oracle {rate:.4f}x", "",
+             "candidates replayed: modelled speedup, share of the oracle's, / the shipped law policy [95% paired request "
+             "bootstrap]"]
+    shipped = "law policy (shipped)"
+    for name, s in sums.iterrows():
+        ratio, lo, hi = paired_ratio(frame, name, shipped, seed=args.seed) if name != shipped else (1.0, 1.0, 1.0)
+        lines.append(f"  {name:<62} {s['tokens'] / s['cost']:.4f}x  {s['tokens'] / s['cost'] / rate:6.1%}  "
+                     f"{ratio:.3f} [{lo:.3f}, {hi:.3f}]")
+    rounds["loss"] = (rounds["best_committed"] - rate * rounds["best_cost"]) - (rounds["committed"] - rate * rounds["cost"])
+    rounds["kind"] = np.select(
+        [~rounds["drafted"] & (rounds["best"] == 0), ~rounds["drafted"],
+         (rounds["nodes"] == 0) & (rounds["best"] == 0), rounds["best"] == 0, rounds["nodes"] < rounds["best"]],
+        list(GAP_KINDS[:5]), GAP_KINDS[5])
+    kinds = rounds.groupby("kind").agg(rounds=("loss", "size"), loss=("loss", "sum")).reindex(list(GAP_KINDS)).fillna(0)
+    kinds["share of the loss"] = kinds["loss"] / kinds["loss"].sum()
+    lines += ["", f"the shipped law policy's rounds against the round in hindsight from the same start (best rate of "
+              f"budgets {GAP_BUDGETS}), loss = (tokens - {rate:.3f} x cost) of that round minus the law's",
+              kinds.round(3).to_string()]
+    pays = (rounds["best"] > 0).to_numpy()
+    lines += ["", f"AUC for 'drafting pays in hindsight' ({pays.mean():.1%} of the law's rounds), by signal:"]
+    signals = {"law's best chain rate (before drafting)": "law_rate", "window entropy (before drafting; low: pays)":
+               "window_entropy", "calibration factor (request's history)": "calibration",
+               "last drafted round's accepted drafts (history)": "last_accepted",
+               "accepted-drafts EMA 0.3 (history)": "accepted_ema",
+               "drafter's confidence, DDTree16 (before verifying)": "confidence"}
+    aucs = {}
+    for label, column in signals.items():
+        score = rounds[column].astype(float).to_numpy() * (-1 if "entropy" in column else 1)
+        aucs[column] = auc(pays, score)
+        lines.append(f"  {label:<55} {aucs[column]:.3f}")
+    tables = gap_tables(requests, law, curve, draft_cost, args.bins)
+    lines += ["", f"walks over the round-outcome table (share of its replay oracle's {tables['table oracle']:.4f}x; "
+              f"'in sample' tables are fitted on the requests they are scored on, {args.bins} bins: optimistic)"]
+    lines += [f"  {name:<80} {value:.4f}x  {value / tables['table oracle']:6.1%}" for name, value in tables.items()]
+    text = "\n".join(lines)
+    print(text)
+    result = {"bench": "policy_controllers_gap", "drafter": args.drafter, "requests": len(requests),
+              "oracle": round(rate, 4), "of_oracle": {n: round(s["tokens"] / s["cost"] / rate, 4) for n, s in sums.iterrows()},
+              "loss_share": kinds["share of the loss"].round(4).to_dict(), "auc": {k: round(v, 3) for k, v in aucs.items()},
+              "tables_of_oracle": {k: round(v / tables["table oracle"], 4) for k, v in tables.items()},
+              "cpu_s": round(time.process_time() - t0, 1)}
+    if args.out:
+        header = (f"# {Path(args.out).name}: python bench/policy.py controllers-gap {' '.join(map(str, args.traces))} "
+                  f"--drafter {args.drafter}{f' --tasks {args.tasks}' if args.tasks else ''} --sample {args.sample} --seed "
+                  f"{args.seed} --min-prompt-tokens {args.min_prompt_tokens}\n{measured_line()}\n\n")
+        Path(args.out).write_text(header + text + "\n\n" + json.dumps(result) + "\n")
+    print(json.dumps(result))
+    return result
+
+
 COMMANDS = {  # subcommand: (adds its arguments, runs it)
     "policy": (policy_arguments, run_policy),
     "ceiling": (ceiling_arguments, run_ceiling),
@@ -1863,6 +2164,7 @@ COMMANDS = {  # subcommand: (adds its arguments, runs it)
     "controllers": (controllers_arguments, run_controllers),
     "controllers-timed": (controllers_timed_arguments, run_controllers_timed),
     "controllers-loco": (controllers_loco_arguments, run_controllers_loco),
+    "controllers-gap": (controllers_gap_arguments, run_controllers_gap),
 }
 
 
