@@ -600,8 +600,10 @@ def run_matched(args, parser) -> None:
     error ratio and category-mean R-squared, with 95% intervals from a request bootstrap that refits both laws and
     a leave-one-category-out jackknife of the ratio; the goals on their one-sided bounds. Ends with one JSON line.
     Cost: one leave-one-category-out run of both laws per arm, plus one per bootstrap replicate and one per category
-    of the jackknife (every refit profiles c as the point fit does): the defaults take about 26 runs per arm, far
-    over ten minutes on one core for ``data/traces``; ``--boot 0 --no-jackknife`` gives the point estimates.
+    of the jackknife (every refit profiles c as the point fit does; our law is refitted on the arm's per-request
+    cells with each request's draws as weights, ``weighted_cells``, and the entropy sequences are read once): the
+    defaults take 26 runs per arm (see ``bench/results/glance-matched.txt`` for the CPU time); ``--boot 0
+    --no-jackknife`` gives the point estimates.
 
         OMP_NUM_THREADS=1 python bench/glance.py matched [--traces data/traces] [--arms ngram] [--boot 20]
     """
