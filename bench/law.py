@@ -1262,6 +1262,8 @@ def category_table_arguments(parser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the category share's request folds")
     parser.add_argument("--no-share", action="store_true", help="skip the category share (item 4)")
     parser.add_argument("--min-categories", type=int, default=5, help="arms with fewer categories are skipped")
+    parser.add_argument("--arms", nargs="+", default=None, metavar="TEXT",
+                        help="only the arms whose label contains one of these (e.g. 'ngram ddtree16')")
 
 
 def arm_views(traces, min_categories: int) -> dict:
@@ -1512,6 +1514,8 @@ def run_category_table(args, parser) -> dict:
           "jackknife: the table's refitted without each category, item 6's with the fold fits kept]", flush=True)
     report = {}
     for label, view in arm_views(traces, args.min_categories).items():
+        if args.arms is not None and not any(text in label for text in args.arms):
+            continue
         t0 = time.time()
         res = category_means(view, family)
         cats = list(res["observed"].index)
