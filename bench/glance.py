@@ -24,10 +24,11 @@ from bench.lib import exit_code, run_subcommand  # noqa: E402
 
 from entropy_law.analysis import TraceAnalysis  # noqa: E402
 from entropy_law.law.atrisk import at_risk_table  # noqa: E402
-from entropy_law.law.fit import PRIMARY_FALLBACK, get_family  # noqa: E402
+from entropy_law.law.fit import PRIMARY_FALLBACK, get_family, prepare_counts  # noqa: E402
 from entropy_law.glance import (category_frame, fit_glance, glance_rounds, loco_glance,  # noqa: E402
                                     read_glance_rounds, round_scores)
 from entropy_law.glance import matched  # noqa: E402
+from entropy_law.glance.compare import entropy_by_request  # noqa: E402
 from entropy_law.law.stats import r_squared  # noqa: E402
 from entropy_law.law.information import InfoSet, check_information, predictor_inputs, sets_allowing  # noqa: E402
 from entropy_law.plots.glance import glance_wins, loco_ours, primary_family  # noqa: E402
@@ -383,18 +384,29 @@ def matched_inputs(family: str) -> dict:
     return {**ours, **GLANCE_INPUTS}
 
 
-def matched_predictions(view, rounds: pd.DataFrame, rows: pd.DataFrame, family: str, drafts: int,
-                        round_pick: np.ndarray, row_pick: np.ndarray) -> tuple[dict, dict]:
+def weighted_cells(cells: pd.DataFrame, weight: np.ndarray) -> pd.DataFrame:
+    """The cells of an aggregate (``prepare_counts``) with weight > 0, their counts times their (integer) weight:
+    the aggregate of the at-risk rows with each cell's request drawn ``weight`` times (the cells are per request)."""
+    keep = weight > 0
+    out = cells.loc[keep].copy()
+    for column in ("n_acc", "n_rej", "n"):
+        out[column] = out[column].to_numpy() * weight[keep].astype(np.int64)
+    out.attrs.update(cells.attrs)
+    return out
+
+
+def matched_predictions(view, rounds: pd.DataFrame, cells: pd.DataFrame, family: str, drafts: int,
+                        round_pick: np.ndarray, cell_weight: np.ndarray, sequences=None) -> tuple[dict, dict]:
     """({name: LOCO predictions, NaN where not predicted}, {held-out category: our law's offset c of log(H + c)}):
-    the data are the rounds and at-risk rows at positions ``round_pick`` / ``row_pick`` (a request drawn twice
-    counts twice); each category of it is held out in turn, every predictor fitted on the other categories' picked
-    data (its drafted-depth model too, and our law's offset c where its family profiles it) and predicting the
-    held-out category's rounds."""
+    the data are the rounds at positions ``round_pick`` (a request drawn twice counts twice) and the at-risk cells
+    ``cells`` (``prepare_counts`` of the arm's rows, per request) counted ``cell_weight`` times; each category of it
+    is held out in turn, every predictor fitted on the other categories' picked data (its drafted-depth model too,
+    and our law's offset c where its family profiles it) and predicting the held-out category's rounds."""
     from entropy_law.glance import law_round_expectations
     from entropy_law.law.fit import fit_law
 
     category = rounds["category"].astype(str).to_numpy()
-    row_category = rows["category"].astype(str).to_numpy()
+    cell_category = cells["category"].astype(str).to_numpy()
     out = {name: np.full(len(rounds), np.nan) for name in [*OURS, *GLANCE_INPUTS]}
     used = {}
     for held_out in sorted(set(category[round_pick])):
@@ -410,11 +422,12 @@ def matched_predictions(view, rounds: pd.DataFrame, rows: pd.DataFrame, family: 
         out["GLANCE README, L ~ depth model"][test] = matched.glance_reach_expected(h, b0, b1, matched.model_reach(probs))
         out["GLANCE README, L = D"][test] = matched.glance_reach_expected(
             h, b0, b1, matched.observed_reach(tested["tree_depth"], drafts))
-        law = fit_law(rows.iloc[row_pick[row_category[row_pick] != held_out]], family, cov_type="nonrobust")
+        law = fit_law(weighted_cells(cells, cell_weight * (cell_category != held_out)), family, cov_type="nonrobust")
         used[held_out] = law.eps
         for name, (depths, root) in OURS.items():
-            out[name][test] = (law_round_expectations(law, view, tested, root_only=root) if depths == "observed" else
-                               matched.law_expected_over_depths(law, view, tested, probs, root_only=root))
+            out[name][test] = (
+                law_round_expectations(law, view, tested, root_only=root, sequences=sequences) if depths == "observed"
+                else matched.law_expected_over_depths(law, view, tested, probs, root_only=root, sequences=sequences))
     return out, used
 
 
@@ -449,6 +462,17 @@ def jackknife_interval(full: float, leave_outs: list) -> list:
     return [float(pseudo.mean() - half), float(pseudo.mean() + half)]
 
 
+def cell_requests(rows: pd.DataFrame, row_code: np.ndarray, cells: pd.DataFrame) -> np.ndarray:
+    """The request (``row_code``'s numbering) of each cell of ``cells``; a (category, request_id) of two runs'
+    requests raises (their cells would pool two requests a bootstrap draws apart)."""
+    keys = rows["category"].astype(str) + "\0" + rows["request_id"].astype(str)
+    owner = pd.Series(row_code).groupby(keys.to_numpy()).agg(["min", "max"])
+    if (owner["min"] != owner["max"]).any():
+        raise ValueError(f"request ids {list(owner.index[owner['min'] != owner['max']][:3])} name requests of two "
+                         "runs in one category: the per-request cells would pool them")
+    return owner["min"].reindex(cells["category"].astype(str) + "\0" + cells["request_id"].astype(str)).to_numpy()
+
+
 def matched_arm(view, arm: str, *, n_boot: int, seed: int, jackknife: bool = True) -> dict:
     """The matched comparison of one arm: point estimates, the request bootstrap (requests resampled within each
     category, both laws refitted in every fold) and the leave-one-category-out jackknife (each category dropped,
@@ -456,20 +480,25 @@ def matched_arm(view, arm: str, *, n_boot: int, seed: int, jackknife: bool = Tru
     family = primary_family(view)
     rounds = glance_rounds(view).reset_index(drop=True)
     rows = at_risk_table(view, drafters=[arm]).reset_index(drop=True)
+    cells = prepare_counts(rows, get_family(family)).reset_index(drop=True)  # per request: fitted once per weight
+    sequences = entropy_by_request(view, rounds["run_id"].unique(), columns=get_family(family).position_columns)
     drafts = int(rounds["tree_depth"].max())
     request = pd.Index((rounds["run_id"].astype(str) + "\0" + rounds["request_id"].astype(str)).unique())
     code = request.get_indexer(rounds["run_id"].astype(str) + "\0" + rounds["request_id"].astype(str))
     row_code = request.get_indexer(rows["run_id"].astype(str) + "\0" + rows["request_id"].astype(str))
     if (row_code < 0).any():
         raise ValueError(f"{arm}: at-risk rows of requests without a drafting round")
+    cell_code = cell_requests(rows, row_code, cells)
     category = rounds["category"].astype(str).to_numpy()
-    every = (np.arange(len(rounds)), np.arange(len(rows)))
+    every = np.arange(len(rounds))
 
-    def scored(picks, weight):
-        predicted, used = matched_predictions(view, rounds, rows, family, drafts, *picks)
-        return {name: weighted_scores(rounds, values, weight) for name, values in predicted.items()}, used
+    def scored(request_weight):
+        picks = np.repeat(every, request_weight[code].astype(int))
+        predicted, used = matched_predictions(view, rounds, cells, family, drafts, picks,
+                                              request_weight[cell_code], sequences)
+        return {name: weighted_scores(rounds, values, request_weight[code]) for name, values in predicted.items()}, used
 
-    point, offsets = scored(every, np.ones(len(rounds)))
+    point, offsets = scored(np.ones(len(request)))
     fits = len(offsets)
     before = ["ours, root + D", "GLANCE README, L = D"]
     best = min(before, key=lambda name: point[name]["mse"])
@@ -482,15 +511,12 @@ def matched_arm(view, arm: str, *, n_boot: int, seed: int, jackknife: bool = Tru
         count = np.zeros(len(request))
         for members in per_category.values():
             np.add.at(count, rng.choice(members, size=len(members), replace=True), 1.0)
-        picks = (np.repeat(every[0], count[code].astype(int)), np.repeat(every[1], count[row_code].astype(int)))
-        scores, used = scored(picks, count[code])
+        scores, used = scored(count)
         fits += len(used)
         boot.append(scores)
     jack = []
     for dropped in per_category if jackknife else ():
-        keep = category != dropped
-        picks = (every[0][keep], every[1][rows["category"].astype(str).to_numpy() != dropped])
-        scores, used = scored(picks, keep.astype(float))
+        scores, used = scored(np.isin(np.arange(len(request)), per_category[dropped], invert=True).astype(float))
         fits += len(used)
         jack.append(scores)
     inputs = matched_inputs(family)
@@ -574,8 +600,10 @@ def run_matched(args, parser) -> None:
     error ratio and category-mean R-squared, with 95% intervals from a request bootstrap that refits both laws and
     a leave-one-category-out jackknife of the ratio; the goals on their one-sided bounds. Ends with one JSON line.
     Cost: one leave-one-category-out run of both laws per arm, plus one per bootstrap replicate and one per category
-    of the jackknife (every refit profiles c as the point fit does): the defaults take about 26 runs per arm, far
-    over ten minutes on one core for ``data/traces``; ``--boot 0 --no-jackknife`` gives the point estimates.
+    of the jackknife (every refit profiles c as the point fit does; our law is refitted on the arm's per-request
+    cells with each request's draws as weights, ``weighted_cells``, and the entropy sequences are read once): the
+    defaults take 26 runs per arm (see ``bench/results/glance-matched.txt`` for the CPU time); ``--boot 0
+    --no-jackknife`` gives the point estimates.
 
         OMP_NUM_THREADS=1 python bench/glance.py matched [--traces data/traces] [--arms ngram] [--boot 20]
     """

@@ -1262,6 +1262,8 @@ def category_table_arguments(parser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the category share's request folds")
     parser.add_argument("--no-share", action="store_true", help="skip the category share (item 4)")
     parser.add_argument("--min-categories", type=int, default=5, help="arms with fewer categories are skipped")
+    parser.add_argument("--arms", nargs="+", default=None, metavar="TEXT",
+                        help="only the arms whose label contains one of these (e.g. 'ngram ddtree16')")
 
 
 def arm_views(traces, min_categories: int) -> dict:
@@ -1344,11 +1346,12 @@ def _add_steps(rounds: pd.DataFrame, cat: str, steps: dict, base: str, confidenc
     return steps
 
 
-def category_means(view, family: str) -> dict:
+def category_means(view, family: str, *, per_round: bool = True, without: tuple = ()) -> dict:
     """Leave-one-category-out category means of one arm's mean accepted length per drafting round ((tokens -
     rounds) / drafting rounds; the DP's expected counts alike), each category predicted by fits on the others
     only: ``observed``, ``predicted`` (predictor -> {category: mean}, with its information set), ``rounds``
-    (per drafting round: the before-drafting / before-verifying law's expectation for item 6)."""
+    (``per_round``: per drafting round, the before-drafting / before-verifying law's expectation for item 6).
+    ``without``: categories left out of everything (the jackknife's runs)."""
     from entropy_law.glance import fit_glance, glance_rounds, loco_glance
     from entropy_law.law.blocks import expected_round_counts
     from entropy_law.law.categories import root_frame, tau_given_depth
@@ -1361,6 +1364,9 @@ def category_means(view, family: str) -> dict:
     drafts = B - 1
     drafted_h = with_start_entropy(drafted_depths(view, drafter), seqs)
     table = glance_rounds(view)
+    categories = [c for c in categories if c not in without]
+    seqs, counts, drafted_h, table = (f.loc[f["category"].astype(str).isin(categories)]
+                                      for f in (seqs, counts, drafted_h, table))
     code, _ = loco_glance(table, form="code")
     table = table.assign(glance_code=code)
     by_request = {key: part for key, part in table.groupby(["run_id", "request_id"], sort=False)}
@@ -1369,19 +1375,20 @@ def category_means(view, family: str) -> dict:
                                               drafting=("tree_depth", lambda d: int((d > 0).sum())))
     observed = (observed["tokens"] - observed["rounds"]) / observed["drafting"]
     expect = {name: {} for name in ("workload", "before_drafting", "depth_only", "glance_readme_dp")}
-    per_round = []
+    round_rows = []
     for cat in categories:
         law = fit_law(counts.loc[counts["category"] != cat], fam, cov_type="nonrobust")
         model = TrainingDepthModel.fit(drafted_h.loc[drafted_h["category"] != cat], drafts)
         control = depth_only_acceptance(counts.loc[counts["category"] != cat], drafts)
         glance = fit_glance(table.loc[table["category"] != cat], "readme", per_category=False, n_boot=0)
         sums = {name: np.zeros(2) for name in expect}
-        frames, shapes = [], []  # every request's root rows, then the held-out requests' workload rows: one predict
-        for rec in seqs.itertuples():
+        held_out = [rec for rec in seqs.itertuples() if rec.category == cat]
+        rooted = list(seqs.itertuples()) if per_round else held_out
+        frames, shapes = [], []  # the requests' root rows, then the held-out requests' workload rows: one predict
+        for rec in rooted:
             frame, shape = root_frame(law, rec.entropy, drafts, **sequence_context(law, rec))
             frames.append(frame)
             shapes.append(shape)
-        held_out = [rec for rec in seqs.itertuples() if rec.category == cat]
         for rec in held_out:
             frame, shape = law.sequence_frame(np.asarray(rec.entropy, dtype=float), drafts, **sequence_context(law, rec))
             frames.append(frame)
@@ -1389,17 +1396,17 @@ def category_means(view, family: str) -> dict:
         accept = law.predict_frame(pd.concat(frames, ignore_index=True))
         ends = np.cumsum([len(f) for f in frames])
         arrays = [law.shape_acceptance(accept[end - len(f):end], shape) for f, end, shape in zip(frames, ends, shapes)]
-        workload = dict(zip([(r.run_id, r.request_id) for r in held_out], arrays[len(seqs):]))
-        for rec, root in zip(seqs.itertuples(), arrays):
+        workload = dict(zip([(r.run_id, r.request_id) for r in held_out], arrays[len(rooted):]))
+        for rec, root in zip(rooted, arrays):
             h = np.asarray(rec.entropy, dtype=float)
             probs = model.probabilities(h, getattr(rec, "context_match", None))
             mine = by_request.get((rec.run_id, rec.request_id))
-            if mine is not None:  # per drafting round: E[tau] given the root (and the depth model, or the round's D)
+            if mine is not None and per_round:  # per drafting round: E[tau] given the root, the depth model or D
                 t = mine["start_position"].to_numpy(dtype=np.int64)
                 d = mine["tree_depth"].to_numpy(dtype=np.int64)
                 tau = tau_given_depth(root)
                 p = probs[t, 1:] / np.maximum(1.0 - probs[t, :1], 1e-12)
-                per_round.append(mine.assign(fold=cat, before_drafting=(p * tau[t]).sum(axis=1),
+                round_rows.append(mine.assign(fold=cat, before_drafting=(p * tau[t]).sum(axis=1),
                                              before_verifying=tau[t, d - 1]))
             if rec.category != cat:
                 continue
@@ -1413,7 +1420,14 @@ def category_means(view, family: str) -> dict:
             expect[name][cat] = sums[name][0] / sums[name][1]
     expect["glance_code"] = table.groupby("category")["glance_code"].mean().to_dict()
     return dict(family=fam.name, drafter=drafter, block=B, observed=observed.loc[categories],
-                predicted=expect, rounds=pd.concat(per_round, ignore_index=True), tokens=view.tokens)
+                predicted=expect, rounds=pd.concat(round_rows, ignore_index=True) if per_round else None,
+                tokens=view.tokens)
+
+
+def jackknife_refits(view, family: str, categories: list) -> list:
+    """Per category c, ``category_means`` of the arm without c: every fold's fits lack both the held-out category
+    and c (the table's leave-one-category-out jackknife refits)."""
+    return [category_means(view, family, per_round=False, without=(dropped,)) for dropped in categories]
 
 
 # predictor -> (its information set, what it reads)
@@ -1467,7 +1481,9 @@ def run_category_table(args, parser) -> dict:
     model):
 
     3. per predictor and information set (``law.information``): R-squared and MAE of the predicted against the
-       observed category means, with a leave-one-category-out jackknife 90% interval (fold predictions kept).
+       observed category means, with a leave-one-category-out jackknife 90% interval that refits: each category
+       c left out of the whole LOCO run, every other category predicted by fits without it and without c
+       (``jackknife_refits``: K more LOCO runs per arm).
     4. the category terms' CV share of the law's gain over depth only, added last and added first, and their
        mean (Shapley), grouped 5-fold CV by request (``law.categories.share_both_orders``; category terms are
        fitted with as few as 1 request of a category in a training fold: the pooled sets hold 3-4 per category).
@@ -1475,7 +1491,8 @@ def run_category_table(args, parser) -> dict:
        training categories' rounds): the law's expectation from the root (before drafting: with the depth model;
        before verifying: with the round's D), + the context's copyability at the root, + the request's own
        acceptance so far (its earlier drafting rounds' mean accepted), + a request random effect (online BLUP
-       with MixedLM's variance ratio), + the drafter's confidence at depth 1 (before verifying; where logged).
+       with MixedLM's variance ratio), + the drafter's confidence at depth 1 (before verifying; where logged);
+       its jackknife keeps the fold fits.
 
     Seeded; prints its time. ``OMP_NUM_THREADS=1 python bench/law.py category-table [--traces ...]``
     """
@@ -1493,9 +1510,12 @@ def run_category_table(args, parser) -> dict:
     check_information(InfoSet.BEFORE_DRAFTING, predictor_inputs(fam, "training", root_only=True),
                       what=f"{family} root only")
     print(f"traces {args.traces}; law {family}; quantity: mean accepted length per drafting round; "
-          "every category held out in turn (fits on the others only)", flush=True)
+          "every category held out in turn (fits on the others only); R2 / MAE [90% leave-one-category-out "
+          "jackknife: the table's refitted without each category, item 6's with the fold fits kept]", flush=True)
     report = {}
     for label, view in arm_views(traces, args.min_categories).items():
+        if args.arms is not None and not any(text in label for text in args.arms):
+            continue
         t0 = time.time()
         res = category_means(view, family)
         cats = list(res["observed"].index)
@@ -1503,10 +1523,12 @@ def run_category_table(args, parser) -> dict:
         print(f"\n=== {label}: {len(cats)} categories, {len(view.requests)} requests, B = {res['block']}", flush=True)
         frame = pd.DataFrame({"observed": res["observed"]})
         entry = {"categories": cats, "table": {}}
+        jack = jackknife_refits(view, family, cats)
         for name, (info, what) in TABLE_ROWS.items():
             pred = np.array([res["predicted"][name][c] for c in cats])
             frame[name] = pred
-            fit = category_fit(obs, pred)
+            fit = category_fit(obs, pred, [(r["observed"].to_numpy(float), np.array(
+                [r["predicted"][name][c] for c in r["observed"].index])) for r in jack])
             entry["table"][name] = {"set": info, **fit}
             print(_fit_line(name, InfoSet(info).label, fit) + f"   ({what})")
         print(frame.round(3).to_string())

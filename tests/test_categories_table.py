@@ -97,3 +97,31 @@ def test_share_orders_sum_as_they_should(traces):
     assert share["category_first"] == pytest.approx((s["depth_only"] - s["law0_cat"]) / total)
     assert share["shapley"] == pytest.approx((share["category_first"] + share["entropy_first"]) / 2)
     assert share["category_first"] > 0  # the simulated categories differ, and category terms alone catch it
+
+
+def test_the_table_jackknife_refits_without_each_category(traces, monkeypatch):
+    """Each jackknife run leaves category c out of the whole LOCO run: every law fit lacks the held-out category
+    and c, and the intervals come from those refits, not from the full run's fold predictions kept."""
+    import bench.law as bl
+
+    full = bl.category_means(traces, "law_exp")
+    cats = list(full["observed"].index)
+    seen, fit_law = [], bl.fit_law
+    monkeypatch.setattr(bl, "fit_law", lambda counts, *a, **k: (seen.append(frozenset(counts["category"])),
+                                                                 fit_law(counts, *a, **k))[1])
+    runs = bl.jackknife_refits(traces, "law_exp", cats)
+    assert len(seen) == len(CATEGORIES) * (len(CATEGORIES) - 1)  # K runs of K - 1 folds
+    assert all(len(set(CATEGORIES) - fit) == 2 for fit in seen)  # each fit lacks the held-out category and c
+    obs = full["observed"].to_numpy(float)
+    pred = np.array([full["predicted"]["workload"][c] for c in cats])
+    refits = []
+    for dropped, run in zip(cats, runs):
+        others = [c for c in cats if c != dropped]
+        assert list(run["observed"].index) == others and np.allclose(run["observed"], full["observed"].loc[others])
+        refits.append((run["observed"].to_numpy(float), np.array([run["predicted"]["workload"][c] for c in others])))
+    # removing a category changes the other categories' fits, so their predictions move
+    assert any(not np.allclose(p, np.delete(pred, i)) for i, (_, p) in enumerate(refits))
+    refit, kept = category_fit(obs, pred, refits), category_fit(obs, pred)
+    assert refit["r2"] == kept["r2"] and refit["r2_hi"] != pytest.approx(kept["r2_hi"], rel=1e-6)
+    with pytest.raises(ValueError, match="refit"):
+        category_fit(obs, pred, refits[:2])

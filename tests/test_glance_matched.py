@@ -10,7 +10,7 @@ from entropy_law.analysis import TraceAnalysis
 from entropy_law.analysis.simulate import simulate_traces
 from entropy_law.glance import glance_rounds, law_round_expectations, matched
 from entropy_law.law.atrisk import at_risk_table
-from entropy_law.law.fit import fit_law
+from entropy_law.law.fit import fit_law, get_family, prepare_counts
 from entropy_law.law.information import InfoSet, check_information
 
 
@@ -108,3 +108,30 @@ def test_weighted_scores_count_a_round_as_often_as_it_is_drawn(bench):
     doubled = bench.weighted_scores(pd.concat([rounds.iloc[[0]], rounds]), np.r_[2.0, predicted], np.ones(5))
     assert twice == pytest.approx(doubled)
     assert bench.weighted_scores(rounds, predicted, np.ones(4))["cat_error"] == pytest.approx(0.0)
+
+
+def test_a_refit_on_weighted_cells_is_the_fit_on_the_literal_request_resample(bench, arm_view):
+    """The bootstrap's refits: our law on the per-request cells with counts times each request's draws (and a
+    category left out) has the estimates of the law fitted on the at-risk rows of the resample itself."""
+    view, arm = arm_view
+    family = "law_exp_obs_ceil_top1"
+    rows = at_risk_table(view, drafters=[arm]).reset_index(drop=True)
+    cells = prepare_counts(rows, get_family(family)).reset_index(drop=True)
+    request = pd.Index(rows["request_id"].astype(str).unique())
+    row_code = request.get_indexer(rows["request_id"].astype(str))
+    cell_code = bench.cell_requests(rows, row_code, cells)
+    category = rows.groupby(row_code)["category"].first().astype(str)
+    rng = np.random.default_rng(7)
+    count = np.zeros(len(request))
+    for members in category.groupby(category).groups.values():
+        np.add.at(count, rng.choice(np.asarray(members), size=len(members), replace=True), 1.0)
+    count[(category == "qa").to_numpy()] = 0  # the held-out category
+    assert count.max() > 1  # some request is drawn twice
+    literal = fit_law(rows.iloc[np.repeat(np.arange(len(rows)), count[row_code].astype(int))], family,
+                      cov_type="nonrobust")
+    weighted = fit_law(bench.weighted_cells(cells, count[cell_code]), family, cov_type="nonrobust")
+    assert weighted.eps == literal.eps and weighted.categories == literal.categories == ("rag", "translation")
+    assert np.allclose(weighted.result.params, literal.result.params, rtol=0, atol=1e-8)
+    rounds = glance_rounds(view).reset_index(drop=True)
+    assert np.allclose(law_round_expectations(weighted, view, rounds), law_round_expectations(literal, view, rounds),
+                       rtol=0, atol=1e-8)

@@ -34,7 +34,7 @@ def loco_glance(rounds: pd.DataFrame, *, form: str = "code", cap: float = CAP) -
     return predicted, fits
 
 
-def _entropy_by_request(traces, run_ids, *, columns: tuple = ()) -> tuple[dict, np.ndarray, dict]:
+def entropy_by_request(traces, run_ids, *, columns: tuple = ()) -> tuple[dict, np.ndarray, dict]:
     """(run_id, request_id) -> (offset, T) into one flat array of the entropies at positions 0..T-1, and the
     per-position ``columns`` alike (None where missing): ``atrisk.sequences_of`` end to end."""
     tokens = traces.tokens
@@ -54,14 +54,15 @@ def _entropy_by_request(traces, run_ids, *, columns: tuple = ()) -> tuple[dict, 
 
 def law_round_expectations(law, traces, rounds: pd.DataFrame | None = None, *, root_only: bool = False,
                            drafter: str | None = None, drafts: pd.DataFrame | None = None, info=None,
-                           depths: str = "observed") -> np.ndarray:
+                           depths: str = "observed", sequences: tuple | None = None) -> np.ndarray:
     """Our law's expected accepted drafts of each round of ``rounds`` (``glance_rounds`` rows, default all): E[tau] =
     sum_{k=1}^{D} prod_{j=1}^{k} a(H_{t+j-1}, j), t the round's start, D its drafted depth (``tree_depth``) and H the
     entropies along the greedy output (past its end the last one, as the DP). ``root_only``: H_t at every depth.
 
     ``law``: anything with ``predict_frame``. ``drafts``: the drafter's top-1 probability at every verified depth for
     a law in it (a missing (round, depth) raises). ``info``: the information set the predictions must stay within,
-    given ``root_only`` and ``depths``; a law that reads more raises.
+    given ``root_only`` and ``depths``; a law that reads more raises. ``sequences``: ``entropy_by_request`` of
+    these traces and the family's columns, computed once by a caller that predicts them many times.
     """
     if info is not None:
         path = "root only" if root_only else "entropies ahead"
@@ -71,7 +72,7 @@ def law_round_expectations(law, traces, rounds: pd.DataFrame | None = None, *, r
     if rounds.empty:
         return np.zeros(0)
     columns = law.family.position_columns
-    where, entropy, values = _entropy_by_request(traces, rounds["run_id"].unique(), columns=columns)
+    where, entropy, values = sequences or entropy_by_request(traces, rounds["run_id"].unique(), columns=columns)
     lacking = [c for c in columns if values[c] is None]
     if lacking:
         raise ValueError(f"{law.family.name} reads the tokens column(s) {lacking} at every position, which these "

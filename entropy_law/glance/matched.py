@@ -62,12 +62,15 @@ def round_depth_probabilities(model: TrainingDepthModel, rounds: pd.DataFrame) -
     return np.where(first[:, None], model.first[np.minimum(e, model.first.shape[0] - 1)], model.later[e])
 
 
-def law_expected_over_depths(law, traces, rounds: pd.DataFrame, depth_probs, *, root_only: bool) -> np.ndarray:
-    """sum_d P(D = d) ``law_round_expectations`` with D = d, per round; ``depth_probs``: ``[n, drafts + 1]``."""
+def law_expected_over_depths(law, traces, rounds: pd.DataFrame, depth_probs, *, root_only: bool,
+                             sequences: tuple | None = None) -> np.ndarray:
+    """sum_d P(D = d) ``law_round_expectations`` (given ``sequences``) with D = d, per round; ``depth_probs``:
+    ``[n, drafts + 1]``."""
     probs = np.asarray(depth_probs, dtype=float)
     depths = [d for d in range(1, probs.shape[1]) if np.any(probs[:, d] > 0)]
     if not depths:
         return np.zeros(len(rounds))
     stacked = pd.concat([rounds.assign(tree_depth=d) for d in depths], ignore_index=True)  # one call: one lookup
-    expected = law_round_expectations(law, traces, stacked, root_only=root_only).reshape(len(depths), len(rounds))
+    expected = law_round_expectations(law, traces, stacked, root_only=root_only, sequences=sequences)
+    expected = expected.reshape(len(depths), len(rounds))
     return (probs[:, depths].T * expected).sum(axis=0)

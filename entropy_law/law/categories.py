@@ -56,15 +56,17 @@ def _r2_mae(observed: np.ndarray, predicted: np.ndarray) -> tuple[float, float]:
     return r_squared(observed, predicted), float(np.abs(predicted - observed).mean())
 
 
-def category_fit(observed, predicted) -> dict:
+def category_fit(observed, predicted, refits=None) -> dict:
     """R-squared and mean absolute error of predicted against observed category means, each with a
-    leave-one-category-out jackknife standard error and 90% interval (predictions kept as given)."""
+    leave-one-category-out jackknife standard error and 90% interval: per category i, ``refits[i]`` = (observed,
+    predicted) of the others from fits that never saw i; none given: the predictions kept."""
     obs, pred = np.asarray(observed, dtype=float), np.asarray(predicted, dtype=float)
-    if obs.shape != pred.shape or obs.size < 3 or not np.isfinite(pred).all():
-        raise ValueError("category_fit needs one finite prediction per category and at least 3 categories")
+    if obs.shape != pred.shape or obs.size < 3 or not np.isfinite(pred).all() or len(refits or obs) != obs.size:
+        raise ValueError("category_fit needs one finite prediction (and refit) per category and at least 3 categories")
     r2, mae = _r2_mae(obs, pred)
     keep = ~np.eye(obs.size, dtype=bool)
-    drops = np.array([_r2_mae(obs[k], pred[k]) for k in keep])
+    refits = refits or [(obs[k], pred[k]) for k in keep]
+    drops = np.array([_r2_mae(np.asarray(o, dtype=float), np.asarray(p, dtype=float)) for o, p in refits])
     n = obs.size
     se = np.sqrt((n - 1) / n * ((drops - drops.mean(axis=0)) ** 2).sum(axis=0))
     return dict(categories=n, r2=r2, r2_lo=r2 - Z90 * se[0], r2_hi=r2 + Z90 * se[0],
