@@ -208,6 +208,29 @@ def test_a_renormalised_top_k_is_flagged_and_its_bounds_not_given(tmp_path):
     assert tokens.loc[~mine, "target_entropy_lower_nats"].notna().all()
 
 
+def test_the_fast_chat_reader_and_the_generic_one_write_identical_runs(tmp_path, monkeypatch):
+    import pandas as pd
+
+    from entropy_law.importers import vllm, writer
+
+    law_file(tmp_path / "log.jsonl", vocab=400, k=5, n_requests=6)
+    fixture = DATA / "vllm_topk_logprobs.jsonl"  # its first line holds fewer entries at one position: read whole
+    decoded = [vllm.fast_decode(line) for line in fixture.read_bytes().splitlines()]
+    assert decoded[0] is None and isinstance(decoded[1]["choices"][0]["logprobs"], np.ndarray)
+    assert all(vllm.fast_decode(line) for line in (tmp_path / "log.jsonl").read_bytes().splitlines())
+    for name, fast in (("fast", vllm.fast_decode), ("generic", lambda raw: None)):
+        monkeypatch.setitem(writer.FAST_DECODERS, "vllm", fast)
+        for log, vocab in ((tmp_path / "log.jsonl", 400), (fixture, 1000)):
+            import_jsonl(log, "vllm", tmp_path / name / log.stem, vocab_size=vocab)
+    for log in ("log", fixture.stem):
+        fast, generic = (load_traces(tmp_path / name / log) for name in ("fast", "generic"))
+        for table in ("tokens", "rounds", "requests"):
+            pd.testing.assert_frame_equal(getattr(fast, table).drop(columns="run_id"),
+                                          getattr(generic, table).drop(columns="run_id"))
+        fast, generic = ([vars(r) for r in read_import(tmp_path / name / log).requests] for name in ("fast", "generic"))
+        assert fast == generic and any(r["topk_logprobs"] for r in fast)
+
+
 def law_file(path: Path, *, vocab: int, k: int, seed: int = 0, n_requests: int = 30, slope: float = 1.2) -> dict:
     """A vLLM chat JSONL (detailed per-step metrics, top-k log-probabilities) drawn from a known law: a draft at
     a position whose target entropy is H is accepted with probability exp(-slope H). Returns the exact entropies."""
