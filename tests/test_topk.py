@@ -314,6 +314,26 @@ def test_cli_imports_top_k_and_a_run_without_it_is_refused_for_a_law_saying_what
         fit_law(load_traces(tmp_path / "bare"), "law_logit")
 
 
+def test_cli_law_sensitivity_prints_the_coefficients_fitted_on_each_bound(tmp_path, capsys):
+    from entropy_law.analysis import make_view
+    from entropy_law.cli import main
+    from entropy_law.law.topk import entropy_sensitivity
+
+    law_file(tmp_path / "log.jsonl", vocab=400, k=5)
+    import_jsonl(tmp_path / "log.jsonl", "vllm", tmp_path / "run", vocab_size=400)
+    capsys.readouterr()
+    assert main(["law", str(tmp_path / "run"), "--family", "law_logit", "--sensitivity"]) == 0
+    printed = capsys.readouterr().out.split("sensitivity: ", 1)[1].splitlines()
+    header = printed[1].split()
+    assert header[:6] == ["estimate", "std_err", "ci_low", "ci_high", "lower", "upper"]
+    table = entropy_sensitivity(make_view(load_traces(tmp_path / "run")), "law_logit")
+    assert table["max_shift"].gt(0).all()
+    for name, row in table.iterrows():
+        values = next(line.split()[1:] for line in printed[2:] if line.split()[:1] == [name])
+        for column in ("estimate", "lower", "upper"):
+            assert float(values[header.index(column)]) == pytest.approx(row[column], rel=1e-5)
+
+
 def test_top_k_from_logits_bounds_the_recorded_entropy():
     from entropy_law.traces.stats import target_stats_from_logits
     from entropy_law.traces.topk import topk_logprobs_from_logits
