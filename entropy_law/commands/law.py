@@ -36,6 +36,7 @@ def run(args) -> int:
     from entropy_law.analysis import TraceView, make_view
     from entropy_law.law.fit import PRIMARY_FAMILY, fallback_note, fit_law, primary_family
     from entropy_law.law.hypotheses import preregistered_tests
+    from entropy_law.law.topk import entropy_sensitivity
     from entropy_law.law.transfer import block_prediction, loco_transfer
 
     defaulted = args.family is None
@@ -59,8 +60,10 @@ def run(args) -> int:
         print(f"=== {drafter} ===")
         law.print_summary()
         print()
-        if args.sensitivity:
-            _print_sensitivity(traces, args.family, drafter)
+        if args.sensitivity:  # the arm's law refitted on the entropy's lower and upper bounds
+            arm = traces.select_runs(traces.runs.loc[traces.runs["drafter_id"] == drafter, "run_id"])
+            print("sensitivity: the coefficients fitted on the entropy's lower and upper bounds (top-k), beside the "
+                  f"estimate's\n{entropy_sensitivity(arm, args.family).to_string(float_format='{:.6g}'.format)}\n")
         block_prediction(law, traces, drafter=drafter, depths=args.depths).print_summary()
         print()
         if args.loco:
@@ -93,16 +96,6 @@ def _check_args(args) -> bool:
         raise ValueError("--out-of-core fits a trace folder (not --simulate) and prints the laws only: drop "
                          "--loco / --tests / --sensitivity, which need the rows in memory")
     return glance
-
-
-def _print_sensitivity(traces, family: str, drafter: str) -> None:
-    """The arm's law on the entropy estimate and refitted on each bound (``law.topk.entropy_sensitivity``)."""
-    from entropy_law.law.topk import entropy_sensitivity
-
-    arm = traces.select_runs(traces.runs.loc[traces.runs["drafter_id"] == drafter, "run_id"])
-    print("sensitivity: the coefficients fitted on the entropy's lower and upper bounds (top-k), beside the estimate's")
-    print(entropy_sensitivity(arm, family).to_string(float_format=lambda x: f"{x:.6g}"))
-    print()
 
 
 def _run_out_of_core(args, defaulted: bool) -> int:

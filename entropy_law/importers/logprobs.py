@@ -35,7 +35,7 @@ def fast_values(entries, key: str) -> list[float] | None:
 
 
 def checked_rows(rows, field: str, n_output: int):
-    """``rows`` (one list per output token, or a ``[positions, k]`` array) after the checks that need no vocabulary size."""
+    """``rows`` (a list per output token, or a ``[positions, k]`` array) after the checks that need no vocabulary."""
     if len(rows) != n_output:
         raise FieldError(field, f"has {len(rows)} positions but the output has {n_output} tokens; the top-k lists "
                                 "must cover every output token (one per token, in order)")

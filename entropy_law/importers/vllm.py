@@ -34,8 +34,7 @@ STATS_LOCATIONS = (
 
 
 def _struct(name: str, typed: list, untyped: tuple = ()) -> type:
-    """A msgspec struct type of the ``typed`` fields and, ``UNSET`` where absent, the ``untyped`` ones; the others
-    are skipped."""
+    """A msgspec struct of the ``typed`` fields and the ``untyped`` ones (``UNSET`` where absent); others skipped."""
     return msgspec.defstruct(name, [*typed, *((field, Any, msgspec.UNSET) for field in untyped)], gc=False)
 
 
@@ -45,13 +44,12 @@ _CHOICE = _struct("Choice", [("logprobs", _struct("ChatLogprobs", [("content", l
 _CHAT_DECODER = msgspec.json.Decoder(_struct("ChatResponse", [("choices", list[_CHOICE])], (  # what parse reads
     "outputs", "metrics", "usage", "model", "id", "request_id", "category", "dataset", "question_id", "prompt",
     "prompt_token_ids")))
-CHAT_TOPK_FIELD = "choices[0].logprobs.content[].top_logprobs"
+_CHAT_TOPK = "choices[0].logprobs.content[].top_logprobs"
 
 
 def fast_decode(raw: bytes) -> dict | None:
-    """One line as ``parse`` reads it when it is a chat completion (n = 1) with k >= 1 log-probabilities at every
-    position: the fields ``parse`` reads, ``choices[0].logprobs`` the ``[positions, k]`` array; else None (the
-    line is read whole)."""
+    """A chat completion line (n = 1, k >= 1 log-probabilities at every position) as the fields ``parse`` reads, its
+    ``choices[0].logprobs`` one ``[positions, k]`` array; None for any other line (read whole)."""
     try:
         response = _CHAT_DECODER.decode(raw)
     except msgspec.MsgspecError:  # another shape (or not JSON: the generic reader says where)
@@ -61,11 +59,9 @@ def fast_decode(raw: bytes) -> dict | None:
     if not k or any(len(p.top_logprobs) != k for p in positions):
         return None
     topk = np.array([e.logprob for p in positions for e in p.top_logprobs]).reshape(len(positions), k)
-    return {**_present(response), "choices": [{**_present(response.choices[0]), "logprobs": topk}]}
-
-
-def _present(struct) -> dict:
-    return {name: value for name in struct.__struct_fields__ if (value := getattr(struct, name)) is not msgspec.UNSET}
+    head, choice = ({name: value for name in s.__struct_fields__ if (value := getattr(s, name)) is not msgspec.UNSET}
+                    for s in (response, response.choices[0]))  # the fields the line holds
+    return {**head, "choices": [{**choice, "logprobs": topk}]}
 
 
 def parse(obj, *, line: int, category: str) -> ImportedRequest:
@@ -193,7 +189,7 @@ def topk_logprobs(choice: dict, key: str, n_output: int) -> tuple[list[list[floa
     if block is None:
         return None, None
     if isinstance(block, np.ndarray):  # fast_decode's chat top-k
-        return checked_rows(block, CHAT_TOPK_FIELD, n_output), CHAT_TOPK_FIELD
+        return checked_rows(block, _CHAT_TOPK, n_output), _CHAT_TOPK
     if key == "outputs":  # offline RequestOutput: [{token_id: {"logprob": x, ...} or x}, ...]
         field = "outputs[0].logprobs"
         rows = []
@@ -215,7 +211,7 @@ def topk_logprobs(choice: dict, key: str, n_output: int) -> tuple[list[list[floa
                                                                "logprobs: true) so each token's top-k comes back")
             rows.append([entry_value(e.get("logprob") if isinstance(e, dict) else e,
                                      f"{field}[{j}].top_logprobs[{i}].logprob") for i, e in enumerate(top)])
-        return checked_rows(rows, CHAT_TOPK_FIELD, n_output), CHAT_TOPK_FIELD
+        return checked_rows(rows, _CHAT_TOPK, n_output), _CHAT_TOPK
     if block.get("top_logprobs") is not None:  # completions: one map token string -> logprob per position
         field = "choices[0].logprobs.top_logprobs"
         rows = []
@@ -228,5 +224,4 @@ def topk_logprobs(choice: dict, key: str, n_output: int) -> tuple[list[list[floa
     return None, None
 
 
-__all__ = ["CHAT_TOPK_FIELD", "ENGINE", "FINISH_REASONS", "STATS_LOCATIONS", "checked_stats", "fast_decode", "parse",
-           "topk_logprobs"]
+__all__ = ["ENGINE", "FINISH_REASONS", "STATS_LOCATIONS", "checked_stats", "fast_decode", "parse", "topk_logprobs"]

@@ -98,9 +98,9 @@ def parse_jsonl(path, engine: str, *, category: str = DEFAULT_CATEGORY, skip_bad
 
 def read_jsonl(path: Path, parse_line, key_of, repeated, *, skip_bad: bool,
                fast_decode=None) -> tuple[list, list[SkippedLine], int]:
-    """``(items, skipped lines, non-blank lines)``: ``parse_line(obj, line)`` per line (``obj``: ``fast_decode(raw)``
-    where it is not None, else the line's JSON); a repeated ``key_of`` raises ``repeated(item, first line)``; a bad
-    line ``MalformedResponseError``, or with ``skip_bad`` is skipped."""
+    """``(items, skipped lines, non-blank lines)``: ``parse_line(obj, line)`` per line (``obj``: ``fast_decode(raw)``,
+    else the JSON); a repeated ``key_of`` raises ``repeated(item, first line)``; a bad line ``MalformedResponseError``,
+    or with ``skip_bad`` is skipped."""
     items, skipped, lines, seen = [], [], 0, {}
     with open(path, "rb") as fh:
         for number, raw in enumerate(fh, start=1):
@@ -129,8 +129,8 @@ def read_jsonl(path: Path, parse_line, key_of, repeated, *, skip_bad: bool,
 
 
 def write_jsonl_atomic(final: Path, rows) -> None:
-    """Write ``rows`` (dicts) as JSON lines to a temporary name beside ``final``, synced, then renamed; a row holding
-    an array (finite: ``vllm.fast_decode``'s top-k) goes through msgspec's encoder, the others through ``json``."""
+    """Write ``rows`` (dicts; with an array, ``vllm.fast_decode``'s finite top-k: by msgspec) as JSON lines to a
+    temporary name beside ``final``, synced, then renamed."""
     tmp = final.with_name(f".tmp-{final.name}")
     with open(tmp, "wb") as fh:
         for row in rows:
@@ -455,16 +455,10 @@ class ImportedRun:
     @property
     def rounds(self) -> pd.DataFrame:
         """One row per round of the aligned per-step requests (round 0: the prefill), in the trace tables or not."""
-        rows, columns = [], ["request_id", "category", "round_index", "start_position", "tree_depth", "accepted",
-                             "committed"]
-        for record in self.requests:
-            check = record.alignment()
-            if check is None or not check.ok:
-                continue
-            for rnd in record.rounds():
-                rows.append({"request_id": record.request_id, "category": record.category,
-                             **{k: rnd[k] for k in columns[2:]}})
-        return pd.DataFrame(rows, columns=columns)
+        columns = ["request_id", "category", "round_index", "start_position", "tree_depth", "accepted", "committed"]
+        frames = [pd.DataFrame({"request_id": r.request_id, "category": r.category, **r.round_columns()})[columns]
+                  for r in self.requests if r.alignment() is not None and r.alignment().ok]
+        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame([], columns=columns)
 
     @property
     def histograms(self) -> pd.DataFrame:
