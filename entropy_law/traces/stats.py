@@ -23,15 +23,13 @@ def _as_float32_2d(logits, name: str) -> np.ndarray:
         raise ValueError(f"{name} must be 2-D [rows, vocab]; got shape {tuple(array.shape)}")
     if array.shape[1] < 2:
         raise ValueError(f"{name} needs a vocabulary of at least 2 entries; got shape {tuple(array.shape)}")
-    if np.isnan(array).any():
-        row = int(np.argwhere(np.isnan(array))[0, 0])
-        raise ValueError(f"{name} contains NaN (first in row {row}); check the model's output")
-    if np.isposinf(array).any():
-        row = int(np.argwhere(np.isposinf(array))[0, 0])
-        raise ValueError(f"{name} contains +inf (first in row {row}); check the model's output")
-    if (~np.isfinite(array.max(axis=1))).any():
-        row = int(np.argwhere(~np.isfinite(array.max(axis=1)))[0, 0])
-        raise ValueError(f"{name} row {row} is entirely -inf: no token has probability > 0")
+    for bad, problem in ((np.isnan, "contains NaN (first in row {}); check the model's output"),
+                         (np.isposinf, "contains +inf (first in row {}); check the model's output"),
+                         (lambda a: ~np.isfinite(a.max(axis=1, keepdims=True)),
+                          "row {} is entirely -inf: no token has probability > 0")):
+        rows = np.flatnonzero(bad(array).any(axis=1))
+        if rows.size:
+            raise ValueError(f"{name} " + problem.format(int(rows[0])))
     return array
 
 
