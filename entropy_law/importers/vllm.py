@@ -33,8 +33,7 @@ STATS_LOCATIONS = (
 )
 
 
-def _struct(name: str, typed: list, untyped: tuple = ()) -> type:
-    """A msgspec struct of the ``typed`` fields and the ``untyped`` ones (``UNSET`` where absent); others skipped."""
+def _struct(name: str, typed: list, untyped: tuple = ()) -> type:  # untyped fields: UNSET where absent
     return msgspec.defstruct(name, [*typed, *((field, Any, msgspec.UNSET) for field in untyped)], gc=False)
 
 

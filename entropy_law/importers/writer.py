@@ -109,8 +109,7 @@ def read_jsonl(path: Path, parse_line, key_of, repeated, *, skip_bad: bool,
             lines += 1
             try:
                 try:
-                    obj = fast_decode(raw) if fast_decode else None
-                    obj = json.loads(decoded_line(raw)) if obj is None else obj
+                    obj = (fast_decode and fast_decode(raw)) or json.loads(decoded_line(raw))
                 except json.JSONDecodeError as err:
                     raise FieldError("(line)", f"not JSON ({err.msg} at column {err.colno})") from None
                 item = parse_line(obj, number)
@@ -331,10 +330,9 @@ def topk_tables(records: list[ImportedRequest], estimates: dict, block_size: int
     for record in records:
         est = estimates[record.request_id]
         columns = record.round_columns(block_size)
-        rnd.append({"request_id": np.full(len(columns["start_position"]), record.request_id, dtype=object),
-                    **{k: v for k, v in columns.items() if k != "ends_at_leaf"}})
-        start, committed, accepted, leaf = (columns[k] for k in ("start_position", "committed", "accepted",
-                                                                 "ends_at_leaf"))
+        leaf, start, committed, accepted = (columns.pop("ends_at_leaf"), columns["start_position"],
+                                            columns["committed"], columns["accepted"])
+        rnd.append({"request_id": np.full(len(start), record.request_id, dtype=object), **columns})
         which = np.repeat(np.arange(len(start)), committed)  # the round of each committed token, in order
         depth = np.arange(which.size) - np.repeat(np.cumsum(committed) - committed, committed) + 1
         position = start[which] + depth - 1
