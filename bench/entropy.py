@@ -581,9 +581,10 @@ def run_import_speed(args, parser) -> int:
     Parquet shards and ``engine_import.jsonl``; its CPU clock. The recompute side: ``entropy-law entropy``'s
     job on ``--recompute-tokens`` output tokens of the n-gram reference run (the default target, fp32, one
     thread; ``_recompute_rate``). Both in this one run; the ratio of the two rates per CPU second is the goal's
-    number (at least ``IMPORT_SPEED_GOAL``). Two reference lines say where the import's time goes: the stdlib
-    ``json.loads`` of every line alone (the importer's parser), and pyarrow's C++ JSON reader with a schema of the
-    top-k values only (a parser the importer does not use). ``--log`` reuses a log written before. The table goes
+    number (at least ``IMPORT_SPEED_GOAL``). Two reference lines say what a parse alone costs: the stdlib
+    ``json.loads`` of every line (the generic reader's parser; the importer reads these chat lines with a typed
+    msgspec decoder, ``importers.vllm.fast_decode``), and pyarrow's C++ JSON reader with a schema of the top-k
+    values only (a parser the importer does not use). ``--log`` reuses a log written before. The table goes
     to ``--out``; ends with ONE JSON line.
 
         python bench/entropy.py import-speed

@@ -208,6 +208,29 @@ def test_a_renormalised_top_k_is_flagged_and_its_bounds_not_given(tmp_path):
     assert tokens.loc[~mine, "target_entropy_lower_nats"].notna().all()
 
 
+def test_the_fast_chat_reader_and_the_generic_one_write_identical_runs(tmp_path, monkeypatch):
+    import pandas as pd
+
+    from entropy_law.importers import vllm, writer
+
+    law_file(tmp_path / "log.jsonl", vocab=400, k=5, n_requests=6)
+    fixture = DATA / "vllm_topk_logprobs.jsonl"  # its first line holds fewer entries at one position: read whole
+    decoded = [vllm.fast_decode(line) for line in fixture.read_bytes().splitlines()]
+    assert decoded[0] is None and isinstance(decoded[1]["choices"][0]["logprobs"], np.ndarray)
+    assert all(vllm.fast_decode(line) for line in (tmp_path / "log.jsonl").read_bytes().splitlines())
+    for name, fast in (("fast", vllm.fast_decode), ("generic", lambda raw: None)):
+        monkeypatch.setitem(writer.FAST_DECODERS, "vllm", fast)
+        for log, vocab in ((tmp_path / "log.jsonl", 400), (fixture, 1000)):
+            import_jsonl(log, "vllm", tmp_path / name / log.stem, vocab_size=vocab)
+    for log in ("log", fixture.stem):
+        fast, generic = (load_traces(tmp_path / name / log) for name in ("fast", "generic"))
+        for table in ("tokens", "rounds", "requests"):
+            pd.testing.assert_frame_equal(getattr(fast, table).drop(columns="run_id"),
+                                          getattr(generic, table).drop(columns="run_id"))
+        fast, generic = ([vars(r) for r in read_import(tmp_path / name / log).requests] for name in ("fast", "generic"))
+        assert fast == generic and any(r["topk_logprobs"] for r in fast)
+
+
 def law_file(path: Path, *, vocab: int, k: int, seed: int = 0, n_requests: int = 30, slope: float = 1.2) -> dict:
     """A vLLM chat JSONL (detailed per-step metrics, top-k log-probabilities) drawn from a known law: a draft at
     a position whose target entropy is H is accepted with probability exp(-slope H). Returns the exact entropies."""
@@ -289,6 +312,26 @@ def test_cli_imports_top_k_and_a_run_without_it_is_refused_for_a_law_saying_what
     assert main(["import", "vllm", str(tmp_path / "bare.jsonl"), "--out", str(tmp_path / "bare")]) == 0
     with pytest.raises(ValueError, match=r"hold no target entropies.*top_logprobs: 20.*--vocab-size"):
         fit_law(load_traces(tmp_path / "bare"), "law_logit")
+
+
+def test_cli_law_sensitivity_prints_the_coefficients_fitted_on_each_bound(tmp_path, capsys):
+    from entropy_law.analysis import make_view
+    from entropy_law.cli import main
+    from entropy_law.law.topk import entropy_sensitivity
+
+    law_file(tmp_path / "log.jsonl", vocab=400, k=5)
+    import_jsonl(tmp_path / "log.jsonl", "vllm", tmp_path / "run", vocab_size=400)
+    capsys.readouterr()
+    assert main(["law", str(tmp_path / "run"), "--family", "law_logit", "--sensitivity"]) == 0
+    printed = capsys.readouterr().out.split("sensitivity: ", 1)[1].splitlines()
+    header = printed[1].split()
+    assert header[:6] == ["estimate", "std_err", "ci_low", "ci_high", "lower", "upper"]
+    table = entropy_sensitivity(make_view(load_traces(tmp_path / "run")), "law_logit")
+    assert table["max_shift"].gt(0).all()
+    for name, row in table.iterrows():
+        values = next(line.split()[1:] for line in printed[2:] if line.split()[:1] == [name])
+        for column in ("estimate", "lower", "upper"):
+            assert float(values[header.index(column)]) == pytest.approx(row[column], rel=1e-5)
 
 
 def test_top_k_from_logits_bounds_the_recorded_entropy():

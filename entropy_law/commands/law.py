@@ -16,6 +16,8 @@ def register(subparsers) -> None:
     p.add_argument("--drafter", help="only this arm, e.g. 'ngram chain' (default: every arm)")
     p.add_argument("--loco", action="store_true", help="leave-one-category-out transfer")
     p.add_argument("--tests", action="store_true", help="pre-registered tests P1-P3 with Holm correction")
+    p.add_argument("--sensitivity", action="store_true", help="refit each arm's law on the entropy's lower and "
+                   "upper bounds (runs imported with top-k log-probabilities): how far each coefficient moves")
     p.add_argument("--depths", default="observed", choices=("observed", "category", "full"),
                    help="drafted-depth model of the DP (default: %(default)s; full: every round drafts a block)")
     p.add_argument("--loco-depths", default="training", choices=("training", "replayed", "oracle"),
@@ -34,6 +36,7 @@ def run(args) -> int:
     from entropy_law.analysis import TraceView, make_view
     from entropy_law.law.fit import PRIMARY_FAMILY, fallback_note, fit_law, primary_family
     from entropy_law.law.hypotheses import preregistered_tests
+    from entropy_law.law.topk import entropy_sensitivity
     from entropy_law.law.transfer import block_prediction, loco_transfer
 
     defaulted = args.family is None
@@ -57,6 +60,10 @@ def run(args) -> int:
         print(f"=== {drafter} ===")
         law.print_summary()
         print()
+        if args.sensitivity:  # the arm's law refitted on the entropy's lower and upper bounds
+            arm = traces.select_runs(traces.runs.loc[traces.runs["drafter_id"] == drafter, "run_id"])
+            print("sensitivity: the coefficients fitted on the entropy's lower and upper bounds (top-k), beside the "
+                  f"estimate's\n{entropy_sensitivity(arm, args.family).to_string(float_format='{:.6g}'.format)}\n")
         block_prediction(law, traces, drafter=drafter, depths=args.depths).print_summary()
         print()
         if args.loco:
@@ -82,12 +89,12 @@ def _check_args(args) -> bool:
     if context_match and (args.simulate is not None or out_of_core):
         raise ValueError("--context-match reads a trace folder into memory: drop --simulate / --out-of-core")
     glance = args.family in GLANCE_FAMILIES
-    if glance and (args.loco or args.tests or out_of_core):
+    if glance and (args.loco or args.tests or out_of_core or args.sensitivity):
         raise ValueError(f"--family {args.family} fits GLANCE's round-level law in memory and prints it per arm: "
-                         "drop --loco / --tests / --out-of-core (they need a law family of fit_law)")
-    if out_of_core and (args.simulate is not None or args.loco or args.tests or not args.traces):
+                         "drop --loco / --tests / --sensitivity / --out-of-core (they need a family of fit_law)")
+    if out_of_core and (args.simulate is not None or args.loco or args.tests or args.sensitivity or not args.traces):
         raise ValueError("--out-of-core fits a trace folder (not --simulate) and prints the laws only: drop "
-                         "--loco / --tests, which need the rows in memory")
+                         "--loco / --tests / --sensitivity, which need the rows in memory")
     return glance
 
 

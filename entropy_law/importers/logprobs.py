@@ -34,12 +34,12 @@ def fast_values(entries, key: str) -> list[float] | None:
     return values if all(type(v) is float or type(v) is int for v in values) else None
 
 
-def checked_rows(rows: list[list[float]], field: str, n_output: int) -> list[list[float]]:
-    """``rows`` (one list per output token) after the checks that need no vocabulary size."""
+def checked_rows(rows, field: str, n_output: int):
+    """``rows`` (a list per output token, or a ``[positions, k]`` array) after the checks that need no vocabulary."""
     if len(rows) != n_output:
         raise FieldError(field, f"has {len(rows)} positions but the output has {n_output} tokens; the top-k lists "
                                 "must cover every output token (one per token, in order)")
-    if rows:
+    if len(rows):
         problems = topk_problems(pad_topk(rows), None)
         if problems:
             row, problem = problems[0]

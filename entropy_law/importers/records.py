@@ -82,6 +82,8 @@ def as_number(value, name: str) -> float:
 def as_int_list(value, name: str, *, minimum: int = 0) -> list[int]:
     if not isinstance(value, list):
         raise FieldError(name, f"expected a list of integers, got {type(value).__name__}")
+    if all(type(item) is int for item in value) and min(value, default=minimum) >= minimum:
+        return value
     return [as_int(item, f"{name}[{i}]", minimum=minimum) for i, item in enumerate(value)]
 
 
@@ -154,7 +156,7 @@ class ImportedRequest:
     prefill_ms: float | None = None
     decode_ms: float | None = None
     # the engine's top-k log-probabilities, one list per output token (None: none), and their field
-    topk_logprobs: list[list[float]] | None = None
+    topk_logprobs: list[list[float]] | np.ndarray | None = None
     topk_field: str | None = None
     completion_tokens: int | None = None  # the output's length where its ids are not logged (AIPerf)
 
@@ -213,6 +215,11 @@ class ImportedRequest:
     def rounds(self, block_size: int | None = None) -> list[dict]:
         """The rounds of an aligned per-step request (ValueError otherwise): round 0 is the prefill, round ``i`` step
         ``i`` as a chain. ``block_size``: default ``num_spec_tokens + 1``, else the largest drafted count + 1."""
+        columns = self.round_columns(block_size)
+        return [dict(zip(columns, row)) for row in zip(*(c.tolist() for c in columns.values()))]
+
+    def round_columns(self, block_size: int | None = None) -> dict[str, np.ndarray]:
+        """``rounds`` as one array per key."""
         check = self.alignment()
         if check is None or not check.ok:
             raise ValueError(f"request {self.request_id!r} (line {self.line}) has no aligned per-step data: "
@@ -223,15 +230,15 @@ class ImportedRequest:
         if block_size < max(self.steps_drafted, default=0) + 1:
             raise ValueError(f"block_size {block_size} is smaller than a step of request {self.request_id!r} "
                              f"({max(self.steps_drafted)} drafts + 1)")
-        rounds = [dict(round_index=0, start_position=0, context_len=max(self.prompt_tokens - 1, 0), block_size=1,
-                       tree_nodes=0, tree_depth=0, accepted=0, committed=1, ends_at_leaf=True)]
-        position = 1
-        for i, (a, k) in enumerate(zip(self.steps_accepted, self.steps_drafted), start=1):
-            rounds.append(dict(round_index=i, start_position=position,
-                               context_len=self.prompt_tokens + position - 1, block_size=block_size, tree_nodes=k,
-                               tree_depth=k, accepted=a, committed=a + 1, ends_at_leaf=a == k))
-            position += a + 1
-        return rounds
+        accepted, drafted = (np.asarray([0, *steps], dtype=np.int64) for steps in (self.steps_accepted,
+                                                                                    self.steps_drafted))
+        committed = accepted + 1
+        start = np.cumsum(committed) - committed
+        context = self.prompt_tokens + start - 1
+        context[0] = max(self.prompt_tokens - 1, 0)
+        return dict(round_index=np.arange(len(start)), start_position=start, context_len=context,
+                    block_size=np.where(start > 0, block_size, 1), tree_nodes=drafted, tree_depth=drafted,
+                    accepted=accepted, committed=committed, ends_at_leaf=accepted == drafted)
 
     def to_json(self) -> dict:
         # a shallow dict: the values are JSON already, and asdict's deep copy of the top-k lists dominated an import

@@ -5,12 +5,17 @@ Where vLLM puts them (``docs/importers.md`` has the mapping): ``metrics.speculat
 ``outputs[0].spec_decode_metrics``; ``detailed`` mode adds ``per_step_accepted`` / ``per_step_drafted`` (bonus
 excluded, steps without a draft omitted). Token ids come with ``return_token_ids: true``; top-k log-probabilities
 from the chat, completions or offline shape. Aggregates that disagree with each other or the per-step lists make
-the line malformed.
+the line malformed. ``fast_decode`` reads a chat line with top-k as ``parse`` needs it, its top-k one array.
 """
 
 from __future__ import annotations
 
-from entropy_law.importers.logprobs import as_list, checked_rows, entry_value, fast_values
+from typing import Any
+
+import msgspec
+import numpy as np
+
+from entropy_law.importers.logprobs import as_list, checked_rows, entry_value
 from entropy_law.importers.records import (MISSING, FieldError, ImportedRequest, as_histogram, as_int,
                                            as_int_list, common_fields, lookup, prompt_fields, require)
 
@@ -26,6 +31,36 @@ STATS_LOCATIONS = (
     ("choices.0.speculative_decoding_stats", "choices[].speculative_decoding_stats"),
     ("outputs.0.spec_decode_metrics", "outputs[].spec_decode_metrics (offline)"),
 )
+
+
+def _struct(name: str, typed: list, untyped: tuple = ()) -> type:  # untyped fields: UNSET where absent
+    return msgspec.defstruct(name, [*typed, *((field, Any, msgspec.UNSET) for field in untyped)], gc=False)
+
+
+_POSITION = _struct("Position", [("top_logprobs", list[_struct("TopEntry", [("logprob", float)])])])
+_CHOICE = _struct("Choice", [("logprobs", _struct("ChatLogprobs", [("content", list[_POSITION])]))],
+                  ("token_ids", "finish_reason", "speculative_decoding_stats", "prompt_token_ids"))
+_CHAT_DECODER = msgspec.json.Decoder(_struct("ChatResponse", [("choices", list[_CHOICE])], (  # what parse reads
+    "outputs", "metrics", "usage", "model", "id", "request_id", "category", "dataset", "question_id", "prompt",
+    "prompt_token_ids")))
+_CHAT_TOPK = "choices[0].logprobs.content[].top_logprobs"
+
+
+def fast_decode(raw: bytes) -> dict | None:
+    """A chat completion line (n = 1, k >= 1 log-probabilities at every position) as the fields ``parse`` reads, its
+    ``choices[0].logprobs`` one ``[positions, k]`` array; None for any other line (read whole)."""
+    try:
+        response = _CHAT_DECODER.decode(raw)
+    except msgspec.MsgspecError:  # another shape (or not JSON: the generic reader says where)
+        return None
+    positions = response.choices[0].logprobs.content if len(response.choices) == 1 else []
+    k = len(positions[0].top_logprobs) if positions else 0
+    if not k or any(len(p.top_logprobs) != k for p in positions):
+        return None
+    topk = np.array([e.logprob for p in positions for e in p.top_logprobs]).reshape(len(positions), k)
+    head, choice = ({name: value for name in s.__struct_fields__ if (value := getattr(s, name)) is not msgspec.UNSET}
+                    for s in (response, response.choices[0]))  # the fields the line holds
+    return {**head, "choices": [{**choice, "logprobs": topk}]}
 
 
 def parse(obj, *, line: int, category: str) -> ImportedRequest:
@@ -152,6 +187,8 @@ def topk_logprobs(choice: dict, key: str, n_output: int) -> tuple[list[list[floa
     block = choice.get("logprobs")
     if block is None:
         return None, None
+    if isinstance(block, np.ndarray):  # fast_decode's chat top-k
+        return checked_rows(block, _CHAT_TOPK, n_output), _CHAT_TOPK
     if key == "outputs":  # offline RequestOutput: [{token_id: {"logprob": x, ...} or x}, ...]
         field = "outputs[0].logprobs"
         rows = []
@@ -171,11 +208,9 @@ def topk_logprobs(choice: dict, key: str, n_output: int) -> tuple[list[list[floa
             if not top:
                 raise FieldError(f"{field}[{j}].top_logprobs", "missing or empty: request top_logprobs >= 1 (with "
                                                                "logprobs: true) so each token's top-k comes back")
-            values = fast_values(top, "logprob")
-            rows.append(values if values is not None else
-                        [entry_value(e.get("logprob") if isinstance(e, dict) else e,
+            rows.append([entry_value(e.get("logprob") if isinstance(e, dict) else e,
                                      f"{field}[{j}].top_logprobs[{i}].logprob") for i, e in enumerate(top)])
-        return checked_rows(rows, f"{field}[].top_logprobs", n_output), f"{field}[].top_logprobs"
+        return checked_rows(rows, _CHAT_TOPK, n_output), _CHAT_TOPK
     if block.get("top_logprobs") is not None:  # completions: one map token string -> logprob per position
         field = "choices[0].logprobs.top_logprobs"
         rows = []
@@ -188,4 +223,4 @@ def topk_logprobs(choice: dict, key: str, n_output: int) -> tuple[list[list[floa
     return None, None
 
 
-__all__ = ["ENGINE", "FINISH_REASONS", "STATS_LOCATIONS", "checked_stats", "parse", "topk_logprobs"]
+__all__ = ["ENGINE", "FINISH_REASONS", "STATS_LOCATIONS", "checked_stats", "fast_decode", "parse", "topk_logprobs"]

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Mapping
 
+import msgspec
 import numpy as np
 import pandas as pd
 import pyarrow as pa
@@ -32,6 +33,7 @@ from entropy_law.traces.layout import file_sha256
 
 PARSERS = {vllm.ENGINE: vllm.parse, sglang.ENGINE: sglang.parse, llamacpp.ENGINE: llamacpp.parse,
            aiperf.ENGINE: aiperf.parse}
+FAST_DECODERS = {vllm.ENGINE: vllm.fast_decode}  # bytes -> what the parser reads, or None: the line is read whole
 RECORD_FILE = "engine_import.jsonl"
 METADATA_KEY = "engine_import"
 TARGET_STATS_MISSING = ("missing: no engine records target entropies; token and round rows are written once they "
@@ -46,6 +48,7 @@ TOPK_NEEDS_VOCAB = ("the responses carry top-k log-probabilities: give the targe
 TOPK_ROWS_PER_SHARD = 50_000  # token rows of top-k requests written together (one log_columns call)
 
 TargetStatsFn = Callable[[ImportedRequest], Mapping[str, object]]
+_MSGSPEC = msgspec.json.Encoder(enc_hook=lambda value: value.tolist())  # arrays as lists
 
 
 @dataclass
@@ -82,7 +85,8 @@ def parse_jsonl(path, engine: str, *, category: str = DEFAULT_CATEGORY, skip_bad
                                         "unique in a run (add a \"request_id\" key)")
 
     records, skipped, lines = read_jsonl(path, lambda obj, number: parse(obj, line=number, category=category),
-                                         lambda record: record.request_id, repeated, skip_bad=skip_bad)
+                                         lambda record: record.request_id, repeated, skip_bad=skip_bad,
+                                         fast_decode=FAST_DECODERS.get(engine))
     parsed = ParsedFile(path=path, engine=engine, records=records, skipped=skipped, lines=lines)
     if not parsed.records:  # a run of nothing is no import
         raise ValueError(f"{path}: no request to import: " + (
@@ -92,18 +96,20 @@ def parse_jsonl(path, engine: str, *, category: str = DEFAULT_CATEGORY, skip_bad
     return parsed
 
 
-def read_jsonl(path: Path, parse_line, key_of, repeated, *, skip_bad: bool) -> tuple[list, list[SkippedLine], int]:
-    """``(items, skipped lines, non-blank lines)``: ``parse_line(obj, line)`` per line; a repeated ``key_of`` raises
-    ``repeated(item, first line)``; a bad line ``MalformedResponseError``, or with ``skip_bad`` is skipped."""
+def read_jsonl(path: Path, parse_line, key_of, repeated, *, skip_bad: bool,
+               fast_decode=None) -> tuple[list, list[SkippedLine], int]:
+    """``(items, skipped lines, non-blank lines)``: ``parse_line(obj, line)`` per line (``obj``: ``fast_decode(raw)``,
+    else the JSON); a repeated ``key_of`` raises ``repeated(item, first line)``; a bad line ``MalformedResponseError``,
+    or with ``skip_bad`` is skipped."""
     items, skipped, lines, seen = [], [], 0, {}
-    with open(path, "rb") as fh:
+    with open(path, "rb", buffering=1 << 20) as fh:  # 1 MiB: engine lines with top-k run to megabytes
         for number, raw in enumerate(fh, start=1):
-            if not raw.strip():
+            if raw.isspace():
                 continue
             lines += 1
             try:
                 try:
-                    obj = json.loads(decoded_line(raw))
+                    obj = (fast_decode and fast_decode(raw)) or json.loads(decoded_line(raw))
                 except json.JSONDecodeError as err:
                     raise FieldError("(line)", f"not JSON ({err.msg} at column {err.colno})") from None
                 item = parse_line(obj, number)
@@ -122,11 +128,13 @@ def read_jsonl(path: Path, parse_line, key_of, repeated, *, skip_bad: bool) -> t
 
 
 def write_jsonl_atomic(final: Path, rows) -> None:
-    """Write ``rows`` (dicts) as JSON lines to a temporary name beside ``final``, synced, then renamed."""
+    """Write ``rows`` (dicts; with an array, ``vllm.fast_decode``'s finite top-k: by msgspec) as JSON lines to a
+    temporary name beside ``final``, synced, then renamed."""
     tmp = final.with_name(f".tmp-{final.name}")
-    with open(tmp, "w", encoding="utf-8") as fh:
+    with open(tmp, "wb") as fh:
         for row in rows:
-            fh.write(json.dumps(row, separators=(",", ":")) + "\n")
+            fh.write(_MSGSPEC.encode(row) + b"\n" if any(isinstance(v, np.ndarray) for v in row.values())
+                     else json.dumps(row, separators=(",", ":")).encode() + b"\n")
         fh.flush()
         os.fsync(fh.fileno())
     os.replace(tmp, final)
@@ -276,9 +284,10 @@ def _log_records(recorder: TraceRecorder, records, written: set, target_stats, t
 def _topk_estimates(parsed: ParsedFile, records: list[ImportedRequest], aligned: set[str], vocab_size: int,
                     point: str) -> dict:
     """Entropy bounds of each top-k request, the aligned ones whose rows are written, and their ``run.json`` entry."""
-    estimates, renormalised, fewer, positions = {}, [], 0, 0
+    estimates, renormalised, fewer, positions, max_k = {}, [], 0, 0, 0
     for record in records:
         padded = pad_topk(record.topk_logprobs)
+        max_k = max(max_k, padded.shape[1] if len(padded) else 0)
         try:
             est = topk_entropy(padded, vocab_size, point=point)
         except TopkInputError as err:
@@ -302,7 +311,7 @@ def _topk_estimates(parsed: ParsedFile, records: list[ImportedRequest], aligned:
         "requests": len(records), "positions": positions, "requests_in_tables": len(written),
         "not_in_tables": ("requests without aligned per-step data keep their top-k in engine_import.jsonl only"
                           if len(written) < len(records) else None),
-        "max_k": int(max((len(row) for r in records for row in r.topk_logprobs), default=0)),
+        "max_k": int(max_k),
         "positions_fewer_entries": fewer,
         "fewer_entries": ("positions holding fewer entries than the request's most (an engine merged duplicates, "
                           "e.g. vLLM's completions endpoint keys them by token string): read with the k they hold"),
@@ -317,18 +326,14 @@ def _topk_estimates(parsed: ParsedFile, records: list[ImportedRequest], aligned:
 def topk_tables(records: list[ImportedRequest], estimates: dict, block_size: int) -> dict:
     """The tokens, rounds and requests columns (for ``TraceRecorder.log_columns``) of aligned requests whose entropy
     comes from their top-k."""
-    rnd, req, parts = {}, {}, []
+    req, parts, rnd = {}, [], []
     for record in records:
         est = estimates[record.request_id]
-        rounds = record.rounds(block_size)
-        for r in rounds:
-            append_row(rnd, request_id=record.request_id, **{k: r[k] for k in (
-                "round_index", "start_position", "context_len", "block_size", "tree_nodes", "tree_depth", "accepted",
-                "committed")})
-        start, committed, accepted = (np.array([r[k] for r in rounds], dtype=np.int64)
-                                      for k in ("start_position", "committed", "accepted"))
-        leaf = np.array([r["ends_at_leaf"] for r in rounds], dtype=bool)
-        which = np.repeat(np.arange(len(rounds)), committed)  # the round of each committed token, in order
+        columns = record.round_columns(block_size)
+        leaf, start, committed, accepted = (columns.pop("ends_at_leaf"), columns["start_position"],
+                                            columns["committed"], columns["accepted"])
+        rnd.append({"request_id": np.full(len(start), record.request_id, dtype=object), **columns})
+        which = np.repeat(np.arange(len(start)), committed)  # the round of each committed token, in order
         depth = np.arange(which.size) - np.repeat(np.cumsum(committed) - committed, committed) + 1
         position = start[which] + depth - 1
         context = (context_matches_of_output(record.prompt_token_ids, record.output_token_ids)
@@ -336,7 +341,7 @@ def topk_tables(records: list[ImportedRequest], estimates: dict, block_size: int
         parts.append({
             "request_id": np.full(which.size, record.request_id, dtype=object),
             "category": np.full(which.size, record.category, dtype=object),
-            "round_index": np.array([r["round_index"] for r in rounds], dtype=np.int32)[which],
+            "round_index": which.astype(np.int32),
             "position": position.astype(np.int32), "depth": depth.astype(np.int16),
             "token_id": np.asarray(record.output_token_ids, dtype=np.int64)[position],
             "role": np.where(depth <= accepted[which], "accepted",
@@ -349,7 +354,7 @@ def topk_tables(records: list[ImportedRequest], estimates: dict, block_size: int
         })
         append_row(req, request_id=record.request_id, category=record.category, dataset=record.dataset,
                    question_id=record.question_id, prompt_tokens=record.prompt_tokens, image_tokens=0,
-                   new_tokens=record.new_tokens, rounds=len(rounds), stop_reason=record.stop_reason,
+                   new_tokens=record.new_tokens, rounds=len(start), stop_reason=record.stop_reason,
                    prefill_ms=record.prefill_ms or 0.0, decode_ms=record.decode_ms or 0.0)
     tokens = {key: np.concatenate([part[key] for part in parts]) for key in parts[0]}
     n = len(tokens["position"])  # float NaN: null (log_columns)
@@ -357,6 +362,7 @@ def topk_tables(records: list[ImportedRequest], estimates: dict, block_size: int
                    "target_topk": pa.array(tokens["target_topk"], type=pa.int16()),
                    "context_match": pa.array(np.maximum(tokens["context_match"], 0), type=pa.int16(),
                                              mask=tokens["context_match"] < 0)})
+    rnd = {key: np.concatenate([part[key] for part in rnd]) for key in rnd[0]}
     zeros = np.zeros(len(rnd["request_id"]), np.float32)
     rnd.update({"draft_ms": zeros, "verify_ms": zeros, "overhead_ms": zeros})
     return {"tokens": with_null_columns(tokens, "tokens", n), "rounds": rnd, "requests": req}
@@ -447,16 +453,10 @@ class ImportedRun:
     @property
     def rounds(self) -> pd.DataFrame:
         """One row per round of the aligned per-step requests (round 0: the prefill), in the trace tables or not."""
-        rows, columns = [], ["request_id", "category", "round_index", "start_position", "tree_depth", "accepted",
-                             "committed"]
-        for record in self.requests:
-            check = record.alignment()
-            if check is None or not check.ok:
-                continue
-            for rnd in record.rounds():
-                rows.append({"request_id": record.request_id, "category": record.category,
-                             **{k: rnd[k] for k in columns[2:]}})
-        return pd.DataFrame(rows, columns=columns)
+        columns = ["request_id", "category", "round_index", "start_position", "tree_depth", "accepted", "committed"]
+        frames = [pd.DataFrame({"request_id": r.request_id, "category": r.category, **r.round_columns()})[columns]
+                  for r in self.requests if r.alignment() is not None and r.alignment().ok]
+        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame([], columns=columns)
 
     @property
     def histograms(self) -> pd.DataFrame:

@@ -23,15 +23,13 @@ def _as_float32_2d(logits, name: str) -> np.ndarray:
         raise ValueError(f"{name} must be 2-D [rows, vocab]; got shape {tuple(array.shape)}")
     if array.shape[1] < 2:
         raise ValueError(f"{name} needs a vocabulary of at least 2 entries; got shape {tuple(array.shape)}")
-    if np.isnan(array).any():
-        row = int(np.argwhere(np.isnan(array))[0, 0])
-        raise ValueError(f"{name} contains NaN (first in row {row}); check the model's output")
-    if np.isposinf(array).any():
-        row = int(np.argwhere(np.isposinf(array))[0, 0])
-        raise ValueError(f"{name} contains +inf (first in row {row}); check the model's output")
-    if (~np.isfinite(array.max(axis=1))).any():
-        row = int(np.argwhere(~np.isfinite(array.max(axis=1)))[0, 0])
-        raise ValueError(f"{name} row {row} is entirely -inf: no token has probability > 0")
+    for bad, problem in ((np.isnan, "contains NaN (first in row {}); check the model's output"),
+                         (np.isposinf, "contains +inf (first in row {}); check the model's output"),
+                         (lambda a: ~np.isfinite(a.max(axis=1, keepdims=True)),
+                          "row {} is entirely -inf: no token has probability > 0")):
+        rows = np.flatnonzero(bad(array).any(axis=1))
+        if rows.size:
+            raise ValueError(f"{name} " + problem.format(int(rows[0])))
     return array
 
 
@@ -162,20 +160,20 @@ def context_matches_of_output(prompt_ids: Sequence[int], output_ids: Sequence[in
                               max_length: int = CONTEXT_MATCH_MAX) -> np.ndarray:
     """``context_match_length`` before every output position: ``[len(output_ids)]`` int16, entry ``p`` for the
     prompt and ``output_ids[:p]`` (what a round starting at ``p`` sees before drafting)."""
-    context = [int(t) for t in prompt_ids] + [int(t) for t in output_ids]
-    n_prompt, out = len(prompt_ids), np.zeros(len(output_ids), dtype=np.int16)
-    if max_length < 1:
-        return out
-    # seen[k - 1]: the k-grams ending before the context's last token (a suffix seen before has every shorter one
-    # seen too, so the first miss ends the count)
-    seen = [set() for _ in range(max_length)]
-    for end in range(2, len(context)):  # the context before output position end - n_prompt is context[:end]
-        j = end - 2  # the k-grams ending before its last token: those seen so far and the ones ending at j
-        for k in range(1, min(max_length, j + 1) + 1):
-            seen[k - 1].add(tuple(context[j - k + 1:j + 1]))
-        if end >= n_prompt:
-            m = 0
-            while m < max_length and m < end - 1 and tuple(context[end - 1 - m:end]) in seen[m]:
-                m += 1
-            out[end - n_prompt] = m
+    context = np.concatenate([np.asarray(prompt_ids, dtype=np.int64).reshape(-1),
+                              np.asarray(output_ids, dtype=np.int64).reshape(-1)])
+    n_prompt, n, out = len(prompt_ids), len(context), np.zeros(len(output_ids), dtype=np.int16)
+    ends = np.arange(max(n_prompt, 2), n)  # the context before output position end - n_prompt is context[:end]
+    token = np.unique(context, return_inverse=True)[1].reshape(-1)
+    gram, matched = token, np.ones(ends.size, dtype=bool)
+    for k in range(1, max_length + 1):  # gram[i]: an exact id of the k-gram ending at i + k - 1
+        first = np.unique(gram, return_index=True, return_inverse=True)
+        first = first[1][first[2].reshape(-1)]  # where each k-gram first ends (less k - 1)
+        at = ends - k  # the suffix of length k of context[:end] starts at end - k: seen if it occurred before
+        matched &= at >= 1
+        matched[matched] = first[at[matched]] < at[matched]  # a suffix seen before has every shorter one seen too
+        if not matched.any():
+            break
+        out[ends - n_prompt] += matched
+        gram = np.unique(gram[:-1] * n + token[k:], return_inverse=True)[1].reshape(-1)
     return out

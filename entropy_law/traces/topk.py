@@ -178,7 +178,10 @@ def entropy_or_bound(tokens, column: str = "target_entropy_estimate_nats"):
 
 
 def pad_topk(rows) -> np.ndarray:
-    """Ragged lists of log-probabilities (one per position) as ``[positions, max k]``, ``-inf`` padded."""
+    """Ragged lists of log-probabilities (one per position) as ``[positions, max k]``, ``-inf`` padded (an array
+    of that shape as it is)."""
+    if isinstance(rows, np.ndarray) and rows.ndim == 2:
+        return rows.astype(np.float64, copy=False)
     width = max((len(r) for r in rows), default=0)
     out = np.full((len(rows), max(width, 1)), -np.inf)
     for i, r in enumerate(rows):
