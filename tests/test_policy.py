@@ -841,25 +841,24 @@ def test_a_law_policy_arm_replayed_over_an_ar_run_decodes_its_online_rounds(tmp_
                                   online[columns].sort_values("request_id").reset_index(drop=True), check_dtype=False)
 
 
-def test_the_policy_command_fits_and_saves_an_arms_law_policy(tmp_path, capsys):
+def test_the_policy_command_fits_and_saves_an_arms_law_policy(tmp_path, capsys, timed_analysis):
     """``entropy-law policy TRACES --drafter ARM --out FITTED.json``: the arm's runs (with the AR run beside them)
     give the same parameters as ``fit_policy`` on them, its draft cost timed against the AR run's rounds (t_AR from
     the AR run, not from the drafter's own rounds without a draft); the file loads with ``load_policy``. Bad input:
     an existing --out without --overwrite, several arms without --drafter, an unknown arm, a negative cost."""
+    import shutil
     from pathlib import Path
 
     from entropy_law.cli import main
-    from entropy_law.analysis import TraceAnalysis
 
     timed = Path(__file__).resolve().parents[1] / "data" / "traces_timed"
     out = tmp_path / "law.json"
     assert main(["policy", str(timed), "--drafter", "ngram ddtree16", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     got = load_policy(out)
-    traces = load_traces(timed)
-    an = TraceAnalysis(traces, n_boot=0)
+    an = timed_analysis  # TraceAnalysis(load_traces(timed)): its runs and t_AR do not depend on n_boot
     ids = list(an.runs.loc[(an.runs["arm"] == "ngram ddtree16") | an.runs["is_ar"], "run_id"])
-    direct = fit_policy(traces.filter(run_id=ids), drafter="ngram")
+    direct = fit_policy(an.traces.filter(run_id=ids), drafter="ngram")
     assert got["acceptance"] == direct["acceptance"] and got["draft_cost"] == pytest.approx(direct["draft_cost"])
     assert got["fitted_on"]["requests"] == 40 and got["drafter_id"] == "ngram"
     import re
@@ -878,9 +877,12 @@ def test_the_policy_command_fits_and_saves_an_arms_law_policy(tmp_path, capsys):
     assert f"written to {out}" in printed and f"--policy {out}" in printed
     assert main(["policy", str(timed), "--drafter", "ngram ddtree16", "--out", str(out)]) == 2
     assert "--overwrite" in capsys.readouterr().err
-    assert main(["policy", str(timed), "--out", str(tmp_path / "b.json")]) == 2
+    two_arms = tmp_path / "two-arms"  # the arm errors need several arms, not the whole timed set
+    for run in ("ngram", "ngram-ddtree16"):
+        shutil.copytree(timed / run, two_arms / run)
+    assert main(["policy", str(two_arms), "--out", str(tmp_path / "b.json")]) == 2
     assert "pass --drafter" in capsys.readouterr().err
-    assert main(["policy", str(timed), "--drafter", "nope", "--out", str(tmp_path / "c.json")]) == 2
+    assert main(["policy", str(two_arms), "--drafter", "nope", "--out", str(tmp_path / "c.json")]) == 2
     assert "no drafting arm 'nope'" in capsys.readouterr().err
     assert main(["policy", str(timed), "--drafter", "ngram chain", "--draft-cost", "-1",
                  "--out", str(tmp_path / "d.json")]) == 2
