@@ -566,7 +566,9 @@ class FittedLaw(Result):
             return np.clip(out, 1e-9, 1 - 1e-9)
         # far outside the data exp() in the inverse link overflows to inf: the probability is then its exact limit
         with np.errstate(over="ignore"):
-            mu = np.asarray(self.result.predict(prediction_frame(data, self.result.model)))
+            exog = simple_design(data, self.result.model)
+            mu = np.asarray(self.result.predict(prediction_frame(data, self.result.model)) if exog is None
+                            else self.result.predict(exog, transform=False))
         accept = 1.0 - mu if self.family.outcome == "rejection" else mu
         return np.clip(accept, 1e-12, 1 - 1e-12)
 
@@ -875,6 +877,27 @@ def prediction_frame(data: pd.DataFrame, model) -> pd.DataFrame:
               for factor, info in (getattr(spec, "factor_infos", None) or {}).items() if info.type == "categorical"}
     levels.pop(None, None)
     return _with_categoricals(formula_columns(data, formula), levels)
+
+
+def simple_design(data: pd.DataFrame, model):
+    """``model``'s design matrix on ``data`` as patsy builds it (same values and layout), where each of its columns is
+    the intercept, a level of a ``C(column)`` term or a numeric column of ``data`` without missing values; None
+    where one is not (patsy then builds it)."""
+    spec = getattr(model, "model_spec", None) or getattr(getattr(model, "data", None), "model_spec", None)
+    coded = {f"{f.code}[T.{level}]": (_factor_column(f.code), level) for f, info in
+             (getattr(spec, "factor_infos", None) or {}).items() if info.type == "categorical"
+             for level in info.categories[1:]}
+    columns = []
+    for name in model.exog_names:
+        if name == "Intercept":
+            columns.append(np.ones(len(data)))
+        elif coded.get(name, (None,))[0] in data:
+            columns.append((data[coded[name][0]].to_numpy() == coded[name][1]).astype(float))
+        elif name in data and pd.api.types.is_numeric_dtype(data[name]) and not data[name].isna().any():
+            columns.append(data[name].to_numpy(dtype=float))
+        else:
+            return None
+    return np.array(columns).T
 
 
 def _fit_glm(counts: pd.DataFrame, family: LawFamily, depth_model: str, cov_type: str, start_params=None):
