@@ -880,19 +880,20 @@ def prediction_frame(data: pd.DataFrame, model) -> pd.DataFrame:
 
 
 def simple_design(data: pd.DataFrame, model):
-    """``model``'s design matrix on ``data`` as patsy builds it (same values and layout), where each of its columns is
-    the intercept, a level of a ``C(column)`` term or a numeric column of ``data`` without missing values; None
-    where one is not (patsy then builds it)."""
-    spec = getattr(model, "model_spec", None) or getattr(getattr(model, "data", None), "model_spec", None)
-    coded = {f"{f.code}[T.{level}]": (_factor_column(f.code), level) for f, info in
-             (getattr(spec, "factor_infos", None) or {}).items() if info.type == "categorical"
-             for level in info.categories[1:]}
+    """``model``'s design matrix on ``data`` as patsy builds it (same values, same layout) where each column is the
+    intercept, a level of a ``C(column)`` term or a numeric column of ``data`` without missing values; else None."""
+    spec = getattr(model, "model_spec", None) or getattr(model.data, "model_spec", None)
+    if spec is None:
+        return None
+    coded = {f"{f.code}[T.{level}]": (_factor_column(f.code), level) for f, info in spec.factor_infos.items()
+             if info.type == "categorical" for level in info.categories[1:]}
     columns = []
     for name in model.exog_names:
+        column, level = coded.get(name, (None, None))
         if name == "Intercept":
             columns.append(np.ones(len(data)))
-        elif coded.get(name, (None,))[0] in data:
-            columns.append((data[coded[name][0]].to_numpy() == coded[name][1]).astype(float))
+        elif column in data:
+            columns.append((data[column].to_numpy() == level).astype(float))
         elif name in data and pd.api.types.is_numeric_dtype(data[name]) and not data[name].isna().any():
             columns.append(data[name].to_numpy(dtype=float))
         else:

@@ -264,11 +264,25 @@ def predict_requests(law: FittedLaw, sequences: pd.DataFrame, B: int, *, drafter
     _check_depth_inputs(law, depths, drafted, depth_model, proposals)
     drafts = int(B) - 1
     shared = {} if shared is None else shared
-    if shared.get("key") != (law.family, depths, drafts):
+    if shared.get("key") != (law.family, depths, drafts):  # the rows are those of every law of the family
         replayed = replayed_arrays(proposals, sequences, drafts) if depths == "replayed" else {}
-        shared.update(key=(law.family, depths, drafts), replayed=replayed, rows=_request_rows(law, sequences, drafts,
-                                                                                              replayed))
-    replayed, (data, shapes) = shared["replayed"], shared["rows"]
+        frames, shapes = [], []
+        for rec in sequences.itertuples():
+            top1 = replayed[(str(rec.run_id), str(rec.request_id))][1] if replayed else None
+            frame, shape = law.sequence_frame(np.asarray(rec.entropy, dtype=float), drafts,
+                                              **sequence_context(law, rec),
+                                              draft_top1=top1 if law.family.needs_draft_stats else None)
+            frame["category"] = rec.category
+            frames.append(frame)
+            depth_1 = frame["depth"].to_numpy() == 1  # depth 1 of a full round at every position
+            if "drafted_depth" in frame:
+                depth_1 &= frame["drafted_depth"].to_numpy() == drafts
+            shapes.append((shape, depth_1))
+        if not frames:
+            raise ValueError("no request sequences to predict")
+        shared.update(key=(law.family, depths, drafts), replayed=replayed, shapes=shapes,
+                      data=pd.concat(frames, ignore_index=True))
+    replayed, data, shapes = shared["replayed"], shared["data"], shared["shapes"]
     accept = law.predict_frame(data if drafter is None else data.assign(drafter_id=drafter))
     by_request, by_category = {}, {}
     if depths in ("observed", "category"):
@@ -309,24 +323,6 @@ def predict_requests(law: FittedLaw, sequences: pd.DataFrame, B: int, *, drafter
     out = pd.DataFrame(rows)
     out.attrs["info_sets"] = sets_allowing(predictor_inputs(law.family, depths))
     return out
-
-
-def _request_rows(law: FittedLaw, sequences: pd.DataFrame, drafts: int, replayed: dict) -> tuple:
-    """(``sequence_frame``'s rows of every request, per request its shape and its rows at depth 1 of a full round)."""
-    frames, shapes = [], []
-    for rec in sequences.itertuples():
-        top1 = replayed[(str(rec.run_id), str(rec.request_id))][1] if replayed else None
-        frame, shape = law.sequence_frame(np.asarray(rec.entropy, dtype=float), drafts, **sequence_context(law, rec),
-                                          draft_top1=top1 if law.family.needs_draft_stats else None)
-        frame["category"] = rec.category
-        frames.append(frame)
-        depth_1 = frame["depth"].to_numpy() == 1  # depth 1 of a full round at every position
-        if "drafted_depth" in frame:
-            depth_1 &= frame["drafted_depth"].to_numpy() == drafts
-        shapes.append((shape, depth_1))
-    if not frames:
-        raise ValueError("no request sequences to predict")
-    return pd.concat(frames, ignore_index=True), shapes
 
 
 def _check_depth_inputs(law: FittedLaw, depths: str, drafted, depth_model, proposals) -> None:
