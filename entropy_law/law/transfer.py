@@ -603,9 +603,7 @@ def _loco_run(inputs: "LocoInputs", drafted, *, depths, depth_edges, depth_copy_
     for cat in categories:
         train, test = counts.loc[counts["category"] != cat], counts.loc[counts["category"] == cat]
         left_out = frozenset((*without, cat))  # rerun(without=(a,)) fold b fits the law of rerun((b,)) fold a
-        if left_out not in memo:
-            memo[left_out] = fit_law(train, fam, **fit_options)
-        loco = memo[left_out]
+        loco = memo[left_out] if left_out in memo else memo.setdefault(left_out, fit_law(train, fam, **fit_options))
         held_out = _held_out_logliks(loco, fit_law(test, fam, **fit_options), test) if logliks else {}
         model = (TrainingDepthModel.fit(drafted_h.loc[drafted_h["category"] != cat], drafts, edges=depth_edges,
                                         copy_edges=depth_copy_edges) if depths == "training" else None)
