@@ -250,10 +250,7 @@ def get_family(name: str) -> LawFamily:
 def prepare_counts(traces, family: LawFamily, *, eps=atrisk.EPS_NATS, width_log10=0.05, aggregate=True,
                    on_invalid="raise") -> pd.DataFrame:
     """The count table a family is fitted on, from traces, at-risk rows or an aggregate."""
-    if isinstance(traces, pd.DataFrame):
-        table = traces
-    else:
-        table = atrisk.at_risk_table(traces, eps=eps, on_invalid=on_invalid)
+    table = traces if isinstance(traces, pd.DataFrame) else atrisk.at_risk_table(traces, eps=eps, on_invalid=on_invalid)
     read = (set(family.bin_columns) | set(family.position_columns)) & set(atrisk.COVARIATES)
     unlogged = [c for c in table.attrs.get("unlogged", ()) if c in read]
     if unlogged:
@@ -268,8 +265,7 @@ def prepare_counts(traces, family: LawFamily, *, eps=atrisk.EPS_NATS, width_log1
         raise ValueError(f"{family.name} uses the context's copyability before each position (tokens column "
                          "context_match), which these traces do not hold at every at-risk trial: record with the "
                          "prompts' token ids, attach it from the prompts (jobs.reference.attach_context_matches; "
-                         "entropy-law law --context-match), "
-                         "or use a family without it, such as 'law_exp_obs_ceil'")
+                         "entropy-law law --context-match), or use a family without it, such as 'law_exp_obs_ceil'")
     if family.needs_target_top1 and ("target_top1_prob" not in table or table["target_top1_prob"].isna().any()):
         raise ValueError(f"{family.name} uses the target's top-1 probability at each position (tokens column "
                          "target_top1_prob), which these traces do not hold at every at-risk trial: compute it for "
@@ -285,7 +281,6 @@ def prepare_counts(traces, family: LawFamily, *, eps=atrisk.EPS_NATS, width_log1
         table = atrisk.aggregate_at_risk(table, bin_columns=family.bin_columns, eps=eps, width_log10=width_log10,
                                          keys=(*atrisk.KEY_COLUMNS, *family.extra_keys), extra_means=family.means)
     return atrisk.as_counts(table)
-
 
 
 def check_counts(counts: pd.DataFrame, family: LawFamily, *, min_requests_per_category: int = 5,
