@@ -248,3 +248,27 @@ def test_categorical_columns_take_patsys_vectorised_path_to_the_same_fit(traces)
         assert not calls
         smf.glm(formula, plain, family=law.result.model.family)
         assert len(calls) >= len(plain)  # what it does with a plain column
+
+
+@pytest.mark.parametrize("family", ["law_exp", "law_logit", "law_exp_obs_ceil_top1", "law_exp_cat", "law_spline"])
+def test_predictions_skip_patsy_only_where_the_design_is_patsys_own(traces, family, monkeypatch):
+    """``fit.simple_design`` (the intercept, ``C(depth)`` levels and numeric columns) is patsy's design matrix bit
+    for bit, values and memory layout, and ``predict_frame`` through it equals patsy's path; an interaction or a
+    spline is left to patsy (None)."""
+    from statsmodels.formula._manager import FormulaManager
+
+    from entropy_law.law import fit as fitmod
+
+    law = fit_law(traces, family, cov_type="nonrobust")
+    model, data = law.result.model, law._frame(law.counts)
+    built = fitmod.simple_design(data, model)
+    if family in ("law_exp_cat", "law_spline"):
+        assert built is None
+    else:
+        by_patsy = np.asarray(FormulaManager().get_matrices(model.data.model_spec, fitmod.prediction_frame(
+            data, model), pandas=True, prediction=True))
+        assert built.shape == by_patsy.shape and built.flags.f_contiguous == by_patsy.flags.f_contiguous
+        assert np.array_equal(built, by_patsy)
+    fast = law.predict_frame(law.counts)
+    monkeypatch.setattr(fitmod, "simple_design", lambda data, model: None)
+    assert np.array_equal(fast, law.predict_frame(law.counts))

@@ -216,3 +216,20 @@ def test_loco_depths_read_the_copyability_and_stay_leak_free():
     moved = loco_transfer(_deepen_drafts(copy, HELD_OUT), drafter="sim-block")
     col = "predicted_tokens_per_round"
     assert moved.summary.loc[HELD_OUT, col] == pytest.approx(by_copy.summary.loc[HELD_OUT, col], rel=1e-12)
+
+
+def test_reruns_share_laws_and_rows_yet_equal_fresh_runs(sim, loco, monkeypatch):
+    """``loco.rerun(without=(a,))`` fits, for held-out b, the law fitted without {a, b}: a later rerun without b
+    reuses it (one fit fewer) and every category's rows to predict; each table is bit for bit a fresh run's."""
+    from entropy_law.law import transfer
+
+    cats = list(loco.summary.index)
+    fits = []
+    counting = transfer.fit_law
+    monkeypatch.setattr(transfer, "fit_law", lambda *a, **k: fits.append(1) or counting(*a, **k))
+    shared = [loco.rerun(without=(c,), min_categories=2, logliks=False).summary for c in cats[:2]]
+    assert len(fits) == 2 * (len(cats) - 1) - 1
+    monkeypatch.setattr(transfer, "fit_law", counting)
+    for c, table in zip(cats, shared):
+        fresh = loco_transfer(sim, drafter="sim-block", without=(c,), min_categories=2, logliks=False).summary
+        pd.testing.assert_frame_equal(table, fresh, check_exact=True)

@@ -250,10 +250,7 @@ def get_family(name: str) -> LawFamily:
 def prepare_counts(traces, family: LawFamily, *, eps=atrisk.EPS_NATS, width_log10=0.05, aggregate=True,
                    on_invalid="raise") -> pd.DataFrame:
     """The count table a family is fitted on, from traces, at-risk rows or an aggregate."""
-    if isinstance(traces, pd.DataFrame):
-        table = traces
-    else:
-        table = atrisk.at_risk_table(traces, eps=eps, on_invalid=on_invalid)
+    table = traces if isinstance(traces, pd.DataFrame) else atrisk.at_risk_table(traces, eps=eps, on_invalid=on_invalid)
     read = (set(family.bin_columns) | set(family.position_columns)) & set(atrisk.COVARIATES)
     unlogged = [c for c in table.attrs.get("unlogged", ()) if c in read]
     if unlogged:
@@ -268,8 +265,7 @@ def prepare_counts(traces, family: LawFamily, *, eps=atrisk.EPS_NATS, width_log1
         raise ValueError(f"{family.name} uses the context's copyability before each position (tokens column "
                          "context_match), which these traces do not hold at every at-risk trial: record with the "
                          "prompts' token ids, attach it from the prompts (jobs.reference.attach_context_matches; "
-                         "entropy-law law --context-match), "
-                         "or use a family without it, such as 'law_exp_obs_ceil'")
+                         "entropy-law law --context-match), or use a family without it, such as 'law_exp_obs_ceil'")
     if family.needs_target_top1 and ("target_top1_prob" not in table or table["target_top1_prob"].isna().any()):
         raise ValueError(f"{family.name} uses the target's top-1 probability at each position (tokens column "
                          "target_top1_prob), which these traces do not hold at every at-risk trial: compute it for "
@@ -285,7 +281,6 @@ def prepare_counts(traces, family: LawFamily, *, eps=atrisk.EPS_NATS, width_log1
         table = atrisk.aggregate_at_risk(table, bin_columns=family.bin_columns, eps=eps, width_log10=width_log10,
                                          keys=(*atrisk.KEY_COLUMNS, *family.extra_keys), extra_means=family.means)
     return atrisk.as_counts(table)
-
 
 
 def check_counts(counts: pd.DataFrame, family: LawFamily, *, min_requests_per_category: int = 5,
@@ -566,7 +561,9 @@ class FittedLaw(Result):
             return np.clip(out, 1e-9, 1 - 1e-9)
         # far outside the data exp() in the inverse link overflows to inf: the probability is then its exact limit
         with np.errstate(over="ignore"):
-            mu = np.asarray(self.result.predict(prediction_frame(data, self.result.model)))
+            exog = simple_design(data, self.result.model)
+            mu = np.asarray(self.result.predict(prediction_frame(data, self.result.model)) if exog is None
+                            else self.result.predict(exog, transform=False))
         accept = 1.0 - mu if self.family.outcome == "rejection" else mu
         return np.clip(accept, 1e-12, 1 - 1e-12)
 
@@ -875,6 +872,28 @@ def prediction_frame(data: pd.DataFrame, model) -> pd.DataFrame:
               for factor, info in (getattr(spec, "factor_infos", None) or {}).items() if info.type == "categorical"}
     levels.pop(None, None)
     return _with_categoricals(formula_columns(data, formula), levels)
+
+
+def simple_design(data: pd.DataFrame, model):
+    """``model``'s design matrix on ``data`` as patsy builds it (same values, same layout) where each column is the
+    intercept, a level of a ``C(column)`` term or a numeric column of ``data`` without missing values; else None."""
+    spec = getattr(model, "model_spec", None) or getattr(model.data, "model_spec", None)
+    if spec is None:
+        return None
+    coded = {f"{f.code}[T.{level}]": (_factor_column(f.code), level) for f, info in spec.factor_infos.items()
+             if info.type == "categorical" for level in info.categories[1:]}
+    columns = []
+    for name in model.exog_names:
+        column, level = coded.get(name, (None, None))
+        if name == "Intercept":
+            columns.append(np.ones(len(data)))
+        elif column in data:
+            columns.append((data[column].to_numpy() == level).astype(float))
+        elif name in data and pd.api.types.is_numeric_dtype(data[name]) and not data[name].isna().any():
+            columns.append(data[name].to_numpy(dtype=float))
+        else:
+            return None
+    return np.array(columns).T
 
 
 def _fit_glm(counts: pd.DataFrame, family: LawFamily, depth_model: str, cov_type: str, start_params=None):

@@ -254,32 +254,36 @@ def predict_requests(law: FittedLaw, sequences: pd.DataFrame, B: int, *, drafter
                      drafted: pd.DataFrame | None = None, depth_edges=DEPTH_ENTROPY_EDGES,
                      depth_model: TrainingDepthModel | None = None,
                      depth_only_acceptance: np.ndarray | None = None,
-                     proposals: pd.DataFrame | None = None) -> pd.DataFrame:
+                     proposals: pd.DataFrame | None = None, shared: dict | None = None) -> pd.DataFrame:
     """Per request: T, DP-expected rounds and drafting rounds under the depth model ``depths`` (``depth_probabilities``;
     ``drafted`` for ``"observed"`` / ``"category"``; ``depth_model`` for ``"training"``; ``proposals`` for
     ``"replayed"``), the full-depth DP's rounds and the summed depth-1 acceptance. ``depth_only_acceptance``
     (``[drafts]``): the same DP for the depth-only control (``*_depth_only`` columns). ``attrs["info_sets"]``: the
-    information sets that hold what it read."""
+    information sets that hold what it read. ``shared``: a dict kept between calls on the same ``sequences`` and
+    ``proposals``, where the rows to predict are built once per law family."""
     _check_depth_inputs(law, depths, drafted, depth_model, proposals)
     drafts = int(B) - 1
-    replayed = replayed_arrays(proposals, sequences, drafts) if depths == "replayed" else {}
-    frames, shapes = [], []
-    for rec in sequences.itertuples():
-        top1 = replayed[(str(rec.run_id), str(rec.request_id))][1] if replayed else None
-        frame, shape = law.sequence_frame(np.asarray(rec.entropy, dtype=float), drafts, **sequence_context(law, rec),
-                                          draft_top1=top1 if law.family.needs_draft_stats else None)
-        frame["category"] = rec.category
-        frames.append(frame)
-        depth_1 = frame["depth"].to_numpy() == 1  # depth 1 of a full round at every position
-        if "drafted_depth" in frame:
-            depth_1 &= frame["drafted_depth"].to_numpy() == drafts
-        shapes.append((shape, depth_1))
-    if not frames:
-        raise ValueError("no request sequences to predict")
-    data = pd.concat(frames, ignore_index=True)
-    if drafter is not None:
-        data["drafter_id"] = drafter
-    accept = law.predict_frame(data)
+    shared = {} if shared is None else shared
+    if shared.get("key") != (law.family, depths, drafts):  # the rows are those of every law of the family
+        replayed = replayed_arrays(proposals, sequences, drafts) if depths == "replayed" else {}
+        frames, shapes = [], []
+        for rec in sequences.itertuples():
+            top1 = replayed[(str(rec.run_id), str(rec.request_id))][1] if replayed else None
+            frame, shape = law.sequence_frame(np.asarray(rec.entropy, dtype=float), drafts,
+                                              **sequence_context(law, rec),
+                                              draft_top1=top1 if law.family.needs_draft_stats else None)
+            frame["category"] = rec.category
+            frames.append(frame)
+            depth_1 = frame["depth"].to_numpy() == 1  # depth 1 of a full round at every position
+            if "drafted_depth" in frame:
+                depth_1 &= frame["drafted_depth"].to_numpy() == drafts
+            shapes.append((shape, depth_1))
+        if not frames:
+            raise ValueError("no request sequences to predict")
+        shared.update(key=(law.family, depths, drafts), replayed=replayed, shapes=shapes,
+                      data=pd.concat(frames, ignore_index=True))
+    replayed, data, shapes = shared["replayed"], shared["data"], shared["shapes"]
+    accept = law.predict_frame(data if drafter is None else data.assign(drafter_id=drafter))
     by_request, by_category = {}, {}
     if depths in ("observed", "category"):
         joined = with_start_entropy(drafted, sequences)
@@ -576,13 +580,14 @@ def loco_transfer(traces, family: str = "law_exp", *, drafter: str | None = None
     inputs = loco_inputs(traces, family, drafter=drafter, B=B, eps=eps, min_categories=min_categories)
     drafted = drafted_depths(traces, inputs.drafter) if depths != "full" else None
     run = partial(_loco_run, inputs, drafted, depths=depths, depth_edges=depth_edges,
-                  depth_copy_edges=depth_copy_edges, proposals=proposals, **fit_options)
+                  depth_copy_edges=depth_copy_edges, proposals=proposals, memo={}, **fit_options)
     return run(without=without, min_categories=min_categories, logliks=logliks, rerun=run)
 
 
-def _loco_run(inputs: "LocoInputs", drafted, *, depths, depth_edges, depth_copy_edges, proposals, without=(),
-              min_categories: int = 3, logliks: bool = True, rerun=None, **fit_options) -> LocoTransfer:
-    """``loco_transfer`` on inputs read once, ``without`` categories left out of everything."""
+def _loco_run(inputs: "LocoInputs", drafted, *, depths, depth_edges, depth_copy_edges, proposals, memo: dict,
+              without=(), min_categories: int = 3, logliks: bool = True, rerun=None, **fit_options) -> LocoTransfer:
+    """``loco_transfer`` on inputs read once, ``without`` categories left out of everything. ``memo``, kept across
+    reruns: each law by the categories it was fitted without, each category's rows to predict."""
     fam, _, rounds, B, _, counts, categories, seqs = inputs
     if without:
         counts, seqs = counts.loc[~counts["category"].isin(without)], seqs.loc[~seqs["category"].isin(without)]
@@ -597,14 +602,16 @@ def _loco_run(inputs: "LocoInputs", drafted, *, depths, depth_edges, depth_copy_
     out = []
     for cat in categories:
         train, test = counts.loc[counts["category"] != cat], counts.loc[counts["category"] == cat]
-        loco = fit_law(train, fam, **fit_options)
+        left_out = frozenset((*without, cat))  # rerun(without=(a,)) fold b fits the law of rerun((b,)) fold a
+        loco = memo[left_out] if left_out in memo else memo.setdefault(left_out, fit_law(train, fam, **fit_options))
         held_out = _held_out_logliks(loco, fit_law(test, fam, **fit_options), test) if logliks else {}
         model = (TrainingDepthModel.fit(drafted_h.loc[drafted_h["category"] != cat], drafts, edges=depth_edges,
                                         copy_edges=depth_copy_edges) if depths == "training" else None)
         pred = predict_requests(loco, seqs.loc[seqs["category"] == cat], B, depths=dp_depths,
                                 drafted=None if depths in ("training", "replayed") else drafted,
                                 depth_edges=depth_edges, depth_model=model, proposals=proposals,
-                                depth_only_acceptance=depth_only_acceptance(train, drafts))
+                                depth_only_acceptance=depth_only_acceptance(train, drafts),
+                                shared=memo.setdefault(("rows", cat), {}))
         summary, _ = _block_summary(pred, observed, drafts)
         out.append({**_loco_row(cat, summary.iloc[0]), **held_out})
     summary = pd.DataFrame(out).set_index("category")
