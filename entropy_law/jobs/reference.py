@@ -7,8 +7,7 @@
    teacher-forced target pass per prompt; replayed runs record ``replayed: true`` and ``replayed_from``.
 
 Every step resumes an existing run directory. An arm whose block drafter checkpoint is missing is skipped
-with a message. Also the workload replays of an arm (``workload_rounds`` and friends) used by ``payoff``.
-"""
+with a message. Also the workload replays of an arm (``workload_rounds`` and friends) used by ``payoff``."""
 
 from __future__ import annotations
 

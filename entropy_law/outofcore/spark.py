@@ -8,8 +8,7 @@ table as ``runs``, one query over all of them (Spark partitions the work itself;
 and the rows finished by the DuckDB path's own code (``driver._finish``, ``summaries._summary_frame`` /
 ``_curve_frame``), so both engines return the same tables. ``local_session`` starts a local-mode session; on a
 cluster pass your own (``docs/out-of-core.md``). The streamed fit is DuckDB's (``fit_law_out_of_core``); the
-cells computed here are what ``fit_law`` takes. pyspark is imported when a session starts (the ``[spark]`` extra).
-"""
+cells computed here are what ``fit_law`` takes. pyspark is imported when a session starts (the ``[spark]`` extra)."""
 
 from __future__ import annotations
 

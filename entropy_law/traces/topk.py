@@ -9,8 +9,7 @@ With ``p_1 >= ... >= p_k`` known, tail mass ``T = 1 - sum p_i`` on ``m = V - k``
 (attained, as ``T / m <= p_k``); both are attained, so they are the exact range of H given the top k, and
 ``k = V`` makes them the exact entropy. Point estimates (``POINT_ESTIMATES``): ``"geometric"`` (the tail
 ``q_j = p_k rho^j``, ``rho = T / (T + p_k)``, clipped into the bounds) or ``"midpoint"``. The formulas:
-``docs/trace-schema.md``. numpy only.
-"""
+``docs/trace-schema.md``. numpy only."""
 
 from __future__ import annotations
 
