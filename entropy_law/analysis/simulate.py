@@ -129,8 +129,6 @@ class SimulatedTraces:
         return np.exp(-rate * (np.asarray(entropy_nats, dtype=float) + t["eps"]) ** spec["k"])
 
 
-# ---------------------------------------------------------------- entropy -> distribution summary
-
 _VOCAB_SIZES = np.array([8, 32, 128, 512, 2048, 8192, 49152])
 
 
@@ -202,9 +200,6 @@ def simulate_entropy_sequences(profile: CategoryProfile, n_requests: int, length
     high_h = profile.high_median_nats * np.exp(profile.high_sigma * z)
     low_h = profile.low_median_nats * np.exp(profile.low_sigma * rng.standard_normal((n_requests, length)))
     return np.clip(np.where(low, low_h, high_h), 1e-7, 10.0)
-
-
-# ---------------------------------------------------------------- rounds
 
 
 def _simulate_run(*, run_id, entropy, lengths, categories_of, request_ids, accept_fn, depth, nodes, block_size, costs, rng,

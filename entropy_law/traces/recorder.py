@@ -500,7 +500,6 @@ class TraceRecorder:
                       UserWarning, stacklevel=4)
         return moved
 
-    # -- life cycle ---------------------------------------------------------------------------------
     def __enter__(self) -> "TraceRecorder":
         return self
 
@@ -598,7 +597,6 @@ class TraceRecorder:
         if self._finished:
             raise RuntimeError(f"trace run {self.path} is finished; open a new TraceRecorder (resume=True) to add to it")
 
-    # -- per-request logging --------------------------------------------------------------------------
     def begin_request(self, request_id, *, category, dataset="", question_id="", prompt_tokens=0,
                       image_tokens=0, prompt_ids=None) -> None:
         """Open a request (buffered until ``end_request``); ``prompt_ids`` give ``context_match`` (else null)."""
@@ -763,7 +761,6 @@ class TraceRecorder:
                 self.flush_every_requests is not None and len(self._pending) >= self.flush_every_requests):
             self.flush()
 
-    # -- writing ----------------------------------------------------------------------------------------
     def _build_tables(self, pending: list[_OpenRequest]) -> dict[str, pa.Table]:
         run_id = self.run_id
         n_req = len(pending)
@@ -885,7 +882,6 @@ class TraceRecorder:
         self._finished = True
         self._release_lock()
 
-    # -- bulk path ----------------------------------------------------------------------------------------
     def log_columns(self, *, tokens=None, rounds=None, requests=None) -> None:
         """Write complete requests given as v1 columns (dicts of arrays or pyarrow Tables; a missing table: no rows)
         as one shard, after checking values and cross-table consistency; ``run_id`` is filled in when absent."""
