@@ -1,8 +1,7 @@
 """Simulated traces (format v1 columns) drawn from a known entropy law, for tests and power studies.
 
 Bursty entropy sequences (a two-state Markov regime); depth d accepted at entropy H with probability
-exp(-lambda_d s_drafter exp(c_category) (H + eps)^k_drafter); timings from a toy cost model (``SimCosts``). No torch.
-"""
+exp(-lambda_d s_drafter exp(c_category) (H + eps)^k_drafter); timings from a toy cost model (``SimCosts``). No torch."""
 
 from __future__ import annotations
 
@@ -130,8 +129,6 @@ class SimulatedTraces:
         return np.exp(-rate * (np.asarray(entropy_nats, dtype=float) + t["eps"]) ** spec["k"])
 
 
-# ---------------------------------------------------------------- entropy -> distribution summary
-
 _VOCAB_SIZES = np.array([8, 32, 128, 512, 2048, 8192, 49152])
 
 
@@ -203,9 +200,6 @@ def simulate_entropy_sequences(profile: CategoryProfile, n_requests: int, length
     high_h = profile.high_median_nats * np.exp(profile.high_sigma * z)
     low_h = profile.low_median_nats * np.exp(profile.low_sigma * rng.standard_normal((n_requests, length)))
     return np.clip(np.where(low, low_h, high_h), 1e-7, 10.0)
-
-
-# ---------------------------------------------------------------- rounds
 
 
 def _simulate_run(*, run_id, entropy, lengths, categories_of, request_ids, accept_fn, depth, nodes, block_size, costs, rng,
@@ -318,8 +312,7 @@ def simulate_traces(*, seed: int, n_requests_per_category: int = 40,
 
     ``categories``: names or name -> ``CategoryProfile``. ``lambda_d``: one rate or one per depth. ``category_effects``:
     log-rate shift per category. ``block_depths``: a ``DepthSpec`` (else full blocks); ``tree``: also a tree drafter;
-    ``include_ar``: also an AR run. Output lengths uniform in ``tokens_per_request``.
-    """
+    ``include_ar``: also an AR run. Output lengths uniform in ``tokens_per_request``."""
     rng = np.random.default_rng(seed)
     profiles, category_effects = _checked_profiles(categories, category_effects, n_requests_per_category, block_size)
     if isinstance(tree, Mapping):

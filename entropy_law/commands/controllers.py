@@ -30,10 +30,6 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def _ar_run(path: Path) -> Path:
-    return path / "ar" if (path / "ar").is_dir() else path
-
-
 def compare(args) -> tuple:
     """(the rows, the per-category table, the cost curve): every configuration replayed over ``args.traces``."""
     import pandas as pd
@@ -64,7 +60,7 @@ def compare(args) -> tuple:
     target = load_target(arm_meta.get("model_id") or "smollm2-135m")
     frames = []
     for trace_set in map(Path, args.traces):
-        ar = _ar_run(trace_set)
+        ar = trace_set / "ar" if (trace_set / "ar").is_dir() else trace_set
         requests = load_traces(ar).requests
         requests = requests.loc[requests["prompt_tokens"] >= getattr(args, "min_prompt_tokens", 0)]
         if requests.empty:

@@ -1,17 +1,15 @@
 """The draft-length controllers serving engines and papers ship, as round policies (``round.RoundPolicy``).
 
-Each is a short class with its published rule; where a constant is the source's default it says so, and where the
-source gives none (or we could not check it) the constant is ours and the docstring says that too. All of them only
-choose which drafted nodes are verified, so the output stays the greedy output. State a controller carries from round
-to round lives in its decision (``Round.policy``, read back from ``history``) or is rebuilt from ``history`` each
-round, so a controller replayed (``replay.replay_rounds``) makes its online rounds.
+Each is a short class with its published rule; its docstring says which constants are the source's and which are
+ours. They only choose which drafted nodes are verified, so the output stays the greedy output. State carried from
+round to round lives in the decision (``Round.policy``, read back from ``history``) or is rebuilt from ``history``,
+so a controller replayed (``replay.replay_rounds``) makes its online rounds.
 
 Each class's ``information`` names what it reads: ``BEFORE_DRAFTING`` (the committed entropies and the request's own
 history), ``BEFORE_VERIFYING`` (that and the drafter's proposal: its confidences or its distribution).
 
 Not known here: the law policy (``policy``), the gates (``gate``), the harness that compares them all
-(``entropy_law.jobs.controllers``).
-"""
+(``entropy_law.jobs.controllers``)."""
 
 from __future__ import annotations
 
@@ -164,8 +162,7 @@ class AcceptLengthEMA(Controller):
     about ``round(ema) + 1``, with hysteresis: it steps up to the tier of ``round(ema - up) + 1`` and down to that of
     ``round(ema - down) + 1`` (our reading of the offsets), else stays. ``up`` 0.0 and ``down`` -0.25 as in an
     adaptive config quoted on the tracker (ormandj/sglang-glm53-flash-sm120#10); the EMA weight 0.2 and the start at
-    the middle tier are ours. The
-    engine keeps one EMA across requests; here it starts afresh with each request (replayable request by request)."""
+    the middle tier are ours. The engine keeps one EMA across requests; here it starts afresh with each request."""
 
     def __init__(self, tiers: Sequence[int] = (1, 3, 7), alpha: float = 0.2, up: float = 0.0, down: float = -0.25):
         self.tiers, self.alpha, self.up, self.down = sorted(int(t) for t in tiers), float(alpha), float(up), float(down)

@@ -3,8 +3,7 @@
 The record of a round (``Round``), the decision interface of every drafting policy (``RoundPolicy``), the rules
 every round obeys (``RoundRules``) and the round itself (``play_round``). Its two drivers differ only in where the
 next correct token comes from: the target's argmax (``decoder.SpeculativeDecoder``) or the recorded greedy output
-(``replay.replay_rounds``), so a replay with the same drafter and rules makes exactly the online rounds.
-"""
+(``replay.replay_rounds``), so a replay with the same drafter and rules makes exactly the online rounds."""
 
 from __future__ import annotations
 
@@ -76,8 +75,7 @@ class RoundPolicy(Protocol):
       an ancestor-closed subtree to verify (empty: a plain step) and its expected accepted drafts.
     - ``observe(entropies, n_output, target_logits)``: extend ``entropies`` with the newly committed positions
       (``target_logits`` ``None`` in replay, where they are given up front).
-    - ``to_config()``: its settings as stored with a run.
-    """
+    - ``to_config()``: its settings as stored with a run."""
 
     def bind(self, adapter, drafter) -> "RoundPolicy": ...
 
@@ -253,15 +251,11 @@ def now_ms() -> float:
     return time.perf_counter() * 1000.0
 
 
-def _no_clock() -> float:
-    return 0.0
-
-
 def play_round(state: RequestState, rules: RoundRules, propose: Callable[[list[int]], DraftProposal | None],
                verifier: Verifier, *, timed: bool = True) -> Round:
     """One speculative round: draft -> plan the tree -> verify -> walk -> commit (+ the bonus token).
     ``propose(tokens)`` drafts after the prompt + committed output (``None``: no draft). Updates ``state``."""
-    clock = now_ms if timed else _no_clock
+    clock = now_ms if timed else (lambda: 0.0)
     t0 = clock()
     remaining = state.max_new_tokens - len(state.output)  # tokens this request may still commit
     context = state.prompt_ids + state.output

@@ -5,8 +5,7 @@
   ``anchor + k`` and sees its block and the context before the anchor. Head: the target's, referenced, never saved.
 - Optional: a reduced draft vocabulary (``context_vocab``) and a copy head (``copy_mix``), both reading only tokens
   at or before the anchor. Modes: ``begin``/``propose`` (the ``Drafter`` protocol) and ``block_logits`` (training
-  and replay: every anchor in one pass).
-"""
+  and replay: every anchor in one pass)."""
 
 from __future__ import annotations
 
@@ -312,7 +311,6 @@ class BlockDrafter(nn.Module):
         self.block_size = cfg.block_size
         self.reset()
 
-    # ------------------------------------------------------------------ shared pieces
     def fuse(self, features: torch.Tensor) -> torch.Tensor:
         """``[..., n*H]`` target features -> ``[..., H]`` context rows (fc + RMSNorm)."""
         w = self.fc.weight
@@ -472,7 +470,6 @@ class BlockDrafter(nn.Module):
                              "vocab=sequence_vocab(input_ids) (or None)")
         return cols
 
-    # ------------------------------------------------------------------ training / replay mode
     def block_logits(self, input_ids: torch.Tensor, features: torch.Tensor, anchors: torch.Tensor,
                      anchor_valid: torch.Tensor | None = None, *, vocab: torch.Tensor | None = None,
                      return_copy: bool = False):
@@ -534,7 +531,6 @@ class BlockDrafter(nn.Module):
             copy = None
         return (logits, copy) if return_copy else logits
 
-    # ------------------------------------------------------------------ inference mode (Drafter protocol)
     def reset(self) -> None:
         self._ctx_k: list[torch.Tensor | None] = [None] * len(self.layers)
         self._ctx_v: list[torch.Tensor | None] = [None] * len(self.layers)
@@ -647,7 +643,6 @@ class BlockDrafter(nn.Module):
         return DraftProposal(tokens=self.draft_tokens(top_index, vocab), logprobs=top_lp,
                              logits=self.to_full_vocab(logits, vocab=vocab))
 
-    # ------------------------------------------------------------------ checkpoints
     def save(self, path: str | Path, *, dtype: torch.dtype = torch.float16, metadata: dict | None = None) -> Path:
         """Write a safetensors checkpoint (drafter weights only, stored in ``dtype``) with the config inside."""
         path = Path(path)

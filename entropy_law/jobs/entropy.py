@@ -2,8 +2,7 @@
 
 Packed forwards of at most ``batch_tokens`` tokens over prompt + output; rounds from the engine's per-step
 counts. A request whose ids do not fit the target keeps its request row only (``entropy.unscored``). Resumable;
-in place (no ``out``) the run is written to a hidden folder and swapped in by two renames, keeping its ``run_id``.
-"""
+in place (no ``out``) the run is written to a hidden folder and swapped in by two renames, keeping its ``run_id``."""
 
 from __future__ import annotations
 
@@ -95,8 +94,6 @@ class EntropySummary:
         return out
 
 
-# -- the plan: paths, checks, requests ----------------------------------------------------------------------
-
 @dataclass
 class _Plan:
     run_dir: Path
@@ -175,8 +172,6 @@ def check_entropy_run(run_dir, *, out=None, break_lock: bool = False, flush_ever
         raise ValueError(f"{plan.stage} holds another trace run, not this import's statistics; pick another --out")
 
 
-# -- prompt ids ---------------------------------------------------------------------------------------------
-
 def prompt_ids_of(record: ImportedRequest, tokenizer) -> list[int]:
     """The prompt's token ids: the engine's, else the prompt text tokenized (special tokens added) or chat
     messages through the chat template; ``ValueError`` with the reason when none fits the engine's count."""
@@ -210,8 +205,6 @@ def _check_fits(prompt: list[int], output: list[int], vocab: int, context: int |
     if context is not None and length > context:
         raise ValueError(f"prompt + output is {length} tokens, longer than the target's context ({context})")
 
-
-# -- the forward passes -------------------------------------------------------------------------------------
 
 def plan_batches(lengths: Sequence[int], outputs: Sequence[int], batch_tokens: int, vocab: int) -> list[list[int]]:
     """Indices of requests per forward: sorted by length, packed while the padded batch holds at most
@@ -255,8 +248,6 @@ def logit_stats(logits: torch.Tensor) -> dict[str, np.ndarray]:
     parts = [distribution_stats(logits[start:start + STATS_ROWS]) for start in range(0, logits.shape[0], STATS_ROWS)]
     return {key: torch.cat([p[key] for p in parts]).float().cpu().numpy() for key in TARGET_STAT_KEYS}
 
-
-# -- the job ------------------------------------------------------------------------------------------------
 
 def compute_target_stats(run_dir, target, *, out=None, model_id: str | None = None,
                          batch_tokens: int = DEFAULT_BATCH_TOKENS, flush_every: int = DEFAULT_FLUSH_EVERY,

@@ -1,14 +1,13 @@
 """Reference traces (``data/traces/``): one greedy decode per prompt, every other arm replayed offline.
 
-1. Online (timed): each prompt decoded once with the n-gram drafter into ``<out>/ngram/``; lossless
-   decoding makes its output the target's greedy output whatever the drafter.
+1. Online (timed): each prompt decoded once with the n-gram drafter into ``<out>/ngram/``; lossless decoding makes
+   its output the target's greedy output whatever the drafter.
 2. AR timing (optional): the first ``ar_limit`` prompts per category decoded by AR into ``<out>/ar/``.
-3. Replay (no timings): every other arm simulated on the greedy output (``decoding.replay``) from one
-   teacher-forced target pass per prompt; replayed runs record ``replayed: true`` and ``replayed_from``.
+3. Replay (no timings): every other arm simulated on the greedy output (``decoding.replay``) from one teacher-forced
+   target pass per prompt; replayed runs record ``replayed: true`` and ``replayed_from``.
 
-Every step resumes an existing run directory. An arm whose block drafter checkpoint is missing is skipped
-with a message. Also the workload replays of an arm (``workload_rounds`` and friends) used by ``payoff``.
-"""
+Every step resumes an existing run directory; an arm whose block drafter checkpoint is missing is skipped with a
+message. Also the workload replays of an arm (``workload_rounds`` and friends) used by ``payoff``."""
 
 from __future__ import annotations
 

@@ -1,15 +1,12 @@
 """The out-of-core aggregation and the report's summaries on Spark: the same SQL text, run by Spark SQL.
 
-Known here: how the queries of ``outofcore.sql`` (``at_risk_sql``) and ``outofcore.summaries`` (``SUMMARY_SQL``,
-the acceptance curve) run on a Spark session: the shards of the selected runs found and checked as every reader
-checks them (``driver._shards``: ``load_traces`` applies ``validation.check_run_shards``, and the arms are checked
-as on DuckDB), their Parquet files registered as the views ``tokens``, ``rounds`` and ``requests`` and the runs
-table as ``runs``, one query over all of them (Spark partitions the work itself; every window lies in one request),
-and the rows finished by the DuckDB path's own code (``driver._finish``, ``summaries._summary_frame`` /
-``_curve_frame``), so both engines return the same tables. ``local_session`` starts a local-mode session; on a
-cluster pass your own (``docs/out-of-core.md``). The streamed fit is DuckDB's (``fit_law_out_of_core``); the
-cells computed here are what ``fit_law`` takes. pyspark is imported when a session starts (the ``[spark]`` extra).
-"""
+The queries of ``outofcore.sql`` (``at_risk_sql``) and ``outofcore.summaries`` (``SUMMARY_SQL``, the acceptance curve)
+run as one query each over the selected runs' shards, found and checked as on DuckDB (``driver._shards``) and
+registered as the views ``tokens``, ``rounds``, ``requests`` and ``runs`` (every window lies in one request, so Spark
+may partition freely); the rows are finished by the DuckDB path's own code (``driver._finish``,
+``summaries._summary_frame`` / ``_curve_frame``), so both engines return the same tables. ``local_session`` starts a
+local-mode session; on a cluster pass your own (``docs/out-of-core.md``). The streamed fit is DuckDB's
+(``fit_law_out_of_core``). pyspark is imported when a session starts (the ``[spark]`` extra)."""
 
 from __future__ import annotations
 

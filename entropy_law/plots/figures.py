@@ -1,8 +1,7 @@
 """Plot functions, one per figure of the entropy law: data first, keyword-only options, ``ax=None -> ax``.
 
 Inputs are plain DataFrames (trace columns, at-risk tables of ``law.atrisk``) and fitted laws; the ``*_table``
-helpers return the binning and intervals behind a figure so its numbers can be checked.
-"""
+helpers return the binning and intervals behind a figure so its numbers can be checked."""
 
 from __future__ import annotations
 
@@ -38,7 +37,6 @@ def _yerr(estimate, low, high) -> np.ndarray:
     return np.clip(np.vstack([estimate - low, high - estimate]), 0, None)
 
 
-# ------------------------------------------------------------------ F1 entropy distributions
 def entropy_distributions(tokens: pd.DataFrame, *, eps: float = EPS_NATS, ax=None):
     """ECDF of the target entropy (log axis, ``H + eps``) per category, medians marked."""
     ax = new_axes(ax)
@@ -58,7 +56,6 @@ def entropy_distributions(tokens: pd.DataFrame, *, eps: float = EPS_NATS, ax=Non
     return ax
 
 
-# ------------------------------------------------------------------ F2 the law
 def binned_acceptance_table(at_risk: pd.DataFrame, *, depth: int | str = 1, n_bins: int = 20,
                             by: str = "category", level: float = 0.95) -> pd.DataFrame:
     """Acceptance per entropy bin (quantile bins of H over the selected rows) and ``by`` group: ``n``, ``accepted``,
@@ -111,7 +108,6 @@ def binned_acceptance(table: pd.DataFrame, *, law=None, depth: int | str = 1, h_
     return ax
 
 
-# ------------------------------------------------------------------ F3 depth structure
 def survival_table(at_risk: pd.DataFrame, *, by: str = "category") -> pd.DataFrame:
     """Product-limit survival S(k) = P(tau >= k) = prod_{d <= k} a_d with a_d = accepted / at risk at
     depth d, and a Greenwood 95% band (on log S), per ``by`` group; ``k = 0`` has S = 1."""
@@ -146,7 +142,6 @@ def survival_by_depth(at_risk: pd.DataFrame, *, ax=None):
     return ax
 
 
-# ------------------------------------------------------------------ F4 block-level law
 def _accepted_per_round(tokens, rounds, drafting):
     """(tokens - rounds) / drafting rounds: accepted drafts per drafting round (``drafting`` None: per round)."""
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -221,7 +216,6 @@ def loco_predicted_vs_observed(loco: pd.DataFrame, *, ax=None):
     return ax
 
 
-# ------------------------------------------------------------------ F6 calibration
 def calibration_table(accepted: np.ndarray, predicted: np.ndarray, *, n_bins: int = 10) -> pd.DataFrame:
     """Reliability: quantile bins of the predicted acceptance; mean prediction, observed rate, Wilson CI."""
     accepted, predicted = np.asarray(accepted, int), np.asarray(predicted, float)
@@ -261,7 +255,6 @@ def calibration(at_risk: pd.DataFrame, predicted: np.ndarray, *, n_bins: int = 1
     return ax
 
 
-# ------------------------------------------------------------------ F7 law comparison
 def law_comparison(summary: pd.DataFrame, *, ax=None):
     """Held-out log-loss per at-risk trial relative to the best family (0 = best), ±1.96 SE over
     requests. ``summary``: ``compare_laws(...).summary`` (index: family; ``delta_vs_best``, ``delta_se``)."""
@@ -275,7 +268,6 @@ def law_comparison(summary: pd.DataFrame, *, ax=None):
     return ax
 
 
-# ------------------------------------------------------------------ F8 when drafting pays
 def speedup_vs_entropy(curve: pd.DataFrame, *, breakeven: tuple | None = None, observed: pd.DataFrame | None = None,
                        label: str | None = None, color=None, ax=None):
     """Predicted speedup at constant entropy (``curve``: ``entropy_nats``, ``estimate``, optional ``ci_low`` /
@@ -307,7 +299,6 @@ def speedup_vs_entropy(curve: pd.DataFrame, *, breakeven: tuple | None = None, o
     return ax
 
 
-# ------------------------------------------------------------------ F9 one response
 def example_response(tokens: pd.DataFrame, rounds: pd.DataFrame, *, max_positions: int | None = None, ax=None):
     """One response: target entropy per output position (bars) with each round's accepted drafts shaded (alternating
     shades per round), corrections marked. ``tokens`` / ``rounds``: trace rows of ONE request of one run."""

@@ -1,16 +1,14 @@
 """Target entropy from the top-k log-probabilities an engine returns: exact bounds and a point estimate.
 
 Defines the tokens columns ``target_entropy_lower_nats``, ``target_entropy_upper_nats``,
-``target_entropy_estimate_nats`` and ``target_topk`` (``docs/trace-schema.md``), vectorised over positions, and
-the checks such input must pass. Knows no engine's field names (``entropy_law.importers``), files or tables.
-With ``p_1 >= ... >= p_k`` known, tail mass ``T = 1 - sum p_i`` on ``m = V - k`` tokens each at most ``p_k``
-(admissible only when ``T <= m p_k``): the lower bound packs the tail into as few tokens at ``p_k`` as possible
-(a concave function's minimum over the polytope of tails lies at a vertex), the upper bound spreads it evenly
-(attained, as ``T / m <= p_k``); both are attained, so they are the exact range of H given the top k, and
-``k = V`` makes them the exact entropy. Point estimates (``POINT_ESTIMATES``): ``"geometric"`` (the tail
-``q_j = p_k rho^j``, ``rho = T / (T + p_k)``, clipped into the bounds) or ``"midpoint"``. The formulas:
-``docs/trace-schema.md``. numpy only.
-"""
+``target_entropy_estimate_nats`` and ``target_topk`` (``docs/trace-schema.md``), vectorised over positions, and the
+checks such input must pass. Knows no engine's field names (``entropy_law.importers``), files or tables. With
+``p_1 >= ... >= p_k`` known, tail mass ``T = 1 - sum p_i`` on ``m = V - k`` tokens each at most ``p_k`` (admissible only
+when ``T <= m p_k``): the lower bound packs the tail into as few tokens at ``p_k`` as possible (a concave function's
+minimum over the polytope of tails lies at a vertex), the upper bound spreads it evenly (attained, as ``T / m <= p_k``);
+both are attained, so they are the exact range of H given the top k, and ``k = V`` makes them the exact entropy. Point
+estimates (``POINT_ESTIMATES``): ``"geometric"`` (the tail ``q_j = p_k rho^j``, ``rho = T / (T + p_k)``, clipped into
+the bounds) or ``"midpoint"``. The formulas: ``docs/trace-schema.md``. numpy only."""
 
 from __future__ import annotations
 

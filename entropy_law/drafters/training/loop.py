@@ -1,8 +1,7 @@
 """Training the block drafter on self-distilled data, and its held-out chain acceptance (offline replay).
 
 Slot ``k`` at a sampled anchor is labelled with the token at ``anchor + k``; loss: cross-entropy decayed by
-``exp(-(k-1)/gamma)``, optionally mixed with KL to the target's top-k, plus a copy-pointer loss. Seeded, resumable.
-"""
+``exp(-(k-1)/gamma)``, optionally mixed with KL to the target's top-k, plus a copy-pointer loss. Seeded, resumable."""
 
 from __future__ import annotations
 
@@ -83,7 +82,6 @@ def draft_vocabulary(samples: Sequence[dict], base: int, vocab_size: int) -> lis
     return sorted(ids)
 
 
-# ---------------------------------------------------------------------------------------------- pieces
 def sample_anchors(prompt_len: int, seq_len: int, n: int, generator: torch.Generator):
     """``(anchors [n], valid [n])``: up to ``n`` distinct sorted anchors, uniform among response positions
     ``prompt_len .. seq_len-2``; padding anchors are 0 and invalid."""
@@ -171,7 +169,6 @@ def accepted_drafts(draft_ids: torch.Tensor, labels: torch.Tensor) -> torch.Tens
     return hit.long().cumprod(dim=-1).sum(dim=-1)
 
 
-# ---------------------------------------------------------------------------------------------- init
 def target_source_layers(drafter: BlockDrafter, num_target_layers: int) -> list[int]:
     """The target layers ``init_from_target`` copies: those right after the deepest feature layer (they read
     its output), shifted back to the last ``num_layers`` layers where the target ends first."""
@@ -271,7 +268,6 @@ def init_from_checkpoint(drafter: BlockDrafter, path: str | Path) -> dict:
     return {"init_from": path.name, "init_from_sha256": file_sha256(path), "fresh_weights": sorted(missing)}
 
 
-# ---------------------------------------------------------------------------------------------- batches
 def collate(samples: Sequence[dict], *, soft: bool = False) -> dict:
     """Pad samples (``input_ids``, ``features`` rows ``0..len-2``, ``prompt_len``); ``soft``: also ``soft_ids``
     (-1: none) and ``soft_logp`` (-inf: none) ``[b, S, K]`` by absolute position from ``topk_ids`` / ``_logprobs``."""
@@ -364,7 +360,6 @@ def forward_train(drafter: BlockDrafter, batch: dict, *, anchors_per_seq: int, g
     return loss, metrics
 
 
-# ---------------------------------------------------------------------------------------------- held-out
 def heldout_acceptance(drafter: BlockDrafter, samples: Sequence[dict]) -> dict:
     """Mean committed tokens per chain round (tau + 1) over held-out samples, overall and per source."""
     per_source: dict[str, list[int]] = {}
@@ -382,7 +377,6 @@ def heldout_acceptance(drafter: BlockDrafter, samples: Sequence[dict]) -> dict:
             "per_source": {k: round(sum(v) / len(v), 3) for k, v in sorted(per_source.items())}}
 
 
-# ---------------------------------------------------------------------------------------------- loop
 def lr_at(step: int, cfg: TrainConfig) -> float:
     """Linear warm-up to ``lr`` then cosine decay to ``min_lr_frac * lr`` at ``steps``."""
     warm = max(1, int(cfg.warmup_frac * cfg.steps))
