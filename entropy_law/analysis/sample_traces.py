@@ -1,6 +1,7 @@
 """Where the figures, notebooks and reports find traces: the reference traces (``data/traces/`` or
 ``$ENTROPY_LAW_TRACES``), else traces simulated from a known law and written through ``TraceRecorder`` as a
-decoder would, labelled ``model_id = "simulated"``. No torch."""
+decoder would, labelled ``model_id = "simulated"``. No torch.
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """Simulated traces (format v1 columns) drawn from a known entropy law, for tests and power studies.
 
 Bursty entropy sequences (a two-state Markov regime); depth d accepted at entropy H with probability
-exp(-lambda_d s_drafter exp(c_category) (H + eps)^k_drafter); timings from a toy cost model (``SimCosts``). No torch."""
+exp(-lambda_d s_drafter exp(c_category) (H + eps)^k_drafter); timings from a toy cost model (``SimCosts``). No torch.
+"""
 
 from __future__ import annotations
 
@@ -312,7 +313,8 @@ def simulate_traces(*, seed: int, n_requests_per_category: int = 40,
 
     ``categories``: names or name -> ``CategoryProfile``. ``lambda_d``: one rate or one per depth. ``category_effects``:
     log-rate shift per category. ``block_depths``: a ``DepthSpec`` (else full blocks); ``tree``: also a tree drafter;
-    ``include_ar``: also an AR run. Output lengths uniform in ``tokens_per_request``."""
+    ``include_ar``: also an AR run. Output lengths uniform in ``tokens_per_request``.
+    """
     rng = np.random.default_rng(seed)
     profiles, category_effects = _checked_profiles(categories, category_effects, n_requests_per_category, block_size)
     if isinstance(tree, Mapping):

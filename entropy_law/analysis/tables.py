@@ -1,6 +1,7 @@
 """The tables the report, the figures and the notebooks show of a ``TraceAnalysis``: per arm and category the
 results (``results_table``), per arm the law's parameters with the break-even entropy (``law_table``), and how an
-estimate with its interval is printed (``format_interval``)."""
+estimate with its interval is printed (``format_interval``).
+"""
 
 from __future__ import annotations
 

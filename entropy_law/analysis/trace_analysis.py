@@ -1,7 +1,8 @@
 """``TraceAnalysis``: one trace set analysed once, for the figures, the report, the demo and the notebooks.
 
 A thin facade: each method calls one function of the rooms, whose docstring states the contract; results are
-cached per arm. ``attempt`` turns an error into a readable note instead of a crash."""
+cached per arm. ``attempt`` turns an error into a readable note instead of a crash.
+"""
 
 from __future__ import annotations
 

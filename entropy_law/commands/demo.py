@@ -1,5 +1,6 @@
 """``entropy-law demo``: the main job on the embedded default target, end to end, in minutes (``jobs.demo.run_demo``);
-prints one screen (``screen_lines``, at most ``SCREEN_COLUMNS`` wide), the detail goes to ``summary.txt``."""
+prints one screen (``screen_lines``, at most ``SCREEN_COLUMNS`` wide), the detail goes to ``summary.txt``.
+"""
 
 from __future__ import annotations
 
@@ -65,7 +66,8 @@ def run(args) -> int:
     result = run_demo(plan, progress=not args.no_progress)
     total_s = time.perf_counter() - t0
     print()
-    print("\n".join(screen_lines(result, model=args.model, chat_template=not args.no_chat_template, total_s=total_s)))
+    print("\n".join(screen_lines(result, model=args.model, chat_template=not args.no_chat_template,
+                                  total_s=total_s)))
     with open(result.run_dir / "summary.txt", "a", encoding="utf-8") as summary:  # the detail's last lines
         summary.write(f"total {total_s:.0f} s (incl. model load)\n"
                       f"{next_steps(args.model, result.trace_dir, chat_template=not args.no_chat_template)}\n")
@@ -81,7 +83,8 @@ def screen_lines(result, *, model: str, chat_template: bool, total_s: float) -> 
     two commands that ask the same question of the user's own prompts."""
     t = result.timings_s
     lines = [*result.answer_lines]
-    lines += [textwrap.shorten(f"note: {m}", SCREEN_COLUMNS, placeholder=" ... (summary.txt)") for m in result.messages]
+    lines += [textwrap.shorten(f"note: {m}", SCREEN_COLUMNS, placeholder=" ... (summary.txt)")
+              for m in result.messages]
     report = "" if result.report_path is None else f", {Path(result.report_path).name}"
     where = [f"{result.run_dir}/: summary.txt (the detail){report}",
              f"decode {t['decode_s']:.0f} s, total {total_s:.0f} s"]

@@ -1,5 +1,6 @@
 """``entropy-law export --format glance|specbench RUN [RUN ...] > out.jsonl``: a trace run as GLANCE's round log
-(``importers.glance.export_glance_rounds``) or Spec-Bench's answer file (``importers.specbench``)."""
+(``importers.glance.export_glance_rounds``) or Spec-Bench's answer file (``importers.specbench``).
+"""
 
 from __future__ import annotations
 

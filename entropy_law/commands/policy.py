@@ -1,6 +1,7 @@
 """``entropy-law policy``: fit a per-round law policy for one drafting arm (``payoff.policy.fit_policy``, with the
 AR runs beside it for the drafter's cost where timed) and save it, or combine two with ``--hybrid``. The file is what
-``predict --replay-rounds --policy`` prices and ``record --policy law --policy-law`` decodes with."""
+``predict --replay-rounds --policy`` prices and ``record --policy law --policy-law`` decodes with.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """``entropy-law record``: decode benchmark prompts with one arm and write its trace run (``jobs.record.record_arms``);
-a failing request is recorded with stop reason "error" and logged, and the run goes on. Details: docs/cli.md."""
+a failing request is recorded with stop reason "error" and logged, and the run goes on. Details: docs/cli.md.
+"""
 
 from __future__ import annotations
 

@@ -54,7 +54,8 @@ def run(args) -> int:
     if not args.no_memory_check:  # refuse before reading, rather than be killed for memory half way
         from entropy_law.outofcore import check_fits_in_memory
 
-        check_fits_in_memory(load_traces(args.traces, validate=False), "the report")
+        check_fits_in_memory(load_traces(args.traces, validate=False),
+                             "the report")
     traces = load_traces(args.traces)
     options = {} if args.compare_families is None else {"compare_families": tuple(args.compare_families)}
     import pandas as pd

@@ -1,5 +1,6 @@
 """``entropy-law train-drafter``: self-distilled data, target features and block-drafter training in one command;
-seeded and resumable, ``--only data`` / ``--only train`` run one half. Details: docs/cli.md."""
+seeded and resumable, ``--only data`` / ``--only train`` run one half. Details: docs/cli.md.
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """Decoding (torch): the target, the one speculative round (``round``), online decoding, offline replay, observers.
 
 Never imports ``entropy_law.law``, ``plots``, ``jobs`` or ``drafters``; it talks to the analysis only through
-trace files (``tests/test_layers.py``)."""
+trace files (``tests/test_layers.py``).
+"""
 
 from entropy_law.decoding.adapter import TargetAdapter, UnsupportedCacheLayout
 from entropy_law.decoding.assisted import AssistedRecorder

@@ -4,7 +4,8 @@ Prefill; verify a tree in one forward (committed prefix visible, tree ancestor-o
 ``commit`` keeps the accepted cache rows (gather-and-truncate, never ``DynamicCache.crop``). Sliding-window layers
 record their past so rejected rows can be dropped, then keep the last ``min(length, W - 1)`` committed positions
 as greedy ``generate`` does; hybrid models get a mask per ``config.layer_types``. ``CacheLayout`` refuses any
-other layout (``UnsupportedCacheLayout``). A VLM subclass overrides ``tree_position_ids`` and ``prefill``."""
+other layout (``UnsupportedCacheLayout``). A VLM subclass overrides ``tree_position_ids`` and ``prefill``.
+"""
 
 from __future__ import annotations
 

@@ -3,7 +3,8 @@
 The streamer sees the prompt, then each round's ``n_matches + 1`` committed ids; the target and drafter statistics
 come from one teacher-forced pass of each model afterwards. A round's draft length is the assistant's constant
 ``num_assistant_tokens`` (required, no confidence cut), capped as transformers caps it and shorter where the
-assistant's greedy draft is EOS. Assumes greedy decoding of both models, batch 1 and one tokenizer."""
+assistant's greedy draft is EOS. Assumes greedy decoding of both models, batch 1 and one tokenizer.
+"""
 
 from __future__ import annotations
 

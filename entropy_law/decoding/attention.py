@@ -3,7 +3,8 @@
 transformers' ``eager`` copies every KV head to the query heads it serves (``repeat_kv``); here those query
 heads are stacked as extra query rows instead, so each KV head is read in place with the same arithmetic and the
 logits equal ``eager``'s. Used only inside ``TargetAdapter`` forwards of a model loaded with ``eager``
-(``lean_attention``); the model's own configuration is restored after each."""
+(``lean_attention``); the model's own configuration is restored after each.
+"""
 
 from __future__ import annotations
 

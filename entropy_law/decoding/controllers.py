@@ -9,7 +9,8 @@ Each class's ``information`` names what it reads: ``BEFORE_DRAFTING`` (the commi
 history), ``BEFORE_VERIFYING`` (that and the drafter's proposal: its confidences or its distribution).
 
 Not known here: the law policy (``policy``), the gates (``gate``), the harness that compares them all
-(``entropy_law.jobs.controllers``)."""
+(``entropy_law.jobs.controllers``).
+"""
 
 from __future__ import annotations
 

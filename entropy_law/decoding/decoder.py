@@ -2,7 +2,8 @@
 
 The target verifies each round's tree in one forward; the correct token after a node is its argmax there, so the
 output is the greedy output whatever the drafter proposes. The prefill's argmax (the pending root) is round 0:
-every output position has exactly one target logit row in exactly one round."""
+every output position has exactly one target logit row in exactly one round.
+"""
 
 from __future__ import annotations
 

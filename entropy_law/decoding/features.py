@@ -2,7 +2,8 @@
 
 The feature of layer ``i`` is the output of ``decoder_layers(model)[i]`` (before the final norm); a position's
 feature vector concatenates ``layers`` in the order given, ``[rows, len(layers) * H]``. Hooks, because
-``output_hidden_states``' indexing differs across transformers versions."""
+``output_hidden_states``' indexing differs across transformers versions.
+"""
 
 from __future__ import annotations
 

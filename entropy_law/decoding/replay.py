@@ -1,7 +1,8 @@
 """Offline replay: target statistics and speculative rounds from a prompt and its greedy output.
 
 One teacher-forced target pass gives the logits at every output position; ``replay_rounds`` plays the decoder's
-own round (``round.play_round``) with the greedy output as the correct tokens. Replayed rounds report 0 ms."""
+own round (``round.play_round``) with the greedy output as the correct tokens. Replayed rounds report 0 ms.
+"""
 
 from __future__ import annotations
 

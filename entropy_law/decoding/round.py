@@ -3,7 +3,8 @@
 The record of a round (``Round``), the decision interface of every drafting policy (``RoundPolicy``), the rules
 every round obeys (``RoundRules``) and the round itself (``play_round``). Its two drivers differ only in where the
 next correct token comes from: the target's argmax (``decoder.SpeculativeDecoder``) or the recorded greedy output
-(``replay.replay_rounds``), so a replay with the same drafter and rules makes exactly the online rounds."""
+(``replay.replay_rounds``), so a replay with the same drafter and rules makes exactly the online rounds.
+"""
 
 from __future__ import annotations
 
@@ -75,7 +76,8 @@ class RoundPolicy(Protocol):
       an ancestor-closed subtree to verify (empty: a plain step) and its expected accepted drafts.
     - ``observe(entropies, n_output, target_logits)``: extend ``entropies`` with the newly committed positions
       (``target_logits`` ``None`` in replay, where they are given up front).
-    - ``to_config()``: its settings as stored with a run."""
+    - ``to_config()``: its settings as stored with a run.
+    """
 
     def bind(self, adapter, drafter) -> "RoundPolicy": ...
 

@@ -2,7 +2,8 @@
 
 Node 0 is the root (the pending token); draft node ``i`` (1-based) has ``tokens[i-1]``, ``parents[i-1]`` (an
 earlier node) and ``depths[i-1]`` (its parent's + 1). The DDTree surrogate treats a proposal's per-depth
-marginals as independent: a node's path probability is the product of its tokens'."""
+marginals as independent: a node's path probability is the product of its tokens'.
+"""
 
 from __future__ import annotations
 

@@ -3,7 +3,8 @@
 Pixels go to the prefill forward only (``attach(prompt)``); afterwards the image lives in the KV cache. Qwen's
 tree node at depth ``d`` gets ``start + d + rope_delta`` on all three M-RoPE axes (``rope_delta`` from the model's
 ``get_rope_index``); LLaVA keeps 1-D positions. ``reference_greedy`` (plain HF ``generate``) is the oracle of
-exactness. One image per prompt, batch 1; other families need a subclass."""
+exactness. One image per prompt, batch 1; other families need a subclass.
+"""
 
 from __future__ import annotations
 

@@ -5,7 +5,8 @@
   ``anchor + k`` and sees its block and the context before the anchor. Head: the target's, referenced, never saved.
 - Optional: a reduced draft vocabulary (``context_vocab``) and a copy head (``copy_mix``), both reading only tokens
   at or before the anchor. Modes: ``begin``/``propose`` (the ``Drafter`` protocol) and ``block_logits`` (training
-  and replay: every anchor in one pass)."""
+  and replay: every anchor in one pass).
+"""
 
 from __future__ import annotations
 

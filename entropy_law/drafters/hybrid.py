@@ -2,7 +2,8 @@
 
 ``HybridDrafter`` runs the block forward only when the n-gram chain's expected accepted drafts are below
 ``skip_block_at`` (or a policy routes the round, ``route``); the proposals are merged per depth
-(``merge_proposals``). Features committed while the block forward was skipped reach it at its next call."""
+(``merge_proposals``). Features committed while the block forward was skipped reach it at its next call.
+"""
 
 from __future__ import annotations
 

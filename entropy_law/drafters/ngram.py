@@ -2,7 +2,8 @@
 
 Earlier occurrences of the context's last n tokens give per-depth candidates; per (match length n, depth d) the
 hit rate per rank, shrunk towards n's pooled rate, gives the log-probabilities. The counts restart with every
-request unless ``keep_calibration``, so proposals depend only on the request's context, as replay needs."""
+request unless ``keep_calibration``, so proposals depend only on the request's context, as replay needs.
+"""
 
 from __future__ import annotations
 

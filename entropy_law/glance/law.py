@@ -3,7 +3,8 @@
 Written from GLANCE's description (``docs/law.md``), not its code. H = the target's entropy (nats) at the round root, a
 = accepted drafts, logit p = b0 - b1 H, E[a | H] in two forms: ``"code"`` min(exp(b0 - b1 H), cap) and ``"readme"`` p +
 ... + p^L, fitted by nonlinear least squares per category and pooled; b1 is reported clipped to ``B1_MAX``. ``holds()``:
-GLANCE's four conditions, b1 <= 25 checked on the estimate."""
+GLANCE's four conditions, b1 <= 25 checked on the estimate.
+"""
 
 from __future__ import annotations
 

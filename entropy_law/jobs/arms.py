@@ -2,7 +2,8 @@
 
 An AR run's drafter and tree policy are ``"none"``. The block drafter checkpoint is ``$ENTROPY_LAW_BLOCK_DRAFTER``,
 else the shipped default; ``find_block_checkpoint`` finds a recorded arm's by its SHA-256. An unavailable block
-drafter is reported (``block_drafter_status``) and the other arms go on."""
+drafter is reported (``block_drafter_status``) and the other arms go on.
+"""
 
 from __future__ import annotations
 

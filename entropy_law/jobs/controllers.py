@@ -8,7 +8,8 @@ trees, the cost gate and the replay oracle, and prices each round by one verify-
 
 The per-workload draft length (vLLM's, ``WorkloadLength``) is chosen from the per-position acceptance profile of the
 other requests: the requests are split into two seeded folds and each is decided by the other fold's profile (of its
-category, else of the whole fold), measured on the fixed tree's replayed rounds."""
+category, else of the whole fold), measured on the fixed tree's replayed rounds.
+"""
 
 from __future__ import annotations
 
@@ -118,5 +119,6 @@ def replay_controllers(workload_dir: str | Path, arm_meta: dict, target, law_par
         length = profile_length(acceptance_profile(other), curve, draft_cost)
         result = replay_rounds(prompts[rid], output, fresh(), tree, budget, policy=WorkloadLength({}, length),
                                verify_cost=curve, category=category, **options)
-        rows.append((VLLM, BEFORE_DRAFTING, category, f"{workload}:{rid}", *_priced(result, curve, draft_cost)))
+        rows.append((VLLM, BEFORE_DRAFTING, category,
+                     f"{workload}:{rid}", *_priced(result, curve, draft_cost)))
     return pd.DataFrame(rows, columns=["config", "information", "category", "request", "tokens", "rounds", "cost"])

@@ -1,7 +1,8 @@
 """The main job end to end: decode a Spec-Bench subset with every arm, record traces, fit the law, report.
 
 Traces under ``<out>/<run-id>/traces/``, every output checked equal across arms (a mismatch is reported); the report,
-``summary.txt`` (the detail) and ``demo.json`` beside them; the answer is ``jobs.report.verdict_lines``."""
+``summary.txt`` (the detail) and ``demo.json`` beside them; the answer is ``jobs.report.verdict_lines``.
+"""
 
 from __future__ import annotations
 

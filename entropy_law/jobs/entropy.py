@@ -2,7 +2,8 @@
 
 Packed forwards of at most ``batch_tokens`` tokens over prompt + output; rounds from the engine's per-step
 counts. A request whose ids do not fit the target keeps its request row only (``entropy.unscored``). Resumable;
-in place (no ``out``) the run is written to a hidden folder and swapped in by two renames, keeping its ``run_id``."""
+in place (no ``out``) the run is written to a hidden folder and swapped in by two renames, keeping its ``run_id``.
+"""
 
 from __future__ import annotations
 

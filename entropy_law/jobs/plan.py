@@ -1,7 +1,8 @@
 """The plan of a recording job: what it decodes, with which arms, into which folders, within which limits.
 
 Frozen plan objects, checked once when built: the command line builds the same objects from its options as a
-Python caller does, so both meet one rule and one message naming the field and the option."""
+Python caller does, so both meet one rule and one message naming the field and the option.
+"""
 
 from __future__ import annotations
 

@@ -3,7 +3,8 @@ the reference traces and ``entropy-law record`` share.
 
 Run folders are checked before any arm is set up; arms decode each prompt in an order that rotates with the
 prompt, each call timed. Recorded, empty or too long prompts are skipped; a failing request raises (resumable),
-or with ``keep_going`` is logged and counted."""
+or with ``keep_going`` is logged and counted.
+"""
 
 from __future__ import annotations
 

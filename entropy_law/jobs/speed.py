@@ -1,7 +1,8 @@
 """Measured decoding speed, the one routine: warm-up, arms interleaved per prompt, paired ratios, intervals.
 
 Every arm is a callable ``(prompt ids, max_new_tokens) -> (new token ids, rounds or None)``, timed by the CPU and
-wall clocks in an order rotating with the prompt. A speedup is a result only by ``payoff.cost.speed_verdict``."""
+wall clocks in an order rotating with the prompt. A speedup is a result only by ``payoff.cost.speed_verdict``.
+"""
 
 from __future__ import annotations
 

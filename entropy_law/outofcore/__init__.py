@@ -2,7 +2,8 @@
 
 ``sql`` (the at-risk aggregate as one SQL query), ``driver`` (runs it over groups of shards), ``streamed``
 (``fit_law_out_of_core``), ``memory`` (``check_fits_in_memory``), ``summaries`` (the report's summaries in SQL) and
-``spark`` (the same SQL on Spark). Never imports torch; DuckDB and pyspark are imported when used."""
+``spark`` (the same SQL on Spark). Never imports torch; DuckDB and pyspark are imported when used.
+"""
 
 from entropy_law.outofcore.driver import aggregate_at_risk_sql, finish_cells
 from entropy_law.outofcore.memory import IN_MEMORY_BYTES_PER_TOKEN_ROW, available_memory, check_fits_in_memory

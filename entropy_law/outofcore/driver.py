@@ -2,7 +2,8 @@
 
 A request lies in one shard, so groups of whole shards give the cells of one query over all files while memory holds one
 group's rows; cells two groups share are pooled. The arm rule of ``atrisk.at_risk_table`` holds (or ``by_arm`` labels
-each run with its arm)."""
+each run with its arm).
+"""
 
 from __future__ import annotations
 
@@ -122,7 +123,8 @@ def aggregate_at_risk_sql(traces, family: str | None = None, *, bin_columns: Seq
     ``traces``: a run directory, a folder of runs or a ``TraceSet``. ``family``: its bin columns and extra keys (default
     ``law_exp``), overridden by ``bin_columns`` / ``keys``. ``means``: ``"all"`` or ``"family"`` (those the formula
     reads). ``drafters``: these ids (arm labels with ``by_arm``). ``on_invalid``: as ``at_risk_table``. ``chunk_bytes``:
-    token bytes per query; ``threads``, ``memory_limit``, ``temp_directory``: DuckDB settings."""
+    token bytes per query; ``threads``, ``memory_limit``, ``temp_directory``: DuckDB settings.
+    """
     if on_invalid not in ("raise", "drop"):
         raise ValueError("on_invalid must be 'raise' or 'drop'")
     bins, keys, columns = _query_spec(family, bin_columns, keys, means)

@@ -2,7 +2,8 @@
 
 Each group's cells go to a temporary Parquet file; statsmodels' IRLS and CR1 sandwich run over them a batch at a time,
 so memory grows with the number of requests, never with rows or cells. Families it cannot reproduce exactly raise
-``OutOfCoreError``, saying what to use instead."""
+``OutOfCoreError``, saying what to use instead.
+"""
 
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ def _streamable(fam) -> None:
                              "'law_iso'), 'law_iso') (its cells number about half the token rows)")
     known = {*atrisk.COVARIATES, *atrisk.DERIVED, *_SEQUENCE_MEANS, _MISS_LOG}
     missing = [m for m in getattr(fam, "means", ()) if m not in known]
-    bins = [b for b in fam.bin_columns if b not in {*atrisk.COVARIATES, "cum_entropy_nats", *_SEQUENCE_BINS, _MISS_BIN}]
+    bins = [b for b in fam.bin_columns if b not in {*atrisk.COVARIATES, "cum_entropy_nats", *_SEQUENCE_BINS,
+                                                    _MISS_BIN}]
     if missing or bins:
         raise OutOfCoreError(f"{fam.name} uses covariates {sorted(set(missing + bins))} that the out-of-core query "
                              "does not compute (the drafter's own statistics at each depth, the context's "
@@ -535,7 +537,8 @@ def fit_law_out_of_core(traces, family: str = "law_exp", by: str | None = None, 
 
     Estimates and standard errors equal ``fit_law``'s within 1e-6; ``model`` holds the first cells only and ``counts``
     is None. ``batch_cells``: cells per batch; ``chunk_bytes``, ``threads``, ``memory_limit``, ``temp_directory``:
-    DuckDB. ``by_arm``: ``drafter_id`` is the run's arm label."""
+    DuckDB. ``by_arm``: ``drafter_id`` is the run's arm label.
+    """
     fam, by = _checked_options(family, by, depth=depth, cov_type=cov_type, on_invalid=on_invalid)
     bins = tuple(fam.bin_columns)
     keys = (*_KEYS, *fam.extra_keys)

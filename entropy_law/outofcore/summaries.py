@@ -1,5 +1,6 @@
 """What the out-of-core report shows beside the law, in SQL: per-category summaries and the depth-1 acceptance
-curve, each run by DuckDB over groups of shards and summed over them."""
+curve, each run by DuckDB over groups of shards and summed over them.
+"""
 
 from __future__ import annotations
 

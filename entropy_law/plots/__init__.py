@@ -1,6 +1,7 @@
 """Figures of the entropy law: ``figures`` (one plot function per figure: data first, keyword-only options,
 ``ax=None`` -> ``ax``; ``*_table`` helpers return the numbers behind a figure), ``gallery`` (the figure set of a
-``TraceAnalysis``; ``cli`` runs the scripts in ``figures/``) and ``style`` (rc settings, palettes, saving)."""
+``TraceAnalysis``; ``cli`` runs the scripts in ``figures/``) and ``style`` (rc settings, palettes, saving).
+"""
 
 from entropy_law.plots.figures import (acceptance_vs_entropy, accepted_length_vs_entropy, calibration,
                                        entropy_distributions, example_response, law_comparison,

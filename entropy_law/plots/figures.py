@@ -1,7 +1,8 @@
 """Plot functions, one per figure of the entropy law: data first, keyword-only options, ``ax=None -> ax``.
 
 Inputs are plain DataFrames (trace columns, at-risk tables of ``law.atrisk``) and fitted laws; the ``*_table``
-helpers return the binning and intervals behind a figure so its numbers can be checked."""
+helpers return the binning and intervals behind a figure so its numbers can be checked.
+"""
 
 from __future__ import annotations
 

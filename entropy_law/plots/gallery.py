@@ -1,7 +1,8 @@
 """The figure set of a trace set, each figure built from a ``TraceAnalysis`` (analyses shared, computed once).
 
 ``FIGURES``: name -> title and builder; a per-arm figure has a panel per drafting arm, and an analysis that is not
-available draws a panel that says why. ``make_figures`` writes them all; ``figures/`` and the report call them."""
+available draws a panel that says why. ``make_figures`` writes them all; ``figures/`` and the report call them.
+"""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """GLANCE's law beside ours: the side-by-side scores (LOCO, per round), the decile figure and the report section.
 
 Each law, fitted without a category, predicts the accepted drafts of that category's rounds (``glance.round_scores``
-scores them); runs with only the round-root entropy (an imported GLANCE log) get GLANCE's law alone."""
+scores them); runs with only the round-root entropy (an imported GLANCE log) get GLANCE's law alone.
+"""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Reliability diagram per category: predicted vs observed acceptance of held-out at-risk trials
-(a ``predict.reliability_table``), and its gallery figure (one panel per drafting arm, leave-one-category-out)."""
+(a ``predict.reliability_table``), and its gallery figure (one panel per drafting arm, leave-one-category-out).
+"""
 
 from __future__ import annotations
 

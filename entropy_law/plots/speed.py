@@ -1,5 +1,6 @@
 """Speed validation figure: predicted vs measured speedup per arm and category (``speedup_validation``), and per
-arm where measured per-request speedups cross 1 against the predicted workload break-even (``speedup_crossing``)."""
+arm where measured per-request speedups cross 1 against the predicted workload break-even (``speedup_crossing``).
+"""
 
 from __future__ import annotations
 

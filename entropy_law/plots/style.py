@@ -1,5 +1,6 @@
 """The one look of every figure: matplotlib rc settings, colours (seaborn's colour-blind palette in sorted order,
-so a category keeps its colour across figures), panel grids, and deterministic saving (no time stamps)."""
+so a category keeps its colour across figures), panel grids, and deterministic saving (no time stamps).
+"""
 
 from __future__ import annotations
 

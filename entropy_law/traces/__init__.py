@@ -2,7 +2,8 @@
 
 One module each: the format (``schema``), a run's on-disk layout (``layout``), the writer (``recorder``), the
 reader (``reader``), the rules a valid table obeys (``validation``) and the per-token statistics (``stats``).
-Depends on numpy, pyarrow and pandas only; never imports torch, so any engine can log through it."""
+Depends on numpy, pyarrow and pandas only; never imports torch, so any engine can log through it.
+"""
 
 from entropy_law.traces.reader import TraceSet, load_traces
 from entropy_law.traces.recorder import RunLockedError, RunLockLostError, TraceRecorder

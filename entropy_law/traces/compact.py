@@ -1,7 +1,8 @@
 """Compaction of a finished trace run: its many small shards rewritten as a few larger ones, nothing else changed.
 
 ``compact_run`` rewrites a complete run into a sibling folder, checks every table reads back equal, then swaps
-the folders (``run_id`` kept). A failure leaves the original whole (at ``.<name>.before-compacting`` mid-swap)."""
+the folders (``run_id`` kept). A failure leaves the original whole (at ``.<name>.before-compacting`` mid-swap).
+"""
 
 from __future__ import annotations
 

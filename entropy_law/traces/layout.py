@@ -6,7 +6,8 @@
                                                   written into shards/.tmp-* and renamed in one os.rename
     <run dir>/quarantine/<name>/                  leftovers of a crashed writer, kept out of the way
 
-Shards are immutable once renamed; the rename that publishes a shard also claims its number."""
+Shards are immutable once renamed; the rename that publishes a shard also claims its number.
+"""
 
 from __future__ import annotations
 

@@ -2,7 +2,8 @@
 
 ``proposals.parquet`` beside a run's ``run.json`` holds one row per (request, start position, drafted depth):
 ``start_position`` (none at 0, the prefill), ``proposal_depth`` (0: nothing drafted, one row with ``depth`` 0 and null
-``top1_prob``), ``depth`` (1 .. ``proposal_depth``) and ``top1_prob``; derived by replay, never recorded. No torch."""
+``top1_prob``), ``depth`` (1 .. ``proposal_depth``) and ``top1_prob``; derived by replay, never recorded. No torch.
+"""
 
 from __future__ import annotations
 

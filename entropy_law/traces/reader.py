@@ -2,7 +2,8 @@
 
 Known here: how to find runs (directories with ``run.json``), which shards to read (finished ones, never leftovers or
 the quarantine), filtering by run and category, and when to warn. String keys come back as pandas ``Categorical``. Never
-imports torch."""
+imports torch.
+"""
 
 from __future__ import annotations
 
@@ -108,7 +109,8 @@ class TraceSet:
     """Traces of one or more runs, keyed by ``run_id`` + ``request_id``, rows in on-disk order.
 
     ``.tokens``, ``.rounds``, ``.requests``: pandas DataFrames (cached); ``.table(name)``: the Arrow table;
-    ``.dataset(name)``: a lazy ``pyarrow.dataset``; ``.runs`` / ``.metadata``: per run; ``.filter(...)``: a subset."""
+    ``.dataset(name)``: a lazy ``pyarrow.dataset``; ``.runs`` / ``.metadata``: per run; ``.filter(...)``: a subset.
+    """
 
     def __init__(self, runs: list[_Run], *, categories: tuple[str, ...] | None = None, validate: bool = True):
         self._runs = runs
@@ -227,7 +229,8 @@ class TraceSet:
             wanted_cats = (category,) if isinstance(category, str) else tuple(category)
             present = set()
             for r in runs:
-                present.update(pc.unique(self._load(r, "requests").column("category").cast(pa.string())).to_pylist())
+                present.update(pc.unique(self._load(r, "requests").column("category")
+                                         .cast(pa.string())).to_pylist())
             missing = [c for c in wanted_cats if c not in present]
             if missing and not (set(wanted_cats) & present):
                 raise ValueError(f"no request of category {missing} in the selected runs; "
@@ -308,7 +311,8 @@ def load_traces(path, *, run_id=None, category=None, validate: bool = True) -> T
 
     ``validate=True`` reads and checks every file now (``TraceValidationError`` names the file and first bad row);
     ``validate=False`` applies the cheap shard checks and reads tables when first used. An incomplete run, or one with a
-    crashed writer's leftovers, loads with a ``UserWarning``."""
+    crashed writer's leftovers, loads with a ``UserWarning``.
+    """
     roots = [Path(p) for p in ([path] if isinstance(path, (str, os.PathLike)) else path)]
     if not roots:
         raise ValueError("no trace path given")

@@ -1,7 +1,8 @@
 """``TraceRecorder``: writes one run of acceptance traces (the trace format) as a Parquet dataset directory.
 
 A shard's three tables appear together or not at all (one ``os.rename``); a crashed writer's leftovers are
-quarantined on resume, never deleted. Engines log through ``log_round`` or ``log_columns``. Never imports torch."""
+quarantined on resume, never deleted. Engines log through ``log_round`` or ``log_columns``. Never imports torch.
+"""
 
 from __future__ import annotations
 
@@ -322,7 +323,8 @@ class TraceRecorder:
     One writer per run: ``<path>/writer.lock`` is held until ``finish()`` (a live holder: ``RunLockedError``; a stale or
     foreign lock too unless ``break_lock=True``). Ended requests are written in a shard every ``flush_every_rounds``
     rounds or ``flush_every_requests`` requests, on ``flush()`` and ``finish()``. As a context manager a clean exit
-    finishes the run; an exception flushes ended requests and propagates."""
+    finishes the run; an exception flushes ended requests and propagates.
+    """
 
     def __init__(self, path, *, overwrite: bool = False, resume: bool = False,
                  flush_every_rounds: int = 1000, flush_every_requests: int | None = None,
@@ -641,7 +643,8 @@ class TraceRecorder:
         Exactly one of ``target_logits`` (``[committed, V]``, statistics in fp32) and ``target_stats``
         (``TARGET_STAT_KEYS`` arrays). Drafter statistics: ``draft_stats`` (``DRAFT_STAT_KEYS``; NaN = null), or from
         ``draft_logits`` or ``draft_candidates`` / ``draft_logprobs``; none: null. ``policy``: the round's
-        ``POLICY_COLUMNS`` (missing: null)."""
+        ``POLICY_COLUMNS`` (missing: null).
+        """
         self._check_live()
         self._check_lock_quickly(f"at round {round_index} of request {request_id!r}", every_s=_LOCK_CHECK_EVERY_S)
         req = self._request(request_id)
@@ -935,7 +938,8 @@ class TraceRecorder:
                 else:
                     arr = np.asarray(value)
                     if f.nullable and arr.dtype.kind == "f":
-                        array = pa.array(np.nan_to_num(arr, nan=0).astype(f.type.to_pandas_dtype()), mask=np.isnan(arr))
+                        array = pa.array(np.nan_to_num(arr, nan=0).astype(f.type.to_pandas_dtype()),
+                                         mask=np.isnan(arr))
                     else:
                         array = pa.array(arr)
                 if pa.types.is_dictionary(array.type):

@@ -6,7 +6,8 @@ both in step. Conventions:
   node of depth d-1 on the committed path (the root, the pending token, has depth 0);
 - a round commits ``accepted`` (tau) draft tokens plus one target token, ``committed = tau + 1``
   (fewer only when the request stopped inside the round);
-- ``block_size`` B is the most tokens one round can commit, so ``tau <= tree_depth <= B - 1``."""
+- ``block_size`` B is the most tokens one round can commit, so ``tau <= tree_depth <= B - 1``.
+"""
 
 from __future__ import annotations
 
@@ -111,7 +112,8 @@ POLICY_COLUMNS = ("policy_entropy_nats", "policy_window_entropy_nats", "policy_d
                   "policy_plan_calibration", "policy_context_match", "policy_route")
 
 # The tokens columns of the target entropy from top-k log-probabilities (v2; ``traces.topk``), in schema order.
-TOPK_COLUMNS = ("target_entropy_lower_nats", "target_entropy_upper_nats", "target_entropy_estimate_nats", "target_topk")
+TOPK_COLUMNS = ("target_entropy_lower_nats", "target_entropy_upper_nats", "target_entropy_estimate_nats",
+                "target_topk")
 
 # Nullable columns added after v1's first release: older files lack them and read (and resume) with them null.
 # Document every entry in docs/trace-schema.md under "Added columns".

@@ -2,7 +2,8 @@
 
 Known here: the rules a valid table obeys (columns and types, value ranges, roles, consistency of one run's tables) and
 the cheap checks of a run's shard files (``check_shard``, ``check_run_shards``: never the tokens). A failure raises
-``TraceValidationError`` naming where and the first offending request, round or position."""
+``TraceValidationError`` naming where and the first offending request, round or position.
+"""
 
 from __future__ import annotations
 
@@ -150,7 +151,8 @@ def _check_rounds(tbl: pa.Table, where: str) -> None:
     _fail_first((depth < 0) | (depth > block - 1), tbl, t, where, "tree_depth outside [0, block_size - 1]")
     _fail_first(accepted > depth, tbl, t, where, "accepted (tau) > tree_depth")
     _fail_first(nodes < depth, tbl, t, where, "tree_nodes < tree_depth")
-    _fail_first((committed < 1) | (committed > accepted + 1), tbl, t, where, "committed outside [1, accepted + 1]")
+    _fail_first((committed < 1) | (committed > accepted + 1), tbl, t, where,
+                "committed outside [1, accepted + 1]")
     _fail_first(_np(tbl, "start_position") < 0, tbl, t, where, "negative start_position")
     _fail_first(_np(tbl, "context_len") < 0, tbl, t, where, "negative context_len")
     _fail_first(_np(tbl, "round_index") < 0, tbl, t, where, "negative round_index")

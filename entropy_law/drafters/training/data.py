@@ -3,7 +3,8 @@
 Prompts (GSM8K, grounded prompts on passages the target wrote, open instructions, translations, optionally
 HumanEval and ShareGPT) are checked disjoint from the evaluation prompts. The target answers greedily in
 left-padded batches (which can differ from batch-1 decoding at rare near-ties), capturing the feature layers and
-the top-k soft labels. Shards (safetensors + JSON) are skipped on restart; a data folder refuses another plan."""
+the top-k soft labels. Shards (safetensors + JSON) are skipped on restart; a data folder refuses another plan.
+"""
 
 from __future__ import annotations
 
@@ -372,7 +373,8 @@ def greedy_generate_with_features(model, prompt_ids: Sequence[Sequence[int]], *,
     done = torch.zeros(b, dtype=torch.bool)
     rows = torch.arange(b)  # batch row r of the model's tensors holds prompt rows[r]
     with capture_features(model, feature_layers) as cap:
-        out = model(input_ids=ids, attention_mask=attn, position_ids=pos, **cache_kw, use_cache=True, logits_to_keep=1)
+        out = model(input_ids=ids, attention_mask=attn, position_ids=pos, **cache_kw,
+                    use_cache=True, logits_to_keep=1)
         f = cap.features()
         for i, p in enumerate(prompt_ids):
             feats[i].append(f[i, width - len(p):].float().cpu())

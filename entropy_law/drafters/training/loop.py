@@ -1,7 +1,8 @@
 """Training the block drafter on self-distilled data, and its held-out chain acceptance (offline replay).
 
 Slot ``k`` at a sampled anchor is labelled with the token at ``anchor + k``; loss: cross-entropy decayed by
-``exp(-(k-1)/gamma)``, optionally mixed with KL to the target's top-k, plus a copy-pointer loss. Seeded, resumable."""
+``exp(-(k-1)/gamma)``, optionally mixed with KL to the target's top-k, plus a copy-pointer loss. Seeded, resumable.
+"""
 
 from __future__ import annotations
 
