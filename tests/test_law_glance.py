@@ -205,7 +205,7 @@ def test_the_law_command_fits_glance_per_arm(tmp_path, capsys):
     out = capsys.readouterr().out
     assert out.count("=== ") == 1 and "readme" in out.lower()
     assert main(["law", str(path), "--family", "glance", "--loco"]) == 2
-    assert "drop --loco / --tests / --out-of-core" in capsys.readouterr().err
+    assert "drop --loco / --tests / --sensitivity / --out-of-core" in capsys.readouterr().err
 
 
 def test_result_object(fixture_rounds, capsys):
