@@ -253,11 +253,15 @@ def now_ms() -> float:
     return time.perf_counter() * 1000.0
 
 
+def _no_clock() -> float:  # an untimed round (replay): one module function, not a closure made every round
+    return 0.0
+
+
 def play_round(state: RequestState, rules: RoundRules, propose: Callable[[list[int]], DraftProposal | None],
                verifier: Verifier, *, timed: bool = True) -> Round:
     """One speculative round: draft -> plan the tree -> verify -> walk -> commit (+ the bonus token).
     ``propose(tokens)`` drafts after the prompt + committed output (``None``: no draft). Updates ``state``."""
-    clock = now_ms if timed else (lambda: 0.0)
+    clock = now_ms if timed else _no_clock
     t0 = clock()
     remaining = state.max_new_tokens - len(state.output)  # tokens this request may still commit
     context = state.prompt_ids + state.output
