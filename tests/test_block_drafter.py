@@ -505,8 +505,10 @@ def test_copy_head_learns_to_copy_spans_the_generator_cannot_predict():
     for arm, copy_head, match in (("plain", False, 0), ("copy", True, 0), ("copy+match", True, 3)):
         drafter = BlockDrafter(model, seed=0, block_size=5, num_layers=1, copy_head=copy_head, copy_match=match)
         if drafter.feature_layers not in features:  # the target's features: the same for every arm's layers
-            features[drafter.feature_layers] = [features_of(model, s["input_ids"].tolist(), drafter.feature_layers)[:-1]
-                                                for s in train_set + test_set]
+            # in one forward over all the sequences (all of one length), not one forward per sequence
+            with torch.no_grad(), capture_features(model, drafter.feature_layers) as cap:
+                model(torch.stack([s["input_ids"] for s in train_set + test_set]))
+                features[drafter.feature_layers] = cap.features()[:, :-1].unbind(0)
         for s, f in zip(train_set + test_set, features[drafter.feature_layers]):
             s["features"] = f
         opt = torch.optim.Adam(drafter.parameters(), lr=3e-3)

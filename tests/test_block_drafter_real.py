@@ -23,18 +23,25 @@ def target():
     return load_target("smollm2-135m")
 
 
-def test_shipped_checkpoint_is_small_and_matches_the_target(target):
+@pytest.fixture(scope="module")
+def drafters(target):
+    """Each shipped checkpoint loaded once for the module (a drafter keeps no state between requests)."""
+    return {"default": load_default_drafter(target),
+            "reference": BlockDrafter.load(default_drafter_path().with_name(REFERENCE_CHECKPOINT), target)}
+
+
+def test_shipped_checkpoint_is_small_and_matches_the_target(drafters):
     path = default_drafter_path()
     assert path.is_file() and path.stat().st_size <= 25 * 2**20
-    drafter = load_default_drafter(target)
+    drafter = drafters["default"]
     assert drafter.feature_layers == (1, 14, 27) and drafter.block_size == 8
     assert drafter.config.vocab_size == 49152 and drafter.config.hidden_size == 576
 
 
-def test_the_reference_checkpoint_is_small_and_has_the_default_ones_shape(target):
+def test_the_reference_checkpoint_is_small_and_has_the_default_ones_shape(drafters):
     path = default_drafter_path().with_name(REFERENCE_CHECKPOINT)
     assert path.is_file() and path.stat().st_size <= 25 * 2**20
-    sixth, default = BlockDrafter.load(path, target), load_default_drafter(target)
+    sixth, default = drafters["reference"], drafters["default"]
     assert sixth.config == default.config  # the default is the sixth fine-tuned: same shape, same draft vocabulary
     assert sixth.draft_vocab.tolist() == default.draft_vocab.tolist()
     assert sixth.provenance["checkpoint_sha256"] != default.provenance["checkpoint_sha256"]
@@ -48,9 +55,8 @@ def greedy(target):
 
 @pytest.mark.parametrize("checkpoint", ["default", "reference"])
 @pytest.mark.parametrize("tree,budget", [("chain", None), ("ddtree", 16)])
-def test_shipped_drafter_is_lossless_and_accepts(target, greedy, tree, budget, checkpoint):
-    drafter = (load_default_drafter(target) if checkpoint == "default"
-               else BlockDrafter.load(default_drafter_path().with_name(REFERENCE_CHECKPOINT), target))
+def test_shipped_drafter_is_lossless_and_accepts(target, drafters, greedy, tree, budget, checkpoint):
+    drafter = drafters[checkpoint]
     accepted = 0
     for prompt in PROMPTS:
         reference = greedy[prompt]

@@ -10,6 +10,7 @@ test_vlm_tasks.py and test_law_simulate.py check what importing the analysis rea
 from __future__ import annotations
 
 import ast
+import functools
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,7 +56,8 @@ def within(name: str, prefix: str) -> bool:
     return name == prefix or name.startswith(prefix + ".")
 
 
-def package_imports(package_dir: Path) -> tuple[set[str], list[Import]]:
+@functools.cache  # the package's source is read once per test process; every rule below checks the same scan
+def package_imports(package_dir: Path) -> tuple[frozenset[str], tuple[Import, ...]]:
     """Every module under ``package_dir`` and every import in them."""
     files = {}
     for path in sorted(package_dir.rglob("*.py")):
@@ -70,7 +72,7 @@ def package_imports(package_dir: Path) -> tuple[set[str], list[Import]]:
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
             for target in imported_names(node, here, modules):
                 imports.append(Import(module, target, f"{where}:{node.lineno}"))
-    return modules, imports
+    return frozenset(modules), tuple(imports)
 
 
 def imported_names(node: ast.AST, here: str, modules: set[str]) -> list[str]:

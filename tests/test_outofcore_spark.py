@@ -27,7 +27,13 @@ from test_outofcore import write_runs  # noqa: E402
 
 @pytest.fixture(scope="module")
 def spark():
-    session = local_session(1, driver_memory="1g", shuffle_partitions=1)
+    """``local_session`` on a JVM started with the client compiler only and one GC thread: on a few tiny queries the
+    JIT's optimising compiler and the parallel GC threads are most of the JVM's CPU (the driver's environment is
+    restored once the JVM runs)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("PYSPARK_SUBMIT_ARGS",
+                     "--driver-java-options '-XX:TieredStopAtLevel=1 -XX:+UseSerialGC' pyspark-shell")
+        session = local_session(1, driver_memory="1g", shuffle_partitions=1)
     yield session
     session.stop()
 

@@ -8,6 +8,7 @@ converted GGUF model is cached in ``cache_dir()/converted/<GGUF SHA-256>-<dtype>
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import json
 import os
@@ -17,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer
+from safetensors.torch import save_model
+from transformers import AutoModelForCausalLM, AutoTokenizer, __version__ as transformers_version
 
 from entropy_law.traces.layout import file_sha256
 
@@ -54,6 +56,7 @@ EMBEDDED_TARGETS = {
 DEFAULT_TARGET = "smollm2-135m"
 CACHE_ENV = "ENTROPY_LAW_CACHE"
 NO_CONVERTED_CACHE_ENV = "ENTROPY_LAW_NO_CONVERTED_CACHE"
+_COMPLETE = "entropy-law-converted.json"  # written last into a converted model's folder
 
 
 @dataclass
@@ -160,23 +163,19 @@ def load_target(spec: str | os.PathLike = DEFAULT_TARGET, *, dtype: torch.dtype 
     source = str(Path(folder) / gguf_file) if gguf_file else str(folder)
     if cache_converted is None:
         cache_converted = os.environ.get(NO_CONVERTED_CACHE_ENV, "") in ("", "0")
-    # an embedded chunked file's SHA-256 was just checked against the published one: no need to hash it again
     known = EMBEDDED_TARGETS[spec_str].sha256 if spec_str in EMBEDDED_TARGETS else ""
     converted = (converted_cache_path(Path(source), dtype, sha256=known or None)
                  if gguf_file is not None and cache_converted else None)
     if converted is not None and (converted / _COMPLETE).is_file():
         try:
             tokenizer, model = _from_folder(converted, dtype, attn_implementation, {"local_files_only": True})
+            return LoadedTarget(model=model, tokenizer=tokenizer, model_id=model_id, source=source, dtype=dtype)
         except Exception as err:  # an unreadable cache is never used: remove it and convert the GGUF again
             warnings.warn(f"the converted copy of {source} in {converted} could not be loaded ({type(err).__name__}: "
                           f"{err}); removed it, converting the GGUF file again", RuntimeWarning, stacklevel=2)
             shutil.rmtree(converted, ignore_errors=True)
-        else:
-            return LoadedTarget(model=model, tokenizer=tokenizer, model_id=model_id, source=source, dtype=dtype)
 
-    kwargs = {"local_files_only": True}
-    if gguf_file is not None:
-        kwargs["gguf_file"] = gguf_file
+    kwargs = {"local_files_only": True} | ({"gguf_file": gguf_file} if gguf_file is not None else {})
     try:
         tokenizer, model = _from_folder(folder, dtype, attn_implementation, kwargs)
     except Exception as err:  # a truncated or corrupt file fails deep inside transformers: name the file
@@ -188,28 +187,28 @@ def load_target(spec: str | os.PathLike = DEFAULT_TARGET, *, dtype: torch.dtype 
     return LoadedTarget(model=model, tokenizer=tokenizer, model_id=model_id, source=source, dtype=dtype)
 
 
-_COMPLETE = "entropy-law-converted.json"
-
-
 def converted_cache_path(gguf: Path, dtype: torch.dtype, *, sha256: str | None = None) -> Path:
     """Keyed on the SHA-256 of ``gguf`` (``sha256`` if already checked), the dtype and the transformers version."""
-    import transformers
-
-    key = f"{sha256 or file_sha256(gguf)}-{str(dtype).removeprefix('torch.')}-transformers{transformers.__version__}"
+    key = f"{sha256 or file_sha256(gguf)}-{str(dtype).removeprefix('torch.')}-transformers{transformers_version}"
     return cache_dir() / "converted" / key
 
 
-def _from_folder(folder, dtype, attn_implementation, kwargs):
-    tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation=attn_implementation, **kwargs)
+def _from_folder(folder, dtype, attn, kwargs):
+    import gguf  # transformers reads a GGUF file thrice and maps its names per module: built once a load (read only)
+
+    saved = gguf.GGUFReader, gguf.get_tensor_name_map
+    gguf.GGUFReader, gguf.get_tensor_name_map = functools.lru_cache(maxsize=1)(saved[0]), functools.cache(saved[1])
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(folder, **kwargs)
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation=attn, **kwargs)
+    finally:
+        gguf.GGUFReader, gguf.get_tensor_name_map = saved
     model.eval()
     return tokenizer, model
 
 
 def _save_converted(model, tokenizer, folder: Path, source: str) -> None:
     """Write the converted model into ``folder`` (via a renamed sibling); a failure warns, leaving nothing."""
-    from safetensors.torch import save_model
-
     partial = folder.with_name(f"{folder.name}.{os.getpid()}.partial")
     try:
         shutil.rmtree(partial, ignore_errors=True)
