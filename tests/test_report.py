@@ -216,30 +216,30 @@ def test_a_loaded_machine_gets_no_verdict(sim):
     assert not any(line.endswith(LOADED) for line in verdict_lines(an))
 
 
-def test_report_command_and_its_errors(sim, tmp_path, capsys):
+def test_report_command_and_its_errors(tmp_path, capsys):
     """Also: the command finds proposals.parquet beside a run (``traces.proposals``) and adds the LOCO sections
     with the drafter's replayed proposals (here a full block at every position, as the simulated drafter drafts).
-    On a copy of the block arm's run and the AR run: one drafting arm is enough for what the command adds (the
-    report of both arms is checked above), and the shared traces stay without proposals."""
+    On the block arm's run and the AR run of their own simulated traces in three categories (the fewest LOCO runs
+    on) and law_exp: one drafting arm is enough for what the command adds (the report of both arms on five
+    categories with the primary law is checked above), and the shared traces stay without proposals."""
     import shutil
 
+    from entropy_law.analysis.sample_traces import write_simulated_traces
     from entropy_law.traces.proposals import write_proposals
     from tests.test_replayed_proposals import _full_proposals
 
-    sim_path, _, _ = sim
-    path = tmp_path / "traces"
-    for run in sorted(sim_path.rglob("run.json")):
-        mine = load_traces(run.parent)
-        if mine.runs["drafter_id"].iloc[0] in ("sim-block", "ar"):
-            shutil.copytree(run.parent, path / run.parent.name)
-        if mine.runs["drafter_id"].iloc[0] == "sim-block":
-            write_proposals(path / run.parent.name, _full_proposals(mine), {"by": "test"})
+    path = write_simulated_traces(tmp_path / "traces", seed=3, n_requests_per_category=5, tokens_per_request=(40, 60),
+                                  categories=["qa", "rag", "math_reasoning"])
+    shutil.rmtree(path / "sim-tree")
+    write_proposals(path / "sim-block", _full_proposals(load_traces(path / "sim-block")), {"by": "test"})
     assert len(load_traces(path).runs) == 2
     out = tmp_path / "cli"
-    code = main(["report", str(path), "--out", str(out), "--format", "md", "--n-boot", "2",
+    code = main(["report", str(path), "--out", str(out), "--format", "md", "--n-boot", "2", "--family", "law_exp",
                  "--compare-families", "law_exp", "law_logit", "--results-md", str(out / "results.md"),
-                 "--no-progress"])
+                 "--no-progress", "--no-pdf"])
     assert code == 0
+    figures = out / "figures"
+    assert len(list(figures.glob("*.png"))) == len(FIGURES) and not list(figures.glob("*.pdf"))  # --no-pdf
     assert (out / "report.md").is_file() and (out / "results.md").read_text().startswith("## Results")
     assert "Leave-one-category-out transfer, leak-free (the drafter's replayed proposals)" in (
         out / "report.md").read_text()
