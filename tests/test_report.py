@@ -73,11 +73,39 @@ def test_law_table_recovers_the_simulated_exponent(sim):
         assert 0 < law.loc[arm, "breakeven_nats"] < np.inf
 
 
-def test_html_report_is_self_contained(sim, tmp_path):
-    _, traces, an = sim
-    path = write_report(traces, tmp_path / "rep", analysis=an, source="sim", figure_formats=("png",))
-    text = path.read_text()
-    assert path.name == "report.html"
+@pytest.fixture(scope="module")
+def command_report(tmp_path_factory):
+    """``entropy-law report --format html`` in this process on the block arm's run and the AR run of their own
+    simulated traces in three categories (the fewest LOCO runs on) and law_exp, the block run with its replayed
+    proposals (a full block at every position, as the simulated drafter drafts): one drafting arm is enough for
+    what the command adds (the report of both arms on five categories with the primary law is checked below), and
+    the shared traces stay without proposals. (traces, --out, exit code, what it printed)."""
+    import contextlib
+    import io
+    import shutil
+
+    from entropy_law.analysis.sample_traces import write_simulated_traces
+    from entropy_law.traces.proposals import write_proposals
+    from tests.test_replayed_proposals import _full_proposals
+
+    tmp = tmp_path_factory.mktemp("cli")
+    path = write_simulated_traces(tmp / "traces", seed=3, n_requests_per_category=5, tokens_per_request=(40, 60),
+                                  categories=["qa", "rag", "math_reasoning"])
+    shutil.rmtree(path / "sim-tree")
+    write_proposals(path / "sim-block", _full_proposals(load_traces(path / "sim-block")), {"by": "test"})
+    out, printed = tmp / "cli", io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = main(["report", str(path), "--out", str(out), "--format", "html", "--n-boot", "2", "--family",
+                     "law_exp", "--compare-families", "law_exp", "law_logit", "--results-md", str(out / "results.md"),
+                     "--no-progress", "--no-pdf"])
+    return path, out, code, printed.getvalue()
+
+
+def test_html_report_is_self_contained(command_report):
+    """The command's HTML report: one page, every figure embedded as a PNG."""
+    _, out, code, printed = command_report
+    assert code == 0 and f"report: {out / 'report.html'}" in printed.splitlines()
+    text = (out / "report.html").read_text()
     assert text.count("data:image/png;base64,") == len(FIGURES)
     first = text.split("data:image/png;base64,")[1].split("'")[0]
     assert base64.b64decode(first)[:8] == b"\x89PNG\r\n\x1a\n"
@@ -216,33 +244,17 @@ def test_a_loaded_machine_gets_no_verdict(sim):
     assert not any(line.endswith(LOADED) for line in verdict_lines(an))
 
 
-def test_report_command_and_its_errors(tmp_path, capsys):
+def test_report_command_and_its_errors(command_report, tmp_path, capsys):
     """Also: the command finds proposals.parquet beside a run (``traces.proposals``) and adds the LOCO sections
-    with the drafter's replayed proposals (here a full block at every position, as the simulated drafter drafts).
-    On the block arm's run and the AR run of their own simulated traces in three categories (the fewest LOCO runs
-    on) and law_exp: one drafting arm is enough for what the command adds (the report of both arms on five
-    categories with the primary law is checked above), and the shared traces stay without proposals."""
-    import shutil
-
-    from entropy_law.analysis.sample_traces import write_simulated_traces
-    from entropy_law.traces.proposals import write_proposals
-    from tests.test_replayed_proposals import _full_proposals
-
-    path = write_simulated_traces(tmp_path / "traces", seed=3, n_requests_per_category=5, tokens_per_request=(40, 60),
-                                  categories=["qa", "rag", "math_reasoning"])
-    shutil.rmtree(path / "sim-tree")
-    write_proposals(path / "sim-block", _full_proposals(load_traces(path / "sim-block")), {"by": "test"})
+    with the drafter's replayed proposals; ``--no-pdf`` writes the PNGs only."""
+    path, out, code, _ = command_report
     assert len(load_traces(path).runs) == 2
-    out = tmp_path / "cli"
-    code = main(["report", str(path), "--out", str(out), "--format", "md", "--n-boot", "2", "--family", "law_exp",
-                 "--compare-families", "law_exp", "law_logit", "--results-md", str(out / "results.md"),
-                 "--no-progress", "--no-pdf"])
     assert code == 0
     figures = out / "figures"
     assert len(list(figures.glob("*.png"))) == len(FIGURES) and not list(figures.glob("*.pdf"))  # --no-pdf
-    assert (out / "report.md").is_file() and (out / "results.md").read_text().startswith("## Results")
-    assert "Leave-one-category-out transfer, leak-free (the drafter's replayed proposals)" in (
-        out / "report.md").read_text()
+    assert (out / "report.html").is_file() and (out / "results.md").read_text().startswith("## Results")
+    assert "Leave-one-category-out transfer, leak-free (the drafter&#x27;s replayed proposals)" in (
+        out / "report.html").read_text()
     assert main(["report", str(tmp_path / "nope"), "--out", str(out)]) == 2
     assert "not found" in capsys.readouterr().err
 
