@@ -14,10 +14,10 @@ from entropy_law.payoff.cost import fit_cost_model
 from entropy_law.payoff.workload import COST_BLOCKS, decode_cost_ms, price_rounds, round_counts
 
 
-def _analysis(n_per_category=8, slow_block=None, factor=1.3, n_boot=40):
+def _analysis(n_per_category=8, slow_block=None, factor=1.3, n_boot=40, **options):
     """Simulated timed traces (the arm and AR on the same prompts) and their analysis; ``slow_block``: the arm's
     rounds of that block of its requests (recording order, ``COST_BLOCKS`` blocks) timed ``factor`` times slower,
-    as a machine busy for a quarter of the run would, AR untouched."""
+    as a machine busy for a quarter of the run would, AR untouched; ``options``: more ``TraceAnalysis`` options."""
     from entropy_law.analysis import TraceAnalysis
     from entropy_law.analysis.simulate import SimCosts, simulate_traces
 
@@ -31,7 +31,7 @@ def _analysis(n_per_category=8, slow_block=None, factor=1.3, n_boot=40):
             traces.rounds.loc[rows, col] *= factor
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        an = TraceAnalysis(traces, n_boot=n_boot, seed=1)
+        an = TraceAnalysis(traces, n_boot=n_boot, seed=1, **options)
     return an, an.arms[0]
 
 
@@ -111,7 +111,8 @@ def test_too_few_requests_for_the_blocks_widen_nothing_and_say_why(monkeypatch):
 def test_the_demo_answer_and_predict_print_the_spread(monkeypatch):
     from entropy_law.jobs.report import answer_frame, answer_lines, verdict_lines
 
-    an, arm = _analysis(slow_block=2, n_boot=5)  # 5 replicates: the spread is checked to be carried, not sized
+    # 5 replicates and law_exp: the spread is checked to be carried (whatever the law prices with), not sized
+    an, arm = _analysis(slow_block=2, n_boot=5, family="law_exp")
     got = _priced(an, arm)
     spread = got.summary.loc["all", "cost_spread"]
     assert f"cost run-to-run spread ±{spread:.1%}" in got.answer()  # what entropy-law predict prints

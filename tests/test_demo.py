@@ -37,7 +37,7 @@ def demo(tmp_path_factory):
     try:
         messages = []
         plan = DemoPlan(tasks, model, demo_limits(24), out=tmp_path_factory.mktemp("runs"), run_id="t1",
-                        arms=("ar", "ngram", "block"), encode=encode, report_format="md",
+                        arms=("ar", "ngram", "block"), encode=encode, report_format="md", figure_formats=("png",),
                         analysis_options={k: v for k, v in FAST.items() if k != "n_boot"}, n_boot=FAST["n_boot"])
         result = run_demo(plan, progress=False, log=messages.append)
     finally:
@@ -75,6 +75,7 @@ def test_report_summary_and_metadata_written(demo):
     from entropy_law.plots.gallery import FIGURES
 
     assert len(list((result.run_dir / "figures").glob("*.png"))) == len(FIGURES)
+    assert not list((result.run_dir / "figures").glob("*.pdf"))  # the plan's figure_formats: PNG only
     meta = json.loads((result.run_dir / "demo.json").read_text())
     assert meta["arms"] == ["ar", "ngram"] and meta["prompts"] == len(tasks) and meta["mismatches"] == []
     summary = (result.run_dir / "summary.txt").read_text()

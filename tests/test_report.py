@@ -73,11 +73,39 @@ def test_law_table_recovers_the_simulated_exponent(sim):
         assert 0 < law.loc[arm, "breakeven_nats"] < np.inf
 
 
-def test_html_report_is_self_contained(sim, tmp_path):
-    _, traces, an = sim
-    path = write_report(traces, tmp_path / "rep", analysis=an, source="sim", figure_formats=("png",))
-    text = path.read_text()
-    assert path.name == "report.html"
+@pytest.fixture(scope="module")
+def command_report(tmp_path_factory):
+    """``entropy-law report --format html`` in this process on the block arm's run and the AR run of their own
+    simulated traces in three categories (the fewest LOCO runs on) and law_exp, the block run with its replayed
+    proposals (a full block at every position, as the simulated drafter drafts): one drafting arm is enough for
+    what the command adds (the report of both arms on five categories with the primary law is checked below), and
+    the shared traces stay without proposals. (traces, --out, exit code, what it printed)."""
+    import contextlib
+    import io
+    import shutil
+
+    from entropy_law.analysis.sample_traces import write_simulated_traces
+    from entropy_law.traces.proposals import write_proposals
+    from tests.test_replayed_proposals import _full_proposals
+
+    tmp = tmp_path_factory.mktemp("cli")
+    path = write_simulated_traces(tmp / "traces", seed=3, n_requests_per_category=5, tokens_per_request=(40, 60),
+                                  categories=["qa", "rag", "math_reasoning"])
+    shutil.rmtree(path / "sim-tree")
+    write_proposals(path / "sim-block", _full_proposals(load_traces(path / "sim-block")), {"by": "test"})
+    out, printed = tmp / "cli", io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        code = main(["report", str(path), "--out", str(out), "--format", "html", "--n-boot", "2", "--family",
+                     "law_exp", "--compare-families", "law_exp", "law_logit", "--results-md", str(out / "results.md"),
+                     "--no-progress", "--no-pdf"])
+    return path, out, code, printed.getvalue()
+
+
+def test_html_report_is_self_contained(command_report):
+    """The command's HTML report: one page, every figure embedded as a PNG."""
+    _, out, code, printed = command_report
+    assert code == 0 and f"report: {out / 'report.html'}" in printed.splitlines()
+    text = (out / "report.html").read_text()
     assert text.count("data:image/png;base64,") == len(FIGURES)
     first = text.split("data:image/png;base64,")[1].split("'")[0]
     assert base64.b64decode(first)[:8] == b"\x89PNG\r\n\x1a\n"
@@ -216,33 +244,17 @@ def test_a_loaded_machine_gets_no_verdict(sim):
     assert not any(line.endswith(LOADED) for line in verdict_lines(an))
 
 
-def test_report_command_and_its_errors(sim, tmp_path, capsys):
+def test_report_command_and_its_errors(command_report, tmp_path, capsys):
     """Also: the command finds proposals.parquet beside a run (``traces.proposals``) and adds the LOCO sections
-    with the drafter's replayed proposals (here a full block at every position, as the simulated drafter drafts).
-    On a copy of the block arm's run and the AR run: one drafting arm is enough for what the command adds (the
-    report of both arms is checked above), and the shared traces stay without proposals."""
-    import shutil
-
-    from entropy_law.traces.proposals import write_proposals
-    from tests.test_replayed_proposals import _full_proposals
-
-    sim_path, _, _ = sim
-    path = tmp_path / "traces"
-    for run in sorted(sim_path.rglob("run.json")):
-        mine = load_traces(run.parent)
-        if mine.runs["drafter_id"].iloc[0] in ("sim-block", "ar"):
-            shutil.copytree(run.parent, path / run.parent.name)
-        if mine.runs["drafter_id"].iloc[0] == "sim-block":
-            write_proposals(path / run.parent.name, _full_proposals(mine), {"by": "test"})
+    with the drafter's replayed proposals; ``--no-pdf`` writes the PNGs only."""
+    path, out, code, _ = command_report
     assert len(load_traces(path).runs) == 2
-    out = tmp_path / "cli"
-    code = main(["report", str(path), "--out", str(out), "--format", "md", "--n-boot", "2",
-                 "--compare-families", "law_exp", "law_logit", "--results-md", str(out / "results.md"),
-                 "--no-progress"])
     assert code == 0
-    assert (out / "report.md").is_file() and (out / "results.md").read_text().startswith("## Results")
-    assert "Leave-one-category-out transfer, leak-free (the drafter's replayed proposals)" in (
-        out / "report.md").read_text()
+    figures = out / "figures"
+    assert len(list(figures.glob("*.png"))) == len(FIGURES) and not list(figures.glob("*.pdf"))  # --no-pdf
+    assert (out / "report.html").is_file() and (out / "results.md").read_text().startswith("## Results")
+    assert "Leave-one-category-out transfer, leak-free (the drafter&#x27;s replayed proposals)" in (
+        out / "report.html").read_text()
     assert main(["report", str(tmp_path / "nope"), "--out", str(out)]) == 2
     assert "not found" in capsys.readouterr().err
 
@@ -275,7 +287,7 @@ def test_loco_accuracy_table_and_column_come_from_the_loco_transfer(sim):
 def test_several_ar_models_are_listed_and_an_arm_without_speedup_says_why(tmp_path):
     """Two models, each with its own AR run (model A's on another device): the results section lists both
     AR arms by label, the runs table shows the machine, and the Notes say why model A's arm has no speedup
-    while model B's has one."""
+    while model B's has one (law_exp: the family fitted is not what is under test here)."""
     from entropy_law.jobs.report import _sections
     from tests.test_law_arms import MODEL_A, MODEL_B, _simulated, write_run
 
@@ -283,7 +295,7 @@ def test_several_ar_models_are_listed_and_an_arm_without_speedup_says_why(tmp_pa
     for run_id, kind, model, meta in (("a-ngram", "ngram", MODEL_A, {}), ("b-ngram", "ngram", MODEL_B, {}),
                                       ("b-ar", "ar", MODEL_B, {}), ("a-ar-gpu", "ar", MODEL_A, {"device": "cuda:0"})):
         write_run(tmp_path, sims, run_id, kind, model, **meta)
-    an = TraceAnalysis(load_traces(tmp_path), n_boot=3, compare_families=("law_exp",), n_folds=3)
+    an = TraceAnalysis(load_traces(tmp_path), n_boot=3, compare_families=("law_exp",), n_folds=3, family="law_exp")
     assert sorted(an.ar_arms) == sorted([f"{MODEL_A}/AR", f"{MODEL_B}/AR"]) and AR_ARM not in an.ar_arms
     md = results_markdown(an)
     listed = next(line for line in md.splitlines() if line.startswith("Traces:")).split("arms: ")[1]

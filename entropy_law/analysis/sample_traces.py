@@ -30,10 +30,10 @@ def has_runs(path: Path) -> bool:
 
 def write_simulated_traces(path, *, seed: int = 0, n_requests_per_category: int = 8,
                            tokens_per_request: tuple[int, int] = (60, 120), block_size: int = 8,
-                           tree_depth: int = 5, tree_nodes: int = 16) -> Path:
-    """Write ``simulate_traces``' default law as runs ``sim-block``, ``sim-tree``, ``sim-ar`` under ``path``."""
+                           tree_depth: int = 5, tree_nodes: int = 16, categories=None) -> Path:
+    """Write ``simulate_traces``' default law on its ``categories`` as runs ``sim-block``, ``sim-tree``, ``sim-ar``."""
     path = Path(path)
-    sim = simulate_traces(seed=seed, n_requests_per_category=n_requests_per_category,
+    sim = simulate_traces(seed=seed, n_requests_per_category=n_requests_per_category, categories=categories,
                           tokens_per_request=tokens_per_request, block_size=block_size, include_ar=True,
                           tree=TreeSpec(depth=tree_depth, nodes=tree_nodes))
     for run in sim.runs.itertuples():

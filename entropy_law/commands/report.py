@@ -1,5 +1,4 @@
-"""``entropy-law report TRACES``: a self-contained summary (HTML, or Markdown with PNGs) of a trace set
-(``jobs.report.write_report``)."""
+"""``entropy-law report TRACES``: a self-contained summary (HTML, or Markdown with PNGs) of a trace set."""
 
 from __future__ import annotations
 
@@ -23,6 +22,7 @@ def register(subparsers) -> None:
     p.add_argument("--compare-families", nargs="+", metavar="FAMILY", help="families in the CV comparison")
     p.add_argument("--results-md", metavar="FILE", help="also write the results section (Markdown) to FILE")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-pdf", action="store_true", help="PNG figures only (default: a PDF beside each PNG)")
     p.add_argument("--overwrite", action="store_true", help="replace a report already in --out (and --results-md)")
     p.add_argument("--out-of-core", action="store_true",
                    help="runs over memory: per-category results, law per arm, a figure (docs/out-of-core.md)")
@@ -68,7 +68,7 @@ def run(args) -> int:
                              proposals=pd.concat(proposals, ignore_index=True) if proposals else None, **options)
     source = " ".join(args.traces)
     path = write_report(traces, args.out, fmt=args.format, analysis=analysis, source=source,
-                        progress=not args.no_progress)
+                        progress=not args.no_progress, figure_formats=("png",) if args.no_pdf else ("png", "pdf"))
     print(f"report: {path}")
     if args.results_md:
         out = Path(args.results_md)

@@ -58,6 +58,7 @@ class DemoPlan:
     encode: Callable | None = None
     n_boot: int = 30
     report_format: str = "html"
+    figure_formats: tuple = ("png", "pdf")
     ngram_options: dict | None = None
     analysis_options: dict | None = None
     run_metadata: dict | None = None
@@ -116,7 +117,7 @@ def run_demo(plan: DemoPlan, *, progress: bool = True, log: Callable[[str], None
     traces = load_traces(trace_dir)
     analysis = TraceAnalysis(traces, n_boot=plan.n_boot, seed=seed, **(plan.analysis_options or {}))
     report = write_report(traces, run_dir, fmt=plan.report_format, analysis=analysis, source=str(trace_dir),
-                          progress=progress)
+                          progress=progress, figure_formats=plan.figure_formats)
     ar = next((spec.name for spec in specs if not spec.drafts), None)  # paired speedups over it; None without AR
     measured = None if ar is None else paired_speedups(recorded.timings(ar), reference=ar, clock="cpu", seed=seed)
     if measured is not None:  # labelled with the analysis's arm names
@@ -130,7 +131,6 @@ def run_demo(plan: DemoPlan, *, progress: bool = True, log: Callable[[str], None
     timings["cpu_share"] = share
     timings["analysis_s"] = time.perf_counter() - t_an
     timings["total_s"] = time.perf_counter() - t_start
-    # the detail behind the answer: the answer, the per-category table, the fitted law, the notes, the timings
     summary = "\n".join([*answer, "", terminal_summary(analysis, measured, loaded=bool(loaded)), "",
                           *(f"note: {m}" for m in messages),
                           f"decode {timings['decode_s']:.0f} s, analysis + figures + report "
