@@ -11,6 +11,7 @@ Subcommands (each prints a table and ends with one JSON line):
     python bench/policy.py controllers-timed [ARGS]
     python bench/policy.py controllers-loco [ARGS]
     python bench/policy.py controllers-gap [ARGS]
+    python bench/policy.py controllers-signals [ARGS]
 
 ``python bench/policy.py SUBCOMMAND --help`` lists a subcommand's arguments.
 """
@@ -39,7 +40,7 @@ from bench.lib import exit_code, measured_line, run_subcommand  # noqa: E402
 from entropy_law.decoding.adapter import TargetAdapter  # noqa: E402
 from entropy_law.decoding.decoder import ARDecoder, SpeculativeDecoder, measure_draft_cost  # noqa: E402
 from entropy_law.decoding.gate import CostGate, RatioGate, measure_verify_cost  # noqa: E402
-from entropy_law.decoding.policy import make_policy  # noqa: E402
+from entropy_law.decoding.policy import LawPolicy, make_policy  # noqa: E402
 from entropy_law.decoding.loading import load_target  # noqa: E402
 from entropy_law.decoding.replay import HindsightPolicy, oracle_rounds  # noqa: E402
 from entropy_law.drafters.block import BlockDrafter, default_drafter_path  # noqa: E402
@@ -1915,8 +1916,6 @@ class RateGatedLaw:
     not counted), started from ``prior`` units of cost at ``prior_rate``. Reads the history the ``RoundPolicy`` protocol passes: nothing new."""
 
     def __init__(self, params: dict, curve, rate: float | None, prior: float = 8.0, prior_rate: float = 1.1):
-        from entropy_law.decoding.policy import LawPolicy
-
         self.law, self.rate, self.prior, self.prior_rate = LawPolicy(params, curve), rate, prior, prior_rate
         self.plan, self.observe, self.begin_request = self.law.plan, self.law.observe, self.law.begin_request
 
@@ -1947,8 +1946,6 @@ class RateGatedLaw:
 
 def gap_candidates(law: dict, curve) -> dict:
     """name -> a factory of the round policy: the shipped law policy and the candidates replayed beside it."""
-    from entropy_law.decoding.policy import LawPolicy
-
     def params(**changes):
         return lambda: LawPolicy({**law, **changes}, curve)
 
@@ -1980,7 +1977,10 @@ def gap_rows(request: dict, law_rounds, curve, draft_cost: float) -> list[dict]:
                          best_cost=curve(int(t.loc[best, "tree_nodes"]) + 1) + (draft_cost if best else 0.0),
                          law_rate=decision.get("law_rate"), window_entropy=decision.get("window_entropy"),
                          calibration=decision.get("calibration", 1.0), last_accepted=last, accepted_ema=ema,
-                         confidence=float(t.loc[max(GAP_BUDGETS), "expected_accepted"])))
+                         confidence=float(t.loc[max(GAP_BUDGETS), "expected_accepted"]),
+                         full_accepted=int(t.loc[max(GAP_BUDGETS), "accepted"]), accepted=r.accepted,
+                         budget=decision.get("budget", 0), expected=decision.get("expected", 0.0),
+                         **{k: decision.get(k) for k in SIGNAL_KEYS if k in decision}))
         if drafted and r.tree_nodes:
             last = r.accepted
             ema = r.accepted if ema != ema else 0.7 * ema + 0.3 * r.accepted
@@ -2029,6 +2029,60 @@ def gap_tables(requests: list[dict], law, curve, draft_cost: float, bins: int) -
     return out
 
 
+def gap_setup(root: Path, drafter: str) -> tuple:
+    """(the shipped law policy's parameters, data/traces_timed's cost curve of the drafter's DDTree16 arm, the run.json
+    of the arm the shipped policy ran with, its target)."""
+    from entropy_law.analysis import TraceAnalysis
+    from entropy_law.decoding.gate import VerifyCost
+    from entropy_law.payoff.cost import verify_curve
+    from entropy_law.traces.layout import RUN_FILE, read_run_json
+
+    shipped = root / SHIPPED_LAW.format(drafter=drafter)
+    source = TraceAnalysis(load_traces(root / "data/traces_timed"), n_boot=0)
+    arm = [a for a in source.arms if a.startswith(drafter) and a.endswith("ddtree16")][0]
+    curve = VerifyCost.from_config(verify_curve(source.cost_model(arm)))
+    arm_meta = read_run_json(shipped.parent / RUN_FILE)
+    return (json.loads(shipped.read_text())["policy"], curve, arm_meta,
+            load_target(arm_meta.get("model_id") or "smollm2-135m"))
+
+
+def gap_requests(root: Path, trace_set: Path, arm_meta: dict, target, drafter: str, tasks, sample: int, seed: int,
+                 low: int = 0, high: int | None = None) -> list[dict]:
+    """A seeded sample of ``sample`` requests per category of ``trace_set``'s AR run whose prompts have ``low`` tokens
+    or more (and fewer than ``high``), as ``entropy-law controllers`` replays them: key, category, prompt, output, a
+    factory of the replay drafter (``fresh``), the target's entropies, the replay's options."""
+    from entropy_law.jobs.reference import decoded_requests, replay_drafter, workload_inputs
+
+    ar = root / trace_set / "ar" if (root / trace_set / "ar").is_dir() else root / trace_set
+    chosen = load_traces(ar).requests
+    keep = (chosen["prompt_tokens"] >= low) & (chosen["prompt_tokens"] < (np.inf if high is None else high))
+    chosen = chosen.loc[keep].groupby("category", observed=True, group_keys=False).apply(
+        lambda g: g.sample(min(sample, len(g)), random_state=seed))
+    meta, source, plain, prompts, outputs = workload_inputs(ar, arm_meta, target, tasks, None)
+    tokens = load_traces(ar).tokens.sort_values(["request_id", "position"])
+    entropies = {str(k): g["target_entropy_nats"].to_numpy(float) for k, g in tokens.groupby("request_id")}
+    options = dict(eos_token_ids=plain.config["eos_token_ids"], max_new_tokens=meta.get("max_new_tokens"),
+                   max_context=plain.adapter.max_context)
+    out = []
+    for rid, category, output in decoded_requests(outputs, chosen["request_id"].astype(str).tolist()):
+        src = replay_drafter(source, target, prompts[rid], output)
+        fresh = (lambda s=src: copy.deepcopy(s)) if drafter == "ngram" else (lambda s=src: s)
+        out.append(dict(key=f"{Path(trace_set).name}:{rid}", category=category, prompt=prompts[rid], output=output,
+                        fresh=fresh, entropies=entropies[str(rid)], options=options))
+    return out
+
+
+def replay_priced(request: dict, policy, arm_meta: dict, curve, draft_cost: float) -> tuple:
+    """(the replay of ``request`` under ``policy``, its (tokens, rounds, modelled cost))."""
+    from entropy_law.decoding.replay import replay_rounds
+    from entropy_law.jobs.controllers import _priced
+
+    result = replay_rounds(request["prompt"], request["output"], request["fresh"](), arm_meta.get("tree_policy", "chain"),
+                           arm_meta.get("tree_budget"), policy=policy, verify_cost=curve, entropies=request["entropies"],
+                           category=request["category"], **request["options"])
+    return result, _priced(result, curve, draft_cost)
+
+
 def run_controllers_gap(args, parser) -> dict:
     """Where does the law policy lose against the replay oracle, and could any signal close the distance?
 
@@ -2045,53 +2099,28 @@ def run_controllers_gap(args, parser) -> dict:
 
     Prints the tables and ends with ONE JSON line.
     """
-    from entropy_law.decoding.policy import LawPolicy
-    from entropy_law.decoding.replay import replay_rounds, round_outcomes
-    from entropy_law.jobs.controllers import _priced
-    from entropy_law.jobs.reference import decoded_requests, replay_drafter, workload_inputs
-    from entropy_law.traces.layout import RUN_FILE, read_run_json
+    from entropy_law.decoding.replay import round_outcomes
 
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
     t0, root = time.process_time(), Path(__file__).resolve().parents[1]
-    shipped = root / SHIPPED_LAW.format(drafter=args.drafter)
-    law_params = json.loads(Path(args.policy).read_text()) if args.policy else json.loads(shipped.read_text())["policy"]
-    from entropy_law.analysis import TraceAnalysis
-    from entropy_law.decoding.gate import VerifyCost
-    from entropy_law.payoff.cost import verify_curve
-
-    source = TraceAnalysis(load_traces(root / "data/traces_timed"), n_boot=0)
-    arm = [a for a in source.arms if a.startswith(args.drafter) and a.endswith("ddtree16")][0]
-    curve = VerifyCost.from_config(verify_curve(source.cost_model(arm)))
-    arm_meta = read_run_json(shipped.parent / RUN_FILE)
-    target = load_target(arm_meta.get("model_id") or "smollm2-135m")
+    shipped, curve, arm_meta, target = gap_setup(root, args.drafter)
+    law_params = json.loads(Path(args.policy).read_text()) if args.policy else shipped
     draft_cost, tree = float(law_params["draft_cost"]), arm_meta.get("tree_policy", "chain")
     candidates, law = gap_candidates(law_params, curve), LawPolicy(law_params, curve)
     requests, rows, priced, oracle = [], [], [], [0, 0.0]
     for trace_set in map(Path, args.traces):
-        ar = root / trace_set / "ar" if (root / trace_set / "ar").is_dir() else root / trace_set
-        chosen = load_traces(ar).requests
-        chosen = chosen.loc[chosen["prompt_tokens"] >= args.min_prompt_tokens].groupby(
-            "category", observed=True, group_keys=False).apply(
-            lambda g: g.sample(min(args.sample, len(g)), random_state=args.seed))
-        meta, drafter, plain, prompts, outputs = workload_inputs(ar, arm_meta, target, args.tasks, None)
-        tokens = load_traces(ar).tokens.sort_values(["request_id", "position"])
-        entropies = {str(k): g["target_entropy_nats"].to_numpy(float) for k, g in tokens.groupby("request_id")}
-        options = dict(eos_token_ids=plain.config["eos_token_ids"], max_new_tokens=meta.get("max_new_tokens"),
-                       max_context=plain.adapter.max_context)
-        for rid, category, output in decoded_requests(outputs, chosen["request_id"].astype(str).tolist()):
-            src = replay_drafter(drafter, target, prompts[rid], output)
-            fresh = (lambda s=src: copy.deepcopy(s)) if args.drafter == "ngram" else (lambda s=src: s)
-            request = dict(key=f"{trace_set.name}:{rid}", category=category, entropies=entropies[str(rid)],
-                           table=round_outcomes(prompts[rid], output, fresh(), budgets=GAP_BUDGETS, tree=tree, **options))
+        for request in gap_requests(root, trace_set, arm_meta, target, args.drafter, args.tasks, args.sample, args.seed,
+                                    args.min_prompt_tokens):
+            request["table"] = round_outcomes(request["prompt"], request["output"], request["fresh"](),
+                                              budgets=GAP_BUDGETS, tree=tree, **request["options"])
             requests.append(request)
-            best = oracle_rounds(prompts[rid], output, fresh(), budgets=GAP_BUDGETS, tree=tree, verify_cost=curve,
-                                 draft_cost=draft_cost, **options)
+            best = oracle_rounds(request["prompt"], request["output"], request["fresh"](), budgets=GAP_BUDGETS,
+                                 tree=tree, verify_cost=curve, draft_cost=draft_cost, **request["options"])
             oracle = [oracle[0] + sum(best.committed), oracle[1] + float(sum(best.cost))]
             for name, make in candidates.items():
-                result = replay_rounds(prompts[rid], output, fresh(), tree, arm_meta.get("tree_budget"), policy=make(),
-                                       verify_cost=curve, entropies=entropies[str(rid)], category=category, **options)
-                priced.append((name, request["key"], *_priced(result, curve, draft_cost)))
+                result, cost = replay_priced(request, make(), arm_meta, curve, draft_cost)
+                priced.append((name, request["key"], *cost))
                 if name == "law policy (shipped)":
                     rows += gap_rows(request, result.rounds, curve, draft_cost)
     return _gap_report(args, requests, pd.DataFrame(rows), priced, oracle, law, curve, draft_cost, t0)
@@ -2156,6 +2185,237 @@ def _gap_report(args, requests, rounds, priced, oracle, law, curve, draft_cost: 
     return result
 
 
+# --- controllers-signals -----------------------------------------------------------------------------------------------
+# Could prompt-lookup signals (the matched suffix, its source span's history) lift the law policy to 90% of the oracle?
+
+SIGNAL_KEYS = ("match_len", "n_matches", "distance", "agree_depth", "agree1", "cont", "same_span")
+SIGNALS = {"law's best chain rate (before drafting), ref": ("law_rate", 1),
+           "drafter's confidence, DDTree16 (before verifying), ref": ("confidence", 1),
+           "(1) copy-run continuation": ("cont", 1), "(2) matched suffix length n": ("match_len", 1),
+           "(2) occurrences of the matched n-gram": ("n_matches", 1),
+           "(2) agreement: share of matches agreeing at depth 1": ("agree1", 1),
+           "(2) agreement: depths where all matches agree": ("agree_depth", 1),
+           "(2) distance back to the match (shorter pays)": ("distance", -1),
+           "(3) same source span earlier: -1 none / 0 rejected / 1 all": ("same_span", 1)}
+SPAN_LOOKBACK = 16  # rounds scanned back for an earlier proposal from the same source span
+
+
+def signals_arguments(parser) -> None:
+    """The arguments of ``controllers-signals``."""
+    parser.add_argument("--sample", type=int, default=8, metavar="K", help="long requests per Spec-Bench category")
+    parser.add_argument("--fit-sample", type=int, default=6, metavar="K",
+                        help="requests per category under --min-prompt-tokens the candidates' factors are fitted on")
+    parser.add_argument("--open-sample", type=int, default=3, metavar="K", help="requests per category of each open set")
+    parser.add_argument("--min-prompt-tokens", type=int, default=800, metavar="N")
+    parser.add_argument("--seed", type=int, default=11)
+    parser.add_argument("--out", default=None, metavar="FILE", help="also append the tables to this file, headed by "
+                                                                   "the command, date, commit and machine")
+
+
+class SignalLaw(LawPolicy):
+    """The n-gram law policy plus prompt-lookup signals read from the context and the request's history (both passed
+    by the ``RoundPolicy`` protocol) into its decision. ``scales``: level (``signal_level``) -> a factor on the plan's
+    path probabilities (None: the law's decisions, the signals only recorded); ``rate_plan``: the plan keeps the prefix
+    of nodes (by path probability) with the most ``1 + sum P - R c(k + 1)``, R the request's own rate so far."""
+
+    def __init__(self, params: dict, curve, drafter_config: dict, scales: dict | None = None, rate_plan: bool = False):
+        super().__init__(params, curve)
+        self.config, self.scales, self.rate_plan = dict(drafter_config), scales, rate_plan
+        self.rater, self.lookup = RateGatedLaw(params, curve, None), NgramDrafter(**self.config)
+
+    def begin_request(self, state) -> None:
+        self.lookup = NgramDrafter(**self.config)
+        self.lookup.begin(list(state.prompt_ids))
+
+    def signals(self, context, history) -> dict:
+        """(1) the match continues the last round's fully accepted copy; (2) the matched suffix: length, occurrences,
+        distance back, agreement of its matches; (3) an earlier proposal from the same source span and its outcome."""
+        ng = self.lookup
+        ng._extend_context(list(context))
+        n = len(ng._tokens)
+        ng._index_until(n - 1)
+        length, ends = ng._find_matches()
+        if not ends:
+            return dict(match_len=0, n_matches=0, distance=np.nan, agree_depth=0, agree1=np.nan, cont=0, same_span=-1,
+                        match_end=-1)
+        best, rows, prev = ends[0], ng._candidates(ends), history[-1] if history else None
+        conts = [ng._tokens[e + 1] if e + 1 < n else None for e in ends]
+        end = ((prev.policy or {}) if prev is not None else {}).get("match_end", -1)
+        cont = int(prev is not None and prev.round_index > 0 and prev.tree_nodes > 0
+                   and prev.accepted == prev.tree_depth and end >= 0 and best == end + prev.committed)
+        same = -1
+        for r in list(history)[::-1][:SPAN_LOOKBACK]:
+            e = (r.policy or {}).get("match_end", -1)
+            if r.round_index > 0 and r.tree_nodes > 0 and 0 <= e < best <= e + r.tree_depth + 1:
+                same = int(r.accepted == r.tree_depth)
+                break
+        return dict(match_len=length, n_matches=len(ng._index[length].get(tuple(ng._tokens[n - length:]), ())),
+                    distance=float(n - 1 - best), agree1=float(np.mean([c == conts[0] for c in conts])),
+                    agree_depth=next((d for d, row in enumerate(rows) if len(row) > 1), len(rows)), cont=cont,
+                    same_span=same, match_end=best)
+
+    def before_draft(self, entropies, n_output, max_depth, history=(), context=None) -> dict:
+        decision = {**super().before_draft(entropies, n_output, max_depth, history, context),
+                    **self.signals(context, history)}
+        if self.scales is not None:
+            decision["level"] = signal_level(decision)
+            decision["plan_calibration"] = decision.get("plan_calibration", 1.0) * self.scales.get(decision["level"], 1.0)
+        if self.rate_plan:
+            decision["opportunity_rate"] = self.rater._rate(history)
+        return decision
+
+    def plan(self, proposal, tree, decision):
+        if not self.rate_plan or tree.n_nodes == 0:
+            return super().plan(proposal, tree, decision)
+        rate, curve = decision["opportunity_rate"], self.verify_cost
+
+        def prefix(k: int, into: dict):  # the law's plan held to its k most probable nodes (a cost wall after them)
+            self.verify_cost = lambda nodes: 1.0 if nodes <= k + 1 else np.inf
+            try:
+                return LawPolicy.plan(self, proposal, tree, into)
+            finally:
+                self.verify_cost = curve
+
+        best_k, best = 0, 1.0 - rate * curve(1)
+        for k in range(1, tree.n_nodes + 1):
+            kept, expected = prefix(k, dict(decision))
+            if (value := 1.0 + expected - rate * curve(kept.n_nodes + 1)) > best:
+                best_k, best = k, value
+        return prefix(best_k, decision)
+
+    def to_config(self) -> dict:
+        return {**super().to_config(), "scales": self.scales}
+
+
+def signal_level(decision: dict) -> str:
+    """The candidates' level: the matched suffix length (capped at 4) and the source span's state (``same_span``)."""
+    return f"n{min(int(decision.get('match_len') or 0), 4)}s{int(decision.get('same_span', -1))}"
+
+
+def fit_scales(rows: pd.DataFrame, shrink: float = 5.0, clip=(0.25, 4.0)) -> dict:
+    """level -> accepted / expected drafts of the law's verified trees on that level (``shrink`` pseudo-drafts at 1)."""
+    rows = rows.loc[rows["budget"] > 0]
+    sums = rows.groupby([signal_level(r) for r in rows.to_dict("records")])[["accepted", "expected"]].sum()
+    return {k: float(np.clip((s["accepted"] + shrink) / (s["expected"] + shrink), *clip)) for k, s in sums.iterrows()}
+
+
+def run_controllers_signals(args, parser) -> dict:
+    """Do prompt-lookup signals lift the n-gram law policy to 90% of the replay oracle on the long Spec-Bench prompts?
+
+    ``controllers-gap``'s long-prompt workload (``--sample`` requests per category, prompts >= ``--min-prompt-tokens``):
+    per round of the shipped law policy's replay, each signal's AUC for the rounds where drafting pays in hindsight;
+    then candidates: the law's plan probabilities times a factor per level (suffix length x source span's state),
+    fitted as accepted / expected drafts on ``--fit-sample`` shorter requests per category (held out: with the law
+    refitted below ``--min-prompt-tokens``; in sample: on the long requests themselves), and that plus a plan at the
+    request's own rate; shares of the oracle and paired intervals against the law policy and SGLang's EMA, and on the
+    open-ended sets.
+
+        OMP_NUM_THREADS=1 python bench/policy.py controllers-signals --out bench/results/policy-controllers-gap-long.txt
+
+    Prints the two tables and ends with ONE JSON line.
+    """
+    from scipy.stats import spearmanr
+
+    from entropy_law.decoding.controllers import AcceptLengthEMA
+    from entropy_law.decoding.replay import round_outcomes
+    from entropy_law.payoff.controllers import paired_ratio
+
+    torch.set_num_threads(1)
+    warnings.simplefilter("ignore")
+    t0, root = time.process_time(), Path(__file__).resolve().parents[1]
+    shipped, curve, arm_meta, target = gap_setup(root, "ngram")
+    below, config = policy_below(root, "ngram", args.min_prompt_tokens), arm_meta["drafter_config"]
+    tree = arm_meta.get("tree_policy", "chain")
+    spec = Path("data/traces/ngram")
+    long = gap_requests(root, spec, arm_meta, target, "ngram", "spec_bench", args.sample, args.seed, args.min_prompt_tokens)
+    fit = gap_requests(root, spec, arm_meta, target, "ngram", "spec_bench", args.fit_sample, args.seed, 0,
+                       args.min_prompt_tokens)
+    open_ = [r for w in OPEN_WORKLOADS for r in gap_requests(root, Path("data") / w, arm_meta, target, "ngram", None,
+                                                             args.open_sample, args.seed)]
+
+    def signal_rows(requests, law: dict) -> pd.DataFrame:  # the law's rounds, signals recorded, and in hindsight
+        rows = []
+        for r in requests:
+            r = {**r, "table": round_outcomes(r["prompt"], r["output"], r["fresh"](), budgets=GAP_BUDGETS, tree=tree,
+                                              **r["options"])}
+            result, _ = replay_priced(r, SignalLaw(law, curve, config), arm_meta, curve, float(law["draft_cost"]))
+            rows += gap_rows(r, result.rounds, curve, float(law["draft_cost"]))
+        return pd.DataFrame(rows)
+
+    def candidates(law: dict, scales: dict) -> dict:
+        return {"law policy": lambda: LawPolicy(law, curve),
+                "C1 span calibration": lambda: SignalLaw(law, curve, config, scales),
+                "C2 C1 + plan at own rate": lambda: SignalLaw(law, curve, config, scales, rate_plan=True),
+                "law + plan at own rate (ablation)": lambda: SignalLaw(law, curve, config, rate_plan=True)}
+
+    def priced(requests, runs: dict) -> pd.DataFrame:  # runs: name -> (policy factory, its law's draft cost)
+        out = []
+        for r in requests:
+            draft_cost = float(shipped["draft_cost"])
+            best = oracle_rounds(r["prompt"], r["output"], r["fresh"](), budgets=GAP_BUDGETS, tree=tree,
+                                 verify_cost=curve, draft_cost=draft_cost, **r["options"])
+            out.append(("oracle", r["key"], sum(best.committed), len(best.committed), float(sum(best.cost))))
+            for name, (make, cost) in {**runs, "SGLang EMA": (AcceptLengthEMA, draft_cost)}.items():
+                out.append((name, r["key"], *replay_priced(r, make(), arm_meta, curve, cost)[1]))
+        return pd.DataFrame(out, columns=["config", "request", "tokens", "rounds", "cost"])
+
+    rows = signal_rows(long, shipped)
+    pays, full = (rows["best"] > 0).to_numpy(), rows["full_accepted"].to_numpy()
+    aucs = pd.DataFrame({label: {"AUC pays": auc(pays, x), "AUC acc>=1": auc(full >= 1, x), "AUC acc>=4": auc(full >= 4, x),
+                                 "Spearman acc": spearmanr(x[np.isfinite(x)], full[np.isfinite(x)]).statistic}
+                         for label, (column, sign) in SIGNALS.items()
+                         for x in [rows[column].astype(float).to_numpy() * sign]}).T
+    fit_rows = {"held out": signal_rows(fit, below), "open": signal_rows(fit, shipped)}
+    scales = {"in sample": fit_scales(rows), **{k: fit_scales(v) for k, v in fit_rows.items()}}
+    runs = {(how, name): (make, float(law["draft_cost"])) for how, law in (("in sample", shipped), ("held out", below))
+            for name, make in candidates(law, scales[how]).items()}
+    frames = {"long": priced(long, {f"{how}|{name}": v for (how, name), v in runs.items()}),
+              "open": priced(open_, {f"open|{n}": (m, float(shipped["draft_cost"]))
+                                     for n, m in candidates(shipped, scales["open"]).items() if "ablation" not in n})}
+    table = {}
+    for part, frame in frames.items():
+        sums = frame.groupby("config", sort=False)[["tokens", "cost"]].sum()
+        share = sums["tokens"] / sums["cost"] / (sums.loc["oracle", "tokens"] / sums.loc["oracle", "cost"])
+        for config in share.index.drop(["oracle", "SGLang EMA"]):
+            how, name = config.split("|")
+            table.setdefault(name, {})[f"{how} share"] = round(share[config], 4)
+            for other in ("law policy", "SGLang EMA"):
+                if other != name and (how != "in sample" or other == "law policy"):
+                    ratio = paired_ratio(frame, config, other if other == "SGLang EMA" else f"{how}|{other}",
+                                         seed=args.seed)
+                    table[name][f"{how} / {other.split()[0]}"] = "%.3f [%.3f, %.3f]" % ratio
+    table = pd.DataFrame(table).T[[f"{how} {what}" for how in ("in sample", "held out", "open")
+                                   for what in ("share", "/ law", "/ SGLang") if how != "in sample" or what != "/ SGLang"]]
+    rates = {part: frame.groupby("config")[["tokens", "cost"]].sum().eval("tokens / cost").loc["oracle"]
+             for part, frame in frames.items()}
+    text = "\n".join([
+        f"controllers-signals: n-gram DDTree16, {len(long)} Spec-Bench requests with prompts >= {args.min_prompt_tokens} "
+        f"tokens ({args.sample} per category, seed {args.seed}); replay oracle {rates['long']:.4f}x; verify cost "
+        f"{curve.describe()}", "",
+        f"signals over the shipped law policy's {len(rows)} rounds ({pays.mean():.1%} pay in hindsight):",
+        aucs.round(3).to_string(), "",
+        f"candidates: share of the oracle's modelled speedup; paired request bootstrap intervals. Factors: in sample on "
+        f"the long requests; held out: law refitted below {args.min_prompt_tokens} tokens, factors on {len(fit)} requests "
+        f"under {args.min_prompt_tokens} ({args.fit_sample} per category); open-ended ({len(open_)} requests of "
+        f"{len(OPEN_WORKLOADS)} sets, oracle {rates['open']:.4f}x): shipped law, factors as held out",
+        table.fillna("").to_string()])
+    text = text.replace(str(root) + "/", "")
+    print(text)
+    result = {"bench": "policy_controllers_signals", "requests": len(long), "fit_requests": len(fit),
+              "open_requests": len(open_), "oracle": round(rates["long"], 4),
+              "auc_pays": aucs["AUC pays"].round(3).to_dict(),
+              "of_oracle": {n: {k: v for k, v in row.items() if k.endswith("share") and v == v} for n, row in table.iterrows()},
+              "cpu_s": round(time.process_time() - t0, 1)}
+    if args.out:
+        header = (f"\n# controllers-signals: python bench/policy.py controllers-signals --sample {args.sample} --fit-sample "
+                  f"{args.fit_sample} --open-sample {args.open_sample} --min-prompt-tokens {args.min_prompt_tokens} "
+                  f"--seed {args.seed}\n{measured_line()}\n\n")
+        with open(args.out, "a") as out:
+            out.write(header + text + "\n\n" + json.dumps(result) + "\n")
+    print(json.dumps(result))
+    return result
+
+
 COMMANDS = {  # subcommand: (adds its arguments, runs it)
     "policy": (policy_arguments, run_policy),
     "ceiling": (ceiling_arguments, run_ceiling),
@@ -2165,6 +2425,7 @@ COMMANDS = {  # subcommand: (adds its arguments, runs it)
     "controllers-timed": (controllers_timed_arguments, run_controllers_timed),
     "controllers-loco": (controllers_loco_arguments, run_controllers_loco),
     "controllers-gap": (controllers_gap_arguments, run_controllers_gap),
+    "controllers-signals": (signals_arguments, run_controllers_signals),
 }
 
 

@@ -4,6 +4,7 @@
 from types import SimpleNamespace
 
 import numpy as np
+import pandas as pd
 import pytest
 
 from conftest import load_bench
@@ -74,3 +75,19 @@ def test_replayed_the_gate_decides_the_rounds_itself_and_a_rate_no_round_reaches
 
     law, never = drafted(LawPolicy(law_params(), COST)), drafted(bench.RateGatedLaw(law_params(), COST, 50.0))
     assert law[0] > 0 and never == (0, len(output) - 1)  # every round a plain step
+
+
+@pytest.mark.parametrize("depth, same_span, cont", [(3, 0, 0), (1, 1, 1)])
+def test_signals_read_the_matched_suffix_and_the_source_span_history_of_a_hand_made_context(depth, same_span, cont):
+    bench = load_bench("policy")
+    signal = bench.SignalLaw(law_params(), COST, {})
+    signal.begin_request(SimpleNamespace(prompt_ids=[1, 2, 3, 4, 5, 6, 7]))
+    # the last round drafted ``depth`` tokens from the match ending at position 1 and accepted one: rejected in part
+    # (depth 3), or a copy run the match at position 3 = 1 + 2 committed continues (depth 1)
+    last = SimpleNamespace(round_index=1, tree_nodes=depth, tree_depth=depth, accepted=1, committed=2,
+                           policy={"match_end": 1})
+    got = signal.signals([1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4], [last])
+    assert (got["match_len"], got["match_end"], got["distance"], got["n_matches"]) == (4, 3, 7.0, 1)
+    assert (got["same_span"], got["cont"]) == (same_span, cont)
+    assert bench.fit_scales(pd.DataFrame([dict(budget=2, accepted=3, expected=8.0, **got)]))[
+        f"n4s{same_span}"] == pytest.approx(8 / 13)
