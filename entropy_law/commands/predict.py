@@ -402,8 +402,7 @@ def _policy_variant(args, analysis, arm, meta, policy, target, measured) -> tupl
 
 
 def _variant_error(args, analysis, arm) -> tuple[float | None, list[str]]:
-    """The widening of a budget ``arm`` never ran: ``--transfer-error`` if given, else
-    ``TraceAnalysis.variant_error``."""
+    """(error or None, notes): how a variant of ``arm`` that never ran (a budget, a law policy) is widened."""
     if args.transfer_error is not None:
         return None, [f"the cost model's error taken as {args.transfer_error:.1%} (--transfer-error)"]
     return analysis.variant_error(arm)
