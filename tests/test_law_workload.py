@@ -818,6 +818,22 @@ def test_the_predict_command_with_the_arms_rounds_replayed(capsys, timed_analysi
     assert "--replay-rounds replays the drafter over one run" in capsys.readouterr().err
 
 
+def test_the_predict_command_refuses_options_that_cannot_go_together_before_reading_a_trace(capsys, tmp_path):
+    """Options that cannot go together, and a replay of a folder, exit 2 saying why before any trace is read: here
+    the paths do not even exist, and the answer is still about the options."""
+    from entropy_law.cli import main
+
+    nowhere = tmp_path / "nowhere"
+    for extra, why in ((["--budgets", "8"], "--budgets replays DDTree arms at other budgets: it needs --replay-rounds"),
+                       (["--replay", "--replay-rounds"], "choose one"), (["--law-borrow"], "add --replay"),
+                       (["--policy", str(nowhere / "law.json")], "it needs --replay-rounds"),
+                       (["--replay"], f"--replay replays the drafter over one run: {nowhere} is not a run")):
+        assert main(["predict", str(nowhere), "--from", str(nowhere), *extra]) == 2
+        assert why in capsys.readouterr().err
+    assert main(["predict", str(nowhere), "--from", str(nowhere)]) == 2
+    assert "does not exist" in capsys.readouterr().err  # the options go together: the traces are read
+
+
 def test_the_predict_command_prices_other_budgets_of_a_ddtree_arm(capsys, timed_analysis):
     """``entropy-law predict --replay-rounds --budgets``: the n-gram DDTree16 arm replayed at budget 8 (never timed)
     is priced by DDTree16's cost model, widened by the larger of that model's own error and its error pricing the

@@ -3,6 +3,8 @@ The modes (default, ``--replay``, ``--replay-rounds``) are explained in ``docs/c
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
@@ -48,6 +50,7 @@ def run(args) -> int:
         raise ValueError(f"--n-boot must be >= 0, got {args.n_boot}")
     if args.transfer_error is not None and not args.transfer_error >= 0:
         raise ValueError(f"--transfer-error must be >= 0 (a relative error such as 0.2), got {args.transfer_error}")
+    budgets = _replay_options(args)  # before anything loads: options that cannot go together fail fast
     workload, arm_traces = load_traces(args.workload), load_traces(args.arm_traces)
     if args.context_match:
         from entropy_law.commands.law import with_context_match
@@ -56,7 +59,7 @@ def run(args) -> int:
         arm_traces = with_context_match(arm_traces, args.model, what=f"--from {args.arm_traces}")
     analysis = _analysis(args, workload, arm_traces)
     arms = _arms(args, analysis)
-    budgets, policy = _replay_options(args, analysis, arms)
+    policy = _policy(args, analysis, arms) if args.policy else None
     replayed = {}
     if args.replay:
         replayed, workload = replayed_laws(args, analysis, arms, workload)
@@ -116,8 +119,8 @@ def _arms(args, analysis) -> list:
     return arms
 
 
-def _replay_options(args, analysis, arms) -> tuple[list, dict | None]:
-    """(``--budgets``, the ``--policy`` loaded), after refusing options that need a replay mode not asked for."""
+def _replay_options(args) -> list:
+    """``--budgets``, after refusing options that need a replay mode not asked for (or both modes)."""
     if args.law_tasks and not args.replay:
         raise ValueError("--law-tasks names the prompts of --replay's law traces: add --replay")
     if args.law_borrow and not args.replay:
@@ -127,21 +130,27 @@ def _replay_options(args, analysis, arms) -> tuple[list, dict | None]:
     budgets = _budgets(args.budgets) if args.budgets else []
     if budgets and not args.replay_rounds:
         raise ValueError("--budgets replays DDTree arms at other budgets: it needs --replay-rounds")
-    policy = None
-    if args.policy:
-        if not args.replay_rounds:
-            raise ValueError("--policy replays the arms' rounds under a law policy: it needs --replay-rounds")
-        from entropy_law.payoff.policy import load_policy
-        policy = load_policy(args.policy)  # before the target loads: a bad file fails fast
-        drafters = sorted({str(d) for d in analysis.runs.loc[analysis.runs["arm"].isin(arms), "recorded_drafter_id"]})
-        if policy.get("drafter_id") not in drafters:
-            raise ValueError(f"--policy {args.policy}: the policy is for drafter {policy.get('drafter_id')!r}, and "
-                             f"{args.arm_traces} has no timed arm of it among {', '.join(arms)} (drafters: "
-                             f"{', '.join(drafters)}): its rounds need that drafter's cost model")
+    if args.policy and not args.replay_rounds:
+        raise ValueError("--policy replays the arms' rounds under a law policy: it needs --replay-rounds")
     if args.replay and args.replay_rounds:
         raise ValueError("--replay prices replayed proposals with a law, --replay-rounds replayed rounds without one: "
                          "choose one")
-    return budgets, policy
+    if args.replay or args.replay_rounds:
+        _one_run(args.workload, "--replay" if args.replay else "--replay-rounds")
+    return budgets
+
+
+def _policy(args, analysis, arms) -> dict:
+    """``--policy`` loaded (before the target loads: a bad file fails fast), for a drafter one of ``arms`` ran."""
+    from entropy_law.payoff.policy import load_policy
+
+    policy = load_policy(args.policy)
+    drafters = sorted({str(d) for d in analysis.runs.loc[analysis.runs["arm"].isin(arms), "recorded_drafter_id"]})
+    if policy.get("drafter_id") not in drafters:
+        raise ValueError(f"--policy {args.policy}: the policy is for drafter {policy.get('drafter_id')!r}, and "
+                         f"{args.arm_traces} has no timed arm of it among {', '.join(arms)} (drafters: "
+                         f"{', '.join(drafters)}): its rounds need that drafter's cost model")
+    return policy
 
 
 def _print_choice(results: dict) -> None:
@@ -191,8 +200,6 @@ def replayed_laws(args, analysis, arms, workload, family: str | None = None) -> 
     """``--replay``: per arm (its law, transfer error, replayed proposals, notes, ``{"bias": b,
     "uncalibrated_error": ...}``), and the workload with the context's copyability where it could be attached.
     ``args``: the command's options; ``family``: the law (default ``payoff.workload.replayed_family``)."""
-    from pathlib import Path
-
     from entropy_law.jobs.reference import workload_proposals
     from entropy_law.analysis import TraceAnalysis
     from entropy_law.law.fit import get_family
@@ -300,8 +307,6 @@ def _law_error(args, analysis, reference, arm: str, law_from: str, family: str) 
 
 
 def _one_run(workload, flag: str) -> None:
-    from pathlib import Path
-
     from entropy_law.traces.layout import RUN_FILE
 
     if not (Path(workload) / RUN_FILE).is_file():
@@ -310,8 +315,6 @@ def _one_run(workload, flag: str) -> None:
 
 def _workload_target(args, flag: str):
     """The workload's target, loaded (``--model`` or the name its run.json records)."""
-    from pathlib import Path
-
     from entropy_law.decoding.loading import load_target
     from entropy_law.traces.layout import RUN_FILE, read_run_json
 
@@ -336,12 +339,10 @@ def _replayed_rounds(args, analysis, arms, budgets=(), policy=None) -> dict:
     """name -> (rounds replayed over the workload, notes, the arm whose cost model prices them, its error or None):
     every arm, its law policy variant, and each DDTree arm at each other budget of ``budgets``."""
     import re
-    from pathlib import Path
 
     from entropy_law.jobs.reference import workload_rounds
     from entropy_law.traces.layout import RUN_FILE, read_run_json
 
-    _one_run(args.workload, "--replay-rounds")
     target = _workload_target(args, "--replay-rounds")
     measured = None
     if policy is not None and policy.get("verify_cost") is None:  # once, as an online run measures it at start
@@ -401,8 +402,7 @@ def _policy_variant(args, analysis, arm, meta, policy, target, measured) -> tupl
 
 
 def _variant_error(args, analysis, arm) -> tuple[float | None, list[str]]:
-    """The widening of a budget ``arm`` never ran: ``--transfer-error`` if given, else
-    ``TraceAnalysis.variant_error``."""
+    """(error or None, notes): how a variant of ``arm`` that never ran (a budget, a law policy) is widened."""
     if args.transfer_error is not None:
         return None, [f"the cost model's error taken as {args.transfer_error:.1%} (--transfer-error)"]
     return analysis.variant_error(arm)

@@ -40,9 +40,9 @@ ONLINE_ARM = "ngram"
 SEED = 0  # recorded in the run metadata (greedy decoding draws nothing)
 
 
-def greedy_outputs(run_dir: Path) -> dict:
-    """request_id -> (category, question_id, output token ids, stop_reason) of a recorded run."""
-    traces = load_traces(run_dir)
+def greedy_outputs(run_dir: Path, traces=None) -> dict:
+    """request_id -> (category, question_id, output token ids, stop_reason) of a recorded run (``traces``: loaded)."""
+    traces = load_traces(run_dir) if traces is None else traces
     tok = traces.tokens.sort_values(["request_id", "position"])
     req = traces.requests.set_index("request_id")
     out = {}
@@ -53,12 +53,12 @@ def greedy_outputs(run_dir: Path) -> dict:
     return out
 
 
-def recorded_prompts(run_dir: Path, encode: Callable, tasks: dict) -> dict:
+def recorded_prompts(run_dir: Path, encode: Callable, tasks: dict, traces=None) -> dict:
     """request_id -> prompt token ids of every request of a recorded run, rebuilt by ``encode`` (task -> ids,
     e.g. ``lambda t: decoder.encode_prompt(t.messages())``) from its task (``tasks``: request id -> task) and
     checked against the recorded ``prompt_tokens``. Raises ``ValueError`` naming the run and the request where
-    the task is unknown or the length differs (the rebuilt prompt would not be the one decoded)."""
-    requests = load_traces(run_dir).requests
+    the task is unknown or the length differs (the rebuilt prompt is not the one decoded). ``traces``: loaded."""
+    requests = (load_traces(run_dir) if traces is None else traces).requests
     out = {}
     for rid, recorded in zip(requests["request_id"].astype(str), requests["prompt_tokens"].astype(int)):
         if rid not in tasks:
@@ -257,10 +257,10 @@ def _run_prompts(run_dir: str | Path, target, tasks):
         raise ValueError(f"{run_dir}: run.json names no task file; pass the prompts it decoded (tasks=)")
     plain = SpeculativeDecoder(target)
     raw = meta.get("chat_template") is False
-    by_id = {t.request_id: t for t in load_tasks(source)}
+    by_id, traces = {t.request_id: t for t in load_tasks(source)}, load_traces(run_dir)  # read once for both
     prompts = recorded_prompts(run_dir, (lambda t: plain.encode_prompt(t.prompt, raw_prompt=True)) if raw
-                               else (lambda t: plain.encode_prompt(t.messages())), by_id)
-    return meta, plain, prompts, greedy_outputs(run_dir)
+                               else (lambda t: plain.encode_prompt(t.messages())), by_id, traces)
+    return meta, plain, prompts, greedy_outputs(run_dir, traces)
 
 
 def context_matches(run_dirs: str | Path | Sequence[str | Path], target, *, tasks: str | Path | None = None,

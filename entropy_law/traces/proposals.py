@@ -60,7 +60,7 @@ def write_proposals(run_dir, frame: pd.DataFrame, how: dict) -> Path:
     frame["run_id"] = frame["run_id"].astype(str)
     frame["request_id"] = frame["request_id"].astype(str)
     check_proposals(frame, str(run_dir / PROPOSALS_FILE))
-    other = set(frame["run_id"]) - {meta["run_id"]}
+    other = set(frame["run_id"].unique()) - {meta["run_id"]}
     if other:
         raise TraceValidationError(f"{run_dir}: proposals of run(s) {sorted(other)} in run {meta['run_id']!r}")
     table = pa.Table.from_pandas(frame[SCHEMA.names], schema=SCHEMA, preserve_index=False)
@@ -83,7 +83,7 @@ def read_proposals(path) -> pd.DataFrame | None:
             raise TraceValidationError(f"{file}: missing columns {sorted(set(SCHEMA.names) - set(table.column_names))}")
         frame = table.select(SCHEMA.names).cast(SCHEMA).to_pandas()
         run_id = read_run_json(file.parent / RUN_FILE)["run_id"]
-        if set(frame["run_id"]) - {run_id}:
+        if set(frame["run_id"].unique()) - {run_id}:
             raise TraceValidationError(f"{file}: rows of another run than {run_id!r}")
         check_proposals(frame, str(file))
         frames.append(frame)
