@@ -292,3 +292,23 @@ def test_the_calibration_bench_compares_the_divisors_and_restores_the_package():
     narrow = P.loco_predictions(sim, "law_exp", n_draws=0)
     assert (wide.summary["sd_log_category"] >= narrow.summary["sd_log_category"] - 1e-12).all()
     assert wide.coverage >= narrow.coverage
+
+
+def test_request_moments_of_many_requests_equal_each_requests_own(sim):
+    """``request_moments`` builds one design matrix for all its requests' rows and splits it: bit for bit the
+    moments (and coefficient-draw variances) of predicting each request alone."""
+    import entropy_law.payoff.predict as P
+    from entropy_law.law.fit import fit_law
+    from entropy_law.law.transfer import TrainingDepthModel, drafted_depths, loco_inputs, with_start_entropy
+
+    inputs = loco_inputs(sim, "law_exp", drafter=None, B=None, eps=1e-3, min_categories=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        law = fit_law(inputs.counts, inputs.family, cov_type="cluster")
+    model = TrainingDepthModel.fit(with_start_entropy(drafted_depths(sim, inputs.drafter), inputs.seqs), inputs.B - 1)
+    seqs, draws = inputs.seqs.iloc[::10], P.parameter_draws(law, 3, 0)
+    together = P.request_moments(law, seqs, inputs.B, model, draws=draws)
+    alone = pd.concat([P.request_moments(law, seqs.iloc[[i]], inputs.B, model, draws=draws)
+                       for i in range(len(seqs))], ignore_index=True)
+    assert len(together) == len(seqs) > 5 and together["tokens"].nunique() > 1
+    pd.testing.assert_frame_equal(together, alone, check_exact=True)

@@ -87,7 +87,7 @@ def request_moments(law: FittedLaw, sequences: pd.DataFrame, B: int, depth_model
     if (depth_model is None) == (proposals is None):
         raise ValueError("give exactly one of depth_model (a TrainingDepthModel) and proposals (replayed proposals)")
     replayed = replayed_arrays(proposals, sequences, drafts) if proposals is not None else None
-    rows = []
+    built, rows = [], []  # per request: record, entropies, rows to predict (one design for all), shape, depths
     for rec in sequences.itertuples():
         h = np.asarray(rec.entropy, dtype=float)
         if replayed is not None:
@@ -97,7 +97,10 @@ def request_moments(law: FittedLaw, sequences: pd.DataFrame, B: int, depth_model
         else:
             frame, shape = law.sequence_frame(h, drafts, **sequence_context(law, rec))
             probs = depth_model.probabilities(h, getattr(rec, "context_match", None))
-        x = _design(law, frame)
+        built.append((rec, h, frame, shape, probs))
+    xs = np.split(_design(law, pd.concat([b[2] for b in built], ignore_index=True)),
+                  np.cumsum([len(b[2]) for b in built])[:-1]) if built else []
+    for (rec, h, _, shape, probs), x in zip(built, xs):
         a = law.shape_acceptance(_acceptance(law, x, np.asarray(law.result.params, dtype=float)), shape)
         mean, var = round_count_moments(a, probs)
         row = dict(run_id=rec.run_id, request_id=rec.request_id, category=rec.category, tokens=h.size,
@@ -176,8 +179,6 @@ def prediction_interval(moments: pd.DataFrame, over: Overdispersion, level: floa
     log_center = np.log(out["predicted_tokens_per_round"]) + over.bias
     out["center"] = np.exp(log_center)
     out["sd_log"] = np.sqrt(var)
-    # the between-category part rests on the k training categories' means (k - 1 df); the others on many
-    # requests. Welch-Satterthwaite: t with df = var^2 / (between^2 / (k - 1)), the normal as k grows
     if between > 0 and over.categories > 1:
         df = np.asarray(var, dtype=float) ** 2 / (between ** 2 / (over.categories - 1))
         quantile = stats.t.ppf(0.5 + level / 2, df)
@@ -379,7 +380,7 @@ def _coverage_summary(requests: pd.DataFrame, n_draws: int) -> pd.DataFrame:
                            & (requests["observed_tokens_per_round"] <= requests["upper"]))
     requests["relative_error"] = requests["center"] / requests["observed_tokens_per_round"] - 1
     g = requests.groupby("category")
-    summary = pd.DataFrame({
+    return pd.DataFrame({
         "requests": g.size(), "coverage": g["covered"].mean(),
         "below": g.apply(lambda d: float((d["observed_tokens_per_round"] < d["lower"]).mean()), include_groups=False),
         "above": g.apply(lambda d: float((d["observed_tokens_per_round"] > d["upper"]).mean()), include_groups=False),
@@ -392,7 +393,6 @@ def _coverage_summary(requests: pd.DataFrame, n_draws: int) -> pd.DataFrame:
         "sd_log_category": np.sqrt(g["sigma2_category"].first()),
         "bias": g["bias"].first(),
     })
-    return summary
 
 
 def _add_loco_notes(notes: list, n_requests: int, training_depths: bool, overdispersion: str, n_draws: int) -> None:
