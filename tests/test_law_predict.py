@@ -69,6 +69,37 @@ def test_overdispersion_recovers_known_variances():
     assert over.sigma2_request < 0.001 and over.sigma2_category < 0.001
 
 
+def _overdispersion_by_groups(residual: pd.DataFrame, out_of_sample: bool) -> tuple:
+    """The method of moments of ``Overdispersion.estimate`` spelled out with pandas' groupby, category by category."""
+    groups = residual.groupby("category")
+    means = groups["residual"].mean()
+    within = [((g["residual"] - g["residual"].mean()) ** 2 * len(g) / (len(g) - 1) - g["var_log_sampling"]).to_numpy()
+              for _, g in groups if len(g) > 1]
+    sigma2_request = max(np.mean(np.concatenate(within)), 0.0) if within else 0.0
+    k = len(means)
+    noise = ((sigma2_request + groups["var_log_sampling"].mean()) / groups.size()).mean()
+    spread = means.var(ddof=0) * (k - 1) / k if out_of_sample else means.var(ddof=1)
+    return means.mean(), sigma2_request, max(spread - noise, 0.0), spread / k
+
+
+def test_the_overdispersion_equals_its_groupby_spelling_on_unequal_categories():
+    """``Overdispersion.estimate`` (numpy, one pass) equals the groupby spelling to rounding, both divisors, on
+    categories of unequal sizes in shuffled order, one of a single request (no within-category spread)."""
+    rng = np.random.default_rng(11)
+    for trial in range(20):
+        sizes = rng.integers(1, 9, size=rng.integers(2, 7))
+        cats = np.repeat([f"c{j}" for j in range(len(sizes))], sizes)
+        rows = pd.DataFrame({"category": cats, "residual": rng.normal(rng.normal(0, 0.3, len(sizes))[
+            np.repeat(np.arange(len(sizes)), sizes)], 0.2), "var_log_sampling": rng.uniform(0, 0.02, len(cats))})
+        rows = rows.sample(frac=1, random_state=trial)
+        for oos in (False, True):
+            over = Overdispersion.estimate(rows, out_of_sample=oos)
+            want = _overdispersion_by_groups(rows, oos)
+            got = (over.bias, over.sigma2_request, over.sigma2_category, over.var_bias)
+            np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15)
+            assert (over.categories, over.requests) == (len(sizes), len(rows))
+
+
 def test_out_of_sample_category_means_spread_with_divisor_k_by_hand():
     """Four categories of two requests whose residuals are their category means exactly (no within-category
     noise, no sampling variance): the between-category variance is the category means' variance about their

@@ -140,23 +140,17 @@ class Overdispersion:
         (``tests/test_law_predict.py`` checks it by simulation). In-sample, the divisor is k - 1."""
         if residual.empty:
             raise ValueError("no training requests to estimate the overdispersion from")
-        groups = residual.groupby("category")
-        means = groups["residual"].mean()
-        within = []
-        for _, g in groups:
-            n = len(g)
-            if n > 1:
-                dev2 = (g["residual"] - g["residual"].mean()) ** 2 * n / (n - 1)
-                within.append((dev2 - g["var_log_sampling"]).to_numpy())
-        sigma2_request = float(max(np.mean(np.concatenate(within)), 0.0)) if within else 0.0
+        codes = pd.factorize(residual["category"])[0]  # per category: n, mean residual and mean sampling variance
+        r, noise = residual["residual"].to_numpy(float), residual["var_log_sampling"].to_numpy(float)
+        n = np.bincount(codes)
+        means, size = np.bincount(codes, r) / n, n[codes]
+        within = ((r - means[codes]) ** 2 * size / np.maximum(size - 1, 1) - noise)[size > 1]
+        sigma2_request = float(max(within.mean(), 0.0)) if within.size else 0.0
         k = len(means)
         if k > 1:
-            per_request = sigma2_request + groups["var_log_sampling"].mean()
-            expected_noise = float((per_request / groups.size()).mean())
-            if out_of_sample:  # sum r_j^2 / k has mean k / (k - 1) (sigma2 + noise) for nested residual means
-                spread = float(means.var(ddof=0)) * (k - 1) / k
-            else:
-                spread = float(means.var(ddof=1))
+            expected_noise = float(np.mean((sigma2_request + np.bincount(codes, noise) / n) / n))
+            # sum r_j^2 / k has mean k / (k - 1) (sigma2 + noise) for nested residual means
+            spread = float(np.var(means)) * (k - 1) / k if out_of_sample else float(np.var(means, ddof=1))
             sigma2_category = float(max(spread - expected_noise, 0.0))
             var_bias = spread / k
         else:
