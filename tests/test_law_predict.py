@@ -69,6 +69,37 @@ def test_overdispersion_recovers_known_variances():
     assert over.sigma2_request < 0.001 and over.sigma2_category < 0.001
 
 
+def _overdispersion_by_groups(residual: pd.DataFrame, out_of_sample: bool) -> tuple:
+    """The method of moments of ``Overdispersion.estimate`` spelled out with pandas' groupby, category by category."""
+    groups = residual.groupby("category")
+    means = groups["residual"].mean()
+    within = [((g["residual"] - g["residual"].mean()) ** 2 * len(g) / (len(g) - 1) - g["var_log_sampling"]).to_numpy()
+              for _, g in groups if len(g) > 1]
+    sigma2_request = max(np.mean(np.concatenate(within)), 0.0) if within else 0.0
+    k = len(means)
+    noise = ((sigma2_request + groups["var_log_sampling"].mean()) / groups.size()).mean()
+    spread = means.var(ddof=0) * (k - 1) / k if out_of_sample else means.var(ddof=1)
+    return means.mean(), sigma2_request, max(spread - noise, 0.0), spread / k
+
+
+def test_the_overdispersion_equals_its_groupby_spelling_on_unequal_categories():
+    """``Overdispersion.estimate`` (numpy, one pass) equals the groupby spelling to rounding, both divisors, on
+    categories of unequal sizes in shuffled order, one of a single request (no within-category spread)."""
+    rng = np.random.default_rng(11)
+    for trial in range(20):
+        sizes = rng.integers(1, 9, size=rng.integers(2, 7))
+        cats = np.repeat([f"c{j}" for j in range(len(sizes))], sizes)
+        rows = pd.DataFrame({"category": cats, "residual": rng.normal(rng.normal(0, 0.3, len(sizes))[
+            np.repeat(np.arange(len(sizes)), sizes)], 0.2), "var_log_sampling": rng.uniform(0, 0.02, len(cats))})
+        rows = rows.sample(frac=1, random_state=trial)
+        for oos in (False, True):
+            over = Overdispersion.estimate(rows, out_of_sample=oos)
+            want = _overdispersion_by_groups(rows, oos)
+            got = (over.bias, over.sigma2_request, over.sigma2_category, over.var_bias)
+            np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-15)
+            assert (over.categories, over.requests) == (len(sizes), len(rows))
+
+
 def test_out_of_sample_category_means_spread_with_divisor_k_by_hand():
     """Four categories of two requests whose residuals are their category means exactly (no within-category
     noise, no sampling variance): the between-category variance is the category means' variance about their
@@ -192,12 +223,12 @@ def test_sampling_variance_alone_is_nominal_on_the_true_law(sim, monkeypatch):
 
     zero = P.Overdispersion(bias=0.0, sigma2_request=0.0, sigma2_category=0.0, var_bias=0.0, categories=0, requests=0)
     monkeypatch.setattr(P.Overdispersion, "estimate", classmethod(lambda cls, residual, out_of_sample=False: zero))
-    with warnings.catch_warnings():
+    with warnings.catch_warnings():  # in-sample residuals: the nested ones would feed the same forced 0
         warnings.simplefilter("ignore")
-        sampling_only = loco_predictions(sim, "law_exp", n_draws=0)
+        sampling_only = loco_predictions(sim, "law_exp", n_draws=0, overdispersion="in-sample")
         real = P.round_count_moments
         monkeypatch.setattr(P, "round_count_moments", lambda a, probs=None: (real(a, probs)[0], 0.0))
-        nothing = loco_predictions(sim, "law_exp", n_draws=0)
+        nothing = loco_predictions(sim, "law_exp", n_draws=0, overdispersion="in-sample")
     assert 0.82 <= sampling_only.coverage <= 0.97
     assert nothing.coverage < 0.5
 
@@ -284,11 +315,30 @@ def test_the_calibration_bench_compares_the_divisors_and_restores_the_package():
         sim = simulate_traces(seed=5, n_requests_per_category=10, tokens_per_request=(60, 90),
                               categories=list(bench.CATEGORIES), category_effects=effects)
         before = P.Overdispersion.estimate
-        k_divisor = bench.coverage(sim, "nested", 0)
+        narrow = P.loco_predictions(sim, "law_exp", n_draws=0)  # the package's estimator, as the bench's "nested"
         with bench.in_sample_divisor():
             wide = P.loco_predictions(sim, "law_exp", n_draws=0)
         assert P.Overdispersion.estimate == before
-        assert bench.coverage(sim, "nested", 0) == k_divisor
-    narrow = P.loco_predictions(sim, "law_exp", n_draws=0)
+        assert bench.coverage(sim, "nested", 0) == narrow.coverage
     assert (wide.summary["sd_log_category"] >= narrow.summary["sd_log_category"] - 1e-12).all()
     assert wide.coverage >= narrow.coverage
+
+
+def test_request_moments_of_many_requests_equal_each_requests_own(sim):
+    """``request_moments`` builds one design matrix for all its requests' rows and splits it: bit for bit the
+    moments (and coefficient-draw variances) of predicting each request alone."""
+    import entropy_law.payoff.predict as P
+    from entropy_law.law.fit import fit_law
+    from entropy_law.law.transfer import TrainingDepthModel, drafted_depths, loco_inputs, with_start_entropy
+
+    inputs = loco_inputs(sim, "law_exp", drafter=None, B=None, eps=1e-3, min_categories=3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        law = fit_law(inputs.counts, inputs.family, cov_type="cluster")
+    model = TrainingDepthModel.fit(with_start_entropy(drafted_depths(sim, inputs.drafter), inputs.seqs), inputs.B - 1)
+    seqs, draws = inputs.seqs.iloc[::10], P.parameter_draws(law, 3, 0)
+    together = P.request_moments(law, seqs, inputs.B, model, draws=draws)
+    alone = pd.concat([P.request_moments(law, seqs.iloc[[i]], inputs.B, model, draws=draws)
+                       for i in range(len(seqs))], ignore_index=True)
+    assert len(together) == len(seqs) > 5 and together["tokens"].nunique() > 1
+    pd.testing.assert_frame_equal(together, alone, check_exact=True)

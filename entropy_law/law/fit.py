@@ -524,7 +524,8 @@ class FittedLaw(Result):
                 raise ValueError("drafted_depth must be >= 1 where a draft is at risk")
             out["log_drafted_depth"] = np.log(drafted)
         if "log_entropy" in out:
-            out["log_entropy"] = np.clip(out["log_entropy"], SPLINE_BOUNDS[0] + 1e-9, SPLINE_BOUNDS[1] - 1e-9)
+            out["log_entropy"] = np.clip(out["log_entropy"].to_numpy(), SPLINE_BOUNDS[0] + 1e-9,
+                                         SPLINE_BOUNDS[1] - 1e-9)
         depth = out["depth"].to_numpy(dtype=int) if "depth" in out else np.ones(len(out), dtype=int)
         if np.any(depth < 1):
             raise ValueError("depth is 1-based")

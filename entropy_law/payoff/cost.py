@@ -217,16 +217,15 @@ def fit_cost_model(traces, *, drafter: str | None = None, ar_ms_per_token: float
     ``"cpu"`` (or an error)."""
     if clock not in ("auto", "cpu", "wall"):
         raise ValueError(f"clock must be 'auto', 'cpu' or 'wall', got {clock!r}")
-    drafter, rounds, machine, used_clock = _machine_rounds(traces, drafter, clock)
-    drafting = rounds["tree_nodes"] > 0
+    return _cost_model(_machine_rounds(traces, drafter, clock), traces.runs, ar_ms_per_token, request_weights)
+
+
+def _cost_model(machine_rounds: tuple, runs: pd.DataFrame, ar_ms_per_token, request_weights) -> CostModel:
+    drafter, rounds, machine, used_clock = machine_rounds  # (a bootstrap computes them once for all its replicates)
     w_all = (np.ones(len(rounds)) if request_weights is None
              else rounds["request_id"].map(request_weights).fillna(0).to_numpy(float))
-    mine = (drafting & (rounds["drafter_id"] == drafter)).to_numpy()
+    mine = ((rounds["tree_nodes"] > 0) & (rounds["drafter_id"] == drafter)).to_numpy()
     notes = []
-    for col in TIMING_COLUMNS:
-        v = rounds[col].to_numpy(float)
-        if np.any(~np.isfinite(v)) or np.any(v < 0):
-            raise ValueError(f"rounds.{col} has NaN or negative timings; fix the traces")
     w = w_all[mine]
     prefill = ((rounds["round_index"] == 0) & (rounds["verify_ms"] == 0)).to_numpy()
     skipped = policy_skipped(rounds) & (rounds["drafter_id"] == drafter).to_numpy() & (w_all > 0) & ~prefill
@@ -239,7 +238,7 @@ def fit_cost_model(traces, *, drafter: str | None = None, ar_ms_per_token: float
     no_draft, skip = idle_mean(idle), idle_mean(skipped)
     keep = w_all > 0
     v0, v1 = _verify_line(rounds, w_all, keep, notes)
-    ar_ms, source = _ar_cost(rounds, traces.runs, w_all, keep, ar_ms_per_token, machine)
+    ar_ms, source = _ar_cost(rounds, runs, w_all, keep, ar_ms_per_token, machine)
     return CostModel(drafter_id=drafter, ar_ms_per_token=ar_ms,
                      draft_ms=_weighted_mean(rounds.loc[mine, "draft_ms"].to_numpy(float), w),
                      overhead_ms=_weighted_mean(rounds.loc[mine, "overhead_ms"].to_numpy(float), w),
@@ -276,6 +275,10 @@ def _machine_rounds(traces, drafter: str | None, clock: str) -> tuple[str, pd.Da
         if clock == "cpu" and used_clock != "cpu":
             raise ValueError(f"clock='cpu': some requests on {machines[0]} have no decode_cpu_ms (traces recorded "
                              "before the CPU clock was logged, or imported); use clock='wall' or re-record")
+    for col in TIMING_COLUMNS:
+        v = rounds[col].to_numpy(float)
+        if np.any(~np.isfinite(v)) or np.any(v < 0):
+            raise ValueError(f"rounds.{col} has NaN or negative timings; fix the traces")
     return drafter, rounds, machines[0], used_clock
 
 
@@ -474,13 +477,13 @@ def _pays_replicates(traces, drafter: str, counts: pd.DataFrame, fam, law, ar_ta
     reps, failed = [], 0
     start = law.result.params.to_numpy() if law.result is not None else None
     ids = list(counts["request_id"]) + ([] if ar_table is None else list(ar_table["request_id"]))
+    machine_rounds = _machine_rounds(traces, drafter, clock)  # the same rounds for every replicate
     for _ in range(n_boot):
         weights = poisson_weights(ids, rng)
         try:
             law_b = fit_law(reweight_counts(counts, weights), fam, cov_type="nonrobust", start_params=start)
             ar_b = ar_ms_per_token if ar_table is None else _ar_ms(ar_table, weights)
-            cost_b = fit_cost_model(traces, drafter=drafter, ar_ms_per_token=ar_b, request_weights=weights,
-                                    clock=clock)
+            cost_b = _cost_model(machine_rounds, traces.runs, ar_b, weights)
             reps.append(_statistics(law_b, cost_b, *grid))
         except ValueError:
             failed += 1

@@ -87,7 +87,7 @@ def request_moments(law: FittedLaw, sequences: pd.DataFrame, B: int, depth_model
     if (depth_model is None) == (proposals is None):
         raise ValueError("give exactly one of depth_model (a TrainingDepthModel) and proposals (replayed proposals)")
     replayed = replayed_arrays(proposals, sequences, drafts) if proposals is not None else None
-    rows = []
+    built, rows = [], []  # per request: record, entropies, rows to predict (one design for all), shape, depths
     for rec in sequences.itertuples():
         h = np.asarray(rec.entropy, dtype=float)
         if replayed is not None:
@@ -97,7 +97,10 @@ def request_moments(law: FittedLaw, sequences: pd.DataFrame, B: int, depth_model
         else:
             frame, shape = law.sequence_frame(h, drafts, **sequence_context(law, rec))
             probs = depth_model.probabilities(h, getattr(rec, "context_match", None))
-        x = _design(law, frame)
+        built.append((rec, h, frame, shape, probs))
+    xs = np.split(_design(law, pd.concat([b[2] for b in built], ignore_index=True)),
+                  np.cumsum([len(b[2]) for b in built])[:-1]) if built else []
+    for (rec, h, _, shape, probs), x in zip(built, xs):
         a = law.shape_acceptance(_acceptance(law, x, np.asarray(law.result.params, dtype=float)), shape)
         mean, var = round_count_moments(a, probs)
         row = dict(run_id=rec.run_id, request_id=rec.request_id, category=rec.category, tokens=h.size,
@@ -137,23 +140,17 @@ class Overdispersion:
         (``tests/test_law_predict.py`` checks it by simulation). In-sample, the divisor is k - 1."""
         if residual.empty:
             raise ValueError("no training requests to estimate the overdispersion from")
-        groups = residual.groupby("category")
-        means = groups["residual"].mean()
-        within = []
-        for _, g in groups:
-            n = len(g)
-            if n > 1:
-                dev2 = (g["residual"] - g["residual"].mean()) ** 2 * n / (n - 1)
-                within.append((dev2 - g["var_log_sampling"]).to_numpy())
-        sigma2_request = float(max(np.mean(np.concatenate(within)), 0.0)) if within else 0.0
+        codes = pd.factorize(residual["category"])[0]  # per category: n, mean residual and mean sampling variance
+        r, noise = residual["residual"].to_numpy(float), residual["var_log_sampling"].to_numpy(float)
+        n = np.bincount(codes)
+        means, size = np.bincount(codes, r) / n, n[codes]
+        within = ((r - means[codes]) ** 2 * size / np.maximum(size - 1, 1) - noise)[size > 1]
+        sigma2_request = float(max(within.mean(), 0.0)) if within.size else 0.0
         k = len(means)
         if k > 1:
-            per_request = sigma2_request + groups["var_log_sampling"].mean()
-            expected_noise = float((per_request / groups.size()).mean())
-            if out_of_sample:  # sum r_j^2 / k has mean k / (k - 1) (sigma2 + noise) for nested residual means
-                spread = float(means.var(ddof=0)) * (k - 1) / k
-            else:
-                spread = float(means.var(ddof=1))
+            expected_noise = float(np.mean((sigma2_request + np.bincount(codes, noise) / n) / n))
+            # sum r_j^2 / k has mean k / (k - 1) (sigma2 + noise) for nested residual means
+            spread = float(np.var(means)) * (k - 1) / k if out_of_sample else float(np.var(means, ddof=1))
             sigma2_category = float(max(spread - expected_noise, 0.0))
             var_bias = spread / k
         else:
@@ -176,8 +173,6 @@ def prediction_interval(moments: pd.DataFrame, over: Overdispersion, level: floa
     log_center = np.log(out["predicted_tokens_per_round"]) + over.bias
     out["center"] = np.exp(log_center)
     out["sd_log"] = np.sqrt(var)
-    # the between-category part rests on the k training categories' means (k - 1 df); the others on many
-    # requests. Welch-Satterthwaite: t with df = var^2 / (between^2 / (k - 1)), the normal as k grows
     if between > 0 and over.categories > 1:
         df = np.asarray(var, dtype=float) ** 2 / (between ** 2 / (over.categories - 1))
         quantile = stats.t.ppf(0.5 + level / 2, df)
@@ -379,7 +374,7 @@ def _coverage_summary(requests: pd.DataFrame, n_draws: int) -> pd.DataFrame:
                            & (requests["observed_tokens_per_round"] <= requests["upper"]))
     requests["relative_error"] = requests["center"] / requests["observed_tokens_per_round"] - 1
     g = requests.groupby("category")
-    summary = pd.DataFrame({
+    return pd.DataFrame({
         "requests": g.size(), "coverage": g["covered"].mean(),
         "below": g.apply(lambda d: float((d["observed_tokens_per_round"] < d["lower"]).mean()), include_groups=False),
         "above": g.apply(lambda d: float((d["observed_tokens_per_round"] > d["upper"]).mean()), include_groups=False),
@@ -392,7 +387,6 @@ def _coverage_summary(requests: pd.DataFrame, n_draws: int) -> pd.DataFrame:
         "sd_log_category": np.sqrt(g["sigma2_category"].first()),
         "bias": g["bias"].first(),
     })
-    return summary
 
 
 def _add_loco_notes(notes: list, n_requests: int, training_depths: bool, overdispersion: str, n_draws: int) -> None:
