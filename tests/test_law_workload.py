@@ -1185,3 +1185,24 @@ def test_the_gate_bench_compares_two_recordings_of_the_same_prompts(monkeypatch,
         bench.main(["gate-vs-law", str(gate), str(fewer)])
     with pytest.raises(SystemExit, match="exactly one drafting arm"):  # AR and two drafting arms
         bench.main(["gate-vs-law", str(gate), str(root / "data" / "traces_open_context")])
+
+
+def test_pricing_many_sequences_together_equals_pricing_each_alone(base):
+    """``_price_sequences`` builds one design matrix for all its sequences' rows and splits it: bit for bit the
+    expected rounds, nodes and drafting rounds (at the estimate and each coefficient draw) of pricing each alone."""
+    from entropy_law.law.transfer import entropy_sequences
+    from entropy_law.payoff.workload import _priced_requests
+
+    an, _ = base
+    arm = an.arms[0]
+    traces = an.cost_view(arm)
+    seqs = entropy_sequences(traces, arm)
+    seqs = seqs.loc[[len(e) >= 2 for e in seqs["entropy"]]].reset_index(drop=True)
+    drafts = int(traces.rounds["tree_depth"].max())
+    some = seqs.iloc[::5]
+    together = _priced_requests(traces, arm, an.law(arm), seqs, some, drafts, None, 3, 0)[2]
+    alone = [_priced_requests(traces, arm, an.law(arm), seqs, some.iloc[[i]], drafts, None, 3, 0)[2]
+             for i in range(len(some))]
+    assert len(some) > 5 and some["entropy"].map(len).nunique() > 1 and together[0].shape == (len(some), 4)
+    for k in range(3):
+        assert np.array_equal(together[k], np.vstack([a[k] for a in alone]))

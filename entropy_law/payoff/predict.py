@@ -59,6 +59,12 @@ def _design(law: FittedLaw, frame: pd.DataFrame) -> np.ndarray:
     return x
 
 
+def _designs(law: FittedLaw, frames: list) -> list:
+    """``_design`` of each of ``frames``, split from one build over all their rows (one patsy call, not one each)."""
+    return np.split(_design(law, pd.concat(frames, ignore_index=True)),
+                    np.cumsum([len(f) for f in frames])[:-1]) if frames else []
+
+
 def _acceptance(law: FittedLaw, x: np.ndarray, params: np.ndarray) -> np.ndarray:
     with np.errstate(over="ignore"):
         mu = law.result.model.family.link.inverse(x @ params)
@@ -90,17 +96,12 @@ def request_moments(law: FittedLaw, sequences: pd.DataFrame, B: int, depth_model
     built, rows = [], []  # per request: record, entropies, rows to predict (one design for all), shape, depths
     for rec in sequences.itertuples():
         h = np.asarray(rec.entropy, dtype=float)
-        if replayed is not None:
-            probs, top1 = replayed[(str(rec.run_id), str(rec.request_id))]
-            frame, shape = law.sequence_frame(h, drafts, draft_top1=top1 if law.family.needs_draft_stats else None,
-                                              **sequence_context(law, rec))
-        else:
-            frame, shape = law.sequence_frame(h, drafts, **sequence_context(law, rec))
-            probs = depth_model.probabilities(h, getattr(rec, "context_match", None))
+        probs, top1 = (replayed[(str(rec.run_id), str(rec.request_id))] if replayed is not None
+                       else (depth_model.probabilities(h, getattr(rec, "context_match", None)), None))
+        frame, shape = law.sequence_frame(h, drafts, draft_top1=top1 if law.family.needs_draft_stats else None,
+                                          **sequence_context(law, rec))
         built.append((rec, h, frame, shape, probs))
-    xs = np.split(_design(law, pd.concat([b[2] for b in built], ignore_index=True)),
-                  np.cumsum([len(b[2]) for b in built])[:-1]) if built else []
-    for (rec, h, _, shape, probs), x in zip(built, xs):
+    for (rec, h, _, shape, probs), x in zip(built, _designs(law, [b[2] for b in built])):
         a = law.shape_acceptance(_acceptance(law, x, np.asarray(law.result.params, dtype=float)), shape)
         mean, var = round_count_moments(a, probs)
         row = dict(run_id=rec.run_id, request_id=rec.request_id, category=rec.category, tokens=h.size,

@@ -25,7 +25,7 @@ from entropy_law.law.bootstrap import percentile_interval, poisson_weights
 from entropy_law.payoff.cost import CostModel, _ar_ms, fit_cost_model, policy_skipped, priced_cost_model
 from entropy_law.law.fit import FittedLaw, fit_law, get_family
 from entropy_law.law.information import InfoSet, check_information, predictor_inputs
-from entropy_law.payoff.predict import _acceptance, _design, parameter_draws
+from entropy_law.payoff.predict import _acceptance, _designs, parameter_draws
 from entropy_law.law.results import Result
 from entropy_law.law.stats import FEW_REQUESTS, warn_if_few_requests
 from entropy_law.law.transfer import (TrainingDepthModel, drafted_depths, entropy_sequences, replayed_arrays,
@@ -191,14 +191,15 @@ def _price_sequences(law: FittedLaw, entropies, drafts: int, depth_model: Traini
     """The module doc's DP per sequence and row of ``thetas``: ``[requests, K]`` expected rounds, nodes, drafting
     rounds. Per sequence: ``replayed`` (``transfer.replayed_arrays``, replaces ``depth_model``), ``contexts``
     (``transfer.sequence_context``), ``copyability`` (for ``depth_model``)."""
-    rounds_k, nodes_k, drafting_k = [], [], []
+    built = []  # per sequence: drafted-depth probabilities, rows to predict (one design for all), their shape
     for i, h in enumerate(entropies):
         h = np.asarray(h, dtype=float)
         probs, top1 = replayed[i] if replayed is not None else (
             depth_model.probabilities(h, None if copyability is None else copyability[i]), None)
-        frame, shape = law.sequence_frame(h, drafts, draft_top1=top1 if law.family.needs_draft_stats else None,
-                                          **({} if contexts is None else contexts[i]))
-        x = _design(law, frame)
+        built.append((probs, *law.sequence_frame(h, drafts, draft_top1=top1 if law.family.needs_draft_stats else None,
+                                                 **({} if contexts is None else contexts[i]))))
+    rounds_k, nodes_k, drafting_k = [], [], []
+    for (probs, _, shape), x in zip(built, _designs(law, [b[1] for b in built])):
         p_tau = _tau_by_draw(_acceptance(law, x, thetas.T), shape, probs)
         r, sums = decode_moments(p_tau, np.column_stack([probs @ n_of_depth, 1.0 - probs[:, 0]]))
         rounds_k.append(r)
@@ -455,17 +456,14 @@ def _with_measured(requests: pd.DataFrame, measured: pd.DataFrame | None, tokens
 
 def _line_statistics(priced: _PricedWorkload, c: CostModel, j: int, w: np.ndarray, m_speed, m_weight) -> dict:
     """Crossing, slope, intercept and share paying of the predicted (and measured) line at ``c``, ``j``, ``w``."""
-    tokens, mean_h = priced.tokens, priced.mean_h
     s = priced.speedups(c, j)
-    out = {}
-    out["workload_breakeven_nats"], b0, out["predicted_slope"] = log_speedup_crossing(mean_h, s, w * tokens)
-    out["predicted_intercept"] = b0
-    out["predicted_share_paying"] = float(np.sum(w * (s > 1)) / np.sum(w)) if np.sum(w) > 0 else np.nan
+    crossing, b0, slope = log_speedup_crossing(priced.mean_h, s, w * priced.tokens)
+    out = dict(workload_breakeven_nats=crossing, predicted_slope=slope, predicted_intercept=b0,
+               predicted_share_paying=float(np.sum(w * (s > 1)) / np.sum(w)) if np.sum(w) > 0 else np.nan)
     if m_speed is not None:
         ok = np.isfinite(m_speed)
-        wm = np.where(ok, w * m_weight, 0.0)
         out["measured_crossing_nats"], b0, out["measured_slope"] = log_speedup_crossing(
-            mean_h, np.where(ok, m_speed, 1.0), wm)
+            priced.mean_h, np.where(ok, m_speed, 1.0), np.where(ok, w * m_weight, 0.0))
         out["measured_intercept"] = b0
         out["measured_share_paying"] = (float(np.sum((w * ok) * (m_speed > 1)) / np.sum(w * ok))
                                         if np.sum(w * ok) > 0 else np.nan)
