@@ -22,7 +22,7 @@ from scipy.stats import norm
 from entropy_law.law import atrisk
 from entropy_law.law.blocks import tau_distribution
 from entropy_law.law.bootstrap import percentile_interval, poisson_weights
-from entropy_law.payoff.cost import CostModel, _ar_ms, fit_cost_model, policy_skipped, priced_cost_model
+from entropy_law.payoff.cost import CostModel, _ar_ms, _cost_model, _machine_rounds, policy_skipped, priced_cost_model
 from entropy_law.law.fit import FittedLaw, fit_law, get_family
 from entropy_law.law.information import InfoSet, check_information, predictor_inputs
 from entropy_law.payoff.predict import _acceptance, _designs, parameter_draws
@@ -257,11 +257,12 @@ def _reweighted_costs(traces, drafter: str, ids, ar_table, ar_ms_per_token, cloc
     """Per replicate j: (j, Poisson weights of ``ids`` or the next of ``weight_sets``, the refitted cost model or
     None)."""
     sets = weight_sets if weight_sets is not None else (poisson_weights(ids, rng) for _ in range(replicates))
+    machine_rounds = None  # the same rounds for every replicate: built once (or, while it fails, tried again)
     for j, weights in enumerate(sets, start=1):
         try:
             ar_b = ar_ms_per_token if ar_table is None else _ar_ms(ar_table, weights)
-            yield j, weights, fit_cost_model(traces, drafter=drafter, ar_ms_per_token=ar_b, request_weights=weights,
-                                             clock=clock)
+            machine_rounds = machine_rounds or _machine_rounds(traces, drafter, clock)
+            yield j, weights, _cost_model(machine_rounds, traces.runs, ar_b, weights)
         except ValueError:
             yield j, weights, None
 
