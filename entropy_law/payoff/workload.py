@@ -257,14 +257,17 @@ def _reweighted_costs(traces, drafter: str, ids, ar_table, ar_ms_per_token, cloc
     """Per replicate j: (j, Poisson weights of ``ids`` or the next of ``weight_sets``, the refitted cost model or
     None)."""
     sets = weight_sets if weight_sets is not None else (poisson_weights(ids, rng) for _ in range(replicates))
-    machine_rounds = None  # the same rounds for every replicate: built once (or, while it fails, tried again)
+    try:  # the same rounds for every replicate (they do not depend on the weights): built once
+        machine_rounds = _machine_rounds(traces, drafter, clock)
+    except ValueError:  # then no replicate can be refitted: each is None, as a failed refit is
+        machine_rounds = None
     for j, weights in enumerate(sets, start=1):
         try:
             ar_b = ar_ms_per_token if ar_table is None else _ar_ms(ar_table, weights)
-            machine_rounds = machine_rounds or _machine_rounds(traces, drafter, clock)
-            yield j, weights, _cost_model(machine_rounds, traces.runs, ar_b, weights)
+            cost_b = None if machine_rounds is None else _cost_model(machine_rounds, traces.runs, ar_b, weights)
         except ValueError:
-            yield j, weights, None
+            cost_b = None
+        yield j, weights, cost_b
 
 
 COST_BLOCKS, MIN_BLOCK_REQUESTS = 4, 2  # consecutive blocks of the arm's requests, and the fewest requests per block
